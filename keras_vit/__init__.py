@@ -1,0 +1,29 @@
+"""keras-vit: the Vision Transformer family for Keras 3.
+
+>>> import keras_vit
+>>> model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
+...                            num_classes=10)
+
+Importing the package registers every custom layer with Keras, so a saved
+``.keras`` file loads with ``keras.saving.load_model`` after ``import
+keras_vit`` and nothing else.
+"""
+
+import importlib
+
+from keras_vit import layers, models
+from keras_vit.models import VisionTransformer, vit
+
+__version__ = "0.1.0"
+
+# Heavier components load on first use: `keras_vit.zoo`, `keras_vit.export`.
+_LAZY = ("zoo", "export", "cli")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return importlib.import_module(f"keras_vit.{name}")
+    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
+
+
+__all__ = ["layers", "models", "vit", "VisionTransformer", "__version__"]

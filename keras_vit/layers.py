@@ -1,0 +1,370 @@
+"""Keras layers of the Vision Transformer (Dosovitskiy et al., 2020).
+
+Numerics follow the official JAX implementation, not Keras defaults:
+LayerNorm epsilon 1e-6, GELU in its tanh form (flax ``nn.gelu``), pre-LN
+blocks, a zero class token and a zero-initialised head.
+
+Every layer stores its ``__init__`` arguments and returns exactly those from
+``get_config`` so that ``from_config(get_config())`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import layers, ops
+
+PACKAGE = "keras_vit"
+
+# The official code initialises its Dense kernels with Xavier-uniform and
+# their biases with N(0, 1e-6); the patch conv and pre-logits use Flax's
+# default lecun_normal; position embeddings N(0, 0.02) "from BERT".
+_XAVIER = "glorot_uniform"
+
+
+def _bias_init():
+    return keras.initializers.RandomNormal(stddev=1e-6)
+
+
+def gelu_tanh(x):
+    """GELU in its tanh approximation, the form the official ViT uses.
+
+    Written out rather than through ``tf.nn.gelu`` so that every exporter sees
+    plain tanh/mul/add ops (exact GELU through TF emits an ``Erfc`` op that
+    onnxruntime refuses).
+    """
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + ops.tanh(c * (x + 0.044715 * ops.power(x, 3))))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PatchEmbedding(layers.Layer):
+    """Cuts an image (or feature map) into patches and embeds each linearly.
+
+    A ``patch_size`` x ``patch_size`` convolution with the same stride,
+    flattened to a sequence: (B, H, W, C) -> (B, H/P * W/P, hidden_size).
+    """
+
+    def __init__(self, hidden_size, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.patch_size = int(patch_size)
+        self.conv = layers.Conv2D(
+            self.hidden_size,
+            self.patch_size,
+            strides=self.patch_size,
+            padding="valid",
+            kernel_initializer="lecun_normal",
+            dtype=self.dtype_policy,
+            name="conv",
+        )
+
+    def build(self, input_shape):
+        self.conv.build(input_shape)
+        self.built = True
+
+    def call(self, images):
+        x = self.conv(images)
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        n = None
+        if h is not None and w is not None:
+            n = (h // self.patch_size) * (w // self.patch_size)
+        return (b, n, self.hidden_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_size=self.hidden_size, patch_size=self.patch_size)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ClassToken(layers.Layer):
+    """Prepends a learnable class token (initialised to zeros) to a sequence."""
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(
+            name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros"
+        )
+        self.built = True
+
+    def call(self, x):
+        cls = ops.cast(self.cls, x.dtype)
+        cls = ops.broadcast_to(cls, (ops.shape(x)[0], 1, ops.shape(x)[2]))
+        return ops.concatenate([cls, x], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + 1, d)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionEmbedding(layers.Layer):
+    """Adds a learned 1D position embedding of shape (1, num_tokens, D).
+
+    ``grid_size`` (rows, cols) and ``num_prefix_tokens`` (1 with a class
+    token) record how the table maps onto the patch grid, which is what a
+    resolution change needs to resize it (``keras_vit.zoo.resize_posemb``).
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+            raise ValueError(
+                f"PositionEmbedding expects {self.num_tokens} tokens "
+                f"(grid_size={self.grid_size}, num_prefix_tokens="
+                f"{self.num_prefix_tokens}); received input_shape={input_shape}"
+            )
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+        self.built = True
+
+    def call(self, x):
+        return x + ops.cast(self.pos_embedding, x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=list(self.grid_size),
+            num_prefix_tokens=self.num_prefix_tokens,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MultiHeadSelfAttention(layers.Layer):
+    """Multi-head dot-product self-attention with the official parameter layout.
+
+    Kernels are stored as query/key/value (D, heads, D/heads) and out
+    (heads, D/heads, D), the shapes of the released checkpoints, so that
+    loading is a copy. ``return_attention_scores=True`` in ``call`` also
+    returns the softmax probabilities (B, heads, N, N).
+    """
+
+    def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.dropout = layers.Dropout(self.attention_dropout_rate)
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(
+                f"hidden size {dim} is not divisible by num_heads={self.num_heads}"
+            )
+        head_dim = dim // self.num_heads
+        self.head_dim = head_dim
+        shape_in = (dim, self.num_heads, head_dim)
+        for name in ("query", "key", "value"):
+            setattr(
+                self,
+                f"{name}_kernel",
+                self.add_weight(name=f"{name}_kernel", shape=shape_in,
+                                initializer=_XAVIER),
+            )
+            setattr(
+                self,
+                f"{name}_bias",
+                self.add_weight(name=f"{name}_bias",
+                                shape=(self.num_heads, head_dim),
+                                initializer="zeros"),
+            )
+        self.out_kernel = self.add_weight(
+            name="out_kernel", shape=(self.num_heads, head_dim, dim),
+            initializer=_XAVIER,
+        )
+        self.out_bias = self.add_weight(
+            name="out_bias", shape=(dim,), initializer="zeros"
+        )
+        self.built = True
+
+    def _project(self, x, name):
+        kernel = ops.cast(getattr(self, f"{name}_kernel"), x.dtype)
+        bias = ops.cast(getattr(self, f"{name}_bias"), x.dtype)
+        return ops.einsum("btd,dhk->bthk", x, kernel) + bias
+
+    def call(self, x, training=None, return_attention_scores=False):
+        q = self._project(x, "query")
+        k = self._project(x, "key")
+        v = self._project(x, "value")
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
+        # Softmax in float32 even under mixed precision: bf16 logits lose the
+        # small differences that decide where a head attends.
+        probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1),
+                         x.dtype)
+        weights = self.dropout(probs, training=training)
+        context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
+        out_kernel = ops.cast(self.out_kernel, x.dtype)
+        y = ops.einsum("bqhk,hkd->bqd", context, out_kernel)
+        y = y + ops.cast(self.out_bias, x.dtype)
+        if return_attention_scores:
+            return y, probs
+        return y
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            attention_dropout_rate=self.attention_dropout_rate,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MlpBlock(layers.Layer):
+    """Dense -> GELU (tanh) -> Dropout -> Dense -> Dropout."""
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.dropout = layers.Dropout(self.dropout_rate)
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        self.dense_0 = layers.Dense(
+            self.mlp_dim, kernel_initializer=_XAVIER,
+            bias_initializer=_bias_init(), dtype=self.dtype_policy,
+            name="dense_0",
+        )
+        self.dense_1 = layers.Dense(
+            dim, kernel_initializer=_XAVIER, bias_initializer=_bias_init(),
+            dtype=self.dtype_policy, name="dense_1",
+        )
+        self.dense_0.build(input_shape)
+        self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.built = True
+
+    def call(self, x, training=None):
+        x = gelu_tanh(self.dense_0(x))
+        x = self.dropout(x, training=training)
+        x = self.dense_1(x)
+        return self.dropout(x, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class EncoderBlock(layers.Layer):
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.norm_1 = layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+            name="norm_1",
+        )
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads, self.attention_dropout_rate,
+            dtype=self.dtype_policy, name="attention",
+        )
+        self.dropout = layers.Dropout(self.dropout_rate)
+        self.norm_2 = layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+            name="norm_2",
+        )
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate,
+                            dtype=self.dtype_policy, name="mlp")
+
+    def build(self, input_shape):
+        for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
+            sub.build(input_shape)
+        self.built = True
+
+    def call(self, x, training=None, return_attention_scores=False):
+        y = self.attention(
+            self.norm_1(x), training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            y, scores = y
+        x = x + self.dropout(y, training=training)
+        x = x + self.mlp(self.norm_2(x), training=training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TokenPooling(layers.Layer):
+    """Pools a token sequence: ``"token"`` takes token 0, ``"gap"`` the mean."""
+
+    def __init__(self, method="token", **kwargs):
+        super().__init__(**kwargs)
+        if method not in ("token", "gap"):
+            raise ValueError(
+                f"method must be 'token' or 'gap'; received method={method!r}"
+            )
+        self.method = method
+
+    def call(self, x):
+        if self.method == "token":
+            return x[:, 0]
+        return ops.mean(x, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(method=self.method)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class StackScores(layers.Layer):
+    """Stacks per-layer attention maps into (B, layers, heads, N, N)."""
+
+    def call(self, scores):
+        return ops.stack(list(scores), axis=1)
+
+    def compute_output_shape(self, input_shape):
+        first = input_shape[0]
+        return (first[0], len(input_shape)) + tuple(first[1:])

@@ -1,0 +1,144 @@
+"""Named architectures as rows of one table, and one parser for their names.
+
+``parse("ViT-B/16")`` turns any accepted spelling of a name into an
+:class:`Arch`: the canonical name and the builder keyword arguments. Names
+are forgiving: ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit-b16"``, ``"B/16"`` and
+timm's ``"vit_base_patch16_224"`` all parse, and any patch size works
+(``"ViT-B/14"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+# Paper Table 1, plus Ti and S of the follow-up work (the official configs).
+VIT_SIZES = {
+    #       hidden, mlp,  heads, layers
+    "Ti": dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12),
+    "S": dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12),
+    "B": dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12),
+    "L": dict(hidden_size=1024, mlp_dim=4096, num_heads=16, num_layers=24),
+    "H": dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
+}
+
+# timm spells the sizes out.
+_TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
+               "huge": "H"}
+
+# The variants the zoo registers by name (any other patch size still parses).
+REGISTERED = (
+    "ViT-Ti/16",
+    "ViT-S/16",
+    "ViT-S/32",
+    "ViT-B/16",
+    "ViT-B/32",
+    "ViT-B/8",
+    "ViT-L/16",
+    "ViT-L/32",
+    "ViT-H/14",
+)
+
+
+class UnknownModelError(ValueError):
+    """Raised for a model name that does not parse."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A parsed model name.
+
+    Attributes:
+        name: canonical name, e.g. ``"ViT-B/16"``.
+        family: ``"vit"``.
+        config: keyword arguments for :func:`keras_vit.models.vit` (without
+            ``image_size`` and ``num_classes``).
+        image_size: resolution named in the name (timm's ``_384``), or None.
+        tag: a weights tag named in the name (timm's ``.augreg_in21k``), or
+            None.
+    """
+
+    name: str
+    family: str
+    config: dict
+    image_size: int | None = None
+    tag: str | None = None
+
+
+# timm's pretrained tags -> this zoo's weights tags.
+TIMM_TAGS = {
+    "orig_in21k": "imagenet21k",
+    "orig_in21k_ft_in1k": "imagenet21k+imagenet2012",
+    "augreg_in21k": "augreg-i21k",
+    "augreg2_in21k_ft_in1k": "augreg",
+    "augreg_in21k_ft_in1k": "augreg",
+    "sam_in1k": "sam",
+}
+
+_VIT_RE = re.compile(
+    r"^(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$", re.IGNORECASE)
+_TIMM_RE = re.compile(
+    r"^vit_(tiny|small|base|large|huge)_patch(\d+)(?:_(\d+))?(?:_in21k)?$")
+
+
+def _squash(name):
+    """Lower-cases and drops separators: 'ViT-B/16' -> 'vitb16'."""
+    return re.sub(r"[\s/_\-+.]", "", name.lower())
+
+
+def vit_name(size, patch):
+    return f"ViT-{size}/{patch}"
+
+
+def parse(name) -> Arch:
+    """Parses a model name into an :class:`Arch`.
+
+    >>> parse("vit_base_patch16_384").name, parse("ViT-B_16").image_size
+    ('ViT-B/16', None)
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownModelError(
+            f"name must be a non-empty string; received name={name!r}")
+    raw = name.strip()
+    tag = None
+    if "." in raw:  # timm's "arch.tag"
+        raw, _, timm_tag = raw.partition(".")
+        tag = TIMM_TAGS.get(timm_tag)
+        if tag is None:
+            raise UnknownModelError(
+                f"Unknown weights tag {timm_tag!r} in name={name!r}; known "
+                f"timm tags: {sorted(TIMM_TAGS)}")
+    m = _TIMM_RE.match(raw.lower())
+    if m:
+        size = _TIMM_SIZES[m.group(1)]
+        patch = int(m.group(2))
+        res = int(m.group(3)) if m.group(3) else None
+        return _vit_arch(size, patch, res, tag, name)
+    m = _VIT_RE.match(raw)
+    if m:
+        size = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}[
+            m.group(1).lower()]
+        res = int(m.group(3)) if m.group(3) else None
+        return _vit_arch(size, int(m.group(2)), res, tag, name)
+    raise UnknownModelError(_unknown_message(name))
+
+
+def _vit_arch(size, patch, res, tag, original):
+    if patch <= 0:
+        raise UnknownModelError(
+            f"patch size must be positive; received name={original!r}")
+    config = dict(VIT_SIZES[size], patch_size=patch)
+    return Arch(vit_name(size, patch), "vit", config, res, tag)
+
+
+def _unknown_message(name):
+    candidates = {_squash(n): n for n in REGISTERED}
+    close = difflib.get_close_matches(_squash(str(name)), list(candidates),
+                                      n=3, cutoff=0.5)
+    hint = ""
+    if close:
+        hint = " Did you mean " + ", ".join(
+            repr(candidates[c]) for c in close) + "?"
+    return (f"Unknown model name={name!r}.{hint} "
+            "keras_vit.zoo.list_models() (or `keras-vit list`) lists them all.")

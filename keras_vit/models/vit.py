@@ -1,0 +1,303 @@
+"""The Vision Transformer as a Keras functional model."""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+from keras_vit import layers as vit_layers
+
+_CLASSIFIERS = ("token", "gap")
+_POOLINGS = (None, "token", "gap", "avg")
+
+
+def _pair(value, name):
+    """Returns (h, w) from an int or a pair; errors name the argument."""
+    if isinstance(value, (int,)) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        pair = tuple(value)
+    else:
+        raise ValueError(
+            f"{name} must be an int or a pair of ints; received {name}={value!r}"
+        )
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in pair):
+        raise ValueError(
+            f"{name} must be positive integers; received {name}={value!r}"
+        )
+    return pair
+
+
+def _positive_int(value, name, allow_zero=False):
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(
+            f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
+            f"integer; received {name}={value!r}"
+        )
+    return value
+
+
+def _rate(value, name):
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1); received {name}={value!r}")
+    return float(value)
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class VisionTransformer(keras.Model):
+    """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
+
+    Build it with :func:`keras_vit.models.vit` or, with released weights,
+    ``keras_vit.zoo.load("ViT-B/16")``. The constructor arguments are those of
+    :func:`vit`; ``get_config`` returns exactly them, so a saved ``.keras``
+    file rebuilds the same graph.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_classes=1000,
+        classifier="token",
+        representation_size=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        include_top=True,
+        pooling=None,
+        include_preprocessing=False,
+        classifier_activation=None,
+        return_attention_scores=False,
+        num_channels=3,
+        layer_norm_epsilon=1e-6,
+        head_bias_init=0.0,
+        name="vision_transformer",
+        **kwargs,
+    ):
+        image_hw = _pair(image_size, "image_size")
+        patch_hw = _pair(patch_size, "patch_size")
+        if patch_hw[0] != patch_hw[1]:
+            raise ValueError(
+                f"patch_size must be square; received patch_size={patch_size!r}"
+            )
+        patch = patch_hw[0]
+        if image_hw[0] % patch or image_hw[1] % patch:
+            raise ValueError(
+                f"image_size must be divisible by patch_size={patch}; received "
+                f"image_size={image_size!r}"
+            )
+        hidden_size = _positive_int(hidden_size, "hidden_size")
+        num_layers = _positive_int(num_layers, "num_layers", allow_zero=True)
+        num_heads = _positive_int(num_heads, "num_heads")
+        mlp_dim = _positive_int(mlp_dim, "mlp_dim")
+        num_channels = _positive_int(num_channels, "num_channels")
+        if hidden_size % num_heads:
+            raise ValueError(
+                f"hidden_size must be divisible by num_heads={num_heads}; "
+                f"received hidden_size={hidden_size}"
+            )
+        if classifier not in _CLASSIFIERS:
+            raise ValueError(
+                f"classifier must be one of {_CLASSIFIERS}; received "
+                f"classifier={classifier!r}"
+            )
+        if pooling not in _POOLINGS:
+            raise ValueError(
+                f"pooling must be one of {_POOLINGS}; received pooling={pooling!r}"
+            )
+        if representation_size is not None:
+            representation_size = _positive_int(
+                representation_size, "representation_size")
+        if include_top:
+            num_classes = _positive_int(num_classes, "num_classes")
+        dropout_rate = _rate(dropout_rate, "dropout_rate")
+        attention_dropout_rate = _rate(
+            attention_dropout_rate, "attention_dropout_rate")
+
+        grid = (image_hw[0] // patch, image_hw[1] // patch)
+        has_token = classifier == "token"
+        dtype = kwargs.pop("dtype", None)
+
+        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
+                             name="images")
+        x = inputs
+        if include_preprocessing:
+            # uint8 pixels -> [-1, 1], the official input range (not ImageNet
+            # mean/std).
+            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
+                                 name="preprocessing")(x)
+        x = vit_layers.PatchEmbedding(hidden_size, patch, dtype=dtype,
+                                      name="patch_embedding")(x)
+        if has_token:
+            x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
+        x = vit_layers.PositionEmbedding(
+            grid, num_prefix_tokens=int(has_token), dtype=dtype,
+            name="position_embedding")(x)
+        x = layers.Dropout(dropout_rate, name="embedding_dropout")(x)
+        scores = []
+        for i in range(num_layers):
+            block = vit_layers.EncoderBlock(
+                num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
+                layer_norm_epsilon, dtype=dtype, name=f"encoder_block_{i}")
+            if return_attention_scores:
+                x, s = block(x, return_attention_scores=True)
+                scores.append(s)
+            else:
+                x = block(x)
+        x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
+                                      name="encoder_norm")(x)
+
+        method = classifier if include_top else {"avg": "gap"}.get(
+            pooling, pooling)
+        if method is not None:
+            x = vit_layers.TokenPooling(method, dtype=dtype, name="pooling")(x)
+            if representation_size is not None:
+                x = layers.Dense(representation_size, activation="tanh",
+                                 kernel_initializer="lecun_normal",
+                                 dtype=dtype, name="pre_logits")(x)
+        if include_top:
+            x = layers.Dense(
+                num_classes,
+                kernel_initializer="zeros",
+                bias_initializer=keras.initializers.Constant(head_bias_init),
+                dtype=dtype,
+                name="head",
+            )(x)
+            if classifier_activation is not None:
+                # Float32 so that softmax stays exact under mixed precision.
+                x = layers.Activation(classifier_activation, dtype="float32",
+                                      name="predictions")(x)
+        outputs = x
+        if return_attention_scores:
+            if not scores:
+                raise ValueError(
+                    "return_attention_scores=True needs num_layers > 0; "
+                    f"received num_layers={num_layers}")
+            outputs = {
+                "output": x,
+                "attention_scores": vit_layers.StackScores(
+                    dtype=dtype, name="attention_scores")(scores),
+            }
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.num_classes = num_classes
+        self.classifier = classifier
+        self.representation_size = representation_size
+        self.dropout_rate = dropout_rate
+        self.attention_dropout_rate = attention_dropout_rate
+        self.include_top = include_top
+        self.pooling = pooling
+        self.include_preprocessing = include_preprocessing
+        self.classifier_activation = classifier_activation
+        self.return_attention_scores = return_attention_scores
+        self.num_channels = num_channels
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.head_bias_init = head_bias_init
+        self.grid_size = grid
+        self._layer_dtype = dtype
+
+    def get_config(self):
+        image_size = self.image_size
+        if isinstance(image_size, tuple):
+            image_size = list(image_size)
+        return {
+            "image_size": image_size,
+            "patch_size": self.patch_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "num_classes": self.num_classes,
+            "classifier": self.classifier,
+            "representation_size": self.representation_size,
+            "dropout_rate": self.dropout_rate,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "include_top": self.include_top,
+            "pooling": self.pooling,
+            "include_preprocessing": self.include_preprocessing,
+            "classifier_activation": self.classifier_activation,
+            "return_attention_scores": self.return_attention_scores,
+            "num_channels": self.num_channels,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "head_bias_init": self.head_bias_init,
+            "name": self.name,
+            "dtype": self._layer_dtype,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
+
+
+def vit(
+    image_size,
+    patch_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    mlp_dim,
+    num_classes,
+    classifier="token",
+    representation_size=None,
+    **kwargs,
+):
+    """Builds a Vision Transformer of any size.
+
+    Args:
+        image_size: input resolution, an int or (height, width); must be a
+            multiple of ``patch_size``.
+        patch_size: side of the square patches.
+        hidden_size: token width D.
+        num_layers: number of encoder blocks.
+        num_heads: attention heads per block (must divide ``hidden_size``).
+        mlp_dim: hidden width of the MLP in each block.
+        num_classes: size of the classification head.
+        classifier: ``"token"`` (class token) or ``"gap"`` (mean of the
+            tokens after the final LayerNorm, no class token).
+        representation_size: if set, a ``pre_logits`` Dense + tanh of this
+            width before the head (the original ImageNet-21k models have one).
+        **kwargs: ``dropout_rate``, ``attention_dropout_rate``,
+            ``include_top`` (False drops the head), ``pooling`` (with
+            ``include_top=False``: None returns all tokens (B, N, D);
+            ``"token"`` or ``"gap"``/``"avg"`` return pooled pre-logits
+            features), ``include_preprocessing`` (maps [0, 255] pixels to
+            [-1, 1] inside the model), ``classifier_activation`` (e.g.
+            ``"softmax"``), ``return_attention_scores`` (the model returns
+            ``{"output": ..., "attention_scores": (B, L, heads, N, N)}``),
+            ``num_channels``, ``name``, ``dtype``.
+
+    Returns:
+        A :class:`VisionTransformer` (a ``keras.Model``).
+
+    Example:
+
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.models.vit(image_size=32, patch_size=8,
+    ...     hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+    ...     num_classes=10)
+    >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
+    (2, 10)
+    """
+    return VisionTransformer(
+        image_size=image_size,
+        patch_size=patch_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        num_classes=num_classes,
+        classifier=classifier,
+        representation_size=representation_size,
+        **kwargs,
+    )

@@ -1,0 +1,337 @@
+"""Tests for keras_vit.zoo.download against a local HTTP server (no internet)."""
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from keras_vit.zoo import download
+
+OFFICIAL = "https://storage.googleapis.com/vit_models/test/"
+GOOD = os.urandom(300 * 1024)
+GOOD_SHA = hashlib.sha256(GOOD).hexdigest()
+SLOW_DELAY = 1.5  # seconds the slow path waits before answering
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves /files/vit_models/test/<name>; behaviour depends on <name>."""
+
+    counts = Counter()
+    counts_lock = threading.Lock()
+
+    def do_GET(self):  # noqa: N802 (http.server API)
+        with self.counts_lock:
+            self.counts[self.path] += 1
+        name = self.path.rsplit("/", 1)[-1]
+        if name in ("good.npz", "bad.npz", "ViT-B_16.npz"):
+            self._send(GOOD)
+        elif name == "slow.npz":
+            time.sleep(SLOW_DELAY)
+            self._send(GOOD)
+        elif name == "truncated.npz":
+            # Announce more than we send, then close the connection.
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(GOOD) + 100_000))
+            self.end_headers()
+            self.wfile.write(GOOD[: len(GOOD) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+        elif name == "error500.npz":
+            self.send_error(500, "boom")
+        else:
+            self.send_error(404, "not found")
+
+    def _send(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/files/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def env(server, tmp_path, monkeypatch):
+    """Fresh cache dir, mirror pointing at the local server, zeroed request counts."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(cache))
+    monkeypatch.setenv("KERAS_VIT_MIRROR", server)
+    monkeypatch.delenv("KERAS_VIT_OFFLINE", raising=False)
+    _Handler.counts.clear()
+    return cache
+
+
+def gets(name):
+    return _Handler.counts[f"/files/vit_models/test/{name}"]
+
+
+def leftovers(directory):
+    """Files in ``directory`` other than lock files (which are kept on purpose)."""
+    if not directory.exists():
+        return []
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+
+
+# --- configuration ---------------------------------------------------------
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("KERAS_VIT_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert download.cache_dir() == tmp_path / "xdg" / "keras_vit"
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "explicit"))
+    assert download.cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("KERAS_VIT_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert download.cache_dir() == Path.home() / ".cache" / "keras_vit"
+    assert not (tmp_path / "xdg").exists()  # not created on demand
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("1", True), ("TRUE", True), ("Yes", True), ("on", True), ("0", False), ("", False), ("no", False)],
+)
+def test_is_offline(monkeypatch, value, expected):
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", value)
+    assert download.is_offline() is expected
+
+
+@pytest.mark.parametrize("mirror", ["http://127.0.0.1:8000/files/", "http://127.0.0.1:8000/files"])
+def test_resolve_url_mirror_and_gs(monkeypatch, mirror):
+    monkeypatch.setenv("KERAS_VIT_MIRROR", mirror)
+    expected = "http://127.0.0.1:8000/files/vit_models/imagenet21k/ViT-B_16.npz"
+    assert download.resolve_url(OFFICIAL.replace("test/", "imagenet21k/ViT-B_16.npz")) == expected
+    assert download.resolve_url("gs://vit_models/imagenet21k/ViT-B_16.npz") == expected
+    # URLs outside the official bucket host are never rewritten.
+    assert download.resolve_url("https://example.com/x.npz") == "https://example.com/x.npz"
+
+
+def test_resolve_url_without_mirror(monkeypatch):
+    monkeypatch.delenv("KERAS_VIT_MIRROR", raising=False)
+    assert download.resolve_url("gs://vit_models/a/b.npz") == download.OFFICIAL_BASE + "vit_models/a/b.npz"
+    assert download.resolve_url(OFFICIAL + "x.npz") == OFFICIAL + "x.npz"
+
+
+def test_cache_paths_distinct_and_mirror_independent(tmp_path, monkeypatch):
+    a = download.cache_path_for(download.OFFICIAL_BASE + "vit_models/imagenet21k/ViT-B_16.npz", tmp_path)
+    b = download.cache_path_for(
+        download.OFFICIAL_BASE + "vit_models/imagenet21k%2Bimagenet2012/ViT-B_16.npz", tmp_path
+    )
+    assert a != b
+    assert a.name == b.name == "ViT-B_16.npz"
+    assert b.parent.name == "imagenet21k+imagenet2012"  # url-unquoted
+    assert a == tmp_path / "storage.googleapis.com" / "vit_models" / "imagenet21k" / "ViT-B_16.npz"
+    # gs:// and https:// spellings share a cache entry; the mirror does not matter.
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "http://127.0.0.1:1/m/")
+    assert download.cache_path_for("gs://vit_models/imagenet21k/ViT-B_16.npz", tmp_path) == a
+
+
+def test_cache_path_cannot_escape_cache(tmp_path):
+    p = download.cache_path_for("https://storage.googleapis.com/a/../../etc/pass wd", tmp_path)
+    assert tmp_path in p.parents
+    assert ".." not in p.parts
+    assert p.name == "pass_wd"
+
+
+@pytest.mark.parametrize("bad", ["file:///tmp/x.npz", "/tmp/x.npz", "ftp://host/x.npz"])
+def test_bad_scheme_raises_value_error(bad, tmp_path):
+    with pytest.raises(ValueError, match="url") as info:
+        download.fetch(bad, cache_dir=tmp_path)
+    assert repr(bad) in str(info.value)
+
+
+def test_malformed_sha256_raises_value_error(env):
+    with pytest.raises(ValueError, match="sha256"):
+        download.fetch(OFFICIAL + "good.npz", sha256="abc")
+    assert gets("good.npz") == 0
+
+
+# --- downloading -----------------------------------------------------------
+
+
+def test_good_file_downloaded_once_then_cached(env):
+    url = OFFICIAL + "good.npz"
+    path = download.fetch(url, sha256=GOOD_SHA, progress=False)
+    assert path == download.cache_path_for(url, env)
+    assert path.read_bytes() == GOOD
+    assert download.sha256_file(path) == GOOD_SHA
+    assert json.loads((path.parent / "good.npz.sha256").read_text())["sha256"] == GOOD_SHA
+    assert download.fetch(url, sha256=GOOD_SHA.upper()) == path
+    assert download.fetch(url) == path
+    assert gets("good.npz") == 1
+    assert leftovers(path.parent) == ["good.npz", "good.npz.sha256"]
+
+
+def test_gs_url_downloads_through_mirror_without_trailing_slash(env, server, monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_MIRROR", server.rstrip("/"))
+    path = download.fetch("gs://vit_models/test/good.npz", progress=False)
+    assert path.read_bytes() == GOOD
+    assert gets("good.npz") == 1
+
+
+def test_sidecar_skips_rehash_until_file_changes(env, monkeypatch):
+    url = OFFICIAL + "good.npz"
+    path = download.fetch(url, sha256=GOOD_SHA, progress=False)
+
+    def no_hashing(_):
+        raise AssertionError("cached file was re-hashed despite a valid sidecar")
+
+    with monkeypatch.context() as m:
+        m.setattr(download, "sha256_file", no_hashing)
+        assert download.fetch(url, sha256=GOOD_SHA) == path
+
+    # Same size, different content and mtime: the sidecar no longer applies.
+    path.write_bytes(bytes(len(GOOD)))
+    with pytest.raises(download.ChecksumError, match=GOOD_SHA):
+        download.fetch(url, sha256=GOOD_SHA)
+    assert gets("good.npz") == 1
+
+
+def test_checksum_mismatch_leaves_nothing(env):
+    url = OFFICIAL + "bad.npz"
+    wrong = "0" * 64
+    with pytest.raises(download.ChecksumError) as info:
+        download.fetch(url, sha256=wrong, progress=False)
+    msg = str(info.value)
+    assert wrong in msg and GOOD_SHA in msg and "bad.npz" in msg
+    final = download.cache_path_for(url, env)
+    assert not final.exists()
+    assert leftovers(final.parent) == []
+
+
+def test_truncated_transfer_raises_and_leaves_nothing(env):
+    url = OFFICIAL + "truncated.npz"
+    with pytest.raises(download.DownloadError, match="truncated") as info:
+        download.fetch(url, progress=False)
+    assert not isinstance(info.value, download.ChecksumError)
+    assert f"of {len(GOOD) + 100_000} bytes" in str(info.value)
+    final = download.cache_path_for(url, env)
+    assert not final.exists()
+    assert leftovers(final.parent) == []
+
+
+@pytest.mark.parametrize("name, code", [("error500.npz", 500), ("missing.npz", 404)])
+def test_http_errors(env, server, name, code):
+    url = OFFICIAL + name
+    with pytest.raises(download.DownloadError) as info:
+        download.fetch(url, progress=False)
+    msg = str(info.value)
+    assert str(code) in msg
+    assert server + "vit_models/test/" + name in msg
+    assert gets(name) == 1
+    final = download.cache_path_for(url, env)
+    assert not final.exists()
+    assert leftovers(final.parent) == []
+
+
+def test_unreachable_server_mentions_mirror(env, monkeypatch):
+    # Port 1 on localhost is essentially never listening: connection refused.
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "http://127.0.0.1:1/")
+    with pytest.raises(download.DownloadError) as info:
+        download.fetch(OFFICIAL + "good.npz", progress=False, timeout=5)
+    msg = str(info.value)
+    assert "http://127.0.0.1:1/vit_models/test/good.npz" in msg
+    assert "KERAS_VIT_MIRROR" in msg
+
+
+def test_stale_partials_are_removed_fresh_ones_kept(env):
+    url = OFFICIAL + "good.npz"
+    folder = download.cache_path_for(url, env).parent
+    folder.mkdir(parents=True)
+    stale = folder / "other.npz.123.abc_xyz1.partial"
+    fresh = folder / "other.npz.456.qwertyui.partial"
+    stale.write_bytes(b"old")
+    fresh.write_bytes(b"new")
+    old = time.time() - 2 * 24 * 3600
+    os.utime(stale, (old, old))
+    download.fetch(url, progress=False)
+    assert not stale.exists()
+    assert fresh.exists()
+
+
+# --- offline mode ----------------------------------------------------------
+
+
+def test_offline_missing_file_explains_where_to_put_it(env, server, monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    url = OFFICIAL + "good.npz"
+    with pytest.raises(download.OfflineError) as info:
+        download.fetch(url)
+    msg = str(info.value)
+    final = download.cache_path_for(url, env)
+    assert "good.npz" in msg
+    assert server + "vit_models/test/good.npz" in msg
+    assert str(final) in msg
+    assert "KERAS_VIT_OFFLINE" in msg and "KERAS_VIT_MIRROR" in msg
+    assert isinstance(info.value, download.DownloadError)
+    assert sum(_Handler.counts.values()) == 0
+    assert not final.parent.exists()
+
+
+def test_offline_uses_cached_or_hand_placed_file(env, monkeypatch):
+    url = OFFICIAL + "good.npz"
+    final = download.cache_path_for(url, env)
+    final.parent.mkdir(parents=True)
+    final.write_bytes(GOOD)  # placed by hand, as the OfflineError suggests
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "yes")
+    assert download.fetch(url, sha256=GOOD_SHA) == final
+    with pytest.raises(download.ChecksumError):
+        download.fetch(url, sha256="f" * 64)
+    assert sum(_Handler.counts.values()) == 0
+
+
+# --- concurrency -----------------------------------------------------------
+
+_CHILD = r"""
+import importlib.util, json, sys, time
+spec = importlib.util.spec_from_file_location("kv_download", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+start = time.time()
+path = mod.fetch(sys.argv[2], sha256=sys.argv[3], progress=False)
+print(json.dumps({"path": str(path), "start": start, "end": time.time()}))
+"""
+
+
+def test_two_processes_share_one_download(env):
+    url = OFFICIAL + "slow.npz"
+    cmd = [sys.executable, "-c", _CHILD, download.__file__, url, GOOD_SHA]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out))
+
+    # Both were inside fetch at the same time (the slow path guarantees overlap).
+    assert max(r["start"] for r in results) < min(r["end"] for r in results)
+    paths = {r["path"] for r in results}
+    assert len(paths) == 1
+    data = [Path(r["path"]).read_bytes() for r in results]
+    assert data[0] == data[1] == GOOD
+    assert gets("slow.npz") == 1
+    assert leftovers(download.cache_path_for(url, env).parent) == ["slow.npz", "slow.npz.sha256"]

@@ -1,0 +1,280 @@
+"""``zoo.load``, ``zoo.info``, ``zoo.load_weights``: named models with weights."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import os
+import urllib.parse
+from pathlib import Path
+
+from keras_vit.models import variants
+from keras_vit.models.vit import vit as build_vit
+from keras_vit.zoo import convert, download, registry
+
+_LABELS_DIR = Path(__file__).resolve().parent / "labels"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedWeights:
+    """Where a ``weights=`` argument points: a local file, and what it is."""
+
+    path: str
+    source: str
+    record: registry.Weights | None = None
+
+
+def _is_url(value):
+    return isinstance(value, str) and value.split(":", 1)[0].lower() in (
+        "http", "https", "gs")
+
+
+def resolve_weights(name, weights, image_size=None, progress=None):
+    """Turns a ``weights=`` argument into a local checkpoint file.
+
+    ``weights`` may be a tag of ``name`` (``zoo.info(name)["weights"]``),
+    ``"augreg:<filename>"`` (any file of the AugReg bucket, see
+    :func:`augreg_index`), an http(s)/gs URL, or a local ``.npz`` path.
+    Downloads go through the cache (``KERAS_VIT_CACHE``, ``KERAS_VIT_MIRROR``,
+    ``KERAS_VIT_OFFLINE``).
+    """
+    if not isinstance(weights, (str, os.PathLike)):
+        raise ValueError(
+            "weights must be a tag, a path, a URL or None; received "
+            f"weights={weights!r}")
+    value = os.fspath(weights)
+    if value.startswith("file://"):
+        value = urllib.parse.unquote(urllib.parse.urlparse(value).path)
+    if value.startswith("augreg:"):
+        url = registry.augreg_url(value[len("augreg:"):])
+        path = download.fetch(url, progress=progress)
+        return ResolvedWeights(os.fspath(path), url)
+    if _is_url(value):
+        return ResolvedWeights(
+            os.fspath(download.fetch(value, progress=progress)), value)
+    if os.path.exists(value) or value.endswith(".npz") or os.sep in value:
+        if not os.path.isfile(value):
+            raise FileNotFoundError(
+                f"No checkpoint file at weights={value!r}")
+        return ResolvedWeights(value, value)
+    record = registry.select(name, value, image_size)
+    path = download.fetch(record.url, sha256=record.sha256, progress=progress)
+    return ResolvedWeights(os.fspath(path), record.url, record)
+
+
+def _checkpoint_facts(arrays):
+    """What a (normalised) checkpoint says about the model it belongs to."""
+    facts = {"classifier": "token" if "cls" in arrays else "gap"}
+    if "head/kernel" in arrays:
+        facts["num_classes"] = int(arrays["head/kernel"].shape[-1])
+    if "pre_logits/kernel" in arrays:
+        facts["representation_size"] = int(arrays["pre_logits/kernel"].shape[-1])
+    if convert.POSEMB_KEY in arrays:
+        n = arrays[convert.POSEMB_KEY].shape[1] - (
+            1 if facts["classifier"] == "token" else 0)
+        side = int(round(n ** 0.5))
+        if side * side == n:
+            facts["grid"] = side
+    return facts
+
+
+def load(
+    name,
+    weights="auto",
+    image_size=None,
+    num_classes=None,
+    *,
+    keep_pre_logits=False,
+    progress=None,
+    **kwargs,
+):
+    """Builds a named model and loads its released weights.
+
+    Args:
+        name: e.g. ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit_base_patch16_224"``;
+            any patch size parses (``"ViT-B/14"``). See :func:`list_models`.
+        weights: ``"auto"`` (the paper's ImageNet fine-tune where released,
+            else the recommended AugReg one), a tag listed by
+            ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
+            ``.npz`` path, an http(s) URL, or None for random initialisation.
+        image_size: input resolution; default: the checkpoint's. Position
+            embeddings are resized for any other size (paper section 3.2).
+        num_classes: size of the head; default: the checkpoint's. Another
+            size gives a zero-initialised head (and drops ``pre_logits``
+            unless ``keep_pre_logits=True``).
+        keep_pre_logits: keep the checkpoint's ``pre_logits`` layer when the
+            head is replaced.
+        progress: show a download progress bar (default: when on a terminal).
+        **kwargs: passed to :func:`keras_vit.models.vit` (``include_top``,
+            ``pooling``, ``include_preprocessing``, ``dropout_rate``,
+            ``return_attention_scores``, ``classifier_activation``, ...).
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=64,
+    ...                            num_classes=10)
+    >>> model.count_params()
+    5491786
+    """
+    arch = variants.parse(name)
+    if image_size is None:
+        image_size = arch.image_size
+    if weights == "auto":
+        weights = arch.tag or registry.default_tag(arch.name)
+        if weights is None:
+            raise ValueError(
+                f"No released weights for name={name!r} ({arch.name}); pass "
+                "weights=None for random initialisation, or a checkpoint path "
+                "or URL.")
+    config = dict(arch.config)
+    record = None
+    arrays = None
+    if weights is not None:
+        resolved = resolve_weights(arch.name, weights, image_size, progress)
+        record = resolved.record
+        arrays = convert.normalize_keys(convert.read_npz(resolved.path))
+        facts = _checkpoint_facts(arrays)
+        if image_size is None:
+            if record is not None:
+                image_size = record.image_size
+            elif "grid" in facts:
+                image_size = facts["grid"] * config["patch_size"]
+        config["classifier"] = facts["classifier"]
+        ckpt_classes = facts.get("num_classes")
+        if num_classes is None:
+            num_classes = ckpt_classes
+        head_kept = (num_classes == ckpt_classes
+                     and kwargs.get("include_top", True))
+        if "representation_size" in facts and (
+                head_kept or keep_pre_logits
+                or not kwargs.get("include_top", True)):
+            config["representation_size"] = facts["representation_size"]
+    if image_size is None:
+        image_size = 224
+    if num_classes is None:
+        num_classes = registry.IMAGENET1K_CLASSES
+    for key in list(config):
+        if key in kwargs:
+            config[key] = kwargs.pop(key)
+    kwargs.setdefault("name", arch.name.replace("/", "_").replace("+", "_")
+                      .lower().replace("-", "_"))
+    model = build_vit(image_size=image_size, num_classes=num_classes,
+                      **config, **kwargs)
+    if arrays is not None:
+        convert.load_weights(model, arrays, keep_pre_logits=keep_pre_logits)
+    model.zoo_name = arch.name
+    model.zoo_weights = record
+    return model
+
+
+def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
+                 progress=None):
+    """Loads an official-layout ``.npz`` (path, URL or ``{key: array}``) into
+    a built model.
+
+    Strict: missing, unexpected and mis-shaped arrays are listed together in
+    one error. Position embeddings are resized to the model's grid and a head
+    of another size is replaced by zeros (see
+    :func:`keras_vit.zoo.convert.load_weights`).
+    """
+    if isinstance(path_or_url, dict):
+        return convert.load_weights(model, path_or_url,
+                                    keep_pre_logits=keep_pre_logits)
+    value = os.fspath(path_or_url)
+    if _is_url(value):
+        value = os.fspath(download.fetch(value, sha256=sha256,
+                                         progress=progress))
+    elif sha256 is not None and download.sha256_file(value) != sha256.lower():
+        raise download.ChecksumError(
+            f"sha256 of path_or_url={value!r} does not match {sha256}")
+    return convert.load_weights(model, value, keep_pre_logits=keep_pre_logits)
+
+
+def info(name):
+    """What the zoo knows of a model: architecture, weights, URLs, licence.
+
+    >>> info("ViT-B/16")["config"]["hidden_size"]
+    768
+    """
+    arch = variants.parse(name)
+    weights = {}
+    for w in registry.weights_for(arch.name):
+        weights.setdefault(w.tag, []).append({
+            "url": w.url,
+            "image_size": w.image_size,
+            "num_classes": w.num_classes,
+            "labels": w.labels,
+            "representation_size": w.representation_size,
+            "sha256": w.sha256,
+            "license": w.license,
+            "description": w.description,
+        })
+    return {
+        "name": arch.name,
+        "family": arch.family,
+        "registered": arch.name in variants.REGISTERED,
+        "config": dict(arch.config),
+        "default_weights": registry.default_tag(arch.name),
+        "weights": weights,
+        "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
+                         "(include_preprocessing=True does it in the model)",
+    }
+
+
+list_models = registry.list_models
+
+
+@functools.lru_cache(maxsize=None)
+def labels(name):
+    """A label list that ships with the package: ``"imagenet2012"`` (1000
+    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``."""
+    path = _LABELS_DIR / f"{name}.txt"
+    if not path.is_file():
+        known = sorted(p.stem for p in _LABELS_DIR.glob("*.txt"))
+        raise ValueError(f"Unknown label list name={name!r}; known: {known}")
+    with open(path, encoding="utf-8") as f:
+        return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+
+
+def augreg_index(progress=None):
+    """The rows of the AugReg bucket's ``index.csv`` (downloaded and cached).
+
+    Each row is a dict with the official columns (``name``, ``ds``,
+    ``filename``, ``adapt_ds``, ``adapt_res``, ``adapt_filename``,
+    ``adapt_final_test``, ...). Pick a file and pass
+    ``weights="augreg:<filename>"`` to :func:`load`.
+    """
+    path = download.fetch(registry.AUGREG_INDEX_URL, progress=progress)
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def find_augreg(name, *, pretrain_ds="i21k", adapt_ds="imagenet2012",
+                adapt_res=None, progress=None):
+    """The best AugReg fine-tune of ``name`` in ``index.csv``.
+
+    Among rows of this architecture pre-trained on ``pretrain_ds`` and
+    adapted to ``adapt_ds`` (at ``adapt_res`` if given), returns the
+    ``adapt_filename`` with the highest ``adapt_final_val``; with
+    ``adapt_ds=None``, the upstream ``filename`` with the best ``final_val``.
+    """
+    arch = variants.parse(name)
+    short = arch.name.replace("ViT-", "").replace("+", "_").replace("/", "_")
+    rows = [r for r in augreg_index(progress)
+            if r.get("name") == short and r.get("ds") == pretrain_ds]
+    if adapt_ds is None:
+        if not rows:
+            raise ValueError(f"No AugReg checkpoint of name={name!r} "
+                             f"pre-trained on pretrain_ds={pretrain_ds!r}")
+        best = max(rows, key=lambda r: float(r.get("final_val") or 0))
+        return best["filename"]
+    rows = [r for r in rows if r.get("adapt_ds") == adapt_ds
+            and (adapt_res is None or int(r.get("adapt_res", 0)) == adapt_res)]
+    if not rows:
+        raise ValueError(
+            f"No AugReg fine-tune of name={name!r} on adapt_ds={adapt_ds!r} "
+            f"at adapt_res={adapt_res!r} in the index")
+    best = max(rows, key=lambda r: float(r.get("adapt_final_val") or 0))
+    return best["adapt_filename"]

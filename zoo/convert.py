@@ -1,0 +1,365 @@
+"""Reading the official ``.npz`` checkpoints and copying them into Keras models.
+
+The released files are flat ``.npz`` archives whose keys are '/'-joined Flax
+parameter paths. Two numberings exist: the original vit_jax files
+(``MultiHeadDotProductAttention_1``, ``LayerNorm_2``, ``MlpBlock_3``) and the
+newer big_vision ones (``..._0``, ``LayerNorm_1``, ``MlpBlock_0``, sometimes
+a ``params/`` prefix and all blocks stacked under ``encoderblock`` with depth
+as the leading axis). Both are first rewritten to the original numbering,
+which is the canonical key set this module speaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import zipfile
+
+import numpy as np
+
+logger = logging.getLogger("keras_vit.zoo")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model."""
+
+
+# --------------------------------------------------------------------------
+# Reading
+
+
+def read_npz(path) -> dict:
+    """Reads a flat ``.npz`` checkpoint into ``{key: array}``.
+
+    Never unpickles (``allow_pickle=False``); a corrupt or truncated file
+    raises :class:`CheckpointError` naming the path.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint not found: path={path!r}")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(
+            f"Could not read the checkpoint path={path!r}: it is not a valid "
+            f".npz archive (corrupt or truncated download?). {type(e).__name__}"
+            f": {e}") from e
+
+
+_NEW_TO_OLD_BLOCK = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+def normalize_keys(arrays: dict) -> dict:
+    """Rewrites any released ViT layout to the original vit_jax key names."""
+    out = {}
+    for key, value in arrays.items():
+        if key.startswith("params/"):
+            key = key[len("params/"):]
+        if key == "pos_embedding":  # big_vision keeps it at the top level
+            key = "Transformer/posembed_input/pos_embedding"
+        out[key] = np.asarray(value)
+
+    stacked = [k for k in out if k.startswith("Transformer/encoderblock/")]
+    if stacked:
+        for key in stacked:
+            value = out.pop(key)
+            rest = key[len("Transformer/encoderblock/"):]
+            for i in range(value.shape[0]):
+                out[f"Transformer/encoderblock_{i}/{rest}"] = value[i]
+
+    new_style = any("MultiHeadDotProductAttention_0" in k for k in out)
+    if new_style:
+        renamed = {}
+        for key, value in out.items():
+            parts = key.split("/")
+            if (len(parts) > 2 and parts[0] == "Transformer"
+                    and parts[1].startswith("encoderblock_")):
+                parts[2] = _NEW_TO_OLD_BLOCK.get(parts[2], parts[2])
+            renamed["/".join(parts)] = value
+        out = renamed
+    return out
+
+
+# --------------------------------------------------------------------------
+# Keras variable path <-> checkpoint key
+
+_BLOCK_RE = re.compile(r"^encoder_block_(\d+)/(.*)$")
+_BLOCK_MAP = {
+    "norm_1/gamma": "LayerNorm_0/scale",
+    "norm_1/beta": "LayerNorm_0/bias",
+    "norm_2/gamma": "LayerNorm_2/scale",
+    "norm_2/beta": "LayerNorm_2/bias",
+    "mlp/dense_0/kernel": "MlpBlock_3/Dense_0/kernel",
+    "mlp/dense_0/bias": "MlpBlock_3/Dense_0/bias",
+    "mlp/dense_1/kernel": "MlpBlock_3/Dense_1/kernel",
+    "mlp/dense_1/bias": "MlpBlock_3/Dense_1/bias",
+}
+for _n in ("query", "key", "value", "out"):
+    for _p in ("kernel", "bias"):
+        _BLOCK_MAP[f"attention/{_n}_{_p}"] = (
+            f"MultiHeadDotProductAttention_1/{_n}/{_p}")
+_TOP_MAP = {
+    "patch_embedding/conv/kernel": "embedding/kernel",
+    "patch_embedding/conv/bias": "embedding/bias",
+    "class_token/cls": "cls",
+    "position_embedding/pos_embedding": "Transformer/posembed_input/pos_embedding",
+    "encoder_norm/gamma": "Transformer/encoder_norm/scale",
+    "encoder_norm/beta": "Transformer/encoder_norm/bias",
+    "pre_logits/kernel": "pre_logits/kernel",
+    "pre_logits/bias": "pre_logits/bias",
+    "head/kernel": "head/kernel",
+    "head/bias": "head/bias",
+}
+
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+
+
+def checkpoint_key(variable_path: str) -> str | None:
+    """Maps a Keras variable path of a ViT to its checkpoint key."""
+    if variable_path in _TOP_MAP:
+        return _TOP_MAP[variable_path]
+    m = _BLOCK_RE.match(variable_path)
+    if m and m.group(2) in _BLOCK_MAP:
+        return f"Transformer/encoderblock_{m.group(1)}/{_BLOCK_MAP[m.group(2)]}"
+    return None
+
+
+def model_variables(model) -> dict:
+    """``{checkpoint key: keras Variable}`` for every weight of a ViT model.
+
+    Raises if a weight has no checkpoint equivalent, so that a model this
+    module does not understand is never half loaded.
+    """
+    out = {}
+    unknown = []
+    for v in model.weights:
+        key = checkpoint_key(v.path)
+        if key is None:
+            unknown.append(v.path)
+        else:
+            out[key] = v
+    if unknown:
+        raise CheckpointError(
+            f"model={model.name!r} has weights with no checkpoint equivalent: "
+            f"{unknown[:10]}")
+    return out
+
+
+def export_arrays(model) -> dict:
+    """The model's weights as ``{checkpoint key: array}`` (official layout)."""
+    return {k: np.asarray(v.numpy()) for k, v in model_variables(model).items()}
+
+
+def save_npz(model, path):
+    """Writes the model's weights as an official-layout ``.npz``, atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.partial.npz"
+    try:
+        np.savez(tmp, **export_arrays(model))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+# --------------------------------------------------------------------------
+# Position-embedding resize
+
+
+def _linear_resize_axis(x, new_len, axis):
+    """Linear interpolation along one axis with aligned corners.
+
+    This is what ``scipy.ndimage.zoom(order=1)`` does (its default
+    ``grid_mode=False`` maps the first and last samples onto each other).
+    """
+    old_len = x.shape[axis]
+    if new_len == old_len:
+        return x
+    if old_len == 1:
+        return np.repeat(x, new_len, axis=axis)
+    if new_len == 1:
+        coords = np.zeros(1)
+    else:
+        coords = np.arange(new_len) * ((old_len - 1) / (new_len - 1))
+    lo = np.clip(np.floor(coords).astype(int), 0, old_len - 2)
+    frac = coords - lo
+    shape = [1] * x.ndim
+    shape[axis] = new_len
+    frac = frac.reshape(shape)
+    a = np.take(x, lo, axis=axis)
+    b = np.take(x, lo + 1, axis=axis)
+    return a * (1.0 - frac) + b * frac
+
+
+def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
+    """Resizes a (1, prefix + h*w, D) position-embedding table to a new grid.
+
+    As in the paper (section 3.2) and the official code: the prefix (class
+    token) rows are kept, the grid rows are interpolated in 2D with
+    ``scipy.ndimage.zoom(order=1)`` semantics (bilinear, aligned corners).
+
+    Args:
+        posemb: array (1, N, D).
+        new_grid: (rows, cols) of the target patch grid.
+        num_prefix_tokens: rows before the grid (1 with a class token).
+        old_grid: (rows, cols) of the source grid; inferred as square if None.
+    """
+    posemb = np.asarray(posemb)
+    if posemb.ndim != 3 or posemb.shape[0] != 1:
+        raise CheckpointError(
+            f"posemb must have shape (1, N, D); received shape={posemb.shape}")
+    prefix, grid = posemb[0, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+    n = grid.shape[0]
+    if old_grid is None:
+        side = int(round(np.sqrt(n)))
+        if side * side != n:
+            raise CheckpointError(
+                f"cannot infer a square grid from {n} position embeddings "
+                f"(num_prefix_tokens={num_prefix_tokens}); pass old_grid")
+        old_grid = (side, side)
+    old_grid = tuple(old_grid)
+    new_grid = tuple(int(g) for g in new_grid)
+    if old_grid[0] * old_grid[1] != n:
+        raise CheckpointError(
+            f"old_grid={old_grid} does not match {n} grid position embeddings")
+    g = grid.reshape(old_grid[0], old_grid[1], -1).astype(np.float64)
+    g = _linear_resize_axis(g, new_grid[0], 0)
+    g = _linear_resize_axis(g, new_grid[1], 1)
+    g = g.reshape(new_grid[0] * new_grid[1], -1).astype(posemb.dtype)
+    return np.concatenate([prefix, g], axis=0)[None]
+
+
+# --------------------------------------------------------------------------
+# Loading
+
+
+def _source_arrays(source):
+    if isinstance(source, dict):
+        return dict(source)
+    return read_npz(source)
+
+
+def _describe(source):
+    return "<arrays>" if isinstance(source, dict) else repr(os.fspath(source))
+
+
+def load_weights(model, source, *, keep_pre_logits=None):
+    """Loads an official-layout checkpoint into a model, strictly.
+
+    Args:
+        model: a model built by :func:`keras_vit.models.vit` (any resolution).
+        source: path to a ``.npz`` or a ``{key: array}`` dict. (To load from
+            a URL, use :func:`keras_vit.zoo.load_weights`, which downloads.)
+        keep_pre_logits: only matters when the head is replaced: the
+            checkpoint's ``pre_logits`` layer is dropped unless this is True
+            and the model has one.
+
+    Rules:
+        * position embeddings of another grid are resized
+          (:func:`resize_posemb`);
+        * a head of another ``num_classes`` is replaced by zeros (paper
+          section 3.2), and then ``pre_logits`` is dropped unless asked for;
+        * a model without a head (``include_top=False``) ignores the
+          checkpoint's head;
+        * anything else missing, unexpected or mis-shaped is an error that
+          lists every problem at once.
+
+    Returns:
+        A dict report: ``{"resized_posemb": (old, new) or None,
+        "head": "loaded" | "replaced" | "dropped", "pre_logits": ...}``.
+    """
+    arrays = normalize_keys(_source_arrays(source))
+    targets = model_variables(model)
+    report = {"resized_posemb": None, "head": None, "pre_logits": None}
+
+    has_head_ckpt = "head/kernel" in arrays
+    has_head_model = "head/kernel" in targets
+    head_replaced = False
+    if has_head_model and has_head_ckpt:
+        if tuple(arrays["head/kernel"].shape[-1:]) != tuple(
+                targets["head/kernel"].shape[-1:]):
+            head_replaced = True
+    if has_head_ckpt and not has_head_model:
+        arrays.pop("head/kernel")
+        arrays.pop("head/bias", None)
+        report["head"] = "dropped"
+    if head_replaced:
+        arrays.pop("head/kernel")
+        arrays.pop("head/bias", None)
+        report["head"] = "replaced"
+    elif has_head_model and has_head_ckpt:
+        report["head"] = "loaded"
+
+    # pre_logits: a checkpoint may carry one the model does not want.
+    if "pre_logits/kernel" in arrays and "pre_logits/kernel" not in targets:
+        if head_replaced or not has_head_model:
+            arrays.pop("pre_logits/kernel")
+            arrays.pop("pre_logits/bias", None)
+            report["pre_logits"] = "dropped"
+    elif "pre_logits/kernel" in arrays and head_replaced and (
+            keep_pre_logits is False):
+        raise CheckpointError(
+            "keep_pre_logits=False but the model has a pre_logits layer; "
+            "build it with representation_size=None")
+    if "pre_logits/kernel" in targets and "pre_logits/kernel" in arrays:
+        report["pre_logits"] = "loaded"
+
+    problems = []
+    missing = [k for k in targets if k not in arrays
+               and not (head_replaced and k.startswith("head/"))]
+    unexpected = [k for k in arrays if k not in targets]
+
+    # Position embeddings: resize when only the grid differs.
+    if POSEMB_KEY in arrays and POSEMB_KEY in targets:
+        src = arrays[POSEMB_KEY]
+        want = tuple(targets[POSEMB_KEY].shape)
+        if tuple(src.shape) != want and src.ndim == 3 and src.shape[
+                2] == want[2]:
+            layer = model.get_layer("position_embedding")
+            prefix = layer.num_prefix_tokens
+            try:
+                arrays[POSEMB_KEY] = resize_posemb(src, layer.grid_size,
+                                                   prefix)
+                report["resized_posemb"] = (
+                    int(src.shape[1]) - prefix, int(want[1]) - prefix)
+            except CheckpointError as e:
+                problems.append(f"{POSEMB_KEY}: {e}")
+
+    mis_shaped = []
+    for key, var in targets.items():
+        if key in arrays and tuple(arrays[key].shape) != tuple(var.shape):
+            mis_shaped.append(
+                f"{key}: checkpoint {tuple(arrays[key].shape)} vs model "
+                f"{tuple(var.shape)}")
+    if missing:
+        problems.append(f"missing from the checkpoint ({len(missing)}): "
+                        + ", ".join(missing[:20])
+                        + (" ..." if len(missing) > 20 else ""))
+    if unexpected:
+        problems.append(f"unexpected in the checkpoint ({len(unexpected)}): "
+                        + ", ".join(unexpected[:20])
+                        + (" ..." if len(unexpected) > 20 else ""))
+    if mis_shaped:
+        problems.append(f"mis-shaped ({len(mis_shaped)}): "
+                        + "; ".join(mis_shaped[:20])
+                        + (" ..." if len(mis_shaped) > 20 else ""))
+    if problems:
+        raise CheckpointError(
+            f"The checkpoint source={_describe(source)} does not fit "
+            f"model={model.name!r} (is it another architecture?):\n  "
+            + "\n  ".join(problems))
+
+    for key, var in targets.items():
+        if head_replaced and key.startswith("head/"):
+            var.assign(np.zeros(var.shape, dtype=var.dtype))
+        else:
+            var.assign(arrays[key].astype(var.dtype))
+    return report

@@ -1,0 +1,468 @@
+"""Download and cache pretrained checkpoints.
+
+Files are identified by their *official* URL (``https://storage.googleapis.com/...``
+or the equivalent ``gs://...``) and cached under :func:`cache_dir`.  The cache
+location depends only on the official URL, so pointing ``KERAS_VIT_MIRROR`` at a
+different mirror reuses files that were already downloaded.
+
+Environment variables:
+
+``KERAS_VIT_CACHE``
+    Cache directory (default ``$XDG_CACHE_HOME/keras_vit`` or ``~/.cache/keras_vit``).
+``KERAS_VIT_OFFLINE``
+    ``1``/``true``/``yes``/``on``: never download; missing files raise
+    :class:`OfflineError` telling where to put them by hand.
+``KERAS_VIT_MIRROR``
+    Base URL that replaces ``https://storage.googleapis.com/`` when downloading.
+
+Downloads are safe against concurrent processes (an exclusive ``flock`` per
+file), against interruption (data is streamed into a uniquely named
+``.partial`` file and atomically renamed only once complete and verified), and
+against corruption (optional SHA-256 verification).
+
+This module deliberately depends only on the standard library and ``tqdm``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import re
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+try:  # POSIX only; on other platforms downloads simply are not serialised.
+    import fcntl
+except ImportError:  # pragma: no cover - exercised on Windows only
+    fcntl = None
+
+from tqdm import tqdm
+
+__all__ = [
+    "DownloadError",
+    "ChecksumError",
+    "OfflineError",
+    "OFFICIAL_BASE",
+    "cache_dir",
+    "is_offline",
+    "resolve_url",
+    "cache_path_for",
+    "fetch",
+    "sha256_file",
+]
+
+OFFICIAL_BASE = "https://storage.googleapis.com/"
+
+ENV_CACHE = "KERAS_VIT_CACHE"
+ENV_OFFLINE = "KERAS_VIT_OFFLINE"
+ENV_MIRROR = "KERAS_VIT_MIRROR"
+
+_CHUNK = 1 << 20  # 1 MiB
+_USER_AGENT = "keras-vit"
+_STALE_PARTIAL_SECONDS = 24 * 3600
+_TRUTHY = ("1", "true", "yes", "on")
+_SCHEMES = ("http", "https", "gs")
+# Name pattern of our temporary files: "<file>.<pid>.<random>.partial".
+_PARTIAL_RE = re.compile(r"\.\d+\.[A-Za-z0-9_]+\.partial$")
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._+=@,-]")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class DownloadError(IOError):
+    """A file could not be downloaded."""
+
+
+class ChecksumError(DownloadError):
+    """A file's SHA-256 does not match the expected value."""
+
+
+class OfflineError(DownloadError):
+    """A file is missing from the cache and downloads are disabled."""
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Return the cache root (not created here; :func:`fetch` creates it)."""
+    explicit = os.environ.get(ENV_CACHE)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "keras_vit"
+    return Path.home() / ".cache" / "keras_vit"
+
+
+def is_offline() -> bool:
+    """Whether ``KERAS_VIT_OFFLINE`` forbids network access."""
+    return os.environ.get(ENV_OFFLINE, "").strip().lower() in _TRUTHY
+
+
+def _scheme(url: str) -> str:
+    return urllib.parse.urlsplit(url).scheme.lower()
+
+
+def _check_url(url: str) -> None:
+    """Raise ``ValueError`` unless ``url`` is an http(s) or gs URL."""
+    if not isinstance(url, str) or _scheme(url) not in _SCHEMES:
+        raise ValueError(
+            f"url must be an http://, https:// or gs:// URL, got url={url!r} "
+            "(local files are not downloaded; pass their path to the caller instead)"
+        )
+
+
+def _official_url(url: str) -> str:
+    """Turn ``gs://bucket/path`` into its public HTTPS URL; leave others alone."""
+    if _scheme(url) == "gs":
+        return OFFICIAL_BASE + url.split("://", 1)[1].lstrip("/")
+    return url
+
+
+def resolve_url(url: str) -> str:
+    """Return the URL to actually download from.
+
+    ``gs://`` URLs become public HTTPS URLs; if ``KERAS_VIT_MIRROR`` is set, the
+    official prefix is replaced by the mirror base.  Other URLs are unchanged.
+    """
+    url = _official_url(url)
+    mirror = os.environ.get(ENV_MIRROR, "").strip()
+    if mirror and url.startswith(OFFICIAL_BASE):
+        return mirror.rstrip("/") + "/" + url[len(OFFICIAL_BASE):]
+    return url
+
+
+def _cache_root(override: Optional[PathLike]) -> Path:
+    # Separate helper because fetch's/cache_path_for's ``cache_dir`` argument
+    # shadows the module-level function of the same name.
+    return Path(override).expanduser() if override is not None else cache_dir()
+
+
+def _sanitise(component: str) -> str:
+    """Make one path component safe as a file name on any common OS."""
+    safe = _UNSAFE_CHARS.sub("_", component)
+    if not safe.strip("."):  # "." and ".." must not navigate the tree
+        safe = safe.replace(".", "_")
+    return safe
+
+
+def cache_path_for(url: str, cache_dir: Optional[PathLike] = None) -> Path:
+    """Return where the file for the (official, unresolved) ``url`` is cached.
+
+    The layout is ``<cache>/<host>/<url path>`` with every component sanitised,
+    so files with the same name in different directories never collide.
+    """
+    _check_url(url)
+    parts = urllib.parse.urlsplit(_official_url(url))
+    root = _cache_root(cache_dir)
+    host = (parts.hostname or "unknown-host").lower()
+    if parts.port is not None:
+        host = f"{host}_{parts.port}"
+    components = [
+        _sanitise(c) for c in urllib.parse.unquote(parts.path).split("/") if c not in ("", ".")
+    ]
+    if not components:
+        components = ["index"]
+    if parts.query:
+        # Distinct queries must map to distinct files, but keep names short.
+        digest = hashlib.sha256(parts.query.encode("utf-8")).hexdigest()[:12]
+        components[-1] = f"{components[-1]}_{digest}"
+    return root.joinpath(_sanitise(host), *components)
+
+
+# ---------------------------------------------------------------------------
+# Hashing and the verified-hash sidecar
+# ---------------------------------------------------------------------------
+
+
+def sha256_file(path: PathLike) -> str:
+    """Return the hex SHA-256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    """Record ``digest`` together with the size/mtime it was computed for.
+
+    Best effort: a read-only cache only costs a re-hash on the next load.
+    """
+    try:
+        st = path.stat()
+        record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        _atomic_write_text(_sidecar(path), json.dumps(record) + "\n")
+    except OSError:
+        pass
+
+
+def _sidecar_confirms(path: Path, expected: str) -> bool:
+    """True if the sidecar vouches that ``path`` (unchanged since) hashes to ``expected``."""
+    try:
+        record = json.loads(_sidecar(path).read_text())
+        st = path.stat()
+        return (
+            record.get("sha256") == expected
+            and record.get("size") == st.st_size
+            and record.get("mtime_ns") == st.st_mtime_ns
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _verify_cached(path: Path, expected: Optional[str], url: str) -> None:
+    """Check a cached file against ``expected`` (cheaply, via the sidecar, if possible)."""
+    if expected is None or _sidecar_confirms(path, expected):
+        return
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"cached file {path} has sha256 {actual}, expected {expected} (for {url}). "
+            "Delete it to download it again, or replace it with the correct file."
+        )
+    _write_sidecar(path, actual)  # e.g. a file placed by hand: skip hashing next time
+
+
+def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
+    if sha256 is None:
+        return None
+    value = str(sha256).strip().lower()
+    if not _HEX64.match(value):
+        raise ValueError(f"sha256 must be 64 hexadecimal digits, got sha256={sha256!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# File-system helpers
+# ---------------------------------------------------------------------------
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (blocking).
+
+    The lock file is intentionally never deleted: unlinking it while another
+    process waits on it would let a third process lock a *new* inode
+    concurrently.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale_partials(directory: Path, max_age: float = _STALE_PARTIAL_SECONDS) -> None:
+    """Delete our temporary files older than ``max_age`` seconds (left by killed processes).
+
+    Live downloads write continuously, so their mtime is always recent.
+    """
+    cutoff = time.time() - max_age
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if not _PARTIAL_RE.search(entry.name):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
+
+
+# ---------------------------------------------------------------------------
+# Download
+# ---------------------------------------------------------------------------
+
+
+def _describe(resolved: str, url: str) -> str:
+    """Name the URL actually used, and the official one if a mirror was involved."""
+    official = _official_url(url)
+    return resolved if resolved == official else f"{resolved} (mirror of {official})"
+
+
+def _unreachable_hint() -> str:
+    return (
+        f"If this machine cannot reach the server, set {ENV_MIRROR} to a reachable mirror "
+        f"of {OFFICIAL_BASE}, or download the file elsewhere, copy it to the cache path, "
+        f"and set {ENV_OFFLINE}=1."
+    )
+
+
+def _offline_error(url: str, resolved: str, final: Path, expected: Optional[str]) -> OfflineError:
+    lines = [
+        f"{final.name} is not in the keras-vit cache and downloads are disabled "
+        f"({ENV_OFFLINE}={os.environ.get(ENV_OFFLINE)!r}).",
+        f"  URL:          {resolved}",
+    ]
+    if resolved != _official_url(url):
+        lines.append(f"  official URL: {_official_url(url)}")
+    lines.append(f"  place it at:  {final}")
+    if expected is not None:
+        lines.append(f"  sha256:       {expected}")
+    lines.append(
+        "Download the file elsewhere and copy it to exactly that path, or unset "
+        f"{ENV_OFFLINE} to allow downloading (optionally setting {ENV_MIRROR} to a "
+        f"mirror of {OFFICIAL_BASE})."
+    )
+    return OfflineError("\n".join(lines))
+
+
+def _download(
+    resolved: str,
+    url: str,
+    final: Path,
+    expected: Optional[str],
+    progress: Optional[bool],
+    timeout: float,
+) -> None:
+    """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
+    where = _describe(resolved, url)
+    fd, partial = tempfile.mkstemp(prefix=f"{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            request = urllib.request.Request(resolved, headers={"User-Agent": _USER_AGENT})
+            try:
+                response = urllib.request.urlopen(request, timeout=timeout)
+            except urllib.error.HTTPError as e:  # must precede URLError (its base class)
+                e.close()
+                raise DownloadError(f"HTTP error {e.code} ({e.reason}) while downloading {where}") from e
+            except urllib.error.URLError as e:
+                raise DownloadError(f"could not download {where}: {e.reason}. {_unreachable_hint()}") from e
+            except (OSError, http.client.HTTPException) as e:  # timeouts, resets, bad status lines
+                raise DownloadError(f"could not download {where}: {e!r}. {_unreachable_hint()}") from e
+
+            with response:
+                total = _content_length(response)
+                digest = hashlib.sha256()
+                received = 0
+                disable = None if progress is None else not progress  # None: only on a TTY
+                with tqdm(
+                    total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                    desc=final.name, disable=disable,
+                ) as bar:
+                    while True:
+                        try:
+                            chunk = response.read(_CHUNK)
+                        except http.client.IncompleteRead as e:
+                            received += len(e.partial)
+                            raise DownloadError(
+                                f"download of {where} truncated: got {received} of {total} bytes"
+                            ) from e
+                        except (OSError, http.client.HTTPException) as e:
+                            raise DownloadError(
+                                f"download of {where} failed after {received} bytes: {e!r}. "
+                                f"{_unreachable_hint()}"
+                            ) from e
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        digest.update(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
+
+        # http.client silently returns EOF when the server closes the connection early.
+        if total is not None and received < total:
+            raise DownloadError(f"download of {where} truncated: got {received} of {total} bytes")
+        actual = digest.hexdigest()
+        if expected is not None and actual != expected:
+            raise ChecksumError(
+                f"checksum mismatch for {where}: expected sha256 {expected}, got {actual}"
+            )
+        os.replace(partial, final)
+        partial = None
+        _write_sidecar(final, actual)
+    finally:
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+
+
+def _content_length(response) -> Optional[int]:
+    value = response.headers.get("Content-Length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def fetch(
+    url: str,
+    *,
+    sha256: Optional[str] = None,
+    cache_dir: Optional[PathLike] = None,
+    progress: Optional[bool] = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Return the local path of ``url``'s file, downloading it into the cache if needed.
+
+    Args:
+        url: Official ``https://storage.googleapis.com/...`` (or ``gs://``) URL;
+            any other http(s) URL also works but is never mirrored.
+        sha256: Expected hex digest; verified after download and on cache hits
+            (cheaply, via a ``.sha256`` sidecar, when the file is unchanged).
+        cache_dir: Cache root; defaults to :func:`cache_dir`.
+        progress: Show a progress bar: ``True``/``False``, or ``None`` for
+            "only when stderr is a terminal".
+        timeout: Socket timeout in seconds.
+
+    Raises:
+        ValueError: ``url`` is not an http(s)/gs URL, or ``sha256`` is malformed.
+        OfflineError: the file is not cached and ``KERAS_VIT_OFFLINE`` is set.
+        ChecksumError: the (downloaded or cached) file has the wrong SHA-256.
+        DownloadError: any other download failure.
+    """
+    _check_url(url)
+    expected = _normalise_sha256(sha256)
+    final = cache_path_for(url, cache_dir)
+
+    if final.is_file():
+        _verify_cached(final, expected, url)
+        return final
+
+    resolved = resolve_url(url)
+    if is_offline():
+        raise _offline_error(url, resolved, final, expected)
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(final.with_name(final.name + ".lock")):
+        # Another process may have completed the download while we waited.
+        if final.is_file():
+            _verify_cached(final, expected, url)
+            return final
+        _remove_stale_partials(final.parent)
+        _download(resolved, url, final, expected, progress, timeout)
+    return final

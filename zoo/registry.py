@@ -1,0 +1,197 @@
+"""The released weights of each named variant: data, not code.
+
+Architecture lives in ``keras_vit.models.variants`` (one table of sizes);
+this module records, per canonical name and weights tag, where the official
+file is and what it contains. The loader reads the checkpoint itself to find
+the head size and whether it has ``pre_logits``; these records say what to
+expect, for ``zoo.info`` and for choosing defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+
+from keras_vit.models import variants
+
+BUCKET = "https://storage.googleapis.com/vit_models/"
+LICENSE = "Apache-2.0 (google-research/vision_transformer)"
+
+IMAGENET21K_CLASSES = 21843
+IMAGENET1K_CLASSES = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """One released checkpoint.
+
+    Attributes:
+        tag: the weights tag (``"imagenet21k"``, ...).
+        url: official HTTPS URL (the mirror variable rewrites it).
+        image_size: resolution it was trained or fine-tuned at.
+        num_classes: size of its head.
+        labels: name of the label list for its head (``"imagenet21k"`` or
+            ``"imagenet2012"``), shipped with the package.
+        representation_size: width of its ``pre_logits`` layer, or None.
+        sha256: the file's hash where known (else the download is verified
+            only for completeness).
+        description: one line for ``zoo.info``.
+    """
+
+    tag: str
+    url: str
+    image_size: int
+    num_classes: int
+    labels: str
+    representation_size: int | None = None
+    sha256: str | None = None
+    description: str = ""
+    license: str = LICENSE
+
+
+def _i21k(name, file, hidden):
+    return Weights(
+        "imagenet21k", f"{BUCKET}imagenet21k/{file}.npz", 224,
+        IMAGENET21K_CLASSES, "imagenet21k", representation_size=hidden,
+        description="pre-trained on ImageNet-21k (paper, 'original' release)")
+
+
+def _ft(file, res):
+    return Weights(
+        "imagenet21k+imagenet2012",
+        f"{BUCKET}imagenet21k%2Bimagenet2012/{file}.npz", res,
+        IMAGENET1K_CLASSES, "imagenet2012",
+        description=f"ImageNet-21k pre-training, fine-tuned on ImageNet at {res}"
+                    " (paper, Table 2)")
+
+
+# The AugReg checkpoints that the vit_jax README recommends (best upstream
+# per variant) and their ImageNet fine-tunes at 384 ("How to train your ViT?",
+# Steiner et al. 2021). Other AugReg files: weights="augreg:<filename>".
+_AUGREG = {
+    "ViT-Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+                  "lr_0.03"),
+    "ViT-S/16": ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+                 "lr_0.03"),
+    "ViT-S/32": ("S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0",
+                 "lr_0.01"),
+    "ViT-B/16": ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+                 "lr_0.03"),
+    "ViT-B/32": ("B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
+                 "lr_0.01"),
+    "ViT-L/16": ("L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0",
+                 "lr_0.01"),
+}
+
+
+def augreg_url(filename):
+    """URL of a file in the AugReg bucket (``.npz`` added if missing)."""
+    if not filename.endswith(".npz"):
+        filename += ".npz"
+    return f"{BUCKET}augreg/{filename}"
+
+
+AUGREG_INDEX_URL = f"{BUCKET}augreg/index.csv"
+
+
+def _augreg(name):
+    upstream, lr = _AUGREG[name]
+    return [
+        Weights("augreg", augreg_url(
+            f"{upstream}--imagenet2012-steps_20k-{lr}-res_384"), 384,
+            IMAGENET1K_CLASSES, "imagenet2012",
+            description="AugReg ImageNet-21k pre-training (recommended "
+                        "checkpoint), fine-tuned on ImageNet at 384"),
+        Weights("augreg-i21k", augreg_url(upstream), 224, IMAGENET21K_CLASSES,
+                "imagenet21k",
+                description="AugReg pre-training on ImageNet-21k, 300 epochs "
+                            "(recommended checkpoint)"),
+    ]
+
+
+def _sam(file):
+    return Weights(
+        "sam", f"{BUCKET}sam/{file}.npz", 224, IMAGENET1K_CLASSES,
+        "imagenet2012",
+        description="trained on ImageNet with SAM (Chen et al. 2021)")
+
+
+def _build_table():
+    table = {name: [] for name in variants.REGISTERED}
+    for size, patch in (("B", 16), ("B", 32), ("L", 16), ("L", 32),
+                        ("H", 14)):
+        name = variants.vit_name(size, patch)
+        hidden = variants.VIT_SIZES[size]["hidden_size"]
+        table[name].append(_i21k(name, f"ViT-{size}_{patch}", hidden))
+    for size, patch in (("B", 16), ("B", 32), ("B", 8), ("L", 16), ("L", 32)):
+        name = variants.vit_name(size, patch)
+        res = 224 if patch == 8 else 384
+        table[name].append(_ft(f"ViT-{size}_{patch}", res))
+    # The fine-tunes at 224 of the 2020-10-29 release, same tag: the loader
+    # picks the file whose resolution matches the requested image_size.
+    for size in ("B", "L"):
+        table[variants.vit_name(size, 16)].append(_ft(f"ViT-{size}_16-224", 224))
+    for name in _AUGREG:
+        table[name].extend(_augreg(name))
+    for size, patch in (("B", 16), ("B", 32), ("L", 16), ("L", 32)):
+        table[variants.vit_name(size, patch)].append(
+            _sam(f"ViT-{size}_{patch}"))
+    return table
+
+
+WEIGHTS = _build_table()
+
+# Preferred default tag: the paper's own fine-tuned release, else AugReg.
+DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg", "imagenet21k")
+
+
+def list_models(pattern=None):
+    """Registered model names, optionally filtered by a glob pattern.
+
+    >>> list_models("ViT-B*")
+    ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
+    """
+    names = list(variants.REGISTERED)
+    if pattern:
+        pat = pattern.lower()
+        names = [n for n in names if fnmatch.fnmatch(n.lower(), pat)
+                 or fnmatch.fnmatch(n.lower().replace("/", "_"), pat)]
+    return names
+
+
+def weights_for(name):
+    """All released :class:`Weights` of a canonical name (maybe empty)."""
+    return list(WEIGHTS.get(name, []))
+
+
+def tags_for(name):
+    """The distinct weights tags of a canonical name, in table order."""
+    seen = []
+    for w in weights_for(name):
+        if w.tag not in seen:
+            seen.append(w.tag)
+    return seen
+
+
+def default_tag(name):
+    tags = tags_for(name)
+    for tag in DEFAULT_TAGS:
+        if tag in tags:
+            return tag
+    return None
+
+
+def select(name, tag, image_size=None):
+    """The :class:`Weights` of ``name`` with ``tag``; prefers a file trained
+    at ``image_size`` when several resolutions were released."""
+    candidates = [w for w in weights_for(name) if w.tag == tag]
+    if not candidates:
+        tags = tags_for(name)
+        raise ValueError(
+            f"No weights={tag!r} for model {name!r}. Released tags: "
+            f"{tags or 'none'}; also accepted: a local .npz path, an https URL, "
+            "'augreg:<filename>' or None for random initialisation.")
+    for w in candidates:
+        if image_size is not None and w.image_size == image_size:
+            return w
+    return candidates[0]
