@@ -1,0 +1,174 @@
+"""Checkpoint conversion: layouts, resize, strictness, bad files."""
+
+import zipfile
+
+import numpy as np
+import pytest
+import scipy.ndimage
+
+import official
+from conftest import TINY, tiny_builder_kwargs
+
+import keras_vit
+from keras_vit import zoo
+from keras_vit.zoo import convert
+
+
+def _model(**kw):
+    return keras_vit.models.vit(**tiny_builder_kwargs(**kw))
+
+
+def _x(side=32, n=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, side, side, 3)).astype(
+        "float32")
+
+
+@pytest.mark.parametrize("old_grid,new_grid,prefix", [
+    ((4, 4), (6, 6), 1), ((7, 7), (12, 12), 1), ((24, 24), (14, 14), 0),
+    ((14, 14), (24, 24), 1), ((5, 5), (3, 8), 1), ((4, 4), (1, 1), 0)])
+def test_resize_posemb_matches_scipy_zoom(old_grid, new_grid, prefix):
+    rng = np.random.default_rng(0)
+    d = 16
+    posemb = rng.standard_normal((1, prefix + old_grid[0] * old_grid[1], d)
+                                 ).astype("float32")
+    got = zoo.resize_posemb(posemb, new_grid, prefix, old_grid=old_grid)
+    grid = posemb[0, prefix:].reshape(old_grid[0], old_grid[1], d)
+    zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
+    want = scipy.ndimage.zoom(grid, zoom, order=1).reshape(-1, d)
+    assert got.shape == (1, prefix + new_grid[0] * new_grid[1], d)
+    np.testing.assert_array_equal(got[0, :prefix], posemb[0, :prefix])
+    np.testing.assert_allclose(got[0, prefix:], want, atol=1e-6, rtol=0)
+
+
+def test_all_layouts_load_identically(tmp_path):
+    outputs = []
+    for layout in ("old", "new", "stacked"):
+        arrays = official.vit_arrays(**TINY, num_classes=7, seed=5,
+                                     layout=layout)
+        model = _model()
+        zoo.load_weights(model, official.write(tmp_path / f"{layout}.npz",
+                                               arrays))
+        outputs.append(np.asarray(model(_x())))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_array_equal(outputs[0], outputs[2])
+
+
+def test_export_arrays_round_trip(tmp_path):
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=6)
+    model = _model()
+    zoo.load_weights(model, arrays)
+    back = zoo.export_arrays(model)
+    assert set(back) == set(arrays)
+    for k in arrays:
+        np.testing.assert_array_equal(back[k], arrays[k])
+    path = zoo.save_npz(model, tmp_path / "out.npz")
+    again = _model()
+    zoo.load_weights(again, path)
+    np.testing.assert_array_equal(np.asarray(again(_x())),
+                                  np.asarray(model(_x())))
+
+
+def test_higher_resolution_resizes_posemb_like_the_official_code():
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=7)
+    model = _model(grid=6)  # 48x48 input, 6x6 grid instead of 4x4
+    report = zoo.load_weights(model, arrays)
+    assert report["resized_posemb"] == (16, 36)
+    got = model.get_layer("position_embedding").pos_embedding.numpy()
+    pe = arrays["Transformer/posembed_input/pos_embedding"]
+    grid = pe[0, 1:].reshape(4, 4, -1)
+    want = scipy.ndimage.zoom(grid, (1.5, 1.5, 1), order=1).reshape(36, -1)
+    np.testing.assert_allclose(got[0, 1:], want, atol=1e-6)
+    np.testing.assert_array_equal(got[0, 0], pe[0, 0])
+    assert np.isfinite(np.asarray(model(_x(48)))).all()
+
+
+def test_new_head_is_zero_and_pre_logits_dropped():
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=8,
+                                 representation_size=24)
+    model = _model(num_classes=3)
+    report = zoo.load_weights(model, arrays)
+    assert report["head"] == "replaced" and report["pre_logits"] == "dropped"
+    assert not np.any(model.get_layer("head").kernel.numpy())
+    np.testing.assert_array_equal(np.asarray(model(_x())), 0.0)
+
+
+def test_keep_pre_logits_on_new_head():
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=8,
+                                 representation_size=24)
+    model = _model(num_classes=3, representation_size=24)
+    report = zoo.load_weights(model, arrays, keep_pre_logits=True)
+    assert report["pre_logits"] == "loaded"
+    np.testing.assert_array_equal(
+        model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
+
+
+def test_pre_logits_with_same_head_is_an_error():
+    """A head trained on pre_logits features must not be loaded without them."""
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=8,
+                                 representation_size=24)
+    with pytest.raises(zoo.CheckpointError, match="pre_logits"):
+        zoo.load_weights(_model(num_classes=7), arrays)
+
+
+def test_strict_lists_every_problem_at_once():
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=9)
+    del arrays["Transformer/encoderblock_1/LayerNorm_2/scale"]
+    arrays["Transformer/encoderblock_7/LayerNorm_0/scale"] = np.ones(32, "float32")
+    arrays["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"] = np.ones(
+        (32, 65), "float32")
+    model = _model()
+    before = [w.numpy().copy() for w in model.weights]
+    with pytest.raises(zoo.CheckpointError) as e:
+        zoo.load_weights(model, arrays)
+    msg = str(e.value)
+    assert "missing" in msg and "encoderblock_1/LayerNorm_2/scale" in msg
+    assert "unexpected" in msg and "encoderblock_7/LayerNorm_0/scale" in msg
+    assert "mis-shaped" in msg and "(32, 65)" in msg
+    # Nothing was half loaded.
+    for w, b in zip(model.weights, before):
+        np.testing.assert_array_equal(w.numpy(), b)
+
+
+def test_checkpoint_of_another_architecture(tmp_path):
+    arrays = official.vit_arrays(patch=8, hidden=48, layers=3, heads=4, mlp=96,
+                                 grid=4, num_classes=7)
+    path = official.write(tmp_path / "other.npz", arrays)
+    with pytest.raises(zoo.CheckpointError) as e:
+        zoo.load_weights(_model(), path)
+    assert "other.npz" in str(e.value) and "another architecture" in str(e.value)
+
+
+def test_gap_checkpoint_into_token_model():
+    arrays = official.vit_arrays(**TINY, num_classes=7, classifier="gap")
+    with pytest.raises(zoo.CheckpointError, match="cls"):
+        zoo.load_weights(_model(classifier="token"), arrays)
+
+
+def test_corrupt_and_truncated_npz(tmp_path):
+    good = official.write(tmp_path / "good.npz",
+                          official.vit_arrays(**TINY, num_classes=7))
+    data = good.read_bytes()
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(data[: len(data) // 2])
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip file at all" * 100)
+    for bad in (truncated, garbage):
+        with pytest.raises(zoo.CheckpointError) as e:
+            zoo.load_weights(_model(), bad)
+        assert str(bad) in str(e.value)
+    with pytest.raises(zoo.CheckpointError, match="not found"):
+        zoo.read_npz(tmp_path / "missing.npz")
+
+
+def test_pickled_arrays_are_refused(tmp_path):
+    path = tmp_path / "pickled.npz"
+    np.savez(path, obj=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(zoo.CheckpointError):
+        zoo.read_npz(path)
+
+
+def test_gn_like_key_normalisation_is_idempotent():
+    arrays = official.vit_arrays(**TINY, num_classes=7, layout="stacked")
+    once = convert.normalize_keys(arrays)
+    assert convert.normalize_keys(once).keys() == once.keys()
+    assert "Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias" in once

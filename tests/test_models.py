@@ -1,0 +1,240 @@
+"""The ViT builder: every named variant, layer contracts, saving, options."""
+
+import inspect
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import tiny_builder_kwargs
+
+import keras_vit
+from keras_vit import layers as vit_layers
+from keras_vit.models import parse, variants, vit
+
+# Official counts (vit_jax models_test.py / paper) where published; the rest
+# follow from the configuration by the formula in _formula_count, checked
+# against the official ones below.
+PARAMS_224_1000 = {
+    "ViT-Ti/16": 5_717_416,
+    "ViT-S/16": 22_050_664,
+    "ViT-S/32": 22_878_952,
+    "ViT-B/16": 86_567_656,
+    "ViT-B/32": 88_224_232,
+    "ViT-B/8": 86_576_872,
+    "ViT-L/16": 304_326_632,
+    "ViT-L/32": 306_535_400,
+    "ViT-H/14": 632_045_800,
+}
+SLOW_NAMES = {"ViT-L/16", "ViT-L/32", "ViT-H/14"}
+
+
+def _formula_count(c, image=224, classes=1000):
+    d, m, p, n = c["hidden_size"], c["mlp_dim"], c["patch_size"], c["num_layers"]
+    tokens = (image // p) ** 2 + 1
+    block = 2 * 2 * d + 4 * (d * d + d) + (d * m + m) + (m * d + d)
+    return (p * p * 3 * d + d) + d + tokens * d + n * block + 2 * d + (
+        d * classes + classes)
+
+
+def test_every_registered_name_is_pinned():
+    assert set(PARAMS_224_1000) == set(variants.REGISTERED)
+    for name, count in PARAMS_224_1000.items():
+        assert _formula_count(parse(name).config) == count, name
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW_NAMES else n
+    for n in variants.REGISTERED])
+def test_parameter_count(name):
+    model = vit(image_size=224, num_classes=1000, **parse(name).config)
+    assert model.count_params() == PARAMS_224_1000[name]
+
+
+@pytest.mark.parametrize("spelling", [
+    "ViT-B/16", "ViT-B_16", "vit-b16", "B/16", "vit_base_patch16_224",
+    "vit_base_patch16_384.augreg_in21k_ft_in1k", " ViT-B/16 "])
+def test_names_are_forgiving(spelling):
+    assert parse(spelling).name == "ViT-B/16"
+    assert parse(spelling).config["hidden_size"] == 768
+
+
+def test_any_patch_size_and_resolution_in_name():
+    arch = parse("ViT-B/14")
+    assert arch.config["patch_size"] == 14 and arch.name == "ViT-B/14"
+    assert parse("vit_large_patch32_384").image_size == 384
+    assert parse("ViT-L/16-224").image_size == 224
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(variants.UnknownModelError) as e:
+        parse("ViT-X/16")
+    msg = str(e.value)
+    assert "'ViT-X/16'" in msg and "Did you mean" in msg and "list_models" in msg
+
+
+# ---------------------------------------------------------------- layers
+
+def _custom_layer_classes():
+    return [cls for _, cls in inspect.getmembers(vit_layers, inspect.isclass)
+            if issubclass(cls, keras.layers.Layer)
+            and cls.__module__ == vit_layers.__name__]
+
+
+LAYER_CASES = {
+    "PatchEmbedding": (dict(hidden_size=8, patch_size=4), (2, 8, 8, 3)),
+    "ClassToken": (dict(), (2, 4, 8)),
+    "PositionEmbedding": (dict(grid_size=(2, 2), num_prefix_tokens=1), (2, 5, 8)),
+    "MultiHeadSelfAttention": (dict(num_heads=2, attention_dropout_rate=0.1),
+                               (2, 5, 8)),
+    "MlpBlock": (dict(mlp_dim=16, dropout_rate=0.1), (2, 5, 8)),
+    "EncoderBlock": (dict(num_heads=2, mlp_dim=16, dropout_rate=0.1,
+                          attention_dropout_rate=0.1, layer_norm_epsilon=1e-5),
+                     (2, 5, 8)),
+    "TokenPooling": (dict(method="gap"), (2, 5, 8)),
+}
+
+
+def test_every_custom_layer_has_a_round_trip_case():
+    names = {c.__name__ for c in _custom_layer_classes()} - {"StackScores"}
+    assert names == set(LAYER_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_CASES))
+def test_layer_config_round_trip(name):
+    cls = getattr(vit_layers, name)
+    kwargs, shape = LAYER_CASES[name]
+    layer = cls(**kwargs, name="probe")
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    y = layer(x)
+    config = layer.get_config()
+    json.dumps(config)  # serialisable
+    clone = cls.from_config(config)
+    assert clone.get_config() == config
+    for k, v in kwargs.items():
+        got = config[k]
+        assert (list(got) if isinstance(got, tuple) else got) == (
+            list(v) if isinstance(v, tuple) else v)
+    clone(x)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(np.asarray(clone(x)), np.asarray(y))
+
+
+def test_gelu_is_the_tanh_form():
+    x = np.linspace(-6, 6, 101).astype("float32")
+    want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    np.testing.assert_allclose(np.asarray(vit_layers.gelu_tanh(x)), want,
+                               atol=1e-6)
+
+
+def test_layer_norm_epsilon_is_official():
+    model = vit(**tiny_builder_kwargs())
+    eps = {l.epsilon for l in model._flatten_layers()
+           if isinstance(l, keras.layers.LayerNormalization)}
+    assert eps == {1e-6}
+
+
+# ---------------------------------------------------------------- model
+
+def test_model_config_round_trip_and_fresh_head_is_zero():
+    model = vit(**tiny_builder_kwargs("gap", representation_size=12))
+    clone = keras_vit.VisionTransformer.from_config(model.get_config())
+    assert clone.get_config() == model.get_config()
+    assert clone.count_params() == model.count_params()
+    x = np.ones((2, 32, 32, 3), "float32")
+    np.testing.assert_array_equal(np.asarray(model(x)), 0.0)
+
+
+def test_keras_file_reloads_in_a_new_process(tmp_path):
+    model = vit(**tiny_builder_kwargs("token", representation_size=12),
+                dropout_rate=0.1, include_preprocessing=True)
+    rng = np.random.default_rng(0)
+    for w in model.weights:  # make every output depend on every weight
+        w.assign(rng.standard_normal(w.shape).astype("float32") * 0.1)
+    x = rng.uniform(0, 255, (3, 32, 32, 3)).astype("float32")
+    want = np.asarray(model.predict(x, verbose=0))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import numpy as np, keras, keras_vit\n"
+        f"m = keras.saving.load_model({str(path)!r})\n"
+        f"x = np.load({str(tmp_path / 'x.npy')!r})\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, m.predict(x, verbose=0))\n"
+        "print(type(m).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "VisionTransformer" in out.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)
+
+
+def test_feature_outputs():
+    kw = tiny_builder_kwargs("token", representation_size=12)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tokens = vit(**kw, include_top=False)(x)
+    assert tuple(tokens.shape) == (2, 17, 32)
+    pooled = vit(**kw, include_top=False, pooling="token")(x)
+    assert tuple(pooled.shape) == (2, 12)  # pre-logits features
+    gap = vit(**tiny_builder_kwargs("gap"), include_top=False, pooling="avg")(x)
+    assert tuple(gap.shape) == (2, 32)
+
+
+def test_attention_scores_output():
+    model = vit(**tiny_builder_kwargs(), return_attention_scores=True,
+                classifier_activation="softmax")
+    out = model(np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)))
+    assert tuple(out["attention_scores"].shape) == (2, 2, 4, 17, 17)
+    np.testing.assert_allclose(np.asarray(out["attention_scores"]).sum(-1), 1.0,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out["output"]).sum(-1), 1.0, atol=1e-5)
+
+
+def test_preprocessing_maps_pixels_to_minus_one_one():
+    kw = tiny_builder_kwargs()
+    raw = vit(**kw, include_preprocessing=True, include_top=False)
+    plain = vit(**kw, include_top=False)
+    plain.set_weights(raw.get_weights())
+    x = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype("uint8")
+    np.testing.assert_allclose(
+        np.asarray(raw(x.astype("float32"))),
+        np.asarray(plain((x.astype("float32") - 127.5) / 127.5)), atol=1e-5)
+
+
+def test_dropout_only_in_training():
+    model = vit(**tiny_builder_kwargs(), dropout_rate=0.5, include_top=False)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(model(x)))
+    assert np.abs(np.asarray(model(x, training=True)) - np.asarray(model(x))
+                  ).max() > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(image_size=30), "image_size=30"),
+    (dict(image_size=(32, 33)), "image_size=(32, 33)"),
+    (dict(patch_size=0), "patch_size=0"),
+    (dict(num_heads=3), "num_heads=3"),
+    (dict(classifier="cls"), "classifier='cls'"),
+    (dict(num_classes=-1), "num_classes=-1"),
+    (dict(dropout_rate=1.5), "dropout_rate=1.5"),
+    (dict(num_channels=0), "num_channels=0"),
+])
+def test_bad_arguments_name_the_argument(kwargs, needle):
+    kw = tiny_builder_kwargs()
+    kw.update(kwargs)
+    with pytest.raises(ValueError) as e:
+        vit(**kw)
+    assert needle in str(e.value)
+
+
+def test_wrong_channel_count_is_reported():
+    model = vit(**tiny_builder_kwargs())
+    with pytest.raises(ValueError) as e:
+        model.predict(np.zeros((1, 32, 32, 1), "float32"), verbose=0)
+    assert "(1, 32, 32, 1)" in str(e.value)
+    assert "expected axis -1 of input shape to have value 3" in str(e.value)
+    gray = vit(**tiny_builder_kwargs(), num_channels=1)
+    assert tuple(gray(np.zeros((1, 32, 32, 1), "float32")).shape) == (1, 7)
