@@ -368,3 +368,115 @@ class StackScores(layers.Layer):
     def compute_output_shape(self, input_shape):
         first = input_shape[0]
         return (first[0], len(input_shape)) + tuple(first[1:])
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class StdConv2D(layers.Conv2D):
+    """Conv2D with weight standardisation (Qiao et al. 2019), as BiT uses.
+
+    The kernel is standardised over its (H, W, in) axes before every use. The
+    two official code bases differ in the formula, and both are kept exactly:
+
+    * ``standardization="std"`` (vit_jax hybrids): (w - mean) / (std + eps),
+      with eps = 1e-5;
+    * ``standardization="var"`` (big_transfer BiT): (w - mean) /
+      sqrt(var + eps), with eps = 1e-10.
+    """
+
+    def __init__(self, *args, standardization="var", eps=1e-10, **kwargs):
+        super().__init__(*args, **kwargs)
+        if standardization not in ("std", "var"):
+            raise ValueError(
+                "standardization must be 'std' or 'var'; received "
+                f"standardization={standardization!r}")
+        self.standardization = standardization
+        self.eps = float(eps)
+
+    def standardized_kernel(self, kernel):
+        mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        centred = kernel - mean
+        var = ops.mean(ops.square(centred), axis=(0, 1, 2), keepdims=True)
+        if self.standardization == "std":
+            return centred / (ops.sqrt(var) + self.eps)
+        return centred / ops.sqrt(var + self.eps)
+
+    def convolution_op(self, inputs, kernel):
+        # Standardise in float32 even under mixed precision: the statistics
+        # of a small kernel lose too much in bf16.
+        w = self.standardized_kernel(ops.cast(kernel, "float32"))
+        return super().convolution_op(inputs, ops.cast(w, inputs.dtype))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(standardization=self.standardization, eps=self.eps)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ResidualUnit(layers.Layer):
+    """Post-activation bottleneck unit of the hybrids' ResNet (vit_jax).
+
+    conv1 1x1 -> GN -> ReLU -> conv2 3x3 (stride here) -> GN -> ReLU ->
+    conv3 1x1 -> GN (scale initialised to zero), added to the shortcut (a
+    projection conv + GN when the shape changes), then ReLU. Convolutions are
+    weight-standardised as (w - mean) / (std + 1e-5) with TF 'SAME' padding;
+    GroupNorm has 32 groups and epsilon 1e-6. This differs from BiT's
+    pre-activation unit on purpose: it is what the released hybrids computed.
+    """
+
+    def __init__(self, features, strides=1, groups=32, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.features = int(features)
+        self.strides = int(strides)
+        self.groups = int(groups)
+        self.epsilon = float(epsilon)
+
+    def _conv(self, filters, size, strides, name):
+        return StdConv2D(filters, size, strides=strides, padding="same",
+                         use_bias=False, standardization="std", eps=1e-5,
+                         kernel_initializer="he_normal",
+                         dtype=self.dtype_policy, name=name)
+
+    def _norm(self, name, zero=False):
+        return layers.GroupNormalization(
+            self.groups, epsilon=self.epsilon,
+            gamma_initializer="zeros" if zero else "ones",
+            dtype=self.dtype_policy, name=name)
+
+    def build(self, input_shape):
+        out = self.features * 4
+        self.needs_projection = (input_shape[-1] != out or self.strides != 1)
+        self.conv1 = self._conv(self.features, 1, 1, "conv1")
+        self.gn1 = self._norm("gn1")
+        self.conv2 = self._conv(self.features, 3, self.strides, "conv2")
+        self.gn2 = self._norm("gn2")
+        self.conv3 = self._conv(out, 1, 1, "conv3")
+        self.gn3 = self._norm("gn3", zero=True)
+        self.conv1.build(input_shape)
+        mid = tuple(input_shape[:-1]) + (self.features,)
+        self.gn1.build(mid)
+        self.conv2.build(mid)
+        self.gn2.build(mid)
+        self.conv3.build(mid)
+        self.gn3.build(tuple(input_shape[:-1]) + (out,))
+        if self.needs_projection:
+            self.conv_proj = self._conv(out, 1, self.strides, "conv_proj")
+            self.gn_proj = self._norm("gn_proj")
+            self.conv_proj.build(input_shape)
+            self.gn_proj.build(tuple(input_shape[:-1]) + (out,))
+        self.built = True
+
+    def call(self, x):
+        residual = x
+        if self.needs_projection:
+            residual = self.gn_proj(self.conv_proj(x))
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(residual + y)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(features=self.features, strides=self.strides,
+                      groups=self.groups, epsilon=self.epsilon)
+        return config

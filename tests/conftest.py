@@ -6,6 +6,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # noqa: E402
 
+# torchvision (which timm imports) crashes with a segmentation fault when it
+# is imported after TensorFlow (TF 2.21, torchvision 0.29.1, seen here), and
+# pytest imports every test module at collection: load timm before any test
+# module can import TensorFlow.
+try:  # noqa: SIM105
+    import timm  # noqa: F401,E402
+except ImportError:  # timm is a test extra; its tests skip without it
+    pass
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 

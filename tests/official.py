@@ -86,3 +86,41 @@ def vit_arrays(*, patch, hidden, layers, heads, mlp, grid, num_classes,
 def write(path, arrays):
     np.savez(path, **arrays)
     return path
+
+
+def hybrid_arrays(*, num_layers, width, seed=0, gn_4d=False, channels=3):
+    """The vit_jax hybrid ResNet keys (unprefixed; combine with vit_arrays).
+
+    conv_root, gn_root, block{s}/unit{u}/{conv1,conv2,conv3,conv_proj}/kernel
+    and {gn1,gn2,gn3,gn_proj}/{scale,bias}, units numbered from 1 without
+    zero padding; GroupNorm arrays stored (1, 1, 1, C) when gn_4d.
+    """
+    rng = np.random.default_rng(seed + 1000)
+
+    def conv(k, cin, cout):
+        return (rng.standard_normal((k, k, cin, cout)) * 0.3).astype("float32")
+
+    def gn(prefix, c):
+        shape = (1, 1, 1, c) if gn_4d else (c,)
+        return {f"{prefix}/scale": (1 + 0.3 * rng.standard_normal(shape)).astype("float32"),
+                f"{prefix}/bias": (0.3 * rng.standard_normal(shape)).astype("float32")}
+
+    a = {"conv_root/kernel": conv(7, channels, width)}
+    a.update(gn("gn_root", width))
+    cin = width
+    for s, depth in enumerate(num_layers):
+        mid = width * 2 ** s
+        out = mid * 4
+        for u in range(depth):
+            p = f"block{s + 1}/unit{u + 1}"
+            if u == 0:
+                a[f"{p}/conv_proj/kernel"] = conv(1, cin, out)
+                a.update(gn(f"{p}/gn_proj", out))
+            a[f"{p}/conv1/kernel"] = conv(1, cin, mid)
+            a.update(gn(f"{p}/gn1", mid))
+            a[f"{p}/conv2/kernel"] = conv(3, mid, mid)
+            a.update(gn(f"{p}/gn2", mid))
+            a[f"{p}/conv3/kernel"] = conv(1, mid, out)
+            a.update(gn(f"{p}/gn3", out))
+            cin = out
+    return a, cin

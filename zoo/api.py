@@ -211,11 +211,24 @@ def info(name):
             "license": w.license,
             "description": w.description,
         })
+    config = dict(arch.config)
+    stride = config["patch_size"]
+    if config.get("resnet") is not None:
+        stages = len(config["resnet"]["num_layers"])
+        stride *= 4 * 2 ** max(stages - 1, 0)
+    notes = []
+    if arch.name.startswith("R+"):
+        notes.append(
+            "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
+            "stride is 32, not the 16 of its name (7x7 grid at 224), as in the "
+            "official config.")
     return {
         "name": arch.name,
         "family": arch.family,
+        "effective_stride": stride,
+        "notes": notes,
         "registered": arch.name in variants.REGISTERED,
-        "config": dict(arch.config),
+        "config": config,
         "default_weights": registry.default_tag(arch.name),
         "weights": weights,
         "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "

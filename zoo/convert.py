@@ -66,6 +66,11 @@ def normalize_keys(arrays: dict) -> dict:
             key = "Transformer/posembed_input/pos_embedding"
         out[key] = np.asarray(value)
 
+    # GroupNorm parameters are stored (1, 1, 1, C) in some released hybrids.
+    for key in out:
+        if _GN_KEY_RE.search(key) and out[key].ndim > 1:
+            out[key] = out[key].reshape(-1)
+
     stacked = [k for k in out if k.startswith("Transformer/encoderblock/")]
     if stacked:
         for key in stacked:
@@ -120,14 +125,33 @@ _TOP_MAP = {
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
+# The hybrids' ResNet (vit_jax models_resnet): unprefixed keys.
+_UNIT_RE = re.compile(r"^resnet_block(\d+)_unit(\d+)/(conv\w+|gn\w+)/(\w+)$")
+_GN_PARAM = {"gamma": "scale", "beta": "bias"}
+_GN_KEY_RE = re.compile(r"(^|/)gn_?\w*/(scale|bias)$")
+
 
 def checkpoint_key(variable_path: str) -> str | None:
-    """Maps a Keras variable path of a ViT to its checkpoint key."""
+    """Maps a Keras variable path of a ViT or hybrid to its checkpoint key."""
     if variable_path in _TOP_MAP:
         return _TOP_MAP[variable_path]
     m = _BLOCK_RE.match(variable_path)
     if m and m.group(2) in _BLOCK_MAP:
         return f"Transformer/encoderblock_{m.group(1)}/{_BLOCK_MAP[m.group(2)]}"
+    if variable_path == "resnet_root_conv/kernel":
+        return "conv_root/kernel"
+    if variable_path.startswith("resnet_root_norm/"):
+        param = _GN_PARAM.get(variable_path.split("/")[1])
+        return f"gn_root/{param}" if param else None
+    m = _UNIT_RE.match(variable_path)
+    if m:
+        stage, unit, layer, param = m.groups()
+        if layer.startswith("gn"):
+            param = _GN_PARAM.get(param)
+        elif param != "kernel":
+            param = None
+        if param:
+            return f"block{stage}/unit{unit}/{layer}/{param}"
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import urllib.parse
 
 from keras_vit.models import variants
 
@@ -51,7 +52,7 @@ class Weights:
 
 def _i21k(name, file, hidden):
     return Weights(
-        "imagenet21k", f"{BUCKET}imagenet21k/{file}.npz", 224,
+        "imagenet21k", f"{BUCKET}imagenet21k/{urllib.parse.quote(file)}.npz", 224,
         IMAGENET21K_CLASSES, "imagenet21k", representation_size=hidden,
         description="pre-trained on ImageNet-21k (paper, 'original' release)")
 
@@ -59,7 +60,7 @@ def _i21k(name, file, hidden):
 def _ft(file, res):
     return Weights(
         "imagenet21k+imagenet2012",
-        f"{BUCKET}imagenet21k%2Bimagenet2012/{file}.npz", res,
+        f"{BUCKET}imagenet21k%2Bimagenet2012/{urllib.parse.quote(file)}.npz", res,
         IMAGENET1K_CLASSES, "imagenet2012",
         description=f"ImageNet-21k pre-training, fine-tuned on ImageNet at {res}"
                     " (paper, Table 2)")
@@ -81,6 +82,15 @@ _AUGREG = {
                  "lr_0.01"),
     "ViT-L/16": ("L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0",
                  "lr_0.01"),
+    "R50+ViT-L/32": (
+        "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
+        "lr_0.01"),
+    "R26+ViT-S/32": (
+        "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
+        "lr_0.01"),
+    "R+ViT-Ti/16": (
+        "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+        "lr_0.03"),
 }
 
 
@@ -123,6 +133,9 @@ def _build_table():
         name = variants.vit_name(size, patch)
         hidden = variants.VIT_SIZES[size]["hidden_size"]
         table[name].append(_i21k(name, f"ViT-{size}_{patch}", hidden))
+    table["R50+ViT-B/16"].append(_i21k("R50+ViT-B/16", "R50+ViT-B_16", 768))
+    for name in ("R50+ViT-B/16", "R26+ViT-B/32", "R50+ViT-L/32"):
+        table[name].append(_ft(name.replace("/", "_"), 384))
     for size, patch in (("B", 16), ("B", 32), ("B", 8), ("L", 16), ("L", 32)):
         name = variants.vit_name(size, patch)
         res = 224 if patch == 8 else 384

@@ -27,6 +27,10 @@ VIT_SIZES = {
 _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
                "huge": "H"}
 
+# ResNet depths of the hybrids' stems (stages of bottleneck units).
+RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
+                 152: (3, 8, 36, 3)}
+
 # The variants the zoo registers by name (any other patch size still parses).
 REGISTERED = (
     "ViT-Ti/16",
@@ -38,6 +42,11 @@ REGISTERED = (
     "ViT-L/16",
     "ViT-L/32",
     "ViT-H/14",
+    "R50+ViT-B/16",
+    "R50+ViT-L/32",
+    "R26+ViT-B/32",
+    "R26+ViT-S/32",
+    "R+ViT-Ti/16",
 )
 
 
@@ -51,7 +60,7 @@ class Arch:
 
     Attributes:
         name: canonical name, e.g. ``"ViT-B/16"``.
-        family: ``"vit"``.
+        family: ``"vit"`` or ``"hybrid"``.
         config: keyword arguments for :func:`keras_vit.models.vit` (without
             ``image_size`` and ``num_classes``).
         image_size: resolution named in the name (timm's ``_384``), or None.
@@ -78,6 +87,11 @@ TIMM_TAGS = {
 
 _VIT_RE = re.compile(
     r"^(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$", re.IGNORECASE)
+_HYBRID_RE = re.compile(
+    r"^r(\d*)[+_ ]\s*(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$",
+    re.IGNORECASE)
+_TIMM_HYBRID_RE = re.compile(
+    r"^vit_(tiny|small|base|large|huge)_r(\d*)_s(\d+)(?:_p\d+)?(?:_(\d+))?$")
 _TIMM_RE = re.compile(
     r"^vit_(tiny|small|base|large|huge)_patch(\d+)(?:_(\d+))?(?:_in21k)?$")
 
@@ -109,6 +123,17 @@ def parse(name) -> Arch:
             raise UnknownModelError(
                 f"Unknown weights tag {timm_tag!r} in name={name!r}; known "
                 f"timm tags: {sorted(TIMM_TAGS)}")
+    m = _TIMM_HYBRID_RE.match(raw.lower())
+    if m:
+        res = int(m.group(4)) if m.group(4) else None
+        return _hybrid_arch(m.group(2), _TIMM_SIZES[m.group(1)],
+                            int(m.group(3)), res, tag, name)
+    m = _HYBRID_RE.match(raw)
+    if m:
+        size = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}[
+            m.group(2).lower()]
+        res = int(m.group(4)) if m.group(4) else None
+        return _hybrid_arch(m.group(1), size, int(m.group(3)), res, tag, name)
     m = _TIMM_RE.match(raw.lower())
     if m:
         size = _TIMM_SIZES[m.group(1)]
@@ -130,6 +155,45 @@ def _vit_arch(size, patch, res, tag, original):
             f"patch size must be positive; received name={original!r}")
     config = dict(VIT_SIZES[size], patch_size=patch)
     return Arch(vit_name(size, patch), "vit", config, res, tag)
+
+
+def _hybrid_arch(depth, size, stride, res, tag, original):
+    """R{depth}+ViT-{size}/{stride}: a ViT on a ResNet feature map.
+
+    The number after the slash is the effective stride, as in the official
+    names: with 4 stages the ResNet divides by 32, so /32 takes 1x1 patches;
+    /16 folds the last stage into the third (the paper's option (ii), as
+    R50+ViT-B/16 does: (3, 4, 9)). The root-only "R+ViT-Ti/16" follows the
+    official config: 8x8 patches on the stride-4 root, an effective stride of
+    32 in spite of its name.
+    """
+    config = dict(VIT_SIZES[size])
+    if depth == "":
+        if stride % 2:
+            raise UnknownModelError(
+                f"root-only hybrids take an even number; received "
+                f"name={original!r}")
+        config.update(patch_size=stride // 2,
+                      resnet=dict(num_layers=[], width_factor=1))
+        return Arch(f"R+ViT-{size}/{stride}", "hybrid", config, res, tag)
+    depth = int(depth)
+    if depth not in RESNET_DEPTHS:
+        raise UnknownModelError(
+            f"Unknown ResNet depth {depth} in name={original!r}; known depths: "
+            f"{sorted(RESNET_DEPTHS)}")
+    stages = list(RESNET_DEPTHS[depth])
+    if stride % 32 == 0:
+        patch = stride // 32
+    elif stride % 16 == 0:
+        stages = stages[:2] + [stages[2] + stages[3]]
+        patch = stride // 16
+    else:
+        raise UnknownModelError(
+            f"A R{depth} hybrid's stride must be a multiple of 16 or 32; "
+            f"received name={original!r}")
+    config.update(patch_size=patch,
+                  resnet=dict(num_layers=stages, width_factor=1))
+    return Arch(f"R{depth}+ViT-{size}/{stride}", "hybrid", config, res, tag)
 
 
 def _unknown_message(name):

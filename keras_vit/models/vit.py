@@ -39,6 +39,74 @@ def _positive_int(value, name, allow_zero=False):
     return value
 
 
+def _resnet_config(resnet):
+    """Validates the ``resnet=`` option of a hybrid; returns a plain dict."""
+    if resnet is None:
+        return None
+    if not isinstance(resnet, dict):
+        raise ValueError(
+            "resnet must be None or a dict like dict(num_layers=(3, 4, 9), "
+            f"width_factor=1); received resnet={resnet!r}")
+    unknown = set(resnet) - {"num_layers", "width_factor", "fold_last_stage"}
+    if unknown:
+        raise ValueError(
+            f"resnet has unknown keys {sorted(unknown)}; received "
+            f"resnet={resnet!r}")
+    num_layers = resnet.get("num_layers", ())
+    if not isinstance(num_layers, (list, tuple)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0
+            for n in num_layers):
+        raise ValueError(
+            "resnet['num_layers'] must be a sequence of positive ints; "
+            f"received resnet={resnet!r}")
+    width_factor = resnet.get("width_factor", 1)
+    if (not isinstance(width_factor, (int, float)) or width_factor <= 0
+            or int(round(64 * width_factor)) % 32):
+        raise ValueError(
+            "resnet['width_factor'] must make 64 * width_factor a positive "
+            f"multiple of 32 (GroupNorm groups); received resnet={resnet!r}")
+    fold = bool(resnet.get("fold_last_stage", False))
+    if fold and len(num_layers) < 2:
+        raise ValueError(
+            "resnet['fold_last_stage'] needs at least two stages; received "
+            f"resnet={resnet!r}")
+    config = {"num_layers": list(num_layers), "width_factor": width_factor}
+    if fold:
+        config["fold_last_stage"] = True
+    return config
+
+
+def hybrid_stages(resnet):
+    """The stage depths a hybrid builds: option (ii) of the paper (section
+    4.1) folds the last stage's units into the one before it, keeping a
+    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9)."""
+    layers_ = list(resnet["num_layers"])
+    if resnet.get("fold_last_stage"):
+        layers_ = layers_[:-2] + [layers_[-2] + layers_[-1]]
+    return layers_
+
+
+def _resnet_stem(x, resnet, dtype):
+    """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
+    width = int(round(64 * resnet["width_factor"]))
+    x = vit_layers.StdConv2D(
+        width, 7, strides=2, padding="same", use_bias=False,
+        standardization="std", eps=1e-5, kernel_initializer="he_normal",
+        dtype=dtype, name="resnet_root_conv")(x)
+    x = layers.GroupNormalization(32, epsilon=1e-6, dtype=dtype,
+                                  name="resnet_root_norm")(x)
+    x = layers.ReLU(dtype=dtype, name="resnet_root_relu")(x)
+    # TF 'SAME' max-pool pads with -inf, as flax's max_pool does.
+    x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype,
+                            name="resnet_root_pool")(x)
+    for s, depth in enumerate(hybrid_stages(resnet)):
+        for u in range(depth):
+            x = vit_layers.ResidualUnit(
+                width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
+                dtype=dtype, name=f"resnet_block{s + 1}_unit{u + 1}")(x)
+    return x
+
+
 def _rate(value, name):
     if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1); received {name}={value!r}")
@@ -76,6 +144,7 @@ class VisionTransformer(keras.Model):
         num_channels=3,
         layer_norm_epsilon=1e-6,
         head_bias_init=0.0,
+        resnet=None,
         name="vision_transformer",
         **kwargs,
     ):
@@ -86,11 +155,20 @@ class VisionTransformer(keras.Model):
                 f"patch_size must be square; received patch_size={patch_size!r}"
             )
         patch = patch_hw[0]
-        if image_hw[0] % patch or image_hw[1] % patch:
+        resnet = _resnet_config(resnet)
+        # A hybrid's patches are cut from the ResNet feature map: the root
+        # divides by 4, every further stage by 2.
+        stem_stride = 1
+        if resnet is not None:
+            stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
+        stride = stem_stride * patch
+        if image_hw[0] % stride or image_hw[1] % stride:
+            what = (f"patch_size={patch}" if resnet is None else
+                    f"{stride} (ResNet stride {stem_stride} x "
+                    f"patch_size={patch})")
             raise ValueError(
-                f"image_size must be divisible by patch_size={patch}; received "
-                f"image_size={image_size!r}"
-            )
+                f"image_size must be divisible by {what}; received "
+                f"image_size={image_size!r}")
         hidden_size = _positive_int(hidden_size, "hidden_size")
         num_layers = _positive_int(num_layers, "num_layers", allow_zero=True)
         num_heads = _positive_int(num_heads, "num_heads")
@@ -119,7 +197,7 @@ class VisionTransformer(keras.Model):
         attention_dropout_rate = _rate(
             attention_dropout_rate, "attention_dropout_rate")
 
-        grid = (image_hw[0] // patch, image_hw[1] // patch)
+        grid = (image_hw[0] // stride, image_hw[1] // stride)
         has_token = classifier == "token"
         dtype = kwargs.pop("dtype", None)
 
@@ -131,6 +209,8 @@ class VisionTransformer(keras.Model):
             # mean/std).
             x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
                                  name="preprocessing")(x)
+        if resnet is not None:
+            x = _resnet_stem(x, resnet, dtype)
         x = vit_layers.PatchEmbedding(hidden_size, patch, dtype=dtype,
                                       name="patch_embedding")(x)
         if has_token:
@@ -204,6 +284,7 @@ class VisionTransformer(keras.Model):
         self.num_channels = num_channels
         self.layer_norm_epsilon = layer_norm_epsilon
         self.head_bias_init = head_bias_init
+        self.resnet = resnet
         self.grid_size = grid
         self._layer_dtype = dtype
 
@@ -231,6 +312,7 @@ class VisionTransformer(keras.Model):
             "num_channels": self.num_channels,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "head_bias_init": self.head_bias_init,
+            "resnet": self.resnet,
             "name": self.name,
             "dtype": self._layer_dtype,
         }
@@ -275,7 +357,11 @@ def vit(
             [-1, 1] inside the model), ``classifier_activation`` (e.g.
             ``"softmax"``), ``return_attention_scores`` (the model returns
             ``{"output": ..., "attention_scores": (B, L, heads, N, N)}``),
-            ``num_channels``, ``name``, ``dtype``.
+            ``num_channels``, ``name``, ``dtype``, and ``resnet``: a dict
+            ``dict(num_layers=(3, 4, 9), width_factor=1)`` makes a hybrid
+            whose patches are cut from the feature map of the vit_jax ResNet
+            (``num_layers=()`` is the root-only stem of R+ViT-Ti/16;
+            ``fold_last_stage=True`` is the paper's option (ii)).
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).

@@ -1,0 +1,90 @@
+"""Feature extraction from a built model, sharing its weights."""
+
+from __future__ import annotations
+
+import keras
+
+
+def _resnet_output(model):
+    stem = [layer for layer in model.layers
+            if layer.name.startswith("resnet_block")
+            or layer.name == "resnet_root_pool"]
+    if not stem:
+        raise ValueError(
+            f"model={model.name!r} has no ResNet stem (not a hybrid); "
+            "available features: " + ", ".join(available_features(model)))
+    return stem[-1].output
+
+
+def available_features(model):
+    """Names accepted by :func:`feature_model` for this model."""
+    names = []
+    layer_names = {layer.name for layer in model.layers}
+    if any(n.startswith("resnet_") for n in layer_names):
+        names.append("resnet")
+    for feature, layer in _LAYER_FEATURES.items():
+        if layer in layer_names:
+            names.append(feature)
+    names.extend(sorted(n for n in layer_names if n.startswith("stage_")))
+    return names
+
+
+# Feature name -> the layer whose output it is.
+_LAYER_FEATURES = {
+    "tokens": "encoder_norm",
+    "pooled": "pooling",
+    "pre_logits": "pre_logits",
+    "logits": "head",
+}
+
+
+def feature_model(model, outputs="pre_logits"):
+    """A model that returns intermediate features of ``model`` (same weights).
+
+    Args:
+        model: a keras_vit model.
+        outputs: a feature name or a list of them: ``"resnet"`` (a hybrid's
+            ResNet feature map, what its patches are cut from), ``"tokens"``
+            (all tokens after the final LayerNorm), ``"pooled"`` (class token
+            or mean), ``"pre_logits"`` (the representation layer's output, or
+            the pooled features when there is none), ``"logits"``, and for
+            BiT models ``"stage_1"`` ... ``"stage_4"``.
+
+    Returns:
+        A ``keras.Model`` returning one array, or a dict for several names.
+
+    >>> import numpy as np, keras_vit
+    >>> m = keras_vit.vit(32, 1, 32, 1, 4, 64, 5,
+    ...                   resnet=dict(num_layers=(1,), width_factor=0.5))
+    >>> f = keras_vit.models.feature_model(m, ["resnet", "tokens"])
+    >>> {k: tuple(v.shape) for k, v in f(np.zeros((1, 32, 32, 3))).items()}
+    {'resnet': (1, 8, 8, 128), 'tokens': (1, 65, 32)}
+    """
+    names = [outputs] if isinstance(outputs, str) else list(outputs)
+    layer_names = {layer.name for layer in model.layers}
+    tensors = {}
+    for name in names:
+        if name == "resnet":
+            tensors[name] = _resnet_output(model)
+        elif name == "pre_logits" and "pre_logits" not in layer_names:
+            tensors[name] = _layer_output(model, "pooling", name)
+        elif name in _LAYER_FEATURES:
+            tensors[name] = _layer_output(model, _LAYER_FEATURES[name], name)
+        elif name.startswith("stage_") and name in layer_names:
+            tensors[name] = model.get_layer(name).output
+        else:
+            raise ValueError(
+                f"Unknown feature outputs={name!r} for model={model.name!r}; "
+                "available: " + ", ".join(available_features(model)))
+    out = tensors[names[0]] if isinstance(outputs, str) else tensors
+    return keras.Model(model.inputs, out, name=f"{model.name}_features")
+
+
+def _layer_output(model, layer_name, feature):
+    try:
+        return model.get_layer(layer_name).output
+    except ValueError:
+        raise ValueError(
+            f"model={model.name!r} has no {feature!r} output (built with "
+            "include_top=False or pooling=None?); available: "
+            + ", ".join(available_features(model))) from None

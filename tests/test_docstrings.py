@@ -1,0 +1,18 @@
+"""Examples in docstrings are run, so they cannot drift from the code."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["keras_vit", "keras_vit.models.vit", "keras_vit.models.variants",
+           "keras_vit.models.features",
+           "keras_vit.zoo", "keras_vit.zoo.api", "keras_vit.zoo.registry"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0, f"{name} has no example"

@@ -1,0 +1,69 @@
+"""The built wheel, installed into a fresh virtual environment, works.
+
+An editable install can hide packaging mistakes (a folder missing from
+``packages``, label lists not declared as package data), so this builds the
+wheel and imports the three components from a new venv. The venv reuses the
+heavy dependencies already installed (TensorFlow) through a ``.pth`` line, not
+``--system-site-packages``, so that the editable install's import hook is not
+inherited.
+"""
+
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+         "--no-build-isolation", "-w", str(dist), "-q"],
+        check=True, timeout=600, cwd=tmp_path)
+    (wheel,) = dist.glob("keras_vit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for required in ("keras_vit/zoo/labels/imagenet2012.txt",
+                     "keras_vit/zoo/labels/imagenet21k.txt",
+                     "keras_vit/zoo/download.py", "keras_vit/export/__init__.py",
+                     "keras_vit/models/vit.py"):
+        assert required in names, required
+    assert not any(n.startswith(("tests/", "zoo/", "export/")) for n in names)
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    # Dependencies from the current interpreter, without its .pth hooks.
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install",
+         "--no-deps", "--no-index", "-q", str(wheel)],
+        check=True, timeout=600)
+
+    code = (
+        "import keras_vit, keras_vit.zoo, keras_vit.export\n"
+        "print(keras_vit.zoo.__file__)\n"
+        "print(keras_vit.export.__file__)\n"
+        "print(len(keras_vit.zoo.labels('imagenet21k')))\n"
+        "m = keras_vit.zoo.load('ViT-Ti/16', weights=None, image_size=32,"
+        " num_classes=3)\n"
+        "print(m.count_params())\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    zoo_file, export_file, n_labels, params = out.stdout.split()
+    assert zoo_file.startswith(site) and export_file.startswith(site)
+    assert int(n_labels) == 21843
+    assert int(params) > 5_000_000
+    assert (env_dir / "bin" / "keras-vit").exists()

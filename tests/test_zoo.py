@@ -1,0 +1,221 @@
+"""zoo.load end to end: tags, URLs, the mirror, AugReg index, offline mode.
+
+Released files are served from a local HTTP server on 127.0.0.1 standing in
+for the official bucket (KERAS_VIT_MIRROR), holding random checkpoints in the
+official layout. No test touches the internet.
+"""
+
+import csv
+import functools
+import http.server
+import threading
+
+import numpy as np
+import pytest
+
+import official
+
+import keras_vit
+from keras_vit import zoo
+from keras_vit.zoo import registry
+
+TI = dict(patch=16, hidden=192, layers=12, heads=3, mlp=768)
+AUGREG_FT = ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+             "--imagenet2012-steps_20k-lr_0.03-res_384.npz")
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    """A directory served over HTTP laid out like storage.googleapis.com."""
+    root = tmp_path_factory.mktemp("bucket")
+    augreg = root / "vit_models" / "augreg"
+    augreg.mkdir(parents=True)
+    official.write(augreg / AUGREG_FT,
+                   official.vit_arrays(**TI, grid=24, num_classes=1000, seed=11))
+    official.write(augreg / "Ti_16-other--imagenet2012-res_224.npz",
+                   official.vit_arrays(**TI, grid=14, num_classes=1000, seed=12))
+    with open(augreg / "index.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["name", "ds", "epochs", "lr", "aug", "wd", "do", "sd",
+                    "best_val", "final_val", "final_test", "adapt_ds",
+                    "adapt_lr", "adapt_steps", "adapt_res", "adapt_final_val",
+                    "adapt_final_test", "params", "infer_samples_per_sec",
+                    "filename", "adapt_filename"])
+        w.writerow(["Ti/16".replace("/", "_"), "i21k", 300, 0.001, "none", 0.03,
+                    0.0, 0.0, 0.4, 0.4, 0.4, "imagenet2012", 0.03, 20000, 384,
+                    0.78, 0.78, 5.7e6, 600, "Ti_16-i21k-up",
+                    AUGREG_FT[:-4]])
+        w.writerow(["Ti_16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.4,
+                    0.4, 0.4, "imagenet2012", 0.01, 20000, 224, 0.71, 0.71,
+                    5.7e6, 600, "Ti_16-i21k-up",
+                    "Ti_16-other--imagenet2012-res_224"])
+        w.writerow(["Ti_16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.4,
+                    0.4, 0.4, "imagenet2012", 0.01, 20000, 224, 0.69, 0.69,
+                    5.7e6, 600, "Ti_16-i21k-up", "Ti_16-worse"])
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mirror(bucket, monkeypatch):
+    root, url = bucket
+    monkeypatch.setenv("KERAS_VIT_MIRROR", url)
+    return root, url
+
+
+def _x(side, n=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, side, side, 3)).astype(
+        "float32")
+
+
+@pytest.mark.slow
+def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
+    root, _ = mirror
+    model = zoo.load("ViT-Ti/16", weights="augreg")
+    assert model.get_config()["image_size"] == 384  # the checkpoint's own
+    assert model.zoo_weights.tag == "augreg" and model.zoo_weights.labels == (
+        "imagenet2012")
+    ref = keras_vit.vit(384, 16, 192, 12, 3, 768, 1000)
+    zoo.load_weights(ref, root / "vit_models" / "augreg" / AUGREG_FT)
+    x = _x(384, 1)
+    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(ref(x)))
+    assert np.abs(np.asarray(model(x))).max() > 1e-3
+
+    # Another resolution resizes the position embeddings; a new head is zero.
+    small = zoo.load("vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+                     num_classes=10)
+    assert small.get_config()["image_size"] == 224
+    assert small.get_layer("position_embedding").pos_embedding.shape == (
+        1, 197, 192)
+    np.testing.assert_array_equal(np.asarray(small(_x(224, 1))), 0.0)
+
+
+def test_pre_logits_kept_with_head_and_dropped_with_new_head(tmp_path):
+    path = official.write(tmp_path / "i21k.npz", official.vit_arrays(
+        **TI, grid=2, num_classes=50, representation_size=192, seed=13))
+    kept = zoo.load("ViT-Ti/16", weights=str(path))
+    assert kept.get_config()["image_size"] == 32  # inferred from the grid
+    assert kept.get_config()["representation_size"] == 192
+    assert kept.get_config()["num_classes"] == 50
+    new = zoo.load("ViT-Ti/16", weights=str(path), num_classes=3)
+    assert new.get_config()["representation_size"] is None
+    keep = zoo.load("ViT-Ti/16", weights=str(path), num_classes=3,
+                    keep_pre_logits=True)
+    assert keep.get_config()["representation_size"] == 192
+    feats = zoo.load("ViT-Ti/16", weights=str(path), include_top=False,
+                     pooling="token")
+    assert tuple(feats(_x(32)).shape) == (2, 192)
+
+
+def test_https_url_and_file_url(bucket, tmp_path):
+    root, url = bucket
+    full = url + "vit_models/augreg/Ti_16-other--imagenet2012-res_224.npz"
+    a = zoo.load("ViT-Ti/16", weights=full, image_size=32)
+    b = zoo.load("ViT-Ti/16", weights="file://" + str(
+        root / "vit_models/augreg/Ti_16-other--imagenet2012-res_224.npz"),
+        image_size=32)
+    np.testing.assert_array_equal(np.asarray(a(_x(32))), np.asarray(b(_x(32))))
+
+
+def test_augreg_index_and_named_file(mirror):
+    rows = zoo.augreg_index()
+    assert len(rows) == 3 and rows[0]["name"] == "Ti_16"
+    assert zoo.find_augreg("ViT-Ti/16", adapt_res=224) == (
+        "Ti_16-other--imagenet2012-res_224")
+    assert zoo.find_augreg("ViT-Ti/16") == AUGREG_FT[:-4]
+    name = zoo.find_augreg("ViT-Ti/16", adapt_res=224)
+    model = zoo.load("ViT-Ti/16", weights=f"augreg:{name}")
+    assert model.get_config()["image_size"] == 224
+    with pytest.raises(ValueError, match="adapt_res=999"):
+        zoo.find_augreg("ViT-Ti/16", adapt_res=999)
+
+
+def test_offline_error_names_file_url_and_place(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    with pytest.raises(zoo.OfflineError) as e:
+        zoo.load("ViT-B/16")
+    msg = str(e.value)
+    record = registry.select("ViT-B/16", "imagenet21k+imagenet2012", None)
+    assert "ViT-B_16.npz" in msg
+    assert "storage.googleapis.com/vit_models/imagenet21k%2Bimagenet2012" in msg
+    assert str(zoo.cache_dir()) in msg
+    assert record.image_size == 384
+
+
+def test_resolution_picks_the_matching_release(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    with pytest.raises(zoo.OfflineError, match="ViT-B_16-224.npz"):
+        zoo.load("ViT-B/16", image_size=224)
+    with pytest.raises(zoo.OfflineError, match=r"imagenet21k/ViT-L_32\.npz"):
+        zoo.load("ViT-L/32", weights="imagenet21k")
+
+
+def test_bad_weights_arguments(tmp_path):
+    with pytest.raises(ValueError) as e:
+        zoo.load("ViT-B/16", weights="imagenet")
+    assert "weights='imagenet'" in str(e.value) and "imagenet21k" in str(e.value)
+    with pytest.raises(ValueError, match="No released weights"):
+        zoo.load("ViT-B/14")
+    with pytest.raises(FileNotFoundError, match="nope.npz"):
+        zoo.load("ViT-Ti/16", weights=str(tmp_path / "nope.npz"))
+    with pytest.raises(zoo.UnknownModelError, match="Did you mean"):
+        zoo.load("ViT-Q/16", weights=None)
+
+
+def test_random_init_and_image_size_checks():
+    model = zoo.load("ViT-B/14", weights=None, image_size=28, num_classes=4)
+    assert model.get_config()["patch_size"] == 14
+    with pytest.raises(ValueError, match="image_size=30"):
+        zoo.load("ViT-Ti/16", weights=None, image_size=30)
+
+
+def test_info_and_list():
+    names = zoo.list_models()
+    assert "ViT-H/14" in names and "R50+ViT-B/16" in names
+    assert len(names) == len(set(names)) >= 14
+    assert zoo.list_models("vit-b_*") == ["ViT-B/16", "ViT-B/32", "ViT-B/8"]
+    info = zoo.info("vit_base_patch16_224")
+    assert info["name"] == "ViT-B/16" and info["default_weights"] == (
+        "imagenet21k+imagenet2012")
+    tags = set(info["weights"])
+    assert {"imagenet21k", "imagenet21k+imagenet2012", "augreg", "augreg-i21k",
+            "sam"} <= tags
+    i21k = info["weights"]["imagenet21k"][0]
+    assert i21k["num_classes"] == 21843 and i21k["representation_size"] == 768
+    assert i21k["url"].endswith("vit_models/imagenet21k/ViT-B_16.npz")
+    assert "Apache" in i21k["license"]
+    assert {w["image_size"] for w in info["weights"]["imagenet21k+imagenet2012"]
+            } == {224, 384}
+
+
+def test_hybrid_info_and_urls():
+    info = zoo.info("R+ViT-Ti/16")
+    assert info["effective_stride"] == 32 and "effective stride is 32" in (
+        info["notes"][0])
+    r50 = zoo.info("vit_base_r50_s16_384")
+    assert r50["name"] == "R50+ViT-B/16" and r50["effective_stride"] == 16
+    urls = {w["url"] for ws in r50["weights"].values() for w in ws}
+    assert ("https://storage.googleapis.com/vit_models/imagenet21k/"
+            "R50%2BViT-B_16.npz") in urls
+    assert zoo.info("R26+ViT-S/32")["weights"]["augreg"][0]["url"].endswith(
+        "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
+        "--imagenet2012-steps_20k-lr_0.01-res_384.npz")
+
+
+def test_label_lists_ship_with_the_package():
+    assert len(zoo.labels("imagenet2012")) == 1000
+    assert len(zoo.labels("imagenet21k")) == 21843
+    assert zoo.labels("imagenet2012")[0][1].startswith("tench")
+    ids = [i for i, _ in zoo.labels("imagenet21k")]
+    assert ids == sorted(ids)
+    with pytest.raises(ValueError, match="name='coco'"):
+        zoo.labels("coco")
