@@ -20,6 +20,8 @@ from keras_vit import zoo
 from keras_vit.zoo import registry
 
 TI = dict(patch=16, hidden=192, layers=12, heads=3, mlp=768)
+HYBRID_FT = ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+             "--imagenet2012-steps_20k-lr_0.03-res_384.npz")
 AUGREG_FT = ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
              "--imagenet2012-steps_20k-lr_0.03-res_384.npz")
 
@@ -34,6 +36,12 @@ def bucket(tmp_path_factory):
                    official.vit_arrays(**TI, grid=24, num_classes=1000, seed=11))
     official.write(augreg / "Ti_16-other--imagenet2012-res_224.npz",
                    official.vit_arrays(**TI, grid=14, num_classes=1000, seed=12))
+    # R+ViT-Ti/16: root-only ResNet (64 channels), 8x8 patches, stride 32.
+    stem, channels = official.hybrid_arrays(num_layers=(), width=64, seed=14)
+    hybrid = official.vit_arrays(**dict(TI, patch=8), grid=12,
+                                 num_classes=1000, channels=channels, seed=14)
+    hybrid.update(stem)
+    official.write(augreg / HYBRID_FT, hybrid)
     with open(augreg / "index.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["name", "ds", "epochs", "lr", "aug", "wd", "do", "sd",
@@ -97,6 +105,43 @@ def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
     assert small.get_layer("position_embedding").pos_embedding.shape == (
         1, 197, 192)
     np.testing.assert_array_equal(np.asarray(small(_x(224, 1))), 0.0)
+
+
+@pytest.mark.slow
+def test_load_hybrid_tag_through_mirror(mirror):
+    root, _ = mirror
+    model = zoo.load("R+ViT-Ti/16", weights="augreg")
+    assert model.get_config()["image_size"] == 384
+    assert model.get_config()["resnet"] == {"num_layers": [], "width_factor": 1}
+    assert model.grid_size == (12, 12)
+    ref = keras_vit.vit(384, 8, 192, 12, 3, 768, 1000,
+                        resnet=dict(num_layers=(), width_factor=1))
+    zoo.load_weights(ref, root / "vit_models" / "augreg" / HYBRID_FT)
+    x = _x(384, 1)
+    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(ref(x)))
+    small = zoo.load("vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k")
+    assert small.grid_size == (7, 7)  # posemb resized 12x12 -> 7x7
+
+
+@pytest.mark.slow
+def test_load_bit_tag_through_mirror(mirror):
+    """BiT-S-R50x1 in the official layout, served as the bucket would."""
+    root, _ = mirror
+    from keras_vit.zoo import bit_layout
+    src = keras_vit.models.resnet_v2(64, (3, 4, 6, 3), 1, 1000)
+    rng = np.random.default_rng(0)
+    for w in src.weights:
+        w.assign((rng.standard_normal(w.shape) * 0.05).astype("float32"))
+    bucket = root / "bit_models"
+    bucket.mkdir(exist_ok=True)
+    official.write(bucket / "BiT-S-R50x1.npz", bit_layout.export_arrays(src))
+    model = zoo.load("BiT-S-R50x1", image_size=64)
+    assert model.zoo_weights.tag == "BiT-S"
+    x = _x(64)
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(src(x)),
+                               atol=1e-6)
+    new_head = zoo.load("resnetv2_50x1_bits", image_size=64, num_classes=4)
+    np.testing.assert_array_equal(np.asarray(new_head(x)), 0.0)
 
 
 def test_pre_logits_kept_with_head_and_dropped_with_new_head(tmp_path):
@@ -209,6 +254,26 @@ def test_hybrid_info_and_urls():
     assert zoo.info("R26+ViT-S/32")["weights"]["augreg"][0]["url"].endswith(
         "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
         "--imagenet2012-steps_20k-lr_0.01-res_384.npz")
+
+
+def test_bit_names_and_info():
+    info = zoo.info("BiT-M-R50x1")
+    assert info["name"] == "BiT-R50x1" and info["family"] == "bit"
+    assert info["config"] == {"block_units": [3, 4, 6, 3], "width_factor": 1}
+    urls = {t: ws[0]["url"] for t, ws in info["weights"].items()}
+    assert urls["BiT-M"] == "https://storage.googleapis.com/bit_models/BiT-M-R50x1.npz"
+    assert urls["BiT-S"].endswith("BiT-S-R50x1.npz")
+    assert urls["BiT-M-ILSVRC2012"].endswith("BiT-M-R50x1-ILSVRC2012.npz")
+    assert info["weights"]["BiT-M"][0]["num_classes"] == 21843
+    assert zoo.list_models("BiT-R152*") == ["BiT-R152x2", "BiT-R152x4"]
+
+
+def test_bit_name_selects_its_tag(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    with pytest.raises(zoo.OfflineError, match=r"bit_models/BiT-M-R101x3\.npz"):
+        zoo.load("BiT-M-R101x3")
+    with pytest.raises(zoo.OfflineError, match=r"BiT-S-R50x1\.npz"):
+        zoo.load("BiT-S-R50x1")
 
 
 def test_label_lists_ship_with_the_package():

@@ -10,8 +10,10 @@ import urllib.parse
 from pathlib import Path
 
 from keras_vit.models import variants
+from keras_vit.models.resnet_v2 import ResNetV2
+from keras_vit.models.resnet_v2 import resnet_v2 as build_resnet_v2
 from keras_vit.models.vit import vit as build_vit
-from keras_vit.zoo import convert, download, registry
+from keras_vit.zoo import bit_layout, convert, download, registry
 
 _LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
@@ -129,19 +131,28 @@ def load(
                 "weights=None for random initialisation, or a checkpoint path "
                 "or URL.")
     config = dict(arch.config)
+    is_bit = arch.family == "bit"
     record = None
     arrays = None
     if weights is not None:
         resolved = resolve_weights(arch.name, weights, image_size, progress)
         record = resolved.record
-        arrays = convert.normalize_keys(convert.read_npz(resolved.path))
-        facts = _checkpoint_facts(arrays)
+        raw = convert.read_npz(resolved.path)
+        if is_bit:
+            arrays = bit_layout.normalize(raw)
+            facts = {}
+            if "resnet/head/conv2d/kernel" in arrays:
+                facts["num_classes"] = int(
+                    arrays["resnet/head/conv2d/kernel"].shape[-1])
+        else:
+            arrays = convert.normalize_keys(raw)
+            facts = _checkpoint_facts(arrays)
+            config["classifier"] = facts["classifier"]
         if image_size is None:
             if record is not None:
                 image_size = record.image_size
             elif "grid" in facts:
                 image_size = facts["grid"] * config["patch_size"]
-        config["classifier"] = facts["classifier"]
         ckpt_classes = facts.get("num_classes")
         if num_classes is None:
             num_classes = ckpt_classes
@@ -160,10 +171,15 @@ def load(
             config[key] = kwargs.pop(key)
     kwargs.setdefault("name", arch.name.replace("/", "_").replace("+", "_")
                       .lower().replace("-", "_"))
-    model = build_vit(image_size=image_size, num_classes=num_classes,
-                      **config, **kwargs)
+    builder = build_resnet_v2 if is_bit else build_vit
+    model = builder(image_size=image_size, num_classes=num_classes,
+                    **config, **kwargs)
     if arrays is not None:
-        convert.load_weights(model, arrays, keep_pre_logits=keep_pre_logits)
+        if is_bit:
+            bit_layout.load_weights(model, arrays)
+        else:
+            convert.load_weights(model, arrays,
+                                 keep_pre_logits=keep_pre_logits)
     model.zoo_name = arch.name
     model.zoo_weights = record
     return model
@@ -179,17 +195,19 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     of another size is replaced by zeros (see
     :func:`keras_vit.zoo.convert.load_weights`).
     """
-    if isinstance(path_or_url, dict):
-        return convert.load_weights(model, path_or_url,
-                                    keep_pre_logits=keep_pre_logits)
-    value = os.fspath(path_or_url)
-    if _is_url(value):
-        value = os.fspath(download.fetch(value, sha256=sha256,
-                                         progress=progress))
-    elif sha256 is not None and download.sha256_file(value) != sha256.lower():
-        raise download.ChecksumError(
-            f"sha256 of path_or_url={value!r} does not match {sha256}")
-    return convert.load_weights(model, value, keep_pre_logits=keep_pre_logits)
+    source = path_or_url
+    if not isinstance(path_or_url, dict):
+        source = os.fspath(path_or_url)
+        if _is_url(source):
+            source = os.fspath(download.fetch(source, sha256=sha256,
+                                              progress=progress))
+        elif (sha256 is not None
+              and download.sha256_file(source) != sha256.lower()):
+            raise download.ChecksumError(
+                f"sha256 of path_or_url={source!r} does not match {sha256}")
+    if isinstance(model, ResNetV2):
+        return bit_layout.load_weights(model, source)
+    return convert.load_weights(model, source, keep_pre_logits=keep_pre_logits)
 
 
 def info(name):
@@ -212,7 +230,7 @@ def info(name):
             "description": w.description,
         })
     config = dict(arch.config)
-    stride = config["patch_size"]
+    stride = config.get("patch_size", 32)  # BiT: 4 stages, stride 32
     if config.get("resnet") is not None:
         stages = len(config["resnet"]["num_layers"])
         stride *= 4 * 2 ** max(stages - 1, 0)

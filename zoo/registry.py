@@ -16,6 +16,7 @@ import urllib.parse
 from keras_vit.models import variants
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
+BIT_BUCKET = "https://storage.googleapis.com/bit_models/"
 LICENSE = "Apache-2.0 (google-research/vision_transformer)"
 
 IMAGENET21K_CLASSES = 21843
@@ -126,6 +127,25 @@ def _sam(file):
         description="trained on ImageNet with SAM (Chen et al. 2021)")
 
 
+def _bit(name):
+    """BiT-S (ImageNet-1k), BiT-M (ImageNet-21k) and BiT-M fine-tuned on
+    ILSVRC-2012 at 448 (Kolesnikov et al. 2020, big_transfer)."""
+    short = name[len("BiT-"):]
+    lic = "Apache-2.0 (google-research/big_transfer)"
+    return [
+        Weights("BiT-M-ILSVRC2012", f"{BIT_BUCKET}BiT-M-{short}-ILSVRC2012.npz",
+                448, IMAGENET1K_CLASSES, "imagenet2012",
+                description="BiT-M (ImageNet-21k) fine-tuned on ImageNet at 448",
+                license=lic),
+        Weights("BiT-M", f"{BIT_BUCKET}BiT-M-{short}.npz", 224,
+                IMAGENET21K_CLASSES, "imagenet21k",
+                description="BiT-M: pre-trained on ImageNet-21k", license=lic),
+        Weights("BiT-S", f"{BIT_BUCKET}BiT-S-{short}.npz", 224,
+                IMAGENET1K_CLASSES, "imagenet2012",
+                description="BiT-S: trained on ImageNet-1k", license=lic),
+    ]
+
+
 def _build_table():
     table = {name: [] for name in variants.REGISTERED}
     for size, patch in (("B", 16), ("B", 32), ("L", 16), ("L", 32),
@@ -149,13 +169,17 @@ def _build_table():
     for size, patch in (("B", 16), ("B", 32), ("L", 16), ("L", 32)):
         table[variants.vit_name(size, patch)].append(
             _sam(f"ViT-{size}_{patch}"))
+    for name in variants.REGISTERED:
+        if name.startswith("BiT-"):
+            table[name].extend(_bit(name))
     return table
 
 
 WEIGHTS = _build_table()
 
 # Preferred default tag: the paper's own fine-tuned release, else AugReg.
-DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg", "imagenet21k")
+DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg", "imagenet21k",
+                "BiT-M-ILSVRC2012")
 
 
 def list_models(pattern=None):

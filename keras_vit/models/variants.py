@@ -47,6 +47,12 @@ REGISTERED = (
     "R26+ViT-B/32",
     "R26+ViT-S/32",
     "R+ViT-Ti/16",
+    "BiT-R50x1",
+    "BiT-R50x3",
+    "BiT-R101x1",
+    "BiT-R101x3",
+    "BiT-R152x2",
+    "BiT-R152x4",
 )
 
 
@@ -60,9 +66,10 @@ class Arch:
 
     Attributes:
         name: canonical name, e.g. ``"ViT-B/16"``.
-        family: ``"vit"`` or ``"hybrid"``.
-        config: keyword arguments for :func:`keras_vit.models.vit` (without
-            ``image_size`` and ``num_classes``).
+        family: ``"vit"``, ``"hybrid"`` or ``"bit"``.
+        config: keyword arguments for :func:`keras_vit.models.vit` (or
+            :func:`keras_vit.models.resnet_v2` for BiT), without
+            ``image_size`` and ``num_classes``.
         image_size: resolution named in the name (timm's ``_384``), or None.
         tag: a weights tag named in the name (timm's ``.augreg_in21k``), or
             None.
@@ -83,7 +90,17 @@ TIMM_TAGS = {
     "augreg2_in21k_ft_in1k": "augreg",
     "augreg_in21k_ft_in1k": "augreg",
     "sam_in1k": "sam",
+    "goog_in21k": "BiT-M",
+    "goog_in21k_ft_in1k": "BiT-M-ILSVRC2012",
 }
+
+# BiT: the architecture is one name ("BiT-R50x1"); which training run
+# (BiT-S on ImageNet-1k, BiT-M on ImageNet-21k, their ILSVRC-2012 fine-tunes)
+# is a weights tag, which a name like "BiT-M-R50x1" also selects.
+_BIT_RE = re.compile(
+    r"^(?:bit[-_ ]?(?:(s|m)[-_ ]?)?)?r(\d+)x(\d+)(?:[-_ ](ilsvrc2012))?$",
+    re.IGNORECASE)
+_TIMM_BIT_RE = re.compile(r"^resnetv2_(\d+)x(\d+)_bit(m|s)?(?:_(\d+))?$")
 
 _VIT_RE = re.compile(
     r"^(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$", re.IGNORECASE)
@@ -123,6 +140,18 @@ def parse(name) -> Arch:
             raise UnknownModelError(
                 f"Unknown weights tag {timm_tag!r} in name={name!r}; known "
                 f"timm tags: {sorted(TIMM_TAGS)}")
+    m = _TIMM_BIT_RE.match(raw.lower())
+    if m:
+        res = int(m.group(4)) if m.group(4) else None
+        if m.group(3) and tag is None:
+            tag = f"BiT-{m.group(3).upper()}"
+        return _bit_arch(int(m.group(1)), int(m.group(2)), res, tag, name)
+    m = _BIT_RE.match(raw)
+    if m:
+        if m.group(1):
+            tag = f"BiT-{m.group(1).upper()}" + (
+                "-ILSVRC2012" if m.group(4) else "")
+        return _bit_arch(int(m.group(2)), int(m.group(3)), None, tag, name)
     m = _TIMM_HYBRID_RE.match(raw.lower())
     if m:
         res = int(m.group(4)) if m.group(4) else None
@@ -155,6 +184,15 @@ def _vit_arch(size, patch, res, tag, original):
             f"patch size must be positive; received name={original!r}")
     config = dict(VIT_SIZES[size], patch_size=patch)
     return Arch(vit_name(size, patch), "vit", config, res, tag)
+
+
+def _bit_arch(depth, width, res, tag, original):
+    if depth not in RESNET_DEPTHS or depth == 26 or width < 1:
+        raise UnknownModelError(
+            f"Unknown BiT depth or width in name={original!r}; BiT depths: "
+            "50, 101, 152 (e.g. 'BiT-M-R50x1')")
+    config = dict(block_units=list(RESNET_DEPTHS[depth]), width_factor=width)
+    return Arch(f"BiT-R{depth}x{width}", "bit", config, res, tag)
 
 
 def _hybrid_arch(depth, size, stride, res, tag, original):

@@ -1,0 +1,322 @@
+"""BiT: the pre-activation ResNet (v2) of "Big Transfer" as a Keras model.
+
+Kolesnikov et al. 2020, computed exactly as the official big_transfer code:
+weight-standardised convolutions ((w - mean) / sqrt(var + 1e-10) over
+H, W, in), GroupNorm with 32 groups and epsilon 1e-5, explicit zero padding
+followed by VALID convolutions and pooling (the root max-pool pads with
+zeros, not -inf), the stride on the 3x3 convolution, and a zero-initialised
+head.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import keras
+from keras import layers, ops
+
+from keras_vit import layers as vit_layers
+from keras_vit.models.vit import _pair, _positive_int
+
+BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+BIT_VARIANTS = ("R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4")
+
+_POOLINGS = (None, "avg")
+_NUM_STAGES = 4
+_MIN_IMAGE_SIZE = 32
+# Official BiT constants (big_transfer): weight standardisation epsilon and
+# the GroupNorm setting.
+_WS_EPS = 1e-10
+_GN_GROUPS = 32
+_GN_EPSILON = 1e-5
+
+
+def _std_conv(filters, kernel_size, strides=1, dtype=None, name=None):
+    return vit_layers.StdConv2D(
+        filters, kernel_size, strides=strides, padding="valid",
+        use_bias=False, standardization="var", eps=_WS_EPS,
+        kernel_initializer="he_normal", dtype=dtype, name=name)
+
+
+def _group_norm(groups, epsilon, dtype=None, name=None):
+    return layers.GroupNormalization(groups=groups, epsilon=epsilon,
+                                     dtype=dtype, name=name)
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class PreActBottleneck(layers.Layer):
+    """The BiT pre-activation bottleneck unit (ResNet v2, stride on the 3x3).
+
+    ``pre = relu(GN_a(x))``; the shortcut is ``x``, or a strided 1x1
+    projection of ``pre`` when the channels or the resolution change; then
+    1x1 (``filters``) -> GN/ReLU -> 3x3 (``filters``, ``strides``) -> GN/ReLU
+    -> 1x1 (``4 * filters``), added to the shortcut. Whether the projection
+    exists is decided from the input channels at build time, as in the
+    official code.
+    """
+
+    def __init__(self, filters, strides=1, groups=_GN_GROUPS,
+                 epsilon=_GN_EPSILON, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = _positive_int(filters, "filters")
+        self.strides = _positive_int(strides, "strides")
+        self.groups = _positive_int(groups, "groups")
+        self.epsilon = float(epsilon)
+        out = 4 * self.filters
+        dt = self.dtype_policy
+        self.norm_a = _group_norm(self.groups, self.epsilon, dt, "norm_a")
+        self.conv_a = _std_conv(self.filters, 1, dtype=dt, name="conv_a")
+        self.norm_b = _group_norm(self.groups, self.epsilon, dt, "norm_b")
+        self.conv_b = _std_conv(self.filters, 3, self.strides, dt, "conv_b")
+        self.norm_c = _group_norm(self.groups, self.epsilon, dt, "norm_c")
+        self.conv_c = _std_conv(out, 1, dtype=dt, name="conv_c")
+        self.proj = None
+
+    def build(self, input_shape):
+        in_channels = int(input_shape[-1])
+        out = 4 * self.filters
+        for c in (in_channels, self.filters):
+            if c % self.groups:
+                raise ValueError(
+                    f"{self.name}: {c} channels are not divisible by "
+                    f"groups={self.groups}")
+        if in_channels != out or self.strides != 1:
+            self.proj = _std_conv(out, 1, self.strides, self.dtype_policy,
+                                  "proj")
+            self.proj.build(input_shape)
+        self.norm_a.build(input_shape)
+        self.conv_a.build(input_shape)
+        mid = tuple(input_shape[:-1]) + (self.filters,)
+        self.norm_b.build(mid)
+        # conv_b sees its input after the explicit 1-pixel zero padding.
+        padded = tuple(None if d is None else d + 2 for d in mid[1:3])
+        self.conv_b.build((mid[0],) + padded + (self.filters,))
+        out_shape = self.compute_output_shape(input_shape)
+        mid_out = tuple(out_shape[:-1]) + (self.filters,)
+        self.norm_c.build(mid_out)
+        self.conv_c.build(mid_out)
+        self.built = True
+
+    def call(self, x):
+        pre = ops.relu(self.norm_a(x))
+        shortcut = x if self.proj is None else self.proj(pre)
+        y = self.conv_a(pre)
+        y = ops.relu(self.norm_b(y))
+        # BiT pads explicitly (1 each side) and convolves VALID, which
+        # differs from TF "SAME" padding at stride 2.
+        y = ops.pad(y, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        y = self.conv_b(y)
+        y = self.conv_c(ops.relu(self.norm_c(y)))
+        return y + shortcut
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        s = self.strides
+
+        def down(n):
+            return None if n is None else (n - 1) // s + 1
+
+        return (b, down(h), down(w), 4 * self.filters)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(filters=self.filters, strides=self.strides,
+                      groups=self.groups, epsilon=self.epsilon)
+        return config
+
+
+def _width_factor(value):
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+            or not value > 0):
+        raise ValueError(
+            f"width_factor must be positive; received width_factor={value!r}")
+    return value
+
+
+def _block_units(value):
+    ok = (isinstance(value, (tuple, list)) and len(value) == _NUM_STAGES
+          and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                  for v in value))
+    if not ok:
+        raise ValueError(
+            f"block_units must be {_NUM_STAGES} positive integers (units per "
+            f"stage, e.g. {BIT_DEPTHS[50]}); received block_units={value!r}")
+    return tuple(value)
+
+
+def stage_widths(width_factor, num_stages=_NUM_STAGES):
+    """(root, [bottleneck width of each stage]) channels for a width factor.
+
+    Stage ``s`` has bottleneck width ``64 * 2**s * width_factor`` and outputs
+    four times that; the root convolution has ``64 * width_factor``.
+    """
+    wf = _width_factor(width_factor)
+    root = int(round(64 * wf))
+    mids = [int(round(64 * 2 ** s * wf)) for s in range(num_stages)]
+    return root, mids
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class ResNetV2(keras.Model):
+    """BiT ResNet-v2 of "Big Transfer (BiT): General Visual Representation
+    Learning".
+
+    Build it with :func:`keras_vit.models.resnet_v2.resnet_v2`. The
+    constructor arguments are those of the builder; ``get_config`` returns
+    exactly them, so a saved ``.keras`` file rebuilds the same graph.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        block_units=BIT_DEPTHS[50],
+        width_factor=1,
+        num_classes=1000,
+        include_top=True,
+        pooling=None,
+        include_preprocessing=False,
+        classifier_activation=None,
+        return_stages=False,
+        num_channels=3,
+        name="resnet_v2",
+        **kwargs,
+    ):
+        image_hw = _pair(image_size, "image_size")
+        if min(image_hw) < _MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"image_size must be at least {_MIN_IMAGE_SIZE}; received "
+                f"image_size={image_size!r}")
+        units = _block_units(block_units)
+        root, mids = stage_widths(width_factor)
+        for c in [root] + mids:
+            if c % _GN_GROUPS:
+                raise ValueError(
+                    f"width_factor={width_factor!r} gives {c} channels, which "
+                    f"GroupNorm cannot split into {_GN_GROUPS} groups; the "
+                    f"widths 64 * 2**s * width_factor must be multiples of "
+                    f"{_GN_GROUPS} (e.g. width_factor 0.5, 1, 1.5, 2, 3, 4)")
+        num_channels = _positive_int(num_channels, "num_channels")
+        if pooling not in _POOLINGS:
+            raise ValueError(
+                f"pooling must be one of {_POOLINGS}; received pooling={pooling!r}")
+        if include_top:
+            num_classes = _positive_int(num_classes, "num_classes")
+        dtype = kwargs.pop("dtype", None)
+
+        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
+                             name="images")
+        x = inputs
+        if include_preprocessing:
+            # uint8 pixels -> [-1, 1], BiT's input range (timm's BiT configs
+            # use mean = std = 0.5 for the same reason).
+            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
+                                 name="preprocessing")(x)
+        # Root: explicit zero padding and VALID ops, as the official code.
+        x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
+        x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
+        x = layers.ZeroPadding2D(1, dtype=dtype, name="root_pool_pad")(x)
+        x = layers.MaxPooling2D(3, strides=2, padding="valid", dtype=dtype,
+                                name="root_pool")(x)
+        stages = {}
+        for s, (n_units, mid) in enumerate(zip(units, mids)):
+            for u in range(n_units):
+                strides = 2 if (s > 0 and u == 0) else 1
+                x = PreActBottleneck(
+                    mid, strides, _GN_GROUPS, _GN_EPSILON, dtype=dtype,
+                    name=f"stage_{s + 1}_unit_{u + 1}")(x)
+            stages[f"stage_{s + 1}"] = x
+
+        # The units are pre-activation, so the features need a last GN+ReLU.
+        x = _group_norm(_GN_GROUPS, _GN_EPSILON, dtype, "final_norm")(x)
+        x = layers.Activation("relu", dtype=dtype, name="final_relu")(x)
+        if include_top or pooling == "avg":
+            x = layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")(x)
+        if include_top:
+            # The official 1x1 conv head on a pooled map is a Dense; zero
+            # initialised as BiT fine-tuning does.
+            x = layers.Dense(num_classes, kernel_initializer="zeros",
+                             bias_initializer="zeros", dtype=dtype,
+                             name="head")(x)
+            if classifier_activation is not None:
+                # Float32 so that softmax stays exact under mixed precision.
+                x = layers.Activation(classifier_activation, dtype="float32",
+                                      name="predictions")(x)
+        outputs = {"output": x, **stages} if return_stages else x
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+
+        self.image_size = image_size
+        self.block_units = units
+        self.width_factor = width_factor
+        self.num_classes = num_classes
+        self.include_top = include_top
+        self.pooling = pooling
+        self.include_preprocessing = include_preprocessing
+        self.classifier_activation = classifier_activation
+        self.return_stages = return_stages
+        self.num_channels = num_channels
+        self._layer_dtype = dtype
+
+    def get_config(self):
+        image_size = self.image_size
+        if isinstance(image_size, tuple):
+            image_size = list(image_size)
+        return {
+            "image_size": image_size,
+            "block_units": list(self.block_units),
+            "width_factor": self.width_factor,
+            "num_classes": self.num_classes,
+            "include_top": self.include_top,
+            "pooling": self.pooling,
+            "include_preprocessing": self.include_preprocessing,
+            "classifier_activation": self.classifier_activation,
+            "return_stages": self.return_stages,
+            "num_channels": self.num_channels,
+            "name": self.name,
+            "dtype": self._layer_dtype,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
+
+
+def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):
+    """Builds a BiT ResNet-v2 of any depth and width.
+
+    Args:
+        image_size: input resolution, an int or (height, width), at least 32.
+        block_units: units in each of the four stages, e.g.
+            ``BIT_DEPTHS[50] == (3, 4, 6, 3)``.
+        width_factor: channel multiplier (1 for R50x1, 3 for R50x3, ...);
+            fractions are allowed while every width stays a multiple of the
+            32 GroupNorm groups (0.5 is the smallest).
+        num_classes: size of the classification head.
+        **kwargs: ``include_top`` (False drops the head), ``pooling`` (with
+            ``include_top=False``: None returns the final feature map after
+            the last GroupNorm + ReLU, ``"avg"`` its spatial mean),
+            ``include_preprocessing`` (maps [0, 255] pixels to [-1, 1]
+            inside the model), ``classifier_activation`` (e.g.
+            ``"softmax"``), ``return_stages`` (the model returns
+            ``{"output": ..., "stage_1": ..., ..., "stage_4": ...}``, the raw
+            output of each stage's last unit), ``num_channels``, ``name``,
+            ``dtype``.
+
+    Returns:
+        A :class:`ResNetV2` (a ``keras.Model``).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_vit.models.resnet_v2 import resnet_v2
+    >>> model = resnet_v2(image_size=32, block_units=(1, 1, 1, 1),
+    ...                   width_factor=0.5, num_classes=10)
+    >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
+    (2, 10)
+    """
+    return ResNetV2(
+        image_size=image_size,
+        block_units=block_units,
+        width_factor=width_factor,
+        num_classes=num_classes,
+        **kwargs,
+    )
