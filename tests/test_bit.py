@@ -530,3 +530,23 @@ def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name),
                              optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_feature_model_gives_stage_outputs_and_pre_logits():
+    import keras_vit
+    model = resnet_v2(64, (1, 1, 1, 1), 0.5, 3)
+    feats = keras_vit.models.feature_model(
+        model, ["stage_1", "stage_4", "feature_map", "pre_logits"])
+    out = feats(np.zeros((2, 64, 64, 3), "float32"))
+    assert tuple(out["stage_1"].shape) == (2, 16, 16, 128)
+    assert tuple(out["stage_4"].shape) == (2, 2, 2, 1024)
+    assert tuple(out["feature_map"].shape) == (2, 2, 2, 1024)
+    assert tuple(out["pre_logits"].shape) == (2, 1024)
+    staged = resnet_v2(64, (1, 1, 1, 1), 0.5, 3, return_stages=True)
+    staged.set_weights(model.get_weights())
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype("float32")
+    np.testing.assert_allclose(
+        np.asarray(keras_vit.models.feature_model(model, "stage_3")(x)),
+        np.asarray(staged(x)["stage_3"]), atol=1e-6)
+    with pytest.raises(ValueError, match="available: .*stage_1"):
+        keras_vit.models.feature_model(model, "tokens")

@@ -25,12 +25,23 @@ def available_features(model):
     for feature, layer in _LAYER_FEATURES.items():
         if layer in layer_names:
             names.append(feature)
-    names.extend(sorted(n for n in layer_names if n.startswith("stage_")))
+    names.extend(sorted(_stage_outputs(model)))
     return names
+
+
+def _stage_outputs(model):
+    """BiT stage outputs: the last unit of each ``stage_{s}_unit_{u}``."""
+    last = {}
+    for layer in model.layers:
+        parts = layer.name.split("_")
+        if len(parts) == 4 and parts[0] == "stage" and parts[2] == "unit":
+            last[f"stage_{parts[1]}"] = layer
+    return {name: layer.output for name, layer in last.items()}
 
 
 # Feature name -> the layer whose output it is.
 _LAYER_FEATURES = {
+    "feature_map": "final_relu",  # BiT: after the final GroupNorm + ReLU
     "tokens": "encoder_norm",
     "pooled": "pooling",
     "pre_logits": "pre_logits",
@@ -48,7 +59,8 @@ def feature_model(model, outputs="pre_logits"):
             (all tokens after the final LayerNorm), ``"pooled"`` (class token
             or mean), ``"pre_logits"`` (the representation layer's output, or
             the pooled features when there is none), ``"logits"``, and for
-            BiT models ``"stage_1"`` ... ``"stage_4"``.
+            BiT models ``"stage_1"`` ... ``"stage_4"`` and ``"feature_map"``
+            (after the final GroupNorm and ReLU).
 
     Returns:
         A ``keras.Model`` returning one array, or a dict for several names.
@@ -70,8 +82,8 @@ def feature_model(model, outputs="pre_logits"):
             tensors[name] = _layer_output(model, "pooling", name)
         elif name in _LAYER_FEATURES:
             tensors[name] = _layer_output(model, _LAYER_FEATURES[name], name)
-        elif name.startswith("stage_") and name in layer_names:
-            tensors[name] = model.get_layer(name).output
+        elif name in _stage_outputs(model):
+            tensors[name] = _stage_outputs(model)[name]
         else:
             raise ValueError(
                 f"Unknown feature outputs={name!r} for model={model.name!r}; "
