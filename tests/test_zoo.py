@@ -284,3 +284,25 @@ def test_label_lists_ship_with_the_package():
     assert ids == sorted(ids)
     with pytest.raises(ValueError, match="name='coco'"):
         zoo.labels("coco")
+
+
+def test_headless_checkpoint_needs_num_classes(tmp_path):
+    path = official.write(tmp_path / "headless.npz", official.vit_arrays(
+        **TI, grid=2, num_classes=0, seed=15))
+    with pytest.raises(ValueError, match="has no head; pass num_classes"):
+        zoo.load("ViT-Ti/16", weights=str(path))
+    model = zoo.load("ViT-Ti/16", weights=str(path), num_classes=4)
+    np.testing.assert_array_equal(np.asarray(model(_x(32))), 0.0)
+    feats = zoo.load("ViT-Ti/16", weights=str(path), include_top=False,
+                     pooling="token")
+    assert tuple(feats(_x(32)).shape) == (2, 192)
+
+
+def test_mismatch_error_names_the_file(tmp_path):
+    path = official.write(tmp_path / "wrong.npz", official.vit_arrays(
+        patch=16, hidden=192, layers=2, heads=3, mlp=768, grid=2,
+        num_classes=10))
+    with pytest.raises(zoo.CheckpointError) as e:
+        zoo.load("ViT-Ti/16", weights=str(path))
+    assert "wrong.npz" in str(e.value)
+    assert "encoder blocks: checkpoint 2, model 12" in str(e.value)

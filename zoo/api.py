@@ -156,6 +156,11 @@ def load(
         ckpt_classes = facts.get("num_classes")
         if num_classes is None:
             num_classes = ckpt_classes
+            if num_classes is None and kwargs.get("include_top", True):
+                raise ValueError(
+                    f"The checkpoint weights={weights!r} has no head; pass "
+                    "num_classes=... for a new zero-initialised head, or "
+                    "include_top=False for features.")
         head_kept = (num_classes == ckpt_classes
                      and kwargs.get("include_top", True))
         if "representation_size" in facts and (
@@ -179,7 +184,8 @@ def load(
             bit_layout.load_weights(model, arrays)
         else:
             convert.load_weights(model, arrays,
-                                 keep_pre_logits=keep_pre_logits)
+                                 keep_pre_logits=keep_pre_logits,
+                                 source_name=repr(resolved.path))
     model.zoo_name = arch.name
     model.zoo_weights = record
     return model

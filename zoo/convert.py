@@ -275,7 +275,7 @@ def _describe(source):
     return "<arrays>" if isinstance(source, dict) else repr(os.fspath(source))
 
 
-def load_weights(model, source, *, keep_pre_logits=None):
+def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
     """Loads an official-layout checkpoint into a model, strictly.
 
     Args:
@@ -285,6 +285,7 @@ def load_weights(model, source, *, keep_pre_logits=None):
         keep_pre_logits: only matters when the head is replaced: the
             checkpoint's ``pre_logits`` layer is dropped unless this is True
             and the model has one.
+        source_name: how errors name the source (default: its path).
 
     Rules:
         * position embeddings of another grid are resized
@@ -311,12 +312,16 @@ def load_weights(model, source, *, keep_pre_logits=None):
         if tuple(arrays["head/kernel"].shape[-1:]) != tuple(
                 targets["head/kernel"].shape[-1:]):
             head_replaced = True
+    elif has_head_model:
+        # A headless (feature) checkpoint: the model's head starts at zero,
+        # as a new fine-tuning head does.
+        head_replaced = True
     if has_head_ckpt and not has_head_model:
         arrays.pop("head/kernel")
         arrays.pop("head/bias", None)
         report["head"] = "dropped"
     if head_replaced:
-        arrays.pop("head/kernel")
+        arrays.pop("head/kernel", None)
         arrays.pop("head/bias", None)
         report["head"] = "replaced"
     elif has_head_model and has_head_ckpt:
@@ -363,6 +368,13 @@ def load_weights(model, source, *, keep_pre_logits=None):
             mis_shaped.append(
                 f"{key}: checkpoint {tuple(arrays[key].shape)} vs model "
                 f"{tuple(var.shape)}")
+    def blocks(keys):
+        return {int(m.group(1)) for k in keys
+                if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))}
+
+    if blocks(arrays) != blocks(targets):
+        problems.append(f"encoder blocks: checkpoint {len(blocks(arrays))}, "
+                        f"model {len(blocks(targets))}")
     if missing:
         problems.append(f"missing from the checkpoint ({len(missing)}): "
                         + ", ".join(missing[:20])
@@ -377,8 +389,8 @@ def load_weights(model, source, *, keep_pre_logits=None):
                         + (" ..." if len(mis_shaped) > 20 else ""))
     if problems:
         raise CheckpointError(
-            f"The checkpoint source={_describe(source)} does not fit "
-            f"model={model.name!r} (is it another architecture?):\n  "
+            f"The checkpoint source={source_name or _describe(source)} does "
+            f"not fit model={model.name!r} (is it another architecture?):\n  "
             + "\n  ".join(problems))
 
     for key, var in targets.items():

@@ -1,0 +1,504 @@
+"""The ``keras-vit`` command line: list, info, convert, predict, demo.
+
+Run ``keras-vit --help`` (or ``python -m keras_vit.cli --help``). Mistakes in
+the command line or its files print one line, ``keras-vit: error: ...``, and
+exit with status 2; ``--traceback`` shows the full Python traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+# Before TensorFlow is imported, so its C++ start-up logs stay quiet. (The
+# package root imports Keras, so this only helps when this module is the
+# first to load; the user's own setting wins.)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+PROG = "keras-vit"
+
+# Head sizes that identify a label list when the weights record does not.
+_LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
+
+
+class UserError(Exception):
+    """A problem with the command line or its files (printed, exit 2)."""
+
+
+def _is_user_error(exc):
+    # ValueError covers UnknownModelError and CheckpointError; OSError covers
+    # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
+    # DownloadError / OfflineError.
+    return isinstance(exc, (UserError, ValueError, OSError))
+
+
+def _squash(name):
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def _one_line(exc, limit=600):
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if len(text) > limit:  # e.g. a checkpoint that mismatches in 200 arrays
+        text = text[:limit].rstrip() + " ... (--traceback shows it all)"
+    return text
+
+
+# --------------------------------------------------------------------------
+# list / info
+
+
+def _cmd_list(args):
+    from keras_vit import zoo
+
+    pattern = args.pattern
+    if pattern and not any(c in pattern for c in "*?["):
+        # A bare word matches anywhere, ignoring case and separators, the way
+        # model names are parsed: "b16" finds ViT-B/16 and R50+ViT-B/16.
+        word = _squash(pattern)
+        names = [n for n in zoo.list_models() if word in _squash(n)]
+    else:
+        names = zoo.list_models(pattern)
+    if not names:
+        raise UserError(f"no registered model matches {args.pattern!r}; "
+                        f"`{PROG} list` shows them all")
+    rows = []
+    for name in names:
+        meta = zoo.info(name)
+        cells = []
+        for tag, files in meta["weights"].items():
+            sizes = ", ".join(str(f["image_size"]) for f in files)
+            star = "*" if tag == meta["default_weights"] else ""
+            cells.append(f"{tag}{star} ({sizes})")
+        rows.append((name, ", ".join(cells) or "-"))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'NAME':<{width}}  WEIGHTS TAG (resolution)")
+    for name, cells in rows:
+        print(f"{name:<{width}}  {cells}")
+    print(f"* default (weights='auto'). Details: {PROG} info NAME")
+    return 0
+
+
+def _cmd_info(args):
+    from keras_vit import zoo
+
+    meta = zoo.info(args.name)
+    if args.json:
+        print(json.dumps(meta, indent=2))
+        return 0
+    status = "registered" if meta["registered"] else "not registered"
+    print(f"{meta['name']}  (family {meta['family']}, {status})")
+    config = " ".join(f"{k}={v}" for k, v in meta["config"].items())
+    print(f"  architecture:   {config}")
+    print(f"  preprocessing:  {meta['preprocessing']}")
+    print(f"  default weights: {meta['default_weights'] or 'none'}")
+    if not meta["weights"]:
+        print("  weights: none released (use weights=None or a checkpoint)")
+    for tag, files in meta["weights"].items():
+        for f in files:
+            extra = (f", pre_logits {f['representation_size']}"
+                     if f["representation_size"] else "")
+            print(f"  [{tag}] {f['image_size']}px, {f['num_classes']} classes "
+                  f"(labels {f['labels']}){extra}")
+            if f["description"]:
+                print(f"      {f['description']}")
+            print(f"      {f['url']}")
+            if f["sha256"]:
+                print(f"      sha256 {f['sha256']}")
+            print(f"      license {f['license']}")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# convert
+
+
+def _npz_shapes(path):
+    """``{key: shape}`` of an ``.npz`` from the array headers alone (a large
+    checkpoint is not read twice); ``{}`` if the file cannot be parsed, in
+    which case the loader reports the problem."""
+    import zipfile
+
+    import numpy as np
+
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                if not member.filename.endswith(".npy"):
+                    continue
+                with archive.open(member) as f:
+                    reader = readers.get(np.lib.format.read_magic(f))
+                    if reader is None:
+                        continue
+                    shapes[member.filename[:-4]] = tuple(reader(f)[0])
+    except Exception:  # noqa: BLE001 - the loader gives the real error
+        return {}
+    return {k[len("params/"):] if k.startswith("params/") else k: v
+            for k, v in shapes.items()}
+
+
+def _grid_text(tokens):
+    side = int(round(tokens ** 0.5))
+    return f"{side}x{side}" if side * side == tokens else f"{tokens} patches"
+
+
+def _cmd_convert(args):
+    from keras_vit import zoo
+    from keras_vit.models import variants
+
+    out = os.path.abspath(args.output)
+    if not out.endswith(".keras"):
+        raise UserError(f"the output must end with .keras; received "
+                        f"-o {args.output!r}")
+    out_dir = os.path.dirname(out)
+    if not os.path.isdir(out_dir):
+        raise UserError(f"the output directory does not exist: {out_dir}")
+    arch = variants.parse(args.model)  # a bad name fails before any download
+    resolved = zoo.resolve_weights(arch.name, args.checkpoint,
+                                   args.image_size)
+    shapes = _npz_shapes(resolved.path)
+    try:
+        model = zoo.load(args.model, weights=resolved.path,
+                         image_size=args.image_size,
+                         num_classes=args.num_classes)
+    except zoo.CheckpointError as e:
+        raise UserError(f"{args.checkpoint}: {e}") from e
+
+    posemb_layer = model.get_layer("position_embedding")
+    prefix = posemb_layer.num_prefix_tokens
+    grid = posemb_layer.grid_size
+    ckpt_posemb = (shapes.get("Transformer/posembed_input/pos_embedding")
+                   or shapes.get("pos_embedding"))
+    if ckpt_posemb is None:
+        posemb = "unknown in the checkpoint"
+    elif ckpt_posemb[1] - prefix == grid[0] * grid[1]:
+        posemb = f"as in the checkpoint ({grid[0]}x{grid[1]})"
+    else:
+        posemb = (f"resized from {_grid_text(ckpt_posemb[1] - prefix)} to "
+                  f"{grid[0]}x{grid[1]} (bilinear)")
+    ckpt_head = shapes.get("head/kernel")
+    if ckpt_head is None:
+        head = (f"{model.num_classes} classes, zero-initialised (the "
+                "checkpoint has no head)")
+    elif ckpt_head[-1] != model.num_classes:
+        head = (f"{model.num_classes} classes, zero-initialised (the "
+                f"checkpoint's head has {ckpt_head[-1]})")
+    else:
+        head = f"{model.num_classes} classes, from the checkpoint"
+
+    # Save under a temporary name in the same directory and rename: an
+    # interrupted or failed save never leaves a file that looks finished.
+    tmp = os.path.join(out_dir, f".{os.path.basename(out)[:-len('.keras')]}"
+                                f".{os.getpid()}.partial.keras")
+    try:
+        model.save(tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+    size = model.image_size
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    print(f"Converted {args.checkpoint} -> {out} "
+          f"({os.path.getsize(out) / 2**20:.1f} MiB)")
+    print(f"  model:       {arch.name}, classifier {model.classifier}"
+          + (f", pre_logits {model.representation_size}"
+             if model.representation_size else ""))
+    print(f"  resolution:  {size[0]}x{size[1]} "
+          f"(patch grid {grid[0]}x{grid[1]})")
+    print(f"  posemb:      {posemb}")
+    print(f"  head:        {head}")
+    print(f"  parameters:  {model.count_params():,}")
+    print(f"Load it with: import keras, keras_vit; "
+          f"keras.saving.load_model({out!r})")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# predict
+
+
+def _looks_like_file(value):
+    return value.endswith(".keras") or os.path.isfile(value)
+
+
+def _load_for_predict(args):
+    """Returns ``(model, description)`` for NAME or a ``.keras`` file."""
+    if _looks_like_file(args.model):
+        if not args.model.endswith(".keras"):
+            raise UserError(
+                f"{args.model!r} is a file but not a .keras model; for an "
+                f".npz checkpoint pass the architecture and the file: "
+                f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
+        if not os.path.isfile(args.model):
+            raise UserError(f"no such .keras file: {args.model}")
+        if args.weights:
+            raise UserError("--weights cannot be combined with a .keras model")
+        import keras
+
+        import keras_vit  # noqa: F401 - registers the layers for loading
+
+        # compile=False: inference needs no optimizer, and loading skips it.
+        model = keras.saving.load_model(args.model, compile=False)
+        return model, os.path.basename(args.model)
+
+    from keras_vit import zoo
+
+    model = zoo.load(args.model, weights=args.weights or "auto",
+                     image_size=args.image_size)
+    record = getattr(model, "zoo_weights", None)
+    source = record.tag if record is not None else args.weights
+    return model, f"{model.zoo_name} {source}"
+
+
+def _model_geometry(model):
+    shape = tuple(model.inputs[0].shape)
+    if len(shape) != 4 or shape[1] is None or shape[2] is None:
+        raise UserError(f"the model takes inputs of shape {shape}; predict "
+                        "needs fixed-size images (batch, height, width, 3)")
+    if shape[3] != 3:
+        raise UserError(f"the model takes {shape[3]}-channel inputs; "
+                        "predict feeds RGB images")
+    return int(shape[1]), int(shape[2])
+
+
+def _read_image(path, size):
+    """One image as (height, width, 3) float32 RGB pixels in [0, 255],
+    resized like the official ViT evaluation (bilinear, no crop)."""
+    import keras
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        # Photos from phones store their rotation in EXIF; apply it so the
+        # model sees the image the way a viewer shows it.
+        im = ImageOps.exif_transpose(im).convert("RGB")
+        pixels = np.asarray(im, dtype="float32")
+    # tf.image.resize without antialiasing, as the official input pipeline.
+    resized = keras.ops.image.resize(pixels[None], size,
+                                     interpolation="bilinear", antialias=False)
+    return np.asarray(resized)[0]
+
+
+def _label_list(model, num_classes):
+    from keras_vit import zoo
+
+    record = getattr(model, "zoo_weights", None)
+    name = record.labels if record is not None else _LABELS_BY_HEAD.get(
+        num_classes)
+    if name is None:
+        return None, None
+    labels = zoo.labels(name)
+    if len(labels) != num_classes:
+        return None, None
+    return name, labels
+
+
+def _softmax(logits):
+    import numpy as np
+
+    z = np.asarray(logits, dtype="float64")
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _cmd_predict(args):
+    import numpy as np
+
+    if not _looks_like_file(args.model):
+        from keras_vit.models import variants
+
+        variants.parse(args.model)  # name errors before the images are read
+    for path in args.images:
+        if not os.path.isfile(path):
+            raise UserError(f"image not found: {path}")
+    model, description = _load_for_predict(args)
+    if args.image_size is not None and _looks_like_file(args.model):
+        if _model_geometry(model) != (args.image_size, args.image_size):
+            raise UserError(
+                f"--image-size {args.image_size} does not apply to a .keras "
+                f"model; it takes {_model_geometry(model)} images")
+    if getattr(model, "include_top", True) is False:
+        raise UserError("the model has no classification head "
+                        "(include_top=False)")
+    size = _model_geometry(model)
+    # Models built with include_preprocessing=True take raw [0, 255] pixels.
+    scale = not getattr(model, "include_preprocessing", False)
+
+    images = np.stack([_read_image(p, size) for p in args.images])
+    if scale:
+        images = (images - 127.5) / 127.5
+    outputs = []
+    for start in range(0, len(images), 16):
+        out = model(images[start:start + 16], training=False)
+        if isinstance(out, dict):
+            out = out["output"]
+        outputs.append(np.asarray(out))
+    outputs = np.concatenate(outputs)
+    num_classes = outputs.shape[-1]
+    if getattr(model, "classifier_activation", None) == "softmax":
+        probs = outputs.astype("float64")
+    else:
+        probs = _softmax(outputs)
+    label_name, labels = _label_list(model, num_classes)
+    k = min(args.top, num_classes)
+
+    results = []
+    for path, p in zip(args.images, probs):
+        top = []
+        for rank, idx in enumerate(np.argsort(-p, kind="stable")[:k], 1):
+            wnid, label = labels[idx] if labels else (None, f"class {idx}")
+            top.append({"rank": rank, "index": int(idx),
+                        "probability": float(p[idx]), "label": label,
+                        "wordnet_id": wnid})
+        results.append({"image": path, "top": top})
+
+    if args.json:
+        print(json.dumps({"model": description,
+                          "image_size": list(size),
+                          "labels": label_name,
+                          "predictions": results}, indent=2))
+        return 0
+    for i, result in enumerate(results):
+        if i:
+            print()
+        print(f"{result['image']}: {description}, {size[0]}x{size[1]}, "
+              f"labels {label_name or 'class indices'}")
+        for t in result["top"]:
+            ident = f"{t['index']} {t['wordnet_id']}" if t["wordnet_id"] else (
+                str(t["index"]))
+            print(f"  {t['rank']:>2}  {t['probability']:.4f}  {t['label']}  "
+                  f"[{ident}]")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# demo
+
+
+def _cmd_demo(args):
+    from keras_vit import demo
+
+    demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
+             verbose=True)
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser():
+    """The argparse parser of ``keras-vit``."""
+    from keras_vit import __version__
+    from keras_vit import demo
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Vision Transformers for Keras 3: the model zoo, "
+                    "checkpoint conversion, inference and an offline demo.")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__}")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                required=True)
+
+    p = sub.add_parser("list", help="registered models and their weights")
+    p.add_argument("pattern", nargs="?", metavar="PATTERN",
+                   help="glob (ViT-B*) or substring (B/16) of the names")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("info", help="architecture and released weights of "
+                                    "a model")
+    p.add_argument("name", metavar="NAME", help="e.g. ViT-B/16, vit-b16")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "convert", help="official .npz checkpoint -> .keras model",
+        description="Builds MODEL, loads the checkpoint (resizing position "
+                    "embeddings to --image-size, replacing the head for "
+                    "another --num-classes) and saves a .keras file.")
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="a local .npz, or a weights tag / URL of MODEL "
+                        "(downloaded to the cache)")
+    p.add_argument("--model", "-m", required=True, metavar="NAME",
+                   help="architecture of the checkpoint, e.g. ViT-B/16")
+    p.add_argument("--image-size", type=_positive_int, metavar="N",
+                   help="input resolution (default: the checkpoint's)")
+    p.add_argument("--num-classes", type=_positive_int, metavar="N",
+                   help="head size (default: the checkpoint's)")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.keras")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "predict", help="classify images",
+        description="Top-K classes of each image. Images are resized "
+                    "(bilinear, no crop) and scaled to [-1, 1], as in the "
+                    "official evaluation.")
+    p.add_argument("model", metavar="NAME",
+                   help="a model name (e.g. ViT-B/16) or a .keras file")
+    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("--weights", "-w", metavar="W",
+                   help="weights tag, .npz path or URL (default: the "
+                        "model's default weights)")
+    p.add_argument("--image-size", type=_positive_int, metavar="N",
+                   help="input resolution (default: the weights')")
+    p.add_argument("--top", "-k", type=_positive_int, default=5, metavar="K",
+                   help="classes to show per image (default: 5)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_predict)
+
+    p = sub.add_parser(
+        "demo", help="train a tiny ViT on scikit-learn digits (offline)",
+        description="Trains, saves, reloads, exports the official layout and "
+                    "fine-tunes at another resolution; all offline.")
+    p.add_argument("--out", metavar="DIR",
+                   help="output directory (default: ./keras_vit_demo)")
+    p.add_argument("--epochs", type=_positive_int,
+                   default=demo.DEFAULT_EPOCHS, metavar="N",
+                   help=f"training epochs (default: {demo.DEFAULT_EPOCHS})")
+    p.add_argument("--quick", action="store_true",
+                   help="a small subset and 2 epochs (a smoke test)")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Runs ``keras-vit`` with ``argv`` (default: ``sys.argv[1:]``) and
+    returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None
+                                                        else 2)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - triaged just below
+        if args.traceback or not _is_user_error(e):
+            raise
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The ``keras-vit`` command line, in-process (``main``) and as a process.
+
+Checkpoints are random ones in the official layout (tests/official.py); no
+test goes online.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import official
+
+import keras
+from keras_vit import cli, demo, zoo
+
+TI = dict(patch=16, hidden=192, layers=12, heads=3, mlp=768)
+# "   1  0.0145  pizza, pizza pie  [963 n07873807]"
+TOP_LINE = re.compile(r"^\s+(\d+)\s+([0-9.]+)\s+(.+?)\s+\[(\d+)(?: (n\d+))?\]$")
+
+
+def _error_lines(stderr):
+    return [l for l in stderr.splitlines() if l.startswith("keras-vit: error:")]
+
+
+def _run(*args):
+    """``keras-vit ARGS`` as a subprocess, offline."""
+    env = dict(os.environ, KERAS_VIT_OFFLINE="1")
+    return subprocess.run(list(args), capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ti_1000(tmp_path_factory):
+    """A ViT-Ti/16 checkpoint at 32x32 (2x2 grid) with a 1000-class head."""
+    path = tmp_path_factory.mktemp("ckpt") / "ti_1000.npz"
+    return official.write(path, official.vit_arrays(
+        **TI, grid=2, num_classes=1000, seed=3))
+
+
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory):
+    """A random 45x61 RGBA PNG (not the model's size nor RGB on purpose)."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("img") / "noise.png"
+    pixels = np.random.default_rng(5).integers(0, 256, (45, 61, 4), "uint8")
+    Image.fromarray(pixels, "RGBA").save(path)
+    return str(path)
+
+
+def _reference_input(path, size):
+    """The documented preprocessing, written independently of the CLI."""
+    import tensorflow as tf
+    from PIL import Image
+
+    with Image.open(path) as im:
+        rgb = np.asarray(im.convert("RGB"), "float32")
+    x = tf.image.resize(rgb[None], (size, size), method="bilinear").numpy()
+    return (x - 127.5) / 127.5
+
+
+def _softmax(z):
+    z = np.asarray(z, "float64") - np.max(z, axis=-1, keepdims=True)
+    return np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+
+
+# --------------------------------------------------------------------------
+# list / info / errors
+
+
+def test_list_shows_every_model_with_its_tags(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    lines = {l.split()[0]: l for l in out.splitlines() if l.strip()}
+    for name in zoo.list_models():
+        assert name in lines
+    meta = zoo.info("ViT-B/16")
+    for tag in meta["weights"]:
+        assert re.search(rf"(^|\s){re.escape(tag)}\*? \(", lines["ViT-B/16"])
+    assert f"{meta['default_weights']}*" in lines["ViT-B/16"]
+
+
+def test_list_filters(capsys):
+    assert cli.main(["list", "b16"]) == 0
+    names = [l.split()[0] for l in capsys.readouterr().out.splitlines()[1:-1]]
+    assert "ViT-B/16" in names and "ViT-S/16" not in names
+    assert cli.main(["list", "ViT-S*"]) == 0
+    names = [l.split()[0] for l in capsys.readouterr().out.splitlines()[1:-1]]
+    assert names == zoo.list_models("ViT-S*")
+    assert cli.main(["list", "nothing-like-this"]) == 2
+    assert _error_lines(capsys.readouterr().err)
+
+
+def test_info_json_and_text(capsys):
+    assert cli.main(["info", "vit-b16", "--json"]) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["name"] == "ViT-B/16"
+    assert meta["config"]["hidden_size"] == 768
+    assert meta == json.loads(json.dumps(zoo.info("ViT-B/16")))
+    assert cli.main(["info", "ViT-B/16"]) == 0
+    out = capsys.readouterr().out
+    assert "hidden_size=768" in out and "imagenet21k+imagenet2012" in out
+
+
+def test_unknown_name_is_one_clean_line(capsys):
+    assert cli.main(["info", "ViT-B/16x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keras-vit: error:")
+    assert "Did you mean" in lines[0] and "'ViT-B/16'" in lines[0]
+
+
+def test_usage_errors_and_help(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["predict", "ViT-B/16", "img.png", "--top", "0"]) == 2
+    assert "--top" in capsys.readouterr().err
+    assert cli.main(["--help"]) == 0
+    assert "predict" in capsys.readouterr().out
+
+
+def test_console_script_unknown_name_exits_2():
+    proc = _run("keras-vit", "info", "ViT-Q/16")
+    assert proc.returncode == 2
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and "Did you mean" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_python_m_lists_models():
+    proc = _run(sys.executable, "-m", "keras_vit.cli", "list", "ViT-B*")
+    assert proc.returncode == 0, proc.stderr
+    names = [l.split()[0] for l in proc.stdout.splitlines()[1:-1]]
+    assert names == zoo.list_models("ViT-B*")
+
+
+# --------------------------------------------------------------------------
+# convert
+
+
+def test_convert_at_another_resolution_matches_zoo_load(tmp_path, ti_1000,
+                                                        capsys):
+    out = tmp_path / "ti48.keras"
+    assert cli.main(["convert", str(ti_1000), "--model", "ViT-Ti/16",
+                     "--image-size", "48", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "resized from 2x2 to 3x3" in printed
+    assert "48x48" in printed and "from the checkpoint" in printed
+    assert sorted(os.listdir(tmp_path)) == ["ti48.keras"]  # no partial file
+
+    loaded = keras.saving.load_model(out)
+    reference = zoo.load("ViT-Ti/16", weights=str(ti_1000), image_size=48)
+    assert f"{reference.count_params():,}" in printed
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 48, 48, 3))
+    x = x.astype("float32")
+    got = np.asarray(loaded(x, training=False))
+    want = np.asarray(reference(x, training=False))
+    assert got.shape == (2, 1000)
+    np.testing.assert_array_equal(got, want)
+    # The checkpoint's position embeddings really were interpolated.
+    posemb = loaded.get_layer("position_embedding").pos_embedding.numpy()
+    assert posemb.shape == (1, 10, 192)
+
+
+def test_convert_with_a_new_head(tmp_path, ti_1000, capsys):
+    out = tmp_path / "ti7.keras"
+    assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
+                     "--num-classes", "7", "-o", str(out)]) == 0
+    assert "zero-initialised" in capsys.readouterr().out
+    loaded = keras.saving.load_model(out)
+    kernel = loaded.get_layer("head").kernel.numpy()
+    assert kernel.shape == (192, 7) and not kernel.any()
+
+
+def test_convert_wrong_architecture_fails_cleanly(tmp_path, capsys):
+    # A checkpoint of another architecture (hidden 32, 2 blocks, patch 8).
+    ckpt = official.write(tmp_path / "tiny.npz", official.vit_arrays(
+        patch=8, hidden=32, layers=2, heads=4, mlp=64, grid=4,
+        num_classes=10))
+    out = tmp_path / "out.keras"
+    assert cli.main(["convert", str(ckpt), "--model", "ViT-Ti/16",
+                     "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("keras-vit: error:")
+    assert "tiny.npz" in err[0] and "does not fit" in err[0]
+    assert sorted(os.listdir(tmp_path)) == ["tiny.npz"]
+
+
+def test_convert_argument_errors(tmp_path, ti_1000, capsys):
+    missing = tmp_path / "missing.npz"
+    assert cli.main(["convert", str(missing), "-m", "ViT-Ti/16",
+                     "-o", str(tmp_path / "a.keras")]) == 2
+    assert "missing.npz" in capsys.readouterr().err
+    assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
+                     "-o", str(tmp_path / "a.h5")]) == 2
+    assert ".keras" in capsys.readouterr().err
+    # 40 is not a multiple of the patch size 16: the builder's ValueError.
+    assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
+                     "--image-size", "40", "-o", str(tmp_path / "a.keras")]) == 2
+    assert "divisible" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# predict
+
+
+def test_predict_top5_with_imagenet_labels(ti_1000, image_path, capsys):
+    assert cli.main(["predict", "ViT-Ti/16", image_path,
+                     "--weights", str(ti_1000)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith(image_path) and "imagenet2012" in lines[0]
+    rows = [TOP_LINE.match(l) for l in lines[1:]]
+    assert len(rows) == 5 and all(rows), lines
+    labels = zoo.labels("imagenet2012")
+    probs = [float(r.group(2)) for r in rows]
+    assert probs == sorted(probs, reverse=True)
+    for r in rows:
+        idx = int(r.group(4))
+        assert (r.group(5), r.group(3)) == labels[idx]
+
+    # Independent computation: the model, the documented preprocessing.
+    model = zoo.load("ViT-Ti/16", weights=str(ti_1000))
+    p = _softmax(model.predict(_reference_input(image_path, 32), verbose=0))[0]
+    assert int(rows[0].group(4)) == int(np.argmax(p))
+    assert abs(probs[0] - p.max()) < 1e-4
+
+    assert cli.main(["predict", "ViT-Ti/16", image_path, image_path,
+                     "--weights", str(ti_1000), "--top", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["labels"] == "imagenet2012"
+    assert result["image_size"] == [32, 32]
+    assert len(result["predictions"]) == 2
+    for pred in result["predictions"]:
+        assert [t["index"] for t in pred["top"]] == list(np.argsort(-p)[:3])
+        np.testing.assert_allclose([t["probability"] for t in pred["top"]],
+                                   np.sort(p)[::-1][:3], atol=1e-5)
+
+
+def test_predict_from_a_keras_file(tmp_path, ti_1000, image_path, capsys):
+    model = zoo.load("ViT-Ti/16", weights=str(ti_1000), num_classes=10)
+    # Give the new head a non-zero kernel so the ranking means something.
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(1).normal(
+        size=head.kernel.shape).astype("float32"))
+    path = tmp_path / "ti10.keras"
+    model.save(path)
+    assert cli.main(["predict", str(path), image_path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["labels"] is None  # 10 classes: indices, no label list
+    p = _softmax(model.predict(_reference_input(image_path, 32), verbose=0))[0]
+    top = result["predictions"][0]["top"]
+    assert [t["index"] for t in top] == list(np.argsort(-p)[:5])
+    assert top[0]["label"] == f"class {top[0]['index']}"
+
+
+def test_predict_errors(tmp_path, ti_1000, image_path, capsys):
+    assert cli.main(["predict", "ViT-Ti/16", str(tmp_path / "no.png"),
+                     "--weights", str(ti_1000)]) == 2
+    assert "image not found" in capsys.readouterr().err
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("not an image")
+    assert cli.main(["predict", "ViT-Ti/16", str(not_image),
+                     "--weights", str(ti_1000)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "notes.png" in err[0]
+    assert cli.main(["predict", str(ti_1000), image_path]) == 2
+    assert "--weights" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# demo
+
+
+@pytest.mark.slow
+def test_demo_quick(tmp_path, monkeypatch, capsys):
+    results = []
+    real_run = demo.run
+
+    def spy(**kwargs):
+        results.append(real_run(**kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(demo, "run", spy)
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--quick", "--out", str(out)]) == 0
+    assert "summary" in capsys.readouterr().out
+    (r,) = results
+    assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
+    for key in ("accuracy_48", "accuracy_48_finetuned"):
+        assert 0.0 <= r[key] <= 1.0
+    assert r["reload_max_abs_diff"] < 1e-6
+    assert r["posemb_resized"] == (64, 144)
+    assert os.path.isfile(out / "digits_vit.keras")
+    assert os.path.isfile(out / "digits_vit.npz")
+
+    # The saved files hold the trained model: same accuracy on the same
+    # test images, and the .npz holds exactly the .keras weights.
+    model = keras.saving.load_model(out / "digits_vit.keras")
+    _, _, x_te, y_te = demo.load_digits_images(32, subset=(r["num_train"],
+                                                           r["num_test"]))
+    pred = np.argmax(model.predict(x_te, verbose=0), axis=-1)
+    assert float(np.mean(pred == y_te)) == pytest.approx(r["accuracy"])
+    arrays = zoo.read_npz(out / "digits_vit.npz")
+    exported = zoo.export_arrays(model)
+    assert sorted(arrays) == sorted(exported)
+    for key, value in exported.items():
+        np.testing.assert_array_equal(arrays[key], value)
