@@ -89,7 +89,7 @@ def feature_model(model, outputs="pre_logits"):
                 f"Unknown feature outputs={name!r} for model={model.name!r}; "
                 "available: " + ", ".join(available_features(model)))
     out = tensors[names[0]] if isinstance(outputs, str) else tensors
-    return keras.Model(model.inputs, out, name=f"{model.name}_features")
+    return keras.Model(model.input, out, name=f"{model.name}_features")
 
 
 def _layer_output(model, layer_name, feature):
