@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from keras_vit.zoo import convert
 from keras_vit.zoo.convert import CheckpointError, read_npz
 
 PREFIX = "resnet/"
@@ -60,24 +61,9 @@ def checkpoint_key(variable_path: str) -> str | None:
 
 
 def model_variables(model) -> dict:
-    """``{checkpoint key: keras Variable}`` for every weight of a ResNetV2.
-
-    Raises if a weight has no checkpoint equivalent, so that a model this
-    module does not understand is never half loaded.
-    """
-    out = {}
-    unknown = []
-    for v in model.weights:
-        key = checkpoint_key(v.path)
-        if key is None:
-            unknown.append(v.path)
-        else:
-            out[key] = v
-    if unknown:
-        raise CheckpointError(
-            f"model={model.name!r} has weights with no BiT checkpoint "
-            f"equivalent: {unknown[:10]}")
-    return out
+    """``{checkpoint key: keras Variable}`` for every weight of a ResNetV2;
+    raises for a weight with no BiT equivalent."""
+    return convert.model_variables(model, checkpoint_key, "BiT")
 
 
 def _is_group_norm(key):

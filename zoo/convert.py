@@ -155,24 +155,26 @@ def checkpoint_key(variable_path: str) -> str | None:
     return None
 
 
-def model_variables(model) -> dict:
-    """``{checkpoint key: keras Variable}`` for every weight of a ViT model.
+def model_variables(model, key_fn=None, layout="ViT") -> dict:
+    """``{checkpoint key: keras Variable}`` for every weight of a model.
 
-    Raises if a weight has no checkpoint equivalent, so that a model this
-    module does not understand is never half loaded.
+    ``key_fn`` maps a Keras variable path to a checkpoint key (default: the
+    ViT/hybrid layout). Raises if a weight has no checkpoint equivalent, so
+    that a model this module does not understand is never half loaded.
     """
+    key_fn = key_fn or checkpoint_key
     out = {}
     unknown = []
     for v in model.weights:
-        key = checkpoint_key(v.path)
+        key = key_fn(v.path)
         if key is None:
             unknown.append(v.path)
         else:
             out[key] = v
     if unknown:
         raise CheckpointError(
-            f"model={model.name!r} has weights with no checkpoint equivalent: "
-            f"{unknown[:10]}")
+            f"model={model.name!r} has weights with no {layout} checkpoint "
+            f"equivalent: {unknown[:10]}")
     return out
 
 
