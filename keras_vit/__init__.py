@@ -16,8 +16,8 @@ from keras_vit.models import VisionTransformer, vit
 
 __version__ = "0.1.0"
 
-# Heavier components load on first use: `keras_vit.zoo`, `keras_vit.export`.
-_LAZY = ("zoo", "export", "cli")
+# Components load on first use: `keras_vit.zoo`, `keras_vit.export`, ...
+_LAZY = ("zoo", "export", "analysis", "cli")
 
 
 def __getattr__(name):

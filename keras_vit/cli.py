@@ -1,4 +1,5 @@
-"""The ``keras-vit`` command line: list, info, convert, predict, demo.
+"""The ``keras-vit`` command line: list, info, convert, predict, demo, and
+the commands of the other components (inspect, ...).
 
 Run ``keras-vit --help`` (or ``python -m keras_vit.cli --help``). Mistakes in
 the command line or its files print one line, ``keras-vit: error: ...``, and
@@ -8,6 +9,7 @@ exit with status 2; ``--traceback`` shows the full Python traceback instead.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -476,7 +478,22 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help="a small subset and 2 epochs (a smoke test)")
     p.set_defaults(func=_cmd_demo)
+
+    # The other components add their own commands (inspect, export,
+    # benchmark, fine-tune, ...), each through a ``register(subparsers)``.
+    for module in _COMMAND_MODULES:
+        try:
+            commands = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # a real missing dependency: report it
+                raise
+            continue
+        commands.register(sub)
     return parser
+
+
+_COMMAND_MODULES = ("keras_vit.analysis.cli", "keras_vit.export.cli",
+                    "keras_vit.train.cli")
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,112 @@
+"""``keras-vit inspect``: the figures of section 4.5 from the command line.
+
+``register(subparsers)`` adds the subcommand to the ``keras-vit`` parser;
+``run(args)`` executes it and returns the exit status. Mistakes in the
+arguments raise ValueError / OSError, which ``keras-vit`` prints as one
+``keras-vit: error: ...`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DESCRIPTION = (
+    "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "
+    "as analysis.json: embedding-filter principal components (Figure 7 "
+    "left), position-embedding similarity (Figure 7 centre), mean attention "
+    "distance per head and layer (Figure 7 right / Figure 11) and one "
+    "attention-rollout map per image (Figure 6). Images are resized "
+    "(bilinear, no crop) and scaled to [-1, 1].")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers):
+    """Adds ``inspect`` to an ``argparse`` subparsers object; returns it.
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="keras-vit")
+    >>> _ = register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["inspect", "ViT-B/16", "a.jpg", "--out",
+    ...                           "figs", "--image-size", "384"])
+    >>> args.model, args.images, args.out, args.image_size, args.func is run
+    ('ViT-B/16', ['a.jpg'], 'figs', 384, True)
+    """
+    p = subparsers.add_parser(
+        "inspect", help="attention maps, attention distance, position "
+                        "embeddings and filters as PNG figures",
+        description=DESCRIPTION)
+    p.add_argument("model", metavar="MODEL",
+                   help="a zoo name (e.g. ViT-B/16, R50+ViT-B/16) or a "
+                        ".keras file")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files; one rollout figure each, and the "
+                        "attention distance is averaged over all of them")
+    p.add_argument("--out", "-o", required=True, metavar="DIR",
+                   help="output directory (created)")
+    p.add_argument("--weights", "-w", metavar="W",
+                   help="weights tag, .npz path or URL for a zoo name "
+                        "(default: the model's default weights)")
+    p.add_argument("--image-size", type=_positive_int, metavar="N",
+                   help="inspect at this resolution (position embeddings "
+                        "resized; default: the model's)")
+    p.add_argument("--batch-size", type=_positive_int, default=8,
+                   metavar="N", help="images per forward pass (default: 8)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    """Runs ``keras-vit inspect`` for parsed ``args``; returns 0."""
+    from keras_vit.analysis.report import inspect
+
+    result = inspect(args.model, args.images, args.out,
+                     weights=args.weights or "auto",
+                     image_size=args.image_size,
+                     batch_size=args.batch_size)
+    m = result["model"]
+    print(f"{m['description']}: {m['image_size'][0]}x{m['image_size'][1]}, "
+          f"grid {m['grid_size'][0]}x{m['grid_size'][1]} (stride "
+          f"{m['effective_stride']}), {m['num_layers']} layers x "
+          f"{m['num_heads']} heads, {result['num_images']} image(s)")
+    per_layer = result["mean_attention_distance"]["per_layer_mean"]
+    print("  mean attention distance by layer (pixels): "
+          + " ".join(f"{d:.1f}" for d in per_layer))
+    skipped = result["embedding_filters"].get("skipped")
+    if skipped:
+        print(f"  embedding filters skipped: {skipped}")
+    print(f"wrote {len(result['files'])} files to {result['out_dir']}:")
+    for name in result["files"]:
+        print(f"  {os.path.join(result['out_dir'], name)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m keras_vit.analysis.cli inspect ...``: the subcommand on
+    its own, for use before (or without) the ``keras-vit`` entry point."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="keras-vit")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND",
+                                   required=True))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as e:
+        print(f"keras-vit: error: {' '.join(str(e).split())}",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

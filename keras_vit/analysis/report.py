@@ -1,0 +1,335 @@
+"""``inspect``: every figure of section 4.5 for one model and some images."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from keras_vit.analysis.attention import (attention_model,
+                                          attention_rollout,
+                                          mean_attention_distance,
+                                          rollout_map, token_geometry,
+                                          uniform_attention_distance)
+from keras_vit.analysis.embeddings import (embedding_filter_components,
+                                           neighbour_similarity,
+                                           position_embedding_similarity)
+
+FILES = {
+    "filters": "embedding_filters.png",
+    "position": "position_embedding_similarity.png",
+    "distance": "attention_distance.png",
+    "json": "analysis.json",
+}
+
+
+def load_images(paths, image_size, channels=3):
+    """Image files as float32 (B, H, W, C) pixels in [0, 255].
+
+    Each file is decoded with PIL (EXIF rotation applied), converted to RGB
+    (or greyscale for ``channels=1``) and resized bilinearly without
+    antialiasing, as the official evaluation resizes (no crop).
+
+    >>> import tempfile, os
+    >>> from PIL import Image
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.png")
+    >>> Image.new("RGB", (5, 3), (255, 0, 0)).save(path)
+    >>> x = load_images([path], 4)
+    >>> x.shape, x[0, 0, 0].tolist()
+    ((1, 4, 4, 3), [255.0, 0.0, 0.0])
+    """
+    import keras
+    from PIL import Image, ImageOps
+
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3; received "
+                         f"channels={channels!r}")
+    out = []
+    for path in paths:
+        with Image.open(path) as im:
+            im = ImageOps.exif_transpose(im).convert(
+                "RGB" if channels == 3 else "L")
+            pixels = np.asarray(im, dtype="float32")
+        if pixels.ndim == 2:
+            pixels = pixels[..., None]
+        resized = keras.ops.image.resize(
+            pixels[None], tuple(image_size), interpolation="bilinear",
+            antialias=False)
+        out.append(np.asarray(resized)[0])
+    return np.stack(out)
+
+
+def _image_paths(images):
+    if isinstance(images, (str, os.PathLike)):
+        images = [images]
+    try:
+        paths = [os.fspath(p) for p in images]
+    except TypeError:
+        raise ValueError("images must be image file paths; received "
+                         f"images={images!r}") from None
+    if not paths:
+        raise ValueError("images must name at least one image file; "
+                         f"received images={images!r}")
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"image not found: {path!r}")
+    return paths
+
+
+def _load_model(model_or_name, weights, image_size):
+    """Returns ``(model returning attention scores, description)``."""
+    import keras
+
+    if isinstance(model_or_name, keras.Model):
+        if weights not in ("auto", None):
+            raise ValueError(
+                "weights applies to zoo names only; received "
+                f"weights={weights!r} with a model instance")
+        return (attention_model(model_or_name, image_size),
+                getattr(model_or_name, "zoo_name", model_or_name.name))
+    if not isinstance(model_or_name, (str, os.PathLike)):
+        raise ValueError(
+            "model_or_name must be a keras_vit model, a zoo name (e.g. "
+            "'ViT-B/16') or a .keras path; received "
+            f"model_or_name={model_or_name!r}")
+    value = os.fspath(model_or_name)
+    if value.endswith(".keras") or os.path.isfile(value):
+        if not value.endswith(".keras"):
+            raise ValueError(
+                f"model_or_name={value!r} is a file but not a .keras model")
+        if not os.path.isfile(value):
+            raise FileNotFoundError(f"no such .keras file: {value!r}")
+        if weights not in ("auto", None):
+            raise ValueError(
+                "weights cannot be combined with a .keras model; received "
+                f"weights={weights!r}")
+        import keras_vit  # noqa: F401 - registers the layers for loading
+
+        model = keras.saving.load_model(value, compile=False)
+        return attention_model(model, image_size), os.path.basename(value)
+    from keras_vit import zoo
+    from keras_vit.models import variants
+
+    if variants.parse(value).family == "bit":
+        raise ValueError(f"model_or_name={value!r} is a BiT ResNet: it has "
+                         "no attention to inspect")
+    # Built with the extra output from the start: no second copy of a large
+    # model's weights.
+    model = zoo.load(value, weights=weights, image_size=image_size,
+                     return_attention_scores=True)
+    record = getattr(model, "zoo_weights", None)
+    tag = record.tag if record is not None else weights
+    return model, f"{model.zoo_name} ({tag or 'random init'})"
+
+
+def _labels(model, num_classes):
+    record = getattr(model, "zoo_weights", None)
+    if record is None or not getattr(record, "labels", None):
+        return None
+    from keras_vit import zoo
+
+    labels = zoo.labels(record.labels)
+    return labels if len(labels) == num_classes else None
+
+
+def _softmax(z):
+    z = np.asarray(z, "float64")
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _round(value, digits=6):
+    """Nested lists of floats with ``digits`` significant digits (keeps the
+    JSON readable)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_round(v, digits) for v in value]
+    return float(f"{float(value):.{digits}g}")
+
+
+def _safe_stem(path):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:40] or "image"
+
+
+def _write_json(data, path):
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def inspect(model_or_name, images, out_dir, *, weights="auto",
+            image_size=None, batch_size=8):
+    """Writes the figures of section 4.5 / Appendix D.7-D.8 as PNGs + JSON.
+
+    Files in ``out_dir``: ``embedding_filters.png`` (Figure 7 left; not for
+    hybrids), ``position_embedding_similarity.png`` (Figure 7 centre),
+    ``attention_distance.png`` (Figure 7 right, averaged over ``images``),
+    one ``rollout_NN_<name>.png`` per image (Figure 6) and
+    ``analysis.json`` with the numbers.
+
+    Args:
+        model_or_name: a VisionTransformer, a zoo name (``"ViT-B/16"``) or a
+            ``.keras`` path.
+        images: image file paths (any size; resized to the model's).
+        out_dir: output directory (created).
+        weights: for a zoo name, as in :func:`keras_vit.zoo.load`.
+        image_size: inspect at this resolution (position embeddings are
+            resized); default: the model's.
+        batch_size: images per forward pass. One batch's attention takes
+            batch_size x layers x heads x N^2 x 4 bytes (ViT-L/16 at 224:
+            60 MB per image); lower it for large models.
+
+    Returns:
+        The dict written to ``analysis.json``, plus ``"out_dir"``.
+    """
+    try:
+        from keras_vit.analysis import plots
+    except ImportError as e:
+        # matplotlib is an optional dependency; say how to get it.
+        raise ImportError(
+            "inspect draws its figures with matplotlib, which is not "
+            f"installed ({e}); pip install 'matplotlib>=3.8'") from e
+
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or (
+            batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer; received "
+                         f"batch_size={batch_size!r}")
+    paths = _image_paths(images)
+    model, description = _load_model(model_or_name, weights, image_size)
+    g = token_geometry(model)
+    pixels = load_images(paths, g.image_size, channels=model.num_channels)
+    # The official input range is [-1, 1]; models built with
+    # include_preprocessing=True rescale [0, 255] themselves.
+    inputs = pixels if model.include_preprocessing else pixels / 127.5 - 1.0
+
+    distances, maps, outputs = [], [], []
+    for start in range(0, len(inputs), batch_size):
+        result = model(inputs[start:start + batch_size], training=False)
+        scores = np.asarray(result["attention_scores"], dtype="float32")
+        distances.append(mean_attention_distance(
+            scores, g.grid_size, g.patch_pixels, g.num_prefix_tokens,
+            per_image=True))
+        maps.append(rollout_map(g, attention_rollout(scores)))
+        outputs.append(np.asarray(result["output"]))
+        del scores  # (B, L, H, N, N) is the big one for large models
+    distance = np.concatenate(distances).mean(axis=0)
+    maps = np.concatenate(maps)
+    outputs = np.concatenate(outputs)
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    files = []
+
+    def out(name):
+        files.append(name)
+        return os.path.join(out_dir, name)
+
+    hw = f"{g.image_size[0]}x{g.image_size[1]}"
+    reference = uniform_attention_distance(g.grid_size, g.patch_pixels)
+    plots.plot_attention_distance(
+        distance, out(FILES["distance"]), image_size=g.image_size[1],
+        reference=reference,
+        title=f"{description}, {hw}, {len(paths)} image(s)")
+
+    similarity = position_embedding_similarity(model)
+    plots.plot_position_similarity(
+        similarity, out(FILES["position"]),
+        title=f"Position embedding similarity, {description}")
+
+    try:
+        pcs = embedding_filter_components(model)
+    except ValueError as e:  # hybrids: the filters act on ResNet features
+        filters = {"skipped": str(e)}
+    else:
+        plots.plot_filters(
+            pcs.images, out(FILES["filters"]),
+            explained_variance_ratio=pcs.explained_variance_ratio,
+            title=f"Embedding filters (top {len(pcs.images)} principal "
+                  f"components), {description}")
+        filters = {"file": FILES["filters"],
+                   "explained_variance_ratio": _round(
+                       pcs.explained_variance_ratio)}
+
+    labels = None
+    probs = None
+    if model.include_top:
+        probs = (np.asarray(outputs, "float64")
+                 if model.classifier_activation == "softmax"
+                 else _softmax(outputs))
+        labels = _labels(model, probs.shape[-1])
+
+    per_image = []
+    for i, path in enumerate(paths):
+        name = f"rollout_{i + 1:02d}_{_safe_stem(path)}.png"
+        entry = {"path": path, "file": name}
+        title = os.path.basename(path)
+        if probs is not None:
+            k = int(np.argmax(probs[i]))
+            label = labels[k][1] if labels else f"class {k}"
+            entry["prediction"] = {"index": k, "label": label,
+                                   "probability": _round(probs[i, k])}
+            title += f": predicted {label} ({probs[i, k]:.0%})"
+        display = np.clip(np.round(pixels[i]), 0, 255).astype("uint8")
+        plots.plot_rollout(display, maps[i], out(name), title=title)
+        entry["rollout"] = _round(maps[i])
+        per_image.append(entry)
+
+    pair = neighbour_similarity(similarity)
+    result = {
+        "model": {
+            "description": description,
+            "image_size": list(g.image_size),
+            "patch_size": model.patch_size,
+            "effective_stride": g.patch_pixels,
+            "grid_size": list(g.grid_size),
+            "classifier": model.classifier,
+            "pooling": g.pooling,
+            "hybrid": bool(model.resnet),
+            "num_layers": model.num_layers,
+            "num_heads": model.num_heads,
+        },
+        "num_images": len(paths),
+        "mean_attention_distance": {
+            "file": FILES["distance"],
+            "pixels": _round(distance),
+            "per_layer_mean": _round(distance.mean(axis=1)),
+            "uniform_attention_reference": _round(reference),
+            "definition": "per layer (rows) and head (columns): attention-"
+                          "weighted Euclidean distance in input pixels "
+                          "between query and key patch centres, class token "
+                          "excluded and patch weights renormalised per "
+                          "query, averaged over query patches and images",
+        },
+        "position_embedding_similarity": {
+            "file": FILES["position"],
+            "mean_adjacent": _round(pair["adjacent"])
+            if pair["adjacent"] is not None else None,
+            "mean_other": _round(pair["other"])
+            if pair["other"] is not None else None,
+        },
+        "embedding_filters": filters,
+        "rollout": {
+            "definition": "attention rollout: heads averaged, identity "
+                          "added, rows renormalised, layers multiplied; "
+                          "class-token row (token models) or mean row (gap "
+                          "models), patch columns on the grid, not rescaled",
+        },
+        "images": per_image,
+        "files": files + [FILES["json"]],
+    }
+    _write_json(result, out(FILES["json"]))
+    return dict(result, out_dir=out_dir)
