@@ -1,0 +1,39 @@
+"""Fine-tuning and training under ``tf.distribute``, with the paper's
+recipes, resumable checkpoints and few-shot linear evaluation.
+
+The only part of keras_vit that uses ``tf.distribute``. In a few lines:
+
+    import keras_vit.train as kt
+
+    run = kt.fine_tune("ViT-B/16", "tfds:oxford_iiit_pet",
+                       recipe="finetune-pets-flowers", out_dir="runs/pets")
+    print(run.metrics["eval"]["accuracy"])
+
+or ``keras-vit fine-tune ViT-B/16 --data tfds:oxford_iiit_pet --recipe
+finetune-pets-flowers --out runs/pets``. Running the same again resumes.
+
+>>> import keras_vit.train as kt
+>>> kt.recipes.names()[:2]
+['finetune', 'finetune-cifar']
+"""
+
+from keras_vit.train import data, few_shot, recipes
+from keras_vit.train.data import (ArraySource, DataError, FolderSource,
+                                  ImageSource, TfdsSource, dataset, digits,
+                                  load_data)
+from keras_vit.train.engine import (Trainer, TrainResult, build_model,
+                                    compile_for_finetune, evaluate,
+                                    fine_tune, pretrain)
+from keras_vit.train.few_shot import fewshot, fit_least_squares
+from keras_vit.train.recipes import Recipe
+from keras_vit.train.strategy import (StrategyError, configure_cpu_devices,
+                                      describe, strategy)
+
+__all__ = [
+    "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",
+    "StrategyError", "TfdsSource", "TrainResult", "Trainer", "build_model",
+    "compile_for_finetune", "configure_cpu_devices", "data", "dataset",
+    "describe", "digits", "evaluate", "few_shot", "fewshot",
+    "fine_tune", "fit_least_squares", "load_data", "pretrain", "recipes",
+    "strategy",
+]

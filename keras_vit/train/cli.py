@@ -1,0 +1,408 @@
+"""``keras-vit fine-tune``, ``evaluate`` and ``fewshot``.
+
+:func:`register` adds the three commands to an argparse sub-parser set (the
+``keras-vit`` command line does); ``python -m keras_vit.train`` runs them on
+their own. Mistakes in the command line or the data raise ``ValueError`` or
+``OSError``, which the command line prints as one ``keras-vit: error:``
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+_FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _key_value(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE, got {text!r}")
+    return key.strip().replace("-", "_"), value.strip()
+
+
+def _shots(text):
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers like 1,5,10,25, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers like 1,5,10,25, got {text!r}")
+    return values
+
+
+def _literal(text):
+    """``--model-option`` values: numbers, true/false/none, else text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if _FLOAT_OR_INT.match(text):
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    return text
+
+
+def _add_data_options(p, what="training data"):
+    p.add_argument("--data", required=True, metavar="SPEC",
+                   help=f"{what}: 'digits' (built in, offline), "
+                        "'tfds:NAME[:SPLIT]', a folder with one sub-folder "
+                        "of images per class, or an .npz with arrays x, y")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where tfds datasets are prepared (default: tfds')")
+    p.add_argument("--download", action="store_true",
+                   help="let tfds download and prepare a missing dataset "
+                        "(needs the network)")
+
+
+def _add_runtime_options(p):
+    p.add_argument("--strategy", default="auto", metavar="NAME",
+                   help="auto (default), default, one_device, mirrored, "
+                        "multi_worker (TF_CONFIG), tpu")
+    p.add_argument("--tpu", metavar="NAME",
+                   help="TPU name or grpc://host:port (strategy tpu/auto)")
+    p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
+                   help="split the CPU into N logical devices (to run "
+                        "'mirrored' without GPUs)")
+
+
+def register(subparsers):
+    """Adds ``fine-tune``, ``evaluate`` and ``fewshot`` to ``subparsers``
+    (the object ``ArgumentParser.add_subparsers`` returns)."""
+    from keras_vit.train import recipes
+
+    p = subparsers.add_parser(
+        "fine-tune", help="fine-tune (or train) a model with the paper's "
+                          "recipe; resumable",
+        description="Fine-tunes MODEL on --data with a recipe (SGD momentum, "
+                    "cosine decay, clipping, zero-initialised head, position "
+                    "embeddings resized to the recipe's resolution) under a "
+                    "tf.distribute strategy. Checkpoints go to --out; the "
+                    "same command resumes a killed run.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a zoo name (ViT-B/16, ViT-Ti/4, ...) or a .keras "
+                        "file")
+    _add_data_options(p)
+    p.add_argument("--eval-data", metavar="SPEC",
+                   help="held-out data (default: the test split of digits "
+                        "or tfds data; none for folders)")
+    p.add_argument("--no-eval", action="store_true",
+                   help="do not evaluate at the end")
+    p.add_argument("--recipe", default="finetune", metavar="NAME",
+                   help=f"one of {', '.join(recipes.names())} (default: "
+                        "finetune)")
+    p.add_argument("--weights", "-w", default="auto", metavar="W",
+                   help="for a zoo name: weights tag, .npz path, URL, or "
+                        "'none' for random initialisation (default: auto)")
+    p.add_argument("--out", "-o", metavar="DIR",
+                   help="run directory (default: runs/<model>-<data>-"
+                        "<recipe>)")
+    p.add_argument("--restart", action="store_true",
+                   help="delete the run's checkpoints and start again "
+                        "instead of resuming")
+    p.add_argument("--steps", type=_positive_int, metavar="N",
+                   help="total optimizer steps (recipe field total_steps)")
+    p.add_argument("--epochs", type=_positive_float, metavar="N",
+                   help="train for N epochs instead of a step count")
+    p.add_argument("--batch-size", type=_positive_int, metavar="N",
+                   help="global batch per optimizer step")
+    p.add_argument("--micro-batch-size", type=_positive_int, metavar="N",
+                   help="images per replica per pass (gradient "
+                        "accumulation when smaller than the per-replica "
+                        "batch)")
+    p.add_argument("--lr", type=_positive_float, metavar="X",
+                   help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, metavar="N",
+                   help="linear warmup steps")
+    p.add_argument("--image-size", type=_positive_int, metavar="N",
+                   help="training resolution")
+    p.add_argument("--ema", type=float, metavar="DECAY",
+                   help="Polyak averaging of the weights (e.g. 0.9999)")
+    p.add_argument("--precision", metavar="P",
+                   help="auto, float32 or mixed_bfloat16")
+    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="steps between checkpoints")
+    p.add_argument("--seed", type=int, metavar="N")
+    p.add_argument("--set", action="append", type=_key_value, default=[],
+                   metavar="FIELD=VALUE",
+                   help="any recipe field, e.g. --set label_smoothing=0.1 "
+                        "--set crop_area=none (repeatable)")
+    p.add_argument("--model-option", action="append", type=_key_value,
+                   default=[], metavar="KEY=VALUE",
+                   help="a zoo.load keyword for a zoo name, e.g. "
+                        "num_layers=4 (repeatable)")
+    _add_runtime_options(p)
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print the final metrics as JSON")
+    p.set_defaults(func=run_fine_tune)
+
+    p = subparsers.add_parser(
+        "evaluate", help="top-1 accuracy of a model on labelled data",
+        description="Evaluates MODEL (a .keras file, a fine-tune run "
+                    "directory, or a zoo name with --weights) on --data.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a .keras file, a run directory, or a zoo name")
+    _add_data_options(p, "evaluation data (a tfds spec without a split "
+                         "reads 'test')")
+    p.add_argument("--weights", "-w", default="auto", metavar="W",
+                   help="for a zoo name: weights tag, path or URL")
+    p.add_argument("--image-size", type=_positive_int, metavar="N")
+    p.add_argument("--batch-size", type=_positive_int, default=64,
+                   metavar="N")
+    _add_runtime_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run_evaluate)
+
+    p = subparsers.add_parser(
+        "fewshot", help="k-shot linear evaluation of frozen features",
+        description="The paper's few-shot linear evaluation: pre-logits "
+                    "features, regularised least squares to {-1,1} targets "
+                    "in closed form, accuracy for k images per class.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a .keras file, a run directory, or a zoo name")
+    _add_data_options(p, "data the k-shot sets are drawn from")
+    p.add_argument("--eval-data", metavar="SPEC",
+                   help="test data (default: the test split of digits or "
+                        "tfds data)")
+    p.add_argument("--weights", "-w", default="auto", metavar="W")
+    p.add_argument("--image-size", type=_positive_int, metavar="N")
+    p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25),
+                   metavar="K,K,...", help="default: 1,5,10,25")
+    p.add_argument("--l2-reg", type=_positive_float, default=2.0 ** 10,
+                   metavar="X", help="ridge penalty (default: 1024)")
+    p.add_argument("--seeds", type=_positive_int, default=3, metavar="N",
+                   help="k-shot draws averaged (default: 3)")
+    p.add_argument("--feature", default="pre_logits", metavar="NAME",
+                   help="the representation (default: pre_logits)")
+    p.add_argument("--batch-size", type=_positive_int, default=64,
+                   metavar="N")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run_fewshot)
+
+
+# --------------------------------------------------------------------------
+
+
+def _configure_devices(args):
+    # Before anything creates a tensor: logical devices are fixed then.
+    if getattr(args, "cpu_devices", None):
+        from keras_vit.train.strategy import configure_cpu_devices
+
+        configure_cpu_devices(args.cpu_devices)
+
+
+def _slug(text):
+    return re.sub(r"[^A-Za-z0-9.]+", "-", os.path.basename(
+        os.path.normpath(text)) if os.sep in text else text).strip("-")
+
+
+def _recipe_overrides(args):
+    from keras_vit.train import recipes
+
+    fields = {}
+    for key, value in args.set:
+        fields[key] = recipes.parse_value(key, value)
+    direct = {"steps": "total_steps", "epochs": "epochs",
+              "batch_size": "batch_size",
+              "micro_batch_size": "micro_batch_size", "lr": "learning_rate",
+              "warmup_steps": "warmup_steps", "image_size": "image_size",
+              "ema": "ema_decay", "precision": "precision",
+              "checkpoint_every": "checkpoint_every", "seed": "seed"}
+    for arg, field in direct.items():
+        value = getattr(args, arg)
+        if value is not None:
+            fields[field] = value
+    return fields
+
+
+def run_fine_tune(args):
+    """``keras-vit fine-tune``: returns the exit status."""
+    _configure_devices(args)
+    from keras_vit.train import data as data_lib
+    from keras_vit.train.engine import Trainer
+
+    eval_spec = None
+    if not args.no_eval:
+        eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
+    train = data_lib.load_data(args.data, data_dir=args.data_dir,
+                               download=args.download,
+                               verbose=not args.quiet)
+    evaluation = None
+    if eval_spec is not None:
+        try:
+            evaluation = data_lib.load_data(
+                eval_spec, split="test", data_dir=args.data_dir,
+                download=args.download, verbose=not args.quiet)
+        except data_lib.DataError:
+            if args.eval_data:  # asked for explicitly: report it
+                raise
+            print(f"note: no held-out split {eval_spec!r}; not evaluating "
+                  "(pass --eval-data)")
+    out = args.out or os.path.join(
+        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{args.recipe}")
+    weights = None if str(args.weights).lower() == "none" else args.weights
+    trainer = Trainer(
+        args.model, train, evaluation, recipe=args.recipe, out_dir=out,
+        strategy=args.strategy, tpu=args.tpu, weights=weights,
+        resume=not args.restart,
+        model_options={k: _literal(v) for k, v in args.model_option},
+        verbose=not args.quiet, **_recipe_overrides(args))
+    result = trainer.fit()
+    if args.json and trainer.is_chief:
+        shown = {k: v for k, v in result.metrics.items() if k != "history"}
+        print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
+def _load_model(args, num_classes=None):
+    """MODEL of evaluate / fewshot: a .keras file, a run directory (its
+    model.keras), or a zoo name with --weights."""
+    import keras
+
+    import keras_vit  # noqa: F401 - registers its layers for load_model
+    from keras_vit import zoo
+
+    spec = args.model
+    if os.path.isdir(spec):
+        path = os.path.join(spec, "model.keras")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"MODEL={spec!r} is a folder without model.keras (a "
+                "fine-tune run writes it when it finishes)")
+        spec = path
+    if spec.endswith(".keras"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"No model file at MODEL={spec!r}")
+        return keras.saving.load_model(spec, compile=False)
+    weights = None if str(args.weights).lower() == "none" else args.weights
+    kwargs = {}
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    return zoo.load(spec, weights=weights, image_size=args.image_size,
+                    **kwargs)
+
+
+def run_evaluate(args):
+    """``keras-vit evaluate``: returns the exit status."""
+    _configure_devices(args)
+    from keras_vit.train import data as data_lib
+    from keras_vit.train.engine import evaluate
+    from keras_vit.train.strategy import strategy
+
+    source = data_lib.load_data(args.data, split="test",
+                                data_dir=args.data_dir,
+                                download=args.download)
+    strategy_ = strategy(args.strategy, tpu=args.tpu)
+    with strategy_.scope():
+        model = _load_model(args)
+    result = evaluate(model, source, image_size=args.image_size,
+                      batch_size=args.batch_size, strategy=strategy_)
+    result["data"] = source.name
+    result["model"] = args.model
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{args.model} on {source.name}: top-1 accuracy "
+              f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
+              f"({result['num_examples']} images)")
+    return 0
+
+
+def run_fewshot(args):
+    """``keras-vit fewshot``: returns the exit status."""
+    from keras_vit.train import data as data_lib
+    from keras_vit.train.few_shot import fewshot
+
+    eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
+    if eval_spec is None:
+        raise ValueError(
+            f"--eval-data is needed with --data={args.data!r} (only digits "
+            "and tfds data have a default test split)")
+    train = data_lib.load_data(args.data, data_dir=args.data_dir,
+                               download=args.download)
+    test = data_lib.load_data(eval_spec, split="test",
+                              data_dir=args.data_dir, download=args.download)
+    model = _load_model(args)
+    result = fewshot(model, train, test, shots=args.shots,
+                     l2_reg=args.l2_reg, num_seeds=args.seeds,
+                     feature=args.feature, batch_size=args.batch_size)
+    result["model"] = args.model
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{args.model}: few-shot linear accuracy on {test.name} "
+              f"({result['num_test']} images, {result['feature_dim']}-d "
+              f"{args.feature} features, l2_reg {args.l2_reg:g}, "
+              f"{args.seeds} draw(s))")
+        for k, acc in result["accuracy"].items():
+            spread = result["per_seed"][k]
+            print(f"  {k:>3}-shot  {acc:.4f}  (min {min(spread):.4f}, "
+                  f"max {max(spread):.4f})")
+    return 0
+
+
+def build_parser():
+    """A stand-alone parser with the three commands (``python -m
+    keras_vit.train``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_vit.train",
+        description="Fine-tune, evaluate and few-shot-evaluate keras_vit "
+                    "models (the same commands as keras-vit).")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                required=True)
+    register(sub)
+    return parser
+
+
+def main(argv=None):
+    """Runs ``python -m keras_vit.train`` and returns the exit status."""
+    import sys
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("keras-vit: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:
+        if args.traceback:
+            raise
+        text = " ".join(str(e).split()) or type(e).__name__
+        print(f"keras-vit: error: {text}", file=sys.stderr)
+        return 2

@@ -1,0 +1,748 @@
+"""keras_vit.train: strategies, pipelines, recipes, the training loop,
+checkpoint/resume, multi-device and multi-worker runs, few-shot evaluation
+and the fine-tune / evaluate / fewshot commands.
+
+Multi-device and multi-worker runs happen in subprocesses (logical CPU
+devices must be configured before TensorFlow starts; a worker is a
+process), each bounded by a timeout. Nothing goes online.
+"""
+
+import doctest
+import glob
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import official
+
+import keras
+import keras_vit
+from keras_vit import cli
+from keras_vit import train as kt
+from keras_vit.train import few_shot
+from keras_vit.train import recipes
+
+SUBPROCESS_TIMEOUT = 240
+# A tiny ViT at 16x16 (patch 4, width 32, one block): steps take
+# milliseconds, so the tests exercise the machinery, not the model.
+TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=64, num_classes=10)
+QUICK = dict(batch_size=32, crop_area=None, log_every=5, verbose=False)
+
+
+def tiny(seed=1, **kwargs):
+    keras.utils.set_random_seed(seed)
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny.keras"
+    tiny().save(path)
+    return str(path)
+
+
+def _env(**extra):
+    env = dict(os.environ, KERAS_VIT_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _losses(metrics):
+    return [row["loss"] for row in metrics["history"]]
+
+
+def _assert_falls(losses):
+    assert len(losses) >= 3, losses
+    first, last = np.mean(losses[:2]), np.mean(losses[-2:])
+    assert last < first - 0.05, losses
+
+
+def _error_lines(text):
+    return [l for l in text.splitlines() if l.startswith("keras-vit: error:")]
+
+
+# --------------------------------------------------------------------------
+# docstring examples (the project's doctest list does not know this package)
+
+
+@pytest.mark.parametrize("name", [
+    "keras_vit.train", "keras_vit.train.strategy", "keras_vit.train.data",
+    "keras_vit.train.recipes", "keras_vit.train.engine",
+    "keras_vit.train.few_shot"])
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name),
+                             optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0
+
+
+# --------------------------------------------------------------------------
+# recipes
+
+
+def test_recipes_hold_the_papers_values():
+    ft = recipes.get("finetune")
+    assert (ft.optimizer, ft.momentum, ft.schedule) == ("sgd", 0.9, "cosine")
+    assert (ft.batch_size, ft.grad_clip_norm, ft.weight_decay) == (512, 1.0, 0.0)
+    assert ft.image_size == 384 and ft.total_steps == 2500
+    assert ft.learning_rate == 0.01
+    assert recipes.get("finetune-imagenet").total_steps == 20_000
+    assert recipes.get("finetune-imagenet").ema_decay == 0.9999
+    assert recipes.get("finetune-cifar").total_steps == 10_000
+    assert recipes.get("finetune-pets-flowers").total_steps == 500
+    pt = recipes.get("pretrain")
+    assert (pt.optimizer, pt.beta_1, pt.beta_2) == ("adam", 0.9, 0.999)
+    assert (pt.batch_size, pt.warmup_steps, pt.image_size) == (4096, 10_000, 224)
+    assert (pt.weight_decay, pt.dropout_rate, pt.schedule) == (0.03, 0.1, "linear")
+    inet = recipes.get("pretrain-imagenet")
+    assert (inet.learning_rate, inet.weight_decay, inet.schedule,
+            inet.grad_clip_norm, inet.epochs) == (3e-3, 0.3, "cosine", 1.0, 300)
+    assert recipes.get("pretrain-jft").weight_decay == 0.1
+
+
+def test_recipe_overrides_and_errors():
+    r = recipes.get("finetune", epochs=3, learning_rate=0.003)
+    assert r.total_steps is None and r.epochs == 3
+    assert r.steps_for(1000) == 6  # ceil(3 * 1000 / 512)
+    with pytest.raises(ValueError, match="learning_rat.*did you mean 'learning_rate'"):
+        recipes.get("finetune", learning_rat=0.1)
+    with pytest.raises(ValueError, match="warmup_steps=300 must be smaller "
+                                         "than total_steps=200"):
+        recipes.get("finetune", total_steps=200, warmup_steps=300)
+    with pytest.raises(ValueError, match="momentum=1.5"):
+        recipes.get("finetune", momentum=1.5)
+    with pytest.raises(ValueError, match="Unknown recipe='fintune'.*'finetune'"):
+        recipes.get("fintune")
+    assert recipes.parse_value("crop_area", "none") is None
+    assert recipes.parse_value("crop_area", "0.5,1") == (0.5, 1.0)
+    assert recipes.parse_value("flip", "false") is False
+
+
+def test_schedule_warmup_then_decay_to_zero():
+    cos = recipes.learning_rate_schedule(
+        recipes.get("finetune", total_steps=100, warmup_steps=10), 100)
+    values = [float(cos(s)) for s in range(0, 101)]
+    assert values[0] == pytest.approx(0.001)  # (0 + 1) / 10 of the peak
+    assert values[9] == pytest.approx(0.01)
+    assert values[55] == pytest.approx(0.005, abs=1e-6)  # half-way: cos = 0
+    assert values[100] == pytest.approx(0.0, abs=1e-9)
+    assert all(a >= b for a, b in zip(values[9:], values[10:]))
+    lin = recipes.learning_rate_schedule(
+        recipes.get("pretrain", total_steps=100, warmup_steps=10,
+                    learning_rate=1.0), 100)
+    assert float(lin(55)) == pytest.approx(0.5, abs=1e-6)
+
+
+# --------------------------------------------------------------------------
+# strategies
+
+
+def test_strategy_auto_falls_back_quickly_and_names_are_checked(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    t0 = time.perf_counter()
+    s = kt.strategy("auto")
+    assert time.perf_counter() - t0 < 15  # no TPU here: quick fallback
+    info = kt.describe(s)
+    assert info["name"] == "default" and info["replicas"] == 1
+    assert info["is_chief"]
+    with pytest.raises(kt.StrategyError, match="strategy='tpu' but no TPU"):
+        kt.strategy("tpu")
+    port = _free_port()  # nothing listens there
+    t0 = time.perf_counter()
+    with pytest.raises(kt.StrategyError, match=f"grpc://127.0.0.1:{port}"):
+        kt.strategy("tpu", tpu=f"grpc://127.0.0.1:{port}")
+    assert time.perf_counter() - t0 < 15
+    with pytest.raises(kt.StrategyError, match="strategy='gpus'"):
+        kt.strategy("gpus")
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(kt.StrategyError, match="TF_CONFIG is not valid JSON"):
+        kt.strategy("auto")
+
+
+def test_cpu_devices_cannot_change_after_start():
+    import tensorflow as tf
+
+    tf.constant(1.0)  # TensorFlow is running in this process
+    with pytest.raises(kt.StrategyError, match="cpu_devices=3 must be "
+                                               "configured before"):
+        kt.configure_cpu_devices(3)
+
+
+# --------------------------------------------------------------------------
+# pipelines
+
+
+def _epoch(source, epoch, **kw):
+    ds = kt.dataset(source, 16, 8, training=True, seed=3, epoch=epoch,
+                    crop_area=(0.5, 1.0), **kw)
+    return [(x.numpy(), y.numpy()) for x, y in ds]
+
+
+def test_digits_pipeline_is_deterministic_and_resumable():
+    train = kt.digits("train")
+    assert (train.num_examples, train.num_classes) == (1347, 10)
+    assert kt.digits("test").num_examples == 450
+    assert not train.flip_ok
+    a, b = _epoch(train, 0), _epoch(train, 0)
+    assert len(a) == 1347 // 8
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    c = _epoch(train, 1)
+    assert not np.array_equal(a[0][1], c[0][1])  # a new order per epoch
+    x = np.concatenate([x for x, _ in a])
+    assert x.shape[1:] == (16, 16, 3)
+    assert -1.0 <= x.min() < -0.9 and 0.9 < x.max() <= 1.0
+    # Resuming mid-epoch: skipping 5 batches gives exactly the rest.
+    tail = _epoch(train, 0, skip=40)
+    assert len(tail) == len(a) - 5
+    for (xa, ya), (xt, yt) in zip(a[5:], tail):
+        np.testing.assert_array_equal(xa, xt)
+        np.testing.assert_array_equal(ya, yt)
+    # Two shards split an epoch without overlap.
+    ys = [np.concatenate([y for _, y in _epoch(train, 0, shard=(2, i),
+                                               take=600)])
+          for i in (0, 1)]
+    labels = np.concatenate(ys)
+    assert len(labels) == 1200
+    assert abs(np.bincount(labels, minlength=10)
+               - np.bincount(np.concatenate([y for _, y in a])[:1200],
+                             minlength=10)).max() < 30
+
+
+def test_eval_pipeline_and_arrays():
+    images = np.random.default_rng(0).integers(0, 256, (10, 20, 24, 3), "uint8")
+    source = kt.ArraySource(images, np.arange(10) % 3)
+    assert source.num_classes == 3
+    (x, y), = list(kt.dataset(source, 8, 16, training=False))
+    assert x.shape == (10, 8, 8, 3)  # the ragged batch is kept for eval
+    ref = keras.ops.image.resize(images.astype("float32"), (8, 8),
+                                 interpolation="bilinear")
+    np.testing.assert_allclose(x.numpy(), np.asarray(ref) / 127.5 - 1.0,
+                               atol=1e-5)
+    with pytest.raises(kt.DataError, match=r"labels must lie in \[0, "
+                                           r"num_classes=2\)"):
+        kt.ArraySource(images, np.arange(10) % 3, num_classes=2)
+    with pytest.raises(kt.DataError, match=r"images.shape=\(10, 20\)"):
+        kt.ArraySource(np.zeros((10, 20)), np.zeros(10, int))
+
+
+def _write_image(path, seed, fmt="PNG", size=(12, 10)):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, size + (3,), "uint8")).save(path, fmt)
+
+
+@pytest.fixture
+def messy_folder(tmp_path):
+    """Two classes of good images, plus: a corrupt PNG, a truncated JPEG
+    (passes the header check, fails to decode), a text file and an empty
+    class folder."""
+    root = tmp_path / "images"
+    for c, cls in enumerate(("cat", "dog")):
+        (root / cls).mkdir(parents=True)
+        for i in range(12):
+            _write_image(root / cls / f"{i:02d}.png", seed=10 * c + i)
+    (root / "emu").mkdir()
+    (root / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    (root / "dog" / "notes.txt").write_text("not an image")
+    _write_image(root / "dog" / "cut.jpg", 99, "JPEG", (64, 64))
+    data = (root / "dog" / "cut.jpg").read_bytes()
+    (root / "dog" / "cut.jpg").write_bytes(data[:int(len(data) * 0.8)])
+    return root
+
+
+def test_image_folder_with_bad_files_trains_with_a_warning(messy_folder):
+    with pytest.warns(UserWarning) as record:
+        source = kt.load_data(str(messy_folder))
+    text = " ".join(str(w.message) for w in record)
+    assert "broken.png (unreadable" in text
+    assert "notes.txt (not an image extension .txt)" in text
+    assert "['emu'] have no images" in text
+    assert source.class_names == ["cat", "dog", "emu"]
+    assert source.num_classes == 3
+    assert source.num_examples == 25  # 24 good + the truncated JPEG
+    assert len(source.skipped) == 2
+    # The truncated JPEG fails in the pipeline: dropped, the epoch is still
+    # full, and training runs its steps.
+    run = kt.Trainer(tiny(num_classes=3), source, source, recipe="finetune",
+                     total_steps=6, warmup_steps=1, strategy="default",
+                     **dict(QUICK, batch_size=8, flip=True,
+                            crop_area=(0.3, 1.0))).fit()
+    assert run.metrics["final_step"] == 6
+    assert run.metrics["eval"]["num_examples"] == 24
+
+
+def test_data_errors_are_clear_and_fast(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match="nowhere.*does not exist"):
+        kt.load_data(str(missing))
+    (tmp_path / "flat").mkdir()
+    _write_image(tmp_path / "flat" / "a.png", 0)
+    with pytest.raises(kt.DataError, match="no class sub-folders"):
+        kt.load_data(str(tmp_path / "flat"))
+    with pytest.raises(kt.DataError, match="Cannot read data='digitz'"):
+        kt.load_data("digitz")
+    t0 = time.perf_counter()
+    with pytest.raises(kt.DataError, match="Unknown tfds dataset "
+                                           "name='cifar1O'.*'cifar10'"):
+        kt.load_data("tfds:cifar1O")
+    # Offline and not prepared: fails at once and says how to prepare it.
+    with pytest.raises(FileNotFoundError, match="`tfds build cifar10`"):
+        kt.load_data("tfds:cifar10", data_dir=str(tmp_path / "tfds"))
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.slow
+def test_tfds_source_reads_a_prepared_dataset(tmp_path):
+    import tensorflow_datasets as tfds
+
+    class KerasVitTinyDigits(tfds.core.GeneratorBasedBuilder):
+        """Twenty 8x8 digits as PNGs, prepared offline."""
+
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self, features=tfds.features.FeaturesDict({
+                    "image": tfds.features.Image(shape=(8, 8, 3)),
+                    "label": tfds.features.ClassLabel(num_classes=10)}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(0),
+                    "test": self._generate_examples(1)}
+
+        def _generate_examples(self, offset):
+            from sklearn.datasets import load_digits
+
+            d = load_digits()
+            for i in range(offset * 20, offset * 20 + 20):
+                img = (d.images[i] * 15).astype("uint8")
+                yield i, {"image": np.repeat(img[..., None], 3, -1),
+                          "label": int(d.target[i])}
+
+    KerasVitTinyDigits(data_dir=str(tmp_path)).download_and_prepare()
+    name = "keras_vit_tiny_digits"
+    train = kt.load_data(f"tfds:{name}", data_dir=str(tmp_path))
+    assert (train.num_examples, train.num_classes) == (20, 10)
+    test = kt.load_data(f"tfds:{name}:test", data_dir=str(tmp_path))
+    from sklearn.datasets import load_digits
+
+    # tfds stores examples in its own (hashed-key) order: same multiset,
+    # and the same order on every read.
+    np.testing.assert_array_equal(np.sort(test.labels()),
+                                  np.sort(load_digits().target[20:40]))
+    again = kt.load_data(f"tfds:{name}:test", data_dir=str(tmp_path))
+    np.testing.assert_array_equal(again.labels(), test.labels())
+    batches = list(kt.dataset(train, 16, 4, training=True, epoch=0))
+    assert len(batches) == 5 and batches[0][0].shape == (4, 16, 16, 3)
+    sub = train.subset([3, 7])
+    assert sub.labels().tolist() == train.labels()[[3, 7]].tolist()
+
+
+# --------------------------------------------------------------------------
+# the training loop
+
+
+def test_resume_mid_epoch_reproduces_an_uninterrupted_run(tmp_path):
+    kw = dict(recipe="finetune", total_steps=60, warmup_steps=5,
+              micro_batch_size=16, learning_rate=0.05, ema_decay=0.9,
+              checkpoint_every=10, strategy="default",
+              **dict(QUICK, crop_area=(0.5, 1.0)))
+    whole = kt.Trainer(tiny(), "digits", out_dir=tmp_path / "a", **kw).fit()
+    first = kt.Trainer(tiny(), "digits", out_dir=tmp_path / "b",
+                       **kw).fit(stop_at_step=53)  # 42 steps per epoch
+    assert first.metrics["complete"] is False
+    assert not os.path.exists(tmp_path / "b" / "metrics.json")
+    again = kt.Trainer(tiny(seed=7), "digits", out_dir=tmp_path / "b", **kw)
+    assert again.resumed_from == 53
+    assert (int(again.epoch_var.numpy()), int(again.batch_var.numpy())) == (1, 11)
+    rest = again.fit()
+    assert rest.metrics["final_step"] == 60
+    assert rest.metrics["resumed_from_step"] == 53
+    for a, b in zip(whole.model.get_weights(), rest.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    steps = [row["step"] for row in rest.metrics["history"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 60
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
+              learning_rate=1e-2, strategy="default", **QUICK)
+    full = kt.Trainer(tiny(), "digits", **kw).fit()
+    accumulated = kt.Trainer(tiny(), "digits", micro_batch_size=8, **kw)
+    assert accumulated.accum == 4
+    accumulated = accumulated.fit()
+    for a, b in zip(full.model.get_weights(), accumulated.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-5)  # Adam: m / sqrt(v)
+
+
+def test_run_directory_tensorboard_metrics_and_ema(tmp_path):
+    import tensorflow as tf
+
+    out = tmp_path / "run"
+    run = kt.Trainer(tiny(), "digits", "digits:test", recipe="pretrain",
+                     out_dir=out, total_steps=40, warmup_steps=4,
+                     learning_rate=3e-3, ema_decay=0.9, strategy="default",
+                     checkpoint_every=20, **QUICK).fit()
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["final_step"] == 40 and m["complete"]
+    assert m["model_holds"] == "ema weights"
+    assert 0.0 <= m["eval"]["accuracy"] <= 1.0 and "eval_ema" in m
+    assert m["eval"]["num_examples"] == 450
+    assert [r["step"] for r in m["history"]] == list(range(5, 45, 5))
+    _assert_falls(_losses(m))
+    assert sorted(os.listdir(out / "checkpoints"))[0] == "checkpoint"
+    assert {"ckpt-20.index", "ckpt-40.index"} <= set(
+        os.listdir(out / "checkpoints"))
+    # TensorBoard scalars, written without the tensorboard package.
+    tags = {}
+    for path in glob.glob(str(out / "logs" / "train" / "events.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                tags.setdefault(v.tag, []).append(
+                    float(tf.make_ndarray(v.tensor)))
+                assert v.metadata.plugin_data.plugin_name == "scalars"
+    assert set(tags) >= {"loss", "accuracy", "grad_norm", "learning_rate"}
+    assert tags["loss"] == pytest.approx(_losses(m), abs=1e-5)
+    assert glob.glob(str(out / "logs" / "eval_ema" / "events.*"))
+    # model.keras holds the EMA weights, which differ from the raw ones.
+    saved = keras.saving.load_model(out / "model.keras")
+    for a, b in zip(saved.get_weights(), run.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fine_tune_a_zoo_name_at_a_higher_resolution(tmp_path):
+    ckpt = official.write(tmp_path / "tiny1000.npz", official.vit_arrays(
+        patch=8, hidden=32, layers=1, heads=2, mlp=64, grid=2,
+        num_classes=1000))
+    trainer = kt.Trainer(
+        "ViT-Ti/8", "digits", weights=str(ckpt), image_size=32,
+        model_options=dict(hidden_size=32, num_layers=1, num_heads=2,
+                           mlp_dim=64),
+        total_steps=3, warmup_steps=1, strategy="default", **QUICK)
+    model = trainer.model
+    assert trainer.image_size == 32
+    # A new zero-initialised head for 10 classes, position embeddings of the
+    # 2x2 checkpoint grid resized to 4x4 (+ class token).
+    assert not model.get_layer("head").kernel.numpy().any()
+    assert model.get_layer("head").kernel.shape == (32, 10)
+    assert model.get_layer("position_embedding").pos_embedding.shape == (
+        1, 17, 32)
+    assert trainer.recipe.optimizer == "sgd"
+    assert trainer.fit().metrics["final_step"] == 3
+    # A trained ViT on a task with other classes: same body, new zero head.
+    three = kt.ArraySource(np.zeros((40, 8, 8)), np.arange(40) % 3)
+    trained = trainer.model
+    again = kt.Trainer(trained, three, total_steps=2, warmup_steps=0,
+                       strategy="default", **QUICK).model
+    assert again.get_layer("head").kernel.shape == (32, 3)
+    assert not again.get_layer("head").kernel.numpy().any()
+    np.testing.assert_array_equal(
+        again.get_layer("encoder_block_0").get_weights()[0],
+        trained.get_layer("encoder_block_0").get_weights()[0])
+    dense = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(10)])
+    with pytest.raises(ValueError, match="has 10 outputs but the data has 3"):
+        kt.Trainer(dense, three, total_steps=2, warmup_steps=0,
+                   strategy="default", **QUICK)
+
+
+def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
+    model = tiny()
+    r = kt.compile_for_finetune(model, total_steps=8, warmup_steps=2,
+                                batch_size=32, micro_batch_size=16,
+                                label_smoothing=0.1)
+    opt = model.optimizer
+    assert isinstance(opt, keras.optimizers.SGD)
+    assert opt.momentum == 0.9 and opt.global_clipnorm == 1.0
+    assert opt.gradient_accumulation_steps == 2
+    ds = kt.dataset("digits", 16, r.micro_batch_size, crop_area=None)
+    history = model.fit(ds, steps_per_epoch=16, epochs=1, verbose=0)
+    # 16 micro-batches are 8 optimizer steps: the schedule (which Keras
+    # drives with the micro-batch counter) has reached its end, not half-way.
+    assert int(opt.iterations.numpy()) == 8
+    assert float(opt.learning_rate) == pytest.approx(0.0, abs=1e-9)
+    assert np.isfinite(history.history["loss"][0])
+    with pytest.raises(ValueError, match="pass steps_per_epoch"):
+        kt.compile_for_finetune(tiny(), "pretrain")
+
+
+# --------------------------------------------------------------------------
+# few-shot
+
+
+def test_fewshot_least_squares_matches_sklearn_ridge_classifier():
+    from sklearn.linear_model import RidgeClassifier
+
+    model = tiny()
+    fn = few_shot.feature_function(model)
+    x_tr, y_tr = few_shot.extract_features(fn, "digits:train", 16,
+                                              verbose=False)
+    x_te, y_te = few_shot.extract_features(fn, "digits:test", 16,
+                                              verbose=False)
+    assert x_tr.shape == (1347, 32) and x_te.shape == (450, 32)
+    x_tr, x_te = x_tr.astype("float64"), x_te.astype("float64")
+    np.testing.assert_array_equal(y_te, kt.digits("test").labels())
+    orders = few_shot._class_orders(y_tr, 10, seed=0)
+    for k in (1, 5, 25):  # 10 < 32 features (dual form) and 250 > 32
+        idx = np.concatenate([o[:k] for o in orders])
+        for l2 in (0.5, 1024.0):
+            raw = few_shot.fit_least_squares(x_tr[idx], y_tr[idx], 10, l2,
+                                                standardize=False)
+            sk = RidgeClassifier(alpha=l2).fit(x_tr[idx], y_tr[idx])
+            np.testing.assert_array_equal(few_shot.predict(raw, x_te),
+                                          sk.predict(x_te))
+            # Standardised features (the default): the same as sklearn on
+            # features standardised with the k-shot set's statistics.
+            mean = x_tr[idx].mean(0)
+            std = x_tr[idx].std(0) + 1e-5
+            std_sol = few_shot.fit_least_squares(x_tr[idx], y_tr[idx], 10,
+                                                    l2)
+            sk = RidgeClassifier(alpha=l2).fit((x_tr[idx] - mean) / std,
+                                               y_tr[idx])
+            np.testing.assert_array_equal(
+                few_shot.predict(std_sol, x_te),
+                sk.predict((x_te - mean) / std))
+    result = kt.fewshot(model, "digits:train", "digits:test",
+                        shots=(1, 5, 10, 25), num_seeds=2, verbose=False)
+    for k in (1, 5, 10, 25):
+        want = []
+        for seed in (0, 1):
+            o = few_shot._class_orders(y_tr, 10, seed)
+            idx = np.concatenate([p[:k] for p in o])
+            mean, std = x_tr[idx].mean(0), x_tr[idx].std(0) + 1e-5
+            sk = RidgeClassifier(alpha=few_shot.L2_REG).fit(
+                (x_tr[idx] - mean) / std, y_tr[idx])
+            want.append(np.mean(sk.predict((x_te - mean) / std) == y_te))
+        assert result["per_seed"][k] == pytest.approx(want, abs=1e-12)
+    assert result["accuracy"][25] > result["accuracy"][1] > 0.1
+
+
+# --------------------------------------------------------------------------
+# command line
+
+
+def test_cli_fine_tune_evaluate_fewshot(tmp_path, tiny_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["fine-tune", tiny_path, "--data", "digits", "--recipe",
+                     "pretrain", "--steps", "30", "--batch-size", "32",
+                     "--warmup-steps", "3", "--lr", "0.003", "--set",
+                     "crop_area=none", "--set", "log_every=10", "--out",
+                     str(out), "--strategy", "default", "-q",
+                     "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["final_step"] == 30 and printed["eval_data"] == "digits:test"
+    assert printed["recipe"]["optimizer"] == "adam"
+    assert printed["recipe"]["learning_rate"] == 0.003
+    assert cli.main(["evaluate", str(out), "--data", "digits",
+                     "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["data"] == "digits:test" and ev["num_examples"] == 450
+    assert ev["accuracy"] == pytest.approx(printed["eval"]["accuracy"])
+    assert cli.main(["fewshot", str(out / "model.keras"), "--data", "digits",
+                     "--shots", "1,5", "--seeds", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "1-shot" in text and "5-shot" in text and "digits:test" in text
+    # Resuming a finished run does no more steps.
+    assert cli.main(["fine-tune", tiny_path, "--data", "digits", "--recipe",
+                     "pretrain", "--steps", "30", "--batch-size", "32",
+                     "--warmup-steps", "3", "--lr", "0.003", "--set",
+                     "crop_area=none", "--out", str(out), "--strategy",
+                     "default"]) == 0
+    assert "resumed from step 30" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
+    cases = [
+        (["fine-tune", tiny_path, "--data", str(tmp_path / "missing")],
+         "missing"),
+        (["fine-tune", tiny_path, "--data", "tfds:no_such_dataset_x"],
+         "Unknown tfds dataset"),
+        (["fine-tune", tiny_path, "--data", "digits", "--recipe", "fast"],
+         "Unknown recipe='fast'"),
+        (["fine-tune", tiny_path, "--data", "digits", "--set", "lr=1"],
+         "unknown recipe field(s) ['lr']"),
+        (["fine-tune", tiny_path, "--data", "digits", "--batch-size", "4096",
+          "--strategy", "default", "--out", str(tmp_path / "r")],
+         "batch_size=4096 is larger than the training data"),
+        (["evaluate", str(tmp_path), "--data", "digits"],
+         "without model.keras"),
+        (["fewshot", tiny_path, "--data", str(tmp_path)],
+         "--eval-data is needed"),
+    ]
+    for argv, needle in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        lines = _error_lines(err)
+        assert len(lines) == 1 and needle in lines[0], (argv, err)
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "fine-tune" in text and "fewshot" in text
+
+
+# --------------------------------------------------------------------------
+# several devices, several workers, a killed run (subprocesses)
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import keras_vit.train as kt
+    kt.configure_cpu_devices(2)   # before TensorFlow starts
+    import numpy as np, keras, keras_vit
+
+    def tiny():
+        keras.utils.set_random_seed(1)
+        return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+
+    kw = dict(recipe="finetune", batch_size=32, micro_batch_size=8,
+              learning_rate=0.1, warmup_steps=3, crop_area=None,
+              log_every=5, verbose=False)
+    out = {}
+    two = kt.Trainer(tiny(), "digits", "digits:test", strategy="mirrored",
+                     total_steps=40, out_dir=sys.argv[1],
+                     **dict(kw, recipe="pretrain", learning_rate=3e-3,
+                            weight_decay=0.0)).fit()
+    out["metrics"] = two.metrics
+    # The same 8 steps on one device: the cross-replica sum must equal the
+    # single-device gradient (a double sum or a per-replica clip would not).
+    a = kt.Trainer(tiny(), "digits", strategy="mirrored", total_steps=8,
+                   **kw).fit().model.get_weights()
+    b = kt.Trainer(tiny(), "digits", strategy="default", total_steps=8,
+                   **kw).fit().model.get_weights()
+    out["max_diff"] = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    try:
+        kt.Trainer(tiny(), "digits", strategy="mirrored", total_steps=8,
+                   **dict(kw, batch_size=33, micro_batch_size=None))
+    except ValueError as e:
+        out["error"] = str(e)
+    print("RESULT " + json.dumps(out, default=str))
+""")
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=_env(),
+                          timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    out = json.loads(line[len("RESULT "):])
+    m = out["metrics"]
+    assert m["strategy"]["name"] == "mirrored"
+    assert m["strategy"]["replicas"] == 2 and m["accumulation_steps"] == 2
+    assert m["final_step"] == 40 and m["eval"]["num_examples"] == 450
+    _assert_falls(_losses(m))
+    assert out["max_diff"] < 1e-5
+    assert "batch_size=33 is not divisible by the 2 replicas" in out["error"]
+    assert os.path.isfile(tmp_path / "run" / "model.keras")
+
+
+def _train_command(model_path, out, steps, *extra):
+    return [sys.executable, "-m", "keras_vit.train", "fine-tune", model_path,
+            "--data", "digits", "--recipe", "pretrain", "--steps", str(steps),
+            "--batch-size", "32", "--warmup-steps", "3", "--lr", "0.003",
+            "--set", "crop_area=none", "--set", "log_every=5",
+            "--out", str(out), *extra]
+
+
+@pytest.mark.slow
+def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
+    ports = [_free_port(), _free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    out = tmp_path / "run"
+    procs = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster,
+                                "task": {"type": "worker", "index": index}})
+        procs.append(subprocess.Popen(
+            _train_command(tiny_path, out, 30, "--checkpoint-every", "10",
+                           "--strategy", "auto", "-q"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env(TF_CONFIG=tf_config), cwd=tmp_path))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=SUBPROCESS_TIMEOUT))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["strategy"]["name"] == "multi_worker"
+    assert m["strategy"]["workers"] == 2 and m["strategy"]["replicas"] == 2
+    assert m["strategy"]["is_chief"] and m["final_step"] == 30
+    _assert_falls(_losses(m))
+    assert m["eval"]["num_examples"] == 450
+    ckpts = os.listdir(out / "checkpoints")
+    assert "ckpt-30.index" in ckpts and "ckpt-10.index" in ckpts
+    # The non-chief worker's temporary checkpoints are gone.
+    assert not os.path.exists(out / ".worker_1") or not os.listdir(
+        out / ".worker_1")
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
+    out = tmp_path / "run"
+    total = 400
+    command = _train_command(tiny_path, out, total, "--checkpoint-every",
+                             "25", "--strategy", "default")
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(),
+                            cwd=tmp_path, start_new_session=True)
+    index = out / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    try:
+        while not index.exists():
+            assert proc.poll() is None, "the run ended before a checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-epoch, mid-run
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "metrics.json").exists()
+    import tensorflow as tf
+
+    saved = int(tf.train.latest_checkpoint(str(out / "checkpoints"))
+                .rsplit("-", 1)[1])
+    assert 25 <= saved < total and saved % 25 == 0
+
+    again = subprocess.run(command, capture_output=True, text=True,
+                           env=_env(), cwd=tmp_path,
+                           timeout=SUBPROCESS_TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from step {saved} " in again.stdout
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed_from_step"] == saved and m["start_step"] == saved
+    assert m["final_step"] == total and m["complete"]
+    steps = [row["step"] for row in m["history"]]
+    assert steps == sorted(set(steps)) and steps[-1] == total
+    assert any(s <= saved for s in steps) and any(s > saved for s in steps)
+    _assert_falls(_losses(m))
