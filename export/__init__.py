@@ -1,8 +1,51 @@
 """Exporters to SavedModel, TFLite and ONNX (installed as keras_vit.export).
 
-Each exporter runs its artifact and compares it with Keras before declaring
-it good. The exporters land with the export issue; this package exists so
-that the layout (and its packaging test) is in place from the start.
+Every exporter builds its artifact next to the destination, runs it in its
+deployment runtime (``tf.saved_model.load``, ``ai_edge_litert``,
+``onnxruntime``) at two batch sizes, compares it with Keras and only then
+moves it into place with a JSON report beside it (inside, for a SavedModel).
+An artifact outside the tolerance of its format raises :class:`ExportError`
+and leaves nothing that looks finished.
+
+>>> import os, tempfile, keras_vit
+>>> from keras_vit import export
+>>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
+>>> report = export.export(model, os.path.join(tempfile.mkdtemp(), "m.onnx"))
+>>> report["format"], report["batch_sizes"], report["top1_agreement"]
+('onnx', [4, 1], 1.0)
+
+The heavy libraries (TensorFlow, tf2onnx, onnxruntime, ai_edge_litert) are
+imported when an exporter runs, not with this package.
 """
 
-__all__ = []
+from keras_vit.export.common import (FORMATS, TOLERANCES, ExportError,
+                                     check_format, read_report)
+
+from keras_vit.export.onnx import to_onnx  # noqa: E402
+from keras_vit.export.saved_model import to_saved_model  # noqa: E402
+from keras_vit.export.tflite import to_tflite  # noqa: E402
+
+__all__ = ["FORMATS", "TOLERANCES", "ExportError", "export", "read_report",
+           "to_onnx", "to_saved_model", "to_tflite"]
+
+_EXPORTERS = {"saved_model": to_saved_model, "tflite": to_tflite,
+              "onnx": to_onnx}
+
+
+def export(model, path, format=None, **kwargs):
+    """Exports ``model`` to ``path`` in ``format`` ("saved_model",
+    "tflite" or "onnx"; default: from the extension of ``path``, a path
+    without one being a SavedModel directory) and returns the report.
+    Keyword arguments go to the format's exporter."""
+    import os
+
+    if format is None:
+        ext = os.path.splitext(os.fspath(path))[1].lower()
+        format = {".tflite": "tflite", ".onnx": "onnx", "": "saved_model"
+                  }.get(ext)
+        if format is None:
+            raise ValueError(
+                f"cannot tell the format from path={os.fspath(path)!r}; "
+                f"pass format= one of {FORMATS} (.tflite, .onnx, or a "
+                "directory for a SavedModel)")
+    return _EXPORTERS[check_format(format)](model, path, **kwargs)

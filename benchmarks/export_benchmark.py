@@ -1,0 +1,233 @@
+"""Export ViT-B/16 and ViT-L/16 (and ViT-H/14 with --include-huge) to every
+format and print time, peak memory and file size per export.
+
+Each export runs in its own child process, so that one export's peak does
+not carry over to the next; the peak is the child's (and, for ONNX, its
+converter process's) maximum resident memory. Models have random weights
+(``keras_vit.zoo.load(name, weights=None)``) with a random head, so that
+the verification compares non-trivial logits.
+
+    python benchmarks/export_benchmark.py                   # B/16 and L/16
+    python benchmarks/export_benchmark.py --include-huge --formats onnx
+    python benchmarks/export_benchmark.py --models ViT-B/16 --baseline
+
+``--baseline`` adds, for the first model, a plain
+``tf2onnx.convert.from_function`` conversion (what the first try did) to
+compare memory with the exporter's route. Not a test: it takes tens of
+minutes and most of the machine's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+VARIANTS = {
+    "saved_model": [None],
+    "tflite": ["float32", "float16", "dynamic_int8", "int8"],
+    "onnx": [None],
+}
+EXTENSIONS = {"saved_model": "", "tflite": ".tflite", "onnx": ".onnx"}
+
+
+def _model(name):
+    import numpy as np
+
+    import keras_vit
+
+    model = keras_vit.zoo.load(name, weights=None)
+    # The zoo's head starts at zero (as fine-tuning does); random values
+    # make the logits, and so the verification, non-trivial.
+    head = model.get_layer("head")
+    rng = np.random.default_rng(0)
+    head.kernel.assign(rng.normal(0, 0.02, head.kernel.shape).astype(
+        "float32"))
+    return model
+
+
+def child(args):
+    """One export in this (child) process; prints its report as JSON."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    start = time.perf_counter()
+    model = _model(args.model)
+    build = time.perf_counter() - start
+    if args.format == "baseline":
+        report = _baseline(model, args.path)
+    else:
+        from keras_vit import export
+
+        kwargs = {}
+        if args.variant:
+            kwargs["quantization"] = args.variant
+            if args.variant == "int8":
+                kwargs["representative_samples"] = args.samples
+            if args.variant in ("dynamic_int8", "int8"):
+                # Random weights and a random 1000-class head give logits
+                # with tiny margins, so top-1 flips between near-ties say
+                # little; the table shows the agreement, and the relative
+                # RMS error (garbage is near 1) is still enforced.
+                kwargs["tolerance"] = {"top1_agreement": None}
+        try:
+            report = export.export(model, args.path, format=args.format,
+                                   **kwargs)
+        except export.ExportError as e:
+            report = dict(e.report or {}, error=str(e)[:500])
+    report["build_seconds"] = round(build, 1)
+    print("REPORT " + json.dumps(report, default=str), flush=True)
+    return 0
+
+
+def _baseline(model, path):
+    """A plain tf2onnx conversion, as in the first try (no verification)."""
+    import tensorflow as tf
+    import tf2onnx
+
+    from keras_vit.export import common
+
+    size = model.inputs[0].shape[1]
+    spec = [tf.TensorSpec((None, size, size, 3), tf.float32, name="images")]
+    fn = tf.function(lambda x: model(x, training=False), input_signature=spec)
+    times = {}
+    with common.PeakRSS() as rss, common.timer(times, "conversion_seconds"):
+        proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec,
+                                                 opset=17)
+        with open(path, "wb") as f:
+            f.write(proto.SerializeToString())
+    return {"format": "onnx", "options": {"route": "plain tf2onnx"},
+            "file_size": os.path.getsize(path), "peak_rss_mb":
+            common.mib(rss.peak), **times, "verified": False}
+
+
+def _run_child(model, fmt, variant, path, samples):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", model, fmt,
+           variant or "-", path, "--samples", str(samples)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    out_lines = []
+    # Reading stdout to the end, then wait4 for the child's peak memory.
+    for line in proc.stdout:
+        out_lines.append(line)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    report = {}
+    for line in out_lines:
+        if line.startswith("REPORT "):
+            report = json.loads(line[len("REPORT "):])
+    if not report:
+        report = {"error": f"child exited with {proc.returncode}: "
+                           + "".join(out_lines)[-300:]}
+    report["wall_seconds"] = round(wall, 1)
+    report["child_peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)
+    return report
+
+
+def _row(model, fmt, variant, r):
+    peak = max(r.get("child_peak_rss_mb", 0),
+               r.get("peak_rss_mb_converter_process", 0) or 0)
+    diff = r.get("max_abs_diff") or {}
+    diff = max(diff.values()) if diff else None
+    rms = (r.get("rel_rms_error") or {}).get("logits")
+    agree = r.get("top1_agreement")
+    if "error" in r:
+        status = ("FAILED verification" if "does not match Keras"
+                  in r["error"] else "error")
+    else:
+        status = "ok" if r.get("verified") else "not verified"
+    return "| " + " | ".join([
+        model, fmt if fmt != "baseline" else "onnx (plain tf2onnx)",
+        variant or "-",
+        f"{r.get('conversion_seconds', float('nan')):.0f}",
+        f"{r.get('verification_seconds', float('nan')):.0f}",
+        f"{r['wall_seconds']:.0f}",
+        f"{peak / 1024:.2f}",
+        f"{r.get('file_size', 0) / 2**20:.0f}",
+        "-" if diff is None else f"{diff:.1e}",
+        "-" if rms is None else f"{rms:.3f}",
+        "-" if agree is None else f"{agree:.3f}",
+        status]) + " |"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", nargs=4, metavar=("MODEL", "FORMAT",
+                                                     "VARIANT", "PATH"))
+    parser.add_argument("--models", default="ViT-B/16,ViT-L/16")
+    parser.add_argument("--include-huge", action="store_true",
+                        help="add ViT-H/14 (2.5 GB of weights)")
+    parser.add_argument("--formats", default="saved_model,tflite,onnx")
+    parser.add_argument("--variants", default=None,
+                        help="TFLite variants (default: all four)")
+    parser.add_argument("--samples", type=int, default=32,
+                        help="int8 calibration images (default 32)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also a plain tf2onnx conversion of the first "
+                             "model, for the memory comparison")
+    parser.add_argument("--out", help="keep the artifacts here")
+    parser.add_argument("--json", help="write all reports to this file")
+    args = parser.parse_args(argv)
+    if args.child:
+        args.model, args.format, variant, args.path = args.child
+        args.variant = None if variant == "-" else variant
+        return child(args)
+
+    models = [m for m in args.models.split(",") if m]
+    if args.include_huge and "ViT-H/14" not in models:
+        models.append("ViT-H/14")
+    formats = [f for f in args.formats.split(",") if f]
+    out = args.out or tempfile.mkdtemp(prefix="keras_vit_export_bench_")
+    jobs = []
+    if args.baseline:
+        jobs.append((models[0], "baseline", None))
+    for model in models:
+        for fmt in formats:
+            variants = VARIANTS[fmt]
+            if fmt == "tflite" and args.variants:
+                variants = args.variants.split(",")
+            for variant in variants:
+                jobs.append((model, fmt, variant))
+    print(f"{len(jobs)} exports, artifacts in {out}", flush=True)
+    head = ("| model | format | variant | convert s | verify s | total s | "
+            "peak RSS GiB | file MiB | max abs diff | rel RMS | top-1 | "
+            "status |")
+    rows, reports = [], []
+    try:
+        for model, fmt, variant in jobs:
+            stem = model.replace("/", "_").replace("-", "_") + (
+                f"_{variant}" if variant else "")
+            ext = EXTENSIONS.get(fmt, ".onnx")
+            path = os.path.join(out, f"{stem}_{fmt}{ext}")
+            report = _run_child(model, fmt, variant, path, args.samples)
+            reports.append({**report, "model": model, "format": fmt,
+                            "variant": variant})
+            rows.append(_row(model, fmt, variant, report))
+            print(rows[-1], flush=True)
+            if "error" in report:
+                print(f"    {report['error'][:300]}", flush=True)
+            if not args.out:
+                for name in os.listdir(out):
+                    full = os.path.join(out, name)
+                    (shutil.rmtree if os.path.isdir(full) else os.remove)(
+                        full)
+    finally:
+        print()
+        print(head)
+        print("|" + "---|" * (head.count("|") - 1))
+        print("\n".join(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(reports, f, indent=2, default=str)
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Inference speed of a model in each runtime: Keras (a TF graph), XLA,
+onnxruntime and LiteRT, plus bf16 where the CPU has bf16 instructions.
+
+>>> import keras_vit
+>>> from keras_vit.export import benchmark
+>>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
+>>> result = benchmark.run(model, runtimes=("keras",), batch_sizes=(1,),
+...                        runs=2, bf16=False)
+>>> [(r["runtime"], r["batch"]) for r in result["rows"]]
+[('keras', 1)]
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from keras_vit.export import common
+
+RUNTIMES = ("keras", "xla", "onnx", "tflite")
+_DESCRIPTIONS = {
+    "keras": "the Keras model in a tf.function (what predict runs)",
+    "xla": "the same with jit_compile=True",
+    "onnx": "onnxruntime, CPU provider, on the verified ONNX export",
+    "tflite": "ai_edge_litert (XNNPACK), on the verified float32 export",
+}
+
+
+def cpu_bf16_support():
+    """``(supported, reason)``: whether the CPU has bf16 instructions
+    (AVX512_BF16 or AMX), read from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set()
+            for line in f:
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+    except OSError:
+        return False, "cannot read /proc/cpuinfo"
+    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if found:
+        return True, "CPU has " + ", ".join(found)
+    return False, "CPU has neither avx512_bf16 nor amx_bf16"
+
+
+def _check_runtimes(runtimes):
+    if isinstance(runtimes, str):
+        runtimes = [r for r in runtimes.split(",") if r]
+    runtimes = tuple(runtimes)
+    bad = [r for r in runtimes if r not in RUNTIMES]
+    if not runtimes or bad:
+        raise ValueError(f"runtimes must be names from {RUNTIMES}; received "
+                         f"runtimes={runtimes!r}")
+    return runtimes
+
+
+def _time_runs(fn, images, runs, warmup, rss):
+    for _ in range(warmup):
+        fn(images)
+    rss.sample()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn(images)
+        times.append(time.perf_counter() - start)
+        rss.sample()
+    return times
+
+
+def _tf_runner(model, jit):
+    import tensorflow as tf
+
+    function = tf.function(lambda x: model(x, training=False),
+                           jit_compile=jit)
+
+    def run(images):
+        out = function(tf.constant(images))
+        return {"out": np.asarray(next(iter(out.values())) if isinstance(
+            out, dict) else out)}
+
+    return run
+
+
+def _bf16_copy(model):
+    """``model`` rebuilt under the mixed_bfloat16 policy, same weights."""
+    import keras
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        copy = type(model).from_config(dict(model.get_config(), dtype=None))
+    finally:
+        keras.config.set_dtype_policy(policy)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
+        bf16="auto", workdir=None, say=None):
+    """Times ``model`` in each runtime at each batch size.
+
+    Each measurement is the median of ``runs`` timed calls after ``warmup``
+    untimed ones (the first call compiles). ONNX and TFLite run the
+    artifacts of :func:`keras_vit.export.to_onnx` / ``to_tflite``
+    (float32), exported and verified first. ``bf16`` ("auto": when the CPU
+    has bf16 instructions) adds rows for the model rebuilt in
+    mixed_bfloat16. Peak RSS is this process's resident memory while the
+    runtime ran (it includes the Keras model, which stays loaded).
+
+    Returns ``{"rows": [...], "skipped": [...], "notes": [...]}``.
+    """
+    runtimes = _check_runtimes(runtimes)
+    batch_sizes = tuple(int(b) for b in batch_sizes)
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"batch_sizes must be positive; received "
+                         f"batch_sizes={batch_sizes!r}")
+    if not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a positive integer; received "
+                         f"runs={runs!r}")
+    say = say or (lambda *_: None)
+    from keras_vit.export.graph import ServingGraph
+
+    graph = ServingGraph(model, outputs=("features",))
+    result = {"rows": [], "skipped": [], "notes": []}
+    tmp = workdir or tempfile.mkdtemp(prefix="keras_vit_bench_")
+    try:
+        jobs = []
+        for name in runtimes:
+            jobs.append((name, "float32", graph.model))
+        supported, why = cpu_bf16_support()
+        if bf16 == "auto":
+            bf16 = supported
+            if not supported:
+                result["skipped"].append(f"bf16: {why}")
+        elif bf16 and not supported:
+            result["notes"].append(f"bf16 requested although {why}")
+        if bf16:
+            tf_runtimes = [r for r in runtimes if r in ("keras", "xla")]
+            if not tf_runtimes:
+                result["skipped"].append(
+                    "bf16: only measured with the keras/xla runtimes")
+            else:
+                try:
+                    copy = _bf16_copy(graph.model)
+                except Exception as e:  # noqa: BLE001 - reported as skipped
+                    copy = None
+                    result["skipped"].append(
+                        f"bf16: cannot rebuild {type(graph.model).__name__} "
+                        f"in mixed_bfloat16 ({e})")
+                for name in tf_runtimes if copy is not None else ():
+                    jobs.append((name, "mixed_bfloat16", copy))
+                result["notes"].append(f"bf16 rows: mixed_bfloat16 ({why})")
+                result["skipped"].append(
+                    "bf16 for onnx/tflite: their converters take float32 "
+                    "graphs only")
+        for name, dtype, net in jobs:
+            try:
+                fn, extra = _runner(name, net, graph, tmp, say)
+            except ImportError as e:
+                result["skipped"].append(f"{name}: {e}")
+                continue
+            for batch in batch_sizes:
+                images, _ = graph.sample_images(batch, seed=batch)
+                with common.PeakRSS() as rss:
+                    times = _time_runs(fn, images, runs, warmup, rss)
+                median = statistics.median(times)
+                row = {"runtime": name, "dtype": dtype, "batch": batch,
+                       "images_per_s": batch / median,
+                       "median_s": median, "runs": runs,
+                       "peak_rss_mb": common.mib(rss.peak), **extra}
+                result["rows"].append(row)
+                say(f"  {name:7} {dtype:15} batch {batch:>3}: "
+                    f"{row['images_per_s']:8.2f} img/s "
+                    f"(median of {runs}), peak RSS {row['peak_rss_mb']} MiB")
+            del fn
+            gc.collect()
+    finally:
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _runner(name, model, graph, tmp, say):
+    """``(images -> outputs, extra row fields)`` for runtime ``name``."""
+    if name in ("keras", "xla"):
+        import tensorflow  # noqa: F401 - ImportError means skip
+
+        return _tf_runner(model, jit=name == "xla"), {}
+    from keras_vit import export
+
+    if name == "onnx":
+        import onnxruntime  # noqa: F401
+
+        path = os.path.join(tmp, "model.onnx")
+        say("  exporting to ONNX (verified) ...")
+        report = export.to_onnx(graph.model, path, outputs=("features",))
+        from keras_vit.export.onnx import open_artifact
+    else:
+        import ai_edge_litert  # noqa: F401
+
+        path = os.path.join(tmp, "model.tflite")
+        say("  exporting to TFLite float32 (verified) ...")
+        report = export.to_tflite(graph.model, path, outputs=("features",))
+        from keras_vit.export.tflite import open_artifact
+    return open_artifact(path), {
+        "export_seconds": report["conversion_seconds"],
+        "max_abs_diff": max(report["max_abs_diff"].values())}
+
+
+def markdown_table(result, batch_sizes=None):
+    """The rows of :func:`run` as a markdown table: one line per runtime
+    and dtype, images/s per batch size, and the peak RSS."""
+    rows = result["rows"]
+    if batch_sizes is None:
+        batch_sizes = sorted({r["batch"] for r in rows})
+    keys = list(dict.fromkeys((r["runtime"], r["dtype"]) for r in rows))
+    head = ["runtime", "dtype"] + [f"batch {b} img/s" for b in batch_sizes] \
+        + ["peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" for _ in head) + "|"]
+    for runtime, dtype in keys:
+        mine = [r for r in rows if (r["runtime"], r["dtype"]) == (runtime,
+                                                                  dtype)]
+        cells = [runtime, dtype]
+        for b in batch_sizes:
+            hit = [r for r in mine if r["batch"] == b]
+            cells.append(f"{hit[0]['images_per_s']:.2f}" if hit else "-")
+        cells.append(f"{max(r['peak_rss_mb'] for r in mine):.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

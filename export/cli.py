@@ -1,0 +1,247 @@
+"""``keras-vit export`` and ``keras-vit benchmark``.
+
+:func:`register` adds both subcommands to the ``keras-vit`` parser; each
+sets ``func`` to a ``run(args) -> int``. An export that fails (conversion,
+or verification outside the tolerance) prints ``keras-vit: error: ...`` and
+returns 1; argument mistakes raise ValueError/OSError, which the main
+command prints and turns into status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from keras_vit.export import common
+
+PROG = "keras-vit"
+QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers, got {text!r}")
+    return values
+
+
+def _name_list(text):
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def register(subparsers):
+    """Adds ``export`` and ``benchmark`` to ``subparsers`` (the object
+    returned by ``parser.add_subparsers()``)."""
+    p = subparsers.add_parser(
+        "export", help="SavedModel / TFLite / ONNX, verified against Keras",
+        description="Exports MODEL, runs the artifact in its runtime at two "
+                    "batch sizes, compares it with Keras and writes it with "
+                    "a JSON report only if it matches.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a model name (e.g. ViT-B/16) or a .keras file")
+    p.add_argument("--format", "-f", required=True,
+                   choices=common.FORMATS)
+    p.add_argument("--output", "-o", required=True, metavar="PATH",
+                   help="a .tflite or .onnx file, or a SavedModel directory")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+                   default="float32", help="TFLite only (default: float32)")
+    p.add_argument("--weights", "-w", metavar="W",
+                   help="weights tag, .npz or URL, or 'none' for random "
+                        "initialisation (default: the model's default)")
+    p.add_argument("--image-size", type=_positive_int, metavar="N")
+    p.add_argument("--num-classes", type=_positive_int, metavar="N")
+    p.add_argument("--uint8-input", action="store_true",
+                   help="take uint8 pixels; the scaling runs inside")
+    p.add_argument("--outputs", type=_name_list, metavar="A,B",
+                   default=["logits", "probabilities"],
+                   help="logits, probabilities, pre_logits, attention_maps, "
+                        "features (default: logits,probabilities)")
+    p.add_argument("--opset", type=_positive_int, metavar="N",
+                   help="ONNX opset (default: 17)")
+    p.add_argument("--external-data", action="store_true",
+                   help="ONNX: weights in PATH.data (automatic above 2 GiB)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[4, 1],
+                   metavar="B,B", help="verification batch sizes "
+                                       "(default: 4,1)")
+    p.set_defaults(func=run_export)
+
+    p = subparsers.add_parser(
+        "benchmark", help="images/s in keras, xla, onnx and tflite",
+        description="Times MODEL in each runtime (median of --runs after a "
+                    "warm-up run) and prints a markdown table with the peak "
+                    "memory; adds bf16 rows when the CPU has bf16 "
+                    "instructions.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a model name (e.g. ViT-B/16) or a .keras file")
+    p.add_argument("--runtimes", type=_name_list,
+                   default=["keras", "xla", "onnx", "tflite"],
+                   metavar="R,R", help="default: keras,xla,onnx,tflite")
+    p.add_argument("--batch", type=_int_list, default=[1, 8], metavar="B,B",
+                   help="batch sizes (default: 1,8)")
+    p.add_argument("--image-size", type=_positive_int, metavar="N")
+    p.add_argument("--runs", type=_positive_int, default=5, metavar="N",
+                   help="timed runs per measurement (default: 5)")
+    p.add_argument("--weights", "-w", default="none", metavar="W",
+                   help="weights (default: none; speed does not depend on "
+                        "their values)")
+    p.add_argument("--no-bf16", action="store_true",
+                   help="skip the bf16 rows")
+    p.set_defaults(func=run_benchmark)
+
+
+def _load_model(args, default_weights="auto"):
+    """A zoo model (by name) or a ``.keras`` file, as ``(model, label)``."""
+    value = args.model
+    if value.endswith(".keras") or os.path.isfile(value):
+        if not value.endswith(".keras"):
+            raise ValueError(f"MODEL {value!r} is a file but not a .keras "
+                             "model")
+        if not os.path.isfile(value):
+            raise FileNotFoundError(f"no such .keras file: {value}")
+        for flag in ("weights", "image_size", "num_classes"):
+            if getattr(args, flag, None) not in (None, "none"):
+                raise ValueError(f"--{flag.replace('_', '-')} does not apply "
+                                 "to a .keras file")
+        import keras
+
+        import keras_vit  # noqa: F401 - registers the layers
+
+        return (keras.saving.load_model(value, compile=False),
+                os.path.basename(value))
+    from keras_vit import zoo
+
+    weights = args.weights if args.weights is not None else default_weights
+    if isinstance(weights, str) and weights.lower() == "none":
+        weights = None
+    model = zoo.load(value, weights=weights, image_size=args.image_size,
+                     num_classes=getattr(args, "num_classes", None))
+    label = f"{getattr(model, 'zoo_name', value)} " \
+            f"({'random weights' if weights is None else weights})"
+    return model, label
+
+
+def _fail(args, error):
+    if getattr(args, "traceback", False):
+        raise error
+    text = " ".join(str(error).split())
+    print(f"{PROG}: error: {text[:2000]}", file=sys.stderr)
+    return 1
+
+
+def verification_table(reports):
+    """A markdown table of export reports: format, file, size, differences
+    with Keras and their tolerance, time and memory."""
+    head = ("format", "variant", "file", "MiB", "max abs diff",
+            "tolerance", "top-1 agree", "batches", "convert s", "peak RSS MiB")
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" for _ in head) + "|"]
+    for r in reports:
+        diff = max(r.get("max_abs_diff", {}).values() or [float("nan")])
+        limits = r.get("tolerance", {}).get("max_abs_diff_limits", {})
+        tol = r.get("tolerance", {})
+        parts = []
+        if limits:
+            parts.append(f"<= {max(limits.values()):.2g}")
+        if tol.get("top1_agreement") is not None:
+            parts.append(f"top-1 >= {tol['top1_agreement']}")
+        if tol.get("rel_rms_error") is not None:
+            parts.append(f"rms <= {tol['rel_rms_error']}")
+        agree = r.get("top1_agreement")
+        cells = (r["format"], r["options"].get("quantization", "float32"),
+                 os.path.basename(r["path"]), f"{r['file_size_mb']:.1f}",
+                 f"{diff:.2e}", ", ".join(parts) or "-",
+                 "-" if agree is None else f"{agree:.3f}",
+                 ",".join(str(b) for b in r.get("batch_sizes", [])),
+                 f"{r['conversion_seconds']:.1f}", f"{r['peak_rss_mb']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_export(args):
+    """``keras-vit export``; returns the exit status."""
+    from keras_vit import export
+
+    if args.format != "tflite" and args.quantization != "float32":
+        raise ValueError(f"--quantization applies to --format tflite only; "
+                         f"received --format {args.format}")
+    if args.format != "onnx" and (args.opset or args.external_data):
+        raise ValueError("--opset and --external-data apply to --format onnx "
+                         "only")
+    # Bad paths and names fail here, before a model is built or downloaded.
+    out = common.check_path(args.output, args.format)
+    if not os.path.isdir(os.path.dirname(out)):
+        raise ValueError(f"the output directory does not exist: "
+                         f"{os.path.dirname(out)}")
+    from keras_vit.export.graph import OUTPUTS
+
+    unknown = [o for o in args.outputs if o not in OUTPUTS]
+    if unknown or not args.outputs:
+        raise ValueError(f"--outputs takes names from {', '.join(OUTPUTS)}; "
+                         f"received {','.join(args.outputs) or 'nothing'}")
+    model, label = _load_model(args)
+    kwargs = dict(outputs=tuple(args.outputs), uint8_input=args.uint8_input,
+                  batch_sizes=tuple(args.batch_sizes))
+    if args.format == "tflite":
+        kwargs["quantization"] = args.quantization
+    if args.format == "onnx":
+        kwargs["opset"] = args.opset
+        kwargs["external_data"] = True if args.external_data else None
+    print(f"Exporting {label} to {args.format} ...", flush=True)
+    try:
+        report = export.export(model, args.output, format=args.format,
+                               **kwargs)
+    except export.ExportError as e:
+        return _fail(args, e)
+    print(verification_table([report]))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    where = (os.path.join(report["path"], common.SAVED_MODEL_REPORT)
+             if args.format == "saved_model"
+             else report["path"] + common.REPORT_SUFFIX)
+    print(f"Wrote {report['path']} ({report['file_size_mb']:.1f} MiB); "
+          f"report: {where}")
+    return 0
+
+
+def run_benchmark(args):
+    """``keras-vit benchmark``; returns the exit status."""
+    from keras_vit import export
+    from keras_vit.export import benchmark
+
+    runtimes = benchmark._check_runtimes(args.runtimes)
+    model, label = _load_model(args, default_weights="none")
+    print(f"Benchmarking {label}, batch sizes "
+          f"{','.join(map(str, args.batch))}, median of {args.runs} runs "
+          f"after 1 warm-up run", flush=True)
+    try:
+        result = benchmark.run(model, runtimes=runtimes,
+                               batch_sizes=args.batch, runs=args.runs,
+                               bf16=False if args.no_bf16 else "auto",
+                               say=lambda m: print(m, flush=True))
+    except export.ExportError as e:
+        return _fail(args, e)
+    print()
+    print(benchmark.markdown_table(result, args.batch))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    for skipped in result["skipped"]:
+        print(f"skipped: {skipped}")
+    print("Peak RSS is this process's resident memory while the runtime ran "
+          "(the Keras model stays loaded throughout).")
+    return 0

@@ -1,0 +1,347 @@
+"""The serving graph every format exports: named outputs, an optional uint8
+input with the preprocessing inside, and a float32 copy of low-precision
+models; written as a SavedModel that tracks each variable once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_vit.export import common
+
+OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
+           "features")
+INPUT_NAME = "images"
+_LOW_PRECISION = ("bfloat16", "float16")
+
+
+def _layer_names(model):
+    return {layer.name for layer in model.layers}
+
+
+def low_precision_dtype(model):
+    """The bf16/fp16 compute or variable dtype of ``model``, or None."""
+    for layer in [model] + list(model.layers):
+        for attr in ("compute_dtype", "variable_dtype"):
+            value = str(getattr(layer, attr, None) or "")
+            if value in _LOW_PRECISION:
+                return value
+    for weight in model.weights:
+        if str(weight.dtype) in _LOW_PRECISION:
+            return str(weight.dtype)
+    return None
+
+
+def float32_copy(model):
+    """A float32 copy of a bf16/fp16 (or mixed-precision) model with the
+    same weights. keras_vit models are rebuilt from their config; other
+    functional models are cloned layer by layer.
+
+    >>> import keras, keras_vit
+    >>> keras.config.set_dtype_policy("mixed_bfloat16")
+    >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
+    >>> keras.config.set_dtype_policy("float32")
+    >>> low_precision_dtype(m), low_precision_dtype(float32_copy(m))
+    ('bfloat16', None)
+    """
+    import keras
+
+    from keras_vit.models import ResNetV2, VisionTransformer
+
+    policy = keras.config.dtype_policy()
+    # A global mixed policy would otherwise leak into the copy's layers.
+    keras.config.set_dtype_policy("float32")
+    try:
+        if isinstance(model, (VisionTransformer, ResNetV2)):
+            config = dict(model.get_config(), dtype=None)
+            copy = type(model).from_config(config)
+        else:
+            def as_float32(layer):
+                config = layer.get_config()
+                if "dtype" in config:
+                    config["dtype"] = "float32"
+                return layer.__class__.from_config(config)
+
+            try:
+                copy = keras.models.clone_model(model,
+                                                clone_function=as_float32)
+            except Exception as e:  # noqa: BLE001 - reported with the reason
+                raise ValueError(
+                    f"cannot make a float32 copy of model={model.name!r} "
+                    f"({type(model).__name__}): {e}. Rebuild it in float32 "
+                    "and load its weights, or pass cast_to_float32=False "
+                    "(SavedModel only)") from e
+    finally:
+        keras.config.set_dtype_policy(policy)
+    copy.set_weights([np.asarray(w, dtype=np.float32)
+                      for w in model.get_weights()])
+    return copy
+
+
+def _with_attention_scores(model):
+    """``model`` rebuilt to also return its attention maps (same weights)."""
+    from keras_vit.models import VisionTransformer
+
+    if getattr(model, "return_attention_scores", False):
+        return model
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            "outputs 'attention_maps' needs a keras_vit VisionTransformer; "
+            f"model={model.name!r} is a {type(model).__name__}")
+    import keras
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        rebuilt = VisionTransformer.from_config(
+            dict(model.get_config(), return_attention_scores=True))
+    finally:
+        keras.config.set_dtype_policy(policy)
+    rebuilt.set_weights(model.get_weights())
+    return rebuilt
+
+
+def _output_tensor(model, name):
+    """The symbolic tensor of output ``name`` in ``model``'s graph."""
+    names = _layer_names(model)
+    if name == "logits":
+        if "head" not in names:
+            raise ValueError(
+                f"outputs {name!r} needs a classification head; "
+                f"model={model.name!r} has none (include_top=False?); use "
+                "outputs=('features',) or ('pre_logits',)")
+        return model.get_layer("head").output
+    if name == "pre_logits":
+        for layer in ("pre_logits", "pooling"):
+            if layer in names:
+                return model.get_layer(layer).output
+        raise ValueError(
+            f"outputs 'pre_logits' needs a pooled representation; "
+            f"model={model.name!r} has no 'pre_logits' or 'pooling' layer")
+    if name == "attention_maps":
+        return model.get_layer("attention_scores").output
+    if name == "features":
+        out = model.outputs
+        if isinstance(model.output, dict):
+            if "output" not in model.output:
+                raise ValueError(
+                    f"outputs 'features' is ambiguous for model="
+                    f"{model.name!r}, whose outputs are "
+                    f"{sorted(model.output)}")
+            return model.output["output"]
+        return out[0]
+    raise AssertionError(name)  # names were checked by the caller
+
+
+class ServingGraph:
+    """What an export serves, built from a Keras model.
+
+    Args:
+        model: a built Keras model taking (batch, H, W, C) images.
+        outputs: names from OUTPUTS, in the order of the artifact's outputs:
+            ``logits`` (the head), ``probabilities`` (softmax of the logits,
+            in float32), ``pre_logits`` (the pooled representation),
+            ``attention_maps`` (ViT only: (batch, layers, heads, N, N)),
+            ``features`` (the model's own output).
+        uint8_input: the artifact takes uint8 pixels and maps them to the
+            model's range inside ((x - 127.5) / 127.5 unless the model was
+            built with include_preprocessing=True).
+        cast_to_float32: export a float32 copy of a bf16/fp16 model.
+        allow_low_precision: whether the format can hold a low-precision
+            graph when ``cast_to_float32`` is False.
+    """
+
+    def __init__(self, model, outputs=("logits", "probabilities"),
+                 uint8_input=False, cast_to_float32=True,
+                 allow_low_precision=False):
+        import keras
+
+        if not isinstance(model, keras.Model):
+            raise ValueError(f"model must be a keras.Model; received "
+                             f"model={type(model).__name__}")
+        if isinstance(outputs, str):
+            outputs = (outputs,)
+        outputs = tuple(outputs or ())
+        bad = [o for o in outputs if o not in OUTPUTS]
+        if not outputs or bad or len(set(outputs)) != len(outputs):
+            raise ValueError(
+                f"outputs must be distinct names from {OUTPUTS}; received "
+                f"outputs={outputs!r}")
+        if len(model.inputs or ()) != 1:
+            raise ValueError(
+                f"model={model.name!r} must take one input (images); it takes "
+                f"{len(model.inputs or ())}")
+        shape = tuple(model.inputs[0].shape)
+        if len(shape) != 4 or None in shape[1:]:
+            raise ValueError(
+                f"model={model.name!r} takes inputs of shape {shape}; export "
+                "needs fixed-size images (batch, height, width, channels)")
+        self.notes = []
+        self.source_model = model
+        self.source_dtype = low_precision_dtype(model)
+        if self.source_dtype is not None:
+            if cast_to_float32:
+                model = float32_copy(model)
+                self.notes.append(
+                    f"the model computes in {self.source_dtype}; exported a "
+                    "float32 copy with the same weights (the TFLite and ONNX "
+                    "converters do not handle bf16 graphs)")
+            elif not allow_low_precision:
+                raise ValueError(
+                    f"model={model.name!r} computes in {self.source_dtype}, "
+                    "which this format cannot hold (the TFLite and ONNX "
+                    "converters do not handle bf16 graphs); pass "
+                    "cast_to_float32=True to export a float32 copy")
+        if "attention_maps" in outputs:
+            model = _with_attention_scores(model)
+        self.model = model
+        self.outputs = outputs
+        self.input_shape = shape[1:]
+        self.uint8_input = bool(uint8_input)
+        self.input_dtype = "uint8" if uint8_input else "float32"
+        includes_preprocessing = bool(
+            getattr(model, "include_preprocessing", False)
+            or "preprocessing" in _layer_names(model))
+        self.scale_inside = self.uint8_input and not includes_preprocessing
+        # The range of the artifact's input.
+        self.value_range = (common.PIXELS if (uint8_input
+                                              or includes_preprocessing)
+                            else common.UNIT)
+        needed = [o for o in outputs if o != "probabilities"]
+        if "probabilities" in outputs and "logits" not in needed:
+            needed.append("logits")
+        self.raw = keras.Model(
+            model.inputs[0], {n: _output_tensor(model, n) for n in needed},
+            name=f"{model.name}_export")
+        self._function = None
+
+    # ---------------------------------------------------------------- TF
+
+    def serve(self, images):
+        """The serving computation (TensorFlow ops): images -> dict."""
+        import tensorflow as tf
+
+        x = images
+        if self.uint8_input:
+            x = tf.cast(x, tf.float32)
+            if self.scale_inside:
+                # The official ViT input scaling, as Rescaling(1/127.5, -1).
+                x = x * (1.0 / 127.5) - 1.0
+        raw = self.raw(x, training=False)
+        out = {}
+        for name in self.outputs:
+            if name == "probabilities":
+                out[name] = tf.nn.softmax(tf.cast(raw["logits"], tf.float32),
+                                          axis=-1)
+            else:
+                out[name] = tf.cast(raw[name], tf.float32)
+        return out
+
+    def input_spec(self):
+        import tensorflow as tf
+
+        return tf.TensorSpec((None,) + tuple(self.input_shape),
+                             tf.as_dtype(self.input_dtype), name=INPUT_NAME)
+
+    def function(self):
+        """A ``tf.function`` of :meth:`serve` with a batch-dynamic input
+        signature (traced once, without autograph: the graph is plain)."""
+        if self._function is None:
+            import tensorflow as tf
+
+            def serving_default(images):
+                return self.serve(images)
+
+            self._function = tf.function(
+                serving_default, input_signature=[self.input_spec()],
+                autograph=False)
+        return self._function
+
+    def save(self, directory):
+        """Writes a SavedModel with the ``serving_default`` signature.
+
+        The root object tracks the variables the signature captures, and
+        not the Keras model: with the model attached, the TFLite converter
+        keeps every variable as an uninitialised resource (VAR_HANDLE ops,
+        NaN outputs; seen with TF 2.21), and Keras' own ``model.export``
+        stores each variable twice.
+        """
+        import tensorflow as tf
+
+        function = self.function()
+        concrete = function.get_concrete_function()
+        root = tf.Module()
+        root.serving_default = function
+        root.model_variables = list(concrete.variables)
+        tf.saved_model.save(root, directory,
+                            signatures={"serving_default": concrete})
+
+    # ------------------------------------------------------------ numbers
+
+    def reference(self, images, batch_size=8):
+        """Keras' answers for ``images`` (the model run eagerly, with the
+        same input scaling and softmax as the artifact)."""
+        import tensorflow as tf
+
+        parts = []
+        for start in range(0, len(images), batch_size):
+            out = self.serve(tf.constant(images[start:start + batch_size]))
+            parts.append({k: np.asarray(v) for k, v in out.items()})
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def source_logits(self, images):
+        """The original (e.g. bf16) model's logits/features for a batch, to
+        report how far the float32 artifact is from it."""
+        import keras
+
+        x = images
+        if self.uint8_input:
+            x = x.astype(np.float32)
+            if self.scale_inside:
+                x = x * np.float32(1 / 127.5) - np.float32(1)
+        name = "logits" if "logits" in self.raw.output else next(
+            iter(self.raw.output))
+        source = self.source_model
+        if name in ("logits", "pre_logits", "attention_maps"):
+            try:
+                source = keras.Model(source.inputs[0],
+                                     _output_tensor(source, name))
+            except (ValueError, KeyError):
+                return None, None
+        out = source(x, training=False)
+        if isinstance(out, dict):
+            out = out.get("output", next(iter(out.values())))
+        return name, np.asarray(keras.ops.cast(out, "float32"))
+
+    def describe(self):
+        """The input and outputs, for the report."""
+        out_shapes = {}
+        for name in self.outputs:
+            key = "logits" if name == "probabilities" else name
+            shape = tuple(self.raw.output[key].shape)
+            out_shapes[name] = [None] + [int(d) for d in shape[1:]]
+        return {
+            "input": {"name": INPUT_NAME,
+                      "shape": [None] + [int(d) for d in self.input_shape],
+                      "dtype": self.input_dtype,
+                      "range": self.value_range,
+                      "preprocessing_inside": self.value_range
+                      == common.PIXELS},
+            "outputs": out_shapes,
+        }
+
+    def weights_bytes(self):
+        return int(sum(np.prod(w.shape) * np.dtype(str(w.dtype)).itemsize
+                       for w in self.model.weights))
+
+    def sample_images(self, n, seed=0, kind="noise"):
+        """Deterministic inputs in the artifact's range: ``"noise"``
+        (uniform) or ``"photos"`` (crops of sample photos)."""
+        if kind == "photos":
+            pixels, note = common.photo_images(self.input_shape, n, seed)
+            return common.to_input_range(pixels, self.input_dtype,
+                                         self.value_range), note
+        images = common.noise_images(self.input_shape, n, self.input_dtype,
+                                     self.value_range, seed)
+        return images, (f"{n} uniform random images in {self.value_range}"
+                        f" (seed {seed})")

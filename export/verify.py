@@ -1,0 +1,159 @@
+"""Runs an artifact in its deployment runtime and compares it with Keras."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from keras_vit.export import common
+
+
+def _check_batch_sizes(batch_sizes):
+    if isinstance(batch_sizes, int):
+        batch_sizes = (batch_sizes,)
+    sizes = tuple(batch_sizes or ())
+    if not sizes or not all(isinstance(b, (int, np.integer))
+                            and not isinstance(b, bool) and b > 0
+                            for b in sizes):
+        raise ValueError("batch_sizes must be positive integers; received "
+                         f"batch_sizes={batch_sizes!r}")
+    return tuple(dict.fromkeys(int(b) for b in sizes))
+
+
+def check_options(batch_sizes, verify_data):
+    """Validates the verification arguments before any conversion runs;
+    returns the batch sizes as a tuple."""
+    if isinstance(verify_data, str) and verify_data not in ("noise",
+                                                            "photos"):
+        raise ValueError("verify_data must be 'noise', 'photos' or an array "
+                         f"of images; received verify_data={verify_data!r}")
+    return _check_batch_sizes(batch_sizes)
+
+
+def _run_in_chunks(run, images, batch_size):
+    parts = []
+    for start in range(0, len(images), batch_size):
+        out = run(images[start:start + batch_size])
+        parts.append({k: np.asarray(v) for k, v in out.items()})
+    return {k: np.concatenate([p[k] for p in parts])
+            for k in parts[0] if all(k in p for p in parts)}
+
+
+def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
+           tolerance=None, data="noise", samples=None, seed=0):
+    """Runs ``artifact`` and compares it with Keras.
+
+    ``open_runtime(artifact)`` returns a function ``images -> {name:
+    array}``. The sample images (``data``: ``"noise"``, ``"photos"`` or an
+    array in the artifact's input range) are run in chunks of the first
+    batch size; every other batch size runs once on the first images, so a
+    batch-dynamic artifact is checked at several sizes.
+
+    Returns the verification part of the report; ``report["passed"]`` is
+    False with ``report["failures"]`` listing why when the artifact is
+    outside ``tolerance`` (a dict from :data:`common.TOLERANCES`).
+    """
+    sizes = check_options(batch_sizes, data)
+    if isinstance(data, str):
+        count = max(max(sizes), samples or 0)
+        images, note = graph.sample_images(count, seed=seed, kind=data)
+    else:
+        images = np.asarray(data)
+        expect = (graph.input_shape, np.dtype(graph.input_dtype))
+        if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
+            raise ValueError(
+                f"verify_data must be images of shape (n,) + "
+                f"{tuple(expect[0])}; received {images.shape}")
+        images = images.astype(expect[1], copy=False)
+        note = f"{len(images)} images given as verify_data"
+    start = time.perf_counter()
+    reference = graph.reference(images)
+    run = open_runtime(artifact)
+    actual = _run_in_chunks(run, images, sizes[0])
+    metrics, failures = common.compare(reference, actual, tolerance)
+    # Other batch sizes run once on the first images. Top-1 agreement of a
+    # few images is too coarse to judge (one flip of one image is 0.0), so
+    # there only the output differences are checked.
+    few = dict(tolerance, top1_agreement=None)
+    for size in sizes[1:]:
+        part = images[:size]
+        got = _run_in_chunks(run, part, size)
+        extra, extra_failures = common.compare(
+            {k: v[:size] for k, v in reference.items()}, got, few)
+        failures += [f"batch {size}: {f}" for f in extra_failures]
+        for key in ("max_abs_diff", "rel_rms_error"):
+            for name, value in extra[key].items():
+                metrics[key][name] = max(metrics[key].get(name, value), value)
+    report = {
+        "batch_sizes": list(sizes),
+        "samples": int(len(images)),
+        "data": note,
+        "max_abs_diff": metrics["max_abs_diff"],
+        "output_scale": metrics["scale"],
+        "rel_rms_error": metrics["rel_rms_error"],
+        "top1_agreement": metrics["top1_agreement"],
+        "tolerance": dict(tolerance, max_abs_diff_limits=metrics["limits"]),
+        "passed": not failures,
+        "failures": failures,
+    }
+    if graph.source_dtype is not None:
+        name, source = graph.source_logits(images[:sizes[0]])
+        if source is not None and name in actual:
+            report[f"max_abs_diff_vs_{graph.source_dtype}_model"] = float(
+                np.max(np.abs(actual[name][:sizes[0]] - source)))
+    report["verification_seconds"] = round(time.perf_counter() - start, 3)
+    return report
+
+
+def raise_if_failed(result, what, report):
+    """Raises ExportError with the failures of a verification ``result``;
+    the error carries the full ``report``."""
+    if not result["passed"]:
+        raise common.ExportError(
+            f"{what} does not match Keras within the tolerance of its format "
+            f"({'; '.join(result['failures'])}); nothing was written",
+            report=report)
+
+
+def assemble_report(fmt, dest, files, graph, options, verification, times,
+                    rss, notes=()):
+    """The JSON report of an export (also returned to the caller)."""
+    import datetime
+
+    size = sum(common.path_size(f) for f in files)
+    report = {
+        "format": fmt,
+        "path": dest,
+        "files": sorted({f.rsplit("/", 1)[-1] for f in files}),
+        "file_size": size,
+        "file_size_mb": common.mib(size),
+        "weights_mb": common.mib(graph.weights_bytes()),
+        "model": {"name": graph.source_model.name,
+                  "class": type(graph.source_model).__name__,
+                  "parameters": int(graph.source_model.count_params()),
+                  "source_dtype": graph.source_dtype or "float32"},
+        **graph.describe(),
+        "options": options,
+        "verified": verification is not None,
+    }
+    if verification is not None:
+        for key in ("max_abs_diff", "top1_agreement", "rel_rms_error",
+                    "tolerance", "batch_sizes"):
+            report[key] = verification[key]
+        report["verification"] = {
+            k: v for k, v in verification.items()
+            if k not in ("max_abs_diff", "top1_agreement", "rel_rms_error",
+                         "tolerance", "batch_sizes")}
+    else:
+        notes = list(notes) + ["verify=False: the artifact was NOT run"]
+    report.update(times)
+    report["peak_rss_mb"] = common.mib(max(rss.peak, rss.child_peak))
+    if rss.child_peak:
+        report["peak_rss_mb_this_process"] = common.mib(rss.peak)
+        report["peak_rss_mb_converter_process"] = common.mib(rss.child_peak)
+    report["notes"] = list(graph.notes) + list(notes)
+    report["versions"] = common.versions()
+    report["created"] = datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds")
+    return report

@@ -1,0 +1,567 @@
+"""keras_vit.export: every format and TFLite variant, run in its runtime.
+
+Tiny models (ViT token and gap, a hybrid, BiT) with random non-trivial
+weights are exported; each test then runs the artifact itself, at a batch
+size the exporter did not use, and compares it with Keras. Bad inputs and
+failed verifications must leave nothing that looks finished.
+"""
+
+import argparse
+import doctest
+import importlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("tf2onnx")
+ort = pytest.importorskip("onnxruntime")
+litert = pytest.importorskip("ai_edge_litert.interpreter")
+
+import keras  # noqa: E402
+
+import keras_vit  # noqa: E402
+from keras_vit import export  # noqa: E402
+from keras_vit.export import cli as export_cli  # noqa: E402
+from keras_vit.export import common  # noqa: E402
+
+TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
+            num_heads=4, mlp_dim=64, num_classes=5)
+SECOND_BATCH = 3  # not one of the exporter's (4, 1)
+
+
+def _perturbed(model, seed=0, scale=0.1):
+    """Random non-trivial weights: every weight (zero head included) plus
+    noise, so outputs differ per class and per image."""
+    rng = np.random.default_rng(seed)
+    model.set_weights([w + rng.normal(0, scale, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    return model
+
+
+def _build(kind):
+    # Seeded: quantized variants of random models vary with the weights.
+    keras.utils.set_random_seed(1234)
+    if kind == "vit_token":
+        return keras_vit.models.vit(**TINY)
+    if kind == "vit_gap":
+        return keras_vit.models.vit(**TINY, classifier="gap")
+    if kind == "hybrid":
+        return keras_vit.models.vit(
+            32, 1, 32, 2, 4, 64, 5,
+            resnet=dict(num_layers=(1,), width_factor=0.5))
+    if kind == "bit":
+        return keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 5)
+    raise AssertionError(kind)
+
+
+KINDS = ("vit_token", "vit_gap", "hybrid", "bit")
+_MODELS = {}
+
+
+@pytest.fixture(params=KINDS)
+def model(request):
+    if request.param not in _MODELS:
+        _MODELS[request.param] = _perturbed(_build(request.param))
+    return _MODELS[request.param]
+
+
+@pytest.fixture
+def vit():
+    if "vit_token" not in _MODELS:
+        _MODELS["vit_token"] = _perturbed(_build("vit_token"))
+    return _MODELS["vit_token"]
+
+
+def _images(model, n, seed=7, uint8=False):
+    shape = (n,) + tuple(model.inputs[0].shape[1:])
+    rng = np.random.default_rng(seed)
+    if uint8:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return rng.uniform(-1, 1, shape).astype("float32")
+
+
+def _keras(model, x):
+    logits = np.asarray(model(x, training=False), dtype=np.float64)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return {"logits": logits, "probabilities": e / e.sum(-1, keepdims=True)}
+
+
+def _check_report(report, fmt, path):
+    assert report["format"] == fmt
+    assert report["verified"] is True
+    assert report["batch_sizes"] == [4, 1]
+    assert report["top1_agreement"] is not None
+    assert set(report["max_abs_diff"]) == {"logits", "probabilities"}
+    for key in ("options", "file_size", "tolerance", "conversion_seconds",
+                "verification_seconds", "peak_rss_mb", "versions"):
+        assert key in report, key
+    assert report["file_size"] > 0 and report["peak_rss_mb"] > 0
+    # The same report is on disk beside (or inside) the artifact.
+    assert common.read_report(path)["max_abs_diff"] == report["max_abs_diff"]
+
+
+def _leftovers(directory):
+    return sorted(os.listdir(directory))
+
+
+# --------------------------------------------------------------------------
+# SavedModel
+
+
+def test_saved_model_every_model(model, tmp_path):
+    path = str(tmp_path / "model")
+    report = export.to_saved_model(model, path)
+    _check_report(report, "saved_model", path)
+    assert report["verification"]["passed"]
+    # Variables stored once: the checkpoint is about the weights' size
+    # (Keras' model.export writes them twice).
+    var_bytes = common.path_size(os.path.join(path, "variables"))
+    weight_bytes = sum(w.numpy().nbytes for w in model.weights)
+    assert var_bytes < 1.3 * weight_bytes + 32_000
+
+    x = _images(model, SECOND_BATCH)
+    loaded = tf.saved_model.load(path)
+    fn = loaded.signatures["serving_default"]
+    out = fn(images=tf.constant(x))
+    want = _keras(model, x)
+    for name in ("logits", "probabilities"):
+        np.testing.assert_allclose(out[name].numpy(), want[name], atol=1e-4)
+    assert fn.structured_input_signature[1]["images"].shape.as_list() == [
+        None] + list(x.shape[1:])
+
+
+def test_saved_model_uint8_input_and_named_outputs(vit, tmp_path):
+    path = str(tmp_path / "served")
+    outputs = ("logits", "probabilities", "pre_logits", "attention_maps")
+    report = export.to_saved_model(vit, path, uint8_input=True,
+                                   outputs=outputs)
+    assert report["input"]["dtype"] == "uint8"
+    assert report["outputs"]["attention_maps"] == [None, 2, 4, 17, 17]
+    assert report["outputs"]["pre_logits"] == [None, 32]
+
+    pixels = _images(vit, SECOND_BATCH, uint8=True)
+    loaded = tf.saved_model.load(path)
+    fn = loaded.signatures["serving_default"]
+    assert fn.structured_input_signature[1]["images"].dtype == tf.uint8
+    out = fn(images=tf.constant(pixels))
+    assert set(out) == set(outputs)
+    x = pixels.astype("float32") / 127.5 - 1.0
+    np.testing.assert_allclose(out["logits"].numpy(),
+                               _keras(vit, x)["logits"], atol=1e-4)
+    # Attention maps are softmax rows: they sum to one over the keys.
+    maps = out["attention_maps"].numpy()
+    assert maps.shape == (SECOND_BATCH, 2, 4, 17, 17)
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
+    pre = keras_vit.models.feature_model(vit, "pre_logits")(x)
+    np.testing.assert_allclose(out["pre_logits"].numpy(), pre, atol=1e-4)
+
+
+# --------------------------------------------------------------------------
+# TFLite
+
+
+def _run_tflite(path, x):
+    interpreter = litert.Interpreter(model_path=path)
+    runner = interpreter.get_signature_runner("serving_default")
+    return runner(images=x)
+
+
+@pytest.mark.parametrize("quantization", ["float32", "float16",
+                                          "dynamic_int8"])
+def test_tflite_float_and_dynamic(model, quantization, tmp_path):
+    path = str(tmp_path / "m.tflite")
+    report = export.to_tflite(model, path, quantization=quantization)
+    _check_report(report, "tflite", path)
+    assert report["options"]["quantization"] == quantization
+
+    x = _images(model, SECOND_BATCH)
+    out = _run_tflite(path, x)
+    want = _keras(model, x)
+    atol = {"float32": 1e-4, "float16": 5e-2, "dynamic_int8": None}[
+        quantization]
+    if atol is not None:
+        np.testing.assert_allclose(out["logits"], want["logits"], atol=atol)
+    else:
+        rel = np.sqrt(np.mean((out["logits"] - want["logits"]) ** 2)
+                      / np.mean(want["logits"] ** 2))
+        assert rel < 0.2
+    # Smaller files for the quantized variants (weights in fp16 / int8);
+    # tiny models are mostly graph, so only the trend is checked.
+    if quantization != "float32" and model.count_params() > 50_000:
+        assert report["file_size"] < report["weights_mb"] * 2**20
+
+
+@pytest.mark.slow
+def test_tflite_full_int8(model, tmp_path):
+    path = str(tmp_path / "m.tflite")
+    # Random weights and five classes: agreement is lower than for trained
+    # models (the default bar is 0.8); a broken artifact agrees at ~0.2.
+    report = export.to_tflite(model, path, quantization="int8",
+                              representative_samples=24,
+                              tolerance={"top1_agreement": 0.6})
+    _check_report(report, "tflite", path)
+    assert report["top1_agreement"] >= 0.6
+    assert report["tolerance"]["top1_agreement"] == 0.6
+    options = report["options"]
+    assert "sample photos" in options["representative_data"]
+    assert any("representative_data" in n for n in report["notes"])
+    # The default keeps LayerNorm, the attention core and the residual adds
+    # in float; the projections, MLP and convolutions are int8.
+    assert options["float_ops"] == ["MEAN", "SQUARED_DIFFERENCE", "RSQRT",
+                                    "SOFTMAX", "BATCH_MATMUL", "ADD"]
+    dtypes = options["op_dtypes"]
+    assert "int8" in dtypes.get("FULLY_CONNECTED", []) + dtypes.get(
+        "CONV_2D", [])
+    assert dtypes.get("ADD") == ["float32"]
+    if "BATCH_MATMUL" in dtypes:  # the ViTs' attention, not in BiT
+        assert dtypes["BATCH_MATMUL"] == ["float32"]
+    # The artifact runs at another batch size with float input and output.
+    out = _run_tflite(path, _images(model, SECOND_BATCH))
+    assert out["logits"].shape == (SECOND_BATCH, 5)
+    assert np.all(np.isfinite(out["logits"]))
+
+
+@pytest.mark.slow
+def test_tflite_int8_from_a_training_pipeline(vit, tmp_path):
+    """A tf.data pipeline of (images, labels) batches calibrates directly;
+    float_ops=None quantizes every op that has an int8 kernel."""
+    rng = np.random.default_rng(3)
+    images = rng.uniform(-1, 1, (20, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 5, 20)
+    pipeline = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+    path = str(tmp_path / "full.tflite")
+    report = export.to_tflite(vit, path, quantization="int8",
+                              representative_data=pipeline, float_ops=None,
+                              verify_data="noise", agreement_samples=16)
+    assert report["options"]["representative_data"] == (
+        "20 images from representative_data")
+    assert report["options"]["float_ops"] == []
+    assert report["options"]["op_dtypes"]["SOFTMAX"] == ["int8"]
+    assert not any("representative_data" in n for n in report["notes"])
+
+
+def test_representative_data_must_match_the_input_range(vit, tmp_path):
+    pixels = np.full((4, 32, 32, 3), 200.0, "float32")
+    with pytest.raises(ValueError, match=r"\[-1, 1\].*uint8_input"):
+        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+                         quantization="int8", representative_data=pixels)
+    with pytest.raises(ValueError, match="representative_data"):
+        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+                         quantization="float16", representative_data=pixels)
+    assert _leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# ONNX
+
+
+def test_onnx_every_model(model, tmp_path):
+    import onnx
+
+    path = str(tmp_path / "m.onnx")
+    report = export.to_onnx(model, path)
+    _check_report(report, "onnx", path)
+    assert report["options"]["opset"] == 17
+    assert report["options"]["external_data"] is False
+    assert report["files"] == ["m.onnx"]
+
+    proto = onnx.load(path)
+    assert proto.opset_import[0].version == 17
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == (
+        "batch")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = _images(model, SECOND_BATCH)
+    names = [o.name for o in session.get_outputs()]
+    out = dict(zip(names, session.run(None, {"images": x})))
+    want = _keras(model, x)
+    for name in ("logits", "probabilities"):
+        np.testing.assert_allclose(out[name], want[name], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_onnx_in_a_child_process_with_external_data(vit, tmp_path):
+    """The low-memory route (a child process, the route of models over
+    64 MiB) on a tiny model, with the weights in an external data file."""
+    path = str(tmp_path / "big.onnx")
+    report = export.to_onnx(vit, path, isolate=True, external_data=True,
+                            uint8_input=True,
+                            outputs=("logits", "attention_maps"))
+    assert report["files"] == ["big.onnx", "big.onnx.data"]
+    assert report["options"]["converter_process"] == "child"
+    assert report["peak_rss_mb_converter_process"] > 0
+    assert _leftovers(tmp_path) == ["big.onnx", "big.onnx.data",
+                                    "big.onnx.report.json"]
+    assert os.path.getsize(path + ".data") > 20_000  # the weights are there
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    pixels = _images(vit, SECOND_BATCH, uint8=True)
+    logits, maps = session.run(["logits", "attention_maps"],
+                               {"images": pixels})
+    want = _keras(vit, pixels.astype("float32") / 127.5 - 1.0)["logits"]
+    np.testing.assert_allclose(logits, want, atol=1e-4)
+    assert maps.shape == (SECOND_BATCH, 2, 4, 17, 17)
+
+    # Re-exported without external data, the stale data file goes away.
+    export.to_onnx(vit, path)
+    assert _leftovers(tmp_path) == ["big.onnx", "big.onnx.report.json"]
+
+
+def test_onnx_bad_options(vit, tmp_path):
+    for kwargs, match in ((dict(opset=30), "opset"),
+                          (dict(external_data="yes"), "external_data"),
+                          (dict(isolate="maybe"), "isolate"),
+                          (dict(outputs=("logits", "scores")), "outputs"),
+                          (dict(batch_sizes=(0,)), "batch_sizes")):
+        with pytest.raises(ValueError, match=match):
+            export.to_onnx(vit, str(tmp_path / "m.onnx"), **kwargs)
+    assert _leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# Bad inputs: clear errors and no partial artifacts
+
+
+def test_unknown_format_and_wrong_extension(vit, tmp_path):
+    with pytest.raises(ValueError, match="format must be one of.*'coreml'"):
+        export.export(vit, str(tmp_path / "m.mlmodel"), format="coreml")
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        export.export(vit, str(tmp_path / "m.pt"))
+    with pytest.raises(ValueError, match=r"ending with \.onnx.*m\.tflite"):
+        export.to_onnx(vit, str(tmp_path / "m.tflite"))
+    with pytest.raises(ValueError, match=r"ending with \.tflite"):
+        export.to_tflite(vit, str(tmp_path / "m.onnx"))
+    with pytest.raises(ValueError, match="SavedModel is a directory"):
+        export.to_saved_model(vit, str(tmp_path / "m.onnx"))
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+                         quantization="int4")
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("tflite", "m.tflite"),
+                                      ("saved_model", "m")])
+def test_unwritable_destination(vit, tmp_path, fmt, name):
+    not_a_dir = tmp_path / "file.txt"
+    not_a_dir.write_text("x")
+    with pytest.raises(export.ExportError, match="is not a directory"):
+        export.export(vit, str(not_a_dir / name), format=fmt)
+    with pytest.raises(export.ExportError, match="does not exist"):
+        export.export(vit, str(tmp_path / "missing" / name), format=fmt)
+    assert _leftovers(tmp_path) == ["file.txt"]
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("tflite", "m.tflite"),
+                                      ("saved_model", "m")])
+def test_read_only_directory(vit, tmp_path, fmt, name):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores the mode bits
+            pytest.skip("running as a user that can write anywhere")
+        with pytest.raises(export.ExportError, match="cannot write"):
+            export.export(vit, str(locked / name), format=fmt)
+        assert os.listdir(locked) == []
+    finally:
+        locked.chmod(0o700)
+    assert _leftovers(tmp_path) == ["locked"]
+
+
+def _bf16_vit():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras_vit.models.vit(**TINY)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return _perturbed(model)
+
+
+def test_bf16_model_exports_a_float32_copy_or_says_why_not(tmp_path):
+    model = _bf16_vit()
+    assert export.graph.low_precision_dtype(model) == "bfloat16"
+    with pytest.raises(ValueError, match="bfloat16.*cast_to_float32=True"):
+        export.to_tflite(model, str(tmp_path / "m.tflite"),
+                         cast_to_float32=False)
+    with pytest.raises(ValueError, match="bfloat16"):
+        export.to_onnx(model, str(tmp_path / "m.onnx"),
+                       cast_to_float32=False)
+    assert _leftovers(tmp_path) == []
+
+    report = export.to_onnx(model, str(tmp_path / "m.onnx"))
+    assert report["model"]["source_dtype"] == "bfloat16"
+    assert any("float32 copy" in note for note in report["notes"])
+    # Against the bf16 model itself the float32 artifact differs by bf16's
+    # rounding, which the report states.
+    assert 0 < report["verification"][
+        "max_abs_diff_vs_bfloat16_model"] < 0.5
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(float)"
+
+
+class _Garbage:
+    """A runtime that returns random outputs of the right shapes."""
+
+    def __init__(self, path):
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, images):
+        n = len(images)
+        logits = self.rng.normal(0, 5, (n, 5)).astype("float32")
+        return {"logits": logits,
+                "probabilities": np.full((n, 5), 0.2, "float32")}
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("tflite", "m.tflite"),
+                                      ("saved_model", "m")])
+def test_failed_verification_raises_and_keeps_the_old_artifact(
+        vit, tmp_path, monkeypatch, fmt, name):
+    path = str(tmp_path / name)
+    module = importlib.import_module(f"keras_vit.export.{fmt}")
+    first = export.export(vit, path, format=fmt)
+    before = _leftovers(tmp_path)
+
+    monkeypatch.setattr(module, "open_artifact", _Garbage)
+    with pytest.raises(export.ExportError, match="does not match Keras") as e:
+        export.export(vit, path, format=fmt)
+    assert e.value.report["verification"]["passed"] is False
+    assert e.value.report["verification"]["failures"]
+    # Nothing new, no partial directory; the earlier export is intact.
+    assert _leftovers(tmp_path) == before
+    assert common.read_report(path)["created"] == first["created"]
+
+
+def test_interrupted_export_leaves_nothing(vit, tmp_path, monkeypatch):
+    from keras_vit.export.graph import ServingGraph
+
+    def interrupted(self, directory):
+        os.makedirs(os.path.join(directory, "variables"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ServingGraph, "save", interrupted)
+    for fmt, name in (("saved_model", "m"), ("tflite", "m.tflite")):
+        with pytest.raises(KeyboardInterrupt):
+            export.export(vit, str(tmp_path / name), format=fmt)
+    assert _leftovers(tmp_path) == []
+
+
+def test_no_overwrite_and_no_replacing_foreign_directories(vit, tmp_path):
+    path = str(tmp_path / "m.onnx")
+    export.to_onnx(vit, path)
+    with pytest.raises(export.ExportError, match="exists"):
+        export.to_onnx(vit, path, overwrite=False)
+    # A SavedModel replaces an old SavedModel, never a directory of other
+    # files (replacing a directory deletes it).
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(export.ExportError, match="holds no SavedModel"):
+        export.to_saved_model(vit, str(tmp_path))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert _leftovers(tmp_path) == ["m.onnx", "m.onnx.report.json",
+                                    "notes.txt"]
+
+
+# --------------------------------------------------------------------------
+# command line
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser(prog="keras-vit")
+    parser.add_argument("--traceback", action="store_true")
+    export_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
+    keras_file = str(tmp_path / "tiny.keras")
+    vit.save(keras_file)
+    out = str(tmp_path / "tiny.tflite")
+    assert _cli(["export", keras_file, "--format", "tflite", "-q",
+                 "float16", "-o", out]) == 0
+    printed = capsys.readouterr().out
+    assert "| tflite | float16 | tiny.tflite |" in printed
+    assert json.load(open(out + ".report.json"))["verified"] is True
+
+    out = str(tmp_path / "ti")
+    assert _cli(["export", "ViT-Ti/16", "--weights", "none", "--image-size",
+                 "32", "--num-classes", "3", "-f", "saved_model", "-o",
+                 out, "--uint8-input"]) == 0
+    report = common.read_report(out)
+    assert report["input"]["dtype"] == "uint8"
+    assert report["outputs"]["logits"] == [None, 3]
+
+    with pytest.raises(ValueError, match=r"ending with \.onnx"):
+        _cli(["export", keras_file, "-f", "onnx", "-o",
+              str(tmp_path / "x.tflite")])
+    with pytest.raises(ValueError, match="--quantization"):
+        _cli(["export", keras_file, "-f", "onnx", "-q", "int8", "-o",
+              str(tmp_path / "x.onnx")])
+    with pytest.raises(ValueError, match="directory does not exist"):
+        _cli(["export", keras_file, "-f", "onnx", "-o",
+              str(tmp_path / "nowhere" / "x.onnx")])
+    with pytest.raises(ValueError, match="--outputs takes names"):
+        _cli(["export", keras_file, "-f", "onnx", "--outputs", "logits,cls",
+              "-o", str(tmp_path / "x.onnx")])
+    assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
+
+
+def test_cli_export_failure_is_one_line(vit, tmp_path, monkeypatch, capsys):
+    import keras_vit.export.onnx as onnx_export
+
+    keras_file = str(tmp_path / "tiny.keras")
+    vit.save(keras_file)
+    monkeypatch.setattr(onnx_export, "open_artifact", _Garbage)
+    assert _cli(["export", keras_file, "-f", "onnx", "-o",
+                 str(tmp_path / "x.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("keras-vit: error: the ONNX file")
+    assert not os.path.exists(tmp_path / "x.onnx")
+
+
+@pytest.mark.slow
+def test_cli_benchmark(vit, tmp_path, capsys):
+    keras_file = str(tmp_path / "tiny.keras")
+    vit.save(keras_file)
+    assert _cli(["benchmark", keras_file, "--runtimes", "keras,onnx,tflite",
+                 "--batch", "1,2", "--runs", "2", "--no-bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "| runtime | dtype | batch 1 img/s | batch 2 img/s |" in out
+    for runtime in ("keras", "onnx", "tflite"):
+        assert f"| {runtime} | float32 |" in out
+    with pytest.raises(ValueError, match="runtimes"):
+        _cli(["benchmark", "ViT-Ti/16", "--runtimes", "keras,coreml"])
+
+
+def test_benchmark_bf16_rows(vit):
+    from keras_vit.export import benchmark
+
+    result = benchmark.run(vit, runtimes=("keras",), batch_sizes=(2,),
+                           runs=1, bf16=True)
+    rows = {(r["runtime"], r["dtype"]) for r in result["rows"]}
+    assert rows == {("keras", "float32"), ("keras", "mixed_bfloat16")}
+    assert all(r["images_per_s"] > 0 and r["peak_rss_mb"] > 0
+               for r in result["rows"])
+    table = benchmark.markdown_table(result)
+    assert "| keras | mixed_bfloat16 |" in table
+    supported, why = benchmark.cpu_bf16_support()
+    assert isinstance(supported, bool) and why
+
+
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [
+    "keras_vit.export", "keras_vit.export.common", "keras_vit.export.graph",
+    "keras_vit.export.saved_model", "keras_vit.export.tflite",
+    "keras_vit.export.onnx", "keras_vit.export.benchmark"])
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0, f"{name} has no example"
