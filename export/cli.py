@@ -14,19 +14,10 @@ import os
 import sys
 
 from keras_vit.export import common
+from keras_vit.cli import positive_int
 
 PROG = "keras-vit"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _int_list(text):
@@ -64,15 +55,15 @@ def register(subparsers):
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz or URL, or 'none' for random "
                         "initialisation (default: the model's default)")
-    p.add_argument("--image-size", type=_positive_int, metavar="N")
-    p.add_argument("--num-classes", type=_positive_int, metavar="N")
+    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--num-classes", type=positive_int, metavar="N")
     p.add_argument("--uint8-input", action="store_true",
                    help="take uint8 pixels; the scaling runs inside")
     p.add_argument("--outputs", type=_name_list, metavar="A,B",
                    default=["logits", "probabilities"],
                    help="logits, probabilities, pre_logits, attention_maps, "
                         "features (default: logits,probabilities)")
-    p.add_argument("--opset", type=_positive_int, metavar="N",
+    p.add_argument("--opset", type=positive_int, metavar="N",
                    help="ONNX opset (default: 17)")
     p.add_argument("--external-data", action="store_true",
                    help="ONNX: weights in PATH.data (automatic above 2 GiB)")
@@ -94,8 +85,8 @@ def register(subparsers):
                    metavar="R,R", help="default: keras,xla,onnx,tflite")
     p.add_argument("--batch", type=_int_list, default=[1, 8], metavar="B,B",
                    help="batch sizes (default: 1,8)")
-    p.add_argument("--image-size", type=_positive_int, metavar="N")
-    p.add_argument("--runs", type=_positive_int, default=5, metavar="N",
+    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--runs", type=positive_int, default=5, metavar="N",
                    help="timed runs per measurement (default: 5)")
     p.add_argument("--weights", "-w", default="none", metavar="W",
                    help="weights (default: none; speed does not depend on "

@@ -394,14 +394,17 @@ def _cmd_demo(args):
 # --------------------------------------------------------------------------
 
 
-def _positive_int(text):
+def positive_int(text):
+    """argparse type: an integer >= 1 (shared by every component's commands)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
 
 
 def build_parser():
@@ -441,9 +444,9 @@ def build_parser():
                         "(downloaded to the cache)")
     p.add_argument("--model", "-m", required=True, metavar="NAME",
                    help="architecture of the checkpoint, e.g. ViT-B/16")
-    p.add_argument("--image-size", type=_positive_int, metavar="N",
+    p.add_argument("--image-size", type=positive_int, metavar="N",
                    help="input resolution (default: the checkpoint's)")
-    p.add_argument("--num-classes", type=_positive_int, metavar="N",
+    p.add_argument("--num-classes", type=positive_int, metavar="N",
                    help="head size (default: the checkpoint's)")
     p.add_argument("--output", "-o", required=True, metavar="OUT.keras")
     p.set_defaults(func=_cmd_convert)
@@ -459,9 +462,9 @@ def build_parser():
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz path or URL (default: the "
                         "model's default weights)")
-    p.add_argument("--image-size", type=_positive_int, metavar="N",
+    p.add_argument("--image-size", type=positive_int, metavar="N",
                    help="input resolution (default: the weights')")
-    p.add_argument("--top", "-k", type=_positive_int, default=5, metavar="K",
+    p.add_argument("--top", "-k", type=positive_int, default=5, metavar="K",
                    help="classes to show per image (default: 5)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_predict)
@@ -472,7 +475,7 @@ def build_parser():
                     "fine-tunes at another resolution; all offline.")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: ./keras_vit_demo)")
-    p.add_argument("--epochs", type=_positive_int,
+    p.add_argument("--epochs", type=positive_int,
                    default=demo.DEFAULT_EPOCHS, metavar="N",
                    help=f"training epochs (default: {demo.DEFAULT_EPOCHS})")
     p.add_argument("--quick", action="store_true",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from keras_vit.cli import positive_int
+
 DESCRIPTION = (
     "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "
     "as analysis.json: embedding-filter principal components (Figure 7 "
@@ -18,17 +20,6 @@ DESCRIPTION = (
     "distance per head and layer (Figure 7 right / Figure 11) and one "
     "attention-rollout map per image (Figure 6). Images are resized "
     "(bilinear, no crop) and scaled to [-1, 1].")
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def register(subparsers):
@@ -57,10 +48,10 @@ def register(subparsers):
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz path or URL for a zoo name "
                         "(default: the model's default weights)")
-    p.add_argument("--image-size", type=_positive_int, metavar="N",
+    p.add_argument("--image-size", type=positive_int, metavar="N",
                    help="inspect at this resolution (position embeddings "
                         "resized; default: the model's)")
-    p.add_argument("--batch-size", type=_positive_int, default=8,
+    p.add_argument("--batch-size", type=positive_int, default=8,
                    metavar="N", help="images per forward pass (default: 8)")
     p.set_defaults(func=run)
     return p

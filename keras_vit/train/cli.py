@@ -14,18 +14,9 @@ import json
 import os
 import re
 
+from keras_vit.cli import positive_int
+
 _FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _positive_float(text):
@@ -89,7 +80,7 @@ def _add_runtime_options(p):
                         "multi_worker (TF_CONFIG), tpu")
     p.add_argument("--tpu", metavar="NAME",
                    help="TPU name or grpc://host:port (strategy tpu/auto)")
-    p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
+    p.add_argument("--cpu-devices", type=positive_int, metavar="N",
                    help="split the CPU into N logical devices (to run "
                         "'mirrored' without GPUs)")
 
@@ -128,13 +119,13 @@ def register(subparsers):
     p.add_argument("--restart", action="store_true",
                    help="delete the run's checkpoints and start again "
                         "instead of resuming")
-    p.add_argument("--steps", type=_positive_int, metavar="N",
+    p.add_argument("--steps", type=positive_int, metavar="N",
                    help="total optimizer steps (recipe field total_steps)")
     p.add_argument("--epochs", type=_positive_float, metavar="N",
                    help="train for N epochs instead of a step count")
-    p.add_argument("--batch-size", type=_positive_int, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, metavar="N",
                    help="global batch per optimizer step")
-    p.add_argument("--micro-batch-size", type=_positive_int, metavar="N",
+    p.add_argument("--micro-batch-size", type=positive_int, metavar="N",
                    help="images per replica per pass (gradient "
                         "accumulation when smaller than the per-replica "
                         "batch)")
@@ -142,13 +133,13 @@ def register(subparsers):
                    help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, metavar="N",
                    help="linear warmup steps")
-    p.add_argument("--image-size", type=_positive_int, metavar="N",
+    p.add_argument("--image-size", type=positive_int, metavar="N",
                    help="training resolution")
     p.add_argument("--ema", type=float, metavar="DECAY",
                    help="Polyak averaging of the weights (e.g. 0.9999)")
     p.add_argument("--precision", metavar="P",
                    help="auto, float32 or mixed_bfloat16")
-    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="steps between checkpoints")
     p.add_argument("--seed", type=int, metavar="N")
     p.add_argument("--set", action="append", type=_key_value, default=[],
@@ -176,8 +167,8 @@ def register(subparsers):
                          "reads 'test')")
     p.add_argument("--weights", "-w", default="auto", metavar="W",
                    help="for a zoo name: weights tag, path or URL")
-    p.add_argument("--image-size", type=_positive_int, metavar="N")
-    p.add_argument("--batch-size", type=_positive_int, default=64,
+    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--batch-size", type=positive_int, default=64,
                    metavar="N")
     _add_runtime_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -195,16 +186,16 @@ def register(subparsers):
                    help="test data (default: the test split of digits or "
                         "tfds data)")
     p.add_argument("--weights", "-w", default="auto", metavar="W")
-    p.add_argument("--image-size", type=_positive_int, metavar="N")
+    p.add_argument("--image-size", type=positive_int, metavar="N")
     p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25),
                    metavar="K,K,...", help="default: 1,5,10,25")
     p.add_argument("--l2-reg", type=_positive_float, default=2.0 ** 10,
                    metavar="X", help="ridge penalty (default: 1024)")
-    p.add_argument("--seeds", type=_positive_int, default=3, metavar="N",
+    p.add_argument("--seeds", type=positive_int, default=3, metavar="N",
                    help="k-shot draws averaged (default: 3)")
     p.add_argument("--feature", default="pre_logits", metavar="NAME",
                    help="the representation (default: pre_logits)")
-    p.add_argument("--batch-size", type=_positive_int, default=64,
+    p.add_argument("--batch-size", type=positive_int, default=64,
                    metavar="N")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_fewshot)
