@@ -70,7 +70,7 @@ def check_path(path, format):
     >>> check_path("/tmp/vit.onnx", "tflite")
     Traceback (most recent call last):
     ...
-    ValueError: a tflite export needs a path ending with .tflite; ...
+    ValueError: format 'tflite' needs a path ending with .tflite; ...
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"path must be a file or directory name; received "
@@ -80,7 +80,7 @@ def check_path(path, format):
     if format in EXTENSIONS:
         if not full.lower().endswith(EXTENSIONS[format]):
             raise ValueError(
-                f"a {format} export needs a path ending with "
+                f"format {format!r} needs a path ending with "
                 f"{EXTENSIONS[format]}; received path={text!r}")
     elif full.lower().endswith(_FILE_EXTENSIONS):
         raise ValueError(

@@ -160,7 +160,8 @@ class MultiHeadSelfAttention(layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
-        self.dropout = layers.Dropout(self.attention_dropout_rate)
+        self.dropout = layers.Dropout(self.attention_dropout_rate,
+                                      dtype=self.dtype_policy)
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
@@ -235,7 +236,8 @@ class MlpBlock(layers.Layer):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
-        self.dropout = layers.Dropout(self.dropout_rate)
+        self.dropout = layers.Dropout(self.dropout_rate,
+                                      dtype=self.dtype_policy)
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
@@ -294,7 +296,8 @@ class EncoderBlock(layers.Layer):
             self.num_heads, self.attention_dropout_rate,
             dtype=self.dtype_policy, name="attention",
         )
-        self.dropout = layers.Dropout(self.dropout_rate)
+        self.dropout = layers.Dropout(self.dropout_rate,
+                                      dtype=self.dtype_policy)
         self.norm_2 = layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
             name="norm_2",

@@ -245,3 +245,12 @@ def test_wrong_channel_count_is_reported():
     assert "expected axis -1 of input shape to have value 3" in str(e.value)
     gray = vit(**tiny_builder_kwargs(), num_channels=1)
     assert tuple(gray(np.zeros((1, 32, 32, 1), "float32")).shape) == (1, 7)
+
+
+def test_builds_and_runs_with_a_mixed_bfloat16_dtype():
+    model = vit(**tiny_builder_kwargs(), dropout_rate=0.1,
+                dtype="mixed_bfloat16")
+    y = model(np.ones((2, 32, 32, 3), "float32"), training=True)
+    assert "bfloat16" in str(y.dtype) and np.isfinite(
+        np.asarray(y, dtype="float32")).all()
+    assert model.get_layer("head").kernel.dtype == "float32"

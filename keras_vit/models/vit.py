@@ -218,7 +218,8 @@ class VisionTransformer(keras.Model):
         x = vit_layers.PositionEmbedding(
             grid, num_prefix_tokens=int(has_token), dtype=dtype,
             name="position_embedding")(x)
-        x = layers.Dropout(dropout_rate, name="embedding_dropout")(x)
+        x = layers.Dropout(dropout_rate, dtype=dtype,
+                           name="embedding_dropout")(x)
         scores = []
         for i in range(num_layers):
             block = vit_layers.EncoderBlock(
