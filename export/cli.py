@@ -14,6 +14,7 @@ import os
 import sys
 
 from keras_vit.export import common
+from keras_vit.export.verify import verification_table
 from keras_vit.cli import positive_int
 
 PROG = "keras-vit"
@@ -133,35 +134,6 @@ def _fail(args, error):
     text = " ".join(str(error).split())
     print(f"{PROG}: error: {text[:2000]}", file=sys.stderr)
     return 1
-
-
-def verification_table(reports):
-    """A markdown table of export reports: format, file, size, differences
-    with Keras and their tolerance, time and memory."""
-    head = ("format", "variant", "file", "MiB", "max abs diff",
-            "tolerance", "top-1 agree", "batches", "convert s", "peak RSS MiB")
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join("---" for _ in head) + "|"]
-    for r in reports:
-        diff = max(r.get("max_abs_diff", {}).values() or [float("nan")])
-        limits = r.get("tolerance", {}).get("max_abs_diff_limits", {})
-        tol = r.get("tolerance", {})
-        parts = []
-        if limits:
-            parts.append(f"<= {max(limits.values()):.2g}")
-        if tol.get("top1_agreement") is not None:
-            parts.append(f"top-1 >= {tol['top1_agreement']}")
-        if tol.get("rel_rms_error") is not None:
-            parts.append(f"rms <= {tol['rel_rms_error']}")
-        agree = r.get("top1_agreement")
-        cells = (r["format"], r["options"].get("quantization", "float32"),
-                 os.path.basename(r["path"]), f"{r['file_size_mb']:.1f}",
-                 f"{diff:.2e}", ", ".join(parts) or "-",
-                 "-" if agree is None else f"{agree:.3f}",
-                 ",".join(str(b) for b in r.get("batch_sizes", [])),
-                 f"{r['conversion_seconds']:.1f}", f"{r['peak_rss_mb']:.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def run_export(args):

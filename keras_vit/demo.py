@@ -17,7 +17,7 @@ Stages:
    embeddings resized from an 8x8 to a 12x12 grid, paper section 3.2);
 4. fine-tune at 48 for 3 epochs with the paper's fine-tuning recipe (SGD
    momentum 0.9, cosine decay, clipping at norm 1);
-5. export (once ``keras_vit.export`` provides ``to_onnx``).
+5. export to SavedModel, TFLite and ONNX, each run and compared with Keras.
 
 The wall time of the whole run is printed at the end.
 """
@@ -89,28 +89,38 @@ def _predict(model, x, batch_size=128):
     return np.asarray(model.predict(x, batch_size=batch_size, verbose=0))[:n]
 
 
-def export_model(model, out_dir, say=print):
-    """EXPORT: the demo's last stage. A no-op until ``keras_vit.export``
-    provides ``to_onnx``; then it writes ``digits_vit.onnx`` (the exporter
-    checks its own output). Returns a short status for the summary."""
-    try:
-        from keras_vit import export
-    except ImportError:
-        export = None
-    to_onnx = getattr(export, "to_onnx", None)
-    if to_onnx is None:
-        say("export: not available yet")
-        return {"status": "not available yet"}
-    path = os.path.join(out_dir, "digits_vit.onnx")
-    try:
-        report = to_onnx(model, path)
-    except Exception as e:  # noqa: BLE001 - reported, the demo goes on
-        message = " ".join(str(e).split())[:300] or type(e).__name__
-        say(f"export: failed ({type(e).__name__}: {message})")
-        return {"status": "failed", "error": message}
-    say(f"export: wrote {path}")
-    return {"status": "ok", "path": path,
-            "report": report if isinstance(report, dict) else None}
+EXPORT_FILES = (("saved_model", "digits_vit_saved_model"),
+                ("tflite", "digits_vit.tflite"),
+                ("onnx", "digits_vit.onnx"))
+
+
+def export_model(model, out_dir, images=None, say=print):
+    """EXPORT: the demo's last stage. Writes the model as a SavedModel, a
+    float32 TFLite file and an ONNX file; each exporter runs its artifact on
+    ``images`` (held-out digits; noise when None) at batch sizes 4 and 1 and
+    compares it with Keras. Prints the verification table and returns a
+    short status for the summary ("ok" when all three verified)."""
+    from keras_vit import export
+
+    reports, failed = [], []
+    for fmt, name in EXPORT_FILES:
+        path = os.path.join(out_dir, name)
+        kwargs = {} if images is None else {"verify_data": images}
+        try:
+            reports.append(export.export(model, path, format=fmt, **kwargs))
+        except Exception as e:  # noqa: BLE001 - reported, the demo goes on
+            message = " ".join(str(e).split())[:300] or type(e).__name__
+            say(f"export: {fmt} failed ({type(e).__name__}: {message})")
+            failed.append(fmt)
+    if reports:
+        say("export: verification against Keras "
+            f"({len(reports)} of {len(EXPORT_FILES)} formats)")
+        say(export.verification_table(reports))
+    for report in reports:
+        say(f"export: wrote {report['path']}")
+    status = "ok" if not failed else f"failed: {', '.join(failed)}"
+    return {"status": status, "formats": [r["format"] for r in reports],
+            "paths": [r["path"] for r in reports], "reports": reports}
 
 
 def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
@@ -124,7 +134,7 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
         quick: a few hundred images and at most 2 epochs (for tests); no
             export.
         verbose: print progress and the summary table.
-        export: run the export stage (when available).
+        export: run the export stage (SavedModel, TFLite, ONNX).
         strategy: the ``tf.distribute`` strategy (see
             :func:`keras_vit.train.strategy`).
 
@@ -236,10 +246,10 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
     say(f"after {epochs48} epoch(s) of fine-tuning at {FINETUNE_SIZE}: "
         f"{accuracy48_ft:.4f} ({run48.metrics['model_path']})")
 
-    # -- 5. EXPORT: lands with the export issue (a no-op until then) ---------
+    # -- 5. EXPORT: SavedModel, TFLite and ONNX, each run and compared -------
     t0 = time.perf_counter()
     if export and not quick:
-        exported = export_model(reloaded, out_dir, say)
+        exported = export_model(reloaded, out_dir, x_te[:64], say)
     else:
         exported = {"status": "skipped"}
     stage("export", t0)
@@ -296,7 +306,8 @@ def summary(result):
         (f"test accuracy @{FINETUNE_SIZE}, fine-tuned {result['epochs_48']} "
          f"epoch{'s' if result['epochs_48'] > 1 else ''}",
          f"{result['accuracy_48_finetuned']:.4f}", f"{t['finetune48']:.1f}s"),
-        ("export (ONNX)", result["export"]["status"], f"{t['export']:.1f}s"),
+        ("export (SavedModel, TFLite, ONNX)", result["export"]["status"],
+         f"{t['export']:.1f}s"),
         ("wall time", "", f"{result['total_time']:.1f}s"),
     ]
     w0 = max(len(r[0]) for r in rows)

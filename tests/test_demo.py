@@ -41,7 +41,16 @@ def test_demo_reaches_95_percent_in_under_5_minutes(tmp_path):
     tuned = re.search(r"test accuracy @48, fine-tuned[^\d]*\d+ epochs?\s+"
                       r"([0-9.]+)", text)
     assert tuned and float(tuned.group(1)) >= 0.95, text
-    assert re.search(r"^export: ", text, re.M), text
+    # The export stage wrote and verified all three formats and printed
+    # the verification table (one row per format, top-1 agreement 1.000).
+    for fmt in ("saved_model", "tflite", "onnx"):
+        row = re.search(rf"^\| {fmt} \| float32 \|.*\| ([0-9.]+) \| 4,1 \|",
+                        text, re.M)
+        assert row and float(row.group(1)) == 1.0, text
+    assert re.search(r"export \(SavedModel, TFLite, ONNX\)\s+ok", text), text
+    for name in ("digits_vit_saved_model", "digits_vit.tflite",
+                 "digits_vit.onnx"):
+        assert (out / name).exists(), name
 
     # The files are what the summary says: the 32x32 model and its npz.
     model = keras.saving.load_model(out / "digits_vit.keras")
