@@ -200,18 +200,32 @@ class MultiHeadSelfAttention(layers.Layer):
         bias = ops.cast(getattr(self, f"{name}_bias"), x.dtype)
         return ops.einsum("btd,dhk->bthk", x, kernel) + bias
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, training=None, return_attention_scores=False,
+             attention_bias=None):
+        """``attention_bias``: optional logits added before the softmax,
+        broadcastable to (batch, heads, queries, keys)."""
         q = self._project(x, "query")
         k = self._project(x, "key")
         v = self._project(x, "value")
-        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
-        # Softmax in float32 even under mixed precision: bf16 logits lose the
-        # small differences that decide where a head attends.
-        probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1),
-                         x.dtype)
-        weights = self.dropout(probs, training=training)
-        context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        dropout = training is True and self.attention_dropout_rate > 0
+        if not return_attention_scores and not dropout:
+            # The backend's fused attention (one kernel on JAX and torch; on
+            # TensorFlow the same einsums, softmax in float32, as below).
+            context = ops.dot_product_attention(q, k, v, bias=attention_bias,
+                                                scale=scale)
+            probs = None
+        else:
+            q = q * ops.cast(scale, q.dtype)
+            logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
+            # Softmax in float32 even under mixed precision: bf16 logits lose
+            # the small differences that decide where a head attends.
+            logits = ops.cast(logits, "float32")
+            if attention_bias is not None:
+                logits = logits + ops.cast(attention_bias, "float32")
+            probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
+            weights = self.dropout(probs, training=training)
+            context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
         out_kernel = ops.cast(self.out_kernel, x.dtype)
         y = ops.einsum("bqhk,hkd->bqd", context, out_kernel)
         y = y + ops.cast(self.out_bias, x.dtype)
