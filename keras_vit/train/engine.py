@@ -128,6 +128,12 @@ def _model_classes(model):
     return int(model.outputs[0].shape[-1])
 
 
+def _classifier_of(model):
+    """``"token"`` or ``"gap"`` for a ViT, else None (BiT, other models)."""
+    head = getattr(model, "classifier", None)
+    return head if head in recipes_lib.CLASSIFIERS else None
+
+
 def build_model(model, *, num_classes, image_size=None, weights="auto",
                 dropout_rate=None, model_options=None):
     """A model for training, built in the current strategy scope.
@@ -323,6 +329,13 @@ class Trainer:
                                                  or not given) else None),
                 model_options=model_options)
             self.image_size = _model_image_size(self.model)
+            head = _classifier_of(self.model)
+            if (head and isinstance(recipe, str)
+                    and "learning_rate" not in overrides):
+                # The named recipe's rate for this head (Appendix D.3: GAP
+                # needs a lower one); an explicit learning_rate wins.
+                r = r.replace(learning_rate=recipes_lib.head_learning_rate(
+                    recipe, head))
             self.recipe = r = r.replace(
                 image_size=self.image_size,
                 dropout_rate=float(getattr(self.model, "dropout_rate",
@@ -924,7 +937,8 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     """
     import keras
 
-    r = recipes_lib.get(recipe, **overrides)
+    r = recipes_lib.get(recipe, classifier=_classifier_of(model),
+                        **overrides)
     if r.total_steps is None:
         if steps_per_epoch is None:
             raise ValueError(
