@@ -28,6 +28,7 @@ from keras_vit.train.few_shot import fewshot, fit_least_squares
 from keras_vit.train.recipes import Recipe
 from keras_vit.train.strategy import (StrategyError, configure_cpu_devices,
                                       describe, strategy)
+from keras_vit.train import vtab
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",
@@ -35,5 +36,5 @@ __all__ = [
     "compile_for_finetune", "configure_cpu_devices", "data", "dataset",
     "describe", "digits", "evaluate", "few_shot", "fewshot",
     "fine_tune", "fit_least_squares", "load_data", "pretrain", "recipes",
-    "strategy",
+    "strategy", "vtab",
 ]

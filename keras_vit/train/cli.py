@@ -200,6 +200,8 @@ def register(subparsers):
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_fewshot)
 
+    _register_vtab(subparsers)
+
 
 # --------------------------------------------------------------------------
 
@@ -359,6 +361,105 @@ def run_fewshot(args):
             spread = result["per_seed"][k]
             print(f"  {k:>3}-shot  {acc:.4f}  (min {min(spread):.4f}, "
                   f"max {max(spread):.4f})")
+    return 0
+
+
+def _register_vtab(subparsers):
+    from keras_vit.train import vtab
+
+    p = subparsers.add_parser(
+        "vtab", help="fine-tune and score a model on the 19 VTAB-1k tasks",
+        description="The paper's VTAB-1k protocol (section 4.1, Appendix "
+                    "B.1.1, Table 9): per task, fine-tune on 800 training + "
+                    "200 validation examples (SGD, lr 0.01, 2500 steps, "
+                    "resolution 384) and score top-1 on the test part; "
+                    "scores per task, per group (Natural, Specialized, "
+                    "Structured) and the mean go to OUT/vtab.json and "
+                    "OUT/vtab.md. The data is read with tensorflow-datasets "
+                    "and must be prepared (`tfds build NAME`) unless "
+                    "--download is given.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a zoo name (ViT-B/16, ...) or a .keras file")
+    p.add_argument("--tasks", metavar="T,T,...",
+                   help="tasks or groups, comma-separated (default: all "
+                        f"19): {', '.join(vtab.TASKS)}, natural, "
+                        "specialized, structured")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where the tfds datasets are prepared (default: "
+                        "tfds')")
+    p.add_argument("--download", action="store_true",
+                   help="let tfds download and prepare missing datasets "
+                        "(needs the network; two need a manual download)")
+    p.add_argument("--out", "-o", metavar="DIR",
+                   help="results and one run directory per task (default: "
+                        "runs/vtab-<model>)")
+    p.add_argument("--sweep", action="store_true",
+                   help="train on train800, score on val200 (the paper's "
+                        "hyper-parameter selection)")
+    p.add_argument("--steps", type=positive_int, metavar="N",
+                   help="optimizer steps per task (default: 2500; the "
+                        "warmup follows at 10%%)")
+    p.add_argument("--train-examples", type=positive_int,
+                   default=vtab.TRAIN_EXAMPLES, metavar="N",
+                   help="examples of the training part (default: 800)")
+    p.add_argument("--val-examples", type=positive_int,
+                   default=vtab.VAL_EXAMPLES, metavar="N",
+                   help="examples of the validation part (default: 200)")
+    p.add_argument("--test-examples", type=positive_int, metavar="N",
+                   help="score on the first N test examples only (default: "
+                        "all, as the protocol does)")
+    p.add_argument("--batch-size", type=positive_int, metavar="N",
+                   help="global batch per optimizer step (default: 512)")
+    p.add_argument("--micro-batch-size", type=positive_int, metavar="N",
+                   help="images per replica per pass (gradient "
+                        "accumulation)")
+    p.add_argument("--lr", type=_positive_float, metavar="X",
+                   help="peak learning rate (default: 0.01)")
+    p.add_argument("--warmup-steps", type=int, metavar="N")
+    p.add_argument("--image-size", type=positive_int, metavar="N",
+                   help="resolution (default: 384)")
+    p.add_argument("--precision", metavar="P",
+                   help="auto, float32 or mixed_bfloat16")
+    p.add_argument("--seed", type=int, metavar="N")
+    p.add_argument("--weights", "-w", default="auto", metavar="W",
+                   help="for a zoo name: weights tag, path or URL")
+    p.add_argument("--model-option", action="append", type=_key_value,
+                   default=[], metavar="KEY=VALUE",
+                   help="a zoo.load keyword (repeatable)")
+    p.add_argument("--keep-models", action="store_true",
+                   help="keep each task's checkpoints and model.keras")
+    _add_runtime_options(p)
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress output")
+    p.add_argument("--json", action="store_true",
+                   help="print the scores as JSON instead of a table")
+    p.set_defaults(func=run_vtab, set=[], epochs=None, ema=None,
+                   checkpoint_every=None)
+
+
+def run_vtab(args):
+    """``keras-vit vtab``: returns the exit status."""
+    _configure_devices(args)
+    from keras_vit.train import vtab
+
+    overrides = _recipe_overrides(args)
+    steps = overrides.pop("total_steps", None)
+    out = args.out or os.path.join("runs", f"vtab-{_slug(args.model)}")
+    weights = None if str(args.weights).lower() == "none" else args.weights
+    scores = vtab.run(
+        args.model, args.tasks, out_dir=out, data_dir=args.data_dir,
+        download=args.download, sweep=args.sweep, steps=steps,
+        train_examples=args.train_examples, val_examples=args.val_examples,
+        test_examples=args.test_examples, weights=weights,
+        strategy=args.strategy, tpu=args.tpu,
+        model_options={k: _literal(v) for k, v in args.model_option},
+        keep_models=args.keep_models, verbose=not args.quiet, **overrides)
+    if args.json:
+        print(json.dumps(scores, indent=2))
+    else:
+        print(vtab.markdown(scores), end="")
+        stem = os.path.join(out, "vtab-sweep" if args.sweep else "vtab")
+        print(f"wrote {stem}.json and {stem}.md")
     return 0
 
 
