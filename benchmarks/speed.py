@@ -1,0 +1,1005 @@
+"""ViT-B/16 speed, side by side with timm and keras-hub, in one run on one
+machine: inference, a fine-tuning step, checkpoint loading, and the
+machine's matrix-multiply ceiling. Prints markdown tables and writes them
+to docs/benchmarks.md.
+
+    python benchmarks/speed.py                      # the full run
+    python benchmarks/speed.py --sizes 224 --batches 1 --runs 5 --skip-train
+    python benchmarks/speed.py --quick --out /tmp/speed.md   # smoke test
+
+Every timed figure is the median of ``--runs`` calls after the first call
+(reported apart as "first call": tracing, XLA compilation, allocation) and
+``--warmup`` more untimed calls. The machine is shared and noisy, so the
+calls are interleaved: each round calls every path of one configuration
+once, in turn, and the ratios within one run are what count.
+
+Models have random weights (``keras_vit.zoo.load("ViT-B/16",
+weights=None)``, ``timm.create_model(..., pretrained=False)``); speed does
+not depend on the values. ``--quick`` shrinks the model (patch 8, width 32,
+2 layers at 32x32) to test the script itself in seconds; its numbers say
+nothing about ViT-B/16.
+
+torch and timm are imported before TensorFlow: torchvision (imported by
+timm) crashes when it is loaded after TensorFlow 2.21.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# ViT-B/16 (paper Table 1) and the tiny stand-in of --quick, both written as
+# zoo.load overrides; timm and keras-hub get the same numbers.
+VIT_B16 = dict(patch_size=16, hidden_size=768, num_layers=12, num_heads=12,
+               mlp_dim=3072)
+TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=4,
+            mlp_dim=64)
+TIMM_NAMES = {224: "vit_base_patch16_224", 384: "vit_base_patch16_384"}
+PEERS = ("timm", "keras_hub")
+# What the measured paths turned out to be (e.g. whether Keras compiled
+# with XLA), collected while building them and printed under the tables.
+NOTES = {}
+
+
+_T0 = time.perf_counter()
+
+
+def say(*args):
+    """Progress on stderr, with the seconds since the start."""
+    print(f"[{time.perf_counter() - _T0:6.0f}s]", *args, flush=True,
+          file=sys.stderr)
+
+
+# --------------------------------------------------------------------------
+# FLOPs from the configuration
+
+
+def forward_flops(image_size, patch_size, hidden_size, num_layers, num_heads,
+                  mlp_dim, num_classes=1000, class_token=True):
+    """Multiply-adds x 2 of one image's forward pass: the patch embedding,
+    per block the Q, K, V and output projections, the two attention
+    matmuls (QK^T and AV) and the MLP, and the head. LayerNorm, softmax,
+    GELU and the adds are left out (under 1% for ViT-B/16).
+
+    >>> round(forward_flops(224, **VIT_B16) / 2e9, 2)   # GMACs
+    17.56
+    >>> round(forward_flops(384, **VIT_B16) / 2e9, 1)
+    55.5
+    """
+    del num_heads  # the head split does not change the count
+    grid = (image_size // patch_size) ** 2
+    n = grid + int(class_token)
+    d, m = hidden_size, mlp_dim
+    macs = grid * patch_size * patch_size * 3 * d  # patch embedding
+    macs += num_layers * (4 * n * d * d          # Q, K, V, out
+                          + 2 * n * n * d        # QK^T and AV
+                          + 2 * n * d * m)       # MLP
+    macs += d * num_classes
+    return 2 * macs
+
+
+# --------------------------------------------------------------------------
+# timing: every case of one configuration in turn, round after round
+
+
+class Case:
+    """One measured path: ``fn()`` runs one call (and waits for it)."""
+
+    def __init__(self, section, framework, path, dtype, size, batch,
+                 flops, make):
+        self.section, self.framework, self.path = section, framework, path
+        self.dtype, self.size, self.batch = dtype, size, batch
+        self.flops = flops  # per call
+        self.make = make
+        self.fn = None
+        self.first_s = None
+        self.times = []
+        self.error = None
+
+    @property
+    def key(self):
+        return (self.section, self.framework, self.path, self.dtype)
+
+    def row(self):
+        median = statistics.median(self.times) if self.times else None
+        return {"section": self.section, "framework": self.framework,
+                "path": self.path, "dtype": self.dtype, "size": self.size,
+                "batch": self.batch, "first_call_s": self.first_s,
+                "median_s": median, "runs": len(self.times),
+                "images_per_s": self.batch / median if median else None,
+                "gflops_per_s": self.flops / median / 1e9 if median else None,
+                "error": self.error}
+
+
+def run_cases(cases, runs, warmup):
+    """First call and warm-up of each case, then ``runs`` rounds in which
+    every case is called once, in turn (so that a noisy minute on the
+    shared machine slows every path, not one)."""
+    live = []
+    for case in cases:
+        where = f" {case.size}px batch {case.batch}" if case.size else ""
+        say(f"  first call: {case.framework} {case.path} {case.dtype}"
+            + where)
+        try:
+            if case.fn is None:
+                case.fn = case.make()
+            start = time.perf_counter()
+            case.fn()
+            case.first_s = time.perf_counter() - start
+            for _ in range(warmup):
+                case.fn()
+            live.append(case)
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            case.error = f"{type(e).__name__}: {str(e)[:200]}"
+            say(f"    failed: {case.error}")
+    for i in range(runs):
+        for case in live:
+            start = time.perf_counter()
+            case.fn()
+            case.times.append(time.perf_counter() - start)
+        say(f"  round {i + 1}/{runs} done")
+    for case in cases:
+        case.fn = None
+    return [c.row() for c in cases]
+
+
+# --------------------------------------------------------------------------
+# environment
+
+
+def import_peers(skip):
+    """torch/timm (before TensorFlow) and keras_hub, or why not."""
+    found, skipped = {}, []
+    if "timm" in skip:
+        skipped.append("timm: disabled with --skip-peers")
+    else:
+        try:
+            import timm
+            import torch
+
+            torch.set_num_threads(os.cpu_count() or 1)
+            found["torch"], found["timm"] = torch, timm
+        except ImportError as e:
+            skipped.append(f"timm: not installed ({e})")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow  # noqa: F401 - after torch, see the module docstring
+
+    if "keras_hub" in skip:
+        skipped.append("keras-hub: disabled with --skip-peers")
+    else:
+        try:
+            import keras_hub
+
+            found["keras_hub"] = keras_hub
+        except ImportError as e:
+            skipped.append(f"keras-hub: not installed ({e}); "
+                           "pip install keras-vit[bench]")
+    return found, skipped
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions(peers):
+    import keras
+    import tensorflow as tf
+
+    import keras_vit
+
+    out = {"python": platform.python_version(), "numpy": np.__version__,
+           "tensorflow": tf.__version__, "keras": keras.__version__,
+           "keras_vit": keras_vit.__version__}
+    if "torch" in peers:
+        out["torch"] = peers["torch"].__version__
+        out["timm"] = peers["timm"].__version__
+    if "keras_hub" in peers:
+        out["keras_hub"] = peers["keras_hub"].__version__
+    for name in ("onnxruntime", "ai_edge_litert"):
+        try:
+            module = __import__(name)
+            out[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            pass
+    return out
+
+
+def threads(peers):
+    import tensorflow as tf
+
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    text = (f"TensorFlow intra-op {intra or 'default (all cores)'}, inter-op "
+            f"{inter or 'default'}")
+    if "torch" in peers:
+        text += (f"; torch.set_num_threads({peers['torch'].get_num_threads()})"
+                 " (the core count)")
+    return text
+
+
+# --------------------------------------------------------------------------
+# the models
+
+
+def keras_vit_model(size, arch, classes, dtype=None):
+    import keras_vit
+
+    kwargs = dict(arch)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return keras_vit.zoo.load("ViT-B/16", weights=None, image_size=size,
+                              num_classes=classes, **kwargs)
+
+
+def timm_model(timm, size, arch, classes):
+    if arch is VIT_B16 and size in TIMM_NAMES:
+        return timm.create_model(TIMM_NAMES[size], pretrained=False,
+                                 num_classes=classes)
+    return timm.create_model(
+        "vit_base_patch16_224", pretrained=False, num_classes=classes,
+        img_size=size, patch_size=arch["patch_size"],
+        embed_dim=arch["hidden_size"], depth=arch["num_layers"],
+        num_heads=arch["num_heads"],
+        mlp_ratio=arch["mlp_dim"] / arch["hidden_size"])
+
+
+def keras_hub_backbone(keras_hub, size, arch):
+    return keras_hub.models.ViTBackbone(
+        image_shape=(size, size, 3), patch_size=arch["patch_size"],
+        num_layers=arch["num_layers"], num_heads=arch["num_heads"],
+        hidden_dim=arch["hidden_size"], mlp_dim=arch["mlp_dim"])
+
+
+def _xla(model):
+    import tensorflow as tf
+
+    return tf.function(lambda x: model(x, training=False), jit_compile=True)
+
+
+def images(batch, size, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+# --------------------------------------------------------------------------
+# inference
+
+
+def inference_cases(size, batches, arch, classes, peers, exports, tmp):
+    import tensorflow as tf
+
+    flops = forward_flops(size, num_classes=classes, **arch)
+    cases, keep = [], {}
+
+    def add(framework, path, dtype, make_for_batch):
+        for b in batches:
+            cases.append(Case("inference", framework, path, dtype, size, b,
+                              flops * b, lambda b=b: make_for_batch(b)))
+
+    def model(dtype):
+        if dtype not in keep:
+            keep[dtype] = keras_vit_model(size, arch, classes, dtype)
+        return keep[dtype]
+
+    def predict(dtype):
+        def make(b):
+            m, x = model(dtype), images(b, size)
+            NOTES[f"keras_vit {dtype or 'float32'} model"] = (
+                f"model.jit_compile = {m.jit_compile}")
+            return lambda: m.predict(x, batch_size=b, verbose=0)
+        return make
+
+    def xla(b):
+        f, x = _xla(model(None)), tf.constant(images(b, size))
+        keep.setdefault("xla", f)
+        f = keep["xla"]
+        return lambda: f(x).numpy()
+
+    add("keras_vit", "model.predict", "float32", predict(None))
+    add("keras_vit", "tf.function(jit_compile=True)", "float32", xla)
+    add("keras_vit", "model.predict", "bfloat16", predict("bfloat16"))
+    add("keras_vit", "model.predict", "mixed_bfloat16",
+        predict("mixed_bfloat16"))
+    for runtime in exports:
+        add("keras_vit", {"onnx": "onnxruntime", "tflite": "LiteRT"}[runtime],
+            "float32", _export_runner(runtime, model, keep, size, tmp))
+    if "torch" in peers:
+        torch = peers["torch"]
+
+        def tm():
+            if "timm" not in keep:
+                keep["timm"] = timm_model(peers["timm"], size, arch,
+                                          classes).eval()
+            return keep["timm"]
+
+        def timm_run(bf16):
+            def make(b):
+                m, x = tm(), torch.from_numpy(
+                    images(b, size).transpose(0, 3, 1, 2).copy())
+
+                def fn():
+                    with torch.inference_mode():
+                        if bf16:
+                            with torch.autocast("cpu", dtype=torch.bfloat16):
+                                return m(x)
+                        return m(x)
+                return fn
+            return make
+
+        add("timm", "eager, inference_mode", "float32", timm_run(False))
+        add("timm", "eager, inference_mode", "bf16 autocast", timm_run(True))
+    if "keras_hub" in peers:
+        def bb():
+            if "hub" not in keep:
+                keep["hub"] = keras_hub_backbone(peers["keras_hub"], size,
+                                                 arch)
+            return keep["hub"]
+
+        def hub_predict(b):
+            m, x = bb(), images(b, size)
+            NOTES["keras_hub ViTBackbone"] = (
+                f"model.jit_compile = {m.jit_compile}")
+            return lambda: m.predict(x, batch_size=b, verbose=0)
+
+        def hub_xla(b):
+            f = keep.setdefault("hub_xla", _xla(bb()))
+            x = tf.constant(images(b, size))
+            return lambda: f(x).numpy()
+
+        # The backbone has no head: (B, N, D) out, 0.77M MACs less than
+        # keras_vit and timm (0.004% of ViT-B/16).
+        add("keras_hub", "ViTBackbone.predict", "float32", hub_predict)
+        add("keras_hub", "tf.function(jit_compile=True)", "float32",
+            hub_xla)
+    return cases, keep
+
+
+def _export_runner(runtime, model, keep, size, tmp):
+    """onnxruntime / LiteRT through keras_vit.export.benchmark's runners
+    (export, verify, open), once per size."""
+    def make(b):
+        if runtime not in keep:
+            from keras_vit.export import benchmark
+            from keras_vit.export.graph import ServingGraph
+
+            graph = ServingGraph(model(None), outputs=("features",))
+            keep[runtime], _ = benchmark._runner(runtime, graph.model, graph,
+                                                 tmp, say)
+        fn, x = keep[runtime], images(b, size)
+        return lambda: fn(x)
+    return make
+
+
+# --------------------------------------------------------------------------
+# training
+
+
+def training_cases(size, batch, arch, classes, peers):
+    import keras
+    import tensorflow as tf
+
+    flops = 3 * batch * forward_flops(size, num_classes=classes, **arch)
+    x = images(batch, size)
+    y = (np.arange(batch) * 7919 % classes).astype("int64")
+    cases = []
+
+    def add(framework, path, dtype, make):
+        cases.append(Case("training", framework, path, dtype, size, batch,
+                          flops, make))
+
+    def trainer_step(precision):
+        def make():
+            from keras_vit.train import Trainer
+            from keras_vit.train.data import ArraySource
+
+            pixels = ((x + 1) * 127.5).astype("uint8")
+            trainer = Trainer(
+                "ViT-B/16", ArraySource(pixels, y, classes), recipe="finetune",
+                weights=None, strategy="default", verbose=False,
+                batch_size=batch, total_steps=10**6, warmup_steps=1,
+                image_size=size, precision=precision, model_options=arch)
+            step = trainer._make_train_step()
+            NOTES["keras_vit Trainer train step"] = (
+                "tf.function(jit_compile="
+                f"{getattr(step, '_jit_compile', None)})")
+            # The step's own input: one fixed batch (the data pipeline's
+            # decoding and augmentation are not timed).
+            it = iter(tf.data.Dataset.from_tensors(
+                (tf.constant(x), tf.constant(y))).repeat())
+            return lambda: [float(t) for t in step(it)]
+        return make
+
+    def fit_step():
+        from keras_vit.train import compile_for_finetune
+
+        model = keras_vit_model(size, arch, classes)
+        compile_for_finetune(model, "finetune", total_steps=10**6,
+                             warmup_steps=1, batch_size=batch)
+        NOTES["keras_vit compile_for_finetune"] = (
+            f"model.jit_compile = {model.jit_compile}")
+        return lambda: model.train_on_batch(x, y)
+
+    add("keras_vit", "Trainer train step", "float32", trainer_step("float32"))
+    add("keras_vit", "Trainer train step", "mixed_bfloat16",
+        trainer_step("mixed_bfloat16"))
+    add("keras_vit", "compile_for_finetune + train_on_batch", "float32",
+        fit_step)
+    if "torch" in peers:
+        torch = peers["torch"]
+
+        def timm_step(bf16):
+            def make():
+                model = timm_model(peers["timm"], size, arch, classes).train()
+                opt = torch.optim.SGD(model.parameters(), lr=0.01,
+                                      momentum=0.9)
+                xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+                yt = torch.from_numpy(y)
+
+                def fn():
+                    opt.zero_grad(set_to_none=True)
+                    with torch.autocast("cpu", dtype=torch.bfloat16,
+                                        enabled=bf16):
+                        logits = model(xt)
+                    loss = torch.nn.functional.cross_entropy(logits.float(),
+                                                             yt)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    return float(loss.detach())
+                return fn
+            return make
+
+        add("timm", "loss.backward + SGD step", "float32", timm_step(False))
+        add("timm", "loss.backward + SGD step", "bf16 autocast",
+            timm_step(True))
+    if "keras_hub" in peers:
+        def hub_step():
+            backbone = keras_hub_backbone(peers["keras_hub"], size, arch)
+            inputs = keras.Input((size, size, 3))
+            tokens = backbone(inputs)
+            logits = keras.layers.Dense(classes, kernel_initializer="zeros")(
+                tokens[:, 0])
+            model = keras.Model(inputs, logits)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.01, momentum=0.9,
+                                               global_clipnorm=1.0),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+            NOTES["keras_hub training model"] = (
+                f"model.jit_compile = {model.jit_compile}")
+            return lambda: model.train_on_batch(x, y)
+
+        add("keras_hub", "ViTBackbone + Dense, train_on_batch", "float32",
+            hub_step)
+    return cases
+
+
+# --------------------------------------------------------------------------
+# matmul ceiling
+
+
+def ceiling_cases(n, mlp_shape, peers):
+    """Square n x n matmuls and one of the model's MLP shape, fp32 and
+    bf16, in TF (graph and XLA) and torch."""
+    import tensorflow as tf
+
+    cases = []
+    shapes = [("square", (n, n, n))]
+    if mlp_shape:
+        shapes.append(("MLP", mlp_shape))
+    for label, (m, k, p) in shapes:
+        flops = 2 * m * k * p
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k)).astype("float32")
+        b = rng.standard_normal((k, p)).astype("float32")
+        name = f"{label} {m}x{k} @ {k}x{p}"
+        for dtype, tf_dtype in (("float32", tf.float32),
+                                ("bfloat16", tf.bfloat16)):
+            for jit in (False, True):
+                def make(tf_dtype=tf_dtype, jit=jit):
+                    ta = tf.cast(tf.constant(a), tf_dtype)
+                    tb = tf.cast(tf.constant(b), tf_dtype)
+                    f = tf.function(lambda u, v: tf.reduce_sum(
+                        tf.cast(tf.matmul(u, v)[:1, :1], tf.float32)),
+                        jit_compile=jit)
+                    return lambda: f(ta, tb).numpy()
+                cases.append(Case("ceiling", "tensorflow",
+                                  f"{name}, {'XLA' if jit else 'graph'}",
+                                  dtype, None, 1, flops, make))
+            if "torch" in peers:
+                torch = peers["torch"]
+
+                def make_t(dtype=dtype):
+                    td = torch.float32 if dtype == "float32" else \
+                        torch.bfloat16
+                    ta, tb = (torch.from_numpy(a).to(td),
+                              torch.from_numpy(b).to(td))
+
+                    def fn():
+                        with torch.inference_mode():
+                            return torch.matmul(ta, tb)
+                    return fn
+                cases.append(Case("ceiling", "torch", name, dtype, None, 1,
+                                  flops, make_t))
+    return cases
+
+
+def ceilings(rows):
+    """Best GFLOP/s per dtype (fp32, bf16)."""
+    best = {}
+    for r in rows:
+        if r["gflops_per_s"]:
+            best[r["dtype"]] = max(best.get(r["dtype"], 0), r["gflops_per_s"])
+    return best
+
+
+def ceiling_for(dtype, best):
+    return best.get("float32" if dtype == "float32" else "bfloat16")
+
+
+# --------------------------------------------------------------------------
+# checkpoint loading, each measurement in a fresh process
+
+
+def load_child(mode, path, arch_json, size):
+    """Runs in the child: the same imports for every mode, then one
+    measurement, printed as JSON."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    import keras_vit
+
+    arch = json.loads(arch_json)
+    out = {}
+    start = time.perf_counter()
+    if mode == "np.load":
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+        out["seconds"] = time.perf_counter() - start
+        out["arrays"] = len(arrays)
+    elif mode == "zoo.load":
+        keras_vit.zoo.load("ViT-B/16", weights=path, image_size=size, **arch)
+        out["seconds"] = time.perf_counter() - start
+    elif mode == "build+load_weights":
+        model = keras_vit.zoo.load("ViT-B/16", weights=None, image_size=size,
+                                   **arch)
+        out["build_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        keras_vit.zoo.load_weights(model, path)
+        out["seconds"] = time.perf_counter() - start
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def _start_child(mode, path, arch, size):
+    cmd = [sys.executable, os.path.abspath(__file__), "--load-child", mode,
+           path, json.dumps(arch), str(size)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def _finish_child(proc):
+    """The child's result and its own peak RSS (wait4: ru_maxrss)."""
+    lines = proc.stdout.read().splitlines()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    result = {"peak_rss": usage.ru_maxrss * 1024}
+    for line in lines:
+        if line.startswith("RESULT "):
+            result.update(json.loads(line[len("RESULT "):]))
+    if proc.returncode:
+        result["error"] = f"child exited with {proc.returncode}"
+    return result
+
+
+def measure_loading(size, arch, classes, repeats, tmp, side_by_side=False):
+    """Writes a random official-layout checkpoint, then times np.load,
+    zoo.load and build + load_weights, each in a fresh process, round
+    after round (``side_by_side``: the processes of a round at once, for
+    --quick, where only the script is under test)."""
+    import keras_vit
+
+    path = os.path.join(tmp, "ViT-B_16-random.npz")
+    model = keras_vit_model(size, arch, classes)
+    keras_vit.zoo.save_npz(model, path)
+    del model
+    gc.collect()
+    nbytes = os.path.getsize(path)
+    modes = ("baseline", "np.load", "zoo.load", "build+load_weights")
+    results = {m: [] for m in modes}
+    for i in range(repeats):
+        if side_by_side:
+            procs = [_start_child(m, path, arch, size) for m in modes]
+            for mode, proc in zip(modes, procs):
+                results[mode].append(_finish_child(proc))
+        else:
+            for mode in modes:
+                results[mode].append(_finish_child(
+                    _start_child(mode, path, arch, size)))
+        say(f"  loading round {i + 1}/{repeats} done")
+    return {"path": path, "bytes": nbytes, "results": results,
+            "side_by_side": side_by_side}
+
+
+def loading_rows(loaded):
+    res = loaded["results"]
+    baseline = statistics.median(r["peak_rss"] for r in res["baseline"])
+
+    def med(mode, key):
+        values = [r[key] for r in res[mode] if key in r]
+        return statistics.median(values) if values else None
+
+    rows = []
+    ref = med("np.load", "seconds")
+    for mode, label, key in (
+            ("np.load", "np.load, every array read", "seconds"),
+            ("zoo.load", "zoo.load(\"ViT-B/16\", weights=path)", "seconds"),
+            ("build+load_weights", "zoo.load(weights=None): build only",
+             "build_seconds"),
+            ("build+load_weights", "zoo.load_weights(model, path) into the "
+             "built model", "seconds")):
+        errors = [r["error"] for r in res[mode] if "error" in r]
+        seconds = med(mode, key)
+        peak = None
+        if key == "seconds" or mode != "build+load_weights":
+            peak = med(mode, "peak_rss")
+        above = None if peak is None else peak - baseline
+        rows.append({
+            "what": label, "seconds": seconds,
+            "vs_np_load": seconds / ref if seconds and ref else None,
+            "peak_above_baseline_mib": None if above is None
+            else above / 2**20,
+            "peak_vs_checkpoint": None if above is None
+            else above / loaded["bytes"],
+            "error": errors[0] if errors else None,
+            "peak_note": ("build + load_weights in one process"
+                          if mode == "build+load_weights" else "")})
+    return rows, baseline
+
+
+# --------------------------------------------------------------------------
+# tables
+
+
+def fmt(value, digits=2):
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 1 or value == 0:
+        return f"{value:.{digits}f}"
+    return f"{value:.3g}"
+
+
+def table(head, rows):
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _timm_ref(rows, row, dtype):
+    for r in rows:
+        if (r["framework"] == "timm" and r["dtype"] == dtype
+                and r["size"] == row["size"] and r["batch"] == row["batch"]
+                and r["images_per_s"]):
+            return r["images_per_s"]
+    return None
+
+
+def model_table(rows, best):
+    head = ["framework", "path", "dtype", "image", "batch", "img/s",
+            "x timm fp32", "x timm bf16", "first call s", "GFLOP/s",
+            "% of ceiling"]
+    out = []
+    for r in rows:
+        ips = r["images_per_s"]
+        ref32 = _timm_ref(rows, r, "float32")
+        ref16 = _timm_ref(rows, r, "bf16 autocast")
+        top = ceiling_for(r["dtype"], best)
+        out.append([
+            r["framework"], r["path"], r["dtype"], str(r["size"]),
+            str(r["batch"]),
+            ips if ips else (f"failed: {r['error']}" if r["error"] else "-"),
+            ips / ref32 if ips and ref32 else None,
+            ips / ref16 if ips and ref16 else None,
+            r["first_call_s"], r["gflops_per_s"],
+            100 * r["gflops_per_s"] / top if r["gflops_per_s"] and top
+            else None])
+    return table(head, out)
+
+
+def ceiling_table(rows):
+    head = ["framework", "matmul", "dtype", "median s", "GFLOP/s"]
+    return table(head, [[r["framework"], r["path"], r["dtype"],
+                         r["median_s"], r["gflops_per_s"]] for r in rows])
+
+
+def loading_table(rows):
+    head = ["what", "seconds", "x np.load", "peak RSS above baseline MiB",
+            "peak / checkpoint size"]
+    body = [[r["what"] + (f" ({r['peak_note']})" if r["peak_note"] else ""),
+             r["seconds"] if r["seconds"] is not None else
+             f"failed: {r['error']}", r["vs_np_load"],
+             r["peak_above_baseline_mib"], r["peak_vs_checkpoint"]]
+            for r in rows]
+    return table(head, body)
+
+
+# --------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    def ints(text):
+        try:
+            values = [int(v) for v in text.split(",") if v]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected positive integers separated by commas; received "
+                f"{text!r}")
+        return values
+
+    def positive(text):
+        values = ints(text)
+        if len(values) != 1:
+            raise argparse.ArgumentTypeError(
+                f"expected one positive integer; received {text!r}")
+        return values[0]
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=ints, help="inference image sizes "
+                   "(default 224,384; --quick: 32)")
+    p.add_argument("--batches", type=ints, help="inference batch sizes "
+                   "(default 1,8; --quick: 2)")
+    p.add_argument("--runs", type=positive, help="timed calls per "
+                   "measurement (default 10; --quick: 3)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed calls after the first (default 1)")
+    p.add_argument("--train-sizes", type=ints, help="training image sizes "
+                   "(default 224; 224,384 is slow)")
+    p.add_argument("--train-batch", type=positive, default=8)
+    p.add_argument("--classes", type=positive, default=1000,
+                   help="classes of the head (default 1000, ImageNet)")
+    p.add_argument("--skip-inference", action="store_true")
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-load", action="store_true")
+    p.add_argument("--skip-ceiling", action="store_true")
+    p.add_argument("--load-repeats", type=positive, help="fresh processes "
+                   "per loading measurement (default 3; --quick: 1)")
+    p.add_argument("--matmul", type=positive, help="side of the square "
+                   "ceiling matmul (default 4096; --quick: 256)")
+    p.add_argument("--exports", default="", help="also onnx,tflite "
+                   "(exports ViT-B/16 first: ONNX takes ~90 s and 13-15 GB)")
+    p.add_argument("--skip-peers", default="", help="comma-separated: "
+                   "timm,keras_hub")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny model and short runs, to test the script")
+    p.add_argument("--out", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+        "benchmarks.md"))
+    p.add_argument("--json", help="also write every measurement here")
+    p.add_argument("--load-child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    q = args.quick
+    args.sizes = args.sizes or ([32] if q else [224, 384])
+    args.batches = args.batches or ([2] if q else [1, 8])
+    args.runs = args.runs or (3 if q else 10)
+    args.train_sizes = args.train_sizes or ([32] if q else [224])
+    args.load_repeats = args.load_repeats or (1 if q else 3)
+    args.matmul = args.matmul or (256 if q else 4096)
+    if args.quick and args.classes == 1000:
+        args.classes = 10
+    args.exports = [e for e in args.exports.split(",") if e]
+    bad = [e for e in args.exports if e not in ("onnx", "tflite")]
+    if bad:
+        p.error(f"--exports takes onnx and/or tflite; received {bad}")
+    args.skip_peers = {s.replace("-", "_") for s in
+                       args.skip_peers.split(",") if s}
+    bad = sorted(args.skip_peers - set(PEERS))
+    if bad:
+        p.error(f"--skip-peers takes {', '.join(PEERS)}; received {bad}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.load_child:
+        mode, path, arch, size = args.load_child
+        return load_child(mode, path, arch, int(size))
+    command = "python benchmarks/speed.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = datetime.datetime.now().astimezone()
+    load_before = os.getloadavg()
+    peers, skipped = import_peers(args.skip_peers)
+    arch = TINY if args.quick else VIT_B16
+    env = versions(peers)
+    thread_note = threads(peers)
+    say(f"{cpu_model()}, {os.cpu_count()} cores; {thread_note}")
+    if not args.quick:
+        say("note: the full run takes tens of minutes; --quick tests the "
+            "script")
+    tmp = tempfile.mkdtemp(prefix="keras_vit_speed_")
+    results = {"inference": [], "training": [], "ceiling": [],
+               "loading": None}
+    import shutil
+
+    try:
+        if not args.skip_ceiling:
+            say("matmul ceiling")
+            tokens = (args.sizes[0] // arch["patch_size"]) ** 2 + 1
+            mlp = (max(args.batches) * tokens, arch["hidden_size"],
+                   arch["mlp_dim"])
+            results["ceiling"] = run_cases(
+                ceiling_cases(args.matmul, mlp, peers), args.runs,
+                args.warmup)
+        for size in [] if args.skip_inference else args.sizes:
+            say(f"inference at {size}")
+            cases, keep = inference_cases(size, args.batches, arch,
+                                          args.classes, peers, args.exports,
+                                          tmp)
+            results["inference"] += run_cases(cases, args.runs, args.warmup)
+            del cases, keep
+            gc.collect()
+        if not args.skip_train:
+            for size in args.train_sizes:
+                say(f"training at {size}, batch {args.train_batch}")
+                cases = training_cases(size, args.train_batch, arch,
+                                       args.classes, peers)
+                results["training"] += run_cases(cases, args.runs,
+                                                 args.warmup)
+                del cases
+                gc.collect()
+        if not args.skip_load:
+            say("checkpoint loading (fresh processes)")
+            results["loading"] = measure_loading(
+                args.sizes[0] if args.quick else 224, arch, args.classes,
+                args.load_repeats, tmp, side_by_side=args.quick)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    load_after = os.getloadavg()
+    duration = time.perf_counter() - _T0
+    text = report(args, command, started, env, thread_note, skipped,
+                  results, (load_before, load_after), arch, duration)
+    print(text)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    say(f"wrote {args.out}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({k: v for k, v in results.items()}, f, indent=2,
+                      default=str)
+    return 0
+
+
+def report(args, command, started, env, thread_note, skipped, results,
+           loads, arch, duration):
+    best = ceilings(results["ceiling"])
+    lines = ["# Speed: keras_vit, timm and keras-hub side by side", ""]
+    if args.quick:
+        lines += ["**Smoke run (`--quick`): a tiny stand-in model (patch "
+                  f"{arch['patch_size']}, width {arch['hidden_size']}, "
+                  f"{arch['num_layers']} layers) at "
+                  f"{','.join(map(str, args.sizes))} px. These numbers test "
+                  "the script; they say nothing about ViT-B/16.**", ""]
+    lines += [
+        f"- command: `{command}`",
+        f"- date: {started.strftime('%Y-%m-%d %H:%M %Z')}; the run took "
+        f"{duration / 60:.1f} min",
+        f"- CPU: {cpu_model()}, {os.cpu_count()} cores "
+        f"({len(os.sched_getaffinity(0))} usable)",
+        f"- load average (1 min) at start and end: {loads[0][0]:.2f}, "
+        f"{loads[1][0]:.2f}",
+        f"- threads: {thread_note}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        f"- model: {'tiny stand-in' if args.quick else 'ViT-B/16'} "
+        f"({', '.join(f'{k}={v}' for k, v in arch.items())}), random "
+        f"weights, {args.classes}-class head",
+        f"- every figure: median of {args.runs} calls, interleaved (each "
+        "round calls every path of one configuration once), after the first"
+        f" call and {args.warmup} warm-up call(s)",
+        ""]
+    if skipped:
+        lines += ["Skipped:", ""] + [f"- {s}" for s in skipped] + [""]
+    if results["ceiling"]:
+        lines += ["## Matrix-multiply ceiling", "",
+                  ceiling_table(results["ceiling"]), "",
+                  "Ceiling = the best of these per dtype: "
+                  + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in
+                              best.items())
+                  + ". \"% of ceiling\" below compares each row with the "
+                  "ceiling of its compute dtype (bf16 for bfloat16, "
+                  "mixed_bfloat16 and bf16 autocast).", ""]
+    flops = {s: forward_flops(s, num_classes=args.classes, **arch) / 1e9
+             for s in sorted({*args.sizes, *args.train_sizes})}
+    lines += ["FLOPs per image (forward, from the configuration: patch "
+              "embedding, QKV/out projections, QK^T and AV, MLP, head): "
+              + ", ".join(f"{v:.2f} GFLOP at {s}" for s, v in flops.items())
+              + ". A training step counts 3x the forward.", ""]
+    if results["inference"]:
+        lines += ["## Inference", "", model_table(results["inference"], best),
+                  "", "- keras_vit model.predict: "
+                  "`keras_vit.zoo.load(\"ViT-B/16\", weights=None, "
+                  "image_size=S).predict(x, batch_size=b)` (whatever the "
+                  "library's default path compiles); bfloat16 and "
+                  "mixed_bfloat16 are the same built with `dtype=`.",
+                  "- keras_vit tf.function(jit_compile=True): "
+                  "`model(x, training=False)` compiled by XLA.",
+                  "- timm: `timm.create_model(\"vit_base_patch16_S\", "
+                  "pretrained=False)` in eval mode under "
+                  "`torch.inference_mode()` (bf16: inside "
+                  "`torch.autocast(\"cpu\", dtype=torch.bfloat16)`); timm's "
+                  "default exact GELU (keras_vit: the tanh form).",
+                  "- keras_hub: `keras_hub.models.ViTBackbone` of the same "
+                  "configuration (no head), predict and XLA.",
+                  "- first call s: the first call (tracing, XLA compilation,"
+                  " allocation), not in img/s.", ""]
+    if results["training"]:
+        lines += ["## Fine-tuning step", "",
+                  model_table(results["training"], best), "",
+                  f"One optimizer step on a batch of {args.train_batch} with "
+                  f"a {args.classes}-class head: forward, softmax "
+                  "cross-entropy, backward, gradient clipping at global "
+                  "norm 1, SGD momentum 0.9 (the paper's fine-tuning).",
+                  "",
+                  "- keras_vit Trainer train step: the compiled step of "
+                  "`keras_vit.train.Trainer` (recipe `finetune`, "
+                  "precision float32 or mixed_bfloat16), fed one fixed "
+                  "batch already in [-1, 1] (the input pipeline is not "
+                  "timed).",
+                  "- keras_vit compile_for_finetune + train_on_batch: what "
+                  "`model.fit` runs after "
+                  "`keras_vit.train.compile_for_finetune(model)`.",
+                  "- timm: `loss.backward()`, `clip_grad_norm_(1.0)`, "
+                  "`SGD(momentum=0.9).step()`; bf16: forward and loss "
+                  "under `torch.autocast(\"cpu\", dtype=torch.bfloat16)`.",
+                  "- keras_hub: ViTBackbone + Dense on the class token, "
+                  "`compile(SGD(momentum=0.9, global_clipnorm=1.0))` and "
+                  "`train_on_batch`.", ""]
+    if NOTES:
+        lines += ["Notes:", ""] + [f"- {k}: {v}" for k, v in NOTES.items()]
+        lines.append("")
+    if results["loading"]:
+        rows, baseline = loading_rows(results["loading"])
+        size = results["loading"]["bytes"]
+        lines += ["## Loading a checkpoint", "",
+                  loading_table(rows), "",
+                  f"A random official-layout checkpoint written by "
+                  f"`keras_vit.zoo.save_npz` ({size / 2**20:.0f} MiB). Each "
+                  "figure is the median over "
+                  f"{args.load_repeats} fresh processes; peak RSS is the "
+                  "child's ru_maxrss minus that of a child that imported the "
+                  f"same libraries and did nothing ({baseline / 2**20:.0f} "
+                  "MiB)."
+                  + (" --quick ran the processes of a round side by side "
+                     "(only the script is under test)."
+                     if results["loading"]["side_by_side"] else ""), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

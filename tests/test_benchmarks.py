@@ -1,0 +1,111 @@
+"""benchmarks/speed.py: the FLOP count, and a --quick run end to end (a
+tiny model; it checks the script, not the speed)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "speed.py")
+HAS_TIMM = importlib.util.find_spec("timm") is not None
+
+
+def _speed_module():
+    spec = importlib.util.spec_from_file_location("speed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_forward_flops_match_the_published_gmacs():
+    speed = _speed_module()
+    # ViT-B/16: 17.56 GMACs at 224, 55.5 at 384 (timm's and fvcore's count).
+    assert speed.forward_flops(224, **speed.VIT_B16) / 2e9 == pytest.approx(
+        17.56, abs=0.01)
+    assert speed.forward_flops(384, **speed.VIT_B16) / 2e9 == pytest.approx(
+        55.5, abs=0.1)
+
+
+def _tables(text):
+    """``{section heading: [row dicts]}`` of the markdown tables."""
+    tables, heading, head = {}, None, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            heading, head = line[3:].strip(), None
+        elif line.startswith("|") and heading:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if head is None:
+                head = cells
+                tables[heading] = []
+            elif not set(line) <= set("|-"):
+                tables[heading].append(dict(zip(head, cells)))
+        else:
+            head = None
+    return tables
+
+
+def _positive(cell):
+    return float(cell) > 0
+
+
+@pytest.mark.slow
+def test_quick_run_writes_the_tables(tmp_path):
+    out = tmp_path / "speed.md"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--skip-peers", "keras_hub",
+         "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.strip() in proc.stdout
+    assert "Smoke run" in text
+    assert "- keras-hub: disabled with --skip-peers" in text
+    for key in ("command:", "CPU:", "cores", "tensorflow 2.", "threads:"):
+        assert key in text
+
+    tables = _tables(text)
+    assert set(tables) == {"Matrix-multiply ceiling", "Inference",
+                           "Fine-tuning step", "Loading a checkpoint"}
+    assert tables["Inference"] and tables["Fine-tuning step"]
+    assert all(_positive(r["GFLOP/s"]) for r in
+               tables["Matrix-multiply ceiling"])
+
+    expected = {
+        "Inference": {
+            ("keras_vit", "model.predict", "float32"),
+            ("keras_vit", "tf.function(jit_compile=True)", "float32"),
+            ("keras_vit", "model.predict", "bfloat16"),
+            ("keras_vit", "model.predict", "mixed_bfloat16")},
+        "Fine-tuning step": {
+            ("keras_vit", "Trainer train step", "float32"),
+            ("keras_vit", "Trainer train step", "mixed_bfloat16"),
+            ("keras_vit", "compile_for_finetune + train_on_batch",
+             "float32")},
+    }
+    if HAS_TIMM:
+        expected["Inference"] |= {
+            ("timm", "eager, inference_mode", "float32"),
+            ("timm", "eager, inference_mode", "bf16 autocast")}
+        expected["Fine-tuning step"] |= {
+            ("timm", "loss.backward + SGD step", "float32"),
+            ("timm", "loss.backward + SGD step", "bf16 autocast")}
+    for section, keys in expected.items():
+        rows = tables[section]
+        assert {(r["framework"], r["path"], r["dtype"]) for r in rows} == keys
+        for r in rows:
+            assert r["image"] == "32"
+            for column in ("img/s", "first call s", "GFLOP/s",
+                           "% of ceiling"):
+                assert _positive(r[column]), (section, r)
+            if HAS_TIMM:
+                assert _positive(r["x timm fp32"]), (section, r)
+                assert _positive(r["x timm bf16"]), (section, r)
+
+    loading = tables["Loading a checkpoint"]
+    assert len(loading) == 4
+    assert all(_positive(r["seconds"]) for r in loading)
+    assert loading[0]["x np.load"] == "1.00"
