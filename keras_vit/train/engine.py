@@ -166,6 +166,10 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
         return built
     elif callable(model) and not isinstance(model, keras.Model):
         model = model()
+    if hasattr(model, "to_classifier") and num_classes is not None:
+        # A self-supervised model (keras_vit.train.mpp): its encoder with a
+        # new zero-initialised head.
+        model = model.to_classifier(num_classes)
     if not isinstance(model, keras.Model):
         raise ValueError(
             "model must be a zoo name, a .keras path, a keras.Model or a "
@@ -340,13 +344,7 @@ class Trainer:
                 image_size=self.image_size,
                 dropout_rate=float(getattr(self.model, "dropout_rate",
                                            r.dropout_rate)))
-            if _model_classes(self.model) != self.train.num_classes:
-                raise ValueError(
-                    f"model={self.model.name!r} has "
-                    f"{_model_classes(self.model)} outputs but the data has "
-                    f"{self.train.num_classes} classes; pass a zoo name or a "
-                    "VisionTransformer (they get a new zero-initialised head "
-                    "of the right size)")
+            self.model = self.prepare_model(self.model)
             self.optimizer = recipes_lib.make_optimizer(r, self.total_steps)
             self.optimizer.build(self.model.trainable_variables)
             # The loop sums gradients across replicas itself (it must clip
@@ -383,6 +381,42 @@ class Trainer:
             self._open_run_dir(resume)
         self._train_step = None
         self._eval_steps = {}
+
+    # ------------------------------------------------------------------
+    # the objective: two hooks a subclass overrides to train something
+    # other than a classifier (keras_vit.train.mpp does)
+
+    def prepare_model(self, model):
+        """The model :func:`build_model` made -> the model to train. Runs
+        in the strategy scope under the run's dtype policy. Here: checks
+        that a classifier has one output per class of the data."""
+        if _model_classes(model) != self.train.num_classes:
+            raise ValueError(
+                f"model={model.name!r} has {_model_classes(model)} outputs "
+                f"but the data has {self.train.num_classes} classes; pass a "
+                "zoo name or a VisionTransformer (they get a new "
+                "zero-initialised head of the right size)")
+        return model
+
+    def compute_loss(self, images, labels, seed):
+        """The loss of one (micro-)batch on one replica, summed over its
+        images (the loop divides by the global batch), and how many of its
+        images were right (summed the same way). Runs inside the compiled
+        step; ``seed`` is a stateless random seed (shape (2,), int64),
+        distinct for every step, replica and micro-batch. Here: softmax
+        cross-entropy with the recipe's label smoothing."""
+        import tensorflow as tf
+
+        r, num_classes = self.recipe, self.train.num_classes
+        logits = tf.cast(self.model(images, training=True), tf.float32)
+        target = tf.one_hot(labels, num_classes)
+        if r.label_smoothing:
+            target = (target * (1.0 - r.label_smoothing)
+                      + r.label_smoothing / num_classes)
+        per_example = tf.nn.softmax_cross_entropy_with_logits(target, logits)
+        correct = tf.reduce_sum(tf.cast(
+            tf.equal(tf.argmax(logits, -1), labels), tf.float32))
+        return tf.reduce_sum(per_example), correct
 
     # ------------------------------------------------------------------
     # run directory and checkpoints
@@ -539,31 +573,33 @@ class Trainer:
         strategy, model, opt = self.strategy, self.model, self.optimizer
         r = self.recipe
         variables = model.trainable_variables
-        num_classes = self.train.num_classes
         global_batch = float(r.batch_size)
         accum, micro, size = self.accum, self.micro, self.image_size
-        reg_scale = 1.0 / (strategy.num_replicas_in_sync * accum)
+        replicas = strategy.num_replicas_in_sync
+        reg_scale = 1.0 / (replicas * accum)
         ema, ema_decay = self.ema, r.ema_decay
 
-        def grads_of(images, labels):
+        def seed_of(micro_index):
+            # Stateless: a resumed run draws what the killed one would have.
+            ctx = tf.distribute.get_replica_context()
+            replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
+            counter = ((tf.cast(opt.iterations, tf.int64) * replicas
+                        + replica) * accum
+                       + tf.cast(micro_index, tf.int64))
+            return tf.stack([tf.constant(r.seed, tf.int64), counter])
+
+        def grads_of(images, labels, micro_index=0):
             with tf.GradientTape() as tape:
-                logits = tf.cast(model(images, training=True), tf.float32)
-                target = tf.one_hot(labels, num_classes)
-                if r.label_smoothing:
-                    target = (target * (1.0 - r.label_smoothing)
-                              + r.label_smoothing / num_classes)
-                per_example = tf.nn.softmax_cross_entropy_with_logits(
-                    target, logits)
+                total, correct = self.compute_loss(images, labels,
+                                                   seed_of(micro_index))
                 # Summed over the replica's images and divided by the
                 # global batch: the cross-replica sum is then the mean.
-                loss = tf.reduce_sum(per_example) / global_batch
+                loss = total / global_batch
                 if model.losses:
                     loss += tf.add_n(model.losses) * reg_scale
             grads = tape.gradient(loss, variables)
             grads = [tf.zeros_like(v) if g is None else g
                      for g, v in zip(grads, variables)]
-            correct = tf.reduce_sum(tf.cast(
-                tf.equal(tf.argmax(logits, -1), labels), tf.float32))
             return loss, correct, grads
 
         def replica_step(images, labels):
@@ -576,7 +612,7 @@ class Trainer:
                 labels = tf.reshape(labels, (accum, micro))
 
                 def body(i, loss, correct, grads):
-                    l_, c_, g_ = grads_of(images[i], labels[i])
+                    l_, c_, g_ = grads_of(images[i], labels[i], i)
                     return (i + 1, loss + l_, correct + c_,
                             [a + b for a, b in zip(grads, g_)])
 
