@@ -1,6 +1,6 @@
-"""``keras-vit fine-tune``, ``evaluate`` and ``fewshot``.
+"""``keras-vit fine-tune``, ``evaluate``, ``fewshot`` and ``pretrain``.
 
-:func:`register` adds the three commands to an argparse sub-parser set (the
+:func:`register` adds the commands to an argparse sub-parser set (the
 ``keras-vit`` command line does); ``python -m keras_vit.train`` runs them on
 their own. Mistakes in the command line or the data raise ``ValueError`` or
 ``OSError``, which the command line prints as one ``keras-vit: error:``
@@ -202,6 +202,8 @@ def register(subparsers):
 
     _register_vtab(subparsers)
 
+    _register_pretrain(subparsers)
+
 
 # --------------------------------------------------------------------------
 
@@ -328,6 +330,113 @@ def run_evaluate(args):
         print(f"{args.model} on {source.name}: top-1 accuracy "
               f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
               f"({result['num_examples']} images)")
+    return 0
+
+
+# ``keras-vit pretrain``: self-supervised pre-training (keras_vit.train.mpp).
+# Its recipe options, as flag, type, metavar, help.
+_PRETRAIN_RECIPE_OPTIONS = (
+    ("--steps", positive_int, "N", "total optimizer steps (recipe mpp: "
+     "100000; scale --warmup-steps with it)"),
+    ("--batch-size", positive_int, "N", "global batch per optimizer step "
+     "(recipe mpp: 4096)"),
+    ("--micro-batch-size", positive_int, "N", "images per replica per pass "
+     "(gradient accumulation)"),
+    ("--lr", _positive_float, "X", "peak learning rate (recipe mpp: 2e-4)"),
+    ("--warmup-steps", int, "N", "linear warmup steps (recipe mpp: 10000)"),
+    ("--image-size", positive_int, "N", "training resolution (recipe: 224)"),
+    ("--precision", str, "P", "auto, float32 or mixed_bfloat16"),
+    ("--checkpoint-every", positive_int, "N", "steps between checkpoints"),
+    ("--seed", int, "N", "seeds the data order, the corruption and new "
+     "weights"),
+)
+
+
+def _register_pretrain(subparsers):
+    from keras_vit.train import mpp
+
+    p = subparsers.add_parser(
+        "pretrain", help="self-supervised pre-training on unlabelled images "
+                         "(masked patch prediction); resumable",
+        description="Pre-trains MODEL on unlabelled images by masked patch "
+                    "prediction (paper Appendix B.1.2): 50%% of the patch "
+                    "embeddings corrupted (80%% [mask], 10%% another patch, "
+                    "10%% unchanged), each corrupted patch's 3-bit mean "
+                    "colour predicted. Checkpoints go to --out; the same "
+                    "command resumes. Fine-tune the result with `keras-vit "
+                    "fine-tune OUT/model.keras --data LABELLED`.")
+    p.add_argument("model", metavar="MODEL",
+                   help="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
+                        ".keras file (a ViT, or a pretrain result to "
+                        "continue)")
+    p.add_argument("--objective", default="mpp", metavar="NAME",
+                   help=f"one of {', '.join(mpp.OBJECTIVES)} (default: mpp)")
+    p.add_argument("--data", required=True, metavar="SPEC",
+                   help="a folder of images (jpg, png, ...; any nested "
+                        "layout, sub-folders are not classes), or 'digits', "
+                        "'tfds:NAME[:SPLIT]', an .npz (labels ignored)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where tfds datasets are prepared (default: tfds')")
+    p.add_argument("--target", default="mean_color", metavar="NAME",
+                   help=f"one of {', '.join(mpp.TARGETS)} (default: "
+                        "mean_color, 512 classes)")
+    p.add_argument("--corruption-rate", type=float, default=0.5,
+                   metavar="X", help="fraction of patches corrupted "
+                                     "(default: 0.5)")
+    p.add_argument("--recipe", default="mpp", metavar="NAME",
+                   help="a recipe name (default: mpp: Adam 2e-4, 10k "
+                        "warmup, cosine)")
+    p.add_argument("--weights", "-w", default="none", metavar="W",
+                   help="for a zoo name: 'none' (default, random "
+                        "initialisation) or a weights tag, path or URL")
+    p.add_argument("--out", "-o", metavar="DIR",
+                   help="run directory (default: runs/<model>-<data>-"
+                        "<objective>)")
+    p.add_argument("--restart", action="store_true",
+                   help="delete the run's checkpoints and start again")
+    for flag, kind, metavar, text in _PRETRAIN_RECIPE_OPTIONS:
+        p.add_argument(flag, type=kind, metavar=metavar, help=text)
+    for flag, metavar, text in (
+            ("--set", "FIELD=VALUE", "any recipe field, e.g. --set "
+                                     "crop_area=none (repeatable)"),
+            ("--model-option", "KEY=VALUE", "a zoo.load keyword, e.g. "
+                                            "num_layers=4 (repeatable)")):
+        p.add_argument(flag, action="append", type=_key_value, default=[],
+                       metavar=metavar, help=text)
+    _add_runtime_options(p)
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print the final metrics as JSON")
+    p.set_defaults(func=run_pretrain, epochs=None, ema=None, download=False)
+
+
+def run_pretrain(args):
+    """``keras-vit pretrain``: returns the exit status."""
+    from keras_vit.train import mpp
+
+    objective = mpp.check_objective(args.objective)
+    target = mpp.check_target(args.target)
+    _configure_devices(args)
+    out = args.out or os.path.join(
+        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{objective}")
+    weights = None if str(args.weights).lower() == "none" else args.weights
+    trainer = mpp.MppTrainer(
+        args.model, args.data, target=target,
+        corruption_rate=args.corruption_rate, recipe=args.recipe,
+        out_dir=out, strategy=args.strategy, tpu=args.tpu, weights=weights,
+        resume=not args.restart, data_dir=args.data_dir,
+        model_options={k: _literal(v) for k, v in args.model_option},
+        verbose=not args.quiet, **_recipe_overrides(args))
+    result = trainer.fit()
+    if not trainer.is_chief:
+        return 0
+    if args.json:
+        shown = {k: v for k, v in result.metrics.items() if k != "history"}
+        print(json.dumps(shown, indent=2, default=str))
+    elif "model_path" in result.metrics:
+        print(f"fine-tune it: keras-vit fine-tune "
+              f"{result.metrics['model_path']} --data LABELLED_DATA")
     return 0
 
 
