@@ -359,9 +359,9 @@ def _register_pretrain(subparsers):
         "pretrain", help="self-supervised pre-training on unlabelled images "
                          "(masked patch prediction); resumable",
         description="Pre-trains MODEL on unlabelled images by masked patch "
-                    "prediction (paper Appendix B.1.2): 50%% of the patch "
-                    "embeddings corrupted (80%% [mask], 10%% another patch, "
-                    "10%% unchanged), each corrupted patch's 3-bit mean "
+                    "prediction (paper Appendix B.1.2): 50% of the patch "
+                    "embeddings corrupted (80% [mask], 10% another patch, "
+                    "10% unchanged), each corrupted patch's 3-bit mean "
                     "colour predicted. Checkpoints go to --out; the same "
                     "command resumes. Fine-tune the result with `keras-vit "
                     "fine-tune OUT/model.keras --data LABELLED`.")
