@@ -1,0 +1,157 @@
+"""Reads ``.npz`` checkpoints one array at a time.
+
+:func:`open_npz` returns ``{key: LazyArray}``: each knows its shape and
+dtype from the ``.npy`` header inside the archive and reads its data only
+when converted (``np.asarray``, ``astype``). Loading a checkpoint into a model
+then holds one array (or one stacked block array) beside the model's own
+variables instead of the whole file: the peak of loading ViT-B/16 stays
+near the size of the model (``docs/benchmarks.md``).
+
+>>> import os, tempfile, numpy as np
+>>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
+>>> np.savez(path, a=np.arange(6.0).reshape(2, 3))
+>>> arrays = open_npz(path)
+>>> arrays["a"].shape, arrays["a"][1].shape, np.asarray(arrays["a"][1])
+((2, 3), (3,), array([3., 4., 5.]))
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zipfile
+
+import numpy as np
+
+
+class _Member:
+    """One ``.npy`` member of the archive, with a one-slot cache so that the
+    slices of a stacked array (big_vision's scanned blocks) read it once
+    when they are converted one after another."""
+
+    def __init__(self, path, name):
+        self.path, self.name = path, name
+        self._cached = None
+        self._lock = threading.Lock()
+
+    def header(self):
+        with zipfile.ZipFile(self.path) as archive, \
+                archive.open(self.name) as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0
+                           if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(f)
+        return tuple(shape), np.dtype(dtype)
+
+    def read(self):
+        with self._lock:
+            if self._cached is None:
+                with zipfile.ZipFile(self.path) as archive, \
+                        archive.open(self.name) as f:
+                    self._cached = np.lib.format.read_array(
+                        f, allow_pickle=False)
+            return self._cached
+
+    def release(self):
+        with self._lock:
+            self._cached = None
+
+
+class LazyArray:
+    """An array of a ``.npz`` archive that is read when converted.
+
+    Supports what the checkpoint loaders need before reading: ``shape``,
+    ``dtype``, ``ndim``, ``reshape`` and integer indexing of the first axis
+    (both lazy); ``np.asarray(x)`` and ``x.astype(dtype)`` read it.
+    """
+
+    __slots__ = ("shape", "dtype", "_member", "_index", "_reshape")
+
+    def __init__(self, member, shape, dtype, index=None, reshape=None):
+        self._member = member
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self._index = index
+        self._reshape = reshape
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def source(self):
+        """The archive member the data comes from."""
+        return self._member.name
+
+    def __repr__(self):
+        return f"LazyArray({self.source!r}, shape={self.shape}, " \
+               f"dtype={self.dtype})"
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, i):
+        if (self._index is not None or self._reshape is not None
+                or not isinstance(i, (int, np.integer)) or not self.shape):
+            return np.asarray(self)[i]
+        if not -self.shape[0] <= i < self.shape[0]:
+            raise IndexError(f"index {i} is out of bounds for axis 0 with "
+                             f"size {self.shape[0]}")
+        return LazyArray(self._member, self.shape[1:], self.dtype,
+                         index=int(i) % self.shape[0])
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        size = math.prod(self.shape)
+        known = math.prod(d for d in shape if d != -1)
+        shape = tuple(size // max(known, 1) if d == -1 else int(d)
+                      for d in shape)
+        if math.prod(shape) != size:
+            raise ValueError(f"cannot reshape an array of size {size} into "
+                             f"shape {shape}")
+        return LazyArray(self._member, shape, self.dtype, index=self._index,
+                         reshape=shape)
+
+    def read(self):
+        """The data as a NumPy array."""
+        data = self._member.read()
+        if self._index is not None:
+            data = data[self._index]
+        if self._reshape is not None:
+            data = data.reshape(self._reshape)
+        return data
+
+    def __array__(self, dtype=None, copy=None):
+        data = self.read()
+        if dtype is not None and np.dtype(dtype) != data.dtype:
+            return data.astype(dtype)
+        return data.copy() if copy else data
+
+    def astype(self, dtype):
+        return np.asarray(self, dtype=dtype)
+
+    def release(self):
+        """Drops the cached data of the archive member."""
+        self._member.release()
+
+
+def open_npz(path):
+    """``{key: LazyArray}`` for every array of the ``.npz`` at ``path``
+    (headers only are read here; never unpickles). Raises ``ValueError``,
+    ``zipfile.BadZipFile`` or ``OSError`` for a file that is not a valid
+    archive."""
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    out = {}
+    for name in names:
+        if not name.endswith(".npy"):
+            raise ValueError(f"unexpected member {name!r} in the archive")
+        member = _Member(path, name)
+        shape, dtype = member.header()
+        if dtype.hasobject:
+            raise ValueError(f"{name!r} holds Python objects; checkpoints "
+                             "are never unpickled")
+        out[name[:-len(".npy")]] = LazyArray(member, shape, dtype)
+    return out
