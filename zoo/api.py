@@ -137,7 +137,7 @@ def load(
     if weights is not None:
         resolved = resolve_weights(arch.name, weights, image_size, progress)
         record = resolved.record
-        raw = convert.read_npz(resolved.path)
+        raw = convert.read_npz(resolved.path, lazy=True)
         if is_bit:
             arrays = bit_layout.normalize(raw)
             facts = {}

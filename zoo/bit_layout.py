@@ -27,7 +27,8 @@ import re
 import numpy as np
 
 from keras_vit.zoo import convert
-from keras_vit.zoo.convert import CheckpointError, read_npz
+from keras_vit.zoo.convert import (CheckpointError, as_array, assign_all,
+                                   read_npz)
 
 PREFIX = "resnet/"
 HEAD_KERNEL = PREFIX + "head/conv2d/kernel"
@@ -79,7 +80,7 @@ def normalize(arrays: dict) -> dict:
     """
     out = {}
     for key, value in arrays.items():
-        value = np.asarray(value)
+        value = as_array(value)
         if (_is_group_norm(key) and value.ndim > 1
                 and all(d == 1 for d in value.shape[:-1])):
             value = value.reshape(value.shape[-1])
@@ -139,7 +140,7 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True):
     if isinstance(source, dict):
         arrays = normalize(source)
     else:
-        arrays = normalize(read_npz(source))
+        arrays = normalize(read_npz(source, lazy=True))
     targets = model_variables(model)
     report = {"head": None}
 
@@ -186,9 +187,8 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True):
             f"model={model.name!r} (another depth or width?):\n  "
             + "\n  ".join(problems))
 
-    for key, var in targets.items():
-        if head_replaced and key in (HEAD_KERNEL, HEAD_BIAS):
-            var.assign(np.zeros(var.shape, dtype=var.dtype))
-        else:
-            var.assign(arrays[key].astype(var.dtype))
+    assign_all([(var, None if head_replaced and key in (HEAD_KERNEL,
+                                                         HEAD_BIAS)
+                  else arrays[key]) for key, var in targets.items()],
+               _describe(source))
     return report

@@ -18,6 +18,8 @@ import zipfile
 
 import numpy as np
 
+from keras_vit.zoo import lazy_npz
+
 logger = logging.getLogger("keras_vit.zoo")
 
 
@@ -29,16 +31,21 @@ class CheckpointError(ValueError):
 # Reading
 
 
-def read_npz(path) -> dict:
+def read_npz(path, lazy=False) -> dict:
     """Reads a flat ``.npz`` checkpoint into ``{key: array}``.
 
     Never unpickles (``allow_pickle=False``); a corrupt or truncated file
-    raises :class:`CheckpointError` naming the path.
+    raises :class:`CheckpointError` naming the path. ``lazy=True`` reads
+    only the headers and returns :class:`~keras_vit.zoo.lazy_npz.LazyArray`
+    values, read one at a time when converted (what the loaders use, to keep
+    the memory peak near the model's size).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"Checkpoint not found: path={path!r}")
     try:
+        if lazy:
+            return lazy_npz.open_npz(path)
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
@@ -46,6 +53,41 @@ def read_npz(path) -> dict:
             f"Could not read the checkpoint path={path!r}: it is not a valid "
             f".npz archive (corrupt or truncated download?). {type(e).__name__}"
             f": {e}") from e
+
+
+def as_array(value):
+    """``value`` as an array, leaving a lazily read one unread."""
+    if isinstance(value, lazy_npz.LazyArray):
+        return value
+    return np.asarray(value)
+
+
+def assign_all(assignments, source_name):
+    """Assigns ``[(variable, array or None for zeros)]`` in the order of the
+    checkpoint's archive members (so a stacked array is read once), reading
+    and converting one array at a time."""
+    def order(item):
+        value = item[1]
+        return getattr(value, "source", "")
+
+    previous = None
+    for var, value in sorted(assignments, key=order):
+        if previous is not None and previous.source != order((var, value)):
+            previous.release()  # every slice of that member is assigned
+        previous = value if isinstance(value, lazy_npz.LazyArray) else None
+        if value is None:
+            var.assign(np.zeros(var.shape, dtype=var.dtype))
+            continue
+        try:
+            var.assign(np.asarray(value, dtype=var.dtype))
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+            raise CheckpointError(
+                f"Could not read {getattr(value, 'source', '?')!r} of the "
+                f"checkpoint source={source_name} (corrupt file?); the model's "
+                f"weights are partly overwritten. {type(e).__name__}: {e}"
+            ) from e
+    if previous is not None:
+        previous.release()
 
 
 _NEW_TO_OLD_BLOCK = {
@@ -64,7 +106,7 @@ def normalize_keys(arrays: dict) -> dict:
             key = key[len("params/"):]
         if key == "pos_embedding":  # big_vision keeps it at the top level
             key = "Transformer/posembed_input/pos_embedding"
-        out[key] = np.asarray(value)
+        out[key] = as_array(value)
 
     # GroupNorm parameters are stored (1, 1, 1, C) in some released hybrids.
     for key in out:
@@ -270,7 +312,7 @@ def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
 def _source_arrays(source):
     if isinstance(source, dict):
         return dict(source)
-    return read_npz(source)
+    return read_npz(source, lazy=True)
 
 
 def _describe(source):
@@ -395,9 +437,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
             f"not fit model={model.name!r} (is it another architecture?):\n  "
             + "\n  ".join(problems))
 
-    for key, var in targets.items():
-        if head_replaced and key.startswith("head/"):
-            var.assign(np.zeros(var.shape, dtype=var.dtype))
-        else:
-            var.assign(arrays[key].astype(var.dtype))
+    assign_all([(var, None if head_replaced and key.startswith("head/")
+                  else arrays[key]) for key, var in targets.items()],
+               source_name or _describe(source))
     return report

@@ -16,6 +16,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.vit import _pair, _positive_int
 
 BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
@@ -157,7 +158,7 @@ def stage_widths(width_factor, num_stages=_NUM_STAGES):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class ResNetV2(keras.Model):
+class ResNetV2(CompiledModelMixin, keras.Model):
     """BiT ResNet-v2 of "Big Transfer (BiT): General Visual Representation
     Learning".
 

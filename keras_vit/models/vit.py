@@ -6,6 +6,7 @@ import keras
 from keras import layers
 
 from keras_vit import layers as vit_layers
+from keras_vit.models.compiled import CompiledModelMixin
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
@@ -114,7 +115,7 @@ def _rate(value, name):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class VisionTransformer(keras.Model):
+class VisionTransformer(CompiledModelMixin, keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
     Build it with :func:`keras_vit.models.vit` or, with released weights,
