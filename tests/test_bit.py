@@ -321,7 +321,9 @@ def test_replaced_head_is_zero_and_features_match_timm(tmp_path):
     want = _torch_run(ref, torch, x)
     got = np.asarray(pooled.predict(x, verbose=0))
     assert got.shape == want.shape == (3, 1024)
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    # predict runs XLA-compiled (fused kernels round differently): 1e-5
+    # relative on features of scale ~1.5.
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
 
 
 def test_export_round_trips_through_timm(tmp_path):
