@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 PACKAGE = "keras_vit"
@@ -102,19 +103,69 @@ class ClassToken(layers.Layer):
         return (b, None if n is None else n + 1, d)
 
 
+# Position embeddings added to the tokens (paper Appendix D.4). "relative" is
+# not among them: it biases the attention logits instead (see
+# relative_attention_bias and EncoderBlock).
+ADDITIVE_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d")
+
+
+def sincos_2d_table(grid_size, width, temperature=10_000.0):
+    """The fixed 2D sin-cos position embedding of MoCo v3 / big_vision.
+
+    Returns a float32 array (rows * cols, width) in raster order: for each
+    patch ``[sin(x w), cos(x w), sin(y w), cos(y w)]`` with x the column, y
+    the row and ``w = temperature ** -(arange(width / 4) / (width / 4 - 1))``
+    (big_vision's ``posemb_sincos_2d``).
+
+    >>> sincos_2d_table((2, 3), 8).shape
+    (6, 8)
+    """
+    rows, cols = (int(g) for g in grid_size)
+    if width % 4 or width < 8:
+        raise ValueError(
+            "position_embedding='sincos_2d' needs a width that is a multiple "
+            f"of 4 and at least 8; received width={width}")
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    y, x = np.mgrid[:rows, :cols]
+    x = x.reshape(-1, 1) * omega[None]
+    y = y.reshape(-1, 1) * omega[None]
+    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], 1)
+    return table.astype("float32")
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PositionEmbedding(layers.Layer):
-    """Adds a learned 1D position embedding of shape (1, num_tokens, D).
+    """Adds a position embedding of shape (1, num_tokens, D) to the tokens.
 
     ``grid_size`` (rows, cols) and ``num_prefix_tokens`` (1 with a class
     token) record how the table maps onto the patch grid, which is what a
     resolution change needs to resize it (``keras_vit.zoo.resize_posemb``).
+
+    ``kind`` (paper Appendix D.4):
+
+    * ``"learned_1d"`` (the paper's default): one learned row per token,
+      class token included, weight ``pos_embedding`` (1, num_tokens, D);
+    * ``"learned_2d"``: an X (column) and a Y (row) table of width D/2 each,
+      weights ``pos_embedding_x`` (cols, D/2) and ``pos_embedding_y``
+      (rows, D/2); a patch gets ``concat(X[col], Y[row])``;
+    * ``"sincos_2d"``: the fixed table of :func:`sincos_2d_table`, no weights.
+
+    With the two 2D kinds the prefix (class) token gets no embedding: it has
+    no place on the grid, and it is itself a learned vector, so a learned
+    offset for it would only duplicate it (MoCo v3 gives it zeros too).
     """
 
-    def __init__(self, grid_size, num_prefix_tokens=0, **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
+                 **kwargs):
         super().__init__(**kwargs)
+        if kind not in ADDITIVE_POSITION_EMBEDDINGS:
+            raise ValueError(
+                f"kind must be one of {ADDITIVE_POSITION_EMBEDDINGS}; "
+                f"received kind={kind!r}")
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.kind = kind
 
     @property
     def num_tokens(self):
@@ -127,23 +178,121 @@ class PositionEmbedding(layers.Layer):
                 f"(grid_size={self.grid_size}, num_prefix_tokens="
                 f"{self.num_prefix_tokens}); received input_shape={input_shape}"
             )
-        self.pos_embedding = self.add_weight(
-            name="pos_embedding",
-            shape=(1, self.num_tokens, input_shape[-1]),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
+        dim = int(input_shape[-1])
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.kind == "learned_1d":
+            self.pos_embedding = self.add_weight(
+                name="pos_embedding", shape=(1, self.num_tokens, dim),
+                initializer=init)
+        elif self.kind == "learned_2d":
+            if dim % 2:
+                raise ValueError(
+                    "position_embedding='learned_2d' needs an even hidden size "
+                    f"(X and Y halves); received input_shape={input_shape}")
+            rows, cols = self.grid_size
+            self.pos_embedding_x = self.add_weight(
+                name="pos_embedding_x", shape=(cols, dim // 2),
+                initializer=init)
+            self.pos_embedding_y = self.add_weight(
+                name="pos_embedding_y", shape=(rows, dim // 2),
+                initializer=init)
+        else:
+            grid = sincos_2d_table(self.grid_size, dim)
+            prefix = np.zeros((self.num_prefix_tokens, dim), "float32")
+            self._fixed_table = np.concatenate([prefix, grid])[None]
         self.built = True
 
+    def table(self):
+        """The embedding added to the tokens, (1, num_tokens, D), any kind."""
+        if self.kind == "learned_1d":
+            return self.pos_embedding
+        if self.kind == "sincos_2d":
+            return ops.convert_to_tensor(self._fixed_table)
+        rows, cols = self.grid_size
+        half = self.pos_embedding_x.shape[-1]
+        x = ops.broadcast_to(self.pos_embedding_x[None], (rows, cols, half))
+        y = ops.broadcast_to(self.pos_embedding_y[:, None], (rows, cols, half))
+        grid = ops.reshape(ops.concatenate([x, y], axis=-1),
+                           (rows * cols, 2 * half))
+        prefix = ops.zeros((self.num_prefix_tokens, 2 * half), grid.dtype)
+        return ops.concatenate([prefix, grid], axis=0)[None]
+
     def call(self, x):
-        return x + ops.cast(self.pos_embedding, x.dtype)
+        return x + ops.cast(self.table(), x.dtype)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             grid_size=list(self.grid_size),
             num_prefix_tokens=self.num_prefix_tokens,
+            kind=self.kind,
         )
         return config
+
+
+def relative_table_rows(num_patches, num_prefix_tokens=0):
+    """Rows of a 1D relative position table: one per offset between two of
+    ``num_patches`` patches (2P - 1), plus one shared by every pair that
+    involves a prefix (class) token when there is one."""
+    return 2 * int(num_patches) - 1 + (1 if num_prefix_tokens else 0)
+
+
+def relative_position_index(num_tokens, table_rows):
+    """(N, N) row of the relative table for each (query, key) pair.
+
+    The table's shape says its layout (:func:`relative_table_rows`): an odd
+    number of rows 2P - 1 covers the offsets of P patches, offset
+    ``q - k`` at row ``q - k + P - 1`` (raster order, as the paper's 1D
+    relative attention); an even number 2P adds a last row for every pair
+    with one of the ``num_tokens - P`` prefix tokens.
+
+    >>> relative_position_index(3, 5)
+    array([[2, 1, 0],
+           [3, 2, 1],
+           [4, 3, 2]])
+    """
+    has_prefix_row = table_rows % 2 == 0
+    patches = (table_rows + (0 if has_prefix_row else 1)) // 2
+    prefix = num_tokens - patches
+    if prefix < 0 or (prefix > 0) != has_prefix_row:
+        fits = f"{patches} patches" + (
+            " and at least one prefix token" if has_prefix_row else
+            " and no prefix token")
+        raise ValueError(
+            f"a relative position table of {table_rows} rows fits {fits}; "
+            f"received num_tokens={num_tokens}")
+    pos = np.arange(num_tokens) - prefix
+    index = pos[:, None] - pos[None, :] + patches - 1
+    index[:prefix, :] = table_rows - 1
+    index[:, :prefix] = table_rows - 1
+    return index
+
+
+def relative_attention_bias(query, table):
+    """The paper's 1D relative attention logits (Appendix D.4).
+
+    "An extra attention [that uses] the original query but relative
+    positional embeddings as keys": ``bias[b, h, i, j] = q[b, i, h] .
+    table[index(i, j), h] / sqrt(head_dim)``, the same scale as the content
+    logits (as in Shaw et al. 2018), to be added to them before the softmax.
+
+    Args:
+        query: projected queries (B, N, heads, head_dim); N must be static.
+        table: (rows, heads, head_dim), see :func:`relative_position_index`.
+
+    Returns:
+        (B, heads, N, N) logits.
+    """
+    n = int(query.shape[1])
+    rows, heads, head_dim = (int(s) for s in table.shape)
+    index = relative_position_index(n, rows)
+    # First every query against every offset (B, H, N, rows), then one gather
+    # picks each pair's offset: N * rows dot products instead of N * N tables.
+    logits = ops.einsum("bqhk,rhk->bhqr", query, ops.cast(table, query.dtype))
+    logits = ops.reshape(logits, (-1, heads, n * rows))
+    flat = (np.arange(n)[:, None] * rows + index).reshape(-1)
+    bias = ops.reshape(ops.take(logits, flat, axis=2), (-1, heads, n, n))
+    return bias * ops.cast(1.0 / math.sqrt(head_dim), bias.dtype)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -324,10 +473,23 @@ class EncoderBlock(layers.Layer):
             sub.build(input_shape)
         self.built = True
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, training=None, return_attention_scores=False,
+             relative_embedding=None):
+        """``relative_embedding``: optional 1D relative position table
+        (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
+        are added to the content logits before the softmax."""
+        h = self.norm_1(x)
+        bias = None
+        if relative_embedding is not None:
+            # The relative logits use "the original query": the attention's
+            # own projection (computed here once more; the attention layer
+            # keeps its fused path).
+            query = self.attention._project(h, "query")
+            bias = relative_attention_bias(query, relative_embedding)
         y = self.attention(
-            self.norm_1(x), training=training,
+            h, training=training,
             return_attention_scores=return_attention_scores,
+            attention_bias=bias,
         )
         if return_attention_scores:
             y, scores = y

@@ -166,6 +166,10 @@ _TOP_MAP = {
 }
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+# The position-embedding ablations (vit(position_embedding=...)): the stem or
+# shared table under posembed_input, a per-layer one inside its block.
+_POSEMB_RE = re.compile(
+    r"^position_embedding(?:_(\d+))?/(pos_embedding(?:_[xy])?|rel_embedding)$")
 
 # The hybrids' ResNet (vit_jax models_resnet): unprefixed keys.
 _UNIT_RE = re.compile(r"^resnet_block(\d+)_unit(\d+)/(conv\w+|gn\w+)/(\w+)$")
@@ -177,6 +181,12 @@ def checkpoint_key(variable_path: str) -> str | None:
     """Maps a Keras variable path of a ViT or hybrid to its checkpoint key."""
     if variable_path in _TOP_MAP:
         return _TOP_MAP[variable_path]
+    m = _POSEMB_RE.match(variable_path)
+    if m:
+        block, name = m.groups()
+        where = ("posembed_input" if block is None else
+                 f"encoderblock_{block}/posembed_input")
+        return f"Transformer/{where}/{name}"
     m = _BLOCK_RE.match(variable_path)
     if m and m.group(2) in _BLOCK_MAP:
         return f"Transformer/encoderblock_{m.group(1)}/{_BLOCK_MAP[m.group(2)]}"
@@ -305,6 +315,101 @@ def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
     return np.concatenate([prefix, g], axis=0)[None]
 
 
+def resize_posemb_axis(table, new_len):
+    """Resizes one axis table (len, D/2) of ``position_embedding="learned_2d"``
+    by linear interpolation with aligned corners, the 1D case of
+    :func:`resize_posemb`."""
+    table = np.asarray(table)
+    if table.ndim != 2:
+        raise CheckpointError(
+            "a learned_2d axis table must have shape (len, D/2); received "
+            f"shape={table.shape}")
+    return _linear_resize_axis(table.astype(np.float64), int(new_len),
+                               0).astype(table.dtype)
+
+
+def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
+    """Fits a ``position_embedding="relative"`` table to another sequence.
+
+    The table holds one embedding per 1D offset -(P-1) .. P-1 (plus a last
+    row for class-token pairs when ``num_prefix_tokens``). For a longer
+    sequence, offsets beyond the trained range take the embedding of the
+    farthest trained offset of the same sign (clipping, as Shaw et al. 2018
+    do for distances beyond k); a shorter one keeps the central offsets.
+    Offsets are in raster order, so on a grid of another width an offset of
+    +cols no longer means "one row down": expect to fine-tune, as after any
+    resolution change.
+    """
+    table = np.asarray(table)
+    extra = 1 if num_prefix_tokens else 0
+    offsets = table.shape[0] - extra
+    if table.ndim != 3 or offsets < 1 or offsets % 2 == 0:
+        raise CheckpointError(
+            "a relative position table must have shape (2P - 1 [+ 1], heads, "
+            f"head_dim); received shape={table.shape} with num_prefix_tokens="
+            f"{num_prefix_tokens}")
+    old = (offsets + 1) // 2
+    wanted = np.arange(-(new_num_patches - 1), new_num_patches)
+    rows = np.clip(wanted, -(old - 1), old - 1) + old - 1
+    return np.concatenate([table[rows], table[offsets:]], axis=0)
+
+
+def _fit_position_tables(model, arrays, targets, report, problems):
+    """Resizes every position table of the checkpoint to the model's grid."""
+    for layer in model.layers:
+        kind = getattr(layer, "kind", None)
+        if not layer.name.startswith("position_embedding") or kind is None:
+            continue
+        for var in layer.weights:
+            key = checkpoint_key(var.path)
+            if key not in arrays or key not in targets:
+                continue
+            src, want = np.asarray(arrays[key]), tuple(var.shape)
+            # Only the grid (token, row or offset) axis may differ; anything
+            # else is mis-shaped and reported as such.
+            grid_axis = 1 if kind == "learned_1d" else 0
+            others = [a for a in range(len(want)) if a != grid_axis]
+            if src.shape == want or src.ndim != len(want) or any(
+                    src.shape[a] != want[a] for a in others):
+                continue
+            name = var.path.split("/")[-1]
+            try:
+                if kind == "learned_1d":
+                    arrays[key] = resize_posemb(src, layer.grid_size,
+                                                layer.num_prefix_tokens)
+                    old = src.shape[1] - layer.num_prefix_tokens
+                    new = want[1] - layer.num_prefix_tokens
+                elif kind == "learned_2d":
+                    arrays[key] = resize_posemb_axis(src, want[0])
+                    old, new = src.shape[0], want[0]
+                elif kind == "relative":
+                    arrays[key] = resize_relative_posemb(
+                        src, layer.num_patches, layer.num_prefix_tokens)
+                    old = (src.shape[0] + 1) // 2
+                    new = layer.num_patches
+                else:
+                    raise CheckpointError(
+                        f"position_embedding={kind!r} has no resize rule")
+            except CheckpointError as e:
+                problems.append(f"{key} (position_embedding={kind!r}, "
+                                f"{name}): {e}")
+                continue
+            if report["resized_posemb"] is None:
+                report["resized_posemb"] = (int(old), int(new))
+
+
+def _position_hint(model, keys):
+    """Names the model's position embedding when its keys are the problem."""
+    if not any("posembed" in k for k in keys):
+        return None
+    kind = getattr(model, "position_embedding", "learned_1d")
+    placement = getattr(model, "position_embedding_placement", "stem")
+    return (f"position embeddings differ: the model has position_embedding="
+            f"{kind!r}, position_embedding_placement={placement!r}; build it "
+            "with the checkpoint's kind and placement (a table of one kind "
+            "does not convert into another)")
+
+
 # --------------------------------------------------------------------------
 # Loading
 
@@ -391,20 +496,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
     unexpected = [k for k in arrays if k not in targets]
 
     # Position embeddings: resize when only the grid differs.
-    if POSEMB_KEY in arrays and POSEMB_KEY in targets:
-        src = arrays[POSEMB_KEY]
-        want = tuple(targets[POSEMB_KEY].shape)
-        if tuple(src.shape) != want and src.ndim == 3 and src.shape[
-                2] == want[2]:
-            layer = model.get_layer("position_embedding")
-            prefix = layer.num_prefix_tokens
-            try:
-                arrays[POSEMB_KEY] = resize_posemb(src, layer.grid_size,
-                                                   prefix)
-                report["resized_posemb"] = (
-                    int(src.shape[1]) - prefix, int(want[1]) - prefix)
-            except CheckpointError as e:
-                problems.append(f"{POSEMB_KEY}: {e}")
+    _fit_position_tables(model, arrays, targets, report, problems)
 
     mis_shaped = []
     for key, var in targets.items():
@@ -431,6 +523,9 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
         problems.append(f"mis-shaped ({len(mis_shaped)}): "
                         + "; ".join(mis_shaped[:20])
                         + (" ..." if len(mis_shaped) > 20 else ""))
+    hint = _position_hint(model, missing + unexpected)
+    if hint:
+        problems.append(hint)
     if problems:
         raise CheckpointError(
             f"The checkpoint source={source_name or _describe(source)} does "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import keras
-from keras import layers
+from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.models.compiled import CompiledModelMixin
@@ -108,6 +108,135 @@ def _resnet_stem(x, resnet, dtype):
     return x
 
 
+POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
+                       "sincos_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+
+
+def _position_embedding_options(kind, placement, hidden_size, num_heads):
+    """Validates ``position_embedding`` and ``position_embedding_placement``."""
+    if kind not in POSITION_EMBEDDINGS:
+        raise ValueError(
+            f"position_embedding must be one of {POSITION_EMBEDDINGS}; "
+            f"received position_embedding={kind!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(
+            f"position_embedding_placement must be one of {PLACEMENTS}; "
+            f"received position_embedding_placement={placement!r}")
+    if kind == "none" and placement != "stem":
+        raise ValueError(
+            "position_embedding='none' adds nothing anywhere, so it takes no "
+            "placement other than 'stem'; received "
+            f"position_embedding_placement={placement!r}")
+    if kind == "learned_2d" and hidden_size % 2:
+        raise ValueError(
+            "position_embedding='learned_2d' needs an even hidden_size (X and "
+            f"Y tables of D/2 each); received hidden_size={hidden_size}")
+    if kind == "sincos_2d" and (hidden_size % 4 or hidden_size < 8):
+        raise ValueError(
+            "position_embedding='sincos_2d' needs a hidden_size that is a "
+            f"multiple of 4 and at least 8; received hidden_size={hidden_size}")
+    return kind, placement
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class RelativePositionEmbedding(layers.Layer):
+    """The learned table of ``position_embedding="relative"``.
+
+    One embedding per 1D (raster-order) offset between two patches, split
+    into heads, (2P - 1 [+ 1], heads, D / heads); the extra last row, present
+    with a class token, is shared by every pair that involves it (the class
+    token has no offset to anything). Called on the tokens, it returns the
+    table, which :class:`keras_vit.layers.EncoderBlock` turns into attention
+    logits; one layer feeding several blocks shares its table between them.
+    """
+
+    kind = "relative"
+
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    @property
+    def num_patches(self):
+        return self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(
+                f"hidden size {dim} is not divisible by "
+                f"num_heads={self.num_heads}")
+        rows = vit_layers.relative_table_rows(self.num_patches,
+                                              self.num_prefix_tokens)
+        self.rel_embedding = self.add_weight(
+            name="rel_embedding",
+            shape=(rows, self.num_heads, dim // self.num_heads),
+            initializer=keras.initializers.RandomNormal(stddev=0.02))
+        self.built = True
+
+    def call(self, x):
+        return ops.cast(self.rel_embedding, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(self.rel_embedding.shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(grid_size=list(self.grid_size), num_heads=self.num_heads,
+                      num_prefix_tokens=self.num_prefix_tokens)
+        return config
+
+
+def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
+             dtype, return_attention_scores=False):
+    """Position embedding + encoder blocks, for every kind and placement.
+
+    ``"stem"`` puts position information in once: the additive kinds before
+    the embedding dropout (the original layout), ``"relative"`` into the
+    first block's attention only. ``"every_layer"`` gives every block its
+    own table (layers ``position_embedding_{i}``), ``"every_layer_shared"``
+    one table (layer ``position_embedding``) used by every block; both add
+    it right before the block (or into its attention, for ``"relative"``).
+    Returns the encoded tokens and the list of attention maps.
+    """
+    def make(name):
+        if kind == "relative":
+            return RelativePositionEmbedding(grid, num_heads, prefix,
+                                             dtype=dtype, name=name)
+        return vit_layers.PositionEmbedding(grid, prefix, kind=kind,
+                                            dtype=dtype, name=name)
+
+    shared = None
+    if kind != "none" and placement != "every_layer":
+        shared = make("position_embedding")
+    if kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS and placement == "stem":
+        x = shared(x)
+    x = dropout(x)
+    scores = []
+    for i, block in enumerate(blocks):
+        if kind == "none" or (placement == "stem" and
+                              (kind != "relative" or i > 0)):
+            layer = None
+        elif placement == "every_layer":
+            layer = make(f"position_embedding_{i}")
+        else:
+            layer = shared
+        kwargs = {}
+        if layer is not None and kind == "relative":
+            kwargs["relative_embedding"] = layer(x)
+        elif layer is not None:
+            x = layer(x)
+        if return_attention_scores:
+            x, s = block(x, return_attention_scores=True, **kwargs)
+            scores.append(s)
+        else:
+            x = block(x, **kwargs)
+    return x, scores
+
+
 def _rate(value, name):
     if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1); received {name}={value!r}")
@@ -146,6 +275,8 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         layer_norm_epsilon=1e-6,
         head_bias_init=0.0,
         resnet=None,
+        position_embedding="learned_1d",
+        position_embedding_placement="stem",
         name="vision_transformer",
         **kwargs,
     ):
@@ -197,6 +328,9 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         dropout_rate = _rate(dropout_rate, "dropout_rate")
         attention_dropout_rate = _rate(
             attention_dropout_rate, "attention_dropout_rate")
+        _position_embedding_options(position_embedding,
+                                    position_embedding_placement,
+                                    hidden_size, num_heads)
 
         grid = (image_hw[0] // stride, image_hw[1] // stride)
         has_token = classifier == "token"
@@ -216,21 +350,17 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
                                       name="patch_embedding")(x)
         if has_token:
             x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
-        x = vit_layers.PositionEmbedding(
-            grid, num_prefix_tokens=int(has_token), dtype=dtype,
-            name="position_embedding")(x)
-        x = layers.Dropout(dropout_rate, dtype=dtype,
-                           name="embedding_dropout")(x)
-        scores = []
-        for i in range(num_layers):
-            block = vit_layers.EncoderBlock(
+        blocks = [
+            vit_layers.EncoderBlock(
                 num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
                 layer_norm_epsilon, dtype=dtype, name=f"encoder_block_{i}")
-            if return_attention_scores:
-                x, s = block(x, return_attention_scores=True)
-                scores.append(s)
-            else:
-                x = block(x)
+            for i in range(num_layers)]
+        x, scores = _encoder(
+            x, blocks, position_embedding, position_embedding_placement,
+            grid, int(has_token), num_heads,
+            layers.Dropout(dropout_rate, dtype=dtype,
+                           name="embedding_dropout"),
+            dtype, return_attention_scores)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
 
@@ -287,6 +417,8 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.head_bias_init = head_bias_init
         self.resnet = resnet
+        self.position_embedding = position_embedding
+        self.position_embedding_placement = position_embedding_placement
         self.grid_size = grid
         self._layer_dtype = dtype
 
@@ -315,6 +447,8 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "head_bias_init": self.head_bias_init,
             "resnet": self.resnet,
+            "position_embedding": self.position_embedding,
+            "position_embedding_placement": self.position_embedding_placement,
             "name": self.name,
             "dtype": self._layer_dtype,
         }
@@ -334,6 +468,9 @@ def vit(
     num_classes,
     classifier="token",
     representation_size=None,
+    position_embedding="learned_1d",
+    position_embedding_placement="stem",
+    attention="global",
     **kwargs,
 ):
     """Builds a Vision Transformer of any size.
@@ -351,6 +488,25 @@ def vit(
             tokens after the final LayerNorm, no class token).
         representation_size: if set, a ``pre_logits`` Dense + tanh of this
             width before the head (the original ImageNet-21k models have one).
+        position_embedding: the paper's Appendix D.4 ablation.
+            ``"learned_1d"`` (default, the released models): a learned row
+            per token, class token included. ``"none"``: a bag of patches.
+            ``"learned_2d"``: learned X and Y tables of D/2 each,
+            concatenated per patch. ``"sincos_2d"``: fixed 2D sin-cos (MoCo
+            v3, big_vision). ``"relative"``: 1D relative attention, a
+            learned embedding per query-key offset (per head) whose logits
+            are added to the attention logits. The class token gets no
+            embedding from the 2D kinds and one shared relative embedding
+            for all its pairs (see ``keras_vit.layers.PositionEmbedding``).
+        position_embedding_placement: ``"stem"`` (default): once, after
+            the patch embedding (for ``"relative"``: in the first block's
+            attention only); ``"every_layer"``: a table of its own before
+            (in) every block; ``"every_layer_shared"``: one table before
+            (in) every block.
+        attention: ``"global"`` (default) or ``"axial"``, which returns
+            :func:`keras_vit.models.axial_vit` (paper Appendix D.6) built
+            from the same arguments; it pools by the mean of the grid, so it
+            needs ``classifier="gap"``.
         **kwargs: ``dropout_rate``, ``attention_dropout_rate``,
             ``include_top`` (False drops the head), ``pooling`` (with
             ``include_top=False``: None returns all tokens (B, N, D);
@@ -376,7 +532,31 @@ def vit(
     ...     num_classes=10)
     >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
     (2, 10)
+    >>> rel = keras_vit.models.vit(image_size=32, patch_size=8,
+    ...     hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,
+    ...     num_classes=10, position_embedding="relative",
+    ...     position_embedding_placement="every_layer_shared")
+    >>> tuple(rel.get_layer("position_embedding").rel_embedding.shape)
+    (32, 2, 8)
     """
+    if attention not in ("global", "axial"):
+        raise ValueError(
+            "attention must be 'global' or 'axial'; received "
+            f"attention={attention!r}")
+    if attention == "axial":
+        from keras_vit.models.axial import axial_vit
+
+        if classifier != "gap" or position_embedding_placement != "stem":
+            raise ValueError(
+                "attention='axial' pools the mean of the grid and adds the "
+                "position embedding once: it needs classifier='gap' and "
+                "position_embedding_placement='stem'; received "
+                f"classifier={classifier!r}, position_embedding_placement="
+                f"{position_embedding_placement!r}")
+        return axial_vit(
+            image_size, patch_size, hidden_size, num_layers, num_heads,
+            mlp_dim, num_classes, representation_size=representation_size,
+            position_embedding=position_embedding, **kwargs)
     return VisionTransformer(
         image_size=image_size,
         patch_size=patch_size,
@@ -387,5 +567,7 @@ def vit(
         num_classes=num_classes,
         classifier=classifier,
         representation_size=representation_size,
+        position_embedding=position_embedding,
+        position_embedding_placement=position_embedding_placement,
         **kwargs,
     )
