@@ -12,7 +12,8 @@ keras_vit`` and nothing else.
 import importlib
 
 from keras_vit import layers, models
-from keras_vit.models import VisionTransformer, vit
+from keras_vit.models import (AxialVisionTransformer, VisionTransformer,
+                              axial_vit, vit)
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
 
 
-__all__ = ["layers", "models", "vit", "VisionTransformer", "__version__"]
+__all__ = ["layers", "models", "vit", "VisionTransformer", "axial_vit",
+           "AxialVisionTransformer", "__version__"]

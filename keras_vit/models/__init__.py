@@ -1,10 +1,12 @@
 """Model builders: :func:`vit` for any Vision Transformer or hybrid,
-:func:`resnet_v2` for BiT ResNetV2."""
+:func:`axial_vit` for Axial-ViT, :func:`resnet_v2` for BiT ResNetV2."""
 
 from keras_vit.models.features import available_features, feature_model
 from keras_vit.models.variants import Arch, UnknownModelError, parse
 from keras_vit.models.resnet_v2 import ResNetV2, resnet_v2
 from keras_vit.models.vit import VisionTransformer, vit
+from keras_vit.models.axial import AxialVisionTransformer, axial_vit
 
-__all__ = ["Arch", "ResNetV2", "UnknownModelError", "VisionTransformer",
-           "available_features", "feature_model", "parse", "resnet_v2", "vit"]
+__all__ = ["Arch", "AxialVisionTransformer", "ResNetV2", "UnknownModelError",
+           "VisionTransformer", "available_features", "axial_vit",
+           "feature_model", "parse", "resnet_v2", "vit"]

@@ -23,6 +23,8 @@ VIT_SIZES = {
     "H": dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
 }
 
+_SIZE_LETTERS = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}
+
 # timm spells the sizes out.
 _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
                "huge": "H"}
@@ -47,6 +49,8 @@ REGISTERED = (
     "R26+ViT-B/32",
     "R26+ViT-S/32",
     "R+ViT-Ti/16",
+    "Axial-ViT-B/16",
+    "Axial-ViT-B/32",
     "BiT-R50x1",
     "BiT-R50x3",
     "BiT-R101x1",
@@ -66,9 +70,10 @@ class Arch:
 
     Attributes:
         name: canonical name, e.g. ``"ViT-B/16"``.
-        family: ``"vit"``, ``"hybrid"`` or ``"bit"``.
+        family: ``"vit"``, ``"hybrid"``, ``"axial"`` or ``"bit"``.
         config: keyword arguments for :func:`keras_vit.models.vit` (or
-            :func:`keras_vit.models.resnet_v2` for BiT), without
+            :func:`keras_vit.models.resnet_v2` for BiT; an Axial-ViT's
+            carry ``attention="axial"``), without
             ``image_size`` and ``num_classes``.
         image_size: resolution named in the name (timm's ``_384``), or None.
         tag: a weights tag named in the name (timm's ``.augreg_in21k``), or
@@ -109,6 +114,10 @@ _HYBRID_RE = re.compile(
     re.IGNORECASE)
 _TIMM_HYBRID_RE = re.compile(
     r"^vit_(tiny|small|base|large|huge)_r(\d*)_s(\d+)(?:_p\d+)?(?:_(\d+))?$")
+# Axial-ViT (paper Appendix D.6): "Axial-ViT-B/16", "axial_vit_b16".
+_AXIAL_RE = re.compile(
+    r"^axial[-_ ]?(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$",
+    re.IGNORECASE)
 _TIMM_RE = re.compile(
     r"^vit_(tiny|small|base|large|huge)_patch(\d+)(?:_(\d+))?(?:_in21k)?$")
 
@@ -159,10 +168,14 @@ def parse(name) -> Arch:
                             int(m.group(3)), res, tag, name)
     m = _HYBRID_RE.match(raw)
     if m:
-        size = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}[
-            m.group(2).lower()]
+        size = _SIZE_LETTERS[m.group(2).lower()]
         res = int(m.group(4)) if m.group(4) else None
         return _hybrid_arch(m.group(1), size, int(m.group(3)), res, tag, name)
+    m = _AXIAL_RE.match(raw)
+    if m:
+        size = _SIZE_LETTERS[m.group(1).lower()]
+        res = int(m.group(3)) if m.group(3) else None
+        return _axial_arch(size, int(m.group(2)), res, tag, name)
     m = _TIMM_RE.match(raw.lower())
     if m:
         size = _TIMM_SIZES[m.group(1)]
@@ -171,8 +184,7 @@ def parse(name) -> Arch:
         return _vit_arch(size, patch, res, tag, name)
     m = _VIT_RE.match(raw)
     if m:
-        size = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}[
-            m.group(1).lower()]
+        size = _SIZE_LETTERS[m.group(1).lower()]
         res = int(m.group(3)) if m.group(3) else None
         return _vit_arch(size, int(m.group(2)), res, tag, name)
     raise UnknownModelError(_unknown_message(name))
@@ -184,6 +196,14 @@ def _vit_arch(size, patch, res, tag, original):
             f"patch size must be positive; received name={original!r}")
     config = dict(VIT_SIZES[size], patch_size=patch)
     return Arch(vit_name(size, patch), "vit", config, res, tag)
+
+
+def _axial_arch(size, patch, res, tag, original):
+    """Axial-ViT-{size}/{patch}: ViT-{size}'s widths and depth, every block
+    an axial (row + column) pair, mean-pooled (no class token)."""
+    vit = _vit_arch(size, patch, res, tag, original)
+    config = dict(vit.config, classifier="gap", attention="axial")
+    return Arch(f"Axial-{vit.name}", "axial", config, res, tag)
 
 
 def _bit_arch(depth, width, res, tag, original):

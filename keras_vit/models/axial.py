@@ -1,0 +1,290 @@
+"""Axial-ViT (paper Appendix D.6): a ViT whose patch grid stays 2D.
+
+Every block of a ViT (global self-attention + MLP) becomes an axial block:
+self-attention along each row + MLP, then self-attention along each column +
+MLP, so a token mixes with its row, then with its column (Ho et al. 2019,
+Huang et al. 2020). The paper's Axial-ViT-B/16 and B/32 keep ViT-B's 12
+blocks, each replaced by such a pair.
+
+There is no class token: a token that belongs to no row or column has no
+place in axial attention. Classification takes the mean of the grid after
+the final LayerNorm (what ``classifier="gap"`` does in a ViT), then the
+zero-initialised head.
+
+No weights were released; the zoo builds ``"Axial-ViT-B/16"`` and
+``"Axial-ViT-B/32"`` with ``weights=None``.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from keras_vit import layers as vit_layers
+from keras_vit.models.vit import (_pair, _position_embedding_options,
+                                  _positive_int, _rate)
+
+_POOLINGS = (None, "gap", "avg")
+# The constructor arguments get_config returns (besides name and dtype).
+_CONFIG_KEYS = (
+    "image_size", "patch_size", "hidden_size", "num_layers", "num_heads",
+    "mlp_dim", "num_classes", "representation_size", "dropout_rate",
+    "attention_dropout_rate", "include_top", "pooling",
+    "include_preprocessing", "classifier_activation", "num_channels",
+    "layer_norm_epsilon", "head_bias_init", "position_embedding")
+# A relative table needs a 1D sequence, which an axial model does not have.
+_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class AxialEncoderBlock(layers.Layer):
+    """Row self-attention + MLP, then column self-attention + MLP.
+
+    Takes and returns a grid (B, rows, cols, D). ``row`` and ``column`` are
+    ordinary pre-LN :class:`keras_vit.layers.EncoderBlock` s run on every row
+    (a sequence of ``cols`` tokens) and every column (``rows`` tokens).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.row, self.column = (
+            vit_layers.EncoderBlock(
+                self.num_heads, self.mlp_dim, self.dropout_rate,
+                self.attention_dropout_rate, self.layer_norm_epsilon,
+                dtype=self.dtype_policy, name=name)
+            for name in ("row", "column"))
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(
+                "AxialEncoderBlock takes a grid (batch, rows, cols, D); "
+                f"received input_shape={input_shape}")
+        _, rows, cols, dim = input_shape
+        self.row.build((None, cols, dim))
+        self.column.build((None, rows, dim))
+        self.built = True
+
+    def call(self, x, training=None):
+        _, rows, cols, dim = x.shape  # static: reshapes export cleanly
+        y = ops.reshape(x, (-1, cols, dim))  # every row is a sequence
+        y = self.row(y, training=training)
+        y = ops.transpose(ops.reshape(y, (-1, rows, cols, dim)), (0, 2, 1, 3))
+        y = ops.reshape(y, (-1, rows, dim))  # every column is a sequence
+        y = self.column(y, training=training)
+        y = ops.reshape(y, (-1, cols, rows, dim))
+        return ops.transpose(y, (0, 2, 1, 3))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class AxialVisionTransformer(keras.Model):
+    """Axial-ViT of the paper's Appendix D.6.
+
+    Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",
+    weights=None)``. The constructor arguments are those of
+    :func:`axial_vit`; ``get_config`` returns exactly them.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_classes=1000,
+        representation_size=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        include_top=True,
+        pooling=None,
+        include_preprocessing=False,
+        classifier_activation=None,
+        num_channels=3,
+        layer_norm_epsilon=1e-6,
+        head_bias_init=0.0,
+        position_embedding="learned_1d",
+        name="axial_vision_transformer",
+        **kwargs,
+    ):
+        image_hw = _pair(image_size, "image_size")
+        patch_hw = _pair(patch_size, "patch_size")
+        if patch_hw[0] != patch_hw[1]:
+            raise ValueError(
+                f"patch_size must be square; received patch_size={patch_size!r}")
+        patch = patch_hw[0]
+        if image_hw[0] % patch or image_hw[1] % patch:
+            raise ValueError(
+                f"image_size must be divisible by patch_size={patch}; "
+                f"received image_size={image_size!r}")
+        hidden_size = _positive_int(hidden_size, "hidden_size")
+        num_layers = _positive_int(num_layers, "num_layers",
+                                              allow_zero=True)
+        num_heads = _positive_int(num_heads, "num_heads")
+        mlp_dim = _positive_int(mlp_dim, "mlp_dim")
+        num_channels = _positive_int(num_channels, "num_channels")
+        if hidden_size % num_heads:
+            raise ValueError(
+                f"hidden_size must be divisible by num_heads={num_heads}; "
+                f"received hidden_size={hidden_size}")
+        if pooling not in _POOLINGS:
+            raise ValueError(
+                f"pooling must be one of {_POOLINGS}; received pooling="
+                f"{pooling!r}")
+        if position_embedding not in _POSITION_EMBEDDINGS:
+            raise ValueError(
+                f"Axial-ViT takes position_embedding in {_POSITION_EMBEDDINGS} "
+                "(a relative table needs a 1D sequence); received "
+                f"position_embedding={position_embedding!r}")
+        _position_embedding_options(
+            position_embedding, "stem", hidden_size, num_heads)
+        if representation_size is not None:
+            representation_size = _positive_int(
+                representation_size, "representation_size")
+        if include_top:
+            num_classes = _positive_int(num_classes, "num_classes")
+        dropout_rate = _rate(dropout_rate, "dropout_rate")
+        attention_dropout_rate = _rate(
+            attention_dropout_rate, "attention_dropout_rate")
+
+        grid = (image_hw[0] // patch, image_hw[1] // patch)
+        dtype = kwargs.pop("dtype", None)
+
+        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
+                             name="images")
+        x = inputs
+        if include_preprocessing:
+            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
+                                 name="preprocessing")(x)
+        x = vit_layers.PatchEmbedding(hidden_size, patch, dtype=dtype,
+                                      name="patch_embedding")(x)
+        if position_embedding != "none":
+            x = vit_layers.PositionEmbedding(
+                grid, 0, kind=position_embedding, dtype=dtype,
+                name="position_embedding")(x)
+        x = layers.Dropout(dropout_rate, dtype=dtype,
+                           name="embedding_dropout")(x)
+        x = layers.Reshape((grid[0], grid[1], hidden_size), dtype=dtype,
+                           name="to_grid")(x)
+        for i in range(num_layers):
+            x = AxialEncoderBlock(
+                num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
+                layer_norm_epsilon, dtype=dtype,
+                name=f"axial_block_{i}")(x)
+        x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
+                                      name="encoder_norm")(x)
+        if include_top or pooling is not None:
+            x = layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")(x)
+            if representation_size is not None:
+                x = layers.Dense(representation_size, activation="tanh",
+                                 kernel_initializer="lecun_normal",
+                                 dtype=dtype, name="pre_logits")(x)
+        if include_top:
+            x = layers.Dense(
+                num_classes, kernel_initializer="zeros",
+                bias_initializer=keras.initializers.Constant(head_bias_init),
+                dtype=dtype, name="head")(x)
+            if classifier_activation is not None:
+                x = layers.Activation(classifier_activation, dtype="float32",
+                                      name="predictions")(x)
+        super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+
+        args = dict(locals())
+        for key in _CONFIG_KEYS:
+            setattr(self, key, args[key])
+        self.grid_size = grid
+        self._layer_dtype = dtype
+
+    def get_config(self):
+        config = {key: getattr(self, key) for key in _CONFIG_KEYS}
+        if isinstance(config["image_size"], tuple):
+            config["image_size"] = list(config["image_size"])
+        config.update(name=self.name, dtype=self._layer_dtype)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
+
+
+def axial_vit(
+    image_size,
+    patch_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    mlp_dim,
+    num_classes,
+    **kwargs,
+):
+    """Builds an Axial-ViT (paper Appendix D.6) of any size.
+
+    Args:
+        image_size: input resolution, an int or (height, width); a multiple
+            of ``patch_size``.
+        patch_size: side of the square patches.
+        hidden_size: token width D.
+        num_layers: number of axial blocks, each a row block and a column
+            block (attention + MLP each): twice as many attention layers and
+            MLPs as a ViT of the same depth.
+        num_heads: attention heads (must divide ``hidden_size``).
+        mlp_dim: hidden width of every MLP.
+        num_classes: size of the head, applied to the mean of the grid.
+        **kwargs: ``representation_size``, ``dropout_rate``,
+            ``attention_dropout_rate``, ``include_top``, ``pooling`` (with
+            ``include_top=False``: None returns the grid (B, rows, cols, D),
+            ``"gap"``/``"avg"`` its mean), ``include_preprocessing``,
+            ``classifier_activation``, ``num_channels``, ``name``, ``dtype``,
+            and ``position_embedding``: ``"learned_1d"`` (default),
+            ``"learned_2d"``, ``"sincos_2d"`` or ``"none"``, added once
+            before the first block.
+
+    Returns:
+        An :class:`AxialVisionTransformer` (a ``keras.Model``).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_vit.models import axial_vit
+    >>> model = axial_vit(image_size=32, patch_size=8, hidden_size=16,
+    ...                   num_layers=1, num_heads=2, mlp_dim=32, num_classes=10)
+    >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
+    (2, 10)
+    """
+    return AxialVisionTransformer(
+        image_size=image_size,
+        patch_size=patch_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        num_classes=num_classes,
+        **kwargs,
+    )
