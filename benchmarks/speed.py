@@ -145,9 +145,15 @@ def run_cases(cases, runs, warmup):
             case.error = f"{type(e).__name__}: {str(e)[:200]}"
             say(f"    failed: {case.error}")
     for i in range(runs):
-        for case in live:
+        for case in list(live):
             start = time.perf_counter()
-            case.fn()
+            try:
+                case.fn()
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                case.error = f"{type(e).__name__}: {str(e)[:200]}"
+                case.times = []
+                live.remove(case)
+                continue
             case.times.append(time.perf_counter() - start)
         say(f"  round {i + 1}/{runs} done")
     for case in cases:
@@ -515,20 +521,22 @@ def ceiling_cases(n, mlp_shape, peers):
         for dtype, tf_dtype in (("float32", tf.float32),
                                 ("bfloat16", tf.bfloat16)):
             for jit in (False, True):
-                def make(tf_dtype=tf_dtype, jit=jit):
+                # Defaults bind this shape's arrays: the cases are made
+                # later, when the loop has moved on to the next shape.
+                def make(tf_dtype=tf_dtype, jit=jit, a=a, b=b):
                     ta = tf.cast(tf.constant(a), tf_dtype)
                     tb = tf.cast(tf.constant(b), tf_dtype)
-                    f = tf.function(lambda u, v: tf.reduce_sum(
-                        tf.cast(tf.matmul(u, v)[:1, :1], tf.float32)),
-                        jit_compile=jit)
-                    return lambda: f(ta, tb).numpy()
+                    # The whole product is returned: from a slice or a sum
+                    # of it, Grappler and XLA could shrink the matmul.
+                    f = tf.function(tf.matmul, jit_compile=jit)
+                    return lambda: f(ta, tb)
                 cases.append(Case("ceiling", "tensorflow",
                                   f"{name}, {'XLA' if jit else 'graph'}",
                                   dtype, None, 1, flops, make))
             if "torch" in peers:
                 torch = peers["torch"]
 
-                def make_t(dtype=dtype):
+                def make_t(dtype=dtype, a=a, b=b):
                     td = torch.float32 if dtype == "float32" else \
                         torch.bfloat16
                     ta, tb = (torch.from_numpy(a).to(td),
@@ -587,8 +595,26 @@ def load_child(mode, path, arch_json, size):
         start = time.perf_counter()
         keras_vit.zoo.load_weights(model, path)
         out["seconds"] = time.perf_counter() - start
+    out["peak_rss"] = _own_peak_rss()
     print("RESULT " + json.dumps(out), flush=True)
     return 0
+
+
+def _own_peak_rss():
+    """This process's peak resident memory in bytes: VmHWM, which exec
+    resets. (The ru_maxrss that wait4 returns for a child starts at the
+    parent's RSS at fork on Linux, so behind a parent holding TensorFlow
+    and several models every child showed the parent's figure.)"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _start_child(mode, path, arch, size):
@@ -599,11 +625,10 @@ def _start_child(mode, path, arch, size):
 
 
 def _finish_child(proc):
-    """The child's result and its own peak RSS (wait4: ru_maxrss)."""
+    """The child's result, with its own peak RSS."""
     lines = proc.stdout.read().splitlines()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    result = {"peak_rss": usage.ru_maxrss * 1024}
+    proc.wait()
+    result = {}
     for line in lines:
         if line.startswith("RESULT "):
             result.update(json.loads(line[len("RESULT "):]))
@@ -643,7 +668,8 @@ def measure_loading(size, arch, classes, repeats, tmp, side_by_side=False):
 
 def loading_rows(loaded):
     res = loaded["results"]
-    baseline = statistics.median(r["peak_rss"] for r in res["baseline"])
+    baseline = statistics.median(
+        [r["peak_rss"] for r in res["baseline"] if "peak_rss" in r] or [0])
 
     def med(mode, key):
         values = [r[key] for r in res[mode] if key in r]
@@ -989,12 +1015,12 @@ def report(args, command, started, env, thread_note, skipped, results,
         lines += ["## Loading a checkpoint", "",
                   loading_table(rows), "",
                   f"A random official-layout checkpoint written by "
-                  f"`keras_vit.zoo.save_npz` ({size / 2**20:.0f} MiB). Each "
+                  f"`keras_vit.zoo.save_npz` ({fmt(size / 2**20)} MiB). Each "
                   "figure is the median over "
                   f"{args.load_repeats} fresh processes; peak RSS is the "
-                  "child's ru_maxrss minus that of a child that imported the "
-                  f"same libraries and did nothing ({baseline / 2**20:.0f} "
-                  "MiB)."
+                  "child's own peak (VmHWM) minus that of a child that "
+                  "imported the same libraries and did nothing "
+                  f"({baseline / 2**20:.0f} MiB)."
                   + (" --quick ran the processes of a round side by side "
                      "(only the script is under test)."
                      if results["loading"]["side_by_side"] else ""), ""]
