@@ -250,6 +250,17 @@ def test_first_loss_is_log_512_with_the_zero_head():
     np.testing.assert_allclose(loss.numpy(), math.log(512), rtol=1e-5)
 
 
+def test_targets_follow_the_models_own_preprocessing():
+    # A ViT that takes [0, 255] pixels: black is class 0 (raw 0.0 read as
+    # [-1, 1] would be mid-grey, class 292).
+    model = mpp.MaskedPatchPrediction(tiny(include_preprocessing=True))
+    bias = np.full(512, -20.0, "float32")
+    bias[0] = 20.0
+    model.get_layer("mpp_head").bias.assign(bias)
+    loss, right = model.loss_terms(np.zeros((2, 16, 16, 3)), (0, 0))
+    assert loss.numpy().max() < 1e-6 and (right.numpy() == 1).all()
+
+
 # --------------------------------------------------------------------------
 # training, saving, fine-tuning
 
@@ -329,6 +340,9 @@ def test_hybrid_and_gap_encoders():
     gap = mpp.MaskedPatchPrediction(tiny(classifier="gap"))
     assert gap.output.shape[1:] == (16, 512)
     assert gap.to_classifier(4).classifier == "gap"
+    assert gap.to_classifier(4, dropout_rate=0.1).dropout_rate == 0.1
+    with pytest.raises(ValueError, match="received classifier='token'"):
+        gap.to_classifier(4, classifier="token")
 
 
 def test_api_errors_name_the_argument(tmp_path):
@@ -360,6 +374,45 @@ def test_continuing_keeps_the_mask_embedding_and_head():
     for a, b in zip(trainer.model.get_weights(), trained.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert trainer.model is not trained  # rebuilt in the strategy's scope
+
+
+MIRRORED_SCRIPT = """
+import json, sys
+import keras_vit.train as kt
+kt.configure_cpu_devices(2)   # before TensorFlow starts
+import keras, keras_vit
+keras.utils.set_random_seed(1)
+run = kt.pretrain_mpp(keras_vit.vit(16, 4, 32, 1, 2, 64, 10), "digits",
+                      strategy="mirrored", total_steps=8, warmup_steps=1,
+                      batch_size=16, micro_batch_size=4, learning_rate=3e-3,
+                      crop_area=None, log_every=4, out_dir=sys.argv[1],
+                      verbose=False)
+print("RESULT " + json.dumps({k: run.metrics[k] for k in (
+    "final_step", "strategy", "accumulation_steps", "history")}))
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_with_accumulation_on_two_logical_cpus(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "mirrored_mpp.py"
+    script.write_text(MIRRORED_SCRIPT)
+    env = dict(os.environ, KERAS_VIT_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=240,
+                          env=env)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, done.stderr[-3000:]
+    result = json.loads(line[0][len("RESULT "):])
+    assert result["final_step"] == 8 and result["accumulation_steps"] == 2
+    assert result["strategy"]["replicas"] == 2
+    losses = [row["loss"] for row in result["history"]]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[0] < math.log(512) + 0.01 and losses[-1] < losses[0]
+    assert os.path.isfile(tmp_path / "r" / "model.keras")
 
 
 # --------------------------------------------------------------------------

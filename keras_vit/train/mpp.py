@@ -311,6 +311,12 @@ class PatchCorruption(keras.layers.Layer):
         return input_shape[0]
 
 
+# What a classifier made from the encoder may set differently.
+_CLASSIFIER_OPTIONS = {"dropout_rate", "attention_dropout_rate",
+                       "classifier_activation", "return_attention_scores",
+                       "include_preprocessing", "head_bias_init", "dtype"}
+
+
 def _encoder_config(encoder):
     """The ViT's config without what masked patch prediction does not use
     (head, pooling, pre-logits, attention outputs)."""
@@ -451,6 +457,8 @@ class MaskedPatchPrediction(keras.Model):
         batch = tf.shape(images)[0]
         mode, source = self.plan(batch, seed)
         predictions = self([images, mode, source], training=training)
+        if self.encoder_config.get("include_preprocessing"):
+            images = images / 127.5 - 1.0  # targets see what the ViT sees
         targets = patch_targets(images, self.grid_size, self.target)
         return masked_loss(predictions, targets, mode, self.target,
                            self.num_channels)
@@ -463,6 +471,12 @@ class MaskedPatchPrediction(keras.Model):
         (``dropout_rate=...``)."""
         from keras_vit.zoo import convert
 
+        other = sorted(set(options) - _CLASSIFIER_OPTIONS)
+        if other:
+            raise ValueError(
+                f"to_classifier cannot change the encoder's architecture; "
+                f"received {', '.join(f'{k}={options[k]!r}' for k in other)}"
+                f" (it takes {', '.join(sorted(_CLASSIFIER_OPTIONS))})")
         config = dict(self.encoder_config, include_top=True, pooling=None,
                       num_classes=num_classes, **options)
         if image_size is not None:
