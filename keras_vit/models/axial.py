@@ -21,6 +21,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.vit import (_pair, _position_embedding_options,
                                   _positive_int, _rate)
 
@@ -103,7 +104,7 @@ class AxialEncoderBlock(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxialVisionTransformer(keras.Model):
+class AxialVisionTransformer(CompiledModelMixin, keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 
     Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",
