@@ -18,39 +18,75 @@ near the size of the model (``docs/benchmarks.md``).
 from __future__ import annotations
 
 import math
+import struct
 import threading
 import zipfile
+import zlib
 
 import numpy as np
+
+
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header
 
 
 class _Member:
     """One ``.npy`` member of the archive, with a one-slot cache so that the
     slices of a stacked array (big_vision's scanned blocks) read it once
-    when they are converted one after another."""
+    when they are converted one after another.
 
-    def __init__(self, path, name):
-        self.path, self.name = path, name
+    Stored (uncompressed) members, the layout of the released checkpoints,
+    are read straight from the file at their offset in one copy and checked
+    against the archive's CRC-32; compressed ones go through ``zipfile``.
+    """
+
+    def __init__(self, path, info, archive, fileobj):
+        self.path, self.info, self.name = path, info, info.filename
         self._cached = None
         self._lock = threading.Lock()
-
-    def header(self):
-        with zipfile.ZipFile(self.path) as archive, \
-                archive.open(self.name) as f:
+        with archive.open(info) as f:
             version = np.lib.format.read_magic(f)
             read_header = (np.lib.format.read_array_header_1_0
                            if version == (1, 0)
                            else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read_header(f)
-        return tuple(shape), np.dtype(dtype)
+            shape, fortran, dtype = read_header(f)
+            header_len = f.tell() if hasattr(f, "tell") else None
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.fortran = fortran
+        self.data_offset = None
+        if info.compress_type == zipfile.ZIP_STORED and header_len:
+            fileobj.seek(info.header_offset)
+            fields = _LOCAL_HEADER.unpack(fileobj.read(_LOCAL_HEADER.size))
+            if fields[0] == b"PK\x03\x04":
+                self.member_offset = (info.header_offset + _LOCAL_HEADER.size
+                                      + fields[-2] + fields[-1])
+                self.header_len = header_len
+                self.data_offset = self.member_offset + header_len
+
+    def _read_stored(self):
+        count = math.prod(self.shape)
+        with open(self.path, "rb") as f:
+            f.seek(self.member_offset)
+            header = f.read(self.header_len)
+            data = np.fromfile(f, dtype=self.dtype, count=count)
+        if data.size != count:
+            raise EOFError(f"{self.name!r} ends early: {data.size} of "
+                           f"{count} values")
+        crc = zlib.crc32(memoryview(data).cast("B"), zlib.crc32(header))
+        if crc != self.info.CRC:
+            raise zipfile.BadZipFile(f"bad CRC-32 for file {self.name!r}")
+        order = "F" if self.fortran else "C"
+        return data.reshape(self.shape, order=order)
 
     def read(self):
         with self._lock:
             if self._cached is None:
-                with zipfile.ZipFile(self.path) as archive, \
-                        archive.open(self.name) as f:
-                    self._cached = np.lib.format.read_array(
-                        f, allow_pickle=False)
+                if self.data_offset is not None:
+                    self._cached = self._read_stored()
+                else:
+                    with zipfile.ZipFile(self.path) as archive, \
+                            archive.open(self.name) as f:
+                        self._cached = np.lib.format.read_array(
+                            f, allow_pickle=False)
             return self._cached
 
     def release(self):
@@ -142,16 +178,16 @@ def open_npz(path):
     (headers only are read here; never unpickles). Raises ``ValueError``,
     ``zipfile.BadZipFile`` or ``OSError`` for a file that is not a valid
     archive."""
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
     out = {}
-    for name in names:
-        if not name.endswith(".npy"):
-            raise ValueError(f"unexpected member {name!r} in the archive")
-        member = _Member(path, name)
-        shape, dtype = member.header()
-        if dtype.hasobject:
-            raise ValueError(f"{name!r} holds Python objects; checkpoints "
-                             "are never unpickled")
-        out[name[:-len(".npy")]] = LazyArray(member, shape, dtype)
+    with open(path, "rb") as fileobj, zipfile.ZipFile(fileobj) as archive:
+        for info in archive.infolist():
+            name = info.filename
+            if not name.endswith(".npy"):
+                raise ValueError(f"unexpected member {name!r} in the archive")
+            member = _Member(path, info, archive, fileobj)
+            if member.dtype.hasobject:
+                raise ValueError(f"{name!r} holds Python objects; "
+                                 "checkpoints are never unpickled")
+            out[name[:-len(".npy")]] = LazyArray(member, member.shape,
+                                                 member.dtype)
     return out
