@@ -345,6 +345,31 @@ def test_hybrid_and_gap_encoders():
         gap.to_classifier(4, classifier="token")
 
 
+@pytest.mark.parametrize("options", [
+    dict(position_embedding="none"), dict(position_embedding="sincos_2d"),
+    dict(position_embedding="relative"),
+    dict(position_embedding_placement="every_layer"),
+    dict(return_attention_scores=True)])
+def test_every_position_embedding_variant(options):
+    # The wrapper replays the ViT's own graph, whatever it holds.
+    encoder = tiny(include_top=False, **options)  # returns its tokens
+    model = mpp.MaskedPatchPrediction(encoder)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3))
+    loss, _ = model.loss_terms(images.astype("float32"), (0, 0))
+    np.testing.assert_allclose(loss.numpy(), math.log(512), rtol=1e-5)
+    keep = np.zeros((2, 16), "int32")
+    features = keras.Model(model.inputs, model.get_layer("mpp_head").input)
+    tokens = encoder(images.astype("float32"))
+    if isinstance(tokens, dict):
+        tokens = tokens["output"]
+    np.testing.assert_allclose(features([images, keep, keep]),
+                               np.asarray(tokens)[:, 1:], atol=1e-5)
+    classifier = model.to_classifier(3)
+    # The encoder's weights, then the classifier's head for the MPP's
+    # [mask] embedding and head: one fewer.
+    assert len(classifier.weights) == len(model.weights) - 1
+
+
 def test_api_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match="target='colour'"):
         mpp.MaskedPatchPrediction(tiny(), target="colour")

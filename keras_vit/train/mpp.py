@@ -382,23 +382,34 @@ class MaskedPatchPrediction(keras.Model):
                            name="corruption")
         source = keras.Input(shape=(rows * cols,), dtype="int32",
                              name="source")
-        # The ViT is a chain: (preprocessing, ResNet stem,) patch embedding,
-        # (class token,) position embedding, dropout, blocks, final norm.
-        names = [layer.name for layer in encoder.layers]
-        x = images
-        for layer in encoder.layers[:names.index("patch_embedding")]:
-            if not isinstance(layer, keras.layers.InputLayer):
-                x = layer(x)
-        x = encoder.get_layer("patch_embedding")(x)
-        x = PatchCorruption(dtype=dtype, name="patch_corruption")(
-            [x, mode, source])
+        # The ViT's own graph replayed on the new input with its own layers
+        # (shared, not copied), the corruption spliced in after the patch
+        # embedding. Replaying, not re-listing the layers, follows every
+        # stem, position-embedding kind and placement the ViT may have. This
+        # is the replay keras.models.clone_model runs (with call_function);
+        # clone_model itself would then build a model over `images` alone,
+        # which the plan inputs make impossible, so the replay is called
+        # directly.
+        corruption = PatchCorruption(dtype=dtype, name="patch_corruption")
+        found = {}
+
+        def call(layer, *args, **kw):
+            out = layer(*args, **kw)
+            if layer.name == "patch_embedding":
+                out = corruption([out, mode, source])
+            elif layer.name == "encoder_norm":
+                found["tokens"] = out
+            return out
+
+        encoder._run_through_graph(images, operation_fn=lambda op: op,
+                                   call_fn=call)
+        if "tokens" not in found or not corruption.built:
+            raise ValueError(
+                "masked patch prediction needs a ViT with layers named "
+                "patch_embedding and encoder_norm; received encoder="
+                f"{encoder.name!r}")
+        x = found["tokens"]
         has_token = encoder.classifier == "token"
-        chain = (["class_token"] if has_token else []) + [
-            "position_embedding", "embedding_dropout"] + [
-            f"encoder_block_{i}" for i in range(encoder.num_layers)] + [
-            "encoder_norm"]
-        for layer_name in chain:
-            x = encoder.get_layer(layer_name)(x)
         if has_token:
             x = keras.layers.Cropping1D((1, 0), dtype=dtype,
                                         name="drop_class_token")(x)
