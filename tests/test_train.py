@@ -396,6 +396,34 @@ def test_gradient_accumulation_equals_the_full_batch():
         np.testing.assert_allclose(a, b, atol=2e-5)  # Adam: m / sqrt(v)
 
 
+def test_xla_train_step_matches_the_graph_step():
+    from keras_vit.train import engine
+
+    kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
+              learning_rate=1e-2, strategy="default", **QUICK)
+    graph = kt.Trainer(tiny(), "digits", jit_compile=False, **kw)
+    xla = kt.Trainer(tiny(), "digits", jit_compile=True, **kw)
+    accumulated = kt.Trainer(tiny(), "digits", jit_compile=True,
+                             micro_batch_size=16, **kw)
+    assert (graph.jit_compile, xla.jit_compile) == (False, True)
+    assert "XLA" in xla.describe() and "XLA" not in graph.describe()
+    graph, xla, accumulated = graph.fit(), xla.fit(), accumulated.fit()
+    # The same updates, with gradient accumulation inside XLA too.
+    for a, b, c in zip(graph.model.get_weights(), xla.model.get_weights(),
+                       accumulated.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=5e-5)
+        np.testing.assert_allclose(a, c, atol=5e-5)
+    assert xla.metrics["jit_compile"] is True
+    default = kt.strategy("default")
+    assert engine.step_uses_xla(default, "auto", "float32") is False
+    assert engine.step_uses_xla(default, "auto", "mixed_bfloat16") is True
+    assert engine.step_uses_xla(default, False, "mixed_bfloat16") is False
+    with pytest.raises(ValueError, match="jit_compile='yes'"):
+        kt.recipes.get("finetune", jit_compile="yes")
+    assert kt.recipes.parse_value("jit_compile", "auto") == "auto"
+    assert kt.recipes.parse_value("jit_compile", "false") is False
+
+
 def test_run_directory_tensorboard_metrics_and_ema(tmp_path):
     import tensorflow as tf
 

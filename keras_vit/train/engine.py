@@ -229,6 +229,20 @@ def _copy_into_scope(model):
     return copy
 
 
+def step_uses_xla(strategy_, requested="auto", precision="float32"):
+    """Whether the train step compiles its forward and backward pass with
+    XLA. ``requested`` True or False is taken as it is; ``"auto"`` turns it
+    on for ``mixed_bfloat16`` with one replica (off the TPU, which compiles
+    the whole step anyway): on a 2-core AVX512-BF16 CPU a ViT-B/16 step
+    ran faster with XLA in bfloat16 and no faster in float32
+    (``docs/benchmarks.md``)."""
+    if requested in (True, False):
+        return requested
+    info = strategy_lib.describe(strategy_)
+    return (precision == "mixed_bfloat16" and info["name"] != "tpu"
+            and strategy_.num_replicas_in_sync == 1)
+
+
 class Trainer:
     """Fine-tunes or trains a model with a recipe under a strategy.
 
@@ -318,6 +332,8 @@ class Trainer:
                 f"run's total_steps={self.total_steps}")
         self.precision = strategy_lib.precision_for(self.strategy,
                                                     r.precision)
+        self.jit_compile = step_uses_xla(self.strategy, r.jit_compile,
+                                         self.precision)
 
         # The resolution and dropout: the recipe's for a zoo name; a given
         # model keeps its own unless they were asked for explicitly.
@@ -476,6 +492,7 @@ class Trainer:
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.info,
             "precision": self.precision,
+            "jit_compile": self.jit_compile,
             "micro_batch_size": self.micro,
             "accumulation_steps": self.accum,
         }
@@ -588,10 +605,9 @@ class Trainer:
                        + tf.cast(micro_index, tf.int64))
             return tf.stack([tf.constant(r.seed, tf.int64), counter])
 
-        def grads_of(images, labels, micro_index=0):
+        def forward_backward(images, labels, seed):
             with tf.GradientTape() as tape:
-                total, correct = self.compute_loss(images, labels,
-                                                   seed_of(micro_index))
+                total, correct = self.compute_loss(images, labels, seed)
                 # Summed over the replica's images and divided by the
                 # global batch: the cross-replica sum is then the mean.
                 loss = total / global_batch
@@ -601,6 +617,15 @@ class Trainer:
             grads = [tf.zeros_like(v) if g is None else g
                      for g, v in zip(grads, variables)]
             return loss, correct, grads
+
+        if self.jit_compile:
+            # XLA for the heavy part only: all-reduce, clipping and the
+            # optimizer update stay in the strategy's graph.
+            forward_backward = tf.function(forward_backward,
+                                           jit_compile=True)
+
+        def grads_of(images, labels, micro_index=0):
+            return forward_backward(images, labels, seed_of(micro_index))
 
         def replica_step(images, labels):
             if accum == 1:
@@ -671,7 +696,7 @@ class Trainer:
             f"steps of {r.batch_size} images ({self.steps_per_epoch} per "
             f"epoch; {self.strategy.num_replicas_in_sync} replica(s) x "
             f"{self.per_replica}{accum}), strategy {self.info['name']}, "
-            f"{self.precision}")
+            f"{self.precision}{', XLA' if self.jit_compile else ''}")
 
     def fit(self, stop_at_step=None):
         """Trains to the recipe's last step (from the last checkpoint if
