@@ -44,7 +44,7 @@ def test_bucket_rounds_up_to_a_power_of_two_capped_at_the_batch():
 @pytest.mark.parametrize("classifier", ["token", "gap"])
 def test_compiled_predict_matches_the_model(classifier):
     model = _loaded(classifier=classifier)
-    assert model.jit_compile is True  # XLA on CPU by default
+    assert model.compiled_predict is True
     x = _x(11)
     want = np.asarray(model(x, training=False))
     got = model.predict(x, batch_size=4, verbose=0)
@@ -75,10 +75,10 @@ def test_keras_predict_is_used_when_asked_or_when_it_must():
     model = _loaded()
     x = _x(6)
     want = np.asarray(model(x, training=False))
-    model.jit_compile = False
+    model.compiled_predict = False
     np.testing.assert_allclose(model.predict(x, verbose=0), want, atol=1e-5)
     assert model.compiled_predict_sizes() == []
-    model.jit_compile = True
+    model.compiled_predict = True
     # A dataset goes through Keras' own loop.
     import tensorflow as tf
 
@@ -93,7 +93,6 @@ def test_compiled_predict_on_bit_and_after_reload(tmp_path):
     from keras_vit.models.resnet_v2 import resnet_v2
 
     bit = resnet_v2(32, (1, 1, 1, 1), 0.5, 5)
-    assert bit.jit_compile is True
     x = _x(3)
     np.testing.assert_allclose(bit.predict(x, verbose=0),
                                np.asarray(bit(x, training=False)), atol=2e-5)

@@ -2,24 +2,21 @@
 
 Keras turns XLA off for TensorFlow on machines without an accelerator, and
 its ``predict`` feeds every call through a fresh ``tf.data`` pipeline. For
-these models XLA is the faster path on CPUs as well (``docs/benchmarks.md``),
-so :class:`CompiledModelMixin` makes it the default:
+inference XLA is the faster path on CPUs as well (``docs/benchmarks.md``),
+so :class:`CompiledModelMixin` gives the models a ``predict`` that, on
+arrays and tensors, calls one XLA-compiled function directly, in batches
+whose size is rounded up to a power of two (at most ``batch_size``): a new
+number of images compiles at most ``log2(batch_size) + 1`` programs instead
+of one per size, and the padding rows are dropped from the result.
 
-* ``jit_compile="auto"`` (the default of ``model.compile`` and of an
-  uncompiled model) resolves to XLA on CPUs too, unless a distribution
-  strategy is in scope (Keras' own rule there);
-* ``predict`` on arrays and tensors calls one XLA-compiled function directly,
-  in batches whose size is rounded up to a power of two (at most
-  ``batch_size``), so a new number of images compiles at most
-  ``log2(batch_size) + 1`` programs instead of one per size; the padding rows
-  are dropped from the result. Datasets, generators, callbacks, ``steps``,
-  a distribution strategy or ``model.jit_compile = False`` take Keras' own
-  ``predict``.
+Datasets, generators, callbacks, ``steps``, a distribution strategy, a
+backend other than TensorFlow or ``model.compiled_predict = False`` take
+Keras' own ``predict``. Training keeps Keras' rule (``model.compile``'s
+``jit_compile``; :class:`keras_vit.train.Trainer` has its own option), since
+XLA did not make a float32 training step faster on CPU.
 
 >>> import numpy as np, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
->>> model.jit_compile
-True
 >>> x = np.random.default_rng(0).uniform(-1, 1, (5, 32, 32, 3))
 >>> y = model.predict(x, verbose=0)
 >>> y.shape, bool(np.allclose(y, model(x), atol=1e-5))
@@ -56,16 +53,11 @@ def bucket(n, batch_size):
 
 
 class CompiledModelMixin:
-    """XLA by default on CPU and a direct compiled ``predict`` (see the
-    module docstring). Mixed into the keras_vit model classes before
-    ``keras.Model``."""
+    """A direct XLA-compiled ``predict`` (see the module docstring). Mixed
+    into the keras_vit model classes before ``keras.Model``."""
 
-    def _resolve_auto_jit_compile(self):
-        if keras.backend.backend() == "tensorflow":
-            if getattr(self, "_distribute_strategy", None):
-                return False
-            return all(layer.supports_jit for layer in self._flatten_layers())
-        return super()._resolve_auto_jit_compile()
+    #: False: ``predict`` is Keras' own.
+    compiled_predict = True
 
     # -- predict ----------------------------------------------------------
 
@@ -80,7 +72,7 @@ class CompiledModelMixin:
 
         if tf.distribute.has_strategy():
             return False
-        return bool(self.jit_compile)
+        return bool(self.compiled_predict)
 
     def _compiled_call(self):
         state = self.__dict__.get("_keras_vit_predict")
