@@ -412,7 +412,7 @@ def training_cases(size, batch, arch, classes, peers):
         cases.append(Case("training", framework, path, dtype, size, batch,
                           flops, make))
 
-    def trainer_step(precision):
+    def trainer_step(precision, jit="auto"):
         def make():
             from keras_vit.train import Trainer
             from keras_vit.train.data import ArraySource
@@ -422,11 +422,12 @@ def training_cases(size, batch, arch, classes, peers):
                 "ViT-B/16", ArraySource(pixels, y, classes), recipe="finetune",
                 weights=None, strategy="default", verbose=False,
                 batch_size=batch, total_steps=10**6, warmup_steps=1,
-                image_size=size, precision=precision, model_options=arch)
+                image_size=size, precision=precision, model_options=arch,
+                jit_compile=jit)
             step = trainer._make_train_step()
-            NOTES["keras_vit Trainer train step"] = (
-                "tf.function(jit_compile="
-                f"{getattr(step, '_jit_compile', None)})")
+            NOTES[f"keras_vit Trainer train step, {precision}, jit_compile="
+                  f"{jit!r}"] = ("XLA forward/backward" if trainer.jit_compile
+                                 else "tf.function graph, no XLA")
             # The step's own input: one fixed batch (the data pipeline's
             # decoding and augmentation are not timed).
             it = iter(tf.data.Dataset.from_tensors(
@@ -444,9 +445,16 @@ def training_cases(size, batch, arch, classes, peers):
             f"model.jit_compile = {model.jit_compile}")
         return lambda: model.train_on_batch(x, y)
 
-    add("keras_vit", "Trainer train step", "float32", trainer_step("float32"))
-    add("keras_vit", "Trainer train step", "mixed_bfloat16",
+    # The default (jit_compile="auto": graph for float32, XLA for bf16) and
+    # the other choice for each precision, to show why "auto" picks it.
+    add("keras_vit", "Trainer train step (default)", "float32",
+        trainer_step("float32"))
+    add("keras_vit", "Trainer train step, XLA", "float32",
+        trainer_step("float32", True))
+    add("keras_vit", "Trainer train step (default)", "mixed_bfloat16",
         trainer_step("mixed_bfloat16"))
+    add("keras_vit", "Trainer train step, no XLA", "mixed_bfloat16",
+        trainer_step("mixed_bfloat16", False))
     add("keras_vit", "compile_for_finetune + train_on_batch", "float32",
         fit_step)
     if "torch" in peers:

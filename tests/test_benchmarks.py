@@ -81,8 +81,10 @@ def test_quick_run_writes_the_tables(tmp_path):
             ("keras_vit", "model.predict", "bfloat16"),
             ("keras_vit", "model.predict", "mixed_bfloat16")},
         "Fine-tuning step": {
-            ("keras_vit", "Trainer train step", "float32"),
-            ("keras_vit", "Trainer train step", "mixed_bfloat16"),
+            ("keras_vit", "Trainer train step (default)", "float32"),
+            ("keras_vit", "Trainer train step, XLA", "float32"),
+            ("keras_vit", "Trainer train step (default)", "mixed_bfloat16"),
+            ("keras_vit", "Trainer train step, no XLA", "mixed_bfloat16"),
             ("keras_vit", "compile_for_finetune + train_on_batch",
              "float32")},
     }
