@@ -52,6 +52,18 @@ def bucket(n, batch_size):
     return min(batch_size, 1 << max(0, math.ceil(math.log2(max(1, n)))))
 
 
+class _Forward:
+    """The inference call of one model. A callable object rather than a
+    closure: TensorFlow counts traces per code object, so closures of many
+    models would look like one function retracing and warn."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, images):
+        return self.model(images, training=False)
+
+
 class CompiledModelMixin:
     """A direct XLA-compiled ``predict`` (see the module docstring). Mixed
     into the keras_vit model classes before ``keras.Model``."""
@@ -79,12 +91,10 @@ class CompiledModelMixin:
         if state is None:
             import tensorflow as tf
 
-            def forward(images):
-                return self(images, training=False)
-
             # Kept out of Keras' attribute tracking (not a layer or weight).
             state = self.__dict__["_keras_vit_predict"] = {
-                "fn": tf.function(forward, jit_compile=True), "sizes": set()}
+                "fn": tf.function(_Forward(self), jit_compile=True),
+                "sizes": set()}
         return state
 
     def compiled_predict_sizes(self):
@@ -121,7 +131,8 @@ class CompiledModelMixin:
             bar = keras.utils.Progbar(num_batches)
         outputs = []
         for i, start in enumerate(range(0, n, batch_size)):
-            chunk = x[start:start + batch_size]
+            # Whole inputs go in as they are (no slice copy).
+            chunk = x if n <= batch_size else x[start:start + batch_size]
             m = int(chunk.shape[0])
             size = bucket(m, batch_size)
             if size > m:
@@ -131,8 +142,11 @@ class CompiledModelMixin:
             state["sizes"].add(size)
             out = state["fn"](chunk)
             outputs.append(tf.nest.map_structure(
-                lambda t, m=m: t[:m].numpy(), out))
+                lambda t, m=m, size=size: (t if m == size else t[:m]).numpy(),
+                out))
             if bar is not None:
                 bar.update(i + 1)
+        if len(outputs) == 1:
+            return outputs[0]
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts),
                                      *outputs)
