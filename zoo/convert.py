@@ -11,6 +11,7 @@ which is the canonical key set this module speaks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -63,31 +64,28 @@ def as_array(value):
 
 
 def assign_all(assignments, source_name):
-    """Assigns ``[(variable, array or None for zeros)]`` in the order of the
-    checkpoint's archive members (so a stacked array is read once), reading
-    and converting one array at a time."""
-    def order(item):
-        value = item[1]
-        return getattr(value, "source", "")
+    """Assigns ``[(variable, array or None for zeros)]`` grouped by the
+    checkpoint's archive member (so a stacked array is read once and dropped
+    when all its slices are assigned), reading one array at a time."""
+    def source(item):
+        return getattr(item[1], "source", "")
 
-    previous = None
-    for var, value in sorted(assignments, key=order):
-        if previous is not None and previous.source != order((var, value)):
-            previous.release()  # every slice of that member is assigned
-        previous = value if isinstance(value, lazy_npz.LazyArray) else None
-        if value is None:
-            var.assign(np.zeros(var.shape, dtype=var.dtype))
-            continue
-        try:
-            var.assign(np.asarray(value, dtype=var.dtype))
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-            raise CheckpointError(
-                f"Could not read {getattr(value, 'source', '?')!r} of the "
-                f"checkpoint source={source_name} (corrupt file?); the model's "
-                f"weights are partly overwritten. {type(e).__name__}: {e}"
-            ) from e
-    if previous is not None:
-        previous.release()
+    for _, group in itertools.groupby(sorted(assignments, key=source),
+                                      key=source):
+        for var, value in group:
+            if value is None:
+                var.assign(np.zeros(var.shape, dtype=var.dtype))
+                continue
+            try:
+                var.assign(np.asarray(value, dtype=var.dtype))
+            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+                raise CheckpointError(
+                    f"Could not read {source((var, value))!r} of the "
+                    f"checkpoint source={source_name} (corrupt file?); the "
+                    f"model's weights are partly overwritten. "
+                    f"{type(e).__name__}: {e}") from e
+        if isinstance(value, lazy_npz.LazyArray):
+            value.release()  # every slice of this member is assigned
 
 
 _NEW_TO_OLD_BLOCK = {

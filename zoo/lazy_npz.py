@@ -49,18 +49,18 @@ class _Member:
                            if version == (1, 0)
                            else np.lib.format.read_array_header_2_0)
             shape, fortran, dtype = read_header(f)
-            header_len = f.tell() if hasattr(f, "tell") else None
+            self.header_len = f.tell()
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.fortran = fortran
-        self.data_offset = None
-        if info.compress_type == zipfile.ZIP_STORED and header_len:
+        # Where a stored member's bytes start in the file (None: read it
+        # through zipfile).
+        self.member_offset = None
+        if info.compress_type == zipfile.ZIP_STORED:
             fileobj.seek(info.header_offset)
             fields = _LOCAL_HEADER.unpack(fileobj.read(_LOCAL_HEADER.size))
             if fields[0] == b"PK\x03\x04":
                 self.member_offset = (info.header_offset + _LOCAL_HEADER.size
                                       + fields[-2] + fields[-1])
-                self.header_len = header_len
-                self.data_offset = self.member_offset + header_len
 
     def _read_stored(self):
         count = math.prod(self.shape)
@@ -80,7 +80,7 @@ class _Member:
     def read(self):
         with self._lock:
             if self._cached is None:
-                if self.data_offset is not None:
+                if self.member_offset is not None:
                     self._cached = self._read_stored()
                 else:
                     with zipfile.ZipFile(self.path) as archive, \
