@@ -350,12 +350,19 @@ class MultiHeadSelfAttention(layers.Layer):
         return ops.einsum("btd,dhk->bthk", x, kernel) + bias
 
     def call(self, x, training=None, return_attention_scores=False,
-             attention_bias=None):
+             attention_bias=None, relative_embedding=None):
         """``attention_bias``: optional logits added before the softmax,
-        broadcastable to (batch, heads, queries, keys)."""
+        broadcastable to (batch, heads, queries, keys).
+        ``relative_embedding``: optional 1D relative position table (rows,
+        heads, head_dim) whose logits with these queries
+        (:func:`relative_attention_bias`) are added the same way."""
         q = self._project(x, "query")
         k = self._project(x, "key")
         v = self._project(x, "value")
+        if relative_embedding is not None:
+            relative = relative_attention_bias(q, relative_embedding)
+            attention_bias = (relative if attention_bias is None
+                              else attention_bias + relative)
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout = training is True and self.attention_dropout_rate > 0
         if not return_attention_scores and not dropout:
@@ -478,18 +485,12 @@ class EncoderBlock(layers.Layer):
         """``relative_embedding``: optional 1D relative position table
         (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
         are added to the content logits before the softmax."""
-        h = self.norm_1(x)
-        bias = None
-        if relative_embedding is not None:
-            # The relative logits use "the original query": the attention's
-            # own projection (computed here once more; the attention layer
-            # keeps its fused path).
-            query = self.attention._project(h, "query")
-            bias = relative_attention_bias(query, relative_embedding)
+        # The relative logits use "the original query": the attention
+        # layer's own projection.
         y = self.attention(
-            h, training=training,
+            self.norm_1(x), training=training,
             return_attention_scores=return_attention_scores,
-            attention_bias=bias,
+            relative_embedding=relative_embedding,
         )
         if return_attention_scores:
             y, scores = y
