@@ -23,7 +23,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.vit import (_pair, _position_embedding_options,
-                                  _positive_int, _rate)
+                                  check_encoder_args)
 
 _POOLINGS = (None, "gap", "avg")
 # The constructor arguments get_config returns (besides name and dtype).
@@ -145,20 +145,12 @@ class AxialVisionTransformer(CompiledModelMixin, keras.Model):
             raise ValueError(
                 f"image_size must be divisible by patch_size={patch}; "
                 f"received image_size={image_size!r}")
-        hidden_size = _positive_int(hidden_size, "hidden_size")
-        num_layers = _positive_int(num_layers, "num_layers",
-                                              allow_zero=True)
-        num_heads = _positive_int(num_heads, "num_heads")
-        mlp_dim = _positive_int(mlp_dim, "mlp_dim")
-        num_channels = _positive_int(num_channels, "num_channels")
-        if hidden_size % num_heads:
-            raise ValueError(
-                f"hidden_size must be divisible by num_heads={num_heads}; "
-                f"received hidden_size={hidden_size}")
-        if pooling not in _POOLINGS:
-            raise ValueError(
-                f"pooling must be one of {_POOLINGS}; received pooling="
-                f"{pooling!r}")
+        (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+         representation_size, num_classes, dropout_rate,
+         attention_dropout_rate) = check_encoder_args(
+            hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+            pooling, _POOLINGS, representation_size, include_top,
+            num_classes, dropout_rate, attention_dropout_rate)
         if position_embedding not in _POSITION_EMBEDDINGS:
             raise ValueError(
                 f"Axial-ViT takes position_embedding in {_POSITION_EMBEDDINGS} "
@@ -166,14 +158,6 @@ class AxialVisionTransformer(CompiledModelMixin, keras.Model):
                 f"position_embedding={position_embedding!r}")
         _position_embedding_options(
             position_embedding, "stem", hidden_size, num_heads)
-        if representation_size is not None:
-            representation_size = _positive_int(
-                representation_size, "representation_size")
-        if include_top:
-            num_classes = _positive_int(num_classes, "num_classes")
-        dropout_rate = _rate(dropout_rate, "dropout_rate")
-        attention_dropout_rate = _rate(
-            attention_dropout_rate, "attention_dropout_rate")
 
         grid = (image_hw[0] // patch, image_hw[1] // patch)
         dtype = kwargs.pop("dtype", None)

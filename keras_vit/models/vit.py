@@ -243,6 +243,37 @@ def _rate(value, name):
     return float(value)
 
 
+def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
+                       num_channels, pooling, poolings, representation_size,
+                       include_top, num_classes, dropout_rate,
+                       attention_dropout_rate):
+    """The argument checks every encoder model (ViT, Axial-ViT) shares, each
+    error naming the argument; returns ``(hidden_size, num_layers,
+    num_heads, mlp_dim, num_channels, representation_size, num_classes,
+    dropout_rate, attention_dropout_rate)`` normalised."""
+    hidden_size = _positive_int(hidden_size, "hidden_size")
+    num_layers = _positive_int(num_layers, "num_layers", allow_zero=True)
+    num_heads = _positive_int(num_heads, "num_heads")
+    mlp_dim = _positive_int(mlp_dim, "mlp_dim")
+    num_channels = _positive_int(num_channels, "num_channels")
+    if hidden_size % num_heads:
+        raise ValueError(
+            f"hidden_size must be divisible by num_heads={num_heads}; "
+            f"received hidden_size={hidden_size}")
+    if pooling not in poolings:
+        raise ValueError(
+            f"pooling must be one of {poolings}; received pooling={pooling!r}")
+    if representation_size is not None:
+        representation_size = _positive_int(
+            representation_size, "representation_size")
+    if include_top:
+        num_classes = _positive_int(num_classes, "num_classes")
+    return (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+            representation_size, num_classes,
+            _rate(dropout_rate, "dropout_rate"),
+            _rate(attention_dropout_rate, "attention_dropout_rate"))
+
+
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class VisionTransformer(CompiledModelMixin, keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
@@ -301,33 +332,17 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
             raise ValueError(
                 f"image_size must be divisible by {what}; received "
                 f"image_size={image_size!r}")
-        hidden_size = _positive_int(hidden_size, "hidden_size")
-        num_layers = _positive_int(num_layers, "num_layers", allow_zero=True)
-        num_heads = _positive_int(num_heads, "num_heads")
-        mlp_dim = _positive_int(mlp_dim, "mlp_dim")
-        num_channels = _positive_int(num_channels, "num_channels")
-        if hidden_size % num_heads:
-            raise ValueError(
-                f"hidden_size must be divisible by num_heads={num_heads}; "
-                f"received hidden_size={hidden_size}"
-            )
+        (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+         representation_size, num_classes, dropout_rate,
+         attention_dropout_rate) = check_encoder_args(
+            hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+            pooling, _POOLINGS, representation_size, include_top,
+            num_classes, dropout_rate, attention_dropout_rate)
         if classifier not in _CLASSIFIERS:
             raise ValueError(
                 f"classifier must be one of {_CLASSIFIERS}; received "
                 f"classifier={classifier!r}"
             )
-        if pooling not in _POOLINGS:
-            raise ValueError(
-                f"pooling must be one of {_POOLINGS}; received pooling={pooling!r}"
-            )
-        if representation_size is not None:
-            representation_size = _positive_int(
-                representation_size, "representation_size")
-        if include_top:
-            num_classes = _positive_int(num_classes, "num_classes")
-        dropout_rate = _rate(dropout_rate, "dropout_rate")
-        attention_dropout_rate = _rate(
-            attention_dropout_rate, "attention_dropout_rate")
         _position_embedding_options(position_embedding,
                                     position_embedding_placement,
                                     hidden_size, num_heads)
