@@ -208,6 +208,18 @@ def digits(split="train", *, seed=0, test_size=0.25):
                        class_names=[str(i) for i in range(10)], flip_ok=False)
 
 
+def existing_folder(path, expected):
+    """``path`` as a string when it is a folder; otherwise a
+    FileNotFoundError that echoes it and says what was ``expected``."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        what = "is a file, not a folder" if os.path.exists(path) else (
+            "does not exist")
+        raise FileNotFoundError(
+            f"Image folder data={path!r} {what}; expected {expected}.")
+    return path
+
+
 class FolderSource(ImageSource):
     """A folder with one sub-folder of images per class (sorted names give
     the labels). Files that are not images, or that cannot be read, are
@@ -222,13 +234,8 @@ class FolderSource(ImageSource):
     in_memory = True
 
     def __init__(self, path, *, verbose=True):
-        path = os.fspath(path)
-        if not os.path.isdir(path):
-            what = "is a file, not a folder" if os.path.exists(path) else (
-                "does not exist")
-            raise FileNotFoundError(
-                f"Image folder data={path!r} {what}; expected a folder with "
-                "one sub-folder of images per class.")
+        path = existing_folder(
+            path, "a folder with one sub-folder of images per class")
         classes = sorted(
             d for d in os.listdir(path)
             if not d.startswith(".") and os.path.isdir(os.path.join(path, d)))

@@ -550,13 +550,8 @@ class UnlabelledFolder(data_lib.FolderSource):
     and left out, as :class:`~keras_vit.train.FolderSource` does."""
 
     def __init__(self, path, *, verbose=True):
-        path = os.fspath(path)
-        if not os.path.isdir(path):
-            what = "is a file, not a folder" if os.path.exists(path) else (
-                "does not exist")
-            raise FileNotFoundError(
-                f"Image folder data={path!r} {what}; expected a folder of "
-                "images (jpg, png, ...) in any layout.")
+        path = data_lib.existing_folder(
+            path, "a folder of images (jpg, png, ...) in any layout")
         top = pathlib.Path(path)
         candidates = [
             (str(f), 0) for f in sorted(top.rglob("*")) if f.is_file()
