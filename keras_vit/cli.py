@@ -33,7 +33,10 @@ def _is_user_error(exc):
     # ValueError covers UnknownModelError and CheckpointError; OSError covers
     # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
     # DownloadError / OfflineError.
-    return isinstance(exc, (UserError, ValueError, OSError))
+    from keras_vit.errors import MissingDependencyError
+
+    return isinstance(exc, (UserError, ValueError, OSError,
+                            MissingDependencyError))
 
 
 def _squash(name):

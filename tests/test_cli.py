@@ -312,3 +312,23 @@ def test_demo_quick(tmp_path, monkeypatch, capsys):
     assert sorted(arrays) == sorted(exported)
     for key, value in exported.items():
         np.testing.assert_array_equal(arrays[key], value)
+
+
+def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):
+    """A missing optional package prints its name and the pip command."""
+    from keras_vit import cli
+    from keras_vit.errors import MissingDependencyError
+
+    def fails(args):
+        raise MissingDependencyError("tf2onnx", "ONNX export")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    args = parser.parse_args(["list"])
+    monkeypatch.setattr(args, "func", fails, raising=False)
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    assert cli.main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("keras-vit: error: ONNX export needs the package "
+                           "'tf2onnx', which is not installed: pip install "
+                           "'tf2onnx'")
