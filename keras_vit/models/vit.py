@@ -92,7 +92,7 @@ def _resnet_stem(x, resnet, dtype):
     width = int(round(64 * resnet["width_factor"]))
     x = vit_layers.StdConv2D(
         width, 7, strides=2, padding="same", use_bias=False,
-        standardization="std", eps=1e-5, kernel_initializer="he_normal",
+        standardization="std", eps=1e-5, kernel_initializer="lecun_normal",
         dtype=dtype, name="resnet_root_conv")(x)
     x = layers.GroupNormalization(32, epsilon=1e-6, dtype=dtype,
                                   name="resnet_root_norm")(x)
