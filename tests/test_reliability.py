@@ -131,3 +131,125 @@ def test_bit_init_matches_big_transfer():
     model = keras_vit.models.resnet_v2(32, (1, 1, 1, 1), 1, 10)
     kinds = _check_init(model)
     assert "root_conv/kernel" in kinds and "stage_unit/proj/kernel" in kinds
+
+
+# ---------------------------------------------------------------------------
+# Correctness bugs of the audit.
+# ---------------------------------------------------------------------------
+
+TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=64, num_classes=10)
+QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
+             verbose=False, strategy="default")
+
+
+def _tiny(seed=1, **kwargs):
+    keras.utils.set_random_seed(seed)
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+def test_hybrid_checkpoint_by_path_gets_the_resnet_stride(tmp_path):
+    import official
+
+    res, channels = official.hybrid_arrays(num_layers=(1,), width=32, seed=3)
+    arrays = official.vit_arrays(patch=1, grid=8, num_classes=6, seed=3,
+                                 channels=channels, hidden=32, layers=1,
+                                 heads=4, mlp=64)
+    arrays.update(res)
+    path = tmp_path / "hybrid.npz"
+    np.savez(path, **arrays)
+    model = keras_vit.zoo.load(
+        "R26+ViT-S/32", weights=str(path), patch_size=1, hidden_size=32,
+        num_layers=1, num_heads=4, mlp_dim=64,
+        resnet=dict(num_layers=(1,), width_factor=0.5))
+    # grid 8 x (patch 1 x ResNet stride 4): 32 pixels, not 8.
+    assert model.input_shape[1:3] == (32, 32)
+    pos = model.get_layer("position_embedding").weights[0]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(pos),
+                                  arrays["Transformer/posembed_input/pos_embedding"])
+
+
+def test_gap_classifier_refuses_token_pooling():
+    with pytest.raises(ValueError, match=r"pooling='token'.*classifier='gap'"):
+        keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                             pooling="token"))
+    model = keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                                 pooling="gap"))
+    assert tuple(model.output_shape) == (None, 32)
+
+
+def test_trainer_feeds_raw_pixels_to_a_preprocessing_model():
+    from keras_vit.train import data as data_lib
+
+    plain, raw = _tiny(), _tiny(include_preprocessing=True)
+    assert not data_lib.takes_raw_pixels(plain)
+    assert data_lib.takes_raw_pixels(raw)
+    images, _ = next(iter(data_lib.dataset(
+        "digits", 16, 64, training=False, raw_pixels=True)))
+    assert float(images.numpy().max()) > 100.0  # [0, 255], not [-1, 1]
+    # Same weights: the same evaluation whether the model or the pipeline
+    # scales the pixels.
+    raw.set_weights(plain.get_weights())
+    for layer in (plain.get_layer("head"), raw.get_layer("head")):
+        kernel = np.random.default_rng(0).normal(size=(32, 10)) * 0.5
+        layer.kernel.assign(kernel.astype("float32"))
+    a = keras_vit.train.evaluate(plain, "digits:test", verbose=False)
+    b = keras_vit.train.evaluate(raw, "digits:test", verbose=False)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert a["accuracy"] == pytest.approx(b["accuracy"])
+
+
+def _log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_label_smoothing_matches_a_hand_computation():
+    from keras_vit.train import engine
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 4)).astype("float32")
+    labels = np.array([0, 3, 1, 1, 2])
+    eps, k = 0.1, 4
+    target = np.full((5, k), eps / k)
+    target[np.arange(5), labels] += 1.0 - eps
+    expected = float(np.mean(-(target * _log_softmax(logits)).sum(-1)))
+    loss = engine.smoothed_sparse_crossentropy(eps)
+    assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
+    # The training loop's own loss (summed over the batch).
+    tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                 total_steps=2, warmup_steps=1,
+                                 label_smoothing=eps, **QUICK)
+    images = rng.uniform(-1, 1, size=(5, 16, 16, 3)).astype("float32")
+    digits = np.array([0, 9, 3, 3, 7])
+    model_logits = keras.ops.convert_to_numpy(tr.model(images))
+    target = np.full((5, 10), eps / 10)
+    target[np.arange(5), digits] += 1.0 - eps
+    want = float(-(target * _log_softmax(model_logits)).sum())
+    got, correct = tr.compute_loss(images, digits, np.zeros(2, "int64"))
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    assert float(correct) == float(
+        (model_logits.argmax(-1) == digits).sum())
+
+
+@pytest.mark.slow
+def test_ema_matches_a_hand_computation():
+    decay_cap = 0.2
+    tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                 total_steps=3, warmup_steps=1,
+                                 learning_rate=1e-2, ema_decay=decay_cap,
+                                 **QUICK)
+
+    def current():
+        return [v.numpy().copy() for v in tr.model.trainable_variables]
+
+    ema = current()
+    for t in (1, 2):
+        tr.fit(stop_at_step=t)
+        now = current()
+        decay = min(decay_cap, (1.0 + t) / (10.0 + t))  # 2/11, then 0.2
+        ema = [decay * e + (1.0 - decay) * v for e, v in zip(ema, now)]
+        for e, want in zip(tr.ema, ema):
+            np.testing.assert_allclose(e.numpy(), want, rtol=1e-5,
+                                       atol=1e-7)
+    assert not np.allclose(ema[0], now[0])  # the average lags the weights

@@ -343,6 +343,12 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
                 f"classifier must be one of {_CLASSIFIERS}; received "
                 f"classifier={classifier!r}"
             )
+        if classifier == "gap" and pooling == "token":
+            raise ValueError(
+                "pooling='token' takes the class token, but classifier='gap' "
+                "builds the model without one; use pooling='gap' (the mean of "
+                "the tokens) or classifier='token'; received "
+                f"classifier={classifier!r}, pooling={pooling!r}")
         _position_embedding_options(position_embedding,
                                     position_embedding_placement,
                                     hidden_size, num_heads)

@@ -577,7 +577,8 @@ class Trainer:
                 self.train, self.image_size, self.per_replica, training=True,
                 seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
                 shard=shard, skip=skip_steps * per_step,
-                take=remaining * per_step)
+                take=remaining * per_step,
+                raw_pixels=data_lib.takes_raw_pixels(self.model))
 
         return self._distributed(make)
 
@@ -919,7 +920,7 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
         return data_lib.padded_eval_dataset(
             source, size, per_replica, num_batches=steps * local,
             shard=(ctx.num_input_pipelines, ctx.input_pipeline_id),
-            eval_crop=eval_crop)
+            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model))
 
     dist = strategy_.distribute_datasets_from_function(fn)
     cache = _cache if _cache is not None else {}
