@@ -168,7 +168,9 @@ def load(
                 facts["num_classes"] = int(
                     arrays["resnet/head/conv2d/kernel"].shape[-1])
         else:
-            arrays = convert.normalize_keys(raw)
+            arrays = convert.normalize_keys(
+                raw, max_blocks=kwargs.get("num_layers", config.get(
+                    "num_layers")))
             facts = _checkpoint_facts(arrays)
             config["classifier"] = facts["classifier"]
         if image_size is None:
