@@ -8,6 +8,7 @@ writers killed mid-write, undecodable image folders, CLI misuse).
 
 import math
 import re
+import time
 
 import keras
 import numpy as np
@@ -384,3 +385,160 @@ def test_truncated_and_lying_members_are_refused(tmp_path):
     path.write_bytes(path.read_bytes()[:150])
     with pytest.raises(keras_vit.zoo.CheckpointError, match="not a valid"):
         keras_vit.zoo.load_weights(_tiny(), str(path))
+
+
+# ---------------------------------------------------------------------------
+# Downloads: an overall deadline, a stall timeout, a bounded lock wait that
+# names the holder; a body that is not a whole checkpoint is never cached.
+# Servers on 127.0.0.1 only, in a thread, shut down after the module.
+# ---------------------------------------------------------------------------
+
+
+def _npz_bytes():
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(5000, dtype="float32"))
+    return buf.getvalue()
+
+
+NPZ = _npz_bytes()
+
+
+class _BadServer:
+    """Each path misbehaves in its own way (see ``do_GET``)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                name = self.path.rsplit("/", 1)[-1]
+                if name == "trickle.npz":  # a byte every 0.2 s, 40 s worth
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ)))
+                    self.end_headers()
+                    for i in range(200):
+                        try:
+                            self.wfile.write(NPZ[i:i + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.2)
+                elif name == "short.npz":  # no Content-Length, half a file
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(NPZ[:len(NPZ) // 2])
+                    self.close_connection = True
+                elif name == "lying.npz":  # Content-Length below the body
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ) - 500))
+                    self.end_headers()
+                    self.wfile.write(NPZ)
+                elif name == "html.npz":  # a login page served with 200
+                    body = b"<html><body>Please sign in</body></html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif name == "html_octet.npz":  # HTML that claims bytes
+                    body = b"<!doctype html><p>moved</p>"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ)))
+                    self.end_headers()
+                    self.wfile.write(NPZ)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                     Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       daemon=True)
+        self.thread.start()
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    server = _BadServer()
+    yield server.base
+    server.stop()
+
+
+
+def _cached_files(cache):
+    return sorted(p.name for p in cache.rglob("*") if p.is_file()
+                  and not p.name.endswith(".lock"))
+
+
+def test_trickling_server_hits_the_overall_deadline(bad_server, tmp_path):
+    from keras_vit.zoo import download
+
+    start = time.monotonic()
+    with pytest.raises(download.DownloadError,
+                       match=r"did not finish within 1 s"):
+        download.fetch(bad_server + "trickle.npz", cache_dir=tmp_path,
+                       timeout=2.0, deadline=1.0, progress=False)
+    assert time.monotonic() - start < 5.0
+    assert _cached_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, match", [
+    ("short.npz", "not send a complete .npz"),
+    ("lying.npz", "not send a complete .npz"),
+    ("html.npz", "HTML page"),
+    ("html_octet.npz", "not send a complete .npz"),
+])
+def test_a_body_that_is_not_a_checkpoint_is_never_cached(
+        bad_server, tmp_path, name, match):
+    from keras_vit.zoo import download
+
+    with pytest.raises(download.DownloadError, match=match):
+        download.fetch(bad_server + name, cache_dir=tmp_path, timeout=5.0,
+                       progress=False)
+    assert _cached_files(tmp_path) == []
+    good = download.fetch(bad_server + "good.npz", cache_dir=tmp_path,
+                          timeout=5.0, progress=False)
+    assert good.read_bytes() == NPZ
+
+
+def test_lock_wait_has_a_deadline_and_names_the_holder(bad_server, tmp_path):
+    import os
+
+    from keras_vit.zoo import download
+
+    url = bad_server + "good.npz"
+    final = download.cache_path_for(url, tmp_path)
+    final.parent.mkdir(parents=True)
+    lock = final.with_name(final.name + ".lock")
+    start = time.monotonic()
+    with download._exclusive_lock(lock):  # another download in progress
+        with pytest.raises(download.DownloadError,
+                           match=rf"held by pid {os.getpid()} since"):
+            download.fetch(url, cache_dir=tmp_path, timeout=0.5,
+                           deadline=0.5, progress=False)
+    assert time.monotonic() - start < 5.0
+    assert download.fetch(url, cache_dir=tmp_path, progress=False).is_file()
+
+
+@pytest.mark.parametrize("arg", ["timeout", "deadline"])
+def test_download_bounds_must_be_positive(tmp_path, arg):
+    from keras_vit.zoo import download
+
+    with pytest.raises(ValueError, match=rf"{arg}=0"):
+        download.fetch("http://127.0.0.1:9/x.npz", cache_dir=tmp_path,
+                       **{arg: 0})
