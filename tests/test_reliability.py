@@ -542,3 +542,55 @@ def test_download_bounds_must_be_positive(tmp_path, arg):
     with pytest.raises(ValueError, match=rf"{arg}=0"):
         download.fetch("http://127.0.0.1:9/x.npz", cache_dir=tmp_path,
                        **{arg: 0})
+
+
+# ---------------------------------------------------------------------------
+# Data: no hang on images TensorFlow cannot decode; each dropped one named.
+# ---------------------------------------------------------------------------
+
+
+def _truncated_jpeg(path, seed):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+        path, "JPEG")
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * 0.8)])  # passes PIL's verify()
+
+
+def test_folder_of_undecodable_images_fails_fast_naming_it(tmp_path):
+    from keras_vit import train as kt
+
+    root = tmp_path / "bad"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(3):
+            _truncated_jpeg(root / c / f"{i}.jpg", i)
+    start = time.monotonic()
+    with pytest.raises(kt.DataError, match=re.escape(repr(str(root)))
+                       + r" has no images TensorFlow can read"):
+        kt.load_data(str(root))
+    with pytest.raises(kt.DataError, match="TensorFlow cannot decode"):
+        kt.Trainer(_tiny(num_classes=2), str(root), **QUICK)
+    assert time.monotonic() - start < 20.0
+
+
+def test_each_dropped_image_is_named_once(tmp_path):
+    from PIL import Image
+
+    from keras_vit import train as kt
+
+    root = tmp_path / "mixed"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    _truncated_jpeg(root / "b" / "cut.jpg", 7)
+    with pytest.warns(UserWarning) as record:
+        source = kt.load_data(str(root))
+    text = " ".join(str(w.message) for w in record)
+    assert text.count("cut.jpg") == 1
+    assert source.num_examples == 8
+    batches = list(kt.dataset(source, 16, 4, training=True, epoch=0))
+    assert sum(int(b[0].shape[0]) for b in batches) == 8

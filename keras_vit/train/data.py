@@ -253,13 +253,20 @@ class FolderSource(ImageSource):
                     if not fname.startswith("."):
                         candidates.append((os.path.join(root, fname), label))
         files, labels, skipped = _check_images(candidates, verbose)
+        undecodable = set(_tf_undecodable(files))
+        if undecodable:
+            skipped += [(f, "TensorFlow cannot decode it") for f in files
+                        if f in undecodable]
+            kept = [(f, y) for f, y in zip(files, labels)
+                    if f not in undecodable]
+            files, labels = [f for f, _ in kept], [y for _, y in kept]
         counts = np.bincount(np.asarray(labels, "int64"),
                              minlength=len(classes))
         empty = [c for c, n in zip(classes, counts) if n == 0]
         if not files:
             raise DataError(
-                f"Image folder data={path!r} has no readable images "
-                f"({len(skipped)} files skipped, e.g. {skipped[:3]})")
+                f"Image folder data={path!r} has no images TensorFlow can "
+                f"read ({len(skipped)} files skipped, e.g. {skipped[:3]})")
         super().__init__(len(files), len(classes), classes)
         self.name = path
         self.path = path
@@ -347,6 +354,31 @@ def _check_images(candidates, verbose):
         files.append(path)
         labels.append(label)
     return files, labels, skipped
+
+
+def _tf_undecodable(paths):
+    """The files of ``paths`` that TensorFlow's decoder refuses (some pass
+    PIL's checks: a truncated JPEG, an odd PNG), found in one parallel pass
+    so that training never meets them: a pipeline that drops every image
+    would otherwise spin forever, and one that drops a few would not say
+    which."""
+    if not paths:
+        return []
+    import tensorflow as tf
+
+    def shape_of(i, path):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3,
+                                   expand_animations=False)
+        return i, tf.shape(image)
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        np.asarray(paths, dtype=str)).enumerate()
+    ds = ds.map(shape_of, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.ignore_errors().map(lambda i, _: i).batch(4096)
+    decoded = set()
+    for batch in ds.as_numpy_iterator():
+        decoded.update(int(i) for i in batch)
+    return [p for i, p in enumerate(paths) if i not in decoded]
 
 
 class TfdsSource(ImageSource):
@@ -744,9 +776,11 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     ds = _examples(source, training, seed, epoch)
     num_shards, index = shard
     if training and epoch is not None:
-        # Files that fail to decode are dropped below; repeating the epoch's
-        # order fills the gap so every shard still yields exactly `take`.
-        ds = ds.repeat()
+        # Files that fail to decode (FolderSource drops those it finds at
+        # load; one changed since could fail) are dropped below; repeating
+        # the epoch's order fills the gap so every shard still yields
+        # exactly `take`. Bounded: a stream of failures ends, never spins.
+        ds = ds.repeat(3)
     if num_shards > 1:
         ds = ds.shard(num_shards, index)
     if skip:
