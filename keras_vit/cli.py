@@ -197,14 +197,10 @@ def _cmd_convert(args):
 
     # Save under a temporary name in the same directory and rename: an
     # interrupted or failed save never leaves a file that looks finished.
-    tmp = os.path.join(out_dir, f".{os.path.basename(out)[:-len('.keras')]}"
-                                f".{os.getpid()}.partial.keras")
-    try:
+    from keras_vit import atomic
+
+    with atomic.atomic_path(out) as tmp:
         model.save(tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
     size = model.image_size
     size = (size, size) if isinstance(size, int) else tuple(size)

@@ -594,3 +594,112 @@ def test_each_dropped_image_is_named_once(tmp_path):
     assert source.num_examples == 8
     batches = list(kt.dataset(source, 16, 4, training=True, epoch=0))
     assert sum(int(b[0].shape[0]) for b in batches) == 8
+
+
+# ---------------------------------------------------------------------------
+# No loss: every file the package writes appears complete or not at all.
+# ---------------------------------------------------------------------------
+
+_KILLED_WRITER = r"""
+import sys, time
+from keras_vit import atomic
+path, old = sys.argv[1], sys.argv[2]
+with atomic.atomic_path(path) as tmp:
+    with open(tmp, "w") as f:
+        f.write("{" + "x" * 1_000_000)  # half a JSON document
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(60)  # killed here, mid-write
+        f.write("}")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old", [None, '{"complete": true}\n'])
+def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "metrics.json"
+    if old is not None:
+        path.write_text(old)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old)],
+        stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    if old is None:
+        assert not path.exists()
+    else:
+        assert json.loads(path.read_text()) == {"complete": True}
+    strays = [p.name for p in tmp_path.iterdir() if p.name != path.name]
+    assert all(".partial" in name for name in strays), strays
+
+
+class _Boom(Exception):
+    pass
+
+
+def _half_then_boom(path, *args, **kwargs):
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04 half")
+    raise _Boom("killed mid-write")
+
+
+@pytest.mark.slow
+def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
+    """Each writer, interrupted after writing part of its file, leaves
+    nothing under the final name (the old file where there was one)."""
+    import json
+    import os
+
+    from keras_vit.analysis import report
+    from keras_vit.export import common
+    from keras_vit.train import engine
+    from keras_vit.zoo import convert, download
+
+    model = _tiny()
+    monkeypatch.setattr(np, "savez", _half_then_boom)
+    with pytest.raises(_Boom):
+        convert.save_npz(model, tmp_path / "w.npz")
+    monkeypatch.undo()
+
+    real_dumps = json.dumps
+
+    def dumps_then_boom(*args, **kwargs):
+        real_dumps(*args, **kwargs)
+        raise _Boom("killed mid-write")
+
+    monkeypatch.setattr(json, "dumps", dumps_then_boom)
+    for write in (lambda p: engine._write_json(p, {"a": 1}),
+                  lambda p: report._write_json({"a": 1}, p),
+                  lambda p: common.write_json(p, {"a": 1}),
+                  lambda p: download._write_sidecar(p, "0" * 64)):
+        target = tmp_path / "old.json"
+        target.write_text("old")
+        with pytest.raises(_Boom):
+            write(target)
+        assert target.read_text() == "old"
+    monkeypatch.undo()
+
+    # model.keras of a run: the Trainer's save.
+    monkeypatch.setattr(keras.Model, "save",
+                        lambda self, path, **kw: _half_then_boom(path))
+    out = tmp_path / "run"
+    with pytest.raises(_Boom):
+        keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                out_dir=out, total_steps=1, warmup_steps=0,
+                                **QUICK).fit()
+    assert not (out / "model.keras").exists()
+    assert not (out / "metrics.json").exists()
+    assert all(".partial" not in n for n in os.listdir(out))

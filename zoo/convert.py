@@ -19,6 +19,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")
@@ -270,13 +271,8 @@ def export_arrays(model) -> dict:
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
     path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.partial.npz"
-    try:
+    with atomic.atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **export_arrays(model))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

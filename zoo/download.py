@@ -47,6 +47,8 @@ except ImportError:  # pragma: no cover - exercised on Windows only
 
 from tqdm import tqdm
 
+from keras_vit import atomic
+
 __all__ = [
     "DownloadError",
     "ChecksumError",
@@ -260,15 +262,10 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+    # The name ends in ".partial", so _remove_stale_partials finds strays.
+    with atomic.atomic_path(path, suffix="") as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import strategy as strategy_lib
@@ -67,11 +68,7 @@ def _dtype_policy(name):
 
 def _write_json(path, obj):
     """Writes atomically: a crash leaves the old file or the new one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, default=_json_default)
 
 
 def _json_default(obj):
@@ -527,9 +524,7 @@ class Trainer:
         if not os.path.isfile(path):
             return
         rows = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(path + ".tmp", path)
+        atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def _read_history(self):
         if self.out_dir is None or not os.path.isfile(self._history_path()):
@@ -788,7 +783,8 @@ class Trainer:
                 metrics["eval_ema"] = self._evaluate_and_log(step, tag="ema")
         if self.out_dir is not None and self.is_chief:
             path = os.path.join(self.out_dir, "model.keras")
-            self.model.save(path)
+            with atomic.atomic_path(path) as tmp:
+                self.model.save(tmp)
             metrics["model_path"] = path
             metrics["model_holds"] = "ema weights" if self.ema else "weights"
             _write_json(os.path.join(self.out_dir, "metrics.json"), metrics)
