@@ -703,3 +703,60 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
     assert not (out / "model.keras").exists()
     assert not (out / "metrics.json").exists()
     assert all(".partial" not in n for n in os.listdir(out))
+
+
+# ---------------------------------------------------------------------------
+# CLI: one line, never a traceback (2 bad input, 1 failure) unless --debug;
+# a resumed run with other settings is refused listing the differences.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error, status, text", [
+    (RuntimeError("kaboom"), 1, "RuntimeError: kaboom (an unexpected"),
+    (KeyError("weights"), 1, "KeyError: 'weights'"),
+    (MemoryError(), 1, "out of memory (MemoryError). Lower --batch-size"),
+    (ValueError("bad --lr"), 2, "error: bad --lr"),
+    (FileNotFoundError("no such file"), 2, "error: no such file"),
+])
+def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
+                                             status, text):
+    from keras_vit import cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_cmd_list", fail)
+    assert cli.main(["list"]) == status
+    err = capsys.readouterr().err
+    assert text in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    for argv in (["list", "--debug"], ["--debug", "list"]):
+        with pytest.raises(type(error)):
+            cli.main(argv)
+
+
+def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
+    from keras_vit.train import cli as train_cli
+
+    out = tmp_path / "run"
+    kw = dict(recipe="pretrain", out_dir=out, total_steps=2, warmup_steps=1,
+              learning_rate=1e-3, **QUICK)
+    keras_vit.train.Trainer(_tiny(), "digits", **kw).fit(stop_at_step=1)
+    with pytest.raises(ValueError) as info:
+        keras_vit.train.Trainer(_tiny(), "digits:test", **dict(
+            kw, learning_rate=3e-3, seed=4))
+    message = str(info.value)
+    for change in ("recipe.learning_rate: 0.001 -> 0.003",
+                   "recipe.seed: 0 -> 4",
+                   "train_data: 'digits:train' -> 'digits:test'"):
+        assert change in message
+    assert "--resume-anyway" in message
+    run = keras_vit.train.Trainer(_tiny(), "digits", resume="force", **dict(
+        kw, learning_rate=3e-3))
+    assert run.resumed_from == 1
+    # The CLI refuses in one line.
+    status = train_cli.main([
+        "fine-tune", str(tmp_path / "m.keras"), "--data", "digits",
+        "--restart", "--resume-anyway", "--out", str(out)])
+    assert status == 2
+    assert "exclude each other" in capsys.readouterr().err

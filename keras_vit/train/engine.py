@@ -112,6 +112,40 @@ def _read_jsonl(path):
     return rows
 
 
+# What may differ when a run resumes: bookkeeping that does not change the
+# trained weights (the step count is noted, the batch size refused apart).
+_RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
+                "recipe.checkpoint_every", "recipe.log_every",
+                "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
+                "recipe.batch_size", "eval_data", "recipe.precision",
+                "recipe.jit_compile", "precision", "jit_compile"}
+
+
+def run_config_changes(before, now):
+    """``["key: old -> new", ...]`` for the settings of a run's
+    ``run.json`` (``before``) that ``now`` changes and that change what
+    the run trains (learning rate, seed, data, model, recipe...).
+
+    >>> run_config_changes({"train_data": "a", "recipe": {"seed": 0}},
+    ...                    {"train_data": "b", "recipe": {"seed": 1}})
+    ['recipe.seed: 0 -> 1', "train_data: 'a' -> 'b'"]
+    """
+    def flat(config, prefix=""):
+        out = {}
+        for key, value in config.items():
+            if isinstance(value, dict) and key == "recipe":
+                out.update(flat(value, f"{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+
+    old, new = flat(before), flat(json.loads(json.dumps(
+        now, default=_json_default)))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new))
+            if key not in _RESUME_FREE and old.get(key) != new.get(key)]
+
+
 def _model_image_size(model):
     shape = model.inputs[0].shape
     if shape[1] is None or shape[1] != shape[2]:
@@ -441,6 +475,7 @@ class Trainer:
     def _open_run_dir(self, resume):
         import tensorflow as tf
 
+        self._resume = resume
         if self.is_chief:
             if not resume and os.path.isdir(self.checkpoint_dir):
                 shutil.rmtree(self.checkpoint_dir)
@@ -505,6 +540,16 @@ class Trainer:
                 self._say(
                     f"note: resuming a run whose {key} was {before.get(key)} "
                     f"with {key}={getattr(self, key)}")
+        changed = run_config_changes(before, self._run_config())
+        if changed and self._resume != "force":
+            raise ValueError(
+                f"The run in {self.out_dir!r} was started with other "
+                "settings; resuming it would mix them: " + "; ".join(changed)
+                + ". Use the original settings, another out_dir, "
+                "resume=False (--restart) to start again, or "
+                "resume='force' (--resume-anyway) to continue regardless.")
+        for line in changed:
+            self._say(f"note: resuming with a changed setting: {line}")
         batch_before = before.get("recipe", {}).get("batch_size")
         if batch_before != self.recipe.batch_size:
             raise ValueError(
