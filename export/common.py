@@ -19,6 +19,8 @@ import uuid
 
 import numpy as np
 
+from keras_vit import atomic
+
 FORMATS = ("saved_model", "tflite", "onnx")
 # What a path of each format must end with (a SavedModel is a directory).
 EXTENSIONS = {"tflite": ".tflite", "onnx": ".onnx"}
@@ -567,15 +569,7 @@ def _jsonable(value):
 
 def write_json(path, data):
     """Writes ``data`` as JSON through a temporary file and a rename."""
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(_jsonable(data), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic.write_json(path, _jsonable(data))
 
 
 def read_report(path):

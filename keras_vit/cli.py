@@ -46,8 +46,49 @@ def _squash(name):
 def _one_line(exc, limit=600):
     text = " ".join(str(exc).split()) or type(exc).__name__
     if len(text) > limit:  # e.g. a checkpoint that mismatches in 200 arrays
-        text = text[:limit].rstrip() + " ... (--traceback shows it all)"
+        text = text[:limit].rstrip() + " ... (--debug shows it all)"
     return text
+
+
+def _is_out_of_memory(exc):
+    return isinstance(exc, MemoryError) or (
+        type(exc).__name__ == "ResourceExhaustedError"
+        or " OOM " in f" {exc} ")
+
+
+def run_command(func, args, debug=False):
+    """Runs a subcommand: its exit status, or one line on stderr instead
+    of a traceback (``debug`` re-raises): 2 for bad input (arguments,
+    files, missing packages), 1 for any other failure, 130 for Ctrl-C."""
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - triaged just below
+        if debug:
+            raise
+        if _is_out_of_memory(e):
+            print(f"{PROG}: error: out of memory ({type(e).__name__}). "
+                  "Lower --batch-size, or keep it and set --micro-batch-size "
+                  "(gradient accumulation, same result), or lower "
+                  "--image-size; --debug shows the traceback",
+                  file=sys.stderr)
+            return 1
+        if _is_user_error(e):
+            print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        print(f"{PROG}: error: {type(e).__name__}: {_one_line(e)} (an "
+              "unexpected failure; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def debug_requested(argv):
+    """``--debug`` (or ``--traceback``) anywhere on the command line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return any(a in ("--debug", "--traceback") for a in argv), [
+        a for a in argv if a not in ("--debug", "--traceback")]
 
 
 # --------------------------------------------------------------------------
@@ -197,14 +238,10 @@ def _cmd_convert(args):
 
     # Save under a temporary name in the same directory and rename: an
     # interrupted or failed save never leaves a file that looks finished.
-    tmp = os.path.join(out_dir, f".{os.path.basename(out)[:-len('.keras')]}"
-                                f".{os.getpid()}.partial.keras")
-    try:
+    from keras_vit import atomic
+
+    with atomic.atomic_path(out) as tmp:
         model.save(tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
     size = model.image_size
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -421,8 +458,10 @@ def build_parser():
                     "checkpoint conversion, inference and an offline demo.")
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__}")
-    parser.add_argument("--traceback", action="store_true",
-                        help="show the Python traceback of errors")
+    parser.add_argument("--debug", "--traceback", dest="traceback",
+                        action="store_true",
+                        help="show the Python traceback of errors (also "
+                             "accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 required=True)
 
@@ -505,22 +544,14 @@ _COMMAND_MODULES = ("keras_vit.analysis.cli", "keras_vit.export.cli",
 def main(argv=None) -> int:
     """Runs ``keras-vit`` with ``argv`` (default: ``sys.argv[1:]``) and
     returns the exit status."""
+    debug, argv = debug_requested(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - triaged just below
-        if args.traceback or not _is_user_error(e):
-            raise
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args, debug or args.traceback)
 
 
 if __name__ == "__main__":

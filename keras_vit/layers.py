@@ -19,8 +19,9 @@ from keras import layers, ops
 PACKAGE = "keras_vit"
 
 # The official code initialises its Dense kernels with Xavier-uniform and
-# their biases with N(0, 1e-6); the patch conv and pre-logits use Flax's
-# default lecun_normal; position embeddings N(0, 0.02) "from BERT".
+# their biases with N(0, 1e-6); the patch conv, pre-logits and every ResNet
+# conv (hybrid and BiT) use Flax's default lecun_normal; position embeddings
+# N(0, 0.02) "from BERT".
 _XAVIER = "glorot_uniform"
 
 
@@ -626,7 +627,7 @@ class ResidualUnit(layers.Layer):
     def _conv(self, filters, size, strides, name):
         return StdConv2D(filters, size, strides=strides, padding="same",
                          use_bias=False, standardization="std", eps=1e-5,
-                         kernel_initializer="he_normal",
+                         kernel_initializer="lecun_normal",
                          dtype=self.dtype_policy, name=name)
 
     def _norm(self, name, zero=False):

@@ -16,7 +16,17 @@ import pytest
 from keras_vit.zoo import download
 
 OFFICIAL = "https://storage.googleapis.com/vit_models/test/"
-GOOD = os.urandom(300 * 1024)
+def _npz_bytes(size):
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, data=np.frombuffer(os.urandom(size), "uint8"))
+    return buf.getvalue()
+
+
+GOOD = _npz_bytes(300 * 1024)  # a whole .npz: downloads check the archive
 GOOD_SHA = hashlib.sha256(GOOD).hexdigest()
 SLOW_DELAY = 1.5  # seconds the slow path waits before answering
 

@@ -280,10 +280,11 @@ def test_image_folder_with_bad_files_trains_with_a_warning(messy_folder):
     assert "['emu'] have no images" in text
     assert source.class_names == ["cat", "dog", "emu"]
     assert source.num_classes == 3
-    assert source.num_examples == 25  # 24 good + the truncated JPEG
-    assert len(source.skipped) == 2
-    # The truncated JPEG fails in the pipeline: dropped, the epoch is still
-    # full, and training runs its steps.
+    # The truncated JPEG passes PIL's check but not TensorFlow's decoder:
+    # found at load and named with the others.
+    assert "cut.jpg (TensorFlow cannot decode it)" in text
+    assert source.num_examples == 24
+    assert len(source.skipped) == 3
     run = kt.Trainer(tiny(num_classes=3), source, source, recipe="finetune",
                      total_steps=6, warmup_steps=1, strategy="default",
                      **dict(QUICK, batch_size=8, flip=True,

@@ -81,6 +81,29 @@ def _checkpoint_facts(arrays):
     return facts
 
 
+def effective_stride(config):
+    """Input pixels per token side: the patch size times the ResNet stride.
+
+    A hybrid cuts its patches from a ResNet feature map: the root divides by
+    4 and every stage after the first by 2 (``fold_last_stage`` merges the
+    last stage into the one before, so one fewer). BiT has no patches: 4
+    stages, stride 32.
+
+    >>> effective_stride({"patch_size": 1, "resnet": {"num_layers": (3, 4, 9)}})
+    16
+    >>> effective_stride({"patch_size": 8, "resnet": {"num_layers": ()}})
+    32
+    """
+    stride = config.get("patch_size", 32)
+    resnet = config.get("resnet")
+    if resnet is not None:
+        stages = len(resnet["num_layers"])
+        if resnet.get("fold_last_stage") and stages > 1:
+            stages -= 1
+        stride *= 4 * 2 ** max(stages - 1, 0)
+    return stride
+
+
 def load(
     name,
     weights="auto",
@@ -145,14 +168,17 @@ def load(
                 facts["num_classes"] = int(
                     arrays["resnet/head/conv2d/kernel"].shape[-1])
         else:
-            arrays = convert.normalize_keys(raw)
+            arrays = convert.normalize_keys(
+                raw, max_blocks=kwargs.get("num_layers", config.get(
+                    "num_layers")))
             facts = _checkpoint_facts(arrays)
             config["classifier"] = facts["classifier"]
         if image_size is None:
             if record is not None:
                 image_size = record.image_size
             elif "grid" in facts:
-                image_size = facts["grid"] * config["patch_size"]
+                image_size = facts["grid"] * effective_stride(
+                    {**config, **kwargs})
         ckpt_classes = facts.get("num_classes")
         if num_classes is None:
             num_classes = ckpt_classes
@@ -236,10 +262,7 @@ def info(name):
             "description": w.description,
         })
     config = dict(arch.config)
-    stride = config.get("patch_size", 32)  # BiT: 4 stages, stride 32
-    if config.get("resnet") is not None:
-        stages = len(config["resnet"]["num_layers"])
-        stride *= 4 * 2 ** max(stages - 1, 0)
+    stride = effective_stride(config)
     notes = []
     if arch.name.startswith("R+"):
         notes.append(

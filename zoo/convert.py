@@ -19,6 +19,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")
@@ -70,6 +71,23 @@ def assign_all(assignments, source_name):
     def source(item):
         return getattr(item[1], "source", "")
 
+    # Nothing half loaded: every member is read through and checked (CRC,
+    # length, number dtype) before the first variable changes.
+    try:
+        lazy_npz.verify(dict(enumerate(v for _, v in assignments)))
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(
+            f"The checkpoint source={source_name} is corrupt; no weight was "
+            f"changed. {type(e).__name__}: {e}") from e
+    for var, value in assignments:
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind not in (
+                lazy_npz.NUMBER_KINDS):
+            raise CheckpointError(
+                f"{source((var, value)) or var.path!r} of the checkpoint "
+                f"source={source_name} has dtype {np.dtype(dtype).str!r}, not "
+                "a number type; no weight was changed")
+
     for _, group in itertools.groupby(sorted(assignments, key=source),
                                       key=source):
         for var, value in group:
@@ -96,8 +114,19 @@ _NEW_TO_OLD_BLOCK = {
 }
 
 
-def normalize_keys(arrays: dict) -> dict:
-    """Rewrites any released ViT layout to the original vit_jax key names."""
+# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
+# more than this many, whatever a file's header declares.
+MAX_BLOCKS = 1024
+
+
+def normalize_keys(arrays: dict, max_blocks=None) -> dict:
+    """Rewrites any released ViT layout to the original vit_jax key names.
+
+    ``max_blocks``: the most encoder blocks a stacked member may declare
+    (the model's depth; default :data:`MAX_BLOCKS`), checked before any
+    slice is made.
+    """
+    limit = MAX_BLOCKS if max_blocks is None else int(max_blocks)
     out = {}
     for key, value in arrays.items():
         if key.startswith("params/"):
@@ -113,6 +142,12 @@ def normalize_keys(arrays: dict) -> dict:
 
     stacked = [k for k in out if k.startswith("Transformer/encoderblock/")]
     if stacked:
+        for key in stacked:
+            rows = out[key].shape[0] if out[key].ndim else 0
+            if rows > limit:
+                raise CheckpointError(
+                    f"{key!r} stacks {rows} encoder blocks; the model has "
+                    f"{limit} (a corrupt or foreign checkpoint)")
         for key in stacked:
             value = out.pop(key)
             rest = key[len("Transformer/encoderblock/"):]
@@ -236,13 +271,8 @@ def export_arrays(model) -> dict:
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
     path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.partial.npz"
-    try:
+    with atomic.atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **export_arrays(model))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 
@@ -448,8 +478,10 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
         A dict report: ``{"resized_posemb": (old, new) or None,
         "head": "loaded" | "replaced" | "dropped", "pre_logits": ...}``.
     """
-    arrays = normalize_keys(_source_arrays(source))
     targets = model_variables(model)
+    depth = len({k.split("/")[1] for k in targets
+                 if k.startswith("Transformer/encoderblock_")})
+    arrays = normalize_keys(_source_arrays(source), max_blocks=depth)
     report = {"resized_posemb": None, "head": None, "pre_logits": None}
 
     has_head_ckpt = "head/kernel" in arrays

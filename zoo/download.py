@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -45,6 +46,8 @@ except ImportError:  # pragma: no cover - exercised on Windows only
     fcntl = None
 
 from tqdm import tqdm
+
+from keras_vit import atomic
 
 __all__ = [
     "DownloadError",
@@ -74,6 +77,10 @@ _SCHEMES = ("http", "https", "gs")
 _PARTIAL_RE = re.compile(r"\.\d+\.[A-Za-z0-9_]+\.partial$")
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._+=@,-]")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The whole of one download may take this long (a ViT-H checkpoint is
+# 2.5 GB); ``timeout`` bounds each wait for bytes (a stall).
+DEFAULT_DEADLINE = 3 * 3600.0
+_LOCK_POLL = 0.2
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -255,20 +262,17 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+    # The name ends in ".partial", so _remove_stale_partials finds strays.
+    with atomic.atomic_path(path, suffix="") as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path`` (blocking).
+def _exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path``, waiting at most ``wait``
+    seconds; the holder writes its pid and start time into the file, so a
+    waiter that gives up can name it.
 
     The lock file is intentionally never deleted: unlinking it while another
     process waits on it would let a third process lock a *new* inode
@@ -277,9 +281,28 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover
         yield
         return
+    give_up = time.monotonic() + wait
     with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= give_up:
+                    handle.seek(0)
+                    holder = handle.read(200).decode("utf-8", "replace").strip()
+                    raise DownloadError(
+                        f"gave up after waiting {wait:.0f} s for the lock {lock_path}, "
+                        f"held by {holder or 'another process'}; if that process is "
+                        "gone, delete the lock file and try again"
+                    ) from None
+                time.sleep(_LOCK_POLL)
         try:
+            handle.truncate(0)
+            handle.write(
+                f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode()
+            )
+            handle.flush()
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
@@ -348,9 +371,11 @@ def _download(
     expected: Optional[str],
     progress: Optional[bool],
     timeout: float,
+    deadline: float = DEFAULT_DEADLINE,
 ) -> None:
     """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
     where = _describe(resolved, url)
+    give_up = time.monotonic() + deadline
     fd, partial = tempfile.mkstemp(prefix=f"{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -367,6 +392,12 @@ def _download(
 
             with response:
                 total = _content_length(response)
+                kind = response.headers.get("Content-Type", "")
+                if "text/html" in kind.lower() and not final.name.endswith((".html", ".htm")):
+                    raise DownloadError(
+                        f"{where} answered with an HTML page (Content-Type {kind!r}), "
+                        "not the file: a login or error page of a proxy or mirror?"
+                    )
                 digest = hashlib.sha256()
                 received = 0
                 disable = None if progress is None else not progress  # None: only on a TTY
@@ -375,8 +406,16 @@ def _download(
                     desc=final.name, disable=disable,
                 ) as bar:
                     while True:
+                        if time.monotonic() > give_up:
+                            raise DownloadError(
+                                f"download of {where} did not finish within {deadline:.0f} s "
+                                f"(got {received} of {total or 'unknown'} bytes); pass a "
+                                "larger deadline or use a faster mirror"
+                            )
                         try:
-                            chunk = response.read(_CHUNK)
+                            # read1: what has arrived (a trickling server cannot
+                            # hold one read open past the deadline).
+                            chunk = response.read1(_CHUNK)
                         except http.client.IncompleteRead as e:
                             received += len(e.partial)
                             raise DownloadError(
@@ -395,8 +434,9 @@ def _download(
                         bar.update(len(chunk))
 
         # http.client silently returns EOF when the server closes the connection early.
-        if total is not None and received < total:
+        if total is not None and received != total:
             raise DownloadError(f"download of {where} truncated: got {received} of {total} bytes")
+        _check_complete(partial, final.name, where)
         actual = digest.hexdigest()
         if expected is not None and actual != expected:
             raise ChecksumError(
@@ -409,6 +449,23 @@ def _download(
         if partial is not None:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
+
+
+def _check_complete(path: str, name: str, where: str) -> None:
+    """Refuses a body that cannot be the file: an ``.npz`` must be a whole
+    zip archive whose every member's CRC-32 matches (a short body without
+    Content-Length, or an HTML page served with 200, is not)."""
+    if not name.endswith(".npz"):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise DownloadError(
+            f"{where} did not send a complete .npz archive ({e}); nothing was cached"
+        ) from e
+    if bad is not None:
+        raise DownloadError(f"{where} sent a corrupt .npz archive (bad member {bad!r})")
 
 
 def _content_length(response) -> Optional[int]:
@@ -426,6 +483,7 @@ def fetch(
     cache_dir: Optional[PathLike] = None,
     progress: Optional[bool] = None,
     timeout: float = 60.0,
+    deadline: float = DEFAULT_DEADLINE,
 ) -> Path:
     """Return the local path of ``url``'s file, downloading it into the cache if needed.
 
@@ -437,7 +495,10 @@ def fetch(
         cache_dir: Cache root; defaults to :func:`cache_dir`.
         progress: Show a progress bar: ``True``/``False``, or ``None`` for
             "only when stderr is a terminal".
-        timeout: Socket timeout in seconds.
+        timeout: Stall timeout: the longest wait for the next bytes, in seconds.
+        deadline: The longest the whole download may take, in seconds; a
+            process waiting for another's download of the same file waits
+            at most ``deadline + timeout`` and then names the holder.
 
     Raises:
         ValueError: ``url`` is not an http(s)/gs URL, or ``sha256`` is malformed.
@@ -458,11 +519,14 @@ def fetch(
         raise _offline_error(url, resolved, final, expected)
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(final.with_name(final.name + ".lock")):
+    for name, value in (("timeout", timeout), ("deadline", deadline)):
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number of seconds; received {name}={value!r}")
+    with _exclusive_lock(final.with_name(final.name + ".lock"), wait=deadline + timeout):
         # Another process may have completed the download while we waited.
         if final.is_file():
             _verify_cached(final, expected, url)
             return final
         _remove_stale_partials(final.parent)
-        _download(resolved, url, final, expected, progress, timeout)
+        _download(resolved, url, final, expected, progress, timeout, deadline)
     return final

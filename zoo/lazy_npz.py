@@ -52,6 +52,8 @@ class _Member:
             self.header_len = f.tell()
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.fortran = fortran
+        _check_header(self.name, self.shape, self.dtype,
+                      info.file_size - self.header_len)
         # Where a stored member's bytes start in the file (None: read it
         # through zipfile).
         self.member_offset = None
@@ -61,6 +63,11 @@ class _Member:
             if fields[0] == b"PK\x03\x04":
                 self.member_offset = (info.header_offset + _LOCAL_HEADER.size
                                       + fields[-2] + fields[-1])
+                end = self.member_offset + info.file_size
+                if end > fileobj.seek(0, 2):
+                    raise ValueError(
+                        f"{self.name!r} ends past the end of the file "
+                        "(truncated archive?)")
 
     def _read_stored(self):
         count = math.prod(self.shape)
@@ -76,6 +83,31 @@ class _Member:
             raise zipfile.BadZipFile(f"bad CRC-32 for file {self.name!r}")
         order = "F" if self.fortran else "C"
         return data.reshape(self.shape, order=order)
+
+    def verify(self):
+        """Reads the member through in 1 MiB chunks and checks its CRC-32
+        and length, holding no more than one chunk: what a loader runs on
+        every member before it assigns the first variable."""
+        crc, size, chunk = 0, 0, 1 << 20
+        if self.member_offset is not None:
+            with open(self.path, "rb") as f:
+                f.seek(self.member_offset)
+                while size < self.info.file_size:
+                    block = f.read(min(chunk, self.info.file_size - size))
+                    if not block:
+                        break
+                    crc, size = zlib.crc32(block, crc), size + len(block)
+            if size != self.info.file_size:
+                raise EOFError(f"{self.name!r} ends early: {size} of "
+                               f"{self.info.file_size} bytes")
+            if crc != self.info.CRC:
+                raise zipfile.BadZipFile(f"bad CRC-32 for file {self.name!r}")
+            return
+        # zipfile checks the length and CRC-32 when it reaches the end.
+        with zipfile.ZipFile(self.path) as archive, \
+                archive.open(self.name) as f:
+            while f.read(chunk):
+                pass
 
     def read(self):
         with self._lock:
@@ -173,6 +205,50 @@ class LazyArray:
         self._member.release()
 
 
+# Number kinds a checkpoint may hold: bool, signed, unsigned, float.
+NUMBER_KINDS = "biuf"
+
+
+def _check_header(name, shape, dtype, data_bytes):
+    """Refuses a member whose header does not describe plain numbers that
+    fill exactly the bytes the archive holds for it, before anything is
+    allocated (a 334-byte file cannot declare 10**7 rows)."""
+    if dtype.hasobject:
+        raise ValueError(f"{name!r} holds Python objects; checkpoints are "
+                         "never unpickled")
+    if dtype.kind not in NUMBER_KINDS or dtype.fields is not None:
+        raise ValueError(f"{name!r} has dtype {dtype.str!r}, not a number "
+                         "type (bool, int, uint or float)")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{name!r} declares a negative dimension {shape}")
+    declared = math.prod(shape) * dtype.itemsize
+    if declared != data_bytes:
+        raise ValueError(
+            f"{name!r} declares shape {shape} of {dtype.str} "
+            f"({declared} bytes) but the archive holds {data_bytes} bytes "
+            "for it")
+
+
+def verify(arrays):
+    """Checks every archive member behind ``arrays`` (CRC-32 and length)
+    without keeping their data; raises ``zipfile.BadZipFile`` or
+    ``EOFError`` naming the first bad member.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
+    >>> np.savez(path, a=np.arange(6.0))
+    >>> verify(open_npz(path))
+    1
+    """
+    members = {}
+    for value in arrays.values():
+        if isinstance(value, LazyArray):
+            members.setdefault(id(value._member), value._member)
+    for member in members.values():
+        member.verify()
+    return len(members)
+
+
 def open_npz(path):
     """``{key: LazyArray}`` for every array of the ``.npz`` at ``path``
     (headers only are read here; never unpickles). Raises ``ValueError``,
@@ -185,9 +261,6 @@ def open_npz(path):
             if not name.endswith(".npy"):
                 raise ValueError(f"unexpected member {name!r} in the archive")
             member = _Member(path, info, archive, fileobj)
-            if member.dtype.hasobject:
-                raise ValueError(f"{name!r} holds Python objects; "
-                                 "checkpoints are never unpickled")
             out[name[:-len(".npy")]] = LazyArray(member, member.shape,
                                                  member.dtype)
     return out

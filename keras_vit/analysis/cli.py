@@ -85,18 +85,17 @@ def run(args) -> int:
 def main(argv=None) -> int:
     """``python -m keras_vit.analysis.cli inspect ...``: the subcommand on
     its own, for use before (or without) the ``keras-vit`` entry point."""
-    import sys
+    from keras_vit.cli import debug_requested, run_command
 
+    debug, argv = debug_requested(argv)
     parser = argparse.ArgumentParser(prog="keras-vit")
     register(parser.add_subparsers(dest="command", metavar="COMMAND",
                                    required=True))
-    args = parser.parse_args(argv)
     try:
-        return run(args)
-    except (ValueError, OSError) as e:
-        print(f"keras-vit: error: {' '.join(str(e).split())}",
-              file=sys.stderr)
-        return 2
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+    return run_command(run, args, debug)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ if "matplotlib.pyplot" not in sys.modules:
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from keras_vit import atomic  # noqa: E402
+
 DPI = 150
 
 
@@ -31,14 +33,9 @@ def _save(fig, path, dpi):
         raise ValueError(f"path must end with .png; received path={path!r}")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
+    with atomic.atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight",
                     facecolor="white")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.analysis.attention import (attention_model,
                                           attention_rollout,
                                           mean_attention_distance,
@@ -159,15 +159,7 @@ def _safe_stem(path):
 
 
 def _write_json(data, path):
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic.write_json(path, data, indent=1)
     return path
 
 

@@ -36,7 +36,7 @@ def _std_conv(filters, kernel_size, strides=1, dtype=None, name=None):
     return vit_layers.StdConv2D(
         filters, kernel_size, strides=strides, padding="valid",
         use_bias=False, standardization="var", eps=_WS_EPS,
-        kernel_initializer="he_normal", dtype=dtype, name=name)
+        kernel_initializer="lecun_normal", dtype=dtype, name=name)
 
 
 def _group_norm(groups, epsilon, dtype=None, name=None):

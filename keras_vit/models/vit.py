@@ -92,7 +92,7 @@ def _resnet_stem(x, resnet, dtype):
     width = int(round(64 * resnet["width_factor"]))
     x = vit_layers.StdConv2D(
         width, 7, strides=2, padding="same", use_bias=False,
-        standardization="std", eps=1e-5, kernel_initializer="he_normal",
+        standardization="std", eps=1e-5, kernel_initializer="lecun_normal",
         dtype=dtype, name="resnet_root_conv")(x)
     x = layers.GroupNormalization(32, epsilon=1e-6, dtype=dtype,
                                   name="resnet_root_norm")(x)
@@ -343,6 +343,12 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
                 f"classifier must be one of {_CLASSIFIERS}; received "
                 f"classifier={classifier!r}"
             )
+        if classifier == "gap" and pooling == "token":
+            raise ValueError(
+                "pooling='token' takes the class token, but classifier='gap' "
+                "builds the model without one; use pooling='gap' (the mean of "
+                "the tokens) or classifier='token'; received "
+                f"classifier={classifier!r}, pooling={pooling!r}")
         _position_embedding_options(position_embedding,
                                     position_embedding_placement,
                                     hidden_size, num_heads)

@@ -19,6 +19,18 @@ from keras_vit.cli import positive_int
 _FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
 
 
+
+def _add_resume_anyway(p):
+    p.add_argument("--resume-anyway", action="store_true",
+                   help="resume a run even if its settings (learning rate, "
+                        "seed, data...) differ from the original ones")
+
+
+def _resume(args):
+    if args.restart and args.resume_anyway:
+        raise ValueError("--restart and --resume-anyway exclude each other")
+    return "force" if args.resume_anyway else not args.restart
+
 def _positive_float(text):
     try:
         value = float(text)
@@ -119,6 +131,7 @@ def register(subparsers):
     p.add_argument("--restart", action="store_true",
                    help="delete the run's checkpoints and start again "
                         "instead of resuming")
+    _add_resume_anyway(p)
     p.add_argument("--steps", type=positive_int, metavar="N",
                    help="total optimizer steps (recipe field total_steps)")
     p.add_argument("--epochs", type=_positive_float, metavar="N",
@@ -269,7 +282,7 @@ def run_fine_tune(args):
     trainer = Trainer(
         args.model, train, evaluation, recipe=args.recipe, out_dir=out,
         strategy=args.strategy, tpu=args.tpu, weights=weights,
-        resume=not args.restart,
+        resume=_resume(args),
         model_options={k: _literal(v) for k, v in args.model_option},
         verbose=not args.quiet, **_recipe_overrides(args))
     result = trainer.fit()
@@ -394,6 +407,7 @@ def _register_pretrain(subparsers):
                         "<objective>)")
     p.add_argument("--restart", action="store_true",
                    help="delete the run's checkpoints and start again")
+    _add_resume_anyway(p)
     for flag, kind, metavar, text in _PRETRAIN_RECIPE_OPTIONS:
         p.add_argument(flag, type=kind, metavar=metavar, help=text)
     for flag, metavar, text in (
@@ -425,7 +439,7 @@ def run_pretrain(args):
         args.model, args.data, target=target,
         corruption_rate=args.corruption_rate, recipe=args.recipe,
         out_dir=out, strategy=args.strategy, tpu=args.tpu, weights=weights,
-        resume=not args.restart, data_dir=args.data_dir,
+        resume=_resume(args), data_dir=args.data_dir,
         model_options={k: _literal(v) for k, v in args.model_option},
         verbose=not args.quiet, **_recipe_overrides(args))
     result = trainer.fit()
@@ -589,21 +603,12 @@ def build_parser():
 
 def main(argv=None):
     """Runs ``python -m keras_vit.train`` and returns the exit status."""
-    import sys
+    from keras_vit.cli import debug_requested, run_command
 
+    debug, argv = debug_requested(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("keras-vit: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as e:
-        if args.traceback:
-            raise
-        text = " ".join(str(e).split()) or type(e).__name__
-        print(f"keras-vit: error: {text}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args, debug or args.traceback)

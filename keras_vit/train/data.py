@@ -253,13 +253,20 @@ class FolderSource(ImageSource):
                     if not fname.startswith("."):
                         candidates.append((os.path.join(root, fname), label))
         files, labels, skipped = _check_images(candidates, verbose)
+        undecodable = set(_tf_undecodable(files))
+        if undecodable:
+            skipped += [(f, "TensorFlow cannot decode it") for f in files
+                        if f in undecodable]
+            kept = [(f, y) for f, y in zip(files, labels)
+                    if f not in undecodable]
+            files, labels = [f for f, _ in kept], [y for _, y in kept]
         counts = np.bincount(np.asarray(labels, "int64"),
                              minlength=len(classes))
         empty = [c for c, n in zip(classes, counts) if n == 0]
         if not files:
             raise DataError(
-                f"Image folder data={path!r} has no readable images "
-                f"({len(skipped)} files skipped, e.g. {skipped[:3]})")
+                f"Image folder data={path!r} has no images TensorFlow can "
+                f"read ({len(skipped)} files skipped, e.g. {skipped[:3]})")
         super().__init__(len(files), len(classes), classes)
         self.name = path
         self.path = path
@@ -347,6 +354,31 @@ def _check_images(candidates, verbose):
         files.append(path)
         labels.append(label)
     return files, labels, skipped
+
+
+def _tf_undecodable(paths):
+    """The files of ``paths`` that TensorFlow's decoder refuses (some pass
+    PIL's checks: a truncated JPEG, an odd PNG), found in one parallel pass
+    so that training never meets them: a pipeline that drops every image
+    would otherwise spin forever, and one that drops a few would not say
+    which."""
+    if not paths:
+        return []
+    import tensorflow as tf
+
+    def shape_of(i, path):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3,
+                                   expand_animations=False)
+        return i, tf.shape(image)
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        np.asarray(paths, dtype=str)).enumerate()
+    ds = ds.map(shape_of, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.ignore_errors().map(lambda i, _: i).batch(4096)
+    decoded = set()
+    for batch in ds.as_numpy_iterator():
+        decoded.update(int(i) for i in batch)
+    return [p for i, p in enumerate(paths) if i not in decoded]
 
 
 class TfdsSource(ImageSource):
@@ -571,6 +603,26 @@ def scale(images):
     return images / 127.5 - 1.0
 
 
+def takes_raw_pixels(model):
+    """Whether ``model`` scales [0, 255] pixels itself (built with
+    ``include_preprocessing=True``, so its first layer is the Rescaling
+    named ``preprocessing``): the pipelines then leave pixels unscaled.
+
+    >>> import keras_vit
+    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+    ...           num_heads=1, mlp_dim=8, num_classes=2)
+    >>> takes_raw_pixels(keras_vit.vit(**kw, include_preprocessing=True))
+    True
+    >>> takes_raw_pixels(keras_vit.vit(**kw))
+    False
+    """
+    import keras
+
+    return any(isinstance(layer, keras.layers.Rescaling)
+               and layer.name == "preprocessing"
+               for layer in model._flatten_layers())
+
+
 def _mix(seed, epoch):
     # A distinct, reproducible stream per (seed, epoch), well inside int64.
     return (int(seed) * 1_000_003 + int(epoch) * 7_919 + 17) % (2 ** 31 - 1)
@@ -654,7 +706,8 @@ def _examples(source, training, seed, epoch):
     return ds
 
 
-def _preprocess(source, image_size, training, crop_area, flip, eval_crop):
+def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
+                raw_pixels=False):
     import tensorflow as tf
 
     flip = flip and source.flip_ok
@@ -677,7 +730,7 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop):
         else:
             image = eval_resize(image, image_size, eval_crop)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
-        return scale(image), label
+        return (image if raw_pixels else scale(image)), label
 
     return fn
 
@@ -690,7 +743,7 @@ def steps_per_epoch(source, global_batch_size):
 def dataset(source, image_size, batch_size, *, training=True, seed=0,
             epoch=None, crop_area=INCEPTION_AREA, flip=True, eval_crop=1.0,
             shard=(1, 0), skip=0, take=None, drop_remainder=None,
-            prefetch=True):
+            prefetch=True, raw_pixels=False):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches.
 
     Args:
@@ -710,6 +763,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         take: examples of this shard to yield at most.
         drop_remainder: default: ``training``.
         prefetch: overlap input with compute.
+        raw_pixels: yield [0, 255] pixels, for a model that scales them
+            itself (see :func:`takes_raw_pixels`); default: [-1, 1].
     """
     import tensorflow as tf
 
@@ -721,15 +776,17 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     ds = _examples(source, training, seed, epoch)
     num_shards, index = shard
     if training and epoch is not None:
-        # Files that fail to decode are dropped below; repeating the epoch's
-        # order fills the gap so every shard still yields exactly `take`.
-        ds = ds.repeat()
+        # Files that fail to decode (FolderSource drops those it finds at
+        # load; one changed since could fail) are dropped below; repeating
+        # the epoch's order fills the gap so every shard still yields
+        # exactly `take`. Bounded: a stream of failures ends, never spins.
+        ds = ds.repeat(3)
     if num_shards > 1:
         ds = ds.shard(num_shards, index)
     if skip:
         ds = ds.skip(skip)
     ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
-                            eval_crop),
+                            eval_crop, raw_pixels),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)
     if take is not None:
@@ -746,7 +803,7 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
 
 
 def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
-                        shard=(1, 0), eval_crop=1.0):
+                        shard=(1, 0), eval_crop=1.0, raw_pixels=False):
     """Evaluation batches of ``(images, labels, mask)`` padded with masked
     blank images to exactly ``num_batches`` full batches, so every replica
     and worker runs the same number of steps on static shapes."""
@@ -754,7 +811,7 @@ def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
 
     ds = dataset(source, image_size, batch_size, training=False,
                  shard=shard, eval_crop=eval_crop, drop_remainder=False,
-                 prefetch=False).unbatch()
+                 prefetch=False, raw_pixels=raw_pixels).unbatch()
     ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
     blank = tf.data.Dataset.from_tensors(
         (tf.zeros((image_size, image_size, 3)), tf.constant(0, tf.int64),

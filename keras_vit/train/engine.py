@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import strategy as strategy_lib
@@ -67,11 +68,7 @@ def _dtype_policy(name):
 
 def _write_json(path, obj):
     """Writes atomically: a crash leaves the old file or the new one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, default=_json_default)
 
 
 def _json_default(obj):
@@ -113,6 +110,40 @@ def _read_jsonl(path):
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+# What may differ when a run resumes: bookkeeping that does not change the
+# trained weights (the step count is noted, the batch size refused apart).
+_RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
+                "recipe.checkpoint_every", "recipe.log_every",
+                "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
+                "recipe.batch_size", "eval_data", "recipe.precision",
+                "recipe.jit_compile", "precision", "jit_compile"}
+
+
+def run_config_changes(before, now):
+    """``["key: old -> new", ...]`` for the settings of a run's
+    ``run.json`` (``before``) that ``now`` changes and that change what
+    the run trains (learning rate, seed, data, model, recipe...).
+
+    >>> run_config_changes({"train_data": "a", "recipe": {"seed": 0}},
+    ...                    {"train_data": "b", "recipe": {"seed": 1}})
+    ['recipe.seed: 0 -> 1', "train_data: 'a' -> 'b'"]
+    """
+    def flat(config, prefix=""):
+        out = {}
+        for key, value in config.items():
+            if isinstance(value, dict) and key == "recipe":
+                out.update(flat(value, f"{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+
+    old, new = flat(before), flat(json.loads(json.dumps(
+        now, default=_json_default)))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new))
+            if key not in _RESUME_FREE and old.get(key) != new.get(key)]
 
 
 def _model_image_size(model):
@@ -444,6 +475,7 @@ class Trainer:
     def _open_run_dir(self, resume):
         import tensorflow as tf
 
+        self._resume = resume
         if self.is_chief:
             if not resume and os.path.isdir(self.checkpoint_dir):
                 shutil.rmtree(self.checkpoint_dir)
@@ -508,6 +540,16 @@ class Trainer:
                 self._say(
                     f"note: resuming a run whose {key} was {before.get(key)} "
                     f"with {key}={getattr(self, key)}")
+        changed = run_config_changes(before, self._run_config())
+        if changed and self._resume != "force":
+            raise ValueError(
+                f"The run in {self.out_dir!r} was started with other "
+                "settings; resuming it would mix them: " + "; ".join(changed)
+                + ". Use the original settings, another out_dir, "
+                "resume=False (--restart) to start again, or "
+                "resume='force' (--resume-anyway) to continue regardless.")
+        for line in changed:
+            self._say(f"note: resuming with a changed setting: {line}")
         batch_before = before.get("recipe", {}).get("batch_size")
         if batch_before != self.recipe.batch_size:
             raise ValueError(
@@ -527,9 +569,7 @@ class Trainer:
         if not os.path.isfile(path):
             return
         rows = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(path + ".tmp", path)
+        atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def _read_history(self):
         if self.out_dir is None or not os.path.isfile(self._history_path()):
@@ -577,7 +617,8 @@ class Trainer:
                 self.train, self.image_size, self.per_replica, training=True,
                 seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
                 shard=shard, skip=skip_steps * per_step,
-                take=remaining * per_step)
+                take=remaining * per_step,
+                raw_pixels=data_lib.takes_raw_pixels(self.model))
 
         return self._distributed(make)
 
@@ -787,7 +828,8 @@ class Trainer:
                 metrics["eval_ema"] = self._evaluate_and_log(step, tag="ema")
         if self.out_dir is not None and self.is_chief:
             path = os.path.join(self.out_dir, "model.keras")
-            self.model.save(path)
+            with atomic.atomic_path(path) as tmp:
+                self.model.save(tmp)
             metrics["model_path"] = path
             metrics["model_holds"] = "ema weights" if self.ema else "weights"
             _write_json(os.path.join(self.out_dir, "metrics.json"), metrics)
@@ -919,7 +961,7 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
         return data_lib.padded_eval_dataset(
             source, size, per_replica, num_batches=steps * local,
             shard=(ctx.num_input_pipelines, ctx.input_pipeline_id),
-            eval_crop=eval_crop)
+            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model))
 
     dist = strategy_.distribute_datasets_from_function(fn)
     cache = _cache if _cache is not None else {}

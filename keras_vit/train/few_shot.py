@@ -99,8 +99,10 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
 
     source = data_lib.load_data(source, verbose=verbose)
     steps = -(-source.num_examples // batch_size)
+    raw = (hasattr(feature_fn, "_flatten_layers")
+           and data_lib.takes_raw_pixels(feature_fn))
     ds = data_lib.padded_eval_dataset(source, image_size, batch_size,
-                                      num_batches=steps)
+                                      num_batches=steps, raw_pixels=raw)
     call = feature_fn
     if hasattr(feature_fn, "inputs"):
         call = tf.function(lambda x: feature_fn(x, training=False))

@@ -1,0 +1,762 @@
+"""Correctness from scratch and reliability under bad input and faults.
+
+Every case of issue 15 lives here: random initialisation against the
+official (flax) initialisers, the correctness bugs found in the audit, and
+the red-team cases (hostile checkpoints, misbehaving servers on 127.0.0.1,
+writers killed mid-write, undecodable image folders, CLI misuse).
+"""
+
+import math
+import re
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+# ---------------------------------------------------------------------------
+# Initialisation equals the official one in distribution.
+#
+# vit_jax models_vit.py / models_resnet.py and big_transfer bit_jax/models.py:
+# MLP Dense kernels xavier_uniform, biases N(0, 1e-6); attention
+# (DenseGeneral) kernels xavier_uniform on the flattened (D, D) fans, biases
+# zeros; patch conv, pre_logits and every ResNet conv flax's default
+# lecun_normal (truncated, std 1/sqrt(fan_in)) with zero biases; position
+# embedding N(0, 0.02); class token and head zeros; LayerNorm / GroupNorm
+# scale ones and bias zeros, except the hybrid unit's gn3 (scale zeros).
+# ---------------------------------------------------------------------------
+
+
+def _fans(shape):
+    receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    return shape[-2] * receptive, shape[-1] * receptive
+
+
+def _expected(path, shape):
+    """(std, exact_value) the official code would draw for this variable."""
+    name = path.split("/")[-1]
+    if re.search(r"attention/(query|key|value)_kernel$", path):
+        dim = shape[0]
+        return math.sqrt(2.0 / (dim + dim)), None
+    if path.endswith("attention/out_kernel"):
+        dim = shape[-1]
+        return math.sqrt(2.0 / (dim + dim)), None
+    if re.search(r"attention/\w+_bias$", path):
+        return 0.0, 0.0
+    if "/mlp/" in path:
+        if name == "kernel":
+            return math.sqrt(2.0 / sum(shape)), None
+        return 1e-6, None
+    if path.startswith("head/"):
+        return 0.0, 0.0
+    if name == "pos_embedding":
+        return 0.02, None
+    if name == "cls":
+        return 0.0, 0.0
+    if name == "kernel":  # patch conv, pre_logits, every ResNet conv
+        return math.sqrt(1.0 / _fans(shape)[0]), None
+    if name == "bias":
+        return 0.0, 0.0
+    if name == "gamma":
+        zero = path.endswith("gn3/gamma")
+        return 0.0, 0.0 if zero else 1.0
+    if name == "beta":
+        return 0.0, 0.0
+    raise AssertionError(f"no official initialiser known for {path}")
+
+
+def _check_init(model):
+    kinds = set()
+    for var in model.weights:
+        value = keras.ops.convert_to_numpy(var.value).astype("float64")
+        std, exact = _expected(var.path, tuple(var.shape))
+        if exact is not None:
+            np.testing.assert_array_equal(value, exact, err_msg=var.path)
+        else:
+            # 25% covers sampling error for the smallest (bias) tensors here.
+            assert abs(value.std() / std - 1.0) < 0.25, (
+                var.path, value.std(), std)
+            assert abs(value.mean()) < 3 * std / math.sqrt(value.size) + 1e-12
+        kinds.add(re.sub(r"_\d+", "", var.path))
+    return kinds
+
+
+def test_vit_init_matches_flax_for_every_parameter_kind():
+    keras.utils.set_random_seed(0)
+    model = keras_vit.models.vit(
+        image_size=32, patch_size=4, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10, representation_size=32)
+    kinds = _check_init(model)
+    for kind in ("patch_embedding/conv/kernel", "class_token/cls",
+                 "position_embedding/pos_embedding", "pre_logits/kernel",
+                 "encoder_block/attention/query_kernel",
+                 "encoder_block/attention/out_kernel",
+                 "encoder_block/mlp/dense/bias", "encoder_norm/gamma",
+                 "head/kernel"):
+        assert kind in kinds, kind
+
+
+def test_attention_kernels_at_vit_b_width_match_flax():
+    # The audit's figures: Keras' 3-D glorot gave q/k/v std 0.0058 and out
+    # 0.014 at D=768; flax's flattened DenseGeneral fans give 0.036.
+    keras.utils.set_random_seed(0)
+    layer = keras_vit.layers.MultiHeadSelfAttention(num_heads=12)
+    layer.build((None, 5, 768))
+    for var in layer.weights:
+        if var.path.endswith("kernel"):
+            std = float(np.std(keras.ops.convert_to_numpy(var.value)))
+            assert abs(std - 0.0361) < 0.001, (var.path, std)
+
+
+def test_hybrid_and_axial_init_match_flax():
+    keras.utils.set_random_seed(0)
+    hybrid = keras_vit.models.vit(
+        image_size=32, patch_size=1, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10,
+        resnet=dict(num_layers=(1,), width_factor=0.5))
+    kinds = _check_init(hybrid)
+    assert any(k.endswith("gn3/gamma") for k in kinds)
+    assert "resnet_root_conv/kernel" in kinds
+    axial = keras_vit.models.vit(
+        image_size=32, patch_size=4, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10, classifier="gap",
+        attention="axial")
+    kinds = _check_init(axial)
+    assert "axial_block/column/attention/value_kernel" in kinds
+
+
+def test_bit_init_matches_big_transfer():
+    keras.utils.set_random_seed(0)
+    model = keras_vit.models.resnet_v2(32, (1, 1, 1, 1), 1, 10)
+    kinds = _check_init(model)
+    assert "root_conv/kernel" in kinds and "stage_unit/proj/kernel" in kinds
+
+
+# ---------------------------------------------------------------------------
+# Correctness bugs of the audit.
+# ---------------------------------------------------------------------------
+
+TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=64, num_classes=10)
+QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
+             verbose=False, strategy="default")
+
+
+def _tiny(seed=1, **kwargs):
+    keras.utils.set_random_seed(seed)
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+def test_hybrid_checkpoint_by_path_gets_the_resnet_stride(tmp_path):
+    import official
+
+    res, channels = official.hybrid_arrays(num_layers=(1,), width=32, seed=3)
+    arrays = official.vit_arrays(patch=1, grid=8, num_classes=6, seed=3,
+                                 channels=channels, hidden=32, layers=1,
+                                 heads=4, mlp=64)
+    arrays.update(res)
+    path = tmp_path / "hybrid.npz"
+    np.savez(path, **arrays)
+    model = keras_vit.zoo.load(
+        "R26+ViT-S/32", weights=str(path), patch_size=1, hidden_size=32,
+        num_layers=1, num_heads=4, mlp_dim=64,
+        resnet=dict(num_layers=(1,), width_factor=0.5))
+    # grid 8 x (patch 1 x ResNet stride 4): 32 pixels, not 8.
+    assert model.input_shape[1:3] == (32, 32)
+    pos = model.get_layer("position_embedding").weights[0]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(pos),
+                                  arrays["Transformer/posembed_input/pos_embedding"])
+
+
+def test_gap_classifier_refuses_token_pooling():
+    with pytest.raises(ValueError, match=r"pooling='token'.*classifier='gap'"):
+        keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                             pooling="token"))
+    model = keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                                 pooling="gap"))
+    assert tuple(model.output_shape) == (None, 32)
+
+
+def test_trainer_feeds_raw_pixels_to_a_preprocessing_model():
+    from keras_vit.train import data as data_lib
+
+    plain, raw = _tiny(), _tiny(include_preprocessing=True)
+    assert not data_lib.takes_raw_pixels(plain)
+    assert data_lib.takes_raw_pixels(raw)
+    images, _ = next(iter(data_lib.dataset(
+        "digits", 16, 64, training=False, raw_pixels=True)))
+    assert float(images.numpy().max()) > 100.0  # [0, 255], not [-1, 1]
+    # Same weights: the same evaluation whether the model or the pipeline
+    # scales the pixels.
+    raw.set_weights(plain.get_weights())
+    for layer in (plain.get_layer("head"), raw.get_layer("head")):
+        kernel = np.random.default_rng(0).normal(size=(32, 10)) * 0.5
+        layer.kernel.assign(kernel.astype("float32"))
+    a = keras_vit.train.evaluate(plain, "digits:test", verbose=False)
+    b = keras_vit.train.evaluate(raw, "digits:test", verbose=False)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert a["accuracy"] == pytest.approx(b["accuracy"])
+
+
+def _log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_label_smoothing_matches_a_hand_computation():
+    from keras_vit.train import engine
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 4)).astype("float32")
+    labels = np.array([0, 3, 1, 1, 2])
+    eps, k = 0.1, 4
+    target = np.full((5, k), eps / k)
+    target[np.arange(5), labels] += 1.0 - eps
+    expected = float(np.mean(-(target * _log_softmax(logits)).sum(-1)))
+    loss = engine.smoothed_sparse_crossentropy(eps)
+    assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
+    # The training loop's own loss (summed over the batch).
+    tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                 total_steps=2, warmup_steps=1,
+                                 label_smoothing=eps, **QUICK)
+    images = rng.uniform(-1, 1, size=(5, 16, 16, 3)).astype("float32")
+    digits = np.array([0, 9, 3, 3, 7])
+    model_logits = keras.ops.convert_to_numpy(tr.model(images))
+    target = np.full((5, 10), eps / 10)
+    target[np.arange(5), digits] += 1.0 - eps
+    want = float(-(target * _log_softmax(model_logits)).sum())
+    got, correct = tr.compute_loss(images, digits, np.zeros(2, "int64"))
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    assert float(correct) == float(
+        (model_logits.argmax(-1) == digits).sum())
+
+
+@pytest.mark.slow
+def test_ema_matches_a_hand_computation():
+    decay_cap = 0.2
+    tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                 total_steps=3, warmup_steps=1,
+                                 learning_rate=1e-2, ema_decay=decay_cap,
+                                 **QUICK)
+
+    def current():
+        return [v.numpy().copy() for v in tr.model.trainable_variables]
+
+    ema = current()
+    for t in (1, 2):
+        tr.fit(stop_at_step=t)
+        now = current()
+        decay = min(decay_cap, (1.0 + t) / (10.0 + t))  # 2/11, then 0.2
+        ema = [decay * e + (1.0 - decay) * v for e, v in zip(ema, now)]
+        for e, want in zip(tr.ema, ema):
+            np.testing.assert_allclose(e.numpy(), want, rtol=1e-5,
+                                       atol=1e-7)
+    assert not np.allclose(ema[0], now[0])  # the average lags the weights
+
+
+# ---------------------------------------------------------------------------
+# Nothing half loaded: a checkpoint is validated whole before the first
+# variable is assigned; declared shapes are bounded before any allocation.
+# ---------------------------------------------------------------------------
+
+
+def _tiny_checkpoint(tmp_path, compress=False, num_classes=10, **extra):
+    import official
+
+    arrays = official.vit_arrays(patch=4, grid=4, num_classes=num_classes,
+                                 seed=5,
+                                 hidden=32, layers=1, heads=2, mlp=64)
+    arrays.update(extra)
+    path = tmp_path / "ckpt.npz"
+    (np.savez_compressed if compress else np.savez)(path, **arrays)
+    return path, arrays
+
+
+def _weights(model):
+    return [np.array(w) for w in model.get_weights()]
+
+
+def _assert_unchanged(model, before):
+    for a, b in zip(before, _weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_crc_error_in_the_last_member_changes_no_weight(tmp_path):
+    import zipfile
+
+    # 100 classes: the head (read last) is larger than zipfile's 4 KiB
+    # read-ahead, so opening the archive does not check its CRC already.
+    path, _ = _tiny_checkpoint(tmp_path, num_classes=100)
+    with zipfile.ZipFile(path) as z:
+        # The member a loader that assigns as it goes would read last.
+        last = max(z.infolist(), key=lambda i: i.filename)
+        offset = last.header_offset
+    data = bytearray(path.read_bytes())
+    # Flip the last byte of its data (past the zip and npy headers).
+    name_len, extra_len = np.frombuffer(data, "<u2", 2, offset + 26)
+    pos = offset + 30 + int(name_len) + int(extra_len) + last.file_size - 1
+    data[pos] ^= 0xFF
+    path.write_bytes(bytes(data))
+    model = _tiny(num_classes=100)
+    before = _weights(model)
+    with pytest.raises(keras_vit.zoo.CheckpointError,
+                       match="CRC.*|corrupt"):
+        keras_vit.zoo.load_weights(model, str(path))
+    _assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("dtype", ["<U4", "complex64", "V4"])
+def test_member_of_a_foreign_dtype_is_refused_before_loading(tmp_path, dtype):
+    import official
+
+    arrays = official.vit_arrays(patch=4, grid=4, num_classes=10, seed=5,
+                                 hidden=32, layers=1, heads=2, mlp=64)
+    key = "Transformer/encoder_norm/scale"
+    arrays[key] = np.zeros(arrays[key].shape, dtype)
+    path = tmp_path / "foreign.npz"
+    np.savez(path, **arrays)
+    model = _tiny()
+    before = _weights(model)
+    with pytest.raises(keras_vit.zoo.CheckpointError,
+                       match=re.escape(np.dtype(dtype).str)):
+        keras_vit.zoo.load_weights(model, str(path))
+    _assert_unchanged(model, before)
+    # The same from in-memory arrays.
+    with pytest.raises(keras_vit.zoo.CheckpointError, match="not a number"):
+        keras_vit.zoo.load_weights(model, arrays)
+    _assert_unchanged(model, before)
+
+
+def _npz_with_header(path, name, shape, descr="<f4", payload=b""):
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(name, buf.getvalue() + payload)
+
+
+def test_tiny_file_declaring_ten_million_rows_is_refused_at_once(tmp_path):
+    import time
+    import tracemalloc
+
+    path = tmp_path / "bomb.npz"
+    _npz_with_header(path, "Transformer/encoderblock/LayerNorm_0/scale.npy",
+                     (10 ** 7, 32))
+    assert path.stat().st_size < 400
+    tracemalloc.start()
+    start = time.perf_counter()
+    for call in (lambda: keras_vit.zoo.load_weights(_tiny(), str(path)),
+                 lambda: keras_vit.zoo.load("ViT-Ti/16", weights=str(path))):
+        with pytest.raises(keras_vit.zoo.CheckpointError,
+                           match=r"declares shape \(10000000, 32\)"):
+            call()
+    assert time.perf_counter() - start < 5.0
+    assert tracemalloc.get_traced_memory()[1] < 200e6
+    tracemalloc.stop()
+
+
+def test_compressed_stack_of_many_blocks_is_bounded_by_the_model(tmp_path):
+    import time
+
+    # 10**6 rows of zeros deflate to ~4 KB: the header is honest, the depth
+    # is not; the model's depth bounds it before any slice is made.
+    path = tmp_path / "deep.npz"
+    np.savez_compressed(
+        path, **{"Transformer/encoderblock/LayerNorm_0/scale":
+                 np.zeros((10 ** 6, 1), "float32")})
+    start = time.perf_counter()
+    with pytest.raises(keras_vit.zoo.CheckpointError,
+                       match="stacks 1000000 encoder blocks; the model has 1"):
+        keras_vit.zoo.load_weights(_tiny(), str(path))
+    assert time.perf_counter() - start < 5.0
+
+
+def test_truncated_and_lying_members_are_refused(tmp_path):
+    path = tmp_path / "short.npz"
+    _npz_with_header(path, "embedding/kernel.npy", (4, 4, 3, 32),
+                     payload=b"\0" * 100)
+    with pytest.raises(keras_vit.zoo.CheckpointError, match="declares shape"):
+        keras_vit.zoo.load_weights(_tiny(), str(path))
+    path.write_bytes(path.read_bytes()[:150])
+    with pytest.raises(keras_vit.zoo.CheckpointError, match="not a valid"):
+        keras_vit.zoo.load_weights(_tiny(), str(path))
+
+
+# ---------------------------------------------------------------------------
+# Downloads: an overall deadline, a stall timeout, a bounded lock wait that
+# names the holder; a body that is not a whole checkpoint is never cached.
+# Servers on 127.0.0.1 only, in a thread, shut down after the module.
+# ---------------------------------------------------------------------------
+
+
+def _npz_bytes():
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(5000, dtype="float32"))
+    return buf.getvalue()
+
+
+NPZ = _npz_bytes()
+
+
+class _BadServer:
+    """Each path misbehaves in its own way (see ``do_GET``)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                name = self.path.rsplit("/", 1)[-1]
+                if name == "trickle.npz":  # a byte every 0.2 s, 40 s worth
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ)))
+                    self.end_headers()
+                    for i in range(200):
+                        try:
+                            self.wfile.write(NPZ[i:i + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.2)
+                elif name == "short.npz":  # no Content-Length, half a file
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(NPZ[:len(NPZ) // 2])
+                    self.close_connection = True
+                elif name == "lying.npz":  # Content-Length below the body
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ) - 500))
+                    self.end_headers()
+                    self.wfile.write(NPZ)
+                elif name == "html.npz":  # a login page served with 200
+                    body = b"<html><body>Please sign in</body></html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif name == "html_octet.npz":  # HTML that claims bytes
+                    body = b"<!doctype html><p>moved</p>"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(NPZ)))
+                    self.end_headers()
+                    self.wfile.write(NPZ)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                     Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       daemon=True)
+        self.thread.start()
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    server = _BadServer()
+    yield server.base
+    server.stop()
+
+
+
+def _cached_files(cache):
+    return sorted(p.name for p in cache.rglob("*") if p.is_file()
+                  and not p.name.endswith(".lock"))
+
+
+def test_trickling_server_hits_the_overall_deadline(bad_server, tmp_path):
+    from keras_vit.zoo import download
+
+    start = time.monotonic()
+    with pytest.raises(download.DownloadError,
+                       match=r"did not finish within 1 s"):
+        download.fetch(bad_server + "trickle.npz", cache_dir=tmp_path,
+                       timeout=2.0, deadline=1.0, progress=False)
+    assert time.monotonic() - start < 5.0
+    assert _cached_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, match", [
+    ("short.npz", "not send a complete .npz"),
+    ("lying.npz", "not send a complete .npz"),
+    ("html.npz", "HTML page"),
+    ("html_octet.npz", "not send a complete .npz"),
+])
+def test_a_body_that_is_not_a_checkpoint_is_never_cached(
+        bad_server, tmp_path, name, match):
+    from keras_vit.zoo import download
+
+    with pytest.raises(download.DownloadError, match=match):
+        download.fetch(bad_server + name, cache_dir=tmp_path, timeout=5.0,
+                       progress=False)
+    assert _cached_files(tmp_path) == []
+    good = download.fetch(bad_server + "good.npz", cache_dir=tmp_path,
+                          timeout=5.0, progress=False)
+    assert good.read_bytes() == NPZ
+
+
+def test_lock_wait_has_a_deadline_and_names_the_holder(bad_server, tmp_path):
+    import os
+
+    from keras_vit.zoo import download
+
+    url = bad_server + "good.npz"
+    final = download.cache_path_for(url, tmp_path)
+    final.parent.mkdir(parents=True)
+    lock = final.with_name(final.name + ".lock")
+    start = time.monotonic()
+    with download._exclusive_lock(lock):  # another download in progress
+        with pytest.raises(download.DownloadError,
+                           match=rf"held by pid {os.getpid()} since"):
+            download.fetch(url, cache_dir=tmp_path, timeout=0.5,
+                           deadline=0.5, progress=False)
+    assert time.monotonic() - start < 5.0
+    assert download.fetch(url, cache_dir=tmp_path, progress=False).is_file()
+
+
+@pytest.mark.parametrize("arg", ["timeout", "deadline"])
+def test_download_bounds_must_be_positive(tmp_path, arg):
+    from keras_vit.zoo import download
+
+    with pytest.raises(ValueError, match=rf"{arg}=0"):
+        download.fetch("http://127.0.0.1:9/x.npz", cache_dir=tmp_path,
+                       **{arg: 0})
+
+
+# ---------------------------------------------------------------------------
+# Data: no hang on images TensorFlow cannot decode; each dropped one named.
+# ---------------------------------------------------------------------------
+
+
+def _truncated_jpeg(path, seed):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+        path, "JPEG")
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * 0.8)])  # passes PIL's verify()
+
+
+def test_folder_of_undecodable_images_fails_fast_naming_it(tmp_path):
+    from keras_vit import train as kt
+
+    root = tmp_path / "bad"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(3):
+            _truncated_jpeg(root / c / f"{i}.jpg", i)
+    start = time.monotonic()
+    with pytest.raises(kt.DataError, match=re.escape(repr(str(root)))
+                       + r" has no images TensorFlow can read"):
+        kt.load_data(str(root))
+    with pytest.raises(kt.DataError, match="TensorFlow cannot decode"):
+        kt.Trainer(_tiny(num_classes=2), str(root), **QUICK)
+    assert time.monotonic() - start < 20.0
+
+
+def test_each_dropped_image_is_named_once(tmp_path):
+    from PIL import Image
+
+    from keras_vit import train as kt
+
+    root = tmp_path / "mixed"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    _truncated_jpeg(root / "b" / "cut.jpg", 7)
+    with pytest.warns(UserWarning) as record:
+        source = kt.load_data(str(root))
+    text = " ".join(str(w.message) for w in record)
+    assert text.count("cut.jpg") == 1
+    assert source.num_examples == 8
+    batches = list(kt.dataset(source, 16, 4, training=True, epoch=0))
+    assert sum(int(b[0].shape[0]) for b in batches) == 8
+
+
+# ---------------------------------------------------------------------------
+# No loss: every file the package writes appears complete or not at all.
+# ---------------------------------------------------------------------------
+
+_KILLED_WRITER = r"""
+import sys, time
+from keras_vit import atomic
+path, old = sys.argv[1], sys.argv[2]
+with atomic.atomic_path(path) as tmp:
+    with open(tmp, "w") as f:
+        f.write("{" + "x" * 1_000_000)  # half a JSON document
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(60)  # killed here, mid-write
+        f.write("}")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old", [None, '{"complete": true}\n'])
+def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "metrics.json"
+    if old is not None:
+        path.write_text(old)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old)],
+        stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    if old is None:
+        assert not path.exists()
+    else:
+        assert json.loads(path.read_text()) == {"complete": True}
+    strays = [p.name for p in tmp_path.iterdir() if p.name != path.name]
+    assert all(".partial" in name for name in strays), strays
+
+
+class _Boom(Exception):
+    pass
+
+
+def _half_then_boom(path, *args, **kwargs):
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04 half")
+    raise _Boom("killed mid-write")
+
+
+@pytest.mark.slow
+def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
+    """Each writer, interrupted after writing part of its file, leaves
+    nothing under the final name (the old file where there was one)."""
+    import json
+    import os
+
+    from keras_vit.analysis import report
+    from keras_vit.export import common
+    from keras_vit.train import engine
+    from keras_vit.zoo import convert, download
+
+    model = _tiny()
+    monkeypatch.setattr(np, "savez", _half_then_boom)
+    with pytest.raises(_Boom):
+        convert.save_npz(model, tmp_path / "w.npz")
+    monkeypatch.undo()
+
+    real_dumps = json.dumps
+
+    def dumps_then_boom(*args, **kwargs):
+        real_dumps(*args, **kwargs)
+        raise _Boom("killed mid-write")
+
+    monkeypatch.setattr(json, "dumps", dumps_then_boom)
+    for write in (lambda p: engine._write_json(p, {"a": 1}),
+                  lambda p: report._write_json({"a": 1}, p),
+                  lambda p: common.write_json(p, {"a": 1}),
+                  lambda p: download._write_sidecar(p, "0" * 64)):
+        target = tmp_path / "old.json"
+        target.write_text("old")
+        with pytest.raises(_Boom):
+            write(target)
+        assert target.read_text() == "old"
+    monkeypatch.undo()
+
+    # model.keras of a run: the Trainer's save.
+    monkeypatch.setattr(keras.Model, "save",
+                        lambda self, path, **kw: _half_then_boom(path))
+    out = tmp_path / "run"
+    with pytest.raises(_Boom):
+        keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
+                                out_dir=out, total_steps=1, warmup_steps=0,
+                                **QUICK).fit()
+    assert not (out / "model.keras").exists()
+    assert not (out / "metrics.json").exists()
+    assert all(".partial" not in n for n in os.listdir(out))
+
+
+# ---------------------------------------------------------------------------
+# CLI: one line, never a traceback (2 bad input, 1 failure) unless --debug;
+# a resumed run with other settings is refused listing the differences.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error, status, text", [
+    (RuntimeError("kaboom"), 1, "RuntimeError: kaboom (an unexpected"),
+    (KeyError("weights"), 1, "KeyError: 'weights'"),
+    (MemoryError(), 1, "out of memory (MemoryError). Lower --batch-size"),
+    (ValueError("bad --lr"), 2, "error: bad --lr"),
+    (FileNotFoundError("no such file"), 2, "error: no such file"),
+])
+def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
+                                             status, text):
+    from keras_vit import cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_cmd_list", fail)
+    assert cli.main(["list"]) == status
+    err = capsys.readouterr().err
+    assert text in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    for argv in (["list", "--debug"], ["--debug", "list"]):
+        with pytest.raises(type(error)):
+            cli.main(argv)
+
+
+def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
+    from keras_vit.train import cli as train_cli
+
+    out = tmp_path / "run"
+    kw = dict(recipe="pretrain", out_dir=out, total_steps=2, warmup_steps=1,
+              learning_rate=1e-3, **QUICK)
+    keras_vit.train.Trainer(_tiny(), "digits", **kw).fit(stop_at_step=1)
+    with pytest.raises(ValueError) as info:
+        keras_vit.train.Trainer(_tiny(), "digits:test", **dict(
+            kw, learning_rate=3e-3, seed=4))
+    message = str(info.value)
+    for change in ("recipe.learning_rate: 0.001 -> 0.003",
+                   "recipe.seed: 0 -> 4",
+                   "train_data: 'digits:train' -> 'digits:test'"):
+        assert change in message
+    assert "--resume-anyway" in message
+    run = keras_vit.train.Trainer(_tiny(), "digits", resume="force", **dict(
+        kw, learning_rate=3e-3))
+    assert run.resumed_from == 1
+    # The CLI refuses in one line.
+    status = train_cli.main([
+        "fine-tune", str(tmp_path / "m.keras"), "--data", "digits",
+        "--restart", "--resume-anyway", "--out", str(out)])
+    assert status == 2
+    assert "exclude each other" in capsys.readouterr().err
