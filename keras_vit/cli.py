@@ -389,8 +389,14 @@ def _cmd_predict(args):
 def _cmd_demo(args):
     from keras_vit import demo
 
-    demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
-             verbose=True)
+    result = demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
+                      verbose=True)
+    # The stages that fail without stopping the demo (the exporters) still
+    # fail the command: a summary line is easy to miss, an exit status not.
+    status = result["export"]["status"]
+    if status != "ok":
+        print(f"{PROG}: error: demo stage export {status}", file=sys.stderr)
+        return 1
     return 0
 
 
