@@ -523,6 +523,10 @@ def main(argv=None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - triaged just below
+        from keras_vit.errors import missing_dependency
+
+        # An optional package missing where no require() was in the way.
+        e = missing_dependency(e) or e
         if args.traceback or not _is_user_error(e):
             raise
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)

@@ -122,3 +122,62 @@ def test_readme_install_in_a_fresh_venv(tmp_path):
                           text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(ROOT / "keras_vit" / "__init__.py")
+
+
+# --------------------------------------------------------------------------
+# A missing optional package: one line naming it and the pip command.
+
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("fmt,module,package", [
+    ("onnx", "tf2onnx", "tf2onnx"), ("onnx", "onnxruntime", "onnxruntime"),
+    ("tflite", "ai_edge_litert", "ai-edge-litert")])
+def test_export_without_its_package_is_one_line_exit_2(
+        tmp_path, monkeypatch, capsys, fmt, module, package):
+    monkeypatch.setitem(sys.modules, module, None)  # import raises
+    monkeypatch.delitem(sys.modules, f"{module}.interpreter", raising=False)
+    out = tmp_path / f"m.{fmt}"
+    assert cli.main(["export", "ViT-Ti/16", "--weights", "none",
+                     "--image-size", "32", "--format", fmt,
+                     "--output", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("keras-vit: error: ")
+    assert f"package '{package}', which is not installed: pip install " \
+           f"'{package}'" in line
+    assert not out.exists()
+
+
+def test_missing_packages_anywhere_name_the_pip_package(monkeypatch, capsys):
+    from keras_vit.errors import MissingDependencyError
+    from keras_vit.train import data
+
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
+    with pytest.raises(MissingDependencyError, match="'tensorflow-datasets'"):
+        data._import_tfds()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.delitem(sys.modules, "keras_vit.analysis.plots",
+                        raising=False)
+    with pytest.raises(MissingDependencyError,
+                       match=r"pip install 'matplotlib'"):
+        import keras_vit.analysis.plots  # noqa: F401
+
+    # Where no require() stands in the way, the command line still gives
+    # the one line: a ModuleNotFoundError for a known optional package.
+    def fails(args):
+        import skimage.data  # noqa: F401
+
+    monkeypatch.setitem(sys.modules, "skimage", None)
+    parser = cli.build_parser()
+    args = parser.parse_args(["list"])
+    monkeypatch.setattr(args, "func", fails, raising=False)
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert cli.main(["list"]) == 2
+    assert _one_error_line(capsys) == (
+        "keras-vit: error: keras_vit needs the package 'scikit-image', which "
+        "is not installed: pip install 'scikit-image'")
