@@ -1,0 +1,134 @@
+"""timm's ViT weights in timm's Hub layout (config.json + model.safetensors),
+both ways, against timm's own forward. Random weights, written by timm
+itself; never the real Hub."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from keras_vit import zoo  # noqa: E402
+from keras_vit.zoo import timm_hub  # noqa: E402
+
+ARCH = "vit_tiny_patch16_224"
+SIZE = 32
+CLASSES = 7
+LABELS = [f"class {i}" for i in range(CLASSES)]
+
+
+def _timm_model(seed=0):
+    torch.manual_seed(seed)
+    model = timm.create_model(ARCH, pretrained=False, img_size=SIZE,
+                              num_classes=CLASSES)
+    with torch.no_grad():  # every parameter random, LayerNorms included
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def _config(**overrides):
+    config = {
+        "architecture": ARCH, "num_classes": CLASSES, "global_pool": "token",
+        "label_names": LABELS,
+        "pretrained_cfg": {"input_size": [3, SIZE, SIZE],
+                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+                           "num_classes": CLASSES}}
+    config.update(overrides)
+    return config
+
+
+def _write_repo(path, model, config):
+    path.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _images(n=3):
+    rng = np.random.default_rng(1)
+    return rng.uniform(-1, 1, (n, SIZE, SIZE, 3)).astype("float32")
+
+
+def _timm_logits(model, x):
+    with torch.no_grad():
+        return model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    model = _timm_model()
+    path = _write_repo(tmp_path_factory.mktemp("hub") / "vit", model,
+                       _config())
+    return path, _timm_logits(model, _images())
+
+
+def test_timm_repo_matches_timm_forward(repo):
+    path, expected = repo
+    x = _images()
+    model = zoo.load(str(path))  # architecture, size, head from config.json
+    assert model.zoo_name == "ViT-Ti/16" and model.gelu == "exact"
+    assert model.inputs[0].shape[1:3] == (SIZE, SIZE)
+    assert model.zoo_labels == LABELS
+    np.testing.assert_allclose(np.asarray(model(x)), expected, atol=1e-5,
+                               rtol=0)
+
+    # A .safetensors file with an architecture name, as weights=.
+    same = zoo.load("ViT-Ti/16", weights=str(path / "model.safetensors"))
+    np.testing.assert_allclose(np.asarray(same(x)), expected, atol=1e-5,
+                               rtol=0)
+    # The official tanh GELU is what the .npz files need, not timm's.
+    tanh = zoo.load(str(path), gelu="tanh")
+    assert np.abs(np.asarray(tanh(x)) - expected).max() > 1e-5
+
+
+def test_unsupported_timm_features_are_refused(tmp_path, repo):
+    model = _timm_model()
+    bad = _write_repo(tmp_path / "imagenet_norm", model, _config(
+        pretrained_cfg={"input_size": [3, SIZE, SIZE],
+                        "mean": [0.485, 0.456, 0.406],
+                        "std": [0.229, 0.224, 0.225]}))
+    with pytest.raises(ValueError, match=r"mean=\[0.485, 0.456, 0.406\]"):
+        zoo.load(str(bad))
+    extra = tmp_path / "registers"
+    _write_repo(extra, model, _config())
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state["reg_token"] = torch.zeros(1, 4, 192)
+    state["blocks.0.ls1.gamma"] = torch.ones(192)
+    safetensors_torch.save_file(state, str(extra / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'blocks.0.ls1.gamma', 'reg_token'"):
+        zoo.load(str(extra))
+    args = _write_repo(tmp_path / "args", model, _config(
+        model_args={"img_size": SIZE, "qk_norm": True}))
+    with pytest.raises(ValueError, match="qk_norm"):
+        zoo.load(str(args))
+    hybrid = _write_repo(tmp_path / "hybrid", model,
+                         _config(architecture="vit_base_r50_s16_384"))
+    with pytest.raises(ValueError, match="hybrid family"):
+        zoo.load(str(hybrid))
+    with pytest.raises(ValueError, match="hf-hub:<owner>/<name>"):
+        zoo.load("hf-hub:no-owner")
+
+
+def test_save_pretrained_loads_in_timm(tmp_path, repo):
+    path, expected = repo
+    ours = zoo.load(str(path))
+    out = zoo.save_pretrained(ours, tmp_path / "out", labels=LABELS)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architecture"] == ARCH
+    assert config["label_names"] == LABELS
+    theirs = timm.create_model(
+        config["architecture"], pretrained=True, img_size=SIZE,
+        num_classes=config["num_classes"],
+        # timm drops a head whose size differs from its pretrained_cfg's.
+        pretrained_cfg_overlay=dict(file=f"{out}/model.safetensors",
+                                    num_classes=config["num_classes"])).eval()
+    np.testing.assert_allclose(_timm_logits(theirs, _images()), expected,
+                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(ours(_images())), expected,
+                               atol=1e-5, rtol=0)
