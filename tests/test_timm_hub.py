@@ -132,3 +132,26 @@ def test_save_pretrained_loads_in_timm(tmp_path, repo):
                                atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(ours(_images())), expected,
                                atol=1e-5, rtol=0)
+
+
+def test_predict_command_reads_a_timm_repo(tmp_path, repo, capsys):
+    from PIL import Image
+
+    from keras_vit import cli
+
+    path, _ = repo
+    image = tmp_path / "img.png"
+    Image.fromarray(np.random.default_rng(0).integers(
+        0, 256, (40, 50, 3)).astype("uint8")).save(image)
+    assert cli.main(["predict", str(path), str(image), "--top", "2",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["image_size"] == [SIZE, SIZE]
+    assert out["labels"] == "label_names"
+    (pred,) = out["predictions"]
+    assert [t["label"] in LABELS for t in pred["top"]] == [True, True]
+    # The same as the model on zoo.preprocess_input's pixels.
+    model = zoo.load(str(path))
+    pixels = np.asarray(Image.open(image).convert("RGB"), "float32")
+    logits = np.asarray(model(zoo.preprocess_input(pixels, SIZE)[None]))[0]
+    assert pred["top"][0]["index"] == int(np.argmax(logits))
