@@ -90,12 +90,20 @@ def fetch(source, progress=None):
         if not repo or repo.count("/") != 1:
             raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
                              f"[@revision]; received {source!r}")
-        if progress is False:
-            hub.utils.disable_progress_bars()
-        config_path = hub.hf_hub_download(repo, CONFIG_FILE,
-                                          revision=revision or None)
-        path = hub.hf_hub_download(repo, WEIGHTS_FILE,
-                                   revision=revision or None)
+        bars = require("huggingface_hub.utils", package="huggingface_hub")
+        # huggingface_hub shows its own progress bars (on by default);
+        # progress=False silences them for this call only.
+        quiet = progress is False and not bars.are_progress_bars_disabled()
+        if quiet:
+            bars.disable_progress_bars()
+        try:
+            config_path, path = (
+                hub.hf_hub_download(repo, name, revision=revision or None,
+                                    library_name="keras-vit")
+                for name in (CONFIG_FILE, WEIGHTS_FILE))
+        finally:
+            if quiet:
+                bars.enable_progress_bars()
     elif os.path.isdir(source):
         config_path = os.path.join(source, CONFIG_FILE)
         path = os.path.join(source, WEIGHTS_FILE)
