@@ -252,3 +252,42 @@ def test_hf_hub_handle_downloads_through_huggingface_hub(tmp_path, repo):
     np.testing.assert_allclose(
         np.array(json.loads(proc.stdout.strip().splitlines()[-1])),
         expected, atol=1e-5, rtol=0)
+
+
+def test_timm_bit_repo_matches_timm_forward(tmp_path):
+    """BiT (timm's resnetv2_50x1_bit): the same repository layout, timm's
+    stage/block names onto the official units; timm's own forward."""
+    torch.manual_seed(0)
+    bit = timm.create_model("resnetv2_50x1_bit", pretrained=False,
+                            num_classes=CLASSES).eval()
+    with torch.no_grad():
+        for name, p in bit.named_parameters():
+            if "norm" in name:  # GroupNorm scales near 1 keep logits O(1)
+                p.copy_(1.0 + 0.1 * torch.randn_like(p)
+                        if name.endswith("weight") else
+                        0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.1)
+    path = _write_repo(tmp_path / "bit", bit, _config(
+        architecture="resnetv2_50x1_bit",
+        pretrained_cfg={"input_size": [3, SIZE, SIZE],
+                        "mean": [0.5] * 3, "std": [0.5] * 3}))
+    x = _images()
+    expected = _timm_logits(bit, x)
+    with torch.no_grad():  # the reference: timm's forward in float64
+        exact = bit.double()(torch.from_numpy(
+            x.astype("float64").transpose(0, 3, 1, 2))).numpy()
+    ours = zoo.load(str(path))
+    assert ours.zoo_name == "BiT-R50x1" and ours.zoo_labels == LABELS
+    got = np.asarray(ours(x))
+    assert np.abs(expected).max() > 1.0  # logits are not all ~0
+    # Through 50 random layers float32 itself is off by ~2e-4 on logits of
+    # ~5 (timm float32 vs float64, seen here): keras_vit must be at least
+    # as close to the float64 forward as timm's own float32 forward is.
+    timm_error = np.abs(expected - exact).max()
+    assert np.abs(got - exact).max() <= max(1e-5, 1.2 * timm_error)
+    with pytest.raises(ValueError, match="stages.0.blocks.0.extra"):
+        state = {k: v.contiguous() for k, v in bit.state_dict().items()}
+        state["stages.0.blocks.0.extra.weight"] = torch.zeros(3)
+        safetensors_torch.save_file(state, str(path / "model.safetensors"))
+        zoo.load(str(path))

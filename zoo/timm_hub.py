@@ -7,8 +7,8 @@ and original checkpoints as the official ``.npz`` files, plus later
 fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
 ``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
-the official layout, and loads them through the same strict loader as the
-``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
+the official layout (ViT and BiT; timm's hybrids are refused so far), and
+loads them through the same strict loaders as the ``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
 that ``timm.create_model(..., pretrained=True)`` loads.
 
 timm runs the exact (erf) GELU, the official code the tanh form, so models
@@ -171,6 +171,48 @@ def to_official(state, num_heads):
     return out
 
 
+_BIT_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+_BIT_UNIT_PARAMS = {"downsample.conv.weight": "a/proj/standardized_conv2d/kernel"}
+for _i, _x in enumerate("abc", 1):
+    _BIT_UNIT_PARAMS[f"conv{_i}.weight"] = f"{_x}/standardized_conv2d/kernel"
+    _BIT_UNIT_PARAMS[f"norm{_i}.weight"] = f"{_x}/group_norm/gamma"
+    _BIT_UNIT_PARAMS[f"norm{_i}.bias"] = f"{_x}/group_norm/beta"
+_BIT_TOP = {"stem.conv.weight": "resnet/root_block/standardized_conv2d/kernel",
+            "norm.weight": "resnet/group_norm/gamma",
+            "norm.bias": "resnet/group_norm/beta",
+            "head.fc.weight": "resnet/head/conv2d/kernel",
+            "head.fc.bias": "resnet/head/conv2d/bias"}
+
+
+def bit_to_official(state):
+    """Maps a timm ``resnetv2_*_bit`` ``state_dict`` onto the official BiT
+    ``.npz`` layout (timm's stage s, block b is ``block{s+1}/unit{b+1:02d}``;
+    its norm1/conv1 are the official unit's ``a``, and so on). Parameters
+    with no BiT counterpart raise a ValueError naming them."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _BIT_UNIT.match(name)
+        if m and m.group(3) in _BIT_UNIT_PARAMS:
+            stage, block, param = m.groups()
+            key = (f"resnet/block{int(stage) + 1}/unit{int(block) + 1:02d}/"
+                   f"{_BIT_UNIT_PARAMS[param]}")
+        elif name in _BIT_TOP:
+            key = _BIT_TOP[name]
+        else:
+            unknown.append(name)
+            continue
+        if value.ndim == 4:  # conv OIHW -> HWIO
+            value = value.transpose(2, 3, 1, 0)
+        out[key] = value
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's BiT ResNetV2 "
+            f"lacks: {sorted(unknown)[:12]}"
+            f"{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
 def from_official(arrays):
     """The inverse of :func:`to_official`: official-layout arrays (from
     :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``."""
@@ -224,11 +266,12 @@ def _architecture(config, name):
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
     arch = variants.parse(arch_name)
-    if arch.family != "vit":
+    if arch.family not in ("vit", "bit"):
         raise ValueError(
             f"timm weights of the {arch.family} family ({arch_name}) are not "
-            "supported yet: only plain ViT checkpoints (vit_*_patch*) load "
-            "from timm files; the official .npz files of hybrids and BiT do")
+            "supported yet: ViT (vit_*_patch*) and BiT (resnetv2_*_bit) "
+            "checkpoints load from timm files; the official .npz files of "
+            "hybrids do")
     return arch
 
 
@@ -277,11 +320,21 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     """
     from keras_vit.zoo import api
 
+    from keras_vit.zoo import bit_layout
+
     config, path = fetch(source, progress=progress)
     arch = _architecture(config, name)
     _refuse_unsupported(config)
-    arrays = to_official(read_safetensors(path), arch.config["num_heads"])
-    arrays = convert.normalize_keys(arrays)
+    state = read_safetensors(path)
+    is_bit = arch.family == "bit"
+    if is_bit:
+        arrays = bit_layout.normalize(bit_to_official(state))
+        head = bit_layout.HEAD_KERNEL
+    else:
+        arrays = convert.normalize_keys(
+            to_official(state, arch.config["num_heads"]))
+        head = "head/kernel"
+        kwargs["gelu"] = gelu
     if image_size is None:
         input_size = (config.get("pretrained_cfg", {}).get("input_size")
                       or (config.get("model_args") or {}).get("img_size"))
@@ -291,13 +344,16 @@ def load(source, name=None, image_size=None, num_classes=None, *,
             image_size = int(input_size)
         else:
             image_size = arch.image_size
-    ckpt_classes = (int(arrays["head/kernel"].shape[-1])
-                    if "head/kernel" in arrays else None)
+    ckpt_classes = (int(arrays[head].shape[-1]) if head in arrays else None)
     if num_classes is None:
         num_classes = ckpt_classes or config.get("num_classes") or 1000
     model = api.load(arch.name, weights=None, image_size=image_size,
-                     num_classes=num_classes, gelu=gelu, **kwargs)
-    convert.load_weights(model, arrays, source_name=repr(os.fspath(source)))
+                     num_classes=num_classes, **kwargs)
+    if is_bit:
+        bit_layout.load_weights(model, arrays)
+    else:
+        convert.load_weights(model, arrays,
+                             source_name=repr(os.fspath(source)))
     labels = config.get("label_names")
     model.zoo_labels = (list(labels) if labels and num_classes == ckpt_classes
                         and len(labels) == num_classes else None)
