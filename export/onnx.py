@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from keras_vit.errors import require
 from keras_vit.export import _onnx_worker as worker
 from keras_vit.export import common
 from keras_vit.export import verify as checks
@@ -29,8 +30,8 @@ ISOLATE_ABOVE_BYTES = 64 * 2**20
 
 def max_opset():
     """The newest opset tf2onnx can write (and onnx knows)."""
-    import onnx
-    from tf2onnx import constants
+    onnx = require("onnx", purpose="ONNX export")
+    constants = require("tf2onnx.constants", purpose="ONNX export")
 
     return min(max(constants.OPSET_TO_IR_VERSION),
                onnx.defs.onnx_opset_version())
@@ -39,7 +40,7 @@ def max_opset():
 def open_artifact(path, num_threads=None):
     """Loads an ``.onnx`` file (external data beside it) with onnxruntime
     on the CPU and returns ``images -> {name: array}``."""
-    import onnxruntime as ort
+    ort = require("onnxruntime", purpose="running ONNX files")
 
     options = ort.SessionOptions()
     if num_threads:
@@ -68,7 +69,7 @@ def _check_opset(opset):
 
 def _convert_here(graph, path, opset, external_data):
     """Converts in this process (small models)."""
-    import tf2onnx
+    tf2onnx = require("tf2onnx", purpose="ONNX export")
 
     spec = graph.input_spec()
     proto, _ = tf2onnx.convert.from_function(
@@ -161,6 +162,10 @@ def to_onnx(model, path, *, opset=None, external_data=None,
     ['vit.onnx', 'vit.onnx.data']
     """
     dest = common.check_path(path, "onnx")
+    # Before any work: the conversion may run in a child process, whose
+    # ImportError would arrive as a worker failure, not as this one line.
+    for module in ("tf2onnx", "onnx", "onnxruntime"):
+        require(module, purpose="ONNX export")
     opset = _check_opset(opset)
     if external_data not in (None, True, False):
         raise ValueError("external_data must be None (automatic), True or "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from keras_vit.errors import require
 from keras_vit.export import common
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
@@ -46,7 +47,9 @@ def open_artifact(path, num_threads=None):
     """Loads a ``.tflite`` file with ai_edge_litert and returns ``images ->
     {name: array}`` (the signature runner resizes the batch per call)."""
     import numpy as np
-    from ai_edge_litert.interpreter import Interpreter
+
+    Interpreter = require("ai_edge_litert.interpreter",
+                          purpose="running TFLite files").Interpreter
 
     interpreter = Interpreter(model_path=path,
                               num_threads=num_threads or os.cpu_count())
@@ -118,8 +121,8 @@ def _convert_int8(saved_model_dir, representative, float_ops):
 def op_dtypes(path):
     """``{op name: sorted output dtypes}`` of a ``.tflite`` file: which ops
     run in int8 and which in float."""
-    from ai_edge_litert.interpreter import Interpreter
-
+    Interpreter = require("ai_edge_litert.interpreter",
+                          purpose="running TFLite files").Interpreter
     interpreter = Interpreter(model_path=path)
     tensors = {t["index"]: t["dtype"].__name__
                for t in interpreter.get_tensor_details()}
@@ -193,6 +196,9 @@ def to_tflite(model, path, *, quantization="float32",
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}; "
                          f"received quantization={quantization!r}")
     dest = common.check_path(path, "tflite")
+    if verify:  # before converting: the check runs the file with LiteRT
+        require("ai_edge_litert.interpreter", package="ai-edge-litert",
+                purpose="verifying TFLite files")
     float_ops = _check_float_ops(float_ops)
     if representative_samples is None:
         representative_samples = DEFAULT_REPRESENTATIVE_SAMPLES
