@@ -64,33 +64,23 @@ def cpu_flags():
     return {flag: flag in flags for flag in CPU_FLAGS}
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def benchmark_model(name, quick):
-    """The benchmarked model: random weights with a random head (the
-    zoo's starts at zero, which would make every logit equal)."""
+    """The benchmarked model: random weights with a random head (see
+    export_benchmark.py: the zoo's head starts at zero, which would make
+    every logit equal); ``quick``: a tiny ViT, every weight perturbed."""
+    if not quick:
+        from export_benchmark import _model
+
+        return _model(name)
+    import keras
+
     import keras_vit
 
-    if quick:
-        import keras
-
-        keras.utils.set_random_seed(0)
-        model = keras_vit.models.vit(**TINY)
-    else:
-        model = keras_vit.zoo.load(name, weights=None)
-    head = model.get_layer("head")
+    keras.utils.set_random_seed(0)
+    model = keras_vit.models.vit(**TINY)
     rng = np.random.default_rng(0)
-    head.kernel.assign(rng.normal(0, 0.02, head.kernel.shape).astype(
-        "float32"))
+    model.set_weights([w + rng.normal(0, 0.1, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
     return model
 
 
@@ -227,6 +217,7 @@ def main(argv=None):
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import onnxruntime
+    from speed import cpu_model
 
     from keras_vit.export import common
 
@@ -237,7 +228,7 @@ def main(argv=None):
         "",
         f"- command: `python benchmarks/export_speed.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
-        f"- CPU: {cpu_name()}; "
+        f"- CPU: {cpu_model()}; "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()),
         f"- threads: {args.threads} (of {os.cpu_count()} cores, "
         f"{len(os.sched_getaffinity(0))} usable); median of {args.repeats} "
