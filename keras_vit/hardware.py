@@ -3,13 +3,14 @@
 keras_vit's speed defaults are decided here, once per process, from what the
 hardware has rather than from a constant measured on one machine:
 
-* CPUs with bf16 matrix units (AMX on Sapphire Rapids and later Xeons,
-  AVX512-BF16 on Cooper Lake and AMD Zen 4) run bf16 matmuls through
-  TensorFlow's oneDNN kernels several times faster than float32, while XLA's
-  CPU dots do not use those units: on such CPUs bf16 inference and
-  mixed-precision training take TensorFlow's graph path, without XLA.
-* CPUs without them have no fast bf16 kernels anywhere; XLA's fusions are
-  then the faster bf16 path (and for float32 inference on any CPU).
+* CPUs with AMX (Sapphire Rapids and later Xeons) run bf16 matmuls through
+  TensorFlow's oneDNN kernels 4-6x faster than float32, while XLA's CPU dots
+  do not use the tiles: there bf16 inference and mixed-precision training
+  take TensorFlow's graph path, without XLA.
+* CPUs with only AVX512-BF16 (Cooper Lake, AMD Zen 4) or nothing: oneDNN's
+  bf16 graph kernels measured slower than float32 on both kinds we ran
+  (docs/benchmarks.md), so XLA's fusions are the faster bf16 path there, as
+  they are for float32 inference on any CPU.
 * GPUs and TPUs: XLA.
 * JAX compiles everything with XLA; torch runs eagerly. Both have a fused
   attention kernel (``keras.ops.dot_product_attention``), which TensorFlow
@@ -196,15 +197,14 @@ def plan(dtype="float32", hardware=None, backend=None):
     if hardware.accelerator != "cpu":
         return Plan("xla", True, "einsum",
                     f"XLA on the {hardware.accelerator.upper()}")
-    if dtype == "bfloat16" and hardware.bf16_units:
-        return Plan(
-                "graph", False, "einsum",
-                f"CPU with {hardware.bf16_units} bf16 units: TensorFlow's "
-                "oneDNN kernels use them, XLA's CPU dots do not")
+    if dtype == "bfloat16" and hardware.bf16_units == "amx":
+        return Plan("graph", False, "einsum",
+                    "CPU with AMX: TensorFlow's oneDNN kernels use its bf16 "
+                    "tiles, XLA's CPU dots do not")
     if dtype in ("bfloat16", "float16"):
         return Plan("xla", True, "einsum",
-                    f"{dtype} on a CPU without matrix units for it: XLA's "
-                    "fusions are the faster path")
+                    f"{dtype} on a CPU without AMX: XLA's fusions are the "
+                    "faster path")
     return Plan("xla", False, "einsum",
                 "float32 on CPU: XLA for inference, graph mode for "
                 "training steps")

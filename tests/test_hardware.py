@@ -27,7 +27,7 @@ def test_units_are_read_from_the_flags():
 @pytest.mark.parametrize("machine,dtype,predict,train_jit", [
     (AMX, "bfloat16", "graph", False),
     (AMX, "mixed_bfloat16", "graph", False),
-    (ZEN4, "bfloat16", "graph", False),
+    (ZEN4, "bfloat16", "xla", True),
     (PLAIN, "bfloat16", "xla", True),
     (PLAIN, "float16", "xla", True),
     (AMX, "float16", "xla", True),
@@ -116,3 +116,31 @@ def test_an_explicit_path_wins(monkeypatch):
     model.predict_path = "fastest"
     with pytest.raises(ValueError, match="predict_path='fastest'"):
         model.predict(x)
+
+
+@pytest.mark.parametrize("flags,want", [("avx2,amx_bf16", False),
+                                         ("avx2", True)])
+def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
+    from keras_vit import train as kt
+    from keras_vit.train import engine
+
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    model = _tiny("mixed_bfloat16")
+    kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
+                            batch_size=8)
+    expected = {"tensorflow": want, "jax": True,
+                "torch": False}[keras.backend.backend()]
+    assert bool(model.jit_compile) is expected
+    # An explicit choice wins.
+    kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
+                            batch_size=8, jit_compile=False)
+    assert model.jit_compile is False
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+        assert engine.step_uses_xla(strategy, "auto",
+                                    "mixed_bfloat16") is want
+        assert engine.step_uses_xla(strategy, "auto", "float32") is False
+        assert engine.step_uses_xla(strategy, True, "float32") is True
