@@ -175,7 +175,7 @@ def import_peers(skip):
             import timm
             import torch
 
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
             found["torch"], found["timm"] = torch, timm
         except ImportError as e:
             skipped.append(f"timm: not installed ({e})")
