@@ -357,24 +357,23 @@ class MultiHeadSelfAttention(layers.Layer):
         self.built = True
 
     def _qkv(self, x):
-        """q, k, v as (B, N, heads, D/heads) from ONE matmul: the three
-        kernels side by side as a (D, 3D) matrix on the flattened tokens,
-        the shape every backend's fastest GEMM (oneDNN, cuBLAS, XLA) wants;
-        three 3-D einsums cost three smaller, less efficient calls."""
+        """q, k, v as (B, N, heads, D/heads), each from one 2-D matmul on
+        the flattened tokens: the shape every backend's fastest GEMM
+        (oneDNN, cuBLAS, XLA) takes as it is, with the bias add that
+        TensorFlow's grappler fuses into it."""
         dim = self.num_heads * self.head_dim
-        kernel = ops.concatenate(
-            [ops.reshape(ops.cast(getattr(self, f"{n}_kernel"), x.dtype),
-                         (dim, dim)) for n in ("query", "key", "value")],
-            axis=1)
-        bias = ops.concatenate(
-            [ops.reshape(ops.cast(getattr(self, f"{n}_bias"), x.dtype),
-                         (dim,)) for n in ("query", "key", "value")], axis=0)
         shape = ops.shape(x)
         tokens = ops.reshape(x, (-1, dim))
-        qkv = ops.matmul(tokens, kernel) + bias
-        qkv = ops.reshape(qkv, (shape[0], shape[1], 3, self.num_heads,
-                                self.head_dim))
-        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        out = []
+        for name in ("query", "key", "value"):
+            kernel = ops.reshape(
+                ops.cast(getattr(self, f"{name}_kernel"), x.dtype), (dim, dim))
+            bias = ops.reshape(
+                ops.cast(getattr(self, f"{name}_bias"), x.dtype), (dim,))
+            y = ops.matmul(tokens, kernel) + bias
+            out.append(ops.reshape(y, (shape[0], shape[1], self.num_heads,
+                                       self.head_dim)))
+        return out
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None):

@@ -31,8 +31,8 @@ def test_units_are_read_from_the_flags():
     (PLAIN, "bfloat16", "xla", True),
     (PLAIN, "float16", "xla", True),
     (AMX, "float16", "xla", True),
-    (AMX, "float32", "xla", False),
-    (PLAIN, "float32", "xla", False),
+    (AMX, "float32", "graph", False),
+    (PLAIN, "float32", "graph", False),
     (GPU, "bfloat16", "xla", True),
     (GPU, "float32", "xla", True),
 ])
@@ -81,7 +81,7 @@ def _tiny(dtype=None):
 @pytest.mark.parametrize("flags,dtype,want_tf", [
     ("avx2,amx_bf16", "bfloat16", "graph"),
     ("avx2", "bfloat16", "xla"),
-    ("avx2,amx_bf16", None, "xla"),
+    ("avx2,amx_bf16", None, "graph"),
 ])
 def test_predict_follows_the_forced_machine(monkeypatch, flags, dtype,
                                             want_tf):
