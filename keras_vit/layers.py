@@ -387,10 +387,24 @@ class MultiHeadSelfAttention(layers.Layer):
         )
         self.built = True
 
-    def _project(self, x, name):
-        kernel = ops.cast(getattr(self, f"{name}_kernel"), x.dtype)
-        bias = ops.cast(getattr(self, f"{name}_bias"), x.dtype)
-        return ops.einsum("btd,dhk->bthk", x, kernel) + bias
+    def _qkv(self, x):
+        """q, k, v as (B, N, heads, D/heads), each from one 2-D matmul on
+        the flattened tokens: the shape every backend's fastest GEMM
+        (oneDNN, cuBLAS, XLA) takes as it is, with the bias add that
+        TensorFlow's grappler fuses into it."""
+        dim = self.num_heads * self.head_dim
+        shape = ops.shape(x)
+        tokens = ops.reshape(x, (-1, dim))
+        out = []
+        for name in ("query", "key", "value"):
+            kernel = ops.reshape(
+                ops.cast(getattr(self, f"{name}_kernel"), x.dtype), (dim, dim))
+            bias = ops.reshape(
+                ops.cast(getattr(self, f"{name}_bias"), x.dtype), (dim,))
+            y = ops.matmul(tokens, kernel) + bias
+            out.append(ops.reshape(y, (shape[0], shape[1], self.num_heads,
+                                       self.head_dim)))
+        return out
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None):
@@ -399,22 +413,26 @@ class MultiHeadSelfAttention(layers.Layer):
         ``relative_embedding``: optional 1D relative position table (rows,
         heads, head_dim) whose logits with these queries
         (:func:`relative_attention_bias`) are added the same way."""
-        q = self._project(x, "query")
-        k = self._project(x, "key")
-        v = self._project(x, "value")
+        from keras_vit import hardware
+
+        q, k, v = self._qkv(x)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)
             attention_bias = (relative if attention_bias is None
                               else attention_bias + relative)
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout = training is True and self.attention_dropout_rate > 0
-        if not return_attention_scores and not dropout:
-            # The backend's fused attention (one kernel on JAX and torch; on
-            # TensorFlow the same einsums, softmax in float32, as below).
+        fused = (not return_attention_scores and not dropout
+                 and hardware.plan(x.dtype).attention == "fused")
+        if fused:
+            # The backend's fused kernel (flash/cuDNN attention on GPUs,
+            # one XLA or SDPA kernel on JAX and torch CPUs).
             context = ops.dot_product_attention(q, k, v, bias=attention_bias,
                                                 scale=scale)
             probs = None
         else:
+            # Plain einsums: on TensorFlow CPUs these become oneDNN batch
+            # matmuls, faster than the backend's generic fused fallback.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
             # Softmax in float32 even under mixed precision: bf16 logits lose
@@ -425,9 +443,13 @@ class MultiHeadSelfAttention(layers.Layer):
             probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
             weights = self.dropout(probs, training=training)
             context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
-        out_kernel = ops.cast(self.out_kernel, x.dtype)
-        y = ops.einsum("bqhk,hkd->bqd", context, out_kernel)
+        dim = self.num_heads * self.head_dim
+        shape = ops.shape(x)
+        out_kernel = ops.reshape(ops.cast(self.out_kernel, x.dtype),
+                                 (dim, dim))
+        y = ops.matmul(ops.reshape(context, (-1, dim)), out_kernel)
         y = y + ops.cast(self.out_bias, x.dtype)
+        y = ops.reshape(y, (shape[0], shape[1], dim))
         if return_attention_scores:
             return y, probs
         return y
@@ -469,11 +491,24 @@ class MlpBlock(layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
         self.built = True
 
+    def _dense(self, layer, x):
+        # The matmul and bias written out (rather than calling the Dense
+        # layer) so that TensorFlow's grappler sees MatMul + BiasAdd + GELU
+        # and fuses them into one oneDNN kernel; 2-D, as the fusion wants.
+        kernel = ops.cast(layer.kernel, x.dtype)
+        return ops.matmul(x, kernel) + ops.cast(layer.bias, x.dtype)
+
     def call(self, x, training=None):
-        x = gelu(self.dense_0(x), self.gelu)
-        x = self.dropout(x, training=training)
-        x = self.dense_1(x)
-        return self.dropout(x, training=training)
+        shape = ops.shape(x)
+        h = self._dense(self.dense_0, ops.reshape(x, (-1, shape[-1])))
+        # The tanh form through ops.gelu: the op pattern grappler fuses
+        # into the matmul (the same formula as gelu_tanh).
+        h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"
+             else gelu(h, self.gelu))
+        h = self.dropout(h, training=training)
+        h = self._dense(self.dense_1, h)
+        h = ops.reshape(h, shape)
+        return self.dropout(h, training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape

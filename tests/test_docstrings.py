@@ -10,7 +10,8 @@ MODULES = ["keras_vit", "keras_vit.models.vit", "keras_vit.models.variants",
            "keras_vit.zoo", "keras_vit.zoo.api", "keras_vit.zoo.registry",
            "keras_vit.errors", "keras_vit.zoo.lazy_npz",
            "keras_vit.atomic", "keras_vit._quiet", "keras_vit.zoo.timm_hub",
-           "keras_vit.zoo.preprocessing"]
+           "keras_vit.zoo.preprocessing", "keras_vit.hardware",
+           "keras_vit.models.compiled"]
 
 
 @pytest.mark.parametrize("name", MODULES)
