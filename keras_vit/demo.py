@@ -46,9 +46,9 @@ PRETRAIN = dict(learning_rate=2e-3, weight_decay=0.0, dropout_rate=0.0,
                 grad_clip_norm=1.0, crop_area=None, flip=False)
 # Stage 2: the paper's fine-tuning recipe at 48 (learning rate from its
 # sweep). After the position-embedding resize the model needs a few epochs
-# to recover: on an AMD Zen 4 CPU 3 epochs ended at 0.947, 5 at 0.960 and 8
-# at 0.978 (lr 0.01; 0.03 for 5 epochs: 0.971), so 8 leaves a margin over
-# the 95% the demo promises on any machine's float rounding.
+# to recover: on a 2-core Xeon (avx512_bf16, no AMX) 3 epochs ended at
+# 0.947, 5 at 0.960 and 8 at 0.978 (lr 0.01; 0.03 for 5 epochs: 0.971), so
+# 8 leaves a margin over the 95% the demo promises on any machine.
 FINETUNE = dict(learning_rate=0.01, crop_area=None, flip=False)
 FINETUNE_EPOCHS = 8
 
