@@ -760,3 +760,25 @@ def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
         "--restart", "--resume-anyway", "--out", str(out)])
     assert status == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_step_that_cannot_fit_memory_says_what_to_change(
+        tmp_path, monkeypatch, capsys):
+    from keras_vit.train import cli as train_cli
+
+    # The audit's case: ViT-Ti/16 at the fine-tune recipe's 384 px and
+    # batch 512 needs far more than a 24 GB machine (~150 GiB estimated).
+    model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=384,
+                               num_classes=10)
+    assert train_cli.step_memory_estimate(model, 512) > 100 * 2**30
+    assert train_cli.step_memory_estimate(model, 16) < 8 * 2**30
+    path = tmp_path / "tiny.keras"
+    _tiny().save(path)
+    monkeypatch.setattr(train_cli, "available_memory", lambda: 2**20)
+    argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "64",
+            "--steps", "1", "--warmup-steps", "0", "--no-eval", "--quiet",
+            "--out", str(tmp_path / "run")]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "available; set --micro-batch-size" in err
+    assert "lower --batch-size (now 64)" in err and "Traceback" not in err
