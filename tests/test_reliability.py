@@ -601,8 +601,11 @@ def test_each_dropped_image_is_named_once(tmp_path):
 # ---------------------------------------------------------------------------
 
 _KILLED_WRITER = r"""
-import sys, time
-from keras_vit import atomic
+import importlib.util, sys, time
+# keras_vit/atomic.py alone (stdlib only): no Keras start-up to wait for.
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[3])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
 path, old = sys.argv[1], sys.argv[2]
 with atomic.atomic_path(path) as tmp:
     with open(tmp, "w") as f:
@@ -614,7 +617,6 @@ with atomic.atomic_path(path) as tmp:
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("old", [None, '{"complete": true}\n'])
 def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     import json
@@ -623,11 +625,14 @@ def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     import subprocess
     import sys
 
+    from keras_vit import atomic
+
     path = tmp_path / "metrics.json"
     if old is not None:
         path.write_text(old)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old)],
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old),
+         atomic.__file__],
         stdout=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     try:
@@ -735,6 +740,7 @@ def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
             cli.main(argv)
 
 
+@pytest.mark.slow
 def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
     from keras_vit.train import cli as train_cli
 
