@@ -788,3 +788,27 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     err = capsys.readouterr().err
     assert "available; set --micro-batch-size" in err
     assert "lower --batch-size (now 64)" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------
+# Environment variables: a clear error naming the variable and its value.
+# ---------------------------------------------------------------------------
+
+
+def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
+    from keras_vit.zoo import download
+
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "maybe")
+    with pytest.raises(ValueError, match="KERAS_VIT_OFFLINE='maybe'"):
+        download.is_offline()
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "off")
+    assert download.is_offline() is False
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "ftp://mirror/")
+    with pytest.raises(ValueError, match="KERAS_VIT_MIRROR='ftp://mirror/'"):
+        download.resolve_url("gs://vit_models/x.npz")
+    monkeypatch.delenv("KERAS_VIT_MIRROR")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(afile))
+    with pytest.raises(ValueError, match="KERAS_VIT_CACHE must name a folder"):
+        download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
