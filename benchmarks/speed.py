@@ -175,7 +175,7 @@ def import_peers(skip):
             import timm
             import torch
 
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
             found["torch"], found["timm"] = torch, timm
         except ImportError as e:
             skipped.append(f"timm: not installed ({e})")
@@ -204,6 +204,72 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def matrix_units():
+    """The CPU features the speed decisions hinge on, from /proc/cpuinfo."""
+    from keras_vit import hardware
+
+    hw = hardware.detect()
+    wanted = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16",
+              "avx512_vnni", "avx_vnni", "avx512f")
+    have = [f for f in wanted if f in hw.cpu_flags]
+    return (", ".join(have) or "none of " + ", ".join(wanted)) + (
+        f" (bf16 units: {hw.bf16_units or 'none'}, int8 units: "
+        f"{hw.int8_units or 'none'})")
+
+
+def plan_note():
+    from keras_vit import hardware
+
+    parts = []
+    for dtype in ("float32", "bfloat16"):
+        p = hardware.plan(dtype)
+        parts.append(f"{dtype}: predict {p.predict}, training XLA "
+                     f"{p.train_jit} ({p.reason})")
+    return "; ".join(parts)
+
+
+TARGETS = [
+    # (goal, section, keras_vit path prefix, dtype, timm dtype, ratio, ceiling %)
+    ("inference bf16 >= 1.2x timm bf16, >= 55% of ceiling", "inference",
+     "model.predict (auto", "bfloat16", "bf16 autocast", 1.2, 55),
+    ("inference float32 >= 1.0x timm float32", "inference",
+     "model.predict (auto", "float32", "float32", 1.0, None),
+    ("Trainer mixed_bfloat16 >= 1.2x timm bf16 step", "training",
+     "Trainer train step (default)", "mixed_bfloat16", "bf16 autocast",
+     1.2, None),
+    ("model.fit mixed_bfloat16 >= 1.2x timm bf16 step", "training",
+     "compile_for_finetune", "mixed_bfloat16", "bf16 autocast", 1.2, None),
+    ("Trainer float32 >= 1.0x timm float32 step", "training",
+     "Trainer train step (default)", "float32", "float32", 1.0, None),
+    ("model.fit float32 >= 1.0x timm float32 step", "training",
+     "compile_for_finetune", "float32", "float32", 1.0, None),
+]
+
+
+def targets_table(results, best):
+    """Issue 13's goals, each row of the run checked against its target."""
+    head = ["goal", "image", "batch", "keras_vit img/s", "timm img/s",
+            "ratio", "% of ceiling", "met"]
+    out = []
+    for goal, section, prefix, dtype, ref_dtype, ratio, ceiling in TARGETS:
+        for r in results.get(section, []):
+            if (r["framework"] != "keras_vit" or r["dtype"] != dtype
+                    or not r["path"].startswith(prefix)
+                    or not r["images_per_s"]):
+                continue
+            ref = _timm_ref(results[section], r, ref_dtype)
+            got = r["images_per_s"] / ref if ref else None
+            top = ceiling_for(dtype, best)
+            pct = (100 * r["gflops_per_s"] / top
+                   if r["gflops_per_s"] and top else None)
+            met = got is not None and got >= ratio and (
+                ceiling is None or (pct is not None and pct >= ceiling))
+            out.append([goal, str(r["size"]), str(r["batch"]),
+                        r["images_per_s"], ref, got, pct,
+                        "yes" if met else ("no" if got else "-")])
+    return table(head, out)
 
 
 def versions(peers):
@@ -306,25 +372,31 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp):
             keep[dtype] = keras_vit_model(size, arch, classes, dtype)
         return keep[dtype]
 
-    def predict(dtype):
+    def predict(dtype, path="auto"):
         def make(b):
             m, x = model(dtype), images(b, size)
-            NOTES[f"keras_vit {dtype or 'float32'} model"] = (
-                f"model.jit_compile = {m.jit_compile}")
-            return lambda: m.predict(x, batch_size=b, verbose=0)
+            m.predict_path = path
+            resolved = m.resolved_predict_path()
+            NOTES[f"keras_vit {dtype or 'float32'} model, predict_path="
+                  f"{path!r}"] = f"runs the {resolved!r} path"
+
+            def fn():
+                m.predict_path = path
+                return m.predict(x, batch_size=b, verbose=0)
+            return fn
         return make
 
-    def xla(b):
-        f, x = _xla(model(None)), tf.constant(images(b, size))
-        keep.setdefault("xla", f)
-        f = keep["xla"]
-        return lambda: f(x).numpy()
+    from keras_vit import hardware
 
-    add("keras_vit", "model.predict", "float32", predict(None))
-    add("keras_vit", "tf.function(jit_compile=True)", "float32", xla)
-    add("keras_vit", "model.predict", "bfloat16", predict("bfloat16"))
-    add("keras_vit", "model.predict", "mixed_bfloat16",
-        predict("mixed_bfloat16"))
+    for dtype in ("float32", "bfloat16", "mixed_bfloat16"):
+        chosen = hardware.plan(dtype).predict
+        add("keras_vit", f"model.predict (auto: {chosen})", dtype,
+            predict(None if dtype == "float32" else dtype))
+        for other in ("xla", "graph"):
+            if other != chosen and dtype != "mixed_bfloat16":
+                add("keras_vit", f"model.predict, predict_path={other!r}",
+                    dtype, predict(None if dtype == "float32" else dtype,
+                                   other))
     for runtime in exports:
         add("keras_vit", {"onnx": "onnxruntime", "tflite": "LiteRT"}[runtime],
             "float32", _export_runner(runtime, model, keep, size, tmp))
@@ -403,6 +475,8 @@ def training_cases(size, batch, arch, classes, peers):
     import keras
     import tensorflow as tf
 
+    from keras_vit import hardware
+
     flops = 3 * batch * forward_flops(size, num_classes=classes, **arch)
     x = images(batch, size)
     y = (np.arange(batch) * 7919 % classes).astype("int64")
@@ -435,28 +509,34 @@ def training_cases(size, batch, arch, classes, peers):
             return lambda: [float(t) for t in step(it)]
         return make
 
-    def fit_step():
-        from keras_vit.train import compile_for_finetune
+    def fit_step(dtype=None):
+        def make():
+            from keras_vit.train import compile_for_finetune
 
-        model = keras_vit_model(size, arch, classes)
-        compile_for_finetune(model, "finetune", total_steps=10**6,
-                             warmup_steps=1, batch_size=batch)
-        NOTES["keras_vit compile_for_finetune"] = (
-            f"model.jit_compile = {model.jit_compile}")
-        return lambda: model.train_on_batch(x, y)
+            model = keras_vit_model(size, arch, classes, dtype)
+            compile_for_finetune(model, "finetune", total_steps=10**6,
+                                 warmup_steps=1, batch_size=batch)
+            NOTES[f"keras_vit compile_for_finetune, {dtype or 'float32'}"] = (
+                f"model.jit_compile = {model.jit_compile}")
+            return lambda: model.train_on_batch(x, y)
+        return make
 
-    # The default (jit_compile="auto": graph for float32, XLA for bf16) and
-    # the other choice for each precision, to show why "auto" picks it.
+    # The default (jit_compile="auto": keras_vit.hardware.plan) and the
+    # other choice for each precision, to show why "auto" picks it.
     add("keras_vit", "Trainer train step (default)", "float32",
         trainer_step("float32"))
     add("keras_vit", "Trainer train step, XLA", "float32",
         trainer_step("float32", True))
     add("keras_vit", "Trainer train step (default)", "mixed_bfloat16",
         trainer_step("mixed_bfloat16"))
-    add("keras_vit", "Trainer train step, no XLA", "mixed_bfloat16",
-        trainer_step("mixed_bfloat16", False))
+    mixed_jit = hardware.plan("mixed_bfloat16").train_jit
+    add("keras_vit", "Trainer train step, " + ("no XLA" if mixed_jit
+                                              else "XLA"),
+        "mixed_bfloat16", trainer_step("mixed_bfloat16", not mixed_jit))
     add("keras_vit", "compile_for_finetune + train_on_batch", "float32",
-        fit_step)
+        fit_step())
+    add("keras_vit", "compile_for_finetune + train_on_batch",
+        "mixed_bfloat16", fit_step("mixed_bfloat16"))
     if "torch" in peers:
         torch = peers["torch"]
 
@@ -946,6 +1026,8 @@ def report(args, command, started, env, thread_note, skipped, results,
         f"{duration / 60:.1f} min",
         f"- CPU: {cpu_model()}, {os.cpu_count()} cores "
         f"({len(os.sched_getaffinity(0))} usable)",
+        f"- matrix units: {matrix_units()}",
+        f"- keras_vit's plan here: {plan_note()}",
         f"- load average (1 min) at start and end: {loads[0][0]:.2f}, "
         f"{loads[1][0]:.2f}",
         f"- threads: {thread_note}",
@@ -974,6 +1056,9 @@ def report(args, command, started, env, thread_note, skipped, results,
               "embedding, QKV/out projections, QK^T and AV, MLP, head): "
               + ", ".join(f"{v:.2f} GFLOP at {s}" for s, v in flops.items())
               + ". A training step counts 3x the forward.", ""]
+    if results["inference"] or results["training"]:
+        lines += ["## Targets (issue 13)", "", targets_table(results, best),
+                  ""]
     if results["inference"]:
         lines += ["## Inference", "", model_table(results["inference"], best),
                   "", "- keras_vit model.predict: "
@@ -983,6 +1068,9 @@ def report(args, command, started, env, thread_note, skipped, results,
                   "mixed_bfloat16 are the same built with `dtype=`.",
                   "- keras_vit tf.function(jit_compile=True): "
                   "`model(x, training=False)` compiled by XLA.",
+                  "- keras_vit model.predict (auto: P): the default path "
+                  "`keras_vit.hardware.plan` picks on this machine; "
+                  "predict_path='xla'/'graph': the other paths, forced.",
                   "- timm: `timm.create_model(\"vit_base_patch16_S\", "
                   "pretrained=False)` in eval mode under "
                   "`torch.inference_mode()` (bf16: inside "

@@ -18,7 +18,7 @@ from keras_vit.export.verify import verification_table
 from keras_vit.cli import positive_int
 
 PROG = "keras-vit"
-QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
+QUANTIZATIONS = common.QUANTIZATIONS
 
 
 def _int_list(text):
@@ -52,7 +52,8 @@ def register(subparsers):
     p.add_argument("--output", "-o", required=True, metavar="PATH",
                    help="a .tflite or .onnx file, or a SavedModel directory")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
-                   default="float32", help="TFLite only (default: float32)")
+                   default="float32",
+                   help="TFLite and ONNX (default: float32)")
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz or URL, or 'none' for random "
                         "initialisation (default: the model's default)")
@@ -140,9 +141,9 @@ def run_export(args):
     """``keras-vit export``; returns the exit status."""
     from keras_vit import export
 
-    if args.format != "tflite" and args.quantization != "float32":
-        raise ValueError(f"--quantization applies to --format tflite only; "
-                         f"received --format {args.format}")
+    if args.format == "saved_model" and args.quantization != "float32":
+        raise ValueError("--quantization applies to --format tflite and "
+                         "onnx only; received --format saved_model")
     if args.format != "onnx" and (args.opset or args.external_data):
         raise ValueError("--opset and --external-data apply to --format onnx "
                          "only")
@@ -160,7 +161,7 @@ def run_export(args):
     model, label = _load_model(args)
     kwargs = dict(outputs=tuple(args.outputs), uint8_input=args.uint8_input,
                   batch_sizes=tuple(args.batch_sizes))
-    if args.format == "tflite":
+    if args.format != "saved_model":
         kwargs["quantization"] = args.quantization
     if args.format == "onnx":
         kwargs["opset"] = args.opset

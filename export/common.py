@@ -427,6 +427,52 @@ def representative_images(data, shape, dtype, value_range, limit):
     return images.astype(dtype, copy=False)
 
 
+QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
+DEFAULT_REPRESENTATIVE_SAMPLES = 100
+
+
+def check_quantization(quantization, representative_data,
+                       representative_samples):
+    """Validates the quantization arguments every exporter takes; returns
+    the number of calibration images (default 100).
+
+    >>> check_quantization("int8", None, None)
+    100
+    >>> check_quantization("int4", None, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: quantization must be one of ('float32', 'float16', \
+'dynamic_int8', 'int8'); received quantization='int4'
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}; "
+                         f"received quantization={quantization!r}")
+    if representative_samples is None:
+        representative_samples = DEFAULT_REPRESENTATIVE_SAMPLES
+    if (not isinstance(representative_samples, int)
+            or isinstance(representative_samples, bool)
+            or representative_samples < 1):
+        raise ValueError("representative_samples must be a positive integer;"
+                         f" received representative_samples="
+                         f"{representative_samples!r}")
+    if representative_data is not None and quantization != "int8":
+        raise ValueError(
+            "representative_data is only used with quantization='int8'; "
+            f"received quantization={quantization!r}")
+    return representative_samples
+
+
+def calibration_images(graph, data, limit):
+    """``(images, note)``: up to ``limit`` calibration images for ``graph``
+    (a ServingGraph) from ``data``, or (None) crops of the sample photos."""
+    if data is None:
+        # Seed 0 for calibration; verification uses other crops (seed 1).
+        return graph.sample_images(limit, seed=0, kind="photos")
+    images = representative_images(
+        data, graph.input_shape, graph.input_dtype, graph.value_range, limit)
+    return images, f"{len(images)} images from representative_data"
+
+
 # --------------------------------------------------------------------------
 # comparison and tolerance
 
@@ -450,6 +496,15 @@ TOLERANCES = {
     # has a relative RMS error near or above 1.
     "tflite/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
                     "rel_rms_error": 0.5},
+    # The ONNX variants take the TFLite ones' bounds: the same weights in
+    # the same precisions (float16 weights; int8 weights with float or
+    # calibrated int8 activations).
+    "onnx/float16": {"max_abs_diff": 5e-2, "top1_agreement": None,
+                     "rel_rms_error": 0.05},
+    "onnx/dynamic_int8": {"max_abs_diff": None, "top1_agreement": 0.9,
+                          "rel_rms_error": 0.25},
+    "onnx/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
+                  "rel_rms_error": 0.5},
 }
 
 

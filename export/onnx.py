@@ -1,8 +1,24 @@
-"""Export to ONNX through tf2onnx, verified with onnxruntime.
+"""Export to ONNX through tf2onnx, verified with onnxruntime: float32,
+float16 weights, dynamic int8 and static (calibrated) int8.
 
 Large models convert in a child process (see ``_onnx_worker.py`` for why
 and for the measurements): ViT-B/16 peaked at 15.3 GiB with a plain
 ``tf2onnx.convert.from_function`` and peaks at 2.9 GiB this way.
+
+The precisions other than float32 are made from the float32 file, which
+stays in the staging directory: float16 stores the weights in half
+precision (``float16_weights``); the int8 variants go through
+``onnxruntime.quantization``. Measured on ViT-B/16 at 224 (random weights,
+2 Zen 4 cores with AVX512-VNNI, one interleaved run; see
+benchmarks/export_speed.py), images/s relative to the float32 file at batch
+1 / 8:
+  dynamic int8 (int8 weights, activations quantized per call): 1.69 / 1.60
+  static int8 QOperator, U8 activations, per-channel S8 weights: 1.71 / 1.72
+  static int8 QDQ, S8 activations, per-channel weights: 0.90 / 1.24
+so static int8 is written in the QOperator format (QLinearMatMul,
+QLinearConv; ORT's fused QDQ kernels were slower here). Only MatMul, Gemm
+and Conv are quantized: LayerNorm, softmax, GELU and the residual adds stay
+float, as in the TFLite int8 export.
 """
 
 from __future__ import annotations
@@ -12,6 +28,7 @@ import os
 import subprocess
 import sys
 
+from keras_vit.errors import require
 from keras_vit.export import _onnx_worker as worker
 from keras_vit.export import common
 from keras_vit.export import verify as checks
@@ -25,12 +42,18 @@ MIN_OPSET = 13
 # ones convert in this process, where tf2onnx's overhead is negligible and
 # the child's start-up (importing TensorFlow again) would dominate.
 ISOLATE_ABOVE_BYTES = 64 * 2**20
+QUANTIZATIONS = common.QUANTIZATIONS
+# The ops whose weights (and, for static int8, inputs) are quantized.
+INT8_OPS = ("MatMul", "Gemm", "Conv")
+# Calibration keeps every calibrated tensor of this many images in memory
+# before reducing them to ranges (ViT-B/16: about 160 MB per image).
+_CALIBRATION_CHUNK = 4
 
 
 def max_opset():
     """The newest opset tf2onnx can write (and onnx knows)."""
-    import onnx
-    from tf2onnx import constants
+    onnx = require("onnx", purpose="ONNX export")
+    constants = require("tf2onnx.constants", purpose="ONNX export")
 
     return min(max(constants.OPSET_TO_IR_VERSION),
                onnx.defs.onnx_opset_version())
@@ -39,7 +62,7 @@ def max_opset():
 def open_artifact(path, num_threads=None):
     """Loads an ``.onnx`` file (external data beside it) with onnxruntime
     on the CPU and returns ``images -> {name: array}``."""
-    import onnxruntime as ort
+    ort = require("onnxruntime", purpose="running ONNX files")
 
     options = ort.SessionOptions()
     if num_threads:
@@ -55,6 +78,122 @@ def open_artifact(path, num_threads=None):
     return run
 
 
+def float16_weights(proto, min_elements=16):
+    """Stores the float32 initializers of ``proto`` in float16, each read
+    through a ``Cast`` back to float32; returns how many were converted.
+
+    The file halves; onnxruntime folds the casts when it loads the model,
+    so it computes in float32 as fast as the float32 file (onnxruntime has
+    few float16 kernels on x86 CPUs; a graph computing in float16 would
+    run slower there). Tensors under ``min_elements`` values and tensors
+    with values beyond float16's range (65504) stay float32.
+
+    >>> import numpy as np, onnx
+    >>> from onnx import helper, numpy_helper
+    >>> w = numpy_helper.from_array(np.full((4, 8), 0.1, np.float32), "w")
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+    ...                                    [1, 4])],
+    ...     [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT,
+    ...                                    [1, 8])], [w])
+    >>> proto = helper.make_model(graph)
+    >>> float16_weights(proto)
+    1
+    >>> [n.op_type for n in proto.graph.node]
+    ['Cast', 'MatMul']
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    casts = []
+    for tensor in proto.graph.initializer:
+        if tensor.data_type != onnx.TensorProto.FLOAT:
+            continue
+        values = numpy_helper.to_array(tensor)
+        if values.size < min_elements or not np.all(
+                np.abs(values) <= np.finfo(np.float16).max):
+            continue
+        name = tensor.name
+        tensor.CopyFrom(numpy_helper.from_array(values.astype(np.float16),
+                                                f"{name}/float16"))
+        casts.append(helper.make_node("Cast", [tensor.name], [name],
+                                      name=f"{name}/to_float32",
+                                      to=onnx.TensorProto.FLOAT))
+    nodes = list(proto.graph.node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(casts + nodes)
+    return len(casts)
+
+
+def _quantize(source, quantization, images, work, external=False):
+    """The ModelProto of the ``quantization`` variant of the float32 file
+    ``source`` (``external``: its weights are in an external data file);
+    ``images`` calibrate static int8. Scratch files go to the directory
+    ``work``."""
+    import onnx
+
+    if quantization == "float16":
+        proto = onnx.load(source)
+        float16_weights(proto)
+        return proto
+    from onnxruntime import quantization as q
+
+    # Shape inference and ORT's basic fusions first (onnxruntime's
+    # recommended step); tf2onnx's dynamic reshapes defeat the symbolic
+    # shape inference, which is skipped.
+    prepared = os.path.join(work, "prepared.onnx")
+    q.quant_pre_process(source, prepared, skip_symbolic_shape=True,
+                        save_as_external_data=external)
+    out = os.path.join(work, "quantized.onnx")
+    if quantization == "dynamic_int8":
+        q.quantize_dynamic(prepared, out, weight_type=q.QuantType.QInt8,
+                           op_types_to_quantize=list(INT8_OPS))
+    else:
+        session_input = onnx.load(prepared, load_external_data=False
+                                  ).graph.input[0].name
+        q.quantize_static(
+            prepared, out, _Calibration(session_input, images),
+            quant_format=q.QuantFormat.QOperator,
+            activation_type=q.QuantType.QUInt8,
+            weight_type=q.QuantType.QInt8, per_channel=True,
+            op_types_to_quantize=list(INT8_OPS),
+            calibrate_method=q.CalibrationMethod.MinMax,
+            extra_options={"CalibStridedMinMax": _stride(len(images))})
+    return onnx.load(out)
+
+
+def _stride(count):
+    """Images per calibration round: at most _CALIBRATION_CHUNK, and a
+    divisor of ``count`` (onnxruntime's CalibStridedMinMax requires one;
+    its CalibMaxIntermediateOutputs drops every full round's data in 1.31,
+    so it is not used)."""
+    return max(c for c in range(1, _CALIBRATION_CHUNK + 1) if count % c == 0)
+
+
+class _Calibration:
+    """onnxruntime's CalibrationDataReader protocol over an array: one
+    image per call, within the range of images set by ``set_range``."""
+
+    def __init__(self, name, images):
+        self.name = name
+        self.images = images
+        self.index, self.end = 0, len(images)
+
+    def __len__(self):
+        return len(self.images)
+
+    def set_range(self, start_index, end_index):
+        self.index, self.end = start_index, min(end_index, len(self.images))
+
+    def get_next(self):
+        if self.index >= self.end:
+            return None
+        self.index += 1
+        return {self.name: self.images[self.index - 1:self.index]}
+
+
 def _check_opset(opset):
     if opset is None:
         return DEFAULT_OPSET
@@ -68,7 +207,7 @@ def _check_opset(opset):
 
 def _convert_here(graph, path, opset, external_data):
     """Converts in this process (small models)."""
-    import tf2onnx
+    tf2onnx = require("tf2onnx", purpose="ONNX export")
 
     spec = graph.input_spec()
     proto, _ = tf2onnx.convert.from_function(
@@ -117,11 +256,13 @@ def _convert_in_child(saved_model_dir, path, opset, external_data, stage,
         return json.load(f)
 
 
-def to_onnx(model, path, *, opset=None, external_data=None,
+def to_onnx(model, path, *, quantization="float32",
+            representative_data=None, representative_samples=None,
+            opset=None, external_data=None,
             uint8_input=False, outputs=("logits", "probabilities"),
             verify=True, batch_sizes=(4, 1), tolerance=None,
-            verify_data="noise", cast_to_float32=True, overwrite=True,
-            isolate="auto"):
+            verify_data=None, agreement_samples=32, cast_to_float32=True,
+            overwrite=True, isolate="auto"):
     """Exports ``model`` to an ``.onnx`` file and verifies it with
     onnxruntime.
 
@@ -131,6 +272,20 @@ def to_onnx(model, path, *, opset=None, external_data=None,
     Args:
         model: a Keras model (bf16 models are exported as a float32 copy).
         path: the file to write; must end with ``.onnx``.
+        quantization: ``"float32"``; ``"float16"`` (weights stored in
+            fp16, half the size, computed in float32, see
+            :func:`float16_weights`); ``"dynamic_int8"`` (int8 weights of
+            the MatMul/Gemm/Conv ops, their inputs quantized per call, a
+            quarter of the size); ``"int8"`` (static: activation ranges
+            calibrated on ``representative_data``, QOperator format,
+            per-channel weights). The names and their meaning follow
+            :func:`~keras_vit.export.to_tflite`.
+        representative_data: for ``"int8"``: images in the range the
+            artifact takes (an array, an iterable or ``tf.data.Dataset`` of
+            images, batches or ``(images, labels)`` pairs, or a callable
+            returning one). Default: crops of the sample photos of
+            scikit-learn/scikit-image, which the report notes.
+        representative_samples: images drawn for calibration (default 100).
         opset: ONNX opset, 13 to 18 (default 17).
         external_data: store the weights in ``path + ".data"`` (None: only
             when they exceed the 2 GiB protobuf limit, e.g. ViT-H/14).
@@ -139,8 +294,11 @@ def to_onnx(model, path, *, opset=None, external_data=None,
             ServingGraph`).
         verify: run and compare the artifact.
         batch_sizes: batch sizes to run it at.
-        tolerance: overrides of the format's tolerance.
-        verify_data: ``"noise"``, ``"photos"`` or an array of images.
+        tolerance: overrides of the tolerance of the quantization.
+        verify_data: ``"noise"``, ``"photos"`` or an array of images;
+            default noise for float32/float16, photos for the int8
+            variants (activations were calibrated for images, not noise).
+        agreement_samples: images compared for the int8 variants.
         cast_to_float32: export bf16/fp16 models as a float32 copy.
         overwrite: replace existing files.
         isolate: convert in a child process: True, False, or ``"auto"``
@@ -159,8 +317,18 @@ def to_onnx(model, path, *, opset=None, external_data=None,
     >>> report = to_onnx(model, out, external_data=True)
     >>> report["files"]
     ['vit.onnx', 'vit.onnx.data']
+    >>> small = os.path.join(tempfile.mkdtemp(), "vit.onnx")
+    >>> report = to_onnx(model, small, quantization="dynamic_int8")
+    >>> report["options"]["quantization"], report["verified"]
+    ('dynamic_int8', True)
     """
+    representative_samples = common.check_quantization(
+        quantization, representative_data, representative_samples)
     dest = common.check_path(path, "onnx")
+    # Before any work: the conversion may run in a child process, whose
+    # ImportError would arrive as a worker failure, not as this one line.
+    for module in ("tf2onnx", "onnx", "onnxruntime"):
+        require(module, purpose="ONNX export")
     opset = _check_opset(opset)
     if external_data not in (None, True, False):
         raise ValueError("external_data must be None (automatic), True or "
@@ -168,38 +336,82 @@ def to_onnx(model, path, *, opset=None, external_data=None,
     if isolate not in ("auto", True, False):
         raise ValueError("isolate must be 'auto', True or False; received "
                          f"isolate={isolate!r}")
-    tol = common.tolerance_for("onnx", tolerance)
+    tol = common.tolerance_for(
+        "onnx" if quantization == "float32" else f"onnx/{quantization}",
+        tolerance)
+    quantized = quantization in ("dynamic_int8", "int8")
+    if verify_data is None:
+        verify_data = "photos" if quantized else "noise"
     checks.check_options(batch_sizes, verify_data)
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32)
     if isolate == "auto":
         isolate = graph.weights_bytes() > ISOLATE_ABOVE_BYTES
-    options = {"opset": opset, "uint8_input": bool(uint8_input),
+    options = {"quantization": quantization, "opset": opset,
+               "uint8_input": bool(uint8_input),
                "outputs": list(graph.outputs),
                "cast_to_float32": bool(cast_to_float32),
                "converter_process": "child" if isolate else "this process"}
+    notes = []
     times = {}
+    images = None
+    if quantization == "int8":
+        # Before anything is converted: a pipeline in the wrong range
+        # fails here.
+        images, note = common.calibration_images(
+            graph, representative_data, representative_samples)
+        options["representative_data"] = note
+        options["int8"] = {"format": "QOperator", "activations": "uint8",
+                           "weights": "int8 per channel",
+                           "ops": list(INT8_OPS)}
+        if representative_data is None:
+            notes.append(
+                f"no representative_data given: calibrated on {note}; pass "
+                "the training pipeline's images for calibration that "
+                "matches deployment")
+    elif quantization == "dynamic_int8":
+        options["int8"] = {"format": "dynamic (MatMulInteger, "
+                                     "DynamicQuantizeLinear)",
+                           "weights": "int8 per tensor",
+                           "ops": list(INT8_OPS)}
     name = os.path.basename(dest)
     with common.Staging(dest, overwrite=overwrite) as stage, \
             common.PeakRSS() as rss:
         staged = stage.file(name)
+        # The float32 file is the artifact, or the source of the variant.
+        converted = staged if quantization == "float32" else stage.file(
+            "float32.onnx")
         with common.timer(times, "conversion_seconds"):
             if isolate:
                 saved_model_dir = stage.file("saved_model")
                 graph.save(saved_model_dir)
-                result = _convert_in_child(saved_model_dir, staged, opset,
+                result = _convert_in_child(saved_model_dir, converted, opset,
                                            external_data, stage, rss)
             else:
-                result = _convert_here(graph, staged, opset, external_data)
+                result = _convert_here(graph, converted, opset,
+                                       external_data)
+            if quantization != "float32":
+                work = stage.file("quantization")
+                os.mkdir(work)
+                proto = _quantize(converted, quantization, images, work,
+                                  result["external_data"])
+                written, total, external = worker.write_model(
+                    proto, None, staged, external_data)
+                del proto
+                result = {"files": [os.path.basename(f) for f in written],
+                          "tensor_bytes": total, "external_data": external}
         options["external_data"] = result["external_data"]
         files = [stage.file(f) for f in result["files"]]
         checked = None
         if verify:
-            checked = checks.verify(graph, open_artifact, staged,
-                                    batch_sizes, tol, data=verify_data)
+            checked = checks.verify(
+                graph, open_artifact, staged, batch_sizes, tol,
+                data=verify_data,
+                samples=agreement_samples if quantized else None,
+                seed=1 if quantized else 0)
             times["verification_seconds"] = checked.pop(
                 "verification_seconds")
         report = checks.assemble_report("onnx", dest, files, graph, options,
-                                        checked, times, rss)
+                                        checked, times, rss, notes)
         if checked is not None:
             checks.raise_if_failed(checked, f"the ONNX file {dest!r}",
                                    report)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 
+from keras_vit.errors import require
 from keras_vit.export import common
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
-QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
+QUANTIZATIONS = common.QUANTIZATIONS
 
 # The ops of the int8 model that stay float by default (float_ops=
 # "sensitive"): what a Keras LayerNormalization becomes in TFLite (MEAN,
@@ -39,14 +40,16 @@ SENSITIVE_OPS = {
     "residual_add": ("ADD",),
 }
 DEFAULT_FLOAT_OPS = LAYER_NORM_OPS + ("SOFTMAX", "BATCH_MATMUL", "ADD")
-DEFAULT_REPRESENTATIVE_SAMPLES = 100
+DEFAULT_REPRESENTATIVE_SAMPLES = common.DEFAULT_REPRESENTATIVE_SAMPLES
 
 
 def open_artifact(path, num_threads=None):
     """Loads a ``.tflite`` file with ai_edge_litert and returns ``images ->
     {name: array}`` (the signature runner resizes the batch per call)."""
     import numpy as np
-    from ai_edge_litert.interpreter import Interpreter
+
+    Interpreter = require("ai_edge_litert.interpreter",
+                          purpose="running TFLite files").Interpreter
 
     interpreter = Interpreter(model_path=path,
                               num_threads=num_threads or os.cpu_count())
@@ -118,8 +121,8 @@ def _convert_int8(saved_model_dir, representative, float_ops):
 def op_dtypes(path):
     """``{op name: sorted output dtypes}`` of a ``.tflite`` file: which ops
     run in int8 and which in float."""
-    from ai_edge_litert.interpreter import Interpreter
-
+    Interpreter = require("ai_edge_litert.interpreter",
+                          purpose="running TFLite files").Interpreter
     interpreter = Interpreter(model_path=path)
     tensors = {t["index"]: t["dtype"].__name__
                for t in interpreter.get_tensor_details()}
@@ -189,22 +192,13 @@ def to_tflite(model, path, *, quantization="float32",
     >>> report["options"]["quantization"], report["top1_agreement"]
     ('float16', 1.0)
     """
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}; "
-                         f"received quantization={quantization!r}")
+    representative_samples = common.check_quantization(
+        quantization, representative_data, representative_samples)
     dest = common.check_path(path, "tflite")
+    if verify:  # before converting: the check runs the file with LiteRT
+        require("ai_edge_litert.interpreter", package="ai-edge-litert",
+                purpose="verifying TFLite files")
     float_ops = _check_float_ops(float_ops)
-    if representative_samples is None:
-        representative_samples = DEFAULT_REPRESENTATIVE_SAMPLES
-    if (not isinstance(representative_samples, int)
-            or representative_samples < 1):
-        raise ValueError("representative_samples must be a positive integer;"
-                         f" received representative_samples="
-                         f"{representative_samples!r}")
-    if representative_data is not None and quantization != "int8":
-        raise ValueError(
-            "representative_data is only used with quantization='int8'; "
-            f"received quantization={quantization!r}")
     kind = f"tflite/{quantization}"
     tol = common.tolerance_for(kind, tolerance)
     quantized = quantization in ("dynamic_int8", "int8")
@@ -222,8 +216,8 @@ def to_tflite(model, path, *, quantization="float32",
     if quantization == "int8":
         # Before anything is written: a pipeline in the wrong range fails
         # here, not after a long conversion.
-        images, note = _calibration_images(graph, representative_data,
-                                           representative_samples)
+        images, note = common.calibration_images(
+            graph, representative_data, representative_samples)
         options["representative_data"] = note
         if representative_data is None:
             notes.append(
@@ -272,11 +266,3 @@ def to_tflite(model, path, *, quantization="float32",
                             (name, dest)])
     return report
 
-
-def _calibration_images(graph, data, limit):
-    if data is None:
-        # Seed 0 for calibration; verification uses other crops (seed 1).
-        return graph.sample_images(limit, seed=0, kind="photos")
-    images = common.representative_images(
-        data, graph.input_shape, graph.input_dtype, graph.value_range, limit)
-    return images, f"{len(images)} images from representative_data"

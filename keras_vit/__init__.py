@@ -11,7 +11,13 @@ keras_vit`` and nothing else.
 
 import importlib
 
-from keras_vit import layers, models
+from keras_vit import _quiet
+
+# The console script imports this package, and with it TensorFlow, before
+# cli.main runs: its C++ log lines must be filtered from here.
+_quiet.for_command_line()
+
+from keras_vit import layers, models  # noqa: E402
 from keras_vit.models import (AxialVisionTransformer, VisionTransformer,
                               axial_vit, vit)
 

@@ -21,9 +21,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PROG = "keras-vit"
 
-# Head sizes that identify a label list when the weights record does not.
-_LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
-
 
 class UserError(Exception):
     """A problem with the command line or its files (printed, exit 2)."""
@@ -68,6 +65,10 @@ def run_command(func, args, debug=False):
     except Exception as e:  # noqa: BLE001 - triaged just below
         if debug:
             raise
+        from keras_vit.errors import missing_dependency
+
+        # An optional package missing where no require() was in the way.
+        e = missing_dependency(e) or e
         if _is_out_of_memory(e):
             print(f"{PROG}: error: out of memory ({type(e).__name__}). "
                   "Lower --batch-size, or keep it and set --micro-batch-size "
@@ -265,7 +266,8 @@ def _cmd_convert(args):
 
 
 def _looks_like_file(value):
-    return value.endswith(".keras") or os.path.isfile(value)
+    return value.endswith(".keras") or (
+        os.path.isfile(value) and not value.endswith(".safetensors"))
 
 
 def _load_for_predict(args):
@@ -308,10 +310,8 @@ def _model_geometry(model):
     return int(shape[1]), int(shape[2])
 
 
-def _read_image(path, size):
-    """One image as (height, width, 3) float32 RGB pixels in [0, 255],
-    resized like the official ViT evaluation (bilinear, no crop)."""
-    import keras
+def _read_image(path):
+    """One image as (height, width, 3) float32 RGB pixels in [0, 255]."""
     import numpy as np
     from PIL import Image, ImageOps
 
@@ -319,18 +319,19 @@ def _read_image(path, size):
         # Photos from phones store their rotation in EXIF; apply it so the
         # model sees the image the way a viewer shows it.
         im = ImageOps.exif_transpose(im).convert("RGB")
-        pixels = np.asarray(im, dtype="float32")
-    # tf.image.resize without antialiasing, as the official input pipeline.
-    resized = keras.ops.image.resize(pixels[None], size,
-                                     interpolation="bilinear", antialias=False)
-    return np.asarray(resized)[0]
+        return np.asarray(im, dtype="float32")
 
 
 def _label_list(model, num_classes):
     from keras_vit import zoo
+    from keras_vit.zoo.preprocessing import LABELS_BY_HEAD
 
+    names = getattr(model, "zoo_labels", None)  # a Hub repository's
+    if names and len(names) == num_classes:
+        return "label_names", [(None, n) for n in names]
     record = getattr(model, "zoo_weights", None)
-    name = record.labels if record is not None else _LABELS_BY_HEAD.get(
+    # Else the head size identifies a list that ships with the package.
+    name = record.labels if record is not None else LABELS_BY_HEAD.get(
         num_classes)
     if name is None:
         return None, None
@@ -352,7 +353,12 @@ def _softmax(logits):
 def _cmd_predict(args):
     import numpy as np
 
-    if not _looks_like_file(args.model):
+    from keras_vit import zoo
+
+    from keras_vit.zoo import timm_hub
+
+    if not _looks_like_file(args.model) and not timm_hub.is_timm_source(
+            args.model):
         from keras_vit.models import variants
 
         variants.parse(args.model)  # name errors before the images are read
@@ -372,9 +378,10 @@ def _cmd_predict(args):
     # Models built with include_preprocessing=True take raw [0, 255] pixels.
     scale = not getattr(model, "include_preprocessing", False)
 
-    images = np.stack([_read_image(p, size) for p in args.images])
-    if scale:
-        images = (images - 127.5) / 127.5
+    # The official evaluation transform (zoo.preprocess_input): resize,
+    # bilinear with no crop, then [-1, 1].
+    images = np.stack([zoo.preprocess_input(_read_image(p), size, scale=scale)
+                       for p in args.images])
     outputs = []
     for start in range(0, len(images), 16):
         out = model(images[start:start + 16], training=False)
@@ -426,8 +433,14 @@ def _cmd_predict(args):
 def _cmd_demo(args):
     from keras_vit import demo
 
-    demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
-             verbose=True)
+    result = demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
+                      verbose=True)
+    # The stages that fail without stopping the demo (the exporters) still
+    # fail the command: a summary line is easy to miss, an exit status not.
+    status = result["export"]["status"]
+    if status != "ok":
+        print(f"{PROG}: error: demo stage export {status}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -499,7 +512,9 @@ def build_parser():
                     "(bilinear, no crop) and scaled to [-1, 1], as in the "
                     "official evaluation.")
     p.add_argument("model", metavar="NAME",
-                   help="a model name (e.g. ViT-B/16) or a .keras file")
+                   help="a model name (e.g. ViT-B/16), a .keras file, or "
+                        "timm weights: hf-hub:<repo>, a repository folder, "
+                        "a .safetensors file")
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz path or URL (default: the "

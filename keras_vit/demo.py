@@ -15,7 +15,7 @@ Stages:
 2. save ``.keras`` and reload it (predictions must be identical);
 3. write the official ``.npz`` layout and load it at 48x48 (position
    embeddings resized from an 8x8 to a 12x12 grid, paper section 3.2);
-4. fine-tune at 48 for 3 epochs with the paper's fine-tuning recipe (SGD
+4. fine-tune at 48 for 8 epochs with the paper's fine-tuning recipe (SGD
    momentum 0.9, cosine decay, clipping at norm 1);
 5. export to SavedModel, TFLite and ONNX, each run and compared with Keras.
 
@@ -45,9 +45,12 @@ BATCH_SIZE = 32
 PRETRAIN = dict(learning_rate=2e-3, weight_decay=0.0, dropout_rate=0.0,
                 grad_clip_norm=1.0, crop_area=None, flip=False)
 # Stage 2: the paper's fine-tuning recipe at 48 (learning rate from its
-# sweep; 0.03 and 0.003 both ended lower here).
+# sweep). After the position-embedding resize the model needs a few epochs
+# to recover: on an AMD Zen 4 CPU 3 epochs ended at 0.947, 5 at 0.960 and 8
+# at 0.978 (lr 0.01; 0.03 for 5 epochs: 0.971), so 8 leaves a margin over
+# the 95% the demo promises on any machine's float rounding.
 FINETUNE = dict(learning_rate=0.01, crop_area=None, flip=False)
-FINETUNE_EPOCHS = 3
+FINETUNE_EPOCHS = 8
 
 
 def load_digits_images(size, seed=SEED, test_size=0.25, subset=None):

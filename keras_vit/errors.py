@@ -36,6 +36,34 @@ class MissingDependencyError(ImportError):
             f"{self.pip_command}", name=package)
 
 
+# Optional modules whose pip name differs from the module name, and the ones
+# a command may reach without going through require(): the command line turns
+# a ModuleNotFoundError for any of these into the same one-line error.
+PACKAGES = {"matplotlib": "matplotlib", "skimage": "scikit-image",
+            "tensorflow_datasets": "tensorflow-datasets",
+            "tf2onnx": "tf2onnx", "onnx": "onnx", "onnxruntime": "onnxruntime",
+            "ai_edge_litert": "ai-edge-litert", "tensorboard": "tensorboard",
+            "keras_hub": "keras-hub", "huggingface_hub": "huggingface_hub",
+            "safetensors": "safetensors", "timm": "timm", "torch": "torch",
+            "scipy": "scipy", "sklearn": "scikit-learn", "PIL": "pillow"}
+
+
+def missing_dependency(exc):
+    """The :class:`MissingDependencyError` that a ``ModuleNotFoundError``
+    for a known optional package stands for, else None.
+
+    >>> missing_dependency(ModuleNotFoundError("x", name="skimage.data")).package
+    'scikit-image'
+    >>> missing_dependency(ModuleNotFoundError("x", name="keras_vit.nope"))
+    """
+    if isinstance(exc, MissingDependencyError):
+        return exc
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    package = PACKAGES.get(exc.name.split(".")[0])
+    return MissingDependencyError(package) if package else None
+
+
 def require(module, package=None, purpose=None, pip_spec=None):
     """Imports and returns ``module``; raises :class:`MissingDependencyError`
     naming ``package`` (default: the module's top-level name) and the pip
@@ -48,5 +76,5 @@ def require(module, package=None, purpose=None, pip_spec=None):
         top = module.split(".")[0]
         if e.name is not None and e.name.split(".")[0] != top:
             raise
-        raise MissingDependencyError(package or top, purpose,
-                                     pip_spec) from e
+        raise MissingDependencyError(package or PACKAGES.get(top, top),
+                                     purpose, pip_spec) from e

@@ -52,6 +52,36 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + ops.tanh(c * (x + 0.044715 * ops.power(x, 3))))
 
 
+GELU_FORMS = ("tanh", "exact")
+
+
+def gelu(x, form="tanh"):
+    """GELU in ``form`` ``"tanh"`` (the official ViT code, flax's default)
+    or ``"exact"`` (erf; timm and PyTorch's default). The two differ by up
+    to about 1e-3 per activation and 1e-4 to 3e-4 on ViT logits, so a model
+    reproduces its checkpoint's own forward only with the form it was
+    trained with. Exact GELU is written out with ``erf`` too: ``tf.nn.gelu``
+    emits an ``Erfc`` op that onnxruntime refuses.
+
+    >>> import numpy as np
+    >>> x = np.array([-1.0, 0.5], "float32")
+    >>> diff = np.asarray(gelu(x, "exact")) - np.asarray(gelu(x, "tanh"))
+    >>> [f"{d:.1e}" for d in diff]
+    ['1.5e-04', '1.7e-05']
+    """
+    if form == "tanh":
+        return gelu_tanh(x)
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def check_gelu(form):
+    """``form`` if it is one of :data:`GELU_FORMS`, else a ValueError."""
+    if form not in GELU_FORMS:
+        raise ValueError(f"gelu must be one of {GELU_FORMS}; received "
+                         f"gelu={form!r}")
+    return form
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchEmbedding(layers.Layer):
     """Cuts an image (or feature map) into patches and embeds each linearly.
@@ -357,10 +387,24 @@ class MultiHeadSelfAttention(layers.Layer):
         )
         self.built = True
 
-    def _project(self, x, name):
-        kernel = ops.cast(getattr(self, f"{name}_kernel"), x.dtype)
-        bias = ops.cast(getattr(self, f"{name}_bias"), x.dtype)
-        return ops.einsum("btd,dhk->bthk", x, kernel) + bias
+    def _qkv(self, x):
+        """q, k, v as (B, N, heads, D/heads), each from one 2-D matmul on
+        the flattened tokens: the shape every backend's fastest GEMM
+        (oneDNN, cuBLAS, XLA) takes as it is, with the bias add that
+        TensorFlow's grappler fuses into it."""
+        dim = self.num_heads * self.head_dim
+        shape = ops.shape(x)
+        tokens = ops.reshape(x, (-1, dim))
+        out = []
+        for name in ("query", "key", "value"):
+            kernel = ops.reshape(
+                ops.cast(getattr(self, f"{name}_kernel"), x.dtype), (dim, dim))
+            bias = ops.reshape(
+                ops.cast(getattr(self, f"{name}_bias"), x.dtype), (dim,))
+            y = ops.matmul(tokens, kernel) + bias
+            out.append(ops.reshape(y, (shape[0], shape[1], self.num_heads,
+                                       self.head_dim)))
+        return out
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None):
@@ -369,22 +413,26 @@ class MultiHeadSelfAttention(layers.Layer):
         ``relative_embedding``: optional 1D relative position table (rows,
         heads, head_dim) whose logits with these queries
         (:func:`relative_attention_bias`) are added the same way."""
-        q = self._project(x, "query")
-        k = self._project(x, "key")
-        v = self._project(x, "value")
+        from keras_vit import hardware
+
+        q, k, v = self._qkv(x)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)
             attention_bias = (relative if attention_bias is None
                               else attention_bias + relative)
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout = training is True and self.attention_dropout_rate > 0
-        if not return_attention_scores and not dropout:
-            # The backend's fused attention (one kernel on JAX and torch; on
-            # TensorFlow the same einsums, softmax in float32, as below).
+        fused = (not return_attention_scores and not dropout
+                 and hardware.plan(x.dtype).attention == "fused")
+        if fused:
+            # The backend's fused kernel (flash/cuDNN attention on GPUs,
+            # one XLA or SDPA kernel on JAX and torch CPUs).
             context = ops.dot_product_attention(q, k, v, bias=attention_bias,
                                                 scale=scale)
             probs = None
         else:
+            # Plain einsums: on TensorFlow CPUs these become oneDNN batch
+            # matmuls, faster than the backend's generic fused fallback.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
             # Softmax in float32 even under mixed precision: bf16 logits lose
@@ -395,9 +443,13 @@ class MultiHeadSelfAttention(layers.Layer):
             probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
             weights = self.dropout(probs, training=training)
             context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
-        out_kernel = ops.cast(self.out_kernel, x.dtype)
-        y = ops.einsum("bqhk,hkd->bqd", context, out_kernel)
+        dim = self.num_heads * self.head_dim
+        shape = ops.shape(x)
+        out_kernel = ops.reshape(ops.cast(self.out_kernel, x.dtype),
+                                 (dim, dim))
+        y = ops.matmul(ops.reshape(context, (-1, dim)), out_kernel)
         y = y + ops.cast(self.out_bias, x.dtype)
+        y = ops.reshape(y, (shape[0], shape[1], dim))
         if return_attention_scores:
             return y, probs
         return y
@@ -413,12 +465,14 @@ class MultiHeadSelfAttention(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class MlpBlock(layers.Layer):
-    """Dense -> GELU (tanh) -> Dropout -> Dense -> Dropout."""
+    """Dense -> GELU (``gelu``: "tanh" or "exact") -> Dropout -> Dense ->
+    Dropout."""
 
-    def __init__(self, mlp_dim, dropout_rate=0.0, **kwargs):
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
+        self.gelu = check_gelu(gelu)
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
 
@@ -437,18 +491,32 @@ class MlpBlock(layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
         self.built = True
 
+    def _dense(self, layer, x):
+        # The matmul and bias written out (rather than calling the Dense
+        # layer) so that TensorFlow's grappler sees MatMul + BiasAdd + GELU
+        # and fuses them into one oneDNN kernel; 2-D, as the fusion wants.
+        kernel = ops.cast(layer.kernel, x.dtype)
+        return ops.matmul(x, kernel) + ops.cast(layer.bias, x.dtype)
+
     def call(self, x, training=None):
-        x = gelu_tanh(self.dense_0(x))
-        x = self.dropout(x, training=training)
-        x = self.dense_1(x)
-        return self.dropout(x, training=training)
+        shape = ops.shape(x)
+        h = self._dense(self.dense_0, ops.reshape(x, (-1, shape[-1])))
+        # The tanh form through ops.gelu: the op pattern grappler fuses
+        # into the matmul (the same formula as gelu_tanh).
+        h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"
+             else gelu(h, self.gelu))
+        h = self.dropout(h, training=training)
+        h = self._dense(self.dense_1, h)
+        h = ops.reshape(h, shape)
+        return self.dropout(h, training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
         config = super().get_config()
-        config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate)
+        config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                      gelu=self.gelu)
         return config
 
 
@@ -463,11 +531,13 @@ class EncoderBlock(layers.Layer):
         dropout_rate=0.0,
         attention_dropout_rate=0.0,
         layer_norm_epsilon=1e-6,
+        gelu="tanh",
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
+        self.gelu = check_gelu(gelu)
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -485,7 +555,7 @@ class EncoderBlock(layers.Layer):
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
             name="norm_2",
         )
-        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate,
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
                             dtype=self.dtype_policy, name="mlp")
 
     def build(self, input_shape):
@@ -521,6 +591,7 @@ class EncoderBlock(layers.Layer):
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
             layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu=self.gelu,
         )
         return config
 

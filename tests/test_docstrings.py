@@ -9,7 +9,9 @@ MODULES = ["keras_vit", "keras_vit.models.vit", "keras_vit.models.variants",
            "keras_vit.models.features",
            "keras_vit.zoo", "keras_vit.zoo.api", "keras_vit.zoo.registry",
            "keras_vit.errors", "keras_vit.zoo.lazy_npz",
-           "keras_vit.atomic"]
+           "keras_vit.atomic", "keras_vit._quiet", "keras_vit.zoo.timm_hub",
+           "keras_vit.zoo.preprocessing", "keras_vit.hardware",
+           "keras_vit.models.compiled"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -319,6 +319,113 @@ def test_onnx_bad_options(vit, tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+# What each ONNX precision must contain: float16 weights read through
+# casts; int8 weights with integer kernels (dynamic: activations quantized
+# per call; static: calibrated QLinear ops).
+ONNX_PRECISION_OPS = {"float16": "Cast",
+                      "dynamic_int8": "DynamicQuantizeLinear",
+                      "int8": "QLinearMatMul"}
+
+
+@pytest.mark.parametrize("quantization", sorted(ONNX_PRECISION_OPS))
+def test_onnx_precisions(vit, tmp_path, quantization):
+    import onnx
+
+    path = str(tmp_path / "m.onnx")
+    report = export.to_onnx(vit, path, quantization=quantization)
+    _check_report(report, "onnx", path)
+    assert report["options"]["quantization"] == quantization
+    assert report["tolerance"] == dict(
+        common.TOLERANCES[f"onnx/{quantization}"],
+        max_abs_diff_limits=report["tolerance"]["max_abs_diff_limits"])
+    # Only the artifact and its report: the float32 file it was made from
+    # stayed in the staging directory.
+    assert _leftovers(tmp_path) == ["m.onnx", "m.onnx.report.json"]
+    proto = onnx.load(path)
+    ops = {n.op_type for n in proto.graph.node}
+    assert ONNX_PRECISION_OPS[quantization] in ops
+    if quantization == "float16":
+        halves = [t for t in proto.graph.initializer
+                  if t.data_type == onnx.TensorProto.FLOAT16]
+        assert sum(onnx.numpy_helper.to_array(t).size for t in halves) > (
+            0.9 * vit.count_params())
+    else:
+        assert report["verification"]["data"].endswith(
+            "scikit-learn/scikit-image")  # photos, not noise
+        # Every weight of a MatMul/Gemm/Conv is int8 (dynamic int8 keeps
+        # the attention's activation-by-activation matmuls float).
+        weights = {t.name for t in proto.graph.initializer}
+        assert not [n.name for n in proto.graph.node
+                    if n.op_type in ("MatMul", "Gemm", "Conv")
+                    and weights & set(n.input)]
+    if quantization == "int8":
+        assert "representative_data" in report["options"]
+        assert any("calibrated on" in n for n in report["notes"])
+
+    # Run it here at a batch size the exporter did not use.
+    x = _images(vit, SECOND_BATCH)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    out = dict(zip(names, session.run(None, {"images": x})))
+    want = _keras(vit, x)["logits"]
+    if quantization == "float16":
+        np.testing.assert_allclose(out["logits"], want, atol=5e-2)
+    else:
+        rel = np.sqrt(np.mean((out["logits"] - want) ** 2)
+                      / np.mean(want ** 2))
+        assert rel < common.TOLERANCES[f"onnx/{quantization}"][
+            "rel_rms_error"]
+    # The weights take half (float16) or about a quarter (int8) of their
+    # float32 bytes.
+    stored = sum(len(t.raw_data) for t in proto.graph.initializer)
+    assert stored < 0.55 * 4 * vit.count_params()
+
+
+def test_onnx_int8_calibrates_on_representative_data(vit, tmp_path):
+    path = str(tmp_path / "m.onnx")
+    data = _images(vit, 6, seed=3)
+    report = export.to_onnx(vit, path, quantization="int8",
+                            representative_data=[(data, np.zeros(6))])
+    assert report["options"]["representative_data"] == (
+        "6 images from representative_data")
+    assert not any("calibrated on" in n for n in report["notes"])
+    with pytest.raises(ValueError, match=r"input range \[-1, 1\]"):
+        export.to_onnx(vit, str(tmp_path / "x.onnx"), quantization="int8",
+                       representative_data=data * 127.5 + 127.5)
+    assert not os.path.exists(tmp_path / "x.onnx")
+
+
+def test_onnx_bad_quantization(vit, tmp_path):
+    with pytest.raises(ValueError, match=(
+            r"quantization must be one of \('float32', 'float16', "
+            r"'dynamic_int8', 'int8'\); received quantization='uint4'")):
+        export.to_onnx(vit, str(tmp_path / "m.onnx"), quantization="uint4")
+    with pytest.raises(ValueError, match="representative_data is only used"):
+        export.to_onnx(vit, str(tmp_path / "m.onnx"),
+                       quantization="dynamic_int8",
+                       representative_data=_images(vit, 2))
+    with pytest.raises(ValueError, match="representative_samples"):
+        export.to_onnx(vit, str(tmp_path / "m.onnx"), quantization="int8",
+                       representative_samples=0)
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("quantization", ["float16", "int8"])
+def test_onnx_failed_verification_of_a_precision_leaves_nothing(
+        vit, tmp_path, monkeypatch, quantization):
+    import keras_vit.export.onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "open_artifact", _Garbage)
+    with pytest.raises(export.ExportError, match="does not match Keras") as e:
+        export.to_onnx(vit, str(tmp_path / "m.onnx"),
+                       quantization=quantization)
+    assert e.value.report["options"]["quantization"] == quantization
+    assert e.value.report["verification"]["failures"]
+    # Neither the artifact, nor the float32 file it was made from, nor a
+    # staging directory.
+    assert _leftovers(tmp_path) == []
+
+
 # --------------------------------------------------------------------------
 # Bad inputs: clear errors and no partial artifacts
 
@@ -499,8 +606,14 @@ def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
         _cli(["export", keras_file, "-f", "onnx", "-o",
               str(tmp_path / "x.tflite")])
     with pytest.raises(ValueError, match="--quantization"):
-        _cli(["export", keras_file, "-f", "onnx", "-q", "int8", "-o",
-              str(tmp_path / "x.onnx")])
+        _cli(["export", keras_file, "-f", "saved_model", "-q", "int8", "-o",
+              str(tmp_path / "x_dir")])
+    out = str(tmp_path / "tiny.onnx")
+    assert _cli(["export", keras_file, "-f", "onnx", "-q", "dynamic_int8",
+                 "-o", out]) == 0
+    assert "| onnx | dynamic_int8 | tiny.onnx |" in capsys.readouterr().out
+    assert common.read_report(out)["options"]["quantization"] == (
+        "dynamic_int8")
     with pytest.raises(ValueError, match="directory does not exist"):
         _cli(["export", keras_file, "-f", "onnx", "-o",
               str(tmp_path / "nowhere" / "x.onnx")])

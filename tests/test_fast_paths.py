@@ -45,6 +45,7 @@ def test_bucket_rounds_up_to_a_power_of_two_capped_at_the_batch():
 def test_compiled_predict_matches_the_model(classifier):
     model = _loaded(classifier=classifier)
     assert model.compiled_predict is True
+    model.predict_path = "xla"   # the path that pads to buckets
     x = _x(11)
     want = np.asarray(model(x, training=False))
     got = model.predict(x, batch_size=4, verbose=0)
@@ -93,6 +94,7 @@ def test_compiled_predict_on_bit_and_after_reload(tmp_path):
     from keras_vit.models.resnet_v2 import resnet_v2
 
     bit = resnet_v2(32, (1, 1, 1, 1), 0.5, 5)
+    bit.predict_path = "xla"
     x = _x(3)
     np.testing.assert_allclose(bit.predict(x, verbose=0),
                                np.asarray(bit(x, training=False)), atol=2e-5)
@@ -101,6 +103,7 @@ def test_compiled_predict_on_bit_and_after_reload(tmp_path):
     path = tmp_path / "m.keras"
     model.save(path)
     back = keras.saving.load_model(path)
+    model.predict_path = back.predict_path = "xla"
     np.testing.assert_allclose(back.predict(x, verbose=0),
                                model.predict(x, verbose=0), atol=1e-6)
     assert back.compiled_predict_sizes() == [4]

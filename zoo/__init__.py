@@ -17,12 +17,17 @@ from keras_vit.zoo.convert import (CheckpointError, export_arrays,
                                    save_npz)
 from keras_vit.zoo.download import (ChecksumError, DownloadError,
                                     OfflineError, cache_dir)
+from keras_vit.zoo.preprocessing import (decode_predictions,
+                                         preprocess_input,
+                                         preprocessing_layer)
+from keras_vit.zoo.timm_hub import save_pretrained
 from keras_vit.models.variants import UnknownModelError
 
 __all__ = [
     "CheckpointError", "ChecksumError", "DownloadError", "OfflineError",
-    "UnknownModelError", "augreg_index", "cache_dir", "export_arrays",
+    "UnknownModelError", "augreg_index", "cache_dir", "decode_predictions",
+    "export_arrays", "preprocess_input", "preprocessing_layer",
     "find_augreg", "info", "labels", "list_models", "load", "load_weights",
     "normalize_keys", "read_npz", "resize_posemb", "resolve_weights",
-    "save_npz",
+    "save_npz", "save_pretrained",
 ]

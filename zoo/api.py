@@ -13,7 +13,7 @@ from keras_vit.models import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.models.resnet_v2 import resnet_v2 as build_resnet_v2
 from keras_vit.models.vit import vit as build_vit
-from keras_vit.zoo import bit_layout, convert, download, registry
+from keras_vit.zoo import bit_layout, convert, download, registry, timm_hub
 
 _LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
@@ -122,7 +122,8 @@ def load(
         weights: ``"auto"`` (the paper's ImageNet fine-tune where released,
             else the recommended AugReg one), a tag listed by
             ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
-            ``.npz`` path, an http(s) URL, or None for random initialisation.
+            ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"`` or a timm
+            ``.safetensors`` file, or None for random initialisation.
         image_size: input resolution; default: the checkpoint's. Position
             embeddings are resized for any other size (paper section 3.2).
         num_classes: size of the head; default: the checkpoint's. Another
@@ -142,7 +143,19 @@ def load(
     ...                            num_classes=10)
     >>> model.count_params()
     5491786
+
+    timm's weights on the Hugging Face Hub, or in local ``.safetensors``
+    files, load by their handle as ``name`` or ``weights`` (see
+    :mod:`keras_vit.zoo.timm_hub`; they default to ``gelu="exact"``, timm's
+    GELU, where the official ``.npz`` files keep the tanh form):
+    ``zoo.load("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")``.
     """
+    if timm_hub.is_timm_source(name):
+        return timm_hub.load(name, None, image_size, num_classes,
+                             progress=progress, **kwargs)
+    if weights not in (None, "auto") and timm_hub.is_timm_source(weights):
+        return timm_hub.load(weights, name, image_size, num_classes,
+                             progress=progress, **kwargs)
     arch = variants.parse(name)
     if image_size is None:
         image_size = arch.image_size

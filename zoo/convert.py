@@ -64,10 +64,19 @@ def as_array(value):
     return np.asarray(value)
 
 
-def assign_all(assignments, source_name):
+# Checkpoints at least this big show a progress bar while they load (on a
+# terminal): ViT-L and ViT-H files take tens of seconds to read.
+PROGRESS_MIN_BYTES = 256 * 2**20
+
+
+def assign_all(assignments, source_name, progress=None):
     """Assigns ``[(variable, array or None for zeros)]`` grouped by the
     checkpoint's archive member (so a stacked array is read once and dropped
-    when all its slices are assigned), reading one array at a time."""
+    when all its slices are assigned), reading one array at a time.
+    ``progress``: a bar of the bytes assigned (None: for checkpoints of
+    ``PROGRESS_MIN_BYTES`` or more, on a terminal)."""
+    from tqdm.auto import tqdm
+
     def source(item):
         return getattr(item[1], "source", "")
 
@@ -87,12 +96,34 @@ def assign_all(assignments, source_name):
                 f"{source((var, value)) or var.path!r} of the checkpoint "
                 f"source={source_name} has dtype {np.dtype(dtype).str!r}, not "
                 "a number type; no weight was changed")
+    sizes = [int(np.prod(var.shape)) * _itemsize(var.dtype)
+             for var, _ in assignments]
+    if progress is None:
+        disable = None if sum(sizes) >= PROGRESS_MIN_BYTES else True
+    else:
+        disable = not progress
+    bar = tqdm(total=sum(sizes), unit="B", unit_scale=True,
+               unit_divisor=1024, desc=f"loading {source_name}"[:60],
+               disable=disable)
+    size_of = {id(var): size for (var, _), size in zip(assignments, sizes)}
+    with bar:
+        _assign_groups(assignments, source_name, source, bar, size_of)
 
+
+def _itemsize(dtype):
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:  # bfloat16, which NumPy does not know by name
+        return 2
+
+
+def _assign_groups(assignments, source_name, source, bar, size_of):
     for _, group in itertools.groupby(sorted(assignments, key=source),
                                       key=source):
         for var, value in group:
             if value is None:
                 var.assign(np.zeros(var.shape, dtype=var.dtype))
+                bar.update(size_of[id(var)])
                 continue
             try:
                 var.assign(np.asarray(value, dtype=var.dtype))
@@ -102,6 +133,7 @@ def assign_all(assignments, source_name):
                     f"checkpoint source={source_name} (corrupt file?); the "
                     f"model's weights are partly overwritten. "
                     f"{type(e).__name__}: {e}") from e
+            bar.update(size_of[id(var)])
         if isinstance(value, lazy_npz.LazyArray):
             value.release()  # every slice of this member is assigned
 

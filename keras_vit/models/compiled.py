@@ -1,19 +1,25 @@
 """Fast defaults shared by the model classes of keras_vit.
 
-Keras turns XLA off for TensorFlow on machines without an accelerator, and
-its ``predict`` feeds every call through a fresh ``tf.data`` pipeline. For
-inference XLA is the faster path on CPUs as well (``docs/benchmarks.md``),
-so :class:`CompiledModelMixin` gives the models a ``predict`` that, on
-arrays and tensors, calls one XLA-compiled function directly, in batches
-whose size is rounded up to a power of two (at most ``batch_size``): a new
-number of images compiles at most ``log2(batch_size) + 1`` programs instead
-of one per size, and the padding rows are dropped from the result.
+Keras' own ``predict`` feeds every call through a fresh ``tf.data``
+pipeline and, for TensorFlow on a CPU, turns XLA off. :class:`CompiledModelMixin`
+gives the models a ``predict`` that, on arrays and tensors, calls one
+compiled function directly, on the path the machine runs fastest
+(:func:`keras_vit.hardware.plan`):
 
-Datasets, generators, callbacks, ``steps``, a distribution strategy, a
-backend other than TensorFlow or ``model.compiled_predict = False`` take
-Keras' own ``predict``. Training keeps Keras' rule (``model.compile``'s
-``jit_compile``; :class:`keras_vit.train.Trainer` has its own option), since
-XLA did not make a float32 training step faster on CPU.
+* ``"xla"``: one XLA program per batch size; batches are padded up to a power
+  of two (at most ``batch_size``), so a new number of images compiles at most
+  ``log2(batch_size) + 1`` programs, and the padding rows are dropped;
+* ``"graph"``: a TensorFlow graph without XLA, whose oneDNN kernels use a
+  CPU's bf16 matrix units (AMX, AVX512-BF16) that XLA's CPU dots leave idle;
+* ``"eager"``: the model called directly (torch, under ``no_grad``).
+
+``model.predict_path`` (default ``"auto"``: the plan for the model's compute
+dtype on this machine) picks one explicitly; ``"keras"`` (or the older
+``model.compiled_predict = False``) is Keras' own ``predict``. Datasets,
+generators, callbacks, ``steps`` and distribution strategies always take
+Keras' ``predict``. Training keeps Keras' rule (``model.compile``'s
+``jit_compile``); :func:`keras_vit.train.compile_for_finetune` and the
+Trainer choose theirs from the same plan.
 
 >>> import numpy as np, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -21,7 +27,11 @@ XLA did not make a float32 training step faster on CPU.
 >>> y = model.predict(x, verbose=0)
 >>> y.shape, bool(np.allclose(y, model(x), atol=1e-5))
 ((5, 3), True)
->>> model.compiled_predict_sizes()      # 5 images ran as one batch of 8
+>>> model.resolved_predict_path() in ("xla", "graph", "eager")
+True
+>>> model.predict_path = "xla"
+>>> _ = model.predict(x, verbose=0)
+>>> model.compiled_predict_sizes("xla")   # 5 images ran as one batch of 8
 [8]
 """
 
@@ -38,18 +48,35 @@ _DEFAULT_BATCH = 32
 def _is_array(x):
     if isinstance(x, np.ndarray):
         return True
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         import tensorflow as tf
 
         return isinstance(x, tf.Tensor) and not isinstance(
             x, tf.RaggedTensor)
-    return False
+    return keras.ops.is_tensor(x)
 
 
 def bucket(n, batch_size):
     """The batch size ``n`` images run at: the next power of two, capped at
     ``batch_size``."""
     return min(batch_size, 1 << max(0, math.ceil(math.log2(max(1, n)))))
+
+
+PREDICT_PATHS = ("auto", "xla", "graph", "eager", "keras")
+
+
+def model_compute_dtype(model):
+    """The compute dtype most of ``model``'s weighted layers run in
+    (``"bfloat16"`` for ``dtype="bfloat16"`` and ``"mixed_bfloat16"``)."""
+    counts = {}
+    for layer in model._flatten_layers(include_self=False):
+        if layer.weights:
+            dtype = layer.compute_dtype
+            counts[dtype] = counts.get(dtype, 0) + 1
+    if not counts:
+        return "float32"
+    return max(counts, key=counts.get)
 
 
 class _Forward:
@@ -64,51 +91,126 @@ class _Forward:
         return self.model(images, training=False)
 
 
+def _tf_runner(model, path, dtype, shape):
+    import tensorflow as tf
+
+    if path == "xla":
+        return tf.function(_Forward(model), jit_compile=True)
+    if path == "graph":
+        # One graph for every batch size (no XLA, nothing to pad).
+        spec = tf.TensorSpec((None,) + tuple(shape[1:]), dtype)
+        return tf.function(_Forward(model), jit_compile=False,
+                           input_signature=[spec])
+    return _Forward(model)
+
+
+def _jax_runner(model, path):
+    import jax
+
+    if path != "xla":
+        return _Forward(model)
+
+    def forward(trainable, non_trainable, images):
+        out, _ = model.stateless_call(trainable, non_trainable, images,
+                                      training=False)
+        return out
+
+    jitted = jax.jit(forward)
+
+    def run(images):
+        return jitted([v.value for v in model.trainable_variables],
+                      [v.value for v in model.non_trainable_variables],
+                      images)
+    return run
+
+
+def _torch_runner(model):
+    import torch
+
+    def run(images):
+        with torch.no_grad():
+            return model(images, training=False)
+    return run
+
+
 class CompiledModelMixin:
-    """A direct XLA-compiled ``predict`` (see the module docstring). Mixed
-    into the keras_vit model classes before ``keras.Model``."""
+    """A direct compiled ``predict`` (see the module docstring). Mixed into
+    the keras_vit model classes before ``keras.Model``."""
 
-    #: False: ``predict`` is Keras' own.
+    #: False: ``predict`` is Keras' own (same as ``predict_path="keras"``).
     compiled_predict = True
+    #: ``"auto"`` (the machine's plan), ``"xla"``, ``"graph"``, ``"eager"``
+    #: or ``"keras"``.
+    predict_path = "auto"
 
-    # -- predict ----------------------------------------------------------
+    # -- which path -------------------------------------------------------
+
+    def resolved_predict_path(self):
+        """The path ``predict`` takes for arrays: ``"xla"``, ``"graph"``,
+        ``"eager"`` or ``"keras"``."""
+        path = self.predict_path
+        if path not in PREDICT_PATHS:
+            raise ValueError(
+                f"predict_path must be one of {', '.join(PREDICT_PATHS)}; "
+                f"received predict_path={path!r}")
+        if not self.compiled_predict:
+            return "keras"
+        backend = keras.backend.backend()
+        if path == "auto":
+            from keras_vit import hardware
+
+            path = hardware.plan(model_compute_dtype(self)).predict
+        if path == "graph" and backend != "tensorflow":
+            path = "xla" if backend == "jax" else "eager"
+        if path == "xla" and backend == "torch":
+            path = "eager"
+        return path
 
     def _fast_predict_applies(self, x, steps, callbacks):
-        if keras.backend.backend() != "tensorflow" or not _is_array(x):
-            return False
         if steps is not None or callbacks or self.run_eagerly:
             return False
-        if getattr(self, "_distribute_strategy", None):
+        if not _is_array(x):
             return False
-        import tensorflow as tf
-
-        if tf.distribute.has_strategy():
-            return False
-        return bool(self.compiled_predict)
-
-    def _compiled_call(self):
-        state = self.__dict__.get("_keras_vit_predict")
-        if state is None:
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            if getattr(self, "_distribute_strategy", None):
+                return False
             import tensorflow as tf
 
-            # Kept out of Keras' attribute tracking (not a layer or weight).
-            state = self.__dict__["_keras_vit_predict"] = {
-                "fn": tf.function(_Forward(self), jit_compile=True),
-                "sizes": set()}
-        return state
+            if tf.distribute.has_strategy():
+                return False
+        elif backend == "jax":
+            if keras.distribution.distribution() is not None:
+                return False
+        return self.resolved_predict_path() != "keras"
 
-    def compiled_predict_sizes(self):
-        """The batch sizes ``predict`` has compiled programs for."""
+    def _runner(self, path):
+        # Kept out of Keras' attribute tracking (not a layer or weight).
+        state = self.__dict__.setdefault("_keras_vit_predict", {})
+        if path not in state:
+            backend = keras.backend.backend()
+            if backend == "tensorflow":
+                inputs = self.inputs[0]
+                fn = _tf_runner(self, path, inputs.dtype, inputs.shape)
+            elif backend == "jax":
+                fn = _jax_runner(self, path)
+            else:
+                fn = _torch_runner(self)
+            state[path] = {"fn": fn, "sizes": set()}
+        return state[path]
+
+    def compiled_predict_sizes(self, path=None):
+        """The batch sizes ``predict`` has run on ``path`` (default: the
+        path it takes now)."""
+        path = path or self.resolved_predict_path()
         state = self.__dict__.get("_keras_vit_predict") or {}
-        return sorted(state.get("sizes", ()))
+        return sorted(state.get(path, {}).get("sizes", ()))
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None,
                 callbacks=None):
         if not self._fast_predict_applies(x, steps, callbacks):
             return super().predict(x, batch_size=batch_size, verbose=verbose,
                                    steps=steps, callbacks=callbacks)
-        import tensorflow as tf
-
         if batch_size is None:
             batch_size = _DEFAULT_BATCH
         if (not isinstance(batch_size, (int, np.integer))
@@ -116,15 +218,17 @@ class CompiledModelMixin:
             raise ValueError("batch_size must be a positive integer; "
                              f"received batch_size={batch_size!r}")
         batch_size = int(batch_size)
+        path = self.resolved_predict_path()
         dtype = self.inputs[0].dtype if self.inputs else "float32"
-        x = tf.convert_to_tensor(x)
-        if x.dtype != dtype:
-            x = tf.cast(x, dtype)
+        x = keras.ops.convert_to_tensor(x)
+        if keras.backend.standardize_dtype(x.dtype) != dtype:
+            x = keras.ops.cast(x, dtype)
         n = int(x.shape[0])
         if n == 0:
             raise ValueError("predict received no images (x has shape "
                              f"{tuple(x.shape)})")
-        state = self._compiled_call()
+        state = self._runner(path)
+        pad_to_bucket = path == "xla"
         num_batches = -(-n // batch_size)
         bar = None
         if num_batches > 1 and verbose not in (0, False):
@@ -134,19 +238,19 @@ class CompiledModelMixin:
             # Whole inputs go in as they are (no slice copy).
             chunk = x if n <= batch_size else x[start:start + batch_size]
             m = int(chunk.shape[0])
-            size = bucket(m, batch_size)
+            size = bucket(m, batch_size) if pad_to_bucket else m
             if size > m:
-                pad = tf.zeros((size - m,) + tuple(chunk.shape[1:]),
-                               chunk.dtype)
-                chunk = tf.concat([chunk, pad], 0)
+                pad = keras.ops.zeros((size - m,) + tuple(chunk.shape[1:]),
+                                      chunk.dtype)
+                chunk = keras.ops.concatenate([chunk, pad], 0)
             state["sizes"].add(size)
             out = state["fn"](chunk)
-            outputs.append(tf.nest.map_structure(
-                lambda t, m=m, size=size: (t if m == size else t[:m]).numpy(),
-                out))
+            outputs.append(keras.tree.map_structure(
+                lambda t, m=m, size=size: keras.ops.convert_to_numpy(
+                    t if m == size else t[:m]), out))
             if bar is not None:
                 bar.update(i + 1)
         if len(outputs) == 1:
             return outputs[0]
-        return tf.nest.map_structure(lambda *parts: np.concatenate(parts),
-                                     *outputs)
+        return keras.tree.map_structure(
+            lambda *parts: np.concatenate(parts), *outputs)

@@ -308,6 +308,7 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         resnet=None,
         position_embedding="learned_1d",
         position_embedding_placement="stem",
+        gelu="tanh",
         name="vision_transformer",
         **kwargs,
     ):
@@ -374,7 +375,8 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         blocks = [
             vit_layers.EncoderBlock(
                 num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
-                layer_norm_epsilon, dtype=dtype, name=f"encoder_block_{i}")
+                layer_norm_epsilon, gelu=vit_layers.check_gelu(gelu),
+                dtype=dtype, name=f"encoder_block_{i}")
             for i in range(num_layers)]
         x, scores = _encoder(
             x, blocks, position_embedding, position_embedding_placement,
@@ -440,6 +442,7 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         self.resnet = resnet
         self.position_embedding = position_embedding
         self.position_embedding_placement = position_embedding_placement
+        self.gelu = gelu
         self.grid_size = grid
         self._layer_dtype = dtype
 
@@ -470,6 +473,7 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
             "resnet": self.resnet,
             "position_embedding": self.position_embedding,
             "position_embedding_placement": self.position_embedding_placement,
+            "gelu": self.gelu,
             "name": self.name,
             "dtype": self._layer_dtype,
         }
@@ -536,7 +540,10 @@ def vit(
             [-1, 1] inside the model), ``classifier_activation`` (e.g.
             ``"softmax"``), ``return_attention_scores`` (the model returns
             ``{"output": ..., "attention_scores": (B, L, heads, N, N)}``),
-            ``num_channels``, ``name``, ``dtype``, and ``resnet``: a dict
+            ``num_channels``, ``name``, ``dtype``, ``gelu`` (``"tanh"``,
+            the default, as the official code and its ``.npz`` files;
+            ``"exact"``, erf, as timm and its Hub weights), and ``resnet``:
+            a dict
             ``dict(num_layers=(3, 4, 9), width_factor=1)`` makes a hybrid
             whose patches are cut from the feature map of the vit_jax ResNet
             (``num_layers=()`` is the root-only stem of R+ViT-Ti/16;

@@ -30,6 +30,8 @@ import warnings
 
 import numpy as np
 
+from keras_vit.errors import require
+
 # What tf.io.decode_image reads; other formats are skipped when scanning.
 TF_IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "BMP", "WEBP"}
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
@@ -493,13 +495,7 @@ class TfdsSource(ImageSource):
 
 
 def _import_tfds():
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise DataError(
-            "tfds datasets need tensorflow-datasets: pip install "
-            f"'keras-vit[data]' ({e})") from None
-    return tfds
+    return require("tensorflow_datasets", purpose="tfds datasets")
 
 
 def _tfds_builder(tfds, name, data_dir):

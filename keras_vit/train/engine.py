@@ -262,16 +262,19 @@ def _copy_into_scope(model):
 
 def step_uses_xla(strategy_, requested="auto", precision="float32"):
     """Whether the train step compiles its forward and backward pass with
-    XLA. ``requested`` True or False is taken as it is; ``"auto"`` turns it
-    on for ``mixed_bfloat16`` with one replica (off the TPU, which compiles
-    the whole step anyway): on a 2-core AVX512-BF16 CPU a ViT-B/16 step
-    ran faster with XLA in bfloat16 and no faster in float32
-    (``docs/benchmarks.md``)."""
+    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
+    :func:`keras_vit.hardware.plan` for one replica (XLA for
+    ``mixed_bfloat16`` on CPUs without AMX and on GPUs, TensorFlow's oneDNN
+    graph where AMX is, graph mode for float32 on CPUs) and stays off for
+    several replicas and the TPU (which compiles the whole step anyway)."""
     if requested in (True, False):
         return requested
+    from keras_vit import hardware
+
     info = strategy_lib.describe(strategy_)
-    return (precision == "mixed_bfloat16" and info["name"] != "tpu"
-            and strategy_.num_replicas_in_sync == 1)
+    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
+        return False
+    return hardware.plan(precision).train_jit
 
 
 class Trainer:
@@ -1062,8 +1065,29 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
         r, total, clip_in_optimizer=True, accumulation_steps=accum)
     model.compile(optimizer=optimizer,
                   loss=smoothed_sparse_crossentropy(r.label_smoothing),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], jit_compile=_fit_jit(model, r))
     return r
+
+
+def _fit_jit(model, recipe):
+    """``jit_compile`` for ``model.fit``: the recipe's when set; on
+    TensorFlow with one device, the machine's plan for the model's compute
+    dtype (Keras' own "auto" never uses XLA on a CPU, the slower bf16 path
+    where there is no AMX); else Keras' "auto"."""
+    import keras
+
+    if recipe.jit_compile in (True, False):
+        return recipe.jit_compile
+    if keras.backend.backend() != "tensorflow":
+        return "auto"
+    import tensorflow as tf
+
+    from keras_vit import hardware
+    from keras_vit.models.compiled import model_compute_dtype
+
+    if tf.distribute.has_strategy():
+        return "auto"
+    return hardware.plan(model_compute_dtype(model)).train_jit
 
 
 def smoothed_sparse_crossentropy(label_smoothing=0.0):

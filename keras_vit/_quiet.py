@@ -1,0 +1,131 @@
+"""Keeps TensorFlow's C++ log lines off the ``keras-vit`` command's stderr.
+
+TensorFlow 2.21 writes its start-up lines (``I0000 ... oneDNN custom
+operations are on``, ``cudart_stub.cc ... Could not find cuda drivers``,
+``E0000 ... failed call to cuInit``) through absl *before* absl logging is
+initialised, and those ignore ``TF_CPP_MIN_LOG_LEVEL`` (seen here: 21 such
+lines in ``keras-vit demo`` with the variable set to 3). They come from
+several shared libraries at import and at first device use, so the only
+place that sees them all is file descriptor 2 itself: the command line
+routes it through a pipe and a thread that drops those lines and passes
+everything else through unchanged, including partial lines such as
+progress bars.
+
+Only the ``keras-vit`` command does this (a library import leaves the
+process's stderr alone), and ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user
+turns it off, to see TensorFlow's logs when debugging.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import threading
+
+# An absl/glog line: severity, MMDD, time, thread id, file:line].
+_LOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\]")
+_OTHER_LINES = (
+    b"WARNING: All log messages before absl::InitializeLog() is called",
+    # The second line of cpu_feature_guard.cc's message.
+    b"To enable the following instructions:",
+)
+# A partial line that may still become one of the above is held back; any
+# other partial line (a progress bar redrawn with \r) is passed at once.
+_MAY_START = (b"I", b"W", b"E", b"F", b"T")
+
+_installed = None
+
+
+def is_tf_log_line(line: bytes) -> bool:
+    """True for one line of TensorFlow's C++ logging.
+
+    >>> is_tf_log_line(b"I0000 00:00:1795411190.888766   13412 port.cc:153] "
+    ...                b"oneDNN custom operations are on.")
+    True
+    >>> is_tf_log_line(b"keras-vit: error: no such file")
+    False
+    """
+    return bool(_LOG_LINE.match(line)) or line.startswith(_OTHER_LINES)
+
+
+def _filter(read_fd, write_fd):
+    pending = b""      # the start of a line not yet decided
+    passing = False    # the current line was already let through
+    with os.fdopen(read_fd, "rb", buffering=0) as src:
+        while True:
+            chunk = src.read(65536)
+            if not chunk:
+                break
+            data = pending + chunk
+            pending = b""
+            out = []
+            while data:
+                nl = data.find(b"\n")
+                if nl < 0:  # a partial line
+                    if passing or b"\r" in data or not data.startswith(
+                            _MAY_START):
+                        out.append(data)
+                        passing = True
+                    else:
+                        pending = data
+                    break
+                line, data = data[:nl + 1], data[nl + 1:]
+                if passing or not is_tf_log_line(line):
+                    out.append(line)
+                passing = False
+            if out:
+                os.write(write_fd, b"".join(out))
+    if pending and not is_tf_log_line(pending):
+        os.write(write_fd, pending)
+
+
+def filter_stderr():
+    """Routes file descriptor 2 through the filter for the rest of the
+    process (once; a no-op when ``TF_CPP_MIN_LOG_LEVEL`` is ``0``)."""
+    global _installed
+    if _installed is not None or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        sys.stderr.flush()
+        original = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+    except OSError:  # no usable fd 2: nothing to filter
+        return
+    thread = threading.Thread(target=_filter, args=(read_fd, original),
+                              name="keras-vit-stderr", daemon=True)
+    thread.start()
+    _installed = (original, thread)
+    atexit.register(_restore)
+
+
+def _restore():
+    """Puts the original stderr back and lets the filter drain the pipe."""
+    global _installed
+    if _installed is None:
+        return
+    original, thread = _installed
+    _installed = None
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.dup2(original, 2)  # closes the pipe's last write end in this process
+    thread.join(timeout=5)
+
+
+def for_command_line():
+    """Filters stderr when this process is the ``keras-vit`` command (the
+    console script or ``python -m keras_vit.cli``). Called by the package's
+    ``__init__`` before it imports Keras, since the console script imports
+    the package, and so TensorFlow, before ``cli.main`` runs."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    as_module = any(a == "-m" and b.startswith("keras_vit")
+                    for a, b in zip(argv, argv[1:]))
+    if script in ("keras-vit", "keras-vit.exe") or as_module:
+        filter_stderr()

@@ -1,0 +1,213 @@
+"""What the machine offers, and the execution plan chosen from it.
+
+keras_vit's speed defaults are decided here, once per process, from what the
+hardware has rather than from a constant measured on one machine:
+
+* CPUs with AMX (Sapphire Rapids and later Xeons) run bf16 matmuls through
+  TensorFlow's oneDNN kernels 4-6x faster than float32, while XLA's CPU dots
+  do not use the tiles: there bf16 inference and mixed-precision training
+  take TensorFlow's graph path, without XLA.
+* CPUs with only AVX512-BF16 (Cooper Lake, AMD Zen 4) or nothing: oneDNN's
+  bf16 graph kernels measured slower than float32 on both kinds we ran
+  (docs/benchmarks.md), so XLA's fusions are the faster bf16 path there.
+* float32 on any CPU: TensorFlow's graph (oneDNN fuses matmul, bias and
+  GELU), measured as fast as XLA or faster, and nothing to compile per
+  batch size.
+* GPUs and TPUs: XLA.
+* JAX compiles everything with XLA; torch runs eagerly. Both have a fused
+  attention kernel (``keras.ops.dot_product_attention``), which TensorFlow
+  lacks (its fallback is slower than plain einsums).
+
+``detect()`` reads ``/proc/cpuinfo`` (or the environment variables
+``KERAS_VIT_CPU_FLAGS``, a comma-separated flag list, and
+``KERAS_VIT_ACCELERATOR``, ``cpu``/``gpu``/``tpu``, to force a machine in
+tests and benchmarks). ``plan(dtype)`` turns it into the paths used by
+``model.predict``, :func:`keras_vit.train.compile_for_finetune` and the
+Trainer; an explicit argument to those always wins.
+
+>>> from keras_vit import hardware
+>>> amx = hardware.Hardware("cpu", frozenset({"amx_bf16", "amx_tile"}))
+>>> amx.bf16_units
+'amx'
+>>> p = hardware.plan("bfloat16", amx, backend="tensorflow")
+>>> p.predict, p.train_jit
+('graph', False)
+>>> plain = hardware.Hardware("cpu", frozenset({"avx2"}))
+>>> hardware.plan("bfloat16", plain, backend="tensorflow").predict
+'xla'
+>>> hardware.plan("float32", plain, backend="tensorflow").predict
+'graph'
+>>> hardware.plan("float32", plain, backend="torch").attention
+'fused'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+ACCELERATORS = ("cpu", "gpu", "tpu")
+PREDICT_PATHS = ("xla", "graph", "eager")
+
+# /proc/cpuinfo flag names, best first.
+_BF16_UNITS = (("amx_bf16", "amx"), ("avx512_bf16", "avx512_bf16"))
+_INT8_UNITS = (("amx_int8", "amx"), ("avx512_vnni", "avx512_vnni"),
+               ("avx_vnni", "avx_vnni"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """The device keras_vit runs on: ``accelerator`` (``"cpu"``, ``"gpu"``
+    or ``"tpu"``), the CPU's feature flags and its model name."""
+
+    accelerator: str = "cpu"
+    cpu_flags: frozenset = frozenset()
+    cpu_model: str = ""
+
+    @property
+    def bf16_units(self):
+        """``"amx"``, ``"avx512_bf16"`` or None: the CPU's bf16 matrix
+        instructions."""
+        return next((name for flag, name in _BF16_UNITS
+                     if flag in self.cpu_flags), None)
+
+    @property
+    def int8_units(self):
+        """``"amx"``, ``"avx512_vnni"``, ``"avx_vnni"`` or None."""
+        return next((name for flag, name in _INT8_UNITS
+                     if flag in self.cpu_flags), None)
+
+    def describe(self):
+        """One line for benchmark tables and logs."""
+        units = [f"bf16: {self.bf16_units or 'none'}",
+                 f"int8: {self.int8_units or 'none'}"]
+        model = self.cpu_model or "unknown CPU"
+        return (f"{self.accelerator}; {model} ({os.cpu_count()} logical "
+                f"cores; {', '.join(units)})")
+
+
+def _read_cpuinfo(path="/proc/cpuinfo"):
+    flags, model = set(), ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+                elif key == "model name" and not model:
+                    model = value.strip()
+                if flags and model:
+                    break
+    except OSError:
+        pass
+    return frozenset(flags), model
+
+
+def _accelerator():
+    forced = os.environ.get("KERAS_VIT_ACCELERATOR")
+    if forced:
+        if forced not in ACCELERATORS:
+            raise ValueError(
+                "KERAS_VIT_ACCELERATOR must be one of "
+                f"{', '.join(ACCELERATORS)}; received "
+                f"KERAS_VIT_ACCELERATOR={forced!r}")
+        return forced
+    import keras
+
+    backend = keras.backend.backend()
+    try:
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            for kind in ("tpu", "gpu"):
+                if tf.config.list_logical_devices(kind.upper()):
+                    return kind
+        elif backend == "jax":
+            import jax
+
+            platform = jax.default_backend()
+            return platform if platform in ACCELERATORS else (
+                "gpu" if platform in ("cuda", "rocm") else "cpu")
+        elif backend == "torch":
+            import torch
+
+            if torch.cuda.is_available():
+                return "gpu"
+    except Exception:  # a broken driver is a CPU machine to us
+        pass
+    return "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _detect(flags_env, accelerator_env, backend):
+    flags, model = _read_cpuinfo()
+    if flags_env is not None:
+        flags = frozenset(f.strip() for f in flags_env.split(",")
+                          if f.strip())
+    return Hardware(_accelerator(), flags, model)
+
+
+def detect():
+    """The :class:`Hardware` of this process (cached; the environment
+    overrides ``KERAS_VIT_CPU_FLAGS`` and ``KERAS_VIT_ACCELERATOR`` are read
+    on each call, so tests can change them)."""
+    import keras
+
+    return _detect(os.environ.get("KERAS_VIT_CPU_FLAGS"),
+                   os.environ.get("KERAS_VIT_ACCELERATOR"),
+                   keras.backend.backend())
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How to run a model of one dtype here.
+
+    ``predict``: ``"xla"`` (one compiled program per batch size),
+    ``"graph"`` (a ``tf.function`` without XLA, TensorFlow's oneDNN kernels)
+    or ``"eager"``; ``train_jit``: the ``jit_compile`` of training steps;
+    ``attention``: ``"fused"`` (``keras.ops.dot_product_attention``) or
+    ``"einsum"``; ``reason``: why, in words.
+    """
+
+    predict: str
+    train_jit: bool
+    attention: str
+    reason: str
+
+
+def _dtype_name(dtype):
+    name = getattr(dtype, "name", None) or str(dtype)
+    return name.replace("mixed_", "")
+
+
+def plan(dtype="float32", hardware=None, backend=None):
+    """The :class:`Plan` for a compute ``dtype`` (``"float32"``,
+    ``"bfloat16"``, ``"float16"``, or a mixed policy name) on ``hardware``
+    (default: :func:`detect`) under ``backend`` (default: Keras')."""
+    import keras
+
+    backend = backend or keras.backend.backend()
+    hardware = hardware or detect()
+    dtype = _dtype_name(dtype)
+    if backend == "jax":
+        return Plan("xla", True, "fused", "JAX compiles with XLA")
+    if backend == "torch":
+        return Plan("eager", False, "fused",
+                    "torch runs eagerly with its fused attention")
+    if hardware.accelerator != "cpu":
+        return Plan("xla", True, "einsum",
+                    f"XLA on the {hardware.accelerator.upper()}")
+    if dtype == "bfloat16" and hardware.bf16_units == "amx":
+        return Plan("graph", False, "einsum",
+                    "CPU with AMX: TensorFlow's oneDNN kernels use its bf16 "
+                    "tiles, XLA's CPU dots do not")
+    if dtype in ("bfloat16", "float16"):
+        return Plan("xla", True, "einsum",
+                    f"{dtype} on a CPU without AMX: XLA's fusions are the "
+                    "faster path")
+    return Plan("graph", False, "einsum",
+                "float32 on CPU: TensorFlow's graph, whose oneDNN kernels "
+                "fuse the MLP and bias adds (as fast as XLA or faster on "
+                "the CPUs measured, without a compile per batch size)")

@@ -1,0 +1,146 @@
+"""The execution plan follows the machine: each capability forced through
+the environment, the path chosen checked, an explicit choice winning."""
+
+import numpy as np
+import pytest
+
+import keras
+import keras_vit
+from keras_vit import hardware
+from keras_vit.models import compiled
+
+AMX = hardware.Hardware("cpu", frozenset({"avx512f", "amx_bf16", "amx_int8"}))
+ZEN4 = hardware.Hardware("cpu", frozenset({"avx512f", "avx512_bf16",
+                                           "avx512_vnni"}))
+PLAIN = hardware.Hardware("cpu", frozenset({"avx2", "fma"}))
+GPU = hardware.Hardware("gpu", frozenset({"avx2"}))
+
+
+def test_units_are_read_from_the_flags():
+    assert (AMX.bf16_units, AMX.int8_units) == ("amx", "amx")
+    assert (ZEN4.bf16_units, ZEN4.int8_units) == ("avx512_bf16",
+                                                  "avx512_vnni")
+    assert (PLAIN.bf16_units, PLAIN.int8_units) == (None, None)
+    assert "bf16: amx" in AMX.describe() and "bf16: none" in PLAIN.describe()
+
+
+@pytest.mark.parametrize("machine,dtype,predict,train_jit", [
+    (AMX, "bfloat16", "graph", False),
+    (AMX, "mixed_bfloat16", "graph", False),
+    (ZEN4, "bfloat16", "xla", True),
+    (PLAIN, "bfloat16", "xla", True),
+    (PLAIN, "float16", "xla", True),
+    (AMX, "float16", "xla", True),
+    (AMX, "float32", "graph", False),
+    (PLAIN, "float32", "graph", False),
+    (GPU, "bfloat16", "xla", True),
+    (GPU, "float32", "xla", True),
+])
+def test_tensorflow_plan_per_machine(machine, dtype, predict, train_jit):
+    plan = hardware.plan(dtype, machine, backend="tensorflow")
+    assert (plan.predict, plan.train_jit) == (predict, train_jit), plan
+    assert plan.attention == "einsum" and plan.reason
+
+
+@pytest.mark.parametrize("backend,predict,train_jit", [
+    ("jax", "xla", True), ("torch", "eager", False)])
+def test_other_backends_plan(backend, predict, train_jit):
+    for machine in (AMX, PLAIN, GPU):
+        plan = hardware.plan("bfloat16", machine, backend=backend)
+        assert (plan.predict, plan.train_jit, plan.attention) == (
+            predict, train_jit, "fused")
+
+
+def test_cpuinfo_is_parsed(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\n"
+                    "flags\t\t: fpu avx2 amx_bf16 amx_tile\n\n"
+                    "processor\t: 1\nflags\t\t: something else\n")
+    flags, model = hardware._read_cpuinfo(str(info))
+    assert model == "Test CPU 9000"
+    assert {"amx_bf16", "avx2"} <= flags and "something" not in flags
+    assert hardware._read_cpuinfo(str(tmp_path / "missing")) == (
+        frozenset(), "")
+
+
+def test_environment_forces_a_machine(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2, amx_bf16")
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    assert hardware.detect().bf16_units == "amx"
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2")
+    assert hardware.detect().bf16_units is None
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "quantum")
+    with pytest.raises(ValueError, match="KERAS_VIT_ACCELERATOR='quantum'"):
+        hardware.detect()
+
+
+def _tiny(dtype=None):
+    return keras_vit.vit(32, 8, 16, 1, 2, 32, 3, dtype=dtype)
+
+
+@pytest.mark.parametrize("flags,dtype,want_tf", [
+    ("avx2,amx_bf16", "bfloat16", "graph"),
+    ("avx2", "bfloat16", "xla"),
+    ("avx2,amx_bf16", None, "graph"),
+])
+def test_predict_follows_the_forced_machine(monkeypatch, flags, dtype,
+                                            want_tf):
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    model = _tiny(dtype)
+    want = {"tensorflow": want_tf, "jax": "xla",
+            "torch": "eager"}[keras.backend.backend()]
+    assert model.resolved_predict_path() == want
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3))
+    ref = keras.ops.convert_to_numpy(model(x, training=False))
+    out = model.predict(x, verbose=0)
+    np.testing.assert_allclose(np.asarray(out, "float32"),
+                               np.asarray(ref, "float32"), atol=2e-2)
+    assert model.compiled_predict_sizes(want) in ([3], [4])
+    assert compiled.model_compute_dtype(model) == (dtype or "float32")
+
+
+def test_an_explicit_path_wins(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2,amx_bf16")
+    model = _tiny("bfloat16")
+    x = np.random.default_rng(1).uniform(-1, 1, (5, 32, 32, 3))
+    outs = {}
+    for path in ("xla", "graph", "eager", "keras"):
+        model.predict_path = path
+        outs[path] = np.asarray(model.predict(x, verbose=0), "float32")
+    for path in ("xla", "graph", "eager"):
+        np.testing.assert_allclose(outs[path], outs["keras"], atol=2e-2)
+    if keras.backend.backend() == "tensorflow":
+        assert model.compiled_predict_sizes("xla") == [8]   # padded bucket
+        assert model.compiled_predict_sizes("graph") == [5]  # no padding
+    model.predict_path = "fastest"
+    with pytest.raises(ValueError, match="predict_path='fastest'"):
+        model.predict(x)
+
+
+@pytest.mark.parametrize("flags,want", [("avx2,amx_bf16", False),
+                                         ("avx2", True)])
+def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
+    from keras_vit import train as kt
+    from keras_vit.train import engine
+
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    model = _tiny("mixed_bfloat16")
+    kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
+                            batch_size=8)
+    expected = {"tensorflow": want, "jax": True,
+                "torch": False}[keras.backend.backend()]
+    assert bool(model.jit_compile) is expected
+    # An explicit choice wins.
+    kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
+                            batch_size=8, jit_compile=False)
+    assert model.jit_compile is False
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+        assert engine.step_uses_xla(strategy, "auto",
+                                    "mixed_bfloat16") is want
+        assert engine.step_uses_xla(strategy, "auto", "float32") is False
+        assert engine.step_uses_xla(strategy, True, "float32") is True

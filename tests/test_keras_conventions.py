@@ -1,0 +1,55 @@
+"""zoo.preprocess_input / preprocessing_layer / decode_predictions: the
+official evaluation transform and top-K names, keras.applications-style."""
+
+import numpy as np
+import pytest
+
+import tensorflow as tf
+from keras_vit import zoo
+
+
+def test_preprocess_input_is_the_official_eval_transform():
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (50, 70, 3)).astype("uint8")
+    expected = tf.image.resize(image[None].astype("float32"), (32, 32),
+                               method="bilinear", antialias=False)
+    expected = expected.numpy()[0] / 127.5 - 1.0
+    got = zoo.preprocess_input(image, 32)
+    assert got.dtype == np.float32 and got.shape == (32, 32, 3)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    batch = zoo.preprocess_input(np.stack([image, image]), (32, 32))
+    np.testing.assert_allclose(batch[1], expected, atol=1e-6)
+    raw = zoo.preprocess_input(image, 32, scale=False)
+    np.testing.assert_allclose(raw / 127.5 - 1.0, expected, atol=1e-5)
+    layer = zoo.preprocessing_layer(32)
+    np.testing.assert_allclose(np.asarray(layer(image[None].astype("float32")))[0],
+                               expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"image_size=0"):
+        zoo.preprocess_input(image, 0)
+    with pytest.raises(ValueError, match=r"\(50, 70\)"):
+        zoo.preprocess_input(image[..., 0], 32)
+
+
+def test_decode_predictions():
+    preds = np.zeros((2, 1000), "float32")
+    preds[0, [207, 1, 5]] = [3.0, 2.0, 1.0]
+    preds[1, 999] = 1.0
+    top = zoo.decode_predictions(preds, top=3)
+    assert [r[:2] for r in top[0]] == [("n02099601", "golden retriever"),
+                                       ("n01443537", "goldfish, Carassius auratus"),
+                                       ("n01496331", "electric ray, crampfish, numbfish, torpedo")]
+    assert top[0][0][2] == 3.0 and top[1][0][1].startswith("toilet tissue")
+    named = zoo.decode_predictions(np.array([[0.1, 0.7, 0.2]]), top=2,
+                                   labels=["cat", "dog", "fox"])
+    assert named == [[(None, "dog", pytest.approx(0.7)),
+                      (None, "fox", pytest.approx(0.2))]]
+    model = zoo.load("ViT-Ti/16", weights=None, image_size=32, num_classes=3)
+    model.zoo_labels = ["a", "b", "c"]
+    assert zoo.decode_predictions(np.array([[0.0, 0.0, 1.0]]), top=1,
+                                  labels=model)[0][0][1] == "c"
+    with pytest.raises(ValueError, match="3 names but preds have 4"):
+        zoo.decode_predictions(np.zeros((1, 4)), labels=["a", "b", "c"])
+    with pytest.raises(ValueError, match="no label list ships for 4"):
+        zoo.decode_predictions(np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="top=0"):
+        zoo.decode_predictions(preds, top=0)

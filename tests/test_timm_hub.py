@@ -1,0 +1,293 @@
+"""timm's ViT weights in timm's Hub layout (config.json + model.safetensors),
+both ways, against timm's own forward. Random weights, written by timm
+itself; never the real Hub."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from keras_vit import zoo  # noqa: E402
+from keras_vit.zoo import timm_hub  # noqa: E402
+
+ARCH = "vit_tiny_patch16_224"
+SIZE = 32
+CLASSES = 7
+LABELS = [f"class {i}" for i in range(CLASSES)]
+
+
+def _timm_model(seed=0):
+    torch.manual_seed(seed)
+    model = timm.create_model(ARCH, pretrained=False, img_size=SIZE,
+                              num_classes=CLASSES)
+    with torch.no_grad():  # every parameter random, LayerNorms included
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def _config(**overrides):
+    config = {
+        "architecture": ARCH, "num_classes": CLASSES, "global_pool": "token",
+        "label_names": LABELS,
+        "pretrained_cfg": {"input_size": [3, SIZE, SIZE],
+                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+                           "num_classes": CLASSES}}
+    config.update(overrides)
+    return config
+
+
+def _write_repo(path, model, config):
+    path.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _images(n=3):
+    rng = np.random.default_rng(1)
+    return rng.uniform(-1, 1, (n, SIZE, SIZE, 3)).astype("float32")
+
+
+def _timm_logits(model, x):
+    with torch.no_grad():
+        return model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    model = _timm_model()
+    path = _write_repo(tmp_path_factory.mktemp("hub") / "vit", model,
+                       _config())
+    return path, _timm_logits(model, _images())
+
+
+def test_timm_repo_matches_timm_forward(repo):
+    path, expected = repo
+    x = _images()
+    model = zoo.load(str(path))  # architecture, size, head from config.json
+    assert model.zoo_name == "ViT-Ti/16" and model.gelu == "exact"
+    assert model.inputs[0].shape[1:3] == (SIZE, SIZE)
+    assert model.zoo_labels == LABELS
+    np.testing.assert_allclose(np.asarray(model(x)), expected, atol=1e-5,
+                               rtol=0)
+
+    # A .safetensors file with an architecture name, as weights=.
+    same = zoo.load("ViT-Ti/16", weights=str(path / "model.safetensors"))
+    np.testing.assert_allclose(np.asarray(same(x)), expected, atol=1e-5,
+                               rtol=0)
+    # The official tanh GELU is what the .npz files need, not timm's.
+    tanh = zoo.load(str(path), gelu="tanh")
+    assert np.abs(np.asarray(tanh(x)) - expected).max() > 1e-5
+
+
+def test_unsupported_timm_features_are_refused(tmp_path, repo):
+    model = _timm_model()
+    bad = _write_repo(tmp_path / "imagenet_norm", model, _config(
+        pretrained_cfg={"input_size": [3, SIZE, SIZE],
+                        "mean": [0.485, 0.456, 0.406],
+                        "std": [0.229, 0.224, 0.225]}))
+    with pytest.raises(ValueError, match=r"mean=\[0.485, 0.456, 0.406\]"):
+        zoo.load(str(bad))
+    extra = tmp_path / "registers"
+    _write_repo(extra, model, _config())
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state["reg_token"] = torch.zeros(1, 4, 192)
+    state["blocks.0.ls1.gamma"] = torch.ones(192)
+    safetensors_torch.save_file(state, str(extra / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'blocks.0.ls1.gamma', 'reg_token'"):
+        zoo.load(str(extra))
+    args = _write_repo(tmp_path / "args", model, _config(
+        model_args={"img_size": SIZE, "qk_norm": True}))
+    with pytest.raises(ValueError, match="qk_norm"):
+        zoo.load(str(args))
+    hybrid = _write_repo(tmp_path / "hybrid", model,
+                         _config(architecture="vit_base_r50_s16_384"))
+    with pytest.raises(ValueError, match="hybrid family"):
+        zoo.load(str(hybrid))
+    with pytest.raises(ValueError, match="hf-hub:<owner>/<name>"):
+        zoo.load("hf-hub:no-owner")
+
+
+def test_save_pretrained_loads_in_timm(tmp_path, repo):
+    path, expected = repo
+    ours = zoo.load(str(path))
+    out = zoo.save_pretrained(ours, tmp_path / "out", labels=LABELS)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architecture"] == ARCH
+    assert config["label_names"] == LABELS
+    theirs = timm.create_model(
+        config["architecture"], pretrained=True, img_size=SIZE,
+        num_classes=config["num_classes"],
+        # timm drops a head whose size differs from its pretrained_cfg's.
+        pretrained_cfg_overlay=dict(file=f"{out}/model.safetensors",
+                                    num_classes=config["num_classes"])).eval()
+    np.testing.assert_allclose(_timm_logits(theirs, _images()), expected,
+                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(ours(_images())), expected,
+                               atol=1e-5, rtol=0)
+
+
+def test_predict_command_reads_a_timm_repo(tmp_path, repo, capsys):
+    from PIL import Image
+
+    from keras_vit import cli
+
+    path, _ = repo
+    image = tmp_path / "img.png"
+    Image.fromarray(np.random.default_rng(0).integers(
+        0, 256, (40, 50, 3)).astype("uint8")).save(image)
+    assert cli.main(["predict", str(path), str(image), "--top", "2",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["image_size"] == [SIZE, SIZE]
+    assert out["labels"] == "label_names"
+    (pred,) = out["predictions"]
+    assert [t["label"] in LABELS for t in pred["top"]] == [True, True]
+    # The same as the model on zoo.preprocess_input's pixels.
+    model = zoo.load(str(path))
+    pixels = np.asarray(Image.open(image).convert("RGB"), "float32")
+    logits = np.asarray(model(zoo.preprocess_input(pixels, SIZE)[None]))[0]
+    assert pred["top"][0]["index"] == int(np.argmax(logits))
+
+
+class _FakeHub:
+    """The two routes hf_hub_download uses (HEAD then GET of
+    /<repo>/resolve/<revision>/<file>), served from a folder on
+    127.0.0.1; counts the GETs."""
+
+    def __init__(self, repo_id, folder):
+        import hashlib
+        import http.server
+        import threading
+
+        files = {p.name: p.read_bytes() for p in folder.iterdir()}
+        self.gets = []
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _head(self):
+                prefix = f"/{repo_id}/resolve/"
+                name = self.path.split("?")[0].rsplit("/", 1)[-1]
+                if not self.path.startswith(prefix) or name not in files:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                body = files[name]
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", "a" * 40)
+                self.send_header(
+                    "ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                return body
+
+            def do_HEAD(self):  # noqa: N802
+                self._head()
+
+            def do_GET(self):  # noqa: N802
+                body = self._head()
+                if body is not None:
+                    hub.gets.append(self.path)
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                      Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.slow
+def test_hf_hub_handle_downloads_through_huggingface_hub(tmp_path, repo):
+    """zoo.load("hf-hub:...") against a local endpoint (HF_ENDPOINT), in a
+    fresh process: the files land in huggingface_hub's cache, and with
+    HF_HUB_OFFLINE=1 a second process loads them from there alone."""
+    import os
+    import subprocess
+    import sys
+
+    path, expected = repo
+    hub = _FakeHub("timm/vit_tiny_test", path)
+    code = ("import json, sys, numpy as np\n"
+            "from keras_vit import zoo\n"
+            "m = zoo.load('hf-hub:timm/vit_tiny_test', progress=False)\n"
+            "x = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3))\n"
+            "print(json.dumps(np.asarray(m(x.astype('float32'))).tolist()))\n")
+    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
+               TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        hub.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    assert sorted(p.rsplit("/", 1)[-1] for p in hub.gets) == [
+        "config.json", "model.safetensors"]
+    assert list((tmp_path / "hf").rglob("model.safetensors"))
+
+    env["HF_HUB_OFFLINE"] = "1"  # the server is gone: the cache alone
+    proc = subprocess.run([sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(
+        np.array(json.loads(proc.stdout.strip().splitlines()[-1])),
+        expected, atol=1e-5, rtol=0)
+
+
+def test_timm_bit_repo_matches_timm_forward(tmp_path):
+    """BiT (timm's resnetv2_50x1_bit): the same repository layout, timm's
+    stage/block names onto the official units; timm's own forward."""
+    torch.manual_seed(0)
+    bit = timm.create_model("resnetv2_50x1_bit", pretrained=False,
+                            num_classes=CLASSES).eval()
+    with torch.no_grad():
+        for name, p in bit.named_parameters():
+            if "norm" in name:  # GroupNorm scales near 1 keep logits O(1)
+                p.copy_(1.0 + 0.1 * torch.randn_like(p)
+                        if name.endswith("weight") else
+                        0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.1)
+    path = _write_repo(tmp_path / "bit", bit, _config(
+        architecture="resnetv2_50x1_bit",
+        pretrained_cfg={"input_size": [3, SIZE, SIZE],
+                        "mean": [0.5] * 3, "std": [0.5] * 3}))
+    x = _images()
+    expected = _timm_logits(bit, x)
+    with torch.no_grad():  # the reference: timm's forward in float64
+        exact = bit.double()(torch.from_numpy(
+            x.astype("float64").transpose(0, 3, 1, 2))).numpy()
+    ours = zoo.load(str(path))
+    assert ours.zoo_name == "BiT-R50x1" and ours.zoo_labels == LABELS
+    got = np.asarray(ours(x))
+    assert np.abs(expected).max() > 1.0  # logits are not all ~0
+    # Through 50 random layers float32 itself is off by ~2e-4 on logits of
+    # ~5 (timm float32 vs float64, seen here): keras_vit must be at least
+    # as close to the float64 forward as timm's own float32 forward is.
+    timm_error = np.abs(expected - exact).max()
+    assert np.abs(got - exact).max() <= max(1e-5, 1.2 * timm_error)
+    with pytest.raises(ValueError, match="stages.0.blocks.0.extra"):
+        state = {k: v.contiguous() for k, v in bit.state_dict().items()}
+        state["stages.0.blocks.0.extra.weight"] = torch.zeros(3)
+        safetensors_torch.save_file(state, str(path / "model.safetensors"))
+        zoo.load(str(path))

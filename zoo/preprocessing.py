@@ -1,0 +1,132 @@
+"""Keras-style input and output helpers: the official evaluation transform
+and top-K class names, like ``keras.applications``' ``preprocess_input``
+and ``decode_predictions``.
+
+The official ViT evaluation resizes the whole image to the model's size
+(bilinear, no antialiasing, no crop) and scales pixels to [-1, 1]; it does
+not subtract ImageNet's mean/std.
+
+>>> import numpy as np
+>>> from keras_vit import zoo
+>>> x = zoo.preprocess_input(np.full((50, 70, 3), 255, "uint8"), 32)
+>>> x.shape, float(x.min()), float(x.max())
+((32, 32, 3), 1.0, 1.0)
+>>> preds = np.zeros((1, 1000), "float32"); preds[0, 207] = 5.0
+>>> zoo.decode_predictions(preds, top=1)[0][0][:2]
+('n02099601', 'golden retriever')
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Head sizes that identify a label list shipped with the package.
+LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
+
+
+def _pair(image_size):
+    if isinstance(image_size, (int, np.integer)) and image_size > 0:
+        return int(image_size), int(image_size)
+    if (isinstance(image_size, (tuple, list)) and len(image_size) == 2
+            and all(isinstance(s, (int, np.integer)) and s > 0
+                    for s in image_size)):
+        return int(image_size[0]), int(image_size[1])
+    raise ValueError("image_size must be a positive int or (height, width); "
+                     f"received image_size={image_size!r}")
+
+
+def preprocess_input(images, image_size=None, scale=True):
+    """The official evaluation transform on one image (H, W, 3) or a batch
+    (B, H, W, 3) of pixels in [0, 255], any size: resized to ``image_size``
+    (int or (height, width); None keeps the size) bilinearly without
+    antialiasing, then scaled to [-1, 1] (``scale=False`` keeps [0, 255],
+    for models built with ``include_preprocessing=True``). Returns float32
+    NumPy."""
+    import keras
+
+    x = np.asarray(images, dtype="float32")
+    if x.ndim not in (3, 4) or x.shape[-1] != 3:
+        raise ValueError("images must be (height, width, 3) or (batch, "
+                         f"height, width, 3); received shape {x.shape}")
+    single = x.ndim == 3
+    if single:
+        x = x[None]
+    if image_size is not None and tuple(x.shape[1:3]) != _pair(image_size):
+        # tf.image.resize without antialiasing, as the official pipeline.
+        x = np.asarray(keras.ops.image.resize(
+            x, _pair(image_size), interpolation="bilinear", antialias=False))
+    if scale:
+        x = x / 127.5 - 1.0
+    x = x.astype("float32")
+    return x[0] if single else x
+
+
+def preprocessing_layer(image_size):
+    """The same transform as Keras layers (Resizing + Rescaling), to put in
+    front of a model or into a ``tf.data`` pipeline.
+
+    >>> import numpy as np
+    >>> from keras_vit import zoo
+    >>> layer = zoo.preprocessing_layer(32)
+    >>> tuple(layer(np.zeros((2, 48, 40, 3), "float32")).shape)
+    (2, 32, 32, 3)
+    """
+    import keras
+
+    height, width = _pair(image_size)
+    return keras.Sequential([
+        keras.layers.Resizing(height, width, interpolation="bilinear",
+                              antialias=False),
+        keras.layers.Rescaling(1.0 / 127.5, offset=-1.0),
+    ], name="vit_eval_preprocessing")
+
+
+def _labels_for(labels, num_classes):
+    from keras_vit.zoo import api
+
+    if labels is None:
+        labels = LABELS_BY_HEAD.get(num_classes)
+        if labels is None:
+            raise ValueError(
+                f"no label list ships for {num_classes} classes; pass "
+                "labels=[...] (names) or a model whose weights have them")
+    if hasattr(labels, "inputs"):  # a model: the labels of its weights
+        names = getattr(labels, "zoo_labels", None)
+        record = getattr(labels, "zoo_weights", None)
+        labels = names or (record.labels if record is not None else
+                           LABELS_BY_HEAD.get(num_classes))
+        if labels is None:
+            raise ValueError("the model's weights name no label list; pass "
+                             "labels=[...]")
+    if isinstance(labels, str):
+        rows = [tuple(r) for r in api.labels(labels)]
+    else:
+        rows = [(None, str(name)) for name in labels]
+    if len(rows) != num_classes:
+        raise ValueError(f"the label list has {len(rows)} names but preds "
+                         f"have {num_classes} classes")
+    return rows
+
+
+def decode_predictions(preds, top=5, labels=None):
+    """Top ``top`` classes of each row of ``preds`` (logits or
+    probabilities, (batch, classes)) as lists of ``(wordnet_id, name,
+    score)``, best first, like ``keras.applications``' function.
+
+    ``labels``: None (the list that ships for the head size: ImageNet-1k or
+    ImageNet-21k), a list name (``"imagenet2012"``), a list of class names
+    (wordnet_id is then None) or a model from :func:`keras_vit.zoo.load`
+    (the labels of its weights, e.g. a Hub repository's ``label_names``).
+    """
+    p = np.asarray(preds)
+    if p.ndim != 2:
+        raise ValueError("preds must be (batch, classes); received shape "
+                         f"{p.shape}")
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int; received top={top!r}")
+    rows = _labels_for(labels, p.shape[1])
+    out = []
+    for row in p:
+        order = np.argsort(-row, kind="stable")[:top]
+        out.append([(rows[i][0], rows[i][1], float(row[i])) for i in order])
+    return out

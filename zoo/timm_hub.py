@@ -1,0 +1,419 @@
+"""timm's ViT weights, from the Hugging Face Hub or local files, both ways.
+
+Most ViT weights people use today are timm's ``timm/vit_*`` repositories on
+the Hub: a ``config.json`` (architecture, num_classes, input size, mean/std,
+optionally label names) and a ``model.safetensors`` holding the same AugReg
+and original checkpoints as the official ``.npz`` files, plus later
+fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
+``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
+``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
+the official layout (ViT and BiT; timm's hybrids are refused so far), and
+loads them through the same strict loaders as the ``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
+that ``timm.create_model(..., pretrained=True)`` loads.
+
+timm runs the exact (erf) GELU, the official code the tanh form, so models
+built from timm weights default to ``gelu="exact"``: they reproduce timm's
+forward; models from ``.npz`` files keep ``gelu="tanh"``.
+
+Sources: ``"hf-hub:<repo>[@revision]"``, a local repository folder (with
+``config.json`` and ``model.safetensors``) or a ``.safetensors`` file (the
+``config.json`` beside it is read when there is one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from keras_vit.errors import require
+from keras_vit.models import variants
+from keras_vit.zoo import convert
+
+HUB_PREFIX = "hf-hub:"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
+_OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+# model_args a timm config may carry that change nothing here or that
+# load() takes from elsewhere.
+_KNOWN_MODEL_ARGS = {"img_size", "num_classes", "global_pool", "class_token"}
+
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_BLOCK_PARAMS = {
+    "norm1.weight": "LayerNorm_0/scale", "norm1.bias": "LayerNorm_0/bias",
+    "norm2.weight": "LayerNorm_2/scale", "norm2.bias": "LayerNorm_2/bias",
+    "mlp.fc1.weight": "MlpBlock_3/Dense_0/kernel",
+    "mlp.fc1.bias": "MlpBlock_3/Dense_0/bias",
+    "mlp.fc2.weight": "MlpBlock_3/Dense_1/kernel",
+    "mlp.fc2.bias": "MlpBlock_3/Dense_1/bias",
+    "attn.qkv.weight": None, "attn.qkv.bias": None,  # split into q, k, v
+    "attn.proj.weight": "MultiHeadDotProductAttention_1/out/kernel",
+    "attn.proj.bias": "MultiHeadDotProductAttention_1/out/bias",
+}
+_TOP_PARAMS = {
+    "cls_token": "cls", "pos_embed": convert.POSEMB_KEY,
+    "patch_embed.proj.weight": "embedding/kernel",
+    "patch_embed.proj.bias": "embedding/bias",
+    "norm.weight": "Transformer/encoder_norm/scale",
+    "norm.bias": "Transformer/encoder_norm/bias",
+    "head.weight": "head/kernel", "head.bias": "head/bias",
+}
+
+
+def is_timm_source(value):
+    """True for what this module reads: an ``hf-hub:`` handle, a
+    ``.safetensors`` file or a folder holding ``model.safetensors``.
+
+    >>> is_timm_source("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    True
+    >>> is_timm_source("ViT-B_16.npz")
+    False
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    value = os.fspath(value)
+    return (value.startswith(HUB_PREFIX) or value.endswith(".safetensors")
+            or os.path.isfile(os.path.join(value, WEIGHTS_FILE)))
+
+
+def fetch(source, progress=None):
+    """``(config dict, local .safetensors path)`` of ``source``; Hub files
+    come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` never
+    goes online, ``HF_ENDPOINT`` picks another server)."""
+    source = os.fspath(source)
+    if source.startswith(HUB_PREFIX):
+        hub = require("huggingface_hub", purpose="hf-hub: weights")
+        repo, _, revision = source[len(HUB_PREFIX):].partition("@")
+        if not repo or repo.count("/") != 1:
+            raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
+                             f"[@revision]; received {source!r}")
+        bars = require("huggingface_hub.utils", package="huggingface_hub")
+        # huggingface_hub shows its own progress bars (on by default);
+        # progress=False silences them for this call only.
+        quiet = progress is False and not bars.are_progress_bars_disabled()
+        if quiet:
+            bars.disable_progress_bars()
+        try:
+            config_path, path = (
+                hub.hf_hub_download(repo, name, revision=revision or None,
+                                    library_name="keras-vit")
+                for name in (CONFIG_FILE, WEIGHTS_FILE))
+        finally:
+            if quiet:
+                bars.enable_progress_bars()
+    elif os.path.isdir(source):
+        config_path = os.path.join(source, CONFIG_FILE)
+        path = os.path.join(source, WEIGHTS_FILE)
+    else:
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"No such .safetensors file: {source!r}")
+        path = source
+        config_path = os.path.join(os.path.dirname(source), CONFIG_FILE)
+    config = {}
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    return config, path
+
+
+def read_safetensors(path):
+    """``{name: numpy array}`` of a ``.safetensors`` file (no torch)."""
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="timm / Hub weights")
+    return st.load_file(os.fspath(path))
+
+
+def to_official(state, num_heads):
+    """Maps a timm ViT ``state_dict`` (NumPy) onto the official ``.npz``
+    layout. timm parameters with no official counterpart (layer scale,
+    register tokens, fc_norm, q/k norms, ...) raise a ValueError naming
+    them: loading without them would silently compute something else."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _BLOCK_KEY.match(name)
+        if m and m.group(2) in _BLOCK_PARAMS:
+            i, param = m.groups()
+            prefix = f"Transformer/encoderblock_{i}/"
+            if param.startswith("attn.qkv."):
+                att = prefix + "MultiHeadDotProductAttention_1/"
+                for part, w in zip(("query", "key", "value"),
+                                   np.split(value, 3, axis=0)):
+                    if param.endswith("weight"):  # (D_out, D_in)
+                        d = w.shape[1]
+                        out[att + f"{part}/kernel"] = w.T.reshape(
+                            d, num_heads, d // num_heads)
+                    else:
+                        out[att + f"{part}/bias"] = w.reshape(num_heads, -1)
+                continue
+            key = prefix + _BLOCK_PARAMS[param]
+            if param == "attn.proj.weight":
+                d = value.shape[0]
+                value = value.T.reshape(num_heads, d // num_heads, d)
+            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
+                value = value.T
+            out[key] = value
+        elif name in _TOP_PARAMS:
+            if name == "patch_embed.proj.weight":  # OIHW -> HWIO
+                value = value.transpose(2, 3, 1, 0)
+            elif name == "head.weight":
+                value = value.T
+            out[_TOP_PARAMS[name]] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's ViT lacks: "
+            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
+_BIT_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+_BIT_UNIT_PARAMS = {"downsample.conv.weight": "a/proj/standardized_conv2d/kernel"}
+for _i, _x in enumerate("abc", 1):
+    _BIT_UNIT_PARAMS[f"conv{_i}.weight"] = f"{_x}/standardized_conv2d/kernel"
+    _BIT_UNIT_PARAMS[f"norm{_i}.weight"] = f"{_x}/group_norm/gamma"
+    _BIT_UNIT_PARAMS[f"norm{_i}.bias"] = f"{_x}/group_norm/beta"
+_BIT_TOP = {"stem.conv.weight": "resnet/root_block/standardized_conv2d/kernel",
+            "norm.weight": "resnet/group_norm/gamma",
+            "norm.bias": "resnet/group_norm/beta",
+            "head.fc.weight": "resnet/head/conv2d/kernel",
+            "head.fc.bias": "resnet/head/conv2d/bias"}
+
+
+def bit_to_official(state):
+    """Maps a timm ``resnetv2_*_bit`` ``state_dict`` onto the official BiT
+    ``.npz`` layout (timm's stage s, block b is ``block{s+1}/unit{b+1:02d}``;
+    its norm1/conv1 are the official unit's ``a``, and so on). Parameters
+    with no BiT counterpart raise a ValueError naming them."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _BIT_UNIT.match(name)
+        if m and m.group(3) in _BIT_UNIT_PARAMS:
+            stage, block, param = m.groups()
+            key = (f"resnet/block{int(stage) + 1}/unit{int(block) + 1:02d}/"
+                   f"{_BIT_UNIT_PARAMS[param]}")
+        elif name in _BIT_TOP:
+            key = _BIT_TOP[name]
+        else:
+            unknown.append(name)
+            continue
+        if value.ndim == 4:  # conv OIHW -> HWIO
+            value = value.transpose(2, 3, 1, 0)
+        out[key] = value
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's BiT ResNetV2 "
+            f"lacks: {sorted(unknown)[:12]}"
+            f"{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
+def from_official(arrays):
+    """The inverse of :func:`to_official`: official-layout arrays (from
+    :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``."""
+    arrays = convert.normalize_keys(arrays)
+    extra = sorted(k for k in arrays if k.startswith("pre_logits/"))
+    if extra:
+        raise ValueError(f"timm's ViT has no pre_logits layer; the model has "
+                         f"{extra}")
+    top = {v: k for k, v in _TOP_PARAMS.items()}
+    block = {v: k for k, v in _BLOCK_PARAMS.items() if v}
+    state, qkv = {}, {}
+    for key, value in arrays.items():
+        value = np.asarray(value, dtype="float32")
+        if key in top:
+            name = top[key]
+            if name == "patch_embed.proj.weight":
+                value = value.transpose(3, 2, 0, 1)
+            elif name == "head.weight":
+                value = value.T
+            state[name] = value
+            continue
+        m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
+        if not m:
+            raise ValueError(f"no timm ViT parameter for {key!r}")
+        i, rest = m.groups()
+        att = "MultiHeadDotProductAttention_1/"
+        part = rest[len(att):].split("/")[0] if rest.startswith(att) else None
+        if part in ("query", "key", "value"):
+            kind = rest.rsplit("/", 1)[1]
+            flat = (value.reshape(value.shape[0], -1).T if kind == "kernel"
+                    else value.reshape(-1))
+            qkv.setdefault((i, kind), {})[part] = flat
+            continue
+        name = f"blocks.{i}.{block[rest]}"
+        if rest == att + "out/kernel":
+            value = value.reshape(-1, value.shape[-1]).T
+        elif value.ndim == 2:
+            value = value.T
+        state[name] = value
+    for (i, kind), parts in qkv.items():
+        suffix = "weight" if kind == "kernel" else "bias"
+        state[f"blocks.{i}.attn.qkv.{suffix}"] = np.concatenate(
+            [parts["query"], parts["key"], parts["value"]], axis=0)
+    return {k: np.ascontiguousarray(v) for k, v in state.items()}
+
+
+def _architecture(config, name):
+    arch_name = name or config.get("architecture")
+    if not arch_name:
+        raise ValueError("the timm weights carry no config.json naming the "
+                         "architecture; pass it: zoo.load('ViT-B/16', "
+                         "weights='model.safetensors')")
+    arch = variants.parse(arch_name)
+    if arch.family not in ("vit", "bit"):
+        raise ValueError(
+            f"timm weights of the {arch.family} family ({arch_name}) are not "
+            "supported yet: ViT (vit_*_patch*) and BiT (resnetv2_*_bit) "
+            "checkpoints load from timm files; the official .npz files of "
+            "hybrids do")
+    return arch
+
+
+def _refuse_unsupported(config):
+    pretrained = config.get("pretrained_cfg", {})
+    mean = [round(float(v), 4) for v in pretrained.get("mean", [0.5] * 3)]
+    std = [round(float(v), 4) for v in pretrained.get("std", [0.5] * 3)]
+    if (mean, std) != _OFFICIAL_MEAN_STD:
+        raise ValueError(
+            f"the weights expect inputs normalised with mean={mean}, "
+            f"std={std}; keras_vit's ViT takes the official [-1, 1] range "
+            "(mean 0.5, std 0.5) only")
+    args = config.get("model_args") or {}
+    unsupported = sorted(set(args) - _KNOWN_MODEL_ARGS)
+    if unsupported:
+        raise ValueError(f"the timm config sets model_args keras_vit's ViT "
+                         f"lacks: { {k: args[k] for k in unsupported} }")
+    pool = config.get("global_pool", args.get("global_pool", "token"))
+    if pool not in ("token", ""):
+        raise ValueError(f"timm global_pool={pool!r} is not supported; "
+                         "keras_vit pools the class token")
+
+
+def load(source, name=None, image_size=None, num_classes=None, *,
+         gelu="exact", progress=None, **kwargs):
+    """A keras_vit model with timm's weights from ``source``.
+
+    The architecture, head size and input size come from the repository's
+    ``config.json`` (``name`` overrides the architecture; ``image_size``
+    resizes the position embeddings; another ``num_classes`` gives a new
+    zero head). ``gelu="exact"`` (default) reproduces timm's forward.
+    ``**kwargs`` go to :func:`keras_vit.zoo.load` (``include_top``, ...).
+    The model's ``zoo_labels`` holds the repository's label names, if any.
+
+    Example (a repository written by :func:`save_pretrained`):
+
+    >>> import tempfile, numpy as np, keras_vit
+    >>> from keras_vit.zoo import timm_hub
+    >>> m = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
+    ...                        num_classes=3, gelu="exact")
+    >>> repo = timm_hub.save_pretrained(m, tempfile.mkdtemp())
+    >>> m2 = timm_hub.load(repo)
+    >>> x = np.random.rand(1, 32, 32, 3).astype("float32")
+    >>> bool(np.allclose(m(x), m2(x), atol=1e-6))
+    True
+    """
+    from keras_vit.zoo import api
+
+    from keras_vit.zoo import bit_layout
+
+    config, path = fetch(source, progress=progress)
+    arch = _architecture(config, name)
+    _refuse_unsupported(config)
+    state = read_safetensors(path)
+    is_bit = arch.family == "bit"
+    if is_bit:
+        arrays = bit_layout.normalize(bit_to_official(state))
+        head = bit_layout.HEAD_KERNEL
+    else:
+        arrays = convert.normalize_keys(
+            to_official(state, arch.config["num_heads"]))
+        head = "head/kernel"
+        kwargs["gelu"] = gelu
+    if image_size is None:
+        input_size = (config.get("pretrained_cfg", {}).get("input_size")
+                      or (config.get("model_args") or {}).get("img_size"))
+        if isinstance(input_size, (list, tuple)):
+            image_size = int(input_size[-1])
+        elif input_size:
+            image_size = int(input_size)
+        else:
+            image_size = arch.image_size
+    ckpt_classes = (int(arrays[head].shape[-1]) if head in arrays else None)
+    if num_classes is None:
+        num_classes = ckpt_classes or config.get("num_classes") or 1000
+    model = api.load(arch.name, weights=None, image_size=image_size,
+                     num_classes=num_classes, **kwargs)
+    if is_bit:
+        bit_layout.load_weights(model, arrays)
+    else:
+        convert.load_weights(model, arrays,
+                             source_name=repr(os.fspath(source)))
+    labels = config.get("label_names")
+    model.zoo_labels = (list(labels) if labels and num_classes == ckpt_classes
+                        and len(labels) == num_classes else None)
+    model.zoo_source = os.fspath(source)
+    return model
+
+
+def _timm_architecture(model):
+    """timm's name for the model's architecture, e.g.
+    ``vit_base_patch16_224``."""
+    names = {(192, 12, 3): "tiny", (384, 12, 6): "small",
+             (768, 12, 12): "base", (1024, 24, 16): "large",
+             (1280, 32, 16): "huge"}
+    key = (model.hidden_size, model.num_layers, model.num_heads)
+    size = names.get(key)
+    if (size is None or getattr(model, "resnet", None) is not None
+            or model.mlp_dim != 4 * model.hidden_size
+            or model.classifier != "token"):
+        raise ValueError(
+            f"save_pretrained writes the standard timm ViTs (Ti, S, B, L, H "
+            f"with a class token); model={model.name!r} has hidden_size, "
+            f"num_layers, num_heads={key}, classifier={model.classifier!r}")
+    return f"vit_{size}_patch{model.patch_size}_224"
+
+
+def save_pretrained(model, directory, labels=None):
+    """Writes ``model`` as a timm Hub repository: ``config.json`` and
+    ``model.safetensors``, loadable with ``timm.create_model(arch,
+    pretrained=True, pretrained_cfg_overlay=dict(file=...))`` or uploadable
+    with ``huggingface_hub.upload_folder``. Returns ``directory``.
+    The model should use ``gelu="exact"`` to compute what timm computes."""
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="save_pretrained")
+    arch = _timm_architecture(model)
+    state = from_official(convert.export_arrays(model))
+    size = model.image_size
+    size = list(size) if isinstance(size, (tuple, list)) else [size, size]
+    config = {
+        "architecture": arch,
+        "num_classes": int(model.num_classes),
+        "num_features": int(model.hidden_size),
+        "global_pool": "token",
+        "model_args": {"img_size": size[0] if size[0] == size[1] else size},
+        "pretrained_cfg": {
+            "input_size": [3, *size], "fixed_input_size": True,
+            "interpolation": "bilinear", "crop_pct": 1.0,
+            "crop_mode": "center", "mean": _OFFICIAL_MEAN_STD[0],
+            "std": _OFFICIAL_MEAN_STD[1], "num_classes": int(model.num_classes),
+            "first_conv": "patch_embed.proj", "classifier": "head"},
+    }
+    if labels is not None:
+        config["label_names"] = list(labels)
+    os.makedirs(directory, exist_ok=True)
+    # Written under temporary names, then renamed: a reader never sees half
+    # a repository's file.
+    tmp = os.path.join(directory, f".{WEIGHTS_FILE}.partial")
+    st.save_file(state, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(directory, WEIGHTS_FILE))
+    tmp = os.path.join(directory, f".{CONFIG_FILE}.partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+    return os.fspath(directory)
