@@ -601,8 +601,11 @@ def test_each_dropped_image_is_named_once(tmp_path):
 # ---------------------------------------------------------------------------
 
 _KILLED_WRITER = r"""
-import sys, time
-from keras_vit import atomic
+import importlib.util, sys, time
+# keras_vit/atomic.py alone (stdlib only): no Keras start-up to wait for.
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[3])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
 path, old = sys.argv[1], sys.argv[2]
 with atomic.atomic_path(path) as tmp:
     with open(tmp, "w") as f:
@@ -614,7 +617,6 @@ with atomic.atomic_path(path) as tmp:
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("old", [None, '{"complete": true}\n'])
 def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     import json
@@ -623,11 +625,14 @@ def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     import subprocess
     import sys
 
+    from keras_vit import atomic
+
     path = tmp_path / "metrics.json"
     if old is not None:
         path.write_text(old)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old)],
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(old),
+         atomic.__file__],
         stdout=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     try:
@@ -735,6 +740,7 @@ def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
             cli.main(argv)
 
 
+@pytest.mark.slow
 def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
     from keras_vit.train import cli as train_cli
 
@@ -760,3 +766,49 @@ def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
         "--restart", "--resume-anyway", "--out", str(out)])
     assert status == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_step_that_cannot_fit_memory_says_what_to_change(
+        tmp_path, monkeypatch, capsys):
+    from keras_vit.train import cli as train_cli
+
+    # The audit's case: ViT-Ti/16 at the fine-tune recipe's 384 px and
+    # batch 512 needs far more than a 24 GB machine (~150 GiB estimated).
+    model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=384,
+                               num_classes=10)
+    assert train_cli.step_memory_estimate(model, 512) > 100 * 2**30
+    assert train_cli.step_memory_estimate(model, 16) < 8 * 2**30
+    path = tmp_path / "tiny.keras"
+    _tiny().save(path)
+    monkeypatch.setattr(train_cli, "available_memory", lambda: 2**20)
+    argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "64",
+            "--steps", "1", "--warmup-steps", "0", "--no-eval", "--quiet",
+            "--out", str(tmp_path / "run")]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "available; set --micro-batch-size" in err
+    assert "lower --batch-size (now 64)" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------
+# Environment variables: a clear error naming the variable and its value.
+# ---------------------------------------------------------------------------
+
+
+def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
+    from keras_vit.zoo import download
+
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "maybe")
+    with pytest.raises(ValueError, match="KERAS_VIT_OFFLINE='maybe'"):
+        download.is_offline()
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "off")
+    assert download.is_offline() is False
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "ftp://mirror/")
+    with pytest.raises(ValueError, match="KERAS_VIT_MIRROR='ftp://mirror/'"):
+        download.resolve_url("gs://vit_models/x.npz")
+    monkeypatch.delenv("KERAS_VIT_MIRROR")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(afile))
+    with pytest.raises(ValueError, match="KERAS_VIT_CACHE must name a folder"):
+        download.fetch("http://127.0.0.1:9/x.npz", timeout=1)

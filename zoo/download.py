@@ -47,8 +47,6 @@ except ImportError:  # pragma: no cover - exercised on Windows only
 
 from tqdm import tqdm
 
-from keras_vit import atomic
-
 __all__ = [
     "DownloadError",
     "ChecksumError",
@@ -72,6 +70,7 @@ _CHUNK = 1 << 20  # 1 MiB
 _USER_AGENT = "keras-vit"
 _STALE_PARTIAL_SECONDS = 24 * 3600
 _TRUTHY = ("1", "true", "yes", "on")
+_FALSY = ("", "0", "false", "no", "off")
 _SCHEMES = ("http", "https", "gs")
 # Name pattern of our temporary files: "<file>.<pid>.<random>.partial".
 _PARTIAL_RE = re.compile(r"\.\d+\.[A-Za-z0-9_]+\.partial$")
@@ -106,7 +105,13 @@ def cache_dir() -> Path:
     """Return the cache root (not created here; :func:`fetch` creates it)."""
     explicit = os.environ.get(ENV_CACHE)
     if explicit:
-        return Path(explicit).expanduser()
+        path = Path(explicit).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ValueError(
+                f"{ENV_CACHE} must name a folder; received {ENV_CACHE}={explicit!r}, "
+                "which is a file"
+            )
+        return path
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         return Path(xdg).expanduser() / "keras_vit"
@@ -114,8 +119,18 @@ def cache_dir() -> Path:
 
 
 def is_offline() -> bool:
-    """Whether ``KERAS_VIT_OFFLINE`` forbids network access."""
-    return os.environ.get(ENV_OFFLINE, "").strip().lower() in _TRUTHY
+    """Whether ``KERAS_VIT_OFFLINE`` forbids network access (``1``, ``true``,
+    ``yes``, ``on``; ``0``, ``false``, ``no``, ``off`` or unset allow it;
+    anything else is refused rather than guessed)."""
+    value = os.environ.get(ENV_OFFLINE, "")
+    if value.strip().lower() in _TRUTHY:
+        return True
+    if value.strip().lower() in _FALSY:
+        return False
+    raise ValueError(
+        f"{ENV_OFFLINE} must be one of {_TRUTHY + _FALSY[1:]} (or unset); "
+        f"received {ENV_OFFLINE}={value!r}"
+    )
 
 
 def _scheme(url: str) -> str:
@@ -146,6 +161,10 @@ def resolve_url(url: str) -> str:
     """
     url = _official_url(url)
     mirror = os.environ.get(ENV_MIRROR, "").strip()
+    if mirror and _scheme(mirror) not in ("http", "https"):
+        raise ValueError(
+            f"{ENV_MIRROR} must be an http:// or https:// URL; received {ENV_MIRROR}={mirror!r}"
+        )
     if mirror and url.startswith(OFFICIAL_BASE):
         return mirror.rstrip("/") + "/" + url[len(OFFICIAL_BASE):]
     return url
@@ -262,7 +281,11 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    # The name ends in ".partial", so _remove_stale_partials finds strays.
+    # The package's one atomic writer, imported here so that loading this
+    # module stays light. The name ends in ".partial", so
+    # _remove_stale_partials finds strays.
+    from keras_vit import atomic
+
     with atomic.atomic_path(path, suffix="") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

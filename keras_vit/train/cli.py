@@ -31,6 +31,65 @@ def _resume(args):
         raise ValueError("--restart and --resume-anyway exclude each other")
     return "force" if args.resume_anyway else not args.restart
 
+
+def available_memory():
+    """Bytes of memory available to a new allocation on this machine
+    (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def step_memory_estimate(model, images):
+    """A rough upper estimate in bytes of the activations one training step
+    of a ViT keeps for the backward pass on ``images`` images (float32):
+    per block about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image (N
+    tokens), the attention maps dominating at high resolution. None for
+    models it does not know (hybrids, BiT, MPP)."""
+    names = ("num_layers", "hidden_size", "num_heads", "mlp_dim",
+             "image_size", "patch_size")
+    if getattr(model, "resnet", None) is not None or not all(
+            hasattr(model, n) for n in names):
+        return None
+    size = model.image_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    n = (h // model.patch_size) * (w // model.patch_size) + 1
+    per_block = (12 * n * model.hidden_size + 5 * n * model.mlp_dim
+                 + 3 * model.num_heads * n * n)
+    return 4 * images * model.num_layers * per_block
+
+
+def check_fits_memory(trainer, available=None):
+    """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
+    the available memory, saying what to change: a ``--micro-batch-size``
+    that fits (gradient accumulation: the same updates), or a smaller
+    ``--batch-size`` / ``--image-size``."""
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("GPU"):
+        return
+    available = available_memory() if available is None else available
+    need = step_memory_estimate(trainer.model, trainer.micro)
+    if available is None or need is None or need <= 1.5 * available:
+        return
+    per_image = need / trainer.micro
+    fits = [m for m in range(1, trainer.per_replica + 1)
+            if trainer.per_replica % m == 0 and m * per_image <= available / 2]
+    r = trainer.recipe
+    hint = (f"set --micro-batch-size {fits[-1]} (gradient accumulation: "
+            "the same updates, less memory), or " if fits else "")
+    raise ValueError(
+        f"the recipe's step of {trainer.micro} images at image_size "
+        f"{r.image_size} needs about {need / 2**30:.0f} GiB of activations "
+        f"(an estimate) but this machine has {available / 2**30:.1f} GiB "
+        f"available; {hint}lower --batch-size (now {r.batch_size}) or "
+        "--image-size, or pass --no-memory-check to try anyway")
+
 def _positive_float(text):
     try:
         value = float(text)
@@ -132,6 +191,9 @@ def register(subparsers):
                    help="delete the run's checkpoints and start again "
                         "instead of resuming")
     _add_resume_anyway(p)
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even if the step's estimated activation "
+                        "memory exceeds this machine's available memory")
     p.add_argument("--steps", type=positive_int, metavar="N",
                    help="total optimizer steps (recipe field total_steps)")
     p.add_argument("--epochs", type=_positive_float, metavar="N",
@@ -285,6 +347,8 @@ def run_fine_tune(args):
         resume=_resume(args),
         model_options={k: _literal(v) for k, v in args.model_option},
         verbose=not args.quiet, **_recipe_overrides(args))
+    if not args.no_memory_check:
+        check_fits_memory(trainer)
     result = trainer.fit()
     if args.json and trainer.is_chief:
         shown = {k: v for k, v in result.metrics.items() if k != "history"}
