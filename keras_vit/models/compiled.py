@@ -91,16 +91,17 @@ class _Forward:
         return self.model(images, training=False)
 
 
-def _tf_runner(model, path, dtype, shape):
+def _tf_runner(model, path):
     import tensorflow as tf
 
     if path == "xla":
         return tf.function(_Forward(model), jit_compile=True)
     if path == "graph":
-        # One graph for every batch size (no XLA, nothing to pad).
-        spec = tf.TensorSpec((None,) + tuple(shape[1:]), dtype)
+        # Batch sizes generalised after the second one traced (no XLA,
+        # nothing to pad); an input of the wrong shape still reaches the
+        # model and gets Keras' own error.
         return tf.function(_Forward(model), jit_compile=False,
-                           input_signature=[spec])
+                           reduce_retracing=True)
     return _Forward(model)
 
 
@@ -190,8 +191,7 @@ class CompiledModelMixin:
         if path not in state:
             backend = keras.backend.backend()
             if backend == "tensorflow":
-                inputs = self.inputs[0]
-                fn = _tf_runner(self, path, inputs.dtype, inputs.shape)
+                fn = _tf_runner(self, path)
             elif backend == "jax":
                 fn = _jax_runner(self, path)
             else:
