@@ -315,6 +315,8 @@ def _softmax(logits):
 def _cmd_predict(args):
     import numpy as np
 
+    from keras_vit.backend import infer
+
     if not _looks_like_file(args.model):
         from keras_vit.models import variants
 
@@ -340,7 +342,7 @@ def _cmd_predict(args):
         images = (images - 127.5) / 127.5
     outputs = []
     for start in range(0, len(images), 16):
-        out = model(images[start:start + 16], training=False)
+        out = infer(model, images[start:start + 16])
         if isinstance(out, dict):
             out = out["output"]
         outputs.append(np.asarray(out))

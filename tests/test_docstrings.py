@@ -8,7 +8,7 @@ import pytest
 MODULES = ["keras_vit", "keras_vit.models.vit", "keras_vit.models.variants",
            "keras_vit.models.features",
            "keras_vit.zoo", "keras_vit.zoo.api", "keras_vit.zoo.registry",
-           "keras_vit.errors"]
+           "keras_vit.errors", "keras_vit.backend"]
 
 
 @pytest.mark.parametrize("name", MODULES)
