@@ -118,3 +118,41 @@ def test_keras_file_saved_on_each_backend_loads_on_the_others(tmp_path):
                 np.testing.assert_allclose(
                     got, want, rtol=1e-5, atol=1e-5,
                     err_msg=f"saved on {saved}, loaded on {loaded}")
+
+
+CLI = """
+import contextlib, io, json, os, sys
+import numpy as np
+from PIL import Image
+import keras_vit
+from keras_vit import cli
+
+folder = sys.argv[1]
+model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                      num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)
+model.get_layer("head").kernel.assign(
+    np.random.default_rng(1).normal(size=(32, 5)).astype("float32"))
+path = os.path.join(folder, "tiny.keras")
+model.save(path)
+image = os.path.join(folder, "img.png")
+Image.fromarray(np.random.default_rng(0).integers(
+    0, 256, (40, 30, 3), "uint8")).save(image)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    predict_rc = cli.main(["predict", path, image, "--json"])
+inspect_rc = cli.main(["inspect", path, image, "--out",
+                       os.path.join(folder, "report")])
+print(json.dumps({"predict_rc": predict_rc, "inspect_rc": inspect_rc,
+                  "predict": json.loads(out.getvalue())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", OTHER)
+def test_cli_predict_and_inspect(backend, tmp_path):
+    out = json.loads(run_on(backend, CLI, tmp_path).strip().splitlines()[-1])
+    assert out["predict_rc"] == 0 and out["inspect_rc"] == 0
+    top = out["predict"]["predictions"][0]["top"]
+    assert len(top) == 5 and sorted(t["index"] for t in top) == list(range(5))
+    pngs = [f for f in os.listdir(tmp_path / "report") if f.endswith(".png")]
+    assert len(pngs) >= 3, pngs
