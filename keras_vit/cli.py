@@ -354,7 +354,7 @@ def _cmd_predict(args):
     import numpy as np
 
     from keras_vit import zoo
-
+    from keras_vit.backend import infer
     from keras_vit.zoo import timm_hub
 
     if not _looks_like_file(args.model) and not timm_hub.is_timm_source(
@@ -384,7 +384,7 @@ def _cmd_predict(args):
                        for p in args.images])
     outputs = []
     for start in range(0, len(images), 16):
-        out = model(images[start:start + 16], training=False)
+        out = infer(model, images[start:start + 16])
         if isinstance(out, dict):
             out = out["output"]
         outputs.append(np.asarray(out))

@@ -17,6 +17,100 @@ except ImportError:  # timm is a test extra; its tests skip without it
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# The Keras backend under test. Keras reads KERAS_BACKEND once, at its first
+# import, so the choice is made here (conftest loads before any test module).
+# With no choice ("all"), this process runs the whole suite on TensorFlow and
+# then re-runs the same command once per other backend in a child pytest,
+# where only the tests marked `backends` are collected: models, zoo,
+# analysis, training, export and the timm parity run everywhere; what is
+# TensorFlow's own (tf.distribute, SavedModel internals) runs once.
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backend", choices=BACKENDS + ("all",), default=None,
+        help="Keras backend to test: one of tensorflow, jax, torch, or 'all' "
+             "(TensorFlow suite, then the `backends` tests on jax and torch "
+             "in child processes). Default: $KERAS_BACKEND if set, else all.")
+
+
+def _backend_option(config):
+    chosen = config.getoption("--backend")
+    if chosen is None:
+        chosen = os.environ.get("KERAS_BACKEND") or "all"
+    if chosen not in BACKENDS + ("all",):
+        raise pytest.UsageError(
+            f"KERAS_BACKEND={chosen!r} is not a backend this suite tests; "
+            f"use one of {', '.join(BACKENDS)}.")
+    return chosen
+
+
+def pytest_configure(config):
+    chosen = _backend_option(config)
+    config._keras_vit_children = chosen == "all"
+    backend = "tensorflow" if chosen == "all" else chosen
+    if "keras" in sys.modules:
+        import keras
+        if keras.backend.backend() != backend:
+            raise pytest.UsageError(
+                f"Keras was imported with the {keras.backend.backend()!r} "
+                f"backend before --backend {backend} could take effect.")
+    os.environ["KERAS_BACKEND"] = backend
+    config._keras_vit_backend = backend
+
+
+def pytest_report_header(config):
+    return f"keras backend: {config._keras_vit_backend}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config._keras_vit_backend == "tensorflow":
+        return
+    keep = [item for item in items if item.get_closest_marker("backends")]
+    dropped = [item for item in items if not item.get_closest_marker("backends")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def _child_args(args):
+    """The user's pytest arguments without any --backend choice."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--backend":
+            skip = True
+        elif not arg.startswith("--backend="):
+            out.append(arg)
+    return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if not getattr(config, "_keras_vit_children", False):
+        return
+    if hasattr(config, "workerinput"):  # an xdist worker, not the main run
+        return
+    import subprocess
+
+    args = _child_args(list(config.invocation_params.args))
+    failed = []
+    for backend in BACKENDS[1:]:
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        print(f"\n===== backend {backend}: tests marked `backends` =====",
+              flush=True)
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", "--backend", backend, *args],
+            env=env, cwd=str(config.invocation_params.dir))
+        # 5: nothing selected for this backend (a TensorFlow-only file).
+        if code not in (0, 5):
+            failed.append(f"{backend} (exit {code})")
+    if failed:
+        print(f"\nbackend runs failed: {', '.join(failed)}", flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):

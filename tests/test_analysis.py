@@ -20,6 +20,10 @@ import keras
 import keras_vit
 from keras_vit import analysis
 from keras_vit.analysis import cli as analysis_cli
+from keras_vit.backend import to_numpy
+
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=5)
@@ -229,10 +233,12 @@ def test_attention_model_shares_weights_and_outputs(tiny):
     assert attn is not tiny and attn.return_attention_scores
     assert analysis.attention_model(attn) is attn
     out = attn(x)
-    np.testing.assert_allclose(out["output"], tiny(x), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(out["output"]), to_numpy(tiny(x)),
+                               atol=1e-6)
     scores = analysis.attention_maps(tiny, x, batch_size=2)
     assert scores.shape == (3, 2, 4, 17, 17)
-    np.testing.assert_allclose(scores, out["attention_scores"], atol=1e-6)
+    np.testing.assert_allclose(scores, to_numpy(out["attention_scores"]),
+                               atol=1e-6)
     np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-5)
     joint = analysis.attention_rollout(scores)
     np.testing.assert_allclose(joint.sum(-1), 1.0, atol=1e-9)

@@ -11,7 +11,11 @@ from conftest import TINY, tiny_builder_kwargs
 
 import keras_vit
 from keras_vit import zoo
+from keras_vit.backend import to_numpy
 from keras_vit.zoo import convert
+
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
 
 
 def _model(**kw):
@@ -48,7 +52,7 @@ def test_all_layouts_load_identically(tmp_path):
         model = _model()
         zoo.load_weights(model, official.write(tmp_path / f"{layout}.npz",
                                                arrays))
-        outputs.append(np.asarray(model(_x())))
+        outputs.append(to_numpy(model(_x())))
     np.testing.assert_array_equal(outputs[0], outputs[1])
     np.testing.assert_array_equal(outputs[0], outputs[2])
 
@@ -64,8 +68,8 @@ def test_export_arrays_round_trip(tmp_path):
     path = zoo.save_npz(model, tmp_path / "out.npz")
     again = _model()
     zoo.load_weights(again, path)
-    np.testing.assert_array_equal(np.asarray(again(_x())),
-                                  np.asarray(model(_x())))
+    np.testing.assert_array_equal(to_numpy(again(_x())),
+                                  to_numpy(model(_x())))
 
 
 def test_higher_resolution_resizes_posemb_like_the_official_code():
@@ -79,7 +83,7 @@ def test_higher_resolution_resizes_posemb_like_the_official_code():
     want = scipy.ndimage.zoom(grid, (1.5, 1.5, 1), order=1).reshape(36, -1)
     np.testing.assert_allclose(got[0, 1:], want, atol=1e-6)
     np.testing.assert_array_equal(got[0, 0], pe[0, 0])
-    assert np.isfinite(np.asarray(model(_x(48)))).all()
+    assert np.isfinite(to_numpy(model(_x(48)))).all()
 
 
 def test_new_head_is_zero_and_pre_logits_dropped():
@@ -89,7 +93,7 @@ def test_new_head_is_zero_and_pre_logits_dropped():
     report = zoo.load_weights(model, arrays)
     assert report["head"] == "replaced" and report["pre_logits"] == "dropped"
     assert not np.any(model.get_layer("head").kernel.numpy())
-    np.testing.assert_array_equal(np.asarray(model(_x())), 0.0)
+    np.testing.assert_array_equal(to_numpy(model(_x())), 0.0)
 
 
 def test_keep_pre_logits_on_new_head():

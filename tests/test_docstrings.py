@@ -11,7 +11,7 @@ MODULES = ["keras_vit", "keras_vit.models.vit", "keras_vit.models.variants",
            "keras_vit.errors", "keras_vit.zoo.lazy_npz",
            "keras_vit.atomic", "keras_vit._quiet", "keras_vit.zoo.timm_hub",
            "keras_vit.zoo.preprocessing", "keras_vit.hardware",
-           "keras_vit.models.compiled"]
+           "keras_vit.models.compiled", "keras_vit.backend"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,6 +9,7 @@ import official
 
 import keras_vit
 from keras_vit import zoo
+from keras_vit.backend import to_numpy
 from keras_vit.models import parse, vit
 
 torch = pytest.importorskip("torch")
@@ -16,6 +17,9 @@ timm_vit = pytest.importorskip("timm.models.vision_transformer")
 from timm.layers import GroupNormAct, StdConv2dSame  # noqa: E402
 from timm.models.resnetv2 import ResNetV2, create_resnetv2_stem  # noqa: E402
 from timm.models.vision_transformer_hybrid import HybridEmbed  # noqa: E402
+
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
 
 TINY = dict(hidden=32, layers=2, heads=4, mlp=64)
 WIDTH_FACTOR = 0.5  # root width 32: the smallest GroupNorm(32) allows
@@ -131,7 +135,7 @@ def test_hybrid_round_trip_and_feature_map(tmp_path):
     path = tmp_path / "h.keras"
     model.save(path)
     again = keras.saving.load_model(path)
-    np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(model(x)))
+    np.testing.assert_array_equal(to_numpy(again(x)), to_numpy(model(x)))
     fmap = keras_vit.models.feature_model(model, "resnet")
     assert tuple(fmap(x).shape) == (2, 8, 8, 256)
 

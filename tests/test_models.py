@@ -13,7 +13,11 @@ from conftest import tiny_builder_kwargs
 
 import keras_vit
 from keras_vit import layers as vit_layers
+from keras_vit.backend import to_numpy
 from keras_vit.models import parse, variants, vit
+
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
 
 # Official counts (vit_jax models_test.py / paper) where published; the rest
 # follow from the configuration by the formula in _formula_count, checked
@@ -127,13 +131,14 @@ def test_layer_config_round_trip(name):
             list(v) if isinstance(v, tuple) else v)
     clone(x)
     clone.set_weights(layer.get_weights())
-    np.testing.assert_array_equal(np.asarray(clone(x)), np.asarray(y))
+    np.testing.assert_array_equal(to_numpy(clone(x)), to_numpy(y))
 
 
 def test_gelu_is_the_tanh_form():
     x = np.linspace(-6, 6, 101).astype("float32")
     want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-    np.testing.assert_allclose(np.asarray(vit_layers.gelu_tanh(x)), want,
+    np.testing.assert_allclose(
+        to_numpy(vit_layers.gelu_tanh(keras.ops.convert_to_tensor(x))), want,
                                atol=1e-6)
 
 
@@ -152,7 +157,7 @@ def test_model_config_round_trip_and_fresh_head_is_zero():
     assert clone.get_config() == model.get_config()
     assert clone.count_params() == model.count_params()
     x = np.ones((2, 32, 32, 3), "float32")
-    np.testing.assert_array_equal(np.asarray(model(x)), 0.0)
+    np.testing.assert_array_equal(to_numpy(model(x)), 0.0)
 
 
 def test_keras_file_reloads_in_a_new_process(tmp_path):
@@ -162,7 +167,7 @@ def test_keras_file_reloads_in_a_new_process(tmp_path):
     for w in model.weights:  # make every output depend on every weight
         w.assign(rng.standard_normal(w.shape).astype("float32") * 0.1)
     x = rng.uniform(0, 255, (3, 32, 32, 3)).astype("float32")
-    want = np.asarray(model.predict(x, verbose=0))
+    want = to_numpy(model.predict(x, verbose=0))
     path = tmp_path / "m.keras"
     model.save(path)
     np.save(tmp_path / "x.npy", x)
@@ -195,9 +200,9 @@ def test_attention_scores_output():
                 classifier_activation="softmax")
     out = model(np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)))
     assert tuple(out["attention_scores"].shape) == (2, 2, 4, 17, 17)
-    np.testing.assert_allclose(np.asarray(out["attention_scores"]).sum(-1), 1.0,
+    np.testing.assert_allclose(to_numpy(out["attention_scores"]).sum(-1), 1.0,
                                atol=1e-5)
-    np.testing.assert_allclose(np.asarray(out["output"]).sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(out["output"]).sum(-1), 1.0, atol=1e-5)
 
 
 def test_preprocessing_maps_pixels_to_minus_one_one():
@@ -207,15 +212,15 @@ def test_preprocessing_maps_pixels_to_minus_one_one():
     plain.set_weights(raw.get_weights())
     x = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype("uint8")
     np.testing.assert_allclose(
-        np.asarray(raw(x.astype("float32"))),
-        np.asarray(plain((x.astype("float32") - 127.5) / 127.5)), atol=1e-5)
+        to_numpy(raw(x.astype("float32"))),
+        to_numpy(plain((x.astype("float32") - 127.5) / 127.5)), atol=1e-5)
 
 
 def test_dropout_only_in_training():
     model = vit(**tiny_builder_kwargs(), dropout_rate=0.5, include_top=False)
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(model(x)))
-    assert np.abs(np.asarray(model(x, training=True)) - np.asarray(model(x))
+    np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(model(x)))
+    assert np.abs(to_numpy(model(x, training=True)) - to_numpy(model(x))
                   ).max() > 1e-3
 
 
@@ -252,5 +257,5 @@ def test_builds_and_runs_with_a_mixed_bfloat16_dtype():
                 dtype="mixed_bfloat16")
     y = model(np.ones((2, 32, 32, 3), "float32"), training=True)
     assert "bfloat16" in str(y.dtype) and np.isfinite(
-        np.asarray(y, dtype="float32")).all()
+        to_numpy(y).astype("float32")).all()
     assert model.get_layer("head").kernel.dtype == "float32"

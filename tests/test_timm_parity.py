@@ -19,6 +19,9 @@ timm_vit = pytest.importorskip("timm.models.vision_transformer")
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
+
 
 def _timm_model(classifier, num_classes, path):
     model = timm_vit.VisionTransformer(

@@ -177,6 +177,38 @@ def test_strategy_auto_falls_back_quickly_and_names_are_checked(monkeypatch):
         kt.strategy("auto")
 
 
+@pytest.mark.backends
+def test_tf_distribute_names_name_the_backend_and_the_way_out():
+    # (keras_vit.train.strategy is also the name of a function there.)
+    strategy_lib = importlib.import_module("keras_vit.train.strategy")
+    backend = keras.backend.backend()
+    for name in ("auto", "default"):
+        strategy_lib.check_backend(name)
+    if backend == "tensorflow":
+        strategy_lib.check_backend("tpu")
+        return
+    for name in ("tpu", "mirrored", "multi_worker"):
+        with pytest.raises(kt.StrategyError, match=(
+                f"strategy='{name}' is a tf.distribute strategy, which the "
+                f"'{backend}' Keras backend cannot run.*"
+                "KERAS_BACKEND=tensorflow")):
+            strategy_lib.check_backend(name)
+    with pytest.raises(kt.StrategyError, match=f"'{backend}' Keras backend"):
+        kt.evaluate(tiny(), "digits:test", strategy="tpu", verbose=False)
+
+
+@pytest.mark.backends
+def test_evaluate_counts_every_image_once():
+    # A zero head gives uniform probabilities: loss ln(10) on every image,
+    # and argmax 0, so the accuracy is the share of zeros. 450 images in
+    # batches of 64 leave a padded last batch that must not count.
+    labels = kt.digits("test").labels()
+    r = kt.evaluate(tiny(), "digits:test", batch_size=64, verbose=False)
+    assert r["num_examples"] == 450
+    assert r["loss"] == pytest.approx(np.log(10.0), abs=1e-5)
+    assert r["accuracy"] == pytest.approx(np.mean(labels == 0), abs=1e-9)
+
+
 def test_cpu_devices_cannot_change_after_start():
     import tensorflow as tf
 
@@ -496,6 +528,7 @@ def test_fine_tune_a_zoo_name_at_a_higher_resolution(tmp_path):
                    strategy="default", **QUICK)
 
 
+@pytest.mark.backends
 def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
     model = tiny()
     r = kt.compile_for_finetune(model, total_steps=8, warmup_steps=2,
@@ -509,7 +542,7 @@ def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
     history = model.fit(ds, steps_per_epoch=16, epochs=1, verbose=0)
     # 16 micro-batches are 8 optimizer steps: the schedule (which Keras
     # drives with the micro-batch counter) has reached its end, not half-way.
-    assert int(opt.iterations.numpy()) == 8
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == 8
     assert float(opt.learning_rate) == pytest.approx(0.0, abs=1e-9)
     assert np.isfinite(history.history["loss"][0])
     with pytest.raises(ValueError, match="pass steps_per_epoch"):
@@ -520,6 +553,7 @@ def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
 # few-shot
 
 
+@pytest.mark.backends
 def test_fewshot_least_squares_matches_sklearn_ridge_classifier():
     from sklearn.linear_model import RidgeClassifier
 

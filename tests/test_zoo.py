@@ -17,7 +17,11 @@ import official
 
 import keras_vit
 from keras_vit import zoo
+from keras_vit.backend import to_numpy
 from keras_vit.zoo import registry
+
+# Runs on every Keras backend (tests/conftest.py).
+pytestmark = pytest.mark.backends
 
 TI = dict(patch=16, hidden=192, layers=12, heads=3, mlp=768)
 HYBRID_FT = ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
@@ -95,8 +99,8 @@ def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
     ref = keras_vit.vit(384, 16, 192, 12, 3, 768, 1000)
     zoo.load_weights(ref, root / "vit_models" / "augreg" / AUGREG_FT)
     x = _x(384, 1)
-    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(ref(x)))
-    assert np.abs(np.asarray(model(x))).max() > 1e-3
+    np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(ref(x)))
+    assert np.abs(to_numpy(model(x))).max() > 1e-3
 
     # Another resolution resizes the position embeddings; a new head is zero.
     small = zoo.load("vit_tiny_patch16_224.augreg_in21k_ft_in1k",
@@ -104,7 +108,7 @@ def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
     assert small.get_config()["image_size"] == 224
     assert small.get_layer("position_embedding").pos_embedding.shape == (
         1, 197, 192)
-    np.testing.assert_array_equal(np.asarray(small(_x(224, 1))), 0.0)
+    np.testing.assert_array_equal(to_numpy(small(_x(224, 1))), 0.0)
 
 
 @pytest.mark.slow
@@ -118,7 +122,7 @@ def test_load_hybrid_tag_through_mirror(mirror):
                         resnet=dict(num_layers=(), width_factor=1))
     zoo.load_weights(ref, root / "vit_models" / "augreg" / HYBRID_FT)
     x = _x(384, 1)
-    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(ref(x)))
+    np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(ref(x)))
     small = zoo.load("vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k")
     assert small.grid_size == (7, 7)  # posemb resized 12x12 -> 7x7
 
@@ -138,10 +142,10 @@ def test_load_bit_tag_through_mirror(mirror):
     model = zoo.load("BiT-S-R50x1", image_size=64)
     assert model.zoo_weights.tag == "BiT-S"
     x = _x(64)
-    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(src(x)),
+    np.testing.assert_allclose(to_numpy(model(x)), to_numpy(src(x)),
                                atol=1e-6)
     new_head = zoo.load("resnetv2_50x1_bits", image_size=64, num_classes=4)
-    np.testing.assert_array_equal(np.asarray(new_head(x)), 0.0)
+    np.testing.assert_array_equal(to_numpy(new_head(x)), 0.0)
 
 
 def test_pre_logits_kept_with_head_and_dropped_with_new_head(tmp_path):
@@ -168,7 +172,7 @@ def test_https_url_and_file_url(bucket, tmp_path):
     b = zoo.load("ViT-Ti/16", weights="file://" + str(
         root / "vit_models/augreg/Ti_16-other--imagenet2012-res_224.npz"),
         image_size=32)
-    np.testing.assert_array_equal(np.asarray(a(_x(32))), np.asarray(b(_x(32))))
+    np.testing.assert_array_equal(to_numpy(a(_x(32))), to_numpy(b(_x(32))))
 
 
 def test_augreg_index_and_named_file(mirror):
@@ -292,7 +296,7 @@ def test_headless_checkpoint_needs_num_classes(tmp_path):
     with pytest.raises(ValueError, match="has no head; pass num_classes"):
         zoo.load("ViT-Ti/16", weights=str(path))
     model = zoo.load("ViT-Ti/16", weights=str(path), num_classes=4)
-    np.testing.assert_array_equal(np.asarray(model(_x(32))), 0.0)
+    np.testing.assert_array_equal(to_numpy(model(_x(32))), 0.0)
     feats = zoo.load("ViT-Ti/16", weights=str(path), include_top=False,
                      pooling="token")
     assert tuple(feats(_x(32)).shape) == (2, 192)

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_vit.backend import infer
+
 
 class TokenGeometry(NamedTuple):
     """How a model's token sequence maps onto its input image.
@@ -177,7 +179,7 @@ def attention_maps(model, images, batch_size=8):
     images = _check_images(model, images)
     out = []
     for start in range(0, len(images), batch_size):
-        result = model(images[start:start + batch_size], training=False)
+        result = infer(model, images[start:start + batch_size])
         out.append(np.asarray(result["attention_scores"], dtype="float32"))
     return np.concatenate(out)
 

@@ -16,6 +16,7 @@ from keras_vit.analysis.attention import (attention_model,
 from keras_vit.analysis.embeddings import (embedding_filter_components,
                                            neighbour_similarity,
                                            position_embedding_similarity)
+from keras_vit.backend import infer
 
 FILES = {
     "filters": "embedding_filters.png",
@@ -210,7 +211,7 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
 
     distances, maps, outputs = [], [], []
     for start in range(0, len(inputs), batch_size):
-        result = model(inputs[start:start + batch_size], training=False)
+        result = infer(model, inputs[start:start + batch_size])
         scores = np.asarray(result["attention_scores"], dtype="float32")
         distances.append(mean_attention_distance(
             scores, g.grid_size, g.patch_pixels, g.num_prefix_tokens,

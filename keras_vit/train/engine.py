@@ -322,6 +322,16 @@ class Trainer:
         import keras
         import tensorflow as tf
 
+        if keras.backend.backend() != "tensorflow":
+            # The loop below is tf.distribute's (GradientTape, replica
+            # contexts, tf.train.Checkpoint); no jax or torch engine yet.
+            strategy_lib.check_backend(strategy)
+            raise NotImplementedError(
+                f"the Trainer (fine_tune, pretrain) runs on the TensorFlow "
+                f"backend; under KERAS_BACKEND={keras.backend.backend()} "
+                "use keras_vit.train.compile_for_finetune(model, ...) and "
+                "model.fit (same recipe, one device), or set "
+                "KERAS_BACKEND=tensorflow.")
         self.recipe = recipes_lib.get(recipe, **overrides)
         self.verbose = verbose
         self.strategy = strategy_lib.strategy(strategy, tpu=tpu)
@@ -942,16 +952,23 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     >>> r["num_examples"], round(r["loss"], 4)
     (450, 2.3026)
     """
+    import keras
     import tensorflow as tf
     from tqdm.auto import tqdm
 
-    strategy_ = strategy_lib.strategy(strategy)
+    on_tf = keras.backend.backend() == "tensorflow"
+    if not on_tf:
+        strategy_lib.check_backend(strategy)
     source = data_lib.load_data(data, split="test", verbose=verbose)
     size = image_size or _model_image_size(model)
     if _model_classes(model) < source.num_classes:
         raise ValueError(
             f"model={model.name!r} has {_model_classes(model)} outputs but "
             f"data={source.name!r} has {source.num_classes} classes")
+    if not on_tf:
+        return _evaluate_one_device(model, source, size, batch_size,
+                                    eval_crop)
+    strategy_ = strategy_lib.strategy(strategy)
     replicas = strategy_.num_replicas_in_sync
     if batch_size % replicas:
         raise ValueError(f"batch_size={batch_size} is not divisible by the "
@@ -993,6 +1010,28 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
                   disable=not verbose or steps < 20):
         totals += [float(v) for v in step_fn(iterator)]
     loss, correct, count = (float(v) for v in totals)
+    return {"accuracy": correct / max(count, 1.0),
+            "loss": loss / max(count, 1.0), "num_examples": int(count)}
+
+
+def _evaluate_one_device(model, source, size, batch_size, eval_crop):
+    """:func:`evaluate` on the jax and torch backends: the same padded,
+    masked batches (tf.data stays the input pipeline), the model run eagerly
+    on NumPy without gradients, the sums taken in float64."""
+    from keras_vit.backend import infer
+
+    steps = -(-source.num_examples // batch_size)
+    loss = correct = count = 0.0
+    for images, labels, mask in data_lib.padded_eval_dataset(
+            source, size, batch_size, num_batches=steps,
+            eval_crop=eval_crop).as_numpy_iterator():
+        logits = infer(model, images).astype("float64")
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        picked = np.take_along_axis(log_probs, labels[:, None], -1)[:, 0]
+        loss -= float((picked * mask).sum())
+        correct += float(((logits.argmax(-1) == labels) * mask).sum())
+        count += float(mask.sum())
     return {"accuracy": correct / max(count, 1.0),
             "loss": loss / max(count, 1.0), "num_examples": int(count)}
 

@@ -17,8 +17,12 @@ constant feature, which tends to the same as that constant grows).
 
 from __future__ import annotations
 
+import functools
+
+import keras
 import numpy as np
 
+from keras_vit.backend import infer, to_numpy
 from keras_vit.train import data as data_lib
 
 SHOTS = (1, 5, 10, 25)
@@ -104,14 +108,20 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
     ds = data_lib.padded_eval_dataset(source, image_size, batch_size,
                                       num_batches=steps, raw_pixels=raw)
     call = feature_fn
-    if hasattr(feature_fn, "inputs"):
+    on_tf = keras.backend.backend() == "tensorflow"
+    if hasattr(feature_fn, "inputs") and on_tf:
         call = tf.function(lambda x: feature_fn(x, training=False))
+    elif hasattr(feature_fn, "inputs"):
+        # jax and torch run the model eagerly on NumPy batches (the input
+        # pipeline stays tf.data); infer leaves torch's autograd out.
+        call = functools.partial(infer, feature_fn)
     feats, labels = [], []
     for images, y, mask in tqdm(ds, total=steps, desc="features",
                                 unit="batch", leave=False,
                                 disable=not verbose or steps < 10):
         keep = mask.numpy() > 0
-        out = np.asarray(call(images), "float32").reshape(len(keep), -1)
+        out = call(images if on_tf else images.numpy())
+        out = np.asarray(to_numpy(out), "float32").reshape(len(keep), -1)
         feats.append(out[keep])
         labels.append(y.numpy()[keep])
     return np.concatenate(feats), np.concatenate(labels).astype("int64")

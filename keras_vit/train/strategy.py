@@ -144,6 +144,29 @@ def _tpu_strategy(tpu, timeout):
     return tf.distribute.TPUStrategy(resolver)
 
 
+def check_backend(name):
+    """Refuses a ``tf.distribute`` strategy under the jax or torch backend.
+
+    Only ``"auto"`` and ``"default"`` (one device) mean something there;
+    every other name is TensorFlow's, so the error names the backend and
+    what to do instead.
+
+    >>> check_backend("auto")
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow" or (
+            isinstance(name, str)
+            and name.replace("-", "_") in ("auto", "default")):
+        return
+    raise StrategyError(
+        f"strategy={name!r} is a tf.distribute strategy, which the "
+        f"{backend!r} Keras backend cannot run; use strategy='default' "
+        f"(one device) under {backend}, or set KERAS_BACKEND=tensorflow to "
+        "train with tf.distribute (mirrored, multi_worker, tpu).")
+
+
 def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
     """Builds a ``tf.distribute.Strategy``.
 

@@ -1,0 +1,158 @@
+"""The package on every Keras backend, checked from child processes.
+
+Keras picks its backend once per process, so what crosses backends (a
+``.keras`` file saved under one and loaded under another) or must hold from
+a clean start (TensorFlow never imported under jax or torch) runs in fresh
+interpreters with KERAS_BACKEND set.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+OTHER = ("jax", "torch")
+ALL = ("tensorflow",) + OTHER
+
+
+def run_on(backend, script, *args, timeout=300):
+    """Runs ``script`` under KERAS_BACKEND=backend; returns its stdout."""
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{backend} child failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+NO_TF = """
+import json, sys
+import numpy as np
+import keras, keras_vit
+from keras_vit import analysis, zoo
+from keras_vit.models.features import feature_model
+
+# (No keras.utils.set_random_seed: Keras' own seeding imports TensorFlow.)
+kw = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
+          num_heads=4, mlp_dim=64, num_classes=5)
+path = sys.argv[1]
+zoo.save_npz(keras_vit.vit(**kw), path)
+model = keras_vit.vit(**kw)
+zoo.load_weights(model, path)
+x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+logits = model.predict(x, verbose=0)
+maps = analysis.attention_maps(model, x)
+features = feature_model(model).predict(x, verbose=0)
+sim = analysis.position_embedding_similarity(model)
+print(json.dumps({
+    "backend": keras.backend.backend(),
+    "tensorflow": sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")[:5],
+    "logits": list(logits.shape), "maps": list(maps.shape),
+    "rows": float(maps.sum(-1).mean()), "features": list(features.shape),
+    "sim": list(np.shape(sim))}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", OTHER)
+def test_models_zoo_analysis_never_import_tensorflow(backend, tmp_path):
+    out = json.loads(run_on(backend, NO_TF, tmp_path / "w.npz")
+                     .strip().splitlines()[-1])
+    assert out["backend"] == backend
+    assert out["tensorflow"] == [], out["tensorflow"]
+    assert out["logits"] == [3, 5]
+    assert out["maps"] == [3, 2, 4, 17, 17]
+    assert out["rows"] == pytest.approx(1.0, abs=1e-5)
+    assert out["features"][0] == 3
+
+
+SAVE = """
+import sys
+import numpy as np
+import keras, keras_vit
+
+keras.utils.set_random_seed(int(sys.argv[2]))
+model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                      num_layers=2, num_heads=4, mlp_dim=64, num_classes=5,
+                      classifier="gap")
+# Non-zero head so that the logits say something about every weight.
+model.get_layer("head").kernel.assign(
+    np.random.default_rng(1).normal(size=(32, 5)).astype("float32"))
+model.save(sys.argv[1] + ".keras")
+x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+np.save(sys.argv[1] + ".npy", model.predict(x, verbose=0))
+"""
+
+LOAD = """
+import sys
+import numpy as np
+import keras
+import keras_vit  # registers the package's classes for deserialisation
+
+x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+for stem in sys.argv[1:]:
+    model = keras.saving.load_model(stem + ".keras")
+    np.save(stem + "." + keras.backend.backend() + ".npy",
+            model.predict(x, verbose=0))
+"""
+
+
+@pytest.mark.slow
+def test_keras_file_saved_on_each_backend_loads_on_the_others(tmp_path):
+    stems = {b: str(tmp_path / b) for b in ALL}
+    for seed, backend in enumerate(ALL):
+        run_on(backend, SAVE, stems[backend], seed)
+    for backend in ALL:
+        run_on(backend, LOAD, *(stems[b] for b in ALL if b != backend))
+    for saved in ALL:
+        want = np.load(stems[saved] + ".npy")
+        assert np.abs(want).max() > 1e-2  # the head is not the zero init
+        for loaded in ALL:
+            if loaded != saved:
+                got = np.load(f"{stems[saved]}.{loaded}.npy")
+                np.testing.assert_allclose(
+                    got, want, rtol=1e-5, atol=1e-5,
+                    err_msg=f"saved on {saved}, loaded on {loaded}")
+
+
+CLI = """
+import contextlib, io, json, os, sys
+import numpy as np
+from PIL import Image
+import keras_vit
+from keras_vit import cli
+
+folder = sys.argv[1]
+model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                      num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)
+model.get_layer("head").kernel.assign(
+    np.random.default_rng(1).normal(size=(32, 5)).astype("float32"))
+path = os.path.join(folder, "tiny.keras")
+model.save(path)
+image = os.path.join(folder, "img.png")
+Image.fromarray(np.random.default_rng(0).integers(
+    0, 256, (40, 30, 3), "uint8")).save(image)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    predict_rc = cli.main(["predict", path, image, "--json"])
+inspect_rc = cli.main(["inspect", path, image, "--out",
+                       os.path.join(folder, "report")])
+print(json.dumps({"predict_rc": predict_rc, "inspect_rc": inspect_rc,
+                  "predict": json.loads(out.getvalue())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", OTHER)
+def test_cli_predict_and_inspect(backend, tmp_path):
+    out = json.loads(run_on(backend, CLI, tmp_path).strip().splitlines()[-1])
+    assert out["predict_rc"] == 0 and out["inspect_rc"] == 0
+    top = out["predict"]["predictions"][0]["top"]
+    assert len(top) == 5 and sorted(t["index"] for t in top) == list(range(5))
+    pngs = [f for f in os.listdir(tmp_path / "report") if f.endswith(".png")]
+    assert len(pngs) >= 3, pngs
