@@ -68,25 +68,44 @@ def test_quick_run_writes_the_tables(tmp_path):
         assert key in text
 
     tables = _tables(text)
-    assert set(tables) == {"Matrix-multiply ceiling", "Inference",
-                           "Fine-tuning step", "Loading a checkpoint"}
+    assert set(tables) == {"Matrix-multiply ceiling", "Targets (issue 13)",
+                           "Inference", "Fine-tuning step",
+                           "Loading a checkpoint"}
+    # Every goal of issue 13 with a row and a verdict.
+    goals = {r["goal"] for r in tables["Targets (issue 13)"]}
+    assert len(goals) == 6, goals
+    assert {r["met"] for r in tables["Targets (issue 13)"]} <= {"yes", "no",
+                                                                "-"}
     assert tables["Inference"] and tables["Fine-tuning step"]
     assert all(_positive(r["GFLOP/s"]) for r in
                tables["Matrix-multiply ceiling"])
 
+    # The rows follow the machine's plan: its choice, labelled, and the
+    # path it did not choose beside it.
+    from keras_vit import hardware
+
+    inference = set()
+    for dtype in ("float32", "bfloat16", "mixed_bfloat16"):
+        chosen = hardware.plan(dtype).predict
+        inference.add(("keras_vit", f"model.predict (auto: {chosen})",
+                       dtype))
+        if dtype != "mixed_bfloat16":
+            other = "graph" if chosen == "xla" else "xla"
+            inference.add(("keras_vit",
+                           f"model.predict, predict_path='{other}'", dtype))
+    mixed_jit = hardware.plan("mixed_bfloat16").train_jit
     expected = {
-        "Inference": {
-            ("keras_vit", "model.predict", "float32"),
-            ("keras_vit", "tf.function(jit_compile=True)", "float32"),
-            ("keras_vit", "model.predict", "bfloat16"),
-            ("keras_vit", "model.predict", "mixed_bfloat16")},
+        "Inference": inference,
         "Fine-tuning step": {
             ("keras_vit", "Trainer train step (default)", "float32"),
             ("keras_vit", "Trainer train step, XLA", "float32"),
             ("keras_vit", "Trainer train step (default)", "mixed_bfloat16"),
-            ("keras_vit", "Trainer train step, no XLA", "mixed_bfloat16"),
+            ("keras_vit", "Trainer train step, "
+             + ("no XLA" if mixed_jit else "XLA"), "mixed_bfloat16"),
             ("keras_vit", "compile_for_finetune + train_on_batch",
-             "float32")},
+             "float32"),
+            ("keras_vit", "compile_for_finetune + train_on_batch",
+             "mixed_bfloat16")},
     }
     if HAS_TIMM:
         expected["Inference"] |= {
