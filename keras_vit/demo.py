@@ -163,6 +163,7 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
 
     import keras
 
+    from keras_vit import atomic
     from keras_vit import train as kt
     from keras_vit import zoo
 
@@ -209,7 +210,8 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
     t0 = time.perf_counter()
     logits = _predict(model, x_te)
     eval_accuracy = float(np.mean(np.argmax(logits, -1) == y_te))
-    model.save(keras_path)
+    with atomic.atomic_path(keras_path) as tmp:  # complete or absent
+        model.save(tmp)
     reloaded = keras.saving.load_model(keras_path)
     reload_logits = _predict(reloaded, x_te)
     reload_diff = float(np.max(np.abs(reload_logits - logits)))
