@@ -666,8 +666,9 @@ class StdConv2D(layers.Conv2D):
 
     def convolution_op(self, inputs, kernel):
         # Standardise in float32 even under mixed precision: the statistics
-        # of a small kernel lose too much in bf16.
-        w = self.standardized_kernel(ops.cast(kernel, "float32"))
+        # of a small kernel lose too much in bf16 (float64 stays float64).
+        dtype = keras.backend.result_type(kernel.dtype, "float32")
+        w = self.standardized_kernel(ops.cast(kernel, dtype))
         return super().convolution_op(inputs, ops.cast(w, inputs.dtype))
 
     def get_config(self):
@@ -686,19 +687,25 @@ class ResidualUnit(layers.Layer):
     weight-standardised as (w - mean) / (std + 1e-5) with TF 'SAME' padding;
     GroupNorm has 32 groups and epsilon 1e-6. This differs from BiT's
     pre-activation unit on purpose: it is what the released hybrids computed.
+    ``standardization``/``std_eps`` pick the weight standardisation of
+    :class:`StdConv2D` (timm's port of these hybrids runs ``"var"`` with
+    1e-8 and GroupNorm epsilon 1e-5).
     """
 
-    def __init__(self, features, strides=1, groups=32, epsilon=1e-6, **kwargs):
+    def __init__(self, features, strides=1, groups=32, epsilon=1e-6,
+                 standardization="std", std_eps=1e-5, **kwargs):
         super().__init__(**kwargs)
         self.features = int(features)
         self.strides = int(strides)
         self.groups = int(groups)
         self.epsilon = float(epsilon)
+        self.standardization = standardization
+        self.std_eps = float(std_eps)
 
     def _conv(self, filters, size, strides, name):
         return StdConv2D(filters, size, strides=strides, padding="same",
-                         use_bias=False, standardization="std", eps=1e-5,
-                         kernel_initializer="lecun_normal",
+                         use_bias=False, standardization=self.standardization,
+                         eps=self.std_eps, kernel_initializer="lecun_normal",
                          dtype=self.dtype_policy, name=name)
 
     def _norm(self, name, zero=False):
@@ -742,5 +749,7 @@ class ResidualUnit(layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(features=self.features, strides=self.strides,
-                      groups=self.groups, epsilon=self.epsilon)
+                      groups=self.groups, epsilon=self.epsilon,
+                      standardization=self.standardization,
+                      std_eps=self.std_eps)
         return config

@@ -7,8 +7,10 @@ and original checkpoints as the official ``.npz`` files, plus later
 fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
 ``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
-the official layout (ViT and BiT; timm's hybrids are refused so far), and
-loads them through the same strict loaders as the ``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
+the official layout (ViT, the ResNetV2+ViT hybrids and BiT; a hybrid keeps
+timm's ResNet numerics: weights standardised with sqrt(var + 1e-8),
+GroupNorm epsilon 1e-5), and loads them through the same strict loaders as
+the ``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
 that ``timm.create_model(..., pretrained=True)`` loads.
 
 timm runs the exact (erf) GELU, the official code the tanh form, so models
@@ -30,6 +32,7 @@ import numpy as np
 
 from keras_vit.errors import require
 from keras_vit.models import variants
+from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert
 
 HUB_PREFIX = "hf-hub:"
@@ -171,7 +174,67 @@ def to_official(state, num_heads):
     return out
 
 
-_BIT_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+# timm's ResNetV2 names stage s, block b ``stages.{s}.blocks.{b}.<param>``,
+# in BiT and in the hybrids' backbone alike.
+_STAGE_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+
+
+def _resnet_to_official(state, unit_params, unit_key, top, what, prefix=""):
+    """Maps timm ResNetV2 parameters: ``unit_key(stage, block)`` (1-based)
+    plus ``unit_params[param]`` for the units, ``top`` for the rest; conv
+    kernels OIHW -> HWIO. Unknown names raise a ValueError naming them."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _STAGE_UNIT.match(name)
+        if m and m.group(3) in unit_params:
+            stage, block, param = m.groups()
+            key = unit_key(int(stage) + 1, int(block) + 1) + unit_params[param]
+        elif name in top:
+            key = top[name]
+        else:
+            unknown.append(prefix + name)
+            continue
+        if value.ndim == 4:  # conv OIHW -> HWIO
+            value = value.transpose(2, 3, 1, 0)
+        out[key] = value
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's {what} lacks: "
+            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
+_HYBRID_PREFIX = "patch_embed.backbone."
+_HYBRID_UNIT_PARAMS = {"downsample.conv.weight": "conv_proj/kernel",
+                       "downsample.norm.weight": "gn_proj/scale",
+                       "downsample.norm.bias": "gn_proj/bias"}
+for _i in (1, 2, 3):
+    _HYBRID_UNIT_PARAMS[f"conv{_i}.weight"] = f"conv{_i}/kernel"
+    _HYBRID_UNIT_PARAMS[f"norm{_i}.weight"] = f"gn{_i}/scale"
+    _HYBRID_UNIT_PARAMS[f"norm{_i}.bias"] = f"gn{_i}/bias"
+# The root: "stem." in front when the backbone has stages, none when timm
+# builds the root alone (vit_tiny_r_s16_p8_*).
+_HYBRID_ROOT = {"conv.weight": "conv_root/kernel",
+                "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}
+_HYBRID_ROOT.update({f"stem.{k}": v for k, v in _HYBRID_ROOT.items()})
+
+
+def hybrid_to_official(state, num_heads):
+    """Maps a timm ResNet+ViT hybrid ``state_dict`` (``vit_*_r*_s*``) onto
+    the official hybrid ``.npz`` layout: timm's
+    ``patch_embed.backbone.stages.{s}.blocks.{b}`` is ``block{s+1}/unit{b+1}``
+    (norm1 -> gn1, downsample -> conv_proj/gn_proj), the rest as
+    :func:`to_official`. Unknown parameters raise a ValueError naming them."""
+    n = len(_HYBRID_PREFIX)
+    backbone = {k[n:]: v for k, v in state.items()
+                if k.startswith(_HYBRID_PREFIX)}
+    rest = {k: v for k, v in state.items() if not k.startswith(_HYBRID_PREFIX)}
+    return {**to_official(rest, num_heads), **_resnet_to_official(
+        backbone, _HYBRID_UNIT_PARAMS, lambda s, b: f"block{s}/unit{b}/",
+        _HYBRID_ROOT, "hybrid ResNet", prefix=_HYBRID_PREFIX)}
+
+
 _BIT_UNIT_PARAMS = {"downsample.conv.weight": "a/proj/standardized_conv2d/kernel"}
 for _i, _x in enumerate("abc", 1):
     _BIT_UNIT_PARAMS[f"conv{_i}.weight"] = f"{_x}/standardized_conv2d/kernel"
@@ -189,28 +252,9 @@ def bit_to_official(state):
     ``.npz`` layout (timm's stage s, block b is ``block{s+1}/unit{b+1:02d}``;
     its norm1/conv1 are the official unit's ``a``, and so on). Parameters
     with no BiT counterpart raise a ValueError naming them."""
-    out, unknown = {}, []
-    for name, value in state.items():
-        value = np.asarray(value)
-        m = _BIT_UNIT.match(name)
-        if m and m.group(3) in _BIT_UNIT_PARAMS:
-            stage, block, param = m.groups()
-            key = (f"resnet/block{int(stage) + 1}/unit{int(block) + 1:02d}/"
-                   f"{_BIT_UNIT_PARAMS[param]}")
-        elif name in _BIT_TOP:
-            key = _BIT_TOP[name]
-        else:
-            unknown.append(name)
-            continue
-        if value.ndim == 4:  # conv OIHW -> HWIO
-            value = value.transpose(2, 3, 1, 0)
-        out[key] = value
-    if unknown:
-        raise ValueError(
-            f"the timm checkpoint has parameters keras_vit's BiT ResNetV2 "
-            f"lacks: {sorted(unknown)[:12]}"
-            f"{' ...' if len(unknown) > 12 else ''}")
-    return out
+    return _resnet_to_official(
+        state, _BIT_UNIT_PARAMS, lambda s, b: f"resnet/block{s}/unit{b:02d}/",
+        _BIT_TOP, "BiT ResNetV2")
 
 
 def from_official(arrays):
@@ -259,19 +303,26 @@ def from_official(arrays):
     return {k: np.ascontiguousarray(v) for k, v in state.items()}
 
 
+_RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
+
+
 def _architecture(config, name):
     arch_name = name or config.get("architecture")
     if not arch_name:
         raise ValueError("the timm weights carry no config.json naming the "
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
+    if _RESNET_D_HYBRID.match(arch_name.partition(".")[0]):
+        raise ValueError(
+            f"timm's ResNet-D hybrids ({arch_name}: deep stem, average-pool "
+            "downsampling, BatchNorm) are not supported; the ResNetV2 "
+            "hybrids (vit_*_r*_s*, e.g. vit_base_r50_s16_384) load")
     arch = variants.parse(arch_name)
-    if arch.family not in ("vit", "bit"):
+    if arch.family not in ("vit", "bit", "hybrid"):
         raise ValueError(
             f"timm weights of the {arch.family} family ({arch_name}) are not "
-            "supported yet: ViT (vit_*_patch*) and BiT (resnetv2_*_bit) "
-            "checkpoints load from timm files; the official .npz files of "
-            "hybrids do")
+            "supported: ViT (vit_*_patch*), ResNet+ViT hybrids (vit_*_r*_s*) "
+            "and BiT (resnetv2_*_bit) checkpoints load from timm files")
     return arch
 
 
@@ -331,8 +382,14 @@ def load(source, name=None, image_size=None, num_classes=None, *,
         arrays = bit_layout.normalize(bit_to_official(state))
         head = bit_layout.HEAD_KERNEL
     else:
+        mapping = to_official
+        if arch.family == "hybrid":
+            mapping = hybrid_to_official
+            # timm's ResNet standardises and normalises with other epsilons.
+            kwargs.setdefault("resnet", dict(arch.config["resnet"],
+                                             **TIMM_RESNET_NUMERICS))
         arrays = convert.normalize_keys(
-            to_official(state, arch.config["num_heads"]))
+            mapping(state, arch.config["num_heads"]))
         head = "head/kernel"
         kwargs["gelu"] = gelu
     if image_size is None:

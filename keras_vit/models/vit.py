@@ -48,7 +48,8 @@ def _resnet_config(resnet):
         raise ValueError(
             "resnet must be None or a dict like dict(num_layers=(3, 4, 9), "
             f"width_factor=1); received resnet={resnet!r}")
-    unknown = set(resnet) - {"num_layers", "width_factor", "fold_last_stage"}
+    unknown = set(resnet) - {"num_layers", "width_factor", "fold_last_stage",
+                             *_RESNET_NUMERICS}
     if unknown:
         raise ValueError(
             f"resnet has unknown keys {sorted(unknown)}; received "
@@ -74,7 +75,28 @@ def _resnet_config(resnet):
     config = {"num_layers": list(num_layers), "width_factor": width_factor}
     if fold:
         config["fold_last_stage"] = True
+    if resnet.get("standardization", "std") not in ("std", "var"):
+        raise ValueError(
+            "resnet['standardization'] must be 'std' or 'var'; received "
+            f"resnet={resnet!r}")
+    for key in ("std_eps", "norm_epsilon"):
+        value = resnet.get(key, 1.0)
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not value > 0):
+            raise ValueError(f"resnet[{key!r}] must be a positive number; "
+                             f"received resnet={resnet!r}")
+    # Stored only when given: official configs stay as they were.
+    config.update({k: resnet[k] for k in _RESNET_NUMERICS if k in resnet})
     return config
+
+
+# The ResNet's numerics, official (vit_jax) by default: kernels
+# standardised as (w - mean) / (std + 1e-5), GroupNorm epsilon 1e-6. timm's
+# port computes (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5.
+_RESNET_NUMERICS = {"standardization": "std", "std_eps": 1e-5,
+                    "norm_epsilon": 1e-6}
+TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
+                        "norm_epsilon": 1e-5}
 
 
 def hybrid_stages(resnet):
@@ -90,12 +112,14 @@ def hybrid_stages(resnet):
 def _resnet_stem(x, resnet, dtype):
     """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
     width = int(round(64 * resnet["width_factor"]))
+    num = {k: resnet.get(k, v) for k, v in _RESNET_NUMERICS.items()}
     x = vit_layers.StdConv2D(
         width, 7, strides=2, padding="same", use_bias=False,
-        standardization="std", eps=1e-5, kernel_initializer="lecun_normal",
-        dtype=dtype, name="resnet_root_conv")(x)
-    x = layers.GroupNormalization(32, epsilon=1e-6, dtype=dtype,
-                                  name="resnet_root_norm")(x)
+        standardization=num["standardization"], eps=num["std_eps"],
+        kernel_initializer="lecun_normal", dtype=dtype,
+        name="resnet_root_conv")(x)
+    x = layers.GroupNormalization(32, epsilon=num["norm_epsilon"],
+                                  dtype=dtype, name="resnet_root_norm")(x)
     x = layers.ReLU(dtype=dtype, name="resnet_root_relu")(x)
     # TF 'SAME' max-pool pads with -inf, as flax's max_pool does.
     x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype,
@@ -104,7 +128,10 @@ def _resnet_stem(x, resnet, dtype):
         for u in range(depth):
             x = vit_layers.ResidualUnit(
                 width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
-                dtype=dtype, name=f"resnet_block{s + 1}_unit{u + 1}")(x)
+                epsilon=num["norm_epsilon"],
+                standardization=num["standardization"],
+                std_eps=num["std_eps"], dtype=dtype,
+                name=f"resnet_block{s + 1}_unit{u + 1}")(x)
     return x
 
 
@@ -547,7 +574,9 @@ def vit(
             ``dict(num_layers=(3, 4, 9), width_factor=1)`` makes a hybrid
             whose patches are cut from the feature map of the vit_jax ResNet
             (``num_layers=()`` is the root-only stem of R+ViT-Ti/16;
-            ``fold_last_stage=True`` is the paper's option (ii)).
+            ``fold_last_stage=True`` is the paper's option (ii);
+            ``standardization="var", std_eps=1e-8, norm_epsilon=1e-5``
+            give timm's numerics instead of the official ones).
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).
