@@ -44,8 +44,13 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
     site = subprocess.run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True).stdout.strip()
-    # Dependencies from the current interpreter, without its .pth hooks.
-    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Dependencies from the current interpreter (its venv and, for a venv
+    # with system site-packages, the system's), without its .pth hooks.
+    import site as site_module
+
+    dirs = dict.fromkeys([sysconfig.get_paths()["purelib"],
+                          *site_module.getsitepackages()])
+    Path(site, "deps.pth").write_text("".join(d + "\n" for d in dirs))
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install",
          "--no-deps", "--no-index", "-q", str(wheel)],

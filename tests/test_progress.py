@@ -2,6 +2,7 @@
 loading of big checkpoints show one; small loads and progress=False none."""
 
 import http.server
+import io
 import threading
 
 import numpy as np
@@ -10,7 +11,16 @@ import pytest
 from keras_vit import zoo
 from keras_vit.zoo import convert, download
 
-BODY = bytes(range(256)) * 4096  # 1 MiB
+
+def _npz_body():
+    # A real (stored) .npz of 1 MiB of data: downloads keep only complete
+    # archives.
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.zeros(1 << 18, "float32"))
+    return buffer.getvalue()
+
+
+BODY = _npz_body()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
