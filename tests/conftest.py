@@ -93,11 +93,19 @@ def pytest_sessionfinish(session, exitstatus):
         return
     if hasattr(config, "workerinput"):  # an xdist worker, not the main run
         return
+    import importlib.util
     import subprocess
 
     args = _child_args(list(config.invocation_params.args))
     failed = []
     for backend in BACKENDS[1:]:
+        if importlib.util.find_spec(backend) is None:
+            # Not a skip: the dev extras install both backends, so a missing
+            # one is a broken set-up that would otherwise hide failures.
+            print(f"\n===== backend {backend}: not installed; "
+                  f"`pip install -e \".[dev]\"` installs it =====", flush=True)
+            failed.append(f"{backend} (not installed)")
+            continue
         env = dict(os.environ, KERAS_BACKEND=backend)
         print(f"\n===== backend {backend}: tests marked `backends` =====",
               flush=True)
