@@ -116,6 +116,8 @@ PYTHON_API = [
     ("fewshot l2_reg", lambda: kt.fit_least_squares(
         np.zeros((4, 2)), np.zeros(4, int), 2, l2_reg=-1.0), "l2_reg",
      "-1.0", None),
+    ("feature_model outputs", lambda: keras_vit.models.feature_model(
+        _tiny_model(), "tokns"), "outputs", "'tokns'", "tokens"),
     ("rollout head_fusion", lambda: analysis.attention_rollout(
         np.zeros((1, 1, 2, 5, 5)), head_fusion="maen"), "head_fusion",
      "'maen'", "mean"),
