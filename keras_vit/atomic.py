@@ -68,6 +68,10 @@ def atomic_path(path, suffix=None):
             raise FileNotFoundError(
                 f"nothing was written for {path!r} (expected {tmp!r})")
         _fsync(tmp)
+        if os.path.isdir(path) and not os.path.isdir(tmp):
+            raise IsADirectoryError(
+                f"cannot write the file {path!r}: a directory of that name "
+                "exists; pass another name")
         if os.path.isdir(tmp) and os.path.isdir(path):
             shutil.rmtree(path)
         os.replace(tmp, path)

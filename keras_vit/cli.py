@@ -204,6 +204,11 @@ def _cmd_convert(args):
     out_dir = os.path.dirname(out)
     if not os.path.isdir(out_dir):
         raise UserError(f"the output directory does not exist: {out_dir}")
+    if os.path.isdir(out):
+        raise UserError(f"-o {args.output!r} is a directory; pass a file "
+                        "name ending in .keras")
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"the output directory is not writable: {out_dir}")
     arch = variants.parse(args.model)  # a bad name fails before any download
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
@@ -282,13 +287,7 @@ def _load_for_predict(args):
             raise UserError(f"no such .keras file: {args.model}")
         if args.weights:
             raise UserError("--weights cannot be combined with a .keras model")
-        import keras
-
-        import keras_vit  # noqa: F401 - registers the layers for loading
-
-        # compile=False: inference needs no optimizer, and loading skips it.
-        model = keras.saving.load_model(args.model, compile=False)
-        return model, os.path.basename(args.model)
+        return load_keras_file(args.model), os.path.basename(args.model)
 
     from keras_vit import zoo
 
@@ -297,6 +296,27 @@ def _load_for_predict(args):
     record = getattr(model, "zoo_weights", None)
     source = record.tag if record is not None else args.weights
     return model, f"{model.zoo_name} {source}"
+
+
+def load_keras_file(path, argument="MODEL"):
+    """A ``.keras`` file's model (``compile=False``: inference and
+    fine-tuning need no saved optimizer), or one clear error naming the
+    argument: Keras says "File not found" for a file that is there but is
+    no ``.keras`` archive."""
+    import zipfile
+
+    import keras
+
+    import keras_vit  # noqa: F401 - registers the layers for loading
+    from keras_vit.errors import check_archive
+
+    check_archive(argument, path, "a .keras model", error=UserError)
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except (ValueError, OSError, KeyError, TypeError,
+            zipfile.BadZipFile) as e:
+        raise UserError(f"cannot load {argument}={path!r} as a Keras model: "
+                        f"{type(e).__name__}: {e}") from e
 
 
 def _model_geometry(model):
@@ -363,6 +383,9 @@ def _cmd_predict(args):
 
         variants.parse(args.model)  # name errors before the images are read
     for path in args.images:
+        if os.path.isdir(path):
+            raise UserError(f"IMAGE={path!r} is a directory; pass image "
+                            "files (a shell glob such as DIR/*.jpg)")
         if not os.path.isfile(path):
             raise UserError(f"image not found: {path}")
     model, description = _load_for_predict(args)
@@ -447,6 +470,50 @@ def _cmd_demo(args):
 # --------------------------------------------------------------------------
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (no usage block) that suggest
+    the nearest valid command, choice or option; exit status 2. Every
+    component's sub-commands are built by it (``add_subparsers`` passes
+    the class on)."""
+
+    def error(self, message):
+        message = _suggest(self, message)
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` "
+                     "shows the usage)\n")
+
+
+def _option_strings(parser):
+    """Every option string of ``parser`` and of its sub-commands."""
+    found = set()
+    for action in parser._actions:  # noqa: SLF001 - argparse has no API
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        for sub in (getattr(action, "choices", None) or {}).values() if (
+                isinstance(action, argparse._SubParsersAction)) else ():
+            found |= _option_strings(sub)
+    return found
+
+
+def _suggest(parser, message):
+    import re
+
+    from keras_vit.errors import did_you_mean
+
+    bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
+                    message)
+    if bad:
+        choices = re.findall(r"'([^']*)'", bad.group(2))
+        return f"{message}.{did_you_mean(bad.group(1), choices)}"
+    bad = re.search(r"unrecognized arguments: (.*)", message)
+    if bad:
+        options = sorted(_option_strings(parser))
+        for token in bad.group(1).split():
+            hint = did_you_mean(token.split("=")[0], options) if (
+                token.startswith("--")) else ""
+            if hint:
+                return f"{message}.{hint}"
+    return message
+
+
 def positive_int(text):
     """argparse type: an integer >= 1 (shared by every component's commands)."""
     try:
@@ -465,7 +532,7 @@ def build_parser():
     from keras_vit import __version__
     from keras_vit import demo
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=PROG,
         description="Vision Transformers for Keras 3: the model zoo, "
                     "checkpoint conversion, inference and an offline demo.")

@@ -12,11 +12,27 @@ meets, so it has one error type and one way to raise it:
 ... except MissingDependencyError as e:
 ...     print(e)
 this example needs the package 'no-such-package', which is not installed: pip install 'no-such-package'
+
+Bad arguments (issue 17: one place for argument checks) go through
+:func:`check_choice`, :func:`check_int` and :func:`check_number`: the error
+names the argument, echoes the value and suggests the nearest valid one.
+
+>>> check_choice("classifier", "tokn", ("token", "gap"))
+Traceback (most recent call last):
+ValueError: classifier must be one of ('token', 'gap'); received classifier='tokn'. Did you mean 'token'?
+>>> check_int("num_layers", 0, low=1)
+Traceback (most recent call last):
+ValueError: num_layers must be a positive integer; received num_layers=0
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import math
+import os
+import zipfile
 
 
 class MissingDependencyError(ImportError):
@@ -78,3 +94,224 @@ def require(module, package=None, purpose=None, pip_spec=None):
             raise
         raise MissingDependencyError(package or PACKAGES.get(top, top),
                                      purpose, pip_spec) from e
+
+
+# --------------------------------------------------------------------------
+# Argument checks shared by every module and command.
+
+
+def _squash(text):
+    return "".join(c for c in str(text).lower() if c.isalnum())
+
+
+def closest(value, choices, n=1, cutoff=0.6):
+    """Up to ``n`` of ``choices`` nearest to ``value``, best first, ignoring
+    case and separators ("vitb16" is near "ViT-B/16"; exact squashed matches
+    come first).
+
+    >>> closest("mirored", ("default", "mirrored", "tpu"))
+    ['mirrored']
+    >>> closest("VIT_B/16", ("ViT-B/16", "ViT-B/32"))
+    ['ViT-B/16']
+    >>> closest("zzz", ("token", "gap"))
+    []
+    """
+    by_squash = {}
+    for choice in choices:
+        by_squash.setdefault(_squash(choice), choice)
+    key = _squash(value)
+    if key in by_squash:
+        exact = [by_squash[key]]
+        if n == 1:
+            return exact
+    else:
+        exact = []
+    near = difflib.get_close_matches(key, list(by_squash), n=n, cutoff=cutoff)
+    found = exact + [by_squash[k] for k in near if by_squash[k] not in exact]
+    return found[:n]
+
+
+def did_you_mean(value, choices):
+    """`` Did you mean 'x'?`` for the nearest choice, or ``""``."""
+    near = closest(value, [str(c) for c in choices])
+    return f" Did you mean {near[0]!r}?" if near else ""
+
+
+def check_choice(name, value, choices, *, error=ValueError, extra=""):
+    """``value`` if it is one of ``choices``, else ``error`` naming the
+    argument, echoing the value and suggesting the nearest choice.
+
+    Args:
+        name: what the user typed it as (``"pooling"``, ``"--recipe"``,
+            ``"KERAS_VIT_OFFLINE"``).
+        value: what they gave.
+        choices: the valid values (a tuple, list or dict's keys).
+        error: the exception class to raise (a ``ValueError`` subclass
+            keeps the command line's one-line output).
+        extra: text appended to the message (e.g. what else is accepted).
+
+    >>> check_choice("pooling", "gap", ("token", "gap"))
+    'gap'
+    """
+    choices = tuple(choices)
+    try:
+        if value in choices:
+            return value
+    except TypeError:  # an unhashable value is no choice
+        pass
+    hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+    raise error(f"{name} must be one of {choices!r}; received "
+                f"{name}={value!r}.{hint}{extra}")
+
+
+def _is_number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _integer(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if getattr(value, "dtype", None) is not None and getattr(
+            value, "shape", None) == () and value.dtype.kind in "iu":
+        return int(value)  # a NumPy integer scalar
+    return None
+
+
+def check_int(name, value, *, low=None, high=None, error=ValueError):
+    """``value`` as an ``int`` if it is an integer in ``[low, high]``, else
+    ``error`` naming the argument, echoing the value and giving the range.
+
+    >>> check_int("top", 3, low=1)
+    3
+    >>> check_int("steps", 2.5, low=1)
+    Traceback (most recent call last):
+    ValueError: steps must be a positive integer; received steps=2.5
+    >>> check_int("layer", 12, low=0, high=11)
+    Traceback (most recent call last):
+    ValueError: layer must be an integer in [0, 11]; received layer=12
+    """
+    number = _integer(value)
+    ok = number is not None and (low is None or number >= low) and (
+        high is None or number <= high)
+    if ok:
+        return number
+    if high is not None:
+        what = (f"an integer in [{low}, {high}]" if low is not None
+                else f"an integer <= {high}")
+    elif low == 1:
+        what = "a positive integer"
+    elif low == 0:
+        what = "a non-negative integer"
+    elif low is not None:
+        what = f"an integer >= {low}"
+    else:
+        what = "an integer"
+    raise error(f"{name} must be {what}; received {name}={value!r}")
+
+
+def check_number(name, value, *, low=None, high=None, low_open=False,
+                 high_open=False, error=ValueError):
+    """``value`` if it is a finite number in the range (``low_open`` /
+    ``high_open`` exclude the ends), else ``error`` naming the argument,
+    echoing the value and giving the range.
+
+    >>> check_number("dropout_rate", 1.5, low=0, high=1, high_open=True)
+    Traceback (most recent call last):
+    ValueError: dropout_rate must be a number in [0, 1); received dropout_rate=1.5
+    """
+    ok = _is_number(value) and (
+        low is None or (value > low if low_open else value >= low)) and (
+        high is None or (value < high if high_open else value <= high))
+    if ok:
+        return value
+    lo = "(" if low_open or low is None else "["
+    hi = ")" if high_open or high is None else "]"
+    span = (f"{lo}{low if low is not None else '-inf'}, "
+            f"{high if high is not None else 'inf'}{hi}")
+    raise error(f"{name} must be a number in {span}; received "
+                f"{name}={value!r}")
+
+
+# The dtype names users type; Keras accepts any float dtype or mixed policy.
+DTYPES = ("float32", "float16", "bfloat16", "float64", "mixed_float16",
+          "mixed_bfloat16")
+
+
+def check_dtype(name, value):
+    """``value`` if Keras takes it as a dtype policy (a name, a
+    ``DTypePolicy`` or None), else a ValueError naming the argument and
+    the nearest dtype name.
+
+    >>> check_dtype("dtype", "bfloat16")
+    'bfloat16'
+    >>> check_dtype("dtype", "flaot32")
+    Traceback (most recent call last):
+    ValueError: dtype must be one of ('float32', 'float16', 'bfloat16', 'float64', 'mixed_float16', 'mixed_bfloat16'); received dtype='flaot32'. Did you mean 'float32'? (A keras.DTypePolicy also works.)
+    """
+    if value is None or not isinstance(value, str):
+        return value
+    import keras
+
+    try:
+        keras.dtype_policies.get(value)
+    except (ValueError, TypeError):
+        check_choice(name, value, DTYPES,
+                     extra=" (A keras.DTypePolicy also works.)")
+    return value
+
+
+class UnexpectedKeywordError(TypeError, ValueError):
+    """A keyword argument that nothing takes: a TypeError as Python's own,
+    and a ValueError so that the command line reports it as bad input (a
+    misspelt ``--model-option``)."""
+
+
+# What keras.Model's own constructor takes besides a subclass' arguments.
+MODEL_KEYWORDS = ("name", "trainable", "dtype")
+
+
+def check_keywords(where, kwargs, accepted):
+    """Refuses keyword arguments that ``where`` would silently drop
+    (``keras.Model`` ignores unknown ones), naming the nearest accepted one.
+    ``accepted`` is a list of names or a class/function whose signature
+    gives them.
+
+    >>> try:
+    ...     check_keywords("vit()", {"num_clases": 3}, ["num_classes"])
+    ... except TypeError as e:
+    ...     print(e)
+    vit() got an unexpected keyword argument 'num_clases'. Did you mean 'num_classes'?
+    """
+    if callable(accepted):
+        params = inspect.signature(accepted).parameters.values()
+        accepted = [p.name for p in params if p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + list(MODEL_KEYWORDS)
+    for key in kwargs:
+        if key not in accepted:
+            raise UnexpectedKeywordError(f"{where} got an unexpected keyword argument "
+                            f"{key!r}.{did_you_mean(key, accepted)}")
+
+
+def check_archive(name, path, kind, *, error=ValueError):
+    """``path`` if it is a zip archive (a ``.keras`` model, an ``.npz``),
+    else one error naming the argument: a folder, a missing file
+    (``FileNotFoundError``) or a file of another format (``error``); a
+    loader would say "File not found" or try to unpickle it.
+
+    >>> check_archive("MODEL", ".", "a .keras model")
+    Traceback (most recent call last):
+    ValueError: MODEL='.' is a directory, not a .keras model
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise error(f"{name}={path!r} is a directory, not {kind}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{name}={path!r} does not exist (expected "
+                                f"{kind})")
+    if not zipfile.is_zipfile(path):
+        raise error(f"{name}={path!r} is not {kind} (not a zip archive: "
+                    "truncated, or another format?)")
+    return path

@@ -108,12 +108,9 @@ def _read_cpuinfo(path="/proc/cpuinfo"):
 def _accelerator():
     forced = os.environ.get("KERAS_VIT_ACCELERATOR")
     if forced:
-        if forced not in ACCELERATORS:
-            raise ValueError(
-                "KERAS_VIT_ACCELERATOR must be one of "
-                f"{', '.join(ACCELERATORS)}; received "
-                f"KERAS_VIT_ACCELERATOR={forced!r}")
-        return forced
+        from keras_vit.errors import check_choice
+
+        return check_choice("KERAS_VIT_ACCELERATOR", forced, ACCELERATORS)
     import keras
 
     backend = keras.backend.backend()

@@ -16,6 +16,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit.errors import check_choice
+
 PACKAGE = "keras_vit"
 
 # The official code initialises its Dense kernels with Xavier-uniform and
@@ -76,10 +78,7 @@ def gelu(x, form="tanh"):
 
 def check_gelu(form):
     """``form`` if it is one of :data:`GELU_FORMS`, else a ValueError."""
-    if form not in GELU_FORMS:
-        raise ValueError(f"gelu must be one of {GELU_FORMS}; received "
-                         f"gelu={form!r}")
-    return form
+    return check_choice("gelu", form, GELU_FORMS)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -202,10 +201,7 @@ class PositionEmbedding(layers.Layer):
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
                  **kwargs):
         super().__init__(**kwargs)
-        if kind not in ADDITIVE_POSITION_EMBEDDINGS:
-            raise ValueError(
-                f"kind must be one of {ADDITIVE_POSITION_EMBEDDINGS}; "
-                f"received kind={kind!r}")
+        check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind

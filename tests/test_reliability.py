@@ -415,7 +415,19 @@ class _BadServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
                 name = self.path.rsplit("/", 1)[-1]
-                if name == "trickle.npz":  # a byte every 0.2 s, 40 s worth
+                if name == "slow_headers.npz":  # a header byte every 0.2 s
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Length: {len(NPZ)}"
+                            "\r\n" + "X-Pad: " + "x" * 200 + "\r\n\r\n")
+                    for byte in head.encode():
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.2)
+                    self.wfile.write(NPZ)
+                    self.close_connection = True
+                elif name == "trickle.npz":  # a byte every 0.2 s, 40 s worth
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(NPZ)))
                     self.end_headers()
@@ -494,6 +506,21 @@ def test_trickling_server_hits_the_overall_deadline(bad_server, tmp_path):
         download.fetch(bad_server + "trickle.npz", cache_dir=tmp_path,
                        timeout=2.0, deadline=1.0, progress=False)
     assert time.monotonic() - start < 5.0
+    assert _cached_files(tmp_path) == []
+
+
+def test_trickled_headers_hit_the_overall_deadline(bad_server, tmp_path):
+    # Each header byte comes well within the 2 s stall timeout, so only an
+    # overall deadline that covers connect + headers stops it.
+    from keras_vit.zoo import download
+
+    start = time.monotonic()
+    with pytest.raises(download.DownloadError,
+                       match=r"did not finish within 1 s \(before its "
+                             r"response headers"):
+        download.fetch(bad_server + "slow_headers.npz", cache_dir=tmp_path,
+                       timeout=2.0, deadline=1.0, progress=False)
+    assert time.monotonic() - start < 3.0
     assert _cached_files(tmp_path) == []
 
 
@@ -790,6 +817,56 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     assert "lower --batch-size (now 64)" in err and "Traceback" not in err
 
 
+def test_pretrain_refuses_a_step_that_cannot_fit_memory(
+        tmp_path, monkeypatch, capsys):
+    from keras_vit.train import cli as train_cli
+    from keras_vit.train import mpp
+
+    path = tmp_path / "tiny.keras"
+    _tiny().save(path)
+    per_image = train_cli.step_memory_estimate(
+        mpp.MaskedPatchPrediction(_tiny()), 1)
+    available = 2**20
+    monkeypatch.setattr(train_cli, "available_memory", lambda: available)
+    argv = ["pretrain", str(path), "--data", "digits", "--batch-size", "64",
+            "--image-size", "16", "--steps", "1", "--warmup-steps", "0",
+            "--quiet", "--strategy", "default", "--out", str(tmp_path / "r")]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    micro = int(re.search(r"set --micro-batch-size (\d+)", err).group(1))
+    assert 64 % micro == 0 and micro * per_image <= available / 2
+    assert (micro * 2 * per_image > available / 2
+            or 64 % (micro * 2) != 0)  # the largest that fits
+    assert "lower --batch-size (now 64)" in err
+    assert not (tmp_path / "r" / "model.keras").exists()
+
+
+def test_memory_estimate_covers_hybrids_bit_and_mpp():
+    from keras_vit.train import cli as train_cli
+    from keras_vit.train import mpp
+
+    vit = keras_vit.vit(image_size=64, patch_size=16, hidden_size=64,
+                        num_layers=2, num_heads=2, mlp_dim=128, num_classes=10)
+    hybrid = keras_vit.vit(image_size=64, patch_size=1, hidden_size=64,
+                           num_layers=2, num_heads=2, mlp_dim=128,
+                           num_classes=10,
+                           resnet=dict(num_layers=(1, 1, 1),
+                                       width_factor=0.5))
+    bit = keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 10)
+    bit_big = keras_vit.models.resnet_v2(128, (1, 1, 1, 1), 0.5, 10)
+    estimate = train_cli.step_memory_estimate
+    # Same 4x4 token grid (stride 16): the hybrid adds its ResNet.
+    assert hybrid.grid_size == vit.grid_size
+    assert estimate(hybrid, 1) > estimate(vit, 1) > 0
+    assert estimate(bit, 8) == 8 * estimate(bit, 1) > 0
+    assert 3.9 < estimate(bit_big, 1) / estimate(bit, 1) < 4.1  # pixels
+    wrapped = mpp.MaskedPatchPrediction(vit)
+    head = 3 * 16 * 512 * 4  # logits, softmax, gradient of 512 colours
+    assert estimate(wrapped, 1) - head == pytest.approx(
+        estimate(vit, 1), rel=1e-9)
+
+
 # ---------------------------------------------------------------------------
 # Environment variables: a clear error naming the variable and its value.
 # ---------------------------------------------------------------------------
@@ -812,3 +889,256 @@ def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_VIT_CACHE", str(afile))
     with pytest.raises(ValueError, match="KERAS_VIT_CACHE must name a folder"):
         download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
+
+
+# ---------------------------------------------------------------------------
+# Red team, second pass: hostile files, paths, images and settings. Each
+# case fails in one line naming what is wrong, or works.
+# ---------------------------------------------------------------------------
+
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_keras(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny.keras"
+    _tiny().save(path)
+    return path
+
+
+def _odd_image(path, kind):
+    from PIL import Image
+
+    if kind == "text":
+        path.write_text("not an image")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        mode, size = {"gray16": ("I;16", 20), "rgba": ("RGBA", 20),
+                      "cmyk": ("CMYK", 20), "palette": ("P", 20),
+                      "one_pixel": ("RGB", 1)}[kind]
+        Image.new(mode, (size, size)).save(
+            path, "JPEG" if kind == "cmyk" else "PNG")
+
+
+@pytest.mark.parametrize("kind, status, needle", [
+    ("text", 2, "cannot identify image file"),
+    ("empty", 2, "cannot identify image file"),
+    ("folder", 2, "is a directory; pass image files"),
+    ("gray16", 0, None), ("rgba", 0, None), ("cmyk", 0, None),
+    ("palette", 0, None), ("one_pixel", 0, None),
+])
+def test_predict_on_odd_images(tiny_keras, tmp_path, capsys, kind, status,
+                               needle):
+    from keras_vit import cli
+
+    image = tmp_path / f"{kind}.png"
+    _odd_image(image, kind)
+    assert cli.main(["predict", str(tiny_keras), str(image), "--json"]) == (
+        status)
+    if needle:
+        assert needle in _one_error_line(capsys)
+    else:
+        import json
+
+        out = json.loads(capsys.readouterr().out)
+        assert len(out["predictions"][0]["top"]) == 5
+
+
+@pytest.mark.parametrize("command", [
+    ["predict", "{model}", "{image}"],
+    ["evaluate", "{model}", "--data", "digits"],
+])
+def test_a_corrupt_keras_file_is_named_not_missing(tmp_path, capsys,
+                                                  command):
+    from keras_vit import cli
+
+    model = tmp_path / "cut.keras"
+    model.write_bytes(b"PK\x03\x04 cut short")
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    argv = [a.format(model=model, image=image) for a in command]
+    assert cli.main(argv) == 2
+    line = _one_error_line(capsys)
+    assert f"MODEL={str(model)!r} is not a .keras model" in line
+    assert "File not found" not in line
+
+
+def test_directories_where_a_file_belongs(tmp_path, capsys):
+    from keras_vit import cli, zoo
+
+    model = _tiny()
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        zoo.save_npz(model, tmp_path)
+    assert [p.name for p in tmp_path.parent.iterdir()
+            if ".partial" in p.name] == []  # nothing written beside it
+    with pytest.raises(zoo.CheckpointError, match="is a directory, not an"):
+        zoo.load_weights(model, tmp_path)
+    with pytest.raises(IsADirectoryError, match=r"weights=.* is a directory"):
+        zoo.load("ViT-Ti/16", weights=str(tmp_path), image_size=16)
+    zoo.save_npz(model, tmp_path / "w.npz")
+    (tmp_path / "out.keras").mkdir()
+    assert cli.main(["convert", str(tmp_path / "w.npz"), "-m", "ViT-Ti/16",
+                     "--image-size", "16", "-o",
+                     str(tmp_path / "out.keras")]) == 2
+    assert "is a directory; pass a file name" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("not_a_zip", "is not an .npz archive (not a zip archive"),
+    ("nan_pixels", "NaN or infinite pixels in 2 of 4 images"),
+    ("negative_labels", "labels must be >= 0; received labels in [-1, 1]"),
+    ("object_arrays", "is not a readable .npz of arrays"),
+])
+def test_hostile_npz_data(tmp_path, case, needle):
+    from keras_vit import train as kt
+
+    path = tmp_path / "data.npz"
+    x = np.zeros((4, 8, 8, 3), "float32")
+    y = np.array([0, 1, 0, 1])
+    if case == "not_a_zip":
+        path.write_text("x,y\n1,2\n")
+    elif case == "nan_pixels":
+        x[1, 0, 0, 0] = np.nan
+        x[3, 2, 2, 2] = np.inf
+        np.savez(path, x=x, y=y)
+    elif case == "negative_labels":
+        np.savez(path, x=x, y=np.array([0, -1, 1, 0]))
+    else:  # a pickle inside: never loaded
+        np.savez(path, x=np.array([object()] * 4, dtype=object), y=y)
+    with pytest.raises(kt.DataError) as info:
+        kt.load_data(str(path))
+    assert needle in str(info.value)
+
+
+def test_settings_refused_before_any_work(tmp_path, capsys):
+    from keras_vit.train import cli as train_cli
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    base = ["fine-tune", "ViT-Ti/16", "--data", "digits"]
+    start = time.monotonic()
+    for extra, needle in (
+            (["--set", "crop_area=abc", "--out", str(tmp_path / "r")],
+             "crop_area must be numbers separated by commas; received "
+             "crop_area='abc'"),
+            (["--out", str(afile)], "is a file; the run needs a folder")):
+        assert train_cli.main(base + extra) == 2
+        assert needle in _one_error_line(capsys)
+    # Refused before the model was built or the data read.
+    assert time.monotonic() - start < 10
+
+
+def test_odd_inputs_to_preprocessing_and_labels():
+    from keras_vit import zoo
+
+    with pytest.raises(ValueError, match=r"height and width >= 1; received "
+                                         r"images of shape \(0, 8, 3\)"):
+        zoo.preprocess_input(np.zeros((0, 8, 3)), 16)
+    with pytest.raises(ValueError, match=r"labels has 2 names but preds "
+                                         r"have 10 classes; received "
+                                         r"labels=\['a', 'b'\]"):
+        zoo.decode_predictions(np.zeros((1, 10)), labels=["a", "b"])
+
+
+def test_hostile_environment_for_downloads(tmp_path, monkeypatch):
+    from keras_vit.zoo import download
+
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "http://")
+    with pytest.raises(ValueError, match="with a host; received "
+                                         "KERAS_VIT_MIRROR='http://'"):
+        download.resolve_url("gs://vit_models/x.npz")
+    monkeypatch.delenv("KERAS_VIT_MIRROR")
+    # A cache folder that cannot be created (even by root): /proc.
+    monkeypatch.setenv("KERAS_VIT_CACHE", "/proc/keras_vit_cache")
+    with pytest.raises(download.DownloadError,
+                       match="cannot create the cache folder .* check "
+                             "KERAS_VIT_CACHE='/proc/keras_vit_cache'"):
+        download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    from keras_vit import train as kt
+
+    with pytest.raises(kt.StrategyError, match="TF_CONFIG is not valid "
+                                               "JSON"):
+        kt.strategy("auto")
+
+
+_FULL_DISK_WRITER = r"""
+import importlib.util, resource, signal, sys
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[2])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
+# The disk is "full" after 4 KiB: writes past it fail with EFBIG (the
+# signal that would kill the process instead is ignored).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    atomic.write_json(sys.argv[1], {"weights": "x" * 100_000})
+except OSError as e:
+    print("refused", e.errno, flush=True)
+"""
+
+
+def test_a_full_disk_leaves_the_old_file_and_no_partial(tmp_path):
+    import errno
+    import json
+    import subprocess
+    import sys
+
+    from keras_vit import atomic
+
+    path = tmp_path / "report.json"
+    path.write_text('{"complete": true}\n')
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WRITER, str(path),
+         atomic.__file__], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["refused", str(errno.EFBIG)], proc.stderr
+    assert json.loads(path.read_text()) == {"complete": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_save_npz_on_a_full_disk_keeps_the_old_checkpoint(tmp_path):
+    import resource
+    import signal
+
+    from keras_vit import zoo
+
+    model = _tiny()
+    path = tmp_path / "w.npz"
+    path.write_bytes(b"old")
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
+    try:
+        with pytest.raises(OSError):
+            zoo.save_npz(model, path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
+
+
+def test_unicode_paths_round_trip(tmp_path, capsys):
+    from keras_vit import cli, zoo
+
+    folder = tmp_path / "modèles 模型"
+    model = _tiny()
+    path = zoo.save_npz(model, folder / "vit ü.npz")
+    other = _tiny(seed=2)
+    zoo.load_weights(other, path)
+    for a, b in zip(model.get_weights(), other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    keras_file = folder / "vit ü.keras"
+    model.save(keras_file)
+    image = folder / "图像 é.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(keras_file), str(image)]) == 0
+    assert str(image) in capsys.readouterr().out

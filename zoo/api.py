@@ -9,6 +9,7 @@ import os
 import urllib.parse
 from pathlib import Path
 
+from keras_vit.errors import did_you_mean
 from keras_vit.models import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.models.resnet_v2 import resnet_v2 as build_resnet_v2
@@ -56,6 +57,11 @@ def resolve_weights(name, weights, image_size=None, progress=None):
         return ResolvedWeights(
             os.fspath(download.fetch(value, progress=progress)), value)
     if os.path.exists(value) or value.endswith(".npz") or os.sep in value:
+        if os.path.isdir(value):
+            raise IsADirectoryError(
+                f"weights={value!r} is a directory, not a checkpoint file "
+                "(a timm repository folder needs config.json and "
+                "model.safetensors)")
         if not os.path.isfile(value):
             raise FileNotFoundError(
                 f"No checkpoint file at weights={value!r}")
@@ -306,7 +312,8 @@ def labels(name):
     path = _LABELS_DIR / f"{name}.txt"
     if not path.is_file():
         known = sorted(p.stem for p in _LABELS_DIR.glob("*.txt"))
-        raise ValueError(f"Unknown label list name={name!r}; known: {known}")
+        raise ValueError(f"Unknown label list name={name!r}; known: {known}."
+                         f"{did_you_mean(str(name), known)}")
     with open(path, encoding="utf-8") as f:
         return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
 

@@ -43,6 +43,9 @@ def read_npz(path, lazy=False) -> dict:
     the memory peak near the model's size).
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"path={path!r} is a directory, not an .npz "
+                              "checkpoint file")
     if not os.path.isfile(path):
         raise CheckpointError(f"Checkpoint not found: path={path!r}")
     try:
@@ -303,6 +306,10 @@ def export_arrays(model) -> dict:
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"path={path!r} is a directory; pass a file name, e.g. "
+            f"{os.path.join(path, 'weights.npz')!r}")
     with atomic.atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **export_arrays(model))
     return path

@@ -26,11 +26,14 @@ This module deliberately depends only on the standard library and ``tqdm``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.client
+import io
 import json
 import os
 import re
+import socket
 import tempfile
 import time
 import urllib.error
@@ -127,10 +130,9 @@ def is_offline() -> bool:
         return True
     if value.strip().lower() in _FALSY:
         return False
-    raise ValueError(
-        f"{ENV_OFFLINE} must be one of {_TRUTHY + _FALSY[1:]} (or unset); "
-        f"received {ENV_OFFLINE}={value!r}"
-    )
+    from keras_vit.errors import check_choice  # only here: stays light
+
+    check_choice(ENV_OFFLINE, value, _TRUTHY + _FALSY[1:], extra=" (Or leave it unset.)")
 
 
 def _scheme(url: str) -> str:
@@ -161,9 +163,11 @@ def resolve_url(url: str) -> str:
     """
     url = _official_url(url)
     mirror = os.environ.get(ENV_MIRROR, "").strip()
-    if mirror and _scheme(mirror) not in ("http", "https"):
+    if mirror and (_scheme(mirror) not in ("http", "https")
+                   or not urllib.parse.urlsplit(mirror).hostname):
         raise ValueError(
-            f"{ENV_MIRROR} must be an http:// or https:// URL; received {ENV_MIRROR}={mirror!r}"
+            f"{ENV_MIRROR} must be an http:// or https:// URL with a host; received "
+            f"{ENV_MIRROR}={mirror!r}"
         )
     if mirror and url.startswith(OFFICIAL_BASE):
         return mirror.rstrip("/") + "/" + url[len(OFFICIAL_BASE):]
@@ -387,6 +391,121 @@ def _offline_error(url: str, resolved: str, final: Path, expected: Optional[str]
     return OfflineError("\n".join(lines))
 
 
+class _DeadlineExceeded(socket.timeout):
+    """The overall deadline of a download passed while waiting for bytes."""
+
+
+class _DeadlineSocket:
+    """A connected socket whose every wait is bounded by the stall
+    ``timeout`` and by what is left of the download's ``give_up`` time, so
+    a server trickling its status line, headers or body cannot hold a
+    download past its deadline (a plain socket timeout restarts with each
+    byte)."""
+
+    def __init__(self, sock, give_up: float, timeout: float):
+        self._sock = sock
+        self._give_up = give_up
+        self._timeout = timeout
+        self._files = 0
+        self._closed = False
+
+    def _arm(self):
+        left = self._give_up - time.monotonic()
+        if left <= 0:
+            raise _DeadlineExceeded("the download deadline passed")
+        self._sock.settimeout(min(self._timeout, left))
+
+    def recv_into(self, *args):
+        self._arm()
+        return self._sock.recv_into(*args)
+
+    def recv(self, *args):
+        self._arm()
+        return self._sock.recv(*args)
+
+    def sendall(self, *args):
+        self._arm()
+        return self._sock.sendall(*args)
+
+    def makefile(self, mode="r", buffering=None, **kwargs):
+        # http.client reads the response through this file: its reads
+        # must come back to recv_into above. As with a real socket, the
+        # connection closing its socket leaves the file open (urllib does
+        # that as soon as the headers are in).
+        self._files += 1
+        raw = socket.SocketIO(self, mode.replace("b", ""))
+        return io.BufferedReader(raw) if "r" in mode else io.BufferedWriter(raw)
+
+    def _decref_socketios(self):
+        self._files -= 1
+        if self._closed and self._files <= 0:
+            self._sock.close()
+
+    def close(self):
+        self._closed = True
+        if self._files <= 0:
+            self._sock.close()
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _deadline_connection(base):
+    """An ``http.client`` connection class whose socket is a
+    :class:`_DeadlineSocket` (connect included: its timeout is cut to what
+    is left)."""
+
+    class Connection(base):
+        def __init__(self, *args, give_up: float, stall: float, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._give_up = give_up
+            self._stall = stall
+
+        def connect(self):
+            left = self._give_up - time.monotonic()
+            if left <= 0:
+                raise _DeadlineExceeded("the download deadline passed")
+            self.timeout = min(self._stall, left)
+            super().connect()  # HTTPS: the TLS handshake runs in here
+            self.sock = _DeadlineSocket(self.sock, self._give_up, self._stall)
+
+    return Connection
+
+
+class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """Opens http and https URLs through :func:`_deadline_connection`."""
+
+    def __init__(self, give_up: float, stall: float):
+        super().__init__()
+        self._bounds = dict(give_up=give_up, stall=stall)
+
+    def http_open(self, req):
+        connection = _deadline_connection(http.client.HTTPConnection)
+        return self.do_open(functools.partial(connection, **self._bounds), req)
+
+    def https_open(self, req):
+        extra = {}
+        if getattr(self, "_check_hostname", None) is not None:  # Python < 3.12
+            extra["check_hostname"] = self._check_hostname
+        connection = _deadline_connection(http.client.HTTPSConnection)
+        return self.do_open(functools.partial(connection, **self._bounds), req,
+                            context=self._context, **extra)
+
+
+def _open(request, give_up: float, stall: float):
+    """``urlopen`` with the whole exchange (connect, status line, headers,
+    redirects, body) bounded by ``give_up`` (a ``time.monotonic`` value)."""
+    opener = urllib.request.build_opener(_DeadlineHandler(give_up, stall))
+    return opener.open(request, timeout=stall)
+
+
+def _late(where: str, deadline: float, when: str) -> DownloadError:
+    return DownloadError(
+        f"download of {where} did not finish within {deadline:.0f} s ({when}); pass a "
+        "larger deadline or use a faster mirror"
+    )
+
+
 def _download(
     resolved: str,
     url: str,
@@ -404,14 +523,15 @@ def _download(
         with os.fdopen(fd, "wb") as out:
             request = urllib.request.Request(resolved, headers={"User-Agent": _USER_AGENT})
             try:
-                response = urllib.request.urlopen(request, timeout=timeout)
+                response = _open(request, give_up, timeout)
             except urllib.error.HTTPError as e:  # must precede URLError (its base class)
                 e.close()
                 raise DownloadError(f"HTTP error {e.code} ({e.reason}) while downloading {where}") from e
-            except urllib.error.URLError as e:
-                raise DownloadError(f"could not download {where}: {e.reason}. {_unreachable_hint()}") from e
             except (OSError, http.client.HTTPException) as e:  # timeouts, resets, bad status lines
-                raise DownloadError(f"could not download {where}: {e!r}. {_unreachable_hint()}") from e
+                if time.monotonic() >= give_up:  # connect or headers too slow
+                    raise _late(where, deadline, "before its response headers were complete") from e
+                reason = e.reason if isinstance(e, urllib.error.URLError) else repr(e)
+                raise DownloadError(f"could not download {where}: {reason}. {_unreachable_hint()}") from e
 
             with response:
                 total = _content_length(response)
@@ -429,12 +549,9 @@ def _download(
                     desc=final.name, disable=disable,
                 ) as bar:
                     while True:
+                        got = f"after {received} of {total or 'unknown'} bytes"
                         if time.monotonic() > give_up:
-                            raise DownloadError(
-                                f"download of {where} did not finish within {deadline:.0f} s "
-                                f"(got {received} of {total or 'unknown'} bytes); pass a "
-                                "larger deadline or use a faster mirror"
-                            )
+                            raise _late(where, deadline, got)
                         try:
                             # read1: what has arrived (a trickling server cannot
                             # hold one read open past the deadline).
@@ -445,6 +562,8 @@ def _download(
                                 f"download of {where} truncated: got {received} of {total} bytes"
                             ) from e
                         except (OSError, http.client.HTTPException) as e:
+                            if time.monotonic() >= give_up:
+                                raise _late(where, deadline, got) from e
                             raise DownloadError(
                                 f"download of {where} failed after {received} bytes: {e!r}. "
                                 f"{_unreachable_hint()}"
@@ -519,7 +638,9 @@ def fetch(
         progress: Show a progress bar: ``True``/``False``, or ``None`` for
             "only when stderr is a terminal".
         timeout: Stall timeout: the longest wait for the next bytes, in seconds.
-        deadline: The longest the whole download may take, in seconds; a
+        deadline: The longest the whole download may take, in seconds,
+            from the connection to the last byte (a server trickling its
+            headers is bounded too); a
             process waiting for another's download of the same file waits
             at most ``deadline + timeout`` and then names the holder.
 
@@ -541,10 +662,22 @@ def fetch(
     if is_offline():
         raise _offline_error(url, resolved, final, expected)
 
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        where = f"cache_dir={cache_dir!r}" if cache_dir is not None else (
+            f"{ENV_CACHE}={os.environ.get(ENV_CACHE)!r}" if os.environ.get(ENV_CACHE)
+            else "the default cache")
+        raise DownloadError(
+            f"cannot create the cache folder {final.parent} ({e.strerror}); check "
+            f"{where}, or point {ENV_CACHE} at a writable folder"
+        ) from e
     for name, value in (("timeout", timeout), ("deadline", deadline)):
-        if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number of seconds; received {name}={value!r}")
+        if not (isinstance(value, (int, float)) and value > 0):
+            # Imported only here: this module stays light on the good path.
+            from keras_vit.errors import check_number
+
+            check_number(name, value, low=0, low_open=True)
     with _exclusive_lock(final.with_name(final.name + ".lock"), wait=deadline + timeout):
         # Another process may have completed the download while we waited.
         if final.is_file():

@@ -45,9 +45,10 @@ def preprocess_input(images, image_size=None, scale=True):
     import keras
 
     x = np.asarray(images, dtype="float32")
-    if x.ndim not in (3, 4) or x.shape[-1] != 3:
+    if x.ndim not in (3, 4) or x.shape[-1] != 3 or 0 in x.shape[-3:-1]:
         raise ValueError("images must be (height, width, 3) or (batch, "
-                         f"height, width, 3); received shape {x.shape}")
+                         "height, width, 3) with height and width >= 1; "
+                         f"received images of shape {x.shape}")
     single = x.ndim == 3
     if single:
         x = x[None]
@@ -81,6 +82,12 @@ def preprocessing_layer(image_size):
     ], name="vit_eval_preprocessing")
 
 
+def _preview(labels):
+    text = repr(labels if isinstance(labels, str) else list(labels)[:3])
+    return text if isinstance(labels, str) or len(labels) <= 3 else (
+        text[:-1] + ", ...]")
+
+
 def _labels_for(labels, num_classes):
     from keras_vit.zoo import api
 
@@ -103,8 +110,9 @@ def _labels_for(labels, num_classes):
     else:
         rows = [(None, str(name)) for name in labels]
     if len(rows) != num_classes:
-        raise ValueError(f"the label list has {len(rows)} names but preds "
-                         f"have {num_classes} classes")
+        raise ValueError(f"labels has {len(rows)} names but preds have "
+                         f"{num_classes} classes; received labels="
+                         f"{_preview(labels)}")
     return rows
 
 

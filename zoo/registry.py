@@ -224,10 +224,12 @@ def select(name, tag, image_size=None):
     candidates = [w for w in weights_for(name) if w.tag == tag]
     if not candidates:
         tags = tags_for(name)
+        from keras_vit.errors import did_you_mean
+
         raise ValueError(
-            f"No weights={tag!r} for model {name!r}. Released tags: "
-            f"{tags or 'none'}; also accepted: a local .npz path, an https URL, "
-            "'augreg:<filename>' or None for random initialisation.")
+            f"No weights={tag!r} for model {name!r}.{did_you_mean(tag, tags)} "
+            f"Released tags: {tags or 'none'}; also accepted: a local .npz path, "
+            "an https URL, 'augreg:<filename>' or None for random initialisation.")
     for w in candidates:
         if image_size is not None and w.image_size == image_size:
             return w

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_vit.backend import infer
+from keras_vit.errors import check_choice
 
 
 class TokenGeometry(NamedTuple):
@@ -226,9 +227,7 @@ def attention_rollout(scores, residual=True, head_fusion="mean"):
            [0.25, 0.75]])
     """
     scores = _check_scores(scores)
-    if head_fusion not in _FUSIONS:
-        raise ValueError(f"head_fusion must be one of {_FUSIONS}; received "
-                         f"head_fusion={head_fusion!r}")
+    check_choice("head_fusion", head_fusion, _FUSIONS)
     batched = scores.ndim == 5
     if not batched:
         scores = scores[None]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_vit.errors import did_you_mean
+
 
 def _resnet_output(model):
     stem = [layer for layer in model.layers
@@ -85,9 +87,10 @@ def feature_model(model, outputs="pre_logits"):
         elif name in _stage_outputs(model):
             tensors[name] = _stage_outputs(model)[name]
         else:
+            known = available_features(model)
             raise ValueError(
                 f"Unknown feature outputs={name!r} for model={model.name!r}; "
-                "available: " + ", ".join(available_features(model)))
+                f"available: {', '.join(known)}.{did_you_mean(name, known)}")
     out = tensors[names[0]] if isinstance(outputs, str) else tensors
     return keras.Model(model.input, out, name=f"{model.name}_features")
 

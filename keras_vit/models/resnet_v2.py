@@ -16,6 +16,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.errors import check_choice, check_keywords
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.vit import _pair, _positive_int
 
@@ -197,9 +198,7 @@ class ResNetV2(CompiledModelMixin, keras.Model):
                     f"widths 64 * 2**s * width_factor must be multiples of "
                     f"{_GN_GROUPS} (e.g. width_factor 0.5, 1, 1.5, 2, 3, 4)")
         num_channels = _positive_int(num_channels, "num_channels")
-        if pooling not in _POOLINGS:
-            raise ValueError(
-                f"pooling must be one of {_POOLINGS}; received pooling={pooling!r}")
+        check_choice("pooling", pooling, _POOLINGS)
         if include_top:
             num_classes = _positive_int(num_classes, "num_classes")
         dtype = kwargs.pop("dtype", None)
@@ -314,6 +313,13 @@ def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):
     >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
     (2, 10)
     """
+    # Recipes set dropout_rate for every model; BiT has no dropout, so only
+    # a rate that would do nothing is taken (and dropped).
+    if kwargs.get("dropout_rate", 0.0) not in (0, 0.0, None):
+        raise ValueError("BiT ResNet-v2 has no dropout; received dropout_rate="
+                         f"{kwargs['dropout_rate']!r} (use 0 or None)")
+    kwargs.pop("dropout_rate", None)
+    check_keywords("resnet_v2()", kwargs, ResNetV2.__init__)
     return ResNetV2(
         image_size=image_size,
         block_units=block_units,

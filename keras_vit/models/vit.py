@@ -6,6 +6,8 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.errors import (check_choice, check_dtype, check_int,
+                              check_keywords, check_number)
 from keras_vit.models.compiled import CompiledModelMixin
 
 _CLASSIFIERS = ("token", "gap")
@@ -31,13 +33,7 @@ def _pair(value, name):
 
 
 def _positive_int(value, name, allow_zero=False):
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(
-            f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
-            f"integer; received {name}={value!r}"
-        )
-    return value
+    return check_int(name, value, low=0 if allow_zero else 1)
 
 
 def _resnet_config(resnet):
@@ -142,14 +138,8 @@ PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 
 def _position_embedding_options(kind, placement, hidden_size, num_heads):
     """Validates ``position_embedding`` and ``position_embedding_placement``."""
-    if kind not in POSITION_EMBEDDINGS:
-        raise ValueError(
-            f"position_embedding must be one of {POSITION_EMBEDDINGS}; "
-            f"received position_embedding={kind!r}")
-    if placement not in PLACEMENTS:
-        raise ValueError(
-            f"position_embedding_placement must be one of {PLACEMENTS}; "
-            f"received position_embedding_placement={placement!r}")
+    check_choice("position_embedding", kind, POSITION_EMBEDDINGS)
+    check_choice("position_embedding_placement", placement, PLACEMENTS)
     if kind == "none" and placement != "stem":
         raise ValueError(
             "position_embedding='none' adds nothing anywhere, so it takes no "
@@ -265,9 +255,7 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
 
 
 def _rate(value, name):
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1); received {name}={value!r}")
-    return float(value)
+    return float(check_number(name, value, low=0, high=1, high_open=True))
 
 
 def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
@@ -287,9 +275,7 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
         raise ValueError(
             f"hidden_size must be divisible by num_heads={num_heads}; "
             f"received hidden_size={hidden_size}")
-    if pooling not in poolings:
-        raise ValueError(
-            f"pooling must be one of {poolings}; received pooling={pooling!r}")
+    check_choice("pooling", pooling, poolings)
     if representation_size is not None:
         representation_size = _positive_int(
             representation_size, "representation_size")
@@ -366,11 +352,7 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
             hidden_size, num_layers, num_heads, mlp_dim, num_channels,
             pooling, _POOLINGS, representation_size, include_top,
             num_classes, dropout_rate, attention_dropout_rate)
-        if classifier not in _CLASSIFIERS:
-            raise ValueError(
-                f"classifier must be one of {_CLASSIFIERS}; received "
-                f"classifier={classifier!r}"
-            )
+        check_choice("classifier", classifier, _CLASSIFIERS)
         if classifier == "gap" and pooling == "token":
             raise ValueError(
                 "pooling='token' takes the class token, but classifier='gap' "
@@ -383,7 +365,7 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
 
         grid = (image_hw[0] // stride, image_hw[1] // stride)
         has_token = classifier == "token"
-        dtype = kwargs.pop("dtype", None)
+        dtype = check_dtype("dtype", kwargs.pop("dtype", None))
 
         inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
                              name="images")
@@ -596,10 +578,7 @@ def vit(
     >>> tuple(rel.get_layer("position_embedding").rel_embedding.shape)
     (32, 2, 8)
     """
-    if attention not in ("global", "axial"):
-        raise ValueError(
-            "attention must be 'global' or 'axial'; received "
-            f"attention={attention!r}")
+    check_choice("attention", attention, ("global", "axial"))
     if attention == "axial":
         from keras_vit.models.axial import axial_vit
 
@@ -614,6 +593,7 @@ def vit(
             image_size, patch_size, hidden_size, num_layers, num_heads,
             mlp_dim, num_classes, representation_size=representation_size,
             position_embedding=position_embedding, **kwargs)
+    check_keywords("vit()", kwargs, VisionTransformer.__init__)
     return VisionTransformer(
         image_size=image_size,
         patch_size=patch_size,

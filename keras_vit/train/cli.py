@@ -45,23 +45,73 @@ def available_memory():
     return None
 
 
+def _pixels(size):
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return h * w
+
+
+def _resnet_values(image_size, stages, width_factor):
+    """Values per image a (BiT or hybrid) ResNet keeps for the backward
+    pass: the root conv, GroupNorm and ReLU at 1/2 resolution, then per
+    bottleneck unit about 5 values for each of its 6c channels (c, c, 4c
+    out of the three convs, each kept with its norm and activation, the
+    residual sum and the convolutions' work space), stage s at
+    1/2**(s+2) resolution with c = 64 * width * 2**s. Measured on CPU
+    (growth of the peak RSS over one step, batch 8): BiT-R50x1 at 128 px
+    578 MiB without its weight gradients, this 444; R26+ViT-S/32 at 224
+    px 1025 MiB, this 1029."""
+    width = 64 * width_factor
+    pixels = _pixels(image_size) / 4
+    values = 4 * width * pixels
+    pixels /= 4  # after the stride-2 max-pool
+    for s, units in enumerate(stages):
+        if s:
+            pixels /= 4
+        values += units * 30 * width * 2 ** s * pixels
+    return values
+
+
 def step_memory_estimate(model, images):
     """A rough upper estimate in bytes of the activations one training step
-    of a ViT keeps for the backward pass on ``images`` images (float32):
-    per block about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image (N
-    tokens), the attention maps dominating at high resolution. None for
-    models it does not know (hybrids, BiT, MPP)."""
-    names = ("num_layers", "hidden_size", "num_heads", "mlp_dim",
-             "image_size", "patch_size")
-    if getattr(model, "resnet", None) is not None or not all(
-            hasattr(model, n) for n in names):
+    keeps for the backward pass on ``images`` images (float32).
+
+    A ViT block keeps about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image
+    (N tokens), the attention maps dominating at high resolution; a hybrid
+    adds its ResNet (see :func:`_resnet_values`), a BiT ResNet is that
+    alone, and masked patch prediction adds its per-patch logits (three
+    copies: logits, softmax, gradient). None for models it does not know.
+
+    >>> import keras_vit
+    >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
+    >>> round(step_memory_estimate(vit, 8) / 2**20, 2)  # MiB
+    7.13
+    """
+    config = getattr(model, "encoder_config", None)  # masked patch prediction
+    head = 0
+    if config is not None:
+        head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
+    elif hasattr(model, "block_units"):  # BiT ResNetV2
+        values = _resnet_values(model.image_size, model.block_units,
+                                model.width_factor)
+        return 4 * images * values
+    else:
+        config = model.get_config() if hasattr(model, "get_config") else {}
+    names = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
+    grid = getattr(model, "grid_size", None)
+    if grid is None or not all(n in config for n in names):
         return None
-    size = model.image_size
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    n = (h // model.patch_size) * (w // model.patch_size) + 1
-    per_block = (12 * n * model.hidden_size + 5 * n * model.mlp_dim
-                 + 3 * model.num_heads * n * n)
-    return 4 * images * model.num_layers * per_block
+    n = grid[0] * grid[1] + (config.get("classifier", "token") == "token")
+    per_block = (12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
+                 + 3 * config["num_heads"] * n * n)
+    values = config["num_layers"] * per_block + head
+    resnet = config.get("resnet")
+    if resnet:
+        from keras_vit.models.vit import hybrid_stages
+
+        values += _resnet_values(config["image_size"],
+                                 hybrid_stages(resnet),
+                                 resnet.get("width_factor", 1))
+    return 4 * images * values
 
 
 def check_fits_memory(trainer, available=None):
@@ -85,10 +135,17 @@ def check_fits_memory(trainer, available=None):
             "the same updates, less memory), or " if fits else "")
     raise ValueError(
         f"the recipe's step of {trainer.micro} images at image_size "
-        f"{r.image_size} needs about {need / 2**30:.0f} GiB of activations "
+        f"{r.image_size} needs about {need / 2**30:.1f} GiB of activations "
         f"(an estimate) but this machine has {available / 2**30:.1f} GiB "
         f"available; {hint}lower --batch-size (now {r.batch_size}) or "
         "--image-size, or pass --no-memory-check to try anyway")
+
+
+def _add_memory_check(p):
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even if the step's estimated activation "
+                        "memory exceeds this machine's available memory")
+
 
 def _positive_float(text):
     try:
@@ -191,9 +248,7 @@ def register(subparsers):
                    help="delete the run's checkpoints and start again "
                         "instead of resuming")
     _add_resume_anyway(p)
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="start even if the step's estimated activation "
-                        "memory exceeds this machine's available memory")
+    _add_memory_check(p)
     p.add_argument("--steps", type=positive_int, metavar="N",
                    help="total optimizer steps (recipe field total_steps)")
     p.add_argument("--epochs", type=_positive_float, metavar="N",
@@ -315,8 +370,27 @@ def _recipe_overrides(args):
     return fields
 
 
+def _check_out(out):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file; the run needs a folder "
+                         "(its checkpoints, metrics and model.keras)")
+
+
+def _check_settings(args):
+    """Refuses a bad recipe name, recipe field or strategy name before any
+    data is read or model built (the Trainer would, after both)."""
+    from keras_vit.errors import check_choice
+    from keras_vit.train import recipes
+    from keras_vit.train.strategy import NAMES, StrategyError
+
+    recipes.get(args.recipe, **_recipe_overrides(args))
+    if str(args.strategy).replace("-", "_") not in NAMES:
+        check_choice("strategy", args.strategy, NAMES, error=StrategyError)
+
+
 def run_fine_tune(args):
     """``keras-vit fine-tune``: returns the exit status."""
+    _check_settings(args)
     _configure_devices(args)
     from keras_vit.train import data as data_lib
     from keras_vit.train.engine import Trainer
@@ -340,6 +414,7 @@ def run_fine_tune(args):
                   "(pass --eval-data)")
     out = args.out or os.path.join(
         "runs", f"{_slug(args.model)}-{_slug(args.data)}-{args.recipe}")
+    _check_out(out)
     weights = None if str(args.weights).lower() == "none" else args.weights
     trainer = Trainer(
         args.model, train, evaluation, recipe=args.recipe, out_dir=out,
@@ -359,9 +434,6 @@ def run_fine_tune(args):
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
     model.keras), or a zoo name with --weights."""
-    import keras
-
-    import keras_vit  # noqa: F401 - registers its layers for load_model
     from keras_vit import zoo
 
     spec = args.model
@@ -373,9 +445,9 @@ def _load_model(args, num_classes=None):
                 "fine-tune run writes it when it finishes)")
         spec = path
     if spec.endswith(".keras"):
-        if not os.path.isfile(spec):
-            raise FileNotFoundError(f"No model file at MODEL={spec!r}")
-        return keras.saving.load_model(spec, compile=False)
+        from keras_vit.cli import load_keras_file
+
+        return load_keras_file(spec)
     weights = None if str(args.weights).lower() == "none" else args.weights
     kwargs = {}
     if num_classes is not None:
@@ -472,6 +544,7 @@ def _register_pretrain(subparsers):
     p.add_argument("--restart", action="store_true",
                    help="delete the run's checkpoints and start again")
     _add_resume_anyway(p)
+    _add_memory_check(p)
     for flag, kind, metavar, text in _PRETRAIN_RECIPE_OPTIONS:
         p.add_argument(flag, type=kind, metavar=metavar, help=text)
     for flag, metavar, text in (
@@ -495,9 +568,11 @@ def run_pretrain(args):
 
     objective = mpp.check_objective(args.objective)
     target = mpp.check_target(args.target)
+    _check_settings(args)
     _configure_devices(args)
     out = args.out or os.path.join(
         "runs", f"{_slug(args.model)}-{_slug(args.data)}-{objective}")
+    _check_out(out)
     weights = None if str(args.weights).lower() == "none" else args.weights
     trainer = mpp.MppTrainer(
         args.model, args.data, target=target,
@@ -506,6 +581,8 @@ def run_pretrain(args):
         resume=_resume(args), data_dir=args.data_dir,
         model_options={k: _literal(v) for k, v in args.model_option},
         verbose=not args.quiet, **_recipe_overrides(args))
+    if not args.no_memory_check:
+        check_fits_memory(trainer)
     result = trainer.fit()
     if not trainer.is_chief:
         return 0
@@ -653,7 +730,9 @@ def run_vtab(args):
 def build_parser():
     """A stand-alone parser with the three commands (``python -m
     keras_vit.train``)."""
-    parser = argparse.ArgumentParser(
+    from keras_vit.cli import ArgumentParser
+
+    parser = ArgumentParser(
         prog="python -m keras_vit.train",
         description="Fine-tune, evaluate and few-shot-evaluate keras_vit "
                     "models (the same commands as keras-vit).")

@@ -24,13 +24,12 @@ resumed run rebuilds the epoch it stopped in and skips what it consumed.
 
 from __future__ import annotations
 
-import difflib
 import os
 import warnings
 
 import numpy as np
 
-from keras_vit.errors import require
+from keras_vit.errors import check_archive, closest, did_you_mean, require
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
 TF_IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "BMP", "WEBP"}
@@ -135,6 +134,14 @@ class ArraySource(ImageSource):
         if not np.issubdtype(labels.dtype, np.integer):
             raise DataError(f"labels must be integers; received "
                             f"labels.dtype={labels.dtype}")
+        if labels.min() < 0:
+            raise DataError(f"labels must be >= 0; received labels in "
+                            f"[{labels.min()}, {labels.max()}]")
+        if images.dtype.kind == "f" and not np.isfinite(images).all():
+            bad = int((~np.isfinite(images)).any(axis=(1, 2, 3)).sum())
+            raise DataError(f"images holds NaN or infinite pixels in {bad} "
+                            f"of {len(images)} images; received "
+                            f"data={name!r}")
         if num_classes is None:
             num_classes = int(labels.max()) + 1
         if labels.min() < 0 or labels.max() >= num_classes:
@@ -505,7 +512,7 @@ def _tfds_builder(tfds, name, data_dir):
     base = name.split(":")[0].split("/")[0]
     known = tfds.list_builders()
     if base not in known:
-        close = difflib.get_close_matches(base, known, n=3)
+        close = closest(base, known, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise DataError(
             f"Unknown tfds dataset name={name!r}.{hint} "
@@ -555,23 +562,33 @@ def load_data(spec, split=None, *, data_dir=None, download=False,
 
 
 def _spec_help(spec):
+    hint = did_you_mean(spec, ("digits", "digits:test", "digits:train")) if (
+        isinstance(spec, str)) else ""
     return (f"Cannot read data={spec!r}: expected 'digits', 'digits:test', "
             "'tfds:NAME[:SPLIT]', a folder with one sub-folder of images per "
-            "class, or an .npz file with arrays x and y.")
+            f"class, or an .npz file with arrays x and y.{hint}")
 
 
 def _npz_source(path):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No .npz file at data={path!r}")
-    with np.load(path) as f:
-        keys = set(f.files)
-        xk = next((k for k in ("x", "images", "image") if k in keys), None)
-        yk = next((k for k in ("y", "labels", "label") if k in keys), None)
-        if xk is None or yk is None:
-            raise DataError(
-                f"data={path!r} must hold arrays 'x' (or 'images') and 'y' "
-                f"(or 'labels'); it holds {sorted(keys)}")
-        return ArraySource(f[xk], f[yk], name=path)
+    check_archive("data", path, "an .npz archive", error=DataError)
+    try:
+        with np.load(path) as f:  # allow_pickle=False: never unpickled
+            keys = set(f.files)
+            xk = next((k for k in ("x", "images", "image") if k in keys),
+                      None)
+            yk = next((k for k in ("y", "labels", "label") if k in keys),
+                      None)
+            if xk is None or yk is None:
+                raise DataError(
+                    f"data={path!r} must hold arrays 'x' (or 'images') and "
+                    f"'y' (or 'labels'); it holds {sorted(keys)}")
+            images, labels = f[xk], f[yk]
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zipfile, pickle, format errors
+        raise DataError(f"data={path!r} is not a readable .npz of arrays "
+                        f"({type(e).__name__}: {e})") from None
+    return ArraySource(images, labels, name=path)
 
 
 def default_eval_spec(spec):

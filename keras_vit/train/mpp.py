@@ -46,7 +46,6 @@ prediction model becomes a classifier with a zero-initialised head).
 
 from __future__ import annotations
 
-import difflib
 import os
 import pathlib
 import warnings
@@ -71,13 +70,12 @@ DOWNSIZED = 4  # the 4x4 target
 
 def _choice(field, value, choices):
     """``value`` with '-' read as '_', or a ValueError naming ``field``."""
+    from keras_vit.errors import check_choice
+
     text = str(value).replace("-", "_") if isinstance(value, str) else value
     if text in choices:
         return text
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{field} must be one of {', '.join(choices)}; "
-                     f"received {field}={value!r}.{hint}")
+    return check_choice(field, value, choices)
 
 
 def check_target(target):

@@ -12,8 +12,10 @@ B.1.1) and pre-training (Table 3) settings, each overridable.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
+
+from keras_vit.errors import (check_choice, check_int, check_number,
+                              closest, did_you_mean)
 
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -100,44 +102,44 @@ class Recipe:
     seed: int = 0
 
     def __post_init__(self):
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("precision", self.precision, PRECISIONS)
         if self.jit_compile not in ("auto", True, False):
             raise ValueError("jit_compile must be True, False or 'auto'; "
                              f"received jit_compile={self.jit_compile!r}")
         for field in ("learning_rate",):
-            _check_number(field, getattr(self, field), low=0.0,
+            check_number(field, getattr(self, field), low=0.0,
                           low_open=True)
         for field in ("momentum", "beta_1", "beta_2"):
-            _check_number(field, getattr(self, field), low=0.0, high=1.0,
+            check_number(field, getattr(self, field), low=0.0, high=1.0,
                           high_open=True)
         for field in ("weight_decay",):
-            _check_number(field, getattr(self, field), low=0.0)
+            check_number(field, getattr(self, field), low=0.0)
         for field in ("label_smoothing", "dropout_rate"):
-            _check_number(field, getattr(self, field), low=0.0, high=1.0,
+            check_number(field, getattr(self, field), low=0.0, high=1.0,
                           high_open=True)
-        _check_number("eval_crop", self.eval_crop, low=0.0, high=1.0,
+        check_number("eval_crop", self.eval_crop, low=0.0, high=1.0,
                       low_open=True)
         for field in ("batch_size", "image_size", "checkpoint_every",
                       "log_every"):
-            _check_int(field, getattr(self, field), low=1)
-        _check_int("warmup_steps", self.warmup_steps, low=0)
-        _check_int("seed", self.seed, low=0)
+            check_int(field, getattr(self, field), low=1)
+        check_int("warmup_steps", self.warmup_steps, low=0)
+        check_int("seed", self.seed, low=0)
         for field in ("total_steps", "micro_batch_size", "eval_every"):
             if getattr(self, field) is not None:
-                _check_int(field, getattr(self, field), low=1)
+                check_int(field, getattr(self, field), low=1)
         if self.epochs is not None:
-            _check_number("epochs", self.epochs, low=0.0, low_open=True)
+            check_number("epochs", self.epochs, low=0.0, low_open=True)
         if self.total_steps is None and self.epochs is None:
             raise ValueError(
                 "a recipe needs total_steps or epochs; received "
                 "total_steps=None and epochs=None")
         if self.grad_clip_norm is not None:
-            _check_number("grad_clip_norm", self.grad_clip_norm, low=0.0,
+            check_number("grad_clip_norm", self.grad_clip_norm, low=0.0,
                           low_open=True)
         if self.ema_decay is not None:
-            _check_number("ema_decay", self.ema_decay, low=0.0, high=1.0,
+            check_number("ema_decay", self.ema_decay, low=0.0, high=1.0,
                           low_open=True, high_open=True)
         if self.crop_area is not None:
             area = tuple(self.crop_area)
@@ -175,44 +177,14 @@ class Recipe:
         return d
 
 
-def _check_choice(field, value, choices):
-    if value not in choices:
-        raise ValueError(f"{field} must be one of {choices}; received "
-                         f"{field}={value!r}")
-
-
-def _check_number(field, value, low=None, high=None, low_open=False,
-                  high_open=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        lo = "(" if low_open else "["
-        hi = ")" if high_open else "]"
-        rng = f"{lo}{low if low is not None else '-inf'}, " \
-              f"{high if high is not None else 'inf'}{hi}"
-        raise ValueError(f"{field} must be a number in {rng}; received "
-                         f"{field}={value!r}")
-
-
-def _check_int(field, value, low):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{field} must be an integer >= {low}; received "
-                         f"{field}={value!r}")
-
-
 FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 
 
 def _check_fields(fields):
     unknown = [k for k in fields if k not in FIELDS]
     if unknown:
-        hints = {k: difflib.get_close_matches(k, FIELDS, n=1) for k in unknown}
-        hint = "; ".join(f"{k!r}: did you mean {v[0]!r}?" for k, v in
-                         hints.items() if v)
+        hint = "; ".join(f"{k!r}: did you mean {closest(k, FIELDS)[0]!r}?"
+                         for k in unknown if closest(k, FIELDS))
         hint = f" ({hint})" if hint else ""
         raise ValueError(f"unknown recipe field(s) {unknown}{hint}; fields: "
                          f"{', '.join(FIELDS)}")
@@ -303,7 +275,7 @@ def head_learning_rate(recipe, classifier):
     >>> head_learning_rate("finetune", "gap")  # one rate for both heads
     0.01
     """
-    _check_choice("classifier", classifier, CLASSIFIERS)
+    check_choice("classifier", classifier, CLASSIFIERS)
     base = get(recipe)
     return HEAD_LEARNING_RATES.get(base.name, {}).get(
         classifier, base.learning_rate)
@@ -327,7 +299,7 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     0.001
     """
     if classifier is not None:
-        _check_choice("classifier", classifier, CLASSIFIERS)
+        check_choice("classifier", classifier, CLASSIFIERS)
         if isinstance(recipe, str) and "learning_rate" not in overrides:
             overrides["learning_rate"] = head_learning_rate(recipe,
                                                             classifier)
@@ -336,8 +308,7 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     elif isinstance(recipe, str) and recipe in RECIPES:
         base = RECIPES[recipe]
     else:
-        close = difflib.get_close_matches(str(recipe), list(RECIPES), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(str(recipe), RECIPES)
         raise ValueError(f"Unknown recipe={recipe!r}.{hint} Recipes: "
                          f"{', '.join(names())}")
     _check_fields(overrides)
@@ -356,7 +327,11 @@ def parse_value(field, text):
     if text.strip().lower() in ("none", "null", ""):
         return None
     if field in ("crop_area", "lr_sweep"):
-        return tuple(float(v) for v in text.split(","))
+        try:
+            return tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"{field} must be numbers separated by commas; "
+                             f"received {field}={text!r}") from None
     if field == "jit_compile" and text.lower() == "auto":
         return "auto"
     if field in ("flip", "jit_compile"):

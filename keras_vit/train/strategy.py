@@ -192,9 +192,10 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
     if isinstance(name, tf.distribute.Strategy):
         return name
     if not isinstance(name, str) or name.replace("-", "_") not in NAMES:
-        raise StrategyError(
-            f"strategy must be one of {NAMES} or a tf.distribute.Strategy; "
-            f"received strategy={name!r}")
+        from keras_vit.errors import check_choice
+
+        check_choice("strategy", name, NAMES, error=StrategyError,
+                     extra=" (A tf.distribute.Strategy also works.)")
     name = name.replace("-", "_")
     if tpu is None:
         tpu = os.environ.get("TPU_NAME") or None
