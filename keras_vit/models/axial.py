@@ -22,17 +22,11 @@ from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.models.compiled import CompiledModelMixin
+from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.vit import (_pair, _position_embedding_options,
-                                  check_encoder_args)
+                                  check_encoder_args, classification_head)
 
 _POOLINGS = (None, "gap", "avg")
-# The constructor arguments get_config returns (besides name and dtype).
-_CONFIG_KEYS = (
-    "image_size", "patch_size", "hidden_size", "num_layers", "num_heads",
-    "mlp_dim", "num_classes", "representation_size", "dropout_rate",
-    "attention_dropout_rate", "include_top", "pooling",
-    "include_preprocessing", "classifier_activation", "num_channels",
-    "layer_norm_epsilon", "head_bias_init", "position_embedding")
 # A relative table needs a 1D sequence, which an axial model does not have.
 _POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 
@@ -104,7 +98,8 @@ class AxialEncoderBlock(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxialVisionTransformer(CompiledModelMixin, keras.Model):
+class AxialVisionTransformer(ConstructorConfig, CompiledModelMixin,
+                             keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 
     Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",
@@ -185,38 +180,22 @@ class AxialVisionTransformer(CompiledModelMixin, keras.Model):
                 name=f"axial_block_{i}")(x)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
-        if include_top or pooling is not None:
-            x = layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")(x)
-            if representation_size is not None:
-                x = layers.Dense(representation_size, activation="tanh",
-                                 kernel_initializer="lecun_normal",
-                                 dtype=dtype, name="pre_logits")(x)
-        if include_top:
-            x = layers.Dense(
-                num_classes, kernel_initializer="zeros",
-                bias_initializer=keras.initializers.Constant(head_bias_init),
-                dtype=dtype, name="head")(x)
-            if classifier_activation is not None:
-                x = layers.Activation(classifier_activation, dtype="float32",
-                                      name="predictions")(x)
+        x = classification_head(
+            x, layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")
+            if include_top or pooling is not None else None,
+            include_top, representation_size, num_classes, head_bias_init,
+            classifier_activation, dtype)
         super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
 
-        args = dict(locals())
-        for key in _CONFIG_KEYS:
-            setattr(self, key, args[key])
+        # Normalised values; the other arguments are kept as given
+        # (keras_vit.models.config).
+        self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.num_heads, self.mlp_dim = num_heads, mlp_dim
+        self.num_channels, self.num_classes = num_channels, num_classes
+        self.representation_size = representation_size
+        self.dropout_rate = dropout_rate
+        self.attention_dropout_rate = attention_dropout_rate
         self.grid_size = grid
-        self._layer_dtype = dtype
-
-    def get_config(self):
-        config = {key: getattr(self, key) for key in _CONFIG_KEYS}
-        if isinstance(config["image_size"], tuple):
-            config["image_size"] = list(config["image_size"])
-        config.update(name=self.name, dtype=self._layer_dtype)
-        return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return cls(**config)
 
 
 def axial_vit(

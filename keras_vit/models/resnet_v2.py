@@ -18,6 +18,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.errors import check_choice, check_keywords
 from keras_vit.models.compiled import CompiledModelMixin
+from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.vit import _pair, _positive_int
 
 BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
@@ -159,7 +160,7 @@ def stage_widths(width_factor, num_stages=_NUM_STAGES):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class ResNetV2(CompiledModelMixin, keras.Model):
+class ResNetV2(ConstructorConfig, CompiledModelMixin, keras.Model):
     """BiT ResNet-v2 of "Big Transfer (BiT): General Visual Representation
     Learning".
 
@@ -244,40 +245,10 @@ class ResNetV2(CompiledModelMixin, keras.Model):
         outputs = {"output": x, **stages} if return_stages else x
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
 
-        self.image_size = image_size
-        self.block_units = units
-        self.width_factor = width_factor
-        self.num_classes = num_classes
-        self.include_top = include_top
-        self.pooling = pooling
-        self.include_preprocessing = include_preprocessing
-        self.classifier_activation = classifier_activation
-        self.return_stages = return_stages
-        self.num_channels = num_channels
-        self._layer_dtype = dtype
-
-    def get_config(self):
-        image_size = self.image_size
-        if isinstance(image_size, tuple):
-            image_size = list(image_size)
-        return {
-            "image_size": image_size,
-            "block_units": list(self.block_units),
-            "width_factor": self.width_factor,
-            "num_classes": self.num_classes,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "include_preprocessing": self.include_preprocessing,
-            "classifier_activation": self.classifier_activation,
-            "return_stages": self.return_stages,
-            "num_channels": self.num_channels,
-            "name": self.name,
-            "dtype": self._layer_dtype,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return cls(**config)
+        # Normalised; the other arguments are kept as given
+        # (keras_vit.models.config).
+        self.block_units = list(units)
+        self.num_channels, self.num_classes = num_channels, num_classes
 
 
 def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):

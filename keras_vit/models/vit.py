@@ -9,6 +9,7 @@ from keras_vit import layers as vit_layers
 from keras_vit.errors import (check_choice, check_dtype, check_int,
                               check_keywords, check_number)
 from keras_vit.models.compiled import CompiledModelMixin
+from keras_vit.models.config import ConstructorConfig
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
@@ -287,8 +288,92 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
             _rate(attention_dropout_rate, "attention_dropout_rate"))
 
 
+def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
+              mlp_dim, num_classes, classifier, representation_size,
+              dropout_rate, attention_dropout_rate, include_top, pooling,
+              num_channels, resnet, position_embedding,
+              position_embedding_placement):
+    """Checks a ViT's arguments (each error names the argument) and returns
+    what the graph builders need, normalised, as a dict."""
+    image_hw = _pair(image_size, "image_size")
+    patch_hw = _pair(patch_size, "patch_size")
+    if patch_hw[0] != patch_hw[1]:
+        raise ValueError(
+            f"patch_size must be square; received patch_size={patch_size!r}")
+    patch = patch_hw[0]
+    resnet = _resnet_config(resnet)
+    # A hybrid's patches are cut from the ResNet feature map: the root
+    # divides by 4, every further stage by 2.
+    stem_stride = 1
+    if resnet is not None:
+        stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
+    stride = stem_stride * patch
+    if image_hw[0] % stride or image_hw[1] % stride:
+        what = (f"patch_size={patch}" if resnet is None else
+                f"{stride} (ResNet stride {stem_stride} x "
+                f"patch_size={patch})")
+        raise ValueError(
+            f"image_size must be divisible by {what}; received "
+            f"image_size={image_size!r}")
+    (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+     representation_size, num_classes, dropout_rate,
+     attention_dropout_rate) = check_encoder_args(
+        hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+        pooling, _POOLINGS, representation_size, include_top,
+        num_classes, dropout_rate, attention_dropout_rate)
+    check_choice("classifier", classifier, _CLASSIFIERS)
+    if classifier == "gap" and pooling == "token":
+        raise ValueError(
+            "pooling='token' takes the class token, but classifier='gap' "
+            "builds the model without one; use pooling='gap' (the mean of "
+            "the tokens) or classifier='token'; received "
+            f"classifier={classifier!r}, pooling={pooling!r}")
+    _position_embedding_options(position_embedding,
+                                position_embedding_placement,
+                                hidden_size, num_heads)
+    return dict(
+        image_hw=image_hw, patch=patch, resnet=resnet,
+        grid=(image_hw[0] // stride, image_hw[1] // stride),
+        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        mlp_dim=mlp_dim, num_channels=num_channels,
+        representation_size=representation_size, num_classes=num_classes,
+        dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate)
+
+
+def classification_head(x, pooling_layer, include_top, representation_size,
+                        num_classes, head_bias_init, classifier_activation,
+                        dtype):
+    """The end every encoder model of the package shares: ``pooling_layer``
+    (or none), the optional ``pre_logits`` Dense + tanh, and, with
+    ``include_top``, the zero-initialised ``head`` and its activation."""
+    if pooling_layer is not None:
+        x = pooling_layer(x)
+        if representation_size is not None:
+            x = layers.Dense(representation_size, activation="tanh",
+                             kernel_initializer="lecun_normal",
+                             dtype=dtype, name="pre_logits")(x)
+    if include_top:
+        x = layers.Dense(
+            num_classes, kernel_initializer="zeros",
+            bias_initializer=keras.initializers.Constant(head_bias_init),
+            dtype=dtype, name="head")(x)
+        if classifier_activation is not None:
+            # Float32 so that softmax stays exact under mixed precision.
+            x = layers.Activation(classifier_activation, dtype="float32",
+                                  name="predictions")(x)
+    return x
+
+
+# The constructor arguments that VisionTransformer keeps normalised (the
+# rest are kept as given; see keras_vit.models.config).
+_NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
+               "num_channels", "representation_size", "num_classes",
+               "dropout_rate", "attention_dropout_rate", "resnet")
+
+
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class VisionTransformer(CompiledModelMixin, keras.Model):
+class VisionTransformer(ConstructorConfig, CompiledModelMixin, keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
     Build it with :func:`keras_vit.models.vit` or, with released weights,
@@ -325,97 +410,51 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
         name="vision_transformer",
         **kwargs,
     ):
-        image_hw = _pair(image_size, "image_size")
-        patch_hw = _pair(patch_size, "patch_size")
-        if patch_hw[0] != patch_hw[1]:
-            raise ValueError(
-                f"patch_size must be square; received patch_size={patch_size!r}"
-            )
-        patch = patch_hw[0]
-        resnet = _resnet_config(resnet)
-        # A hybrid's patches are cut from the ResNet feature map: the root
-        # divides by 4, every further stage by 2.
-        stem_stride = 1
-        if resnet is not None:
-            stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
-        stride = stem_stride * patch
-        if image_hw[0] % stride or image_hw[1] % stride:
-            what = (f"patch_size={patch}" if resnet is None else
-                    f"{stride} (ResNet stride {stem_stride} x "
-                    f"patch_size={patch})")
-            raise ValueError(
-                f"image_size must be divisible by {what}; received "
-                f"image_size={image_size!r}")
-        (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-         representation_size, num_classes, dropout_rate,
-         attention_dropout_rate) = check_encoder_args(
-            hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-            pooling, _POOLINGS, representation_size, include_top,
-            num_classes, dropout_rate, attention_dropout_rate)
-        check_choice("classifier", classifier, _CLASSIFIERS)
-        if classifier == "gap" and pooling == "token":
-            raise ValueError(
-                "pooling='token' takes the class token, but classifier='gap' "
-                "builds the model without one; use pooling='gap' (the mean of "
-                "the tokens) or classifier='token'; received "
-                f"classifier={classifier!r}, pooling={pooling!r}")
-        _position_embedding_options(position_embedding,
-                                    position_embedding_placement,
-                                    hidden_size, num_heads)
-
-        grid = (image_hw[0] // stride, image_hw[1] // stride)
-        has_token = classifier == "token"
+        spec = _vit_spec(
+            image_size, patch_size, hidden_size, num_layers, num_heads,
+            mlp_dim, num_classes, classifier, representation_size,
+            dropout_rate, attention_dropout_rate, include_top, pooling,
+            num_channels, resnet, position_embedding,
+            position_embedding_placement)
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
+        has_token = classifier == "token"
 
-        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
-                             name="images")
+        inputs = keras.Input(
+            shape=(*spec["image_hw"], spec["num_channels"]), name="images")
         x = inputs
         if include_preprocessing:
             # uint8 pixels -> [-1, 1], the official input range (not ImageNet
             # mean/std).
             x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
                                  name="preprocessing")(x)
-        if resnet is not None:
-            x = _resnet_stem(x, resnet, dtype)
-        x = vit_layers.PatchEmbedding(hidden_size, patch, dtype=dtype,
-                                      name="patch_embedding")(x)
+        if spec["resnet"] is not None:
+            x = _resnet_stem(x, spec["resnet"], dtype)
+        x = vit_layers.PatchEmbedding(spec["hidden_size"], spec["patch"],
+                                      dtype=dtype, name="patch_embedding")(x)
         if has_token:
             x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
         blocks = [
             vit_layers.EncoderBlock(
-                num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
-                layer_norm_epsilon, gelu=vit_layers.check_gelu(gelu),
-                dtype=dtype, name=f"encoder_block_{i}")
-            for i in range(num_layers)]
+                spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
+                spec["attention_dropout_rate"], layer_norm_epsilon,
+                gelu=vit_layers.check_gelu(gelu), dtype=dtype,
+                name=f"encoder_block_{i}")
+            for i in range(spec["num_layers"])]
         x, scores = _encoder(
             x, blocks, position_embedding, position_embedding_placement,
-            grid, int(has_token), num_heads,
-            layers.Dropout(dropout_rate, dtype=dtype,
+            spec["grid"], int(has_token), spec["num_heads"],
+            layers.Dropout(spec["dropout_rate"], dtype=dtype,
                            name="embedding_dropout"),
             dtype, return_attention_scores)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
-
         method = classifier if include_top else {"avg": "gap"}.get(
             pooling, pooling)
-        if method is not None:
-            x = vit_layers.TokenPooling(method, dtype=dtype, name="pooling")(x)
-            if representation_size is not None:
-                x = layers.Dense(representation_size, activation="tanh",
-                                 kernel_initializer="lecun_normal",
-                                 dtype=dtype, name="pre_logits")(x)
-        if include_top:
-            x = layers.Dense(
-                num_classes,
-                kernel_initializer="zeros",
-                bias_initializer=keras.initializers.Constant(head_bias_init),
-                dtype=dtype,
-                name="head",
-            )(x)
-            if classifier_activation is not None:
-                # Float32 so that softmax stays exact under mixed precision.
-                x = layers.Activation(classifier_activation, dtype="float32",
-                                      name="predictions")(x)
+        x = classification_head(
+            x, None if method is None else vit_layers.TokenPooling(
+                method, dtype=dtype, name="pooling"),
+            include_top, spec["representation_size"], spec["num_classes"],
+            head_bias_init, classifier_activation, dtype)
         outputs = x
         if return_attention_scores:
             if not scores:
@@ -428,68 +467,9 @@ class VisionTransformer(CompiledModelMixin, keras.Model):
                     dtype=dtype, name="attention_scores")(scores),
             }
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
-
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.num_classes = num_classes
-        self.classifier = classifier
-        self.representation_size = representation_size
-        self.dropout_rate = dropout_rate
-        self.attention_dropout_rate = attention_dropout_rate
-        self.include_top = include_top
-        self.pooling = pooling
-        self.include_preprocessing = include_preprocessing
-        self.classifier_activation = classifier_activation
-        self.return_attention_scores = return_attention_scores
-        self.num_channels = num_channels
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.head_bias_init = head_bias_init
-        self.resnet = resnet
-        self.position_embedding = position_embedding
-        self.position_embedding_placement = position_embedding_placement
-        self.gelu = gelu
-        self.grid_size = grid
-        self._layer_dtype = dtype
-
-    def get_config(self):
-        image_size = self.image_size
-        if isinstance(image_size, tuple):
-            image_size = list(image_size)
-        return {
-            "image_size": image_size,
-            "patch_size": self.patch_size,
-            "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "num_classes": self.num_classes,
-            "classifier": self.classifier,
-            "representation_size": self.representation_size,
-            "dropout_rate": self.dropout_rate,
-            "attention_dropout_rate": self.attention_dropout_rate,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "include_preprocessing": self.include_preprocessing,
-            "classifier_activation": self.classifier_activation,
-            "return_attention_scores": self.return_attention_scores,
-            "num_channels": self.num_channels,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "head_bias_init": self.head_bias_init,
-            "resnet": self.resnet,
-            "position_embedding": self.position_embedding,
-            "position_embedding_placement": self.position_embedding_placement,
-            "gelu": self.gelu,
-            "name": self.name,
-            "dtype": self._layer_dtype,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return cls(**config)
+        for key in _NORMALISED:
+            setattr(self, key, spec[key])
+        self.grid_size = spec["grid"]
 
 
 def vit(
