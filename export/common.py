@@ -63,6 +63,23 @@ def check_format(format):
     return value
 
 
+def require_installed(module, purpose):
+    """Raises MissingDependencyError (the package's name and the pip
+    command) unless ``module`` can be imported; does not import it (tf2onnx
+    imports TensorFlow, which a JAX or PyTorch process leaves to its
+    converter process).
+
+    >>> require_installed("json", "this example")
+    """
+    import importlib.util
+
+    from keras_vit.errors import PACKAGES, MissingDependencyError
+
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        raise MissingDependencyError(PACKAGES.get(top, top), purpose)
+
+
 def check_path(path, format):
     """The absolute destination for ``format``; raises ValueError for a
     wrong extension.

@@ -41,6 +41,32 @@ def _run_in_chunks(run, images, batch_size):
             for k in parts[0] if all(k in p for p in parts)}
 
 
+def verification_images(graph, batch_sizes, data="noise", samples=None,
+                        seed=0):
+    """``(images, note)``: the images :func:`verify` runs (deterministic,
+    so that a converter process can run the same ones)."""
+    sizes = check_options(batch_sizes, data)
+    if isinstance(data, str):
+        count = max(max(sizes), samples or 0)
+        return graph.sample_images(count, seed=seed, kind=data)
+    images = np.asarray(data)
+    expect = (graph.input_shape, np.dtype(graph.input_dtype))
+    if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
+        raise ValueError(
+            f"verify_data must be images of shape (n,) + "
+            f"{tuple(expect[0])}; received {images.shape}")
+    images = images.astype(expect[1], copy=False)
+    return images, f"{len(images)} images given as verify_data"
+
+
+def batches(images, batch_sizes):
+    """The batches :func:`verify` runs, in order: ``images`` in chunks of
+    the first batch size, then the first images at each other size."""
+    sizes = _check_batch_sizes(batch_sizes)
+    first = [images[i:i + sizes[0]] for i in range(0, len(images), sizes[0])]
+    return first + [images[:size] for size in sizes[1:]]
+
+
 def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
            tolerance=None, data="noise", samples=None, seed=0):
     """Runs ``artifact`` and compares it with Keras.
@@ -56,18 +82,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     outside ``tolerance`` (a dict from :data:`common.TOLERANCES`).
     """
     sizes = check_options(batch_sizes, data)
-    if isinstance(data, str):
-        count = max(max(sizes), samples or 0)
-        images, note = graph.sample_images(count, seed=seed, kind=data)
-    else:
-        images = np.asarray(data)
-        expect = (graph.input_shape, np.dtype(graph.input_dtype))
-        if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
-            raise ValueError(
-                f"verify_data must be images of shape (n,) + "
-                f"{tuple(expect[0])}; received {images.shape}")
-        images = images.astype(expect[1], copy=False)
-        note = f"{len(images)} images given as verify_data"
+    images, note = verification_images(graph, sizes, data, samples, seed)
     start = time.perf_counter()
     reference = graph.reference(images)
     run = open_runtime(artifact)
@@ -154,6 +169,11 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
         report["peak_rss_mb_this_process"] = common.mib(rss.peak)
         report["peak_rss_mb_converter_process"] = common.mib(rss.child_peak)
     report["notes"] = list(graph.notes) + list(notes)
+    import keras
+
+    # The backend of the reference outputs (the artifact was converted
+    # under TensorFlow, in a child process when this is another backend).
+    report["keras_backend"] = keras.backend.backend()
     report["versions"] = common.versions()
     report["created"] = datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds")
