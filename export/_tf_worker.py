@@ -44,7 +44,7 @@ def run_job(job):
                            "KERAS_BACKEND=tensorflow; it runs on "
                            f"{keras.backend.backend()!r}")
     from keras_vit import atomic
-    from keras_vit.export import common, pipeline
+    from keras_vit.export import memory, pipeline
     from keras_vit.export.graph import ServingGraph
 
     model = _load_model(job["model"])
@@ -54,7 +54,7 @@ def run_job(job):
         with np.load(job["arrays"], allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     module = pipeline.format_module(job["format"])
-    with common.PeakRSS() as rss:
+    with memory.PeakRSS() as rss:
         result = module.convert(
             graph, job["staged"], job["workdir"], job["params"],
             {k: v for k, v in arrays.items() if not k.startswith("run/")},

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from keras_vit.export import common
+from keras_vit.export import memory
 
 RUNTIMES = ("keras", "xla", "onnx", "tflite")
 _DESCRIPTIONS = {
@@ -186,13 +186,13 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
                 continue
             for batch in batch_sizes:
                 images, _ = graph.sample_images(batch, seed=batch)
-                with common.PeakRSS() as rss:
+                with memory.PeakRSS() as rss:
                     times = _time_runs(fn, images, runs, warmup, rss)
                 median = statistics.median(times)
                 row = {"runtime": name, "dtype": dtype, "batch": batch,
                        "images_per_s": batch / median,
                        "median_s": median, "runs": runs,
-                       "peak_rss_mb": common.mib(rss.peak), **extra}
+                       "peak_rss_mb": memory.mib(rss.peak), **extra}
                 result["rows"].append(row)
                 say(f"  {name:7} {dtype:15} batch {batch:>3}: "
                     f"{row['images_per_s']:8.2f} img/s "

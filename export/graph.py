@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.export import common
+from keras_vit.export import samples
 
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
@@ -208,9 +208,9 @@ class ServingGraph:
             or "preprocessing" in _layer_names(model))
         self.scale_inside = self.uint8_input and not includes_preprocessing
         # The range of the artifact's input.
-        self.value_range = (common.PIXELS if (uint8_input
+        self.value_range = (samples.PIXELS if (uint8_input
                                               or includes_preprocessing)
-                            else common.UNIT)
+                            else samples.UNIT)
         needed = [o for o in outputs if o != "probabilities"]
         if "probabilities" in outputs and "logits" not in needed:
             needed.append("logits")
@@ -339,7 +339,7 @@ class ServingGraph:
                       "dtype": self.input_dtype,
                       "range": self.value_range,
                       "preprocessing_inside": self.value_range
-                      == common.PIXELS},
+                      == samples.PIXELS},
             "outputs": out_shapes,
         }
 
@@ -356,10 +356,10 @@ class ServingGraph:
         """Deterministic inputs in the artifact's range: ``"noise"``
         (uniform) or ``"photos"`` (crops of sample photos)."""
         if kind == "photos":
-            pixels, note = common.photo_images(self.input_shape, n, seed)
-            return common.to_input_range(pixels, self.input_dtype,
+            pixels, note = samples.photo_images(self.input_shape, n, seed)
+            return samples.to_input_range(pixels, self.input_dtype,
                                          self.value_range), note
-        images = common.noise_images(self.input_shape, n, self.input_dtype,
+        images = samples.noise_images(self.input_shape, n, self.input_dtype,
                                      self.value_range, seed)
         return images, (f"{n} uniform random images in {self.value_range}"
                         f" (seed {seed})")

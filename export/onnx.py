@@ -27,7 +27,7 @@ import os
 
 from keras_vit.errors import require
 from keras_vit.export import _onnx_worker as worker
-from keras_vit.export import common, pipeline
+from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
@@ -39,7 +39,6 @@ MIN_OPSET = 13
 # ones convert in this process, where tf2onnx's overhead is negligible and
 # the child's start-up (importing TensorFlow again) would dominate.
 ISOLATE_ABOVE_BYTES = 64 * 2**20
-QUANTIZATIONS = common.QUANTIZATIONS
 # The ops whose weights (and, for static int8, inputs) are quantized.
 INT8_OPS = ("MatMul", "Gemm", "Conv")
 # Calibration keeps every calibrated tensor of this many images in memory
@@ -337,7 +336,7 @@ def to_onnx(model, path, *, quantization="float32",
     if quantization == "int8":
         # Before anything is converted: a pipeline in the wrong range
         # fails here.
-        images, note = common.calibration_images(
+        images, note = samples.calibration_images(
             graph, representative_data, representative_samples)
         options["representative_data"] = note
         options["int8"] = {"format": "QOperator", "activations": "uint8",

@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.export import common
+from keras_vit.export import common, memory, staging
 from keras_vit.export import verify as checks
 
 # What a stuck converter process may take before it is stopped; the
@@ -93,9 +93,9 @@ def run(job):
     """Runs ``job`` (see the module docstring); returns the report."""
     module = format_module(job.format)
     times = {}
-    with common.Staging(job.dest, directory=job.directory,
+    with staging.Staging(job.dest, directory=job.directory,
                         overwrite=job.overwrite) as stage, \
-            common.PeakRSS() as rss:
+            memory.PeakRSS() as rss:
         name = "saved_model" if job.directory else os.path.basename(job.dest)
         staged = stage.file(name)
         open_runtime = getattr(module, "open_artifact")
@@ -154,7 +154,12 @@ def run(job):
 
 def timeout_seconds():
     """The time limit of a converter process: ``$KERAS_VIT_EXPORT_TIMEOUT``
-    seconds, default 3600."""
+    seconds, default 3600.
+
+    >>> os.environ.pop(TIMEOUT_ENV, None) and None
+    >>> timeout_seconds()
+    3600
+    """
     text = os.environ.get(TIMEOUT_ENV)
     if text is None or not text.strip():
         return DEFAULT_TIMEOUT_SECONDS
@@ -169,7 +174,11 @@ def timeout_seconds():
 
 
 def child_command(module, job_path):
-    """The command line of a converter process: ``python -m module``."""
+    """The command line of a converter process: ``python -m module``.
+
+    >>> child_command("keras_vit.export._tf_worker", "job.json")[1:]
+    ['-m', 'keras_vit.export._tf_worker', 'job.json']
+    """
     return [sys.executable, "-m", module, job_path]
 
 
@@ -281,7 +290,13 @@ class _Replay:
 
 
 def batch_key(images):
-    """A name for a batch of images: the hash of its shape and bytes."""
+    """A name for a batch of images: the hash of its shape and bytes.
+
+    >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((2, 3)))
+    True
+    >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((3, 2)))
+    False
+    """
     images = np.ascontiguousarray(images)
     digest = hashlib.sha256(repr((images.shape, images.dtype.str)).encode())
     digest.update(images.tobytes())

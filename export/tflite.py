@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 
 from keras_vit.errors import require
-from keras_vit.export import common, pipeline
+from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
-QUANTIZATIONS = common.QUANTIZATIONS
 
 # The ops of the int8 model that stay float by default (float_ops=
 # "sensitive"): what a Keras LayerNormalization becomes in TFLite (MEAN,
@@ -40,7 +39,6 @@ SENSITIVE_OPS = {
     "residual_add": ("ADD",),
 }
 DEFAULT_FLOAT_OPS = LAYER_NORM_OPS + ("SOFTMAX", "BATCH_MATMUL", "ADD")
-DEFAULT_REPRESENTATIVE_SAMPLES = common.DEFAULT_REPRESENTATIVE_SAMPLES
 
 
 def open_artifact(path, num_threads=None):
@@ -216,7 +214,7 @@ def to_tflite(model, path, *, quantization="float32",
     if quantization == "int8":
         # Before anything is written: a pipeline in the wrong range fails
         # here, not after a long conversion.
-        images, note = common.calibration_images(
+        images, note = samples.calibration_images(
             graph, representative_data, representative_samples)
         options["representative_data"] = note
         if representative_data is None:

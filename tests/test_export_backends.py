@@ -234,9 +234,9 @@ def test_a_model_the_converter_cannot_rebuild(tmp_path, monkeypatch):
 def test_job_and_result_are_json(tmp_path, monkeypatch):
     """What crosses to the converter process is JSON and an .npz read
     without pickle."""
-    from keras_vit.export import common
+    from keras_vit.export import memory
 
-    rss = common.PeakRSS()
+    rss = memory.PeakRSS()
     code = ("import json, sys; job = json.load(open(sys.argv[1])); "
             "json.dump({'echo': job['value']}, open(job['result'], 'w'))")
     monkeypatch.setattr(pipeline, "child_command", lambda module, job: [
@@ -283,3 +283,17 @@ def test_cli_export_from_this_backend(tiny, tmp_path, capsys):
     report = export.read_report(out)
     assert report["keras_backend"] == keras.backend.backend()
     assert report["verified"] and report["top1_agreement"] >= 0.9
+
+
+@pytest.mark.parametrize("name", [
+    "keras_vit.export.memory", "keras_vit.export.samples",
+    "keras_vit.export.staging", "keras_vit.export.pipeline",
+    "keras_vit.export.verify"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0, f"{name} has no example"
