@@ -21,7 +21,8 @@ and ``convert`` runs in a child process with ``KERAS_BACKEND=tensorflow``
 (``python -m keras_vit.export._tf_worker``, arguments in JSON, arrays in an
 ``.npz`` read without pickle); the reference outputs are still computed on
 the user's backend, so the comparison is that backend against the artifact.
-TensorFlow is never imported into a JAX or PyTorch process.
+No TensorFlow op runs in a JAX or PyTorch process (Keras' own ``.keras``
+saving imports the ``tensorflow`` module there when it is installed).
 """
 
 from __future__ import annotations
