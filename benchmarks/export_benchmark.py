@@ -88,20 +88,20 @@ def _baseline(model, path):
     import tensorflow as tf
     import tf2onnx
 
-    from keras_vit.export import common
+    from keras_vit.export import common, memory
 
     size = model.inputs[0].shape[1]
     spec = [tf.TensorSpec((None, size, size, 3), tf.float32, name="images")]
     fn = tf.function(lambda x: model(x, training=False), input_signature=spec)
     times = {}
-    with common.PeakRSS() as rss, common.timer(times, "conversion_seconds"):
+    with memory.PeakRSS() as rss, common.timer(times, "conversion_seconds"):
         proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec,
                                                  opset=17)
         with open(path, "wb") as f:
             f.write(proto.SerializeToString())
     return {"format": "onnx", "options": {"route": "plain tf2onnx"},
             "file_size": os.path.getsize(path), "peak_rss_mb":
-            common.mib(rss.peak), **times, "verified": False}
+            memory.mib(rss.peak), **times, "verified": False}
 
 
 def _run_child(model, fmt, variant, path, samples):

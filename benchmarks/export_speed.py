@@ -219,7 +219,7 @@ def main(argv=None):
     import onnxruntime
     from speed import cpu_model
 
-    from keras_vit.export import common
+    from keras_vit.export import common, samples
 
     flags = cpu_flags()
     label = "tiny ViT (quick)" if args.quick else args.model
@@ -243,13 +243,13 @@ def main(argv=None):
         say(f"building {label} ...")
         model = benchmark_model(args.model, args.quick)
         shape = tuple(model.inputs[0].shape[1:])
-        pixels, _ = common.photo_images(shape, args.calibration_samples,
+        pixels, _ = samples.photo_images(shape, args.calibration_samples,
                                         seed=0)
-        calibration = common.to_input_range(pixels, "float32", common.UNIT)
+        calibration = samples.to_input_range(pixels, "float32", samples.UNIT)
         # Every row compared on the same images (other crops than the
         # calibration's).
-        pixels, _ = common.photo_images(shape, 32, seed=1)
-        verify_images = common.to_input_range(pixels, "float32", common.UNIT)
+        pixels, _ = samples.photo_images(shape, 32, seed=1)
+        verify_images = samples.to_input_range(pixels, "float32", samples.UNIT)
         os.mkdir(os.path.join(folder, "main"))
         reports = export_all(model, os.path.join(folder, "main"), runtimes,
                              calibration, verify_images, True, say)
@@ -270,8 +270,8 @@ def main(argv=None):
             agreement = {k: r["top1_agreement"] for k, r in trained.items()}
 
         say("timing ...")
-        images, _ = common.photo_images(shape, max(batches), seed=2)
-        images = common.to_input_range(images, "float32", common.UNIT)
+        images, _ = samples.photo_images(shape, max(batches), seed=2)
+        images = samples.to_input_range(images, "float32", samples.UNIT)
         runners = {key: open_runtime(key[0], r["path"], args.threads)
                    for key, r in reports.items()}
         speed = time_interleaved(runners, images, batches, args.repeats)

@@ -1,7 +1,8 @@
 """SavedModel -> ONNX in a separate process with a low memory peak.
 
-Run by :mod:`keras_vit.export.onnx` as ``python _onnx_worker.py JOB.json``
-(by path, so that the child imports only TensorFlow, tf2onnx and onnx).
+Run by :mod:`keras_vit.export.onnx` as ``python -m
+keras_vit.export._onnx_worker JOB.json`` (see
+:func:`keras_vit.export.pipeline.run_child`).
 
 Why a child process, measured on ViT-B/16 (330 MB of weights) with
 tf2onnx 1.17 / TF 2.21 / protobuf 7 (upb): a plain ``from_function`` peaks
@@ -31,13 +32,6 @@ import json
 import os
 import sys
 import time
-
-if __name__ == "__main__":
-    # Run by path, Python puts this folder first on sys.path, where the
-    # sibling onnx.py would shadow the onnx package.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path
-                   if os.path.abspath(p or os.curdir) != _here]
 
 # The ONNX format keeps the whole model in one protobuf (2 GiB at most);
 # beyond this many bytes of tensors the weights go to an external file.
@@ -252,20 +246,28 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
 
 def main(job_path):
     import resource
+    import traceback
+
+    from keras_vit import atomic
 
     with open(job_path) as f:
         job = json.load(f)
     start = time.perf_counter()
-    result = convert_saved_model(job["saved_model"], job["output"],
-                                 job["opset"], job.get("external_data"))
+    try:
+        result = convert_saved_model(job["saved_model"], job["output"],
+                                     job["opset"], job.get("external_data"))
+    except Exception as e:  # noqa: BLE001 - handed to the parent
+        traceback.print_exc()
+        atomic.write_json(job["result"], {"error": {
+            "type": type(e).__name__, "message": str(e)}})
+        return 1
     result["seconds"] = round(time.perf_counter() - start, 3)
     from google.protobuf.internal import api_implementation
 
     result["protobuf"] = api_implementation.Type()
     result["peak_rss"] = resource.getrusage(
         resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open(job["result"], "w") as f:
-        json.dump(result, f)
+    atomic.write_json(job["result"], result)
     return 0
 
 

@@ -21,12 +21,13 @@ import time
 
 import numpy as np
 
-from keras_vit.export import common
+from keras_vit.export import memory
 
 RUNTIMES = ("keras", "xla", "onnx", "tflite")
 _DESCRIPTIONS = {
-    "keras": "the Keras model in a tf.function (what predict runs)",
-    "xla": "the same with jit_compile=True",
+    "keras": "the Keras model in a tf.function (what predict runs; on JAX "
+             "and PyTorch the model's call)",
+    "xla": "the same with jit_compile=True (jax.jit on JAX)",
     "onnx": "onnxruntime, CPU provider, on the verified ONNX export",
     "tflite": "ai_edge_litert (XNNPACK), on the verified float32 export",
 }
@@ -73,18 +74,36 @@ def _time_runs(fn, images, runs, warmup, rss):
     return times
 
 
-def _tf_runner(model, jit):
-    import tensorflow as tf
+def _keras_runner(model, jit):
+    """The model on this process's Keras backend: a ``tf.function`` (with
+    XLA if ``jit``) on TensorFlow, ``jax.jit`` (XLA) or the plain call on
+    JAX, the call without autograd on PyTorch."""
+    import keras
 
-    function = tf.function(lambda x: model(x, training=False),
-                           jit_compile=jit)
+    from keras_vit.backend import infer
 
-    def run(images):
-        out = function(tf.constant(images))
+    def first(out):
         return {"out": np.asarray(next(iter(out.values())) if isinstance(
             out, dict) else out)}
 
-    return run
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        function = tf.function(lambda x: model(x, training=False),
+                               jit_compile=jit)
+        return lambda images: first(function(tf.constant(images)))
+    if not jit:
+        return lambda images: first(infer(model, images))
+    if backend != "jax":
+        raise ImportError(f"the {backend} backend does not compile with XLA")
+    import jax
+
+    state = ([v.value for v in model.trainable_variables],
+             [v.value for v in model.non_trainable_variables])
+    forward = jax.jit(lambda t, n, x: model.stateless_call(
+        t, n, x, training=False)[0])
+    return lambda images: first(forward(*state, images))
 
 
 def _bf16_copy(model):
@@ -167,13 +186,13 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
                 continue
             for batch in batch_sizes:
                 images, _ = graph.sample_images(batch, seed=batch)
-                with common.PeakRSS() as rss:
+                with memory.PeakRSS() as rss:
                     times = _time_runs(fn, images, runs, warmup, rss)
                 median = statistics.median(times)
                 row = {"runtime": name, "dtype": dtype, "batch": batch,
                        "images_per_s": batch / median,
                        "median_s": median, "runs": runs,
-                       "peak_rss_mb": common.mib(rss.peak), **extra}
+                       "peak_rss_mb": memory.mib(rss.peak), **extra}
                 result["rows"].append(row)
                 say(f"  {name:7} {dtype:15} batch {batch:>3}: "
                     f"{row['images_per_s']:8.2f} img/s "
@@ -189,9 +208,7 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
 def _runner(name, model, graph, tmp, say):
     """``(images -> outputs, extra row fields)`` for runtime ``name``."""
     if name in ("keras", "xla"):
-        import tensorflow  # noqa: F401 - ImportError means skip
-
-        return _tf_runner(model, jit=name == "xla"), {}
+        return _keras_runner(model, jit=name == "xla"), {}
     from keras_vit import export
 
     if name == "onnx":

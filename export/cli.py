@@ -18,7 +18,6 @@ from keras_vit.export.verify import verification_table
 from keras_vit.cli import positive_int
 
 PROG = "keras-vit"
-QUANTIZATIONS = common.QUANTIZATIONS
 
 
 def _int_list(text):
@@ -51,7 +50,7 @@ def register(subparsers):
                    choices=common.FORMATS)
     p.add_argument("--output", "-o", required=True, metavar="PATH",
                    help="a .tflite or .onnx file, or a SavedModel directory")
-    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS,
+    p.add_argument("--quantization", "-q", choices=common.QUANTIZATIONS,
                    default="float32",
                    help="TFLite and ONNX (default: float32)")
     p.add_argument("--weights", "-w", metavar="W",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.export import common
+from keras_vit.export import samples
 
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
@@ -177,6 +177,10 @@ class ServingGraph:
                 f"model={model.name!r} takes inputs of shape {shape}; export "
                 "needs fixed-size images (batch, height, width, channels)")
         self.notes = []
+        self._args = {"outputs": list(outputs),
+                      "uint8_input": bool(uint8_input),
+                      "cast_to_float32": bool(cast_to_float32),
+                      "allow_low_precision": bool(allow_low_precision)}
         self.source_model = model
         self.source_dtype = low_precision_dtype(model)
         if self.source_dtype is not None:
@@ -204,9 +208,9 @@ class ServingGraph:
             or "preprocessing" in _layer_names(model))
         self.scale_inside = self.uint8_input and not includes_preprocessing
         # The range of the artifact's input.
-        self.value_range = (common.PIXELS if (uint8_input
+        self.value_range = (samples.PIXELS if (uint8_input
                                               or includes_preprocessing)
-                            else common.UNIT)
+                            else samples.UNIT)
         needed = [o for o in outputs if o != "probabilities"]
         if "probabilities" in outputs and "logits" not in needed:
             needed.append("logits")
@@ -215,15 +219,19 @@ class ServingGraph:
             name=f"{model.name}_export")
         self._function = None
 
-    # ---------------------------------------------------------------- TF
+    # ---------------------------------------------------------- serving
 
     def serve(self, images):
-        """The serving computation (TensorFlow ops): images -> dict."""
-        import tensorflow as tf
+        """The serving computation in ``keras.ops``: images -> dict.
+
+        Traced into the artifact under TensorFlow, and run eagerly on the
+        user's backend for the reference the artifact is compared with.
+        """
+        import keras
 
         x = images
         if self.uint8_input:
-            x = tf.cast(x, tf.float32)
+            x = keras.ops.cast(x, "float32")
             if self.scale_inside:
                 # The official ViT input scaling, as Rescaling(1/127.5, -1).
                 x = x * (1.0 / 127.5) - 1.0
@@ -231,10 +239,10 @@ class ServingGraph:
         out = {}
         for name in self.outputs:
             if name == "probabilities":
-                out[name] = tf.nn.softmax(tf.cast(raw["logits"], tf.float32),
-                                          axis=-1)
+                out[name] = keras.ops.softmax(
+                    keras.ops.cast(raw["logits"], "float32"), axis=-1)
             else:
-                out[name] = tf.cast(raw[name], tf.float32)
+                out[name] = keras.ops.cast(raw[name], "float32")
         return out
 
     def input_spec(self):
@@ -279,14 +287,16 @@ class ServingGraph:
     # ------------------------------------------------------------ numbers
 
     def reference(self, images, batch_size=8):
-        """Keras' answers for ``images`` (the model run eagerly, with the
-        same input scaling and softmax as the artifact)."""
-        import tensorflow as tf
+        """Keras' answers for ``images``: :meth:`serve` run eagerly on the
+        user's backend (whichever ``KERAS_BACKEND`` is), so an artifact
+        converted under TensorFlow is compared with that backend."""
+        from keras_vit.backend import no_grad, to_numpy
 
         parts = []
-        for start in range(0, len(images), batch_size):
-            out = self.serve(tf.constant(images[start:start + batch_size]))
-            parts.append({k: np.asarray(v) for k, v in out.items()})
+        with no_grad():
+            for start in range(0, len(images), batch_size):
+                parts.append(to_numpy(self.serve(
+                    images[start:start + batch_size])))
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def source_logits(self, images):
@@ -308,10 +318,13 @@ class ServingGraph:
                                      _output_tensor(source, name))
             except (ValueError, KeyError):
                 return None, None
-        out = source(x, training=False)
-        if isinstance(out, dict):
-            out = out.get("output", next(iter(out.values())))
-        return name, np.asarray(keras.ops.cast(out, "float32"))
+        from keras_vit.backend import no_grad, to_numpy
+
+        with no_grad():
+            out = source(x, training=False)
+            if isinstance(out, dict):
+                out = out.get("output", next(iter(out.values())))
+            return name, to_numpy(keras.ops.cast(out, "float32"))
 
     def describe(self):
         """The input and outputs, for the report."""
@@ -326,9 +339,14 @@ class ServingGraph:
                       "dtype": self.input_dtype,
                       "range": self.value_range,
                       "preprocessing_inside": self.value_range
-                      == common.PIXELS},
+                      == samples.PIXELS},
             "outputs": out_shapes,
         }
+
+    def rebuild_args(self):
+        """The arguments that rebuild this graph from :attr:`model` (in a
+        converter process, from the model saved as ``.keras``)."""
+        return dict(self._args)
 
     def weights_bytes(self):
         return int(sum(np.prod(w.shape) * np.dtype(str(w.dtype)).itemsize
@@ -338,10 +356,10 @@ class ServingGraph:
         """Deterministic inputs in the artifact's range: ``"noise"``
         (uniform) or ``"photos"`` (crops of sample photos)."""
         if kind == "photos":
-            pixels, note = common.photo_images(self.input_shape, n, seed)
-            return common.to_input_range(pixels, self.input_dtype,
+            pixels, note = samples.photo_images(self.input_shape, n, seed)
+            return samples.to_input_range(pixels, self.input_dtype,
                                          self.value_range), note
-        images = common.noise_images(self.input_shape, n, self.input_dtype,
+        images = samples.noise_images(self.input_shape, n, self.input_dtype,
                                      self.value_range, seed)
         return images, (f"{n} uniform random images in {self.value_range}"
                         f" (seed {seed})")

@@ -23,14 +23,11 @@ float, as in the TFLite int8 export.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 from keras_vit.errors import require
 from keras_vit.export import _onnx_worker as worker
-from keras_vit.export import common
+from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
@@ -42,7 +39,6 @@ MIN_OPSET = 13
 # ones convert in this process, where tf2onnx's overhead is negligible and
 # the child's start-up (importing TensorFlow again) would dominate.
 ISOLATE_ABOVE_BYTES = 64 * 2**20
-QUANTIZATIONS = common.QUANTIZATIONS
 # The ops whose weights (and, for static int8, inputs) are quantized.
 INT8_OPS = ("MatMul", "Gemm", "Conv")
 # Calibration keeps every calibrated tensor of this many images in memory
@@ -194,14 +190,19 @@ class _Calibration:
         return {self.name: self.images[self.index - 1:self.index]}
 
 
-def _check_opset(opset):
+def _check_opset(opset, newest=True):
+    """The opset to write (default 17); ``newest``: also check that tf2onnx
+    can write it (which imports TensorFlow; a JAX or PyTorch process leaves
+    that check to the converter process)."""
     if opset is None:
         return DEFAULT_OPSET
-    top = max_opset()
+    top = max_opset() if newest else None
     if (not isinstance(opset, int) or isinstance(opset, bool)
-            or not MIN_OPSET <= opset <= top):
-        raise ValueError(f"opset must be an integer from {MIN_OPSET} to {top}"
-                         f" (tf2onnx's newest); received opset={opset!r}")
+            or opset < MIN_OPSET or (top is not None and opset > top)):
+        bound = (f"to {top} (tf2onnx's newest)" if top is not None
+                 else "to tf2onnx's newest")
+        raise ValueError(f"opset must be an integer from {MIN_OPSET} {bound}"
+                         f"; received opset={opset!r}")
     return opset
 
 
@@ -220,40 +221,17 @@ def _convert_here(graph, path, opset, external_data):
             "tensor_bytes": total, "external_data": external}
 
 
-def _convert_in_child(saved_model_dir, path, opset, external_data, stage,
+def _convert_in_child(saved_model_dir, path, opset, external_data, workdir,
                       rss):
-    """Converts in a child process; returns the worker's result."""
+    """Converts in a child process (``python -m
+    keras_vit.export._onnx_worker``); returns the worker's result."""
     job = {"saved_model": saved_model_dir, "output": path, "opset": opset,
-           "external_data": external_data,
-           "result": stage.file("worker_result.json")}
-    job_path = stage.file("worker_job.json")
-    with open(job_path, "w") as f:
-        json.dump(job, f)
-    env = dict(os.environ)
-    env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log_path = stage.file("worker.log")
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen(
-            [sys.executable, worker.__file__, job_path], env=env,
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            # wait4, not wait: it also returns the child's peak memory.
-            _, status, usage = os.wait4(child.pid, 0)
-        except BaseException:
-            child.kill()
-            child.wait()
-            raise
-        child.returncode = os.waitstatus_to_exitcode(status)
-    rss.add_child(usage.ru_maxrss * 1024)
-    if child.returncode != 0:
-        with open(log_path, "rb") as f:
-            tail = f.read()[-3000:].decode("utf-8", "replace")
-        raise common.ExportError(
-            f"tf2onnx failed (converter process exit status "
-            f"{child.returncode}); its last output:\n{tail}")
-    with open(job["result"]) as f:
-        return json.load(f)
+           "external_data": external_data}
+    # The pure-Python protobuf must be chosen before protobuf is imported.
+    return pipeline.run_child(
+        "keras_vit.export._onnx_worker", job, workdir, rss,
+        what="the ONNX converter process (tf2onnx)",
+        env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
 
 
 def to_onnx(model, path, *, quantization="float32",
@@ -327,9 +305,10 @@ def to_onnx(model, path, *, quantization="float32",
     dest = common.check_path(path, "onnx")
     # Before any work: the conversion may run in a child process, whose
     # ImportError would arrive as a worker failure, not as this one line.
+    # Found, not imported: tf2onnx imports TensorFlow.
     for module in ("tf2onnx", "onnx", "onnxruntime"):
-        require(module, purpose="ONNX export")
-    opset = _check_opset(opset)
+        common.require_installed(module, purpose="ONNX export")
+    opset = _check_opset(opset, newest=pipeline.tensorflow_here())
     if external_data not in (None, True, False):
         raise ValueError("external_data must be None (automatic), True or "
                          f"False; received external_data={external_data!r}")
@@ -350,14 +329,14 @@ def to_onnx(model, path, *, quantization="float32",
                "uint8_input": bool(uint8_input),
                "outputs": list(graph.outputs),
                "cast_to_float32": bool(cast_to_float32),
-               "converter_process": "child" if isolate else "this process"}
+               "converter_process": "this process" if (
+                   pipeline.tensorflow_here() and not isolate) else "child"}
     notes = []
-    times = {}
     images = None
     if quantization == "int8":
         # Before anything is converted: a pipeline in the wrong range
         # fails here.
-        images, note = common.calibration_images(
+        images, note = samples.calibration_images(
             graph, representative_data, representative_samples)
         options["representative_data"] = note
         options["int8"] = {"format": "QOperator", "activations": "uint8",
@@ -373,56 +352,48 @@ def to_onnx(model, path, *, quantization="float32",
                                      "DynamicQuantizeLinear)",
                            "weights": "int8 per tensor",
                            "ops": list(INT8_OPS)}
-    name = os.path.basename(dest)
-    with common.Staging(dest, overwrite=overwrite) as stage, \
-            common.PeakRSS() as rss:
-        staged = stage.file(name)
-        # The float32 file is the artifact, or the source of the variant.
-        converted = staged if quantization == "float32" else stage.file(
-            "float32.onnx")
-        with common.timer(times, "conversion_seconds"):
-            if isolate:
-                saved_model_dir = stage.file("saved_model")
-                graph.save(saved_model_dir)
-                result = _convert_in_child(saved_model_dir, converted, opset,
-                                           external_data, stage, rss)
-            else:
-                result = _convert_here(graph, converted, opset,
-                                       external_data)
-            if quantization != "float32":
-                work = stage.file("quantization")
-                os.mkdir(work)
-                proto = _quantize(converted, quantization, images, work,
-                                  result["external_data"])
-                written, total, external = worker.write_model(
-                    proto, None, staged, external_data)
-                del proto
-                result = {"files": [os.path.basename(f) for f in written],
-                          "tensor_bytes": total, "external_data": external}
-        options["external_data"] = result["external_data"]
-        files = [stage.file(f) for f in result["files"]]
-        checked = None
-        if verify:
-            checked = checks.verify(
-                graph, open_artifact, staged, batch_sizes, tol,
-                data=verify_data,
-                samples=agreement_samples if quantized else None,
-                seed=1 if quantized else 0)
-            times["verification_seconds"] = checked.pop(
-                "verification_seconds")
-        report = checks.assemble_report("onnx", dest, files, graph, options,
-                                        checked, times, rss, notes)
-        if checked is not None:
-            checks.raise_if_failed(checked, f"the ONNX file {dest!r}",
-                                   report)
-        report_name = name + common.REPORT_SUFFIX
-        common.write_json(stage.file(report_name), report)
-        moves = [(os.path.basename(f), os.path.join(os.path.dirname(dest),
-                                                    os.path.basename(f)))
-                 for f in files if f != staged]
-        # Without external data now, a data file beside an older export at
-        # this path is stale.
-        stale = [] if moves else [dest + ".data"]
-        stage.commit_files(moves + [(report_name, dest + common.REPORT_SUFFIX),
-                                    (name, dest)], stale=stale)
-    return report
+    return pipeline.run(pipeline.ExportJob(
+        "onnx", "the ONNX file", dest, graph, tol, options,
+        params={"quantization": quantization, "opset": opset,
+                "external_data": external_data, "isolate": bool(isolate)},
+        arrays={} if images is None else {"calibration": images},
+        notes=notes, verify=verify, batch_sizes=batch_sizes,
+        verify_data=verify_data,
+        samples=agreement_samples if quantized else None,
+        seed=1 if quantized else 0, overwrite=overwrite,
+        side_files=(".data",)))
+
+
+def convert(graph, staged, workdir, params, arrays, rss):
+    """Writes the float32 ONNX file (tf2onnx, TensorFlow): ``staged``
+    itself, or the source of the quantized variant that :func:`finish`
+    makes."""
+    opset = _check_opset(params["opset"])
+    # The float32 file is the artifact, or the source of the variant.
+    converted = staged if params["quantization"] == "float32" else (
+        os.path.join(workdir, "float32.onnx"))
+    if params["isolate"]:
+        saved_model_dir = os.path.join(workdir, "saved_model")
+        graph.save(saved_model_dir)
+        return _convert_in_child(saved_model_dir, converted, opset,
+                                 params["external_data"], workdir, rss)
+    return _convert_here(graph, converted, opset, params["external_data"])
+
+
+def finish(staged, workdir, params, arrays, result):
+    """The quantized variant (onnxruntime, no TensorFlow) of the float32
+    file that :func:`convert` wrote."""
+    quantization = params["quantization"]
+    if quantization != "float32":
+        work = os.path.join(workdir, "quantization")
+        os.mkdir(work)
+        proto = _quantize(os.path.join(workdir, "float32.onnx"),
+                          quantization, arrays.get("calibration"), work,
+                          result["external_data"])
+        written, total, external = worker.write_model(
+            proto, None, staged, params["external_data"])
+        del proto
+        result = {"files": [os.path.basename(f) for f in written],
+                  "tensor_bytes": total, "external_data": external}
+    result["options"] = {"external_data": result["external_data"]}
+    return result

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.export import common
+from keras_vit.export import common, pipeline
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
+
+
+# Its runtime is TensorFlow: exported from JAX or PyTorch, the converter
+# process runs the verification batches too.
+RUNTIME_NEEDS_TENSORFLOW = True
 
 
 def open_artifact(path):
@@ -85,25 +90,13 @@ def to_saved_model(model, path, *, uint8_input=False,
                "outputs": list(graph.outputs),
                "signature": "serving_default",
                "cast_to_float32": bool(cast_to_float32)}
-    times = {}
-    with common.Staging(dest, directory=True, overwrite=overwrite) as stage, \
-            common.PeakRSS() as rss:
-        staged = stage.file("saved_model")
-        with common.timer(times, "conversion_seconds"):
-            graph.save(staged)
-        result = None
-        if verify:
-            result = checks.verify(graph, open_artifact, staged,
-                                   batch_sizes, tol, data=verify_data)
-            times["verification_seconds"] = result.pop(
-                "verification_seconds")
-        report = checks.assemble_report(
-            "saved_model", dest, [staged], graph, options, result, times,
-            rss)
-        if result is not None:
-            checks.raise_if_failed(result, f"the SavedModel {dest!r}", report)
-        common.write_json(os.path.join(staged, common.SAVED_MODEL_REPORT),
-                          report)
-        stage.commit_dir("saved_model")
-    return report
+    return pipeline.run(pipeline.ExportJob(
+        "saved_model", "the SavedModel", dest, graph, tol, options,
+        verify=verify, batch_sizes=batch_sizes, verify_data=verify_data,
+        overwrite=overwrite))
 
+
+def convert(graph, staged, workdir, params, arrays, rss):
+    """Writes the SavedModel directory ``staged`` (TensorFlow)."""
+    graph.save(staged)
+    return {"files": [os.path.basename(staged)]}

@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 
 from keras_vit.errors import require
-from keras_vit.export import common
+from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
-QUANTIZATIONS = common.QUANTIZATIONS
 
 # The ops of the int8 model that stay float by default (float_ops=
 # "sensitive"): what a Keras LayerNormalization becomes in TFLite (MEAN,
@@ -40,7 +39,6 @@ SENSITIVE_OPS = {
     "residual_add": ("ADD",),
 }
 DEFAULT_FLOAT_OPS = LAYER_NORM_OPS + ("SOFTMAX", "BATCH_MATMUL", "ADD")
-DEFAULT_REPRESENTATIVE_SAMPLES = common.DEFAULT_REPRESENTATIVE_SAMPLES
 
 
 def open_artifact(path, num_threads=None):
@@ -212,11 +210,11 @@ def to_tflite(model, path, *, quantization="float32",
                "signature": "serving_default",
                "cast_to_float32": bool(cast_to_float32)}
     notes = []
-    times = {}
+    arrays = {}
     if quantization == "int8":
         # Before anything is written: a pipeline in the wrong range fails
         # here, not after a long conversion.
-        images, note = common.calibration_images(
+        images, note = samples.calibration_images(
             graph, representative_data, representative_samples)
         options["representative_data"] = note
         if representative_data is None:
@@ -224,45 +222,42 @@ def to_tflite(model, path, *, quantization="float32",
                 f"no representative_data given: calibrated on {note}; pass "
                 "the training pipeline's images for calibration that "
                 "matches deployment")
-    name = os.path.basename(dest)
-    with common.Staging(dest, overwrite=overwrite) as stage, \
-            common.PeakRSS() as rss:
-        staged = stage.file(name)
-        with common.timer(times, "conversion_seconds"):
-            saved_model_dir = stage.file("saved_model")
-            graph.save(saved_model_dir)
-            if quantization == "int8":
+        arrays["calibration"] = images
+        options["float_ops"] = list(float_ops)
+    return pipeline.run(pipeline.ExportJob(
+        "tflite", "the TFLite file", dest, graph, tol, options,
+        params={"quantization": quantization, "float_ops": list(float_ops)},
+        arrays=arrays, notes=notes, verify=verify, batch_sizes=batch_sizes,
+        verify_data=verify_data,
+        samples=agreement_samples if quantized else None, seed=1,
+        overwrite=overwrite))
 
-                def representative():
-                    for i in range(len(images)):
-                        yield [images[i:i + 1]]
 
-                content = _convert_int8(saved_model_dir, representative,
-                                        float_ops)
-                options["float_ops"] = list(float_ops)
-            else:
-                content = _converter(saved_model_dir, quantization).convert()
-            with open(staged, "wb") as f:
-                f.write(content)
-            del content
-        if quantization == "int8":
-            options["op_dtypes"] = op_dtypes(staged)
-        result = None
-        if verify:
-            result = checks.verify(
-                graph, open_artifact, staged, batch_sizes, tol,
-                data=verify_data,
-                samples=agreement_samples if quantized else None, seed=1)
-            times["verification_seconds"] = result.pop(
-                "verification_seconds")
-        report = checks.assemble_report("tflite", dest, [staged], graph,
-                                        options, result, times, rss, notes)
-        if result is not None:
-            checks.raise_if_failed(result, f"the TFLite file {dest!r}",
-                                   report)
-        report_name = name + common.REPORT_SUFFIX
-        common.write_json(stage.file(report_name), report)
-        stage.commit_files([(report_name, dest + common.REPORT_SUFFIX),
-                            (name, dest)])
-    return report
+def convert(graph, staged, workdir, params, arrays, rss):
+    """Writes the ``.tflite`` file ``staged`` from the serving SavedModel
+    (TensorFlow's converter)."""
+    saved_model_dir = os.path.join(workdir, "saved_model")
+    graph.save(saved_model_dir)
+    quantization = params["quantization"]
+    if quantization == "int8":
+        images = arrays["calibration"]
 
+        def representative():
+            for i in range(len(images)):
+                yield [images[i:i + 1]]
+
+        content = _convert_int8(saved_model_dir, representative,
+                                tuple(params["float_ops"]))
+    else:
+        content = _converter(saved_model_dir, quantization).convert()
+    with open(staged, "wb") as f:
+        f.write(content)
+    return {"files": [os.path.basename(staged)]}
+
+
+def finish(staged, workdir, params, arrays, result):
+    """Adds which ops run in int8 and which in float (LiteRT, no
+    TensorFlow) to the report's options."""
+    if params["quantization"] == "int8":
+        result["options"] = {"op_dtypes": op_dtypes(staged)}
+    return result

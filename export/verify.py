@@ -7,7 +7,75 @@ import time
 
 import numpy as np
 
-from keras_vit.export import common
+from keras_vit.export import common, memory
+
+
+def top1_source(names):
+    for name in ("logits", "probabilities"):
+        if name in names:
+            return name
+    return None
+
+
+def compare(reference, actual, tol):
+    """Measures ``actual`` against ``reference`` (dicts of arrays with the
+    same keys and row counts) and checks ``tol``.
+
+    Returns ``(metrics, failures)``: per-output max abs difference, scale
+    and relative RMS error; top-1 agreement when a logits or probabilities
+    output exists; and the list of violated criteria (empty when it passes).
+    """
+    metrics = {"max_abs_diff": {}, "scale": {}, "rel_rms_error": {},
+               "limits": {}}
+    failures = []
+    for name, ref in reference.items():
+        if name not in actual:
+            failures.append(f"output {name!r} is missing (artifact returned "
+                            f"{sorted(actual)})")
+            continue
+        ref = np.asarray(ref, np.float64)
+        got = np.asarray(actual[name], np.float64)
+        if got.shape != ref.shape:
+            failures.append(f"output {name!r} has shape {got.shape}, "
+                            f"Keras {ref.shape}")
+            continue
+        if not np.all(np.isfinite(got)):
+            failures.append(f"output {name!r} has non-finite values")
+            diff = float("inf")
+            rel = float("inf")
+        else:
+            diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+            rms_ref = float(np.sqrt(np.mean(ref ** 2))) if ref.size else 0.0
+            rms_err = float(np.sqrt(np.mean((got - ref) ** 2))) if ref.size \
+                else 0.0
+            rel = rms_err / rms_ref if rms_ref > 0 else rms_err
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        metrics["max_abs_diff"][name] = diff
+        metrics["scale"][name] = scale
+        metrics["rel_rms_error"][name] = rel
+        if tol.get("max_abs_diff") is not None:
+            limit = tol["max_abs_diff"] * max(1.0, scale)
+            metrics["limits"][name] = limit
+            if not diff <= limit:
+                failures.append(f"{name}: max abs difference {diff:.3g} > "
+                                f"{limit:.3g}")
+        if tol.get("rel_rms_error") is not None and not (
+                rel <= tol["rel_rms_error"]):
+            failures.append(f"{name}: relative RMS error {rel:.3g} > "
+                            f"{tol['rel_rms_error']}")
+    source = top1_source(reference)
+    agreement = None
+    if source is not None and source in actual and np.shape(
+            actual[source]) == np.shape(reference[source]):
+        ref_top = np.argmax(reference[source], axis=-1)
+        got_top = np.argmax(actual[source], axis=-1)
+        agreement = float(np.mean(ref_top == got_top))
+        if tol.get("top1_agreement") is not None and (
+                agreement < tol["top1_agreement"]):
+            failures.append(f"top-1 agreement {agreement:.3f} < "
+                            f"{tol['top1_agreement']}")
+    metrics["top1_agreement"] = agreement
+    return metrics, failures
 
 
 def _check_batch_sizes(batch_sizes):
@@ -41,6 +109,36 @@ def _run_in_chunks(run, images, batch_size):
             for k in parts[0] if all(k in p for p in parts)}
 
 
+def verification_images(graph, batch_sizes, data="noise", samples=None,
+                        seed=0):
+    """``(images, note)``: the images :func:`verify` runs (deterministic,
+    so that a converter process can run the same ones)."""
+    sizes = check_options(batch_sizes, data)
+    if isinstance(data, str):
+        count = max(max(sizes), samples or 0)
+        return graph.sample_images(count, seed=seed, kind=data)
+    images = np.asarray(data)
+    expect = (graph.input_shape, np.dtype(graph.input_dtype))
+    if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
+        raise ValueError(
+            f"verify_data must be images of shape (n,) + "
+            f"{tuple(expect[0])}; received {images.shape}")
+    images = images.astype(expect[1], copy=False)
+    return images, f"{len(images)} images given as verify_data"
+
+
+def batches(images, batch_sizes):
+    """The batches :func:`verify` runs, in order: ``images`` in chunks of
+    the first batch size, then the first images at each other size.
+
+    >>> [len(b) for b in batches(np.zeros((6, 2)), (4, 1))]
+    [4, 2, 1]
+    """
+    sizes = _check_batch_sizes(batch_sizes)
+    first = [images[i:i + sizes[0]] for i in range(0, len(images), sizes[0])]
+    return first + [images[:size] for size in sizes[1:]]
+
+
 def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
            tolerance=None, data="noise", samples=None, seed=0):
     """Runs ``artifact`` and compares it with Keras.
@@ -56,23 +154,12 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     outside ``tolerance`` (a dict from :data:`common.TOLERANCES`).
     """
     sizes = check_options(batch_sizes, data)
-    if isinstance(data, str):
-        count = max(max(sizes), samples or 0)
-        images, note = graph.sample_images(count, seed=seed, kind=data)
-    else:
-        images = np.asarray(data)
-        expect = (graph.input_shape, np.dtype(graph.input_dtype))
-        if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
-            raise ValueError(
-                f"verify_data must be images of shape (n,) + "
-                f"{tuple(expect[0])}; received {images.shape}")
-        images = images.astype(expect[1], copy=False)
-        note = f"{len(images)} images given as verify_data"
+    images, note = verification_images(graph, sizes, data, samples, seed)
     start = time.perf_counter()
     reference = graph.reference(images)
     run = open_runtime(artifact)
     actual = _run_in_chunks(run, images, sizes[0])
-    metrics, failures = common.compare(reference, actual, tolerance)
+    metrics, failures = compare(reference, actual, tolerance)
     # Other batch sizes run once on the first images. Top-1 agreement of a
     # few images is too coarse to judge (one flip of one image is 0.0), so
     # there only the output differences are checked.
@@ -80,7 +167,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     for size in sizes[1:]:
         part = images[:size]
         got = _run_in_chunks(run, part, size)
-        extra, extra_failures = common.compare(
+        extra, extra_failures = compare(
             {k: v[:size] for k, v in reference.items()}, got, few)
         failures += [f"batch {size}: {f}" for f in extra_failures]
         for key in ("max_abs_diff", "rel_rms_error"):
@@ -122,14 +209,14 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
     """The JSON report of an export (also returned to the caller)."""
     import datetime
 
-    size = sum(common.path_size(f) for f in files)
+    size = sum(memory.path_size(f) for f in files)
     report = {
         "format": fmt,
         "path": dest,
         "files": sorted({f.rsplit("/", 1)[-1] for f in files}),
         "file_size": size,
-        "file_size_mb": common.mib(size),
-        "weights_mb": common.mib(graph.weights_bytes()),
+        "file_size_mb": memory.mib(size),
+        "weights_mb": memory.mib(graph.weights_bytes()),
         "model": {"name": graph.source_model.name,
                   "class": type(graph.source_model).__name__,
                   "parameters": int(graph.source_model.count_params()),
@@ -149,11 +236,16 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
     else:
         notes = list(notes) + ["verify=False: the artifact was NOT run"]
     report.update(times)
-    report["peak_rss_mb"] = common.mib(max(rss.peak, rss.child_peak))
+    report["peak_rss_mb"] = memory.mib(max(rss.peak, rss.child_peak))
     if rss.child_peak:
-        report["peak_rss_mb_this_process"] = common.mib(rss.peak)
-        report["peak_rss_mb_converter_process"] = common.mib(rss.child_peak)
+        report["peak_rss_mb_this_process"] = memory.mib(rss.peak)
+        report["peak_rss_mb_converter_process"] = memory.mib(rss.child_peak)
     report["notes"] = list(graph.notes) + list(notes)
+    import keras
+
+    # The backend of the reference outputs (the artifact was converted
+    # under TensorFlow, in a child process when this is another backend).
+    report["keras_backend"] = keras.backend.backend()
     report["versions"] = common.versions()
     report["created"] = datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,93 @@
+"""The TensorFlow side of an export started from a JAX or PyTorch process.
+
+Run by :mod:`keras_vit.export.pipeline` as ``python -m
+keras_vit.export._tf_worker JOB.json`` with ``KERAS_BACKEND=tensorflow``:
+loads the serving model from its ``.keras`` file, rebuilds the same
+:class:`~keras_vit.export.graph.ServingGraph`, runs the format's
+``convert`` and, for a SavedModel, the verification batches through
+``tf.saved_model.load``. Arguments arrive as JSON, arrays as an ``.npz``
+read with ``allow_pickle=False``; the result (or the error, as a type and
+a message) leaves as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+
+def _load_model(path):
+    import keras
+
+    import keras_vit  # noqa: F401 - registers the layers
+
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as e:  # noqa: BLE001 - reported with the reason
+        raise RuntimeError(
+            "the model could not be rebuilt under TensorFlow from its "
+            f".keras file ({e}); custom layers must be registered with "
+            "keras.saving.register_keras_serializable in a module that "
+            "the converter process imports") from e
+
+
+def run_job(job):
+    """Converts (and runs) what ``job`` describes; returns the result."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError("the converter process needs "
+                           "KERAS_BACKEND=tensorflow; it runs on "
+                           f"{keras.backend.backend()!r}")
+    from keras_vit import atomic
+    from keras_vit.export import memory, pipeline
+    from keras_vit.export.graph import ServingGraph
+
+    model = _load_model(job["model"])
+    graph = ServingGraph(model, **job["graph"])
+    arrays = {}
+    if job.get("arrays"):
+        with np.load(job["arrays"], allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    module = pipeline.format_module(job["format"])
+    with memory.PeakRSS() as rss:
+        result = module.convert(
+            graph, job["staged"], job["workdir"], job["params"],
+            {k: v for k, v in arrays.items() if not k.startswith("run/")},
+            rss)
+    result["child_peak_rss"] = rss.child_peak
+    if job.get("run"):
+        run = module.open_artifact(job["staged"])
+        outputs = {}
+        for key in job["run"]:
+            for name, value in run(arrays[f"run/{key}"]).items():
+                outputs[f"{key}/{name}"] = np.asarray(value)
+        result["outputs"] = "outputs.npz"
+        with atomic.atomic_path(os.path.join(job["workdir"],
+                                             "outputs.npz")) as tmp:
+            np.savez(tmp, **outputs)
+    return result
+
+
+def main(job_path):
+    with open(job_path) as f:
+        job = json.load(f)
+    try:
+        result = run_job(job)
+        status = 0
+    except Exception as e:  # noqa: BLE001 - handed to the parent
+        traceback.print_exc()
+        result = {"error": {"type": type(e).__name__, "message": str(e)}}
+        status = 1
+    from keras_vit import atomic
+
+    atomic.write_json(job["result"], result)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,348 @@
+"""The one exporter skeleton: stage under a temporary name, convert, run
+the artifact in its runtime, compare it with Keras, move it into place and
+write the report.
+
+The format modules (saved_model.py, tflite.py, onnx.py) validate their
+arguments, describe the export as an :class:`ExportJob` and give only
+what differs per format:
+
+- ``convert(graph, staged, workdir, params, arrays, rss)``: writes the
+  artifact at ``staged`` with TensorFlow and returns a JSON-able result
+  (``{"files": [...]}``, names in ``workdir``);
+- ``finish(staged, workdir, params, arrays, result)`` (optional): work on
+  the converted file that needs no TensorFlow (ONNX quantization, TFLite's
+  op dtypes), in the user's process;
+- ``open_artifact(path)``: ``images -> {name: array}`` in the runtime the
+  artifact is deployed with.
+
+Under ``KERAS_BACKEND=tensorflow`` ``convert`` runs in this process. Under
+JAX or PyTorch the model goes to a ``.keras`` file in the staging directory
+and ``convert`` runs in a child process with ``KERAS_BACKEND=tensorflow``
+(``python -m keras_vit.export._tf_worker``, arguments in JSON, arrays in an
+``.npz`` read without pickle); the reference outputs are still computed on
+the user's backend, so the comparison is that backend against the artifact.
+No TensorFlow op runs in a JAX or PyTorch process (Keras' own ``.keras``
+saving imports the ``tensorflow`` module there when it is installed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from keras_vit import atomic
+from keras_vit.export import common, memory, staging
+from keras_vit.export import verify as checks
+
+# What a stuck converter process may take before it is stopped; the
+# slowest conversion measured here (ViT-H/14 to ONNX) takes minutes.
+TIMEOUT_ENV = "KERAS_VIT_EXPORT_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 3600
+TF_WORKER = "keras_vit.export._tf_worker"
+
+
+@dataclasses.dataclass
+class ExportJob:
+    """One export, as a format module describes it to :func:`run`."""
+
+    format: str            # "saved_model", "tflite" or "onnx"
+    what: str              # "the TFLite file", for messages
+    dest: str              # the checked, absolute destination
+    graph: object          # the ServingGraph
+    tolerance: dict
+    options: dict          # the report's "options"
+    params: dict = dataclasses.field(default_factory=dict)  # for convert()
+    arrays: dict = dataclasses.field(default_factory=dict)  # for convert()
+    notes: list = dataclasses.field(default_factory=list)
+    verify: bool = True
+    batch_sizes: tuple = (4, 1)
+    verify_data: object = "noise"
+    samples: int | None = None
+    seed: int = 0
+    overwrite: bool = True
+    side_files: tuple = ()  # files beside an artifact, e.g. ONNX ".data"
+
+    @property
+    def directory(self):
+        return self.format == "saved_model"
+
+
+def format_module(fmt):
+    """The module of format ``fmt``, looked up at each export (so that a
+    replaced ``open_artifact`` is the one used)."""
+    return importlib.import_module(f"keras_vit.export.{fmt}")
+
+
+def tensorflow_here():
+    """Whether this process runs Keras on TensorFlow (else conversions run
+    in a TensorFlow child process)."""
+    import keras
+
+    return keras.backend.backend() == "tensorflow"
+
+
+def run(job):
+    """Runs ``job`` (see the module docstring); returns the report."""
+    module = format_module(job.format)
+    times = {}
+    with staging.Staging(job.dest, directory=job.directory,
+                        overwrite=job.overwrite) as stage, \
+            memory.PeakRSS() as rss:
+        name = "saved_model" if job.directory else os.path.basename(job.dest)
+        staged = stage.file(name)
+        open_runtime = getattr(module, "open_artifact")
+        with common.timer(times, "conversion_seconds"):
+            if tensorflow_here():
+                result = module.convert(job.graph, staged, stage.path,
+                                        job.params, job.arrays, rss)
+            else:
+                result, open_runtime = _convert_in_tensorflow(
+                    job, staged, stage.path, rss, open_runtime)
+            finish = getattr(module, "finish", None)
+            if finish is not None:
+                result = finish(staged, stage.path, job.params, job.arrays,
+                                result)
+        job.options.update(result.get("options", {}))
+        files = [stage.file(f) for f in result["files"]]
+        checked = None
+        if job.verify:
+            checked = checks.verify(
+                job.graph, open_runtime, staged, job.batch_sizes,
+                job.tolerance, data=job.verify_data, samples=job.samples,
+                seed=job.seed)
+            times["verification_seconds"] = checked.pop(
+                "verification_seconds")
+        report = checks.assemble_report(job.format, job.dest, files,
+                                        job.graph, job.options, checked,
+                                        times, rss, job.notes)
+        if checked is not None:
+            checks.raise_if_failed(checked, f"{job.what} {job.dest!r}",
+                                   report)
+        if job.directory:
+            common.write_json(os.path.join(staged, common.SAVED_MODEL_REPORT),
+                              report)
+            stage.commit_dir(name)
+            return report
+        report_name = name + common.REPORT_SUFFIX
+        common.write_json(stage.file(report_name), report)
+        folder = os.path.dirname(job.dest)
+        moves = [(os.path.basename(f), os.path.join(folder,
+                                                    os.path.basename(f)))
+                 for f in files if f != staged]
+        # A side file of an older export at this path that this export
+        # does not write would pair with the wrong artifact.
+        written = {final for _, final in moves}
+        stale = [job.dest + s for s in job.side_files
+                 if job.dest + s not in written]
+        stage.commit_files(moves + [(report_name,
+                                     job.dest + common.REPORT_SUFFIX),
+                                    (name, job.dest)], stale=stale)
+    return report
+
+
+# --------------------------------------------------------------------------
+# the TensorFlow child process
+
+
+def timeout_seconds():
+    """The time limit of a converter process: ``$KERAS_VIT_EXPORT_TIMEOUT``
+    seconds, default 3600.
+
+    >>> os.environ.pop(TIMEOUT_ENV, None) and None
+    >>> timeout_seconds()
+    3600
+    """
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of "
+                         f"seconds; received {TIMEOUT_ENV}={text!r}")
+    return value
+
+
+def child_command(module, job_path):
+    """The command line of a converter process: ``python -m module``.
+
+    >>> child_command("keras_vit.export._tf_worker", "job.json")[1:]
+    ['-m', 'keras_vit.export._tf_worker', 'job.json']
+    """
+    return [sys.executable, "-m", module, job_path]
+
+
+def _tail(path, lines=3, limit=600):
+    try:
+        with open(path, "rb") as f:
+            text = f.read()[-20000:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-limit:]
+
+
+def run_child(module, job, workdir, rss, what, env=None):
+    """Runs ``python -m module JOB.json`` and returns its result.
+
+    The job is written as JSON to ``workdir``; the child writes
+    ``job["result"]``: its result, or ``{"error": {"type", "message"}}``.
+    A ValueError in the child is raised here as a ValueError with the
+    same message; any other failure, a crash, a kill or a run past
+    :func:`timeout_seconds` as one :class:`ExportError` naming ``what``.
+    The child runs in its own process group, stopped as a whole.
+    """
+    timeout = timeout_seconds()
+    job = dict(job, result=os.path.join(workdir, f"{module}.result.json"))
+    job_path = os.path.join(workdir, f"{module}.job.json")
+    atomic.write_json(job_path, job)
+    child_env = dict(os.environ)
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_env.update(env or {})
+    log_path = os.path.join(workdir, f"{module}.log")
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(
+            child_command(module, job_path), env=child_env, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            # wait4, not wait: it also returns the child's peak memory.
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                _stop(child)
+                raise common.ExportError(
+                    f"{what} did not finish within {timeout:g} s and was "
+                    f"stopped ({TIMEOUT_ENV} sets the limit); nothing was "
+                    "written")
+            time.sleep(0.05)
+    except BaseException:
+        _stop(child)
+        raise
+    child.returncode = os.waitstatus_to_exitcode(status)
+    rss.add_child(usage.ru_maxrss * 1024)
+    result = None
+    if os.path.exists(job["result"]):
+        with open(job["result"]) as f:
+            result = json.load(f)
+    if child.returncode == 0 and result is not None and "error" not in result:
+        rss.add_child(result.get("child_peak_rss", 0))
+        return result
+    if result is not None and "error" in result:
+        error = result["error"]
+        message = " ".join(str(error["message"]).split())
+        if error["type"] in ("ValueError", "MissingDependencyError"):
+            raise ValueError(message)
+        raise common.ExportError(f"{what} failed: {error['type']}: "
+                                 f"{message}")
+    if child.returncode < 0:
+        name = signal.Signals(-child.returncode).name
+        how = f"was killed by {name}" + (
+            " (out of memory?)" if name == "SIGKILL" else "")
+    else:
+        how = f"exited with status {child.returncode}"
+    tail = _tail(log_path)
+    raise common.ExportError(f"{what} {how}; nothing was written" + (
+        f"; its last output: {tail}" if tail else ""))
+
+
+def _stop(child):
+    """Kills ``child`` and its process group (a converter may have started
+    its own child) and reaps it."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        child.wait()
+    except ChildProcessError:  # already reaped by os.wait4
+        pass
+
+
+class _Replay:
+    """The outputs a converter process computed for the verification
+    batches, looked up by the batch's contents: the runtime of a SavedModel
+    verified from a JAX or PyTorch process (its runtime is TensorFlow)."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def __call__(self, images):
+        key = batch_key(images)
+        if key not in self.outputs:
+            raise common.ExportError(
+                f"the converter process did not run a batch of shape "
+                f"{np.shape(images)}")
+        return self.outputs[key]
+
+
+def batch_key(images):
+    """A name for a batch of images: the hash of its shape and bytes.
+
+    >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((2, 3)))
+    True
+    >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((3, 2)))
+    False
+    """
+    images = np.ascontiguousarray(images)
+    digest = hashlib.sha256(repr((images.shape, images.dtype.str)).encode())
+    digest.update(images.tobytes())
+    return digest.hexdigest()[:24]
+
+
+def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime):
+    """``convert`` of ``job`` in a TensorFlow child process, from the
+    serving model saved as ``.keras``; returns ``(result, open_runtime)``.
+
+    A SavedModel's runtime is TensorFlow, so the child also runs the
+    verification batches and the returned runtime replays its outputs.
+    """
+    graph = job.graph
+    model_path = os.path.join(workdir, "model.keras")
+    with atomic.atomic_path(model_path) as tmp:
+        graph.model.save(tmp)
+    arrays = dict(job.arrays)
+    run_keys = []
+    needs_tf_runtime = job.verify and getattr(
+        format_module(job.format), "RUNTIME_NEEDS_TENSORFLOW", False)
+    if needs_tf_runtime:
+        images, _ = checks.verification_images(
+            graph, job.batch_sizes, job.verify_data, job.samples, job.seed)
+        for batch in checks.batches(images, job.batch_sizes):
+            run_keys.append(batch_key(batch))
+            arrays[f"run/{run_keys[-1]}"] = batch
+    arrays_path = None
+    if arrays:
+        arrays_path = os.path.join(workdir, "arrays.npz")
+        with atomic.atomic_path(arrays_path) as tmp:
+            np.savez(tmp, **arrays)
+    spec = {"format": job.format, "model": model_path,
+            "graph": graph.rebuild_args(), "staged": staged,
+            "workdir": workdir, "params": job.params, "arrays": arrays_path,
+            "run": run_keys}
+    result = run_child(TF_WORKER, spec, workdir, rss,
+                       what="the TensorFlow converter process",
+                       env={"KERAS_BACKEND": "tensorflow"})
+    if needs_tf_runtime:
+        with np.load(os.path.join(workdir, result.pop("outputs")),
+                     allow_pickle=False) as data:
+            outputs = {}
+            for key in data.files:
+                batch, name = key.split("/", 1)
+                outputs.setdefault(batch, {})[name] = data[key]
+        open_runtime = lambda path: _Replay(outputs)  # noqa: E731
+    return result, open_runtime
