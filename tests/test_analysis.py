@@ -6,8 +6,6 @@ random models and checked to be real, non-blank PNGs.
 """
 
 import argparse
-import doctest
-import importlib
 import itertools
 import json
 import math
@@ -446,12 +444,3 @@ def test_cli_run_through_argparse(tiny, image_files, tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["inspect", path, "a.png"])  # --out is required
 
-
-@pytest.mark.parametrize("name", [
-    "keras_vit.analysis", "keras_vit.analysis.attention",
-    "keras_vit.analysis.embeddings", "keras_vit.analysis.plots",
-    "keras_vit.analysis.report", "keras_vit.analysis.cli"])
-def test_docstring_examples(name):
-    result = doctest.testmod(importlib.import_module(name),
-                             optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0

@@ -1,7 +1,6 @@
 """Axial-ViT (paper Appendix D.6): row then column attention checked
 against NumPy, parameter counts, the zoo names, saving and export."""
 
-import doctest
 import math
 
 import keras
@@ -11,7 +10,7 @@ import pytest
 import keras_vit
 from keras_vit import zoo
 from keras_vit.demo import load_digits_images
-from keras_vit.models import AxialVisionTransformer, axial, axial_vit, parse
+from keras_vit.models import AxialVisionTransformer, axial_vit, parse
 from keras_vit.models.axial import AxialEncoderBlock
 
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=2,
@@ -213,7 +212,3 @@ def test_bad_arguments_name_the_argument(kwargs, needle):
         axial_vit(**kw)
     assert needle in str(e.value)
 
-
-def test_docstring_example_runs():
-    result = doctest.testmod(axial, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

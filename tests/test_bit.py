@@ -5,7 +5,6 @@ are transcribed from the official big_transfer layout (not derived from
 keras_vit), then loaded by timm's own npz loader and by keras_vit.
 """
 
-import doctest
 import functools
 import importlib
 
@@ -530,14 +529,6 @@ def test_bad_arguments(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         resnet_v2(**args)
-
-
-@pytest.mark.parametrize("name", ["keras_vit.models.resnet_v2",
-                                  "keras_vit.zoo.bit_layout"])
-def test_docstring_examples(name):
-    result = doctest.testmod(importlib.import_module(name),
-                             optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0
 
 
 def test_feature_model_gives_stage_outputs_and_pre_logits():

@@ -1,6 +1,5 @@
 """Checkpoint conversion: layouts, resize, strictness, bad files."""
 
-import zipfile
 
 import numpy as np
 import pytest

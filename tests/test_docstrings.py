@@ -17,6 +17,11 @@ NOT_HERE = {
 }
 
 
+# Modules that must hold at least this many examples (they document their
+# functions example by example).
+MIN_EXAMPLES = {"keras_vit.train.mpp": 11, "keras_vit.train.vtab": 6}
+
+
 def _modules():
     names = ["keras_vit"]
     for info in pkgutil.walk_packages(keras_vit.__path__, "keras_vit."):
@@ -44,6 +49,7 @@ def test_examples_are_found_in_every_part_of_the_package():
     for part in ("keras_vit.models.", "keras_vit.zoo.", "keras_vit.export.",
                  "keras_vit.train.", "keras_vit.analysis."):
         assert any(name.startswith(part) for name in MODULES), part
+    assert set(MIN_EXAMPLES) <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -51,4 +57,4 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-    assert result.attempted > 0
+    assert result.attempted >= MIN_EXAMPLES.get(name, 1)

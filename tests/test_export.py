@@ -7,7 +7,6 @@ failed verifications must leave nothing that looks finished.
 """
 
 import argparse
-import doctest
 import importlib
 import json
 import os
@@ -667,14 +666,3 @@ def test_benchmark_bf16_rows(vit):
 
 # --------------------------------------------------------------------------
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    "keras_vit.export", "keras_vit.export.common", "keras_vit.export.graph",
-    "keras_vit.export.saved_model", "keras_vit.export.tflite",
-    "keras_vit.export.onnx", "keras_vit.export.benchmark"])
-def test_docstring_examples(name):
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
-    assert result.attempted > 0, f"{name} has no example"

@@ -1,7 +1,5 @@
 """The ViT builder: every named variant, layer contracts, saving, options."""
 
-import inspect
-import json
 import subprocess
 import sys
 

@@ -6,7 +6,6 @@ deviation; the targets and the loss are checked against plain NumPy loops;
 the model's corruption against the patch embeddings computed on their own.
 """
 
-import doctest
 import json
 import math
 import os
@@ -31,11 +30,6 @@ Z = 4.0
 def tiny(seed=1, **kwargs):
     keras.utils.set_random_seed(seed)
     return keras_vit.vit(**dict(TINY, **kwargs))
-
-
-def test_docstring_examples():
-    result = doctest.testmod(mpp, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 10
 
 
 def test_recipe_holds_the_papers_values():

@@ -14,7 +14,6 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import keras  # noqa: E402
 
 from keras_vit import zoo  # noqa: E402
-from keras_vit.zoo import timm_hub  # noqa: E402
 
 ARCH = "vit_tiny_patch16_224"
 SIZE = 32

@@ -7,7 +7,6 @@ devices must be configured before TensorFlow starts; a worker is a
 process), each bounded by a timeout. Nothing goes online.
 """
 
-import doctest
 import glob
 import importlib
 import json
@@ -80,17 +79,6 @@ def _error_lines(text):
 
 # --------------------------------------------------------------------------
 # docstring examples (the project's doctest list does not know this package)
-
-
-@pytest.mark.parametrize("name", [
-    "keras_vit.train", "keras_vit.train.strategy", "keras_vit.train.data",
-    "keras_vit.train.recipes", "keras_vit.train.engine",
-    "keras_vit.train.few_shot"])
-def test_docstring_examples(name):
-    result = doctest.testmod(importlib.import_module(name),
-                             optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
-    assert result.attempted > 0
 
 
 # --------------------------------------------------------------------------

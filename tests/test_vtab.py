@@ -7,7 +7,6 @@ data_dir, so the runner sees a prepared dataset whose examples are random.
 Nothing goes online.
 """
 
-import doctest
 import json
 import time
 
@@ -104,11 +103,6 @@ def test_trainer_gives_gap_and_token_models_their_own_default_lr():
 
 # --------------------------------------------------------------------------
 # the task table, splits and labels
-
-
-def test_docstring_examples():
-    result = doctest.testmod(vtab, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 5
 
 
 def test_the_19_tasks_of_table_9():
