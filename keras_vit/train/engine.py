@@ -904,13 +904,24 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop):
     """:func:`evaluate` on the jax and torch backends: the same padded,
     masked batches (tf.data stays the input pipeline), the model run eagerly
     on NumPy without gradients, the sums taken in float64."""
+    import keras
+
     from keras_vit.backend import infer
+
+    if keras.backend.backend() == "jax":
+        # Keras' compiled predict step: op-by-op eager jax is many times
+        # slower, and the padded batches all have one shape.
+        def infer(model, images):  # noqa: F811 - the jax way
+            out = model.predict_on_batch(images)
+            return np.asarray(out[0] if isinstance(out, (list, tuple))
+                              else out)
 
     steps = -(-source.num_examples // batch_size)
     loss = correct = count = 0.0
     for images, labels, mask in data_lib.padded_eval_dataset(
             source, size, batch_size, num_batches=steps,
-            eval_crop=eval_crop).as_numpy_iterator():
+            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model)
+    ).as_numpy_iterator():
         logits = infer(model, images).astype("float64")
         shifted = logits - logits.max(-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

@@ -47,7 +47,7 @@ class TFEngine:
 
     def __init__(self, name="auto", *, tpu=None):
         self.strategy = make_strategy(name, tpu=tpu)
-        self.info = describe(self.strategy)
+        self.info = dict(describe(self.strategy), backend=self.backend)
         self.replicas = self.strategy.num_replicas_in_sync
         self.manager = None
         self.ema = []
@@ -82,9 +82,15 @@ class TFEngine:
                                      name="epoch", aggregation=first)
         self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False,
                                      name="batch_in_epoch", aggregation=first)
+        # The seed generators' states (dropout) are listed too: the model's
+        # own tracking leaves them out, and a resumed run must draw the
+        # masks the killed one would have.
+        seeds = [v for v in self.model.non_trainable_variables
+                 if "seed_generator" in v.path]
         self.checkpoint = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, ema=self.ema,
-            epoch=self.epoch_var, batch_in_epoch=self.batch_var)
+            epoch=self.epoch_var, batch_in_epoch=self.batch_var,
+            **({"seed_states": seeds} if seeds else {}))
         self._train_step = None
         self._eval_steps = {}
 
