@@ -162,11 +162,11 @@ class KerasEngine:
         return self.restore(directory) if resume else None
 
     def save(self, epoch, batch_in_epoch):
+        self.position = (epoch, batch_in_epoch)  # a later fit() goes on
         if self.directory is None:
             return None
         arrays = {name: [ops.convert_to_numpy(v) for v in values]
                   for name, values in self._groups().items()}
-        self.position = (epoch, batch_in_epoch)
         self.latest_checkpoint = ckpt_lib.save(
             self.directory, self.step(), arrays,
             {"epoch": epoch, "batch_in_epoch": batch_in_epoch})

@@ -149,10 +149,10 @@ class TFEngine:
     def save(self, epoch, batch_in_epoch):
         """Saves model, optimizer, EMA, step and data position (all
         workers must call it; only the chief's copy is kept)."""
+        self.epoch_var.assign(epoch)  # a later fit() goes on from here
+        self.batch_var.assign(batch_in_epoch)
         if self.manager is None:
             return None
-        self.epoch_var.assign(epoch)
-        self.batch_var.assign(batch_in_epoch)
         path = self.manager.save(checkpoint_number=self.step())
         if not self.info["is_chief"]:
             shutil.rmtree(self.manager.directory, ignore_errors=True)
