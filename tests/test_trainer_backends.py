@@ -156,6 +156,7 @@ def test_ema_follows_the_warm_up_formula():
     assert result.metrics["final_step"] == 3
 
 
+@pytest.mark.slow  # three runs, each compiled: about 30 s on jax
 @pytest.mark.backends
 def test_resume_mid_epoch_with_dropout_equals_an_uninterrupted_run(tmp_path):
     # Dropout draws from seed generators whose states are checkpointed.
