@@ -107,9 +107,10 @@ def digits_model(epochs, quick):
 
 
 def export_all(model, folder, runtimes, calibration, verify_data,
-               agreement_free, say):
+               int8_tolerance, say):
     """Exports ``model`` at every precision in every runtime; returns
-    ``{(runtime, precision): report}``."""
+    ``{(runtime, precision): report}``. ``int8_tolerance``: an override of
+    the int8 rows' verification bounds, or None for the defaults."""
     from keras_vit import export
 
     reports = {}
@@ -121,8 +122,8 @@ def export_all(model, folder, runtimes, calibration, verify_data,
                 kwargs["representative_data"] = calibration
             if verify_data is not None:
                 kwargs["verify_data"] = verify_data
-            if agreement_free and precision in ("dynamic_int8", "int8"):
-                kwargs["tolerance"] = {"top1_agreement": None}
+            if int8_tolerance and precision in ("dynamic_int8", "int8"):
+                kwargs["tolerance"] = int8_tolerance
             start = time.perf_counter()
             say(f"  exporting {runtime} {precision} ...")
             reports[runtime, precision] = export.export(
@@ -251,8 +252,10 @@ def main(argv=None):
         pixels, _ = samples.photo_images(shape, 32, seed=1)
         verify_images = samples.to_input_range(pixels, "float32", samples.UNIT)
         os.mkdir(os.path.join(folder, "main"))
+        # A random model's top-1 is a near-tie: no agreement bound.
         reports = export_all(model, os.path.join(folder, "main"), runtimes,
-                             calibration, verify_images, True, say)
+                             calibration, verify_images,
+                             {"top1_agreement": None}, say)
 
         agreement, accuracy = {}, None
         if args.digits_epochs > 0:
@@ -264,8 +267,15 @@ def main(argv=None):
             rng = np.random.default_rng(0)
             chosen = rng.choice(len(x_train), min(100, len(x_train)),
                                 replace=False)
+            # --quick trains one epoch on 256 digits: its logits are small
+            # and near-tied, so int8 noise is large relative to them (ONNX
+            # dynamic int8 measured 0.64 relative RMS). The smoke run keeps
+            # only the bound a broken artifact fails (RMS near or above 1);
+            # the full run checks the default bounds.
+            loose = ({"top1_agreement": None, "rel_rms_error": 1.0}
+                     if args.quick else None)
             trained = export_all(digits, os.path.join(folder, "digits"),
-                                 runtimes, x_train[chosen], x_test, False,
+                                 runtimes, x_train[chosen], x_test, loose,
                                  say)
             agreement = {k: r["top1_agreement"] for k, r in trained.items()}
 

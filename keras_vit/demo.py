@@ -138,8 +138,11 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
             export.
         verbose: print progress and the summary table.
         export: run the export stage (SavedModel, TFLite, ONNX).
-        strategy: the ``tf.distribute`` strategy (see
-            :func:`keras_vit.train.strategy`).
+        strategy: the Trainer's strategy: a ``tf.distribute`` name under
+            TensorFlow (see :func:`keras_vit.train.strategy`), ``"auto"``,
+            ``"default"`` or ``"data_parallel"`` under JAX, ``"auto"`` or
+            ``"default"`` under torch. The demo runs on every Keras
+            backend (``KERAS_BACKEND``).
 
     Raises:
         RuntimeError: if the reloaded ``.keras`` model predicts differently.

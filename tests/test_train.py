@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import official
+from test_trainer_backends import kill_once
 
 import keras
 import keras_vit
@@ -762,22 +763,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
     total = 400
     command = _train_command(tiny_path, out, total, "--checkpoint-every",
                              "25", "--strategy", "default")
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=_env(),
-                            cwd=tmp_path, start_new_session=True)
     index = out / "checkpoints" / "checkpoint"
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    try:
-        while not index.exists():
-            assert proc.poll() is None, "the run ended before a checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)  # mid-epoch, mid-run
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    kill_once(command, index.exists, env=_env(), cwd=tmp_path)
     assert not (out / "metrics.json").exists()
     import tensorflow as tf
 

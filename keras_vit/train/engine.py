@@ -1,16 +1,20 @@
-"""The training engine: one custom loop for every ``tf.distribute`` strategy.
+"""The training loop: one Trainer for the TensorFlow, JAX and torch backends.
 
-Every strategy (one device, several GPUs, a TPU, several workers) runs the
-same compiled step: ``strategy.run`` over batches split per replica,
-gradients summed across replicas, clipped at a global norm, applied, and an
-exponential moving average of the weights updated. Keras' ``model.fit`` is
-not used here because it fails under ``MultiWorkerMirroredStrategy`` with
-Keras 3 (keras issue 20585); for one device, :func:`compile_for_finetune`
-makes ``model.fit`` follow a recipe too.
+:class:`Trainer` holds what every backend shares: the recipe and its
+schedule, gradient accumulation over micro-batches, clipping of the summed
+gradient, an EMA of the weights, the data position and exact resume, the
+run directory, logs and the progress bar. An engine per backend holds the
+rest (where variables live, the compiled step, checkpoints):
+``tf.distribute`` under TensorFlow (:mod:`keras_vit.train.engine_tf`), a
+``jax.jit`` step (one device or ``keras.distribution.DataParallel``) or an
+eager torch step (:mod:`keras_vit.train.engine_keras`). For ``model.fit``,
+:func:`compile_for_finetune` makes Keras' own loop follow a recipe too.
 
 A run directory holds everything a run needs to resume after a crash:
 
     OUT/checkpoints/   model, optimizer, EMA weights, step, data position
+                       (tf.train files under TensorFlow, ckpt-STEP.npz
+                       under jax and torch)
     OUT/logs/          TensorBoard event files (train/, eval/)
     OUT/history.jsonl  one line per logged step
     OUT/run.json       the recipe and the set-up
@@ -36,6 +40,7 @@ from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import strategy as strategy_lib
+from keras_vit.train.engine_tf import step_uses_xla  # noqa: F401 - public
 
 
 @dataclasses.dataclass
@@ -99,6 +104,56 @@ def write_scalar(name, value, step):
                             step=step, metadata=metadata)
 
 
+def _summary_writer(folder):
+    """A TensorBoard event writer (TensorFlow's, on every Keras backend)."""
+    import tensorflow as tf
+
+    return tf.summary.create_file_writer(folder)
+
+
+def append_jsonl(path, row):
+    """Appends ``row`` as one JSON line to ``path``, flushed to disk.
+
+    A process killed mid-append leaves a last line cut short; the next
+    append would glue its row onto it, so a last line without its newline
+    is cut off first (it is the partial row of a step the resumed run
+    redoes). Every complete line survives.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "history.jsonl")
+    >>> append_jsonl(path, {"step": 1})
+    >>> with open(path, "a") as f:
+    ...     _ = f.write('{"step": 2, "lo')  # killed here
+    >>> append_jsonl(path, {"step": 2})
+    >>> open(path).read().splitlines()
+    ['{"step": 1}', '{"step": 2}']
+    """
+    line = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                f.truncate(_end_of_last_line(f, end))
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _end_of_last_line(f, end, block=4096):
+    """The offset just past the last newline before ``end`` (0 if none)."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        pos = start
+    return 0
+
+
 def _read_jsonl(path):
     """The rows of a JSON-lines file; a line cut short by a killed process
     is skipped."""
@@ -118,7 +173,7 @@ _RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
                 "recipe.checkpoint_every", "recipe.log_every",
                 "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
                 "recipe.batch_size", "eval_data", "recipe.precision",
-                "recipe.jit_compile", "precision", "jit_compile"}
+                "recipe.jit_compile", "precision", "jit_compile", "backend"}
 
 
 def run_config_changes(before, now):
@@ -243,8 +298,12 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
 
 def _copy_into_scope(model):
     """The same model with its variables created in the current strategy's
-    scope (a no-op when they already are)."""
+    scope (a no-op when they already are, and on the jax and torch
+    backends, whose engines place the variables themselves)."""
     import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return model
     import tensorflow as tf
 
     strategy = tf.distribute.get_strategy()
@@ -260,30 +319,51 @@ def _copy_into_scope(model):
     return copy
 
 
-def step_uses_xla(strategy_, requested="auto", precision="float32"):
-    """Whether the train step compiles its forward and backward pass with
-    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
-    :func:`keras_vit.hardware.plan` for one replica (XLA for
-    ``mixed_bfloat16`` on CPUs without AMX and on GPUs, TensorFlow's oneDNN
-    graph where AMX is, graph mode for float32 on CPUs) and stays off for
-    several replicas and the TPU (which compiles the whole step anyway)."""
-    if requested in (True, False):
-        return requested
-    from keras_vit import hardware
+def make_engine(strategy="auto", *, tpu=None):
+    """The engine for the current Keras backend: ``tf.distribute`` under
+    TensorFlow (:mod:`~keras_vit.train.engine_tf`), a ``jax.jit`` step
+    (one device or ``keras.distribution.DataParallel``) under JAX, an eager
+    autograd step under torch (:mod:`~keras_vit.train.engine_keras`)."""
+    import keras
 
-    info = strategy_lib.describe(strategy_)
-    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
-        return False
-    return hardware.plan(precision).train_jit
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        from keras_vit.train.engine_tf import TFEngine
+
+        return TFEngine(strategy, tpu=tpu)
+    from keras_vit.train import engine_keras
+
+    strategy_lib.check_backend(strategy)
+    engines = {"jax": engine_keras.JaxEngine,
+               "torch": engine_keras.TorchEngine}
+    if backend not in engines:
+        raise NotImplementedError(
+            f"the Trainer runs on the tensorflow, jax and torch Keras "
+            f"backends; received KERAS_BACKEND={backend}")
+    return engines[backend](strategy)
 
 
 class Trainer:
-    """Fine-tunes or trains a model with a recipe under a strategy.
+    """Fine-tunes or trains a model with a recipe, on any Keras backend.
+
+    One loop for every backend: the recipe and its schedule, gradient
+    accumulation over micro-batches, clipping of the summed gradient at
+    the recipe's global norm, an EMA of the weights, the data position and
+    exact resume, the run directory, logs and progress bar. What differs is
+    an engine (:func:`make_engine`): ``tf.distribute`` under TensorFlow
+    (``default``, ``mirrored``, ``multi_worker``, ``tpu``; ``tf.train``
+    checkpoints); under JAX one jitted step on one device (``"default"``)
+    or ``keras.distribution.DataParallel`` over all devices
+    (``"data_parallel"``; ``"auto"`` picks it when jax sees several
+    devices); under torch an eager step on one device. The jax and torch
+    engines checkpoint into one ``.npz`` per step
+    (:mod:`~keras_vit.train.checkpoints`); a run resumes under the backend
+    that started it.
 
     Args:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
             ``keras.Model`` or a function returning one. Built by the
-            library under the strategy's scope and dtype policy.
+            library under the engine's scope and dtype policy.
         train_data: an :class:`~keras_vit.train.data.ImageSource` or a spec
             for :func:`~keras_vit.train.load_data` (``"digits"``,
             ``"tfds:cifar10"``, a folder, an ``.npz``, ``(x, y)``).
@@ -294,7 +374,9 @@ class Trainer:
         out_dir: the run directory (checkpoints, logs, metrics, model);
             None keeps nothing on disk and cannot resume.
         strategy: a name for :func:`~keras_vit.train.strategy` or a
-            ``tf.distribute.Strategy``.
+            ``tf.distribute.Strategy`` (TensorFlow); ``"auto"``,
+            ``"default"`` or ``"data_parallel"`` (JAX); ``"auto"`` or
+            ``"default"`` (torch).
         weights: for a zoo name: a weights tag, path, URL, ``"auto"``, or
             None (random initialisation).
         resume: continue from the last checkpoint in ``out_dir``; False
@@ -303,6 +385,10 @@ class Trainer:
         tpu: TPU name or address for the ``tpu`` strategy.
         verbose: print the set-up, a progress bar and the result.
         **overrides: recipe fields (``total_steps=``, ``batch_size=``, ...).
+
+    Subclasses change the objective with two hooks, :meth:`prepare_model`
+    and :meth:`compute_loss` (written with ``keras.ops``, they serve every
+    backend; :mod:`keras_vit.train.mpp` does this).
 
     Example (a few steps on the built-in digits):
 
@@ -320,22 +406,12 @@ class Trainer:
                  weights="auto", resume=True, model_options=None, tpu=None,
                  verbose=True, **overrides):
         import keras
-        import tensorflow as tf
 
-        if keras.backend.backend() != "tensorflow":
-            # The loop below is tf.distribute's (GradientTape, replica
-            # contexts, tf.train.Checkpoint); no jax or torch engine yet.
-            strategy_lib.check_backend(strategy)
-            raise NotImplementedError(
-                f"the Trainer (fine_tune, pretrain) runs on the TensorFlow "
-                f"backend; under KERAS_BACKEND={keras.backend.backend()} "
-                "use keras_vit.train.compile_for_finetune(model, ...) and "
-                "model.fit (same recipe, one device), or set "
-                "KERAS_BACKEND=tensorflow.")
         self.recipe = recipes_lib.get(recipe, **overrides)
         self.verbose = verbose
-        self.strategy = strategy_lib.strategy(strategy, tpu=tpu)
-        self.info = strategy_lib.describe(self.strategy)
+        self.engine = make_engine(strategy, tpu=tpu)
+        self.strategy = self.engine.strategy
+        self.info = self.engine.info
         self.is_chief = self.info["is_chief"]
         self.train = data_lib.load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
@@ -348,7 +424,7 @@ class Trainer:
                 f"train_data has {self.train.num_classes}; received "
                 f"eval_data={self.eval.name!r}")
         r = self.recipe
-        replicas = self.strategy.num_replicas_in_sync
+        replicas = self.engine.replicas
         if r.batch_size % replicas:
             raise ValueError(
                 f"batch_size={r.batch_size} is not divisible by the "
@@ -374,16 +450,15 @@ class Trainer:
             raise ValueError(
                 f"warmup_steps={r.warmup_steps} must be smaller than the "
                 f"run's total_steps={self.total_steps}")
-        self.precision = strategy_lib.precision_for(self.strategy,
-                                                    r.precision)
-        self.jit_compile = step_uses_xla(self.strategy, r.jit_compile,
-                                         self.precision)
+        self.precision = self.engine.precision(r.precision)
+        self.jit_compile = self.engine.uses_xla(r.jit_compile,
+                                                self.precision)
 
         # The resolution and dropout: the recipe's for a zoo name; a given
         # model keeps its own unless they were asked for explicitly.
         given = not isinstance(model, str) or model.endswith(".keras")
         keras.utils.set_random_seed(r.seed)
-        with self.strategy.scope(), _dtype_policy(self.precision):
+        with self.engine.scope(), _dtype_policy(self.precision):
             self.model = build_model(
                 model, num_classes=self.train.num_classes,
                 image_size=(r.image_size if ("image_size" in overrides
@@ -407,40 +482,24 @@ class Trainer:
             self.model = self.prepare_model(self.model)
             self.optimizer = recipes_lib.make_optimizer(r, self.total_steps)
             self.optimizer.build(self.model.trainable_variables)
-            # The loop sums gradients across replicas itself (it must clip
-            # the summed gradient); the Keras optimizer would sum them a
-            # second time. (tests/test_train.py checks that a two-replica
-            # run equals a one-device run, which a double sum would break.)
-            self.optimizer._all_reduce_sum_gradients = list
-            self.ema = []
-            if r.ema_decay is not None:
-                self.ema = [
-                    tf.Variable(v.value, trainable=False,
-                                name=f"ema_{i}",
-                                aggregation=tf.VariableAggregation
-                                .ONLY_FIRST_REPLICA)
-                    for i, v in enumerate(self.model.trainable_variables)]
-            self.epoch_var = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="epoch",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.batch_var = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="batch_in_epoch",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.engine.setup(self)
+        self.ema = self.engine.ema
         self.model_name = (model if isinstance(model, str)
                            else getattr(self.model, "zoo_name", None)
                            or self.model.name)
 
         self.out_dir = None if out_dir is None else os.path.abspath(
             os.fspath(out_dir))
-        self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, ema=self.ema,
-            epoch=self.epoch_var, batch_in_epoch=self.batch_var)
-        self.manager = None
         self.resumed_from = None
         if self.out_dir is not None:
             self._open_run_dir(resume)
-        self._train_step = None
-        self._eval_steps = {}
+
+    # The TensorFlow engine's data position and checkpoint objects (kept as
+    # the Trainer's own attributes for code written against them).
+    epoch_var = property(lambda self: self.engine.epoch_var)
+    batch_var = property(lambda self: self.engine.batch_var)
+    checkpoint = property(lambda self: self.engine.checkpoint)
+    manager = property(lambda self: self.engine.manager)
 
     # ------------------------------------------------------------------
     # the objective: two hooks a subclass overrides to train something
@@ -448,7 +507,7 @@ class Trainer:
 
     def prepare_model(self, model):
         """The model :func:`build_model` made -> the model to train. Runs
-        in the strategy scope under the run's dtype policy. Here: checks
+        in the engine's scope under the run's dtype policy. Here: checks
         that a classifier has one output per class of the data."""
         if _model_classes(model) != self.train.num_classes:
             raise ValueError(
@@ -461,22 +520,26 @@ class Trainer:
     def compute_loss(self, images, labels, seed):
         """The loss of one (micro-)batch on one replica, summed over its
         images (the loop divides by the global batch), and how many of its
-        images were right (summed the same way). Runs inside the compiled
-        step; ``seed`` is a stateless random seed (shape (2,), int64),
-        distinct for every step, replica and micro-batch. Here: softmax
-        cross-entropy with the recipe's label smoothing."""
-        import tensorflow as tf
+        images were right (summed the same way), both float32 scalars.
+        Runs inside the compiled step of every backend, so it is written
+        with ``keras.ops``; ``seed`` is a stateless random seed (shape
+        (2,), integers), distinct for every step, replica and micro-batch.
+        Here: softmax cross-entropy with the recipe's label smoothing."""
+        from keras import ops
 
         r, num_classes = self.recipe, self.train.num_classes
-        logits = tf.cast(self.model(images, training=True), tf.float32)
-        target = tf.one_hot(labels, num_classes)
+        logits = ops.cast(self.model(images, training=True), "float32")
+        labels = ops.cast(labels, "int32")
+        target = ops.one_hot(labels, num_classes)
         if r.label_smoothing:
             target = (target * (1.0 - r.label_smoothing)
                       + r.label_smoothing / num_classes)
-        per_example = tf.nn.softmax_cross_entropy_with_logits(target, logits)
-        correct = tf.reduce_sum(tf.cast(
-            tf.equal(tf.argmax(logits, -1), labels), tf.float32))
-        return tf.reduce_sum(per_example), correct
+        per_example = -ops.sum(target * ops.log_softmax(logits, axis=-1),
+                               axis=-1)
+        correct = ops.sum(ops.cast(
+            ops.equal(ops.cast(ops.argmax(logits, axis=-1), "int32"),
+                      labels), "float32"))
+        return ops.sum(per_example), correct
 
     # ------------------------------------------------------------------
     # run directory and checkpoints
@@ -486,8 +549,6 @@ class Trainer:
         return os.path.join(self.out_dir, "checkpoints")
 
     def _open_run_dir(self, resume):
-        import tensorflow as tf
-
         self._resume = resume
         if self.is_chief:
             if not resume and os.path.isdir(self.checkpoint_dir):
@@ -496,34 +557,16 @@ class Trainer:
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(self.out_dir, name))
             os.makedirs(self.checkpoint_dir, exist_ok=True)
-            directory = self.checkpoint_dir
-        else:
-            # Every worker takes part in saving; only the chief's copy is
-            # kept (TensorFlow's multi-worker checkpointing pattern).
-            directory = os.path.join(
-                self.out_dir, f".worker_{self.info['task_id']}")
-            os.makedirs(directory, exist_ok=True)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, directory, max_to_keep=3)
-        latest = tf.train.latest_checkpoint(self.checkpoint_dir) if (
-            resume) else None
-        if latest:
-            try:
-                self.checkpoint.restore(
-                    latest).assert_existing_objects_matched()
-            except (AssertionError, ValueError, tf.errors.OpError) as e:
-                raise ValueError(
-                    f"The checkpoint {latest!r} does not fit this model "
-                    "(another architecture or number of classes); use "
-                    "another out_dir, or resume=False (--restart) to start "
-                    f"again. TensorFlow said: {str(e)[:300]}") from None
-            self.resumed_from = int(self.optimizer.iterations.numpy())
+        self.resumed_from = self.engine.open_checkpoints(
+            self.out_dir, self.checkpoint_dir, resume)
+        if self.resumed_from is not None:
             self._check_run_config()
             if self.is_chief:
                 self._truncate_history(self.resumed_from)
         if self.is_chief:
             _write_json(os.path.join(self.out_dir, "run.json"),
                         self._run_config())
+
 
     def _run_config(self):
         return {
@@ -536,6 +579,7 @@ class Trainer:
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.info,
+            "backend": self.engine.backend,
             "precision": self.precision,
             "jit_compile": self.jit_compile,
             "micro_batch_size": self.micro,
@@ -592,142 +636,7 @@ class Trainer:
     def save_checkpoint(self, epoch, batch_in_epoch):
         """Saves model, optimizer, EMA, step and data position (all
         workers must call it; only the chief's copy is kept)."""
-        if self.manager is None:
-            return None
-        self.epoch_var.assign(epoch)
-        self.batch_var.assign(batch_in_epoch)
-        path = self.manager.save(
-            checkpoint_number=int(self.optimizer.iterations.numpy()))
-        if not self.is_chief:
-            shutil.rmtree(self.manager.directory, ignore_errors=True)
-        return path
-
-    # ------------------------------------------------------------------
-    # input
-
-    def _distributed(self, make):
-        """``make(shard, per_replica_batch, local_replicas)`` -> dataset,
-        run once per input pipeline (per worker)."""
-        import tensorflow as tf
-
-        def fn(ctx):
-            local = (self.strategy.num_replicas_in_sync
-                     // ctx.num_input_pipelines)
-            return make((ctx.num_input_pipelines, ctx.input_pipeline_id),
-                        local)
-
-        return self.strategy.distribute_datasets_from_function(
-            fn, options=tf.distribute.InputOptions(
-                experimental_fetch_to_device=True))
-
-    def _train_dataset(self, epoch, skip_steps):
-        r = self.recipe
-        remaining = self.steps_per_epoch - skip_steps
-
-        def make(shard, local):
-            per_step = self.per_replica * local  # this pipeline, one step
-            return data_lib.dataset(
-                self.train, self.image_size, self.per_replica, training=True,
-                seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
-                shard=shard, skip=skip_steps * per_step,
-                take=remaining * per_step,
-                raw_pixels=data_lib.takes_raw_pixels(self.model))
-
-        return self._distributed(make)
-
-    # ------------------------------------------------------------------
-    # the compiled steps
-
-    def _make_train_step(self):
-        import tensorflow as tf
-
-        strategy, model, opt = self.strategy, self.model, self.optimizer
-        r = self.recipe
-        variables = model.trainable_variables
-        global_batch = float(r.batch_size)
-        accum, micro, size = self.accum, self.micro, self.image_size
-        replicas = strategy.num_replicas_in_sync
-        reg_scale = 1.0 / (replicas * accum)
-        ema, ema_decay = self.ema, r.ema_decay
-
-        def seed_of(micro_index):
-            # Stateless: a resumed run draws what the killed one would have.
-            ctx = tf.distribute.get_replica_context()
-            replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
-            counter = ((tf.cast(opt.iterations, tf.int64) * replicas
-                        + replica) * accum
-                       + tf.cast(micro_index, tf.int64))
-            return tf.stack([tf.constant(r.seed, tf.int64), counter])
-
-        def forward_backward(images, labels, seed):
-            with tf.GradientTape() as tape:
-                total, correct = self.compute_loss(images, labels, seed)
-                # Summed over the replica's images and divided by the
-                # global batch: the cross-replica sum is then the mean.
-                loss = total / global_batch
-                if model.losses:
-                    loss += tf.add_n(model.losses) * reg_scale
-            grads = tape.gradient(loss, variables)
-            grads = [tf.zeros_like(v) if g is None else g
-                     for g, v in zip(grads, variables)]
-            return loss, correct, grads
-
-        if self.jit_compile:
-            # XLA for the heavy part only: all-reduce, clipping and the
-            # optimizer update stay in the strategy's graph.
-            forward_backward = tf.function(forward_backward,
-                                           jit_compile=True)
-
-        def grads_of(images, labels, micro_index=0):
-            return forward_backward(images, labels, seed_of(micro_index))
-
-        def replica_step(images, labels):
-            if accum == 1:
-                loss, correct, grads = grads_of(images, labels)
-            else:
-                # Gradient accumulation: the replica's batch in `accum`
-                # micro-batches, one forward/backward pass at a time.
-                images = tf.reshape(images, (accum, micro, size, size, 3))
-                labels = tf.reshape(labels, (accum, micro))
-
-                def body(i, loss, correct, grads):
-                    l_, c_, g_ = grads_of(images[i], labels[i], i)
-                    return (i + 1, loss + l_, correct + c_,
-                            [a + b for a, b in zip(grads, g_)])
-
-                _, loss, correct, grads = tf.while_loop(
-                    lambda i, *_: i < accum, body,
-                    (tf.constant(0), tf.constant(0.0), tf.constant(0.0),
-                     [tf.zeros_like(v) for v in variables]))
-            ctx = tf.distribute.get_replica_context()
-            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-            if r.grad_clip_norm is not None:
-                grads, norm = tf.clip_by_global_norm(grads, r.grad_clip_norm)
-            else:
-                norm = tf.linalg.global_norm(grads)
-            opt.apply(grads, variables)
-            if ema:
-                # Polyak averaging with the usual warm-up of the decay, so
-                # early steps are not dominated by the initial weights.
-                t = tf.cast(opt.iterations, tf.float32)
-                decay = tf.minimum(ema_decay, (1.0 + t) / (10.0 + t))
-                for e, v in zip(ema, variables):
-                    e.assign(decay * e + (1.0 - decay) * v.value)
-            return loss, correct, norm
-
-        sum_ = tf.distribute.ReduceOp.SUM
-
-        @tf.function
-        def train_step(iterator):
-            images, labels = next(iterator)
-            loss, correct, norm = strategy.run(replica_step,
-                                               args=(images, labels))
-            return (strategy.reduce(sum_, loss, axis=None),
-                    strategy.reduce(sum_, correct, axis=None) / global_batch,
-                    strategy.reduce(tf.distribute.ReduceOp.MEAN, norm,
-                                    axis=None))
-
-        return train_step
+        return self.engine.save(epoch, batch_in_epoch)
 
     # ------------------------------------------------------------------
     # training
@@ -741,6 +650,8 @@ class Trainer:
         r = self.recipe
         accum = (f", {self.accum} accumulation steps of {self.micro}"
                  if self.accum > 1 else "")
+        backend = ("" if self.engine.backend == "tensorflow"
+                   else f" on {self.engine.backend}")
         return (
             f"{self.model_name} ({self.model.count_params():,} parameters) "
             f"at {self.image_size}x{self.image_size} on {self.train.name} "
@@ -748,9 +659,10 @@ class Trainer:
             f"classes): recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
             f"{r.schedule} (warmup {r.warmup_steps}), {self.total_steps} "
             f"steps of {r.batch_size} images ({self.steps_per_epoch} per "
-            f"epoch; {self.strategy.num_replicas_in_sync} replica(s) x "
-            f"{self.per_replica}{accum}), strategy {self.info['name']}, "
-            f"{self.precision}{', XLA' if self.jit_compile else ''}")
+            f"epoch; {self.engine.replicas} replica(s) x "
+            f"{self.per_replica}{accum}), strategy {self.info['name']}"
+            f"{backend}, {self.precision}"
+            f"{', XLA' if self.jit_compile else ''}")
 
     def fit(self, stop_at_step=None):
         """Trains to the recipe's last step (from the last checkpoint if
@@ -759,27 +671,23 @@ class Trainer:
         ``stop_at_step`` ends the run early after that step, with a
         checkpoint (a later ``fit()`` continues it).
         """
-        import tensorflow as tf
         from tqdm.auto import tqdm
 
         r = self.recipe
         t_start = time.perf_counter()
         self._memory_history = []
-        step = int(self.optimizer.iterations.numpy())
-        epoch = int(self.epoch_var.numpy())
-        in_epoch = int(self.batch_var.numpy())
+        step = self.engine.step()
+        epoch, in_epoch = self.engine.position
         start_step = step
         self._say(f"training {self.describe()}")
         if self.resumed_from is not None:
             self._say(f"resumed from step {self.resumed_from} (epoch "
                       f"{epoch}, batch {in_epoch} of {self.steps_per_epoch}) "
-                      f"of {self.manager.latest_checkpoint}")
-        if self._train_step is None:
-            self._train_step = self._make_train_step()
+                      f"of {self.engine.latest_checkpoint}")
         writer = None
         if self.out_dir is not None and self.is_chief:
-            writer = tf.summary.create_file_writer(
-                os.path.join(self.out_dir, "logs", "train"))
+            writer = _summary_writer(os.path.join(self.out_dir, "logs",
+                                                  "train"))
         end = self.total_steps if stop_at_step is None else min(
             self.total_steps, stop_at_step)
         bar = tqdm(total=self.total_steps, initial=step, unit="step",
@@ -792,9 +700,9 @@ class Trainer:
             while step < end:
                 if in_epoch >= self.steps_per_epoch:
                     epoch, in_epoch = epoch + 1, 0
-                iterator = iter(self._train_dataset(epoch, in_epoch))
+                iterator = iter(self.engine.batches(epoch, in_epoch))
                 while in_epoch < self.steps_per_epoch and step < end:
-                    pending.append(self._train_step(iterator))
+                    pending.append(self.engine.train_step(iterator, step))
                     step += 1
                     in_epoch += 1
                     bar.update(1)
@@ -811,6 +719,7 @@ class Trainer:
             bar.close()
         if last_saved != step:
             self.save_checkpoint(epoch, in_epoch)
+        self.engine.sync()
         wall = time.perf_counter() - t_start
         done = step >= self.total_steps
         history = self._read_history()
@@ -836,7 +745,7 @@ class Trainer:
         if self.eval is not None:
             metrics["eval"] = self._evaluate_and_log(step, raw=True)
         if self.ema:
-            self._load_ema()
+            self.engine.load_ema()
             if self.eval is not None:
                 metrics["eval_ema"] = self._evaluate_and_log(step, tag="ema")
         if self.out_dir is not None and self.is_chief:
@@ -859,13 +768,12 @@ class Trainer:
         return TrainResult(self.model, metrics, self.out_dir)
 
     def _log(self, step, epoch, pending, writer, bar):
-        import tensorflow as tf
+        from keras import ops
 
         values = np.asarray([[float(t) for t in out] for out in pending])
         loss, acc, norm = (float(v) for v in values.mean(axis=0))
-        lr = float(self.optimizer.learning_rate.numpy()) if hasattr(
-            self.optimizer.learning_rate, "numpy") else float(
-                self.optimizer.learning_rate)
+        self.engine.sync()  # the schedule reads the optimizer's step
+        lr = float(ops.convert_to_numpy(self.optimizer.learning_rate))
         row = {"step": step, "epoch": epoch, "loss": round(loss, 6),
                "accuracy": round(acc, 6), "grad_norm": round(norm, 6),
                "learning_rate": lr}
@@ -876,8 +784,7 @@ class Trainer:
                 "gradients (grad_clip_norm)")
         self._memory_history.append(row)
         if self.is_chief and self.out_dir is not None:
-            with open(self._history_path(), "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            append_jsonl(self._history_path(), row)
         if writer is not None:
             with writer.as_default(step=step):
                 for key in ("loss", "accuracy", "grad_norm", "learning_rate"):
@@ -890,26 +797,9 @@ class Trainer:
     # ------------------------------------------------------------------
     # evaluation
 
-    @contextlib.contextmanager
     def ema_weights(self):
-        """Temporarily puts the EMA weights into the model."""
-        if not self.ema:
-            yield
-            return
-        import tensorflow as tf
-
-        variables = self.model.trainable_variables
-        backup = [tf.identity(v.value.read_value()) for v in variables]
-        self._load_ema()
-        try:
-            yield
-        finally:
-            for v, b in zip(variables, backup):
-                v.assign(b)
-
-    def _load_ema(self):
-        for v, e in zip(self.model.trainable_variables, self.ema):
-            v.assign(e.read_value())
+        """A context in which the model holds the EMA weights."""
+        return self.engine.ema_weights()
 
     def _evaluate_and_log(self, step, tag=None, raw=False):
         if tag is None and not raw and self.ema:
@@ -918,11 +808,8 @@ class Trainer:
         else:
             result = self.evaluate(self.eval)
         if self.out_dir is not None and self.is_chief:
-            import tensorflow as tf
-
             name = "eval" if tag is None else f"eval_{tag}"
-            writer = tf.summary.create_file_writer(
-                os.path.join(self.out_dir, "logs", name))
+            writer = _summary_writer(os.path.join(self.out_dir, "logs", name))
             with writer.as_default(step=step):
                 write_scalar("accuracy", result["accuracy"], step)
                 write_scalar("loss", result["loss"], step)
@@ -932,11 +819,10 @@ class Trainer:
     def evaluate(self, data, batch_size=None):
         """Accuracy and loss of the model (as it is now) on ``data``."""
         source = data_lib.load_data(data, split="test", verbose=self.verbose)
-        return evaluate(self.model, source, batch_size=batch_size or min(
-            self.micro * self.strategy.num_replicas_in_sync, 256),
-            strategy=self.strategy, eval_crop=self.recipe.eval_crop,
-            verbose=self.verbose and self.is_chief,
-            _cache=self._eval_steps)
+        return self.engine.evaluate(
+            source, batch_size or min(self.micro * self.engine.replicas, 256),
+            eval_crop=self.recipe.eval_crop,
+            verbose=self.verbose and self.is_chief)
 
 
 def evaluate(model, data, *, image_size=None, batch_size=64,
@@ -1018,13 +904,24 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop):
     """:func:`evaluate` on the jax and torch backends: the same padded,
     masked batches (tf.data stays the input pipeline), the model run eagerly
     on NumPy without gradients, the sums taken in float64."""
+    import keras
+
     from keras_vit.backend import infer
+
+    if keras.backend.backend() == "jax":
+        # Keras' compiled predict step: op-by-op eager jax is many times
+        # slower, and the padded batches all have one shape.
+        def infer(model, images):  # noqa: F811 - the jax way
+            out = model.predict_on_batch(images)
+            return np.asarray(out[0] if isinstance(out, (list, tuple))
+                              else out)
 
     steps = -(-source.num_examples // batch_size)
     loss = correct = count = 0.0
     for images, labels, mask in data_lib.padded_eval_dataset(
             source, size, batch_size, num_batches=steps,
-            eval_crop=eval_crop).as_numpy_iterator():
+            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model)
+    ).as_numpy_iterator():
         logits = infer(model, images).astype("float64")
         shifted = logits - logits.max(-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

@@ -112,7 +112,52 @@ def _fractions(rate, mask_fraction, random_fraction):
 
 
 # --------------------------------------------------------------------------
-# the corruption and the targets (plain TensorFlow, used in the train step)
+# the corruption and the targets (keras.ops, used in every backend's step)
+
+
+def _draws(batch_size, num_patches, seed):
+    """Three stateless draws of shape ``(batch_size, num_patches)`` from
+    ``seed`` (two integers): which patches, how, and another patch's flat
+    index in ``[0, total - 1)``. Keras' own random ops take no seed tensor
+    (only ints and SeedGenerators), and the step needs a seed that is a
+    function of the run's step, so each backend's stateless generator is
+    called: TensorFlow's ``stateless_uniform``, ``jax.random`` on a key made
+    of the seed, a torch ``Generator`` seeded with it (the torch step is
+    eager, so the seed is concrete)."""
+    backend = keras.backend.backend()
+    total = batch_size * num_patches
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+        seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
+        shape = tf.stack([batch_size, num_patches])
+        return (tf.random.stateless_uniform(shape, seeds[0]),
+                tf.random.stateless_uniform(shape, seeds[1]),
+                tf.random.stateless_uniform(shape, seeds[2], minval=0,
+                                            maxval=total - 1,
+                                            dtype=tf.int32))
+    shape = (batch_size, num_patches)
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        key = jax.random.wrap_key_data(
+            jnp.asarray(seed).astype(jnp.uint32), impl="threefry2x32")
+        pick, kind, other = jax.random.split(key, 3)
+        return (jax.random.uniform(pick, shape),
+                jax.random.uniform(kind, shape),
+                jax.random.randint(other, shape, 0, total - 1, jnp.int32))
+    import torch
+
+    first, second = (int(v) for v in ops.convert_to_numpy(seed))
+    generator = torch.Generator().manual_seed(
+        (first * 1_000_003 + second) & 0x7FFFFFFFFFFFFFFF)
+    return tuple(ops.convert_to_tensor(x) for x in (
+        torch.rand(shape, generator=generator),
+        torch.rand(shape, generator=generator),
+        torch.randint(0, total - 1, shape, generator=generator,
+                      dtype=torch.int32)))
 
 
 def corruption_plan(batch_size, num_patches, seed, *, rate=0.5,
@@ -129,14 +174,13 @@ def corruption_plan(batch_size, num_patches, seed, *, rate=0.5,
     of another patch of the batch, drawn uniformly; only ``RANDOM`` patches
     use it. ``seed`` is a stateless seed (two integers).
 
-    >>> mode, source = corruption_plan(2, 3, (0, 1))
-    >>> tuple(mode.shape), int(mode.numpy().max()) <= UNCHANGED
+    >>> mode, source = (ops.convert_to_numpy(x)
+    ...                 for x in corruption_plan(2, 3, (0, 1)))
+    >>> tuple(mode.shape), int(mode.max()) <= UNCHANGED
     ((2, 3), True)
-    >>> bool((source.numpy() != np.arange(6).reshape(2, 3)).all())
+    >>> bool((source != np.arange(6).reshape(2, 3)).all())
     True
     """
-    import tensorflow as tf
-
     rate, mask_fraction, random_fraction = _fractions(
         rate, mask_fraction, random_fraction)
     total = batch_size * num_patches
@@ -144,52 +188,54 @@ def corruption_plan(batch_size, num_patches, seed, *, rate=0.5,
         raise ValueError(
             "the corruption needs at least two patches per batch; received "
             f"batch_size={batch_size}, num_patches={num_patches}")
-    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
-    pick_seed, kind_seed, source_seed = tf.unstack(
-        tf.random.experimental.stateless_split(seed, 3))
-    shape = tf.stack([batch_size, num_patches])
-    chosen = tf.random.stateless_uniform(shape, pick_seed) < rate
-    kind = tf.random.stateless_uniform(shape, kind_seed)
-    how = tf.where(kind < mask_fraction, MASK,
-                   tf.where(kind < mask_fraction + random_fraction, RANDOM,
-                            UNCHANGED))
-    mode = tf.where(chosen, how, KEEP)
+    pick, kind, other = _draws(batch_size, num_patches, seed)
+    how = ops.where(kind < mask_fraction, MASK,
+                    ops.where(kind < mask_fraction + random_fraction, RANDOM,
+                              UNCHANGED))
+    mode = ops.where(pick < rate, how, KEEP)
     # Another patch: uniform over the other total - 1 positions.
-    own = tf.reshape(tf.range(total, dtype=tf.int32), shape)
-    other = tf.random.stateless_uniform(shape, source_seed, minval=0,
-                                        maxval=total - 1, dtype=tf.int32)
-    source = other + tf.cast(other >= own, tf.int32)
-    return tf.cast(mode, tf.int32), source
+    own = ops.reshape(ops.arange(total, dtype="int32"), (-1, num_patches))
+    source = other + ops.cast(other >= own, "int32")
+    return ops.cast(mode, "int32"), source
 
 
 def _patches(images, grid):
     """(B, H, W, C) -> (B, rows * cols, H / rows, W / cols, C)."""
-    import tensorflow as tf
-
     rows, cols = grid
-    shape = tf.shape(images)
-    b = shape[0]
     h, w, c = images.shape[1], images.shape[2], images.shape[3]
     ph, pw = h // rows, w // cols
-    x = tf.reshape(images, (b, rows, ph, cols, pw, c))
-    x = tf.transpose(x, (0, 1, 3, 2, 4, 5))
-    return tf.reshape(x, (b, rows * cols, ph, pw, c))
+    x = ops.reshape(images, (-1, rows, ph, cols, pw, c))
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(x, (-1, rows * cols, ph, pw, c))
+
+
+def _area_weights(size_in, size_out):
+    """(size_out, size_in) weights of an area resize: each output pixel
+    averages the input pixels it covers, in proportion to the overlap."""
+    scale = size_in / size_out
+    weights = np.zeros((size_out, size_in), "float32")
+    for i in range(size_out):
+        lo, hi = i * scale, (i + 1) * scale
+        for j in range(int(np.floor(lo)), min(size_in, int(np.ceil(hi)))):
+            weights[i, j] = (min(hi, j + 1) - max(lo, j)) / scale
+    return weights
 
 
 def _downsize(images, grid, size):
     """Each patch reduced to ``size`` x ``size`` by area averaging:
     (B, N, size, size, C)."""
-    import tensorflow as tf
-
     rows, cols = grid
     ph, pw = images.shape[1] // rows, images.shape[2] // cols
     if ph % size == 0 and pw % size == 0:
         x = _patches(images, grid)
-        b, n, c = tf.shape(x)[0], rows * cols, images.shape[3]
-        x = tf.reshape(x, (b, n, size, ph // size, size, pw // size, c))
-        return tf.reduce_mean(x, axis=(3, 5))
+        c = images.shape[3]
+        x = ops.reshape(x, (-1, rows * cols, size, ph // size, size,
+                            pw // size, c))
+        return ops.mean(x, axis=(3, 5))
     # A patch side that is not a multiple (ViT-H/14): area resize the image.
-    small = tf.image.resize(images, (rows * size, cols * size), "area")
+    along_h = _area_weights(images.shape[1], rows * size)
+    along_w = _area_weights(images.shape[2], cols * size)
+    small = ops.einsum("ih,bhwc,jw->bijc", along_h, images, along_w)
     return _patches(small, grid)
 
 
@@ -198,18 +244,17 @@ def color_class(pixels):
     ``r * 64 + g * 8 + b`` with each channel in 8 equal bins (512 classes
     for RGB).
 
-    >>> color_class(np.array([[-1.0, 0.0, 1.0]], "float32")).numpy()
+    >>> ops.convert_to_numpy(color_class(np.array([[-1.0, 0.0, 1.0]])))
     array([39], dtype=int32)
     """
-    import tensorflow as tf
-
-    pixels = tf.convert_to_tensor(pixels, tf.float32)
-    levels = tf.clip_by_value(tf.floor((pixels + 1.0) * (LEVELS / 2.0)),
-                              0.0, LEVELS - 1.0)
+    pixels = ops.cast(ops.convert_to_tensor(pixels), "float32")
+    levels = ops.clip(ops.floor((pixels + 1.0) * (LEVELS / 2.0)),
+                      0.0, LEVELS - 1.0)
     channels = pixels.shape[-1]
-    weights = tf.constant([LEVELS ** (channels - 1 - i)
-                           for i in range(channels)], tf.float32)
-    return tf.cast(tf.reduce_sum(levels * weights, axis=-1), tf.int32)
+    weights = ops.convert_to_tensor(
+        [float(LEVELS ** (channels - 1 - i)) for i in range(channels)],
+        "float32")
+    return ops.cast(ops.sum(levels * weights, axis=-1), "int32")
 
 
 def patch_targets(images, grid, target="mean_color"):
@@ -223,21 +268,20 @@ def patch_targets(images, grid, target="mean_color"):
       channels last).
 
     >>> x = np.full((1, 8, 8, 3), -1.0, "float32"); x[:, :4, :4] = 1.0
-    >>> patch_targets(x, (2, 2)).numpy().tolist()
+    >>> ops.convert_to_numpy(patch_targets(x, (2, 2))).tolist()
     [[511, 0, 0, 0]]
     """
-    import tensorflow as tf
-
     target = check_target(target)
-    images = tf.cast(tf.convert_to_tensor(images), tf.float32)
+    images = ops.cast(ops.convert_to_tensor(images), "float32")
     if target == "mean_color":
-        return color_class(tf.reduce_mean(_patches(images, grid), (2, 3)))
+        return color_class(ops.mean(_patches(images, grid), (2, 3)))
     if target == "color_4x4":
         small = _downsize(images, grid, DOWNSIZED)
-        b, n = tf.shape(small)[0], small.shape[1]
-        return tf.reshape(color_class(small), (b, n, DOWNSIZED ** 2))
+        return ops.reshape(color_class(small),
+                           (-1, small.shape[1], DOWNSIZED ** 2))
     x = _patches(images, grid)
-    return tf.reshape(x, (tf.shape(x)[0], x.shape[1], -1))
+    return ops.reshape(x, (-1, x.shape[1], x.shape[2] * x.shape[3]
+                           * x.shape[4]))
 
 
 def masked_loss(predictions, targets, mode, target, channels=3):
@@ -249,32 +293,41 @@ def masked_loss(predictions, targets, mode, target, channels=3):
     :func:`patch_targets`, ``mode`` the corruption plan (``KEEP`` patches
     do not count).
     """
-    import tensorflow as tf
-
     target = check_target(target)
-    predictions = tf.cast(predictions, tf.float32)
+    predictions = ops.cast(ops.convert_to_tensor(predictions), "float32")
+    targets = ops.convert_to_tensor(targets)
+    n = predictions.shape[1]
     if target == "l2":
-        per_patch = tf.reduce_mean(tf.square(predictions - targets), -1)
-        shape = tf.concat([tf.shape(targets)[:2], [-1, channels]], 0)
-        right = tf.equal(
-            color_class(tf.reduce_mean(tf.reshape(predictions, shape), 2)),
-            color_class(tf.reduce_mean(tf.reshape(targets, shape), 2)))
-        right = tf.cast(right, tf.float32)
+        per_patch = ops.mean(ops.square(predictions - targets), -1)
+
+        def mean_colour(x):
+            return ops.mean(ops.reshape(x, (-1, n, x.shape[-1] // channels,
+                                            channels)), 2)
+
+        right = ops.cast(ops.equal(color_class(mean_colour(predictions)),
+                                   color_class(mean_colour(targets))),
+                         "float32")
     else:
         if target == "color_4x4":
-            shape = tf.concat([tf.shape(targets), [-1]], 0)
-            predictions = tf.reshape(predictions, shape)
-        per_patch = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            targets, predictions)
-        right = tf.cast(tf.equal(tf.argmax(predictions, -1, tf.int32),
-                                 targets), tf.float32)
+            predictions = ops.reshape(predictions,
+                                      (-1, n, targets.shape[-1],
+                                       predictions.shape[-1]
+                                       // targets.shape[-1]))
+        targets = ops.cast(targets, "int32")
+        log_probs = ops.log_softmax(predictions, axis=-1)
+        per_patch = -ops.squeeze(ops.take_along_axis(
+            log_probs, ops.expand_dims(targets, -1), axis=-1), -1)
+        right = ops.cast(ops.equal(
+            ops.cast(ops.argmax(predictions, axis=-1), "int32"), targets),
+            "float32")
         if target == "color_4x4":
-            per_patch = tf.reduce_mean(per_patch, -1)
-            right = tf.reduce_mean(right, -1)
-    weight = tf.cast(tf.not_equal(mode, KEEP), tf.float32)
-    count = tf.maximum(tf.reduce_sum(weight, -1), 1.0)
-    return (tf.reduce_sum(per_patch * weight, -1) / count,
-            tf.reduce_sum(right * weight, -1) / count)
+            per_patch = ops.mean(per_patch, -1)
+            right = ops.mean(right, -1)
+    weight = ops.cast(ops.not_equal(ops.convert_to_tensor(mode), KEEP),
+                      "float32")
+    count = ops.maximum(ops.sum(weight, -1), 1.0)
+    return (ops.sum(per_patch * weight, -1) / count,
+            ops.sum(right * weight, -1) / count)
 
 
 # --------------------------------------------------------------------------
@@ -348,7 +401,8 @@ class MaskedPatchPrediction(keras.Model):
     >>> mpp = MaskedPatchPrediction(keras_vit.vit(16, 4, 32, 1, 2, 64, 10))
     >>> mode, source = corruption_plan(2, mpp.num_patches, (0, 0))
     >>> images = np.zeros((2, 16, 16, 3), "float32")
-    >>> tuple(mpp([images, mode.numpy(), source.numpy()]).shape)
+    >>> plan = [ops.convert_to_numpy(mode), ops.convert_to_numpy(source)]
+    >>> tuple(mpp([images] + plan).shape)
     (2, 16, 512)
     """
 
@@ -460,10 +514,8 @@ class MaskedPatchPrediction(keras.Model):
     def loss_terms(self, images, seed, training=True):
         """Corrupts, predicts and scores a batch: per-image loss and
         fraction right over the corrupted patches, float32 (B,) each."""
-        import tensorflow as tf
-
-        images = tf.convert_to_tensor(images, tf.float32)
-        batch = tf.shape(images)[0]
+        images = ops.cast(ops.convert_to_tensor(images), "float32")
+        batch = ops.shape(images)[0]  # a tensor when not known statically
         mode, source = self.plan(batch, seed)
         predictions = self([images, mode, source], training=training)
         if self.encoder_config.get("include_preprocessing"):
@@ -662,10 +714,8 @@ class MppTrainer(engine.Trainer):
         return wrapped
 
     def compute_loss(self, images, labels, seed):
-        import tensorflow as tf
-
         loss, right = self.model.loss_terms(images, seed, training=True)
-        return tf.reduce_sum(loss), tf.reduce_sum(right)
+        return ops.sum(loss), ops.sum(right)
 
     def _run_config(self):
         return dict(super()._run_config(), num_classes=None,

@@ -144,26 +144,43 @@ def _tpu_strategy(tpu, timeout):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def check_backend(name):
-    """Refuses a ``tf.distribute`` strategy under the jax or torch backend.
+# What each backend other than TensorFlow can run. JAX: one device, or
+# Keras' DataParallel over every device jax sees ("auto" picks it when
+# there are several, as TensorFlow's "auto" picks mirrored on several GPUs).
+KERAS_STRATEGIES = {"jax": ("auto", "default", "data_parallel"),
+                    "torch": ("auto", "default")}
 
-    Only ``"auto"`` and ``"default"`` (one device) mean something there;
-    every other name is TensorFlow's, so the error names the backend and
-    what to do instead.
+
+def check_backend(name):
+    """Refuses a strategy the current Keras backend cannot run.
+
+    TensorFlow runs every ``tf.distribute`` name. JAX runs ``"auto"``,
+    ``"default"`` (one device) and ``"data_parallel"``
+    (``keras.distribution.DataParallel``); torch runs one device. The error
+    names the backend and what to do instead.
 
     >>> check_backend("auto")
     """
     import keras
 
     backend = keras.backend.backend()
-    if backend == "tensorflow" or (
-            isinstance(name, str)
-            and name.replace("-", "_") in ("auto", "default")):
+    known = KERAS_STRATEGIES.get(backend)
+    if known is None or (isinstance(name, str)
+                         and name.replace("-", "_") in known):
         return
+    if isinstance(name, str) and name.replace("-", "_") == "data_parallel":
+        raise StrategyError(
+            f"strategy={name!r} (keras.distribution.DataParallel) runs on "
+            f"the 'jax' Keras backend; under {backend!r} use "
+            "strategy='default' (one device), or set KERAS_BACKEND=jax "
+            "(or tensorflow with strategy='mirrored').")
     raise StrategyError(
         f"strategy={name!r} is a tf.distribute strategy, which the "
         f"{backend!r} Keras backend cannot run; use strategy='default' "
-        f"(one device) under {backend}, or set KERAS_BACKEND=tensorflow to "
+        f"(one device) under {backend}"
+        + (" or 'data_parallel' (keras.distribution)" if backend == "jax"
+           else "")
+        + ", or set KERAS_BACKEND=tensorflow to "
         "train with tf.distribute (mirrored, multi_worker, tpu).")
 
 
@@ -309,22 +326,54 @@ def precision_for(strategy_, requested="auto"):
     about 1.5x faster in bfloat16. Without native support it is emulated
     and slower still, so that case warns.
     """
+    _check_precision_name(requested)
+    return check_precision(requested,
+                           on_tpu=describe(strategy_)["name"] == "tpu")
+
+
+def _check_precision_name(requested):
     if requested not in ("auto", "float32", "mixed_bfloat16"):
         raise ValueError(
             "precision must be 'auto', 'float32' or 'mixed_bfloat16'; "
             f"received precision={requested!r}")
-    info = describe(strategy_)
-    if requested == "auto":
-        return "mixed_bfloat16" if info["name"] == "tpu" else "float32"
-    if requested == "mixed_bfloat16" and info["name"] != "tpu":
-        import tensorflow as tf
 
-        if not tf.config.list_logical_devices("GPU") and not cpu_has_bf16():
+
+def check_precision(requested="auto", *, on_tpu=False):
+    """:func:`precision_for` without a ``tf.distribute`` strategy (the jax
+    and torch engines): ``"auto"`` is bfloat16 on a TPU, else float32.
+
+    >>> check_precision("auto")
+    'float32'
+    """
+    _check_precision_name(requested)
+    if requested == "auto":
+        return "mixed_bfloat16" if on_tpu else "float32"
+    if requested == "mixed_bfloat16" and not on_tpu:
+        gpu = _has_gpu()
+        if not gpu and not cpu_has_bf16():
             warnings.warn(
                 "precision='mixed_bfloat16' on a CPU without native bfloat16 "
                 "(no avx512_bf16 / amx_bf16 flag): it is emulated and slower "
-                "than float32.", stacklevel=2)
+                "than float32.", stacklevel=3)
     return requested
+
+
+def _has_gpu():
+    """Whether the current Keras backend computes on a GPU."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].platform == "gpu"
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def cpu_has_bf16():

@@ -1,0 +1,314 @@
+"""The Trainer's TensorFlow engine: one custom loop for every
+``tf.distribute`` strategy.
+
+Every strategy (one device, several GPUs, a TPU, several workers) runs the
+same compiled step: ``strategy.run`` over batches split per replica,
+gradients summed across replicas, clipped at a global norm, applied, and an
+exponential moving average of the weights updated. Keras' ``model.fit`` is
+not used here because it fails under ``MultiWorkerMirroredStrategy`` with
+Keras 3 (keras issue 20585). Checkpoints are ``tf.train.Checkpoint`` files
+kept by a ``CheckpointManager`` (every worker saves; the chief's copy is
+kept). The jax and torch engines are in :mod:`keras_vit.train.engine_keras`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from keras_vit.train import data as data_lib
+# (Names, not the module: keras_vit.train.strategy is also a function
+# there, which hides the submodule once the package has loaded.)
+from keras_vit.train.strategy import describe, precision_for
+from keras_vit.train.strategy import strategy as make_strategy
+
+
+def step_uses_xla(strategy_, requested="auto", precision="float32"):
+    """Whether the train step compiles its forward and backward pass with
+    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
+    :func:`keras_vit.hardware.plan` for one replica (XLA for
+    ``mixed_bfloat16`` on CPUs without AMX and on GPUs, TensorFlow's oneDNN
+    graph where AMX is, graph mode for float32 on CPUs) and stays off for
+    several replicas and the TPU (which compiles the whole step anyway)."""
+    if requested in (True, False):
+        return requested
+    from keras_vit import hardware
+
+    info = describe(strategy_)
+    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
+        return False
+    return hardware.plan(precision).train_jit
+
+
+class TFEngine:
+    """Variables, step and checkpoints under a ``tf.distribute`` strategy."""
+
+    backend = "tensorflow"
+
+    def __init__(self, name="auto", *, tpu=None):
+        self.strategy = make_strategy(name, tpu=tpu)
+        self.info = dict(describe(self.strategy), backend=self.backend)
+        self.replicas = self.strategy.num_replicas_in_sync
+        self.manager = None
+        self.ema = []
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def precision(self, requested):
+        return precision_for(self.strategy, requested)
+
+    def uses_xla(self, requested, precision):
+        return step_uses_xla(self.strategy, requested, precision)
+
+    def setup(self, trainer):
+        """Called in :meth:`scope` once the model and optimizer are built."""
+        import tensorflow as tf
+
+        self.trainer = trainer
+        self.model, self.optimizer = trainer.model, trainer.optimizer
+        # The loop sums gradients across replicas itself (it must clip
+        # the summed gradient); the Keras optimizer would sum them a
+        # second time. (tests/test_train.py checks that a two-replica
+        # run equals a one-device run, which a double sum would break.)
+        self.optimizer._all_reduce_sum_gradients = list
+        first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        if trainer.recipe.ema_decay is not None:
+            self.ema = [
+                tf.Variable(v.value, trainable=False, name=f"ema_{i}",
+                            aggregation=first)
+                for i, v in enumerate(self.model.trainable_variables)]
+        self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="epoch", aggregation=first)
+        self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="batch_in_epoch", aggregation=first)
+        # The seed generators' states (dropout) are listed too: the model's
+        # own tracking leaves them out, and a resumed run must draw the
+        # masks the killed one would have.
+        seeds = [v for v in self.model.non_trainable_variables
+                 if "seed_generator" in v.path]
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, ema=self.ema,
+            epoch=self.epoch_var, batch_in_epoch=self.batch_var,
+            **({"seed_states": seeds} if seeds else {}))
+        self._train_step = None
+        self._eval_steps = {}
+
+    # ---------------------------------------------------------------- state
+
+    def step(self):
+        return int(self.optimizer.iterations.numpy())
+
+    @property
+    def position(self):
+        return int(self.epoch_var.numpy()), int(self.batch_var.numpy())
+
+    @property
+    def latest_checkpoint(self):
+        return None if self.manager is None else self.manager.latest_checkpoint
+
+    def sync(self):
+        """The variables are always current under TensorFlow."""
+
+    def open_checkpoints(self, out_dir, directory, resume):
+        """Sets up saving into ``directory`` and, with ``resume``, restores
+        the newest checkpoint there; returns its step or None."""
+        import tensorflow as tf
+
+        if not self.info["is_chief"]:
+            # Every worker takes part in saving; only the chief's copy is
+            # kept (TensorFlow's multi-worker checkpointing pattern).
+            directory_ = os.path.join(out_dir,
+                                      f".worker_{self.info['task_id']}")
+            os.makedirs(directory_, exist_ok=True)
+        else:
+            directory_ = directory
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, directory_, max_to_keep=3)
+        latest = tf.train.latest_checkpoint(directory) if resume else None
+        if not latest:
+            if resume and os.path.isdir(directory) and any(
+                    n.startswith("ckpt-") and n.endswith(".npz")
+                    for n in os.listdir(directory)):
+                raise ValueError(
+                    f"The run in {out_dir!r} was checkpointed by the jax or "
+                    "torch backend (.npz); resume it under that "
+                    "KERAS_BACKEND, or start again with resume=False "
+                    "(--restart)")
+            return None
+        try:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise ValueError(
+                f"The checkpoint {latest!r} does not fit this model "
+                "(another architecture or number of classes); use "
+                "another out_dir, or resume=False (--restart) to start "
+                f"again. TensorFlow said: {str(e)[:300]}") from None
+        return self.step()
+
+    def save(self, epoch, batch_in_epoch):
+        """Saves model, optimizer, EMA, step and data position (all
+        workers must call it; only the chief's copy is kept)."""
+        self.epoch_var.assign(epoch)  # a later fit() goes on from here
+        self.batch_var.assign(batch_in_epoch)
+        if self.manager is None:
+            return None
+        path = self.manager.save(checkpoint_number=self.step())
+        if not self.info["is_chief"]:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+        return path
+
+    # ---------------------------------------------------------------- EMA
+
+    def ema_weights(self):
+        """A context in which the model holds the EMA weights."""
+        from keras_vit.train.engine_keras import swapped_in_ema
+
+        return swapped_in_ema(self)
+
+    def _invalidate(self):
+        """The variables are the step's own under TensorFlow."""
+
+    def load_ema(self):
+        for v, e in zip(self.model.trainable_variables, self.ema):
+            v.assign(e.read_value())
+
+    # ---------------------------------------------------------------- input
+
+    def _distributed(self, make):
+        """``make(shard, local_replicas)`` -> dataset, run once per input
+        pipeline (per worker)."""
+        import tensorflow as tf
+
+        def fn(ctx):
+            local = (self.strategy.num_replicas_in_sync
+                     // ctx.num_input_pipelines)
+            return make((ctx.num_input_pipelines, ctx.input_pipeline_id),
+                        local)
+
+        return self.strategy.distribute_datasets_from_function(
+            fn, options=tf.distribute.InputOptions(
+                experimental_fetch_to_device=True))
+
+    def batches(self, epoch, skip_steps):
+        """This epoch's distributed batches from step ``skip_steps`` on."""
+        t, r = self.trainer, self.trainer.recipe
+        remaining = t.steps_per_epoch - skip_steps
+
+        def make(shard, local):
+            per_step = t.per_replica * local  # this pipeline, one step
+            return data_lib.dataset(
+                t.train, t.image_size, t.per_replica, training=True,
+                seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
+                shard=shard, skip=skip_steps * per_step,
+                take=remaining * per_step,
+                raw_pixels=data_lib.takes_raw_pixels(self.model))
+
+        return self._distributed(make)
+
+    def evaluate(self, data, batch_size, **kwargs):
+        from keras_vit.train import engine
+
+        return engine.evaluate(self.model, data, batch_size=batch_size,
+                               strategy=self.strategy, _cache=self._eval_steps,
+                               **kwargs)
+
+    # ---------------------------------------------------------------- step
+
+    def train_step(self, iterator, step):
+        """One optimizer step on the next batch of ``iterator``."""
+        if self._train_step is None:
+            self._train_step = self._make_train_step()
+        return self._train_step(iterator)
+
+    def _make_train_step(self):
+        import tensorflow as tf
+
+        t = self.trainer
+        strategy, model, opt = self.strategy, self.model, self.optimizer
+        r = t.recipe
+        variables = model.trainable_variables
+        global_batch = float(r.batch_size)
+        accum, micro, size = t.accum, t.micro, t.image_size
+        replicas = strategy.num_replicas_in_sync
+        reg_scale = 1.0 / (replicas * accum)
+        ema, ema_decay = self.ema, r.ema_decay
+
+        def seed_of(micro_index):
+            # Stateless: a resumed run draws what the killed one would have.
+            ctx = tf.distribute.get_replica_context()
+            replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
+            counter = ((tf.cast(opt.iterations, tf.int64) * replicas
+                        + replica) * accum
+                       + tf.cast(micro_index, tf.int64))
+            return tf.stack([tf.constant(r.seed, tf.int64), counter])
+
+        def forward_backward(images, labels, seed):
+            with tf.GradientTape() as tape:
+                total, correct = t.compute_loss(images, labels, seed)
+                # Summed over the replica's images and divided by the
+                # global batch: the cross-replica sum is then the mean.
+                loss = total / global_batch
+                if model.losses:
+                    loss += tf.add_n(model.losses) * reg_scale
+            grads = tape.gradient(loss, variables)
+            grads = [tf.zeros_like(v) if g is None else g
+                     for g, v in zip(grads, variables)]
+            return loss, correct, grads
+
+        if t.jit_compile:
+            # XLA for the heavy part only: all-reduce, clipping and the
+            # optimizer update stay in the strategy's graph.
+            forward_backward = tf.function(forward_backward,
+                                           jit_compile=True)
+
+        def grads_of(images, labels, micro_index=0):
+            return forward_backward(images, labels, seed_of(micro_index))
+
+        def replica_step(images, labels):
+            if accum == 1:
+                loss, correct, grads = grads_of(images, labels)
+            else:
+                # Gradient accumulation: the replica's batch in `accum`
+                # micro-batches, one forward/backward pass at a time.
+                images = tf.reshape(images, (accum, micro, size, size, 3))
+                labels = tf.reshape(labels, (accum, micro))
+
+                def body(i, loss, correct, grads):
+                    l_, c_, g_ = grads_of(images[i], labels[i], i)
+                    return (i + 1, loss + l_, correct + c_,
+                            [a + b for a, b in zip(grads, g_)])
+
+                _, loss, correct, grads = tf.while_loop(
+                    lambda i, *_: i < accum, body,
+                    (tf.constant(0), tf.constant(0.0), tf.constant(0.0),
+                     [tf.zeros_like(v) for v in variables]))
+            ctx = tf.distribute.get_replica_context()
+            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            if r.grad_clip_norm is not None:
+                grads, norm = tf.clip_by_global_norm(grads, r.grad_clip_norm)
+            else:
+                norm = tf.linalg.global_norm(grads)
+            opt.apply(grads, variables)
+            if ema:
+                # Polyak averaging with the usual warm-up of the decay, so
+                # early steps are not dominated by the initial weights.
+                t_ = tf.cast(opt.iterations, tf.float32)
+                decay = tf.minimum(ema_decay, (1.0 + t_) / (10.0 + t_))
+                for e, v in zip(ema, variables):
+                    e.assign(decay * e + (1.0 - decay) * v.value)
+            return loss, correct, norm
+
+        sum_ = tf.distribute.ReduceOp.SUM
+
+        @tf.function
+        def train_step(iterator):
+            images, labels = next(iterator)
+            loss, correct, norm = strategy.run(replica_step,
+                                               args=(images, labels))
+            return (strategy.reduce(sum_, loss, axis=None),
+                    strategy.reduce(sum_, correct, axis=None) / global_batch,
+                    strategy.reduce(tf.distribute.ReduceOp.MEAN, norm,
+                                    axis=None))
+
+        return train_step

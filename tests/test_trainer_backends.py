@@ -1,0 +1,392 @@
+"""The Trainer on every Keras backend: the same recipe numerics under
+TensorFlow (tf.distribute), JAX (a jitted step, one device or
+keras.distribution.DataParallel) and torch (an eager step).
+
+The tests marked `backends` run once per backend (tests/conftest.py). The
+reference for a run is Keras' own loop on the same backend
+(``compile_for_finetune`` + ``train_on_batch`` on the same batches), and
+the hand computations are written in NumPy. Several devices and killed runs
+happen in subprocesses.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import keras
+import keras_vit
+from keras import ops
+from keras_vit import train as kt
+from keras_vit.train import checkpoints
+from keras_vit.train import engine
+
+SUBPROCESS_TIMEOUT = 300
+TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=64, num_classes=10)
+QUICK = dict(batch_size=32, crop_area=None, log_every=1, verbose=False,
+             strategy="default")
+
+
+def tiny(seed=1, **kwargs):
+    keras.utils.set_random_seed(seed)
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+def _weights(model):
+    return [ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+
+def _env(**extra):
+    env = dict(os.environ, KERAS_VIT_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def kill_once(command, ready, *, env, cwd=None):
+    """Starts ``command``, waits until ``ready()`` (a checkpoint on disk),
+    and kills it with SIGKILL mid-run; fails if it ends or stalls first."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+                            start_new_session=True)
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    try:
+        while not ready():
+            assert proc.poll() is None, "the run ended before a checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-epoch, mid-run
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+
+
+# --------------------------------------------------------------------------
+# numerics on each backend
+
+
+@pytest.mark.backends
+def test_a_run_equals_keras_own_loop_on_the_same_batches():
+    kw = dict(recipe="finetune", total_steps=4, warmup_steps=1,
+              learning_rate=0.05, grad_clip_norm=1.0, batch_size=32,
+              crop_area=None)
+    run = kt.Trainer(tiny(), "digits", **dict(QUICK, **kw))
+    r = run.recipe
+    assert run.info["backend"] == keras.backend.backend()
+    run = run.fit()
+    # The reference: Keras' own train step with the recipe's optimizer,
+    # schedule and clipping (compile_for_finetune), fed the batches the
+    # Trainer's pipeline yields for epoch 0.
+    ref = tiny()
+    kt.compile_for_finetune(ref, **kw)
+    batches = kt.dataset("digits", 16, 32, training=True, seed=r.seed,
+                         epoch=0, crop_area=None, flip=r.flip)
+    losses = []
+    for images, labels in batches.take(4).as_numpy_iterator():
+        ref.reset_metrics()  # the loss of this batch, not a running mean
+        logs = ref.train_on_batch(images, labels, return_dict=True)
+        losses.append(float(logs["loss"]))
+    got = [row["loss"] for row in run.metrics["history"]]
+    assert [row["step"] for row in run.metrics["history"]] == [1, 2, 3, 4]
+    np.testing.assert_allclose(got, losses, rtol=1e-4, atol=1e-5)
+    for a, b in zip(_weights(run.model), _weights(ref)):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    assert run.metrics["history"][-1]["loss"] < 2.3
+
+
+@pytest.mark.backends
+def test_two_micro_batches_equal_one_full_batch():
+    kw = dict(QUICK, recipe="pretrain", total_steps=3, warmup_steps=1,
+              learning_rate=1e-2)
+    full = kt.Trainer(tiny(), "digits", **kw).fit()
+    accumulated = kt.Trainer(tiny(), "digits", micro_batch_size=16, **kw)
+    assert accumulated.accum == 2
+    accumulated = accumulated.fit()
+    for a, b in zip(_weights(full.model), _weights(accumulated.model)):
+        np.testing.assert_allclose(a, b, atol=2e-5)  # Adam: m / sqrt(v)
+    np.testing.assert_allclose(
+        [row["loss"] for row in full.metrics["history"]],
+        [row["loss"] for row in accumulated.metrics["history"]], atol=1e-5)
+
+
+@pytest.mark.backends
+def test_clipping_scales_the_summed_gradient_to_the_global_norm():
+    # SGD's first step moves the weights by lr * gradient: with a clip far
+    # below the gradient's norm the step is exactly lr * clip long.
+    clip = 1e-3
+    tr = kt.Trainer(tiny(), "digits", recipe="finetune", total_steps=2,
+                    warmup_steps=1, learning_rate=0.5, grad_clip_norm=clip,
+                    micro_batch_size=16, **QUICK)
+    lr = float(ops.convert_to_numpy(tr.optimizer.learning_rate))
+    before = _weights(tr.model)
+    run = tr.fit(stop_at_step=1)
+    norm = run.metrics["history"][0]["grad_norm"]
+    assert norm > 100 * clip  # the clip did act
+    moved = np.sqrt(sum(((a - b) ** 2).sum()
+                        for a, b in zip(_weights(tr.model), before)))
+    assert moved == pytest.approx(lr * clip, rel=1e-3)
+
+
+@pytest.mark.backends
+def test_ema_follows_the_warm_up_formula():
+    cap = 0.2
+    tr = kt.Trainer(tiny(), "digits", recipe="pretrain", total_steps=3,
+                    warmup_steps=1, learning_rate=1e-2, ema_decay=cap,
+                    **QUICK)
+    ema = _weights(tr.model)
+    for t in (1, 2):
+        tr.fit(stop_at_step=t)
+        now = _weights(tr.model)
+        decay = min(cap, (1.0 + t) / (10.0 + t))  # 2/11, then 0.2
+        ema = [decay * e + (1.0 - decay) * v for e, v in zip(ema, now)]
+        for e, want in zip(tr.ema, ema):
+            np.testing.assert_allclose(ops.convert_to_numpy(e), want,
+                                       rtol=1e-5, atol=1e-7)
+    assert not np.allclose(ema[0], now[0])  # the average lags the weights
+    result = tr.fit()  # the end: the model holds the EMA weights
+    assert result.metrics["final_step"] == 3
+
+
+@pytest.mark.slow  # three runs, each compiled: about 30 s on jax
+@pytest.mark.backends
+def test_resume_mid_epoch_with_dropout_equals_an_uninterrupted_run(tmp_path):
+    # Dropout draws from seed generators whose states are checkpointed.
+    kw = dict(QUICK, recipe="finetune", total_steps=8, warmup_steps=2,
+              learning_rate=0.05, ema_decay=0.9, checkpoint_every=3,
+              batch_size=64, log_every=2)
+    whole = kt.Trainer(tiny(dropout_rate=0.1), "digits",
+                       out_dir=tmp_path / "a", **kw).fit()
+    kt.Trainer(tiny(dropout_rate=0.1), "digits", out_dir=tmp_path / "b",
+               **kw).fit(stop_at_step=5)  # mid-epoch
+    again = kt.Trainer(tiny(seed=7, dropout_rate=0.1), "digits",
+                       out_dir=tmp_path / "b", **kw)
+    assert again.resumed_from == 5
+    rest = again.fit()
+    assert rest.metrics["final_step"] == 8
+    for a, b in zip(whole.model.get_weights(), rest.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    # Rows over the same steps agree (the stopped run also logged step 5).
+    def rows(run):
+        return {r["step"]: r["loss"] for r in run.metrics["history"]
+                if r["step"] in (2, 4, 8)}
+
+    assert rows(whole) == rows(rest) and len(rows(rest)) == 3
+
+
+# --------------------------------------------------------------------------
+# checkpoints of the jax and torch engines; the history log
+
+
+def test_a_killed_checkpoint_write_leaves_no_checkpoint(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    checkpoints.save(folder, 5, {"model": [np.ones(3, "float32")]},
+                     {"epoch": 0, "batch_in_epoch": 5})
+
+    def dies_mid_write(path, **arrays):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(np, "savez", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(folder, 10, {"model": [np.zeros(3, "float32")]},
+                         {"epoch": 0, "batch_in_epoch": 10})
+    monkeypatch.undo()
+    # A process killed outright leaves its temporary file behind.
+    (tmp_path / ".ckpt-10.npz.123.abcd.partial.npz").write_bytes(b"PK\x03")
+    assert checkpoints.steps(folder) == [5]
+    step, path = checkpoints.latest(folder)
+    groups, meta = checkpoints.load(path, {"model": [((3,), "float32")]})
+    assert step == 5 and meta["step"] == 5 and groups["model"][0].sum() == 3
+
+
+def test_a_checkpoint_is_checked_whole_before_anything_is_assigned(tmp_path):
+    expected = {"model": [((2, 2), "float32"), ((3,), "float32")],
+                "ema": [((2, 2), "float32")]}
+    checkpoints.save(str(tmp_path), 1, {"model": [np.ones((2, 3), "float32"),
+                                                  np.ones(3, "int32")]},
+                     {"epoch": 0, "batch_in_epoch": 1})
+    with pytest.raises(ValueError) as e:
+        checkpoints.load(checkpoints.path_for(str(tmp_path), 1), expected)
+    text = str(e.value)
+    assert "model/00000: shape (2, 3) in the file, (2, 2) in this run" in text
+    assert "model/00001: dtype int32 in the file, float32" in text
+    assert "ema: 0 arrays in the file, 1 in this run" in text
+    bad = tmp_path / "ckpt-2.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="cannot be read"):
+        checkpoints.load(str(bad), expected)
+
+
+@pytest.mark.backends
+def test_a_checkpoint_of_another_model_is_refused_before_assigning(tmp_path):
+    kw = dict(QUICK, recipe="pretrain", total_steps=2, warmup_steps=1)
+    kt.Trainer(tiny(), "digits", out_dir=tmp_path, **kw).fit()
+    other = tiny(mlp_dim=48)
+    before = other.get_weights()
+    with pytest.raises(ValueError, match="does not fit this"):
+        kt.Trainer(other, "digits", out_dir=tmp_path, **kw)
+    if keras.backend.backend() == "tensorflow":
+        return  # tf.train.Checkpoint restores variable by variable
+    for a, b in zip(before, other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_history_line_cut_by_a_kill_is_dropped_not_glued(tmp_path):
+    path = str(tmp_path / "history.jsonl")
+    engine.append_jsonl(path, {"step": 1, "loss": 2.0})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 2, "loss": 1.9')  # the kill, mid-line
+    engine.append_jsonl(path, {"step": 2, "loss": 1.8})
+    engine.append_jsonl(path, {"step": 3, "loss": 1.7})
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.8},
+                    {"step": 3, "loss": 1.7}]
+    # A file holding only a cut line.
+    only = str(tmp_path / "only.jsonl")
+    with open(only, "w", encoding="utf-8") as f:
+        f.write('{"st')
+    engine.append_jsonl(only, {"step": 1})
+    assert open(only, encoding="utf-8").read() == '{"step": 1}\n'
+
+
+@pytest.mark.backends
+def test_strategy_names_per_backend():
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        assert engine.make_engine("default").info["name"] == "default"
+        return
+    assert engine.make_engine("auto").info["backend"] == backend
+    if backend == "jax":
+        e = engine.make_engine("data_parallel")
+        assert e.info["name"] == "data_parallel"
+        assert e.replicas == len(keras.distribution.list_devices())
+    else:
+        with pytest.raises(kt.StrategyError,
+                           match="runs on the 'jax' Keras backend"):
+            kt.Trainer(tiny(), "digits",
+                       **dict(QUICK, strategy="data_parallel"))
+    with pytest.raises(kt.StrategyError, match="KERAS_BACKEND=tensorflow"):
+        kt.Trainer(tiny(), "digits", **dict(QUICK, strategy="mirrored"))
+
+
+# --------------------------------------------------------------------------
+# two simulated devices (JAX) and killed runs (every backend)
+
+
+DATA_PARALLEL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, jax, keras, keras_vit
+    import keras_vit.train as kt
+
+    def tiny():
+        keras.utils.set_random_seed(1)
+        return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+
+    kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=8,
+              learning_rate=3e-3, warmup_steps=2, crop_area=None,
+              log_every=1, total_steps=8, verbose=False)
+    runs = {}
+    for name in ("data_parallel", "default"):
+        runs[name] = kt.Trainer(tiny(), "digits", "digits:test",
+                                strategy=name, **kw).fit()
+    two, one = runs["data_parallel"], runs["default"]
+    print("RESULT " + json.dumps({
+        "devices": jax.device_count(),
+        "auto": kt.Trainer(tiny(), "digits", strategy="auto",
+                           **dict(kw, total_steps=3)).info["name"],
+        "replicas": two.metrics["strategy"]["replicas"],
+        "accumulation": two.metrics["accumulation_steps"],
+        "losses": [[r["loss"] for r in m.metrics["history"]]
+                   for m in (two, one)],
+        "eval": two.metrics["eval"]["num_examples"],
+        "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(
+            two.model.get_weights(), one.model.get_weights()))}))
+""")
+
+
+@pytest.mark.slow
+def test_jax_data_parallel_on_two_devices_equals_one_device(tmp_path):
+    script = tmp_path / "dp.py"
+    script.write_text(DATA_PARALLEL_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True,
+        timeout=SUBPROCESS_TIMEOUT, env=_env(
+            KERAS_BACKEND="jax",
+            XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    out = json.loads(line[len("RESULT "):])
+    assert out["devices"] == 2 and out["auto"] == "data_parallel"
+    assert out["replicas"] == 2 and out["accumulation"] == 2
+    two, one = out["losses"]
+    assert len(two) == 8
+    np.testing.assert_allclose(two, one, atol=1e-5)
+    assert out["max_diff"] < 1e-5 and out["eval"] == 450
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, keras, keras_vit
+    import keras_vit.train as kt
+
+    keras.utils.set_random_seed(1)
+    model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10, dropout_rate=0.1)
+    run = kt.Trainer(model, "digits", recipe="finetune", batch_size=32,
+                     micro_batch_size=16, learning_rate=0.05, warmup_steps=3,
+                     ema_decay=0.9, total_steps=int(sys.argv[2]),
+                     checkpoint_every=10, log_every=5, crop_area=None,
+                     strategy="default", out_dir=sys.argv[1],
+                     verbose=True).fit()
+    np.savez(sys.argv[1] + "/final.npz", *run.model.get_weights())
+""")
+
+
+def _checkpoint_written(out):
+    folder = out / "checkpoints"
+    if keras.backend.backend() == "tensorflow":
+        return (folder / "checkpoint").exists()  # tf.train's index, last
+    return bool(checkpoints.steps(str(folder)))
+
+
+@pytest.mark.slow
+@pytest.mark.backends
+def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT)
+    env = _env(KERAS_BACKEND=keras.backend.backend())
+    total = 120
+
+    def command(out):
+        return [sys.executable, str(script), str(out), str(total)]
+
+    kill_once(command(tmp_path / "killed"),
+              lambda: _checkpoint_written(tmp_path / "killed"), env=env)
+    killed = tmp_path / "killed"
+    assert not (killed / "metrics.json").exists()
+    again = subprocess.run(command(killed), capture_output=True, text=True,
+                           env=env, timeout=SUBPROCESS_TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step " in again.stdout
+    whole = subprocess.run(command(tmp_path / "whole"), capture_output=True,
+                           text=True, env=env, timeout=SUBPROCESS_TIMEOUT)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    m = json.loads((killed / "metrics.json").read_text())
+    w = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    assert 10 <= m["resumed_from_step"] < total and m["final_step"] == total
+    assert [r["loss"] for r in m["history"]] == [
+        r["loss"] for r in w["history"]]
+    with np.load(killed / "final.npz") as a, \
+            np.load(tmp_path / "whole" / "final.npz") as b:
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key])
