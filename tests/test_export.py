@@ -326,6 +326,24 @@ ONNX_PRECISION_OPS = {"float16": "Cast",
                       "int8": "QLinearMatMul"}
 
 
+@pytest.mark.parametrize("flags, widest", [("avx2,fma", 64),
+                                            ("avx2,avx512_vnni", 127)])
+def test_onnx_int8_weights_fit_the_cpus_kernels(vit, tmp_path, monkeypatch,
+                                                flags, widest):
+    # Without VNNI onnxruntime's u8 x s8 kernels saturate, so int8 weights
+    # keep to 7 bits there (reduce_range); with VNNI the full 8 bits.
+    import onnx
+    from onnx import numpy_helper
+
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
+    path = str(tmp_path / "m.onnx")
+    export.to_onnx(vit, path, quantization="dynamic_int8")
+    weights = [numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer
+               if t.data_type == onnx.TensorProto.INT8 and t.dims]
+    assert weights
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == widest
+
+
 @pytest.mark.parametrize("quantization", sorted(ONNX_PRECISION_OPS))
 def test_onnx_precisions(vit, tmp_path, quantization):
     import onnx
