@@ -1,10 +1,12 @@
 """ViT-B/16 speed, side by side with timm and keras-hub, in one run on one
 machine: inference, a fine-tuning step, checkpoint loading, and the
-machine's matrix-multiply ceiling. Prints markdown tables and writes them
-to docs/benchmarks.md.
+machine's matrix-multiply ceiling; keras_vit's rows on each Keras backend
+(TensorFlow here, JAX and PyTorch in a child process each). Prints markdown
+tables and writes them to docs/benchmarks.md.
 
     python benchmarks/speed.py                      # the full run
     python benchmarks/speed.py --sizes 224 --batches 1 --runs 5 --skip-train
+    python benchmarks/speed.py --backend-rows-only --sizes 224 --batches 8
     python benchmarks/speed.py --quick --out /tmp/speed.md   # smoke test
 
 Every timed figure is the median of ``--runs`` calls after the first call
@@ -98,8 +100,11 @@ class Case:
     """One measured path: ``fn()`` runs one call (and waits for it)."""
 
     def __init__(self, section, framework, path, dtype, size, batch,
-                 flops, make):
+                 flops, make, backend=None):
         self.section, self.framework, self.path = section, framework, path
+        # The Keras backend of a keras_vit / keras-hub row; None for timm
+        # and the matmuls.
+        self.backend = backend
         self.dtype, self.size, self.batch = dtype, size, batch
         self.flops = flops  # per call
         self.make = make
@@ -115,6 +120,7 @@ class Case:
     def row(self):
         median = statistics.median(self.times) if self.times else None
         return {"section": self.section, "framework": self.framework,
+                "backend": self.backend,
                 "path": self.path, "dtype": self.dtype, "size": self.size,
                 "batch": self.batch, "first_call_s": self.first_s,
                 "median_s": median, "runs": len(self.times),
@@ -130,7 +136,8 @@ def run_cases(cases, runs, warmup):
     live = []
     for case in cases:
         where = f" {case.size}px batch {case.batch}" if case.size else ""
-        say(f"  first call: {case.framework} {case.path} {case.dtype}"
+        on = f" on {case.backend}" if case.framework == "keras_vit" else ""
+        say(f"  first call: {case.framework}{on} {case.path} {case.dtype}"
             + where)
         try:
             if case.fn is None:
@@ -256,6 +263,7 @@ def targets_table(results, best):
     for goal, section, prefix, dtype, ref_dtype, ratio, ceiling in TARGETS:
         for r in results.get(section, []):
             if (r["framework"] != "keras_vit" or r["dtype"] != dtype
+                    or r["backend"] != "tensorflow"
                     or not r["path"].startswith(prefix)
                     or not r["images_per_s"]):
                 continue
@@ -352,20 +360,185 @@ def images(batch, size, seed=0):
     return rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32")
 
 
+def labels(batch, classes):
+    return (np.arange(batch) * 7919 % classes).astype("int64")
+
+
+def predict_call(model, batch, size, path="auto"):
+    """``model.predict`` of one batch on ``path``, and the path it runs."""
+    x = images(batch, size)
+    model.predict_path = path
+    resolved = model.resolved_predict_path()
+
+    def fn():
+        model.predict_path = path
+        return model.predict(x, batch_size=batch, verbose=0)
+    return fn, resolved
+
+
+def fit_call(size, batch, arch, classes, dtype=None):
+    """``model.train_on_batch`` after ``compile_for_finetune`` (what
+    ``model.fit`` runs), and the model's ``jit_compile``."""
+    from keras_vit.train import compile_for_finetune
+
+    model = keras_vit_model(size, arch, classes, dtype)
+    compile_for_finetune(model, "finetune", total_steps=10**6,
+                         warmup_steps=1, batch_size=batch)
+    x, y = images(batch, size), labels(batch, classes)
+    return (lambda: model.train_on_batch(x, y)), model.jit_compile
+
+
+# --------------------------------------------------------------------------
+# keras_vit on the other Keras backends: one child process each (Keras reads
+# KERAS_BACKEND once), kept alive and asked to make and call its cases in
+# turn with the parent's, so that they share the parent's interleaved
+# rounds.
+
+BACKENDS = ("tensorflow", "jax", "torch")
+DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
+
+
+class BackendChild:
+    """A keras_vit process on ``backend``, answering one JSON line per
+    request on its stdout (``REPLY {...}``)."""
+
+    def __init__(self, backend, arch, classes, tmp, dtypes=DTYPES):
+        self.backend, self.dtypes = backend, tuple(dtypes)
+        self.log = os.path.join(tmp, f"{backend}-child.log")
+        env = dict(os.environ, KERAS_BACKEND=backend,
+                   TF_CPP_MIN_LOG_LEVEL="3")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__),
+                 "--backend-child", backend, json.dumps(arch), str(classes)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                text=True, env=env)
+        self.info = None
+
+    def hello(self):
+        """Waits for the child to be ready; its library versions."""
+        if self.info is None:
+            self.info = self.request(op="hello")
+        return self.info["versions"]
+
+    def request(self, **message):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the {self.backend} child exited with "
+                               f"{self.proc.returncode}: {self._tail()}")
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("REPLY "):
+                reply = json.loads(line[len("REPLY "):])
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply
+        self.proc.wait()
+        raise RuntimeError(f"the {self.backend} child exited with "
+                           f"{self.proc.returncode}: {self._tail()}")
+
+    def _tail(self):
+        try:
+            with open(self.log) as f:
+                return f.read()[-300:].strip()
+        except OSError:
+            return ""
+
+    def case(self, case):
+        """``case.make`` for a case the child runs; the child's answer
+        names the path (e.g. which predict path its backend takes)."""
+        def make():
+            reply = self.request(op="make", section=case.section,
+                                 dtype=case.dtype, size=case.size,
+                                 batch=case.batch)
+            case.path = reply["path"]
+            NOTES.update(reply.get("notes", {}))
+            key = reply["id"]
+            return lambda: self.request(op="call", id=key)
+        case.make = make
+        return case
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def backend_child(backend, arch_json, classes):
+    """The child's loop: make, call and drop cases on request."""
+    import keras
+
+    arch, classes = json.loads(arch_json), int(classes)
+    module = {"jax": "jax", "torch": "torch"}.get(backend, "tensorflow")
+    calls, models = {}, {}
+
+    def reply(**fields):
+        print("REPLY " + json.dumps(fields), flush=True)
+
+    for line in sys.stdin:
+        message = json.loads(line)
+        op = message["op"]
+        try:
+            if op == "hello":
+                lib = __import__(module)
+                reply(backend=keras.backend.backend(),
+                      versions={module: lib.__version__})
+            elif op == "make":
+                size, batch = message["size"], message["batch"]
+                dtype = message["dtype"]
+                built_dtype = None if dtype == "float32" else dtype
+                key = len(calls)
+                note = f"keras_vit on {backend}, {dtype}"
+                if message["section"] == "inference":
+                    if (size, dtype) not in models:
+                        models[size, dtype] = keras_vit_model(
+                            size, arch, classes, built_dtype)
+                    calls[key], resolved = predict_call(
+                        models[size, dtype], batch, size)
+                    path = f"model.predict (auto: {resolved})"
+                    notes = {f"{note}, model.predict":
+                             f"runs the {resolved!r} path"}
+                else:
+                    calls[key], jit = fit_call(size, batch, arch, classes,
+                                               built_dtype)
+                    path = "compile_for_finetune + train_on_batch"
+                    notes = {f"{note}, compile_for_finetune":
+                             f"model.jit_compile = {jit}"}
+                reply(id=key, path=path, notes=notes)
+            elif op == "call":
+                calls[message["id"]]()
+                reply()
+            elif op == "reset":
+                calls.clear()
+                models.clear()
+                gc.collect()
+                reply()
+        except Exception as e:  # noqa: BLE001 - the parent reports it
+            reply(error=f"{type(e).__name__}: {str(e)[:300]}")
+    return 0
+
+
 # --------------------------------------------------------------------------
 # inference
 
 
-def inference_cases(size, batches, arch, classes, peers, exports, tmp):
+def inference_cases(size, batches, arch, classes, peers, exports, tmp,
+                    children=(), backend_rows_only=False):
     import tensorflow as tf
 
     flops = forward_flops(size, num_classes=classes, **arch)
     cases, keep = [], {}
 
     def add(framework, path, dtype, make_for_batch):
+        backend = None if framework == "timm" else "tensorflow"
         for b in batches:
             cases.append(Case("inference", framework, path, dtype, size, b,
-                              flops * b, lambda b=b: make_for_batch(b)))
+                              flops * b, lambda b=b: make_for_batch(b),
+                              backend))
 
     def model(dtype):
         if dtype not in keep:
@@ -374,26 +547,26 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp):
 
     def predict(dtype, path="auto"):
         def make(b):
-            m, x = model(dtype), images(b, size)
-            m.predict_path = path
-            resolved = m.resolved_predict_path()
+            fn, resolved = predict_call(model(dtype), b, size, path)
             NOTES[f"keras_vit {dtype or 'float32'} model, predict_path="
                   f"{path!r}"] = f"runs the {resolved!r} path"
-
-            def fn():
-                m.predict_path = path
-                return m.predict(x, batch_size=b, verbose=0)
             return fn
         return make
 
     from keras_vit import hardware
 
-    for dtype in ("float32", "bfloat16", "mixed_bfloat16"):
+    for dtype in DTYPES:
         chosen = hardware.plan(dtype).predict
         add("keras_vit", f"model.predict (auto: {chosen})", dtype,
             predict(None if dtype == "float32" else dtype))
+        for child in [c for c in children if dtype in c.dtypes]:
+            for b in batches:
+                cases.append(child.case(Case(
+                    "inference", "keras_vit", "model.predict (auto)", dtype,
+                    size, b, flops * b, None, child.backend)))
         for other in ("xla", "graph"):
-            if other != chosen and dtype != "mixed_bfloat16":
+            if (other != chosen and dtype != "mixed_bfloat16"
+                    and not backend_rows_only):
                 add("keras_vit", f"model.predict, predict_path={other!r}",
                     dtype, predict(None if dtype == "float32" else dtype,
                                    other))
@@ -425,7 +598,7 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp):
 
         add("timm", "eager, inference_mode", "float32", timm_run(False))
         add("timm", "eager, inference_mode", "bf16 autocast", timm_run(True))
-    if "keras_hub" in peers:
+    if "keras_hub" in peers and not backend_rows_only:
         def bb():
             if "hub" not in keep:
                 keep["hub"] = keras_hub_backbone(peers["keras_hub"], size,
@@ -471,7 +644,8 @@ def _export_runner(runtime, model, keep, size, tmp):
 # training
 
 
-def training_cases(size, batch, arch, classes, peers):
+def training_cases(size, batch, arch, classes, peers, children=(),
+                   backend_rows_only=False):
     import keras
     import tensorflow as tf
 
@@ -479,12 +653,13 @@ def training_cases(size, batch, arch, classes, peers):
 
     flops = 3 * batch * forward_flops(size, num_classes=classes, **arch)
     x = images(batch, size)
-    y = (np.arange(batch) * 7919 % classes).astype("int64")
+    y = labels(batch, classes)
     cases = []
 
     def add(framework, path, dtype, make):
+        backend = None if framework == "timm" else "tensorflow"
         cases.append(Case("training", framework, path, dtype, size, batch,
-                          flops, make))
+                          flops, make, backend))
 
     def trainer_step(precision, jit="auto"):
         def make():
@@ -511,32 +686,33 @@ def training_cases(size, batch, arch, classes, peers):
 
     def fit_step(dtype=None):
         def make():
-            from keras_vit.train import compile_for_finetune
-
-            model = keras_vit_model(size, arch, classes, dtype)
-            compile_for_finetune(model, "finetune", total_steps=10**6,
-                                 warmup_steps=1, batch_size=batch)
+            fn, jit = fit_call(size, batch, arch, classes, dtype)
             NOTES[f"keras_vit compile_for_finetune, {dtype or 'float32'}"] = (
-                f"model.jit_compile = {model.jit_compile}")
-            return lambda: model.train_on_batch(x, y)
+                f"model.jit_compile = {jit}")
+            return fn
         return make
 
     # The default (jit_compile="auto": keras_vit.hardware.plan) and the
     # other choice for each precision, to show why "auto" picks it.
-    add("keras_vit", "Trainer train step (default)", "float32",
-        trainer_step("float32"))
-    add("keras_vit", "Trainer train step, XLA", "float32",
-        trainer_step("float32", True))
-    add("keras_vit", "Trainer train step (default)", "mixed_bfloat16",
-        trainer_step("mixed_bfloat16"))
-    mixed_jit = hardware.plan("mixed_bfloat16").train_jit
-    add("keras_vit", "Trainer train step, " + ("no XLA" if mixed_jit
-                                              else "XLA"),
-        "mixed_bfloat16", trainer_step("mixed_bfloat16", not mixed_jit))
-    add("keras_vit", "compile_for_finetune + train_on_batch", "float32",
-        fit_step())
-    add("keras_vit", "compile_for_finetune + train_on_batch",
-        "mixed_bfloat16", fit_step("mixed_bfloat16"))
+    if not backend_rows_only:
+        add("keras_vit", "Trainer train step (default)", "float32",
+            trainer_step("float32"))
+        add("keras_vit", "Trainer train step, XLA", "float32",
+            trainer_step("float32", True))
+        add("keras_vit", "Trainer train step (default)", "mixed_bfloat16",
+            trainer_step("mixed_bfloat16"))
+        mixed_jit = hardware.plan("mixed_bfloat16").train_jit
+        add("keras_vit", "Trainer train step, " + ("no XLA" if mixed_jit
+                                                  else "XLA"),
+            "mixed_bfloat16", trainer_step("mixed_bfloat16", not mixed_jit))
+    for dtype in ("float32", "mixed_bfloat16"):
+        add("keras_vit", "compile_for_finetune + train_on_batch", dtype,
+            fit_step(None if dtype == "float32" else dtype))
+        for child in [c for c in children if dtype in c.dtypes]:
+            cases.append(child.case(Case(
+                "training", "keras_vit", "compile_for_finetune + "
+                "train_on_batch", dtype, size, batch, flops, None,
+                child.backend)))
     if "torch" in peers:
         torch = peers["torch"]
 
@@ -565,7 +741,7 @@ def training_cases(size, batch, arch, classes, peers):
         add("timm", "loss.backward + SGD step", "float32", timm_step(False))
         add("timm", "loss.backward + SGD step", "bf16 autocast",
             timm_step(True))
-    if "keras_hub" in peers:
+    if "keras_hub" in peers and not backend_rows_only:
         def hub_step():
             backbone = keras_hub_backbone(peers["keras_hub"], size, arch)
             inputs = keras.Input((size, size, 3))
@@ -824,8 +1000,8 @@ def _timm_ref(rows, row, dtype):
 
 
 def model_table(rows, best):
-    head = ["framework", "path", "dtype", "image", "batch", "img/s",
-            "x timm fp32", "x timm bf16", "first call s", "GFLOP/s",
+    head = ["framework", "backend", "path", "dtype", "image", "batch",
+            "img/s", "x timm fp32", "x timm bf16", "first call s", "GFLOP/s",
             "% of ceiling"]
     out = []
     for r in rows:
@@ -834,7 +1010,8 @@ def model_table(rows, best):
         ref16 = _timm_ref(rows, r, "bf16 autocast")
         top = ceiling_for(r["dtype"], best)
         out.append([
-            r["framework"], r["path"], r["dtype"], str(r["size"]),
+            r["framework"], r["backend"] or "-", r["path"], r["dtype"],
+            str(r["size"]),
             str(r["batch"]),
             ips if ips else (f"failed: {r['error']}" if r["error"] else "-"),
             ips / ref32 if ips and ref32 else None,
@@ -843,6 +1020,55 @@ def model_table(rows, best):
             100 * r["gflops_per_s"] / top if r["gflops_per_s"] and top
             else None])
     return table(head, out)
+
+
+# The rows compared across backends: the default path of each job.
+BACKEND_JOBS = (("inference", "model.predict (auto"),
+                ("training", "compile_for_finetune + train_on_batch"))
+
+
+def backend_rows(results, backends):
+    """keras_vit's default paths on each backend side by side with timm:
+    one row per job, dtype, image size and batch."""
+    out = []
+    for section, prefix in BACKEND_JOBS:
+        rows = results.get(section, [])
+        groups = {}
+        for r in rows:
+            if r["framework"] == "keras_vit" and r["path"].startswith(
+                    prefix):
+                key = (r["dtype"], r["size"], r["batch"])
+                groups.setdefault(key, {})[r["backend"]] = r
+        for (dtype, size, batch), by_backend in groups.items():
+            speed = {b: by_backend[b]["images_per_s"] for b in backends
+                     if b in by_backend}
+            ref_dtype = "float32" if dtype == "float32" else "bf16 autocast"
+            timm = _timm_ref(rows, {"size": size, "batch": batch}, ref_dtype)
+            done = {b: v for b, v in speed.items() if v}
+            fastest = max(done, key=done.get) if done else None
+            tf_speed = done.get("tensorflow")
+            out.append({
+                "job": "inference (model.predict)" if section == "inference"
+                else "training step (model.fit)", "dtype": dtype,
+                "size": size, "batch": batch, "speed": speed,
+                "timm": timm, "timm_dtype": ref_dtype, "fastest": fastest,
+                "fastest_vs_tensorflow": done[fastest] / tf_speed
+                if fastest and tf_speed else None,
+                "fastest_vs_timm": done[fastest] / timm
+                if fastest and timm else None})
+    return out
+
+
+def backend_table(rows, backends):
+    head = (["job", "dtype", "image", "batch"]
+            + [f"{b} img/s" for b in backends]
+            + ["timm img/s", "fastest", "fastest / tensorflow",
+               "fastest / timm"])
+    body = [[r["job"], r["dtype"], str(r["size"]), str(r["batch"])]
+            + [r["speed"].get(b) for b in backends]
+            + [r["timm"], r["fastest"] or "-", r["fastest_vs_tensorflow"],
+               r["fastest_vs_timm"]] for r in rows]
+    return table(head, body)
 
 
 def ceiling_table(rows):
@@ -910,6 +1136,18 @@ def parse_args(argv):
                    "(exports ViT-B/16 first: ONNX takes ~90 s and 13-15 GB)")
     p.add_argument("--skip-peers", default="", help="comma-separated: "
                    "timm,keras_hub")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help="Keras backends whose keras_vit rows are measured "
+                   "(default tensorflow,jax,torch; tensorflow is this "
+                   "process, the others run in one child process each)")
+    p.add_argument("--backend-dtypes", default=",".join(DTYPES),
+                   help="dtypes of the keras_vit rows on the child backends "
+                   "(default float32,bfloat16,mixed_bfloat16; training "
+                   "rows: float32 and mixed_bfloat16)")
+    p.add_argument("--backend-rows-only", action="store_true",
+                   help="only the rows the backend comparison needs: "
+                   "model.predict and compile_for_finetune + train_on_batch "
+                   "per backend, and timm")
     p.add_argument("--quick", action="store_true",
                    help="a tiny model and short runs, to test the script")
     p.add_argument("--out", default=os.path.join(
@@ -917,6 +1155,7 @@ def parse_args(argv):
         "benchmarks.md"))
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--load-child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--backend-child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
     args.sizes = args.sizes or ([32] if q else [224, 384])
@@ -931,6 +1170,18 @@ def parse_args(argv):
     bad = [e for e in args.exports if e not in ("onnx", "tflite")]
     if bad:
         p.error(f"--exports takes onnx and/or tflite; received {bad}")
+    args.backends = [b for b in args.backends.split(",") if b]
+    bad = [b for b in args.backends if b not in BACKENDS]
+    if bad or "tensorflow" not in args.backends:
+        p.error(f"--backends takes {', '.join(BACKENDS)} and always "
+                "includes tensorflow (this process); received "
+                f"--backends={','.join(args.backends)}")
+    args.backends = [b for b in BACKENDS if b in args.backends]
+    args.backend_dtypes = [d for d in args.backend_dtypes.split(",") if d]
+    bad = [d for d in args.backend_dtypes if d not in DTYPES]
+    if bad or not args.backend_dtypes:
+        p.error(f"--backend-dtypes takes {', '.join(DTYPES)}; received "
+                f"--backend-dtypes={','.join(args.backend_dtypes)}")
     args.skip_peers = {s.replace("-", "_") for s in
                        args.skip_peers.split(",") if s}
     bad = sorted(args.skip_peers - set(PEERS))
@@ -944,6 +1195,13 @@ def main(argv=None):
     if args.load_child:
         mode, path, arch, size = args.load_child
         return load_child(mode, path, arch, int(size))
+    if args.backend_child:
+        return backend_child(*args.backend_child)
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+        say(f"KERAS_BACKEND={os.environ['KERAS_BACKEND']} is set: this "
+            "process measures the tensorflow rows, --backends the others")
+    # The rows of this process (tf.function, the Trainer) are TensorFlow's.
+    os.environ["KERAS_BACKEND"] = "tensorflow"
     command = "python benchmarks/speed.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     started = datetime.datetime.now().astimezone()
@@ -961,8 +1219,16 @@ def main(argv=None):
                "loading": None}
     import shutil
 
+    children = [BackendChild(b, arch, args.classes, tmp,
+                             args.backend_dtypes)
+                for b in args.backends if b != "tensorflow"]
+    only = args.backend_rows_only
     try:
-        if not args.skip_ceiling:
+        for child in children:
+            say(f"keras_vit on {child.backend}: child process "
+                f"{child.proc.pid}")
+            env.update(child.hello())
+        if not args.skip_ceiling and not only:
             say("matmul ceiling")
             tokens = (args.sizes[0] // arch["patch_size"]) ** 2 + 1
             mlp = (max(args.batches) * tokens, arch["hidden_size"],
@@ -974,25 +1240,27 @@ def main(argv=None):
             say(f"inference at {size}")
             cases, keep = inference_cases(size, args.batches, arch,
                                           args.classes, peers, args.exports,
-                                          tmp)
+                                          tmp, children, only)
             results["inference"] += run_cases(cases, args.runs, args.warmup)
             del cases, keep
-            gc.collect()
+            _reset(children)
         if not args.skip_train:
             for size in args.train_sizes:
                 say(f"training at {size}, batch {args.train_batch}")
                 cases = training_cases(size, args.train_batch, arch,
-                                       args.classes, peers)
+                                       args.classes, peers, children, only)
                 results["training"] += run_cases(cases, args.runs,
                                                  args.warmup)
                 del cases
-                gc.collect()
-        if not args.skip_load:
+                _reset(children)
+        if not args.skip_load and not only:
             say("checkpoint loading (fresh processes)")
             results["loading"] = measure_loading(
                 args.sizes[0] if args.quick else 224, arch, args.classes,
                 args.load_repeats, tmp, side_by_side=args.quick)
     finally:
+        for child in children:
+            child.close()
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = os.getloadavg()
     duration = time.perf_counter() - _T0
@@ -1008,6 +1276,16 @@ def main(argv=None):
             json.dump({k: v for k, v in results.items()}, f, indent=2,
                       default=str)
     return 0
+
+
+def _reset(children):
+    """Frees this process's and the children's models between sections."""
+    gc.collect()
+    for child in children:
+        try:
+            child.request(op="reset")
+        except RuntimeError as e:
+            say(f"  {child.backend} child: {e}")
 
 
 def report(args, command, started, env, thread_note, skipped, results,
@@ -1031,6 +1309,9 @@ def report(args, command, started, env, thread_note, skipped, results,
         f"- load average (1 min) at start and end: {loads[0][0]:.2f}, "
         f"{loads[1][0]:.2f}",
         f"- threads: {thread_note}",
+        f"- Keras backends: {', '.join(args.backends)} (tensorflow in this "
+        "process, each other backend in its own child process called in "
+        "the same interleaved rounds)",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env.items()),
         f"- model: {'tiny stand-in' if args.quick else 'ViT-B/16'} "
         f"({', '.join(f'{k}={v}' for k, v in arch.items())}), random "
@@ -1058,7 +1339,16 @@ def report(args, command, started, env, thread_note, skipped, results,
               + ". A training step counts 3x the forward.", ""]
     if results["inference"] or results["training"]:
         lines += ["## Targets (issue 13)", "", targets_table(results, best),
-                  ""]
+                  "", "## Backends", "",
+                  backend_table(backend_rows(results, args.backends),
+                                args.backends), "",
+                  "keras_vit's default path for each job on each Keras "
+                  "backend (`KERAS_BACKEND`): `model.predict` as built by "
+                  "`zoo.load(..., dtype=)`, and `compile_for_finetune` + "
+                  "`train_on_batch` (one `model.fit` step). timm: float32 "
+                  "beside float32 rows, bf16 autocast beside bfloat16 and "
+                  "mixed_bfloat16. The rows behind each figure, with their "
+                  "first calls, are in the tables below.", ""]
     if results["inference"]:
         lines += ["## Inference", "", model_table(results["inference"], best),
                   "", "- keras_vit model.predict: "

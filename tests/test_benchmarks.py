@@ -1,5 +1,6 @@
 """benchmarks/speed.py: the FLOP count, and a --quick run end to end (a
-tiny model; it checks the script, not the speed)."""
+tiny model; it checks the script, not the speed), with keras_vit's float32
+rows on the jax and torch backends (child processes) beside TensorFlow's."""
 
 import importlib.util
 import os
@@ -55,21 +56,26 @@ def _positive(cell):
 def test_quick_run_writes_the_tables(tmp_path):
     out = tmp_path / "speed.md"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    # One dtype on the other backends: their first calls (imports, JIT
+    # compilation) are what the backend column costs.
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--skip-peers", "keras_hub",
+         "--backends", "tensorflow,jax,torch", "--backend-dtypes", "float32",
          "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=600)
+        text=True, timeout=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     assert text.strip() in proc.stdout
     assert "Smoke run" in text
     assert "- keras-hub: disabled with --skip-peers" in text
-    for key in ("command:", "CPU:", "cores", "tensorflow 2.", "threads:"):
+    for key in ("command:", "CPU:", "cores", "tensorflow 2.", "threads:",
+                "jax 0.", "torch 2.", "Keras backends: tensorflow, jax, "
+                "torch"):
         assert key in text
 
     tables = _tables(text)
     assert set(tables) == {"Matrix-multiply ceiling", "Targets (issue 13)",
-                           "Inference", "Fine-tuning step",
+                           "Backends", "Inference", "Fine-tuning step",
                            "Loading a checkpoint"}
     # Every goal of issue 13 with a row and a verdict.
     goals = {r["goal"] for r in tables["Targets (issue 13)"]}
@@ -84,39 +90,47 @@ def test_quick_run_writes_the_tables(tmp_path):
     # path it did not choose beside it.
     from keras_vit import hardware
 
+    tf_rows = "keras_vit", "tensorflow"
     inference = set()
     for dtype in ("float32", "bfloat16", "mixed_bfloat16"):
         chosen = hardware.plan(dtype).predict
-        inference.add(("keras_vit", f"model.predict (auto: {chosen})",
-                       dtype))
+        inference.add((*tf_rows, f"model.predict (auto: {chosen})", dtype))
         if dtype != "mixed_bfloat16":
             other = "graph" if chosen == "xla" else "xla"
-            inference.add(("keras_vit",
+            inference.add((*tf_rows,
                            f"model.predict, predict_path='{other}'", dtype))
+    # The path each backend's predict resolves to: JAX compiles (no
+    # TensorFlow graph there), torch runs eagerly under no_grad.
+    jax_path = {"graph": "xla"}.get(hardware.plan("float32").predict,
+                                    hardware.plan("float32").predict)
+    inference |= {
+        ("keras_vit", "jax", f"model.predict (auto: {jax_path})", "float32"),
+        ("keras_vit", "torch", "model.predict (auto: eager)", "float32")}
     mixed_jit = hardware.plan("mixed_bfloat16").train_jit
+    fit = "compile_for_finetune + train_on_batch"
     expected = {
         "Inference": inference,
         "Fine-tuning step": {
-            ("keras_vit", "Trainer train step (default)", "float32"),
-            ("keras_vit", "Trainer train step, XLA", "float32"),
-            ("keras_vit", "Trainer train step (default)", "mixed_bfloat16"),
-            ("keras_vit", "Trainer train step, "
+            (*tf_rows, "Trainer train step (default)", "float32"),
+            (*tf_rows, "Trainer train step, XLA", "float32"),
+            (*tf_rows, "Trainer train step (default)", "mixed_bfloat16"),
+            (*tf_rows, "Trainer train step, "
              + ("no XLA" if mixed_jit else "XLA"), "mixed_bfloat16"),
-            ("keras_vit", "compile_for_finetune + train_on_batch",
-             "float32"),
-            ("keras_vit", "compile_for_finetune + train_on_batch",
-             "mixed_bfloat16")},
+            (*tf_rows, fit, "float32"), (*tf_rows, fit, "mixed_bfloat16"),
+            ("keras_vit", "jax", fit, "float32"),
+            ("keras_vit", "torch", fit, "float32")},
     }
     if HAS_TIMM:
         expected["Inference"] |= {
-            ("timm", "eager, inference_mode", "float32"),
-            ("timm", "eager, inference_mode", "bf16 autocast")}
+            ("timm", "-", "eager, inference_mode", "float32"),
+            ("timm", "-", "eager, inference_mode", "bf16 autocast")}
         expected["Fine-tuning step"] |= {
-            ("timm", "loss.backward + SGD step", "float32"),
-            ("timm", "loss.backward + SGD step", "bf16 autocast")}
+            ("timm", "-", "loss.backward + SGD step", "float32"),
+            ("timm", "-", "loss.backward + SGD step", "bf16 autocast")}
     for section, keys in expected.items():
         rows = tables[section]
-        assert {(r["framework"], r["path"], r["dtype"]) for r in rows} == keys
+        assert {(r["framework"], r["backend"], r["path"], r["dtype"])
+                for r in rows} == keys
         for r in rows:
             assert r["image"] == "32"
             for column in ("img/s", "first call s", "GFLOP/s",
@@ -125,6 +139,32 @@ def test_quick_run_writes_the_tables(tmp_path):
             if HAS_TIMM:
                 assert _positive(r["x timm fp32"]), (section, r)
                 assert _positive(r["x timm bf16"]), (section, r)
+
+    # The backend column: each job's default path on the three backends
+    # side by side with timm, float32 on all three, the rest on TensorFlow.
+    backends = {(r["job"], r["dtype"]): r for r in tables["Backends"]}
+    assert set(backends) == {
+        ("inference (model.predict)", "float32"),
+        ("inference (model.predict)", "bfloat16"),
+        ("inference (model.predict)", "mixed_bfloat16"),
+        ("training step (model.fit)", "float32"),
+        ("training step (model.fit)", "mixed_bfloat16")}
+    names = ("tensorflow", "jax", "torch")
+    for (job, dtype), r in backends.items():
+        speeds = {b: r[f"{b} img/s"] for b in names}
+        assert _positive(speeds["tensorflow"]), r
+        others = [speeds[b] for b in names[1:]]
+        if dtype == "float32":
+            assert all(_positive(v) for v in others), r
+        else:
+            assert others == ["-", "-"], r
+        best = max((b for b in names if speeds[b] != "-"),
+                   key=lambda b: float(speeds[b]))
+        assert r["fastest"] == best, r
+        assert float(r["fastest / tensorflow"]) == pytest.approx(
+            float(speeds[best]) / float(speeds["tensorflow"]), rel=0.02)
+        if HAS_TIMM:
+            assert _positive(r["timm img/s"]), r
 
     loading = tables["Loading a checkpoint"]
     assert len(loading) == 4

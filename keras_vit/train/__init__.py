@@ -1,7 +1,7 @@
-"""Fine-tuning and training under ``tf.distribute``, with the paper's
-recipes, resumable checkpoints and few-shot linear evaluation.
-
-The only part of keras_vit that uses ``tf.distribute``. In a few lines:
+"""Fine-tuning and training with the paper's recipes, resumable
+checkpoints and few-shot linear evaluation, on every Keras backend:
+``tf.distribute`` under TensorFlow, ``keras.distribution`` (DataParallel,
+ModelParallel layouts) under JAX, one device under torch. In a few lines:
 
     import keras_vit.train as kt
 
@@ -17,7 +17,7 @@ finetune-pets-flowers --out runs/pets``. Running the same again resumes.
 ['finetune', 'finetune-cifar']
 """
 
-from keras_vit.train import data, few_shot, mpp, recipes
+from keras_vit.train import data, few_shot, layouts, mpp, recipes
 from keras_vit.train.data import (ArraySource, DataError, FolderSource,
                                   ImageSource, TfdsSource, dataset, digits,
                                   load_data)
@@ -25,6 +25,8 @@ from keras_vit.train.engine import (Trainer, TrainResult, build_model,
                                     compile_for_finetune, evaluate,
                                     fine_tune, pretrain)
 from keras_vit.train.few_shot import fewshot, fit_least_squares
+from keras_vit.train.layouts import (distribution, layout_map, layout_rules,
+                                     variable_shapes)
 from keras_vit.train.mpp import (MaskedPatchPrediction, MppTrainer,
                                  mpp_to_classifier, pretrain_mpp)
 from keras_vit.train.recipes import Recipe
@@ -39,6 +41,9 @@ __all__ = [
     "describe", "digits", "evaluate", "few_shot", "fewshot",
     "fine_tune", "fit_least_squares", "load_data", "pretrain", "recipes",
     "strategy", "vtab",
+    # keras.distribution on JAX (DataParallel, ModelParallel layouts)
+    "distribution", "layout_map", "layout_rules", "layouts",
+    "variable_shapes",
     # masked patch prediction (Appendix B.1.2)
     "MaskedPatchPrediction", "MppTrainer", "mpp", "mpp_to_classifier",
     "pretrain_mpp",
