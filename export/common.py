@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from keras_vit import atomic
+from keras_vit.errors import check_choice
 # Importable from here too, as before the split.
 from keras_vit.export.samples import PIXELS, UNIT, photo_images  # noqa: F401
 from keras_vit.export.memory import path_size  # noqa: F401
@@ -58,8 +59,7 @@ def check_format(format):
     value = {"savedmodel": "saved_model", "tf_saved_model": "saved_model",
              "litert": "tflite"}.get(value, value)
     if value not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}; received "
-                         f"format={format!r}")
+        check_choice("format", format, FORMATS)  # raises, with a suggestion
     return value
 
 
@@ -123,11 +123,9 @@ def check_quantization(quantization, representative_data,
     Traceback (most recent call last):
     ...
     ValueError: quantization must be one of ('float32', 'float16', \
-'dynamic_int8', 'int8'); received quantization='int4'
+'dynamic_int8', 'int8'); received quantization='int4'. Did you mean 'int8'?
     """
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}; "
-                         f"received quantization={quantization!r}")
+    check_choice("quantization", quantization, QUANTIZATIONS)
     if representative_samples is None:
         representative_samples = DEFAULT_REPRESENTATIVE_SAMPLES
     if (not isinstance(representative_samples, int)

@@ -38,6 +38,11 @@ PYTHON_API = [
     ("vit dtype", lambda: _vit(dtype="flaot32"), "dtype", "'flaot32'",
      "float32"),
     ("vit gelu", lambda: _vit(gelu="tahn"), "gelu", "'tahn'", "tanh"),
+    ("export format", lambda: keras_vit.export.export(
+        _tiny_model(), "m.onnx", format="onx"), "format", "'onx'", "onnx"),
+    ("export quantization", lambda: keras_vit.export.to_onnx(
+        _tiny_model(), "m.onnx", quantization="in8"), "quantization",
+     "'in8'", "int8"),
     ("vit attention", lambda: _vit(attention="axail"), "attention",
      "'axail'", "axial"),
     ("vit position_embedding", lambda: _vit(position_embedding="learned1d"),
