@@ -673,7 +673,6 @@ def training_cases(size, batch, arch, classes, peers, children=(),
                 batch_size=batch, total_steps=10**6, warmup_steps=1,
                 image_size=size, precision=precision, model_options=arch,
                 jit_compile=jit)
-            step = trainer._make_train_step()
             NOTES[f"keras_vit Trainer train step, {precision}, jit_compile="
                   f"{jit!r}"] = ("XLA forward/backward" if trainer.jit_compile
                                  else "tf.function graph, no XLA")
@@ -681,7 +680,9 @@ def training_cases(size, batch, arch, classes, peers, children=(),
             # decoding and augmentation are not timed).
             it = iter(tf.data.Dataset.from_tensors(
                 (tf.constant(x), tf.constant(y))).repeat())
-            return lambda: [float(t) for t in step(it)]
+            # The TensorFlow engine's compiled step (built on first call).
+            return lambda: [float(t)
+                            for t in trainer.engine.train_step(it, None)]
         return make
 
     def fit_step(dtype=None):
