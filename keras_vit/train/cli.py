@@ -204,8 +204,9 @@ def _add_data_options(p, what="training data"):
 
 def _add_runtime_options(p):
     p.add_argument("--strategy", default="auto", metavar="NAME",
-                   help="auto (default), default, one_device, mirrored, "
-                        "multi_worker (TF_CONFIG), tpu")
+                   help="auto (default), default; on TensorFlow also "
+                        "one_device, mirrored, multi_worker (TF_CONFIG), "
+                        "tpu; on jax data_parallel")
     p.add_argument("--tpu", metavar="NAME",
                    help="TPU name or grpc://host:port (strategy tpu/auto)")
     p.add_argument("--cpu-devices", type=positive_int, metavar="N",
