@@ -66,8 +66,9 @@ def gelu(x, form="tanh"):
     emits an ``Erfc`` op that onnxruntime refuses.
 
     >>> import numpy as np
-    >>> x = np.array([-1.0, 0.5], "float32")
-    >>> diff = np.asarray(gelu(x, "exact")) - np.asarray(gelu(x, "tanh"))
+    >>> x = ops.convert_to_tensor(np.array([-1.0, 0.5], "float32"))
+    >>> diff = (ops.convert_to_numpy(gelu(x, "exact"))
+    ...         - ops.convert_to_numpy(gelu(x, "tanh")))
     >>> [f"{d:.1e}" for d in diff]
     ['1.5e-04', '1.7e-05']
     """

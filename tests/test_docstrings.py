@@ -42,6 +42,27 @@ def _has_examples(name):
 
 MODULES = [name for name in _modules() if _has_examples(name)]
 
+# Modules whose examples also run on jax and torch (marked `backends`): the
+# backend-specific code (engines, strategies, checkpoints, GELU, inference)
+# and the jobs' helpers, a few seconds in all. The other examples stay on
+# TensorFlow only:
+# - keras_vit.models.compiled shows XLA's compiled predict and its batch
+#   sizes, which torch has no equivalent of;
+# - keras_vit.export.* convert through TensorFlow whatever the backend and
+#   cost minutes per backend (tests/test_export_backends.py exports from
+#   jax and torch);
+# - the rest passed on torch when run by hand (2026-11-23) but build
+#   models, train or read data, which the `backends` tests of test_models,
+#   test_analysis, test_trainer_backends, test_train and test_vtab already
+#   do per backend: re-running them (keras_vit.analysis.attention alone
+#   takes 35 s on jax here) would slow the backends run for no new path.
+ON_EVERY_BACKEND = {
+    "keras_vit.backend", "keras_vit.layers", "keras_vit.analysis.embeddings",
+    "keras_vit.train.checkpoints", "keras_vit.train.engine_keras",
+    "keras_vit.train.recipes", "keras_vit.train.strategy",
+    "keras_vit.train.vtab",
+}
+
 
 def test_examples_are_found_in_every_part_of_the_package():
     # The discovery itself: the models, zoo, export, training and analysis
@@ -50,9 +71,12 @@ def test_examples_are_found_in_every_part_of_the_package():
                  "keras_vit.train.", "keras_vit.analysis."):
         assert any(name.startswith(part) for name in MODULES), part
     assert set(MIN_EXAMPLES) <= set(MODULES)
+    assert ON_EVERY_BACKEND <= set(MODULES)
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.backends)
+    if name in ON_EVERY_BACKEND else name for name in MODULES])
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -624,6 +624,51 @@ def test_cli_fine_tune_evaluate_fewshot(tmp_path, tiny_path, capsys):
     assert "resumed from step 30" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+@pytest.mark.backends
+def test_cli_jobs_on_this_backend(tmp_path, tiny_path, capsys):
+    # fine-tune -> evaluate -> fewshot, and pretrain, as a user runs them
+    # under KERAS_BACKEND=tensorflow|jax|torch (few steps: the engines
+    # themselves are tested in test_trainer_backends).
+    backend = keras.backend.backend()
+    out = tmp_path / "run"
+    assert cli.main(["fine-tune", tiny_path, "--data", "digits", "--steps",
+                     "2", "--batch-size", "16", "--warmup-steps", "1",
+                     "--image-size", "16", "--set", "crop_area=none",
+                     "--out", str(out), "-q", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["final_step"] == 2 and printed["backend"] == backend
+    assert cli.main(["evaluate", str(out), "--data", "digits",
+                     "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["num_examples"] == 450
+    assert ev["accuracy"] == pytest.approx(printed["eval"]["accuracy"])
+    assert ev["loss"] == pytest.approx(printed["eval"]["loss"], rel=1e-5)
+    assert cli.main(["fewshot", str(out), "--data", "digits:test",
+                     "--eval-data", "digits:test",
+                     "--shots", "2", "--seeds", "1", "--json"]) == 0
+    few = json.loads(capsys.readouterr().out)
+    assert (few["num_test"], few["feature_dim"]) == (450, 32)
+    assert list(few["accuracy"]) == ["2"] and len(few["per_seed"]["2"]) == 1
+    assert cli.main(["pretrain", tiny_path, "--data", "digits", "--steps",
+                     "2", "--batch-size", "16", "--warmup-steps", "1",
+                     "--image-size", "16", "--out", str(tmp_path / "pre"),
+                     "-q", "--json"]) == 0
+    pre = json.loads(capsys.readouterr().out)
+    assert pre["final_step"] == 2 and pre["backend"] == backend
+    assert pre["recipe"]["name"] == "mpp" and np.isfinite(pre["train_loss"])
+    # What this backend cannot run: one line naming it and the way out.
+    name = "data_parallel" if backend != "jax" else "mirrored"
+    for argv in (["evaluate", str(out), "--data", "digits"],
+                 ["fine-tune", tiny_path, "--data", "digits"],
+                 ["pretrain", tiny_path, "--data", "digits"]):
+        assert cli.main(argv + ["--strategy", name]) == 2, argv
+        lines = _error_lines(capsys.readouterr().err)
+        assert len(lines) == 1, (argv, lines)
+        assert f"strategy={name!r}" in lines[0] and (
+            f"'{backend}'" in lines[0]) and "KERAS_BACKEND=" in lines[0]
+
+
 def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
     cases = [
         (["fine-tune", tiny_path, "--data", str(tmp_path / "missing")],

@@ -358,3 +358,66 @@ def test_cli_vtab_on_mock_data(mock_vtab, tmp_path, capsys):
     assert "| Natural | DTD |" in printed and "**all**" in printed
     scores = json.loads((out / "vtab.json").read_text())
     _check_scores(scores, ["dtd", "eurosat"], n_train=32, n_eval=16)
+
+
+# --------------------------------------------------------------------------
+# every Keras backend (tests/conftest.py re-runs these on jax and torch)
+
+
+def fixed_tiny():
+    """The tiny model with the same weights on every backend: Keras' own
+    initialisers draw from each backend's generator, NumPy does not."""
+    model = keras_vit.vit(**TINY)
+    rng = np.random.default_rng(0)
+    model.set_weights([
+        w if np.all(w == w.flat[0])  # ones and zeros (norms, biases)
+        else rng.normal(0.0, 0.05, w.shape).astype(w.dtype)
+        for w in model.get_weights()])
+    return model
+
+
+# The loss and accuracy of the run below, measured on TensorFlow: a
+# Structured task (no random crop or flip), tf.data feeding every backend
+# the same batches, so the jax and torch runs must land on the same
+# numbers up to float32 rounding.
+VTAB_ON_TF = {"loss": 2.7493749, "accuracy": 0.125}
+
+
+@pytest.mark.slow
+@pytest.mark.backends
+def test_cli_vtab_on_this_backend_matches_tensorflow(mock_vtab, tmp_path,
+                                                     capsys):
+    model = tmp_path / "tiny.keras"
+    fixed_tiny().save(model)
+    assert cli.main(["vtab", str(model), "--tasks", "dsprites-orientation",
+                     "--data-dir", mock_vtab, "--steps", "3",
+                     "--batch-size", "8", "--image-size", "16",
+                     "--train-examples", "16", "--val-examples", "8",
+                     "--test-examples", "16", "--out", str(tmp_path / "v"),
+                     "-q", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    r = scores["tasks"]["dsprites_orientation"]
+    assert (r["num_train"], r["num_eval"], r["total_steps"]) == (24, 16, 3)
+    assert r["loss"] == pytest.approx(VTAB_ON_TF["loss"], abs=2e-5)
+    assert r["accuracy"] == pytest.approx(VTAB_ON_TF["accuracy"], abs=1e-9)
+    assert (tmp_path / "v" / "vtab.json").is_file()
+
+
+@pytest.mark.backends
+def test_a_strategy_this_backend_cannot_run_fails_before_the_data(
+        tmp_path, capsys):
+    backend = keras.backend.backend()
+    name = "mirrored" if backend == "jax" else "data_parallel"
+    # The data is missing too: the strategy must be refused first, naming
+    # this backend and what to use instead.
+    missing = str(tmp_path / "none")
+    with pytest.raises(kt.StrategyError, match=(
+            f"strategy='{name}'.*'{backend}'.*(use strategy=|set "
+            "KERAS_BACKEND=)")):
+        vtab.run(tiny(), ["dtd"], data_dir=missing, strategy=name,
+                 verbose=False)
+    assert cli.main(["vtab", "x.keras", "--tasks", "dtd", "--data-dir",
+                     missing, "--strategy", name]) == 2
+    err = capsys.readouterr().err
+    assert f"'{backend}'" in err and "KERAS_BACKEND=" in err, err
+    assert "tfds build" not in err

@@ -204,8 +204,9 @@ def _add_data_options(p, what="training data"):
 
 def _add_runtime_options(p):
     p.add_argument("--strategy", default="auto", metavar="NAME",
-                   help="auto (default), default, one_device, mirrored, "
-                        "multi_worker (TF_CONFIG), tpu")
+                   help="auto (default), default; on TensorFlow also "
+                        "one_device, mirrored, multi_worker (TF_CONFIG), "
+                        "tpu; on jax data_parallel")
     p.add_argument("--tpu", metavar="NAME",
                    help="TPU name or grpc://host:port (strategy tpu/auto)")
     p.add_argument("--cpu-devices", type=positive_int, metavar="N",
@@ -379,13 +380,11 @@ def _check_out(out):
 def _check_settings(args):
     """Refuses a bad recipe name, recipe field or strategy name before any
     data is read or model built (the Trainer would, after both)."""
-    from keras_vit.errors import check_choice
     from keras_vit.train import recipes
-    from keras_vit.train.strategy import NAMES, StrategyError
+    from keras_vit.train.strategy import check_backend
 
     recipes.get(args.recipe, **_recipe_overrides(args))
-    if str(args.strategy).replace("-", "_") not in NAMES:
-        check_choice("strategy", args.strategy, NAMES, error=StrategyError)
+    check_backend(args.strategy)  # a known name this backend can run
 
 
 def run_fine_tune(args):
@@ -459,15 +458,20 @@ def _load_model(args, num_classes=None):
 def run_evaluate(args):
     """``keras-vit evaluate``: returns the exit status."""
     _configure_devices(args)
+    import contextlib
+
     from keras_vit.train import data as data_lib
     from keras_vit.train.engine import evaluate
-    from keras_vit.train.strategy import strategy
+    from keras_vit.train.strategy import for_backend
 
+    strategy_ = for_backend(args.strategy, tpu=args.tpu)
     source = data_lib.load_data(args.data, split="test",
                                 data_dir=args.data_dir,
                                 download=args.download)
-    strategy_ = strategy(args.strategy, tpu=args.tpu)
-    with strategy_.scope():
+    # tf.distribute places the variables where they are created; the jax
+    # and torch backends evaluate on one device (a name, no scope).
+    scope = getattr(strategy_, "scope", contextlib.nullcontext)
+    with scope():
         model = _load_model(args)
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)

@@ -327,13 +327,13 @@ def make_engine(strategy="auto", *, tpu=None):
     import keras
 
     backend = keras.backend.backend()
+    strategy_lib.check_backend(strategy)
     if backend == "tensorflow":
         from keras_vit.train.engine_tf import TFEngine
 
         return TFEngine(strategy, tpu=tpu)
     from keras_vit.train import engine_keras
 
-    strategy_lib.check_backend(strategy)
     engines = {"jax": engine_keras.JaxEngine,
                "torch": engine_keras.TorchEngine}
     if backend not in engines:

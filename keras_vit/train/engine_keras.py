@@ -52,7 +52,8 @@ def clip_by_global_norm(grads, clip_norm):
     if clip_norm is None:
         return list(grads), norm
     scale = clip_norm / ops.maximum(norm, clip_norm)
-    return [g * ops.cast(scale, g.dtype) for g in grads], norm
+    # ops.multiply, not *: NumPy gradients times a torch tensor fail.
+    return [ops.multiply(g, ops.cast(scale, g.dtype)) for g in grads], norm
 
 
 def ema_decay_at(iterations, cap):

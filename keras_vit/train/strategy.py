@@ -156,7 +156,8 @@ def check_backend(name):
 
     TensorFlow runs every ``tf.distribute`` name. JAX runs ``"auto"``,
     ``"default"`` (one device) and ``"data_parallel"``
-    (``keras.distribution.DataParallel``); torch runs one device. The error
+    (``keras.distribution.DataParallel``); torch runs one device. A name
+    no backend knows is refused as such, with the nearest one. The error
     names the backend and what to do instead.
 
     >>> check_backend("auto")
@@ -164,11 +165,24 @@ def check_backend(name):
     import keras
 
     backend = keras.backend.backend()
+    key = name.replace("-", "_") if isinstance(name, str) else None
+    if isinstance(name, str) and key not in NAMES + ("data_parallel",):
+        from keras_vit.errors import check_choice
+
+        check_choice("strategy", name, NAMES + ("data_parallel",),
+                     error=StrategyError)
     known = KERAS_STRATEGIES.get(backend)
-    if known is None or (isinstance(name, str)
-                         and name.replace("-", "_") in known):
+    if known is None:  # TensorFlow: every tf.distribute name
+        if key == "data_parallel":
+            raise StrategyError(
+                f"strategy={name!r} (keras.distribution.DataParallel) runs "
+                "on the 'jax' Keras backend; under 'tensorflow' use "
+                "strategy='mirrored' (tf.distribute, every GPU) or 'auto', "
+                "or set KERAS_BACKEND=jax.")
         return
-    if isinstance(name, str) and name.replace("-", "_") == "data_parallel":
+    if key in known:
+        return
+    if key == "data_parallel":
         raise StrategyError(
             f"strategy={name!r} (keras.distribution.DataParallel) runs on "
             f"the 'jax' Keras backend; under {backend!r} use "
@@ -182,6 +196,23 @@ def check_backend(name):
            else "")
         + ", or set KERAS_BACKEND=tensorflow to "
         "train with tf.distribute (mirrored, multi_worker, tpu).")
+
+
+def for_backend(name="auto", *, tpu=None):
+    """The strategy to hand to several runs on the current Keras backend:
+    under TensorFlow the ``tf.distribute.Strategy`` (built once, so a TPU is
+    initialised once), under jax and torch the checked name, which each
+    run's engine (and :func:`~keras_vit.train.evaluate`) resolves itself.
+
+    >>> for_backend("default") is not None
+    True
+    """
+    import keras
+
+    check_backend(name)
+    if keras.backend.backend() != "tensorflow":
+        return name
+    return strategy(name, tpu=tpu)
 
 
 def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):

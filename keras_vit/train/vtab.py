@@ -612,9 +612,11 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
     recipe = recipes_lib.get("finetune", **overrides)  # checks them early
     sizes = dict(sweep=sweep, train_examples=train_examples,
                  val_examples=val_examples, test_examples=test_examples)
+    # Checked before reading data: a name this backend cannot run fails
+    # at once.
+    strategy_ = engine_lib.strategy_lib.for_backend(strategy, tpu=tpu)
     sources = load_tasks(names, data_dir=data_dir, download=download,
                          **sizes)
-    strategy_ = engine_lib.strategy_lib.strategy(strategy, tpu=tpu)
     build = _fresh_model(model)
     model_name = model if isinstance(model, str) else getattr(
         model, "zoo_name", None) or getattr(model, "name", str(model))
