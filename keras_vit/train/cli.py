@@ -341,7 +341,7 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.train.strategy import configure_cpu_devices
+        from keras_vit.train.distribute import configure_cpu_devices
 
         configure_cpu_devices(args.cpu_devices)
 
@@ -381,7 +381,7 @@ def _check_settings(args):
     data is read or model built (the Trainer would, after both)."""
     from keras_vit.errors import check_choice
     from keras_vit.train import recipes
-    from keras_vit.train.strategy import NAMES, StrategyError
+    from keras_vit.train.distribute import NAMES, StrategyError
 
     recipes.get(args.recipe, **_recipe_overrides(args))
     if str(args.strategy).replace("-", "_") not in NAMES:
@@ -461,7 +461,7 @@ def run_evaluate(args):
     _configure_devices(args)
     from keras_vit.train import data as data_lib
     from keras_vit.train.engine import evaluate
-    from keras_vit.train.strategy import strategy
+    from keras_vit.train.distribute import strategy
 
     source = data_lib.load_data(args.data, split="test",
                                 data_dir=args.data_dir,

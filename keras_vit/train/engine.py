@@ -39,7 +39,7 @@ import numpy as np
 from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
-from keras_vit.train import strategy as strategy_lib
+from keras_vit.train import distribute as strategy_lib
 from keras_vit.train.engine_tf import step_uses_xla  # noqa: F401 - public
 
 

@@ -17,10 +17,8 @@ import os
 import shutil
 
 from keras_vit.train import data as data_lib
-# (Names, not the module: keras_vit.train.strategy is also a function
-# there, which hides the submodule once the package has loaded.)
-from keras_vit.train.strategy import describe, precision_for
-from keras_vit.train.strategy import strategy as make_strategy
+from keras_vit.train.distribute import describe, precision_for
+from keras_vit.train.distribute import strategy as make_strategy
 
 
 def step_uses_xla(strategy_, requested="auto", precision="float32"):

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import re
 
-from keras_vit.train.strategy import StrategyError
+from keras_vit.train.distribute import StrategyError
 
 MODEL_AXIS = "model"
 BATCH_AXIS = "batch"

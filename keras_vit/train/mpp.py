@@ -611,7 +611,7 @@ class UnlabelledFolder(data_lib.FolderSource):
             raise data_lib.DataError(
                 f"Image folder data={path!r} is empty: no files in it or its "
                 "sub-folders; expected images (jpg, png, ...).")
-        files, labels, skipped = data_lib._check_images(candidates, verbose)
+        files, labels, skipped = data_lib.check_images(candidates, verbose)
         if not files:
             raise data_lib.DataError(
                 f"Image folder data={path!r} has no readable images "

@@ -401,8 +401,8 @@ class TaskSource(data_lib.TfdsSource):
 
 
 def _builder(task, data_dir):
-    tfds = data_lib._import_tfds()
-    return data_lib._tfds_builder(tfds, task.tfds_name, data_dir)
+    tfds = data_lib.import_tfds()
+    return data_lib.tfds_builder(tfds, task.tfds_name, data_dir)
 
 
 def how_to_prepare(tasks, data_dir=None):
