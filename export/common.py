@@ -17,8 +17,6 @@ import json
 import os
 import time
 
-import numpy as np
-
 from keras_vit import atomic
 from keras_vit.errors import check_choice
 # Importable from here too, as before the split.

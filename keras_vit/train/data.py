@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from keras_vit import compat
 from keras_vit.errors import check_archive, closest, did_you_mean, require
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
@@ -635,7 +636,7 @@ def takes_raw_pixels(model):
 
     return any(isinstance(layer, keras.layers.Rescaling)
                and layer.name == "preprocessing"
-               for layer in model._flatten_layers())
+               for layer in compat.flatten_layers(model))
 
 
 def _mix(seed, epoch):

@@ -54,6 +54,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import compat
 from keras_vit.layers import PACKAGE
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
@@ -453,8 +454,7 @@ class MaskedPatchPrediction(keras.Model):
                 found["tokens"] = out
             return out
 
-        encoder._run_through_graph(images, operation_fn=lambda op: op,
-                                   call_fn=call)
+        compat.run_through_graph(encoder, images, call)
         if "tokens" not in found or not corruption.built:
             raise ValueError(
                 "masked patch prediction needs a ViT with layers named "
