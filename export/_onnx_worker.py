@@ -216,12 +216,9 @@ def guard_zero_pad_before_max_pool(proto):
 def convert_saved_model(saved_model_dir, path, opset, external_data=None):
     """Converts the ``serving_default`` signature of a SavedModel with
     tf2onnx's large-model route and writes ``path``."""
-    import numpy as np
+    from keras_vit import compat
 
-    if not hasattr(np, "product"):
-        # tf2onnx 1.17's large-model route calls np.product, removed in
-        # numpy 2; aliased in this throwaway process only.
-        np.product = np.prod
+    compat.patch_numpy_product()  # in this throwaway process only
     import tensorflow as tf
     import tf2onnx
 
@@ -236,7 +233,7 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
     name_batch_dimension(proto)
     guard_zero_pad_before_max_pool(proto)
     files, total, external = write_model(
-        proto, storage.name_to_tensor_data if storage else None, path,
+        proto, compat.tf2onnx_tensor_data(storage), path,
         external_data)
     return {"files": [os.path.basename(f) for f in files],
             "tensor_bytes": total, "external_data": external,

@@ -50,7 +50,8 @@ def cpu_bf16_support():
     return False, "CPU has neither avx512_bf16 nor amx_bf16"
 
 
-def _check_runtimes(runtimes):
+def check_runtimes(runtimes):
+    """``runtimes`` (names or a comma-separated string) as a tuple."""
     if isinstance(runtimes, str):
         runtimes = [r for r in runtimes.split(",") if r]
     runtimes = tuple(runtimes)
@@ -134,7 +135,7 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
 
     Returns ``{"rows": [...], "skipped": [...], "notes": [...]}``.
     """
-    runtimes = _check_runtimes(runtimes)
+    runtimes = check_runtimes(runtimes)
     batch_sizes = tuple(int(b) for b in batch_sizes)
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive; received "

@@ -187,7 +187,7 @@ def run_benchmark(args):
     from keras_vit import export
     from keras_vit.export import benchmark
 
-    runtimes = benchmark._check_runtimes(args.runtimes)
+    runtimes = benchmark.check_runtimes(args.runtimes)
     model, label = _load_model(args, default_weights="none")
     print(f"Benchmarking {label}, batch sizes "
           f"{','.join(map(str, args.batch))}, median of {args.runs} runs "

@@ -17,8 +17,6 @@ import json
 import os
 import time
 
-import numpy as np
-
 from keras_vit import atomic
 from keras_vit.errors import check_choice
 # Importable from here too, as before the split.
@@ -207,24 +205,9 @@ def versions():
     return out
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        value = float(value)
-        return value if np.isfinite(value) else str(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
 def write_json(path, data):
     """Writes ``data`` as JSON through a temporary file and a rename."""
-    atomic.write_json(path, _jsonable(data))
+    atomic.write_json(path, data, strict=True)
 
 
 def read_report(path):

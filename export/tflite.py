@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from keras_vit import compat
 from keras_vit.errors import require
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
@@ -125,7 +126,7 @@ def op_dtypes(path):
     tensors = {t["index"]: t["dtype"].__name__
                for t in interpreter.get_tensor_details()}
     ops = {}
-    for op in interpreter._get_ops_details():  # noqa: SLF001 - no public API
+    for op in compat.tflite_ops_details(interpreter):
         if op["op_name"] == "DELEGATE":
             continue
         for index in op["outputs"]:

@@ -82,13 +82,48 @@ def atomic_path(path, suffix=None):
             os.remove(tmp)
 
 
-def write_text(path, text):
-    """Writes ``text`` (UTF-8) to ``path`` atomically."""
-    with atomic_path(path) as tmp:
+def write_text(path, text, *, suffix=None):
+    """Writes ``text`` (UTF-8) to ``path`` atomically (``suffix``: as for
+    :func:`atomic_path`)."""
+    with atomic_path(path, suffix=suffix) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
 
-def write_json(path, obj, *, indent=2, default=None):
-    """Writes ``obj`` as JSON (and a final newline) to ``path`` atomically."""
-    write_text(path, json.dumps(obj, indent=indent, default=default) + "\n")
+def to_json(value, *, strict=False):
+    """``value`` with what JSON cannot hold made plain: NumPy scalars and
+    arrays as Python numbers and lists, tuples as lists, keys as strings,
+    anything else unknown as its ``str``. ``strict``: non-finite floats as
+    the strings ``"nan"``/``"inf"`` (strict JSON parsers refuse ``NaN``).
+
+    >>> import numpy as np
+    >>> to_json({1: (np.float32(0.5), np.arange(2)), "x": np.bool_(True)})
+    {'1': [0.5, [0, 1]], 'x': True}
+    >>> to_json([float("nan"), "s"], strict=True)
+    ['nan', 's']
+    """
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): to_json(v, strict=strict) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v, strict=strict) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_json(value.tolist(), strict=strict)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return str(value) if strict and not np.isfinite(value) else value
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def write_json(path, obj, *, indent=2, strict=False, suffix=None):
+    """Writes ``obj`` as JSON (and a final newline) to ``path`` atomically,
+    made plain by :func:`to_json` first."""
+    write_text(path, json.dumps(to_json(obj, strict=strict), indent=indent)
+               + "\n", suffix=suffix)

@@ -342,40 +342,13 @@ def _read_image(path):
         return np.asarray(im, dtype="float32")
 
 
-def _label_list(model, num_classes):
-    from keras_vit import zoo
-    from keras_vit.zoo.preprocessing import LABELS_BY_HEAD
-
-    names = getattr(model, "zoo_labels", None)  # a Hub repository's
-    if names and len(names) == num_classes:
-        return "label_names", [(None, n) for n in names]
-    record = getattr(model, "zoo_weights", None)
-    # Else the head size identifies a list that ships with the package.
-    name = record.labels if record is not None else LABELS_BY_HEAD.get(
-        num_classes)
-    if name is None:
-        return None, None
-    labels = zoo.labels(name)
-    if len(labels) != num_classes:
-        return None, None
-    return name, labels
-
-
-def _softmax(logits):
-    import numpy as np
-
-    z = np.asarray(logits, dtype="float64")
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _cmd_predict(args):
     import numpy as np
 
     from keras_vit import zoo
     from keras_vit.backend import infer
     from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.preprocessing import model_labels, softmax
 
     if not _looks_like_file(args.model) and not timm_hub.is_timm_source(
             args.model):
@@ -416,8 +389,8 @@ def _cmd_predict(args):
     if getattr(model, "classifier_activation", None) == "softmax":
         probs = outputs.astype("float64")
     else:
-        probs = _softmax(outputs)
-    label_name, labels = _label_list(model, num_classes)
+        probs = softmax(outputs)
+    label_name, labels = model_labels(model, num_classes)
     k = min(args.top, num_classes)
 
     results = []

@@ -212,6 +212,32 @@ def check_int(name, value, *, low=None, high=None, error=ValueError):
     raise error(f"{name} must be {what}; received {name}={value!r}")
 
 
+def check_pair(name, value):
+    """``(h, w)`` from an int or a pair of positive ints, else ValueError
+    naming the argument.
+
+    >>> check_pair("patch_size", 16)
+    (16, 16)
+    >>> check_pair("image_size", (224, 0))
+    Traceback (most recent call last):
+    ValueError: image_size must be positive integers; received image_size=(224, 0)
+    """
+    if isinstance(value, (int,)) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        pair = tuple(value)
+    else:
+        raise ValueError(
+            f"{name} must be an int or a pair of ints; received {name}={value!r}"
+        )
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in pair):
+        raise ValueError(
+            f"{name} must be positive integers; received {name}={value!r}"
+        )
+    return pair
+
+
 def check_number(name, value, *, low=None, high=None, low_open=False,
                  high_open=False, error=ValueError):
     """``value`` if it is a finite number in the range (``low_open`` /

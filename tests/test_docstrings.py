@@ -59,7 +59,7 @@ MODULES = [name for name in _modules() if _has_examples(name)]
 ON_EVERY_BACKEND = {
     "keras_vit.backend", "keras_vit.layers", "keras_vit.analysis.embeddings",
     "keras_vit.train.checkpoints", "keras_vit.train.engine_keras",
-    "keras_vit.train.recipes", "keras_vit.train.strategy",
+    "keras_vit.train.recipes", "keras_vit.train.distribute",
     "keras_vit.train.vtab",
 }
 

@@ -160,7 +160,7 @@ def test_missing_packages_anywhere_name_the_pip_package(monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     with pytest.raises(MissingDependencyError, match="'tensorflow-datasets'"):
-        data._import_tfds()
+        data.import_tfds()
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.delitem(sys.modules, "keras_vit.analysis.plots",
                         raising=False)

@@ -695,9 +695,9 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
     import json
     import os
 
-    from keras_vit.analysis import report
+    import keras_vit.train
+    from keras_vit import atomic
     from keras_vit.export import common
-    from keras_vit.train import engine
     from keras_vit.zoo import convert, download
 
     model = _tiny()
@@ -713,8 +713,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
         raise _Boom("killed mid-write")
 
     monkeypatch.setattr(json, "dumps", dumps_then_boom)
-    for write in (lambda p: engine._write_json(p, {"a": 1}),
-                  lambda p: report._write_json({"a": 1}, p),
+    for write in (lambda p: atomic.write_json(p, {"a": 1}),
                   lambda p: common.write_json(p, {"a": 1}),
                   lambda p: download._write_sidecar(p, "0" * 64)):
         target = tmp_path / "old.json"

@@ -168,8 +168,7 @@ def test_strategy_auto_falls_back_quickly_and_names_are_checked(monkeypatch):
 
 @pytest.mark.backends
 def test_tf_distribute_names_name_the_backend_and_the_way_out():
-    # (keras_vit.train.strategy is also the name of a function there.)
-    strategy_lib = importlib.import_module("keras_vit.train.strategy")
+    strategy_lib = importlib.import_module("keras_vit.train.distribute")
     backend = keras.backend.backend()
     for name in ("auto", "default"):
         strategy_lib.check_backend(name)

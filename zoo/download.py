@@ -34,7 +34,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -238,7 +237,9 @@ def _write_sidecar(path: Path, digest: str) -> None:
     try:
         st = path.stat()
         record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        _atomic_write_text(_sidecar(path), json.dumps(record) + "\n")
+        from keras_vit import atomic  # light to load only when used
+
+        atomic.write_json(_sidecar(path), record, indent=None, suffix="")
     except OSError:
         pass
 
@@ -282,17 +283,6 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 # ---------------------------------------------------------------------------
 # File-system helpers
 # ---------------------------------------------------------------------------
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    # The package's one atomic writer, imported here so that loading this
-    # module stays light. The name ends in ".partial", so
-    # _remove_stale_partials finds strays.
-    from keras_vit import atomic
-
-    with atomic.atomic_path(path, suffix="") as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
 
 
 @contextlib.contextmanager
@@ -518,9 +508,13 @@ def _download(
     """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
     where = _describe(resolved, url)
     give_up = time.monotonic() + deadline
-    fd, partial = tempfile.mkstemp(prefix=f"{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
+    # The package's one atomic writer, imported here so that loading this
+    # module stays light. The temporary name ends in ".partial", so
+    # _remove_stale_partials finds strays.
+    from keras_vit import atomic
+
+    with atomic.atomic_path(final, suffix="") as partial:
+        with open(partial, "wb") as out:
             request = urllib.request.Request(resolved, headers={"User-Agent": _USER_AGENT})
             try:
                 response = _open(request, give_up, timeout)
@@ -584,13 +578,7 @@ def _download(
             raise ChecksumError(
                 f"checksum mismatch for {where}: expected sha256 {expected}, got {actual}"
             )
-        os.replace(partial, final)
-        partial = None
-        _write_sidecar(final, actual)
-    finally:
-        if partial is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
+    _write_sidecar(final, actual)
 
 
 def _check_complete(path: str, name: str, where: str) -> None:

@@ -116,6 +116,44 @@ def _labels_for(labels, num_classes):
     return rows
 
 
+def softmax(logits):
+    """Probabilities from ``logits`` along the last axis, in float64.
+
+    >>> softmax([0.0, 0.0]).tolist()
+    [0.5, 0.5]
+    """
+    z = np.asarray(logits, dtype="float64")
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def model_labels(model, num_classes, *, by_head=True):
+    """The class names of ``model``'s ``num_classes`` outputs, as
+    ``(source, [(wordnet_id, name), ...])``, or ``(None, None)`` if none
+    fits: a Hub repository's ``label_names`` (source ``"label_names"``),
+    else the list its weights name, else (``by_head``) the list that ships
+    for that head size.
+
+    >>> model_labels(object(), 10)
+    (None, None)
+    """
+    from keras_vit.zoo import api
+
+    names = getattr(model, "zoo_labels", None)  # a Hub repository's
+    if names and len(names) == num_classes:
+        return "label_names", [(None, n) for n in names]
+    record = getattr(model, "zoo_weights", None)
+    name = getattr(record, "labels", None) if record is not None else (
+        LABELS_BY_HEAD.get(num_classes) if by_head else None)
+    if not name:
+        return None, None
+    labels = api.labels(name)
+    if len(labels) != num_classes:
+        return None, None
+    return name, labels
+
+
 def decode_predictions(preds, top=5, labels=None):
     """Top ``top`` classes of each row of ``preds`` (logits or
     probabilities, (batch, classes)) as lists of ``(wordnet_id, name,

@@ -30,6 +30,7 @@ import re
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.errors import require
 from keras_vit.models import variants
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
@@ -464,13 +465,8 @@ def save_pretrained(model, directory, labels=None):
     if labels is not None:
         config["label_names"] = list(labels)
     os.makedirs(directory, exist_ok=True)
-    # Written under temporary names, then renamed: a reader never sees half
-    # a repository's file.
-    tmp = os.path.join(directory, f".{WEIGHTS_FILE}.partial")
-    st.save_file(state, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(directory, WEIGHTS_FILE))
-    tmp = os.path.join(directory, f".{CONFIG_FILE}.partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-    os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+    # Each file complete or absent: a reader never sees half of one.
+    with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
+        st.save_file(state, tmp, metadata={"format": "pt"})
+    atomic.write_json(os.path.join(directory, CONFIG_FILE), config)
     return os.fspath(directory)

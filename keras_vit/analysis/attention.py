@@ -311,7 +311,8 @@ def upsample(heatmap, size):
         (w, h), Image.Resampling.BILINEAR), dtype="float32")
 
 
-def _unit_image(image):
+def unit_image(image):
+    """``image`` ((H, W), (H, W, 1) or (H, W, 3)) as float32 in [0, 1]."""
     image = np.asarray(image)
     if image.ndim == 2:
         image = image[..., None]
@@ -345,7 +346,7 @@ def overlay(image, heatmap):
     >>> overlay(np.full((1, 4), 255, np.uint8), [[2.0, 0.0]])[..., 0]
     array([[1.  , 0.75, 0.25, 0.  ]], dtype=float32)
     """
-    image = _unit_image(image)
+    image = unit_image(image)
     mask = upsample(heatmap, image.shape[:2])
     peak = float(mask.max())
     mask = mask / peak if peak > 0 else np.zeros_like(mask)

@@ -233,9 +233,9 @@ def plot_rollout(image, heatmap, path, *, title=None, dpi=DPI):
     >>> os.path.exists(p)
     True
     """
-    from keras_vit.analysis.attention import _unit_image, overlay, upsample
+    from keras_vit.analysis.attention import unit_image, overlay, upsample
 
-    unit = _unit_image(image)
+    unit = unit_image(image)
     attended = overlay(unit, heatmap)
     mask = upsample(heatmap, unit.shape[:2])
     peak = float(mask.max())

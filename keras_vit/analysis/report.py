@@ -17,6 +17,7 @@ from keras_vit.analysis.embeddings import (embedding_filter_components,
                                            neighbour_similarity,
                                            position_embedding_similarity)
 from keras_vit.backend import infer
+from keras_vit.zoo.preprocessing import model_labels, softmax
 
 FILES = {
     "filters": "embedding_filters.png",
@@ -127,23 +128,6 @@ def _load_model(model_or_name, weights, image_size):
     return model, f"{model.zoo_name} ({tag or 'random init'})"
 
 
-def _labels(model, num_classes):
-    record = getattr(model, "zoo_weights", None)
-    if record is None or not getattr(record, "labels", None):
-        return None
-    from keras_vit import zoo
-
-    labels = zoo.labels(record.labels)
-    return labels if len(labels) == num_classes else None
-
-
-def _softmax(z):
-    z = np.asarray(z, "float64")
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _round(value, digits=6):
     """Nested lists of floats with ``digits`` significant digits (keeps the
     JSON readable)."""
@@ -157,11 +141,6 @@ def _round(value, digits=6):
 def _safe_stem(path):
     stem = os.path.splitext(os.path.basename(path))[0]
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:40] or "image"
-
-
-def _write_json(data, path):
-    atomic.write_json(path, data, indent=1)
-    return path
 
 
 def inspect(model_or_name, images, out_dir, *, weights="auto",
@@ -262,8 +241,8 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
     if model.include_top:
         probs = (np.asarray(outputs, "float64")
                  if model.classifier_activation == "softmax"
-                 else _softmax(outputs))
-        labels = _labels(model, probs.shape[-1])
+                 else softmax(outputs))
+        _, labels = model_labels(model, probs.shape[-1], by_head=False)
 
     per_image = []
     for i, path in enumerate(paths):
@@ -324,5 +303,5 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
         "images": per_image,
         "files": files + [FILES["json"]],
     }
-    _write_json(result, out(FILES["json"]))
+    atomic.write_json(out(FILES["json"]), result, indent=1)
     return dict(result, out_dir=out_dir)

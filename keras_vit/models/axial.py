@@ -23,8 +23,9 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
-from keras_vit.models.vit import (_pair, _position_embedding_options,
-                                  check_encoder_args, classification_head)
+from keras_vit.models.encoder import (check_encoder_args, check_patch_grid,
+                                      check_position_embedding,
+                                      classification_head)
 
 _POOLINGS = (None, "gap", "avg")
 # A relative table needs a 1D sequence, which an axial model does not have.
@@ -130,16 +131,7 @@ class AxialVisionTransformer(ConstructorConfig, CompiledModelMixin,
         name="axial_vision_transformer",
         **kwargs,
     ):
-        image_hw = _pair(image_size, "image_size")
-        patch_hw = _pair(patch_size, "patch_size")
-        if patch_hw[0] != patch_hw[1]:
-            raise ValueError(
-                f"patch_size must be square; received patch_size={patch_size!r}")
-        patch = patch_hw[0]
-        if image_hw[0] % patch or image_hw[1] % patch:
-            raise ValueError(
-                f"image_size must be divisible by patch_size={patch}; "
-                f"received image_size={image_size!r}")
+        image_hw, patch, grid = check_patch_grid(image_size, patch_size)
         (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
          representation_size, num_classes, dropout_rate,
          attention_dropout_rate) = check_encoder_args(
@@ -151,10 +143,9 @@ class AxialVisionTransformer(ConstructorConfig, CompiledModelMixin,
                 f"Axial-ViT takes position_embedding in {_POSITION_EMBEDDINGS} "
                 "(a relative table needs a 1D sequence); received "
                 f"position_embedding={position_embedding!r}")
-        _position_embedding_options(
+        check_position_embedding(
             position_embedding, "stem", hidden_size, num_heads)
 
-        grid = (image_hw[0] // patch, image_hw[1] // patch)
         dtype = kwargs.pop("dtype", None)
 
         inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),

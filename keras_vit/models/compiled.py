@@ -42,6 +42,8 @@ import math
 import keras
 import numpy as np
 
+from keras_vit import compat
+
 _DEFAULT_BATCH = 32
 
 
@@ -70,7 +72,7 @@ def model_compute_dtype(model):
     """The compute dtype most of ``model``'s weighted layers run in
     (``"bfloat16"`` for ``dtype="bfloat16"`` and ``"mixed_bfloat16"``)."""
     counts = {}
-    for layer in model._flatten_layers(include_self=False):
+    for layer in compat.flatten_layers(model, include_self=False):
         if layer.weights:
             dtype = layer.compute_dtype
             counts[dtype] = counts.get(dtype, 0) + 1

@@ -16,10 +16,10 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.errors import check_choice, check_keywords
+from keras_vit.errors import (check_choice, check_int, check_keywords,
+                              check_pair)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
-from keras_vit.models.vit import _pair, _positive_int
 
 BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 BIT_VARIANTS = ("R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4")
@@ -61,9 +61,9 @@ class PreActBottleneck(layers.Layer):
     def __init__(self, filters, strides=1, groups=_GN_GROUPS,
                  epsilon=_GN_EPSILON, **kwargs):
         super().__init__(**kwargs)
-        self.filters = _positive_int(filters, "filters")
-        self.strides = _positive_int(strides, "strides")
-        self.groups = _positive_int(groups, "groups")
+        self.filters = check_int("filters", filters, low=1)
+        self.strides = check_int("strides", strides, low=1)
+        self.groups = check_int("groups", groups, low=1)
         self.epsilon = float(epsilon)
         out = 4 * self.filters
         dt = self.dtype_policy
@@ -184,7 +184,7 @@ class ResNetV2(ConstructorConfig, CompiledModelMixin, keras.Model):
         name="resnet_v2",
         **kwargs,
     ):
-        image_hw = _pair(image_size, "image_size")
+        image_hw = check_pair("image_size", image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
                 f"image_size must be at least {_MIN_IMAGE_SIZE}; received "
@@ -198,10 +198,10 @@ class ResNetV2(ConstructorConfig, CompiledModelMixin, keras.Model):
                     f"GroupNorm cannot split into {_GN_GROUPS} groups; the "
                     f"widths 64 * 2**s * width_factor must be multiples of "
                     f"{_GN_GROUPS} (e.g. width_factor 0.5, 1, 1.5, 2, 3, 4)")
-        num_channels = _positive_int(num_channels, "num_channels")
+        num_channels = check_int("num_channels", num_channels, low=1)
         check_choice("pooling", pooling, _POOLINGS)
         if include_top:
-            num_classes = _positive_int(num_classes, "num_classes")
+            num_classes = check_int("num_classes", num_classes, low=1)
         dtype = kwargs.pop("dtype", None)
 
         inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),

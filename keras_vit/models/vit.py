@@ -6,35 +6,16 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.errors import (check_choice, check_dtype, check_int,
-                              check_keywords, check_number)
+from keras_vit.errors import check_choice, check_dtype, check_keywords
 from keras_vit.models.compiled import CompiledModelMixin
+# Re-exported: these were first defined here.
+from keras_vit.models.encoder import (  # noqa: F401
+    PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
+    check_patch_grid, check_position_embedding, classification_head)
 from keras_vit.models.config import ConstructorConfig
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
-
-
-def _pair(value, name):
-    """Returns (h, w) from an int or a pair; errors name the argument."""
-    if isinstance(value, (int,)) and not isinstance(value, bool):
-        pair = (value, value)
-    elif isinstance(value, (tuple, list)) and len(value) == 2:
-        pair = tuple(value)
-    else:
-        raise ValueError(
-            f"{name} must be an int or a pair of ints; received {name}={value!r}"
-        )
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-               for v in pair):
-        raise ValueError(
-            f"{name} must be positive integers; received {name}={value!r}"
-        )
-    return pair
-
-
-def _positive_int(value, name, allow_zero=False):
-    return check_int(name, value, low=0 if allow_zero else 1)
 
 
 def _resnet_config(resnet):
@@ -130,31 +111,6 @@ def _resnet_stem(x, resnet, dtype):
                 std_eps=num["std_eps"], dtype=dtype,
                 name=f"resnet_block{s + 1}_unit{u + 1}")(x)
     return x
-
-
-POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
-                       "sincos_2d")
-PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
-
-
-def _position_embedding_options(kind, placement, hidden_size, num_heads):
-    """Validates ``position_embedding`` and ``position_embedding_placement``."""
-    check_choice("position_embedding", kind, POSITION_EMBEDDINGS)
-    check_choice("position_embedding_placement", placement, PLACEMENTS)
-    if kind == "none" and placement != "stem":
-        raise ValueError(
-            "position_embedding='none' adds nothing anywhere, so it takes no "
-            "placement other than 'stem'; received "
-            f"position_embedding_placement={placement!r}")
-    if kind == "learned_2d" and hidden_size % 2:
-        raise ValueError(
-            "position_embedding='learned_2d' needs an even hidden_size (X and "
-            f"Y tables of D/2 each); received hidden_size={hidden_size}")
-    if kind == "sincos_2d" and (hidden_size % 4 or hidden_size < 8):
-        raise ValueError(
-            "position_embedding='sincos_2d' needs a hidden_size that is a "
-            f"multiple of 4 and at least 8; received hidden_size={hidden_size}")
-    return kind, placement
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -255,39 +211,6 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
     return x, scores
 
 
-def _rate(value, name):
-    return float(check_number(name, value, low=0, high=1, high_open=True))
-
-
-def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
-                       num_channels, pooling, poolings, representation_size,
-                       include_top, num_classes, dropout_rate,
-                       attention_dropout_rate):
-    """The argument checks every encoder model (ViT, Axial-ViT) shares, each
-    error naming the argument; returns ``(hidden_size, num_layers,
-    num_heads, mlp_dim, num_channels, representation_size, num_classes,
-    dropout_rate, attention_dropout_rate)`` normalised."""
-    hidden_size = _positive_int(hidden_size, "hidden_size")
-    num_layers = _positive_int(num_layers, "num_layers", allow_zero=True)
-    num_heads = _positive_int(num_heads, "num_heads")
-    mlp_dim = _positive_int(mlp_dim, "mlp_dim")
-    num_channels = _positive_int(num_channels, "num_channels")
-    if hidden_size % num_heads:
-        raise ValueError(
-            f"hidden_size must be divisible by num_heads={num_heads}; "
-            f"received hidden_size={hidden_size}")
-    check_choice("pooling", pooling, poolings)
-    if representation_size is not None:
-        representation_size = _positive_int(
-            representation_size, "representation_size")
-    if include_top:
-        num_classes = _positive_int(num_classes, "num_classes")
-    return (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-            representation_size, num_classes,
-            _rate(dropout_rate, "dropout_rate"),
-            _rate(attention_dropout_rate, "attention_dropout_rate"))
-
-
 def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
               mlp_dim, num_classes, classifier, representation_size,
               dropout_rate, attention_dropout_rate, include_top, pooling,
@@ -295,26 +218,14 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
               position_embedding_placement):
     """Checks a ViT's arguments (each error names the argument) and returns
     what the graph builders need, normalised, as a dict."""
-    image_hw = _pair(image_size, "image_size")
-    patch_hw = _pair(patch_size, "patch_size")
-    if patch_hw[0] != patch_hw[1]:
-        raise ValueError(
-            f"patch_size must be square; received patch_size={patch_size!r}")
-    patch = patch_hw[0]
     resnet = _resnet_config(resnet)
     # A hybrid's patches are cut from the ResNet feature map: the root
     # divides by 4, every further stage by 2.
     stem_stride = 1
     if resnet is not None:
         stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
-    stride = stem_stride * patch
-    if image_hw[0] % stride or image_hw[1] % stride:
-        what = (f"patch_size={patch}" if resnet is None else
-                f"{stride} (ResNet stride {stem_stride} x "
-                f"patch_size={patch})")
-        raise ValueError(
-            f"image_size must be divisible by {what}; received "
-            f"image_size={image_size!r}")
+    image_hw, patch, grid = check_patch_grid(image_size, patch_size,
+                                             stem_stride)
     (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
      representation_size, num_classes, dropout_rate,
      attention_dropout_rate) = check_encoder_args(
@@ -328,41 +239,17 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
             "builds the model without one; use pooling='gap' (the mean of "
             "the tokens) or classifier='token'; received "
             f"classifier={classifier!r}, pooling={pooling!r}")
-    _position_embedding_options(position_embedding,
-                                position_embedding_placement,
-                                hidden_size, num_heads)
+    check_position_embedding(position_embedding,
+                             position_embedding_placement,
+                             hidden_size, num_heads)
     return dict(
         image_hw=image_hw, patch=patch, resnet=resnet,
-        grid=(image_hw[0] // stride, image_hw[1] // stride),
+        grid=grid,
         hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         mlp_dim=mlp_dim, num_channels=num_channels,
         representation_size=representation_size, num_classes=num_classes,
         dropout_rate=dropout_rate,
         attention_dropout_rate=attention_dropout_rate)
-
-
-def classification_head(x, pooling_layer, include_top, representation_size,
-                        num_classes, head_bias_init, classifier_activation,
-                        dtype):
-    """The end every encoder model of the package shares: ``pooling_layer``
-    (or none), the optional ``pre_logits`` Dense + tanh, and, with
-    ``include_top``, the zero-initialised ``head`` and its activation."""
-    if pooling_layer is not None:
-        x = pooling_layer(x)
-        if representation_size is not None:
-            x = layers.Dense(representation_size, activation="tanh",
-                             kernel_initializer="lecun_normal",
-                             dtype=dtype, name="pre_logits")(x)
-    if include_top:
-        x = layers.Dense(
-            num_classes, kernel_initializer="zeros",
-            bias_initializer=keras.initializers.Constant(head_bias_init),
-            dtype=dtype, name="head")(x)
-        if classifier_activation is not None:
-            # Float32 so that softmax stays exact under mixed precision.
-            x = layers.Activation(classifier_activation, dtype="float32",
-                                  name="predictions")(x)
-    return x
 
 
 # The constructor arguments that VisionTransformer keeps normalised (the

@@ -30,15 +30,23 @@ from keras_vit.train.layouts import (distribution, layout_map, layout_rules,
 from keras_vit.train.mpp import (MaskedPatchPrediction, MppTrainer,
                                  mpp_to_classifier, pretrain_mpp)
 from keras_vit.train.recipes import Recipe
-from keras_vit.train.strategy import (StrategyError, configure_cpu_devices,
-                                      describe, strategy)
+# The module is ``distribute``; ``strategy`` is its function (the public
+# name). ``from keras_vit.train.strategy import ...``, the module's old
+# path, still finds the module.
+from keras_vit.train import distribute
+from keras_vit.train.distribute import (StrategyError, configure_cpu_devices,
+                                        describe, strategy)
+import sys as _sys
+
+_sys.modules.setdefault(__name__ + ".strategy", distribute)
+del _sys
 from keras_vit.train import vtab
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",
     "StrategyError", "TfdsSource", "TrainResult", "Trainer", "build_model",
     "compile_for_finetune", "configure_cpu_devices", "data", "dataset",
-    "describe", "digits", "evaluate", "few_shot", "fewshot",
+    "describe", "digits", "distribute", "evaluate", "few_shot", "fewshot",
     "fine_tune", "fit_least_squares", "load_data", "pretrain", "recipes",
     "strategy", "vtab",
     # keras.distribution on JAX (DataParallel, ModelParallel layouts)

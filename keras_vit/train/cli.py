@@ -342,7 +342,7 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.train.strategy import configure_cpu_devices
+        from keras_vit.train.distribute import configure_cpu_devices
 
         configure_cpu_devices(args.cpu_devices)
 
@@ -381,7 +381,7 @@ def _check_settings(args):
     """Refuses a bad recipe name, recipe field or strategy name before any
     data is read or model built (the Trainer would, after both)."""
     from keras_vit.train import recipes
-    from keras_vit.train.strategy import check_backend
+    from keras_vit.train.distribute import check_backend
 
     recipes.get(args.recipe, **_recipe_overrides(args))
     check_backend(args.strategy)  # a known name this backend can run
@@ -462,7 +462,7 @@ def run_evaluate(args):
 
     from keras_vit.train import data as data_lib
     from keras_vit.train.engine import evaluate
-    from keras_vit.train.strategy import for_backend
+    from keras_vit.train.distribute import for_backend
 
     strategy_ = for_backend(args.strategy, tpu=args.tpu)
     source = data_lib.load_data(args.data, split="test",

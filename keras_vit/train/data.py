@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from keras_vit import compat
 from keras_vit.errors import check_archive, closest, did_you_mean, require
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
@@ -261,7 +262,7 @@ class FolderSource(ImageSource):
                 for fname in sorted(names):
                     if not fname.startswith("."):
                         candidates.append((os.path.join(root, fname), label))
-        files, labels, skipped = _check_images(candidates, verbose)
+        files, labels, skipped = check_images(candidates, verbose)
         undecodable = set(_tf_undecodable(files))
         if undecodable:
             skipped += [(f, "TensorFlow cannot decode it") for f in files
@@ -332,7 +333,7 @@ class FolderSource(ImageSource):
         return tf.cast(image, tf.float32)
 
 
-def _check_images(candidates, verbose):
+def check_images(candidates, verbose):
     """Splits ``[(path, label)]`` into readable images and skipped files.
 
     Opening the header (and ``verify()``, which checks PNG checksums) is
@@ -410,8 +411,8 @@ class TfdsSource(ImageSource):
 
     def __init__(self, name, split="train", *, data_dir=None, download=False,
                  image_key="image", label_key="label"):
-        tfds = _import_tfds()
-        builder = _tfds_builder(tfds, name, data_dir)
+        tfds = import_tfds()
+        builder = tfds_builder(tfds, name, data_dir)
         if not builder.is_prepared():
             if not download:
                 raise FileNotFoundError(
@@ -450,7 +451,7 @@ class TfdsSource(ImageSource):
         self._labels = None
 
     def _raw(self):
-        tfds = _import_tfds()
+        tfds = import_tfds()
         return self.builder.as_dataset(
             split=self.split, shuffle_files=False,
             decoders={self.image_key: tfds.decode.SkipDecoding()},
@@ -501,11 +502,13 @@ class TfdsSource(ImageSource):
         return tf.cast(image, tf.float32)
 
 
-def _import_tfds():
+def import_tfds():
+    """The tensorflow_datasets module, or an error naming the package."""
     return require("tensorflow_datasets", purpose="tfds datasets")
 
 
-def _tfds_builder(tfds, name, data_dir):
+def tfds_builder(tfds, name, data_dir):
+    """The tfds builder of ``name``; an unknown name suggests the nearest."""
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"tfds name must be a non-empty string; received "
                         f"name={name!r}")
@@ -633,7 +636,7 @@ def takes_raw_pixels(model):
 
     return any(isinstance(layer, keras.layers.Rescaling)
                and layer.name == "preprocessing"
-               for layer in model._flatten_layers())
+               for layer in compat.flatten_layers(model))
 
 
 def _mix(seed, epoch):

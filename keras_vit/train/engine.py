@@ -39,7 +39,7 @@ import numpy as np
 from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
-from keras_vit.train import strategy as strategy_lib
+from keras_vit.train import distribute as strategy_lib
 from keras_vit.train.engine_tf import step_uses_xla  # noqa: F401 - public
 
 
@@ -69,21 +69,6 @@ def _dtype_policy(name):
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
-
-
-def _write_json(path, obj):
-    """Writes atomically: a crash leaves the old file or the new one."""
-    atomic.write_json(path, obj, default=_json_default)
-
-
-def _json_default(obj):
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
 
 
 def write_scalar(name, value, step):
@@ -128,7 +113,7 @@ def append_jsonl(path, row):
     >>> open(path).read().splitlines()
     ['{"step": 1}', '{"step": 2}']
     """
-    line = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+    line = (json.dumps(atomic.to_json(row)) + "\n").encode("utf-8")
     with open(path, "a+b") as f:
         end = f.seek(0, os.SEEK_END)
         if end:
@@ -194,8 +179,7 @@ def run_config_changes(before, now):
                 out[prefix + key] = value
         return out
 
-    old, new = flat(before), flat(json.loads(json.dumps(
-        now, default=_json_default)))
+    old, new = flat(before), flat(atomic.to_json(now))
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new))
             if key not in _RESUME_FREE and old.get(key) != new.get(key)]
@@ -564,8 +548,8 @@ class Trainer:
             if self.is_chief:
                 self._truncate_history(self.resumed_from)
         if self.is_chief:
-            _write_json(os.path.join(self.out_dir, "run.json"),
-                        self._run_config())
+            atomic.write_json(os.path.join(self.out_dir, "run.json"),
+                              self._run_config())
 
 
     def _run_config(self):
@@ -754,7 +738,8 @@ class Trainer:
                 self.model.save(tmp)
             metrics["model_path"] = path
             metrics["model_holds"] = "ema weights" if self.ema else "weights"
-            _write_json(os.path.join(self.out_dir, "metrics.json"), metrics)
+            atomic.write_json(os.path.join(self.out_dir, "metrics.json"),
+                              metrics)
         if writer is not None:
             writer.close()
         ev = metrics.get("eval_ema") or metrics.get("eval")

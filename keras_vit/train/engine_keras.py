@@ -35,7 +35,7 @@ from keras import ops
 
 from keras_vit.train import checkpoints as ckpt_lib
 from keras_vit.train import data as data_lib
-from keras_vit.train.strategy import check_backend, check_precision
+from keras_vit.train.distribute import check_backend, check_precision
 
 
 def clip_by_global_norm(grads, clip_norm):

@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import shutil
 
+from keras_vit import compat
 from keras_vit.train import data as data_lib
-# (Names, not the module: keras_vit.train.strategy is also a function
-# there, which hides the submodule once the package has loaded.)
-from keras_vit.train.strategy import describe, precision_for
-from keras_vit.train.strategy import strategy as make_strategy
+from keras_vit.train.distribute import describe, precision_for
+from keras_vit.train.distribute import strategy as make_strategy
 
 
 def step_uses_xla(strategy_, requested="auto", precision="float32"):
@@ -71,7 +70,7 @@ class TFEngine:
         # the summed gradient); the Keras optimizer would sum them a
         # second time. (tests/test_train.py checks that a two-replica
         # run equals a one-device run, which a double sum would break.)
-        self.optimizer._all_reduce_sum_gradients = list
+        compat.skip_optimizer_gradient_sum(self.optimizer)
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA
         if trainer.recipe.ema_decay is not None:
             self.ema = [

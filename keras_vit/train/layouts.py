@@ -45,7 +45,8 @@ from __future__ import annotations
 import math
 import re
 
-from keras_vit.train.strategy import StrategyError
+from keras_vit import compat
+from keras_vit.train.distribute import StrategyError
 
 MODEL_AXIS = "model"
 BATCH_AXIS = "batch"
@@ -136,15 +137,9 @@ def variable_shapes(model, **model_kwargs):
 
 def _forget_deferred(variables):
     try:  # Keras internals; if they move, the cost is memory, not results.
-        from keras.src.backend.common import global_state
-    except ImportError:  # pragma: no cover
-        return
-    name = "uninitialized_variables"
-    pending = global_state.get_global_attribute(name)
-    if pending:
-        ours = {id(v) for v in variables}
-        global_state.set_global_attribute(
-            name, [v for v in pending if id(v) not in ours])
+        compat.forget_deferred_variables(variables)
+    except compat.PrivateAPIError:  # pragma: no cover
+        pass
 
 
 def _divisors(n):

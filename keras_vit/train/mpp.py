@@ -54,6 +54,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import compat
 from keras_vit.layers import PACKAGE
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
@@ -453,8 +454,7 @@ class MaskedPatchPrediction(keras.Model):
                 found["tokens"] = out
             return out
 
-        encoder._run_through_graph(images, operation_fn=lambda op: op,
-                                   call_fn=call)
+        compat.run_through_graph(encoder, images, call)
         if "tokens" not in found or not corruption.built:
             raise ValueError(
                 "masked patch prediction needs a ViT with layers named "
@@ -611,7 +611,7 @@ class UnlabelledFolder(data_lib.FolderSource):
             raise data_lib.DataError(
                 f"Image folder data={path!r} is empty: no files in it or its "
                 "sub-folders; expected images (jpg, png, ...).")
-        files, labels, skipped = data_lib._check_images(candidates, verbose)
+        files, labels, skipped = data_lib.check_images(candidates, verbose)
         if not files:
             raise data_lib.DataError(
                 f"Image folder data={path!r} has no readable images "

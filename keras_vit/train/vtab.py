@@ -54,6 +54,7 @@ import shutil
 
 import numpy as np
 
+from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine as engine_lib
 from keras_vit.train import recipes as recipes_lib
@@ -400,8 +401,8 @@ class TaskSource(data_lib.TfdsSource):
 
 
 def _builder(task, data_dir):
-    tfds = data_lib._import_tfds()
-    return data_lib._tfds_builder(tfds, task.tfds_name, data_dir)
+    tfds = data_lib.import_tfds()
+    return data_lib.tfds_builder(tfds, task.tfds_name, data_dir)
 
 
 def how_to_prepare(tasks, data_dir=None):
@@ -678,8 +679,8 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
             "flip": metrics["recipe"]["flip"],
         }
         if run_dir is not None:
-            engine_lib._write_json(os.path.join(run_dir, "vtab_task.json"),
-                                   results[name])
+            atomic.write_json(os.path.join(run_dir, "vtab_task.json"),
+                              results[name])
             if not keep_models:
                 shutil.rmtree(os.path.join(run_dir, "checkpoints"),
                               ignore_errors=True)
@@ -691,7 +692,7 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
               "tasks": {n: results[n] for n in names}, **summarize(results)}
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        engine_lib._write_json(os.path.join(out_dir, f"{stem}.json"), scores)
+        atomic.write_json(os.path.join(out_dir, f"{stem}.json"), scores)
         with open(os.path.join(out_dir, f"{stem}.md"), "w",
                   encoding="utf-8") as f:
             f.write(markdown(scores))

@@ -1,0 +1,120 @@
+"""Every use keras-vit makes of another project's private API, one function
+each, so that an upgrade that removes one fails here, loudly and by name.
+
+Keras, tf2onnx and LiteRT have no public way to do these few things; each
+wrapper checks that the private name is still there and raises
+:class:`PrivateAPIError` naming it (and the installed version) if not.
+``tests/test_compat.py`` calls every wrapper against the installed
+versions.
+
+>>> import keras
+>>> inputs = keras.Input((2,))
+>>> model = keras.Model(inputs, keras.layers.Dense(1, name="head")(inputs))
+>>> [layer.name for layer in flatten_layers(model, include_self=False)][-1]
+'head'
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+
+class PrivateAPIError(RuntimeError):
+    """A private API keras-vit relies on is gone from an installed package."""
+
+
+def _missing(api, package, purpose):
+    try:
+        version = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    return PrivateAPIError(
+        f"the private API {api} is gone from {package} {version}; keras-vit "
+        f"uses it to {purpose}. Install the {package} version keras-vit "
+        "was tested with, or update keras_vit/compat.py.")
+
+
+def _require(obj, attr, api, package, purpose):
+    if not hasattr(obj, attr):
+        raise _missing(api, package, purpose)
+    return getattr(obj, attr)
+
+
+def flatten_layers(model, include_self=True):
+    """All layers of ``model``, nested ones included
+    (Keras ``Layer._flatten_layers``)."""
+    fn = _require(model, "_flatten_layers", "Layer._flatten_layers", "keras",
+                  "list the layers nested in a model")
+    return list(fn(include_self=include_self))
+
+
+def run_through_graph(functional, inputs, call_fn):
+    """Calls the layers of the Functional model ``functional`` on ``inputs``
+    through ``call_fn(layer, *args, **kwargs)``, which may change what each
+    returns (Keras ``Functional._run_through_graph``)."""
+    fn = _require(functional, "_run_through_graph",
+                  "Functional._run_through_graph", "keras",
+                  "rewire a ViT for masked patch prediction")
+    return fn(inputs, operation_fn=lambda op: op, call_fn=call_fn)
+
+
+def skip_optimizer_gradient_sum(optimizer):
+    """Stops a Keras optimizer under ``tf.distribute`` from summing the
+    gradients across replicas (the training loop has summed them already,
+    before clipping); Keras ``TFOptimizer._all_reduce_sum_gradients``."""
+    _require(optimizer, "_all_reduce_sum_gradients",
+             "TFOptimizer._all_reduce_sum_gradients", "keras",
+             "sum gradients across replicas once, before clipping")
+    optimizer._all_reduce_sum_gradients = list
+
+
+def forget_deferred_variables(variables):
+    """Takes ``variables`` (made in a ``keras.StatelessScope`` without
+    initialising them) off Keras' list of variables waiting for one, so
+    that the list does not keep them alive
+    (``keras.src.backend.common.global_state``)."""
+    api = "keras.src.backend.common.global_state"
+    purpose = "free variables built only for their shapes"
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError as e:
+        raise _missing(api, "keras", purpose) from e
+    get = _require(global_state, "get_global_attribute",
+                   api + ".get_global_attribute", "keras", purpose)
+    put = _require(global_state, "set_global_attribute",
+                   api + ".set_global_attribute", "keras", purpose)
+    name = "uninitialized_variables"
+    pending = get(name)
+    if pending:
+        ours = {id(v) for v in variables}
+        put(name, [v for v in pending if id(v) not in ours])
+
+
+def patch_numpy_product():
+    """Gives NumPy 2 back ``np.product`` (an alias of ``np.prod``), which
+    tf2onnx 1.17's large-model route still calls. Only for a throwaway
+    process: the converter's child process calls it."""
+    import numpy as np
+
+    if not hasattr(np, "product"):
+        np.product = np.prod
+
+
+def tf2onnx_tensor_data(storage):
+    """``{name: raw bytes}`` of the weights tf2onnx's large-model route kept
+    out of the proto (``ExternalTensorStorage.name_to_tensor_data``)."""
+    if storage is None:
+        return None
+    return _require(storage, "name_to_tensor_data",
+                    "ExternalTensorStorage.name_to_tensor_data", "tf2onnx",
+                    "write the weights of a large ONNX model")
+
+
+def tflite_ops_details(interpreter):
+    """The ops of a LiteRT/TFLite ``Interpreter``, each a dict with
+    ``op_name``, ``inputs`` and ``outputs``
+    (``Interpreter._get_ops_details``)."""
+    fn = _require(interpreter, "_get_ops_details",
+                  "Interpreter._get_ops_details", "ai-edge-litert",
+                  "report which ops of a .tflite file run in int8")
+    return fn()

@@ -1,0 +1,119 @@
+"""What every encoder model of the package (ViT and its hybrids,
+Axial-ViT) shares: the argument checks, each error naming the argument,
+and the classification head.
+
+>>> check_patch_grid(224, 16)
+((224, 224), 16, (14, 14))
+>>> check_patch_grid(224, 16, stem_stride=16)
+Traceback (most recent call last):
+ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=16); received image_size=224
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+from keras_vit.errors import check_choice, check_int, check_number, check_pair
+
+POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
+                       "sincos_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+
+
+def check_position_embedding(kind, placement, hidden_size, num_heads):
+    """Validates ``position_embedding`` and ``position_embedding_placement``."""
+    check_choice("position_embedding", kind, POSITION_EMBEDDINGS)
+    check_choice("position_embedding_placement", placement, PLACEMENTS)
+    if kind == "none" and placement != "stem":
+        raise ValueError(
+            "position_embedding='none' adds nothing anywhere, so it takes no "
+            "placement other than 'stem'; received "
+            f"position_embedding_placement={placement!r}")
+    if kind == "learned_2d" and hidden_size % 2:
+        raise ValueError(
+            "position_embedding='learned_2d' needs an even hidden_size (X and "
+            f"Y tables of D/2 each); received hidden_size={hidden_size}")
+    if kind == "sincos_2d" and (hidden_size % 4 or hidden_size < 8):
+        raise ValueError(
+            "position_embedding='sincos_2d' needs a hidden_size that is a "
+            f"multiple of 4 and at least 8; received hidden_size={hidden_size}")
+    return kind, placement
+
+
+def check_patch_grid(image_size, patch_size, stem_stride=1):
+    """Checks that square ``patch_size`` patches tile ``image_size`` after a
+    stem that divides it by ``stem_stride`` (a hybrid's ResNet; 1: none).
+    Returns ``((height, width), patch, (rows, cols))``."""
+    image_hw = check_pair("image_size", image_size)
+    patch_hw = check_pair("patch_size", patch_size)
+    if patch_hw[0] != patch_hw[1]:
+        raise ValueError(
+            f"patch_size must be square; received patch_size={patch_size!r}")
+    patch = patch_hw[0]
+    stride = stem_stride * patch
+    if image_hw[0] % stride or image_hw[1] % stride:
+        what = (f"patch_size={patch}" if stem_stride == 1 else
+                f"{stride} (ResNet stride {stem_stride} x "
+                f"patch_size={patch})")
+        raise ValueError(
+            f"image_size must be divisible by {what}; received "
+            f"image_size={image_size!r}")
+    return image_hw, patch, (image_hw[0] // stride, image_hw[1] // stride)
+
+
+def _rate(value, name):
+    return float(check_number(name, value, low=0, high=1, high_open=True))
+
+
+def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
+                       num_channels, pooling, poolings, representation_size,
+                       include_top, num_classes, dropout_rate,
+                       attention_dropout_rate):
+    """The argument checks every encoder model (ViT, Axial-ViT) shares, each
+    error naming the argument; returns ``(hidden_size, num_layers,
+    num_heads, mlp_dim, num_channels, representation_size, num_classes,
+    dropout_rate, attention_dropout_rate)`` normalised."""
+    hidden_size = check_int("hidden_size", hidden_size, low=1)
+    num_layers = check_int("num_layers", num_layers, low=0)
+    num_heads = check_int("num_heads", num_heads, low=1)
+    mlp_dim = check_int("mlp_dim", mlp_dim, low=1)
+    num_channels = check_int("num_channels", num_channels, low=1)
+    if hidden_size % num_heads:
+        raise ValueError(
+            f"hidden_size must be divisible by num_heads={num_heads}; "
+            f"received hidden_size={hidden_size}")
+    check_choice("pooling", pooling, poolings)
+    if representation_size is not None:
+        representation_size = check_int(
+            "representation_size", representation_size, low=1)
+    if include_top:
+        num_classes = check_int("num_classes", num_classes, low=1)
+    return (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+            representation_size, num_classes,
+            _rate(dropout_rate, "dropout_rate"),
+            _rate(attention_dropout_rate, "attention_dropout_rate"))
+
+
+def classification_head(x, pooling_layer, include_top, representation_size,
+                        num_classes, head_bias_init, classifier_activation,
+                        dtype):
+    """The end every encoder model of the package shares: ``pooling_layer``
+    (or none), the optional ``pre_logits`` Dense + tanh, and, with
+    ``include_top``, the zero-initialised ``head`` and its activation."""
+    if pooling_layer is not None:
+        x = pooling_layer(x)
+        if representation_size is not None:
+            x = layers.Dense(representation_size, activation="tanh",
+                             kernel_initializer="lecun_normal",
+                             dtype=dtype, name="pre_logits")(x)
+    if include_top:
+        x = layers.Dense(
+            num_classes, kernel_initializer="zeros",
+            bias_initializer=keras.initializers.Constant(head_bias_init),
+            dtype=dtype, name="head")(x)
+        if classifier_activation is not None:
+            # Float32 so that softmax stays exact under mixed precision.
+            x = layers.Activation(classifier_activation, dtype="float32",
+                                  name="predictions")(x)
+    return x

@@ -1,0 +1,115 @@
+"""Each wrapper of keras_vit/compat.py, called against the installed Keras,
+tf2onnx and LiteRT: an upgrade that removes a private API keras-vit uses
+fails here, with a message naming that API."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import compat
+
+
+def _call(wrapper, *args, **kwargs):
+    # A PrivateAPIError already names the API; fail with its message alone.
+    try:
+        return wrapper(*args, **kwargs)
+    except compat.PrivateAPIError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def _tiny():
+    inputs = keras.Input((4,), name="x")
+    hidden = keras.layers.Dense(3, name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+
+
+def test_a_missing_private_api_is_named():
+    with pytest.raises(compat.PrivateAPIError,
+                       match=r"Functional._run_through_graph is gone from "
+                             r"keras \d"):
+        compat.run_through_graph(types.SimpleNamespace(), None, None)
+
+
+def test_flatten_layers():
+    model = _tiny()
+    names = [layer.name for layer in _call(compat.flatten_layers, model)]
+    assert names[0] == model.name and names[-2:] == ["hidden", "out"]
+    assert [layer.name for layer in _call(
+        compat.flatten_layers, model, include_self=False)][-2:] == [
+            "hidden", "out"]
+
+
+def test_run_through_graph():
+    model = _tiny()
+    seen = []
+
+    def call(layer, *args, **kwargs):
+        seen.append(layer.name)
+        out = layer(*args, **kwargs)
+        return out * 0 if layer.name == "hidden" else out
+
+    x = np.ones((1, 4), "float32")
+    out = _call(compat.run_through_graph, model, x, call)
+    assert seen == ["hidden", "out"]
+    # The hidden layer's output was replaced: only the bias is left.
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out),
+                               np.zeros((1, 2)), atol=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="the TensorFlow optimizer's private API")
+def test_skip_optimizer_gradient_sum():
+    optimizer = keras.optimizers.SGD()
+    _call(compat.skip_optimizer_gradient_sum, optimizer)
+    grads = [object()]
+    assert optimizer._all_reduce_sum_gradients(grads) == grads
+
+
+def test_forget_deferred_variables():
+    from keras.src.backend.common import global_state
+
+    with keras.StatelessScope(initialize_variables=False):
+        variable = keras.Variable(initializer="zeros", shape=(3,),
+                                  name="deferred")
+    pending = global_state.get_global_attribute("uninitialized_variables")
+    assert any(v is variable for v in pending)
+    _call(compat.forget_deferred_variables, [variable])
+    pending = global_state.get_global_attribute(
+        "uninitialized_variables") or []
+    assert all(v is not variable for v in pending)
+
+
+def test_patch_numpy_product():
+    had = hasattr(np, "product")
+    _call(compat.patch_numpy_product)
+    try:
+        assert np.product([2, 3]) == 6
+    finally:
+        if not had:  # the patch is for the converter's child process only
+            del np.product
+
+
+def test_tf2onnx_tensor_data():
+    graph = pytest.importorskip("tf2onnx.graph")
+    storage = graph.ExternalTensorStorage()
+    assert _call(compat.tf2onnx_tensor_data, storage) == {}
+    assert compat.tf2onnx_tensor_data(None) is None
+
+
+def test_tflite_ops_details(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 4), tf.float32)])
+    def double(x):
+        return tf.nn.relu(x * 2.0)
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [double.get_concrete_function()], double)
+    path = tmp_path / "double.tflite"
+    path.write_bytes(converter.convert())
+    interpreter = interpreter_lib.Interpreter(model_path=str(path))
+    ops = _call(compat.tflite_ops_details, interpreter)
+    assert ops and {"op_name", "inputs", "outputs"} <= set(ops[0])
