@@ -23,6 +23,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
+from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.vit import (_pair, _position_embedding_options,
                                   check_encoder_args, classification_head)
 
@@ -98,8 +99,8 @@ class AxialEncoderBlock(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxialVisionTransformer(ConstructorConfig, CompiledModelMixin,
-                             keras.Model):
+class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
+                             CompiledModelMixin, keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 
     Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",

@@ -10,6 +10,7 @@ from keras_vit.errors import (check_choice, check_dtype, check_int,
                               check_keywords, check_number)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
+from keras_vit.models.features import FeaturesMixin
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
@@ -373,7 +374,8 @@ _NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class VisionTransformer(ConstructorConfig, CompiledModelMixin, keras.Model):
+class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
+                        keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
     Build it with :func:`keras_vit.models.vit` or, with released weights,
