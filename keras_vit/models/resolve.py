@@ -162,7 +162,7 @@ def _copy_weights(source, target, keep_pre_logits):
         _copy_by_path(source, target)
     else:
         convert.load_weights(target, convert.export_arrays(source),
-                             keep_pre_logits=keep_pre_logits,
+                             keep_pre_logits=keep_pre_logits or None,
                              source_name=f"<model {source.name!r}>")
 
 
