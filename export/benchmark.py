@@ -109,16 +109,9 @@ def _keras_runner(model, jit):
 
 def _bf16_copy(model):
     """``model`` rebuilt under the mixed_bfloat16 policy, same weights."""
-    import keras
+    from keras_vit.models import rebuild
 
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        copy = type(model).from_config(dict(model.get_config(), dtype=None))
-    finally:
-        keras.config.set_dtype_policy(policy)
-    copy.set_weights(model.get_weights())
-    return copy
+    return rebuild(model, dtype="mixed_bfloat16")
 
 
 def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,

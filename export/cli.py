@@ -98,31 +98,24 @@ def register(subparsers):
 
 
 def _load_model(args, default_weights="auto"):
-    """A zoo model (by name) or a ``.keras`` file, as ``(model, label)``."""
+    """A zoo model (by name), a ``.keras`` file or a run directory, as
+    ``(model, label)``."""
+    from keras_vit.models.resolve import model_path, resolve_model
+
     value = args.model
-    if value.endswith(".keras") or os.path.isfile(value):
-        if not value.endswith(".keras"):
-            raise ValueError(f"MODEL {value!r} is a file but not a .keras "
-                             "model")
-        if not os.path.isfile(value):
-            raise FileNotFoundError(f"no such .keras file: {value}")
+    if model_path(value, "MODEL") is not None:
         for flag in ("weights", "image_size", "num_classes"):
             if getattr(args, flag, None) not in (None, "none"):
                 raise ValueError(f"--{flag.replace('_', '-')} does not apply "
                                  "to a .keras file")
-        import keras
-
-        import keras_vit  # noqa: F401 - registers the layers
-
-        return (keras.saving.load_model(value, compile=False),
-                os.path.basename(value))
-    from keras_vit import zoo
-
+        return (resolve_model(value, argument="MODEL"),
+                os.path.basename(os.path.normpath(value)))
     weights = args.weights if args.weights is not None else default_weights
     if isinstance(weights, str) and weights.lower() == "none":
         weights = None
-    model = zoo.load(value, weights=weights, image_size=args.image_size,
-                     num_classes=getattr(args, "num_classes", None))
+    model = resolve_model(value, weights=weights, image_size=args.image_size,
+                          num_classes=getattr(args, "num_classes", None),
+                          argument="MODEL")
     label = f"{getattr(model, 'zoo_name', value)} " \
             f"({'random weights' if weights is None else weights})"
     return model, label

@@ -46,31 +46,31 @@ def float32_copy(model):
     """
     import keras
 
-    from keras_vit.models import ResNetV2, VisionTransformer
+    from keras_vit.models import ResNetV2, VisionTransformer, rebuild
 
+    if isinstance(model, (VisionTransformer, ResNetV2)):
+        return rebuild(model, dtype="float32")
+    # Another functional model: cloned layer by layer, each layer's own
+    # dtype set to float32 (rebuild copies a model, not its layers' dtypes).
     policy = keras.config.dtype_policy()
     # A global mixed policy would otherwise leak into the copy's layers.
     keras.config.set_dtype_policy("float32")
     try:
-        if isinstance(model, (VisionTransformer, ResNetV2)):
-            config = dict(model.get_config(), dtype=None)
-            copy = type(model).from_config(config)
-        else:
-            def as_float32(layer):
-                config = layer.get_config()
-                if "dtype" in config:
-                    config["dtype"] = "float32"
-                return layer.__class__.from_config(config)
+        def as_float32(layer):
+            config = layer.get_config()
+            if "dtype" in config:
+                config["dtype"] = "float32"
+            return layer.__class__.from_config(config)
 
-            try:
-                copy = keras.models.clone_model(model,
-                                                clone_function=as_float32)
-            except Exception as e:  # noqa: BLE001 - reported with the reason
-                raise ValueError(
-                    f"cannot make a float32 copy of model={model.name!r} "
-                    f"({type(model).__name__}): {e}. Rebuild it in float32 "
-                    "and load its weights, or pass cast_to_float32=False "
-                    "(SavedModel only)") from e
+        try:
+            copy = keras.models.clone_model(model,
+                                            clone_function=as_float32)
+        except Exception as e:  # noqa: BLE001 - reported with the reason
+            raise ValueError(
+                f"cannot make a float32 copy of model={model.name!r} "
+                f"({type(model).__name__}): {e}. Rebuild it in float32 "
+                "and load its weights, or pass cast_to_float32=False "
+                "(SavedModel only)") from e
     finally:
         keras.config.set_dtype_policy(policy)
     copy.set_weights([np.asarray(w, dtype=np.float32)
@@ -80,7 +80,7 @@ def float32_copy(model):
 
 def _with_attention_scores(model):
     """``model`` rebuilt to also return its attention maps (same weights)."""
-    from keras_vit.models import VisionTransformer
+    from keras_vit.models import VisionTransformer, rebuild
 
     if getattr(model, "return_attention_scores", False):
         return model
@@ -88,38 +88,30 @@ def _with_attention_scores(model):
         raise ValueError(
             "outputs 'attention_maps' needs a keras_vit VisionTransformer; "
             f"model={model.name!r} is a {type(model).__name__}")
-    import keras
-
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("float32")
-    try:
-        rebuilt = VisionTransformer.from_config(
-            dict(model.get_config(), return_attention_scores=True))
-    finally:
-        keras.config.set_dtype_policy(policy)
-    rebuilt.set_weights(model.get_weights())
-    return rebuilt
+    return rebuild(model, return_attention_scores=True)
 
 
 def _output_tensor(model, name):
     """The symbolic tensor of output ``name`` in ``model``'s graph."""
-    names = _layer_names(model)
+    from keras_vit.models.features import available_features, feature_tensor
+
+    available = available_features(model)
     if name == "logits":
-        if "head" not in names:
+        if "logits" not in available:
             raise ValueError(
                 f"outputs {name!r} needs a classification head; "
                 f"model={model.name!r} has none (include_top=False?); use "
                 "outputs=('features',) or ('pre_logits',)")
-        return model.get_layer("head").output
+        return feature_tensor(model, "logits")
     if name == "pre_logits":
-        for layer in ("pre_logits", "pooling"):
-            if layer in names:
-                return model.get_layer(layer).output
-        raise ValueError(
-            f"outputs 'pre_logits' needs a pooled representation; "
-            f"model={model.name!r} has no 'pre_logits' or 'pooling' layer")
+        if "pre_logits" not in available:
+            raise ValueError(
+                f"outputs 'pre_logits' needs a pooled representation; "
+                f"model={model.name!r} has no 'pre_logits' or 'pooling' "
+                "layer")
+        return feature_tensor(model, "pre_logits")
     if name == "attention_maps":
-        return model.get_layer("attention_scores").output
+        return feature_tensor(model, "attention_scores")
     if name == "features":
         out = model.outputs
         if isinstance(model.output, dict):

@@ -19,7 +19,7 @@ _quiet.for_command_line()
 
 from keras_vit import layers, models  # noqa: E402
 from keras_vit.models import (AxialVisionTransformer, VisionTransformer,
-                              axial_vit, vit)
+                              axial_vit, rebuild, resolve_model, vit)
 
 __version__ = "0.1.0"
 
@@ -34,4 +34,4 @@ def __getattr__(name):
 
 
 __all__ = ["layers", "models", "vit", "VisionTransformer", "axial_vit",
-           "AxialVisionTransformer", "__version__"]
+           "AxialVisionTransformer", "resolve_model", "rebuild", "__version__"]

@@ -213,16 +213,19 @@ def _cmd_convert(args):
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
     shapes = _npz_shapes(resolved.path)
+    from keras_vit.models import resolve_model
+
     try:
-        model = zoo.load(args.model, weights=resolved.path,
-                         image_size=args.image_size,
-                         num_classes=args.num_classes)
+        model = resolve_model(args.model, weights=resolved.path,
+                              image_size=args.image_size,
+                              num_classes=args.num_classes, argument="-m",
+                              error=UserError)
     except zoo.CheckpointError as e:
         raise UserError(f"{args.checkpoint}: {e}") from e
 
-    posemb_layer = model.get_layer("position_embedding")
-    prefix = posemb_layer.num_prefix_tokens
-    grid = posemb_layer.grid_size
+    # The class token is the one prefix token of the position table.
+    prefix = int(model.classifier == "token")
+    grid = model.grid_size
     ckpt_posemb = (shapes.get("Transformer/posembed_input/pos_embedding")
                    or shapes.get("pos_embedding"))
     if ckpt_posemb is None:
@@ -276,23 +279,24 @@ def _looks_like_file(value):
 
 
 def _load_for_predict(args):
-    """Returns ``(model, description)`` for NAME or a ``.keras`` file."""
-    if _looks_like_file(args.model):
-        if not args.model.endswith(".keras"):
+    """Returns ``(model, description)`` for NAME, a ``.keras`` file or a
+    run directory."""
+    from keras_vit.models import resolve_model
+
+    if _looks_like_file(args.model) or os.path.isdir(args.model):
+        if not (args.model.endswith(".keras") or os.path.isdir(args.model)):
             raise UserError(
                 f"{args.model!r} is a file but not a .keras model; for an "
                 f".npz checkpoint pass the architecture and the file: "
                 f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
-        if not os.path.isfile(args.model):
-            raise UserError(f"no such .keras file: {args.model}")
         if args.weights:
             raise UserError("--weights cannot be combined with a .keras model")
-        return load_keras_file(args.model), os.path.basename(args.model)
+        model = resolve_model(args.model, argument="MODEL", error=UserError)
+        return model, os.path.basename(os.path.normpath(args.model))
 
-    from keras_vit import zoo
-
-    model = zoo.load(args.model, weights=args.weights or "auto",
-                     image_size=args.image_size)
+    model = resolve_model(args.model, weights=args.weights or "auto",
+                          image_size=args.image_size, argument="MODEL",
+                          error=UserError)
     record = getattr(model, "zoo_weights", None)
     source = record.tag if record is not None else args.weights
     return model, f"{model.zoo_name} {source}"
@@ -301,22 +305,10 @@ def _load_for_predict(args):
 def load_keras_file(path, argument="MODEL"):
     """A ``.keras`` file's model (``compile=False``: inference and
     fine-tuning need no saved optimizer), or one clear error naming the
-    argument: Keras says "File not found" for a file that is there but is
-    no ``.keras`` archive."""
-    import zipfile
+    argument (see :func:`keras_vit.models.resolve.load_keras_file`)."""
+    from keras_vit.models.resolve import load_keras_file as load
 
-    import keras
-
-    import keras_vit  # noqa: F401 - registers the layers for loading
-    from keras_vit.errors import check_archive
-
-    check_archive(argument, path, "a .keras model", error=UserError)
-    try:
-        return keras.saving.load_model(path, compile=False)
-    except (ValueError, OSError, KeyError, TypeError,
-            zipfile.BadZipFile) as e:
-        raise UserError(f"cannot load {argument}={path!r} as a Keras model: "
-                        f"{type(e).__name__}: {e}") from e
+    return load(path, argument, error=UserError)
 
 
 def _model_geometry(model):

@@ -121,24 +121,14 @@ def attention_model(model, image_size=None):
         raise ValueError(
             "model must be a keras_vit VisionTransformer (a ViT or a hybrid; "
             f"BiT ResNets have no attention); received model={model!r}")
-    config = model.get_config()
-    same_size = image_size is None or (
-        _as_pair(image_size, "image_size")
-        == _as_pair(config["image_size"], "image_size"))
-    if model.return_attention_scores and same_size:
-        return model
-    config["return_attention_scores"] = True
-    if not same_size:
-        config["image_size"] = list(_as_pair(image_size, "image_size"))
-    rebuilt = type(model).from_config(config)
-    if same_size:
-        # Identical graph plus a weightless StackScores layer: the weight
-        # lists line up one to one.
-        rebuilt.set_weights(model.get_weights())
-    else:
-        from keras_vit.zoo import convert
+    from keras_vit.models import rebuild
 
-        convert.load_weights(rebuilt, convert.export_arrays(model))
+    if image_size is not None:
+        image_size = list(_as_pair(image_size, "image_size"))
+    rebuilt = rebuild(model, image_size=image_size,
+                      return_attention_scores=True, copy=False)
+    if rebuilt is model:
+        return model
     for attr in ("zoo_name", "zoo_weights"):
         if hasattr(model, attr):
             setattr(rebuilt, attr, getattr(model, attr))

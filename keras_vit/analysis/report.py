@@ -84,48 +84,30 @@ def _image_paths(images):
 
 def _load_model(model_or_name, weights, image_size):
     """Returns ``(model returning attention scores, description)``."""
-    import keras
+    from keras_vit.models import resolve_model, variants
+    from keras_vit.models.resolve import model_path
 
-    if isinstance(model_or_name, keras.Model):
-        if weights not in ("auto", None):
-            raise ValueError(
-                "weights applies to zoo names only; received "
-                f"weights={weights!r} with a model instance")
-        return (attention_model(model_or_name, image_size),
-                getattr(model_or_name, "zoo_name", model_or_name.name))
-    if not isinstance(model_or_name, (str, os.PathLike)):
-        raise ValueError(
-            "model_or_name must be a keras_vit model, a zoo name (e.g. "
-            "'ViT-B/16') or a .keras path; received "
-            f"model_or_name={model_or_name!r}")
-    value = os.fspath(model_or_name)
-    if value.endswith(".keras") or os.path.isfile(value):
-        if not value.endswith(".keras"):
-            raise ValueError(
-                f"model_or_name={value!r} is a file but not a .keras model")
-        if not os.path.isfile(value):
-            raise FileNotFoundError(f"no such .keras file: {value!r}")
-        if weights not in ("auto", None):
-            raise ValueError(
-                "weights cannot be combined with a .keras model; received "
-                f"weights={weights!r}")
-        import keras_vit  # noqa: F401 - registers the layers for loading
-
-        model = keras.saving.load_model(value, compile=False)
-        return attention_model(model, image_size), os.path.basename(value)
-    from keras_vit import zoo
-    from keras_vit.models import variants
-
-    if variants.parse(value).family == "bit":
-        raise ValueError(f"model_or_name={value!r} is a BiT ResNet: it has "
-                         "no attention to inspect")
-    # Built with the extra output from the start: no second copy of a large
-    # model's weights.
-    model = zoo.load(value, weights=weights, image_size=image_size,
-                     return_attention_scores=True)
-    record = getattr(model, "zoo_weights", None)
-    tag = record.tag if record is not None else weights
-    return model, f"{model.zoo_name} ({tag or 'random init'})"
+    if isinstance(model_or_name, (str, os.PathLike)) and model_path(
+            model_or_name, "model_or_name") is None:
+        value = os.fspath(model_or_name)
+        if variants.parse(value).family == "bit":
+            raise ValueError(f"model_or_name={value!r} is a BiT ResNet: it "
+                             "has no attention to inspect")
+        # Built with the extra output from the start: no second copy of a
+        # large model's weights.
+        model = resolve_model(value, weights=weights, image_size=image_size,
+                              return_attention_scores=True,
+                              argument="model_or_name")
+        record = getattr(model, "zoo_weights", None)
+        tag = record.tag if record is not None else weights
+        return model, f"{model.zoo_name} ({tag or 'random init'})"
+    model = resolve_model(model_or_name, weights=weights,
+                          argument="model_or_name")
+    if model is model_or_name:
+        description = getattr(model, "zoo_name", model.name)
+    else:
+        description = os.path.basename(os.path.normpath(model_or_name))
+    return attention_model(model, image_size), description
 
 
 def _round(value, digits=6):

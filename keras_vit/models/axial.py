@@ -26,6 +26,7 @@ from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.encoder import (check_encoder_args, check_patch_grid,
                                       check_position_embedding,
                                       classification_head)
+from keras_vit.models.features import FeaturesMixin
 
 _POOLINGS = (None, "gap", "avg")
 # A relative table needs a 1D sequence, which an axial model does not have.
@@ -99,8 +100,8 @@ class AxialEncoderBlock(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxialVisionTransformer(ConstructorConfig, CompiledModelMixin,
-                             keras.Model):
+class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
+                             CompiledModelMixin, keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 
     Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",

@@ -25,7 +25,8 @@ def available_features(model):
     if any(n.startswith("resnet_") for n in layer_names):
         names.append("resnet")
     for feature, layer in _LAYER_FEATURES.items():
-        if layer in layer_names:
+        if layer in layer_names or (feature == "pre_logits"
+                                    and "pooling" in layer_names):
             names.append(feature)
     names.extend(sorted(_stage_outputs(model)))
     return names
@@ -48,6 +49,7 @@ _LAYER_FEATURES = {
     "pooled": "pooling",
     "pre_logits": "pre_logits",
     "logits": "head",
+    "attention_scores": "attention_scores",  # return_attention_scores=True
 }
 
 
@@ -62,7 +64,9 @@ def feature_model(model, outputs="pre_logits"):
             or mean), ``"pre_logits"`` (the representation layer's output, or
             the pooled features when there is none), ``"logits"``, and for
             BiT models ``"stage_1"`` ... ``"stage_4"`` and ``"feature_map"``
-            (after the final GroupNorm and ReLU).
+            (after the final GroupNorm and ReLU), ``"attention_scores"``
+            for a model built with ``return_attention_scores=True`` (see
+            :func:`keras_vit.models.rebuild` to get one from any ViT).
 
     Returns:
         A ``keras.Model`` returning one array, or a dict for several names.
@@ -75,24 +79,27 @@ def feature_model(model, outputs="pre_logits"):
     {'resnet': (1, 8, 8, 128), 'tokens': (1, 65, 32)}
     """
     names = [outputs] if isinstance(outputs, str) else list(outputs)
-    layer_names = {layer.name for layer in model.layers}
-    tensors = {}
-    for name in names:
-        if name == "resnet":
-            tensors[name] = _resnet_output(model)
-        elif name == "pre_logits" and "pre_logits" not in layer_names:
-            tensors[name] = _layer_output(model, "pooling", name)
-        elif name in _LAYER_FEATURES:
-            tensors[name] = _layer_output(model, _LAYER_FEATURES[name], name)
-        elif name in _stage_outputs(model):
-            tensors[name] = _stage_outputs(model)[name]
-        else:
-            known = available_features(model)
-            raise ValueError(
-                f"Unknown feature outputs={name!r} for model={model.name!r}; "
-                f"available: {', '.join(known)}.{did_you_mean(name, known)}")
+    tensors = {name: feature_tensor(model, name) for name in names}
     out = tensors[names[0]] if isinstance(outputs, str) else tensors
     return keras.Model(model.input, out, name=f"{model.name}_features")
+
+
+def feature_tensor(model, name):
+    """The symbolic tensor of feature ``name`` in ``model``'s graph (for
+    building another model on it, as :func:`feature_model` does)."""
+    layer_names = {layer.name for layer in model.layers}
+    if name == "resnet":
+        return _resnet_output(model)
+    if name == "pre_logits" and "pre_logits" not in layer_names:
+        return _layer_output(model, "pooling", name)
+    if name in _LAYER_FEATURES:
+        return _layer_output(model, _LAYER_FEATURES[name], name)
+    if name in _stage_outputs(model):
+        return _stage_outputs(model)[name]
+    known = available_features(model)
+    raise ValueError(
+        f"Unknown feature outputs={name!r} for model={model.name!r}; "
+        f"available: {', '.join(known)}.{did_you_mean(name, known)}")
 
 
 def _layer_output(model, layer_name, feature):
@@ -103,3 +110,31 @@ def _layer_output(model, layer_name, feature):
             f"model={model.name!r} has no {feature!r} output (built with "
             "include_top=False or pooling=None?); available: "
             + ", ".join(available_features(model))) from None
+
+
+class FeaturesMixin:
+    """The named parts of a keras_vit model, so that no caller needs its
+    layer names: ``model.feature_model("tokens")``,
+    ``model.available_features()``, ``model.rebuild(image_size=384)``.
+
+    >>> import keras_vit
+    >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
+    >>> m.available_features()
+    ['tokens', 'pooled', 'pre_logits', 'logits']
+    >>> tuple(m.feature_model("tokens").output.shape)
+    (None, 17, 16)
+    """
+
+    def feature_model(self, outputs="pre_logits"):
+        """:func:`feature_model` of this model."""
+        return feature_model(self, outputs)
+
+    def available_features(self):
+        """:func:`available_features` of this model."""
+        return available_features(self)
+
+    def rebuild(self, **changes):
+        """:func:`keras_vit.models.rebuild` of this model."""
+        from keras_vit.models.resolve import rebuild
+
+        return rebuild(self, **changes)

@@ -13,6 +13,7 @@ from keras_vit.models.encoder import (  # noqa: F401
     PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
     check_patch_grid, check_position_embedding, classification_head)
 from keras_vit.models.config import ConstructorConfig
+from keras_vit.models.features import FeaturesMixin
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
@@ -260,7 +261,8 @@ _NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class VisionTransformer(ConstructorConfig, CompiledModelMixin, keras.Model):
+class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
+                        keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
     Build it with :func:`keras_vit.models.vit` or, with released weights,

@@ -433,26 +433,14 @@ def run_fine_tune(args):
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
     model.keras), or a zoo name with --weights."""
-    from keras_vit import zoo
+    from keras_vit.cli import UserError
+    from keras_vit.models import resolve_model
 
-    spec = args.model
-    if os.path.isdir(spec):
-        path = os.path.join(spec, "model.keras")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"MODEL={spec!r} is a folder without model.keras (a "
-                "fine-tune run writes it when it finishes)")
-        spec = path
-    if spec.endswith(".keras"):
-        from keras_vit.cli import load_keras_file
-
-        return load_keras_file(spec)
-    weights = None if str(args.weights).lower() == "none" else args.weights
-    kwargs = {}
-    if num_classes is not None:
-        kwargs["num_classes"] = num_classes
-    return zoo.load(spec, weights=weights, image_size=args.image_size,
-                    **kwargs)
+    if str(args.model).endswith(".keras") or os.path.isdir(args.model):
+        return resolve_model(args.model, argument="MODEL", error=UserError)
+    return resolve_model(args.model, weights=args.weights,
+                         image_size=args.image_size, num_classes=num_classes,
+                         argument="MODEL", error=UserError)
 
 
 def run_evaluate(args):

@@ -211,29 +211,25 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     ``model`` is a zoo name (loaded with ``weights``; a head of another size
     is replaced by a zero-initialised one, position embeddings are resized
     to ``image_size``), a ``.keras`` path, a ``keras.Model`` (copied into
-    the scope; a VisionTransformer is rebuilt with the same weights when
-    ``image_size`` (position embeddings resized), ``num_classes`` (a new
-    zero-initialised head) or ``dropout_rate`` differ), or a function
-    returning a model.
+    the scope; a keras_vit model is rebuilt with the same weights by
+    :func:`keras_vit.models.rebuild` when ``image_size`` (position
+    embeddings resized), ``num_classes`` (a new zero-initialised head),
+    ``dropout_rate`` or the dtype policy differ), or a function returning a
+    model.
     """
     import keras
 
-    from keras_vit import zoo
-    from keras_vit.models.vit import VisionTransformer
+    from keras_vit.models import rebuild, resolve_model
+    from keras_vit.models.resolve import model_path
 
     options = dict(model_options or {})
-    if isinstance(model, (str, os.PathLike)) and (
-            os.fspath(model).endswith(".keras")):
-        path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No model file at model={path!r}")
-        model = keras.saving.load_model(path, compile=False)
-    elif isinstance(model, str):
+    if isinstance(model, (str, os.PathLike)) and model_path(model) is None:
         if dropout_rate is not None:
             options.setdefault("dropout_rate", dropout_rate)
-        built = zoo.load(model, weights=weights, image_size=image_size,
-                         num_classes=num_classes, **options)
-        return built
+        return resolve_model(model, weights=weights, image_size=image_size,
+                             num_classes=num_classes, **options)
+    if isinstance(model, (str, os.PathLike)):
+        model = resolve_model(model)  # a .keras file or a run directory
     elif callable(model) and not isinstance(model, keras.Model):
         model = model()
     if hasattr(model, "to_classifier") and num_classes is not None:
@@ -245,38 +241,20 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
             "model must be a zoo name, a .keras path, a keras.Model or a "
             f"function returning one; received model={model!r}")
     changes = {}
-    policy = keras.mixed_precision.global_policy().name
-    if model.dtype_policy.name != policy:
-        # Built under another dtype policy (e.g. float32 for a bfloat16
-        # run): rebuild it under the run's policy with the same weights.
-        if isinstance(model, VisionTransformer):
-            changes["dtype"] = None
-        else:
-            copy = keras.models.clone_model(model)
-            copy.set_weights(model.get_weights())
-            model = copy
     if image_size is not None and _model_image_size(model) != image_size:
         changes["image_size"] = image_size
-    if (isinstance(model, VisionTransformer) and model.include_top
-            and num_classes is not None and model.num_classes != num_classes):
-        # A new task: the whole head (pre_logits too) becomes one
-        # zero-initialised layer, as in the paper (Appendix B.1.1).
-        changes.update(num_classes=num_classes, representation_size=None)
-    if dropout_rate is not None and getattr(
-            model, "dropout_rate", dropout_rate) != dropout_rate:
+    if dropout_rate is not None and hasattr(model, "dropout_rate"):
         changes["dropout_rate"] = dropout_rate
-    if changes:
-        if not isinstance(model, VisionTransformer):
-            raise ValueError(
-                f"{changes} differ from the model's, and only a "
-                "VisionTransformer can be rebuilt with other settings")
-        # The paper's higher-resolution fine-tune: same weights, position
-        # embeddings interpolated to the new grid.
-        config = dict(model.get_config(), **changes)
-        arrays = zoo.export_arrays(model)
-        model = VisionTransformer.from_config(config)
-        zoo.load_weights(model, arrays)
-        return model
+    # Built under another dtype policy (e.g. float32 for a bfloat16 run):
+    # rebuilt under the run's policy. A new task's head (pre_logits too)
+    # becomes one zero-initialised layer, as in the paper (Appendix B.1.1);
+    # a new resolution interpolates the position embeddings (the paper's
+    # higher-resolution fine-tune).
+    rebuilt = rebuild(model, num_classes=num_classes,
+                      dtype=keras.mixed_precision.global_policy().name,
+                      copy=False, **changes)
+    if rebuilt is not model:
+        return rebuilt
     return _copy_into_scope(model)
 
 
@@ -294,13 +272,9 @@ def _copy_into_scope(model):
     if all(strategy.extended.variable_created_in_scope(v.value)
            for v in model.variables):
         return model
-    config = model.get_config()
-    try:
-        copy = type(model).from_config(config)
-    except Exception:  # noqa: BLE001 - not every model rebuilds from config
-        copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    return copy
+    from keras_vit.models import rebuild
+
+    return rebuild(model)
 
 
 def make_engine(strategy="auto", *, tpu=None):

@@ -56,6 +56,7 @@ from keras import ops
 
 from keras_vit import compat
 from keras_vit.layers import PACKAGE
+from keras_vit.models.resolve import model_path, resolve_model
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine
@@ -563,15 +564,16 @@ def _load_mpp(spec):
     if isinstance(spec, MaskedPatchPrediction):
         return spec
     if isinstance(spec, (str, os.PathLike)):
-        path = os.fspath(spec)
-        if os.path.isdir(path):
-            path = os.path.join(path, "model.keras")
-        if not os.path.isfile(path):
+        try:
+            path = model_path(spec, "mpp_model")
+        except FileNotFoundError:
+            path = None
+        if path is None or not os.path.isfile(path):
             raise FileNotFoundError(
                 f"No masked patch prediction model at {os.fspath(spec)!r} "
                 "(expected a .keras file or a pretrain run directory with "
                 "model.keras)")
-        model = keras.saving.load_model(path, compile=False)
+        model = resolve_model(path, argument="mpp_model")
         if isinstance(model, MaskedPatchPrediction):
             return model
         spec = model
@@ -686,7 +688,7 @@ class MppTrainer(engine.Trainer):
         self._continued = None
         if isinstance(model, (str, os.PathLike)) and os.fspath(
                 model).endswith(".keras") and os.path.isfile(model):
-            model = keras.saving.load_model(model, compile=False)
+            model = resolve_model(model)
         if isinstance(model, MaskedPatchPrediction):
             self._check_same_objective(model)
             self._continued = model

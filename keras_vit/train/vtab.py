@@ -502,12 +502,9 @@ def _fresh_model(model):
         return model
 
     def copy():
-        try:
-            clone = type(model).from_config(model.get_config())
-        except Exception:  # noqa: BLE001 - not every model rebuilds
-            clone = keras.models.clone_model(model)
-        clone.set_weights(model.get_weights())
-        return clone
+        from keras_vit.models import rebuild
+
+        return rebuild(model)
 
     return copy
 

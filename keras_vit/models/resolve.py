@@ -1,0 +1,287 @@
+"""Getting a model from what a user names, and copying it with changes.
+
+Every command and API that takes "a zoo name, a ``.keras`` file, a run
+directory or a model" goes through :func:`resolve_model`; every "rebuild the
+model with another resolution, head, dtype or outputs and copy its weights"
+goes through :func:`rebuild`. Neither needs to know the models' layer names:
+the outputs are asked for by feature name (see
+:func:`keras_vit.models.feature_model`).
+
+>>> import keras_vit
+>>> m = resolve_model("ViT-Ti/16", weights=None, image_size=32,
+...                   num_classes=10)
+>>> bigger = rebuild(m, image_size=48, num_classes=5)
+>>> bigger.grid_size, bigger.num_classes
+((3, 3), 5)
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+
+from keras_vit.errors import (UnexpectedKeywordError, check_archive,
+                              did_you_mean)
+
+#: The file a training run directory holds its final model in.
+RUN_MODEL_FILE = "model.keras"
+
+
+def _keras_vit_model(model):
+    from keras_vit.models.axial import AxialVisionTransformer
+    from keras_vit.models.resnet_v2 import ResNetV2
+    from keras_vit.models.vit import VisionTransformer
+
+    return isinstance(model, (VisionTransformer, AxialVisionTransformer,
+                              ResNetV2))
+
+
+def _pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def load_keras_file(path, argument="model", *, error=ValueError):
+    """The model in a ``.keras`` file (``compile=False``), or one error
+    naming ``argument``: Keras says "File not found" for a file that is there
+    but is no ``.keras`` archive."""
+    import keras
+
+    import keras_vit  # noqa: F401 - registers the layers for loading
+
+    check_archive(argument, path, "a .keras model", error=error)
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except (ValueError, OSError, KeyError, TypeError,
+            zipfile.BadZipFile) as e:
+        raise error(f"cannot load {argument}={path!r} as a Keras model: "
+                    f"{type(e).__name__}: {e}") from e
+
+
+def model_path(spec, argument="model", *, error=ValueError):
+    """The ``.keras`` file ``spec`` names (itself, or a run directory's
+    ``model.keras``), or None when ``spec`` names no file (a zoo name)."""
+    path = os.fspath(spec)
+    if os.path.isdir(path):
+        inside = os.path.join(path, RUN_MODEL_FILE)
+        if not os.path.isfile(inside):
+            raise FileNotFoundError(
+                f"{argument}={path!r} is a folder without {RUN_MODEL_FILE} "
+                "(a fine-tune run writes it when it finishes)")
+        return inside
+    if path.endswith(".keras"):
+        return path
+    if os.path.isfile(path):
+        if path.endswith(".safetensors"):
+            return None  # a timm checkpoint: the zoo loads it by name
+        raise error(f"{argument}={path!r} is a file but not a .keras model")
+    return None
+
+
+def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
+                  dtype=None, argument="model", error=ValueError, **options):
+    """The model ``spec`` names, with the resolution, head and dtype asked.
+
+    Args:
+        spec: a ``keras.Model``; a ``.keras`` file; a training run directory
+            (its ``model.keras``); or a zoo name (see
+            :func:`keras_vit.zoo.list_models`), built by
+            :func:`keras_vit.zoo.load` with ``weights`` and ``**options``.
+        weights: for a zoo name, as in :func:`keras_vit.zoo.load` (``"none"``
+            is None). Any other value with a file or a model is an error.
+        image_size, num_classes, dtype: None keeps the model's. Otherwise a
+            model or file is copied by :func:`rebuild` (position embeddings
+            resized, a new zero-initialised head); a zoo name is built so.
+        argument: the name errors give ``spec`` (``"MODEL"`` for a command
+            line argument).
+        error: the exception class of a bad ``spec`` (a command line passes
+            its own); a missing file is always ``FileNotFoundError``.
+        **options: more :func:`keras_vit.zoo.load` keywords (zoo names only).
+
+    >>> resolve_model(3)
+    Traceback (most recent call last):
+    ValueError: model must be a keras.Model, a zoo name, a .keras file or a run directory; received model=3
+    """
+    import keras
+
+    if isinstance(weights, str) and weights.lower() == "none":
+        weights = None
+    if isinstance(spec, keras.Model):
+        model = spec
+    elif isinstance(spec, (str, os.PathLike)):
+        path = model_path(spec, argument, error=error)
+        if path is None:
+            from keras_vit import zoo
+
+            if dtype is not None:
+                options["dtype"] = dtype
+            return zoo.load(os.fspath(spec), weights=weights,
+                            image_size=image_size, num_classes=num_classes,
+                            **options)
+        model = load_keras_file(path, argument, error=error)
+    else:
+        raise error(f"{argument} must be a keras.Model, a zoo name, a .keras "
+                    f"file or a run directory; received {argument}={spec!r}")
+    if weights not in (None, "auto"):
+        given = ("a model instance" if isinstance(spec, keras.Model)
+                 else f"the .keras model {argument}={_label(spec)!r}")
+        raise error(f"weights applies to zoo names only; received "
+                    f"weights={weights!r} with {given}")
+    if options:
+        raise error(f"{', '.join(sorted(options))} applies to zoo names only;"
+                    f" received {argument}={_label(spec)!r}")
+    return rebuild(model, image_size=image_size, num_classes=num_classes,
+                   dtype=dtype, copy=False)
+
+
+def _label(spec):
+    return getattr(spec, "name", spec) if not isinstance(
+        spec, (str, os.PathLike)) else os.fspath(spec)
+
+
+def _copy_weights(source, target, keep_pre_logits):
+    """``source``'s weights into ``target``: one to one where the weight
+    lists line up, else by checkpoint key (position embeddings resized, a
+    head of another size zero-initialised)."""
+    shapes = [tuple(w.shape) for w in source.weights]
+    if shapes == [tuple(w.shape) for w in target.weights]:
+        import keras
+
+        for variable, value in zip(target.weights, source.weights):
+            # Cast to the copy's dtype (a float32 copy of a bf16 model).
+            variable.assign(keras.ops.cast(value.value, variable.dtype))
+        return
+    from keras_vit.models.axial import AxialVisionTransformer
+    from keras_vit.models.resnet_v2 import ResNetV2
+    from keras_vit.zoo import bit_layout, convert
+
+    if isinstance(source, ResNetV2):
+        bit_layout.load_weights(target, bit_layout.export_arrays(source))
+    elif isinstance(source, AxialVisionTransformer):
+        _copy_by_path(source, target)
+    else:
+        convert.load_weights(target, convert.export_arrays(source),
+                             keep_pre_logits=keep_pre_logits or None,
+                             source_name=f"<model {source.name!r}>")
+
+
+def _copy_by_path(source, target):
+    """For a model with no checkpoint layout (Axial-ViT): weights by their
+    Keras path; a learned position table of another grid resized, a head of
+    another size left at its zero initialisation."""
+    from keras_vit.zoo import convert
+
+    given = {w.path: w for w in source.weights}
+    owners = {w.path: layer for layer in target.layers for w in layer.weights}
+    problems = []
+    for variable in target.weights:
+        value = given.get(variable.path)
+        want = tuple(variable.shape)
+        if value is not None:
+            value = np.asarray(value.numpy())
+        if value is not None and value.shape == want:
+            variable.assign(value)
+            continue
+        layer = owners.get(variable.path)
+        if variable.path.startswith("head/"):
+            continue  # zero-initialised, as a new head is
+        if (value is not None and getattr(layer, "kind", None) == "learned_1d"
+                and value.ndim == 3):
+            variable.assign(convert.resize_posemb(
+                value, layer.grid_size, layer.num_prefix_tokens))
+            continue
+        have = None if value is None else value.shape
+        problems.append(f"{variable.path}: {have} vs {want}")
+    if problems:
+        raise ValueError(f"cannot copy the weights of model={source.name!r} "
+                         f"into its rebuilt copy: {'; '.join(problems[:10])}")
+
+
+def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
+            outputs=None, keep_pre_logits=False, copy=True, **changes):
+    """``model`` built again from its config with changes, same weights.
+
+    Args:
+        model: a keras_vit model (VisionTransformer, AxialVisionTransformer,
+            ResNetV2). Other functional models are only copied (no change
+            but ``dtype``).
+        image_size: a new resolution: position embeddings are resized as
+            when loading a checkpoint (paper section 3.2).
+        num_classes: a new head size: the head is zero-initialised, as the
+            paper fine-tunes, and ``pre_logits`` dropped unless
+            ``keep_pre_logits``.
+        dtype: a dtype policy name (``"float32"``, ``"mixed_bfloat16"``)
+            the copy is built under; its config keeps ``dtype=None``, so a
+            saved copy follows the global policy when loaded, like the
+            original. None: the model's own policy, whatever the global
+            one is now.
+        outputs: a feature name or list of them (see
+            :func:`keras_vit.models.feature_model`; ``"attention_scores"``
+            turns ``return_attention_scores`` on): the copy returns those.
+        copy: False returns ``model`` itself when nothing changes.
+        **changes: other constructor arguments (``dropout_rate``,
+            ``return_attention_scores``, ...).
+
+    >>> import numpy as np, keras_vit
+    >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
+    >>> x = np.ones((1, 32, 32, 3), "float32")
+    >>> np.allclose(rebuild(m)(x), m(x))
+    True
+    >>> sorted(rebuild(m, outputs=["pre_logits", "attention_scores"]).output)
+    ['attention_scores', 'pre_logits']
+    """
+    import keras
+
+    from keras_vit.models.features import feature_model
+
+    names = None
+    if outputs is not None:
+        names = [outputs] if isinstance(outputs, str) else list(outputs)
+        if "attention_scores" in names:
+            changes.setdefault("return_attention_scores", True)
+    ours = _keras_vit_model(model)
+    config = model.get_config() if ours else {}
+    if image_size is not None and _pair(image_size) != _pair(
+            config.get("image_size", image_size)):
+        changes["image_size"] = list(_pair(image_size))
+    if (num_classes is not None and config.get("include_top")
+            and config.get("num_classes") != num_classes):
+        changes["num_classes"] = num_classes
+        if config.get("representation_size") and not keep_pre_logits:
+            changes["representation_size"] = None
+    changes = {k: v for k, v in changes.items()
+               if not ours or k not in config or config[k] != v}
+    if changes and not ours:
+        raise ValueError(
+            f"{changes} differ from model={model.name!r}'s, and only a "
+            "keras_vit model (VisionTransformer, AxialVisionTransformer, "
+            f"ResNetV2) is rebuilt with changes; it is a "
+            f"{type(model).__name__}")
+    unknown = sorted(set(changes) - set(config))
+    if unknown:
+        raise UnexpectedKeywordError(
+            f"rebuild got an unexpected keyword argument {unknown[0]!r}."
+            f"{did_you_mean(unknown[0], sorted(config))}")
+    if dtype is not None and keras.dtype_policies.get(
+            dtype).name != model.dtype_policy.name:
+        changes["dtype"] = None
+    if not changes and not copy:
+        rebuilt = model
+    else:
+        policy = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(dtype or model.dtype_policy)
+        try:
+            if ours:
+                rebuilt = type(model).from_config(dict(config, **changes))
+            else:
+                try:
+                    rebuilt = type(model).from_config(model.get_config())
+                except Exception:  # noqa: BLE001 - not every model rebuilds
+                    rebuilt = keras.models.clone_model(model)
+        finally:
+            keras.config.set_dtype_policy(policy)
+        _copy_weights(model, rebuilt, keep_pre_logits)
+    if names is not None:
+        rebuilt = feature_model(rebuilt, outputs)
+    return rebuilt
