@@ -284,7 +284,9 @@ def test_strategy_names_per_backend():
 # two simulated devices (JAX) and killed runs (every backend)
 
 
-DATA_PARALLEL_SCRIPT = textwrap.dedent("""
+# What a run on two simulated devices (``two``) reports next to the same
+# run on one (``one``): prepended to the scripts below.
+TWO_DEVICE_HEADER = textwrap.dedent("""
     import json, sys
     import numpy as np, jax, keras, keras_vit
     import keras_vit.train as kt
@@ -292,6 +294,34 @@ DATA_PARALLEL_SCRIPT = textwrap.dedent("""
     def tiny():
         keras.utils.set_random_seed(1)
         return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+
+    def compare(two, one):
+        return {
+            "accumulation": two.metrics["accumulation_steps"],
+            "losses": [[r["loss"] for r in m.metrics["history"]]
+                       for m in (two, one)],
+            "eval": two.metrics["eval"]["num_examples"],
+            "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(
+                two.model.get_weights(), one.model.get_weights()))}
+""")
+
+
+def run_on_two_jax_devices(script, tmp_path, *args):
+    """The RESULT dict that ``script`` (after TWO_DEVICE_HEADER) prints in
+    a jax process seeing two simulated CPU devices."""
+    path = tmp_path / "two_devices.py"
+    path.write_text(TWO_DEVICE_HEADER + script)
+    proc = subprocess.run(
+        [sys.executable, str(path), *map(str, args)], capture_output=True,
+        text=True, timeout=SUBPROCESS_TIMEOUT, env=_env(
+            KERAS_BACKEND="jax",
+            XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT "):])
+
+
+DATA_PARALLEL_SCRIPT = textwrap.dedent("""
 
     kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=8,
               learning_rate=3e-3, warmup_steps=2, crop_area=None,
@@ -306,31 +336,84 @@ DATA_PARALLEL_SCRIPT = textwrap.dedent("""
         "auto": kt.Trainer(tiny(), "digits", strategy="auto",
                            **dict(kw, total_steps=3)).info["name"],
         "replicas": two.metrics["strategy"]["replicas"],
-        "accumulation": two.metrics["accumulation_steps"],
-        "losses": [[r["loss"] for r in m.metrics["history"]]
-                   for m in (two, one)],
-        "eval": two.metrics["eval"]["num_examples"],
-        "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(
-            two.model.get_weights(), one.model.get_weights()))}))
+        **compare(two, one)}))
 """)
 
 
 @pytest.mark.slow
 def test_jax_data_parallel_on_two_devices_equals_one_device(tmp_path):
-    script = tmp_path / "dp.py"
-    script.write_text(DATA_PARALLEL_SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True,
-        timeout=SUBPROCESS_TIMEOUT, env=_env(
-            KERAS_BACKEND="jax",
-            XLA_FLAGS="--xla_force_host_platform_device_count=2"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-    out = json.loads(line[len("RESULT "):])
+    out = run_on_two_jax_devices(DATA_PARALLEL_SCRIPT, tmp_path)
     assert out["devices"] == 2 and out["auto"] == "data_parallel"
     assert out["replicas"] == 2 and out["accumulation"] == 2
     two, one = out["losses"]
     assert len(two) == 8
+    np.testing.assert_allclose(two, one, atol=1e-5)
+    assert out["max_diff"] < 1e-5 and out["eval"] == 450
+
+
+@pytest.mark.backends
+def test_model_parallel_is_refused_clearly_where_it_cannot_run():
+    backend = keras.backend.backend()
+    if backend == "jax":
+        # One device here (tests/conftest.py); two in the test below.
+        with pytest.raises(ValueError, match="does not divide the 1 devices"):
+            kt.Trainer(tiny(), "digits", model_parallel=2,
+                       **dict(QUICK, strategy="auto"))
+        with pytest.raises(ValueError, match="leave strategy='auto'"):
+            kt.Trainer(tiny(), "digits", model_parallel=2, **QUICK)
+        return
+    hint = {"tensorflow": "tf.distribute strategy",
+            "torch": "runs on one device"}[backend]
+    with pytest.raises(kt.StrategyError,
+                       match=f"'jax' Keras backend; under '{backend}'.*{hint}"):
+        kt.Trainer(tiny(), "digits", model_parallel=2,
+                   **dict(QUICK, strategy="auto"))
+
+
+MODEL_PARALLEL_SCRIPT = textwrap.dedent("""
+    out = sys.argv[1]
+    kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=16,
+              learning_rate=3e-3, warmup_steps=2, crop_area=None,
+              log_every=1, total_steps=6, verbose=False)
+    one = kt.Trainer(tiny(), "digits", strategy="default", **kw).fit()
+    # Model parallel, stopped after step 3 and resumed by a new Trainer.
+    first = kt.Trainer(tiny(), "digits", model_parallel=2, out_dir=out,
+                       **kw)
+    engine = first.engine
+    first.fit(stop_at_step=3)
+    state = engine._pull()
+    names = [v.path for v in first.model.trainable_variables]
+    kernel = names.index("encoder_block_0/mlp/dense_0/kernel")
+    slots = [i for i, v in enumerate(first.optimizer.variables)
+             if v.name.startswith("encoder_block_0_mlp_dense_0_kernel_")]
+    spec = lambda x: [str(a) for a in x.sharding.spec]
+    again = kt.Trainer(tiny(), "digits", "digits:test", model_parallel=2,
+                       out_dir=out, **kw)
+    two = again.fit()
+    print("RESULT " + json.dumps({
+        "info": again.info,
+        "resumed": again.resumed_from,
+        "kernel_spec": spec(state[0][kernel]),
+        "slot_specs": [spec(state[2][i]) for i in slots],
+        **compare(two, one)}))
+""")
+
+
+@pytest.mark.slow
+def test_jax_model_parallel_on_two_devices_equals_one_device(tmp_path):
+    out = run_on_two_jax_devices(MODEL_PARALLEL_SCRIPT, tmp_path,
+                                 tmp_path / "run")
+    assert out["info"]["name"] == "model_parallel"
+    assert out["info"]["model_parallel"] == 2
+    assert out["info"]["replicas"] == 1 and out["accumulation"] == 2
+    assert out["resumed"] == 3
+    # The MLP's first kernel is split on its output (Megatron), and so are
+    # its Adam slots; the run still equals one device's.
+    assert out["kernel_spec"] == ["None", "model"]
+    assert len(out["slot_specs"]) == 2
+    assert all(s == ["None", "model"] for s in out["slot_specs"])
+    two, one = out["losses"]
+    assert len(two) == 6
     np.testing.assert_allclose(two, one, atol=1e-5)
     assert out["max_diff"] < 1e-5 and out["eval"] == 450
 

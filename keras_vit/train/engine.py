@@ -277,15 +277,32 @@ def _copy_into_scope(model):
     return rebuild(model)
 
 
-def make_engine(strategy="auto", *, tpu=None):
+def make_engine(strategy="auto", *, tpu=None, model_parallel=None):
     """The engine for the current Keras backend: ``tf.distribute`` under
     TensorFlow (:mod:`~keras_vit.train.engine_tf`), a ``jax.jit`` step
-    (one device or ``keras.distribution.DataParallel``) under JAX, an eager
-    autograd step under torch (:mod:`~keras_vit.train.engine_keras`)."""
+    (one device, ``keras.distribution.DataParallel``, or ``ModelParallel``
+    with ``model_parallel=k``) under JAX, an eager autograd step under
+    torch (:mod:`~keras_vit.train.engine_keras`)."""
     import keras
 
     backend = keras.backend.backend()
     strategy_lib.check_backend(strategy)
+    if model_parallel is not None and model_parallel != 1:
+        if backend == "tensorflow":
+            raise strategy_lib.StrategyError(
+                f"model_parallel={model_parallel} shards weights with "
+                "keras.distribution.ModelParallel, which runs on the 'jax' "
+                "Keras backend; under 'tensorflow' the Trainer replicates "
+                "the model with a tf.distribute strategy (strategy="
+                "'mirrored', 'multi_worker' or 'tpu'), or set "
+                "KERAS_BACKEND=jax to shard it.")
+        if backend != "jax":
+            raise strategy_lib.StrategyError(
+                f"model_parallel={model_parallel} shards weights with "
+                "keras.distribution.ModelParallel, which runs on the 'jax' "
+                f"Keras backend; under {backend!r} the Trainer runs on one "
+                "device (strategy='default'): set KERAS_BACKEND=jax to "
+                "shard the model.")
     if backend == "tensorflow":
         from keras_vit.train.engine_tf import TFEngine
 
@@ -298,6 +315,8 @@ def make_engine(strategy="auto", *, tpu=None):
         raise NotImplementedError(
             f"the Trainer runs on the tensorflow, jax and torch Keras "
             f"backends; received KERAS_BACKEND={backend}")
+    if backend == "jax":
+        return engines[backend](strategy, model_parallel=model_parallel)
     return engines[backend](strategy)
 
 
@@ -313,7 +332,10 @@ class Trainer:
     checkpoints); under JAX one jitted step on one device (``"default"``)
     or ``keras.distribution.DataParallel`` over all devices
     (``"data_parallel"``; ``"auto"`` picks it when jax sees several
-    devices); under torch an eager step on one device. The jax and torch
+    devices), or ``keras.distribution.ModelParallel`` with
+    ``model_parallel=k`` (each weight split over k devices by
+    :func:`~keras_vit.train.layout_map`, the batch over the rest); under
+    torch an eager step on one device. The jax and torch
     engines checkpoint into one ``.npz`` per step
     (:mod:`~keras_vit.train.checkpoints`); a run resumes under the backend
     that started it.
@@ -341,6 +363,11 @@ class Trainer:
             deletes old checkpoints and starts again.
         model_options: more keyword arguments for ``zoo.load``.
         tpu: TPU name or address for the ``tpu`` strategy.
+        model_parallel: JAX only: split the big weights over this many
+            devices (``keras.distribution.ModelParallel`` on a
+            ``(devices / k, k)`` mesh, Megatron-style layouts from
+            :func:`~keras_vit.train.layout_map`; the batch is split over
+            the ``devices / k`` replicas). Leave ``strategy="auto"``.
         verbose: print the set-up, a progress bar and the result.
         **overrides: recipe fields (``total_steps=``, ``batch_size=``, ...).
 
@@ -362,12 +389,13 @@ class Trainer:
     def __init__(self, model, train_data, eval_data=None, *,
                  recipe="finetune", out_dir=None, strategy="auto",
                  weights="auto", resume=True, model_options=None, tpu=None,
-                 verbose=True, **overrides):
+                 model_parallel=None, verbose=True, **overrides):
         import keras
 
         self.recipe = recipes_lib.get(recipe, **overrides)
         self.verbose = verbose
-        self.engine = make_engine(strategy, tpu=tpu)
+        self.engine = make_engine(strategy, tpu=tpu,
+                                  model_parallel=model_parallel)
         self.strategy = self.engine.strategy
         self.info = self.engine.info
         self.is_chief = self.info["is_chief"]

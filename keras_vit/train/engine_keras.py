@@ -11,11 +11,16 @@ everything but the gradient:
   (``keras.StatelessScope``, as ``model.stateless_call`` does, so a
   subclass's ``compute_loss`` may call ``self.model`` as usual) and
   ``optimizer.stateless_apply``; micro-batches run in a ``fori_loop`` inside
-  the step. ``strategy="data_parallel"`` (and ``"auto"`` when jax sees more
-  than one device) shards every batch over the devices with
-  ``keras.distribution.DataParallel`` and replicates the variables; the
+  the step (one micro-batch runs without a loop), and the state's buffers
+  are donated to the step. ``strategy="data_parallel"`` (and ``"auto"``
+  when jax sees more than one device) shards every batch over the devices
+  with ``keras.distribution.DataParallel`` and replicates the variables; the
   compiled step then computes the whole batch's gradient, so no explicit
-  all-reduce is needed.
+  all-reduce is needed. ``model_parallel=k`` uses
+  ``keras.distribution.ModelParallel`` on a ``(devices / k, k)`` mesh: the
+  weights, their optimizer slots and their EMA are split as
+  :func:`keras_vit.train.layout_map` says, the batch over the first axis;
+  XLA inserts the communication.
 - torch: an eager step with autograd on one device (micro-batches add
   their gradients in ``.grad``).
 
@@ -292,14 +297,52 @@ class TorchEngine(KerasEngine):
 
 
 class JaxEngine(KerasEngine):
-    """One ``jax.jit`` step; one device or ``DataParallel``."""
+    """One ``jax.jit`` step; one device, ``DataParallel`` or
+    ``ModelParallel``."""
 
     backend = "jax"
+
+    def __init__(self, name="auto", model_parallel=None):
+        self.model_parallel = model_parallel
+        super().__init__(name)
+        self._state = None
+        self._step_fn = None
+        self._layouts = None
 
     def _resolve(self, name):
         import jax
 
+        from keras_vit.train import layouts
+
         name = name.replace("-", "_")
+        k = self.model_parallel
+        if k is not None and k != 1:
+            layouts._check_count(k, "model_parallel")
+            if name != "auto":
+                raise ValueError(
+                    f"model_parallel={k} shards the weights over a "
+                    "(devices / model_parallel, model_parallel) mesh with "
+                    "keras.distribution.ModelParallel, which also splits "
+                    "the batch; it replaces strategy="
+                    f"{name!r}: leave strategy='auto'")
+            # The mesh now (the Trainer sizes the batch by its replicas);
+            # the ModelParallel in setup(), from the built model's
+            # variables (layouts.layout_map checks that k divides them).
+            devices = keras.distribution.list_devices()
+            if len(devices) % k:
+                near = min((d for d in range(1, len(devices) + 1)
+                            if len(devices) % d == 0),
+                           key=lambda d: (abs(d - k), d))
+                raise ValueError(
+                    f"model_parallel={k} does not divide the "
+                    f"{len(devices)} devices jax sees; the nearest that "
+                    f"does is {near}")
+            shape = (len(devices) // k, k)
+            self._mesh = keras.distribution.DeviceMesh(
+                shape, [layouts.BATCH_AXIS, layouts.MODEL_AXIS],
+                devices=np.array(devices).reshape(shape))
+            self.replicas = shape[0]
+            return "model_parallel"
         if name == "auto":
             name = "data_parallel" if jax.device_count() > 1 else "default"
         if name == "data_parallel":
@@ -309,48 +352,104 @@ class JaxEngine(KerasEngine):
             self.replicas = len(devices)
         return name
 
-    def __init__(self, name="auto"):
-        super().__init__(name)
-        self._state = None
-        self._step_fn = None
+    @property
+    def info(self):
+        info = super().info
+        if self.name == "model_parallel":
+            info["model_parallel"] = self.model_parallel
+        return info
 
     def scope(self):
         if self.distribution is None:
             return contextlib.nullcontext()
         return self.distribution.scope()
 
+    def setup(self, trainer):
+        super().setup(trainer)
+        if self.name == "model_parallel":
+            from keras_vit.train import layouts
+
+            # Built on one device, the variables are placed by _pull.
+            self.distribution = keras.distribution.ModelParallel(
+                layout_map=layouts.layout_map(self.model, self._mesh),
+                batch_dim_name=layouts.BATCH_AXIS)
+
     def uses_xla(self, requested, precision):
         return True  # jax compiles every step
 
     # The step works on arrays: (trainable, non-trainable, optimizer, ema).
 
-    def _place(self, tree, batch_axis=None):
-        """Replicates ``tree`` (or shards it along ``batch_axis``) over the
-        data-parallel devices; a no-op on one device."""
+    def _state_layouts(self):
+        """The ``TensorLayout`` of every array of the state (all
+        replicated under DataParallel; under ModelParallel a weight's, its
+        optimizer slots' and its EMA's from the layout map)."""
+        if self._layouts is None:
+            d = self.distribution
+            m, opt = self.model, self.optimizer
+            trainable = [d.get_variable_layout(v)
+                         for v in m.trainable_variables]
+            by_name = {v.path.replace("/", "_"): (tuple(v.shape), layout)
+                       for v, layout in zip(m.trainable_variables,
+                                            trainable)}
+
+            def slot(v):
+                # Keras names a slot f"{reference path with _}_{slot}".
+                best = None
+                for prefix, (shape, layout) in by_name.items():
+                    if (v.name.startswith(prefix + "_")
+                            and tuple(v.shape) == shape
+                            and (best is None or len(prefix) > best[0])):
+                        best = (len(prefix), layout)
+                return (best[1] if best is not None
+                        else d.get_variable_layout(v))
+
+            self._layouts = (
+                trainable,
+                [d.get_variable_layout(v)
+                 for v in m.non_trainable_variables],
+                [slot(v) for v in opt.variables],
+                list(trainable) if self.ema else [])
+        return self._layouts
+
+    def _shardings(self):
+        return keras.tree.map_structure(
+            lambda layout: layout.backend_layout, self._state_layouts())
+
+    def _place_batch(self, tree, batch_axis):
+        """Shards ``tree`` along ``batch_axis`` over the mesh's batch
+        axis; a no-op on one device."""
         if self.distribution is None:
             return tree
         mesh = self.distribution.device_mesh
 
         def put(x):
             axes = [None] * np.ndim(x)
-            if batch_axis is not None:
-                axes[batch_axis] = mesh.axis_names[0]
+            axes[batch_axis] = mesh.axis_names[0]
             layout = keras.distribution.TensorLayout(axes, mesh)
             return keras.distribution.distribute_tensor(x, layout)
 
         return keras.tree.map_structure(put, tree)
 
     def _pull(self):
+        """The state, copied from the Keras variables (the step donates
+        its buffers) and placed on the devices."""
         if self._state is None:
+            import jax
+
             m = self.model
-            self._state = self._place((
-                [v.value for v in m.trainable_variables],
-                [v.value for v in m.non_trainable_variables],
-                [v.value for v in self.optimizer.variables],
-                [e.value for e in self.ema]))
+            state = ([v.value for v in m.trainable_variables],
+                     [v.value for v in m.non_trainable_variables],
+                     [v.value for v in self.optimizer.variables],
+                     [e.value for e in self.ema])
+            # One batched transfer (a copy per array costs a dispatch each).
+            where = (jax.devices()[0] if self.distribution is None
+                     else self._shardings())
+            self._state = jax.device_put(state, where, may_alias=False)
         return self._state
 
     def sync(self):
+        """Hands the step's arrays to the Keras variables; the next step
+        starts from copies of them (it donates its input buffers)."""
         if self._state is None:
             return
         m = self.model
@@ -359,6 +458,7 @@ class JaxEngine(KerasEngine):
         for variables, values in zip(groups, self._state):
             for v, value in zip(variables, values):
                 v.assign(value)
+        self._state = None
 
     def _invalidate(self):
         self._state = None
@@ -378,6 +478,8 @@ class JaxEngine(KerasEngine):
         trainable = model.trainable_variables
         non_trainable = model.non_trainable_variables
         accum, global_batch = t.accum, float(r.batch_size)
+        shardings = (None if self.distribution is None
+                     else self._shardings())
 
         def loss_fn(tv, ntv, images, labels, seed):
             mapping = list(zip(trainable, tv)) + list(zip(non_trainable, ntv))
@@ -405,24 +507,37 @@ class JaxEngine(KerasEngine):
                 grads = [a + b for a, b in zip(grads, g_)]
                 return ntv, grads, loss + l_, correct + c_
 
-            zeros = [jnp.zeros_like(v) for v in tv]
-            ntv, grads, loss, correct = jax.lax.fori_loop(
-                0, accum, micro, (ntv, zeros, jnp.float32(0.0),
-                                  jnp.float32(0.0)))
+            if accum == 1:
+                # No loop around one micro-batch: XLA optimises a plain
+                # forward and backward better than a while-loop body.
+                seed = jnp.stack([jnp.int32(r.seed), step])
+                (loss, (correct, ntv)), grads = grad_fn(
+                    tv, ntv, images[0], labels[0], seed)
+            else:
+                zeros = [jnp.zeros_like(v) for v in tv]
+                ntv, grads, loss, correct = jax.lax.fori_loop(
+                    0, accum, micro, (ntv, zeros, jnp.float32(0.0),
+                                      jnp.float32(0.0)))
             grads, norm = clip_by_global_norm(grads, r.grad_clip_norm)
             tv, ov = optimizer.stateless_apply(ov, grads, tv)
             if ema:
                 decay = ema_decay_at(step + 1, r.ema_decay)
                 ema = [decay * e + (1.0 - decay) * v
                        for e, v in zip(ema, tv)]
-            return (tv, ntv, ov, ema), (loss, correct / global_batch, norm)
+            state = (tv, ntv, ov, ema)
+            if shardings is not None:
+                # Each array keeps its layout from step to step (one
+                # compilation; XLA would otherwise pick the outputs').
+                state = jax.lax.with_sharding_constraint(state, shardings)
+            return state, (loss, correct / global_batch, norm)
 
-        return jax.jit(step_fn)
+        # The state's buffers are donated: updated in place, not copied.
+        return jax.jit(step_fn, donate_argnums=0)
 
     def train_step(self, iterator, step):
         if self._step_fn is None:
             self._step_fn = self._make_step()
-        images, labels = self._place(next(iterator), batch_axis=1)
+        images, labels = self._place_batch(next(iterator), batch_axis=1)
         self._state, out = self._step_fn(self._pull(), images, labels,
                                          np.int32(step))
         return out
