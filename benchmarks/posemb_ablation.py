@@ -20,7 +20,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 ARCH = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=10)

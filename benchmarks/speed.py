@@ -801,7 +801,7 @@ def ceiling_cases(n, mlp_shape, peers):
             if "torch" in peers:
                 torch = peers["torch"]
 
-                def make_t(dtype=dtype, a=a, b=b):
+                def make_t(dtype=dtype, a=a, b=b, torch=torch):
                     td = torch.float32 if dtype == "float32" else \
                         torch.bfloat16
                     ta, tb = (torch.from_numpy(a).to(td),

@@ -25,7 +25,7 @@ def _int_list(text):
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}")
+            f"expected integers separated by commas, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
             f"expected positive integers, got {text!r}")

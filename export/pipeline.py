@@ -99,7 +99,7 @@ def run(job):
             memory.PeakRSS() as rss:
         name = "saved_model" if job.directory else os.path.basename(job.dest)
         staged = stage.file(name)
-        open_runtime = getattr(module, "open_artifact")
+        open_runtime = module.open_artifact
         with common.timer(times, "conversion_seconds"):
             if tensorflow_here():
                 result = module.convert(job.graph, staged, stage.path,

@@ -47,7 +47,8 @@ def open_artifact(path, num_threads=None):
     {name: array}`` (the signature runner resizes the batch per call)."""
     import numpy as np
 
-    Interpreter = require("ai_edge_litert.interpreter",
+    Interpreter = require(  # noqa: N806 - a class
+"ai_edge_litert.interpreter",
                           purpose="running TFLite files").Interpreter
 
     interpreter = Interpreter(model_path=path,
@@ -120,7 +121,8 @@ def _convert_int8(saved_model_dir, representative, float_ops):
 def op_dtypes(path):
     """``{op name: sorted output dtypes}`` of a ``.tflite`` file: which ops
     run in int8 and which in float."""
-    Interpreter = require("ai_edge_litert.interpreter",
+    Interpreter = require(  # noqa: N806 - a class
+"ai_edge_litert.interpreter",
                           purpose="running TFLite files").Interpreter
     interpreter = Interpreter(model_path=path)
     tensors = {t["index"]: t["dtype"].__name__

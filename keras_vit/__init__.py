@@ -18,8 +18,9 @@ from keras_vit import _quiet
 _quiet.for_command_line()
 
 from keras_vit import layers, models  # noqa: E402
-from keras_vit.models import (AxialVisionTransformer, VisionTransformer,
-                              axial_vit, rebuild, resolve_model, vit)
+from keras_vit.models import (  # noqa: E402
+    AxialVisionTransformer, VisionTransformer, axial_vit, rebuild,
+    resolve_model, vit)
 
 __version__ = "0.1.0"
 

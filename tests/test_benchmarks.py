@@ -150,7 +150,7 @@ def test_quick_run_writes_the_tables(tmp_path):
         ("training step (model.fit)", "float32"),
         ("training step (model.fit)", "mixed_bfloat16")}
     names = ("tensorflow", "jax", "torch")
-    for (job, dtype), r in backends.items():
+    for (_job, dtype), r in backends.items():
         speeds = {b: r[f"{b} img/s"] for b in names}
         assert _positive(speeds["tensorflow"]), r
         others = [speeds[b] for b in names[1:]]

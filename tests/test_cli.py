@@ -24,7 +24,7 @@ TOP_LINE = re.compile(r"^\s+(\d+)\s+([0-9.]+)\s+(.+?)\s+\[(\d+)(?: (n\d+))?\]$")
 
 
 def _error_lines(stderr):
-    return [l for l in stderr.splitlines() if l.startswith("keras-vit: error:")]
+    return [ln for ln in stderr.splitlines() if ln.startswith("keras-vit: error:")]
 
 
 def _run(*args):
@@ -76,7 +76,7 @@ def _softmax(z):
 def test_list_shows_every_model_with_its_tags(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    lines = {l.split()[0]: l for l in out.splitlines() if l.strip()}
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
     for name in zoo.list_models():
         assert name in lines
     meta = zoo.info("ViT-B/16")
@@ -87,10 +87,10 @@ def test_list_shows_every_model_with_its_tags(capsys):
 
 def test_list_filters(capsys):
     assert cli.main(["list", "b16"]) == 0
-    names = [l.split()[0] for l in capsys.readouterr().out.splitlines()[1:-1]]
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:-1]]
     assert "ViT-B/16" in names and "ViT-S/16" not in names
     assert cli.main(["list", "ViT-S*"]) == 0
-    names = [l.split()[0] for l in capsys.readouterr().out.splitlines()[1:-1]]
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:-1]]
     assert names == zoo.list_models("ViT-S*")
     assert cli.main(["list", "nothing-like-this"]) == 2
     assert _error_lines(capsys.readouterr().err)
@@ -136,7 +136,7 @@ def test_console_script_unknown_name_exits_2():
 def test_python_m_lists_models():
     proc = _run(sys.executable, "-m", "keras_vit.cli", "list", "ViT-B*")
     assert proc.returncode == 0, proc.stderr
-    names = [l.split()[0] for l in proc.stdout.splitlines()[1:-1]]
+    names = [ln.split()[0] for ln in proc.stdout.splitlines()[1:-1]]
     assert names == zoo.list_models("ViT-B*")
 
 
@@ -216,7 +216,7 @@ def test_predict_top5_with_imagenet_labels(ti_1000, image_path, capsys):
                      "--weights", str(ti_1000)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith(image_path) and "imagenet2012" in lines[0]
-    rows = [TOP_LINE.match(l) for l in lines[1:]]
+    rows = [TOP_LINE.match(ln) for ln in lines[1:]]
     assert len(rows) == 5 and all(rows), lines
     labels = zoo.labels("imagenet2012")
     probs = [float(r.group(2)) for r in rows]

@@ -120,7 +120,8 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("1", True), ("TRUE", True), ("Yes", True), ("on", True), ("0", False), ("", False), ("no", False)],
+    [("1", True), ("TRUE", True), ("Yes", True), ("on", True), ("0", False),
+     ("", False), ("no", False)],
 )
 def test_is_offline(monkeypatch, value, expected):
     monkeypatch.setenv("KERAS_VIT_OFFLINE", value)
@@ -139,12 +140,14 @@ def test_resolve_url_mirror_and_gs(monkeypatch, mirror):
 
 def test_resolve_url_without_mirror(monkeypatch):
     monkeypatch.delenv("KERAS_VIT_MIRROR", raising=False)
-    assert download.resolve_url("gs://vit_models/a/b.npz") == download.OFFICIAL_BASE + "vit_models/a/b.npz"
+    assert (download.resolve_url("gs://vit_models/a/b.npz")
+            == download.OFFICIAL_BASE + "vit_models/a/b.npz")
     assert download.resolve_url(OFFICIAL + "x.npz") == OFFICIAL + "x.npz"
 
 
 def test_cache_paths_distinct_and_mirror_independent(tmp_path, monkeypatch):
-    a = download.cache_path_for(download.OFFICIAL_BASE + "vit_models/imagenet21k/ViT-B_16.npz", tmp_path)
+    a = download.cache_path_for(
+        download.OFFICIAL_BASE + "vit_models/imagenet21k/ViT-B_16.npz", tmp_path)
     b = download.cache_path_for(
         download.OFFICIAL_BASE + "vit_models/imagenet21k%2Bimagenet2012/ViT-B_16.npz", tmp_path
     )

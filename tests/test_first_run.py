@@ -76,7 +76,7 @@ def test_demo_fails_when_a_stage_fails(monkeypatch, capsys):
         "keras-vit: error: demo stage export failed: tflite, onnx")
     for status in ("ok", "skipped"):  # --quick skips the export stage
         monkeypatch.setattr(demo, "run",
-                            lambda **kw: {"export": {"status": status}})
+                            lambda status=status, **kw: {"export": {"status": status}})
         assert cli.main(["demo", "--quick"]) == 0
 
 

@@ -93,8 +93,8 @@ def test_gelu_is_the_tanh_form():
 
 def test_layer_norm_epsilon_is_official():
     model = vit(**tiny_builder_kwargs())
-    eps = {l.epsilon for l in model._flatten_layers()
-           if isinstance(l, keras.layers.LayerNormalization)}
+    eps = {layer.epsilon for layer in model._flatten_layers()
+           if isinstance(layer, keras.layers.LayerNormalization)}
     assert eps == {1e-6}
 
 

@@ -423,7 +423,7 @@ def test_mirrored_with_accumulation_on_two_logical_cpus(tmp_path):
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=240,
                           env=env)
-    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, done.stderr[-3000:]
     result = json.loads(line[0][len("RESULT "):])
     assert result["final_step"] == 8 and result["accumulation_steps"] == 2

@@ -71,7 +71,7 @@ def test_default_layout_is_unchanged():
     posemb = [w.path for w in model.weights if "position" in w.path]
     assert posemb == ["position_embedding/pos_embedding"]
     # The table is added once, before the embedding dropout and block 0.
-    names = [l.name for l in model.layers]
+    names = [layer.name for layer in model.layers]
     assert names.index("position_embedding") < names.index(
         "embedding_dropout") < names.index("encoder_block_0")
     assert convert.checkpoint_key(posemb[0]) == convert.POSEMB_KEY

@@ -678,14 +678,14 @@ def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     assert all(".partial" in name for name in strays), strays
 
 
-class _Boom(Exception):
+class _BoomError(Exception):
     pass
 
 
 def _half_then_boom(path, *args, **kwargs):
     with open(path, "wb") as f:
         f.write(b"PK\x03\x04 half")
-    raise _Boom("killed mid-write")
+    raise _BoomError("killed mid-write")
 
 
 @pytest.mark.slow
@@ -702,7 +702,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
 
     model = _tiny()
     monkeypatch.setattr(np, "savez", _half_then_boom)
-    with pytest.raises(_Boom):
+    with pytest.raises(_BoomError):
         convert.save_npz(model, tmp_path / "w.npz")
     monkeypatch.undo()
 
@@ -710,7 +710,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
 
     def dumps_then_boom(*args, **kwargs):
         real_dumps(*args, **kwargs)
-        raise _Boom("killed mid-write")
+        raise _BoomError("killed mid-write")
 
     monkeypatch.setattr(json, "dumps", dumps_then_boom)
     for write in (lambda p: atomic.write_json(p, {"a": 1}),
@@ -718,7 +718,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
                   lambda p: download._write_sidecar(p, "0" * 64)):
         target = tmp_path / "old.json"
         target.write_text("old")
-        with pytest.raises(_Boom):
+        with pytest.raises(_BoomError):
             write(target)
         assert target.read_text() == "old"
     monkeypatch.undo()
@@ -727,7 +727,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
     monkeypatch.setattr(keras.Model, "save",
                         lambda self, path, **kw: _half_then_boom(path))
     out = tmp_path / "run"
-    with pytest.raises(_Boom):
+    with pytest.raises(_BoomError):
         keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
                                 out_dir=out, total_steps=1, warmup_steps=0,
                                 **QUICK).fit()

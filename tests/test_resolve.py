@@ -109,13 +109,13 @@ def test_bad_files_and_folders(tmp_path, saved):
 
 
 def test_a_given_error_class_is_used(tmp_path):
-    class Mine(Exception):
+    class MineError(Exception):
         pass
 
     text = tmp_path / "notes.txt"
     text.write_text("hello")
-    with pytest.raises(Mine, match="MODEL="):
-        resolve_model(str(text), argument="MODEL", error=Mine)
+    with pytest.raises(MineError, match="MODEL="):
+        resolve_model(str(text), argument="MODEL", error=MineError)
 
 
 def test_zoo_keywords_with_a_file_are_errors(saved):

@@ -11,7 +11,6 @@ import glob
 import importlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +74,7 @@ def _assert_falls(losses):
 
 
 def _error_lines(text):
-    return [l for l in text.splitlines() if l.startswith("keras-vit: error:")]
+    return [ln for ln in text.splitlines() if ln.startswith("keras-vit: error:")]
 
 
 # --------------------------------------------------------------------------
@@ -743,7 +742,7 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
                           capture_output=True, text=True, env=_env(),
                           timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
     m = out["metrics"]
     assert m["strategy"]["name"] == "mirrored"

@@ -317,7 +317,7 @@ def run_on_two_jax_devices(script, tmp_path, *args):
             KERAS_BACKEND="jax",
             XLA_FLAGS="--xla_force_host_platform_device_count=2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     return json.loads(line[len("RESULT "):])
 
 

@@ -245,7 +245,7 @@ def test_bad_arguments_name_the_argument(tmp_path):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["vtab", "x.keras", "--tasks", "dtd,svhm"]) == 2
     err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.startswith("keras-vit: error")]
+    lines = [ln for ln in err.splitlines() if ln.startswith("keras-vit: error")]
     assert len(lines) == 1 and "Unknown VTAB task 'svhm'" in lines[0], err
     assert "'svhn'" in lines[0]
     assert cli.main(["vtab", "x.keras", "--steps", "0"]) == 2
@@ -274,7 +274,7 @@ def _check_scores(scores, tasks, n_train, n_eval):
         assert r["total_steps"] == 4 and r["image_size"] == 16
     groups = {vtab.TASKS[n].group for n in tasks}
     assert set(scores["groups"]) == groups
-    for group, g in scores["groups"].items():
+    for g in scores["groups"].values():
         accs = [scores["tasks"][n]["accuracy"] for n in g["tasks"]]
         assert g["mean"] == pytest.approx(np.mean(accs))
         assert g["complete"] is False

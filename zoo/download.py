@@ -520,12 +520,14 @@ def _download(
                 response = _open(request, give_up, timeout)
             except urllib.error.HTTPError as e:  # must precede URLError (its base class)
                 e.close()
-                raise DownloadError(f"HTTP error {e.code} ({e.reason}) while downloading {where}") from e
+                raise DownloadError(
+                    f"HTTP error {e.code} ({e.reason}) while downloading {where}") from e
             except (OSError, http.client.HTTPException) as e:  # timeouts, resets, bad status lines
                 if time.monotonic() >= give_up:  # connect or headers too slow
                     raise _late(where, deadline, "before its response headers were complete") from e
                 reason = e.reason if isinstance(e, urllib.error.URLError) else repr(e)
-                raise DownloadError(f"could not download {where}: {reason}. {_unreachable_hint()}") from e
+                raise DownloadError(
+                    f"could not download {where}: {reason}. {_unreachable_hint()}") from e
 
             with response:
                 total = _content_length(response)

@@ -40,7 +40,7 @@ import sys as _sys
 
 _sys.modules.setdefault(__name__ + ".strategy", distribute)
 del _sys
-from keras_vit.train import vtab
+from keras_vit.train import vtab  # noqa: E402 - after the alias above
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",

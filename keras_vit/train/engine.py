@@ -964,7 +964,6 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     >>> h.history["loss"][0] < 2.31
     True
     """
-    import keras
 
     r = recipes_lib.get(recipe, classifier=_classifier_of(model),
                         **overrides)

@@ -518,7 +518,7 @@ def _task_overrides(task, overrides):
     return fields
 
 
-def summarize(results, *, total_tasks=len(TASKS)):
+def summarize(results, *, total_tasks=len(TASKS)):  # noqa: B008 - a constant
     """Group means and the mean over tasks from ``{task: {"accuracy": ...}}``.
 
     >>> s = summarize({"dtd": {"accuracy": 0.5}, "svhn": {"accuracy": 0.7},
