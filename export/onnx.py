@@ -1,7 +1,7 @@
 """Export to ONNX through tf2onnx, verified with onnxruntime: float32,
 float16 weights, dynamic int8 and static (calibrated) int8.
 
-Large models convert in a child process (see ``_onnx_worker.py`` for why
+Large models convert in a child process (see ``onnx_worker.py`` for why
 and for the measurements): ViT-B/16 peaked at 15.3 GiB with a plain
 ``tf2onnx.convert.from_function`` and peaks at 2.9 GiB this way.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 from keras_vit.errors import require
-from keras_vit.export import _onnx_worker as worker
+from keras_vit.export import onnx_worker as worker
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
@@ -245,12 +245,12 @@ def _convert_here(graph, path, opset, external_data):
 def _convert_in_child(saved_model_dir, path, opset, external_data, workdir,
                       rss):
     """Converts in a child process (``python -m
-    keras_vit.export._onnx_worker``); returns the worker's result."""
+    keras_vit.export.onnx_worker``); returns the worker's result."""
     job = {"saved_model": saved_model_dir, "output": path, "opset": opset,
            "external_data": external_data}
     # The pure-Python protobuf must be chosen before protobuf is imported.
     return pipeline.run_child(
-        "keras_vit.export._onnx_worker", job, workdir, rss,
+        "keras_vit.export.onnx_worker", job, workdir, rss,
         what="the ONNX converter process (tf2onnx)",
         env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
 

@@ -38,6 +38,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.errors import check_int
 from keras_vit.train import checkpoints as ckpt_lib
 from keras_vit.train import data as data_lib
 from keras_vit.train.distribute import check_backend, check_precision
@@ -317,7 +318,7 @@ class JaxEngine(KerasEngine):
         name = name.replace("-", "_")
         k = self.model_parallel
         if k is not None and k != 1:
-            layouts._check_count(k, "model_parallel")
+            check_int("model_parallel", k, low=1)
             if name != "auto":
                 raise ValueError(
                     f"model_parallel={k} shards the weights over a "

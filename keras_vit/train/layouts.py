@@ -46,6 +46,7 @@ import math
 import re
 
 from keras_vit import compat
+from keras_vit.errors import check_int
 from keras_vit.train.distribute import StrategyError
 
 MODEL_AXIS = "model"
@@ -84,14 +85,6 @@ _RULES = (
     ("channels", r"(.*/)?(root_conv|stage_\d+_unit_\d+/(conv_a|conv_b|conv_c"
                  r"|proj))/kernel", (None, None, None, "model")),
 )
-
-
-def _check_count(value, name):
-    if (not isinstance(value, int) or isinstance(value, bool)
-            or value < 1):
-        raise ValueError(f"{name} must be a positive integer; received "
-                         f"{name}={value!r}")
-    return value
 
 
 def _check_axis_name(value, name):
@@ -169,7 +162,7 @@ def layout_rules(model, model_parallel=None, *, model_axis=MODEL_AXIS,
     """
     _check_axis_name(model_axis, "model_axis")
     if model_parallel is not None:
-        _check_count(model_parallel, "model_parallel")
+        check_int("model_parallel", model_parallel, low=1)
     shapes = variable_shapes(model, **model_kwargs)
     rules = {}
     splits = []  # (role, path, shape, axis) of every split variable
@@ -309,13 +302,13 @@ def distribution(devices=None, *, model_parallel=1, model=None,
         mesh = device_mesh
     else:
         available = keras.distribution.list_devices()
-        count = len(available) if devices is None else _check_count(
-            devices, "devices")
+        count = len(available) if devices is None else check_int(
+            "devices", devices, low=1)
         if count > len(available):
             raise ValueError(
                 f"devices={count} is more than the {len(available)} devices "
                 f"JAX sees ({available}); received devices={devices!r}")
-        _check_count(model_parallel, "model_parallel")
+        check_int("model_parallel", model_parallel, low=1)
         if count % model_parallel:
             near = min(_divisors(count),
                        key=lambda d: (abs(d - model_parallel), d))

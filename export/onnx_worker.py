@@ -1,7 +1,7 @@
 """SavedModel -> ONNX in a separate process with a low memory peak.
 
 Run by :mod:`keras_vit.export.onnx` as ``python -m
-keras_vit.export._onnx_worker JOB.json`` (see
+keras_vit.export.onnx_worker JOB.json`` (see
 :func:`keras_vit.export.pipeline.run_child`).
 
 Why a child process, measured on ViT-B/16 (330 MB of weights) with
