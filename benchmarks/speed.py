@@ -527,7 +527,7 @@ def backend_child(backend, arch_json, classes):
 
 
 def inference_cases(size, batches, arch, classes, peers, exports, tmp,
-                    children=(), backend_rows_only=False):
+                    children=(), backend_rows_only=False, dtypes=DTYPES):
     import tensorflow as tf
 
     flops = forward_flops(size, num_classes=classes, **arch)
@@ -555,7 +555,7 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp,
 
     from keras_vit import hardware
 
-    for dtype in DTYPES:
+    for dtype in dtypes:
         chosen = hardware.plan(dtype).predict
         add("keras_vit", f"model.predict (auto: {chosen})", dtype,
             predict(None if dtype == "float32" else dtype))
@@ -596,8 +596,11 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp,
                 return fn
             return make
 
-        add("timm", "eager, inference_mode", "float32", timm_run(False))
-        add("timm", "eager, inference_mode", "bf16 autocast", timm_run(True))
+        if "float32" in dtypes:
+            add("timm", "eager, inference_mode", "float32", timm_run(False))
+        if set(dtypes) - {"float32"}:
+            add("timm", "eager, inference_mode", "bf16 autocast",
+                timm_run(True))
     if "keras_hub" in peers and not backend_rows_only:
         def bb():
             if "hub" not in keep:
@@ -645,7 +648,7 @@ def _export_runner(runtime, model, keep, size, tmp):
 
 
 def training_cases(size, batch, arch, classes, peers, children=(),
-                   backend_rows_only=False):
+                   backend_rows_only=False, dtypes=DTYPES):
     import keras
     import tensorflow as tf
 
@@ -706,7 +709,7 @@ def training_cases(size, batch, arch, classes, peers, children=(),
         add("keras_vit", "Trainer train step, " + ("no XLA" if mixed_jit
                                                   else "XLA"),
             "mixed_bfloat16", trainer_step("mixed_bfloat16", not mixed_jit))
-    for dtype in ("float32", "mixed_bfloat16"):
+    for dtype in [d for d in ("float32", "mixed_bfloat16") if d in dtypes]:
         add("keras_vit", "compile_for_finetune + train_on_batch", dtype,
             fit_step(None if dtype == "float32" else dtype))
         for child in [c for c in children if dtype in c.dtypes]:
@@ -739,9 +742,12 @@ def training_cases(size, batch, arch, classes, peers, children=(),
                 return fn
             return make
 
-        add("timm", "loss.backward + SGD step", "float32", timm_step(False))
-        add("timm", "loss.backward + SGD step", "bf16 autocast",
-            timm_step(True))
+        if "float32" in dtypes:
+            add("timm", "loss.backward + SGD step", "float32",
+                timm_step(False))
+        if "mixed_bfloat16" in dtypes:
+            add("timm", "loss.backward + SGD step", "bf16 autocast",
+                timm_step(True))
     if "keras_hub" in peers and not backend_rows_only:
         def hub_step():
             backbone = keras_hub_backbone(peers["keras_hub"], size, arch)
@@ -1144,7 +1150,8 @@ def parse_args(argv):
     p.add_argument("--backend-dtypes", default=",".join(DTYPES),
                    help="dtypes of the keras_vit rows on the child backends "
                    "(default float32,bfloat16,mixed_bfloat16; training "
-                   "rows: float32 and mixed_bfloat16)")
+                   "rows: float32 and mixed_bfloat16); with "
+                   "--backend-rows-only, of every row")
     p.add_argument("--backend-rows-only", action="store_true",
                    help="only the rows the backend comparison needs: "
                    "model.predict and compile_for_finetune + train_on_batch "
@@ -1237,11 +1244,15 @@ def main(argv=None):
             results["ceiling"] = run_cases(
                 ceiling_cases(args.matmul, mlp, peers), args.runs,
                 args.warmup)
+        # The backend comparison measures the --backend-dtypes only, on
+        # every framework: on a CPU without bf16 units one bf16 training
+        # round of TensorFlow and timm takes tens of minutes.
+        dtypes = args.backend_dtypes if only else DTYPES
         for size in [] if args.skip_inference else args.sizes:
             say(f"inference at {size}")
             cases, keep = inference_cases(size, args.batches, arch,
                                           args.classes, peers, args.exports,
-                                          tmp, children, only)
+                                          tmp, children, only, dtypes)
             results["inference"] += run_cases(cases, args.runs, args.warmup)
             del cases, keep
             _reset(children)
@@ -1249,7 +1260,8 @@ def main(argv=None):
             for size in args.train_sizes:
                 say(f"training at {size}, batch {args.train_batch}")
                 cases = training_cases(size, args.train_batch, arch,
-                                       args.classes, peers, children, only)
+                                       args.classes, peers, children, only,
+                                       dtypes)
                 results["training"] += run_cases(cases, args.runs,
                                                  args.warmup)
                 del cases
