@@ -69,6 +69,18 @@ def test_a_keras_file_and_a_run_directory(saved):
         _same(loaded(x), model(x))
 
 
+def test_a_timm_repository_folder_goes_to_the_zoo(tmp_path):
+    # A folder with model.safetensors (and no model.keras) is a local timm
+    # repository, for zoo.load (tests/test_timm_hub.py loads one through
+    # `keras-vit predict`), not refused as an unfinished run.
+    from keras_vit.models.resolve import model_path
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert model_path(tmp_path) is None
+    (tmp_path / "model.keras").write_bytes(b"")
+    assert model_path(tmp_path) == os.path.join(tmp_path, "model.keras")
+
+
 def test_a_model_is_returned_itself_unless_changed(saved):
     model = saved[0]
     assert resolve_model(model) is model

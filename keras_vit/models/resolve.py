@@ -65,11 +65,16 @@ def model_path(spec, argument="model", *, error=ValueError):
     path = os.fspath(spec)
     if os.path.isdir(path):
         inside = os.path.join(path, RUN_MODEL_FILE)
-        if not os.path.isfile(inside):
-            raise FileNotFoundError(
-                f"{argument}={path!r} is a folder without {RUN_MODEL_FILE} "
-                "(a fine-tune run writes it when it finishes)")
-        return inside
+        if os.path.isfile(inside):
+            return inside
+        from keras_vit.zoo.timm_hub import WEIGHTS_FILE
+
+        if os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
+            return None  # a local timm repository: the zoo loads it by name
+        raise FileNotFoundError(
+            f"{argument}={path!r} is a folder without {RUN_MODEL_FILE} (a "
+            "fine-tune run writes it when it finishes) or "
+            f"{WEIGHTS_FILE} (a timm repository)")
     if path.endswith(".keras"):
         return path
     if os.path.isfile(path):
