@@ -215,6 +215,9 @@ def test_other_changes_and_bad_ones():
     with pytest.raises(UnexpectedKeywordError, match="'dropout_rat'.*Did you "
                        "mean 'dropout_rate'"):
         rebuild(model, dropout_rat=0.1)
+    for size in (0, (32, -8), "32", (32, 32, 32)):
+        with pytest.raises(ValueError, match=r"received image_size="):
+            rebuild(model, image_size=size)
     plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     copy = rebuild(plain)
     np.testing.assert_allclose(to_numpy(copy.weights[0]),

@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.errors import (UnexpectedKeywordError, check_archive,
-                              did_you_mean)
+                              check_pair, did_you_mean)
 
 #: The file a training run directory holds its final model in.
 RUN_MODEL_FILE = "model.keras"
@@ -36,10 +36,6 @@ def _keras_vit_model(model):
 
     return isinstance(model, (VisionTransformer, AxialVisionTransformer,
                               ResNetV2))
-
-
-def _pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
 def load_keras_file(path, argument="model", *, error=ValueError):
@@ -247,9 +243,10 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
             changes.setdefault("return_attention_scores", True)
     ours = _keras_vit_model(model)
     config = model.get_config() if ours else {}
-    if image_size is not None and _pair(image_size) != _pair(
-            config.get("image_size", image_size)):
-        changes["image_size"] = list(_pair(image_size))
+    if image_size is not None:
+        size = check_pair("image_size", image_size)
+        if size != check_pair("image_size", config.get("image_size", size)):
+            changes["image_size"] = list(size)
     if (num_classes is not None and config.get("include_top")
             and config.get("num_classes") != num_classes):
         changes["num_classes"] = num_classes

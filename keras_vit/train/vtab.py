@@ -55,6 +55,7 @@ import shutil
 import numpy as np
 
 from keras_vit import atomic
+from keras_vit.errors import check_int
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine as engine_lib
 from keras_vit.train import recipes as recipes_lib
@@ -484,15 +485,6 @@ def load_tasks(tasks=None, *, data_dir=None, download=False, **sizes):
 # the runner
 
 
-def _check_count(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer"
-                         f"{' or None' if allow_none else ''}; received "
-                         f"{name}={value!r}")
-
-
 def _fresh_model(model):
     """A function giving each task its own copy of a ``keras.Model`` (the
     runs must not fine-tune one another's weights)."""
@@ -599,11 +591,12 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
         also written to ``out_dir``.
     """
     names = resolve_tasks(tasks)
-    _check_count("train_examples", train_examples)
-    _check_count("val_examples", val_examples)
-    _check_count("test_examples", test_examples, allow_none=True)
+    train_examples = check_int("train_examples", train_examples, low=1)
+    val_examples = check_int("val_examples", val_examples, low=1)
+    if test_examples is not None:
+        test_examples = check_int("test_examples", test_examples, low=1)
     if steps is not None:
-        _check_count("steps", steps)
+        steps = check_int("steps", steps, low=1)
         overrides["total_steps"] = steps
         if "warmup_steps" not in overrides:
             overrides["warmup_steps"] = steps // 10
