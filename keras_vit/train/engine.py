@@ -287,22 +287,17 @@ def make_engine(strategy="auto", *, tpu=None, model_parallel=None):
 
     backend = keras.backend.backend()
     strategy_lib.check_backend(strategy)
-    if model_parallel is not None and model_parallel != 1:
-        if backend == "tensorflow":
-            raise strategy_lib.StrategyError(
-                f"model_parallel={model_parallel} shards weights with "
-                "keras.distribution.ModelParallel, which runs on the 'jax' "
-                "Keras backend; under 'tensorflow' the Trainer replicates "
-                "the model with a tf.distribute strategy (strategy="
-                "'mirrored', 'multi_worker' or 'tpu'), or set "
-                "KERAS_BACKEND=jax to shard it.")
-        if backend != "jax":
-            raise strategy_lib.StrategyError(
-                f"model_parallel={model_parallel} shards weights with "
-                "keras.distribution.ModelParallel, which runs on the 'jax' "
-                f"Keras backend; under {backend!r} the Trainer runs on one "
-                "device (strategy='default'): set KERAS_BACKEND=jax to "
-                "shard the model.")
+    if model_parallel is not None and model_parallel != 1 and backend != "jax":
+        way_out = ("the Trainer replicates the model with a tf.distribute "
+                   "strategy (strategy='mirrored', 'multi_worker' or 'tpu'), "
+                   "or set KERAS_BACKEND=jax to shard it."
+                   if backend == "tensorflow" else
+                   "the Trainer runs on one device (strategy='default'): "
+                   "set KERAS_BACKEND=jax to shard the model.")
+        raise strategy_lib.StrategyError(
+            f"model_parallel={model_parallel} shards weights with "
+            "keras.distribution.ModelParallel, which runs on the 'jax' "
+            f"Keras backend; under {backend!r} {way_out}")
     if backend == "tensorflow":
         from keras_vit.train.engine_tf import TFEngine
 
