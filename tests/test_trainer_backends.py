@@ -90,14 +90,20 @@ def test_a_run_equals_keras_own_loop_on_the_same_batches():
     kt.compile_for_finetune(ref, **kw)
     batches = kt.dataset("digits", 16, 32, training=True, seed=r.seed,
                          epoch=0, crop_area=None, flip=r.flip)
-    losses = []
+    losses, rates = [], []
     for images, labels in batches.take(4).as_numpy_iterator():
         ref.reset_metrics()  # the loss of this batch, not a running mean
         logs = ref.train_on_batch(images, labels, return_dict=True)
         losses.append(float(logs["loss"]))
+        rates.append(float(ops.convert_to_numpy(ref.optimizer.learning_rate)))
     got = [row["loss"] for row in run.metrics["history"]]
     assert [row["step"] for row in run.metrics["history"]] == [1, 2, 3, 4]
     np.testing.assert_allclose(got, losses, rtol=1e-4, atol=1e-5)
+    # The logged rate is the one the optimizer holds after each step.
+    np.testing.assert_allclose(
+        [row["learning_rate"] for row in run.metrics["history"]], rates,
+        rtol=1e-6)
+    assert len(set(rates)) > 1  # warm-up then decay: the rows differ
     for a, b in zip(_weights(run.model), _weights(ref)):
         np.testing.assert_allclose(a, b, atol=2e-5)
     assert run.metrics["history"][-1]["loss"] < 2.3

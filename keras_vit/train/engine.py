@@ -462,6 +462,10 @@ class Trainer:
                                            r.dropout_rate)))
             self.model = self.prepare_model(self.model)
             self.optimizer = recipes_lib.make_optimizer(r, self.total_steps)
+            # The optimizer's own schedule, read at a step for the logs
+            # (asking the optimizer would first copy a JAX step's state).
+            self._schedule = recipes_lib.learning_rate_schedule(
+                r, self.total_steps)
             self.optimizer.build(self.model.trainable_variables)
             self.engine.setup(self)
         self.ema = self.engine.ema
@@ -754,8 +758,7 @@ class Trainer:
 
         values = np.asarray([[float(t) for t in out] for out in pending])
         loss, acc, norm = (float(v) for v in values.mean(axis=0))
-        self.engine.sync()  # the schedule reads the optimizer's step
-        lr = float(ops.convert_to_numpy(self.optimizer.learning_rate))
+        lr = float(ops.convert_to_numpy(self._schedule(step)))
         row = {"step": step, "epoch": epoch, "loss": round(loss, 6),
                "accuracy": round(acc, 6), "grad_norm": round(norm, 6),
                "learning_rate": lr}
