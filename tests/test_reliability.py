@@ -816,6 +816,23 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     assert "lower --batch-size (now 64)" in err and "Traceback" not in err
 
 
+def test_memory_check_is_for_host_memory_only(monkeypatch):
+    import types
+
+    from keras_vit.train import cli as train_cli
+
+    trainer = types.SimpleNamespace(
+        model=_tiny(), micro=64, per_replica=64,
+        recipe=types.SimpleNamespace(image_size=16, batch_size=64))
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    with pytest.raises(ValueError, match="GiB of activations"):
+        train_cli.check_fits_memory(trainer, available=2**16)
+    # On an accelerator (asked of the current Keras backend, or forced as
+    # here) host memory does not hold the activations: no refusal.
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "gpu")
+    assert train_cli.check_fits_memory(trainer, available=2**16) is None
+
+
 def test_pretrain_refuses_a_step_that_cannot_fit_memory(
         tmp_path, monkeypatch, capsys):
     from keras_vit.train import cli as train_cli

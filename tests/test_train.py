@@ -684,6 +684,8 @@ def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
          "without model.keras"),
         (["fewshot", tiny_path, "--data", str(tmp_path)],
          "--eval-data is needed"),
+        (["fewshot", tiny_path, "--data", "digits:test"],
+         "pass the training split (e.g. digits:train) as --data"),
     ]
     for argv, needle in cases:
         assert cli.main(argv) == 2, argv

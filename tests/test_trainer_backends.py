@@ -357,6 +357,51 @@ def test_jax_data_parallel_on_two_devices_equals_one_device(tmp_path):
     assert out["max_diff"] < 1e-5 and out["eval"] == 450
 
 
+CPU_DEVICES_SCRIPT = textwrap.dedent("""
+    import json
+    import keras
+    from keras_vit import train as kt
+
+    out = {}
+    try:
+        kt.configure_cpu_devices(2)  # before the backend makes its devices
+        import keras_vit
+        keras_vit.vit(16, 4, 32, 1, 2, 64, 10)(keras.ops.zeros((1, 16, 16, 3)))
+        if keras.backend.backend() == "jax":
+            import jax
+            out["devices"] = len(jax.devices())
+        else:
+            import tensorflow as tf
+            out["devices"] = len(tf.config.list_logical_devices("CPU"))
+        kt.configure_cpu_devices(2)  # the same again: fine
+        kt.configure_cpu_devices(3)  # too late
+    except kt.StrategyError as e:
+        out["error"] = str(e)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.backends
+def test_cpu_devices_on_this_backend(tmp_path):
+    path = tmp_path / "cpu_devices.py"
+    path.write_text(CPU_DEVICES_SCRIPT)
+    backend = keras.backend.backend()
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True,
+                          text=True, timeout=SUBPROCESS_TIMEOUT,
+                          env=_env(KERAS_BACKEND=backend))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    out = json.loads(line[len("RESULT "):])
+    if backend == "torch":  # one device: asking for two is refused at once
+        assert "devices" not in out
+        assert "cpu_devices=2 splits the CPU" in out["error"]
+        assert "KERAS_BACKEND=jax" in out["error"]
+        return
+    assert out["devices"] == 2
+    assert out["error"].startswith(
+        f"cpu_devices=3 must be configured before the '{backend}' backend")
+
+
 @pytest.mark.backends
 def test_model_parallel_is_refused_clearly_where_it_cannot_run():
     backend = keras.backend.backend()

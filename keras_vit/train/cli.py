@@ -118,10 +118,11 @@ def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
     the available memory, saying what to change: a ``--micro-batch-size``
     that fits (gradient accumulation: the same updates), or a smaller
-    ``--batch-size`` / ``--image-size``."""
-    import tensorflow as tf
+    ``--batch-size`` / ``--image-size``. Runs on an accelerator (of
+    whichever Keras backend) are not checked: host memory is not theirs."""
+    from keras_vit import hardware
 
-    if tf.config.list_logical_devices("GPU"):
+    if hardware.detect().accelerator != "cpu":
         return
     available = available_memory() if available is None else available
     need = step_memory_estimate(trainer.model, trainer.micro)
@@ -211,7 +212,8 @@ def _add_runtime_options(p):
                    help="TPU name or grpc://host:port (strategy tpu/auto)")
     p.add_argument("--cpu-devices", type=positive_int, metavar="N",
                    help="split the CPU into N logical devices (to run "
-                        "'mirrored' without GPUs)")
+                        "'mirrored' on TensorFlow or 'data_parallel' on jax "
+                        "without GPUs)")
 
 
 def register(subparsers):
@@ -594,9 +596,13 @@ def run_fewshot(args):
 
     eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
     if eval_spec is None:
+        why = ("few-shot fits its classifier on --data and scores it on "
+               "--eval-data, so --data cannot be the test split itself: "
+               "pass the training split (e.g. digits:train) as --data"
+               if str(args.data).endswith(":test") else
+               "only digits and tfds data have a default test split")
         raise ValueError(
-            f"--eval-data is needed with --data={args.data!r} (only digits "
-            "and tfds data have a default test split)")
+            f"--eval-data is needed with --data={args.data!r} ({why})")
     train = data_lib.load_data(args.data, data_dir=args.data_dir,
                                download=args.download)
     test = data_lib.load_data(eval_spec, split="test",

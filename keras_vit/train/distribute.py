@@ -31,19 +31,48 @@ class StrategyError(ValueError):
 def configure_cpu_devices(count):
     """Splits the host CPU into ``count`` logical devices.
 
-    This lets :class:`tf.distribute.MirroredStrategy` run several replicas on
-    a machine without GPUs (tests, trying a multi-device run on a laptop). It
-    must run before TensorFlow initialises its devices, i.e. before the first
-    tensor is created; afterwards TensorFlow refuses and this raises.
+    This lets several replicas run on a machine without GPUs (tests, trying
+    a multi-device run on a laptop): :class:`tf.distribute.MirroredStrategy`
+    under TensorFlow, ``keras.distribution.DataParallel`` (the Trainer's
+    ``strategy="data_parallel"``, ``model_parallel``) under JAX. It must run
+    before the backend initialises its devices (before the first tensor or
+    array is created); afterwards the backend refuses and this raises. The
+    torch backend trains on one device, so it refuses any ``count`` above 1.
 
     >>> configure_cpu_devices(1)  # the default: a no-op once TF is running
     """
-    import tensorflow as tf
+    import keras
 
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(
             f"cpu_devices must be a positive integer; received "
             f"cpu_devices={count!r}")
+    backend = keras.backend.backend()
+    too_late = (
+        f"cpu_devices={count} must be configured before the {backend!r} "
+        "backend initialises its devices (before any tensor is created); "
+        "call keras_vit.train.configure_cpu_devices first in the program, "
+        "or pass --cpu-devices on the command line.")
+    if backend == "jax":
+        import jax
+
+        try:
+            jax.config.update("jax_num_cpu_devices", count)
+        except RuntimeError as e:  # JAX has made its devices already
+            if len(jax.devices("cpu")) == count:
+                return
+            raise StrategyError(f"{too_late} JAX said: {e}") from None
+        return
+    if backend != "tensorflow":
+        if count == 1:
+            return
+        raise StrategyError(
+            f"cpu_devices={count} splits the CPU for several replicas, but "
+            f"the {backend!r} Keras backend trains on one device; set "
+            "KERAS_BACKEND=jax (strategy 'data_parallel') or =tensorflow "
+            "(strategy 'mirrored') to run replicas on CPU devices.")
+    import tensorflow as tf
+
     cpus = tf.config.list_physical_devices("CPU")
     current = tf.config.get_logical_device_configuration(cpus[0])
     if len(current or [None]) == count:
@@ -54,12 +83,7 @@ def configure_cpu_devices(count):
     except RuntimeError as e:
         if len(tf.config.list_logical_devices("CPU")) == count:
             return
-        raise StrategyError(
-            f"cpu_devices={count} must be configured before TensorFlow "
-            "initialises its devices (before any tensor is created); call "
-            "keras_vit.train.configure_cpu_devices first in the program, or "
-            f"pass --cpu-devices on the command line. TensorFlow said: {e}"
-        ) from None
+        raise StrategyError(f"{too_late} TensorFlow said: {e}") from None
 
 
 def cluster_from_env():
@@ -380,31 +404,14 @@ def check_precision(requested="auto", *, on_tpu=False):
     if requested == "auto":
         return "mixed_bfloat16" if on_tpu else "float32"
     if requested == "mixed_bfloat16" and not on_tpu:
-        gpu = _has_gpu()
-        if not gpu and not cpu_has_bf16():
+        from keras_vit import hardware
+
+        if hardware.detect().accelerator == "cpu" and not cpu_has_bf16():
             warnings.warn(
                 "precision='mixed_bfloat16' on a CPU without native bfloat16 "
                 "(no avx512_bf16 / amx_bf16 flag): it is emulated and slower "
                 "than float32.", stacklevel=3)
     return requested
-
-
-def _has_gpu():
-    """Whether the current Keras backend computes on a GPU."""
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.devices()[0].platform == "gpu"
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    import tensorflow as tf
-
-    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def cpu_has_bf16():
