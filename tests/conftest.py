@@ -35,6 +35,23 @@ def pytest_addoption(parser):
              "in child processes). Default: $KERAS_BACKEND if set, else all.")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (setup.cfg): one worker per core, at most 4 (each holds
+    TensorFlow and builds models up to ViT-H; more would contend for memory
+    bandwidth and RAM), and at least 4 GiB of memory each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    by_memory = cores
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f
+                       if line.startswith("MemAvailable:"))
+        by_memory = kib // (4 * 2**20)
+    except (OSError, StopIteration, ValueError):
+        pass  # not Linux: trust the core count
+    return max(1, min(cores, 4, by_memory))
+
+
 def _backend_option(config):
     chosen = config.getoption("--backend")
     if chosen is None:

@@ -9,6 +9,7 @@ inherited.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,9 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
+    # From a copy of the sources: setuptools writes build/ and *.egg-info
+    # into the tree it builds, and another test (test_first_run.py, perhaps
+    # in a parallel worker) pip-installs the checkout itself.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache",
+        ".venv*", ".benchmarks"))
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
          "--no-build-isolation", "-w", str(dist), "-q"],
         check=True, timeout=600, cwd=tmp_path)
     (wheel,) = dist.glob("keras_vit-*.whl")
