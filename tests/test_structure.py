@@ -94,3 +94,14 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
     assert cross_module_private_uses(source) == [
         (1, "keras_vit.models.vit._pair"),
         (4, "keras_vit.train.data._import_tfds")]
+
+
+def test_the_longest_first_schedule_names_test_files():
+    # tests/conftest.py runs these files first under xdist; a renamed or
+    # deleted file would silently drop out of the schedule.
+    import conftest
+
+    names = conftest.LONGEST_FIRST
+    assert len(set(names)) == len(names)
+    missing = [n for n in names if not (ROOT / "tests" / n).is_file()]
+    assert not missing, missing
