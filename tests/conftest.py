@@ -41,6 +41,10 @@ def pytest_xdist_auto_num_workers(config):
     bandwidth and RAM), and at least 4 GiB of memory each."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
+    # MemAvailable read here, not through keras_vit.train.cli's
+    # available_memory: xdist asks from pytest_cmdline_main, before
+    # pytest_configure has chosen KERAS_BACKEND, and importing keras_vit
+    # would import Keras with whatever backend the environment names.
     by_memory = cores
     try:
         with open("/proc/meminfo") as f:
