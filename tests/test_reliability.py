@@ -1158,3 +1158,97 @@ def test_unicode_paths_round_trip(tmp_path, capsys):
     _odd_image(image, "rgba")
     assert cli.main(["predict", str(keras_file), str(image)]) == 0
     assert str(image) in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# Issue 24: bounded, never stuck, always clear.
+# ---------------------------------------------------------------------------
+
+
+class _HubServer:
+    """A Hub endpoint on 127.0.0.1 that trickles a byte every 2 s (HEAD
+    and GET alike), and a listener that accepts and never answers."""
+
+    def __init__(self):
+        import http.server
+        import socket
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if "/missing/" in self.path or "/resolve/" not in self.path:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.send_header("X-Repo-Commit", "a" * 40)
+                self.send_header("ETag", '"abc"')
+                self.end_headers()
+                for _ in range(100):
+                    try:
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(2)
+
+            do_HEAD = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                     Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.silent = socket.socket()
+        self.silent.bind(("127.0.0.1", 0))
+        self.silent.listen(16)  # the kernel accepts; nobody answers
+        self.trickle = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.mute = f"http://127.0.0.1:{self.silent.getsockname()[1]}"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.silent.close()
+
+
+@pytest.fixture(scope="module")
+def hub_server():
+    pytest.importorskip("huggingface_hub")
+    server = _HubServer()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["trickle", "mute"])
+def test_hub_download_has_an_overall_deadline(hub_server, tmp_path,
+                                              monkeypatch, endpoint):
+    from keras_vit.zoo import download, timm_hub
+
+    monkeypatch.setenv("HF_ENDPOINT", getattr(hub_server, endpoint))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    start = time.monotonic()
+    with pytest.raises(download.DownloadError,
+                       match=r"hf-hub:timm/vit_x did not finish within 2 s"):
+        timm_hub.fetch("hf-hub:timm/vit_x", progress=False, timeout=60,
+                       deadline=2)
+    assert time.monotonic() - start < 5.0
+
+
+def test_hub_failure_is_a_download_error_naming_the_repo(
+        hub_server, tmp_path, monkeypatch):
+    from keras_vit.zoo import download, timm_hub
+
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.trickle)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(download.DownloadError,
+                       match=r"could not download hf-hub:timm/missing@v1: "):
+        timm_hub.fetch("hf-hub:timm/missing@v1", progress=False, timeout=5,
+                       deadline=60)
+    with pytest.raises(ValueError, match="deadline=0"):
+        timm_hub.fetch("hf-hub:timm/vit_x", deadline=0)

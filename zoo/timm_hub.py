@@ -34,7 +34,7 @@ from keras_vit import atomic
 from keras_vit.errors import require
 from keras_vit.models import variants
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
-from keras_vit.zoo import convert
+from keras_vit.zoo import convert, download
 
 HUB_PREFIX = "hf-hub:"
 CONFIG_FILE = "config.json"
@@ -83,31 +83,114 @@ def is_timm_source(value):
             or os.path.isfile(os.path.join(value, WEIGHTS_FILE)))
 
 
-def fetch(source, progress=None):
+# huggingface_hub bounds each wait for bytes (HF_HUB_ETAG_TIMEOUT,
+# HF_HUB_DOWNLOAD_TIMEOUT) but not a whole download: a server trickling a
+# byte every few seconds holds it forever, and its HTTP client changes with
+# each major version (requests, httpx, ...), so no socket of it can be
+# bounded from here. It runs in a child process (huggingface_hub alone,
+# ~0.3 s to start) that is killed at the deadline: the bucket downloads'
+# bounds (zoo/download.py) for the hub route. The child prints one JSON
+# line: the paths, or the error.
+_HUB_CHILD = r"""
+import json, sys
+repo, revision, files, quiet = json.loads(sys.argv[1])
+try:
+    import huggingface_hub
+    from huggingface_hub import utils
+    if quiet:
+        utils.disable_progress_bars()
+    out = {"paths": [huggingface_hub.hf_hub_download(
+        repo, name, revision=revision, library_name="keras-vit")
+        for name in files]}
+except Exception as e:
+    out = {"error": type(e).__name__, "message": str(e)}
+sys.stdout.write("\n" + json.dumps(out) + "\n")
+"""
+HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+
+
+def _stop(child):
+    """Kills ``child``'s process group and reaps it."""
+    import signal
+
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.communicate()
+
+
+def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
+                 timeout=60.0, deadline=download.DEFAULT_DEADLINE):
+    """Local paths of ``files`` of the Hub repository ``repo``, through
+    ``huggingface_hub``'s cache, with the bucket downloads' bounds:
+    ``timeout`` for each wait for bytes (connect included; sets
+    ``HF_HUB_ETAG_TIMEOUT`` / ``HF_HUB_DOWNLOAD_TIMEOUT`` unless they are
+    set; huggingface_hub still retries once with its own 60 s),
+    ``deadline`` for the whole: past it the download is stopped with a
+    :class:`download.DownloadError` naming it (huggingface_hub resumes
+    the partial file next time). Any failure of huggingface_hub's is a
+    ``DownloadError`` naming the repository."""
+    import math
+    import subprocess
+    import sys
+
+    from keras_vit.errors import check_number
+
+    require("huggingface_hub", purpose="hf-hub: weights")
+    check_number("timeout", timeout, low=0, low_open=True)
+    check_number("deadline", deadline, low=0, low_open=True)
+    where = f"hf-hub:{repo}" + (f"@{revision}" if revision else "")
+    env = dict(os.environ)
+    for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+        env.setdefault(name, str(max(1, math.ceil(timeout))))
+    job = json.dumps([repo, revision or None, list(files), progress is False])
+    # stderr stays the caller's: huggingface_hub's progress bars and
+    # warnings show as they would in this process.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HUB_CHILD, job], env=env,
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+    try:
+        out, _ = child.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        _stop(child)
+        raise download.DownloadError(
+            f"download of {where} did not finish within {deadline:g} s and "
+            "was stopped; pass a larger deadline, or check HF_ENDPOINT and "
+            "the network") from None
+    except BaseException:
+        _stop(child)
+        raise
+    lines = [line for line in (out or "").splitlines() if line.strip()]
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise download.DownloadError(
+            f"download of {where} failed: its process ended with status "
+            f"{child.returncode} and no result") from None
+    if "error" in result:
+        raise download.DownloadError(
+            f"could not download {where}: {result['error']}: "
+            f"{' '.join(str(result['message']).split())}")
+    return result["paths"]
+
+
+def fetch(source, progress=None, *, timeout=60.0,
+          deadline=download.DEFAULT_DEADLINE):
     """``(config dict, local .safetensors path)`` of ``source``; Hub files
     come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` never
-    goes online, ``HF_ENDPOINT`` picks another server)."""
+    goes online, ``HF_ENDPOINT`` picks another server) within ``timeout``
+    per wait and ``deadline`` in all (see :func:`hub_download`)."""
     source = os.fspath(source)
     if source.startswith(HUB_PREFIX):
-        hub = require("huggingface_hub", purpose="hf-hub: weights")
         repo, _, revision = source[len(HUB_PREFIX):].partition("@")
         if not repo or repo.count("/") != 1:
             raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
                              f"[@revision]; received {source!r}")
-        bars = require("huggingface_hub.utils", package="huggingface_hub")
-        # huggingface_hub shows its own progress bars (on by default);
-        # progress=False silences them for this call only.
-        quiet = progress is False and not bars.are_progress_bars_disabled()
-        if quiet:
-            bars.disable_progress_bars()
-        try:
-            config_path, path = (
-                hub.hf_hub_download(repo, name, revision=revision or None,
-                                    library_name="keras-vit")
-                for name in (CONFIG_FILE, WEIGHTS_FILE))
-        finally:
-            if quiet:
-                bars.enable_progress_bars()
+        config_path, path = hub_download(
+            repo, revision or None, progress=progress, timeout=timeout,
+            deadline=deadline)
     elif os.path.isdir(source):
         config_path = os.path.join(source, CONFIG_FILE)
         path = os.path.join(source, WEIGHTS_FILE)
