@@ -322,6 +322,22 @@ def _model_geometry(model):
     return int(shape[1]), int(shape[2])
 
 
+def _check_image_path(path):
+    """One error naming IMAGE unless ``path`` is a regular file (opening a
+    FIFO would block until something writes to it)."""
+    from keras_vit.errors import special_file
+
+    if os.path.isdir(path):
+        raise UserError(f"IMAGE={path!r} is a directory; pass image "
+                        "files (a shell glob such as DIR/*.jpg)")
+    kind = special_file(path)
+    if kind is not None:
+        raise UserError(f"IMAGE={path!r} is {kind}, not a regular file; "
+                        "pass image files")
+    if not os.path.isfile(path):
+        raise UserError(f"IMAGE={path!r} does not exist")
+
+
 def _read_image(path):
     """One image as (height, width, 3) float32 RGB pixels in [0, 255]."""
     import numpy as np
@@ -348,11 +364,7 @@ def _cmd_predict(args):
 
         variants.parse(args.model)  # name errors before the images are read
     for path in args.images:
-        if os.path.isdir(path):
-            raise UserError(f"IMAGE={path!r} is a directory; pass image "
-                            "files (a shell glob such as DIR/*.jpg)")
-        if not os.path.isfile(path):
-            raise UserError(f"image not found: {path}")
+        _check_image_path(path)
     model, description = _load_for_predict(args)
     if args.image_size is not None and _looks_like_file(args.model):
         if _model_geometry(model) != (args.image_size, args.image_size):

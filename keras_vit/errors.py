@@ -32,6 +32,7 @@ import importlib
 import inspect
 import math
 import os
+import stat
 import zipfile
 
 
@@ -341,3 +342,32 @@ def check_archive(name, path, kind, *, error=ValueError):
         raise error(f"{name}={path!r} is not {kind} (not a zip archive: "
                     "truncated, or another format?)")
     return path
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def special_file(path):
+    """What ``path`` is when it is not a regular file (``"a FIFO (named
+    pipe)"``, ``"a directory"``, ...), or None for a regular file or a link
+    to one, and for a path that does not exist. Readers check this before
+    opening: opening a FIFO blocks until someone writes to it, a device
+    never ends.
+
+    >>> special_file("/dev/null")
+    'a character device'
+    >>> special_file(__file__) is None
+    True
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "not a regular file"

@@ -263,7 +263,7 @@ def test_predict_from_a_keras_file(tmp_path, ti_1000, image_path, capsys):
 def test_predict_errors(tmp_path, ti_1000, image_path, capsys):
     assert cli.main(["predict", "ViT-Ti/16", str(tmp_path / "no.png"),
                      "--weights", str(ti_1000)]) == 2
-    assert "image not found" in capsys.readouterr().err
+    assert "no.png' does not exist" in capsys.readouterr().err
     not_image = tmp_path / "notes.png"
     not_image.write_text("not an image")
     assert cli.main(["predict", "ViT-Ti/16", str(not_image),

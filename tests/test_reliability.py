@@ -1252,3 +1252,46 @@ def test_hub_failure_is_a_download_error_naming_the_repo(
                        deadline=60)
     with pytest.raises(ValueError, match="deadline=0"):
         timm_hub.fetch("hf-hub:timm/vit_x", deadline=0)
+
+
+def _fifo(path):
+    import os
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    os.mkfifo(path)
+    return path
+
+
+def test_a_fifo_in_an_image_folder_is_skipped_and_named(tmp_path):
+    from PIL import Image
+
+    from keras_vit import train as kt
+
+    root = tmp_path / "data"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    _fifo(root / "a" / "x.png")  # opening it would block forever
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match=r"x\.png \(a FIFO \(named pipe\), "
+                                         r"not a regular file\)"):
+        source = kt.load_data(str(root))
+    assert source.num_examples == 4
+    assert time.monotonic() - start < 20.0
+
+
+def test_predict_names_a_fifo_and_a_missing_image(tiny_keras, tmp_path,
+                                                   capsys):
+    from keras_vit import analysis, cli
+
+    fifo = _fifo(tmp_path / "x.png")
+    assert cli.main(["predict", str(tiny_keras), str(fifo)]) == 2
+    assert (f"IMAGE={str(fifo)!r} is a FIFO (named pipe), not a regular "
+            "file") in _one_error_line(capsys)
+    assert cli.main(["predict", str(tiny_keras), str(tmp_path / "no.png")]
+                    ) == 2
+    assert "no.png' does not exist" in _one_error_line(capsys)
+    with pytest.raises(ValueError, match="is a FIFO"):
+        analysis.load_images([str(fifo)], 8)

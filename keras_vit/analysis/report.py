@@ -52,6 +52,7 @@ def load_images(paths, image_size, channels=3):
                          f"channels={channels!r}")
     out = []
     for path in paths:
+        _check_image_file(path)
         with Image.open(path) as im:
             im = ImageOps.exif_transpose(im).convert(
                 "RGB" if channels == 3 else "L")
@@ -63,6 +64,16 @@ def load_images(paths, image_size, channels=3):
             antialias=False)
         out.append(np.asarray(resized)[0])
     return np.stack(out)
+
+
+def _check_image_file(path):
+    from keras_vit.errors import special_file
+
+    kind = special_file(path)  # opening a FIFO blocks until it is written
+    if kind is not None:
+        raise ValueError(f"image {path!r} is {kind}, not a regular file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image not found: {path!r}")
 
 
 def _image_paths(images):
@@ -77,8 +88,7 @@ def _image_paths(images):
         raise ValueError("images must name at least one image file; "
                          f"received images={images!r}")
     for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"image not found: {path!r}")
+        _check_image_file(path)
     return paths
 
 

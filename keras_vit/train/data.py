@@ -30,7 +30,8 @@ import warnings
 import numpy as np
 
 from keras_vit import compat
-from keras_vit.errors import check_archive, closest, did_you_mean, require
+from keras_vit.errors import (check_archive, closest, did_you_mean, require,
+                              special_file)
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
 TF_IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "BMP", "WEBP"}
@@ -350,6 +351,12 @@ def check_images(candidates, verbose):
         ext = os.path.splitext(path)[1].lower()
         if ext not in IMAGE_EXTENSIONS:
             skipped.append((path, f"not an image extension {ext or '(none)'}"))
+            continue
+        # Opening a FIFO blocks until something writes to it: the run would
+        # hang with no output (issue 24). Only regular files are read.
+        kind = special_file(path)
+        if kind is not None:
+            skipped.append((path, f"{kind}, not a regular file"))
             continue
         try:
             with Image.open(path) as im:
