@@ -1295,3 +1295,17 @@ def test_predict_names_a_fifo_and_a_missing_image(tiny_keras, tmp_path,
     assert "no.png' does not exist" in _one_error_line(capsys)
     with pytest.raises(ValueError, match="is a FIFO"):
         analysis.load_images([str(fifo)], 8)
+
+
+def test_cpu_devices_are_bounded(capsys):
+    from keras_vit import train as kt
+    from keras_vit.train import cli as train_cli
+
+    start = time.monotonic()
+    assert train_cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
+                           "--cpu-devices", "100000"]) == 2
+    assert ("--cpu-devices must be an integer in [1, 64]; received "
+            "--cpu-devices=100000") in _one_error_line(capsys)
+    with pytest.raises(kt.StrategyError, match="cpu_devices=100000"):
+        kt.configure_cpu_devices(100000)
+    assert time.monotonic() - start < 10

@@ -344,8 +344,12 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.train.distribute import configure_cpu_devices
+        from keras_vit.errors import check_int
+        from keras_vit.train.distribute import (MAX_CPU_DEVICES,
+                                                configure_cpu_devices)
 
+        check_int("--cpu-devices", args.cpu_devices, low=1,
+                  high=MAX_CPU_DEVICES)
         configure_cpu_devices(args.cpu_devices)
 
 

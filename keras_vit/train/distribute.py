@@ -24,6 +24,12 @@ NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 TPU_TIMEOUT = 20.0
 
 
+# Logical CPU devices are for trying replicas without GPUs; each replica
+# holds a copy of the model and its own threads, so 100000 of them never
+# got past start-up (issue 24: no output, no end).
+MAX_CPU_DEVICES = 64
+
+
 class StrategyError(ValueError):
     """The requested strategy cannot be built on this machine."""
 
@@ -43,10 +49,10 @@ def configure_cpu_devices(count):
     """
     import keras
 
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(
-            f"cpu_devices must be a positive integer; received "
-            f"cpu_devices={count!r}")
+    from keras_vit.errors import check_int
+
+    check_int("cpu_devices", count, low=1, high=MAX_CPU_DEVICES,
+              error=StrategyError)
     backend = keras.backend.backend()
     too_late = (
         f"cpu_devices={count} must be configured before the {backend!r} "
