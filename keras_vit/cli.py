@@ -278,6 +278,34 @@ def _looks_like_file(value):
         os.path.isfile(value) and not value.endswith(".safetensors"))
 
 
+def _is_keras_model(value):
+    """A ``.keras`` file or a run directory holding one."""
+    from keras_vit.models.resolve import RUN_MODEL_FILE
+
+    return value.endswith(".keras") or os.path.isfile(
+        os.path.join(value, RUN_MODEL_FILE))
+
+
+def _check_model_name(value):
+    """A zoo name, else one error: "does not exist" for what looks like a
+    path (``runs/x``, ``./x``, ``/x``), the zoo's unknown-name error for
+    the rest (zoo names hold a slash too: ``ViT-B/16``)."""
+    from keras_vit.models import variants
+
+    try:
+        variants.parse(value)
+    except ValueError:
+        parent = os.path.dirname(value.rstrip("/" + os.sep))
+        if (os.path.isabs(value) or value.startswith(("./", "../", "~"))
+                or value.endswith(("/", os.sep))
+                or (parent and os.path.isdir(parent))):
+            raise UserError(
+                f"MODEL={value!r} does not exist (expected a zoo name, a "
+                f".keras file or a run directory; `{PROG} list` shows the "
+                "names)") from None
+        raise
+
+
 def _load_for_predict(args):
     """Returns ``(model, description)`` for NAME, a ``.keras`` file or a
     run directory."""
@@ -358,15 +386,13 @@ def _cmd_predict(args):
     from keras_vit.zoo import timm_hub
     from keras_vit.zoo.preprocessing import model_labels, softmax
 
-    if not _looks_like_file(args.model) and not timm_hub.is_timm_source(
-            args.model):
-        from keras_vit.models import variants
-
-        variants.parse(args.model)  # name errors before the images are read
+    if not (_looks_like_file(args.model) or os.path.isdir(args.model)
+            or timm_hub.is_timm_source(args.model)):
+        _check_model_name(args.model)  # before the images are read
     for path in args.images:
         _check_image_path(path)
     model, description = _load_for_predict(args)
-    if args.image_size is not None and _looks_like_file(args.model):
+    if args.image_size is not None and _is_keras_model(args.model):
         if _model_geometry(model) != (args.image_size, args.image_size):
             raise UserError(
                 f"--image-size {args.image_size} does not apply to a .keras "

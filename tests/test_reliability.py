@@ -1309,3 +1309,24 @@ def test_cpu_devices_are_bounded(capsys):
     with pytest.raises(kt.StrategyError, match="cpu_devices=100000"):
         kt.configure_cpu_devices(100000)
     assert time.monotonic() - start < 10
+
+
+def test_predict_on_a_run_directory_and_a_missing_path(tiny_keras, tmp_path,
+                                                       capsys):
+    import json
+    import shutil
+
+    from keras_vit import cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_keras, run / "model.keras")
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(run), str(image), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "run" and len(out["predictions"]) == 1
+    for missing in (tmp_path / "nope", "./nope-x"):
+        assert cli.main(["predict", str(missing), str(image)]) == 2
+        assert (f"MODEL={str(missing)!r} does not exist"
+                in _one_error_line(capsys))
