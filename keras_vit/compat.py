@@ -118,3 +118,62 @@ def tflite_ops_details(interpreter):
                   "Interpreter._get_ops_details", "ai-edge-litert",
                   "report which ops of a .tflite file run in int8")
     return fn()
+
+
+def onednn_supports(dtype_name):
+    """Whether TensorFlow's oneDNN kernels run ``dtype_name`` (e.g.
+    ``"bfloat16"``) natively on this CPU (TensorFlow's
+    ``_pywrap_utils.IsDataTypeSupportedByOneDNNOnThisCPU``: AVX512F or
+    AVX-NE-CONVERT for bf16). Only then does grappler rewrite bf16 ops to
+    oneDNN ones; elsewhere TensorFlow runs them through Eigen."""
+    import tensorflow as tf
+    from tensorflow.python.util import _pywrap_utils
+
+    fn = _require(_pywrap_utils, "IsDataTypeSupportedByOneDNNOnThisCPU",
+                  "_pywrap_utils.IsDataTypeSupportedByOneDNNOnThisCPU",
+                  "tensorflow", "ask whether oneDNN runs bf16 on this CPU")
+    return bool(fn(tf.as_dtype(dtype_name)))
+
+
+def tf_executed_graphs(run, arg_name=None):
+    """Calls ``run()`` with TensorFlow's run metadata on and returns the
+    ``GraphDef`` partitions its functions ran as: the graphs after grappler
+    and oneDNN's rewrites, one per function instantiated during the call
+    (``context.enable_run_metadata`` / ``export_run_metadata``).
+
+    The metadata can also hold functions of other models that TensorFlow
+    happened to instantiate in the same window; ``arg_name`` keeps only the
+    functions with an argument of that name."""
+    from tensorflow.python.eager import context as tf_context
+
+    ctx = tf_context.context()
+    for attr in ("enable_run_metadata", "export_run_metadata",
+                 "disable_run_metadata"):
+        _require(ctx, attr, f"tensorflow.python.eager.context.{attr}",
+                 "tensorflow", "read the graphs TensorFlow optimised")
+    ctx.enable_run_metadata()
+    try:
+        run()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    functions = list(metadata.function_graphs)
+    if arg_name is not None:
+        functions = [f for f in functions if any(
+            node.op == "_Arg" and node.name == arg_name
+            for node in f.pre_optimization_graph.node)]
+    return [partition for function in functions
+            for partition in function.partition_graphs]
+
+
+def onednn_enabled():
+    """Whether this TensorFlow runs its CPU graphs through oneDNN (the
+    default on x86 Linux; ``TF_ENABLE_ONEDNN_OPTS=0`` turns it off), which
+    is where grappler's fusions of matmul, bias and GELU exist
+    (``_pywrap_util_port.IsMklEnabled``)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    fn = _require(_pywrap_util_port, "IsMklEnabled",
+                  "_pywrap_util_port.IsMklEnabled", "tensorflow",
+                  "ask whether TensorFlow's CPU graphs use oneDNN")
+    return bool(fn())

@@ -7,9 +7,13 @@ hardware has rather than from a constant measured on one machine:
   TensorFlow's oneDNN kernels 4-6x faster than float32, while XLA's CPU dots
   do not use the tiles: there bf16 inference and mixed-precision training
   take TensorFlow's graph path, without XLA.
-* CPUs with only AVX512-BF16 (Cooper Lake, AMD Zen 4) or nothing: oneDNN's
-  bf16 graph kernels measured slower than float32 on both kinds we ran
-  (docs/benchmarks.md), so XLA's fusions are the faster bf16 path there.
+* Other CPUs: whether oneDNN's bf16 kernels beat float32 depends on more
+  than the flags (an AMD Zen 4 with AVX512-BF16 ran a ViT-B/16 bf16 forward
+  1.8x float32 through TensorFlow's graph and 0.97x through XLA; CPUs that
+  only emulate bf16 run it slower than float32), so
+  :func:`bf16_matmul_speedup` times one bf16 and one float32 matmul once per
+  process and bf16 takes the graph path when it is at least
+  ``BF16_GRAPH_MIN_SPEEDUP`` faster; otherwise XLA.
 * float32 on any CPU: TensorFlow's graph (oneDNN fuses matmul, bias and
   GELU), measured as fast as XLA or faster, and nothing to compile per
   batch size.
@@ -157,6 +161,54 @@ def detect():
                    keras.backend.backend())
 
 
+#: bf16 takes TensorFlow's graph path on a CPU without AMX when a probe
+#: finds oneDNN's bf16 matmul at least this much faster than its float32 one
+#: (AVX512-BF16 CPUs such as AMD Zen 4 measured about 2x; CPUs that only
+#: emulate bf16 with AVX512F measure below 1).
+BF16_GRAPH_MIN_SPEEDUP = 1.3
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_matmul_speedup():
+    """How much faster TensorFlow's graph runs a ViT-sized bf16 matmul than
+    the float32 one on this CPU (float32 time / bf16 time, best of 5 each),
+    measured once per process in about a second. The plan uses it on CPUs
+    without AMX, where whether bf16 pays depends on more than the flags."""
+    import time
+
+    import tensorflow as tf
+
+    with tf.init_scope():  # eager, even when first asked inside a trace
+        rng = tf.random.Generator.from_seed(0)
+        a = rng.uniform((512, 768))
+        b = rng.uniform((768, 3072))
+        best = {}
+        for dtype in ("float32", "bfloat16"):
+            x, y = tf.cast(a, dtype), tf.cast(b, dtype)
+            fn = tf.function(lambda x, y: tf.reduce_sum(
+                tf.cast(tf.linalg.matmul(x, y)[:1, :1], "float32")))
+            fn(x, y).numpy()
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                fn(x, y).numpy()
+                times.append(time.perf_counter() - start)
+            best[dtype] = min(times)
+    return best["float32"] / max(best["bfloat16"], 1e-9)
+
+
+def _onednn_bf16(hardware):
+    """Whether TensorFlow runs bf16 through oneDNN here. A forced flag list
+    (``KERAS_VIT_CPU_FLAGS``) is taken at its word: AMX implies AVX512F,
+    which is what oneDNN's bf16 kernels need."""
+    if os.environ.get("KERAS_VIT_CPU_FLAGS") is not None:
+        return hardware.bf16_units is not None or "avx512f" in \
+            hardware.cpu_flags
+    from keras_vit import compat
+
+    return compat.onednn_supports("bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How to run a model of one dtype here.
@@ -165,13 +217,17 @@ class Plan:
     ``"graph"`` (a ``tf.function`` without XLA, TensorFlow's oneDNN kernels)
     or ``"eager"``; ``train_jit``: the ``jit_compile`` of training steps;
     ``attention``: ``"fused"`` (``keras.ops.dot_product_attention``) or
-    ``"einsum"``; ``reason``: why, in words.
+    ``"einsum"``; ``reason``: why, in words; ``softmax``: the dtype the
+    einsum attention's softmax runs in, ``"float32"`` (logits cast up and
+    the probabilities back) or ``"input"`` (bf16 straight into oneDNN's
+    softmax, which computes in float32 inside).
     """
 
     predict: str
     train_jit: bool
     attention: str
     reason: str
+    softmax: str = "float32"
 
 
 def _dtype_name(dtype):
@@ -186,6 +242,11 @@ def plan(dtype="float32", hardware=None, backend=None):
     import keras
 
     backend = backend or keras.backend.backend()
+    # Only this process's own machine can be probed; a Hardware passed in
+    # (tests, what-if questions) is judged by its flags alone, as is one
+    # forced through KERAS_VIT_CPU_FLAGS.
+    probed = hardware is None and os.environ.get(
+        "KERAS_VIT_CPU_FLAGS") is None
     hardware = hardware or detect()
     dtype = _dtype_name(dtype)
     if backend == "jax":
@@ -199,7 +260,16 @@ def plan(dtype="float32", hardware=None, backend=None):
     if dtype == "bfloat16" and hardware.bf16_units == "amx":
         return Plan("graph", False, "einsum",
                     "CPU with AMX: TensorFlow's oneDNN kernels use its bf16 "
-                    "tiles, XLA's CPU dots do not")
+                    "tiles, XLA's CPU dots do not",
+                    softmax="input" if _onednn_bf16(hardware) else "float32")
+    if dtype == "bfloat16" and probed and _onednn_bf16(hardware):
+        speedup = bf16_matmul_speedup()
+        if speedup >= BF16_GRAPH_MIN_SPEEDUP:
+            return Plan("graph", False, "einsum",
+                        f"bf16 matmuls through TensorFlow's oneDNN kernels "
+                        f"ran {speedup:.2f}x float32 on this CPU (probed "
+                        f"once; {hardware.bf16_units or 'no'} bf16 units)",
+                        softmax="input")
     if dtype in ("bfloat16", "float16"):
         return Plan("xla", True, "einsum",
                     f"{dtype} on a CPU without AMX: XLA's fusions are the "

@@ -77,6 +77,19 @@ def gelu(x, form="tanh"):
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
+def _dense_2d(x, kernel, bias):
+    """``x @ kernel + bias`` for a 2-D ``x``. On TensorFlow the bias is
+    added with ``BiasAdd`` (:func:`keras_vit.fused_ops.dense`), which
+    grappler fuses into the matmul and differentiates as one
+    ``BiasAddGrad``; elsewhere a plain add, which XLA and torch fuse by
+    themselves."""
+    if keras.backend.backend() == "tensorflow":
+        from keras_vit import fused_ops
+
+        return fused_ops.dense(x, kernel, bias)
+    return ops.matmul(x, kernel) + bias
+
+
 def check_gelu(form):
     """``form`` if it is one of :data:`GELU_FORMS`, else a ValueError."""
     return check_choice("gelu", form, GELU_FORMS)
@@ -398,7 +411,7 @@ class MultiHeadSelfAttention(layers.Layer):
                 ops.cast(getattr(self, f"{name}_kernel"), x.dtype), (dim, dim))
             bias = ops.reshape(
                 ops.cast(getattr(self, f"{name}_bias"), x.dtype), (dim,))
-            y = ops.matmul(tokens, kernel) + bias
+            y = _dense_2d(tokens, kernel, bias)
             out.append(ops.reshape(y, (shape[0], shape[1], self.num_heads,
                                        self.head_dim)))
         return out
@@ -432,20 +445,27 @@ class MultiHeadSelfAttention(layers.Layer):
             # matmuls, faster than the backend's generic fused fallback.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
-            # Softmax in float32 even under mixed precision: bf16 logits lose
-            # the small differences that decide where a head attends.
-            logits = ops.cast(logits, "float32")
-            if attention_bias is not None:
-                logits = logits + ops.cast(attention_bias, "float32")
-            probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
+            if (attention_bias is None and hardware.plan(x.dtype).softmax
+                    == "input"):
+                # oneDNN's bf16 softmax reads and writes bf16 but computes
+                # in float32 inside: the casts would only cost two passes.
+                probs = ops.softmax(logits, axis=-1)
+            else:
+                # Softmax in float32 under mixed precision elsewhere: bf16
+                # logits lose the small differences that decide where a
+                # head attends.
+                logits = ops.cast(logits, "float32")
+                if attention_bias is not None:
+                    logits = logits + ops.cast(attention_bias, "float32")
+                probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
             weights = self.dropout(probs, training=training)
             context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
         dim = self.num_heads * self.head_dim
         shape = ops.shape(x)
         out_kernel = ops.reshape(ops.cast(self.out_kernel, x.dtype),
                                  (dim, dim))
-        y = ops.matmul(ops.reshape(context, (-1, dim)), out_kernel)
-        y = y + ops.cast(self.out_bias, x.dtype)
+        y = _dense_2d(ops.reshape(context, (-1, dim)), out_kernel,
+                      ops.cast(self.out_bias, x.dtype))
         y = ops.reshape(y, (shape[0], shape[1], dim))
         if return_attention_scores:
             return y, probs
@@ -490,18 +510,26 @@ class MlpBlock(layers.Layer):
 
     def _dense(self, layer, x):
         # The matmul and bias written out (rather than calling the Dense
-        # layer) so that TensorFlow's grappler sees MatMul + BiasAdd + GELU
-        # and fuses them into one oneDNN kernel; 2-D, as the fusion wants.
-        kernel = ops.cast(layer.kernel, x.dtype)
-        return ops.matmul(x, kernel) + ops.cast(layer.bias, x.dtype)
+        # layer): 2-D, with the bias add TensorFlow's grappler fuses.
+        return _dense_2d(x, ops.cast(layer.kernel, x.dtype),
+                         ops.cast(layer.bias, x.dtype))
 
     def call(self, x, training=None):
         shape = ops.shape(x)
-        h = self._dense(self.dense_0, ops.reshape(x, (-1, shape[-1])))
-        # The tanh form through ops.gelu: the op pattern grappler fuses
-        # into the matmul (the same formula as gelu_tanh).
-        h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"
-             else gelu(h, self.gelu))
+        x = ops.reshape(x, (-1, shape[-1]))
+        if self.gelu == "tanh" and keras.backend.backend() == "tensorflow":
+            # MatMul + BiasAdd + tanh GELU in the op order TensorFlow's
+            # CPU graph fuses into one oneDNN kernel (keras_vit.fused_ops
+            # says why the spelling matters); same formula as gelu_tanh.
+            from keras_vit import fused_ops
+
+            h = fused_ops.dense_gelu_tanh(
+                x, ops.cast(self.dense_0.kernel, x.dtype),
+                ops.cast(self.dense_0.bias, x.dtype))
+        else:
+            h = self._dense(self.dense_0, x)
+            h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"
+                 else gelu(h, self.gelu))
         h = self.dropout(h, training=training)
         h = self._dense(self.dense_1, h)
         h = ops.reshape(h, shape)

@@ -1,0 +1,94 @@
+"""TensorFlow spellings of ViT ops that TensorFlow's CPU graph fuses.
+
+On a CPU, TensorFlow optimises every ``tf.function`` graph with grappler
+before oneDNN runs it. Grappler's remapper replaces known subgraphs by
+fused kernels (``MatMul + BiasAdd + GELU`` becomes one
+``_MklNativeFusedMatMul`` with ``fused_ops=[BiasAdd, GeluApproximate]``),
+but it matches op types *and the order of each op's inputs*, and before it
+looks, grappler's canonicalizer sorts the inputs of commutative ops (Mul,
+AddV2) by node name (``tensorflow/core/grappler/utils/canonicalizer.cc``).
+``tf.nn.gelu``, ``keras.ops.gelu`` and a hand-written tanh GELU all end up
+in an order the remapper's pattern rejects, so nothing fused.
+
+:func:`dense_gelu_tanh` writes the same formula with node names chosen so
+that the sorted order is the pattern's, in every block and under any model
+name:
+
+* its own ops live in one absolute name scope, ``keras_vit_gelu_b`` (made
+  unique per block by TensorFlow as ``keras_vit_gelu_b_1``, ...), where the
+  node names ``o0`` ... ``o9`` fix their relative order;
+* the constants that the pattern wants *before* an op of the block live in
+  ``keras_vit_gelu_a/``, those it wants *after* in ``keras_vit_gelu_c/``.
+  Grappler's common-subexpression elimination merges equal constants of all
+  blocks into one node named after one of them; since every block's ops
+  sort between the two scopes, the merged constants still sort right.
+
+The model's own name never enters a comparison, so renaming a model,
+nesting it, or running two in one graph changes nothing
+(``tests/test_graph_fusion.py`` builds them under several names and counts
+the fused nodes). The numbers are those of
+:func:`keras_vit.layers.gelu_tanh`: the fused kernel and the unfused ops
+agree to float32 rounding.
+
+Everything here is TensorFlow-only and only changes op names and input
+order; the JAX and torch backends never import this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+# Absolute name scopes (a trailing "/" makes a scope absolute in a graph).
+_BEFORE = "keras_vit_gelu_a/"
+_OPS = "keras_vit_gelu_b/"
+_AFTER = "keras_vit_gelu_c/"
+
+
+def dense_gelu_tanh(x, kernel, bias):
+    """``gelu_tanh(x @ kernel + bias)`` for a 2-D ``x``, spelled so that
+    TensorFlow's CPU graph fuses all of it into one oneDNN matmul.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> from keras_vit.layers import gelu_tanh
+    >>> rng = np.random.default_rng(0)
+    >>> x, k, b = (rng.normal(size=s).astype("float32")
+    ...            for s in ((4, 8), (8, 16), (16,)))
+    >>> y = dense_gelu_tanh(tf.constant(x), tf.constant(k), tf.constant(b))
+    >>> ref = gelu_tanh(tf.constant(x @ k + b))
+    >>> bool(np.allclose(y, ref, atol=1e-6))
+    True
+    """
+    import tensorflow as tf
+
+    dtype = x.dtype
+    with tf.name_scope(_OPS):
+        h = tf.nn.bias_add(tf.linalg.matmul(x, kernel, name="mm"), bias,
+                           name="o2")
+        with tf.name_scope(_BEFORE):
+            coefficient = tf.constant(0.044715, dtype, name="coefficient")
+        with tf.name_scope(_AFTER):
+            sqrt_2_over_pi = tf.constant(_SQRT_2_OVER_PI, dtype,
+                                         name="sqrt_2_over_pi")
+            one = tf.constant(1.0, dtype, name="one")
+            half = tf.constant(0.5, dtype, name="half")
+        # x + 0.044715 x^3, as (0.044715 x) * x^2: the remapper's form of
+        # pow(x, 3) after grappler's arithmetic optimiser.
+        cube = tf.math.multiply(
+            tf.math.multiply(coefficient, h, name="o4"),
+            tf.math.square(h, name="o5"), name="o3")
+        inner = tf.math.multiply(tf.math.add(h, cube, name="o6"),
+                                 sqrt_2_over_pi, name="o7")
+        gate = tf.math.add(tf.math.tanh(inner, name="o8"), one, name="o9")
+        return tf.math.multiply(tf.math.multiply(gate, half, name="o1"), h,
+                                name="o0")
+
+
+def dense(x, kernel, bias):
+    """``x @ kernel + bias`` with the bias added by ``BiasAdd``: grappler
+    fuses it into the matmul, and its gradient is one ``BiasAddGrad``
+    instead of a broadcast ``Sum``."""
+    import tensorflow as tf
+
+    return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)

@@ -1,0 +1,160 @@
+"""What TensorFlow's CPU graph made of a model: op counts after grappler.
+
+On TensorFlow, ``predict`` (graph path) and training steps run as
+``tf.function`` graphs that grappler rewrites and oneDNN fuses before they
+run; how much fused decides much of the speed, and it depends on the CPU
+(bf16 rewrites need oneDNN bf16 support: AVX512F or AVX-NE-CONVERT) and on
+how the model spells its ops (:mod:`keras_vit.fused_ops`).
+:func:`op_counts` runs a model once and counts the ops of the graph that
+actually ran; :func:`fusion_summary` names the few counts that matter for a
+ViT; ``python benchmarks/graph_ops.py`` prints both for a zoo model.
+
+>>> import keras_vit
+>>> from keras_vit import graph_ops
+>>> model = keras_vit.vit(32, 8, 32, 2, 2, 64, 3)
+>>> s = graph_ops.fusion_summary(graph_ops.op_counts(model))
+>>> s["matmul_bias_gelu"]   # one per encoder block, on any x86 CPU
+2
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+#: Summary keys of :func:`fusion_summary`, in table order.
+SUMMARY_KEYS = ("matmul_bias_gelu", "matmul_bias", "matmul_unfused",
+                "bias_add_grad", "softmax", "layer_norm", "tanh", "cast",
+                "mul", "sum", "total")
+
+
+def node_label(node):
+    """``node``'s op type, with its fused ops as ``Op[BiasAdd,...]``."""
+    label = node.op
+    if "fused_ops" in node.attr:
+        fused = ",".join(s.decode() for s in node.attr["fused_ops"].list.s)
+        label += f"[{fused}]"
+    return label
+
+
+def _inputs_for(model, batch_size):
+    shape = tuple(int(d) for d in model.inputs[0].shape[1:])
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (batch_size,) + shape).astype("float32")
+    return x
+
+
+def op_counts(model, batch_size=2, training=False):
+    """Op types (fused ones as ``Op[fused,ops]``) of the graph TensorFlow
+    ran for one call of ``model``, after grappler's rewrites (a
+    ``collections.Counter``). Arguments as :func:`executed_nodes`."""
+    return collections.Counter(
+        node_label(node)
+        for node in executed_nodes(model, batch_size, training))
+
+
+def executed_nodes(model, batch_size=2, training=False):
+    """The ``NodeDef`` s of the graph TensorFlow ran for one call of
+    ``model``, after grappler's rewrites.
+
+    ``training=False``: the inference graph of ``predict``'s graph path.
+    ``training=True``: one training step as Keras' ``train_step`` runs it
+    (forward, the compiled loss, gradients, ``model.optimizer``'s update,
+    XLA when the model was compiled with ``jit_compile=True``); the model
+    must be compiled (e.g. by :func:`keras_vit.train.compile_for_finetune`),
+    and the step changes its weights.
+
+    TensorFlow backend only (the graphs are TensorFlow's).
+    """
+    import keras
+    import tensorflow as tf
+
+    from keras_vit import compat
+    from keras_vit.errors import check_int
+
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "op_counts reads TensorFlow's optimised graphs; it needs "
+            "KERAS_BACKEND=tensorflow (received backend="
+            f"{keras.backend.backend()!r})")
+    batch_size = check_int("batch_size", batch_size, low=1, high=4096)
+    x = tf.constant(_inputs_for(model, batch_size))
+    # The argument's name marks our function among any others TensorFlow
+    # instantiates meanwhile (compat.tf_executed_graphs).
+    arg = "keras_vit_graph_ops_images"
+    if training:
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                "op_counts(training=True) counts the model's own training "
+                "step: compile the model first (for instance with "
+                "keras_vit.train.compile_for_finetune(model, ...))")
+        classes = int(model.outputs[0].shape[-1])
+        y = tf.constant(np.arange(batch_size) % classes)
+        jit = getattr(model, "jit_compile", False) is True
+
+        def step(keras_vit_graph_ops_images, labels):
+            # What Keras' TensorFlow train_step runs: forward, the
+            # compiled loss, gradients, the optimizer's update.
+            images = keras_vit_graph_ops_images
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = model.compute_loss(x=images, y=labels,
+                                          y_pred=logits)
+            variables = model.trainable_variables
+            grads = tape.gradient(loss, variables)
+            model.optimizer.apply(grads, variables)
+            return loss
+
+        fn = tf.function(step, jit_compile=jit)
+
+        def run():
+            fn(x, y)
+    else:
+        fn = tf.function(lambda keras_vit_graph_ops_images: model(
+            keras_vit_graph_ops_images, training=False))
+
+        def run():
+            fn(x)
+    graphs = compat.tf_executed_graphs(run, arg_name=arg)
+    return [node for graph in graphs for node in graph.node]
+
+
+def fusion_summary(counts):
+    """The counts of :func:`op_counts` that tell how well a ViT fused:
+    matmuls with bias and GELU fused, with bias only, unfused; bias
+    gradients as ``BiasAddGrad``; softmax, LayerNorm (fused
+    ``_MklLayerNorm`` or batch-norm spelling), Tanh, Cast, Mul and Sum
+    nodes; the total."""
+    out = dict.fromkeys(SUMMARY_KEYS, 0)
+    for label, n in counts.items():
+        op, _, fused = label.partition("[")
+        if "MatMul" in op and "Batch" not in op:
+            if "Gelu" in fused:
+                out["matmul_bias_gelu"] += n
+            elif "BiasAdd" in fused:
+                out["matmul_bias"] += n
+            else:
+                out["matmul_unfused"] += n
+        elif op == "BiasAddGrad" or op.endswith("BiasAddGrad"):
+            out["bias_add_grad"] += n
+        elif "Softmax" in op and "Grad" not in op:
+            out["softmax"] += n
+        elif "LayerNorm" in op or "FusedBatchNorm" in op:
+            out["layer_norm"] += n
+        elif op == "Tanh":
+            out["tanh"] += n
+        elif op == "Cast":
+            out["cast"] += n
+        elif op == "Mul":
+            out["mul"] += n
+        elif op == "Sum":
+            out["sum"] += n
+        out["total"] += n
+    return out
+
+
+def format_counts(counts, top=None):
+    """``counts`` as lines ``count  op``, most frequent first."""
+    items = counts.most_common(top)
+    return "\n".join(f"{n:6d}  {label}" for label, n in items)
