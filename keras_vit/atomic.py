@@ -28,7 +28,15 @@ import contextlib
 import json
 import os
 import shutil
+import threading
+import time
 import uuid
+import weakref
+
+try:  # POSIX only; elsewhere locks are not taken (as before them).
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 PARTIAL = ".partial"
 
@@ -127,3 +135,126 @@ def write_json(path, obj, *, indent=2, strict=False, suffix=None):
     made plain by :func:`to_json` first."""
     write_text(path, json.dumps(to_json(obj, strict=strict), indent=indent)
                + "\n", suffix=suffix)
+
+
+# --------------------------------------------------------------------------
+# One process at a time: the download cache's per-file lock and the run
+# folder's lock are the same flock. The kernel drops it when its holder
+# dies, so a lock left by a killed process is taken over at once; the file
+# itself stays (unlinking it while another process waits on it would let a
+# third lock a new inode concurrently) and names its last holder.
+
+_LOCK_POLL = 0.2
+
+
+class LockHeldError(OSError):
+    """Another process holds a lock. ``holder`` is what it wrote into the
+    lock file (``"pid 123 since 2025-01-01 12:00:00"``), ``path`` the
+    file."""
+
+    def __init__(self, message, path, holder):
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (created if missing) until
+    :meth:`release`; the holder writes its pid and start time into the
+    file, so a process refused can name it.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.lock")
+    >>> lock = FileLock(path).acquire()
+    >>> open(path).read().startswith(f"pid {os.getpid()} since")
+    True
+    >>> lock.release()
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._handle = None
+
+    def acquire(self, wait=0.0):
+        """Takes the lock, waiting at most ``wait`` seconds (``inf``:
+        forever); :class:`LockHeldError` naming the holder when it cannot.
+        Returns ``self``."""
+        handle = open(self.path, "a+b")
+        if fcntl is None:  # pragma: no cover
+            self._handle = handle
+            return self
+        give_up = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= give_up:
+                    handle.seek(0)
+                    holder = handle.read(200).decode(
+                        "utf-8", "replace").strip() or "another process"
+                    handle.close()
+                    raise LockHeldError(
+                        f"the lock {self.path} is held by {holder}",
+                        self.path, holder) from None
+                time.sleep(min(_LOCK_POLL, max(0.0, give_up
+                                                - time.monotonic())))
+            except BaseException:
+                handle.close()
+                raise
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self):
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        handle.close()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, wait=float("inf")):
+    """Holds a :class:`FileLock` on ``path`` for the block."""
+    lock = FileLock(path).acquire(wait)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+# Locks this process holds for owners (a Trainer per run folder): a second
+# owner in the same process shares the lock (the folder still belongs to
+# one process), the last one gone releases it.
+_HELD = {}
+_HELD_GUARD = threading.Lock()
+
+
+def _drop(key):
+    with _HELD_GUARD:
+        entry = _HELD.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _HELD[key]
+            entry[0].release()
+
+
+def hold_lock(owner, path):
+    """Takes the lock ``path`` (no wait: :class:`LockHeldError` if another
+    process holds it) for as long as ``owner`` lives; returns a callable
+    that releases it earlier."""
+    key = os.path.realpath(path)
+    with _HELD_GUARD:
+        entry = _HELD.get(key)
+        if entry is None:
+            entry = _HELD[key] = [FileLock(path).acquire(), 0]
+        entry[1] += 1
+    return weakref.finalize(owner, _drop, key)

@@ -1330,3 +1330,56 @@ def test_predict_on_a_run_directory_and_a_missing_path(tiny_keras, tmp_path,
         assert cli.main(["predict", str(missing), str(image)]) == 2
         assert (f"MODEL={str(missing)!r} does not exist"
                 in _one_error_line(capsys))
+
+
+_LOCK_HOLDER = r"""
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[2])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
+lock = atomic.FileLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
+    import gc
+    import os
+    import subprocess
+    import sys
+
+    from keras_vit import atomic
+    from keras_vit.train import cli as train_cli
+    from keras_vit.train import engine
+
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / engine.RUN_LOCK
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(lock), atomic.__file__],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        assert train_cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
+                               "--out", str(out)]) == 2
+        line = _one_error_line(capsys)
+        assert f"is in use by pid {holder.pid} since" in line
+        assert f"delete {lock}" in line
+        assert time.monotonic() - start < 20  # before the model is built
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its process is gone: the lock is taken over; one process may hold
+    # it for several owners (a resumed Trainer), and it names this pid.
+    class Owner:
+        pass
+
+    first, second = Owner(), Owner()
+    engine.lock_run_dir(first, out)
+    engine.lock_run_dir(second, out)
+    assert lock.read_text().startswith(f"pid {os.getpid()} since")
+    del first, second
+    gc.collect()
+    atomic.FileLock(lock).acquire().release()  # released with its owners

@@ -42,11 +42,6 @@ import zipfile
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-try:  # POSIX only; on other platforms downloads simply are not serialised.
-    import fcntl
-except ImportError:  # pragma: no cover - exercised on Windows only
-    fcntl = None
-
 from tqdm import tqdm
 
 __all__ = [
@@ -81,7 +76,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # The whole of one download may take this long (a ViT-H checkpoint is
 # 2.5 GB); ``timeout`` bounds each wait for bytes (a stall).
 DEFAULT_DEADLINE = 3 * 3600.0
-_LOCK_POLL = 0.2
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -287,42 +281,23 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path``, waiting at most ``wait``
-    seconds; the holder writes its pid and start time into the file, so a
-    waiter that gives up can name it.
+    """Hold the exclusive lock ``lock_path`` (:class:`keras_vit.atomic.FileLock`,
+    the run folders' lock too), waiting at most ``wait`` seconds; a waiter
+    that gives up names the holder."""
+    from keras_vit import atomic  # light to load only when used
 
-    The lock file is intentionally never deleted: unlinking it while another
-    process waits on it would let a third process lock a *new* inode
-    concurrently.
-    """
-    if fcntl is None:  # pragma: no cover
+    try:
+        lock = atomic.FileLock(lock_path).acquire(wait)
+    except atomic.LockHeldError as e:
+        raise DownloadError(
+            f"gave up after waiting {wait:.0f} s for the lock {lock_path}, "
+            f"held by {e.holder}; if that process is gone, delete the lock file "
+            "and try again"
+        ) from None
+    try:
         yield
-        return
-    give_up = time.monotonic() + wait
-    with open(lock_path, "a+b") as handle:
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= give_up:
-                    handle.seek(0)
-                    holder = handle.read(200).decode("utf-8", "replace").strip()
-                    raise DownloadError(
-                        f"gave up after waiting {wait:.0f} s for the lock {lock_path}, "
-                        f"held by {holder or 'another process'}; if that process is "
-                        "gone, delete the lock file and try again"
-                    ) from None
-                time.sleep(_LOCK_POLL)
-        try:
-            handle.truncate(0)
-            handle.write(
-                f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode()
-            )
-            handle.flush()
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    finally:
+        lock.release()
 
 
 def _remove_stale_partials(directory: Path, max_age: float = _STALE_PARTIAL_SECONDS) -> None:

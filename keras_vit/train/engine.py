@@ -20,8 +20,10 @@ A run directory holds everything a run needs to resume after a crash:
     OUT/run.json       the recipe and the set-up
     OUT/metrics.json   final figures (written at the end)
     OUT/model.keras    the trained model (EMA weights when EMA is on)
+    OUT/run.lock       the pid of the process the run belongs to
 
-Running the same command again resumes from the last checkpoint.
+Running the same command again resumes from the last checkpoint; a second
+process on the same folder while the first runs is refused.
 """
 
 from __future__ import annotations
@@ -150,6 +152,31 @@ def _read_jsonl(path):
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+#: The run directory's lock: the pid of the process that owns the run.
+RUN_LOCK = "run.lock"
+
+
+def lock_run_dir(owner, out_dir):
+    """Makes ``out_dir`` belong to this process for as long as ``owner``
+    lives (returns a callable that releases it earlier): two runs writing
+    one folder prune each other's checkpoints and interleave their
+    histories. Another process holding it raises
+    :class:`keras_vit.atomic.LockHeldError` naming its pid; a lock whose
+    process died is taken over (the kernel drops it)."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, RUN_LOCK)
+    try:
+        return atomic.hold_lock(owner, path)
+    except atomic.LockHeldError as e:
+        raise atomic.LockHeldError(
+            f"the run folder out_dir={out_dir!r} (--out) is in use by "
+            f"{e.holder}: wait for that run to end or stop it, or pass "
+            "another out_dir. The lock is released when its process ends; "
+            "if no such process runs (a lock kept by a network file "
+            f"system), delete {path}", path, e.holder) from None
 
 
 # What may differ when a run resumes: bookkeeping that does not change the
@@ -394,6 +421,9 @@ class Trainer:
         self.strategy = self.engine.strategy
         self.info = self.engine.info
         self.is_chief = self.info["is_chief"]
+        if out_dir is not None and self.is_chief:
+            # Before the data and the model: a second run is refused at once.
+            self._release_run_dir = lock_run_dir(self, out_dir)
         self.train = data_lib.load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
                      else data_lib.load_data(eval_data, split="test",
