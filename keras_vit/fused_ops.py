@@ -32,6 +32,22 @@ agree to float32 rounding.
 
 Everything here is TensorFlow-only and only changes op names and input
 order; the JAX and torch backends never import this module.
+
+LayerNorm stays Keras' own (Mean, SquaredDifference, Rsqrt and a few
+element-wise ops, float32 statistics under bf16): TensorFlow 2.21's
+remapper knows three LayerNorm patterns and none can be reached from a
+Keras 3 model, measured on an AVX-512 CPU with oneDNN (counts from
+:mod:`keras_vit.graph_ops`):
+
+* the Mean / Sub / Square / Rsqrt spelling written in exactly the
+  pattern's input order (names chosen as for the GELU) gave 0
+  ``_MklLayerNorm`` nodes, with Square(Sub) or, when grappler rewrote it,
+  SquaredDifference;
+* the tf.keras 2 spelling through ``FusedBatchNormV3`` needs its ``Fill``
+  scale and offset nodes, which constant folding removes whenever the batch
+  size is static (every first trace of ``predict``);
+* the instance-norm-like pattern needs gamma and beta as graph constants,
+  not variables.
 """
 
 from __future__ import annotations
@@ -92,3 +108,63 @@ def dense(x, kernel, bias):
     import tensorflow as tf
 
     return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+
+
+_LEAN_GELU = []
+
+
+def _lean_gelu_tanh():
+    """tanh GELU as a ``tf.custom_gradient``: the forward keeps the gate
+    and tanh it needs, and the backward is 7 element-wise ops (one
+    ``TanhGrad``) where TensorFlow's autodiff of the forward's ops emits
+    11. Built once, on first use (TensorFlow is imported lazily)."""
+    if _LEAN_GELU:
+        return _LEAN_GELU[0]
+    import tensorflow as tf
+
+    c1 = _SQRT_2_OVER_PI
+    c2 = c1 * 0.044715
+
+    @tf.custom_gradient
+    def gelu(h):
+        dtype = h.dtype
+        h2 = tf.math.square(h)
+        # tanh(sqrt(2/pi) (h + 0.044715 h^3)) = tanh(h (c1 + c2 h^2))
+        t = tf.math.tanh(h * (h2 * tf.constant(c2, dtype)
+                              + tf.constant(c1, dtype)))
+        gate = (t + tf.constant(1.0, dtype)) * tf.constant(0.5, dtype)
+
+        def grad(dy):
+            # d/dh [h gate] = gate + h/2 (1 - t^2) (c1 + 3 c2 h^2)
+            slope = h2 * tf.constant(1.5 * c2, dtype) + tf.constant(
+                0.5 * c1, dtype)
+            return dy * gate + tf.raw_ops.TanhGrad(y=t, dy=dy * h) * slope
+
+        return h * gate, grad
+
+    _LEAN_GELU.append(gelu)
+    return gelu
+
+
+def dense_gelu_tanh_for_training(x, kernel, bias):
+    """:func:`dense_gelu_tanh` for a training step: a forward whose
+    outputs the backward needs cannot fuse into the matmul anyway, so it
+    is spelled for the fewest backward ops instead (:func:`_lean_gelu_tanh`)
+    with the bias gradient from ``BiasAddGrad``.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> x = tf.constant(np.linspace(-4, 4, 12, dtype="float32")[None])
+    >>> k, b = tf.eye(12), tf.zeros(12)
+    >>> with tf.GradientTape() as tape:
+    ...     tape.watch(x)
+    ...     y = dense_gelu_tanh_for_training(x, k, b)
+    >>> with tf.GradientTape() as ref_tape:
+    ...     ref_tape.watch(x)
+    ...     ref = dense_gelu_tanh(x, k, b)
+    >>> bool(np.allclose(y, ref, atol=1e-6))
+    True
+    >>> bool(np.allclose(tape.gradient(y, x), ref_tape.gradient(ref, x),
+    ...                  atol=1e-6))
+    True
+    """
+    return _lean_gelu_tanh()(dense(x, kernel, bias))

@@ -523,9 +523,12 @@ class MlpBlock(layers.Layer):
             # says why the spelling matters); same formula as gelu_tanh.
             from keras_vit import fused_ops
 
-            h = fused_ops.dense_gelu_tanh(
-                x, ops.cast(self.dense_0.kernel, x.dtype),
-                ops.cast(self.dense_0.bias, x.dtype))
+            # Training needs the GELU's inner values for its gradient, so
+            # nothing fuses there: that spelling minimises backward ops.
+            spell = (fused_ops.dense_gelu_tanh_for_training
+                     if training is True else fused_ops.dense_gelu_tanh)
+            h = spell(x, ops.cast(self.dense_0.kernel, x.dtype),
+                      ops.cast(self.dense_0.bias, x.dtype))
         else:
             h = self._dense(self.dense_0, x)
             h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"

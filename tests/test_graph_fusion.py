@@ -133,9 +133,36 @@ def test_training_step_takes_bias_gradients_from_bias_add_grad():
     model = _tiny(layers)
     kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
                             batch_size=4, jit_compile=False)
-    s = _summary(model, batch_size=4, training=True)
+    counts = graph_ops.op_counts(model, batch_size=4, training=True)
+    s = graph_ops.fusion_summary(counts)
     # q, k, v, out and the two MLP denses of every block, and the head.
     assert s["bias_add_grad"] >= 6 * layers + 1, s
+    # The GELU's backward is the custom one: one TanhGrad per block.
+    assert s["tanh"] == layers and counts["TanhGrad"] == layers, counts
+
+
+def test_training_gelu_gradient_equals_autodiff_of_the_formula():
+    import tensorflow as tf
+
+    from keras_vit import fused_ops
+    from keras_vit.layers import gelu_tanh
+
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.normal(0, 2, (64, 16)).astype("float32"))
+    k = tf.constant(rng.normal(0, 0.5, (16, 32)).astype("float32"))
+    b = tf.constant(rng.normal(0, 0.5, (32,)).astype("float32"))
+    dy = tf.constant(rng.normal(0, 1, (64, 32)).astype("float32"))
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([x, k, b])
+            y = fn()
+        return [g.numpy() for g in tape.gradient(y, [x, k, b], dy)]
+
+    lean = grads(lambda: fused_ops.dense_gelu_tanh_for_training(x, k, b))
+    ref = grads(lambda: gelu_tanh(tf.matmul(x, k) + b))
+    for got, want in zip(lean, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_op_counts_checks_its_arguments():
