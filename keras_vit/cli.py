@@ -439,6 +439,10 @@ def _cmd_predict(args):
                           "labels": label_name,
                           "predictions": results}, indent=2))
         return 0
+    from keras_vit.errors import printable
+
+    # Label names may come from a downloaded config.json: a newline would
+    # split the line, an escape sequence would reach the terminal.
     for i, result in enumerate(results):
         if i:
             print()
@@ -447,8 +451,8 @@ def _cmd_predict(args):
         for t in result["top"]:
             ident = f"{t['index']} {t['wordnet_id']}" if t["wordnet_id"] else (
                 str(t["index"]))
-            print(f"  {t['rank']:>2}  {t['probability']:.4f}  {t['label']}  "
-                  f"[{ident}]")
+            print(f"  {t['rank']:>2}  {t['probability']:.4f}  "
+                  f"{printable(t['label'])}  [{ident}]")
     return 0
 
 

@@ -371,3 +371,49 @@ def special_file(path):
         if test(mode):
             return kind
     return "not a regular file"
+
+
+class ConfigError(ValueError):
+    """A file keras-vit reads but the user did not write (a downloaded
+    ``config.json``, a checkpoint's header) is malformed. The message names
+    the file and the field and echoes the value; ``path`` and ``field``
+    hold them (``field`` None for the file as a whole). The command line
+    prints it on one line, exit status 2."""
+
+    def __init__(self, path, field, problem):
+        self.path = os.fspath(path)
+        self.field = field
+        where = f" field {field}:" if field else ""
+        super().__init__(f"{self.path}{where} {problem}")
+
+
+def shown(value, limit=80):
+    """``repr(value)`` cut to ``limit`` characters: a hostile file's value
+    echoed in an error without flooding it.
+
+    >>> shown("x" * 100, limit=12)
+    "'xxxxxxxxx...(100 characters)"
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"({len(value)} characters)" if isinstance(value, str) else (
+        f"({type(value).__name__} of {len(value)})" if hasattr(
+            value, "__len__") else "")
+    return text[:limit - 2] + "..." + size
+
+
+def printable(text):
+    """``text`` with control and format characters escaped (``\\n``,
+    ``\\x1b``, ``\\u202e``), for printing names that came from a file
+    the user did not write: a newline would split the output line, an ANSI
+    escape would reach the terminal.
+
+    >>> printable("tabby\\n\\x1b[31mcat")
+    'tabby\\\\n\\\\x1b[31mcat'
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode(
+        "unicode_escape").decode("ascii") for c in text)

@@ -1383,3 +1383,162 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
     del first, second
     gc.collect()
     atomic.FileLock(lock).acquire().release()  # released with its owners
+
+
+def _safetensors(path, header, data=b"\0" * 24, length=None):
+    import json
+    import struct
+
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length)
+                     + raw + data)
+    return path
+
+
+_TENSOR = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+
+
+@pytest.mark.parametrize("header, length, data, needle", [
+    (_TENSOR, 2 ** 63 - 1, b"\0" * 24, "declares a 9223372036854775807-byte "
+                                       "header in a"),
+    (b"not json!!", None, b"", "its header is not JSON"),
+    ([1, 2], None, b"", "its header is a JSON list, not an object"),
+    ({"w": dict(_TENSOR, data_offsets=[0, 10 ** 12])}, None, b"\0" * 24,
+     "tensor 'w': data_offsets=[0, 1000000000000] is not a byte range"),
+    ({"w": dict(_TENSOR, dtype="Q99")}, None, b"\0" * 24,
+     "tensor 'w': dtype='Q99' is not one of"),
+    ({"w": dict(_TENSOR, shape="abc")}, None, b"\0" * 24,
+     "tensor 'w': shape='abc' is not a list"),
+    ({"w": _TENSOR}, None, b"\0" * 10, "inside the file's 10 bytes of data "
+                                       "(truncated?)"),
+    ({"w": dict(_TENSOR, shape=[5, 5])}, None, b"\0" * 24,
+     "hold 24 bytes; dtype F32 and shape [5, 5] need 100"),
+    ({"w": 7}, None, b"", "tensor 'w': expected an object"),
+], ids=["length_2^63-1", "not_json", "a_list", "offsets_out_of_range",
+        "unknown_dtype", "shape_a_string", "short_data", "size_mismatch",
+        "entry_a_number"])
+def test_hostile_safetensors_headers_name_the_file_and_tensor(
+        tmp_path, header, length, data, needle):
+    pytest.importorskip("safetensors")
+    from keras_vit import zoo
+    from keras_vit.zoo import timm_hub
+
+    path = _safetensors(tmp_path / "model.safetensors",
+                        {"w": header} if header is _TENSOR else header,
+                        data, length)
+    with pytest.raises(zoo.CheckpointError) as info:
+        timm_hub.read_safetensors(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert needle in str(info.value)
+
+
+def test_a_valid_safetensors_file_still_reads(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    from keras_vit.zoo import timm_hub
+
+    path = tmp_path / "ok.safetensors"
+    st.save_file({"w": np.arange(6, dtype="float32").reshape(2, 3),
+                  "e": np.zeros((0, 4), "float16")}, str(path))
+    got = timm_hub.read_safetensors(path)
+    np.testing.assert_array_equal(got["w"], np.arange(6).reshape(2, 3))
+    assert got["e"].shape == (0, 4)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[1, 2, 3]", "config.json is a JSON list, not an object"),
+    ("[" * 100000 + "]" * 100000, "config.json is nested too deeply"),
+    (b"\xff\xfe{", "config.json is not UTF-8 text"),
+    ('{"architecture": ', "config.json is not valid JSON"),
+    ('{"architecture": 5}', "field architecture: expected a string; "
+                            "received architecture=5"),
+    ('{"pretrained_cfg": "x"}', "field pretrained_cfg: expected a JSON "
+                                "object; received pretrained_cfg='x'"),
+    ('{"pretrained_cfg": {"input_size": "224"}}',
+     "field pretrained_cfg.input_size: expected a size in pixels"),
+    ('{"pretrained_cfg": {"input_size": [3, 1000000, 1000000]}}',
+     "received pretrained_cfg.input_size=[3, 1000000, 1000000]"),
+    ('{"pretrained_cfg": {"mean": "abc"}}',
+     "field pretrained_cfg.mean: expected a list of 3 numbers"),
+    ('{"model_args": [1]}', "field model_args: expected a JSON object"),
+    ('{"model_args": {"img_size": true}}', "field model_args.img_size"),
+    ('{"num_classes": "3"}', "field num_classes: expected an integer in "
+                             "[0, 1000000]; received num_classes='3'"),
+    ('{"label_names": {"a": 1}}', "field label_names: expected a list of "
+                                  "strings"),
+])
+def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
+                                                        needle):
+    from keras_vit.errors import ConfigError
+    from keras_vit.zoo import timm_hub
+
+    _safetensors(tmp_path / "model.safetensors", {"w": _TENSOR})
+    config = tmp_path / "config.json"
+    (config.write_bytes if isinstance(text, bytes) else config.write_text)(
+        text)
+    with pytest.raises(ConfigError) as info:
+        timm_hub.fetch(str(tmp_path))
+    assert str(info.value).startswith(str(config))
+    assert needle in str(info.value)
+
+
+def test_an_oversized_timm_config_is_refused_before_reading(tmp_path,
+                                                            monkeypatch):
+    from keras_vit.errors import ConfigError
+    from keras_vit.zoo import timm_hub
+
+    monkeypatch.setattr(timm_hub, "MAX_CONFIG_BYTES", 1000)
+    config = tmp_path / "config.json"
+    config.write_text('{"label_names": ["' + "x" * 2000 + '"]}')
+    with pytest.raises(ConfigError, match="is 2021 bytes; a timm config"):
+        timm_hub.read_config(config)
+
+
+@pytest.fixture(scope="module")
+def hostile_labels_repo(tmp_path_factory):
+    pytest.importorskip("safetensors")
+    from keras_vit import zoo
+
+    model = zoo.load("ViT-Ti/16", weights=None, image_size=32,
+                     num_classes=3, gelu="exact")
+    import pathlib
+
+    return pathlib.Path(zoo.save_pretrained(
+        model, tmp_path_factory.mktemp("hub") / "repo",
+        labels=["tabby\ncat", "\x1b[31mred", "\u202eevil"]))
+
+
+def test_labels_from_a_repository_are_printed_escaped(hostile_labels_repo,
+                                                      tmp_path, capsys):
+    from keras_vit import cli
+
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(hostile_labels_repo), str(image),
+                     "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert len(out.strip().splitlines()) == 4  # a header, three labels
+    for shown in (r"tabby\ncat", r"\x1b[31mred", r"\u202eevil"):
+        assert shown in out
+
+
+def test_hostile_repository_files_exit_2_with_one_line(hostile_labels_repo,
+                                                       tmp_path, capsys):
+    import shutil
+
+    from keras_vit import cli
+
+    repo = tmp_path / "repo"
+    shutil.copytree(hostile_labels_repo, repo)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    (repo / "config.json").write_text('{"architecture": ["vit"]}')
+    assert cli.main(["predict", str(repo), str(image)]) == 2
+    assert "config.json field architecture: expected a string" in (
+        _one_error_line(capsys))
+    shutil.copy(hostile_labels_repo / "config.json", repo)
+    data = (repo / "model.safetensors").read_bytes()
+    (repo / "model.safetensors").write_bytes(data[:len(data) // 2])
+    assert cli.main(["predict", str(repo), str(image)]) == 2
+    line = _one_error_line(capsys)
+    assert "model.safetensors: tensor" in line and "(truncated?)" in line

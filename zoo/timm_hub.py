@@ -31,7 +31,7 @@ import re
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.errors import require
+from keras_vit.errors import ConfigError, require, shown, special_file
 from keras_vit.models import variants
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download
@@ -199,18 +199,215 @@ def fetch(source, progress=None, *, timeout=60.0,
             raise FileNotFoundError(f"No such .safetensors file: {source!r}")
         path = source
         config_path = os.path.join(os.path.dirname(source), CONFIG_FILE)
-    config = {}
-    if os.path.isfile(config_path):
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
+    config = read_config(config_path) if os.path.isfile(config_path) else {}
     return config, path
 
 
+# A timm config.json is a few KB (ImageNet-21k label names: ~0.5 MB).
+MAX_CONFIG_BYTES = 16 << 20
+# Inputs beyond this side are no ViT checkpoint's (the largest are ~1k);
+# a config asking for more would only allocate until memory runs out.
+MAX_IMAGE_SIDE = 4096
+MAX_CLASSES = 1_000_000
+
+
+def _check(path, field, value, ok, expected):
+    if not ok:
+        raise ConfigError(path, field, f"expected {expected}; received "
+                          f"{field}={shown(value)}")
+    return value
+
+
+def _is_int(value, low=1, high=None):
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and value >= low and (high is None or value <= high))
+
+
+def _is_number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value == value and abs(value) != float("inf"))
+
+
+def _image_size(path, field, value):
+    """An image size field as ``(height, width)``: an int, ``[h, w]`` or
+    timm's ``[channels, h, w]``."""
+    ok = _is_int(value, high=MAX_IMAGE_SIDE) or (
+        isinstance(value, list) and len(value) in (2, 3)
+        and all(_is_int(v, high=MAX_IMAGE_SIDE) for v in value))
+    _check(path, field, value, ok, f"a size in pixels (an integer in [1, "
+           f"{MAX_IMAGE_SIDE}], or a list [channels,] height, width of them)")
+    return (value, value) if isinstance(value, int) else tuple(value[-2:])
+
+
+def validate_config(config, path):
+    """A timm ``config.json``'s content with every field this module reads
+    checked for type and range (:class:`keras_vit.errors.ConfigError`
+    naming ``path`` and the field otherwise). Image sizes become
+    ``(height, width)`` tuples."""
+    if not isinstance(config, dict):
+        raise ConfigError(path, None, f"is a JSON {type(config).__name__}, "
+                          "not an object of settings")
+    config = dict(config)
+    for key in ("architecture", "global_pool"):
+        if config.get(key) is not None:
+            _check(path, key, config[key], isinstance(config[key], str),
+                   "a string")
+    if config.get("num_classes") is not None:
+        _check(path, "num_classes", config["num_classes"],
+               _is_int(config["num_classes"], 0, MAX_CLASSES),
+               f"an integer in [0, {MAX_CLASSES}]")
+    labels = config.get("label_names")
+    if labels is not None:
+        _check(path, "label_names", labels, isinstance(labels, list) and len(
+            labels) <= MAX_CLASSES and all(isinstance(v, str) for v in labels),
+               "a list of strings")
+    args = config.get("model_args")
+    if args is not None:
+        _check(path, "model_args", args, isinstance(args, dict),
+               "a JSON object")
+        args = config["model_args"] = dict(args)
+        if args.get("img_size") is not None:
+            args["img_size"] = _image_size(path, "model_args.img_size",
+                                           args["img_size"])
+        if args.get("num_classes") is not None:
+            _check(path, "model_args.num_classes", args["num_classes"],
+                   _is_int(args["num_classes"], 0, MAX_CLASSES),
+                   f"an integer in [0, {MAX_CLASSES}]")
+        for key, kind, ok in (("global_pool", "a string", str),
+                              ("class_token", "true or false", bool)):
+            if args.get(key) is not None:
+                _check(path, f"model_args.{key}", args[key],
+                       isinstance(args[key], ok), kind)
+    pretrained = config.get("pretrained_cfg")
+    if pretrained is not None:
+        _check(path, "pretrained_cfg", pretrained, isinstance(pretrained, dict),
+               "a JSON object")
+        pretrained = config["pretrained_cfg"] = dict(pretrained)
+        if pretrained.get("input_size") is not None:
+            pretrained["input_size"] = _image_size(
+                path, "pretrained_cfg.input_size", pretrained["input_size"])
+        for key in ("mean", "std"):
+            if key in pretrained:
+                value = pretrained[key]
+                _check(path, f"pretrained_cfg.{key}", value,
+                       isinstance(value, list) and len(value) in (1, 3)
+                       and all(_is_number(v) for v in value),
+                       "a list of 3 numbers")
+    return config
+
+
+def read_config(path):
+    """A timm ``config.json``, validated (:func:`validate_config`); one
+    :class:`keras_vit.errors.ConfigError` naming the file for one that is
+    too large, not UTF-8, not JSON or nested too deeply."""
+    path = os.fspath(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise ConfigError(path, None, f"is {kind}, not a regular file")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(path, None, f"is {size} bytes; a timm config.json "
+                          f"is a few KB (at most {MAX_CONFIG_BYTES} read)")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, None, f"is not UTF-8 text ({e})") from None
+    except ValueError as e:
+        raise ConfigError(path, None, f"is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(path, None, "is nested too deeply to be a timm "
+                          "config") from None
+    return validate_config(config, path)
+
+
+# Bytes per element of the safetensors dtypes NumPy holds.
+_ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
+              "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+              "BOOL": 1}
+# safetensors' own limit on the JSON header.
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
+def check_safetensors(path):
+    """Checks a ``.safetensors`` file's header against the file before
+    anything is read into memory: its length, JSON, and every tensor's
+    dtype, shape and byte range (inside the file, the size its shape
+    needs). A :class:`~keras_vit.zoo.convert.CheckpointError` names the
+    file and the tensor otherwise. Returns the header."""
+    path = os.fspath(path)
+
+    def bad(problem):
+        return convert.CheckpointError(f"{path}: {problem}")
+
+    kind = special_file(path)
+    if kind is not None:
+        raise bad(f"is {kind}, not a regular file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise bad(f"is {size} bytes, shorter than the 8-byte header "
+                      "length of a .safetensors file")
+        length = int.from_bytes(head, "little")
+        if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+            raise bad(f"declares a {length}-byte header in a {size}-byte "
+                      "file (truncated, or not a .safetensors file)")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise bad(f"its header is not JSON ({type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]})") from None
+    if not isinstance(header, dict):
+        raise bad(f"its header is a JSON {type(header).__name__}, not an "
+                  "object of tensors")
+    data = size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor {shown(name)}"
+        if not isinstance(entry, dict):
+            raise bad(f"{where}: expected an object with dtype, shape and "
+                      f"data_offsets; received {shown(entry)}")
+        dtype, shape = entry.get("dtype"), entry.get("shape")
+        offsets = entry.get("data_offsets")
+        if dtype not in _ST_DTYPES:
+            raise bad(f"{where}: dtype={shown(dtype)} is not one of "
+                      f"{sorted(_ST_DTYPES)}")
+        if not (isinstance(shape, list) and len(shape) <= 8
+                and all(_is_int(d, 0) for d in shape)):
+            raise bad(f"{where}: shape={shown(shape)} is not a list of up "
+                      "to 8 non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_int(o, 0) for o in offsets)
+                and offsets[0] <= offsets[1] <= data):
+            raise bad(f"{where}: data_offsets={shown(offsets)} is not a "
+                      f"byte range inside the file's {data} bytes of data "
+                      "(truncated?)")
+        need = int(np.prod(shape, dtype=object)) * _ST_DTYPES[dtype]
+        if offsets[1] - offsets[0] != need:
+            raise bad(f"{where}: data_offsets={offsets} hold "
+                      f"{offsets[1] - offsets[0]} bytes; dtype {dtype} and "
+                      f"shape {shape} need {need}")
+    return header
+
+
 def read_safetensors(path):
-    """``{name: numpy array}`` of a ``.safetensors`` file (no torch)."""
+    """``{name: numpy array}`` of a ``.safetensors`` file (no torch),
+    checked by :func:`check_safetensors` first; any failure is a
+    :class:`~keras_vit.zoo.convert.CheckpointError` naming the file."""
     st = require("safetensors.numpy", package="safetensors",
                  purpose="timm / Hub weights")
-    return st.load_file(os.fspath(path))
+    path = os.fspath(path)
+    check_safetensors(path)
+    try:
+        return st.load_file(path)
+    except Exception as e:  # noqa: BLE001 - SafetensorError and kin
+        raise convert.CheckpointError(
+            f"{path}: cannot read it as a .safetensors file: "
+            f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
 
 
 def to_official(state, num_heads):
@@ -411,7 +608,7 @@ def _architecture(config, name):
 
 
 def _refuse_unsupported(config):
-    pretrained = config.get("pretrained_cfg", {})
+    pretrained = config.get("pretrained_cfg") or {}
     mean = [round(float(v), 4) for v in pretrained.get("mean", [0.5] * 3)]
     std = [round(float(v), 4) for v in pretrained.get("std", [0.5] * 3)]
     if (mean, std) != _OFFICIAL_MEAN_STD:
@@ -422,11 +619,13 @@ def _refuse_unsupported(config):
     args = config.get("model_args") or {}
     unsupported = sorted(set(args) - _KNOWN_MODEL_ARGS)
     if unsupported:
+        shown_args = {shown(k, 40): shown(args[k], 40)
+                      for k in unsupported[:12]}
         raise ValueError(f"the timm config sets model_args keras_vit's ViT "
-                         f"lacks: { {k: args[k] for k in unsupported} }")
+                         f"lacks: {shown_args}")
     pool = config.get("global_pool", args.get("global_pool", "token"))
     if pool not in ("token", ""):
-        raise ValueError(f"timm global_pool={pool!r} is not supported; "
+        raise ValueError(f"timm global_pool={shown(pool)} is not supported; "
                          "keras_vit pools the class token")
 
 
@@ -477,12 +676,12 @@ def load(source, name=None, image_size=None, num_classes=None, *,
         head = "head/kernel"
         kwargs["gelu"] = gelu
     if image_size is None:
-        input_size = (config.get("pretrained_cfg", {}).get("input_size")
+        # (height, width) after read_config's checks.
+        input_size = ((config.get("pretrained_cfg") or {}).get("input_size")
                       or (config.get("model_args") or {}).get("img_size"))
-        if isinstance(input_size, (list, tuple)):
-            image_size = int(input_size[-1])
-        elif input_size:
-            image_size = int(input_size)
+        if input_size:
+            height, width = input_size
+            image_size = height if height == width else (height, width)
         else:
             image_size = arch.image_size
     ckpt_classes = (int(arrays[head].shape[-1]) if head in arrays else None)
