@@ -10,12 +10,22 @@ keras_vit`` and nothing else.
 """
 
 import importlib
+import sys
 
-from keras_vit import _quiet
+from keras_vit import _quiet, errors
 
 # The console script imports this package, and with it TensorFlow, before
 # cli.main runs: its C++ log lines must be filtered from here.
 _quiet.for_command_line()
+# The same for a KERAS_BACKEND Keras cannot import: named in one line (the
+# command's exit status 2), not a traceback from inside `import keras`.
+try:
+    errors.check_keras_backend()
+except ValueError as _e:
+    if not _quiet.is_command_line():
+        raise
+    print(f"keras-vit: error: {_e}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 from keras_vit import layers, models  # noqa: E402
 from keras_vit.models import (  # noqa: E402

@@ -118,14 +118,20 @@ def _restore():
     thread.join(timeout=5)
 
 
-def for_command_line():
-    """Filters stderr when this process is the ``keras-vit`` command (the
-    console script or ``python -m keras_vit.cli``). Called by the package's
-    ``__init__`` before it imports Keras, since the console script imports
-    the package, and so TensorFlow, before ``cli.main`` runs."""
+def is_command_line():
+    """Whether this process is the ``keras-vit`` command (the console
+    script or ``python -m keras_vit.cli``)."""
     argv = getattr(sys, "orig_argv", sys.argv)
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     as_module = any(a == "-m" and b.startswith("keras_vit")
                     for a, b in zip(argv, argv[1:]))
-    if script in ("keras-vit", "keras-vit.exe") or as_module:
+    return script in ("keras-vit", "keras-vit.exe") or as_module
+
+
+def for_command_line():
+    """Filters stderr when this process is the ``keras-vit`` command.
+    Called by the package's ``__init__`` before it imports Keras, since the
+    console script imports the package, and so TensorFlow, before
+    ``cli.main`` runs."""
+    if is_command_line():
         filter_stderr()

@@ -417,3 +417,23 @@ def printable(text):
         return text
     return "".join(c if c.isprintable() else c.encode(
         "unicode_escape").decode("ascii") for c in text)
+
+
+# What Keras 3 imports for KERAS_BACKEND (keras/src/backend/__init__.py).
+KERAS_BACKENDS = ("tensorflow", "jax", "torch", "numpy", "openvino")
+
+
+def check_keras_backend():
+    """A ValueError naming ``KERAS_BACKEND`` when it is set to a name Keras
+    has no backend for (Keras itself fails inside ``import keras`` with
+    "Unable to import backend : foo", before a command can say which
+    setting is wrong). Empty means unset, as for Keras.
+
+    >>> import os
+    >>> os.environ.get("KERAS_BACKEND", "tensorflow") in KERAS_BACKENDS
+    True
+    """
+    value = os.environ.get("KERAS_BACKEND", "")
+    if value:
+        check_choice("KERAS_BACKEND", value, KERAS_BACKENDS,
+                     extra=" (Or leave it unset for Keras' default.)")

@@ -1542,3 +1542,41 @@ def test_hostile_repository_files_exit_2_with_one_line(hostile_labels_repo,
     assert cli.main(["predict", str(repo), str(image)]) == 2
     line = _one_error_line(capsys)
     assert "model.safetensors: tensor" in line and "(truncated?)" in line
+
+
+def test_an_unknown_keras_backend_is_one_line():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KERAS_BACKEND="jaxx")
+    proc = subprocess.run([sys.executable, "-m", "keras_vit.cli", "list"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("keras-vit: error: KERAS_BACKEND must be one "
+                               "of ('tensorflow', 'jax', 'torch'")
+    assert "received KERAS_BACKEND='jaxx'. Did you mean 'jax'?" in lines[0]
+
+
+def test_a_short_run_scales_the_recipes_warmup(capsys):
+    from keras_vit.train import cli as train_cli
+    from keras_vit.train import recipes
+
+    with pytest.warns(UserWarning, match=r"warmup_steps=250 do not fit a run "
+                                         r"of total_steps=7; warming up for "
+                                         r"1 steps instead \(10%\)"):
+        recipe = recipes.get("finetune", total_steps=7)
+    assert recipe.warmup_steps == 1
+    with pytest.warns(UserWarning, match="warming up for 0 steps"):
+        assert recipes.get("finetune", total_steps=1).warmup_steps == 0
+    assert recipes.get("finetune", total_steps=500).warmup_steps == 250
+    # A warmup the user chose is never changed: the error names options.
+    with pytest.raises(ValueError, match=r"warmup_steps=5 \(--warmup-steps\) "
+                                         r"must be smaller than total_steps=3 "
+                                         r"\(--steps\)"):
+        recipes.get("finetune", total_steps=3, warmup_steps=5)
+    assert train_cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
+                           "--steps", "3", "--warmup-steps", "5"]) == 2
+    assert "(--warmup-steps) must be smaller" in _one_error_line(capsys)
