@@ -111,8 +111,9 @@ def test_recipe_overrides_and_errors():
     assert r.steps_for(1000) == 6  # ceil(3 * 1000 / 512)
     with pytest.raises(ValueError, match="learning_rat.*did you mean 'learning_rate'"):
         recipes.get("finetune", learning_rat=0.1)
-    with pytest.raises(ValueError, match="warmup_steps=300 must be smaller "
-                                         "than total_steps=200"):
+    with pytest.raises(ValueError, match=r"warmup_steps=300 \(--warmup-steps\)"
+                                         r" must be smaller than "
+                                         r"total_steps=200"):
         recipes.get("finetune", total_steps=200, warmup_steps=300)
     with pytest.raises(ValueError, match="momentum=1.5"):
         recipes.get("finetune", momentum=1.5)

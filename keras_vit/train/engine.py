@@ -457,10 +457,15 @@ class Trainer:
                 f"({self.train.num_examples} images in "
                 f"{self.train.name!r}); use a smaller batch_size")
         self.total_steps = r.steps_for(self.train.num_examples)
+        if isinstance(recipe, str) and "warmup_steps" not in overrides:
+            # The named recipe's warmup, scaled to fit a short run.
+            r = self.recipe = r.replace(warmup_steps=recipes_lib.fit_warmup(
+                r, self.total_steps))
         if r.warmup_steps >= self.total_steps:
             raise ValueError(
-                f"warmup_steps={r.warmup_steps} must be smaller than the "
-                f"run's total_steps={self.total_steps}")
+                f"warmup_steps={r.warmup_steps} (--warmup-steps) must be "
+                f"smaller than the run's total_steps={self.total_steps} "
+                "(--steps, or --epochs times the steps per epoch)")
         self.precision = self.engine.precision(r.precision)
         self.jit_compile = self.engine.uses_xla(r.jit_compile,
                                                 self.precision)

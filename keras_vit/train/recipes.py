@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 from keras_vit.errors import (check_choice, check_int, check_number,
                               closest, did_you_mean)
@@ -154,8 +155,8 @@ class Recipe:
         if (self.total_steps is not None
                 and self.warmup_steps >= self.total_steps):
             raise ValueError(
-                f"warmup_steps={self.warmup_steps} must be smaller than "
-                f"total_steps={self.total_steps}")
+                f"warmup_steps={self.warmup_steps} (--warmup-steps) must be "
+                f"smaller than total_steps={self.total_steps} (--steps)")
         object.__setattr__(self, "lr_sweep", tuple(self.lr_sweep))
 
     def replace(self, **fields):
@@ -317,7 +318,49 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     if "total_steps" in overrides and overrides["total_steps"] is not None \
             and "epochs" not in overrides:
         overrides["epochs"] = None
+    total = overrides.get("total_steps", base.total_steps)
+    if (isinstance(recipe, str) and "warmup_steps" not in overrides
+            and total is not None):
+        warmup = fit_warmup(base, total)
+        if warmup != base.warmup_steps:
+            overrides["warmup_steps"] = warmup
     return dataclasses.replace(base, **overrides)
+
+
+def fit_warmup(recipe, total_steps):
+    """The recipe's ``warmup_steps``, or, when a run of ``total_steps``
+    is too short for it (``--steps 3`` on a recipe warming up for 250), the
+    warmup scaled with the run (the recipe's fraction; 10% for a recipe
+    counted in epochs) and a warning saying so: the user never chose the
+    250 and should not have to. Only a named recipe's warmup is scaled; an
+    explicit ``warmup_steps`` is never changed (the Recipe refuses one that
+    does not fit).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     get("finetune", total_steps=30).warmup_steps
+    3
+    """
+    if recipe.warmup_steps < total_steps:
+        return recipe.warmup_steps
+    fraction = (recipe.warmup_steps / recipe.total_steps
+                if recipe.total_steps else 0.1)
+    warmup = min(int(round(fraction * total_steps)), total_steps - 1)
+    message = (
+        f"the {recipe.name} recipe's warmup_steps={recipe.warmup_steps} do "
+        f"not fit a run of total_steps={total_steps}; warming up for "
+        f"{warmup} steps instead ({fraction:.0%}). Set warmup_steps "
+        "(--warmup-steps) to choose.")
+    # Once: a command checks its recipe before the Trainer builds it again
+    # (and importing TensorFlow in between resets warnings' own registry).
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return warmup
+
+
+_WARNED = set()
 
 
 def parse_value(field, text):
