@@ -62,6 +62,9 @@ def check_runtimes(runtimes):
     return runtimes
 
 
+MAX_RUNS = 1000
+
+
 def _time_runs(fn, images, runs, warmup, rss):
     for _ in range(warmup):
         fn(images)
@@ -133,9 +136,11 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive; received "
                          f"batch_sizes={batch_sizes!r}")
-    if not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"runs must be a positive integer; received "
-                         f"runs={runs!r}")
+    from keras_vit.errors import check_int
+
+    # Each measurement prints one line after its runs: a million of them
+    # would sit silent for hours.
+    check_int("runs", runs, low=1, high=MAX_RUNS)
     say = say or (lambda *_: None)
     from keras_vit.export.graph import ServingGraph
 

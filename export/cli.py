@@ -180,7 +180,10 @@ def run_benchmark(args):
     from keras_vit import export
     from keras_vit.export import benchmark
 
+    from keras_vit.errors import check_int
+
     runtimes = benchmark.check_runtimes(args.runtimes)
+    check_int("--runs", args.runs, low=1, high=benchmark.MAX_RUNS)
     model, label = _load_model(args, default_weights="none")
     print(f"Benchmarking {label}, batch sizes "
           f"{','.join(map(str, args.batch))}, median of {args.runs} runs "

@@ -1580,3 +1580,29 @@ def test_a_short_run_scales_the_recipes_warmup(capsys):
     assert train_cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
                            "--steps", "3", "--warmup-steps", "5"]) == 2
     assert "(--warmup-steps) must be smaller" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fewshot", "ViT-Ti/16", "--data", "digits:train", "--seeds",
+      "100000"], "--seeds must be an integer in [1, 1000]; received "
+                 "--seeds=100000"),
+    (["benchmark", "ViT-Ti/16", "--runs", "100000000"],
+     "--runs must be an integer in [1, 1000]; received --runs=100000000"),
+])
+def test_user_given_counts_are_bounded(capsys, argv, needle):
+    from keras_vit import cli
+
+    start = time.monotonic()
+    assert cli.main(argv) == 2
+    assert needle in _one_error_line(capsys)
+    assert time.monotonic() - start < 10  # before the model is built
+
+
+def test_fewshot_num_seeds_is_bounded():
+    from keras_vit import train as kt
+
+    with pytest.raises(ValueError, match="num_seeds=0"):
+        kt.fewshot(_tiny(), "digits:train", "digits:test", num_seeds=0)
+    with pytest.raises(ValueError, match=r"\[1, 1000\]; received "
+                                         r"num_seeds=10000"):
+        kt.fewshot(_tiny(), "digits:train", "digits:test", num_seeds=10000)

@@ -595,9 +595,11 @@ def run_pretrain(args):
 
 def run_fewshot(args):
     """``keras-vit fewshot``: returns the exit status."""
+    from keras_vit.errors import check_int
     from keras_vit.train import data as data_lib
-    from keras_vit.train.few_shot import fewshot
+    from keras_vit.train.few_shot import MAX_SEEDS, fewshot
 
+    check_int("--seeds", args.seeds, low=1, high=MAX_SEEDS)  # before any work
     eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
     if eval_spec is None:
         why = ("few-shot fits its classifier on --data and scores it on "

@@ -127,6 +127,9 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
     return np.concatenate(feats), np.concatenate(labels).astype("int64")
 
 
+MAX_SEEDS = 1000
+
+
 def _class_orders(labels, num_classes, seed):
     """Each class's images in a seeded random order, as the official
     evaluator draws them: the first k of each are the k-shot set, so the
@@ -165,6 +168,11 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
     >>> sorted(r["accuracy"]), r["num_test"]
     ([1, 5], 450)
     """
+    from keras_vit.errors import check_int
+
+    # Every draw keeps a permutation of the training set, made before any
+    # output: a count far past what averaging needs is refused, not run.
+    check_int("num_seeds", num_seeds, low=1, high=MAX_SEEDS)
     train = data_lib.load_data(train_data, verbose=verbose)
     test = data_lib.load_data(test_data, split="test", verbose=verbose)
     shots = tuple(sorted({int(k) for k in shots}))
