@@ -14,7 +14,8 @@ from keras_vit.models import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.models.resnet_v2 import resnet_v2 as build_resnet_v2
 from keras_vit.models.vit import vit as build_vit
-from keras_vit.zoo import bit_layout, convert, download, registry, timm_hub
+from keras_vit.zoo import (bit_layout, convert, download, registry, timm_hub,
+                           transformers_hub)
 
 _LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
@@ -155,7 +156,20 @@ def load(
     :mod:`keras_vit.zoo.timm_hub`; they default to ``gelu="exact"``, timm's
     GELU, where the official ``.npz`` files keep the tanh form):
     ``zoo.load("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")``.
+
+    Hugging Face transformers' ViT weights (``config.json`` with a
+    ``model_type`` + ``model.safetensors``: a folder, an ``hf-hub:`` handle,
+    or a ``.safetensors`` file as ``weights=``) load the same way, with
+    transformers' numerics and ``id2label`` (see
+    :mod:`keras_vit.zoo.transformers_hub`):
+    ``zoo.load("hf-hub:google/vit-base-patch16-224")``.
     """
+    for source, arch_name in ((name, None), (weights, name)):
+        if transformers_hub.is_transformers_source(source,
+                                                   progress=progress):
+            return transformers_hub.load(
+                source, arch_name, image_size, num_classes,
+                keep_pre_logits=keep_pre_logits, progress=progress, **kwargs)
     if timm_hub.is_timm_source(name):
         return timm_hub.load(name, None, image_size, num_classes,
                              progress=progress, **kwargs)

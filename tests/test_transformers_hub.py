@@ -1,0 +1,314 @@
+"""Hugging Face transformers' ViT layout (config.json + model.safetensors as
+ViTForImageClassification / ViTModel write them), against transformers' own
+forward. Random weights, written by transformers' save_pretrained; never
+the real Hub."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+# torch and transformers before TensorFlow (tests/conftest.py: the other
+# order crashes here).
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from keras_vit import zoo  # noqa: E402
+from keras_vit.zoo import convert  # noqa: E402
+
+SIZE = 32
+LABELS = {0: "tabby", 1: "tiger cat", 2: "lynx"}
+
+
+def _config(**overrides):
+    values = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, image_size=SIZE, patch_size=8,
+                  num_labels=3, id2label=LABELS,
+                  label2id={v: k for k, v in LABELS.items()})
+    values.update(overrides)
+    return transformers.ViTConfig(**values)
+
+
+def _randomise(model, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():  # every parameter random, LayerNorms included
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def _images(n=3):
+    rng = np.random.default_rng(1)
+    return rng.uniform(-1, 1, (n, SIZE, SIZE, 3)).astype("float32")
+
+
+def _torch_input(x):
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+@pytest.fixture(scope="module")
+def classifier_repo(tmp_path_factory):
+    model = _randomise(transformers.ViTForImageClassification(_config()), 0)
+    path = tmp_path_factory.mktemp("hf") / "vit_cls"
+    model.save_pretrained(path, safe_serialization=True)
+    with torch.no_grad():
+        logits = model(pixel_values=_torch_input(_images())).logits.numpy()
+    return path, logits
+
+
+@pytest.fixture(scope="module")
+def model_repo(tmp_path_factory):
+    model = _randomise(transformers.ViTModel(_config()), 1)
+    path = tmp_path_factory.mktemp("hf") / "vit_model"
+    model.save_pretrained(path, safe_serialization=True)
+    with torch.no_grad():
+        out = model(pixel_values=_torch_input(_images()))
+    return path, out.pooler_output.numpy(), out.last_hidden_state.numpy()
+
+
+def _copy(src, dst, *names):
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names or ("config.json", "model.safetensors"):
+        shutil.copy(src / name, dst / name)
+    return dst
+
+
+def test_classifier_folder_matches_transformers_forward(classifier_repo):
+    path, expected = classifier_repo
+    model = zoo.load(str(path))
+    got = np.asarray(model(_images()))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    # transformers' numerics, from the config.
+    block = model.get_layer("encoder_block_0")
+    assert block.layer_norm_epsilon == 1e-12
+    assert model.get_layer("encoder_norm").epsilon == 1e-12
+    # id2label are the model's label names.
+    assert model.zoo_labels == ["tabby", "tiger cat", "lynx"]
+    top = zoo.decode_predictions(got, top=1, labels=model)[0][0]
+    assert top[1] == LABELS[int(np.argmax(got[0]))]
+
+
+def test_vit_model_pooler_is_pre_logits(model_repo):
+    path, pooled, tokens = model_repo
+    model = zoo.load(str(path))
+    assert model.get_layer("pre_logits") is not None
+    np.testing.assert_allclose(np.asarray(model(_images())), pooled,
+                               atol=1e-5, rtol=0)
+    features = zoo.load(str(path), pooling=None)
+    np.testing.assert_allclose(np.asarray(features(_images())), tokens,
+                               atol=1e-5, rtol=0)
+    # A new head on the encoder: zero-initialised, the pooler dropped.
+    head = zoo.load(str(path), num_classes=5)
+    assert np.asarray(head(_images())).shape == (3, 5)
+    assert head.zoo_labels is None
+
+
+def test_weights_file_for_a_vit_name(classifier_repo, tmp_path):
+    path, expected = classifier_repo
+    # The file alone (no config.json beside it): the name gives the sizes,
+    # transformers' defaults (eps 1e-12, exact GELU) the numerics. A name
+    # of other sizes lists the mis-shaped tensors.
+    weights = str(_copy(path, tmp_path / "lone", "model.safetensors")
+                  / "model.safetensors")
+    with pytest.raises(convert.CheckpointError, match="mis-shaped") as info:
+        zoo.load("ViT-Ti/8", weights=weights)
+    assert weights in str(info.value)
+    model = zoo.load("ViT-Ti/8", weights=weights, hidden_size=32, mlp_dim=64,
+                     num_heads=2, num_layers=2)
+    np.testing.assert_allclose(np.asarray(model(_images())), expected,
+                               atol=1e-5, rtol=0)
+    assert model.zoo_labels is None  # no config.json: no id2label
+    # Beside its config.json, the file brings id2label along.
+    model = zoo.load("ViT-Ti/8", weights=str(path / "model.safetensors"),
+                     hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+    assert model.zoo_labels == ["tabby", "tiger cat", "lynx"]
+
+
+def test_other_model_types_and_pickles_are_refused(classifier_repo, tmp_path):
+    path, _ = classifier_repo
+    config = json.loads((path / "config.json").read_text())
+    deit = _copy(path, tmp_path / "deit")
+    (deit / "config.json").write_text(json.dumps(
+        dict(config, model_type="deit",
+             architectures=["DeiTForImageClassificationWithTeacher"])))
+    with pytest.raises(ValueError, match="model_type='deit'.*distillation"):
+        zoo.load(str(deit))
+    mim = _copy(path, tmp_path / "mim")
+    (mim / "config.json").write_text(json.dumps(
+        dict(config, architectures=["ViTForMaskedImageModeling"])))
+    with pytest.raises(ValueError, match="ViTForMaskedImageModeling"):
+        zoo.load(str(mim))
+    pickled = _copy(path, tmp_path / "pickled", "config.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02 never read")
+    with pytest.raises(FileNotFoundError,
+                       match="pytorch_model.bin.*never unpickles"):
+        zoo.load(str(pickled))
+
+
+def test_absurd_config_is_refused_before_allocation(classifier_repo,
+                                                    tmp_path):
+    path, _ = classifier_repo
+    config = json.loads((path / "config.json").read_text())
+    for field, value, match in (
+            ("hidden_size", 10**9, "field hidden_size"),
+            ("num_hidden_layers", 10**6, "field num_hidden_layers"),
+            ("image_size", 10**6, "field image_size"),
+            ("num_attention_heads", 3, "divides hidden_size=32"),
+            ("hidden_act", "relu", "field hidden_act"),
+            ("qkv_bias", False, "field qkv_bias"),
+            ("layer_norm_eps", "tiny", "field layer_norm_eps")):
+        bad = _copy(path, tmp_path / field)
+        (bad / "config.json").write_text(json.dumps(dict(config,
+                                                         **{field: value})))
+        with pytest.raises(ValueError, match=match) as info:
+            zoo.load(str(bad))
+        assert str(bad / "config.json") in str(info.value)
+    # A config larger than its tensors: every mismatch listed, in one error.
+    big = _copy(path, tmp_path / "big")
+    (big / "config.json").write_text(json.dumps(
+        dict(config, hidden_size=4096, intermediate_size=16384,
+             num_attention_heads=16, num_hidden_layers=48)))
+    with pytest.raises(convert.CheckpointError) as info:
+        zoo.load(str(big))
+    message = str(info.value)
+    assert "missing" in message and "mis-shaped" in message
+    assert "'vit.encoder.layer.2.attention.attention.key.bias'" in message
+    assert ("'vit.encoder.layer.0.attention.output.dense.bias': [32] "
+            "(expected [4096])") \
+        in message
+
+
+def test_missing_and_extra_tensors_listed_together(classifier_repo,
+                                                   tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path, _ = classifier_repo
+    state = load_file(str(path / "model.safetensors"))
+    state.pop("vit.layernorm.weight")
+    state["vit.embeddings.mask_token"] = np.zeros((1, 1, 32), "float32")
+    state["classifier.bias"] = np.zeros((4,), "float32")
+    bad = _copy(path, tmp_path / "bad", "config.json")
+    save_file(state, str(bad / "model.safetensors"))
+    with pytest.raises(convert.CheckpointError) as info:
+        zoo.load(str(bad))
+    message = str(info.value)
+    for part in ("vit.layernorm.weight", "vit.embeddings.mask_token",
+                 "'classifier.bias': [4] (expected [3])", str(bad / "model.safetensors")):
+        assert part in message
+
+
+@pytest.mark.slow
+def test_hf_hub_handle_online_then_offline(classifier_repo, tmp_path):
+    """zoo.load("hf-hub:...") against a local endpoint (HF_ENDPOINT) in a
+    fresh process, then with HF_HUB_OFFLINE=1 from huggingface_hub's cache
+    alone."""
+    import os
+    import subprocess
+    import sys
+
+    from test_timm_hub import _FakeHub
+
+    path, expected = classifier_repo
+    hub = _FakeHub("google/vit-tiny-test", path)
+    code = ("import json, numpy as np\n"
+            "from keras_vit import zoo\n"
+            "m = zoo.load('hf-hub:google/vit-tiny-test', progress=False)\n"
+            "x = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3))\n"
+            "print(json.dumps([np.asarray(m(x.astype('float32'))).tolist(),"
+            " m.zoo_labels]))\n")
+    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
+               TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        hub.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, labels = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
+    assert labels == ["tabby", "tiger cat", "lynx"]
+    assert list((tmp_path / "hf").rglob("model.safetensors"))
+
+    env["HF_HUB_OFFLINE"] = "1"  # the server is gone: the cache alone
+    proc = subprocess.run([sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, _ = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
+
+
+class _PickleOnlyHub:
+    """A Hub repository holding config.json and pytorch_model.bin, on
+    127.0.0.1: a missing file is a 404 with the Hub's X-Error-Code
+    EntryNotFound; records the paths asked for."""
+
+    def __init__(self, repo_id, files):
+        import http.server
+        import threading
+
+        self.asked = []
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _head(self):
+                hub.asked.append(self.path)
+                name = self.path.split("?")[0].rsplit("/", 1)[-1]
+                if not self.path.startswith(f"/{repo_id}/resolve/") or (
+                        name not in files):
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                body = files[name]
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", "b" * 40)
+                self.send_header("ETag", f'"{len(body)}-{hash(body)}"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                return body
+
+            def do_HEAD(self):  # noqa: N802
+                self._head()
+
+            def do_GET(self):  # noqa: N802
+                body = self._head()
+                if body is not None:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                      Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def test_hf_hub_repo_with_only_pytorch_model_bin_is_refused(
+        classifier_repo, tmp_path, monkeypatch):
+    path, _ = classifier_repo
+    hub = _PickleOnlyHub("google/vit-pickled", {
+        "config.json": (path / "config.json").read_bytes(),
+        "pytorch_model.bin": b"\x80\x02 never read"})
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        with pytest.raises(Exception, match="pytorch_model.bin.*never "
+                                            "unpickles") as info:
+            zoo.load("hf-hub:google/vit-pickled", progress=False)
+    finally:
+        hub.stop()
+    assert "hf-hub:google/vit-pickled" in str(info.value)
+    assert not any("pytorch_model.bin" in p for p in hub.asked)

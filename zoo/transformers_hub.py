@@ -1,0 +1,626 @@
+"""Hugging Face **transformers** ViT weights: ``config.json`` +
+``model.safetensors`` as ``transformers.ViTForImageClassification`` and
+``ViTModel`` write them (``save_pretrained``; the Hub's
+``google/vit-base-patch16-224``, ``google/vit-base-patch16-224-in21k``, ...).
+
+Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
+``model_type`` (timm's have none), a local folder holding such a
+``config.json`` and ``model.safetensors``, or a ``.safetensors`` file with
+transformers' parameter names given as ``weights=`` for a ViT name. Hub
+files come through :func:`keras_vit.zoo.timm_hub.hub_download`
+(``huggingface_hub``'s cache, ``HF_HUB_OFFLINE``, ``HF_TOKEN``,
+``HF_ENDPOINT``); tensors are read as NumPy arrays, without torch or
+transformers, and never unpickled.
+
+transformers' numerics are kept: LayerNorm epsilon from ``layer_norm_eps``
+(1e-12 in Google's files, where the official ``.npz`` models use 1e-6) and
+the GELU of ``hidden_act`` (``"gelu"`` is the exact, erf form). A
+``ViTForImageClassification`` becomes a model with its ``classifier`` as
+the head and ``id2label`` as the model's label names (``zoo_labels``, read
+by ``decode_predictions`` and ``keras-vit predict``); a ``ViTModel``
+becomes a feature model (``include_top=False``, ``pooling="token"``) whose
+tanh ``pooler`` is the ``pre_logits`` layer, so that it returns
+transformers' ``pooler_output``.
+
+The file's tensor names and shapes are checked against the config before
+anything is allocated: missing, unexpected and mis-shaped tensors are
+listed together in one error naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from keras_vit.errors import special_file
+from keras_vit.zoo import convert, timm_hub
+
+HUB_PREFIX = timm_hub.HUB_PREFIX
+CONFIG_FILE = timm_hub.CONFIG_FILE
+WEIGHTS_FILE = timm_hub.WEIGHTS_FILE
+PICKLE_FILE = "pytorch_model.bin"
+
+# The architectures keras_vit reproduces, and what each becomes.
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+# transformers' hidden_act -> keras_vit's gelu form. "gelu" is torch's
+# default, erf; "gelu_new" / "gelu_pytorch_tanh" the tanh approximation.
+GELU_FORMS = {"gelu": "exact", "gelu_new": "tanh",
+              "gelu_pytorch_tanh": "tanh"}
+# Google's files: transformers' ViTConfig defaults.
+DEFAULT_LAYER_NORM_EPS = 1e-12
+DEFAULT_HIDDEN_ACT = "gelu"
+
+# Bounds no ViT checkpoint comes near (ViT-22B: width 6144, 48 layers);
+# a config beyond them is refused before anything is allocated.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_HIDDEN = 16384
+MAX_LAYERS = convert.MAX_BLOCKS
+MAX_MLP = 65536
+MAX_IMAGE_SIDE = 4096
+MAX_CHANNELS = 16
+MAX_CLASSES = 1_000_000
+MAX_HEADER_BYTES = 100 << 20
+
+# Hub model types that are not ViT, with the way out where there is one.
+_OTHER_TYPES = {
+    "deit": "DeiT (its distillation token and second head have no "
+            "counterpart here); the DeiT checkpoints without distillation "
+            "that transformers stores as model_type 'vit' "
+            "(facebook/deit-*-patch16-224) load",
+    "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
+               "classifier keras_vit reproduces",
+    "vit_msn": "ViT-MSN",
+    "vit_hybrid": "transformers' BiT hybrid; the official R50+ViT-B/16 "
+                  "weights load by name: zoo.load('R50+ViT-B/16')",
+    "dinov2": "DINOv2 (layer scale, register tokens)",
+    "beit": "BEiT (relative position bias, layer scale)",
+    "swin": "Swin", "clip_vision_model": "CLIP's vision tower",
+}
+
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+_ATTN = "MultiHeadDotProductAttention_1/"
+# transformers' per-layer names -> the official layout's (kernels are
+# transposed, and the attention ones split into heads, by _to_official).
+_LAYER_PARAMS = {
+    "layernorm_before.weight": "LayerNorm_0/scale",
+    "layernorm_before.bias": "LayerNorm_0/bias",
+    "attention.attention.query.weight": _ATTN + "query/kernel",
+    "attention.attention.query.bias": _ATTN + "query/bias",
+    "attention.attention.key.weight": _ATTN + "key/kernel",
+    "attention.attention.key.bias": _ATTN + "key/bias",
+    "attention.attention.value.weight": _ATTN + "value/kernel",
+    "attention.attention.value.bias": _ATTN + "value/bias",
+    "attention.output.dense.weight": _ATTN + "out/kernel",
+    "attention.output.dense.bias": _ATTN + "out/bias",
+    "layernorm_after.weight": "LayerNorm_2/scale",
+    "layernorm_after.bias": "LayerNorm_2/bias",
+    "intermediate.dense.weight": "MlpBlock_3/Dense_0/kernel",
+    "intermediate.dense.bias": "MlpBlock_3/Dense_0/bias",
+    "output.dense.weight": "MlpBlock_3/Dense_1/kernel",
+    "output.dense.bias": "MlpBlock_3/Dense_1/bias",
+}
+_TOP_PARAMS = {
+    "embeddings.cls_token": "cls",
+    "embeddings.position_embeddings": convert.POSEMB_KEY,
+    "embeddings.patch_embeddings.projection.weight": "embedding/kernel",
+    "embeddings.patch_embeddings.projection.bias": "embedding/bias",
+    "layernorm.weight": "Transformer/encoder_norm/scale",
+    "layernorm.bias": "Transformer/encoder_norm/bias",
+    "pooler.dense.weight": "pre_logits/kernel",
+    "pooler.dense.bias": "pre_logits/bias",
+}
+_HEAD_PARAMS = {"classifier.weight": "head/kernel",
+                "classifier.bias": "head/bias"}
+
+
+# -- recognising a source ---------------------------------------------------
+
+def _read_json(path, what):
+    path = os.fspath(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise convert.CheckpointError(
+            f"{path}: is {size} bytes; a {what} is a few KB (at most "
+            f"{MAX_CONFIG_BYTES} bytes are read)")
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise convert.CheckpointError(
+            f"{path}: is not a JSON {what} ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]})") from None
+    if not isinstance(value, dict):
+        raise convert.CheckpointError(
+            f"{path}: is a JSON {type(value).__name__}, not an object of "
+            "settings")
+    return value
+
+
+def is_transformers_config(config):
+    """True for a transformers ``config.json`` (it names a ``model_type``;
+    timm's name an ``architecture`` instead)."""
+    return isinstance(config, dict) and "model_type" in config
+
+
+def _sniff(path):
+    """True when the ``config.json`` at ``path`` is transformers'. A file
+    that is no JSON object is not claimed: the timm route, which reads the
+    same file name, reports it."""
+    try:
+        return is_transformers_config(
+            _read_json(path, "transformers config.json"))
+    except (convert.CheckpointError, OSError):
+        return False
+
+
+def is_transformers_source(value, *, progress=None):
+    """True for what :func:`load` reads: a folder whose ``config.json`` is
+    transformers' (with ``model.safetensors``, or only the pickled
+    ``pytorch_model.bin``, which :func:`load` then refuses), a
+    ``.safetensors`` file with transformers' names, or an ``hf-hub:``
+    handle whose ``config.json`` is transformers' (it is downloaded, into
+    huggingface_hub's cache, to tell).
+
+    >>> is_transformers_source("ViT-B/16")
+    False
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    value = os.fspath(value)
+    if value.startswith(HUB_PREFIX):
+        repo, revision = _parse_handle(value)
+        (config_path,) = timm_hub.hub_download(
+            repo, revision, files=(CONFIG_FILE,), progress=progress)
+        return _sniff(config_path)
+    if os.path.isdir(value):
+        path = os.path.join(value, CONFIG_FILE)
+        return os.path.isfile(path) and _sniff(path)
+    if value.endswith(".safetensors") and os.path.isfile(value):
+        try:
+            return _is_transformers_state(_header(value))
+        except (convert.CheckpointError, OSError):
+            return False  # the timm route reports a broken file
+    return False
+
+
+def _is_transformers_state(header):
+    return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings."))
+               for k in header)
+
+
+def _parse_handle(value):
+    repo, _, revision = value[len(HUB_PREFIX):].partition("@")
+    if not repo or repo.count("/") != 1:
+        raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
+                         f"[@revision]; received {value!r}")
+    return repo, revision or None
+
+
+# -- the config ---------------------------------------------------------------
+
+def _is_int(value, low, high):
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and low <= value <= high)
+
+
+def _field(config, path, key, default, ok, expected):
+    value = config.get(key, default)
+    if not ok(value):
+        raise convert.CheckpointError(
+            f"{path}: field {key}: expected {expected}; received "
+            f"{key}={_shown(value)}")
+    return value
+
+
+def _shown(value, limit=80):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def architecture(config, path, header=None):
+    """``config`` checked and read as keras_vit's builder arguments:
+    ``{"kind": "classifier" | "model", "hidden_size", "num_layers",
+    "num_heads", "mlp_dim", "image_size", "patch_size", "num_channels",
+    "layer_norm_epsilon", "gelu", "labels", "representation_size"}``.
+    Other model types and architectures, and settings keras_vit lacks, are
+    refused by name; sizes beyond any ViT's are refused before anything is
+    allocated. ``header`` (tensor name -> entry) tells a config that names
+    no architecture which one the file holds."""
+    path = os.fspath(path)
+    model_type = config.get("model_type")
+    if model_type != "vit":
+        what = _OTHER_TYPES.get(model_type) if isinstance(
+            model_type, str) else None
+        raise ValueError(
+            f"{path}: model_type={_shown(model_type)} is not supported"
+            + (f": {what}" if what else "")
+            + ". keras_vit reads transformers' ViT (model_type 'vit': "
+            f"{' and '.join(ARCHITECTURES)}); timm's repositories of the "
+            "same weights load too (hf-hub:timm/vit_*)")
+    names = config.get("architectures")
+    if names is not None:
+        _field(config, path, "architectures", None,
+               lambda v: isinstance(v, list) and len(v) == 1
+               and isinstance(v[0], str), "a list of one class name")
+        kind = {"ViTForImageClassification": "classifier",
+                "ViTModel": "model"}.get(names[0])
+        if kind is None:
+            raise ValueError(
+                f"{path}: architectures={_shown(names)} is not supported; "
+                f"keras_vit loads {' and '.join(ARCHITECTURES)} (load the "
+                "encoder of another one in transformers and save it as "
+                "ViTModel: ViTModel.from_pretrained(...).save_pretrained("
+                "dir))")
+    else:  # older files: the tensors tell
+        kind = "classifier" if any(
+            k.startswith("vit.") for k in (header or {})) else "model"
+    hidden = _field(config, path, "hidden_size", 768,
+                    lambda v: _is_int(v, 1, MAX_HIDDEN),
+                    f"an integer in [1, {MAX_HIDDEN}]")
+    heads = _field(config, path, "num_attention_heads", 12,
+                   lambda v: _is_int(v, 1, hidden) and hidden % v == 0,
+                   f"an integer that divides hidden_size={hidden}")
+    if config.get("head_dim") not in (None, hidden // heads):
+        raise ValueError(f"{path}: head_dim={_shown(config['head_dim'])} "
+                         f"other than hidden_size / num_attention_heads = "
+                         f"{hidden // heads} is not supported")
+    layers = _field(config, path, "num_hidden_layers", 12,
+                    lambda v: _is_int(v, 1, MAX_LAYERS),
+                    f"an integer in [1, {MAX_LAYERS}]")
+    mlp = _field(config, path, "intermediate_size", 3072,
+                 lambda v: _is_int(v, 1, MAX_MLP),
+                 f"an integer in [1, {MAX_MLP}]")
+    size = _field(config, path, "image_size", 224, lambda v: _is_int(
+        v, 1, MAX_IMAGE_SIDE) or (isinstance(v, list) and len(v) == 2 and all(
+            _is_int(s, 1, MAX_IMAGE_SIDE) for s in v)),
+        f"an integer in [1, {MAX_IMAGE_SIDE}] or [height, width] of them")
+    size = tuple(size) if isinstance(size, list) else (size, size)
+    patch = _field(config, path, "patch_size", 16, lambda v: _is_int(
+        v, 1, min(size)) and all(s % v == 0 for s in size),
+        f"an integer that divides image_size={list(size)}")
+    channels = _field(config, path, "num_channels", 3,
+                      lambda v: _is_int(v, 1, MAX_CHANNELS),
+                      f"an integer in [1, {MAX_CHANNELS}]")
+    eps = _field(config, path, "layer_norm_eps", DEFAULT_LAYER_NORM_EPS,
+                 lambda v: isinstance(v, (int, float))
+                 and not isinstance(v, bool) and 0 < v < 1,
+                 "a number in (0, 1)")
+    act = _field(config, path, "hidden_act", DEFAULT_HIDDEN_ACT,
+                 lambda v: v in GELU_FORMS,
+                 f"one of {sorted(GELU_FORMS)} (keras_vit's GELU forms)")
+    _field(config, path, "qkv_bias", True, lambda v: v is True,
+           "true (keras_vit's attention has query, key and value biases)")
+    out = {"kind": kind, "hidden_size": hidden, "num_layers": layers,
+           "num_heads": heads, "mlp_dim": mlp,
+           "image_size": size[0] if size[0] == size[1] else size,
+           "patch_size": patch, "num_channels": channels,
+           "layer_norm_epsilon": float(eps), "gelu": GELU_FORMS[act],
+           "labels": _labels(config, path), "representation_size": None}
+    if kind == "model":
+        _field(config, path, "pooler_act", "tanh", lambda v: v == "tanh",
+               "'tanh' (keras_vit's pre_logits)")
+        out["representation_size"] = _field(
+            config, path, "pooler_output_size", hidden,
+            lambda v: _is_int(v, 1, MAX_HIDDEN),
+            f"an integer in [1, {MAX_HIDDEN}]")
+    return out
+
+
+def _labels(config, path):
+    """``id2label`` as a list ordered by index, or None."""
+    id2label = config.get("id2label")
+    if id2label is None:
+        return None
+    _field(config, path, "id2label", None,
+           lambda v: isinstance(v, dict) and len(v) <= MAX_CLASSES,
+           f"an object of at most {MAX_CLASSES} index: name pairs")
+    labels = {}
+    for key, name in id2label.items():
+        try:
+            index = int(key)
+        except ValueError:
+            index = -1
+        if not (0 <= index < len(id2label)) or not isinstance(name, str):
+            raise convert.CheckpointError(
+                f"{path}: field id2label: expected indices 0..{len(id2label) - 1}"
+                f" naming strings; received {_shown(key)}: {_shown(name)}")
+        labels[index] = name
+    return [labels[i] for i in range(len(labels))] or None
+
+
+# -- tensors ------------------------------------------------------------------
+
+def _header(path):
+    """The ``.safetensors`` header of ``path``: tensor name -> entry, read
+    with a bounded size (the data is not read)."""
+    path = os.fspath(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 <= length <= min(size - 8, MAX_HEADER_BYTES):
+            raise convert.CheckpointError(
+                f"{path}: is not a .safetensors file (its {size} bytes do "
+                "not start with a header length that fits in it)")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise convert.CheckpointError(
+            f"{path}: its .safetensors header is not JSON "
+            f"({type(e).__name__})") from None
+    if not isinstance(header, dict) or not all(
+            isinstance(v, dict) for k, v in header.items()
+            if k != "__metadata__"):
+        raise convert.CheckpointError(
+            f"{path}: its .safetensors header is not an object of tensors")
+    header.pop("__metadata__", None)
+    return header
+
+
+def expected_shapes(arch, num_labels, prefix):
+    """transformers' tensor names and shapes for ``arch`` (see
+    :func:`architecture`): ``prefix`` is ``"vit."`` in a
+    ``ViTForImageClassification``, ``""`` in a ``ViTModel``."""
+    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"], arch["num_channels"],
+                  arch["patch_size"])
+    size = arch["image_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    shapes = {
+        "embeddings.cls_token": (1, 1, d),
+        "embeddings.position_embeddings": (1, (h // p) * (w // p) + 1, d),
+        "embeddings.patch_embeddings.projection.weight": (d, c, p, p),
+        "embeddings.patch_embeddings.projection.bias": (d,),
+        "layernorm.weight": (d,), "layernorm.bias": (d,),
+    }
+    layer = {"layernorm_before.weight": (d,), "layernorm_before.bias": (d,),
+             "layernorm_after.weight": (d,), "layernorm_after.bias": (d,),
+             "attention.output.dense.weight": (d, d),
+             "attention.output.dense.bias": (d,),
+             "intermediate.dense.weight": (m, d),
+             "intermediate.dense.bias": (m,),
+             "output.dense.weight": (d, m), "output.dense.bias": (d,)}
+    for part in ("query", "key", "value"):
+        layer[f"attention.attention.{part}.weight"] = (d, d)
+        layer[f"attention.attention.{part}.bias"] = (d,)
+    for i in range(arch["num_layers"]):
+        shapes.update({f"encoder.layer.{i}.{k}": v for k, v in layer.items()})
+    if arch["representation_size"] is not None:
+        r = arch["representation_size"]
+        shapes.update({"pooler.dense.weight": (r, d), "pooler.dense.bias": (r,)})
+    shapes = {prefix + k: v for k, v in shapes.items()}
+    if num_labels:
+        shapes.update({"classifier.weight": (num_labels, d),
+                       "classifier.bias": (num_labels,)})
+    return shapes
+
+
+def check_tensors(header, expected, path):
+    """One :class:`~keras_vit.zoo.convert.CheckpointError` naming ``path``
+    and listing every missing, unexpected and mis-shaped tensor."""
+    def natural(name):  # layer.2 before layer.10
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    missing = [_shown(k, 160) for k in sorted(set(expected) - set(header),
+                                              key=natural)]
+    extra = [_shown(k, 160) for k in sorted(set(header) - set(expected),
+                                            key=natural)]
+    wrong = [f"{_shown(k, 120)}: {_shown(header[k].get('shape'), 40)} "
+             f"(expected {list(expected[k])})"
+             for k in sorted(set(expected) & set(header), key=natural)
+             if header[k].get("shape") != list(expected[k])]
+    problems = []
+    for what, items in (("missing", missing), ("unexpected", extra),
+                        ("mis-shaped", wrong)):
+        if items:
+            more = f", ... ({len(items)} in all)" if len(items) > 12 else ""
+            problems.append(f"{len(items)} {what}: "
+                            f"{', '.join(items[:12])}"
+                            f"{more}")
+    if problems:
+        raise convert.CheckpointError(
+            f"{os.fspath(path)}: does not hold the transformers ViT its "
+            f"config describes; {'; '.join(problems)}")
+
+
+def to_official(state, num_heads, prefix=""):
+    """Maps transformers ViT tensors (NumPy, names as checked by
+    :func:`check_tensors`) onto the official ``.npz`` layout."""
+    out = {}
+    for name, value in state.items():
+        value = np.asarray(value, dtype="float32")
+        if name in _HEAD_PARAMS:
+            out[_HEAD_PARAMS[name]] = value.T if value.ndim == 2 else value
+            continue
+        name = name[len(prefix):]
+        m = _LAYER.match(name)
+        if m:
+            i, param = m.groups()
+            key = f"Transformer/encoderblock_{i}/{_LAYER_PARAMS[param]}"
+            if param.startswith("attention.attention."):
+                if value.ndim == 2:  # (H*Dh, D) -> (D, H, Dh)
+                    value = value.T.reshape(value.shape[1], num_heads, -1)
+                else:
+                    value = value.reshape(num_heads, -1)
+            elif param == "attention.output.dense.weight":
+                value = value.T.reshape(num_heads, -1, value.shape[0])
+            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
+                value = value.T
+            out[key] = value
+            continue
+        if name == "embeddings.patch_embeddings.projection.weight":
+            value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
+        elif name == "pooler.dense.weight":
+            value = value.T
+        out[_TOP_PARAMS[name]] = value
+    return out
+
+
+# -- loading ------------------------------------------------------------------
+
+def fetch(source, progress=None):
+    """``(config dict or None, config path, local .safetensors path)`` of
+    ``source``. A folder or repository with only ``pytorch_model.bin`` is
+    refused: keras_vit never unpickles."""
+    source = os.fspath(source)
+    way_out = (
+        "keras_vit never unpickles a checkpoint; write model.safetensors "
+        "with transformers: ViTForImageClassification.from_pretrained(src)"
+        ".save_pretrained(dir, safe_serialization=True), then "
+        "zoo.load(dir)")
+    if source.startswith(HUB_PREFIX):
+        repo, revision = _parse_handle(source)
+        (config_path,) = timm_hub.hub_download(
+            repo, revision, files=(CONFIG_FILE,), progress=progress)
+        try:
+            (path,) = timm_hub.hub_download(
+                repo, revision, files=(WEIGHTS_FILE,), progress=progress)
+        except Exception as e:
+            text = str(e)
+            if "EntryNotFound" in text and "LocalEntryNotFound" not in text:
+                raise type(e)(
+                    f"{text}; {source} has no {WEIGHTS_FILE} (a repository "
+                    f"with only {PICKLE_FILE}?): {way_out}") from e
+            raise
+    elif os.path.isdir(source):
+        config_path = os.path.join(source, CONFIG_FILE)
+        path = os.path.join(source, WEIGHTS_FILE)
+        if not os.path.isfile(path):
+            found = [n for n in (PICKLE_FILE, "model.safetensors.index.json")
+                     if os.path.exists(os.path.join(source, n))]
+            raise FileNotFoundError(
+                f"{source!r} has no {WEIGHTS_FILE}"
+                + (f" (it has {', '.join(found)})" if found else "")
+                + f"; {way_out}")
+    else:
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"No such .safetensors file: {source!r}")
+        path = source
+        config_path = os.path.join(os.path.dirname(source), CONFIG_FILE)
+    config = None
+    if os.path.isfile(config_path):
+        config = _read_json(config_path, "transformers config.json")
+        if not is_transformers_config(config):
+            config = None
+    return config, config_path, path
+
+
+def _zoo_name(arch):
+    from keras_vit.models import variants
+
+    sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
+                                  "num_layers")}
+    for letter, config in variants.VIT_SIZES.items():
+        if config == sizes:
+            return variants.vit_name(letter, arch["patch_size"])
+    return (f"ViT (hidden {arch['hidden_size']}, {arch['num_layers']} "
+            f"layers, patch {arch['patch_size']})")
+
+
+def load(source, name=None, image_size=None, num_classes=None, *,
+         keep_pre_logits=False, progress=None, **kwargs):
+    """A keras_vit model with transformers' ViT weights from ``source``.
+
+    The architecture comes from the ``config.json`` (``name``, a ViT name
+    such as ``"ViT-B/16"``, overrides it: the file's tensors must then fit
+    that name); ``image_size`` resizes the position embeddings; another
+    ``num_classes`` gives a new zero head. ``**kwargs`` go to
+    :func:`keras_vit.models.vit` (``include_top``, ``pooling``, ``gelu``,
+    ...). The model's ``zoo_labels`` holds ``id2label`` when the head is
+    the checkpoint's.
+    """
+    from keras_vit.models import variants
+    from keras_vit.models.vit import vit as build_vit
+
+    config, config_path, path = fetch(source, progress=progress)
+    header = _header(path)
+    if config is None and not _is_transformers_state(header):
+        raise ValueError(
+            f"{path}: has no transformers ViT tensor names "
+            "(vit.embeddings.*, embeddings.*) and no transformers "
+            f"{CONFIG_FILE} beside it")
+    if config is None:
+        config = {"model_type": "vit"}
+    arch = architecture(config, config_path, header)
+    if name is not None:
+        parsed = variants.parse(name)
+        if parsed.family != "vit":
+            raise ValueError(
+                f"transformers' ViT weights load into ViT names only; "
+                f"received name={name!r} ({parsed.family})")
+        # The name's sizes; keywords override them, as in zoo.load.
+        arch.update({k: kwargs.pop(k, parsed.config[k]) for k in (
+            "hidden_size", "mlp_dim", "num_heads", "num_layers",
+            "patch_size")})
+        arch["kind"] = ("classifier" if any(k.startswith("vit.")
+                                            for k in header) else "model")
+        if arch["kind"] == "model":
+            arch["representation_size"] = (
+                header.get("pooler.dense.weight", {}).get("shape") or [None])[0]
+        if "embeddings.position_embeddings" in header or (
+                "vit.embeddings.position_embeddings" in header):
+            posemb = (header.get("vit.embeddings.position_embeddings")
+                      or header["embeddings.position_embeddings"])
+            shape = posemb.get("shape")
+            if isinstance(shape, list) and len(shape) == 3 and all(
+                    isinstance(s, int) for s in shape):
+                side = int(round((shape[1] - 1) ** 0.5))
+                if side * side == shape[1] - 1 and side > 0:
+                    arch["image_size"] = side * arch["patch_size"]
+    prefix = "vit." if arch["kind"] == "classifier" else ""
+    labels = arch["labels"]
+    num_labels = 0
+    if arch["kind"] == "classifier":
+        entry = header.get("classifier.weight")
+        shape = entry.get("shape") if entry else None
+        num_labels = (len(labels) if labels else shape[0] if isinstance(
+            shape, list) and shape and _is_int(shape[0], 1, MAX_CLASSES)
+            else 0)
+    if arch["kind"] == "model" and arch["representation_size"] is not None \
+            and not any(k.endswith("pooler.dense.weight") for k in header):
+        arch["representation_size"] = None  # add_pooling_layer=False
+    # Names and shapes before anything is allocated.
+    check_tensors(header, expected_shapes(arch, num_labels, prefix), path)
+    state = timm_hub.read_safetensors(path)
+    arrays = to_official(state, arch["num_heads"], prefix)
+    del state
+
+    if not num_labels:  # a ViTModel (or a classifier without labels)
+        kwargs.setdefault("include_top", num_classes is not None)
+        if arch["representation_size"] is not None or (
+                arch["kind"] == "classifier"):  # the pooled class token
+            kwargs.setdefault("pooling", "token")
+    include_top = kwargs.get("include_top", True)
+    if num_classes is None:
+        num_classes = num_labels or 1000
+    head_kept = include_top and num_labels and num_classes == num_labels
+    representation = arch["representation_size"]
+    if representation is not None and include_top and not keep_pre_logits:
+        representation = None  # a new head on the encoder, as transformers'
+    kwargs.setdefault("layer_norm_epsilon", arch["layer_norm_epsilon"])
+    kwargs.setdefault("gelu", arch["gelu"])
+    kwargs.setdefault("num_channels", arch["num_channels"])
+    kwargs.setdefault("name", "vit_transformers")
+    model = build_vit(
+        image_size=arch["image_size"] if image_size is None else image_size,
+        patch_size=arch["patch_size"], hidden_size=arch["hidden_size"],
+        num_layers=arch["num_layers"], num_heads=arch["num_heads"],
+        mlp_dim=arch["mlp_dim"], num_classes=num_classes,
+        classifier="token", representation_size=representation, **kwargs)
+    convert.load_weights(model, arrays, keep_pre_logits=keep_pre_logits,
+                         source_name=repr(os.fspath(path)))
+    model.zoo_name = _zoo_name(arch)
+    model.zoo_weights = None
+    model.zoo_labels = (list(labels) if labels and head_kept
+                        and len(labels) == num_classes else None)
+    model.zoo_source = os.fspath(source)
+    return model
