@@ -1606,3 +1606,34 @@ def test_fewshot_num_seeds_is_bounded():
     with pytest.raises(ValueError, match=r"\[1, 1000\]; received "
                                          r"num_seeds=10000"):
         kt.fewshot(_tiny(), "digits:train", "digits:test", num_seeds=10000)
+
+
+def _keras_with_config(tiny_keras, path, config, compress=False):
+    import zipfile
+
+    with zipfile.ZipFile(tiny_keras) as src, zipfile.ZipFile(
+            path, "w", zipfile.ZIP_DEFLATED if compress else
+            zipfile.ZIP_STORED) as out:
+        for name in src.namelist():
+            out.writestr(name, config if name == "config.json"
+                         else src.read(name))
+    return path
+
+
+@pytest.mark.parametrize("config, compress, needle", [
+    ("[" * 100000 + "]" * 100000, False, "config.json is nested too deeply"),
+    (" " * (17 << 20) + "{}", True, f"config.json is {(17 << 20) + 2} bytes "
+                                    "uncompressed"),
+], ids=["deep_nesting", "zip_bomb"])
+def test_hostile_keras_configs_are_one_line(tiny_keras, tmp_path, capsys,
+                                            config, compress, needle):
+    from keras_vit import cli
+
+    model = _keras_with_config(tiny_keras, tmp_path / "m.keras", config,
+                               compress)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(model), str(image)]) == 2
+    line = _one_error_line(capsys)
+    assert f"cannot load MODEL={str(model)!r} as a Keras model" in line
+    assert needle in line

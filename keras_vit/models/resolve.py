@@ -47,12 +47,34 @@ def load_keras_file(path, argument="model", *, error=ValueError):
     import keras_vit  # noqa: F401 - registers the layers for loading
 
     check_archive(argument, path, "a .keras model", error=error)
+    _check_keras_config_size(path, argument, error)
     try:
         return keras.saving.load_model(path, compile=False)
-    except (ValueError, OSError, KeyError, TypeError,
+    except (ValueError, OSError, KeyError, TypeError, AttributeError,
             zipfile.BadZipFile) as e:
         raise error(f"cannot load {argument}={path!r} as a Keras model: "
                     f"{type(e).__name__}: {e}") from e
+    except RecursionError:  # a config.json nested thousands deep
+        raise error(f"cannot load {argument}={path!r} as a Keras model: its "
+                    "config.json is nested too deeply to be a model's "
+                    "config") from None
+
+
+# A model's config.json is a few KB; Keras reads it whole into memory (a
+# 1.6 MB .keras can hold a 1.5 GB one).
+MAX_KERAS_CONFIG_BYTES = 16 << 20
+
+
+def _check_keras_config_size(path, argument, error):
+    try:
+        with zipfile.ZipFile(path) as archive:
+            size = archive.getinfo("config.json").file_size
+    except (KeyError, OSError, zipfile.BadZipFile):
+        return  # Keras' own error names what is missing
+    if size > MAX_KERAS_CONFIG_BYTES:
+        raise error(f"cannot load {argument}={path!r} as a Keras model: its "
+                    f"config.json is {size} bytes uncompressed (a model's is "
+                    f"a few KB; at most {MAX_KERAS_CONFIG_BYTES} read)")
 
 
 def model_path(spec, argument="model", *, error=ValueError):
