@@ -62,7 +62,6 @@ MAX_MLP = 65536
 MAX_IMAGE_SIDE = 4096
 MAX_CHANNELS = 16
 MAX_CLASSES = 1_000_000
-MAX_HEADER_BYTES = 100 << 20
 
 # Hub model types that are not ViT, with the way out where there is one.
 _OTHER_TYPES = {
@@ -337,32 +336,11 @@ def _labels(config, path):
 # -- tensors ------------------------------------------------------------------
 
 def _header(path):
-    """The ``.safetensors`` header of ``path``: tensor name -> entry, read
-    with a bounded size (the data is not read)."""
-    path = os.fspath(path)
-    kind = special_file(path)
-    if kind is not None:
-        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if not 0 <= length <= min(size - 8, MAX_HEADER_BYTES):
-            raise convert.CheckpointError(
-                f"{path}: is not a .safetensors file (its {size} bytes do "
-                "not start with a header length that fits in it)")
-        raw = f.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise convert.CheckpointError(
-            f"{path}: its .safetensors header is not JSON "
-            f"({type(e).__name__})") from None
-    if not isinstance(header, dict) or not all(
-            isinstance(v, dict) for k, v in header.items()
-            if k != "__metadata__"):
-        raise convert.CheckpointError(
-            f"{path}: its .safetensors header is not an object of tensors")
+    """The ``.safetensors`` header of ``path``: tensor name -> entry,
+    checked by :func:`keras_vit.zoo.timm_hub.check_safetensors` (bounded
+    header, known dtypes, byte ranges inside the file); the data is not
+    read."""
+    header = dict(timm_hub.check_safetensors(os.fspath(path)))
     header.pop("__metadata__", None)
     return header
 
