@@ -158,6 +158,32 @@ class LockHeldError(OSError):
         self.holder = holder
 
 
+def _holder(handle):
+    handle.seek(0)
+    return handle.read(200).decode("utf-8", "replace").strip() or (
+        "another process")
+
+
+def _live_holder(handle):
+    """Where ``flock`` is not supported: what the lock file names if that
+    pid is another process still running, else None (no holder, or a dead
+    one: the lock is free to take over)."""
+    holder = _holder(handle)
+    try:
+        pid = int(holder.split()[1]) if holder.startswith("pid ") else None
+    except (IndexError, ValueError):
+        pid = None
+    if pid is None or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except OSError:  # alive, another user's
+        pass
+    return holder
+
+
 class FileLock:
     """An exclusive ``flock`` on ``path`` (created if missing) until
     :meth:`release`; the holder writes its pid and start time into the
@@ -174,6 +200,7 @@ class FileLock:
     def __init__(self, path):
         self.path = os.fspath(path)
         self._handle = None
+        self._flocked = True
 
     def acquire(self, wait=0.0):
         """Takes the lock, waiting at most ``wait`` seconds (``inf``:
@@ -184,24 +211,31 @@ class FileLock:
             self._handle = handle
             return self
         give_up = time.monotonic() + wait
+        self._flocked = True
         while True:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= give_up:
-                    handle.seek(0)
-                    holder = handle.read(200).decode(
-                        "utf-8", "replace").strip() or "another process"
-                    handle.close()
-                    raise LockHeldError(
-                        f"the lock {self.path} is held by {holder}",
-                        self.path, holder) from None
-                time.sleep(min(_LOCK_POLL, max(0.0, give_up
-                                                - time.monotonic())))
+                holder = None
+            except OSError:
+                # No flock on this file system (some network ones): the pid
+                # in the file decides, a dead one's lock is taken over (two
+                # takers at the same instant can both win: best effort).
+                holder = _live_holder(handle)
+                if holder is None:
+                    self._flocked = False
+                    break
             except BaseException:
                 handle.close()
                 raise
+            if time.monotonic() >= give_up:
+                holder = holder or _holder(handle)
+                handle.close()
+                raise LockHeldError(
+                    f"the lock {self.path} is held by {holder}", self.path,
+                    holder)
+            time.sleep(min(_LOCK_POLL, max(0.0, give_up - time.monotonic())))
         handle.truncate(0)
         handle.write(f"pid {os.getpid()} since "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -213,8 +247,10 @@ class FileLock:
         handle, self._handle = self._handle, None
         if handle is None:
             return
-        if fcntl is not None:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if not self._flocked:
+                handle.truncate(0)  # the pid alone held it: free it
+            elif fcntl is not None:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         handle.close()
 

@@ -1637,3 +1637,29 @@ def test_hostile_keras_configs_are_one_line(tiny_keras, tmp_path, capsys,
     line = _one_error_line(capsys)
     assert f"cannot load MODEL={str(model)!r} as a Keras model" in line
     assert needle in line
+
+
+def test_without_flock_the_pid_in_the_lock_decides(tmp_path, monkeypatch):
+    import errno
+    import os
+    import subprocess
+    import sys
+
+    from keras_vit import atomic
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(atomic.fcntl, "flock", no_flock)
+    lock = tmp_path / "run.lock"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    lock.write_text(f"pid {dead} since 2020-01-01 00:00:00\n")
+    taken = atomic.FileLock(lock).acquire()  # its process is gone
+    assert lock.read_text().startswith(f"pid {os.getpid()} since")
+    taken.release()
+    assert lock.read_text() == ""
+    lock.write_text(f"pid {os.getppid()} since 2020-01-01 00:00:00\n")
+    with pytest.raises(atomic.LockHeldError, match=rf"held by pid "
+                                                   rf"{os.getppid()} since"):
+        atomic.FileLock(lock).acquire()
