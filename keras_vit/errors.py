@@ -335,6 +335,9 @@ def check_archive(name, path, kind, *, error=ValueError):
     path = os.fspath(path)
     if os.path.isdir(path):
         raise error(f"{name}={path!r} is a directory, not {kind}")
+    special = special_file(path)  # opening a FIFO would block
+    if special is not None:
+        raise error(f"{name}={path!r} is {special}, not {kind}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{name}={path!r} does not exist (expected "
                                 f"{kind})")

@@ -1663,3 +1663,18 @@ def test_without_flock_the_pid_in_the_lock_decides(tmp_path, monkeypatch):
     with pytest.raises(atomic.LockHeldError, match=rf"held by pid "
                                                    rf"{os.getppid()} since"):
         atomic.FileLock(lock).acquire()
+
+
+def test_a_fifo_where_an_archive_belongs_is_named(tmp_path, capsys):
+    from keras_vit import cli
+    from keras_vit import train as kt
+
+    fifo = _fifo(tmp_path / "m.keras")
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(fifo), str(image)]) == 2
+    assert (f"MODEL={str(fifo)!r} is a FIFO (named pipe), not a .keras "
+            "model") in _one_error_line(capsys)
+    data = _fifo(tmp_path / "d.npz")
+    with pytest.raises(ValueError, match="is a FIFO"):
+        kt.load_data(str(data))
