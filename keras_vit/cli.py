@@ -366,12 +366,48 @@ def _check_image_path(path):
         raise UserError(f"IMAGE={path!r} does not exist")
 
 
+# Images above this many pixels are box-reduced by an integer factor (JPEGs
+# decoded at a reduced scale) before the official resize: a 12000x12000
+# PNG took 5.9 GB as float32 copies (issue 24); this keeps one at ~0.2 GB.
+PREDICT_PIXEL_BUDGET = 16_000_000
+
+
 def _read_image(path):
-    """One image as (height, width, 3) float32 RGB pixels in [0, 255]."""
+    """One image as (height, width, 3) float32 RGB pixels in [0, 255]:
+    images over :data:`PREDICT_PIXEL_BUDGET` pixels reduced first, over
+    PIL's decompression-bomb limit refused naming the file."""
+    import math
+    import warnings
+
     import numpy as np
     from PIL import Image, ImageOps
 
-    with Image.open(path) as im:
+    # PIL refuses twice its MAX_IMAGE_PIXELS and warns above it; the
+    # reduction below bounds what is kept, so only its refusal stands.
+    limit = Image.MAX_IMAGE_PIXELS and 2 * Image.MAX_IMAGE_PIXELS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            im = Image.open(path)
+        except Image.DecompressionBombError:
+            im = None
+    if im is None or (limit and im.size[0] * im.size[1] > limit):
+        size = "" if im is None else f"{im.size[0]}x{im.size[1]} pixels, "
+        raise UserError(
+            f"IMAGE={path!r} is too large to decode safely ({size}over "
+            f"PIL's decompression-bomb limit of {limit:,}): downscale it "
+            "first")
+    with im:
+        width, height = im.size
+        factor = math.ceil(math.sqrt(width * height / PREDICT_PIXEL_BUDGET))
+        if factor > 1:
+            im.draft("RGB", (width // factor, height // factor))  # JPEG
+            if im.mode not in ("RGB", "RGBA", "L", "LA", "I", "F"):
+                im = im.convert("RGB")
+            factor = math.ceil(math.sqrt(im.size[0] * im.size[1]
+                                         / PREDICT_PIXEL_BUDGET))
+            if factor > 1:
+                im = im.reduce(factor)
         # Photos from phones store their rotation in EXIF; apply it so the
         # model sees the image the way a viewer shows it.
         im = ImageOps.exif_transpose(im).convert("RGB")

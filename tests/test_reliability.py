@@ -1678,3 +1678,44 @@ def test_a_fifo_where_an_archive_belongs_is_named(tmp_path, capsys):
     data = _fifo(tmp_path / "d.npz")
     with pytest.raises(ValueError, match="is a FIFO"):
         kt.load_data(str(data))
+
+
+def test_oversized_images_are_skipped_in_training_folders(tmp_path,
+                                                          monkeypatch):
+    from PIL import Image
+
+    from keras_vit import train as kt
+
+    root = tmp_path / "data"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (20, 20), (i * 40, 0, 0)).save(
+                root / c / f"{i}.png")
+    Image.new("RGB", (40, 40)).save(root / "a" / "big.png")
+    Image.new("RGB", (80, 80)).save(root / "b" / "bomb.png")
+    # Limits scaled down: 12000x12000 and 20000x20000 in real life.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.warns(UserWarning) as record:
+        source = kt.load_data(str(root))
+    text = " ".join(str(w.message) for w in record)
+    assert "big.png (40x40 pixels, over 1,000: downscale it)" in text
+    assert "bomb.png (too large to decode safely" in text
+    assert source.num_examples == 4
+
+
+def test_predict_reduces_large_images_and_refuses_bombs(
+        tiny_keras, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from keras_vit import cli
+
+    image = tmp_path / "i.png"
+    Image.new("RGB", (100, 100), (200, 10, 10)).save(image)
+    monkeypatch.setattr(cli, "PREDICT_PIXEL_BUDGET", 500)  # reduced by 5
+    assert cli.main(["predict", str(tiny_keras), str(image)]) == 0
+    assert str(image) in capsys.readouterr().out
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # refuses > 2000
+    assert cli.main(["predict", str(tiny_keras), str(image)]) == 2
+    assert (f"IMAGE={str(image)!r} is too large to decode safely"
+            in _one_error_line(capsys))

@@ -359,11 +359,25 @@ def check_images(candidates, verbose):
             skipped.append((path, f"{kind}, not a regular file"))
             continue
         try:
-            with Image.open(path) as im:
-                fmt = im.format
-                im.verify()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(path) as im:
+                    fmt, (width, height) = im.format, im.size
+                    im.verify()
+        except Image.DecompressionBombError:
+            skipped.append((path, "too large to decode safely (PIL's "
+                                  "decompression-bomb limit)"))
+            continue
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             skipped.append((path, f"unreadable: {' '.join(str(e).split())}"))
+            continue
+        # TensorFlow decodes each image whole, several at once: one of
+        # 20000x20000 aborted a run, six of 12000x12000 took 5 GB (issue
+        # 24). Above PIL's own warning size an image is skipped and named.
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit is not None and width * height > limit:
+            skipped.append((path, f"{width}x{height} pixels, over "
+                                  f"{limit:,}: downscale it"))
             continue
         if fmt not in TF_IMAGE_FORMATS:
             skipped.append((path, f"{fmt} is not a format TensorFlow decodes"))
