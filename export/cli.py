@@ -15,7 +15,7 @@ import sys
 
 from keras_vit.export import common
 from keras_vit.export.verify import verification_table
-from keras_vit.cli import positive_int
+from keras_vit.cli import image_side, positive_int
 
 PROG = "keras-vit"
 
@@ -56,7 +56,7 @@ def register(subparsers):
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz or URL, or 'none' for random "
                         "initialisation (default: the model's default)")
-    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--image-size", type=image_side, metavar="N")
     p.add_argument("--num-classes", type=positive_int, metavar="N")
     p.add_argument("--uint8-input", action="store_true",
                    help="take uint8 pixels; the scaling runs inside")
@@ -86,7 +86,7 @@ def register(subparsers):
                    metavar="R,R", help="default: keras,xla,onnx,tflite")
     p.add_argument("--batch", type=_int_list, default=[1, 8], metavar="B,B",
                    help="batch sizes (default: 1,8)")
-    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--image-size", type=image_side, metavar="N")
     p.add_argument("--runs", type=positive_int, default=5, metavar="N",
                    help="timed runs per measurement (default: 5)")
     p.add_argument("--weights", "-w", default="none", metavar="W",

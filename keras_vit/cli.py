@@ -451,6 +451,14 @@ def _cmd_predict(args):
             out = out["output"]
         outputs.append(np.asarray(out))
     outputs = np.concatenate(outputs)
+    bad = ~np.isfinite(outputs).all(axis=-1)
+    if bad.any():  # NaN weights: a ranking of "nan" scores means nothing
+        first = [p for p, b in zip(args.images, bad) if b][0]
+        raise UserError(
+            f"the model {description} gives non-finite outputs (NaN or inf) "
+            f"for {int(bad.sum())} of {len(bad)} image(s), e.g. {first!r}: "
+            "its weights hold NaN or inf values (a diverged run or a "
+            "corrupt file?)")
     num_classes = outputs.shape[-1]
     if getattr(model, "classifier_activation", None) == "softmax":
         probs = outputs.astype("float64")
@@ -557,6 +565,18 @@ def _suggest(parser, message):
     return message
 
 
+def image_side(text):
+    """argparse type of ``--image-size``: an integer in [1,
+    MAX_IMAGE_SIDE]."""
+    from keras_vit.errors import MAX_IMAGE_SIDE
+
+    value = positive_int(text)
+    if value > MAX_IMAGE_SIDE:
+        raise argparse.ArgumentTypeError(
+            f"must be <= {MAX_IMAGE_SIDE} pixels, got {value}")
+    return value
+
+
 def positive_int(text):
     """argparse type: an integer >= 1 (shared by every component's commands)."""
     try:
@@ -609,7 +629,7 @@ def build_parser():
                         "(downloaded to the cache)")
     p.add_argument("--model", "-m", required=True, metavar="NAME",
                    help="architecture of the checkpoint, e.g. ViT-B/16")
-    p.add_argument("--image-size", type=positive_int, metavar="N",
+    p.add_argument("--image-size", type=image_side, metavar="N",
                    help="input resolution (default: the checkpoint's)")
     p.add_argument("--num-classes", type=positive_int, metavar="N",
                    help="head size (default: the checkpoint's)")
@@ -629,7 +649,7 @@ def build_parser():
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz path or URL (default: the "
                         "model's default weights)")
-    p.add_argument("--image-size", type=positive_int, metavar="N",
+    p.add_argument("--image-size", type=image_side, metavar="N",
                    help="input resolution (default: the weights')")
     p.add_argument("--top", "-k", type=positive_int, default=5, metavar="K",
                    help="classes to show per image (default: 5)")

@@ -290,6 +290,12 @@ def check_dtype(name, value):
     return value
 
 
+# The largest image side a command or a downloaded config may ask for: no
+# ViT checkpoint is past ~1k, and --image-size 100000 resized the position
+# embeddings to 39M tokens (11 GB) before any memory check could run.
+MAX_IMAGE_SIDE = 4096
+
+
 class UnexpectedKeywordError(TypeError, ValueError):
     """A keyword argument that nothing takes: a TypeError as Python's own,
     and a ValueError so that the command line reports it as bad input (a

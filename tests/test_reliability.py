@@ -1719,3 +1719,34 @@ def test_predict_reduces_large_images_and_refuses_bombs(
     assert cli.main(["predict", str(tiny_keras), str(image)]) == 2
     assert (f"IMAGE={str(image)!r} is too large to decode safely"
             in _one_error_line(capsys))
+
+
+@pytest.mark.parametrize("argv", [
+    ["fine-tune", "ViT-Ti/16", "--data", "digits", "--image-size", "100000"],
+    ["predict", "ViT-Ti/16", "x.png", "--image-size", "100000"],
+    ["convert", "ViT-Ti/16", "-o", "x.keras", "--image-size", "100000"],
+])
+def test_image_size_options_are_bounded(capsys, argv):
+    from keras_vit import cli
+
+    start = time.monotonic()
+    assert cli.main(argv) == 2
+    assert ("argument --image-size: must be <= 4096 pixels, got 100000"
+            in _one_error_line(capsys))
+    assert time.monotonic() - start < 5
+
+
+def test_predict_refuses_nan_weights(tmp_path, capsys):
+    from keras_vit import cli
+
+    model = _tiny()
+    weights = model.get_weights()
+    weights[0] = np.full_like(weights[0], np.nan)
+    model.set_weights(weights)
+    path = tmp_path / "nan.keras"
+    model.save(path)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(path), str(image)]) == 2
+    line = _one_error_line(capsys)
+    assert "gives non-finite outputs (NaN or inf) for 1 of 1 image(s)" in line

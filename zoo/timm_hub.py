@@ -31,7 +31,8 @@ import re
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.errors import ConfigError, require, shown, special_file
+from keras_vit.errors import (MAX_IMAGE_SIDE, ConfigError, require, shown,
+                              special_file)
 from keras_vit.models import variants
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download
@@ -205,9 +206,6 @@ def fetch(source, progress=None, *, timeout=60.0,
 
 # A timm config.json is a few KB (ImageNet-21k label names: ~0.5 MB).
 MAX_CONFIG_BYTES = 16 << 20
-# Inputs beyond this side are no ViT checkpoint's (the largest are ~1k);
-# a config asking for more would only allocate until memory runs out.
-MAX_IMAGE_SIDE = 4096
 MAX_CLASSES = 1_000_000
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from keras_vit.cli import positive_int
+from keras_vit.cli import image_side, positive_int
 
 DESCRIPTION = (
     "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "
@@ -48,7 +48,7 @@ def register(subparsers):
     p.add_argument("--weights", "-w", metavar="W",
                    help="weights tag, .npz path or URL for a zoo name "
                         "(default: the model's default weights)")
-    p.add_argument("--image-size", type=positive_int, metavar="N",
+    p.add_argument("--image-size", type=image_side, metavar="N",
                    help="inspect at this resolution (position embeddings "
                         "resized; default: the model's)")
     p.add_argument("--batch-size", type=positive_int, default=8,

@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-from keras_vit.cli import positive_int
+from keras_vit.cli import image_side, positive_int
 
 _FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
 
@@ -266,7 +266,7 @@ def register(subparsers):
                    help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, metavar="N",
                    help="linear warmup steps")
-    p.add_argument("--image-size", type=positive_int, metavar="N",
+    p.add_argument("--image-size", type=image_side, metavar="N",
                    help="training resolution")
     p.add_argument("--ema", type=float, metavar="DECAY",
                    help="Polyak averaging of the weights (e.g. 0.9999)")
@@ -300,7 +300,7 @@ def register(subparsers):
                          "reads 'test')")
     p.add_argument("--weights", "-w", default="auto", metavar="W",
                    help="for a zoo name: weights tag, path or URL")
-    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--image-size", type=image_side, metavar="N")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    metavar="N")
     _add_runtime_options(p)
@@ -319,7 +319,7 @@ def register(subparsers):
                    help="test data (default: the test split of digits or "
                         "tfds data)")
     p.add_argument("--weights", "-w", default="auto", metavar="W")
-    p.add_argument("--image-size", type=positive_int, metavar="N")
+    p.add_argument("--image-size", type=image_side, metavar="N")
     p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25),
                    metavar="K,K,...", help="default: 1,5,10,25")
     p.add_argument("--l2-reg", type=_positive_float, default=2.0 ** 10,
@@ -491,7 +491,7 @@ _PRETRAIN_RECIPE_OPTIONS = (
      "(gradient accumulation)"),
     ("--lr", _positive_float, "X", "peak learning rate (recipe mpp: 2e-4)"),
     ("--warmup-steps", int, "N", "linear warmup steps (recipe mpp: 10000)"),
-    ("--image-size", positive_int, "N", "training resolution (recipe: 224)"),
+    ("--image-size", image_side, "N", "training resolution (recipe: 224)"),
     ("--precision", str, "P", "auto, float32 or mixed_bfloat16"),
     ("--checkpoint-every", positive_int, "N", "steps between checkpoints"),
     ("--seed", int, "N", "seeds the data order, the corruption and new "
@@ -684,7 +684,7 @@ def _register_vtab(subparsers):
     p.add_argument("--lr", type=_positive_float, metavar="X",
                    help="peak learning rate (default: 0.01)")
     p.add_argument("--warmup-steps", type=int, metavar="N")
-    p.add_argument("--image-size", type=positive_int, metavar="N",
+    p.add_argument("--image-size", type=image_side, metavar="N",
                    help="resolution (default: 384)")
     p.add_argument("--precision", metavar="P",
                    help="auto, float32 or mixed_bfloat16")
