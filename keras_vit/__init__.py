@@ -10,6 +10,7 @@ keras_vit`` and nothing else.
 """
 
 import importlib
+import os
 import sys
 
 from keras_vit import _quiet, errors
@@ -27,7 +28,17 @@ except ValueError as _e:
     print(f"keras-vit: error: {_e}", file=sys.stderr)
     raise SystemExit(2) from None
 
-from keras_vit import layers, models  # noqa: E402
+try:
+    from keras_vit import layers, models  # noqa: E402
+except ModuleNotFoundError as _e:  # KERAS_BACKEND=openvino, not installed
+    if not _quiet.is_command_line():
+        raise
+    _backend = os.environ.get("KERAS_BACKEND") or "tensorflow"
+    print(f"keras-vit: error: importing Keras (backend {_backend!r}, "
+          f"KERAS_BACKEND) needs the module {_e.name!r}, which is not "
+          f"installed: pip install '{errors.PACKAGES.get(_e.name, _e.name)}'"
+          ", or set KERAS_BACKEND to an installed backend", file=sys.stderr)
+    raise SystemExit(2) from None
 from keras_vit.models import (  # noqa: E402
     AxialVisionTransformer, VisionTransformer, axial_vit, rebuild,
     resolve_model, vit)

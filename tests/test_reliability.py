@@ -1560,6 +1560,24 @@ def test_an_unknown_keras_backend_is_one_line():
     assert "received KERAS_BACKEND='jaxx'. Did you mean 'jax'?" in lines[0]
 
 
+def test_a_keras_backend_that_is_not_installed_is_one_line():
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("openvino") is not None:
+        pytest.skip("openvino is installed")
+    env = dict(os.environ, KERAS_BACKEND="openvino")
+    proc = subprocess.run([sys.executable, "-m", "keras_vit.cli", "list"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("importing Keras (backend 'openvino', KERAS_BACKEND) needs the "
+            "module 'openvino', which is not installed") in lines[0]
+
+
 def test_a_short_run_scales_the_recipes_warmup(capsys):
     from keras_vit.train import cli as train_cli
     from keras_vit.train import recipes
