@@ -241,22 +241,23 @@ TARGETS = [
     # (goal, section, keras_vit path prefix, dtype, timm dtype, ratio, ceiling %)
     ("inference bf16 >= 1.2x timm bf16, >= 55% of ceiling", "inference",
      "model.predict (auto", "bfloat16", "bf16 autocast", 1.2, 55),
-    ("inference float32 >= 1.0x timm float32", "inference",
-     "model.predict (auto", "float32", "float32", 1.0, None),
+    ("inference float32 >= 1.05x timm float32", "inference",
+     "model.predict (auto", "float32", "float32", 1.05, None),
     ("Trainer mixed_bfloat16 >= 1.2x timm bf16 step", "training",
      "Trainer train step (default)", "mixed_bfloat16", "bf16 autocast",
      1.2, None),
     ("model.fit mixed_bfloat16 >= 1.2x timm bf16 step", "training",
      "compile_for_finetune", "mixed_bfloat16", "bf16 autocast", 1.2, None),
-    ("Trainer float32 >= 1.0x timm float32 step", "training",
-     "Trainer train step (default)", "float32", "float32", 1.0, None),
-    ("model.fit float32 >= 1.0x timm float32 step", "training",
-     "compile_for_finetune", "float32", "float32", 1.0, None),
+    ("Trainer float32 >= 1.05x timm float32 step", "training",
+     "Trainer train step (default)", "float32", "float32", 1.05, None),
+    ("model.fit float32 >= 1.05x timm float32 step", "training",
+     "compile_for_finetune", "float32", "float32", 1.05, None),
 ]
 
 
 def targets_table(results, best):
-    """Issue 13's goals, each row of the run checked against its target."""
+    """The speed goals (issues 13 and 23), each row of the run checked
+    against its target."""
     head = ["goal", "image", "batch", "keras_vit img/s", "timm img/s",
             "ratio", "% of ceiling", "met"]
     out = []
@@ -272,11 +273,19 @@ def targets_table(results, best):
             top = ceiling_for(dtype, best)
             pct = (100 * r["gflops_per_s"] / top
                    if r["gflops_per_s"] and top else None)
-            met = got is not None and got >= ratio and (
-                ceiling is None or (pct is not None and pct >= ceiling))
+            if got is None:
+                met = "-"
+            elif got < ratio:
+                met = "no"
+            elif ceiling is None or (pct is not None and pct >= ceiling):
+                met = "yes"
+            elif pct is None:
+                # --backend-rows-only and --skip-ceiling measure no ceiling.
+                met = "ratio yes; ceiling not measured"
+            else:
+                met = "no"
             out.append([goal, str(r["size"]), str(r["batch"]),
-                        r["images_per_s"], ref, got, pct,
-                        "yes" if met else ("no" if got else "-")])
+                        r["images_per_s"], ref, got, pct, met])
     return table(head, out)
 
 
@@ -1351,7 +1360,7 @@ def report(args, command, started, env, thread_note, skipped, results,
               + ", ".join(f"{v:.2f} GFLOP at {s}" for s, v in flops.items())
               + ". A training step counts 3x the forward.", ""]
     if results["inference"] or results["training"]:
-        lines += ["## Targets (issue 13)", "", targets_table(results, best),
+        lines += ["## Targets (issues 13 and 23)", "", targets_table(results, best),
                   "", "## Backends", "",
                   backend_table(backend_rows(results, args.backends),
                                 args.backends), "",

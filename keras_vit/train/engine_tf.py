@@ -26,8 +26,9 @@ def step_uses_xla(strategy_, requested="auto", precision="float32"):
     """Whether the train step compiles its forward and backward pass with
     XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
     :func:`keras_vit.hardware.plan` for one replica (XLA for
-    ``mixed_bfloat16`` on CPUs without AMX and on GPUs, TensorFlow's oneDNN
-    graph where AMX is, graph mode for float32 on CPUs) and stays off for
+    ``mixed_bfloat16`` on GPUs and on CPUs whose oneDNN bf16 is no faster
+    than float32, TensorFlow's oneDNN graph where AMX is or a probe found
+    it faster, graph mode for float32 on CPUs) and stays off for
     several replicas and the TPU (which compiles the whole step anyway)."""
     if requested in (True, False):
         return requested
