@@ -312,3 +312,33 @@ def test_hf_hub_repo_with_only_pytorch_model_bin_is_refused(
         hub.stop()
     assert "hf-hub:google/vit-pickled" in str(info.value)
     assert not any("pytorch_model.bin" in p for p in hub.asked)
+
+
+def test_preprocessor_other_than_the_official_range_is_refused(
+        classifier_repo, tmp_path):
+    """A preprocessor_config.json asking for ImageNet's mean/std (DeiT-style
+    files in the ViT layout) is refused naming the file and the fields; the
+    official mean 0.5 / std 0.5 loads."""
+    path, expected = classifier_repo
+    folder = _copy(path, tmp_path / "imagenet_norm")
+    pre = folder / "preprocessor_config.json"
+    pre.write_text(json.dumps({
+        "do_normalize": True, "do_rescale": True,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225]}))
+    with pytest.raises(convert.CheckpointError,
+                       match="image_mean=.*image_std=") as info:
+        zoo.load(str(folder))
+    assert str(pre) in str(info.value)
+    pre.write_text(json.dumps({"do_normalize": False}))
+    with pytest.raises(convert.CheckpointError, match="do_normalize=False"):
+        zoo.load(str(folder))
+    pre.write_text("[1, 2]")
+    with pytest.raises(convert.CheckpointError, match="not an object"):
+        zoo.load(str(folder))
+    pre.write_text(json.dumps({"image_mean": [0.5, 0.5, 0.5],
+                               "image_std": [0.5, 0.5, 0.5],
+                               "rescale_factor": 0.00392156862745098}))
+    model = zoo.load(str(folder))
+    np.testing.assert_allclose(np.asarray(model(_images())), expected,
+                               atol=1e-5, rtol=0)

@@ -42,6 +42,7 @@ HUB_PREFIX = timm_hub.HUB_PREFIX
 CONFIG_FILE = timm_hub.CONFIG_FILE
 WEIGHTS_FILE = timm_hub.WEIGHTS_FILE
 PICKLE_FILE = "pytorch_model.bin"
+PREPROCESSOR_FILE = "preprocessor_config.json"
 
 # The architectures keras_vit reproduces, and what each becomes.
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
@@ -459,6 +460,11 @@ def fetch(source, progress=None):
         repo, revision = _parse_handle(source)
         (config_path,) = timm_hub.hub_download(
             repo, revision, files=(CONFIG_FILE,), progress=progress)
+        try:  # optional: checked below when the repository has one
+            timm_hub.hub_download(repo, revision, files=(PREPROCESSOR_FILE,),
+                                  progress=progress)
+        except Exception:  # noqa: BLE001 - absent, or offline and not cached
+            pass
         try:
             (path,) = timm_hub.hub_download(
                 repo, revision, files=(WEIGHTS_FILE,), progress=progress)
@@ -484,12 +490,47 @@ def fetch(source, progress=None):
             raise FileNotFoundError(f"No such .safetensors file: {source!r}")
         path = source
         config_path = os.path.join(os.path.dirname(source), CONFIG_FILE)
+    check_preprocessor(os.path.join(os.path.dirname(config_path),
+                                    PREPROCESSOR_FILE))
     config = None
     if os.path.isfile(config_path):
         config = _read_json(config_path, "transformers config.json")
         if not is_transformers_config(config):
             config = None
     return config, config_path, path
+
+
+def check_preprocessor(path):
+    """Refuses weights whose ``preprocessor_config.json`` (when there is
+    one at ``path``) normalises inputs other than the official way: mean
+    0.5 and std 0.5 on [0, 1] pixels, i.e. x / 127.5 - 1, the only range
+    keras_vit's ViT takes (Google's files say so; DeiT-style files in the
+    ViT layout expect ImageNet's mean and std and would load silently
+    wrong)."""
+    if path is None or not os.path.isfile(path):
+        return
+    config = _read_json(path, "transformers preprocessor_config.json")
+    problems = []
+    if config.get("do_normalize", True) is not True:
+        problems.append(f"do_normalize={config.get('do_normalize')!r}")
+    if config.get("do_rescale", True) is not True:
+        problems.append(f"do_rescale={config.get('do_rescale')!r}")
+    scale = config.get("rescale_factor", 1 / 255)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or \
+            abs(scale - 1 / 255) > 1e-6:
+        problems.append(f"rescale_factor={_shown(scale)}")
+    for key in ("image_mean", "image_std"):
+        value = config.get(key, [0.5, 0.5, 0.5])
+        ok = (isinstance(value, list) and len(value) in (1, 3) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            and abs(v - 0.5) < 1e-4 for v in value))
+        if not ok:
+            problems.append(f"{key}={_shown(value)}")
+    if problems:
+        raise convert.CheckpointError(
+            f"{path}: the weights expect inputs prepared with "
+            f"{', '.join(problems)}; keras_vit's ViT takes the official "
+            "[-1, 1] range (x / 127.5 - 1: mean 0.5, std 0.5) only")
 
 
 def _zoo_name(arch):
