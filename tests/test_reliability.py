@@ -783,6 +783,14 @@ def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
                    "train_data: 'digits:train' -> 'digits:test'"):
         assert change in message
     assert "--resume-anyway" in message
+    # Deleting run.json does not let other settings through.
+    run_json = out / "run.json"
+    saved = run_json.read_text()
+    run_json.unlink()
+    with pytest.raises(ValueError, match="no run.json recording"):
+        keras_vit.train.Trainer(_tiny(), "digits", **dict(
+            kw, learning_rate=3e-3, seed=4))
+    run_json.write_text(saved)
     run = keras_vit.train.Trainer(_tiny(), "digits", resume="force", **dict(
         kw, learning_rate=3e-3))
     assert run.resumed_from == 1

@@ -609,7 +609,21 @@ class Trainer:
     def _check_run_config(self):
         path = os.path.join(self.out_dir, "run.json")
         if not os.path.isfile(path):
-            return
+            # The settings a checkpoint was made with are in run.json: a
+            # checkpoint without it cannot show it is the same run, so it
+            # is not resumed under whatever settings are given now.
+            if self._resume == "force":
+                self._say(f"note: {path} is missing; resuming the checkpoint "
+                          "at step {} with the settings given now".format(
+                              self.resumed_from))
+                return
+            raise ValueError(
+                f"The run in {self.out_dir!r} has a checkpoint (step "
+                f"{self.resumed_from}) but no run.json recording the settings "
+                "it was trained with, so resuming it could mix settings. "
+                "Restore run.json, use another out_dir, resume=False "
+                "(--restart) to start again, or resume='force' "
+                "(--resume-anyway) to continue with the settings given now.")
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
         for key in ("total_steps", "steps_per_epoch"):
