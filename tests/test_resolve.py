@@ -107,6 +107,11 @@ def test_bad_files_and_folders(tmp_path, saved):
     with pytest.raises(FileNotFoundError,
                        match=r"MODEL=.* is a folder without model.keras"):
         resolve_model(tmp_path, argument="MODEL")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(FileNotFoundError, match="never unpickles"):
+        resolve_model(pickled, argument="MODEL")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model(str(tmp_path / "gone.keras"))
     text = tmp_path / "notes.txt"

@@ -88,11 +88,16 @@ def model_path(spec, argument="model", *, error=ValueError):
         from keras_vit.zoo.timm_hub import WEIGHTS_FILE
 
         if os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
-            return None  # a local timm repository: the zoo loads it by name
+            # A local timm or transformers repository: the zoo loads it.
+            return None
+        pickled = os.path.isfile(os.path.join(path, "pytorch_model.bin"))
         raise FileNotFoundError(
             f"{argument}={path!r} is a folder without {RUN_MODEL_FILE} (a "
             "fine-tune run writes it when it finishes) or "
-            f"{WEIGHTS_FILE} (a timm repository)")
+            f"{WEIGHTS_FILE} (a timm or transformers repository)"
+            + ("; it has only pytorch_model.bin, which keras_vit never "
+               "unpickles: re-save it with transformers' save_pretrained("
+               "dir, safe_serialization=True)" if pickled else ""))
     if path.endswith(".keras"):
         return path
     if os.path.isfile(path):
