@@ -603,16 +603,21 @@ def test_folder_of_undecodable_images_fails_fast_naming_it(tmp_path):
     assert time.monotonic() - start < 20.0
 
 
-def test_each_dropped_image_is_named_once(tmp_path):
+def _class_folders(root, per_class):
+    """``root/a`` and ``root/b`` with ``per_class`` tiny PNGs each."""
     from PIL import Image
 
-    from keras_vit import train as kt
-
-    root = tmp_path / "mixed"
     for c in ("a", "b"):
         (root / c).mkdir(parents=True)
-        for i in range(4):
+        for i in range(per_class):
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_each_dropped_image_is_named_once(tmp_path):
+    from keras_vit import train as kt
+
+    root = _class_folders(tmp_path / "mixed", 4)
     _truncated_jpeg(root / "b" / "cut.jpg", 7)
     with pytest.warns(UserWarning) as record:
         source = kt.load_data(str(root))
@@ -1272,15 +1277,9 @@ def _fifo(path):
 
 
 def test_a_fifo_in_an_image_folder_is_skipped_and_named(tmp_path):
-    from PIL import Image
-
     from keras_vit import train as kt
 
-    root = tmp_path / "data"
-    for c in ("a", "b"):
-        (root / c).mkdir(parents=True)
-        for i in range(2):
-            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    root = _class_folders(tmp_path / "data", 2)
     _fifo(root / "a" / "x.png")  # opening it would block forever
     start = time.monotonic()
     with pytest.warns(UserWarning, match=r"x\.png \(a FIFO \(named pipe\), "

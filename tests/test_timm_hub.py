@@ -160,24 +160,30 @@ def test_predict_command_reads_a_timm_repo(tmp_path, repo, capsys):
 
 class _FakeHub:
     """The two routes hf_hub_download uses (HEAD then GET of
-    /<repo>/resolve/<revision>/<file>), served from a folder on
-    127.0.0.1; counts the GETs."""
+    /<repo>/resolve/<revision>/<file>), served on 127.0.0.1 from a folder
+    or a ``{name: bytes}`` dict; a missing file is a 404 with the Hub's
+    ``X-Error-Code: EntryNotFound``. Records the GETs (``gets``) and every
+    path asked for (``asked``)."""
 
     def __init__(self, repo_id, folder):
         import hashlib
         import http.server
         import threading
 
-        files = {p.name: p.read_bytes() for p in folder.iterdir()}
+        files = (dict(folder) if isinstance(folder, dict) else
+                 {p.name: p.read_bytes() for p in folder.iterdir()})
         self.gets = []
+        self.asked = []
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _head(self):
+                hub.asked.append(self.path)
                 prefix = f"/{repo_id}/resolve/"
                 name = self.path.split("?")[0].rsplit("/", 1)[-1]
                 if not self.path.startswith(prefix) or name not in files:
                     self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return None

@@ -239,65 +239,12 @@ def test_hf_hub_handle_online_then_offline(classifier_repo, tmp_path):
     np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
 
 
-class _PickleOnlyHub:
-    """A Hub repository holding config.json and pytorch_model.bin, on
-    127.0.0.1: a missing file is a 404 with the Hub's X-Error-Code
-    EntryNotFound; records the paths asked for."""
-
-    def __init__(self, repo_id, files):
-        import http.server
-        import threading
-
-        self.asked = []
-        hub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _head(self):
-                hub.asked.append(self.path)
-                name = self.path.split("?")[0].rsplit("/", 1)[-1]
-                if not self.path.startswith(f"/{repo_id}/resolve/") or (
-                        name not in files):
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return None
-                body = files[name]
-                self.send_response(200)
-                self.send_header("X-Repo-Commit", "b" * 40)
-                self.send_header("ETag", f'"{len(body)}-{hash(body)}"')
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                return body
-
-            def do_HEAD(self):  # noqa: N802
-                self._head()
-
-            def do_GET(self):  # noqa: N802
-                body = self._head()
-                if body is not None:
-                    self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                                      Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
 def test_hf_hub_repo_with_only_pytorch_model_bin_is_refused(
         classifier_repo, tmp_path, monkeypatch):
+    from test_timm_hub import _FakeHub
+
     path, _ = classifier_repo
-    hub = _PickleOnlyHub("google/vit-pickled", {
+    hub = _FakeHub("google/vit-pickled", {
         "config.json": (path / "config.json").read_bytes(),
         "pytorch_model.bin": b"\x80\x02 never read"})
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
