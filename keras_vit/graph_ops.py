@@ -136,7 +136,7 @@ def fusion_summary(counts):
                 out["matmul_bias"] += n
             else:
                 out["matmul_unfused"] += n
-        elif op == "BiasAddGrad" or op.endswith("BiasAddGrad"):
+        elif op.endswith("BiasAddGrad"):
             out["bias_add_grad"] += n
         elif "Softmax" in op and "Grad" not in op:
             out["softmax"] += n

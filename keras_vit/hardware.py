@@ -197,11 +197,12 @@ def bf16_matmul_speedup():
     return best["float32"] / max(best["bfloat16"], 1e-9)
 
 
-def _onednn_bf16(hardware):
-    """Whether TensorFlow runs bf16 through oneDNN here. A forced flag list
-    (``KERAS_VIT_CPU_FLAGS``) is taken at its word: AMX implies AVX512F,
-    which is what oneDNN's bf16 kernels need."""
-    if os.environ.get("KERAS_VIT_CPU_FLAGS") is not None:
+def _onednn_bf16(hardware, probed):
+    """Whether TensorFlow runs bf16 through oneDNN on ``hardware``: asked of
+    TensorFlow for this process's own machine (``probed``); for a machine
+    passed in or forced through ``KERAS_VIT_CPU_FLAGS``, read off its flags
+    (bf16 units, or AVX512F, which is what oneDNN's bf16 kernels need)."""
+    if not probed:
         return hardware.bf16_units is not None or "avx512f" in \
             hardware.cpu_flags
     from keras_vit import compat
@@ -261,8 +262,9 @@ def plan(dtype="float32", hardware=None, backend=None):
         return Plan("graph", False, "einsum",
                     "CPU with AMX: TensorFlow's oneDNN kernels use its bf16 "
                     "tiles, XLA's CPU dots do not",
-                    softmax="input" if _onednn_bf16(hardware) else "float32")
-    if dtype == "bfloat16" and probed and _onednn_bf16(hardware):
+                    softmax=("input" if _onednn_bf16(hardware, probed)
+                             else "float32"))
+    if dtype == "bfloat16" and probed and _onednn_bf16(hardware, probed):
         speedup = bf16_matmul_speedup()
         if speedup >= BF16_GRAPH_MIN_SPEEDUP:
             return Plan("graph", False, "einsum",

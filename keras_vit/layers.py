@@ -432,8 +432,9 @@ class MultiHeadSelfAttention(layers.Layer):
                               else attention_bias + relative)
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout = training is True and self.attention_dropout_rate > 0
+        plan = hardware.plan(x.dtype)
         fused = (not return_attention_scores and not dropout
-                 and hardware.plan(x.dtype).attention == "fused")
+                 and plan.attention == "fused")
         if fused:
             # The backend's fused kernel (flash/cuDNN attention on GPUs,
             # one XLA or SDPA kernel on JAX and torch CPUs).
@@ -445,8 +446,7 @@ class MultiHeadSelfAttention(layers.Layer):
             # matmuls, faster than the backend's generic fused fallback.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
-            if (attention_bias is None and hardware.plan(x.dtype).softmax
-                    == "input"):
+            if attention_bias is None and plan.softmax == "input":
                 # oneDNN's bf16 softmax reads and writes bf16 but computes
                 # in float32 inside: the casts would only cost two passes.
                 probs = ops.softmax(logits, axis=-1)

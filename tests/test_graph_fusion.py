@@ -221,7 +221,7 @@ def test_bf16_plan_follows_the_probe(monkeypatch):
     monkeypatch.delenv("KERAS_VIT_CPU_FLAGS", raising=False)
     monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(
         "cpu", frozenset({"avx512f", "avx512_bf16"})))
-    monkeypatch.setattr(hardware, "_onednn_bf16", lambda hw: True)
+    monkeypatch.setattr(hardware, "_onednn_bf16", lambda hw, probed: True)
     monkeypatch.setattr(hardware, "bf16_matmul_speedup", lambda: 2.0)
     fast = hardware.plan("bfloat16")
     assert (fast.predict, fast.train_jit, fast.softmax) == (
