@@ -52,6 +52,7 @@ Keras 3 model, measured on an AVX-512 CPU with oneDNN (counts from
 
 from __future__ import annotations
 
+import functools
 import math
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -110,16 +111,12 @@ def dense(x, kernel, bias):
     return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
 
 
-_LEAN_GELU = []
-
-
+@functools.lru_cache(maxsize=None)
 def _lean_gelu_tanh():
     """tanh GELU as a ``tf.custom_gradient``: the forward keeps the gate
     and tanh it needs, and the backward is 7 element-wise ops (one
     ``TanhGrad``) where TensorFlow's autodiff of the forward's ops emits
     11. Built once, on first use (TensorFlow is imported lazily)."""
-    if _LEAN_GELU:
-        return _LEAN_GELU[0]
     import tensorflow as tf
 
     c1 = _SQRT_2_OVER_PI
@@ -142,7 +139,6 @@ def _lean_gelu_tanh():
 
         return h * gate, grad
 
-    _LEAN_GELU.append(gelu)
     return gelu
 
 
