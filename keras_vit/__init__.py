@@ -10,10 +10,9 @@ keras_vit`` and nothing else.
 """
 
 import importlib
-import os
 import sys
 
-from keras_vit import _quiet, errors
+from keras_vit import _quiet, errors, lazy
 
 # The console script imports this package, and with it TensorFlow, before
 # cli.main runs: its C++ log lines must be filtered from here.
@@ -28,30 +27,34 @@ except ValueError as _e:
     print(f"keras-vit: error: {_e}", file=sys.stderr)
     raise SystemExit(2) from None
 
-try:
-    from keras_vit import layers, models  # noqa: E402
-except ModuleNotFoundError as _e:  # KERAS_BACKEND=openvino, not installed
-    if not _quiet.is_command_line():
-        raise
-    _backend = os.environ.get("KERAS_BACKEND") or "tensorflow"
-    print(f"keras-vit: error: importing Keras (backend {_backend!r}, "
-          f"KERAS_BACKEND) needs the module {_e.name!r}, which is not "
-          f"installed: pip install '{errors.PACKAGES.get(_e.name, _e.name)}'"
-          ", or set KERAS_BACKEND to an installed backend", file=sys.stderr)
-    raise SystemExit(2) from None
-from keras_vit.models import (  # noqa: E402
-    AxialVisionTransformer, VisionTransformer, axial_vit, rebuild,
-    resolve_model, vit)
+
+# A library import registers every layer with Keras at once (the promise
+# above). The ``keras-vit`` command skips it: --help, list and info then
+# start without TensorFlow, and the commands that build or load a model
+# import keras_vit.models themselves (through __getattr__ below or their
+# own imports), which registers the layers before anything is loaded.
+if not _quiet.is_command_line():
+    lazy.import_models()
+    from keras_vit.models import (  # noqa: E402
+        AxialVisionTransformer, VisionTransformer, axial_vit, rebuild,
+        resolve_model, vit)
 
 __version__ = "0.1.0"
 
 # Components load on first use: `keras_vit.zoo`, `keras_vit.export`, ...
 _LAZY = ("zoo", "export", "analysis", "cli")
+_FROM_MODELS = ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
+                "rebuild", "resolve_model", "vit")
 
 
 def __getattr__(name):
     if name in _LAZY:
         return importlib.import_module(f"keras_vit.{name}")
+    if name in ("layers", "models"):
+        lazy.import_models()
+        return importlib.import_module(f"keras_vit.{name}")
+    if name in _FROM_MODELS:
+        return getattr(lazy.import_models(), name)
     raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
 
 

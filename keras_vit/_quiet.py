@@ -120,12 +120,12 @@ def _restore():
 
 def is_command_line():
     """Whether this process is the ``keras-vit`` command (the console
-    script or ``python -m keras_vit.cli``)."""
-    argv = getattr(sys, "orig_argv", sys.argv)
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    as_module = any(a == "-m" and b.startswith("keras_vit")
-                    for a, b in zip(argv, argv[1:]))
-    return script in ("keras-vit", "keras-vit.exe") or as_module
+    script or ``python -m keras_vit.cli``): :func:`keras_vit.lazy.
+    is_command_line`, imported here only when asked (this module loads
+    alone in tests, without the package)."""
+    from keras_vit import lazy
+
+    return lazy.is_command_line()
 
 
 def for_command_line():

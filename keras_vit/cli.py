@@ -14,9 +14,9 @@ import json
 import os
 import sys
 
-# Before TensorFlow is imported, so its C++ start-up logs stay quiet. (The
-# package root imports Keras, so this only helps when this module is the
-# first to load; the user's own setting wins.)
+# Before TensorFlow is imported, so its C++ start-up logs stay quiet (the
+# user's own setting wins). The package root imports no Keras in this
+# command: `--help`, `list` and `info` start without it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PROG = "keras-vit"
@@ -696,7 +696,22 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
+    if args.func not in (_cmd_list, _cmd_info):
+        load_keras_classes()
     return run_command(args.func, args, debug or args.traceback)
+
+
+def load_keras_classes():
+    """Imports Keras and every class the package registers with it, as a
+    library ``import keras_vit`` does. The command skips that at start-up
+    (``--help``, ``list`` and ``info`` need no Keras); every other command
+    calls this once its arguments have parsed, before it loads a file."""
+    from keras_vit import lazy
+
+    lazy.import_models()
+    # The training classes a saved run may hold (schedules, MPP models).
+    importlib.import_module("keras_vit.train.engine")
+    importlib.import_module("keras_vit.train.mpp")
 
 
 if __name__ == "__main__":

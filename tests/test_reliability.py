@@ -1567,7 +1567,7 @@ def test_an_unknown_keras_backend_is_one_line():
     assert "received KERAS_BACKEND='jaxx'. Did you mean 'jax'?" in lines[0]
 
 
-def test_a_keras_backend_that_is_not_installed_is_one_line():
+def test_a_keras_backend_that_is_not_installed_is_one_line(tmp_path):
     import importlib.util
     import os
     import subprocess
@@ -1576,7 +1576,13 @@ def test_a_keras_backend_that_is_not_installed_is_one_line():
     if importlib.util.find_spec("openvino") is not None:
         pytest.skip("openvino is installed")
     env = dict(os.environ, KERAS_BACKEND="openvino")
+    # `list` needs no Keras (the command starts without it) and works.
     proc = subprocess.run([sys.executable, "-m", "keras_vit.cli", "list"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ViT-B/16" in proc.stdout, proc.stderr
+    # A command that needs Keras says which module is missing.
+    proc = subprocess.run([sys.executable, "-m", "keras_vit.cli", "demo",
+                           "--quick", "--out", str(tmp_path / "demo")],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

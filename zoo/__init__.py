@@ -9,19 +9,24 @@ Environment variables: ``KERAS_VIT_CACHE`` (download cache directory),
 ``KERAS_VIT_OFFLINE=1`` (never download; errors say where to put the file).
 """
 
-from keras_vit.zoo.api import (augreg_index, find_augreg, info, labels,
-                               list_models, load, load_weights,
-                               resolve_weights)
-from keras_vit.zoo.convert import (CheckpointError, export_arrays,
-                                   normalize_keys, read_npz, resize_posemb,
-                                   save_npz)
-from keras_vit.zoo.download import (ChecksumError, DownloadError,
-                                    OfflineError, cache_dir)
-from keras_vit.zoo.preprocessing import (decode_predictions,
-                                         preprocess_input,
-                                         preprocessing_layer)
-from keras_vit.zoo.timm_hub import save_pretrained
+from keras_vit import lazy
+# The registry answers `keras-vit list` and `info` without Keras.
+from keras_vit.zoo.registry import info, list_models
 from keras_vit.models.variants import UnknownModelError
+
+# Loaded with the package, except in the ``keras-vit`` command, where each
+# loads on first use.
+__getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    ".api": ("augreg_index", "find_augreg", "labels", "load",
+             "load_weights", "resolve_weights"),
+    ".convert": ("CheckpointError", "export_arrays", "normalize_keys",
+                 "read_npz", "resize_posemb", "save_npz"),
+    ".download": ("ChecksumError", "DownloadError", "OfflineError",
+                  "cache_dir"),
+    ".preprocessing": ("decode_predictions", "preprocess_input",
+                       "preprocessing_layer"),
+    ".timm_hub": ("save_pretrained",),
+}))
 
 __all__ = [
     "CheckpointError", "ChecksumError", "DownloadError", "OfflineError",

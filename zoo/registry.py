@@ -234,3 +234,67 @@ def select(name, tag, image_size=None):
         if image_size is not None and w.image_size == image_size:
             return w
     return candidates[0]
+
+
+def effective_stride(config):
+    """Input pixels per token side: the patch size times the ResNet stride.
+
+    A hybrid cuts its patches from a ResNet feature map: the root divides by
+    4 and every stage after the first by 2 (``fold_last_stage`` merges the
+    last stage into the one before, so one fewer). BiT has no patches: 4
+    stages, stride 32.
+
+    >>> effective_stride({"patch_size": 1, "resnet": {"num_layers": (3, 4, 9)}})
+    16
+    >>> effective_stride({"patch_size": 8, "resnet": {"num_layers": ()}})
+    32
+    """
+    stride = config.get("patch_size", 32)
+    resnet = config.get("resnet")
+    if resnet is not None:
+        stages = len(resnet["num_layers"])
+        if resnet.get("fold_last_stage") and stages > 1:
+            stages -= 1
+        stride *= 4 * 2 ** max(stages - 1, 0)
+    return stride
+
+
+def info(name):
+    """What the zoo knows of a model: architecture, weights, URLs, licence.
+
+    >>> info("ViT-B/16")["config"]["hidden_size"]
+    768
+    """
+    arch = variants.parse(name)
+    weights = {}
+    for w in weights_for(arch.name):
+        weights.setdefault(w.tag, []).append({
+            "url": w.url,
+            "image_size": w.image_size,
+            "num_classes": w.num_classes,
+            "labels": w.labels,
+            "representation_size": w.representation_size,
+            "sha256": w.sha256,
+            "license": w.license,
+            "description": w.description,
+        })
+    config = dict(arch.config)
+    stride = effective_stride(config)
+    notes = []
+    if arch.name.startswith("R+"):
+        notes.append(
+            "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
+            "stride is 32, not the 16 of its name (7x7 grid at 224), as in the "
+            "official config.")
+    return {
+        "name": arch.name,
+        "family": arch.family,
+        "effective_stride": stride,
+        "notes": notes,
+        "registered": arch.name in variants.REGISTERED,
+        "config": config,
+        "default_weights": default_tag(arch.name),
+        "weights": weights,
+        "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
+                         "(include_preprocessing=True does it in the model)",
+    }

@@ -25,42 +25,24 @@ Figures (matplotlib, loaded on first use): :func:`plot_filters`,
 (2, 2)
 """
 
-import importlib
+from keras_vit import lazy
 
-from keras_vit.analysis.attention import (TokenGeometry, attention_maps,
-                                          attention_model, attention_rollout,
-                                          mean_attention_distance, overlay,
-                                          patch_distances, rollout_map,
-                                          token_geometry,
-                                          uniform_attention_distance,
-                                          upsample)
-from keras_vit.analysis.embeddings import (FilterComponents,
-                                           embedding_filter_components,
-                                           neighbour_similarity,
-                                           position_embedding_similarity)
-
-# matplotlib is only needed for the figures; importing it here would make
-# every numpy-only use pay for it (and fail where it is not installed).
-_LAZY = {
-    "plot_filters": "keras_vit.analysis.plots",
-    "plot_position_similarity": "keras_vit.analysis.plots",
-    "plot_attention_distance": "keras_vit.analysis.plots",
-    "plot_rollout": "keras_vit.analysis.plots",
-    "inspect": "keras_vit.analysis.report",
-    "load_images": "keras_vit.analysis.report",
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(
-        f"module 'keras_vit.analysis' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
-
+# Loaded on first use: the command line lists `inspect` without importing
+# Keras, and matplotlib is only needed for the figures.
+__getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    ".attention": (
+        "TokenGeometry", "attention_maps", "attention_model",
+        "attention_rollout", "mean_attention_distance", "overlay",
+        "patch_distances", "rollout_map", "token_geometry",
+        "uniform_attention_distance", "upsample"),
+    ".embeddings": (
+        "FilterComponents", "embedding_filter_components",
+        "neighbour_similarity", "position_embedding_similarity"),
+    ".plots": (
+        "plot_filters", "plot_position_similarity",
+        "plot_attention_distance", "plot_rollout"),
+    ".report": ("inspect", "load_images"),
+}))
 
 __all__ = [
     "FilterComponents", "TokenGeometry", "attention_maps", "attention_model",

@@ -1,12 +1,19 @@
 """Model builders: :func:`vit` for any Vision Transformer or hybrid,
 :func:`axial_vit` for Axial-ViT, :func:`resnet_v2` for BiT ResNetV2."""
 
-from keras_vit.models.features import available_features, feature_model
+from keras_vit import lazy
+# Names and their architectures: no Keras needed (the command's list/info).
 from keras_vit.models.variants import Arch, UnknownModelError, parse
-from keras_vit.models.resnet_v2 import ResNetV2, resnet_v2
-from keras_vit.models.vit import VisionTransformer, vit
-from keras_vit.models.axial import AxialVisionTransformer, axial_vit
-from keras_vit.models.resolve import rebuild, resolve_model
+
+# The builders import Keras: loaded with the package, except in the
+# ``keras-vit`` command, where they load on first use.
+__getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    ".features": ("available_features", "feature_model"),
+    ".resnet_v2": ("ResNetV2", "resnet_v2"),
+    ".vit": ("VisionTransformer", "vit"),
+    ".axial": ("AxialVisionTransformer", "axial_vit"),
+    ".resolve": ("rebuild", "resolve_model"),
+}))
 
 __all__ = ["Arch", "AxialVisionTransformer", "ResNetV2", "UnknownModelError",
            "VisionTransformer", "available_features", "axial_vit",

@@ -17,18 +17,10 @@ finetune-pets-flowers --out runs/pets``. Running the same again resumes.
 ['finetune', 'finetune-cifar']
 """
 
-from keras_vit.train import data, few_shot, layouts, mpp, recipes
-from keras_vit.train.data import (ArraySource, DataError, FolderSource,
-                                  ImageSource, TfdsSource, dataset, digits,
-                                  load_data)
-from keras_vit.train.engine import (Trainer, TrainResult, build_model,
-                                    compile_for_finetune, evaluate,
-                                    fine_tune, pretrain)
-from keras_vit.train.few_shot import fewshot, fit_least_squares
-from keras_vit.train.layouts import (distribution, layout_map, layout_rules,
-                                     variable_shapes)
-from keras_vit.train.mpp import (MaskedPatchPrediction, MppTrainer,
-                                 mpp_to_classifier, pretrain_mpp)
+# Light modules (recipes, the strategy helpers) load with the package; the
+# rest on first use, so that `keras-vit fine-tune --help` needs no Keras.
+from keras_vit import lazy
+from keras_vit.train import recipes
 from keras_vit.train.recipes import Recipe
 # The module is ``distribute``; ``strategy`` is its function (the public
 # name). ``from keras_vit.train.strategy import ...``, the module's old
@@ -40,7 +32,18 @@ import sys as _sys
 
 _sys.modules.setdefault(__name__ + ".strategy", distribute)
 del _sys
-from keras_vit.train import vtab  # noqa: E402 - after the alias above
+
+__getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    ".data": ("ArraySource", "DataError", "FolderSource", "ImageSource",
+              "TfdsSource", "dataset", "digits", "load_data"),
+    ".engine": ("Trainer", "TrainResult", "build_model",
+                "compile_for_finetune", "evaluate", "fine_tune", "pretrain"),
+    ".few_shot": ("fewshot", "fit_least_squares"),
+    ".layouts": ("distribution", "layout_map", "layout_rules",
+                 "variable_shapes"),
+    ".mpp": ("MaskedPatchPrediction", "MppTrainer", "mpp_to_classifier",
+             "pretrain_mpp"),
+}), modules=("data", "few_shot", "layouts", "mpp", "vtab", "engine"))
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",

@@ -500,7 +500,7 @@ _PRETRAIN_RECIPE_OPTIONS = (
 
 
 def _register_pretrain(subparsers):
-    from keras_vit.train import mpp
+    from keras_vit.train import recipes
 
     p = subparsers.add_parser(
         "pretrain", help="self-supervised pre-training on unlabelled images "
@@ -517,7 +517,7 @@ def _register_pretrain(subparsers):
                         ".keras file (a ViT, or a pretrain result to "
                         "continue)")
     p.add_argument("--objective", default="mpp", metavar="NAME",
-                   help=f"one of {', '.join(mpp.OBJECTIVES)} (default: mpp)")
+                   help=f"one of {', '.join(recipes.MPP_OBJECTIVES)} (default: mpp)")
     p.add_argument("--data", required=True, metavar="SPEC",
                    help="a folder of images (jpg, png, ...; any nested "
                         "layout, sub-folders are not classes), or 'digits', "
@@ -525,7 +525,7 @@ def _register_pretrain(subparsers):
     p.add_argument("--data-dir", metavar="DIR",
                    help="where tfds datasets are prepared (default: tfds')")
     p.add_argument("--target", default="mean_color", metavar="NAME",
-                   help=f"one of {', '.join(mpp.TARGETS)} (default: "
+                   help=f"one of {', '.join(recipes.MPP_TARGETS)} (default: "
                         "mean_color, 512 classes)")
     p.add_argument("--corruption-rate", type=float, default=0.5,
                    metavar="X", help="fraction of patches corrupted "

@@ -60,9 +60,10 @@ from keras_vit.models.resolve import model_path, resolve_model
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine
+from keras_vit.train import recipes
 
-OBJECTIVES = ("mpp",)
-TARGETS = ("mean_color", "color_4x4", "l2")
+# Defined beside the recipes, which the command line reads without Keras.
+OBJECTIVES, TARGETS = recipes.MPP_OBJECTIVES, recipes.MPP_TARGETS
 # Codes of the corruption plan, one per patch.
 KEEP, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3
 COLOR_BITS = 3

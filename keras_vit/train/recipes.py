@@ -18,6 +18,10 @@ import warnings
 from keras_vit.errors import (check_choice, check_int, check_number,
                               closest, did_you_mean)
 
+# Masked patch prediction (keras_vit.train.mpp): its objectives and targets.
+MPP_OBJECTIVES = ("mpp",)
+MPP_TARGETS = ("mean_color", "color_4x4", "l2")
+
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")

@@ -1,0 +1,148 @@
+"""The command line starts at once: the commands that need no model import
+neither TensorFlow, Keras, JAX nor torch (checked in fresh processes),
+argument errors are found before the heavy imports, and a library
+``import keras_vit`` still registers every class with Keras."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("tensorflow", "keras", "jax", "torch")
+
+# What the console script does (argv[0] is the command), then the heavy
+# modules loaded by the end, as JSON on the last line of stdout.
+CHILD = """
+import json, sys
+sys.argv = ["keras-vit", *sys.argv[1:]]
+from keras_vit.cli import main
+try:
+    code = main()
+except SystemExit as e:
+    code = e.code
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(%r))
+print("\\n" + json.dumps({"code": code, "heavy": heavy}))
+""" % (HEAVY,)
+
+
+def run_command(*argv, env=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    proc = subprocess.run([sys.executable, "-c", CHILD, *argv],
+                          capture_output=True, text=True, env=env,
+                          timeout=120, cwd=ROOT)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result, proc
+
+
+def _python(code):
+    """stdout of ``python -c code`` (TensorFlow's C++ logs off)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=300, check=True,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return out.stdout
+
+
+def _subcommands():
+    # The parser itself, read in a child (this process has Keras already).
+    code = ("import sys, argparse; sys.argv = ['keras-vit'];"
+            "from keras_vit import cli; p = cli.build_parser();"
+            "s = [a for a in p._actions"
+            " if isinstance(a, argparse._SubParsersAction)][0];"
+            "print(' '.join(sorted(s.choices)))")
+    return _python(code).split()
+
+
+def test_every_model_free_command_imports_no_framework():
+    names = _subcommands()
+    # Every component registered its commands (a lazy import that lost
+    # one would shrink this list).
+    for expected in ("list", "info", "predict", "convert", "demo",
+                     "inspect", "export", "fine-tune", "pretrain"):
+        assert expected in names, names
+    cases = ([("--help",), ("list",), ("info", "ViT-B/16"),
+              ("list", "B/16")] + [(name, "--help") for name in names])
+    # One child runs them all in turn (a fresh process per case would
+    # take a second each): a case that imports a framework taints the
+    # later ones, so the first to do so is named.
+    script = CHILD.replace(
+        'sys.argv = ["keras-vit", *sys.argv[1:]]',
+        'sys.argv = ["keras-vit"]').replace(
+        "try:\n    code = main()\nexcept SystemExit as e:\n    code = e.code",
+        "codes = []\nfor case in %r:\n    try:\n        codes.append(main("
+        "list(case)))\n    except SystemExit as e:\n        codes.append("
+        "e.code)\n    if set(%r) & {m.split('.')[0] for m in sys.modules}:\n"
+        "        print(json.dumps({'code': codes, 'heavy': list(case)}))\n"
+        "        sys.exit(0)\ncode = codes" % (cases, HEAVY))
+    proc = subprocess.run([sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == [], (
+        f"`keras-vit {' '.join(result['heavy'])}` imported a framework")
+    assert result["code"] == [0] * len(cases), result
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (("info", "ViT-B/16"), "hidden_size=768"),
+    (("list", "Ti"), "ViT-Ti/16"),
+])
+def test_list_and_info_print_the_registry_without_keras(argv, expected):
+    result, proc = run_command(*argv)
+    assert result == {"code": 0, "heavy": []}, proc.stderr
+    assert expected in proc.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("fine-tune", "ViT-Ti/16", "--image-size", "abc"), "--image-size"),
+    (("predict", "ViT-Ti/16", "x.png", "--top", "0"), "--top"),
+    (("info", "ViT-Q/99"), "ViT-Q/99"),
+    (("list", "no-such-model"), "no-such-model"),
+    (("export",), "required"),
+])
+def test_argument_errors_come_before_the_heavy_imports(argv, message):
+    result, proc = run_command(*argv)
+    assert result["code"] == 2, proc.stderr
+    assert result["heavy"] == [], result
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+
+
+def test_a_bad_keras_backend_is_one_line_before_any_import():
+    proc = subprocess.run(["keras-vit", "list"], capture_output=True,
+                          text=True, timeout=120,
+                          env=dict(os.environ, KERAS_BACKEND="foo"))
+    assert proc.returncode == 2, proc.stderr
+    assert "KERAS_BACKEND" in proc.stderr and "foo" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_model_command_still_registers_the_classes(tmp_path):
+    """A command that loads a file imports every class first: a .keras
+    Axial-ViT (a class no other code path would import) loads."""
+    save = ("import keras_vit; m = keras_vit.axial_vit(image_size=32, "
+            "patch_size=8, hidden_size=32, num_layers=2, num_heads=4, "
+            "mlp_dim=64, num_classes=3); m.save(%r)"
+            % str(tmp_path / "axial.keras"))
+    subprocess.run([sys.executable, "-c", save], check=True, timeout=300,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    from PIL import Image
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "red.png")
+    result, proc = run_command("predict", str(tmp_path / "axial.keras"),
+                               str(tmp_path / "red.png"), "--json")
+    assert result["code"] == 0, proc.stderr[-2000:]
+    assert "keras" in result["heavy"]
+    printed = json.loads(proc.stdout.strip().rsplit("\n", 1)[0])
+    assert "red.png" in json.dumps(printed)
+
+
+def test_a_library_import_registers_every_class():
+    code = ("import keras_vit, keras, sys;"
+            "names = ['VisionTransformer', 'AxialVisionTransformer',"
+            " 'ResNetV2'];"
+            "print(all(keras.saving.get_registered_object("
+            "'keras_vit>' + n) is not None for n in names))")
+    assert _python(code).strip().splitlines()[-1] == "True"
