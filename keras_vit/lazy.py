@@ -78,7 +78,8 @@ def is_command_line():
 
 def import_models():
     """Imports Keras, the layers and every model module, which registers
-    the package's classes with Keras; returns ``keras_vit.models``. In the
+    the package's classes with Keras (and the training schedule and loss
+    that a compiled model's file names); returns ``keras_vit.models``. In the
     command, a Keras backend that is not installed is one line naming the
     pip command (exit status 2), not a traceback."""
     from keras_vit import errors
@@ -90,6 +91,9 @@ def import_models():
         models = importlib.import_module("keras_vit.models")
         for name in models.__all__:  # the command line's lazy names too
             getattr(models, name)
+        # What a model compiled by keras_vit.train saves with it.
+        importlib.import_module(
+            "keras_vit.train.recipes").register_keras_classes()
     except ModuleNotFoundError as e:  # KERAS_BACKEND=openvino, not installed
         if not is_command_line():
             raise

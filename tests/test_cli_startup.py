@@ -140,9 +140,39 @@ def test_a_model_command_still_registers_the_classes(tmp_path):
 
 
 def test_a_library_import_registers_every_class():
+    # The schedule and loss a model compiled by keras_vit.train saves in its
+    # .keras file too (a model saved by examples/finetune_fit.py did not
+    # load after a bare `import keras_vit`).
     code = ("import keras_vit, keras, sys;"
             "names = ['VisionTransformer', 'AxialVisionTransformer',"
-            " 'ResNetV2'];"
+            " 'ResNetV2', 'WarmupDecay', 'SmoothedSparseCE'];"
             "print(all(keras.saving.get_registered_object("
             "'keras_vit>' + n) is not None for n in names))")
     assert _python(code).strip().splitlines()[-1] == "True"
+
+
+def test_the_startup_benchmark_prints_its_table(tmp_path):
+    out = tmp_path / "cli.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cli_startup.py"),
+         "--runs", "1", "--out", str(out)], capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+            if line.startswith("| `")]
+    commands = [r[0].strip().strip("`") for r in rows]
+    assert commands[0].startswith("python -c 'import keras_vit'")
+    assert "keras-vit list" in commands and "keras-vit --help" in commands
+    assert any(c.endswith("fine-tune --help") for c in commands)
+    for _, cpu, wall, met in rows:
+        assert float(cpu) > 0 and float(wall) > 0
+        assert met.strip() in ("yes", "no", "-")
+    assert "CPU:" in out.read_text()
+    # The table's verdict follows its own figures.
+    for name, cpu, _, met in rows[1:]:
+        assert (met.strip() == "yes") == (float(cpu) < 0.5), name
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cli_startup.py"),
+         "--runs", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--runs must be in 1..100, got 0" in (
+        proc.stderr)

@@ -1066,40 +1066,4 @@ def smoothed_sparse_crossentropy(label_smoothing=0.0):
 
     if not label_smoothing:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _SmoothedSparseCE(label_smoothing)
-
-
-def _smoothed_class():
-    import keras
-    from keras import ops
-
-    @keras.saving.register_keras_serializable(package="keras_vit")
-    class SmoothedSparseCE(keras.losses.Loss):
-        def __init__(self, label_smoothing=0.0, name="smoothed_sparse_ce",
-                     **kwargs):
-            super().__init__(name=name, **kwargs)
-            self.label_smoothing = float(label_smoothing)
-
-        def call(self, y_true, y_pred):
-            k = ops.shape(y_pred)[-1]
-            target = ops.one_hot(ops.cast(ops.reshape(y_true, (-1,)),
-                                          "int32"), k)
-            return keras.losses.categorical_crossentropy(
-                target, y_pred, from_logits=True,
-                label_smoothing=self.label_smoothing)
-
-        def get_config(self):
-            return {**super().get_config(),
-                    "label_smoothing": self.label_smoothing}
-
-    return SmoothedSparseCE
-
-
-def _SmoothedSparseCE(label_smoothing):  # noqa: N802 - a lazy class
-    global _SMOOTHED
-    if _SMOOTHED is None:
-        _SMOOTHED = _smoothed_class()
-    return _SMOOTHED(label_smoothing)
-
-
-_SMOOTHED = None
+    return recipes_lib.smoothed_loss(label_smoothing)

@@ -446,6 +446,53 @@ def _schedule_class():
 
 
 _WARMUP_DECAY = None
+_SMOOTHED = None
+
+
+def _smoothed_loss_class():
+    import keras
+    from keras import ops
+
+    @keras.saving.register_keras_serializable(package="keras_vit")
+    class SmoothedSparseCE(keras.losses.Loss):
+        def __init__(self, label_smoothing=0.0, name="smoothed_sparse_ce",
+                     **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.label_smoothing = float(label_smoothing)
+
+        def call(self, y_true, y_pred):
+            k = ops.shape(y_pred)[-1]
+            target = ops.one_hot(ops.cast(ops.reshape(y_true, (-1,)),
+                                          "int32"), k)
+            return keras.losses.categorical_crossentropy(
+                target, y_pred, from_logits=True,
+                label_smoothing=self.label_smoothing)
+
+        def get_config(self):
+            return {**super().get_config(),
+                    "label_smoothing": self.label_smoothing}
+
+    return SmoothedSparseCE
+
+
+def register_keras_classes():
+    """Defines (once) and registers the schedule and loss a compiled model
+    saves in its ``.keras`` file (``keras_vit>WarmupDecay``,
+    ``keras_vit>SmoothedSparseCE``); ``import keras_vit`` calls it, so such
+    a file loads without importing the training code first. Returns them.
+    """
+    global _WARMUP_DECAY, _SMOOTHED
+    if _WARMUP_DECAY is None:
+        _WARMUP_DECAY = _schedule_class()
+    if _SMOOTHED is None:
+        _SMOOTHED = _smoothed_loss_class()
+    return _WARMUP_DECAY, _SMOOTHED
+
+
+def smoothed_loss(label_smoothing):
+    """Cross-entropy from logits for integer labels with label smoothing
+    (a Keras loss that saves and loads with the model)."""
+    return register_keras_classes()[1](label_smoothing)
 
 
 def learning_rate_schedule(recipe, total_steps, per_step=1):
@@ -456,15 +503,14 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
     >>> round(float(s(249)), 4), round(float(s(2500)), 6)
     (0.01, 0.0)
     """
-    global _WARMUP_DECAY
-    if _WARMUP_DECAY is None:
-        _WARMUP_DECAY = _schedule_class()
+    schedule_class, _ = register_keras_classes()
     if recipe.warmup_steps >= total_steps:
         raise ValueError(
             f"warmup_steps={recipe.warmup_steps} must be smaller than the "
             f"run's total_steps={total_steps}")
-    return _WARMUP_DECAY(recipe.learning_rate, recipe.warmup_steps * per_step,
-                         total_steps * per_step, recipe.schedule)
+    return schedule_class(recipe.learning_rate,
+                          recipe.warmup_steps * per_step,
+                          total_steps * per_step, recipe.schedule)
 
 
 def make_optimizer(recipe, total_steps, *, clip_in_optimizer=False,
