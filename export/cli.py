@@ -9,31 +9,12 @@ command prints and turns into status 2.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 from keras_vit.export import common
 from keras_vit.export.verify import verification_table
-from keras_vit.cli import image_side, positive_int
-
-PROG = "keras-vit"
-
-
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected positive integers, got {text!r}")
-    return values
-
-
-def _name_list(text):
-    return [v.strip() for v in text.split(",") if v.strip()]
+from keras_vit import cli_options as options
+from keras_vit.cli_options import name_list, positive_int
 
 
 def register(subparsers):
@@ -53,14 +34,12 @@ def register(subparsers):
     p.add_argument("--quantization", "-q", choices=common.QUANTIZATIONS,
                    default="float32",
                    help="TFLite and ONNX (default: float32)")
-    p.add_argument("--weights", "-w", metavar="W",
-                   help="weights tag, .npz or URL, or 'none' for random "
-                        "initialisation (default: the model's default)")
-    p.add_argument("--image-size", type=image_side, metavar="N")
-    p.add_argument("--num-classes", type=positive_int, metavar="N")
+    options.add(p, weights="weights tag, .npz or URL, or 'none' for random "
+                           "initialisation (default: the model's default)",
+                image_size=None, num_classes=None)
     p.add_argument("--uint8-input", action="store_true",
                    help="take uint8 pixels; the scaling runs inside")
-    p.add_argument("--outputs", type=_name_list, metavar="A,B",
+    p.add_argument("--outputs", type=name_list, metavar="A,B",
                    default=["logits", "probabilities"],
                    help="logits, probabilities, pre_logits, attention_maps, "
                         "features (default: logits,probabilities)")
@@ -68,7 +47,8 @@ def register(subparsers):
                    help="ONNX opset (default: 17)")
     p.add_argument("--external-data", action="store_true",
                    help="ONNX: weights in PATH.data (automatic above 2 GiB)")
-    p.add_argument("--batch-sizes", type=_int_list, default=[4, 1],
+    p.add_argument("--batch-sizes", type=options.int_list(kind=list),
+                   default=[4, 1],
                    metavar="B,B", help="verification batch sizes "
                                        "(default: 4,1)")
     p.set_defaults(func=run_export)
@@ -81,12 +61,13 @@ def register(subparsers):
                     "instructions.")
     p.add_argument("model", metavar="MODEL",
                    help="a model name (e.g. ViT-B/16) or a .keras file")
-    p.add_argument("--runtimes", type=_name_list,
+    p.add_argument("--runtimes", type=name_list,
                    default=["keras", "xla", "onnx", "tflite"],
                    metavar="R,R", help="default: keras,xla,onnx,tflite")
-    p.add_argument("--batch", type=_int_list, default=[1, 8], metavar="B,B",
+    p.add_argument("--batch", type=options.int_list(kind=list),
+                   default=[1, 8], metavar="B,B",
                    help="batch sizes (default: 1,8)")
-    p.add_argument("--image-size", type=image_side, metavar="N")
+    options.add(p, image_size=None)
     p.add_argument("--runs", type=positive_int, default=5, metavar="N",
                    help="timed runs per measurement (default: 5)")
     p.add_argument("--weights", "-w", default="none", metavar="W",
@@ -119,14 +100,6 @@ def _load_model(args, default_weights="auto"):
     label = f"{getattr(model, 'zoo_name', value)} " \
             f"({'random weights' if weights is None else weights})"
     return model, label
-
-
-def _fail(args, error):
-    if getattr(args, "traceback", False):
-        raise error
-    text = " ".join(str(error).split())
-    print(f"{PROG}: error: {text[:2000]}", file=sys.stderr)
-    return 1
 
 
 def run_export(args):
@@ -163,7 +136,7 @@ def run_export(args):
         report = export.export(model, args.output, format=args.format,
                                **kwargs)
     except export.ExportError as e:
-        return _fail(args, e)
+        return options.failed(args, e)
     print(verification_table([report]))
     for note in report["notes"]:
         print(f"note: {note}")
@@ -194,7 +167,7 @@ def run_benchmark(args):
                                bf16=False if args.no_bf16 else "auto",
                                say=lambda m: print(m, flush=True))
     except export.ExportError as e:
-        return _fail(args, e)
+        return options.failed(args, e)
     print()
     print(benchmark.markdown_table(result, args.batch))
     for note in result["notes"]:

@@ -8,7 +8,6 @@ exit with status 2; ``--traceback`` shows the full Python traceback instead.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -19,77 +18,16 @@ import sys
 # command: `--help`, `list` and `info` start without it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-PROG = "keras-vit"
-
-
-class UserError(Exception):
-    """A problem with the command line or its files (printed, exit 2)."""
-
-
-def _is_user_error(exc):
-    # ValueError covers UnknownModelError and CheckpointError; OSError covers
-    # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
-    # DownloadError / OfflineError.
-    from keras_vit.errors import MissingDependencyError
-
-    return isinstance(exc, (UserError, ValueError, OSError,
-                            MissingDependencyError))
+from keras_vit import cli_options as options  # noqa: E402
+# The shared helpers, under the names the other components used to import
+# from here.
+from keras_vit.cli_options import (  # noqa: E402, F401
+    PROG, ArgumentParser, UserError, debug_requested, image_side,
+    positive_int, run_command)
 
 
 def _squash(name):
     return "".join(c for c in name.lower() if c.isalnum())
-
-
-def _one_line(exc, limit=600):
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if len(text) > limit:  # e.g. a checkpoint that mismatches in 200 arrays
-        text = text[:limit].rstrip() + " ... (--debug shows it all)"
-    return text
-
-
-def _is_out_of_memory(exc):
-    return isinstance(exc, MemoryError) or (
-        type(exc).__name__ == "ResourceExhaustedError"
-        or " OOM " in f" {exc} ")
-
-
-def run_command(func, args, debug=False):
-    """Runs a subcommand: its exit status, or one line on stderr instead
-    of a traceback (``debug`` re-raises): 2 for bad input (arguments,
-    files, missing packages), 1 for any other failure, 130 for Ctrl-C."""
-    try:
-        return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - triaged just below
-        if debug:
-            raise
-        from keras_vit.errors import missing_dependency
-
-        # An optional package missing where no require() was in the way.
-        e = missing_dependency(e) or e
-        if _is_out_of_memory(e):
-            print(f"{PROG}: error: out of memory ({type(e).__name__}). "
-                  "Lower --batch-size, or keep it and set --micro-batch-size "
-                  "(gradient accumulation, same result), or lower "
-                  "--image-size; --debug shows the traceback",
-                  file=sys.stderr)
-            return 1
-        if _is_user_error(e):
-            print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-            return 2
-        print(f"{PROG}: error: {type(e).__name__}: {_one_line(e)} (an "
-              "unexpected failure; --debug shows the traceback)",
-              file=sys.stderr)
-        return 1
-
-
-def debug_requested(argv):
-    """``--debug`` (or ``--traceback``) anywhere on the command line."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return any(a in ("--debug", "--traceback") for a in argv), [
-        a for a in argv if a not in ("--debug", "--traceback")]
 
 
 # --------------------------------------------------------------------------
@@ -521,75 +459,6 @@ def _cmd_demo(args):
 # --------------------------------------------------------------------------
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (no usage block) that suggest
-    the nearest valid command, choice or option; exit status 2. Every
-    component's sub-commands are built by it (``add_subparsers`` passes
-    the class on)."""
-
-    def error(self, message):
-        message = _suggest(self, message)
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` "
-                     "shows the usage)\n")
-
-
-def _option_strings(parser):
-    """Every option string of ``parser`` and of its sub-commands."""
-    found = set()
-    for action in parser._actions:  # noqa: SLF001 - argparse has no API
-        found.update(s for s in action.option_strings if s.startswith("--"))
-        for sub in (getattr(action, "choices", None) or {}).values() if (
-                isinstance(action, argparse._SubParsersAction)) else ():
-            found |= _option_strings(sub)
-    return found
-
-
-def _suggest(parser, message):
-    import re
-
-    from keras_vit.errors import did_you_mean
-
-    bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
-                    message)
-    if bad:
-        choices = re.findall(r"'([^']*)'", bad.group(2))
-        return f"{message}.{did_you_mean(bad.group(1), choices)}"
-    bad = re.search(r"unrecognized arguments: (.*)", message)
-    if bad:
-        options = sorted(_option_strings(parser))
-        for token in bad.group(1).split():
-            hint = did_you_mean(token.split("=")[0], options) if (
-                token.startswith("--")) else ""
-            if hint:
-                return f"{message}.{hint}"
-    return message
-
-
-def image_side(text):
-    """argparse type of ``--image-size``: an integer in [1,
-    MAX_IMAGE_SIDE]."""
-    from keras_vit.errors import MAX_IMAGE_SIDE
-
-    value = positive_int(text)
-    if value > MAX_IMAGE_SIDE:
-        raise argparse.ArgumentTypeError(
-            f"must be <= {MAX_IMAGE_SIDE} pixels, got {value}")
-    return value
-
-
-def positive_int(text):
-    """argparse type: an integer >= 1 (shared by every component's commands)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-
 def build_parser():
     """The argparse parser of ``keras-vit``."""
     from keras_vit import __version__
@@ -616,7 +485,7 @@ def build_parser():
     p = sub.add_parser("info", help="architecture and released weights of "
                                     "a model")
     p.add_argument("name", metavar="NAME", help="e.g. ViT-B/16, vit-b16")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    options.add(p, json=None)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
@@ -629,10 +498,8 @@ def build_parser():
                         "(downloaded to the cache)")
     p.add_argument("--model", "-m", required=True, metavar="NAME",
                    help="architecture of the checkpoint, e.g. ViT-B/16")
-    p.add_argument("--image-size", type=image_side, metavar="N",
-                   help="input resolution (default: the checkpoint's)")
-    p.add_argument("--num-classes", type=positive_int, metavar="N",
-                   help="head size (default: the checkpoint's)")
+    options.add(p, image_size="input resolution (default: the checkpoint's)",
+                num_classes="head size (default: the checkpoint's)")
     p.add_argument("--output", "-o", required=True, metavar="OUT.keras")
     p.set_defaults(func=_cmd_convert)
 
@@ -646,14 +513,12 @@ def build_parser():
                         "timm weights: hf-hub:<repo>, a repository folder, "
                         "a .safetensors file")
     p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--weights", "-w", metavar="W",
-                   help="weights tag, .npz path or URL (default: the "
-                        "model's default weights)")
-    p.add_argument("--image-size", type=image_side, metavar="N",
-                   help="input resolution (default: the weights')")
+    options.add(p, weights="weights tag, .npz path or URL (default: the "
+                           "model's default weights)",
+                image_size="input resolution (default: the weights')")
     p.add_argument("--top", "-k", type=positive_int, default=5, metavar="K",
                    help="classes to show per image (default: 5)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    options.add(p, json=None)
     p.set_defaults(func=_cmd_predict)
 
     p = sub.add_parser(
@@ -689,16 +554,12 @@ _COMMAND_MODULES = ("keras_vit.analysis.cli", "keras_vit.export.cli",
 def main(argv=None) -> int:
     """Runs ``keras-vit`` with ``argv`` (default: ``sys.argv[1:]``) and
     returns the exit status."""
-    debug, argv = debug_requested(argv)
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version and usage errors
-        return e.code if isinstance(e.code, int) else (0 if e.code is None
-                                                        else 2)
+    return options.main(build_parser(), argv, prepare=_prepare)
+
+
+def _prepare(args):
     if args.func not in (_cmd_list, _cmd_info):
         load_keras_classes()
-    return run_command(args.func, args, debug or args.traceback)
 
 
 def load_keras_classes():

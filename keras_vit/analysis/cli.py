@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from keras_vit.cli import image_side, positive_int
+from keras_vit import cli_options as options
 
 DESCRIPTION = (
     "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "
@@ -45,14 +45,12 @@ def register(subparsers):
                         "attention distance is averaged over all of them")
     p.add_argument("--out", "-o", required=True, metavar="DIR",
                    help="output directory (created)")
-    p.add_argument("--weights", "-w", metavar="W",
-                   help="weights tag, .npz path or URL for a zoo name "
-                        "(default: the model's default weights)")
-    p.add_argument("--image-size", type=image_side, metavar="N",
-                   help="inspect at this resolution (position embeddings "
-                        "resized; default: the model's)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   metavar="N", help="images per forward pass (default: 8)")
+    options.add(p, weights="weights tag, .npz path or URL for a zoo name "
+                           "(default: the model's default weights)",
+                image_size="inspect at this resolution (position "
+                           "embeddings resized; default: the model's)",
+                batch_size={"default": 8, "help": "images per forward pass "
+                                                  "(default: 8)"})
     p.set_defaults(func=run)
     return p
 
@@ -85,17 +83,10 @@ def run(args) -> int:
 def main(argv=None) -> int:
     """``python -m keras_vit.analysis.cli inspect ...``: the subcommand on
     its own, for use before (or without) the ``keras-vit`` entry point."""
-    from keras_vit.cli import debug_requested, run_command
-
-    debug, argv = debug_requested(argv)
     parser = argparse.ArgumentParser(prog="keras-vit")
     register(parser.add_subparsers(dest="command", metavar="COMMAND",
                                    required=True))
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 0
-    return run_command(run, args, debug)
+    return options.main(parser, argv)
 
 
 if __name__ == "__main__":

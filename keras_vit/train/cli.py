@@ -9,21 +9,31 @@ line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 
-from keras_vit.cli import image_side, positive_int
+from keras_vit import cli_options as options
+from keras_vit.cli_options import positive_int
 
 _FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
 
+PRECISION_HELP = "auto, float32 or mixed_bfloat16"
+WEIGHTS_HELP = "for a zoo name: weights tag, path or URL"
 
 
-def _add_resume_anyway(p):
+def _add_run_directory(p, name, restart, weights):
+    """The options of a resumable run: --weights (``weights``: argparse
+    keywords), --out, --restart, --resume-anyway, --no-memory-check."""
+    options.add(p, weights=weights,
+                out=f"run directory (default: runs/<model>-<data>-<{name}>)",
+                restart=restart)
     p.add_argument("--resume-anyway", action="store_true",
                    help="resume a run even if its settings (learning rate, "
                         "seed, data...) differ from the original ones")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even if the step's estimated activation "
+                        "memory exceeds this machine's available memory")
 
 
 def _resume(args):
@@ -142,43 +152,6 @@ def check_fits_memory(trainer, available=None):
         "--image-size, or pass --no-memory-check to try anyway")
 
 
-def _add_memory_check(p):
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="start even if the step's estimated activation "
-                        "memory exceeds this machine's available memory")
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _key_value(text):
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(
-            f"expected KEY=VALUE, got {text!r}")
-    return key.strip().replace("-", "_"), value.strip()
-
-
-def _shots(text):
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers like 1,5,10,25, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected positive integers like 1,5,10,25, got {text!r}")
-    return values
-
-
 def _literal(text):
     """``--model-option`` values: numbers, true/false/none, else text."""
     low = text.lower()
@@ -196,14 +169,16 @@ def _add_data_options(p, what="training data"):
                    help=f"{what}: 'digits' (built in, offline), "
                         "'tfds:NAME[:SPLIT]', a folder with one sub-folder "
                         "of images per class, or an .npz with arrays x, y")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="where tfds datasets are prepared (default: tfds')")
-    p.add_argument("--download", action="store_true",
-                   help="let tfds download and prepare a missing dataset "
-                        "(needs the network)")
+    options.add(p, data_dir="where tfds datasets are prepared (default: "
+                            "tfds')",
+                download="let tfds download and prepare a missing dataset "
+                         "(needs the network)")
 
 
-def _add_runtime_options(p):
+def _add_runtime_options(p, quiet="no progress bar",
+                         json="print the final metrics as JSON"):
+    """--strategy, --tpu, --cpu-devices, then --quiet and --json (their
+    help; False: not taken)."""
     p.add_argument("--strategy", default="auto", metavar="NAME",
                    help="auto (default), default; on TensorFlow also "
                         "one_device, mirrored, multi_worker (TF_CONFIG), "
@@ -214,6 +189,8 @@ def _add_runtime_options(p):
                    help="split the CPU into N logical devices (to run "
                         "'mirrored' on TensorFlow or 'data_parallel' on jax "
                         "without GPUs)")
+    last = {"quiet": quiet, "json": json}
+    options.add(p, **{k: v for k, v in last.items() if v is not False})
 
 
 def register(subparsers):
@@ -241,53 +218,30 @@ def register(subparsers):
     p.add_argument("--recipe", default="finetune", metavar="NAME",
                    help=f"one of {', '.join(recipes.names())} (default: "
                         "finetune)")
-    p.add_argument("--weights", "-w", default="auto", metavar="W",
-                   help="for a zoo name: weights tag, .npz path, URL, or "
-                        "'none' for random initialisation (default: auto)")
-    p.add_argument("--out", "-o", metavar="DIR",
-                   help="run directory (default: runs/<model>-<data>-"
-                        "<recipe>)")
-    p.add_argument("--restart", action="store_true",
-                   help="delete the run's checkpoints and start again "
-                        "instead of resuming")
-    _add_resume_anyway(p)
-    _add_memory_check(p)
-    p.add_argument("--steps", type=positive_int, metavar="N",
-                   help="total optimizer steps (recipe field total_steps)")
-    p.add_argument("--epochs", type=_positive_float, metavar="N",
-                   help="train for N epochs instead of a step count")
-    p.add_argument("--batch-size", type=positive_int, metavar="N",
-                   help="global batch per optimizer step")
-    p.add_argument("--micro-batch-size", type=positive_int, metavar="N",
-                   help="images per replica per pass (gradient "
-                        "accumulation when smaller than the per-replica "
-                        "batch)")
-    p.add_argument("--lr", type=_positive_float, metavar="X",
-                   help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, metavar="N",
-                   help="linear warmup steps")
-    p.add_argument("--image-size", type=image_side, metavar="N",
-                   help="training resolution")
-    p.add_argument("--ema", type=float, metavar="DECAY",
-                   help="Polyak averaging of the weights (e.g. 0.9999)")
-    p.add_argument("--precision", metavar="P",
-                   help="auto, float32 or mixed_bfloat16")
-    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="steps between checkpoints")
-    p.add_argument("--seed", type=int, metavar="N")
-    p.add_argument("--set", action="append", type=_key_value, default=[],
-                   metavar="FIELD=VALUE",
-                   help="any recipe field, e.g. --set label_smoothing=0.1 "
-                        "--set crop_area=none (repeatable)")
-    p.add_argument("--model-option", action="append", type=_key_value,
-                   default=[], metavar="KEY=VALUE",
-                   help="a zoo.load keyword for a zoo name, e.g. "
-                        "num_layers=4 (repeatable)")
+    _add_run_directory(
+        p, "recipe", weights={
+            "default": "auto", "help": "for a zoo name: weights tag, .npz "
+            "path, URL, or 'none' for random initialisation (default: "
+            "auto)"},
+        restart="delete the run's checkpoints and start again instead of "
+                "resuming")
+    options.add(
+        p, steps="total optimizer steps (recipe field total_steps)",
+        epochs="train for N epochs instead of a step count",
+        batch_size="global batch per optimizer step",
+        micro_batch_size="images per replica per pass (gradient "
+                         "accumulation when smaller than the per-replica "
+                         "batch)",
+        lr="peak learning rate", warmup_steps="linear warmup steps",
+        image_size="training resolution",
+        ema="Polyak averaging of the weights (e.g. 0.9999)",
+        precision=PRECISION_HELP, checkpoint_every="steps between "
+                                                   "checkpoints",
+        seed=None, set="any recipe field, e.g. --set label_smoothing=0.1 "
+                       "--set crop_area=none (repeatable)",
+        model_option="a zoo.load keyword for a zoo name, e.g. num_layers=4 "
+                     "(repeatable)")
     _add_runtime_options(p)
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar")
-    p.add_argument("--json", action="store_true",
-                   help="print the final metrics as JSON")
     p.set_defaults(func=run_fine_tune)
 
     p = subparsers.add_parser(
@@ -298,13 +252,9 @@ def register(subparsers):
                    help="a .keras file, a run directory, or a zoo name")
     _add_data_options(p, "evaluation data (a tfds spec without a split "
                          "reads 'test')")
-    p.add_argument("--weights", "-w", default="auto", metavar="W",
-                   help="for a zoo name: weights tag, path or URL")
-    p.add_argument("--image-size", type=image_side, metavar="N")
-    p.add_argument("--batch-size", type=positive_int, default=64,
-                   metavar="N")
-    _add_runtime_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    options.add(p, weights={"default": "auto", "help": WEIGHTS_HELP},
+                image_size=None, batch_size={"default": 64})
+    _add_runtime_options(p, quiet=False, json="print JSON")
     p.set_defaults(func=run_evaluate)
 
     p = subparsers.add_parser(
@@ -318,19 +268,17 @@ def register(subparsers):
     p.add_argument("--eval-data", metavar="SPEC",
                    help="test data (default: the test split of digits or "
                         "tfds data)")
-    p.add_argument("--weights", "-w", default="auto", metavar="W")
-    p.add_argument("--image-size", type=image_side, metavar="N")
-    p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25),
+    options.add(p, weights={"default": "auto"}, image_size=None)
+    p.add_argument("--shots", type=options.int_list("1,5,10,25"),
+                   default=(1, 5, 10, 25),
                    metavar="K,K,...", help="default: 1,5,10,25")
-    p.add_argument("--l2-reg", type=_positive_float, default=2.0 ** 10,
+    p.add_argument("--l2-reg", type=options.positive_float, default=2.0 ** 10,
                    metavar="X", help="ridge penalty (default: 1024)")
     p.add_argument("--seeds", type=positive_int, default=3, metavar="N",
                    help="k-shot draws averaged (default: 3)")
     p.add_argument("--feature", default="pre_logits", metavar="NAME",
                    help="the representation (default: pre_logits)")
-    p.add_argument("--batch-size", type=positive_int, default=64,
-                   metavar="N")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    options.add(p, batch_size={"default": 64}, json=None)
     p.set_defaults(func=run_fewshot)
 
     _register_vtab(subparsers)
@@ -439,14 +387,13 @@ def run_fine_tune(args):
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
     model.keras), or a zoo name with --weights."""
-    from keras_vit.cli import UserError
     from keras_vit.models import resolve_model
 
     if str(args.model).endswith(".keras") or os.path.isdir(args.model):
-        return resolve_model(args.model, argument="MODEL", error=UserError)
+        return resolve_model(args.model, argument="MODEL", error=options.UserError)
     return resolve_model(args.model, weights=args.weights,
                          image_size=args.image_size, num_classes=num_classes,
-                         argument="MODEL", error=UserError)
+                         argument="MODEL", error=options.UserError)
 
 
 def run_evaluate(args):
@@ -470,35 +417,21 @@ def run_evaluate(args):
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
+    return _show(args, result, [
+        f"{args.model} on {source.name}: top-1 accuracy "
+        f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
+        f"({result['num_examples']} images)"])
+
+
+def _show(args, result, lines):
+    """Prints ``result`` (with the model) as JSON under ``--json``, else
+    ``lines``; returns 0."""
     result["model"] = args.model
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"{args.model} on {source.name}: top-1 accuracy "
-              f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
-              f"({result['num_examples']} images)")
+    print(json.dumps(result, indent=2) if args.json else "\n".join(lines))
     return 0
 
 
 # ``keras-vit pretrain``: self-supervised pre-training (keras_vit.train.mpp).
-# Its recipe options, as flag, type, metavar, help.
-_PRETRAIN_RECIPE_OPTIONS = (
-    ("--steps", positive_int, "N", "total optimizer steps (recipe mpp: "
-     "100000; scale --warmup-steps with it)"),
-    ("--batch-size", positive_int, "N", "global batch per optimizer step "
-     "(recipe mpp: 4096)"),
-    ("--micro-batch-size", positive_int, "N", "images per replica per pass "
-     "(gradient accumulation)"),
-    ("--lr", _positive_float, "X", "peak learning rate (recipe mpp: 2e-4)"),
-    ("--warmup-steps", int, "N", "linear warmup steps (recipe mpp: 10000)"),
-    ("--image-size", image_side, "N", "training resolution (recipe: 224)"),
-    ("--precision", str, "P", "auto, float32 or mixed_bfloat16"),
-    ("--checkpoint-every", positive_int, "N", "steps between checkpoints"),
-    ("--seed", int, "N", "seeds the data order, the corruption and new "
-     "weights"),
-)
-
-
 def _register_pretrain(subparsers):
     from keras_vit.train import recipes
 
@@ -522,8 +455,8 @@ def _register_pretrain(subparsers):
                    help="a folder of images (jpg, png, ...; any nested "
                         "layout, sub-folders are not classes), or 'digits', "
                         "'tfds:NAME[:SPLIT]', an .npz (labels ignored)")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="where tfds datasets are prepared (default: tfds')")
+    options.add(p, data_dir="where tfds datasets are prepared (default: "
+                            "tfds')")
     p.add_argument("--target", default="mean_color", metavar="NAME",
                    help=f"one of {', '.join(recipes.MPP_TARGETS)} (default: "
                         "mean_color, 512 classes)")
@@ -533,30 +466,26 @@ def _register_pretrain(subparsers):
     p.add_argument("--recipe", default="mpp", metavar="NAME",
                    help="a recipe name (default: mpp: Adam 2e-4, 10k "
                         "warmup, cosine)")
-    p.add_argument("--weights", "-w", default="none", metavar="W",
-                   help="for a zoo name: 'none' (default, random "
-                        "initialisation) or a weights tag, path or URL")
-    p.add_argument("--out", "-o", metavar="DIR",
-                   help="run directory (default: runs/<model>-<data>-"
-                        "<objective>)")
-    p.add_argument("--restart", action="store_true",
-                   help="delete the run's checkpoints and start again")
-    _add_resume_anyway(p)
-    _add_memory_check(p)
-    for flag, kind, metavar, text in _PRETRAIN_RECIPE_OPTIONS:
-        p.add_argument(flag, type=kind, metavar=metavar, help=text)
-    for flag, metavar, text in (
-            ("--set", "FIELD=VALUE", "any recipe field, e.g. --set "
-                                     "crop_area=none (repeatable)"),
-            ("--model-option", "KEY=VALUE", "a zoo.load keyword, e.g. "
-                                            "num_layers=4 (repeatable)")):
-        p.add_argument(flag, action="append", type=_key_value, default=[],
-                       metavar=metavar, help=text)
+    _add_run_directory(
+        p, "objective", weights={
+            "default": "none", "help": "for a zoo name: 'none' (default, "
+            "random initialisation) or a weights tag, path or URL"},
+        restart="delete the run's checkpoints and start again")
+    options.add(
+        p, steps="total optimizer steps (recipe mpp: 100000; scale "
+                 "--warmup-steps with it)",
+        batch_size="global batch per optimizer step (recipe mpp: 4096)",
+        micro_batch_size="images per replica per pass (gradient "
+                         "accumulation)",
+        lr="peak learning rate (recipe mpp: 2e-4)",
+        warmup_steps="linear warmup steps (recipe mpp: 10000)",
+        image_size="training resolution (recipe: 224)",
+        precision={"type": str, "help": PRECISION_HELP},
+        checkpoint_every="steps between checkpoints",
+        seed="seeds the data order, the corruption and new weights",
+        set="any recipe field, e.g. --set crop_area=none (repeatable)",
+        model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
     _add_runtime_options(p)
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar")
-    p.add_argument("--json", action="store_true",
-                   help="print the final metrics as JSON")
     p.set_defaults(func=run_pretrain, epochs=None, ema=None, download=False)
 
 
@@ -617,19 +546,15 @@ def run_fewshot(args):
     result = fewshot(model, train, test, shots=args.shots,
                      l2_reg=args.l2_reg, num_seeds=args.seeds,
                      feature=args.feature, batch_size=args.batch_size)
-    result["model"] = args.model
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"{args.model}: few-shot linear accuracy on {test.name} "
-              f"({result['num_test']} images, {result['feature_dim']}-d "
-              f"{args.feature} features, l2_reg {args.l2_reg:g}, "
-              f"{args.seeds} draw(s))")
-        for k, acc in result["accuracy"].items():
-            spread = result["per_seed"][k]
-            print(f"  {k:>3}-shot  {acc:.4f}  (min {min(spread):.4f}, "
-                  f"max {max(spread):.4f})")
-    return 0
+    lines = [f"{args.model}: few-shot linear accuracy on {test.name} "
+             f"({result['num_test']} images, {result['feature_dim']}-d "
+             f"{args.feature} features, l2_reg {args.l2_reg:g}, "
+             f"{args.seeds} draw(s))"]
+    for k, acc in result["accuracy"].items():
+        spread = result["per_seed"][k]
+        lines.append(f"  {k:>3}-shot  {acc:.4f}  (min {min(spread):.4f}, "
+                     f"max {max(spread):.4f})")
+    return _show(args, result, lines)
 
 
 def _register_vtab(subparsers):
@@ -652,21 +577,17 @@ def _register_vtab(subparsers):
                    help="tasks or groups, comma-separated (default: all "
                         f"19): {', '.join(vtab.TASKS)}, natural, "
                         "specialized, structured")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="where the tfds datasets are prepared (default: "
-                        "tfds')")
-    p.add_argument("--download", action="store_true",
-                   help="let tfds download and prepare missing datasets "
-                        "(needs the network; two need a manual download)")
-    p.add_argument("--out", "-o", metavar="DIR",
-                   help="results and one run directory per task (default: "
-                        "runs/vtab-<model>)")
+    options.add(p, data_dir="where the tfds datasets are prepared "
+                            "(default: tfds')",
+                download="let tfds download and prepare missing datasets "
+                         "(needs the network; two need a manual download)",
+                out="results and one run directory per task (default: "
+                    "runs/vtab-<model>)")
     p.add_argument("--sweep", action="store_true",
                    help="train on train800, score on val200 (the paper's "
                         "hyper-parameter selection)")
-    p.add_argument("--steps", type=positive_int, metavar="N",
-                   help="optimizer steps per task (default: 2500; the "
-                        "warmup follows at 10%%)")
+    options.add(p, steps="optimizer steps per task (default: 2500; the "
+                         "warmup follows at 10%%)")
     p.add_argument("--train-examples", type=positive_int,
                    default=vtab.TRAIN_EXAMPLES, metavar="N",
                    help="examples of the training part (default: 800)")
@@ -676,31 +597,18 @@ def _register_vtab(subparsers):
     p.add_argument("--test-examples", type=positive_int, metavar="N",
                    help="score on the first N test examples only (default: "
                         "all, as the protocol does)")
-    p.add_argument("--batch-size", type=positive_int, metavar="N",
-                   help="global batch per optimizer step (default: 512)")
-    p.add_argument("--micro-batch-size", type=positive_int, metavar="N",
-                   help="images per replica per pass (gradient "
-                        "accumulation)")
-    p.add_argument("--lr", type=_positive_float, metavar="X",
-                   help="peak learning rate (default: 0.01)")
-    p.add_argument("--warmup-steps", type=int, metavar="N")
-    p.add_argument("--image-size", type=image_side, metavar="N",
-                   help="resolution (default: 384)")
-    p.add_argument("--precision", metavar="P",
-                   help="auto, float32 or mixed_bfloat16")
-    p.add_argument("--seed", type=int, metavar="N")
-    p.add_argument("--weights", "-w", default="auto", metavar="W",
-                   help="for a zoo name: weights tag, path or URL")
-    p.add_argument("--model-option", action="append", type=_key_value,
-                   default=[], metavar="KEY=VALUE",
-                   help="a zoo.load keyword (repeatable)")
+    options.add(
+        p, batch_size="global batch per optimizer step (default: 512)",
+        micro_batch_size="images per replica per pass (gradient "
+                         "accumulation)",
+        lr="peak learning rate (default: 0.01)", warmup_steps=None,
+        image_size="resolution (default: 384)", precision=PRECISION_HELP,
+        seed=None, weights={"default": "auto", "help": WEIGHTS_HELP},
+        model_option="a zoo.load keyword (repeatable)")
     p.add_argument("--keep-models", action="store_true",
                    help="keep each task's checkpoints and model.keras")
-    _add_runtime_options(p)
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress output")
-    p.add_argument("--json", action="store_true",
-                   help="print the scores as JSON instead of a table")
+    _add_runtime_options(p, quiet="no progress output",
+                         json="print the scores as JSON instead of a table")
     p.set_defaults(func=run_vtab, set=[], epochs=None, ema=None,
                    checkpoint_every=None)
 
@@ -734,9 +642,7 @@ def run_vtab(args):
 def build_parser():
     """A stand-alone parser with the three commands (``python -m
     keras_vit.train``)."""
-    from keras_vit.cli import ArgumentParser
-
-    parser = ArgumentParser(
+    parser = options.ArgumentParser(
         prog="python -m keras_vit.train",
         description="Fine-tune, evaluate and few-shot-evaluate keras_vit "
                     "models (the same commands as keras-vit).")
@@ -750,12 +656,4 @@ def build_parser():
 
 def main(argv=None):
     """Runs ``python -m keras_vit.train`` and returns the exit status."""
-    from keras_vit.cli import debug_requested, run_command
-
-    debug, argv = debug_requested(argv)
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 0
-    return run_command(args.func, args, debug or args.traceback)
+    return options.main(build_parser(), argv)

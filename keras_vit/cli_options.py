@@ -1,0 +1,295 @@
+"""What every ``keras-vit`` command shares: argument types, the options
+more than one command takes, the parser with one-line usage errors, and
+how a failure is printed (one ``keras-vit: error: ...`` line and an exit
+status, or the traceback with ``--debug``/``--traceback``).
+
+The command line of each component (keras_vit.cli, keras_vit.train.cli,
+keras_vit.export.cli, keras_vit.analysis.cli) builds its options from here.
+Nothing here imports Keras: ``keras-vit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+PROG = "keras-vit"
+
+
+class UserError(Exception):
+    """A problem with the command line or its files (printed, exit 2)."""
+
+
+# --------------------------------------------------------------------------
+# argument types
+
+
+def _number(text, cast, noun):
+    try:
+        return cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {noun}, got {text!r}") from None
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (shared by every component's commands)."""
+    value = _number(text, int, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def image_side(text):
+    """argparse type of ``--image-size``: an integer in [1,
+    MAX_IMAGE_SIDE]."""
+    from keras_vit.errors import MAX_IMAGE_SIDE
+
+    value = positive_int(text)
+    if value > MAX_IMAGE_SIDE:
+        raise argparse.ArgumentTypeError(
+            f"must be <= {MAX_IMAGE_SIDE} pixels, got {value}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a number > 0."""
+    value = _number(text, float, "a number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def int_list(example=None, kind=tuple):
+    """argparse type: comma-separated integers >= 1, as a ``kind`` (tuple
+    or list); the errors quote ``example`` (``"1,5,10,25"``) when given.
+
+    >>> int_list()("4, 1")
+    (4, 1)
+    """
+    def parse(text):
+        like = f" like {example}" if example else ""
+        try:
+            values = kind(int(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected integers{like or ' separated by commas'}, got "
+                f"{text!r}") from None
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected positive integers{like}, got {text!r}")
+        return values
+
+    return parse
+
+
+def name_list(text):
+    """argparse type: comma-separated names (``logits,probabilities``)."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def key_value(text):
+    """argparse type of ``--set`` / ``--model-option``: ``KEY=VALUE`` as
+    ``(key, value)``, dashes in the key read as underscores."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE, got {text!r}")
+    return key.strip().replace("-", "_"), value.strip()
+
+
+# --------------------------------------------------------------------------
+# options more than one command takes
+
+
+# name: (flags, argparse keywords). A command adds them with add(), giving
+# its own help text (and default) where they differ.
+OPTIONS = {
+    "data_dir": (("--data-dir",), {"metavar": "DIR"}),
+    "download": (("--download",), {"action": "store_true"}),
+    "weights": (("--weights", "-w"), {"metavar": "W"}),
+    "out": (("--out", "-o"), {"metavar": "DIR"}),
+    "restart": (("--restart",), {"action": "store_true"}),
+    "steps": (("--steps",), {"type": positive_int, "metavar": "N"}),
+    "epochs": (("--epochs",), {"type": positive_float, "metavar": "N"}),
+    "batch_size": (("--batch-size",), {"type": positive_int,
+                                       "metavar": "N"}),
+    "micro_batch_size": (("--micro-batch-size",), {"type": positive_int,
+                                                   "metavar": "N"}),
+    "lr": (("--lr",), {"type": positive_float, "metavar": "X"}),
+    "warmup_steps": (("--warmup-steps",), {"type": int, "metavar": "N"}),
+    "image_size": (("--image-size",), {"type": image_side, "metavar": "N"}),
+    "num_classes": (("--num-classes",), {"type": positive_int,
+                                         "metavar": "N"}),
+    "ema": (("--ema",), {"type": float, "metavar": "DECAY"}),
+    "precision": (("--precision",), {"metavar": "P"}),
+    "checkpoint_every": (("--checkpoint-every",), {"type": positive_int,
+                                                   "metavar": "N"}),
+    "seed": (("--seed",), {"type": int, "metavar": "N"}),
+    "set": (("--set",), {"action": "append", "type": key_value,
+                         "default": [], "metavar": "FIELD=VALUE"}),
+    "model_option": (("--model-option",), {"action": "append",
+                                           "type": key_value, "default": [],
+                                           "metavar": "KEY=VALUE"}),
+    "quiet": (("--quiet", "-q"), {"action": "store_true"}),
+    "json": (("--json",), {"action": "store_true", "help": "print JSON"}),
+}
+
+
+def add(parser, **options):
+    """Adds the shared options named by keyword (``image_size=...``), in
+    that order, each given its help text (a str), argparse keywords that
+    override the shared ones (a dict), or ``None`` (no help, or the shared
+    one).
+
+    >>> p = argparse.ArgumentParser()
+    >>> add(p, image_size="input resolution", batch_size={"default": 8})
+    >>> p.parse_args(["--image-size", "32"])
+    Namespace(image_size=32, batch_size=8)
+    """
+    for name, spec in options.items():
+        flags, keywords = OPTIONS[name]
+        if isinstance(spec, str):
+            spec = {"help": spec}
+        parser.add_argument(*flags, **{**keywords, **(spec or {})})
+
+
+# --------------------------------------------------------------------------
+# the parser
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (no usage block) that suggest
+    the nearest valid command, choice or option; exit status 2. Every
+    component's sub-commands are built by it (``add_subparsers`` passes
+    the class on)."""
+
+    def error(self, message):
+        message = _suggest(self, message)
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` "
+                     "shows the usage)\n")
+
+
+def _option_strings(parser):
+    """Every option string of ``parser`` and of its sub-commands."""
+    found = set()
+    for action in parser._actions:  # noqa: SLF001 - argparse has no API
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        for sub in (getattr(action, "choices", None) or {}).values() if (
+                isinstance(action, argparse._SubParsersAction)) else ():
+            found |= _option_strings(sub)
+    return found
+
+
+def _suggest(parser, message):
+    from keras_vit.errors import did_you_mean
+
+    bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
+                    message)
+    if bad:
+        choices = re.findall(r"'([^']*)'", bad.group(2))
+        return f"{message}.{did_you_mean(bad.group(1), choices)}"
+    bad = re.search(r"unrecognized arguments: (.*)", message)
+    if bad:
+        options = sorted(_option_strings(parser))
+        for token in bad.group(1).split():
+            hint = did_you_mean(token.split("=")[0], options) if (
+                token.startswith("--")) else ""
+            if hint:
+                return f"{message}.{hint}"
+    return message
+
+
+# --------------------------------------------------------------------------
+# running a command
+
+
+def _is_user_error(exc):
+    # ValueError covers UnknownModelError and CheckpointError; OSError covers
+    # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
+    # DownloadError / OfflineError.
+    from keras_vit.errors import MissingDependencyError
+
+    return isinstance(exc, (UserError, ValueError, OSError,
+                            MissingDependencyError))
+
+
+def one_line(exc, limit=600):
+    """``exc``'s message on one line, cut at ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if len(text) > limit:  # e.g. a checkpoint that mismatches in 200 arrays
+        text = text[:limit].rstrip() + " ... (--debug shows it all)"
+    return text
+
+
+def _is_out_of_memory(exc):
+    return isinstance(exc, MemoryError) or (
+        type(exc).__name__ == "ResourceExhaustedError"
+        or " OOM " in f" {exc} ")
+
+
+def run_command(func, args, debug=False):
+    """Runs a subcommand: its exit status, or one line on stderr instead
+    of a traceback (``debug`` re-raises): 2 for bad input (arguments,
+    files, missing packages), 1 for any other failure, 130 for Ctrl-C."""
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - triaged just below
+        if debug:
+            raise
+        from keras_vit.errors import missing_dependency
+
+        # An optional package missing where no require() was in the way.
+        e = missing_dependency(e) or e
+        if _is_out_of_memory(e):
+            print(f"{PROG}: error: out of memory ({type(e).__name__}). "
+                  "Lower --batch-size, or keep it and set --micro-batch-size "
+                  "(gradient accumulation, same result), or lower "
+                  "--image-size; --debug shows the traceback",
+                  file=sys.stderr)
+            return 1
+        if _is_user_error(e):
+            print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        print(f"{PROG}: error: {type(e).__name__}: {one_line(e)} (an "
+              "unexpected failure; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def failed(args, error):
+    """A command's own failure (an export that does not verify): one line
+    and exit status 1, or the traceback with ``--traceback``."""
+    if getattr(args, "traceback", False):
+        raise error
+    text = " ".join(str(error).split())
+    print(f"{PROG}: error: {text[:2000]}", file=sys.stderr)
+    return 1
+
+
+def debug_requested(argv):
+    """``--debug`` (or ``--traceback``) anywhere on the command line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return any(a in ("--debug", "--traceback") for a in argv), [
+        a for a in argv if a not in ("--debug", "--traceback")]
+
+
+def main(parser, argv=None, prepare=None):
+    """Parses ``argv`` (default: ``sys.argv[1:]``) with ``parser`` and runs
+    the command it names (``args.func``); returns the exit status.
+    ``prepare(args)`` runs once the arguments have parsed, before the
+    command (the imports a command needs: parse errors come first)."""
+    debug, argv = debug_requested(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None
+                                                        else 2)
+    if prepare is not None:
+        prepare(args)
+    return run_command(args.func, args,
+                       debug or getattr(args, "traceback", False))
