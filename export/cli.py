@@ -20,11 +20,8 @@ from keras_vit.cli_options import name_list, positive_int
 def register(subparsers):
     """Adds ``export`` and ``benchmark`` to ``subparsers`` (the object
     returned by ``parser.add_subparsers()``)."""
-    p = subparsers.add_parser(
-        "export", help="SavedModel / TFLite / ONNX, verified against Keras",
-        description="Exports MODEL, runs the artifact in its runtime at two "
-                    "batch sizes, compares it with Keras and writes it with "
-                    "a JSON report only if it matches.")
+    p = options.command(subparsers, "export", run_export,
+                        help="SavedModel / TFLite / ONNX, verified against Keras")
     p.add_argument("model", metavar="MODEL",
                    help="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--format", "-f", required=True,
@@ -51,14 +48,9 @@ def register(subparsers):
                    default=[4, 1],
                    metavar="B,B", help="verification batch sizes "
                                        "(default: 4,1)")
-    p.set_defaults(func=run_export)
 
-    p = subparsers.add_parser(
-        "benchmark", help="images/s in keras, xla, onnx and tflite",
-        description="Times MODEL in each runtime (median of --runs after a "
-                    "warm-up run) and prints a markdown table with the peak "
-                    "memory; adds bf16 rows when the CPU has bf16 "
-                    "instructions.")
+    p = options.command(subparsers, "benchmark", run_benchmark,
+                        help="images/s in keras, xla, onnx and tflite")
     p.add_argument("model", metavar="MODEL",
                    help="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--runtimes", type=name_list,
@@ -75,7 +67,6 @@ def register(subparsers):
                         "their values)")
     p.add_argument("--no-bf16", action="store_true",
                    help="skip the bf16 rows")
-    p.set_defaults(func=run_benchmark)
 
 
 def _load_model(args, default_weights="auto"):
@@ -103,7 +94,9 @@ def _load_model(args, default_weights="auto"):
 
 
 def run_export(args):
-    """``keras-vit export``; returns the exit status."""
+    """Exports MODEL, runs the artifact in its runtime at two batch sizes,
+    compares it with Keras and writes it with a JSON report only if it
+    matches."""
     from keras_vit import export
 
     if args.format == "saved_model" and args.quantization != "float32":
@@ -149,7 +142,9 @@ def run_export(args):
 
 
 def run_benchmark(args):
-    """``keras-vit benchmark``; returns the exit status."""
+    """Times MODEL in each runtime (median of --runs after a warm-up run)
+    and prints a markdown table with the peak memory; adds bf16 rows when
+    the CPU has bf16 instructions."""
     from keras_vit import export
     from keras_vit.export import benchmark
 

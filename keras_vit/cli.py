@@ -132,6 +132,9 @@ def _grid_text(tokens):
 
 
 def _cmd_convert(args):
+    """Builds MODEL, loads the checkpoint (resizing position embeddings to
+    --image-size, replacing the head for another --num-classes) and saves a
+    .keras file."""
     from keras_vit import zoo
     from keras_vit.models import variants
 
@@ -353,6 +356,8 @@ def _read_image(path):
 
 
 def _cmd_predict(args):
+    """Top-K classes of each image. Images are resized (bilinear, no crop)
+    and scaled to [-1, 1], as in the official evaluation."""
     import numpy as np
 
     from keras_vit import zoo
@@ -443,6 +448,8 @@ def _cmd_predict(args):
 
 
 def _cmd_demo(args):
+    """Trains, saves, reloads, exports the official layout and fine-tunes at
+    another resolution; all offline."""
     from keras_vit import demo
 
     result = demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
@@ -488,11 +495,8 @@ def build_parser():
     options.add(p, json=None)
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser(
-        "convert", help="official .npz checkpoint -> .keras model",
-        description="Builds MODEL, loads the checkpoint (resizing position "
-                    "embeddings to --image-size, replacing the head for "
-                    "another --num-classes) and saves a .keras file.")
+    p = options.command(sub, "convert", _cmd_convert,
+                        help="official .npz checkpoint -> .keras model")
     p.add_argument("checkpoint", metavar="CHECKPOINT",
                    help="a local .npz, or a weights tag / URL of MODEL "
                         "(downloaded to the cache)")
@@ -501,13 +505,9 @@ def build_parser():
     options.add(p, image_size="input resolution (default: the checkpoint's)",
                 num_classes="head size (default: the checkpoint's)")
     p.add_argument("--output", "-o", required=True, metavar="OUT.keras")
-    p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser(
-        "predict", help="classify images",
-        description="Top-K classes of each image. Images are resized "
-                    "(bilinear, no crop) and scaled to [-1, 1], as in the "
-                    "official evaluation.")
+    p = options.command(sub, "predict", _cmd_predict,
+                        help="classify images")
     p.add_argument("model", metavar="NAME",
                    help="a model name (e.g. ViT-B/16), a .keras file, or "
                         "timm weights: hf-hub:<repo>, a repository folder, "
@@ -519,12 +519,9 @@ def build_parser():
     p.add_argument("--top", "-k", type=positive_int, default=5, metavar="K",
                    help="classes to show per image (default: 5)")
     options.add(p, json=None)
-    p.set_defaults(func=_cmd_predict)
 
-    p = sub.add_parser(
-        "demo", help="train a tiny ViT on scikit-learn digits (offline)",
-        description="Trains, saves, reloads, exports the official layout and "
-                    "fine-tunes at another resolution; all offline.")
+    p = options.command(sub, "demo", _cmd_demo,
+                        help="train a tiny ViT on scikit-learn digits (offline)")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: ./keras_vit_demo)")
     p.add_argument("--epochs", type=positive_int,
@@ -532,7 +529,6 @@ def build_parser():
                    help=f"training epochs (default: {demo.DEFAULT_EPOCHS})")
     p.add_argument("--quick", action="store_true",
                    help="a small subset and 2 epochs (a smoke test)")
-    p.set_defaults(func=_cmd_demo)
 
     # The other components add their own commands (inspect, export,
     # benchmark, fine-tune, ...), each through a ``register(subparsers)``.

@@ -293,3 +293,12 @@ def main(parser, argv=None, prepare=None):
         prepare(args)
     return run_command(args.func, args,
                        debug or getattr(args, "traceback", False))
+
+
+def command(subparsers, name, func, help):
+    """Adds the sub-command ``name`` that runs ``func(args)``; ``help`` is
+    its line in ``keras-vit --help`` and ``func``'s docstring its
+    description. Returns its parser."""
+    parser = subparsers.add_parser(name, help=help, description=func.__doc__)
+    parser.set_defaults(func=func)
+    return parser

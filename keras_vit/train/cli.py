@@ -198,14 +198,9 @@ def register(subparsers):
     (the object ``ArgumentParser.add_subparsers`` returns)."""
     from keras_vit.train import recipes
 
-    p = subparsers.add_parser(
-        "fine-tune", help="fine-tune (or train) a model with the paper's "
-                          "recipe; resumable",
-        description="Fine-tunes MODEL on --data with a recipe (SGD momentum, "
-                    "cosine decay, clipping, zero-initialised head, position "
-                    "embeddings resized to the recipe's resolution) under a "
-                    "tf.distribute strategy. Checkpoints go to --out; the "
-                    "same command resumes a killed run.")
+    p = options.command(subparsers, "fine-tune", run_fine_tune,
+                        help="fine-tune (or train) a model with the "
+                             "paper's recipe; resumable")
     p.add_argument("model", metavar="MODEL",
                    help="a zoo name (ViT-B/16, ViT-Ti/4, ...) or a .keras "
                         "file")
@@ -242,12 +237,9 @@ def register(subparsers):
         model_option="a zoo.load keyword for a zoo name, e.g. num_layers=4 "
                      "(repeatable)")
     _add_runtime_options(p)
-    p.set_defaults(func=run_fine_tune)
 
-    p = subparsers.add_parser(
-        "evaluate", help="top-1 accuracy of a model on labelled data",
-        description="Evaluates MODEL (a .keras file, a fine-tune run "
-                    "directory, or a zoo name with --weights) on --data.")
+    p = options.command(subparsers, "evaluate", run_evaluate,
+                        help="top-1 accuracy of a model on labelled data")
     p.add_argument("model", metavar="MODEL",
                    help="a .keras file, a run directory, or a zoo name")
     _add_data_options(p, "evaluation data (a tfds spec without a split "
@@ -255,13 +247,9 @@ def register(subparsers):
     options.add(p, weights={"default": "auto", "help": WEIGHTS_HELP},
                 image_size=None, batch_size={"default": 64})
     _add_runtime_options(p, quiet=False, json="print JSON")
-    p.set_defaults(func=run_evaluate)
 
-    p = subparsers.add_parser(
-        "fewshot", help="k-shot linear evaluation of frozen features",
-        description="The paper's few-shot linear evaluation: pre-logits "
-                    "features, regularised least squares to {-1,1} targets "
-                    "in closed form, accuracy for k images per class.")
+    p = options.command(subparsers, "fewshot", run_fewshot,
+                        help="k-shot linear evaluation of frozen features")
     p.add_argument("model", metavar="MODEL",
                    help="a .keras file, a run directory, or a zoo name")
     _add_data_options(p, "data the k-shot sets are drawn from")
@@ -279,7 +267,6 @@ def register(subparsers):
     p.add_argument("--feature", default="pre_logits", metavar="NAME",
                    help="the representation (default: pre_logits)")
     options.add(p, batch_size={"default": 64}, json=None)
-    p.set_defaults(func=run_fewshot)
 
     _register_vtab(subparsers)
 
@@ -342,7 +329,10 @@ def _check_settings(args):
 
 
 def run_fine_tune(args):
-    """``keras-vit fine-tune``: returns the exit status."""
+    """Fine-tunes MODEL on --data with a recipe (SGD momentum, cosine decay,
+    clipping, zero-initialised head, position embeddings resized to the
+    recipe's resolution) under a tf.distribute strategy. Checkpoints go to
+    --out; the same command resumes a killed run."""
     _check_settings(args)
     _configure_devices(args)
     from keras_vit.train import data as data_lib
@@ -397,7 +387,8 @@ def _load_model(args, num_classes=None):
 
 
 def run_evaluate(args):
-    """``keras-vit evaluate``: returns the exit status."""
+    """Evaluates MODEL (a .keras file, a fine-tune run directory, or a zoo
+    name with --weights) on --data."""
     _configure_devices(args)
     import contextlib
 
@@ -435,16 +426,9 @@ def _show(args, result, lines):
 def _register_pretrain(subparsers):
     from keras_vit.train import recipes
 
-    p = subparsers.add_parser(
-        "pretrain", help="self-supervised pre-training on unlabelled images "
-                         "(masked patch prediction); resumable",
-        description="Pre-trains MODEL on unlabelled images by masked patch "
-                    "prediction (paper Appendix B.1.2): 50% of the patch "
-                    "embeddings corrupted (80% [mask], 10% another patch, "
-                    "10% unchanged), each corrupted patch's 3-bit mean "
-                    "colour predicted. Checkpoints go to --out; the same "
-                    "command resumes. Fine-tune the result with `keras-vit "
-                    "fine-tune OUT/model.keras --data LABELLED`.")
+    p = options.command(subparsers, "pretrain", run_pretrain,
+                        help="self-supervised pre-training on unlabelled "
+                             "images (masked patch prediction); resumable")
     p.add_argument("model", metavar="MODEL",
                    help="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
                         ".keras file (a ViT, or a pretrain result to "
@@ -486,11 +470,16 @@ def _register_pretrain(subparsers):
         set="any recipe field, e.g. --set crop_area=none (repeatable)",
         model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
     _add_runtime_options(p)
-    p.set_defaults(func=run_pretrain, epochs=None, ema=None, download=False)
+    p.set_defaults(epochs=None, ema=None, download=False)
 
 
 def run_pretrain(args):
-    """``keras-vit pretrain``: returns the exit status."""
+    """Pre-trains MODEL on unlabelled images by masked patch prediction
+    (paper Appendix B.1.2): 50% of the patch embeddings corrupted (80%
+    [mask], 10% another patch, 10% unchanged), each corrupted patch's 3-bit
+    mean colour predicted. Checkpoints go to --out; the same command
+    resumes. Fine-tune the result with `keras-vit fine-tune OUT/model.keras
+    --data LABELLED`."""
     from keras_vit.train import mpp
 
     objective = mpp.check_objective(args.objective)
@@ -523,7 +512,9 @@ def run_pretrain(args):
 
 
 def run_fewshot(args):
-    """``keras-vit fewshot``: returns the exit status."""
+    """The paper's few-shot linear evaluation: pre-logits features,
+    regularised least squares to {-1,1} targets in closed form, accuracy for
+    k images per class."""
     from keras_vit.errors import check_int
     from keras_vit.train import data as data_lib
     from keras_vit.train.few_shot import MAX_SEEDS, fewshot
@@ -560,17 +551,8 @@ def run_fewshot(args):
 def _register_vtab(subparsers):
     from keras_vit.train import vtab
 
-    p = subparsers.add_parser(
-        "vtab", help="fine-tune and score a model on the 19 VTAB-1k tasks",
-        description="The paper's VTAB-1k protocol (section 4.1, Appendix "
-                    "B.1.1, Table 9): per task, fine-tune on 800 training + "
-                    "200 validation examples (SGD, lr 0.01, 2500 steps, "
-                    "resolution 384) and score top-1 on the test part; "
-                    "scores per task, per group (Natural, Specialized, "
-                    "Structured) and the mean go to OUT/vtab.json and "
-                    "OUT/vtab.md. The data is read with tensorflow-datasets "
-                    "and must be prepared (`tfds build NAME`) unless "
-                    "--download is given.")
+    p = options.command(subparsers, "vtab", run_vtab,
+                        help="fine-tune and score a model on the 19 VTAB-1k tasks")
     p.add_argument("model", metavar="MODEL",
                    help="a zoo name (ViT-B/16, ...) or a .keras file")
     p.add_argument("--tasks", metavar="T,T,...",
@@ -609,12 +591,17 @@ def _register_vtab(subparsers):
                    help="keep each task's checkpoints and model.keras")
     _add_runtime_options(p, quiet="no progress output",
                          json="print the scores as JSON instead of a table")
-    p.set_defaults(func=run_vtab, set=[], epochs=None, ema=None,
-                   checkpoint_every=None)
+    p.set_defaults(set=[], epochs=None, ema=None, checkpoint_every=None)
 
 
 def run_vtab(args):
-    """``keras-vit vtab``: returns the exit status."""
+    """The paper's VTAB-1k protocol (section 4.1, Appendix B.1.1, Table 9):
+    per task, fine-tune on 800 training + 200 validation examples (SGD, lr
+    0.01, 2500 steps, resolution 384) and score top-1 on the test part;
+    scores per task, per group (Natural, Specialized, Structured) and the
+    mean go to OUT/vtab.json and OUT/vtab.md. The data is read with
+    tensorflow-datasets and must be prepared (`tfds build NAME`) unless
+    --download is given."""
     _configure_devices(args)
     from keras_vit.train import vtab
 
