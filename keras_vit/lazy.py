@@ -66,12 +66,19 @@ def names_of(modules):
             for name in names}
 
 
+# The modules ``python -m`` runs as the ``keras-vit`` command.
+COMMAND_MODULES = ("keras_vit.cli", "keras_vit.train", "keras_vit.train.cli",
+                   "keras_vit.analysis.cli", "keras_vit.export.cli")
+
+
 def is_command_line():
     """Whether this process is the ``keras-vit`` command (the console
     script or ``python -m keras_vit...``)."""
     argv = getattr(sys, "orig_argv", sys.argv)
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    as_module = any(a == "-m" and b.startswith("keras_vit")
+    # Only the command-line modules: the package's own worker processes
+    # (``python -m keras_vit.export._tf_worker``) load models as a library.
+    as_module = any(a == "-m" and b in COMMAND_MODULES
                     for a, b in zip(argv, argv[1:]))
     return script in ("keras-vit", "keras-vit.exe") or as_module
 

@@ -176,3 +176,21 @@ def test_the_startup_benchmark_prints_its_table(tmp_path):
          "--runs", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--runs must be in 1..100, got 0" in (
         proc.stderr)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["keras-vit", "list"], True),
+    (["python", "-m", "keras_vit.cli", "list"], True),
+    (["python", "-m", "keras_vit.train", "fine-tune"], True),
+    # The package's own worker loads .keras files: it must register the
+    # classes like any library user (the jax/torch export path broke).
+    (["python", "-m", "keras_vit.export._tf_worker"], False),
+    (["python", "script.py"], False),
+])
+def test_only_the_command_modules_start_lazily(monkeypatch, argv, expected):
+    from keras_vit import lazy
+
+    monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
+    monkeypatch.setattr(sys, "argv", [argv[0] if argv[1] != "-m" else "-m",
+                                      *argv[1:]])
+    assert lazy.is_command_line() is expected
