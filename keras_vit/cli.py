@@ -19,6 +19,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_vit import cli_options as options  # noqa: E402
+from keras_vit import lazy  # noqa: E402
 # The shared helpers, under the names the other components used to import
 # from here.
 from keras_vit.cli_options import (  # noqa: E402, F401
@@ -554,21 +555,9 @@ def main(argv=None) -> int:
 
 
 def _prepare(args):
+    # list and info read the registry: no Keras.
     if args.func not in (_cmd_list, _cmd_info):
-        load_keras_classes()
-
-
-def load_keras_classes():
-    """Imports Keras and every class the package registers with it, as a
-    library ``import keras_vit`` does. The command skips that at start-up
-    (``--help``, ``list`` and ``info`` need no Keras); every other command
-    calls this once its arguments have parsed, before it loads a file."""
-    from keras_vit import lazy
-
-    lazy.import_models()
-    # The training classes a saved run may hold (schedules, MPP models).
-    importlib.import_module("keras_vit.train.engine")
-    importlib.import_module("keras_vit.train.mpp")
+        lazy.load_keras_classes()
 
 
 if __name__ == "__main__":

@@ -282,15 +282,21 @@ def main(parser, argv=None, prepare=None):
     """Parses ``argv`` (default: ``sys.argv[1:]``) with ``parser`` and runs
     the command it names (``args.func``); returns the exit status.
     ``prepare(args)`` runs once the arguments have parsed, before the
-    command (the imports a command needs: parse errors come first)."""
+    command (the imports a command needs: parse errors come first); by
+    default it imports Keras and registers every class of the package
+    (:func:`keras_vit.lazy.load_keras_classes`), which the command line
+    skips at start-up."""
     debug, argv = debug_requested(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
-    if prepare is not None:
-        prepare(args)
+    if prepare is None:
+        from keras_vit import lazy
+
+        prepare = lazy.load_keras_classes
+    prepare(args)
     return run_command(args.func, args,
                        debug or getattr(args, "traceback", False))
 

@@ -112,3 +112,16 @@ def import_models():
               file=sys.stderr)
         raise SystemExit(2) from None
     return models
+
+
+def load_keras_classes(args=None):
+    """Imports Keras and every class the package registers with it, as a
+    library ``import keras_vit`` does, plus the training classes a saved
+    run may hold (the MPP model). The command skips that at start-up
+    (``--help``, ``list`` and ``info`` need no Keras); every other command
+    calls this once its arguments have parsed, before it loads a file.
+    (``args``, the parsed arguments, is not used: it makes this a
+    ``prepare`` hook of :func:`keras_vit.cli_options.main`.)"""
+    import_models()
+    importlib.import_module("keras_vit.train.engine")
+    importlib.import_module("keras_vit.train.mpp")
