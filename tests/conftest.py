@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 # The Keras backend under test. Keras reads KERAS_BACKEND once, at its first
 # import, so the choice is made here (conftest loads before any test module).
 # With no choice ("all"), this process runs the whole suite on TensorFlow and
-# then re-runs the same command once per other backend in a child pytest,
+# then re-runs the same command once per other backend in child pytests
+# (the two at once),
 # where only the tests marked `backends` are collected: models, zoo,
 # analysis, training, export and the timm parity run everywhere; what is
 # TensorFlow's own (tf.distribute, SavedModel internals) runs once.
@@ -136,9 +137,10 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import importlib.util
     import subprocess
+    import tempfile
 
     args = _child_args(list(config.invocation_params.args))
-    failed = []
+    failed, children = [], []
     for backend in BACKENDS[1:]:
         if importlib.util.find_spec(backend) is None:
             # Not a skip: the dev extras install both backends, so a missing
@@ -148,14 +150,34 @@ def pytest_sessionfinish(session, exitstatus):
             failed.append(f"{backend} (not installed)")
             continue
         env = dict(os.environ, KERAS_BACKEND=backend)
-        print(f"\n===== backend {backend}: tests marked `backends` =====",
-              flush=True)
-        code = subprocess.call(
+        print(f"\n===== backend {backend}: tests marked `backends` "
+              "(started) =====", flush=True)
+        # Both children at once, each with its own workers: one's long
+        # last file (or its start-up) overlaps the other's tests, where
+        # one after the other left a core idle at each end. Their output
+        # is kept apart in files and printed whole, in order, at the end.
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "--backend", backend, *args],
-            env=env, cwd=str(config.invocation_params.dir))
-        # 5: nothing selected for this backend (a TensorFlow-only file).
-        if code not in (0, 5):
-            failed.append(f"{backend} (exit {code})")
+            env=env, cwd=str(config.invocation_params.dir), stdout=log,
+            stderr=subprocess.STDOUT, text=True)
+        children.append((backend, proc, log))
+    try:
+        for backend, proc, log in children:
+            code = proc.wait()
+            log.seek(0)
+            print(f"\n===== backend {backend}: tests marked `backends` "
+                  "=====", flush=True)
+            print(log.read(), end="", flush=True)
+            # 5: nothing selected for this backend (a TensorFlow-only file).
+            if code not in (0, 5):
+                failed.append(f"{backend} (exit {code})")
+    finally:  # interrupted: no child left running
+        for _, proc, log in children:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
     if failed:
         print(f"\nbackend runs failed: {', '.join(failed)}", flush=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
