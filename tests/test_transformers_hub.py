@@ -289,3 +289,82 @@ def test_preprocessor_other_than_the_official_range_is_refused(
     model = zoo.load(str(folder))
     np.testing.assert_allclose(np.asarray(model(_images())), expected,
                                atol=1e-5, rtol=0)
+
+
+# -- writing: keras_vit -> transformers ---------------------------------------
+
+def _keras_classifier(gelu="exact", seed=3):
+    import keras_vit
+
+    model = keras_vit.vit(image_size=SIZE, patch_size=8, hidden_size=32,
+                          num_layers=2, num_heads=2, mlp_dim=64,
+                          num_classes=3, gelu=gelu, layer_norm_epsilon=1e-6)
+    rng = np.random.default_rng(seed)
+    for w in model.weights:  # every weight random, the zero head too
+        w.assign(rng.normal(0, 0.2, w.shape).astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize("gelu", ["exact", "tanh"])
+def test_save_pretrained_transformers_loads_in_transformers(tmp_path, gelu):
+    model = _keras_classifier(gelu)
+    out = zoo.save_pretrained(model, tmp_path / "hf", layout="transformers",
+                              labels=["tabby", "tiger cat", "lynx"])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["id2label"] == {"0": "tabby", "1": "tiger cat",
+                                  "2": "lynx"}
+    loaded, info = transformers.ViTForImageClassification.from_pretrained(
+        out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                     "mismatched_keys")), info
+    with torch.no_grad():
+        theirs = loaded.eval()(
+            pixel_values=_torch_input(_images())).logits.numpy()
+    ours = np.asarray(model(_images()))
+    np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=1e-5)
+    assert np.abs(ours).max() > 0.1  # the logits say something
+    # And back: zoo.load reads the folder, labels and numerics included.
+    back = zoo.load(str(tmp_path / "hf"))
+    np.testing.assert_allclose(np.asarray(back(_images())), ours,
+                               atol=1e-5, rtol=1e-5)
+    assert list(back.zoo_labels) == ["tabby", "tiger cat", "lynx"]
+
+
+def test_transformers_round_trip_keeps_their_numbers(classifier_repo,
+                                                     tmp_path):
+    """transformers -> keras_vit -> transformers: the same tensors."""
+    from safetensors.numpy import load_file
+
+    path, expected = classifier_repo
+    model = zoo.load(str(path))
+    zoo.save_pretrained(model, tmp_path / "again", layout="transformers")
+    before = load_file(str(path / "model.safetensors"))
+    after = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert set(after) == set(before)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["layer_norm_eps"] == 1e-12 and config["hidden_act"] == "gelu"
+    assert config["id2label"]["1"] == "tiger cat"
+
+
+def test_models_transformers_cannot_hold_are_refused(tmp_path):
+    import keras_vit
+
+    kw = dict(image_size=SIZE, patch_size=8, hidden_size=32, num_layers=2,
+              num_heads=2, mlp_dim=64, num_classes=3)
+    cases = [
+        (keras_vit.vit(classifier="gap", **kw), "classifier='gap'"),
+        (keras_vit.vit(representation_size=16, **kw), "pre_logits"),
+        (keras_vit.vit(position_embedding="sincos_2d", **kw),
+         "position embedding"),
+    ]
+    for model, reason in cases:
+        with pytest.raises(ValueError, match=reason):
+            zoo.save_pretrained(model, tmp_path / "x", layout="transformers")
+    assert not (tmp_path / "x" / "config.json").exists()
+    with pytest.raises(ValueError, match="layout.*'onnx'"):
+        zoo.save_pretrained(cases[0][0], tmp_path / "y", layout="onnx")
+    with pytest.raises(ValueError, match="2 names for a head of 3"):
+        zoo.save_pretrained(_keras_classifier(), tmp_path / "z",
+                            layout="transformers", labels=["a", "b"])

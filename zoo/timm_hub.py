@@ -717,12 +717,26 @@ def _timm_architecture(model):
     return f"vit_{size}_patch{model.patch_size}_224"
 
 
-def save_pretrained(model, directory, labels=None):
+LAYOUTS = ("timm", "transformers")
+
+
+def save_pretrained(model, directory, labels=None, *, layout="timm"):
     """Writes ``model`` as a timm Hub repository: ``config.json`` and
     ``model.safetensors``, loadable with ``timm.create_model(arch,
     pretrained=True, pretrained_cfg_overlay=dict(file=...))`` or uploadable
     with ``huggingface_hub.upload_folder``. Returns ``directory``.
-    The model should use ``gelu="exact"`` to compute what timm computes."""
+    The model should use ``gelu="exact"`` to compute what timm computes.
+
+    ``layout="transformers"`` writes what Hugging Face transformers'
+    ``ViTForImageClassification.from_pretrained(directory)`` loads instead
+    (:func:`keras_vit.zoo.transformers_hub.save_pretrained`)."""
+    from keras_vit.errors import check_choice
+
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "transformers":
+        from keras_vit.zoo import transformers_hub
+
+        return transformers_hub.save_pretrained(model, directory, labels)
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch = _timm_architecture(model)

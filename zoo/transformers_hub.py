@@ -25,6 +25,10 @@ transformers' ``pooler_output``.
 The file's tensor names and shapes are checked against the config before
 anything is allocated: missing, unexpected and mis-shaped tensors are
 listed together in one error naming the file.
+
+:func:`save_pretrained` writes the reverse (``zoo.save_pretrained(model,
+dir, layout="transformers")``): a folder transformers'
+``ViTForImageClassification.from_pretrained`` loads.
 """
 
 from __future__ import annotations
@@ -643,3 +647,162 @@ def load(source, name=None, image_size=None, num_classes=None, *,
                         and len(labels) == num_classes else None)
     model.zoo_source = os.fspath(source)
     return model
+
+
+# -- writing ------------------------------------------------------------------
+
+# keras_vit's GELU forms -> transformers' hidden_act.
+HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
+
+
+def _writable(model):
+    """The reason transformers' ViTForImageClassification cannot hold
+    ``model``, or None."""
+    config = model.get_config() if hasattr(model, "get_config") else None
+    if not isinstance(config, dict) or "hidden_size" not in config or (
+            "num_heads" not in config):
+        return f"{type(model).__name__} is not a keras_vit VisionTransformer"
+    checks = (
+        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
+        (config.get("classifier") != "token",
+         f"classifier={config.get('classifier')!r} (transformers pools the "
+         "class token)"),
+        (not config.get("include_top", True),
+         "no head (include_top=False)"),
+        (config.get("representation_size") is not None,
+         "a pre_logits layer before the head (representation_size="
+         f"{config.get('representation_size')})"),
+        (config.get("position_embedding", "learned_1d") != "learned_1d"
+         or config.get("position_embedding_placement", "stem") != "stem",
+         "a position embedding other than the learned 1-D table at the "
+         "stem"),
+        (config.get("gelu", "tanh") not in HIDDEN_ACTS,
+         f"gelu={config.get('gelu')!r}"),
+        (config.get("return_attention_scores"), "attention scores as an "
+         "output"),
+    )
+    for bad, what in checks:
+        if bad:
+            return what
+    return None
+
+
+def save_pretrained(model, directory, labels=None):
+    """Writes ``model`` as transformers writes a ``ViTForImageClassification``
+    (``config.json``, ``model.safetensors``, ``preprocessor_config.json``),
+    so that ``transformers.ViTForImageClassification.from_pretrained(
+    directory)`` loads it with the same logits, and ``zoo.load(directory)``
+    reads it back. ``labels`` (default: the model's own label names, if it
+    has them) become ``id2label``. Each file is written whole or not at all.
+
+    Example (transformers itself is not needed to write)::
+
+        import keras_vit
+        model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                              num_layers=2, num_heads=4, mlp_dim=64,
+                              num_classes=3)
+        keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
+    """
+    from keras_vit import atomic
+    from keras_vit.errors import require
+
+    reason = _writable(model)
+    if reason is not None:
+        raise ValueError(
+            f"save_pretrained(layout='transformers') writes "
+            f"ViTForImageClassification, which cannot hold this model: "
+            f"{reason}; layout='timm' or zoo.save_npz write it")
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="save_pretrained")
+    config = model.get_config()
+    hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
+    num_classes = int(config["num_classes"])
+    if labels is None:
+        labels = getattr(model, "zoo_labels", None)
+    if labels is not None:
+        labels = [str(name) for name in labels]
+        if len(labels) != num_classes:
+            raise ValueError(
+                f"labels has {len(labels)} names for a head of "
+                f"{num_classes} classes")
+    else:
+        labels = [f"LABEL_{i}" for i in range(num_classes)]
+    size = config["image_size"]
+    state = from_official(convert.export_arrays(model), heads)
+    out = {
+        "model_type": "vit",
+        "architectures": ["ViTForImageClassification"],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(config["num_layers"]),
+        "num_attention_heads": heads,
+        "intermediate_size": int(config["mlp_dim"]),
+        "hidden_act": HIDDEN_ACTS[config.get("gelu", "tanh")],
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
+        "image_size": list(size) if isinstance(size, (list, tuple)) else size,
+        "patch_size": int(config["patch_size"]),
+        "num_channels": int(config.get("num_channels", 3)),
+        "qkv_bias": True,
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+        "torch_dtype": "float32",
+    }
+    # The official input: pixels / 255, then (x - 0.5) / 0.5 = [-1, 1].
+    side = size if isinstance(size, int) else None
+    preprocessor = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True, "resample": 2,
+        "size": ({"height": side, "width": side} if side else
+                 {"height": size[0], "width": size[1]}),
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    os.makedirs(directory, exist_ok=True)
+    with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
+        st.save_file(state, tmp, metadata={"format": "pt"})
+    atomic.write_json(os.path.join(directory, PREPROCESSOR_FILE),
+                      preprocessor)
+    # The config last: a folder is a transformers folder once it is there.
+    atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
+    return os.fspath(directory)
+
+
+def from_official(arrays, num_heads):
+    """The inverse of :func:`to_official`: official ``.npz`` arrays of a
+    class-token ViT with a head -> transformers' ``ViTForImageClassification``
+    tensors (contiguous float32)."""
+    top = {v: k for k, v in _TOP_PARAMS.items()}
+    layer = {v: k for k, v in _LAYER_PARAMS.items()}
+    head = {v: k for k, v in _HEAD_PARAMS.items()}
+    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
+    out = {}
+    for key, value in arrays.items():
+        value = np.asarray(value, dtype="float32")
+        if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
+            out[head[key]] = value.T  # is the bias
+            continue
+        m = block.match(key)
+        if m:
+            i, param = m.groups()
+            name = layer[param]
+            if name.startswith("attention.attention."):
+                if value.ndim == 3:  # (D, H, Dh) -> (H*Dh, D)
+                    value = value.reshape(value.shape[0], -1).T
+                else:  # (H, Dh) -> (H*Dh,)
+                    value = value.reshape(-1)
+            elif name == "attention.output.dense.weight":
+                # (H, Dh, D) -> (D, H*Dh)
+                value = value.reshape(-1, value.shape[-1]).T
+            elif value.ndim == 2:  # Dense (in, out) -> Linear (out, in)
+                value = value.T
+            out[f"vit.encoder.layer.{i}.{name}"] = value
+            continue
+        name = top[key]
+        if name == "embeddings.patch_embeddings.projection.weight":
+            value = value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
+        elif name == "pooler.dense.weight":
+            value = value.T
+        out["vit." + name] = value
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
