@@ -6,6 +6,7 @@ the red-team cases (hostile checkpoints, misbehaving servers on 127.0.0.1,
 writers killed mid-write, undecodable image folders, CLI misuse).
 """
 
+import json
 import math
 import re
 import time
@@ -788,11 +789,20 @@ def test_resumed_run_with_other_settings_is_refused(tmp_path, capsys):
                    "train_data: 'digits:train' -> 'digits:test'"):
         assert change in message
     assert "--resume-anyway" in message
-    # Deleting run.json does not let other settings through.
+    # The checkpoint itself records the settings: neither deleting run.json
+    # nor editing it to the new settings lets them through.
     run_json = out / "run.json"
     saved = run_json.read_text()
     run_json.unlink()
-    with pytest.raises(ValueError, match="no run.json recording"):
+    with pytest.raises(ValueError, match=r"recipe\.learning_rate: 0\.001 -> "
+                                         r"0\.003; recipe\.seed: 0 -> 4"):
+        keras_vit.train.Trainer(_tiny(), "digits", **dict(
+            kw, learning_rate=3e-3, seed=4))
+    edited = json.loads(saved)
+    edited["recipe"].update(learning_rate=3e-3, seed=4)
+    run_json.write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match=r"recipe\.learning_rate: 0\.001 -> "
+                                         r"0\.003"):
         keras_vit.train.Trainer(_tiny(), "digits", **dict(
             kw, learning_rate=3e-3, seed=4))
     run_json.write_text(saved)

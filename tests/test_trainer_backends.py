@@ -524,3 +524,57 @@ def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
             np.load(tmp_path / "whole" / "final.npz") as b:
         for key in a.files:
             np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.backends
+def test_the_checkpoint_records_the_settings_it_was_made_with(tmp_path):
+    """Issue 24: resuming is checked against the checkpoint's own record of
+    the settings, so editing or deleting run.json lets nothing through."""
+    out = tmp_path / "run"
+    kw = dict(QUICK, recipe="finetune", out_dir=str(out), total_steps=3,
+              warmup_steps=1, learning_rate=0.01, checkpoint_every=1)
+    kt.Trainer(tiny(), "digits", **kw).fit(stop_at_step=1)
+    run_json = out / "run.json"
+    edited = json.loads(run_json.read_text())
+    edited["recipe"]["learning_rate"] = 0.05
+    run_json.write_text(json.dumps(edited))
+    with pytest.raises(ValueError,
+                       match=r"recipe\.learning_rate: 0\.01 -> 0\.05"):
+        kt.Trainer(tiny(), "digits", **dict(kw, learning_rate=0.05))
+    run_json.unlink()
+    with pytest.raises(ValueError,
+                       match=r"recipe\.learning_rate: 0\.01 -> 0\.05"):
+        kt.Trainer(tiny(), "digits", **dict(kw, learning_rate=0.05))
+    # The original settings resume, without run.json; resume='force' takes
+    # the new ones, and its later checkpoints record those.
+    assert kt.Trainer(tiny(), "digits", **kw).resumed_from == 1
+    forced = kt.Trainer(tiny(), "digits", resume="force",
+                        **dict(kw, learning_rate=0.05))
+    assert forced.resumed_from == 1
+    forced.fit(stop_at_step=2)
+    assert kt.Trainer(tiny(), "digits", **dict(
+        kw, learning_rate=0.05)).resumed_from == 2
+    with pytest.raises(ValueError, match=r"0\.05 -> 0\.01"):
+        kt.Trainer(tiny(), "digits", **kw)
+
+
+def test_an_npz_checkpoint_keeps_its_settings_as_bytes(tmp_path):
+    settings = json.dumps({"recipe": {"learning_rate": 0.01}, "é": "ü"})
+    path = checkpoints.save(str(tmp_path), 3, {"model": [np.zeros(2)]},
+                            {"epoch": 0, "batch_in_epoch": 3},
+                            settings=settings)
+    with np.load(path, allow_pickle=False) as archive:
+        assert archive["meta/settings"].dtype == np.uint8
+    _, meta = checkpoints.load(path, {"model": [((2,), "float64")]})
+    assert meta["settings"] == settings
+    old = checkpoints.save(str(tmp_path), 4, {"model": [np.zeros(2)]},
+                           {"epoch": 0, "batch_in_epoch": 4})
+    assert checkpoints.load(old, {"model": [((2,), "float64")]})[1][
+        "settings"] is None
+    # A record that is not UTF-8 bytes is refused, naming the field.
+    arrays = dict(np.load(old, allow_pickle=False))
+    arrays["meta/settings"] = np.array([1.5, 2.5])
+    bad = tmp_path / "ckpt-9.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(ValueError, match="meta/settings: unreadable"):
+        checkpoints.load(str(bad), {"model": [((2,), "float64")]})

@@ -10,6 +10,9 @@ piece of a run's state in one file, ``OUT/checkpoints/ckpt-STEP.npz``:
                          moments, ...)
     ema/00000 ...        the weight average, when the recipe has one
     meta/step, meta/epoch, meta/batch_in_epoch
+    meta/settings        the run's settings (JSON as UTF-8 bytes, uint8), so
+                         that a resumed run is checked against what the
+                         checkpoint itself records, not an editable side file
 
 Files are written through :mod:`keras_vit.atomic` (a killed write leaves a
 ``*.partial`` name that :func:`latest` never returns), the last
@@ -64,15 +67,19 @@ def latest(directory):
     return (found[-1], path_for(directory, found[-1])) if found else None
 
 
-def save(directory, step, groups, meta, *, keep=KEEP):
+def save(directory, step, groups, meta, *, keep=KEEP, settings=None):
     """Writes ``groups`` (name -> list of arrays) and ``meta`` (name -> int;
     ``step`` is added) as ``ckpt-STEP.npz`` atomically, then deletes all but
-    the newest ``keep`` checkpoints. Returns the path."""
+    the newest ``keep`` checkpoints. ``settings`` (a string: the run's
+    settings as JSON) is recorded in the file. Returns the path."""
     arrays = {f"{name}/{i:05d}": np.asarray(value)
               for name, values in groups.items()
               for i, value in enumerate(values)}
     for key, value in dict(meta, step=step).items():
         arrays[f"meta/{key}"] = np.asarray(int(value), np.int64)
+    if settings is not None:
+        arrays["meta/settings"] = np.frombuffer(
+            settings.encode("utf-8"), np.uint8)
     path = path_for(directory, step)
     with atomic.atomic_path(path) as tmp:
         np.savez(tmp, **arrays)
@@ -85,8 +92,10 @@ def load(path, expected):
     """Reads a checkpoint whole and checks it against ``expected`` (group
     name -> list of ``(shape, dtype)``): every group with as many arrays,
     each of the expected shape and dtype, and the meta fields. Returns
-    ``(groups, meta)``; raises ValueError listing every mismatch at once
-    before the caller assigns anything."""
+    ``(groups, meta)``, ``meta["settings"]`` the recorded settings (JSON
+    text, None in a checkpoint written before they were recorded); raises
+    ValueError listing every mismatch at once before the caller assigns
+    anything."""
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
@@ -116,7 +125,15 @@ def load(path, expected):
                    - {"meta"})
     if extra:
         problems.append(f"groups this run does not have: {extra}")
-    meta = {}
+    meta = {"settings": None}
+    raw = arrays.get("meta/settings")
+    if raw is not None:
+        try:
+            if raw.dtype != np.uint8 or raw.ndim != 1:
+                raise ValueError("not a byte string")
+            meta["settings"] = raw.tobytes().decode("utf-8")
+        except ValueError as e:
+            problems.append(f"meta/settings: unreadable ({e})")
     for key in META:
         value = arrays.get(f"meta/{key}")
         if value is None or value.shape != () or value.dtype.kind not in "iu":

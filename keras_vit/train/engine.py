@@ -577,6 +577,10 @@ class Trainer:
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(self.out_dir, name))
             os.makedirs(self.checkpoint_dir, exist_ok=True)
+        # Recorded in every checkpoint: a resumed run is checked against
+        # the checkpoint's own record, which no side file can change.
+        self.engine.run_settings = json.dumps(
+            atomic.to_json(self._run_config()), sort_keys=True)
         self.resumed_from = self.engine.open_checkpoints(
             self.out_dir, self.checkpoint_dir, resume)
         if self.resumed_from is not None:
@@ -608,6 +612,12 @@ class Trainer:
 
     def _check_run_config(self):
         path = os.path.join(self.out_dir, "run.json")
+        recorded = self.engine.recorded_settings
+        if recorded is not None:
+            self._check_settings(json.loads(recorded))
+            return
+        # A checkpoint from before the settings were recorded in it: the
+        # run's run.json is the record.
         if not os.path.isfile(path):
             # The settings a checkpoint was made with are in run.json: a
             # checkpoint without it cannot show it is the same run, so it
@@ -626,6 +636,11 @@ class Trainer:
                 "(--resume-anyway) to continue with the settings given now.")
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
+        self._check_settings(before)
+
+    def _check_settings(self, before):
+        """Refuses to resume under settings other than ``before`` (what the
+        checkpoint, or for an older one run.json, recorded)."""
         for key in ("total_steps", "steps_per_epoch"):
             if before.get(key) != getattr(self, key):
                 self._say(

@@ -113,6 +113,10 @@ class KerasEngine:
         self.position = (0, 0)  # epoch, batch in the epoch
         self.latest_checkpoint = None
         self.directory = None
+        # The run's settings (JSON) written into every checkpoint, and those
+        # found in the one restored (None: written before they were kept).
+        self.run_settings = None
+        self.recorded_settings = None
 
     def _resolve(self, name):
         return "default"
@@ -176,7 +180,8 @@ class KerasEngine:
                   for name, values in self._groups().items()}
         self.latest_checkpoint = ckpt_lib.save(
             self.directory, self.step(), arrays,
-            {"epoch": epoch, "batch_in_epoch": batch_in_epoch})
+            {"epoch": epoch, "batch_in_epoch": batch_in_epoch},
+            settings=self.run_settings)
         return self.latest_checkpoint
 
     def restore(self, directory):
@@ -205,6 +210,7 @@ class KerasEngine:
                 variable.assign(value)
         self._invalidate()
         self.position = (meta["epoch"], meta["batch_in_epoch"])
+        self.recorded_settings = meta["settings"]
         self.latest_checkpoint = path
         return step
 

@@ -51,6 +51,10 @@ class TFEngine:
         self.replicas = self.strategy.num_replicas_in_sync
         self.manager = None
         self.ema = []
+        # The run's settings (JSON) written into every checkpoint, and those
+        # found in the one restored (None: written before they were kept).
+        self.run_settings = None
+        self.recorded_settings = None
 
     def scope(self):
         return self.strategy.scope()
@@ -87,10 +91,11 @@ class TFEngine:
         # masks the killed one would have.
         seeds = [v for v in self.model.non_trainable_variables
                  if "seed_generator" in v.path]
-        self.checkpoint = tf.train.Checkpoint(
+        self._components = dict(
             model=self.model, optimizer=self.optimizer, ema=self.ema,
             epoch=self.epoch_var, batch_in_epoch=self.batch_var,
             **({"seed_states": seeds} if seeds else {}))
+        self.checkpoint = tf.train.Checkpoint(**self._components)
         self._train_step = None
         self._eval_steps = {}
 
@@ -123,6 +128,14 @@ class TFEngine:
             os.makedirs(directory_, exist_ok=True)
         else:
             directory_ = directory
+        # The settings ride in the checkpoint itself, as a string variable
+        # on the CPU (no accelerator holds strings).
+        with tf.device("/cpu:0"):
+            self.settings_var = tf.Variable(
+                self.run_settings or "", dtype=tf.string, trainable=False,
+                name="run_settings")
+        self.checkpoint = tf.train.Checkpoint(
+            **self._components, run_settings=self.settings_var)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, directory_, max_to_keep=3)
         latest = tf.train.latest_checkpoint(directory) if resume else None
@@ -136,14 +149,24 @@ class TFEngine:
                     "KERAS_BACKEND, or start again with resume=False "
                     "(--restart)")
             return None
+        recorded = any(name.startswith("run_settings/")
+                       for name, _ in tf.train.list_variables(latest))
+        # A checkpoint from before the settings were recorded restores
+        # without them.
+        target = (self.checkpoint if recorded
+                  else tf.train.Checkpoint(**self._components))
         try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            target.restore(latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise ValueError(
                 f"The checkpoint {latest!r} does not fit this model "
                 "(another architecture or number of classes); use "
                 "another out_dir, or resume=False (--restart) to start "
                 f"again. TensorFlow said: {str(e)[:300]}") from None
+        self.recorded_settings = (
+            self.settings_var.numpy().decode("utf-8") if recorded else None)
+        # From here on, checkpoints record the settings given now.
+        self.settings_var.assign(self.run_settings or "")
         return self.step()
 
     def save(self, epoch, batch_in_epoch):
