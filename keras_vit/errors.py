@@ -306,6 +306,42 @@ class UnexpectedKeywordError(TypeError, ValueError):
 MODEL_KEYWORDS = ("name", "trainable", "dtype")
 
 
+def available_memory():
+    """Bytes of memory available to a new allocation on this machine
+    (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_weights_fit(num_params, settings, *, available=None):
+    """Refuses a model whose weights alone (``num_params``, counted at 2
+    bytes each, the least any supported dtype takes) exceed this machine's
+    available memory, before anything is allocated: a few bytes of config
+    (``hidden_size=1000000``) must not start a 100 GB allocation.
+    ``settings`` names the sizes that decide it, for the message.
+
+    >>> check_weights_fit(86_000_000, "hidden_size=768", available=2**34)
+    >>> check_weights_fit(10**12, "hidden_size=1000000", available=2**34)
+    Traceback (most recent call last):
+    ...
+    ValueError: a model of hidden_size=1000000 has at least 1.00e+12 parameters, 1862.6 GiB of weights, more than the 16.0 GiB of memory available here; check the sizes (a config from a file is read as it is)
+    """
+    available = available_memory() if available is None else available
+    need = 2 * int(num_params)
+    if available is not None and need > available:
+        raise ValueError(
+            f"a model of {settings} has at least {num_params:.2e} "
+            f"parameters, {need / 2**30:.1f} GiB of weights, more than the "
+            f"{available / 2**30:.1f} GiB of memory available here; check "
+            "the sizes (a config from a file is read as it is)")
+
+
 def check_keywords(where, kwargs, accepted):
     """Refuses keyword arguments that ``where`` would silently drop
     (``keras.Model`` ignores unknown ones), naming the nearest accepted one.

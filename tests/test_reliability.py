@@ -1791,3 +1791,49 @@ def test_predict_refuses_nan_weights(tmp_path, capsys):
     assert cli.main(["predict", str(path), str(image)]) == 2
     line = _one_error_line(capsys)
     assert "gives non-finite outputs (NaN or inf) for 1 of 1 image(s)" in line
+
+
+@pytest.mark.parametrize("sizes,field", [
+    (dict(hidden_size=4096, num_layers=200, num_heads=16, mlp_dim=16384),
+     "num_layers=200"),
+    (dict(hidden_size=1_000_000, num_heads=1), "hidden_size=1000000"),
+])
+def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
+        tmp_path, sizes, field):
+    """Issue 24: a small .keras whose config asks for ~100 GB of weights is
+    refused from its numbers, in one line, with the process's peak memory
+    far below the model's size (measured on the child's own rusage)."""
+    import os
+    import subprocess
+    import zipfile
+
+    from PIL import Image
+
+    good = tmp_path / "tiny.keras"
+    _tiny(num_classes=3).save(good)
+    hostile = tmp_path / "hostile.keras"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(hostile, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                config["config"].update(sizes)
+                data = json.dumps(config).encode()
+            dst.writestr(item, data)
+    assert hostile.stat().st_size < 100_000
+    Image.new("RGB", (20, 20)).save(tmp_path / "x.png")
+    proc = subprocess.Popen(
+        ["keras-vit", "predict", str(hostile), str(tmp_path / "x.png")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert os.waitstatus_to_exitcode(status) == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], err
+    assert "GiB of weights" in lines[0] and str(hostile) in lines[0]
+    # ru_maxrss is in KiB on Linux: the import of TensorFlow and Keras, not
+    # the model (tens of GiB).
+    assert usage.ru_maxrss < 3 * 2**20, usage.ru_maxrss

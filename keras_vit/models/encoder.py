@@ -14,7 +14,8 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from keras_vit.errors import check_choice, check_int, check_number, check_pair
+from keras_vit.errors import (check_choice, check_int, check_number,
+                              check_pair, check_weights_fit)
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
                        "sincos_2d")
@@ -89,6 +90,15 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
             "representation_size", representation_size, low=1)
     if include_top:
         num_classes = check_int("num_classes", num_classes, low=1)
+    # The encoder's weights, before any is allocated (a lower bound: the
+    # embedding, position table and head come on top).
+    check_weights_fit(
+        num_layers * (4 * hidden_size * hidden_size
+                      + 2 * hidden_size * mlp_dim)
+        + (num_classes or 0) * hidden_size * bool(include_top),
+        f"hidden_size={hidden_size}, num_layers={num_layers}, "
+        f"mlp_dim={mlp_dim}" + (f", num_classes={num_classes}"
+                                if include_top else ""))
     return (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
             representation_size, num_classes,
             _rate(dropout_rate, "dropout_rate"),

@@ -45,14 +45,9 @@ def _resume(args):
 def available_memory():
     """Bytes of memory available to a new allocation on this machine
     (Linux ``MemAvailable``), or None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from keras_vit.errors import available_memory as read
+
+    return read()
 
 
 def _pixels(size):
