@@ -68,3 +68,31 @@ def test_finetune_fit_example_on_two_logical_cpus(tmp_path):
     assert model.output_shape == (None, 2)
     # The head trained away from its zero initialisation.
     assert np.abs(model.get_layer("head").get_weights()[0]).max() > 0
+
+
+@pytest.mark.slow
+def test_inspect_attention_example(tmp_path):
+    """examples/inspect_attention.py on the astronaut with a local random
+    checkpoint: the figure is written, the rollout map covers the patch
+    grid, and five classes with probabilities are printed."""
+    pytest.importorskip("skimage")
+    pytest.importorskip("matplotlib")
+    path = official.write(tmp_path / "ti.npz", official.vit_arrays(
+        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=4,
+        num_classes=1000, seed=2))
+    out = tmp_path / "rollout.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "inspect_attention.py"),
+         "--model", "ViT-Ti/16", "--weights", str(path), "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    probs = [float(line.split("%")[0]) for line in lines[:5]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 100.01
+    grid = re.search(r"map: (\d+)x(\d+) patches, sum ([0-9.]+)", proc.stdout)
+    assert grid and grid.group(1) == grid.group(2) == "4", proc.stdout
+    assert 0 < float(grid.group(3)) <= 1.0  # the patch tokens' share
+    from PIL import Image
+    with Image.open(out) as figure:
+        assert figure.size[0] > figure.size[1] > 100  # three panels side by side
