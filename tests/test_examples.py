@@ -96,3 +96,41 @@ def test_inspect_attention_example(tmp_path):
     from PIL import Image
     with Image.open(out) as figure:
         assert figure.size[0] > figure.size[1] > 100  # three panels side by side
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["timm", "transformers"])
+def test_hub_finetune_push_example(tmp_path, layout):
+    """examples/hub_finetune_push.py from a local timm repository (the Hub
+    is out of reach here): fine-tunes a new head, saves in the layout, and
+    the saved folder reloads with the same logits; the upload is shown."""
+    from PIL import Image
+
+    from keras_vit import zoo
+
+    source = tmp_path / "source"
+    zoo.save_pretrained(zoo.load("ViT-Ti/16", weights=None, image_size=32,
+                                 num_classes=5, gelu="exact"), source)
+    rng = np.random.default_rng(0)
+    for c, colour in (("cat", (200, 120, 30)), ("sky", (30, 90, 220))):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(8):
+            pixels = np.clip(np.array(colour) + rng.integers(
+                -20, 20, (30, 26, 3)), 0, 255).astype("uint8")
+            Image.fromarray(pixels).save(tmp_path / "data" / c / f"{i}.png")
+    save = tmp_path / "tuned"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "hub_finetune_push.py"),
+         "--source", str(source), "--data", str(tmp_path / "data"),
+         "--steps", "2", "--batch-size", "8", "--save", str(save),
+         "--layout", layout],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff = float(re.search(r"max \|logit diff\| ([0-9.e+-]+)",
+                           proc.stdout).group(1))
+    assert diff < 1e-5, proc.stdout
+    assert "to push: huggingface_hub.HfApi().upload_folder(" in proc.stdout
+    tuned = zoo.load(str(save))
+    assert tuned.output_shape == (None, 2)
+    assert list(tuned.zoo_labels) == ["cat", "sky"]
