@@ -134,3 +134,35 @@ def test_hub_finetune_push_example(tmp_path, layout):
     tuned = zoo.load(str(save))
     assert tuned.output_shape == (None, 2)
     assert list(tuned.zoo_labels) == ["cat", "sky"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel,model,spec", [
+    ("data", "ViT-Ti/16", "P(None, None)"),
+    ("model", "ViT-S/16", "P(None, 'model')"),
+])
+def test_finetune_jax_example_on_two_devices(tmp_path, parallel, model, spec):
+    """examples/finetune_jax.py: model.fit under keras.distribution on two
+    JAX CPU devices; model parallel splits the MLP kernel on its output."""
+    from PIL import Image
+
+    for c, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (20, 24), colour).save(
+                tmp_path / "data" / c / f"{i}.png")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "finetune_jax.py"),
+         "--data", str(tmp_path / "data"), "--model", model,
+         "--weights", "none", "--image-size", "32", "--batch-size", "8",
+         "--steps", "2", "--parallel", parallel],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind = "DataParallel" if parallel == "data" else "ModelParallel"
+    assert f"distribution: {kind} over 2 devices" in proc.stdout, proc.stdout
+    assert f"mlp kernel layout: {spec}" in proc.stdout, proc.stdout
+    loss = float(re.search(r"final loss: ([0-9.naninf]+)", proc.stdout)
+                 .group(1))
+    assert np.isfinite(loss) and 0 < loss < 10
