@@ -1,5 +1,6 @@
 """The scripts in examples/ run (on a local random checkpoint)."""
 
+import json
 import os
 import re
 import subprocess
@@ -166,3 +167,34 @@ def test_finetune_jax_example_on_two_devices(tmp_path, parallel, model, spec):
     loss = float(re.search(r"final loss: ([0-9.naninf]+)", proc.stdout)
                  .group(1))
     assert np.isfinite(loss) and 0 < loss < 10
+
+
+@pytest.mark.slow
+def test_export_for_deployment_example(tmp_path):
+    """examples/export_for_deployment.py on a local random checkpoint: the
+    three artifacts are written and each runs in its own runtime with the
+    top-1 of Keras."""
+    path = official.write(tmp_path / "ti.npz", official.vit_arrays(
+        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=2,
+        num_classes=1000, seed=4))
+    out = tmp_path / "exported"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "export_for_deployment.py"),
+         "--model", "ViT-Ti/16", "--weights", str(path), "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "vit_saved_model" / "saved_model.pb").is_file()
+    assert (out / "vit.onnx").is_file() and (out / "vit_int8.tflite").is_file()
+    for name in ("saved_model", "onnx", "tflite_int8"):
+        line = next(x for x in proc.stdout.splitlines()
+                    if x.startswith(name + ":"))
+        diff = float(re.search(r"max \|logit diff\| ([0-9.e+-]+)", line)
+                     .group(1))
+        bound = 1.0 if name == "tflite_int8" else 1e-3
+        assert diff < bound, line
+        if name != "tflite_int8":  # int8 may swap a random model's near-ties
+            assert "top-1 as Keras on 100% of 2 photos" in line, line
+        top5 = json.loads(re.search(r"top-5 classes (\[.*\])", line)
+                          .group(1))
+        assert len(set(top5)) == 5 and all(0 <= c < 1000 for c in top5)
