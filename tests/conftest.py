@@ -93,7 +93,8 @@ def pytest_report_header(config):
 LONGEST_FIRST = (
     "test_demo.py", "test_trainer_backends.py", "test_posemb.py",
     "test_benchmarks.py", "test_backends.py", "test_first_run.py",
-    "test_train.py", "test_cli.py", "test_export_speed.py",
+    "test_train.py", "test_examples.py", "test_cli.py",
+    "test_export_speed.py",
     "test_export_backends.py", "test_export.py", "test_timm_hub.py",
     "test_bit.py", "test_layouts.py",
 )
