@@ -15,6 +15,32 @@ import official
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def colour_folders(root, classes=(("red", (200, 30, 30)),
+                                  ("blue", (30, 30, 200)))):
+    """``root/<class>/`` with 8 noisy single-colour PNGs each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, colour in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = np.clip(np.array(colour) + rng.integers(
+                -20, 20, (24, 20, 3)), 0, 255).astype("uint8")
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+def run_example(script, *args, **env):
+    """Runs examples/``script`` with ``args``; returns its stdout (exit
+    status 0 asserted)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *map(str, args)],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 @pytest.mark.slow
 def test_classify_image_example(tmp_path):
     pytest.importorskip("skimage")
@@ -38,29 +64,15 @@ def test_classify_image_example(tmp_path):
 def test_finetune_fit_example_on_two_logical_cpus(tmp_path):
     """examples/finetune_fit.py: model.fit under MirroredStrategy over two
     logical CPU devices fine-tunes and saves a model that reloads."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
-        (tmp_path / "data" / c).mkdir(parents=True)
-        for i in range(8):
-            noise = rng.integers(-20, 20, (24, 20, 3))
-            pixels = np.clip(np.array(colour) + noise, 0, 255)
-            Image.fromarray(pixels.astype("uint8")).save(
-                tmp_path / "data" / c / f"{i}.png")
+    data = colour_folders(tmp_path / "data")
     out = tmp_path / "tuned.keras"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "finetune_fit.py"),
-         "--data", str(tmp_path / "data"), "--model", "ViT-Ti/16",
-         "--weights", "none", "--image-size", "32", "--batch-size", "8",
-         "--steps", "3", "--strategy", "mirrored", "--cpu-devices", "2",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "replicas: 2" in proc.stdout, proc.stdout
-    loss = float(re.search(r"final loss: ([0-9.naninf]+)", proc.stdout)
-                 .group(1))
+    stdout = run_example(
+        "finetune_fit.py", "--data", data, "--model", "ViT-Ti/16",
+        "--weights", "none", "--image-size", "32", "--batch-size", "8",
+        "--steps", "3", "--strategy", "mirrored", "--cpu-devices", "2",
+        "--out", out)
+    assert "replicas: 2" in stdout, stdout
+    loss = float(re.search(r"final loss: ([0-9.naninf]+)", stdout).group(1))
     assert np.isfinite(loss) and 0 < loss < 10, loss
     import keras
     import keras_vit  # noqa: F401 - registers the classes
@@ -82,17 +94,13 @@ def test_inspect_attention_example(tmp_path):
         patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=4,
         num_classes=1000, seed=2))
     out = tmp_path / "rollout.png"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "inspect_attention.py"),
-         "--model", "ViT-Ti/16", "--weights", str(path), "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+    stdout = run_example("inspect_attention.py", "--model", "ViT-Ti/16",
+                         "--weights", path, "--out", out)
+    lines = stdout.strip().splitlines()
     probs = [float(line.split("%")[0]) for line in lines[:5]]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 100.01
-    grid = re.search(r"map: (\d+)x(\d+) patches, sum ([0-9.]+)", proc.stdout)
-    assert grid and grid.group(1) == grid.group(2) == "4", proc.stdout
+    grid = re.search(r"map: (\d+)x(\d+) patches, sum ([0-9.]+)", stdout)
+    assert grid and grid.group(1) == grid.group(2) == "4", stdout
     assert 0 < float(grid.group(3)) <= 1.0  # the patch tokens' share
     from PIL import Image
     with Image.open(out) as figure:
@@ -105,33 +113,22 @@ def test_hub_finetune_push_example(tmp_path, layout):
     """examples/hub_finetune_push.py from a local timm repository (the Hub
     is out of reach here): fine-tunes a new head, saves in the layout, and
     the saved folder reloads with the same logits; the upload is shown."""
-    from PIL import Image
-
     from keras_vit import zoo
 
     source = tmp_path / "source"
     zoo.save_pretrained(zoo.load("ViT-Ti/16", weights=None, image_size=32,
                                  num_classes=5, gelu="exact"), source)
-    rng = np.random.default_rng(0)
-    for c, colour in (("cat", (200, 120, 30)), ("sky", (30, 90, 220))):
-        (tmp_path / "data" / c).mkdir(parents=True)
-        for i in range(8):
-            pixels = np.clip(np.array(colour) + rng.integers(
-                -20, 20, (30, 26, 3)), 0, 255).astype("uint8")
-            Image.fromarray(pixels).save(tmp_path / "data" / c / f"{i}.png")
+    data = colour_folders(tmp_path / "data", (("cat", (200, 120, 30)),
+                                              ("sky", (30, 90, 220))))
     save = tmp_path / "tuned"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "hub_finetune_push.py"),
-         "--source", str(source), "--data", str(tmp_path / "data"),
-         "--steps", "2", "--batch-size", "8", "--save", str(save),
-         "--layout", layout],
-        capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout = run_example(
+        "hub_finetune_push.py", "--source", source, "--data", data,
+        "--steps", "2", "--batch-size", "8", "--save", save,
+        "--layout", layout)
     diff = float(re.search(r"max \|logit diff\| ([0-9.e+-]+)",
-                           proc.stdout).group(1))
-    assert diff < 1e-5, proc.stdout
-    assert "to push: huggingface_hub.HfApi().upload_folder(" in proc.stdout
+                           stdout).group(1))
+    assert diff < 1e-5, stdout
+    assert "to push: huggingface_hub.HfApi().upload_folder(" in stdout
     tuned = zoo.load(str(save))
     assert tuned.output_shape == (None, 2)
     assert list(tuned.zoo_labels) == ["cat", "sky"]
@@ -145,27 +142,16 @@ def test_hub_finetune_push_example(tmp_path, layout):
 def test_finetune_jax_example_on_two_devices(tmp_path, parallel, model, spec):
     """examples/finetune_jax.py: model.fit under keras.distribution on two
     JAX CPU devices; model parallel splits the MLP kernel on its output."""
-    from PIL import Image
-
-    for c, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
-        (tmp_path / "data" / c).mkdir(parents=True)
-        for i in range(8):
-            Image.new("RGB", (20, 24), colour).save(
-                tmp_path / "data" / c / f"{i}.png")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "finetune_jax.py"),
-         "--data", str(tmp_path / "data"), "--model", model,
-         "--weights", "none", "--image-size", "32", "--batch-size", "8",
-         "--steps", "2", "--parallel", parallel],
-        capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout = run_example(
+        "finetune_jax.py", "--data", colour_folders(tmp_path / "data"),
+        "--model", model, "--weights", "none", "--image-size", "32",
+        "--batch-size", "8", "--steps", "2", "--parallel", parallel,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2")
     kind = "DataParallel" if parallel == "data" else "ModelParallel"
-    assert f"distribution: {kind} over 2 devices" in proc.stdout, proc.stdout
-    assert f"mlp kernel layout: {spec}" in proc.stdout, proc.stdout
-    loss = float(re.search(r"final loss: ([0-9.naninf]+)", proc.stdout)
-                 .group(1))
+    assert f"distribution: {kind} over 2 devices" in stdout, stdout
+    assert f"mlp kernel layout: {spec}" in stdout, stdout
+    loss = float(re.search(r"final loss: ([0-9.naninf]+)", stdout).group(1))
     assert np.isfinite(loss) and 0 < loss < 10
 
 
@@ -178,16 +164,12 @@ def test_export_for_deployment_example(tmp_path):
         patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=2,
         num_classes=1000, seed=4))
     out = tmp_path / "exported"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "export_for_deployment.py"),
-         "--model", "ViT-Ti/16", "--weights", str(path), "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout = run_example("export_for_deployment.py", "--model", "ViT-Ti/16",
+                         "--weights", path, "--out", out)
     assert (out / "vit_saved_model" / "saved_model.pb").is_file()
     assert (out / "vit.onnx").is_file() and (out / "vit_int8.tflite").is_file()
     for name in ("saved_model", "onnx", "tflite_int8"):
-        line = next(x for x in proc.stdout.splitlines()
+        line = next(x for x in stdout.splitlines()
                     if x.startswith(name + ":"))
         diff = float(re.search(r"max \|logit diff\| ([0-9.e+-]+)", line)
                      .group(1))
