@@ -346,7 +346,21 @@ class ServingGraph:
 
     def sample_images(self, n, seed=0, kind="noise"):
         """Deterministic inputs in the artifact's range: ``"noise"``
-        (uniform) or ``"photos"`` (crops of sample photos)."""
+        (uniform) or ``"photos"`` (crops of sample photos). A count whose
+        images cannot fit this machine's memory is refused first."""
+        import numpy as np
+
+        from keras_vit.errors import available_memory
+
+        need = int(n) * int(np.prod(self.input_shape)) * 4
+        available = available_memory()
+        if available is not None and need > available // 2:
+            raise ValueError(
+                f"a batch of {n} images of shape {tuple(self.input_shape)} "
+                f"needs {need / 2**30:.1f} GiB, more than half of the "
+                f"{available / 2**30:.1f} GiB of memory available here; "
+                "lower the batch sizes (batch_sizes=, --batch-sizes, "
+                "--batch)")
         if kind == "photos":
             pixels, note = samples.photo_images(self.input_shape, n, seed)
             return samples.to_input_range(pixels, self.input_dtype,

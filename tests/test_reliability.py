@@ -1837,3 +1837,34 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
     # ru_maxrss is in KiB on Linux: the import of TensorFlow and Keras, not
     # the model (tens of GiB).
     assert usage.ru_maxrss < 3 * 2**20, usage.ru_maxrss
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "MODEL", "--format", "onnx", "-o", "OUT.onnx",
+     "--batch-sizes", "4,100000000"],
+    ["benchmark", "MODEL", "--runtimes", "keras", "--batch", "100000000"],
+])
+def test_export_batch_sizes_beyond_memory_are_refused_first(
+        tmp_path, capsys, argv):
+    """Issue 24: a verification or benchmark batch is bounded by memory
+    before its images are drawn (1e8 images of 32x32x3: 1.1 TiB)."""
+    import tracemalloc
+
+    from keras_vit import cli
+
+    path = tmp_path / "tiny.keras"
+    _tiny(num_classes=3).save(path)
+    argv = [str(path) if a == "MODEL" else str(tmp_path / "out.onnx")
+            if a == "OUT.onnx" else a for a in argv]
+    tracemalloc.start()
+    try:
+        status = cli.main(argv)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "a batch of 100000000 images" in err and "GiB" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert peak < 2**30, peak
+    assert not (tmp_path / "out.onnx").exists()
