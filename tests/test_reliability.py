@@ -1868,3 +1868,19 @@ def test_export_batch_sizes_beyond_memory_are_refused_first(
     assert len(err.strip().splitlines()) == 1, err
     assert peak < 2**30, peak
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
+    """A data folder named with a newline and an ANSI escape is one line of
+    output, the control characters shown escaped (issue 24 goal 4)."""
+    from keras_vit.train import cli as train_cli
+
+    model = tmp_path / "tiny.keras"
+    _tiny(num_classes=2).save(model)
+    root = _class_folders(tmp_path / "bad\nname\x1b[31m", 4)
+    status = train_cli.main(["evaluate", str(model), "--data", str(root),
+                             "--batch-size", "4"])
+    out = capsys.readouterr().out
+    assert status == 0
+    line = next(x for x in out.splitlines() if "top-1 accuracy" in x)
+    assert "bad\\nname\\x1b[31m" in line and "\x1b" not in out

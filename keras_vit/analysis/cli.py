@@ -63,8 +63,12 @@ def run(args) -> int:
                      weights=args.weights or "auto",
                      image_size=args.image_size,
                      batch_size=args.batch_size)
+    from keras_vit.errors import printable
+
     m = result["model"]
-    print(f"{m['description']}: {m['image_size'][0]}x{m['image_size'][1]}, "
+    # The description holds names from files (a .keras model's name, a
+    # Hub repository's): control characters are shown escaped.
+    print(f"{printable(m['description'])}: {m['image_size'][0]}x{m['image_size'][1]}, "
           f"grid {m['grid_size'][0]}x{m['grid_size'][1]} (stride "
           f"{m['effective_stride']}), {m['num_layers']} layers x "
           f"{m['num_heads']} heads, {result['num_images']} image(s)")
@@ -74,9 +78,10 @@ def run(args) -> int:
     skipped = result["embedding_filters"].get("skipped")
     if skipped:
         print(f"  embedding filters skipped: {skipped}")
-    print(f"wrote {len(result['files'])} files to {result['out_dir']}:")
+    print(f"wrote {len(result['files'])} files to "
+          f"{printable(result['out_dir'])}:")
     for name in result["files"]:
-        print(f"  {os.path.join(result['out_dir'], name)}")
+        print(f"  {printable(os.path.join(result['out_dir'], name))}")
     return 0
 
 

@@ -403,8 +403,10 @@ def run_evaluate(args):
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
+    from keras_vit.errors import printable
+
     return _show(args, result, [
-        f"{args.model} on {source.name}: top-1 accuracy "
+        f"{printable(args.model)} on {printable(source.name)}: top-1 accuracy "
         f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
         f"({result['num_examples']} images)"])
 
