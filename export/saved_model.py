@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.export import common, pipeline
+from keras_vit.errors import check_choice
+from keras_vit.export import common, pipeline, serving
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
+
+INPUTS = ("images", serving.INPUT_NAME)
 
 
 # Its runtime is TensorFlow: exported from JAX or PyTorch, the converter
@@ -32,17 +35,30 @@ def open_artifact(path):
     return run
 
 
-def to_saved_model(model, path, *, uint8_input=False,
-                   outputs=("logits", "probabilities"), verify=True,
-                   batch_sizes=(4, 1), tolerance=None, verify_data="noise",
+def to_saved_model(model, path, *, input="images", uint8_input=False,
+                   outputs=None, top_k=5, labels=None, verify=True,
+                   batch_sizes=(4, 1), tolerance=None, verify_data=None,
                    cast_to_float32=True, overwrite=True):
     """Exports ``model`` as a SavedModel directory for TF Serving.
 
-    The ``serving_default`` signature takes ``images`` of shape (batch, H,
-    W, C) with a dynamic batch (float32 in the model's range, or uint8
-    pixels with ``uint8_input=True``) and returns the named ``outputs``
-    (see :class:`~keras_vit.export.graph.ServingGraph`). Variables are
-    stored once (Keras' ``model.export`` stores them twice).
+    With ``input="images"`` the ``serving_default`` signature takes
+    ``images`` of shape (batch, H, W, C) with a dynamic batch (float32 in
+    the model's range, or uint8 pixels with ``uint8_input=True``) and
+    returns the named ``outputs`` (see
+    :class:`~keras_vit.export.graph.ServingGraph`).
+
+    With ``input="image_bytes"`` it takes ``image_bytes``, a 1-D string
+    batch of encoded JPEG, PNG, BMP or GIF files of any size (what a TF
+    Serving or Vertex AI client sends), decodes and preprocesses them as
+    :func:`keras_vit.zoo.preprocess_input` does and returns ``labels``,
+    ``scores`` (softmax), ``classes`` (the top ``top_k``, best first) and
+    ``logits``; an empty or unrecognised element fails the call with an
+    InvalidArgumentError naming its index (see
+    :mod:`keras_vit.export.serving`). It is verified on encoded sample
+    files of every format and several sizes against Keras on the same
+    files decoded by Pillow and preprocessed by ``zoo.preprocess_input``.
+
+    Variables are stored once (Keras' ``model.export`` stores them twice).
 
     The directory is built next to ``path``, loaded with
     ``tf.saved_model.load`` and run at each of ``batch_sizes``; only if it
@@ -53,15 +69,26 @@ def to_saved_model(model, path, *, uint8_input=False,
         model: a Keras model (bf16 models are exported as a float32 copy
             unless ``cast_to_float32=False``).
         path: the SavedModel directory to create (no file extension).
-        uint8_input: take uint8 pixels and scale them inside.
+        input: ``"images"`` (pixel arrays) or ``"image_bytes"`` (encoded
+            files).
+        uint8_input: take uint8 pixels and scale them inside
+            (``input="images"`` only).
         outputs: output names, e.g. ``("logits", "probabilities",
-            "pre_logits", "attention_maps")``.
+            "pre_logits", "attention_maps")`` (``input="images"`` only;
+            default ``("logits", "probabilities")``).
+        top_k: how many classes ``input="image_bytes"`` returns (clipped
+            to the model's class count).
+        labels: the class names ``input="image_bytes"`` returns: None (the
+            names the model's weights carry, else the class indices as
+            strings), a label list name (``"imagenet2012"``) or a list.
         verify: run and compare the artifact (False writes an unverified
             artifact, and the report says so).
         batch_sizes: batch sizes to run the artifact at.
         tolerance: overrides of the format's tolerance, e.g.
             ``{"max_abs_diff": 1e-3}``.
-        verify_data: ``"noise"``, ``"photos"`` or an array of images.
+        verify_data: ``"noise"``, ``"photos"`` or an array of images
+            (default ``"noise"``; ``"photos"`` for ``input="image_bytes"``,
+            which takes only these two).
         cast_to_float32: export bf16/fp16 models as a float32 copy.
         overwrite: replace an existing artifact at ``path``.
 
@@ -81,19 +108,78 @@ def to_saved_model(model, path, *, uint8_input=False,
     ['assets', 'export_report.json', 'fingerprint.pb', 'saved_model.pb',
      'variables']
     """
+    check_choice("input", input, INPUTS)
+    if input == serving.INPUT_NAME:
+        return _image_bytes_export(
+            model, path, uint8_input=uint8_input, outputs=outputs,
+            top_k=top_k, labels=labels, verify=verify,
+            batch_sizes=batch_sizes, tolerance=tolerance,
+            verify_data=verify_data, cast_to_float32=cast_to_float32,
+            overwrite=overwrite)
+    if top_k != serving.DEFAULT_TOP_K or labels is not None:
+        raise ValueError(
+            "top_k and labels are options of input='image_bytes'; received "
+            f"input={input!r} with top_k={top_k!r}, labels={labels!r}"[:300])
+    if outputs is None:
+        outputs = ("logits", "probabilities")
+    if verify_data is None:
+        verify_data = "noise"
     dest = common.check_path(path, "saved_model")
     tol = common.tolerance_for("saved_model", tolerance)
     checks.check_options(batch_sizes, verify_data)
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32,
                          allow_low_precision=True)
     options = {"uint8_input": bool(uint8_input),
-               "outputs": list(graph.outputs),
-               "signature": "serving_default",
-               "cast_to_float32": bool(cast_to_float32)}
+               "outputs": list(graph.outputs)}
+    return _run(dest, graph, tol, options, cast_to_float32, verify=verify,
+                batch_sizes=batch_sizes, verify_data=verify_data,
+                overwrite=overwrite)
+
+
+def _run(dest, graph, tol, options, cast_to_float32, **job):
+    options.update(signature="serving_default",
+                   cast_to_float32=bool(cast_to_float32))
     return pipeline.run(pipeline.ExportJob(
-        "saved_model", "the SavedModel", dest, graph, tol, options,
-        verify=verify, batch_sizes=batch_sizes, verify_data=verify_data,
-        overwrite=overwrite))
+        "saved_model", "the SavedModel", dest, graph, tol, options, **job))
+
+
+def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
+                        labels, verify, batch_sizes, tolerance, verify_data,
+                        cast_to_float32, overwrite):
+    """``to_saved_model(..., input="image_bytes")``."""
+    if uint8_input or outputs is not None:
+        raise ValueError(
+            "input='image_bytes' decodes and scales inside and returns "
+            "labels, scores, classes and logits; uint8_input and outputs "
+            f"do not apply; received uint8_input={uint8_input!r}, "
+            f"outputs={outputs!r}")
+    serving.check_top_k(top_k)
+    if verify_data is None:
+        verify_data = "photos"
+    if not (isinstance(verify_data, str)
+            and verify_data in ("noise", "photos")):
+        raise ValueError(
+            "input='image_bytes' is verified on encoded sample files: "
+            "verify_data must be 'photos' or 'noise'; received "
+            f"verify_data={verify_data!r}"[:300])
+    dest = common.check_path(path, "saved_model")
+    tol = common.tolerance_for("saved_model", tolerance)
+    checks.check_options(batch_sizes, verify_data)
+    if not pipeline.tensorflow_here():
+        import keras
+
+        raise ValueError(
+            "input='image_bytes' exports from a TensorFlow session only; "
+            f"this one runs KERAS_BACKEND={keras.backend.backend()!r}. Save "
+            "the model (model.save('m.keras')) and export it with "
+            "KERAS_BACKEND=tensorflow")
+    graph = serving.ImageBytesGraph(model, top_k, labels, cast_to_float32)
+    options = {"input": serving.INPUT_NAME, "top_k": graph.top_k,
+               "labels": graph.label_source,
+               "outputs": list(serving.OUTPUTS)}
+    return _run(dest, graph, tol, options, cast_to_float32, verify=verify,
+                batch_sizes=batch_sizes, verify_data=verify_data,
+                samples=serving.SAMPLES, overwrite=overwrite)
 
 
 def convert(graph, staged, workdir, params, arrays, rss):
