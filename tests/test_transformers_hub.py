@@ -348,6 +348,63 @@ def test_transformers_round_trip_keeps_their_numbers(classifier_repo,
     assert config["id2label"]["1"] == "tiger cat"
 
 
+def _randomised(model, seed=4):
+    rng = np.random.default_rng(seed)
+    for w in model.weights:
+        w.assign(rng.normal(0, 0.2, w.shape).astype("float32"))
+    return model
+
+
+def test_headless_model_is_written_as_vit_model(tmp_path):
+    """include_top=False: a ViTModel. Its pre_logits is the tanh pooler
+    (pooler_output); without one there is no pooler and
+    add_pooling_layer=False loads it (last_hidden_state). Non-square
+    images, as transformers' image_size=[h, w]."""
+    import keras_vit
+
+    kw = dict(image_size=(SIZE, 16), patch_size=8, hidden_size=32,
+              num_layers=2, num_heads=2, mlp_dim=64, num_classes=3,
+              include_top=False, gelu="exact", layer_norm_epsilon=1e-6)
+    x = _images()[:, :, :16]
+    pooled = _randomised(keras_vit.vit(representation_size=24,
+                                       pooling="token", **kw))
+    zoo.save_pretrained(pooled, tmp_path / "pooled", layout="transformers")
+    config = json.loads((tmp_path / "pooled" / "config.json").read_text())
+    assert config["architectures"] == ["ViTModel"]
+    assert config["image_size"] == [SIZE, 16] and "id2label" not in config
+    loaded, info = transformers.ViTModel.from_pretrained(
+        tmp_path / "pooled", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                     "mismatched_keys")), info
+    with torch.no_grad():
+        theirs = loaded.eval()(pixel_values=_torch_input(x)).pooler_output
+    ours = np.asarray(pooled(x))
+    assert ours.shape == (3, 24)
+    np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-5, rtol=1e-5)
+    back = zoo.load(str(tmp_path / "pooled"))
+    np.testing.assert_allclose(np.asarray(back(x)), ours, atol=1e-5,
+                               rtol=1e-5)
+
+    tokens = _randomised(keras_vit.vit(**kw))
+    zoo.save_pretrained(tokens, tmp_path / "tokens", layout="transformers")
+    loaded, info = transformers.ViTModel.from_pretrained(
+        tmp_path / "tokens", add_pooling_layer=False,
+        output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                     "mismatched_keys")), info
+    with torch.no_grad():
+        theirs = loaded.eval()(pixel_values=_torch_input(x)).last_hidden_state
+    ours = np.asarray(tokens(x))
+    assert ours.shape == (3, 4 * 2 + 1, 32)
+    np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(zoo.load(str(tmp_path / "tokens"))(x)), ours, atol=1e-5,
+        rtol=1e-5)
+    with pytest.raises(ValueError, match="labels.*include_top=False"):
+        zoo.save_pretrained(tokens, tmp_path / "z", layout="transformers",
+                            labels=["a"])
+
+
 def test_models_transformers_cannot_hold_are_refused(tmp_path):
     import keras_vit
 
@@ -358,6 +415,9 @@ def test_models_transformers_cannot_hold_are_refused(tmp_path):
         (keras_vit.vit(representation_size=16, **kw), "pre_logits"),
         (keras_vit.vit(position_embedding="sincos_2d", **kw),
          "position embedding"),
+        (keras_vit.vit(resnet=dict(num_layers=()), **kw), "hybrid"),
+        (keras_vit.vit(include_top=False, pooling="gap",
+                       **dict(kw, num_classes=None)), "pooling='gap'"),
     ]
     for model, reason in cases:
         with pytest.raises(ValueError, match=reason):

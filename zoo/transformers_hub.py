@@ -656,22 +656,28 @@ HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 
 
 def _writable(model):
-    """The reason transformers' ViTForImageClassification cannot hold
-    ``model``, or None."""
+    """``(kind, reason)``: the transformers class that holds ``model``
+    (``"classifier"``: ``ViTForImageClassification``; ``"model"``:
+    ``ViTModel``, for a model without a head), or None and the reason
+    none does."""
     config = model.get_config() if hasattr(model, "get_config") else None
     if not isinstance(config, dict) or "hidden_size" not in config or (
             "num_heads" not in config):
-        return f"{type(model).__name__} is not a keras_vit VisionTransformer"
+        return None, (f"{type(model).__name__} is not a keras_vit "
+                      "VisionTransformer")
+    include_top = config.get("include_top", True)
     checks = (
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
         (config.get("classifier") != "token",
          f"classifier={config.get('classifier')!r} (transformers pools the "
          "class token)"),
-        (not config.get("include_top", True),
-         "no head (include_top=False)"),
-        (config.get("representation_size") is not None,
+        (include_top and config.get("representation_size") is not None,
          "a pre_logits layer before the head (representation_size="
-         f"{config.get('representation_size')})"),
+         f"{config.get('representation_size')}; ViTForImageClassification "
+         "has none; without the head, include_top=False, it is ViTModel's "
+         "pooler)"),
+        (not include_top and config.get("pooling") == "gap",
+         "pooling='gap' (ViTModel pools the class token)"),
         (config.get("position_embedding", "learned_1d") != "learned_1d"
          or config.get("position_embedding_placement", "stem") != "stem",
          "a position embedding other than the learned 1-D table at the "
@@ -683,8 +689,8 @@ def _writable(model):
     )
     for bad, what in checks:
         if bad:
-            return what
-    return None
+            return None, what
+    return ("classifier" if include_top else "model"), None
 
 
 def save_pretrained(model, directory, labels=None):
@@ -694,6 +700,12 @@ def save_pretrained(model, directory, labels=None):
     directory)`` loads it with the same logits, and ``zoo.load(directory)``
     reads it back. ``labels`` (default: the model's own label names, if it
     has them) become ``id2label``. Each file is written whole or not at all.
+
+    A model without a head (``include_top=False``) is written as a
+    ``ViTModel``: its ``pre_logits`` layer, if it has one, is the tanh
+    pooler (``pooler_output`` is the model's output); without one the
+    folder has no pooler and loads with ``ViTModel.from_pretrained(
+    directory, add_pooling_layer=False)`` (``last_hidden_state``).
 
     Example (transformers itself is not needed to write)::
 
@@ -706,32 +718,21 @@ def save_pretrained(model, directory, labels=None):
     from keras_vit import atomic
     from keras_vit.errors import require
 
-    reason = _writable(model)
+    kind, reason = _writable(model)
     if reason is not None:
         raise ValueError(
-            f"save_pretrained(layout='transformers') writes "
-            f"ViTForImageClassification, which cannot hold this model: "
-            f"{reason}; layout='timm' or zoo.save_npz write it")
+            f"save_pretrained(layout='transformers') writes transformers' "
+            f"ViTForImageClassification or ViTModel, neither of which can "
+            f"hold this model: {reason}; layout='timm' or zoo.save_npz "
+            "write it")
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     config = model.get_config()
     hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
-    num_classes = int(config["num_classes"])
-    if labels is None:
-        labels = getattr(model, "zoo_labels", None)
-    if labels is not None:
-        labels = [str(name) for name in labels]
-        if len(labels) != num_classes:
-            raise ValueError(
-                f"labels has {len(labels)} names for a head of "
-                f"{num_classes} classes")
-    else:
-        labels = [f"LABEL_{i}" for i in range(num_classes)]
     size = config["image_size"]
-    state = from_official(convert.export_arrays(model), heads)
     out = {
         "model_type": "vit",
-        "architectures": ["ViTForImageClassification"],
+        "architectures": [ARCHITECTURES[kind == "model"]],
         "hidden_size": hidden,
         "num_hidden_layers": int(config["num_layers"]),
         "num_attention_heads": heads,
@@ -744,10 +745,24 @@ def save_pretrained(model, directory, labels=None):
         "patch_size": int(config["patch_size"]),
         "num_channels": int(config.get("num_channels", 3)),
         "qkv_bias": True,
-        "id2label": {str(i): name for i, name in enumerate(labels)},
-        "label2id": {name: i for i, name in enumerate(labels)},
         "torch_dtype": "float32",
     }
+    arrays = convert.export_arrays(model)
+    if kind == "classifier":
+        labels = _label_names(model, labels, int(config["num_classes"]))
+        out["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        out["label2id"] = {name: i for i, name in enumerate(labels)}
+        state = from_official(arrays, heads)
+    else:
+        if labels is not None:
+            raise ValueError(
+                "labels name the classes of a head; this model has none "
+                f"(include_top=False); received labels={_shown(labels)}")
+        if "pre_logits/kernel" in arrays:
+            out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
+            out["pooler_act"] = "tanh"
+        state = {k[len("vit."):]: v
+                 for k, v in from_official(arrays, heads).items()}
     # The official input: pixels / 255, then (x - 0.5) / 0.5 = [-1, 1].
     side = size if isinstance(size, int) else None
     preprocessor = {
@@ -767,6 +782,21 @@ def save_pretrained(model, directory, labels=None):
     # The config last: a folder is a transformers folder once it is there.
     atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
     return os.fspath(directory)
+
+
+def _label_names(model, labels, num_classes):
+    """``labels`` (default: the model's own, else ``LABEL_i``) as a list of
+    ``num_classes`` strings."""
+    if labels is None:
+        labels = getattr(model, "zoo_labels", None)
+    if labels is None:
+        return [f"LABEL_{i}" for i in range(num_classes)]
+    labels = [str(name) for name in labels]
+    if len(labels) != num_classes:
+        raise ValueError(
+            f"labels has {len(labels)} names for a head of "
+            f"{num_classes} classes")
+    return labels
 
 
 def from_official(arrays, num_heads):
