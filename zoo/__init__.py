@@ -23,6 +23,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                  "read_npz", "resize_posemb", "save_npz"),
     ".download": ("ChecksumError", "DownloadError", "OfflineError",
                   "cache_dir"),
+    ".keras_hub_io": ("from_keras_hub", "to_keras_hub"),
     ".preprocessing": ("decode_predictions", "preprocess_input",
                        "preprocessing_layer"),
     ".timm_hub": ("save_pretrained",),
@@ -32,7 +33,8 @@ __all__ = [
     "CheckpointError", "ChecksumError", "DownloadError", "OfflineError",
     "UnknownModelError", "augreg_index", "cache_dir", "decode_predictions",
     "export_arrays", "preprocess_input", "preprocessing_layer",
-    "find_augreg", "info", "labels", "list_models", "load", "load_weights",
+    "find_augreg", "from_keras_hub", "info", "labels", "list_models", "load",
+    "load_weights",
     "normalize_keys", "read_npz", "resize_posemb", "resolve_weights",
-    "save_npz", "save_pretrained",
+    "save_npz", "save_pretrained", "to_keras_hub",
 ]

@@ -122,7 +122,11 @@ _HEAD_PARAMS = {"classifier.weight": "head/kernel",
 
 # -- recognising a source ---------------------------------------------------
 
-def _read_json(path, what):
+def read_json(path, what):
+    """The JSON object in the file ``path`` (a ``what``, for errors): a
+    :class:`~keras_vit.zoo.convert.CheckpointError` naming the file for
+    one that is not a regular file, too large for a config, not UTF-8 JSON
+    or not an object."""
     path = os.fspath(path)
     kind = special_file(path)
     if kind is not None:
@@ -158,7 +162,7 @@ def _sniff(path):
     same file name, reports it."""
     try:
         return is_transformers_config(
-            _read_json(path, "transformers config.json"))
+            read_json(path, "transformers config.json"))
     except (convert.CheckpointError, OSError):
         return False
 
@@ -390,29 +394,40 @@ def expected_shapes(arch, num_labels, prefix):
 def check_tensors(header, expected, path):
     """One :class:`~keras_vit.zoo.convert.CheckpointError` naming ``path``
     and listing every missing, unexpected and mis-shaped tensor."""
-    def natural(name):  # layer.2 before layer.10
+    check_names({k: v.get("shape") for k, v in header.items()}, expected,
+                f"{os.fspath(path)}: does not hold the transformers ViT its "
+                "config describes")
+
+
+def check_names(found, expected, what):
+    """One :class:`~keras_vit.zoo.convert.CheckpointError` starting with
+    ``what`` and listing every missing, unexpected and mis-shaped name
+    (``found``, ``expected``: name -> shape), in natural order (layer.2
+    before layer.10), a dozen of each at most."""
+    def natural(name):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
-    missing = [_shown(k, 160) for k in sorted(set(expected) - set(header),
+    def listed(shape):
+        return list(shape) if isinstance(shape, (list, tuple)) else shape
+
+    missing = [_shown(k, 160) for k in sorted(set(expected) - set(found),
                                               key=natural)]
-    extra = [_shown(k, 160) for k in sorted(set(header) - set(expected),
+    extra = [_shown(k, 160) for k in sorted(set(found) - set(expected),
                                             key=natural)]
-    wrong = [f"{_shown(k, 120)}: {_shown(header[k].get('shape'), 40)} "
+    wrong = [f"{_shown(k, 120)}: {_shown(listed(found[k]), 40)} "
              f"(expected {list(expected[k])})"
-             for k in sorted(set(expected) & set(header), key=natural)
-             if header[k].get("shape") != list(expected[k])]
+             for k in sorted(set(expected) & set(found), key=natural)
+             if listed(found[k]) != list(expected[k])]
     problems = []
-    for what, items in (("missing", missing), ("unexpected", extra),
+    for kind, items in (("missing", missing), ("unexpected", extra),
                         ("mis-shaped", wrong)):
         if items:
             more = f", ... ({len(items)} in all)" if len(items) > 12 else ""
-            problems.append(f"{len(items)} {what}: "
+            problems.append(f"{len(items)} {kind}: "
                             f"{', '.join(items[:12])}"
                             f"{more}")
     if problems:
-        raise convert.CheckpointError(
-            f"{os.fspath(path)}: does not hold the transformers ViT its "
-            f"config describes; {'; '.join(problems)}")
+        raise convert.CheckpointError(f"{what}; {'; '.join(problems)}")
 
 
 def to_official(state, num_heads, prefix=""):
@@ -498,7 +513,7 @@ def fetch(source, progress=None):
                                     PREPROCESSOR_FILE))
     config = None
     if os.path.isfile(config_path):
-        config = _read_json(config_path, "transformers config.json")
+        config = read_json(config_path, "transformers config.json")
         if not is_transformers_config(config):
             config = None
     return config, config_path, path
@@ -513,7 +528,7 @@ def check_preprocessor(path):
     wrong)."""
     if path is None or not os.path.isfile(path):
         return
-    config = _read_json(path, "transformers preprocessor_config.json")
+    config = read_json(path, "transformers preprocessor_config.json")
     problems = []
     if config.get("do_normalize", True) is not True:
         problems.append(f"do_normalize={config.get('do_normalize')!r}")
@@ -562,7 +577,6 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     the checkpoint's.
     """
     from keras_vit.models import variants
-    from keras_vit.models.vit import vit as build_vit
 
     config, config_path, path = fetch(source, progress=progress)
     header = _header(path)
@@ -629,23 +643,42 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     representation = arch["representation_size"]
     if representation is not None and include_top and not keep_pre_logits:
         representation = None  # a new head on the encoder, as transformers'
-    kwargs.setdefault("layer_norm_epsilon", arch["layer_norm_epsilon"])
-    kwargs.setdefault("gelu", arch["gelu"])
-    kwargs.setdefault("num_channels", arch["num_channels"])
     kwargs.setdefault("name", "vit_transformers")
+    model = build(arch, arrays, image_size=image_size,
+                  num_classes=num_classes, representation_size=representation,
+                  keep_pre_logits=keep_pre_logits,
+                  source_name=repr(os.fspath(path)), **kwargs)
+    model.zoo_labels = (list(labels) if labels and head_kept
+                        and len(labels) == num_classes else None)
+    model.zoo_source = os.fspath(source)
+    return model
+
+
+def build(arch, arrays, *, image_size, num_classes, representation_size,
+          keep_pre_logits=None, source_name=None, **kwargs):
+    """The keras_vit ViT that ``arch`` (the facts a reader returns:
+    sizes, ``image_size``, ``patch_size``, ``num_channels``,
+    ``layer_norm_epsilon``, ``gelu``, optionally ``classifier``) describes,
+    with ``arrays`` (official layout) loaded strictly by
+    :func:`keras_vit.zoo.convert.load_weights`: resized position
+    embeddings for another ``image_size`` (None: the checkpoint's), a zero
+    head for another ``num_classes``. ``**kwargs`` go to
+    :func:`keras_vit.models.vit` and win over ``arch``."""
+    from keras_vit.models.vit import vit as build_vit
+
+    for key in ("layer_norm_epsilon", "gelu", "num_channels"):
+        kwargs.setdefault(key, arch[key])
     model = build_vit(
         image_size=arch["image_size"] if image_size is None else image_size,
         patch_size=arch["patch_size"], hidden_size=arch["hidden_size"],
         num_layers=arch["num_layers"], num_heads=arch["num_heads"],
         mlp_dim=arch["mlp_dim"], num_classes=num_classes,
-        classifier="token", representation_size=representation, **kwargs)
+        classifier=arch.get("classifier", "token"),
+        representation_size=representation_size, **kwargs)
     convert.load_weights(model, arrays, keep_pre_logits=keep_pre_logits,
-                         source_name=repr(os.fspath(path)))
+                         source_name=source_name)
     model.zoo_name = _zoo_name(arch)
     model.zoo_weights = None
-    model.zoo_labels = (list(labels) if labels and head_kept
-                        and len(labels) == num_classes else None)
-    model.zoo_source = os.fspath(source)
     return model
 
 
