@@ -756,8 +756,9 @@ def save_pretrained(model, directory, labels=None):
         raise ValueError(
             f"save_pretrained(layout='transformers') writes transformers' "
             f"ViTForImageClassification or ViTModel, neither of which can "
-            f"hold this model: {reason}; layout='timm' or zoo.save_npz "
-            "write it")
+            f"hold this model: {reason}"
+            + ("" if "VisionTransformer" in reason else
+               "; zoo.save_npz writes it"))
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     config = model.get_config()
