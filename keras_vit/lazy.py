@@ -123,5 +123,4 @@ def load_keras_classes(args=None):
     (``args``, the parsed arguments, is not used: it makes this a
     ``prepare`` hook of :func:`keras_vit.cli_options.main`.)"""
     import_models()
-    importlib.import_module("keras_vit.train.engine")
     importlib.import_module("keras_vit.train.mpp")

@@ -15,6 +15,14 @@ import official
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def vit_ti_checkpoint(path, grid, seed):
+    """A random official ViT-Ti/16 checkpoint with a 1000-class head, for a
+    (16 * grid)-pixel input."""
+    return official.write(path, official.vit_arrays(
+        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=grid,
+        num_classes=1000, seed=seed))
+
+
 def colour_folders(root, classes=(("red", (200, 30, 30)),
                                   ("blue", (30, 30, 200)))):
     """``root/<class>/`` with 8 noisy single-colour PNGs each."""
@@ -44,9 +52,7 @@ def run_example(script, *args, **env):
 @pytest.mark.slow
 def test_classify_image_example(tmp_path):
     pytest.importorskip("skimage")
-    path = official.write(tmp_path / "ti.npz", official.vit_arrays(
-        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=2,
-        num_classes=1000, seed=1))
+    path = vit_ti_checkpoint(tmp_path / "ti.npz", grid=2, seed=1)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "classify_image.py"),
@@ -90,9 +96,7 @@ def test_inspect_attention_example(tmp_path):
     grid, and five classes with probabilities are printed."""
     pytest.importorskip("skimage")
     pytest.importorskip("matplotlib")
-    path = official.write(tmp_path / "ti.npz", official.vit_arrays(
-        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=4,
-        num_classes=1000, seed=2))
+    path = vit_ti_checkpoint(tmp_path / "ti.npz", grid=4, seed=2)
     out = tmp_path / "rollout.png"
     stdout = run_example("inspect_attention.py", "--model", "ViT-Ti/16",
                          "--weights", path, "--out", out)
@@ -160,9 +164,7 @@ def test_export_for_deployment_example(tmp_path):
     """examples/export_for_deployment.py on a local random checkpoint: the
     three artifacts are written and each runs in its own runtime with the
     top-1 of Keras."""
-    path = official.write(tmp_path / "ti.npz", official.vit_arrays(
-        patch=16, hidden=192, layers=12, heads=3, mlp=768, grid=2,
-        num_classes=1000, seed=4))
+    path = vit_ti_checkpoint(tmp_path / "ti.npz", grid=2, seed=4)
     out = tmp_path / "exported"
     stdout = run_example("export_for_deployment.py", "--model", "ViT-Ti/16",
                          "--weights", path, "--out", out)

@@ -12,6 +12,7 @@ B.1.1) and pre-training (Table 3) settings, each overridable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -445,10 +446,6 @@ def _schedule_class():
     return WarmupDecay
 
 
-_WARMUP_DECAY = None
-_SMOOTHED = None
-
-
 def _smoothed_loss_class():
     import keras
     from keras import ops
@@ -475,18 +472,14 @@ def _smoothed_loss_class():
     return SmoothedSparseCE
 
 
+@functools.lru_cache(maxsize=None)
 def register_keras_classes():
     """Defines (once) and registers the schedule and loss a compiled model
     saves in its ``.keras`` file (``keras_vit>WarmupDecay``,
     ``keras_vit>SmoothedSparseCE``); ``import keras_vit`` calls it, so such
     a file loads without importing the training code first. Returns them.
     """
-    global _WARMUP_DECAY, _SMOOTHED
-    if _WARMUP_DECAY is None:
-        _WARMUP_DECAY = _schedule_class()
-    if _SMOOTHED is None:
-        _SMOOTHED = _smoothed_loss_class()
-    return _WARMUP_DECAY, _SMOOTHED
+    return _schedule_class(), _smoothed_loss_class()
 
 
 def smoothed_loss(label_smoothing):
