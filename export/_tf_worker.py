@@ -6,7 +6,8 @@ loads the serving model from its ``.keras`` file, rebuilds the same
 :class:`~keras_vit.export.graph.ServingGraph`, runs the format's
 ``convert`` and, for a SavedModel, the verification batches through
 ``tf.saved_model.load``. Arguments arrive as JSON, arrays as an ``.npz``
-read with ``allow_pickle=False``; the result (or the error, as a type and
+read with ``allow_pickle=False`` (encoded files as bytes and offsets,
+labels as fixed-width bytes); the result (or the error, as a type and
 a message) leaves as JSON.
 """
 
@@ -44,11 +45,15 @@ def run_job(job):
                            "KERAS_BACKEND=tensorflow; it runs on "
                            f"{keras.backend.backend()!r}")
     from keras_vit import atomic
-    from keras_vit.export import memory, pipeline
+    from keras_vit.export import memory, pipeline, serving
     from keras_vit.export.graph import ServingGraph
 
     model = _load_model(job["model"])
-    graph = ServingGraph(model, **job["graph"])
+    graph_args = dict(job["graph"])
+    if graph_args.pop("input", None) == serving.INPUT_NAME:
+        graph = serving.ImageBytesGraph(model, **graph_args)
+    else:
+        graph = ServingGraph(model, **graph_args)
     arrays = {}
     if job.get("arrays"):
         with np.load(job["arrays"], allow_pickle=False) as data:
@@ -64,8 +69,12 @@ def run_job(job):
         run = module.open_artifact(job["staged"])
         outputs = {}
         for key in job["run"]:
-            for name, value in run(arrays[f"run/{key}"]).items():
-                outputs[f"{key}/{name}"] = np.asarray(value)
+            batch = pipeline.unpack_batch(arrays, f"run/{key}")
+            for name, value in run(batch).items():
+                value = np.asarray(value)
+                if value.dtype == object:  # strings (labels): no pickle
+                    value = value.astype(bytes)
+                outputs[f"{key}/{name}"] = value
         result["outputs"] = "outputs.npz"
         with atomic.atomic_path(os.path.join(job["workdir"],
                                              "outputs.npz")) as tmp:

@@ -14,14 +14,25 @@ import os
 from keras_vit.export import common
 from keras_vit.export.verify import verification_table
 from keras_vit import cli_options as options
+from keras_vit.errors import printable
 from keras_vit.cli_options import name_list, positive_int
+
+# Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
+# whose modules import Keras; tests/test_cli_startup.py holds them equal.
+INPUTS = ("images", "image_bytes")
+OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
+           "features")
+DEFAULT_TOP_K = 5
+# A label file is a list of class names: 21843 names fit in 1 MiB.
+MAX_LABEL_FILE_BYTES = 16 << 20
 
 
 def register(subparsers):
     """Adds ``export`` and ``benchmark`` to ``subparsers`` (the object
     returned by ``parser.add_subparsers()``)."""
     p = options.command(subparsers, "export", run_export,
-                        help="SavedModel / TFLite / ONNX, verified against Keras")
+                        help="SavedModel / TFLite / ONNX, verified against "
+                             "Keras", check=check_export)
     p.add_argument("model", metavar="MODEL",
                    help="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--format", "-f", required=True,
@@ -37,9 +48,22 @@ def register(subparsers):
     p.add_argument("--uint8-input", action="store_true",
                    help="take uint8 pixels; the scaling runs inside")
     p.add_argument("--outputs", type=name_list, metavar="A,B",
-                   default=["logits", "probabilities"],
                    help="logits, probabilities, pre_logits, attention_maps, "
                         "features (default: logits,probabilities)")
+    p.add_argument("--input", choices=INPUTS, default=INPUTS[0],
+                   help="saved_model: what serving_default takes: pixel "
+                        "arrays (images, the default) or encoded "
+                        "JPEG/PNG/BMP/GIF files of any size (image_bytes: "
+                        "decoded and scaled inside, returns the top-k "
+                        "labels and scores)")
+    p.add_argument("--top-k", type=positive_int, metavar="K",
+                   help="--input image_bytes: classes returned per image "
+                        f"(default: {DEFAULT_TOP_K})")
+    p.add_argument("--labels", metavar="NAME|FILE",
+                   help="--input image_bytes: class names, a label list "
+                        "(imagenet2012, imagenet21k) or a UTF-8 text file "
+                        "with one name per line (default: the names the "
+                        "weights carry, else the class indices)")
     p.add_argument("--opset", type=positive_int, metavar="N",
                    help="ONNX opset (default: 17)")
     p.add_argument("--external-data", action="store_true",
@@ -93,12 +117,10 @@ def _load_model(args, default_weights="auto"):
     return model, label
 
 
-def run_export(args):
-    """Exports MODEL, runs the artifact in its runtime at two batch sizes,
-    compares it with Keras and writes it with a JSON report only if it
-    matches."""
-    from keras_vit import export
-
+def check_export(args):
+    """The export options argparse cannot check (combinations, the output
+    path, the label file), before anything heavy is imported; returns the
+    keyword arguments for :func:`keras_vit.export.export`."""
     if args.format == "saved_model" and args.quantization != "float32":
         raise ValueError("--quantization applies to --format tflite and "
                          "onnx only; received --format saved_model")
@@ -110,20 +132,32 @@ def run_export(args):
     if not os.path.isdir(os.path.dirname(out)):
         raise ValueError(f"the output directory does not exist: "
                          f"{os.path.dirname(out)}")
-    from keras_vit.export.graph import OUTPUTS
-
-    unknown = [o for o in args.outputs if o not in OUTPUTS]
-    if unknown or not args.outputs:
-        raise ValueError(f"--outputs takes names from {', '.join(OUTPUTS)}; "
-                         f"received {','.join(args.outputs) or 'nothing'}")
-    model, label = _load_model(args)
-    kwargs = dict(outputs=tuple(args.outputs), uint8_input=args.uint8_input,
-                  batch_sizes=tuple(args.batch_sizes))
+    kwargs = _input_options(args)
+    if args.input == "images":
+        outputs = args.outputs or ["logits", "probabilities"]
+        unknown = [o for o in outputs if o not in OUTPUTS]
+        if unknown:
+            raise ValueError(f"--outputs takes names from "
+                             f"{', '.join(OUTPUTS)}; received "
+                             f"{','.join(outputs)}")
+        kwargs.update(outputs=tuple(outputs), uint8_input=args.uint8_input)
+    kwargs["batch_sizes"] = tuple(args.batch_sizes)
     if args.format != "saved_model":
         kwargs["quantization"] = args.quantization
     if args.format == "onnx":
         kwargs["opset"] = args.opset
         kwargs["external_data"] = True if args.external_data else None
+    return kwargs
+
+
+def run_export(args):
+    """Exports MODEL, runs the artifact in its runtime at two batch sizes,
+    compares it with Keras and writes it with a JSON report only if it
+    matches."""
+    from keras_vit import export
+
+    kwargs = check_export(args)
+    model, label = _load_model(args)
     print(f"Exporting {label} to {args.format} ...", flush=True)
     try:
         report = export.export(model, args.output, format=args.format,
@@ -139,6 +173,80 @@ def run_export(args):
     print(f"Wrote {report['path']} ({report['file_size_mb']:.1f} MiB); "
           f"report: {where}")
     return 0
+
+
+def _input_options(args):
+    """The ``--input`` / ``--top-k`` / ``--labels`` options as keyword
+    arguments of :func:`keras_vit.export.to_saved_model`, checked before
+    anything heavy is imported."""
+    if args.input == "images":
+        given = [flag for flag, value in (("--top-k", args.top_k),
+                                          ("--labels", args.labels))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} apply to --input "
+                             "image_bytes only; received --input images")
+        return {}
+    if args.format != "saved_model":
+        raise ValueError("--input image_bytes applies to --format "
+                         f"saved_model only; received --format {args.format}")
+    if args.uint8_input or args.outputs:
+        raise ValueError("--input image_bytes decodes and scales inside and "
+                         "returns labels, scores, classes and logits: "
+                         "--uint8-input and --outputs do not apply")
+    return {"input": "image_bytes",
+            "top_k": DEFAULT_TOP_K if args.top_k is None else args.top_k,
+            "labels": _label_option(args.labels)}
+
+
+def _label_option(value):
+    """``--labels``: None, a shipped label list's name, or the names read
+    from a text file (one per line, blank lines at the end ignored)."""
+    if value is None:
+        return None
+    if not os.path.exists(value):
+        known = _label_list_names()
+        if value in known:
+            return value
+        raise ValueError(f"--labels takes a label list ({', '.join(known)}) "
+                         "or a text file with one class name per line; "
+                         f"received --labels {printable(value)!r}, which is "
+                         "neither")
+    if not os.path.isfile(value):
+        raise ValueError(f"--labels must be a regular file; received "
+                         f"--labels {printable(value)!r}")
+    size = os.path.getsize(value)
+    if size > MAX_LABEL_FILE_BYTES:
+        raise ValueError(f"--labels {printable(value)!r} is {size} bytes; a "
+                         f"label file holds at most {MAX_LABEL_FILE_BYTES} "
+                         "bytes")
+    with open(value, "rb") as f:
+        data = f.read(MAX_LABEL_FILE_BYTES + 1)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--labels {printable(value)!r} is not UTF-8 text "
+                         f"(byte {e.start})") from None
+    names = text.splitlines()
+    while names and not names[-1].strip():
+        names.pop()
+    empty = [i + 1 for i, name in enumerate(names) if not name.strip()]
+    if not names or empty:
+        where = f"line {empty[0]} is empty" if empty else "it has no names"
+        raise ValueError(f"--labels {printable(value)!r}: {where}; give "
+                         "one class name per line")
+    return [name.strip() for name in names]
+
+
+def _label_list_names():
+    """The label lists that ship with keras_vit.zoo, found without
+    importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("keras_vit.zoo")
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "labels")
+    return sorted(name[:-4] for name in os.listdir(folder)
+                  if name.endswith(".txt"))
 
 
 def run_benchmark(args):

@@ -298,10 +298,48 @@ def batch_key(images):
     >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((3, 2)))
     False
     """
-    images = np.ascontiguousarray(images)
+    images = np.asarray(images)
     digest = hashlib.sha256(repr((images.shape, images.dtype.str)).encode())
-    digest.update(images.tobytes())
+    if images.dtype == object:  # encoded files: their bytes, not pointers
+        for data in images.ravel():
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(bytes(data))
+    else:
+        digest.update(np.ascontiguousarray(images).tobytes())
     return digest.hexdigest()[:24]
+
+
+def pack_batch(arrays, key, batch):
+    """Stores ``batch`` in ``arrays`` under ``key`` for an ``.npz`` read
+    without pickle: an array as it is; a 1-D batch of ``bytes`` (encoded
+    files) as their concatenation (``key/data``, uint8) and end offsets
+    (``key/ends``). :func:`unpack_batch` reads it back.
+
+    >>> arrays = {}
+    >>> pack_batch(arrays, "b", np.array([b"ab", b"", b"c"], dtype=object))
+    >>> sorted(arrays), unpack_batch(arrays, "b").tolist()
+    (['b/data', 'b/ends'], [b'ab', b'', b'c'])
+    """
+    batch = np.asarray(batch)
+    if batch.dtype != object:
+        arrays[key] = batch
+        return
+    parts = [bytes(data) for data in batch]
+    arrays[f"{key}/data"] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    arrays[f"{key}/ends"] = np.cumsum([len(p) for p in parts],
+                                      dtype=np.int64)
+
+
+def unpack_batch(arrays, key):
+    """The batch :func:`pack_batch` stored under ``key``."""
+    if key in arrays:
+        return arrays[key]
+    data = arrays[f"{key}/data"].tobytes()
+    ends = [int(e) for e in arrays[f"{key}/ends"]]
+    out = np.empty(len(ends), dtype=object)
+    for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+        out[i] = data[start:end]
+    return out
 
 
 def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime):
@@ -324,7 +362,7 @@ def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime):
             graph, job.batch_sizes, job.verify_data, job.samples, job.seed)
         for batch in checks.batches(images, job.batch_sizes):
             run_keys.append(batch_key(batch))
-            arrays[f"run/{run_keys[-1]}"] = batch
+            pack_batch(arrays, f"run/{run_keys[-1]}", batch)
     arrays_path = None
     if arrays:
         arrays_path = os.path.join(workdir, "arrays.npz")

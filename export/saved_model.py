@@ -165,14 +165,6 @@ def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
     dest = common.check_path(path, "saved_model")
     tol = common.tolerance_for("saved_model", tolerance)
     checks.check_options(batch_sizes, verify_data)
-    if not pipeline.tensorflow_here():
-        import keras
-
-        raise ValueError(
-            "input='image_bytes' exports from a TensorFlow session only; "
-            f"this one runs KERAS_BACKEND={keras.backend.backend()!r}. Save "
-            "the model (model.save('m.keras')) and export it with "
-            "KERAS_BACKEND=tensorflow")
     graph = serving.ImageBytesGraph(model, top_k, labels, cast_to_float32)
     options = {"input": serving.INPUT_NAME, "top_k": graph.top_k,
                "labels": graph.label_source,

@@ -292,6 +292,17 @@ def main(parser, argv=None, prepare=None):
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
+    # A command's own argument checks (``check`` in its defaults, see
+    # :func:`command`) run before the heavy imports as well.
+    check = getattr(args, "check", None)
+    if check is not None:
+        def checked(args):  # what the check returns is the command's
+            check(args)
+
+        code = run_command(checked, args,
+                           debug or getattr(args, "traceback", False))
+        if code:
+            return code
     if prepare is None:
         from keras_vit import lazy
 
@@ -301,10 +312,13 @@ def main(parser, argv=None, prepare=None):
                        debug or getattr(args, "traceback", False))
 
 
-def command(subparsers, name, func, help):
+def command(subparsers, name, func, help, check=None):
     """Adds the sub-command ``name`` that runs ``func(args)``; ``help`` is
     its line in ``keras-vit --help`` and ``func``'s docstring its
-    description. Returns its parser."""
+    description. ``check(args)``, if given, validates the options that
+    argparse cannot (combinations, files) and runs in :func:`main` before
+    Keras is imported: it raises ValueError/OSError for a mistake. Returns
+    the parser."""
     parser = subparsers.add_parser(name, help=help, description=func.__doc__)
-    parser.set_defaults(func=func)
+    parser.set_defaults(func=func, check=check)
     return parser

@@ -102,6 +102,14 @@ def test_list_and_info_print_the_registry_without_keras(argv, expected):
     (("info", "ViT-Q/99"), "ViT-Q/99"),
     (("list", "no-such-model"), "no-such-model"),
     (("export",), "required"),
+    (("export", "ViT-Ti/16", "-f", "onnx", "-o", "v.onnx", "--input",
+      "image_bytes"), "--input image_bytes applies to --format saved_model"),
+    (("export", "ViT-Ti/16", "-f", "saved_model", "-o", "v", "--top-k",
+      "3"), "--top-k apply to --input image_bytes only"),
+    (("export", "ViT-Ti/16", "-f", "saved_model", "-o", "v", "--input",
+      "image_bytes", "--labels", "no-such-list"), "--labels"),
+    (("export", "ViT-Ti/16", "-f", "saved_model", "-o", "v", "--input",
+      "image_bytes", "--top-k", "0"), "--top-k"),
 ])
 def test_argument_errors_come_before_the_heavy_imports(argv, message):
     result, proc = run_command(*argv)
@@ -109,6 +117,14 @@ def test_argument_errors_come_before_the_heavy_imports(argv, message):
     assert result["heavy"] == [], result
     assert message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+
+
+def test_the_command_mirrors_the_exporters_constants():
+    from keras_vit.export import cli, graph, saved_model, serving
+
+    assert cli.INPUTS == saved_model.INPUTS
+    assert cli.OUTPUTS == graph.OUTPUTS
+    assert cli.DEFAULT_TOP_K == serving.DEFAULT_TOP_K
 
 
 def test_a_bad_keras_backend_is_one_line_before_any_import():
