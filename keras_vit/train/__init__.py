@@ -36,8 +36,11 @@ del _sys
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".data": ("ArraySource", "DataError", "FolderSource", "ImageSource",
               "TfdsSource", "dataset", "digits", "load_data"),
-    ".engine": ("Trainer", "TrainResult", "build_model",
-                "compile_for_finetune", "evaluate", "fine_tune", "pretrain"),
+    # The training API (keras_vit.train.engine re-exports it all).
+    ".build": ("build_model",),
+    ".evaluation": ("evaluate",),
+    ".fit": ("compile_for_finetune",),
+    ".loop": ("Trainer", "TrainResult", "fine_tune", "pretrain"),
     ".few_shot": ("fewshot", "fit_least_squares"),
     ".layouts": ("distribution", "layout_map", "layout_rules",
                  "variable_shapes"),

@@ -41,6 +41,7 @@ from keras import ops
 from keras_vit.errors import check_int
 from keras_vit.train import checkpoints as ckpt_lib
 from keras_vit.train import data as data_lib
+from keras_vit.train import evaluation
 from keras_vit.train.distribute import check_backend, check_precision
 
 
@@ -247,11 +248,9 @@ class KerasEngine:
                    labels.reshape((accum, batch // accum)).astype("int32"))
 
     def evaluate(self, data, batch_size, **kwargs):
-        from keras_vit.train import engine
-
         self.sync()
-        return engine.evaluate(self.model, data, batch_size=batch_size,
-                               strategy="default", **kwargs)
+        return evaluation.evaluate(self.model, data, batch_size=batch_size,
+                                   strategy="default", **kwargs)
 
     def _seed(self, step, micro):
         accum = self.trainer.accum

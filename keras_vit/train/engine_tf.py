@@ -18,6 +18,7 @@ import shutil
 
 from keras_vit import compat
 from keras_vit.train import data as data_lib
+from keras_vit.train import evaluation
 from keras_vit.train.distribute import describe, precision_for
 from keras_vit.train.distribute import strategy as make_strategy
 
@@ -230,11 +231,9 @@ class TFEngine:
         return self._distributed(make)
 
     def evaluate(self, data, batch_size, **kwargs):
-        from keras_vit.train import engine
-
-        return engine.evaluate(self.model, data, batch_size=batch_size,
-                               strategy=self.strategy, _cache=self._eval_steps,
-                               **kwargs)
+        return evaluation.evaluate(
+            self.model, data, batch_size=batch_size, strategy=self.strategy,
+            _cache=self._eval_steps, **kwargs)
 
     # ---------------------------------------------------------------- step
 

@@ -1,0 +1,136 @@
+"""What a training run is made of: the engine for the Keras backend
+(:func:`make_engine`) and the model, built in the engine's scope under the
+run's dtype policy (:func:`build_model`, :func:`dtype_policy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from keras_vit.train import distribute as strategy_lib
+from keras_vit.train.evaluation import model_image_size
+
+
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Layers built inside get ``name`` as their Keras dtype policy."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def build_model(model, *, num_classes, image_size=None, weights="auto",
+                dropout_rate=None, model_options=None):
+    """A model for training, built in the current strategy scope.
+
+    ``model`` is a zoo name (loaded with ``weights``; a head of another size
+    is replaced by a zero-initialised one, position embeddings are resized
+    to ``image_size``), a ``.keras`` path, a ``keras.Model`` (copied into
+    the scope; a keras_vit model is rebuilt with the same weights by
+    :func:`keras_vit.models.rebuild` when ``image_size`` (position
+    embeddings resized), ``num_classes`` (a new zero-initialised head),
+    ``dropout_rate`` or the dtype policy differ), or a function returning a
+    model.
+    """
+    import keras
+
+    from keras_vit.models import rebuild, resolve_model
+    from keras_vit.models.resolve import model_path
+
+    options = dict(model_options or {})
+    if isinstance(model, (str, os.PathLike)) and model_path(model) is None:
+        if dropout_rate is not None:
+            options.setdefault("dropout_rate", dropout_rate)
+        return resolve_model(model, weights=weights, image_size=image_size,
+                             num_classes=num_classes, **options)
+    if isinstance(model, (str, os.PathLike)):
+        model = resolve_model(model)  # a .keras file or a run directory
+    elif callable(model) and not isinstance(model, keras.Model):
+        model = model()
+    if hasattr(model, "to_classifier") and num_classes is not None:
+        # A self-supervised model (keras_vit.train.mpp): its encoder with a
+        # new zero-initialised head.
+        model = model.to_classifier(num_classes)
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            "model must be a zoo name, a .keras path, a keras.Model or a "
+            f"function returning one; received model={model!r}")
+    changes = {}
+    if image_size is not None and model_image_size(model) != image_size:
+        changes["image_size"] = image_size
+    if dropout_rate is not None and hasattr(model, "dropout_rate"):
+        changes["dropout_rate"] = dropout_rate
+    # Built under another dtype policy (e.g. float32 for a bfloat16 run):
+    # rebuilt under the run's policy. A new task's head (pre_logits too)
+    # becomes one zero-initialised layer, as in the paper (Appendix B.1.1);
+    # a new resolution interpolates the position embeddings (the paper's
+    # higher-resolution fine-tune).
+    rebuilt = rebuild(model, num_classes=num_classes,
+                      dtype=keras.mixed_precision.global_policy().name,
+                      copy=False, **changes)
+    if rebuilt is not model:
+        return rebuilt
+    return _copy_into_scope(model)
+
+
+def _copy_into_scope(model):
+    """The same model with its variables created in the current strategy's
+    scope (a no-op when they already are, and on the jax and torch
+    backends, whose engines place the variables themselves)."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return model
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    if all(strategy.extended.variable_created_in_scope(v.value)
+           for v in model.variables):
+        return model
+    from keras_vit.models import rebuild
+
+    return rebuild(model)
+
+
+def make_engine(strategy="auto", *, tpu=None, model_parallel=None):
+    """The engine for the current Keras backend: ``tf.distribute`` under
+    TensorFlow (:mod:`~keras_vit.train.engine_tf`), a ``jax.jit`` step
+    (one device, ``keras.distribution.DataParallel``, or ``ModelParallel``
+    with ``model_parallel=k``) under JAX, an eager autograd step under
+    torch (:mod:`~keras_vit.train.engine_keras`)."""
+    import keras
+
+    backend = keras.backend.backend()
+    strategy_lib.check_backend(strategy)
+    if model_parallel is not None and model_parallel != 1 and backend != "jax":
+        way_out = ("the Trainer replicates the model with a tf.distribute "
+                   "strategy (strategy='mirrored', 'multi_worker' or 'tpu'), "
+                   "or set KERAS_BACKEND=jax to shard it."
+                   if backend == "tensorflow" else
+                   "the Trainer runs on one device (strategy='default'): "
+                   "set KERAS_BACKEND=jax to shard the model.")
+        raise strategy_lib.StrategyError(
+            f"model_parallel={model_parallel} shards weights with "
+            "keras.distribution.ModelParallel, which runs on the 'jax' "
+            f"Keras backend; under {backend!r} {way_out}")
+    if backend == "tensorflow":
+        from keras_vit.train.engine_tf import TFEngine
+
+        return TFEngine(strategy, tpu=tpu)
+    from keras_vit.train import engine_keras
+
+    engines = {"jax": engine_keras.JaxEngine,
+               "torch": engine_keras.TorchEngine}
+    if backend not in engines:
+        raise NotImplementedError(
+            f"the Trainer runs on the tensorflow, jax and torch Keras "
+            f"backends; received KERAS_BACKEND={backend}")
+    if backend == "jax":
+        return engines[backend](strategy, model_parallel=model_parallel)
+    return engines[backend](strategy)

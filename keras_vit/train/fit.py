@@ -1,0 +1,89 @@
+"""Keras' own loop (``model.fit``) following a recipe: the optimizer,
+schedule, clipping, gradient accumulation and loss of
+:mod:`~keras_vit.train.recipes` on one device (the
+:class:`~keras_vit.train.Trainer` runs distributed and resumable).
+"""
+
+from __future__ import annotations
+
+import math
+
+from keras_vit.train import recipes as recipes_lib
+from keras_vit.train.evaluation import classifier_of
+
+
+def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
+                         **overrides):
+    """Compiles ``model`` for ``model.fit`` with a recipe's optimizer,
+    schedule, clipping, gradient accumulation and loss (one device; use
+    :class:`Trainer` for distributed runs). Returns the :class:`Recipe`.
+
+    Feed it batches of ``recipe.micro_batch_size or recipe.batch_size``
+    (e.g. from :func:`~keras_vit.train.dataset`) for ``total_steps``
+    optimizer steps (times the accumulation steps when accumulating).
+
+    >>> import keras_vit, keras_vit.train as kt
+    >>> model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+    >>> r = kt.compile_for_finetune(model, total_steps=6, warmup_steps=1,
+    ...                             batch_size=32, learning_rate=0.03)
+    >>> ds = kt.dataset("digits", 16, r.batch_size, crop_area=None)
+    >>> h = model.fit(ds, steps_per_epoch=6, epochs=1, verbose=0)
+    >>> h.history["loss"][0] < 2.31
+    True
+    """
+
+    r = recipes_lib.get(recipe, classifier=classifier_of(model),
+                        **overrides)
+    if r.total_steps is None:
+        if steps_per_epoch is None:
+            raise ValueError(
+                f"recipe {r.name!r} counts epochs={r.epochs}; pass "
+                "steps_per_epoch=... (or total_steps=...) so the learning-"
+                "rate schedule knows the run's length")
+        total = max(1, math.ceil(r.epochs * steps_per_epoch))
+    else:
+        total = r.total_steps
+    accum = 1
+    if r.micro_batch_size:
+        if r.batch_size % r.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size={r.micro_batch_size} must divide "
+                f"batch_size={r.batch_size}")
+        accum = r.batch_size // r.micro_batch_size
+    optimizer = recipes_lib.make_optimizer(
+        r, total, clip_in_optimizer=True, accumulation_steps=accum)
+    model.compile(optimizer=optimizer,
+                  loss=smoothed_sparse_crossentropy(r.label_smoothing),
+                  metrics=["accuracy"], jit_compile=_fit_jit(model, r))
+    return r
+
+
+def _fit_jit(model, recipe):
+    """``jit_compile`` for ``model.fit``: the recipe's when set; on
+    TensorFlow with one device, the machine's plan for the model's compute
+    dtype (Keras' own "auto" never uses XLA on a CPU, the slower bf16 path
+    where there is no AMX); else Keras' "auto"."""
+    import keras
+
+    if recipe.jit_compile in (True, False):
+        return recipe.jit_compile
+    if keras.backend.backend() != "tensorflow":
+        return "auto"
+    import tensorflow as tf
+
+    from keras_vit import hardware
+    from keras_vit.models.compiled import model_compute_dtype
+
+    if tf.distribute.has_strategy():
+        return "auto"
+    return hardware.plan(model_compute_dtype(model)).train_jit
+
+
+def smoothed_sparse_crossentropy(label_smoothing=0.0):
+    """Cross-entropy from logits for integer labels, with label smoothing
+    (Keras' sparse loss has none; its dense one needs one-hot labels)."""
+    import keras
+
+    if not label_smoothing:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return recipes_lib.smoothed_loss(label_smoothing)

@@ -1,0 +1,283 @@
+"""The run directory: what a run keeps on disk to resume after a crash.
+
+    OUT/checkpoints/   model, optimizer, EMA weights, step, data position
+                       (tf.train files under TensorFlow, ckpt-STEP.npz
+                       under jax and torch)
+    OUT/logs/          TensorBoard event files (train/, eval/)
+    OUT/history.jsonl  one line per logged step
+    OUT/run.json       the recipe and the set-up
+    OUT/metrics.json   final figures (written at the end)
+    OUT/model.keras    the trained model (EMA weights when EMA is on)
+    OUT/run.lock       the pid of the process the run belongs to
+
+Running the same command again resumes from the last checkpoint; a second
+process on the same folder while the first runs is refused. The functions
+here take the folder and the run's settings; the
+:class:`~keras_vit.train.Trainer` calls them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+from keras_vit import atomic
+
+#: The run directory's lock: the pid of the process that owns the run.
+RUN_LOCK = "run.lock"
+
+# What may differ when a run resumes: bookkeeping that does not change the
+# trained weights (the step count is noted, the batch size refused apart).
+_RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
+                "recipe.checkpoint_every", "recipe.log_every",
+                "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
+                "recipe.batch_size", "eval_data", "recipe.precision",
+                "recipe.jit_compile", "precision", "jit_compile", "backend"}
+
+
+def checkpoint_dir(out_dir):
+    """The folder of ``out_dir``'s checkpoints."""
+    return os.path.join(out_dir, "checkpoints")
+
+
+def history_path(out_dir):
+    """The path of ``out_dir``'s history (one JSON line per logged step)."""
+    return os.path.join(out_dir, "history.jsonl")
+
+
+def write_scalar(name, value, step):
+    """A TensorBoard scalar through TensorFlow's own summary writer.
+
+    ``tf.summary.scalar`` needs the tensorboard package (TF 2.21 no longer
+    installs it); this writes the same event (a float32 tensor tagged for
+    TensorBoard's scalars plugin) with TensorFlow alone.
+    """
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name="scalars"),
+        data_class=summary_pb2.DATA_CLASS_SCALAR)
+    return tf.summary.write(name, tf.constant(float(value), tf.float32),
+                            step=step, metadata=metadata)
+
+
+def summary_writer(folder):
+    """A TensorBoard event writer (TensorFlow's, on every Keras backend)."""
+    import tensorflow as tf
+
+    return tf.summary.create_file_writer(folder)
+
+
+def write_scalars(writer, step, values):
+    """Writes ``values`` (``{name: number}``) at ``step`` with the event
+    ``writer`` of :func:`summary_writer`, and flushes it."""
+    with writer.as_default(step=step):
+        for name, value in values.items():
+            write_scalar(name, value, step)
+    writer.flush()
+
+
+def save_results(out_dir, model, metrics, *, ema):
+    """Saves a finished run's ``model`` as ``out_dir/model.keras`` (whole
+    or not at all) and ``metrics``, with the model's path and what it holds
+    (``ema``: the EMA weights) added, as ``out_dir/metrics.json``."""
+    path = os.path.join(out_dir, "model.keras")
+    with atomic.atomic_path(path) as tmp:
+        model.save(tmp)
+    metrics["model_path"] = path
+    metrics["model_holds"] = "ema weights" if ema else "weights"
+    atomic.write_json(os.path.join(out_dir, "metrics.json"), metrics)
+
+
+def append_jsonl(path, row):
+    """Appends ``row`` as one JSON line to ``path``, flushed to disk.
+
+    A process killed mid-append leaves a last line cut short; the next
+    append would glue its row onto it, so a last line without its newline
+    is cut off first (it is the partial row of a step the resumed run
+    redoes). Every complete line survives.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "history.jsonl")
+    >>> append_jsonl(path, {"step": 1})
+    >>> with open(path, "a") as f:
+    ...     _ = f.write('{"step": 2, "lo')  # killed here
+    >>> append_jsonl(path, {"step": 2})
+    >>> open(path).read().splitlines()
+    ['{"step": 1}', '{"step": 2}']
+    """
+    line = (json.dumps(atomic.to_json(row)) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                f.truncate(_end_of_last_line(f, end))
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _end_of_last_line(f, end, block=4096):
+    """The offset just past the last newline before ``end`` (0 if none)."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        pos = start
+    return 0
+
+
+def _read_jsonl(path):
+    """The rows of a JSON-lines file; a line cut short by a killed process
+    is skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def read_history(out_dir):
+    """The rows of ``out_dir``'s history, or None when it has none."""
+    path = history_path(out_dir)
+    return _read_jsonl(path) if os.path.isfile(path) else None
+
+
+def truncate_history(out_dir, step):
+    """Drops log lines of steps after the checkpoint at ``step`` (a killed
+    run logged them, the resumed run redoes them)."""
+    path = history_path(out_dir)
+    if not os.path.isfile(path):
+        return
+    rows = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
+    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def lock_run_dir(owner, out_dir):
+    """Makes ``out_dir`` belong to this process for as long as ``owner``
+    lives (returns a callable that releases it earlier): two runs writing
+    one folder prune each other's checkpoints and interleave their
+    histories. Another process holding it raises
+    :class:`keras_vit.atomic.LockHeldError` naming its pid; a lock whose
+    process died is taken over (the kernel drops it)."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, RUN_LOCK)
+    try:
+        return atomic.hold_lock(owner, path)
+    except atomic.LockHeldError as e:
+        raise atomic.LockHeldError(
+            f"the run folder out_dir={out_dir!r} (--out) is in use by "
+            f"{e.holder}: wait for that run to end or stop it, or pass "
+            "another out_dir. The lock is released when its process ends; "
+            "if no such process runs (a lock kept by a network file "
+            f"system), delete {path}", path, e.holder) from None
+
+
+def prepare(out_dir, resume):
+    """Makes ``out_dir``'s checkpoint folder; ``resume=False`` first
+    deletes the checkpoints, history and metrics of an earlier run."""
+    checkpoints = checkpoint_dir(out_dir)
+    if not resume and os.path.isdir(checkpoints):
+        shutil.rmtree(checkpoints)
+        for name in ("history.jsonl", "metrics.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
+    os.makedirs(checkpoints, exist_ok=True)
+
+
+def run_config_changes(before, now):
+    """``["key: old -> new", ...]`` for the settings of a run's
+    ``run.json`` (``before``) that ``now`` changes and that change what
+    the run trains (learning rate, seed, data, model, recipe...).
+
+    >>> run_config_changes({"train_data": "a", "recipe": {"seed": 0}},
+    ...                    {"train_data": "b", "recipe": {"seed": 1}})
+    ['recipe.seed: 0 -> 1', "train_data: 'a' -> 'b'"]
+    """
+    def flat(config, prefix=""):
+        out = {}
+        for key, value in config.items():
+            if isinstance(value, dict) and key == "recipe":
+                out.update(flat(value, f"{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+
+    old, new = flat(before), flat(atomic.to_json(now))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new))
+            if key not in _RESUME_FREE and old.get(key) != new.get(key)]
+
+
+def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
+    """Refuses to resume the checkpoint at step ``resumed_from`` of
+    ``out_dir`` under settings (``now``, the run's ``run.json`` record)
+    other than those it was made with: ``recorded`` (the JSON text the
+    checkpoint holds) or, for a checkpoint from before they were recorded
+    in it, ``run.json``. ``resume="force"`` only notes the differences
+    (through ``say``)."""
+    if recorded is not None:
+        check_settings(out_dir, json.loads(recorded), now, resume=resume,
+                       say=say)
+        return
+    path = os.path.join(out_dir, "run.json")
+    if not os.path.isfile(path):
+        # The settings a checkpoint was made with are in run.json: a
+        # checkpoint without it cannot show it is the same run, so it
+        # is not resumed under whatever settings are given now.
+        if resume == "force":
+            say(f"note: {path} is missing; resuming the checkpoint "
+                "at step {} with the settings given now".format(
+                    resumed_from))
+            return
+        raise ValueError(
+            f"The run in {out_dir!r} has a checkpoint (step "
+            f"{resumed_from}) but no run.json recording the settings "
+            "it was trained with, so resuming it could mix settings. "
+            "Restore run.json, use another out_dir, resume=False "
+            "(--restart) to start again, or resume='force' "
+            "(--resume-anyway) to continue with the settings given now.")
+    with open(path, encoding="utf-8") as f:
+        before = json.load(f)
+    check_settings(out_dir, before, now, resume=resume, say=say)
+
+
+def check_settings(out_dir, before, now, *, resume, say):
+    """Refuses to resume under settings ``now`` other than ``before``
+    (what the checkpoint, or for an older one run.json, recorded)."""
+    for key in ("total_steps", "steps_per_epoch"):
+        if before.get(key) != now[key]:
+            say(f"note: resuming a run whose {key} was {before.get(key)} "
+                f"with {key}={now[key]}")
+    changed = run_config_changes(before, now)
+    if changed and resume != "force":
+        raise ValueError(
+            f"The run in {out_dir!r} was started with other "
+            "settings; resuming it would mix them: " + "; ".join(changed)
+            + ". Use the original settings, another out_dir, "
+            "resume=False (--restart) to start again, or "
+            "resume='force' (--resume-anyway) to continue regardless.")
+    for line in changed:
+        say(f"note: resuming with a changed setting: {line}")
+    batch_before = before.get("recipe", {}).get("batch_size")
+    batch_now = now["recipe"]["batch_size"]
+    if batch_before != batch_now:
+        raise ValueError(
+            f"The run in {out_dir!r} used batch_size="
+            f"{before['recipe']['batch_size']}; resuming it with "
+            f"batch_size={batch_now} would misplace the "
+            "data position. Use the same batch size, another out_dir, "
+            "or resume=False.")
