@@ -118,6 +118,72 @@ def test_preset_reads_without_keras_hub(classifier, monkeypatch):
         zoo.to_keras_hub(model)
 
 
+# -- zoo.load: a preset directory is one of its sources -------------------------
+
+def test_zoo_load_reads_a_preset_as_from_keras_hub(classifier):
+    hub, path, shape = classifier
+    x = _images(shape)
+    want = zoo.from_keras_hub(path)
+    for source in (path, str(path)):
+        model = zoo.load(source)
+        np.testing.assert_allclose(np.asarray(model(x)), np.asarray(want(x)),
+                                   atol=1e-6, rtol=0, err_msg=str(source))
+        assert model.get_config() == want.get_config()
+        assert model.zoo_source == str(path)
+        assert model.zoo_labels is None and model.zoo_weights is None
+    # kwargs reach the model as from_keras_hub's do: features, and another
+    # size where the grid is square (the position table is resized).
+    kw = dict(include_top=False, pooling=None)
+    if shape[0] == shape[1]:
+        kw["image_size"] = shape = (48, 48)
+    features = zoo.load(str(path), **kw)
+    x = _images(shape)
+    np.testing.assert_allclose(
+        np.asarray(features(x)),
+        np.asarray(zoo.from_keras_hub(path, **kw)(x)), atol=1e-6, rtol=0)
+    assert features.output_shape[-1] == 32
+
+
+def test_zoo_load_preset_with_another_head(classifier):
+    hub, path, shape = classifier
+    model = zoo.load(str(path), num_classes=5)
+    out = np.asarray(model(_images(shape)))
+    assert out.shape == (3, 5)
+    np.testing.assert_array_equal(out, 0.0)  # a new, zero-initialised head
+    assert model.get_config()["representation_size"] is None
+    # A backbone preset gets a head only when asked for one.
+    backbone = _randomise(_backbone(), seed=6)
+    backbone.save_to_preset(str(path.parent / f"{path.name}_bb"))
+    tokens = zoo.load(str(path.parent / f"{path.name}_bb"))
+    np.testing.assert_allclose(np.asarray(tokens(_images())),
+                               np.asarray(backbone(_images())),
+                               atol=1e-5, rtol=0)
+    head = zoo.load(str(path.parent / f"{path.name}_bb"), num_classes=4)
+    assert np.asarray(head(_images())).shape == (3, 4)
+
+
+def test_zoo_load_other_directories_keep_their_errors(preset, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(zoo.UnknownModelError, match="Unknown model name="):
+        zoo.load(str(tmp_path / "empty"))
+    # A config.json that is not keras-hub's (nor transformers' or timm's).
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"class_name": "X"}')
+    with pytest.raises(zoo.UnknownModelError, match="Unknown model name="):
+        zoo.load(str(tmp_path / "other"))
+    # A preset that is keras-hub's but not a ViT: its reader's error.
+    def rename(data):
+        data["class_name"] = "DINOV2Backbone"
+
+    _edit(preset, tmp_path / "dino", "config.json", rename)
+    with pytest.raises(ConfigError, match="class_name='DINOV2Backbone'"):
+        zoo.load(str(tmp_path / "dino"))
+    # As weights= for a name, its sizes must fit: refused naming the preset.
+    with pytest.raises(convert.CheckpointError) as info:
+        zoo.load("ViT-Ti/16", weights=str(preset))
+    assert repr(str(preset)) in str(info.value)
+
+
 def test_bfloat16_preset_loads_its_values(tmp_path):
     """Keras stores bfloat16 as 2-byte opaque data marked dtype=bfloat16;
     each value is read exactly (as float32)."""

@@ -12,10 +12,7 @@ from pathlib import Path
 from keras_vit.errors import did_you_mean
 from keras_vit.models import variants
 from keras_vit.models.resnet_v2 import ResNetV2
-from keras_vit.models.resnet_v2 import resnet_v2 as build_resnet_v2
-from keras_vit.models.vit import vit as build_vit
-from keras_vit.zoo import (bit_layout, convert, download, registry, timm_hub,
-                           transformers_hub)
+from keras_vit.zoo import bit_layout, convert, download, registry, sources
 
 _LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
@@ -107,7 +104,8 @@ def load(
             else the recommended AugReg one), a tag listed by
             ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
             ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"`` or a timm
-            ``.safetensors`` file, or None for random initialisation.
+            ``.safetensors`` file, a transformers or keras-hub folder, or
+            None for random initialisation.
         image_size: input resolution; default: the checkpoint's. Position
             embeddings are resized for any other size (paper section 3.2).
         num_classes: size of the head; default: the checkpoint's. Another
@@ -140,19 +138,41 @@ def load(
     transformers' numerics and ``id2label`` (see
     :mod:`keras_vit.zoo.transformers_hub`):
     ``zoo.load("hf-hub:google/vit-base-patch16-224")``.
+
+    keras-hub's ViT presets (a directory ``save_to_preset`` wrote) load the
+    same way, with keras-hub's numerics, as
+    :func:`keras_vit.zoo.from_keras_hub` reads them:
+    ``zoo.load("vit_b16_preset")``.
+
+    Whatever the source, the steps are those of
+    :mod:`keras_vit.zoo.sources`: find the source, read its architecture
+    and weights (in the official layout), build the model and load them
+    strictly.
     """
-    for source, arch_name in ((name, None), (weights, name)):
-        if transformers_hub.is_transformers_source(source,
-                                                   progress=progress):
-            return transformers_hub.load(
-                source, arch_name, image_size, num_classes,
-                keep_pre_logits=keep_pre_logits, progress=progress, **kwargs)
-    if timm_hub.is_timm_source(name):
-        return timm_hub.load(name, None, image_size, num_classes,
+    # 1. The source: the first registry line that claims `name` (or
+    # `weights`); the official .npz files otherwise.
+    source, value, arch_name = sources.find(name, weights, progress=progress)
+    # 2. Its facts and weights (official layout), the head settled.
+    checkpoint = source.read(value, arch_name, image_size, num_classes,
+                             keep_pre_logits=keep_pre_logits,
                              progress=progress, **kwargs)
-    if weights not in (None, "auto") and timm_hub.is_timm_source(weights):
-        return timm_hub.load(weights, name, image_size, num_classes,
-                             progress=progress, **kwargs)
+    # 3. Built, weights loaded strictly (position embeddings resized, a
+    # head of another size replaced), tagged.
+    return sources.build(checkpoint, **kwargs)
+
+
+def read_checkpoint(weights, name, image_size=None, num_classes=None, *,
+                    keep_pre_logits=False, progress=None, **kwargs):
+    """The official source's reader (:mod:`keras_vit.zoo.sources`): the
+    :class:`~keras_vit.zoo.sources.Checkpoint` of the zoo name ``name``
+    with ``weights`` (a tag, ``"auto"``, ``"augreg:<filename>"``, a URL, a
+    ``.npz`` path, or None for random initialisation), its input size and
+    head settled as :func:`load` documents.
+
+    >>> ckpt = read_checkpoint(None, "ViT-Ti/16", image_size=64)
+    >>> ckpt.arrays, ckpt.config["image_size"], ckpt.config["num_classes"]
+    (None, 64, 1000)
+    """
     arch = variants.parse(name)
     if image_size is None:
         image_size = arch.image_size
@@ -167,9 +187,11 @@ def load(
     is_bit = arch.family == "bit"
     record = None
     arrays = None
+    source_name = None
     if weights is not None:
         resolved = resolve_weights(arch.name, weights, image_size, progress)
         record = resolved.record
+        source_name = repr(resolved.path)
         raw = convert.read_npz(resolved.path, lazy=True)
         if is_bit:
             arrays = bit_layout.normalize(raw)
@@ -207,24 +229,12 @@ def load(
         image_size = 224
     if num_classes is None:
         num_classes = registry.IMAGENET1K_CLASSES
-    for key in list(config):
-        if key in kwargs:
-            config[key] = kwargs.pop(key)
-    kwargs.setdefault("name", arch.name.replace("/", "_").replace("+", "_")
-                      .lower().replace("-", "_"))
-    builder = build_resnet_v2 if is_bit else build_vit
-    model = builder(image_size=image_size, num_classes=num_classes,
-                    **config, **kwargs)
-    if arrays is not None:
-        if is_bit:
-            bit_layout.load_weights(model, arrays)
-        else:
-            convert.load_weights(model, arrays,
-                                 keep_pre_logits=keep_pre_logits,
-                                 source_name=repr(resolved.path))
-    model.zoo_name = arch.name
-    model.zoo_weights = record
-    return model
+    config.update(image_size=image_size, num_classes=num_classes,
+                  name=sources.model_name(arch.name))
+    return sources.Checkpoint(
+        config, arrays, source_name=source_name,
+        family="bit" if is_bit else "vit", keep_pre_logits=keep_pre_logits,
+        tags={"zoo_name": arch.name, "zoo_weights": record})
 
 
 def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,

@@ -114,7 +114,8 @@ def _problem_list(label, items, sep=", "):
             + (" ..." if len(items) > 20 else ""))
 
 
-def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True):
+def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True,
+                 source_name=None):
     """Loads an official BiT checkpoint into a ResNetV2 model, strictly.
 
     Args:
@@ -125,6 +126,7 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True):
         num_classes_changed_ok: if True, a checkpoint head of another number
             of classes is replaced by zeros (BiT fine-tuning starts from a
             zero head); if False, that is an error.
+        source_name: how errors name the source (default: its path).
 
     Rules:
         * a model without a head (``include_top=False``) ignores the
@@ -183,12 +185,13 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True):
         problems.append(_problem_list("mis-shaped", mis_shaped, "; "))
     if problems:
         raise CheckpointError(
-            f"The BiT checkpoint source={_describe(source)} does not fit "
-            f"model={model.name!r} (another depth or width?):\n  "
+            f"The BiT checkpoint source={source_name or _describe(source)} "
+            f"does not fit model={model.name!r} (another depth or width?):"
+            "\n  "
             + "\n  ".join(problems))
 
     assign_all([(var, None if head_replaced and key in (HEAD_KERNEL,
                                                          HEAD_BIAS)
                   else arrays[key]) for key, var in targets.items()],
-               _describe(source))
+               source_name or _describe(source))
     return report

@@ -146,10 +146,12 @@ def _class_names(obj):
             if cls.__module__.startswith("keras_hub")}
 
 
-def is_keras_hub_source(value):
+def is_keras_hub_source(value, *, progress=None):
     """True for what :func:`read` takes: a keras-hub ``ViTBackbone`` or
     ``ViTImageClassifier``, or a directory whose ``config.json`` names a
-    keras-hub class (a preset ``save_to_preset`` wrote).
+    keras-hub class (a preset ``save_to_preset`` wrote). ``progress`` is
+    unused (nothing is downloaded to tell): the sources' predicates take
+    it (:mod:`keras_vit.zoo.sources`).
 
     >>> is_keras_hub_source("ViT-B/16")
     False
@@ -670,34 +672,81 @@ def read(source):
 
 # -- building -------------------------------------------------------------------
 
-def build(arch, arrays, *, image_size=None, num_classes=None,
-          source_name=None, **kwargs):
-    """The keras_vit model ``arch`` describes with ``arrays`` loaded
-    strictly (:func:`keras_vit.zoo.convert.load_weights`): a classifier
-    with keras-hub's head, or, for a backbone, a feature model returning
-    every token as keras-hub's backbone does. ``image_size`` resizes the
-    position embeddings; another ``num_classes`` gives a new zero head;
-    ``**kwargs`` go to :func:`keras_vit.models.vit`."""
+def checkpoint(arch, arrays, *, image_size=None, num_classes=None,
+               source_name=None, keep_pre_logits=False, include_top=None,
+               tags=None):
+    """The :class:`~keras_vit.zoo.sources.Checkpoint` :func:`build` builds
+    (the caller's ``include_top``, if any, settles the head's
+    activation)."""
     head = arch["kind"] == "classifier"
-    kwargs.setdefault("include_top", head or num_classes is not None)
+    if include_top is None:
+        include_top = head or num_classes is not None
     if num_classes is None:
         num_classes = arch["num_classes"] if head else 1000
-    keep_pre_logits = kwargs.pop("keep_pre_logits", False)
     representation = arch["representation_size"]
     if num_classes != arch["num_classes"] and not keep_pre_logits:
         representation = None  # a new head on the encoder
-    if kwargs["include_top"] and head and num_classes == arch["num_classes"]:
-        kwargs.setdefault("classifier_activation",
-                          arch["classifier_activation"])
+    defaults = {"include_top": include_top, "name": "vit_keras_hub"}
+    if include_top and head and num_classes == arch["num_classes"]:
+        defaults["classifier_activation"] = arch["classifier_activation"]
     for key in ("dropout_rate", "attention_dropout_rate"):
-        kwargs.setdefault(key, arch[key])
-    kwargs.setdefault("name", "vit_keras_hub")
-    model = transformers_hub.build(
+        defaults[key] = arch[key]
+    return transformers_hub.checkpoint(
         arch, arrays, image_size=image_size, num_classes=num_classes,
         representation_size=representation, keep_pre_logits=keep_pre_logits,
-        source_name=source_name, **kwargs)
-    model.zoo_labels = None  # keras-hub keeps no label names
-    return model
+        source_name=source_name,
+        tags={"zoo_labels": None, **(tags or {})},  # keras-hub keeps none
+        **defaults)
+
+
+def build(arch, arrays, *, image_size=None, num_classes=None,
+          source_name=None, **kwargs):
+    """The keras_vit model ``arch`` describes with ``arrays`` loaded
+    strictly (:func:`keras_vit.zoo.sources.build`): a classifier with
+    keras-hub's head, or, for a backbone, a feature model returning every
+    token as keras-hub's backbone does. ``image_size`` resizes the
+    position embeddings; another ``num_classes`` gives a new zero head;
+    ``**kwargs`` go to :func:`keras_vit.models.vit`."""
+    from keras_vit.zoo import sources
+
+    keep_pre_logits = kwargs.pop("keep_pre_logits", False)
+    return sources.build(checkpoint(
+        arch, arrays, image_size=image_size, num_classes=num_classes,
+        source_name=source_name, keep_pre_logits=keep_pre_logits,
+        include_top=kwargs.get("include_top")), **kwargs)
+
+
+def _source_name(source):
+    return (repr(os.fspath(source)) if isinstance(source, (str, os.PathLike))
+            else f"{type(source).__name__} {getattr(source, 'name', '')!r}")
+
+
+def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
+                    keep_pre_logits=False, progress=None, **kwargs):
+    """This source's reader (:mod:`keras_vit.zoo.sources`): the
+    :class:`~keras_vit.zoo.sources.Checkpoint` of ``source`` (see
+    :func:`read`) that :func:`from_keras_hub` builds. ``name``, a ViT
+    name, gives the sizes instead of the config (the weights must then
+    fit it); ``progress`` is unused (nothing is downloaded)."""
+    from keras_vit.models import variants
+
+    arch, arrays = read(source)
+    if name is not None:
+        parsed = variants.parse(name)
+        if parsed.family != "vit":
+            raise ValueError(
+                f"keras-hub's ViT weights load into ViT names only; "
+                f"received name={name!r} ({parsed.family})")
+        arch = dict(arch, **{k: parsed.config[k] for k in (
+            "hidden_size", "mlp_dim", "num_heads", "num_layers",
+            "patch_size")})
+    tags = {}
+    if isinstance(source, (str, os.PathLike)):
+        tags["zoo_source"] = os.fspath(source)
+    return checkpoint(arch, arrays, image_size=image_size,
+                      num_classes=num_classes, source_name=_source_name(source),
+                      keep_pre_logits=keep_pre_logits,
+                      include_top=kwargs.get("include_top"), tags=tags)
 
 
 def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
@@ -707,7 +756,8 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     or a preset directory written by ``save_to_preset`` (read without
     keras-hub). The input is the backbone's: [-1, 1] pixels
     (``include_preprocessing=True`` takes [0, 255]). ``image_size``,
-    ``num_classes`` and ``**kwargs`` as for :func:`build`.
+    ``num_classes`` and ``**kwargs`` as for :func:`build`. A preset
+    directory loads the same way with :func:`keras_vit.zoo.load`.
 
     Example::
 
@@ -715,14 +765,12 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
         hub = keras_hub.models.ViTImageClassifier.from_preset(preset_dir)
         model = keras_vit.zoo.from_keras_hub(hub)   # or (preset_dir)
     """
-    arch, arrays = read(source)
-    name = (repr(os.fspath(source)) if isinstance(source, (str, os.PathLike))
-            else f"{type(source).__name__} {getattr(source, 'name', '')!r}")
-    model = build(arch, arrays, image_size=image_size,
-                  num_classes=num_classes, source_name=name, **kwargs)
-    if isinstance(source, (str, os.PathLike)):
-        model.zoo_source = os.fspath(source)
-    return model
+    from keras_vit.zoo import sources
+
+    keep_pre_logits = kwargs.pop("keep_pre_logits", False)
+    return sources.build(read_checkpoint(
+        source, None, image_size, num_classes,
+        keep_pre_logits=keep_pre_logits, **kwargs), **kwargs)
 
 
 # -- writing --------------------------------------------------------------------

@@ -68,9 +68,11 @@ _TOP_PARAMS = {
 }
 
 
-def is_timm_source(value):
+def is_timm_source(value, *, progress=None):
     """True for what this module reads: an ``hf-hub:`` handle, a
     ``.safetensors`` file or a folder holding ``model.safetensors``.
+    ``progress`` is unused (nothing is downloaded to tell): the sources'
+    predicates take it (:mod:`keras_vit.zoo.sources`).
 
     >>> is_timm_source("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
     True
@@ -650,29 +652,45 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     >>> bool(np.allclose(m(x), m2(x), atol=1e-6))
     True
     """
-    from keras_vit.zoo import api
+    from keras_vit.zoo import sources
 
-    from keras_vit.zoo import bit_layout
+    return sources.build(read_checkpoint(
+        source, name, image_size, num_classes, gelu=gelu, progress=progress,
+        **kwargs), **kwargs)
+
+
+def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
+                    gelu="exact", keep_pre_logits=False, progress=None,
+                    **kwargs):
+    """This source's reader (:mod:`keras_vit.zoo.sources`): the
+    :class:`~keras_vit.zoo.sources.Checkpoint` :func:`load` builds.
+    ``keep_pre_logits`` is unused: timm's ViT has no ``pre_logits``."""
+    from keras_vit.zoo import bit_layout, sources
 
     config, path = fetch(source, progress=progress)
     arch = _architecture(config, name)
     _refuse_unsupported(config)
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
-    if is_bit:
-        arrays = bit_layout.normalize(bit_to_official(state))
-        head = bit_layout.HEAD_KERNEL
-    else:
-        mapping = to_official
-        if arch.family == "hybrid":
-            mapping = hybrid_to_official
-            # timm's ResNet standardises and normalises with other epsilons.
-            kwargs.setdefault("resnet", dict(arch.config["resnet"],
-                                             **TIMM_RESNET_NUMERICS))
-        arrays = convert.normalize_keys(
-            mapping(state, arch.config["num_heads"]))
-        head = "head/kernel"
-        kwargs["gelu"] = gelu
+    build_config = dict(arch.config)
+    try:
+        if is_bit:
+            arrays = bit_layout.normalize(bit_to_official(state))
+            head = bit_layout.HEAD_KERNEL
+        else:
+            mapping = to_official
+            if arch.family == "hybrid":
+                mapping = hybrid_to_official
+                # timm's ResNet standardises and normalises with other
+                # epsilons.
+                build_config["resnet"] = dict(arch.config["resnet"],
+                                              **TIMM_RESNET_NUMERICS)
+            arrays = convert.normalize_keys(
+                mapping(state, arch.config["num_heads"]))
+            head = "head/kernel"
+            build_config["gelu"] = gelu
+    except ValueError as e:  # parameters keras_vit lacks: name the file
+        raise convert.CheckpointError(f"{os.fspath(path)}: {e}") from None
     if image_size is None:
         # (height, width) after read_config's checks.
         input_size = ((config.get("pretrained_cfg") or {}).get("input_size")
@@ -682,21 +700,22 @@ def load(source, name=None, image_size=None, num_classes=None, *,
             image_size = height if height == width else (height, width)
         else:
             image_size = arch.image_size
+    if image_size is None:
+        image_size = 224
     ckpt_classes = (int(arrays[head].shape[-1]) if head in arrays else None)
     if num_classes is None:
         num_classes = ckpt_classes or config.get("num_classes") or 1000
-    model = api.load(arch.name, weights=None, image_size=image_size,
-                     num_classes=num_classes, **kwargs)
-    if is_bit:
-        bit_layout.load_weights(model, arrays)
-    else:
-        convert.load_weights(model, arrays,
-                             source_name=repr(os.fspath(source)))
     labels = config.get("label_names")
-    model.zoo_labels = (list(labels) if labels and num_classes == ckpt_classes
-                        and len(labels) == num_classes else None)
-    model.zoo_source = os.fspath(source)
-    return model
+    build_config.update(image_size=image_size, num_classes=num_classes,
+                        name=sources.model_name(arch.name))
+    return sources.Checkpoint(
+        build_config, arrays, source_name=repr(os.fspath(source)),
+        family="bit" if is_bit else "vit",
+        tags={"zoo_name": arch.name, "zoo_weights": None,
+              "zoo_labels": (list(labels) if labels
+                             and num_classes == ckpt_classes
+                             and len(labels) == num_classes else None),
+              "zoo_source": os.fspath(source)})
 
 
 def _timm_architecture(model):

@@ -576,6 +576,19 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     ...). The model's ``zoo_labels`` holds ``id2label`` when the head is
     the checkpoint's.
     """
+    from keras_vit.zoo import sources
+
+    return sources.build(read_checkpoint(
+        source, name, image_size, num_classes,
+        keep_pre_logits=keep_pre_logits, progress=progress, **kwargs),
+        **kwargs)
+
+
+def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
+                    keep_pre_logits=False, progress=None, **kwargs):
+    """This source's reader (:mod:`keras_vit.zoo.sources`): the
+    :class:`~keras_vit.zoo.sources.Checkpoint` :func:`load` builds, the
+    tensors checked against the config before any is read."""
     from keras_vit.models import variants
 
     config, config_path, path = fetch(source, progress=progress)
@@ -631,55 +644,67 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     arrays = to_official(state, arch["num_heads"], prefix)
     del state
 
+    defaults = {"name": "vit_transformers"}
     if not num_labels:  # a ViTModel (or a classifier without labels)
-        kwargs.setdefault("include_top", num_classes is not None)
+        defaults["include_top"] = num_classes is not None
         if arch["representation_size"] is not None or (
                 arch["kind"] == "classifier"):  # the pooled class token
-            kwargs.setdefault("pooling", "token")
-    include_top = kwargs.get("include_top", True)
+            defaults["pooling"] = "token"
+    include_top = kwargs.get("include_top", defaults.get("include_top", True))
     if num_classes is None:
         num_classes = num_labels or 1000
     head_kept = include_top and num_labels and num_classes == num_labels
     representation = arch["representation_size"]
     if representation is not None and include_top and not keep_pre_logits:
         representation = None  # a new head on the encoder, as transformers'
-    kwargs.setdefault("name", "vit_transformers")
-    model = build(arch, arrays, image_size=image_size,
-                  num_classes=num_classes, representation_size=representation,
-                  keep_pre_logits=keep_pre_logits,
-                  source_name=repr(os.fspath(path)), **kwargs)
-    model.zoo_labels = (list(labels) if labels and head_kept
-                        and len(labels) == num_classes else None)
-    model.zoo_source = os.fspath(source)
-    return model
+    return checkpoint(
+        arch, arrays, image_size=image_size, num_classes=num_classes,
+        representation_size=representation, keep_pre_logits=keep_pre_logits,
+        source_name=repr(os.fspath(path)),
+        tags={"zoo_labels": (list(labels) if labels and head_kept
+                             and len(labels) == num_classes else None),
+              "zoo_source": os.fspath(source)}, **defaults)
+
+
+def checkpoint(arch, arrays, *, image_size, num_classes, representation_size,
+               keep_pre_logits=None, source_name=None, tags=None, **defaults):
+    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
+    that ``arch`` (the facts a reader returns: sizes, ``image_size``,
+    ``patch_size``, ``num_channels``, ``layer_norm_epsilon``, ``gelu``,
+    optionally ``classifier``) describes, holding ``arrays`` (official
+    layout): ``image_size`` None is the checkpoint's; ``**defaults`` are
+    more builder arguments; ``tags`` more attributes for the model
+    (``zoo_name`` and ``zoo_weights`` are set)."""
+    from keras_vit.zoo import sources
+
+    config = {key: arch[key] for key in (
+        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+        "layer_norm_epsilon", "gelu", "num_channels")}
+    config.update(
+        image_size=arch["image_size"] if image_size is None else image_size,
+        num_classes=num_classes, classifier=arch.get("classifier", "token"),
+        representation_size=representation_size, **defaults)
+    return sources.Checkpoint(
+        config, arrays, source_name=source_name,
+        keep_pre_logits=keep_pre_logits,
+        tags={"zoo_name": _zoo_name(arch), "zoo_weights": None,
+              **(tags or {})})
 
 
 def build(arch, arrays, *, image_size, num_classes, representation_size,
           keep_pre_logits=None, source_name=None, **kwargs):
-    """The keras_vit ViT that ``arch`` (the facts a reader returns:
-    sizes, ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, optionally ``classifier``) describes,
+    """The keras_vit ViT that ``arch`` describes (see :func:`checkpoint`),
     with ``arrays`` (official layout) loaded strictly by
-    :func:`keras_vit.zoo.convert.load_weights`: resized position
-    embeddings for another ``image_size`` (None: the checkpoint's), a zero
-    head for another ``num_classes``. ``**kwargs`` go to
+    :func:`keras_vit.zoo.sources.build`: resized position embeddings for
+    another ``image_size`` (None: the checkpoint's), a zero head for
+    another ``num_classes``. ``**kwargs`` go to
     :func:`keras_vit.models.vit` and win over ``arch``."""
-    from keras_vit.models.vit import vit as build_vit
+    from keras_vit.zoo import sources
 
-    for key in ("layer_norm_epsilon", "gelu", "num_channels"):
-        kwargs.setdefault(key, arch[key])
-    model = build_vit(
-        image_size=arch["image_size"] if image_size is None else image_size,
-        patch_size=arch["patch_size"], hidden_size=arch["hidden_size"],
-        num_layers=arch["num_layers"], num_heads=arch["num_heads"],
-        mlp_dim=arch["mlp_dim"], num_classes=num_classes,
-        classifier=arch.get("classifier", "token"),
-        representation_size=representation_size, **kwargs)
-    convert.load_weights(model, arrays, keep_pre_logits=keep_pre_logits,
-                         source_name=source_name)
-    model.zoo_name = _zoo_name(arch)
-    model.zoo_weights = None
-    return model
+    return sources.build(checkpoint(
+        arch, arrays, image_size=image_size, num_classes=num_classes,
+        representation_size=representation_size,
+        keep_pre_logits=keep_pre_logits, source_name=source_name), **kwargs)
 
 
 # -- writing ------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""zoo.load's pipeline (zoo/sources.py): one model written in each layout
+it reads (official .npz, timm folder, transformers folder, keras-hub
+preset) loads back with the same logits, and every source keeps the same
+rules: a missing or an unexpected array is refused, listed by name, in an
+error naming the file. Random weights at 32x32; nothing leaves the disk."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from keras_vit import zoo
+from keras_vit.zoo import sources, timm_hub
+
+pytest.importorskip("safetensors")
+
+SIZE = 32
+NAME = "ViT-Ti/16"  # timm's writer takes the standard sizes only
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = zoo.load(NAME, weights=None, image_size=SIZE, num_classes=3,
+                     gelu="exact")
+    rng = np.random.default_rng(0)
+    for w in model.weights:  # every weight, LayerNorms and the head too
+        w.assign(rng.normal(0, 0.2, w.shape).astype("float32"))
+    return model
+
+
+def _images(n=2):
+    return np.random.default_rng(1).uniform(
+        -1, 1, (n, SIZE, SIZE, 3)).astype("float32")
+
+
+def _official(model, path):
+    zoo.save_npz(model, path / "vit.npz")
+    return path / "vit.npz", path / "vit.npz", (NAME,), {
+        "weights": str(path / "vit.npz"), "gelu": "exact"}
+
+
+def _timm(model, path):
+    timm_hub.save_pretrained(model, path)
+    return path, path / "model.safetensors", (str(path),), {}
+
+
+def _transformers(model, path):
+    zoo.save_pretrained(model, path, layout="transformers")
+    return path, path / "model.safetensors", (str(path),), {}
+
+
+def _keras_hub(model, path):
+    pytest.importorskip("keras_hub")
+    zoo.to_keras_hub(model).save_to_preset(str(path))
+    return path, path / "model.weights.h5", (str(path),), {}
+
+
+# source -> (writer, an array to drop from its file, how the error names
+# it missing).
+LAYOUTS = {
+    "official": (_official, "Transformer/encoder_norm/scale",
+                 "Transformer/encoder_norm/scale"),
+    "timm": (_timm, "norm.weight", "Transformer/encoder_norm/scale"),
+    "transformers": (_transformers, "vit.layernorm.weight",
+                     "vit.layernorm.weight"),
+    "keras-hub": (_keras_hub, "layers/vi_t_encoder/layer_norm/vars/0",
+                  "vit_encoder/ln/gamma"),
+}
+EXTRA = "extra_parameter"
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def written(request, model, tmp_path_factory):
+    """``(kind, folder or file, weights file, load args, load kwargs)``."""
+    path = tmp_path_factory.mktemp(request.param.replace("-", "_"))
+    return (request.param, *LAYOUTS[request.param][0](model, path))
+
+
+def test_every_source_loads_the_same_model(written, model):
+    kind, where, _, args, kwargs = written
+    source, value, _ = sources.find(*args, kwargs.get("weights", "auto"))
+    assert source.name == kind
+    loaded = zoo.load(*args, **kwargs)
+    np.testing.assert_allclose(np.asarray(loaded(_images())),
+                               np.asarray(model(_images())), atol=1e-5,
+                               rtol=0)
+    assert loaded.zoo_name == NAME
+    # Another size and head, through the same build step.
+    other = zoo.load(*args, image_size=48, num_classes=5, **kwargs)
+    out = np.asarray(other(np.zeros((1, 48, 48, 3), "float32")))
+    assert out.shape == (1, 5)
+    np.testing.assert_array_equal(out, 0.0)
+
+
+def _edit(src, dst, drop=None, add=None):
+    """A copy of the file ``src`` at ``dst`` without the array ``drop`` and
+    with a float array ``add``, in its own format."""
+    shutil.copy(src, dst)
+    suffix = os.path.splitext(dst)[1]
+    if suffix == ".h5":
+        import h5py
+
+        with h5py.File(dst, "a") as f:
+            if drop:
+                del f[drop]
+            if add:
+                f.create_dataset(f"layers/{add}/vars/0",
+                                 data=np.zeros(4, "float32"))
+        return
+    if suffix == ".npz":
+        with np.load(src) as archive:
+            arrays = dict(archive)
+    else:
+        from safetensors.numpy import load_file
+
+        arrays = load_file(str(src))
+    if drop:
+        del arrays[drop]
+    if add:
+        arrays[add] = np.zeros(4, "float32")
+    if suffix == ".npz":
+        np.savez(dst, **arrays)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(arrays, str(dst))
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected"])
+def test_every_source_refuses_what_does_not_fit(written, tmp_path, change):
+    kind, where, weights_file, args, kwargs = written
+    _, drop, missing_name = LAYOUTS[kind]
+    folder = tmp_path / "bad"
+    if os.path.isdir(where):
+        shutil.copytree(where, folder)
+        bad_file = folder / weights_file.name
+        args = tuple(str(folder) if a == str(where) else a for a in args)
+    else:
+        folder.mkdir()
+        bad_file = folder / weights_file.name
+        kwargs = dict(kwargs, weights=str(bad_file))
+    _edit(weights_file, bad_file, drop=drop if change == "missing" else None,
+          add=EXTRA if change == "unexpected" else None)
+    with pytest.raises(ValueError) as info:
+        zoo.load(*args, **kwargs)
+    message = str(info.value)
+    assert str(folder) in message, message  # the file, or its folder
+    assert (missing_name if change == "missing" else EXTRA) in message, \
+        message
+    assert isinstance(info.value, zoo.CheckpointError)
+
+
+def test_registry_order_and_default():
+    assert [s.name for s in sources.SOURCES] == [
+        "transformers", "timm", "keras-hub"]
+    source, value, arch_name = sources.find("ViT-B/16", None)
+    assert (source, value, arch_name) == (sources.OFFICIAL, None, "ViT-B/16")
+    # The weights argument is asked about with the name as architecture.
+    assert sources.find("ViT-B/16", "x.safetensors")[0].name == "timm"
+    assert sources.find("ViT-B/16", "x.safetensors")[2] == "ViT-B/16"
