@@ -172,6 +172,14 @@ def run_cases(cases, runs, warmup):
 # environment
 
 
+def onednn_line():
+    """Whether TensorFlow ran its CPU graphs through oneDNN, and who
+    decided (keras_vit.hardware.enable_onednn)."""
+    from keras_vit import hardware
+
+    return hardware.onednn_note()
+
+
 def import_peers(skip):
     """torch/timm (before TensorFlow) and keras_hub, or why not."""
     found, skipped = {}, []
@@ -187,7 +195,10 @@ def import_peers(skip):
         except ImportError as e:
             skipped.append(f"timm: not installed ({e})")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow  # noqa: F401 - after torch, see the module docstring
+    # After torch (see the module docstring); keras_vit before TensorFlow,
+    # as a user's script would, so that its oneDNN switch applies.
+    import keras_vit  # noqa: F401
+    import tensorflow  # noqa: F401
 
     if "keras_hub" in skip:
         skipped.append("keras-hub: disabled with --skip-peers")
@@ -1328,6 +1339,7 @@ def report(args, command, started, env, thread_note, skipped, results,
         f"({len(os.sched_getaffinity(0))} usable)",
         f"- matrix units: {matrix_units()}",
         f"- keras_vit's plan here: {plan_note()}",
+        f"- TensorFlow's oneDNN CPU rewrites: {onednn_line()}",
         f"- load average (1 min) at start and end: {loads[0][0]:.2f}, "
         f"{loads[1][0]:.2f}",
         f"- threads: {thread_note}",

@@ -12,7 +12,11 @@ keras_vit`` and nothing else.
 import importlib
 import sys
 
-from keras_vit import _quiet, errors, lazy
+from keras_vit import _quiet, errors, hardware, lazy
+
+# Before anything imports TensorFlow: its oneDNN CPU rewrites (the fused
+# matmul + bias + GELU) where TensorFlow would leave them off.
+hardware.enable_onednn()
 
 # The console script imports this package, and with it TensorFlow, before
 # cli.main runs: its C++ log lines must be filtered from here.

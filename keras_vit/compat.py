@@ -167,10 +167,13 @@ def tf_executed_graphs(run, arg_name=None):
 
 
 def onednn_enabled():
-    """Whether this TensorFlow runs its CPU graphs through oneDNN (the
-    default on x86 Linux; ``TF_ENABLE_ONEDNN_OPTS=0`` turns it off), which
+    """Whether this TensorFlow runs its CPU graphs through oneDNN, which
     is where grappler's fusions of matmul, bias and GELU exist
-    (``_pywrap_util_port.IsMklEnabled``)."""
+    (``_pywrap_util_port.IsMklEnabled``). TensorFlow's own default is on
+    only for x86 CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX;
+    ``import keras_vit`` before TensorFlow turns it on for the others
+    (:func:`keras_vit.hardware.enable_onednn`); ``TF_ENABLE_ONEDNN_OPTS``
+    decides when set."""
     from tensorflow.python.util import _pywrap_util_port
 
     fn = _require(_pywrap_util_port, "IsMklEnabled",

@@ -9,12 +9,18 @@ how the model spells its ops (:mod:`keras_vit.fused_ops`).
 actually ran; :func:`fusion_summary` names the few counts that matter for a
 ViT; ``python benchmarks/graph_ops.py`` prints both for a zoo model.
 
+The GELU fusion is oneDNN's: one fused matmul per encoder block where
+TensorFlow runs its CPU graphs through oneDNN (:func:`keras_vit.compat.
+onednn_enabled`), none where it runs them through Eigen:
+
 >>> import keras_vit
->>> from keras_vit import graph_ops
+>>> from keras_vit import compat, graph_ops
 >>> model = keras_vit.vit(32, 8, 32, 2, 2, 64, 3)
 >>> s = graph_ops.fusion_summary(graph_ops.op_counts(model))
->>> s["matmul_bias_gelu"]   # one per encoder block, on any x86 CPU
-2
+>>> s["matmul_bias_gelu"] == (2 if compat.onednn_enabled() else 0)
+True
+>>> s["matmul_unfused"]   # every dense adds its bias inside the matmul
+0
 """
 
 from __future__ import annotations

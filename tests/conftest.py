@@ -17,6 +17,30 @@ except ImportError:  # timm is a test extra; its tests skip without it
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+
+def _enable_onednn_as_keras_vit_does():
+    """``import keras_vit`` turns TensorFlow's oneDNN rewrites on before
+    TensorFlow loads (keras_vit.hardware.enable_onednn); a test module that
+    imports TensorFlow first would run the suite without them on CPUs where
+    TensorFlow's default is off (AVX2-only). hardware.py imports nothing of
+    the package, so it is loaded alone, before any test module (and before
+    the Keras backend is chosen below)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                        "keras_vit", "hardware.py")
+    spec = importlib.util.spec_from_file_location("_hardware_alone", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        module.enable_onednn()
+    finally:
+        del sys.modules[spec.name]
+
+
+_enable_onednn_as_keras_vit_does()
+
 # The Keras backend under test. Keras reads KERAS_BACKEND once, at its first
 # import, so the choice is made here (conftest loads before any test module).
 # With no choice ("all"), this process runs the whole suite on TensorFlow and

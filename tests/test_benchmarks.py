@@ -69,6 +69,7 @@ def test_quick_run_writes_the_tables(tmp_path):
     assert "Smoke run" in text
     assert "- keras-hub: disabled with --skip-peers" in text
     for key in ("command:", "CPU:", "cores", "tensorflow 2.", "threads:",
+                "oneDNN CPU rewrites: ",
                 "jax 0.", "torch 2.", "Keras backends: tensorflow, jax, "
                 "torch"):
         assert key in text
@@ -172,3 +173,24 @@ def test_quick_run_writes_the_tables(tmp_path):
     assert len(loading) == 4
     assert all(_positive(r["seconds"]) for r in loading)
     assert loading[0]["x np.load"] == "1.00"
+
+
+def test_the_onednn_comparison_prints_its_table(tmp_path):
+    """benchmarks/onednn_ab.py: both settings take effect in their child
+    processes (the script checks) and the table has one row per job."""
+    out = tmp_path / "ab.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "onednn_ab.py"),
+         "--quick", "--rounds", "1", "--out", str(out)], cwd=ROOT,
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "- CPU: " in text and "flags: " in text
+    rows = [line for line in text.splitlines()
+            if line.startswith(("| predict |", "| train |"))]
+    assert len(rows) == 2, text
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[4]) > 0
+        assert cells[5].endswith("x") and cells[8].endswith("x")

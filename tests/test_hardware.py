@@ -144,3 +144,56 @@ def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
                                     "mixed_bfloat16") is want
         assert engine.step_uses_xla(strategy, "auto", "float32") is False
         assert engine.step_uses_xla(strategy, True, "float32") is True
+
+
+def test_enable_onednn_leaves_every_stated_choice_alone():
+    linux = ("x86_64", "Linux")
+    for env in ({"TF_ENABLE_ONEDNN_OPTS": "0"}, {"TF_ENABLE_ONEDNN_OPTS": "1"},
+                {"KERAS_VIT_ONEDNN": "0"}):
+        before = dict(env)
+        hardware.enable_onednn(env, {}, *linux)
+        assert env == before
+    env = {}
+    assert "imported before" in hardware.enable_onednn(
+        env, {"tensorflow": object()}, *linux)
+    for machine, system in (("aarch64", "Linux"), ("x86_64", "Darwin"),
+                            ("AMD64", "Windows")):
+        assert "default on" in hardware.enable_onednn(env, {}, machine,
+                                                      system)
+    assert env == {}
+    assert hardware.enable_onednn(env, {}, "AMD64", "Linux").startswith("on")
+    assert env == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+
+
+def _onednn_in_child(code, **env):
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TF_ENABLE_ONEDNN_OPTS", "KERAS_VIT_ONEDNN")}
+    environ.update(env, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    code += ("; from tensorflow.python.util import _pywrap_util_port as p"
+             "; print(p.IsMklEnabled())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=300, env=environ, check=True)
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="TensorFlow's switch")
+def test_import_keras_vit_first_runs_tensorflow_through_onednn():
+    """What a user's process gets: oneDNN on after ``import keras_vit`` on
+    Linux x86-64 (this machine's TensorFlow default may be off: AVX2-only
+    CPUs); TensorFlow's own default when it came first or the user said
+    no."""
+    import platform
+
+    default = _onednn_in_child("import tensorflow")
+    assert _onednn_in_child("import tensorflow, keras_vit") == default
+    assert _onednn_in_child("import keras_vit", KERAS_VIT_ONEDNN="0") == (
+        default)
+    assert not _onednn_in_child("import keras_vit",
+                                TF_ENABLE_ONEDNN_OPTS="0")
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        assert _onednn_in_child("import keras_vit")

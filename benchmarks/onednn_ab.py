@@ -1,0 +1,174 @@
+"""TensorFlow with and without its oneDNN CPU rewrites, on this CPU.
+
+``import keras_vit`` turns TensorFlow's oneDNN rewrites on where TensorFlow
+leaves them off (AVX2-only x86 CPUs; see
+:func:`keras_vit.hardware.enable_onednn`). This script shows what that is
+worth here: the same ViT runs ``model.predict`` and a training step
+(``compile_for_finetune`` + ``train_on_batch``) in child processes with
+``TF_ENABLE_ONEDNN_OPTS=0`` and ``=1``, alternated for ``--rounds`` rounds,
+and prints a table of the medians: images/s (wall clock) and CPU seconds
+per image (the process's user + system time), with the ratio. CPU time
+says more than the wall clock on a shared machine: other processes take
+wall time from both settings, not CPU time.
+
+    python benchmarks/onednn_ab.py                 # ViT-B/16, ~10 min
+    python benchmarks/onednn_ab.py --model ViT-S/16 --sizes 224
+    python benchmarks/onednn_ab.py --quick         # a tiny ViT, seconds
+
+Every figure names the CPU and its matrix units; quote ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SETTINGS = ("0", "1")
+CHILD_FLAG = "--child"
+
+
+def child(name, size, batch, job, reps, quick):
+    """One measurement in this process: prints JSON."""
+    import numpy as np
+
+    import keras_vit
+    from keras_vit import compat, train
+
+    if quick:
+        model = keras_vit.vit(size, 8, 32, 2, 2, 64, 10)
+    else:
+        model = keras_vit.zoo.load(name, weights=None, image_size=size)
+    classes = int(model.outputs[0].shape[-1])
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+    y = np.arange(batch) % classes
+    if job == "predict":
+        def step():
+            model.predict(x, batch_size=batch, verbose=0)
+    else:
+        train.compile_for_finetune(model)
+
+        def step():
+            model.train_on_batch(x, y)
+    step()
+    step()
+    walls = []
+    cpu0 = time.process_time()
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        walls.append(time.perf_counter() - start)
+    cpu = (time.process_time() - cpu0) / reps
+    print(json.dumps({"img_s": batch / statistics.median(walls),
+                      "cpu_s_per_img": cpu / batch,
+                      "onednn": compat.onednn_enabled()}))
+
+
+def run_child(name, case, setting, quick):
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting,
+               TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    env.pop("KERAS_VIT_ONEDNN", None)
+    argv = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, name,
+            *map(str, case)] + (["--quick"] if quick else [])
+    out = subprocess.run(argv, capture_output=True, text=True, env=env,
+                         timeout=3600)
+    if out.returncode:
+        raise SystemExit(f"child {case} with TF_ENABLE_ONEDNN_OPTS={setting} "
+                         f"failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cpu_line():
+    from keras_vit import hardware
+
+    flags, model = hardware._read_cpuinfo()
+    units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                         "avx_vnni", "amx_bf16") if f in flags]
+    return (f"{model or 'unknown CPU'}, {os.cpu_count()} logical cores; "
+            f"flags: {', '.join(units) or 'none of avx2/avx512/amx'}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="ViT-B/16",
+                        help="a zoo name (default ViT-B/16)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sizes", default="224,384",
+                        help="predict image sizes (default 224,384)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--train-size", type=int, default=224)
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny ViT at 32 px: tests the script")
+    parser.add_argument("--out", help="also write the table here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.batch < 1:
+        parser.error("--rounds and --batch must be at least 1")
+    sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
+    reps = 2 if args.quick else 3
+    cases = [(s, args.batch, "predict", reps) for s in sizes]
+    if not args.skip_train:
+        cases.append((32 if args.quick else args.train_size, args.batch,
+                      "train", reps))
+    results = {}
+    started = time.time()
+    for r in range(args.rounds):
+        for case in cases:
+            for setting in SETTINGS:
+                got = run_child(args.model, case, setting, args.quick)
+                if got["onednn"] != (setting == "1"):
+                    raise SystemExit(f"TF_ENABLE_ONEDNN_OPTS={setting} did "
+                                     "not take effect in the child")
+                results.setdefault((case, setting), []).append(got)
+                print(f"[round {r + 1}/{args.rounds}] {case[2]} {case[0]}px "
+                      f"oneDNN {'on' if setting == '1' else 'off'}: "
+                      f"{got['img_s']:.3g} img/s, "
+                      f"{got['cpu_s_per_img']:.3g} CPU s/img", flush=True)
+    lines = [
+        "# TensorFlow with and without oneDNN",
+        "",
+        f"- command: `python benchmarks/onednn_ab.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{(time.time() - started) / 60:.1f} min",
+        f"- CPU: {cpu_line()}",
+        f"- load average (1 min) at the end: {os.getloadavg()[0]:.2f}",
+        f"- model: {'a tiny ViT (--quick)' if args.quick else args.model}, "
+        f"random weights, float32; medians of {args.rounds} alternated "
+        "rounds, each a fresh process",
+        "",
+        "| job | image | batch | img/s off | img/s on | on / off | "
+        "CPU s/img off | CPU s/img on | off / on (CPU) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        off = results[(case, "0")]
+        on = results[(case, "1")]
+        wall = [statistics.median(g["img_s"] for g in x) for x in (off, on)]
+        cpu = [statistics.median(g["cpu_s_per_img"] for g in x)
+               for x in (off, on)]
+        lines.append(f"| {case[2]} | {case[0]} | {case[1]} | {wall[0]:.3g} | "
+                     f"{wall[1]:.3g} | {wall[1] / wall[0]:.2f}x | "
+                     f"{cpu[0]:.3g} | {cpu[1]:.3g} | {cpu[0] / cpu[1]:.2f}x |")
+    lines += ["", "Ratios above 1 favour oneDNN on."]
+    text = "\n".join(lines)
+    print()
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
+        name, size, batch, job, reps = sys.argv[2:7]
+        child(name, int(size), int(batch), job, int(reps),
+              "--quick" in sys.argv)
+    else:
+        sys.exit(main())
