@@ -35,12 +35,17 @@ def to_numpy(tree):
 
 
 def infer(model, inputs):
-    """``model(inputs, training=False)`` without gradients, as NumPy.
+    """``model(inputs, training=False)`` without gradients, as NumPy. A
+    batch that clearly cannot fit this machine's memory is refused first
+    (:func:`keras_vit.memory.check_forward`).
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)
     >>> infer(m, np.zeros((1, 32, 32, 3), "float32")).shape
     (1, 3)
     """
+    from keras_vit import memory
+
+    memory.check_forward(model, len(inputs))
     with no_grad():
         return to_numpy(model(inputs, training=False))

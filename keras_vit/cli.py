@@ -386,11 +386,17 @@ def _cmd_predict(args):
 
     # The official evaluation transform (zoo.preprocess_input): resize,
     # bilinear with no crop, then [-1, 1].
+    from keras_vit.memory import forward_batch
+
+    # Before the images are read: --image-size 4000 asks ~350 GiB of
+    # attention maps per image of ViT-B/16.
+    batch = forward_batch(model, 16, option=(
+        "--image-size" if args.image_size else "the model's image size"))
     images = np.stack([zoo.preprocess_input(_read_image(p), size, scale=scale)
                        for p in args.images])
     outputs = []
-    for start in range(0, len(images), 16):
-        out = infer(model, images[start:start + 16])
+    for start in range(0, len(images), batch):
+        out = infer(model, images[start:start + batch])
         if isinstance(out, dict):
             out = out["output"]
         outputs.append(np.asarray(out))

@@ -906,6 +906,79 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
         estimate(vit, 1), rel=1e-9)
 
 
+
+def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
+        tmp_path, monkeypatch, capsys):
+    """Issue 24: `predict ViT-Ti/16 --image-size 4000` asked ~88 GiB of
+    attention maps for one image and failed on TensorFlow's OOM (31 s, 3.9
+    GB peak for ViT-B/16) with a hint about --batch-size, which predict does
+    not have. Now it is refused from the architecture before the images
+    are read, naming the option."""
+    from PIL import Image
+
+    from keras_vit import cli, memory
+
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(image)
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    monkeypatch.setattr(memory, "available_memory", lambda: 16 * 2**30)
+    status = cli.main(["predict", "ViT-Ti/16", str(image), "--image-size",
+                       "4000", "--weights", "none"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "ViT-Ti/16 at 4000x4000 (62,501 tokens)" in err
+    assert "16.0 GiB of memory available here; lower --image-size" in err
+
+
+@pytest.mark.backends
+def test_forward_memory_picks_a_batch_or_refuses(monkeypatch):
+    from keras_vit import backend, memory
+
+    model = _tiny()
+    per_image = memory.forward_estimate(model, 1)
+    assert memory.forward_estimate(model, 8) == 8 * per_image > 0
+    # The attention maps grow with the square of the tokens: 4x the side,
+    # 257 tokens instead of 17, about 70x the estimate.
+    big = _tiny(image_size=4 * TINY["image_size"])
+    assert memory.forward_estimate(big, 1) > 50 * per_image
+    # predict's own batch: as many as fit in half the memory, at most 16.
+    assert memory.forward_batch(model, 16, available=7 * per_image) == 3
+    assert memory.forward_batch(model, 16, available=1e12) == 16
+    assert memory.forward_batch(model, 16, available=per_image) == 1
+    with pytest.raises(ValueError, match="lower --image-size"):
+        memory.forward_batch(model, 16, available=per_image / 2)
+    # Every inference batch (predict, evaluate, few-shot, attention maps)
+    # passes through backend.infer, which refuses a batch clearly too big.
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * per_image)
+    images = np.zeros((64,) + model.inputs[0].shape[1:], "float32")
+    with pytest.raises(ValueError, match=r"a batch of at most 2 image\(s\)"):
+        backend.infer(model, images)
+    assert backend.infer(model, images[:4]).shape == (4, TINY["num_classes"])
+    # On an accelerator host memory does not hold the activations.
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "gpu")
+    assert memory.forward_batch(model, 16) == 16
+    assert memory.check_forward(model, 64) is None
+
+
+def test_forward_estimate_counts_stacked_attention_outputs():
+    from keras_vit import memory
+
+    plain = _tiny()
+    scores = _tiny(return_attention_scores=True)
+    layers, heads = TINY["num_layers"], TINY["num_heads"]
+    tokens = plain.grid_size[0] * plain.grid_size[1] + 1
+    extra = memory.forward_estimate(scores, 1) - memory.forward_estimate(
+        plain, 1)
+    assert extra == 4 * layers * heads * tokens * tokens
+    bit = keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 10)
+    bit_big = keras_vit.models.resnet_v2(128, (1, 1, 1, 1), 0.5, 10)
+    ratio = memory.forward_estimate(bit_big, 1) / memory.forward_estimate(
+        bit, 1)
+    assert 3.9 < ratio < 4.1  # pixels
+
+
 # ---------------------------------------------------------------------------
 # Environment variables: a clear error naming the variable and its value.
 # ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import re
 
 from keras_vit import cli_options as options
 from keras_vit.cli_options import positive_int
+from keras_vit.memory import step_memory_estimate  # noqa: F401 (re-export)
 
 _FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
 
@@ -48,75 +49,6 @@ def available_memory():
     from keras_vit.errors import available_memory as read
 
     return read()
-
-
-def _pixels(size):
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    return h * w
-
-
-def _resnet_values(image_size, stages, width_factor):
-    """Values per image a (BiT or hybrid) ResNet keeps for the backward
-    pass: the root conv, GroupNorm and ReLU at 1/2 resolution, then per
-    bottleneck unit about 5 values for each of its 6c channels (c, c, 4c
-    out of the three convs, each kept with its norm and activation, the
-    residual sum and the convolutions' work space), stage s at
-    1/2**(s+2) resolution with c = 64 * width * 2**s. Measured on CPU
-    (growth of the peak RSS over one step, batch 8): BiT-R50x1 at 128 px
-    578 MiB without its weight gradients, this 444; R26+ViT-S/32 at 224
-    px 1025 MiB, this 1029."""
-    width = 64 * width_factor
-    pixels = _pixels(image_size) / 4
-    values = 4 * width * pixels
-    pixels /= 4  # after the stride-2 max-pool
-    for s, units in enumerate(stages):
-        if s:
-            pixels /= 4
-        values += units * 30 * width * 2 ** s * pixels
-    return values
-
-
-def step_memory_estimate(model, images):
-    """A rough upper estimate in bytes of the activations one training step
-    keeps for the backward pass on ``images`` images (float32).
-
-    A ViT block keeps about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image
-    (N tokens), the attention maps dominating at high resolution; a hybrid
-    adds its ResNet (see :func:`_resnet_values`), a BiT ResNet is that
-    alone, and masked patch prediction adds its per-patch logits (three
-    copies: logits, softmax, gradient). None for models it does not know.
-
-    >>> import keras_vit
-    >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
-    >>> round(step_memory_estimate(vit, 8) / 2**20, 2)  # MiB
-    7.13
-    """
-    config = getattr(model, "encoder_config", None)  # masked patch prediction
-    head = 0
-    if config is not None:
-        head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
-    elif hasattr(model, "block_units"):  # BiT ResNetV2
-        values = _resnet_values(model.image_size, model.block_units,
-                                model.width_factor)
-        return 4 * images * values
-    else:
-        config = model.get_config() if hasattr(model, "get_config") else {}
-    names = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
-    grid = getattr(model, "grid_size", None)
-    if grid is None or not all(n in config for n in names):
-        return None
-    n = grid[0] * grid[1] + (config.get("classifier", "token") == "token")
-    per_block = (12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
-                 + 3 * config["num_heads"] * n * n)
-    values = config["num_layers"] * per_block + head
-    resnet = config.get("resnet")
-    if resnet:
-        from keras_vit.models.vit import hybrid_stages
-
-        values += _resnet_values(config["image_size"],
-                                 hybrid_stages(resnet),
-                                 resnet.get("width_factor", 1))
-    return 4 * images * values
 
 
 def check_fits_memory(trainer, available=None):

@@ -1,0 +1,224 @@
+"""How much host memory a model's forward pass or training step needs, and
+the refusals that keep a few bytes of input (``--image-size 4000``, an
+``input_size`` in a downloaded config) from starting an allocation this
+machine cannot hold.
+
+The estimates are rough upper bounds from the architecture (token count,
+widths, heads), not measurements; they decide only the cases that clearly
+cannot fit. They apply to CPU runs: on an accelerator host memory does not
+hold the activations.
+
+>>> import keras_vit
+>>> from keras_vit import memory
+>>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
+>>> round(memory.forward_estimate(vit, 8) / 2**20, 2)  # MiB
+1.28
+>>> memory.check_forward(vit, 8, available=2**30)  # fits: returns nothing
+"""
+
+from __future__ import annotations
+
+import math
+
+from keras_vit.errors import available_memory
+
+# Bytes per value: float32 (a bf16 model keeps its softmax in float32).
+_BYTES = 4
+
+
+def _pixels(size):
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return h * w
+
+
+def _resnet_values(image_size, stages, width_factor):
+    """Values per image a (BiT or hybrid) ResNet keeps for the backward
+    pass: the root conv, GroupNorm and ReLU at 1/2 resolution, then per
+    bottleneck unit about 5 values for each of its 6c channels (c, c, 4c
+    out of the three convs, each kept with its norm and activation, the
+    residual sum and the convolutions' work space), stage s at
+    1/2**(s+2) resolution with c = 64 * width * 2**s. Measured on CPU
+    (growth of the peak RSS over one step, batch 8): BiT-R50x1 at 128 px
+    578 MiB without its weight gradients, this 444; R26+ViT-S/32 at 224
+    px 1025 MiB, this 1029."""
+    width = 64 * width_factor
+    pixels = _pixels(image_size) / 4
+    values = 4 * width * pixels
+    pixels /= 4  # after the stride-2 max-pool
+    for s, units in enumerate(stages):
+        if s:
+            pixels /= 4
+        values += units * 30 * width * 2 ** s * pixels
+    return values
+
+
+def _resnet_forward_values(image_size, width_factor):
+    """Values per image live at once in a ResNet's forward pass: its
+    largest maps (the root conv's 64w channels at 1/2 resolution and the
+    first stage's 256w at 1/4 hold the same count, 16w per pixel), three of
+    them at a time (input, residual branch, sum)."""
+    return 3 * 16 * width_factor * _pixels(image_size)
+
+
+def _encoder(model):
+    """(config, tokens) of a ViT-style encoder, or (None, None)."""
+    config = getattr(model, "encoder_config", None)  # masked patch prediction
+    if config is None:
+        config = model.get_config() if hasattr(model, "get_config") else {}
+    names = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
+    grid = getattr(model, "grid_size", None)
+    if grid is None or not all(n in config for n in names):
+        return None, None
+    tokens = grid[0] * grid[1] + (config.get("classifier", "token") == "token")
+    return config, tokens
+
+
+def step_memory_estimate(model, images):
+    """A rough upper estimate in bytes of the activations one training step
+    keeps for the backward pass on ``images`` images (float32).
+
+    A ViT block keeps about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image
+    (N tokens), the attention maps dominating at high resolution; a hybrid
+    adds its ResNet (see :func:`_resnet_values`), a BiT ResNet is that
+    alone, and masked patch prediction adds its per-patch logits (three
+    copies: logits, softmax, gradient). None for models it does not know.
+
+    >>> import keras_vit
+    >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
+    >>> round(step_memory_estimate(vit, 8) / 2**20, 2)  # MiB
+    7.13
+    """
+    if hasattr(model, "block_units"):  # BiT ResNetV2
+        values = _resnet_values(model.image_size, model.block_units,
+                                model.width_factor)
+        return _BYTES * images * values
+    config, n = _encoder(model)
+    if config is None:
+        return None
+    head = 0
+    if getattr(model, "encoder_config", None) is not None:
+        head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
+    per_block = (12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
+                 + 3 * config["num_heads"] * n * n)
+    values = config["num_layers"] * per_block + head
+    resnet = config.get("resnet")
+    if resnet:
+        from keras_vit.models.vit import hybrid_stages
+
+        values += _resnet_values(config["image_size"],
+                                 hybrid_stages(resnet),
+                                 resnet.get("width_factor", 1))
+    return _BYTES * images * values
+
+
+def _output_values(model):
+    """Values per image in the model's outputs (all alive at the end; the
+    stacked attention maps of ``return_attention_scores`` are most)."""
+    total = 0
+    for out in getattr(model, "outputs", None) or ():
+        shape = tuple(getattr(out, "shape", ()) or ())[1:]
+        if shape and all(isinstance(d, int) for d in shape):
+            total += math.prod(shape)
+    return total
+
+
+def forward_estimate(model, images):
+    """A rough upper estimate in bytes of what one inference forward pass
+    of ``images`` images holds at its peak (float32 values): in a ViT block
+    the attention logits and their softmax, 2 heads*N^2 per image, beside
+    q, k, v and the MLP's hidden layer; in a ResNet its largest maps (see
+    :func:`_resnet_forward_values`); plus the model's outputs. A forward
+    keeps one block's activations at a time, where a training step keeps
+    them all (:func:`step_memory_estimate`).
+
+    >>> import keras_vit
+    >>> big = keras_vit.vit(4000, 16, 768, 12, 12, 3072, 1000)
+    >>> round(forward_estimate(big, 1) / 2**30, 1)  # GiB: 62,501 tokens
+    350.3
+    """
+    values = _output_values(model)
+    if hasattr(model, "block_units"):  # BiT ResNetV2
+        values += _resnet_forward_values(model.image_size, model.width_factor)
+        return _BYTES * images * values
+    config, n = _encoder(model)
+    if config is None:
+        return _BYTES * images * values if values else None
+    d, mlp, heads = (config["hidden_size"], config["mlp_dim"],
+                     config["num_heads"])
+    values += max(2 * heads * n * n + 6 * n * d, 2 * n * mlp + 3 * n * d)
+    resnet = config.get("resnet")
+    if resnet:
+        values = max(values, _resnet_forward_values(
+            config["image_size"], resnet.get("width_factor", 1)))
+    return _BYTES * images * values
+
+
+def _on_cpu():
+    from keras_vit import hardware
+
+    return hardware.detect().accelerator == "cpu"
+
+
+def _describe(model):
+    name = getattr(model, "zoo_name", None) or getattr(model, "name", "model")
+    shape = tuple(getattr(model, "inputs", [None])[0].shape or ())
+    size = f" at {shape[1]}x{shape[2]}" if len(shape) == 4 else ""
+    _, tokens = _encoder(model)
+    return f"{name}{size}" + (f" ({tokens:,} tokens)" if tokens else "")
+
+
+def forward_batch(model, wanted, *, option="--image-size", available=None):
+    """The largest batch, at most ``wanted``, whose forward pass fits in
+    half of this machine's available memory (at least 1), for commands that
+    choose their own batch (``keras-vit predict``). A model that clearly
+    cannot run even one image (estimate over 1.5x the memory available, as
+    in :func:`check_forward`) is refused (``ValueError``) naming
+    ``option``, the estimate and the memory, before anything is allocated.
+
+    >>> import keras_vit
+    >>> big = keras_vit.vit(4000, 16, 768, 12, 12, 3072, 1000)
+    >>> forward_batch(big, 16, available=2**34)
+    Traceback (most recent call last):
+    ...
+    ValueError: one image through vision_transformer at 4000x4000 (62,501 tokens) needs about 350.3 GiB in its forward pass (an estimate: the attention maps grow with the square of the tokens), more than the 16.0 GiB of memory available here; lower --image-size
+    """
+    wanted = int(wanted)
+    per_image = forward_estimate(model, 1)
+    if per_image is None or (available is None and not _on_cpu()):
+        return wanted
+    available = available_memory() if available is None else available
+    if available is None:
+        return wanted
+    if per_image > 1.5 * available:
+        raise ValueError(
+            f"one image through {_describe(model)} needs about "
+            f"{per_image / 2**30:.1f} GiB in its forward pass (an estimate: "
+            "the attention maps grow with the square of the tokens), more "
+            f"than the {available / 2**30:.1f} GiB of memory available "
+            f"here; lower {option}")
+    return max(1, min(wanted, int(available // 2 // per_image)))
+
+
+def check_forward(model, images, *, available=None):
+    """Refuses (``ValueError``) a forward pass of ``images`` images that
+    clearly cannot fit this machine's available memory (estimate over 1.5x
+    of it), on CPU, before it is allocated: one batch of a model at 4000
+    px would otherwise take the machine's memory and then the process.
+    :func:`keras_vit.backend.infer` calls it on every batch."""
+    if available is None and not _on_cpu():
+        return
+    need = forward_estimate(model, int(images))
+    if need is None:
+        return
+    available = available_memory() if available is None else available
+    if available is None or need <= 1.5 * available:
+        return
+    per_image = need / int(images)
+    fits = int(available // 2 // per_image)
+    hint = (f"a batch of at most {fits} image(s) fits"
+            if fits >= 1 else "lower the image size")
+    raise ValueError(
+        f"a forward pass of {int(images)} image(s) through "
+        f"{_describe(model)} needs about {need / 2**30:.1f} GiB (an "
+        f"estimate), more than the {available / 2**30:.1f} GiB of memory "
+        f"available here; {hint}")
