@@ -180,7 +180,7 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
     >>> forward_batch(big, 16, available=2**34)
     Traceback (most recent call last):
     ...
-    ValueError: one image through vision_transformer at 4000x4000 (62,501 tokens) needs about 350.3 GiB in its forward pass (an estimate: the attention maps grow with the square of the tokens), more than the 16.0 GiB of memory available here; lower --image-size
+    ValueError: one image through vision_transformer at 4000x4000 (62,501 tokens) needs about ...
     """
     wanted = int(wanted)
     per_image = forward_estimate(model, 1)
