@@ -24,7 +24,10 @@ import numpy as np
 def _load_model(path):
     import keras
 
-    import keras_vit  # noqa: F401 - registers the layers
+    # Importing the model classes registers them (and their layers) with
+    # Keras, which the file names.
+    from keras_vit.models import (  # noqa: F401
+        AxialVisionTransformer, ResNetV2, VisionTransformer)
 
     try:
         return keras.saving.load_model(path, compile=False)

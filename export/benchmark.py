@@ -112,7 +112,7 @@ def _keras_runner(model, jit):
 
 def _bf16_copy(model):
     """``model`` rebuilt under the mixed_bfloat16 policy, same weights."""
-    from keras_vit.models import rebuild
+    from keras_vit.zoo import rebuild
 
     return rebuild(model, dtype="mixed_bfloat16")
 

@@ -96,7 +96,7 @@ def register(subparsers):
 def _load_model(args, default_weights="auto"):
     """A zoo model (by name), a ``.keras`` file or a run directory, as
     ``(model, label)``."""
-    from keras_vit.models.resolve import model_path, resolve_model
+    from keras_vit.zoo.resolve import model_path, resolve_model
 
     value = args.model
     if model_path(value, "MODEL") is not None:

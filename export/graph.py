@@ -46,7 +46,8 @@ def float32_copy(model):
     """
     import keras
 
-    from keras_vit.models import ResNetV2, VisionTransformer, rebuild
+    from keras_vit.models import ResNetV2, VisionTransformer
+    from keras_vit.zoo import rebuild
 
     if isinstance(model, (VisionTransformer, ResNetV2)):
         return rebuild(model, dtype="float32")
@@ -80,7 +81,8 @@ def float32_copy(model):
 
 def _with_attention_scores(model):
     """``model`` rebuilt to also return its attention maps (same weights)."""
-    from keras_vit.models import VisionTransformer, rebuild
+    from keras_vit.models import VisionTransformer
+    from keras_vit.zoo import rebuild
 
     if getattr(model, "return_attention_scores", False):
         return model

@@ -12,7 +12,7 @@ keras_vit`` and nothing else.
 import importlib
 import sys
 
-from keras_vit import _quiet, errors, hardware, lazy
+from keras_vit import _quiet, errors, hardware, keras_classes
 
 # Before anything imports TensorFlow: its oneDNN CPU rewrites (the fused
 # matmul + bias + GELU) where TensorFlow would leave them off.
@@ -38,27 +38,31 @@ except ValueError as _e:
 # import keras_vit.models themselves (through __getattr__ below or their
 # own imports), which registers the layers before anything is loaded.
 if not _quiet.is_command_line():
-    lazy.import_models()
+    keras_classes.import_models()
     from keras_vit.models import (  # noqa: E402
-        AxialVisionTransformer, VisionTransformer, axial_vit, rebuild,
-        resolve_model, vit)
+        AxialVisionTransformer, VisionTransformer, axial_vit, vit)
 
-__version__ = "0.1.0"
+from keras_vit.version import __version__  # noqa: E402
 
 # Components load on first use: `keras_vit.zoo`, `keras_vit.export`, ...
 _LAZY = ("zoo", "export", "analysis", "cli")
 _FROM_MODELS = ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
-                "rebuild", "resolve_model", "vit")
+                "vit")
+# Getting and copying models is the zoo's (keras_vit.zoo.resolve): loaded on
+# first use, as the zoo is.
+_FROM_ZOO = ("rebuild", "resolve_model")
 
 
 def __getattr__(name):
     if name in _LAZY:
         return importlib.import_module(f"keras_vit.{name}")
     if name in ("layers", "models"):
-        lazy.import_models()
+        keras_classes.import_models()
         return importlib.import_module(f"keras_vit.{name}")
     if name in _FROM_MODELS:
-        return getattr(lazy.import_models(), name)
+        return getattr(keras_classes.import_models(), name)
+    if name in _FROM_ZOO:
+        return getattr(importlib.import_module("keras_vit.zoo.resolve"), name)
     raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
 
 

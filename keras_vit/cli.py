@@ -19,7 +19,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_vit import cli_options as options  # noqa: E402
-from keras_vit import lazy  # noqa: E402
+from keras_vit import keras_classes  # noqa: E402
 # The shared helpers, under the names the other components used to import
 # from here.
 from keras_vit.cli_options import (  # noqa: E402, F401
@@ -155,7 +155,7 @@ def _cmd_convert(args):
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
     shapes = _npz_shapes(resolved.path)
-    from keras_vit.models import resolve_model
+    from keras_vit.zoo import resolve_model
 
     try:
         model = resolve_model(args.model, weights=resolved.path,
@@ -222,7 +222,7 @@ def _looks_like_file(value):
 
 def _is_keras_model(value):
     """A ``.keras`` file or a run directory holding one."""
-    from keras_vit.models.resolve import RUN_MODEL_FILE
+    from keras_vit.zoo.resolve import RUN_MODEL_FILE
 
     return value.endswith(".keras") or os.path.isfile(
         os.path.join(value, RUN_MODEL_FILE))
@@ -251,7 +251,7 @@ def _check_model_name(value):
 def _load_for_predict(args):
     """Returns ``(model, description)`` for NAME, a ``.keras`` file or a
     run directory."""
-    from keras_vit.models import resolve_model
+    from keras_vit.zoo import resolve_model
 
     if _looks_like_file(args.model) or os.path.isdir(args.model):
         if not (args.model.endswith(".keras") or os.path.isdir(args.model)):
@@ -275,8 +275,8 @@ def _load_for_predict(args):
 def load_keras_file(path, argument="MODEL"):
     """A ``.keras`` file's model (``compile=False``: inference and
     fine-tuning need no saved optimizer), or one clear error naming the
-    argument (see :func:`keras_vit.models.resolve.load_keras_file`)."""
-    from keras_vit.models.resolve import load_keras_file as load
+    argument (see :func:`keras_vit.zoo.resolve.load_keras_file`)."""
+    from keras_vit.zoo.resolve import load_keras_file as load
 
     return load(path, argument, error=UserError)
 
@@ -475,7 +475,7 @@ def _cmd_demo(args):
 
 def build_parser():
     """The argparse parser of ``keras-vit``."""
-    from keras_vit import __version__
+    from keras_vit.version import __version__
     from keras_vit import demo
 
     parser = ArgumentParser(
@@ -563,7 +563,7 @@ def main(argv=None) -> int:
 def _prepare(args):
     # list and info read the registry: no Keras.
     if args.func not in (_cmd_list, _cmd_info):
-        lazy.load_keras_classes()
+        keras_classes.load_keras_classes()
 
 
 if __name__ == "__main__":

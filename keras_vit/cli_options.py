@@ -284,7 +284,7 @@ def main(parser, argv=None, prepare=None):
     ``prepare(args)`` runs once the arguments have parsed, before the
     command (the imports a command needs: parse errors come first); by
     default it imports Keras and registers every class of the package
-    (:func:`keras_vit.lazy.load_keras_classes`), which the command line
+    (:func:`keras_vit.keras_classes.load_keras_classes`), which the command line
     skips at start-up."""
     debug, argv = debug_requested(argv)
     try:
@@ -304,9 +304,9 @@ def main(parser, argv=None, prepare=None):
         if code:
             return code
     if prepare is None:
-        from keras_vit import lazy
+        from keras_vit import keras_classes
 
-        prepare = lazy.load_keras_classes
+        prepare = keras_classes.load_keras_classes
     prepare(args)
     return run_command(args.func, args,
                        debug or getattr(args, "traceback", False))

@@ -19,7 +19,7 @@ import pytest
 
 import keras_vit
 from keras_vit import compat, graph_ops, hardware
-from keras_vit.models.resolve import rebuild
+from keras_vit.zoo.resolve import rebuild
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",

@@ -10,7 +10,8 @@ import pytest
 import keras_vit
 from keras_vit.backend import to_numpy
 from keras_vit.errors import UnexpectedKeywordError
-from keras_vit.models import UnknownModelError, rebuild, resolve_model
+from keras_vit.models import UnknownModelError
+from keras_vit.zoo import rebuild, resolve_model
 
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends
@@ -73,7 +74,7 @@ def test_a_timm_repository_folder_goes_to_the_zoo(tmp_path):
     # A folder with model.safetensors (and no model.keras) is a local timm
     # repository, for zoo.load (tests/test_timm_hub.py loads one through
     # `keras-vit predict`), not refused as an unfinished run.
-    from keras_vit.models.resolve import model_path
+    from keras_vit.zoo.resolve import model_path
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert model_path(tmp_path) is None

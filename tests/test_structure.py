@@ -1,14 +1,21 @@
-"""Module boundaries: no private (underscore) name of one keras_vit module
-is used by another.
+"""Module boundaries: imports flow down the floors of the package, there is
+no import cycle, and no private (underscore) name of one keras_vit module is
+used by another.
 
 A private name is free to change with its module; a caller elsewhere turns
 it into an unwritten API (issue 17). This walks the source of the three
 components with ``ast``: ``from keras_vit.x import _name`` and
 ``module._name`` (``module`` bound by importing a keras_vit module) count.
+
+The floors (issue 27): every import, at any depth (inside a function too),
+points to the module's own floor or one below; see ``FLOORS``.
 """
 
 import ast
+import fnmatch
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Folder -> the package it installs as (setup.cfg's package_dir).
@@ -94,6 +101,227 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
     assert cross_module_private_uses(source) == [
         (1, "keras_vit.models.vit._pair"),
         (4, "keras_vit.train.data._import_tfds")]
+
+
+# The floors, bottom to top (docs: STYLE.md, "The house, floor by floor").
+# A module may import its own floor and the floors below it, never above,
+# at any depth. Patterns are fnmatch patterns of module names; the first
+# that matches decides.
+FLOORS = [
+    # 0: no keras_vit imports but each other: argument checks, atomic files,
+    # version shims, the command's quiet start and lazy names.
+    ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
+              "keras_vit._quiet", "keras_vit.lazy", "keras_vit.fused_ops",
+              "keras_vit.graph_ops", "keras_vit.version"]),
+    # 1: what the machine offers.
+    ("hardware", ["keras_vit.hardware"]),
+    # 2: pure keras.ops layers.
+    ("layers", ["keras_vit.layers"]),
+    # 3: builders and model classes, and what reads or runs a built model
+    # (memory.py knows a hybrid's stages from models.vit; backend.infer
+    # refuses a batch through memory.py). Never the zoo.
+    ("models", ["keras_vit.models", "keras_vit.models.*", "keras_vit.memory",
+                "keras_vit.backend"]),
+    # 4: names, weights, checkpoint conversion, resolve_model / rebuild.
+    ("zoo", ["keras_vit.zoo", "keras_vit.zoo.*"]),
+    # 5: jobs on a model.
+    ("jobs", ["keras_vit.train.cli", "keras_vit.train.__main__",
+              "keras_vit.analysis.cli", "keras_vit.export.cli"], "command"),
+    ("jobs", ["keras_vit.train", "keras_vit.train.*", "keras_vit.analysis",
+              "keras_vit.analysis.*", "keras_vit.export",
+              "keras_vit.export.*"]),
+    # 6: an end-to-end run; the import that registers every Keras class
+    # (the models and what training saves with them).
+    ("demo", ["keras_vit.demo", "keras_vit.keras_classes"]),
+    # 7: the command lines.
+    ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
+    # 8: the package's front door (keras_vit/__init__.py) may name anything;
+    # nothing else imports a name from it.
+    ("package", ["keras_vit"]),
+]
+ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
+         "command", "package"]
+# (importer, imported, why): imports that go up anyway. Keep it empty.
+ALLOWED = []
+# (modules, why): import cycles left to break. Keep it empty.
+ALLOWED_CYCLES = [
+    (["keras_vit.zoo.timm_hub", "keras_vit.zoo.transformers_hub"],
+     "timm_hub.save_pretrained(layout='transformers') calls transformers_hub"
+     ", which reads its files with timm_hub's Hub download and safetensors "
+     "reader; to break: move those two into a module of their own"),
+]
+
+
+def floor_of(module):
+    for entry in FLOORS:
+        name, patterns = entry[0], entry[1]
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return entry[2] if len(entry) > 2 else name
+    raise LookupError(f"{module} is on no floor: add it to FLOORS")
+
+
+def _modules():
+    """``{module name: path}`` of every module of the three components."""
+    return {_module_name(path): path for folder in COMPONENTS
+            for path in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def _owner(name, modules):
+    """The module that ``name`` (a module, or a module's attribute) is in."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(path, modules):
+    """``[(line, module)]``: every keras_vit module ``path`` imports, at any
+    depth: ``import``, ``from ... import`` (relative too),
+    ``importlib.import_module("...")`` and the lazy names of
+    ``lazy.attach``/``lazy.names_of`` (``".module"`` strings)."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = parts[:len(parts) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module
+                                          else []))
+            # ``from pkg import sub``: the submodule when there is one.
+            names = [f"{source}.{alias.name}"
+                     if f"{source}.{alias.name}" in modules else source
+                     for alias in node.names]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = getattr(func, "attr", getattr(func, "id", None))
+            if (called == "import_module" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                target = node.args[0].value
+                if target.startswith(".") and len(node.args) > 1:
+                    target = package + target
+                names = [target]
+            elif (called == "names_of" and node.args
+                  and isinstance(node.args[0], ast.Dict)):
+                names = [package + key.value for key in node.args[0].keys
+                         if isinstance(key, ast.Constant)]
+            elif called == "attach":
+                names = [f"{package}.{elt.value}" for kw in node.keywords
+                         if kw.arg == "modules"
+                         for elt in getattr(kw.value, "elts", ())
+                         if isinstance(elt, ast.Constant)]
+        for name in names:
+            if not isinstance(name, str) or not name.startswith("keras_vit"):
+                continue
+            owner = _owner(name, modules)
+            if owner and owner != me:
+                found.append((node.lineno, owner))
+    return found
+
+
+def _graph(modules):
+    return {me: {(line, other) for line, other in imports_of(path, modules)}
+            for me, path in modules.items()}
+
+
+def test_every_module_is_on_a_floor():
+    for module in _modules():
+        assert ORDER.index(floor_of(module)) >= 0
+
+
+def test_imports_point_down_the_floors():
+    modules = _modules()
+    allowed = {(a, b) for a, b, _ in ALLOWED}
+    upward = []
+    for me, edges in _graph(modules).items():
+        mine = ORDER.index(floor_of(me))
+        for line, other in sorted(edges):
+            theirs = ORDER.index(floor_of(other))
+            if theirs > mine and (me, other) not in allowed:
+                upward.append(
+                    f"{modules[me].relative_to(ROOT)}:{line}: {me} "
+                    f"({floor_of(me)}) imports {other} ({floor_of(other)})")
+    assert not upward, (
+        "imports that point up the floors (move the code to the floor that "
+        "needs it):\n" + "\n".join(upward))
+
+
+def import_cycles(graph):
+    """The strongly connected components of more than one module
+    (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {me: {other for _, other in edges}
+             for me, edges in _graph(modules).items()}
+    allowed = [sorted(modules) for modules, _ in ALLOWED_CYCLES]
+    cycles = [c for c in import_cycles(graph) if c not in allowed]
+    assert not cycles, "modules that import each other:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_import_walker_sees_every_form(tmp_path, monkeypatch):
+    # The checks above would pass vacuously if the walker found nothing.
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    source = tmp_path / "keras_vit" / "models" / "thing.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "import importlib\n"
+        "from . import vit\n"
+        "from ..zoo import api\n"
+        "def f():\n"
+        "    import keras_vit.train.loop\n"
+        "    from keras_vit.export.graph import ServingGraph\n"
+        "    importlib.import_module('keras_vit.cli')\n"
+        "x = names_of({'.axial': ('axial_vit',)})\n")
+    modules = ["keras_vit.models.thing", "keras_vit.models.vit",
+               "keras_vit.models.axial", "keras_vit.zoo.api",
+               "keras_vit.train.loop", "keras_vit.export.graph",
+               "keras_vit.cli"]
+    assert sorted(imports_of(source, modules)) == [
+        (2, "keras_vit.models.vit"), (3, "keras_vit.zoo.api"),
+        (5, "keras_vit.train.loop"), (6, "keras_vit.export.graph"),
+        (7, "keras_vit.cli"), (8, "keras_vit.models.axial")]
+
+
+@pytest.mark.parametrize("graph, cycles", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+])
+def test_the_cycle_finder(graph, cycles):
+    assert import_cycles(graph) == cycles
 
 
 def test_the_longest_first_schedule_names_test_files():

@@ -26,6 +26,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".keras_hub_io": ("from_keras_hub", "to_keras_hub"),
     ".preprocessing": ("decode_predictions", "preprocess_input",
                        "preprocessing_layer"),
+    ".resolve": ("rebuild", "resolve_model"),
     ".timm_hub": ("save_pretrained",),
 }))
 
@@ -34,7 +35,7 @@ __all__ = [
     "UnknownModelError", "augreg_index", "cache_dir", "decode_predictions",
     "export_arrays", "preprocess_input", "preprocessing_layer",
     "find_augreg", "from_keras_hub", "info", "labels", "list_models", "load",
-    "load_weights",
-    "normalize_keys", "read_npz", "resize_posemb", "resolve_weights",
-    "save_npz", "save_pretrained", "to_keras_hub",
+    "load_weights", "normalize_keys", "read_npz", "rebuild", "resize_posemb",
+    "resolve_model", "resolve_weights", "save_npz", "save_pretrained",
+    "to_keras_hub",
 ]

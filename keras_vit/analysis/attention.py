@@ -121,7 +121,7 @@ def attention_model(model, image_size=None):
         raise ValueError(
             "model must be a keras_vit VisionTransformer (a ViT or a hybrid; "
             f"BiT ResNets have no attention); received model={model!r}")
-    from keras_vit.models import rebuild
+    from keras_vit.zoo import rebuild
 
     if image_size is not None:
         image_size = list(_as_pair(image_size, "image_size"))

@@ -94,8 +94,8 @@ def _image_paths(images):
 
 def _load_model(model_or_name, weights, image_size):
     """Returns ``(model returning attention scores, description)``."""
-    from keras_vit.models import resolve_model, variants
-    from keras_vit.models.resolve import model_path
+    from keras_vit.models import variants
+    from keras_vit.zoo.resolve import model_path, resolve_model
 
     if isinstance(model_or_name, (str, os.PathLike)) and model_path(
             model_or_name, "model_or_name") is None:

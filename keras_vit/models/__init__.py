@@ -12,10 +12,8 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".resnet_v2": ("ResNetV2", "resnet_v2"),
     ".vit": ("VisionTransformer", "vit"),
     ".axial": ("AxialVisionTransformer", "axial_vit"),
-    ".resolve": ("rebuild", "resolve_model"),
 }))
 
 __all__ = ["Arch", "AxialVisionTransformer", "ResNetV2", "UnknownModelError",
            "VisionTransformer", "available_features", "axial_vit",
-           "feature_model", "parse", "rebuild", "resnet_v2", "resolve_model",
-           "vit"]
+           "feature_model", "parse", "resnet_v2", "vit"]

@@ -66,7 +66,7 @@ def feature_model(model, outputs="pre_logits"):
             BiT models ``"stage_1"`` ... ``"stage_4"`` and ``"feature_map"``
             (after the final GroupNorm and ReLU), ``"attention_scores"``
             for a model built with ``return_attention_scores=True`` (see
-            :func:`keras_vit.models.rebuild` to get one from any ViT).
+            :func:`keras_vit.rebuild` to get one from any ViT).
 
     Returns:
         A ``keras.Model`` returning one array, or a dict for several names.
@@ -115,7 +115,9 @@ def _layer_output(model, layer_name, feature):
 class FeaturesMixin:
     """The named parts of a keras_vit model, so that no caller needs its
     layer names: ``model.feature_model("tokens")``,
-    ``model.available_features()``, ``model.rebuild(image_size=384)``.
+    ``model.available_features()``. (A copy of another size, head or
+    outputs is the zoo's :func:`keras_vit.rebuild`: it copies the weights
+    by checkpoint key.)
 
     >>> import keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -132,9 +134,3 @@ class FeaturesMixin:
     def available_features(self):
         """:func:`available_features` of this model."""
         return available_features(self)
-
-    def rebuild(self, **changes):
-        """:func:`keras_vit.models.rebuild` of this model."""
-        from keras_vit.models.resolve import rebuild
-
-        return rebuild(self, **changes)

@@ -33,15 +33,14 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     is replaced by a zero-initialised one, position embeddings are resized
     to ``image_size``), a ``.keras`` path, a ``keras.Model`` (copied into
     the scope; a keras_vit model is rebuilt with the same weights by
-    :func:`keras_vit.models.rebuild` when ``image_size`` (position
+    :func:`keras_vit.rebuild` when ``image_size`` (position
     embeddings resized), ``num_classes`` (a new zero-initialised head),
     ``dropout_rate`` or the dtype policy differ), or a function returning a
     model.
     """
     import keras
 
-    from keras_vit.models import rebuild, resolve_model
-    from keras_vit.models.resolve import model_path
+    from keras_vit.zoo.resolve import model_path, rebuild, resolve_model
 
     options = dict(model_options or {})
     if isinstance(model, (str, os.PathLike)) and model_path(model) is None:
@@ -93,7 +92,7 @@ def _copy_into_scope(model):
     if all(strategy.extended.variable_created_in_scope(v.value)
            for v in model.variables):
         return model
-    from keras_vit.models import rebuild
+    from keras_vit.zoo import rebuild
 
     return rebuild(model)
 

@@ -304,7 +304,7 @@ def run_fine_tune(args):
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
     model.keras), or a zoo name with --weights."""
-    from keras_vit.models import resolve_model
+    from keras_vit.zoo import resolve_model
 
     if str(args.model).endswith(".keras") or os.path.isdir(args.model):
         return resolve_model(args.model, argument="MODEL", error=options.UserError)

@@ -56,7 +56,7 @@ from keras import ops
 
 from keras_vit import compat
 from keras_vit.layers import PACKAGE
-from keras_vit.models.resolve import model_path, resolve_model
+from keras_vit.zoo.resolve import model_path, resolve_model
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine

@@ -494,7 +494,7 @@ def _fresh_model(model):
         return model
 
     def copy():
-        from keras_vit.models import rebuild
+        from keras_vit.zoo import rebuild
 
         return rebuild(model)
 

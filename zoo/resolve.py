@@ -7,6 +7,12 @@ goes through :func:`rebuild`. Neither needs to know the models' layer names:
 the outputs are asked for by feature name (see
 :func:`keras_vit.models.feature_model`).
 
+Both live in the zoo, not beside the models: a name is built by
+:func:`keras_vit.zoo.load`, and a copy of another size gets its weights by
+checkpoint key (:mod:`keras_vit.zoo.convert`). Users reach them as
+``keras_vit.resolve_model`` and ``keras_vit.rebuild`` (or from
+``keras_vit.zoo``).
+
 >>> import keras_vit
 >>> m = resolve_model("ViT-Ti/16", weights=None, image_size=32,
 ...                   num_classes=10)
@@ -24,6 +30,7 @@ import numpy as np
 
 from keras_vit.errors import (UnexpectedKeywordError, check_archive,
                               check_pair, did_you_mean)
+from keras_vit.zoo import bit_layout, convert
 
 #: The file a training run directory holds its final model in.
 RUN_MODEL_FILE = "model.keras"
@@ -44,7 +51,10 @@ def load_keras_file(path, argument="model", *, error=ValueError):
     but is no ``.keras`` archive."""
     import keras
 
-    import keras_vit  # noqa: F401 - registers the layers for loading
+    # Importing the model classes registers them (and their layers) with
+    # Keras, which the file names.
+    from keras_vit.models import (  # noqa: F401
+        AxialVisionTransformer, ResNetV2, VisionTransformer)
 
     check_archive(argument, path, "a .keras model", error=error)
     _check_keras_config_size(path, argument, error)
@@ -85,6 +95,8 @@ def model_path(spec, argument="model", *, error=ValueError):
         inside = os.path.join(path, RUN_MODEL_FILE)
         if os.path.isfile(inside):
             return inside
+        # Here, not at the top: the zoo's loaders import Keras, and the
+        # command line asks for a model file before it loads Keras.
         from keras_vit.zoo.timm_hub import WEIGHTS_FILE
 
         if os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
@@ -140,11 +152,11 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     elif isinstance(spec, (str, os.PathLike)):
         path = model_path(spec, argument, error=error)
         if path is None:
-            from keras_vit import zoo
+            from keras_vit.zoo import api
 
             if dtype is not None:
                 options["dtype"] = dtype
-            return zoo.load(os.fspath(spec), weights=weights,
+            return api.load(os.fspath(spec), weights=weights,
                             image_size=image_size, num_classes=num_classes,
                             **options)
         model = load_keras_file(path, argument, error=error)
@@ -182,7 +194,6 @@ def _copy_weights(source, target, keep_pre_logits):
         return
     from keras_vit.models.axial import AxialVisionTransformer
     from keras_vit.models.resnet_v2 import ResNetV2
-    from keras_vit.zoo import bit_layout, convert
 
     if isinstance(source, ResNetV2):
         bit_layout.load_weights(target, bit_layout.export_arrays(source))
@@ -198,8 +209,6 @@ def _copy_by_path(source, target):
     """For a model with no checkpoint layout (Axial-ViT): weights by their
     Keras path; a learned position table of another grid resized, a head of
     another size left at its zero initialisation."""
-    from keras_vit.zoo import convert
-
     given = {w.path: w for w in source.weights}
     owners = {w.path: layer for layer in target.layers for w in layer.weights}
     problems = []
