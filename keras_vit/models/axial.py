@@ -21,16 +21,20 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.models.common import classification_head, image_input
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
-from keras_vit.models.encoder import (check_encoder_args, check_patch_grid,
-                                      check_position_embedding,
-                                      classification_head)
+from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
+                                      check_patch_grid,
+                                      check_position_embedding)
 from keras_vit.models.features import FeaturesMixin
 
 _POOLINGS = (None, "gap", "avg")
 # A relative table needs a 1D sequence, which an axial model does not have.
 _POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
+# AxialEncoderBlock's arguments, which its get_config returns.
+_BLOCK_ARGUMENTS = ("num_heads", "mlp_dim", "dropout_rate",
+                    "attention_dropout_rate", "layer_norm_epsilon")
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -42,27 +46,19 @@ class AxialEncoderBlock(layers.Layer):
     (a sequence of ``cols`` tokens) and every column (``rows`` tokens).
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0,
+                 attention_dropout_rate=0.0, layer_norm_epsilon=1e-6,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = float(attention_dropout_rate)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.row, self.column = (
             vit_layers.EncoderBlock(
-                self.num_heads, self.mlp_dim, self.dropout_rate,
-                self.attention_dropout_rate, self.layer_norm_epsilon,
-                dtype=self.dtype_policy, name=name)
+                num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
+                layer_norm_epsilon, dtype=self.dtype_policy, name=name)
             for name in ("row", "column"))
+        # The arguments as the two blocks normalised them; their gelu stays
+        # the tanh default, which an axial block does not take.
+        for key in _BLOCK_ARGUMENTS:
+            setattr(self, key, getattr(self.row, key))
 
     def build(self, input_shape):
         if len(input_shape) != 4:
@@ -89,13 +85,7 @@ class AxialEncoderBlock(layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-        )
+        config.update({key: getattr(self, key) for key in _BLOCK_ARGUMENTS})
         return config
 
 
@@ -107,35 +97,26 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
     Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",
     weights=None)``. The constructor arguments are those of
     :func:`axial_vit`; ``get_config`` returns exactly them.
+
+    The input, the argument checks, the head and the config are
+    :class:`keras_vit.models.VisionTransformer`'s (keras_vit.models.common,
+    .encoder and .config). The encoder between them runs on a grid, not a
+    token sequence, hence a class of its own, whose arguments are the
+    ViT's less those that need a sequence (``classifier``, ``resnet``,
+    ``position_embedding_placement``, ``return_attention_scores``) and
+    ``gelu`` (its blocks keep the tanh default).
     """
 
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        hidden_size=768,
-        num_layers=12,
-        num_heads=12,
-        mlp_dim=3072,
-        num_classes=1000,
-        representation_size=None,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        include_top=True,
-        pooling=None,
-        include_preprocessing=False,
-        classifier_activation=None,
-        num_channels=3,
-        layer_norm_epsilon=1e-6,
-        head_bias_init=0.0,
-        position_embedding="learned_1d",
-        name="axial_vision_transformer",
-        **kwargs,
-    ):
+    def __init__(self, image_size=224, patch_size=16, hidden_size=768,
+                 num_layers=12, num_heads=12, mlp_dim=3072, num_classes=1000,
+                 representation_size=None, dropout_rate=0.0,
+                 attention_dropout_rate=0.0, include_top=True, pooling=None,
+                 include_preprocessing=False, classifier_activation=None,
+                 num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
+                 position_embedding="learned_1d",
+                 name="axial_vision_transformer", **kwargs):
         image_hw, patch, grid = check_patch_grid(image_size, patch_size)
-        (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-         representation_size, num_classes, dropout_rate,
-         attention_dropout_rate) = check_encoder_args(
+        spec = check_encoder_args(
             hidden_size, num_layers, num_heads, mlp_dim, num_channels,
             pooling, _POOLINGS, representation_size, include_top,
             num_classes, dropout_rate, attention_dropout_rate)
@@ -145,61 +126,42 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
                 "(a relative table needs a 1D sequence); received "
                 f"position_embedding={position_embedding!r}")
         check_position_embedding(
-            position_embedding, "stem", hidden_size, num_heads)
-
+            position_embedding, "stem", spec["hidden_size"], spec["num_heads"])
+        dim, rate = spec["hidden_size"], spec["dropout_rate"]
         dtype = kwargs.pop("dtype", None)
 
-        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
-                             name="images")
-        x = inputs
-        if include_preprocessing:
-            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
-                                 name="preprocessing")(x)
-        x = vit_layers.PatchEmbedding(hidden_size, patch, dtype=dtype,
+        inputs, x = image_input(image_hw, spec["num_channels"],
+                                include_preprocessing, dtype)
+        x = vit_layers.PatchEmbedding(dim, patch, dtype=dtype,
                                       name="patch_embedding")(x)
         if position_embedding != "none":
             x = vit_layers.PositionEmbedding(
                 grid, 0, kind=position_embedding, dtype=dtype,
                 name="position_embedding")(x)
-        x = layers.Dropout(dropout_rate, dtype=dtype,
-                           name="embedding_dropout")(x)
-        x = layers.Reshape((grid[0], grid[1], hidden_size), dtype=dtype,
+        x = layers.Dropout(rate, dtype=dtype, name="embedding_dropout")(x)
+        x = layers.Reshape((grid[0], grid[1], dim), dtype=dtype,
                            name="to_grid")(x)
-        for i in range(num_layers):
+        for i in range(spec["num_layers"]):
             x = AxialEncoderBlock(
-                num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
-                layer_norm_epsilon, dtype=dtype,
-                name=f"axial_block_{i}")(x)
+                spec["num_heads"], spec["mlp_dim"], rate,
+                spec["attention_dropout_rate"], layer_norm_epsilon,
+                dtype=dtype, name=f"axial_block_{i}")(x)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
         x = classification_head(
             x, layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")
             if include_top or pooling is not None else None,
-            include_top, representation_size, num_classes, head_bias_init,
+            include_top, spec["representation_size"], spec["num_classes"],
+            keras.initializers.Constant(head_bias_init),
             classifier_activation, dtype)
         super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
-
-        # Normalised values; the other arguments are kept as given
-        # (keras_vit.models.config).
-        self.hidden_size, self.num_layers = hidden_size, num_layers
-        self.num_heads, self.mlp_dim = num_heads, mlp_dim
-        self.num_channels, self.num_classes = num_channels, num_classes
-        self.representation_size = representation_size
-        self.dropout_rate = dropout_rate
-        self.attention_dropout_rate = attention_dropout_rate
+        for key in NORMALISED:
+            setattr(self, key, spec[key])
         self.grid_size = grid
 
 
-def axial_vit(
-    image_size,
-    patch_size,
-    hidden_size,
-    num_layers,
-    num_heads,
-    mlp_dim,
-    num_classes,
-    **kwargs,
-):
+def axial_vit(image_size, patch_size, hidden_size, num_layers, num_heads,
+              mlp_dim, num_classes, **kwargs):
     """Builds an Axial-ViT (paper Appendix D.6) of any size.
 
     Args:
@@ -234,13 +196,6 @@ def axial_vit(
     >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
     (2, 10)
     """
-    return AxialVisionTransformer(
-        image_size=image_size,
-        patch_size=patch_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-        num_classes=num_classes,
-        **kwargs,
-    )
+    return AxialVisionTransformer(image_size, patch_size, hidden_size,
+                                  num_layers, num_heads, mlp_dim, num_classes,
+                                  **kwargs)

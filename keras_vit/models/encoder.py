@@ -1,6 +1,6 @@
 """What every encoder model of the package (ViT and its hybrids,
-Axial-ViT) shares: the argument checks, each error naming the argument,
-and the classification head.
+Axial-ViT) shares: the argument checks, each error naming the argument.
+The head is in :mod:`keras_vit.models.common`, shared with BiT.
 
 >>> check_patch_grid(224, 16)
 ((224, 224), 16, (14, 14))
@@ -10,9 +10,6 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 """
 
 from __future__ import annotations
-
-import keras
-from keras import layers
 
 from keras_vit.errors import (check_choice, check_int, check_number,
                               check_pair, check_weights_fit)
@@ -63,6 +60,13 @@ def check_patch_grid(image_size, patch_size, stem_stride=1):
     return image_hw, patch, (image_hw[0] // stride, image_hw[1] // stride)
 
 
+# What check_encoder_args returns: the models keep these normalised values
+# as attributes, so their configs hold them (keras_vit.models.config).
+NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
+              "num_channels", "representation_size", "num_classes",
+              "dropout_rate", "attention_dropout_rate")
+
+
 def _rate(value, name):
     return float(check_number(name, value, low=0, high=1, high_open=True))
 
@@ -72,9 +76,8 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
                        include_top, num_classes, dropout_rate,
                        attention_dropout_rate):
     """The argument checks every encoder model (ViT, Axial-ViT) shares, each
-    error naming the argument; returns ``(hidden_size, num_layers,
-    num_heads, mlp_dim, num_channels, representation_size, num_classes,
-    dropout_rate, attention_dropout_rate)`` normalised."""
+    error naming the argument; returns the arguments named in
+    :data:`NORMALISED`, normalised, as a dict."""
     hidden_size = check_int("hidden_size", hidden_size, low=1)
     num_layers = check_int("num_layers", num_layers, low=0)
     num_heads = check_int("num_heads", num_heads, low=1)
@@ -99,31 +102,10 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
         f"hidden_size={hidden_size}, num_layers={num_layers}, "
         f"mlp_dim={mlp_dim}" + (f", num_classes={num_classes}"
                                 if include_top else ""))
-    return (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-            representation_size, num_classes,
-            _rate(dropout_rate, "dropout_rate"),
-            _rate(attention_dropout_rate, "attention_dropout_rate"))
-
-
-def classification_head(x, pooling_layer, include_top, representation_size,
-                        num_classes, head_bias_init, classifier_activation,
-                        dtype):
-    """The end every encoder model of the package shares: ``pooling_layer``
-    (or none), the optional ``pre_logits`` Dense + tanh, and, with
-    ``include_top``, the zero-initialised ``head`` and its activation."""
-    if pooling_layer is not None:
-        x = pooling_layer(x)
-        if representation_size is not None:
-            x = layers.Dense(representation_size, activation="tanh",
-                             kernel_initializer="lecun_normal",
-                             dtype=dtype, name="pre_logits")(x)
-    if include_top:
-        x = layers.Dense(
-            num_classes, kernel_initializer="zeros",
-            bias_initializer=keras.initializers.Constant(head_bias_init),
-            dtype=dtype, name="head")(x)
-        if classifier_activation is not None:
-            # Float32 so that softmax stays exact under mixed precision.
-            x = layers.Activation(classifier_activation, dtype="float32",
-                                  name="predictions")(x)
-    return x
+    return dict(
+        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        mlp_dim=mlp_dim, num_channels=num_channels,
+        representation_size=representation_size, num_classes=num_classes,
+        dropout_rate=_rate(dropout_rate, "dropout_rate"),
+        attention_dropout_rate=_rate(attention_dropout_rate,
+                                     "attention_dropout_rate"))

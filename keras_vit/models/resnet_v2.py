@@ -18,6 +18,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.errors import (check_choice, check_int, check_keywords,
                               check_pair)
+from keras_vit.models.common import classification_head, image_input
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
@@ -171,21 +172,11 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
     exactly them, so a saved ``.keras`` file rebuilds the same graph.
     """
 
-    def __init__(
-        self,
-        image_size=224,
-        block_units=BIT_DEPTHS[50],
-        width_factor=1,
-        num_classes=1000,
-        include_top=True,
-        pooling=None,
-        include_preprocessing=False,
-        classifier_activation=None,
-        return_stages=False,
-        num_channels=3,
-        name="resnet_v2",
-        **kwargs,
-    ):
+    def __init__(self, image_size=224, block_units=BIT_DEPTHS[50],
+                 width_factor=1, num_classes=1000, include_top=True,
+                 pooling=None, include_preprocessing=False,
+                 classifier_activation=None, return_stages=False,
+                 num_channels=3, name="resnet_v2", **kwargs):
         image_hw = check_pair("image_size", image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
@@ -206,14 +197,8 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
             num_classes = check_int("num_classes", num_classes, low=1)
         dtype = kwargs.pop("dtype", None)
 
-        inputs = keras.Input(shape=(image_hw[0], image_hw[1], num_channels),
-                             name="images")
-        x = inputs
-        if include_preprocessing:
-            # uint8 pixels -> [-1, 1], BiT's input range (timm's BiT configs
-            # use mean = std = 0.5 for the same reason).
-            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
-                                 name="preprocessing")(x)
+        inputs, x = image_input(image_hw, num_channels, include_preprocessing,
+                                dtype)
         # Root: explicit zero padding and VALID ops, as the official code.
         x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
         x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
@@ -232,18 +217,13 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         # The units are pre-activation, so the features need a last GN+ReLU.
         x = _group_norm(_GN_GROUPS, _GN_EPSILON, dtype, "final_norm")(x)
         x = layers.Activation("relu", dtype=dtype, name="final_relu")(x)
-        if include_top or pooling == "avg":
-            x = layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")(x)
-        if include_top:
-            # The official 1x1 conv head on a pooled map is a Dense; zero
-            # initialised as BiT fine-tuning does.
-            x = layers.Dense(num_classes, kernel_initializer="zeros",
-                             bias_initializer="zeros", dtype=dtype,
-                             name="head")(x)
-            if classifier_activation is not None:
-                # Float32 so that softmax stays exact under mixed precision.
-                x = layers.Activation(classifier_activation, dtype="float32",
-                                      name="predictions")(x)
+        # The official 1x1 conv head on a pooled map is a Dense; zero
+        # initialised as BiT fine-tuning does.
+        x = classification_head(
+            x, layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")
+            if include_top or pooling == "avg" else None,
+            include_top, None, num_classes, "zeros", classifier_activation,
+            dtype)
         outputs = {"output": x, **stages} if return_stages else x
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
 
@@ -293,10 +273,5 @@ def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):
                          f"{kwargs['dropout_rate']!r} (use 0 or None)")
     kwargs.pop("dropout_rate", None)
     check_keywords("resnet_v2()", kwargs, ResNetV2.__init__)
-    return ResNetV2(
-        image_size=image_size,
-        block_units=block_units,
-        width_factor=width_factor,
-        num_classes=num_classes,
-        **kwargs,
-    )
+    return ResNetV2(image_size, block_units, width_factor, num_classes,
+                    **kwargs)

@@ -7,11 +7,12 @@ from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.errors import check_choice, check_dtype, check_keywords
+from keras_vit.models.common import classification_head, image_input
 from keras_vit.models.compiled import CompiledModelMixin
 # Re-exported: these were first defined here.
 from keras_vit.models.encoder import (  # noqa: F401
-    PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
-    check_patch_grid, check_position_embedding, classification_head)
+    NORMALISED, PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
+    check_patch_grid, check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
 
@@ -227,9 +228,7 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
         stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
     image_hw, patch, grid = check_patch_grid(image_size, patch_size,
                                              stem_stride)
-    (hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-     representation_size, num_classes, dropout_rate,
-     attention_dropout_rate) = check_encoder_args(
+    spec = check_encoder_args(
         hidden_size, num_layers, num_heads, mlp_dim, num_channels,
         pooling, _POOLINGS, representation_size, include_top,
         num_classes, dropout_rate, attention_dropout_rate)
@@ -242,22 +241,14 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
             f"classifier={classifier!r}, pooling={pooling!r}")
     check_position_embedding(position_embedding,
                              position_embedding_placement,
-                             hidden_size, num_heads)
-    return dict(
-        image_hw=image_hw, patch=patch, resnet=resnet,
-        grid=grid,
-        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        mlp_dim=mlp_dim, num_channels=num_channels,
-        representation_size=representation_size, num_classes=num_classes,
-        dropout_rate=dropout_rate,
-        attention_dropout_rate=attention_dropout_rate)
+                             spec["hidden_size"], spec["num_heads"])
+    spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid)
+    return spec
 
 
 # The constructor arguments that VisionTransformer keeps normalised (the
 # rest are kept as given; see keras_vit.models.config).
-_NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
-               "num_channels", "representation_size", "num_classes",
-               "dropout_rate", "attention_dropout_rate", "resnet")
+_NORMALISED = (*NORMALISED, "resnet")
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -308,14 +299,8 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = classifier == "token"
 
-        inputs = keras.Input(
-            shape=(*spec["image_hw"], spec["num_channels"]), name="images")
-        x = inputs
-        if include_preprocessing:
-            # uint8 pixels -> [-1, 1], the official input range (not ImageNet
-            # mean/std).
-            x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
-                                 name="preprocessing")(x)
+        inputs, x = image_input(spec["image_hw"], spec["num_channels"],
+                                include_preprocessing, dtype)
         if spec["resnet"] is not None:
             x = _resnet_stem(x, spec["resnet"], dtype)
         x = vit_layers.PatchEmbedding(spec["hidden_size"], spec["patch"],
@@ -343,7 +328,8 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
             x, None if method is None else vit_layers.TokenPooling(
                 method, dtype=dtype, name="pooling"),
             include_top, spec["representation_size"], spec["num_classes"],
-            head_bias_init, classifier_activation, dtype)
+            keras.initializers.Constant(head_bias_init),
+            classifier_activation, dtype)
         outputs = x
         if return_attention_scores:
             if not scores:
