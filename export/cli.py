@@ -33,12 +33,11 @@ def register(subparsers):
     p = options.command(subparsers, "export", run_export,
                         help="SavedModel / TFLite / ONNX, verified against "
                              "Keras", check=check_export)
-    p.add_argument("model", metavar="MODEL",
-                   help="a model name (e.g. ViT-B/16) or a .keras file")
+    options.add(p, model="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--format", "-f", required=True,
                    choices=common.FORMATS)
-    p.add_argument("--output", "-o", required=True, metavar="PATH",
-                   help="a .tflite or .onnx file, or a SavedModel directory")
+    options.add(p, output="a .tflite or .onnx file, or a SavedModel "
+                          "directory")
     p.add_argument("--quantization", "-q", choices=common.QUANTIZATIONS,
                    default="float32",
                    help="TFLite and ONNX (default: float32)")
@@ -75,8 +74,7 @@ def register(subparsers):
 
     p = options.command(subparsers, "benchmark", run_benchmark,
                         help="images/s in keras, xla, onnx and tflite")
-    p.add_argument("model", metavar="MODEL",
-                   help="a model name (e.g. ViT-B/16) or a .keras file")
+    options.add(p, model="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--runtimes", type=name_list,
                    default=["keras", "xla", "onnx", "tflite"],
                    metavar="R,R", help="default: keras,xla,onnx,tflite")
@@ -86,9 +84,8 @@ def register(subparsers):
     options.add(p, image_size=None)
     p.add_argument("--runs", type=positive_int, default=5, metavar="N",
                    help="timed runs per measurement (default: 5)")
-    p.add_argument("--weights", "-w", default="none", metavar="W",
-                   help="weights (default: none; speed does not depend on "
-                        "their values)")
+    options.add(p, weights={"default": "none", "help": "weights (default: "
+                            "none; speed does not depend on their values)"})
     p.add_argument("--no-bf16", action="store_true",
                    help="skip the bf16 rows")
 
@@ -106,9 +103,7 @@ def _load_model(args, default_weights="auto"):
                                  "to a .keras file")
         return (resolve_model(value, argument="MODEL"),
                 os.path.basename(os.path.normpath(value)))
-    weights = args.weights if args.weights is not None else default_weights
-    if isinstance(weights, str) and weights.lower() == "none":
-        weights = None
+    weights = options.weights_value(args.weights, default_weights)
     model = resolve_model(value, weights=weights, image_size=args.image_size,
                           num_classes=getattr(args, "num_classes", None),
                           argument="MODEL")

@@ -478,18 +478,12 @@ def build_parser():
     from keras_vit.version import __version__
     from keras_vit import demo
 
-    parser = ArgumentParser(
-        prog=PROG,
-        description="Vision Transformers for Keras 3: the model zoo, "
-                    "checkpoint conversion, inference and an offline demo.")
-    parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {__version__}")
-    parser.add_argument("--debug", "--traceback", dest="traceback",
-                        action="store_true",
-                        help="show the Python traceback of errors (also "
-                             "accepted after the command)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                required=True)
+    parser, sub = options.commands_parser(
+        PROG, "Vision Transformers for Keras 3: the model zoo, checkpoint "
+              "conversion, inference and an offline demo.",
+        traceback=("--debug", "--traceback"),
+        traceback_help="show the Python traceback of errors (also accepted "
+                       "after the command)", version=__version__)
 
     p = sub.add_parser("list", help="registered models and their weights")
     p.add_argument("pattern", nargs="?", metavar="PATTERN",
@@ -511,14 +505,14 @@ def build_parser():
                    help="architecture of the checkpoint, e.g. ViT-B/16")
     options.add(p, image_size="input resolution (default: the checkpoint's)",
                 num_classes="head size (default: the checkpoint's)")
-    p.add_argument("--output", "-o", required=True, metavar="OUT.keras")
+    options.add(p, output={"metavar": "OUT.keras"})
 
     p = options.command(sub, "predict", _cmd_predict,
                         help="classify images")
-    p.add_argument("model", metavar="NAME",
-                   help="a model name (e.g. ViT-B/16), a .keras file, or "
-                        "timm weights: hf-hub:<repo>, a repository folder, "
-                        "a .safetensors file")
+    options.add(p, model={
+        "metavar": "NAME", "help": "a model name (e.g. ViT-B/16), a .keras "
+        "file, or timm weights: hf-hub:<repo>, a repository folder, a "
+        ".safetensors file"})
     p.add_argument("images", nargs="+", metavar="IMAGE")
     options.add(p, weights="weights tag, .npz path or URL (default: the "
                            "model's default weights)",

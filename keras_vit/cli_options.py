@@ -89,6 +89,39 @@ def name_list(text):
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+_NUMBER = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+
+
+def literal(text):
+    """A ``--model-option`` value: a number, true/false, none/null (None),
+    else the text.
+
+    >>> [literal(t) for t in ("4", "0.5", "True", "none", "gelu")]
+    [4, 0.5, True, None, 'gelu']
+    """
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if _NUMBER.match(text):
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    return text
+
+
+def model_options(pairs):
+    """The ``(key, value)`` pairs of ``--model-option`` as ``zoo.load``
+    keywords, each value read by :func:`literal`."""
+    return {key: literal(value) for key, value in pairs}
+
+
+def weights_value(value, default="auto"):
+    """``--weights`` as ``zoo.load`` takes it: ``default`` when not given,
+    None for ``none`` in any case (random initialisation)."""
+    value = default if value is None else value
+    return None if str(value).lower() == "none" else value
+
+
 def key_value(text):
     """argparse type of ``--set`` / ``--model-option``: ``KEY=VALUE`` as
     ``(key, value)``, dashes in the key read as underscores."""
@@ -106,10 +139,12 @@ def key_value(text):
 # name: (flags, argparse keywords). A command adds them with add(), giving
 # its own help text (and default) where they differ.
 OPTIONS = {
+    "model": (("model",), {"metavar": "MODEL"}),
     "data_dir": (("--data-dir",), {"metavar": "DIR"}),
     "download": (("--download",), {"action": "store_true"}),
     "weights": (("--weights", "-w"), {"metavar": "W"}),
     "out": (("--out", "-o"), {"metavar": "DIR"}),
+    "output": (("--output", "-o"), {"required": True, "metavar": "PATH"}),
     "restart": (("--restart",), {"action": "store_true"}),
     "steps": (("--steps",), {"type": positive_int, "metavar": "N"}),
     "epochs": (("--epochs",), {"type": positive_float, "metavar": "N"}),
@@ -310,6 +345,23 @@ def main(parser, argv=None, prepare=None):
     prepare(args)
     return run_command(args.func, args,
                        debug or getattr(args, "traceback", False))
+
+
+def commands_parser(prog, description, traceback=("--traceback",),
+                    traceback_help="show the Python traceback of errors",
+                    version=None):
+    """A command line of sub-commands: its parser (with ``--version`` when
+    ``version`` is given, then the ``traceback`` flags) and the
+    sub-parser set the commands are added to, as ``(parser, subparsers)``.
+    """
+    parser = ArgumentParser(prog=prog, description=description)
+    if version is not None:
+        parser.add_argument("--version", action="version",
+                            version=f"%(prog)s {version}")
+    parser.add_argument(*traceback, dest="traceback", action="store_true",
+                        help=traceback_help)
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND",
+                                         required=True)
 
 
 def command(subparsers, name, func, help, check=None):

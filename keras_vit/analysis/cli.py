@@ -43,8 +43,8 @@ def register(subparsers):
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files; one rollout figure each, and the "
                         "attention distance is averaged over all of them")
-    p.add_argument("--out", "-o", required=True, metavar="DIR",
-                   help="output directory (created)")
+    options.add(p, out={"required": True,
+                        "help": "output directory (created)"})
     options.add(p, weights="weights tag, .npz path or URL for a zoo name "
                            "(default: the model's default weights)",
                 image_size="inspect at this resolution (position "

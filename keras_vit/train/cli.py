@@ -17,10 +17,9 @@ from keras_vit import cli_options as options
 from keras_vit.cli_options import positive_int
 from keras_vit.memory import step_memory_estimate  # noqa: F401 (re-export)
 
-_FLOAT_OR_INT = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
-
 PRECISION_HELP = "auto, float32 or mixed_bfloat16"
 WEIGHTS_HELP = "for a zoo name: weights tag, path or URL"
+MODEL_HELP = "a .keras file, a run directory, or a zoo name"
 
 
 def _add_run_directory(p, name, restart, weights):
@@ -79,18 +78,6 @@ def check_fits_memory(trainer, available=None):
         "--image-size, or pass --no-memory-check to try anyway")
 
 
-def _literal(text):
-    """``--model-option`` values: numbers, true/false/none, else text."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    if _FLOAT_OR_INT.match(text):
-        return float(text) if any(c in text for c in ".eE") else int(text)
-    return text
-
-
 def _add_data_options(p, what="training data"):
     p.add_argument("--data", required=True, metavar="SPEC",
                    help=f"{what}: 'digits' (built in, offline), "
@@ -128,9 +115,8 @@ def register(subparsers):
     p = options.command(subparsers, "fine-tune", run_fine_tune,
                         help="fine-tune (or train) a model with the "
                              "paper's recipe; resumable")
-    p.add_argument("model", metavar="MODEL",
-                   help="a zoo name (ViT-B/16, ViT-Ti/4, ...) or a .keras "
-                        "file")
+    options.add(p, model="a zoo name (ViT-B/16, ViT-Ti/4, ...) or a .keras "
+                         "file")
     _add_data_options(p)
     p.add_argument("--eval-data", metavar="SPEC",
                    help="held-out data (default: the test split of digits "
@@ -167,8 +153,7 @@ def register(subparsers):
 
     p = options.command(subparsers, "evaluate", run_evaluate,
                         help="top-1 accuracy of a model on labelled data")
-    p.add_argument("model", metavar="MODEL",
-                   help="a .keras file, a run directory, or a zoo name")
+    options.add(p, model=MODEL_HELP)
     _add_data_options(p, "evaluation data (a tfds spec without a split "
                          "reads 'test')")
     options.add(p, weights={"default": "auto", "help": WEIGHTS_HELP},
@@ -177,8 +162,7 @@ def register(subparsers):
 
     p = options.command(subparsers, "fewshot", run_fewshot,
                         help="k-shot linear evaluation of frozen features")
-    p.add_argument("model", metavar="MODEL",
-                   help="a .keras file, a run directory, or a zoo name")
+    options.add(p, model=MODEL_HELP)
     _add_data_options(p, "data the k-shot sets are drawn from")
     p.add_argument("--eval-data", metavar="SPEC",
                    help="test data (default: the test split of digits or "
@@ -239,10 +223,20 @@ def _recipe_overrides(args):
     return fields
 
 
-def _check_out(out):
+def _run_dir(args, what):
+    """--out, by default runs/<model>-<data>-<what>; refused if a file."""
+    out = args.out or os.path.join(
+        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{what}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is a file; the run needs a folder "
                          "(its checkpoints, metrics and model.keras)")
+    return out
+
+
+def _print_metrics(result):
+    """A run's final metrics as JSON (``--json``), without the history."""
+    shown = {k: v for k, v in result.metrics.items() if k != "history"}
+    print(json.dumps(shown, indent=2, default=str))
 
 
 def _check_settings(args):
@@ -282,22 +276,19 @@ def run_fine_tune(args):
                 raise
             print(f"note: no held-out split {eval_spec!r}; not evaluating "
                   "(pass --eval-data)")
-    out = args.out or os.path.join(
-        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{args.recipe}")
-    _check_out(out)
-    weights = None if str(args.weights).lower() == "none" else args.weights
+    out = _run_dir(args, args.recipe)
+    weights = options.weights_value(args.weights)
     trainer = Trainer(
         args.model, train, evaluation, recipe=args.recipe, out_dir=out,
         strategy=args.strategy, tpu=args.tpu, weights=weights,
         resume=_resume(args),
-        model_options={k: _literal(v) for k, v in args.model_option},
+        model_options=options.model_options(args.model_option),
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
     result = trainer.fit()
     if args.json and trainer.is_chief:
-        shown = {k: v for k, v in result.metrics.items() if k != "history"}
-        print(json.dumps(shown, indent=2, default=str))
+        _print_metrics(result)
     return 0
 
 
@@ -358,10 +349,9 @@ def _register_pretrain(subparsers):
     p = options.command(subparsers, "pretrain", run_pretrain,
                         help="self-supervised pre-training on unlabelled "
                              "images (masked patch prediction); resumable")
-    p.add_argument("model", metavar="MODEL",
-                   help="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
-                        ".keras file (a ViT, or a pretrain result to "
-                        "continue)")
+    options.add(p, model="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
+                         ".keras file (a ViT, or a pretrain result to "
+                         "continue)")
     p.add_argument("--objective", default="mpp", metavar="NAME",
                    help=f"one of {', '.join(recipes.MPP_OBJECTIVES)} (default: mpp)")
     p.add_argument("--data", required=True, metavar="SPEC",
@@ -415,16 +405,14 @@ def run_pretrain(args):
     target = mpp.check_target(args.target)
     _check_settings(args)
     _configure_devices(args)
-    out = args.out or os.path.join(
-        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{objective}")
-    _check_out(out)
-    weights = None if str(args.weights).lower() == "none" else args.weights
+    out = _run_dir(args, objective)
+    weights = options.weights_value(args.weights)
     trainer = mpp.MppTrainer(
         args.model, args.data, target=target,
         corruption_rate=args.corruption_rate, recipe=args.recipe,
         out_dir=out, strategy=args.strategy, tpu=args.tpu, weights=weights,
         resume=_resume(args), data_dir=args.data_dir,
-        model_options={k: _literal(v) for k, v in args.model_option},
+        model_options=options.model_options(args.model_option),
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
@@ -432,8 +420,7 @@ def run_pretrain(args):
     if not trainer.is_chief:
         return 0
     if args.json:
-        shown = {k: v for k, v in result.metrics.items() if k != "history"}
-        print(json.dumps(shown, indent=2, default=str))
+        _print_metrics(result)
     elif "model_path" in result.metrics:
         print(f"fine-tune it: keras-vit fine-tune "
               f"{result.metrics['model_path']} --data LABELLED_DATA")
@@ -482,8 +469,7 @@ def _register_vtab(subparsers):
 
     p = options.command(subparsers, "vtab", run_vtab,
                         help="fine-tune and score a model on the 19 VTAB-1k tasks")
-    p.add_argument("model", metavar="MODEL",
-                   help="a zoo name (ViT-B/16, ...) or a .keras file")
+    options.add(p, model="a zoo name (ViT-B/16, ...) or a .keras file")
     p.add_argument("--tasks", metavar="T,T,...",
                    help="tasks or groups, comma-separated (default: all "
                         f"19): {', '.join(vtab.TASKS)}, natural, "
@@ -537,14 +523,14 @@ def run_vtab(args):
     overrides = _recipe_overrides(args)
     steps = overrides.pop("total_steps", None)
     out = args.out or os.path.join("runs", f"vtab-{_slug(args.model)}")
-    weights = None if str(args.weights).lower() == "none" else args.weights
+    weights = options.weights_value(args.weights)
     scores = vtab.run(
         args.model, args.tasks, out_dir=out, data_dir=args.data_dir,
         download=args.download, sweep=args.sweep, steps=steps,
         train_examples=args.train_examples, val_examples=args.val_examples,
         test_examples=args.test_examples, weights=weights,
         strategy=args.strategy, tpu=args.tpu,
-        model_options={k: _literal(v) for k, v in args.model_option},
+        model_options=options.model_options(args.model_option),
         keep_models=args.keep_models, verbose=not args.quiet, **overrides)
     if args.json:
         print(json.dumps(scores, indent=2))
@@ -558,14 +544,10 @@ def run_vtab(args):
 def build_parser():
     """A stand-alone parser with the three commands (``python -m
     keras_vit.train``)."""
-    parser = options.ArgumentParser(
-        prog="python -m keras_vit.train",
-        description="Fine-tune, evaluate and few-shot-evaluate keras_vit "
-                    "models (the same commands as keras-vit).")
-    parser.add_argument("--traceback", action="store_true",
-                        help="show the Python traceback of errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                required=True)
+    parser, sub = options.commands_parser(
+        "python -m keras_vit.train",
+        "Fine-tune, evaluate and few-shot-evaluate keras_vit models (the "
+        "same commands as keras-vit).")
     register(sub)
     return parser
 
