@@ -14,6 +14,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import keras  # noqa: E402
 
 from keras_vit import zoo  # noqa: E402
+from _fake_hub import FakeHub, run_against_hub  # noqa: E402
 
 ARCH = "vit_tiny_patch16_224"
 SIZE = 32
@@ -158,107 +159,27 @@ def test_predict_command_reads_a_timm_repo(tmp_path, repo, capsys):
     assert pred["top"][0]["index"] == int(np.argmax(logits))
 
 
-class _FakeHub:
-    """The two routes hf_hub_download uses (HEAD then GET of
-    /<repo>/resolve/<revision>/<file>), served on 127.0.0.1 from a folder
-    or a ``{name: bytes}`` dict; a missing file is a 404 with the Hub's
-    ``X-Error-Code: EntryNotFound``. Records the GETs (``gets``) and every
-    path asked for (``asked``)."""
-
-    def __init__(self, repo_id, folder):
-        import hashlib
-        import http.server
-        import threading
-
-        files = (dict(folder) if isinstance(folder, dict) else
-                 {p.name: p.read_bytes() for p in folder.iterdir()})
-        self.gets = []
-        self.asked = []
-        hub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _head(self):
-                hub.asked.append(self.path)
-                prefix = f"/{repo_id}/resolve/"
-                name = self.path.split("?")[0].rsplit("/", 1)[-1]
-                if not self.path.startswith(prefix) or name not in files:
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return None
-                body = files[name]
-                self.send_response(200)
-                self.send_header("X-Repo-Commit", "a" * 40)
-                self.send_header(
-                    "ETag", f'"{hashlib.sha256(body).hexdigest()}"')
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                return body
-
-            def do_HEAD(self):  # noqa: N802
-                self._head()
-
-            def do_GET(self):  # noqa: N802
-                body = self._head()
-                if body is not None:
-                    hub.gets.append(self.path)
-                    self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                                      Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
 @pytest.mark.slow
 def test_hf_hub_handle_downloads_through_huggingface_hub(tmp_path, repo):
     """zoo.load("hf-hub:...") against a local endpoint (HF_ENDPOINT), in a
     fresh process: the files land in huggingface_hub's cache, and with
     HF_HUB_OFFLINE=1 a second process loads them from there alone."""
-    import os
-    import subprocess
-    import sys
-
     path, expected = repo
-    hub = _FakeHub("timm/vit_tiny_test", path)
     code = ("import json, sys, numpy as np\n"
             "from keras_vit import zoo\n"
             "m = zoo.load('hf-hub:timm/vit_tiny_test', progress=False)\n"
             "x = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3))\n"
             "print(json.dumps(np.asarray(m(x.astype('float32'))).tolist()))\n")
-    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
-               TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_DISABLE_TELEMETRY="1")
-    env.pop("HF_HUB_OFFLINE", None)
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], env=env,
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        hub.stop()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    with FakeHub("timm/vit_tiny_test", path) as hub:
+        got = np.array(run_against_hub(code, tmp_path / "hf", hub.url))
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     assert sorted(p.rsplit("/", 1)[-1] for p in hub.gets) == [
         "config.json", "model.safetensors"]
     assert list((tmp_path / "hf").rglob("model.safetensors"))
 
-    env["HF_HUB_OFFLINE"] = "1"  # the server is gone: the cache alone
-    proc = subprocess.run([sys.executable, "-c", code], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    np.testing.assert_allclose(
-        np.array(json.loads(proc.stdout.strip().splitlines()[-1])),
-        expected, atol=1e-5, rtol=0)
+    # The server is gone: the cache alone.
+    got = run_against_hub(code, tmp_path / "hf", hub.url, offline=True)
+    np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
 
 
 def test_timm_bit_repo_matches_timm_forward(tmp_path):

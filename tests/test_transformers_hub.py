@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from keras_vit import zoo  # noqa: E402
 from keras_vit.zoo import convert  # noqa: E402
+from _fake_hub import FakeHub, run_against_hub  # noqa: E402
 
 SIZE = 32
 LABELS = {0: "tabby", 1: "tiger cat", 2: "lynx"}
@@ -203,48 +204,28 @@ def test_hf_hub_handle_online_then_offline(classifier_repo, tmp_path):
     """zoo.load("hf-hub:...") against a local endpoint (HF_ENDPOINT) in a
     fresh process, then with HF_HUB_OFFLINE=1 from huggingface_hub's cache
     alone."""
-    import os
-    import subprocess
-    import sys
-
-    from test_timm_hub import _FakeHub
-
     path, expected = classifier_repo
-    hub = _FakeHub("google/vit-tiny-test", path)
     code = ("import json, numpy as np\n"
             "from keras_vit import zoo\n"
             "m = zoo.load('hf-hub:google/vit-tiny-test', progress=False)\n"
             "x = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3))\n"
             "print(json.dumps([np.asarray(m(x.astype('float32'))).tolist(),"
             " m.zoo_labels]))\n")
-    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
-               TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_DISABLE_TELEMETRY="1")
-    env.pop("HF_HUB_OFFLINE", None)
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], env=env,
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        hub.stop()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got, labels = json.loads(proc.stdout.strip().splitlines()[-1])
+    with FakeHub("google/vit-tiny-test", path) as hub:
+        got, labels = run_against_hub(code, tmp_path / "hf", hub.url)
     np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
     assert labels == ["tabby", "tiger cat", "lynx"]
     assert list((tmp_path / "hf").rglob("model.safetensors"))
 
-    env["HF_HUB_OFFLINE"] = "1"  # the server is gone: the cache alone
-    proc = subprocess.run([sys.executable, "-c", code], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got, _ = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The server is gone: the cache alone.
+    got, _ = run_against_hub(code, tmp_path / "hf", hub.url, offline=True)
     np.testing.assert_allclose(np.array(got), expected, atol=1e-5, rtol=0)
 
 
 def test_hf_hub_repo_with_only_pytorch_model_bin_is_refused(
         classifier_repo, tmp_path, monkeypatch):
-    from test_timm_hub import _FakeHub
-
     path, _ = classifier_repo
-    hub = _FakeHub("google/vit-pickled", {
+    hub = FakeHub("google/vit-pickled", {
         "config.json": (path / "config.json").read_bytes(),
         "pytorch_model.bin": b"\x80\x02 never read"})
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
