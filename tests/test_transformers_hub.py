@@ -48,23 +48,28 @@ def _torch_input(x):
     return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
-@pytest.fixture(scope="module")
-def classifier_repo(tmp_path_factory):
-    model = _randomise(transformers.ViTForImageClassification(_config()), 0)
-    path = tmp_path_factory.mktemp("hf") / "vit_cls"
+def _saved_repo(tmp_path_factory, cls, seed, name):
+    """A randomised ``cls`` saved as safetensors; returns ``(folder, its
+    output on _images())``."""
+    model = _randomise(cls(_config()), seed)
+    path = tmp_path_factory.mktemp("hf") / name
     model.save_pretrained(path, safe_serialization=True)
     with torch.no_grad():
-        logits = model(pixel_values=_torch_input(_images())).logits.numpy()
-    return path, logits
+        return path, model(pixel_values=_torch_input(_images()))
+
+
+@pytest.fixture(scope="module")
+def classifier_repo(tmp_path_factory):
+    path, out = _saved_repo(tmp_path_factory,
+                            transformers.ViTForImageClassification, 0,
+                            "vit_cls")
+    return path, out.logits.numpy()
 
 
 @pytest.fixture(scope="module")
 def model_repo(tmp_path_factory):
-    model = _randomise(transformers.ViTModel(_config()), 1)
-    path = tmp_path_factory.mktemp("hf") / "vit_model"
-    model.save_pretrained(path, safe_serialization=True)
-    with torch.no_grad():
-        out = model(pixel_values=_torch_input(_images()))
+    path, out = _saved_repo(tmp_path_factory, transformers.ViTModel, 1,
+                            "vit_model")
     return path, out.pooler_output.numpy(), out.last_hidden_state.numpy()
 
 
