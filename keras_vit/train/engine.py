@@ -5,9 +5,14 @@ around it, defined in rooms of their own:
   :func:`fine_tune`, :func:`pretrain`;
 - :mod:`~keras_vit.train.build`: :func:`make_engine` (the backend's
   engine), :func:`build_model`;
+- :mod:`~keras_vit.train.settings`: the recipe fitted to the data, the
+  devices and the model, and the record a run keeps of it;
 - :mod:`~keras_vit.train.run_dir`: the run directory (checkpoints, logs,
   history, the lock, the resume checks);
-- :mod:`~keras_vit.train.evaluation`: :func:`evaluate`;
+- :mod:`~keras_vit.train.progress`: the progress bar, history lines and
+  TensorBoard scalars of a run, and its final figures;
+- :mod:`~keras_vit.train.evaluation`: :func:`evaluate`, and the
+  classifier's loss the Trainer trains;
 - :mod:`~keras_vit.train.fit`: :func:`compile_for_finetune` for Keras' own
   ``model.fit``;
 - :mod:`~keras_vit.train.engine_tf` and :mod:`~keras_vit.train.engine_keras`:

@@ -2,32 +2,34 @@
 
 :class:`Trainer` holds what every backend shares: the recipe and its
 schedule, gradient accumulation over micro-batches, clipping of the summed
-gradient, an EMA of the weights, the data position and exact resume, the
-run directory (:mod:`~keras_vit.train.run_dir`), logs and the progress bar.
-An engine per backend (:func:`make_engine`) holds the rest (where variables
-live, the compiled step, checkpoints): ``tf.distribute`` under TensorFlow
-(:mod:`keras_vit.train.engine_tf`), a ``jax.jit`` step (one device or
-``keras.distribution.DataParallel``) or an eager torch step
-(:mod:`keras_vit.train.engine_keras`).
+gradient, an EMA of the weights, the data position and exact resume. The
+rooms around it hold the rest: the settings, fitted and checked
+(:mod:`~keras_vit.train.settings`), the run directory
+(:mod:`~keras_vit.train.run_dir`), the progress bar, history and logs
+(:mod:`~keras_vit.train.progress`), the classifier's loss and its
+evaluation (:mod:`~keras_vit.train.evaluation`). An engine per backend
+(:func:`make_engine`) holds where variables live, the compiled step and
+checkpoints: ``tf.distribute`` under TensorFlow
+(:mod:`keras_vit.train.engine_tf`), a ``jax.jit`` step (one device,
+``keras.distribution.DataParallel`` or ``ModelParallel``) or an eager
+torch step (:mod:`keras_vit.train.engine_keras`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
-import math
 import os
-import time
 
-import numpy as np
-
-from keras_vit import atomic
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
-from keras_vit.train import run_dir
+from keras_vit.train import run_dir, settings
 from keras_vit.train.build import build_model, dtype_policy, make_engine
-from keras_vit.train.evaluation import (classifier_of, model_classes,
-                                        model_image_size)
+from keras_vit.train.evaluation import classification_terms, model_image_size
+from keras_vit.train.progress import RunLog
+# Defined here before the loop had rooms of its own; still found here.
+from keras_vit.train.progress import history_row  # noqa: F401
+from keras_vit.train.settings import split_batch  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -45,83 +47,14 @@ class TrainResult:
     out_dir: str | None
 
 
-def split_batch(batch_size, micro_batch_size, replicas, strategy_name):
-    """``(per_replica, micro, accumulation_steps)``: ``batch_size`` split
-    over the ``replicas`` of the strategy ``strategy_name``, and each
-    replica's share into micro-batches of ``micro_batch_size`` (None: one
-    micro-batch), or a ValueError naming the setting.
-
-    >>> split_batch(512, 64, 4, "mirrored")
-    (128, 64, 2)
-    """
-    if batch_size % replicas:
-        raise ValueError(
-            f"batch_size={batch_size} is not divisible by the "
-            f"{replicas} replicas of the {strategy_name} strategy; "
-            f"use a multiple of {replicas}")
-    per_replica = batch_size // replicas
-    micro = micro_batch_size or per_replica
-    if per_replica % micro:
-        raise ValueError(
-            f"micro_batch_size={micro_batch_size} must divide the "
-            f"per-replica batch {per_replica} (batch_size="
-            f"{batch_size} over {replicas} replicas)")
-    return per_replica, micro, per_replica // micro
-
-
-def history_row(step, epoch, loss, acc, norm, learning_rate, *,
-                recipe_rate):
-    """The history line of ``step``: the mean ``loss``, accuracy (``acc``)
-    and gradient ``norm`` since the last line and the ``learning_rate``
-    used; a FloatingPointError (naming the recipe's ``recipe_rate``) when
-    the loss is not finite.
-
-    >>> history_row(2, 0, 1.5, 0.625, 2.0, 0.001, recipe_rate=0.003)
-    {'step': 2, 'epoch': 0, 'loss': 1.5, 'accuracy': 0.625, \
-'grad_norm': 2.0, 'learning_rate': 0.001}
-    """
-    row = {"step": step, "epoch": epoch, "loss": round(loss, 6),
-           "accuracy": round(acc, 6), "grad_norm": round(norm, 6),
-           "learning_rate": learning_rate}
-    if not math.isfinite(loss):
-        raise FloatingPointError(
-            f"the training loss is {loss} at step {step}; lower "
-            f"learning_rate={recipe_rate} or clip "
-            "gradients (grad_clip_norm)")
-    return row
-
-
-def _done_line(step, metrics, wall):
-    """The line a finished run prints."""
-    ev = metrics.get("eval_ema") or metrics.get("eval")
-    return (
-        f"done: step {step}, train loss {metrics['train_loss']:.4f}"
-        + (f", eval accuracy {ev['accuracy']:.4f} on {ev['num_examples']}"
-           f" images" if ev else "")
-        + f" ({wall:.1f}s)"
-        + (f"; wrote {metrics['model_path']}"
-           if "model_path" in metrics else ""))
-
-
 class Trainer:
     """Fine-tunes or trains a model with a recipe, on any Keras backend.
 
-    One loop for every backend: the recipe and its schedule, gradient
-    accumulation over micro-batches, clipping of the summed gradient at
-    the recipe's global norm, an EMA of the weights, the data position and
-    exact resume, the run directory, logs and progress bar. What differs is
-    an engine (:func:`make_engine`): ``tf.distribute`` under TensorFlow
-    (``default``, ``mirrored``, ``multi_worker``, ``tpu``; ``tf.train``
-    checkpoints); under JAX one jitted step on one device (``"default"``)
-    or ``keras.distribution.DataParallel`` over all devices
-    (``"data_parallel"``; ``"auto"`` picks it when jax sees several
-    devices), or ``keras.distribution.ModelParallel`` with
-    ``model_parallel=k`` (each weight split over k devices by
-    :func:`~keras_vit.train.layout_map`, the batch over the rest); under
-    torch an eager step on one device. The jax and torch
-    engines checkpoint into one ``.npz`` per step
-    (:mod:`~keras_vit.train.checkpoints`); a run resumes under the backend
-    that started it.
+    One loop for every backend: the recipe's schedule, gradient
+    accumulation, clipping, an EMA of the weights, exact resume, logs. An
+    engine per backend (:func:`make_engine`) holds the step, the variables
+    and the checkpoints (``tf.train`` files, or one ``.npz`` per step under
+    jax and torch); a run resumes under the backend that started it.
 
     Args:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
@@ -147,10 +80,8 @@ class Trainer:
         model_options: more keyword arguments for ``zoo.load``.
         tpu: TPU name or address for the ``tpu`` strategy.
         model_parallel: JAX only: split the big weights over this many
-            devices (``keras.distribution.ModelParallel`` on a
-            ``(devices / k, k)`` mesh, Megatron-style layouts from
-            :func:`~keras_vit.train.layout_map`; the batch is split over
-            the ``devices / k`` replicas). Leave ``strategy="auto"``.
+            devices (``keras.distribution.ModelParallel``, layouts from
+            :func:`~keras_vit.train.layout_map`); leave ``strategy="auto"``.
         verbose: print the set-up, a progress bar and the result.
         **overrides: recipe fields (``total_steps=``, ``batch_size=``, ...).
 
@@ -179,91 +110,51 @@ class Trainer:
         self.verbose = verbose
         self.engine = make_engine(strategy, tpu=tpu,
                                   model_parallel=model_parallel)
-        self.strategy = self.engine.strategy
-        self.info = self.engine.info
+        self.strategy, self.info = self.engine.strategy, self.engine.info
         self.is_chief = self.info["is_chief"]
-        if out_dir is not None and self.is_chief:
+        self.out_dir = None if out_dir is None else os.path.abspath(
+            os.fspath(out_dir))
+        if self.out_dir is not None and self.is_chief:
             # Before the data and the model: a second run is refused at once.
-            self._release_run_dir = run_dir.lock_run_dir(self,
-                                                         out_dir)
+            self._release_run_dir = run_dir.lock_run_dir(self, self.out_dir)
         self.train = data_lib.load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
                      else data_lib.load_data(eval_data, split="test",
                                              verbose=verbose))
-        if self.eval is not None and (
-                self.eval.num_classes != self.train.num_classes):
-            raise ValueError(
-                f"eval_data has {self.eval.num_classes} classes but "
-                f"train_data has {self.train.num_classes}; received "
-                f"eval_data={self.eval.name!r}")
-        r = self.recipe
-        self.per_replica, self.micro, self.accum = split_batch(
-            r.batch_size, r.micro_batch_size, self.engine.replicas,
-            self.info["name"])
-        self.steps_per_epoch = data_lib.steps_per_epoch(self.train,
-                                                        r.batch_size)
-        if self.steps_per_epoch < 1:
-            raise ValueError(
-                f"batch_size={r.batch_size} is larger than the training data "
-                f"({self.train.num_examples} images in "
-                f"{self.train.name!r}); use a smaller batch_size")
-        self.total_steps = r.steps_for(self.train.num_examples)
-        if isinstance(recipe, str) and "warmup_steps" not in overrides:
-            # The named recipe's warmup, scaled to fit a short run.
-            r = self.recipe = r.replace(warmup_steps=recipes_lib.fit_warmup(
-                r, self.total_steps))
-        if r.warmup_steps >= self.total_steps:
-            raise ValueError(
-                f"warmup_steps={r.warmup_steps} (--warmup-steps) must be "
-                f"smaller than the run's total_steps={self.total_steps} "
-                "(--steps, or --epochs times the steps per epoch)")
+        named = recipe if isinstance(recipe, str) else None
+        plan = settings.plan(
+            self.recipe, self.train, self.eval, replicas=self.engine.replicas,
+            strategy_name=self.info["name"], named=named is not None,
+            overrides=overrides)
+        self.recipe = r = plan.recipe
+        self.per_replica, self.micro, self.accum = (
+            plan.per_replica, plan.micro, plan.accum)
+        self.steps_per_epoch = plan.steps_per_epoch
+        self.total_steps = plan.total_steps
         self.precision = self.engine.precision(r.precision)
         self.jit_compile = self.engine.uses_xla(r.jit_compile,
                                                 self.precision)
 
-        # The resolution and dropout: the recipe's for a zoo name; a given
-        # model keeps its own unless they were asked for explicitly.
-        given = not isinstance(model, str) or model.endswith(".keras")
         keras.utils.set_random_seed(r.seed)
         with self.engine.scope(), dtype_policy(self.precision):
             self.model = build_model(
-                model, num_classes=self.train.num_classes,
-                image_size=(r.image_size if ("image_size" in overrides
-                                             or not given) else None),
-                weights=weights,
-                dropout_rate=(r.dropout_rate if ("dropout_rate" in overrides
-                                                 or not given) else None),
-                model_options=model_options)
+                model, num_classes=self.train.num_classes, weights=weights,
+                model_options=model_options,
+                **settings.model_settings(model, r, overrides))
             self.image_size = model_image_size(self.model)
-            head = classifier_of(self.model)
-            if (head and isinstance(recipe, str)
-                    and "learning_rate" not in overrides):
-                # The named recipe's rate for this head (Appendix D.3: GAP
-                # needs a lower one); an explicit learning_rate wins.
-                r = r.replace(learning_rate=recipes_lib.head_learning_rate(
-                    recipe, head))
-            self.recipe = r = r.replace(
-                image_size=self.image_size,
-                dropout_rate=float(getattr(self.model, "dropout_rate",
-                                           r.dropout_rate)))
+            self.recipe = r = settings.fit_to_model(
+                r, self.model, image_size=self.image_size, name=named,
+                overrides=overrides)
             self.model = self.prepare_model(self.model)
             self.optimizer = recipes_lib.make_optimizer(r, self.total_steps)
-            # The optimizer's own schedule, read at a step for the logs
-            # (asking the optimizer would first copy a JAX step's state).
-            self._schedule = recipes_lib.learning_rate_schedule(
-                r, self.total_steps)
             self.optimizer.build(self.model.trainable_variables)
             self.engine.setup(self)
         self.ema = self.engine.ema
-        self.model_name = (model if isinstance(model, str)
-                           else getattr(self.model, "zoo_name", None)
-                           or self.model.name)
-
-        self.out_dir = None if out_dir is None else os.path.abspath(
-            os.fspath(out_dir))
-        self.resumed_from = None
-        if self.out_dir is not None:
-            self._open_run_dir(resume)
+        self.model_name = settings.model_name(model, self.model)
+        self.resumed_from = None if self.out_dir is None else (
+            run_dir.open_run(self.out_dir, self.engine, self._run_config(),
+                             resume=resume, chief=self.is_chief,
+                             say=self._say))
 
     # The TensorFlow engine's data position and checkpoint objects (kept as
     # the Trainer's own attributes for code written against them).
@@ -273,19 +164,13 @@ class Trainer:
     manager = property(lambda self: self.engine.manager)
 
     # ------------------------------------------------------------------
-    # the objective: two hooks a subclass overrides to train something
-    # other than a classifier (keras_vit.train.mpp does)
+    # the objective: hooks a subclass overrides (keras_vit.train.mpp does)
 
     def prepare_model(self, model):
         """The model :func:`build_model` made -> the model to train. Runs
         in the engine's scope under the run's dtype policy. Here: checks
         that a classifier has one output per class of the data."""
-        if model_classes(model) != self.train.num_classes:
-            raise ValueError(
-                f"model={model.name!r} has {model_classes(model)} outputs "
-                f"but the data has {self.train.num_classes} classes; pass a "
-                "zoo name or a VisionTransformer (they get a new "
-                "zero-initialised head of the right size)")
+        settings.check_head(model, self.train.num_classes)
         return model
 
     def compute_loss(self, images, labels, seed):
@@ -295,22 +180,12 @@ class Trainer:
         Runs inside the compiled step of every backend, so it is written
         with ``keras.ops``; ``seed`` is a stateless random seed (shape
         (2,), integers), distinct for every step, replica and micro-batch.
-        Here: softmax cross-entropy with the recipe's label smoothing."""
-        from keras import ops
-
-        r, num_classes = self.recipe, self.train.num_classes
-        logits = ops.cast(self.model(images, training=True), "float32")
-        labels = ops.cast(labels, "int32")
-        target = ops.one_hot(labels, num_classes)
-        if r.label_smoothing:
-            target = (target * (1.0 - r.label_smoothing)
-                      + r.label_smoothing / num_classes)
-        per_example = -ops.sum(target * ops.log_softmax(logits, axis=-1),
-                               axis=-1)
-        correct = ops.sum(ops.cast(
-            ops.equal(ops.cast(ops.argmax(logits, axis=-1), "int32"),
-                      labels), "float32"))
-        return ops.sum(per_example), correct
+        Here: softmax cross-entropy with the recipe's label smoothing
+        (:func:`~keras_vit.train.evaluation.classification_terms`)."""
+        return classification_terms(
+            self.model(images, training=True), labels,
+            self.train.num_classes,
+            label_smoothing=self.recipe.label_smoothing)
 
     # ------------------------------------------------------------------
     # run directory and checkpoints
@@ -319,48 +194,8 @@ class Trainer:
     def checkpoint_dir(self):
         return run_dir.checkpoint_dir(self.out_dir)
 
-    def _open_run_dir(self, resume):
-        if self.is_chief:
-            run_dir.prepare(self.out_dir, resume)
-        # Recorded in every checkpoint: a resumed run is checked against
-        # the checkpoint's own record, which no side file can change.
-        self.engine.run_settings = json.dumps(
-            atomic.to_json(self._run_config()), sort_keys=True)
-        self.resumed_from = self.engine.open_checkpoints(
-            self.out_dir, self.checkpoint_dir, resume)
-        if self.resumed_from is not None:
-            run_dir.check_resume(
-                self.out_dir, self._run_config(),
-                recorded=self.engine.recorded_settings,
-                resumed_from=self.resumed_from, resume=resume, say=self._say)
-            if self.is_chief:
-                run_dir.truncate_history(self.out_dir, self.resumed_from)
-        if self.is_chief:
-            atomic.write_json(os.path.join(self.out_dir, "run.json"),
-                              self._run_config())
-
     def _run_config(self):
-        return {
-            "model": self.model_name,
-            "train_data": self.train.name,
-            "eval_data": None if self.eval is None else self.eval.name,
-            "num_classes": self.train.num_classes,
-            "image_size": self.image_size,
-            "recipe": self.recipe.to_dict(),
-            "total_steps": self.total_steps,
-            "steps_per_epoch": self.steps_per_epoch,
-            "strategy": self.info,
-            "backend": self.engine.backend,
-            "precision": self.precision,
-            "jit_compile": self.jit_compile,
-            "micro_batch_size": self.micro,
-            "accumulation_steps": self.accum,
-        }
-
-    def _read_history(self):
-        rows = None if self.out_dir is None else run_dir.read_history(
-            self.out_dir)
-        return list(self._memory_history) if rows is None else rows
+        return settings.record(self)
 
     def save_checkpoint(self, epoch, batch_in_epoch):
         """Saves model, optimizer, EMA, step and data position (all
@@ -376,22 +211,7 @@ class Trainer:
 
     def describe(self):
         """One paragraph on what the run does."""
-        r = self.recipe
-        accum = (f", {self.accum} accumulation steps of {self.micro}"
-                 if self.accum > 1 else "")
-        backend = ("" if self.engine.backend == "tensorflow"
-                   else f" on {self.engine.backend}")
-        return (
-            f"{self.model_name} ({self.model.count_params():,} parameters) "
-            f"at {self.image_size}x{self.image_size} on {self.train.name} "
-            f"({self.train.num_examples} images, {self.train.num_classes} "
-            f"classes): recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
-            f"{r.schedule} (warmup {r.warmup_steps}), {self.total_steps} "
-            f"steps of {r.batch_size} images ({self.steps_per_epoch} per "
-            f"epoch; {self.engine.replicas} replica(s) x "
-            f"{self.per_replica}{accum}), strategy {self.info['name']}"
-            f"{backend}, {self.precision}"
-            f"{', XLA' if self.jit_compile else ''}")
+        return settings.describe(self)
 
     def fit(self, stop_at_step=None):
         """Trains to the recipe's last step (from the last checkpoint if
@@ -400,44 +220,31 @@ class Trainer:
         ``stop_at_step`` ends the run early after that step, with a
         checkpoint (a later ``fit()`` continues it).
         """
-        from tqdm.auto import tqdm
-
         r = self.recipe
-        t_start = time.perf_counter()
-        self._memory_history = []
         step = self.engine.step()
+        self._run_log = log = RunLog(
+            self.out_dir, chief=self.is_chief, show=self.verbose, step=step,
+            total_steps=self.total_steps, recipe=r)
         epoch, in_epoch = self.engine.position
-        start_step = step
         self._say(f"training {self.describe()}")
         if self.resumed_from is not None:
             self._say(f"resumed from step {self.resumed_from} (epoch "
                       f"{epoch}, batch {in_epoch} of {self.steps_per_epoch}) "
                       f"of {self.engine.latest_checkpoint}")
-        writer = None
-        if self.out_dir is not None and self.is_chief:
-            writer = run_dir.summary_writer(
-                os.path.join(self.out_dir, "logs", "train"))
         end = self.total_steps if stop_at_step is None else min(
             self.total_steps, stop_at_step)
-        bar = tqdm(total=self.total_steps, initial=step, unit="step",
-                   desc="train", disable=not (self.verbose and self.is_chief),
-                   dynamic_ncols=True)
-        pending = []
         last_saved = step if self.resumed_from is not None else None
-        last = {}
         try:
             while step < end:
                 if in_epoch >= self.steps_per_epoch:
                     epoch, in_epoch = epoch + 1, 0
                 iterator = iter(self.engine.batches(epoch, in_epoch))
                 while in_epoch < self.steps_per_epoch and step < end:
-                    pending.append(self.engine.train_step(iterator, step))
+                    outputs = self.engine.train_step(iterator, step)
                     step += 1
                     in_epoch += 1
-                    bar.update(1)
-                    if step % r.log_every == 0 or step == end:
-                        last = self._log(step, epoch, pending, writer, bar)
-                        pending = []
+                    log.step_done(step, epoch, outputs, log=(
+                        step % r.log_every == 0 or step == end))
                     if step % r.checkpoint_every == 0 and step < end:
                         self.save_checkpoint(epoch, in_epoch)
                         last_saved = step
@@ -445,30 +252,15 @@ class Trainer:
                             and step % r.eval_every == 0 and step < end):
                         self._evaluate_and_log(step)
         finally:
-            bar.close()
+            log.close_bar()
         if last_saved != step:
             self.save_checkpoint(epoch, in_epoch)
         self.engine.sync()
-        wall = time.perf_counter() - t_start
         done = step >= self.total_steps
-        history = self._read_history()
-        if not last and history:  # nothing trained here: resumed at the end
-            last = history[-1]
-        metrics = {
-            **self._run_config(),
-            "complete": done,
-            "start_step": start_step,
-            "resumed_from_step": self.resumed_from,
-            "final_step": step,
-            "epochs_seen": round(step * r.batch_size
-                                 / self.train.num_examples, 3),
-            "train_loss": last.get("loss"),
-            "train_accuracy": last.get("accuracy"),
-            "history": history,
-            "wall_time": round(wall, 2),
-            "images_per_second": round(
-                (step - start_step) * r.batch_size / max(wall, 1e-9), 2),
-        }
+        metrics = log.figures(
+            self._run_config(), step=step, complete=done,
+            resumed_from=self.resumed_from, batch_size=r.batch_size,
+            num_examples=self.train.num_examples)
         if not done:
             return TrainResult(self.model, metrics, self.out_dir)
         if self.eval is not None:
@@ -477,32 +269,8 @@ class Trainer:
             self.engine.load_ema()
             if self.eval is not None:
                 metrics["eval_ema"] = self._evaluate_and_log(step, tag="ema")
-        if self.out_dir is not None and self.is_chief:
-            run_dir.save_results(self.out_dir, self.model, metrics,
-                                 ema=bool(self.ema))
-        if writer is not None:
-            writer.close()
-        self._say(_done_line(step, metrics, wall))
+        self._say(log.finish(self.model, metrics, ema=bool(self.ema)))
         return TrainResult(self.model, metrics, self.out_dir)
-
-    def _log(self, step, epoch, pending, writer, bar):
-        from keras import ops
-
-        values = np.asarray([[float(t) for t in out] for out in pending])
-        loss, acc, norm = (float(v) for v in values.mean(axis=0))
-        lr = float(ops.convert_to_numpy(self._schedule(step)))
-        row = history_row(step, epoch, loss, acc, norm, lr,
-                          recipe_rate=self.recipe.learning_rate)
-        self._memory_history.append(row)
-        if self.is_chief and self.out_dir is not None:
-            run_dir.append_jsonl(run_dir.history_path(self.out_dir), row)
-        if writer is not None:
-            run_dir.write_scalars(writer, step, {
-                key: row[key] for key in ("loss", "accuracy", "grad_norm",
-                                          "learning_rate")})
-        bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}",
-                        lr=f"{lr:.3g}", refresh=False)
-        return row
 
     # ------------------------------------------------------------------
     # evaluation
@@ -512,18 +280,10 @@ class Trainer:
         return self.engine.ema_weights()
 
     def _evaluate_and_log(self, step, tag=None, raw=False):
-        if tag is None and not raw and self.ema:
-            with self.ema_weights():
-                result = self.evaluate(self.eval)
-        else:
+        with (self.ema_weights() if tag is None and not raw and self.ema
+              else contextlib.nullcontext()):
             result = self.evaluate(self.eval)
-        if self.out_dir is not None and self.is_chief:
-            name = "eval" if tag is None else f"eval_{tag}"
-            writer = run_dir.summary_writer(
-                os.path.join(self.out_dir, "logs", name))
-            run_dir.write_scalars(writer, step, {
-                "accuracy": result["accuracy"], "loss": result["loss"]})
-            writer.close()
+        self._run_log.evaluated(step, result, tag)
         return result
 
     def evaluate(self, data, batch_size=None):

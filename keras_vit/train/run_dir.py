@@ -198,6 +198,31 @@ def prepare(out_dir, resume):
     os.makedirs(checkpoints, exist_ok=True)
 
 
+def open_run(out_dir, engine, settings, *, resume, chief, say):
+    """Opens ``out_dir`` for a run whose ``settings`` are the record of
+    ``run.json``: the checkpoint folder (emptied first with
+    ``resume=False``), the ``engine``'s checkpoints (restoring the newest
+    with ``resume``, refused under other settings, see
+    :func:`check_resume`) and ``run.json``; only the ``chief`` writes.
+    Returns the step resumed from, or None."""
+    if chief:
+        prepare(out_dir, resume)
+    # Recorded in every checkpoint: a resumed run is checked against the
+    # checkpoint's own record, which no side file can change.
+    engine.run_settings = json.dumps(atomic.to_json(settings),
+                                     sort_keys=True)
+    resumed_from = engine.open_checkpoints(out_dir, checkpoint_dir(out_dir),
+                                           resume)
+    if resumed_from is not None:
+        check_resume(out_dir, settings, recorded=engine.recorded_settings,
+                     resumed_from=resumed_from, resume=resume, say=say)
+        if chief:
+            truncate_history(out_dir, resumed_from)
+    if chief:
+        atomic.write_json(os.path.join(out_dir, "run.json"), settings)
+    return resumed_from
+
+
 def run_config_changes(before, now):
     """``["key: old -> new", ...]`` for the settings of a run's
     ``run.json`` (``before``) that ``now`` changes and that change what

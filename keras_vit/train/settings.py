@@ -1,0 +1,170 @@
+"""A run's settings: the recipe fitted to the data, the devices and the
+model (batch split, steps, warmup, learning rate, resolution), each
+checked before anything is trained, with errors that name the setting.
+
+The :class:`~keras_vit.train.Trainer` calls :func:`plan` before it builds
+the model and :func:`fit_to_model` after; :func:`record` is what a run
+keeps of them (``run.json``, and every checkpoint), checked on resume by
+:mod:`~keras_vit.train.run_dir`, and :func:`describe` says it in words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from keras_vit.train import data as data_lib
+from keras_vit.train import recipes as recipes_lib
+from keras_vit.train.evaluation import classifier_of, model_classes
+
+
+def split_batch(batch_size, micro_batch_size, replicas, strategy_name):
+    """``(per_replica, micro, accumulation_steps)``: ``batch_size`` split
+    over the ``replicas`` of the strategy ``strategy_name``, and each
+    replica's share into micro-batches of ``micro_batch_size`` (None: one
+    micro-batch), or a ValueError naming the setting.
+
+    >>> split_batch(512, 64, 4, "mirrored")
+    (128, 64, 2)
+    """
+    if batch_size % replicas:
+        raise ValueError(
+            f"batch_size={batch_size} is not divisible by the "
+            f"{replicas} replicas of the {strategy_name} strategy; "
+            f"use a multiple of {replicas}")
+    per_replica = batch_size // replicas
+    micro = micro_batch_size or per_replica
+    if per_replica % micro:
+        raise ValueError(
+            f"micro_batch_size={micro_batch_size} must divide the "
+            f"per-replica batch {per_replica} (batch_size="
+            f"{batch_size} over {replicas} replicas)")
+    return per_replica, micro, per_replica // micro
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The recipe fitted to the data and the devices (:func:`plan`)."""
+
+    recipe: recipes_lib.Recipe
+    per_replica: int
+    micro: int
+    accum: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan(recipe, train, eval_=None, *, replicas, strategy_name,
+         named=False, overrides=()):
+    """The :class:`Plan` of ``recipe`` on the data ``train`` (and
+    ``eval_``, which must have as many classes) over ``replicas`` devices;
+    ``named``: the recipe was asked for by name, so its warmup is scaled to
+    a short run unless ``overrides`` (the fields set explicitly) has one.
+    A ValueError names the setting that does not fit."""
+    if eval_ is not None and eval_.num_classes != train.num_classes:
+        raise ValueError(
+            f"eval_data has {eval_.num_classes} classes but "
+            f"train_data has {train.num_classes}; received "
+            f"eval_data={eval_.name!r}")
+    r = recipe
+    per_replica, micro, accum = split_batch(
+        r.batch_size, r.micro_batch_size, replicas, strategy_name)
+    steps_per_epoch = data_lib.steps_per_epoch(train, r.batch_size)
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"batch_size={r.batch_size} is larger than the training data "
+            f"({train.num_examples} images in "
+            f"{train.name!r}); use a smaller batch_size")
+    total_steps = r.steps_for(train.num_examples)
+    if named and "warmup_steps" not in overrides:
+        # The named recipe's warmup, scaled to fit a short run.
+        r = r.replace(warmup_steps=recipes_lib.fit_warmup(r, total_steps))
+    if r.warmup_steps >= total_steps:
+        raise ValueError(
+            f"warmup_steps={r.warmup_steps} (--warmup-steps) must be "
+            f"smaller than the run's total_steps={total_steps} "
+            "(--steps, or --epochs times the steps per epoch)")
+    return Plan(r, per_replica, micro, accum, steps_per_epoch, total_steps)
+
+
+def check_head(model, num_classes):
+    """A ValueError unless ``model`` has one output per class of the
+    data (``num_classes``)."""
+    if model_classes(model) != num_classes:
+        raise ValueError(
+            f"model={model.name!r} has {model_classes(model)} outputs "
+            f"but the data has {num_classes} classes; pass a "
+            "zoo name or a VisionTransformer (they get a new "
+            "zero-initialised head of the right size)")
+
+
+def model_settings(model, recipe, overrides=()):
+    """The resolution and dropout to build ``model`` with: the recipe's for
+    a zoo name; a given model (a ``.keras`` path, a ``keras.Model``, a
+    function) keeps its own (None) unless ``overrides`` names them."""
+    given = not isinstance(model, str) or model.endswith(".keras")
+    return {key: (getattr(recipe, key) if key in overrides or not given
+                  else None)
+            for key in ("image_size", "dropout_rate")}
+
+
+def fit_to_model(recipe, model, *, image_size, name=None, overrides=()):
+    """``recipe`` with the built ``model``'s ``image_size`` and dropout,
+    and for a recipe asked for by ``name``, the learning rate of its head
+    (Appendix D.3: GAP needs a lower one) unless ``overrides`` sets one."""
+    head = classifier_of(model)
+    if head and name is not None and "learning_rate" not in overrides:
+        recipe = recipe.replace(
+            learning_rate=recipes_lib.head_learning_rate(name, head))
+    return recipe.replace(
+        image_size=image_size,
+        dropout_rate=float(getattr(model, "dropout_rate",
+                                   recipe.dropout_rate)))
+
+
+def model_name(given, model):
+    """The name a run records for its model: the zoo name or path it was
+    ``given``, else the built ``model``'s zoo name or Keras name."""
+    return (given if isinstance(given, str)
+            else getattr(model, "zoo_name", None) or model.name)
+
+
+def record(run):
+    """The settings of ``run`` (a :class:`~keras_vit.train.Trainer`) as
+    ``run.json`` and its checkpoints record them."""
+    return {
+        "model": run.model_name,
+        "train_data": run.train.name,
+        "eval_data": None if run.eval is None else run.eval.name,
+        "num_classes": run.train.num_classes,
+        "image_size": run.image_size,
+        "recipe": run.recipe.to_dict(),
+        "total_steps": run.total_steps,
+        "steps_per_epoch": run.steps_per_epoch,
+        "strategy": run.info,
+        "backend": run.engine.backend,
+        "precision": run.precision,
+        "jit_compile": run.jit_compile,
+        "micro_batch_size": run.micro,
+        "accumulation_steps": run.accum,
+    }
+
+
+def describe(run):
+    """One paragraph on what ``run`` (a :class:`~keras_vit.train.Trainer`)
+    does."""
+    r = run.recipe
+    accum = (f", {run.accum} accumulation steps of {run.micro}"
+             if run.accum > 1 else "")
+    backend = ("" if run.engine.backend == "tensorflow"
+               else f" on {run.engine.backend}")
+    return (
+        f"{run.model_name} ({run.model.count_params():,} parameters) "
+        f"at {run.image_size}x{run.image_size} on {run.train.name} "
+        f"({run.train.num_examples} images, {run.train.num_classes} "
+        f"classes): recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
+        f"{r.schedule} (warmup {r.warmup_steps}), {run.total_steps} "
+        f"steps of {r.batch_size} images ({run.steps_per_epoch} per "
+        f"epoch; {run.engine.replicas} replica(s) x "
+        f"{run.per_replica}{accum}), strategy {run.info['name']}"
+        f"{backend}, {run.precision}"
+        f"{', XLA' if run.jit_compile else ''}")
