@@ -144,12 +144,7 @@ ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
 # (importer, imported, why): imports that go up anyway. Keep it empty.
 ALLOWED = []
 # (modules, why): import cycles left to break. Keep it empty.
-ALLOWED_CYCLES = [
-    (["keras_vit.zoo.timm_hub", "keras_vit.zoo.transformers_hub"],
-     "timm_hub.save_pretrained(layout='transformers') calls transformers_hub"
-     ", which reads its files with timm_hub's Hub download and safetensors "
-     "reader; to break: move those two into a module of their own"),
-]
+ALLOWED_CYCLES = []
 
 
 def floor_of(module):

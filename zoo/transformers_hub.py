@@ -7,7 +7,7 @@ Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
 ``model_type`` (timm's have none), a local folder holding such a
 ``config.json`` and ``model.safetensors``, or a ``.safetensors`` file with
 transformers' parameter names given as ``weights=`` for a ViT name. Hub
-files come through :func:`keras_vit.zoo.timm_hub.hub_download`
+files come through :func:`keras_vit.zoo.hub_files.hub_download`
 (``huggingface_hub``'s cache, ``HF_HUB_OFFLINE``, ``HF_TOKEN``,
 ``HF_ENDPOINT``); tensors are read as NumPy arrays, without torch or
 transformers, and never unpickled.
@@ -40,11 +40,11 @@ import re
 import numpy as np
 
 from keras_vit.errors import special_file
-from keras_vit.zoo import convert, timm_hub
+from keras_vit.zoo import convert, hub_files
 
-HUB_PREFIX = timm_hub.HUB_PREFIX
-CONFIG_FILE = timm_hub.CONFIG_FILE
-WEIGHTS_FILE = timm_hub.WEIGHTS_FILE
+HUB_PREFIX = hub_files.HUB_PREFIX
+CONFIG_FILE = hub_files.CONFIG_FILE
+WEIGHTS_FILE = hub_files.WEIGHTS_FILE
 PICKLE_FILE = "pytorch_model.bin"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 
@@ -183,7 +183,7 @@ def is_transformers_source(value, *, progress=None):
     value = os.fspath(value)
     if value.startswith(HUB_PREFIX):
         repo, revision = _parse_handle(value)
-        (config_path,) = timm_hub.hub_download(
+        (config_path,) = hub_files.hub_download(
             repo, revision, files=(CONFIG_FILE,), progress=progress)
         return _sniff(config_path)
     if os.path.isdir(value):
@@ -346,10 +346,10 @@ def _labels(config, path):
 
 def _header(path):
     """The ``.safetensors`` header of ``path``: tensor name -> entry,
-    checked by :func:`keras_vit.zoo.timm_hub.check_safetensors` (bounded
+    checked by :func:`keras_vit.zoo.hub_files.check_safetensors` (bounded
     header, known dtypes, byte ranges inside the file); the data is not
     read."""
-    header = dict(timm_hub.check_safetensors(os.fspath(path)))
+    header = dict(hub_files.check_safetensors(os.fspath(path)))
     header.pop("__metadata__", None)
     return header
 
@@ -477,15 +477,15 @@ def fetch(source, progress=None):
         "zoo.load(dir)")
     if source.startswith(HUB_PREFIX):
         repo, revision = _parse_handle(source)
-        (config_path,) = timm_hub.hub_download(
+        (config_path,) = hub_files.hub_download(
             repo, revision, files=(CONFIG_FILE,), progress=progress)
         try:  # optional: checked below when the repository has one
-            timm_hub.hub_download(repo, revision, files=(PREPROCESSOR_FILE,),
+            hub_files.hub_download(repo, revision, files=(PREPROCESSOR_FILE,),
                                   progress=progress)
         except Exception:  # noqa: BLE001 - absent, or offline and not cached
             pass
         try:
-            (path,) = timm_hub.hub_download(
+            (path,) = hub_files.hub_download(
                 repo, revision, files=(WEIGHTS_FILE,), progress=progress)
         except Exception as e:
             text = str(e)
@@ -640,7 +640,7 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
         arch["representation_size"] = None  # add_pooling_layer=False
     # Names and shapes before anything is allocated.
     check_tensors(header, expected_shapes(arch, num_labels, prefix), path)
-    state = timm_hub.read_safetensors(path)
+    state = hub_files.read_safetensors(path)
     arrays = to_official(state, arch["num_heads"], prefix)
     del state
 
