@@ -728,18 +728,10 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
     :func:`read`) that :func:`from_keras_hub` builds. ``name``, a ViT
     name, gives the sizes instead of the config (the weights must then
     fit it); ``progress`` is unused (nothing is downloaded)."""
-    from keras_vit.models import variants
 
     arch, arrays = read(source)
     if name is not None:
-        parsed = variants.parse(name)
-        if parsed.family != "vit":
-            raise ValueError(
-                f"keras-hub's ViT weights load into ViT names only; "
-                f"received name={name!r} ({parsed.family})")
-        arch = dict(arch, **{k: parsed.config[k] for k in (
-            "hidden_size", "mlp_dim", "num_heads", "num_layers",
-            "patch_size")})
+        arch = dict(arch, **transformers_hub.name_sizes(name, "keras-hub's"))
     tags = {}
     if isinstance(source, (str, os.PathLike)):
         tags["zoo_source"] = os.fspath(source)

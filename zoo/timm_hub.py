@@ -147,6 +147,21 @@ def _image_size(path, field, value):
     return (value, value) if isinstance(value, int) else tuple(value[-2:])
 
 
+def _section(config, path, key, size_key):
+    """``config[key]``, checked to be a JSON object and copied into
+    ``config`` with its image size field ``size_key`` as ``(height,
+    width)``; None when absent."""
+    section = config.get(key)
+    if section is None:
+        return None
+    _check(path, key, section, isinstance(section, dict), "a JSON object")
+    section = config[key] = dict(section)
+    if section.get(size_key) is not None:
+        section[size_key] = _image_size(path, f"{key}.{size_key}",
+                                        section[size_key])
+    return section
+
+
 def validate_config(config, path):
     """A timm ``config.json``'s content with every field this module reads
     checked for type and range (:class:`keras_vit.errors.ConfigError`
@@ -169,14 +184,8 @@ def validate_config(config, path):
         _check(path, "label_names", labels, isinstance(labels, list) and len(
             labels) <= MAX_CLASSES and all(isinstance(v, str) for v in labels),
                "a list of strings")
-    args = config.get("model_args")
+    args = _section(config, path, "model_args", "img_size")
     if args is not None:
-        _check(path, "model_args", args, isinstance(args, dict),
-               "a JSON object")
-        args = config["model_args"] = dict(args)
-        if args.get("img_size") is not None:
-            args["img_size"] = _image_size(path, "model_args.img_size",
-                                           args["img_size"])
         if args.get("num_classes") is not None:
             _check(path, "model_args.num_classes", args["num_classes"],
                    _is_int(args["num_classes"], 0, MAX_CLASSES),
@@ -186,14 +195,8 @@ def validate_config(config, path):
             if args.get(key) is not None:
                 _check(path, f"model_args.{key}", args[key],
                        isinstance(args[key], ok), kind)
-    pretrained = config.get("pretrained_cfg")
+    pretrained = _section(config, path, "pretrained_cfg", "input_size")
     if pretrained is not None:
-        _check(path, "pretrained_cfg", pretrained, isinstance(pretrained, dict),
-               "a JSON object")
-        pretrained = config["pretrained_cfg"] = dict(pretrained)
-        if pretrained.get("input_size") is not None:
-            pretrained["input_size"] = _image_size(
-                path, "pretrained_cfg.input_size", pretrained["input_size"])
         for key in ("mean", "std"):
             if key in pretrained:
                 value = pretrained[key]

@@ -564,6 +564,23 @@ def _zoo_name(arch):
             f"layers, patch {arch['patch_size']})")
 
 
+def name_sizes(name, weights):
+    """The sizes of the ViT name ``name``, for weights that only a ViT
+    takes (``weights`` says whose, in the error for another family).
+
+    >>> name_sizes("ViT-Ti/16", "transformers'")
+    {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
+    """
+    from keras_vit.models import variants
+
+    parsed = variants.parse(name)
+    if parsed.family != "vit":
+        raise ValueError(f"{weights} ViT weights load into ViT names only; "
+                         f"received name={name!r} ({parsed.family})")
+    return {k: parsed.config[k] for k in (
+        "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size")}
+
+
 def load(source, name=None, image_size=None, num_classes=None, *,
          keep_pre_logits=False, progress=None, **kwargs):
     """A keras_vit model with transformers' ViT weights from ``source``.
@@ -589,7 +606,6 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.sources.Checkpoint` :func:`load` builds, the
     tensors checked against the config before any is read."""
-    from keras_vit.models import variants
 
     config, config_path, path = fetch(source, progress=progress)
     header = _header(path)
@@ -602,15 +618,9 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
         config = {"model_type": "vit"}
     arch = architecture(config, config_path, header)
     if name is not None:
-        parsed = variants.parse(name)
-        if parsed.family != "vit":
-            raise ValueError(
-                f"transformers' ViT weights load into ViT names only; "
-                f"received name={name!r} ({parsed.family})")
         # The name's sizes; keywords override them, as in zoo.load.
-        arch.update({k: kwargs.pop(k, parsed.config[k]) for k in (
-            "hidden_size", "mlp_dim", "num_heads", "num_layers",
-            "patch_size")})
+        arch.update({k: kwargs.pop(k, size) for k, size in
+                     name_sizes(name, "transformers'").items()})
         arch["kind"] = ("classifier" if any(k.startswith("vit.")
                                             for k in header) else "model")
         if arch["kind"] == "model":
