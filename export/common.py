@@ -162,16 +162,12 @@ TOLERANCES = {
     # has a relative RMS error near or above 1.
     "tflite/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
                     "rel_rms_error": 0.5},
-    # The ONNX variants take the TFLite ones' bounds: the same weights in
-    # the same precisions (float16 weights; int8 weights with float or
-    # calibrated int8 activations).
-    "onnx/float16": {"max_abs_diff": 5e-2, "top1_agreement": None,
-                     "rel_rms_error": 0.05},
-    "onnx/dynamic_int8": {"max_abs_diff": None, "top1_agreement": 0.9,
-                          "rel_rms_error": 0.25},
-    "onnx/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
-                  "rel_rms_error": 0.5},
 }
+# The ONNX variants take the TFLite ones' bounds: the same weights in the
+# same precisions (float16 weights; int8 weights with float or calibrated
+# int8 activations).
+TOLERANCES.update({f"onnx/{variant}": dict(TOLERANCES[f"tflite/{variant}"])
+                   for variant in ("float16", "dynamic_int8", "int8")})
 
 
 def tolerance_for(kind, override=None):

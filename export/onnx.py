@@ -305,18 +305,22 @@ def to_onnx(model, path, *, quantization="float32",
             module docstring).
 
     Returns:
-        The report (also written to ``path + ".report.json"``).
+        The report, also written beside the model as
+        ``path + ".report.json"``: the files written (the model, and its
+        ``.data`` file with ``external_data``), the options and the
+        checks' results.
 
     Example:
 
     >>> import tempfile, os, keras_vit
     >>> from keras_vit.export import to_onnx
     >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
-    >>> out = os.path.join(tempfile.mkdtemp(), "vit.onnx")
-    >>> report = to_onnx(model, out, external_data=True)
-    >>> report["files"]
-    ['vit.onnx', 'vit.onnx.data']
-    >>> small = os.path.join(tempfile.mkdtemp(), "vit.onnx")
+    >>> folder = tempfile.mkdtemp()
+    >>> report = to_onnx(model, os.path.join(folder, "vit.onnx"),
+    ...                  external_data=True)
+    >>> sorted(os.listdir(folder))
+    ['vit.onnx', 'vit.onnx.data', 'vit.onnx.report.json']
+    >>> small = os.path.join(folder, "vit_int8.onnx")
     >>> report = to_onnx(model, small, quantization="dynamic_int8")
     >>> report["options"]["quantization"], report["verified"]
     ('dynamic_int8', True)
