@@ -95,6 +95,14 @@ def check_gelu(form):
     return check_choice("gelu", form, GELU_FORMS)
 
 
+def _with_arguments(config, layer, names):
+    """``config``, the base class's, with ``layer``'s ``__init__``
+    arguments ``names``: each layer here stores every argument, normalised,
+    as the attribute of its name, and its config holds exactly those."""
+    config.update({name: getattr(layer, name) for name in names})
+    return config
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchEmbedding(layers.Layer):
     """Cuts an image (or feature map) into patches and embeds each linearly.
@@ -134,9 +142,8 @@ class PatchEmbedding(layers.Layer):
         return (b, n, self.hidden_size)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(hidden_size=self.hidden_size, patch_size=self.patch_size)
-        return config
+        return _with_arguments(super().get_config(), self,
+                               ("hidden_size", "patch_size"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -472,12 +479,8 @@ class MultiHeadSelfAttention(layers.Layer):
         return y
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            attention_dropout_rate=self.attention_dropout_rate,
-        )
-        return config
+        return _with_arguments(super().get_config(), self,
+                               ("num_heads", "attention_dropout_rate"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -542,10 +545,8 @@ class MlpBlock(layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
-                      gelu=self.gelu)
-        return config
+        return _with_arguments(super().get_config(), self,
+                               ("mlp_dim", "dropout_rate", "gelu"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -612,16 +613,9 @@ class EncoderBlock(layers.Layer):
         return x
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu=self.gelu,
-        )
-        return config
+        return _with_arguments(super().get_config(), self, (
+            "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
+            "layer_norm_epsilon", "gelu"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -645,9 +639,7 @@ class TokenPooling(layers.Layer):
         return (input_shape[0], input_shape[-1])
 
     def get_config(self):
-        config = super().get_config()
-        config.update(method=self.method)
-        return config
+        return _with_arguments(super().get_config(), self, ("method",))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -700,9 +692,8 @@ class StdConv2D(layers.Conv2D):
         return super().convolution_op(inputs, ops.cast(w, inputs.dtype))
 
     def get_config(self):
-        config = super().get_config()
-        config.update(standardization=self.standardization, eps=self.eps)
-        return config
+        return _with_arguments(super().get_config(), self,
+                               ("standardization", "eps"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -775,9 +766,6 @@ class ResidualUnit(layers.Layer):
         return ops.relu(residual + y)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(features=self.features, strides=self.strides,
-                      groups=self.groups, epsilon=self.epsilon,
-                      standardization=self.standardization,
-                      std_eps=self.std_eps)
-        return config
+        return _with_arguments(super().get_config(), self, (
+            "features", "strides", "groups", "epsilon", "standardization",
+            "std_eps"))
