@@ -107,20 +107,29 @@ def hybrid_arrays(*, num_layers, width, seed=0, gn_4d=False, channels=3):
 
     a = {"conv_root/kernel": conv(7, channels, width)}
     a.update(gn("gn_root", width))
-    cin = width
-    for s, depth in enumerate(num_layers):
-        mid = width * 2 ** s
-        out = mid * 4
-        for u in range(depth):
-            p = f"block{s + 1}/unit{u + 1}"
-            if u == 0:
-                a[f"{p}/conv_proj/kernel"] = conv(1, cin, out)
-                a.update(gn(f"{p}/gn_proj", out))
-            a[f"{p}/conv1/kernel"] = conv(1, cin, mid)
-            a.update(gn(f"{p}/gn1", mid))
-            a[f"{p}/conv2/kernel"] = conv(3, mid, mid)
-            a.update(gn(f"{p}/gn2", mid))
-            a[f"{p}/conv3/kernel"] = conv(1, mid, out)
-            a.update(gn(f"{p}/gn3", out))
-            cin = out
-    return a, cin
+    units, out_channels = resnet_units(num_layers, width)
+    for s, u, cin, mid, out in units:
+        # Post-activation: every convolution's output has its GroupNorm.
+        convs = [("conv_proj", 1, cin, out, "gn_proj")] if u == 1 else []
+        convs += [("conv1", 1, cin, mid, "gn1"), ("conv2", 3, mid, mid, "gn2"),
+                  ("conv3", 1, mid, out, "gn3")]
+        for name, size, c_in, c_out, norm in convs:
+            a[f"block{s}/unit{u}/{name}/kernel"] = conv(size, c_in, c_out)
+            a.update(gn(f"block{s}/unit{u}/{norm}", c_out))
+    return a, out_channels
+
+
+def resnet_units(depths, width):
+    """``([(stage, unit, in, mid, out)], out_channels)``: the bottleneck
+    units of a ResNet whose stages hold ``depths`` units after a root of
+    ``width`` channels, stage ``s`` ``width * 2 ** (s - 1)`` wide inside
+    and four times that outside (vit_jax's hybrids and BiT alike); stages
+    and units count from 1, the first unit of a stage projects its input.
+    """
+    units, cin = [], width
+    for s, depth in enumerate(depths, start=1):
+        mid = width * 2 ** (s - 1)
+        for u in range(1, depth + 1):
+            units.append((s, u, cin, mid, 4 * mid))
+            cin = 4 * mid
+    return units, cin

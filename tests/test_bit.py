@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+import official
 from conftest import count_params
 
 from keras_vit.models.resnet_v2 import (BIT_DEPTHS, BIT_VARIANTS,
@@ -52,15 +53,12 @@ def _variant(name):
 def _formula_count(units, width, classes=1000, channels=3):
     root = round(64 * width)
     total = 7 * 7 * channels * root
-    cin = root
-    for s, n in enumerate(units):
-        mid = round(64 * 2 ** s * width)
-        out = 4 * mid
-        for u in range(n):
-            # GN a, conv a, GN b, conv b (3x3), GN c, conv c, projection.
-            total += 2 * cin + cin * mid + 2 * mid + 9 * mid * mid + 2 * mid
-            total += mid * out + (cin * out if u == 0 else 0)
-            cin = out
+    blocks, cin = official.resnet_units(units, root)
+    for _, u, unit_in, mid, out in blocks:
+        # GN a, conv a, GN b, conv b (3x3), GN c, conv c, projection.
+        total += (2 * unit_in + unit_in * mid + 2 * mid + 9 * mid * mid
+                  + 2 * mid)
+        total += mid * out + (unit_in * out if u == 1 else 0)
     return total + 2 * cin + cin * classes + classes
 
 
@@ -97,21 +95,17 @@ def bit_arrays(block_units, width_factor, num_classes, *, channels=3, seed=0,
     root = int(64 * width_factor)
     a = {"resnet/root_block/standardized_conv2d/kernel":
          conv(7, channels, root)}
-    cin = root
-    for s, n in enumerate(block_units, start=1):
-        mid = int(64 * 2 ** (s - 1) * width_factor)
-        out = 4 * mid
-        for u in range(1, n + 1):
-            p = f"resnet/block{s}/unit{u:02d}"
-            a.update(gn(f"{p}/a", cin))
-            a[f"{p}/a/standardized_conv2d/kernel"] = conv(1, cin, mid)
-            if u == 1:
-                a[f"{p}/a/proj/standardized_conv2d/kernel"] = conv(1, cin, out)
-            a.update(gn(f"{p}/b", mid))
-            a[f"{p}/b/standardized_conv2d/kernel"] = conv(3, mid, mid)
-            a.update(gn(f"{p}/c", mid))
-            a[f"{p}/c/standardized_conv2d/kernel"] = conv(1, mid, out)
-            cin = out
+    units, cin = official.resnet_units(block_units, root)
+    for s, u, unit_in, mid, out in units:
+        p = f"resnet/block{s}/unit{u:02d}"
+        a.update(gn(f"{p}/a", unit_in))
+        a[f"{p}/a/standardized_conv2d/kernel"] = conv(1, unit_in, mid)
+        if u == 1:
+            a[f"{p}/a/proj/standardized_conv2d/kernel"] = conv(1, unit_in, out)
+        a.update(gn(f"{p}/b", mid))
+        a[f"{p}/b/standardized_conv2d/kernel"] = conv(3, mid, mid)
+        a.update(gn(f"{p}/c", mid))
+        a[f"{p}/c/standardized_conv2d/kernel"] = conv(1, mid, out)
     a.update(gn("resnet", cin))
     if num_classes:
         k = rng.standard_normal((cin, num_classes)) / np.sqrt(cin)
