@@ -450,23 +450,22 @@ class _BadServer:
                     self.end_headers()
                     self.wfile.write(NPZ)
                 elif name == "html.npz":  # a login page served with 200
-                    body = b"<html><body>Please sign in</body></html>"
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/html")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self._send(b"<html><body>Please sign in</body></html>",
+                               {"Content-Type": "text/html"})
                 elif name == "html_octet.npz":  # HTML that claims bytes
-                    body = b"<!doctype html><p>moved</p>"
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self._send(b"<!doctype html><p>moved</p>")
                 else:
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(NPZ)))
-                    self.end_headers()
-                    self.wfile.write(NPZ)
+                    self._send(NPZ)
+
+            def _send(self, body, headers=()):
+                """A well-formed 200: ``headers``, the right
+                Content-Length, then ``body``."""
+                self.send_response(200)
+                for key, value in dict(headers).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
