@@ -1,7 +1,9 @@
 """resolve_model (every kind of model spec, and bad ones) and rebuild (each
 change, same outputs when nothing changes, a round trip through .keras)."""
 
+import importlib
 import os
+import re
 
 import keras
 import numpy as np
@@ -253,3 +255,15 @@ def test_round_trip_through_keras_file(tmp_path):
     x = _images(48)
     _same(loaded(x), new(x))
     assert loaded.get_config() == new.get_config()
+
+
+def test_the_old_models_names_say_where_they_moved():
+    import keras_vit.models
+
+    for name, new in keras_vit.models.MOVED.items():
+        with pytest.raises(AttributeError, match=re.escape(new)):
+            getattr(keras_vit.models, name)
+        module, _, attr = new.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr))
+    with pytest.raises(AttributeError):
+        keras_vit.models.no_such_builder  # noqa: B018
