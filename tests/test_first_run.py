@@ -107,8 +107,12 @@ def test_readme_install_in_a_fresh_venv(tmp_path):
            if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if cache and os.path.isdir(cache):
         env["PIP_CACHE_DIR"] = cache
+    # --no-compile: pip would otherwise byte-compile every module of
+    # TensorFlow and its company, tens of thousands of files;
+    # Python compiles what the checks below import, on first import.
     install = subprocess.run(
-        [str(py), "-m", *command, "-q", "--disable-pip-version-check"],
+        [str(py), "-m", *command, "-q", "--disable-pip-version-check",
+         "--no-compile"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert install.returncode == 0, install.stderr[-3000:]
 

@@ -159,3 +159,118 @@ def test_registry_order_and_default():
     # The weights argument is asked about with the name as architecture.
     assert sources.find("ViT-B/16", "x.safetensors")[0].name == "timm"
     assert sources.find("ViT-B/16", "x.safetensors")[2] == "ViT-B/16"
+
+
+def _spoil(src, dst, how):
+    """A copy of the weights file ``src`` at ``dst``, spoiled in its own
+    format: ``"dtype"`` gives one array a type no reader should take (an
+    unknown safetensors dtype, a pickled object array in an .npz, strings
+    in an .h5), ``"short"`` cuts the file's tail off."""
+    data = src.read_bytes()
+    if how == "short":
+        dst.write_bytes(data[:len(data) - 512])
+        return
+    suffix = dst.suffix
+    if suffix == ".safetensors":
+        import json
+        import struct
+
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        first = next(k for k in header if k != "__metadata__")
+        header[first]["dtype"] = "X9"
+        raw = json.dumps(header).encode()
+        dst.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    elif suffix == ".npz":
+        with np.load(src) as archive:
+            arrays = dict(archive)
+        first = sorted(arrays)[0]
+        arrays[first] = np.array([object()] * 4, dtype=object)
+        np.savez(dst, **arrays)  # the object array is pickled inside
+    else:
+        import h5py
+
+        shutil.copy(src, dst)
+        with h5py.File(dst, "a") as f:
+            names = []
+            f.visititems(lambda n, o: names.append(n)
+                         if isinstance(o, h5py.Dataset) else None)
+            shape = f[names[0]].shape
+            del f[names[0]]
+            f.create_dataset(names[0], shape=shape, dtype=h5py.string_dtype())
+
+
+@pytest.mark.parametrize("how", ["dtype", "short"])
+def test_every_source_refuses_a_spoiled_weights_file(written, tmp_path, how,
+                                                     monkeypatch):
+    """Issue 25, goal 5: each source's weights file with a foreign dtype
+    (a pickle in the .npz: never unpickled) or cut short is refused by a
+    CheckpointError naming the file, before a model is built."""
+    kind, where, weights_file, args, kwargs = written
+    folder = tmp_path / "bad"
+    if os.path.isdir(where):
+        shutil.copytree(where, folder)
+        args = tuple(str(folder) if a == str(where) else a for a in args)
+    else:
+        folder.mkdir()
+        kwargs = dict(kwargs, weights=str(folder / weights_file.name))
+    bad_file = folder / weights_file.name
+    _spoil(weights_file, bad_file, how)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built from a spoiled file")
+
+    monkeypatch.setattr(sources, "build", no_build)
+    with pytest.raises(zoo.CheckpointError) as info:
+        zoo.load(*args, **kwargs)
+    message = str(info.value)
+    assert str(folder) in message, message
+
+
+def _absurd_config(kind, folder):
+    """Sets an image side of a million pixels where ``kind`` keeps its
+    sizes: the config file it reads (returned), or None for the official
+    .npz, whose sizes come from the name and the ``image_size`` argument."""
+    import json
+
+    config_file = folder / "config.json"
+    if kind == "official":
+        return None
+    data = json.loads(config_file.read_text())
+    if kind == "timm":
+        data["model_args"]["img_size"] = 10**6
+    elif kind == "transformers":
+        data["image_size"] = 10**6
+    else:  # keras-hub: the backbone's config
+        data["config"]["image_shape"] = [10**6, 10**6, 3]
+    config_file.write_text(json.dumps(data))
+    return config_file
+
+
+def test_every_source_refuses_absurd_sizes_before_building(written, tmp_path,
+                                                           monkeypatch):
+    """Issue 25, goal 5: a config (or argument) asking for a 10^6-pixel
+    side is refused by a ValueError naming the file (or the argument) and
+    the field, before anything is allocated for it: the readers refuse it
+    before a model is built; the official .npz, whose sizes are the
+    name's and the argument's, is refused by the model's own size check."""
+    kind, where, _, args, kwargs = written
+    folder = tmp_path / "bad"
+    if os.path.isdir(where):
+        shutil.copytree(where, folder)
+        args = tuple(str(folder) if a == str(where) else a for a in args)
+    config_file = _absurd_config(kind, folder)
+    if config_file is None:
+        kwargs = dict(kwargs, image_size=10**6)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built from an absurd config")
+
+    if config_file is not None:  # the reader refuses it
+        monkeypatch.setattr(sources, "build", no_build)
+    # else: the model's own check, from its sizes, before any weight exists
+    with pytest.raises(ValueError) as info:
+        zoo.load(*args, **kwargs)
+    message = str(info.value)
+    assert str(config_file or "image_size=1000000") in message, message
+    assert "1000000" in message.replace(",", ""), message
