@@ -1752,6 +1752,36 @@ def test_hostile_keras_configs_are_one_line(tiny_keras, tmp_path, capsys,
     assert needle in line
 
 
+def test_a_keras_weights_bomb_is_refused_before_reading(
+        tiny_keras, tmp_path, capsys, monkeypatch):
+    """A 1.5 MB .keras whose model.weights.h5 inflates to 1.5 GB loaded, at
+    3.6 GB of peak RSS: Keras reads the member whole and its own bomb check
+    starts at 4 GiB (found by benchmarks/hostile_inputs.py). Scaled down
+    here to a 1 MiB floor; an honest deflated archive still loads."""
+    import zipfile
+
+    from keras_vit import cli
+    from keras_vit.zoo import resolve
+
+    monkeypatch.setattr(resolve, "KERAS_BOMB_FLOOR", 1 << 20)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    for padding, status in ((0, 0), (4 << 20, 2)):
+        path = tmp_path / f"deflated{padding}.keras"
+        with zipfile.ZipFile(tiny_keras) as src, zipfile.ZipFile(
+                path, "w", zipfile.ZIP_DEFLATED) as out:
+            for name in src.namelist():
+                data = src.read(name)
+                if name == "model.weights.h5":
+                    data += bytes(padding)
+                out.writestr(name, data)
+        assert cli.main(["predict", str(path), str(image)]) == status
+    line = _one_error_line(capsys)
+    assert f"cannot load MODEL={str(path)!r} as a Keras model" in line
+    assert "its model.weights.h5 is " in line
+    assert "bytes uncompressed from" in line and "zip bomb?" in line
+
+
 def test_without_flock_the_pid_in_the_lock_decides(tmp_path, monkeypatch):
     import errno
     import os

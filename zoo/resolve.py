@@ -57,7 +57,7 @@ def load_keras_file(path, argument="model", *, error=ValueError):
         AxialVisionTransformer, ResNetV2, VisionTransformer)
 
     check_archive(argument, path, "a .keras model", error=error)
-    _check_keras_config_size(path, argument, error)
+    _check_keras_members(path, argument, error)
     try:
         return keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
@@ -73,18 +73,37 @@ def load_keras_file(path, argument="model", *, error=ValueError):
 # A model's config.json is a few KB; Keras reads it whole into memory (a
 # 1.6 MB .keras can hold a 1.5 GB one).
 MAX_KERAS_CONFIG_BYTES = 16 << 20
+# Keras writes its members uncompressed and reads model.weights.h5 whole
+# into memory; its own bomb check starts at 4 GiB, so a 1.5 MB .keras could
+# still hold a 3.9 GB weights file (a 1.5 GB one peaked at 3.6 GB of RSS).
+# A member past the floor that inflates more than this is refused: weights
+# deflate by a few percent, and 10 MB of file stays under 200 MB.
+KERAS_BOMB_FLOOR = 64 << 20
+KERAS_MAX_EXPANSION = 20
 
 
-def _check_keras_config_size(path, argument, error):
+def _check_keras_members(path, argument, error):
+    """Refuses a ``.keras`` archive whose members would inflate past what
+    its bytes can hold, before Keras reads them into memory."""
     try:
         with zipfile.ZipFile(path) as archive:
-            size = archive.getinfo("config.json").file_size
-    except (KeyError, OSError, zipfile.BadZipFile):
-        return  # Keras' own error names what is missing
-    if size > MAX_KERAS_CONFIG_BYTES:
-        raise error(f"cannot load {argument}={path!r} as a Keras model: its "
-                    f"config.json is {size} bytes uncompressed (a model's is "
-                    f"a few KB; at most {MAX_KERAS_CONFIG_BYTES} read)")
+            members = archive.infolist()
+    except (OSError, zipfile.BadZipFile):
+        return  # Keras' own error names what is wrong
+    where = f"cannot load {argument}={path!r} as a Keras model: its"
+    for info in members:
+        size = info.file_size
+        if info.filename == "config.json" and size > MAX_KERAS_CONFIG_BYTES:
+            raise error(f"{where} config.json is {size} bytes uncompressed "
+                        "(a model's is a few KB; at most "
+                        f"{MAX_KERAS_CONFIG_BYTES} read)")
+        if (size > KERAS_BOMB_FLOOR
+                and size > KERAS_MAX_EXPANSION * info.compress_size):
+            raise error(f"{where} {info.filename} is {size} bytes "
+                        f"uncompressed from {info.compress_size} in the "
+                        "file, more than a model's weights deflate (a zip "
+                        "bomb?); the .keras files Keras writes store their "
+                        "members uncompressed")
 
 
 def model_path(spec, argument="model", *, error=ValueError):
