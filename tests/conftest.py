@@ -110,28 +110,37 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# The files that take minutes on the 2-core CI machine (pytest --durations,
-# 2026-11-23), longest first. They run first, so that the parallel workers
-# (setup.cfg: -n auto --dist loadfile) do not end with one of them running
-# alone while the others sit idle; the rest keep their alphabetical order.
-LONGEST_FIRST = (
-    "test_demo.py", "test_trainer_backends.py", "test_posemb.py",
-    "test_benchmarks.py", "test_backends.py", "test_first_run.py",
-    "test_train.py", "test_examples.py", "test_cli.py",
-    "test_export_speed.py",
-    "test_export_backends.py", "test_export.py", "test_timm_hub.py",
-    "test_bit.py", "test_layouts.py",
-)
+# The files that take minutes on a 2-core machine (pytest --durations=0,
+# summed per file, 2026-11-24), longest first, for the TensorFlow run and
+# for the jax/torch children (which run only the `backends` tests, so other
+# files lead). They run first, so that the parallel workers (setup.cfg:
+# -n auto --dist loadfile) do not end with one of them running alone while
+# the others sit idle; the rest keep their alphabetical order.
+LONGEST_FIRST = {
+    "tensorflow": (
+        "test_demo.py", "test_examples.py", "test_export.py",
+        "test_benchmarks.py", "test_train.py", "test_posemb.py",
+        "test_trainer_backends.py", "test_backends.py", "test_first_run.py",
+        "test_export_speed.py", "test_cli.py", "test_reliability.py",
+        "test_docstrings.py", "test_cli_startup.py", "test_zoo.py"),
+    "children": (
+        "test_trainer_backends.py", "test_zoo.py", "test_bit.py",
+        "test_models.py", "test_hybrid.py", "test_export_backends.py",
+        "test_analysis.py", "test_resolve.py"),
+}
 
 
-def _longest_first(item):
-    name = os.path.basename(str(item.path))
-    return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST
-            else len(LONGEST_FIRST))
+def _longest_first(order):
+    def key(item):
+        name = os.path.basename(str(item.path))
+        return order.index(name) if name in order else len(order)
+    return key
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_longest_first)  # stable: each file keeps its order
+    order = LONGEST_FIRST["tensorflow" if config._keras_vit_backend ==
+                          "tensorflow" else "children"]
+    items.sort(key=_longest_first(order))  # stable: files keep their order
     if config._keras_vit_backend == "tensorflow":
         return
     keep = [item for item in items if item.get_closest_marker("backends")]
