@@ -194,3 +194,37 @@ def test_the_onednn_comparison_prints_its_table(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[3]) > 0 and float(cells[4]) > 0
         assert cells[5].endswith("x") and cells[8].endswith("x")
+
+
+def test_the_hostile_inputs_report_prints_its_table(tmp_path):
+    """benchmarks/hostile_inputs.py --quick on two cheap cases: the
+    baseline row, one row per case with issue 24's "before" beside the
+    measurement, and both within the bound."""
+    script = os.path.join(ROOT, "benchmarks", "hostile_inputs.py")
+    out = tmp_path / "hostile.md"
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", "--cases",
+         "finetune_image_size,keras_zip_bomb", "--out", str(out)], cwd=ROOT,
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    for key in ("- CPU: ", "flags: ", "- date: ", "keras 3.", "tensorflow ",
+                "Smoke run"):
+        assert key in text, key
+    rows = {r["case"]: r for r in _tables(text)["tensorflow"]}
+    assert list(rows) == ["baseline", "finetune_image_size",
+                          "keras_zip_bomb"]
+    assert rows["baseline"]["exit"] == "0"
+    assert float(rows["baseline"]["peak RSS MiB"]) > 0
+    before = "before (issue 24, measured then)"
+    assert rows["keras_zip_bomb"][before] == "1.6 MB .keras: loads, 3.9 GB"
+    for name in ("finetune_image_size", "keras_zip_bomb"):
+        row = rows[name]
+        assert row["verdict"] == "met", row
+        assert row["exit"] == "2" and float(row["wall s"]) > 0, row
+        assert float(row["over baseline MiB"]) < 1024, row
+    assert "--image-size: must be <= 4096" in rows["finetune_image_size"][
+        "message"]
+    assert "config.json is 50331648 bytes uncompressed" in rows[
+        "keras_zip_bomb"]["message"]
