@@ -253,3 +253,15 @@ def test_the_checks_share_one_helper():
     with pytest.raises(kt.StrategyError):
         errors.check_choice("strategy", "x", ("auto",),
                             error=kt.StrategyError)
+
+
+@pytest.mark.parametrize("builder", ["vit", "axial_vit"])
+def test_a_position_table_that_cannot_fit_is_refused_before_building(
+        builder):
+    # image_size=10**6 asked for a 3.9e9-token table (233 GiB here), which
+    # both encoder models tried to allocate; the shared encoder check now
+    # counts it, naming the image size.
+    with pytest.raises(ValueError, match=r"image_size=1000000 \(3,906,250,"
+                                         r"00[01] tokens of position "
+                                         r"embedding\).*GiB of weights"):
+        getattr(keras_vit, builder)(10**6, 16, 32, 1, 2, 64, 3)

@@ -119,7 +119,8 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
         spec = check_encoder_args(
             hidden_size, num_layers, num_heads, mlp_dim, num_channels,
             pooling, _POOLINGS, representation_size, include_top,
-            num_classes, dropout_rate, attention_dropout_rate)
+            num_classes, dropout_rate, attention_dropout_rate,
+            image_size=image_size, tokens=grid[0] * grid[1])
         if position_embedding not in _POSITION_EMBEDDINGS:
             raise ValueError(
                 f"Axial-ViT takes position_embedding in {_POSITION_EMBEDDINGS} "

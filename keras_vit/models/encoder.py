@@ -74,10 +74,11 @@ def _rate(value, name):
 def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
                        num_channels, pooling, poolings, representation_size,
                        include_top, num_classes, dropout_rate,
-                       attention_dropout_rate):
+                       attention_dropout_rate, *, image_size=None, tokens=0):
     """The argument checks every encoder model (ViT, Axial-ViT) shares, each
     error naming the argument; returns the arguments named in
-    :data:`NORMALISED`, normalised, as a dict."""
+    :data:`NORMALISED`, normalised, as a dict. ``tokens``, the rows of the
+    position table that ``image_size`` gives, count in the weight check."""
     hidden_size = check_int("hidden_size", hidden_size, low=1)
     num_layers = check_int("num_layers", num_layers, low=0)
     num_heads = check_int("num_heads", num_heads, low=1)
@@ -93,13 +94,18 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
             "representation_size", representation_size, low=1)
     if include_top:
         num_classes = check_int("num_classes", num_classes, low=1)
-    # The encoder's weights, before any is allocated (a lower bound: the
-    # embedding, position table and head come on top).
+    # The encoder's weights and the position table, before any is allocated
+    # (a lower bound: the patch embedding comes on top). The table grows
+    # with the image: image_size=10**6 asked ViT-Ti for a 3.9e9-token table
+    # (2.7 TiB), which failed inside the allocation.
     check_weights_fit(
         num_layers * (4 * hidden_size * hidden_size
                       + 2 * hidden_size * mlp_dim)
-        + (num_classes or 0) * hidden_size * bool(include_top),
-        f"hidden_size={hidden_size}, num_layers={num_layers}, "
+        + (num_classes or 0) * hidden_size * bool(include_top)
+        + tokens * hidden_size,
+        (f"image_size={image_size!r} ({tokens:,} tokens of position "
+         "embedding), " if tokens else "")
+        + f"hidden_size={hidden_size}, num_layers={num_layers}, "
         f"mlp_dim={mlp_dim}" + (f", num_classes={num_classes}"
                                 if include_top else ""))
     return dict(

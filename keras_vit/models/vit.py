@@ -6,8 +6,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.errors import (check_choice, check_dtype, check_keywords,
-                              check_weights_fit)
+from keras_vit.errors import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import classification_head, image_input
 from keras_vit.models.compiled import CompiledModelMixin
 # Re-exported: these were first defined here.
@@ -232,7 +231,8 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     spec = check_encoder_args(
         hidden_size, num_layers, num_heads, mlp_dim, num_channels,
         pooling, _POOLINGS, representation_size, include_top,
-        num_classes, dropout_rate, attention_dropout_rate)
+        num_classes, dropout_rate, attention_dropout_rate,
+        image_size=image_size, tokens=grid[0] * grid[1] + 1)
     check_choice("classifier", classifier, _CLASSIFIERS)
     if classifier == "gap" and pooling == "token":
         raise ValueError(
@@ -243,13 +243,6 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     check_position_embedding(position_embedding,
                              position_embedding_placement,
                              spec["hidden_size"], spec["num_heads"])
-    # The position table grows with the image, which the encoder's check
-    # above does not see: image_size=10**6 asked for a 3.9e9-token table
-    # (2.7 TiB for ViT-Ti) and failed inside the allocation.
-    tokens = grid[0] * grid[1] + 1
-    check_weights_fit(tokens * spec["hidden_size"],
-                      f"image_size={image_size!r} ({tokens:,} tokens of "
-                      f"position embedding), hidden_size={spec['hidden_size']}")
     spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid)
     return spec
 
