@@ -81,12 +81,19 @@ def _dense_2d(x, kernel, bias):
     """``x @ kernel + bias`` for a 2-D ``x``. On TensorFlow the bias is
     added with ``BiasAdd`` (:func:`keras_vit.fused_ops.dense`), which
     grappler fuses into the matmul and differentiates as one
-    ``BiasAddGrad``; elsewhere a plain add, which XLA and torch fuse by
-    themselves."""
-    if keras.backend.backend() == "tensorflow":
+    ``BiasAddGrad``. On torch, one ``addmm``: eager torch runs a separate
+    add as its own pass over the output, which cost 3.4x the fused call
+    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
+    JAX a plain add, which XLA fuses by itself."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         from keras_vit import fused_ops
 
         return fused_ops.dense(x, kernel, bias)
+    if backend == "torch":
+        import torch
+
+        return torch.addmm(bias, x, kernel)
     return ops.matmul(x, kernel) + bias
 
 

@@ -213,3 +213,32 @@ def test_builds_and_runs_with_a_mixed_bfloat16_dtype():
     assert "bfloat16" in str(y.dtype) and np.isfinite(
         to_numpy(y).astype("float32")).all()
     assert model.get_layer("head").kernel.dtype == "float32"
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="counts torch's own ops (runs in the torch child)")
+def test_torch_adds_every_bias_inside_its_matmul():
+    """On torch each dense of an encoder block is one ``addmm``: eager torch
+    would run a separate bias add as one more pass over the output."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            self.ops[name] = self.ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    block = vit_layers.EncoderBlock(num_heads=2, mlp_dim=32)
+    x = keras.ops.ones((2, 5, 16))
+    block(x)
+    with torch.no_grad(), Count() as count:
+        block(x, training=False)
+    # query, key, value, out, and the MLP's two: six addmm, no bare matmul.
+    assert count.ops.get("aten.addmm") == 6, count.ops
+    assert not count.ops.get("aten.mm") and not count.ops.get("aten.bmm"), \
+        count.ops
