@@ -18,6 +18,7 @@ Random weights; no timing (see benchmarks/speed.py for that).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 
 
@@ -67,11 +68,15 @@ def main(argv=None):
                                         warmup_steps=1,
                                         batch_size=args.batch_size,
                                         jit_compile=False)
-            counts = graph_ops.op_counts(model, batch_size=args.batch_size,
-                                         training=job == "train")
-            rows.append((dtype, job, graph_ops.fusion_summary(counts),
-                         counts))
-    keys = graph_ops.SUMMARY_KEYS
+            nodes = graph_ops.executed_nodes(
+                model, batch_size=args.batch_size, training=job == "train")
+            counts = collections.Counter(map(graph_ops.node_label, nodes))
+            summary = graph_ops.fusion_summary(counts)
+            # Cast pairs that undo each other (two passes for nothing).
+            summary["cast_round_trips"] = len(
+                graph_ops.cast_round_trips(nodes))
+            rows.append((dtype, job, summary, counts))
+    keys = graph_ops.SUMMARY_KEYS + ("cast_round_trips",)
     print("| dtype | job | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for dtype, job, summary, _ in rows:

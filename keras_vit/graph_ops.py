@@ -126,6 +126,30 @@ def executed_nodes(model, batch_size=2, training=False):
     return [node for graph in graphs for node in graph.node]
 
 
+def cast_round_trips(nodes):
+    """The ``Cast`` nodes among ``nodes`` (from :func:`executed_nodes`)
+    that undo the ``Cast`` feeding them (bf16 -> float32 -> bf16 and the
+    like): pairs that cost two passes over a tensor and change nothing but
+    rounding. Returns ``(inner, outer)`` node-name pairs.
+
+    >>> import keras_vit
+    >>> from keras_vit import graph_ops
+    >>> model = keras_vit.vit(32, 8, 32, 2, 2, 64, 3, dtype="bfloat16")
+    >>> graph_ops.cast_round_trips(graph_ops.executed_nodes(model))
+    []
+    """
+    by_name = {node.name: node for node in nodes}
+    pairs = []
+    for node in nodes:
+        if node.op != "Cast" or not node.input:
+            continue
+        inner = by_name.get(node.input[0].split(":")[0].lstrip("^"))
+        if (inner is not None and inner.op == "Cast"
+                and inner.attr["SrcT"].type == node.attr["DstT"].type):
+            pairs.append((inner.name, node.name))
+    return pairs
+
+
 def fusion_summary(counts):
     """The counts of :func:`op_counts` that tell how well a ViT fused:
     matmuls with bias and GELU fused, with bias only, unfused; bias

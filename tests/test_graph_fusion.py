@@ -252,3 +252,26 @@ def test_fused_spelling_equals_keras_gelu_inside_a_graph():
     plain = tf.function(lambda x, k, b: keras.ops.gelu(
         tf.matmul(x, k) + b, approximate=True))(x, k, b).numpy()
     np.testing.assert_allclose(fused, plain, atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_training_graph_has_no_cast_round_trips(precision):
+    """Issue 23: no cast pairs that cancel in the training step. The one
+    Keras itself writes (its sparse cross-entropy casts integer labels to
+    float and back) is not the model's."""
+    import keras_vit.train as kt
+
+    model = _tiny(2, dtype=precision)
+    kt.compile_for_finetune(model, total_steps=4, warmup_steps=1,
+                            batch_size=4, jit_compile=False)
+    nodes = graph_ops.executed_nodes(model, batch_size=4, training=True)
+    trips = [pair for pair in graph_ops.cast_round_trips(nodes)
+             if "compile_loss" not in pair[0]]
+    assert trips == [], trips
+    # The check itself finds a round trip when there is one.
+    import tensorflow as tf
+
+    fn = tf.function(lambda x: tf.cast(tf.cast(x, tf.float32), tf.bfloat16))
+    graph = fn.get_concrete_function(
+        tf.TensorSpec((2,), tf.bfloat16)).graph.as_graph_def()
+    assert len(graph_ops.cast_round_trips(list(graph.node))) == 1
