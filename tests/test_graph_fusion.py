@@ -275,3 +275,30 @@ def test_training_graph_has_no_cast_round_trips(precision):
     graph = fn.get_concrete_function(
         tf.TensorSpec((2,), tf.bfloat16)).graph.as_graph_def()
     assert len(graph_ops.cast_round_trips(list(graph.node))) == 1
+
+
+def test_the_graph_ops_script_prints_one_row_per_dtype_and_job(capsys):
+    """benchmarks/graph_ops.py, run in this process on a small zoo model:
+    a row per (dtype, job) with the fused counts and the cast round trips."""
+    import importlib.util
+    import pathlib
+
+    _needs_onednn()
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "graph_ops.py"
+    spec = importlib.util.spec_from_file_location("graph_ops_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--model", "ViT-Ti/16", "--image-size", "32",
+                 "--dtypes", "float32", "--jobs", "infer,train",
+                 "--batch-size", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| dtype"))
+    keys = [c.strip() for c in header.strip("|").split("|")]
+    assert keys[-1] == "cast_round_trips"
+    rows = {tuple(c.strip() for c in line.strip("|").split("|"))[:2]:
+            dict(zip(keys, (c.strip() for c in line.strip("|").split("|"))))
+            for line in lines if line.startswith("| float32")}
+    assert set(rows) == {("float32", "infer"), ("float32", "train")}
+    assert rows[("float32", "infer")]["matmul_bias_gelu"] == "12"
+    assert rows[("float32", "infer")]["cast_round_trips"] == "0"
+    assert int(rows[("float32", "train")]["bias_add_grad"]) >= 73
