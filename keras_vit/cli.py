@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_vit import cli_options as options  # noqa: E402
 from keras_vit import keras_classes  # noqa: E402
+from keras_vit.images import PIXEL_BUDGET, decode_plan  # noqa: E402
 # The shared helpers, under the names the other components used to import
 # from here.
 from keras_vit.cli_options import (  # noqa: E402, F401
@@ -310,14 +311,17 @@ def _check_image_path(path):
 
 # Images above this many pixels are box-reduced by an integer factor (JPEGs
 # decoded at a reduced scale) before the official resize: a 12000x12000
-# PNG took 5.9 GB as float32 copies (issue 24); this keeps one at ~0.2 GB.
-PREDICT_PIXEL_BUDGET = 16_000_000
+# PNG took 5.9 GB as float32 copies (issue 24). keras_vit.images holds the
+# rule every reader shares.
+PREDICT_PIXEL_BUDGET = PIXEL_BUDGET
 
 
 def _read_image(path):
     """One image as (height, width, 3) float32 RGB pixels in [0, 255]:
-    images over :data:`PREDICT_PIXEL_BUDGET` pixels reduced first, over
-    PIL's decompression-bomb limit refused naming the file."""
+    JPEGs decoded at a reduced scale and other images box-reduced to
+    :data:`PREDICT_PIXEL_BUDGET` pixels; an image that cannot be decoded
+    within :func:`keras_vit.images.decode_plan`'s limits, or over PIL's
+    decompression-bomb limit, refused naming the file."""
     import math
     import warnings
 
@@ -341,15 +345,19 @@ def _read_image(path):
             "first")
     with im:
         width, height = im.size
-        factor = math.ceil(math.sqrt(width * height / PREDICT_PIXEL_BUDGET))
+        plan = decode_plan(im.format, width, height, im.mode)
+        if plan.refusal:
+            raise UserError(f"IMAGE={path!r} is too large to decode safely "
+                            f"({plan.refusal})")
+        if plan.scale > 1:  # a JPEG: libjpeg decodes at 1/scale
+            im.draft("RGB", (-(-width // plan.scale),
+                             -(-height // plan.scale)))
+        factor = math.ceil(math.sqrt(im.size[0] * im.size[1]
+                                     / PREDICT_PIXEL_BUDGET))
         if factor > 1:
-            im.draft("RGB", (width // factor, height // factor))  # JPEG
             if im.mode not in ("RGB", "RGBA", "L", "LA", "I", "F"):
                 im = im.convert("RGB")
-            factor = math.ceil(math.sqrt(im.size[0] * im.size[1]
-                                         / PREDICT_PIXEL_BUDGET))
-            if factor > 1:
-                im = im.reduce(factor)
+            im = im.reduce(factor)
         # Photos from phones store their rotation in EXIF; apply it so the
         # model sees the image the way a viewer shows it.
         im = ImageOps.exif_transpose(im).convert("RGB")

@@ -1823,11 +1823,9 @@ def test_a_fifo_where_an_archive_belongs_is_named(tmp_path, capsys):
         kt.load_data(str(data))
 
 
-def test_oversized_images_are_skipped_in_training_folders(tmp_path,
-                                                          monkeypatch):
+def _two_class_folder(tmp_path):
+    """``tmp_path/data`` with classes a and b, two 20x20 PNGs each."""
     from PIL import Image
-
-    from keras_vit import train as kt
 
     root = tmp_path / "data"
     for c in ("a", "b"):
@@ -1835,6 +1833,16 @@ def test_oversized_images_are_skipped_in_training_folders(tmp_path,
         for i in range(2):
             Image.new("RGB", (20, 20), (i * 40, 0, 0)).save(
                 root / c / f"{i}.png")
+    return root
+
+
+def test_oversized_images_are_skipped_in_training_folders(tmp_path,
+                                                          monkeypatch):
+    from PIL import Image
+
+    from keras_vit import train as kt
+
+    root = _two_class_folder(tmp_path)
     Image.new("RGB", (40, 40)).save(root / "a" / "big.png")
     Image.new("RGB", (80, 80)).save(root / "b" / "bomb.png")
     # Limits scaled down: 12000x12000 and 20000x20000 in real life.
@@ -1986,3 +1994,111 @@ def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
     assert status == 0
     line = next(x for x in out.splitlines() if "top-1 accuracy" in x)
     assert "bad\\nname\\x1b[31m" in line and "\x1b" not in out
+
+
+# -- one pixel budget for every image reader (issue 24) ---------------------
+
+def test_decode_plan_bounds_what_any_header_can_ask_for():
+    from keras_vit import images
+
+    budget = images.PIXEL_BUDGET
+    # JPEGs: the largest libjpeg scale that fits, whatever the header says.
+    for width, height in [(4000, 4000), (4001, 4000), (12000, 9000),
+                          (30000, 30000)]:
+        plan = images.decode_plan("JPEG", width, height)
+        kept = -(-width // plan.scale) * -(-height // plan.scale)
+        assert kept <= budget
+        smaller = plan.scale // 2
+        assert smaller == 0 or (
+            -(-width // smaller) * -(-height // smaller) > budget)
+    assert images.decode_plan("JPEG", 4000, 4000).scale == 1
+    refused = images.decode_plan("JPEG", 40000, 40000)
+    assert refused.scale is None and "40000x40000 pixels" in refused.refusal
+    # Other formats decode whole: bounded by pixels where several are
+    # decoded at once, by decoded bytes where one is.
+    assert images.decode_plan("PNG", 5000, 4000, "RGB").scale == 1
+    assert "16,000,000-pixel budget" in images.decode_plan(
+        "PNG", 5000, 4000, "RGB", whole=False).refusal
+    assert images.decode_plan("PNG", 12000, 12000, "RGB").scale == 1
+    rgba = images.decode_plan("PNG", 13300, 13300, "RGBA")
+    assert rgba.scale is None
+    assert "675 MiB decoded, over the 448 MiB limit for a PNG" in \
+        rgba.refusal
+
+
+def _jpeg(path, size, color=(200, 30, 30)):
+    from PIL import Image
+
+    Image.new("RGB", size, color).save(path, quality=90)
+
+
+def test_training_decodes_large_jpegs_at_a_reduced_scale(tmp_path,
+                                                         monkeypatch):
+    import tensorflow as tf
+
+    from keras_vit import images
+    from keras_vit.train import data
+
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 1000)
+    for size, expected in [((30, 20), (20, 30)), ((64, 48), (24, 32)),
+                           ((200, 100), (13, 25))]:
+        path = tmp_path / f"{size[0]}.jpg"
+        _jpeg(path, size)
+        image = data.decode_within_budget(tf.io.read_file(str(path)))
+        assert tuple(image.shape) == expected + (3,)
+        assert image.shape[0] * image.shape[1] <= 1000
+        # The rule inside the graph is decode_plan's.
+        plan = images.decode_plan("JPEG", *size)
+        assert image.shape[1] == -(-size[0] // plan.scale)
+    png = tmp_path / "p.png"
+    from PIL import Image
+
+    Image.new("RGB", (40, 30)).save(png)
+    image = data.decode_within_budget(tf.io.read_file(str(png)))
+    assert tuple(image.shape) == (30, 40, 3)  # whole: the folder scan bounds it
+
+
+def test_training_folders_keep_large_jpegs_and_skip_large_pngs(tmp_path,
+                                                               monkeypatch):
+    from PIL import Image
+
+    from keras_vit import images
+    from keras_vit import train as kt
+
+    root = _two_class_folder(tmp_path)
+    _jpeg(root / "a" / "photo.jpg", (64, 48))
+    Image.new("RGB", (40, 40)).save(root / "b" / "wide.png")
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 1000)  # 16e6 in real life
+    with pytest.warns(UserWarning) as record:
+        source = kt.load_data(str(root))
+    text = " ".join(str(w.message) for w in record)
+    assert ("wide.png (40x40 pixels, over the 1,000-pixel budget for images "
+            "decoded whole") in text
+    assert "photo.jpg" not in text
+    assert source.num_examples == 5
+    batch, _ = next(iter(kt.dataset(source, image_size=16, batch_size=5,
+                                     training=False)))
+    assert tuple(batch.shape) == (5, 16, 16, 3)
+
+
+def test_predict_refuses_what_it_cannot_decode_within_the_limits(
+        tiny_keras, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from keras_vit import cli, images
+
+    rgba = tmp_path / "alpha.png"
+    Image.new("RGBA", (100, 100), (1, 2, 3, 4)).save(rgba)
+    photo = tmp_path / "photo.jpg"
+    _jpeg(photo, (160, 120))
+    monkeypatch.setattr(images, "FULL_DECODE_BYTES", 100 * 100 * 4 - 1)
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 2000)
+    monkeypatch.setattr(cli, "PREDICT_PIXEL_BUDGET", 2000)
+    assert cli.main(["predict", str(tiny_keras), str(rgba)]) == 2
+    line = _one_error_line(capsys)
+    assert f"IMAGE={str(rgba)!r} is too large to decode safely" in line
+    assert "100x100 pixels in mode RGBA" in line
+    # A JPEG over the budget is decoded at a reduced scale, not refused.
+    pixels = cli._read_image(str(photo))
+    assert pixels.shape == (30, 40, 3)
+    assert cli.main(["predict", str(tiny_keras), str(photo)]) == 0

@@ -112,7 +112,8 @@ FLOORS = [
     # version shims, the command's quiet start and lazy names.
     ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
               "keras_vit._quiet", "keras_vit.lazy", "keras_vit.fused_ops",
-              "keras_vit.graph_ops", "keras_vit.version"]),
+              "keras_vit.graph_ops", "keras_vit.version",
+              "keras_vit.images"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.

@@ -24,12 +24,14 @@ resumed run rebuilds the epoch it stopped in and skips what it consumed.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
 import numpy as np
 
 from keras_vit import compat
+from keras_vit import images as image_budget
 from keras_vit.errors import (check_archive, closest, did_you_mean, require,
                               special_file)
 
@@ -329,9 +331,37 @@ class FolderSource(ImageSource):
     def decode(self, record):
         import tensorflow as tf
 
-        data = tf.io.read_file(record)
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = decode_within_budget(tf.io.read_file(record))
         return tf.cast(image, tf.float32)
+
+
+def decode_within_budget(data):
+    """An encoded image (a string tensor) as uint8 RGB pixels, a JPEG at
+    the largest of libjpeg's scales (1/1, 1/2, 1/4, 1/8) that keeps it
+    within :data:`keras_vit.images.PIXEL_BUDGET` pixels, the same rule as
+    :func:`keras_vit.images.decode_plan` applied inside the graph; other
+    formats whole (:func:`check_images` keeps only those that fit)."""
+    import tensorflow as tf
+
+    def whole():
+        return tf.io.decode_image(data, channels=3, expand_animations=False)
+
+    def jpeg():
+        shape = tf.cast(tf.io.extract_jpeg_shape(data), tf.int64)
+        fits = tf.stack([
+            (-(-shape[0] // s)) * (-(-shape[1] // s)) <= image_budget.PIXEL_BUDGET
+            for s in image_budget.JPEG_SCALES])
+        last = len(image_budget.JPEG_SCALES) - 1
+        index = tf.where(tf.reduce_any(fits),
+                         tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32),
+                         last)
+        return tf.switch_case(index, [
+            functools.partial(tf.io.decode_jpeg, data, channels=3, ratio=s)
+            for s in image_budget.JPEG_SCALES])
+
+    image = tf.cond(tf.io.is_jpeg(data), jpeg, whole)
+    image.set_shape([None, None, 3])
+    return image
 
 
 def check_images(candidates, verbose):
@@ -382,6 +412,12 @@ def check_images(candidates, verbose):
         if fmt not in TF_IMAGE_FORMATS:
             skipped.append((path, f"{fmt} is not a format TensorFlow decodes"))
             continue
+        # Several images are decoded at once and cast to float32: JPEGs
+        # decode at a reduced scale, other formats must fit the budget.
+        plan = image_budget.decode_plan(fmt, width, height, whole=False)
+        if plan.refusal:
+            skipped.append((path, plan.refusal))
+            continue
         files.append(path)
         labels.append(label)
     return files, labels, skipped
@@ -398,9 +434,7 @@ def _tf_undecodable(paths):
     import tensorflow as tf
 
     def shape_of(i, path):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=3,
-                                   expand_animations=False)
-        return i, tf.shape(image)
+        return i, tf.shape(decode_within_budget(tf.io.read_file(path)))
 
     ds = tf.data.Dataset.from_tensor_slices(
         np.asarray(paths, dtype=str)).enumerate()
