@@ -44,6 +44,9 @@ PIXEL_BUDGET = 16_000_000
 #: ``benchmarks/hostile_inputs.py``), which keeps a hostile file under the
 #: 1 GiB that issue 24 allows.
 FULL_DECODE_BYTES = 448 * 2**20
+#: PIL's names for JPEG data: "MPO" is what many phone cameras write (a
+#: JPEG followed by more pictures; decoders read the first).
+JPEG_FORMATS = ("JPEG", "MPO")
 #: The reduced scales libjpeg decodes at (1/1, 1/2, 1/4, 1/8).
 JPEG_SCALES = (1, 2, 4, 8)
 
@@ -73,7 +76,7 @@ def decode_plan(fmt, width, height, mode=None, *, whole=True):
     width, height = int(width), int(height)
     pixels = width * height
     size = f"{width}x{height} pixels"
-    if fmt == "JPEG":
+    if fmt in JPEG_FORMATS:
         for scale in JPEG_SCALES:
             if -(-width // scale) * -(-height // scale) <= PIXEL_BUDGET:
                 return DecodePlan(scale)

@@ -2102,3 +2102,24 @@ def test_predict_refuses_what_it_cannot_decode_within_the_limits(
     pixels = cli._read_image(str(photo))
     assert pixels.shape == (30, 40, 3)
     assert cli.main(["predict", str(tiny_keras), str(photo)]) == 0
+
+
+def test_phone_photos_saved_as_mpo_are_kept_in_training_folders(tmp_path):
+    """PIL names the JPEGs many phones write (a JPEG with a second picture
+    after it) "MPO"; they were skipped as a format TensorFlow cannot read,
+    which it can. They train, and count as JPEGs for the pixel budget."""
+    from PIL import Image
+
+    from keras_vit import images
+    from keras_vit import train as kt
+
+    root = _two_class_folder(tmp_path)
+    photo = root / "a" / "phone.jpg"
+    Image.new("RGB", (64, 48), (200, 10, 10)).save(
+        photo, format="MPO", save_all=True,
+        append_images=[Image.new("RGB", (32, 24))])
+    with Image.open(photo) as im:
+        assert im.format == "MPO"
+    source = kt.load_data(str(root))
+    assert source.num_examples == 5 and not source.skipped
+    assert images.decode_plan("MPO", 12000, 9000).scale == 4

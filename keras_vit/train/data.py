@@ -36,7 +36,9 @@ from keras_vit.errors import (check_archive, closest, did_you_mean, require,
                               special_file)
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
-TF_IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "BMP", "WEBP"}
+# "MPO" is PIL's name for the JPEGs many phone cameras write (a JPEG with
+# more pictures after it); TensorFlow decodes the first.
+TF_IMAGE_FORMATS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "WEBP"}
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # Streams (tfds) are shuffled through a buffer of this many records.
 SHUFFLE_BUFFER = 10_000
