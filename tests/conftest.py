@@ -60,12 +60,38 @@ def pytest_addoption(parser):
              "in child processes). Default: $KERAS_BACKEND if set, else all.")
 
 
+def _usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
+def _share_torch_threads():
+    """An xdist worker of the TensorFlow run gives torch (imported above,
+    with timm) its share of the cores, not all of them: torch's OpenMP
+    threads spin between parallel regions, and with every worker running
+    one per core they take the CPU from the other workers. The children
+    get the same through OMP_NUM_THREADS (pytest_sessionfinish): on 2
+    cores, test_bit, test_hybrid, test_models and test_zoo on jax and
+    torch at once, 2 workers each, took 146 s and 120 s, then 117 s and
+    70 s. A thread count the user set (OMP_NUM_THREADS) is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(max(1, _usable_cores() // int(workers)))
+
+
+_share_torch_threads()
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (setup.cfg): one worker per core, at most 4 (each holds
     TensorFlow and builds models up to ViT-H; more would contend for memory
     bandwidth and RAM), and at least 4 GiB of memory each."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
+    cores = _usable_cores()
     # MemAvailable read here, not through keras_vit.train.cli's
     # available_memory: xdist asks from pytest_cmdline_main, before
     # pytest_configure has chosen KERAS_BACKEND, and importing keras_vit
@@ -175,6 +201,12 @@ def pytest_sessionfinish(session, exitstatus):
 
     args = _child_args(list(config.invocation_params.args))
     failed, children = [], []
+    # The two children run at once, each with its workers: their torch
+    # (OpenMP) threads share the cores (see _share_torch_threads).
+    workers = getattr(config.option, "numprocesses", None) or 1
+    if not isinstance(workers, int):  # "auto" or "logical", unresolved
+        workers = pytest_xdist_auto_num_workers(config)
+    threads = str(max(1, _usable_cores() // (workers * len(BACKENDS[1:]))))
     for backend in BACKENDS[1:]:
         if importlib.util.find_spec(backend) is None:
             # Not a skip: the dev extras install both backends, so a missing
@@ -184,6 +216,7 @@ def pytest_sessionfinish(session, exitstatus):
             failed.append(f"{backend} (not installed)")
             continue
         env = dict(os.environ, KERAS_BACKEND=backend)
+        env.setdefault("OMP_NUM_THREADS", threads)
         print(f"\n===== backend {backend}: tests marked `backends` "
               "(started) =====", flush=True)
         # Both children at once, each with its own workers: one's long
