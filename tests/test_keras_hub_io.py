@@ -230,6 +230,20 @@ def test_to_keras_hub_round_trip_through_a_preset(tmp_path, kw):
     np.testing.assert_allclose(np.asarray(back(x)), ours, atol=1e-5, rtol=0)
 
 
+def test_label_names_go_to_keras_hub_and_back(tmp_path):
+    """zoo_labels ride on the live classifier and come back with its head;
+    a new head drops them, and a preset, which has no place for them,
+    comes back without."""
+    model = _keras_vit()
+    model.zoo_labels = ["cat", "dog", "bird"]
+    hub = zoo.to_keras_hub(model)
+    assert hub.zoo_labels == ["cat", "dog", "bird"]
+    assert zoo.from_keras_hub(hub).zoo_labels == ["cat", "dog", "bird"]
+    assert zoo.from_keras_hub(hub, num_classes=5).zoo_labels is None
+    hub.save_to_preset(str(tmp_path / "p"))
+    assert zoo.from_keras_hub(tmp_path / "p").zoo_labels is None
+
+
 def test_headless_model_becomes_a_backbone(tmp_path):
     model = _keras_vit(include_top=False)
     hub = zoo.to_keras_hub(model)

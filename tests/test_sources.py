@@ -1,11 +1,14 @@
 """zoo.load's pipeline (zoo/sources.py): one model written in each layout
 it reads (official .npz, timm folder, transformers folder, keras-hub
-preset) loads back with the same logits, and every source keeps the same
+preset, .keras file) loads back with the same logits, and every source keeps the same
 rules: a missing or an unexpected array is refused, listed by name, in an
 error naming the file. Random weights at 32x32; nothing leaves the disk."""
 
+import io
+import json
 import os
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -56,6 +59,12 @@ def _keras_hub(model, path):
     return path, path / "model.weights.h5", (str(path),), {}
 
 
+def _keras(model, path):
+    model.save(path / "model.keras")
+    return path / "model.keras", path / "model.keras", (
+        str(path / "model.keras"),), {}
+
+
 # source -> (writer, an array to drop from its file, how the error names
 # it missing).
 LAYOUTS = {
@@ -66,6 +75,8 @@ LAYOUTS = {
                      "vit.layernorm.weight"),
     "keras-hub": (_keras_hub, "layers/vi_t_encoder/layer_norm/vars/0",
                   "vit_encoder/ln/gamma"),
+    # Keras' own error names the layer whose weight is missing.
+    "keras": (_keras, "layers/layer_normalization/vars/0", "encoder_norm"),
 }
 EXTRA = "extra_parameter"
 
@@ -93,20 +104,57 @@ def test_every_source_loads_the_same_model(written, model):
     np.testing.assert_array_equal(out, 0.0)
 
 
+def _edit_keras_member(path, member, change):
+    """Rewrites the member ``member`` of the ``.keras`` archive ``path`` as
+    ``change(its bytes)`` returns it (stored uncompressed, as Keras
+    writes)."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members[member] = change(members[member])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _edit_h5(file, drop=None, add=None, spoil=False):
+    """Edits a Keras weights file (a path or a file object): without the
+    dataset ``drop``, with a float array ``add``, or (``spoil``) with
+    strings in its first."""
+    import h5py
+
+    with h5py.File(file, "a") as f:
+        if drop:
+            del f[drop]
+        if add:
+            f.create_dataset(f"layers/{add}/vars/0",
+                             data=np.zeros(4, "float32"))
+        if spoil:
+            names = []
+            f.visititems(lambda n, o: names.append(n)
+                         if isinstance(o, h5py.Dataset) else None)
+            shape = f[names[0]].shape
+            del f[names[0]]
+            f.create_dataset(names[0], shape=shape, dtype=h5py.string_dtype())
+
+
+def _edited_h5(data, **edits):
+    """The bytes of a Keras weights file ``data`` edited by :func:`_edit_h5`."""
+    buffer = io.BytesIO(data)
+    _edit_h5(buffer, **edits)
+    return buffer.getvalue()
+
+
 def _edit(src, dst, drop=None, add=None):
     """A copy of the file ``src`` at ``dst`` without the array ``drop`` and
     with a float array ``add``, in its own format."""
     shutil.copy(src, dst)
     suffix = os.path.splitext(dst)[1]
+    if suffix == ".keras":
+        _edit_keras_member(dst, "model.weights.h5", lambda data: _edited_h5(
+            data, drop=drop, add=add))
+        return
     if suffix == ".h5":
-        import h5py
-
-        with h5py.File(dst, "a") as f:
-            if drop:
-                del f[drop]
-            if add:
-                f.create_dataset(f"layers/{add}/vars/0",
-                                 data=np.zeros(4, "float32"))
+        _edit_h5(dst, drop=drop, add=add)
         return
     if suffix == ".npz":
         with np.load(src) as archive:
@@ -127,6 +175,14 @@ def _edit(src, dst, drop=None, add=None):
         save_file(arrays, str(dst))
 
 
+def _moved(where, path, args, kwargs):
+    """``zoo.load``'s arguments naming the file ``path`` instead of
+    ``where``, as a name (a .keras file) or as weights (an .npz)."""
+    if "weights" in kwargs:
+        return args, dict(kwargs, weights=str(path))
+    return tuple(str(path) if a == str(where) else a for a in args), kwargs
+
+
 @pytest.mark.parametrize("change", ["missing", "unexpected"])
 def test_every_source_refuses_what_does_not_fit(written, tmp_path, change):
     kind, where, weights_file, args, kwargs = written
@@ -139,7 +195,7 @@ def test_every_source_refuses_what_does_not_fit(written, tmp_path, change):
     else:
         folder.mkdir()
         bad_file = folder / weights_file.name
-        kwargs = dict(kwargs, weights=str(bad_file))
+        args, kwargs = _moved(where, bad_file, args, kwargs)
     _edit(weights_file, bad_file, drop=drop if change == "missing" else None,
           add=EXTRA if change == "unexpected" else None)
     with pytest.raises(ValueError) as info:
@@ -153,7 +209,7 @@ def test_every_source_refuses_what_does_not_fit(written, tmp_path, change):
 
 def test_registry_order_and_default():
     assert [s.name for s in sources.SOURCES] == [
-        "transformers", "timm", "keras-hub"]
+        "transformers", "timm", "keras-hub", "keras"]
     source, value, arch_name = sources.find("ViT-B/16", None)
     assert (source, value, arch_name) == (sources.OFFICIAL, None, "ViT-B/16")
     # The weights argument is asked about with the name as architecture.
@@ -171,8 +227,11 @@ def _spoil(src, dst, how):
         dst.write_bytes(data[:len(data) - 512])
         return
     suffix = dst.suffix
-    if suffix == ".safetensors":
-        import json
+    if suffix == ".keras":
+        shutil.copy(src, dst)
+        _edit_keras_member(dst, "model.weights.h5",
+                           lambda h5: _edited_h5(h5, spoil=True))
+    elif suffix == ".safetensors":
         import struct
 
         (n,) = struct.unpack("<Q", data[:8])
@@ -188,16 +247,8 @@ def _spoil(src, dst, how):
         arrays[first] = np.array([object()] * 4, dtype=object)
         np.savez(dst, **arrays)  # the object array is pickled inside
     else:
-        import h5py
-
         shutil.copy(src, dst)
-        with h5py.File(dst, "a") as f:
-            names = []
-            f.visititems(lambda n, o: names.append(n)
-                         if isinstance(o, h5py.Dataset) else None)
-            shape = f[names[0]].shape
-            del f[names[0]]
-            f.create_dataset(names[0], shape=shape, dtype=h5py.string_dtype())
+        _edit_h5(dst, spoil=True)
 
 
 @pytest.mark.parametrize("how", ["dtype", "short"])
@@ -213,7 +264,7 @@ def test_every_source_refuses_a_spoiled_weights_file(written, tmp_path, how,
         args = tuple(str(folder) if a == str(where) else a for a in args)
     else:
         folder.mkdir()
-        kwargs = dict(kwargs, weights=str(folder / weights_file.name))
+        args, kwargs = _moved(where, folder / weights_file.name, args, kwargs)
     bad_file = folder / weights_file.name
     _spoil(weights_file, bad_file, how)
 
@@ -231,11 +282,19 @@ def _absurd_config(kind, folder):
     """Sets an image side of a million pixels where ``kind`` keeps its
     sizes: the config file it reads (returned), or None for the official
     .npz, whose sizes come from the name and the ``image_size`` argument."""
-    import json
-
     config_file = folder / "config.json"
     if kind == "official":
         return None
+    if kind == "keras":  # the config.json inside the archive
+        config_file = folder / "model.keras"
+
+        def absurd(data):
+            config = json.loads(data)
+            config["config"]["image_size"] = 10**6
+            return json.dumps(config).encode()
+
+        _edit_keras_member(config_file, "config.json", absurd)
+        return config_file
     data = json.loads(config_file.read_text())
     if kind == "timm":
         data["model_args"]["img_size"] = 10**6
@@ -259,6 +318,10 @@ def test_every_source_refuses_absurd_sizes_before_building(written, tmp_path,
     if os.path.isdir(where):
         shutil.copytree(where, folder)
         args = tuple(str(folder) if a == str(where) else a for a in args)
+    elif kind == "keras":
+        folder.mkdir()
+        shutil.copy(where, folder / where.name)
+        args, kwargs = _moved(where, folder / where.name, args, kwargs)
     config_file = _absurd_config(kind, folder)
     if config_file is None:
         kwargs = dict(kwargs, image_size=10**6)

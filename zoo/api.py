@@ -104,8 +104,8 @@ def load(
             else the recommended AugReg one), a tag listed by
             ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
             ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"`` or a timm
-            ``.safetensors`` file, a transformers or keras-hub folder, or
-            None for random initialisation.
+            ``.safetensors`` file, a transformers or keras-hub folder, a
+            keras_vit ``.keras`` file, or None for random initialisation.
         image_size: input resolution; default: the checkpoint's. Position
             embeddings are resized for any other size (paper section 3.2).
         num_classes: size of the head; default: the checkpoint's. Another
@@ -143,6 +143,12 @@ def load(
     same way, with keras-hub's numerics, as
     :func:`keras_vit.zoo.from_keras_hub` reads them:
     ``zoo.load("vit_b16_preset")``.
+
+    A keras_vit ``.keras`` file (or a fine-tuning run directory holding
+    ``model.keras``) loads the same way, checked as
+    :func:`keras_vit.resolve_model` checks it (see
+    :mod:`keras_vit.zoo.keras_file`):
+    ``zoo.load("runs/cifar", image_size=384, num_classes=10)``.
 
     Whatever the source, the steps are those of
     :mod:`keras_vit.zoo.sources`: find the source, read its architecture

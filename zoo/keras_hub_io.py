@@ -492,21 +492,7 @@ def _read_h5(path, wanted, arch):
             f"{path}: is not an HDF5 file ({' '.join(str(e).split())[:200]})"
         ) from None
     with f:
-        # Objects only: soft and external links are not followed, so a
-        # name that is one counts as missing.
-        found, count = {}, [0]
-
-        def visit(name, obj):
-            count[0] += 1
-            if count[0] > MAX_H5_ENTRIES:
-                raise convert.CheckpointError(
-                    f"{path}: has more than {MAX_H5_ENTRIES} entries; a ViT "
-                    "preset's weights have a few thousand")
-            if isinstance(obj, h5py.Dataset) and not name.startswith(
-                    "optimizer/"):
-                found[name] = obj
-
-        f.visititems(visit)
+        found = h5_datasets(f, f"{path}:")
         by_dataset = {v: k for k, v in wanted.items() if k in shapes}
         named = {by_dataset.get(k, k): tuple(ds.shape)
                  for k, ds in found.items()}
@@ -520,7 +506,7 @@ def _read_h5(path, wanted, arch):
             if dtype is None:
                 problems.append(f"{key}: dtype {shown(str(ds.dtype), 40)}")
                 continue
-            where = _h5_storage_problem(ds, size)
+            where = h5_storage_problem(ds, size)
             if where:
                 problems.append(f"{key}: stored {where}")
         if problems:
@@ -532,7 +518,31 @@ def _read_h5(path, wanted, arch):
                 if name in shapes}
 
 
-def _h5_storage_problem(ds, file_size):
+def h5_datasets(f, where):
+    """``{name: h5py.Dataset}`` of the open HDF5 file ``f`` (a Keras
+    weights file), but its optimizer's. Objects only: soft and external
+    links are not followed, so a name that is one counts as missing. More
+    than :data:`MAX_H5_ENTRIES` entries is a CheckpointError starting with
+    ``where``."""
+    import h5py
+
+    found, count = {}, [0]
+
+    def visit(name, obj):
+        count[0] += 1
+        if count[0] > MAX_H5_ENTRIES:
+            raise convert.CheckpointError(
+                f"{where} has more than {MAX_H5_ENTRIES} entries; a ViT's "
+                "weights have a few thousand")
+        if isinstance(obj, h5py.Dataset) and not name.startswith(
+                "optimizer/"):
+            found[name] = obj
+
+    f.visititems(visit)
+    return found
+
+
+def h5_storage_problem(ds, file_size):
     """How ``ds`` is stored when it is not as Keras writes it (contiguous,
     inside the file), else None."""
     if ds.is_virtual:
@@ -674,10 +684,11 @@ def read(source):
 
 def checkpoint(arch, arrays, *, image_size=None, num_classes=None,
                source_name=None, keep_pre_logits=False, include_top=None,
-               tags=None):
+               tags=None, labels=None):
     """The :class:`~keras_vit.zoo.sources.Checkpoint` :func:`build` builds
     (the caller's ``include_top``, if any, settles the head's
-    activation)."""
+    activation); ``labels``, the head's label names, become the model's
+    ``zoo_labels`` while the head is kept."""
     head = arch["kind"] == "classifier"
     if include_top is None:
         include_top = head or num_classes is not None
@@ -687,7 +698,8 @@ def checkpoint(arch, arrays, *, image_size=None, num_classes=None,
     if num_classes != arch["num_classes"] and not keep_pre_logits:
         representation = None  # a new head on the encoder
     defaults = {"include_top": include_top, "name": "vit_keras_hub"}
-    if include_top and head and num_classes == arch["num_classes"]:
+    head_kept = include_top and head and num_classes == arch["num_classes"]
+    if head_kept:
         defaults["classifier_activation"] = arch["classifier_activation"]
     for key in ("dropout_rate", "attention_dropout_rate"):
         defaults[key] = arch[key]
@@ -695,8 +707,9 @@ def checkpoint(arch, arrays, *, image_size=None, num_classes=None,
         arch, arrays, image_size=image_size, num_classes=num_classes,
         representation_size=representation, keep_pre_logits=keep_pre_logits,
         source_name=source_name,
-        tags={"zoo_labels": None, **(tags or {})},  # keras-hub keeps none
-        **defaults)
+        tags={"zoo_labels": (list(labels) if head_kept and labels
+                             and len(labels) == num_classes else None),
+              **(tags or {})}, **defaults)
 
 
 def build(arch, arrays, *, image_size=None, num_classes=None,
@@ -732,13 +745,16 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
     arch, arrays = read(source)
     if name is not None:
         arch = dict(arch, **transformers_hub.name_sizes(name, "keras-hub's"))
-    tags = {}
+    tags, labels = {}, None
     if isinstance(source, (str, os.PathLike)):
         tags["zoo_source"] = os.fspath(source)
+    else:  # what to_keras_hub kept; a preset keeps no label names
+        labels = getattr(source, "zoo_labels", None)
     return checkpoint(arch, arrays, image_size=image_size,
                       num_classes=num_classes, source_name=_source_name(source),
                       keep_pre_logits=keep_pre_logits,
-                      include_top=kwargs.get("include_top"), tags=tags)
+                      include_top=kwargs.get("include_top"), tags=tags,
+                      labels=labels)
 
 
 def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
@@ -831,8 +847,10 @@ def to_keras_hub(model):
     ``predict`` takes raw pixels and ``save_to_preset`` /
     ``ViTImageClassifier.from_preset`` work), or a ``ViTBackbone`` for one
     without (it returns every token; keras-hub's backbones pool nothing).
-    keras-hub keeps no label names. Needs keras-hub
-    (``pip install keras-hub``).
+    The model's label names (``zoo_labels``) go along as the classifier's
+    ``zoo_labels``, which :func:`from_keras_hub` reads back; keras-hub's
+    presets have no place for them, so ``save_to_preset`` drops them.
+    Needs keras-hub (``pip install keras-hub``).
 
     Example::
 
@@ -881,4 +899,7 @@ def to_keras_hub(model):
                  f"to_keras_hub(model={model.name!r})")
     for name, variable in targets.items():
         variable.assign(state[name])
+    labels = getattr(model, "zoo_labels", None)
+    if out is not backbone and labels:
+        out.zoo_labels = list(labels)
     return out

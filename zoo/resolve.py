@@ -23,6 +23,7 @@ checkpoint key (:mod:`keras_vit.zoo.convert`). Users reach them as
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
 
@@ -58,8 +59,9 @@ def load_keras_file(path, argument="model", *, error=ValueError):
 
     check_archive(argument, path, "a .keras model", error=error)
     _check_keras_members(path, argument, error)
+    shapes = _keras_weights(path, argument, error)
     try:
-        return keras.saving.load_model(path, compile=False)
+        model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
             zipfile.BadZipFile) as e:
         raise error(f"cannot load {argument}={path!r} as a Keras model: "
@@ -68,6 +70,10 @@ def load_keras_file(path, argument="model", *, error=ValueError):
         raise error(f"cannot load {argument}={path!r} as a Keras model: its "
                     "config.json is nested too deeply to be a model's "
                     "config") from None
+    if (shapes is not None and _keras_vit_model(model)
+            and len(shapes) != len(model.weights)):
+        raise error(_unread_weights(model, shapes, path, argument))
+    return model
 
 
 # A model's config.json is a few KB; Keras reads it whole into memory (a
@@ -104,6 +110,85 @@ def _check_keras_members(path, argument, error):
                         "file, more than a model's weights deflate (a zip "
                         "bomb?); the .keras files Keras writes store their "
                         "members uncompressed")
+
+
+KERAS_WEIGHTS_FILE = "model.weights.h5"
+
+
+def _keras_weights(path, argument, error):
+    """``{name: shape}`` of the arrays in a ``.keras`` file's weights (not
+    its optimizer's), each checked stored as Keras writes it: in the file,
+    contiguous (no external or virtual dataset reading another file, no
+    compressed chunks inflating past the file); None when the archive has
+    no such member (Keras' own error names what is wrong)."""
+    import h5py
+
+    from keras_vit.zoo import keras_hub_io
+
+    where = (f"cannot load {argument}={path!r} as a Keras model: its "
+             f"{KERAS_WEIGHTS_FILE}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if KERAS_WEIGHTS_FILE not in archive.namelist():
+                return None
+            # Bounded by _check_keras_members; Keras reads it whole too.
+            data = archive.read(KERAS_WEIGHTS_FILE)
+    except (OSError, zipfile.BadZipFile):
+        return None
+    try:
+        f = h5py.File(io.BytesIO(data), "r")
+    except OSError as e:
+        raise error(f"{where} is not an HDF5 file "
+                    f"({' '.join(str(e).split())[:200]})") from None
+    with f:
+        try:
+            found = keras_hub_io.h5_datasets(f, where)
+        except convert.CheckpointError as e:
+            raise error(str(e)) from None
+        problems = [f"{name}: {problem}" for name, ds in found.items()
+                    if (problem := _h5_problem(ds, len(data)))]
+        if problems:
+            raise error(f"{where} has arrays Keras never writes: "
+                        f"{'; '.join(problems[:12])}")
+        return {name: tuple(ds.shape) for name, ds in found.items()}
+
+
+def _h5_problem(ds, file_size):
+    """What is wrong with the dataset ``ds`` of a Keras weights file, or
+    None: Keras writes numbers (bfloat16 as 2-byte opaque values)."""
+    from keras_vit.zoo import keras_hub_io
+
+    if ds.dtype.kind not in "biufV":
+        return f"of dtype {ds.dtype} (Keras writes numbers)"
+    where = keras_hub_io.h5_storage_problem(ds, file_size)
+    return None if where is None else f"stored {where}"
+
+
+def _unread_weights(model, shapes, path, argument):
+    """The error for a ``.keras`` file whose weights hold arrays Keras did
+    not read into ``model`` (it ignores them): each named, with what the
+    model's own save holds."""
+    import tempfile
+
+    import h5py
+
+    from keras_vit.zoo import keras_hub_io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = os.path.join(tmp, KERAS_WEIGHTS_FILE)
+        model.save_weights(saved)
+        with h5py.File(saved, "r") as f:
+            expected = set(keras_hub_io.h5_datasets(f, saved))
+    unexpected = sorted(set(shapes) - expected)
+    missing = sorted(expected - set(shapes))
+    listed = [f"{what} ({len(names)}): {', '.join(names[:20])}"
+              + (" ..." if len(names) > 20 else "")
+              for what, names in (("unexpected", unexpected),
+                                  ("missing", missing)) if names]
+    return (f"cannot load {argument}={path!r} as a Keras model: its "
+            f"{KERAS_WEIGHTS_FILE} holds {len(shapes)} arrays where "
+            f"model={model.name!r} has {len(model.weights)} weights; "
+            + "; ".join(listed))
 
 
 def model_path(spec, argument="model", *, error=ValueError):

@@ -27,7 +27,7 @@ holding both and one line in :data:`SOURCES`. Lines name their module and
 functions, so nothing is imported before a source is asked about.
 
 >>> [source.name for source in SOURCES] + [OFFICIAL.name]
-['transformers', 'timm', 'keras-hub', 'official']
+['transformers', 'timm', 'keras-hub', 'keras', 'official']
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ SOURCES = (
     Source("timm", "timm_hub", "is_timm_source", "read_checkpoint"),
     Source("keras-hub", "keras_hub_io", "is_keras_hub_source",
            "read_checkpoint"),
+    Source("keras", "keras_file", "is_keras_file", "read_checkpoint"),
 )
 # What no line claims: a zoo name with an official .npz (a tag, a path, a
 # URL) or None for random weights.

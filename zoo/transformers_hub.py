@@ -552,7 +552,15 @@ def check_preprocessor(path):
             "[-1, 1] range (x / 127.5 - 1: mean 0.5, std 0.5) only")
 
 
-def _zoo_name(arch):
+def zoo_name(arch):
+    """The zoo name of a ViT of ``arch``'s sizes (``hidden_size``,
+    ``mlp_dim``, ``num_heads``, ``num_layers``, ``patch_size``), or a
+    description of them where no zoo size has them.
+
+    >>> zoo_name(dict(hidden_size=192, mlp_dim=768, num_heads=3,
+    ...               num_layers=12, patch_size=16))
+    'ViT-Ti/16'
+    """
     from keras_vit.models import variants
 
     sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
@@ -697,7 +705,7 @@ def checkpoint(arch, arrays, *, image_size, num_classes, representation_size,
     return sources.Checkpoint(
         config, arrays, source_name=source_name,
         keep_pre_logits=keep_pre_logits,
-        tags={"zoo_name": _zoo_name(arch), "zoo_weights": None,
+        tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
               **(tags or {})})
 
 
