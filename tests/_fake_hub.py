@@ -5,6 +5,19 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+
+def send_slowly(wfile, body, pause):
+    """Writes ``body`` a byte every ``pause`` seconds, until the client
+    hangs up."""
+    for i in range(len(body)):
+        try:
+            wfile.write(body[i:i + 1])
+            wfile.flush()
+        except OSError:
+            return
+        time.sleep(pause)
 
 
 class FakeHub:
@@ -12,9 +25,10 @@ class FakeHub:
     /<repo>/resolve/<revision>/<file>), served on 127.0.0.1 from a folder
     or a ``{name: bytes}`` dict; a missing file is a 404 with the Hub's
     ``X-Error-Code: EntryNotFound``. Records the GETs (``gets``) and every
-    path asked for (``asked``)."""
+    path asked for (``asked``). ``trickle``: seconds between the bytes of
+    a GET's body (a slow server; headers come at once)."""
 
-    def __init__(self, repo_id, folder):
+    def __init__(self, repo_id, folder, trickle=None):
         import hashlib
         import http.server
         import threading
@@ -52,13 +66,17 @@ class FakeHub:
                 body = self._head()
                 if body is not None:
                     hub.gets.append(self.path)
-                    self.wfile.write(body)
+                    if trickle is None:
+                        self.wfile.write(body)
+                    else:
+                        send_slowly(self.wfile, body, trickle)
 
             def log_message(self, *args):
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
                                                       Handler)
+        self.server.daemon_threads = True  # a trickle ends with the test
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever,
                                        daemon=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from _fake_hub import FakeHub, send_slowly
 from keras_vit.zoo import download
 
 OFFICIAL = "https://storage.googleapis.com/vit_models/test/"
@@ -54,6 +55,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(GOOD[: len(GOOD) // 2])
             self.wfile.flush()
             self.close_connection = True
+        elif name == "trickle.npz":  # a byte every 0.2 s
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(GOOD)))
+            self.end_headers()
+            send_slowly(self.wfile, GOOD, 0.2)
         elif name == "error500.npz":
             self.send_error(500, "boom")
         else:
@@ -348,3 +354,84 @@ def test_two_processes_share_one_download(env):
     assert data[0] == data[1] == GOOD
     assert gets("slow.npz") == 1
     assert leftovers(download.cache_path_for(url, env).parent) == ["slow.npz", "slow.npz.sha256"]
+
+
+def test_a_trickling_download_stops_at_the_throughput_rule(env, monkeypatch):
+    """Issue 24: a server sending a byte every 0.2 s held a download until
+    the 3 h deadline; under the minimum-throughput rule (fewer than
+    STALL_BYTES in KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) it stops in
+    seconds, naming the URL, the bytes so far and the knob."""
+    monkeypatch.setenv(download.ENV_STALL, "1")
+    url = OFFICIAL + "trickle.npz"
+    start = time.monotonic()
+    with pytest.raises(download.DownloadError) as info:
+        download.fetch(url, progress=False, timeout=30)
+    assert time.monotonic() - start < 5.0
+    message = str(info.value)
+    assert "trickle.npz" in message and "stalled" in message, message
+    assert f"of {len(GOOD)} bytes so far" in message, message
+    assert download.ENV_STALL in message, message
+    assert leftovers(download.cache_path_for(url, env).parent) == []
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf"])
+def test_a_bad_stall_window_is_named(monkeypatch, value):
+    monkeypatch.setenv(download.ENV_STALL, value)
+    with pytest.raises(ValueError, match=f"KERAS_VIT_DOWNLOAD_STALL_S={value!r}"):
+        download.stall_seconds()
+
+
+def _hub_env(monkeypatch, hub, tmp_path):
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_trickling_hub_download_stops_at_the_throughput_rule(
+        tmp_path, monkeypatch):
+    """Issue 24: an hf-hub: download from a server sending a byte every
+    0.2 s ran to the 3 h deadline; the bucket's minimum-throughput rule
+    (KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) stops it in seconds with an
+    error naming the repository, its URL and the bytes so far."""
+    pytest.importorskip("huggingface_hub")
+    from keras_vit.zoo import download, hub_files
+
+    files = {"config.json": b"{}", "model.safetensors": bytes(1000)}
+    with FakeHub("timm/vit_slow", files, trickle=0.2) as hub:
+        _hub_env(monkeypatch, hub, tmp_path)
+        monkeypatch.setenv(download.ENV_STALL, "1")
+        start = time.monotonic()
+        with pytest.raises(download.DownloadError) as info:
+            hub_files.hub_download("timm/vit_slow", files=("model.safetensors",),
+                                   progress=False, timeout=30, deadline=600)
+        elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert elapsed < 8.0, elapsed
+    assert "hf-hub:timm/vit_slow" in message and "stalled" in message, message
+    assert f"{hub.url}/timm/vit_slow" in message, message
+    assert "bytes so far" in message and download.ENV_STALL in message
+
+
+def test_an_oversized_hub_config_is_refused_before_it_is_written(
+        tmp_path, monkeypatch):
+    """Issue 24: a 400 MB config.json was downloaded to disk before its
+    size was refused; now its HEAD's size refuses it and nothing of it
+    reaches the cache."""
+    pytest.importorskip("huggingface_hub")
+    from keras_vit.zoo import download, hub_files
+
+    big = b" " * (hub_files.MAX_CONFIG_BYTES + 1)
+    files = {"config.json": big, "model.safetensors": bytes(8)}
+    with FakeHub("timm/vit_big", files) as hub:
+        _hub_env(monkeypatch, hub, tmp_path)
+        with pytest.raises(download.DownloadError) as info:
+            hub_files.hub_download("timm/vit_big", progress=False, timeout=30,
+                                   deadline=60)
+        assert hub.gets == []  # HEAD only
+    message = str(info.value)
+    assert "hf-hub:timm/vit_big" in message, message
+    assert f"config.json is {len(big)} bytes" in message, message
+    written = [p for p in (tmp_path / "hf").rglob("*") if p.is_file()
+               and p.stat().st_size > 1 << 20]
+    assert written == []

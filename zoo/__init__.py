@@ -6,7 +6,9 @@
 
 Environment variables: ``KERAS_VIT_CACHE`` (download cache directory),
 ``KERAS_VIT_MIRROR`` (base URL replacing ``https://storage.googleapis.com/``),
-``KERAS_VIT_OFFLINE=1`` (never download; errors say where to put the file).
+``KERAS_VIT_OFFLINE=1`` (never download; errors say where to put the file),
+``KERAS_VIT_DOWNLOAD_STALL_S`` (fewer than 64 KiB arriving in this many
+seconds, 300 by default, stops a download).
 """
 
 from keras_vit import lazy

@@ -62,6 +62,7 @@ OFFICIAL_BASE = "https://storage.googleapis.com/"
 ENV_CACHE = "KERAS_VIT_CACHE"
 ENV_OFFLINE = "KERAS_VIT_OFFLINE"
 ENV_MIRROR = "KERAS_VIT_MIRROR"
+ENV_STALL = "KERAS_VIT_DOWNLOAD_STALL_S"
 
 _CHUNK = 1 << 20  # 1 MiB
 _USER_AGENT = "keras-vit"
@@ -76,6 +77,11 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # The whole of one download may take this long (a ViT-H checkpoint is
 # 2.5 GB); ``timeout`` bounds each wait for bytes (a stall).
 DEFAULT_DEADLINE = 3 * 3600.0
+# The least a download must move: fewer than STALL_BYTES in the last
+# KERAS_VIT_DOWNLOAD_STALL_S seconds (default DEFAULT_STALL) stops it, so a
+# server trickling a byte a second fails in minutes, not at the deadline.
+STALL_BYTES = 64 << 10
+DEFAULT_STALL = 300.0
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -95,6 +101,49 @@ class OfflineError(DownloadError):
 # ---------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------
+
+
+def stall_seconds() -> float:
+    """The window of the minimum-throughput rule: ``KERAS_VIT_DOWNLOAD_STALL_S``
+    (a positive number of seconds), else :data:`DEFAULT_STALL`."""
+    value = os.environ.get(ENV_STALL, "").strip()
+    if not value:
+        return DEFAULT_STALL
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{ENV_STALL}={value!r} is not a positive number of seconds")
+    return seconds
+
+
+class Throughput:
+    """The minimum-throughput rule: :meth:`stalled` is True once a whole
+    window of ``seconds`` has passed in which fewer than :data:`STALL_BYTES`
+    arrived."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._marks = [(time.monotonic(), 0)]
+
+    def stalled(self, received: int) -> bool:
+        """Records ``received`` (bytes so far) and applies the rule."""
+        now = time.monotonic()
+        self._marks.append((now, received))
+        # Keep the last mark at least a window old, and those after it.
+        while len(self._marks) > 1 and self._marks[1][0] <= now - self.seconds:
+            self._marks.pop(0)
+        since, base = self._marks[0]
+        return now - since >= self.seconds and received - base < STALL_BYTES
+
+    def error(self, where: str, received: int, total=None) -> "DownloadError":
+        """The error for a stalled download of ``where``."""
+        return DownloadError(
+            f"download of {where} stalled: fewer than {STALL_BYTES} bytes arrived in "
+            f"the last {self.seconds:g} s ({received} of {total or 'unknown'} bytes so "
+            f"far) and it was stopped; retry on a faster network or mirror, or set "
+            f"{ENV_STALL} to a longer window")
 
 
 def cache_dir() -> Path:
@@ -483,6 +532,7 @@ def _download(
     """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
     where = _describe(resolved, url)
     give_up = time.monotonic() + deadline
+    rate = Throughput(stall_seconds())
     # The package's one atomic writer, imported here so that loading this
     # module stays light. The temporary name ends in ".partial", so
     # _remove_stale_partials finds strays.
@@ -545,6 +595,8 @@ def _download(
                         digest.update(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
+                        if rate.stalled(received):
+                            raise rate.error(where, received, total)
 
         # http.client silently returns EOF when the server closes the connection early.
         if total is not None and received != total:

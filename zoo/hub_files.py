@@ -28,24 +28,42 @@ WEIGHTS_FILE = "model.safetensors"
 # byte every few seconds holds it forever, and its HTTP client changes with
 # each major version (requests, httpx, ...), so no socket of it can be
 # bounded from here. It runs in a child process (huggingface_hub alone,
-# ~0.3 s to start) that is killed at the deadline: the bucket downloads'
-# bounds (zoo/download.py) for the hub route. The child prints one JSON
-# line: the paths, or the error.
+# ~0.3 s to start) that is killed at the deadline, or when the cache's
+# blobs stop growing (the minimum-throughput rule): the bucket downloads'
+# bounds (zoo/download.py) for the hub route. A config.json larger than
+# a config is refused from its HEAD, before a byte of it is written. The
+# child prints one JSON line: the paths, or the error.
 _HUB_CHILD = r"""
 import json, sys
-repo, revision, files, quiet = json.loads(sys.argv[1])
+repo, revision, files, quiet, limits = json.loads(sys.argv[1])
 try:
     import huggingface_hub
     from huggingface_hub import utils
     if quiet:
         utils.disable_progress_bars()
-    out = {"paths": [huggingface_hub.hf_hub_download(
-        repo, name, revision=revision, library_name="keras-vit")
-        for name in files]}
+    paths = []
+    for name in files:
+        if name in limits and not huggingface_hub.constants.HF_HUB_OFFLINE:
+            try:
+                size = huggingface_hub.get_hf_file_metadata(
+                    huggingface_hub.hf_hub_url(repo, name, revision=revision),
+                    timeout=huggingface_hub.constants.HF_HUB_ETAG_TIMEOUT).size
+            except Exception:
+                size = None  # hf_hub_download says what is wrong
+            if size is not None and size > limits[name]:
+                raise ValueError(
+                    f"{name} is {size} bytes; a config is a few KB (at "
+                    f"most {limits[name]} read): refused before download")
+        paths.append(huggingface_hub.hf_hub_download(
+            repo, name, revision=revision, library_name="keras-vit"))
+    out = {"paths": paths}
 except Exception as e:
     out = {"error": type(e).__name__, "message": str(e)}
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
+# The largest config.json read (timm's and transformers' readers refuse
+# more).
+MAX_CONFIG_BYTES = 16 << 20
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 
@@ -60,6 +78,27 @@ def _stop(child):
     child.communicate()
 
 
+def _hub_cache():
+    """huggingface_hub's cache folder, as the child will find it."""
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get(
+        "HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return os.path.expanduser(cache)
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(
+            os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def _blob_bytes(folder):
+    """Bytes in ``folder`` (a repository's blobs, partial ones included)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(e.stat().st_size for e in entries if e.is_file())
+    except OSError:
+        return 0
+
+
 def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
                  timeout=60.0, deadline=download.DEFAULT_DEADLINE):
     """Local paths of ``files`` of the Hub repository ``repo``, through
@@ -69,8 +108,14 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     set; huggingface_hub still retries once with its own 60 s),
     ``deadline`` for the whole: past it the download is stopped with a
     :class:`download.DownloadError` naming it (huggingface_hub resumes
-    the partial file next time). Any failure of huggingface_hub's is a
-    ``DownloadError`` naming the repository."""
+    the partial file next time); and the bucket's minimum-throughput rule
+    (:class:`download.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
+    bytes reaching the cache. A ``config.json`` larger than
+    :data:`MAX_CONFIG_BYTES` is refused from its size, before it is
+    written. Any failure of huggingface_hub's is a ``DownloadError``
+    naming the repository."""
+    import time
+
     import math
     import subprocess
     import sys
@@ -84,24 +129,44 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     env = dict(os.environ)
     for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         env.setdefault(name, str(max(1, math.ceil(timeout))))
-    job = json.dumps([repo, revision or None, list(files), progress is False])
+    rate = download.Throughput(download.stall_seconds())
+    blobs = os.path.join(_hub_cache(), "models--" + repo.replace("/", "--"),
+                         "blobs")
+    start = _blob_bytes(blobs)
+    job = json.dumps([repo, revision or None, list(files), progress is False,
+                      {CONFIG_FILE: MAX_CONFIG_BYTES}])
     # stderr stays the caller's: huggingface_hub's progress bars and
     # warnings show as they would in this process.
     child = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD, job], env=env,
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         start_new_session=True)
+    give_up = time.monotonic() + deadline
+    failure = None
     try:
-        out, _ = child.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        _stop(child)
-        raise download.DownloadError(
-            f"download of {where} did not finish within {deadline:g} s and "
-            "was stopped; pass a larger deadline, or check HF_ENDPOINT and "
-            "the network") from None
+        while failure is None:
+            left = give_up - time.monotonic()
+            try:
+                out, _ = child.communicate(timeout=max(0.01, min(0.5, left)))
+                break
+            except subprocess.TimeoutExpired:
+                received = _blob_bytes(blobs) - start
+                if time.monotonic() >= give_up:
+                    failure = download.DownloadError(
+                        f"download of {where} did not finish within "
+                        f"{deadline:g} s and was stopped; pass a larger "
+                        "deadline, or check HF_ENDPOINT and the network")
+                elif rate.stalled(received):
+                    endpoint = os.environ.get("HF_ENDPOINT",
+                                              "https://huggingface.co")
+                    failure = rate.error(
+                        f"{where} ({endpoint.rstrip('/')}/{repo})", received)
     except BaseException:
         _stop(child)
         raise
+    if failure is not None:
+        _stop(child)
+        raise failure
     lines = [line for line in (out or "").splitlines() if line.strip()]
     try:
         result = json.loads(lines[-1])
