@@ -38,16 +38,17 @@ import json, sys
 repo, revision, files, quiet, limits = json.loads(sys.argv[1])
 try:
     import huggingface_hub
-    from huggingface_hub import utils
+    # constants is a lazy submodule: an attribute only once imported.
+    from huggingface_hub import constants, utils
     if quiet:
         utils.disable_progress_bars()
     paths = []
     for name in files:
-        if name in limits and not huggingface_hub.constants.HF_HUB_OFFLINE:
+        if name in limits and not constants.HF_HUB_OFFLINE:
             try:
                 size = huggingface_hub.get_hf_file_metadata(
                     huggingface_hub.hf_hub_url(repo, name, revision=revision),
-                    timeout=huggingface_hub.constants.HF_HUB_ETAG_TIMEOUT).size
+                    timeout=constants.HF_HUB_ETAG_TIMEOUT).size
             except Exception:
                 size = None  # hf_hub_download says what is wrong
             if size is not None and size > limits[name]:
