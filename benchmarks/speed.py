@@ -234,7 +234,29 @@ def matrix_units():
     have = [f for f in wanted if f in hw.cpu_flags]
     return (", ".join(have) or "none of " + ", ".join(wanted)) + (
         f" (bf16 units: {hw.bf16_units or 'none'}, int8 units: "
-        f"{hw.int8_units or 'none'})")
+        f"{hw.int8_units or 'none'})") + isa_caps()
+
+
+# Variables that make oneDNN (TensorFlow's and torch's), torch's own kernels
+# and MKL use fewer instructions than the CPU has: how to time a CPU's
+# older siblings (AVX2-only kernels) on a newer one.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+            "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_caps(environ=None):
+    """The kernel caps set in ``environ`` (default: this process's), as a
+    note for the report's header; the flags above are the CPU's, not what
+    its kernels were allowed to use.
+
+    >>> isa_caps({})
+    ''
+    >>> isa_caps({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+    '; kernels capped by ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2'
+    """
+    environ = os.environ if environ is None else environ
+    caps = [f"{k}={environ[k]}" for k in ISA_CAPS if environ.get(k)]
+    return "; kernels capped by " + ", ".join(caps) if caps else ""
 
 
 def plan_note():

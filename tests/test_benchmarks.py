@@ -228,3 +228,46 @@ def test_the_hostile_inputs_report_prints_its_table(tmp_path):
         "message"]
     assert "config.json is 50331648 bytes uncompressed" in rows[
         "keras_zip_bomb"]["message"]
+
+
+def _script_module(name):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "benchmarks", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses look their module up by name while being defined.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def test_a_hostile_case_that_fails_inside_the_code_is_not_met():
+    """A clear exit status is not enough: a message naming an internal
+    exception (the Hub route once ended every case with 'AttributeError:
+    No huggingface_hub attribute constants', exit 2) or lacking the
+    refusal the case expects fails the case."""
+    hostile = _script_module("hostile_inputs")
+    case = next(c for c in hostile.CASES if c.name == "hub_config_400mb")
+    assert case.says
+
+    def result(message):
+        return hostile.Result(case, [], 2, 1.0, 100.0, message, False, False)
+
+    good = f"keras-vit: error: config.json is 400000000 bytes; {case.says}"
+    assert hostile.verdict(result(good), 100.0, 120) == "met"
+    broken = ("keras-vit: error: could not download hf-hub:x/y: "
+              "AttributeError: No huggingface_hub attribute constants")
+    assert "AttributeError" in hostile.verdict(result(broken), 100.0, 120)
+    assert "lacks" in hostile.verdict(result("keras-vit: error: no"), 100.0,
+                                      120)
+
+
+def test_speed_reports_kernel_caps_beside_the_cpu_flags():
+    speed = _speed_module()
+    assert speed.isa_caps({}) == ""
+    note = speed.isa_caps({"ONEDNN_MAX_CPU_ISA": "AVX2",
+                           "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+    assert note == ("; kernels capped by ONEDNN_MAX_CPU_ISA=AVX2, "
+                    "MKL_ENABLE_INSTRUCTIONS=AVX2")
