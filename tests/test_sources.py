@@ -337,3 +337,23 @@ def test_every_source_refuses_absurd_sizes_before_building(written, tmp_path,
     message = str(info.value)
     assert str(config_file or "image_size=1000000") in message, message
     assert "1000000" in message.replace(",", ""), message
+
+
+def test_a_path_no_source_reads_is_not_called_a_model_name(tmp_path):
+    """zoo.load of an empty folder, a folder with weights but no config,
+    or a path to nothing says what is missing; it once reached the name
+    parser as "Unknown model name='/tmp/...'"."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="cannot read.*model.keras"):
+        zoo.load(str(empty))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match="no config.json"):
+        zoo.load(str(bare))  # timm's reader claims it, and says what
+    for missing in (str(tmp_path / "nowhere"), "./no/such/run"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            zoo.load(missing)
+    with pytest.raises(zoo.UnknownModelError):
+        zoo.load("ViT-Q/16")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import typing
 
 
@@ -177,4 +178,26 @@ def find(name, weights, *, progress=None):
                 continue
             if source.claims(value, progress=progress):
                 return source, value, arch_name
+    _refuse_unread_path(name)
     return OFFICIAL, weights, name
+
+
+def _refuse_unread_path(name):
+    """Raises FileNotFoundError for a ``name`` that is a folder no source
+    reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing: such a
+    name otherwise reached the zoo's name parser and was called an
+    unknown model. Zoo names never start with those."""
+    if not isinstance(name, str):
+        return
+    if os.path.isdir(name):
+        raise FileNotFoundError(
+            f"name={name!r} is a folder keras_vit cannot read: a fine-tune "
+            "run holds model.keras (written when it finishes), a timm or "
+            "transformers repository config.json and model.safetensors, a "
+            "keras-hub preset config.json and metadata.json")
+    if name.startswith((os.sep, "./", "../", "~")) and not os.path.exists(
+            name):
+        raise FileNotFoundError(
+            f"name={name!r} does not exist; zoo.load takes a zoo name "
+            "(keras_vit.zoo.list_models()), a .keras file, a fine-tune "
+            "run's folder, or a timm, transformers or keras-hub folder")
