@@ -165,23 +165,38 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# The files that take minutes on a 2-core machine (pytest --durations=0,
-# summed per file, 2026-11-24), longest first, for the TensorFlow run and
-# for the jax/torch children (which run only the `backends` tests, so other
-# files lead). They run first, so that the parallel workers (setup.cfg:
-# -n auto --dist loadfile) do not end with one of them running alone while
-# the others sit idle; the rest keep their alphabetical order.
+# Every test file that takes more than a few seconds on a 2-core machine
+# (pytest --durations=0, summed per file, 2026-11-25), longest first, for
+# the TensorFlow run and for the jax/torch children (which run only the
+# `backends` tests, so other files lead; ordered by the jax child, the
+# longer of the two). They go out first (setup.cfg: -n auto --dist loadfile
+# --no-loadscope-reorder), so that no worker ends on a long file while the
+# others sit idle; the rest keep their alphabetical order. TensorFlow run,
+# seconds: demo 168, examples 136, benchmarks 101, export 94, posemb 87,
+# trainer_backends 81, train 79, backends 56, export_speed 47, first_run
+# 46, reliability 44, timm_hub 36, cli 36, graph_fusion 35, docstrings 28;
+# jax child: bit 89, trainer_backends 66, models 62, analysis 55,
+# export_backends 41, resolve 37, hybrid 32, zoo 17.
 LONGEST_FIRST = {
     "tensorflow": (
-        "test_demo.py", "test_examples.py", "test_export.py",
-        "test_benchmarks.py", "test_train.py", "test_posemb.py",
-        "test_trainer_backends.py", "test_backends.py", "test_first_run.py",
-        "test_export_speed.py", "test_cli.py", "test_reliability.py",
-        "test_docstrings.py", "test_cli_startup.py", "test_zoo.py"),
+        "test_demo.py", "test_examples.py", "test_benchmarks.py",
+        "test_export.py", "test_posemb.py", "test_trainer_backends.py",
+        "test_train.py", "test_backends.py", "test_export_speed.py",
+        "test_first_run.py", "test_reliability.py", "test_timm_hub.py",
+        "test_cli.py", "test_graph_fusion.py", "test_docstrings.py",
+        "test_cli_startup.py", "test_mpp.py", "test_zoo.py",
+        "test_hardware.py", "test_sources.py", "test_layouts.py",
+        "test_models.py", "test_export_serving.py", "test_export_backends.py",
+        "test_transformers_hub.py", "test_hybrid.py", "test_vtab.py",
+        "test_bit.py", "test_axial.py", "test_keras_hub_io.py",
+        "test_download.py", "test_fast_paths.py", "test_packaging.py",
+        "test_analysis.py"),
     "children": (
-        "test_trainer_backends.py", "test_zoo.py", "test_bit.py",
-        "test_models.py", "test_hybrid.py", "test_export_backends.py",
-        "test_analysis.py", "test_resolve.py"),
+        "test_bit.py", "test_trainer_backends.py", "test_models.py",
+        "test_analysis.py", "test_export_backends.py", "test_resolve.py",
+        "test_hybrid.py", "test_zoo.py", "test_train.py",
+        "test_export_serving.py", "test_vtab.py", "test_convert.py",
+        "test_timm_parity.py"),
 }
 
 
@@ -192,14 +207,39 @@ def _longest_first(order):
     return key
 
 
+def _runs_on_every_backend(item):
+    """Marked `backends` (itself or its module), and not one of that file's
+    `backend_independent` tests (a download served over HTTP is the same
+    download on jax; what differs, the model it fills, is checked by the
+    tests each such mark names)."""
+    return bool(item.get_closest_marker("backends")) and \
+        not item.get_closest_marker("backend_independent")
+
+
+def _check_backend_independent_marks(items):
+    for item in items:
+        mark = item.get_closest_marker("backend_independent")
+        if mark is None:
+            continue
+        if not item.get_closest_marker("backends"):
+            raise pytest.UsageError(
+                f"{item.nodeid}: backend_independent marks a test of a "
+                "`backends` file; this one runs on TensorFlow only anyway")
+        if len(mark.args) != 1 or len(str(mark.args[0]).split()) < 5:
+            raise pytest.UsageError(
+                f"{item.nodeid}: backend_independent needs one reason naming "
+                f"the tests that check its per-backend part, got {mark.args!r}")
+
+
 def pytest_collection_modifyitems(config, items):
+    _check_backend_independent_marks(items)
     order = LONGEST_FIRST["tensorflow" if config._keras_vit_backend ==
                           "tensorflow" else "children"]
     items.sort(key=_longest_first(order))  # stable: files keep their order
     if config._keras_vit_backend == "tensorflow":
         return
-    keep = [item for item in items if item.get_closest_marker("backends")]
-    dropped = [item for item in items if not item.get_closest_marker("backends")]
+    keep = [item for item in items if _runs_on_every_backend(item)]
+    dropped = [item for item in items if not _runs_on_every_backend(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
