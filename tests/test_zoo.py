@@ -90,6 +90,11 @@ def _x(side, n=2, seed=0):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_independent(
+    "the tag's download and cache are the same on every backend; on jax and "
+    "torch, test_pre_logits_kept_with_head_and_dropped_with_new_head loads "
+    "the official layout through zoo.load and test_resolve's "
+    "test_image_size_resizes_the_position_embeddings resizes it")
 def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
     root, _ = mirror
     model = zoo.load("ViT-Ti/16", weights="augreg")
@@ -112,6 +117,9 @@ def test_load_tag_through_mirror_matches_direct_load(mirror, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_independent(
+    "on jax and torch, test_hybrid's test_logits_match_timm loads the "
+    "official hybrid layout and test_hybrid_posemb_resize resizes its grid")
 def test_load_hybrid_tag_through_mirror(mirror):
     root, _ = mirror
     model = zoo.load("R+ViT-Ti/16", weights="augreg")
@@ -128,6 +136,10 @@ def test_load_hybrid_tag_through_mirror(mirror):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_independent(
+    "on jax and torch, test_bit's test_logits_match_timm loads the official "
+    "BiT layout and test_replaced_head_is_zero_and_features_match_timm "
+    "checks a new head is zero")
 def test_load_bit_tag_through_mirror(mirror):
     """BiT-S-R50x1 in the official layout, served as the bucket would."""
     root, _ = mirror
