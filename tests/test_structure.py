@@ -330,3 +330,60 @@ def test_the_longest_first_schedule_names_test_files():
         assert len(set(names)) == len(names)
         missing = [n for n in names if not (ROOT / "tests" / n).is_file()]
         assert not missing, missing
+
+
+class _Worker:
+    """What xdist's scheduler asks of a worker: the indices it is sent."""
+
+    shutting_down = False
+
+    def __init__(self, name):
+        self.sent = []
+        self.gateway = type("Gateway", (), {"id": name})()
+
+    def send_runtest_some(self, indices):
+        self.sent.extend(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_xdist_hands_out_the_files_longest_first(pytestconfig):
+    """conftest's order reaches the workers: the collection is sorted by
+    LONGEST_FIRST, and setup.cfg's --no-loadscope-reorder keeps xdist from
+    re-sorting the files by how many tests each holds (its default, which
+    sent the 4-test, 3-minute demo file out last and left a worker idle
+    for 84 s at the end of the TensorFlow run)."""
+    from types import SimpleNamespace
+
+    from xdist.scheduler import LoadFileScheduling
+
+    import conftest
+
+    order = conftest.LONGEST_FIRST["tensorflow"]
+    # Alphabetical, as pytest collects: a file of many quick tests first,
+    # then the longest files with one, two and three tests.
+    nodeids = [f"tests/test_aaa_many.py::test_{i}" for i in range(40)]
+    for size, name in enumerate(sorted(order[:3]), start=1):
+        nodeids += [f"tests/{name}::test_{i}" for i in range(size)]
+    items = [SimpleNamespace(path=ROOT / n.split("::")[0], nodeid=n)
+             for n in nodeids]
+    items.sort(key=conftest._longest_first(order))
+    collection = [item.nodeid for item in items]
+
+    # This run's own options (--no-loadscope-reorder among them), with two
+    # local workers whatever -n this process was started with.
+    config = SimpleNamespace(
+        option=pytestconfig.option, hook=pytestconfig.hook,
+        getvalue=lambda name: ["2*popen"] if name == "tx"
+        else pytestconfig.getvalue(name))
+    scheduler = LoadFileScheduling(config)
+    workers = [_Worker("gw0"), _Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    first = [collection[w.sent[0]].split("::")[0] for w in workers]
+    assert first == [f"tests/{order[0]}", f"tests/{order[1]}"], (
+        "xdist reordered the files: is --no-loadscope-reorder still in "
+        "setup.cfg's addopts?")
