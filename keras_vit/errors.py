@@ -62,7 +62,9 @@ PACKAGES = {"matplotlib": "matplotlib", "skimage": "scikit-image",
             "ai_edge_litert": "ai-edge-litert", "tensorboard": "tensorboard",
             "keras_hub": "keras-hub", "huggingface_hub": "huggingface_hub",
             "safetensors": "safetensors", "timm": "timm", "torch": "torch",
-            "scipy": "scipy", "sklearn": "scikit-learn", "PIL": "pillow"}
+            "scipy": "scipy", "sklearn": "scikit-learn", "PIL": "pillow",
+            # Keras backends (KERAS_BACKEND) that may not be installed.
+            "jax": "jax", "openvino": "openvino"}
 
 
 def missing_dependency(exc):

@@ -109,11 +109,12 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 # that matches decides.
 FLOORS = [
     # 0: no keras_vit imports but each other: argument checks, atomic files,
-    # version shims, the command's quiet start and lazy names.
+    # version shims, the command's quiet start, lazy names and the table of
+    # named architectures.
     ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
-              "keras_vit._quiet", "keras_vit.lazy", "keras_vit.fused_ops",
+              "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
-              "keras_vit.images"]),
+              "keras_vit.images", "keras_vit.variants"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.
@@ -131,9 +132,8 @@ FLOORS = [
     ("jobs", ["keras_vit.train", "keras_vit.train.*", "keras_vit.analysis",
               "keras_vit.analysis.*", "keras_vit.export",
               "keras_vit.export.*"]),
-    # 6: an end-to-end run; the import that registers every Keras class
-    # (the models and what training saves with them).
-    ("demo", ["keras_vit.demo", "keras_vit.keras_classes"]),
+    # 6: an end-to-end run.
+    ("demo", ["keras_vit.demo"]),
     # 7: the command lines.
     ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
     # 8: the package's front door (keras_vit/__init__.py) may name anything;
