@@ -22,6 +22,8 @@ from keras_vit.version import __version__
 hardware.enable_onednn()
 
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    # The root of every error the package raises on purpose.
+    ".errors": ("KerasVitError",),
     ".models": ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
                 "vit"),
     # Getting and copying models is the zoo's (keras_vit.zoo.resolve).
@@ -29,6 +31,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
 }), modules=("analysis", "export", "layers", "models", "train", "variants",
              "zoo"))
 
-__all__ = ["AxialVisionTransformer", "VisionTransformer", "__version__",
+__all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
+           "__version__",
            "analysis", "axial_vit", "export", "layers", "models", "rebuild",
            "resolve_model", "train", "variants", "vit", "zoo"]

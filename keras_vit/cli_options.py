@@ -14,10 +14,12 @@ import argparse
 import re
 import sys
 
+from keras_vit.errors import KerasVitError
+
 PROG = "keras-vit"
 
 
-class UserError(Exception):
+class UserError(KerasVitError, ValueError):
     """A problem with the command line or its files (printed, exit 2)."""
 
 
