@@ -81,7 +81,10 @@ def test_finetune_fit_example_on_two_logical_cpus(tmp_path):
     loss = float(re.search(r"final loss: ([0-9.naninf]+)", stdout).group(1))
     assert np.isfinite(loss) and 0 < loss < 10, loss
     import keras
-    import keras_vit  # noqa: F401 - registers the classes
+    # The model and layer classes, and the schedule and loss the compiled
+    # model saved with it (importing their modules registers them).
+    import keras_vit.models  # noqa: F401
+    import keras_vit.train.schedules  # noqa: F401
 
     model = keras.saving.load_model(out)
     assert model.output_shape == (None, 2)
