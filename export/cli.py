@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.export import common
+from keras_vit.export import common, staging
 from keras_vit.export.verify import verification_table
 from keras_vit import cli_options as options
 from keras_vit.errors import printable
@@ -124,9 +124,10 @@ def check_export(args):
                          "only")
     # Bad paths and names fail here, before a model is built or downloaded.
     out = common.check_path(args.output, args.format)
-    if not os.path.isdir(os.path.dirname(out)):
-        raise ValueError(f"the output directory does not exist: "
-                         f"{os.path.dirname(out)}")
+    try:  # missing folders are created; a file in the way is refused
+        staging.missing_folders(os.path.dirname(out))
+    except common.ExportError as e:
+        raise ValueError(f"-o {printable(args.output)}: {e}") from None
     kwargs = _input_options(args)
     if args.input == "images":
         outputs = args.outputs or ["logits", "probabilities"]

@@ -209,6 +209,8 @@ def write_json(path, data):
 def read_report(path):
     """The report of an artifact: ``path`` may be the artifact itself (a
     ``.tflite``/``.onnx`` file or a SavedModel directory) or the report."""
+    # A symbolic link to an artifact: the report sits beside its target.
+    path = os.path.realpath(path)
     if os.path.isdir(path):
         path = os.path.join(path, SAVED_MODEL_REPORT)
     elif not path.endswith(".json"):
