@@ -144,14 +144,11 @@ def _cmd_convert(args):
     if not out.endswith(".keras"):
         raise UserError(f"the output must end with .keras; received "
                         f"-o {args.output!r}")
-    out_dir = os.path.dirname(out)
-    if not os.path.isdir(out_dir):
-        raise UserError(f"the output directory does not exist: {out_dir}")
     if os.path.isdir(out):
         raise UserError(f"-o {args.output!r} is a directory; pass a file "
                         "name ending in .keras")
-    if not os.access(out_dir, os.W_OK):
-        raise UserError(f"the output directory is not writable: {out_dir}")
+    # Missing folders are created when the file is written.
+    options.check_output_folder(os.path.dirname(out), "-o", args.output)
     arch = variants.parse(args.model)  # a bad name fails before any download
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)

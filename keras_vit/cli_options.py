@@ -22,6 +22,33 @@ class UserError(Exception):
 
 
 # --------------------------------------------------------------------------
+# output paths
+
+
+def check_output_folder(folder, flag, value):
+    """Raises :class:`UserError` naming ``flag`` and its ``value`` if
+    ``folder`` cannot be created or written: a file in the way of it or
+    of a folder above it, or its nearest existing folder read-only.
+    Missing folders are left for the writer to create.
+
+    >>> import os, tempfile
+    >>> check_output_folder(os.path.join(tempfile.mkdtemp(), "a", "b"),
+    ...                     "--out", "a/b")
+    """
+    import os
+
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise UserError(f"{flag} {value!r}: {folder!r} is a file, not a "
+                            "folder; pass another path")
+        folder = os.path.dirname(folder)
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {value!r}: the folder {folder!r} is not "
+                        "writable")
+
+
+# --------------------------------------------------------------------------
 # argument types
 
 

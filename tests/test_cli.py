@@ -169,7 +169,7 @@ def test_convert_at_another_resolution_matches_zoo_load(tmp_path, ti_1000,
 
 
 def test_convert_with_a_new_head(tmp_path, ti_1000, capsys):
-    out = tmp_path / "ti7.keras"
+    out = tmp_path / "models" / "v1" / "ti7.keras"  # folders created
     assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
                      "--num-classes", "7", "-o", str(out)]) == 0
     assert "zero-initialised" in capsys.readouterr().out
@@ -205,6 +205,11 @@ def test_convert_argument_errors(tmp_path, ti_1000, capsys):
                      "--image-size", "40", "-o", str(tmp_path / "a.keras")]) == 2
     assert "divisible" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+    (tmp_path / "notes").write_text("a file in the way of a folder")
+    assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
+                     "-o", str(tmp_path / "notes" / "a.keras")]) == 2
+    assert "notes' is a file, not a folder" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["notes"]
 
 
 # --------------------------------------------------------------------------

@@ -1140,7 +1140,9 @@ def test_settings_refused_before_any_work(tmp_path, capsys):
             (["--set", "crop_area=abc", "--out", str(tmp_path / "r")],
              "crop_area must be numbers separated by commas; received "
              "crop_area='abc'"),
-            (["--out", str(afile)], "is a file; the run needs a folder")):
+            (["--out", str(afile)], "is a file; the run needs a folder"),
+            (["--out", str(afile / "runs" / "r")],
+             "afile' is a file, not a folder")):
         assert train_cli.main(base + extra) == 2
         assert needle in _one_error_line(capsys)
     # Refused before the model was built or the data read.

@@ -230,6 +230,8 @@ def _run_dir(args, what):
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is a file; the run needs a folder "
                          "(its checkpoints, metrics and model.keras)")
+    # Before the data and the model load: missing folders are created then.
+    options.check_output_folder(out, "--out", out)
     return out
 
 
