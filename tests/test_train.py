@@ -546,6 +546,37 @@ def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
         kt.compile_for_finetune(tiny(), "pretrain")
 
 
+def test_model_fit_never_runs_an_empty_epoch():
+    # 160 images and the paper's batch of 512: drop_remainder would give
+    # no batch at all, and model.fit an epoch that trains nothing.
+    rng = np.random.default_rng(0)
+    small = kt.load_data((rng.integers(0, 255, (160, 8, 8, 3), "uint8"),
+                          np.arange(160) % 4))
+    with pytest.raises(ValueError, match=r"batch_size=512 .*\(160 images.*"
+                                         r"batch_size=160 or less"):
+        kt.dataset(small, 16, 512)
+    with pytest.raises(ValueError, match=r"batch_size=100 .*\(80 images in "
+                                         r"each of 2 shards"):
+        kt.dataset(small, 16, 100, shard=(2, 0))
+    # Evaluation keeps the ragged batch: one batch of 160.
+    (images, _), = kt.dataset(small, 16, 512, training=False)
+    assert images.shape[0] == 160
+
+
+def test_compile_for_finetune_checks_the_steps_memory(monkeypatch):
+    from keras_vit import memory
+
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"64 images .* GiB.*"
+                                         r"micro_batch_size=.*check_memory"):
+        kt.compile_for_finetune(tiny(), total_steps=4, warmup_steps=1,
+                                batch_size=64)
+    r = kt.compile_for_finetune(tiny(), total_steps=4, warmup_steps=1,
+                                batch_size=64, check_memory=False)
+    assert r.batch_size == 64
+
+
 # --------------------------------------------------------------------------
 # few-shot
 

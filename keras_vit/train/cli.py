@@ -54,28 +54,23 @@ def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
     the available memory, saying what to change: a ``--micro-batch-size``
     that fits (gradient accumulation: the same updates), or a smaller
-    ``--batch-size`` / ``--image-size``. Runs on an accelerator (of
+    ``--batch-size`` / ``--image-size``
+    (:func:`keras_vit.memory.check_step`). Runs on an accelerator (of
     whichever Keras backend) are not checked: host memory is not theirs."""
     from keras_vit import hardware
+    from keras_vit.memory import check_step
 
     if hardware.detect().accelerator != "cpu":
         return
     available = available_memory() if available is None else available
-    need = step_memory_estimate(trainer.model, trainer.micro)
-    if available is None or need is None or need <= 1.5 * available:
+    if available is None:
         return
-    per_image = need / trainer.micro
-    fits = [m for m in range(1, trainer.per_replica + 1)
-            if trainer.per_replica % m == 0 and m * per_image <= available / 2]
-    r = trainer.recipe
-    hint = (f"set --micro-batch-size {fits[-1]} (gradient accumulation: "
-            "the same updates, less memory), or " if fits else "")
-    raise ValueError(
-        f"the recipe's step of {trainer.micro} images at image_size "
-        f"{r.image_size} needs about {need / 2**30:.1f} GiB of activations "
-        f"(an estimate) but this machine has {available / 2**30:.1f} GiB "
-        f"available; {hint}lower --batch-size (now {r.batch_size}) or "
-        "--image-size, or pass --no-memory-check to try anyway")
+    check_step(trainer.model, trainer.micro, per_replica=trainer.per_replica,
+               batch_size=trainer.recipe.batch_size, available=available,
+               names={"micro_batch_size": "--micro-batch-size ",
+                      "batch_size": "--batch-size",
+                      "image_size": "--image-size",
+                      "skip": "--no-memory-check"})
 
 
 def _add_data_options(p, what="training data"):

@@ -808,9 +808,21 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
     return fn
 
 
-def steps_per_epoch(source, global_batch_size):
-    """Full batches in one epoch (the ragged remainder is dropped)."""
-    return source.num_examples // global_batch_size
+def steps_per_epoch(source, global_batch_size, *, shards=1):
+    """Full batches in one epoch (the ragged remainder is dropped); a
+    ValueError naming the batch size and the number of images when that is
+    none at all (``model.fit`` would run epochs that train nothing).
+    ``shards``: the epoch is split into that many parts, each batched by
+    itself."""
+    per_shard = source.num_examples // shards
+    if per_shard < global_batch_size:
+        where = (f"{per_shard} images in each of {shards} shards of "
+                 if shards > 1 else f"{source.num_examples} images in ")
+        raise ValueError(
+            f"batch_size={global_batch_size} is larger than the training "
+            f"data ({where}{source.name!r}): an epoch would hold no full "
+            f"batch; pass batch_size={per_shard} or less (or more data)")
+    return per_shard // global_batch_size
 
 
 def dataset(source, image_size, batch_size, *, training=True, seed=0,
@@ -824,7 +836,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         image_size: output resolution (square).
         batch_size: images per batch.
         training: augment (inception crop, flip) and shuffle, and drop the
-            ragged last batch; else resize only, in order.
+            ragged last batch (a source with fewer images than one batch
+            is refused); else resize only, in order.
         seed: seeds the shuffle and the augmentation.
         epoch: None reshuffles each time the dataset is iterated (for
             ``model.fit``); an int fixes that epoch's order.
@@ -868,6 +881,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         ds = ds.take(max(0, source.num_examples // num_shards - skip))
     if drop_remainder is None:
         drop_remainder = training
+    if drop_remainder:  # no full batch: refused, not an empty epoch
+        steps_per_epoch(source, batch_size, shards=num_shards)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     options = tf.data.Options()
     options.deterministic = True
