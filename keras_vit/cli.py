@@ -369,7 +369,7 @@ def _cmd_predict(args):
     from keras_vit import zoo
     from keras_vit.backend import infer
     from keras_vit.zoo import timm_hub
-    from keras_vit.zoo.preprocessing import model_labels, softmax
+    from keras_vit.zoo.preprocessing import model_labels, probabilities
 
     if not (_looks_like_file(args.model) or os.path.isdir(args.model)
             or timm_hub.is_timm_source(args.model)):
@@ -415,10 +415,13 @@ def _cmd_predict(args):
             "its weights hold NaN or inf values (a diverged run or a "
             "corrupt file?)")
     num_classes = outputs.shape[-1]
-    if getattr(model, "classifier_activation", None) == "softmax":
-        probs = outputs.astype("float64")
-    else:
-        probs = softmax(outputs)
+    # The scores decode_predictions gives: probabilities. A model that
+    # says what its head ends with is believed; another (a plain Keras
+    # model in a .keras file) is judged by its outputs' values.
+    activation = getattr(model, "classifier_activation", "unknown")
+    from_logits = {"softmax": False, None: True, "linear": True}.get(
+        activation)
+    probs = probabilities(outputs, from_logits)
     label_name, labels = model_labels(model, num_classes)
     k = min(args.top, num_classes)
 
