@@ -354,6 +354,9 @@ def main(parser, argv=None, prepare=None):
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
+    # What was typed, for a command that prints how to run it again (an
+    # interrupted training run says how to resume).
+    args.command_line = parser.prog.split() + list(argv)
     # A command's own argument checks (``check`` in its defaults, see
     # :func:`command`) run before the heavy imports as well.
     check = getattr(args, "check", None)

@@ -11,6 +11,7 @@ import glob
 import importlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -841,6 +842,80 @@ def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
     # The non-chief worker's temporary checkpoints are gone.
     assert not os.path.exists(out / ".worker_1") or not os.listdir(
         out / ".worker_1")
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
+        tmp_path, tiny_path):
+    import shlex
+    import signal
+
+    out = tmp_path / "run"
+    command = _train_command(tiny_path, out, 5000, "--strategy", "default",
+                             "--restart")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(),
+                            cwd=tmp_path)
+    history = out / "history.jsonl"
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    try:
+        # Some steps logged: well past the start, far from checkpoint_every.
+        while not (history.exists() and len(
+                history.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no progress in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert took < 15, took
+    step = int(re.search(r"interrupted at step (\d+) of 5000", stderr)[1])
+    assert 10 <= step < 5000
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest.endswith(f"ckpt-{step}")  # this step, not step 0 / 500
+    # The command printed resumes; it drops --restart, which would delete
+    # the checkpoint. (Run here with fewer steps: the total may change on
+    # resume.)
+    resume = shlex.split(stderr.split("Resume with:")[1].strip())
+    assert resume[:3] == ["python", "-m", "keras_vit.train"]
+    assert resume[3:] == command[3:-1] and "--restart" not in resume
+    resume[resume.index("--steps") + 1] = str(step + 5)
+    again = subprocess.run([sys.executable] + resume[1:], capture_output=True,
+                           text=True, env=_env(), cwd=tmp_path,
+                           timeout=SUBPROCESS_TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from step {step} " in again.stdout
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed_from_step"] == step and m["final_step"] == step + 5
+
+
+def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
+    import signal
+
+    from keras_vit.train.interrupt import StopOnInterrupt
+
+    def exit_now(code):  # os._exit, which would end pytest too
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with StopOnInterrupt() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested  # the first: stop after this step
+        with pytest.raises(SystemExit) as e:
+            signal.raise_signal(signal.SIGINT)
+    assert e.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    err = capsys.readouterr().err
+    assert "saving a checkpoint after this step" in err
+    assert "exiting now, without saving" in err
 
 
 @pytest.mark.slow

@@ -283,10 +283,34 @@ def run_fine_tune(args):
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
-    result = trainer.fit()
+    result = _fit(trainer, args)
+    if result is None:
+        return 130
     if args.json and trainer.is_chief:
         _print_metrics(result)
     return 0
+
+
+def _fit(trainer, args):
+    """``trainer.fit()``; None after Ctrl-C, once the checkpoint of the
+    current step is saved and the command that resumes it printed."""
+    import shlex
+    import sys
+
+    from keras_vit.train.interrupt import TrainingInterrupted
+
+    try:
+        return trainer.fit()
+    except TrainingInterrupted as e:
+        # The same command resumes; --restart would delete the checkpoint.
+        again = [a for a in getattr(args, "command_line", ())
+                 if a != "--restart"]
+        print(f"{options.PROG}: interrupted at step {e.step} of "
+              f"{e.total_steps}; its checkpoint is in {e.out_dir}"
+              + (f". Resume with:\n  {shlex.join(again)}" if again else
+                 " (the same command resumes)"),
+              file=sys.stderr, flush=True)
+        return None
 
 
 def _load_model(args, num_classes=None):
@@ -413,7 +437,9 @@ def run_pretrain(args):
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
-    result = trainer.fit()
+    result = _fit(trainer, args)
+    if result is None:
+        return 130
     if not trainer.is_chief:
         return 0
     if args.json:
