@@ -125,8 +125,9 @@ def run(job):
                                         job.graph, job.options, checked,
                                         times, rss, job.notes)
         if checked is not None:
-            checks.raise_if_failed(checked, f"{job.what} {job.dest!r}",
-                                   report)
+            checks.raise_if_failed(
+                checked, f"{job.what} {job.dest!r}", report,
+                remedy=common.REMEDIES.get(job.options.get("quantization")))
         if job.directory:
             common.write_json(os.path.join(staged, common.SAVED_MODEL_REPORT),
                               report)

@@ -781,6 +781,43 @@ def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
 
 
+def test_cli_int8_calibrates_on_a_data_spec(vit, tmp_path, monkeypatch,
+                                           capsys):
+    keras_file = str(tmp_path / "tiny.keras")
+    vit.save(keras_file)
+    out = str(tmp_path / "tiny.tflite")
+    with pytest.raises(ValueError, match="--calibration-data applies to "
+                                         "--quantization int8"):
+        _cli(["export", keras_file, "-f", "tflite", "-q", "float16",
+              "--calibration-data", "digits:train", "-o", out])
+    with pytest.raises(ValueError, match="digits_trian"):
+        _cli(["export", keras_file, "-f", "tflite", "-q", "int8",
+              "--calibration-data", "digits_trian", "-o", out])
+    # A tiny random model: its int8 agreement is not what is tested here.
+    monkeypatch.setitem(common.TOLERANCES["tflite/int8"], "top1_agreement",
+                        0.0)
+    assert _cli(["export", keras_file, "-f", "tflite", "-q", "int8",
+                 "--calibration-data", "digits:train", "-o", out]) == 0
+    report = common.read_report(out)
+    assert report["options"]["representative_data"] == (
+        "100 images of digits:train")
+    assert not any("no representative_data" in n for n in report["notes"])
+    assert "| tflite | int8 |" in capsys.readouterr().out
+
+
+def test_a_failed_int8_verification_names_the_remedies(vit, tmp_path,
+                                                       monkeypatch):
+    import keras_vit.export.tflite as tflite_export
+
+    monkeypatch.setattr(tflite_export, "open_artifact", _Garbage)
+    with pytest.raises(export.ExportError, match=r"top-1 agreement.*"
+                       r"representative_data=.*--calibration-data.*"
+                       r"dynamic_int8"):
+        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+                         quantization="int8", representative_samples=8)
+    assert _leftovers(tmp_path) == []
+
+
 def test_cli_export_failure_is_one_line(vit, tmp_path, monkeypatch, capsys):
     import keras_vit.export.onnx as onnx_export
 
