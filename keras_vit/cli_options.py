@@ -11,6 +11,7 @@ Nothing here imports Keras: ``keras-vit --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 
@@ -357,24 +358,53 @@ def main(parser, argv=None, prepare=None):
     # What was typed, for a command that prints how to run it again (an
     # interrupted training run says how to resume).
     args.command_line = parser.prog.split() + list(argv)
-    # A command's own argument checks (``check`` in its defaults, see
-    # :func:`command`) run before the heavy imports as well.
-    check = getattr(args, "check", None)
-    if check is not None:
-        def checked(args):  # what the check returns is the command's
-            check(args)
+    with warnings_as_lines(debug):
+        # A command's own argument checks (``check`` in its defaults, see
+        # :func:`command`) run before the heavy imports as well.
+        check = getattr(args, "check", None)
+        if check is not None:
+            def checked(args):  # what the check returns is the command's
+                check(args)
 
-        code = run_command(checked, args,
+            code = run_command(checked, args,
+                               debug or getattr(args, "traceback", False))
+            if code:
+                return code
+        if prepare is None:
+            from keras_vit import keras_classes
+
+            prepare = keras_classes.load_keras_classes
+        prepare(args)
+        return run_command(args.func, args,
                            debug or getattr(args, "traceback", False))
-        if code:
-            return code
-    if prepare is None:
-        from keras_vit import keras_classes
 
-        prepare = keras_classes.load_keras_classes
-    prepare(args)
-    return run_command(args.func, args,
-                       debug or getattr(args, "traceback", False))
+
+@contextlib.contextmanager
+def warnings_as_lines(debug=False):
+    """Python warnings as one line each, ``keras-vit: warning: ...``,
+    during the block: a user of the command needs the message, not the
+    source file and line that raised it (``--debug`` keeps Python's
+    format)."""
+    import warnings
+
+    if debug:
+        yield
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        out = sys.stderr if file is None else file
+        try:
+            print(f"{PROG}: warning: {one_line(message)}", file=out,
+                  flush=True)
+        except (OSError, ValueError):  # stderr closed: nothing to say
+            pass
+
+    previous = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def commands_parser(prog, description, traceback=("--traceback",),

@@ -337,3 +337,23 @@ def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):
     assert err.strip() == ("keras-vit: error: ONNX export needs the package "
                            "'tf2onnx', which is not installed: pip install "
                            "'tf2onnx'")
+
+
+def test_warnings_print_one_line_without_source_paths(capsys):
+    import warnings
+
+    from keras_vit import cli_options as options
+
+    def warns(args):
+        warnings.warn("the recipe's warmup_steps=250 do not fit a run\n  "
+                      "of total_steps=30", UserWarning, stacklevel=2)
+        return 0
+
+    parser, sub = options.commands_parser("keras-vit", "test")
+    options.command(sub, "go", warns, help="warn once")
+    before = warnings.showwarning
+    assert options.main(parser, ["go"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("keras-vit: warning: the recipe's warmup_steps=250 do not "
+                   "fit a run of total_steps=30\n")
+    assert warnings.showwarning is before  # only during the command

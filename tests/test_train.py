@@ -845,6 +845,24 @@ def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
 
 
 @pytest.mark.slow
+def test_the_summary_line_is_not_glued_to_a_progress_bar(tmp_path,
+                                                        tiny_path):
+    # Batches of 8: the evaluation of 450 images draws its bar, which
+    # ends with a carriage return, not a newline; the summary comes next.
+    command = _train_command(tiny_path, tmp_path / "run", 2, "--strategy",
+                             "default", "--warmup-steps", "0")
+    command[command.index("--batch-size") + 1] = "8"
+    run = subprocess.run(command, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
+                         timeout=SUBPROCESS_TIMEOUT)
+    out = run.stdout.decode()  # as written: "\r" kept (a log file's view)
+    assert run.returncode == 0, out[-3000:]
+    assert "evaluate:" in out  # the bar was drawn
+    (line,) = [line for line in out.split("\n") if "done:" in line]
+    assert line.startswith("done: step 2"), repr(line)
+
+
+@pytest.mark.slow
 def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
         tmp_path, tiny_path):
     import shlex
