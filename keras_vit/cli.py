@@ -78,6 +78,12 @@ def _cmd_info(args):
     print(f"{meta['name']}  (family {meta['family']}, {status})")
     config = " ".join(f"{k}={v}" for k, v in meta["config"].items())
     print(f"  architecture:   {config}")
+    count = meta.get("parameters")
+    if count:
+        print(f"  parameters:     {count['count']:,} (at "
+              f"{count['image_size']} px, {count['num_classes']} classes"
+              + (f", pre_logits {count['representation_size']}"
+                 if count["representation_size"] else "") + ")")
     print(f"  preprocessing:  {meta['preprocessing']}")
     print(f"  default weights: {meta['default_weights'] or 'none'}")
     if not meta["weights"]:

@@ -105,6 +105,12 @@ def test_info_json_and_text(capsys):
     assert cli.main(["info", "ViT-B/16"]) == 0
     out = capsys.readouterr().out
     assert "hidden_size=768" in out and "imagenet21k+imagenet2012" in out
+    # Counted for what zoo.load builds by default: the 384 px fine-tuned
+    # weights (86,567,656 at 224 + 380 more position rows of 768).
+    assert "parameters:     86,859,496 (at 384 px, 1000 classes)" in out
+    assert meta["parameters"] == {"count": 86_859_496, "image_size": 384,
+                                  "num_classes": 1000,
+                                  "representation_size": None}
 
 
 def test_unknown_name_is_one_clean_line(capsys):
