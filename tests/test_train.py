@@ -709,6 +709,35 @@ def test_cli_jobs_on_this_backend(tmp_path, tiny_path, capsys):
             f"'{backend}'" in lines[0]) and "KERAS_BACKEND=" in lines[0]
 
 
+def test_fine_tune_on_a_folder_holds_out_a_tenth_for_evaluation(
+        tmp_path, tiny_path, capsys):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("cat", "dog", "fox")):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(10 + 5 * c):  # 10, 15, 20 images
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), "uint8")).save(
+                tmp_path / "data" / name / f"{i}.png")
+    out = tmp_path / "run"
+    argv = ["fine-tune", tiny_path, "--data", str(tmp_path / "data"),
+            "--steps", "2", "--warmup-steps", "0", "--batch-size", "8",
+            "--strategy", "default", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert "holding out 10% of" in capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    # A tenth of each class, rounded, at least one: 1 + 2 + 2 (the same
+    # images on every run: a resumed run evaluates on the same ones).
+    assert m["eval"]["num_examples"] == 5
+    assert m["epochs_seen"] == pytest.approx(2 * 8 / 40, abs=1e-3)
+    # --no-eval still trains on all of it.
+    assert cli.main(argv[:-2] + ["--no-eval", "--out",
+                                 str(tmp_path / "all")]) == 0
+    m = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert "eval" not in m
+    assert m["epochs_seen"] == pytest.approx(2 * 8 / 45, abs=1e-3)
+
+
 def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
     cases = [
         (["fine-tune", tiny_path, "--data", str(tmp_path / "missing")],

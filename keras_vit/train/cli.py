@@ -115,9 +115,12 @@ def register(subparsers):
     _add_data_options(p)
     p.add_argument("--eval-data", metavar="SPEC",
                    help="held-out data (default: the test split of digits "
-                        "or tfds data; none for folders)")
+                        "or tfds data; for a folder or .npz, 10%% of each "
+                        "class, set aside from training: the same images "
+                        "on every run)")
     p.add_argument("--no-eval", action="store_true",
-                   help="do not evaluate at the end")
+                   help="do not evaluate at the end (a folder's images all "
+                        "train)")
     p.add_argument("--recipe", default="finetune", metavar="NAME",
                    help=f"one of {', '.join(recipes.names())} (default: "
                         "finetune)")
@@ -273,6 +276,14 @@ def run_fine_tune(args):
                 raise
             print(f"note: no held-out split {eval_spec!r}; not evaluating "
                   "(pass --eval-data)")
+    elif not args.no_eval:
+        # A folder or .npz has no test split: evaluate on a part of it.
+        train, evaluation = hold_out(train)
+        if evaluation is not None:
+            print(f"note: holding out {HOLD_OUT:.0%} of {train.source_name} "
+                  f"for evaluation ({evaluation.num_examples} images, the "
+                  "same ones on every run; --eval-data SPEC chooses, "
+                  "--no-eval trains on all)")
     out = _run_dir(args, args.recipe)
     weights = options.weights_value(args.weights)
     trainer = Trainer(
@@ -289,6 +300,38 @@ def run_fine_tune(args):
     if args.json and trainer.is_chief:
         _print_metrics(result)
     return 0
+
+
+# The share of a folder (or .npz) fine-tune evaluates on when no
+# --eval-data is given.
+HOLD_OUT = 0.1
+
+
+def hold_out(source, fraction=HOLD_OUT, seed=0):
+    """``(train, held_out)``: ``fraction`` of each class of ``source``
+    (rounded, at least one image of a class with two or more) set aside
+    for evaluation, the same images for the same data (a resumed run
+    evaluates on the same ones); ``(source, None)`` if no class can spare
+    one. Both keep ``source``'s name in ``source_name``."""
+    import numpy as np
+
+    labels = np.asarray(source.labels())
+    rng = np.random.default_rng(seed)
+    held = []
+    for c in range(source.num_classes):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) >= 2:
+            k = max(1, int(fraction * len(idx) + 0.5))
+            held.extend(rng.choice(idx, k, replace=False).tolist())
+    if not held:
+        return source, None
+    keep = np.setdiff1d(np.arange(source.num_examples), held)
+    train, evaluation = source.subset(keep), source.subset(sorted(held))
+    name = source.name
+    train.name = f"{name}[train {1 - fraction:.0%}]"
+    evaluation.name = f"{name}[held out {fraction:.0%}]"
+    train.source_name = evaluation.source_name = name
+    return train, evaluation
 
 
 def _fit(trainer, args):
