@@ -314,7 +314,8 @@ def test_image_folder_with_bad_files_trains_with_a_warning(messy_folder):
     assert run.metrics["eval"]["num_examples"] == 24
 
 
-def test_data_errors_are_clear_and_fast(tmp_path):
+def test_data_errors_are_clear_and_fast(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="nowhere.*does not exist"):
         kt.load_data(str(missing))
@@ -324,6 +325,14 @@ def test_data_errors_are_clear_and_fast(tmp_path):
         kt.load_data(str(tmp_path / "flat"))
     with pytest.raises(kt.DataError, match="Cannot read data='digitz'"):
         kt.load_data("digitz")
+    # A mistyped folder name: the folder that exists comes first.
+    (tmp_path / "digits_train" / "zero").mkdir(parents=True)
+    with pytest.raises(kt.DataError, match="Did you mean the folder "
+                                           "'digits_train', or 'digits:train'"):
+        kt.load_data("digits_trian")
+    with pytest.raises(FileNotFoundError, match="does not exist;.* Did you "
+                       f"mean the folder '{tmp_path}/digits_train'"):
+        kt.load_data(f"{tmp_path}/digits_trian")
     t0 = time.perf_counter()
     with pytest.raises(kt.DataError, match="Unknown tfds dataset "
                                            "name='cifar1O'.*'cifar10'"):

@@ -32,7 +32,7 @@ import numpy as np
 
 from keras_vit import compat
 from keras_vit import images as image_budget
-from keras_vit.errors import (check_archive, closest, did_you_mean, require,
+from keras_vit.errors import (check_archive, closest, require,
                               special_file)
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
@@ -617,13 +617,41 @@ def load_data(spec, split=None, *, data_dir=None, download=False,
     if text.lower().endswith(".npz"):
         return _npz_source(text)
     if os.path.isdir(text) or os.sep in text or os.path.exists(text):
-        return FolderSource(text, verbose=verbose)
+        try:
+            return FolderSource(text, verbose=verbose)
+        except FileNotFoundError as e:
+            hint = "" if os.path.exists(text) else _folder_hint(text)
+            if hint:
+                raise FileNotFoundError(f"{e}{hint}") from None
+            raise
     raise DataError(_spec_help(spec))
 
 
+def _folder_hint(text):
+    """`` Did you mean the folder 'X'?`` for a folder beside ``text``
+    whose name is close to it (a typo in a folder name), or ``""``."""
+    parent, name = os.path.split(os.path.normpath(text))
+    try:
+        entries = sorted(os.listdir(parent or "."))[:10_000]
+    except OSError:
+        return ""
+    folders = [e for e in entries if not e.startswith(".")
+               and os.path.isdir(os.path.join(parent, e))]
+    near = closest(name, folders)
+    return (f" Did you mean the folder {os.path.join(parent, near[0])!r}?"
+            if near else "")
+
+
 def _spec_help(spec):
-    hint = did_you_mean(spec, ("digits", "digits:test", "digits:train")) if (
-        isinstance(spec, str)) else ""
+    hint = ""
+    if isinstance(spec, str):
+        builtin = closest(spec, ("digits", "digits:test", "digits:train"))
+        # A folder that exists is what a mistyped name most likely meant.
+        hint = _folder_hint(spec)
+        if hint and builtin:
+            hint = f"{hint[:-1]}, or {builtin[0]!r}?"
+        elif builtin:
+            hint = f" Did you mean {builtin[0]!r}?"
     return (f"Cannot read data={spec!r}: expected 'digits', 'digits:test', "
             "'tfds:NAME[:SPLIT]', a folder with one sub-folder of images per "
             f"class, or an .npz file with arrays x and y.{hint}")
