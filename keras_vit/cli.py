@@ -272,8 +272,14 @@ def _load_for_predict(args):
                           image_size=args.image_size, argument="MODEL",
                           error=UserError)
     record = getattr(model, "zoo_weights", None)
-    source = record.tag if record is not None else args.weights
-    return model, f"{model.zoo_name} {source}"
+    if record is not None:
+        return model, f"{model.zoo_name} {record.tag}"
+    # timm/transformers weights (an hf-hub: handle, a .safetensors file),
+    # or --weights FILE: named by what was given.
+    source = args.weights or args.model
+    name = getattr(model, "zoo_name", None)
+    return model, (f"{name} ({source})" if name and name != source
+                   else source)
 
 
 def load_keras_file(path, argument="MODEL"):
