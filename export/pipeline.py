@@ -97,7 +97,10 @@ def run(job):
     with staging.Staging(job.dest, directory=job.directory,
                         overwrite=job.overwrite) as stage, \
             memory.PeakRSS() as rss:
-        name = "saved_model" if job.directory else os.path.basename(job.dest)
+        # Named as the file it becomes (a link's target may have another
+        # name; ONNX records its data file's name inside the model).
+        name = "saved_model" if job.directory else os.path.basename(
+            stage.target)
         staged = stage.file(name)
         open_runtime = module.open_artifact
         with common.timer(times, "conversion_seconds"):
