@@ -589,6 +589,10 @@ def run_vtab(args):
     overrides = _recipe_overrides(args)
     steps = overrides.pop("total_steps", None)
     out = args.out or os.path.join("runs", f"vtab-{_slug(args.model)}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file; the sweep needs a "
+                         "folder (its runs, vtab.json and vtab.md)")
+    options.check_output_folder(out, "--out", out)  # before any task runs
     weights = options.weights_value(args.weights)
     scores = vtab.run(
         args.model, args.tasks, out_dir=out, data_dir=args.data_dir,
