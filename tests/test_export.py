@@ -702,6 +702,68 @@ except KeyboardInterrupt:
 """
 
 
+_EXPORT_WITH_A_HANGING_CONVERTER = r"""
+import sys
+from keras_vit import export, models
+from keras_vit.export import pipeline
+
+# A converter process that writes its pid, then hangs.
+hang = ("import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()))"
+        "; time.sleep(300)")
+pipeline.child_command = lambda module, job: [sys.executable, "-c", hang,
+                                              sys.argv[2]]
+model = models.vit(32, 8, 16, 1, 2, 32, 3)
+export.to_onnx(model, sys.argv[1], isolate=True)
+"""
+
+
+def test_a_killed_export_stops_its_converter_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    pid_file = tmp_path / "converter.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXPORT_WITH_A_HANGING_CONVERTER,
+         str(folder / "m.onnx"), str(pid_file)],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    deadline = time.monotonic() + 120
+    try:
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        converter = int(pid_file.read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The watcher stops the converter (it would write into the staging
+    # directory again), then removes the directory.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (
+            os.listdir(folder) or _alive(converter)):
+        time.sleep(0.1)
+    assert not _alive(converter)
+    assert os.listdir(folder) == []
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by init) counts as stopped.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_a_killed_export_leaves_no_staging_entry(tmp_path, sig):
     import signal
