@@ -882,19 +882,21 @@ def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
         out / ".worker_1")
 
 
-@pytest.mark.slow
-def test_the_summary_line_is_not_glued_to_a_progress_bar(tmp_path,
-                                                        tiny_path):
-    # Batches of 8: the evaluation of 450 images draws its bar, which
-    # ends with a carriage return, not a newline; the summary comes next.
+def test_the_summary_line_is_not_glued_to_a_progress_bar(
+        tmp_path, tiny_path, monkeypatch):
+    import io
+
+    # Both streams into one buffer, in the order they are written (what a
+    # log file or CI keeps, "\r" included). Batches of 8: the evaluation
+    # of 450 images draws its bar; the summary comes right after it.
+    merged = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", merged)
+    monkeypatch.setattr(sys, "stderr", merged)
     command = _train_command(tiny_path, tmp_path / "run", 2, "--strategy",
                              "default", "--warmup-steps", "0")
     command[command.index("--batch-size") + 1] = "8"
-    run = subprocess.run(command, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
-                         timeout=SUBPROCESS_TIMEOUT)
-    out = run.stdout.decode()  # as written: "\r" kept (a log file's view)
-    assert run.returncode == 0, out[-3000:]
+    assert cli.main(command[3:]) == 0, merged.getvalue()[-3000:]
+    out = merged.getvalue()
     assert "evaluate:" in out  # the bar was drawn
     (line,) = [line for line in out.split("\n") if "done:" in line]
     assert line.startswith("done: step 2"), repr(line)
@@ -902,7 +904,7 @@ def test_the_summary_line_is_not_glued_to_a_progress_bar(tmp_path,
 
 @pytest.mark.slow
 def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
-        tmp_path, tiny_path):
+        tmp_path, tiny_path, capsys):
     import shlex
     import signal
 
@@ -938,17 +940,14 @@ def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest.endswith(f"ckpt-{step}")  # this step, not step 0 / 500
     # The command printed resumes; it drops --restart, which would delete
-    # the checkpoint. (Run here with fewer steps: the total may change on
-    # resume.)
+    # the checkpoint.
     resume = shlex.split(stderr.split("Resume with:")[1].strip())
     assert resume[:3] == ["python", "-m", "keras_vit.train"]
     assert resume[3:] == command[3:-1] and "--restart" not in resume
+    # (Run here, with fewer steps: the total may change on a resume.)
     resume[resume.index("--steps") + 1] = str(step + 5)
-    again = subprocess.run([sys.executable] + resume[1:], capture_output=True,
-                           text=True, env=_env(), cwd=tmp_path,
-                           timeout=SUBPROCESS_TIMEOUT)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from step {step} " in again.stdout
+    assert cli.main(resume[3:]) == 0
+    assert f"resumed from step {step} " in capsys.readouterr().out
     m = json.loads((out / "metrics.json").read_text())
     assert m["resumed_from_step"] == step and m["final_step"] == step + 5
 
