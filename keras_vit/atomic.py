@@ -400,6 +400,8 @@ def interrupts_deferred():
     except (ValueError, OSError):  # not the main interpreter
         yield
         return
+    if previous is None:  # installed outside Python: Python's own after
+        previous = signal.default_int_handler
     try:
         yield
     finally:

@@ -61,6 +61,10 @@ class StopOnInterrupt:
         return self
 
     def __exit__(self, *exc):
+        # None: the handler was not installed from Python; it cannot be
+        # put back, so Python's own is.
         if self.enabled:
-            signal.signal(signal.SIGINT, self._previous)
+            signal.signal(signal.SIGINT, self._previous
+                          if self._previous is not None
+                          else signal.default_int_handler)
         return False
