@@ -76,6 +76,12 @@ def _cmd_info(args):
     print(f"{meta['name']}  (family {meta['family']}, {status})")
     config = " ".join(f"{k}={v}" for k, v in meta["config"].items())
     print(f"  architecture:   {config}")
+    count = meta.get("parameters")
+    if count:
+        print(f"  parameters:     {count['count']:,} (at "
+              f"{count['image_size']} px, {count['num_classes']} classes"
+              + (f", pre_logits {count['representation_size']}"
+                 if count["representation_size"] else "") + ")")
     print(f"  preprocessing:  {meta['preprocessing']}")
     print(f"  default weights: {meta['default_weights'] or 'none'}")
     if not meta["weights"]:
@@ -142,14 +148,11 @@ def _cmd_convert(args):
     if not out.endswith(".keras"):
         raise UserError(f"the output must end with .keras; received "
                         f"-o {args.output!r}")
-    out_dir = os.path.dirname(out)
-    if not os.path.isdir(out_dir):
-        raise UserError(f"the output directory does not exist: {out_dir}")
     if os.path.isdir(out):
         raise UserError(f"-o {args.output!r} is a directory; pass a file "
                         "name ending in .keras")
-    if not os.access(out_dir, os.W_OK):
-        raise UserError(f"the output directory is not writable: {out_dir}")
+    # Missing folders are created when the file is written.
+    options.check_output_folder(os.path.dirname(out), "-o", args.output)
     arch = variants.parse(args.model)  # a bad name fails before any download
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
@@ -267,8 +270,14 @@ def _load_for_predict(args):
                           image_size=args.image_size, argument="MODEL",
                           error=UserError)
     record = getattr(model, "zoo_weights", None)
-    source = record.tag if record is not None else args.weights
-    return model, f"{model.zoo_name} {source}"
+    if record is not None:
+        return model, f"{model.zoo_name} {record.tag}"
+    # timm/transformers weights (an hf-hub: handle, a .safetensors file),
+    # or --weights FILE: named by what was given.
+    source = args.weights or args.model
+    name = getattr(model, "zoo_name", None)
+    return model, (f"{name} ({source})" if name and name != source
+                   else source)
 
 
 def load_keras_file(path, argument="MODEL"):
@@ -370,7 +379,7 @@ def _cmd_predict(args):
     from keras_vit import zoo
     from keras_vit.backend import infer
     from keras_vit.zoo import timm_hub
-    from keras_vit.zoo.preprocessing import model_labels, softmax
+    from keras_vit.zoo.preprocessing import model_labels, probabilities
 
     if not (_looks_like_file(args.model) or os.path.isdir(args.model)
             or timm_hub.is_timm_source(args.model)):
@@ -416,10 +425,13 @@ def _cmd_predict(args):
             "its weights hold NaN or inf values (a diverged run or a "
             "corrupt file?)")
     num_classes = outputs.shape[-1]
-    if getattr(model, "classifier_activation", None) == "softmax":
-        probs = outputs.astype("float64")
-    else:
-        probs = softmax(outputs)
+    # The scores decode_predictions gives: probabilities. A model that
+    # says what its head ends with is believed; another (a plain Keras
+    # model in a .keras file) is judged by its outputs' values.
+    activation = getattr(model, "classifier_activation", "unknown")
+    from_logits = {"softmax": False, None: True, "linear": True}.get(
+        activation)
+    probs = probabilities(outputs, from_logits)
     label_name, labels = model_labels(model, num_classes)
     k = min(args.top, num_classes)
 

@@ -111,6 +111,58 @@ def step_memory_estimate(model, images):
     return _BYTES * images * values
 
 
+# How check_step names the settings it suggests: the Python API's
+# keywords; the command line passes its flags.
+API_NAMES = {"micro_batch_size": "micro_batch_size=",
+             "batch_size": "batch_size", "image_size": "the image size",
+             "skip": "check_memory=False"}
+
+
+def check_step(model, images, *, per_replica=None, batch_size=None,
+               image_size=None, available=None, names=None):
+    """Refuses (``ValueError``) a CPU training step of ``images`` images
+    (per device) whose activations (:func:`step_memory_estimate`) clearly
+    cannot fit the available memory (over 1.5x of it), saying what to
+    change: a micro-batch that divides ``per_replica`` and fits (gradient
+    accumulation: the same updates), or a smaller batch or image size.
+    ``names`` spells those settings (default :data:`API_NAMES`; the
+    command line passes its flags). Runs on an accelerator are not
+    checked: host memory does not hold their activations (``available``
+    given: checked against it wherever this runs).
+
+    >>> import keras_vit
+    >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
+    >>> check_step(vit, 8, available=2**30)  # fits: returns nothing
+    >>> check_step(vit, 64, batch_size=64, available=2**22)
+    Traceback (most recent call last):
+    ...
+    ValueError: a training step of 64 images of vision_transformer at ...; \
+set micro_batch_size=... or lower batch_size (now 64) or the image size, \
+or pass check_memory=False to try anyway
+    """
+    names = dict(API_NAMES, **(names or {}))
+    if available is None and not _on_cpu():
+        return
+    available = available_memory() if available is None else available
+    need = step_memory_estimate(model, images)
+    if available is None or need is None or need <= 1.5 * available:
+        return
+    per_image = need / images
+    per_replica = images if per_replica is None else per_replica
+    fits = [m for m in range(1, per_replica + 1)
+            if per_replica % m == 0 and m * per_image <= available / 2]
+    hint = (f"set {names['micro_batch_size']}{fits[-1]} (gradient "
+            "accumulation: the same updates, less memory), or "
+            if fits else "")
+    now = f" (now {batch_size})" if batch_size is not None else ""
+    raise ValueError(
+        f"a training step of {images} images of {_describe(model)} needs "
+        f"about {need / 2**30:.1f} GiB of activations (an estimate) but "
+        f"this machine has {available / 2**30:.1f} GiB available; {hint}"
+        f"lower {names['batch_size']}{now} or {names['image_size']}, or "
+        f"pass {names['skip']} to try anyway")
+
+
 def _output_values(model):
     """Values per image in the model's outputs (all alive at the end; the
     stacked attention maps of ``return_attention_scores`` are most)."""

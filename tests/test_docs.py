@@ -38,7 +38,12 @@ DOCUMENTED = {
             "keras_vit.zoo.info", "keras_vit.zoo.preprocess_input",
             "keras_vit.zoo.decode_predictions", "keras_vit.zoo.save_pretrained",
             "keras_vit.zoo.load_weights", "keras_vit.zoo.save_npz",
-            "keras_vit.zoo.resolve_model", "keras_vit.zoo.rebuild"],
+            "keras_vit.zoo.resolve_model", "keras_vit.zoo.rebuild",
+            # the readers the guide sends to for their bounds and options
+            "keras_vit.zoo.timm_hub.fetch",
+            "keras_vit.zoo.timm_hub.save_pretrained",
+            "keras_vit.zoo.transformers_hub.save_pretrained",
+            "keras_vit.zoo.keras_file.read_checkpoint"],
     "export": ["keras_vit.export.to_onnx", "keras_vit.export.to_saved_model",
                "keras_vit.export.to_tflite", "keras_vit.export.export",
                "keras_vit.export.ExportError"],
@@ -56,6 +61,8 @@ DOCUMENTED = {
     "speed": ["keras_vit.hardware.plan", "keras_vit.graph_ops.op_counts",
               "keras_vit.fused_ops.dense_gelu_tanh"],
     "errors": ["keras_vit.errors.check_choice"],
+    "io": ["keras_vit.images.decode_plan", "keras_vit.images.DecodePlan",
+           "keras_vit.backend.infer", "keras_vit.backend.to_numpy"],
 }
 
 

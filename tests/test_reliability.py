@@ -1140,7 +1140,9 @@ def test_settings_refused_before_any_work(tmp_path, capsys):
             (["--set", "crop_area=abc", "--out", str(tmp_path / "r")],
              "crop_area must be numbers separated by commas; received "
              "crop_area='abc'"),
-            (["--out", str(afile)], "is a file; the run needs a folder")):
+            (["--out", str(afile)], "is a file; the run needs a folder"),
+            (["--out", str(afile / "runs" / "r")],
+             "afile' is a file, not a folder")):
         assert train_cli.main(base + extra) == 2
         assert needle in _one_error_line(capsys)
     # Refused before the model was built or the data read.
@@ -1213,6 +1215,55 @@ def test_a_full_disk_leaves_the_old_file_and_no_partial(tmp_path):
     assert proc.stdout.split() == ["refused", str(errno.EFBIG)], proc.stderr
     assert json.loads(path.read_text()) == {"complete": True}
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_ctrl_c_waits_for_the_renames_that_must_happen_together(tmp_path):
+    import signal
+
+    from keras_vit import atomic
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C mid-commit
+            done.append("renamed")  # still runs
+    assert done == ["renamed"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_watcher_removes_scratch_when_its_owner_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from keras_vit import atomic
+
+    scratch = tmp_path / ".m.partial-x"
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import importlib.util, os, sys, time\n"
+         "spec = importlib.util.spec_from_file_location('atomic', sys.argv[2])"
+         "\natomic = importlib.util.module_from_spec(spec)\n"
+         "spec.loader.exec_module(atomic)\n"
+         "os.mkdir(sys.argv[1])\n"
+         "watcher = atomic.ScratchWatcher(sys.argv[1])\n"
+         "print('ready', flush=True)\ntime.sleep(120)\n",
+         str(scratch), atomic.__file__], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "ready"
+        assert scratch.is_dir()
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=30)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while scratch.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not scratch.exists()
 
 
 def test_save_npz_on_a_full_disk_keeps_the_old_checkpoint(tmp_path):

@@ -136,7 +136,10 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     step_fn = cache[key]
     totals = np.zeros(3)
     iterator = iter(dist)
-    for _ in tqdm(range(steps), desc="evaluate", unit="batch", leave=False,
+    # leave=None: a bar of its own stays, ending its line (cleared, it left
+    # a carriage return that the next printed line was glued to in logs);
+    # one under the training bar (eval_every) is cleared.
+    for _ in tqdm(range(steps), desc="evaluate", unit="batch", leave=None,
                   disable=not verbose or steps < 20):
         totals += [float(v) for v in step_fn(iterator)]
     loss, correct, count = (float(v) for v in totals)

@@ -13,7 +13,7 @@ from keras_vit.train.evaluation import classifier_of
 
 
 def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
-                         **overrides):
+                         check_memory=True, **overrides):
     """Compiles ``model`` for ``model.fit`` with a recipe's optimizer,
     schedule, clipping, gradient accumulation and loss (one device; use
     :class:`Trainer` for distributed runs). Returns the :class:`Recipe`.
@@ -21,6 +21,13 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     Feed it batches of ``recipe.micro_batch_size or recipe.batch_size``
     (e.g. from :func:`~keras_vit.train.dataset`) for ``total_steps``
     optimizer steps (times the accumulation steps when accumulating).
+
+    The fine-tuning recipe's batch is the paper's 512: on a CPU, a step
+    that clearly cannot fit the memory available (ViT-B/16 at 224 needs
+    about 143 GiB of activations for 512 images) is refused here, naming
+    a ``micro_batch_size`` that fits, as ``keras-vit fine-tune`` does
+    (:func:`keras_vit.memory.check_step`); ``check_memory=False`` skips
+    the check.
 
     >>> import keras_vit, keras_vit.train as kt
     >>> model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
@@ -50,12 +57,35 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
                 f"micro_batch_size={r.micro_batch_size} must divide "
                 f"batch_size={r.batch_size}")
         accum = r.batch_size // r.micro_batch_size
+    if check_memory:
+        _check_step_memory(model, r)
     optimizer = recipes_lib.make_optimizer(
         r, total, clip_in_optimizer=True, accumulation_steps=accum)
     model.compile(optimizer=optimizer,
                   loss=smoothed_sparse_crossentropy(r.label_smoothing),
                   metrics=["accuracy"], jit_compile=_fit_jit(model, r))
     return r
+
+
+def _check_step_memory(model, recipe):
+    """:func:`keras_vit.memory.check_step` for the step ``model.fit`` will
+    run: the micro-batch (or batch), split over the replicas of an active
+    ``tf.distribute`` strategy."""
+    import keras
+
+    from keras_vit.memory import check_step
+
+    replicas = 1
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    per_replica = max(1, recipe.batch_size // replicas)
+    images = max(1, (recipe.micro_batch_size or recipe.batch_size)
+                 // replicas)
+    check_step(model, images, per_replica=per_replica,
+               batch_size=recipe.batch_size)
 
 
 def _fit_jit(model, recipe):

