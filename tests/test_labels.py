@@ -64,3 +64,171 @@ def test_decode_predictions_speaks_the_model_names():
     logits = np.array([[0.0, 3.0, 1.0]])
     top = keras_vit.zoo.decode_predictions(logits, top=2, labels=model)
     assert [name for _, name, _ in top[0]] == ["dog", "bird"]
+
+
+# --------------------------------------------------------------------------
+# One labelled model through every writer and reader outside the zoo: a run
+# fine-tuned on a folder of cat/ and dog/, then its run directory, a resume,
+# .keras, rebuild, SavedModel (both signatures), ONNX and TFLite. Each
+# reader must give back the folder's names, in the head's order.
+
+PETS = ("cat", "dog")
+# A cat is a reddish square, a dog a bluish one: a tiny ViT tells them
+# apart after a few steps.
+_COLOURS = {"cat": (200, 40, 40), "dog": (40, 40, 200)}
+RUN = dict(recipe="pretrain", total_steps=16, warmup_steps=1, batch_size=8,
+           learning_rate=0.003, crop_area=None, flip=False, log_every=8,
+           strategy="default", verbose=False)
+
+
+def pet_image(path, kind, seed):
+    """A 16x16 PNG of ``kind``: its colour plus noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(np.array(_COLOURS[kind]) + rng.normal(
+        0, 25, (16, 16, 3)), 0, 255).astype("uint8")
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def pet_folder(root, kinds=PETS, per_class=6):
+    for kind in kinds:
+        (root / kind).mkdir(parents=True)
+        for i in range(per_class):
+            pet_image(root / kind / f"{i}.png", kind, seed=hash(kind) % 97 + i)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pets_run(tmp_path_factory):
+    """A tiny unnamed ViT fine-tuned on cat/ and dog/ into a run
+    directory: ``(run_dir, folder)``."""
+    import keras
+
+    from keras_vit import train as kt
+
+    root = tmp_path_factory.mktemp("pets")
+    folder = pet_folder(root / "data")
+    keras.utils.set_random_seed(0)
+    unnamed = vit(num_classes=2, **dict(TINY, image_size=16, patch_size=4))
+    unnamed.save(root / "unnamed.keras")
+    kt.fine_tune(str(root / "unnamed.keras"), str(folder),
+                 out_dir=str(root / "run"), **RUN)
+    return root / "run", folder
+
+
+def _saved_model_labels_file(path):
+    with open(path / "assets" / "labels.txt", encoding="utf-8") as f:
+        return tuple(f.read().split("\n")[:-1])
+
+
+def _read_run_dir(model, run_dir, folder, tmp_path):
+    import json
+
+    from keras_vit.zoo import resolve_model
+
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        recorded = tuple(json.load(f)["label_names"])
+    assert recorded == resolve_model(str(run_dir)).label_names
+    return recorded
+
+
+def _read_resumed(model, run_dir, folder, tmp_path):
+    from keras_vit import train as kt
+
+    # The same command again: the unnamed model is named after the data
+    # again, and the checkpoint's weights go into it.
+    trainer = kt.Trainer(str(run_dir.parent / "unnamed.keras"), str(folder),
+                         out_dir=str(run_dir), **RUN)
+    assert trainer.resumed_from == 16
+    return trainer.model.label_names
+
+
+def _read_keras_file(model, run_dir, folder, tmp_path):
+    import keras
+
+    model.save(tmp_path / "again.keras")
+    return keras.saving.load_model(tmp_path / "again.keras").label_names
+
+
+def _read_rebuilt(model, run_dir, folder, tmp_path):
+    return keras_vit.rebuild(model, image_size=32).label_names
+
+
+def _read_saved_model(model, run_dir, folder, tmp_path):
+    from keras_vit.export import to_saved_model
+
+    to_saved_model(model, str(tmp_path / "sm"))
+    return _saved_model_labels_file(tmp_path / "sm")
+
+
+def _read_saved_model_bytes(model, run_dir, folder, tmp_path):
+    import tensorflow as tf
+
+    from keras_vit.export import to_saved_model
+
+    path = tmp_path / "bytes"
+    report = to_saved_model(model, str(path), input="image_bytes",
+                            verify_data="noise")
+    assert report["options"]["labels"] == "label_names"
+    loaded = tf.saved_model.load(str(path))
+    signature = loaded.signatures["serving_default"]
+    images = [open(pet_image(tmp_path / f"{k}.png", k, 1), "rb").read()
+              for k in PETS]
+    out = signature(image_bytes=tf.constant(images))
+    classes = out["classes"].numpy()[:, 0]
+    names = [n.decode() for n in out["labels"].numpy()[:, 0]]
+    # The signature's labels are the head's names of its classes, and the
+    # trained model tells the two apart.
+    assert names == list(PETS) and classes.tolist() == [0, 1]
+    assert _saved_model_labels_file(path) == PETS
+    return tuple(names)
+
+
+def _read_onnx(model, run_dir, folder, tmp_path):
+    import onnxruntime
+
+    from keras_vit.export import to_onnx
+
+    to_onnx(model, str(tmp_path / "m.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    text = session.get_modelmeta().custom_metadata_map["label_names"]
+    return tuple(text.split("\n")[:-1])
+
+
+def _read_tflite(model, run_dir, folder, tmp_path):
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    from keras_vit.export import to_tflite
+
+    to_tflite(model, str(tmp_path / "m.tflite"))
+    flat = flatbuffer_utils.read_model(str(tmp_path / "m.tflite"))
+    (entry,) = [m for m in flat.metadata if m.name == b"label_names"]
+    text = bytes(flat.buffers[entry.buffer].data).decode("utf-8")
+    return tuple(text.split("\n")[:-1])
+
+
+READERS = {"run_dir": _read_run_dir, "resume": _read_resumed,
+           "keras_file": _read_keras_file, "rebuild": _read_rebuilt,
+           "saved_model": _read_saved_model,
+           "saved_model_image_bytes": _read_saved_model_bytes,
+           "onnx": _read_onnx, "tflite": _read_tflite}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_labelled_model_keeps_its_names_through_every_writer(
+        reader, pets_run, tmp_path):
+    from keras_vit.zoo import resolve_model
+
+    run_dir, folder = pets_run
+    model = resolve_model(str(run_dir))
+    assert model.label_names == PETS
+    assert READERS[reader](model, run_dir, folder, tmp_path) == PETS
+    if reader in ("saved_model", "onnx", "tflite"):
+        # keras_vit.export reads each format's record back.
+        from keras_vit.export import read_label_names
+
+        artifact = {"saved_model": "sm", "onnx": "m.onnx",
+                    "tflite": "m.tflite"}[reader]
+        assert read_label_names(str(tmp_path / artifact)) == PETS
