@@ -61,6 +61,7 @@ from keras_vit.models.vit import VisionTransformer
 from keras_vit.train import data as data_lib
 from keras_vit.train import engine
 from keras_vit.train import recipes
+from keras_vit.train import settings
 
 # Defined beside the recipes, which the command line reads without Keras.
 OBJECTIVES, TARGETS = recipes.MPP_OBJECTIVES, recipes.MPP_TARGETS
@@ -672,6 +673,9 @@ class MppTrainer(engine.Trainer):
     fraction of corrupted patches predicted right.
     """
 
+    # The data's classes (if any) are not what the head predicts.
+    names_classes = False
+
     def __init__(self, model, train_data, *, target="mean_color",
                  corruption_rate=0.5, mask_fraction=0.8, random_fraction=0.1,
                  recipe="mpp", weights=None, verbose=True, data_dir=None,
@@ -728,7 +732,7 @@ class MppTrainer(engine.Trainer):
         o = self.model.objective()
         # The data's classes mean nothing here.
         text = super().describe().replace(
-            f", {self.train.num_classes} classes)", ")")
+            f", {settings.classes_text(self.train)})", ")")
         return (f"masked patch prediction ({o['target']}, "
                 f"{o['corruption_rate']:.0%} of {o['num_patches']} patches "
                 f"corrupted) with {text}")
