@@ -232,3 +232,53 @@ def test_a_labelled_model_keeps_its_names_through_every_writer(
         artifact = {"saved_model": "sm", "onnx": "m.onnx",
                     "tflite": "m.tflite"}[reader]
         assert read_label_names(str(tmp_path / artifact)) == PETS
+
+
+@pytest.mark.parametrize("fmt,kwargs", [
+    ("onnx", dict(external_data=True)),
+    ("onnx", dict(quantization="dynamic_int8")),
+    ("tflite", dict(quantization="dynamic_int8")),
+])
+def test_every_variant_of_a_format_records_the_names(fmt, kwargs, tmp_path):
+    """The names are written after the variant is made (quantized, with
+    external weights), and the file that carries them is the one
+    verified."""
+    from keras_vit import export
+
+    model = BUILDERS["vit"](label_names=NAMES)
+    path = str(tmp_path / f"m.{fmt}")
+    report = export.export(model, path, **kwargs)
+    assert report["verified"]
+    assert report["options"]["label_names"]["count"] == 3
+    assert export.read_label_names(path) == tuple(NAMES)
+
+
+def test_unnamed_and_unwritable_names_record_nothing(tmp_path):
+    from keras_vit import export
+
+    unnamed = BUILDERS["vit"]()
+    report = export.to_saved_model(unnamed, str(tmp_path / "plain"))
+    assert report["options"]["label_names"] is None
+    assert export.read_label_names(str(tmp_path / "plain")) is None
+    # A line break cannot be one line of labels.txt: nothing is written,
+    # and the export says so instead of shifting every later name.
+    broken = BUILDERS["vit"](label_names=["cat", "d\nog", "bird"])
+    with pytest.warns(UserWarning, match="not recorded"):
+        report = export.to_onnx(broken, str(tmp_path / "b.onnx"))
+    assert report["options"]["label_names"] is None
+    assert any("line break" in note for note in report["notes"])
+    assert export.read_label_names(str(tmp_path / "b.onnx")) is None
+
+
+@pytest.mark.backends
+def test_exports_from_this_backend_record_the_names(tmp_path):
+    """Off TensorFlow the artifact is converted in a child process from
+    the model's .keras file; the names are written in this one (the same
+    step for every format: TFLite's, the most involved, stands for
+    them)."""
+    from keras_vit import export
+
+    model = BUILDERS["vit"](label_names=NAMES)
+    path = str(tmp_path / "m.tflite")
+    export.to_tflite(model, path)
+    assert export.read_label_names(path) == tuple(NAMES)
