@@ -282,3 +282,175 @@ def test_exports_from_this_backend_record_the_names(tmp_path):
     path = str(tmp_path / "m.tflite")
     export.to_tflite(model, path)
     assert export.read_label_names(path) == tuple(NAMES)
+
+
+# --------------------------------------------------------------------------
+# The command line speaks the names: fine-tune on cat/ dog/, predict prints
+# them, evaluate maps a folder's classes to the model's by name.
+
+def _cli(argv, capsys):
+    from keras_vit import cli
+
+    status = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def pets_cli_run(tmp_path_factory):
+    """``keras-vit fine-tune`` of a tiny 10-class model on cat/ dog/ (a
+    new head of 2): ``(run_dir, folder, printed)``."""
+    import contextlib
+    import io
+
+    import keras
+
+    from keras_vit import cli
+
+    root = tmp_path_factory.mktemp("pets_cli")
+    folder = pet_folder(root / "data")
+    keras.utils.set_random_seed(0)
+    vit(num_classes=10, **dict(TINY, image_size=16, patch_size=4)).save(
+        root / "ten.keras")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main([
+            "fine-tune", str(root / "ten.keras"), "--data", str(folder),
+            "--recipe", "pretrain", "--steps", "16", "--batch-size", "8",
+            "--warmup-steps", "1", "--lr", "0.003", "--set", "crop_area=none",
+            "--set", "flip=false", "--out", str(root / "run"), "--strategy",
+            "default"])
+    assert status == 0
+    return root / "run", folder, out.getvalue()
+
+
+def test_fine_tune_names_the_classes_and_predict_prints_them(
+        pets_cli_run, tmp_path, capsys):
+    run_dir, folder, printed = pets_cli_run
+    assert "2 classes: cat, dog" in printed
+    images = [pet_image(tmp_path / f"{k}.png", k, seed=50) for k in PETS]
+    status, out, err = _cli(["predict", run_dir, *images, "--top", "2"],
+                            capsys)
+    assert status == 0, err
+    blocks = out.strip().split("\n\n")
+    assert len(blocks) == 2
+    for kind, block in zip(PETS, blocks):
+        ranked = block.splitlines()[1:]
+        # "   1  0.9731  dog  [1]": the best class first, by its name.
+        assert ranked[0].split()[2] == kind, block
+        assert {line.split()[2] for line in ranked} == set(PETS)
+    assert "class 0" not in out and "class 1" not in out
+
+
+def test_evaluate_maps_a_subset_folder_by_name(pets_cli_run, tmp_path,
+                                              capsys):
+    import json
+    import shutil
+
+    run_dir, folder, _ = pets_cli_run
+    status, out, err = _cli(["evaluate", run_dir, "--data", folder,
+                             "--json"], capsys)
+    assert status == 0, err
+    full = json.loads(out)
+    assert set(full["per_class"]) == set(PETS) and "classes" not in full
+    # Only dog/: its one class (label 0 in this folder) is the model's 1.
+    dogs = tmp_path / "only_dogs"
+    shutil.copytree(folder / "dog", dogs / "dog")
+    status, out, err = _cli(["evaluate", run_dir, "--data", dogs, "--json"],
+                            capsys)
+    assert status == 0, err
+    only = json.loads(out)
+    assert only["num_examples"] == full["per_class"]["dog"]["num_examples"]
+    assert only["accuracy"] == pytest.approx(
+        full["per_class"]["dog"]["accuracy"])
+    assert only["accuracy"] > 0.5  # the trained model tells dogs apart
+    assert "matched by name" in only["classes"]
+    status, out, err = _cli(["evaluate", run_dir, "--data", dogs], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert "top-1 accuracy" in lines[0]
+    assert "matched by name to the model's 2: dog" in lines[1]
+    assert lines[2].split()[0] == "dog"
+
+
+def test_evaluate_refuses_classes_the_model_does_not_have(
+        pets_cli_run, tmp_path, capsys):
+    run_dir, _, _ = pets_cli_run
+    cows = pet_folder(tmp_path / "farm", kinds=("cat",), per_class=2)
+    pet_image(cows / "cat" / "extra.png", "cat", 9)
+    (cows / "cow").mkdir()
+    pet_image(cows / "cow" / "0.png", "dog", 3)
+    status, out, err = _cli(["evaluate", run_dir, "--data", cows], capsys)
+    assert status == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "['cow']" in line and "['cat', 'dog']" in line
+
+
+def test_an_unnamed_model_maps_by_position_only_when_counts_match(
+        tmp_path, capsys):
+    unnamed = vit(num_classes=2, **dict(TINY, image_size=16, patch_size=4))
+    unnamed.save(tmp_path / "two.keras")
+    folder = pet_folder(tmp_path / "pets", per_class=2)
+    status, out, err = _cli(["evaluate", tmp_path / "two.keras", "--data",
+                             folder], capsys)
+    assert status == 0, err
+    assert "names no classes" in out and "by position" in out
+    three = pet_folder(tmp_path / "more", kinds=("cat", "dog"), per_class=1)
+    (three / "eel").mkdir()
+    pet_image(three / "eel" / "0.png", "cat", 4)
+    status, out, err = _cli(["evaluate", tmp_path / "two.keras", "--data",
+                             three], capsys)
+    assert status == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "names no classes" in line and "'eel'" in line
+
+
+def test_a_named_head_is_not_renamed_by_other_data(pets_cli_run, tmp_path,
+                                                  capsys):
+    """Fine-tuning the cat/dog model on cat/ cow/ (same head size) would
+    read its dog output as cow: refused, naming both."""
+    run_dir, _, _ = pets_cli_run
+    farm = pet_folder(tmp_path / "farm", kinds=("cat",), per_class=2)
+    (farm / "cow").mkdir()
+    for i in range(2):
+        pet_image(farm / "cow" / f"{i}.png", "dog", i)
+    status, out, err = _cli([
+        "fine-tune", run_dir / "model.keras", "--data", farm, "--steps", "2",
+        "--batch-size", "2", "--warmup-steps", "1", "--out",
+        tmp_path / "run", "--strategy", "default", "-q"], capsys)
+    assert status == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "['cat', 'dog']" in line and "['cat', 'cow']" in line
+
+
+@pytest.mark.backends
+def test_evaluate_by_name_agrees_with_the_models_own_answers():
+    """The distributed (TensorFlow) and one-device (jax, torch) paths map
+    the data's labels to the model's outputs by name, and count per
+    class."""
+    import keras
+
+    from keras_vit import train as kt
+    from keras_vit.backend import infer
+    from keras_vit.train.data import ArraySource
+
+    keras.utils.set_random_seed(3)
+    model = vit(num_classes=3, label_names=["bird", "cat", "dog"],
+                **dict(TINY, image_size=16, patch_size=4))
+    rng = np.random.default_rng(0)
+    model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    images = rng.uniform(0, 255, (9, 16, 16, 3)).astype("float32")
+    labels = np.array([0, 1, 0, 1, 1, 0, 0, 1, 0])  # dog=0, cat=1 here
+    source = ArraySource(images, labels, class_names=["dog", "cat"])
+    result = kt.evaluate(model, source, batch_size=4, verbose=False)
+    predicted = infer(model, images / 127.5 - 1.0).argmax(-1)
+    wanted = np.array([2, 1])[labels]  # dog is output 2, cat output 1
+    # By position the figure would differ: the test can tell the two.
+    assert np.mean(predicted == wanted) != np.mean(predicted == labels)
+    assert result["accuracy"] == pytest.approx(np.mean(predicted == wanted))
+    for label, name in enumerate(["dog", "cat"]):
+        mine = labels == label
+        assert result["per_class"][name]["num_examples"] == mine.sum()
+        assert result["per_class"][name]["accuracy"] == pytest.approx(
+            np.mean(predicted[mine] == wanted[mine]))

@@ -9,7 +9,8 @@ import contextlib
 import os
 
 from keras_vit.train import distribute as strategy_lib
-from keras_vit.train.evaluation import model_image_size
+from keras_vit.train.evaluation import (model_image_size, model_label_names,
+                                        shown_names)
 
 
 @contextlib.contextmanager
@@ -89,22 +90,6 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
     return _copy_into_scope(model)
 
 
-def model_label_names(model):
-    """The class names ``model``'s head carries, as a tuple, or None: its
-    ``label_names`` (the config's), else the names a Hub repository's
-    files gave it (``zoo_labels``)."""
-    names = (getattr(model, "label_names", None)
-             or getattr(model, "zoo_labels", None))
-    return tuple(names) if names else None
-
-
-def _shown(names, limit=10):
-    """``names`` for a message: the first ``limit`` and how many more."""
-    names = list(names)
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return f"{names[:limit]}{more}"
-
-
 def name_classes(model, label_names, *, argument="the data"):
     """``model`` with its head's classes named ``label_names`` (in place:
     the names are part of the model's config, so ``.keras`` files and
@@ -140,8 +125,8 @@ def name_classes(model, label_names, *, argument="the data"):
     if have is not None:
         if have != names:
             raise ValueError(
-                f"the model's head already names its classes {_shown(have)}"
-                f" but {argument} has the classes {_shown(names)}: its "
+                f"the model's head already names its classes {shown_names(have)}"
+                f" but {argument} has the classes {shown_names(names)}: its "
                 "outputs would be read as other classes. Use data with the "
                 "model's classes (same names, same order), or start from a "
                 "model without them (a zoo name with another num_classes "
@@ -156,7 +141,7 @@ def name_classes(model, label_names, *, argument="the data"):
         warnings.warn(
             f"model={model.name!r} is a {type(model).__name__}, not a "
             f"keras_vit model: its files cannot keep the class names "
-            f"{_shown(names)}", UserWarning, stacklevel=2)
+            f"{shown_names(names)}", UserWarning, stacklevel=2)
         return model
     # The attribute the constructor sets, which the config returns: the
     # model is what the constructor would have built with these names.
