@@ -454,3 +454,15 @@ def test_evaluate_by_name_agrees_with_the_models_own_answers():
         assert result["per_class"][name]["num_examples"] == mine.sum()
         assert result["per_class"][name]["accuracy"] == pytest.approx(
             np.mean(predicted[mine] == wanted[mine]))
+
+
+def test_resume_compares_the_names_a_run_recorded():
+    """A run recorded before label_names existed resumes (its record says
+    nothing of them); one whose data's names changed does not."""
+    from keras_vit.train.run_dir import run_config_changes
+
+    now = {"train_data": "pets", "label_names": ["cat", "dog"]}
+    assert run_config_changes({"train_data": "pets"}, now) == []
+    assert run_config_changes(
+        {"train_data": "pets", "label_names": ["cat", "cow"]}, now) == [
+        "label_names: ['cat', 'cow'] -> ['cat', 'dog']"]
