@@ -143,11 +143,15 @@ def name_classes(model, label_names, *, argument="the data"):
             f"keras_vit model: its files cannot keep the class names "
             f"{shown_names(names)}", UserWarning, stacklevel=2)
         return model
+    try:
+        checked = check_label_names(list(names), model_classes(model),
+                                    getattr(model, "include_top", True))
+    except ValueError as e:  # e.g. a dataset naming two classes alike
+        raise ValueError(f"the class names of {argument} cannot name the "
+                         f"model's classes: {e}") from None
     # The attribute the constructor sets, which the config returns: the
     # model is what the constructor would have built with these names.
-    model.label_names = check_label_names(
-        list(names), model_classes(model), getattr(model, "include_top",
-                                                    True))
+    model.label_names = checked
     return model
 
 
