@@ -466,3 +466,22 @@ def test_resume_compares_the_names_a_run_recorded():
     assert run_config_changes(
         {"train_data": "pets", "label_names": ["cat", "cow"]}, now) == [
         "label_names: ['cat', 'cow'] -> ['cat', 'dog']"]
+
+
+def test_tfds_imagenet_classes_match_a_zoo_head_by_wordnet_id():
+    """tfds names ImageNet's classes by WordNet id; a zoo head whose
+    weights name the ImageNet list answers to those ids."""
+    import types
+
+    import numpy as np
+
+    from keras_vit.train.data import ArraySource
+    from keras_vit.train.evaluation import class_mapping
+
+    model = vit(num_classes=1000, **TINY)
+    model.zoo_weights = types.SimpleNamespace(labels="imagenet2012")
+    source = ArraySource(np.zeros((2, 32, 32, 3)), np.array([0, 1]),
+                         class_names=["n01443537", "n01440764"])
+    mapping, how = class_mapping(model, source)
+    assert mapping.tolist() == [1, 0]  # goldfish, tench
+    assert "matched by name" in how
