@@ -77,7 +77,8 @@ def main(argv=None):
                                    num_classes=train.num_classes)
         recipe = kt.compile_for_finetune(
             model, total_steps=args.steps, warmup_steps=max(1, args.steps // 10),
-            batch_size=args.batch_size, learning_rate=args.learning_rate)
+            batch_size=args.batch_size, learning_rate=args.learning_rate,
+            label_names=train)  # the saved model names the data's classes
 
     # Inception crop + flip, scaled to [-1, 1], as in the paper; global
     # batches (model.fit gives each replica batch_size / replicas).

@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.export import common, memory, staging
+from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
 # What a stuck converter process may take before it is stopped; the
@@ -114,6 +114,9 @@ def run(job):
             if finish is not None:
                 result = finish(staged, stage.path, job.params, job.arrays,
                                 result)
+            # Before verification: the file checked is the file kept.
+            job.options["label_names"] = labels.record(
+                job.format, staged, job.graph, job.notes)
         job.options.update(result.get("options", {}))
         files = [stage.file(f) for f in result["files"]]
         checked = None

@@ -391,11 +391,12 @@ def run_evaluate(args):
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
     from keras_vit.errors import printable
+    from keras_vit.train.evaluation import result_lines
 
     return _show(args, result, [
         f"{printable(args.model)} on {printable(source.name)}: top-1 accuracy "
         f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
-        f"({result['num_examples']} images)"])
+        f"({result['num_examples']} images)"] + result_lines(result))
 
 
 def _show(args, result, lines):

@@ -101,6 +101,11 @@ class Trainer:
     (3, True)
     """
 
+    #: Whether the model's head is named after the data's classes
+    #: (``class_names``, e.g. a folder's sub-folders): a classifier's is,
+    #: the head of a self-supervised objective is not.
+    names_classes = True
+
     def __init__(self, model, train_data, eval_data=None, *,
                  recipe="finetune", out_dir=None, strategy="auto",
                  weights="auto", resume=True, model_options=None, tpu=None,
@@ -141,6 +146,8 @@ class Trainer:
             self.model = build_model(
                 model, num_classes=self.train.num_classes, weights=weights,
                 model_options=model_options,
+                label_names=(self.train.class_names if self.names_classes
+                             else None),
                 **settings.model_settings(model, r, overrides))
             self.image_size = model_image_size(self.model)
             self.recipe = r = settings.fit_to_model(
