@@ -661,11 +661,8 @@ def _runner_env(tmp, hub, **extra):
 @pytest.fixture(scope="module")
 def venv_results(fresh_venv, hub, hub_files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("journeys")
-    jobs = _python_jobs("venv", hub_files) + _command_jobs(COMMANDS)
-    jobs.append({"id": "figures without matplotlib", "cwd": "figures",
-                 "code": FIGURES_WITHOUT_MATPLOTLIB,
-                 "setup": "model = journey.tiny_model()\n",
-                 "expect": []})
+    jobs = (_python_jobs("venv", hub_files) + _command_jobs(COMMANDS)
+            + [FIGURES_JOB])
     env = _clean_env(**_runner_env(tmp, hub))
     return _run_jobs(fresh_venv, jobs, tmp, env)
 
@@ -710,6 +707,9 @@ else:
 assert len(message.splitlines()) == 1, message
 assert "'matplotlib'" in message and "pip install" in message, message
 """
+FIGURES_JOB = {"id": "figures without matplotlib", "cwd": "figures",
+               "code": FIGURES_WITHOUT_MATPLOTLIB,
+               "setup": "model = journey.tiny_model()\n", "expect": []}
 
 
 @pytest.mark.slow
