@@ -202,7 +202,7 @@ def run_job(job, root):
     tools = {"journey": Helpers(), "os": os, "Path": Path, "json": json,
              "re": re}
     namespace = {"__name__": "__main__"}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             if job.get("setup"):
@@ -231,6 +231,7 @@ def run_job(job, root):
     finally:
         os.chdir(here)
     result["seconds"] = round(time.perf_counter() - start, 2)
+    result["cpu"] = round(time.process_time() - cpu, 2)
     result["stdout"] = _tail(out.getvalue())
     result["stderr"] = _tail(err.getvalue())
     if "keras" in sys.modules:

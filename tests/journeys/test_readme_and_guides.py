@@ -589,7 +589,8 @@ def _run_jobs(python, jobs, root, env, timeout=900):
                                                before.ru_stime)
     print(f"\n{root.name}: {len(jobs)} jobs, {cpu:.0f} s of CPU")
     for job, result in sorted(got.items(), key=lambda kv: -kv[1]["seconds"]):
-        print(f"{result['seconds']:7.1f} s  {job}")
+        print(f"{result['seconds']:7.1f} s, {result.get('cpu', 0):5.1f} s "
+              f"of CPU  {job}")
     for job in jobs:  # a crash of the process fails the jobs it did not run
         got.setdefault(job["id"], {
             "ok": False, "seconds": 0, "stdout": "",
