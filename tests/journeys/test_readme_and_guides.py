@@ -93,7 +93,7 @@ class Snippet:
     subs: tuple = ()          # (old, new): old must be in the block
     setup: str = ""           # Python run first, in the block's namespace
     expect: tuple = ()        # expressions true after the block
-    files: dict = field(default_factory=dict)  # dest -> hub file fixture
+    files: dict = field(default_factory=dict)  # dest -> hub_files path
     where: str = "venv"       # "venv", or "suite"/"jax" with a reason
     reason: str = ""
 
@@ -620,7 +620,7 @@ def write_hub_files(root):
         # runner's shrunk ViT-B/16 is what the name means there.
         config = json.loads((root / folder / "config.json").read_text())
         for key in ("embed_dim", "depth", "num_heads", "mlp_ratio"):
-            del config["model_args"][key]
+            config["model_args"].pop(key, None)
         (root / folder / "config.json").write_text(json.dumps(config))
     config = transformers.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
