@@ -383,13 +383,21 @@ def test_every_documented_command_and_option_exists():
         if sub is None:
             bad.append(f"{doc}: {cmd!r}: no command {words[1]!r}")
             continue
-        known = set(sub._option_string_actions) | set(
-            parser._option_string_actions)
-        for word in words[2:]:
+        known = dict(parser._option_string_actions,
+                     **sub._option_string_actions)
+        for word, value in zip(words[2:], words[3:] + [""]):
             option = word.strip("[]").split("=")[0]
-            if re.fullmatch(r"--?[A-Za-z][\w-]*", option) and \
-                    option not in known:
+            if not re.fullmatch(r"--?[A-Za-z][\w-]*", option):
+                continue
+            if option not in known:
                 bad.append(f"{doc}: {cmd!r}: {words[1]} has no {option}")
+                continue
+            # A synopsis lists the choices as a|b|c.
+            choices = known[option].choices
+            values = value.strip("[]").split("|")
+            wrong = [v for v in values if choices and v not in choices]
+            if wrong:
+                bad.append(f"{doc}: {cmd!r}: {option} takes none of {wrong}")
     assert not bad, "\n".join(bad)
 
 
