@@ -739,6 +739,21 @@ def test_doc_command_runs_on_the_readme_install(venv_results, cmd):
 
 
 @pytest.mark.slow
+def test_hub_blocks_went_through_the_hub(venv_results, hub):
+    """The hf-hub: names of the zoo guide were downloaded by
+    huggingface_hub from the endpoint (not found in some cache), each
+    repository's two files."""
+    got = {}
+    for path in hub.gets:
+        repo, _, rest = path.lstrip("/").partition("/resolve/")
+        got.setdefault(repo, set()).add(rest.rsplit("/", 1)[-1])
+    for repo in ("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+                 "timm/vit_base_patch16_224.augreg_in21k",
+                 "google/vit-base-patch16-224"):
+        assert got.get(repo) == {"config.json", "model.safetensors"}, got
+
+
+@pytest.mark.slow
 def test_figures_name_matplotlib_on_the_readme_install(venv_results):
     result = venv_results["figures without matplotlib"]
     assert result["ok"], _report(result)
