@@ -281,7 +281,8 @@ COMMANDS = {
         "keras-vit fine-tune runs/mpp/model.keras --data path/to/labelled "
         "--recipe finetune": Command(add=TINY_FIT),
         # Offline, with no VTAB data prepared: stops at once, naming the
-        # tfds command that prepares it.
+        # tfds command that prepares it. (The data folder is one that holds
+        # nothing on any machine, not the user's ~/tensorflow_datasets.)
         "keras-vit vtab ViT-B/16 --tasks natural,clevr_count --data-dir "
         "~/tensorflow_datasets --out runs/vtab": Command(
             subs=(("~/tensorflow_datasets", "no_tfds_here"),),
@@ -318,8 +319,9 @@ WITH_MATPLOTLIB = {
 NOT_RUN = {
     "keras-vit demo": "tests/test_demo.py runs it (minutes at its size)",
     "keras-vit benchmark ViT-B/16 --runtimes keras,xla,onnx,tflite "
-    "--batch 1,8": "a measurement: tests/test_export_speed.py runs the "
-                   "benchmark command",
+    "--batch 1,8": "a measurement (minutes at its size); tests/"
+                   "test_export.py runs the benchmark command on a tiny "
+                   "model with the same runtimes",
 }
 
 # A synopsis names its arguments in capitals (MODEL, IMAGE...) or brackets.
