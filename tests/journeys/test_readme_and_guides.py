@@ -616,7 +616,7 @@ def write_hub_files(root):
     import timm
     import torch
     import transformers
-    from timm.models import _hub
+    from timm.models import save_for_hf
 
     torch.manual_seed(0)
     for folder, arch in (("timm-ft", "vit_base_patch16_224.augreg2_in21k_"
@@ -624,7 +624,7 @@ def write_hub_files(root):
                          ("timm-i21k", "vit_base_patch16_224.augreg_in21k")):
         model = timm.create_model(arch, pretrained=False, embed_dim=32,
                                   depth=1, num_heads=2, mlp_ratio=2.0)
-        _hub.save_for_hf(model, root / folder, safe_serialization=True)
+        save_for_hf(model, root / folder, safe_serialization=True)
         # timm records the widths it was asked for; a Hub repository of
         # vit_base_patch16_224 has none (its name fixes them), and the
         # runner's shrunk ViT-B/16 is what the name means there.
