@@ -245,6 +245,12 @@ ONE_ERROR_LINE = ("len(err.strip().splitlines()) == 1",
 
 COMMANDS = {
     "README.md": {
+        # The README's first command, on its own install: the demo's quick
+        # form (its full run and its numbers: tests/test_demo.py).
+        "keras-vit demo": Command(
+            add=" --quick --epochs 1 --out demo",
+            expect=("status == 0", "os.path.isfile('demo/digits_vit.keras')",
+                    "os.path.isfile('demo/digits_vit.npz')")),
         "keras-vit list": Command(expect=("status == 0",
                                           "'ViT-B/16' in out")),
         "keras-vit predict ViT-B/16 photo.jpg": Command(
@@ -317,7 +323,6 @@ WITH_MATPLOTLIB = {
 
 # keras-vit lines that name real values but do not run here, and why.
 NOT_RUN = {
-    "keras-vit demo": "tests/test_demo.py runs it (minutes at its size)",
     "keras-vit benchmark ViT-B/16 --runtimes keras,xla,onnx,tflite "
     "--batch 1,8": "a measurement (minutes at its size); tests/"
                    "test_export.py runs the benchmark command on a tiny "
