@@ -174,9 +174,10 @@ def pytest_report_header(config):
 # --no-loadscope-reorder), so that no worker ends on a long file while the
 # others sit idle; the rest keep their alphabetical order. TensorFlow run,
 # seconds: journeys/readme_and_guides (the README's install in a
-# fresh venv, then every doc journey on it; 121 s of CPU, 364 s of wall
-# time on a 2-core machine shared with other jobs, 2026-11-25: most of its
-# wall time is the install's disk I/O, so it goes out first), demo 168,
+# fresh venv, then every doc journey on it; 109 s of CPU, 66 s of it the
+# journeys, and 252 s of wall time on a 2-core machine shared with other
+# jobs, 2026-11-25: much of its wall time is the install's disk I/O, so it
+# goes out first), demo 168,
 # examples 136, benchmarks 101, export 94, posemb 87, trainer_backends 81,
 # train 79, backends 56, export_speed 47, reliability 44, timm_hub 36, cli
 # 36, graph_fusion 35, docstrings 28, first_run ~15 (20 s of CPU once its
