@@ -440,7 +440,12 @@ def _refuse_unsupported(config):
             f"std={std}; keras_vit's ViT takes the official [-1, 1] range "
             "(mean 0.5, std 0.5) only")
     args = config.get("model_args") or {}
-    unsupported = sorted(set(args) - _KNOWN_MODEL_ARGS)
+    # timm's own save_for_hf records in_chans (3: RGB) for every model.
+    if args.get("in_chans", 3) != 3:
+        raise ValueError(
+            f"timm model_args in_chans={shown(args['in_chans'])} is not "
+            "supported; keras_vit's ViT takes RGB images (in_chans=3)")
+    unsupported = sorted(set(args) - _KNOWN_MODEL_ARGS - {"in_chans"})
     if unsupported:
         shown_args = {shown(k, 40): shown(args[k], 40)
                       for k in unsupported[:12]}
@@ -544,13 +549,14 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
 def _timm_architecture(model):
     """timm's name for the model's architecture, e.g.
     ``vit_base_patch16_224``."""
-    names = {(192, 12, 3): "tiny", (384, 12, 6): "small",
-             (768, 12, 12): "base", (1024, 24, 16): "large",
-             (1280, 32, 16): "huge"}
+    # The sizes are the zoo's one table (keras_vit.variants), in timm's words.
+    words = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
+             "H": "huge"}
     key = (model.hidden_size, model.num_layers, model.num_heads)
-    size = names.get(key)
+    size = next((words[letter] for letter, row in variants.VIT_SIZES.items()
+                 if (row["hidden_size"], row["num_layers"], row["num_heads"],
+                     row["mlp_dim"]) == (*key, model.mlp_dim)), None)
     if (size is None or getattr(model, "resnet", None) is not None
-            or model.mlp_dim != 4 * model.hidden_size
             or model.classifier != "token"):
         raise ValueError(
             f"save_pretrained writes the standard timm ViTs (Ti, S, B, L, H "
