@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from keras_vit.errors import available_memory
+from keras_vit.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 
 # Bytes per value: float32 (a bf16 model keeps its softmax in float32).
 _BYTES = 4
@@ -189,14 +190,15 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
     available = available_memory() if available is None else available
     if available is None:
         return wanted
-    if per_image > 1.5 * available:
+    if per_image > MEMORY_SLACK * available:
         raise ValueError(
             f"one image through {_describe(model)} needs about "
             f"{per_image / 2**30:.1f} GiB in its forward pass (an estimate: "
             "the attention maps grow with the square of the tokens), more "
             f"than the {available / 2**30:.1f} GiB of memory available "
             f"here; lower {option}")
-    return max(1, min(wanted, int(available // 2 // per_image)))
+    return max(1, min(wanted, int(available * BATCH_MEMORY_SHARE
+                                   // per_image)))
 
 
 def check_forward(model, images, *, available=None):
@@ -211,10 +213,10 @@ def check_forward(model, images, *, available=None):
     if need is None:
         return
     available = available_memory() if available is None else available
-    if available is None or need <= 1.5 * available:
+    if available is None or need <= MEMORY_SLACK * available:
         return
     per_image = need / int(images)
-    fits = int(available // 2 // per_image)
+    fits = int(available * BATCH_MEMORY_SHARE // per_image)
     hint = (f"a batch of at most {fits} image(s) fits"
             if fits >= 1 else "lower the image size")
     raise ValueError(

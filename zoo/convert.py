@@ -20,6 +20,9 @@ import zipfile
 import numpy as np
 
 from keras_vit import atomic
+# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
+# more than this many, whatever a file's header declares.
+from keras_vit.limits import MAX_LAYERS as MAX_BLOCKS
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")
@@ -149,9 +152,6 @@ _NEW_TO_OLD_BLOCK = {
 }
 
 
-# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
-# more than this many, whatever a file's header declares.
-MAX_BLOCKS = 1024
 
 
 def normalize_keys(arrays: dict, max_blocks=None) -> dict:

@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from keras_vit.errors import require, shown, special_file
+from keras_vit.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
 from keras_vit.zoo import convert, download
 
 HUB_PREFIX = "hf-hub:"
@@ -62,9 +63,6 @@ except Exception as e:
     out = {"error": type(e).__name__, "message": str(e)}
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
-# The largest config.json read (timm's and transformers' readers refuse
-# more).
-MAX_CONFIG_BYTES = 16 << 20
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 
@@ -186,8 +184,6 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
 _ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
               "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
               "BOOL": 1}
-# safetensors' own limit on the JSON header.
-MAX_SAFETENSORS_HEADER = 100 << 20
 
 
 def _is_count(value):

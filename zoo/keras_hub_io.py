@@ -40,6 +40,8 @@ import re
 import numpy as np
 
 from keras_vit.errors import ConfigError, require, shown
+from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_H5_ENTRIES,
+                              MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
 from keras_vit.zoo import convert, transformers_hub
 
 CONFIG_FILE = "config.json"
@@ -51,16 +53,6 @@ IMAGE_CONVERTER_FILE = "image_converter.json"
 BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
 
-# Bounds shared with the transformers reader: no ViT comes near them.
-MAX_HIDDEN = transformers_hub.MAX_HIDDEN
-MAX_LAYERS = transformers_hub.MAX_LAYERS
-MAX_MLP = transformers_hub.MAX_MLP
-MAX_IMAGE_SIDE = transformers_hub.MAX_IMAGE_SIDE
-MAX_CHANNELS = transformers_hub.MAX_CHANNELS
-MAX_CLASSES = transformers_hub.MAX_CLASSES
-# A ViT preset's .h5 holds 16 datasets a layer; a file with far more
-# entries is not one.
-MAX_H5_ENTRIES = 100_000
 
 # Every config key keras-hub 0.32 writes; another one may change the
 # numbers (a new option), so it is refused rather than ignored.

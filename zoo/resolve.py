@@ -31,6 +31,10 @@ import numpy as np
 
 from keras_vit.errors import (UnexpectedKeywordError, check_archive,
                               check_pair, did_you_mean)
+# A model's config.json is a few KB, but Keras reads it whole into memory
+# (a 1.6 MB .keras can hold a 1.5 GB one): the bounds, keras_vit/limits.py.
+from keras_vit.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
+                              MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
 from keras_vit.zoo import bit_layout, convert
 
 #: The file a training run directory holds its final model in.
@@ -76,16 +80,6 @@ def load_keras_file(path, argument="model", *, error=ValueError):
     return model
 
 
-# A model's config.json is a few KB; Keras reads it whole into memory (a
-# 1.6 MB .keras can hold a 1.5 GB one).
-MAX_KERAS_CONFIG_BYTES = 16 << 20
-# Keras writes its members uncompressed and reads model.weights.h5 whole
-# into memory; its own bomb check starts at 4 GiB, so a 1.5 MB .keras could
-# still hold a 3.9 GB weights file (a 1.5 GB one peaked at 3.6 GB of RSS).
-# A member past the floor that inflates more than this is refused: weights
-# deflate by a few percent, and 10 MB of file stays under 200 MB.
-KERAS_BOMB_FLOOR = 64 << 20
-KERAS_MAX_EXPANSION = 20
 
 
 def _check_keras_members(path, argument, error):

@@ -34,6 +34,7 @@ from keras_vit import atomic
 from keras_vit.errors import (MAX_IMAGE_SIDE, ConfigError, require, shown,
                               special_file)
 from keras_vit import variants
+from keras_vit.limits import MAX_CLASSES, MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download
 # The Hub files transformers' layout shares (zoo/hub_files.py); every name
@@ -114,9 +115,6 @@ def fetch(source, progress=None, *, timeout=60.0,
     return config, path
 
 
-# A timm config.json is a few KB (ImageNet-21k label names: ~0.5 MB).
-MAX_CONFIG_BYTES = 16 << 20
-MAX_CLASSES = 1_000_000
 
 
 def _check(path, field, value, ok, expected):

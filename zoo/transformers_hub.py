@@ -40,6 +40,10 @@ import re
 import numpy as np
 
 from keras_vit.errors import special_file
+# Bounds no ViT checkpoint comes near; a config beyond them is refused
+# before anything is allocated.
+from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_CONFIG_BYTES,
+                              MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
 from keras_vit.zoo import convert, hub_files
 
 HUB_PREFIX = hub_files.HUB_PREFIX
@@ -58,15 +62,6 @@ GELU_FORMS = {"gelu": "exact", "gelu_new": "tanh",
 DEFAULT_LAYER_NORM_EPS = 1e-12
 DEFAULT_HIDDEN_ACT = "gelu"
 
-# Bounds no ViT checkpoint comes near (ViT-22B: width 6144, 48 layers);
-# a config beyond them is refused before anything is allocated.
-MAX_CONFIG_BYTES = 16 << 20
-MAX_HIDDEN = 16384
-MAX_LAYERS = convert.MAX_BLOCKS
-MAX_MLP = 65536
-MAX_IMAGE_SIDE = 4096
-MAX_CHANNELS = 16
-MAX_CLASSES = 1_000_000
 
 # Hub model types that are not ViT, with the way out where there is one.
 _OTHER_TYPES = {
