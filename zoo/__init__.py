@@ -25,11 +25,12 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                  "read_npz", "resize_posemb", "save_npz"),
     ".download": ("ChecksumError", "DownloadError", "OfflineError",
                   "cache_dir"),
-    ".keras_hub_io": ("from_keras_hub", "to_keras_hub"),
+    ".keras_hub_io": ("from_keras_hub",),
+    ".keras_hub_writer": ("to_keras_hub",),
     ".preprocessing": ("decode_predictions", "preprocess_input",
                        "preprocessing_layer"),
     ".resolve": ("rebuild", "resolve_model"),
-    ".timm_hub": ("save_pretrained",),
+    ".save": ("save_pretrained",),
 }))
 
 __all__ = [

@@ -180,28 +180,21 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     return result["paths"]
 
 
-# Bytes per element of the safetensors dtypes NumPy holds.
-_ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
-              "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-              "BOOL": 1}
-
-
-def _is_count(value):
-    """A non-negative int; JSON's true and false are not counts."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and value >= 0)
-
-
 def check_safetensors(path):
     """Checks a ``.safetensors`` file's header against the file before
-    anything is read into memory: its length, JSON, and every tensor's
-    dtype, shape and byte range (inside the file, the size its shape
-    needs). A :class:`~keras_vit.zoo.convert.CheckpointError` names the
-    file and the tensor otherwise. Returns the header."""
+    anything is read into memory: its length, JSON (no tensor named
+    twice), every entry as :data:`~keras_vit.zoo.formats.SAFETENSORS_HEADER`
+    describes it (float dtypes only), and every byte range (inside the
+    file, the size its shape needs, no two overlapping). A
+    :class:`~keras_vit.zoo.formats.FormatError` names the file and the
+    tensor otherwise. Returns the header."""
+    from keras_vit import schema
+    from keras_vit.zoo import formats
+
     path = os.fspath(path)
 
-    def bad(problem):
-        return convert.CheckpointError(f"{path}: {problem}")
+    def bad(problem, field=None):
+        return formats.fail(path, field, problem)
 
     kind = special_file(path)
     if kind is not None:
@@ -217,42 +210,30 @@ def check_safetensors(path):
             raise bad(f"declares a {length}-byte header in a {size}-byte "
                       "file (truncated, or not a .safetensors file)")
         raw = f.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise bad(f"its header is not JSON ({type(e).__name__}: "
-                  f"{' '.join(str(e).split())[:200]})") from None
-    if not isinstance(header, dict):
-        raise bad(f"its header is a JSON {type(header).__name__}, not an "
-                  "object of tensors")
+    header = formats.check(formats.SAFETENSORS_HEADER, schema.parse_json(
+        raw, path, ".safetensors header", error=formats.FormatError), path)
     data = size - 8 - length
+    ranges = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        where = f"tensor {shown(name)}"
-        if not isinstance(entry, dict):
-            raise bad(f"{where}: expected an object with dtype, shape and "
-                      f"data_offsets; received {shown(entry)}")
-        dtype, shape = entry.get("dtype"), entry.get("shape")
-        offsets = entry.get("data_offsets")
-        if dtype not in _ST_DTYPES:
-            raise bad(f"{where}: dtype={shown(dtype)} is not one of "
-                      f"{sorted(_ST_DTYPES)}")
-        if not (isinstance(shape, list) and len(shape) <= 8
-                and all(_is_count(d) for d in shape)):
-            raise bad(f"{where}: shape={shown(shape)} is not a list of up "
-                      "to 8 non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(_is_count(o) for o in offsets)
-                and offsets[0] <= offsets[1] <= data):
-            raise bad(f"{where}: data_offsets={shown(offsets)} is not a "
-                      f"byte range inside the file's {data} bytes of data "
-                      "(truncated?)")
-        need = int(np.prod(shape, dtype=object)) * _ST_DTYPES[dtype]
-        if offsets[1] - offsets[0] != need:
-            raise bad(f"{where}: data_offsets={offsets} hold "
-                      f"{offsets[1] - offsets[0]} bytes; dtype {dtype} and "
-                      f"shape {shape} need {need}")
+        shape, (start, end) = entry["shape"], entry["data_offsets"]
+        if not start <= end <= data:
+            raise bad(f"data_offsets={[start, end]} is not a byte range "
+                      f"inside the file's {data} bytes of data (truncated?)",
+                      name)
+        width = formats.SAFETENSORS_FLOAT_DTYPES[entry["dtype"]]
+        need = int(np.prod(shape, dtype=object)) * width
+        if end - start != need:
+            raise bad(f"data_offsets={[start, end]} hold {end - start} "
+                      f"bytes; dtype {entry['dtype']} and shape {shape} "
+                      f"need {need}", name)
+        ranges.append((start, end, name))
+    ranges.sort()
+    for (_, end, first), (start, _, second) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise bad(f"its data overlaps tensor {shown(first)}'s: two "
+                      "names for one array", second)
     return header
 
 
@@ -270,3 +251,85 @@ def read_safetensors(path):
         raise convert.CheckpointError(
             f"{path}: cannot read it as a .safetensors file: "
             f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+
+
+def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
+                   tags=None, head_config=None, **defaults):
+    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
+    that ``arch`` (what a Hugging Face reader found: sizes,
+    ``image_size``, ``patch_size``, ``num_channels``,
+    ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally
+    ``classifier``) describes, holding ``arrays`` (official layout) with a
+    head of ``head`` classes (None: none) named ``label_names``.
+    ``**defaults`` are more builder arguments; ``tags`` more attributes
+    for the model (``zoo_name`` and ``zoo_weights`` are set)."""
+    from keras_vit.zoo import sources
+
+    config = {key: arch[key] for key in (
+        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+        "layer_norm_epsilon", "gelu", "num_channels", "image_size",
+        "representation_size")}
+    config.update(num_classes=head or 1000,
+                  classifier=arch.get("classifier", "token"), **defaults)
+    return sources.Checkpoint(
+        config, arrays, source_name=source_name, head=head,
+        label_names=label_names, head_config=dict(head_config or {}),
+        tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
+              **(tags or {})})
+
+
+def zoo_name(arch):
+    """The zoo name of a ViT of ``arch``'s sizes (``hidden_size``,
+    ``mlp_dim``, ``num_heads``, ``num_layers``, ``patch_size``), or a
+    description of them where no zoo size has them.
+
+    >>> zoo_name(dict(hidden_size=192, mlp_dim=768, num_heads=3,
+    ...               num_layers=12, patch_size=16))
+    'ViT-Ti/16'
+    """
+    from keras_vit import variants
+
+    sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
+                                  "num_layers")}
+    for letter, config in variants.VIT_SIZES.items():
+        if config == sizes:
+            return variants.vit_name(letter, arch["patch_size"])
+    return (f"ViT (hidden {arch['hidden_size']}, {arch['num_layers']} "
+            f"layers, patch {arch['patch_size']})")
+
+
+def name_sizes(name, weights):
+    """The sizes of the ViT name ``name``, for weights that only a ViT
+    takes (``weights`` says whose, in the error for another family).
+
+    >>> name_sizes("ViT-Ti/16", "transformers'")
+    {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
+    """
+    from keras_vit import variants
+
+    parsed = variants.parse(name)
+    if parsed.family != "vit":
+        raise ValueError(f"{weights} ViT weights load into ViT names only; "
+                         f"received name={name!r} ({parsed.family})")
+    return {k: parsed.config[k] for k in (
+        "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size")}
+
+
+PICKLE_FILE = "pytorch_model.bin"
+
+
+def pickle_hint(folder):
+    """The way out for a folder holding only PyTorch's pickled
+    ``pytorch_model.bin`` (what timm's ``save_for_hf`` and transformers'
+    ``save_pretrained`` write without ``safe_serialization``), or "".
+    keras_vit never unpickles: a pickle runs code when loaded."""
+    if not os.path.isfile(os.path.join(os.fspath(folder), PICKLE_FILE)):
+        return ""
+    return (f"; it holds only {PICKLE_FILE}, a pickle, which keras_vit "
+            "never unpickles (unpickling runs code). Convert it once where "
+            "you trust the file: for timm, timm.models.save_for_hf(timm."
+            "create_model('<architecture>', pretrained=True, "
+            f"pretrained_cfg_overlay=dict(file='{PICKLE_FILE}')), dir, "
+            "safe_serialization=True); for transformers, "
+            "ViTForImageClassification.from_pretrained(folder)."
+            "save_pretrained(dir, safe_serialization=True)")

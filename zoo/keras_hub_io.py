@@ -42,13 +42,14 @@ import numpy as np
 from keras_vit.errors import ConfigError, require, shown
 from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_H5_ENTRIES,
                               MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
-from keras_vit.zoo import convert, transformers_hub
+from keras_vit.zoo import convert, formats, hub_files, transformers_hub
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TASK_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
 IMAGE_CONVERTER_FILE = "image_converter.json"
+METADATA_FILE = "metadata.json"
 
 BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
@@ -66,14 +67,14 @@ _TASK_KEYS = {"name", "trainable", "dtype", "backbone", "preprocessor",
               "dropout", "head_dtype"}
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "mixed_float16",
            "mixed_bfloat16")
-_ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
+ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
                 "sigmoid": "sigmoid"}
 
 # keras-hub's variable paths (as a live model names them) -> the official
 # layout. Keras' MultiHeadAttention kernels have the official shapes; the
 # position table is (N, D) there and (1, N, D) here.
 _EMB = "vit_patching_and_embedding/"
-_TOP = {
+TOP = {
     _EMB + "class_token": "cls",
     _EMB + "patch_embedding/kernel": "embedding/kernel",
     _EMB + "patch_embedding/bias": "embedding/bias",
@@ -86,7 +87,7 @@ _TOP = {
     "predictions/bias": "head/bias",
 }
 _ATT = "MultiHeadDotProductAttention_1/"
-_BLOCK = {
+BLOCK = {
     "ln_1/gamma": "LayerNorm_0/scale", "ln_1/beta": "LayerNorm_0/bias",
     "mha/query/kernel": _ATT + "query/kernel",
     "mha/query/bias": _ATT + "query/bias",
@@ -222,7 +223,7 @@ def backbone_architecture(config, path):
     "mlp_dim", "image_size", "patch_size", "num_channels",
     "layer_norm_epsilon", "gelu", "dropout_rate", "attention_dropout_rate",
     "class_token", "biases"}``; ``path`` names the source in errors."""
-    _known_settings(config, path, _BACKBONE_KEYS)
+    config = formats.check(formats.KERAS_HUB_BACKBONE, config, path, "config")
     shape = _get(config, path, "image_shape", None, lambda v: isinstance(
         v, (list, tuple)) and len(v) == 3 and all(
             _is_int(s, 1, MAX_IMAGE_SIDE) for s in v[:2])
@@ -293,7 +294,7 @@ def task_architecture(config, arch, path):
     ``ViTImageClassifier`` config: ``kind``, ``classifier``,
     ``num_classes``, ``representation_size``, ``classifier_activation``.
     What keras_vit pools differently is refused by name."""
-    _known_settings(config, path, _TASK_KEYS)
+    config = formats.check(formats.KERAS_HUB_TASK, config, path, "config")
     classes = _get(config, path, "num_classes", None,
                    lambda v: _is_int(v, 1, MAX_CLASSES),
                    f"an integer in [1, {MAX_CLASSES}]")
@@ -311,8 +312,8 @@ def task_architecture(config, arch, path):
                           lambda v: v is None or _is_int(v, 1, MAX_HIDDEN),
                           f"null or an integer in [1, {MAX_HIDDEN}]")
     activation = _get(config, path, "activation", None,
-                      lambda v: v in _ACTIVATIONS,
-                      f"one of {list(_ACTIVATIONS)} (the head's activation)")
+                      lambda v: v in ACTIVATIONS,
+                      f"one of {list(ACTIVATIONS)} (the head's activation)")
     _get(config, path, "dropout", 0.0, lambda v: _is_number(v) and 0 <= v < 1,
          "a number in [0, 1)")
     for key in ("dtype", "head_dtype"):
@@ -322,7 +323,7 @@ def task_architecture(config, arch, path):
                               f"received {key}={shown(value)}")
     return dict(arch, kind="classifier", num_classes=classes,
                 classifier=pooling, representation_size=representation,
-                classifier_activation=_ACTIVATIONS[activation])
+                classifier_activation=ACTIVATIONS[activation])
 
 
 def _backbone_only(arch):
@@ -405,11 +406,11 @@ def to_official(state, arch):
         m = _HUB_BLOCK.match(name)
         if m:
             out[f"Transformer/encoderblock_{int(m.group(1)) - 1}/"
-                f"{_BLOCK[m.group(2)]}"] = value
+                f"{BLOCK[m.group(2)]}"] = value
         elif name == _EMB + "position_embedding/embeddings":
             out[convert.POSEMB_KEY] = value[None]
         else:
-            out[_TOP[name]] = value
+            out[TOP[name]] = value
     d, h = arch["hidden_size"], arch["num_heads"]
     zeros = {"embedding/bias": (d,)}
     for i in range(arch["num_layers"]):
@@ -424,7 +425,7 @@ def to_official(state, arch):
     return out
 
 
-def _check_names(found, expected, where):
+def check_names(found, expected, where):
     """One CheckpointError naming ``where`` and listing every missing,
     unexpected and mis-shaped variable (``found``: name -> shape)."""
     transformers_hub.check_names(
@@ -488,7 +489,7 @@ def _read_h5(path, wanted, arch):
         by_dataset = {v: k for k, v in wanted.items() if k in shapes}
         named = {by_dataset.get(k, k): tuple(ds.shape)
                  for k, ds in found.items()}
-        _check_names(named, shapes, path)
+        check_names(named, shapes, path)
         problems = []
         for name, key in wanted.items():
             if name not in shapes:
@@ -575,7 +576,8 @@ def read_preset(directory):
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{directory!r} has no {CONFIG_FILE}; a "
                                 "keras-hub preset directory has one")
-    outer = transformers_hub.read_json(config_path, "keras-hub config.json")
+    outer = formats.check(formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
+        config_path, "keras-hub config.json"), config_path)
     class_name = outer.get("class_name")
     if class_name != BACKBONE:
         raise ConfigError(
@@ -585,19 +587,20 @@ def read_preset(directory):
     arch = backbone_architecture(outer.get("config"), config_path)
     task_path = os.path.join(directory, TASK_FILE)
     if os.path.isfile(task_path):
-        task = transformers_hub.read_json(task_path, "keras-hub task.json")
+        task = formats.check(formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
+            task_path, "keras-hub task.json"), task_path)
         if task.get("class_name") != CLASSIFIER:
             raise ConfigError(
                 task_path, "class_name", f"keras_vit reads keras-hub's "
                 f"{CLASSIFIER}; received class_name="
                 f"{shown(task.get('class_name'))} (the backbone alone "
                 f"loads without {TASK_FILE})")
-        arch = task_architecture(task.get("config"), arch, task_path)
-        pre = (task.get("config") or {}).get("preprocessor")
-        converter = ((pre or {}).get("config") or {}).get("image_converter") \
-            if isinstance(pre, dict) else None
-        if isinstance(converter, dict):
-            check_image_converter(converter.get("config"), task_path)
+        arch = task_architecture(task["config"], arch, task_path)
+        # Checked by KERAS_HUB_TASK: objects where they are given.
+        pre = task["config"].get("preprocessor") or {}
+        converter = pre.get("config", {}).get("image_converter")
+        if converter is not None and "config" in converter:
+            check_image_converter(converter["config"], task_path)
     else:
         arch = _backbone_only(arch)
     converter_path = os.path.join(directory, IMAGE_CONVERTER_FILE)
@@ -648,12 +651,12 @@ def read_object(obj):
             check_image_converter(converter.get_config(), where)
     state = {v.path: keras.ops.convert_to_numpy(
         keras.ops.cast(v.value, "float32")) for v in obj.weights}
-    _check_names({k: v.shape for k, v in state.items()},
+    check_names({k: v.shape for k, v in state.items()},
                  expected_shapes(arch), where)
     return arch, to_official(state, arch)
 
 
-def read(source):
+def read(source, *, with_labels=False):
     """``(arch, arrays)`` of a keras-hub ViT: a ``ViTImageClassifier``, a
     ``ViTBackbone`` or a preset directory. ``arch`` holds keras_vit's
     builder facts (``kind``: ``"classifier"`` or ``"backbone"``,
@@ -662,63 +665,58 @@ def read(source):
     ``layer_norm_epsilon``, ``gelu``, ``classifier``, ``num_classes``,
     ``representation_size``, ``classifier_activation``, the dropout
     rates); ``arrays`` the weights in the official ``.npz`` layout,
-    float32."""
+    float32. ``with_labels`` adds a third item, the head's class names
+    (a preset's ``metadata.json`` ``label_names``, which
+    :func:`keras_vit.zoo.save_pretrained` writes there, or a live
+    classifier's ``zoo_labels``), or None."""
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isdir(source):
             raise FileNotFoundError(
                 f"{os.fspath(source)!r} is not a directory; a keras-hub "
                 "preset is one (save_to_preset writes it)")
-        return read_preset(source)
-    return read_object(source)
+        arch, arrays = read_preset(source)
+        labels = read_labels(source, arch) if with_labels else None
+    else:
+        arch, arrays = read_object(source)
+        labels = getattr(source, "zoo_labels", None)
+        labels = list(labels) if labels and arch["kind"] == "classifier" and (
+            len(labels) == arch["num_classes"]) else None
+    return (arch, arrays, labels) if with_labels else (arch, arrays)
+
+
+def read_labels(directory, arch):
+    """The class names of a preset's head: ``label_names`` in its
+    ``metadata.json`` (keras-hub has no field for them; keras-hub ignores
+    this one), checked against the head; None when there are none."""
+    path = os.path.join(os.fspath(directory), METADATA_FILE)
+    if not os.path.isfile(path):
+        return None
+    metadata = formats.check(formats.KERAS_HUB_METADATA,
+                             transformers_hub.read_json(
+                                 path, "keras-hub metadata.json"), path)
+    labels = metadata.get("label_names")
+    if labels is None or arch["kind"] != "classifier":
+        return None
+    return formats.check_labels(labels, arch["num_classes"], path,
+                                "label_names")
 
 
 # -- building -------------------------------------------------------------------
 
-def checkpoint(arch, arrays, *, image_size=None, num_classes=None,
-               source_name=None, keep_pre_logits=False, include_top=None,
-               tags=None, labels=None):
-    """The :class:`~keras_vit.zoo.sources.Checkpoint` :func:`build` builds
-    (the caller's ``include_top``, if any, settles the head's
-    activation); ``labels``, the head's label names, become the model's
-    ``zoo_labels`` while the head is kept."""
-    head = arch["kind"] == "classifier"
-    if include_top is None:
-        include_top = head or num_classes is not None
-    if num_classes is None:
-        num_classes = arch["num_classes"] if head else 1000
-    representation = arch["representation_size"]
-    if num_classes != arch["num_classes"] and not keep_pre_logits:
-        representation = None  # a new head on the encoder
-    defaults = {"include_top": include_top, "name": "vit_keras_hub"}
-    head_kept = include_top and head and num_classes == arch["num_classes"]
-    if head_kept:
-        defaults["classifier_activation"] = arch["classifier_activation"]
-    for key in ("dropout_rate", "attention_dropout_rate"):
-        defaults[key] = arch[key]
-    return transformers_hub.checkpoint(
-        arch, arrays, image_size=image_size, num_classes=num_classes,
-        representation_size=representation, keep_pre_logits=keep_pre_logits,
-        source_name=source_name,
-        tags={"zoo_labels": (list(labels) if head_kept and labels
-                             and len(labels) == num_classes else None),
-              **(tags or {})}, **defaults)
-
-
-def build(arch, arrays, *, image_size=None, num_classes=None,
-          source_name=None, **kwargs):
-    """The keras_vit model ``arch`` describes with ``arrays`` loaded
-    strictly (:func:`keras_vit.zoo.sources.build`): a classifier with
-    keras-hub's head, or, for a backbone, a feature model returning every
-    token as keras-hub's backbone does. ``image_size`` resizes the
-    position embeddings; another ``num_classes`` gives a new zero head;
-    ``**kwargs`` go to :func:`keras_vit.models.vit`."""
-    from keras_vit.zoo import sources
-
-    keep_pre_logits = kwargs.pop("keep_pre_logits", False)
-    return sources.build(checkpoint(
-        arch, arrays, image_size=image_size, num_classes=num_classes,
-        source_name=source_name, keep_pre_logits=keep_pre_logits,
-        include_top=kwargs.get("include_top")), **kwargs)
+def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
+    """The :class:`~keras_vit.zoo.sources.Checkpoint` of a keras-hub ViT
+    (``arch``, ``arrays`` from :func:`read`): a classifier's head and its
+    activation, or a backbone's tokens (no head, no pooling: keras-hub's
+    backbones return every token); ``labels`` name the head's classes."""
+    head = arch["num_classes"] if arch["kind"] == "classifier" else None
+    defaults = {"name": "vit_keras_hub",
+                "dropout_rate": arch["dropout_rate"],
+                "attention_dropout_rate": arch["attention_dropout_rate"]}
+    return hub_files.vit_checkpoint(
+        arch, arrays, head=head, label_names=labels,
+        source_name=source_name, tags=tags,
+        head_config={"classifier_activation": arch["classifier_activation"]},
+        **defaults)
 
 
 def _source_name(source):
@@ -726,27 +724,23 @@ def _source_name(source):
             else f"{type(source).__name__} {getattr(source, 'name', '')!r}")
 
 
-def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
-                    keep_pre_logits=False, progress=None, **kwargs):
+def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
+                    sizes=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.sources.Checkpoint` of ``source`` (see
     :func:`read`) that :func:`from_keras_hub` builds. ``name``, a ViT
     name, gives the sizes instead of the config (the weights must then
-    fit it); ``progress`` is unused (nothing is downloaded)."""
-
-    arch, arrays = read(source)
+    fit it); ``progress`` and ``prefer_size`` are unused (nothing is
+    downloaded)."""
+    arch, arrays, labels = read(source, with_labels=True)
     if name is not None:
-        arch = dict(arch, **transformers_hub.name_sizes(name, "keras-hub's"))
-    tags, labels = {}, None
+        arch = dict(arch, **hub_files.name_sizes(name, "keras-hub's"),
+                    **(sizes or {}))
+    tags = {}
     if isinstance(source, (str, os.PathLike)):
         tags["zoo_source"] = os.fspath(source)
-    else:  # what to_keras_hub kept; a preset keeps no label names
-        labels = getattr(source, "zoo_labels", None)
-    return checkpoint(arch, arrays, image_size=image_size,
-                      num_classes=num_classes, source_name=_source_name(source),
-                      keep_pre_logits=keep_pre_logits,
-                      include_top=kwargs.get("include_top"), tags=tags,
-                      labels=labels)
+    return checkpoint(arch, arrays, source_name=_source_name(source),
+                      tags=tags, labels=labels)
 
 
 def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
@@ -755,8 +749,10 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     logits), a ``ViTBackbone`` (its tokens, ``(batch, tokens, width)``),
     or a preset directory written by ``save_to_preset`` (read without
     keras-hub). The input is the backbone's: [-1, 1] pixels
-    (``include_preprocessing=True`` takes [0, 255]). ``image_size``,
-    ``num_classes`` and ``**kwargs`` as for :func:`build`. A preset
+    (``include_preprocessing=True`` takes [0, 255]). ``image_size``
+    resizes the position embeddings; another ``num_classes`` gives a new
+    zero head; ``**kwargs`` go to :func:`keras_vit.models.vit`, settled
+    as every source's are (:mod:`keras_vit.zoo.settle`). A preset
     directory loads the same way with :func:`keras_vit.zoo.load`.
 
     Example::
@@ -765,133 +761,18 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
         hub = keras_hub.models.ViTImageClassifier.from_preset(preset_dir)
         model = keras_vit.zoo.from_keras_hub(hub)   # or (preset_dir)
     """
-    from keras_vit.zoo import sources
+    from keras_vit.zoo import settle, sources
 
-    keep_pre_logits = kwargs.pop("keep_pre_logits", False)
-    return sources.build(read_checkpoint(
-        source, None, image_size, num_classes,
-        keep_pre_logits=keep_pre_logits, **kwargs), **kwargs)
-
-
-# -- writing --------------------------------------------------------------------
-
-def _convertible(model):
-    """The reason keras-hub's ViT cannot compute what ``model`` computes,
-    or None."""
-    config = model.get_config() if hasattr(model, "get_config") else None
-    if not isinstance(config, dict) or "hidden_size" not in config or (
-            "num_heads" not in config):
-        return f"{type(model).__name__} is not a keras_vit VisionTransformer"
-    include_top = config.get("include_top", True)
-    checks = (
-        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
-        (config.get("position_embedding", "learned_1d") != "learned_1d"
-         or config.get("position_embedding_placement", "stem") != "stem",
-         "a position embedding other than the learned 1-D table at the "
-         "stem"),
-        (config.get("gelu", "tanh") != "exact",
-         f"gelu={config.get('gelu', 'tanh')!r}: keras-hub's ViT computes "
-         "the exact (erf) GELU only, and the tanh form moves logits by about "
-         "1e-4; build the model with gelu='exact' (zoo.load(name, "
-         "gelu='exact')) to convert it"),
-        (not include_top and config.get("representation_size") is not None,
-         "a pre_logits layer without a head (a ViTBackbone has none)"),
-        (config.get("classifier") not in ("token", "gap"),
-         f"classifier={config.get('classifier')!r}"),
-        (include_top and config.get("classifier_activation")
-         not in _ACTIVATIONS,
-         f"classifier_activation={config.get('classifier_activation')!r} "
-         f"(one of {list(_ACTIVATIONS)} converts)"),
-        (config.get("return_attention_scores"),
-         "attention scores as an output"),
-    )
-    for bad, what in checks:
-        if bad:
-            return what
-    return None
+    return sources.build_settled(
+        read_checkpoint(source), settle.request(
+            image_size=image_size, num_classes=num_classes, **kwargs))
 
 
-def to_hub_names(arrays):
-    """The inverse of :func:`to_official`: official arrays -> keras-hub's
-    variable paths (every bias kept: the model is built with them)."""
-    top = {v: k for k, v in _TOP.items()}
-    block = {v: k for k, v in _BLOCK.items()}
-    pattern = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-    out = {}
-    for key, value in convert.normalize_keys(arrays).items():
-        value = np.asarray(value, dtype="float32")
-        m = pattern.match(key)
-        if m:
-            out[f"vit_encoder/transformer_block_{int(m.group(1)) + 1}/"
-                f"{block[m.group(2)]}"] = value
-        elif key == convert.POSEMB_KEY:
-            out[top[key]] = value[0]
-        else:
-            out[top[key]] = value
-    return out
+def __getattr__(name):
+    """The writer's names, reachable here where they were first written
+    (:mod:`keras_vit.zoo.keras_hub_writer`)."""
+    if name in ("to_keras_hub", "to_hub_names"):
+        from keras_vit.zoo import keras_hub_writer
 
-
-def to_keras_hub(model):
-    """``model`` as keras-hub's ViT with the same weights and outputs: a
-    ``keras_hub.models.ViTImageClassifier`` for a model with a head (with
-    a ``ViTImageClassifierPreprocessor`` whose image converter maps
-    [0, 255] pixels to [-1, 1], as keras-hub's ViT presets do, so that
-    ``predict`` takes raw pixels and ``save_to_preset`` /
-    ``ViTImageClassifier.from_preset`` work), or a ``ViTBackbone`` for one
-    without (it returns every token; keras-hub's backbones pool nothing).
-    The model's label names (``zoo_labels``) go along as the classifier's
-    ``zoo_labels``, which :func:`from_keras_hub` reads back; keras-hub's
-    presets have no place for them, so ``save_to_preset`` drops them.
-    Needs keras-hub (``pip install keras-hub``).
-
-    Example::
-
-        hub = keras_vit.zoo.to_keras_hub(
-            keras_vit.zoo.load("ViT-B/16", gelu="exact"))
-        hub.save_to_preset("vit_b16_preset")
-    """
-    reason = _convertible(model)
-    if reason is not None:
-        raise ValueError(f"to_keras_hub: keras-hub's ViT cannot hold "
-                         f"model={getattr(model, 'name', model)!r}: {reason}")
-    keras_hub = require("keras_hub", package="keras-hub",
-                        purpose="to_keras_hub")
-    config = model.get_config()
-    size = config["image_size"]
-    rows, cols = (size, size) if isinstance(size, int) else tuple(size)
-    token = config.get("classifier", "token") == "token"
-    dtype = getattr(getattr(model, "dtype_policy", None), "name", None)
-    backbone = keras_hub.models.ViTBackbone(
-        image_shape=(rows, cols, int(config.get("num_channels", 3))),
-        patch_size=int(config["patch_size"]),
-        num_layers=int(config["num_layers"]),
-        num_heads=int(config["num_heads"]),
-        hidden_dim=int(config["hidden_size"]),
-        mlp_dim=int(config["mlp_dim"]),
-        dropout_rate=float(config.get("dropout_rate", 0.0)),
-        attention_dropout=float(config.get("attention_dropout_rate", 0.0)),
-        layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
-        use_class_token=token, dtype=dtype)
-    out = backbone
-    if config.get("include_top", True):
-        converter = keras_hub.layers.ViTImageConverter(
-            image_size=(rows, cols), scale=1 / 127.5, offset=-1.0,
-            interpolation="bilinear")
-        out = keras_hub.models.ViTImageClassifier(
-            backbone=backbone, num_classes=int(config["num_classes"]),
-            pooling="token" if token else "gap",
-            intermediate_dim=config.get("representation_size"),
-            activation=config.get("classifier_activation"),
-            preprocessor=keras_hub.models.ViTImageClassifierPreprocessor(
-                image_converter=converter))
-    state = to_hub_names(convert.export_arrays(model))
-    targets = {v.path: v for v in out.weights}
-    _check_names({k: v.shape for k, v in state.items()},
-                 {k: tuple(v.shape) for k, v in targets.items()},
-                 f"to_keras_hub(model={model.name!r})")
-    for name, variable in targets.items():
-        variable.assign(state[name])
-    labels = getattr(model, "zoo_labels", None)
-    if out is not backbone and labels:
-        out.zoo_labels = list(labels)
-    return out
+        return getattr(keras_hub_writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -188,6 +188,9 @@ def list_models(pattern=None):
     >>> list_models("ViT-B*")
     ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
     """
+    if pattern is not None and not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a glob string or None; received "
+                        f"pattern={pattern!r}")
     names = list(variants.REGISTERED)
     if pattern:
         pat = pattern.lower()

@@ -41,7 +41,8 @@ from keras_vit.zoo import bit_layout, convert
 RUN_MODEL_FILE = "model.keras"
 
 
-def _keras_vit_model(model):
+def is_keras_vit_model(model):
+    """True for the models keras_vit builds (and rebuilds with changes)."""
     from keras_vit.models.axial import AxialVisionTransformer
     from keras_vit.models.resnet_v2 import ResNetV2
     from keras_vit.models.vit import VisionTransformer
@@ -64,6 +65,7 @@ def load_keras_file(path, argument="model", *, error=ValueError):
     check_archive(argument, path, "a .keras model", error=error)
     _check_keras_members(path, argument, error)
     shapes = _keras_weights(path, argument, error)
+    check_keras_config(path, shapes)
     try:
         model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
@@ -74,7 +76,7 @@ def load_keras_file(path, argument="model", *, error=ValueError):
         raise error(f"cannot load {argument}={path!r} as a Keras model: its "
                     "config.json is nested too deeply to be a model's "
                     "config") from None
-    if (shapes is not None and _keras_vit_model(model)
+    if (shapes is not None and is_keras_vit_model(model)
             and len(shapes) != len(model.weights)):
         raise error(_unread_weights(model, shapes, path, argument))
     return model
@@ -107,6 +109,60 @@ def _check_keras_members(path, argument, error):
 
 
 KERAS_WEIGHTS_FILE = "model.weights.h5"
+KERAS_CONFIG_FILE = "config.json"
+# Arrays a ViT block holds in a Keras weights file: two LayerNorms (2
+# each), query, key, value and output (kernel and bias each), two Dense.
+_ARRAYS_PER_BLOCK = 16
+
+
+def keras_config(path):
+    """The ``config.json`` of the ``.keras`` archive ``path`` checked as
+    :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` describes it (and,
+    for a keras_vit model, its sizes as
+    :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`), before Keras reads
+    it; None when the archive has none (Keras' own error says so)."""
+    from keras_vit import schema
+    from keras_vit.zoo import formats
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if KERAS_CONFIG_FILE not in archive.namelist():
+                return None
+            raw = archive.read(KERAS_CONFIG_FILE)  # bounded by the caller
+    except (OSError, zipfile.BadZipFile):
+        return None
+    where = f"{path} ({KERAS_CONFIG_FILE})"
+    outer = formats.check(formats.KERAS_FILE_CONFIG, schema.parse_json(
+        raw, where, "Keras model config", error=formats.FormatError), where)
+    if outer.get("registered_name") in formats.KERAS_VIT_CLASSES:
+        outer["config"] = formats.check(formats.KERAS_VIT_CONFIG,
+                                        outer["config"], where, "config")
+    return outer
+
+
+def check_keras_config(path, shapes=None):
+    """Refuses a ``.keras`` file whose config does not fit its format, is
+    deeper than the weights it holds (``num_layers=2000`` beside the
+    weights of 12 blocks once built for minutes before Keras noticed) or
+    is too large for this machine (:func:`keras_vit.memory.check_config`),
+    before Keras builds anything. Returns the checked config."""
+    from keras_vit import memory
+    from keras_vit.zoo import formats
+
+    outer = keras_config(path)
+    if outer is None or outer.get("registered_name") not in (
+            formats.KERAS_VIT_CLASSES):
+        return outer
+    config = outer["config"]
+    where = f"{path} ({KERAS_CONFIG_FILE})"
+    layers = config.get("num_layers")
+    if shapes is not None and isinstance(layers, int) and (
+            _ARRAYS_PER_BLOCK * layers > len(shapes)):
+        raise formats.fail(where, "config.num_layers", f"num_layers={layers}"
+                           f" needs {_ARRAYS_PER_BLOCK * layers} arrays; the "
+                           f"file's {KERAS_WEIGHTS_FILE} holds {len(shapes)}")
+    memory.check_config(config, where)
+    return outer
 
 
 def _keras_weights(path, argument, error):
@@ -187,27 +243,27 @@ def _unread_weights(model, shapes, path, argument):
 
 def model_path(spec, argument="model", *, error=ValueError):
     """The ``.keras`` file ``spec`` names (itself, or a run directory's
-    ``model.keras``), or None when ``spec`` names no file (a zoo name)."""
+    ``model.keras``), or None when ``spec`` names something else the zoo
+    reads (a zoo name, a timm, transformers or keras-hub folder). The same
+    question :func:`keras_vit.zoo.sources.find` answers for ``zoo.load``:
+    a folder two sources claim is refused here as there (ValueError)."""
     path = os.fspath(spec)
     if os.path.isdir(path):
-        inside = os.path.join(path, RUN_MODEL_FILE)
-        if os.path.isfile(inside):
-            return inside
-        # Here, not at the top: the zoo's loaders import Keras, and the
-        # command line asks for a model file before it loads Keras.
-        from keras_vit.zoo.timm_hub import WEIGHTS_FILE
+        from keras_vit.zoo import hub_files, sources
 
-        if os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
-            # A local timm or transformers repository: the zoo loads it.
-            return None
-        pickled = os.path.isfile(os.path.join(path, "pytorch_model.bin"))
+        claims = [s.name for s in sources.claims(path)]
+        if len(claims) > 1:
+            sources.find(path, "auto")  # the ambiguity error, worded once
+        if claims == ["keras"]:
+            return os.path.join(path, RUN_MODEL_FILE)
+        if claims:
+            return None  # a timm, transformers or keras-hub folder
         raise FileNotFoundError(
             f"{argument}={path!r} is a folder without {RUN_MODEL_FILE} (a "
-            "fine-tune run writes it when it finishes) or "
-            f"{WEIGHTS_FILE} (a timm or transformers repository)"
-            + ("; it has only pytorch_model.bin, which keras_vit never "
-               "unpickles: re-save it with transformers' save_pretrained("
-               "dir, safe_serialization=True)" if pickled else ""))
+            "fine-tune run writes it when it finishes), "
+            f"{hub_files.WEIGHTS_FILE} (a timm or transformers repository) "
+            "or a keras-hub preset's config.json"
+            + hub_files.pickle_hint(path))
     if path.endswith(".keras"):
         return path
     if os.path.isfile(path):
@@ -246,36 +302,64 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     if isinstance(weights, str) and weights.lower() == "none":
         weights = None
     if isinstance(spec, keras.Model):
-        model = spec
-    elif isinstance(spec, (str, os.PathLike)):
-        path = model_path(spec, argument, error=error)
-        if path is None:
-            from keras_vit.zoo import api
-
-            if dtype is not None:
-                options["dtype"] = dtype
-            return api.load(os.fspath(spec), weights=weights,
-                            image_size=image_size, num_classes=num_classes,
-                            **options)
-        model = load_keras_file(path, argument, error=error)
-    else:
+        if weights not in (None, "auto"):
+            raise error(f"weights applies to zoo names only; received "
+                        f"weights={weights!r} with a model instance")
+        if options:
+            raise error(f"{', '.join(sorted(options))} applies to zoo names "
+                        f"only; received {argument}={_label(spec)!r}")
+        return rebuild(spec, image_size=image_size, num_classes=num_classes,
+                       dtype=dtype, copy=False)
+    if not isinstance(spec, (str, os.PathLike)):
         raise error(f"{argument} must be a keras.Model, a zoo name, a .keras "
                     f"file or a run directory; received {argument}={spec!r}")
-    if weights not in (None, "auto"):
-        given = ("a model instance" if isinstance(spec, keras.Model)
-                 else f"the .keras model {argument}={_label(spec)!r}")
-        raise error(f"weights applies to zoo names only; received "
-                    f"weights={weights!r} with {given}")
-    if options:
-        raise error(f"{', '.join(sorted(options))} applies to zoo names only;"
-                    f" received {argument}={_label(spec)!r}")
-    return rebuild(model, image_size=image_size, num_classes=num_classes,
-                   dtype=dtype, copy=False)
+    # The argument named as the caller names it; then zoo.load's pipeline,
+    # the same for every kind of source.
+    path = model_path(spec, argument, error=error)
+    if path is not None:
+        check_archive(argument, path, "a .keras model", error=error)
+    from keras_vit.zoo import api
+
+    if dtype is not None:
+        options["dtype"] = dtype
+    return api.load(os.fspath(spec), weights=weights, image_size=image_size,
+                    num_classes=num_classes, **options)
 
 
 def _label(spec):
     return getattr(spec, "name", spec) if not isinstance(
         spec, (str, os.PathLike)) else os.fspath(spec)
+
+
+def copy_model(model, config, keep_pre_logits=False):
+    """``model`` itself when ``config`` is its own, else a model of its
+    class built from ``config`` with ``model``'s weights copied (position
+    embeddings resized, a head of another size zero-initialised). A
+    ``dtype`` in ``config`` is the policy the copy is built under."""
+    import keras
+
+    config = dict(config)
+    dtype = config.pop("dtype", None)
+    own = model.get_config()
+    if dtype is not None and keras.dtype_policies.get(
+            dtype).name == model.dtype_policy.name:
+        dtype = None
+    unknown = sorted(set(config) - set(own))
+    if unknown:
+        raise UnexpectedKeywordError(
+            f"{type(model).__name__} got an unexpected keyword argument "
+            f"{unknown[0]!r}.{did_you_mean(unknown[0], sorted(own))}")
+    if dtype is None and all(own[k] == v for k, v in config.items()):
+        return model
+    config["dtype"] = own.get("dtype")
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype or model.dtype_policy)
+    try:
+        rebuilt = type(model).from_config(config)
+    finally:
+        keras.config.set_dtype_policy(policy)
+    _copy_weights(model, rebuilt, keep_pre_logits)
+    return rebuilt
 
 
 def _copy_weights(source, target, keep_pre_logits):
@@ -370,13 +454,28 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
 
     from keras_vit.models.features import feature_model
 
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"rebuild takes a keras.Model; received "
+                        f"model={model!r}")
     names = None
     if outputs is not None:
         names = [outputs] if isinstance(outputs, str) else list(outputs)
         if "attention_scores" in names:
             changes.setdefault("return_attention_scores", True)
-    ours = _keras_vit_model(model)
+    ours = is_keras_vit_model(model)
     config = model.get_config() if ours else {}
+    if not ours:
+        asked = {k: v for k, v in (("image_size", image_size),
+                                   ("num_classes", num_classes),
+                                   ("outputs", outputs)) if v is not None}
+        asked.update(changes)
+        if asked:
+            key = next(iter(asked))
+            raise ValueError(
+                f"{key}={asked[key]!r} cannot be applied to model="
+                f"{model.name!r}: only a keras_vit model (VisionTransformer, "
+                "AxialVisionTransformer, ResNetV2) is rebuilt with changes; "
+                f"it is a {type(model).__name__}")
     if image_size is not None:
         size = check_pair("image_size", image_size)
         if size != check_pair("image_size", config.get("image_size", size)):

@@ -33,18 +33,16 @@ dir, layout="transformers")``): a folder transformers'
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import numpy as np
 
-from keras_vit.errors import special_file
 # Bounds no ViT checkpoint comes near; a config beyond them is refused
 # before anything is allocated.
-from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_CONFIG_BYTES,
-                              MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
-from keras_vit.zoo import convert, hub_files
+from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_HIDDEN,
+                              MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
+from keras_vit.zoo import convert, formats, hub_files
 
 HUB_PREFIX = hub_files.HUB_PREFIX
 CONFIG_FILE = hub_files.CONFIG_FILE
@@ -83,7 +81,7 @@ _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
 _ATTN = "MultiHeadDotProductAttention_1/"
 # transformers' per-layer names -> the official layout's (kernels are
 # transposed, and the attention ones split into heads, by _to_official).
-_LAYER_PARAMS = {
+LAYER_PARAMS = {
     "layernorm_before.weight": "LayerNorm_0/scale",
     "layernorm_before.bias": "LayerNorm_0/bias",
     "attention.attention.query.weight": _ATTN + "query/kernel",
@@ -101,7 +99,7 @@ _LAYER_PARAMS = {
     "output.dense.weight": "MlpBlock_3/Dense_1/kernel",
     "output.dense.bias": "MlpBlock_3/Dense_1/bias",
 }
-_TOP_PARAMS = {
+TOP_PARAMS = {
     "embeddings.cls_token": "cls",
     "embeddings.position_embeddings": convert.POSEMB_KEY,
     "embeddings.patch_embeddings.projection.weight": "embedding/kernel",
@@ -111,7 +109,7 @@ _TOP_PARAMS = {
     "pooler.dense.weight": "pre_logits/kernel",
     "pooler.dense.bias": "pre_logits/bias",
 }
-_HEAD_PARAMS = {"classifier.weight": "head/kernel",
+HEAD_PARAMS = {"classifier.weight": "head/kernel",
                 "classifier.bias": "head/bias"}
 
 
@@ -119,29 +117,14 @@ _HEAD_PARAMS = {"classifier.weight": "head/kernel",
 
 def read_json(path, what):
     """The JSON object in the file ``path`` (a ``what``, for errors): a
-    :class:`~keras_vit.zoo.convert.CheckpointError` naming the file for
-    one that is not a regular file, too large for a config, not UTF-8 JSON
-    or not an object."""
+    :class:`~keras_vit.zoo.formats.FormatError` naming the file for one
+    that is not a regular file, too large for a config, not UTF-8 JSON,
+    names a setting twice or is not an object."""
     path = os.fspath(path)
-    kind = special_file(path)
-    if kind is not None:
-        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
-    size = os.path.getsize(path)
-    if size > MAX_CONFIG_BYTES:
-        raise convert.CheckpointError(
-            f"{path}: is {size} bytes; a {what} is a few KB (at most "
-            f"{MAX_CONFIG_BYTES} bytes are read)")
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise convert.CheckpointError(
-            f"{path}: is not a JSON {what} ({type(e).__name__}: "
-            f"{' '.join(str(e).split())[:200]})") from None
+    value = formats.read_json(path, what)
     if not isinstance(value, dict):
-        raise convert.CheckpointError(
-            f"{path}: is a JSON {type(value).__name__}, not an object of "
-            "settings")
+        raise formats.fail(path, None, f"is a JSON {type(value).__name__}, "
+                           "not an object of settings")
     return value
 
 
@@ -215,9 +198,8 @@ def _is_int(value, low, high):
 def _field(config, path, key, default, ok, expected):
     value = config.get(key, default)
     if not ok(value):
-        raise convert.CheckpointError(
-            f"{path}: field {key}: expected {expected}; received "
-            f"{key}={_shown(value)}")
+        raise formats.fail(path, key, f"expected {expected}; received "
+                           f"{key}={_shown(value)}")
     return value
 
 
@@ -236,6 +218,7 @@ def architecture(config, path, header=None):
     allocated. ``header`` (tensor name -> entry) tells a config that names
     no architecture which one the file holds."""
     path = os.fspath(path)
+    formats.check(formats.TRANSFORMERS_CONFIG, config, path)
     model_type = config.get("model_type")
     if model_type != "vit":
         what = _OTHER_TYPES.get(model_type) if isinstance(
@@ -325,16 +308,18 @@ def _labels(config, path):
            f"an object of at most {MAX_CLASSES} index: name pairs")
     labels = {}
     for key, name in id2label.items():
-        try:
-            index = int(key)
-        except ValueError:
-            index = -1
-        if not (0 <= index < len(id2label)) or not isinstance(name, str):
-            raise convert.CheckpointError(
-                f"{path}: field id2label: expected indices 0..{len(id2label) - 1}"
-                f" naming strings; received {_shown(key)}: {_shown(name)}")
+        index = int(key) if key.isdecimal() and len(key) < 8 else -1
+        if not 0 <= index < len(id2label) or index in labels:
+            raise formats.fail(path, f"id2label.{key}", "expected indices "
+                               f"0..{len(id2label) - 1}; received "
+                               f"{_shown(key)}: {_shown(name)}")
         labels[index] = name
-    return [labels[i] for i in range(len(labels))] or None
+    labels = [labels[i] for i in range(len(labels))]
+    # transformers writes LABEL_0, LABEL_1, ... when given no names: those
+    # name no class.
+    if not labels or all(name == f"LABEL_{i}" for i, name in enumerate(labels)):
+        return None
+    return labels
 
 
 # -- tensors ------------------------------------------------------------------
@@ -431,14 +416,14 @@ def to_official(state, num_heads, prefix=""):
     out = {}
     for name, value in state.items():
         value = np.asarray(value, dtype="float32")
-        if name in _HEAD_PARAMS:
-            out[_HEAD_PARAMS[name]] = value.T if value.ndim == 2 else value
+        if name in HEAD_PARAMS:
+            out[HEAD_PARAMS[name]] = value.T if value.ndim == 2 else value
             continue
         name = name[len(prefix):]
         m = _LAYER.match(name)
         if m:
             i, param = m.groups()
-            key = f"Transformer/encoderblock_{i}/{_LAYER_PARAMS[param]}"
+            key = f"Transformer/encoderblock_{i}/{LAYER_PARAMS[param]}"
             if param.startswith("attention.attention."):
                 if value.ndim == 2:  # (H*Dh, D) -> (D, H, Dh)
                     value = value.T.reshape(value.shape[1], num_heads, -1)
@@ -454,7 +439,7 @@ def to_official(state, num_heads, prefix=""):
             value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
         elif name == "pooler.dense.weight":
             value = value.T
-        out[_TOP_PARAMS[name]] = value
+        out[TOP_PARAMS[name]] = value
     return out
 
 
@@ -523,7 +508,8 @@ def check_preprocessor(path):
     wrong)."""
     if path is None or not os.path.isfile(path):
         return
-    config = read_json(path, "transformers preprocessor_config.json")
+    config = formats.check(formats.TRANSFORMERS_PREPROCESSOR, read_json(
+        path, "transformers preprocessor_config.json"), path)
     problems = []
     if config.get("do_normalize", True) is not True:
         problems.append(f"do_normalize={config.get('do_normalize')!r}")
@@ -547,73 +533,39 @@ def check_preprocessor(path):
             "[-1, 1] range (x / 127.5 - 1: mean 0.5, std 0.5) only")
 
 
-def zoo_name(arch):
-    """The zoo name of a ViT of ``arch``'s sizes (``hidden_size``,
-    ``mlp_dim``, ``num_heads``, ``num_layers``, ``patch_size``), or a
-    description of them where no zoo size has them.
-
-    >>> zoo_name(dict(hidden_size=192, mlp_dim=768, num_heads=3,
-    ...               num_layers=12, patch_size=16))
-    'ViT-Ti/16'
-    """
-    from keras_vit import variants
-
-    sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
-                                  "num_layers")}
-    for letter, config in variants.VIT_SIZES.items():
-        if config == sizes:
-            return variants.vit_name(letter, arch["patch_size"])
-    return (f"ViT (hidden {arch['hidden_size']}, {arch['num_layers']} "
-            f"layers, patch {arch['patch_size']})")
-
-
-def name_sizes(name, weights):
-    """The sizes of the ViT name ``name``, for weights that only a ViT
-    takes (``weights`` says whose, in the error for another family).
-
-    >>> name_sizes("ViT-Ti/16", "transformers'")
-    {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
-    """
-    from keras_vit import variants
-
-    parsed = variants.parse(name)
-    if parsed.family != "vit":
-        raise ValueError(f"{weights} ViT weights load into ViT names only; "
-                         f"received name={name!r} ({parsed.family})")
-    return {k: parsed.config[k] for k in (
-        "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size")}
-
-
 def load(source, name=None, image_size=None, num_classes=None, *,
-         keep_pre_logits=False, progress=None, **kwargs):
+         progress=None, **kwargs):
     """A keras_vit model with transformers' ViT weights from ``source``.
 
     The architecture comes from the ``config.json`` (``name``, a ViT name
     such as ``"ViT-B/16"``, overrides it: the file's tensors must then fit
     that name); ``image_size`` resizes the position embeddings; another
-    ``num_classes`` gives a new zero head. ``**kwargs`` go to
+    ``num_classes`` gives a new zero head, settled as every source's are
+    (:mod:`keras_vit.zoo.settle`). ``**kwargs`` go to
     :func:`keras_vit.models.vit` (``include_top``, ``pooling``, ``gelu``,
-    ...). The model's ``zoo_labels`` holds ``id2label`` when the head is
-    the checkpoint's.
+    ...). The model's ``label_names`` hold ``id2label`` (real names, not
+    transformers' ``LABEL_i`` placeholders) while the head is the
+    checkpoint's.
     """
-    from keras_vit.zoo import sources
+    from keras_vit.zoo import settle, sources
 
-    return sources.build(read_checkpoint(
-        source, name, image_size, num_classes,
-        keep_pre_logits=keep_pre_logits, progress=progress, **kwargs),
-        **kwargs)
+    return sources.build_settled(
+        read_checkpoint(source, name, progress=progress),
+        settle.request(image_size=image_size, num_classes=num_classes,
+                       **kwargs))
 
 
-def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
-                    keep_pre_logits=False, progress=None, **kwargs):
+def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
+                    sizes=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.sources.Checkpoint` :func:`load` builds, the
-    tensors checked against the config before any is read."""
-
+    tensors checked against the config before any is read. ``sizes``
+    (the caller's size keywords) amend ``name``'s sizes; ``prefer_size``
+    is unused (one file per repository)."""
     config, config_path, path = fetch(source, progress=progress)
     header = _header(path)
     if config is None and not _is_transformers_state(header):
-        raise ValueError(
+        raise convert.CheckpointError(
             f"{path}: has no transformers ViT tensor names "
             "(vit.embeddings.*, embeddings.*) and no transformers "
             f"{CONFIG_FILE} beside it")
@@ -621,290 +573,58 @@ def read_checkpoint(source, name=None, image_size=None, num_classes=None, *,
         config = {"model_type": "vit"}
     arch = architecture(config, config_path, header)
     if name is not None:
-        # The name's sizes; keywords override them, as in zoo.load.
-        arch.update({k: kwargs.pop(k, size) for k, size in
-                     name_sizes(name, "transformers'").items()})
+        arch.update(hub_files.name_sizes(name, "transformers'"),
+                    **(sizes or {}))
         arch["kind"] = ("classifier" if any(k.startswith("vit.")
                                             for k in header) else "model")
         if arch["kind"] == "model":
             arch["representation_size"] = (
                 header.get("pooler.dense.weight", {}).get("shape") or [None])[0]
-        if "embeddings.position_embeddings" in header or (
-                "vit.embeddings.position_embeddings" in header):
-            posemb = (header.get("vit.embeddings.position_embeddings")
-                      or header["embeddings.position_embeddings"])
-            shape = posemb.get("shape")
-            if isinstance(shape, list) and len(shape) == 3 and all(
-                    isinstance(s, int) for s in shape):
-                side = int(round((shape[1] - 1) ** 0.5))
-                if side * side == shape[1] - 1 and side > 0:
-                    arch["image_size"] = side * arch["patch_size"]
+        posemb = (header.get("vit.embeddings.position_embeddings")
+                  or header.get("embeddings.position_embeddings"))
+        if posemb is not None:
+            side = int(round((posemb["shape"][1] - 1) ** 0.5)) if len(
+                posemb["shape"]) == 3 else 0
+            if side > 0 and side * side == posemb["shape"][1] - 1:
+                arch["image_size"] = side * arch["patch_size"]
     prefix = "vit." if arch["kind"] == "classifier" else ""
     labels = arch["labels"]
     num_labels = 0
     if arch["kind"] == "classifier":
         entry = header.get("classifier.weight")
-        shape = entry.get("shape") if entry else None
-        num_labels = (len(labels) if labels else shape[0] if isinstance(
-            shape, list) and shape and _is_int(shape[0], 1, MAX_CLASSES)
-            else 0)
+        shape = entry["shape"] if entry else None
+        num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
+                      else len(labels or ()))
     if arch["kind"] == "model" and arch["representation_size"] is not None \
             and not any(k.endswith("pooler.dense.weight") for k in header):
         arch["representation_size"] = None  # add_pooling_layer=False
     # Names and shapes before anything is allocated.
     check_tensors(header, expected_shapes(arch, num_labels, prefix), path)
+    labels = formats.check_labels(labels, num_labels or None, config_path,
+                                  "id2label") if num_labels else None
     state = hub_files.read_safetensors(path)
     arrays = to_official(state, arch["num_heads"], prefix)
     del state
-
     defaults = {"name": "vit_transformers"}
-    if not num_labels:  # a ViTModel (or a classifier without labels)
-        defaults["include_top"] = num_classes is not None
-        if arch["representation_size"] is not None or (
-                arch["kind"] == "classifier"):  # the pooled class token
-            defaults["pooling"] = "token"
-    include_top = kwargs.get("include_top", defaults.get("include_top", True))
-    if num_classes is None:
-        num_classes = num_labels or 1000
-    head_kept = include_top and num_labels and num_classes == num_labels
-    representation = arch["representation_size"]
-    if representation is not None and include_top and not keep_pre_logits:
-        representation = None  # a new head on the encoder, as transformers'
-    return checkpoint(
-        arch, arrays, image_size=image_size, num_classes=num_classes,
-        representation_size=representation, keep_pre_logits=keep_pre_logits,
+    if not num_labels and (arch["representation_size"] is not None
+                           or arch["kind"] == "classifier"):
+        defaults["pooling"] = "token"  # the pooled class token
+    return hub_files.vit_checkpoint(
+        arch, arrays, head=num_labels or None, label_names=labels,
         source_name=repr(os.fspath(path)),
-        tags={"zoo_labels": (list(labels) if labels and head_kept
-                             and len(labels) == num_classes else None),
-              "zoo_source": os.fspath(source)}, **defaults)
+        tags={"zoo_source": os.fspath(source)}, **defaults)
 
 
-def checkpoint(arch, arrays, *, image_size, num_classes, representation_size,
-               keep_pre_logits=None, source_name=None, tags=None, **defaults):
-    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
-    that ``arch`` (the facts a reader returns: sizes, ``image_size``,
-    ``patch_size``, ``num_channels``, ``layer_norm_epsilon``, ``gelu``,
-    optionally ``classifier``) describes, holding ``arrays`` (official
-    layout): ``image_size`` None is the checkpoint's; ``**defaults`` are
-    more builder arguments; ``tags`` more attributes for the model
-    (``zoo_name`` and ``zoo_weights`` are set)."""
-    from keras_vit.zoo import sources
-
-    config = {key: arch[key] for key in (
-        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "num_channels")}
-    config.update(
-        image_size=arch["image_size"] if image_size is None else image_size,
-        num_classes=num_classes, classifier=arch.get("classifier", "token"),
-        representation_size=representation_size, **defaults)
-    return sources.Checkpoint(
-        config, arrays, source_name=source_name,
-        keep_pre_logits=keep_pre_logits,
-        tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
-              **(tags or {})})
+# Where they were first written: zoo_name and name_sizes now live with
+# the other Hugging Face helpers, the writer in its own module.
+zoo_name = hub_files.zoo_name
+name_sizes = hub_files.name_sizes
 
 
-def build(arch, arrays, *, image_size, num_classes, representation_size,
-          keep_pre_logits=None, source_name=None, **kwargs):
-    """The keras_vit ViT that ``arch`` describes (see :func:`checkpoint`),
-    with ``arrays`` (official layout) loaded strictly by
-    :func:`keras_vit.zoo.sources.build`: resized position embeddings for
-    another ``image_size`` (None: the checkpoint's), a zero head for
-    another ``num_classes``. ``**kwargs`` go to
-    :func:`keras_vit.models.vit` and win over ``arch``."""
-    from keras_vit.zoo import sources
+def __getattr__(name):
+    if name in ("save_pretrained", "from_official", "HIDDEN_ACTS"):
+        from keras_vit.zoo import transformers_writer
 
-    return sources.build(checkpoint(
-        arch, arrays, image_size=image_size, num_classes=num_classes,
-        representation_size=representation_size,
-        keep_pre_logits=keep_pre_logits, source_name=source_name), **kwargs)
-
-
-# -- writing ------------------------------------------------------------------
-
-# keras_vit's GELU forms -> transformers' hidden_act.
-HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
-
-
-def _writable(model):
-    """``(kind, reason)``: the transformers class that holds ``model``
-    (``"classifier"``: ``ViTForImageClassification``; ``"model"``:
-    ``ViTModel``, for a model without a head), or None and the reason
-    none does."""
-    config = model.get_config() if hasattr(model, "get_config") else None
-    if not isinstance(config, dict) or "hidden_size" not in config or (
-            "num_heads" not in config):
-        return None, (f"{type(model).__name__} is not a keras_vit "
-                      "VisionTransformer")
-    include_top = config.get("include_top", True)
-    checks = (
-        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
-        (config.get("classifier") != "token",
-         f"classifier={config.get('classifier')!r} (transformers pools the "
-         "class token)"),
-        (include_top and config.get("representation_size") is not None,
-         "a pre_logits layer before the head (representation_size="
-         f"{config.get('representation_size')}; ViTForImageClassification "
-         "has none; without the head, include_top=False, it is ViTModel's "
-         "pooler)"),
-        (not include_top and config.get("pooling") == "gap",
-         "pooling='gap' (ViTModel pools the class token)"),
-        (config.get("position_embedding", "learned_1d") != "learned_1d"
-         or config.get("position_embedding_placement", "stem") != "stem",
-         "a position embedding other than the learned 1-D table at the "
-         "stem"),
-        (config.get("gelu", "tanh") not in HIDDEN_ACTS,
-         f"gelu={config.get('gelu')!r}"),
-        (config.get("return_attention_scores"), "attention scores as an "
-         "output"),
-    )
-    for bad, what in checks:
-        if bad:
-            return None, what
-    return ("classifier" if include_top else "model"), None
-
-
-def save_pretrained(model, directory, labels=None):
-    """Writes ``model`` as transformers writes a ``ViTForImageClassification``
-    (``config.json``, ``model.safetensors``, ``preprocessor_config.json``),
-    so that ``transformers.ViTForImageClassification.from_pretrained(
-    directory)`` loads it with the same logits, and ``zoo.load(directory)``
-    reads it back. ``labels`` (default: the model's own label names, if it
-    has them) become ``id2label``. Each file is written whole or not at all.
-
-    A model without a head (``include_top=False``) is written as a
-    ``ViTModel``: its ``pre_logits`` layer, if it has one, is the tanh
-    pooler (``pooler_output`` is the model's output); without one the
-    folder has no pooler and loads with ``ViTModel.from_pretrained(
-    directory, add_pooling_layer=False)`` (``last_hidden_state``).
-
-    Example (transformers itself is not needed to write)::
-
-        import keras_vit
-        model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
-                              num_layers=2, num_heads=4, mlp_dim=64,
-                              num_classes=3)
-        keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
-    """
-    from keras_vit import atomic
-    from keras_vit.errors import require
-
-    kind, reason = _writable(model)
-    if reason is not None:
-        raise ValueError(
-            f"save_pretrained(layout='transformers') writes transformers' "
-            f"ViTForImageClassification or ViTModel, neither of which can "
-            f"hold this model: {reason}"
-            + ("" if "VisionTransformer" in reason else
-               "; zoo.save_npz writes it"))
-    st = require("safetensors.numpy", package="safetensors",
-                 purpose="save_pretrained")
-    config = model.get_config()
-    hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
-    size = config["image_size"]
-    out = {
-        "model_type": "vit",
-        "architectures": [ARCHITECTURES[kind == "model"]],
-        "hidden_size": hidden,
-        "num_hidden_layers": int(config["num_layers"]),
-        "num_attention_heads": heads,
-        "intermediate_size": int(config["mlp_dim"]),
-        "hidden_act": HIDDEN_ACTS[config.get("gelu", "tanh")],
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-        "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
-        "image_size": list(size) if isinstance(size, (list, tuple)) else size,
-        "patch_size": int(config["patch_size"]),
-        "num_channels": int(config.get("num_channels", 3)),
-        "qkv_bias": True,
-        "torch_dtype": "float32",
-    }
-    arrays = convert.export_arrays(model)
-    if kind == "classifier":
-        labels = _label_names(model, labels, int(config["num_classes"]))
-        out["id2label"] = {str(i): name for i, name in enumerate(labels)}
-        out["label2id"] = {name: i for i, name in enumerate(labels)}
-        state = from_official(arrays, heads)
-    else:
-        if labels is not None:
-            raise ValueError(
-                "labels name the classes of a head; this model has none "
-                f"(include_top=False); received labels={_shown(labels)}")
-        if "pre_logits/kernel" in arrays:
-            out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
-            out["pooler_act"] = "tanh"
-        state = {k[len("vit."):]: v
-                 for k, v in from_official(arrays, heads).items()}
-    # The official input: pixels / 255, then (x - 0.5) / 0.5 = [-1, 1].
-    side = size if isinstance(size, int) else None
-    preprocessor = {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True, "resample": 2,
-        "size": ({"height": side, "width": side} if side else
-                 {"height": size[0], "width": size[1]}),
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-    }
-    os.makedirs(directory, exist_ok=True)
-    with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
-        st.save_file(state, tmp, metadata={"format": "pt"})
-    atomic.write_json(os.path.join(directory, PREPROCESSOR_FILE),
-                      preprocessor)
-    # The config last: a folder is a transformers folder once it is there.
-    atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
-    return os.fspath(directory)
-
-
-def _label_names(model, labels, num_classes):
-    """``labels`` (default: the model's own, else ``LABEL_i``) as a list of
-    ``num_classes`` strings."""
-    if labels is None:
-        labels = getattr(model, "zoo_labels", None)
-    if labels is None:
-        return [f"LABEL_{i}" for i in range(num_classes)]
-    labels = [str(name) for name in labels]
-    if len(labels) != num_classes:
-        raise ValueError(
-            f"labels has {len(labels)} names for a head of "
-            f"{num_classes} classes")
-    return labels
-
-
-def from_official(arrays, num_heads):
-    """The inverse of :func:`to_official`: official ``.npz`` arrays of a
-    class-token ViT with a head -> transformers' ``ViTForImageClassification``
-    tensors (contiguous float32)."""
-    top = {v: k for k, v in _TOP_PARAMS.items()}
-    layer = {v: k for k, v in _LAYER_PARAMS.items()}
-    head = {v: k for k, v in _HEAD_PARAMS.items()}
-    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-    out = {}
-    for key, value in arrays.items():
-        value = np.asarray(value, dtype="float32")
-        if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
-            out[head[key]] = value.T  # is the bias
-            continue
-        m = block.match(key)
-        if m:
-            i, param = m.groups()
-            name = layer[param]
-            if name.startswith("attention.attention."):
-                if value.ndim == 3:  # (D, H, Dh) -> (H*Dh, D)
-                    value = value.reshape(value.shape[0], -1).T
-                else:  # (H, Dh) -> (H*Dh,)
-                    value = value.reshape(-1)
-            elif name == "attention.output.dense.weight":
-                # (H, Dh, D) -> (D, H*Dh)
-                value = value.reshape(-1, value.shape[-1]).T
-            elif value.ndim == 2:  # Dense (in, out) -> Linear (out, in)
-                value = value.T
-            out[f"vit.encoder.layer.{i}.{name}"] = value
-            continue
-        name = top[key]
-        if name == "embeddings.patch_embeddings.projection.weight":
-            value = value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
-        elif name == "pooler.dense.weight":
-            value = value.T
-        out["vit." + name] = value
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+        return getattr(transformers_writer, {"save_pretrained": "write"}.get(
+            name, name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
