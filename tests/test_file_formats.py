@@ -192,6 +192,14 @@ def json_mutation(draw, doc, skip=()):
     return _dumps(doc, dup)
 
 
+def _event(name):
+    """Counts an outcome in hypothesis' statistics (inside a test)."""
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        hypothesis.event(name)
+
+
 def _outcome(load, where):
     """Runs ``load``; passes for Built or one of the package's errors
     naming ``where``."""
@@ -200,12 +208,14 @@ def _outcome(load, where):
     try:
         load()
     except BuiltError:
+        _event("built")
         return "built"
     except (CheckpointError, ValueError, OSError) as e:
         if isinstance(e, (KeyError, AttributeError)):
             raise
         assert str(where) in str(e), f"{type(e).__name__}: {e}"
         assert "\n" not in str(e).strip(), str(e)
+        _event(f"refused: {type(e).__name__}")
         return type(e).__name__
     raise AssertionError("loaded without reaching the build step")
 

@@ -217,7 +217,7 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
     (lambda: zoo.save_pretrained(_model3(), "/tmp/never", labels=5),
      "labels=5"),
     (lambda: zoo.save_pretrained(_model3(), "/tmp/never", labels=["a"]),
-     "labels must name each of the 3 classes"),
+     "labels has 1 name for a head of 3 classes"),
     (lambda: zoo.load(NAME, weights=None, image_size=100000),
      "image_size=100000"),
     (lambda: zoo.load(NAME, weights=None, image_size=14000),

@@ -322,14 +322,22 @@ def pickle_hint(folder):
     """The way out for a folder holding only PyTorch's pickled
     ``pytorch_model.bin`` (what timm's ``save_for_hf`` and transformers'
     ``save_pretrained`` write without ``safe_serialization``), or "".
-    keras_vit never unpickles: a pickle runs code when loaded."""
-    if not os.path.isfile(os.path.join(os.fspath(folder), PICKLE_FILE)):
+    keras_vit never unpickles: a pickle runs code when loaded. The
+    commands convert it once, where the file is trusted (checked with
+    timm 1.0 and transformers 4)."""
+    folder = os.fspath(folder)
+    if not os.path.isfile(os.path.join(folder, PICKLE_FILE)):
         return ""
-    return (f"; it holds only {PICKLE_FILE}, a pickle, which keras_vit "
-            "never unpickles (unpickling runs code). Convert it once where "
-            "you trust the file: for timm, timm.models.save_for_hf(timm."
-            "create_model('<architecture>', pretrained=True, "
-            f"pretrained_cfg_overlay=dict(file='{PICKLE_FILE}')), dir, "
-            "safe_serialization=True); for transformers, "
-            "ViTForImageClassification.from_pretrained(folder)."
-            "save_pretrained(dir, safe_serialization=True)")
+    pickled = os.path.join(folder, PICKLE_FILE)
+    out = folder.rstrip("/" + os.sep) + "-safetensors"
+    return (
+        f"; it holds only {PICKLE_FILE}, a pickle, which keras_vit never "
+        "unpickles (unpickling runs code). Convert it once where you trust "
+        "the file: a timm folder with import json, timm; c = json.load("
+        f"open({os.path.join(folder, CONFIG_FILE)!r})); "
+        "timm.models.save_for_hf(timm.create_model(c['architecture'], "
+        f"pretrained=True, pretrained_cfg_overlay=dict(file={pickled!r}, "
+        "num_classes=c['num_classes']), **c.get('model_args', {})), "
+        f"{out!r}, safe_serialization=True); a transformers folder with "
+        f"transformers.AutoModelForImageClassification.from_pretrained("
+        f"{folder!r}).save_pretrained({out!r}, safe_serialization=True)")

@@ -38,6 +38,12 @@ def _labels(model, labels):
         raise ValueError(
             "labels name the classes of a head; this model has none "
             f"(include_top=False); received labels={labels!r}"[:300])
+    if len(labels) != config.get("num_classes"):
+        count = len(labels)
+        raise ValueError(f"labels has {count} name{'s' * (count != 1)} for "
+                         f"a head of "
+                         f"{config.get('num_classes')} classes; received "
+                         f"labels={labels!r}"[:300])
     try:
         names = check_label_names(list(labels), config.get("num_classes"),
                                   include_top)
