@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import csv
-import functools
 import os
-from pathlib import Path
 
-from keras_vit.errors import did_you_mean
 from keras_vit import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.zoo import bit_layout, convert, download, registry, sources
 # The official source's reader resolves weights=; re-exported here.
 from keras_vit.zoo.official import (  # noqa: F401
-    ResolvedWeights, _is_url, resolve_weights)
+    ResolvedWeights, is_url, resolve_weights)
 
-_LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
 
 def load(
@@ -117,7 +113,7 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     source = path_or_url
     if not isinstance(path_or_url, dict):
         source = os.fspath(path_or_url)
-        if _is_url(source):
+        if is_url(source):
             source = os.fspath(download.fetch(source, sha256=sha256,
                                               progress=progress))
         elif (sha256 is not None
@@ -134,28 +130,7 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
 info = registry.info
 effective_stride = registry.effective_stride
 list_models = registry.list_models
-
-
-def labels(name):
-    """A label list that ships with the package: ``"imagenet2012"`` (1000
-    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``.
-    Only the lists in the package's own folder are read: a name is no
-    path."""
-    known = sorted(p.stem for p in _LABELS_DIR.glob("*.txt"))
-    if not isinstance(name, str):
-        raise TypeError(f"name must be the name of a label list, one of "
-                        f"{known}; received name={name!r}")
-    path = _LABELS_DIR / f"{name}.txt"
-    if name not in known or not path.is_file():
-        raise ValueError(f"Unknown label list name={name!r}; known: {known}."
-                         f"{did_you_mean(str(name), known)}")
-    return _read_labels(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _read_labels(name):
-    with open(_LABELS_DIR / f"{name}.txt", encoding="utf-8") as f:
-        return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+labels = registry.labels
 
 
 def augreg_index(progress=None):

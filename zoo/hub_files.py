@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -263,7 +264,7 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
     head of ``head`` classes (None: none) named ``label_names``.
     ``**defaults`` are more builder arguments; ``tags`` more attributes
     for the model (``zoo_name`` and ``zoo_weights`` are set)."""
-    from keras_vit.zoo import sources
+    from keras_vit.zoo import build
 
     config = {key: arch[key] for key in (
         "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
@@ -271,7 +272,7 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
         "representation_size")}
     config.update(num_classes=head or 1000,
                   classifier=arch.get("classifier", "token"), **defaults)
-    return sources.Checkpoint(
+    return build.Checkpoint(
         config, arrays, source_name=source_name, head=head,
         label_names=label_names, head_config=dict(head_config or {}),
         tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
@@ -341,3 +342,34 @@ def pickle_hint(folder):
         f"{out!r}, safe_serialization=True); a transformers folder with "
         f"transformers.AutoModelForImageClassification.from_pretrained("
         f"{folder!r}).save_pretrained({out!r}, safe_serialization=True)")
+
+
+def check_names(found, expected, what):
+    """One :class:`~keras_vit.zoo.convert.CheckpointError` starting with
+    ``what`` and listing every missing, unexpected and mis-shaped name
+    (``found``, ``expected``: name -> shape), in natural order (layer.2
+    before layer.10), a dozen of each at most."""
+    def natural(name):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    def listed(shape):
+        return list(shape) if isinstance(shape, (list, tuple)) else shape
+
+    missing = [shown(k, 160) for k in sorted(set(expected) - set(found),
+                                              key=natural)]
+    extra = [shown(k, 160) for k in sorted(set(found) - set(expected),
+                                            key=natural)]
+    wrong = [f"{shown(k, 120)}: {shown(listed(found[k]), 40)} "
+             f"(expected {list(expected[k])})"
+             for k in sorted(set(expected) & set(found), key=natural)
+             if listed(found[k]) != list(expected[k])]
+    problems = []
+    for kind, items in (("missing", missing), ("unexpected", extra),
+                        ("mis-shaped", wrong)):
+        if items:
+            more = f", ... ({len(items)} in all)" if len(items) > 12 else ""
+            problems.append(f"{len(items)} {kind}: "
+                            f"{', '.join(items[:12])}"
+                            f"{more}")
+    if problems:
+        raise convert.CheckpointError(f"{what}; {'; '.join(problems)}")

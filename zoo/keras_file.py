@@ -4,7 +4,7 @@
 (``model.keras``).
 
 The file is read as :func:`keras_vit.resolve_model` reads it
-(:func:`keras_vit.zoo.resolve.load_keras_file`): members that inflate
+(:func:`keras_vit.zoo.keras_archive.load_keras_file`): members that inflate
 past what the archive holds and a ``config.json`` past
 :data:`~keras_vit.zoo.resolve.MAX_KERAS_CONFIG_BYTES` are refused before
 Keras reads them, arrays stored outside the file or in compressed chunks
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.zoo import convert, hub_files, resolve, sources
+from keras_vit.zoo import build, convert, hub_files, keras_archive
 
 
 def is_keras_file(value, *, progress=None):
@@ -35,7 +35,7 @@ def is_keras_file(value, *, progress=None):
         return False
     path = os.fspath(value)
     return isinstance(path, str) and (path.endswith(".keras") or os.path.isfile(
-        os.path.join(path, resolve.RUN_MODEL_FILE)))
+        os.path.join(path, keras_archive.RUN_MODEL_FILE)))
 
 
 def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
@@ -54,14 +54,13 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
 
     argument = "name" if name is None else "weights"
     error = convert.CheckpointError
-    path = resolve.model_path(value, argument, error=error)
-    if path is None:  # a folder the other sources read (find says which)
-        raise error(f"{argument}={os.fspath(value)!r} holds no "
-                    f"{resolve.RUN_MODEL_FILE}")
-    model = resolve.load_keras_file(path, argument, error=error)
+    path = os.fspath(value)
+    if os.path.isdir(path):  # a fine-tuning run
+        path = os.path.join(path, keras_archive.RUN_MODEL_FILE)
+    model = keras_archive.load_keras_file(path, argument, error=error)
     tags = {"zoo_weights": None, "zoo_source": os.fspath(value)}
-    if not resolve.is_keras_vit_model(model):
-        return sources.Checkpoint({}, source_name=repr(path),
+    if not build.is_keras_vit_model(model):
+        return build.Checkpoint({}, source_name=repr(path),
                                   family="foreign", model=model, tags=tags)
     config = model.get_config()
     family = "bit" if isinstance(model, ResNetV2) else "vit"
@@ -74,11 +73,11 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
             raise ValueError(
                 f"weights={path!r} holds a {'BiT' if family == 'bit' else 'ViT'}"
                 f"; it does not load into name={name!r} ({arch.family})")
-        config.update(arch.config, name=sources.model_name(arch.name))
+        config.update(arch.config, name=build.model_name(arch.name))
         zoo_name = arch.name
     head = config["num_classes"] if config.get("include_top", True) else None
     labels = config.pop("label_names", None)
-    return sources.Checkpoint(
+    return build.Checkpoint(
         config, source_name=repr(path), family=family, head=head,
         label_names=list(labels) if labels else None, model=model,
         tags=dict(tags, zoo_name=zoo_name))

@@ -11,12 +11,11 @@ other logits.
 from __future__ import annotations
 
 import os
-import re
 
-import numpy as np
 
 from keras_vit.errors import require
-from keras_vit.zoo import convert, keras_hub_io
+from keras_vit.zoo import convert, hub_files, keras_hub_layout
+from keras_vit.zoo.keras_hub_layout import to_hub_names
 
 
 def _convertible(model):
@@ -43,9 +42,9 @@ def _convertible(model):
         (config.get("classifier") not in ("token", "gap"),
          f"classifier={config.get('classifier')!r}"),
         (include_top and config.get("classifier_activation")
-         not in keras_hub_io.ACTIVATIONS,
+         not in keras_hub_layout.ACTIVATIONS,
          f"classifier_activation={config.get('classifier_activation')!r} "
-         f"(one of {list(keras_hub_io.ACTIVATIONS)} converts)"),
+         f"(one of {list(keras_hub_layout.ACTIVATIONS)} converts)"),
         (config.get("return_attention_scores"),
          "attention scores as an output"),
     )
@@ -53,26 +52,6 @@ def _convertible(model):
         if bad:
             return what
     return None
-
-
-def to_hub_names(arrays):
-    """The inverse of :func:`keras_vit.zoo.keras_hub_io.to_official`: official arrays -> keras-hub's
-    variable paths (every bias kept: the model is built with them)."""
-    top = {v: k for k, v in keras_hub_io.TOP.items()}
-    block = {v: k for k, v in keras_hub_io.BLOCK.items()}
-    pattern = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-    out = {}
-    for key, value in convert.normalize_keys(arrays).items():
-        value = np.asarray(value, dtype="float32")
-        m = pattern.match(key)
-        if m:
-            out[f"vit_encoder/transformer_block_{int(m.group(1)) + 1}/"
-                f"{block[m.group(2)]}"] = value
-        elif key == convert.POSEMB_KEY:
-            out[top[key]] = value[0]
-        else:
-            out[top[key]] = value
-    return out
 
 
 def to_keras_hub(model):
@@ -131,9 +110,10 @@ def to_keras_hub(model):
                 image_converter=converter))
     state = to_hub_names(convert.export_arrays(model))
     targets = {v.path: v for v in out.weights}
-    keras_hub_io.check_names({k: v.shape for k, v in state.items()},
-                 {k: tuple(v.shape) for k, v in targets.items()},
-                 f"to_keras_hub(model={model.name!r})")
+    hub_files.check_names({k: v.shape for k, v in state.items()},
+                          {k: tuple(v.shape) for k, v in targets.items()},
+                          f"to_keras_hub(model={model.name!r}): does not "
+                          "hold the keras-hub ViT its config describes")
     for name, variable in targets.items():
         variable.assign(state[name])
     labels = (getattr(model, "label_names", None)
@@ -156,7 +136,7 @@ def save_preset(model, directory, labels=None):
     hub = to_keras_hub(model)
     hub.save_to_preset(os.fspath(directory))
     if labels is not None:
-        path = os.path.join(os.fspath(directory), keras_hub_io.METADATA_FILE)
+        path = os.path.join(os.fspath(directory), keras_hub_layout.METADATA_FILE)
         with open(path, encoding="utf-8") as f:
             metadata = json.load(f)
         metadata["label_names"] = list(labels)

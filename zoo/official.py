@@ -20,8 +20,8 @@ import os
 import urllib.parse
 
 from keras_vit import variants
-from keras_vit.zoo import (bit_layout, convert, download, formats, registry,
-                           sources)
+from keras_vit.zoo import (bit_layout, build, convert, download, formats,
+                           registry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,8 @@ class ResolvedWeights:
     record: registry.Weights | None = None
 
 
-def _is_url(value):
+def is_url(value):
+    """True for an http(s) or gs URL (downloaded through the cache)."""
     return isinstance(value, str) and value.split(":", 1)[0].lower() in (
         "http", "https", "gs")
 
@@ -58,7 +59,7 @@ def resolve_weights(name, weights, image_size=None, progress=None):
         url = registry.augreg_url(value[len("augreg:"):])
         path = download.fetch(url, progress=progress)
         return ResolvedWeights(os.fspath(path), url)
-    if _is_url(value):
+    if is_url(value):
         return ResolvedWeights(
             os.fspath(download.fetch(value, progress=progress)), value)
     if os.path.exists(value) or value.endswith(".npz") or os.sep in value:
@@ -133,13 +134,11 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
         if record is not None:
             image_size = image_size or record.image_size
             if head == record.num_classes and record.labels:
-                from keras_vit.zoo import api
-
-                labels = [names for _, names in api.labels(record.labels)]
+                labels = registry.label_names(record.labels)
     config.update(image_size=image_size or 224,
                   num_classes=head or registry.IMAGENET1K_CLASSES,
-                  name=sources.model_name(arch.name))
-    return sources.Checkpoint(
+                  name=build.model_name(arch.name))
+    return build.Checkpoint(
         config, arrays, source_name=source_name or f"name={name!r}",
         family="bit" if is_bit else "vit", head=head, label_names=labels,
         include_top=True,

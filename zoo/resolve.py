@@ -23,222 +23,18 @@ checkpoint key (:mod:`keras_vit.zoo.convert`). Users reach them as
 
 from __future__ import annotations
 
-import io
 import os
-import zipfile
 
-import numpy as np
 
 from keras_vit.errors import (UnexpectedKeywordError, check_archive,
                               check_pair, did_you_mean)
-# A model's config.json is a few KB, but Keras reads it whole into memory
-# (a 1.6 MB .keras can hold a 1.5 GB one): the bounds, keras_vit/limits.py.
-from keras_vit.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
-                              MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
-from keras_vit.zoo import bit_layout, convert
-
-#: The file a training run directory holds its final model in.
-RUN_MODEL_FILE = "model.keras"
-
-
-def is_keras_vit_model(model):
-    """True for the models keras_vit builds (and rebuilds with changes)."""
-    from keras_vit.models.axial import AxialVisionTransformer
-    from keras_vit.models.resnet_v2 import ResNetV2
-    from keras_vit.models.vit import VisionTransformer
-
-    return isinstance(model, (VisionTransformer, AxialVisionTransformer,
-                              ResNetV2))
-
-
-def load_keras_file(path, argument="model", *, error=ValueError):
-    """The model in a ``.keras`` file (``compile=False``), or one error
-    naming ``argument``: Keras says "File not found" for a file that is there
-    but is no ``.keras`` archive."""
-    import keras
-
-    # Importing the model classes registers them (and their layers) with
-    # Keras, which the file names.
-    from keras_vit.models import (  # noqa: F401
-        AxialVisionTransformer, ResNetV2, VisionTransformer)
-
-    check_archive(argument, path, "a .keras model", error=error)
-    _check_keras_members(path, argument, error)
-    shapes = _keras_weights(path, argument, error)
-    check_keras_config(path, shapes)
-    try:
-        model = keras.saving.load_model(path, compile=False)
-    except (ValueError, OSError, KeyError, TypeError, AttributeError,
-            zipfile.BadZipFile) as e:
-        raise error(f"cannot load {argument}={path!r} as a Keras model: "
-                    f"{type(e).__name__}: {e}") from e
-    except RecursionError:  # a config.json nested thousands deep
-        raise error(f"cannot load {argument}={path!r} as a Keras model: its "
-                    "config.json is nested too deeply to be a model's "
-                    "config") from None
-    if (shapes is not None and is_keras_vit_model(model)
-            and len(shapes) != len(model.weights)):
-        raise error(_unread_weights(model, shapes, path, argument))
-    return model
-
-
-
-
-def _check_keras_members(path, argument, error):
-    """Refuses a ``.keras`` archive whose members would inflate past what
-    its bytes can hold, before Keras reads them into memory."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
-    except (OSError, zipfile.BadZipFile):
-        return  # Keras' own error names what is wrong
-    where = f"cannot load {argument}={path!r} as a Keras model: its"
-    for info in members:
-        size = info.file_size
-        if info.filename == "config.json" and size > MAX_KERAS_CONFIG_BYTES:
-            raise error(f"{where} config.json is {size} bytes uncompressed "
-                        "(a model's is a few KB; at most "
-                        f"{MAX_KERAS_CONFIG_BYTES} read)")
-        if (size > KERAS_BOMB_FLOOR
-                and size > KERAS_MAX_EXPANSION * info.compress_size):
-            raise error(f"{where} {info.filename} is {size} bytes "
-                        f"uncompressed from {info.compress_size} in the "
-                        "file, more than a model's weights deflate (a zip "
-                        "bomb?); the .keras files Keras writes store their "
-                        "members uncompressed")
-
-
-KERAS_WEIGHTS_FILE = "model.weights.h5"
-KERAS_CONFIG_FILE = "config.json"
-# Arrays a ViT block holds in a Keras weights file: two LayerNorms (2
-# each), query, key, value and output (kernel and bias each), two Dense.
-_ARRAYS_PER_BLOCK = 16
-
-
-def keras_config(path):
-    """The ``config.json`` of the ``.keras`` archive ``path`` checked as
-    :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` describes it (and,
-    for a keras_vit model, its sizes as
-    :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`), before Keras reads
-    it; None when the archive has none (Keras' own error says so)."""
-    from keras_vit import schema
-    from keras_vit.zoo import formats
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            if KERAS_CONFIG_FILE not in archive.namelist():
-                return None
-            raw = archive.read(KERAS_CONFIG_FILE)  # bounded by the caller
-    except (OSError, zipfile.BadZipFile):
-        return None
-    where = f"{path} ({KERAS_CONFIG_FILE})"
-    outer = formats.check(formats.KERAS_FILE_CONFIG, schema.parse_json(
-        raw, where, "Keras model config", error=formats.FormatError), where)
-    if outer.get("registered_name") in formats.KERAS_VIT_CLASSES:
-        outer["config"] = formats.check(formats.KERAS_VIT_CONFIG,
-                                        outer["config"], where, "config")
-    return outer
-
-
-def check_keras_config(path, shapes=None):
-    """Refuses a ``.keras`` file whose config does not fit its format, is
-    deeper than the weights it holds (``num_layers=2000`` beside the
-    weights of 12 blocks once built for minutes before Keras noticed) or
-    is too large for this machine (:func:`keras_vit.memory.check_config`),
-    before Keras builds anything. Returns the checked config."""
-    from keras_vit import memory
-    from keras_vit.zoo import formats
-
-    outer = keras_config(path)
-    if outer is None or outer.get("registered_name") not in (
-            formats.KERAS_VIT_CLASSES):
-        return outer
-    config = outer["config"]
-    where = f"{path} ({KERAS_CONFIG_FILE})"
-    layers = config.get("num_layers")
-    if shapes is not None and isinstance(layers, int) and (
-            _ARRAYS_PER_BLOCK * layers > len(shapes)):
-        raise formats.fail(where, "config.num_layers", f"num_layers={layers}"
-                           f" needs {_ARRAYS_PER_BLOCK * layers} arrays; the "
-                           f"file's {KERAS_WEIGHTS_FILE} holds {len(shapes)}")
-    memory.check_config(config, where)
-    return outer
-
-
-def _keras_weights(path, argument, error):
-    """``{name: shape}`` of the arrays in a ``.keras`` file's weights (not
-    its optimizer's), each checked stored as Keras writes it: in the file,
-    contiguous (no external or virtual dataset reading another file, no
-    compressed chunks inflating past the file); None when the archive has
-    no such member (Keras' own error names what is wrong)."""
-    import h5py
-
-    from keras_vit.zoo import keras_hub_io
-
-    where = (f"cannot load {argument}={path!r} as a Keras model: its "
-             f"{KERAS_WEIGHTS_FILE}")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            if KERAS_WEIGHTS_FILE not in archive.namelist():
-                return None
-            # Bounded by _check_keras_members; Keras reads it whole too.
-            data = archive.read(KERAS_WEIGHTS_FILE)
-    except (OSError, zipfile.BadZipFile):
-        return None
-    try:
-        f = h5py.File(io.BytesIO(data), "r")
-    except OSError as e:
-        raise error(f"{where} is not an HDF5 file "
-                    f"({' '.join(str(e).split())[:200]})") from None
-    with f:
-        try:
-            found = keras_hub_io.h5_datasets(f, where)
-        except convert.CheckpointError as e:
-            raise error(str(e)) from None
-        problems = [f"{name}: {problem}" for name, ds in found.items()
-                    if (problem := _h5_problem(ds, len(data)))]
-        if problems:
-            raise error(f"{where} has arrays Keras never writes: "
-                        f"{'; '.join(problems[:12])}")
-        return {name: tuple(ds.shape) for name, ds in found.items()}
-
-
-def _h5_problem(ds, file_size):
-    """What is wrong with the dataset ``ds`` of a Keras weights file, or
-    None: Keras writes numbers (bfloat16 as 2-byte opaque values)."""
-    from keras_vit.zoo import keras_hub_io
-
-    if ds.dtype.kind not in "biufV":
-        return f"of dtype {ds.dtype} (Keras writes numbers)"
-    where = keras_hub_io.h5_storage_problem(ds, file_size)
-    return None if where is None else f"stored {where}"
-
-
-def _unread_weights(model, shapes, path, argument):
-    """The error for a ``.keras`` file whose weights hold arrays Keras did
-    not read into ``model`` (it ignores them): each named, with what the
-    model's own save holds."""
-    import tempfile
-
-    import h5py
-
-    from keras_vit.zoo import keras_hub_io
-
-    with tempfile.TemporaryDirectory() as tmp:
-        saved = os.path.join(tmp, KERAS_WEIGHTS_FILE)
-        model.save_weights(saved)
-        with h5py.File(saved, "r") as f:
-            expected = set(keras_hub_io.h5_datasets(f, saved))
-    unexpected = sorted(set(shapes) - expected)
-    missing = sorted(expected - set(shapes))
-    listed = [f"{what} ({len(names)}): {', '.join(names[:20])}"
-              + (" ..." if len(names) > 20 else "")
-              for what, names in (("unexpected", unexpected),
-                                  ("missing", missing)) if names]
-    return (f"cannot load {argument}={path!r} as a Keras model: its "
-            f"{KERAS_WEIGHTS_FILE} holds {len(shapes)} arrays where "
-            f"model={model.name!r} has {len(model.weights)} weights; "
-            + "; ".join(listed))
+# The .keras archive readers and the copy functions, importable from here
+# where they were first written.
+from keras_vit.zoo.build import (  # noqa: F401
+    copy_model, copy_weights, is_keras_vit_model)
+from keras_vit.zoo.keras_archive import (  # noqa: F401
+    KERAS_WEIGHTS_FILE, MAX_KERAS_CONFIG_BYTES, RUN_MODEL_FILE,
+    check_keras_config, keras_config, load_keras_file)
 
 
 def model_path(spec, argument="model", *, error=ValueError):
@@ -329,92 +125,6 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
 def _label(spec):
     return getattr(spec, "name", spec) if not isinstance(
         spec, (str, os.PathLike)) else os.fspath(spec)
-
-
-def copy_model(model, config, keep_pre_logits=False):
-    """``model`` itself when ``config`` is its own, else a model of its
-    class built from ``config`` with ``model``'s weights copied (position
-    embeddings resized, a head of another size zero-initialised). A
-    ``dtype`` in ``config`` is the policy the copy is built under."""
-    import keras
-
-    config = dict(config)
-    dtype = config.pop("dtype", None)
-    own = model.get_config()
-    if dtype is not None and keras.dtype_policies.get(
-            dtype).name == model.dtype_policy.name:
-        dtype = None
-    unknown = sorted(set(config) - set(own))
-    if unknown:
-        raise UnexpectedKeywordError(
-            f"{type(model).__name__} got an unexpected keyword argument "
-            f"{unknown[0]!r}.{did_you_mean(unknown[0], sorted(own))}")
-    if dtype is None and all(own[k] == v for k, v in config.items()):
-        return model
-    config["dtype"] = own.get("dtype")
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(dtype or model.dtype_policy)
-    try:
-        rebuilt = type(model).from_config(config)
-    finally:
-        keras.config.set_dtype_policy(policy)
-    _copy_weights(model, rebuilt, keep_pre_logits)
-    return rebuilt
-
-
-def _copy_weights(source, target, keep_pre_logits):
-    """``source``'s weights into ``target``: one to one where the weight
-    lists line up, else by checkpoint key (position embeddings resized, a
-    head of another size zero-initialised)."""
-    shapes = [tuple(w.shape) for w in source.weights]
-    if shapes == [tuple(w.shape) for w in target.weights]:
-        import keras
-
-        for variable, value in zip(target.weights, source.weights):
-            # Cast to the copy's dtype (a float32 copy of a bf16 model).
-            variable.assign(keras.ops.cast(value.value, variable.dtype))
-        return
-    from keras_vit.models.axial import AxialVisionTransformer
-    from keras_vit.models.resnet_v2 import ResNetV2
-
-    if isinstance(source, ResNetV2):
-        bit_layout.load_weights(target, bit_layout.export_arrays(source))
-    elif isinstance(source, AxialVisionTransformer):
-        _copy_by_path(source, target)
-    else:
-        convert.load_weights(target, convert.export_arrays(source),
-                             keep_pre_logits=keep_pre_logits or None,
-                             source_name=f"<model {source.name!r}>")
-
-
-def _copy_by_path(source, target):
-    """For a model with no checkpoint layout (Axial-ViT): weights by their
-    Keras path; a learned position table of another grid resized, a head of
-    another size left at its zero initialisation."""
-    given = {w.path: w for w in source.weights}
-    owners = {w.path: layer for layer in target.layers for w in layer.weights}
-    problems = []
-    for variable in target.weights:
-        value = given.get(variable.path)
-        want = tuple(variable.shape)
-        if value is not None:
-            value = np.asarray(value.numpy())
-        if value is not None and value.shape == want:
-            variable.assign(value)
-            continue
-        layer = owners.get(variable.path)
-        if variable.path.startswith("head/"):
-            continue  # zero-initialised, as a new head is
-        if (value is not None and getattr(layer, "kind", None) == "learned_1d"
-                and value.ndim == 3):
-            variable.assign(convert.resize_posemb(
-                value, layer.grid_size, layer.num_prefix_tokens))
-            continue
-        have = None if value is None else value.shape
-        problems.append(f"{variable.path}: {have} vs {want}")
-    if problems:
-        raise ValueError(f"cannot copy the weights of model={source.name!r} "
-                         f"into its rebuilt copy: {'; '.join(problems[:10])}")
 
 
 def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
@@ -519,7 +229,7 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
                     rebuilt = keras.models.clone_model(model)
         finally:
             keras.config.set_dtype_policy(policy)
-        _copy_weights(model, rebuilt, keep_pre_logits)
+        copy_weights(model, rebuilt, keep_pre_logits)
     if names is not None:
         rebuilt = feature_model(rebuilt, outputs)
     return rebuilt

@@ -43,113 +43,10 @@ import dataclasses
 import os
 import typing
 
-
-@dataclasses.dataclass
-class Checkpoint:
-    """What a reader returns: what its files say about the model.
-
-    Attributes:
-        config: keyword arguments of the builder (:func:`keras_vit.vit`,
-            or :func:`keras_vit.models.resnet_v2.resnet_v2` for
-            ``family="bit"``) that the checkpoint fixes: sizes, numerics,
-            its ``image_size``, ``classifier``, ``representation_size``,
-            a default ``name`` and ``num_classes`` (used when the weights
-            hold no head), ...
-        arrays: the weights, ``{key: array}`` in the official ``.npz``
-            layout (ViT, or BiT for ``family="bit"``); None for random
-            initialisation.
-        source_name: how errors name the checkpoint (its file).
-        family: ``"vit"`` (ViT, hybrid, axial) or ``"bit"`` (a ResNetV2).
-        head: the number of classes of the head the weights hold, or
-            None (no head).
-        label_names: the names of that head's classes, or None.
-        head_config: builder arguments that belong to that head (its
-            activation) and go with it.
-        include_top: whether the model has a head unless the caller says
-            (None: when the weights have one or ``num_classes`` is asked).
-        tags: attributes set on the model once loaded (``zoo_name``,
-            ``zoo_weights``, ``zoo_source``).
-        keep_pre_logits: kept for callers that build a checkpoint
-            themselves (:func:`build`).
-        model: a built model whose weights the build step copies (a
-            ``.keras`` file's) instead of ``arrays``; with
-            ``family="foreign"`` (no keras_vit model) it is the result.
-    """
-
-    config: dict
-    arrays: typing.Mapping | None = None
-    source_name: str | None = None
-    family: str = "vit"
-    head: int | None = None
-    label_names: list | None = None
-    head_config: dict = dataclasses.field(default_factory=dict)
-    include_top: bool | None = None
-    tags: dict = dataclasses.field(default_factory=dict)
-    keep_pre_logits: bool | None = None
-    model: typing.Any = None
-
-
-def build(checkpoint, **kwargs):
-    """The model ``checkpoint`` describes, with its weights loaded
-    strictly: the builder gets ``checkpoint.config`` with ``**kwargs``
-    over it; :func:`keras_vit.zoo.convert.load_weights` (ViT) or
-    :func:`keras_vit.zoo.bit_layout.load_weights` (BiT) resize the
-    position embeddings to the model's grid, replace a head of another
-    size by zeros and list every missing, unexpected and mis-shaped array
-    in one error naming ``checkpoint.source_name``, before anything is
-    assigned. Then ``checkpoint.tags`` are set on the model.
-
-    >>> import numpy as np
-    >>> from keras_vit.zoo import sources
-    >>> ckpt = sources.Checkpoint(dict(
-    ...     image_size=32, patch_size=16, hidden_size=32, num_layers=1,
-    ...     num_heads=2, mlp_dim=64, num_classes=3), tags={"zoo_name": "tiny"})
-    >>> model = sources.build(ckpt, num_classes=5)
-    >>> model.zoo_name, model.output_shape
-    ('tiny', (None, 5))
-    """
-    from keras_vit.zoo import bit_layout, convert
-
-    config = {**checkpoint.config, **kwargs}
-    if checkpoint.model is not None:
-        from keras_vit.zoo import resolve
-
-        model = resolve.copy_model(checkpoint.model, config,
-                                   bool(checkpoint.keep_pre_logits))
-        for attr, value in checkpoint.tags.items():
-            setattr(model, attr, value)
-        names = getattr(model, "label_names", None)
-        model.zoo_labels = list(names) if names else None
-        return model
-    if checkpoint.family == "bit":
-        from keras_vit.models.resnet_v2 import resnet_v2 as builder
-    else:
-        from keras_vit.models.vit import vit as builder
-    model = builder(**config)
-    if checkpoint.arrays is not None:
-        if checkpoint.family == "bit":
-            bit_layout.load_weights(model, checkpoint.arrays,
-                                    source_name=checkpoint.source_name)
-        else:
-            convert.load_weights(model, checkpoint.arrays,
-                                 keep_pre_logits=checkpoint.keep_pre_logits,
-                                 source_name=checkpoint.source_name)
-    for attr, value in checkpoint.tags.items():
-        setattr(model, attr, value)
-    names = getattr(model, "label_names", None)
-    model.zoo_labels = list(names) if names else None
-    return model
-
-
-def model_name(arch_name):
-    """The Keras model name a zoo name gives by default:
-    ``"ViT-B/16"`` -> ``"vit_b_16"``.
-
-    >>> model_name("R50+ViT-B/16")
-    'r50_vit_b_16'
-    """
-    return (arch_name.replace("/", "_").replace("+", "_").lower()
-            .replace("-", "_"))
+# What a reader returns and the build step live below the readers
+# (zoo/build.py); re-exported here, where they were first written.
+from keras_vit.zoo.build import (  # noqa: F401
+    Checkpoint, build, build_settled as _build_settled, model_name)
 
 
 def _module(name):
@@ -321,53 +218,13 @@ def load(name, weights="auto", request=None, *, progress=None):
     checkpoint = source.read(value, arch_name, progress=progress,
                              prefer_size=request.image_size,
                              sizes=sizes if arch_name is not None else None)
-    return build_settled(checkpoint, request)
+    # `build` is looked up here, so that a test can watch it.
+    return _build_settled(checkpoint, request, builder=build)
 
 
 def build_settled(checkpoint, request):
-    """Steps 3 to 5 (settle, bound, build) for a checkpoint already read
-    (the readers' own ``load`` functions come in here)."""
-    from keras_vit import memory
-    from keras_vit.zoo import settle
-
-    if checkpoint.family == "foreign":
-        return _as_it_is(checkpoint, request)
-    settled = settle.settle(checkpoint, request)
-    where = checkpoint.source_name or "the model"
-    memory.check_config(settled.config, where)
-    return build(dataclasses.replace(
-        checkpoint, config=settled.config, arrays=settled.arrays,
-        keep_pre_logits=settled.keep_pre_logits, tags=settled.tags))
+    """Steps 3 to 5 for a checkpoint already read
+    (:func:`keras_vit.zoo.build.build_settled`)."""
+    return _build_settled(checkpoint, request, builder=build)
 
 
-def _as_it_is(checkpoint, request):
-    """A model that is no keras_vit model (a ``.keras`` file of another
-    kind): returned as it is; any change asked of it is refused by name,
-    since only keras_vit's models are rebuilt (``dtype`` copies it)."""
-    asked = {"image_size": request.image_size,
-             "num_classes": request.num_classes,
-             **{k: v for k, v in request.options.items() if k != "dtype"}}
-    if request.label_names is not settle_unset():
-        asked["label_names"] = request.label_names
-    asked = {k: v for k, v in asked.items() if v is not None}
-    model = checkpoint.model
-    if asked or request.random:
-        what = ("weights=None" if not asked else
-                f"{next(iter(asked))}={next(iter(asked.values()))!r}")
-        raise ValueError(
-            f"{what} cannot be applied to {checkpoint.source_name}: it holds "
-            f"a {type(model).__name__}, and only a keras_vit model "
-            "(VisionTransformer, AxialVisionTransformer, ResNetV2) is "
-            "rebuilt with changes")
-    dtype = request.options.get("dtype")
-    if dtype is not None:
-        from keras_vit.zoo import resolve
-
-        model = resolve.rebuild(model, dtype=dtype, copy=False)
-    return model
-
-
-def settle_unset():
-    from keras_vit.zoo import settle
-
-    return settle.UNSET

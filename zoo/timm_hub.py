@@ -7,11 +7,13 @@ and original checkpoints as the official ``.npz`` files, plus later
 fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
 ``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
-the official layout (ViT, the ResNetV2+ViT hybrids and BiT; a hybrid keeps
+the official layout (:mod:`keras_vit.zoo.timm_layout`: ViT, the
+ResNetV2+ViT hybrids and BiT; a hybrid keeps
 timm's ResNet numerics: weights standardised with sqrt(var + 1e-8),
 GroupNorm epsilon 1e-5), and loads them through the same strict loaders as
-the ``.npz`` files. :func:`save_pretrained` writes the reverse, a repository
-that ``timm.create_model(..., pretrained=True)`` loads.
+the ``.npz`` files. :func:`keras_vit.zoo.save_pretrained` writes the
+reverse (:mod:`keras_vit.zoo.timm_writer`), a repository that
+``timm.create_model(..., pretrained=True)`` loads.
 
 timm runs the exact (erf) GELU, the official code the tanh form, so models
 built from timm weights default to ``gelu="exact"``: they reproduce timm's
@@ -27,13 +29,17 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
 
 from keras_vit.errors import (shown)
 from keras_vit import schema, variants
 from keras_vit.limits import MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download, formats, hub_files
+# timm's names <-> the official layout (zoo/timm_layout.py); the mappings
+# stay importable from here, where they were written first.
+from keras_vit.zoo.timm_layout import (  # noqa: F401 - also re-exported
+    BLOCK_PARAMS, TOP_PARAMS, bit_to_official, hybrid_to_official,
+    to_official)
 # The Hub files transformers' layout shares (zoo/hub_files.py); every name
 # stays importable from here, where it was written first.
 from keras_vit.zoo.hub_files import (  # noqa: F401 - also re-exported
@@ -41,28 +47,6 @@ from keras_vit.zoo.hub_files import (  # noqa: F401 - also re-exported
     check_safetensors, hub_download, read_safetensors)
 # The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
 _OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
-
-_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
-BLOCK_PARAMS = {
-    "norm1.weight": "LayerNorm_0/scale", "norm1.bias": "LayerNorm_0/bias",
-    "norm2.weight": "LayerNorm_2/scale", "norm2.bias": "LayerNorm_2/bias",
-    "mlp.fc1.weight": "MlpBlock_3/Dense_0/kernel",
-    "mlp.fc1.bias": "MlpBlock_3/Dense_0/bias",
-    "mlp.fc2.weight": "MlpBlock_3/Dense_1/kernel",
-    "mlp.fc2.bias": "MlpBlock_3/Dense_1/bias",
-    "attn.qkv.weight": None, "attn.qkv.bias": None,  # split into q, k, v
-    "attn.proj.weight": "MultiHeadDotProductAttention_1/out/kernel",
-    "attn.proj.bias": "MultiHeadDotProductAttention_1/out/bias",
-}
-TOP_PARAMS = {
-    "cls_token": "cls", "pos_embed": convert.POSEMB_KEY,
-    "patch_embed.proj.weight": "embedding/kernel",
-    "patch_embed.proj.bias": "embedding/bias",
-    "norm.weight": "Transformer/encoder_norm/scale",
-    "norm.bias": "Transformer/encoder_norm/bias",
-    "head.weight": "head/kernel", "head.bias": "head/bias",
-}
-
 
 def is_timm_source(value, *, progress=None):
     """True for what this module reads: an ``hf-hub:`` handle, a
@@ -143,134 +127,6 @@ def read_config(path):
     return validate_config(schema.read_json(
         path, "timm config.json", max_bytes=MAX_CONFIG_BYTES,
         error=formats.FormatError), path)
-
-
-def to_official(state, num_heads):
-    """Maps a timm ViT ``state_dict`` (NumPy) onto the official ``.npz``
-    layout. timm parameters with no official counterpart (layer scale,
-    register tokens, fc_norm, q/k norms, ...) raise a ValueError naming
-    them: loading without them would silently compute something else."""
-    out, unknown = {}, []
-    for name, value in state.items():
-        value = np.asarray(value)
-        m = _BLOCK_KEY.match(name)
-        if m and m.group(2) in BLOCK_PARAMS:
-            i, param = m.groups()
-            prefix = f"Transformer/encoderblock_{i}/"
-            if param.startswith("attn.qkv."):
-                att = prefix + "MultiHeadDotProductAttention_1/"
-                for part, w in zip(("query", "key", "value"),
-                                   np.split(value, 3, axis=0)):
-                    if param.endswith("weight"):  # (D_out, D_in)
-                        d = w.shape[1]
-                        out[att + f"{part}/kernel"] = w.T.reshape(
-                            d, num_heads, d // num_heads)
-                    else:
-                        out[att + f"{part}/bias"] = w.reshape(num_heads, -1)
-                continue
-            key = prefix + BLOCK_PARAMS[param]
-            if param == "attn.proj.weight":
-                d = value.shape[0]
-                value = value.T.reshape(num_heads, d // num_heads, d)
-            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
-                value = value.T
-            out[key] = value
-        elif name in TOP_PARAMS:
-            if name == "patch_embed.proj.weight":  # OIHW -> HWIO
-                value = value.transpose(2, 3, 1, 0)
-            elif name == "head.weight":
-                value = value.T
-            out[TOP_PARAMS[name]] = value
-        else:
-            unknown.append(name)
-    if unknown:
-        raise ValueError(
-            f"the timm checkpoint has parameters keras_vit's ViT lacks: "
-            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
-    return out
-
-
-# timm's ResNetV2 names stage s, block b ``stages.{s}.blocks.{b}.<param>``,
-# in BiT and in the hybrids' backbone alike.
-_STAGE_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
-
-
-def _resnet_to_official(state, unit_params, unit_key, top, what, prefix=""):
-    """Maps timm ResNetV2 parameters: ``unit_key(stage, block)`` (1-based)
-    plus ``unit_params[param]`` for the units, ``top`` for the rest; conv
-    kernels OIHW -> HWIO. Unknown names raise a ValueError naming them."""
-    out, unknown = {}, []
-    for name, value in state.items():
-        value = np.asarray(value)
-        m = _STAGE_UNIT.match(name)
-        if m and m.group(3) in unit_params:
-            stage, block, param = m.groups()
-            key = unit_key(int(stage) + 1, int(block) + 1) + unit_params[param]
-        elif name in top:
-            key = top[name]
-        else:
-            unknown.append(prefix + name)
-            continue
-        if value.ndim == 4:  # conv OIHW -> HWIO
-            value = value.transpose(2, 3, 1, 0)
-        out[key] = value
-    if unknown:
-        raise ValueError(
-            f"the timm checkpoint has parameters keras_vit's {what} lacks: "
-            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
-    return out
-
-
-_HYBRID_PREFIX = "patch_embed.backbone."
-_HYBRID_UNIT_PARAMS = {"downsample.conv.weight": "conv_proj/kernel",
-                       "downsample.norm.weight": "gn_proj/scale",
-                       "downsample.norm.bias": "gn_proj/bias"}
-for _i in (1, 2, 3):
-    _HYBRID_UNIT_PARAMS[f"conv{_i}.weight"] = f"conv{_i}/kernel"
-    _HYBRID_UNIT_PARAMS[f"norm{_i}.weight"] = f"gn{_i}/scale"
-    _HYBRID_UNIT_PARAMS[f"norm{_i}.bias"] = f"gn{_i}/bias"
-# The root: "stem." in front when the backbone has stages, none when timm
-# builds the root alone (vit_tiny_r_s16_p8_*).
-_HYBRID_ROOT = {"conv.weight": "conv_root/kernel",
-                "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}
-_HYBRID_ROOT.update({f"stem.{k}": v for k, v in _HYBRID_ROOT.items()})
-
-
-def hybrid_to_official(state, num_heads):
-    """Maps a timm ResNet+ViT hybrid ``state_dict`` (``vit_*_r*_s*``) onto
-    the official hybrid ``.npz`` layout: timm's
-    ``patch_embed.backbone.stages.{s}.blocks.{b}`` is ``block{s+1}/unit{b+1}``
-    (norm1 -> gn1, downsample -> conv_proj/gn_proj), the rest as
-    :func:`to_official`. Unknown parameters raise a ValueError naming them."""
-    n = len(_HYBRID_PREFIX)
-    backbone = {k[n:]: v for k, v in state.items()
-                if k.startswith(_HYBRID_PREFIX)}
-    rest = {k: v for k, v in state.items() if not k.startswith(_HYBRID_PREFIX)}
-    return {**to_official(rest, num_heads), **_resnet_to_official(
-        backbone, _HYBRID_UNIT_PARAMS, lambda s, b: f"block{s}/unit{b}/",
-        _HYBRID_ROOT, "hybrid ResNet", prefix=_HYBRID_PREFIX)}
-
-
-_BIT_UNIT_PARAMS = {"downsample.conv.weight": "a/proj/standardized_conv2d/kernel"}
-for _i, _x in enumerate("abc", 1):
-    _BIT_UNIT_PARAMS[f"conv{_i}.weight"] = f"{_x}/standardized_conv2d/kernel"
-    _BIT_UNIT_PARAMS[f"norm{_i}.weight"] = f"{_x}/group_norm/gamma"
-    _BIT_UNIT_PARAMS[f"norm{_i}.bias"] = f"{_x}/group_norm/beta"
-_BIT_TOP = {"stem.conv.weight": "resnet/root_block/standardized_conv2d/kernel",
-            "norm.weight": "resnet/group_norm/gamma",
-            "norm.bias": "resnet/group_norm/beta",
-            "head.fc.weight": "resnet/head/conv2d/kernel",
-            "head.fc.bias": "resnet/head/conv2d/bias"}
-
-
-def bit_to_official(state):
-    """Maps a timm ``resnetv2_*_bit`` ``state_dict`` onto the official BiT
-    ``.npz`` layout (timm's stage s, block b is ``block{s+1}/unit{b+1:02d}``;
-    its norm1/conv1 are the official unit's ``a``, and so on). Parameters
-    with no BiT counterpart raise a ValueError naming them."""
-    return _resnet_to_official(
-        state, _BIT_UNIT_PARAMS, lambda s, b: f"resnet/block{s}/unit{b:02d}/",
-        _BIT_TOP, "BiT ResNetV2")
 
 
 _RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
@@ -385,9 +241,9 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     >>> bool(np.allclose(m(x), m2(x), atol=1e-6))
     True
     """
-    from keras_vit.zoo import settle, sources
+    from keras_vit.zoo import build, settle
 
-    return sources.build_settled(
+    return build.build_settled(
         read_checkpoint(source, name, progress=progress),
         settle.request(image_size=image_size, num_classes=num_classes,
                        **kwargs))
@@ -396,11 +252,11 @@ def load(source, name=None, image_size=None, num_classes=None, *,
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
-    :class:`~keras_vit.zoo.sources.Checkpoint` of the repository
+    :class:`~keras_vit.zoo.build.Checkpoint` of the repository
     ``source`` (its ``config.json`` naming the architecture, unless
     ``name`` does, and its ``model.safetensors``). ``prefer_size`` is
     unused (one file per repository)."""
-    from keras_vit.zoo import bit_layout, sources
+    from keras_vit.zoo import bit_layout, build
 
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
@@ -440,8 +296,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                                   "label_names") if head else None
     build_config.update(image_size=image_size,
                         num_classes=config.get("num_classes") or 1000,
-                        name=sources.model_name(arch.name))
-    return sources.Checkpoint(
+                        name=build.model_name(arch.name))
+    return build.Checkpoint(
         build_config, arrays, source_name=repr(os.fspath(source)),
         family="bit" if is_bit else "vit", head=head, label_names=labels,
         include_top=True,
@@ -460,7 +316,7 @@ def __getattr__(name):
 
         return save_pretrained
     if name == "from_official":
-        from keras_vit.zoo.timm_writer import from_official
+        from keras_vit.zoo.timm_layout import from_official
 
         return from_official
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,63 +9,16 @@ pretrained_cfg_overlay=dict(file=...))`` loads and
 from __future__ import annotations
 
 import os
-import re
 
-import numpy as np
 
 from keras_vit import atomic
 from keras_vit.errors import require
-from keras_vit.zoo import convert, timm_hub
+from keras_vit.zoo import convert
+from keras_vit.zoo.timm_layout import from_official
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 # The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
 _OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
-
-
-def from_official(arrays):
-    """The inverse of :func:`keras_vit.zoo.timm_hub.to_official`: official-layout arrays (from
-    :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``."""
-    arrays = convert.normalize_keys(arrays)
-    extra = sorted(k for k in arrays if k.startswith("pre_logits/"))
-    if extra:
-        raise ValueError(f"timm's ViT has no pre_logits layer; the model has "
-                         f"{extra}")
-    top = {v: k for k, v in timm_hub.TOP_PARAMS.items()}
-    block = {v: k for k, v in timm_hub.BLOCK_PARAMS.items() if v}
-    state, qkv = {}, {}
-    for key, value in arrays.items():
-        value = np.asarray(value, dtype="float32")
-        if key in top:
-            name = top[key]
-            if name == "patch_embed.proj.weight":
-                value = value.transpose(3, 2, 0, 1)
-            elif name == "head.weight":
-                value = value.T
-            state[name] = value
-            continue
-        m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
-        if not m:
-            raise ValueError(f"no timm ViT parameter for {key!r}")
-        i, rest = m.groups()
-        att = "MultiHeadDotProductAttention_1/"
-        part = rest[len(att):].split("/")[0] if rest.startswith(att) else None
-        if part in ("query", "key", "value"):
-            kind = rest.rsplit("/", 1)[1]
-            flat = (value.reshape(value.shape[0], -1).T if kind == "kernel"
-                    else value.reshape(-1))
-            qkv.setdefault((i, kind), {})[part] = flat
-            continue
-        name = f"blocks.{i}.{block[rest]}"
-        if rest == att + "out/kernel":
-            value = value.reshape(-1, value.shape[-1]).T
-        elif value.ndim == 2:
-            value = value.T
-        state[name] = value
-    for (i, kind), parts in qkv.items():
-        suffix = "weight" if kind == "kernel" else "bias"
-        state[f"blocks.{i}.attn.qkv.{suffix}"] = np.concatenate(
-            [parts["query"], parts["key"], parts["value"]], axis=0)
-    return {k: np.ascontiguousarray(v) for k, v in state.items()}
 
 
 def timm_architecture(model):

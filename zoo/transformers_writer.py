@@ -8,12 +8,12 @@ head): ``config.json`` with the class names as ``id2label``,
 from __future__ import annotations
 
 import os
-import re
 
-import numpy as np
 
 from keras_vit.errors import shown
-from keras_vit.zoo import convert, transformers_hub
+from keras_vit.zoo import convert
+from keras_vit.zoo.transformers_layout import (ARCHITECTURES,
+                                               PREPROCESSOR_FILE, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 # keras_vit's GELU forms -> transformers' hidden_act.
@@ -100,7 +100,7 @@ def write(model, directory, labels=None):
     size = config["image_size"]
     out = {
         "model_type": "vit",
-        "architectures": [transformers_hub.ARCHITECTURES[kind == "model"]],
+        "architectures": [ARCHITECTURES[kind == "model"]],
         "hidden_size": hidden,
         "num_hidden_layers": int(config["num_layers"]),
         "num_attention_heads": heads,
@@ -146,48 +146,8 @@ def write(model, directory, labels=None):
     os.makedirs(directory, exist_ok=True)
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
         st.save_file(state, tmp, metadata={"format": "pt"})
-    atomic.write_json(os.path.join(directory, transformers_hub.PREPROCESSOR_FILE),
+    atomic.write_json(os.path.join(directory, PREPROCESSOR_FILE),
                       preprocessor)
     # The config last: a folder is a transformers folder once it is there.
     atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
     return os.fspath(directory)
-
-
-def from_official(arrays, num_heads):
-    """The inverse of :func:`keras_vit.zoo.transformers_hub.to_official`:
-    official ``.npz`` arrays of a class-token ViT with a head ->
-    transformers' ``ViTForImageClassification`` tensors (contiguous
-    float32)."""
-    top = {v: k for k, v in transformers_hub.TOP_PARAMS.items()}
-    layer = {v: k for k, v in transformers_hub.LAYER_PARAMS.items()}
-    head = {v: k for k, v in transformers_hub.HEAD_PARAMS.items()}
-    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-    out = {}
-    for key, value in arrays.items():
-        value = np.asarray(value, dtype="float32")
-        if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
-            out[head[key]] = value.T  # is the bias
-            continue
-        m = block.match(key)
-        if m:
-            i, param = m.groups()
-            name = layer[param]
-            if name.startswith("attention.attention."):
-                if value.ndim == 3:  # (D, H, Dh) -> (H*Dh, D)
-                    value = value.reshape(value.shape[0], -1).T
-                else:  # (H, Dh) -> (H*Dh,)
-                    value = value.reshape(-1)
-            elif name == "attention.output.dense.weight":
-                # (H, Dh, D) -> (D, H*Dh)
-                value = value.reshape(-1, value.shape[-1]).T
-            elif value.ndim == 2:  # Dense (in, out) -> Linear (out, in)
-                value = value.T
-            out[f"vit.encoder.layer.{i}.{name}"] = value
-            continue
-        name = top[key]
-        if name == "embeddings.patch_embeddings.projection.weight":
-            value = value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
-        elif name == "pooler.dense.weight":
-            value = value.T
-        out["vit." + name] = value
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
