@@ -414,3 +414,44 @@ def test_safetensors_holes_are_refused_by_name(tmp_path):
     twice.write_bytes(struct.pack("<Q", len(raw)) + raw + body)
     with pytest.raises(formats.FormatError, match="field a: is given twice"):
         hub_files.check_safetensors(twice)
+
+
+def test_the_examples_once_accepted_are_refused_by_name(
+        timm_folder, keras_hub_folder, transformers_folder, tmp_path):
+    """A label list shorter than the head, a keras-hub task.json whose
+    preprocessor config is a list (a raw AttributeError once), an int64
+    tensor: each refused with the file and the field named."""
+    from safetensors.numpy import load_file, save_file
+
+    from keras_vit import zoo
+    from keras_vit.zoo import formats
+
+    short = _copy(timm_folder)
+    config = json.loads(open(os.path.join(short, "config.json")).read())
+    config["label_names"] = ["cat", "dog"]  # the head has 3 classes
+    with open(os.path.join(short, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(formats.FormatError, match="field label_names: names "
+                       "2 classes for a head of 3") as e:
+        zoo.load(short)
+    assert os.path.join(short, "config.json") in str(e.value)
+
+    listed = _copy(keras_hub_folder)
+    task = json.loads(open(os.path.join(listed, "task.json")).read())
+    task["config"]["preprocessor"]["config"] = [1, 2]
+    with open(os.path.join(listed, "task.json"), "w") as f:
+        json.dump(task, f)
+    with pytest.raises(formats.FormatError,
+                       match="field config.preprocessor.config") as e:
+        zoo.load(listed)
+    assert os.path.join(listed, "task.json") in str(e.value)
+
+    ints = _copy(transformers_folder)
+    path = os.path.join(ints, "model.safetensors")
+    arrays = load_file(path)
+    arrays["classifier.bias"] = arrays["classifier.bias"].astype("int64")
+    save_file(arrays, path)
+    with pytest.raises(formats.FormatError,
+                       match="field classifier.bias.dtype") as e:
+        zoo.load(ints)
+    assert path in str(e.value)

@@ -267,3 +267,93 @@ def test_a_keras_file_deeper_than_its_weights_is_refused_before_building(
         assert str(bad) in str(e.value)
         monkeypatch.undo()
     shutil.rmtree(tmp_path)
+
+
+def _public_functions():
+    import inspect
+
+    out = []
+    for name in sorted(zoo.__all__):
+        value = getattr(zoo, name)
+        if isinstance(value, type) or not callable(value):
+            continue
+        params = [p for p in inspect.signature(value).parameters.values()
+                  if p.kind == p.POSITIONAL_OR_KEYWORD]
+        if params and name not in ("augreg_index", "cache_dir",
+                                   "preprocess_input", "preprocessing_layer",
+                                   "decode_predictions"):
+            out.append((name, params[0].name, sum(
+                p.default is p.empty for p in params)))
+    return out
+
+
+def test_public_functions_refuse_hostile_arguments_by_name(monkeypatch,
+                                                            tmp_path):
+    """Every public function of the zoo, given a value of the wrong type
+    or a hostile string as its first argument, raises one of the
+    package's errors naming that argument (or echoing the value), never
+    a raw AttributeError / KeyError from inside."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    functions = _public_functions()
+    assert {"load", "rebuild", "save_pretrained", "list_models", "labels",
+            "resolve_model", "export_arrays"} <= {f[0] for f in functions}
+    missing = str(tmp_path / "nothing")
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(st.sampled_from(functions), st.sampled_from(
+        [None, 5, 2.5, True, [], {}, b"x", "", "\x00", "../../x", -1,
+         ["a"], {"a": 1}, float("nan")]))
+    def check(function, value):
+        name, argument, required = function
+        args = [value] + [missing] * (required - 1)
+        try:
+            getattr(zoo, name)(*args)
+        except (TypeError, ValueError, OSError) as e:
+            assert argument in str(e) or repr(value)[:20] in str(e), (
+                f"{name}({value!r}): {type(e).__name__}: {e}")
+
+    check()
+
+
+def test_every_source_line_has_its_module_and_functions():
+    """The sources list is an explicit registry: each line's module is
+    imported by its written name, and has the predicate and the reader
+    the line names."""
+    import inspect
+
+    from keras_vit.zoo import sources
+
+    for source in sources.SOURCES + (sources.OFFICIAL,):
+        module = sources.reader_module(source.name)
+        read = getattr(module, source.read_name)
+        assert {"progress", "prefer_size", "sizes"} <= set(
+            inspect.signature(read).parameters), source.name
+        if source.claims_name is not None:
+            assert callable(getattr(module, source.claims_name))
+    with pytest.raises(ValueError, match="no source is named 'x'"):
+        sources.reader_module("x")
+
+
+def test_a_model_too_large_for_memory_is_refused_before_building(
+        monkeypatch, written):
+    """The settled config is bounded by one estimate (weights, position
+    table, one image's activations) before anything is built, for every
+    source; the error names the field and its value."""
+    from keras_vit import memory
+    from keras_vit.zoo import sources
+
+    kind, spec = written
+    monkeypatch.setattr(memory, "available_memory", lambda: 8 << 30)
+
+    def never(*args, **kwargs):
+        raise AssertionError("built")
+
+    monkeypatch.setattr(sources, "build", never)
+    for call in (lambda: zoo.load(spec, image_size=4000),
+                 lambda: zoo.load(NAME, weights=None, image_size=4000)):
+        with pytest.raises(ValueError, match=r"image_size=4000 \(62,501 "
+                           "tokens\\) makes the model need about"):
+            call()

@@ -322,3 +322,22 @@ def test_mismatch_error_names_the_file(tmp_path):
         zoo.load("ViT-Ti/16", weights=str(path))
     assert "wrong.npz" in str(e.value)
     assert "encoder blocks: checkpoint 2, model 12" in str(e.value)
+
+
+@pytest.mark.backend_independent(
+    "which names a released head gets is decided before anything runs on "
+    "a backend")
+def test_a_released_head_names_its_classes(mirror):
+    """Official weights with their head kept carry the registry's class
+    names (two classes that share a name get their WordNet id); a new
+    head has none; the command line still shows the WordNet ids."""
+    from keras_vit.zoo.preprocessing import model_labels
+
+    model = zoo.load("ViT-Ti/16", weights="augreg", image_size=224)
+    names = registry.label_names("imagenet2012")
+    assert model.label_names == tuple(names) and len(set(names)) == 1000
+    assert "crane (n02012849)" in names and "crane (n03126707)" in names
+    source, rows = model_labels(model, 1000)
+    assert source == "imagenet2012" and rows[0][0] == "n01440764"
+    assert zoo.load("ViT-Ti/16", weights="augreg", image_size=224,
+                    num_classes=10).label_names is None

@@ -110,7 +110,11 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     of another size is replaced by zeros (see
     :func:`keras_vit.zoo.convert.load_weights`).
     """
+    convert.check_model(model)
     source = path_or_url
+    if not isinstance(path_or_url, (dict, str, os.PathLike)):
+        raise TypeError("path_or_url must be a path, a URL or a dict of "
+                        f"arrays; received path_or_url={path_or_url!r}"[:300])
     if not isinstance(path_or_url, dict):
         source = os.fspath(path_or_url)
         if is_url(source):

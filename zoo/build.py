@@ -142,6 +142,8 @@ def copy_model(model, config, keep_pre_logits=False):
     config = dict(config)
     dtype = config.pop("dtype", None)
     own = model.get_config()
+    if dtype == own.get("dtype"):  # the model's own, as its config says it
+        dtype = None
     if dtype is not None and keras.dtype_policies.get(
             dtype).name == model.dtype_policy.name:
         dtype = None

@@ -45,6 +45,9 @@ def read_npz(path, lazy=False) -> dict:
     values, read one at a time when converted (what the loaders use, to keep
     the memory peak near the model's size).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path; received path={path!r}"
+                        [:300])
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"path={path!r} is a directory, not an .npz "
@@ -161,6 +164,9 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
     (the model's depth; default :data:`MAX_BLOCKS`), checked before any
     slice is made.
     """
+    if not hasattr(arrays, "items"):
+        raise TypeError("arrays must be a mapping {checkpoint key: array}; "
+                        f"received arrays={arrays!r}"[:300])
     limit = MAX_BLOCKS if max_blocks is None else int(max_blocks)
     out = {}
     for key, value in arrays.items():
@@ -275,6 +281,18 @@ def checkpoint_key(variable_path: str) -> str | None:
     return None
 
 
+def check_model(model, argument="model"):
+    """``model`` if it is a Keras model, else a TypeError naming
+    ``argument`` and echoing the value (not an AttributeError from deep
+    inside a loader)."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"{argument} must be a keras.Model; received "
+                        f"{argument}={model!r}"[:300])
+    return model
+
+
 def model_variables(model, key_fn=None, layout="ViT") -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a model.
 
@@ -282,6 +300,7 @@ def model_variables(model, key_fn=None, layout="ViT") -> dict:
     ViT/hybrid layout). Raises if a weight has no checkpoint equivalent, so
     that a model this module does not understand is never half loaded.
     """
+    check_model(model)
     key_fn = key_fn or checkpoint_key
     out = {}
     unknown = []
@@ -305,6 +324,7 @@ def export_arrays(model) -> dict:
 
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
+    check_model(model)
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(

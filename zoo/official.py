@@ -48,6 +48,9 @@ def resolve_weights(name, weights, image_size=None, progress=None):
     Downloads go through the cache (``KERAS_VIT_CACHE``, ``KERAS_VIT_MIRROR``,
     ``KERAS_VIT_OFFLINE``).
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a zoo name (str); received "
+                        f"name={name!r}"[:300])
     if not isinstance(weights, (str, os.PathLike)):
         raise ValueError(
             "weights must be a tag, a path, a URL or None; received "

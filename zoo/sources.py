@@ -49,7 +49,7 @@ from keras_vit.zoo.build import (  # noqa: F401
     Checkpoint, build, build_settled as _build_settled, model_name)
 
 
-def _module(name):
+def reader_module(name):
     """The reader module of a source, imported when first asked about
     (the readers import Keras and NumPy; ``keras-vit list`` needs
     neither). Each is named here, not computed."""
@@ -80,7 +80,7 @@ class Source(typing.NamedTuple):
         """True when this source reads ``value``."""
         if self.claims_name is None:
             return True
-        return bool(getattr(_module(self.name), self.claims_name)(
+        return bool(getattr(reader_module(self.name), self.claims_name)(
             value, progress=progress))
 
     def read(self, value, name=None, *, progress=None, prefer_size=None,
@@ -90,7 +90,7 @@ class Source(typing.NamedTuple):
         ``prefer_size``: which of a release's files to fetch where it has
         one per resolution; ``sizes``: the caller's size keywords, which
         amend ``name``'s)."""
-        return getattr(_module(self.name), self.read_name)(
+        return getattr(reader_module(self.name), self.read_name)(
             value, name, progress=progress, prefer_size=prefer_size,
             sizes=sizes)
 
