@@ -139,7 +139,9 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
             if head == record.num_classes and record.labels:
                 labels = registry.label_names(record.labels)
     config.update(image_size=image_size or 224,
-                  num_classes=head or registry.IMAGENET1K_CLASSES,
+                  # A file without a head asks the caller for one (settle).
+                  num_classes=head or (registry.IMAGENET1K_CLASSES
+                                       if arrays is None else None),
                   name=build.model_name(arch.name))
     return build.Checkpoint(
         config, arrays, source_name=source_name or f"name={name!r}",
