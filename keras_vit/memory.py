@@ -291,7 +291,7 @@ def config_estimate(config):
             "activations": _BYTES * values, "tokens": tokens}
 
 
-def check_config(config, where, *, available=None):
+def check_config(config, where, *, name=None, available=None):
     """Refuses (``ValueError`` naming ``where``, the field that makes the
     model too large and its value) a model of ``config`` whose weights,
     position table and one image's forward pass clearly cannot fit this
@@ -299,14 +299,15 @@ def check_config(config, where, *, available=None):
     :data:`~keras_vit.limits.MEMORY_SLACK` times it), before anything is
     built: a config file of a few bytes (``image_size=14000``) must not
     start gigabytes of allocations. The activations count on CPU only
-    (an accelerator holds them elsewhere).
+    (an accelerator holds them elsewhere). ``name`` describes the model
+    in the message.
 
     >>> check_config(dict(image_size=4000, patch_size=16, hidden_size=768,
     ...     num_layers=12, num_heads=12, mlp_dim=3072), "config.json",
-    ...     available=2**34)
+    ...     name="ViT-B/16", available=2**34)
     Traceback (most recent call last):
     ...
-    ValueError: config.json: image_size=4000 (62,501 tokens) makes the model need about ...
+    ValueError: config.json: ViT-B/16 at 4000x4000 (62,501 tokens) needs about ...
     """
     est = config_estimate(config)
     if est is None:
@@ -317,24 +318,26 @@ def check_config(config, where, *, available=None):
     need = est["weights"] + est["activations"]
     if need <= MEMORY_SLACK * available:
         return
-    if est["activations"] > est["weights"] and available is not None and (
-            not _on_cpu()):
+    if est["activations"] > est["weights"] and not _on_cpu():
         need = est["weights"]
         if need <= MEMORY_SLACK * available:
             return
+    h, w = _side_pair(config.get("image_size", 224))
+    what = (f"{name or config.get('name') or 'the model'} at {h}x{w}"
+            + (f" ({est['tokens']:,} tokens)" if est["tokens"] else ""))
     if est["activations"] + est["position table"] >= est["weights"] - (
             est["position table"]):
-        size = config.get("image_size")
-        field = (f"image_size={size!r}" + (f" ({est['tokens']:,} tokens)"
-                                           if est["tokens"] else ""))
+        hint = "lower --image-size (image_size= in Python)"
     else:
         names = [n for n in ("num_layers", "hidden_size", "mlp_dim",
                              "num_classes", "block_units", "width_factor")
                  if n in config]
-        field = ", ".join(f"{n}={config[n]!r}" for n in names)
+        what += " with " + ", ".join(f"{n}={config[n]!r}" for n in names)
+        hint = "check the sizes (a config from a file is read as it is)"
     raise ValueError(
-        f"{where}: {field} makes the model need about {need / 2**30:.1f} GiB "
-        f"(weights {est['weights'] / 2**30:.2f}, of which position table "
-        f"{est['position table'] / 2**30:.2f}; one image's activations "
-        f"{est['activations'] / 2**30:.2f}: an estimate), more than the "
-        f"{available / 2**30:.1f} GiB of memory available here")
+        f"{where}: {what} needs about {need / 2**30:.1f} GiB (an estimate: "
+        f"{est['weights'] / 2**30:.2f} GiB of weights, of them "
+        f"{est['position table'] / 2**30:.2f} the position table; "
+        f"{est['activations'] / 2**30:.2f} GiB of one image's "
+        f"activations), more than the {available / 2**30:.1f} GiB of memory "
+        f"available here; {hint}")

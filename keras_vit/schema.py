@@ -274,12 +274,24 @@ def check(spec, value, path, field=None, *, error=ConfigError):
     try:
         return spec.parse(value, field or "")
     except _MismatchError as e:
+        if not e.where and isinstance(spec, Object) and not isinstance(
+                value, dict):
+            raise error(path, None, f"is a JSON {_json_type(value)}, not an "
+                        "object") from None
         name = e.where or None
         received = ("it is missing" if e.value is _MISSING
                     else f"received {e.where or 'value'}={shown(e.value)}")
         raise error(path, name, f"expected {e.expected}; {received}") from None
     except RecursionError:
         raise error(path, field, "is nested too deeply") from None
+
+
+def _json_type(value):
+    for kind, name in ((bool, "boolean"), (str, "string"), (list, "list"),
+                       ((int, float), "number"), (type(None), "null")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 def _pairs_without_repeats(path, error):
@@ -321,7 +333,7 @@ def parse_json(raw, path, what, *, error=ConfigError):
     except ValueError as e:
         if isinstance(e, error):
             raise
-        raise error(path, None, f"is not a JSON {what} ("
+        raise error(path, None, f"is not valid JSON, so no {what} ("
                     f"{' '.join(str(e).split())[:200]})") from None
     except RecursionError:
         raise error(path, None, f"is nested too deeply to be a {what}"

@@ -329,7 +329,7 @@ def test_every_source_line_has_its_module_and_functions():
     for source in sources.SOURCES + (sources.OFFICIAL,):
         module = sources.reader_module(source.name)
         read = getattr(module, source.read_name)
-        assert {"progress", "prefer_size", "sizes"} <= set(
+        assert {"progress", "prefer_size", "sizes", "argument"} <= set(
             inspect.signature(read).parameters), source.name
         if source.claims_name is not None:
             assert callable(getattr(module, source.claims_name))
@@ -354,6 +354,6 @@ def test_a_model_too_large_for_memory_is_refused_before_building(
     monkeypatch.setattr(sources, "build", never)
     for call in (lambda: zoo.load(spec, image_size=4000),
                  lambda: zoo.load(NAME, weights=None, image_size=4000)):
-        with pytest.raises(ValueError, match=r"image_size=4000 \(62,501 "
-                           "tokens\\) makes the model need about"):
+        with pytest.raises(ValueError, match=r"at 4000x4000 \(62,501 tokens"
+                           r"\) needs about .*lower --image-size"):
             call()

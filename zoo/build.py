@@ -231,7 +231,8 @@ def build_settled(checkpoint, request, builder=None):
         return _as_it_is(checkpoint, request)
     settled = settle.settle(checkpoint, request)
     where = checkpoint.source_name or "the model"
-    memory.check_config(settled.config, where)
+    memory.check_config(settled.config, where,
+                        name=checkpoint.tags.get("zoo_name"))
     return (builder or build)(dataclasses.replace(
         checkpoint, config=settled.config, arrays=settled.arrays,
         keep_pre_logits=settled.keep_pre_logits, tags=settled.tags))

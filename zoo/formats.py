@@ -29,9 +29,10 @@ from keras_vit.zoo.convert import CheckpointError
 
 class FormatError(ConfigError, CheckpointError):
     """A file the zoo reads does not fit its format: names the file, the
-    field and the value. Both a :class:`~keras_vit.errors.ConfigError`
-    and a :class:`~keras_vit.zoo.CheckpointError`, so that either
-    ``except`` catches it."""
+    field and the value (``path field f: problem``). Both a
+    :class:`~keras_vit.errors.ConfigError` and a
+    :class:`~keras_vit.zoo.CheckpointError`, so that either ``except``
+    catches it."""
 
 
 def check(spec, value, path, field=None):

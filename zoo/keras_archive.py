@@ -36,7 +36,7 @@ def load_keras_file(path, argument="model", *, error=ValueError):
     check_archive(argument, path, "a .keras model", error=error)
     _check_keras_members(path, argument, error)
     shapes = _keras_weights(path, argument, error)
-    check_keras_config(path, shapes)
+    check_keras_config(path, shapes, argument)
     try:
         model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
@@ -51,8 +51,6 @@ def load_keras_file(path, argument="model", *, error=ValueError):
             and len(shapes) != len(model.weights)):
         raise error(_unread_weights(model, shapes, path, argument))
     return model
-
-
 
 
 def _check_keras_members(path, argument, error):
@@ -86,12 +84,13 @@ KERAS_CONFIG_FILE = "config.json"
 _ARRAYS_PER_BLOCK = 16
 
 
-def keras_config(path):
+def keras_config(path, argument="model"):
     """The ``config.json`` of the ``.keras`` archive ``path`` checked as
     :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` describes it (and,
     for a keras_vit model, its sizes as
     :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`), before Keras reads
-    it; None when the archive has none (Keras' own error says so)."""
+    it; None when the archive has none (Keras' own error says so).
+    Errors say "cannot load ``argument``=``path``"."""
     from keras_vit import schema
     from keras_vit.zoo import formats
 
@@ -102,7 +101,7 @@ def keras_config(path):
             raw = archive.read(KERAS_CONFIG_FILE)  # bounded by the caller
     except (OSError, zipfile.BadZipFile):
         return None
-    where = f"{path} ({KERAS_CONFIG_FILE})"
+    where = _where(path, argument)
     outer = formats.check(formats.KERAS_FILE_CONFIG, schema.parse_json(
         raw, where, "Keras model config", error=formats.FormatError), where)
     if outer.get("registered_name") in formats.KERAS_VIT_CLASSES:
@@ -111,7 +110,12 @@ def keras_config(path):
     return outer
 
 
-def check_keras_config(path, shapes=None):
+def _where(path, argument):
+    return (f"cannot load {argument}={path!r} as a Keras model: its "
+            f"{KERAS_CONFIG_FILE}")
+
+
+def check_keras_config(path, shapes=None, argument="model"):
     """Refuses a ``.keras`` file whose config does not fit its format, is
     deeper than the weights it holds (``num_layers=2000`` beside the
     weights of 12 blocks once built for minutes before Keras noticed) or
@@ -120,19 +124,19 @@ def check_keras_config(path, shapes=None):
     from keras_vit import memory
     from keras_vit.zoo import formats
 
-    outer = keras_config(path)
+    outer = keras_config(path, argument)
     if outer is None or outer.get("registered_name") not in (
             formats.KERAS_VIT_CLASSES):
         return outer
     config = outer["config"]
-    where = f"{path} ({KERAS_CONFIG_FILE})"
+    where = _where(path, argument)
+    memory.check_config(config, where)
     layers = config.get("num_layers")
     if shapes is not None and isinstance(layers, int) and (
             _ARRAYS_PER_BLOCK * layers > len(shapes)):
         raise formats.fail(where, "config.num_layers", f"num_layers={layers}"
                            f" needs {_ARRAYS_PER_BLOCK * layers} arrays; the "
                            f"file's {KERAS_WEIGHTS_FILE} holds {len(shapes)}")
-    memory.check_config(config, where)
     return outer
 
 

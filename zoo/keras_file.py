@@ -39,7 +39,7 @@ def is_keras_file(value, *, progress=None):
 
 
 def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
-                    sizes=None):
+                    sizes=None, argument=None):
     """This source's reader: the :class:`~keras_vit.zoo.sources.Checkpoint`
     of the model in the ``.keras`` file ``value`` (or a run directory's
     ``model.keras``): its config, its head and label names, and the model
@@ -52,7 +52,7 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
     from keras_vit import variants
     from keras_vit.models.resnet_v2 import ResNetV2
 
-    argument = "name" if name is None else "weights"
+    argument = argument or ("name" if name is None else "weights")
     error = convert.CheckpointError
     path = os.fspath(value)
     if os.path.isdir(path):  # a fine-tuning run

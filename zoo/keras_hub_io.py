@@ -265,7 +265,7 @@ def _source_name(source):
 
 
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
-                    sizes=None):
+                    sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.build.Checkpoint` of ``source`` (see
     :func:`read`) that :func:`from_keras_hub` builds. ``name``, a ViT
@@ -275,7 +275,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     arch, arrays, labels = read(source, with_labels=True)
     if name is not None:
         arch = dict(arch, **hub_files.name_sizes(name, "keras-hub's"),
-                    **(sizes or {}))
+                    **{k: v for k, v in (sizes or {}).items()
+                       if k != "resnet"})
     tags = {}
     if isinstance(source, (str, os.PathLike)):
         tags["zoo_source"] = os.fspath(source)

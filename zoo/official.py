@@ -97,12 +97,13 @@ def _checkpoint_facts(arrays):
 
 
 def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
-                    sizes=None):
+                    sizes=None, argument=None):
     """This source's reader: the :class:`~keras_vit.zoo.sources.Checkpoint`
     of the zoo name ``name`` with ``weights`` (a tag, ``"auto"``,
     ``"augreg:<filename>"``, a URL, a ``.npz`` path, or None for random
     initialisation). ``prefer_size`` picks among a tag's files released at
-    several resolutions (which file to fetch, not how to build)."""
+    several resolutions (which file to fetch, not how to build); ``sizes``
+    amend the name's sizes."""
     arch = variants.parse(name)
     if weights == "auto":
         weights = arch.tag or registry.default_tag(arch.name)
@@ -111,7 +112,9 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
                 f"No released weights for name={name!r} ({arch.name}); pass "
                 "weights=None for random initialisation, or a checkpoint path "
                 "or URL.")
-    config = dict(arch.config)
+    # The caller's size keywords amend the name's (a checkpoint's grid
+    # gives its input size through the patch size and the ResNet stride).
+    config = dict(arch.config, **(sizes or {}))
     is_bit = arch.family == "bit"
     record = arrays = source_name = head = labels = None
     image_size = arch.image_size

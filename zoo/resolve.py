@@ -114,12 +114,14 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     path = model_path(spec, argument, error=error)
     if path is not None:
         check_archive(argument, path, "a .keras model", error=error)
-    from keras_vit.zoo import api
+    from keras_vit.zoo import settle, sources
 
     if dtype is not None:
         options["dtype"] = dtype
-    return api.load(os.fspath(spec), weights=weights, image_size=image_size,
-                    num_classes=num_classes, **options)
+    progress = options.pop("progress", None)
+    return sources.load(os.fspath(spec), weights, settle.request(
+        image_size=image_size, num_classes=num_classes, **options),
+        progress=progress, argument=argument)
 
 
 def _label(spec):

@@ -84,8 +84,10 @@ class Request:
         if self.num_classes is not None:
             from keras_vit.limits import MAX_CLASSES
 
-            check_int("num_classes", self.num_classes, low=1,
-                      high=MAX_CLASSES)
+            if check_int("num_classes", self.num_classes,
+                         low=1) > MAX_CLASSES:
+                raise ValueError(f"num_classes must be at most {MAX_CLASSES}"
+                                 f"; received num_classes={self.num_classes}")
         if not isinstance(self.keep_pre_logits, bool):
             raise ValueError("keep_pre_logits must be True or False; "
                              f"received keep_pre_logits="

@@ -84,15 +84,16 @@ class Source(typing.NamedTuple):
             value, progress=progress))
 
     def read(self, value, name=None, *, progress=None, prefer_size=None,
-             sizes=None):
+             sizes=None, argument=None):
         """The :class:`Checkpoint` this source reads from ``value``
         (``name``: the architecture, for weights that do not say;
         ``prefer_size``: which of a release's files to fetch where it has
         one per resolution; ``sizes``: the caller's size keywords, which
-        amend ``name``'s)."""
+        amend ``name``'s; ``argument``: what the caller calls ``value``,
+        for errors)."""
         return getattr(reader_module(self.name), self.read_name)(
             value, name, progress=progress, prefer_size=prefer_size,
-            sizes=sizes)
+            sizes=sizes, argument=argument)
 
 
 # The sources zoo.load asks; each is asked about `name`, then about
@@ -200,13 +201,16 @@ def _honoured(source, value, arch_name, weights):
 
 # The keywords that size an architecture: with weights given for a name,
 # they amend the name's sizes the reader checks the tensors against.
-_SIZES = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
+_SIZES = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
+          "resnet")
 
 
-def load(name, weights="auto", request=None, *, progress=None):
+def load(name, weights="auto", request=None, *, progress=None,
+         argument=None):
     """The model ``zoo.load(name, weights, ...)`` returns: find, read,
     settle (``request``, a :class:`~keras_vit.zoo.settle.Request`),
-    bound, build (see the module)."""
+    bound, build (see the module). ``argument`` is what errors call
+    ``name`` (``"MODEL"`` for a command line)."""
     from keras_vit.zoo import settle
 
     request = request or settle.Request()
@@ -217,7 +221,8 @@ def load(name, weights="auto", request=None, *, progress=None):
     sizes = {k: request.options[k] for k in _SIZES if k in request.options}
     checkpoint = source.read(value, arch_name, progress=progress,
                              prefer_size=request.image_size,
-                             sizes=sizes if arch_name is not None else None)
+                             sizes=sizes if arch_name is not None else None,
+                             argument=argument if arch_name is None else None)
     # `build` is looked up here, so that a test can watch it.
     return _build_settled(checkpoint, request, builder=build)
 

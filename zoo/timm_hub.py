@@ -250,7 +250,7 @@ def load(source, name=None, image_size=None, num_classes=None, *,
 
 
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
-                    sizes=None):
+                    sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.build.Checkpoint` of the repository
     ``source`` (its ``config.json`` naming the architecture, unless

@@ -256,7 +256,7 @@ def load(source, name=None, image_size=None, num_classes=None, *,
 
 
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
-                    sizes=None):
+                    sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.build.Checkpoint` :func:`load` builds, the
     tensors checked against the config before any is read. ``sizes``
@@ -274,7 +274,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     arch = architecture(config, config_path, header)
     if name is not None:
         arch.update(hub_files.name_sizes(name, "transformers'"),
-                    **(sizes or {}))
+                    **{k: v for k, v in (sizes or {}).items()
+                       if k != "resnet"})
         arch["kind"] = ("classifier" if any(k.startswith("vit.")
                                             for k in header) else "model")
         if arch["kind"] == "model":
