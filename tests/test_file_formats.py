@@ -438,7 +438,7 @@ def test_the_examples_once_accepted_are_refused_by_name(
 
     listed = _copy(keras_hub_folder)
     task = json.loads(open(os.path.join(listed, "task.json")).read())
-    task["config"]["preprocessor"]["config"] = [1, 2]
+    task["config"]["preprocessor"] = {"class_name": "x", "config": [1, 2]}
     with open(os.path.join(listed, "task.json"), "w") as f:
         json.dump(task, f)
     with pytest.raises(formats.FormatError,
