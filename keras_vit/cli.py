@@ -222,14 +222,6 @@ def _looks_like_file(value):
         os.path.isfile(value) and not value.endswith(".safetensors"))
 
 
-def _is_keras_model(value):
-    """A ``.keras`` file or a run directory holding one."""
-    from keras_vit.zoo.resolve import RUN_MODEL_FILE
-
-    return value.endswith(".keras") or os.path.isfile(
-        os.path.join(value, RUN_MODEL_FILE))
-
-
 def _check_model_name(value):
     """A zoo name, else one error: "does not exist" for what looks like a
     path (``runs/x``, ``./x``, ``/x``), the zoo's unknown-name error for
@@ -251,24 +243,23 @@ def _check_model_name(value):
 
 
 def _load_for_predict(args):
-    """Returns ``(model, description)`` for NAME, a ``.keras`` file or a
-    run directory."""
+    """Returns ``(model, description)`` for NAME, a ``.keras`` file, a run
+    directory or a Hub folder: one resolution (the zoo's pipeline), with
+    --weights and --image-size applied or refused by name whatever MODEL
+    is."""
     from keras_vit.zoo import resolve_model
 
-    if _looks_like_file(args.model) or os.path.isdir(args.model):
-        if not (args.model.endswith(".keras") or os.path.isdir(args.model)):
-            raise UserError(
-                f"{args.model!r} is a file but not a .keras model; for an "
-                f".npz checkpoint pass the architecture and the file: "
-                f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
-        if args.weights:
-            raise UserError("--weights cannot be combined with a .keras model")
-        model = resolve_model(args.model, argument="MODEL", error=UserError)
-        return model, os.path.basename(os.path.normpath(args.model))
-
+    if (_looks_like_file(args.model) and not args.model.endswith(".keras")
+            and not os.path.isdir(args.model)):
+        raise UserError(
+            f"{args.model!r} is a file but not a .keras model; for an "
+            f".npz checkpoint pass the architecture and the file: "
+            f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
     model = resolve_model(args.model, weights=args.weights or "auto",
                           image_size=args.image_size, argument="MODEL",
                           error=UserError)
+    if _looks_like_file(args.model) or os.path.isdir(args.model):
+        return model, os.path.basename(os.path.normpath(args.model))
     record = getattr(model, "zoo_weights", None)
     if record is not None:
         return model, f"{model.zoo_name} {record.tag}"
@@ -387,11 +378,6 @@ def _cmd_predict(args):
     for path in args.images:
         _check_image_path(path)
     model, description = _load_for_predict(args)
-    if args.image_size is not None and _is_keras_model(args.model):
-        if _model_geometry(model) != (args.image_size, args.image_size):
-            raise UserError(
-                f"--image-size {args.image_size} does not apply to a .keras "
-                f"model; it takes {_model_geometry(model)} images")
     if getattr(model, "include_top", True) is False:
         raise UserError("the model has no classification head "
                         "(include_top=False)")

@@ -1541,19 +1541,19 @@ _TENSOR = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
 @pytest.mark.parametrize("header, length, data, needle", [
     (_TENSOR, 2 ** 63 - 1, b"\0" * 24, "declares a 9223372036854775807-byte "
                                        "header in a"),
-    (b"not json!!", None, b"", "its header is not JSON"),
-    ([1, 2], None, b"", "its header is a JSON list, not an object"),
+    (b"not json!!", None, b"", "is not valid JSON"),
+    ([1, 2], None, b"", "is a JSON list, not an object"),
     ({"w": dict(_TENSOR, data_offsets=[0, 10 ** 12])}, None, b"\0" * 24,
-     "tensor 'w': data_offsets=[0, 1000000000000] is not a byte range"),
+     "field w: data_offsets=[0, 1000000000000] is not a byte range"),
     ({"w": dict(_TENSOR, dtype="Q99")}, None, b"\0" * 24,
-     "tensor 'w': dtype='Q99' is not one of"),
+     "field w.dtype: expected one of"),
     ({"w": dict(_TENSOR, shape="abc")}, None, b"\0" * 24,
-     "tensor 'w': shape='abc' is not a list"),
+     "field w.shape: expected a list"),
     ({"w": _TENSOR}, None, b"\0" * 10, "inside the file's 10 bytes of data "
                                        "(truncated?)"),
     ({"w": dict(_TENSOR, shape=[5, 5])}, None, b"\0" * 24,
      "hold 24 bytes; dtype F32 and shape [5, 5] need 100"),
-    ({"w": 7}, None, b"", "tensor 'w': expected an object"),
+    ({"w": 7}, None, b"", "field w: expected a tensor entry"),
 ], ids=["length_2^63-1", "not_json", "a_list", "offsets_out_of_range",
         "unknown_dtype", "shape_a_string", "short_data", "size_mismatch",
         "entry_a_number"])
@@ -1568,7 +1568,7 @@ def test_hostile_safetensors_headers_name_the_file_and_tensor(
                         data, length)
     with pytest.raises(zoo.CheckpointError) as info:
         timm_hub.read_safetensors(path)
-    assert str(info.value).startswith(f"{path}: ")
+    assert str(info.value).startswith(f"{path} ")
     assert needle in str(info.value)
 
 
@@ -1681,7 +1681,7 @@ def test_hostile_repository_files_exit_2_with_one_line(hostile_labels_repo,
     (repo / "model.safetensors").write_bytes(data[:len(data) // 2])
     assert cli.main(["predict", str(repo), str(image)]) == 2
     line = _one_error_line(capsys)
-    assert "model.safetensors: tensor" in line and "(truncated?)" in line
+    assert "model.safetensors field " in line and "(truncated?)" in line
 
 
 def test_an_unknown_keras_backend_is_one_line():
@@ -1812,9 +1812,9 @@ def test_a_keras_weights_bomb_is_refused_before_reading(
     import zipfile
 
     from keras_vit import cli
-    from keras_vit.zoo import resolve
+    from keras_vit.zoo import keras_archive
 
-    monkeypatch.setattr(resolve, "KERAS_BOMB_FLOOR", 1 << 20)
+    monkeypatch.setattr(keras_archive, "KERAS_BOMB_FLOOR", 1 << 20)
     image = tmp_path / "i.png"
     _odd_image(image, "rgba")
     for padding, status in ((0, 0), (4 << 20, 2)):
@@ -1994,7 +1994,10 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
     assert os.waitstatus_to_exitcode(status) == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], err
-    assert "GiB of weights" in lines[0] and str(hostile) in lines[0]
+    # Refused by the model's memory bound, or before it by the bounds of
+    # the file's format (hidden_size at most 16384).
+    assert ("GiB of weights" in lines[0] or "expected an integer in [1, "
+            in lines[0]) and str(hostile) in lines[0]
     # ru_maxrss is in KiB on Linux: the import of TensorFlow and Keras, not
     # the model (tens of GiB).
     assert usage.ru_maxrss < 3 * 2**20, usage.ru_maxrss

@@ -356,7 +356,7 @@ def test_parameter_count_from_the_config_matches_the_built_model(
 
 def test_parameter_counts_of_the_paper():
     # FACTS.md: params at 224 with 1000 classes.
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     for name, count in (("ViT-Ti/16", 5_717_416), ("ViT-B/16", 86_567_656),
                         ("ViT-L/16", 304_326_632), ("ViT-H/14", 632_045_800),
@@ -366,3 +366,21 @@ def test_parameter_counts_of_the_paper():
     # Another option than those it counts: no figure rather than a wrong one.
     assert registry.parameter_count(dict(variants.parse("ViT-B/16").config,
                                          position_embedding="relative")) is None
+
+@pytest.mark.backend_independent(
+    "which names a released head gets is decided before anything runs on "
+    "a backend")
+def test_a_released_head_names_its_classes(mirror):
+    """Official weights with their head kept carry the registry's class
+    names (two classes that share a name get their WordNet id); a new
+    head has none; the command line still shows the WordNet ids."""
+    from keras_vit.zoo.preprocessing import model_labels
+
+    model = zoo.load("ViT-Ti/16", weights="augreg", image_size=224)
+    names = registry.label_names("imagenet2012")
+    assert model.label_names == tuple(names) and len(set(names)) == 1000
+    assert "crane (n02012849)" in names and "crane (n03126707)" in names
+    source, rows = model_labels(model, 1000)
+    assert source == "imagenet2012" and rows[0][0] == "n01440764"
+    assert zoo.load("ViT-Ti/16", weights="augreg", image_size=224,
+                    num_classes=10).label_names is None

@@ -139,14 +139,17 @@ def model_labels(model, num_classes, *, by_head=True):
     >>> model_labels(object(), 10)
     (None, None)
     """
-    from keras_vit.zoo import api
+    from keras_vit.zoo import api, registry
 
     # The model's own (its config's), then a Hub repository's.
     names = (getattr(model, "label_names", None)
              or getattr(model, "zoo_labels", None))
+    record = getattr(model, "zoo_weights", None)
+    if names and getattr(record, "labels", None) and list(names) == (
+            registry.label_names(record.labels)):
+        names = None  # a released head's list: keep its WordNet ids
     if names and len(names) == num_classes:
         return "label_names", [(None, n) for n in names]
-    record = getattr(model, "zoo_weights", None)
     name = getattr(record, "labels", None) if record is not None else (
         LABELS_BY_HEAD.get(num_classes) if by_head else None)
     if not name:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import urllib.parse
+from pathlib import Path
 
 from keras_vit import variants
 
@@ -188,6 +190,9 @@ def list_models(pattern=None):
     >>> list_models("ViT-B*")
     ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
     """
+    if pattern is not None and not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a glob string or None; received "
+                        f"pattern={pattern!r}")
     names = list(variants.REGISTERED)
     if pattern:
         pat = pattern.lower()
@@ -413,3 +418,47 @@ def info(name):
         "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
                          "(include_preprocessing=True does it in the model)",
     }
+
+
+#: The label lists that ship with the package (``zoo/labels/*.txt``).
+LABELS_DIR = Path(__file__).resolve().parent / "labels"
+
+
+def labels(name):
+    """A label list that ships with the package: ``"imagenet2012"`` (1000
+    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``.
+    Only the lists in the package's own folder are read: a name is no
+    path."""
+    known = sorted(p.stem for p in LABELS_DIR.glob("*.txt"))
+    if not isinstance(name, str):
+        raise TypeError(f"name must be the name of a label list, one of "
+                        f"{known}; received name={name!r}")
+    path = LABELS_DIR / f"{name}.txt"
+    if name not in known or not path.is_file():
+        from keras_vit.errors import did_you_mean
+
+        raise ValueError(f"Unknown label list name={name!r}; known: {known}."
+                         f"{did_you_mean(str(name), known)}")
+    return _read_labels(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_labels(name):
+    with open(LABELS_DIR / f"{name}.txt", encoding="utf-8") as f:
+        return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+
+
+def label_names(name):
+    """The class names of the label list ``name``, one string per class,
+    distinct as a model's ``label_names`` must be: a name two classes
+    share (ImageNet's two "crane"s) is followed by its WordNet id.
+
+    >>> label_names("imagenet2012")[:2]
+    ['tench, Tinca tinca', 'goldfish, Carassius auratus']
+    """
+    rows = labels(name)
+    counts = {}
+    for _, names in rows:
+        counts[names] = counts.get(names, 0) + 1
+    return [names if counts[names] == 1 else f"{names} ({wnid})"
+            for wnid, names in rows]

@@ -358,12 +358,13 @@ def _fit(trainer, args):
 
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
-    model.keras), or a zoo name with --weights."""
+    model.keras), a Hub folder or a zoo name with --weights, resolved
+    by the zoo's one pipeline: --image-size and --weights are applied
+    (or refused by name) whatever MODEL is."""
     from keras_vit.zoo import resolve_model
 
-    if str(args.model).endswith(".keras") or os.path.isdir(args.model):
-        return resolve_model(args.model, argument="MODEL", error=options.UserError)
-    return resolve_model(args.model, weights=args.weights,
+    return resolve_model(args.model, weights=options.weights_value(
+                             args.weights),
                          image_size=args.image_size, num_classes=num_classes,
                          argument="MODEL", error=options.UserError)
 
