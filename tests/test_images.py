@@ -1,0 +1,315 @@
+"""One decoder for every path (keras_vit/images.py).
+
+What these tests guard:
+
+- the decoder gives the pixels of an independent reader (Pillow's
+  ``exif_transpose`` + ``convert("RGB")``, NumPy for 16-bit samples and GIF
+  screens) on a corpus of odd files (tests/image_corpus.py: every PIL mode
+  each format writes, EXIF orientations 1-8 in both byte orders,
+  progressive and CMYK JPEGs, palette/LA/RGBA/16-bit PNGs, BMP and GIF
+  variants), and refuses the rest with one line naming the file;
+- ``keras-vit predict`` (and the Python API), the training/evaluation
+  pipeline and the ``image_bytes`` serving signature give the same pixels,
+  the same probabilities and the same refusals on every file of it;
+- no path decodes past the pixel budget whatever a header declares (a
+  property test over generated headers), and the serving signature's peak
+  memory stays under 1 GiB for inputs of at most 10 MB (measured in a
+  child process on an exported SavedModel).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("PIL")
+
+import image_corpus  # noqa: E402
+
+from keras_vit import images  # noqa: E402
+
+EXTENSIONS = {b"\xff\xd8": ".jpg", b"\x89P": ".png", b"GI": ".gif",
+              b"BM": ".bmp", b"RI": ".webp"}
+TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=32, num_classes=5)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The cases, each written as ``<folder>/a/<n>.<ext>`` (one class)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # PIL on palettes
+        cases = image_corpus.build()
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "a").mkdir()
+    for i, case in enumerate(cases):
+        ext = EXTENSIONS.get(case.data[:2], ".png")
+        case.path = str(root / "a" / f"{i:02d}{ext}")
+        with open(case.path, "wb") as f:
+            f.write(case.data)
+    return root, cases
+
+
+def test_the_decoder_gives_an_independent_readers_pixels(corpus):
+    _, cases = corpus
+    assert len(cases) > 50
+    for case in cases:
+        if case.want is None:
+            with pytest.raises(images.ImageError) as error:
+                images.decode_bytes(case.data, "x")
+            message = str(error.value)
+            assert message.startswith("x ") and case.refusal in message, (
+                case.name, message)
+            assert "\n" not in message
+        else:
+            got = images.decode_bytes(case.data, case.name)
+            assert got.dtype == np.uint8 and got.shape == case.want.shape, (
+                case.name, got.shape)
+            np.testing.assert_array_equal(got, case.want, err_msg=case.name)
+
+
+def _model():
+    import keras_vit
+
+    model = keras_vit.models.vit(**TINY)
+    rng = np.random.default_rng(0)
+    model.set_weights([w + rng.normal(0, 0.3, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    return model
+
+
+def test_predict_training_and_serving_agree_on_every_file(corpus):
+    """The three paths on each file of the corpus: the same pixels
+    (predict vs the training decoder), the same evaluation input (predict +
+    zoo.preprocess_input vs the evaluation pipeline), the same
+    probabilities (vs the serving signature) and the same refusals."""
+    from keras_vit import cli, zoo
+    from keras_vit import train as kt
+    from keras_vit.cli_options import UserError
+    from keras_vit.export.serving import ImageBytesGraph
+
+    root, cases = corpus
+    model = _model()
+    # Predict (and the Python API, which calls the same reader).
+    predicted, refused = {}, {}
+    for case in cases:
+        try:
+            predicted[case.path] = cli._read_image(case.path)
+        except UserError as e:
+            refused[case.path] = str(e)
+            assert str(e).startswith(f"IMAGE={case.path!r} ")
+    # Training and evaluation: the folder scan keeps what predict reads.
+    with pytest.warns(UserWarning):
+        source = kt.load_data(str(root))
+    skipped = dict(source.skipped)
+    assert set(skipped) == set(refused)
+    for path, why in skipped.items():
+        assert refused[path] == f"IMAGE={path!r} {why}"
+    rows, _ = source.table()
+    files = [str(f) for f in source._files]
+    decoded = tf.data.Dataset.from_tensor_slices(rows).map(source.decode)
+    for path, pixels in zip(files, decoded.as_numpy_iterator()):
+        np.testing.assert_array_equal(pixels, predicted[path], err_msg=path)
+    batch = np.concatenate([x for x, _ in kt.dataset(
+        source, 32, batch_size=16, training=False).as_numpy_iterator()])
+    want = np.stack([zoo.preprocess_input(predicted[p], 32) for p in files])
+    np.testing.assert_allclose(batch, want, atol=1e-4)
+    # Serving: the signature's graph on the same bytes.
+    graph = ImageBytesGraph(model, top_k=5)
+    serve = tf.function(graph.serve, input_signature=[graph.input_spec()])
+    probs = tf.nn.softmax(model(want, training=False)).numpy()
+    for i, path in enumerate(files):
+        with open(path, "rb") as f:
+            out = serve(tf.constant([f.read()]))
+        got = tf.nn.softmax(out["logits"]).numpy()[0]
+        np.testing.assert_allclose(got, probs[i], atol=1e-3, err_msg=path)
+    for path, message in refused.items():
+        with open(path, "rb") as f:
+            data = f.read()
+        reason = message.removeprefix(f"IMAGE={path!r} ")
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            serve(tf.constant([data]))
+        assert f"image_bytes[0] {reason}" in str(error.value), path
+
+
+def test_exif_orientation_maps_as_viewers_show_it():
+    """The eight orientations against Pillow's exif_transpose on a photo
+    that is not symmetric: a wrong flip or transpose changes pixels."""
+    from PIL import Image
+
+    photo = image_corpus._photo(3, (7, 4))
+    for orientation in range(1, 9):
+        data = image_corpus._save(Image.fromarray(photo), "PNG",
+                                  exif=image_corpus._exif(orientation))
+        np.testing.assert_array_equal(
+            images.decode_bytes(data), image_corpus._pil_reference(data),
+            err_msg=str(orientation))
+
+
+def test_refusals_are_one_line_and_name_the_element():
+    decode = tf.function(lambda data: images.decode(
+        data, tf.strings.format("image_bytes[{}]", tf.constant(7))))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"image_bytes\[7\] \(5 bytes\) is not a JPEG"):
+        decode(tf.constant(b"hello"))
+    with pytest.raises(images.ImageError) as error:
+        images.decode_bytes("not bytes")
+    assert str(error.value) == (
+        "image must be the bytes of an image file; received a str")
+
+
+# -- the budget holds whatever the header says ------------------------------
+
+def _declared(fmt, width, height, frame):
+    """A file of ``fmt`` whose header declares ``width`` x ``height`` (and
+    a first GIF frame of ``frame``) with almost no pixel data."""
+    import struct
+
+    if fmt == "PNG":
+        return image_corpus.png_header(width, height)
+    if fmt == "GIF":
+        indices = np.zeros((min(frame[1], 2), min(frame[0], 2)), int)
+        data = bytearray(image_corpus.gif((width, height), [(0, 0, indices)],
+                                          np.zeros((256, 3))))
+        at = data.index(b"\x2c", 13 + 768)
+        data[at + 5:at + 9] = struct.pack("<HH", *frame)
+        return bytes(data)
+    if fmt == "BMP":
+        return (b"BM" + struct.pack("<IHHI", 0, 0, 0, 54)
+                + struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0,
+                              0, 0, 0, 0, 0) + b"\x00" * 64)
+    if fmt == "WEBP":
+        body = (b"VP8X" + struct.pack("<I", 10) + b"\x00" * 4
+                + (width - 1).to_bytes(3, "little")
+                + (height - 1).to_bytes(3, "little"))
+        return b"RIFF" + struct.pack("<I", len(body) + 4) + b"WEBP" + body
+    from PIL import Image  # a real JPEG with its SOF0 size rewritten
+
+    data = bytearray(image_corpus._save(Image.new("RGB", (16, 16)), "JPEG"))
+    at = data.index(b"\xff\xc0")
+    data[at + 5:at + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def _over(fmt, width, height, frame, budget):
+    """The budget rule, written again from the tracker's words: a JPEG
+    over the budget even at 1/8, any other format over it as it is (a GIF's
+    screen or first frame)."""
+    if fmt == "JPEG":
+        return -(-width // 8) * -(-height // 8) > budget
+    if fmt == "GIF":
+        return width * height > budget or frame[0] * frame[1] > budget
+    return width * height > budget
+
+
+def test_no_path_decodes_past_the_budget_whatever_the_header_says(
+        monkeypatch):
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    budget = 5000
+    monkeypatch.setattr(images, "PIXEL_BUDGET", budget)
+    graph = tf.function(lambda data: tf.shape(images.decode(data)),
+                        input_signature=[tf.TensorSpec((), tf.string)])
+    side = st.integers(1, 65535)
+
+    @hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+    @hypothesis.given(st.sampled_from(["JPEG", "PNG", "GIF", "BMP", "WEBP"]),
+                      side, side, st.tuples(side, side))
+    def check(fmt, width, height, frame):
+        data = _declared(fmt, width, height, frame)
+        over = _over(fmt, width, height, frame, budget)
+        # The Python path (predict, the API) and the graph path (tf.data,
+        # the serving signature).
+        try:
+            shape = images.decode_bytes(data, "x").shape[:2]
+            eager = None
+        except images.ImageError as e:
+            shape, eager = None, str(e)
+        try:
+            graph_shape = tuple(graph(tf.constant(data)).numpy()[:2])
+            graph_error = None
+        except tf.errors.InvalidArgumentError as e:
+            graph_shape, graph_error = None, str(e)
+        if over:
+            assert eager is not None and "-pixel budget" in eager, eager
+            assert graph_error is not None and eager.removeprefix("x") in (
+                graph_error), graph_error
+        else:
+            assert eager is None or "budget" not in eager, eager
+            assert graph_error is None or "budget" not in graph_error
+        for got in (shape, graph_shape):
+            assert got is None or got[0] * got[1] <= budget, (fmt, got)
+
+    check()
+
+
+@pytest.mark.slow
+def test_the_serving_signature_holds_the_budget_in_memory(tmp_path):
+    """Inputs of at most 10 MB raise the server's peak memory by at most
+    1 GiB: a SavedModel loaded in a child process, its peak RSS read after
+    a small image and again after each hostile input."""
+    from PIL import Image
+
+    from keras_vit.export import to_saved_model
+
+    path = str(tmp_path / "vit")
+    to_saved_model(_model(), path, input="image_bytes", verify=False)
+    hostile = {
+        # The header says 20000x20000 (1.2 GB decoded): refused.
+        "png_20000.bin": image_corpus.png_header(20000, 20000),
+        # Within the budget: 4000x4000, decoded whole.
+        "png_4000.bin": image_corpus._save(Image.new("RGB", (4000, 4000)),
+                                           "PNG"),
+        # 300 frames of 3000x3000: only the first is decoded.
+        "gif_frames.bin": image_corpus._save(
+            Image.new("P", (3000, 3000)), "GIF", save_all=True,
+            append_images=[Image.new("P", (3000, 3000), i % 7 + 1)
+                           for i in range(299)]),
+        # A JPEG header of 30000x30000: decoded at 1/8.
+        "jpeg_30000.bin": _declared("JPEG", 30000, 30000, None),
+    }
+    for name, data in hostile.items():
+        assert len(data) <= 10 * 2**20, name
+        (tmp_path / name).write_bytes(data)
+    small = image_corpus._save(Image.new("RGB", (40, 30)), "PNG")
+    (tmp_path / "small.bin").write_bytes(small)
+    code = textwrap.dedent(f"""
+        import json, resource, sys
+        import tensorflow as tf
+        model = tf.saved_model.load({path!r})
+        serve = model.signatures["serving_default"]
+        def peak():
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        def call(name):
+            data = open({str(tmp_path)!r} + "/" + name, "rb").read()
+            try:
+                serve(image_bytes=tf.constant([data]))
+                return "ok"
+            except tf.errors.InvalidArgumentError as e:
+                return " ".join(e.message.split())
+        call("small.bin")
+        call("small.bin")
+        out = {{"base": peak()}}
+        for name in sys.argv[1:]:
+            out[name] = [call(name), peak()]
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, *hostile],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = out.pop("base")
+    assert "over the 16,000,000-pixel budget" in out["png_20000.bin"][0]
+    assert out["png_4000.bin"][0] == "ok"
+    assert out["gif_frames.bin"][0] == "ok"
+    for name, (_, peak) in out.items():
+        assert (peak - base) * 1024 <= 2**30, (name, (peak - base) / 1024)
