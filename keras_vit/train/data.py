@@ -89,6 +89,17 @@ class ImageSource:
         [0, 255] (a graph function, used inside ``Dataset.map``)."""
         raise NotImplementedError
 
+    def decode_crop(self, record, crop):
+        """A window of ``decode(record)``: ``crop(shape)`` -> ``(begin,
+        size)`` chooses it from the image's (height, width, 3) int32 shape
+        (as ``tf.slice`` takes them). Here the image is decoded whole;
+        sources of files decode only the window of a JPEG."""
+        import tensorflow as tf
+
+        image = self.decode(record)
+        begin, size = crop(tf.shape(image))
+        return tf.slice(image, begin, size)
+
     # In-memory sources give their records as a table; streams as a dataset.
     def table(self):
         raise NotImplementedError
@@ -331,15 +342,43 @@ class FolderSource(ImageSource):
         # what the scan found in its header from the same row.
         return np.arange(len(self._files), dtype="int64"), self._labels
 
-    def decode(self, record):
+    def _row(self, record):
+        """(path, facts, size, name) of a record (a row of the file list)."""
         import tensorflow as tf
 
         path = tf.gather(tf.constant(self._files.astype(str)), record)
         facts = tf.gather(tf.constant(self._facts), record)
-        image = image_decoder.decode_inspected(
-            tf.io.read_file(path), facts[:-1], facts[-1],
-            tf.strings.join(["image '", path, "'"]))
+        name = tf.strings.join(["image '", path, "'"])
+        return path, facts[:-1], facts[-1], name
+
+    def decode(self, record):
+        import tensorflow as tf
+
+        path, facts, size, name = self._row(record)
+        image = image_decoder.decode_inspected(tf.io.read_file(path), facts,
+                                               size, name)
         return tf.cast(image, tf.float32)
+
+    def decode_crop(self, record, crop):
+        import tensorflow as tf
+
+        if type(self).decode is not FolderSource.decode:
+            return super().decode_crop(record, crop)  # its own pixels
+        path, facts, size, name = self._row(record)
+        image = image_decoder.decode_crop(
+            tf.io.read_file(path), crop, name, facts, size,
+            kind=self._jpeg_kind(), fast_dct=True)
+        return tf.cast(image, tf.float32)
+
+    def _jpeg_kind(self):
+        """``(scale, oriented)`` when every file is a JPEG decoded at one
+        scale (the graph of a crop then has no branch), else None."""
+        facts = self._facts
+        jpeg = image_decoder.FORMATS.index("JPEG")
+        if len(facts) == 0 or (facts[:, 0] != jpeg).any() or len(
+                set(facts[:, 3])) != 1:
+            return None
+        return int(facts[0, 3]), bool((facts[:, 4] != 1).any())
 
 
 def check_images(candidates, verbose, *, with_facts=False):
@@ -526,6 +565,15 @@ class TfdsSource(ImageSource):
         image = image_decoder.decode(record, f"an image of {self.name}")
         return tf.cast(image, tf.float32)
 
+    def decode_crop(self, record, crop):
+        import tensorflow as tf
+
+        if type(self).decode is not TfdsSource.decode:
+            return super().decode_crop(record, crop)  # its own pixels
+        image = image_decoder.decode_crop(
+            record, crop, f"an image of {self.name}", fast_dct=True)
+        return tf.cast(image, tf.float32)
+
 
 def import_tfds():
     """The tensorflow_datasets module, or an error naming the package."""
@@ -669,19 +717,30 @@ def _mix(seed, epoch):
     return (int(seed) * 1_000_003 + int(epoch) * 7_919 + 17) % (2 ** 31 - 1)
 
 
-def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
-                   aspect_range=INCEPTION_ASPECT):
-    """A random crop covering ``area_range`` of the image with an aspect
-    ratio in ``aspect_range``, resized to ``size`` (bilinear): the
-    "inception crop" of the official training pipeline. ``seed`` is a
-    stateless seed (shape (2,))."""
+def inception_box(shape, seed, area_range=INCEPTION_AREA,
+                  aspect_range=INCEPTION_ASPECT):
+    """``(begin, size)`` of a random box covering ``area_range`` of an
+    image of ``shape`` (height, width, channels) with an aspect ratio in
+    ``aspect_range``: the "inception crop" of the official training
+    pipeline. ``seed`` is a stateless seed (shape (2,))."""
     import tensorflow as tf
 
-    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
         min_object_covered=0.0, aspect_ratio_range=aspect_range,
         area_range=area_range, max_attempts=10,
         use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+
+def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
+                   aspect_range=INCEPTION_ASPECT):
+    """The :func:`inception_box` of ``image``, resized to ``size``
+    (bilinear)."""
+    import tensorflow as tf
+
+    begin, crop = inception_box(tf.shape(image), seed, area_range,
+                                aspect_range)
     image = tf.slice(image, begin, crop)
     return tf.image.resize(image, (size, size), method="bilinear")
 
@@ -754,22 +813,24 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
     flip = flip and source.flip_ok
 
     def fn(index, record, label, epoch_seed):
-        image = source.decode(record)
         if training:
             seed = tf.stack([epoch_seed, index])
             crop_seed, flip_seed = tf.unstack(
                 tf.random.experimental.stateless_split(seed, 2))
             if crop_area is not None:
-                image = inception_crop(image, image_size, crop_seed,
-                                       tuple(crop_area))
+                # The box is drawn from the header's size (the same box a
+                # whole decode gives), and a JPEG decodes only the box.
+                image = source.decode_crop(record, lambda shape: (
+                    inception_box(shape, crop_seed, tuple(crop_area))))
             else:
-                image = tf.image.resize(image, (image_size, image_size),
-                                        method="bilinear")
+                image = source.decode(record)
+            image = tf.image.resize(image, (image_size, image_size),
+                                    method="bilinear")
             if flip:
                 image = tf.image.stateless_random_flip_left_right(
                     image, flip_seed)
         else:
-            image = eval_resize(image, image_size, eval_crop)
+            image = eval_resize(source.decode(record), image_size, eval_crop)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
         return (image if raw_pixels else scale(image)), label
 
