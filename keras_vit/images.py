@@ -43,6 +43,18 @@ The rules, in the order they apply:
    WebP's EXIF chunk is applied (values 2-8 flip, rotate or transpose), as
    ``PIL.ImageOps.exif_transpose`` and image viewers do.
 
+A training crop (:func:`decode_crop`) is the one place the pixels may
+differ, by design: its box is drawn from the header's size and a JPEG
+decodes only that window with libjpeg's fast DCT (a few levels off; the
+crop is random augmentation, and the window skips most of the work);
+evaluation, predict and serving decode whole with the accurate DCT.
+
+Graphs are built from TensorFlow ops but the functions are traced once
+per process (:func:`_functions`): tracing all the formats' ops takes
+seconds, and ``tf.data`` would otherwise do it for every dataset. Python
+callers get a function per format (:func:`sniff_bytes` reads the
+signature first), which traces in under a second.
+
 Resizing to the model's size and scaling to [-1, 1] are not decoding:
 :func:`keras_vit.zoo.preprocess_input` and the pipelines do that.
 
