@@ -514,12 +514,16 @@ def inspect(data, budget=None, fmt=None):
         width, height = _number(head[6:8], True), _number(head[8:10], True)
         box, end, steps = _gif_first_frame(data)
         frame = box[2] * box[3]
+        found = end >= 0
+        walked = steps <= MAX_SEGMENTS  # else refused after the switch
         return pack(width, height, 1, tf.concat([box, [end]], 0), _first(
             _no_pixels(width, height, "GIF"),
             over_budget(width, height, "GIF"),
-            tf.where(end < 0, tf.constant("is a GIF with no image"), ""),
-            _no_pixels(box[2], box[3], "first frame of a GIF"),
-            tf.where(frame > budget, tf.strings.join([
+            tf.where(walked & tf.logical_not(found),
+                     tf.constant("is a GIF with no image"), ""),
+            tf.where(found, _no_pixels(box[2], box[3],
+                                       "first frame of a GIF"), ""),
+            tf.where(found & (frame > budget), tf.strings.join([
                 tf.strings.format("is a GIF whose first frame is {}x{}",
                                   (box[2], box[3])),
                 f", over the {_budget_text(budget)}: downscale it"]), "")),

@@ -253,6 +253,13 @@ def build():
         refusal="is an animated WebP"))
     cases.append(Case("png declaring 20000x20000", png_header(20000, 20000),
                       refusal="is a 20000x20000 PNG, over the"))
+    plain = gif(SIZE, [(0, 0, full)], palette)
+    at = 13 + 768  # after the global colour table
+    cases.append(Case("gif behind 2000 comment blocks", plain[:at]
+                      + b"\x21\xfe\x01x\x00" * 2000 + plain[at:],
+                      refusal="is a GIF with over 1,000 segments"))
+    cases.append(Case("gif with no image", plain[:at] + b"\x3b",
+                      refusal="is a GIF with no image"))
     cases.append(Case("gif screen 5000x5000", gif(
         (5000, 5000), [(0, 0, small)], palette),
         refusal="is a 5000x5000 GIF, over the"))
