@@ -374,6 +374,26 @@ def predict_png(side, quick_side, alpha=False):
     return build
 
 
+def predict_gif_frames(ws):
+    """``keras-vit predict`` of the tiny model on a GIF of 300 frames of
+    3000x3000 (2.3 MB; 100 frames of 1000x1000 with --quick): giflib
+    reads every frame into memory unless only the first is handed to it."""
+    tiny, _ = ws.tiny()
+    side, count = (1000, 100) if ws.quick else (3000, 300)
+    image = ws.path(f"frames{side}.gif")
+    # In a child: Pillow holds every frame (2.7 GB), and the children
+    # forked from this process would start with that resident size.
+    ws._child("import sys\n"
+              "from PIL import Image\n"
+              "side, count = int(sys.argv[2]), int(sys.argv[3])\n"
+              "frames = (Image.new('P', (side, side), i % 7 + 1)\n"
+              "          for i in range(count - 1))\n"
+              "Image.new('P', (side, side)).save(sys.argv[1], save_all=True,\n"
+              "                                  append_images=frames)\n",
+              image, str(side), str(count))
+    return _predict(tiny, image), {}
+
+
 def train_folder_png(side, quick_side):
     """``keras-vit fine-tune`` of the tiny model on a folder of 8 small
     PNGs and 6 black ones of ``side`` x ``side``."""
@@ -489,13 +509,14 @@ CASES = [
          "12000x12000 PNGs among 8 small ones", "5.2 GB",
          train_folder_png(12000, 9500), expect=(0,)),
     Case("predict_png_rgba_13300", "predict a 13300x13300 RGBA PNG (~690 "
-         "KB, under predict's 179-Mpixel refusal; not in the issue: found "
-         "by this script)", FOUND_HERE, predict_png(13300, 5000, alpha=True),
-         expect=(0, 2)),
+         "KB; not in the issue: found by this script)", FOUND_HERE,
+         predict_png(13300, 5000, alpha=True), expect=(0, 2)),
     Case("train_folder_png_9450", "fine-tune on a folder with six "
-         "9450x9450 PNGs (~330 KB each, just under the folders' limit; not "
-         "in the issue: found by this script)", FOUND_HERE,
-         train_folder_png(9450, 3000), expect=(0,)),
+         "9450x9450 PNGs (~330 KB each; not in the issue: found by this "
+         "script)", FOUND_HERE, train_folder_png(9450, 3000), expect=(0,)),
+    Case("predict_gif_frames", "predict a GIF of 300 frames of 3000x3000 "
+         "(2.3 MB; not in the issue: found with the one decoder)",
+         FOUND_HERE, predict_gif_frames, expect=(0,)),
     Case("hub_config_400mb", "predict hf-hub: whose config.json is 400 MB",
          "421 MB on disk and 1.6 GB of memory before it is rejected",
          hub_config, says="refused before download"),

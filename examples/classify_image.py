@@ -14,21 +14,22 @@ import argparse
 
 import numpy as np
 
-from keras_vit import zoo
+from keras_vit import images, zoo
 
 
 def load_image(path, size):
-    from PIL import Image
-
+    """One photo as the model's input batch: decoded by keras_vit.images
+    (the decoder of ``keras-vit predict``, training and the serving
+    signature: EXIF rotation, palettes, alpha, the first GIF frame), then
+    the official evaluation resize (bilinear, no crop)."""
     if path is None:
         from skimage import data
 
-        image = Image.fromarray(data.chelsea())
+        pixels = data.chelsea()
     else:
-        image = Image.open(path).convert("RGB")
-    # The official evaluation resizes the whole image (no crop).
-    image = image.resize((size, size), Image.BILINEAR)
-    return np.asarray(image, dtype="float32")[None]
+        pixels = images.read(path)
+    # Pixels stay in [0, 255]: the model is built with its preprocessing.
+    return zoo.preprocess_input(pixels, size, scale=False)[None]
 
 
 def main():

@@ -48,7 +48,8 @@ def _photo_sources():
         pass
     try:
         import skimage.data
-        from PIL import Image
+
+        from keras_vit import images
 
         folder = skimage.data.data_dir
         for name in ("astronaut.png", "chelsea.png", "coffee.png",
@@ -56,9 +57,7 @@ def _photo_sources():
                      "motorcycle_left.png", "retina.jpg", "rocket.jpg"):
             path = os.path.join(folder, name)
             if os.path.isfile(path):
-                with Image.open(path) as im:
-                    photos.append((f"skimage:{name}",
-                                   np.asarray(im.convert("RGB"))))
+                photos.append((f"skimage:{name}", images.read(path)))
     except Exception:  # noqa: BLE001
         pass
     return tuple(photos)

@@ -1,26 +1,30 @@
 """A serving signature that takes encoded images: what TF Serving and
 Vertex AI clients send.
 
-``serving_default(image_bytes)`` takes a 1-D batch of JPEG, PNG, BMP or GIF
-files of any size, decodes each to 3 channels (a GIF's first frame),
-applies the package's evaluation transform (:func:`keras_vit.zoo.
-preprocess_input`: bilinear resize to the model's size without
-antialiasing or crop, then (x - 127.5) / 127.5 unless the model scales
-inside) and returns the top-k ``labels``, their softmax ``scores``, the
-``classes`` and the ``logits``.
+``serving_default(image_bytes)`` takes a 1-D batch of JPEG, PNG, GIF, BMP
+or WebP files, decodes each with :func:`keras_vit.images.decode` (the
+decoder ``keras-vit predict``, the Python API and the training pipeline
+use, written in TensorFlow ops so that the SavedModel carries it: EXIF
+orientation, palettes, alpha, 16-bit, a GIF's first frame and the pixel
+budget), applies the package's evaluation transform
+(:func:`keras_vit.zoo.preprocess_input`: bilinear resize to the model's
+size without antialiasing or crop, then (x - 127.5) / 127.5 unless the
+model scales inside) and returns the top-k ``labels``, their softmax
+``scores``, the ``classes`` and the ``logits``. A Python client that reads
+the file with :func:`keras_vit.images.read` and calls
+``zoo.preprocess_input`` sees the server's numbers.
 
-JPEGs are decoded with libjpeg's accurate integer DCT and fancy
-upsampling, which gives the same pixels as Pillow (measured here on
-4:2:0, 4:4:4 and greyscale files; TensorFlow's default fast DCT is off by up
-to 12 levels). A Python client that opens the file with Pillow and calls
-``zoo.preprocess_input`` therefore sees the server's numbers exactly.
+The images of a batch are decoded one after another, each checked
+against :data:`keras_vit.images.PIXEL_BUDGET` from its header before
+anything is allocated, so a request's peak memory is that of its largest
+image (at most the budget: 16 million pixels), not the sum.
 
-An element that is empty or is not one of those formats stops the call
-with ``tf.errors.InvalidArgumentError`` naming its index
-(``image_bytes[2] (7 bytes) is not a JPEG, PNG, BMP or GIF file``); a
-file with a valid header and a damaged body fails in the decoder with
-TensorFlow's own InvalidArgumentError. Either way the call fails and the
-process (a TF Serving server) keeps serving.
+An element the decoder refuses (empty, not one of those formats, over the
+budget, ...) stops the call with ``tf.errors.InvalidArgumentError``
+naming its index (``image_bytes[2] (7 bytes) is not a JPEG, PNG, GIF, BMP
+or WebP file``); a file with a valid header and a damaged body fails in
+the decoder with TensorFlow's own InvalidArgumentError. Either way the
+call fails and the process (a TF Serving server) keeps serving.
 """
 
 from __future__ import annotations
@@ -29,21 +33,19 @@ import io
 
 import numpy as np
 
+from keras_vit import images as image_decoder
 from keras_vit.export import samples
 from keras_vit.export.graph import ServingGraph
 
 INPUT_NAME = "image_bytes"
 OUTPUTS = ("labels", "scores", "classes", "logits")
-FORMATS = ("JPEG", "PNG", "BMP", "GIF")
-# File signatures (the first bytes), as the decoders recognise them.
-_MAGIC = {"JPEG": (b"\xff\xd8\xff",), "PNG": (b"\x89PNG\r\n\x1a\n",),
-          "GIF": (b"GIF87a", b"GIF89a"), "BMP": (b"BM",)}
+FORMATS = image_decoder.FORMATS
 DEFAULT_TOP_K = 5
 # Verification covers each format and the colour modes that decode
 # differently (palette, alpha, greyscale) at sizes other than the model's.
 _SAMPLE_KINDS = (("JPEG", "RGB"), ("PNG", "RGB"), ("BMP", "RGB"),
                  ("GIF", "RGB"), ("PNG", "RGBA"), ("JPEG", "L"),
-                 ("PNG", "P"))
+                 ("PNG", "P"), ("WEBP", "RGB"))
 SAMPLES = len(_SAMPLE_KINDS)
 
 
@@ -119,12 +121,9 @@ def encode(pixels, fmt="PNG", mode="RGB", quality=90):
 
 def decode(data):
     """The RGB pixels of one encoded image, as the signature decodes them
-    (Pillow; a GIF's first frame; alpha dropped): (H, W, 3) uint8."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(bytes(data))) as image:
-        image.seek(0)
-        return np.asarray(image.convert("RGB"))
+    (:func:`keras_vit.images.decode_bytes`: the same TensorFlow ops, run
+    eagerly): (H, W, 3) uint8."""
+    return image_decoder.decode_bytes(bytes(data), INPUT_NAME)
 
 
 def as_batch(images):
@@ -189,36 +188,12 @@ class ImageBytesGraph(ServingGraph):
     # ---------------------------------------------------------- serving
 
     def _pixels(self, data, index):
-        """One encoded file -> (H, W, 3) float32 in the model's range,
-        after checking its signature (TensorFlow ops)."""
+        """One encoded file -> (H, W, 3) float32 in the model's range
+        (TensorFlow ops): the package's decoder, then the resize."""
         import tensorflow as tf
 
-        def starts(*prefixes):
-            return tf.reduce_any(tf.stack([
-                tf.equal(tf.strings.substr(data, 0, len(p)), p)
-                for p in prefixes]))
-
-        is_jpeg = starts(*_MAGIC["JPEG"])
-        known = tf.reduce_any(tf.stack(
-            [is_jpeg] + [starts(*_MAGIC[f]) for f in FORMATS if f != "JPEG"]))
-        length = tf.strings.length(data)
-        message = tf.where(
-            tf.equal(length, 0),
-            tf.strings.format(INPUT_NAME + "[{}] is empty", index),
-            tf.strings.format(
-                INPUT_NAME + "[{}] ({} bytes) is not a JPEG, PNG, BMP or GIF "
-                "file", (index, length)))
-        check = tf.debugging.Assert(known, [message])
-        with tf.control_dependencies([check]):
-            data = tf.identity(data)
-        pixels = tf.cond(
-            is_jpeg,
-            # Pillow's numbers (see the module docstring).
-            lambda: tf.io.decode_jpeg(data, channels=3,
-                                      dct_method="INTEGER_ACCURATE"),
-            lambda: tf.io.decode_image(data, channels=3,
-                                       expand_animations=False))
-        pixels = tf.ensure_shape(pixels, (None, None, 3))
+        pixels = image_decoder.decode(
+            data, tf.strings.format(INPUT_NAME + "[{}]", index))
         # zoo.preprocess_input, op for op: bilinear without antialiasing
         # (the identity at the model's size), then x / 127.5 - 1.
         x = tf.image.resize(tf.cast(pixels, tf.float32), self.image_size,
@@ -232,10 +207,12 @@ class ImageBytesGraph(ServingGraph):
         import tensorflow as tf
 
         index = tf.range(tf.shape(image_bytes)[0])
+        # One image at a time: the peak memory is the largest image's.
         x = tf.map_fn(
             lambda args: self._pixels(*args), (image_bytes, index),
             fn_output_signature=tf.TensorSpec(self.image_size + (3,),
-                                              tf.float32))
+                                              tf.float32),
+            parallel_iterations=1)
         logits = tf.cast(self.raw(x, training=False)["logits"], tf.float32)
         scores, classes = tf.math.top_k(tf.nn.softmax(logits, axis=-1),
                                         k=self.top_k)
@@ -254,8 +231,9 @@ class ImageBytesGraph(ServingGraph):
     # ------------------------------------------------------------ numbers
 
     def preprocess(self, images):
-        """Encoded files -> the model's input batch, in NumPy: Pillow's
-        decoding and :func:`keras_vit.zoo.preprocess_input`."""
+        """Encoded files -> the model's input batch, in NumPy: the
+        package's decoder run eagerly and
+        :func:`keras_vit.zoo.preprocess_input`."""
         from keras_vit.zoo import preprocess_input
 
         return np.stack([preprocess_input(decode(data), self.image_size,
@@ -264,8 +242,9 @@ class ImageBytesGraph(ServingGraph):
 
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` for encoded ``images``:
-        decoded by Pillow and preprocessed by ``zoo.preprocess_input`` on
-        the user's backend, the path a Python user takes."""
+        decoded eagerly by :mod:`keras_vit.images` and preprocessed by
+        ``zoo.preprocess_input`` on the user's backend, the path a Python
+        user takes."""
         from keras_vit.backend import no_grad, to_numpy
 
         x = self.preprocess(images)

@@ -17,7 +17,6 @@ from keras_vit import cli_options as options
 # modules, which import the commands' code only when a command runs.
 from keras_vit.analysis import cli as analysis_cli
 from keras_vit.export import cli as export_cli
-from keras_vit.images import PIXEL_BUDGET, decode_plan
 from keras_vit.train import cli as train_cli
 # The shared helpers, under the names the other components used to import
 # from here.
@@ -307,59 +306,20 @@ def _check_image_path(path):
         raise UserError(f"IMAGE={path!r} does not exist")
 
 
-# Images above this many pixels are box-reduced by an integer factor (JPEGs
-# decoded at a reduced scale) before the official resize: a 12000x12000
-# PNG took 5.9 GB as float32 copies (issue 24). keras_vit.images holds the
-# rule every reader shares.
-PREDICT_PIXEL_BUDGET = PIXEL_BUDGET
-
-
 def _read_image(path):
-    """One image as (height, width, 3) float32 RGB pixels in [0, 255]:
-    JPEGs decoded at a reduced scale and other images box-reduced to
-    :data:`PREDICT_PIXEL_BUDGET` pixels; an image that cannot be decoded
-    within :func:`keras_vit.images.decode_plan`'s limits, or over PIL's
-    decompression-bomb limit, refused naming the file."""
-    import math
-    import warnings
+    """One image as (height, width, 3) float32 RGB pixels in [0, 255],
+    decoded by :mod:`keras_vit.images` (the rules the training pipeline
+    and the ``image_bytes`` serving signature share: EXIF orientation,
+    palettes, alpha, 16-bit, the first GIF frame, the pixel budget); an
+    image those rules refuse raises a one-line UserError naming the file.
+    """
+    from keras_vit import images
 
-    import numpy as np
-    from PIL import Image, ImageOps
-
-    # PIL refuses twice its MAX_IMAGE_PIXELS and warns above it; the
-    # reduction below bounds what is kept, so only its refusal stands.
-    limit = Image.MAX_IMAGE_PIXELS and 2 * Image.MAX_IMAGE_PIXELS
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            im = Image.open(path)
-        except Image.DecompressionBombError:
-            im = None
-    if im is None or (limit and im.size[0] * im.size[1] > limit):
-        size = "" if im is None else f"{im.size[0]}x{im.size[1]} pixels, "
-        raise UserError(
-            f"IMAGE={path!r} is too large to decode safely ({size}over "
-            f"PIL's decompression-bomb limit of {limit:,}): downscale it "
-            "first")
-    with im:
-        width, height = im.size
-        plan = decode_plan(im.format, width, height, im.mode)
-        if plan.refusal:
-            raise UserError(f"IMAGE={path!r} is too large to decode safely "
-                            f"({plan.refusal})")
-        if plan.scale > 1:  # a JPEG: libjpeg decodes at 1/scale
-            im.draft("RGB", (-(-width // plan.scale),
-                             -(-height // plan.scale)))
-        factor = math.ceil(math.sqrt(im.size[0] * im.size[1]
-                                     / PREDICT_PIXEL_BUDGET))
-        if factor > 1:
-            if im.mode not in ("RGB", "RGBA", "L", "LA", "I", "F"):
-                im = im.convert("RGB")
-            im = im.reduce(factor)
-        # Photos from phones store their rotation in EXIF; apply it so the
-        # model sees the image the way a viewer shows it.
-        im = ImageOps.exif_transpose(im).convert("RGB")
-        return np.asarray(im, dtype="float32")
+    try:
+        pixels = images.read(path, name=f"IMAGE={path!r}")
+    except images.ImageError as e:
+        raise UserError(str(e)) from None
+    return pixels.astype("float32")
 
 
 def _cmd_predict(args):

@@ -57,15 +57,17 @@ MAX_JSON_DEPTH = 64
 
 # -- images ----------------------------------------------------------------------
 
-#: Pixels an image may have after a reduced-scale decode (and the most a
-#: non-JPEG may have where several are decoded at once, in training).
+#: Pixels an image may have as decoded: a JPEG after its reduced-scale
+#: decode (1/2, 1/4, 1/8), any other format as it is (else refused, on every
+#: path). 4000x4000; the models take 224 to 518 pixels a side, so nothing the
+#: budget removes reaches them. Decoded to uint8 RGB and cast to float32 for
+#: the resize, an image at the budget takes about 240 MB.
 PIXEL_BUDGET = 16_000_000
-#: Bytes a non-JPEG may take decoded whole where one image is decoded at a
-#: time (``keras-vit predict``): 12000x12000 RGB (412 MiB) fits, 13300x13300
-#: RGBA (675 MiB) does not. Reducing and converting the decoded image costs
-#: about as much again (12000x12000 RGB: +824 MiB peak in all, measured by
-#: ``benchmarks/hostile_inputs.py``), which keeps a hostile file under 1 GiB.
-FULL_DECODE_BYTES = 448 * 2**20
+#: Segments (JPEG markers, PNG/WebP chunks, GIF extension blocks) the image
+#: decoder reads before the pixels to find the EXIF orientation or the first
+#: frame; real files have a few dozen. A file with more is refused rather
+#: than read without its orientation.
+MAX_IMAGE_SEGMENTS = 1000
 
 # -- memory ----------------------------------------------------------------------
 

@@ -192,7 +192,7 @@ LONGEST_FIRST = {
         "test_examples.py", "test_benchmarks.py", "test_export.py",
         "test_posemb.py", "test_trainer_backends.py", "test_train.py",
         "test_backends.py", "test_export_speed.py", "test_reliability.py",
-        "test_timm_hub.py", "test_cli.py", "test_graph_fusion.py",
+        "test_images.py", "test_timm_hub.py", "test_cli.py", "test_graph_fusion.py",
         "test_docstrings.py", "test_first_run.py", "test_cli_startup.py",
         "test_mpp.py", "test_zoo.py", "test_hardware.py", "test_sources.py", "test_layouts.py",
         "test_models.py", "test_export_serving.py", "test_export_backends.py",

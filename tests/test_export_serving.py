@@ -97,7 +97,7 @@ def test_bad_elements_fail_the_call_naming_their_index(exported):
     good = _photos()[0][1]
     cases = [([good, b"", b"garbage"], "image_bytes[1] is empty"),
              ([good, good, b"garbage"],
-              "image_bytes[2] (7 bytes) is not a JPEG, PNG, BMP or GIF"),
+              "image_bytes[2] (7 bytes) is not a JPEG, PNG, GIF, BMP or WebP"),
              ([b"GIF8"], "image_bytes[0] (4 bytes) is not a JPEG")]
     for batch, message in cases:
         with pytest.raises(tf.errors.InvalidArgumentError, match=(

@@ -296,14 +296,15 @@ def test_image_folder_with_bad_files_trains_with_a_warning(messy_folder):
     with pytest.warns(UserWarning) as record:
         source = kt.load_data(str(messy_folder))
     text = " ".join(str(w.message) for w in record)
-    assert "broken.png (unreadable" in text
+    assert "broken.png (is a damaged PNG (its first chunk is not IHDR))" \
+        in text
     assert "notes.txt (not an image extension .txt)" in text
     assert "['emu'] have no images" in text
     assert source.class_names == ["cat", "dog", "emu"]
     assert source.num_classes == 3
-    # The truncated JPEG passes PIL's check but not TensorFlow's decoder:
-    # found at load and named with the others.
-    assert "cut.jpg (TensorFlow cannot decode it)" in text
+    # The truncated JPEG has a valid header but not a valid body: found
+    # at load and named with the others.
+    assert "cut.jpg (cannot be decoded (" in text
     assert source.num_examples == 24
     assert len(source.skipped) == 3
     run = kt.Trainer(tiny(num_classes=3), source, source, recipe="finetune",

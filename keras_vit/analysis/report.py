@@ -30,9 +30,13 @@ FILES = {
 def load_images(paths, image_size, channels=3):
     """Image files as float32 (B, H, W, C) pixels in [0, 255].
 
-    Each file is decoded with PIL (EXIF rotation applied), converted to RGB
-    (or greyscale for ``channels=1``) and resized bilinearly without
-    antialiasing, as the official evaluation resizes (no crop).
+    Each file is decoded by :mod:`keras_vit.images` (the decoder of
+    ``keras-vit predict``, training and the serving signature: EXIF
+    orientation applied, alpha dropped, the first GIF frame), reduced to
+    greyscale for ``channels=1`` (ITU-R 601 luma, as Pillow's ``"L"``)
+    and resized bilinearly without antialiasing, as the official
+    evaluation resizes (no crop). An image the decoder refuses raises a
+    ValueError naming the file.
 
     >>> import tempfile, os
     >>> from PIL import Image
@@ -43,7 +47,8 @@ def load_images(paths, image_size, channels=3):
     ((1, 4, 4, 3), [255.0, 0.0, 0.0])
     """
     import keras
-    from PIL import Image, ImageOps
+
+    from keras_vit import images
 
     if isinstance(image_size, int):
         image_size = (image_size, image_size)
@@ -53,17 +58,22 @@ def load_images(paths, image_size, channels=3):
     out = []
     for path in paths:
         _check_image_file(path)
-        with Image.open(path) as im:
-            im = ImageOps.exif_transpose(im).convert(
-                "RGB" if channels == 3 else "L")
-            pixels = np.asarray(im, dtype="float32")
-        if pixels.ndim == 2:
-            pixels = pixels[..., None]
+        pixels = images.read(path).astype("float32")
+        if channels == 1:
+            pixels = _luma(pixels)[..., None]
         resized = keras.ops.image.resize(
             pixels[None], tuple(image_size), interpolation="bilinear",
             antialias=False)
         out.append(np.asarray(resized)[0])
     return np.stack(out)
+
+
+def _luma(rgb):
+    """ITU-R 601-2 luma of uint8-valued RGB, rounded as Pillow's
+    ``convert("L")`` rounds (a grey image keeps its values)."""
+    r, g, b = (rgb[..., i].astype("int64") for i in range(3))
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).astype(
+        "float32")
 
 
 def _check_image_file(path):

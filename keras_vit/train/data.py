@@ -24,22 +24,21 @@ resumed run rebuilds the epoch it stopped in and skips what it consumed.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 
 import numpy as np
 
 from keras_vit import compat
-from keras_vit import images as image_budget
+from keras_vit import images as image_decoder
 from keras_vit.errors import (KerasVitError, check_archive, closest,
                               require, special_file)
 
-# What tf.io.decode_image reads; other formats are skipped when scanning.
-# "MPO" is PIL's name for the JPEGs many phone cameras write (a JPEG with
-# more pictures after it); TensorFlow decodes the first.
-TF_IMAGE_FORMATS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "WEBP"}
+# The file names a folder scan reads; what is inside decides the format
+# (keras_vit.images decodes JPEG, PNG, GIF, BMP and WebP).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+# A folder scan keeps, per file, keras_vit.images.FACTS and the file's size.
+FACT_COLUMNS = len(image_decoder.FACTS) + 1
 # Streams (tfds) are shuffled through a buffer of this many records.
 SHUFFLE_BUFFER = 10_000
 # Paper / official input pipeline: inception crop of 5%-100% of the area.
@@ -89,6 +88,17 @@ class ImageSource:
         """A record -> float32 (height, width, 3) image with values in
         [0, 255] (a graph function, used inside ``Dataset.map``)."""
         raise NotImplementedError
+
+    def decode_crop(self, record, crop):
+        """A window of ``decode(record)``: ``crop(shape)`` -> ``(begin,
+        size)`` chooses it from the image's (height, width, 3) int32 shape
+        (as ``tf.slice`` takes them). Here the image is decoded whole;
+        sources of files decode only the window of a JPEG."""
+        import tensorflow as tf
+
+        image = self.decode(record)
+        begin, size = crop(tf.shape(image))
+        return tf.slice(image, begin, size)
 
     # In-memory sources give their records as a table; streams as a dataset.
     def table(self):
@@ -267,14 +277,8 @@ class FolderSource(ImageSource):
                 for fname in sorted(names):
                     if not fname.startswith("."):
                         candidates.append((os.path.join(root, fname), label))
-        files, labels, skipped = check_images(candidates, verbose)
-        undecodable = set(_tf_undecodable(files))
-        if undecodable:
-            skipped += [(f, "TensorFlow cannot decode it") for f in files
-                        if f in undecodable]
-            kept = [(f, y) for f, y in zip(files, labels)
-                    if f not in undecodable]
-            files, labels = [f for f, _ in kept], [y for _, y in kept]
+        files, labels, skipped, facts = check_images(candidates, verbose,
+                                                     with_facts=True)
         counts = np.bincount(np.asarray(labels, "int64"),
                              minlength=len(classes))
         empty = [c for c, n in zip(classes, counts) if n == 0]
@@ -285,8 +289,7 @@ class FolderSource(ImageSource):
         super().__init__(len(files), len(classes), classes)
         self.name = path
         self.path = path
-        self._files = np.asarray(files, dtype=object)
-        self._labels = np.asarray(labels, "int64")
+        self._set_files(files, labels, facts)
         self.skipped = skipped
         self.empty_classes = empty
         messages = []
@@ -306,15 +309,23 @@ class FolderSource(ImageSource):
             warnings.warn(f"Image folder {path!r}: " + ". ".join(messages),
                           UserWarning, stacklevel=2)
 
+    def _set_files(self, files, labels, facts):
+        """The files, their labels and what the scan read from each
+        (:func:`check_images`' ``facts``)."""
+        self._files = np.asarray(files, dtype=object)
+        self._labels = np.asarray(labels, "int64")
+        self._facts = np.asarray(facts, "int64").reshape(
+            len(self._files), FACT_COLUMNS)
+
     @classmethod
-    def _from_lists(cls, parent, files, labels):
+    def _from_lists(cls, parent, idx):
         self = cls.__new__(cls)
-        ImageSource.__init__(self, len(files), parent.num_classes,
+        ImageSource.__init__(self, len(idx), parent.num_classes,
                              parent.class_names)
         self.name = f"{parent.name}[subset]"
         self.path = parent.path
-        self._files = np.asarray(files, dtype=object)
-        self._labels = np.asarray(labels, "int64")
+        self._set_files(parent._files[idx], parent._labels[idx],
+                        parent._facts[idx])
         self.skipped = ()
         self.empty_classes = ()
         return self
@@ -324,128 +335,124 @@ class FolderSource(ImageSource):
 
     def subset(self, indices):
         idx = np.unique(np.asarray(indices, "int64"))
-        return FolderSource._from_lists(self, self._files[idx],
-                                        self._labels[idx])
+        return FolderSource._from_lists(self, idx)
 
     def table(self):
-        return self._files.astype(str), self._labels
+        # Records are rows of the file list: decode() reads the file and
+        # what the scan found in its header from the same row.
+        return np.arange(len(self._files), dtype="int64"), self._labels
+
+    def _row(self, record):
+        """(path, facts, size, name) of a record (a row of the file list)."""
+        import tensorflow as tf
+
+        path = tf.gather(tf.constant(self._files.astype(str)), record)
+        facts = tf.gather(tf.constant(self._facts), record)
+        name = tf.strings.join(["image '", path, "'"])
+        return path, facts[:-1], facts[-1], name
 
     def decode(self, record):
         import tensorflow as tf
 
-        image = decode_within_budget(tf.io.read_file(record))
+        path, facts, size, name = self._row(record)
+        image = image_decoder.decode_inspected(tf.io.read_file(path), facts,
+                                               size, name)
         return tf.cast(image, tf.float32)
 
+    def decode_crop(self, record, crop):
+        import tensorflow as tf
 
-def decode_within_budget(data):
-    """An encoded image (a string tensor) as uint8 RGB pixels, a JPEG at
-    the largest of libjpeg's scales (1/1, 1/2, 1/4, 1/8) that keeps it
-    within :data:`keras_vit.images.PIXEL_BUDGET` pixels, the same rule as
-    :func:`keras_vit.images.decode_plan` applied inside the graph; other
-    formats whole (:func:`check_images` keeps only those that fit)."""
-    import tensorflow as tf
+        if type(self).decode is not FolderSource.decode:
+            return super().decode_crop(record, crop)  # its own pixels
+        path, facts, size, name = self._row(record)
+        image = image_decoder.decode_crop(
+            tf.io.read_file(path), crop, name, facts, size,
+            kind=self._jpeg_kind(), fast_dct=True)
+        return tf.cast(image, tf.float32)
 
-    def whole():
-        return tf.io.decode_image(data, channels=3, expand_animations=False)
-
-    def jpeg():
-        shape = tf.cast(tf.io.extract_jpeg_shape(data), tf.int64)
-        fits = tf.stack([
-            (-(-shape[0] // s)) * (-(-shape[1] // s)) <= image_budget.PIXEL_BUDGET
-            for s in image_budget.JPEG_SCALES])
-        last = len(image_budget.JPEG_SCALES) - 1
-        index = tf.where(tf.reduce_any(fits),
-                         tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32),
-                         last)
-        return tf.switch_case(index, [
-            functools.partial(tf.io.decode_jpeg, data, channels=3, ratio=s)
-            for s in image_budget.JPEG_SCALES])
-
-    image = tf.cond(tf.io.is_jpeg(data), jpeg, whole)
-    image.set_shape([None, None, 3])
-    return image
+    def _jpeg_kind(self):
+        """``(scale, oriented)`` when every file is a JPEG decoded at one
+        scale (the graph of a crop then has no branch), else None."""
+        facts = self._facts
+        jpeg = image_decoder.FORMATS.index("JPEG")
+        if len(facts) == 0 or (facts[:, 0] != jpeg).any() or len(
+                set(facts[:, 3])) != 1:
+            return None
+        return int(facts[0, 3]), bool((facts[:, 4] != 1).any())
 
 
-def check_images(candidates, verbose):
-    """Splits ``[(path, label)]`` into readable images and skipped files.
+def check_images(candidates, verbose, *, with_facts=False):
+    """Splits ``[(path, label)]`` into the images every path decodes and
+    the skipped files, each with the reason: ``(files, labels, skipped)``,
+    and with ``with_facts`` the (files, :data:`FACT_COLUMNS`) int64 array
+    of what :func:`keras_vit.images.inspect` read from each header and the
+    file's size, so that training decodes without reading headers again.
 
-    Opening the header (and ``verify()``, which checks PNG checksums) is
-    cheap next to decoding; files that pass here but fail to decode later
-    are dropped by the pipeline with a logged warning instead.
+    Each file is read and decoded once by :mod:`keras_vit.images` (in
+    parallel, in ``tf.data``): the decoder's refusals (not an image, a
+    format it does not read, over the pixel budget, ...) and files it
+    cannot decode are skipped here, so that training never meets them: a
+    pipeline that drops every image would otherwise spin forever, and one
+    that drops a few would not say which.
     """
-    from PIL import Image, UnidentifiedImageError
+    import tensorflow as tf
     from tqdm.auto import tqdm
 
-    files, labels, skipped = [], [], []
-    bar = tqdm(candidates, desc="checking images", unit="file",
-               disable=not verbose or len(candidates) < 2000, leave=False)
-    for path, label in bar:
+    files, labels, skipped, facts = [], [], [], []
+    readable = []
+    for path, label in candidates:
         ext = os.path.splitext(path)[1].lower()
         if ext not in IMAGE_EXTENSIONS:
             skipped.append((path, f"not an image extension {ext or '(none)'}"))
             continue
         # Opening a FIFO blocks until something writes to it: the run would
-        # hang with no output (issue 24). Only regular files are read.
+        # hang with no output. Only regular files are read.
         kind = special_file(path)
         if kind is not None:
             skipped.append((path, f"{kind}, not a regular file"))
             continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(path) as im:
-                    fmt, (width, height) = im.format, im.size
-                    im.verify()
-        except Image.DecompressionBombError:
-            skipped.append((path, "too large to decode safely (PIL's "
-                                  "decompression-bomb limit)"))
-            continue
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-            skipped.append((path, f"unreadable: {' '.join(str(e).split())}"))
-            continue
-        # TensorFlow decodes each image whole, several at once: one of
-        # 20000x20000 aborted a run, six of 12000x12000 took 5 GB (issue
-        # 24). Above PIL's own warning size an image is skipped and named.
-        limit = Image.MAX_IMAGE_PIXELS
-        if limit is not None and width * height > limit:
-            skipped.append((path, f"{width}x{height} pixels, over "
-                                  f"{limit:,}: downscale it"))
-            continue
-        if fmt not in TF_IMAGE_FORMATS:
-            skipped.append((path, f"{fmt} is not a format TensorFlow decodes"))
-            continue
-        # Several images are decoded at once and cast to float32: JPEGs
-        # decode at a reduced scale, other formats must fit the budget.
-        plan = image_budget.decode_plan(fmt, width, height, whole=False)
-        if plan.refusal:
-            skipped.append((path, plan.refusal))
-            continue
-        files.append(path)
-        labels.append(label)
-    return files, labels, skipped
+        readable.append((path, label))
+    def result():
+        return (files, labels, skipped) + ((facts,) if with_facts else ())
 
+    if not readable:
+        return result()
 
-def _tf_undecodable(paths):
-    """The files of ``paths`` that TensorFlow's decoder refuses (some pass
-    PIL's checks: a truncated JPEG, an odd PNG), found in one parallel pass
-    so that training never meets them: a pipeline that drops every image
-    would otherwise spin forever, and one that drops a few would not say
-    which."""
-    if not paths:
-        return []
-    import tensorflow as tf
+    def check(i, path):
+        data = tf.io.read_file(path)
+        pixels, header, reason = image_decoder.decode_or_refuse(data)
+        size = tf.cast(tf.strings.length(data), tf.int64)[None]
+        return i, reason, tf.concat([header, size], 0), tf.shape(pixels)[0]
 
-    def shape_of(i, path):
-        return i, tf.shape(decode_within_budget(tf.io.read_file(path)))
-
-    ds = tf.data.Dataset.from_tensor_slices(
-        np.asarray(paths, dtype=str)).enumerate()
-    ds = ds.map(shape_of, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.ignore_errors().map(lambda i, _: i).batch(4096)
-    decoded = set()
-    for batch in ds.as_numpy_iterator():
-        decoded.update(int(i) for i in batch)
-    return [p for i, p in enumerate(paths) if i not in decoded]
+    paths = [p for p, _ in readable]
+    ds = tf.data.Dataset.from_tensor_slices(np.asarray(paths, dtype=str))
+    ds = ds.enumerate().map(check, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.ignore_errors().prefetch(tf.data.AUTOTUNE)
+    reasons, found = {}, {}
+    bar = tqdm(ds.as_numpy_iterator(), desc="checking images", unit="file",
+               total=len(paths), leave=False,
+               disable=not verbose or len(paths) < 2000)
+    for i, reason, row, _ in bar:
+        reasons[int(i)] = reason.decode()
+        found[int(i)] = row
+    failed = 0
+    for i, (path, label) in enumerate(readable):
+        reason = reasons.get(i)
+        if reason is None:  # TensorFlow failed: read it again for why
+            failed += 1
+            reason = "unreadable"
+            if failed <= 20:
+                try:
+                    image_decoder.read(path, name="it")
+                except (image_decoder.ImageError, OSError) as e:
+                    reason = str(e).removeprefix("it ")
+        if reason:
+            skipped.append((path, reason))
+        else:
+            files.append(path)
+            labels.append(label)
+            facts.append(found[i])
+    return result()
 
 
 class TfdsSource(ImageSource):
@@ -555,7 +562,16 @@ class TfdsSource(ImageSource):
     def decode(self, record):
         import tensorflow as tf
 
-        image = tf.io.decode_image(record, channels=3, expand_animations=False)
+        image = image_decoder.decode(record, f"an image of {self.name}")
+        return tf.cast(image, tf.float32)
+
+    def decode_crop(self, record, crop):
+        import tensorflow as tf
+
+        if type(self).decode is not TfdsSource.decode:
+            return super().decode_crop(record, crop)  # its own pixels
+        image = image_decoder.decode_crop(
+            record, crop, f"an image of {self.name}", fast_dct=True)
         return tf.cast(image, tf.float32)
 
 
@@ -729,19 +745,30 @@ def _mix(seed, epoch):
     return (int(seed) * 1_000_003 + int(epoch) * 7_919 + 17) % (2 ** 31 - 1)
 
 
-def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
-                   aspect_range=INCEPTION_ASPECT):
-    """A random crop covering ``area_range`` of the image with an aspect
-    ratio in ``aspect_range``, resized to ``size`` (bilinear): the
-    "inception crop" of the official training pipeline. ``seed`` is a
-    stateless seed (shape (2,))."""
+def inception_box(shape, seed, area_range=INCEPTION_AREA,
+                  aspect_range=INCEPTION_ASPECT):
+    """``(begin, size)`` of a random box covering ``area_range`` of an
+    image of ``shape`` (height, width, channels) with an aspect ratio in
+    ``aspect_range``: the "inception crop" of the official training
+    pipeline. ``seed`` is a stateless seed (shape (2,))."""
     import tensorflow as tf
 
-    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
         min_object_covered=0.0, aspect_ratio_range=aspect_range,
         area_range=area_range, max_attempts=10,
         use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+
+def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
+                   aspect_range=INCEPTION_ASPECT):
+    """The :func:`inception_box` of ``image``, resized to ``size``
+    (bilinear)."""
+    import tensorflow as tf
+
+    begin, crop = inception_box(tf.shape(image), seed, area_range,
+                                aspect_range)
     image = tf.slice(image, begin, crop)
     return tf.image.resize(image, (size, size), method="bilinear")
 
@@ -814,22 +841,24 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
     flip = flip and source.flip_ok
 
     def fn(index, record, label, epoch_seed):
-        image = source.decode(record)
         if training:
             seed = tf.stack([epoch_seed, index])
             crop_seed, flip_seed = tf.unstack(
                 tf.random.experimental.stateless_split(seed, 2))
             if crop_area is not None:
-                image = inception_crop(image, image_size, crop_seed,
-                                       tuple(crop_area))
+                # The box is drawn from the header's size (the same box a
+                # whole decode gives), and a JPEG decodes only the box.
+                image = source.decode_crop(record, lambda shape: (
+                    inception_box(shape, crop_seed, tuple(crop_area))))
             else:
-                image = tf.image.resize(image, (image_size, image_size),
-                                        method="bilinear")
+                image = source.decode(record)
+            image = tf.image.resize(image, (image_size, image_size),
+                                    method="bilinear")
             if flip:
                 image = tf.image.stateless_random_flip_left_right(
                     image, flip_seed)
         else:
-            image = eval_resize(image, image_size, eval_crop)
+            image = eval_resize(source.decode(record), image_size, eval_crop)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
         return (image if raw_pixels else scale(image)), label
 

@@ -38,7 +38,8 @@ class UnlabelledFolder(data_lib.FolderSource):
             raise data_lib.DataError(
                 f"Image folder data={path!r} is empty: no files in it or its "
                 "sub-folders; expected images (jpg, png, ...).")
-        files, labels, skipped = data_lib.check_images(candidates, verbose)
+        files, labels, skipped, facts = data_lib.check_images(
+            candidates, verbose, with_facts=True)
         if not files:
             raise data_lib.DataError(
                 f"Image folder data={path!r} has no readable images "
@@ -46,8 +47,7 @@ class UnlabelledFolder(data_lib.FolderSource):
         data_lib.ImageSource.__init__(self, len(files), 1)
         self.name = path
         self.path = path
-        self._files = np.asarray(files, dtype=object)
-        self._labels = np.zeros(len(files), "int64")
+        self._set_files(files, np.zeros(len(files), "int64"), facts)
         self.skipped = skipped
         self.empty_classes = ()
         if skipped:

@@ -1,0 +1,260 @@
+"""Training input pipelines on one CPU core, side by side in one run:
+images per second of an inception crop + flip to 224 px, batches of 32,
+from a folder of JPEGs of about 500x400 that the script writes itself.
+
+    python benchmarks/input_pipeline.py            # 400 JPEGs, 3 rounds
+    python benchmarks/input_pipeline.py --quick    # 64 JPEGs, 1 round
+
+Rows, measured in turns within each round (so that the machine's load
+falls on all of them alike), the median round reported:
+
+- ``keras_vit train.dataset``: the package's pipeline; a JPEG decodes only
+  its crop window (``tf.io.decode_and_crop_jpeg``, libjpeg's fast DCT as
+  big_vision's), the box drawn from the size the folder scan read from
+  its header, no branch in the graph for a folder of JPEGs;
+- ``keras_vit decoding whole, then cropping``: the same pipeline with each
+  image decoded whole (accurate DCT) before the crop, the order it had
+  before;
+- ``big_vision style``: a bare tf.data pipeline as big_vision writes its
+  inception crop (``extract_jpeg_shape``, the box, ``decode_and_crop_jpeg``,
+  resize, flip), without the package's header checks;
+- ``torchvision ImageFolder``: ``RandomResizedCrop(224)`` +
+  ``RandomHorizontalFlip`` + ``ToTensor`` + ``Normalize``, a DataLoader
+  with no workers, ``torch.set_num_threads(1)``.
+
+Each pipeline runs in its own process (a pipeline's background threads
+would otherwise take CPU from the others' turns), pinned to one CPU
+(``os.sched_setaffinity``) before anything is imported; tf.data runs with
+a private thread pool of one thread and TensorFlow with one intra- and
+one inter-op thread. On a shared machine the rounds vary: the best round
+is the one least disturbed, the median the typical one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 224
+BATCH = 32
+
+
+def pin_one_core():
+    """Pins this process to one CPU it may run on; returns that CPU."""
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return platform.processor() or "unknown CPU", ""
+    name = re.search(r"model name\s*:\s*(.*)", text)
+    flags = sorted(set(re.findall(r"\b(amx_bf16|avx512_bf16)\b", text)))
+    return (name.group(1) if name else "unknown CPU",
+            " ".join(flags) or "no amx_bf16/avx512_bf16")
+
+
+def write_jpegs(root, n, seed=0):
+    """``n`` JPEGs (quality 90) of 450-550 x 350-450 pixels cut from the
+    sample photos, in two class folders."""
+    import numpy as np
+    from PIL import Image
+
+    from keras_vit.export import samples
+
+    rng = np.random.default_rng(seed)
+    for c in ("a", "b"):
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+    sizes = []
+    for i in range(n):
+        width = int(rng.integers(450, 551))
+        height = int(rng.integers(350, 451))
+        pixels = samples.photo_images((height, width, 3), 1,
+                                      seed=seed + i)[0][0]
+        Image.fromarray(pixels).save(
+            os.path.join(root, "ab"[i % 2], f"{i:04d}.jpg"), quality=90)
+        sizes.append(width * height)
+    return sum(sizes) / len(sizes)
+
+
+def _one_thread(ds):
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    return ds.with_options(options)
+
+
+def keras_vit_pipeline(root, whole=False):
+    from keras_vit import train as kt
+    from keras_vit.train import data
+
+    source = kt.load_data(root, verbose=False)
+    if whole:
+        class WholeDecode(data.FolderSource):
+            decode_crop = data.ImageSource.decode_crop
+
+        source.__class__ = WholeDecode
+    ds = kt.dataset(source, SIZE, BATCH, training=True, seed=0)
+    return iter(_one_thread(ds.repeat()))
+
+
+def big_vision_pipeline(root):
+    """The inception crop as big_vision's preprocessing writes it, on a
+    plain list of files (its ops, not its code)."""
+    import tensorflow as tf
+
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(root)
+                   for f in names if f.endswith(".jpg"))
+
+    def crop(path, seed):
+        data = tf.io.read_file(path)
+        shape = tf.io.extract_jpeg_shape(data)
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape, tf.zeros([0, 0, 4], tf.float32), seed=seed,
+            area_range=(0.05, 1.0), aspect_ratio_range=(3 / 4, 4 / 3),
+            min_object_covered=0, use_image_if_no_bounding_boxes=True)
+        window = tf.stack([begin[0], begin[1], size[0], size[1]])
+        image = tf.io.decode_and_crop_jpeg(data, window, channels=3)
+        image = tf.image.resize(image, (SIZE, SIZE), method="bilinear")
+        image = tf.image.stateless_random_flip_left_right(image, seed)
+        return image / 127.5 - 1.0, 0
+
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), 0)
+    seeds = tf.data.Dataset.random(seed=1).batch(2)
+    ds = tf.data.Dataset.zip(ds, seeds).map(
+        crop, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return iter(_one_thread(ds.repeat()))
+
+
+def torchvision_pipeline(root):
+    import torch
+    from torchvision import datasets, transforms
+
+    torch.set_num_threads(1)
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])
+    folder = datasets.ImageFolder(root, transform=transform)
+    loader = torch.utils.data.DataLoader(folder, batch_size=BATCH,
+                                         shuffle=True, num_workers=0,
+                                         drop_last=True)
+    def forever():
+        while True:
+            yield from loader
+
+    return forever()
+
+
+def take(batches, n):
+    """Images per second over the next ``n`` batches of an iterator (the
+    pipeline's steady state: its iterator and functions already made)."""
+    start = time.perf_counter()
+    images = 0
+    for _ in range(n):
+        x, _ = next(batches)
+        images += int(x.shape[0])
+    return images / (time.perf_counter() - start)
+
+
+PIPELINES = {
+    "keras_vit train.dataset (decodes the crop)": "keras_vit",
+    "keras_vit decoding whole, then cropping (the old order)":
+        "keras_vit_whole",
+    "big_vision style tf.data (decode_and_crop_jpeg)": "big_vision",
+    "torchvision ImageFolder + RandomResizedCrop": "torchvision",
+}
+
+
+def child(kind, root, steps):
+    """One pipeline in this process, pinned to one core: prints img/s."""
+    pin_one_core()
+    # torch and torchvision before TensorFlow: torchvision imported after
+    # it crashed the process here (triton's import).
+    import torch
+    import torchvision  # noqa: F401
+
+    torch.set_num_threads(1)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    batches = {"keras_vit": lambda: keras_vit_pipeline(root),
+               "keras_vit_whole": lambda: keras_vit_pipeline(root, True),
+               "big_vision": lambda: big_vision_pipeline(root),
+               "torchvision": lambda: torchvision_pipeline(root)}[kind]()
+    take(batches, 3)  # warm-up: tracing, function instantiation, buffers
+    print(take(batches, steps))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="64 images, 1 round: checks the script")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "ROOT", "STEPS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, root, steps = args.child
+        return child(kind, root, int(steps))
+    if args.quick:
+        args.images, args.rounds = 64, 1
+    cpu = pin_one_core()
+    import tensorflow as tf
+    import torch
+
+    name, flags = cpu_name()
+    steps = max(4, 2 * args.images // BATCH)  # two epochs a measurement
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(
+                   [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    with tempfile.TemporaryDirectory() as root:
+        pixels = write_jpegs(root, args.images)
+        rates = {label: [] for label in PIPELINES}
+        for _ in range(args.rounds):
+            for label, kind in PIPELINES.items():
+                proc = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--child",
+                     kind, root, str(steps)], capture_output=True,
+                    text=True, env=env, check=False)
+                if proc.returncode:
+                    sys.exit(f"{label} failed:\n{proc.stderr[-3000:]}")
+                rates[label].append(float(proc.stdout.split()[-1]))
+    print(f"# Input pipelines on one core\n\nCPU: {name} ({flags}); each "
+          f"pipeline in its own process pinned to CPU {cpu}; Python "
+          f"{sys.version.split()[0]}, TensorFlow {tf.__version__}, torch "
+          f"{torch.__version__}.\n{args.images} JPEGs of "
+          f"{pixels / 1e3:.0f}k pixels on average (quality 90), inception "
+          f"crop + flip to {SIZE} px, batch {BATCH}; {steps} batches timed "
+          "after 3 of warm-up (the steady state), median of "
+          f"{args.rounds} round(s), the pipelines in turns within each.\n")
+    print("| pipeline | img/s median | best | vs big_vision (median, "
+          "best) | rounds |")
+    print("|---|---|---|---|---|")
+    reference = rates[list(PIPELINES)[2]]
+    for label, values in rates.items():
+        median, best = statistics.median(values), max(values)
+        shown = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"| {label} | {median:,.0f} | {best:,.0f} | "
+              f"{median / statistics.median(reference):.2f}x, "
+              f"{best / max(reference):.2f}x | {shown} |")
+
+
+if __name__ == "__main__":
+    main()
