@@ -218,7 +218,7 @@ _BLOCK_MAP = {
 }
 for _n in ("query", "key", "value", "out"):
     for _p in ("kernel", "bias"):
-        _BLOCK_MAP[f"attention/{_n}_{_p}"] = (
+        _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
             f"MultiHeadDotProductAttention_1/{_n}/{_p}")
 _TOP_MAP = {
     "patch_embedding/conv/kernel": "embedding/kernel",
