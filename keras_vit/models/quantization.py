@@ -119,10 +119,36 @@ class QuantizeMixin:
         and one warning listing the layers that stay in float. The next
         ``predict`` runs the quantized model."""
         mode = check_mode(mode, config, repr(self.name))
-        with warnings.catch_warnings(), _one_garbage_collection():
-            warnings.filterwarnings(
-                "ignore", message=".*does not have a `quantize` method")
-            super().quantize(mode, config=config, filters=filters, **kwargs)
+        type_check = kwargs.pop("type_check", True)
+        if kwargs:
+            raise ValueError(f"quantize: unknown keyword arguments "
+                             f"{sorted(kwargs)}; received {kwargs!r}")
+        # Keras' Model.quantize runs this loop too, but passes over any
+        # AttributeError a layer raises while quantizing: a layer could be
+        # left half quantized with no message. Here every error surfaces.
+        from keras.src.quantizers.utils import should_quantize_layer
+
+        changed = False
+        with _one_garbage_collection():
+            for layer in compat.flatten_layers(self, include_self=False):
+                if (len(list(layer._flatten_layers())) != 1
+                        or not layer.weights
+                        or not should_quantize_layer(layer, filters)):
+                    continue
+                try:
+                    layer.quantize(mode, type_check=type_check,
+                                   config=config)
+                except NotImplementedError:
+                    continue  # no quantized form: listed below
+                changed = True
+        if changed:
+            # What Keras' Model.quantize does after its loop.
+            self.train_function = None
+            self.test_function = None
+            self.predict_function = None
+            post = getattr(self, "_post_quantize", None)
+            if post is not None:
+                post(mode)
         left = _left_in_float(self)
         if left:
             # Past Keras' quantize wrapper and ours: the caller's line.
