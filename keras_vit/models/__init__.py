@@ -1,5 +1,6 @@
 """Model builders: :func:`vit` for any Vision Transformer or hybrid,
-:func:`axial_vit` for Axial-ViT, :func:`resnet_v2` for BiT ResNetV2."""
+:func:`axial_vit` for Axial-ViT, :func:`resnet_v2` for BiT ResNetV2.
+:mod:`keras_vit.models.lora` fine-tunes any of them with Keras' LoRA."""
 
 from keras_vit import lazy
 # Names and their architectures: no Keras needed (the command's list/info).
