@@ -575,7 +575,11 @@ class MultiHeadSelfAttention(layers.Layer):
             probs = None
         else:
             # Plain einsums: on TensorFlow CPUs these become oneDNN batch
-            # matmuls, faster than the backend's generic fused fallback.
+            # matmuls. TensorFlow has no fused attention kernel; its
+            # dot_product_attention is an einsum spelling of its own that
+            # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
+            # (benchmarks/attention_paths.py). Attention maps need the
+            # probabilities, which the fused kernels never return.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
             if attention_bias is None and plan.softmax == "input":
