@@ -47,8 +47,8 @@ TARGETS = {
     "all": ("query", "key", "value", "out", "dense_0", "dense_1"),
 }
 _ADAPTER_NAMES = ("lora_kernel_a", "lora_kernel_b")
-# Trained with the adapters unless train_head=False: a fine-tuning head
-# is new (zero-initialised), so it has to learn in full.
+# Trained in full beside the adapters by default: a fine-tuning head is new
+# (zero-initialised), so it has to learn in full.
 _HEAD = ("head",)
 
 
@@ -102,15 +102,25 @@ def trainable_report(model):
             "fraction": trainable / total if total else 0.0}
 
 
-def enable_lora(model, rank=8, targets="all", alpha=None, train_head=True):
+def _check_train(train):
+    if isinstance(train, str) or not all(isinstance(t, str) for t in train):
+        raise ValueError("train must be a list of layer names, e.g. "
+                         f"['head']; received train={train!r}")
+    return set(train)
+
+
+def enable_lora(model, rank=8, targets="all", alpha=None, train=_HEAD):
     """Enables Keras' LoRA (``layer.enable_lora(rank, alpha)``) on the
-    ``targets`` of ``model`` and freezes every other weight (but the
-    ``head``'s when ``train_head``). Returns :func:`trainable_report`.
+    ``targets`` of ``model`` and freezes every other weight but those of
+    the layers named in ``train`` (default: the ``head``; add
+    ``"position_embedding"`` when fine-tuning at another resolution, whose
+    resized table LoRA cannot adapt). Returns :func:`trainable_report`.
 
     Call it before ``compile``; the model's next ``predict`` sees the
     adapters (``keras_vit.models.compiled`` keys its functions on them).
     """
     rank = check_int("rank", rank, low=1)
+    train = _check_train(train)
     layers = target_layers(model, targets)
     already = [layer.path for layer in layers if layer.lora_enabled]
     if already:
@@ -123,7 +133,7 @@ def enable_lora(model, rank=8, targets="all", alpha=None, train_head=True):
     for layer in compat.flatten_layers(model, False):
         if getattr(layer, "lora_enabled", False):
             keep.update(id(getattr(layer, n)) for n in _ADAPTER_NAMES)
-        elif train_head and layer.name in _HEAD:
+        elif layer.name in train:
             keep.update(id(w) for w in layer.weights)
     for weight in model.weights:
         weight.trainable = id(weight) in keep
@@ -154,7 +164,7 @@ def save_adapters(model, path):
     return path
 
 
-def load_adapters(model, path, train_head=True):
+def load_adapters(model, path):
     """Loads what :func:`save_adapters` wrote into ``model`` (the same
     architecture with the same base weights), enabling LoRA with the saved
     rank and alpha where it is not on yet. Every array must find its
@@ -201,10 +211,8 @@ def load_adapters(model, path, train_head=True):
                          f"fit model={model.name!r}: " + "; ".join(problems))
     for key, value in arrays.items():
         variables[key].assign(value)
-    keep = set(arrays)
-    for weight in model.weights:
-        weight.trainable = weight.path in keep or (
-            train_head and weight.path.split("/")[0] in _HEAD)
+    for weight in model.weights:   # what trained then trains now
+        weight.trainable = weight.path in arrays
     return trainable_report(model)
 
 
