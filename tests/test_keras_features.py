@@ -234,3 +234,26 @@ def test_remat_scope_full_builds_and_computes_the_same(floats):
             continue
         np.testing.assert_allclose(run(m, x),
                                    want[:2], atol=1e-5, err_msg=family)
+
+
+@pytest.mark.parametrize("feature", ["int8", "lora"])
+def test_attention_maps_come_from_the_changed_model(floats, feature):
+    from keras_vit.analysis import attention
+
+    x = images(2)
+    m = copy_of(floats["vit"][0])
+    if feature == "lora":
+        for layer in dense_layers(m):
+            layer.enable_lora(2)
+            b = layer.lora_kernel_b
+            b.assign(np.full(b.shape, 0.02, "float32"))
+    else:
+        m.quantize(feature)
+    want = run(m, x)
+    assert relative_error(want, floats["vit"][1][:2]) > 1e-3
+    scored = attention.attention_model(m)
+    out = scored(x, training=False)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out["output"]),
+                               want, atol=1e-5)
+    maps = attention.attention_maps(m, x)
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-4)

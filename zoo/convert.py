@@ -275,6 +275,26 @@ def checkpoint_key(variable_path: str) -> str | None:
     return None
 
 
+def _check_plain(model, layout):
+    """The checkpoint layouts hold one float kernel per projection: a model
+    quantized by Keras or carrying LoRA adapters is refused in one line
+    that says how to get that model (rather than as unknown weights)."""
+    layers = list(model._flatten_layers()) if hasattr(
+        model, "_flatten_layers") else []
+    modes = sorted({layer.quantization_mode for layer in layers
+                    if getattr(layer, "quantization_mode", None)})
+    if modes:
+        raise CheckpointError(
+            f"model={model.name!r} is quantized by Keras (mode="
+            f"{'/'.join(modes)}); the {layout} layout holds float weights: "
+            "convert the float model, then quantize after loading")
+    if any(getattr(layer, "lora_enabled", False) for layer in layers):
+        raise CheckpointError(
+            f"model={model.name!r} has LoRA adapters; the {layout} layout "
+            "holds plain kernels: keras_vit.models.lora.merge(model) returns "
+            "the model with the adapters merged into them")
+
+
 def model_variables(model, key_fn=None, layout="ViT") -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a model.
 
@@ -283,6 +303,7 @@ def model_variables(model, key_fn=None, layout="ViT") -> dict:
     that a model this module does not understand is never half loaded.
     """
     key_fn = key_fn or checkpoint_key
+    _check_plain(model, layout)
     out = {}
     unknown = []
     for v in model.weights:
