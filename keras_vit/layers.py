@@ -10,6 +10,7 @@ Every layer stores its ``__init__`` arguments and returns exactly those from
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -395,6 +396,7 @@ def _spec_with_scores(layer, x, return_attention_scores, num_heads):
                                   dtype=layer.compute_dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def _flat_einsum(equation):
     """``(k, n)`` when ``equation`` is a plain projection that one 2-D
     matmul computes: the input's last ``k`` axes contract with the kernel's

@@ -21,6 +21,11 @@ Keras' ``predict``. Training keeps Keras' rule (``model.compile``'s
 ``jit_compile``); :func:`keras_vit.train.compile_for_finetune` and the
 Trainer choose theirs from the same plan.
 
+The compiled functions (these and Keras' own predict and test functions)
+are made again whenever :func:`computation_key` changes: after
+``model.quantize``, ``enable_lora``, a dtype policy or trainable change
+the next ``predict`` or ``evaluate`` runs the model as it is now.
+
 >>> import numpy as np, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
 >>> x = np.random.default_rng(0).uniform(-1, 1, (5, 32, 32, 3))
