@@ -79,7 +79,6 @@ def gelu(x, form="tanh"):
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
-@keras.saving.register_keras_serializable(package=PACKAGE)
 def mlp_gelu_tanh(x):
     """The tanh GELU as the MLP's activation (``keras.ops.gelu``). On
     TensorFlow, :class:`FusedDense` replaces its float call by the spelling
@@ -88,7 +87,6 @@ def mlp_gelu_tanh(x):
     return ops.gelu(x, approximate=True)
 
 
-@keras.saving.register_keras_serializable(package=PACKAGE)
 def mlp_gelu_exact(x):
     """The exact (erf) GELU as the MLP's activation: :func:`gelu`."""
     return gelu(x, "exact")
@@ -422,11 +420,32 @@ class FusedDense(layers.Dense):
     activation, TensorFlow's fused MatMul + BiasAdd + GELU spelling
     (:mod:`keras_vit.fused_ops`).
 
+    ``gelu`` (None, ``"tanh"`` or ``"exact"``) makes the GELU of that form
+    the layer's activation, kept in the config by its name (``activation``
+    then stays None there).
+
     Everything else is Keras' own: ``kernel`` (LoRA merged in when
     enabled), ``quantize`` and the quantized calls (Keras dispatches to
     ``quantized_call`` instead of ``call`` once the layer is quantized),
     ``enable_lora``, saving. Same numbers as ``Dense`` up to float rounding.
     """
+
+    def __init__(self, units, gelu=None, **kwargs):
+        if gelu is not None and kwargs.get("activation") is not None:
+            raise ValueError(
+                "FusedDense takes gelu or activation, not both; received "
+                f"gelu={gelu!r}, activation={kwargs['activation']!r}")
+        super().__init__(units, **kwargs)
+        self.gelu = None if gelu is None else check_gelu(gelu)
+        if self.gelu is not None:
+            self.activation = MLP_GELU[self.gelu]
+
+    def get_config(self):
+        config = super().get_config()
+        if self.gelu is not None:
+            config["activation"] = None
+        config["gelu"] = self.gelu
+        return config
 
     def call(self, inputs, training=None):
         if self.bias is None:
@@ -624,7 +643,7 @@ class MlpBlock(layers.Layer):
     def build(self, input_shape):
         dim = int(input_shape[-1])
         self.dense_0 = FusedDense(
-            self.mlp_dim, activation=MLP_GELU[self.gelu],
+            self.mlp_dim, gelu=self.gelu,
             kernel_initializer=_XAVIER, bias_initializer=_bias_init(),
             dtype=self.dtype_policy, name="dense_0",
         )

@@ -174,8 +174,12 @@ def pytest_report_header(config):
 # others sit idle; the rest keep their alphabetical order. TensorFlow run,
 # seconds: demo 168, examples 136, benchmarks 101, export 94, posemb 87,
 # trainer_backends 81, train 79, backends 56, export_speed 47, first_run
-# 46, reliability 44, timm_hub 36, cli 36, graph_fusion 35, docstrings 28;
-# jax child: bit 89, trainer_backends 66, models 62, zoo 57, analysis 55,
+# 46, reliability 44, timm_hub 36, cli 36, graph_fusion 35, docstrings 28
+# (measured later, on a quieter machine: digits_features 54,
+# keras_features 27, export_quantized 15);
+# jax child: keras_features 109 (load average 3-7), bit 89,
+# trainer_backends 66,
+# models 62, zoo 57, analysis 55,
 # export_backends 41, resolve 37, hybrid 32. The zoo's 57 held 40 s of
 # mirror tests that now run on TensorFlow only (backend_independent), so it
 # is placed for the 17 s that remain.
@@ -183,10 +187,12 @@ LONGEST_FIRST = {
     "tensorflow": (
         "test_demo.py", "test_examples.py", "test_benchmarks.py",
         "test_export.py", "test_posemb.py", "test_trainer_backends.py",
-        "test_train.py", "test_backends.py", "test_export_speed.py",
+        "test_train.py", "test_backends.py", "test_digits_features.py",
+        "test_export_speed.py",
         "test_first_run.py", "test_reliability.py", "test_timm_hub.py",
         "test_cli.py", "test_graph_fusion.py", "test_docstrings.py",
-        "test_cli_startup.py", "test_mpp.py", "test_zoo.py",
+        "test_keras_features.py", "test_cli_startup.py", "test_mpp.py",
+        "test_zoo.py", "test_export_quantized.py",
         "test_hardware.py", "test_sources.py", "test_layouts.py",
         "test_models.py", "test_export_serving.py", "test_export_backends.py",
         "test_transformers_hub.py", "test_hybrid.py", "test_vtab.py",
@@ -194,7 +200,8 @@ LONGEST_FIRST = {
         "test_download.py", "test_fast_paths.py", "test_packaging.py",
         "test_analysis.py"),
     "children": (
-        "test_bit.py", "test_trainer_backends.py", "test_models.py",
+        "test_keras_features.py", "test_bit.py", "test_trainer_backends.py",
+        "test_models.py",
         "test_analysis.py", "test_export_backends.py", "test_resolve.py",
         "test_hybrid.py", "test_zoo.py", "test_train.py",
         "test_export_serving.py", "test_vtab.py", "test_convert.py",
