@@ -493,10 +493,12 @@ class FusedEinsumDense(layers.EinsumDense):
 
     def call(self, inputs, training=None):
         flat = _flat_einsum(self.equation)
-        bias_axes = self.equation.split("->")[0].split(",")[1]
+        kernel_axes = self.equation.replace(" ", "").split("->")[0]
+        kernel_axes = kernel_axes.split(",")[1]
+        # One BiasAdd needs a bias over every output axis of the kernel.
         if (flat is None or self.bias is None
                 or self.activation not in (None, keras.activations.linear)
-                or self.bias_axes != bias_axes[flat[0]:]):
+                or self.bias_axes != kernel_axes[flat[0]:]):
             return super().call(inputs, training=training)
         k, _ = flat
         kernel = self.kernel

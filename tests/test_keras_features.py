@@ -260,3 +260,26 @@ def test_attention_maps_come_from_the_changed_model(floats, feature):
                                want, atol=1e-5)
     maps = attention.attention_maps(m, x)
     np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("equation,out_shape,bias_axes,in_shape", [
+    ("abc,cde->abde", (None, 2, 4), "de", (2, 5, 8)),   # tokens to heads
+    ("abcd,cde->abe", (None, 8), "e", (2, 5, 2, 4)),    # heads back
+    ("abc,cd->abd", (None, 6), None, (2, 5, 8)),        # no bias: Keras'
+    ("abc,dc->abd", (None, 6), "d", (2, 5, 8)),         # not flat: Keras'
+])
+def test_fused_einsum_dense_computes_what_einsum_dense_does(
+        equation, out_shape, bias_axes, in_shape):
+    from keras_vit.layers import FusedEinsumDense
+
+    x = np.random.default_rng(0).standard_normal(in_shape).astype("float32")
+    ours = FusedEinsumDense(equation, out_shape, bias_axes=bias_axes,
+                            bias_initializer="random_normal")
+    ours.build(in_shape)
+    theirs = keras.layers.EinsumDense(equation, out_shape,
+                                      bias_axes=bias_axes)
+    theirs.build(in_shape)
+    theirs.set_weights(ours.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x)),
+                               keras.ops.convert_to_numpy(theirs(x)),
+                               atol=1e-5)
