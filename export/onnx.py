@@ -327,6 +327,7 @@ def to_onnx(model, path, *, quantization="float32",
     """
     representative_samples = common.check_quantization(
         quantization, representative_data, representative_samples)
+    common.refuse_keras_quantized(model, "onnx")
     dest = common.check_path(path, "onnx")
     # Before any work: the conversion may run in a child process, whose
     # ImportError would arrive as a worker failure, not as this one line.

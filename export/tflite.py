@@ -195,6 +195,7 @@ def to_tflite(model, path, *, quantization="float32",
     """
     representative_samples = common.check_quantization(
         quantization, representative_data, representative_samples)
+    common.refuse_keras_quantized(model, "tflite")
     dest = common.check_path(path, "tflite")
     if verify:  # before converting: the check runs the file with LiteRT
         require("ai_edge_litert.interpreter", package="ai-edge-litert",

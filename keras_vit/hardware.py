@@ -27,8 +27,11 @@ hardware has rather than from a constant measured on one machine:
   ``KERAS_VIT_ONEDNN=0``, is left alone.
 * GPUs and TPUs: XLA.
 * JAX compiles everything with XLA; torch runs eagerly. Both have a fused
-  attention kernel (``keras.ops.dot_product_attention``), which TensorFlow
-  lacks (its fallback is slower than plain einsums).
+  attention kernel (``keras.ops.dot_product_attention``: cuDNN flash
+  attention on GPUs, XLA's on TPUs, SDPA on torch CPUs), which TensorFlow
+  lacks (its fallback is an einsum spelling, 5% slower than the package's
+  in a ViT-S/16 graph on a 2-core EPYC; JAX 1.00x, torch 0.97x:
+  ``python benchmarks/attention_paths.py``).
 
 ``detect()`` reads ``/proc/cpuinfo`` (or the environment variables
 ``KERAS_VIT_CPU_FLAGS``, a comma-separated flag list, and
@@ -313,10 +316,31 @@ def _dtype_name(dtype):
     return name.replace("mixed_", "")
 
 
+#: ``KERAS_VIT_ATTENTION=fused`` or ``einsum`` forces the attention path
+#: of :func:`plan` (benchmarks/attention_paths.py times both this way).
+ATTENTION_ENV = "KERAS_VIT_ATTENTION"
+ATTENTION_PATHS = ("fused", "einsum")
+
+
 def plan(dtype="float32", hardware=None, backend=None):
     """The :class:`Plan` for a compute ``dtype`` (``"float32"``,
     ``"bfloat16"``, ``"float16"``, or a mixed policy name) on ``hardware``
-    (default: :func:`detect`) under ``backend`` (default: Keras')."""
+    (default: :func:`detect`) under ``backend`` (default: Keras').
+    ``KERAS_VIT_ATTENTION`` (``fused``/``einsum``) overrides its
+    ``attention``."""
+    chosen = _plan(dtype, hardware, backend)
+    forced = os.environ.get(ATTENTION_ENV, "").strip()
+    if not forced:
+        return chosen
+    if forced not in ATTENTION_PATHS:
+        raise ValueError(
+            f"{ATTENTION_ENV} must be one of {', '.join(ATTENTION_PATHS)}; "
+            f"received {ATTENTION_ENV}={forced!r}")
+    return dataclasses.replace(chosen, attention=forced,
+                               reason=f"{ATTENTION_ENV}={forced}")
+
+
+def _plan(dtype, hardware, backend):
     import keras
 
     backend = backend or keras.backend.backend()

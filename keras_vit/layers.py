@@ -10,7 +10,9 @@ Every layer stores its ``__init__`` arguments and returns exactly those from
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import keras
 import numpy as np
@@ -75,6 +77,23 @@ def gelu(x, form="tanh"):
     if form == "tanh":
         return gelu_tanh(x)
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def mlp_gelu_tanh(x):
+    """The tanh GELU as the MLP's activation (``keras.ops.gelu``). On
+    TensorFlow, :class:`FusedDense` replaces its float call by the spelling
+    that fuses into the matmul (:mod:`keras_vit.fused_ops`); this function
+    runs on the other backends and in quantized calls."""
+    return ops.gelu(x, approximate=True)
+
+
+def mlp_gelu_exact(x):
+    """The exact (erf) GELU as the MLP's activation: :func:`gelu`."""
+    return gelu(x, "exact")
+
+
+#: The MLP activation of each ``gelu`` form.
+MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact}
 
 
 def _dense_2d(x, kernel, bias):
@@ -362,14 +381,153 @@ def relative_attention_bias(query, table):
     return bias * ops.cast(1.0 / math.sqrt(head_dim), bias.dtype)
 
 
+def _spec_with_scores(layer, x, return_attention_scores, num_heads):
+    """The symbolic output of a layer that returns its input's shape and,
+    when asked, attention maps (B, heads, N, N). Written out because Keras
+    passes ``compute_output_shape`` the tensors' shapes only, not the flag,
+    and tracing the call instead fails under ``keras.RematScope``."""
+    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return out
+    b, n = x.shape[0], x.shape[1]
+    return out, keras.KerasTensor((b, num_heads, n, n),
+                                  dtype=layer.compute_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _flat_einsum(equation):
+    """``(k, n)`` when ``equation`` is a plain projection that one 2-D
+    matmul computes: the input's last ``k`` axes contract with the kernel's
+    first ``k`` and the kernel's other ``n`` axes end the output, in order
+    (``"abc,cde->abde"``, ``"abcd,cde->abe"``); None for anything else."""
+    match = re.fullmatch(r"(\w+),(\w+)->(\w+)", equation.replace(" ", ""))
+    if not match:
+        return None
+    inp, ker, out = match.groups()
+    for k in range(1, len(ker)):
+        lead = len(inp) - k
+        if (lead > 0 and ker[:k] == inp[lead:] and out[:lead] == inp[:lead]
+                and out[lead:] == ker[k:]):
+            return k, len(ker) - k
+    return None
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class FusedDense(layers.Dense):
+    """``keras.layers.Dense`` whose float call is :func:`_dense_2d` (the
+    bias add TensorFlow's CPU graph fuses into the matmul, torch's
+    ``addmm``), and, with the tanh GELU of :func:`mlp_gelu_tanh` as its
+    activation, TensorFlow's fused MatMul + BiasAdd + GELU spelling
+    (:mod:`keras_vit.fused_ops`).
+
+    ``gelu`` (None, ``"tanh"`` or ``"exact"``) makes the GELU of that form
+    the layer's activation, kept in the config by its name (``activation``
+    then stays None there).
+
+    Everything else is Keras' own: ``kernel`` (LoRA merged in when
+    enabled), ``quantize`` and the quantized calls (Keras dispatches to
+    ``quantized_call`` instead of ``call`` once the layer is quantized),
+    ``enable_lora``, saving. Same numbers as ``Dense`` up to float rounding.
+    """
+
+    def __init__(self, units, gelu=None, **kwargs):
+        if gelu is not None and kwargs.get("activation") is not None:
+            raise ValueError(
+                "FusedDense takes gelu or activation, not both; received "
+                f"gelu={gelu!r}, activation={kwargs['activation']!r}")
+        super().__init__(units, **kwargs)
+        self.gelu = None if gelu is None else check_gelu(gelu)
+        if self.gelu is not None:
+            self.activation = MLP_GELU[self.gelu]
+
+    def get_config(self):
+        config = super().get_config()
+        if self.gelu is not None:
+            config["activation"] = None
+        config["gelu"] = self.gelu
+        return config
+
+    def call(self, inputs, training=None):
+        if self.bias is None:
+            return super().call(inputs)
+        shape = ops.shape(inputs)
+        x = inputs
+        if len(inputs.shape) != 2:
+            x = ops.reshape(inputs, (-1, self.kernel.shape[0]))
+        kernel = ops.cast(self.kernel, x.dtype)
+        bias = ops.cast(self.bias, x.dtype)
+        if (self.activation is mlp_gelu_tanh
+                and keras.backend.backend() == "tensorflow"):
+            from keras_vit import fused_ops
+
+            # Training needs the GELU's inner values for its gradient, so
+            # nothing fuses there: that spelling minimises backward ops.
+            spell = (fused_ops.dense_gelu_tanh_for_training
+                     if training is True else fused_ops.dense_gelu_tanh)
+            y = spell(x, kernel, bias)
+        else:
+            y = _dense_2d(x, kernel, bias)
+            if self.activation not in (None, keras.activations.linear):
+                y = self.activation(y)
+        if len(inputs.shape) != 2:
+            y = ops.reshape(y, (*shape[:-1], self.units))
+        return y
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras refuses to quantize a subclass unless asked (its call might
+        # not be Dense's); this one's quantized call is Dense's own.
+        super().quantize(mode, type_check=False, config=config)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class FusedEinsumDense(layers.EinsumDense):
+    """``keras.layers.EinsumDense`` whose float call, for a plain
+    projection (``"abc,cde->abde"``: tokens to heads, ``"abcd,cde->abe"``:
+    heads back), is one 2-D :func:`_dense_2d` on the flattened tokens and
+    kernel: the shape every backend's fastest GEMM (oneDNN, cuBLAS, XLA)
+    takes as it is, with the bias add TensorFlow's grappler fuses into it.
+    The kernel keeps its einsum shape ((D, heads, D/heads) or (heads,
+    D/heads, D), the released checkpoints' layout); ``quantize``,
+    ``enable_lora`` and their calls are Keras' own, as in
+    :class:`FusedDense`."""
+
+    def call(self, inputs, training=None):
+        flat = _flat_einsum(self.equation)
+        kernel_axes = self.equation.replace(" ", "").split("->")[0]
+        kernel_axes = kernel_axes.split(",")[1]
+        # One BiasAdd needs a bias over every output axis of the kernel.
+        if (flat is None or self.bias is None
+                or self.activation not in (None, keras.activations.linear)
+                or self.bias_axes != kernel_axes[flat[0]:]):
+            return super().call(inputs, training=training)
+        k, _ = flat
+        kernel = self.kernel
+        kernel_shape = tuple(kernel.shape)
+        rows = math.prod(kernel_shape[:k])
+        cols = math.prod(kernel_shape[k:])
+        shape = ops.shape(inputs)
+        lead = len(inputs.shape) - k
+        x = ops.reshape(inputs, (-1, rows))
+        y = _dense_2d(x, ops.reshape(ops.cast(kernel, x.dtype), (rows, cols)),
+                      ops.reshape(ops.cast(self.bias, x.dtype), (cols,)))
+        return ops.reshape(y, (*shape[:lead], *kernel_shape[k:]))
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # As FusedDense: the quantized call is EinsumDense's own.
+        super().quantize(mode, type_check=False, config=config)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class MultiHeadSelfAttention(layers.Layer):
     """Multi-head dot-product self-attention with the official parameter layout.
 
-    Kernels are stored as query/key/value (D, heads, D/heads) and out
-    (heads, D/heads, D), the shapes of the released checkpoints, so that
-    loading is a copy. ``return_attention_scores=True`` in ``call`` also
-    returns the softmax probabilities (B, heads, N, N).
+    The projections are :class:`FusedEinsumDense` layers ``query``, ``key``,
+    ``value`` (kernels (D, heads, D/heads), biases (heads, D/heads)) and
+    ``out`` (kernel (heads, D/heads, D), bias (D,)): the shapes of the
+    released checkpoints, so that loading is a copy, and of Keras'
+    ``MultiHeadAttention``, so that Keras' ``quantize`` and
+    ``enable_lora`` reach them. ``return_attention_scores=True`` in
+    ``call`` also returns the softmax probabilities (B, heads, N, N).
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
@@ -387,48 +545,31 @@ class MultiHeadSelfAttention(layers.Layer):
             )
         head_dim = dim // self.num_heads
         self.head_dim = head_dim
-        shape_in = (dim, self.num_heads, head_dim)
         for name in ("query", "key", "value"):
-            setattr(
-                self,
-                f"{name}_kernel",
-                self.add_weight(name=f"{name}_kernel", shape=shape_in,
-                                initializer=_xavier_flat(dim, dim)),
-            )
-            setattr(
-                self,
-                f"{name}_bias",
-                self.add_weight(name=f"{name}_bias",
-                                shape=(self.num_heads, head_dim),
-                                initializer="zeros"),
-            )
-        self.out_kernel = self.add_weight(
-            name="out_kernel", shape=(self.num_heads, head_dim, dim),
-            initializer=_xavier_flat(dim, dim),
-        )
-        self.out_bias = self.add_weight(
-            name="out_bias", shape=(dim,), initializer="zeros"
-        )
+            layer = FusedEinsumDense(
+                "abc,cde->abde", (None, self.num_heads, head_dim),
+                bias_axes="de", kernel_initializer=_xavier_flat(dim, dim),
+                bias_initializer="zeros", dtype=self.dtype_policy, name=name)
+            layer.build(tuple(input_shape))
+            setattr(self, name, layer)
+        self.out = FusedEinsumDense(
+            "abcd,cde->abe", (None, dim), bias_axes="e",
+            kernel_initializer=_xavier_flat(dim, dim),
+            bias_initializer="zeros", dtype=self.dtype_policy, name="out")
+        self.out.build(tuple(input_shape[:-1]) + (self.num_heads, head_dim))
         self.built = True
 
     def _qkv(self, x):
-        """q, k, v as (B, N, heads, D/heads), each from one 2-D matmul on
-        the flattened tokens: the shape every backend's fastest GEMM
-        (oneDNN, cuBLAS, XLA) takes as it is, with the bias add that
-        TensorFlow's grappler fuses into it."""
-        dim = self.num_heads * self.head_dim
-        shape = ops.shape(x)
-        tokens = ops.reshape(x, (-1, dim))
-        out = []
-        for name in ("query", "key", "value"):
-            kernel = ops.reshape(
-                ops.cast(getattr(self, f"{name}_kernel"), x.dtype), (dim, dim))
-            bias = ops.reshape(
-                ops.cast(getattr(self, f"{name}_bias"), x.dtype), (dim,))
-            y = _dense_2d(tokens, kernel, bias)
-            out.append(ops.reshape(y, (shape[0], shape[1], self.num_heads,
-                                       self.head_dim)))
-        return out
+        """q, k, v as (B, N, heads, D/heads)."""
+        return self.query(x), self.key(x), self.value(x)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_output_spec(self, x, training=None,
+                            return_attention_scores=False, **kwargs):
+        return _spec_with_scores(self, x, return_attention_scores,
+                                 self.num_heads)
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None):
@@ -457,7 +598,11 @@ class MultiHeadSelfAttention(layers.Layer):
             probs = None
         else:
             # Plain einsums: on TensorFlow CPUs these become oneDNN batch
-            # matmuls, faster than the backend's generic fused fallback.
+            # matmuls. TensorFlow has no fused attention kernel; its
+            # dot_product_attention is an einsum spelling of its own that
+            # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
+            # (benchmarks/attention_paths.py). Attention maps need the
+            # probabilities, which the fused kernels never return.
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
             if attention_bias is None and plan.softmax == "input":
@@ -474,13 +619,7 @@ class MultiHeadSelfAttention(layers.Layer):
                 probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
             weights = self.dropout(probs, training=training)
             context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
-        dim = self.num_heads * self.head_dim
-        shape = ops.shape(x)
-        out_kernel = ops.reshape(ops.cast(self.out_kernel, x.dtype),
-                                 (dim, dim))
-        y = _dense_2d(ops.reshape(context, (-1, dim)), out_kernel,
-                      ops.cast(self.out_bias, x.dtype))
-        y = ops.reshape(y, (shape[0], shape[1], dim))
+        y = self.out(context)
         if return_attention_scores:
             return y, probs
         return y
@@ -505,46 +644,25 @@ class MlpBlock(layers.Layer):
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
-        self.dense_0 = layers.Dense(
-            self.mlp_dim, kernel_initializer=_XAVIER,
-            bias_initializer=_bias_init(), dtype=self.dtype_policy,
-            name="dense_0",
+        self.dense_0 = FusedDense(
+            self.mlp_dim, gelu=self.gelu,
+            kernel_initializer=_XAVIER, bias_initializer=_bias_init(),
+            dtype=self.dtype_policy, name="dense_0",
         )
-        self.dense_1 = layers.Dense(
+        self.dense_1 = FusedDense(
             dim, kernel_initializer=_XAVIER, bias_initializer=_bias_init(),
             dtype=self.dtype_policy, name="dense_1",
         )
-        self.dense_0.build(input_shape)
-        self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.dense_0.build((None, dim))
+        self.dense_1.build((None, self.mlp_dim))
         self.built = True
 
-    def _dense(self, layer, x):
-        # The matmul and bias written out (rather than calling the Dense
-        # layer): 2-D, with the bias add TensorFlow's grappler fuses.
-        return _dense_2d(x, ops.cast(layer.kernel, x.dtype),
-                         ops.cast(layer.bias, x.dtype))
-
     def call(self, x, training=None):
+        # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
         shape = ops.shape(x)
-        x = ops.reshape(x, (-1, shape[-1]))
-        if self.gelu == "tanh" and keras.backend.backend() == "tensorflow":
-            # MatMul + BiasAdd + tanh GELU in the op order TensorFlow's
-            # CPU graph fuses into one oneDNN kernel (keras_vit.fused_ops
-            # says why the spelling matters); same formula as gelu_tanh.
-            from keras_vit import fused_ops
-
-            # Training needs the GELU's inner values for its gradient, so
-            # nothing fuses there: that spelling minimises backward ops.
-            spell = (fused_ops.dense_gelu_tanh_for_training
-                     if training is True else fused_ops.dense_gelu_tanh)
-            h = spell(x, ops.cast(self.dense_0.kernel, x.dtype),
-                      ops.cast(self.dense_0.bias, x.dtype))
-        else:
-            h = self._dense(self.dense_0, x)
-            h = (ops.gelu(h, approximate=True) if self.gelu == "tanh"
-                 else gelu(h, self.gelu))
+        h = self.dense_0(ops.reshape(x, (-1, shape[-1])), training=training)
         h = self.dropout(h, training=training)
-        h = self._dense(self.dense_1, h)
+        h = self.dense_1(h, training=training)
         h = ops.reshape(h, shape)
         return self.dropout(h, training=training)
 
@@ -618,6 +736,14 @@ class EncoderBlock(layers.Layer):
         if return_attention_scores:
             return x, scores
         return x
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_output_spec(self, x, training=None,
+                            return_attention_scores=False, **kwargs):
+        return _spec_with_scores(self, x, return_attention_scores,
+                                 self.num_heads)
 
     def get_config(self):
         return _with_arguments(super().get_config(), self, (

@@ -42,7 +42,8 @@ def _gelu(x):
 def _encoder_block(x, block):
     """One pre-LN block on sequences x (S, N, D), from the block's weights."""
     att = block.attention
-    w = {v.path.split("/")[-1]: np.asarray(v, "float64") for v in att.weights}
+    w = {"_".join(v.path.split("/")[-2:]): np.asarray(v, "float64")
+         for v in att.weights}
     h = _ln(x, block.norm_1)
     q, k, v = (np.einsum("snd,dhk->snhk", h, w[f"{p}_kernel"]) + w[f"{p}_bias"]
                for p in ("query", "key", "value"))
@@ -81,7 +82,7 @@ def test_axial_block_matches_numpy():
 def _identity(sub_block):
     """Zeroes the residual branches' last layers: the block returns its input."""
     for w in sub_block.weights:
-        if any(s in w.path for s in ("out_kernel", "out_bias", "dense_1")):
+        if any(s in w.path for s in ("out/kernel", "out/bias", "dense_1")):
             w.assign(np.zeros(w.shape))
 
 

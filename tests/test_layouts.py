@@ -93,16 +93,16 @@ def test_vit_b_megatron_layout(family_rules):
 
     block = "encoder_block_1/"
     # Column-parallel in, row-parallel out: one reduction per sub-block.
-    assert axes(block + "attention/query_kernel") == (None, "model", None)
-    assert axes(block + "attention/value_bias") == ("model", None)
-    assert axes(block + "attention/out_kernel") == ("model", None, None)
+    assert axes(block + "attention/query/kernel") == (None, "model", None)
+    assert axes(block + "attention/value/bias") == ("model", None)
+    assert axes(block + "attention/out/kernel") == ("model", None, None)
     assert axes(block + "mlp/dense_0/kernel") == (None, "model")
     assert axes(block + "mlp/dense_1/kernel") == ("model", None)
     assert axes("head/kernel") == ("model", None)
     for path in (block + "norm_1/gamma", block + "mlp/dense_1/bias",
-                 block + "attention/out_bias", "head/bias"):
+                 block + "attention/out/bias", "head/bias"):
         assert not any(re.fullmatch(p, path) for p in rules), path
-    assert shapes[block + "attention/query_kernel"] == (768, 12, 64)
+    assert shapes[block + "attention/query/kernel"] == (768, 12, 64)
 
 
 def test_model_axis_must_divide_heads_and_widths():
@@ -157,7 +157,7 @@ def test_layout_map_is_jax_only():
     backend = keras.backend.backend()
     if backend == "jax":
         lm = layouts.layout_map(model, mesh)
-        assert lm["encoder_block_0/attention/out_kernel"].axes == (
+        assert lm["encoder_block_0/attention/out/kernel"].axes == (
             "model", None, None)
         assert lm["encoder_block_0/norm_1/gamma"] is None
         with pytest.raises(ValueError, match="has no axis named 'model'"):
@@ -291,7 +291,7 @@ def test_two_devices_data_and_model_parallel_match_one_device():
     def layout(kind, path):
         return out[kind]["layout"][path]
 
-    q = "encoder_block_1/attention/query_kernel"
+    q = "encoder_block_1/attention/query/kernel"
     # DataParallel: every weight whole on both devices.
     assert layout("data", q)["devices"] == 2
     assert layout("data", q)["shard"] == layout("data", q)["shape"] == [

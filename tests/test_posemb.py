@@ -190,8 +190,8 @@ def test_relative_attention_in_a_block_matches_numpy():
 
     att = block.attention
     h = _layer_norm(x, block.norm_1)
-    q, k = (np.einsum("btd,dhk->bthk", h, np.asarray(getattr(att, f"{p}_kernel")))
-            + np.asarray(getattr(att, f"{p}_bias")) for p in ("query", "key"))
+    q, k = (np.einsum("btd,dhk->bthk", h, np.asarray(getattr(att, p).kernel))
+            + np.asarray(getattr(att, p).bias) for p in ("query", "key"))
     content = np.einsum("bqhk,bvhk->bhqv", q, k) / math.sqrt(dim // heads)
     logits = content + _reference_relative_bias(q, table, prefix)
     want = np.exp(logits - logits.max(-1, keepdims=True))
@@ -218,8 +218,8 @@ def test_relative_placement_decides_which_blocks_see_positions(
     # attention is uniform unless a relative bias is added.
     for i in range(3):
         att = model.get_layer(f"encoder_block_{i}").attention
-        for name in ("key_kernel", "key_bias"):
-            getattr(att, name).assign(np.zeros(getattr(att, name).shape))
+        for var in (att.key.kernel, att.key.bias):
+            var.assign(np.zeros(var.shape))
     x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3))
     scores = np.asarray(model(x)["attention_scores"])
     assert [not np.allclose(scores[:, i], 1.0 / scores.shape[-1], atol=1e-6,
@@ -273,7 +273,7 @@ def test_every_layer_adds_a_table_before_each_block():
         _randomize(model)
         for w in model.weights:
             if w.path.startswith("encoder_block_") and (
-                    "out_" in w.path or "dense_1" in w.path):
+                    "/out/" in w.path or "dense_1" in w.path):
                 w.assign(np.zeros(w.shape))
         x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 16, 3))
         patches = np.asarray(model.get_layer("patch_embedding")(x))

@@ -38,13 +38,13 @@ def _fans(shape):
 def _expected(path, shape):
     """(std, exact_value) the official code would draw for this variable."""
     name = path.split("/")[-1]
-    if re.search(r"attention/(query|key|value)_kernel$", path):
+    if re.search(r"attention/(query|key|value)/kernel$", path):
         dim = shape[0]
         return math.sqrt(2.0 / (dim + dim)), None
-    if path.endswith("attention/out_kernel"):
+    if path.endswith("attention/out/kernel"):
         dim = shape[-1]
         return math.sqrt(2.0 / (dim + dim)), None
-    if re.search(r"attention/\w+_bias$", path):
+    if re.search(r"attention/\w+/bias$", path):
         return 0.0, 0.0
     if "/mlp/" in path:
         if name == "kernel":
@@ -92,8 +92,8 @@ def test_vit_init_matches_flax_for_every_parameter_kind():
     kinds = _check_init(model)
     for kind in ("patch_embedding/conv/kernel", "class_token/cls",
                  "position_embedding/pos_embedding", "pre_logits/kernel",
-                 "encoder_block/attention/query_kernel",
-                 "encoder_block/attention/out_kernel",
+                 "encoder_block/attention/query/kernel",
+                 "encoder_block/attention/out/kernel",
                  "encoder_block/mlp/dense/bias", "encoder_norm/gamma",
                  "head/kernel"):
         assert kind in kinds, kind
@@ -125,7 +125,7 @@ def test_hybrid_and_axial_init_match_flax():
         num_heads=4, mlp_dim=128, num_classes=10, classifier="gap",
         attention="axial")
     kinds = _check_init(axial)
-    assert "axial_block/column/attention/value_kernel" in kinds
+    assert "axial_block/column/attention/value/kernel" in kinds
 
 
 def test_bit_init_matches_big_transfer():
@@ -1985,7 +1985,9 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
                 config["config"].update(sizes)
                 data = json.dumps(config).encode()
             dst.writestr(item, data)
-    assert hostile.stat().st_size < 100_000
+    # ~1 KB of HDF5 metadata per layer group: the q/k/v/out sublayers of
+    # the attention took the file from 95 to 104 KB.
+    assert hostile.stat().st_size < 120_000
     Image.new("RGB", (20, 20)).save(tmp_path / "x.png")
     proc = subprocess.Popen(
         ["keras-vit", "predict", str(hostile), str(tmp_path / "x.png")],

@@ -225,7 +225,7 @@ _BLOCK_MAP = {
 }
 for _n in ("query", "key", "value", "out"):
     for _p in ("kernel", "bias"):
-        _BLOCK_MAP[f"attention/{_n}_{_p}"] = (
+        _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
             f"MultiHeadDotProductAttention_1/{_n}/{_p}")
 _TOP_MAP = {
     "patch_embedding/conv/kernel": "embedding/kernel",
@@ -294,6 +294,27 @@ def check_model(model, argument="model"):
     return model
 
 
+def _check_plain(model, layout):
+    """The checkpoint layouts hold one float kernel per projection: a model
+    quantized by Keras or carrying LoRA adapters is refused in one line
+    that says how to get that model (rather than as unknown weights)."""
+    from keras_vit import compat
+
+    layers = compat.flatten_layers(model)
+    modes = sorted({layer.quantization_mode for layer in layers
+                    if getattr(layer, "quantization_mode", None)})
+    if modes:
+        raise CheckpointError(
+            f"model={model.name!r} is quantized by Keras (mode="
+            f"{'/'.join(modes)}); the {layout} layout holds float weights: "
+            "convert the float model, then quantize after loading")
+    if any(getattr(layer, "lora_enabled", False) for layer in layers):
+        raise CheckpointError(
+            f"model={model.name!r} has LoRA adapters; the {layout} layout "
+            "holds plain kernels: keras_vit.models.lora.merge(model) returns "
+            "the model with the adapters merged into them")
+
+
 def model_variables(model, key_fn=None, layout="ViT") -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a model.
 
@@ -303,6 +324,7 @@ def model_variables(model, key_fn=None, layout="ViT") -> dict:
     """
     check_model(model)
     key_fn = key_fn or checkpoint_key
+    _check_plain(model, layout)
     out = {}
     unknown = []
     for v in model.weights:

@@ -121,8 +121,14 @@ def attention_model(model, image_size=None):
         raise ValueError(
             "model must be a keras_vit VisionTransformer (a ViT or a hybrid; "
             f"BiT ResNets have no attention); received model={model!r}")
+    from keras_vit.models import lora
     from keras_vit.zoo import rebuild
 
+    if any(getattr(layer, "lora_enabled", False)
+           for layer in model._flatten_layers()):
+        # The config rebuilds no adapters: the merged kernels are the same
+        # function (a quantized model rebuilds quantized by itself).
+        model = lora.merge(model)
     if image_size is not None:
         image_size = list(_as_pair(image_size, "image_size"))
     rebuilt = rebuild(model, image_size=image_size,

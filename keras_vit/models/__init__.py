@@ -10,7 +10,8 @@ model classes and, through them, :mod:`keras_vit.layers`) with Keras, so a
 <class 'keras_vit.models.vit.VisionTransformer'>
 
 Names and their architectures (``parse("ViT-B/16")``) are
-:mod:`keras_vit.variants`, which needs no Keras.
+:mod:`keras_vit.variants`, which needs no Keras. :mod:`keras_vit.models.lora`
+fine-tunes any model with Keras' LoRA.
 """
 
 from keras_vit.models.axial import AxialVisionTransformer, axial_vit

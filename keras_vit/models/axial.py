@@ -29,6 +29,7 @@ from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
                                       check_patch_grid,
                                       check_position_embedding)
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.quantization import QuantizeMixin
 
 _POOLINGS = (None, "gap", "avg")
 # A relative table needs a 1D sequence, which an axial model does not have.
@@ -91,7 +92,7 @@ class AxialEncoderBlock(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
+class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                              CompiledModelMixin, keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 

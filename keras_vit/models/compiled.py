@@ -21,6 +21,11 @@ Keras' ``predict``. Training keeps Keras' rule (``model.compile``'s
 ``jit_compile``); :func:`keras_vit.train.compile_for_finetune` and the
 Trainer choose theirs from the same plan.
 
+The compiled functions (these and Keras' own predict and test functions)
+are made again whenever :func:`computation_key` changes: after
+``model.quantize``, ``enable_lora``, a dtype policy or trainable change
+the next ``predict`` or ``evaluate`` runs the model as it is now.
+
 >>> import numpy as np, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
 >>> x = np.random.default_rng(0).uniform(-1, 1, (5, 32, 32, 3))
@@ -79,6 +84,24 @@ def model_compute_dtype(model):
     if not counts:
         return "float32"
     return max(counts, key=counts.get)
+
+
+def computation_key(model):
+    """What a compiled forward of ``model`` depends on besides its input
+    and its variables' values: every layer's dtype policy (``quantize``
+    changes it to e.g. ``int8_from_float32``), whether LoRA is on, its
+    trainable flag (which variables a JAX program takes as trainable), and
+    the path, shape, dtype and trainability of every variable (``quantize``
+    and ``enable_lora`` replace and add variables that a traced function
+    would otherwise not see). Cheap enough to compute on every call."""
+    layers = tuple(
+        (layer.name, layer.dtype_policy.name, layer.trainable,
+         getattr(layer, "lora_enabled", False),
+         getattr(layer, "lora_rank", None))
+        for layer in compat.flatten_layers(model, include_self=True))
+    variables = tuple((v.path, tuple(v.shape), str(v.dtype), v.trainable)
+                      for v in model.weights)
+    return layers, variables
 
 
 class _Forward:
@@ -187,9 +210,21 @@ class CompiledModelMixin:
                 return False
         return self.resolved_predict_path() != "keras"
 
-    def _runner(self, path):
+    def _compiled_state(self):
+        """The compiled functions of the model as it computes now: all of
+        them are dropped when :func:`computation_key` changes (after
+        ``quantize``, ``enable_lora``, a dtype policy or trainable change),
+        so none returns what the model computed before."""
         # Kept out of Keras' attribute tracking (not a layer or weight).
-        state = self.__dict__.setdefault("_keras_vit_predict", {})
+        key = computation_key(self)
+        held = self.__dict__.get("_keras_vit_predict")
+        if held is None or held["key"] != key:
+            held = {"key": key, "paths": {}}
+            self.__dict__["_keras_vit_predict"] = held
+        return held["paths"]
+
+    def _runner(self, path):
+        state = self._compiled_state()
         if path not in state:
             backend = keras.backend.backend()
             if backend == "tensorflow":
@@ -205,8 +240,30 @@ class CompiledModelMixin:
         """The batch sizes ``predict`` has run on ``path`` (default: the
         path it takes now)."""
         path = path or self.resolved_predict_path()
-        state = self.__dict__.get("_keras_vit_predict") or {}
+        state = (self.__dict__.get("_keras_vit_predict") or {}).get(
+            "paths", {})
         return sorted(state.get(path, {}).get("sizes", ()))
+
+    # -- Keras' own compiled functions ------------------------------------
+
+    def _keras_function_is_stale(self, which):
+        """True when the model's computation changed since Keras last made
+        its ``which`` function: Keras resets them after ``quantize`` but
+        not after ``enable_lora`` or a dtype policy change, and a traced
+        TensorFlow function keeps the variables it was traced with."""
+        key = computation_key(self)
+        seen = self.__dict__.setdefault("_keras_vit_function_keys", {})
+        stale = which in seen and seen[which] != key
+        seen[which] = key
+        return stale
+
+    def make_predict_function(self, force=False):
+        stale = self._keras_function_is_stale("predict")
+        return super().make_predict_function(force=force or stale)
+
+    def make_test_function(self, force=False):
+        stale = self._keras_function_is_stale("test")
+        return super().make_test_function(force=force or stale)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None,
                 callbacks=None):

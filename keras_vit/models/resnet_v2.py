@@ -23,6 +23,7 @@ from keras_vit.models.common import (check_label_names,
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.quantization import QuantizeMixin
 
 BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 BIT_VARIANTS = ("R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4")
@@ -163,8 +164,8 @@ def stage_widths(width_factor, num_stages=_NUM_STAGES):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
-               keras.Model):
+class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
+               CompiledModelMixin, keras.Model):
     """BiT ResNet-v2 of "Big Transfer (BiT): General Visual Representation
     Learning".
 

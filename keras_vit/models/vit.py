@@ -16,6 +16,7 @@ from keras_vit.models.encoder import (  # noqa: F401
     check_patch_grid, check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.quantization import QuantizeMixin
 
 _CLASSIFIERS = ("token", "gap")
 _POOLINGS = (None, "token", "gap", "avg")
@@ -254,8 +255,8 @@ _NORMALISED = (*NORMALISED, "resnet")
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
-                        keras.Model):
+class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
+                        CompiledModelMixin, keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
     Build it with :func:`keras_vit.models.vit` or, with released weights,

@@ -26,14 +26,14 @@ groups stay on one device when the axis divides the 32 groups.
 >>> import keras_vit
 >>> model = keras_vit.vit(32, 8, 64, 2, 4, 128, 10)
 >>> rules = layout_rules(model, model_parallel=2)
->>> rules["(.*/)?attention/(query|key|value)_kernel"]
+>>> rules["(.*/)?attention/(query|key|value)/kernel"]
 (None, 'model', None)
 >>> rules["(.*/)?mlp/dense_1/kernel"]
 ('model', None)
 >>> layout_rules(model, model_parallel=3)
 Traceback (most recent call last):
 ...
-ValueError: model_parallel=3 does not divide num_heads=4 (encoder_block_0/attention/query_kernel has shape (64, 4, 16) and is split on axis 1); model_parallel must divide 4, the nearest that does is 2 (any of [1, 2, 4])
+ValueError: model_parallel=3 does not divide num_heads=4 (encoder_block_0/attention/query/kernel has shape (64, 4, 16) and is split on axis 1); model_parallel must divide 4, the nearest that does is 2 (any of [1, 2, 4])
 
 On JAX, ``distribution(devices=8, model_parallel=2, model="ViT-L/16")``
 gives the ``ModelParallel`` to train ViT-L/16 on 8 devices, 4 data-parallel
@@ -61,10 +61,10 @@ _RULES = (
     # attention kernels are stored (D, heads, D/heads) and (heads, D/heads,
     # D), the checkpoint layout; splitting the heads axis is the column
     # (resp. row) split of the 2-D matrix the layer multiplies by.
-    ("num_heads", r"(.*/)?attention/(query|key|value)_kernel",
+    ("num_heads", r"(.*/)?attention/(query|key|value)/kernel",
      (None, "model", None)),
-    ("num_heads", r"(.*/)?attention/(query|key|value)_bias", ("model", None)),
-    ("num_heads", r"(.*/)?attention/out_kernel", ("model", None, None)),
+    ("num_heads", r"(.*/)?attention/(query|key|value)/bias", ("model", None)),
+    ("num_heads", r"(.*/)?attention/out/kernel", ("model", None, None)),
     ("mlp_dim", r"(.*/)?mlp/dense_0/kernel", (None, "model")),
     ("mlp_dim", r"(.*/)?mlp/dense_0/bias", ("model",)),
     ("mlp_dim", r"(.*/)?mlp/dense_1/kernel", ("model", None)),
@@ -100,7 +100,7 @@ def variable_shapes(model, **model_kwargs):
     without allocating its weights.
 
     >>> shapes = variable_shapes("ViT-B/16", image_size=224, num_layers=1)
-    >>> shapes["encoder_block_0/attention/query_kernel"]
+    >>> shapes["encoder_block_0/attention/query/kernel"]
     (768, 12, 64)
     """
     if not isinstance(model, str):
