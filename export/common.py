@@ -18,7 +18,7 @@ import os
 import time
 
 from keras_vit import atomic
-from keras_vit.errors import check_choice
+from keras_vit.errors import KerasVitError, check_choice
 # Importable from here too, as before the split.
 from keras_vit.export.samples import PIXELS, UNIT, photo_images  # noqa: F401
 from keras_vit.export.memory import path_size  # noqa: F401
@@ -32,7 +32,7 @@ REPORT_SUFFIX = ".report.json"
 SAVED_MODEL_REPORT = "export_report.json"
 
 
-class ExportError(RuntimeError):
+class ExportError(KerasVitError, RuntimeError):
     """The export could not produce an artifact that runs and matches Keras.
 
     Raised when conversion fails, when the artifact's outputs are outside the

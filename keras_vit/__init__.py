@@ -4,67 +4,34 @@
 >>> model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
 ...                            num_classes=10)
 
-Importing the package registers every custom layer with Keras, so a saved
-``.keras`` file loads with ``keras.saving.load_model`` after ``import
-keras_vit`` and nothing else.
+``import keras_vit`` is light and does the same in every process: it
+imports no Keras, TensorFlow, JAX or torch, and prints nothing. Each name
+imports its module on first use (``keras_vit.zoo``, ``keras_vit.vit``,
+...). Importing :mod:`keras_vit.models` (as any of its names does)
+registers every layer and model class with Keras, so a ``.keras`` file
+loads with ``keras.saving.load_model`` after ``import keras_vit.models``;
+``keras_vit.zoo.load("model.keras")`` needs nothing more than this package.
 """
 
-import importlib
-import sys
-
-from keras_vit import _quiet, errors, hardware, keras_classes
+from keras_vit import hardware, lazy
+from keras_vit.version import __version__
 
 # Before anything imports TensorFlow: its oneDNN CPU rewrites (the fused
-# matmul + bias + GELU) where TensorFlow would leave them off.
+# matmul + bias + GELU) where TensorFlow would leave them off. Only an
+# environment variable is set; TensorFlow reads it when it is imported.
 hardware.enable_onednn()
 
-# The console script imports this package, and with it TensorFlow, before
-# cli.main runs: its C++ log lines must be filtered from here.
-_quiet.for_command_line()
-# The same for a KERAS_BACKEND Keras cannot import: named in one line (the
-# command's exit status 2), not a traceback from inside `import keras`.
-try:
-    errors.check_keras_backend()
-except ValueError as _e:
-    if not _quiet.is_command_line():
-        raise
-    print(f"keras-vit: error: {_e}", file=sys.stderr)
-    raise SystemExit(2) from None
+__getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
+    # The root of every error the package raises on purpose.
+    ".errors": ("KerasVitError",),
+    ".models": ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
+                "vit"),
+    # Getting and copying models is the zoo's (keras_vit.zoo.resolve).
+    ".zoo.resolve": ("rebuild", "resolve_model"),
+}), modules=("analysis", "export", "layers", "models", "train", "variants",
+             "zoo"))
 
-
-# A library import registers every layer with Keras at once (the promise
-# above). The ``keras-vit`` command skips it: --help, list and info then
-# start without TensorFlow, and the commands that build or load a model
-# import keras_vit.models themselves (through __getattr__ below or their
-# own imports), which registers the layers before anything is loaded.
-if not _quiet.is_command_line():
-    keras_classes.import_models()
-    from keras_vit.models import (  # noqa: E402
-        AxialVisionTransformer, VisionTransformer, axial_vit, vit)
-
-from keras_vit.version import __version__  # noqa: E402
-
-# Components load on first use: `keras_vit.zoo`, `keras_vit.export`, ...
-_LAZY = ("zoo", "export", "analysis", "cli")
-_FROM_MODELS = ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
-                "vit")
-# Getting and copying models is the zoo's (keras_vit.zoo.resolve): loaded on
-# first use, as the zoo is.
-_FROM_ZOO = ("rebuild", "resolve_model")
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return importlib.import_module(f"keras_vit.{name}")
-    if name in ("layers", "models"):
-        keras_classes.import_models()
-        return importlib.import_module(f"keras_vit.{name}")
-    if name in _FROM_MODELS:
-        return getattr(keras_classes.import_models(), name)
-    if name in _FROM_ZOO:
-        return getattr(importlib.import_module("keras_vit.zoo.resolve"), name)
-    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
-
-
-__all__ = ["layers", "models", "vit", "VisionTransformer", "axial_vit",
-           "AxialVisionTransformer", "resolve_model", "rebuild", "__version__"]
+__all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
+           "__version__",
+           "analysis", "axial_vit", "export", "layers", "models", "rebuild",
+           "resolve_model", "train", "variants", "vit", "zoo"]

@@ -33,6 +33,8 @@ import time
 import uuid
 import weakref
 
+from keras_vit.errors import KerasVitError
+
 try:  # POSIX only; elsewhere locks are not taken (as before them).
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -147,7 +149,7 @@ def write_json(path, obj, *, indent=2, strict=False, suffix=None):
 _LOCK_POLL = 0.2
 
 
-class LockHeldError(OSError):
+class LockHeldError(KerasVitError, OSError):
     """Another process holds a lock. ``holder`` is what it wrote into the
     lock file (``"pid 123 since 2025-01-01 12:00:00"``), ``path`` the
     file."""

@@ -8,22 +8,20 @@ exit with status 2; ``--traceback`` shows the full Python traceback instead.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 
-# Before TensorFlow is imported, so its C++ start-up logs stay quiet (the
-# user's own setting wins). The package root imports no Keras in this
-# command: `--help`, `list` and `info` start without it.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from keras_vit import cli_options as options  # noqa: E402
-from keras_vit import keras_classes  # noqa: E402
-from keras_vit.images import PIXEL_BUDGET, decode_plan  # noqa: E402
+from keras_vit import cli_options as options
+# Each component's commands: their parsers are built from these light
+# modules, which import the commands' code only when a command runs.
+from keras_vit.analysis import cli as analysis_cli
+from keras_vit.export import cli as export_cli
+from keras_vit.images import PIXEL_BUDGET, decode_plan
+from keras_vit.train import cli as train_cli
 # The shared helpers, under the names the other components used to import
 # from here.
-from keras_vit.cli_options import (  # noqa: E402, F401
+from keras_vit.cli_options import (  # noqa: F401
     PROG, ArgumentParser, UserError, debug_requested, image_side,
     positive_int, run_command)
 
@@ -138,7 +136,7 @@ def _cmd_convert(args):
     --image-size, replacing the head for another --num-classes) and saves a
     .keras file."""
     from keras_vit import zoo
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     out = os.path.abspath(args.output)
     if not out.endswith(".keras"):
@@ -207,7 +205,7 @@ def _cmd_convert(args):
     print(f"  posemb:      {posemb}")
     print(f"  head:        {head}")
     print(f"  parameters:  {model.count_params():,}")
-    print(f"Load it with: import keras, keras_vit; "
+    print(f"Load it with: import keras, keras_vit.models; "
           f"keras.saving.load_model({out!r})")
     return 0
 
@@ -233,7 +231,7 @@ def _check_model_name(value):
     """A zoo name, else one error: "does not exist" for what looks like a
     path (``runs/x``, ``./x``, ``/x``), the zoo's unknown-name error for
     the rest (zoo names hold a slash too: ``ViT-B/16``)."""
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     try:
         variants.parse(value)
@@ -541,32 +539,25 @@ def build_parser():
 
     # The other components add their own commands (inspect, export,
     # benchmark, fine-tune, ...), each through a ``register(subparsers)``.
-    for module in _COMMAND_MODULES:
-        try:
-            commands = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:  # a real missing dependency: report it
-                raise
-            continue
+    for commands in (analysis_cli, export_cli, train_cli):
         commands.register(sub)
     return parser
 
 
-_COMMAND_MODULES = ("keras_vit.analysis.cli", "keras_vit.export.cli",
-                    "keras_vit.train.cli")
-
-
 def main(argv=None) -> int:
     """Runs ``keras-vit`` with ``argv`` (default: ``sys.argv[1:]``) and
-    returns the exit status."""
-    return options.main(build_parser(), argv, prepare=_prepare)
+    returns the exit status. Each command imports what it needs (Keras,
+    the model classes) once its arguments have parsed: ``--help``,
+    ``list`` and ``info`` load no framework."""
+    return options.main(build_parser(), argv)
 
 
-def _prepare(args):
-    # list and info read the registry: no Keras.
-    if args.func not in (_cmd_list, _cmd_info):
-        keras_classes.load_keras_classes()
+def console_main() -> int:
+    """The ``keras-vit`` process: :func:`main` as
+    :func:`keras_vit.cli_options.start` runs it (TensorFlow's C++ start-up
+    lines kept off stderr, a bad ``KERAS_BACKEND`` named in one line)."""
+    return options.start(main)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -14,10 +14,12 @@ import argparse
 import re
 import sys
 
+from keras_vit.errors import KerasVitError
+
 PROG = "keras-vit"
 
 
-class UserError(Exception):
+class UserError(KerasVitError, ValueError):
     """A problem with the command line or its files (printed, exit 2)."""
 
 
@@ -313,14 +315,11 @@ def debug_requested(argv):
         a for a in argv if a not in ("--debug", "--traceback")]
 
 
-def main(parser, argv=None, prepare=None):
+def main(parser, argv=None):
     """Parses ``argv`` (default: ``sys.argv[1:]``) with ``parser`` and runs
-    the command it names (``args.func``); returns the exit status.
-    ``prepare(args)`` runs once the arguments have parsed, before the
-    command (the imports a command needs: parse errors come first); by
-    default it imports Keras and registers every class of the package
-    (:func:`keras_vit.keras_classes.load_keras_classes`), which the command line
-    skips at start-up."""
+    the command it names (``args.func``); returns the exit status. A
+    command imports what it needs (Keras, the model classes) when it runs,
+    so argument errors come before any heavy import."""
     debug, argv = debug_requested(argv)
     try:
         args = parser.parse_args(argv)
@@ -338,13 +337,28 @@ def main(parser, argv=None, prepare=None):
                            debug or getattr(args, "traceback", False))
         if code:
             return code
-    if prepare is None:
-        from keras_vit import keras_classes
-
-        prepare = keras_classes.load_keras_classes
-    prepare(args)
     return run_command(args.func, args,
                        debug or getattr(args, "traceback", False))
+
+
+def start(main):
+    """``main()`` as the entry point of a ``keras-vit`` process (the
+    console script, ``python -m keras_vit.cli``, ``python -m
+    keras_vit.train``): TensorFlow's C++ start-up lines are kept off stderr
+    (:func:`keras_vit.quiet.filter_stderr`), and a ``KERAS_BACKEND`` that
+    Keras has no backend for is one line and exit status 2, before anything
+    imports Keras (which would fail inside its own import). A library
+    calling :func:`main` gets neither: its stderr is its own."""
+    from keras_vit import quiet
+    from keras_vit.errors import check_keras_backend
+
+    quiet.filter_stderr()
+    try:
+        check_keras_backend()
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    return main()
 
 
 def commands_parser(prog, description, traceback=("--traceback",),

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from keras_vit.errors import KerasVitError
 
-class PrivateAPIError(RuntimeError):
+
+class PrivateAPIError(KerasVitError, RuntimeError):
     """A private API keras-vit relies on is gone from an installed package."""
 
 

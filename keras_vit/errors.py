@@ -36,7 +36,23 @@ import stat
 import zipfile
 
 
-class MissingDependencyError(ImportError):
+class KerasVitError(Exception):
+    """The root of every error keras_vit raises on purpose:
+    ``except keras_vit.KerasVitError`` catches them all. Each subclass also
+    derives from the builtin a caller expects of its kind: ValueError for a
+    bad argument or file content, OSError for a file or download,
+    ImportError for a missing package, RuntimeError for a failed job.
+
+    >>> from keras_vit.variants import parse
+    >>> try:
+    ...     parse("ViT-Q/99")
+    ... except KerasVitError as e:
+    ...     print(type(e).__name__, isinstance(e, ValueError))
+    UnknownModelError True
+    """
+
+
+class MissingDependencyError(KerasVitError, ImportError):
     """An optional package is not installed.
 
     ``package`` is the name pip installs, ``pip_command`` the whole command
@@ -62,7 +78,9 @@ PACKAGES = {"matplotlib": "matplotlib", "skimage": "scikit-image",
             "ai_edge_litert": "ai-edge-litert", "tensorboard": "tensorboard",
             "keras_hub": "keras-hub", "huggingface_hub": "huggingface_hub",
             "safetensors": "safetensors", "timm": "timm", "torch": "torch",
-            "scipy": "scipy", "sklearn": "scikit-learn", "PIL": "pillow"}
+            "scipy": "scipy", "sklearn": "scikit-learn", "PIL": "pillow",
+            # Keras backends (KERAS_BACKEND) that may not be installed.
+            "jax": "jax", "openvino": "openvino"}
 
 
 def missing_dependency(exc):
@@ -296,7 +314,7 @@ def check_dtype(name, value):
 MAX_IMAGE_SIDE = 4096
 
 
-class UnexpectedKeywordError(TypeError, ValueError):
+class UnexpectedKeywordError(KerasVitError, TypeError, ValueError):
     """A keyword argument that nothing takes: a TypeError as Python's own,
     and a ValueError so that the command line reports it as bad input (a
     misspelt ``--model-option``)."""
@@ -418,7 +436,7 @@ def special_file(path):
     return "not a regular file"
 
 
-class ConfigError(ValueError):
+class ConfigError(KerasVitError, ValueError):
     """A file keras-vit reads but the user did not write (a downloaded
     ``config.json``, a checkpoint's header) is malformed. The message names
     the file and the field and echoes the value; ``path`` and ``field``

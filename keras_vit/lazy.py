@@ -1,33 +1,26 @@
-"""The ``keras-vit`` command's fast start: names of a package that import
-their module on first use (PEP 562). (The one import that registers the
-package's Keras classes is :mod:`keras_vit.keras_classes`.)
+"""Names of a package that import their module on first use (PEP 562).
 
-The ``keras-vit`` command builds its parser from every component's
-subcommands; with the components' ``__init__`` modules importing their
-Keras code, ``keras-vit --help`` would load TensorFlow. A package lists its
-public names here instead. In the command (:func:`is_command_line`),
-``from pkg import name`` or ``pkg.name`` imports the module holding
-``name`` when it is first used; in any other process every module is
-imported with the package, as before, so a library user's ``import
-keras_vit`` still registers every Keras class before a file is loaded.
+``import keras_vit`` imports no Keras, TensorFlow, JAX or torch, in every
+process alike: the command line lists its commands without them, and a
+library user pays for a framework when the first model is built. A package
+lists its public names here, each with the module that defines it; the
+first ``pkg.name`` (or ``from pkg import name``) imports that module. The
+table is static: what a name resolves to never depends on how the process
+was started.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 
-def attach(package, names, modules=(), eager=None):
+def attach(package, names, modules=()):
     """``(__getattr__, __dir__)`` for ``package`` (its ``__name__``), where
     ``names`` maps each public name to the module (relative to the package,
     e.g. ``".attention"``) that defines it, and ``modules`` names the
-    submodules reachable as attributes (``pkg.data``). ``eager`` (default:
-    unless this process is the ``keras-vit`` command) imports them all now.
+    submodules reachable as attributes (``pkg.data``).
 
-    >>> getattr_, dir_ = attach("keras_vit.train", {"Recipe": ".recipes"},
-    ...                         eager=False)
+    >>> getattr_, dir_ = attach("keras_vit.train", {"Recipe": ".recipes"})
     >>> getattr_("Recipe").__name__, "Recipe" in dir_()
     ('Recipe', True)
     >>> getattr_("Recipes")
@@ -52,11 +45,6 @@ def attach(package, names, modules=(), eager=None):
         return sorted(set(importlib.import_module(package).__dict__)
                       | set(names) | set(modules))
 
-    if eager is None:
-        eager = not is_command_line()
-    if eager:
-        for name in (*modules, *names):
-            getattr_(name)
     return getattr_, dir_
 
 
@@ -64,20 +52,3 @@ def names_of(modules):
     """``{name: module}`` from ``{module: (name, ...)}``."""
     return {name: module for module, names in modules.items()
             for name in names}
-
-
-# The modules ``python -m`` runs as the ``keras-vit`` command.
-COMMAND_MODULES = ("keras_vit.cli", "keras_vit.train", "keras_vit.train.cli",
-                   "keras_vit.analysis.cli", "keras_vit.export.cli")
-
-
-def is_command_line():
-    """Whether this process is the ``keras-vit`` command (the console
-    script or ``python -m keras_vit...``)."""
-    argv = getattr(sys, "orig_argv", sys.argv)
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    # Only the command-line modules: the package's own worker processes
-    # (``python -m keras_vit.export._tf_worker``) load models as a library.
-    as_module = any(a == "-m" and b in COMMAND_MODULES
-                    for a, b in zip(argv, argv[1:]))
-    return script in ("keras-vit", "keras-vit.exe") or as_module

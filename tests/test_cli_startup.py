@@ -1,7 +1,8 @@
 """The command line starts at once: the commands that need no model import
 neither TensorFlow, Keras, JAX nor torch (checked in fresh processes),
-argument errors are found before the heavy imports, and a library
-``import keras_vit`` still registers every class with Keras."""
+argument errors are found before the heavy imports; ``import keras_vit``
+is light and the same in every process, and each Keras class is
+registered by importing the module that defines it."""
 
 import json
 import os
@@ -155,16 +156,106 @@ def test_a_model_command_still_registers_the_classes(tmp_path):
     assert "red.png" in json.dumps(printed)
 
 
-def test_a_library_import_registers_every_class():
-    # The schedule and loss a model compiled by keras_vit.train saves in its
-    # .keras file too (a model saved by examples/finetune_fit.py did not
-    # load after a bare `import keras_vit`).
-    code = ("import keras_vit, keras, sys;"
+def test_importing_a_module_registers_its_keras_classes():
+    """Every Keras class of the package is registered by importing the
+    module that defines it: the models (and their layers) with
+    ``keras_vit.models``, the schedule and loss that a model compiled by
+    keras_vit.train saves in its .keras file with
+    ``keras_vit.train.schedules``."""
+    code = ("import keras_vit.models, keras_vit.train.schedules, keras;"
             "names = ['VisionTransformer', 'AxialVisionTransformer',"
-            " 'ResNetV2', 'WarmupDecay', 'SmoothedSparseCE'];"
-            "print(all(keras.saving.get_registered_object("
-            "'keras_vit>' + n) is not None for n in names))")
-    assert _python(code).strip().splitlines()[-1] == "True"
+            " 'ResNetV2', 'EncoderBlock', 'WarmupDecay', 'SmoothedSparseCE'];"
+            "print([n for n in names if keras.saving.get_registered_object("
+            "'keras_vit>' + n) is None])")
+    assert _python(code).strip().splitlines()[-1] == "[]"
+
+
+def _registering_classes(path):
+    """``(line, where)`` of each class decorated with
+    ``register_keras_serializable`` in ``path``, where is ``"module"`` for a
+    class at module level and ``"nested"`` for one inside a function or
+    class (registered only when that code runs)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    top = set(map(id, tree.body))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                "register_keras_serializable" in ast.unparse(d)
+                for d in node.decorator_list):
+            found.append((node.lineno,
+                          "module" if id(node) in top else "nested"))
+    return found
+
+
+def test_every_keras_class_is_defined_at_module_level():
+    """A class defined inside a function is registered only once that
+    function runs, so a .keras file naming it fails to load in a process
+    that has not run it."""
+    found = {f"{path.relative_to(ROOT)}:{line}": where
+             for folder in ("keras_vit", "zoo", "export")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for line, where in _registering_classes(path)}
+    assert len(found) >= 15, found  # the walker sees the layers and models
+    assert [k for k, v in found.items() if v != "module"] == []
+
+
+def test_the_walker_tells_nested_classes(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import keras\n"
+        "@keras.saving.register_keras_serializable(package='p')\n"
+        "class A(keras.layers.Layer): pass\n"
+        "def f():\n"
+        "    @keras.saving.register_keras_serializable(package='p')\n"
+        "    class B(keras.layers.Layer): pass\n")
+    assert _registering_classes(source) == [(3, "module"), (6, "nested")]
+
+
+# A process is the command line only through these modules' mains (and the
+# package's worker processes through theirs): nowhere else may the library
+# read its command line.
+READS_ARGV = {"keras_vit/cli.py", "keras_vit/cli_options.py",
+              "keras_vit/train/cli.py", "keras_vit/train/__main__.py",
+              "keras_vit/analysis/cli.py", "export/cli.py",
+              "export/_tf_worker.py", "export/onnx_worker.py"}
+
+
+def test_only_the_command_line_reads_sys_argv():
+    import ast
+
+    readers = set()
+    for folder in ("keras_vit", "zoo", "export"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute)
+                        and node.attr in ("argv", "orig_argv")
+                        and isinstance(node.value, ast.Name)
+                        and node.value.id == "sys"):
+                    readers.add(str(path.relative_to(ROOT)))
+    assert readers <= READS_ARGV, sorted(readers - READS_ARGV)
+
+
+@pytest.mark.parametrize("argv0", ["-c", "keras-vit", "script.py"])
+def test_import_keras_vit_is_the_same_in_every_process(argv0):
+    """However the process was started, ``import keras_vit`` imports the
+    same modules, no framework, and prints nothing."""
+    code = ("import sys; sys.argv[0] = %r\n"
+            "import keras_vit, keras_vit.zoo, keras_vit.analysis, "
+            "keras_vit.train\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('keras_vit', 'keras', 'tensorflow', 'jax', 'torch', "
+            "'matplotlib')))" % argv0)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    modules = json.loads(proc.stdout.replace("'", '"'))
+    assert not [m for m in modules if not m.startswith("keras_vit")], modules
+    reference = _python(code.replace(repr(argv0), "'-c'"))
+    assert proc.stdout == reference
 
 
 def test_the_startup_benchmark_prints_its_table(tmp_path):
@@ -192,21 +283,3 @@ def test_the_startup_benchmark_prints_its_table(tmp_path):
          "--runs", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--runs must be in 1..100, got 0" in (
         proc.stderr)
-
-
-@pytest.mark.parametrize("argv,expected", [
-    (["keras-vit", "list"], True),
-    (["python", "-m", "keras_vit.cli", "list"], True),
-    (["python", "-m", "keras_vit.train", "fine-tune"], True),
-    # The package's own worker loads .keras files: it must register the
-    # classes like any library user (the jax/torch export path broke).
-    (["python", "-m", "keras_vit.export._tf_worker"], False),
-    (["python", "script.py"], False),
-])
-def test_only_the_command_modules_start_lazily(monkeypatch, argv, expected):
-    from keras_vit import lazy
-
-    monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
-    monkeypatch.setattr(sys, "argv", [argv[0] if argv[1] != "-m" else "-m",
-                                      *argv[1:]])
-    assert lazy.is_command_line() is expected

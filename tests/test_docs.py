@@ -111,8 +111,9 @@ def test_reference_documents_every_public_name(site):
         html = (out / "reference" / page / "index.html").read_text()
         ids = set(re.findall(r'id="([\w.]+)"', html))
         for name in _public_names(source):
-            if (source.parent / f"{name}.py").exists() and (
-                    source.name == "__init__.py"):
+            submodule = ((source.parent / f"{name}.py").exists()
+                         or (source.parent / name / "__init__.py").exists())
+            if submodule and source.name == "__init__.py":
                 continue  # a submodule: its public names are listed too
             # A builder named like its module (models.vit, models.resnet_v2)
             # is documented at the function inside that module.

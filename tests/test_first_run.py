@@ -43,11 +43,9 @@ def test_stderr_filter_drops_only_tensorflow_lines():
     """The filter keeps every other byte, progress bars' partial lines too,
     in order."""
     code = (
-        "import os, sys, importlib.util as u\n"
-        # The module alone: the package would import TensorFlow first.
-        f"spec = u.spec_from_file_location('q', {str(ROOT / 'keras_vit' / '_quiet.py')!r})\n"
-        "_quiet = u.module_from_spec(spec); spec.loader.exec_module(_quiet)\n"
-        "_quiet.filter_stderr()\n"
+        "import os, sys\n"
+        "from keras_vit import quiet\n"
+        "quiet.filter_stderr()\n"
         "os.write(2, b'WARNING: All log messages before absl::InitializeLog()"
         " is called are written to STDERR\\n')\n"
         "os.write(2, b'I0000 00:00:1795411190.888766   13412 port.cc:153] "

@@ -13,7 +13,9 @@ from conftest import count_params, tiny_builder_kwargs
 import keras_vit
 from keras_vit import layers as vit_layers
 from keras_vit.backend import to_numpy
-from keras_vit.models import parse, variants, vit
+from keras_vit import variants
+from keras_vit.models import vit
+from keras_vit.variants import parse
 
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends
@@ -126,7 +128,7 @@ def test_keras_file_reloads_in_a_new_process(tmp_path):
     model.save(path)
     np.save(tmp_path / "x.npy", x)
     code = (
-        "import numpy as np, keras, keras_vit\n"
+        "import numpy as np, keras, keras_vit.models\n"
         f"m = keras.saving.load_model({str(path)!r})\n"
         f"x = np.load({str(tmp_path / 'x.npy')!r})\n"
         f"np.save({str(tmp_path / 'y.npy')!r}, m.predict(x, verbose=0))\n"

@@ -12,6 +12,7 @@ points to the module's own floor or one below; see ``FLOORS``.
 """
 
 import ast
+import builtins
 import fnmatch
 from pathlib import Path
 
@@ -109,11 +110,12 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 # that matches decides.
 FLOORS = [
     # 0: no keras_vit imports but each other: argument checks, atomic files,
-    # version shims, the command's quiet start and lazy names.
+    # version shims, the command's quiet start, lazy names and the table of
+    # named architectures.
     ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
-              "keras_vit._quiet", "keras_vit.lazy", "keras_vit.fused_ops",
+              "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
-              "keras_vit.images"]),
+              "keras_vit.images", "keras_vit.variants"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.
@@ -131,9 +133,8 @@ FLOORS = [
     ("jobs", ["keras_vit.train", "keras_vit.train.*", "keras_vit.analysis",
               "keras_vit.analysis.*", "keras_vit.export",
               "keras_vit.export.*"]),
-    # 6: an end-to-end run; the import that registers every Keras class
-    # (the models and what training saves with them).
-    ("demo", ["keras_vit.demo", "keras_vit.keras_classes"]),
+    # 6: an end-to-end run.
+    ("demo", ["keras_vit.demo"]),
     # 7: the command lines.
     ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
     # 8: the package's front door (keras_vit/__init__.py) may name anything;
@@ -387,3 +388,63 @@ def test_xdist_hands_out_the_files_longest_first(pytestconfig):
     assert first == [f"tests/{order[0]}", f"tests/{order[1]}"], (
         "xdist reordered the files: is --no-loadscope-reorder still in "
         "setup.cfg's addopts?")
+
+
+# Exceptions every Python program knows: an error class of the package
+# derives from one of these (what a caller expects of its kind) and from
+# KerasVitError (so one `except` catches every error the package raises).
+_BUILTIN_ERRORS = {name for name in dir(builtins) if name.endswith("Error")}
+
+
+def _exception_classes():
+    """``{name: (path, bases)}`` of every class in the three components
+    whose bases, followed through the package's own classes, reach a
+    builtin exception."""
+    classes = {}
+    for folder in COMPONENTS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    bases = [b.id if isinstance(b, ast.Name) else b.attr
+                             for b in node.bases
+                             if isinstance(b, (ast.Name, ast.Attribute))]
+                    classes[node.name] = (path.relative_to(ROOT), bases)
+
+    def reaches_builtin(name, seen=()):
+        if name in _BUILTIN_ERRORS or name in ("Exception", "BaseException"):
+            return True
+        if name not in classes or name in seen:
+            return False
+        return any(reaches_builtin(b, seen + (name,))
+                   for b in classes[name][1])
+
+    return {name: value for name, value in classes.items()
+            if name != "KerasVitError" and any(
+                reaches_builtin(b) for b in value[1])}
+
+
+def test_every_error_derives_from_the_root_and_a_builtin():
+    found = _exception_classes()
+    assert {"CheckpointError", "ExportError", "DataError",
+            "DownloadError"} <= set(found), sorted(found)
+
+    def derives(name, target, seen=()):
+        bases = found.get(name, (None, []))[1]
+        return target in bases or any(
+            derives(b, target, seen + (name,)) for b in bases
+            if b not in seen)
+
+    no_root = [f"{p}: {n}" for n, (p, _) in found.items()
+               if not derives(n, "KerasVitError")]
+    assert not no_root, "error classes outside KerasVitError: " + ", ".join(
+        no_root)
+
+    def builtin(name, seen=()):
+        bases = found.get(name, (None, []))[1]
+        return any(b in _BUILTIN_ERRORS for b in bases) or any(
+            builtin(b, seen + (name,)) for b in bases if b not in seen)
+
+    bare = [f"{p}: {n}" for n, (p, _) in found.items() if not builtin(n)]
+    assert not bare, ("error classes with no builtin kind (ValueError, "
+                      "OSError, ...) beside KerasVitError: " + ", ".join(bare))

@@ -14,7 +14,7 @@ seconds, 300 by default, stops a download).
 from keras_vit import lazy
 # The registry answers `keras-vit list` and `info` without Keras.
 from keras_vit.zoo.registry import info, list_models
-from keras_vit.models.variants import UnknownModelError
+from keras_vit.variants import UnknownModelError
 
 # Loaded with the package, except in the ``keras-vit`` command, where each
 # loads on first use.

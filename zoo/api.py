@@ -10,7 +10,7 @@ import urllib.parse
 from pathlib import Path
 
 from keras_vit.errors import did_you_mean
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.zoo import bit_layout, convert, download, registry, sources
 

@@ -20,12 +20,13 @@ import zipfile
 import numpy as np
 
 from keras_vit import atomic
+from keras_vit.errors import KerasVitError
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KerasVitError, ValueError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 

@@ -44,6 +44,8 @@ from typing import Iterator, Optional, Union
 
 from tqdm import tqdm
 
+from keras_vit.errors import KerasVitError
+
 __all__ = [
     "DownloadError",
     "ChecksumError",
@@ -86,7 +88,7 @@ DEFAULT_STALL = 300.0
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class DownloadError(IOError):
+class DownloadError(KerasVitError, OSError):
     """A file could not be downloaded."""
 
 

@@ -46,7 +46,7 @@ def read_checkpoint(value, name=None, image_size=None, num_classes=None, *,
     and ``num_classes`` (None: the file's). ``name``, a zoo name, gives
     the sizes instead (the weights must then fit it). Errors are
     :class:`~keras_vit.zoo.CheckpointError` naming the file."""
-    from keras_vit.models import variants
+    from keras_vit import variants
     from keras_vit.models.resnet_v2 import ResNetV2
     from keras_vit.models.vit import VisionTransformer
     from keras_vit.zoo import transformers_hub

@@ -98,7 +98,8 @@ def _labels_for(labels, num_classes):
                 f"no label list ships for {num_classes} classes; pass "
                 "labels=[...] (names) or a model whose weights have them")
     if hasattr(labels, "inputs"):  # a model: the labels of its weights
-        names = getattr(labels, "zoo_labels", None)
+        names = (getattr(labels, "label_names", None)
+                 or getattr(labels, "zoo_labels", None))
         record = getattr(labels, "zoo_weights", None)
         labels = names or (record.labels if record is not None else
                            LABELS_BY_HEAD.get(num_classes))
@@ -140,7 +141,9 @@ def model_labels(model, num_classes, *, by_head=True):
     """
     from keras_vit.zoo import api
 
-    names = getattr(model, "zoo_labels", None)  # a Hub repository's
+    # The model's own (its config's), then a Hub repository's.
+    names = (getattr(model, "label_names", None)
+             or getattr(model, "zoo_labels", None))
     if names and len(names) == num_classes:
         return "label_names", [(None, n) for n in names]
     record = getattr(model, "zoo_weights", None)

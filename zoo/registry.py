@@ -1,6 +1,6 @@
 """The released weights of each named variant: data, not code.
 
-Architecture lives in ``keras_vit.models.variants`` (one table of sizes);
+Architecture lives in ``keras_vit.variants`` (one table of sizes);
 this module records, per canonical name and weights tag, where the official
 file is and what it contains. The loader reads the checkpoint itself to find
 the head size and whether it has ``pre_logits``; these records say what to
@@ -13,7 +13,7 @@ import dataclasses
 import fnmatch
 import urllib.parse
 
-from keras_vit.models import variants
+from keras_vit import variants
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models/"

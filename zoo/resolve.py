@@ -392,6 +392,9 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
         changes["num_classes"] = num_classes
         if config.get("representation_size") and not keep_pre_logits:
             changes["representation_size"] = None
+        # A new head's classes are not the old ones: their names go too,
+        # unless the caller names the new ones.
+        changes.setdefault("label_names", None)
     changes = {k: v for k, v in changes.items()
                if not ours or k not in config or config[k] != v}
     if changes and not ours:

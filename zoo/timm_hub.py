@@ -33,7 +33,7 @@ import numpy as np
 from keras_vit import atomic
 from keras_vit.errors import (MAX_IMAGE_SIDE, ConfigError, require, shown,
                               special_file)
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download
 # The Hub files transformers' layout shares (zoo/hub_files.py); every name

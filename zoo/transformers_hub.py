@@ -561,7 +561,7 @@ def zoo_name(arch):
     ...               num_layers=12, patch_size=16))
     'ViT-Ti/16'
     """
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
                                   "num_layers")}
@@ -579,7 +579,7 @@ def name_sizes(name, weights):
     >>> name_sizes("ViT-Ti/16", "transformers'")
     {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
     """
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     parsed = variants.parse(name)
     if parsed.family != "vit":

@@ -94,7 +94,7 @@ def _image_paths(images):
 
 def _load_model(model_or_name, weights, image_size):
     """Returns ``(model returning attention scores, description)``."""
-    from keras_vit.models import variants
+    from keras_vit import variants
     from keras_vit.zoo.resolve import model_path, resolve_model
 
     if isinstance(model_or_name, (str, os.PathLike)) and model_path(

@@ -21,7 +21,8 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.models.common import classification_head, image_input
+from keras_vit.models.common import (check_label_names,
+                                     classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
@@ -113,7 +114,7 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
                  attention_dropout_rate=0.0, include_top=True, pooling=None,
                  include_preprocessing=False, classifier_activation=None,
                  num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
-                 position_embedding="learned_1d",
+                 position_embedding="learned_1d", label_names=None,
                  name="axial_vision_transformer", **kwargs):
         image_hw, patch, grid = check_patch_grid(image_size, patch_size)
         spec = check_encoder_args(
@@ -121,6 +122,8 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
             pooling, _POOLINGS, representation_size, include_top,
             num_classes, dropout_rate, attention_dropout_rate,
             image_size=image_size, tokens=grid[0] * grid[1])
+        label_names = check_label_names(label_names, spec["num_classes"],
+                                        include_top)
         if position_embedding not in _POSITION_EMBEDDINGS:
             raise ValueError(
                 f"Axial-ViT takes position_embedding in {_POSITION_EMBEDDINGS} "
@@ -159,6 +162,7 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
         for key in NORMALISED:
             setattr(self, key, spec[key])
         self.grid_size = grid
+        self.label_names = label_names
 
 
 def axial_vit(image_size, patch_size, hidden_size, num_layers, num_heads,

@@ -49,3 +49,48 @@ def classification_head(x, pooling_layer, include_top, representation_size,
             x = layers.Activation(classifier_activation, dtype="float32",
                                   name="predictions")(x)
     return x
+
+
+def check_label_names(label_names, num_classes, include_top):
+    """``label_names`` as a tuple of class names, one per output of the
+    head, or None. The names travel with the model: its config holds them,
+    so ``.keras`` files, :func:`keras_vit.rebuild`, the zoo's writers and
+    the exporters carry them, and ``predict``/``evaluate`` speak them.
+
+    >>> check_label_names(["cat", "dog"], 2, True)
+    ('cat', 'dog')
+    >>> check_label_names(["cat"], 3, True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: label_names must name each of the 3 classes ...
+    """
+    if label_names is None:
+        return None
+    shown = repr(label_names)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    if isinstance(label_names, (str, bytes)) or not isinstance(
+            label_names, (list, tuple)):
+        raise ValueError("label_names must be a list of class names (str) "
+                         f"or None; received label_names={shown}")
+    if not include_top:
+        raise ValueError("label_names names the classes of a head, and "
+                         "include_top=False builds none; received "
+                         f"label_names={shown}")
+    bad = [n for n in label_names if not isinstance(n, str) or not n.strip()]
+    if bad:
+        raise ValueError("label_names must hold non-empty strings; received "
+                         f"{bad[0]!r} in label_names={shown}")
+    if len(label_names) != num_classes:
+        count = len(label_names)
+        raise ValueError(
+            f"label_names must name each of the {num_classes} classes "
+            f"(num_classes={num_classes}); received {count} "
+            f"name{'s' * (count != 1)}: label_names={shown}")
+    seen = set()
+    for name in label_names:
+        if name in seen:
+            raise ValueError(
+                f"label_names must be distinct (evaluation maps classes by "
+                f"name); {name!r} appears twice in label_names={shown}")
+        seen.add(name)
+    return tuple(label_names)

@@ -18,7 +18,8 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.errors import (check_choice, check_int, check_keywords,
                               check_pair)
-from keras_vit.models.common import classification_head, image_input
+from keras_vit.models.common import (check_label_names,
+                                     classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
@@ -176,7 +177,8 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
                  width_factor=1, num_classes=1000, include_top=True,
                  pooling=None, include_preprocessing=False,
                  classifier_activation=None, return_stages=False,
-                 num_channels=3, name="resnet_v2", **kwargs):
+                 num_channels=3, label_names=None, name="resnet_v2",
+                 **kwargs):
         image_hw = check_pair("image_size", image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
@@ -195,6 +197,8 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         check_choice("pooling", pooling, _POOLINGS)
         if include_top:
             num_classes = check_int("num_classes", num_classes, low=1)
+        label_names = check_label_names(label_names, num_classes,
+                                        include_top)
         dtype = kwargs.pop("dtype", None)
 
         inputs, x = image_input(image_hw, num_channels, include_preprocessing,
@@ -231,6 +235,7 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         # (keras_vit.models.config).
         self.block_units = list(units)
         self.num_channels, self.num_classes = num_channels, num_classes
+        self.label_names = label_names
 
 
 def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):

@@ -7,7 +7,8 @@ from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.errors import check_choice, check_dtype, check_keywords
-from keras_vit.models.common import classification_head, image_input
+from keras_vit.models.common import (check_label_names,
+                                     classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 # Re-exported: these were first defined here.
 from keras_vit.models.encoder import (  # noqa: F401
@@ -288,6 +289,7 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         position_embedding="learned_1d",
         position_embedding_placement="stem",
         gelu="tanh",
+        label_names=None,
         name="vision_transformer",
         **kwargs,
     ):
@@ -297,6 +299,8 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
             dropout_rate, attention_dropout_rate, include_top, pooling,
             num_channels, resnet, position_embedding,
             position_embedding_placement)
+        label_names = check_label_names(label_names, spec["num_classes"],
+                                        include_top)
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = classifier == "token"
 
@@ -346,6 +350,7 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         for key in _NORMALISED:
             setattr(self, key, spec[key])
         self.grid_size = spec["grid"]
+        self.label_names = label_names
 
 
 def vit(
@@ -414,7 +419,10 @@ def vit(
             (``num_layers=()`` is the root-only stem of R+ViT-Ti/16;
             ``fold_last_stage=True`` is the paper's option (ii);
             ``standardization="var", std_eps=1e-8, norm_epsilon=1e-5``
-            give timm's numerics instead of the official ones).
+            give timm's numerics instead of the official ones);
+            ``label_names``: the class names of the head, one per class
+            (they travel with the model: its config, ``.keras`` files,
+            ``rebuild``, the zoo's writers and the exports keep them).
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).

@@ -46,7 +46,8 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                  "variable_shapes"),
     ".mpp": ("MaskedPatchPrediction", "MppTrainer", "mpp_to_classifier",
              "pretrain_mpp"),
-}), modules=("data", "few_shot", "layouts", "mpp", "vtab", "engine"))
+}), modules=("data", "few_shot", "layouts", "mpp", "schedules", "vtab",
+            "engine"))
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",

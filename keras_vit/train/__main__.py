@@ -1,12 +1,9 @@
 """``python -m keras_vit.train fine-tune|evaluate|fewshot ...``"""
 
-import os
 import sys
 
-# Quiet TensorFlow's C++ start-up logs unless the user chose otherwise.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from keras_vit.train.cli import main  # noqa: E402
+from keras_vit import cli_options
+from keras_vit.train.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli_options.start(main))

@@ -32,8 +32,8 @@ import numpy as np
 
 from keras_vit import compat
 from keras_vit import images as image_budget
-from keras_vit.errors import (check_archive, closest, did_you_mean, require,
-                              special_file)
+from keras_vit.errors import (KerasVitError, check_archive, closest,
+                              did_you_mean, require, special_file)
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
 # "MPO" is PIL's name for the JPEGs many phone cameras write (a JPEG with
@@ -47,7 +47,7 @@ INCEPTION_AREA = (0.05, 1.0)
 INCEPTION_ASPECT = (3 / 4, 4 / 3)
 
 
-class DataError(ValueError):
+class DataError(KerasVitError, ValueError):
     """A data source that cannot be read as asked (message says why)."""
 
 

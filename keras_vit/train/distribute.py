@@ -17,6 +17,8 @@ import socket
 import threading
 import warnings
 
+from keras_vit.errors import KerasVitError
+
 NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 # Seconds to wait for a TPU to answer before giving up. Reaching a TPU that
@@ -30,7 +32,7 @@ TPU_TIMEOUT = 20.0
 MAX_CPU_DEVICES = 64
 
 
-class StrategyError(ValueError):
+class StrategyError(KerasVitError, ValueError):
     """The requested strategy cannot be built on this machine."""
 
 

@@ -12,7 +12,6 @@ B.1.1) and pre-training (Table 3) settings, each overridable.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 
@@ -408,84 +407,13 @@ def parse_value(field, text):
 # learning-rate schedule and optimizer
 
 
-def _schedule_class():
-    import keras
-
-    @keras.saving.register_keras_serializable(package="keras_vit")
-    class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-        """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then
-        ``decay`` (cosine, linear or constant) to 0 at ``total_steps``."""
-
-        def __init__(self, peak, warmup_steps, total_steps, decay="cosine"):
-            self.peak = float(peak)
-            self.warmup_steps = int(warmup_steps)
-            self.total_steps = int(total_steps)
-            self.decay = decay
-
-        def __call__(self, step):
-            from keras import ops
-
-            step = ops.cast(step, "float32")
-            warm = float(max(self.warmup_steps, 1))
-            ramp = ops.minimum(1.0, (step + 1.0) / warm) if (
-                self.warmup_steps) else 1.0
-            span = float(max(self.total_steps - self.warmup_steps, 1))
-            progress = ops.clip((step - self.warmup_steps) / span, 0.0, 1.0)
-            if self.decay == "cosine":
-                factor = 0.5 * (1.0 + ops.cos(math.pi * progress))
-            elif self.decay == "linear":
-                factor = 1.0 - progress
-            else:
-                factor = 1.0
-            return self.peak * ramp * factor
-
-        def get_config(self):
-            return {"peak": self.peak, "warmup_steps": self.warmup_steps,
-                    "total_steps": self.total_steps, "decay": self.decay}
-
-    return WarmupDecay
-
-
-def _smoothed_loss_class():
-    import keras
-    from keras import ops
-
-    @keras.saving.register_keras_serializable(package="keras_vit")
-    class SmoothedSparseCE(keras.losses.Loss):
-        def __init__(self, label_smoothing=0.0, name="smoothed_sparse_ce",
-                     **kwargs):
-            super().__init__(name=name, **kwargs)
-            self.label_smoothing = float(label_smoothing)
-
-        def call(self, y_true, y_pred):
-            k = ops.shape(y_pred)[-1]
-            target = ops.one_hot(ops.cast(ops.reshape(y_true, (-1,)),
-                                          "int32"), k)
-            return keras.losses.categorical_crossentropy(
-                target, y_pred, from_logits=True,
-                label_smoothing=self.label_smoothing)
-
-        def get_config(self):
-            return {**super().get_config(),
-                    "label_smoothing": self.label_smoothing}
-
-    return SmoothedSparseCE
-
-
-@functools.lru_cache(maxsize=None)
-def register_keras_classes():
-    """Defines (once) and registers the schedule and loss a compiled model
-    saves in its ``.keras`` file (``keras_vit>WarmupDecay``,
-    ``keras_vit>SmoothedSparseCE``); ``import keras_vit`` calls it, so such
-    a file loads without importing the training code first. Returns them.
-    """
-    return _schedule_class(), _smoothed_loss_class()
-
-
 def smoothed_loss(label_smoothing):
     """Cross-entropy from logits for integer labels with label smoothing
-    (a Keras loss that saves and loads with the model)."""
-    return register_keras_classes()[1](label_smoothing)
+    (a Keras loss that saves and loads with the model:
+    :class:`keras_vit.train.schedules.SmoothedSparseCE`)."""
+    from keras_vit.train.schedules import SmoothedSparseCE
+
+    return SmoothedSparseCE(label_smoothing)
 
 
 def learning_rate_schedule(recipe, total_steps, per_step=1):
@@ -496,12 +424,13 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
     >>> round(float(s(249)), 4), round(float(s(2500)), 6)
     (0.01, 0.0)
     """
-    schedule_class, _ = register_keras_classes()
+    from keras_vit.train.schedules import WarmupDecay
+
     if recipe.warmup_steps >= total_steps:
         raise ValueError(
             f"warmup_steps={recipe.warmup_steps} must be smaller than the "
             f"run's total_steps={total_steps}")
-    return schedule_class(recipe.learning_rate,
+    return WarmupDecay(recipe.learning_rate,
                           recipe.warmup_steps * per_step,
                           total_steps * per_step, recipe.schedule)
 

@@ -13,6 +13,8 @@ import dataclasses
 import difflib
 import re
 
+from keras_vit.errors import KerasVitError
+
 # Paper Table 1, plus Ti and S of the follow-up work (the official configs).
 VIT_SIZES = {
     #       hidden, mlp,  heads, layers
@@ -60,7 +62,7 @@ REGISTERED = (
 )
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(KerasVitError, ValueError):
     """Raised for a model name that does not parse."""
 
 

@@ -11,9 +11,10 @@ routes it through a pipe and a thread that drops those lines and passes
 everything else through unchanged, including partial lines such as
 progress bars.
 
-Only the ``keras-vit`` command does this (a library import leaves the
-process's stderr alone), and ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user
-turns it off, to see TensorFlow's logs when debugging.
+Only the ``keras-vit`` command does this, from its entry point
+(:func:`keras_vit.cli.console_main`): a library leaves the process's stderr
+alone. ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user turns it off, to see
+TensorFlow's logs when debugging.
 """
 
 from __future__ import annotations
@@ -116,22 +117,3 @@ def _restore():
         pass
     os.dup2(original, 2)  # closes the pipe's last write end in this process
     thread.join(timeout=5)
-
-
-def is_command_line():
-    """Whether this process is the ``keras-vit`` command (the console
-    script or ``python -m keras_vit.cli``): :func:`keras_vit.lazy.
-    is_command_line`, imported here only when asked (this module loads
-    alone in tests, without the package)."""
-    from keras_vit import lazy
-
-    return lazy.is_command_line()
-
-
-def for_command_line():
-    """Filters stderr when this process is the ``keras-vit`` command.
-    Called by the package's ``__init__`` before it imports Keras, since the
-    console script imports the package, and so TensorFlow, before
-    ``cli.main`` runs."""
-    if is_command_line():
-        filter_stderr()

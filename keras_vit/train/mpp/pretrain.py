@@ -1,0 +1,169 @@
+"""Running masked patch prediction: unlabelled images in
+(:func:`load_unlabelled`), the Trainer with the objective
+(:class:`MppTrainer`), and :func:`pretrain_mpp`."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+
+import numpy as np
+from keras import ops
+
+from keras_vit.train import data as data_lib
+from keras_vit.train import engine
+from keras_vit.train.mpp.model import MaskedPatchPrediction
+from keras_vit.train.mpp.objective import check_fraction, check_target
+from keras_vit.zoo.resolve import resolve_model
+
+# --------------------------------------------------------------------------
+# unlabelled images
+
+
+class UnlabelledFolder(data_lib.FolderSource):
+    """Every image below a folder, in any layout (sub-folders are not
+    classes); all get label 0. Unreadable files are reported in one warning
+    and left out, as :class:`~keras_vit.train.FolderSource` does."""
+
+    def __init__(self, path, *, verbose=True):
+        path = data_lib.existing_folder(
+            path, "a folder of images (jpg, png, ...) in any layout")
+        top = pathlib.Path(path)
+        candidates = [
+            (str(f), 0) for f in sorted(top.rglob("*")) if f.is_file()
+            and not any(part.startswith(".")
+                        for part in f.relative_to(top).parts)]
+        if not candidates:
+            raise data_lib.DataError(
+                f"Image folder data={path!r} is empty: no files in it or its "
+                "sub-folders; expected images (jpg, png, ...).")
+        files, labels, skipped = data_lib.check_images(candidates, verbose)
+        if not files:
+            raise data_lib.DataError(
+                f"Image folder data={path!r} has no readable images "
+                f"({len(skipped)} files skipped, e.g. {skipped[:3]})")
+        data_lib.ImageSource.__init__(self, len(files), 1)
+        self.name = path
+        self.path = path
+        self._files = np.asarray(files, dtype=object)
+        self._labels = np.zeros(len(files), "int64")
+        self.skipped = skipped
+        self.empty_classes = ()
+        if skipped:
+            shown = "; ".join(f"{os.path.relpath(p, path)} ({why})"
+                              for p, why in skipped[:10])
+            warnings.warn(
+                f"Image folder {path!r}: skipped {len(skipped)} of "
+                f"{len(candidates)} files that are not readable images: "
+                f"{shown}", UserWarning, stacklevel=2)
+
+
+def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
+    """Images for self-supervision: a folder in any layout
+    (:class:`UnlabelledFolder`), or any :func:`~keras_vit.train.load_data`
+    spec (``"digits"``, ``"tfds:NAME"``, an ``.npz``), whose labels are
+    then ignored.
+
+    >>> load_unlabelled("digits").num_examples
+    1347
+    """
+    if isinstance(spec, (str, os.PathLike)):
+        text = os.fspath(spec)
+        named = (text == "digits" or text.startswith(("digits:", "tfds:"))
+                 or text.lower().endswith(".npz"))
+        if not named:
+            return UnlabelledFolder(text, verbose=verbose)
+    return data_lib.load_data(spec, data_dir=data_dir, download=download,
+                              verbose=verbose)
+
+
+# --------------------------------------------------------------------------
+# training
+
+
+class MppTrainer(engine.Trainer):
+    """:class:`~keras_vit.train.Trainer` with the masked patch prediction
+    objective: the same strategies, pipelines, checkpoints and resume.
+
+    ``model`` is a ViT zoo name (random weights unless ``weights`` says
+    otherwise), a :class:`~keras_vit.VisionTransformer`, or a
+    :class:`MaskedPatchPrediction` (or its ``.keras`` file) to continue.
+    ``train_data`` is anything :func:`load_unlabelled` reads. ``target``
+    and the corruption fractions are those of
+    :class:`MaskedPatchPrediction`; the other arguments are the Trainer's
+    (``recipe`` defaults to ``"mpp"``). The reported "accuracy" is the
+    fraction of corrupted patches predicted right.
+    """
+
+    def __init__(self, model, train_data, *, target="mean_color",
+                 corruption_rate=0.5, mask_fraction=0.8, random_fraction=0.1,
+                 recipe="mpp", weights=None, verbose=True, data_dir=None,
+                 download=False, **kwargs):
+        self.objective_options = dict(
+            target=check_target(target),
+            corruption_rate=check_fraction("corruption_rate", corruption_rate,
+                                      low_open=True),
+            mask_fraction=mask_fraction, random_fraction=random_fraction)
+        source = load_unlabelled(train_data, data_dir=data_dir,
+                                 download=download, verbose=verbose)
+        # A model to continue: its encoder goes through build_model like any
+        # ViT (resolution, dropout, dtype, strategy scope); prepare_model
+        # puts its [mask] embedding and head back.
+        self._continued = None
+        if isinstance(model, (str, os.PathLike)) and os.fspath(
+                model).endswith(".keras") and os.path.isfile(model):
+            model = resolve_model(model)
+        if isinstance(model, MaskedPatchPrediction):
+            self._check_same_objective(model)
+            self._continued = model
+            model = model.to_classifier(source.num_classes)
+        super().__init__(model, source, None, recipe=recipe, weights=weights,
+                         verbose=verbose, **kwargs)
+
+    def _check_same_objective(self, model):
+        given = model.objective()
+        differ = {k: (given[k], v) for k, v in self.objective_options.items()
+                  if given[k] != v}
+        if differ:
+            raise ValueError(
+                "the masked patch prediction model was set up with "
+                + ", ".join(f"{k}={g!r}" for k, (g, _) in differ.items())
+                + "; received "
+                + ", ".join(f"{k}={a!r}" for k, (_, a) in differ.items()))
+
+    def prepare_model(self, model):
+        wrapped = MaskedPatchPrediction(model, **self.objective_options)
+        if self._continued is not None:
+            for name in ("patch_corruption", "mpp_head"):
+                wrapped.get_layer(name).set_weights(
+                    self._continued.get_layer(name).get_weights())
+        return wrapped
+
+    def compute_loss(self, images, labels, seed):
+        loss, right = self.model.loss_terms(images, seed, training=True)
+        return ops.sum(loss), ops.sum(right)
+
+    def _run_config(self):
+        return dict(super()._run_config(), num_classes=None,
+                    objective=self.model.objective())
+
+    def describe(self):
+        o = self.model.objective()
+        # The data's classes mean nothing here.
+        text = super().describe().replace(
+            f", {self.train.num_classes} classes)", ")")
+        return (f"masked patch prediction ({o['target']}, "
+                f"{o['corruption_rate']:.0%} of {o['num_patches']} patches "
+                f"corrupted) with {text}")
+
+
+def pretrain_mpp(model, train_data, *, target="mean_color", recipe="mpp",
+                 **kwargs):
+    """Pre-trains ``model`` by masked patch prediction and returns a
+    :class:`~keras_vit.train.TrainResult` whose ``model`` is the
+    :class:`MaskedPatchPrediction` (saved as ``OUT/model.keras`` with an
+    ``out_dir``). See :class:`MppTrainer` for the arguments and the module
+    docstring for an example."""
+    return MppTrainer(model, train_data, target=target, recipe=recipe,
+                      **kwargs).fit()
