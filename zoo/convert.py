@@ -422,8 +422,15 @@ def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
     return np.concatenate([table[rows], table[offsets:]], axis=0)
 
 
-def _fit_position_tables(model, arrays, targets, report, problems):
-    """Resizes every position table of the checkpoint to the model's grid."""
+def _fit_position_tables(model, arrays, targets, report, problems,
+                         source_grid=None):
+    """Resizes every position table of the checkpoint to the model's grid.
+
+    A 1D table is resized whenever its grid differs from the model's, also
+    when both hold as many tokens (a 4x4 table into an 8x2 model): the rows
+    would otherwise land on the wrong patches. The checkpoint's grid is
+    ``source_grid`` when known (a model being copied), else square (every
+    released checkpoint is)."""
     for layer in model.layers:
         kind = getattr(layer, "kind", None)
         if not layer.name.startswith("position_embedding") or kind is None:
@@ -437,14 +444,21 @@ def _fit_position_tables(model, arrays, targets, report, problems):
             # else is mis-shaped and reported as such.
             grid_axis = 1 if kind == "learned_1d" else 0
             others = [a for a in range(len(want)) if a != grid_axis]
-            if src.shape == want or src.ndim != len(want) or any(
+            if src.ndim != len(want) or any(
                     src.shape[a] != want[a] for a in others):
+                continue
+            old_grid = None
+            if kind == "learned_1d":
+                old_grid = _table_grid(src.shape[1] - layer.num_prefix_tokens,
+                                       source_grid)
+            if src.shape == want and old_grid in (None, layer.grid_size):
                 continue
             name = var.path.split("/")[-1]
             try:
                 if kind == "learned_1d":
                     arrays[key] = resize_posemb(src, layer.grid_size,
-                                                layer.num_prefix_tokens)
+                                                layer.num_prefix_tokens,
+                                                old_grid=old_grid)
                     old = src.shape[1] - layer.num_prefix_tokens
                     new = want[1] - layer.num_prefix_tokens
                 elif kind == "learned_2d":
@@ -464,6 +478,18 @@ def _fit_position_tables(model, arrays, targets, report, problems):
                 continue
             if report["resized_posemb"] is None:
                 report["resized_posemb"] = (int(old), int(new))
+
+
+def _table_grid(tokens, source_grid=None):
+    """The (rows, cols) grid of a 1D table of ``tokens`` patch rows:
+    ``source_grid`` when given (and it fits), else the square one, else
+    None (a table whose grid cannot be told)."""
+    if source_grid is not None:
+        grid = tuple(int(g) for g in source_grid)
+        if grid[0] * grid[1] == tokens:
+            return grid
+    side = int(round(tokens ** 0.5))
+    return (side, side) if side * side == tokens else None
 
 
 def _position_hint(model, keys):
@@ -492,7 +518,8 @@ def _describe(source):
     return "<arrays>" if isinstance(source, dict) else repr(os.fspath(source))
 
 
-def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
+def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
+                 source_grid=None):
     """Loads an official-layout checkpoint into a model, strictly.
 
     Args:
@@ -503,6 +530,9 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
             checkpoint's ``pre_logits`` layer is dropped unless this is True
             and the model has one.
         source_name: how errors name the source (default: its path).
+        source_grid: the (rows, cols) patch grid of the source's position
+            table, when it is not square (a copied model's); released
+            checkpoints are square.
 
     Rules:
         * position embeddings of another grid are resized
@@ -566,7 +596,8 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None):
     unexpected = [k for k in arrays if k not in targets]
 
     # Position embeddings: resize when only the grid differs.
-    _fit_position_tables(model, arrays, targets, report, problems)
+    _fit_position_tables(model, arrays, targets, report, problems,
+                         source_grid)
 
     mis_shaped = []
     for key, var in targets.items():

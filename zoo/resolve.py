@@ -289,7 +289,11 @@ def _copy_weights(source, target, keep_pre_logits):
     lists line up, else by checkpoint key (position embeddings resized, a
     head of another size zero-initialised)."""
     shapes = [tuple(w.shape) for w in source.weights]
-    if shapes == [tuple(w.shape) for w in target.weights]:
+    # The same shapes are not the same model: a position table of another
+    # grid with as many patches (4x4 and 8x2) must be resized, not copied.
+    same_grid = (getattr(source, "grid_size", None)
+                 == getattr(target, "grid_size", None))
+    if same_grid and shapes == [tuple(w.shape) for w in target.weights]:
         import keras
 
         for variable, value in zip(target.weights, source.weights):
@@ -306,7 +310,8 @@ def _copy_weights(source, target, keep_pre_logits):
     else:
         convert.load_weights(target, convert.export_arrays(source),
                              keep_pre_logits=keep_pre_logits or None,
-                             source_name=f"<model {source.name!r}>")
+                             source_name=f"<model {source.name!r}>",
+                             source_grid=getattr(source, "grid_size", None))
 
 
 def _copy_by_path(source, target):
