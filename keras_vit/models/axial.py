@@ -115,7 +115,14 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
                  include_preprocessing=False, classifier_activation=None,
                  num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
                  position_embedding="learned_1d", label_names=None,
+                 dynamic_image_size=False,
                  name="axial_vision_transformer", **kwargs):
+        if dynamic_image_size is not False:
+            raise ValueError(
+                "Axial-ViT runs its row and column attention over the grid it "
+                "was built for; build the size you need with keras_vit."
+                "rebuild(model, image_size=...) instead; received "
+                f"dynamic_image_size={dynamic_image_size!r}")
         image_hw, patch, grid = check_patch_grid(image_size, patch_size)
         spec = check_encoder_args(
             hidden_size, num_layers, num_heads, mlp_dim, num_channels,

@@ -177,8 +177,8 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
                  width_factor=1, num_classes=1000, include_top=True,
                  pooling=None, include_preprocessing=False,
                  classifier_activation=None, return_stages=False,
-                 num_channels=3, label_names=None, name="resnet_v2",
-                 **kwargs):
+                 num_channels=3, label_names=None, dynamic_image_size=False,
+                 name="resnet_v2", **kwargs):
         image_hw = check_pair("image_size", image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
@@ -200,9 +200,17 @@ class ResNetV2(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         label_names = check_label_names(label_names, num_classes,
                                         include_top)
         dtype = kwargs.pop("dtype", None)
+        if not isinstance(dynamic_image_size, bool):
+            raise ValueError(
+                "dynamic_image_size must be True or False; received "
+                f"dynamic_image_size={dynamic_image_size!r}")
 
-        inputs, x = image_input(image_hw, num_channels, include_preprocessing,
-                                dtype)
+        # A ResNet is convolutions and a global pool: with
+        # dynamic_image_size it takes any size (image_size is then what it
+        # was built and fine-tuned for).
+        inputs, x = image_input(
+            (None, None) if dynamic_image_size else image_hw, num_channels,
+            include_preprocessing, dtype)
         # Root: explicit zero padding and VALID ops, as the official code.
         x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
         x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
