@@ -13,7 +13,6 @@ import pytest
 import keras_vit
 from keras_vit.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
-from keras_vit.zoo import convert
 
 TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=2,
             mlp_dim=64, num_classes=5)
@@ -117,39 +116,6 @@ def test_the_keras_file_and_the_zoo_keep_it(tmp_path):
     assert zoo_model.input_shape == (None, None, None, 3)
     assert tuple(zoo_model.predict(np.zeros((2, 48, 64, 3)),
                                    verbose=0).shape) == (2, 3)
-
-
-# ---------------------------------------------------------------------------
-# A position table of another grid with as many patches (4x4 -> 8x2) is a
-# different table: copying it unchanged put every row on the wrong patch.
-
-
-def test_rebuild_resizes_a_table_of_another_grid_with_as_many_patches():
-    model = _randomised(vit(image_size=32, **TINY))
-    tall = keras_vit.rebuild(model, image_size=(64, 16))
-    assert tall.grid_size == (8, 2)
-    table = model.get_layer("position_embedding").pos_embedding.numpy()
-    want = convert.resize_posemb(table, (8, 2), 1, old_grid=(4, 4))
-    got = tall.get_layer("position_embedding").pos_embedding.numpy()
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    # And back again: the 8x2 table is not square, its grid comes along.
-    square = keras_vit.rebuild(tall, image_size=32)
-    back = convert.resize_posemb(got, (4, 4), 1, old_grid=(8, 2))
-    np.testing.assert_allclose(
-        square.get_layer("position_embedding").pos_embedding.numpy(), back,
-        atol=1e-6)
-
-
-def test_a_square_checkpoint_is_resized_into_a_grid_of_as_many_patches():
-    square = _randomised(vit(image_size=32, **TINY))
-    arrays = convert.export_arrays(square)
-    tall = vit(image_size=(64, 16), **TINY)
-    report = convert.load_weights(tall, arrays)
-    assert report["resized_posemb"] == (16, 16)
-    want = convert.resize_posemb(arrays[convert.POSEMB_KEY], (8, 2), 1)
-    np.testing.assert_allclose(
-        tall.get_layer("position_embedding").pos_embedding.numpy(), want,
-        atol=1e-6)
 
 
 # ---------------------------------------------------------------------------
