@@ -1,9 +1,7 @@
 """resolve_model (every kind of model spec, and bad ones) and rebuild (each
 change, same outputs when nothing changes, a round trip through .keras)."""
 
-import importlib
 import os
-import re
 
 import keras
 import numpy as np
@@ -257,13 +255,62 @@ def test_round_trip_through_keras_file(tmp_path):
     assert loaded.get_config() == new.get_config()
 
 
-def test_the_old_models_names_say_where_they_moved():
+def test_the_moved_names_have_one_import_path():
+    """resolve_model, rebuild, model_path and load_keras_file read
+    checkpoints, the zoo's work: they live in keras_vit.zoo.resolve only
+    (docs/changelog.md lists the removed aliases), and keras_vit.models
+    answers them as it answers any name it lacks."""
     import keras_vit.models
+    from keras_vit.zoo import resolve
 
-    for name, new in keras_vit.models.MOVED.items():
-        with pytest.raises(AttributeError, match=re.escape(new)):
-            getattr(keras_vit.models, name)
-        module, _, attr = new.rpartition(".")
-        assert callable(getattr(importlib.import_module(module), attr))
+    for name in ("resolve_model", "rebuild", "model_path",
+                 "load_keras_file"):
+        assert callable(getattr(resolve, name))
+        assert not hasattr(keras_vit.models, name), name
     with pytest.raises(AttributeError):
         keras_vit.models.no_such_builder  # noqa: B018
+
+
+# A position table of another grid with as many patches (4x4 -> 8x2) is a
+# different table: copying it unchanged put every row on the wrong patch.
+_TINY = dict(patch_size=8, hidden_size=32, num_layers=1, num_heads=2,
+             mlp_dim=64, num_classes=5)
+
+
+def _randomised(model):
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        w.assign(rng.normal(0, 0.1, w.shape).astype(w.dtype))
+    return model
+
+
+def test_rebuild_resizes_a_table_of_another_grid_with_as_many_patches():
+    from keras_vit.zoo import convert
+
+    model = _randomised(keras_vit.vit(image_size=32, **_TINY))
+    tall = rebuild(model, image_size=(64, 16))
+    assert tall.grid_size == (8, 2)
+    table = model.get_layer("position_embedding").pos_embedding.numpy()
+    want = convert.resize_posemb(table, (8, 2), 1, old_grid=(4, 4))
+    got = tall.get_layer("position_embedding").pos_embedding.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    # And back again: the 8x2 table is not square, its grid comes along.
+    square = rebuild(tall, image_size=32)
+    back = convert.resize_posemb(got, (4, 4), 1, old_grid=(8, 2))
+    np.testing.assert_allclose(
+        square.get_layer("position_embedding").pos_embedding.numpy(), back,
+        atol=1e-6)
+
+
+def test_a_square_checkpoint_is_resized_into_a_grid_of_as_many_patches():
+    from keras_vit.zoo import convert
+
+    square = _randomised(keras_vit.vit(image_size=32, **_TINY))
+    arrays = convert.export_arrays(square)
+    tall = keras_vit.vit(image_size=(64, 16), **_TINY)
+    report = convert.load_weights(tall, arrays)
+    assert report["resized_posemb"] == (16, 16)
+    want = convert.resize_posemb(arrays[convert.POSEMB_KEY], (8, 2), 1)
+    np.testing.assert_allclose(
+        tall.get_layer("position_embedding").pos_embedding.numpy(), want,
+        atol=1e-6)
