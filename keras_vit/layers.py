@@ -17,6 +17,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit import compat
 from keras_vit.errors import check_choice
 
 PACKAGE = "keras_vit"
@@ -115,6 +116,41 @@ def _dense_2d(x, kernel, bias):
 
         return torch.addmm(bias, x, kernel)
     return ops.matmul(x, kernel) + bias
+
+
+def rematerialized(layer, forward, *tensors):
+    """``forward(*tensors)``, rematerialised (``keras.remat``: only the
+    inputs are kept for the backward pass, which runs ``forward`` again),
+    for ``layer``'s training call. Every tensor to differentiate goes in
+    ``tensors``, positionally: TensorFlow's recompute_grad gives keyword
+    arguments no gradient.
+
+    The recomputation would draw new dropout masks from Keras' stateful
+    seed generators (on TensorFlow gradients were off by 9 on a tiny
+    block, on torch by 0.26 on a tiny ViT, with no error): their states,
+    read here, are put back at the start of each run of ``forward``, so
+    the backward pass recomputes the masks the forward used.
+    """
+    generators = [sub.seed_generator for sub in
+                  compat.flatten_layers(layer, include_self=False)
+                  if getattr(sub, "seed_generator", None) is not None]
+    # Copies of the values now (``state.value`` is the variable itself).
+    states = [ops.copy(g.state.value) for g in generators]
+
+    def run(*args):
+        for generator, state in zip(generators, states):
+            generator.state.assign(state)
+        return forward(*args)
+
+    return keras.remat(run)(*tensors)
+
+
+def check_remat(remat):
+    """``remat`` if it is True or False, else a ValueError naming it."""
+    if not isinstance(remat, bool):
+        raise ValueError(f"remat must be True or False; received "
+                         f"remat={remat!r}")
+    return remat
 
 
 def check_gelu(form):
@@ -770,7 +806,16 @@ class MlpBlock(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class EncoderBlock(layers.Layer):
-    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+    ``remat=True`` rematerialises the block in training (``keras.remat``:
+    ``jax.checkpoint``, ``tf.recompute_grad``, torch's checkpoint): only the
+    block's input is kept for the backward pass, which runs the block's
+    forward again, so a training step stores one tensor per block instead
+    of all its activations (the paper's big models fit batches several
+    times larger) for about one more forward pass of compute. The numbers
+    are the same; inference (``training`` not True) is unchanged.
+    """
 
     def __init__(
         self,
@@ -780,9 +825,11 @@ class EncoderBlock(layers.Layer):
         attention_dropout_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu="tanh",
+        remat=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.remat = check_remat(remat)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.gelu = check_gelu(gelu)
@@ -816,6 +863,20 @@ class EncoderBlock(layers.Layer):
         """``relative_embedding``: optional 1D relative position table
         (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
         are added to the content logits before the softmax."""
+        if self.remat and training is True and not return_attention_scores:
+            return self._rematerialized(x, relative_embedding)
+        return self._forward(x, training, return_attention_scores,
+                             relative_embedding)
+
+    def _rematerialized(self, x, relative_embedding):
+        tables = () if relative_embedding is None else (relative_embedding,)
+        return rematerialized(
+            self, lambda x, *table: self._forward(
+                x, True, relative_embedding=table[0] if table else None),
+            x, *tables)
+
+    def _forward(self, x, training=None, return_attention_scores=False,
+                 relative_embedding=None):
         # The relative logits use "the original query": the attention
         # layer's own projection.
         y = self.attention(
@@ -842,7 +903,7 @@ class EncoderBlock(layers.Layer):
     def get_config(self):
         return _with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
-            "layer_norm_epsilon", "gelu"))
+            "layer_norm_epsilon", "gelu", "remat"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -939,8 +1000,9 @@ class ResidualUnit(layers.Layer):
     """
 
     def __init__(self, features, strides=1, groups=32, epsilon=1e-6,
-                 standardization="std", std_eps=1e-5, **kwargs):
+                 standardization="std", std_eps=1e-5, remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = check_remat(remat)
         self.features = int(features)
         self.strides = int(strides)
         self.groups = int(groups)
@@ -983,7 +1045,12 @@ class ResidualUnit(layers.Layer):
             self.gn_proj.build(tuple(input_shape[:-1]) + (out,))
         self.built = True
 
-    def call(self, x):
+    def call(self, x, training=None):
+        if self.remat and training is True:
+            return rematerialized(self, self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x):
         residual = x
         if self.needs_projection:
             residual = self.gn_proj(self.conv_proj(x))
@@ -995,4 +1062,4 @@ class ResidualUnit(layers.Layer):
     def get_config(self):
         return _with_arguments(super().get_config(), self, (
             "features", "strides", "groups", "epsilon", "standardization",
-            "std_eps"))
+            "std_eps", "remat"))

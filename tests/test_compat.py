@@ -41,6 +41,13 @@ def test_flatten_layers():
             "hidden", "out"]
 
 
+def test_current_remat_mode():
+    assert _call(compat.current_remat_mode) is None
+    with keras.RematScope(mode="full"):
+        assert _call(compat.current_remat_mode) == "full"
+    assert _call(compat.current_remat_mode) is None
+
+
 def test_run_through_graph():
     model = _tiny()
     seen = []

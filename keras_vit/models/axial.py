@@ -35,7 +35,7 @@ _POOLINGS = (None, "gap", "avg")
 _POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 # AxialEncoderBlock's arguments, which its get_config returns.
 _BLOCK_ARGUMENTS = ("num_heads", "mlp_dim", "dropout_rate",
-                    "attention_dropout_rate", "layer_norm_epsilon")
+                    "attention_dropout_rate", "layer_norm_epsilon", "remat")
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -49,12 +49,13 @@ class AxialEncoderBlock(layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0,
                  attention_dropout_rate=0.0, layer_norm_epsilon=1e-6,
-                 **kwargs):
+                 remat=False, **kwargs):
         super().__init__(**kwargs)
         self.row, self.column = (
             vit_layers.EncoderBlock(
                 num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
-                layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+                layer_norm_epsilon, remat=remat, dtype=self.dtype_policy,
+                name=name)
             for name in ("row", "column"))
         # The arguments as the two blocks normalised them; their gelu stays
         # the tanh default, which an axial block does not take.
@@ -115,7 +116,7 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
                  include_preprocessing=False, classifier_activation=None,
                  num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
                  position_embedding="learned_1d", label_names=None,
-                 dynamic_image_size=False,
+                 dynamic_image_size=False, remat=False,
                  name="axial_vision_transformer", **kwargs):
         if dynamic_image_size is not False:
             raise ValueError(
@@ -156,7 +157,8 @@ class AxialVisionTransformer(ConstructorConfig, FeaturesMixin,
             x = AxialEncoderBlock(
                 spec["num_heads"], spec["mlp_dim"], rate,
                 spec["attention_dropout_rate"], layer_norm_epsilon,
-                dtype=dtype, name=f"axial_block_{i}")(x)
+                remat=vit_layers.check_remat(remat), dtype=dtype,
+                name=f"axial_block_{i}")(x)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
         x = classification_head(

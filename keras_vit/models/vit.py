@@ -90,7 +90,7 @@ def hybrid_stages(resnet):
     return layers_
 
 
-def _resnet_stem(x, resnet, dtype):
+def _resnet_stem(x, resnet, dtype, remat=False):
     """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
     width = int(round(64 * resnet["width_factor"]))
     num = {k: resnet.get(k, v) for k, v in _RESNET_NUMERICS.items()}
@@ -111,7 +111,7 @@ def _resnet_stem(x, resnet, dtype):
                 width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
                 epsilon=num["norm_epsilon"],
                 standardization=num["standardization"],
-                std_eps=num["std_eps"], dtype=dtype,
+                std_eps=num["std_eps"], remat=remat, dtype=dtype,
                 name=f"resnet_block{s + 1}_unit{u + 1}")(x)
     return x
 
@@ -315,6 +315,7 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         gelu="tanh",
         label_names=None,
         dynamic_image_size=False,
+        remat=False,
         name="vision_transformer",
         **kwargs,
     ):
@@ -334,8 +335,9 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         inputs, x = image_input(
             (None, None) if dynamic else spec["image_hw"],
             spec["num_channels"], include_preprocessing, dtype)
+        remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
-            x = _resnet_stem(x, spec["resnet"], dtype)
+            x = _resnet_stem(x, spec["resnet"], dtype, remat)
         x = vit_layers.PatchEmbedding(spec["hidden_size"], spec["patch"],
                                       dtype=dtype, name="patch_embedding")(x)
         if has_token:
@@ -344,7 +346,7 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
             vit_layers.EncoderBlock(
                 spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
                 spec["attention_dropout_rate"], layer_norm_epsilon,
-                gelu=vit_layers.check_gelu(gelu), dtype=dtype,
+                gelu=vit_layers.check_gelu(gelu), remat=remat, dtype=dtype,
                 name=f"encoder_block_{i}")
             for i in range(spec["num_layers"])]
         x, scores = _encoder(
@@ -382,6 +384,7 @@ class VisionTransformer(ConstructorConfig, FeaturesMixin, CompiledModelMixin,
         self.grid_size = spec["grid"]
         self.label_names = label_names
         self.dynamic_image_size = dynamic
+        self.remat = remat
 
 
 def vit(
@@ -456,6 +459,11 @@ def vit(
             not: the position embedding is resized in the graph with the
             official resize from its ``image_size`` grid (the logits equal
             ``keras_vit.rebuild(model, image_size=(h, w))``'s);
+            ``remat``: True rematerialises every encoder block (and a
+            hybrid's ResNet units) in training: only each block's input is
+            kept for the backward pass, which recomputes the rest (a
+            training step's activation memory falls several-fold for
+            about one more forward pass; the gradients are the same);
             ``label_names``: the class names of the head, one per class
             (they travel with the model: its config, ``.keras`` files,
             ``rebuild``, the zoo's writers and the exports keep them).
