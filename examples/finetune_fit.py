@@ -39,8 +39,22 @@ def main(argv=None):
                    choices=("tpu", "mirrored", "default"))
     p.add_argument("--cpu-devices", type=int, default=0,
                    help="split the CPU into N logical devices (testing)")
-    p.add_argument("--out", default="finetuned.keras")
+    p.add_argument("--out", default="finetuned.keras",
+                   help="a .keras file, or a folder to save model.keras "
+                        "in (missing folders are created)")
     args = p.parse_args(argv)
+    # Checked before training, not after it: Keras saves only to a name
+    # ending in .keras.
+    out = args.out
+    if not out.endswith(".keras"):
+        if os.path.splitext(out)[1] and not os.path.isdir(out):
+            p.error(f"--out must be a .keras file or a folder; received "
+                    f"--out {out!r}")
+        out = os.path.join(out, "model.keras")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out!r}: cannot create its folder ({e})")
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # tf.distribute
     import keras_vit
@@ -63,7 +77,8 @@ def main(argv=None):
                                    num_classes=train.num_classes)
         recipe = kt.compile_for_finetune(
             model, total_steps=args.steps, warmup_steps=max(1, args.steps // 10),
-            batch_size=args.batch_size, learning_rate=args.learning_rate)
+            batch_size=args.batch_size, learning_rate=args.learning_rate,
+            label_names=train)  # the saved model names the data's classes
 
     # Inception crop + flip, scaled to [-1, 1], as in the paper; global
     # batches (model.fit gives each replica batch_size / replicas).
@@ -71,10 +86,10 @@ def main(argv=None):
     history = model.fit(ds.repeat(), steps_per_epoch=args.steps, epochs=1,
                         verbose=2)
     loss = history.history["loss"][-1]
-    model.save(args.out)
+    model.save(out)
     print(f"replicas: {replicas}")
     print(f"final loss: {loss:.4f}")
-    print(f"saved: {args.out}")
+    print(f"saved: {out}")
     return 0
 
 

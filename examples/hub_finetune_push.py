@@ -45,7 +45,8 @@ def main(argv=None):
     size = model.input_shape[1]
     recipe = kt.compile_for_finetune(
         model, total_steps=args.steps, warmup_steps=max(1, args.steps // 10),
-        batch_size=args.batch_size, learning_rate=args.learning_rate)
+        batch_size=args.batch_size, learning_rate=args.learning_rate,
+        label_names=train)  # the model names the folder's classes
     ds = kt.dataset(train, size, recipe.batch_size)
     history = model.fit(ds.repeat(), steps_per_epoch=args.steps, epochs=1,
                         verbose=2)

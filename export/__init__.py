@@ -21,13 +21,15 @@ imported when an exporter runs, not with this package.
 from keras_vit.export.common import (FORMATS, TOLERANCES, ExportError,
                                      check_format, read_report)
 
+from keras_vit.export.labels import read_label_names  # noqa: E402
 from keras_vit.export.onnx import to_onnx  # noqa: E402
 from keras_vit.export.saved_model import to_saved_model  # noqa: E402
 from keras_vit.export.tflite import to_tflite  # noqa: E402
 from keras_vit.export.verify import verification_table  # noqa: E402
 
-__all__ = ["FORMATS", "TOLERANCES", "ExportError", "export", "read_report",
-           "to_onnx", "to_saved_model", "to_tflite", "verification_table"]
+__all__ = ["FORMATS", "TOLERANCES", "ExportError", "export",
+           "read_label_names", "read_report", "to_onnx", "to_saved_model",
+           "to_tflite", "verification_table"]
 
 _EXPORTERS = {"saved_model": to_saved_model, "tflite": to_tflite,
               "onnx": to_onnx}

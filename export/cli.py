@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.export import common
+from keras_vit.export import common, staging
 from keras_vit.export.verify import verification_table
 from keras_vit import cli_options as options
 from keras_vit.errors import printable
@@ -63,6 +63,14 @@ def register(subparsers):
                         "(imagenet2012, imagenet21k) or a UTF-8 text file "
                         "with one name per line (default: the names the "
                         "weights carry, else the class indices)")
+    p.add_argument("--calibration-data", metavar="SPEC",
+                   help="--quantization int8: images to calibrate the "
+                        "activations on, like the ones the model will see: "
+                        "a folder with one sub-folder of images per class, "
+                        "'digits:train', 'tfds:NAME[:SPLIT]' or an .npz "
+                        "(what fine-tune's --data takes); "
+                        f"{common.DEFAULT_REPRESENTATIVE_SAMPLES} images "
+                        "drawn at random (default: crops of sample photos)")
     p.add_argument("--opset", type=positive_int, metavar="N",
                    help="ONNX opset (default: 17)")
     p.add_argument("--external-data", action="store_true",
@@ -119,14 +127,18 @@ def check_export(args):
     if args.format == "saved_model" and args.quantization != "float32":
         raise ValueError("--quantization applies to --format tflite and "
                          "onnx only; received --format saved_model")
+    if args.calibration_data is not None and args.quantization != "int8":
+        raise ValueError("--calibration-data applies to --quantization int8 "
+                         f"only; received --quantization {args.quantization}")
     if args.format != "onnx" and (args.opset or args.external_data):
         raise ValueError("--opset and --external-data apply to --format onnx "
                          "only")
     # Bad paths and names fail here, before a model is built or downloaded.
     out = common.check_path(args.output, args.format)
-    if not os.path.isdir(os.path.dirname(out)):
-        raise ValueError(f"the output directory does not exist: "
-                         f"{os.path.dirname(out)}")
+    try:  # missing folders are created; a file in the way is refused
+        staging.missing_folders(os.path.dirname(out))
+    except common.ExportError as e:
+        raise ValueError(f"-o {printable(args.output)}: {e}") from None
     kwargs = _input_options(args)
     if args.input == "images":
         outputs = args.outputs or ["logits", "probabilities"]
@@ -152,7 +164,15 @@ def run_export(args):
     from keras_vit import export
 
     kwargs = check_export(args)
+    source = None
+    if args.calibration_data is not None:  # a bad spec fails before a model
+        from keras_vit.train.data import load_data
+
+        source = load_data(args.calibration_data, verbose=False)
     model, label = _load_model(args)
+    if source is not None:
+        kwargs["representative_data"] = calibration_data(
+            source, model, args.uint8_input)
     print(f"Exporting {label} to {args.format} ...", flush=True)
     try:
         report = export.export(model, args.output, format=args.format,
@@ -168,6 +188,45 @@ def run_export(args):
     print(f"Wrote {report['path']} ({report['file_size_mb']:.1f} MiB); "
           f"report: {where}")
     return 0
+
+
+class _Calibration:
+    """Calibration images (one array) and the name the report records."""
+
+    def __init__(self, images, name):
+        self.images, self.name = images, name
+
+    def __iter__(self):
+        yield self.images
+
+
+def calibration_data(source, model, uint8_input,
+                     samples=common.DEFAULT_REPRESENTATIVE_SAMPLES, seed=0):
+    """``samples`` images drawn at random (every class, not the first
+    folders) from ``source`` (a :class:`keras_vit.train.data.ImageSource`),
+    resized to the model's input and in the range the artifact takes:
+    [0, 255] pixels with ``uint8_input`` or for a model that scales them
+    itself, else [-1, 1]."""
+    import numpy as np
+
+    from keras_vit.train import data as data_lib
+
+    height, width = tuple(model.inputs[0].shape[1:3])
+    if height != width:
+        raise ValueError(
+            f"--calibration-data resizes to square images; the model takes "
+            f"{height}x{width}")
+    count = min(samples, source.num_examples)
+    picked = np.random.default_rng(seed).choice(
+        source.num_examples, count, replace=False)
+    raw = bool(uint8_input) or data_lib.takes_raw_pixels(model)
+    batches = data_lib.dataset(
+        source.subset(picked), int(height), 32, training=False,
+        raw_pixels=raw, prefetch=False)
+    images = np.concatenate([x for x, _ in batches.as_numpy_iterator()])
+    if uint8_input:
+        images = np.clip(np.round(images), 0, 255).astype("uint8")
+    return _Calibration(images, source.name)
 
 
 def _input_options(args):

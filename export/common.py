@@ -170,6 +170,20 @@ TOLERANCES.update({f"onnx/{variant}": dict(TOLERANCES[f"tflite/{variant}"])
                    for variant in ("float16", "dynamic_int8", "int8")})
 
 
+# What to try when a quantized artifact fails its verification.
+REMEDIES = {
+    "int8": "Full int8 needs calibration images like the ones it will "
+            "see: pass representative_data= (command line: "
+            "--calibration-data SPEC, e.g. a folder of your images or "
+            "digits:train), or export quantization='dynamic_int8' (int8 "
+            "weights, float activations: no calibration), or loosen "
+            "tolerance= if the agreement is good enough for you",
+    "dynamic_int8": "Export quantization='float16' (half the size, float "
+                    "activations), or loosen tolerance= if the agreement "
+                    "is good enough for you",
+}
+
+
 def tolerance_for(kind, override=None):
     """The tolerance of ``kind`` (a key of TOLERANCES) with ``override``
     (a dict with some of the same keys) applied."""
@@ -209,6 +223,8 @@ def write_json(path, data):
 def read_report(path):
     """The report of an artifact: ``path`` may be the artifact itself (a
     ``.tflite``/``.onnx`` file or a SavedModel directory) or the report."""
+    # A symbolic link to an artifact: the report sits beside its target.
+    path = os.path.realpath(path)
     if os.path.isdir(path):
         path = os.path.join(path, SAVED_MODEL_REPORT)
     elif not path.endswith(".json"):

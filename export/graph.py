@@ -376,6 +376,22 @@ class ServingGraph:
             "outputs": out_shapes,
         }
 
+    def class_names(self):
+        """``(source, names)``: the classes the artifact's ``logits`` and
+        ``probabilities`` are over, which it records
+        (:mod:`keras_vit.export.labels`): the model's ``label_names``,
+        else the list its weights name; ``(None, None)`` when it names
+        none or the artifact returns no class scores."""
+        if not {"logits", "probabilities"} & set(self.outputs):
+            return None, None
+        from keras_vit.zoo.preprocessing import model_labels
+
+        count = int(self.raw.output["logits"].shape[-1])
+        source, rows = model_labels(self.source_model, count, by_head=False)
+        if rows is None:
+            return None, None
+        return source, [str(name) for _, name in rows]
+
     def rebuild_args(self):
         """The arguments that rebuild this graph from :attr:`model` (in a
         converter process, from the model saved as ``.keras``)."""

@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.export import common, memory, staging
+from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
 # What a stuck converter process may take before it is stopped; the
@@ -97,7 +97,10 @@ def run(job):
     with staging.Staging(job.dest, directory=job.directory,
                         overwrite=job.overwrite) as stage, \
             memory.PeakRSS() as rss:
-        name = "saved_model" if job.directory else os.path.basename(job.dest)
+        # Named as the file it becomes (a link's target may have another
+        # name; ONNX records its data file's name inside the model).
+        name = "saved_model" if job.directory else os.path.basename(
+            stage.target)
         staged = stage.file(name)
         open_runtime = module.open_artifact
         with common.timer(times, "conversion_seconds"):
@@ -111,6 +114,9 @@ def run(job):
             if finish is not None:
                 result = finish(staged, stage.path, job.params, job.arrays,
                                 result)
+            # Before verification: the file checked is the file kept.
+            job.options["label_names"] = labels.record(
+                job.format, staged, job.graph, job.notes)
         job.options.update(result.get("options", {}))
         files = [stage.file(f) for f in result["files"]]
         checked = None
@@ -125,8 +131,9 @@ def run(job):
                                         job.graph, job.options, checked,
                                         times, rss, job.notes)
         if checked is not None:
-            checks.raise_if_failed(checked, f"{job.what} {job.dest!r}",
-                                   report)
+            checks.raise_if_failed(
+                checked, f"{job.what} {job.dest!r}", report,
+                remedy=common.REMEDIES.get(job.options.get("quantization")))
         if job.directory:
             common.write_json(os.path.join(staged, common.SAVED_MODEL_REPORT),
                               report)
@@ -134,18 +141,21 @@ def run(job):
             return report
         report_name = name + common.REPORT_SUFFIX
         common.write_json(stage.file(report_name), report)
-        folder = os.path.dirname(job.dest)
+        # The report and data files sit beside the artifact: beside what a
+        # symbolic link points at (ONNX finds its ".data" file there).
+        target = stage.target
+        folder = os.path.dirname(target)
         moves = [(os.path.basename(f), os.path.join(folder,
                                                     os.path.basename(f)))
                  for f in files if f != staged]
         # A side file of an older export at this path that this export
         # does not write would pair with the wrong artifact.
         written = {final for _, final in moves}
-        stale = [job.dest + s for s in job.side_files
-                 if job.dest + s not in written]
+        stale = [target + s for s in job.side_files
+                 if target + s not in written]
         stage.commit_files(moves + [(report_name,
-                                     job.dest + common.REPORT_SUFFIX),
-                                    (name, job.dest)], stale=stale)
+                                     target + common.REPORT_SUFFIX),
+                                    (name, target)], stale=stale)
     return report
 
 
@@ -216,6 +226,11 @@ def run_child(module, job, workdir, rss, what, env=None):
             child_command(module, job_path), env=child_env, stdout=log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
+    # Killed with an export's staging directory if this process dies (it
+    # would write into that directory again).
+    stage = staging.current()
+    if stage is not None:
+        stage.watcher.add_group(child.pid)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -233,6 +248,9 @@ def run_child(module, job, workdir, rss, what, env=None):
     except BaseException:
         _stop(child)
         raise
+    finally:
+        if stage is not None:
+            stage.watcher.drop_group(child.pid)
     child.returncode = os.waitstatus_to_exitcode(status)
     rss.add_child(usage.ru_maxrss * 1024)
     result = None

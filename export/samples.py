@@ -203,4 +203,9 @@ def calibration_images(graph, data, limit):
         return graph.sample_images(limit, seed=0, kind="photos")
     images = representative_images(
         data, graph.input_shape, graph.input_dtype, graph.value_range, limit)
+    # Data that names itself (the command line's --calibration-data) is
+    # recorded by name.
+    name = getattr(data, "name", None)
+    if isinstance(name, str) and name:
+        return images, f"{len(images)} images of {name}"
     return images, f"{len(images)} images from representative_data"

@@ -333,5 +333,12 @@ class ImageBytesGraph(ServingGraph):
             "labels": self.label_source,
         }
 
+    def class_names(self):
+        """The names the ``labels`` output returns, unless they are the
+        class indices (then the model names no classes)."""
+        if self.label_source == "class indices":
+            return None, None
+        return self.label_source, list(self.label_names)
+
     def rebuild_args(self):
         return dict(self._bytes_args, input=INPUT_NAME)

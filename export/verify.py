@@ -208,13 +208,15 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     return report
 
 
-def raise_if_failed(result, what, report):
-    """Raises ExportError with the failures of a verification ``result``;
-    the error carries the full ``report``."""
+def raise_if_failed(result, what, report, remedy=None):
+    """Raises ExportError with the failures of a verification ``result``
+    and what may help (``remedy``, a sentence); the error carries the full
+    ``report``."""
     if not result["passed"]:
         raise common.ExportError(
             f"{what} does not match Keras within the tolerance of its format "
-            f"({'; '.join(result['failures'])}); nothing was written",
+            f"({'; '.join(result['failures'])}); nothing was written"
+            + (f". {remedy}" if remedy else ""),
             report=report)
 
 

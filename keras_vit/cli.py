@@ -76,6 +76,12 @@ def _cmd_info(args):
     print(f"{meta['name']}  (family {meta['family']}, {status})")
     config = " ".join(f"{k}={v}" for k, v in meta["config"].items())
     print(f"  architecture:   {config}")
+    count = meta.get("parameters")
+    if count:
+        print(f"  parameters:     {count['count']:,} (at "
+              f"{count['image_size']} px, {count['num_classes']} classes"
+              + (f", pre_logits {count['representation_size']}"
+                 if count["representation_size"] else "") + ")")
     print(f"  preprocessing:  {meta['preprocessing']}")
     print(f"  default weights: {meta['default_weights'] or 'none'}")
     if not meta["weights"]:
@@ -142,14 +148,11 @@ def _cmd_convert(args):
     if not out.endswith(".keras"):
         raise UserError(f"the output must end with .keras; received "
                         f"-o {args.output!r}")
-    out_dir = os.path.dirname(out)
-    if not os.path.isdir(out_dir):
-        raise UserError(f"the output directory does not exist: {out_dir}")
     if os.path.isdir(out):
         raise UserError(f"-o {args.output!r} is a directory; pass a file "
                         "name ending in .keras")
-    if not os.access(out_dir, os.W_OK):
-        raise UserError(f"the output directory is not writable: {out_dir}")
+    # Missing folders are created when the file is written.
+    options.check_output_folder(os.path.dirname(out), "-o", args.output)
     arch = variants.parse(args.model)  # a bad name fails before any download
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
@@ -219,14 +222,6 @@ def _looks_like_file(value):
         os.path.isfile(value) and not value.endswith(".safetensors"))
 
 
-def _is_keras_model(value):
-    """A ``.keras`` file or a run directory holding one."""
-    from keras_vit.zoo.resolve import RUN_MODEL_FILE
-
-    return value.endswith(".keras") or os.path.isfile(
-        os.path.join(value, RUN_MODEL_FILE))
-
-
 def _check_model_name(value):
     """A zoo name, else one error: "does not exist" for what looks like a
     path (``runs/x``, ``./x``, ``/x``), the zoo's unknown-name error for
@@ -248,27 +243,32 @@ def _check_model_name(value):
 
 
 def _load_for_predict(args):
-    """Returns ``(model, description)`` for NAME, a ``.keras`` file or a
-    run directory."""
+    """Returns ``(model, description)`` for NAME, a ``.keras`` file, a run
+    directory or a Hub folder: one resolution (the zoo's pipeline), with
+    --weights and --image-size applied or refused by name whatever MODEL
+    is."""
     from keras_vit.zoo import resolve_model
 
-    if _looks_like_file(args.model) or os.path.isdir(args.model):
-        if not (args.model.endswith(".keras") or os.path.isdir(args.model)):
-            raise UserError(
-                f"{args.model!r} is a file but not a .keras model; for an "
-                f".npz checkpoint pass the architecture and the file: "
-                f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
-        if args.weights:
-            raise UserError("--weights cannot be combined with a .keras model")
-        model = resolve_model(args.model, argument="MODEL", error=UserError)
-        return model, os.path.basename(os.path.normpath(args.model))
-
+    if (_looks_like_file(args.model) and not args.model.endswith(".keras")
+            and not os.path.isdir(args.model)):
+        raise UserError(
+            f"{args.model!r} is a file but not a .keras model; for an "
+            f".npz checkpoint pass the architecture and the file: "
+            f"{PROG} predict ViT-B/16 IMAGE --weights {args.model}")
     model = resolve_model(args.model, weights=args.weights or "auto",
                           image_size=args.image_size, argument="MODEL",
                           error=UserError)
+    if _looks_like_file(args.model) or os.path.isdir(args.model):
+        return model, os.path.basename(os.path.normpath(args.model))
     record = getattr(model, "zoo_weights", None)
-    source = record.tag if record is not None else args.weights
-    return model, f"{model.zoo_name} {source}"
+    if record is not None:
+        return model, f"{model.zoo_name} {record.tag}"
+    # timm/transformers weights (an hf-hub: handle, a .safetensors file),
+    # or --weights FILE: named by what was given.
+    source = args.weights or args.model
+    name = getattr(model, "zoo_name", None)
+    return model, (f"{name} ({source})" if name and name != source
+                   else source)
 
 
 def load_keras_file(path, argument="MODEL"):
@@ -370,7 +370,7 @@ def _cmd_predict(args):
     from keras_vit import zoo
     from keras_vit.backend import infer
     from keras_vit.zoo import timm_hub
-    from keras_vit.zoo.preprocessing import model_labels, softmax
+    from keras_vit.zoo.preprocessing import model_labels, probabilities
 
     if not (_looks_like_file(args.model) or os.path.isdir(args.model)
             or timm_hub.is_timm_source(args.model)):
@@ -378,11 +378,6 @@ def _cmd_predict(args):
     for path in args.images:
         _check_image_path(path)
     model, description = _load_for_predict(args)
-    if args.image_size is not None and _is_keras_model(args.model):
-        if _model_geometry(model) != (args.image_size, args.image_size):
-            raise UserError(
-                f"--image-size {args.image_size} does not apply to a .keras "
-                f"model; it takes {_model_geometry(model)} images")
     if getattr(model, "include_top", True) is False:
         raise UserError("the model has no classification head "
                         "(include_top=False)")
@@ -416,10 +411,13 @@ def _cmd_predict(args):
             "its weights hold NaN or inf values (a diverged run or a "
             "corrupt file?)")
     num_classes = outputs.shape[-1]
-    if getattr(model, "classifier_activation", None) == "softmax":
-        probs = outputs.astype("float64")
-    else:
-        probs = softmax(outputs)
+    # The scores decode_predictions gives: probabilities. A model that
+    # says what its head ends with is believed; another (a plain Keras
+    # model in a .keras file) is judged by its outputs' values.
+    activation = getattr(model, "classifier_activation", "unknown")
+    from_logits = {"softmax": False, None: True, "linear": True}.get(
+        activation)
+    probs = probabilities(outputs, from_logits)
     label_name, labels = model_labels(model, num_classes)
     k = min(args.top, num_classes)
 

@@ -11,6 +11,7 @@ Nothing here imports Keras: ``keras-vit --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 
@@ -21,6 +22,33 @@ PROG = "keras-vit"
 
 class UserError(KerasVitError, ValueError):
     """A problem with the command line or its files (printed, exit 2)."""
+
+
+# --------------------------------------------------------------------------
+# output paths
+
+
+def check_output_folder(folder, flag, value):
+    """Raises :class:`UserError` naming ``flag`` and its ``value`` if
+    ``folder`` cannot be created or written: a file in the way of it or
+    of a folder above it, or its nearest existing folder read-only.
+    Missing folders are left for the writer to create.
+
+    >>> import os, tempfile
+    >>> check_output_folder(os.path.join(tempfile.mkdtemp(), "a", "b"),
+    ...                     "--out", "a/b")
+    """
+    import os
+
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise UserError(f"{flag} {value!r}: {folder!r} is a file, not a "
+                            "folder; pass another path")
+        folder = os.path.dirname(folder)
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {value!r}: the folder {folder!r} is not "
+                        "writable")
 
 
 # --------------------------------------------------------------------------
@@ -326,19 +354,51 @@ def main(parser, argv=None):
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
-    # A command's own argument checks (``check`` in its defaults, see
-    # :func:`command`) run before the heavy imports as well.
-    check = getattr(args, "check", None)
-    if check is not None:
-        def checked(args):  # what the check returns is the command's
-            check(args)
+    # What was typed, for a command that prints how to run it again (an
+    # interrupted training run says how to resume).
+    args.command_line = parser.prog.split() + list(argv)
+    with warnings_as_lines(debug):
+        # A command's own argument checks (``check`` in its defaults, see
+        # :func:`command`) run before the heavy imports as well.
+        check = getattr(args, "check", None)
+        if check is not None:
+            def checked(args):  # what the check returns is the command's
+                check(args)
 
-        code = run_command(checked, args,
+            code = run_command(checked, args,
+                               debug or getattr(args, "traceback", False))
+            if code:
+                return code
+        return run_command(args.func, args,
                            debug or getattr(args, "traceback", False))
-        if code:
-            return code
-    return run_command(args.func, args,
-                       debug or getattr(args, "traceback", False))
+
+
+@contextlib.contextmanager
+def warnings_as_lines(debug=False):
+    """Python warnings as one line each, ``keras-vit: warning: ...``,
+    during the block: a user of the command needs the message, not the
+    source file and line that raised it (``--debug`` keeps Python's
+    format)."""
+    import warnings
+
+    if debug:
+        yield
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        out = sys.stderr if file is None else file
+        try:
+            print(f"{PROG}: warning: {one_line(message)}", file=out,
+                  flush=True)
+        except (OSError, ValueError):  # stderr closed: nothing to say
+            pass
+
+    previous = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def start(main):

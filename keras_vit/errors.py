@@ -35,6 +35,10 @@ import os
 import stat
 import zipfile
 
+# The largest image side a command or a downloaded config may ask for
+# (keras_vit.limits holds every cap).
+from keras_vit.limits import MAX_IMAGE_SIDE  # noqa: F401
+
 
 class KerasVitError(Exception):
     """The root of every error keras_vit raises on purpose:
@@ -307,11 +311,6 @@ def check_dtype(name, value):
                      extra=" (A keras.DTypePolicy also works.)")
     return value
 
-
-# The largest image side a command or a downloaded config may ask for: no
-# ViT checkpoint is past ~1k, and --image-size 100000 resized the position
-# embeddings to 39M tokens (11 GB) before any memory check could run.
-MAX_IMAGE_SIDE = 4096
 
 
 class UnexpectedKeywordError(KerasVitError, TypeError, ValueError):

@@ -34,16 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 
-#: Pixels an image may have after a reduced-scale decode (and the most a
-#: non-JPEG may have where several are decoded at once, in training).
-PIXEL_BUDGET = 16_000_000
-#: Bytes a non-JPEG may take decoded whole where one image is decoded at a
-#: time (``keras-vit predict``): 12000x12000 RGB (412 MiB) fits, 13300x13300
-#: RGBA (675 MiB) does not. Reducing and converting the decoded image costs
-#: about as much again (12000x12000 RGB: +824 MiB peak in all, measured by
-#: ``benchmarks/hostile_inputs.py``), which keeps a hostile file under the
-#: 1 GiB that issue 24 allows.
-FULL_DECODE_BYTES = 448 * 2**20
+# The budgets live with every other cap (keras_vit/limits.py).
+from keras_vit.limits import FULL_DECODE_BYTES, PIXEL_BUDGET
+
 #: PIL's names for JPEG data: "MPO" is what many phone cameras write (a
 #: JPEG followed by more pictures; decoders read the first).
 JPEG_FORMATS = ("JPEG", "MPO")

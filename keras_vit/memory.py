@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from keras_vit.errors import available_memory
+from keras_vit.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 
 # Bytes per value: float32 (a bf16 model keeps its softmax in float32).
 _BYTES = 4
@@ -111,6 +112,58 @@ def step_memory_estimate(model, images):
     return _BYTES * images * values
 
 
+# How check_step names the settings it suggests: the Python API's
+# keywords; the command line passes its flags.
+API_NAMES = {"micro_batch_size": "micro_batch_size=",
+             "batch_size": "batch_size", "image_size": "the image size",
+             "skip": "check_memory=False"}
+
+
+def check_step(model, images, *, per_replica=None, batch_size=None,
+               image_size=None, available=None, names=None):
+    """Refuses (``ValueError``) a CPU training step of ``images`` images
+    (per device) whose activations (:func:`step_memory_estimate`) clearly
+    cannot fit the available memory (over 1.5x of it), saying what to
+    change: a micro-batch that divides ``per_replica`` and fits (gradient
+    accumulation: the same updates), or a smaller batch or image size.
+    ``names`` spells those settings (default :data:`API_NAMES`; the
+    command line passes its flags). Runs on an accelerator are not
+    checked: host memory does not hold their activations (``available``
+    given: checked against it wherever this runs).
+
+    >>> import keras_vit
+    >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
+    >>> check_step(vit, 8, available=2**30)  # fits: returns nothing
+    >>> check_step(vit, 64, batch_size=64, available=2**22)
+    Traceback (most recent call last):
+    ...
+    ValueError: a training step of 64 images of vision_transformer at ...; \
+set micro_batch_size=... or lower batch_size (now 64) or the image size, \
+or pass check_memory=False to try anyway
+    """
+    names = dict(API_NAMES, **(names or {}))
+    if available is None and not _on_cpu():
+        return
+    available = available_memory() if available is None else available
+    need = step_memory_estimate(model, images)
+    if available is None or need is None or need <= 1.5 * available:
+        return
+    per_image = need / images
+    per_replica = images if per_replica is None else per_replica
+    fits = [m for m in range(1, per_replica + 1)
+            if per_replica % m == 0 and m * per_image <= available / 2]
+    hint = (f"set {names['micro_batch_size']}{fits[-1]} (gradient "
+            "accumulation: the same updates, less memory), or "
+            if fits else "")
+    now = f" (now {batch_size})" if batch_size is not None else ""
+    raise ValueError(
+        f"a training step of {images} images of {_describe(model)} needs "
+        f"about {need / 2**30:.1f} GiB of activations (an estimate) but "
+        f"this machine has {available / 2**30:.1f} GiB available; {hint}"
+        f"lower {names['batch_size']}{now} or {names['image_size']}, or "
+        f"pass {names['skip']} to try anyway")
+
+
 def _output_values(model):
     """Values per image in the model's outputs (all alive at the end; the
     stacked attention maps of ``return_attention_scores`` are most)."""
@@ -189,14 +242,15 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
     available = available_memory() if available is None else available
     if available is None:
         return wanted
-    if per_image > 1.5 * available:
+    if per_image > MEMORY_SLACK * available:
         raise ValueError(
             f"one image through {_describe(model)} needs about "
             f"{per_image / 2**30:.1f} GiB in its forward pass (an estimate: "
             "the attention maps grow with the square of the tokens), more "
             f"than the {available / 2**30:.1f} GiB of memory available "
             f"here; lower {option}")
-    return max(1, min(wanted, int(available // 2 // per_image)))
+    return max(1, min(wanted, int(available * BATCH_MEMORY_SHARE
+                                   // per_image)))
 
 
 def check_forward(model, images, *, available=None):
@@ -211,14 +265,131 @@ def check_forward(model, images, *, available=None):
     if need is None:
         return
     available = available_memory() if available is None else available
-    if available is None or need <= 1.5 * available:
+    if available is None or need <= MEMORY_SLACK * available:
         return
     per_image = need / int(images)
-    fits = int(available // 2 // per_image)
+    fits = int(available * BATCH_MEMORY_SHARE // per_image)
     hint = (f"a batch of at most {fits} image(s) fits"
             if fits >= 1 else "lower the image size")
     raise ValueError(
         f"a forward pass of {int(images)} image(s) through "
         f"{_describe(model)} needs about {need / 2**30:.1f} GiB (an "
         f"estimate), more than the {available / 2**30:.1f} GiB of memory "
+        f"available here; {hint}")
+
+
+# -- before a model is built: its config alone ------------------------------------
+
+def _side_pair(size):
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def config_estimate(config):
+    """A rough upper estimate in bytes of what a model of ``config`` (the
+    builder's arguments: a ViT, hybrid or Axial-ViT, or a BiT with
+    ``block_units``) needs to run one image: ``{"weights", "position
+    table", "activations", "tokens"}`` (float32 values), from the sizes
+    alone, before anything is built. None for a config it does not know.
+
+    >>> est = config_estimate(dict(image_size=224, patch_size=16,
+    ...     hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
+    ...     num_classes=1000))
+    >>> round(est["weights"] / 2**20), est["tokens"]
+    (330, 197)
+    """
+    from keras_vit.models.vit import hybrid_stages
+
+    h, w = _side_pair(config.get("image_size", 224))
+    classes = int(config.get("num_classes") or 0) * bool(
+        config.get("include_top", True))
+    channels = int(config.get("num_channels", 3))
+    if "block_units" in config:  # BiT ResNetV2
+        width = float(config.get("width_factor", 1))
+        params = sum(units * 17 * (64 * width * 2 ** s) ** 2
+                     for s, units in enumerate(config["block_units"]))
+        params += 4 * 64 * width * 2 ** 3 * classes
+        return {"weights": _BYTES * params, "position table": 0,
+                "activations": _BYTES * _resnet_forward_values((h, w), width),
+                "tokens": 0}
+    names = ("hidden_size", "num_layers", "num_heads", "mlp_dim")
+    if not all(isinstance(config.get(n), int) for n in names):
+        return None
+    d, layers, heads, mlp = (config[n] for n in names)
+    patch = _side_pair(config.get("patch_size", 16))
+    resnet = config.get("resnet")
+    stride = 1
+    params = 0
+    if resnet:
+        stages = hybrid_stages(resnet)
+        width = float(resnet.get("width_factor", 1))
+        stride = 4 * 2 ** max(0, len(stages) - 1)
+        params = sum(units * 17 * (64 * width * 2 ** s) ** 2
+                     for s, units in enumerate(stages))
+        channels = int(64 * width * 2 ** max(0, len(stages) - 1)) * (
+            4 if stages else 1)
+    grid = (h // (stride * patch[0])) * (w // (stride * patch[1]))
+    tokens = grid + (config.get("classifier", "token") == "token")
+    table = tokens * d if config.get(
+        "position_embedding", "learned_1d") == "learned_1d" else 0
+    rep = config.get("representation_size") or 0
+    params += (patch[0] * patch[1] * channels * d + layers * (
+        4 * d * d + 2 * d * mlp) + rep * d + classes * (rep or d))
+    values = max(2 * heads * tokens * tokens + 6 * tokens * d,
+                 2 * tokens * mlp + 3 * tokens * d)
+    if resnet:
+        values = max(values, _resnet_forward_values((h, w), width))
+    return {"weights": _BYTES * (params + table),
+            "position table": _BYTES * table,
+            "activations": _BYTES * values, "tokens": tokens}
+
+
+def check_config(config, where, *, name=None, available=None):
+    """Refuses (``ValueError`` naming ``where``, the field that makes the
+    model too large and its value) a model of ``config`` whose weights,
+    position table and one image's forward pass clearly cannot fit this
+    machine's available memory (an estimate over
+    :data:`~keras_vit.limits.MEMORY_SLACK` times it), before anything is
+    built: a config file of a few bytes (``image_size=14000``) must not
+    start gigabytes of allocations. The activations count on CPU only
+    (an accelerator holds them elsewhere). ``name`` describes the model
+    in the message.
+
+    >>> check_config(dict(image_size=4000, patch_size=16, hidden_size=768,
+    ...     num_layers=12, num_heads=12, mlp_dim=3072), "config.json",
+    ...     name="ViT-B/16", available=2**34)
+    Traceback (most recent call last):
+    ...
+    ValueError: config.json: ViT-B/16 at 4000x4000 (62,501 tokens) needs about ...
+    """
+    est = config_estimate(config)
+    if est is None:
+        return
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    need = est["weights"] + est["activations"]
+    if need <= MEMORY_SLACK * available:
+        return
+    if est["activations"] > est["weights"] and not _on_cpu():
+        need = est["weights"]
+        if need <= MEMORY_SLACK * available:
+            return
+    h, w = _side_pair(config.get("image_size", 224))
+    what = (f"{name or config.get('name') or 'the model'} at {h}x{w}"
+            + (f" ({est['tokens']:,} tokens)" if est["tokens"] else ""))
+    if est["activations"] + est["position table"] >= est["weights"] - (
+            est["position table"]):
+        hint = "lower --image-size (image_size= in Python)"
+    else:
+        names = [n for n in ("num_layers", "hidden_size", "mlp_dim",
+                             "num_classes", "block_units", "width_factor")
+                 if n in config]
+        what += " with " + ", ".join(f"{n}={config[n]!r}" for n in names)
+        hint = "check the sizes (a config from a file is read as it is)"
+    raise ValueError(
+        f"{where}: {what} needs about {need / 2**30:.1f} GiB (an estimate: "
+        f"{est['weights'] / 2**30:.2f} GiB of weights, of them "
+        f"{est['position table'] / 2**30:.2f} the position table; "
+        f"{est['activations'] / 2**30:.2f} GiB of one image's "
+        f"activations), more than the {available / 2**30:.1f} GiB of memory "
         f"available here; {hint}")

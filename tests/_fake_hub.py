@@ -26,15 +26,20 @@ class FakeHub:
     or a ``{name: bytes}`` dict; a missing file is a 404 with the Hub's
     ``X-Error-Code: EntryNotFound``. Records the GETs (``gets``) and every
     path asked for (``asked``). ``trickle``: seconds between the bytes of
-    a GET's body (a slow server; headers come at once)."""
+    a GET's body (a slow server; headers come at once). Several
+    repositories at one endpoint: ``FakeHub({repo_id: folder, ...})``."""
 
-    def __init__(self, repo_id, folder, trickle=None):
+    def __init__(self, repo_id, folder=None, trickle=None):
         import hashlib
         import http.server
         import threading
 
-        files = (dict(folder) if isinstance(folder, dict) else
-                 {p.name: p.read_bytes() for p in folder.iterdir()})
+        def read(folder):
+            return (dict(folder) if isinstance(folder, dict) else
+                    {p.name: p.read_bytes() for p in folder.iterdir()})
+
+        repos = ({rid: read(f) for rid, f in repo_id.items()}
+                 if isinstance(repo_id, dict) else {repo_id: read(folder)})
         self.gets = []
         self.asked = []
         hub = self
@@ -42,9 +47,11 @@ class FakeHub:
         class Handler(http.server.BaseHTTPRequestHandler):
             def _head(self):
                 hub.asked.append(self.path)
-                prefix = f"/{repo_id}/resolve/"
+                files = next((f for rid, f in repos.items()
+                              if self.path.startswith(f"/{rid}/resolve/")),
+                             {})
                 name = self.path.split("?")[0].rsplit("/", 1)[-1]
-                if not self.path.startswith(prefix) or name not in files:
+                if name not in files:
                     self.send_response(404)
                     self.send_header("X-Error-Code", "EntryNotFound")
                     self.send_header("Content-Length", "0")

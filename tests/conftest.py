@@ -165,29 +165,36 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# Every test file that takes more than a few seconds on a 2-core machine
+# Every test file (its path under tests/) that takes more than a few
+# seconds on a 2-core machine
 # (pytest --durations=0, summed per file, 2026-11-25), longest first, for
 # the TensorFlow run and for the jax/torch children (which run only the
 # `backends` tests, so other files lead; ordered by the jax child, the
 # longer of the two). They go out first (setup.cfg: -n auto --dist loadfile
 # --no-loadscope-reorder), so that no worker ends on a long file while the
 # others sit idle; the rest keep their alphabetical order. TensorFlow run,
-# seconds: demo 168, examples 136, benchmarks 101, export 94, posemb 87,
-# trainer_backends 81, train 79, backends 56, export_speed 47, first_run
-# 46, reliability 44, timm_hub 36, cli 36, graph_fusion 35, docstrings 28;
+# seconds: journeys/readme_and_guides (the README's install in a
+# fresh venv, then every doc journey on it; 109 s of CPU, 66 s of it the
+# journeys, and 252 s of wall time on a 2-core machine shared with other
+# jobs, 2026-11-25: much of its wall time is the install's disk I/O, so it
+# goes out first), demo 168,
+# examples 136, benchmarks 101, export 94, posemb 87, trainer_backends 81,
+# train 79, backends 56, export_speed 47, reliability 44, timm_hub 36, cli
+# 36, graph_fusion 35, docstrings 28, first_run ~15 (20 s of CPU once its
+# install test moved to the journeys);
 # jax child: bit 89, trainer_backends 66, models 62, zoo 57, analysis 55,
 # export_backends 41, resolve 37, hybrid 32. The zoo's 57 held 40 s of
 # mirror tests that now run on TensorFlow only (backend_independent), so it
 # is placed for the 17 s that remain.
 LONGEST_FIRST = {
     "tensorflow": (
-        "test_demo.py", "test_examples.py", "test_benchmarks.py",
-        "test_export.py", "test_posemb.py", "test_trainer_backends.py",
-        "test_train.py", "test_backends.py", "test_export_speed.py",
-        "test_first_run.py", "test_reliability.py", "test_timm_hub.py",
-        "test_cli.py", "test_graph_fusion.py", "test_docstrings.py",
-        "test_cli_startup.py", "test_mpp.py", "test_zoo.py",
-        "test_hardware.py", "test_sources.py", "test_layouts.py",
+        "journeys/test_readme_and_guides.py", "test_demo.py",
+        "test_examples.py", "test_benchmarks.py", "test_export.py",
+        "test_posemb.py", "test_trainer_backends.py", "test_train.py",
+        "test_backends.py", "test_export_speed.py", "test_reliability.py",
+        "test_timm_hub.py", "test_cli.py", "test_graph_fusion.py",
+        "test_docstrings.py", "test_first_run.py", "test_cli_startup.py",
+        "test_mpp.py", "test_zoo.py", "test_hardware.py", "test_sources.py", "test_layouts.py",
         "test_models.py", "test_export_serving.py", "test_export_backends.py",
         "test_transformers_hub.py", "test_hybrid.py", "test_vtab.py",
         "test_bit.py", "test_axial.py", "test_keras_hub_io.py",
@@ -203,8 +210,11 @@ LONGEST_FIRST = {
 
 
 def _longest_first(order):
+    """Sort key: a file's place in ``order`` (paths relative to tests/)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+
     def key(item):
-        name = os.path.basename(str(item.path))
+        name = os.path.relpath(str(item.path), tests).replace(os.sep, "/")
         return order.index(name) if name in order else len(order)
     return key
 

@@ -105,6 +105,12 @@ def test_info_json_and_text(capsys):
     assert cli.main(["info", "ViT-B/16"]) == 0
     out = capsys.readouterr().out
     assert "hidden_size=768" in out and "imagenet21k+imagenet2012" in out
+    # Counted for what zoo.load builds by default: the 384 px fine-tuned
+    # weights (86,567,656 at 224 + 380 more position rows of 768).
+    assert "parameters:     86,859,496 (at 384 px, 1000 classes)" in out
+    assert meta["parameters"] == {"count": 86_859_496, "image_size": 384,
+                                  "num_classes": 1000,
+                                  "representation_size": None}
 
 
 def test_unknown_name_is_one_clean_line(capsys):
@@ -169,7 +175,7 @@ def test_convert_at_another_resolution_matches_zoo_load(tmp_path, ti_1000,
 
 
 def test_convert_with_a_new_head(tmp_path, ti_1000, capsys):
-    out = tmp_path / "ti7.keras"
+    out = tmp_path / "models" / "v1" / "ti7.keras"  # folders created
     assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
                      "--num-classes", "7", "-o", str(out)]) == 0
     assert "zero-initialised" in capsys.readouterr().out
@@ -205,6 +211,11 @@ def test_convert_argument_errors(tmp_path, ti_1000, capsys):
                      "--image-size", "40", "-o", str(tmp_path / "a.keras")]) == 2
     assert "divisible" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+    (tmp_path / "notes").write_text("a file in the way of a folder")
+    assert cli.main(["convert", str(ti_1000), "-m", "ViT-Ti/16",
+                     "-o", str(tmp_path / "notes" / "a.keras")]) == 2
+    assert "notes' is a file, not a folder" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["notes"]
 
 
 # --------------------------------------------------------------------------
@@ -332,3 +343,23 @@ def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):
     assert err.strip() == ("keras-vit: error: ONNX export needs the package "
                            "'tf2onnx', which is not installed: pip install "
                            "'tf2onnx'")
+
+
+def test_warnings_print_one_line_without_source_paths(capsys):
+    import warnings
+
+    from keras_vit import cli_options as options
+
+    def warns(args):
+        warnings.warn("the recipe's warmup_steps=250 do not fit a run\n  "
+                      "of total_steps=30", UserWarning, stacklevel=2)
+        return 0
+
+    parser, sub = options.commands_parser("keras-vit", "test")
+    options.command(sub, "go", warns, help="warn once")
+    before = warnings.showwarning
+    assert options.main(parser, ["go"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("keras-vit: warning: the recipe's warmup_steps=250 do not "
+                   "fit a run of total_steps=30\n")
+    assert warnings.showwarning is before  # only during the command

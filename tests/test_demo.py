@@ -72,6 +72,32 @@ def test_demo_reaches_95_percent(demo):
         assert os.listdir(out / "runs" / run / "logs" / "train")
 
 
+README = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "README.md")
+INSTALL_GUIDE = os.path.join(os.path.dirname(README), "docs", "guides",
+                             "install.md")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [README, INSTALL_GUIDE])
+def test_the_docs_quote_the_demos_own_figures(demo, page):
+    """The README and the install guide say what `keras-vit demo` prints,
+    within two of the 450 test images (float32 training follows the CPU's
+    rounding: another machine may land an image or two away)."""
+    _, text = demo
+    with open(page, encoding="utf-8") as f:
+        doc = " ".join(f.read().split())
+    at32 = re.search(r"at 32x32 \(([0-9.]+)% on held-out digits\)", doc)
+    at48 = re.search(r"position-embedding resize \(([0-9.]+)%\)", doc)
+    assert at32 and at48, f"{page} no longer quotes the demo's figures"
+    tuned = re.search(r"test accuracy @48, fine-tuned[^\d]*\d+ epochs?\s+"
+                      r"([0-9.]+)", text)
+    for quoted, printed in ((at32, _figure(text, "test accuracy @32")),
+                            (at48, float(tuned.group(1)))):
+        assert abs(float(quoted.group(1)) / 100 - printed) <= 2 / 450, (
+            page, quoted.group(0), printed)
+
+
 def _demo_model(out, dtype=None):
     from keras_vit import demo as demo_lib
 

@@ -71,17 +71,22 @@ def test_finetune_fit_example_on_two_logical_cpus(tmp_path):
     """examples/finetune_fit.py: model.fit under MirroredStrategy over two
     logical CPU devices fine-tunes and saves a model that reloads."""
     data = colour_folders(tmp_path / "data")
-    out = tmp_path / "tuned.keras"
+    # A folder that does not exist yet: created, model.keras saved in it.
+    out = tmp_path / "runs" / "tuned" / "model.keras"
     stdout = run_example(
         "finetune_fit.py", "--data", data, "--model", "ViT-Ti/16",
         "--weights", "none", "--image-size", "32", "--batch-size", "8",
         "--steps", "3", "--strategy", "mirrored", "--cpu-devices", "2",
-        "--out", out)
+        "--out", out.parent)
     assert "replicas: 2" in stdout, stdout
+    assert f"saved: {out}" in stdout, stdout
     loss = float(re.search(r"final loss: ([0-9.naninf]+)", stdout).group(1))
     assert np.isfinite(loss) and 0 < loss < 10, loss
     import keras
-    import keras_vit  # noqa: F401 - registers the classes
+    # The model and layer classes, and the schedule and loss the compiled
+    # model saved with it (importing their modules registers them).
+    import keras_vit.models  # noqa: F401
+    import keras_vit.train.schedules  # noqa: F401
 
     model = keras.saving.load_model(out)
     assert model.output_shape == (None, 2)

@@ -472,9 +472,25 @@ def test_unwritable_destination(vit, tmp_path, fmt, name):
     not_a_dir.write_text("x")
     with pytest.raises(export.ExportError, match="is not a directory"):
         export.export(vit, str(not_a_dir / name), format=fmt)
-    with pytest.raises(export.ExportError, match="does not exist"):
-        export.export(vit, str(tmp_path / "missing" / name), format=fmt)
+    with pytest.raises(export.ExportError, match="file.txt.*not a direc"):
+        export.export(vit, str(not_a_dir / "v1" / name), format=fmt)
     assert _leftovers(tmp_path) == ["file.txt"]
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("saved_model", "m")])
+def test_missing_folders_are_created_and_removed_on_failure(
+        vit, tmp_path, monkeypatch, fmt, name):
+    path = tmp_path / "deploy" / "v1" / name
+    export.export(vit, str(path), format=fmt)
+    assert common.read_report(str(path))["verified"] is True
+    # A failed export takes back the folders it created, and only those.
+    module = importlib.import_module(f"keras_vit.export.{fmt}")
+    monkeypatch.setattr(module, "open_artifact", _Garbage)
+    with pytest.raises(export.ExportError, match="does not match Keras"):
+        export.export(vit, str(tmp_path / "deploy" / "v2" / "a" / name),
+                      format=fmt)
+    assert _leftovers(tmp_path / "deploy") == ["v1"]
 
 
 @pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
@@ -590,6 +606,193 @@ def test_no_overwrite_and_no_replacing_foreign_directories(vit, tmp_path):
 
 
 # --------------------------------------------------------------------------
+# An export owns only its files: what else is in the folder stays, and no
+# staging entry outlives the export (symlinks, a full disk, Ctrl-C, kill -9).
+
+
+def test_reexporting_a_saved_model_keeps_the_users_files(vit, tmp_path):
+    path = tmp_path / "m"
+    first = export.to_saved_model(vit, str(path))
+    # TF Serving reads warm-up requests from assets.extra, which the user
+    # adds to the export folder.
+    warmup = path / "assets.extra" / "tf_serving_warmup_requests"
+    warmup.parent.mkdir()
+    warmup.write_bytes(b"requests")
+    (path / "NOTES.md").write_text("mine")
+    second = export.to_saved_model(vit, str(path), uint8_input=True)
+    assert second["created"] != first["created"]
+    assert warmup.read_bytes() == b"requests"
+    assert (path / "NOTES.md").read_text() == "mine"
+    assert common.read_report(str(path))["input"]["dtype"] == "uint8"
+    assert sorted(os.listdir(path)) == [
+        "NOTES.md", "assets", "assets.extra", "export_report.json",
+        "fingerprint.pb", "saved_model.pb", "variables"]
+    assert _leftovers(tmp_path) == ["m"]
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("saved_model", "m")])
+def test_exporting_onto_a_symlink_writes_where_it_points(vit, tmp_path,
+                                                         fmt, name):
+    real = tmp_path / "builds"
+    real.mkdir()
+    export.export(vit, str(real / name), format=fmt)
+    link = tmp_path / ("current" + os.path.splitext(name)[1])
+    link.symlink_to(real / name)
+    report = export.export(vit, str(link), format=fmt, uint8_input=True)
+    # The link still points at the artifact, now the new one; nothing
+    # (no staging or swapped-out entry) is left beside either.
+    assert link.is_symlink() and os.readlink(link) == str(real / name)
+    assert common.read_report(str(link))["created"] == report["created"]
+    assert common.read_report(str(real / name))["input"]["dtype"] == "uint8"
+    assert _leftovers(tmp_path) == ["builds", link.name]
+    assert _leftovers(real) == ([name] if fmt == "saved_model" else
+                                [name, name + ".report.json"])
+    if fmt == "onnx":  # it runs through the link
+        session = ort.InferenceSession(str(link),
+                                       providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].type == "tensor(uint8)"
+
+
+@pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
+                                      ("saved_model", "m")])
+def test_a_full_disk_or_ctrl_c_keeps_the_old_artifact_and_leaves_nothing(
+        vit, tmp_path, monkeypatch, fmt, name):
+    import errno
+
+    from keras_vit.export import pipeline
+
+    path = str(tmp_path / name)
+    first = export.export(vit, path, format=fmt)
+    before = _leftovers(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # The report is the last file written before the artifact moves in.
+    for stop, error in ((full, OSError), (ctrl_c, KeyboardInterrupt)):
+        monkeypatch.setattr(pipeline.common, "write_json", stop)
+        with pytest.raises(error):
+            export.export(vit, path, format=fmt)
+        assert _leftovers(tmp_path) == before
+        assert common.read_report(path)["created"] == first["created"]
+
+
+_EXPORT_THEN_WAIT = r"""
+import os, sys, time
+import keras_vit
+from keras_vit import export
+from keras_vit.export import common
+
+fmt, path = sys.argv[1], sys.argv[2]
+model = keras_vit.models.vit(32, 8, 16, 1, 2, 32, 3)
+real = common.write_json
+
+def slow_report(p, data):
+    real(p, data)
+    print("staged", flush=True)  # the artifact is built, not yet in place
+    time.sleep(120)
+
+common.write_json = slow_report
+export.export(model, path, format=fmt)
+"""
+
+
+_EXPORT_WITH_A_HANGING_CONVERTER = r"""
+import sys
+from keras_vit import export, models
+from keras_vit.export import pipeline
+
+# A converter process that writes its pid, then hangs.
+hang = ("import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()))"
+        "; time.sleep(300)")
+pipeline.child_command = lambda module, job: [sys.executable, "-c", hang,
+                                              sys.argv[2]]
+model = models.vit(32, 8, 16, 1, 2, 32, 3)
+export.to_onnx(model, sys.argv[1], isolate=True)
+"""
+
+
+def test_a_killed_export_stops_its_converter_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    pid_file = tmp_path / "converter.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXPORT_WITH_A_HANGING_CONVERTER,
+         str(folder / "m.onnx"), str(pid_file)],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    deadline = time.monotonic() + 120
+    try:
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        converter = int(pid_file.read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The watcher stops the converter (it would write into the staging
+    # directory again), then removes the directory.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (
+            os.listdir(folder) or _alive(converter)):
+        time.sleep(0.1)
+    assert not _alive(converter)
+    assert os.listdir(folder) == []
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by init) counts as stopped.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_export_leaves_no_staging_entry(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "other.txt").write_text("mine")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXPORT_THEN_WAIT, "onnx",
+         str(folder / "m.onnx")], stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().strip() == "staged"
+        assert len(os.listdir(folder)) == 2  # the staging directory
+        os.kill(proc.pid, signal.SIGKILL)  # no Python cleanup runs
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    # Removed, once the process is gone, by the watcher it started.
+    deadline = time.monotonic() + 20
+    while len(os.listdir(folder)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers(folder) == ["other.txt"]
+
+
+# --------------------------------------------------------------------------
 # command line
 
 
@@ -625,19 +828,57 @@ def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
     with pytest.raises(ValueError, match="--quantization"):
         _cli(["export", keras_file, "-f", "saved_model", "-q", "int8", "-o",
               str(tmp_path / "x_dir")])
-    out = str(tmp_path / "tiny.onnx")
+    # Missing folders are created.
+    out = str(tmp_path / "deploy" / "v1" / "tiny.onnx")
     assert _cli(["export", keras_file, "-f", "onnx", "-q", "dynamic_int8",
                  "-o", out]) == 0
     assert "| onnx | dynamic_int8 | tiny.onnx |" in capsys.readouterr().out
     assert common.read_report(out)["options"]["quantization"] == (
         "dynamic_int8")
-    with pytest.raises(ValueError, match="directory does not exist"):
+    with pytest.raises(ValueError, match="tiny.keras.*not a directory"):
         _cli(["export", keras_file, "-f", "onnx", "-o",
-              str(tmp_path / "nowhere" / "x.onnx")])
+              str(tmp_path / "tiny.keras" / "x.onnx")])
     with pytest.raises(ValueError, match="--outputs takes names"):
         _cli(["export", keras_file, "-f", "onnx", "--outputs", "logits,cls",
               "-o", str(tmp_path / "x.onnx")])
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
+
+
+def test_cli_int8_calibrates_on_a_data_spec(vit, tmp_path, monkeypatch,
+                                           capsys):
+    keras_file = str(tmp_path / "tiny.keras")
+    vit.save(keras_file)
+    out = str(tmp_path / "tiny.tflite")
+    with pytest.raises(ValueError, match="--calibration-data applies to "
+                                         "--quantization int8"):
+        _cli(["export", keras_file, "-f", "tflite", "-q", "float16",
+              "--calibration-data", "digits:train", "-o", out])
+    with pytest.raises(ValueError, match="digits_trian"):
+        _cli(["export", keras_file, "-f", "tflite", "-q", "int8",
+              "--calibration-data", "digits_trian", "-o", out])
+    # A tiny random model: its int8 agreement is not what is tested here.
+    monkeypatch.setitem(common.TOLERANCES["tflite/int8"], "top1_agreement",
+                        0.0)
+    assert _cli(["export", keras_file, "-f", "tflite", "-q", "int8",
+                 "--calibration-data", "digits:train", "-o", out]) == 0
+    report = common.read_report(out)
+    assert report["options"]["representative_data"] == (
+        "100 images of digits:train")
+    assert not any("no representative_data" in n for n in report["notes"])
+    assert "| tflite | int8 |" in capsys.readouterr().out
+
+
+def test_a_failed_int8_verification_names_the_remedies(vit, tmp_path,
+                                                       monkeypatch):
+    import keras_vit.export.tflite as tflite_export
+
+    monkeypatch.setattr(tflite_export, "open_artifact", _Garbage)
+    with pytest.raises(export.ExportError, match=r"top-1 agreement.*"
+                       r"representative_data=.*--calibration-data.*"
+                       r"dynamic_int8"):
+        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+                         quantization="int8", representative_samples=8)
+    assert _leftovers(tmp_path) == []
 
 
 def test_cli_export_failure_is_one_line(vit, tmp_path, monkeypatch, capsys):

@@ -1,13 +1,13 @@
-"""A new user's first run: the README's install command in a fresh venv, a
-quiet command line (no TensorFlow C++ log lines), and a demo whose exit
-status says whether every stage worked."""
+"""A new user's first run: a quiet command line (no TensorFlow C++ log
+lines), a demo whose exit status says whether every stage worked, and a
+missing optional package named in one line. The README's install in a
+fresh venv, and every journey of the docs on it, are in
+tests/journeys/test_readme_and_guides.py."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -17,13 +17,6 @@ from keras_vit import cli, demo
 ROOT = Path(__file__).resolve().parents[1]
 TF_LOG = re.compile(r"^[IWEF]\d{4} |I0000|E0000|cuInit|absl::InitializeLog",
                     re.M)
-
-
-def _readme_install_command():
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"^(pip install -e \.) && keras-vit demo", text, re.M)
-    assert match, "the README's first command is no longer pip install -e ."
-    return match.group(1).split()
 
 
 def test_cli_prints_no_tensorflow_log_lines():
@@ -76,56 +69,6 @@ def test_demo_fails_when_a_stage_fails(monkeypatch, capsys):
         monkeypatch.setattr(demo, "run",
                             lambda status=status, **kw: {"export": {"status": status}})
         assert cli.main(["demo", "--quick"]) == 0
-
-
-def _pypi_reachable():
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.slow
-def test_readme_install_in_a_fresh_venv(tmp_path):
-    """``pip install -e .`` in a venv that sees nothing of this one (no
-    ``--system-site-packages``, no ``[dev]`` extra) installs every runtime
-    package: the command, TFDS, tf2onnx, onnxruntime, onnx and LiteRT
-    import. Packages come from pip's cache when they are in it."""
-    if not _pypi_reachable():
-        pytest.skip("PyPI (pypi.org:443) is unreachable: the install "
-                    "needs it")
-    command = _readme_install_command()
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"],
-                           capture_output=True, text=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    if cache and os.path.isdir(cache):
-        env["PIP_CACHE_DIR"] = cache
-    # --no-compile: pip would otherwise byte-compile every module of
-    # TensorFlow and its company, tens of thousands of files;
-    # Python compiles what the checks below import, on first import.
-    install = subprocess.run(
-        [str(py), "-m", *command, "-q", "--disable-pip-version-check",
-         "--no-compile"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert install.returncode == 0, install.stderr[-3000:]
-
-    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(["keras-vit", "--help"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "demo" in proc.stdout and not TF_LOG.search(proc.stderr)
-    code = ("import tf2onnx, onnxruntime, onnx, tensorflow_datasets, "
-            "ai_edge_litert.interpreter, keras_vit\n"
-            "print(keras_vit.__file__)")
-    proc = subprocess.run([str(py), "-c", code], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == str(ROOT / "keras_vit" / "__init__.py")
 
 
 # --------------------------------------------------------------------------

@@ -38,7 +38,27 @@ def test_decode_predictions():
     assert [r[:2] for r in top[0]] == [("n02099601", "golden retriever"),
                                        ("n01443537", "goldfish, Carassius auratus"),
                                        ("n01496331", "electric ray, crampfish, numbfish, torpedo")]
-    assert top[0][0][2] == 3.0 and top[1][0][1].startswith("toilet tissue")
+    assert top[1][0][1].startswith("toilet tissue")
+    # Scores are probabilities, as in keras.applications: the softmax of
+    # logits ...
+    e = np.exp(preds[0].astype("float64"))
+    assert [r[2] for r in top[0]] == pytest.approx(
+        list(e[[207, 1, 5]] / e.sum()), rel=1e-9)
+    # ... and probabilities as they are (a softmax head), never twice;
+    # from_logits=True / False says which when it is known.
+    everything = zoo.decode_predictions(preds, top=1000)[0]
+    assert sum(r[2] for r in everything) == pytest.approx(1.0)
+    z = np.exp(preds - preds.max(axis=1, keepdims=True))
+    again = zoo.decode_predictions((z / z.sum(axis=1, keepdims=True)), top=3)
+    assert [r[:2] for r in again[0]] == [r[:2] for r in top[0]]
+    assert [r[2] for r in again[0]] == pytest.approx(
+        [r[2] for r in top[0]], rel=1e-6)
+    forced = zoo.decode_predictions(np.array([[0.25, 0.75]]),
+                                    labels=["a", "b"], from_logits=True)
+    assert forced[0][0][2] == pytest.approx(1 / (1 + np.exp(-0.5)))
+    with pytest.raises(ValueError, match="from_logits=False.*-1.0"):
+        zoo.decode_predictions(np.array([[-1.0, 2.0]]), labels=["a", "b"],
+                               from_logits=False)
     named = zoo.decode_predictions(np.array([[0.1, 0.7, 0.2]]), top=2,
                                    labels=["cat", "dog", "fox"])
     assert named == [[(None, "dog", pytest.approx(0.7)),

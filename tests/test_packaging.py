@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
     # From a copy of the sources: setuptools writes build/ and *.egg-info
-    # into the tree it builds, and another test (test_first_run.py, perhaps
-    # in a parallel worker) pip-installs the checkout itself.
+    # into the tree it builds, and another test (test_readme_and_guides.py,
+    # perhaps in a parallel worker) pip-installs the checkout itself.
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache",

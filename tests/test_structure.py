@@ -115,7 +115,8 @@ FLOORS = [
     ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
               "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
-              "keras_vit.images", "keras_vit.variants"]),
+              "keras_vit.images", "keras_vit.variants", "keras_vit.limits",
+              "keras_vit.schema"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.

@@ -157,6 +157,11 @@ def test_predict_command_reads_a_timm_repo(tmp_path, repo, capsys):
     pixels = np.asarray(Image.open(image).convert("RGB"), "float32")
     logits = np.asarray(model(zoo.preprocess_input(pixels, SIZE)[None]))[0]
     assert pred["top"][0]["index"] == int(np.argmax(logits))
+    # Named by its file (an hf-hub: handle by the handle), not "None".
+    weights = str(path / "model.safetensors")
+    assert cli.main(["predict", weights, str(image), "--top", "1"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "None" not in header and f"({weights})" in header, header
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import glob
 import importlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -313,7 +314,8 @@ def test_image_folder_with_bad_files_trains_with_a_warning(messy_folder):
     assert run.metrics["eval"]["num_examples"] == 24
 
 
-def test_data_errors_are_clear_and_fast(tmp_path):
+def test_data_errors_are_clear_and_fast(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="nowhere.*does not exist"):
         kt.load_data(str(missing))
@@ -323,6 +325,14 @@ def test_data_errors_are_clear_and_fast(tmp_path):
         kt.load_data(str(tmp_path / "flat"))
     with pytest.raises(kt.DataError, match="Cannot read data='digitz'"):
         kt.load_data("digitz")
+    # A mistyped folder name: the folder that exists comes first.
+    (tmp_path / "digits_train" / "zero").mkdir(parents=True)
+    with pytest.raises(kt.DataError, match="Did you mean the folder "
+                                           "'digits_train', or 'digits:train'"):
+        kt.load_data("digits_trian")
+    with pytest.raises(FileNotFoundError, match="does not exist;.* Did you "
+                       f"mean the folder '{tmp_path}/digits_train'"):
+        kt.load_data(f"{tmp_path}/digits_trian")
     t0 = time.perf_counter()
     with pytest.raises(kt.DataError, match="Unknown tfds dataset "
                                            "name='cifar1O'.*'cifar10'"):
@@ -546,6 +556,37 @@ def test_compile_for_finetune_makes_model_fit_follow_the_recipe():
         kt.compile_for_finetune(tiny(), "pretrain")
 
 
+def test_model_fit_never_runs_an_empty_epoch():
+    # 160 images and the paper's batch of 512: drop_remainder would give
+    # no batch at all, and model.fit an epoch that trains nothing.
+    rng = np.random.default_rng(0)
+    small = kt.load_data((rng.integers(0, 255, (160, 8, 8, 3), "uint8"),
+                          np.arange(160) % 4))
+    with pytest.raises(ValueError, match=r"batch_size=512 .*\(160 images.*"
+                                         r"batch_size=160 or less"):
+        kt.dataset(small, 16, 512)
+    with pytest.raises(ValueError, match=r"batch_size=100 .*\(80 images in "
+                                         r"each of 2 shards"):
+        kt.dataset(small, 16, 100, shard=(2, 0))
+    # Evaluation keeps the ragged batch: one batch of 160.
+    (images, _), = kt.dataset(small, 16, 512, training=False)
+    assert images.shape[0] == 160
+
+
+def test_compile_for_finetune_checks_the_steps_memory(monkeypatch):
+    from keras_vit import memory
+
+    monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"64 images .* GiB.*"
+                                         r"micro_batch_size=.*check_memory"):
+        kt.compile_for_finetune(tiny(), total_steps=4, warmup_steps=1,
+                                batch_size=64)
+    r = kt.compile_for_finetune(tiny(), total_steps=4, warmup_steps=1,
+                                batch_size=64, check_memory=False)
+    assert r.batch_size == 64
+
+
 # --------------------------------------------------------------------------
 # few-shot
 
@@ -675,6 +716,35 @@ def test_cli_jobs_on_this_backend(tmp_path, tiny_path, capsys):
         assert len(lines) == 1, (argv, lines)
         assert f"strategy={name!r}" in lines[0] and (
             f"'{backend}'" in lines[0]) and "KERAS_BACKEND=" in lines[0]
+
+
+def test_fine_tune_on_a_folder_holds_out_a_tenth_for_evaluation(
+        tmp_path, tiny_path, capsys):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("cat", "dog", "fox")):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(10 + 5 * c):  # 10, 15, 20 images
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), "uint8")).save(
+                tmp_path / "data" / name / f"{i}.png")
+    out = tmp_path / "run"
+    argv = ["fine-tune", tiny_path, "--data", str(tmp_path / "data"),
+            "--steps", "2", "--warmup-steps", "0", "--batch-size", "8",
+            "--strategy", "default", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert "holding out 10% of" in capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    # A tenth of each class, rounded, at least one: 1 + 2 + 2 (the same
+    # images on every run: a resumed run evaluates on the same ones).
+    assert m["eval"]["num_examples"] == 5
+    assert m["epochs_seen"] == pytest.approx(2 * 8 / 40, abs=1e-3)
+    # --no-eval still trains on all of it.
+    assert cli.main(argv[:-2] + ["--no-eval", "--out",
+                                 str(tmp_path / "all")]) == 0
+    m = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert "eval" not in m
+    assert m["epochs_seen"] == pytest.approx(2 * 8 / 45, abs=1e-3)
 
 
 def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
@@ -810,6 +880,97 @@ def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
     # The non-chief worker's temporary checkpoints are gone.
     assert not os.path.exists(out / ".worker_1") or not os.listdir(
         out / ".worker_1")
+
+
+def test_the_summary_line_is_not_glued_to_a_progress_bar(
+        tmp_path, tiny_path, monkeypatch):
+    import io
+
+    # Both streams into one buffer, in the order they are written (what a
+    # log file or CI keeps, "\r" included). Batches of 8: the evaluation
+    # of 450 images draws its bar; the summary comes right after it.
+    merged = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", merged)
+    monkeypatch.setattr(sys, "stderr", merged)
+    command = _train_command(tiny_path, tmp_path / "run", 2, "--strategy",
+                             "default", "--warmup-steps", "0")
+    command[command.index("--batch-size") + 1] = "8"
+    assert cli.main(command[3:]) == 0, merged.getvalue()[-3000:]
+    out = merged.getvalue()
+    assert "evaluate:" in out  # the bar was drawn
+    (line,) = [line for line in out.split("\n") if "done:" in line]
+    assert line.startswith("done: step 2"), repr(line)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
+        tmp_path, tiny_path, capsys):
+    import shlex
+    import signal
+
+    out = tmp_path / "run"
+    command = _train_command(tiny_path, out, 5000, "--strategy", "default",
+                             "--restart")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(),
+                            cwd=tmp_path)
+    history = out / "history.jsonl"
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    try:
+        # Some steps logged: well past the start, far from checkpoint_every.
+        while not (history.exists() and len(
+                history.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no progress in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert took < 15, took
+    step = int(re.search(r"interrupted at step (\d+) of 5000", stderr)[1])
+    assert 10 <= step < 5000
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest.endswith(f"ckpt-{step}")  # this step, not step 0 / 500
+    # The command printed resumes; it drops --restart, which would delete
+    # the checkpoint.
+    resume = shlex.split(stderr.split("Resume with:")[1].strip())
+    assert resume[:3] == ["python", "-m", "keras_vit.train"]
+    assert resume[3:] == command[3:-1] and "--restart" not in resume
+    # (Run here, with fewer steps: the total may change on a resume.)
+    resume[resume.index("--steps") + 1] = str(step + 5)
+    assert cli.main(resume[3:]) == 0
+    assert f"resumed from step {step} " in capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed_from_step"] == step and m["final_step"] == step + 5
+
+
+def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
+    import signal
+
+    from keras_vit.train.interrupt import StopOnInterrupt
+
+    def exit_now(code):  # os._exit, which would end pytest too
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with StopOnInterrupt() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested  # the first: stop after this step
+        with pytest.raises(SystemExit) as e:
+            signal.raise_signal(signal.SIGINT)
+    assert e.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    err = capsys.readouterr().err
+    assert "saving a checkpoint after this step" in err
+    assert "exiting now, without saving" in err
 
 
 @pytest.mark.slow

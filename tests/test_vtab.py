@@ -258,6 +258,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
                      data_dir]) == 2
     err = capsys.readouterr().err
     assert "`tfds build svhn_cropped --data_dir" in err
+    # A file where the output folder would go: refused before any task.
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert cli.main(["vtab", "x.keras", "--tasks", "dtd", "--out",
+                     str(afile / "sweep")]) == 2
+    assert "afile' is a file, not a folder" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------

@@ -322,3 +322,65 @@ def test_mismatch_error_names_the_file(tmp_path):
         zoo.load("ViT-Ti/16", weights=str(path))
     assert "wrong.npz" in str(e.value)
     assert "encoder blocks: checkpoint 2, model 12" in str(e.value)
+
+
+@pytest.mark.parametrize("config,image_size,num_classes,extra", [
+    (dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
+          patch_size=8), 32, 5, {}),
+    (dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+          patch_size=8, classifier="gap"), 40, 3, {}),
+    (dict(hidden_size=32, mlp_dim=48, num_heads=2, num_layers=1,
+          patch_size=4), 32, 7, {"representation_size": 24}),
+    (dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+          patch_size=1, resnet=dict(num_layers=(1, 2), width_factor=0.5)),
+     40, 4, {}),
+    (dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+          patch_size=2, resnet=dict(num_layers=(), width_factor=0.5)),
+     32, 4, {}),
+    (dict(block_units=(1, 2, 1, 1), width_factor=0.5), 64, 6, {}),
+])
+def test_parameter_count_from_the_config_matches_the_built_model(
+        config, image_size, num_classes, extra):
+    """`keras-vit info` counts parameters without building the model."""
+    if "block_units" in config:
+        model = keras_vit.models.resnet_v2(
+            image_size, config["block_units"], config["width_factor"],
+            num_classes)
+    else:
+        model = keras_vit.models.vit(image_size=image_size,
+                                     num_classes=num_classes,
+                                     **config, **extra)
+    assert registry.parameter_count(
+        config, image_size, num_classes, **extra) == model.count_params()
+
+
+def test_parameter_counts_of_the_paper():
+    # FACTS.md: params at 224 with 1000 classes.
+    from keras_vit import variants
+
+    for name, count in (("ViT-Ti/16", 5_717_416), ("ViT-B/16", 86_567_656),
+                        ("ViT-L/16", 304_326_632), ("ViT-H/14", 632_045_800),
+                        ("R50+ViT-B/16", 98_659_112),
+                        ("R26+ViT-S/32", 36_431_912)):
+        assert registry.parameter_count(variants.parse(name).config) == count
+    # Another option than those it counts: no figure rather than a wrong one.
+    assert registry.parameter_count(dict(variants.parse("ViT-B/16").config,
+                                         position_embedding="relative")) is None
+
+@pytest.mark.backend_independent(
+    "which names a released head gets is decided before anything runs on "
+    "a backend")
+def test_a_released_head_names_its_classes(mirror):
+    """Official weights with their head kept carry the registry's class
+    names (two classes that share a name get their WordNet id); a new
+    head has none; the command line still shows the WordNet ids."""
+    from keras_vit.zoo.preprocessing import model_labels
+
+    model = zoo.load("ViT-Ti/16", weights="augreg", image_size=224)
+    names = registry.label_names("imagenet2012")
+    assert model.label_names == tuple(names) and len(set(names)) == 1000
+    assert "crane (n02012849)" in names and "crane (n03126707)" in names
+    source, rows = model_labels(model, 1000)
+    assert source == "imagenet2012" and rows[0][0] == "n01440764"
+    assert zoo.load("ViT-Ti/16", weights="augreg", image_size=224,
+                    num_classes=10).label_names is None

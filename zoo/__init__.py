@@ -13,23 +13,24 @@ seconds, 300 by default, stops a download).
 
 from keras_vit import lazy
 # The registry answers `keras-vit list` and `info` without Keras.
-from keras_vit.zoo.registry import info, list_models
+from keras_vit.zoo.registry import info, labels, list_models
 from keras_vit.variants import UnknownModelError
 
 # Loaded with the package, except in the ``keras-vit`` command, where each
 # loads on first use.
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
-    ".api": ("augreg_index", "find_augreg", "labels", "load",
+    ".api": ("augreg_index", "find_augreg", "load",
              "load_weights", "resolve_weights"),
     ".convert": ("CheckpointError", "export_arrays", "normalize_keys",
                  "read_npz", "resize_posemb", "save_npz"),
     ".download": ("ChecksumError", "DownloadError", "OfflineError",
                   "cache_dir"),
-    ".keras_hub_io": ("from_keras_hub", "to_keras_hub"),
+    ".keras_hub_io": ("from_keras_hub",),
+    ".keras_hub_writer": ("to_keras_hub",),
     ".preprocessing": ("decode_predictions", "preprocess_input",
                        "preprocessing_layer"),
     ".resolve": ("rebuild", "resolve_model"),
-    ".timm_hub": ("save_pretrained",),
+    ".save": ("save_pretrained",),
 }))
 
 __all__ = [

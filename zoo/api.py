@@ -3,86 +3,15 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
-import functools
 import os
-import urllib.parse
-from pathlib import Path
 
-from keras_vit.errors import did_you_mean
 from keras_vit import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.zoo import bit_layout, convert, download, registry, sources
+# The official source's reader resolves weights=; re-exported here.
+from keras_vit.zoo.official import (  # noqa: F401
+    ResolvedWeights, is_url, resolve_weights)
 
-_LABELS_DIR = Path(__file__).resolve().parent / "labels"
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedWeights:
-    """Where a ``weights=`` argument points: a local file, and what it is."""
-
-    path: str
-    source: str
-    record: registry.Weights | None = None
-
-
-def _is_url(value):
-    return isinstance(value, str) and value.split(":", 1)[0].lower() in (
-        "http", "https", "gs")
-
-
-def resolve_weights(name, weights, image_size=None, progress=None):
-    """Turns a ``weights=`` argument into a local checkpoint file.
-
-    ``weights`` may be a tag of ``name`` (``zoo.info(name)["weights"]``),
-    ``"augreg:<filename>"`` (any file of the AugReg bucket, see
-    :func:`augreg_index`), an http(s)/gs URL, or a local ``.npz`` path.
-    Downloads go through the cache (``KERAS_VIT_CACHE``, ``KERAS_VIT_MIRROR``,
-    ``KERAS_VIT_OFFLINE``).
-    """
-    if not isinstance(weights, (str, os.PathLike)):
-        raise ValueError(
-            "weights must be a tag, a path, a URL or None; received "
-            f"weights={weights!r}")
-    value = os.fspath(weights)
-    if value.startswith("file://"):
-        value = urllib.parse.unquote(urllib.parse.urlparse(value).path)
-    if value.startswith("augreg:"):
-        url = registry.augreg_url(value[len("augreg:"):])
-        path = download.fetch(url, progress=progress)
-        return ResolvedWeights(os.fspath(path), url)
-    if _is_url(value):
-        return ResolvedWeights(
-            os.fspath(download.fetch(value, progress=progress)), value)
-    if os.path.exists(value) or value.endswith(".npz") or os.sep in value:
-        if os.path.isdir(value):
-            raise IsADirectoryError(
-                f"weights={value!r} is a directory, not a checkpoint file "
-                "(a timm repository folder needs config.json and "
-                "model.safetensors)")
-        if not os.path.isfile(value):
-            raise FileNotFoundError(
-                f"No checkpoint file at weights={value!r}")
-        return ResolvedWeights(value, value)
-    record = registry.select(name, value, image_size)
-    path = download.fetch(record.url, sha256=record.sha256, progress=progress)
-    return ResolvedWeights(os.fspath(path), record.url, record)
-
-
-def _checkpoint_facts(arrays):
-    """What a (normalised) checkpoint says about the model it belongs to."""
-    facts = {"classifier": "token" if "cls" in arrays else "gap"}
-    if "head/kernel" in arrays:
-        facts["num_classes"] = int(arrays["head/kernel"].shape[-1])
-    if "pre_logits/kernel" in arrays:
-        facts["representation_size"] = int(arrays["pre_logits/kernel"].shape[-1])
-    if convert.POSEMB_KEY in arrays:
-        n = arrays[convert.POSEMB_KEY].shape[1] - (
-            1 if facts["classifier"] == "token" else 0)
-        side = int(round(n ** 0.5))
-        if side * side == n:
-            facts["grid"] = side
-    return facts
 
 
 def load(
@@ -145,102 +74,30 @@ def load(
     ``zoo.load("vit_b16_preset")``.
 
     A keras_vit ``.keras`` file (or a fine-tuning run directory holding
-    ``model.keras``) loads the same way, checked as
-    :func:`keras_vit.resolve_model` checks it (see
+    ``model.keras``) loads the same way, as
+    :func:`keras_vit.resolve_model` loads it (see
     :mod:`keras_vit.zoo.keras_file`):
     ``zoo.load("runs/cifar", image_size=384, num_classes=10)``.
 
+    A source that holds its own weights (a file or folder) takes
+    ``weights="auto"`` (them) or None (its architecture, randomly
+    initialised); any other ``weights`` is refused by name. A folder
+    holding the files of two sources is refused as ambiguous.
+
     Whatever the source, the steps are those of
     :mod:`keras_vit.zoo.sources`: find the source, read its architecture
-    and weights (in the official layout), build the model and load them
-    strictly.
+    and weights (in the official layout), settle the head, size, labels
+    and weights (:mod:`keras_vit.zoo.settle`), bound the model against
+    this machine's memory, build it and load the weights strictly.
+    ``label_names=[...]`` names the head's classes (by default the
+    checkpoint's while its head is kept).
     """
-    # 1. The source: the first registry line that claims `name` (or
-    # `weights`); the official .npz files otherwise.
-    source, value, arch_name = sources.find(name, weights, progress=progress)
-    # 2. Its facts and weights (official layout), the head settled.
-    checkpoint = source.read(value, arch_name, image_size, num_classes,
-                             keep_pre_logits=keep_pre_logits,
-                             progress=progress, **kwargs)
-    # 3. Built, weights loaded strictly (position embeddings resized, a
-    # head of another size replaced), tagged.
-    return sources.build(checkpoint, **kwargs)
+    # find -> read -> settle -> bound -> build, as for every source.
+    from keras_vit.zoo import settle
 
-
-def read_checkpoint(weights, name, image_size=None, num_classes=None, *,
-                    keep_pre_logits=False, progress=None, **kwargs):
-    """The official source's reader (:mod:`keras_vit.zoo.sources`): the
-    :class:`~keras_vit.zoo.sources.Checkpoint` of the zoo name ``name``
-    with ``weights`` (a tag, ``"auto"``, ``"augreg:<filename>"``, a URL, a
-    ``.npz`` path, or None for random initialisation), its input size and
-    head settled as :func:`load` documents.
-
-    >>> ckpt = read_checkpoint(None, "ViT-Ti/16", image_size=64)
-    >>> ckpt.arrays, ckpt.config["image_size"], ckpt.config["num_classes"]
-    (None, 64, 1000)
-    """
-    arch = variants.parse(name)
-    if image_size is None:
-        image_size = arch.image_size
-    if weights == "auto":
-        weights = arch.tag or registry.default_tag(arch.name)
-        if weights is None:
-            raise ValueError(
-                f"No released weights for name={name!r} ({arch.name}); pass "
-                "weights=None for random initialisation, or a checkpoint path "
-                "or URL.")
-    config = dict(arch.config)
-    is_bit = arch.family == "bit"
-    record = None
-    arrays = None
-    source_name = None
-    if weights is not None:
-        resolved = resolve_weights(arch.name, weights, image_size, progress)
-        record = resolved.record
-        source_name = repr(resolved.path)
-        raw = convert.read_npz(resolved.path, lazy=True)
-        if is_bit:
-            arrays = bit_layout.normalize(raw)
-            facts = {}
-            if "resnet/head/conv2d/kernel" in arrays:
-                facts["num_classes"] = int(
-                    arrays["resnet/head/conv2d/kernel"].shape[-1])
-        else:
-            arrays = convert.normalize_keys(
-                raw, max_blocks=kwargs.get("num_layers", config.get(
-                    "num_layers")))
-            facts = _checkpoint_facts(arrays)
-            config["classifier"] = facts["classifier"]
-        if image_size is None:
-            if record is not None:
-                image_size = record.image_size
-            elif "grid" in facts:
-                image_size = facts["grid"] * effective_stride(
-                    {**config, **kwargs})
-        ckpt_classes = facts.get("num_classes")
-        if num_classes is None:
-            num_classes = ckpt_classes
-            if num_classes is None and kwargs.get("include_top", True):
-                raise ValueError(
-                    f"The checkpoint weights={weights!r} has no head; pass "
-                    "num_classes=... for a new zero-initialised head, or "
-                    "include_top=False for features.")
-        head_kept = (num_classes == ckpt_classes
-                     and kwargs.get("include_top", True))
-        if "representation_size" in facts and (
-                head_kept or keep_pre_logits
-                or not kwargs.get("include_top", True)):
-            config["representation_size"] = facts["representation_size"]
-    if image_size is None:
-        image_size = 224
-    if num_classes is None:
-        num_classes = registry.IMAGENET1K_CLASSES
-    config.update(image_size=image_size, num_classes=num_classes,
-                  name=sources.model_name(arch.name))
-    return sources.Checkpoint(
-        config, arrays, source_name=source_name,
-        family="bit" if is_bit else "vit", keep_pre_logits=keep_pre_logits,
-        tags={"zoo_name": arch.name, "zoo_weights": record})
+    return sources.load(name, weights, settle.request(
+        image_size=image_size, num_classes=num_classes,
+        keep_pre_logits=keep_pre_logits, **kwargs), progress=progress)
 
 
 def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
@@ -253,10 +110,14 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     of another size is replaced by zeros (see
     :func:`keras_vit.zoo.convert.load_weights`).
     """
+    convert.check_model(model)
     source = path_or_url
+    if not isinstance(path_or_url, (dict, str, os.PathLike)):
+        raise TypeError("path_or_url must be a path, a URL or a dict of "
+                        f"arrays; received path_or_url={path_or_url!r}"[:300])
     if not isinstance(path_or_url, dict):
         source = os.fspath(path_or_url)
-        if _is_url(source):
+        if is_url(source):
             source = os.fspath(download.fetch(source, sha256=sha256,
                                               progress=progress))
         elif (sha256 is not None
@@ -273,19 +134,7 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
 info = registry.info
 effective_stride = registry.effective_stride
 list_models = registry.list_models
-
-
-@functools.lru_cache(maxsize=None)
-def labels(name):
-    """A label list that ships with the package: ``"imagenet2012"`` (1000
-    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``."""
-    path = _LABELS_DIR / f"{name}.txt"
-    if not path.is_file():
-        known = sorted(p.stem for p in _LABELS_DIR.glob("*.txt"))
-        raise ValueError(f"Unknown label list name={name!r}; known: {known}."
-                         f"{did_you_mean(str(name), known)}")
-    with open(path, encoding="utf-8") as f:
-        return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+labels = registry.labels
 
 
 def augreg_index(progress=None):

@@ -21,6 +21,9 @@ import numpy as np
 
 from keras_vit import atomic
 from keras_vit.errors import KerasVitError
+# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
+# more than this many, whatever a file's header declares.
+from keras_vit.limits import MAX_LAYERS as MAX_BLOCKS
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")
@@ -43,6 +46,9 @@ def read_npz(path, lazy=False) -> dict:
     values, read one at a time when converted (what the loaders use, to keep
     the memory peak near the model's size).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path; received path={path!r}"
+                        [:300])
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"path={path!r} is a directory, not an .npz "
@@ -150,9 +156,6 @@ _NEW_TO_OLD_BLOCK = {
 }
 
 
-# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
-# more than this many, whatever a file's header declares.
-MAX_BLOCKS = 1024
 
 
 def normalize_keys(arrays: dict, max_blocks=None) -> dict:
@@ -162,6 +165,9 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
     (the model's depth; default :data:`MAX_BLOCKS`), checked before any
     slice is made.
     """
+    if not hasattr(arrays, "items"):
+        raise TypeError("arrays must be a mapping {checkpoint key: array}; "
+                        f"received arrays={arrays!r}"[:300])
     limit = MAX_BLOCKS if max_blocks is None else int(max_blocks)
     out = {}
     for key, value in arrays.items():
@@ -276,6 +282,18 @@ def checkpoint_key(variable_path: str) -> str | None:
     return None
 
 
+def check_model(model, argument="model"):
+    """``model`` if it is a Keras model, else a TypeError naming
+    ``argument`` and echoing the value (not an AttributeError from deep
+    inside a loader)."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"{argument} must be a keras.Model; received "
+                        f"{argument}={model!r}"[:300])
+    return model
+
+
 def model_variables(model, key_fn=None, layout="ViT") -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a model.
 
@@ -283,6 +301,7 @@ def model_variables(model, key_fn=None, layout="ViT") -> dict:
     ViT/hybrid layout). Raises if a weight has no checkpoint equivalent, so
     that a model this module does not understand is never half loaded.
     """
+    check_model(model)
     key_fn = key_fn or checkpoint_key
     out = {}
     unknown = []
@@ -306,6 +325,7 @@ def export_arrays(model) -> dict:
 
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
+    check_model(model)
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
 from keras_vit.errors import require, shown, special_file
+from keras_vit.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
 from keras_vit.zoo import convert, download
 
 HUB_PREFIX = "hf-hub:"
@@ -62,9 +64,6 @@ except Exception as e:
     out = {"error": type(e).__name__, "message": str(e)}
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
-# The largest config.json read (timm's and transformers' readers refuse
-# more).
-MAX_CONFIG_BYTES = 16 << 20
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 
@@ -182,30 +181,21 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     return result["paths"]
 
 
-# Bytes per element of the safetensors dtypes NumPy holds.
-_ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
-              "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-              "BOOL": 1}
-# safetensors' own limit on the JSON header.
-MAX_SAFETENSORS_HEADER = 100 << 20
-
-
-def _is_count(value):
-    """A non-negative int; JSON's true and false are not counts."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and value >= 0)
-
-
 def check_safetensors(path):
     """Checks a ``.safetensors`` file's header against the file before
-    anything is read into memory: its length, JSON, and every tensor's
-    dtype, shape and byte range (inside the file, the size its shape
-    needs). A :class:`~keras_vit.zoo.convert.CheckpointError` names the
-    file and the tensor otherwise. Returns the header."""
+    anything is read into memory: its length, JSON (no tensor named
+    twice), every entry as :data:`~keras_vit.zoo.formats.SAFETENSORS_HEADER`
+    describes it (float dtypes only), and every byte range (inside the
+    file, the size its shape needs, no two overlapping). A
+    :class:`~keras_vit.zoo.formats.FormatError` names the file and the
+    tensor otherwise. Returns the header."""
+    from keras_vit import schema
+    from keras_vit.zoo import formats
+
     path = os.fspath(path)
 
-    def bad(problem):
-        return convert.CheckpointError(f"{path}: {problem}")
+    def bad(problem, field=None):
+        return formats.fail(path, field, problem)
 
     kind = special_file(path)
     if kind is not None:
@@ -221,42 +211,30 @@ def check_safetensors(path):
             raise bad(f"declares a {length}-byte header in a {size}-byte "
                       "file (truncated, or not a .safetensors file)")
         raw = f.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise bad(f"its header is not JSON ({type(e).__name__}: "
-                  f"{' '.join(str(e).split())[:200]})") from None
-    if not isinstance(header, dict):
-        raise bad(f"its header is a JSON {type(header).__name__}, not an "
-                  "object of tensors")
+    header = formats.check(formats.SAFETENSORS_HEADER, schema.parse_json(
+        raw, path, ".safetensors header", error=formats.FormatError), path)
     data = size - 8 - length
+    ranges = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        where = f"tensor {shown(name)}"
-        if not isinstance(entry, dict):
-            raise bad(f"{where}: expected an object with dtype, shape and "
-                      f"data_offsets; received {shown(entry)}")
-        dtype, shape = entry.get("dtype"), entry.get("shape")
-        offsets = entry.get("data_offsets")
-        if dtype not in _ST_DTYPES:
-            raise bad(f"{where}: dtype={shown(dtype)} is not one of "
-                      f"{sorted(_ST_DTYPES)}")
-        if not (isinstance(shape, list) and len(shape) <= 8
-                and all(_is_count(d) for d in shape)):
-            raise bad(f"{where}: shape={shown(shape)} is not a list of up "
-                      "to 8 non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(_is_count(o) for o in offsets)
-                and offsets[0] <= offsets[1] <= data):
-            raise bad(f"{where}: data_offsets={shown(offsets)} is not a "
-                      f"byte range inside the file's {data} bytes of data "
-                      "(truncated?)")
-        need = int(np.prod(shape, dtype=object)) * _ST_DTYPES[dtype]
-        if offsets[1] - offsets[0] != need:
-            raise bad(f"{where}: data_offsets={offsets} hold "
-                      f"{offsets[1] - offsets[0]} bytes; dtype {dtype} and "
-                      f"shape {shape} need {need}")
+        shape, (start, end) = entry["shape"], entry["data_offsets"]
+        if not start <= end <= data:
+            raise bad(f"data_offsets={[start, end]} is not a byte range "
+                      f"inside the file's {data} bytes of data (truncated?)",
+                      name)
+        width = formats.SAFETENSORS_FLOAT_DTYPES[entry["dtype"]]
+        need = int(np.prod(shape, dtype=object)) * width
+        if end - start != need:
+            raise bad(f"data_offsets={[start, end]} hold {end - start} "
+                      f"bytes; dtype {entry['dtype']} and shape {shape} "
+                      f"need {need}", name)
+        ranges.append((start, end, name))
+    ranges.sort()
+    for (_, end, first), (start, _, second) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise bad(f"its data overlaps tensor {shown(first)}'s: two "
+                      "names for one array", second)
     return header
 
 
@@ -274,3 +252,124 @@ def read_safetensors(path):
         raise convert.CheckpointError(
             f"{path}: cannot read it as a .safetensors file: "
             f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+
+
+def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
+                   tags=None, head_config=None, **defaults):
+    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
+    that ``arch`` (what a Hugging Face reader found: sizes,
+    ``image_size``, ``patch_size``, ``num_channels``,
+    ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally
+    ``classifier``) describes, holding ``arrays`` (official layout) with a
+    head of ``head`` classes (None: none) named ``label_names``.
+    ``**defaults`` are more builder arguments; ``tags`` more attributes
+    for the model (``zoo_name`` and ``zoo_weights`` are set)."""
+    from keras_vit.zoo import build
+
+    config = {key: arch[key] for key in (
+        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+        "layer_norm_epsilon", "gelu", "num_channels", "image_size",
+        "representation_size")}
+    config.update(num_classes=head or 1000,
+                  classifier=arch.get("classifier", "token"), **defaults)
+    return build.Checkpoint(
+        config, arrays, source_name=source_name, head=head,
+        label_names=label_names, head_config=dict(head_config or {}),
+        tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
+              **(tags or {})})
+
+
+def zoo_name(arch):
+    """The zoo name of a ViT of ``arch``'s sizes (``hidden_size``,
+    ``mlp_dim``, ``num_heads``, ``num_layers``, ``patch_size``), or a
+    description of them where no zoo size has them.
+
+    >>> zoo_name(dict(hidden_size=192, mlp_dim=768, num_heads=3,
+    ...               num_layers=12, patch_size=16))
+    'ViT-Ti/16'
+    """
+    from keras_vit import variants
+
+    sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
+                                  "num_layers")}
+    for letter, config in variants.VIT_SIZES.items():
+        if config == sizes:
+            return variants.vit_name(letter, arch["patch_size"])
+    return (f"ViT (hidden {arch['hidden_size']}, {arch['num_layers']} "
+            f"layers, patch {arch['patch_size']})")
+
+
+def name_sizes(name, weights):
+    """The sizes of the ViT name ``name``, for weights that only a ViT
+    takes (``weights`` says whose, in the error for another family).
+
+    >>> name_sizes("ViT-Ti/16", "transformers'")
+    {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
+    """
+    from keras_vit import variants
+
+    parsed = variants.parse(name)
+    if parsed.family != "vit":
+        raise ValueError(f"{weights} ViT weights load into ViT names only; "
+                         f"received name={name!r} ({parsed.family})")
+    return {k: parsed.config[k] for k in (
+        "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size")}
+
+
+PICKLE_FILE = "pytorch_model.bin"
+
+
+def pickle_hint(folder):
+    """The way out for a folder holding only PyTorch's pickled
+    ``pytorch_model.bin`` (what timm's ``save_for_hf`` and transformers'
+    ``save_pretrained`` write without ``safe_serialization``), or "".
+    keras_vit never unpickles: a pickle runs code when loaded. The
+    commands convert it once, where the file is trusted (checked with
+    timm 1.0 and transformers 4)."""
+    folder = os.fspath(folder)
+    if not os.path.isfile(os.path.join(folder, PICKLE_FILE)):
+        return ""
+    pickled = os.path.join(folder, PICKLE_FILE)
+    out = folder.rstrip("/" + os.sep) + "-safetensors"
+    return (
+        f"; it holds only {PICKLE_FILE}, a pickle, which keras_vit never "
+        "unpickles (unpickling runs code). Convert it once where you trust "
+        "the file: a timm folder with import json, timm; c = json.load("
+        f"open({os.path.join(folder, CONFIG_FILE)!r})); "
+        "timm.models.save_for_hf(timm.create_model(c['architecture'], "
+        f"pretrained=True, pretrained_cfg_overlay=dict(file={pickled!r}, "
+        "num_classes=c['num_classes']), **c.get('model_args', {})), "
+        f"{out!r}, safe_serialization=True); a transformers folder with "
+        f"transformers.AutoModelForImageClassification.from_pretrained("
+        f"{folder!r}).save_pretrained({out!r}, safe_serialization=True)")
+
+
+def check_names(found, expected, what):
+    """One :class:`~keras_vit.zoo.convert.CheckpointError` starting with
+    ``what`` and listing every missing, unexpected and mis-shaped name
+    (``found``, ``expected``: name -> shape), in natural order (layer.2
+    before layer.10), a dozen of each at most."""
+    def natural(name):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    def listed(shape):
+        return list(shape) if isinstance(shape, (list, tuple)) else shape
+
+    missing = [shown(k, 160) for k in sorted(set(expected) - set(found),
+                                              key=natural)]
+    extra = [shown(k, 160) for k in sorted(set(found) - set(expected),
+                                            key=natural)]
+    wrong = [f"{shown(k, 120)}: {shown(listed(found[k]), 40)} "
+             f"(expected {list(expected[k])})"
+             for k in sorted(set(expected) & set(found), key=natural)
+             if listed(found[k]) != list(expected[k])]
+    problems = []
+    for kind, items in (("missing", missing), ("unexpected", extra),
+                        ("mis-shaped", wrong)):
+        if items:
+            more = f", ... ({len(items)} in all)" if len(items) > 12 else ""
+            problems.append(f"{len(items)} {kind}: "
+                            f"{', '.join(items[:12])}"
+                            f"{more}")
+    if problems:
+        raise convert.CheckpointError(f"{what}; {'; '.join(problems)}")

@@ -139,14 +139,17 @@ def model_labels(model, num_classes, *, by_head=True):
     >>> model_labels(object(), 10)
     (None, None)
     """
-    from keras_vit.zoo import api
+    from keras_vit.zoo import api, registry
 
     # The model's own (its config's), then a Hub repository's.
     names = (getattr(model, "label_names", None)
              or getattr(model, "zoo_labels", None))
+    record = getattr(model, "zoo_weights", None)
+    if names and getattr(record, "labels", None) and list(names) == (
+            registry.label_names(record.labels)):
+        names = None  # a released head's list: keep its WordNet ids
     if names and len(names) == num_classes:
         return "label_names", [(None, n) for n in names]
-    record = getattr(model, "zoo_weights", None)
     name = getattr(record, "labels", None) if record is not None else (
         LABELS_BY_HEAD.get(num_classes) if by_head else None)
     if not name:
@@ -157,10 +160,57 @@ def model_labels(model, num_classes, *, by_head=True):
     return name, labels
 
 
-def decode_predictions(preds, top=5, labels=None):
-    """Top ``top`` classes of each row of ``preds`` (logits or
-    probabilities, (batch, classes)) as lists of ``(wordnet_id, name,
-    score)``, best first, like ``keras.applications``' function.
+# How far from 1 a row of probabilities may sum: float32 softmax outputs
+# sum within 1e-6; 16-bit ones (a float16 or bfloat16 head) within ~1e-2.
+_SUM_TOLERANCE = {2: 1e-2}
+_DEFAULT_SUM_TOLERANCE = 1e-3
+
+
+def probabilities(preds, from_logits=None):
+    """``preds`` (classes on the last axis) as probabilities, float64: the
+    softmax of logits, probabilities as they are.
+
+    ``from_logits``: True (always take the softmax), False (they are
+    probabilities already: checked to be non-negative), or None (decide
+    from the values: probabilities if every row is non-negative and sums
+    to 1 within 1e-3, 1e-2 for 16-bit floats; else logits). A model built
+    with ``classifier_activation="softmax"`` gives probabilities, one
+    without gives logits.
+
+    >>> probabilities([[0.0, 0.0]]).tolist()
+    [[0.5, 0.5]]
+    >>> probabilities([[0.2, 0.8]]).tolist()  # already probabilities
+    [[0.2, 0.8]]
+    """
+    raw = np.asarray(preds)
+    p = raw.astype("float64")
+    if from_logits not in (None, True, False):
+        raise ValueError("from_logits must be True, False or None (decide "
+                         f"from the values); received from_logits="
+                         f"{from_logits!r}")
+    if from_logits is None:
+        tol = _SUM_TOLERANCE.get(raw.dtype.itemsize, _DEFAULT_SUM_TOLERANCE)
+        from_logits = not (p.size and (p >= 0).all() and np.allclose(
+            p.sum(axis=-1), 1.0, rtol=0, atol=tol))
+    if from_logits:
+        return softmax(p)
+    if (p < 0).any() or not np.isfinite(p).all():
+        bad = float(p[~((p >= 0) & np.isfinite(p))].ravel()[0])
+        raise ValueError(
+            "from_logits=False: preds must be probabilities (non-negative, "
+            f"finite); received a value {bad!r}; pass from_logits=True or "
+            "None for logits")
+    return p
+
+
+def decode_predictions(preds, top=5, labels=None, *, from_logits=None):
+    """Top ``top`` classes of each row of ``preds`` ((batch, classes),
+    logits or probabilities) as lists of ``(wordnet_id, name, score)``,
+    best first, like ``keras.applications``' function: ``score`` is the
+    class's probability (the softmax of logits; probabilities, e.g. of a
+    model built with ``classifier_activation="softmax"``, are taken as
+    they are, not softmaxed twice; ``from_logits`` as in
+    :func:`probabilities`: None decides from the values).
 
     ``labels``: None (the list that ships for the head size: ImageNet-1k or
     ImageNet-21k), a list name (``"imagenet2012"``), a list of class names
@@ -174,6 +224,7 @@ def decode_predictions(preds, top=5, labels=None):
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive int; received top={top!r}")
     rows = _labels_for(labels, p.shape[1])
+    p = probabilities(p, from_logits)
     out = []
     for row in p:
         order = np.argsort(-row, kind="stable")[:top]

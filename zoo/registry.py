@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import urllib.parse
+from pathlib import Path
 
 from keras_vit import variants
 
@@ -188,6 +190,9 @@ def list_models(pattern=None):
     >>> list_models("ViT-B*")
     ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
     """
+    if pattern is not None and not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a glob string or None; received "
+                        f"pattern={pattern!r}")
     names = list(variants.REGISTERED)
     if pattern:
         pat = pattern.lower()
@@ -259,6 +264,110 @@ def effective_stride(config):
     return stride
 
 
+def _conv(k, c_in, c_out, bias=False):
+    return k * k * c_in * c_out + (c_out if bias else 0)
+
+
+def _resnet_v1_params(resnet):
+    """The hybrids' post-activation ResNet stem: StdConv root + GroupNorm,
+    then bottleneck units (1x1, 3x3, 1x1 convolutions without bias, each
+    with a GroupNorm; a 1x1 projection + GroupNorm in each stage's first
+    unit). Returns ``(parameters, output channels)``."""
+    width = int(round(64 * resnet.get("width_factor", 1)))
+    total = _conv(7, 3, width) + 2 * width
+    channels = width
+    stages = list(resnet["num_layers"])
+    if resnet.get("fold_last_stage") and len(stages) > 1:
+        stages = stages[:-2] + [stages[-2] + stages[-1]]
+    for s, depth in enumerate(stages):
+        mid = width * 2 ** s
+        out = 4 * mid
+        for u in range(depth):
+            total += (_conv(1, channels, mid) + _conv(3, mid, mid)
+                      + _conv(1, mid, out) + 2 * (mid + mid + out))
+            if channels != out or (s > 0 and u == 0):
+                total += _conv(1, channels, out) + 2 * out
+            channels = out
+    return total, channels
+
+
+def _bit_params(config, num_classes):
+    """BiT's pre-activation ResNet-v2: root conv, units of GroupNorm + conv
+    (a projection where the shape changes), a last GroupNorm and the head."""
+    wf = config.get("width_factor", 1)
+    root = int(round(64 * wf))
+    total = _conv(7, 3, root)
+    channels = root
+    for s, depth in enumerate(config["block_units"]):
+        mid = int(round(64 * 2 ** s * wf))
+        out = 4 * mid
+        for u in range(depth):
+            total += (2 * channels + _conv(1, channels, mid) + 2 * mid
+                      + _conv(3, mid, mid) + 2 * mid + _conv(1, mid, out))
+            if channels != out or (s > 0 and u == 0):
+                total += _conv(1, channels, out)
+            channels = out
+    return total + 2 * channels + channels * num_classes + num_classes
+
+
+def _grid_side(config, image_size):
+    """Tokens per side: a hybrid's stem halves with TF 'SAME' rounding (up),
+    then the patches cut without padding (down)."""
+    resnet = config.get("resnet")
+    side = image_size
+    if resnet is not None:
+        stages = len(resnet["num_layers"])
+        if resnet.get("fold_last_stage") and stages > 1:
+            stages -= 1
+        for _ in range(2 + max(stages - 1, 0)):  # root conv, pool, stages
+            side = -(-side // 2)
+    return side // config.get("patch_size", 32)
+
+
+# Only these keys shape the count below; a config with others (another
+# position embedding, another attention) is not counted.
+_COUNTED = {"hidden_size", "mlp_dim", "num_heads", "num_layers",
+            "patch_size", "resnet", "classifier", "representation_size",
+            "block_units", "width_factor"}
+
+
+def parameter_count(config, image_size=224, num_classes=1000,
+                    representation_size=None):
+    """The parameters of the model a registry ``config`` builds at
+    ``image_size`` with ``num_classes`` (and a ``representation_size``
+    pre-logits layer), from the shapes alone: no model is built and no
+    framework imported (``keras-vit info`` stays fast). None for a config
+    with options it does not know.
+
+    >>> parameter_count(variants.parse("ViT-B/16").config)  # paper: 86M
+    86567656
+    >>> parameter_count(variants.parse("ViT-L/16").config)
+    304326632
+    """
+    if set(config) - _COUNTED:
+        return None
+    if "block_units" in config:
+        return _bit_params(config, num_classes)
+    d, mlp = config["hidden_size"], config["mlp_dim"]
+    c_in, total = 3, 0
+    if config.get("resnet") is not None:
+        total, c_in = _resnet_v1_params(config["resnet"])
+    token = config.get("classifier", "token") == "token"
+    tokens = _grid_side(config, image_size) ** 2 + int(token)
+    total += _conv(config.get("patch_size", 32), c_in, d, bias=True)
+    total += d * int(token) + tokens * d  # class token, position table
+    # Per block: two LayerNorms, q/k/v/out projections, the MLP.
+    block = 2 * 2 * d + 4 * (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
+    total += config["num_layers"] * block + 2 * d  # + the final LayerNorm
+    representation_size = (representation_size
+                           or config.get("representation_size"))
+    width = d
+    if representation_size:
+        total += d * representation_size + representation_size
+        width = representation_size
+    return total + width * num_classes + num_classes
+
+
 def info(name):
     """What the zoo knows of a model: architecture, weights, URLs, licence.
 
@@ -286,9 +395,20 @@ def info(name):
             "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
             "stride is 32, not the 16 of its name (7x7 grid at 224), as in the "
             "official config.")
+    # Counted for the default weights' resolution, classes and pre-logits
+    # (what zoo.load builds by default), else at 224 with 1000 classes.
+    default = default_tag(arch.name)
+    shape = {"image_size": 224, "num_classes": IMAGENET1K_CLASSES,
+             "representation_size": None}
+    if default:
+        w = select(arch.name, default)
+        shape = {"image_size": w.image_size, "num_classes": w.num_classes,
+                 "representation_size": w.representation_size}
+    count = parameter_count(config, **shape)
     return {
         "name": arch.name,
         "family": arch.family,
+        "parameters": None if count is None else dict(count=count, **shape),
         "effective_stride": stride,
         "notes": notes,
         "registered": arch.name in variants.REGISTERED,
@@ -298,3 +418,47 @@ def info(name):
         "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
                          "(include_preprocessing=True does it in the model)",
     }
+
+
+#: The label lists that ship with the package (``zoo/labels/*.txt``).
+LABELS_DIR = Path(__file__).resolve().parent / "labels"
+
+
+def labels(name):
+    """A label list that ships with the package: ``"imagenet2012"`` (1000
+    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``.
+    Only the lists in the package's own folder are read: a name is no
+    path."""
+    known = sorted(p.stem for p in LABELS_DIR.glob("*.txt"))
+    if not isinstance(name, str):
+        raise TypeError(f"name must be the name of a label list, one of "
+                        f"{known}; received name={name!r}")
+    path = LABELS_DIR / f"{name}.txt"
+    if name not in known or not path.is_file():
+        from keras_vit.errors import did_you_mean
+
+        raise ValueError(f"Unknown label list name={name!r}; known: {known}."
+                         f"{did_you_mean(str(name), known)}")
+    return _read_labels(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_labels(name):
+    with open(LABELS_DIR / f"{name}.txt", encoding="utf-8") as f:
+        return tuple(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+
+
+def label_names(name):
+    """The class names of the label list ``name``, one string per class,
+    distinct as a model's ``label_names`` must be: a name two classes
+    share (ImageNet's two "crane"s) is followed by its WordNet id.
+
+    >>> label_names("imagenet2012")[:2]
+    ['tench, Tinca tinca', 'goldfish, Carassius auratus']
+    """
+    rows = labels(name)
+    counts = {}
+    for _, names in rows:
+        counts[names] = counts.get(names, 0) + 1
+    return [names if counts[names] == 1 else f"{names} ({wnid})"
+            for wnid, names in rows]

@@ -1,30 +1,37 @@
-"""Where :func:`keras_vit.zoo.load` reads weights from, and the one place
-that builds the model they fill.
+"""Where :func:`keras_vit.zoo.load` reads weights from, and the one
+pipeline every load goes through.
 
-``zoo.load(name, weights)`` is a pipeline of three steps:
+``zoo.load(name, weights)``, :func:`keras_vit.resolve_model` and every
+command that takes a model run the same five steps (:func:`load`):
 
-1. **find** the source (:func:`find`): the first line of :data:`SOURCES`
-   whose predicate claims ``name`` (then ``weights``, ``name`` naming the
+1. **find** the source (:func:`find`): the line of :data:`SOURCES` whose
+   predicate claims ``name`` (then ``weights``, ``name`` naming the
    architecture); the official ``.npz`` files (:data:`OFFICIAL`: a tag, a
-   path, a URL, or None for random weights) answer the rest;
-2. **read** it: the source's reader returns a :class:`Checkpoint`, the
-   builder's arguments the checkpoint fixes (its sizes, numerics, input
-   size and head, as the caller's ``image_size`` / ``num_classes`` settle
-   them) and its weights as ``{key: array}`` in the official ``.npz``
-   layout (:mod:`keras_vit.zoo.convert`);
-3. **build** (:func:`build`): the model, the caller's keywords over the
-   checkpoint's arguments, the weights loaded strictly (missing,
-   unexpected and mis-shaped arrays listed together in one error naming
-   the file, nothing assigned before all fit; position embeddings resized
-   to another grid, a head of another size replaced by zeros), then tagged
-   (``zoo_name``, ``zoo_weights``, and the source's ``zoo_labels`` /
-   ``zoo_source``).
+   path, a URL, or None for random weights) answer the rest. A local
+   folder or file that two sources claim (``model.keras`` beside a
+   transformers ``config.json``) is refused as ambiguous, the same way
+   for every caller;
+2. **read** it: the source's reader returns a :class:`Checkpoint`, what
+   its files say (sizes, numerics, input size, the head its weights hold
+   and its class names) and its weights as ``{key: array}`` in the
+   official ``.npz`` layout (:mod:`keras_vit.zoo.convert`). Readers only
+   read: they take no caller's argument but the architecture name;
+3. **settle** what the caller asks (:mod:`keras_vit.zoo.settle`: head,
+   size, labels, weights, in one function for every source);
+4. **bound** the settled config against this machine's memory
+   (:func:`keras_vit.memory.check_config`: weights, position table and
+   one image's activations), before anything is allocated;
+5. **build** (:func:`build`): the model, its weights loaded strictly
+   (missing, unexpected and mis-shaped arrays listed together in one
+   error naming the file, nothing assigned before all fit; position
+   embeddings resized to another grid, a head of another size replaced
+   by zeros), then tagged (``zoo_name``, ``zoo_weights``, ``zoo_source``;
+   ``zoo_labels`` repeats ``label_names`` for older callers).
 
-A reader is ``read(value, name, image_size, num_classes, *,
-keep_pre_logits, progress, **kwargs) -> Checkpoint`` and a predicate
-``claims(value, *, progress) -> bool``; adding a source is one module
-holding both and one line in :data:`SOURCES`. Lines name their module and
-functions, so nothing is imported before a source is asked about.
+A reader is ``read(value, name, *, progress) -> Checkpoint`` and a
+predicate ``claims(value, *, progress) -> bool``; adding a source is one
+module holding both and one line in :data:`SOURCES`, whose modules are
+imported by name in :func:`_module` when a source is first asked about.
 
 >>> [source.name for source in SOURCES] + [OFFICIAL.name]
 ['transformers', 'timm', 'keras-hub', 'keras', 'official']
@@ -33,151 +40,121 @@ functions, so nothing is imported before a source is asked about.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import typing
 
-
-@dataclasses.dataclass
-class Checkpoint:
-    """What a reader returns: enough to build and fill the model.
-
-    Attributes:
-        config: keyword arguments of the builder (:func:`keras_vit.vit`,
-            or :func:`keras_vit.models.resnet_v2.resnet_v2` for
-            ``family="bit"``) that the checkpoint fixes: sizes, numerics,
-            ``image_size``, ``num_classes``, ``classifier``,
-            ``representation_size``, a default ``name``, ... The caller's
-            keywords win over them.
-        arrays: the weights, ``{key: array}`` in the official ``.npz``
-            layout (ViT, or BiT for ``family="bit"``); None for random
-            initialisation.
-        source_name: how errors name the checkpoint (its file).
-        family: ``"vit"`` (ViT, hybrid, axial) or ``"bit"`` (a ResNetV2).
-        keep_pre_logits: passed to
-            :func:`keras_vit.zoo.convert.load_weights`.
-        tags: attributes set on the model once loaded (``zoo_name``,
-            ``zoo_weights``, ``zoo_labels``, ``zoo_source``).
-    """
-
-    config: dict
-    arrays: typing.Mapping | None = None
-    source_name: str | None = None
-    family: str = "vit"
-    keep_pre_logits: bool | None = None
-    tags: dict = dataclasses.field(default_factory=dict)
+# What a reader returns and the build step live below the readers
+# (zoo/build.py); re-exported here, where they were first written.
+from keras_vit.zoo.build import (  # noqa: F401
+    Checkpoint, build, build_settled as _build_settled, model_name)
 
 
-def build(checkpoint, **kwargs):
-    """The model ``checkpoint`` describes, with its weights loaded
-    strictly: the builder gets ``checkpoint.config`` with ``**kwargs``
-    over it; :func:`keras_vit.zoo.convert.load_weights` (ViT) or
-    :func:`keras_vit.zoo.bit_layout.load_weights` (BiT) resize the
-    position embeddings to the model's grid, replace a head of another
-    size by zeros and list every missing, unexpected and mis-shaped array
-    in one error naming ``checkpoint.source_name``, before anything is
-    assigned. Then ``checkpoint.tags`` are set on the model.
-
-    >>> import numpy as np
-    >>> from keras_vit.zoo import sources
-    >>> ckpt = sources.Checkpoint(dict(
-    ...     image_size=32, patch_size=16, hidden_size=32, num_layers=1,
-    ...     num_heads=2, mlp_dim=64, num_classes=3), tags={"zoo_name": "tiny"})
-    >>> model = sources.build(ckpt, num_classes=5)
-    >>> model.zoo_name, model.output_shape
-    ('tiny', (None, 5))
-    """
-    from keras_vit.zoo import bit_layout, convert
-
-    config = {**checkpoint.config, **kwargs}
-    if checkpoint.family == "bit":
-        from keras_vit.models.resnet_v2 import resnet_v2 as builder
+def reader_module(name):
+    """The reader module of a source, imported when first asked about
+    (the readers import Keras and NumPy; ``keras-vit list`` needs
+    neither). Each is named here, not computed."""
+    if name == "transformers":
+        from keras_vit.zoo import transformers_hub as module
+    elif name == "timm":
+        from keras_vit.zoo import timm_hub as module
+    elif name == "keras-hub":
+        from keras_vit.zoo import keras_hub_io as module
+    elif name == "keras":
+        from keras_vit.zoo import keras_file as module
+    elif name == "official":
+        from keras_vit.zoo import official as module
     else:
-        from keras_vit.models.vit import vit as builder
-    model = builder(**config)
-    if checkpoint.arrays is not None:
-        if checkpoint.family == "bit":
-            bit_layout.load_weights(model, checkpoint.arrays,
-                                    source_name=checkpoint.source_name)
-        else:
-            convert.load_weights(model, checkpoint.arrays,
-                                 keep_pre_logits=checkpoint.keep_pre_logits,
-                                 source_name=checkpoint.source_name)
-    for attr, value in checkpoint.tags.items():
-        setattr(model, attr, value)
-    return model
-
-
-def model_name(arch_name):
-    """The Keras model name a zoo name gives by default:
-    ``"ViT-B/16"`` -> ``"vit_b_16"``.
-
-    >>> model_name("R50+ViT-B/16")
-    'r50_vit_b_16'
-    """
-    return (arch_name.replace("/", "_").replace("+", "_").lower()
-            .replace("-", "_"))
+        raise ValueError(f"no source is named {name!r}")
+    return module
 
 
 class Source(typing.NamedTuple):
     """One line of the registry: a source's name, and its predicate and
-    reader as functions of a ``keras_vit.zoo`` module (imported when the
-    source is first asked about)."""
+    reader, functions of its module (:func:`_module`)."""
 
     name: str
-    module: str
     claims_name: str | None
     read_name: str
-
-    def _function(self, attr):
-        return getattr(importlib.import_module(f"keras_vit.zoo.{self.module}"),
-                       attr)
 
     def claims(self, value, *, progress=None):
         """True when this source reads ``value``."""
         if self.claims_name is None:
             return True
-        return bool(self._function(self.claims_name)(value, progress=progress))
+        return bool(getattr(reader_module(self.name), self.claims_name)(
+            value, progress=progress))
 
-    def read(self, value, name, image_size=None, num_classes=None, *,
-             keep_pre_logits=False, progress=None, **kwargs):
-        """The :class:`Checkpoint` this source reads from ``value``."""
-        return self._function(self.read_name)(
-            value, name, image_size, num_classes,
-            keep_pre_logits=keep_pre_logits, progress=progress, **kwargs)
+    def read(self, value, name=None, *, progress=None, prefer_size=None,
+             sizes=None, argument=None):
+        """The :class:`Checkpoint` this source reads from ``value``
+        (``name``: the architecture, for weights that do not say;
+        ``prefer_size``: which of a release's files to fetch where it has
+        one per resolution; ``sizes``: the caller's size keywords, which
+        amend ``name``'s; ``argument``: what the caller calls ``value``,
+        for errors)."""
+        return getattr(reader_module(self.name), self.read_name)(
+            value, name, progress=progress, prefer_size=prefer_size,
+            sizes=sizes, argument=argument)
 
 
-# The sources zoo.load asks, in order; each is asked about `name`, then
-# about `weights` (with `name` as the architecture).
+# The sources zoo.load asks; each is asked about `name`, then about
+# `weights` (with `name` as the architecture).
 SOURCES = (
-    Source("transformers", "transformers_hub", "is_transformers_source",
-           "read_checkpoint"),
-    Source("timm", "timm_hub", "is_timm_source", "read_checkpoint"),
-    Source("keras-hub", "keras_hub_io", "is_keras_hub_source",
-           "read_checkpoint"),
-    Source("keras", "keras_file", "is_keras_file", "read_checkpoint"),
+    Source("transformers", "is_transformers_source", "read_checkpoint"),
+    Source("timm", "is_timm_source", "read_checkpoint"),
+    Source("keras-hub", "is_keras_hub_source", "read_checkpoint"),
+    Source("keras", "is_keras_file", "read_checkpoint"),
 )
 # What no line claims: a zoo name with an official .npz (a tag, a path, a
 # URL) or None for random weights.
-OFFICIAL = Source("official", "api", None, "read_checkpoint")
+OFFICIAL = Source("official", None, "read_checkpoint")
+
+
+def claims(value, progress=None):
+    """The sources that claim ``value``. transformers' folders are timm's
+    files plus a ``config.json`` naming a ``model_type``: the two are
+    told apart by that one field, so timm's claim yields to it."""
+    found = [s for s in SOURCES if s.claims(value, progress=progress)]
+    names = [s.name for s in found]
+    if "transformers" in names and "timm" in names:
+        found = [s for s in found if s.name != "timm"]
+    # A model.safetensors without the config.json that names its
+    # architecture is no repository: beside a complete model it is
+    # not a second claim (alone, timm's reader says what is missing).
+    if len(found) > 1 and isinstance(value, (str, os.PathLike)) and (
+            os.path.isdir(value)) and not os.path.isfile(
+                os.path.join(value, "config.json")):
+        found = [s for s in found if s.name != "timm"]
+    return found
+
+
+def _local(value):
+    return isinstance(value, (str, os.PathLike)) and os.path.exists(value)
 
 
 def find(name, weights, *, progress=None):
     """``(source, value, arch_name)``: the :class:`Source` that reads what
     ``zoo.load(name, weights)`` asks for, the value it reads, and the
-    architecture name that goes with it (None: the source's own).
+    architecture name that goes with it (None: the source's own). A local
+    folder or file two sources claim is refused (ValueError naming both).
 
     >>> source, value, arch_name = find("ViT-B/16", "auto")
     >>> source.name, value, arch_name
     ('official', 'auto', 'ViT-B/16')
     """
-    for source in SOURCES:
-        for value, arch_name in ((name, None), (weights, name)):
-            if arch_name is not None and (weights is None or (
-                    isinstance(weights, str) and weights == "auto")):
-                continue
-            if source.claims(value, progress=progress):
-                return source, value, arch_name
+    for value, arch_name in ((name, None), (weights, name)):
+        if arch_name is not None and (weights is None or (
+                isinstance(weights, str) and weights == "auto")):
+            continue
+        found = claims(value, progress)
+        if len(found) > 1 and _local(value):
+            argument = "name" if arch_name is None else "weights"
+            raise ValueError(
+                f"{argument}={os.fspath(value)!r} is ambiguous: it holds "
+                f"the files of {' and of '.join(s.name for s in found)}; "
+                "keras_vit reads one model from a folder, so name the file "
+                "(the .keras file itself) or move one model out")
+        if found:
+            return found[0], value, arch_name
     _refuse_unread_path(name)
     return OFFICIAL, weights, name
 
@@ -187,17 +164,72 @@ def _refuse_unread_path(name):
     reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing: such a
     name otherwise reached the zoo's name parser and was called an
     unknown model. Zoo names never start with those."""
-    if not isinstance(name, str):
+    if not isinstance(name, (str, os.PathLike)):
         return
+    name = os.fspath(name)
     if os.path.isdir(name):
+        from keras_vit.zoo import hub_files
+
         raise FileNotFoundError(
             f"name={name!r} is a folder keras_vit cannot read: a fine-tune "
             "run holds model.keras (written when it finishes), a timm or "
             "transformers repository config.json and model.safetensors, a "
-            "keras-hub preset config.json and metadata.json")
+            "keras-hub preset config.json and metadata.json"
+            + hub_files.pickle_hint(name))
     if name.startswith((os.sep, "./", "../", "~")) and not os.path.exists(
             name):
         raise FileNotFoundError(
             f"name={name!r} does not exist; zoo.load takes a zoo name "
             "(keras_vit.zoo.list_models()), a .keras file, a fine-tune "
             "run's folder, or a timm, transformers or keras-hub folder")
+
+
+def _honoured(source, value, arch_name, weights):
+    """``weights`` when ``source`` can honour it for ``value``: a source
+    claimed from ``name`` holds its own weights, so only ``"auto"`` (them)
+    or None (random initialisation) apply."""
+    if arch_name is None and source is not OFFICIAL and not (
+            weights is None or (isinstance(weights, str)
+                                and weights == "auto")):
+        raise ValueError(
+            f"weights applies to zoo names only; received weights="
+            f"{weights!r} with the {source.name} source name="
+            f"{os.fspath(value)!r}, which holds its own weights (pass "
+            "weights='auto' for them or None for random initialisation)")
+    return weights
+
+
+# The keywords that size an architecture: with weights given for a name,
+# they amend the name's sizes the reader checks the tensors against.
+_SIZES = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
+          "resnet")
+
+
+def load(name, weights="auto", request=None, *, progress=None,
+         argument=None):
+    """The model ``zoo.load(name, weights, ...)`` returns: find, read,
+    settle (``request``, a :class:`~keras_vit.zoo.settle.Request`),
+    bound, build (see the module). ``argument`` is what errors call
+    ``name`` (``"MODEL"`` for a command line)."""
+    from keras_vit.zoo import settle
+
+    request = request or settle.Request()
+    source, value, arch_name = find(name, weights, progress=progress)
+    _honoured(source, value, arch_name, weights)
+    if source is not OFFICIAL and arch_name is None and weights is None:
+        request = dataclasses.replace(request, random=True)
+    sizes = {k: request.options[k] for k in _SIZES if k in request.options}
+    checkpoint = source.read(value, arch_name, progress=progress,
+                             prefer_size=request.image_size,
+                             sizes=sizes if arch_name is not None else None,
+                             argument=argument if arch_name is None else None)
+    # `build` is looked up here, so that a test can watch it.
+    return _build_settled(checkpoint, request, builder=build)
+
+
+def build_settled(checkpoint, request):
+    """Steps 3 to 5 for a checkpoint already read
+    (:func:`keras_vit.zoo.build.build_settled`)."""
+    return _build_settled(checkpoint, request, builder=build)
+
+

@@ -15,7 +15,7 @@ import numpy as np
 
 from keras_vit.errors import require
 
-matplotlib = require("matplotlib", purpose="the analysis figures")
+matplotlib = require("matplotlib", purpose="drawing the analysis figures")
 
 # Render without a display (servers, CI). Skipped if pyplot is already in
 # use, e.g. inline in a notebook: switching its backend would break the

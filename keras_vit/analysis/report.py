@@ -160,13 +160,10 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
     Returns:
         The dict written to ``analysis.json``, plus ``"out_dir"``.
     """
-    try:
-        from keras_vit.analysis import plots
-    except ImportError as e:
-        # matplotlib is an optional dependency; say how to get it.
-        raise ImportError(
-            "inspect draws its figures with matplotlib, which is not "
-            f"installed ({e}); pip install 'matplotlib>=3.8'") from e
+    # matplotlib is optional: without it this raises MissingDependencyError,
+    # which names the package and the pip command in one line (and which
+    # the command line prints so, with exit status 2).
+    from keras_vit.analysis import plots
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or (
             batch_size < 1):

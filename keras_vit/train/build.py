@@ -9,7 +9,8 @@ import contextlib
 import os
 
 from keras_vit.train import distribute as strategy_lib
-from keras_vit.train.evaluation import model_image_size
+from keras_vit.train.evaluation import (model_image_size, model_label_names,
+                                        shown_names)
 
 
 @contextlib.contextmanager
@@ -26,7 +27,7 @@ def dtype_policy(name):
 
 
 def build_model(model, *, num_classes, image_size=None, weights="auto",
-                dropout_rate=None, model_options=None):
+                dropout_rate=None, model_options=None, label_names=None):
     """A model for training, built in the current strategy scope.
 
     ``model`` is a zoo name (loaded with ``weights``; a head of another size
@@ -37,7 +38,18 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     embeddings resized), ``num_classes`` (a new zero-initialised head),
     ``dropout_rate`` or the dtype policy differ), or a function returning a
     model.
+
+    ``label_names``: the class names of the data (its ``class_names``), or
+    None. The model's head takes them (:func:`name_classes`): a new head
+    gets them, a head that has names keeps them when they are the same and
+    is refused when they differ.
     """
+    return name_classes(_build(model, num_classes, image_size, weights,
+                               dropout_rate, model_options), label_names)
+
+
+def _build(model, num_classes, image_size, weights, dropout_rate,
+           model_options):
     import keras
 
     from keras_vit.zoo.resolve import model_path, rebuild, resolve_model
@@ -76,6 +88,71 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     if rebuilt is not model:
         return rebuilt
     return _copy_into_scope(model)
+
+
+def name_classes(model, label_names, *, argument="the data"):
+    """``model`` with its head's classes named ``label_names`` (in place:
+    the names are part of the model's config, so ``.keras`` files and
+    exports carry them).
+
+    None changes nothing; so does a model whose outputs are not one per
+    name (the caller's check of the head reports that). A head that
+    already has names keeps them when they equal ``label_names`` and is
+    refused (ValueError naming both, ``argument`` naming where the new
+    ones come from) when they differ: its outputs were trained for other
+    classes, or in another order. A model that is not a keras_vit model
+    cannot keep names in its files: a warning says so.
+
+    >>> import keras_vit
+    >>> m = keras_vit.vit(16, 8, 16, 1, 2, 32, 2)
+    >>> name_classes(m, ["cat", "dog"]).label_names
+    ('cat', 'dog')
+    >>> name_classes(m, ["dog", "cat"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: the model's head already names its classes ['cat', 'dog'] ...
+    """
+    import warnings
+
+    from keras_vit.models.common import check_label_names
+    from keras_vit.train.evaluation import model_classes
+
+    if label_names is None:
+        return model
+    names = tuple(label_names)
+    if model_classes(model) != len(names):
+        return model
+    have = model_label_names(model)
+    if have is not None:
+        if have != names:
+            raise ValueError(
+                f"the model's head already names its classes {shown_names(have)}"
+                f" but {argument} has the classes {shown_names(names)}: its "
+                "outputs would be read as other classes. Use data with the "
+                "model's classes (same names, same order), or start from a "
+                "model without them (a zoo name with another num_classes "
+                "gets a new head)")
+        if getattr(model, "label_names", None) is not None:
+            return model
+    from keras_vit.models import (AxialVisionTransformer, ResNetV2,
+                                  VisionTransformer)
+
+    if not isinstance(model, (VisionTransformer, AxialVisionTransformer,
+                              ResNetV2)):
+        warnings.warn(
+            f"model={model.name!r} is a {type(model).__name__}, not a "
+            f"keras_vit model: its files cannot keep the class names "
+            f"{shown_names(names)}", UserWarning, stacklevel=2)
+        return model
+    try:
+        checked = check_label_names(list(names), model_classes(model),
+                                    getattr(model, "include_top", True))
+    except ValueError as e:  # e.g. a dataset naming two classes alike
+        raise ValueError(f"the class names of {argument} cannot name the "
+                         f"model's classes: {e}") from None
+    # The attribute the constructor sets, which the config returns: the
+    # model is what the constructor would have built with these names.
+    model.label_names = checked
+    return model
 
 
 def _copy_into_scope(model):

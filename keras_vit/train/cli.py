@@ -54,28 +54,23 @@ def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
     the available memory, saying what to change: a ``--micro-batch-size``
     that fits (gradient accumulation: the same updates), or a smaller
-    ``--batch-size`` / ``--image-size``. Runs on an accelerator (of
+    ``--batch-size`` / ``--image-size``
+    (:func:`keras_vit.memory.check_step`). Runs on an accelerator (of
     whichever Keras backend) are not checked: host memory is not theirs."""
     from keras_vit import hardware
+    from keras_vit.memory import check_step
 
     if hardware.detect().accelerator != "cpu":
         return
     available = available_memory() if available is None else available
-    need = step_memory_estimate(trainer.model, trainer.micro)
-    if available is None or need is None or need <= 1.5 * available:
+    if available is None:
         return
-    per_image = need / trainer.micro
-    fits = [m for m in range(1, trainer.per_replica + 1)
-            if trainer.per_replica % m == 0 and m * per_image <= available / 2]
-    r = trainer.recipe
-    hint = (f"set --micro-batch-size {fits[-1]} (gradient accumulation: "
-            "the same updates, less memory), or " if fits else "")
-    raise ValueError(
-        f"the recipe's step of {trainer.micro} images at image_size "
-        f"{r.image_size} needs about {need / 2**30:.1f} GiB of activations "
-        f"(an estimate) but this machine has {available / 2**30:.1f} GiB "
-        f"available; {hint}lower --batch-size (now {r.batch_size}) or "
-        "--image-size, or pass --no-memory-check to try anyway")
+    check_step(trainer.model, trainer.micro, per_replica=trainer.per_replica,
+               batch_size=trainer.recipe.batch_size, available=available,
+               names={"micro_batch_size": "--micro-batch-size ",
+                      "batch_size": "--batch-size",
+                      "image_size": "--image-size",
+                      "skip": "--no-memory-check"})
 
 
 def _add_data_options(p, what="training data"):
@@ -120,9 +115,12 @@ def register(subparsers):
     _add_data_options(p)
     p.add_argument("--eval-data", metavar="SPEC",
                    help="held-out data (default: the test split of digits "
-                        "or tfds data; none for folders)")
+                        "or tfds data; for a folder or .npz, 10%% of each "
+                        "class, set aside from training: the same images "
+                        "on every run)")
     p.add_argument("--no-eval", action="store_true",
-                   help="do not evaluate at the end")
+                   help="do not evaluate at the end (a folder's images all "
+                        "train)")
     p.add_argument("--recipe", default="finetune", metavar="NAME",
                    help=f"one of {', '.join(recipes.names())} (default: "
                         "finetune)")
@@ -230,6 +228,8 @@ def _run_dir(args, what):
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is a file; the run needs a folder "
                          "(its checkpoints, metrics and model.keras)")
+    # Before the data and the model load: missing folders are created then.
+    options.check_output_folder(out, "--out", out)
     return out
 
 
@@ -276,6 +276,14 @@ def run_fine_tune(args):
                 raise
             print(f"note: no held-out split {eval_spec!r}; not evaluating "
                   "(pass --eval-data)")
+    elif not args.no_eval:
+        # A folder or .npz has no test split: evaluate on a part of it.
+        train, evaluation = hold_out(train)
+        if evaluation is not None:
+            print(f"note: holding out {HOLD_OUT:.0%} of {train.source_name} "
+                  f"for evaluation ({evaluation.num_examples} images, the "
+                  "same ones on every run; --eval-data SPEC chooses, "
+                  "--no-eval trains on all)")
     out = _run_dir(args, args.recipe)
     weights = options.weights_value(args.weights)
     trainer = Trainer(
@@ -286,20 +294,77 @@ def run_fine_tune(args):
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
-    result = trainer.fit()
+    result = _fit(trainer, args)
+    if result is None:
+        return 130
     if args.json and trainer.is_chief:
         _print_metrics(result)
     return 0
 
 
+# The share of a folder (or .npz) fine-tune evaluates on when no
+# --eval-data is given.
+HOLD_OUT = 0.1
+
+
+def hold_out(source, fraction=HOLD_OUT, seed=0):
+    """``(train, held_out)``: ``fraction`` of each class of ``source``
+    (rounded, at least one image of a class with two or more) set aside
+    for evaluation, the same images for the same data (a resumed run
+    evaluates on the same ones); ``(source, None)`` if no class can spare
+    one. Both keep ``source``'s name in ``source_name``."""
+    import numpy as np
+
+    labels = np.asarray(source.labels())
+    rng = np.random.default_rng(seed)
+    held = []
+    for c in range(source.num_classes):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) >= 2:
+            k = max(1, int(fraction * len(idx) + 0.5))
+            held.extend(rng.choice(idx, k, replace=False).tolist())
+    if not held:
+        return source, None
+    keep = np.setdiff1d(np.arange(source.num_examples), held)
+    train, evaluation = source.subset(keep), source.subset(sorted(held))
+    name = source.name
+    train.name = f"{name}[train {1 - fraction:.0%}]"
+    evaluation.name = f"{name}[held out {fraction:.0%}]"
+    train.source_name = evaluation.source_name = name
+    return train, evaluation
+
+
+def _fit(trainer, args):
+    """``trainer.fit()``; None after Ctrl-C, once the checkpoint of the
+    current step is saved and the command that resumes it printed."""
+    import shlex
+    import sys
+
+    from keras_vit.train.interrupt import TrainingInterrupted
+
+    try:
+        return trainer.fit()
+    except TrainingInterrupted as e:
+        # The same command resumes; --restart would delete the checkpoint.
+        again = [a for a in getattr(args, "command_line", ())
+                 if a != "--restart"]
+        print(f"{options.PROG}: interrupted at step {e.step} of "
+              f"{e.total_steps}; its checkpoint is in {e.out_dir}"
+              + (f". Resume with:\n  {shlex.join(again)}" if again else
+                 " (the same command resumes)"),
+              file=sys.stderr, flush=True)
+        return None
+
+
 def _load_model(args, num_classes=None):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
-    model.keras), or a zoo name with --weights."""
+    model.keras), a Hub folder or a zoo name with --weights, resolved
+    by the zoo's one pipeline: --image-size and --weights are applied
+    (or refused by name) whatever MODEL is."""
     from keras_vit.zoo import resolve_model
 
-    if str(args.model).endswith(".keras") or os.path.isdir(args.model):
-        return resolve_model(args.model, argument="MODEL", error=options.UserError)
-    return resolve_model(args.model, weights=args.weights,
+    return resolve_model(args.model, weights=options.weights_value(
+                             args.weights),
                          image_size=args.image_size, num_classes=num_classes,
                          argument="MODEL", error=options.UserError)
 
@@ -327,11 +392,12 @@ def run_evaluate(args):
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
     from keras_vit.errors import printable
+    from keras_vit.train.evaluation import result_lines
 
     return _show(args, result, [
         f"{printable(args.model)} on {printable(source.name)}: top-1 accuracy "
         f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
-        f"({result['num_examples']} images)"])
+        f"({result['num_examples']} images)"] + result_lines(result))
 
 
 def _show(args, result, lines):
@@ -416,7 +482,9 @@ def run_pretrain(args):
         verbose=not args.quiet, **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
-    result = trainer.fit()
+    result = _fit(trainer, args)
+    if result is None:
+        return 130
     if not trainer.is_chief:
         return 0
     if args.json:
@@ -523,6 +591,10 @@ def run_vtab(args):
     overrides = _recipe_overrides(args)
     steps = overrides.pop("total_steps", None)
     out = args.out or os.path.join("runs", f"vtab-{_slug(args.model)}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file; the sweep needs a "
+                         "folder (its runs, vtab.json and vtab.md)")
+    options.check_output_folder(out, "--out", out)  # before any task runs
     weights = options.weights_value(args.weights)
     scores = vtab.run(
         args.model, args.tasks, out_dir=out, data_dir=args.data_dir,

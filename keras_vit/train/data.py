@@ -33,7 +33,7 @@ import numpy as np
 from keras_vit import compat
 from keras_vit import images as image_budget
 from keras_vit.errors import (KerasVitError, check_archive, closest,
-                              did_you_mean, require, special_file)
+                              require, special_file)
 
 # What tf.io.decode_image reads; other formats are skipped when scanning.
 # "MPO" is PIL's name for the JPEGs many phone cameras write (a JPEG with
@@ -617,13 +617,41 @@ def load_data(spec, split=None, *, data_dir=None, download=False,
     if text.lower().endswith(".npz"):
         return _npz_source(text)
     if os.path.isdir(text) or os.sep in text or os.path.exists(text):
-        return FolderSource(text, verbose=verbose)
+        try:
+            return FolderSource(text, verbose=verbose)
+        except FileNotFoundError as e:
+            hint = "" if os.path.exists(text) else _folder_hint(text)
+            if hint:
+                raise FileNotFoundError(f"{e}{hint}") from None
+            raise
     raise DataError(_spec_help(spec))
 
 
+def _folder_hint(text):
+    """`` Did you mean the folder 'X'?`` for a folder beside ``text``
+    whose name is close to it (a typo in a folder name), or ``""``."""
+    parent, name = os.path.split(os.path.normpath(text))
+    try:
+        entries = sorted(os.listdir(parent or "."))[:10_000]
+    except OSError:
+        return ""
+    folders = [e for e in entries if not e.startswith(".")
+               and os.path.isdir(os.path.join(parent, e))]
+    near = closest(name, folders)
+    return (f" Did you mean the folder {os.path.join(parent, near[0])!r}?"
+            if near else "")
+
+
 def _spec_help(spec):
-    hint = did_you_mean(spec, ("digits", "digits:test", "digits:train")) if (
-        isinstance(spec, str)) else ""
+    hint = ""
+    if isinstance(spec, str):
+        builtin = closest(spec, ("digits", "digits:test", "digits:train"))
+        # A folder that exists is what a mistyped name most likely meant.
+        hint = _folder_hint(spec)
+        if hint and builtin:
+            hint = f"{hint[:-1]}, or {builtin[0]!r}?"
+        elif builtin:
+            hint = f" Did you mean {builtin[0]!r}?"
     return (f"Cannot read data={spec!r}: expected 'digits', 'digits:test', "
             "'tfds:NAME[:SPLIT]', a folder with one sub-folder of images per "
             f"class, or an .npz file with arrays x and y.{hint}")
@@ -808,9 +836,21 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
     return fn
 
 
-def steps_per_epoch(source, global_batch_size):
-    """Full batches in one epoch (the ragged remainder is dropped)."""
-    return source.num_examples // global_batch_size
+def steps_per_epoch(source, global_batch_size, *, shards=1):
+    """Full batches in one epoch (the ragged remainder is dropped); a
+    ValueError naming the batch size and the number of images when that is
+    none at all (``model.fit`` would run epochs that train nothing).
+    ``shards``: the epoch is split into that many parts, each batched by
+    itself."""
+    per_shard = source.num_examples // shards
+    if per_shard < global_batch_size:
+        where = (f"{per_shard} images in each of {shards} shards of "
+                 if shards > 1 else f"{source.num_examples} images in ")
+        raise ValueError(
+            f"batch_size={global_batch_size} is larger than the training "
+            f"data ({where}{source.name!r}): an epoch would hold no full "
+            f"batch; pass batch_size={per_shard} or less (or more data)")
+    return per_shard // global_batch_size
 
 
 def dataset(source, image_size, batch_size, *, training=True, seed=0,
@@ -824,7 +864,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         image_size: output resolution (square).
         batch_size: images per batch.
         training: augment (inception crop, flip) and shuffle, and drop the
-            ragged last batch; else resize only, in order.
+            ragged last batch (a source with fewer images than one batch
+            is refused); else resize only, in order.
         seed: seeds the shuffle and the augmentation.
         epoch: None reshuffles each time the dataset is iterated (for
             ``model.fit``); an int fixes that epoch's order.
@@ -868,6 +909,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         ds = ds.take(max(0, source.num_examples // num_shards - skip))
     if drop_remainder is None:
         drop_remainder = training
+    if drop_remainder:  # no full batch: refused, not an empty epoch
+        steps_per_epoch(source, batch_size, shards=num_shards)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     options = tf.data.Options()
     options.deterministic = True

@@ -13,6 +13,7 @@ from keras_vit.train.evaluation import classifier_of
 
 
 def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
+                         check_memory=True, label_names=None,
                          **overrides):
     """Compiles ``model`` for ``model.fit`` with a recipe's optimizer,
     schedule, clipping, gradient accumulation and loss (one device; use
@@ -22,16 +23,49 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     (e.g. from :func:`~keras_vit.train.dataset`) for ``total_steps``
     optimizer steps (times the accumulation steps when accumulating).
 
-    >>> import keras_vit, keras_vit.train as kt
-    >>> model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
-    >>> r = kt.compile_for_finetune(model, total_steps=6, warmup_steps=1,
-    ...                             batch_size=32, learning_rate=0.03)
-    >>> ds = kt.dataset("digits", 16, r.batch_size, crop_area=None)
-    >>> h = model.fit(ds, steps_per_epoch=6, epochs=1, verbose=0)
-    >>> h.history["loss"][0] < 2.31
-    True
-    """
+    The fine-tuning recipe's batch is the paper's 512: on a CPU, a step
+    that clearly cannot fit the memory available (ViT-B/16 at 224 needs
+    about 143 GiB of activations for 512 images) is refused here, naming
+    a ``micro_batch_size`` that fits, as ``keras-vit fine-tune`` does
+    (:func:`keras_vit.memory.check_step`); ``check_memory=False`` skips
+    the check.
 
+    ``label_names``: the classes the model learns, so that its files and
+    exports carry them: a list of names, or the data source itself (its
+    ``class_names``; a Keras ``image_dataset_from_directory`` dataset has
+    them too). The model's head is named in place; a head whose names
+    differ is refused (see :func:`~keras_vit.train.build.name_classes`).
+
+    >>> import keras, keras_vit, keras_vit.train as kt
+    >>> keras.utils.set_random_seed(0)
+    >>> model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+    >>> source = kt.load_data("digits")
+    >>> r = kt.compile_for_finetune(model, total_steps=6, warmup_steps=1,
+    ...                             batch_size=32, learning_rate=0.03,
+    ...                             label_names=source)
+    >>> ds = kt.dataset(source, 16, r.batch_size, crop_area=None)
+    >>> h = model.fit(ds, steps_per_epoch=6, epochs=1, verbose=0)
+    >>> h.history["loss"][0] < 2.31, model.label_names[:3]
+    (True, ('0', '1', '2'))
+    """
+    from keras_vit.train.build import name_classes
+
+    if label_names is not None and not isinstance(label_names, (list,
+                                                                tuple)):
+        if not hasattr(label_names, "class_names"):
+            raise ValueError(
+                "label_names must be a list of class names or a data source "
+                "with class_names; received label_names of type "
+                f"{type(label_names).__name__}")
+        label_names = label_names.class_names
+    from keras_vit.train.evaluation import model_classes
+
+    if label_names is not None and len(label_names) != model_classes(model):
+        raise ValueError(
+            f"label_names names {len(label_names)} classes but model="
+            f"{model.name!r} has {model_classes(model)} outputs; received "
+            f"label_names={list(label_names)[:10]}")
+    name_classes(model, label_names, argument="label_names")
     r = recipes_lib.get(recipe, classifier=classifier_of(model),
                         **overrides)
     if r.total_steps is None:
@@ -50,12 +84,35 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
                 f"micro_batch_size={r.micro_batch_size} must divide "
                 f"batch_size={r.batch_size}")
         accum = r.batch_size // r.micro_batch_size
+    if check_memory:
+        _check_step_memory(model, r)
     optimizer = recipes_lib.make_optimizer(
         r, total, clip_in_optimizer=True, accumulation_steps=accum)
     model.compile(optimizer=optimizer,
                   loss=smoothed_sparse_crossentropy(r.label_smoothing),
                   metrics=["accuracy"], jit_compile=_fit_jit(model, r))
     return r
+
+
+def _check_step_memory(model, recipe):
+    """:func:`keras_vit.memory.check_step` for the step ``model.fit`` will
+    run: the micro-batch (or batch), split over the replicas of an active
+    ``tf.distribute`` strategy."""
+    import keras
+
+    from keras_vit.memory import check_step
+
+    replicas = 1
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    per_replica = max(1, recipe.batch_size // replicas)
+    images = max(1, (recipe.micro_batch_size or recipe.batch_size)
+                 // replicas)
+    check_step(model, images, per_replica=per_replica,
+               batch_size=recipe.batch_size)
 
 
 def _fit_jit(model, recipe):

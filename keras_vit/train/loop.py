@@ -26,6 +26,7 @@ from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
 from keras_vit.train.build import build_model, dtype_policy, make_engine
 from keras_vit.train.evaluation import classification_terms, model_image_size
+from keras_vit.train.interrupt import StopOnInterrupt, TrainingInterrupted
 from keras_vit.train.progress import RunLog
 # Defined here before the loop had rooms of its own; still found here.
 from keras_vit.train.progress import history_row  # noqa: F401
@@ -100,6 +101,11 @@ class Trainer:
     (3, True)
     """
 
+    #: Whether the model's head is named after the data's classes
+    #: (``class_names``, e.g. a folder's sub-folders): a classifier's is,
+    #: the head of a self-supervised objective is not.
+    names_classes = True
+
     def __init__(self, model, train_data, eval_data=None, *,
                  recipe="finetune", out_dir=None, strategy="auto",
                  weights="auto", resume=True, model_options=None, tpu=None,
@@ -140,6 +146,8 @@ class Trainer:
             self.model = build_model(
                 model, num_classes=self.train.num_classes, weights=weights,
                 model_options=model_options,
+                label_names=(self.train.class_names if self.names_classes
+                             else None),
                 **settings.model_settings(model, r, overrides))
             self.image_size = model_image_size(self.model)
             self.recipe = r = settings.fit_to_model(
@@ -234,28 +242,38 @@ class Trainer:
         end = self.total_steps if stop_at_step is None else min(
             self.total_steps, stop_at_step)
         last_saved = step if self.resumed_from is not None else None
-        try:
-            while step < end:
-                if in_epoch >= self.steps_per_epoch:
-                    epoch, in_epoch = epoch + 1, 0
-                iterator = iter(self.engine.batches(epoch, in_epoch))
-                while in_epoch < self.steps_per_epoch and step < end:
-                    outputs = self.engine.train_step(iterator, step)
-                    step += 1
-                    in_epoch += 1
-                    log.step_done(step, epoch, outputs, log=(
-                        step % r.log_every == 0 or step == end))
-                    if step % r.checkpoint_every == 0 and step < end:
-                        self.save_checkpoint(epoch, in_epoch)
-                        last_saved = step
-                    if (r.eval_every and self.eval is not None
-                            and step % r.eval_every == 0 and step < end):
-                        self._evaluate_and_log(step)
-        finally:
-            log.close_bar()
-        if last_saved != step:
-            self.save_checkpoint(epoch, in_epoch)
-        self.engine.sync()
+        # Ctrl-C stops after the step under way, which is then saved (one
+        # process with a run directory; several workers would have to
+        # agree on the step, so they stop as before).
+        stop = StopOnInterrupt(
+            enabled=self.out_dir is not None and self.info["workers"] == 1)
+        with stop:
+            try:
+                while step < end and not stop.requested:
+                    if in_epoch >= self.steps_per_epoch:
+                        epoch, in_epoch = epoch + 1, 0
+                    iterator = iter(self.engine.batches(epoch, in_epoch))
+                    while (in_epoch < self.steps_per_epoch and step < end
+                           and not stop.requested):
+                        outputs = self.engine.train_step(iterator, step)
+                        step += 1
+                        in_epoch += 1
+                        log.step_done(step, epoch, outputs, log=(
+                            step % r.log_every == 0 or step == end))
+                        if step % r.checkpoint_every == 0 and step < end:
+                            self.save_checkpoint(epoch, in_epoch)
+                            last_saved = step
+                        if (r.eval_every and self.eval is not None
+                                and step % r.eval_every == 0 and step < end
+                                and not stop.requested):
+                            self._evaluate_and_log(step)
+            finally:
+                log.close_bar()
+            if last_saved != step:
+                self.save_checkpoint(epoch, in_epoch)
+            self.engine.sync()
+        if stop.requested:
+            raise TrainingInterrupted(step, self.total_steps, self.out_dir)
         done = step >= self.total_steps
         metrics = log.figures(
             self._run_config(), step=step, complete=done,

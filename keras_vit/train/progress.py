@@ -46,15 +46,35 @@ def done_line(step, metrics, wall):
 
     >>> done_line(3, {"train_loss": 0.5}, 1.25)
     'done: step 3, train loss 0.5000 (1.2s)'
+    >>> print(done_line(3, {"train_loss": 0.5, "eval": {
+    ...     "accuracy": 0.75, "num_examples": 4, "per_class": {
+    ...         "cat": {"accuracy": 1.0}, "dog": {"accuracy": 0.5}}}}, 1.0))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    done: step 3, train loss 0.5000, eval accuracy 0.7500 on 4 images
+    (cat 1.0000, dog 0.5000) (1.0s)
     """
     ev = metrics.get("eval_ema") or metrics.get("eval")
     return (
         f"done: step {step}, train loss {metrics['train_loss']:.4f}"
         + (f", eval accuracy {ev['accuracy']:.4f} on {ev['num_examples']}"
-           f" images" if ev else "")
+           f" images" + _per_class(ev) if ev else "")
         + f" ({wall:.1f}s)"
         + (f"; wrote {metrics['model_path']}"
            if "model_path" in metrics else ""))
+
+
+def _per_class(result, limit=10):
+    """`` (cat 1.0000, dog 0.5000)``: an evaluation's accuracy per class
+    by name, when it has at most ``limit`` classes."""
+    from keras_vit.errors import printable
+
+    per_class = result.get("per_class") or {}
+    if not per_class or len(per_class) > limit:
+        return ""
+    return " (" + ", ".join(
+        f"{printable(name)} " + ("-" if row["accuracy"] is None
+                                 else f"{row['accuracy']:.4f}")
+        for name, row in per_class.items()) + ")"
 
 
 class RunLog:

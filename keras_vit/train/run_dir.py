@@ -5,7 +5,8 @@
                        under jax and torch)
     OUT/logs/          TensorBoard event files (train/, eval/)
     OUT/history.jsonl  one line per logged step
-    OUT/run.json       the recipe and the set-up
+    OUT/run.json       the recipe and the set-up (label_names: the
+                       class names of the model's head)
     OUT/metrics.json   final figures (written at the end)
     OUT/model.keras    the trained model (EMA weights when EMA is on)
     OUT/run.lock       the pid of the process the run belongs to
@@ -35,6 +36,9 @@ _RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
                 "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
                 "recipe.batch_size", "eval_data", "recipe.precision",
                 "recipe.jit_compile", "precision", "jit_compile", "backend"}
+# Settings recorded since a later version: a record without one says
+# nothing about it, so it is not a change.
+_RECORDED_SINCE = {"label_names"}
 
 
 def checkpoint_dir(out_dir):
@@ -244,7 +248,8 @@ def run_config_changes(before, now):
     old, new = flat(before), flat(atomic.to_json(now))
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new))
-            if key not in _RESUME_FREE and old.get(key) != new.get(key)]
+            if key not in _RESUME_FREE and old.get(key) != new.get(key)
+            and not (key in _RECORDED_SINCE and key not in old)]
 
 
 def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):

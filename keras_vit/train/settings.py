@@ -65,15 +65,18 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
             f"eval_data has {eval_.num_classes} classes but "
             f"train_data has {train.num_classes}; received "
             f"eval_data={eval_.name!r}")
+    if (eval_ is not None and eval_.class_names and train.class_names
+            and list(eval_.class_names) != list(train.class_names)):
+        # Found now, not by the evaluation after the whole run.
+        raise ValueError(
+            f"eval_data has the classes {eval_.class_names[:10]} but "
+            f"train_data has {train.class_names[:10]}; received "
+            f"eval_data={eval_.name!r}")
     r = recipe
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
+    # Refuses a batch larger than the data.
     steps_per_epoch = data_lib.steps_per_epoch(train, r.batch_size)
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"batch_size={r.batch_size} is larger than the training data "
-            f"({train.num_examples} images in "
-            f"{train.name!r}); use a smaller batch_size")
     total_steps = r.steps_for(train.num_examples)
     if named and "warmup_steps" not in overrides:
         # The named recipe's warmup, scaled to fit a short run.
@@ -131,11 +134,14 @@ def model_name(given, model):
 def record(run):
     """The settings of ``run`` (a :class:`~keras_vit.train.Trainer`) as
     ``run.json`` and its checkpoints record them."""
+    names = getattr(run.model, "label_names", None)
     return {
         "model": run.model_name,
         "train_data": run.train.name,
         "eval_data": None if run.eval is None else run.eval.name,
         "num_classes": run.train.num_classes,
+        # The head's class names (the model.keras file carries them too).
+        "label_names": None if names is None else list(names),
         "image_size": run.image_size,
         "recipe": run.recipe.to_dict(),
         "total_steps": run.total_steps,
@@ -149,6 +155,26 @@ def record(run):
     }
 
 
+def classes_text(source, limit=5):
+    """``"N classes"``, with the first ``limit`` names when ``source``
+    has them.
+
+    >>> from keras_vit.train.data import ArraySource
+    >>> import numpy as np
+    >>> classes_text(ArraySource(np.zeros((2, 4, 4, 3)), np.array([0, 1]),
+    ...                          class_names=["cat", "dog"]))
+    '2 classes: cat, dog'
+    """
+    from keras_vit.errors import printable
+
+    text = f"{source.num_classes} classes"
+    names = source.class_names
+    if not names:
+        return text
+    more = ", ..." if len(names) > limit else ""
+    return text + ": " + ", ".join(printable(n) for n in names[:limit]) + more
+
+
 def describe(run):
     """One paragraph on what ``run`` (a :class:`~keras_vit.train.Trainer`)
     does."""
@@ -160,8 +186,8 @@ def describe(run):
     return (
         f"{run.model_name} ({run.model.count_params():,} parameters) "
         f"at {run.image_size}x{run.image_size} on {run.train.name} "
-        f"({run.train.num_examples} images, {run.train.num_classes} "
-        f"classes): recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
+        f"({run.train.num_examples} images, {classes_text(run.train)}): "
+        f"recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
         f"{r.schedule} (warmup {r.warmup_steps}), {run.total_steps} "
         f"steps of {r.batch_size} images ({run.steps_per_epoch} per "
         f"epoch; {run.engine.replicas} replica(s) x "

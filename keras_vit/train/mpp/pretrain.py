@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.train import data as data_lib
-from keras_vit.train import engine
+from keras_vit.train import engine, settings
 from keras_vit.train.mpp.model import MaskedPatchPrediction
 from keras_vit.train.mpp.objective import check_fraction, check_target
 from keras_vit.zoo.resolve import resolve_model
@@ -96,6 +96,9 @@ class MppTrainer(engine.Trainer):
     fraction of corrupted patches predicted right.
     """
 
+    # The data's classes (if any) are not what the head predicts.
+    names_classes = False
+
     def __init__(self, model, train_data, *, target="mean_color",
                  corruption_rate=0.5, mask_fraction=0.8, random_fraction=0.1,
                  recipe="mpp", weights=None, verbose=True, data_dir=None,
@@ -152,7 +155,7 @@ class MppTrainer(engine.Trainer):
         o = self.model.objective()
         # The data's classes mean nothing here.
         text = super().describe().replace(
-            f", {self.train.num_classes} classes)", ")")
+            f", {settings.classes_text(self.train)})", ")")
         return (f"masked patch prediction ({o['target']}, "
                 f"{o['corruption_rate']:.0%} of {o['num_patches']} patches "
                 f"corrupted) with {text}")

@@ -219,9 +219,8 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         atomic.write_json(os.path.join(out_dir, f"{stem}.json"), scores)
-        with open(os.path.join(out_dir, f"{stem}.md"), "w",
-                  encoding="utf-8") as f:
-            f.write(markdown(scores))
+        atomic.write_text(os.path.join(out_dir, f"{stem}.md"),
+                          markdown(scores))
     return scores
 
 

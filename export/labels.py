@@ -1,0 +1,206 @@
+"""The class names of an exported model, recorded in the artifact where a
+deployer's own tools read them back.
+
+Every format holds the same text: the names in the order of the model's
+outputs, one per line (line i names class i), UTF-8, each line ending
+with a newline -- the ``labels.txt`` form that TFLite and TF Serving tools
+read. Where it goes:
+
+- SavedModel: the file ``assets/labels.txt`` of the directory;
+- ONNX: the model's ``metadata_props`` entry ``label_names``
+  (onnxruntime: ``session.get_modelmeta().custom_metadata_map``);
+- TFLite: the model's metadata entry ``label_names``, a buffer of the
+  flatbuffer (``ai_edge_litert.tools.flatbuffer_utils.read_model(path)
+  .metadata``).
+
+:func:`read_label_names` reads any of the three. The names are the
+model's ``label_names`` (else those its weights name, e.g. ImageNet's for
+a zoo checkpoint's head; for ``input="image_bytes"``, the names its
+``labels`` output returns). A name holding a line break cannot be written
+one per line: then nothing is recorded, and a warning and the report's
+notes say why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+#: The ONNX ``metadata_props`` key and the TFLite metadata name.
+KEY = "label_names"
+#: Where a SavedModel directory holds them.
+SAVED_MODEL_FILE = os.path.join("assets", "labels.txt")
+
+
+def unwritable(names):
+    """The first name that one line cannot hold (a line break of any kind
+    inside it), or None.
+
+    >>> unwritable(["cat", "dog"]), unwritable(["cat", "d\\u2028og"])
+    (None, 'd\\u2028og')
+    """
+    for name in names:
+        if name.splitlines() != [name]:
+            return name
+    return None
+
+
+def to_text(names):
+    """``names`` as the recorded text.
+
+    >>> to_text(["cat", "dog"])
+    'cat\\ndog\\n'
+    """
+    return "".join(f"{name}\n" for name in names)
+
+
+def from_text(text, where):
+    """The names of a recorded ``text``; ValueError naming ``where``
+    when it is not one name per line.
+
+    >>> from_text("cat\\ndog\\n", "labels.txt")
+    ('cat', 'dog')
+    """
+    if not text.endswith("\n") or "\n\n" in text or text.startswith("\n"):
+        raise ValueError(f"{where} is not one class name per line ending "
+                         f"with a newline; it holds {text[:200]!r}")
+    return tuple(text[:-1].split("\n"))
+
+
+def record(fmt, staged, graph, notes):
+    """Writes the class names of ``graph`` (the export's ServingGraph)
+    into the ``fmt`` artifact ``staged``; returns what the report's
+    options say of it (None when the model names no classes). A name
+    that one line cannot hold is noted in ``notes`` and warned about, and
+    nothing is written."""
+    source, names = graph.class_names()
+    if names is None:
+        return None
+    bad = unwritable(names)
+    if bad is not None:
+        message = (f"the class names were not recorded in the artifact: "
+                   f"{bad[:100]!r} holds a line break, and the artifact "
+                   "holds one name per line")
+        notes.append(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+        return None
+    text = to_text(names)
+    where = _WRITERS[fmt](staged, text)
+    return {"source": source, "count": len(names), "where": where}
+
+
+def _write_saved_model(directory, text):
+    path = os.path.join(directory, SAVED_MODEL_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    return SAVED_MODEL_FILE
+
+
+def _write_onnx(path, text):
+    import onnx
+
+    # The weights stay where they are: external data is not loaded, and
+    # tensors that refer to it are written back as references.
+    proto = onnx.load(path, load_external_data=False)
+    kept = [p for p in proto.metadata_props if p.key != KEY]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    proto.metadata_props.add(key=KEY, value=text)
+    onnx.save(proto, path)
+    return f"metadata_props[{KEY!r}]"
+
+
+def _write_tflite(path, text):
+    import numpy as np
+
+    from keras_vit.errors import require
+
+    flatbuffer_utils = require("ai_edge_litert.tools.flatbuffer_utils",
+                               package="ai-edge-litert",
+                               purpose="recording class names in TFLite "
+                                       "files")
+    schema = require("ai_edge_litert.schema_py_generated",
+                     package="ai-edge-litert",
+                     purpose="recording class names in TFLite files")
+    model = flatbuffer_utils.read_model(path)
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = KEY
+    entry.buffer = len(model.buffers) - 1
+    model.metadata = [m for m in (model.metadata or [])
+                      if _text(m.name) != KEY] + [entry]
+    flatbuffer_utils.write_model(model, path)
+    return f"metadata[{KEY!r}]"
+
+
+_WRITERS = {"saved_model": _write_saved_model, "onnx": _write_onnx,
+            "tflite": _write_tflite}
+
+
+def _text(value):
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def read_label_names(path):
+    """The class names recorded in an exported artifact (a SavedModel
+    directory, an ``.onnx`` or a ``.tflite`` file), as a tuple in the
+    order of its outputs, or None when it records none.
+
+    >>> import os, tempfile, keras_vit
+    >>> from keras_vit.export import read_label_names, to_onnx
+    >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 2,
+    ...                       label_names=["cat", "dog"])
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+    >>> _ = to_onnx(model, path, verify=False)
+    >>> read_label_names(path)
+    ('cat', 'dog')
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        file = os.path.join(path, SAVED_MODEL_FILE)
+        if not os.path.isfile(file):
+            return None
+        with open(file, encoding="utf-8", newline="") as f:
+            return from_text(f.read(), file)
+    if path.lower().endswith(".onnx"):
+        import onnx
+
+        proto = onnx.load(path, load_external_data=False)
+        for prop in proto.metadata_props:
+            if prop.key == KEY:
+                return from_text(prop.value,
+                                 f"{path!r} metadata_props[{KEY!r}]")
+        return None
+    if path.lower().endswith(".tflite"):
+        return _read_tflite(path)
+    raise ValueError(f"path={path!r} is not a SavedModel directory, an "
+                     ".onnx or a .tflite file")
+
+
+def _read_tflite(path):
+    """The ``label_names`` metadata of a ``.tflite`` file, read from the
+    flatbuffer in place (no copy of the weights)."""
+    from keras_vit.errors import require
+
+    schema = require("ai_edge_litert.schema_py_generated",
+                     package="ai-edge-litert",
+                     purpose="reading class names from TFLite files")
+    with open(path, "rb") as f:
+        data = f.read()
+    model = schema.Model.GetRootAs(data, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if _text(entry.Name()) != KEY:
+            continue
+        buffer = model.Buffers(entry.Buffer())
+        if buffer.Offset():  # stored after the flatbuffer
+            raw = data[buffer.Offset():buffer.Offset() + buffer.Size()]
+        else:
+            array = buffer.DataAsNumpy()
+            raw = b"" if isinstance(array, int) else array.tobytes()
+        return from_text(raw.decode("utf-8"),
+                         f"{path!r} metadata[{KEY!r}]")
+    return None

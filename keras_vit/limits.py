@@ -1,0 +1,78 @@
+"""Every bound keras_vit puts on what it reads, in one place.
+
+A few bytes of a file the user did not write (a ``config.json`` saying
+``num_layers=2000``, a header declaring a billion-element tensor, a PNG
+declaring 12000x12000 pixels) must not start an allocation this machine
+cannot hold, nor minutes of work before an error. Each reader, the image
+decoder, the memory check and the exporters take their caps from here, so
+that a change is made once and a file refused by one reader is refused by
+all of them.
+
+The caps on model sizes are far past any released ViT (ViT-22B: width
+6144, 48 layers; the largest inputs seen are ~1k pixels a side); within
+them :mod:`keras_vit.memory` decides from the sizes whether a model fits
+this machine, before anything is built.
+
+>>> from keras_vit import limits
+>>> limits.MAX_IMAGE_SIDE, limits.MAX_LAYERS
+(4096, 1024)
+"""
+
+# -- model sizes a config may ask for ------------------------------------------
+
+#: The largest image side a command, an argument or a downloaded config may
+#: ask for: ``--image-size 100000`` once resized the position embeddings to
+#: 39M tokens (11 GB) before any memory check could run.
+MAX_IMAGE_SIDE = 4096
+#: Encoder blocks (a stacked checkpoint declares its depth as an axis).
+MAX_LAYERS = 1024
+#: Widths: the token width, the MLP's hidden width.
+MAX_HIDDEN = 16384
+MAX_MLP = 65536
+#: Input channels.
+MAX_CHANNELS = 16
+#: Classes of a head (ImageNet-21k has 21,843).
+MAX_CLASSES = 1_000_000
+
+# -- files ---------------------------------------------------------------------
+
+#: A config.json (timm's, transformers', keras-hub's, a preprocessor's, a
+#: ``.keras`` archive's) is a few KB; ImageNet-21k label names ~0.5 MB.
+MAX_CONFIG_BYTES = 16 << 20
+#: safetensors' own limit on its JSON header.
+MAX_SAFETENSORS_HEADER = 100 << 20
+#: A ViT's Keras ``.h5`` weights hold 16 datasets a layer; a file with far
+#: more entries is not one.
+MAX_H5_ENTRIES = 100_000
+#: Keras writes a ``.keras`` archive's members uncompressed and reads
+#: ``model.weights.h5`` whole into memory; its own bomb check starts at
+#: 4 GiB, so a 1.5 MB ``.keras`` could still hold a 3.9 GB weights file. A
+#: member past the floor that inflates more than the expansion is refused:
+#: weights deflate by a few percent, and 10 MB of file stays under 200 MB.
+KERAS_BOMB_FLOOR = 64 << 20
+KERAS_MAX_EXPANSION = 20
+#: A JSON document nested deeper than this is no config (Python's parser
+#: would recurse until RecursionError).
+MAX_JSON_DEPTH = 64
+
+# -- images ----------------------------------------------------------------------
+
+#: Pixels an image may have after a reduced-scale decode (and the most a
+#: non-JPEG may have where several are decoded at once, in training).
+PIXEL_BUDGET = 16_000_000
+#: Bytes a non-JPEG may take decoded whole where one image is decoded at a
+#: time (``keras-vit predict``): 12000x12000 RGB (412 MiB) fits, 13300x13300
+#: RGBA (675 MiB) does not. Reducing and converting the decoded image costs
+#: about as much again (12000x12000 RGB: +824 MiB peak in all, measured by
+#: ``benchmarks/hostile_inputs.py``), which keeps a hostile file under 1 GiB.
+FULL_DECODE_BYTES = 448 * 2**20
+
+# -- memory ----------------------------------------------------------------------
+
+#: A model is refused when an estimate of what it needs passes this multiple
+#: of the memory available: the estimates are rough upper bounds, so only
+#: what clearly cannot fit is refused.
+MEMORY_SLACK = 1.5
+#: The share of the available memory a command that picks its own batch
+#: size (``keras-vit predict``, the exporters' checks) lets a batch take.
+BATCH_MEMORY_SHARE = 0.5

@@ -1,0 +1,280 @@
+"""Steps 3 to 5 of every load (:mod:`keras_vit.zoo.sources`): settle what
+the caller asks (:mod:`keras_vit.zoo.settle`), bound the result against
+this machine's memory, build the model and fill it; and what a reader
+returns (:class:`Checkpoint`).
+
+Below the readers and the sources list: every reader and the readers'
+own ``load`` functions build through here, and nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import numpy as np
+
+from keras_vit.errors import UnexpectedKeywordError, did_you_mean
+from keras_vit.zoo import bit_layout, convert
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """What a reader returns: what its files say about the model.
+
+    Attributes:
+        config: keyword arguments of the builder (:func:`keras_vit.vit`,
+            or :func:`keras_vit.models.resnet_v2.resnet_v2` for
+            ``family="bit"``) that the checkpoint fixes: sizes, numerics,
+            its ``image_size``, ``classifier``, ``representation_size``,
+            a default ``name`` and ``num_classes`` (used when the weights
+            hold no head), ...
+        arrays: the weights, ``{key: array}`` in the official ``.npz``
+            layout (ViT, or BiT for ``family="bit"``); None for random
+            initialisation.
+        source_name: how errors name the checkpoint (its file).
+        family: ``"vit"`` (ViT, hybrid, axial) or ``"bit"`` (a ResNetV2).
+        head: the number of classes of the head the weights hold, or
+            None (no head).
+        label_names: the names of that head's classes, or None.
+        head_config: builder arguments that belong to that head (its
+            activation) and go with it.
+        include_top: whether the model has a head unless the caller says
+            (None: when the weights have one or ``num_classes`` is asked).
+        tags: attributes set on the model once loaded (``zoo_name``,
+            ``zoo_weights``, ``zoo_source``).
+        keep_pre_logits: kept for callers that build a checkpoint
+            themselves (:func:`build`).
+        model: a built model whose weights the build step copies (a
+            ``.keras`` file's) instead of ``arrays``; with
+            ``family="foreign"`` (no keras_vit model) it is the result.
+    """
+
+    config: dict
+    arrays: typing.Mapping | None = None
+    source_name: str | None = None
+    family: str = "vit"
+    head: int | None = None
+    label_names: list | None = None
+    head_config: dict = dataclasses.field(default_factory=dict)
+    include_top: bool | None = None
+    tags: dict = dataclasses.field(default_factory=dict)
+    keep_pre_logits: bool | None = None
+    model: typing.Any = None
+
+
+def build(checkpoint, **kwargs):
+    """The model ``checkpoint`` describes, with its weights loaded
+    strictly: the builder gets ``checkpoint.config`` with ``**kwargs``
+    over it; :func:`keras_vit.zoo.convert.load_weights` (ViT) or
+    :func:`keras_vit.zoo.bit_layout.load_weights` (BiT) resize the
+    position embeddings to the model's grid, replace a head of another
+    size by zeros and list every missing, unexpected and mis-shaped array
+    in one error naming ``checkpoint.source_name``, before anything is
+    assigned. Then ``checkpoint.tags`` are set on the model.
+
+    >>> import numpy as np
+    >>> from keras_vit.zoo import build as zoo_build
+    >>> ckpt = zoo_build.Checkpoint(dict(
+    ...     image_size=32, patch_size=16, hidden_size=32, num_layers=1,
+    ...     num_heads=2, mlp_dim=64, num_classes=3), tags={"zoo_name": "tiny"})
+    >>> model = zoo_build.build(ckpt, num_classes=5)
+    >>> model.zoo_name, model.output_shape
+    ('tiny', (None, 5))
+    """
+    config = {**checkpoint.config, **kwargs}
+    if checkpoint.model is not None:
+        model = copy_model(checkpoint.model, config,
+                                   bool(checkpoint.keep_pre_logits))
+        for attr, value in checkpoint.tags.items():
+            setattr(model, attr, value)
+        names = getattr(model, "label_names", None)
+        model.zoo_labels = list(names) if names else None
+        return model
+    if checkpoint.family == "bit":
+        from keras_vit.models.resnet_v2 import resnet_v2 as builder
+    else:
+        from keras_vit.models.vit import vit as builder
+    model = builder(**config)
+    if checkpoint.arrays is not None:
+        if checkpoint.family == "bit":
+            bit_layout.load_weights(model, checkpoint.arrays,
+                                    source_name=checkpoint.source_name)
+        else:
+            convert.load_weights(model, checkpoint.arrays,
+                                 keep_pre_logits=checkpoint.keep_pre_logits,
+                                 source_name=checkpoint.source_name)
+    for attr, value in checkpoint.tags.items():
+        setattr(model, attr, value)
+    names = getattr(model, "label_names", None)
+    model.zoo_labels = list(names) if names else None
+    return model
+
+
+def model_name(arch_name):
+    """The Keras model name a zoo name gives by default:
+    ``"ViT-B/16"`` -> ``"vit_b_16"``.
+
+    >>> model_name("R50+ViT-B/16")
+    'r50_vit_b_16'
+    """
+    return (arch_name.replace("/", "_").replace("+", "_").lower()
+            .replace("-", "_"))
+
+
+def is_keras_vit_model(model):
+    """True for the models keras_vit builds (and rebuilds with changes)."""
+    from keras_vit.models.axial import AxialVisionTransformer
+    from keras_vit.models.resnet_v2 import ResNetV2
+    from keras_vit.models.vit import VisionTransformer
+
+    return isinstance(model, (VisionTransformer, AxialVisionTransformer,
+                              ResNetV2))
+
+
+def copy_model(model, config, keep_pre_logits=False):
+    """``model`` itself when ``config`` is its own, else a model of its
+    class built from ``config`` with ``model``'s weights copied (position
+    embeddings resized, a head of another size zero-initialised). A
+    ``dtype`` in ``config`` is the policy the copy is built under."""
+    import keras
+
+    config = dict(config)
+    dtype = config.pop("dtype", None)
+    own = model.get_config()
+    if dtype == own.get("dtype"):  # the model's own, as its config says it
+        dtype = None
+    if dtype is not None and keras.dtype_policies.get(
+            dtype).name == model.dtype_policy.name:
+        dtype = None
+    unknown = sorted(set(config) - set(own))
+    if unknown:
+        raise UnexpectedKeywordError(
+            f"{type(model).__name__} got an unexpected keyword argument "
+            f"{unknown[0]!r}.{did_you_mean(unknown[0], sorted(own))}")
+    if dtype is None and all(own[k] == v for k, v in config.items()):
+        return model
+    config["dtype"] = own.get("dtype")
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype or model.dtype_policy)
+    try:
+        rebuilt = type(model).from_config(config)
+    finally:
+        keras.config.set_dtype_policy(policy)
+    copy_weights(model, rebuilt, keep_pre_logits)
+    return rebuilt
+
+
+def copy_weights(source, target, keep_pre_logits):
+    """``source``'s weights into ``target``: one to one where the weight
+    lists line up, else by checkpoint key (position embeddings resized, a
+    head of another size zero-initialised)."""
+    shapes = [tuple(w.shape) for w in source.weights]
+    # The same shapes are not the same model: a position table of another
+    # grid with as many patches (4x4 and 8x2) must be resized, not copied.
+    same_grid = (getattr(source, "grid_size", None)
+                 == getattr(target, "grid_size", None))
+    if same_grid and shapes == [tuple(w.shape) for w in target.weights]:
+        import keras
+
+        for variable, value in zip(target.weights, source.weights):
+            # Cast to the copy's dtype (a float32 copy of a bf16 model).
+            variable.assign(keras.ops.cast(value.value, variable.dtype))
+        return
+    from keras_vit.models.axial import AxialVisionTransformer
+    from keras_vit.models.resnet_v2 import ResNetV2
+
+    if isinstance(source, ResNetV2):
+        bit_layout.load_weights(target, bit_layout.export_arrays(source))
+    elif isinstance(source, AxialVisionTransformer):
+        _copy_by_path(source, target)
+    else:
+        convert.load_weights(target, convert.export_arrays(source),
+                             keep_pre_logits=keep_pre_logits or None,
+                             source_name=f"<model {source.name!r}>",
+                             source_grid=getattr(source, "grid_size", None))
+
+
+def _copy_by_path(source, target):
+    """For a model with no checkpoint layout (Axial-ViT): weights by their
+    Keras path; a learned position table of another grid resized, a head of
+    another size left at its zero initialisation."""
+    given = {w.path: w for w in source.weights}
+    owners = {w.path: layer for layer in target.layers for w in layer.weights}
+    problems = []
+    for variable in target.weights:
+        value = given.get(variable.path)
+        want = tuple(variable.shape)
+        if value is not None:
+            value = np.asarray(value.numpy())
+        if value is not None and value.shape == want:
+            variable.assign(value)
+            continue
+        layer = owners.get(variable.path)
+        if variable.path.startswith("head/"):
+            continue  # zero-initialised, as a new head is
+        if (value is not None and getattr(layer, "kind", None) == "learned_1d"
+                and value.ndim == 3):
+            variable.assign(convert.resize_posemb(
+                value, layer.grid_size, layer.num_prefix_tokens))
+            continue
+        have = None if value is None else value.shape
+        problems.append(f"{variable.path}: {have} vs {want}")
+    if problems:
+        raise ValueError(f"cannot copy the weights of model={source.name!r} "
+                         f"into its rebuilt copy: {'; '.join(problems[:10])}")
+
+
+def build_settled(checkpoint, request, builder=None):
+    """Steps 3 to 5 (settle, bound, build) for a checkpoint already read:
+    ``zoo.load`` and the readers' own ``load`` functions come in here.
+    ``builder`` (default :func:`build`) builds the settled checkpoint."""
+    from keras_vit import memory
+    from keras_vit.zoo import settle
+
+    if checkpoint.family == "foreign":
+        return _as_it_is(checkpoint, request)
+    settled = settle.settle(checkpoint, request)
+    where = checkpoint.source_name or "the model"
+    memory.check_config(settled.config, where,
+                        name=checkpoint.tags.get("zoo_name"))
+    return (builder or build)(dataclasses.replace(
+        checkpoint, config=settled.config, arrays=settled.arrays,
+        keep_pre_logits=settled.keep_pre_logits, tags=settled.tags))
+
+
+def _as_it_is(checkpoint, request):
+    """A model that is no keras_vit model (a ``.keras`` file of another
+    kind): returned as it is; any change asked of it is refused by name,
+    since only keras_vit's models are rebuilt (``dtype`` copies it)."""
+    asked = {"image_size": request.image_size,
+             "num_classes": request.num_classes,
+             **{k: v for k, v in request.options.items() if k != "dtype"}}
+    from keras_vit.zoo import settle
+
+    if request.label_names is not settle.UNSET:
+        asked["label_names"] = request.label_names
+    asked = {k: v for k, v in asked.items() if v is not None}
+    model = checkpoint.model
+    if asked or request.random:
+        what = ("weights=None" if not asked else
+                f"{next(iter(asked))}={next(iter(asked.values()))!r}")
+        raise ValueError(
+            f"{what} cannot be applied to {checkpoint.source_name}: it holds "
+            f"a {type(model).__name__}, and only a keras_vit model "
+            "(VisionTransformer, AxialVisionTransformer, ResNetV2) is "
+            "rebuilt with changes")
+    dtype = request.options.get("dtype")
+    if dtype is not None:
+        import keras
+
+        if keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
+            policy = keras.config.dtype_policy()
+            keras.config.set_dtype_policy(dtype)
+            try:
+                copy = keras.models.clone_model(model)
+            finally:
+                keras.config.set_dtype_policy(policy)
+            copy_weights(model, copy, False)
+            model = copy
+    return model

@@ -1,0 +1,128 @@
+"""Reading Keras' ``.h5`` weight files without Keras: every dataset
+checked (name, shape, dtype, storage: contiguous and inside the file;
+external and virtual datasets, which read other files, refused) before
+its data is read. Used for keras-hub presets
+(:mod:`keras_vit.zoo.keras_hub_io`) and the weights inside a ``.keras``
+archive (:mod:`keras_vit.zoo.resolve`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from keras_vit.errors import require, shown
+from keras_vit.limits import MAX_H5_ENTRIES
+from keras_vit.zoo import convert, hub_files
+
+
+def read_h5(path, wanted, expected,
+            what="the keras-hub ViT its config describes"):
+    """The datasets of the ``.h5`` file ``path`` named by ``wanted``
+    (variable path -> dataset path), checked before any is read: names
+    and shapes against ``expected`` (variable path -> shape; an error
+    says the file does not hold ``what``), dtypes (float16/32/64, bfloat16 as
+    Keras marks it), contiguous storage inside the file; external and
+    virtual datasets, which read other files, are refused."""
+    h5py = require("h5py", purpose="reading a keras-hub preset")
+    from keras_vit.errors import special_file
+
+    kind = special_file(path)
+    if kind is not None:
+        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path!r} does not exist; a keras-hub preset "
+                                "holds its weights there")
+    shapes = {name: expected[name] for name in wanted if name in expected}
+    size = os.path.getsize(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise convert.CheckpointError(
+            f"{path}: is not an HDF5 file ({' '.join(str(e).split())[:200]})"
+        ) from None
+    with f:
+        found = h5_datasets(f, f"{path}:")
+        by_dataset = {v: k for k, v in wanted.items() if k in shapes}
+        named = {by_dataset.get(k, k): tuple(ds.shape)
+                 for k, ds in found.items()}
+        hub_files.check_names(named, shapes, f"{path}: does not hold {what}")
+        problems = []
+        for name, key in wanted.items():
+            if name not in shapes:
+                continue
+            ds = found[key]
+            dtype = _h5_dtype(ds)
+            if dtype is None:
+                problems.append(f"{key}: dtype {shown(str(ds.dtype), 40)}")
+                continue
+            where = h5_storage_problem(ds, size)
+            if where:
+                problems.append(f"{key}: stored {where}")
+        if problems:
+            raise convert.CheckpointError(
+                f"{path}: has datasets keras_vit does not read: "
+                f"{'; '.join(problems[:12])} (Keras writes float arrays, "
+                "contiguous, inside the file)")
+        return {name: _h5_array(found[key]) for name, key in wanted.items()
+                if name in shapes}
+
+
+def h5_datasets(f, where):
+    """``{name: h5py.Dataset}`` of the open HDF5 file ``f`` (a Keras
+    weights file), but its optimizer's. Objects only: soft and external
+    links are not followed, so a name that is one counts as missing. More
+    than :data:`MAX_H5_ENTRIES` entries is a CheckpointError starting with
+    ``where``."""
+    import h5py
+
+    found, count = {}, [0]
+
+    def visit(name, obj):
+        count[0] += 1
+        if count[0] > MAX_H5_ENTRIES:
+            raise convert.CheckpointError(
+                f"{where} has more than {MAX_H5_ENTRIES} entries; a ViT's "
+                "weights have a few thousand")
+        if isinstance(obj, h5py.Dataset) and not name.startswith(
+                "optimizer/"):
+            found[name] = obj
+
+    f.visititems(visit)
+    return found
+
+
+def h5_storage_problem(ds, file_size):
+    """How ``ds`` is stored when it is not as Keras writes it (contiguous,
+    inside the file), else None."""
+    if ds.is_virtual:
+        return "as a virtual dataset (it reads other files)"
+    if ds.external:
+        return "in another file"
+    if ds.chunks is not None:
+        return "in chunks (Keras writes contiguous arrays)"
+    offset = ds.id.get_offset()
+    nbytes = ds.size * ds.dtype.itemsize
+    if nbytes and (offset is None or offset + nbytes > file_size):
+        return (f"past the end of the file ({nbytes} bytes at offset "
+                f"{offset}, file of {file_size})")
+    return None
+
+
+def _h5_dtype(ds):
+    if ds.dtype.kind == "f" and ds.dtype.itemsize in (2, 4, 8):
+        return ds.dtype
+    if ds.dtype.kind == "V" and ds.dtype.itemsize == 2 and ds.dtype.names \
+            is None and ds.attrs.get("dtype") == "bfloat16":
+        return "bfloat16"
+    return None
+
+
+def _h5_array(ds):
+    if ds.dtype.kind == "V":  # bfloat16: the high half of a float32
+        bits = np.frombuffer(ds[()].tobytes(), dtype="<u2")
+        return (bits.astype("<u4") << 16).view("<f4").reshape(ds.shape)
+    return np.asarray(ds[()], dtype="float32")
+
+

@@ -1,0 +1,302 @@
+"""keras-hub's ViT configs read as keras_vit's builder arguments
+(:func:`backbone_architecture`, :func:`task_architecture`); its variable
+names and the official ``.npz`` layout, both ways; the names and shapes
+a config implies, and where a preset's ``.h5`` files keep each
+variable. Shared by the reader
+(:mod:`keras_vit.zoo.keras_hub_io`) and the writer
+(:mod:`keras_vit.zoo.keras_hub_writer`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from keras_vit.errors import ConfigError, shown
+from keras_vit.limits import MAX_CHANNELS
+from keras_vit.zoo import convert, formats
+
+# Where a preset keeps its metadata, and keras_vit its class names
+# (keras-hub has no field for them and ignores this one).
+METADATA_FILE = "metadata.json"
+# keras-hub's head activations -> keras_vit's classifier_activation.
+ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
+                "sigmoid": "sigmoid"}
+
+
+def backbone_architecture(config, path):
+    """A keras-hub ``ViTBackbone`` config (``get_config()``, or the
+    ``config`` object of a preset's ``config.json``) checked
+    (:data:`~keras_vit.zoo.formats.KERAS_HUB_BACKBONE`: every setting
+    keras-hub 0.32 writes, and no other, since a later option may change
+    the numbers) and read as keras_vit's facts: ``{"hidden_size",
+    "num_layers", "num_heads", "mlp_dim", "image_size", "patch_size",
+    "num_channels", "layer_norm_epsilon", "gelu", "dropout_rate",
+    "attention_dropout_rate", "class_token", "biases"}``; ``path`` names
+    the source in errors."""
+    config = formats.check(formats.KERAS_HUB_BACKBONE, config, path, "config")
+    shape = list(config["image_shape"])
+    if config.get("data_format") == "channels_first":  # (c, h, w)
+        shape = shape[1:] + shape[:1]
+    if None in shape or shape[2] > MAX_CHANNELS:
+        raise formats.fail(path, "config.image_shape", "expected [height, "
+                           "width, channels] of a fixed size, at most "
+                           f"{MAX_CHANNELS} channels; received image_shape="
+                           f"{shown(config['image_shape'])}")
+    height, width, channels = shape
+    patch = config["patch_size"]
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    hidden, heads = config["hidden_dim"], config["num_heads"]
+    for field, bad, problem in (
+            ("patch_size", patch[0] != patch[1], "keras_vit cuts square "
+             f"patches only; received patch_size={list(patch)}"),
+            ("patch_size", height % patch[0] or width % patch[0],
+             f"expected a divisor of the image sides {[height, width]}; "
+             f"received patch_size={patch[0]}"),
+            ("num_heads", hidden % heads, "expected an integer that divides "
+             f"hidden_dim={hidden}; received num_heads={heads}")):
+        if bad:
+            raise formats.fail(path, f"config.{field}", problem)
+    flag = {key: config.get(key, True) for key in (
+        "use_mha_bias", "use_mlp_bias", "use_class_token", "use_patch_bias")}
+    return {"hidden_size": hidden, "num_layers": config["num_layers"],
+            "num_heads": heads, "mlp_dim": config["mlp_dim"],
+            "image_size": height if height == width else (height, width),
+            "patch_size": patch[0], "num_channels": channels,
+            "layer_norm_epsilon": float(config.get("layer_norm_epsilon",
+                                                   1e-6)),
+            "gelu": "exact",
+            "dropout_rate": float(config.get("dropout_rate", 0.0)),
+            "attention_dropout_rate": float(config.get("attention_dropout",
+                                                       0.0)),
+            "class_token": flag["use_class_token"],
+            "biases": {"patch": flag["use_patch_bias"],
+                       "mha": flag["use_mha_bias"],
+                       "mlp": flag["use_mlp_bias"]}}
+
+
+def task_architecture(config, arch, path):
+    """``arch`` (:func:`backbone_architecture`) completed by a keras-hub
+    ``ViTImageClassifier`` config (checked:
+    :data:`~keras_vit.zoo.formats.KERAS_HUB_TASK`): ``kind``,
+    ``classifier``, ``num_classes``, ``representation_size``,
+    ``classifier_activation``. What keras_vit pools differently is
+    refused by name."""
+    config = formats.check(formats.KERAS_HUB_TASK, config, path, "config")
+    pooling = config.get("pooling", "token")
+    if pooling == "token" and not arch["class_token"]:
+        raise ConfigError(path, "pooling", "pooling='token' without a class "
+                          "token (use_class_token=false) pools the first "
+                          "patch, which keras_vit does not do")
+    if pooling == "gap" and arch["class_token"]:
+        raise ConfigError(path, "pooling", "pooling='gap' with a class token "
+                          "averages it with the patches; keras_vit's 'gap' "
+                          "models have no class token")
+    return dict(arch, kind="classifier", num_classes=config["num_classes"],
+                classifier=pooling,
+                representation_size=config.get("intermediate_dim"),
+                classifier_activation=ACTIVATIONS[config.get("activation")])
+
+
+def backbone_only(arch):
+    """``arch`` of a backbone alone: no head, every token out."""
+    return dict(arch, kind="backbone", num_classes=None,
+                classifier="token" if arch["class_token"] else "gap",
+                representation_size=None, classifier_activation=None)
+
+
+def check_image_converter(config, path):
+    """Refuses an image converter that maps pixels other than to the
+    official [-1, 1] range (``scale`` 1/127.5, ``offset`` -1, per channel or
+    not): keras_vit's ViT takes that range only. keras-hub's ViT presets
+    (converted from Google's transformers files: mean 0.5, std 0.5) do."""
+    config = formats.check(formats.KERAS_HUB_IMAGE_CONVERTER, config, path,
+                           "config")
+    problems = []
+    for key, want in (("scale", 1 / 127.5), ("offset", -1.0)):
+        value = config.get(key)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if value is None or not all(  # numbers: checked by the format
+                abs(v - want) <= 1e-4 * max(1, abs(want)) for v in values):
+            problems.append(f"{key}={shown(value)}")
+    if problems:
+        raise ConfigError(
+            path, "config", f"the model expects inputs prepared with "
+            f"{', '.join(problems)}; keras_vit's ViT takes the official "
+            "[-1, 1] range (scale 1/127.5, offset -1) only")
+
+
+# keras-hub's variable paths (as a live model names them) -> the official
+# layout. Keras' MultiHeadAttention kernels have the official shapes; the
+# position table is (N, D) there and (1, N, D) here.
+_EMB = "vit_patching_and_embedding/"
+TOP = {
+    _EMB + "class_token": "cls",
+    _EMB + "patch_embedding/kernel": "embedding/kernel",
+    _EMB + "patch_embedding/bias": "embedding/bias",
+    _EMB + "position_embedding/embeddings": convert.POSEMB_KEY,
+    "vit_encoder/ln/gamma": "Transformer/encoder_norm/scale",
+    "vit_encoder/ln/beta": "Transformer/encoder_norm/bias",
+    "pre_logits/kernel": "pre_logits/kernel",
+    "pre_logits/bias": "pre_logits/bias",
+    "predictions/kernel": "head/kernel",
+    "predictions/bias": "head/bias",
+}
+_ATT = "MultiHeadDotProductAttention_1/"
+BLOCK = {
+    "ln_1/gamma": "LayerNorm_0/scale", "ln_1/beta": "LayerNorm_0/bias",
+    "mha/query/kernel": _ATT + "query/kernel",
+    "mha/query/bias": _ATT + "query/bias",
+    "mha/key/kernel": _ATT + "key/kernel", "mha/key/bias": _ATT + "key/bias",
+    "mha/value/kernel": _ATT + "value/kernel",
+    "mha/value/bias": _ATT + "value/bias",
+    "mha/attention_output/kernel": _ATT + "out/kernel",
+    "mha/attention_output/bias": _ATT + "out/bias",
+    "ln_2/gamma": "LayerNorm_2/scale", "ln_2/beta": "LayerNorm_2/bias",
+    "mlp/dense_1/kernel": "MlpBlock_3/Dense_0/kernel",
+    "mlp/dense_1/bias": "MlpBlock_3/Dense_0/bias",
+    "mlp/dense_2/kernel": "MlpBlock_3/Dense_1/kernel",
+    "mlp/dense_2/bias": "MlpBlock_3/Dense_1/bias",
+}
+_HUB_BLOCK = re.compile(r"^vit_encoder/transformer_block_(\d+)/(.+)$")
+# Keras' .weights.h5 names a layer's variables by position (vars/0, ...)
+# under the attribute path of the layer, lists by class name: keras-hub
+# ViT parameter -> (layer path, variable index).
+_H5_BLOCK = {
+    "ln_1/gamma": ("layer_norm_1", 0), "ln_1/beta": ("layer_norm_1", 1),
+    "ln_2/gamma": ("layer_norm_2", 0), "ln_2/beta": ("layer_norm_2", 1),
+    "mlp/dense_1/kernel": ("mlp/dense_1", 0),
+    "mlp/dense_1/bias": ("mlp/dense_1", 1),
+    "mlp/dense_2/kernel": ("mlp/dense_2", 0),
+    "mlp/dense_2/bias": ("mlp/dense_2", 1),
+}
+for _part, _dense in (("query", "query_dense"), ("key", "key_dense"),
+                      ("value", "value_dense"),
+                      ("attention_output", "output_dense")):
+    _H5_BLOCK[f"mha/{_part}/kernel"] = (f"mha/{_dense}", 0)
+    _H5_BLOCK[f"mha/{_part}/bias"] = (f"mha/{_dense}", 1)
+_H5_TOP = {
+    _EMB + "class_token": ("vi_t_patching_and_embedding", 0),
+    _EMB + "patch_embedding/kernel":
+        ("vi_t_patching_and_embedding/patch_embedding", 0),
+    _EMB + "patch_embedding/bias":
+        ("vi_t_patching_and_embedding/patch_embedding", 1),
+    _EMB + "position_embedding/embeddings":
+        ("vi_t_patching_and_embedding/position_embedding", 0),
+    "vit_encoder/ln/gamma": ("vi_t_encoder/layer_norm", 0),
+    "vit_encoder/ln/beta": ("vi_t_encoder/layer_norm", 1),
+}
+
+
+def expected_shapes(arch):
+    """keras-hub's variable paths and shapes for ``arch``."""
+    d, m, h = arch["hidden_size"], arch["mlp_dim"], arch["num_heads"]
+    p, c = arch["patch_size"], arch["num_channels"]
+    size = arch["image_size"]
+    rows, cols = (size, size) if isinstance(size, int) else size
+    biases = arch["biases"]
+    tokens = (rows // p) * (cols // p) + int(arch["class_token"])
+    shapes = {_EMB + "patch_embedding/kernel": (p, p, c, d),
+              _EMB + "position_embedding/embeddings": (tokens, d),
+              "vit_encoder/ln/gamma": (d,), "vit_encoder/ln/beta": (d,)}
+    if arch["class_token"]:
+        shapes[_EMB + "class_token"] = (1, 1, d)
+    if biases["patch"]:
+        shapes[_EMB + "patch_embedding/bias"] = (d,)
+    block = {"ln_1/gamma": (d,), "ln_1/beta": (d,), "ln_2/gamma": (d,),
+             "ln_2/beta": (d,), "mha/attention_output/kernel": (h, d // h, d),
+             "mlp/dense_1/kernel": (d, m), "mlp/dense_2/kernel": (m, d)}
+    for part in ("query", "key", "value"):
+        block[f"mha/{part}/kernel"] = (d, h, d // h)
+        if biases["mha"]:
+            block[f"mha/{part}/bias"] = (h, d // h)
+    if biases["mha"]:
+        block["mha/attention_output/bias"] = (d,)
+    if biases["mlp"]:
+        block.update({"mlp/dense_1/bias": (m,), "mlp/dense_2/bias": (d,)})
+    for i in range(arch["num_layers"]):
+        shapes.update({f"vit_encoder/transformer_block_{i + 1}/{k}": v
+                       for k, v in block.items()})
+    if arch["kind"] == "classifier":
+        width = arch["representation_size"] or d
+        if arch["representation_size"]:
+            shapes.update({"pre_logits/kernel": (d, width),
+                           "pre_logits/bias": (width,)})
+        shapes.update({"predictions/kernel": (width, arch["num_classes"]),
+                       "predictions/bias": (arch["num_classes"],)})
+    return shapes
+
+
+def to_official(state, arch):
+    """keras-hub's ViT weights (``{variable path: array}``, checked against
+    :func:`expected_shapes`) in the official ``.npz`` layout, float32;
+    the biases keras-hub was built without are zeros."""
+    out = {}
+    for name, value in state.items():
+        value = np.asarray(value, dtype="float32")
+        m = _HUB_BLOCK.match(name)
+        if m:
+            out[f"Transformer/encoderblock_{int(m.group(1)) - 1}/"
+                f"{BLOCK[m.group(2)]}"] = value
+        elif name == _EMB + "position_embedding/embeddings":
+            out[convert.POSEMB_KEY] = value[None]
+        else:
+            out[TOP[name]] = value
+    d, h = arch["hidden_size"], arch["num_heads"]
+    zeros = {"embedding/bias": (d,)}
+    for i in range(arch["num_layers"]):
+        block = f"Transformer/encoderblock_{i}/"
+        for part in ("query", "key", "value"):
+            zeros[f"{block}{_ATT}{part}/bias"] = (h, d // h)
+        zeros[f"{block}{_ATT}out/bias"] = (d,)
+        zeros[f"{block}MlpBlock_3/Dense_0/bias"] = (arch["mlp_dim"],)
+        zeros[f"{block}MlpBlock_3/Dense_1/bias"] = (d,)
+    for key, shape in zeros.items():
+        out.setdefault(key, np.zeros(shape, "float32"))
+    return out
+
+
+def h5_names(arch, task):
+    """keras-hub variable path -> the dataset path in a preset's
+    ``model.weights.h5`` (``task``: False) or ``task.weights.h5`` (True)."""
+    if task:
+        if arch["kind"] != "classifier":
+            return {}
+        layers = (["pre_logits", "predictions"]
+                  if arch["representation_size"] else ["predictions"])
+        out = {}
+        for n, layer in enumerate(layers):  # Keras numbers them in order
+            group = "layers/dense" + (f"_{n}" if n else "")
+            out[f"{layer}/kernel"] = f"{group}/vars/0"
+            out[f"{layer}/bias"] = f"{group}/vars/1"
+        return out
+    out = {name: f"layers/{layer}/vars/{index}"
+           for name, (layer, index) in _H5_TOP.items()}
+    for i in range(arch["num_layers"]):
+        group = ("layers/vi_t_encoder/encoder_layers/vi_t_encoder_block"
+                 + (f"_{i}" if i else ""))
+        for param, (layer, index) in _H5_BLOCK.items():
+            out[f"vit_encoder/transformer_block_{i + 1}/{param}"] = (
+                f"{group}/{layer}/vars/{index}")
+    return out
+
+
+def to_hub_names(arrays):
+    """The inverse of :func:`to_official`: official arrays -> keras-hub's
+    variable paths (every bias kept: the model is built with them)."""
+    top = {v: k for k, v in TOP.items()}
+    block = {v: k for k, v in BLOCK.items()}
+    pattern = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
+    out = {}
+    for key, value in convert.normalize_keys(arrays).items():
+        value = np.asarray(value, dtype="float32")
+        m = pattern.match(key)
+        if m:
+            out[f"vit_encoder/transformer_block_{int(m.group(1)) + 1}/"
+                f"{block[m.group(2)]}"] = value
+        elif key == convert.POSEMB_KEY:
+            out[top[key]] = value[0]
+        else:
+            out[top[key]] = value
+    return out

@@ -1,0 +1,144 @@
+"""Writes a keras_vit ViT as keras-hub's ViT: a live
+``keras_hub.models.ViTImageClassifier`` or ``ViTBackbone``
+(:func:`to_keras_hub`), or a preset directory with the model's class names
+(:func:`save_preset`). The reverse of :mod:`keras_vit.zoo.keras_hub_io`.
+
+keras-hub computes the exact GELU only, so a model with ``gelu="tanh"``
+(the official ``.npz`` numerics) is refused rather than converted with
+other logits.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+from keras_vit.errors import require
+from keras_vit.zoo import convert, hub_files, keras_hub_layout
+from keras_vit.zoo.keras_hub_layout import to_hub_names
+
+
+def _convertible(model):
+    """The reason keras-hub's ViT cannot compute what ``model`` computes,
+    or None."""
+    config = model.get_config() if hasattr(model, "get_config") else None
+    if not isinstance(config, dict) or "hidden_size" not in config or (
+            "num_heads" not in config):
+        return f"{type(model).__name__} is not a keras_vit VisionTransformer"
+    include_top = config.get("include_top", True)
+    checks = (
+        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
+        (config.get("position_embedding", "learned_1d") != "learned_1d"
+         or config.get("position_embedding_placement", "stem") != "stem",
+         "a position embedding other than the learned 1-D table at the "
+         "stem"),
+        (config.get("gelu", "tanh") != "exact",
+         f"gelu={config.get('gelu', 'tanh')!r}: keras-hub's ViT computes "
+         "the exact (erf) GELU only, and the tanh form moves logits by about "
+         "1e-4; build the model with gelu='exact' (zoo.load(name, "
+         "gelu='exact')) to convert it"),
+        (not include_top and config.get("representation_size") is not None,
+         "a pre_logits layer without a head (a ViTBackbone has none)"),
+        (config.get("classifier") not in ("token", "gap"),
+         f"classifier={config.get('classifier')!r}"),
+        (include_top and config.get("classifier_activation")
+         not in keras_hub_layout.ACTIVATIONS,
+         f"classifier_activation={config.get('classifier_activation')!r} "
+         f"(one of {list(keras_hub_layout.ACTIVATIONS)} converts)"),
+        (config.get("return_attention_scores"),
+         "attention scores as an output"),
+    )
+    for bad, what in checks:
+        if bad:
+            return what
+    return None
+
+
+def to_keras_hub(model):
+    """``model`` as keras-hub's ViT with the same weights and outputs: a
+    ``keras_hub.models.ViTImageClassifier`` for a model with a head (with
+    a ``ViTImageClassifierPreprocessor`` whose image converter maps
+    [0, 255] pixels to [-1, 1], as keras-hub's ViT presets do, so that
+    ``predict`` takes raw pixels and ``save_to_preset`` /
+    ``ViTImageClassifier.from_preset`` work), or a ``ViTBackbone`` for one
+    without (it returns every token; keras-hub's backbones pool nothing).
+    The model's label names (``label_names``) go along as the
+    classifier's ``zoo_labels``, which :func:`from_keras_hub` reads back;
+    keras-hub's presets have no place for them, so keras-hub's
+    ``save_to_preset`` drops them: :func:`save_preset` keeps them.
+    Needs keras-hub (``pip install keras-hub``).
+
+    Example::
+
+        hub = keras_vit.zoo.to_keras_hub(
+            keras_vit.zoo.load("ViT-B/16", gelu="exact"))
+        hub.save_to_preset("vit_b16_preset")
+    """
+    reason = _convertible(model)
+    if reason is not None:
+        raise ValueError(f"to_keras_hub: keras-hub's ViT cannot hold "
+                         f"model={getattr(model, 'name', model)!r}: {reason}")
+    keras_hub = require("keras_hub", package="keras-hub",
+                        purpose="to_keras_hub")
+    config = model.get_config()
+    size = config["image_size"]
+    rows, cols = (size, size) if isinstance(size, int) else tuple(size)
+    token = config.get("classifier", "token") == "token"
+    dtype = getattr(getattr(model, "dtype_policy", None), "name", None)
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(rows, cols, int(config.get("num_channels", 3))),
+        patch_size=int(config["patch_size"]),
+        num_layers=int(config["num_layers"]),
+        num_heads=int(config["num_heads"]),
+        hidden_dim=int(config["hidden_size"]),
+        mlp_dim=int(config["mlp_dim"]),
+        dropout_rate=float(config.get("dropout_rate", 0.0)),
+        attention_dropout=float(config.get("attention_dropout_rate", 0.0)),
+        layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
+        use_class_token=token, dtype=dtype)
+    out = backbone
+    if config.get("include_top", True):
+        converter = keras_hub.layers.ViTImageConverter(
+            image_size=(rows, cols), scale=1 / 127.5, offset=-1.0,
+            interpolation="bilinear")
+        out = keras_hub.models.ViTImageClassifier(
+            backbone=backbone, num_classes=int(config["num_classes"]),
+            pooling="token" if token else "gap",
+            intermediate_dim=config.get("representation_size"),
+            activation=config.get("classifier_activation"),
+            preprocessor=keras_hub.models.ViTImageClassifierPreprocessor(
+                image_converter=converter))
+    state = to_hub_names(convert.export_arrays(model))
+    targets = {v.path: v for v in out.weights}
+    hub_files.check_names({k: v.shape for k, v in state.items()},
+                          {k: tuple(v.shape) for k, v in targets.items()},
+                          f"to_keras_hub(model={model.name!r}): does not "
+                          "hold the keras-hub ViT its config describes")
+    for name, variable in targets.items():
+        variable.assign(state[name])
+    labels = (getattr(model, "label_names", None)
+              or getattr(model, "zoo_labels", None))
+    if out is not backbone and labels:
+        out.zoo_labels = list(labels)
+    return out
+
+
+def save_preset(model, directory, labels=None):
+    """Writes ``model`` as a keras-hub preset directory
+    (``to_keras_hub(model).save_to_preset(directory)``) with the class
+    names ``labels`` (a checked list, or None) as ``label_names`` in its
+    ``metadata.json``, which keras-hub ignores and
+    :mod:`keras_vit.zoo.keras_hub_io` reads back. Returns the folder."""
+    import json
+
+    from keras_vit import atomic
+
+    hub = to_keras_hub(model)
+    hub.save_to_preset(os.fspath(directory))
+    if labels is not None:
+        path = os.path.join(os.fspath(directory), keras_hub_layout.METADATA_FILE)
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+        metadata["label_names"] = list(labels)
+        atomic.write_json(path, metadata)
+    return os.fspath(directory)

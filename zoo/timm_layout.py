@@ -1,0 +1,211 @@
+"""timm's parameter names and the official ``.npz`` layout, both ways:
+ViT (``blocks.{i}.attn.qkv`` split into query, key and value), the
+ResNetV2+ViT hybrids (``patch_embed.backbone.stages.{s}.blocks.{b}``) and
+BiT (``resnetv2_*_bit``). Plain functions of arrays, shared by the reader
+(:mod:`keras_vit.zoo.timm_hub`) and the writer
+(:mod:`keras_vit.zoo.timm_writer`); parameters with no official
+counterpart raise a ValueError naming them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from keras_vit.zoo import convert
+
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+BLOCK_PARAMS = {
+    "norm1.weight": "LayerNorm_0/scale", "norm1.bias": "LayerNorm_0/bias",
+    "norm2.weight": "LayerNorm_2/scale", "norm2.bias": "LayerNorm_2/bias",
+    "mlp.fc1.weight": "MlpBlock_3/Dense_0/kernel",
+    "mlp.fc1.bias": "MlpBlock_3/Dense_0/bias",
+    "mlp.fc2.weight": "MlpBlock_3/Dense_1/kernel",
+    "mlp.fc2.bias": "MlpBlock_3/Dense_1/bias",
+    "attn.qkv.weight": None, "attn.qkv.bias": None,  # split into q, k, v
+    "attn.proj.weight": "MultiHeadDotProductAttention_1/out/kernel",
+    "attn.proj.bias": "MultiHeadDotProductAttention_1/out/bias",
+}
+TOP_PARAMS = {
+    "cls_token": "cls", "pos_embed": convert.POSEMB_KEY,
+    "patch_embed.proj.weight": "embedding/kernel",
+    "patch_embed.proj.bias": "embedding/bias",
+    "norm.weight": "Transformer/encoder_norm/scale",
+    "norm.bias": "Transformer/encoder_norm/bias",
+    "head.weight": "head/kernel", "head.bias": "head/bias",
+}
+
+
+def to_official(state, num_heads):
+    """Maps a timm ViT ``state_dict`` (NumPy) onto the official ``.npz``
+    layout. timm parameters with no official counterpart (layer scale,
+    register tokens, fc_norm, q/k norms, ...) raise a ValueError naming
+    them: loading without them would silently compute something else."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _BLOCK_KEY.match(name)
+        if m and m.group(2) in BLOCK_PARAMS:
+            i, param = m.groups()
+            prefix = f"Transformer/encoderblock_{i}/"
+            if param.startswith("attn.qkv."):
+                att = prefix + "MultiHeadDotProductAttention_1/"
+                for part, w in zip(("query", "key", "value"),
+                                   np.split(value, 3, axis=0)):
+                    if param.endswith("weight"):  # (D_out, D_in)
+                        d = w.shape[1]
+                        out[att + f"{part}/kernel"] = w.T.reshape(
+                            d, num_heads, d // num_heads)
+                    else:
+                        out[att + f"{part}/bias"] = w.reshape(num_heads, -1)
+                continue
+            key = prefix + BLOCK_PARAMS[param]
+            if param == "attn.proj.weight":
+                d = value.shape[0]
+                value = value.T.reshape(num_heads, d // num_heads, d)
+            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
+                value = value.T
+            out[key] = value
+        elif name in TOP_PARAMS:
+            if name == "patch_embed.proj.weight":  # OIHW -> HWIO
+                value = value.transpose(2, 3, 1, 0)
+            elif name == "head.weight":
+                value = value.T
+            out[TOP_PARAMS[name]] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's ViT lacks: "
+            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
+# timm's ResNetV2 names stage s, block b ``stages.{s}.blocks.{b}.<param>``,
+# in BiT and in the hybrids' backbone alike.
+_STAGE_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+
+
+def _resnet_to_official(state, unit_params, unit_key, top, what, prefix=""):
+    """Maps timm ResNetV2 parameters: ``unit_key(stage, block)`` (1-based)
+    plus ``unit_params[param]`` for the units, ``top`` for the rest; conv
+    kernels OIHW -> HWIO. Unknown names raise a ValueError naming them."""
+    out, unknown = {}, []
+    for name, value in state.items():
+        value = np.asarray(value)
+        m = _STAGE_UNIT.match(name)
+        if m and m.group(3) in unit_params:
+            stage, block, param = m.groups()
+            key = unit_key(int(stage) + 1, int(block) + 1) + unit_params[param]
+        elif name in top:
+            key = top[name]
+        else:
+            unknown.append(prefix + name)
+            continue
+        if value.ndim == 4:  # conv OIHW -> HWIO
+            value = value.transpose(2, 3, 1, 0)
+        out[key] = value
+    if unknown:
+        raise ValueError(
+            f"the timm checkpoint has parameters keras_vit's {what} lacks: "
+            f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
+    return out
+
+
+_HYBRID_PREFIX = "patch_embed.backbone."
+_HYBRID_UNIT_PARAMS = {"downsample.conv.weight": "conv_proj/kernel",
+                       "downsample.norm.weight": "gn_proj/scale",
+                       "downsample.norm.bias": "gn_proj/bias"}
+for _i in (1, 2, 3):
+    _HYBRID_UNIT_PARAMS[f"conv{_i}.weight"] = f"conv{_i}/kernel"
+    _HYBRID_UNIT_PARAMS[f"norm{_i}.weight"] = f"gn{_i}/scale"
+    _HYBRID_UNIT_PARAMS[f"norm{_i}.bias"] = f"gn{_i}/bias"
+# The root: "stem." in front when the backbone has stages, none when timm
+# builds the root alone (vit_tiny_r_s16_p8_*).
+_HYBRID_ROOT = {"conv.weight": "conv_root/kernel",
+                "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}
+_HYBRID_ROOT.update({f"stem.{k}": v for k, v in _HYBRID_ROOT.items()})
+
+
+def hybrid_to_official(state, num_heads):
+    """Maps a timm ResNet+ViT hybrid ``state_dict`` (``vit_*_r*_s*``) onto
+    the official hybrid ``.npz`` layout: timm's
+    ``patch_embed.backbone.stages.{s}.blocks.{b}`` is ``block{s+1}/unit{b+1}``
+    (norm1 -> gn1, downsample -> conv_proj/gn_proj), the rest as
+    :func:`to_official`. Unknown parameters raise a ValueError naming them."""
+    n = len(_HYBRID_PREFIX)
+    backbone = {k[n:]: v for k, v in state.items()
+                if k.startswith(_HYBRID_PREFIX)}
+    rest = {k: v for k, v in state.items() if not k.startswith(_HYBRID_PREFIX)}
+    return {**to_official(rest, num_heads), **_resnet_to_official(
+        backbone, _HYBRID_UNIT_PARAMS, lambda s, b: f"block{s}/unit{b}/",
+        _HYBRID_ROOT, "hybrid ResNet", prefix=_HYBRID_PREFIX)}
+
+
+_BIT_UNIT_PARAMS = {"downsample.conv.weight": "a/proj/standardized_conv2d/kernel"}
+for _i, _x in enumerate("abc", 1):
+    _BIT_UNIT_PARAMS[f"conv{_i}.weight"] = f"{_x}/standardized_conv2d/kernel"
+    _BIT_UNIT_PARAMS[f"norm{_i}.weight"] = f"{_x}/group_norm/gamma"
+    _BIT_UNIT_PARAMS[f"norm{_i}.bias"] = f"{_x}/group_norm/beta"
+_BIT_TOP = {"stem.conv.weight": "resnet/root_block/standardized_conv2d/kernel",
+            "norm.weight": "resnet/group_norm/gamma",
+            "norm.bias": "resnet/group_norm/beta",
+            "head.fc.weight": "resnet/head/conv2d/kernel",
+            "head.fc.bias": "resnet/head/conv2d/bias"}
+
+
+def bit_to_official(state):
+    """Maps a timm ``resnetv2_*_bit`` ``state_dict`` onto the official BiT
+    ``.npz`` layout (timm's stage s, block b is ``block{s+1}/unit{b+1:02d}``;
+    its norm1/conv1 are the official unit's ``a``, and so on). Parameters
+    with no BiT counterpart raise a ValueError naming them."""
+    return _resnet_to_official(
+        state, _BIT_UNIT_PARAMS, lambda s, b: f"resnet/block{s}/unit{b:02d}/",
+        _BIT_TOP, "BiT ResNetV2")
+
+
+def from_official(arrays):
+    """The inverse of :func:`to_official`: official-layout arrays (from
+    :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``."""
+    arrays = convert.normalize_keys(arrays)
+    extra = sorted(k for k in arrays if k.startswith("pre_logits/"))
+    if extra:
+        raise ValueError(f"timm's ViT has no pre_logits layer; the model has "
+                         f"{extra}")
+    top = {v: k for k, v in TOP_PARAMS.items()}
+    block = {v: k for k, v in BLOCK_PARAMS.items() if v}
+    state, qkv = {}, {}
+    for key, value in arrays.items():
+        value = np.asarray(value, dtype="float32")
+        if key in top:
+            name = top[key]
+            if name == "patch_embed.proj.weight":
+                value = value.transpose(3, 2, 0, 1)
+            elif name == "head.weight":
+                value = value.T
+            state[name] = value
+            continue
+        m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
+        if not m:
+            raise ValueError(f"no timm ViT parameter for {key!r}")
+        i, rest = m.groups()
+        att = "MultiHeadDotProductAttention_1/"
+        part = rest[len(att):].split("/")[0] if rest.startswith(att) else None
+        if part in ("query", "key", "value"):
+            kind = rest.rsplit("/", 1)[1]
+            flat = (value.reshape(value.shape[0], -1).T if kind == "kernel"
+                    else value.reshape(-1))
+            qkv.setdefault((i, kind), {})[part] = flat
+            continue
+        name = f"blocks.{i}.{block[rest]}"
+        if rest == att + "out/kernel":
+            value = value.reshape(-1, value.shape[-1]).T
+        elif value.ndim == 2:
+            value = value.T
+        state[name] = value
+    for (i, kind), parts in qkv.items():
+        suffix = "weight" if kind == "kernel" else "bias"
+        state[f"blocks.{i}.attn.qkv.{suffix}"] = np.concatenate(
+            [parts["query"], parts["key"], parts["value"]], axis=0)
+    return {k: np.ascontiguousarray(v) for k, v in state.items()}

@@ -1,0 +1,94 @@
+"""Writes a keras_vit ViT as a timm Hub repository: ``config.json`` and
+``model.safetensors`` that ``timm.create_model(arch, pretrained=True,
+pretrained_cfg_overlay=dict(file=...))`` loads and
+:mod:`keras_vit.zoo.timm_hub` reads back, label names included
+(``label_names``, as timm writes them). Reached through
+:func:`keras_vit.zoo.save_pretrained`.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+from keras_vit import atomic, variants
+from keras_vit.errors import require
+from keras_vit.zoo import convert
+from keras_vit.zoo.timm_layout import from_official
+from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
+
+# The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
+_OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+
+
+_TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
+               "H": "huge"}
+
+
+def timm_architecture(model):
+    """``(name, model_args)``: timm's name for the model's architecture
+    (``vit_base_patch16_224``) and the ``model_args`` that make timm build
+    it: none for the standard sizes, else the sizes themselves on top of
+    ``vit_base_patch16_224`` (timm's ``create_model`` takes them as
+    keyword arguments, and :mod:`keras_vit.zoo.timm_hub` honours them)."""
+    # The sizes are the zoo's one table (keras_vit.variants), in timm's
+    # words.
+    names = {(row["hidden_size"], row["num_layers"], row["num_heads"]):
+             _TIMM_WORDS[letter]
+             for letter, row in variants.VIT_SIZES.items()
+             if letter in _TIMM_WORDS}
+    config = model.get_config()
+    if (config.get("resnet") is not None or config.get("classifier") != "token"
+            or config.get("position_embedding", "learned_1d") != "learned_1d"
+            or config.get("representation_size")):
+        raise ValueError(
+            f"save_pretrained writes timm's ViT (a class token, a learned "
+            f"position table, no ResNet stem, no pre_logits); "
+            f"model={model.name!r} has classifier={config.get('classifier')!r}"
+            f", resnet={config.get('resnet')!r}, representation_size="
+            f"{config.get('representation_size')!r}")
+    key = (config["hidden_size"], config["num_layers"], config["num_heads"])
+    size = names.get(key)
+    patch = config["patch_size"]
+    if size is not None and config["mlp_dim"] == 4 * key[0] and patch in (
+            (8, 16, 32) if size == "base" else (16, 32) if size != "huge"
+            else (14,)):
+        return f"vit_{size}_patch{patch}_224", {}
+    return "vit_base_patch16_224", {
+        "patch_size": patch, "embed_dim": key[0], "depth": key[1],
+        "num_heads": key[2], "mlp_ratio": config["mlp_dim"] / key[0]}
+
+
+def write(model, directory, labels=None):
+    """Writes ``model`` as a timm repository in ``directory`` with the
+    class names ``labels`` (a checked list, or None); returns the
+    folder. Each file is written whole or not at all."""
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="save_pretrained")
+    arch, sizes = timm_architecture(model)
+    state = from_official(convert.export_arrays(model))
+    size = model.image_size
+    size = list(size) if isinstance(size, (tuple, list)) else [size, size]
+    config = {
+        "architecture": arch,
+        "num_classes": int(model.num_classes),
+        "num_features": int(model.hidden_size),
+        "global_pool": "token",
+        "model_args": {"img_size": size[0] if size[0] == size[1] else size,
+                       "in_chans": int(model.get_config().get(
+                           "num_channels", 3)), **sizes},
+        "pretrained_cfg": {
+            "input_size": [3, *size], "fixed_input_size": True,
+            "interpolation": "bilinear", "crop_pct": 1.0,
+            "crop_mode": "center", "mean": _OFFICIAL_MEAN_STD[0],
+            "std": _OFFICIAL_MEAN_STD[1], "num_classes": int(model.num_classes),
+            "first_conv": "patch_embed.proj", "classifier": "head"},
+    }
+    if labels is not None:
+        config["label_names"] = list(labels)
+    os.makedirs(directory, exist_ok=True)
+    # Each file complete or absent: a reader never sees half of one.
+    with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
+        st.save_file(state, tmp, metadata={"format": "pt"})
+    atomic.write_json(os.path.join(directory, CONFIG_FILE), config)
+    return os.fspath(directory)

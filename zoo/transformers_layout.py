@@ -1,0 +1,294 @@
+"""transformers' ViT config read as keras_vit's builder arguments
+(:func:`architecture`), and its parameter names and the official ``.npz``
+layout, both ways (``ViTForImageClassification``: ``vit.`` in front and a
+``classifier``; ``ViTModel``: none, and a ``pooler``), and the names and
+shapes a config implies. Shared by the reader
+(:mod:`keras_vit.zoo.transformers_hub`) and the writer
+(:mod:`keras_vit.zoo.transformers_writer`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from keras_vit.zoo import convert, formats
+
+# How transformers prepares images for the model (checked on reading).
+PREPROCESSOR_FILE = "preprocessor_config.json"
+# The architectures keras_vit reproduces, and what each becomes.
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+# transformers' hidden_act -> keras_vit's gelu form. "gelu" is torch's
+# default, erf; "gelu_new" / "gelu_pytorch_tanh" the tanh approximation.
+GELU_FORMS = {"gelu": "exact", "gelu_new": "tanh",
+              "gelu_pytorch_tanh": "tanh"}
+# Google's files: transformers' ViTConfig defaults.
+DEFAULT_LAYER_NORM_EPS = 1e-12
+DEFAULT_HIDDEN_ACT = "gelu"
+
+
+# Hub model types that are not ViT, with the way out where there is one.
+_OTHER_TYPES = {
+    "deit": "DeiT (its distillation token and second head have no "
+            "counterpart here); the DeiT checkpoints without distillation "
+            "that transformers stores as model_type 'vit' "
+            "(facebook/deit-*-patch16-224) load",
+    "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
+               "classifier keras_vit reproduces",
+    "vit_msn": "ViT-MSN",
+    "vit_hybrid": "transformers' BiT hybrid; the official R50+ViT-B/16 "
+                  "weights load by name: zoo.load('R50+ViT-B/16')",
+    "dinov2": "DINOv2 (layer scale, register tokens)",
+    "beit": "BEiT (relative position bias, layer scale)",
+    "swin": "Swin", "clip_vision_model": "CLIP's vision tower",
+}
+
+
+def shown_value(value, limit=80):
+    """``repr(value)`` cut to ``limit`` characters, for errors."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def architecture(config, path, header=None):
+    """``config`` checked (:data:`~keras_vit.zoo.formats.TRANSFORMERS_CONFIG`)
+    and read as keras_vit's builder arguments: ``{"kind": "classifier" |
+    "model", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+    "image_size", "patch_size", "num_channels", "layer_norm_epsilon",
+    "gelu", "labels", "representation_size"}``. Other model types and
+    architectures, and settings keras_vit lacks, are refused by name;
+    sizes beyond any ViT's are refused before anything is allocated.
+    ``header`` (tensor name -> entry) tells a config that names no
+    architecture which one the file holds."""
+    path = os.fspath(path)
+    config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
+    model_type = config.get("model_type")
+    if model_type != "vit":
+        what = _OTHER_TYPES.get(model_type)
+        raise formats.fail(
+            path, "model_type", f"model_type={shown_value(model_type)} is not "
+            "supported" + (f": {what}" if what else "")
+            + ". keras_vit reads transformers' ViT (model_type 'vit': "
+            f"{' and '.join(ARCHITECTURES)}); timm's repositories of the "
+            "same weights load too (hf-hub:timm/vit_*)")
+    names = config.get("architectures")
+    if names is not None:
+        kind = {"ViTForImageClassification": "classifier",
+                "ViTModel": "model"}.get(names[0])
+        if kind is None:
+            raise formats.fail(
+                path, "architectures", f"architectures={shown_value(names)} is not"
+                f" supported; keras_vit loads {' and '.join(ARCHITECTURES)} "
+                "(load the encoder of another one in transformers and save "
+                "it as ViTModel: ViTModel.from_pretrained(...)."
+                "save_pretrained(dir))")
+    else:  # older files: the tensors tell
+        kind = "classifier" if any(
+            k.startswith("vit.") for k in (header or {})) else "model"
+    # Types and bounds are the format's; what it cannot say is checked here.
+    hidden = config.get("hidden_size", 768)
+    heads = config.get("num_attention_heads", 12)
+    size = config.get("image_size", 224)
+    size = tuple(size) if isinstance(size, tuple) else (size, size)
+    patch = config.get("patch_size", 16)
+    for field, ok, expected, value in (
+            ("num_attention_heads", hidden % heads == 0,
+             f"an integer that divides hidden_size={hidden}", heads),
+            ("head_dim", config.get("head_dim") in (None, hidden // heads),
+             f"null or hidden_size / num_attention_heads = "
+             f"{hidden // heads}", config.get("head_dim")),
+            ("patch_size", all(s % patch == 0 for s in size),
+             f"an integer that divides image_size={list(size)}", patch),
+            ("hidden_act", config.get("hidden_act", DEFAULT_HIDDEN_ACT)
+             in GELU_FORMS, f"one of {sorted(GELU_FORMS)} (keras_vit's GELU "
+             "forms)", config.get("hidden_act")),
+            ("qkv_bias", config.get("qkv_bias", True) is True, "true "
+             "(keras_vit's attention has query, key and value biases)",
+             config.get("qkv_bias")),
+            ("pooler_act", kind != "model" or config.get(
+                "pooler_act", "tanh") == "tanh",
+             "'tanh' (keras_vit's pre_logits)", config.get("pooler_act"))):
+        if not ok:
+            raise formats.fail(path, field, f"expected {expected}; received "
+                               f"{field}={shown_value(value)}")
+    return {"kind": kind, "hidden_size": hidden,
+            "num_layers": config.get("num_hidden_layers", 12),
+            "num_heads": heads, "mlp_dim": config.get("intermediate_size",
+                                                      3072),
+            "image_size": size[0] if size[0] == size[1] else size,
+            "patch_size": patch, "num_channels": config.get("num_channels", 3),
+            "layer_norm_epsilon": float(config.get(
+                "layer_norm_eps", DEFAULT_LAYER_NORM_EPS)),
+            "gelu": GELU_FORMS[config.get("hidden_act", DEFAULT_HIDDEN_ACT)],
+            "labels": _labels(config, path),
+            "representation_size": (config.get("pooler_output_size", hidden)
+                                    if kind == "model" else None)}
+
+
+def _labels(config, path):
+    """``id2label`` as a list ordered by index, or None."""
+    id2label = config.get("id2label")  # checked by the format
+    if id2label is None:
+        return None
+    labels = {}
+    for key, name in id2label.items():
+        index = int(key) if key.isdecimal() and len(key) < 8 else -1
+        if not 0 <= index < len(id2label) or index in labels:
+            raise formats.fail(path, f"id2label.{key}", "expected indices "
+                               f"0..{len(id2label) - 1}; received "
+                               f"{shown_value(key)}: {shown_value(name)}")
+        labels[index] = name
+    labels = [labels[i] for i in range(len(labels))]
+    # transformers writes LABEL_0, LABEL_1, ... when given no names: those
+    # name no class.
+    if not labels or all(name == f"LABEL_{i}" for i, name in enumerate(labels)):
+        return None
+    return labels
+
+
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+_ATTN = "MultiHeadDotProductAttention_1/"
+# transformers' per-layer names -> the official layout's (kernels are
+# transposed, and the attention ones split into heads, by to_official).
+LAYER_PARAMS = {
+    "layernorm_before.weight": "LayerNorm_0/scale",
+    "layernorm_before.bias": "LayerNorm_0/bias",
+    "attention.attention.query.weight": _ATTN + "query/kernel",
+    "attention.attention.query.bias": _ATTN + "query/bias",
+    "attention.attention.key.weight": _ATTN + "key/kernel",
+    "attention.attention.key.bias": _ATTN + "key/bias",
+    "attention.attention.value.weight": _ATTN + "value/kernel",
+    "attention.attention.value.bias": _ATTN + "value/bias",
+    "attention.output.dense.weight": _ATTN + "out/kernel",
+    "attention.output.dense.bias": _ATTN + "out/bias",
+    "layernorm_after.weight": "LayerNorm_2/scale",
+    "layernorm_after.bias": "LayerNorm_2/bias",
+    "intermediate.dense.weight": "MlpBlock_3/Dense_0/kernel",
+    "intermediate.dense.bias": "MlpBlock_3/Dense_0/bias",
+    "output.dense.weight": "MlpBlock_3/Dense_1/kernel",
+    "output.dense.bias": "MlpBlock_3/Dense_1/bias",
+}
+TOP_PARAMS = {
+    "embeddings.cls_token": "cls",
+    "embeddings.position_embeddings": convert.POSEMB_KEY,
+    "embeddings.patch_embeddings.projection.weight": "embedding/kernel",
+    "embeddings.patch_embeddings.projection.bias": "embedding/bias",
+    "layernorm.weight": "Transformer/encoder_norm/scale",
+    "layernorm.bias": "Transformer/encoder_norm/bias",
+    "pooler.dense.weight": "pre_logits/kernel",
+    "pooler.dense.bias": "pre_logits/bias",
+}
+HEAD_PARAMS = {"classifier.weight": "head/kernel",
+                "classifier.bias": "head/bias"}
+
+
+def expected_shapes(arch, num_labels, prefix):
+    """transformers' tensor names and shapes for ``arch`` (see
+    :func:`keras_vit.zoo.transformers_hub.architecture`): ``prefix`` is ``"vit."`` in a
+    ``ViTForImageClassification``, ``""`` in a ``ViTModel``."""
+    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"], arch["num_channels"],
+                  arch["patch_size"])
+    size = arch["image_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    shapes = {
+        "embeddings.cls_token": (1, 1, d),
+        "embeddings.position_embeddings": (1, (h // p) * (w // p) + 1, d),
+        "embeddings.patch_embeddings.projection.weight": (d, c, p, p),
+        "embeddings.patch_embeddings.projection.bias": (d,),
+        "layernorm.weight": (d,), "layernorm.bias": (d,),
+    }
+    layer = {"layernorm_before.weight": (d,), "layernorm_before.bias": (d,),
+             "layernorm_after.weight": (d,), "layernorm_after.bias": (d,),
+             "attention.output.dense.weight": (d, d),
+             "attention.output.dense.bias": (d,),
+             "intermediate.dense.weight": (m, d),
+             "intermediate.dense.bias": (m,),
+             "output.dense.weight": (d, m), "output.dense.bias": (d,)}
+    for part in ("query", "key", "value"):
+        layer[f"attention.attention.{part}.weight"] = (d, d)
+        layer[f"attention.attention.{part}.bias"] = (d,)
+    for i in range(arch["num_layers"]):
+        shapes.update({f"encoder.layer.{i}.{k}": v for k, v in layer.items()})
+    if arch["representation_size"] is not None:
+        r = arch["representation_size"]
+        shapes.update({"pooler.dense.weight": (r, d), "pooler.dense.bias": (r,)})
+    shapes = {prefix + k: v for k, v in shapes.items()}
+    if num_labels:
+        shapes.update({"classifier.weight": (num_labels, d),
+                       "classifier.bias": (num_labels,)})
+    return shapes
+
+
+def to_official(state, num_heads, prefix=""):
+    """Maps transformers ViT tensors (NumPy, names as checked by
+    :func:`check_tensors`) onto the official ``.npz`` layout."""
+    out = {}
+    for name, value in state.items():
+        value = np.asarray(value, dtype="float32")
+        if name in HEAD_PARAMS:
+            out[HEAD_PARAMS[name]] = value.T if value.ndim == 2 else value
+            continue
+        name = name[len(prefix):]
+        m = _LAYER.match(name)
+        if m:
+            i, param = m.groups()
+            key = f"Transformer/encoderblock_{i}/{LAYER_PARAMS[param]}"
+            if param.startswith("attention.attention."):
+                if value.ndim == 2:  # (H*Dh, D) -> (D, H, Dh)
+                    value = value.T.reshape(value.shape[1], num_heads, -1)
+                else:
+                    value = value.reshape(num_heads, -1)
+            elif param == "attention.output.dense.weight":
+                value = value.T.reshape(num_heads, -1, value.shape[0])
+            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
+                value = value.T
+            out[key] = value
+            continue
+        if name == "embeddings.patch_embeddings.projection.weight":
+            value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
+        elif name == "pooler.dense.weight":
+            value = value.T
+        out[TOP_PARAMS[name]] = value
+    return out
+
+
+def from_official(arrays, num_heads):
+    """The inverse of :func:`to_official`:
+    official ``.npz`` arrays of a class-token ViT with a head ->
+    transformers' ``ViTForImageClassification`` tensors (contiguous
+    float32)."""
+    top = {v: k for k, v in TOP_PARAMS.items()}
+    layer = {v: k for k, v in LAYER_PARAMS.items()}
+    head = {v: k for k, v in HEAD_PARAMS.items()}
+    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
+    out = {}
+    for key, value in arrays.items():
+        value = np.asarray(value, dtype="float32")
+        if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
+            out[head[key]] = value.T  # is the bias
+            continue
+        m = block.match(key)
+        if m:
+            i, param = m.groups()
+            name = layer[param]
+            if name.startswith("attention.attention."):
+                if value.ndim == 3:  # (D, H, Dh) -> (H*Dh, D)
+                    value = value.reshape(value.shape[0], -1).T
+                else:  # (H, Dh) -> (H*Dh,)
+                    value = value.reshape(-1)
+            elif name == "attention.output.dense.weight":
+                # (H, Dh, D) -> (D, H*Dh)
+                value = value.reshape(-1, value.shape[-1]).T
+            elif value.ndim == 2:  # Dense (in, out) -> Linear (out, in)
+                value = value.T
+            out[f"vit.encoder.layer.{i}.{name}"] = value
+            continue
+        name = top[key]
+        if name == "embeddings.patch_embeddings.projection.weight":
+            value = value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
+        elif name == "pooler.dense.weight":
+            value = value.T
+        out["vit." + name] = value
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}

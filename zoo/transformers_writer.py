@@ -1,0 +1,153 @@
+"""Writes a keras_vit ViT as Hugging Face transformers writes a
+``ViTForImageClassification`` (or a ``ViTModel`` for a model without a
+head): ``config.json`` with the class names as ``id2label``,
+``model.safetensors``, ``preprocessor_config.json``. The reverse of
+:mod:`keras_vit.zoo.transformers_hub`.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+from keras_vit.errors import shown
+from keras_vit.zoo import convert
+from keras_vit.zoo.transformers_layout import (ARCHITECTURES,
+                                               PREPROCESSOR_FILE, from_official)
+from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
+
+# keras_vit's GELU forms -> transformers' hidden_act.
+HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
+
+
+def _writable(model):
+    """``(kind, reason)``: the transformers class that holds ``model``
+    (``"classifier"``: ``ViTForImageClassification``; ``"model"``:
+    ``ViTModel``, for a model without a head), or None and the reason
+    none does."""
+    config = model.get_config() if hasattr(model, "get_config") else None
+    if not isinstance(config, dict) or "hidden_size" not in config or (
+            "num_heads" not in config):
+        return None, (f"{type(model).__name__} is not a keras_vit "
+                      "VisionTransformer")
+    include_top = config.get("include_top", True)
+    checks = (
+        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
+        (config.get("classifier") != "token",
+         f"classifier={config.get('classifier')!r} (transformers pools the "
+         "class token)"),
+        (include_top and config.get("representation_size") is not None,
+         "a pre_logits layer before the head (representation_size="
+         f"{config.get('representation_size')}; ViTForImageClassification "
+         "has none; without the head, include_top=False, it is ViTModel's "
+         "pooler)"),
+        (not include_top and config.get("pooling") == "gap",
+         "pooling='gap' (ViTModel pools the class token)"),
+        (config.get("position_embedding", "learned_1d") != "learned_1d"
+         or config.get("position_embedding_placement", "stem") != "stem",
+         "a position embedding other than the learned 1-D table at the "
+         "stem"),
+        (config.get("gelu", "tanh") not in HIDDEN_ACTS,
+         f"gelu={config.get('gelu')!r}"),
+        (config.get("return_attention_scores"), "attention scores as an "
+         "output"),
+    )
+    for bad, what in checks:
+        if bad:
+            return None, what
+    return ("classifier" if include_top else "model"), None
+
+
+def write(model, directory, labels=None):
+    """Writes ``model`` as transformers writes a ``ViTForImageClassification``
+    (``config.json``, ``model.safetensors``, ``preprocessor_config.json``),
+    so that ``transformers.ViTForImageClassification.from_pretrained(
+    directory)`` loads it with the same logits, and ``zoo.load(directory)``
+    reads it back. ``labels`` (a checked list of class names, or None:
+    transformers' ``LABEL_i``) become ``id2label``. Each file is written
+    whole or not at all. Reached through
+    :func:`keras_vit.zoo.save_pretrained` (``layout="transformers"``).
+
+    A model without a head (``include_top=False``) is written as a
+    ``ViTModel``: its ``pre_logits`` layer, if it has one, is the tanh
+    pooler (``pooler_output`` is the model's output); without one the
+    folder has no pooler and loads with ``ViTModel.from_pretrained(
+    directory, add_pooling_layer=False)`` (``last_hidden_state``).
+
+    Example (transformers itself is not needed to write)::
+
+        import keras_vit
+        model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                              num_layers=2, num_heads=4, mlp_dim=64,
+                              num_classes=3)
+        keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
+    """
+    from keras_vit import atomic
+    from keras_vit.errors import require
+
+    kind, reason = _writable(model)
+    if reason is not None:
+        raise ValueError(
+            f"save_pretrained(layout='transformers') writes transformers' "
+            f"ViTForImageClassification or ViTModel, neither of which can "
+            f"hold this model: {reason}"
+            + ("" if "VisionTransformer" in reason else
+               "; zoo.save_npz writes it"))
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="save_pretrained")
+    config = model.get_config()
+    hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
+    size = config["image_size"]
+    out = {
+        "model_type": "vit",
+        "architectures": [ARCHITECTURES[kind == "model"]],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(config["num_layers"]),
+        "num_attention_heads": heads,
+        "intermediate_size": int(config["mlp_dim"]),
+        "hidden_act": HIDDEN_ACTS[config.get("gelu", "tanh")],
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
+        "image_size": list(size) if isinstance(size, (list, tuple)) else size,
+        "patch_size": int(config["patch_size"]),
+        "num_channels": int(config.get("num_channels", 3)),
+        "qkv_bias": True,
+        "torch_dtype": "float32",
+    }
+    arrays = convert.export_arrays(model)
+    if kind == "classifier":
+        if labels is None:  # transformers' own names for unnamed classes
+            labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
+        out["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        out["label2id"] = {name: i for i, name in enumerate(labels)}
+        state = from_official(arrays, heads)
+    else:
+        if labels is not None:
+            raise ValueError(
+                "labels name the classes of a head; this model has none "
+                f"(include_top=False); received labels={shown(labels)}")
+        if "pre_logits/kernel" in arrays:
+            out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
+            out["pooler_act"] = "tanh"
+        state = {k[len("vit."):]: v
+                 for k, v in from_official(arrays, heads).items()}
+    # The official input: pixels / 255, then (x - 0.5) / 0.5 = [-1, 1].
+    side = size if isinstance(size, int) else None
+    preprocessor = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True, "resample": 2,
+        "size": ({"height": side, "width": side} if side else
+                 {"height": size[0], "width": size[1]}),
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    os.makedirs(directory, exist_ok=True)
+    with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
+        st.save_file(state, tmp, metadata={"format": "pt"})
+    atomic.write_json(os.path.join(directory, PREPROCESSOR_FILE),
+                      preprocessor)
+    # The config last: a folder is a transformers folder once it is there.
+    atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
+    return os.fspath(directory)
