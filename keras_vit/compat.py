@@ -66,6 +66,19 @@ def current_remat_mode():
     return None if scope is None else getattr(scope, "mode", str(scope))
 
 
+def stateless_scope():
+    """The ``keras.StatelessScope`` this code runs in, or None
+    (``keras.src.backend.common.stateless_scope.get_stateless_scope``)."""
+    try:
+        from keras.src.backend.common import stateless_scope as module
+    except ImportError:
+        raise _missing("keras.src.backend.common.stateless_scope", "keras",
+                       "keep dropout masks in a rematerialised block") from None
+    return _require(module, "get_stateless_scope",
+                    "stateless_scope.get_stateless_scope", "keras",
+                    "keep dropout masks in a rematerialised block")()
+
+
 def run_through_graph(functional, inputs, call_fn):
     """Calls the layers of the Functional model ``functional`` on ``inputs``
     through ``call_fn(layer, *args, **kwargs)``, which may change what each

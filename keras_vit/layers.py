@@ -128,21 +128,41 @@ def rematerialized(layer, forward, *tensors):
     The recomputation would draw new dropout masks from Keras' stateful
     seed generators (on TensorFlow gradients were off by 9 on a tiny
     block, on torch by 0.26 on a tiny ViT, with no error): their states,
-    read here, are put back at the start of each run of ``forward``, so
-    the backward pass recomputes the masks the forward used.
+    read here, are given back to them at the start of each run of
+    ``forward``, so the backward pass recomputes the masks the forward
+    used. On JAX no state may change inside the checkpointed function (the
+    change would leak out of a jitted step), so the states go in and the
+    advanced ones come out as values, assigned here.
     """
     generators = [sub.seed_generator for sub in
                   compat.flatten_layers(layer, include_self=False)
                   if getattr(sub, "seed_generator", None) is not None]
     # Copies of the values now (``state.value`` is the variable itself).
     states = [ops.copy(g.state.value) for g in generators]
+    if keras.backend.backend() != "jax" or not generators:
+        def run(*args):
+            for generator, state in zip(generators, states):
+                generator.state.assign(state)
+            return forward(*args)
 
-    def run(*args):
-        for generator, state in zip(generators, states):
-            generator.state.assign(state)
-        return forward(*args)
+        return keras.remat(run)(*tensors)
 
-    return keras.remat(run)(*tensors)
+    outer = compat.stateless_scope()
+
+    def run_stateless(seeds, *args):
+        with keras.StatelessScope() as scope:
+            if outer is not None:  # the weights as the step sees them
+                scope.state_mapping.update(outer.state_mapping)
+            for generator, seed in zip(generators, seeds):
+                scope.state_mapping[id(generator.state)] = seed
+            out = forward(*args)
+            advanced = [scope.get_current_value(g.state) for g in generators]
+        return out, advanced
+
+    out, advanced = keras.remat(run_stateless)(states, *tensors)
+    for generator, state in zip(generators, advanced):
+        generator.state.assign(state)
+    return out
 
 
 def check_remat(remat):

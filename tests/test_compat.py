@@ -48,6 +48,12 @@ def test_current_remat_mode():
     assert _call(compat.current_remat_mode) is None
 
 
+def test_stateless_scope():
+    assert _call(compat.stateless_scope) is None
+    with keras.StatelessScope() as scope:
+        assert _call(compat.stateless_scope) is scope
+
+
 def test_run_through_graph():
     model = _tiny()
     seen = []

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_vit
 from keras_vit.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
 
@@ -141,3 +142,83 @@ def test_keras_files_load_either_way(tmp_path):
 def test_remat_must_be_a_bool(bad):
     with pytest.raises(ValueError, match=f"remat={bad!r}"):
         vit(**TINY, remat=bad)
+
+
+# ---------------------------------------------------------------------------
+# the option on a built model, the Trainer, compile_for_finetune, the CLI
+
+
+def test_set_remat_switches_every_block_and_the_config():
+    from keras_vit.models.common import remat_of, set_remat
+
+    model = FAMILIES["hybrid"](remat=False)
+    assert not remat_of(model)
+    assert set_remat(model, True) is model
+    assert remat_of(model) and model.get_config()["remat"] is True
+    assert set_remat(model, None) is model and remat_of(model)
+    with pytest.raises(ValueError, match="remat='yes'"):
+        set_remat(model, "yes")
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="no block"):
+        set_remat(plain, True)
+
+
+def test_the_memory_estimate_counts_remat_and_the_check_names_it():
+    from keras_vit import memory
+    from keras_vit.models.common import set_remat
+
+    model = vit(**dict(TINY, image_size=64, num_layers=6))
+    full = memory.step_memory_estimate(model, 8)
+    with pytest.raises(ValueError, match=r"set remat=True \(rematerialised"):
+        memory.check_step(model, 8, available=full // 3)
+    set_remat(model, True)
+    kept = memory.step_memory_estimate(model, 8)
+    assert kept < full / 3, (kept, full)
+    memory.check_step(model, 8, available=full // 3)  # fits now
+
+
+def _losses(remat):
+    import keras_vit.train as kt
+
+    keras.utils.set_random_seed(0)  # the same initial weights each time
+    run = kt.fine_tune(vit(**dict(TINY, num_classes=10), dropout_rate=0.1),
+                       "digits", None, total_steps=3, warmup_steps=1,
+                       batch_size=8, image_size=32, crop_area=None,
+                       strategy="default", remat=remat, verbose=False)
+    return run
+
+
+@pytest.mark.backends
+def test_the_trainer_trains_the_same_with_remat():
+    plain, remat = _losses(None), _losses(True)
+    assert remat.model.get_config()["remat"] is True
+    assert remat.metrics["train_loss"] == pytest.approx(
+        plain.metrics["train_loss"], rel=1e-5)
+    for a, b in zip(plain.model.weights, remat.model.weights):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+
+
+def test_compile_for_finetune_takes_remat():
+    import keras_vit.train as kt
+
+    model = vit(**dict(TINY, num_classes=10))
+    recipe = kt.compile_for_finetune(model, total_steps=2, warmup_steps=1,
+                                     batch_size=8, remat=True)
+    assert model.get_config()["remat"] is True
+    ds = kt.dataset("digits", 32, recipe.batch_size, crop_area=None)
+    history = model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_fine_tune_on_the_command_line_takes_remat(tmp_path):
+    from keras_vit import cli
+
+    out = tmp_path / "run"
+    code = cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
+                     "--weights", "none", "--image-size", "32", "--steps",
+                     "2", "--batch-size", "8", "--set", "warmup_steps=1",
+                     "--set", "crop_area=none", "--no-eval", "--remat",
+                     "--out", str(out), "--quiet"])
+    assert code == 0
+    model = keras_vit.zoo.load(str(out))
+    assert model.get_config()["remat"] is True
