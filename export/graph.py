@@ -127,6 +127,29 @@ def _output_tensor(model, name):
     raise AssertionError(name)  # names were checked by the caller
 
 
+def _built_size(model):
+    """The (height, width) a dynamic-size model was built for."""
+    from keras_vit.errors import check_pair
+
+    return check_pair("image_size", model.get_config()["image_size"])
+
+
+def _other_sizes(model, built):
+    """Two sizes besides ``built`` at which a dynamic-size export is
+    verified: one larger and square, one not square, each a multiple of
+    the model's patch grid stride (32 for a ResNet)."""
+    stride = next((layer.stride for layer in model.layers
+                   if getattr(layer, "stride", None)
+                   and layer.name.startswith("position_embedding")), 32)
+    height, width = built
+
+    def fit(side):
+        return max(stride, int(round(side / stride)) * stride)
+
+    return ((fit(height * 1.5), fit(width * 1.5)),
+            (fit(height * 0.5), fit(width * 1.5)))
+
+
 class ServingGraph:
     """What an export serves, built from a Keras model.
 
@@ -166,10 +189,17 @@ class ServingGraph:
                 f"model={model.name!r} must take one input (images); it takes "
                 f"{len(model.inputs or ())}")
         shape = tuple(model.inputs[0].shape)
-        if len(shape) != 4 or None in shape[1:]:
+        # A dynamic-size model (dynamic_image_size=True) exports with free
+        # height and width; anything else free is not an image batch.
+        self.dynamic_size = bool(
+            getattr(model, "dynamic_image_size", False)
+            and len(shape) == 4 and shape[1] is None and shape[2] is None
+            and shape[3] is not None)
+        if len(shape) != 4 or (None in shape[1:] and not self.dynamic_size):
             raise ValueError(
                 f"model={model.name!r} takes inputs of shape {shape}; export "
-                "needs fixed-size images (batch, height, width, channels)")
+                "needs fixed-size images (batch, height, width, channels) "
+                "or a model built with dynamic_image_size=True")
         self.notes = []
         self._args = {"outputs": list(outputs),
                       "uint8_input": bool(uint8_input),
@@ -194,7 +224,12 @@ class ServingGraph:
             model = _with_attention_scores(model)
         self.model = model
         self.outputs = outputs
-        self.input_shape = shape[1:]
+        # The images the artifact is verified on: a dynamic-size model's
+        # at the size it was built for, then at EXTRA_SIZES others.
+        self.input_shape = (tuple(_built_size(model)) + shape[3:]
+                            if self.dynamic_size else shape[1:])
+        self.extra_image_sizes = (_other_sizes(model, self.input_shape[:2])
+                                  if self.dynamic_size else ())
         self.uint8_input = bool(uint8_input)
         self.input_dtype = "uint8" if uint8_input else "float32"
         includes_preprocessing = bool(
@@ -242,8 +277,10 @@ class ServingGraph:
     def input_spec(self):
         import tensorflow as tf
 
-        return tf.TensorSpec((None,) + tuple(self.input_shape),
-                             tf.as_dtype(self.input_dtype), name=INPUT_NAME)
+        shape = ((None, None, None) + tuple(self.input_shape[2:])
+                 if self.dynamic_size else (None,) + tuple(self.input_shape))
+        return tf.TensorSpec(shape, tf.as_dtype(self.input_dtype),
+                             name=INPUT_NAME)
 
     def function(self):
         """A ``tf.function`` of :meth:`serve` with a batch-dynamic input
@@ -329,7 +366,9 @@ class ServingGraph:
             out_shapes[name] = [None] + [int(d) for d in shape[1:]]
         return {
             "input": {"name": INPUT_NAME,
-                      "shape": [None] + [int(d) for d in self.input_shape],
+                      "shape": ([None, None, None, int(self.input_shape[2])]
+                                if self.dynamic_size else
+                                [None] + [int(d) for d in self.input_shape]),
                       "dtype": self.input_dtype,
                       "range": self.value_range,
                       "preprocessing_inside": self.value_range
@@ -362,28 +401,31 @@ class ServingGraph:
         return int(sum(np.prod(w.shape) * np.dtype(str(w.dtype)).itemsize
                        for w in self.model.weights))
 
-    def sample_images(self, n, seed=0, kind="noise"):
+    def sample_images(self, n, seed=0, kind="noise", image_size=None):
         """Deterministic inputs in the artifact's range: ``"noise"``
-        (uniform) or ``"photos"`` (crops of sample photos). A count whose
+        (uniform) or ``"photos"`` (crops of sample photos), at
+        ``image_size`` (height, width; default: the model's). A count whose
         images cannot fit this machine's memory is refused first."""
         import numpy as np
 
         from keras_vit.errors import available_memory
 
-        need = int(n) * int(np.prod(self.input_shape)) * 4
+        shape = (tuple(self.input_shape) if image_size is None else
+                 tuple(image_size) + tuple(self.input_shape[2:]))
+        need = int(n) * int(np.prod(shape)) * 4
         available = available_memory()
         if available is not None and need > available // 2:
             raise ValueError(
-                f"a batch of {n} images of shape {tuple(self.input_shape)} "
+                f"a batch of {n} images of shape {shape} "
                 f"needs {need / 2**30:.1f} GiB, more than half of the "
                 f"{available / 2**30:.1f} GiB of memory available here; "
                 "lower the batch sizes (batch_sizes=, --batch-sizes, "
                 "--batch)")
         if kind == "photos":
-            pixels, note = samples.photo_images(self.input_shape, n, seed)
+            pixels, note = samples.photo_images(shape, n, seed)
             return samples.to_input_range(pixels, self.input_dtype,
                                          self.value_range), note
-        images = samples.noise_images(self.input_shape, n, self.input_dtype,
+        images = samples.noise_images(shape, n, self.input_dtype,
                                      self.value_range, seed)
         return images, (f"{n} uniform random images in {self.value_range}"
                         f" (seed {seed})")

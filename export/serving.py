@@ -170,6 +170,9 @@ class ImageBytesGraph(ServingGraph):
             raise ValueError(
                 f"input='image_bytes' decodes RGB images; model="
                 f"{model.name!r} takes {self.input_shape[-1]} channels")
+        # Encoded files are resized to one size (the model's): a
+        # dynamic-size model's other sizes do not apply here.
+        self.extra_image_sizes = ()
         self.num_classes = int(self.raw.output["logits"].shape[-1])
         self.top_k = min(top_k, self.num_classes)
         self.label_source, self.label_names = _label_names(

@@ -207,7 +207,19 @@ def to_tflite(model, path, *, quantization="float32",
     if verify_data is None:
         verify_data = "photos" if quantized else "noise"
     checks.check_options(batch_sizes, verify_data)
+    fixed_note = None
+    if getattr(model, "dynamic_image_size", False):
+        # LiteRT runs fixed-size inputs: the model at the size it was
+        # built for (rebuild gives its weights to a fixed-size copy).
+        from keras_vit.zoo import rebuild
+
+        model = rebuild(model, dynamic_image_size=False)
+        size = "x".join(str(s) for s in model.inputs[0].shape[1:3])
+        fixed_note = (f"TFLite takes fixed-size images: the dynamic-size "
+                      f"model was exported at its built size, {size}")
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32)
+    if fixed_note:
+        graph.notes.append(fixed_note)
     options = {"quantization": quantization,
                "uint8_input": bool(uint8_input),
                "outputs": list(graph.outputs),

@@ -173,6 +173,17 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         for key in ("max_abs_diff", "rel_rms_error"):
             for name, value in extra[key].items():
                 metrics[key][name] = max(metrics[key].get(name, value), value)
+    # A dynamic-size artifact: the same checks at other image sizes.
+    for image_size in getattr(graph, "extra_image_sizes", ()):
+        part, _ = graph.sample_images(sizes[-1], seed=seed + 1,
+                                      kind="noise", image_size=image_size)
+        got = _run_in_chunks(run, part, sizes[-1])
+        extra, extra_failures = compare(graph.reference(part), got, few)
+        failures += [f"image size {image_size[0]}x{image_size[1]}: {f}"
+                     for f in extra_failures]
+        for key in ("max_abs_diff", "rel_rms_error"):
+            for name, value in extra[key].items():
+                metrics[key][name] = max(metrics[key].get(name, value), value)
     report = {
         "batch_sizes": list(sizes),
         "samples": int(len(images)),
@@ -182,6 +193,9 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         "rel_rms_error": metrics["rel_rms_error"],
         "top1_agreement": metrics["top1_agreement"],
         "tolerance": dict(tolerance, max_abs_diff_limits=metrics["limits"]),
+        "image_sizes": ([list(graph.input_shape[:2])]
+                        + [list(s) for s in graph.extra_image_sizes]
+                        if getattr(graph, "extra_image_sizes", ()) else None),
         "passed": not failures,
         "failures": failures,
     }

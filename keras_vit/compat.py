@@ -50,6 +50,35 @@ def flatten_layers(model, include_self=True):
     return list(fn(include_self=include_self))
 
 
+def current_remat_mode():
+    """The mode of the ``keras.RematScope`` around this code (``"full"``,
+    ``"activations"``, ...) or None outside one
+    (``keras.src.backend.common.remat.get_current_remat_mode``)."""
+    try:
+        from keras.src.backend.common import remat
+    except ImportError:
+        raise _missing("keras.src.backend.common.remat", "keras",
+                       "tell a model built inside keras.RematScope") from None
+    get = _require(remat, "get_current_remat_mode",
+                   "remat.get_current_remat_mode", "keras",
+                   "tell a model built inside keras.RematScope")
+    scope = get()
+    return None if scope is None else getattr(scope, "mode", str(scope))
+
+
+def stateless_scope():
+    """The ``keras.StatelessScope`` this code runs in, or None
+    (``keras.src.backend.common.stateless_scope.get_stateless_scope``)."""
+    try:
+        from keras.src.backend.common import stateless_scope as module
+    except ImportError:
+        raise _missing("keras.src.backend.common.stateless_scope", "keras",
+                       "keep dropout masks in a rematerialised block") from None
+    return _require(module, "get_stateless_scope",
+                    "stateless_scope.get_stateless_scope", "keras",
+                    "keep dropout masks in a rematerialised block")()
+
+
 def run_through_graph(functional, inputs, call_fn):
     """Calls the layers of the Functional model ``functional`` on ``inputs``
     through ``call_fn(layer, *args, **kwargs)``, which may change what each

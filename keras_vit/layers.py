@@ -18,6 +18,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit import compat
 from keras_vit.errors import check_choice
 
 PACKAGE = "keras_vit"
@@ -114,6 +115,61 @@ def _dense_2d(x, kernel, bias):
 
         return torch.addmm(bias, x, kernel)
     return ops.matmul(x, kernel) + bias
+
+
+def rematerialized(layer, forward, *tensors):
+    """``forward(*tensors)``, rematerialised (``keras.remat``: only the
+    inputs are kept for the backward pass, which runs ``forward`` again),
+    for ``layer``'s training call. Every tensor to differentiate goes in
+    ``tensors``, positionally: TensorFlow's recompute_grad gives keyword
+    arguments no gradient.
+
+    The recomputation would draw new dropout masks from Keras' stateful
+    seed generators (on TensorFlow gradients were off by 9 on a tiny
+    block, on torch by 0.26 on a tiny ViT, with no error): their states,
+    read here, are given back to them at the start of each run of
+    ``forward``, so the backward pass recomputes the masks the forward
+    used. On JAX no state may change inside the checkpointed function (the
+    change would leak out of a jitted step), so the states go in and the
+    advanced ones come out as values, assigned here.
+    """
+    generators = [sub.seed_generator for sub in
+                  compat.flatten_layers(layer, include_self=False)
+                  if getattr(sub, "seed_generator", None) is not None]
+    # Copies of the values now (``state.value`` is the variable itself).
+    states = [ops.copy(g.state.value) for g in generators]
+    if keras.backend.backend() != "jax" or not generators:
+        def run(*args):
+            for generator, state in zip(generators, states):
+                generator.state.assign(state)
+            return forward(*args)
+
+        return keras.remat(run)(*tensors)
+
+    outer = compat.stateless_scope()
+
+    def run_stateless(seeds, *args):
+        with keras.StatelessScope() as scope:
+            if outer is not None:  # the weights as the step sees them
+                scope.state_mapping.update(outer.state_mapping)
+            for generator, seed in zip(generators, seeds):
+                scope.state_mapping[id(generator.state)] = seed
+            out = forward(*args)
+            advanced = [scope.get_current_value(g.state) for g in generators]
+        return out, advanced
+
+    out, advanced = keras.remat(run_stateless)(states, *tensors)
+    for generator, state in zip(generators, advanced):
+        generator.state.assign(state)
+    return out
+
+
+def check_remat(remat):
+    """``remat`` if it is True or False, else a ValueError naming it."""
+    if not isinstance(remat, bool):
+        raise ValueError(f"remat must be True or False; received "
+                         f"remat={remat!r}")
+    return remat
 
 
 def check_gelu(form):
@@ -223,6 +279,85 @@ def sincos_2d_table(grid_size, width, temperature=10_000.0):
     return table.astype("float32")
 
 
+def _resize_axis(table, new_len, axis):
+    """Linear interpolation of ``table`` to ``new_len`` entries along
+    ``axis`` with aligned corners (``scipy.ndimage.zoom(order=1)``, as
+    :func:`keras_vit.zoo.resize_posemb`), in keras.ops: ``new_len`` may be
+    a tensor (a TensorFlow graph with dynamic image sizes). The table's own
+    length along ``axis`` is static."""
+    old_len = int(table.shape[axis])
+    if isinstance(new_len, int) and new_len == old_len:
+        return table
+    if old_len == 1:
+        return ops.take(table, ops.zeros((new_len,), "int32"), axis=axis)
+    positions = ops.cast(ops.arange(new_len), "float32")
+    step = (old_len - 1) / ops.maximum(ops.cast(new_len, "float32") - 1.0,
+                                       1.0)
+    coords = positions * step
+    lo = ops.cast(ops.clip(ops.floor(coords), 0, old_len - 2), "int32")
+    frac = coords - ops.cast(lo, "float32")
+    shape = [1] * len(table.shape)
+    shape[axis] = -1
+    frac = ops.cast(ops.reshape(frac, shape), table.dtype)
+    lower = ops.take(table, lo, axis=axis)
+    upper = ops.take(table, lo + 1, axis=axis)
+    return lower * (1.0 - frac) + upper * frac
+
+
+def resize_grid_table(grid, grid_size, new_grid):
+    """``grid`` (rows * cols, D), the position rows of a patch grid of
+    ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols),
+    either of which may be tensors: the official resize of the paper's
+    section 3.2 (bilinear, aligned corners), computed in the graph."""
+    rows, cols = grid_size
+    dim = grid.shape[-1]
+    table = ops.reshape(grid, (rows, cols, dim))
+    table = _resize_axis(table, new_grid[0], 0)
+    table = _resize_axis(table, new_grid[1], 1)
+    return ops.reshape(table, (-1, dim))
+
+
+def sincos_2d_grid(rows, cols, width, temperature=10_000.0):
+    """:func:`sincos_2d_table` in keras.ops, for a grid whose ``rows`` and
+    ``cols`` may be tensors: float32 (rows * cols, width)."""
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    omega = ops.convert_to_tensor(omega.astype("float32"))
+    y = ops.cast(ops.repeat(ops.arange(rows), cols), "float32")
+    x = ops.cast(ops.tile(ops.arange(cols), [rows]), "float32")
+    x = x[:, None] * omega[None]
+    y = y[:, None] * omega[None]
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)],
+                           axis=1)
+
+
+def runtime_grid(images, stride):
+    """The patch grid (rows, cols) of ``images`` (B, H, W, C) cut by
+    ``stride`` pixels a patch: Python ints where the shape is known (JAX
+    and torch always, TensorFlow when static), else scalar tensors. A side
+    the stride does not divide is refused: the convolution would drop its
+    last pixels without a word (on a TensorFlow graph the call fails with
+    an InvalidArgumentError naming the size)."""
+    height, width = ops.shape(images)[1], ops.shape(images)[2]
+    if isinstance(height, int) and isinstance(width, int):
+        if height % stride or width % stride or not (height and width):
+            raise ValueError(
+                f"a dynamic-size model takes images whose height and width "
+                f"are positive multiples of {stride} (its patch grid's "
+                f"stride); received images of {height}x{width} pixels")
+        return height // stride, width // stride
+    import tensorflow as tf
+
+    check = tf.debugging.Assert(
+        tf.logical_and(tf.equal(height % stride, 0),
+                       tf.equal(width % stride, 0)),
+        [f"a dynamic-size model takes images whose height and width are "
+         f"multiples of {stride} (its patch grid's stride); received "
+         "images of", height, "x", width, "pixels"])
+    with tf.control_dependencies([check]):
+        return tf.identity(height // stride), tf.identity(width // stride)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PositionEmbedding(layers.Layer):
     """Adds a position embedding of shape (1, num_tokens, D) to the tokens.
@@ -243,22 +378,32 @@ class PositionEmbedding(layers.Layer):
     With the two 2D kinds the prefix (class) token gets no embedding: it has
     no place on the grid, and it is itself a learned vector, so a learned
     offset for it would only duplicate it (MoCo v3 gives it zeros too).
+
+    ``stride`` (pixels per grid cell: the patch size, times a hybrid's
+    ResNet stride) makes the table follow the images' size: called with
+    ``images=`` (the model's input), the grid rows are resized in the graph
+    to that input's grid with the official resize (bilinear, aligned
+    corners: :func:`keras_vit.zoo.resize_posemb`; the 2D kinds per axis,
+    ``"sincos_2d"`` recomputed), so one model takes any height and width
+    the stride divides. At ``grid_size`` the table is used as it is.
     """
 
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
-                 **kwargs):
+                 stride=None, **kwargs):
         super().__init__(**kwargs)
         check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
+        self.stride = None if stride is None else int(stride)
 
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
 
     def build(self, input_shape):
-        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+        if (self.stride is None and input_shape[1] is not None
+                and input_shape[1] != self.num_tokens):
             raise ValueError(
                 f"PositionEmbedding expects {self.num_tokens} tokens "
                 f"(grid_size={self.grid_size}, num_prefix_tokens="
@@ -288,23 +433,54 @@ class PositionEmbedding(layers.Layer):
             self._fixed_table = np.concatenate([prefix, grid])[None]
         self.built = True
 
-    def table(self):
-        """The embedding added to the tokens, (1, num_tokens, D), any kind."""
+    def table(self, grid=None):
+        """The embedding added to the tokens, (1, num_tokens, D), any kind:
+        for ``grid`` (rows, cols; ints or scalar tensors) when given, else
+        for ``grid_size``."""
+        # Sizes known now (ints) decide here; tensors (a TensorFlow graph
+        # of a dynamic-size model) always take the resize, which is the
+        # identity at grid_size.
+        known = grid is not None and all(isinstance(g, int) for g in grid)
+        resize = grid is not None and (not known
+                                       or tuple(grid) != self.grid_size)
+        rows, cols = grid if resize else self.grid_size
         if self.kind == "learned_1d":
-            return self.pos_embedding
+            if not resize:
+                return self.pos_embedding
+            table = self.pos_embedding[0]
+            prefix = table[:self.num_prefix_tokens]
+            patches = resize_grid_table(table[self.num_prefix_tokens:],
+                                        self.grid_size, (rows, cols))
+            return ops.concatenate([prefix, patches], axis=0)[None]
         if self.kind == "sincos_2d":
-            return ops.convert_to_tensor(self._fixed_table)
-        rows, cols = self.grid_size
-        half = self.pos_embedding_x.shape[-1]
-        x = ops.broadcast_to(self.pos_embedding_x[None], (rows, cols, half))
-        y = ops.broadcast_to(self.pos_embedding_y[:, None], (rows, cols, half))
-        grid = ops.reshape(ops.concatenate([x, y], axis=-1),
-                           (rows * cols, 2 * half))
-        prefix = ops.zeros((self.num_prefix_tokens, 2 * half), grid.dtype)
-        return ops.concatenate([prefix, grid], axis=0)[None]
+            if not resize:
+                return ops.convert_to_tensor(self._fixed_table)
+            dim = self._fixed_table.shape[-1]
+            patches = sincos_2d_grid(rows, cols, dim)
+        else:
+            pos_x, pos_y = self.pos_embedding_x, self.pos_embedding_y
+            if resize:
+                pos_x = _resize_axis(pos_x, cols, 0)
+                pos_y = _resize_axis(pos_y, rows, 0)
+            half = pos_x.shape[-1]
+            x = ops.broadcast_to(pos_x[None], (rows, cols, half))
+            y = ops.broadcast_to(pos_y[:, None], (rows, cols, half))
+            patches = ops.reshape(ops.concatenate([x, y], axis=-1),
+                                  (-1, 2 * half))
+        prefix = ops.zeros((self.num_prefix_tokens, patches.shape[-1]),
+                           patches.dtype)
+        return ops.concatenate([prefix, patches], axis=0)[None]
 
-    def call(self, x):
-        return x + ops.cast(self.table(), x.dtype)
+    def call(self, x, images=None):
+        grid = None
+        if images is not None and self.stride is not None:
+            grid = runtime_grid(images, self.stride)
+        return x + ops.cast(self.table(grid), x.dtype)
+
+    def compute_output_spec(self, x, images=None):
+        # The tokens' own shape: tracing the resize with the free sizes of
+        # a dynamic model would pair token counts and grids that disagree.
+        return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -312,6 +488,7 @@ class PositionEmbedding(layers.Layer):
             grid_size=list(self.grid_size),
             num_prefix_tokens=self.num_prefix_tokens,
             kind=self.kind,
+            stride=self.stride,
         )
         return config
 
@@ -676,7 +853,16 @@ class MlpBlock(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class EncoderBlock(layers.Layer):
-    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+    ``remat=True`` rematerialises the block in training (``keras.remat``:
+    ``jax.checkpoint``, ``tf.recompute_grad``, torch's checkpoint): only the
+    block's input is kept for the backward pass, which runs the block's
+    forward again, so a training step stores one tensor per block instead
+    of all its activations (the paper's big models fit batches several
+    times larger) for about one more forward pass of compute. The numbers
+    are the same; inference (``training`` not True) is unchanged.
+    """
 
     def __init__(
         self,
@@ -686,9 +872,11 @@ class EncoderBlock(layers.Layer):
         attention_dropout_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu="tanh",
+        remat=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.remat = check_remat(remat)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.gelu = check_gelu(gelu)
@@ -722,6 +910,20 @@ class EncoderBlock(layers.Layer):
         """``relative_embedding``: optional 1D relative position table
         (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
         are added to the content logits before the softmax."""
+        if self.remat and training is True and not return_attention_scores:
+            return self._rematerialized(x, relative_embedding)
+        return self._forward(x, training, return_attention_scores,
+                             relative_embedding)
+
+    def _rematerialized(self, x, relative_embedding):
+        tables = () if relative_embedding is None else (relative_embedding,)
+        return rematerialized(
+            self, lambda x, *table: self._forward(
+                x, True, relative_embedding=table[0] if table else None),
+            x, *tables)
+
+    def _forward(self, x, training=None, return_attention_scores=False,
+                 relative_embedding=None):
         # The relative logits use "the original query": the attention
         # layer's own projection.
         y = self.attention(
@@ -748,7 +950,7 @@ class EncoderBlock(layers.Layer):
     def get_config(self):
         return _with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
-            "layer_norm_epsilon", "gelu"))
+            "layer_norm_epsilon", "gelu", "remat"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -845,8 +1047,9 @@ class ResidualUnit(layers.Layer):
     """
 
     def __init__(self, features, strides=1, groups=32, epsilon=1e-6,
-                 standardization="std", std_eps=1e-5, **kwargs):
+                 standardization="std", std_eps=1e-5, remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = check_remat(remat)
         self.features = int(features)
         self.strides = int(strides)
         self.groups = int(groups)
@@ -889,7 +1092,12 @@ class ResidualUnit(layers.Layer):
             self.gn_proj.build(tuple(input_shape[:-1]) + (out,))
         self.built = True
 
-    def call(self, x):
+    def call(self, x, training=None):
+        if self.remat and training is True:
+            return rematerialized(self, self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x):
         residual = x
         if self.needs_projection:
             residual = self.gn_proj(self.conv_proj(x))
@@ -901,4 +1109,4 @@ class ResidualUnit(layers.Layer):
     def get_config(self):
         return _with_arguments(super().get_config(), self, (
             "features", "strides", "groups", "epsilon", "standardization",
-            "std_eps"))
+            "std_eps", "remat"))

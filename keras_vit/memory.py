@@ -32,7 +32,7 @@ def _pixels(size):
     return h * w
 
 
-def _resnet_values(image_size, stages, width_factor):
+def _resnet_values(image_size, stages, width_factor, remat=False):
     """Values per image a (BiT or hybrid) ResNet keeps for the backward
     pass: the root conv, GroupNorm and ReLU at 1/2 resolution, then per
     bottleneck unit about 5 values for each of its 6c channels (c, c, 4c
@@ -46,11 +46,19 @@ def _resnet_values(image_size, stages, width_factor):
     pixels = _pixels(image_size) / 4
     values = 4 * width * pixels
     pixels /= 4  # after the stride-2 max-pool
+    unit_values = []
     for s, units in enumerate(stages):
         if s:
             pixels /= 4
-        values += units * 30 * width * 2 ** s * pixels
-    return values
+        unit_values += [(30 * width * 2 ** s * pixels,
+                         4 * width * 2 ** s * pixels)] * units
+    if remat:
+        # Each unit keeps its input (4c channels; the first of a stage at
+        # the previous resolution, counted at this one), and one unit's
+        # activations live again while its backward recomputes them.
+        return (values + sum(kept for _, kept in unit_values)
+                + max((full for full, _ in unit_values), default=0))
+    return values + sum(full for full, _ in unit_values)
 
 
 def _resnet_forward_values(image_size, width_factor):
@@ -82,16 +90,22 @@ def step_memory_estimate(model, images):
     (N tokens), the attention maps dominating at high resolution; a hybrid
     adds its ResNet (see :func:`_resnet_values`), a BiT ResNet is that
     alone, and masked patch prediction adds its per-patch logits (three
-    copies: logits, softmax, gradient). None for models it does not know.
+    copies: logits, softmax, gradient). With rematerialised blocks
+    (``remat=True``) each block keeps only its input, N*D values, and one
+    block's activations are live again while its backward recomputes
+    them. None for models it does not know.
 
     >>> import keras_vit
     >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
     >>> round(step_memory_estimate(vit, 8) / 2**20, 2)  # MiB
     7.13
     """
+    from keras_vit.models.common import remat_of
+
+    remat = remat_of(model) if hasattr(model, "layers") else False
     if hasattr(model, "block_units"):  # BiT ResNetV2
         values = _resnet_values(model.image_size, model.block_units,
-                                model.width_factor)
+                                model.width_factor, remat)
         return _BYTES * images * values
     config, n = _encoder(model)
     if config is None:
@@ -101,14 +115,18 @@ def step_memory_estimate(model, images):
         head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
     per_block = (12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
                  + 3 * config["num_heads"] * n * n)
-    values = config["num_layers"] * per_block + head
+    if remat:
+        values = (config["num_layers"] * n * config["hidden_size"]
+                  + per_block + head)
+    else:
+        values = config["num_layers"] * per_block + head
     resnet = config.get("resnet")
     if resnet:
         from keras_vit.models.vit import hybrid_stages
 
         values += _resnet_values(config["image_size"],
                                  hybrid_stages(resnet),
-                                 resnet.get("width_factor", 1))
+                                 resnet.get("width_factor", 1), remat)
     return _BYTES * images * values
 
 
@@ -116,7 +134,7 @@ def step_memory_estimate(model, images):
 # keywords; the command line passes its flags.
 API_NAMES = {"micro_batch_size": "micro_batch_size=",
              "batch_size": "batch_size", "image_size": "the image size",
-             "skip": "check_memory=False"}
+             "skip": "check_memory=False", "remat": "remat=True"}
 
 
 def check_step(model, images, *, per_replica=None, batch_size=None,
@@ -155,6 +173,21 @@ or pass check_memory=False to try anyway
     hint = (f"set {names['micro_batch_size']}{fits[-1]} (gradient "
             "accumulation: the same updates, less memory), or "
             if fits else "")
+    from keras_vit.models.common import remat_of, set_remat
+
+    if (hasattr(model, "layers") and not remat_of(model)
+            and any(hasattr(layer, "_forward") for layer in model.layers)):
+        # What rematerialised blocks would need, asked of the model with
+        # its blocks switched for the estimate and back.
+        set_remat(model, True)
+        try:
+            with_remat = step_memory_estimate(model, images)
+        finally:
+            set_remat(model, False)
+        if with_remat is not None and with_remat <= available:
+            hint = (f"{hint}set {names['remat']} (rematerialised blocks: "
+                    f"about {with_remat / 2**30:.1f} GiB, the same "
+                    "gradients, about one more forward pass a step), or ")
     now = f" (now {batch_size})" if batch_size is not None else ""
     raise ValueError(
         f"a training step of {images} images of {_describe(model)} needs "

@@ -41,6 +41,19 @@ def test_flatten_layers():
             "hidden", "out"]
 
 
+def test_current_remat_mode():
+    assert _call(compat.current_remat_mode) is None
+    with keras.RematScope(mode="full"):
+        assert _call(compat.current_remat_mode) == "full"
+    assert _call(compat.current_remat_mode) is None
+
+
+def test_stateless_scope():
+    assert _call(compat.stateless_scope) is None
+    with keras.StatelessScope() as scope:
+        assert _call(compat.stateless_scope) is scope
+
+
 def test_run_through_graph():
     model = _tiny()
     seen = []

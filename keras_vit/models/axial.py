@@ -36,7 +36,7 @@ _POOLINGS = (None, "gap", "avg")
 _POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 # AxialEncoderBlock's arguments, which its get_config returns.
 _BLOCK_ARGUMENTS = ("num_heads", "mlp_dim", "dropout_rate",
-                    "attention_dropout_rate", "layer_norm_epsilon")
+                    "attention_dropout_rate", "layer_norm_epsilon", "remat")
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -50,12 +50,13 @@ class AxialEncoderBlock(layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0,
                  attention_dropout_rate=0.0, layer_norm_epsilon=1e-6,
-                 **kwargs):
+                 remat=False, **kwargs):
         super().__init__(**kwargs)
         self.row, self.column = (
             vit_layers.EncoderBlock(
                 num_heads, mlp_dim, dropout_rate, attention_dropout_rate,
-                layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+                layer_norm_epsilon, remat=remat, dtype=self.dtype_policy,
+                name=name)
             for name in ("row", "column"))
         # The arguments as the two blocks normalised them; their gelu stays
         # the tanh default, which an axial block does not take.
@@ -116,7 +117,14 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                  include_preprocessing=False, classifier_activation=None,
                  num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
                  position_embedding="learned_1d", label_names=None,
+                 dynamic_image_size=False, remat=False,
                  name="axial_vision_transformer", **kwargs):
+        if dynamic_image_size is not False:
+            raise ValueError(
+                "Axial-ViT runs its row and column attention over the grid it "
+                "was built for; build the size you need with keras_vit."
+                "rebuild(model, image_size=...) instead; received "
+                f"dynamic_image_size={dynamic_image_size!r}")
         image_hw, patch, grid = check_patch_grid(image_size, patch_size)
         spec = check_encoder_args(
             hidden_size, num_layers, num_heads, mlp_dim, num_channels,
@@ -150,7 +158,8 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             x = AxialEncoderBlock(
                 spec["num_heads"], spec["mlp_dim"], rate,
                 spec["attention_dropout_rate"], layer_norm_epsilon,
-                dtype=dtype, name=f"axial_block_{i}")(x)
+                remat=vit_layers.check_remat(remat), dtype=dtype,
+                name=f"axial_block_{i}")(x)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
         x = classification_head(

@@ -94,3 +94,46 @@ def check_label_names(label_names, num_classes, include_top):
                 f"name); {name!r} appears twice in label_names={shown}")
         seen.add(name)
     return tuple(label_names)
+
+
+def set_remat(model, remat):
+    """Turns rematerialisation on (``remat=True``) or off in every block of
+    a built model (encoder blocks, a hybrid's ResNet units, BiT's units),
+    as the builders' ``remat`` option does, and in its config (a saved
+    file keeps the setting); ``None`` changes nothing. Returns ``model``.
+    The next training function Keras (or the Trainer) builds uses it.
+
+    >>> import keras_vit
+    >>> m = set_remat(keras_vit.vit(16, 8, 16, 2, 2, 32, 2), True)
+    >>> m.get_config()["remat"], m.get_layer("encoder_block_1").remat
+    (True, True)
+    """
+    if remat is None:
+        return model
+    if not isinstance(remat, bool):
+        raise ValueError(f"remat must be True, False or None; received "
+                         f"remat={remat!r}")
+    from keras_vit import compat
+
+    blocks = [layer for layer in compat.flatten_layers(model)
+              if layer is not model and hasattr(layer, "remat")
+              and hasattr(layer, "_forward")]
+    if not blocks:
+        raise ValueError(
+            f"model={model.name!r} has no block that can be rematerialised "
+            "(keras_vit's ViT, hybrid, BiT and Axial-ViT models do)")
+    for layer in compat.flatten_layers(model):
+        if hasattr(layer, "remat"):
+            layer.remat = remat
+    return model
+
+
+def remat_of(model):
+    """Whether ``model``'s blocks are rematerialised in training (all of
+    them: :func:`set_remat` and the builders switch them together)."""
+    from keras_vit import compat
+
+    flags = [layer.remat for layer in compat.flatten_layers(model)
+             if layer is not model and hasattr(layer, "_forward")
+             and hasattr(layer, "remat")]
+    return bool(flags) and all(flags)

@@ -108,10 +108,51 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
         + f"hidden_size={hidden_size}, num_layers={num_layers}, "
         f"mlp_dim={mlp_dim}" + (f", num_classes={num_classes}"
                                 if include_top else ""))
+    rates = dict(dropout_rate=_rate(dropout_rate, "dropout_rate"),
+                 attention_dropout_rate=_rate(attention_dropout_rate,
+                                              "attention_dropout_rate"))
+    check_remat_scope(**rates)
     return dict(
         hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         mlp_dim=mlp_dim, num_channels=num_channels,
         representation_size=representation_size, num_classes=num_classes,
-        dropout_rate=_rate(dropout_rate, "dropout_rate"),
-        attention_dropout_rate=_rate(attention_dropout_rate,
-                                     "attention_dropout_rate"))
+        **rates)
+
+
+def check_remat_scope(dropout_rate, attention_dropout_rate):
+    """Refuses to build a model inside ``keras.RematScope`` where the
+    scope's per-layer remat goes wrong, naming ``remat=True``, which
+    rematerialises each block itself and is exact on every backend:
+
+    * JAX: the scope wraps each ``Dropout`` call in ``jax.checkpoint``,
+      which traces the layer's Python ``training`` flag, and the call fails
+      inside Keras (every ViT has dropout layers, at rate 0 too);
+    * TensorFlow, with dropout: each dropout layer's recomputation draws a
+      new mask, so the gradients are wrong with no error (off by 0.24 on a
+      tiny ViT).
+
+    torch's checkpoint restores its random state: there the scope works.
+    """
+    import keras
+
+    from keras_vit import compat
+
+    backend = keras.backend.backend()
+    mode = compat.current_remat_mode()
+    if mode is None or backend == "torch":
+        return
+    if backend == "tensorflow" and not (dropout_rate
+                                        or attention_dropout_rate):
+        return
+    why = ("traces the dropout layers' training flag and fails"
+           if backend == "jax" else
+           "recomputes every dropout layer with a new mask (wrong "
+           "gradients)")
+    raise ValueError(
+        f"keras.RematScope(mode={mode!r}) {why} on {backend}: build the "
+        "model with remat=True instead, which rematerialises each block and "
+        "keeps its masks" + (", or with dropout_rate=0 and "
+                             "attention_dropout_rate=0" if backend ==
+                             "tensorflow" else "")
+        + f"; received dropout_rate={dropout_rate}, attention_dropout_rate="
+        f"{attention_dropout_rate}")

@@ -63,8 +63,9 @@ class PreActBottleneck(layers.Layer):
     """
 
     def __init__(self, filters, strides=1, groups=_GN_GROUPS,
-                 epsilon=_GN_EPSILON, **kwargs):
+                 epsilon=_GN_EPSILON, remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = vit_layers.check_remat(remat)
         self.filters = check_int("filters", filters, low=1)
         self.strides = check_int("strides", strides, low=1)
         self.groups = check_int("groups", groups, low=1)
@@ -104,7 +105,12 @@ class PreActBottleneck(layers.Layer):
         self.conv_c.build(mid_out)
         self.built = True
 
-    def call(self, x):
+    def call(self, x, training=None):
+        if self.remat and training is True:
+            return vit_layers.rematerialized(self, self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x):
         pre = ops.relu(self.norm_a(x))
         shortcut = x if self.proj is None else self.proj(pre)
         y = self.conv_a(pre)
@@ -128,7 +134,8 @@ class PreActBottleneck(layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(filters=self.filters, strides=self.strides,
-                      groups=self.groups, epsilon=self.epsilon)
+                      groups=self.groups, epsilon=self.epsilon,
+                      remat=self.remat)
         return config
 
 
@@ -178,8 +185,8 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                  width_factor=1, num_classes=1000, include_top=True,
                  pooling=None, include_preprocessing=False,
                  classifier_activation=None, return_stages=False,
-                 num_channels=3, label_names=None, name="resnet_v2",
-                 **kwargs):
+                 num_channels=3, label_names=None, dynamic_image_size=False,
+                 remat=False, name="resnet_v2", **kwargs):
         image_hw = check_pair("image_size", image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
@@ -201,9 +208,18 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         label_names = check_label_names(label_names, num_classes,
                                         include_top)
         dtype = kwargs.pop("dtype", None)
+        remat = vit_layers.check_remat(remat)
+        if not isinstance(dynamic_image_size, bool):
+            raise ValueError(
+                "dynamic_image_size must be True or False; received "
+                f"dynamic_image_size={dynamic_image_size!r}")
 
-        inputs, x = image_input(image_hw, num_channels, include_preprocessing,
-                                dtype)
+        # A ResNet is convolutions and a global pool: with
+        # dynamic_image_size it takes any size (image_size is then what it
+        # was built and fine-tuned for).
+        inputs, x = image_input(
+            (None, None) if dynamic_image_size else image_hw, num_channels,
+            include_preprocessing, dtype)
         # Root: explicit zero padding and VALID ops, as the official code.
         x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
         x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
@@ -216,7 +232,7 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 strides = 2 if (s > 0 and u == 0) else 1
                 x = PreActBottleneck(
                     mid, strides, _GN_GROUPS, _GN_EPSILON, dtype=dtype,
-                    name=f"stage_{s + 1}_unit_{u + 1}")(x)
+                    remat=remat, name=f"stage_{s + 1}_unit_{u + 1}")(x)
             stages[f"stage_{s + 1}"] = x
 
         # The units are pre-activation, so the features need a last GN+ReLU.
@@ -237,6 +253,7 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         self.block_units = list(units)
         self.num_channels, self.num_classes = num_channels, num_classes
         self.label_names = label_names
+        self.remat = remat
 
 
 def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):

@@ -91,7 +91,7 @@ def hybrid_stages(resnet):
     return layers_
 
 
-def _resnet_stem(x, resnet, dtype):
+def _resnet_stem(x, resnet, dtype, remat=False):
     """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
     width = int(round(64 * resnet["width_factor"]))
     num = {k: resnet.get(k, v) for k, v in _RESNET_NUMERICS.items()}
@@ -112,7 +112,7 @@ def _resnet_stem(x, resnet, dtype):
                 width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
                 epsilon=num["norm_epsilon"],
                 standardization=num["standardization"],
-                std_eps=num["std_eps"], dtype=dtype,
+                std_eps=num["std_eps"], remat=remat, dtype=dtype,
                 name=f"resnet_block{s + 1}_unit{u + 1}")(x)
     return x
 
@@ -169,7 +169,7 @@ class RelativePositionEmbedding(layers.Layer):
 
 
 def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
-             dtype, return_attention_scores=False):
+             dtype, return_attention_scores=False, images=None, stride=None):
     """Position embedding + encoder blocks, for every kind and placement.
 
     ``"stem"`` puts position information in once: the additive kinds before
@@ -178,6 +178,8 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
     own table (layers ``position_embedding_{i}``), ``"every_layer_shared"``
     one table (layer ``position_embedding``) used by every block; both add
     it right before the block (or into its attention, for ``"relative"``).
+    With ``images`` and ``stride`` (a dynamic-size model), each additive
+    table follows the grid of ``images`` (``PositionEmbedding``'s stride).
     Returns the encoded tokens and the list of attention maps.
     """
     def make(name):
@@ -185,13 +187,17 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
             return RelativePositionEmbedding(grid, num_heads, prefix,
                                              dtype=dtype, name=name)
         return vit_layers.PositionEmbedding(grid, prefix, kind=kind,
-                                            dtype=dtype, name=name)
+                                            stride=stride, dtype=dtype,
+                                            name=name)
+
+    def add(layer, x):
+        return layer(x) if images is None else layer(x, images=images)
 
     shared = None
     if kind != "none" and placement != "every_layer":
         shared = make("position_embedding")
     if kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS and placement == "stem":
-        x = shared(x)
+        x = add(shared, x)
     x = dropout(x)
     scores = []
     for i, block in enumerate(blocks):
@@ -206,13 +212,30 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
         if layer is not None and kind == "relative":
             kwargs["relative_embedding"] = layer(x)
         elif layer is not None:
-            x = layer(x)
+            x = add(layer, x)
         if return_attention_scores:
             x, s = block(x, return_attention_scores=True, **kwargs)
             scores.append(s)
         else:
             x = block(x, **kwargs)
     return x, scores
+
+
+def check_dynamic_image_size(dynamic_image_size, position_embedding):
+    """``dynamic_image_size`` as a bool, or a ValueError naming it: the
+    relative position table holds one row per 1D offset of the grid it was
+    built for, which no resize in the graph can extend faithfully."""
+    if not isinstance(dynamic_image_size, bool):
+        raise ValueError("dynamic_image_size must be True or False; "
+                         f"received dynamic_image_size={dynamic_image_size!r}")
+    if dynamic_image_size and position_embedding == "relative":
+        raise ValueError(
+            "dynamic_image_size=True resizes additive position tables in the "
+            "graph; position_embedding='relative' has none (its table is per "
+            "1D offset of the built grid): build the size you need with "
+            "keras_vit.rebuild(model, image_size=...) instead; received "
+            "position_embedding='relative', dynamic_image_size=True")
+    return dynamic_image_size
 
 
 def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
@@ -245,7 +268,8 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     check_position_embedding(position_embedding,
                              position_embedding_placement,
                              spec["hidden_size"], spec["num_heads"])
-    spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid)
+    spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
+                stride=stem_stride * patch)
     return spec
 
 
@@ -291,6 +315,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         position_embedding_placement="stem",
         gelu="tanh",
         label_names=None,
+        dynamic_image_size=False,
+        remat=False,
         name="vision_transformer",
         **kwargs,
     ):
@@ -304,11 +330,15 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                         include_top)
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = classifier == "token"
+        dynamic = check_dynamic_image_size(dynamic_image_size,
+                                           position_embedding)
 
-        inputs, x = image_input(spec["image_hw"], spec["num_channels"],
-                                include_preprocessing, dtype)
+        inputs, x = image_input(
+            (None, None) if dynamic else spec["image_hw"],
+            spec["num_channels"], include_preprocessing, dtype)
+        remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
-            x = _resnet_stem(x, spec["resnet"], dtype)
+            x = _resnet_stem(x, spec["resnet"], dtype, remat)
         x = vit_layers.PatchEmbedding(spec["hidden_size"], spec["patch"],
                                       dtype=dtype, name="patch_embedding")(x)
         if has_token:
@@ -317,7 +347,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             vit_layers.EncoderBlock(
                 spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
                 spec["attention_dropout_rate"], layer_norm_epsilon,
-                gelu=vit_layers.check_gelu(gelu), dtype=dtype,
+                gelu=vit_layers.check_gelu(gelu), remat=remat, dtype=dtype,
                 name=f"encoder_block_{i}")
             for i in range(spec["num_layers"])]
         x, scores = _encoder(
@@ -325,7 +355,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             spec["grid"], int(has_token), spec["num_heads"],
             layers.Dropout(spec["dropout_rate"], dtype=dtype,
                            name="embedding_dropout"),
-            dtype, return_attention_scores)
+            dtype, return_attention_scores,
+            images=inputs if dynamic else None,
+            stride=spec["stride"] if dynamic else None)
         x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
                                       name="encoder_norm")(x)
         method = classifier if include_top else {"avg": "gap"}.get(
@@ -352,6 +384,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             setattr(self, key, spec[key])
         self.grid_size = spec["grid"]
         self.label_names = label_names
+        self.dynamic_image_size = dynamic
+        self.remat = remat
 
 
 def vit(
@@ -421,6 +455,16 @@ def vit(
             ``fold_last_stage=True`` is the paper's option (ii);
             ``standardization="var", std_eps=1e-8, norm_epsilon=1e-5``
             give timm's numerics instead of the official ones);
+            ``dynamic_image_size``: True builds a model that takes any
+            height and width its patch grid's stride divides, square or
+            not: the position embedding is resized in the graph with the
+            official resize from its ``image_size`` grid (the logits equal
+            ``keras_vit.rebuild(model, image_size=(h, w))``'s);
+            ``remat``: True rematerialises every encoder block (and a
+            hybrid's ResNet units) in training: only each block's input is
+            kept for the backward pass, which recomputes the rest (a
+            training step's activation memory falls several-fold for
+            about one more forward pass; the gradients are the same);
             ``label_names``: the class names of the head, one per class
             (they travel with the model: its config, ``.keras`` files,
             ``rebuild``, the zoo's writers and the exports keep them).

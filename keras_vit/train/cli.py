@@ -70,7 +70,15 @@ def check_fits_memory(trainer, available=None):
                names={"micro_batch_size": "--micro-batch-size ",
                       "batch_size": "--batch-size",
                       "image_size": "--image-size",
-                      "skip": "--no-memory-check"})
+                      "skip": "--no-memory-check", "remat": "--remat"})
+
+
+def _add_remat_option(p):
+    p.add_argument("--remat", action="store_true",
+                   help="rematerialise every block in training: the same "
+                        "gradients for several times less activation "
+                        "memory, at about one more forward pass a step "
+                        "(the memory check counts it)")
 
 
 def _add_data_options(p, what="training data"):
@@ -147,6 +155,7 @@ def register(subparsers):
                        "--set crop_area=none (repeatable)",
         model_option="a zoo.load keyword for a zoo name, e.g. num_layers=4 "
                      "(repeatable)")
+    _add_remat_option(p)
     _add_runtime_options(p)
 
     p = options.command(subparsers, "evaluate", run_evaluate,
@@ -291,7 +300,8 @@ def run_fine_tune(args):
         strategy=args.strategy, tpu=args.tpu, weights=weights,
         resume=_resume(args),
         model_options=options.model_options(args.model_option),
-        verbose=not args.quiet, **_recipe_overrides(args))
+        remat=True if args.remat else None, verbose=not args.quiet,
+        **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
     result = _fit(trainer, args)
@@ -454,6 +464,7 @@ def _register_pretrain(subparsers):
         seed="seeds the data order, the corruption and new weights",
         set="any recipe field, e.g. --set crop_area=none (repeatable)",
         model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
+    _add_remat_option(p)
     _add_runtime_options(p)
     p.set_defaults(epochs=None, ema=None, download=False)
 
@@ -479,7 +490,8 @@ def run_pretrain(args):
         out_dir=out, strategy=args.strategy, tpu=args.tpu, weights=weights,
         resume=_resume(args), data_dir=args.data_dir,
         model_options=options.model_options(args.model_option),
-        verbose=not args.quiet, **_recipe_overrides(args))
+        remat=True if args.remat else None, verbose=not args.quiet,
+        **_recipe_overrides(args))
     if not args.no_memory_check:
         check_fits_memory(trainer)
     result = _fit(trainer, args)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 
+from keras_vit.models.common import set_remat
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of
 
 
 def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
-                         check_memory=True, label_names=None,
+                         check_memory=True, label_names=None, remat=None,
                          **overrides):
     """Compiles ``model`` for ``model.fit`` with a recipe's optimizer,
     schedule, clipping, gradient accumulation and loss (one device; use
@@ -29,6 +30,12 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     a ``micro_batch_size`` that fits, as ``keras-vit fine-tune`` does
     (:func:`keras_vit.memory.check_step`); ``check_memory=False`` skips
     the check.
+
+    ``remat``: True rematerialises every block of ``model`` in training
+    (:func:`keras_vit.models.common.set_remat`: the same gradients for
+    several times less activation memory, at about one more forward pass
+    a step; the memory check counts it); False turns it off; None keeps
+    the model's own setting.
 
     ``label_names``: the classes the model learns, so that its files and
     exports carry them: a list of names, or the data source itself (its
@@ -84,6 +91,7 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
                 f"micro_batch_size={r.micro_batch_size} must divide "
                 f"batch_size={r.batch_size}")
         accum = r.batch_size // r.micro_batch_size
+    set_remat(model, remat)
     if check_memory:
         _check_step_memory(model, r)
     optimizer = recipes_lib.make_optimizer(

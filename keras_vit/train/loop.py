@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 
+from keras_vit.models.common import set_remat
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
@@ -79,6 +80,11 @@ class Trainer:
         resume: continue from the last checkpoint in ``out_dir``; False
             deletes old checkpoints and starts again.
         model_options: more keyword arguments for ``zoo.load``.
+        remat: True rematerialises every block of the model in training
+            (:func:`keras_vit.models.common.set_remat`: the same gradients,
+            each block keeping only its input for the backward pass, for
+            about one more forward pass a step); False turns it off; None
+            keeps the model's own setting.
         tpu: TPU name or address for the ``tpu`` strategy.
         model_parallel: JAX only: split the big weights over this many
             devices (``keras.distribution.ModelParallel``, layouts from
@@ -109,7 +115,8 @@ class Trainer:
     def __init__(self, model, train_data, eval_data=None, *,
                  recipe="finetune", out_dir=None, strategy="auto",
                  weights="auto", resume=True, model_options=None, tpu=None,
-                 model_parallel=None, verbose=True, **overrides):
+                 model_parallel=None, remat=None, verbose=True,
+                 **overrides):
         import keras
 
         self.recipe = recipes_lib.get(recipe, **overrides)
@@ -149,6 +156,9 @@ class Trainer:
                 label_names=(self.train.class_names if self.names_classes
                              else None),
                 **settings.model_settings(model, r, overrides))
+            # Rematerialised blocks: the same numbers, several times less
+            # activation memory for about one more forward pass a step.
+            set_remat(self.model, remat)
             self.image_size = model_image_size(self.model)
             self.recipe = r = settings.fit_to_model(
                 r, self.model, image_size=self.image_size, name=named,
