@@ -30,7 +30,8 @@ import json
 import math
 import os
 
-from keras_vit.errors import ConfigError, shown, special_file
+from keras_vit.errors import (ConfigError, KerasVitError, shown,
+                              special_file)
 from keras_vit.limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
 
 
@@ -45,7 +46,7 @@ class Spec:
         return value
 
 
-class _MismatchError(Exception):
+class _MismatchError(KerasVitError, ValueError):
     """Raised inside :func:`check` with the field and what it expected."""
 
     def __init__(self, where, expected, value):

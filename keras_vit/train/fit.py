@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from keras_vit.models.common import set_remat
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of
 
@@ -91,6 +90,8 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
                 f"micro_batch_size={r.micro_batch_size} must divide "
                 f"batch_size={r.batch_size}")
         accum = r.batch_size // r.micro_batch_size
+    from keras_vit.models.common import set_remat
+
     set_remat(model, remat)
     if check_memory:
         _check_step_memory(model, r)

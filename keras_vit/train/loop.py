@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 
-from keras_vit.models.common import set_remat
 from keras_vit.train import data as data_lib
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
@@ -158,6 +157,8 @@ class Trainer:
                 **settings.model_settings(model, r, overrides))
             # Rematerialised blocks: the same numbers, several times less
             # activation memory for about one more forward pass a step.
+            from keras_vit.models.common import set_remat
+
             set_remat(self.model, remat)
             self.image_size = model_image_size(self.model)
             self.recipe = r = settings.fit_to_model(
