@@ -7,19 +7,23 @@
 ``import keras_vit`` is light and does the same in every process: it
 imports no Keras, TensorFlow, JAX or torch, and prints nothing. Each name
 imports its module on first use (``keras_vit.zoo``, ``keras_vit.vit``,
-...). Importing :mod:`keras_vit.models` (as any of its names does)
-registers every layer and model class with Keras, so a ``.keras`` file
-loads with ``keras.saving.load_model`` after ``import keras_vit.models``;
-``keras_vit.zoo.load("model.keras")`` needs nothing more than this package.
+...). Every layer and model class registers with Keras as soon as Keras is
+imported (before or after this package, :mod:`keras_vit.registration`),
+so a ``.keras`` file loads with ``keras.saving.load_model`` after
+``import keras_vit``.
 """
 
-from keras_vit import hardware, lazy
+from keras_vit import hardware, lazy, registration
 from keras_vit.version import __version__
 
 # Before anything imports TensorFlow: its oneDNN CPU rewrites (the fused
 # matmul + bias + GELU) where TensorFlow would leave them off. Only an
 # environment variable is set; TensorFlow reads it when it is imported.
 hardware.enable_onednn()
+
+# The model classes register with Keras when Keras is (or gets) imported,
+# so that keras.saving.load_model reads a keras_vit file.
+registration.arrange()
 
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     # The root of every error the package raises on purpose.

@@ -99,7 +99,14 @@ def missing_dependency(exc):
         return exc
     if not isinstance(exc, ModuleNotFoundError) or not exc.name:
         return None
-    package = PACKAGES.get(exc.name.split(".")[0])
+    top = exc.name.split(".")[0]
+    backend = os.environ.get("KERAS_BACKEND") or "tensorflow"
+    if top == backend and backend in KERAS_BACKENDS:
+        # Keras imports its backend's module first: the setting is at fault.
+        return MissingDependencyError(
+            PACKAGES.get(top, top),
+            f"importing Keras (backend {backend!r}, KERAS_BACKEND)")
+    package = PACKAGES.get(top)
     return MissingDependencyError(package) if package else None
 
 

@@ -170,6 +170,31 @@ def test_importing_a_module_registers_its_keras_classes():
     assert _python(code).strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("first", [
+    "import keras_vit; import keras",
+    "import keras; import keras_vit",
+    # TensorFlow imports Keras inside its own import (after probing it).
+    "import keras_vit; import tensorflow; import keras",
+])
+def test_import_keras_vit_registers_the_classes_in_either_order(
+        first, tmp_path):
+    """``import keras_vit`` (light, no Keras) and Keras in either order:
+    ``keras.saving.load_model`` reads a model and a compiled model's
+    schedule, which only the package's classes define."""
+    save = ("import keras_vit, keras\n"
+            "m = keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=3)\n"
+            "m.compile(optimizer=keras.optimizers.SGD(keras_vit.train."
+            "schedules.WarmupDecay(0.1, 2, 10)), loss='mse')\n"
+            "m.save(%r)" % str(tmp_path / "m.keras"))
+    subprocess.run([sys.executable, "-c", save], check=True, timeout=300,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    out = _python(f"{first}\n"
+                  f"m = keras.saving.load_model({str(tmp_path / 'm.keras')!r})"
+                  "\nprint(type(m).__name__, "
+                  "m.optimizer.get_config()['learning_rate']['class_name'])")
+    assert out.split()[-2:] == ["VisionTransformer", "WarmupDecay"]
+
+
 def _registering_classes(path):
     """``(line, where)`` of each class decorated with
     ``register_keras_serializable`` in ``path``, where is ``"module"`` for a

@@ -41,8 +41,8 @@ DOCUMENTED = {
             "keras_vit.zoo.resolve_model", "keras_vit.zoo.rebuild",
             # the readers the guide sends to for their bounds and options
             "keras_vit.zoo.timm_hub.fetch",
-            "keras_vit.zoo.timm_hub.save_pretrained",
-            "keras_vit.zoo.transformers_hub.save_pretrained",
+            "keras_vit.zoo.timm_writer.write",
+            "keras_vit.zoo.transformers_writer.write",
             "keras_vit.zoo.keras_file.read_checkpoint"],
     "export": ["keras_vit.export.to_onnx", "keras_vit.export.to_saved_model",
                "keras_vit.export.to_tflite", "keras_vit.export.export",

@@ -1721,7 +1721,7 @@ def test_a_keras_backend_that_is_not_installed_is_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert ("importing Keras (backend 'openvino', KERAS_BACKEND) needs the "
-            "module 'openvino', which is not installed") in lines[0]
+            "package 'openvino', which is not installed") in lines[0]
 
 
 def test_a_short_run_scales_the_recipes_warmup(capsys):

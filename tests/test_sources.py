@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from keras_vit import zoo
-from keras_vit.zoo import sources, timm_hub
+from keras_vit.zoo import sources
 
 pytest.importorskip("safetensors")
 
@@ -44,7 +44,7 @@ def _official(model, path):
 
 
 def _timm(model, path):
-    timm_hub.save_pretrained(model, path)
+    zoo.save_pretrained(model, path)
     return path, path / "model.safetensors", (str(path),), {}
 
 

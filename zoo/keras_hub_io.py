@@ -307,13 +307,3 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     return build.build_settled(
         read_checkpoint(source), settle.request(
             image_size=image_size, num_classes=num_classes, **kwargs))
-
-
-def __getattr__(name):
-    """The writer's names, reachable here where they were first written
-    (:mod:`keras_vit.zoo.keras_hub_writer`)."""
-    if name in ("to_keras_hub", "to_hub_names"):
-        from keras_vit.zoo import keras_hub_writer
-
-        return getattr(keras_hub_writer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -305,18 +305,3 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                            and not is_bit and "resnet" not in build_config
                            else arch.name), "zoo_weights": None,
               "zoo_source": os.fspath(source)})
-
-
-def __getattr__(name):
-    """The writer's names, reachable here where they were first written:
-    :func:`keras_vit.zoo.save_pretrained` (its timm layout) and the
-    inverse mapping live in :mod:`keras_vit.zoo.timm_writer`."""
-    if name == "save_pretrained":
-        from keras_vit.zoo.save import save_pretrained
-
-        return save_pretrained
-    if name == "from_official":
-        from keras_vit.zoo.timm_layout import from_official
-
-        return from_official
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

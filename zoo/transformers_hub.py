@@ -314,18 +314,3 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         arch, arrays, head=num_labels or None, label_names=labels,
         source_name=repr(os.fspath(path)),
         tags={"zoo_source": os.fspath(source)}, **defaults)
-
-
-# Where they were first written: zoo_name and name_sizes now live with
-# the other Hugging Face helpers, the writer in its own module.
-zoo_name = hub_files.zoo_name
-name_sizes = hub_files.name_sizes
-
-
-def __getattr__(name):
-    if name in ("save_pretrained", "from_official", "HIDDEN_ACTS"):
-        from keras_vit.zoo import transformers_writer
-
-        return getattr(transformers_writer, {"save_pretrained": "write"}.get(
-            name, name))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

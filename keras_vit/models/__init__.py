@@ -3,7 +3,8 @@
 
 Importing this package registers every Keras class of the models (the
 model classes and, through them, :mod:`keras_vit.layers`) with Keras, so a
-``.keras`` file loads with ``keras.saving.load_model`` afterwards:
+``.keras`` file loads with ``keras.saving.load_model`` afterwards (``import
+keras_vit`` arranges this as soon as Keras is imported):
 
 >>> import keras, keras_vit.models
 >>> keras.saving.get_registered_object("keras_vit>VisionTransformer")
