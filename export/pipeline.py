@@ -39,14 +39,13 @@ import time
 
 import numpy as np
 
-from keras_vit import atomic
+from keras_vit import atomic, environment
 from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
 # What a stuck converter process may take before it is stopped; the
 # slowest conversion measured here (ViT-H/14 to ONNX) takes minutes.
 TIMEOUT_ENV = "KERAS_VIT_EXPORT_TIMEOUT"
-DEFAULT_TIMEOUT_SECONDS = 3600
 TF_WORKER = "keras_vit.export._tf_worker"
 
 
@@ -92,6 +91,8 @@ def tensorflow_here():
 
 def run(job):
     """Runs ``job`` (see the module docstring); returns the report."""
+    # Checked before any work, whether or not a child process will run.
+    timeout_seconds()
     module = format_module(job.format)
     times = {}
     with staging.Staging(job.dest, directory=job.directory,
@@ -165,23 +166,12 @@ def run(job):
 
 def timeout_seconds():
     """The time limit of a converter process: ``$KERAS_VIT_EXPORT_TIMEOUT``
-    seconds, default 3600.
+    seconds (:mod:`keras_vit.environment`), default 3600.
 
-    >>> os.environ.pop(TIMEOUT_ENV, None) and None
-    >>> timeout_seconds()
-    3600
+    >>> timeout_seconds() > 0
+    True
     """
-    text = os.environ.get(TIMEOUT_ENV)
-    if text is None or not text.strip():
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of "
-                         f"seconds; received {TIMEOUT_ENV}={text!r}")
-    return value
+    return environment.read(TIMEOUT_ENV)
 
 
 def child_command(module, job_path):

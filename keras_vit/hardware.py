@@ -64,7 +64,9 @@ import os
 import platform
 import sys
 
-ACCELERATORS = ("cpu", "gpu", "tpu")
+from keras_vit import environment
+
+ACCELERATORS = environment.VARIABLES["KERAS_VIT_ACCELERATOR"].choices
 PREDICT_PATHS = ("xla", "graph", "eager")
 
 # /proc/cpuinfo flag names, best first.
@@ -118,9 +120,10 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     modules = sys.modules if modules is None else modules
     machine = platform.machine() if machine is None else machine
     system = platform.system() if system is None else system
+    ours = environment.read(KERAS_VIT_ONEDNN_ENV, environ)  # checked first
     if ONEDNN_ENV in environ:
         return f"as the user set it: {ONEDNN_ENV}={environ[ONEDNN_ENV]!r}"
-    if environ.get(KERAS_VIT_ONEDNN_ENV, "").strip() == "0":
+    if not ours:
         return f"TensorFlow's default: {KERAS_VIT_ONEDNN_ENV}=0"
     if "tensorflow" in modules:
         return "TensorFlow's default: it was imported before keras_vit"
@@ -189,12 +192,9 @@ def _read_cpuinfo(path="/proc/cpuinfo"):
     return frozenset(flags), model
 
 
-def _accelerator():
-    forced = os.environ.get("KERAS_VIT_ACCELERATOR")
+def _accelerator(forced):
     if forced:
-        from keras_vit.errors import check_choice
-
-        return check_choice("KERAS_VIT_ACCELERATOR", forced, ACCELERATORS)
+        return forced
     import keras
 
     backend = keras.backend.backend()
@@ -222,12 +222,10 @@ def _accelerator():
 
 
 @functools.lru_cache(maxsize=None)
-def _detect(flags_env, accelerator_env, backend):
-    flags, model = _read_cpuinfo()
-    if flags_env is not None:
-        flags = frozenset(f.strip() for f in flags_env.split(",")
-                          if f.strip())
-    return Hardware(_accelerator(), flags, model)
+def _detect(flags, accelerator, backend):
+    found, model = _read_cpuinfo()
+    return Hardware(_accelerator(accelerator),
+                    found if flags is None else flags, model)
 
 
 def detect():
@@ -236,8 +234,8 @@ def detect():
     on each call, so tests can change them)."""
     import keras
 
-    return _detect(os.environ.get("KERAS_VIT_CPU_FLAGS"),
-                   os.environ.get("KERAS_VIT_ACCELERATOR"),
+    return _detect(environment.read("KERAS_VIT_CPU_FLAGS"),
+                   environment.read("KERAS_VIT_ACCELERATOR"),
                    keras.backend.backend())
 
 
@@ -319,7 +317,7 @@ def _dtype_name(dtype):
 #: ``KERAS_VIT_ATTENTION=fused`` or ``einsum`` forces the attention path
 #: of :func:`plan` (benchmarks/attention_paths.py times both this way).
 ATTENTION_ENV = "KERAS_VIT_ATTENTION"
-ATTENTION_PATHS = ("fused", "einsum")
+ATTENTION_PATHS = environment.VARIABLES[ATTENTION_ENV].choices
 
 
 def plan(dtype="float32", hardware=None, backend=None):
@@ -329,13 +327,9 @@ def plan(dtype="float32", hardware=None, backend=None):
     ``KERAS_VIT_ATTENTION`` (``fused``/``einsum``) overrides its
     ``attention``."""
     chosen = _plan(dtype, hardware, backend)
-    forced = os.environ.get(ATTENTION_ENV, "").strip()
+    forced = environment.read(ATTENTION_ENV)
     if not forced:
         return chosen
-    if forced not in ATTENTION_PATHS:
-        raise ValueError(
-            f"{ATTENTION_ENV} must be one of {', '.join(ATTENTION_PATHS)}; "
-            f"received {ATTENTION_ENV}={forced!r}")
     return dataclasses.replace(chosen, attention=forced,
                                reason=f"{ATTENTION_ENV}={forced}")
 
@@ -347,7 +341,7 @@ def _plan(dtype, hardware, backend):
     # Only this process's own machine can be probed; a Hardware passed in
     # (tests, what-if questions) is judged by its flags alone, as is one
     # forced through KERAS_VIT_CPU_FLAGS.
-    probed = hardware is None and os.environ.get(
+    probed = hardware is None and environment.read(
         "KERAS_VIT_CPU_FLAGS") is None
     hardware = hardware or detect()
     dtype = _dtype_name(dtype)

@@ -16,20 +16,16 @@ registered at once; otherwise they are registered right after the first
 
 from __future__ import annotations
 
-import importlib
 import importlib.abc
 import importlib.util
 import sys
 
-# What defines every class a saved model or its compile config can name.
-MODULES = ("keras_vit.models", "keras_vit.train.schedules")
-
-
 def register():
-    """Imports :data:`MODULES`, which registers their classes with Keras
-    (this imports Keras)."""
-    for name in MODULES:
-        importlib.import_module(name)
+    """Imports the modules that define every class a saved model or its
+    compile config can name, which registers them with Keras (this imports
+    Keras)."""
+    import keras_vit.models  # noqa: F401
+    import keras_vit.train.schedules  # noqa: F401
 
 
 class _Loader(importlib.abc.Loader):

@@ -439,7 +439,7 @@ def test_cli_run_through_argparse(tiny, image_files, tmp_path, capsys):
         assert json.load(f)["model"]["grid_size"] == [6, 6]
     args = parser.parse_args(["inspect", path, *image_files, "--out",
                               str(out), "--weights", "x"])
-    with pytest.raises(ValueError, match=".keras model"):
+    with pytest.raises(ValueError, match="holds its own weights"):
         args.func(args)
     with pytest.raises(SystemExit):
         parser.parse_args(["inspect", path, "a.png"])  # --out is required

@@ -434,20 +434,23 @@ def test_evaluate_by_name_agrees_with_the_models_own_answers():
     from keras_vit.backend import infer
     from keras_vit.train.data import ArraySource
 
-    keras.utils.set_random_seed(3)
-    model = vit(num_classes=3, label_names=["bird", "cat", "dog"],
-                **dict(TINY, image_size=16, patch_size=4))
-    rng = np.random.default_rng(0)
-    model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
-                       for w in model.get_weights()])
-    images = rng.uniform(0, 255, (9, 16, 16, 3)).astype("float32")
     labels = np.array([0, 1, 0, 1, 1, 0, 0, 1, 0])  # dog=0, cat=1 here
+    wanted = np.array([2, 1])[labels]  # dog is output 2, cat output 1
+    for seed in range(3, 30):  # random weights whose answers tell the two
+        keras.utils.set_random_seed(seed)
+        model = vit(num_classes=3, label_names=["bird", "cat", "dog"],
+                    **dict(TINY, image_size=16, patch_size=4))
+        rng = np.random.default_rng(seed)
+        model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
+                           for w in model.get_weights()])
+        images = rng.uniform(0, 255, (9, 16, 16, 3)).astype("float32")
+        predicted = infer(model, images / 127.5 - 1.0).argmax(-1)
+        # By position the figure would differ: the test can tell the two.
+        if np.mean(predicted == wanted) != np.mean(predicted == labels):
+            break
+    assert np.mean(predicted == wanted) != np.mean(predicted == labels)
     source = ArraySource(images, labels, class_names=["dog", "cat"])
     result = kt.evaluate(model, source, batch_size=4, verbose=False)
-    predicted = infer(model, images / 127.5 - 1.0).argmax(-1)
-    wanted = np.array([2, 1])[labels]  # dog is output 2, cat output 1
-    # By position the figure would differ: the test can tell the two.
-    assert np.mean(predicted == wanted) != np.mean(predicted == labels)
     assert result["accuracy"] == pytest.approx(np.mean(predicted == wanted))
     for label, name in enumerate(["dog", "cat"]):
         mine = labels == label

@@ -998,7 +998,7 @@ def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("x")
     monkeypatch.setenv("KERAS_VIT_CACHE", str(afile))
-    with pytest.raises(ValueError, match="KERAS_VIT_CACHE must name a folder"):
+    with pytest.raises(ValueError, match="KERAS_VIT_CACHE must be a folder"):
         download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
 
 

@@ -116,7 +116,7 @@ FLOORS = [
               "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
               "keras_vit.images", "keras_vit.variants", "keras_vit.limits",
-              "keras_vit.schema"]),
+              "keras_vit.schema", "keras_vit.environment"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.
@@ -140,7 +140,7 @@ FLOORS = [
     ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
     # 8: the package's front door (keras_vit/__init__.py) may name anything;
     # nothing else imports a name from it.
-    ("package", ["keras_vit"]),
+    ("package", ["keras_vit", "keras_vit.registration"]),
 ]
 ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
          "command", "package"]

@@ -44,6 +44,7 @@ from typing import Iterator, Optional, Union
 
 from tqdm import tqdm
 
+from keras_vit import environment
 from keras_vit.errors import KerasVitError
 
 __all__ = [
@@ -69,8 +70,6 @@ ENV_STALL = "KERAS_VIT_DOWNLOAD_STALL_S"
 _CHUNK = 1 << 20  # 1 MiB
 _USER_AGENT = "keras-vit"
 _STALE_PARTIAL_SECONDS = 24 * 3600
-_TRUTHY = ("1", "true", "yes", "on")
-_FALSY = ("", "0", "false", "no", "off")
 _SCHEMES = ("http", "https", "gs")
 # Name pattern of our temporary files: "<file>.<pid>.<random>.partial".
 _PARTIAL_RE = re.compile(r"\.\d+\.[A-Za-z0-9_]+\.partial$")
@@ -83,7 +82,7 @@ DEFAULT_DEADLINE = 3 * 3600.0
 # KERAS_VIT_DOWNLOAD_STALL_S seconds (default DEFAULT_STALL) stops it, so a
 # server trickling a byte a second fails in minutes, not at the deadline.
 STALL_BYTES = 64 << 10
-DEFAULT_STALL = 300.0
+DEFAULT_STALL = environment.VARIABLES[ENV_STALL].default
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -108,16 +107,7 @@ class OfflineError(DownloadError):
 def stall_seconds() -> float:
     """The window of the minimum-throughput rule: ``KERAS_VIT_DOWNLOAD_STALL_S``
     (a positive number of seconds), else :data:`DEFAULT_STALL`."""
-    value = os.environ.get(ENV_STALL, "").strip()
-    if not value:
-        return DEFAULT_STALL
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{ENV_STALL}={value!r} is not a positive number of seconds")
-    return seconds
+    return environment.read(ENV_STALL)
 
 
 class Throughput:
@@ -150,15 +140,9 @@ class Throughput:
 
 def cache_dir() -> Path:
     """Return the cache root (not created here; :func:`fetch` creates it)."""
-    explicit = os.environ.get(ENV_CACHE)
-    if explicit:
-        path = Path(explicit).expanduser()
-        if path.exists() and not path.is_dir():
-            raise ValueError(
-                f"{ENV_CACHE} must name a folder; received {ENV_CACHE}={explicit!r}, "
-                "which is a file"
-            )
-        return path
+    explicit = environment.read(ENV_CACHE)
+    if explicit is not None:
+        return explicit
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         return Path(xdg).expanduser() / "keras_vit"
@@ -169,14 +153,7 @@ def is_offline() -> bool:
     """Whether ``KERAS_VIT_OFFLINE`` forbids network access (``1``, ``true``,
     ``yes``, ``on``; ``0``, ``false``, ``no``, ``off`` or unset allow it;
     anything else is refused rather than guessed)."""
-    value = os.environ.get(ENV_OFFLINE, "")
-    if value.strip().lower() in _TRUTHY:
-        return True
-    if value.strip().lower() in _FALSY:
-        return False
-    from keras_vit.errors import check_choice  # only here: stays light
-
-    check_choice(ENV_OFFLINE, value, _TRUTHY + _FALSY[1:], extra=" (Or leave it unset.)")
+    return environment.read(ENV_OFFLINE)
 
 
 def _scheme(url: str) -> str:
@@ -206,13 +183,7 @@ def resolve_url(url: str) -> str:
     official prefix is replaced by the mirror base.  Other URLs are unchanged.
     """
     url = _official_url(url)
-    mirror = os.environ.get(ENV_MIRROR, "").strip()
-    if mirror and (_scheme(mirror) not in ("http", "https")
-                   or not urllib.parse.urlsplit(mirror).hostname):
-        raise ValueError(
-            f"{ENV_MIRROR} must be an http:// or https:// URL with a host; received "
-            f"{ENV_MIRROR}={mirror!r}"
-        )
+    mirror = environment.read(ENV_MIRROR)
     if mirror and url.startswith(OFFICIAL_BASE):
         return mirror.rstrip("/") + "/" + url[len(OFFICIAL_BASE):]
     return url
@@ -391,7 +362,7 @@ def _unreachable_hint() -> str:
 def _offline_error(url: str, resolved: str, final: Path, expected: Optional[str]) -> OfflineError:
     lines = [
         f"{final.name} is not in the keras-vit cache and downloads are disabled "
-        f"({ENV_OFFLINE}={os.environ.get(ENV_OFFLINE)!r}).",
+        f"({ENV_OFFLINE}={environment.raw(ENV_OFFLINE)!r}).",
         f"  URL:          {resolved}",
     ]
     if resolved != _official_url(url):
@@ -685,7 +656,7 @@ def fetch(
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         where = f"cache_dir={cache_dir!r}" if cache_dir is not None else (
-            f"{ENV_CACHE}={os.environ.get(ENV_CACHE)!r}" if os.environ.get(ENV_CACHE)
+            f"{ENV_CACHE}={environment.raw(ENV_CACHE)!r}" if environment.raw(ENV_CACHE)
             else "the default cache")
         raise DownloadError(
             f"cannot create the cache folder {final.parent} ({e.strerror}); check "

@@ -52,6 +52,7 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
            model_options):
     import keras
 
+    from keras_vit.zoo.build import is_keras_vit_model
     from keras_vit.zoo.resolve import model_path, rebuild, resolve_model
 
     options = dict(model_options or {})
@@ -82,6 +83,12 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
     # becomes one zero-initialised layer, as in the paper (Appendix B.1.1);
     # a new resolution interpolates the position embeddings (the paper's
     # higher-resolution fine-tune).
+    if not is_keras_vit_model(model):
+        # Another Keras model is trained as it is: a size it cannot take is
+        # refused by rebuild, a head of another size by the trainer's check.
+        if changes.get("image_size") is not None:
+            rebuild(model, image_size=image_size)
+        return _copy_into_scope(model)
     rebuilt = rebuild(model, num_classes=num_classes,
                       dtype=keras.mixed_precision.global_policy().name,
                       copy=False, **changes)

@@ -142,6 +142,13 @@ SNIPPETS = {
                 "copy.output_shape == (None, 100)",
                 "copy.dtype_policy.name == 'mixed_bfloat16'",
                 "len(parts.outputs) == 3")),
+    ("docs/guides/models.md",
+     'model = keras_vit.zoo.load("ViT-B/16", dynamic_image_size=True)  '
+     '# 384 table'): Snippet(
+        setup=("import keras_vit, numpy as np\n"
+               "x_384x512 = np.zeros((1, 384, 512, 3), 'float32')\n"),
+        expect=("model.predict(x_384x512, verbose=0).shape == (1, 1000)",
+                "model.input_shape == (None, None, None, 3)")),
     ("docs/guides/models.md", "model = keras_vit.models.vit("): Snippet(
         subs=(("hidden_size=768, num_layers=12",
                "hidden_size=32, num_layers=1"),
@@ -156,7 +163,7 @@ SNIPPETS = {
                 "os.path.isfile('runs/pets/model.keras')",
                 "'accuracy' in out")),
     ("docs/guides/training.md", "import keras_vit"): Snippet(
-        subs=(("total_steps=500)", "total_steps=2, batch_size=4)"),
+        subs=(("total_steps=500,", "total_steps=2, batch_size=4,"),
               ("steps_per_epoch=500", "steps_per_epoch=2")),
         setup="journey.image_folder('path/to/images')\n",
         expect=("model.output_shape == (None, 2)",
@@ -295,9 +302,10 @@ COMMANDS = {
             expect=("status == 2", *ONE_ERROR_LINE, "'tfds build' in err")),
     },
     "docs/guides/export.md": {
-        "keras-vit export ViT-B/16 --format onnx -o vit.onnx": Command(
-            add=" --image-size 32",
-            expect=("status == 0", "os.path.isfile('vit.onnx')")),
+        "keras-vit export ViT-B/16 --format onnx -o deploy/v1/vit.onnx":
+            Command(add=" --image-size 32",
+                    expect=("status == 0",
+                            "os.path.isfile('deploy/v1/vit.onnx')")),
         "keras-vit export ViT-B/16 -f saved_model -o vit_serving --input "
         "image_bytes --top-k 3 --labels my_classes.txt": Command(
             add=" --image-size 32",

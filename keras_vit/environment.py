@@ -1,0 +1,184 @@
+"""Every ``KERAS_VIT_*`` environment variable, declared and read in one place.
+
+Each variable is a :class:`Variable` of :data:`VARIABLES`: its kind says
+what a value must be, its default what an unset (or empty) one means.
+:func:`read` returns the parsed value or raises :class:`SettingError`
+naming the variable and echoing the value, the same way wherever the
+package reads it (a timeout given as ``abc`` stops every export, not the
+ones that happen to start a child process). Nothing else in the package
+reads ``os.environ`` for a ``KERAS_VIT_`` name (tests/test_structure.py).
+
+>>> read("KERAS_VIT_EXPORT_TIMEOUT", {})
+3600.0
+>>> read("KERAS_VIT_OFFLINE", {"KERAS_VIT_OFFLINE": "yes"})
+True
+>>> try:
+...     read("KERAS_VIT_EXPORT_TIMEOUT", {"KERAS_VIT_EXPORT_TIMEOUT": "abc"})
+... except SettingError as e:
+...     print(e.name, e.value, str(e).split(";")[0])
+KERAS_VIT_EXPORT_TIMEOUT abc KERAS_VIT_EXPORT_TIMEOUT must be a positive number of seconds
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import urllib.parse
+
+from keras_vit.errors import KerasVitError, did_you_mean
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+class SettingError(KerasVitError, ValueError):
+    """A ``KERAS_VIT_*`` environment variable holds a value it cannot
+    take; ``name`` and ``value`` are the variable and what it held."""
+
+    def __init__(self, name, value, expected):
+        self.name, self.value = name, value
+        super().__init__(f"{name} must be {expected}; received "
+                         f"{name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One environment variable: ``kind`` is ``"seconds"`` (a positive,
+    finite number), ``"flag"`` (one of :data:`TRUE` / :data:`FALSE`),
+    ``"choice"`` (one of ``choices``), ``"folder"`` (a path, ``~``
+    expanded), ``"url"`` (http or https with a host) or ``"names"`` (a
+    comma-separated list of lower-case identifiers, as a frozenset)."""
+
+    name: str
+    kind: str
+    default: object
+    help: str
+    choices: tuple = ()
+
+
+VARIABLES = {v.name: v for v in (
+    Variable("KERAS_VIT_CACHE", "folder", None,
+             "the download cache (default: $XDG_CACHE_HOME/keras_vit or "
+             "~/.cache/keras_vit)"),
+    Variable("KERAS_VIT_OFFLINE", "flag", False,
+             "never download; a missing file is an error saying where to "
+             "put it"),
+    Variable("KERAS_VIT_MIRROR", "url", None,
+             "a base URL that replaces https://storage.googleapis.com/ for "
+             "the official checkpoints"),
+    Variable("KERAS_VIT_DOWNLOAD_STALL_S", "seconds", 300.0,
+             "a download that receives less than 64 KiB in this many "
+             "seconds stops"),
+    Variable("KERAS_VIT_EXPORT_TIMEOUT", "seconds", 3600.0,
+             "an export's converter process is stopped after this many "
+             "seconds"),
+    Variable("KERAS_VIT_ACCELERATOR", "choice", None,
+             "the machine the speed plan assumes, instead of the one "
+             "detected", ("cpu", "gpu", "tpu")),
+    Variable("KERAS_VIT_CPU_FLAGS", "names", None,
+             "the CPU flags the speed plan assumes (comma-separated, as in "
+             "/proc/cpuinfo), instead of the ones detected"),
+    Variable("KERAS_VIT_ATTENTION", "choice", None,
+             "the attention computation, instead of the speed plan's",
+             ("fused", "einsum")),
+    Variable("KERAS_VIT_ONEDNN", "flag", True,
+             "off: import keras_vit leaves TensorFlow's oneDNN setting "
+             "alone"),
+)}
+
+_NAME = re.compile(r"[a-z0-9_.]+\Z")
+
+
+def read(name, environ=None):
+    """The value of the variable ``name`` (a key of :data:`VARIABLES`) in
+    ``environ`` (default ``os.environ``), parsed; its default when it is
+    unset or blank. Raises :class:`SettingError` for a value it cannot
+    take."""
+    var = VARIABLES[name]
+    text = (os.environ if environ is None else environ).get(name)
+    if text is None or not text.strip():
+        return var.default
+    value = text.strip()
+    return _PARSERS[var.kind](var, value, text)
+
+
+def raw(name, environ=None):
+    """The text of the variable ``name`` as set (None when unset), for
+    messages that echo it."""
+    VARIABLES[name]  # noqa: B018 - only declared names
+    return (os.environ if environ is None else environ).get(name)
+
+
+def _seconds(var, value, text):
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise SettingError(var.name, text, "a positive number of seconds")
+    return seconds
+
+
+def _flag(var, value, text):
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise SettingError(var.name, text, f"one of {TRUE + FALSE} (or unset)")
+
+
+def _choice(var, value, text):
+    if value in var.choices:
+        return value
+    raise SettingError(var.name, text, f"one of {var.choices} (or unset)."
+                       f"{did_you_mean(value, var.choices)}".rstrip("."))
+
+
+def _folder(var, value, text):
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SettingError(var.name, text, "a folder (it names a file)")
+    return path
+
+
+def _url(var, value, text):
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise SettingError(var.name, text,
+                           "an http:// or https:// URL with a host")
+    return value
+
+
+def _names(var, value, text):
+    names = frozenset(n.strip().lower() for n in value.split(",")
+                      if n.strip())
+    if not all(_NAME.match(n) for n in names):
+        raise SettingError(var.name, text,
+                           "comma-separated names such as avx512f,amx_bf16")
+    return names
+
+
+_PARSERS = {"seconds": _seconds, "flag": _flag, "choice": _choice,
+            "folder": _folder, "url": _url, "names": _names}
+
+
+def table():
+    """The variables as a Markdown table (docs/reference/environment.md
+    holds it; a test keeps the two equal)."""
+    rows = ["| variable | value | default | what it does |",
+            "|---|---|---|---|"]
+    kinds = {"seconds": "seconds > 0", "flag": "1/0, true/false, yes/no, "
+             "on/off", "folder": "a path", "url": "http(s) URL",
+             "names": "comma-separated flags"}
+    for var in VARIABLES.values():
+        value = ("/".join(var.choices) if var.kind == "choice"
+                 else kinds[var.kind])
+        default = "unset" if var.default is None else (
+            ("on" if var.default else "off") if var.kind == "flag"
+            else f"{var.default:g}")
+        rows.append(f"| `{var.name}` | {value} | {default} | {var.help} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,142 @@
+"""The ``KERAS_VIT_*`` environment variables: declared once, read through
+one function, every hostile value either parsed or refused in one line
+naming the variable and the value; no module reads one by itself."""
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keras_vit import environment
+from keras_vit.environment import VARIABLES, SettingError, read
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [p for d in ("keras_vit", "zoo", "export")
+           for p in sorted((ROOT / d).rglob("*.py"))
+           if not p.is_symlink() and "keras_vit/zoo" not in str(p)
+           and "keras_vit/export" not in str(p)]
+
+TEXT = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["abc", "-1", "0", "nan", "inf", "1e400", " 5 ", "1,2",
+                     "ftp://x/", "http://", "YES", "Off", "fused ",
+                     "avx512f, amx_bf16", "a b", "/etc/passwd", "~"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(VARIABLES)), text=TEXT)
+def test_every_value_is_parsed_or_refused_naming_it(name, text):
+    var = VARIABLES[name]
+    try:
+        value = read(name, {name: text})
+    except SettingError as e:
+        assert str(e).startswith(f"{name} must be "), e
+        assert f"{name}={text!r}" in str(e) and "\n" not in str(e)
+        assert isinstance(e, ValueError) and (e.name, e.value) == (name, text)
+        return
+    if not text.strip():
+        assert value == var.default
+    elif var.kind == "seconds":
+        assert 0 < value < math.inf and value == float(text)
+    elif var.kind == "flag":
+        assert value is (text.strip().lower() in environment.TRUE)
+    elif var.kind == "choice":
+        assert value in var.choices
+    elif var.kind == "names":
+        assert isinstance(value, frozenset) and all(
+            n in text.lower() for n in value)
+    elif var.kind == "url":
+        assert value.split("://")[0].lower() in ("http", "https")
+
+
+def test_a_cache_that_names_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SettingError, match="KERAS_VIT_CACHE must be a folder"):
+        read("KERAS_VIT_CACHE", {"KERAS_VIT_CACHE": str(tmp_path / "f")})
+    assert read("KERAS_VIT_CACHE", {"KERAS_VIT_CACHE": str(tmp_path)}) == (
+        tmp_path)
+
+
+def _environ_lookups(tree):
+    """The first argument of every ``os.environ.get(...)``,
+    ``os.environ[...]``, ``os.getenv(...)`` and ``environ.get(...)``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            chain = ast.unparse(f)
+            if (chain.endswith(("environ.get", "environ.pop",
+                                "environ.setdefault")) or chain in (
+                    "os.getenv",)) and node.args:
+                yield node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(
+                node.value).endswith("environ"):
+            yield node.slice
+
+
+def test_no_module_reads_a_keras_vit_variable_by_itself():
+    """Only keras_vit/environment.py looks a ``KERAS_VIT_`` name up in the
+    environment (by literal or by a module constant holding one)."""
+    found = []
+    for path in SOURCES:
+        if path.name == "environment.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        constants = {t.id: n.value.value for n in tree.body
+                     if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant)
+                     for t in n.targets if isinstance(t, ast.Name)}
+        for arg in _environ_lookups(tree):
+            value = (arg.value if isinstance(arg, ast.Constant) else
+                     constants.get(arg.id) if isinstance(arg, ast.Name)
+                     else None)
+            if isinstance(value, str) and value.startswith("KERAS_VIT_"):
+                found.append(f"{path.relative_to(ROOT)}:{arg.lineno} {value}")
+    assert not found, found
+
+
+def test_every_variable_named_in_the_code_is_declared():
+    named = set()
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.startswith("KERAS_VIT_")
+                    and node.value.replace("_", "").isalnum()
+                    and node.value.isupper()):
+                named.add(node.value)
+    assert named <= set(VARIABLES), sorted(named - set(VARIABLES))
+
+
+def test_the_reference_page_lists_every_variable():
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    assert environment.table() in page
+
+
+def test_an_export_checks_its_timeout_before_any_work(monkeypatch, tmp_path):
+    """On TensorFlow the SavedModel is written in this process (no child to
+    time out), and a bad timeout is still refused, before a file exists."""
+    import keras_vit
+    from keras_vit import export
+
+    monkeypatch.setenv("KERAS_VIT_EXPORT_TIMEOUT", "abc")
+    model = keras_vit.vit(16, 8, 8, 1, 1, 16, num_classes=2)
+    with pytest.raises(SettingError, match="KERAS_VIT_EXPORT_TIMEOUT='abc'"):
+        export.to_saved_model(model, str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_bad_onednn_switch_stops_the_import(tmp_path):
+    """``KERAS_VIT_ONEDNN=nope`` is not taken for "on": the import says so."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import keras_vit"], capture_output=True,
+        text=True, timeout=120, cwd=tmp_path,
+        env=dict(os.environ, KERAS_VIT_ONEDNN="nope"))
+    assert proc.returncode == 1
+    assert "KERAS_VIT_ONEDNN must be one of" in proc.stderr
+    assert "KERAS_VIT_ONEDNN='nope'" in proc.stderr
