@@ -18,7 +18,7 @@ import os
 import shutil
 
 from keras_vit import compat
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import describe, precision_for
 from keras_vit.train.distribute import strategy as make_strategy
@@ -205,12 +205,12 @@ class TFEngine:
 
         def make(shard, local):
             per_step = t.per_replica * local  # this pipeline, one step
-            return data_lib.dataset(
+            return dataset(
                 t.train, t.image_size, t.per_replica, training=True,
                 seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
                 shard=shard, skip=skip_steps * per_step,
                 take=remaining * per_step,
-                raw_pixels=data_lib.takes_raw_pixels(self.model))
+                raw_pixels=takes_raw_pixels(self.model))
 
         return self._distributed(make)
 

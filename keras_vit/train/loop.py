@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import os
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.load import load_data
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
 from keras_vit.train.build import build_model, dtype_policy, make_engine
@@ -61,8 +61,8 @@ class Trainer:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
             ``keras.Model`` or a function returning one. Built by the
             library under the engine's scope and dtype policy.
-        train_data: an :class:`~keras_vit.train.data.ImageSource` or a spec
-            for :func:`~keras_vit.train.load_data` (``"digits"``,
+        train_data: an :class:`~keras_vit.train.data.sources.ImageSource`
+            or a spec for :func:`~keras_vit.train.load_data` (``"digits"``,
             ``"tfds:cifar10"``, a folder, an ``.npz``, ``(x, y)``).
         eval_data: held-out data evaluated at the end (and every
             ``eval_every`` steps), or None.
@@ -129,10 +129,10 @@ class Trainer:
         if self.out_dir is not None and self.is_chief:
             # Before the data and the model: a second run is refused at once.
             self._release_run_dir = run_dir.lock_run_dir(self, self.out_dir)
-        self.train = data_lib.load_data(train_data, verbose=verbose)
+        self.train = load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
-                     else data_lib.load_data(eval_data, split="test",
-                                             verbose=verbose))
+                     else load_data(eval_data, split="test",
+                                    verbose=verbose))
         named = recipe if isinstance(recipe, str) else None
         plan = settings.plan(
             self.recipe, self.train, self.eval, replicas=self.engine.replicas,
@@ -288,7 +288,7 @@ class Trainer:
 
     def evaluate(self, data, batch_size=None):
         """Accuracy and loss of the model (as it is now) on ``data``."""
-        source = data_lib.load_data(data, split="test", verbose=self.verbose)
+        source = load_data(data, split="test", verbose=self.verbose)
         return self.engine.evaluate(
             source, batch_size or min(self.micro * self.engine.replicas, 256),
             eval_crop=self.recipe.eval_crop,
