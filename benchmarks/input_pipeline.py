@@ -100,12 +100,13 @@ def _one_thread(ds):
 
 def keras_vit_pipeline(root, whole=False):
     from keras_vit import train as kt
-    from keras_vit.train import data
+    from keras_vit.train.data.folders import FolderSource
+    from keras_vit.train.data.sources import ImageSource
 
     source = kt.load_data(root, verbose=False)
     if whole:
-        class WholeDecode(data.FolderSource):
-            decode_crop = data.ImageSource.decode_crop
+        class WholeDecode(FolderSource):
+            decode_crop = ImageSource.decode_crop
 
         source.__class__ = WholeDecode
     ds = kt.dataset(source, SIZE, BATCH, training=True, seed=0)

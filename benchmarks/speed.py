@@ -709,7 +709,7 @@ def training_cases(size, batch, arch, classes, peers, children=(),
     def trainer_step(precision, jit="auto"):
         def make():
             from keras_vit.train import Trainer
-            from keras_vit.train.data import ArraySource
+            from keras_vit.train.data.sources import ArraySource
 
             pixels = ((x + 1) * 127.5).astype("uint8")
             trainer = Trainer(

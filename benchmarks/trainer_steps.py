@@ -54,7 +54,7 @@ def make_fit(args):
 
     import keras_vit.train as kt
     from keras_vit import zoo
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 
     keras.utils.set_random_seed(0)
     model = zoo.load(args.model, weights=None, image_size=args.image_size,
@@ -63,9 +63,8 @@ def make_fit(args):
     recipe = kt.compile_for_finetune(
         model, "pretrain", total_steps=total + 1, warmup_steps=1,
         batch_size=args.batch_size, crop_area=None, dropout_rate=0.0)
-    ds = data_lib.dataset("digits", args.image_size, recipe.batch_size,
-                          crop_area=None, seed=0,
-                          raw_pixels=data_lib.takes_raw_pixels(model))
+    ds = dataset("digits", args.image_size, recipe.batch_size,
+                 crop_area=None, seed=0, raw_pixels=takes_raw_pixels(model))
     ds = ds.repeat()
     model.fit(ds, steps_per_epoch=args.warmup, epochs=1, verbose=0)
 

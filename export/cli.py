@@ -166,7 +166,7 @@ def run_export(args):
     kwargs = check_export(args)
     source = None
     if args.calibration_data is not None:  # a bad spec fails before a model
-        from keras_vit.train.data import load_data
+        from keras_vit.train.data.load import load_data
 
         source = load_data(args.calibration_data, verbose=False)
     model, label = _load_model(args)
@@ -203,13 +203,14 @@ class _Calibration:
 def calibration_data(source, model, uint8_input,
                      samples=common.DEFAULT_REPRESENTATIVE_SAMPLES, seed=0):
     """``samples`` images drawn at random (every class, not the first
-    folders) from ``source`` (a :class:`keras_vit.train.data.ImageSource`),
-    resized to the model's input and in the range the artifact takes:
-    [0, 255] pixels with ``uint8_input`` or for a model that scales them
-    itself, else [-1, 1]."""
+    folders) from ``source`` (a
+    :class:`keras_vit.train.data.sources.ImageSource`), resized to the
+    model's input and in the range the artifact takes: [0, 255] pixels
+    with ``uint8_input`` or for a model that scales them itself, else
+    [-1, 1]."""
     import numpy as np
 
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 
     height, width = tuple(model.inputs[0].shape[1:3])
     if height != width:
@@ -219,8 +220,8 @@ def calibration_data(source, model, uint8_input,
     count = min(samples, source.num_examples)
     picked = np.random.default_rng(seed).choice(
         source.num_examples, count, replace=False)
-    raw = bool(uint8_input) or data_lib.takes_raw_pixels(model)
-    batches = data_lib.dataset(
+    raw = bool(uint8_input) or takes_raw_pixels(model)
+    batches = dataset(
         source.subset(picked), int(height), 32, training=False,
         raw_pixels=raw, prefetch=False)
     images = np.concatenate([x for x, _ in batches.as_numpy_iterator()])

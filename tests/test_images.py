@@ -362,10 +362,11 @@ def _whole_decode(source):
     decode_crop decodes the whole image and slices it (the base class')."""
     import copy
 
-    from keras_vit.train import data
+    from keras_vit.train.data.folders import FolderSource
+    from keras_vit.train.data.sources import ImageSource
 
-    class WholeDecode(data.FolderSource):
-        decode_crop = data.ImageSource.decode_crop
+    class WholeDecode(FolderSource):
+        decode_crop = ImageSource.decode_crop
 
     old = copy.copy(source)
     old.__class__ = WholeDecode
@@ -382,7 +383,7 @@ def test_training_crops_keep_their_boxes_and_pixels(photo_folder):
     measured, 1 on average) and PNGs are exact. The training batches
     match the old pipeline's."""
     from keras_vit import train as kt
-    from keras_vit.train import data
+    from keras_vit.train.data.pipeline import inception_box
 
     source = kt.load_data(str(photo_folder))
     rows, _ = source.table()
@@ -396,7 +397,7 @@ def test_training_crops_keep_their_boxes_and_pixels(photo_folder):
         ds = tf.data.Dataset.from_tensor_slices(
             ([p[0] for p in chosen], np.stack([p[1] for p in chosen])))
         return list(ds.map(lambda row, seed: fn(row, lambda shape: (
-            data.inception_box(shape, seed)))).as_numpy_iterator())
+            inception_box(shape, seed)))).as_numpy_iterator())
 
     def exact(kind):
         def fn(row, crop):
@@ -451,11 +452,11 @@ def test_the_crop_distribution_and_the_evaluation_transform_are_pinned(
     0.692; geometric-mean aspect 1.03); evaluation resizes the whole
     image (or a central crop) as before."""
     from keras_vit import train as kt
-    from keras_vit.train import data
+    from keras_vit.train.data.pipeline import inception_box
 
     shape = tf.constant([400, 500, 3])
     seeds = tf.random.experimental.stateless_split([1, 2], 2000)
-    boxes = tf.map_fn(lambda s: data.inception_box(shape, s)[1], seeds)
+    boxes = tf.map_fn(lambda s: inception_box(shape, s)[1], seeds)
     h, w = boxes.numpy()[:, 0], boxes.numpy()[:, 1]
     area, aspect = h * w / 200000.0, w / h
     whole = area == 1.0

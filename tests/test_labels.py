@@ -432,7 +432,7 @@ def test_evaluate_by_name_agrees_with_the_models_own_answers():
 
     from keras_vit import train as kt
     from keras_vit.backend import infer
-    from keras_vit.train.data import ArraySource
+    from keras_vit.train.data.sources import ArraySource
 
     labels = np.array([0, 1, 0, 1, 1, 0, 0, 1, 0])  # dog=0, cat=1 here
     wanted = np.array([2, 1])[labels]  # dog is output 2, cat output 1
@@ -478,7 +478,7 @@ def test_tfds_imagenet_classes_match_a_zoo_head_by_wordnet_id():
 
     import numpy as np
 
-    from keras_vit.train.data import ArraySource
+    from keras_vit.train.data.sources import ArraySource
     from keras_vit.train.evaluation import class_mapping
 
     model = vit(num_classes=1000, **TINY)

@@ -181,12 +181,12 @@ def test_gap_classifier_refuses_token_pooling():
 
 
 def test_trainer_feeds_raw_pixels_to_a_preprocessing_model():
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 
     plain, raw = _tiny(), _tiny(include_preprocessing=True)
-    assert not data_lib.takes_raw_pixels(plain)
-    assert data_lib.takes_raw_pixels(raw)
-    images, _ = next(iter(data_lib.dataset(
+    assert not takes_raw_pixels(plain)
+    assert takes_raw_pixels(raw)
+    images, _ = next(iter(dataset(
         "digits", 16, 64, training=False, raw_pixels=True)))
     assert float(images.numpy().max()) > 100.0  # [0, 255], not [-1, 1]
     # Same weights: the same evaluation whether the model or the pipeline

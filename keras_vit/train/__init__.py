@@ -34,8 +34,11 @@ _sys.modules.setdefault(__name__ + ".strategy", distribute)
 del _sys
 
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
-    ".data": ("ArraySource", "DataError", "FolderSource", "ImageSource",
-              "TfdsSource", "dataset", "digits", "load_data"),
+    ".data.sources": ("ArraySource", "DataError", "ImageSource", "digits"),
+    ".data.folders": ("FolderSource",),
+    ".data.tfds_source": ("TfdsSource",),
+    ".data.load": ("load_data",),
+    ".data.pipeline": ("dataset",),
     # The training API (keras_vit.train.engine re-exports it all).
     ".build": ("build_model",),
     ".evaluation": ("evaluate",),

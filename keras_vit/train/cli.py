@@ -265,22 +265,23 @@ def run_fine_tune(args):
     --out; the same command resumes a killed run."""
     _check_settings(args)
     _configure_devices(args)
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.load import default_eval_spec, load_data
+    from keras_vit.train.data.sources import DataError
     from keras_vit.train.engine import Trainer
 
     eval_spec = None
     if not args.no_eval:
-        eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
-    train = data_lib.load_data(args.data, data_dir=args.data_dir,
-                               download=args.download,
-                               verbose=not args.quiet)
+        eval_spec = args.eval_data or default_eval_spec(args.data)
+    train = load_data(args.data, data_dir=args.data_dir,
+                      download=args.download,
+                      verbose=not args.quiet)
     evaluation = None
     if eval_spec is not None:
         try:
-            evaluation = data_lib.load_data(
+            evaluation = load_data(
                 eval_spec, split="test", data_dir=args.data_dir,
                 download=args.download, verbose=not args.quiet)
-        except data_lib.DataError:
+        except DataError:
             if args.eval_data:  # asked for explicitly: report it
                 raise
             print(f"note: no held-out split {eval_spec!r}; not evaluating "
@@ -385,14 +386,14 @@ def run_evaluate(args):
     _configure_devices(args)
     import contextlib
 
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.load import load_data
     from keras_vit.train.engine import evaluate
     from keras_vit.train.distribute import for_backend
 
     strategy_ = for_backend(args.strategy, tpu=args.tpu)
-    source = data_lib.load_data(args.data, split="test",
-                                data_dir=args.data_dir,
-                                download=args.download)
+    source = load_data(args.data, split="test",
+                       data_dir=args.data_dir,
+                       download=args.download)
     # tf.distribute places the variables where they are created; the jax
     # and torch backends evaluate on one device (a name, no scope).
     scope = getattr(strategy_, "scope", contextlib.nullcontext)
@@ -512,11 +513,11 @@ def run_fewshot(args):
     regularised least squares to {-1,1} targets in closed form, accuracy for
     k images per class."""
     from keras_vit.errors import check_int
-    from keras_vit.train import data as data_lib
+    from keras_vit.train.data.load import default_eval_spec, load_data
     from keras_vit.train.few_shot import MAX_SEEDS, fewshot
 
     check_int("--seeds", args.seeds, low=1, high=MAX_SEEDS)  # before any work
-    eval_spec = args.eval_data or data_lib.default_eval_spec(args.data)
+    eval_spec = args.eval_data or default_eval_spec(args.data)
     if eval_spec is None:
         why = ("few-shot fits its classifier on --data and scores it on "
                "--eval-data, so --data cannot be the test split itself: "
@@ -525,10 +526,10 @@ def run_fewshot(args):
                "only digits and tfds data have a default test split")
         raise ValueError(
             f"--eval-data is needed with --data={args.data!r} ({why})")
-    train = data_lib.load_data(args.data, data_dir=args.data_dir,
-                               download=args.download)
-    test = data_lib.load_data(eval_spec, split="test",
-                              data_dir=args.data_dir, download=args.download)
+    train = load_data(args.data, data_dir=args.data_dir,
+                      download=args.download)
+    test = load_data(eval_spec, split="test",
+                     data_dir=args.data_dir, download=args.download)
     model = _load_model(args)
     result = fewshot(model, train, test, shots=args.shots,
                      l2_reg=args.l2_reg, num_seeds=args.seeds,

@@ -16,7 +16,8 @@ around it, defined in rooms of their own:
 - :mod:`~keras_vit.train.fit`: :func:`compile_for_finetune` for Keras' own
   ``model.fit``;
 - :mod:`~keras_vit.train.engine_tf` and :mod:`~keras_vit.train.engine_keras`:
-  the backends' engines.
+  the backends' engines (the TensorFlow engine's step and its XLA decision,
+  :func:`step_uses_xla`, in :mod:`~keras_vit.train.engine_tf_step`).
 
 Every name importable from here before the split still is.
 """
@@ -25,7 +26,7 @@ from keras_vit.train import data as data_lib  # noqa: F401
 from keras_vit.train import distribute as strategy_lib  # noqa: F401
 from keras_vit.train import recipes as recipes_lib  # noqa: F401
 from keras_vit.train.build import build_model, make_engine
-from keras_vit.train.engine_tf import step_uses_xla
+from keras_vit.train.engine_tf_step import step_uses_xla
 from keras_vit.train.evaluation import evaluate
 from keras_vit.train.fit import (compile_for_finetune,
                                  smoothed_sparse_crossentropy)

@@ -40,7 +40,7 @@ from keras import ops
 
 from keras_vit.errors import check_int
 from keras_vit.train import checkpoints as ckpt_lib
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import check_backend, check_precision
 
@@ -237,11 +237,11 @@ class KerasEngine:
         t, r = self.trainer, self.trainer.recipe
         batch = r.batch_size
         remaining = t.steps_per_epoch - skip_steps
-        ds = data_lib.dataset(
+        ds = dataset(
             t.train, t.image_size, batch, training=True, seed=r.seed,
             epoch=epoch, crop_area=r.crop_area, flip=r.flip,
             skip=skip_steps * batch, take=remaining * batch,
-            raw_pixels=data_lib.takes_raw_pixels(self.model))
+            raw_pixels=takes_raw_pixels(self.model))
         accum = t.accum
         for images, labels in ds.as_numpy_iterator():
             yield (images.reshape((accum, batch // accum) + images.shape[1:]),

@@ -2,7 +2,8 @@
 ``tf.distribute`` strategy.
 
 Every strategy (one device, several GPUs, a TPU, several workers) runs the
-same compiled step: ``strategy.run`` over batches split per replica,
+same compiled step (built in :mod:`keras_vit.train.engine_tf_step`):
+``strategy.run`` over batches split per replica,
 gradients summed across replicas, clipped at a global norm, applied, and an
 exponential moving average of the weights updated. Keras' ``model.fit`` is
 not used here because it fails under ``MultiWorkerMirroredStrategy`` with
@@ -17,28 +18,11 @@ import os
 import shutil
 
 from keras_vit import compat
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import describe, precision_for
 from keras_vit.train.distribute import strategy as make_strategy
-
-
-def step_uses_xla(strategy_, requested="auto", precision="float32"):
-    """Whether the train step compiles its forward and backward pass with
-    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
-    :func:`keras_vit.hardware.plan` for one replica (XLA for
-    ``mixed_bfloat16`` on GPUs and on CPUs whose oneDNN bf16 is no faster
-    than float32, TensorFlow's oneDNN graph where AMX is or a probe found
-    it faster, graph mode for float32 on CPUs) and stays off for
-    several replicas and the TPU (which compiles the whole step anyway)."""
-    if requested in (True, False):
-        return requested
-    from keras_vit import hardware
-
-    info = describe(strategy_)
-    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
-        return False
-    return hardware.plan(precision).train_jit
+from keras_vit.train.engine_tf_step import make_train_step, step_uses_xla
 
 
 class TFEngine:
@@ -221,12 +205,12 @@ class TFEngine:
 
         def make(shard, local):
             per_step = t.per_replica * local  # this pipeline, one step
-            return data_lib.dataset(
+            return dataset(
                 t.train, t.image_size, t.per_replica, training=True,
                 seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
                 shard=shard, skip=skip_steps * per_step,
                 take=remaining * per_step,
-                raw_pixels=data_lib.takes_raw_pixels(self.model))
+                raw_pixels=takes_raw_pixels(self.model))
 
         return self._distributed(make)
 
@@ -240,97 +224,5 @@ class TFEngine:
     def train_step(self, iterator, step):
         """One optimizer step on the next batch of ``iterator``."""
         if self._train_step is None:
-            self._train_step = self._make_train_step()
+            self._train_step = make_train_step(self)
         return self._train_step(iterator)
-
-    def _make_train_step(self):
-        import tensorflow as tf
-
-        t = self.trainer
-        strategy, model, opt = self.strategy, self.model, self.optimizer
-        r = t.recipe
-        variables = model.trainable_variables
-        global_batch = float(r.batch_size)
-        accum, micro, size = t.accum, t.micro, t.image_size
-        replicas = strategy.num_replicas_in_sync
-        reg_scale = 1.0 / (replicas * accum)
-        ema, ema_decay = self.ema, r.ema_decay
-
-        def seed_of(micro_index):
-            # Stateless: a resumed run draws what the killed one would have.
-            ctx = tf.distribute.get_replica_context()
-            replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
-            counter = ((tf.cast(opt.iterations, tf.int64) * replicas
-                        + replica) * accum
-                       + tf.cast(micro_index, tf.int64))
-            return tf.stack([tf.constant(r.seed, tf.int64), counter])
-
-        def forward_backward(images, labels, seed):
-            with tf.GradientTape() as tape:
-                total, correct = t.compute_loss(images, labels, seed)
-                # Summed over the replica's images and divided by the
-                # global batch: the cross-replica sum is then the mean.
-                loss = total / global_batch
-                if model.losses:
-                    loss += tf.add_n(model.losses) * reg_scale
-            grads = tape.gradient(loss, variables)
-            grads = [tf.zeros_like(v) if g is None else g
-                     for g, v in zip(grads, variables)]
-            return loss, correct, grads
-
-        if t.jit_compile:
-            # XLA for the heavy part only: all-reduce, clipping and the
-            # optimizer update stay in the strategy's graph.
-            forward_backward = tf.function(forward_backward,
-                                           jit_compile=True)
-
-        def grads_of(images, labels, micro_index=0):
-            return forward_backward(images, labels, seed_of(micro_index))
-
-        def replica_step(images, labels):
-            if accum == 1:
-                loss, correct, grads = grads_of(images, labels)
-            else:
-                # Gradient accumulation: the replica's batch in `accum`
-                # micro-batches, one forward/backward pass at a time.
-                images = tf.reshape(images, (accum, micro, size, size, 3))
-                labels = tf.reshape(labels, (accum, micro))
-
-                def body(i, loss, correct, grads):
-                    l_, c_, g_ = grads_of(images[i], labels[i], i)
-                    return (i + 1, loss + l_, correct + c_,
-                            [a + b for a, b in zip(grads, g_)])
-
-                _, loss, correct, grads = tf.while_loop(
-                    lambda i, *_: i < accum, body,
-                    (tf.constant(0), tf.constant(0.0), tf.constant(0.0),
-                     [tf.zeros_like(v) for v in variables]))
-            ctx = tf.distribute.get_replica_context()
-            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-            if r.grad_clip_norm is not None:
-                grads, norm = tf.clip_by_global_norm(grads, r.grad_clip_norm)
-            else:
-                norm = tf.linalg.global_norm(grads)
-            opt.apply(grads, variables)
-            if ema:
-                # Polyak averaging with the usual warm-up of the decay, so
-                # early steps are not dominated by the initial weights.
-                t_ = tf.cast(opt.iterations, tf.float32)
-                decay = tf.minimum(ema_decay, (1.0 + t_) / (10.0 + t_))
-                for e, v in zip(ema, variables):
-                    e.assign(decay * e + (1.0 - decay) * v.value)
-            return loss, correct, norm
-
-        sum_ = tf.distribute.ReduceOp.SUM
-
-        @tf.function
-        def train_step(iterator):
-            images, labels = next(iterator)
-            loss, correct, norm = strategy.run(replica_step,
-                                               args=(images, labels))
-            return (strategy.reduce(sum_, loss, axis=None),
-                    strategy.reduce(sum_, correct, axis=None) / global_batch,
-                    strategy.reduce(tf.distribute.ReduceOp.MEAN, norm,
-                                    axis=None))
-
-        return train_step

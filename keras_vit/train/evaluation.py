@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.load import load_data
+from keras_vit.train.data.pipeline import padded_eval_dataset, takes_raw_pixels
 from keras_vit.train import distribute as strategy_lib
 from keras_vit.train import recipes as recipes_lib
 
@@ -89,7 +90,7 @@ def class_mapping(model, source):
     names is read by position, as labels are.
 
     >>> import keras_vit
-    >>> from keras_vit.train.data import ArraySource
+    >>> from keras_vit.train.data.sources import ArraySource
     >>> import numpy as np
     >>> model = keras_vit.vit(16, 8, 16, 1, 2, 32, 3,
     ...                       label_names=["bird", "cat", "dog"])
@@ -208,7 +209,7 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     on_tf = keras.backend.backend() == "tensorflow"
     if not on_tf:
         strategy_lib.check_backend(strategy)
-    source = data_lib.load_data(data, split="test", verbose=verbose)
+    source = load_data(data, split="test", verbose=verbose)
     size = image_size or model_image_size(model)
     mapping, how = class_mapping(model, source)
     if mapping is None and model_classes(model) < source.num_classes:
@@ -232,10 +233,10 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
 
     def fn(ctx):
         local = replicas // ctx.num_input_pipelines
-        return _to_outputs(data_lib.padded_eval_dataset(
+        return _to_outputs(padded_eval_dataset(
             source, size, per_replica, num_batches=steps * local,
             shard=(ctx.num_input_pipelines, ctx.input_pipeline_id),
-            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model)),
+            eval_crop=eval_crop, raw_pixels=takes_raw_pixels(model)),
             table)
 
     dist = strategy_.distribute_datasets_from_function(fn)
@@ -368,9 +369,9 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
     steps = -(-source.num_examples // batch_size)
     loss = correct = count = 0.0
     seen, hits = np.zeros(outputs), np.zeros(outputs)
-    for images, labels, mask in _to_outputs(data_lib.padded_eval_dataset(
+    for images, labels, mask in _to_outputs(padded_eval_dataset(
             source, size, batch_size, num_batches=steps,
-            eval_crop=eval_crop, raw_pixels=data_lib.takes_raw_pixels(model)
+            eval_crop=eval_crop, raw_pixels=takes_raw_pixels(model)
     ), table).as_numpy_iterator():
         logits = infer(model, images).astype("float64")
         shifted = logits - logits.max(-1, keepdims=True)

@@ -23,7 +23,8 @@ import keras
 import numpy as np
 
 from keras_vit.backend import infer, to_numpy
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.load import load_data
+from keras_vit.train.data.pipeline import padded_eval_dataset, takes_raw_pixels
 
 SHOTS = (1, 5, 10, 25)
 # The official few-shot evaluators use l2_reg = 2 ** 10.
@@ -101,12 +102,12 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
     import tensorflow as tf
     from tqdm.auto import tqdm
 
-    source = data_lib.load_data(source, verbose=verbose)
+    source = load_data(source, verbose=verbose)
     steps = -(-source.num_examples // batch_size)
     raw = (hasattr(feature_fn, "_flatten_layers")
-           and data_lib.takes_raw_pixels(feature_fn))
-    ds = data_lib.padded_eval_dataset(source, image_size, batch_size,
-                                      num_batches=steps, raw_pixels=raw)
+           and takes_raw_pixels(feature_fn))
+    ds = padded_eval_dataset(source, image_size, batch_size,
+                             num_batches=steps, raw_pixels=raw)
     call = feature_fn
     on_tf = keras.backend.backend() == "tensorflow"
     if hasattr(feature_fn, "inputs") and on_tf:
@@ -173,8 +174,8 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
     # Every draw keeps a permutation of the training set, made before any
     # output: a count far past what averaging needs is refused, not run.
     check_int("num_seeds", num_seeds, low=1, high=MAX_SEEDS)
-    train = data_lib.load_data(train_data, verbose=verbose)
-    test = data_lib.load_data(test_data, split="test", verbose=verbose)
+    train = load_data(train_data, verbose=verbose)
+    test = load_data(test_data, split="test", verbose=verbose)
     shots = tuple(sorted({int(k) for k in shots}))
     if not shots or shots[0] < 1:
         raise ValueError(f"shots must be positive integers; received "

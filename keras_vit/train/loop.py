@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import os
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.load import load_data
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
 from keras_vit.train.build import build_model, dtype_policy, make_engine
@@ -61,8 +61,8 @@ class Trainer:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
             ``keras.Model`` or a function returning one. Built by the
             library under the engine's scope and dtype policy.
-        train_data: an :class:`~keras_vit.train.data.ImageSource` or a spec
-            for :func:`~keras_vit.train.load_data` (``"digits"``,
+        train_data: an :class:`~keras_vit.train.data.sources.ImageSource`
+            or a spec for :func:`~keras_vit.train.load_data` (``"digits"``,
             ``"tfds:cifar10"``, a folder, an ``.npz``, ``(x, y)``).
         eval_data: held-out data evaluated at the end (and every
             ``eval_every`` steps), or None.
@@ -129,10 +129,10 @@ class Trainer:
         if self.out_dir is not None and self.is_chief:
             # Before the data and the model: a second run is refused at once.
             self._release_run_dir = run_dir.lock_run_dir(self, self.out_dir)
-        self.train = data_lib.load_data(train_data, verbose=verbose)
+        self.train = load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
-                     else data_lib.load_data(eval_data, split="test",
-                                             verbose=verbose))
+                     else load_data(eval_data, split="test",
+                                    verbose=verbose))
         named = recipe if isinstance(recipe, str) else None
         plan = settings.plan(
             self.recipe, self.train, self.eval, replicas=self.engine.replicas,
@@ -252,38 +252,9 @@ class Trainer:
                       f"of {self.engine.latest_checkpoint}")
         end = self.total_steps if stop_at_step is None else min(
             self.total_steps, stop_at_step)
-        last_saved = step if self.resumed_from is not None else None
-        # Ctrl-C stops after the step under way, which is then saved (one
-        # process with a run directory; several workers would have to
-        # agree on the step, so they stop as before).
-        stop = StopOnInterrupt(
-            enabled=self.out_dir is not None and self.info["workers"] == 1)
-        with stop:
-            try:
-                while step < end and not stop.requested:
-                    if in_epoch >= self.steps_per_epoch:
-                        epoch, in_epoch = epoch + 1, 0
-                    iterator = iter(self.engine.batches(epoch, in_epoch))
-                    while (in_epoch < self.steps_per_epoch and step < end
-                           and not stop.requested):
-                        outputs = self.engine.train_step(iterator, step)
-                        step += 1
-                        in_epoch += 1
-                        log.step_done(step, epoch, outputs, log=(
-                            step % r.log_every == 0 or step == end))
-                        if step % r.checkpoint_every == 0 and step < end:
-                            self.save_checkpoint(epoch, in_epoch)
-                            last_saved = step
-                        if (r.eval_every and self.eval is not None
-                                and step % r.eval_every == 0 and step < end
-                                and not stop.requested):
-                            self._evaluate_and_log(step)
-            finally:
-                log.close_bar()
-            if last_saved != step:
-                self.save_checkpoint(epoch, in_epoch)
-            self.engine.sync()
-        if stop.requested:
+        step, stopped = _run_steps(self, log, step=step, end=end,
+                                   epoch=epoch, in_epoch=in_epoch)
+        if stopped:
             raise TrainingInterrupted(step, self.total_steps, self.out_dir)
         done = step >= self.total_steps
         metrics = log.figures(
@@ -317,11 +288,51 @@ class Trainer:
 
     def evaluate(self, data, batch_size=None):
         """Accuracy and loss of the model (as it is now) on ``data``."""
-        source = data_lib.load_data(data, split="test", verbose=self.verbose)
+        source = load_data(data, split="test", verbose=self.verbose)
         return self.engine.evaluate(
             source, batch_size or min(self.micro * self.engine.replicas, 256),
             eval_crop=self.recipe.eval_crop,
             verbose=self.verbose and self.is_chief)
+
+
+def _run_steps(trainer, log, *, step, end, epoch, in_epoch):
+    """Runs ``trainer``'s optimizer steps from ``step`` to ``end``, from the
+    data position (``epoch``, ``in_epoch``) on: the log, checkpoints and
+    evaluations at the recipe's cadence, and a checkpoint of the last step.
+    Returns the step reached and whether Ctrl-C stopped the run."""
+    engine, r = trainer.engine, trainer.recipe
+    last_saved = step if trainer.resumed_from is not None else None
+    # Ctrl-C stops after the step under way, which is then saved (one
+    # process with a run directory; several workers would have to agree on
+    # the step, so they stop as before).
+    stop = StopOnInterrupt(enabled=trainer.out_dir is not None
+                           and trainer.info["workers"] == 1)
+    with stop:
+        try:
+            while step < end and not stop.requested:
+                if in_epoch >= trainer.steps_per_epoch:
+                    epoch, in_epoch = epoch + 1, 0
+                iterator = iter(engine.batches(epoch, in_epoch))
+                while (in_epoch < trainer.steps_per_epoch and step < end
+                       and not stop.requested):
+                    outputs = engine.train_step(iterator, step)
+                    step += 1
+                    in_epoch += 1
+                    log.step_done(step, epoch, outputs, log=(
+                        step % r.log_every == 0 or step == end))
+                    if step % r.checkpoint_every == 0 and step < end:
+                        trainer.save_checkpoint(epoch, in_epoch)
+                        last_saved = step
+                    if (r.eval_every and trainer.eval is not None
+                            and step % r.eval_every == 0 and step < end
+                            and not stop.requested):
+                        trainer._evaluate_and_log(step)
+        finally:
+            log.close_bar()
+        if last_saved != step:
+            trainer.save_checkpoint(epoch, in_epoch)
+        engine.sync()
+    return step, stop.requested
 
 
 def fine_tune(model, train_data, eval_data=None, *, recipe="finetune",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data import pipeline
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of, model_classes
 
@@ -76,7 +76,7 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
     # Refuses a batch larger than the data.
-    steps_per_epoch = data_lib.steps_per_epoch(train, r.batch_size)
+    steps_per_epoch = pipeline.steps_per_epoch(train, r.batch_size)
     total_steps = r.steps_for(train.num_examples)
     if named and "warmup_steps" not in overrides:
         # The named recipe's warmup, scaled to fit a short run.
@@ -159,7 +159,7 @@ def classes_text(source, limit=5):
     """``"N classes"``, with the first ``limit`` names when ``source``
     has them.
 
-    >>> from keras_vit.train.data import ArraySource
+    >>> from keras_vit.train.data.sources import ArraySource
     >>> import numpy as np
     >>> classes_text(ArraySource(np.zeros((2, 4, 4, 3)), np.array([0, 1]),
     ...                          class_names=["cat", "dog"]))

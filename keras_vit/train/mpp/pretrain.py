@@ -11,7 +11,10 @@ import warnings
 import numpy as np
 from keras import ops
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.folders import FolderSource, existing_folder
+from keras_vit.train.data.image_checks import check_images
+from keras_vit.train.data.load import load_data
+from keras_vit.train.data.sources import DataError, ImageSource
 from keras_vit.train import engine, settings
 from keras_vit.train.mpp.model import MaskedPatchPrediction
 from keras_vit.train.mpp.objective import check_fraction, check_target
@@ -21,13 +24,13 @@ from keras_vit.zoo.resolve import resolve_model
 # unlabelled images
 
 
-class UnlabelledFolder(data_lib.FolderSource):
+class UnlabelledFolder(FolderSource):
     """Every image below a folder, in any layout (sub-folders are not
     classes); all get label 0. Unreadable files are reported in one warning
     and left out, as :class:`~keras_vit.train.FolderSource` does."""
 
     def __init__(self, path, *, verbose=True):
-        path = data_lib.existing_folder(
+        path = existing_folder(
             path, "a folder of images (jpg, png, ...) in any layout")
         top = pathlib.Path(path)
         candidates = [
@@ -35,16 +38,16 @@ class UnlabelledFolder(data_lib.FolderSource):
             and not any(part.startswith(".")
                         for part in f.relative_to(top).parts)]
         if not candidates:
-            raise data_lib.DataError(
+            raise DataError(
                 f"Image folder data={path!r} is empty: no files in it or its "
                 "sub-folders; expected images (jpg, png, ...).")
-        files, labels, skipped, facts = data_lib.check_images(
+        files, labels, skipped, facts = check_images(
             candidates, verbose, with_facts=True)
         if not files:
-            raise data_lib.DataError(
+            raise DataError(
                 f"Image folder data={path!r} has no readable images "
                 f"({len(skipped)} files skipped, e.g. {skipped[:3]})")
-        data_lib.ImageSource.__init__(self, len(files), 1)
+        ImageSource.__init__(self, len(files), 1)
         self.name = path
         self.path = path
         self._set_files(files, np.zeros(len(files), "int64"), facts)
@@ -74,8 +77,8 @@ def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
                  or text.lower().endswith(".npz"))
         if not named:
             return UnlabelledFolder(text, verbose=verbose)
-    return data_lib.load_data(spec, data_dir=data_dir, download=download,
-                              verbose=verbose)
+    return load_data(spec, data_dir=data_dir, download=download,
+                     verbose=verbose)
 
 
 # --------------------------------------------------------------------------

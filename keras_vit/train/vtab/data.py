@@ -6,21 +6,23 @@ from __future__ import annotations
 
 
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.sources import DataError, ImageSource
+from keras_vit.train.data.tfds_source import (TfdsSource, import_tfds,
+                                              tfds_builder)
 from keras_vit.train.vtab.tasks import (
     DERIVED_LABELS, TASKS, TRAIN_EXAMPLES, VAL_EXAMPLES, label_fn,
     resolve_tasks, split_instructions)
 
 
-class TaskSource(data_lib.TfdsSource):
+class TaskSource(TfdsSource):
     """A VTAB task's tfds split with its label, read like a
-    :class:`~keras_vit.train.data.TfdsSource` (build it with
+    :class:`~keras_vit.train.data.tfds_source.TfdsSource` (build it with
     :func:`load_task`)."""
 
     def __init__(self, task, builder, split, num_examples):
         features = builder.info.features
         if task.label not in DERIVED_LABELS and task.label not in features:
-            raise data_lib.DataError(
+            raise DataError(
                 f"tfds dataset {task.tfds_name!r} has no feature "
                 f"{task.label!r} (VTAB task {task.name!r}); its features: "
                 f"{sorted(features.keys())}")
@@ -29,7 +31,7 @@ class TaskSource(data_lib.TfdsSource):
         if task.label not in DERIVED_LABELS and task.bins is None:
             num_classes = num_classes or features[task.label].num_classes
             names = getattr(features[task.label], "names", None)
-        data_lib.ImageSource.__init__(self, num_examples, num_classes, names)
+        ImageSource.__init__(self, num_examples, num_classes, names)
         self.name = f"vtab:{task.name}:{split}"
         self.task = task
         self.builder = builder
@@ -63,8 +65,8 @@ class TaskSource(data_lib.TfdsSource):
 
 
 def _builder(task, data_dir):
-    tfds = data_lib.import_tfds()
-    return data_lib.tfds_builder(tfds, task.tfds_name, data_dir)
+    tfds = import_tfds()
+    return tfds_builder(tfds, task.tfds_name, data_dir)
 
 
 def how_to_prepare(tasks, data_dir=None):
@@ -78,7 +80,7 @@ def how_to_prepare(tasks, data_dir=None):
         try:
             builder = _builder(next(t for t in tasks if t.tfds_name == name),
                                data_dir)
-        except data_lib.DataError:
+        except DataError:
             continue
         manual = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
         if manual:

@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 
 
-from keras_vit.train import data as data_lib
+from keras_vit.train.data.sources import DataError
 
 GROUPS = ("Natural", "Specialized", "Structured")
 # The protocol's sizes: 800 training + 200 validation examples per task.
@@ -158,7 +158,7 @@ def _parts(task, sizes):
 
     def size(split):
         if split not in sizes:
-            raise data_lib.DataError(
+            raise DataError(
                 f"tfds dataset {task.tfds_name!r} has no split {split!r} "
                 f"(VTAB task {task.name!r}); its splits: {sorted(sizes)}")
         return int(sizes[split])
@@ -196,7 +196,7 @@ def _take(task, part, span, count, argument):
     if count is None:
         count = available
     if count > available:
-        raise data_lib.DataError(
+        raise DataError(
             f"VTAB task {task.name!r} has {available} examples in its {part} "
             f"part ({split}[{start}:{stop}] of tfds {task.tfds_name!r}); "
             f"received {argument}={count}")

@@ -1,0 +1,269 @@
+"""The ``tf.data`` input pipelines: a source -> batches of images,
+with the paper's preprocessing (inception crop and flip for training, a
+central crop and resize for evaluation), seeded per epoch and per example
+so that a resumed run rebuilds the batches it stopped in.
+"""
+
+from __future__ import annotations
+
+from keras_vit import compat
+from keras_vit.train.data.load import load_data
+
+# Streams (tfds) are shuffled through a buffer of this many records.
+SHUFFLE_BUFFER = 10_000
+# Paper / official input pipeline: inception crop of 5%-100% of the area.
+INCEPTION_AREA = (0.05, 1.0)
+INCEPTION_ASPECT = (3 / 4, 4 / 3)
+
+
+def scale(images):
+    """[0, 255] -> [-1, 1], the official ViT input range."""
+    return images / 127.5 - 1.0
+
+
+def takes_raw_pixels(model):
+    """Whether ``model`` scales [0, 255] pixels itself (built with
+    ``include_preprocessing=True``, so its first layer is the Rescaling
+    named ``preprocessing``): the pipelines then leave pixels unscaled.
+
+    >>> import keras_vit
+    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+    ...           num_heads=1, mlp_dim=8, num_classes=2)
+    >>> takes_raw_pixels(keras_vit.vit(**kw, include_preprocessing=True))
+    True
+    >>> takes_raw_pixels(keras_vit.vit(**kw))
+    False
+    """
+    import keras
+
+    return any(isinstance(layer, keras.layers.Rescaling)
+               and layer.name == "preprocessing"
+               for layer in compat.flatten_layers(model))
+
+
+def _mix(seed, epoch):
+    # A distinct, reproducible stream per (seed, epoch), well inside int64.
+    return (int(seed) * 1_000_003 + int(epoch) * 7_919 + 17) % (2 ** 31 - 1)
+
+
+def inception_box(shape, seed, area_range=INCEPTION_AREA,
+                  aspect_range=INCEPTION_ASPECT):
+    """``(begin, size)`` of a random box covering ``area_range`` of an
+    image of ``shape`` (height, width, channels) with an aspect ratio in
+    ``aspect_range``: the "inception crop" of the official training
+    pipeline. ``seed`` is a stateless seed (shape (2,))."""
+    import tensorflow as tf
+
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
+        min_object_covered=0.0, aspect_ratio_range=aspect_range,
+        area_range=area_range, max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+
+def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
+                   aspect_range=INCEPTION_ASPECT):
+    """The :func:`inception_box` of ``image``, resized to ``size``
+    (bilinear)."""
+    import tensorflow as tf
+
+    begin, crop = inception_box(tf.shape(image), seed, area_range,
+                                aspect_range)
+    image = tf.slice(image, begin, crop)
+    return tf.image.resize(image, (size, size), method="bilinear")
+
+
+def eval_resize(image, size, crop_fraction=1.0):
+    """Central crop of ``crop_fraction`` of each side (1.0: none), then a
+    bilinear resize to ``size``."""
+    import tensorflow as tf
+
+    if crop_fraction < 1.0:
+        image = tf.image.central_crop(image, crop_fraction)
+    return tf.image.resize(image, (size, size), method="bilinear")
+
+
+def _check_size(image_size):
+    if not isinstance(image_size, int) or isinstance(image_size, bool) or (
+            image_size < 1):
+        raise ValueError(f"image_size must be a positive integer; received "
+                         f"image_size={image_size!r}")
+
+
+def _examples(source, training, seed, epoch):
+    """(index, record, label, epoch_seed) in this epoch's order.
+
+    ``epoch=None`` draws a new order every time the dataset is iterated
+    (what ``model.fit`` needs); an int gives the same order every time.
+    """
+    import tensorflow as tf
+
+    if epoch is None:
+        seeds = tf.data.Dataset.random(
+            seed=seed, rerandomize_each_iteration=True).take(1)
+    else:
+        seeds = tf.data.Dataset.from_tensors(
+            tf.constant(_mix(seed, epoch), tf.int64))
+    if source.in_memory:
+        records, labels = source.table()
+        records = tf.constant(records)
+        labels = tf.constant(labels, tf.int64)
+        n = source.num_examples
+
+        def order(s):
+            idx = tf.range(n, dtype=tf.int64)
+            if training:
+                idx = tf.random.experimental.stateless_shuffle(
+                    idx, seed=tf.stack([s, tf.constant(seed, tf.int64)]))
+            return tf.data.Dataset.from_tensor_slices(idx).map(
+                lambda i: (i, tf.gather(records, i), tf.gather(labels, i), s))
+
+        return seeds.flat_map(order)
+    stream = source.stream().enumerate()
+    if epoch is None:
+        ds = tf.data.Dataset.zip(stream, tf.data.Dataset.random(
+            seed=seed, rerandomize_each_iteration=True))
+        ds = ds.map(lambda i_ex, s: (i_ex[0], i_ex[1][0], i_ex[1][1], s))
+    else:
+        s = tf.constant(_mix(seed, epoch), tf.int64)
+        ds = stream.map(lambda i, ex: (i, ex[0], ex[1], s))
+    if training:
+        ds = ds.shuffle(min(SHUFFLE_BUFFER, source.num_examples),
+                        seed=_mix(seed, epoch or 0),
+                        reshuffle_each_iteration=epoch is None)
+    return ds
+
+
+def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
+                raw_pixels=False):
+    import tensorflow as tf
+
+    flip = flip and source.flip_ok
+
+    def fn(index, record, label, epoch_seed):
+        if training:
+            seed = tf.stack([epoch_seed, index])
+            crop_seed, flip_seed = tf.unstack(
+                tf.random.experimental.stateless_split(seed, 2))
+            if crop_area is not None:
+                # The box is drawn from the header's size (the same box a
+                # whole decode gives), and a JPEG decodes only the box.
+                image = source.decode_crop(record, lambda shape: (
+                    inception_box(shape, crop_seed, tuple(crop_area))))
+            else:
+                image = source.decode(record)
+            image = tf.image.resize(image, (image_size, image_size),
+                                    method="bilinear")
+            if flip:
+                image = tf.image.stateless_random_flip_left_right(
+                    image, flip_seed)
+        else:
+            image = eval_resize(source.decode(record), image_size, eval_crop)
+        image = tf.ensure_shape(image, (image_size, image_size, 3))
+        return (image if raw_pixels else scale(image)), label
+
+    return fn
+
+
+def steps_per_epoch(source, global_batch_size, *, shards=1):
+    """Full batches in one epoch (the ragged remainder is dropped); a
+    ValueError naming the batch size and the number of images when that is
+    none at all (``model.fit`` would run epochs that train nothing).
+    ``shards``: the epoch is split into that many parts, each batched by
+    itself."""
+    per_shard = source.num_examples // shards
+    if per_shard < global_batch_size:
+        where = (f"{per_shard} images in each of {shards} shards of "
+                 if shards > 1 else f"{source.num_examples} images in ")
+        raise ValueError(
+            f"batch_size={global_batch_size} is larger than the training "
+            f"data ({where}{source.name!r}): an epoch would hold no full "
+            f"batch; pass batch_size={per_shard} or less (or more data)")
+    return per_shard // global_batch_size
+
+
+def dataset(source, image_size, batch_size, *, training=True, seed=0,
+            epoch=None, crop_area=INCEPTION_AREA, flip=True, eval_crop=1.0,
+            shard=(1, 0), skip=0, take=None, drop_remainder=None,
+            prefetch=True, raw_pixels=False):
+    """A ``tf.data.Dataset`` of ``(images, labels)`` batches.
+
+    Args:
+        source: an
+            :class:`~keras_vit.train.data.sources.ImageSource` or a spec
+            for :func:`~keras_vit.train.data.load.load_data`.
+        image_size: output resolution (square).
+        batch_size: images per batch.
+        training: augment (inception crop, flip) and shuffle, and drop the
+            ragged last batch (a source with fewer images than one batch
+            is refused); else resize only, in order.
+        seed: seeds the shuffle and the augmentation.
+        epoch: None reshuffles each time the dataset is iterated (for
+            ``model.fit``); an int fixes that epoch's order.
+        crop_area: inception-crop area range, or None for a plain resize.
+        flip: random horizontal flips (only if ``source.flip_ok``).
+        eval_crop: central-crop fraction before the evaluation resize.
+        shard: ``(num_shards, index)``: this pipeline's part of each epoch.
+        skip: examples of this shard to skip first (resuming mid-epoch).
+        take: examples of this shard to yield at most.
+        drop_remainder: default: ``training``.
+        prefetch: overlap input with compute.
+        raw_pixels: yield [0, 255] pixels, for a model that scales them
+            itself (see :func:`takes_raw_pixels`); default: [-1, 1].
+    """
+    import tensorflow as tf
+
+    source = load_data(source)
+    _check_size(image_size)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; received "
+                         f"batch_size={batch_size!r}")
+    ds = _examples(source, training, seed, epoch)
+    num_shards, index = shard
+    if training and epoch is not None:
+        # Files that fail to decode (FolderSource drops those it finds at
+        # load; one changed since could fail) are dropped below; repeating
+        # the epoch's order fills the gap so every shard still yields
+        # exactly `take`. Bounded: a stream of failures ends, never spins.
+        ds = ds.repeat(3)
+    if num_shards > 1:
+        ds = ds.shard(num_shards, index)
+    if skip:
+        ds = ds.skip(skip)
+    ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
+                            eval_crop, raw_pixels),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.ignore_errors(log_warning=True)
+    if take is not None:
+        ds = ds.take(take)
+    elif training and epoch is not None:
+        ds = ds.take(max(0, source.num_examples // num_shards - skip))
+    if drop_remainder is None:
+        drop_remainder = training
+    if drop_remainder:  # no full batch: refused, not an empty epoch
+        steps_per_epoch(source, batch_size, shards=num_shards)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    options = tf.data.Options()
+    options.deterministic = True
+    ds = ds.with_options(options)
+    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
+                        shard=(1, 0), eval_crop=1.0, raw_pixels=False):
+    """Evaluation batches of ``(images, labels, mask)`` padded with masked
+    blank images to exactly ``num_batches`` full batches, so every replica
+    and worker runs the same number of steps on static shapes."""
+    import tensorflow as tf
+
+    ds = dataset(source, image_size, batch_size, training=False,
+                 shard=shard, eval_crop=eval_crop, drop_remainder=False,
+                 prefetch=False, raw_pixels=raw_pixels).unbatch()
+    ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
+    blank = tf.data.Dataset.from_tensors(
+        (tf.zeros((image_size, image_size, 3)), tf.constant(0, tf.int64),
+         tf.constant(0.0))).repeat()
+    ds = ds.concatenate(blank).take(num_batches * batch_size)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(
+        tf.data.AUTOTUNE)
