@@ -24,7 +24,8 @@ import json
 import os
 import shutil
 
-from keras_vit import atomic
+from keras_vit import atomic, schema
+from keras_vit.limits import MAX_CLASSES
 
 #: The run directory's lock: the pid of the process that owns the run.
 RUN_LOCK = "run.lock"
@@ -97,6 +98,40 @@ def save_results(out_dir, model, metrics, *, ema):
     atomic.write_json(os.path.join(out_dir, "metrics.json"), metrics)
 
 
+# What run.json (and the record a checkpoint keeps) holds, as far as
+# resuming reads it: a hand-edited or foreign file is refused naming the
+# field, not met with an AttributeError halfway through a comparison.
+_NAME = schema.Nullable(schema.Str())
+_COUNT = schema.Nullable(schema.Int(1))
+RUN_RECORD = schema.Object({
+    "model": _NAME, "train_data": _NAME, "eval_data": _NAME,
+    "num_classes": schema.Nullable(schema.Int(1, MAX_CLASSES)),
+    "label_names": schema.Nullable(schema.List(schema.Str(),
+                                               max_len=MAX_CLASSES)),
+    "image_size": schema.Nullable(schema.OneOf(
+        schema.Int(1), schema.List(schema.Int(1), lengths={2}))),
+    "recipe": schema.Object(),
+    "total_steps": _COUNT, "steps_per_epoch": _COUNT,
+    "micro_batch_size": _COUNT, "accumulation_steps": _COUNT,
+    "backend": _NAME, "precision": _NAME,
+    "jit_compile": schema.Nullable(schema.Bool()),
+}, what="a run record (a JSON object)")
+# One line of history.jsonl: an object with its step.
+HISTORY_ROW = schema.Object({"step": schema.Int(0)}, required=("step",),
+                            what="a history row (a JSON object)")
+
+
+def read_run_record(path=None, text=None):
+    """The run record in the file ``path`` (``run.json``) or in ``text``
+    (the JSON a checkpoint keeps, ``path`` naming where it came from),
+    checked against :data:`RUN_RECORD`."""
+    if text is None:
+        return schema.read_json(path, "run.json", RUN_RECORD)
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return schema.check(RUN_RECORD, schema.parse_json(raw, path, "run record"),
+                        path)
+
+
 def append_jsonl(path, row):
     """Appends ``row`` as one JSON line to ``path``, flushed to disk.
 
@@ -141,15 +176,24 @@ def _end_of_last_line(f, end, block=4096):
 
 
 def _read_jsonl(path):
-    """The rows of a JSON-lines file; a line cut short by a killed process
-    is skipped."""
+    """The rows of a JSON-lines history file, each checked against
+    :data:`HISTORY_ROW`. The last line, cut short by a killed process, is
+    skipped; any other line that is not a row is refused, naming the file
+    and the line."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            value = schema.parse_json(line, where, "history row")
+        except ValueError:
+            if number == len(lines) and not line.endswith(b"\n"):
+                continue  # the partial row of a killed process
+            raise
+        rows.append(schema.check(HISTORY_ROW, value, where))
     return rows
 
 
@@ -260,8 +304,9 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
     in it, ``run.json``. ``resume="force"`` only notes the differences
     (through ``say``)."""
     if recorded is not None:
-        check_settings(out_dir, json.loads(recorded), now, resume=resume,
-                       say=say)
+        check_settings(out_dir, read_run_record(
+            f"the checkpoint at step {resumed_from} of {out_dir}", recorded),
+            now, resume=resume, say=say)
         return
     path = os.path.join(out_dir, "run.json")
     if not os.path.isfile(path):
@@ -280,9 +325,8 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
             "Restore run.json, use another out_dir, resume=False "
             "(--restart) to start again, or resume='force' "
             "(--resume-anyway) to continue with the settings given now.")
-    with open(path, encoding="utf-8") as f:
-        before = json.load(f)
-    check_settings(out_dir, before, now, resume=resume, say=say)
+    check_settings(out_dir, read_run_record(path), now, resume=resume,
+                   say=say)
 
 
 def check_settings(out_dir, before, now, *, resume, say):

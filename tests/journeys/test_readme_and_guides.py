@@ -301,6 +301,17 @@ COMMANDS = {
             subs=(("~/tensorflow_datasets", "no_tfds_here"),),
             expect=("status == 2", *ONE_ERROR_LINE, "'tfds build' in err")),
     },
+    "docs/guides/cli.md": {
+        # A fine-tuned model names its classes after its data's folders.
+        "keras-vit predict runs/pets photo.jpg": Command(
+            setup="import keras_vit\n"
+                  "os.makedirs('runs/pets', exist_ok=True)\n"
+                  "keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=2,\n"
+                  "              label_names=['cat', 'dog']).save(\n"
+                  "    'runs/pets/model.keras')\n"
+                  "journey.image_file('photo.jpg')\n",
+            expect=("status == 0", "'cat' in out and 'dog' in out")),
+    },
     "docs/guides/export.md": {
         "keras-vit export ViT-B/16 --format onnx -o deploy/v1/vit.onnx":
             Command(add=" --image-size 32",
