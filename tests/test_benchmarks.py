@@ -271,3 +271,24 @@ def test_speed_reports_kernel_caps_beside_the_cpu_flags():
                            "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
     assert note == ("; kernels capped by ONEDNN_MAX_CPU_ISA=AVX2, "
                     "MKL_ENABLE_INSTRUCTIONS=AVX2")
+
+
+def test_the_remat_benchmark_prints_its_table(tmp_path):
+    """benchmarks/remat.py on a tiny model: XLA's memory analysis of both
+    settings and the step-time ratio, in one table naming the CPU."""
+    pytest.importorskip("jax")
+    out = tmp_path / "remat.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "remat.py"),
+         "--model", "ViT-Ti/16", "--image-size", "32", "--num-classes", "10",
+         "--rounds", "1", "--out", str(out)], cwd=ROOT,
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "CPU: " in text and "without remat | with remat" in text
+    row = next(line for line in text.splitlines()
+               if line.startswith("| step time"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and float(cells[2]) > 0
+    assert cells[3].endswith("x")
