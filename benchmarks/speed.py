@@ -23,6 +23,12 @@ nothing about ViT-B/16.
 
 torch and timm are imported before TensorFlow: torchvision (imported by
 timm) crashes when it is loaded after TensorFlow 2.21.
+
+This file is the runner: the command line, the cases and their interleaved
+rounds, and the report. Beside it: speed_peers.py (the model configurations,
+their FLOPs, and timm and keras-hub), speed_backends.py (keras_vit's timed
+calls and the child process per other Keras backend), speed_loading.py (the
+checkpoint-loading children) and speed_tables.py (the report's tables).
 """
 
 from __future__ import annotations
@@ -35,21 +41,29 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-# ViT-B/16 (paper Table 1) and the tiny stand-in of --quick, both written as
-# zoo.load overrides; timm and keras-hub get the same numbers.
-VIT_B16 = dict(patch_size=16, hidden_size=768, num_layers=12, num_heads=12,
-               mlp_dim=3072)
-TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=4,
-            mlp_dim=64)
-TIMM_NAMES = {224: "vit_base_patch16_224", 384: "vit_base_patch16_384"}
-PEERS = ("timm", "keras_hub")
+# The sibling modules, wherever this file runs from: as a script (its folder
+# is then sys.path[0]), loaded by path (the tests) or as a child of itself.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from speed_backends import (  # noqa: E402
+    BACKENDS, DTYPES, BackendChild, backend_child, fit_call, images, labels,
+    predict_call)
+from speed_loading import load_child, measure_loading  # noqa: E402
+from speed_peers import (  # noqa: E402
+    PEERS, TINY, VIT_B16, forward_flops, import_peers, keras_hub_backbone,
+    keras_vit_model, threads, timm_model, versions)
+from speed_tables import (  # noqa: E402
+    backend_rows, backend_table, ceiling_table, ceilings, fmt, loading_rows,
+    loading_table, model_table, targets_table)
+
 # What the measured paths turned out to be (e.g. whether Keras compiled
 # with XLA), collected while building them and printed under the tables.
 NOTES = {}
@@ -62,34 +76,6 @@ def say(*args):
     """Progress on stderr, with the seconds since the start."""
     print(f"[{time.perf_counter() - _T0:6.0f}s]", *args, flush=True,
           file=sys.stderr)
-
-
-# --------------------------------------------------------------------------
-# FLOPs from the configuration
-
-
-def forward_flops(image_size, patch_size, hidden_size, num_layers, num_heads,
-                  mlp_dim, num_classes=1000, class_token=True):
-    """Multiply-adds x 2 of one image's forward pass: the patch embedding,
-    per block the Q, K, V and output projections, the two attention
-    matmuls (QK^T and AV) and the MLP, and the head. LayerNorm, softmax,
-    GELU and the adds are left out (under 1% for ViT-B/16).
-
-    >>> round(forward_flops(224, **VIT_B16) / 2e9, 2)   # GMACs
-    17.56
-    >>> round(forward_flops(384, **VIT_B16) / 2e9, 1)
-    55.5
-    """
-    del num_heads  # the head split does not change the count
-    grid = (image_size // patch_size) ** 2
-    n = grid + int(class_token)
-    d, m = hidden_size, mlp_dim
-    macs = grid * patch_size * patch_size * 3 * d  # patch embedding
-    macs += num_layers * (4 * n * d * d          # Q, K, V, out
-                          + 2 * n * n * d        # QK^T and AV
-                          + 2 * n * d * m)       # MLP
-    macs += d * num_classes
-    return 2 * macs
 
 
 # --------------------------------------------------------------------------
@@ -180,39 +166,6 @@ def onednn_line():
     return hardware.onednn_note()
 
 
-def import_peers(skip):
-    """torch/timm (before TensorFlow) and keras_hub, or why not."""
-    found, skipped = {}, []
-    if "timm" in skip:
-        skipped.append("timm: disabled with --skip-peers")
-    else:
-        try:
-            import timm
-            import torch
-
-            torch.set_num_threads(len(os.sched_getaffinity(0)))
-            found["torch"], found["timm"] = torch, timm
-        except ImportError as e:
-            skipped.append(f"timm: not installed ({e})")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # After torch (see the module docstring); keras_vit before TensorFlow,
-    # as a user's script would, so that its oneDNN switch applies.
-    import keras_vit  # noqa: F401
-    import tensorflow  # noqa: F401
-
-    if "keras_hub" in skip:
-        skipped.append("keras-hub: disabled with --skip-peers")
-    else:
-        try:
-            import keras_hub
-
-            found["keras_hub"] = keras_hub
-        except ImportError as e:
-            skipped.append(f"keras-hub: not installed ({e}); "
-                           "pip install keras-vit[bench]")
-    return found, skipped
-
-
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -270,302 +223,14 @@ def plan_note():
     return "; ".join(parts)
 
 
-TARGETS = [
-    # (goal, section, keras_vit path prefix, dtype, timm dtype, ratio, ceiling %)
-    ("inference bf16 >= 1.2x timm bf16, >= 55% of ceiling", "inference",
-     "model.predict (auto", "bfloat16", "bf16 autocast", 1.2, 55),
-    ("inference float32 >= 1.05x timm float32", "inference",
-     "model.predict (auto", "float32", "float32", 1.05, None),
-    ("Trainer mixed_bfloat16 >= 1.2x timm bf16 step", "training",
-     "Trainer train step (default)", "mixed_bfloat16", "bf16 autocast",
-     1.2, None),
-    ("model.fit mixed_bfloat16 >= 1.2x timm bf16 step", "training",
-     "compile_for_finetune", "mixed_bfloat16", "bf16 autocast", 1.2, None),
-    ("Trainer float32 >= 1.05x timm float32 step", "training",
-     "Trainer train step (default)", "float32", "float32", 1.05, None),
-    ("model.fit float32 >= 1.05x timm float32 step", "training",
-     "compile_for_finetune", "float32", "float32", 1.05, None),
-]
-
-
-def targets_table(results, best):
-    """The speed goals (issues 13 and 23), each row of the run checked
-    against its target."""
-    head = ["goal", "image", "batch", "keras_vit img/s", "timm img/s",
-            "ratio", "% of ceiling", "met"]
-    out = []
-    for goal, section, prefix, dtype, ref_dtype, ratio, ceiling in TARGETS:
-        for r in results.get(section, []):
-            if (r["framework"] != "keras_vit" or r["dtype"] != dtype
-                    or r["backend"] != "tensorflow"
-                    or not r["path"].startswith(prefix)
-                    or not r["images_per_s"]):
-                continue
-            ref = _timm_ref(results[section], r, ref_dtype)
-            got = r["images_per_s"] / ref if ref else None
-            top = ceiling_for(dtype, best)
-            pct = (100 * r["gflops_per_s"] / top
-                   if r["gflops_per_s"] and top else None)
-            if got is None:
-                met = "-"
-            elif got < ratio:
-                met = "no"
-            elif ceiling is None or (pct is not None and pct >= ceiling):
-                met = "yes"
-            elif pct is None:
-                # --backend-rows-only and --skip-ceiling measure no ceiling.
-                met = "ratio yes; ceiling not measured"
-            else:
-                met = "no"
-            out.append([goal, str(r["size"]), str(r["batch"]),
-                        r["images_per_s"], ref, got, pct, met])
-    return table(head, out)
-
-
-def versions(peers):
-    import keras
-    import tensorflow as tf
-
-    import keras_vit
-
-    out = {"python": platform.python_version(), "numpy": np.__version__,
-           "tensorflow": tf.__version__, "keras": keras.__version__,
-           "keras_vit": keras_vit.__version__}
-    if "torch" in peers:
-        out["torch"] = peers["torch"].__version__
-        out["timm"] = peers["timm"].__version__
-    if "keras_hub" in peers:
-        out["keras_hub"] = peers["keras_hub"].__version__
-    for name in ("onnxruntime", "ai_edge_litert"):
-        try:
-            module = __import__(name)
-            out[name] = getattr(module, "__version__", "?")
-        except ImportError:
-            pass
-    return out
-
-
-def threads(peers):
-    import tensorflow as tf
-
-    intra = tf.config.threading.get_intra_op_parallelism_threads()
-    inter = tf.config.threading.get_inter_op_parallelism_threads()
-    text = (f"TensorFlow intra-op {intra or 'default (all cores)'}, inter-op "
-            f"{inter or 'default'}")
-    if "torch" in peers:
-        text += (f"; torch.set_num_threads({peers['torch'].get_num_threads()})"
-                 " (the core count)")
-    return text
-
-
 # --------------------------------------------------------------------------
-# the models
-
-
-def keras_vit_model(size, arch, classes, dtype=None):
-    import keras_vit
-
-    kwargs = dict(arch)
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    return keras_vit.zoo.load("ViT-B/16", weights=None, image_size=size,
-                              num_classes=classes, **kwargs)
-
-
-def timm_model(timm, size, arch, classes):
-    if arch is VIT_B16 and size in TIMM_NAMES:
-        return timm.create_model(TIMM_NAMES[size], pretrained=False,
-                                 num_classes=classes)
-    return timm.create_model(
-        "vit_base_patch16_224", pretrained=False, num_classes=classes,
-        img_size=size, patch_size=arch["patch_size"],
-        embed_dim=arch["hidden_size"], depth=arch["num_layers"],
-        num_heads=arch["num_heads"],
-        mlp_ratio=arch["mlp_dim"] / arch["hidden_size"])
-
-
-def keras_hub_backbone(keras_hub, size, arch):
-    return keras_hub.models.ViTBackbone(
-        image_shape=(size, size, 3), patch_size=arch["patch_size"],
-        num_layers=arch["num_layers"], num_heads=arch["num_heads"],
-        hidden_dim=arch["hidden_size"], mlp_dim=arch["mlp_dim"])
+# inference
 
 
 def _xla(model):
     import tensorflow as tf
 
     return tf.function(lambda x: model(x, training=False), jit_compile=True)
-
-
-def images(batch, size, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32")
-
-
-def labels(batch, classes):
-    return (np.arange(batch) * 7919 % classes).astype("int64")
-
-
-def predict_call(model, batch, size, path="auto"):
-    """``model.predict`` of one batch on ``path``, and the path it runs."""
-    x = images(batch, size)
-    model.predict_path = path
-    resolved = model.resolved_predict_path()
-
-    def fn():
-        model.predict_path = path
-        return model.predict(x, batch_size=batch, verbose=0)
-    return fn, resolved
-
-
-def fit_call(size, batch, arch, classes, dtype=None):
-    """``model.train_on_batch`` after ``compile_for_finetune`` (what
-    ``model.fit`` runs), and the model's ``jit_compile``."""
-    from keras_vit.train import compile_for_finetune
-
-    model = keras_vit_model(size, arch, classes, dtype)
-    compile_for_finetune(model, "finetune", total_steps=10**6,
-                         warmup_steps=1, batch_size=batch)
-    x, y = images(batch, size), labels(batch, classes)
-    return (lambda: model.train_on_batch(x, y)), model.jit_compile
-
-
-# --------------------------------------------------------------------------
-# keras_vit on the other Keras backends: one child process each (Keras reads
-# KERAS_BACKEND once), kept alive and asked to make and call its cases in
-# turn with the parent's, so that they share the parent's interleaved
-# rounds.
-
-BACKENDS = ("tensorflow", "jax", "torch")
-DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
-
-
-class BackendChild:
-    """A keras_vit process on ``backend``, answering one JSON line per
-    request on its stdout (``REPLY {...}``)."""
-
-    def __init__(self, backend, arch, classes, tmp, dtypes=DTYPES):
-        self.backend, self.dtypes = backend, tuple(dtypes)
-        self.log = os.path.join(tmp, f"{backend}-child.log")
-        env = dict(os.environ, KERAS_BACKEND=backend,
-                   TF_CPP_MIN_LOG_LEVEL="3")
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__),
-                 "--backend-child", backend, json.dumps(arch), str(classes)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                text=True, env=env)
-        self.info = None
-
-    def hello(self):
-        """Waits for the child to be ready; its library versions."""
-        if self.info is None:
-            self.info = self.request(op="hello")
-        return self.info["versions"]
-
-    def request(self, **message):
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the {self.backend} child exited with "
-                               f"{self.proc.returncode}: {self._tail()}")
-        self.proc.stdin.write(json.dumps(message) + "\n")
-        self.proc.stdin.flush()
-        for line in self.proc.stdout:
-            if line.startswith("REPLY "):
-                reply = json.loads(line[len("REPLY "):])
-                if "error" in reply:
-                    raise RuntimeError(reply["error"])
-                return reply
-        self.proc.wait()
-        raise RuntimeError(f"the {self.backend} child exited with "
-                           f"{self.proc.returncode}: {self._tail()}")
-
-    def _tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-300:].strip()
-        except OSError:
-            return ""
-
-    def case(self, case):
-        """``case.make`` for a case the child runs; the child's answer
-        names the path (e.g. which predict path its backend takes)."""
-        def make():
-            reply = self.request(op="make", section=case.section,
-                                 dtype=case.dtype, size=case.size,
-                                 batch=case.batch)
-            case.path = reply["path"]
-            NOTES.update(reply.get("notes", {}))
-            key = reply["id"]
-            return lambda: self.request(op="call", id=key)
-        case.make = make
-        return case
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def backend_child(backend, arch_json, classes):
-    """The child's loop: make, call and drop cases on request."""
-    import keras
-
-    arch, classes = json.loads(arch_json), int(classes)
-    module = {"jax": "jax", "torch": "torch"}.get(backend, "tensorflow")
-    calls, models = {}, {}
-
-    def reply(**fields):
-        print("REPLY " + json.dumps(fields), flush=True)
-
-    for line in sys.stdin:
-        message = json.loads(line)
-        op = message["op"]
-        try:
-            if op == "hello":
-                lib = __import__(module)
-                reply(backend=keras.backend.backend(),
-                      versions={module: lib.__version__})
-            elif op == "make":
-                size, batch = message["size"], message["batch"]
-                dtype = message["dtype"]
-                built_dtype = None if dtype == "float32" else dtype
-                key = len(calls)
-                note = f"keras_vit on {backend}, {dtype}"
-                if message["section"] == "inference":
-                    if (size, dtype) not in models:
-                        models[size, dtype] = keras_vit_model(
-                            size, arch, classes, built_dtype)
-                    calls[key], resolved = predict_call(
-                        models[size, dtype], batch, size)
-                    path = f"model.predict (auto: {resolved})"
-                    notes = {f"{note}, model.predict":
-                             f"runs the {resolved!r} path"}
-                else:
-                    calls[key], jit = fit_call(size, batch, arch, classes,
-                                               built_dtype)
-                    path = "compile_for_finetune + train_on_batch"
-                    notes = {f"{note}, compile_for_finetune":
-                             f"model.jit_compile = {jit}"}
-                reply(id=key, path=path, notes=notes)
-            elif op == "call":
-                calls[message["id"]]()
-                reply()
-            elif op == "reset":
-                calls.clear()
-                models.clear()
-                gc.collect()
-                reply()
-        except Exception as e:  # noqa: BLE001 - the parent reports it
-            reply(error=f"{type(e).__name__}: {str(e)[:300]}")
-    return 0
-
-
-# --------------------------------------------------------------------------
-# inference
 
 
 def inference_cases(size, batches, arch, classes, peers, exports, tmp,
@@ -864,279 +529,6 @@ def ceiling_cases(n, mlp_shape, peers):
     return cases
 
 
-def ceilings(rows):
-    """Best GFLOP/s per dtype (fp32, bf16)."""
-    best = {}
-    for r in rows:
-        if r["gflops_per_s"]:
-            best[r["dtype"]] = max(best.get(r["dtype"], 0), r["gflops_per_s"])
-    return best
-
-
-def ceiling_for(dtype, best):
-    return best.get("float32" if dtype == "float32" else "bfloat16")
-
-
-# --------------------------------------------------------------------------
-# checkpoint loading, each measurement in a fresh process
-
-
-def load_child(mode, path, arch_json, size):
-    """Runs in the child: the same imports for every mode, then one
-    measurement, printed as JSON."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import keras  # noqa: F401
-    import tensorflow  # noqa: F401
-
-    import keras_vit
-
-    arch = json.loads(arch_json)
-    out = {}
-    start = time.perf_counter()
-    if mode == "np.load":
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-        out["seconds"] = time.perf_counter() - start
-        out["arrays"] = len(arrays)
-    elif mode == "zoo.load":
-        keras_vit.zoo.load("ViT-B/16", weights=path, image_size=size, **arch)
-        out["seconds"] = time.perf_counter() - start
-    elif mode == "build+load_weights":
-        model = keras_vit.zoo.load("ViT-B/16", weights=None, image_size=size,
-                                   **arch)
-        out["build_seconds"] = time.perf_counter() - start
-        start = time.perf_counter()
-        keras_vit.zoo.load_weights(model, path)
-        out["seconds"] = time.perf_counter() - start
-    out["peak_rss"] = _own_peak_rss()
-    print("RESULT " + json.dumps(out), flush=True)
-    return 0
-
-
-def _own_peak_rss():
-    """This process's peak resident memory in bytes: VmHWM, which exec
-    resets. (The ru_maxrss that wait4 returns for a child starts at the
-    parent's RSS at fork on Linux, so behind a parent holding TensorFlow
-    and several models every child showed the parent's figure.)"""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _start_child(mode, path, arch, size):
-    cmd = [sys.executable, os.path.abspath(__file__), "--load-child", mode,
-           path, json.dumps(arch), str(size)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-
-
-def _finish_child(proc):
-    """The child's result, with its own peak RSS."""
-    lines = proc.stdout.read().splitlines()
-    proc.wait()
-    result = {}
-    for line in lines:
-        if line.startswith("RESULT "):
-            result.update(json.loads(line[len("RESULT "):]))
-    if proc.returncode:
-        result["error"] = f"child exited with {proc.returncode}"
-    return result
-
-
-def measure_loading(size, arch, classes, repeats, tmp, side_by_side=False):
-    """Writes a random official-layout checkpoint, then times np.load,
-    zoo.load and build + load_weights, each in a fresh process, round
-    after round (``side_by_side``: the processes of a round at once, for
-    --quick, where only the script is under test)."""
-    import keras_vit
-
-    path = os.path.join(tmp, "ViT-B_16-random.npz")
-    model = keras_vit_model(size, arch, classes)
-    keras_vit.zoo.save_npz(model, path)
-    del model
-    gc.collect()
-    nbytes = os.path.getsize(path)
-    modes = ("baseline", "np.load", "zoo.load", "build+load_weights")
-    results = {m: [] for m in modes}
-    for i in range(repeats):
-        if side_by_side:
-            procs = [_start_child(m, path, arch, size) for m in modes]
-            for mode, proc in zip(modes, procs):
-                results[mode].append(_finish_child(proc))
-        else:
-            for mode in modes:
-                results[mode].append(_finish_child(
-                    _start_child(mode, path, arch, size)))
-        say(f"  loading round {i + 1}/{repeats} done")
-    return {"path": path, "bytes": nbytes, "results": results,
-            "side_by_side": side_by_side}
-
-
-def loading_rows(loaded):
-    res = loaded["results"]
-    baseline = statistics.median(
-        [r["peak_rss"] for r in res["baseline"] if "peak_rss" in r] or [0])
-
-    def med(mode, key):
-        values = [r[key] for r in res[mode] if key in r]
-        return statistics.median(values) if values else None
-
-    rows = []
-    ref = med("np.load", "seconds")
-    for mode, label, key in (
-            ("np.load", "np.load, every array read", "seconds"),
-            ("zoo.load", "zoo.load(\"ViT-B/16\", weights=path)", "seconds"),
-            ("build+load_weights", "zoo.load(weights=None): build only",
-             "build_seconds"),
-            ("build+load_weights", "zoo.load_weights(model, path) into the "
-             "built model", "seconds")):
-        errors = [r["error"] for r in res[mode] if "error" in r]
-        seconds = med(mode, key)
-        peak = None
-        if key == "seconds" or mode != "build+load_weights":
-            peak = med(mode, "peak_rss")
-        above = None if peak is None else peak - baseline
-        rows.append({
-            "what": label, "seconds": seconds,
-            "vs_np_load": seconds / ref if seconds and ref else None,
-            "peak_above_baseline_mib": None if above is None
-            else above / 2**20,
-            "peak_vs_checkpoint": None if above is None
-            else above / loaded["bytes"],
-            "error": errors[0] if errors else None,
-            "peak_note": ("build + load_weights in one process"
-                          if mode == "build+load_weights" else "")})
-    return rows, baseline
-
-
-# --------------------------------------------------------------------------
-# tables
-
-
-def fmt(value, digits=2):
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 1 or value == 0:
-        return f"{value:.{digits}f}"
-    return f"{value:.3g}"
-
-
-def table(head, rows):
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _timm_ref(rows, row, dtype):
-    for r in rows:
-        if (r["framework"] == "timm" and r["dtype"] == dtype
-                and r["size"] == row["size"] and r["batch"] == row["batch"]
-                and r["images_per_s"]):
-            return r["images_per_s"]
-    return None
-
-
-def model_table(rows, best):
-    head = ["framework", "backend", "path", "dtype", "image", "batch",
-            "img/s", "x timm fp32", "x timm bf16", "first call s", "GFLOP/s",
-            "% of ceiling"]
-    out = []
-    for r in rows:
-        ips = r["images_per_s"]
-        ref32 = _timm_ref(rows, r, "float32")
-        ref16 = _timm_ref(rows, r, "bf16 autocast")
-        top = ceiling_for(r["dtype"], best)
-        out.append([
-            r["framework"], r["backend"] or "-", r["path"], r["dtype"],
-            str(r["size"]),
-            str(r["batch"]),
-            ips if ips else (f"failed: {r['error']}" if r["error"] else "-"),
-            ips / ref32 if ips and ref32 else None,
-            ips / ref16 if ips and ref16 else None,
-            r["first_call_s"], r["gflops_per_s"],
-            100 * r["gflops_per_s"] / top if r["gflops_per_s"] and top
-            else None])
-    return table(head, out)
-
-
-# The rows compared across backends: the default path of each job.
-BACKEND_JOBS = (("inference", "model.predict (auto"),
-                ("training", "compile_for_finetune + train_on_batch"))
-
-
-def backend_rows(results, backends):
-    """keras_vit's default paths on each backend side by side with timm:
-    one row per job, dtype, image size and batch."""
-    out = []
-    for section, prefix in BACKEND_JOBS:
-        rows = results.get(section, [])
-        groups = {}
-        for r in rows:
-            if r["framework"] == "keras_vit" and r["path"].startswith(
-                    prefix):
-                key = (r["dtype"], r["size"], r["batch"])
-                groups.setdefault(key, {})[r["backend"]] = r
-        for (dtype, size, batch), by_backend in groups.items():
-            speed = {b: by_backend[b]["images_per_s"] for b in backends
-                     if b in by_backend}
-            ref_dtype = "float32" if dtype == "float32" else "bf16 autocast"
-            timm = _timm_ref(rows, {"size": size, "batch": batch}, ref_dtype)
-            done = {b: v for b, v in speed.items() if v}
-            fastest = max(done, key=done.get) if done else None
-            tf_speed = done.get("tensorflow")
-            out.append({
-                "job": "inference (model.predict)" if section == "inference"
-                else "training step (model.fit)", "dtype": dtype,
-                "size": size, "batch": batch, "speed": speed,
-                "timm": timm, "timm_dtype": ref_dtype, "fastest": fastest,
-                "fastest_vs_tensorflow": done[fastest] / tf_speed
-                if fastest and tf_speed else None,
-                "fastest_vs_timm": done[fastest] / timm
-                if fastest and timm else None})
-    return out
-
-
-def backend_table(rows, backends):
-    head = (["job", "dtype", "image", "batch"]
-            + [f"{b} img/s" for b in backends]
-            + ["timm img/s", "fastest", "fastest / tensorflow",
-               "fastest / timm"])
-    body = [[r["job"], r["dtype"], str(r["size"]), str(r["batch"])]
-            + [r["speed"].get(b) for b in backends]
-            + [r["timm"], r["fastest"] or "-", r["fastest_vs_tensorflow"],
-               r["fastest_vs_timm"]] for r in rows]
-    return table(head, body)
-
-
-def ceiling_table(rows):
-    head = ["framework", "matmul", "dtype", "median s", "GFLOP/s"]
-    return table(head, [[r["framework"], r["path"], r["dtype"],
-                         r["median_s"], r["gflops_per_s"]] for r in rows])
-
-
-def loading_table(rows):
-    head = ["what", "seconds", "x np.load", "peak RSS above baseline MiB",
-            "peak / checkpoint size"]
-    body = [[r["what"] + (f" ({r['peak_note']})" if r["peak_note"] else ""),
-             r["seconds"] if r["seconds"] is not None else
-             f"failed: {r['error']}", r["vs_np_load"],
-             r["peak_above_baseline_mib"], r["peak_vs_checkpoint"]]
-            for r in rows]
-    return table(head, body)
-
-
 # --------------------------------------------------------------------------
 
 
@@ -1270,7 +662,7 @@ def main(argv=None):
     import shutil
 
     children = [BackendChild(b, arch, args.classes, tmp,
-                             args.backend_dtypes)
+                             args.backend_dtypes, notes=NOTES)
                 for b in args.backends if b != "tensorflow"]
     only = args.backend_rows_only
     try:
@@ -1312,7 +704,7 @@ def main(argv=None):
             say("checkpoint loading (fresh processes)")
             results["loading"] = measure_loading(
                 args.sizes[0] if args.quick else 224, arch, args.classes,
-                args.load_repeats, tmp, side_by_side=args.quick)
+                args.load_repeats, tmp, say, side_by_side=args.quick)
     finally:
         for child in children:
             child.close()
