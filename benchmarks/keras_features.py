@@ -208,6 +208,8 @@ def finetune_table(args):
                                ["query", "value"]),
                               ("LoRA rank 8, query + value, lr 3e-3", 3e-3,
                                ["query", "value"]),
+                              ("LoRA rank 8, MLP, lr 1e-2", 1e-2, "mlp"),
+                              ("LoRA rank 8, MLP, lr 3e-3", 3e-3, "mlp"),
                               ("LoRA rank 8, all projections, lr 3e-3", 3e-3,
                                "all")):
         model = at_48()

@@ -317,6 +317,14 @@ COMMANDS = {
             Command(add=" --image-size 32",
                     expect=("status == 0",
                             "os.path.isfile('deploy/v1/vit.onnx')")),
+        "keras-vit export runs/flowers --format tflite -q int8 "
+        "--calibration-data flowers/ -o vit_int8.tflite": Command(
+            setup="import keras_vit\n"
+                  "os.makedirs('runs/flowers', exist_ok=True)\n"
+                  "keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=2).save(\n"
+                  "    'runs/flowers/model.keras')\n"
+                  "journey.image_folder('flowers', per_class=2)\n",
+            expect=("status == 0", "os.path.isfile('vit_int8.tflite')")),
         "keras-vit export ViT-B/16 -f saved_model -o vit_serving --input "
         "image_bytes --top-k 3 --labels my_classes.txt": Command(
             add=" --image-size 32",
