@@ -284,7 +284,8 @@ def test_the_graph_ops_script_prints_one_row_per_dtype_and_job(capsys):
     import pathlib
 
     _needs_onednn()
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "graph_ops.py"
+    root = pathlib.Path(__file__).resolve().parents[2]
+    path = root / "benchmarks" / "graph_ops.py"
     spec = importlib.util.spec_from_file_location("graph_ops_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

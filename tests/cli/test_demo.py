@@ -1,6 +1,6 @@
 """The README's main job: ``keras-vit demo``, offline, end to end.
 
-The quick variant runs in tests/test_cli.py; this runs the real thing as a
+The quick variant runs in tests/cli/test_cli.py; this runs the real thing as a
 user would (a fresh process, the console script) and holds it to the
 acceptance figures: at least 95% on the held-out digits, at 32x32 and after
 the fine-tune at 48x48, in under 5 minutes of wall time.
@@ -72,8 +72,8 @@ def test_demo_reaches_95_percent(demo):
         assert os.listdir(out / "runs" / run / "logs" / "train")
 
 
-README = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "README.md")
 INSTALL_GUIDE = os.path.join(os.path.dirname(README), "docs", "guides",
                              "install.md")
 

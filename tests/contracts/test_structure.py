@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Folder -> the package it installs as (setup.cfg's package_dir).
 COMPONENTS = {"keras_vit": "keras_vit", "zoo": "keras_vit.zoo",
               "export": "keras_vit.export"}
