@@ -18,7 +18,7 @@ from keras_vit.errors import printable
 from keras_vit.cli_options import name_list, positive_int
 
 # Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
-# whose modules import Keras; tests/test_cli_startup.py holds them equal.
+# whose modules import Keras; tests/cli/test_cli_startup.py holds them equal.
 INPUTS = ("images", "image_bytes")
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")

@@ -6,7 +6,8 @@ what a value must be, its default what an unset (or empty) one means.
 naming the variable and echoing the value, the same way wherever the
 package reads it (a timeout given as ``abc`` stops every export, not the
 ones that happen to start a child process). Nothing else in the package
-reads ``os.environ`` for a ``KERAS_VIT_`` name (tests/test_structure.py).
+reads ``os.environ`` for a ``KERAS_VIT_`` name
+(tests/contracts/test_structure.py).
 
 >>> read("KERAS_VIT_EXPORT_TIMEOUT", {})
 3600.0

@@ -13,7 +13,7 @@ meets, so it has one error type and one way to raise it:
 ...     print(e)
 this example needs the package 'no-such-package', which is not installed: pip install 'no-such-package'
 
-Bad arguments (issue 17: one place for argument checks) go through
+Bad arguments (one place for argument checks) go through
 :func:`check_choice`, :func:`check_int` and :func:`check_number`: the error
 names the argument, echoes the value and suggests the nearest valid one.
 

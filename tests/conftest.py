@@ -71,7 +71,7 @@ def _share_torch_threads():
     threads spin between parallel regions, and with every worker running
     one per core they take the CPU from the other workers. The children
     get the same through OMP_NUM_THREADS (pytest_sessionfinish): on 2
-    cores, test_bit, test_hybrid, test_models and test_zoo on jax and
+    cores, test_bit, test_hybrid, test_vit and test_zoo on jax and
     torch at once, 2 workers each, took 146 s and 120 s, then 117 s and
     70 s. A thread count the user set (OMP_NUM_THREADS) is kept."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
@@ -138,7 +138,7 @@ def _share_jax_compilations(config):
     """One JAX compilation cache for this run: its xdist workers and the
     processes its tests start reuse what another compiled (a Trainer's
     step, a model's predict, each eager op: the same programs, rebuilt
-    test after test). On 2 cores, tests/test_trainer_backends.py on jax
+    test after test). On 2 cores, tests/train/test_trainer_backends.py on jax
     (-n 0) took 82 s of CPU without it and 62 s with it. Set before any
     test module imports JAX (which reads these at import); a cache the
     user named is kept, and the run's own is removed at its end."""
@@ -165,8 +165,8 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# Every test file (its path under tests/) that takes more than a few
-# seconds on a 2-core machine
+# Every test file (its path under tests/, folder included) that takes more
+# than a few seconds on a 2-core machine
 # (pytest --durations=0, summed per file, 2026-11-25), longest first, for
 # the TensorFlow run and for the jax/torch children (which run only the
 # `backends` tests, so other files lead; ordered by the jax child, the
@@ -177,38 +177,43 @@ def pytest_report_header(config):
 # fresh venv, then every doc journey on it; 109 s of CPU, 66 s of it the
 # journeys, and 252 s of wall time on a 2-core machine shared with other
 # jobs, 2026-11-25: much of its wall time is the install's disk I/O, so it
-# goes out first), demo 168,
-# examples 136, benchmarks 101, export 94, posemb 87, trainer_backends 81,
-# train 79, backends 56, export_speed 47, reliability 44, timm_hub 36, cli
-# 36, graph_fusion 35, docstrings 28, first_run ~15 (20 s of CPU once its
-# install test moved to the journeys);
-# jax child: bit 89, trainer_backends 66, models 62, zoo 57, analysis 55,
-# export_backends 41, resolve 37, hybrid 32. The zoo's 57 held 40 s of
+# goes out first), cli/demo 168, contracts/examples 136, benchmarks/speed
+# 101, export/export 94, models/posemb 87, train/trainer_backends 81,
+# train/train 79, contracts/backends 56, benchmarks/export_speed 47,
+# reliability/reliability 44, zoo/timm_hub 36, cli/cli 36,
+# core/graph_fusion 35, contracts/docstrings 28, cli/first_run ~15 (20 s
+# of CPU once its install test moved to the journeys);
+# jax child: models/bit 89, train/trainer_backends 66, models/vit 62,
+# zoo/zoo 57, analysis/analysis 55, export/export_backends 41,
+# zoo/resolve 37, models/hybrid 32. The zoo's 57 held 40 s of
 # mirror tests that now run on TensorFlow only (backend_independent), so it
 # is placed for the 17 s that remain.
 LONGEST_FIRST = {
     "tensorflow": (
-        "journeys/test_readme_and_guides.py", "test_demo.py",
-        "test_examples.py", "test_benchmarks.py", "test_export.py",
-        "test_posemb.py", "test_trainer_backends.py", "test_train.py",
-        "test_backends.py", "test_digits_features.py",
-        "test_export_speed.py", "test_reliability.py", "test_images.py",
-        "test_timm_hub.py", "test_cli.py", "test_graph_fusion.py",
-        "test_docstrings.py", "test_first_run.py", "test_cli_startup.py",
-        "test_mpp.py", "test_zoo.py", "test_hardware.py", "test_sources.py",
-        "test_layouts.py",
-        "test_models.py", "test_export_serving.py", "test_export_backends.py",
-        "test_transformers_hub.py", "test_hybrid.py", "test_vtab.py",
-        "test_bit.py", "test_axial.py", "test_keras_hub_io.py",
-        "test_download.py", "test_fast_paths.py", "test_packaging.py",
-        "test_analysis.py"),
+        "journeys/test_readme_and_guides.py", "cli/test_demo.py",
+        "contracts/test_examples.py", "benchmarks/test_speed.py",
+        "export/test_export.py", "models/test_posemb.py",
+        "train/test_trainer_backends.py", "train/test_train.py",
+        "contracts/test_backends.py", "models/test_digits_features.py",
+        "benchmarks/test_export_speed.py", "reliability/test_reliability.py",
+        "core/test_images.py", "zoo/test_timm_hub.py", "cli/test_cli.py",
+        "core/test_graph_fusion.py", "contracts/test_docstrings.py",
+        "cli/test_first_run.py", "cli/test_cli_startup.py",
+        "train/test_mpp.py", "zoo/test_zoo.py", "core/test_hardware.py",
+        "zoo/test_sources.py", "train/test_layouts.py",
+        "models/test_vit.py", "export/test_serving.py",
+        "export/test_export_backends.py", "zoo/test_transformers_hub.py",
+        "models/test_hybrid.py", "train/test_vtab.py", "models/test_bit.py",
+        "models/test_axial.py", "zoo/test_keras_hub_io.py",
+        "zoo/test_download.py", "models/test_fast_paths.py",
+        "contracts/test_packaging.py", "analysis/test_analysis.py"),
     "children": (
-        "test_keras_features.py", "test_bit.py", "test_trainer_backends.py",
-        "test_models.py",
-        "test_analysis.py", "test_export_backends.py", "test_resolve.py",
-        "test_hybrid.py", "test_zoo.py", "test_train.py",
-        "test_export_serving.py", "test_vtab.py", "test_convert.py",
-        "test_timm_parity.py"),
+        "models/test_keras_features.py", "models/test_bit.py",
+        "train/test_trainer_backends.py", "models/test_vit.py",
+        "analysis/test_analysis.py", "export/test_export_backends.py",
+        "zoo/test_resolve.py", "models/test_hybrid.py", "zoo/test_zoo.py",
+        "train/test_train.py", "export/test_serving.py", "train/test_vtab.py",
+        "zoo/test_convert.py", "zoo/test_timm_parity.py"),
 }
 
 

@@ -28,7 +28,7 @@ TPU_TIMEOUT = 20.0
 
 # Logical CPU devices are for trying replicas without GPUs; each replica
 # holds a copy of the model and its own threads, so 100000 of them never
-# got past start-up (issue 24: no output, no end).
+# got past start-up (no output, no end).
 MAX_CPU_DEVICES = 64
 
 

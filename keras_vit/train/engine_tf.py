@@ -58,7 +58,7 @@ class TFEngine:
         self.model, self.optimizer = trainer.model, trainer.optimizer
         # The loop sums gradients across replicas itself (it must clip
         # the summed gradient); the Keras optimizer would sum them a
-        # second time. (tests/test_train.py checks that a two-replica
+        # second time. (tests/train/test_train.py checks that a two-replica
         # run equals a one-device run, which a double sum would break.)
         compat.skip_optimizer_gradient_sum(self.optimizer)
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA

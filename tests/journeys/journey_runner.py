@@ -16,7 +16,7 @@ Before the first job it makes every run small and offline:
   URL of a released checkpoint, writes a random checkpoint in the official
   layout for that record (its architecture, resolution, head and
   ``pre_logits``) into the cache. The real downloader is tested against
-  local HTTP servers in tests/test_download.py; any other URL fails.
+  local HTTP servers in tests/zoo/test_download.py; any other URL fails.
 
 Each job runs in its own folder and, for a Python block, its own globals,
 as a reader pastes a block into a fresh interpreter. A job is a Python
@@ -109,7 +109,7 @@ def fake_fetch(url, *, sha256=None, cache_dir=None, progress=None,
                 return path
     raise RuntimeError(
         f"journeys: no released checkpoint has url={url!r}; the journeys "
-        "fake only the zoo's own files (tests/test_download.py tests the "
+        "fake only the zoo's own files (tests/zoo/test_download.py tests the "
         "downloader)")
 
 

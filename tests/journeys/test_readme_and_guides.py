@@ -253,7 +253,7 @@ ONE_ERROR_LINE = ("len(err.strip().splitlines()) == 1",
 COMMANDS = {
     "README.md": {
         # The README's first command, on its own install: the demo's quick
-        # form (its full run and its numbers: tests/test_demo.py).
+        # form (its full run and its numbers: tests/cli/test_demo.py).
         "keras-vit demo": Command(
             add=" --quick --epochs 1 --out demo",
             expect=("status == 0", "os.path.isfile('demo/digits_vit.keras')",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from keras_vit import environment
 from keras_vit.environment import VARIABLES, SettingError, read
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for d in ("keras_vit", "zoo", "export")
            for p in sorted((ROOT / d).rglob("*.py"))
            if not p.is_symlink() and "keras_vit/zoo" not in str(p)

@@ -531,8 +531,9 @@ def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
 
 @pytest.mark.backends
 def test_the_checkpoint_records_the_settings_it_was_made_with(tmp_path):
-    """Issue 24: resuming is checked against the checkpoint's own record of
-    the settings, so editing or deleting run.json lets nothing through."""
+    """A hostile run folder: resuming is checked against the checkpoint's
+    own record of the settings, so editing or deleting run.json lets
+    nothing through."""
     out = tmp_path / "run"
     kw = dict(QUICK, recipe="finetune", out_dir=str(out), total_steps=3,
               warmup_steps=1, learning_rate=0.01, checkpoint_every=1)

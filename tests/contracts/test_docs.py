@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 # The reference page of each public package, and the folder of its source
@@ -159,7 +159,7 @@ def test_relative_links_point_to_files():
 
 def test_file_names_in_the_docs_exist():
     """The tests, examples and scripts the README and guides cite as
-    evidence (``tests/test_models.py``, ``benchmarks/speed.py``) exist."""
+    evidence (``tests/models/test_vit.py``, ``benchmarks/speed.py``) exist."""
     cited = re.compile(
         r"(?<![\w/.-])((?:tests|examples|benchmarks|keras_vit|zoo|export)"
         r"/[\w/.-]*\w\.(?:py|md))")

@@ -72,7 +72,7 @@ def test_a_keras_file_and_a_run_directory(saved):
 
 def test_a_timm_repository_folder_goes_to_the_zoo(tmp_path):
     # A folder with model.safetensors (and no model.keras) is a local timm
-    # repository, for zoo.load (tests/test_timm_hub.py loads one through
+    # repository, for zoo.load (tests/zoo/test_timm_hub.py loads one through
     # `keras-vit predict`), not refused as an unfinished run.
     from keras_vit.zoo.resolve import model_path
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "speed.py")
 HAS_TIMM = importlib.util.find_spec("timm") is not None
 

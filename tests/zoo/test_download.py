@@ -357,7 +357,7 @@ def test_two_processes_share_one_download(env):
 
 
 def test_a_trickling_download_stops_at_the_throughput_rule(env, monkeypatch):
-    """Issue 24: a server sending a byte every 0.2 s held a download until
+    """A hostile server: one sending a byte every 0.2 s held a download until
     the 3 h deadline; under the minimum-throughput rule (fewer than
     STALL_BYTES in KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) it stops in
     seconds, naming the URL, the bytes so far and the knob."""
@@ -390,7 +390,7 @@ def _hub_env(monkeypatch, hub, tmp_path):
 
 def test_a_trickling_hub_download_stops_at_the_throughput_rule(
         tmp_path, monkeypatch):
-    """Issue 24: an hf-hub: download from a server sending a byte every
+    """A hostile server: an hf-hub: download from a server sending a byte every
     0.2 s ran to the 3 h deadline; the bucket's minimum-throughput rule
     (KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) stops it in seconds with an
     error naming the repository, its URL and the bytes so far."""
@@ -415,7 +415,7 @@ def test_a_trickling_hub_download_stops_at_the_throughput_rule(
 
 def test_an_oversized_hub_config_is_refused_before_it_is_written(
         tmp_path, monkeypatch):
-    """Issue 24: a 400 MB config.json was downloaded to disk before its
+    """A hostile server: a 400 MB config.json was downloaded to disk before its
     size was refused; now its HEAD's size refuses it and nothing of it
     reaches the cache."""
     pytest.importorskip("huggingface_hub")

@@ -50,10 +50,10 @@ MODULES = [name for name in _modules() if _has_examples(name)]
 # - keras_vit.models.compiled shows XLA's compiled predict and its batch
 #   sizes, which torch has no equivalent of;
 # - keras_vit.export.* convert through TensorFlow whatever the backend and
-#   cost minutes per backend (tests/test_export_backends.py exports from
+#   cost minutes per backend (tests/export/test_export_backends.py exports from
 #   jax and torch);
 # - the rest passed on torch when run by hand (2026-11-23) but build
-#   models, train or read data, which the `backends` tests of test_models,
+#   models, train or read data, which the `backends` tests of test_vit,
 #   test_analysis, test_trainer_backends, test_train and test_vtab already
 #   do per backend: re-running them (keras_vit.analysis.attention alone
 #   takes 35 s on jax here) would slow the backends run for no new path.

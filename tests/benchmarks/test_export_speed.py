@@ -1,6 +1,6 @@
 """benchmarks/export_speed.py --quick end to end (a tiny model; it checks
 the script and its table, not the speed). In its own file rather than
-test_benchmarks.py, which covers benchmarks/speed.py."""
+test_speed.py, which covers benchmarks/speed.py."""
 
 import os
 import subprocess
@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ai_edge_litert")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "export_speed.py")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TRAIN = Path(__file__).resolve().parents[1] / "keras_vit" / "train"
+TRAIN = Path(__file__).resolve().parents[2] / "keras_vit" / "train"
 ROOMS = ("loop", "engine", "settings", "run_dir", "progress", "evaluation",
          "fit", "build", "checkpoints", "engine_tf", "engine_tf_step",
          "engine_keras")

@@ -1,4 +1,4 @@
-"""Every bad input gets one clear error (issue 15 goal 6, issue 17).
+"""Every bad input gets one clear error, from one set of argument checks.
 
 Table-driven: each row calls a public entry point (Python API, environment
 variable, command line) with one bad value and checks that the error names
@@ -237,7 +237,8 @@ def test_environment_variable_through_the_command_line(monkeypatch, capsys,
 
 
 def test_the_checks_share_one_helper():
-    # Issue 17: one place for argument checks. The helpers' own contract.
+    # One place for argument checks (keras_vit.errors): the helpers' own
+    # contract.
     assert errors.closest("vitb16", ["ViT-B/16", "ViT-B/32"]) == ["ViT-B/16"]
     assert errors.check_choice("x", "a", ("a", "b")) == "a"
     with pytest.raises(ValueError, match=r"x must be one of \('a', 'b'\); "

@@ -1,6 +1,6 @@
 """Correctness from scratch and reliability under bad input and faults.
 
-Every case of issue 15 lives here: random initialisation against the
+The audit's cases live here: random initialisation against the
 official (flax) initialisers, the correctness bugs found in the audit, and
 the red-team cases (hostile checkpoints, misbehaving servers on 127.0.0.1,
 writers killed mid-write, undecodable image folders, CLI misuse).
@@ -908,7 +908,7 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
 
 def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
         tmp_path, monkeypatch, capsys):
-    """Issue 24: `predict ViT-Ti/16 --image-size 4000` asked ~88 GiB of
+    """A memory bound: `predict ViT-Ti/16 --image-size 4000` asked ~88 GiB of
     attention maps for one image and failed on TensorFlow's OOM (31 s, 3.9
     GB peak for ViT-B/16) with a hint about --batch-size, which predict does
     not have. Now it is refused from the architecture before the images
@@ -1307,7 +1307,7 @@ def test_unicode_paths_round_trip(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------
-# Issue 24: bounded, never stuck, always clear.
+# Hostile sizes, servers and files: bounded, never stuck, always clear.
 # ---------------------------------------------------------------------------
 
 
@@ -1965,9 +1965,10 @@ def test_predict_refuses_nan_weights(tmp_path, capsys):
 ])
 def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
         tmp_path, sizes, field):
-    """Issue 24: a small .keras whose config asks for ~100 GB of weights is
-    refused from its numbers, in one line, with the process's peak memory
-    far below the model's size (measured on the child's own rusage)."""
+    """A memory bound: a small .keras whose config asks for ~100 GB of
+    weights is refused from its numbers, in one line, with the process's
+    peak memory far below the model's size (measured on the child's own
+    rusage)."""
     import os
     import subprocess
     import zipfile
@@ -2016,7 +2017,7 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
 ])
 def test_export_batch_sizes_beyond_memory_are_refused_first(
         tmp_path, capsys, argv):
-    """Issue 24: a verification or benchmark batch is bounded by memory
+    """A memory bound: a verification or benchmark batch is bounded by memory
     before its images are drawn (1e8 images of 32x32x3: 1.1 TiB)."""
     import tracemalloc
 
@@ -2042,7 +2043,8 @@ def test_export_batch_sizes_beyond_memory_are_refused_first(
 
 def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
     """A data folder named with a newline and an ANSI escape is one line of
-    output, the control characters shown escaped (issue 24 goal 4)."""
+    output, the control characters shown escaped (no name read from the
+    disk can forge or hide a line of output)."""
     from keras_vit.train import cli as train_cli
 
     model = tmp_path / "tiny.keras"
@@ -2056,7 +2058,7 @@ def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
     assert "bad\\nname\\x1b[31m" in line and "\x1b" not in out
 
 
-# -- one pixel budget for every image reader (issue 24) ---------------------
+# -- one pixel budget for every image reader --------------------------------
 
 def test_decode_plan_bounds_what_any_header_can_ask_for():
     from keras_vit import images

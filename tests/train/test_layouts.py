@@ -6,7 +6,7 @@ cannot silently leave a weight replicated. Training on two devices runs in
 a child process: JAX must see
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and
 ``KERAS_BACKEND=jax`` before it is imported. Run as a script
-(``python tests/test_layouts.py``), this file is that child.
+(``python tests/train/test_layouts.py``), this file is that child.
 """
 
 import json

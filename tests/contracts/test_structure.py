@@ -3,11 +3,11 @@ no import cycle, and no private (underscore) name of one keras_vit module is
 used by another.
 
 A private name is free to change with its module; a caller elsewhere turns
-it into an unwritten API (issue 17). This walks the source of the three
+it into an unwritten API. This walks the source of the three
 components with ``ast``: ``from keras_vit.x import _name`` and
 ``module._name`` (``module`` bound by importing a keras_vit module) count.
 
-The floors (issue 27): every import, at any depth (inside a function too),
+The floors: every import, at any depth (inside a function too),
 points to the module's own floor or one below; see ``FLOORS``.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Folder -> the package it installs as (setup.cfg's package_dir).
 COMPONENTS = {"keras_vit": "keras_vit", "zoo": "keras_vit.zoo",
               "export": "keras_vit.export"}

@@ -14,7 +14,7 @@ import pytest
 
 from keras_vit import cli, demo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TF_LOG = re.compile(r"^[IWEF]\d{4} |I0000|E0000|cuInit|absl::InitializeLog",
                     re.M)
 

@@ -6,13 +6,25 @@ it in one line (the TFLite converter fails on Keras' int8 matmuls,
 tf2onnx's graph is ~1% off). A LoRA model: its merged copy exports and
 computes what the unmerged Keras model does."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import keras
 from keras_vit import export
 from keras_vit.models import lora
-from test_keras_features import build, randomise
+
+# The tiny models of tests/models/test_keras_features.py, the suite whose
+# features these exports carry. pytest puts tests/models/ on sys.path only
+# once it collects a file there (after tests/export/, or never when this
+# file runs alone), so it is put there first; pytest then finds the module
+# already imported from the same file.
+_MODELS = str(Path(__file__).resolve().parents[1] / "models")
+if _MODELS not in sys.path:
+    sys.path.insert(0, _MODELS)
+from test_keras_features import build, randomise  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:quantize\\(:UserWarning")
 

@@ -12,7 +12,7 @@ import pytest
 
 import official
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def vit_ti_checkpoint(path, grid, seed):

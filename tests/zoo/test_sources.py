@@ -254,8 +254,8 @@ def _spoil(src, dst, how):
 @pytest.mark.parametrize("how", ["dtype", "short"])
 def test_every_source_refuses_a_spoiled_weights_file(written, tmp_path, how,
                                                      monkeypatch):
-    """Issue 25, goal 5: each source's weights file with a foreign dtype
-    (a pickle in the .npz: never unpickled) or cut short is refused by a
+    """Every source, the same rule: its weights file with a foreign
+    dtype (a pickle in the .npz: never unpickled) or cut short is refused by a
     CheckpointError naming the file, before a model is built."""
     kind, where, weights_file, args, kwargs = written
     folder = tmp_path / "bad"
@@ -308,8 +308,8 @@ def _absurd_config(kind, folder):
 
 def test_every_source_refuses_absurd_sizes_before_building(written, tmp_path,
                                                            monkeypatch):
-    """Issue 25, goal 5: a config (or argument) asking for a 10^6-pixel
-    side is refused by a ValueError naming the file (or the argument) and
+    """Every source, the same rule: a config (or argument) asking for a
+    10^6-pixel side is refused by a ValueError naming the file (or the argument) and
     the field, before anything is allocated for it: the readers refuse it
     before a model is built; the official .npz, whose sizes are the
     name's and the argument's, is refused by the model's own size check."""

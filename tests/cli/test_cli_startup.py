@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("tensorflow", "keras", "jax", "torch")
 
 # What the console script does (argv[0] is the command), then the heavy
