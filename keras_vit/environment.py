@@ -127,7 +127,9 @@ def _flag(var, value, text):
         return True
     if value.lower() in FALSE:
         return False
-    raise SettingError(var.name, text, f"one of {TRUE + FALSE} (or unset)")
+    raise SettingError(var.name, text, f"one of {TRUE + FALSE} (or unset)."
+                       f"{did_you_mean(value.lower(), TRUE + FALSE)}"
+                       .rstrip("."))
 
 
 def _choice(var, value, text):

@@ -13,6 +13,7 @@ import pytest
 import keras_vit
 from keras_vit import analysis, cli, errors, zoo
 from keras_vit import train as kt
+from keras_vit.zoo import download
 
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
             num_heads=2, mlp_dim=64, num_classes=10)
@@ -153,11 +154,11 @@ def test_python_api_errors_name_echo_and_suggest(label, call, name, echoed,
 
 
 ENVIRONMENT = [
-    ("KERAS_VIT_OFFLINE", "ture", lambda: zoo.download.is_offline(), "true"),
+    ("KERAS_VIT_OFFLINE", "ture", lambda: download.is_offline(), "true"),
     ("KERAS_VIT_ACCELERATOR", "gpuu",
      lambda: keras_vit.hardware.detect(), "gpu"),
     ("KERAS_VIT_MIRROR", "ftp://mirror/",
-     lambda: zoo.download.resolve_url("gs://vit_models/x.npz"), None),
+     lambda: download.resolve_url("gs://vit_models/x.npz"), None),
 ]
 
 
