@@ -1,20 +1,24 @@
 """Rematerialisation: a training step's memory and time with and without
-``remat=True``, measured on the JAX backend from XLA's own accounting.
+``remat=True``.
 
-For each setting the gradient step of the model (softmax cross-entropy,
-gradients of every weight) is compiled at two batch sizes and XLA's
-``memory_analysis()`` of the compiled program gives the bytes it allocates
-(arguments, outputs and temporaries, with aliasing taken off). Memory grows
-linearly in the batch, so the two points give a fixed part (weights,
-gradients) and a per-image part, and from them the largest batch whose
-step fits a budget (``--budget-gib``, 16 by default: a 16 GiB accelerator;
-weights, gradients and SGD momentum of the optimizer are counted on top).
-The step time is measured on this machine's CPU at ``--time-batch``
-images, the two settings in alternating rounds, and the ratio is what to
-expect anywhere: remat runs each block's forward twice.
+Memory is what the step keeps for its backward pass: the residuals of the
+model's VJP (``jax.vjp`` on the JAX backend, shapes only through
+``jax.eval_shape``, so nothing is compiled or allocated). That is the
+activation memory remat exists to cut, the same on any XLA device. At two
+batch sizes it gives a per-image part, and the largest batch whose
+residuals fit a budget (``--budget-gib``, 16 by default) beside the
+weights, their gradients and SGD momentum. XLA's compiled memory analysis
+is printed too: on the CPU backend XLA folds the recomputation back into
+the forward pass (the two compiled programs are the same), so only an
+accelerator's compiled figure shows remat there.
 
-    KERAS_BACKEND=jax python benchmarks/remat.py                # ViT-L/16, 384 px
-    KERAS_BACKEND=jax python benchmarks/remat.py --model ViT-Ti/16 --image-size 64
+The step time is measured where the recomputation really runs: a PyTorch
+backend child (``torch.utils.checkpoint`` recomputes each block), the two
+settings in alternating rounds at ``--time-batch`` images; the ratio is
+the cost of running each block's forward twice.
+
+    python benchmarks/remat.py                          # ViT-L/16, 384 px
+    python benchmarks/remat.py --model ViT-Ti/16 --image-size 64
 
 Prints a Markdown table (``--out FILE`` writes it too) naming the CPU.
 """
@@ -22,14 +26,12 @@ Prints a Markdown table (``--out FILE`` writes it too) naming the CPU.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
-
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -42,6 +44,8 @@ def parse_args(argv):
     p.add_argument("--time-batch", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", help="also write the table to this file")
+    p.add_argument("--time-child", action="store_true",
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.batches = tuple(int(b) for b in args.batches.split(","))
     if len(args.batches) != 2 or args.batches[0] >= args.batches[1]:
@@ -67,8 +71,15 @@ def cpu_line():
     return f"{model}, {os.cpu_count()} cores; {', '.join(wanted) or 'no AVX-512'}"
 
 
-def gradient_step(model):
-    """A jitted ``(trainable, non_trainable, images, labels) -> grads``."""
+def _model(args, remat):
+    import keras_vit
+
+    return keras_vit.zoo.load(args.model, weights=None,
+                               image_size=args.image_size,
+                               num_classes=args.num_classes, remat=remat)
+
+
+def _loss_fn(model):
     import jax
     import jax.numpy as jnp
 
@@ -78,104 +89,155 @@ def gradient_step(model):
         logp = jax.nn.log_softmax(logits.astype("float32"))
         return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
-    return jax.jit(jax.grad(loss))
+    return loss
 
 
-def inputs(model, batch, size, classes):
+def _inputs(model, batch, size):
     import jax
     import jax.numpy as jnp
 
-    trainable = [v.value for v in model.trainable_variables]
-    other = [v.value for v in model.non_trainable_variables]
-    images = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
-    labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    return trainable, other, images, labels
+    return ([v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32))
 
 
-def compiled_bytes(step, args_):
-    analysis = step.lower(*args_).compile().memory_analysis()
+def residual_bytes(model, batch, size):
+    """Bytes the step keeps for the backward pass at ``batch`` images: the
+    leaves of the VJP closure (the weights among them), from shapes
+    alone."""
+    import jax
+    import numpy as np
+
+    loss = _loss_fn(model)
+
+    def vjp(trainable, other, images, labels):
+        return jax.vjp(lambda t: loss(t, other, images, labels), trainable)[1]
+
+    leaves = jax.tree_util.tree_leaves(jax.eval_shape(
+        vjp, *_inputs(model, batch, size)))
+    return sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in leaves)
+
+
+def compiled_bytes(model, batch, size):
+    import jax
+
+    analysis = jax.jit(jax.grad(_loss_fn(model))).lower(
+        *_inputs(model, batch, size)).compile().memory_analysis()
     return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
             + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
 
 
 def measure(args, remat):
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    import keras_vit
-
-    model = keras_vit.zoo.load(args.model, weights=None,
-                               image_size=args.image_size,
-                               num_classes=args.num_classes, remat=remat)
-    step = gradient_step(model)
-    points = []
-    for batch in args.batches:
-        start = time.perf_counter()
-        points.append(compiled_bytes(step, inputs(
-            model, batch, args.image_size, args.num_classes)))
-        print(f"  remat={remat} batch {batch}: "
-              f"{points[-1] / 2**30:.2f} GiB compiled in "
-              f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
-    (b1, b2), (m1, m2) = args.batches, points
-    per_image = (m2 - m1) / (b2 - b1)
-    fixed = m1 - b1 * per_image
-    # SGD with momentum keeps one more copy of the weights beside them.
+    model = _model(args, remat)
+    b1, b2 = args.batches
+    start = time.perf_counter()
+    r1, r2 = (residual_bytes(model, b, args.image_size) for b in (b1, b2))
+    per_image = (r2 - r1) / (b2 - b1)
+    compiled = compiled_bytes(model, b2, args.image_size)
+    print(f"  remat={remat}: kept {r2 / 2**30:.2f} GiB at batch {b2}, "
+          f"compiled {compiled / 2**30:.2f} GiB "
+          f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-    budget = args.budget_gib * 2**30 - fixed - weights
-    fits = max(0, int(budget // per_image)) if per_image > 0 else None
-    trainable, other, _, _ = inputs(model, 1, args.image_size,
-                                    args.num_classes)
-    rng = np.random.default_rng(0)
-    images = jnp.asarray(rng.uniform(-1, 1, (
-        args.time_batch, args.image_size, args.image_size, 3)), jnp.float32)
-    labels = jnp.asarray(rng.integers(0, args.num_classes, args.time_batch),
-                         jnp.int32)
+    # What the closure keeps whatever the batch (the weights, once), their
+    # gradients and SGD momentum.
+    budget = (args.budget_gib * 2**30 - (r1 - b1 * per_image)
+              - 2 * weights)
+    return {"per_image": per_image, "weights": weights, "budget": budget,
+            "compiled": compiled, "blocks": model.num_layers}
 
-    def run():
+
+def largest_batch(budget, per_image):
+    return max(0, int(budget // per_image)) if per_image > 0 else None
+
+
+def time_child(args):
+    """In a torch process: the median training-step time of each setting,
+    as JSON on stdout."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    images = torch.tensor(rng.uniform(-1, 1, (
+        args.time_batch, args.image_size, args.image_size, 3)),
+        dtype=torch.float32)
+    labels = torch.tensor(rng.integers(0, args.num_classes, args.time_batch))
+    models = {remat: _model(args, remat) for remat in (False, True)}
+
+    def step(model):
         start = time.perf_counter()
-        jax.block_until_ready(step(trainable, other, images, labels))
+        model.zero_grad(set_to_none=True)
+        logits = model(images, training=True)
+        torch.nn.functional.cross_entropy(logits, labels).backward()
         return time.perf_counter() - start
 
-    run()  # compile at the timing batch
-    return {"per_image": per_image, "fixed": fixed, "fits": fits,
-            "run": run, "points": points}
+    for model in models.values():
+        step(model)  # warm-up
+    times = {False: [], True: []}
+    for _ in range(args.rounds):  # alternating: drift hits both alike
+        for remat, model in models.items():
+            times[remat].append(step(model))
+    print(json.dumps({str(k): statistics.median(v) for k, v in times.items()}))
+    return 0
+
+
+def step_times(args, argv):
+    env = dict(os.environ, KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__),
+                           *argv, "--time-child"], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the torch timing child failed:\n"
+                         f"{proc.stderr[-3000:]}")
+    times = json.loads(proc.stdout.strip().splitlines()[-1])
+    return times["False"], times["True"]
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    import keras
-
-    if keras.backend.backend() != "jax":
-        print("benchmarks/remat.py measures with XLA's memory analysis: run "
-              "it with KERAS_BACKEND=jax", file=sys.stderr)
-        return 2
+    if args.time_child:
+        return time_child(args)
+    os.environ["KERAS_BACKEND"] = "jax"
     results = {remat: measure(args, remat) for remat in (False, True)}
-    times = {False: [], True: []}
-    for _ in range(args.rounds):  # alternating: drift hits both alike
-        for remat in (False, True):
-            times[remat].append(results[remat]["run"]())
-    median = {k: statistics.median(v) for k, v in times.items()}
+    plain_s, remat_s = step_times(args, argv)
     plain, remat = results[False], results[True]
+    # The backward pass of a rematerialised block recomputes it: at its
+    # peak it holds every block's input and one block's activations.
+    peak = remat["per_image"] + plain["per_image"] / plain["blocks"]
+    plain["fits"] = largest_batch(plain["budget"], plain["per_image"])
+    remat["fits"] = largest_batch(remat["budget"], peak)
+    ratio = (remat["fits"] / plain["fits"]) if plain["fits"] else float("inf")
     lines = [
         f"Training step of {args.model} at {args.image_size} px, "
-        f"{args.num_classes} classes, JAX (XLA memory analysis of the "
-        f"compiled gradient step at batches {args.batches[0]} and "
-        f"{args.batches[1]}); CPU: {cpu_line()}.",
+        f"{args.num_classes} classes: activations kept for the backward "
+        f"pass (JAX VJP residuals at batches {args.batches[0]} and "
+        f"{args.batches[1]}), step time on the PyTorch backend; CPU: "
+        f"{cpu_line()}.",
         "",
         "| | without remat | with remat | ratio |",
         "|---|---|---|---|",
-        f"| step memory per image (GiB) | {plain['per_image'] / 2**30:.3f} | "
+        f"| kept for backward, per image (GiB) | "
+        f"{plain['per_image'] / 2**30:.3f} | "
         f"{remat['per_image'] / 2**30:.3f} | "
         f"{plain['per_image'] / remat['per_image']:.1f}x less |",
-        f"| fixed part: weights, gradients (GiB) | "
-        f"{plain['fixed'] / 2**30:.2f} | {remat['fixed'] / 2**30:.2f} | |",
-        f"| largest batch in {args.budget_gib:g} GiB (+ SGD momentum) | "
-        f"{plain['fits']} | {remat['fits']} | "
-        f"{(remat['fits'] / plain['fits']) if plain['fits'] else float('inf'):.1f}x |",
+        f"| weights (GiB; x3 with gradients and momentum) | "
+        f"{plain['weights'] / 2**30:.2f} | {remat['weights'] / 2**30:.2f} | |",
+        f"| peak per image in the backward pass (GiB; with remat: kept "
+        f"+ one block's activations) | {plain['per_image'] / 2**30:.3f} | "
+        f"{peak / 2**30:.3f} | {plain['per_image'] / peak:.1f}x less |",
+        f"| largest batch in {args.budget_gib:g} GiB | {plain['fits']} | "
+        f"{remat['fits']} | {ratio:.1f}x |",
+        f"| XLA CPU compiled step at batch {args.batches[1]} (GiB) | "
+        f"{plain['compiled'] / 2**30:.2f} | {remat['compiled'] / 2**30:.2f} "
+        "| (XLA:CPU folds the recomputation away) |",
         f"| step time at batch {args.time_batch}, median of {args.rounds} "
-        f"(s) | {median[False]:.2f} | {median[True]:.2f} | "
-        f"{median[True] / median[False]:.2f}x |",
+        f"(s, PyTorch backend) | {plain_s:.2f} | {remat_s:.2f} | "
+        f"{remat_s / plain_s:.2f}x |",
     ]
     table = "\n".join(lines)
     print(table)

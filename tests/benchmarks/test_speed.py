@@ -278,21 +278,31 @@ def test_speed_reports_kernel_caps_beside_the_cpu_flags():
 
 
 def test_the_remat_benchmark_prints_its_table(tmp_path):
-    """benchmarks/remat.py on a tiny model: XLA's memory analysis of both
-    settings and the step-time ratio, in one table naming the CPU."""
+    """benchmarks/remat.py on a tiny model: the activations each setting
+    keeps for the backward pass (remat keeps fewer), and the step-time
+    ratio from the PyTorch child, in one table naming the CPU."""
     pytest.importorskip("jax")
+    pytest.importorskip("torch")
     out = tmp_path / "remat.md"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "remat.py"),
          "--model", "ViT-Ti/16", "--image-size", "32", "--num-classes", "10",
          "--rounds", "1", "--out", str(out)], cwd=ROOT,
         capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax"))
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     assert "CPU: " in text and "without remat | with remat" in text
-    row = next(line for line in text.splitlines()
-               if line.startswith("| step time"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[1]) > 0 and float(cells[2]) > 0
-    assert cells[3].endswith("x")
+
+    def cells(prefix):
+        row = next(line for line in text.splitlines()
+                   if line.startswith(prefix))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    kept = cells("| kept for backward")
+    assert float(kept[1]) >= float(kept[2]) and kept[3].endswith("x less")
+    fits = cells("| largest batch")
+    assert int(fits[2]) > int(fits[1]) > 0
+    step = cells("| step time")
+    assert float(step[1]) > 0 and float(step[2]) > 0
+    assert step[3].endswith("x")
