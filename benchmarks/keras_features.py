@@ -193,7 +193,7 @@ def finetune_table(args):
     pre = float(np.mean(np.argmax(base.predict(x32_test, verbose=0), -1)
                         == y_test))
     path = os.path.join(tempfile.mkdtemp(), "base.npz")
-    zoo.convert.save_npz(base, path)
+    zoo.save_npz(base, path)
 
     def at_48():
         model = build(48)
