@@ -207,7 +207,7 @@ def _log_softmax(z):
 
 
 def test_label_smoothing_matches_a_hand_computation():
-    from keras_vit.train import engine
+    from keras_vit.train.fit import smoothed_sparse_crossentropy
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(5, 4)).astype("float32")
@@ -216,7 +216,7 @@ def test_label_smoothing_matches_a_hand_computation():
     target = np.full((5, k), eps / k)
     target[np.arange(5), labels] += 1.0 - eps
     expected = float(np.mean(-(target * _log_softmax(logits)).sum(-1)))
-    loss = engine.smoothed_sparse_crossentropy(eps)
+    loss = smoothed_sparse_crossentropy(eps)
     assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
     # The training loop's own loss (summed over the batch).
     tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
@@ -1491,11 +1491,11 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
 
     from keras_vit import atomic
     from keras_vit.train import cli as train_cli
-    from keras_vit.train import engine
+    from keras_vit.train.run_dir import RUN_LOCK, lock_run_dir
 
     out = tmp_path / "run"
     out.mkdir()
-    lock = out / engine.RUN_LOCK
+    lock = out / RUN_LOCK
     holder = subprocess.Popen(
         [sys.executable, "-c", _LOCK_HOLDER, str(lock), atomic.__file__],
         stdout=subprocess.PIPE, text=True)
@@ -1517,8 +1517,8 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
         pass
 
     first, second = Owner(), Owner()
-    engine.lock_run_dir(first, out)
-    engine.lock_run_dir(second, out)
+    lock_run_dir(first, out)
+    lock_run_dir(second, out)
     assert lock.read_text().startswith(f"pid {os.getpid()} since")
     del first, second
     gc.collect()

@@ -58,8 +58,8 @@ def cross_module_private_uses(path):
                 if alias.name.startswith("keras_vit"):
                     bound = alias.asname or alias.name.split(".")[0]
                     modules[bound] = alias.name if alias.asname else bound
-    # A function argument of the same name (``engine`` the object, not
-    # ``keras_vit.train.engine``) is not the module.
+    # A function argument of the same name (``data`` the argument, not
+    # ``keras_vit.train.data``) is not the module.
     arguments = {arg.arg for node in ast.walk(tree)
                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                       ast.Lambda))

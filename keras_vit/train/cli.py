@@ -266,7 +266,7 @@ def run_fine_tune(args):
     _check_settings(args)
     _configure_devices(args)
     from keras_vit.train import data as data_lib
-    from keras_vit.train.engine import Trainer
+    from keras_vit.train.loop import Trainer
 
     eval_spec = None
     if not args.no_eval:
@@ -386,7 +386,7 @@ def run_evaluate(args):
     import contextlib
 
     from keras_vit.train import data as data_lib
-    from keras_vit.train.engine import evaluate
+    from keras_vit.train.evaluation import evaluate
     from keras_vit.train.distribute import for_backend
 
     strategy_ = for_backend(args.strategy, tpu=args.tpu)

@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.train import data as data_lib
-from keras_vit.train import engine, settings
+from keras_vit.train import loop, settings
 from keras_vit.train.mpp.model import MaskedPatchPrediction
 from keras_vit.train.mpp.objective import check_fraction, check_target
 from keras_vit.zoo.resolve import resolve_model
@@ -82,7 +82,7 @@ def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
 # training
 
 
-class MppTrainer(engine.Trainer):
+class MppTrainer(loop.Trainer):
     """:class:`~keras_vit.train.Trainer` with the masked patch prediction
     objective: the same strategies, pipelines, checkpoints and resume.
 
