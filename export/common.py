@@ -19,9 +19,6 @@ import time
 
 from keras_vit import atomic
 from keras_vit.errors import KerasVitError, check_choice
-# Importable from here too, as before the split.
-from keras_vit.export.samples import PIXELS, UNIT, photo_images  # noqa: F401
-from keras_vit.export.memory import path_size  # noqa: F401
 
 FORMATS = ("saved_model", "tflite", "onnx")
 # What a path of each format must end with (a SavedModel is a directory).

@@ -18,11 +18,7 @@ from keras_vit import cli_options as options
 from keras_vit.analysis import cli as analysis_cli
 from keras_vit.export import cli as export_cli
 from keras_vit.train import cli as train_cli
-# The shared helpers, under the names the other components used to import
-# from here.
-from keras_vit.cli_options import (  # noqa: F401
-    PROG, ArgumentParser, UserError, debug_requested, image_side,
-    positive_int, run_command)
+from keras_vit.cli_options import PROG, UserError, positive_int
 
 
 def _squash(name):
@@ -273,8 +269,8 @@ def _load_for_predict(args):
 def load_keras_file(path, argument="MODEL"):
     """A ``.keras`` file's model (``compile=False``: inference and
     fine-tuning need no saved optimizer), or one clear error naming the
-    argument (see :func:`keras_vit.zoo.resolve.load_keras_file`)."""
-    from keras_vit.zoo.resolve import load_keras_file as load
+    argument (see :func:`keras_vit.zoo.keras_archive.load_keras_file`)."""
+    from keras_vit.zoo.keras_archive import load_keras_file as load
 
     return load(path, argument, error=UserError)
 

@@ -74,7 +74,7 @@ def positive_int(text):
 def image_side(text):
     """argparse type of ``--image-size``: an integer in [1,
     MAX_IMAGE_SIDE]."""
-    from keras_vit.errors import MAX_IMAGE_SIDE
+    from keras_vit.limits import MAX_IMAGE_SIDE
 
     value = positive_int(text)
     if value > MAX_IMAGE_SIDE:

@@ -35,9 +35,6 @@ import os
 import stat
 import zipfile
 
-# The largest image side a command or a downloaded config may ask for
-# (keras_vit.limits holds every cap).
-from keras_vit.limits import MAX_IMAGE_SIDE  # noqa: F401
 
 
 class KerasVitError(Exception):

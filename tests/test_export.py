@@ -25,6 +25,7 @@ import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.export import cli as export_cli  # noqa: E402
 from keras_vit.export import common  # noqa: E402
+from keras_vit.export import memory as export_memory  # noqa: E402
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=5)
@@ -117,7 +118,7 @@ def test_saved_model_every_model(model, tmp_path):
     assert report["verification"]["passed"]
     # Variables stored once: the checkpoint is about the weights' size
     # (Keras' model.export writes them twice).
-    var_bytes = common.path_size(os.path.join(path, "variables"))
+    var_bytes = export_memory.path_size(os.path.join(path, "variables"))
     weight_bytes = sum(w.numpy().nbytes for w in model.weights)
     assert var_bytes < 1.3 * weight_bytes + 32_000
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.memory import step_memory_estimate
 
 # ---------------------------------------------------------------------------
 # Initialisation equals the official one in distribution.
@@ -824,8 +825,8 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     # batch 512 needs far more than a 24 GB machine (~150 GiB estimated).
     model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=384,
                                num_classes=10)
-    assert train_cli.step_memory_estimate(model, 512) > 100 * 2**30
-    assert train_cli.step_memory_estimate(model, 16) < 8 * 2**30
+    assert step_memory_estimate(model, 512) > 100 * 2**30
+    assert step_memory_estimate(model, 16) < 8 * 2**30
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
     monkeypatch.setattr(train_cli, "available_memory", lambda: 2**20)
@@ -862,7 +863,7 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
 
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
-    per_image = train_cli.step_memory_estimate(
+    per_image = step_memory_estimate(
         mpp.MaskedPatchPrediction(_tiny()), 1)
     available = 2**20
     monkeypatch.setattr(train_cli, "available_memory", lambda: available)
@@ -881,7 +882,6 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
 
 
 def test_memory_estimate_covers_hybrids_bit_and_mpp():
-    from keras_vit.train import cli as train_cli
     from keras_vit.train import mpp
 
     vit = keras_vit.vit(image_size=64, patch_size=16, hidden_size=64,
@@ -893,7 +893,7 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
                                        width_factor=0.5))
     bit = keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 10)
     bit_big = keras_vit.models.resnet_v2(128, (1, 1, 1, 1), 0.5, 10)
-    estimate = train_cli.step_memory_estimate
+    estimate = step_memory_estimate
     # Same 4x4 token grid (stride 16): the hybrid adds its ResNet.
     assert hybrid.grid_size == vit.grid_size
     assert estimate(hybrid, 1) > estimate(vit, 1) > 0

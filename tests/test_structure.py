@@ -139,8 +139,9 @@ FLOORS = [
     # 7: the command lines.
     ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
     # 8: the package's front door (keras_vit/__init__.py) may name anything;
-    # nothing else imports a name from it.
-    ("package", ["keras_vit"]),
+    # nothing else imports a name from it. registration.py imports the
+    # modules that define the package's Keras classes when Keras is.
+    ("package", ["keras_vit", "keras_vit.registration"]),
 ]
 ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
          "command", "package"]

@@ -256,7 +256,7 @@ def read_safetensors(path):
 
 def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
                    tags=None, head_config=None, **defaults):
-    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
+    """The :class:`~keras_vit.zoo.build.Checkpoint` of the keras_vit ViT
     that ``arch`` (what a Hugging Face reader found: sizes,
     ``image_size``, ``patch_size``, ``num_channels``,
     ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally

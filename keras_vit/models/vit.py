@@ -10,10 +10,9 @@ from keras_vit.errors import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import (check_label_names,
                                      classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
-# Re-exported: these were first defined here.
-from keras_vit.models.encoder import (  # noqa: F401
-    NORMALISED, PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
-    check_patch_grid, check_position_embedding)
+from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
+                                      check_patch_grid,
+                                      check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.quantization import QuantizeMixin

@@ -15,7 +15,6 @@ import re
 
 from keras_vit import cli_options as options
 from keras_vit.cli_options import positive_int
-from keras_vit.memory import step_memory_estimate  # noqa: F401 (re-export)
 
 PRECISION_HELP = "auto, float32 or mixed_bfloat16"
 WEIGHTS_HELP = "for a zoo name: weights tag, path or URL"
