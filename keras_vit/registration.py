@@ -21,15 +21,13 @@ import importlib.abc
 import importlib.util
 import sys
 
-# What defines every class a saved model or its compile config can name.
-MODULES = ("keras_vit.models", "keras_vit.train.schedules")
-
-
 def register():
-    """Imports :data:`MODULES`, which registers their classes with Keras
-    (this imports Keras)."""
-    for name in MODULES:
-        importlib.import_module(name)
+    """Imports what defines every class a saved model or its compile
+    config can name, :mod:`keras_vit.models` and
+    :mod:`keras_vit.train.schedules`, which registers the classes with
+    Keras (this imports Keras)."""
+    import keras_vit.models  # noqa: F401 - imported to register
+    import keras_vit.train.schedules  # noqa: F401 - imported to register
 
 
 class _Loader(importlib.abc.Loader):
