@@ -289,7 +289,7 @@ def _model_geometry(model):
 def _check_image_path(path):
     """One error naming IMAGE unless ``path`` is a regular file (opening a
     FIFO would block until something writes to it)."""
-    from keras_vit.errors import special_file
+    from keras_vit.archives import special_file
 
     if os.path.isdir(path):
         raise UserError(f"IMAGE={path!r} is a directory; pass image "
@@ -393,7 +393,7 @@ def _cmd_predict(args):
                           "labels": label_name,
                           "predictions": results}, indent=2))
         return 0
-    from keras_vit.errors import printable
+    from keras_vit.checks import printable
 
     # Label names may come from a downloaded config.json: a newline would
     # split the line, an escape sequence would reach the terminal.

@@ -192,7 +192,7 @@ def _read_cpuinfo(path="/proc/cpuinfo"):
 def _accelerator():
     forced = os.environ.get("KERAS_VIT_ACCELERATOR")
     if forced:
-        from keras_vit.errors import check_choice
+        from keras_vit.checks import check_choice
 
         return check_choice("KERAS_VIT_ACCELERATOR", forced, ACCELERATORS)
     import keras

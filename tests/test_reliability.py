@@ -829,7 +829,7 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     assert step_memory_estimate(model, 16) < 8 * 2**30
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
-    monkeypatch.setattr(train_cli, "available_memory", lambda: 2**20)
+    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: 2**20)
     argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "64",
             "--steps", "1", "--warmup-steps", "0", "--no-eval", "--quiet",
             "--out", str(tmp_path / "run")]
@@ -866,7 +866,7 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
     per_image = step_memory_estimate(
         mpp.MaskedPatchPrediction(_tiny()), 1)
     available = 2**20
-    monkeypatch.setattr(train_cli, "available_memory", lambda: available)
+    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: available)
     argv = ["pretrain", str(path), "--data", "digits", "--batch-size", "64",
             "--image-size", "16", "--steps", "1", "--warmup-steps", "0",
             "--quiet", "--strategy", "default", "--out", str(tmp_path / "r")]

@@ -109,10 +109,11 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 # at any depth. Patterns are fnmatch patterns of module names; the first
 # that matches decides.
 FLOORS = [
-    # 0: no keras_vit imports but each other: argument checks, atomic files,
-    # version shims, the command's quiet start, lazy names and the table of
-    # named architectures.
-    ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
+    # 0: no keras_vit imports but each other: the errors, argument checks,
+    # archive checks, atomic files, version shims, the command's quiet
+    # start, lazy names and the table of named architectures.
+    ("base", ["keras_vit.errors", "keras_vit.checks", "keras_vit.archives",
+              "keras_vit.atomic", "keras_vit.compat",
               "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
               "keras_vit.images", "keras_vit.variants", "keras_vit.limits",
@@ -122,8 +123,9 @@ FLOORS = [
     # 2: pure keras.ops layers.
     ("layers", ["keras_vit.layers"]),
     # 3: builders and model classes, and what reads or runs a built model
-    # (memory.py knows a hybrid's stages from models.vit; backend.infer
-    # refuses a batch through memory.py). Never the zoo.
+    # (memory.py knows a hybrid's stages from models.common; backend.infer
+    # refuses a batch through memory.py, the encoder weights that cannot
+    # fit). Never the zoo.
     ("models", ["keras_vit.models", "keras_vit.models.*", "keras_vit.memory",
                 "keras_vit.backend"]),
     # 4: names, weights, checkpoint conversion, resolve_model / rebuild.
@@ -335,7 +337,7 @@ COMPUTED_IMPORTS_ALLOWED = ["keras_vit.cli", "keras_vit.cli_options",
 # literal (CALLER_NAMED): the lazy tables, and require() of an optional
 # third-party package.
 IMPORTING_HELPERS = {("keras_vit.lazy", "attach"),
-                     ("keras_vit.errors", "require")}
+                     ("keras_vit.checks", "require")}
 CALLER_NAMED = ("require", "names_of", "attach")
 
 

@@ -174,7 +174,7 @@ def is_offline() -> bool:
         return True
     if value.strip().lower() in _FALSY:
         return False
-    from keras_vit.errors import check_choice  # only here: stays light
+    from keras_vit.checks import check_choice  # only here: stays light
 
     check_choice(ENV_OFFLINE, value, _TRUTHY + _FALSY[1:], extra=" (Or leave it unset.)")
 
@@ -694,7 +694,7 @@ def fetch(
     for name, value in (("timeout", timeout), ("deadline", deadline)):
         if not (isinstance(value, (int, float)) and value > 0):
             # Imported only here: this module stays light on the good path.
-            from keras_vit.errors import check_number
+            from keras_vit.checks import check_number
 
             check_number(name, value, low=0, low_open=True)
     with _exclusive_lock(final.with_name(final.name + ".lock"), wait=deadline + timeout):

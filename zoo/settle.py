@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_vit.errors import check_int, check_pair
+from keras_vit.checks import check_int, check_pair
 
 
 class _Unset:

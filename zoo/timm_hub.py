@@ -30,7 +30,7 @@ import os
 import re
 
 
-from keras_vit.errors import (shown)
+from keras_vit.checks import shown
 from keras_vit import schema, variants
 from keras_vit.limits import MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS

@@ -31,8 +31,9 @@ import numpy as np
 
 from keras_vit import compat
 from keras_vit import images as image_decoder
-from keras_vit.errors import (KerasVitError, check_archive, closest,
-                              require, special_file)
+from keras_vit.archives import check_archive, special_file
+from keras_vit.checks import closest, require
+from keras_vit.errors import KerasVitError
 
 # The file names a folder scan reads; what is inside decides the format
 # (keras_vit.images decodes JPEG, PNG, GIF, BMP and WebP).

@@ -15,8 +15,8 @@ import dataclasses
 import math
 import warnings
 
-from keras_vit.errors import (check_choice, check_int, check_number,
-                              closest, did_you_mean)
+from keras_vit.checks import (check_choice, check_int, check_number, closest,
+                              did_you_mean)
 
 # Masked patch prediction (keras_vit.train.mpp): its objectives and targets.
 MPP_OBJECTIVES = ("mpp",)

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.errors import check_int
+from keras_vit.checks import check_int
 from keras_vit.train import distribute, loop
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.vtab.data import load_tasks
