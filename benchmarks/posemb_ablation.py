@@ -80,7 +80,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from keras_vit.demo import load_digits_images
-    from keras_vit.models.vit import PLACEMENTS, POSITION_EMBEDDINGS
+    from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
 
     data = load_digits_images(ARCH["image_size"], seed=args.seed)
     results = {}

@@ -48,7 +48,7 @@ def run_job(job):
                            "KERAS_BACKEND=tensorflow; it runs on "
                            f"{keras.backend.backend()!r}")
     from keras_vit import atomic
-    from keras_vit.export import memory, pipeline, serving
+    from keras_vit.export import formats, memory, pipeline, serving
     from keras_vit.export.graph import ServingGraph
 
     model = _load_model(job["model"])
@@ -61,7 +61,7 @@ def run_job(job):
     if job.get("arrays"):
         with np.load(job["arrays"], allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    module = pipeline.format_module(job["format"])
+    module = formats.format_module(job["format"])
     with memory.PeakRSS() as rss:
         result = module.convert(
             graph, job["staged"], job["workdir"], job["params"],

@@ -18,10 +18,8 @@ import os
 import time
 
 from keras_vit import atomic
-from keras_vit.errors import KerasVitError, check_choice
-# Importable from here too, as before the split.
-from keras_vit.export.samples import PIXELS, UNIT, photo_images  # noqa: F401
-from keras_vit.export.memory import path_size  # noqa: F401
+from keras_vit.checks import check_choice
+from keras_vit.errors import KerasVitError
 
 FORMATS = ("saved_model", "tflite", "onnx")
 # What a path of each format must end with (a SavedModel is a directory).
@@ -71,7 +69,8 @@ def require_installed(module, purpose):
     """
     import importlib.util
 
-    from keras_vit.errors import PACKAGES, MissingDependencyError
+    from keras_vit.checks import PACKAGES
+    from keras_vit.errors import MissingDependencyError
 
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:

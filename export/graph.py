@@ -129,7 +129,7 @@ def _output_tensor(model, name):
 
 def _built_size(model):
     """The (height, width) a dynamic-size model was built for."""
-    from keras_vit.errors import check_pair
+    from keras_vit.checks import check_pair
 
     return check_pair("image_size", model.get_config()["image_size"])
 
@@ -406,21 +406,12 @@ class ServingGraph:
         (uniform) or ``"photos"`` (crops of sample photos), at
         ``image_size`` (height, width; default: the model's). A count whose
         images cannot fit this machine's memory is refused first."""
-        import numpy as np
-
-        from keras_vit.errors import available_memory
+        from keras_vit.memory import check_input_batch
 
         shape = (tuple(self.input_shape) if image_size is None else
                  tuple(image_size) + tuple(self.input_shape[2:]))
-        need = int(n) * int(np.prod(shape)) * 4
-        available = available_memory()
-        if available is not None and need > available // 2:
-            raise ValueError(
-                f"a batch of {n} images of shape {shape} "
-                f"needs {need / 2**30:.1f} GiB, more than half of the "
-                f"{available / 2**30:.1f} GiB of memory available here; "
-                "lower the batch sizes (batch_sizes=, --batch-sizes, "
-                "--batch)")
+        check_input_batch(n, shape, hint="lower the batch sizes "
+                          "(batch_sizes=, --batch-sizes, --batch)")
         if kind == "photos":
             pixels, note = samples.photo_images(shape, n, seed)
             return samples.to_input_range(pixels, self.input_dtype,

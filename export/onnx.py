@@ -24,8 +24,9 @@ float, as in the TFLite int8 export.
 from __future__ import annotations
 
 import os
+import sys
 
-from keras_vit.errors import require
+from keras_vit.checks import require
 from keras_vit.export import onnx_worker as worker
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
@@ -34,6 +35,9 @@ from keras_vit.export.graph import ServingGraph
 # tf2onnx 1.17 writes opsets up to 18; onnxruntime 1.31 runs up to 23.
 # 17 is the first with LayerNormalization and runs on onnxruntime >= 1.11.
 DEFAULT_OPSET = 17
+# Its runtime is onnxruntime: exported from JAX or PyTorch, only the
+# conversion runs in the TensorFlow process.
+RUNTIME_NEEDS_TENSORFLOW = False
 MIN_OPSET = 13
 # Models with more weights than this convert in a child process; smaller
 # ones convert in this process, where tf2onnx's overhead is negligible and
@@ -387,7 +391,7 @@ def to_onnx(model, path, *, quantization="float32",
         verify_data=verify_data,
         samples=agreement_samples if quantized else None,
         seed=1 if quantized else 0, overwrite=overwrite,
-        side_files=(".data",)))
+        side_files=(".data",)), sys.modules[__name__])
 
 
 def convert(graph, staged, workdir, params, arrays, rss):

@@ -3,17 +3,19 @@ the artifact in its runtime, compare it with Keras, move it into place and
 write the report.
 
 The format modules (saved_model.py, tflite.py, onnx.py) validate their
-arguments, describe the export as an :class:`ExportJob` and give only
-what differs per format:
+arguments, describe the export as an :class:`ExportJob` and pass it to
+:func:`run` with themselves, the part that differs per format (the
+interface :class:`keras_vit.export.formats.FormatModule`):
 
 - ``convert(graph, staged, workdir, params, arrays, rss)``: writes the
   artifact at ``staged`` with TensorFlow and returns a JSON-able result
   (``{"files": [...]}``, names in ``workdir``);
-- ``finish(staged, workdir, params, arrays, result)`` (optional): work on
-  the converted file that needs no TensorFlow (ONNX quantization, TFLite's
-  op dtypes), in the user's process;
+- ``finish(staged, workdir, params, arrays, result)``: work on the
+  converted file that needs no TensorFlow (ONNX quantization, TFLite's op
+  dtypes), in the user's process;
 - ``open_artifact(path)``: ``images -> {name: array}`` in the runtime the
-  artifact is deployed with.
+  artifact is deployed with;
+- ``RUNTIME_NEEDS_TENSORFLOW``: whether that runtime is TensorFlow.
 
 Under ``KERAS_BACKEND=tensorflow`` ``convert`` runs in this process. Under
 JAX or PyTorch the model goes to a ``.keras`` file in the staging directory
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import os
 import signal
@@ -75,12 +76,6 @@ class ExportJob:
         return self.format == "saved_model"
 
 
-def format_module(fmt):
-    """The module of format ``fmt``, looked up at each export (so that a
-    replaced ``open_artifact`` is the one used)."""
-    return importlib.import_module(f"keras_vit.export.{fmt}")
-
-
 def tensorflow_here():
     """Whether this process runs Keras on TensorFlow (else conversions run
     in a TensorFlow child process)."""
@@ -89,11 +84,13 @@ def tensorflow_here():
     return keras.backend.backend() == "tensorflow"
 
 
-def run(job):
-    """Runs ``job`` (see the module docstring); returns the report."""
+def run(job, module):
+    """Runs ``job`` with the steps of its format's ``module`` (a
+    :class:`~keras_vit.export.formats.FormatModule`, its attributes read
+    now, so that a replaced ``open_artifact`` is the one used; see the
+    module docstring); returns the report."""
     # Checked before any work, whether or not a child process will run.
     timeout_seconds()
-    module = format_module(job.format)
     times = {}
     with staging.Staging(job.dest, directory=job.directory,
                         overwrite=job.overwrite) as stage, \
@@ -110,11 +107,10 @@ def run(job):
                                         job.params, job.arrays, rss)
             else:
                 result, open_runtime = _convert_in_tensorflow(
-                    job, staged, stage.path, rss, open_runtime)
-            finish = getattr(module, "finish", None)
-            if finish is not None:
-                result = finish(staged, stage.path, job.params, job.arrays,
-                                result)
+                    job, staged, stage.path, rss, open_runtime,
+                    module.RUNTIME_NEEDS_TENSORFLOW)
+            result = module.finish(staged, stage.path, job.params,
+                                   job.arrays, result)
             # Before verification: the file checked is the file kept.
             job.options["label_names"] = labels.record(
                 job.format, staged, job.graph, job.notes)
@@ -350,12 +346,14 @@ def unpack_batch(arrays, key):
     return out
 
 
-def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime):
+def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime,
+                           runtime_needs_tensorflow):
     """``convert`` of ``job`` in a TensorFlow child process, from the
     serving model saved as ``.keras``; returns ``(result, open_runtime)``.
 
-    A SavedModel's runtime is TensorFlow, so the child also runs the
-    verification batches and the returned runtime replays its outputs.
+    When the artifact's runtime is TensorFlow (a SavedModel), the child
+    also runs the verification batches and the returned runtime replays
+    its outputs.
     """
     graph = job.graph
     model_path = os.path.join(workdir, "model.keras")
@@ -363,8 +361,7 @@ def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime):
         graph.model.save(tmp)
     arrays = dict(job.arrays)
     run_keys = []
-    needs_tf_runtime = job.verify and getattr(
-        format_module(job.format), "RUNTIME_NEEDS_TENSORFLOW", False)
+    needs_tf_runtime = job.verify and runtime_needs_tensorflow
     if needs_tf_runtime:
         images, _ = checks.verification_images(
             graph, job.batch_sizes, job.verify_data, job.samples, job.seed)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 
-from keras_vit.errors import check_choice
+from keras_vit.checks import check_choice
 from keras_vit.export import common, pipeline, serving
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
@@ -140,7 +141,8 @@ def _run(dest, graph, tol, options, cast_to_float32, **job):
     options.update(signature="serving_default",
                    cast_to_float32=bool(cast_to_float32))
     return pipeline.run(pipeline.ExportJob(
-        "saved_model", "the SavedModel", dest, graph, tol, options, **job))
+        "saved_model", "the SavedModel", dest, graph, tol, options, **job),
+        sys.modules[__name__])
 
 
 def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
@@ -178,3 +180,8 @@ def convert(graph, staged, workdir, params, arrays, rss):
     """Writes the SavedModel directory ``staged`` (TensorFlow)."""
     graph.save(staged)
     return {"files": [os.path.basename(staged)]}
+
+
+def finish(staged, workdir, params, arrays, result):
+    """Nothing to do after conversion: ``result`` as it is."""
+    return result

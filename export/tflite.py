@@ -9,9 +9,10 @@ deprecated).
 from __future__ import annotations
 
 import os
+import sys
 
 from keras_vit import compat
-from keras_vit.errors import require
+from keras_vit.checks import require
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
@@ -40,6 +41,9 @@ SENSITIVE_OPS = {
     "residual_add": ("ADD",),
 }
 DEFAULT_FLOAT_OPS = LAYER_NORM_OPS + ("SOFTMAX", "BATCH_MATMUL", "ADD")
+# Its runtime is LiteRT: exported from JAX or PyTorch, only the conversion
+# runs in the TensorFlow process.
+RUNTIME_NEEDS_TENSORFLOW = False
 
 
 def open_artifact(path, num_threads=None):
@@ -246,7 +250,7 @@ def to_tflite(model, path, *, quantization="float32",
         arrays=arrays, notes=notes, verify=verify, batch_sizes=batch_sizes,
         verify_data=verify_data,
         samples=agreement_samples if quantized else None, seed=1,
-        overwrite=overwrite))
+        overwrite=overwrite), sys.modules[__name__])
 
 
 def convert(graph, staged, workdir, params, arrays, rss):

@@ -18,11 +18,7 @@ from keras_vit import cli_options as options
 from keras_vit.analysis import cli as analysis_cli
 from keras_vit.export import cli as export_cli
 from keras_vit.train import cli as train_cli
-# The shared helpers, under the names the other components used to import
-# from here.
-from keras_vit.cli_options import (  # noqa: F401
-    PROG, ArgumentParser, UserError, debug_requested, image_side,
-    positive_int, run_command)
+from keras_vit.cli_options import PROG, UserError, positive_int
 
 
 def _squash(name):
@@ -273,8 +269,8 @@ def _load_for_predict(args):
 def load_keras_file(path, argument="MODEL"):
     """A ``.keras`` file's model (``compile=False``: inference and
     fine-tuning need no saved optimizer), or one clear error naming the
-    argument (see :func:`keras_vit.zoo.resolve.load_keras_file`)."""
-    from keras_vit.zoo.resolve import load_keras_file as load
+    argument (see :func:`keras_vit.zoo.keras_archive.load_keras_file`)."""
+    from keras_vit.zoo.keras_archive import load_keras_file as load
 
     return load(path, argument, error=UserError)
 
@@ -293,7 +289,7 @@ def _model_geometry(model):
 def _check_image_path(path):
     """One error naming IMAGE unless ``path`` is a regular file (opening a
     FIFO would block until something writes to it)."""
-    from keras_vit.errors import special_file
+    from keras_vit.archives import special_file
 
     if os.path.isdir(path):
         raise UserError(f"IMAGE={path!r} is a directory; pass image "
@@ -397,7 +393,7 @@ def _cmd_predict(args):
                           "labels": label_name,
                           "predictions": results}, indent=2))
         return 0
-    from keras_vit.errors import printable
+    from keras_vit.checks import printable
 
     # Label names may come from a downloaded config.json: a newline would
     # split the line, an escape sequence would reach the terminal.

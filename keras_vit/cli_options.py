@@ -74,7 +74,7 @@ def positive_int(text):
 def image_side(text):
     """argparse type of ``--image-size``: an integer in [1,
     MAX_IMAGE_SIDE]."""
-    from keras_vit.errors import MAX_IMAGE_SIDE
+    from keras_vit.limits import MAX_IMAGE_SIDE
 
     value = positive_int(text)
     if value > MAX_IMAGE_SIDE:
@@ -248,7 +248,7 @@ def _option_strings(parser):
 
 
 def _suggest(parser, message):
-    from keras_vit.errors import did_you_mean
+    from keras_vit.checks import did_you_mean
 
     bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
                     message)
@@ -306,7 +306,7 @@ def run_command(func, args, debug=False):
     except Exception as e:  # noqa: BLE001 - triaged just below
         if debug:
             raise
-        from keras_vit.errors import missing_dependency
+        from keras_vit.checks import missing_dependency
 
         # An optional package missing where no require() was in the way.
         e = missing_dependency(e) or e
@@ -410,7 +410,7 @@ def start(main):
     imports Keras (which would fail inside its own import). A library
     calling :func:`main` gets neither: its stderr is its own."""
     from keras_vit import quiet
-    from keras_vit.errors import check_keras_backend
+    from keras_vit.checks import check_keras_backend
 
     quiet.filter_stderr()
     try:

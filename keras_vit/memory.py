@@ -20,8 +20,43 @@ from __future__ import annotations
 
 import math
 
-from keras_vit.errors import available_memory
 from keras_vit.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
+
+
+def available_memory():
+    """Bytes of memory available to a new allocation on this machine
+    (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_weights_fit(num_params, settings, *, available=None):
+    """Refuses a model whose weights alone (``num_params``, counted at 2
+    bytes each, the least any supported dtype takes) exceed this machine's
+    available memory, before anything is allocated: a few bytes of config
+    (``hidden_size=1000000``) must not start a 100 GB allocation.
+    ``settings`` names the sizes that decide it, for the message.
+
+    >>> check_weights_fit(86_000_000, "hidden_size=768", available=2**34)
+    >>> check_weights_fit(10**12, "hidden_size=1000000", available=2**34)
+    Traceback (most recent call last):
+    ...
+    ValueError: a model of hidden_size=1000000 has at least 1.00e+12 parameters, 1862.6 GiB of weights, more than the 16.0 GiB of memory available here; check the sizes (a config from a file is read as it is)
+    """
+    available = available_memory() if available is None else available
+    need = 2 * int(num_params)
+    if available is not None and need > available:
+        raise ValueError(
+            f"a model of {settings} has at least {num_params:.2e} "
+            f"parameters, {need / 2**30:.1f} GiB of weights, more than the "
+            f"{available / 2**30:.1f} GiB of memory available here; check "
+            "the sizes (a config from a file is read as it is)")
 
 # Bytes per value: float32 (a bf16 model keeps its softmax in float32).
 _BYTES = 4
@@ -122,7 +157,7 @@ def step_memory_estimate(model, images):
         values = config["num_layers"] * per_block + head
     resnet = config.get("resnet")
     if resnet:
-        from keras_vit.models.vit import hybrid_stages
+        from keras_vit.models.common import hybrid_stages
 
         values += _resnet_values(config["image_size"],
                                  hybrid_stages(resnet),
@@ -286,6 +321,31 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
                                    // per_image)))
 
 
+def check_input_batch(count, shape, *, hint, bytes_per_value=4,
+                      available=None):
+    """Refuses (``ValueError``) ``count`` input images of ``shape`` that
+    alone would take more than :data:`~keras_vit.limits.BATCH_MEMORY_SHARE`
+    (half) of this machine's available memory, before they are allocated;
+    ``hint`` says what to lower (the exporters' batch sizes).
+
+    >>> check_input_batch(8, (224, 224, 3), hint="lower the batch",
+    ...                   available=2**30)
+    >>> check_input_batch(10**4, (224, 224, 3), hint="lower the batch",
+    ...                   available=2**30)
+    Traceback (most recent call last):
+    ...
+    ValueError: a batch of 10000 images of shape (224, 224, 3) needs 5.6 GiB, more than half of the 1.0 GiB of memory available here; lower the batch
+    """
+    shape = tuple(int(d) for d in shape)
+    need = int(count) * math.prod(shape) * int(bytes_per_value)
+    available = available_memory() if available is None else available
+    if available is not None and need > available * BATCH_MEMORY_SHARE:
+        raise ValueError(
+            f"a batch of {count} images of shape {shape} "
+            f"needs {need / 2**30:.1f} GiB, more than half of the "
+            f"{available / 2**30:.1f} GiB of memory available here; {hint}")
+
+
 def check_forward(model, images, *, available=None):
     """Refuses (``ValueError``) a forward pass of ``images`` images that
     clearly cannot fit this machine's available memory (estimate over 1.5x
@@ -330,7 +390,7 @@ def config_estimate(config):
     >>> round(est["weights"] / 2**20), est["tokens"]
     (330, 197)
     """
-    from keras_vit.models.vit import hybrid_stages
+    from keras_vit.models.common import hybrid_stages
 
     h, w = _side_pair(config.get("image_size", 224))
     classes = int(config.get("num_classes") or 0) * bool(

@@ -21,11 +21,12 @@ import importlib.util
 import sys
 
 def register():
-    """Imports the modules that define every class a saved model or its
-    compile config can name, which registers them with Keras (this imports
-    Keras)."""
-    import keras_vit.models  # noqa: F401
-    import keras_vit.train.schedules  # noqa: F401
+    """Imports what defines every class a saved model or its compile
+    config can name, :mod:`keras_vit.models` and
+    :mod:`keras_vit.train.schedules`, which registers the classes with
+    Keras (this imports Keras)."""
+    import keras_vit.models  # noqa: F401 - imported to register
+    import keras_vit.train.schedules  # noqa: F401 - imported to register
 
 
 class _Loader(importlib.abc.Loader):

@@ -30,8 +30,9 @@ import json
 import math
 import os
 
-from keras_vit.errors import (ConfigError, KerasVitError, shown,
-                              special_file)
+from keras_vit.archives import special_file
+from keras_vit.checks import shown
+from keras_vit.errors import ConfigError, KerasVitError
 from keras_vit.limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
 
 

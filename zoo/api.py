@@ -8,9 +8,7 @@ import os
 from keras_vit import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.zoo import bit_layout, convert, download, registry, sources
-# The official source's reader resolves weights=; re-exported here.
-from keras_vit.zoo.official import (  # noqa: F401
-    ResolvedWeights, is_url, resolve_weights)
+from keras_vit.zoo.official import is_url
 
 
 

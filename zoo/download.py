@@ -665,7 +665,7 @@ def fetch(
     for name, value in (("timeout", timeout), ("deadline", deadline)):
         if not (isinstance(value, (int, float)) and value > 0):
             # Imported only here: this module stays light on the good path.
-            from keras_vit.errors import check_number
+            from keras_vit.checks import check_number
 
             check_number(name, value, low=0, low_open=True)
     with _exclusive_lock(final.with_name(final.name + ".lock"), wait=deadline + timeout):

@@ -17,7 +17,8 @@ import re
 
 import numpy as np
 
-from keras_vit.errors import require, shown, special_file
+from keras_vit.archives import special_file
+from keras_vit.checks import require, shown
 from keras_vit.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
 from keras_vit.zoo import convert, download
 
@@ -120,7 +121,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     import subprocess
     import sys
 
-    from keras_vit.errors import check_number
+    from keras_vit.checks import check_number
 
     require("huggingface_hub", purpose="hf-hub: weights")
     check_number("timeout", timeout, low=0, low_open=True)
@@ -256,7 +257,7 @@ def read_safetensors(path):
 
 def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
                    tags=None, head_config=None, **defaults):
-    """The :class:`~keras_vit.zoo.sources.Checkpoint` of the keras_vit ViT
+    """The :class:`~keras_vit.zoo.build.Checkpoint` of the keras_vit ViT
     that ``arch`` (what a Hugging Face reader found: sizes,
     ``image_size``, ``patch_size``, ``num_channels``,
     ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally

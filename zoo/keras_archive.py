@@ -12,7 +12,7 @@ import io
 import os
 import zipfile
 
-from keras_vit.errors import check_archive
+from keras_vit.archives import check_archive
 from keras_vit.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
                               MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
 from keras_vit.zoo import convert

@@ -6,7 +6,7 @@
 The file is read as :func:`keras_vit.resolve_model` reads it
 (:func:`keras_vit.zoo.keras_archive.load_keras_file`): members that inflate
 past what the archive holds and a ``config.json`` past
-:data:`~keras_vit.zoo.resolve.MAX_KERAS_CONFIG_BYTES` are refused before
+:data:`~keras_vit.zoo.keras_archive.MAX_KERAS_CONFIG_BYTES` are refused before
 Keras reads them, arrays stored outside the file or in compressed chunks
 are refused, Keras deserialises in ``safe_mode`` (no lambdas), the
 model's own size checks refuse absurd sizes before any weight exists,
@@ -40,7 +40,7 @@ def is_keras_file(value, *, progress=None):
 
 def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
-    """This source's reader: the :class:`~keras_vit.zoo.sources.Checkpoint`
+    """This source's reader: the :class:`~keras_vit.zoo.build.Checkpoint`
     of the model in the ``.keras`` file ``value`` (or a run directory's
     ``model.keras``): its config, its head and label names, and the model
     itself, whose weights the build step copies (one to one, or by

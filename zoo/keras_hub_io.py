@@ -33,17 +33,14 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.errors import ConfigError, shown
+from keras_vit.checks import shown
+from keras_vit.errors import ConfigError
 from keras_vit.zoo import (convert, formats, h5_files, hub_files,
                            keras_hub_layout, transformers_hub)
-# keras-hub's names <-> the official layout (zoo/keras_hub_layout.py);
-# importable from here, where they were written first.
-from keras_vit.zoo.keras_hub_layout import (  # noqa: F401
-    ACTIVATIONS, BLOCK, METADATA_FILE, TOP, backbone_architecture, backbone_only,
+# keras-hub's names <-> the official layout (zoo/keras_hub_layout.py).
+from keras_vit.zoo.keras_hub_layout import (
+    METADATA_FILE, backbone_architecture, backbone_only,
     check_image_converter, expected_shapes, task_architecture, to_official)
-# The .h5 readers, also here where they were written first.
-from keras_vit.zoo.h5_files import (  # noqa: F401
-    h5_datasets, h5_storage_problem)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"

@@ -13,7 +13,8 @@ import re
 
 import numpy as np
 
-from keras_vit.errors import ConfigError, shown
+from keras_vit.checks import shown
+from keras_vit.errors import ConfigError
 from keras_vit.limits import MAX_CHANNELS
 from keras_vit.zoo import convert, formats
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.errors import require
+from keras_vit.checks import require
 from keras_vit.zoo import convert, hub_files, keras_hub_layout
 from keras_vit.zoo.keras_hub_layout import to_hub_names
 

@@ -98,7 +98,7 @@ def _checkpoint_facts(arrays):
 
 def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
-    """This source's reader: the :class:`~keras_vit.zoo.sources.Checkpoint`
+    """This source's reader: the :class:`~keras_vit.zoo.build.Checkpoint`
     of the zoo name ``name`` with ``weights`` (a tag, ``"auto"``,
     ``"augreg:<filename>"``, a URL, a ``.npz`` path, or None for random
     initialisation). ``prefer_size`` picks among a tag's files released at

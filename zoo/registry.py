@@ -229,7 +229,7 @@ def select(name, tag, image_size=None):
     candidates = [w for w in weights_for(name) if w.tag == tag]
     if not candidates:
         tags = tags_for(name)
-        from keras_vit.errors import did_you_mean
+        from keras_vit.checks import did_you_mean
 
         raise ValueError(
             f"No weights={tag!r} for model {name!r}.{did_you_mean(tag, tags)} "
@@ -435,7 +435,7 @@ def labels(name):
                         f"{known}; received name={name!r}")
     path = LABELS_DIR / f"{name}.txt"
     if name not in known or not path.is_file():
-        from keras_vit.errors import did_you_mean
+        from keras_vit.checks import did_you_mean
 
         raise ValueError(f"Unknown label list name={name!r}; known: {known}."
                          f"{did_you_mean(str(name), known)}")

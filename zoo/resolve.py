@@ -26,15 +26,11 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.errors import (UnexpectedKeywordError, check_archive,
-                              check_pair, did_you_mean)
-# The .keras archive readers and the copy functions, importable from here
-# where they were first written.
-from keras_vit.zoo.build import (  # noqa: F401
-    copy_model, copy_weights, is_keras_vit_model)
-from keras_vit.zoo.keras_archive import (  # noqa: F401
-    KERAS_WEIGHTS_FILE, MAX_KERAS_CONFIG_BYTES, RUN_MODEL_FILE,
-    check_keras_config, keras_config, load_keras_file)
+from keras_vit.archives import check_archive
+from keras_vit.checks import check_pair, did_you_mean
+from keras_vit.errors import UnexpectedKeywordError
+from keras_vit.zoo.build import copy_weights, is_keras_vit_model
+from keras_vit.zoo.keras_archive import RUN_MODEL_FILE
 
 
 def model_path(spec, argument="model", *, error=ValueError):

@@ -1,7 +1,7 @@
 """The one place a load decides the model's head, size, labels and weights.
 
 Every source's reader returns what its files say
-(:class:`~keras_vit.zoo.sources.Checkpoint`: the builder's arguments the
+(:class:`~keras_vit.zoo.build.Checkpoint`: the builder's arguments the
 checkpoint fixes, the size of the head its weights hold, the names of that
 head's classes); what the caller asks is a :class:`Request`. :func:`settle`
 puts the two together the same way for every source:
@@ -23,8 +23,8 @@ puts the two together the same way for every source:
 * every other keyword (``gelu``, ``dropout_rate``, ``pooling``, ``dtype``,
   ...) goes to the builder over the checkpoint's arguments.
 
->>> from keras_vit.zoo import sources
->>> ckpt = sources.Checkpoint(dict(image_size=32, patch_size=16,
+>>> from keras_vit.zoo.build import Checkpoint
+>>> ckpt = Checkpoint(dict(image_size=32, patch_size=16,
 ...     hidden_size=32, num_layers=1, num_heads=2, mlp_dim=64,
 ...     num_classes=3), head=3, label_names=["cat", "dog", "bird"])
 >>> settle(ckpt, Request()).config["label_names"]
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_vit.errors import check_int, check_pair
+from keras_vit.checks import check_int, check_pair
 
 
 class _Unset:

@@ -11,7 +11,8 @@ command that takes a model run the same five steps (:func:`load`):
    folder or file that two sources claim (``model.keras`` beside a
    transformers ``config.json``) is refused as ambiguous, the same way
    for every caller;
-2. **read** it: the source's reader returns a :class:`Checkpoint`, what
+2. **read** it: the source's reader returns a
+   :class:`~keras_vit.zoo.build.Checkpoint`, what
    its files say (sizes, numerics, input size, the head its weights hold
    and its class names) and its weights as ``{key: array}`` in the
    official ``.npz`` layout (:mod:`keras_vit.zoo.convert`). Readers only
@@ -43,10 +44,9 @@ import dataclasses
 import os
 import typing
 
-# What a reader returns and the build step live below the readers
-# (zoo/build.py); re-exported here, where they were first written.
-from keras_vit.zoo.build import (  # noqa: F401
-    Checkpoint, build, build_settled as _build_settled, model_name)
+# What a reader returns (Checkpoint) and the build step live below the
+# readers, in zoo/build.py.
+from keras_vit.zoo.build import build, build_settled as _build_settled
 
 
 def reader_module(name):
@@ -85,7 +85,7 @@ class Source(typing.NamedTuple):
 
     def read(self, value, name=None, *, progress=None, prefer_size=None,
              sizes=None, argument=None):
-        """The :class:`Checkpoint` this source reads from ``value``
+        """The :class:`~keras_vit.zoo.build.Checkpoint` this source reads from ``value``
         (``name``: the architecture, for weights that do not say;
         ``prefer_size``: which of a release's files to fetch where it has
         one per resolution; ``sizes``: the caller's size keywords, which

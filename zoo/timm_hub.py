@@ -30,21 +30,17 @@ import os
 import re
 
 
-from keras_vit.errors import (shown)
+from keras_vit.checks import shown
 from keras_vit import schema, variants
 from keras_vit.limits import MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download, formats, hub_files
-# timm's names <-> the official layout (zoo/timm_layout.py); the mappings
-# stay importable from here, where they were written first.
-from keras_vit.zoo.timm_layout import (  # noqa: F401 - also re-exported
-    BLOCK_PARAMS, TOP_PARAMS, bit_to_official, hybrid_to_official,
-    to_official)
-# The Hub files transformers' layout shares (zoo/hub_files.py); every name
-# stays importable from here, where it was written first.
-from keras_vit.zoo.hub_files import (  # noqa: F401 - also re-exported
-    CONFIG_FILE, HUB_FILES, HUB_PREFIX, MAX_SAFETENSORS_HEADER, WEIGHTS_FILE,
-    check_safetensors, hub_download, read_safetensors)
+# timm's names <-> the official layout (zoo/timm_layout.py).
+from keras_vit.zoo.timm_layout import (bit_to_official, hybrid_to_official,
+                                       to_official)
+# The Hub files transformers' layout shares (zoo/hub_files.py).
+from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
+                                     hub_download, read_safetensors)
 # The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
 _OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 

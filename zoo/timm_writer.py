@@ -12,7 +12,7 @@ import os
 
 
 from keras_vit import atomic, variants
-from keras_vit.errors import require
+from keras_vit.checks import require
 from keras_vit.zoo import convert
 from keras_vit.zoo.timm_layout import from_official
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE

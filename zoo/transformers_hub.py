@@ -39,12 +39,10 @@ import os
 
 from keras_vit.limits import MAX_CLASSES
 from keras_vit.zoo import convert, formats, hub_files
-# transformers' names <-> the official layout (zoo/transformers_layout.py);
-# importable from here, where they were written first.
-from keras_vit.zoo.transformers_layout import (  # noqa: F401
-    ARCHITECTURES, DEFAULT_HIDDEN_ACT, PREPROCESSOR_FILE, DEFAULT_LAYER_NORM_EPS, GELU_FORMS,
-    HEAD_PARAMS, LAYER_PARAMS, TOP_PARAMS, architecture, expected_shapes,
-    shown_value as _shown, to_official)
+# transformers' names <-> the official layout (zoo/transformers_layout.py).
+from keras_vit.zoo.transformers_layout import (
+    PREPROCESSOR_FILE, architecture, expected_shapes, shown_value as _shown,
+    to_official)
 
 HUB_PREFIX = hub_files.HUB_PREFIX
 CONFIG_FILE = hub_files.CONFIG_FILE

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_vit.backend import infer
-from keras_vit.errors import check_choice
+from keras_vit.checks import check_choice
 
 
 class TokenGeometry(NamedTuple):
@@ -57,7 +57,7 @@ def token_geometry(model_or_config):
     ...     resnet=dict(num_layers=[1, 1]))).patch_pixels
     8
     """
-    from keras_vit.models.vit import hybrid_stages
+    from keras_vit.models.common import hybrid_stages
 
     if isinstance(model_or_config, dict):
         config = model_or_config

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from keras_vit.errors import require
+from keras_vit.checks import require
 
 matplotlib = require("matplotlib", purpose="drawing the analysis figures")
 

@@ -77,7 +77,7 @@ def _luma(rgb):
 
 
 def _check_image_file(path):
-    from keras_vit.errors import special_file
+    from keras_vit.archives import special_file
 
     kind = special_file(path)  # opening a FIFO blocks until it is written
     if kind is not None:

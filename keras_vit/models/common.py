@@ -137,3 +137,13 @@ def remat_of(model):
              if layer is not model and hasattr(layer, "_forward")
              and hasattr(layer, "remat")]
     return bool(flags) and all(flags)
+
+
+def hybrid_stages(resnet):
+    """The stage depths a hybrid builds: option (ii) of the paper (section
+    4.1) folds the last stage's units into the one before it, keeping a
+    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9)."""
+    layers_ = list(resnet["num_layers"])
+    if resnet.get("fold_last_stage"):
+        layers_ = layers_[:-2] + [layers_[-2] + layers_[-1]]
+    return layers_

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.errors import did_you_mean
+from keras_vit.checks import did_you_mean
 
 
 def _resnet_output(model):

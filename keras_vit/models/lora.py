@@ -38,7 +38,7 @@ import keras
 import numpy as np
 
 from keras_vit import atomic, compat
-from keras_vit.errors import check_int
+from keras_vit.checks import check_int
 
 #: The layer names of each target group.
 TARGETS = {

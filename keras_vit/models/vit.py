@@ -6,14 +6,14 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.errors import check_choice, check_dtype, check_keywords
+from keras_vit.checks import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import (check_label_names,
-                                     classification_head, image_input)
+                                     classification_head, hybrid_stages,
+                                     image_input)
 from keras_vit.models.compiled import CompiledModelMixin
-# Re-exported: these were first defined here.
-from keras_vit.models.encoder import (  # noqa: F401
-    NORMALISED, PLACEMENTS, POSITION_EMBEDDINGS, check_encoder_args,
-    check_patch_grid, check_position_embedding)
+from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
+                                      check_patch_grid,
+                                      check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.quantization import QuantizeMixin
@@ -79,16 +79,6 @@ _RESNET_NUMERICS = {"standardization": "std", "std_eps": 1e-5,
                     "norm_epsilon": 1e-6}
 TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
                         "norm_epsilon": 1e-5}
-
-
-def hybrid_stages(resnet):
-    """The stage depths a hybrid builds: option (ii) of the paper (section
-    4.1) folds the last stage's units into the one before it, keeping a
-    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9)."""
-    layers_ = list(resnet["num_layers"])
-    if resnet.get("fold_last_stage"):
-        layers_ = layers_[:-2] + [layers_[-2] + layers_[-1]]
-    return layers_
 
 
 def _resnet_stem(x, resnet, dtype, remat=False):

@@ -22,16 +22,11 @@ finetune-pets-flowers --out runs/pets``. Running the same again resumes.
 from keras_vit import lazy
 from keras_vit.train import recipes
 from keras_vit.train.recipes import Recipe
-# The module is ``distribute``; ``strategy`` is its function (the public
-# name). ``from keras_vit.train.strategy import ...``, the module's old
-# path, still finds the module.
+# The module is ``distribute``; ``strategy`` is its function, the public
+# name ``keras_vit.train.strategy``.
 from keras_vit.train import distribute
 from keras_vit.train.distribute import (StrategyError, configure_cpu_devices,
                                         describe, strategy)
-import sys as _sys
-
-_sys.modules.setdefault(__name__ + ".strategy", distribute)
-del _sys
 
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".data.sources": ("ArraySource", "DataError", "ImageSource", "digits"),
@@ -39,7 +34,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".data.tfds_source": ("TfdsSource",),
     ".data.load": ("load_data",),
     ".data.pipeline": ("dataset",),
-    # The training API (keras_vit.train.engine re-exports it all).
+    # The training API, each name from the module that defines it.
     ".build": ("build_model",),
     ".evaluation": ("evaluate",),
     ".fit": ("compile_for_finetune",),
@@ -49,8 +44,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                  "variable_shapes"),
     ".mpp": ("MaskedPatchPrediction", "MppTrainer", "mpp_to_classifier",
              "pretrain_mpp"),
-}), modules=("data", "few_shot", "layouts", "mpp", "schedules", "vtab",
-            "engine"))
+}), modules=("data", "few_shot", "layouts", "mpp", "schedules", "vtab"))
 
 __all__ = [
     "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",

@@ -15,7 +15,6 @@ import re
 
 from keras_vit import cli_options as options
 from keras_vit.cli_options import positive_int
-from keras_vit.memory import step_memory_estimate  # noqa: F401 (re-export)
 
 PRECISION_HELP = "auto, float32 or mixed_bfloat16"
 WEIGHTS_HELP = "for a zoo name: weights tag, path or URL"
@@ -42,14 +41,6 @@ def _resume(args):
     return "force" if args.resume_anyway else not args.restart
 
 
-def available_memory():
-    """Bytes of memory available to a new allocation on this machine
-    (Linux ``MemAvailable``), or None where unknown."""
-    from keras_vit.errors import available_memory as read
-
-    return read()
-
-
 def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
     the available memory, saying what to change: a ``--micro-batch-size``
@@ -57,15 +48,14 @@ def check_fits_memory(trainer, available=None):
     ``--batch-size`` / ``--image-size``
     (:func:`keras_vit.memory.check_step`). Runs on an accelerator (of
     whichever Keras backend) are not checked: host memory is not theirs."""
-    from keras_vit import hardware
-    from keras_vit.memory import check_step
+    from keras_vit import hardware, memory
 
     if hardware.detect().accelerator != "cpu":
         return
-    available = available_memory() if available is None else available
+    available = memory.available_memory() if available is None else available
     if available is None:
         return
-    check_step(trainer.model, trainer.micro, per_replica=trainer.per_replica,
+    memory.check_step(trainer.model, trainer.micro, per_replica=trainer.per_replica,
                batch_size=trainer.recipe.batch_size, available=available,
                names={"micro_batch_size": "--micro-batch-size ",
                       "batch_size": "--batch-size",
@@ -197,7 +187,7 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.errors import check_int
+        from keras_vit.checks import check_int
         from keras_vit.train.distribute import (MAX_CPU_DEVICES,
                                                 configure_cpu_devices)
 
@@ -267,7 +257,7 @@ def run_fine_tune(args):
     _configure_devices(args)
     from keras_vit.train.data.load import default_eval_spec, load_data
     from keras_vit.train.data.sources import DataError
-    from keras_vit.train.engine import Trainer
+    from keras_vit.train.loop import Trainer
 
     eval_spec = None
     if not args.no_eval:
@@ -387,7 +377,7 @@ def run_evaluate(args):
     import contextlib
 
     from keras_vit.train.data.load import load_data
-    from keras_vit.train.engine import evaluate
+    from keras_vit.train.evaluation import evaluate
     from keras_vit.train.distribute import for_backend
 
     strategy_ = for_backend(args.strategy, tpu=args.tpu)
@@ -402,7 +392,7 @@ def run_evaluate(args):
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
-    from keras_vit.errors import printable
+    from keras_vit.checks import printable
     from keras_vit.train.evaluation import result_lines
 
     return _show(args, result, [
@@ -512,7 +502,7 @@ def run_fewshot(args):
     """The paper's few-shot linear evaluation: pre-logits features,
     regularised least squares to {-1,1} targets in closed form, accuracy for
     k images per class."""
-    from keras_vit.errors import check_int
+    from keras_vit.checks import check_int
     from keras_vit.train.data.load import default_eval_spec, load_data
     from keras_vit.train.few_shot import MAX_SEEDS, fewshot
 

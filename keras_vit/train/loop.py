@@ -28,9 +28,6 @@ from keras_vit.train.build import build_model, dtype_policy, make_engine
 from keras_vit.train.evaluation import classification_terms, model_image_size
 from keras_vit.train.interrupt import StopOnInterrupt, TrainingInterrupted
 from keras_vit.train.progress import RunLog
-# Defined here before the loop had rooms of its own; still found here.
-from keras_vit.train.progress import history_row  # noqa: F401
-from keras_vit.train.settings import split_batch  # noqa: F401
 
 
 @dataclasses.dataclass

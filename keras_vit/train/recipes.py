@@ -15,8 +15,8 @@ import dataclasses
 import math
 import warnings
 
-from keras_vit.errors import (check_choice, check_int, check_number,
-                              closest, did_you_mean)
+from keras_vit.checks import (check_choice, check_int, check_number, closest,
+                              did_you_mean)
 
 # Masked patch prediction (keras_vit.train.mpp): its objectives and targets.
 MPP_OBJECTIVES = ("mpp",)
@@ -65,7 +65,7 @@ class Recipe:
         jit_compile: XLA for the forward and backward pass of the train
             step: True, False, or ``"auto"`` (on for mixed_bfloat16 with one
             replica, where it measured faster on CPU; a TPU compiles the
-            whole step anyway; see :func:`keras_vit.train.engine.step_uses_xla`).
+            whole step anyway; see :func:`keras_vit.train.engine_tf.step_uses_xla`).
         crop_area: inception-crop area range for training, or None for a
             plain resize.
         flip: random horizontal flips in training.

@@ -127,7 +127,7 @@ def test_bf16_inference_agrees_with_float32(demo, dtype):
     top-1 on >= 99% of the held-out digits and the verification photos,
     with logits inside the stated tolerance."""
     from keras_vit import demo as demo_lib
-    from keras_vit.export.common import photo_images
+    from keras_vit.export.samples import photo_images
 
     out, _ = demo
     _, _, digits, _ = demo_lib.load_digits_images(demo_lib.IMAGE_SIZE)

@@ -61,7 +61,10 @@ DOCUMENTED = {
                  "keras_vit.analysis.inspect"],
     "speed": ["keras_vit.hardware.plan", "keras_vit.graph_ops.op_counts",
               "keras_vit.fused_ops.dense_gelu_tanh"],
-    "errors": ["keras_vit.errors.check_choice"],
+    "errors": ["keras_vit.checks.check_choice",
+               "keras_vit.errors.KerasVitError",
+               "keras_vit.memory.check_weights_fit",
+               "keras_vit.archives.check_archive"],
     "io": ["keras_vit.images.decode_plan", "keras_vit.images.DecodePlan",
            "keras_vit.backend.infer", "keras_vit.backend.to_numpy"],
 }
@@ -215,6 +218,6 @@ def test_package_tree_follows_setup_cfg(tmp_path):
     tree = Path(hook.build_tree(ROOT, tmp_path / "src"))
     assert (tree / "keras_vit" / "zoo" / "api.py").is_file()
     assert (tree / "keras_vit" / "export" / "saved_model.py").is_file()
-    assert (tree / "keras_vit" / "train" / "engine.py").is_file()
+    assert (tree / "keras_vit" / "train" / "loop.py").is_file()
     assert hook.landing_page("[a](docs/guides/zoo.md) [b](examples/x.py)") \
         == "[a](guides/zoo.md) [b](examples/x.py)"

@@ -58,8 +58,8 @@ def cross_module_private_uses(path):
                 if alias.name.startswith("keras_vit"):
                     bound = alias.asname or alias.name.split(".")[0]
                     modules[bound] = alias.name if alias.asname else bound
-    # A function argument of the same name (``engine`` the object, not
-    # ``keras_vit.train.engine``) is not the module.
+    # A function argument of the same name (``data`` the argument, not
+    # ``keras_vit.train.data``) is not the module.
     arguments = {arg.arg for node in ast.walk(tree)
                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                       ast.Lambda))
@@ -109,10 +109,11 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 # at any depth. Patterns are fnmatch patterns of module names; the first
 # that matches decides.
 FLOORS = [
-    # 0: no keras_vit imports but each other: argument checks, atomic files,
-    # version shims, the command's quiet start, lazy names and the table of
-    # named architectures.
-    ("base", ["keras_vit.errors", "keras_vit.atomic", "keras_vit.compat",
+    # 0: no keras_vit imports but each other: the errors, argument checks,
+    # archive checks, atomic files, version shims, the command's quiet
+    # start, lazy names and the table of named architectures.
+    ("base", ["keras_vit.errors", "keras_vit.checks", "keras_vit.archives",
+              "keras_vit.atomic", "keras_vit.compat",
               "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
               "keras_vit.graph_ops", "keras_vit.version",
               "keras_vit.images", "keras_vit.variants", "keras_vit.limits",
@@ -122,8 +123,9 @@ FLOORS = [
     # 2: pure keras.ops layers.
     ("layers", ["keras_vit.layers"]),
     # 3: builders and model classes, and what reads or runs a built model
-    # (memory.py knows a hybrid's stages from models.vit; backend.infer
-    # refuses a batch through memory.py). Never the zoo.
+    # (memory.py knows a hybrid's stages from models.common; backend.infer
+    # refuses a batch through memory.py, the encoder weights that cannot
+    # fit). Never the zoo.
     ("models", ["keras_vit.models", "keras_vit.models.*", "keras_vit.memory",
                 "keras_vit.backend"]),
     # 4: names, weights, checkpoint conversion, resolve_model / rebuild.
@@ -139,7 +141,8 @@ FLOORS = [
     # 7: the command lines.
     ("command", ["keras_vit.cli", "keras_vit.cli_options"]),
     # 8: the package's front door (keras_vit/__init__.py) may name anything;
-    # nothing else imports a name from it.
+    # nothing else imports a name from it. registration.py imports the
+    # modules that define the package's Keras classes when Keras is.
     ("package", ["keras_vit", "keras_vit.registration"]),
 ]
 ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
@@ -280,14 +283,145 @@ def import_cycles(graph):
     return cycles
 
 
+def cycle_through(graph, component):
+    """One import cycle inside ``component`` (a strongly connected set of
+    modules), as ``[a, b, ..., a]``: the shortest way from its first
+    module back to itself (breadth first)."""
+    start, members = component[0], set(component)
+    came_from, frontier = {}, [start]
+    while frontier:
+        following = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if w in members and w not in came_from:
+                    came_from[w] = v
+                    following.append(w)
+        frontier = following
+    raise ValueError(f"{component} is not a cycle")
+
+
 def test_no_import_cycles():
     modules = _modules()
-    graph = {me: {other for _, other in edges}
-             for me, edges in _graph(modules).items()}
+    edges = _graph(modules)
+    graph = {me: {other for _, other in found}
+             for me, found in edges.items()}
     allowed = [sorted(modules) for modules, _ in ALLOWED_CYCLES]
     cycles = [c for c in import_cycles(graph) if c not in allowed]
-    assert not cycles, "modules that import each other:\n" + "\n".join(
-        " <-> ".join(c) for c in cycles)
+
+    def step(a, b):
+        line = min(line for line, other in edges[a] if other == b)
+        return f"  {a} imports {b} ({modules[a].relative_to(ROOT)}:{line})"
+
+    report = []
+    for component in cycles:
+        path = cycle_through(graph, component)
+        report.append(" -> ".join(path) + "\n" + "\n".join(
+            step(a, b) for a, b in zip(path, path[1:])))
+    assert not cycles, (
+        "import cycles (move what both need down a floor; an import inside "
+        "a function counts too):\n" + "\n".join(report))
+
+
+# Modules that may import a module by a computed name: the command lines
+# (fnmatch patterns). Everywhere else an import names its module in the
+# source, so that the walker above sees every edge.
+COMPUTED_IMPORTS_ALLOWED = ["keras_vit.cli", "keras_vit.cli_options",
+                            "keras_vit.*.cli"]
+# Helpers that import what their caller names, ``(module, function)``; the
+# walker reads their names at the call sites instead, where each must be a
+# literal (CALLER_NAMED): the lazy tables, and require() of an optional
+# third-party package.
+IMPORTING_HELPERS = {("keras_vit.lazy", "attach"),
+                     ("keras_vit.checks", "require")}
+CALLER_NAMED = ("require", "names_of", "attach")
+
+
+def _literal(node):
+    """Whether ``node`` is a string, or a dict, tuple or list of them."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _literal(k) for k in node.keys) and all(
+            _literal(v) for v in node.values)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_literal(e) for e in node.elts)
+    return False
+
+
+def computed_imports(path):
+    """``[(line, what)]``: ``path``'s imports by a name that is not written
+    in the source: ``importlib.import_module(x)`` or ``__import__(x)`` with
+    ``x`` not a string literal (outside IMPORTING_HELPERS), and the
+    importing helpers (CALLER_NAMED) called with anything but literals."""
+    me = _module_name(path)
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+
+    def visit(node, function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = function or node.name
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = getattr(func, "attr", getattr(func, "id", None))
+            first = node.args[0] if node.args else None
+            if called in ("import_module", "__import__"):
+                if not (first is not None and _literal(first)) and (
+                        (me, function) not in IMPORTING_HELPERS):
+                    shown = ast.unparse(first) if first else ""
+                    found.append((node.lineno, f"{called}({shown})"))
+            elif (called in ("require", "names_of") and first is not None
+                  and not _literal(first)):
+                found.append((node.lineno,
+                              f"{called}({ast.unparse(first)})"))
+            elif called == "attach":
+                for kw in node.keywords:
+                    if kw.arg == "modules" and not _literal(kw.value):
+                        found.append((node.lineno,
+                                      f"attach(modules={ast.unparse(kw.value)})"))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_no_import_by_a_computed_name():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for module, path in _modules().items()
+        if not any(fnmatch.fnmatchcase(module, p)
+                   for p in COMPUTED_IMPORTS_ALLOWED)
+        for line, what in computed_imports(path)]
+    assert not offenders, (
+        "imports by a computed name (import the module by name, e.g. a "
+        "table of `from keras_vit.export import onnx` branches):\n"
+        + "\n".join(offenders))
+
+
+def test_the_computed_import_finder(tmp_path, monkeypatch):
+    # The check above would pass vacuously if the finder found nothing.
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    source = tmp_path / "keras_vit" / "models" / "thing.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "import importlib\n"
+        "importlib.import_module('keras_vit.layers')\n"
+        "def f(fmt):\n"
+        "    return importlib.import_module(f'keras_vit.export.{fmt}')\n"
+        "__import__(name)\n"
+        "require('onnx')\n"
+        "require(name)\n"
+        "names_of({'.a': ('b',)})\n"
+        "attach(__name__, modules=MODULES)\n")
+    assert computed_imports(source) == [
+        (4, "import_module(f'keras_vit.export.{fmt}')"),
+        (5, "__import__(name)"), (7, "require(name)"),
+        (9, "attach(modules=MODULES)")]
 
 
 def test_the_import_walker_sees_every_form(tmp_path, monkeypatch):
@@ -320,6 +454,10 @@ def test_the_import_walker_sees_every_form(tmp_path, monkeypatch):
 ])
 def test_the_cycle_finder(graph, cycles):
     assert import_cycles(graph) == cycles
+    for component in cycles:
+        path = cycle_through(graph, component)
+        assert path[0] == path[-1] and set(path) == set(component)
+        assert all(b in graph[a] for a, b in zip(path, path[1:]))
 
 
 def test_the_longest_first_schedule_names_test_files():

@@ -122,7 +122,7 @@ def test_an_explicit_path_wins(monkeypatch):
                                          ("avx2", True)])
 def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
     from keras_vit import train as kt
-    from keras_vit.train import engine
+    from keras_vit.train.engine_tf import step_uses_xla
 
     monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
@@ -140,10 +140,10 @@ def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
         import tensorflow as tf
 
         strategy = tf.distribute.get_strategy()
-        assert engine.step_uses_xla(strategy, "auto",
+        assert step_uses_xla(strategy, "auto",
                                     "mixed_bfloat16") is want
-        assert engine.step_uses_xla(strategy, "auto", "float32") is False
-        assert engine.step_uses_xla(strategy, True, "float32") is True
+        assert step_uses_xla(strategy, "auto", "float32") is False
+        assert step_uses_xla(strategy, True, "float32") is True
 
 
 def test_enable_onednn_leaves_every_stated_choice_alone():

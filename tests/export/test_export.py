@@ -7,8 +7,9 @@ failed verifications must leave nothing that looks finished.
 """
 
 import argparse
-import importlib
+import inspect
 import json
+import typing
 import os
 
 import numpy as np
@@ -24,11 +25,42 @@ import keras  # noqa: E402
 import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.export import cli as export_cli  # noqa: E402
-from keras_vit.export import common  # noqa: E402
+from keras_vit.export import common, formats  # noqa: E402
+from keras_vit.export import memory as export_memory  # noqa: E402
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=5)
 SECOND_BATCH = 3  # not one of the exporter's (4, 1)
+
+
+@pytest.mark.parametrize("fmt", common.FORMATS)
+def test_each_format_module_provides_the_format_interface(fmt):
+    """What pipeline.run reads on a format module (formats.FormatModule):
+    every attribute there, the functions callable with the Protocol's
+    arguments, the constants of their type."""
+    module = formats.format_module(fmt)
+    assert module.__name__ == f"keras_vit.export.{fmt}"
+    hints = typing.get_type_hints(formats.FormatModule)
+    members = set(hints) | {
+        name for name, value in vars(formats.FormatModule).items()
+        if callable(value) and not name.startswith("_")}
+    assert {"RUNTIME_NEEDS_TENSORFLOW", "convert", "finish",
+            "open_artifact"} <= members
+    for name in sorted(members):
+        assert hasattr(module, name), f"keras_vit.export.{fmt} lacks {name}"
+        expected = getattr(formats.FormatModule, name, None)
+        if callable(expected):
+            got = getattr(module, name)
+            assert callable(got), f"keras_vit.export.{fmt}.{name}"
+            wanted = list(inspect.signature(expected).parameters)[1:]
+            params = inspect.signature(got).parameters
+            assert list(params)[:len(wanted)] == wanted, (fmt, name)
+            assert all(p.default is not inspect.Parameter.empty
+                       for p in list(params.values())[len(wanted):])
+        else:
+            assert isinstance(getattr(module, name), hints[name]), (fmt, name)
+    with pytest.raises(ValueError, match="format"):
+        formats.format_module("h5")
 
 
 def _perturbed(model, seed=0, scale=0.1):
@@ -117,7 +149,7 @@ def test_saved_model_every_model(model, tmp_path):
     assert report["verification"]["passed"]
     # Variables stored once: the checkpoint is about the weights' size
     # (Keras' model.export writes them twice).
-    var_bytes = common.path_size(os.path.join(path, "variables"))
+    var_bytes = export_memory.path_size(os.path.join(path, "variables"))
     weight_bytes = sum(w.numpy().nbytes for w in model.weights)
     assert var_bytes < 1.3 * weight_bytes + 32_000
 
@@ -485,7 +517,7 @@ def test_missing_folders_are_created_and_removed_on_failure(
     export.export(vit, str(path), format=fmt)
     assert common.read_report(str(path))["verified"] is True
     # A failed export takes back the folders it created, and only those.
-    module = importlib.import_module(f"keras_vit.export.{fmt}")
+    module = formats.format_module(fmt)
     monkeypatch.setattr(module, "open_artifact", _Garbage)
     with pytest.raises(export.ExportError, match="does not match Keras"):
         export.export(vit, str(tmp_path / "deploy" / "v2" / "a" / name),
@@ -562,7 +594,7 @@ class _Garbage:
 def test_failed_verification_raises_and_keeps_the_old_artifact(
         vit, tmp_path, monkeypatch, fmt, name):
     path = str(tmp_path / name)
-    module = importlib.import_module(f"keras_vit.export.{fmt}")
+    module = formats.format_module(fmt)
     first = export.export(vit, path, format=fmt)
     before = _leftovers(tmp_path)
 

@@ -13,8 +13,8 @@ from keras_vit import layers as vit_layers
 from keras_vit import zoo
 from keras_vit.demo import load_digits_images
 from keras_vit.models import vit
-from keras_vit.models.vit import (PLACEMENTS, POSITION_EMBEDDINGS,
-                                  RelativePositionEmbedding)
+from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
+from keras_vit.models.vit import RelativePositionEmbedding
 from keras_vit.zoo import convert
 
 # Every accepted (kind, placement): "none" has nothing to place.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import analysis, cli, errors, zoo
+from keras_vit import analysis, checks, cli, zoo
 from keras_vit import train as kt
 from keras_vit.zoo import download
 
@@ -238,22 +238,22 @@ def test_environment_variable_through_the_command_line(monkeypatch, capsys,
 
 
 def test_the_checks_share_one_helper():
-    # One place for argument checks (keras_vit.errors): the helpers' own
+    # One place for argument checks (keras_vit.checks): the helpers' own
     # contract.
-    assert errors.closest("vitb16", ["ViT-B/16", "ViT-B/32"]) == ["ViT-B/16"]
-    assert errors.check_choice("x", "a", ("a", "b")) == "a"
+    assert checks.closest("vitb16", ["ViT-B/16", "ViT-B/32"]) == ["ViT-B/16"]
+    assert checks.check_choice("x", "a", ("a", "b")) == "a"
     with pytest.raises(ValueError, match=r"x must be one of \('a', 'b'\); "
                                          r"received x=\['a'\]\.$"):
-        errors.check_choice("x", ["a"], ("a", "b"))
-    assert errors.check_int("n", np.int64(3), low=1) == 3
+        checks.check_choice("x", ["a"], ("a", "b"))
+    assert checks.check_int("n", np.int64(3), low=1) == 3
     for bad in (True, 1.0, "1", None):
         with pytest.raises(ValueError, match=f"received n={bad!r}"):
-            errors.check_int("n", bad, low=1)
+            checks.check_int("n", bad, low=1)
     for bad in (float("nan"), float("inf"), True, "0.5"):
         with pytest.raises(ValueError, match="must be a number in"):
-            errors.check_number("p", bad, low=0, high=1)
+            checks.check_number("p", bad, low=0, high=1)
     with pytest.raises(kt.StrategyError):
-        errors.check_choice("strategy", "x", ("auto",),
+        checks.check_choice("strategy", "x", ("auto",),
                             error=kt.StrategyError)
 
 

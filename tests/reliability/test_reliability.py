@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.memory import step_memory_estimate
 
 # ---------------------------------------------------------------------------
 # Initialisation equals the official one in distribution.
@@ -207,7 +208,7 @@ def _log_softmax(z):
 
 
 def test_label_smoothing_matches_a_hand_computation():
-    from keras_vit.train import engine
+    from keras_vit.train.fit import smoothed_sparse_crossentropy
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(5, 4)).astype("float32")
@@ -216,7 +217,7 @@ def test_label_smoothing_matches_a_hand_computation():
     target = np.full((5, k), eps / k)
     target[np.arange(5), labels] += 1.0 - eps
     expected = float(np.mean(-(target * _log_softmax(logits)).sum(-1)))
-    loss = engine.smoothed_sparse_crossentropy(eps)
+    loss = smoothed_sparse_crossentropy(eps)
     assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
     # The training loop's own loss (summed over the batch).
     tr = keras_vit.train.Trainer(_tiny(), "digits", recipe="pretrain",
@@ -824,11 +825,11 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     # batch 512 needs far more than a 24 GB machine (~150 GiB estimated).
     model = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=384,
                                num_classes=10)
-    assert train_cli.step_memory_estimate(model, 512) > 100 * 2**30
-    assert train_cli.step_memory_estimate(model, 16) < 8 * 2**30
+    assert step_memory_estimate(model, 512) > 100 * 2**30
+    assert step_memory_estimate(model, 16) < 8 * 2**30
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
-    monkeypatch.setattr(train_cli, "available_memory", lambda: 2**20)
+    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: 2**20)
     argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "64",
             "--steps", "1", "--warmup-steps", "0", "--no-eval", "--quiet",
             "--out", str(tmp_path / "run")]
@@ -862,10 +863,10 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
 
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
-    per_image = train_cli.step_memory_estimate(
+    per_image = step_memory_estimate(
         mpp.MaskedPatchPrediction(_tiny()), 1)
     available = 2**20
-    monkeypatch.setattr(train_cli, "available_memory", lambda: available)
+    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: available)
     argv = ["pretrain", str(path), "--data", "digits", "--batch-size", "64",
             "--image-size", "16", "--steps", "1", "--warmup-steps", "0",
             "--quiet", "--strategy", "default", "--out", str(tmp_path / "r")]
@@ -881,7 +882,6 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
 
 
 def test_memory_estimate_covers_hybrids_bit_and_mpp():
-    from keras_vit.train import cli as train_cli
     from keras_vit.train import mpp
 
     vit = keras_vit.vit(image_size=64, patch_size=16, hidden_size=64,
@@ -893,7 +893,7 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
                                        width_factor=0.5))
     bit = keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 10)
     bit_big = keras_vit.models.resnet_v2(128, (1, 1, 1, 1), 0.5, 10)
-    estimate = train_cli.step_memory_estimate
+    estimate = step_memory_estimate
     # Same 4x4 token grid (stride 16): the hybrid adds its ResNet.
     assert hybrid.grid_size == vit.grid_size
     assert estimate(hybrid, 1) > estimate(vit, 1) > 0
@@ -1491,11 +1491,11 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
 
     from keras_vit import atomic
     from keras_vit.train import cli as train_cli
-    from keras_vit.train import engine
+    from keras_vit.train.run_dir import RUN_LOCK, lock_run_dir
 
     out = tmp_path / "run"
     out.mkdir()
-    lock = out / engine.RUN_LOCK
+    lock = out / RUN_LOCK
     holder = subprocess.Popen(
         [sys.executable, "-c", _LOCK_HOLDER, str(lock), atomic.__file__],
         stdout=subprocess.PIPE, text=True)
@@ -1517,8 +1517,8 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
         pass
 
     first, second = Owner(), Owner()
-    engine.lock_run_dir(first, out)
-    engine.lock_run_dir(second, out)
+    lock_run_dir(first, out)
+    lock_run_dir(second, out)
     assert lock.read_text().startswith(f"pid {os.getpid()} since")
     del first, second
     gc.collect()

@@ -430,7 +430,7 @@ def test_gradient_accumulation_equals_the_full_batch():
 
 def test_xla_train_step_matches_the_graph_step(monkeypatch):
     from keras_vit import hardware
-    from keras_vit.train import engine
+    from keras_vit.train.engine_tf import step_uses_xla
 
     kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
               learning_rate=1e-2, strategy="default", **QUICK)
@@ -448,17 +448,17 @@ def test_xla_train_step_matches_the_graph_step(monkeypatch):
         np.testing.assert_allclose(a, c, atol=5e-5)
     assert xla.metrics["jit_compile"] is True
     default = kt.strategy("default")
-    assert engine.step_uses_xla(default, "auto", "float32") is False
+    assert step_uses_xla(default, "auto", "float32") is False
     # "auto" follows the machine's plan: XLA for bf16 where oneDNN's bf16
     # is not faster than float32 (forced here), the graph where it is.
-    assert engine.step_uses_xla(default, "auto", "mixed_bfloat16") is \
+    assert step_uses_xla(default, "auto", "mixed_bfloat16") is \
         hardware.plan("mixed_bfloat16").train_jit
     monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2")
-    assert engine.step_uses_xla(default, "auto", "mixed_bfloat16") is True
+    assert step_uses_xla(default, "auto", "mixed_bfloat16") is True
     monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx512f,amx_bf16,amx_tile")
-    assert engine.step_uses_xla(default, "auto", "mixed_bfloat16") is False
+    assert step_uses_xla(default, "auto", "mixed_bfloat16") is False
     monkeypatch.delenv("KERAS_VIT_CPU_FLAGS")
-    assert engine.step_uses_xla(default, False, "mixed_bfloat16") is False
+    assert step_uses_xla(default, False, "mixed_bfloat16") is False
     with pytest.raises(ValueError, match="jit_compile='yes'"):
         kt.recipes.get("finetune", jit_compile="yes")
     assert kt.recipes.parse_value("jit_compile", "auto") == "auto"

@@ -25,7 +25,8 @@ import keras_vit
 from keras import ops
 from keras_vit import train as kt
 from keras_vit.train import checkpoints
-from keras_vit.train import engine
+from keras_vit.train.build import make_engine
+from keras_vit.train.run_dir import append_jsonl
 
 SUBPROCESS_TIMEOUT = 300
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
@@ -250,11 +251,11 @@ def test_a_checkpoint_of_another_model_is_refused_before_assigning(tmp_path):
 
 def test_a_history_line_cut_by_a_kill_is_dropped_not_glued(tmp_path):
     path = str(tmp_path / "history.jsonl")
-    engine.append_jsonl(path, {"step": 1, "loss": 2.0})
+    append_jsonl(path, {"step": 1, "loss": 2.0})
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"step": 2, "loss": 1.9')  # the kill, mid-line
-    engine.append_jsonl(path, {"step": 2, "loss": 1.8})
-    engine.append_jsonl(path, {"step": 3, "loss": 1.7})
+    append_jsonl(path, {"step": 2, "loss": 1.8})
+    append_jsonl(path, {"step": 3, "loss": 1.7})
     rows = [json.loads(line) for line in open(path, encoding="utf-8")]
     assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.8},
                     {"step": 3, "loss": 1.7}]
@@ -262,7 +263,7 @@ def test_a_history_line_cut_by_a_kill_is_dropped_not_glued(tmp_path):
     only = str(tmp_path / "only.jsonl")
     with open(only, "w", encoding="utf-8") as f:
         f.write('{"st')
-    engine.append_jsonl(only, {"step": 1})
+    append_jsonl(only, {"step": 1})
     assert open(only, encoding="utf-8").read() == '{"step": 1}\n'
 
 
@@ -270,11 +271,11 @@ def test_a_history_line_cut_by_a_kill_is_dropped_not_glued(tmp_path):
 def test_strategy_names_per_backend():
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        assert engine.make_engine("default").info["name"] == "default"
+        assert make_engine("default").info["name"] == "default"
         return
-    assert engine.make_engine("auto").info["backend"] == backend
+    assert make_engine("auto").info["backend"] == backend
     if backend == "jax":
-        e = engine.make_engine("data_parallel")
+        e = make_engine("data_parallel")
         assert e.info["name"] == "data_parallel"
         assert e.replicas == len(keras.distribution.list_devices())
     else:

@@ -257,16 +257,19 @@ def test_round_trip_through_keras_file(tmp_path):
 
 def test_the_moved_names_have_one_import_path():
     """resolve_model, rebuild, model_path and load_keras_file read
-    checkpoints, the zoo's work: they live in keras_vit.zoo.resolve only
-    (docs/changelog.md lists the removed aliases), and keras_vit.models
-    answers them as it answers any name it lacks."""
+    checkpoints, the zoo's work: they live in keras_vit.zoo.resolve and
+    keras_vit.zoo.keras_archive only (docs/changelog.md lists the removed
+    aliases), and keras_vit.models answers them as it answers any name it
+    lacks."""
     import keras_vit.models
-    from keras_vit.zoo import resolve
+    from keras_vit.zoo import keras_archive, resolve
 
-    for name in ("resolve_model", "rebuild", "model_path",
-                 "load_keras_file"):
-        assert callable(getattr(resolve, name))
+    for module, name in ((resolve, "resolve_model"), (resolve, "rebuild"),
+                         (resolve, "model_path"),
+                         (keras_archive, "load_keras_file")):
+        assert callable(getattr(module, name))
         assert not hasattr(keras_vit.models, name), name
+    assert not hasattr(resolve, "load_keras_file")
     with pytest.raises(AttributeError):
         keras_vit.models.no_such_builder  # noqa: B018
 

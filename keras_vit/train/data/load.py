@@ -9,7 +9,8 @@ import os
 
 import numpy as np
 
-from keras_vit.errors import check_archive, closest
+from keras_vit.archives import check_archive
+from keras_vit.checks import closest
 from keras_vit.train.data.folders import FolderSource
 from keras_vit.train.data.sources import (ArraySource, DataError,
                                           ImageSource, digits)

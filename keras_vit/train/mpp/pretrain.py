@@ -15,7 +15,7 @@ from keras_vit.train.data.folders import FolderSource, existing_folder
 from keras_vit.train.data.image_checks import check_images
 from keras_vit.train.data.load import load_data
 from keras_vit.train.data.sources import DataError, ImageSource
-from keras_vit.train import engine, settings
+from keras_vit.train import loop, settings
 from keras_vit.train.mpp.model import MaskedPatchPrediction
 from keras_vit.train.mpp.objective import check_fraction, check_target
 from keras_vit.zoo.resolve import resolve_model
@@ -85,7 +85,7 @@ def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
 # training
 
 
-class MppTrainer(engine.Trainer):
+class MppTrainer(loop.Trainer):
     """:class:`~keras_vit.train.Trainer` with the masked patch prediction
     objective: the same strategies, pipelines, checkpoints and resume.
 

@@ -12,8 +12,8 @@ import shutil
 import numpy as np
 
 from keras_vit import atomic
-from keras_vit.errors import check_int
-from keras_vit.train import engine as engine_lib
+from keras_vit.checks import check_int
+from keras_vit.train import distribute, loop
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.vtab.data import load_tasks
 from keras_vit.train.vtab.tasks import (
@@ -141,7 +141,7 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
                  val_examples=val_examples, test_examples=test_examples)
     # Checked before reading data: a name this backend cannot run fails
     # at once.
-    strategy_ = engine_lib.strategy_lib.for_backend(strategy, tpu=tpu)
+    strategy_ = distribute.for_backend(strategy, tpu=tpu)
     sources = load_tasks(names, data_dir=data_dir, download=download,
                          **sizes)
     build = _fresh_model(model)
@@ -181,7 +181,7 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
             print(f"vtab: {name} ({task.group}): training on {train.split} "
                   f"({train.num_examples}), evaluating on {evaluation.split} "
                   f"({evaluation.num_examples})")
-        result = engine_lib.Trainer(
+        result = loop.Trainer(
             build, train, evaluation, recipe="finetune", out_dir=run_dir,
             strategy=strategy_, weights=weights, model_options=model_options,
             verbose=verbose, **_task_overrides(task, overrides)).fit()
