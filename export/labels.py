@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from keras_vit.checks import check_path
 
 #: The ONNX ``metadata_props`` key and the TFLite metadata name.
 KEY = "label_names"
@@ -158,6 +159,7 @@ def read_label_names(path):
     >>> read_label_names(path)
     ('cat', 'dog')
     """
+    check_path("path", path)
     path = os.fspath(path)
     if os.path.isdir(path):
         file = os.path.join(path, SAVED_MODEL_FILE)

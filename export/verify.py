@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from keras_vit.export import common, memory
+from keras_vit.checks import check_type
 
 
 def top1_source(names):
@@ -271,6 +272,9 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
 def verification_table(reports):
     """A markdown table of export reports: format, file, size, differences
     with Keras and their tolerance, time and memory."""
+    for i, report in enumerate(check_type(
+            "reports", reports, (list, tuple), "a list of export reports")):
+        check_type(f"reports[{i}]", report, dict, "an export report (a dict)")
     head = ("format", "variant", "file", "MiB", "max abs diff",
             "tolerance", "top-1 agree", "batches", "convert s", "peak RSS MiB")
     lines = ["| " + " | ".join(head) + " |",

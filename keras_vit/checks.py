@@ -284,6 +284,55 @@ def check_dtype(name, value):
 MODEL_KEYWORDS = ("name", "trainable", "dtype")
 
 
+def check_type(name, value, types, what):
+    """``value`` if it is an instance of ``types``, else an
+    :class:`~keras_vit.errors.ArgumentTypeError` naming the argument, the
+    value and ``what`` it must be.
+
+    >>> check_type("path", 5, (str, os.PathLike), "a path")
+    Traceback (most recent call last):
+    keras_vit.errors.ArgumentTypeError: path must be a path; received path=5 (int)
+    """
+    if isinstance(value, types):
+        return value
+    from keras_vit.errors import ArgumentTypeError
+
+    raise ArgumentTypeError(f"{name} must be {what}; received {name}="
+                            f"{shown(value)} ({type(value).__name__})")
+
+
+def check_path(name, value):
+    """``value`` if it is a path (``str`` or ``os.PathLike``), else an
+    :class:`~keras_vit.errors.ArgumentTypeError` naming it."""
+    return check_type(name, value, (str, os.PathLike), "a path (a str or "
+                      "os.PathLike)")
+
+
+def check_model(name, value):
+    """``value`` if it is a ``keras.Model``, else an
+    :class:`~keras_vit.errors.ArgumentTypeError` naming it (imports
+    Keras)."""
+    import keras
+
+    return check_type(name, value, keras.Model, "a keras.Model")
+
+
+def as_array(name, value, dtype="float32"):
+    """``value`` as a NumPy array of ``dtype``, or an
+    :class:`~keras_vit.errors.ArgumentTypeError` naming the argument when
+    it is not numbers."""
+    import numpy as np
+
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        from keras_vit.errors import ArgumentTypeError
+
+        raise ArgumentTypeError(
+            f"{name} must be an array of numbers; received {name}="
+            f"{shown(value)} ({type(value).__name__}: {e})") from None
+
+
 def check_keywords(where, kwargs, accepted):
     """Refuses keyword arguments that ``where`` would silently drop
     (``keras.Model`` ignores unknown ones), naming the nearest accepted one.

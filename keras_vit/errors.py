@@ -65,3 +65,9 @@ class ConfigError(KerasVitError, ValueError):
         self.field = field
         where = f" field {field}:" if field else ""
         super().__init__(f"{self.path}{where} {problem}")
+
+
+class ArgumentTypeError(KerasVitError, TypeError):
+    """A public function's argument is of a type it cannot take; the
+    message names the argument, its value and what it must be
+    (:func:`keras_vit.checks.check_type`)."""

@@ -172,7 +172,7 @@ def read_object(obj):
     else:
         raise ValueError(
             f"from_keras_hub takes a keras-hub {CLASSIFIER} or {BACKBONE}, "
-            f"or a preset directory; received {shown(obj)}")
+            f"or a preset directory; received source={shown(obj)}")
     config = dict(backbone.get_config())
     config["data_format"] = getattr(backbone, "data_format", None)
     arch = backbone_architecture(config, where)

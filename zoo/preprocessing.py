@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.checks import as_array
+
 # Head sizes that identify a label list shipped with the package.
 LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
 
@@ -44,7 +46,7 @@ def preprocess_input(images, image_size=None, scale=True):
     NumPy."""
     import keras
 
-    x = np.asarray(images, dtype="float32")
+    x = as_array("images", images)
     if x.ndim not in (3, 4) or x.shape[-1] != 3 or 0 in x.shape[-3:-1]:
         raise ValueError("images must be (height, width, 3) or (batch, "
                          "height, width, 3) with height and width >= 1; "

@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_vit.checks import as_array
+
 
 def _layer_of_type(model, cls, what):
     for layer in getattr(model, "layers", ()):
@@ -59,7 +61,7 @@ def neighbour_similarity(similarity):
     >>> neighbour_similarity(sim)
     {'adjacent': 0.25, 'other': 0.0}
     """
-    sim = np.asarray(similarity, dtype="float64")
+    sim = as_array("similarity", similarity, "float64")
     if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
         raise ValueError(f"similarity must have shape (rows, cols, rows, "
                          f"cols); received similarity.shape={sim.shape}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_vit.checks import did_you_mean
+from keras_vit.checks import check_model
 
 
 def _resnet_output(model):
@@ -20,6 +21,7 @@ def _resnet_output(model):
 
 def available_features(model):
     """Names accepted by :func:`feature_model` for this model."""
+    check_model("model", model)
     names = []
     layer_names = {layer.name for layer in model.layers}
     if any(n.startswith("resnet_") for n in layer_names):
@@ -78,6 +80,7 @@ def feature_model(model, outputs="pre_logits"):
     >>> {k: tuple(v.shape) for k, v in f(np.zeros((1, 32, 32, 3))).items()}
     {'resnet': (1, 8, 8, 128), 'tokens': (1, 65, 32)}
     """
+    check_model("model", model)
     names = [outputs] if isinstance(outputs, str) else list(outputs)
     tensors = {name: feature_tensor(model, name) for name in names}
     out = tensors[names[0]] if isinstance(outputs, str) else tensors

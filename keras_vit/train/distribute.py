@@ -17,6 +17,7 @@ import socket
 import threading
 import warnings
 
+from keras_vit.checks import check_type
 from keras_vit.errors import KerasVitError
 
 NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
@@ -336,6 +337,9 @@ def describe(strategy_):
     """Name, replica count, workers and whether this process is the chief
     (the one that writes checkpoints, logs and the final model)."""
     import tensorflow as tf
+
+    check_type("strategy_", strategy_, tf.distribute.Strategy,
+               "a tf.distribute.Strategy")
 
     kind = type(strategy_).__name__
     names = {

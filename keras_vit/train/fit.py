@@ -10,6 +10,7 @@ import math
 
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of
+from keras_vit.checks import check_model
 
 
 def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
@@ -54,6 +55,7 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     >>> h.history["loss"][0] < 2.31, model.label_names[:3]
     (True, ('0', '1', '2'))
     """
+    check_model("model", model)
     from keras_vit.train.build import name_classes
 
     if label_names is not None and not isinstance(label_names, (list,
