@@ -42,7 +42,8 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
                      "keras_vit/zoo/labels/imagenet21k.txt",
                      "keras_vit/zoo/download.py", "keras_vit/export/__init__.py",
                      "keras_vit/models/vit.py", "keras_vit/analysis/cli.py",
-                     "keras_vit/train/engine.py"):
+                     "keras_vit/train/loop.py",
+                     "keras_vit/train/data/pipeline.py"):
         assert required in names, required
     assert not any(n.startswith(("tests/", "zoo/", "export/")) for n in names)
 
@@ -81,3 +82,27 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
     assert int(n_labels) == 21843
     assert int(params) > 5_000_000
     assert (env_dir / "bin" / "keras-vit").exists()
+
+
+def test_every_package_folder_is_listed_in_setup_cfg():
+    """setup.cfg names its packages one by one (three folders map to one
+    package): a sub-package made by a split must be added there, or the
+    wheel ships without it."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    found = set()
+    for folder, package in (("keras_vit", "keras_vit"),
+                            ("zoo", "keras_vit.zoo"),
+                            ("export", "keras_vit.export")):
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            parts = init.parent.relative_to(base).parts
+            if init.parent.is_symlink() or any(
+                    p in ("zoo", "export") for p in parts[:1]
+                    if folder == "keras_vit"):
+                continue
+            found.add(".".join((package, *parts)))
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
