@@ -143,7 +143,11 @@ def _choice(var, value, text):
 def _folder(var, value, text):
     from pathlib import Path
 
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # "~user" for a user that does not exist
+        raise SettingError(var.name, text, "a folder whose ~user exists"
+                           ) from None
     if path.exists() and not path.is_dir():
         raise SettingError(var.name, text, "a folder (it names a file)")
     return path

@@ -23,7 +23,8 @@ TEXT = st.one_of(
     st.text(max_size=30),
     st.sampled_from(["abc", "-1", "0", "nan", "inf", "1e400", " 5 ", "1,2",
                      "ftp://x/", "http://", "YES", "Off", "fused ",
-                     "avx512f, amx_bf16", "a b", "/etc/passwd", "~"]))
+                     "avx512f, amx_bf16", "a b", "/etc/passwd", "~", "~0",
+                     "~no_such_user_xyz/cache"]))
 
 
 @settings(max_examples=300, deadline=None)
