@@ -55,22 +55,6 @@ def parse_args(argv):
     return args
 
 
-def cpu_line():
-    flags = set()
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = [f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f in flags]
-    return f"{model}, {os.cpu_count()} cores; {', '.join(wanted) or 'no AVX-512'}"
-
-
 def _model(args, remat):
     import keras_vit
 
@@ -203,6 +187,8 @@ def main(argv=None):
     if args.time_child:
         return time_child(args)
     os.environ["KERAS_BACKEND"] = "jax"
+    from keras_vit import hardware
+
     results = {remat: measure(args, remat) for remat in (False, True)}
     plain_s, remat_s = step_times(args, argv)
     plain, remat = results[False], results[True]
@@ -217,7 +203,7 @@ def main(argv=None):
         f"{args.num_classes} classes: activations kept for the backward "
         f"pass (JAX VJP residuals at batches {args.batches[0]} and "
         f"{args.batches[1]}), step time on the PyTorch backend; CPU: "
-        f"{cpu_line()}.",
+        f"{hardware.detect().describe()}.",
         "",
         "| | without remat | with remat | ratio |",
         "|---|---|---|---|",

@@ -18,7 +18,8 @@ import os
 import time
 
 from keras_vit import atomic
-from keras_vit.checks import check_choice, check_type
+from keras_vit import checks
+from keras_vit.checks import check_choice
 from keras_vit.errors import KerasVitError
 
 FORMATS = ("saved_model", "tflite", "onnx")
@@ -254,8 +255,7 @@ def write_json(path, data):
 def read_report(path):
     """The report of an artifact: ``path`` may be the artifact itself (a
     ``.tflite``/``.onnx`` file or a SavedModel directory) or the report."""
-    check_type("path", path, (str, os.PathLike), "a path (a str or "
-               "os.PathLike)")
+    checks.check_path("path", path)
     # A symbolic link to an artifact: the report sits beside its target.
     path = os.path.realpath(path)
     if os.path.isdir(path):

@@ -128,16 +128,20 @@ def _flag(var, value, text):
         return True
     if value.lower() in FALSE:
         return False
-    raise SettingError(var.name, text, f"one of {TRUE + FALSE} (or unset)."
-                       f"{did_you_mean(value.lower(), TRUE + FALSE)}"
-                       .rstrip("."))
+    raise _not_one_of(var, value.lower(), text, TRUE + FALSE)
 
 
 def _choice(var, value, text):
     if value in var.choices:
         return value
-    raise SettingError(var.name, text, f"one of {var.choices} (or unset)."
-                       f"{did_you_mean(value, var.choices)}".rstrip("."))
+    raise _not_one_of(var, value, text, var.choices)
+
+
+def _not_one_of(var, value, text, choices):
+    """The refusal of a value that is none of ``choices``, with the
+    nearest one suggested."""
+    return SettingError(var.name, text, f"one of {choices} (or unset)."
+                        f"{did_you_mean(value, choices)}".rstrip("."))
 
 
 def _folder(var, value, text):

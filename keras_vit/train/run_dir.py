@@ -177,23 +177,22 @@ def _end_of_last_line(f, end, block=4096):
 
 def _read_jsonl(path):
     """The rows of a JSON-lines history file, each checked against
-    :data:`HISTORY_ROW`. The last line, cut short by a killed process, is
-    skipped; any other line that is not a row is refused, naming the file
-    and the line."""
-    with open(path, "rb") as f:
-        lines = f.read().splitlines(keepends=True)
+    :data:`HISTORY_ROW`. The last line, cut short by a killed process (the
+    only line without its newline), is skipped; any other line that is not
+    a row is refused, naming the file and the line."""
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            value = schema.parse_json(line, where, "history row")
-        except ValueError:
-            if number == len(lines) and not line.endswith(b"\n"):
-                continue  # the partial row of a killed process
-            raise
-        rows.append(schema.check(HISTORY_ROW, value, where))
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                value = schema.parse_json(line, where, "history row")
+            except ValueError:
+                if not line.endswith(b"\n"):
+                    continue  # the partial row of a killed process
+                raise
+            rows.append(schema.check(HISTORY_ROW, value, where))
     return rows
 
 
