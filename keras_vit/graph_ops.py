@@ -32,11 +32,18 @@ import numpy as np
 #: Summary keys of :func:`fusion_summary`, in table order.
 SUMMARY_KEYS = ("matmul_bias_gelu", "matmul_bias", "matmul_unfused",
                 "bias_add_grad", "softmax", "layer_norm", "tanh", "cast",
-                "mul", "sum", "total")
+                "mul", "sum", "xla_programs", "total")
+
+#: The label of a call that XLA compiles inside a graph that is otherwise
+#: TensorFlow's (:func:`keras_vit.fused_ops.xla_gelu` and its kin).
+XLA_PROGRAM = "XlaProgram"
 
 
 def node_label(node):
-    """``node``'s op type, with its fused ops as ``Op[BiasAdd,...]``."""
+    """``node``'s op type, with its fused ops as ``Op[BiasAdd,...]``; a
+    function call that XLA must compile is :data:`XLA_PROGRAM`."""
+    if "Call" in node.op and node.attr["_XlaMustCompile"].b:
+        return XLA_PROGRAM
     label = node.op
     if "fused_ops" in node.attr:
         fused = ",".join(s.decode() for s in node.attr["fused_ops"].list.s)
@@ -155,7 +162,7 @@ def fusion_summary(counts):
     matmuls with bias and GELU fused, with bias only, unfused; bias
     gradients as ``BiasAddGrad``; softmax, LayerNorm (fused
     ``_MklLayerNorm`` or batch-norm spelling), Tanh, Cast, Mul and Sum
-    nodes; the total."""
+    nodes; calls compiled by XLA; the total."""
     out = dict.fromkeys(SUMMARY_KEYS, 0)
     for label, n in counts.items():
         op, _, fused = label.partition("[")
@@ -180,6 +187,8 @@ def fusion_summary(counts):
             out["mul"] += n
         elif op == "Sum":
             out["sum"] += n
+        elif op == XLA_PROGRAM:
+            out["xla_programs"] += n
         out["total"] += n
     return out
 

@@ -299,7 +299,12 @@ class Plan:
     ``"einsum"``; ``reason``: why, in words; ``softmax``: the dtype the
     einsum attention's softmax runs in, ``"float32"`` (logits cast up and
     the probabilities back) or ``"input"`` (bf16 straight into oneDNN's
-    softmax, which computes in float32 inside).
+    softmax, which computes in float32 inside); ``elementwise``: how a
+    training step that is not compiled as a whole runs the GELU and
+    LayerNorm chains (forward and gradient): ``"xla"``, each chain one
+    small XLA program between TensorFlow's oneDNN matmuls
+    (:func:`keras_vit.fused_ops.xla_gelu`), or ``"graph"``, one graph op
+    per element-wise step.
     """
 
     predict: str
@@ -307,6 +312,7 @@ class Plan:
     attention: str
     reason: str
     softmax: str = "float32"
+    elementwise: str = "graph"
 
 
 def _dtype_name(dtype):
@@ -358,7 +364,7 @@ def _plan(dtype, hardware, backend):
                     "CPU with AMX: TensorFlow's oneDNN kernels use its bf16 "
                     "tiles, XLA's CPU dots do not",
                     softmax=("input" if _onednn_bf16(hardware, probed)
-                             else "float32"))
+                             else "float32"), elementwise="xla")
     if dtype == "bfloat16" and probed and _onednn_bf16(hardware, probed):
         speedup = bf16_matmul_speedup()
         if speedup >= BF16_GRAPH_MIN_SPEEDUP:
@@ -366,7 +372,7 @@ def _plan(dtype, hardware, backend):
                         f"bf16 matmuls through TensorFlow's oneDNN kernels "
                         f"ran {speedup:.2f}x float32 on this CPU (probed "
                         f"once; {hardware.bf16_units or 'no'} bf16 units)",
-                        softmax="input")
+                        softmax="input", elementwise="xla")
     if dtype in ("bfloat16", "float16"):
         return Plan("xla", True, "einsum",
                     f"{dtype} on a CPU without AMX: XLA's fusions are the "
@@ -374,4 +380,5 @@ def _plan(dtype, hardware, backend):
     return Plan("graph", False, "einsum",
                 "float32 on CPU: TensorFlow's graph, whose oneDNN kernels "
                 "fuse the MLP and bias adds (as fast as XLA or faster on "
-                "the CPUs measured, without a compile per batch size)")
+                "the CPUs measured, without a compile per batch size)",
+                elementwise="xla")

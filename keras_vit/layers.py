@@ -97,6 +97,15 @@ def mlp_gelu_exact(x):
 MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact}
 
 
+def _elementwise_in_xla(dtype):
+    """Whether this machine's plan runs a training step's GELU and
+    LayerNorm chains as XLA programs (:class:`keras_vit.hardware.Plan`'s
+    ``elementwise``; TensorFlow only)."""
+    from keras_vit import hardware
+
+    return hardware.plan(dtype).elementwise == "xla"
+
+
 def _dense_2d(x, kernel, bias):
     """``x @ kernel + bias`` for a 2-D ``x``. On TensorFlow the bias is
     added with ``BiasAdd`` (:func:`keras_vit.fused_ops.dense`), which
@@ -633,8 +642,15 @@ class FusedDense(layers.Dense):
             x = ops.reshape(inputs, (-1, self.kernel.shape[0]))
         kernel = ops.cast(self.kernel, x.dtype)
         bias = ops.cast(self.bias, x.dtype)
-        if (self.activation is mlp_gelu_tanh
-                and keras.backend.backend() == "tensorflow"):
+        tensorflow = keras.backend.backend() == "tensorflow"
+        if (tensorflow and training is True and self.gelu is not None
+                and _elementwise_in_xla(x.dtype)):
+            from keras_vit import fused_ops
+
+            # The training step's GELU and its gradient as one XLA loop
+            # each, after the oneDNN matmul + BiasAdd.
+            y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias), self.gelu)
+        elif tensorflow and self.activation is mlp_gelu_tanh:
             from keras_vit import fused_ops
 
             # Training needs the GELU's inner values for its gradient, so
@@ -692,6 +708,29 @@ class FusedEinsumDense(layers.EinsumDense):
     def quantize(self, mode=None, type_check=True, config=None):
         # As FusedDense: the quantized call is EinsumDense's own.
         super().quantize(mode, type_check=False, config=config)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class FusedLayerNormalization(layers.LayerNormalization):
+    """``keras.layers.LayerNormalization`` whose training call on
+    TensorFlow, where the machine's plan says so, runs the normalisation
+    and its gradient as one XLA program each
+    (:func:`keras_vit.fused_ops.xla_layer_norm`: float32 statistics, as
+    Keras' own) instead of about ten graph ops each way. Inference, other
+    backends and any option other than a plain last-axis LayerNorm with
+    ``center`` and ``scale`` run Keras' own call; weights, config and the
+    numbers (to float32 rounding) are Keras'."""
+
+    def call(self, inputs, training=None):
+        if (training is True and keras.backend.backend() == "tensorflow"
+                and self.center and self.scale and not self.rms_scaling
+                and list(self.axis) in ([-1], [len(inputs.shape) - 1])
+                and _elementwise_in_xla(inputs.dtype)):
+            from keras_vit import fused_ops
+
+            return fused_ops.xla_layer_norm(inputs, self.gamma, self.beta,
+                                            self.epsilon, self.compute_dtype)
+        return super().call(inputs)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -780,19 +819,32 @@ class MultiHeadSelfAttention(layers.Layer):
             # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
             # (benchmarks/attention_paths.py). Attention maps need the
             # probabilities, which the fused kernels never return.
-            q = q * ops.cast(scale, q.dtype)
+            xla = (training is True and plan.elementwise == "xla"
+                   and keras.backend.backend() == "tensorflow")
+            if not xla:  # the XLA softmax scales inside its own loop
+                q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
-            if attention_bias is None and plan.softmax == "input":
+            if attention_bias is not None:
+                # Softmax in float32 under mixed precision elsewhere: bf16
+                # logits lose the small differences that decide where a
+                # head attends.
+                bias = ops.cast(attention_bias, "float32")
+                logits = ops.cast(logits, "float32") + (
+                    bias / scale if xla else bias)
+            if xla:
+                from keras_vit import fused_ops
+
+                # One XLA loop each way, float32 inside whatever the
+                # logits' dtype: the float32 softmax's numbers without its
+                # casts or a pass to scale the queries.
+                probs = ops.cast(fused_ops.xla_softmax(logits, scale),
+                                 x.dtype)
+            elif attention_bias is None and plan.softmax == "input":
                 # oneDNN's bf16 softmax reads and writes bf16 but computes
                 # in float32 inside: the casts would only cost two passes.
                 probs = ops.softmax(logits, axis=-1)
             else:
-                # Softmax in float32 under mixed precision elsewhere: bf16
-                # logits lose the small differences that decide where a
-                # head attends.
                 logits = ops.cast(logits, "float32")
-                if attention_bias is not None:
-                    logits = logits + ops.cast(attention_bias, "float32")
                 probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
             weights = self.dropout(probs, training=training)
             context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
@@ -883,7 +935,7 @@ class EncoderBlock(layers.Layer):
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.norm_1 = layers.LayerNormalization(
+        self.norm_1 = FusedLayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
             name="norm_1",
         )
@@ -893,7 +945,7 @@ class EncoderBlock(layers.Layer):
         )
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
-        self.norm_2 = layers.LayerNormalization(
+        self.norm_2 = FusedLayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
             name="norm_2",
         )

@@ -137,8 +137,16 @@ def test_training_step_takes_bias_gradients_from_bias_add_grad():
     s = graph_ops.fusion_summary(counts)
     # q, k, v, out and the two MLP denses of every block, and the head.
     assert s["bias_add_grad"] >= 6 * layers + 1, s
-    # The GELU's backward is the custom one: one TanhGrad per block.
-    assert s["tanh"] == layers and counts["TanhGrad"] == layers, counts
+    if hardware.plan("float32").elementwise == "xla":
+        # The two LayerNorms, the softmax and the GELU of every block, each
+        # forward and backward, as calls XLA must compile; none of their
+        # element-wise ops is left in the graph.
+        assert s["xla_programs"] == 8 * layers, counts
+        assert s["tanh"] == 0 and s["layer_norm"] == 0, s
+        assert counts["TanhGrad"] == 0 and counts["Rsqrt"] <= 1, counts
+    else:
+        # The GELU's backward is the custom one: one TanhGrad per block.
+        assert s["tanh"] == layers and counts["TanhGrad"] == layers, counts
 
 
 def test_training_gelu_gradient_equals_autodiff_of_the_formula():
