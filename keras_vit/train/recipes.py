@@ -455,7 +455,9 @@ def make_optimizer(recipe, total_steps, *, clip_in_optimizer=False,
     if recipe.optimizer == "sgd":
         if recipe.weight_decay:
             kwargs["weight_decay"] = recipe.weight_decay
-        return keras.optimizers.SGD(lr, momentum=recipe.momentum, **kwargs)
+        from keras_vit.train.schedules import SGD
+
+        return SGD(lr, momentum=recipe.momentum, **kwargs)
     if recipe.weight_decay:
         return keras.optimizers.AdamW(
             lr, weight_decay=recipe.weight_decay, beta_1=recipe.beta_1,

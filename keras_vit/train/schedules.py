@@ -70,3 +70,79 @@ class SmoothedSparseCE(keras.losses.Loss):
     def get_config(self):
         return {**super().get_config(),
                 "label_smoothing": self.label_smoothing}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SGD(keras.optimizers.SGD):
+    """``keras.optimizers.SGD`` (the fine-tuning recipe's optimizer) whose
+    update on TensorFlow, outside ``tf.distribute``, is one kernel per
+    variable: the momentum step as TensorFlow's
+    ``ResourceApplyKerasMomentum`` (Keras' own formula, ``m = m * momentum
+    - lr * g; w += m``) instead of five graph ops, and ``global_clipnorm``
+    as one ``L2Loss`` per gradient with the clipping factor folded into
+    the learning rate instead of squaring and rescaling every gradient.
+    Over 200 variables that is about 1,000 fewer passes over the weights a
+    step. Everywhere else (JAX, torch, a distribution strategy, Nesterov,
+    ``clipnorm``/``clipvalue``, sparse gradients) it is Keras' SGD as is.
+    Same numbers as Keras' SGD to float32 rounding; saves and loads as
+    ``keras_vit>SGD``.
+
+    >>> import numpy as np
+    >>> w = keras.Variable(np.ones(3, "float32"))
+    >>> opt = SGD(0.1, momentum=0.9, global_clipnorm=1.0)
+    >>> opt.apply([keras.ops.convert_to_tensor(np.full(3, 2.0, "float32"))],
+    ...           [w])
+    >>> [round(float(v), 4) for v in keras.ops.convert_to_numpy(w)]
+    [0.9423, 0.9423, 0.9423]
+    """
+
+    _update_scale = None
+
+    def _fused(self):
+        if keras.backend.backend() != "tensorflow" or self.nesterov:
+            return False
+        import tensorflow as tf
+
+        return not tf.distribute.has_strategy()
+
+    def _clip_gradients(self, grads):
+        self._update_scale = None
+        if not (self.global_clipnorm and self.global_clipnorm > 0
+                and not self.clipnorm and not self.clipvalue
+                and self._fused()):
+            return super()._clip_gradients(grads)
+        import tensorflow as tf
+
+        dense = [g for g in grads if g is not None]
+        if any(isinstance(g, tf.IndexedSlices) for g in dense):
+            return super()._clip_gradients(grads)
+        squares = tf.math.add_n([
+            tf.cast(tf.nn.l2_loss(g), "float32") for g in dense]) * 2.0
+        norm = tf.math.sqrt(squares)
+        clip = float(self.global_clipnorm)
+        # Keras' factor: min(1, clip / norm), NaN for a non-finite norm.
+        self._update_scale = (clip * tf.math.minimum(1.0 / norm, 1.0 / clip)
+                              + (norm - norm))
+        return grads
+
+    def update_step(self, gradient, variable, learning_rate):
+        import tensorflow as tf
+
+        scale = self._update_scale
+        if (not self.momentum or not self._fused()
+                or isinstance(gradient, tf.IndexedSlices)):
+            if scale is not None:
+                gradient = gradient * tf.cast(scale, gradient.dtype)
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        lr = tf.cast(learning_rate, dtype)
+        if scale is not None:
+            lr = lr * tf.cast(scale, dtype)
+        momentum = self.momentums[self._get_variable_index(variable)]
+        target = (variable.value if isinstance(variable, keras.Variable)
+                  else variable)
+        tf.raw_ops.ResourceApplyKerasMomentum(
+            var=target.handle, accum=momentum.value.handle, lr=lr,
+            grad=tf.cast(gradient, dtype),
+            momentum=tf.cast(self.momentum, dtype), use_locking=False,
+            use_nesterov=False)
