@@ -163,21 +163,26 @@ def _quick_jax_compilations():
     95 -> 72, tests/train/test_trainer_backends.py 72 -> 58. Set before
     any test module imports JAX; an optimisation level the user chose
     is kept. A test that sets XLA_FLAGS for a JAX child of its own adds
-    QUICK_XLA_FLAGS (two_jax_cpu_devices_flags)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {QUICK_XLA_FLAGS}".strip()
+    the same (quick_xla_flags)."""
+    os.environ["XLA_FLAGS"] = quick_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 
-QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
+def quick_xla_flags(flags=""):
+    """``flags`` (an XLA_FLAGS value) with XLA:CPU's LLVM back end at -O0
+    (_quick_jax_compilations), unless they choose a level: for the JAX
+    children (and smoke-run benchmarks) that tests start, which build
+    tiny models and spend their time compiling them."""
+    if "xla_backend_optimization_level" in flags:
+        return flags
+    return f"{flags} --xla_backend_optimization_level=0".strip()
 
 
 def two_jax_cpu_devices_flags():
     """XLA_FLAGS for a JAX child process that sees two simulated CPU
-    devices, compiling as quickly as the JAX run (_quick_jax_compilations):
-    these children train ViTs of up to 12 layers for a few steps, and
-    compiling the steps is most of what they do."""
-    return f"--xla_force_host_platform_device_count=2 {QUICK_XLA_FLAGS}"
+    devices, compiling as quickly as the JAX run (quick_xla_flags): these
+    children train ViTs of up to 12 layers for a few steps, and compiling
+    the steps is most of what they do."""
+    return quick_xla_flags("--xla_force_host_platform_device_count=2")
 
 
 def pytest_unconfigure(config):
