@@ -132,6 +132,7 @@ def pytest_configure(config):
     config._keras_vit_backend = backend
     if backend == "jax":
         _share_jax_compilations(config)
+        _quick_jax_compilations()
 
 
 def _share_jax_compilations(config):
@@ -150,6 +151,38 @@ def _share_jax_compilations(config):
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     config._keras_vit_jax_cache = folder
+
+
+def _quick_jax_compilations():
+    """XLA:CPU's LLVM back end at -O0 for this run and the processes its
+    tests start: the suite's models are tiny, so JAX's time goes to
+    compiling (each eager op, each jitted step), not to running what it
+    compiled. The HLO passes (fusion, simplification) still run; only
+    LLVM's machine-code optimisation is skipped. On 2 cores (-n 0, CPU
+    seconds): tests/models/test_bit.py 68 -> 47, test_keras_features.py
+    95 -> 72, tests/train/test_trainer_backends.py 72 -> 58. Set before
+    any test module imports JAX; an optimisation level the user chose
+    is kept. A test that sets XLA_FLAGS for a JAX child of its own adds
+    the same (quick_xla_flags)."""
+    os.environ["XLA_FLAGS"] = quick_xla_flags(os.environ.get("XLA_FLAGS", ""))
+
+
+def quick_xla_flags(flags=""):
+    """``flags`` (an XLA_FLAGS value) with XLA:CPU's LLVM back end at -O0
+    (_quick_jax_compilations), unless they choose a level: for the JAX
+    children (and smoke-run benchmarks) that tests start, which build
+    tiny models and spend their time compiling them."""
+    if "xla_backend_optimization_level" in flags:
+        return flags
+    return f"{flags} --xla_backend_optimization_level=0".strip()
+
+
+def two_jax_cpu_devices_flags():
+    """XLA_FLAGS for a JAX child process that sees two simulated CPU
+    devices, compiling as quickly as the JAX run (quick_xla_flags): these
+    children train ViTs of up to 12 layers for a few steps, and compiling
+    the steps is most of what they do."""
+    return quick_xla_flags("--xla_force_host_platform_device_count=2")
 
 
 def pytest_unconfigure(config):

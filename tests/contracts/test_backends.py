@@ -16,6 +16,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import quick_xla_flags
+
 OTHER = ("jax", "torch")
 ALL = ("tensorflow",) + OTHER
 
@@ -23,6 +25,9 @@ ALL = ("tensorflow",) + OTHER
 def run_on(backend, script, *args, timeout=300):
     """Runs ``script`` under KERAS_BACKEND=backend; returns its stdout."""
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    if backend == "jax":
+        # Tiny models: compiling them is most of a JAX child's time.
+        env["XLA_FLAGS"] = quick_xla_flags(env.get("XLA_FLAGS", ""))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
         env=env, capture_output=True, text=True, timeout=timeout)

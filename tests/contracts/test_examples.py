@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import official
+from conftest import two_jax_cpu_devices_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,7 +157,7 @@ def test_finetune_jax_example_on_two_devices(tmp_path, parallel, model, spec):
         "--model", model, "--weights", "none", "--image-size", "32",
         "--batch-size", "8", "--steps", "2", "--parallel", parallel,
         KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=2")
+        XLA_FLAGS=two_jax_cpu_devices_flags())
     kind = "DataParallel" if parallel == "data" else "ModelParallel"
     assert f"distribution: {kind} over 2 devices" in stdout, stdout
     assert f"mlp kernel layout: {spec}" in stdout, stdout

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import quick_xla_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("journey_runner.py")
 DOCS = ["README.md", *sorted(
@@ -723,8 +725,12 @@ def suite_results(hub, hub_files, tmp_path_factory):
 def jax_results(hub, hub_files, tmp_path_factory):
     pytest.importorskip("jax")
     tmp = tmp_path_factory.mktemp("jax")
+    # XLA at -O0 (conftest.quick_xla_flags): the block trains a tiny
+    # model, and compiling its step is most of the run.
     env = _clean_env(**_runner_env(tmp, hub), PYTHONPATH=str(ROOT),
-                     KERAS_BACKEND="jax")
+                     KERAS_BACKEND="jax",
+                     XLA_FLAGS=quick_xla_flags(os.environ.get("XLA_FLAGS",
+                                                              "")))
     return _run_jobs(sys.executable, _python_jobs("jax", hub_files), tmp, env)
 
 

@@ -262,8 +262,11 @@ def _child():
 
 @pytest.mark.slow
 def test_two_devices_data_and_model_parallel_match_one_device():
+    # Here, not at the top: the child runs this file as a script.
+    from conftest import two_jax_cpu_devices_flags
+
     env = dict(os.environ, KERAS_BACKEND="jax", KERAS_VIT_OFFLINE="1",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               XLA_FLAGS=two_jax_cpu_devices_flags(),
                TF_CPP_MIN_LOG_LEVEL="3")
     t = time.time()
     proc = subprocess.run([sys.executable, __file__], env=env,

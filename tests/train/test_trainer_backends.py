@@ -28,6 +28,8 @@ from keras_vit.train import checkpoints
 from keras_vit.train.build import make_engine
 from keras_vit.train.run_dir import append_jsonl
 
+from conftest import two_jax_cpu_devices_flags
+
 SUBPROCESS_TIMEOUT = 300
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
             num_heads=2, mlp_dim=64, num_classes=10)
@@ -322,7 +324,7 @@ def run_on_two_jax_devices(script, tmp_path, *args):
         [sys.executable, str(path), *map(str, args)], capture_output=True,
         text=True, timeout=SUBPROCESS_TIMEOUT, env=_env(
             KERAS_BACKEND="jax",
-            XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+            XLA_FLAGS=two_jax_cpu_devices_flags()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     return json.loads(line[len("RESULT "):])
