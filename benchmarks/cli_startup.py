@@ -7,7 +7,7 @@ commands that need no model (``--help``, ``list``, ``info``, every
     python benchmarks/cli_startup.py --runs 3 --out /tmp/cli.md
 
 The figures are per process: user+sys CPU seconds of the child (from
-``os.wait4``) and its wall time. The goal (issue 26): under 0.5 s of CPU.
+``os.wait4``) and its wall time. The goal: under 0.5 s of CPU.
 """
 
 from __future__ import annotations

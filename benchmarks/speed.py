@@ -786,7 +786,7 @@ def report(args, command, started, env, thread_note, skipped, results,
               + ", ".join(f"{v:.2f} GFLOP at {s}" for s, v in flops.items())
               + ". A training step counts 3x the forward.", ""]
     if results["inference"] or results["training"]:
-        lines += ["## Targets (issues 13 and 23)", "", targets_table(results, best),
+        lines += ["## Speed targets", "", targets_table(results, best),
                   "", "## Backends", "",
                   backend_table(backend_rows(results, args.backends),
                                 args.backends), "",

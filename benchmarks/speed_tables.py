@@ -149,7 +149,7 @@ TARGETS = [
 
 
 def targets_table(results, best):
-    """The speed goals (issues 13 and 23), each row of the run checked
+    """The speed goals, each row of the run checked
     against its target."""
     head = ["goal", "image", "batch", "keras_vit img/s", "timm img/s",
             "ratio", "% of ceiling", "met"]

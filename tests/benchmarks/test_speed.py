@@ -89,12 +89,12 @@ def test_quick_run_writes_the_tables(tmp_path):
 
     tables = _tables(text)
     assert set(tables) == {"Matrix-multiply ceiling",
-                           "Targets (issues 13 and 23)",
+                           "Speed targets",
                            "Backends", "Inference", "Fine-tuning step",
                            "Loading a checkpoint"}
     # Every speed goal with a row and a verdict (the quick run measures
     # the ceiling, so no verdict waits for it).
-    targets = tables["Targets (issues 13 and 23)"]
+    targets = tables["Speed targets"]
     goals = {r["goal"] for r in targets}
     assert len(goals) == 6, goals
     assert {r["met"] for r in targets} <= {"yes", "no", "-"}
@@ -211,8 +211,8 @@ def test_the_onednn_comparison_prints_its_table(tmp_path):
 
 def test_the_hostile_inputs_report_prints_its_table(tmp_path):
     """benchmarks/hostile_inputs.py --quick on two cheap cases: the
-    baseline row, one row per case with issue 24's "before" beside the
-    measurement, and both within the bound."""
+    baseline row, one row per case with its first-measured "before"
+    beside the measurement, and both within the bound."""
     script = os.path.join(ROOT, "benchmarks", "hostile_inputs.py")
     out = tmp_path / "hostile.md"
     proc = subprocess.run(
@@ -230,7 +230,7 @@ def test_the_hostile_inputs_report_prints_its_table(tmp_path):
                           "keras_zip_bomb"]
     assert rows["baseline"]["exit"] == "0"
     assert float(rows["baseline"]["peak RSS MiB"]) > 0
-    before = "before (issue 24, measured then)"
+    before = "before (first measured)"
     assert rows["keras_zip_bomb"][before] == "1.6 MB .keras: loads, 3.9 GB"
     for name in ("finetune_image_size", "keras_zip_bomb"):
         row = rows[name]
