@@ -20,10 +20,10 @@ child from ``os.wait4``: it covers the processes the child waited for
 (the Hub download's own child) and does not depend on the machine's load.
 
 The "before" column holds the figures first measured, before the
-commands were hardened (on a 2-core CPU, TensorFlow); the figures after it are this run's. ``--quick``
-shrinks the inputs (48 and 96 MB zip bombs, 5000x5000 images, a 24 MB Hub
-config) to test the script in seconds; its rows say nothing about the
-full sizes.
+commands were hardened (on a 2-core CPU, TensorFlow); the figures after
+it are this run's. ``--quick`` shrinks the inputs (48 and 96 MB zip
+bombs, 5000x5000 images, a 24 MB Hub config) to test the script in
+seconds; its rows say nothing about the full sizes.
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ CASES = {
         dict(grid_size=(2, 2), num_heads=2, num_prefix_tokens=1),
         lambda: _rng_input((2, 5, 8))),
     "FusedDense": (dict(units=4, gelu="tanh"), lambda: _rng_input((2, 5, 8))),
+    "FusedLayerNormalization": (dict(epsilon=1e-5),
+                                lambda: _rng_input((2, 5, 8))),
     "FusedEinsumDense": (dict(equation="abc,cde->abde",
                               output_shape=(None, 2, 4), bias_axes="de"),
                          lambda: _rng_input((2, 5, 8))),
