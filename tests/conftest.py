@@ -130,9 +130,9 @@ def pytest_configure(config):
                 f"backend before --backend {backend} could take effect.")
     os.environ["KERAS_BACKEND"] = backend
     config._keras_vit_backend = backend
-    _quick_xla_compilations()
     if backend == "jax":
         _share_jax_compilations(config)
+        _quick_jax_compilations()
 
 
 def _share_jax_compilations(config):
@@ -153,28 +153,26 @@ def _share_jax_compilations(config):
     config._keras_vit_jax_cache = folder
 
 
-def _quick_xla_compilations():
+def _quick_jax_compilations():
     """XLA:CPU's LLVM back end at -O0 for this run and the processes its
-    tests start, on every backend: the suite's models are tiny, so XLA's
-    time goes to compiling (JAX's eager ops and jitted steps; on
-    TensorFlow the training step's element-wise programs, which compile
-    per shape, and the XLA predict and training paths), not to running
-    what it compiled. The HLO passes (fusion, simplification) still run;
-    only LLVM's machine-code optimisation is skipped, and XLA:CPU keeps
-    IEEE arithmetic either way (no fast math), so the numbers are the
-    same. On 2 cores (-n 0, CPU seconds): JAX, tests/models/test_bit.py
-    68 -> 47, test_keras_features.py 95 -> 72,
-    tests/train/test_trainer_backends.py 72 -> 58; TensorFlow,
-    tests/core/test_fused_training_ops.py 34 -> 28. Set before any test
-    module imports JAX or TensorFlow; an optimisation level the user
-    chose is kept. A test that sets XLA_FLAGS for a child of its own adds
-    the same (quick_xla_flags)."""
+    tests start: the suite's models are tiny, so JAX's time goes to
+    compiling (each eager op, each jitted step), not to running what it
+    compiled. The HLO passes (fusion, simplification) still run; only
+    LLVM's machine-code optimisation is skipped. On 2 cores (-n 0, CPU
+    seconds): tests/models/test_bit.py 68 -> 47, test_keras_features.py
+    95 -> 72, tests/train/test_trainer_backends.py 72 -> 58. Set before
+    any test module imports JAX; an optimisation level the user chose
+    is kept. A test that sets XLA_FLAGS for a JAX child of its own adds
+    the same (quick_xla_flags). Not for the TensorFlow run: its training
+    steps run XLA element-wise programs for hundreds of steps (the demo,
+    the examples), and with -O0 there the whole suite had done 30% of
+    its TensorFlow tests after 15 minutes, against half without."""
     os.environ["XLA_FLAGS"] = quick_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 
 def quick_xla_flags(flags=""):
     """``flags`` (an XLA_FLAGS value) with XLA:CPU's LLVM back end at -O0
-    (_quick_xla_compilations), unless they choose a level: for the JAX
+    (_quick_jax_compilations), unless they choose a level: for the JAX
     children (and smoke-run benchmarks) that tests start, which build
     tiny models and spend their time compiling them."""
     if "xla_backend_optimization_level" in flags:
