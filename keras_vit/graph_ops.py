@@ -42,7 +42,9 @@ XLA_PROGRAM = "XlaProgram"
 def node_label(node):
     """``node``'s op type, with its fused ops as ``Op[BiasAdd,...]``; a
     function call that XLA must compile is :data:`XLA_PROGRAM`."""
-    if "Call" in node.op and node.attr["_XlaMustCompile"].b:
+    # ``in`` first: indexing a NodeDef's attr map would add the key.
+    if ("Call" in node.op and "_XlaMustCompile" in node.attr
+            and node.attr["_XlaMustCompile"].b):
         return XLA_PROGRAM
     label = node.op
     if "fused_ops" in node.attr:

@@ -97,10 +97,14 @@ def mlp_gelu_exact(x):
 MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact}
 
 
-def _elementwise_in_xla(dtype):
-    """Whether this machine's plan runs a training step's GELU and
-    LayerNorm chains as XLA programs (:class:`keras_vit.hardware.Plan`'s
-    ``elementwise``; TensorFlow only)."""
+def _chains_in_xla(dtype, training):
+    """Whether a call with ``training`` runs its GELU, LayerNorm and
+    softmax chains as XLA programs (:mod:`keras_vit.fused_ops`): training
+    calls only, where the machine's plan says so
+    (:class:`keras_vit.hardware.Plan`'s ``elementwise``, ``"xla"`` only
+    for TensorFlow's CPU graph). Inference calls never ask for the plan."""
+    if training is not True:
+        return False
     from keras_vit import hardware
 
     return hardware.plan(dtype).elementwise == "xla"
@@ -642,15 +646,14 @@ class FusedDense(layers.Dense):
             x = ops.reshape(inputs, (-1, self.kernel.shape[0]))
         kernel = ops.cast(self.kernel, x.dtype)
         bias = ops.cast(self.bias, x.dtype)
-        tensorflow = keras.backend.backend() == "tensorflow"
-        if (tensorflow and training is True and self.gelu is not None
-                and _elementwise_in_xla(x.dtype)):
+        if self.gelu is not None and _chains_in_xla(x.dtype, training):
             from keras_vit import fused_ops
 
             # The training step's GELU and its gradient as one XLA loop
             # each, after the oneDNN matmul + BiasAdd.
             y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias), self.gelu)
-        elif tensorflow and self.activation is mlp_gelu_tanh:
+        elif (self.activation is mlp_gelu_tanh
+              and keras.backend.backend() == "tensorflow"):
             from keras_vit import fused_ops
 
             # Training needs the GELU's inner values for its gradient, so
@@ -722,10 +725,9 @@ class FusedLayerNormalization(layers.LayerNormalization):
     numbers (to float32 rounding) are Keras'."""
 
     def call(self, inputs, training=None):
-        if (training is True and keras.backend.backend() == "tensorflow"
-                and self.center and self.scale and not self.rms_scaling
+        if (self.center and self.scale and not self.rms_scaling
                 and list(self.axis) in ([-1], [len(inputs.shape) - 1])
-                and _elementwise_in_xla(inputs.dtype)):
+                and _chains_in_xla(inputs.dtype, training)):
             from keras_vit import fused_ops
 
             return fused_ops.xla_layer_norm(inputs, self.gamma, self.beta,
@@ -819,8 +821,7 @@ class MultiHeadSelfAttention(layers.Layer):
             # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
             # (benchmarks/attention_paths.py). Attention maps need the
             # probabilities, which the fused kernels never return.
-            xla = (training is True and plan.elementwise == "xla"
-                   and keras.backend.backend() == "tensorflow")
+            xla = _chains_in_xla(x.dtype, training)
             if not xla:  # the XLA softmax scales inside its own loop
                 q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bvhk->bhqv", q, k)

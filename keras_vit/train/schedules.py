@@ -96,7 +96,19 @@ class SGD(keras.optimizers.SGD):
     [0.9423, 0.9423, 0.9423]
     """
 
+    # The global clipping factor of the step being built: set by
+    # _clip_gradients, read by update_step, dropped once the step's
+    # updates are written (a tensor of one traced graph must not leak
+    # into the next).
     _update_scale = None
+
+    def _backend_update_step(self, grads, trainable_variables,
+                             learning_rate):
+        try:
+            super()._backend_update_step(grads, trainable_variables,
+                                         learning_rate)
+        finally:
+            self._update_scale = None
 
     def _fused(self):
         if keras.backend.backend() != "tensorflow" or self.nesterov:

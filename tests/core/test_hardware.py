@@ -40,6 +40,9 @@ def test_tensorflow_plan_per_machine(machine, dtype, predict, train_jit):
     plan = hardware.plan(dtype, machine, backend="tensorflow")
     assert (plan.predict, plan.train_jit) == (predict, train_jit), plan
     assert plan.attention == "einsum" and plan.reason
+    # XLA programs for the element-wise chains exactly where the training
+    # step itself is TensorFlow's graph (a compiled step fuses them anyway).
+    assert plan.elementwise == ("graph" if train_jit else "xla"), plan
 
 
 @pytest.mark.parametrize("backend,predict,train_jit", [
@@ -47,8 +50,8 @@ def test_tensorflow_plan_per_machine(machine, dtype, predict, train_jit):
 def test_other_backends_plan(backend, predict, train_jit):
     for machine in (AMX, PLAIN, GPU):
         plan = hardware.plan("bfloat16", machine, backend=backend)
-        assert (plan.predict, plan.train_jit, plan.attention) == (
-            predict, train_jit, "fused")
+        assert (plan.predict, plan.train_jit, plan.attention,
+                plan.elementwise) == (predict, train_jit, "fused", "graph")
 
 
 def test_cpuinfo_is_parsed(tmp_path):
