@@ -403,12 +403,20 @@ def test_no_import_by_a_computed_name():
         + "\n".join(offenders))
 
 
-def test_the_computed_import_finder(tmp_path, monkeypatch):
-    # The check above would pass vacuously if the finder found nothing.
+def _fake_module(tmp_path, monkeypatch, text):
+    """keras_vit/models/thing.py holding ``text`` in a package tree rooted
+    at ``tmp_path``, which the checks above then read instead of ours."""
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     source = tmp_path / "keras_vit" / "models" / "thing.py"
     source.parent.mkdir(parents=True)
-    source.write_text(
+    source.write_text(text)
+    return source
+
+
+def test_the_computed_import_finder(tmp_path, monkeypatch):
+    # The check above would pass vacuously if the finder found nothing.
+    source = _fake_module(
+        tmp_path, monkeypatch,
         "import importlib\n"
         "importlib.import_module('keras_vit.layers')\n"
         "def f(fmt):\n"
@@ -426,10 +434,8 @@ def test_the_computed_import_finder(tmp_path, monkeypatch):
 
 def test_the_import_walker_sees_every_form(tmp_path, monkeypatch):
     # The checks above would pass vacuously if the walker found nothing.
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
-    source = tmp_path / "keras_vit" / "models" / "thing.py"
-    source.parent.mkdir(parents=True)
-    source.write_text(
+    source = _fake_module(
+        tmp_path, monkeypatch,
         "import importlib\n"
         "from . import vit\n"
         "from ..zoo import api\n"
