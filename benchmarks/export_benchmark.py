@@ -111,7 +111,9 @@ def _run_child(model, fmt, variant, path, samples):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     out_lines = []
-    # Reading stdout to the end, then wait4 for the child's peak memory.
+    # Reading stdout to the end, then wait4 for the child's peak memory
+    # (on Linux it starts at this process's RSS: this one imports no
+    # backend before it starts the children).
     for line in proc.stdout:
         out_lines.append(line)
     _, status, usage = os.wait4(proc.pid, 0)

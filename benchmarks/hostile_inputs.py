@@ -18,6 +18,9 @@ model on a tiny image measured the same way in the same run (what
 importing the backend and Keras costs). Peak RSS is ``ru_maxrss`` of the
 child from ``os.wait4``: it covers the processes the child waited for
 (the Hub download's own child) and does not depend on the machine's load.
+On Linux that figure starts at the parent's RSS (see
+``keras_vit.export.memory.own_peak_rss``); this script imports no backend,
+so the few MB it holds are inside the baseline row too.
 
 The "before" column holds the figures first measured, before the
 commands were hardened (on a 2-core CPU, TensorFlow); the figures after

@@ -35,6 +35,7 @@ def load_child(mode, path, arch_json, size):
     import tensorflow  # noqa: F401
 
     import keras_vit
+    from keras_vit.export import memory
 
     arch = json.loads(arch_json)
     out = {}
@@ -54,26 +55,9 @@ def load_child(mode, path, arch_json, size):
         start = time.perf_counter()
         keras_vit.zoo.load_weights(model, path)
         out["seconds"] = time.perf_counter() - start
-    out["peak_rss"] = _own_peak_rss()
+    out["peak_rss"] = memory.own_peak_rss()
     print("RESULT " + json.dumps(out), flush=True)
     return 0
-
-
-def _own_peak_rss():
-    """This process's peak resident memory in bytes: VmHWM, which exec
-    resets. (The ru_maxrss that wait4 returns for a child starts at the
-    parent's RSS at fork on Linux, so behind a parent holding TensorFlow
-    and several models every child showed the parent's figure.)"""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _start_child(mode, path, arch, size):

@@ -67,7 +67,7 @@ def run_job(job):
             graph, job["staged"], job["workdir"], job["params"],
             {k: v for k, v in arrays.items() if not k.startswith("run/")},
             rss)
-    result["child_peak_rss"] = rss.child_peak
+    result.update(memory.worker_peaks(rss))
     if job.get("run"):
         run = module.open_artifact(job["staged"])
         outputs = {}

@@ -7,7 +7,6 @@ import os
 import threading
 
 
-
 def current_rss():
     """Resident memory of this process in bytes (0 if unknown)."""
     try:
@@ -15,6 +14,41 @@ def current_rss():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def own_peak_rss():
+    """This process's peak resident memory in bytes since it was started.
+
+    Read from ``VmHWM``, which ``exec`` resets. Not ``ru_maxrss``: on Linux
+    a new process's ``ru_maxrss`` (its own, and the one ``wait4`` returns
+    for it) starts at the RSS of the process that spawned it, so a
+    converter started by a process holding a model reported that process's
+    gigabytes as its own. ``ru_maxrss`` is the fallback where ``/proc`` is
+    missing.
+
+    >>> own_peak_rss() >= current_rss() > 0
+    True
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes vs KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def worker_peaks(rss):
+    """The peaks a converter process reports to its parent: its own and
+    those of its own children (``rss``: the :class:`PeakRSS` it ran under),
+    in bytes; read by :func:`keras_vit.export.pipeline.run_child`."""
+    return {"peak_rss": max(own_peak_rss(), rss.peak),
+            "child_peak_rss": rss.child_peak}
 
 
 class PeakRSS:

@@ -242,10 +242,10 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
 
 
 def main(job_path):
-    import resource
     import traceback
 
     from keras_vit import atomic
+    from keras_vit.export import memory
 
     with open(job_path) as f:
         job = json.load(f)
@@ -262,8 +262,7 @@ def main(job_path):
     from google.protobuf.internal import api_implementation
 
     result["protobuf"] = api_implementation.Type()
-    result["peak_rss"] = resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss"] = memory.own_peak_rss()
     atomic.write_json(job["result"], result)
     return 0
 

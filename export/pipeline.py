@@ -220,8 +220,9 @@ def run_child(module, job, workdir, rss, what, env=None):
     deadline = time.monotonic() + timeout
     try:
         while True:
-            # wait4, not wait: it also returns the child's peak memory.
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            # The child reports its own peak memory in its result: the
+            # ru_maxrss that wait4 returns for it starts at this process's.
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() > deadline:
@@ -238,12 +239,12 @@ def run_child(module, job, workdir, rss, what, env=None):
         if stage is not None:
             stage.watcher.drop_group(child.pid)
     child.returncode = os.waitstatus_to_exitcode(status)
-    rss.add_child(usage.ru_maxrss * 1024)
     result = None
     if os.path.exists(job["result"]):
         with open(job["result"]) as f:
             result = json.load(f)
     if child.returncode == 0 and result is not None and "error" not in result:
+        rss.add_child(result.get("peak_rss", 0))
         rss.add_child(result.get("child_peak_rss", 0))
         return result
     if result is not None and "error" in result:
@@ -273,7 +274,7 @@ def _stop(child):
         pass
     try:
         child.wait()
-    except ChildProcessError:  # already reaped by os.wait4
+    except ChildProcessError:  # already reaped by os.waitpid
         pass
 
 

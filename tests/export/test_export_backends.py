@@ -245,7 +245,29 @@ def test_job_and_result_are_json(tmp_path, monkeypatch):
                                 rss, what="the child")
     assert result == {"echo": [1, "two"]}
     assert json.load(open(tmp_path / "x.job.json"))["value"] == [1, "two"]
-    assert rss.child_peak > 0
+
+
+def test_a_converter_peak_is_the_childs_own_not_its_parents(
+        tmp_path, monkeypatch):
+    """A memory figure: the converter process's peak in an export's report
+    is what that process used. On Linux the ru_maxrss that wait4 returns
+    for a child starts at its parent's RSS, so a parent holding 768 MiB (a
+    loaded model) made a 35 MiB child report 768 MiB."""
+    from keras_vit.export import memory
+
+    ballast = np.ones(768 * 2**20 // 8)  # resident: every page written
+    assert memory.current_rss() > 768 * 2**20
+    rss = memory.PeakRSS()
+    code = ("import json, sys; from keras_vit.export import memory; "
+            "job = json.load(open(sys.argv[1])); ballast = bytearray(2**26); "
+            "json.dump(memory.worker_peaks(memory.PeakRSS()), "
+            "open(job['result'], 'w'))")
+    monkeypatch.setattr(pipeline, "child_command", lambda module, job: [
+        sys.executable, "-c", code, job])
+    pipeline.run_child("x", {}, str(tmp_path), rss, what="the child")
+    # The child's interpreter and its 64 MiB bytearray, not the parent's.
+    assert 64 * 2**20 < rss.child_peak < 400 * 2**20, rss.child_peak
+    del ballast
 
 
 @pytest.mark.backends

@@ -1971,6 +1971,7 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
     rusage)."""
     import os
     import subprocess
+    import sys
     import zipfile
 
     from PIL import Image
@@ -1990,15 +1991,21 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
     # the attention took the file from 95 to 104 KB.
     assert hostile.stat().st_size < 120_000
     Image.new("RGB", (20, 20)).save(tmp_path / "x.png")
-    proc = subprocess.Popen(
-        ["keras-vit", "predict", str(hostile), str(tmp_path / "x.png")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # The command runs under a small launcher that reports its ru_maxrss:
+    # on Linux a child's ru_maxrss starts at its parent's RSS, and this
+    # test process can hold gigabytes late in a run, the launcher ~10 MB.
+    peak_file = tmp_path / "peak"
+    launcher = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]);"
+                " _, status, usage = os.wait4(p.pid, 0); "
+                "open(sys.argv[1], 'w').write(str(usage.ru_maxrss)); "
+                "sys.exit(os.waitstatus_to_exitcode(status))")
+    proc = subprocess.run(
+        [sys.executable, "-c", launcher, str(peak_file), "keras-vit",
+         "predict", str(hostile), str(tmp_path / "x.png")],
+        capture_output=True, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read()
-    proc.stdout.close()
-    proc.stderr.close()
-    assert os.waitstatus_to_exitcode(status) == 2, err
+    err = proc.stderr
+    assert proc.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], err
     # Refused by the model's memory bound, or before it by the bounds of
@@ -2007,7 +2014,8 @@ def test_a_keras_file_with_absurd_sizes_is_refused_before_allocating(
             in lines[0]) and str(hostile) in lines[0]
     # ru_maxrss is in KiB on Linux: the import of TensorFlow and Keras, not
     # the model (tens of GiB).
-    assert usage.ru_maxrss < 3 * 2**20, usage.ru_maxrss
+    peak = int(peak_file.read_text())
+    assert peak < 3 * 2**20, peak
 
 
 @pytest.mark.parametrize("argv", [
