@@ -44,9 +44,9 @@ _enable_onednn_as_keras_vit_does()
 # The Keras backend under test. Keras reads KERAS_BACKEND once, at its first
 # import, so the choice is made here (conftest loads before any test module).
 # With no choice ("all"), this process runs the whole suite on TensorFlow and
-# then re-runs the same command once per other backend in child pytests
-# (the two at once),
-# where only the tests marked `backends` are collected: models, zoo,
+# re-runs the same command once per other backend in child pytests (started
+# with it, at a lower priority: CHILD_NICENESS), where only the tests
+# marked `backends` are collected: models, zoo,
 # analysis, training, export and the timm parity run everywhere; what is
 # TensorFlow's own (tf.distribute, SavedModel internals) runs once.
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -314,12 +314,36 @@ def _child_args(args):
     return out
 
 
-def pytest_sessionfinish(session, exitstatus):
+#: How much lower the other backends' runs are scheduled than this one's
+#: (os.nice). They start with this run, not after it: the TensorFlow run
+#: leaves the cores idle about a sixth of its time (its tests wait on
+#: subprocesses, servers and venv installs), and the children fill that
+#: time; at a lower priority they yield the cores back whenever this run's
+#: tests can use them. On 2 cores they used to start when this run ended
+#: and add 5-6 minutes after it.
+CHILD_NICENESS = 5
+
+
+def _children_wanted(config):
+    return (getattr(config, "_keras_vit_children", False)
+            and not hasattr(config, "workerinput"))  # not an xdist worker
+
+
+def pytest_sessionstart(session):
     config = session.config
-    if not getattr(config, "_keras_vit_children", False):
-        return
-    if hasattr(config, "workerinput"):  # an xdist worker, not the main run
-        return
+    if os.environ.get("KERAS_VIT_TEST_NICENESS"):
+        # A backend child (or a worker of one): lower its priority.
+        try:
+            os.nice(int(os.environ["KERAS_VIT_TEST_NICENESS"]))
+        except (AttributeError, OSError, ValueError):
+            pass  # not POSIX, or not permitted: run at the normal priority
+    if _children_wanted(config):
+        config._keras_vit_child_runs = _start_children(config)
+
+
+def _start_children(config):
+    """Starts one pytest per other backend (tests marked `backends`), at a
+    lower priority (CHILD_NICENESS); returns (failed, children)."""
     import importlib.util
     import subprocess
     import tempfile
@@ -336,25 +360,36 @@ def pytest_sessionfinish(session, exitstatus):
         if importlib.util.find_spec(backend) is None:
             # Not a skip: the dev extras install both backends, so a missing
             # one is a broken set-up that would otherwise hide failures.
-            print(f"\n===== backend {backend}: not installed; "
-                  f"`pip install -e \".[dev]\"` installs it =====", flush=True)
             failed.append(f"{backend} (not installed)")
             continue
-        env = dict(os.environ, KERAS_BACKEND=backend)
+        env = dict(os.environ, KERAS_BACKEND=backend,
+                   KERAS_VIT_TEST_NICENESS=str(CHILD_NICENESS))
         env.setdefault("OMP_NUM_THREADS", threads)
-        print(f"\n===== backend {backend}: tests marked `backends` "
-              "(started) =====", flush=True)
-        # Both children at once, each with its own workers: one's long
-        # last file (or its start-up) overlaps the other's tests, where
-        # one after the other left a core idle at each end. Their output
-        # is kept apart in files and printed whole, in order, at the end.
+        # Their output is kept apart in files and printed whole, in order,
+        # at the end.
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "--backend", backend, *args],
             env=env, cwd=str(config.invocation_params.dir), stdout=log,
             stderr=subprocess.STDOUT, text=True)
         children.append((backend, proc, log))
+    return failed, children
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    runs = getattr(config, "_keras_vit_child_runs", None)
+    if runs is None:
+        return
+    failed, children = runs
+    for name in failed:
+        backend = name.split()[0]
+        print(f"\n===== backend {backend}: not installed; "
+              f"`pip install -e \".[dev]\"` installs it =====", flush=True)
     try:
+        if children:
+            print("\n===== waiting for the other backends' runs: "
+                  f"{', '.join(b for b, _, _ in children)} =====", flush=True)
         for backend, proc, log in children:
             code = proc.wait()
             log.seek(0)

@@ -16,7 +16,7 @@ import pytest
 import official
 
 import keras
-from keras_vit import cli, demo, zoo
+from keras_vit import cli, zoo
 
 TI = dict(patch=16, hidden=192, layers=12, heads=3, mlp=768)
 # "   1  0.0145  pizza, pizza pie  [963 n07873807]"
@@ -283,46 +283,6 @@ def test_predict_errors(tmp_path, ti_1000, image_path, capsys):
     assert len(err) == 1 and "notes.png" in err[0]
     assert cli.main(["predict", str(ti_1000), image_path]) == 2
     assert "--weights" in capsys.readouterr().err
-
-
-# --------------------------------------------------------------------------
-# demo
-
-
-@pytest.mark.slow
-def test_demo_quick(tmp_path, monkeypatch, capsys):
-    results = []
-    real_run = demo.run
-
-    def spy(**kwargs):
-        results.append(real_run(**kwargs))
-        return results[-1]
-
-    monkeypatch.setattr(demo, "run", spy)
-    out = tmp_path / "demo"
-    assert cli.main(["demo", "--quick", "--out", str(out)]) == 0
-    assert "summary" in capsys.readouterr().out
-    (r,) = results
-    assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
-    for key in ("accuracy_48", "accuracy_48_finetuned"):
-        assert 0.0 <= r[key] <= 1.0
-    assert r["reload_max_abs_diff"] < 1e-6
-    assert r["posemb_resized"] == (64, 144)
-    assert os.path.isfile(out / "digits_vit.keras")
-    assert os.path.isfile(out / "digits_vit.npz")
-
-    # The saved files hold the trained model: same accuracy on the same
-    # test images, and the .npz holds exactly the .keras weights.
-    model = keras.saving.load_model(out / "digits_vit.keras")
-    _, _, x_te, y_te = demo.load_digits_images(32, subset=(r["num_train"],
-                                                           r["num_test"]))
-    pred = np.argmax(model.predict(x_te, verbose=0), axis=-1)
-    assert float(np.mean(pred == y_te)) == pytest.approx(r["accuracy"])
-    arrays = zoo.read_npz(out / "digits_vit.npz")
-    exported = zoo.export_arrays(model)
-    assert sorted(arrays) == sorted(exported)
-    for key, value in exported.items():
-        np.testing.assert_array_equal(arrays[key], value)
 
 
 def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):

@@ -1,7 +1,7 @@
 """The README's main job: ``keras-vit demo``, offline, end to end.
 
-The quick variant runs in tests/cli/test_cli.py; this runs the real thing as a
-user would (a fresh process, the console script) and holds it to the
+The quick variant runs in the README journey (tests/journeys); this runs the
+real thing as a user would (a fresh process, the console script) and holds it to the
 acceptance figures: at least 95% on the held-out digits, at 32x32 and after
 the fine-tune at 48x48, in under 5 minutes of wall time.
 """
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import keras
+from keras_vit import demo as demo_module
 from keras_vit import zoo
 
 
@@ -61,10 +62,24 @@ def test_demo_reaches_95_percent(demo):
                  "digits_vit.onnx"):
         assert (out / name).exists(), name
 
-    # The files are what the summary says: the 32x32 model and its npz.
+    reload = re.search(r"\.keras reload, max \|diff\|\s+(\S+)", text)
+    assert reload and float(reload.group(1)) < 1e-6, text
+    assert re.search(r"posemb 64->144", text), text
+
+    # The files are what the summary says: the 32x32 model (its accuracy on
+    # the same held-out images) and its npz, which holds exactly the .keras
+    # weights.
     model = keras.saving.load_model(out / "digits_vit.keras")
+    counts = re.search(r"images \(train / test\)\s+(\d+) / (\d+)", text)
+    _, _, x_te, y_te = demo_module.load_digits_images(
+        32, subset=(int(counts.group(1)), int(counts.group(2))))
+    pred = np.argmax(model.predict(x_te, verbose=0), axis=-1)
+    assert float(np.mean(pred == y_te)) == pytest.approx(
+        _figure(text, "test accuracy @32"), abs=5e-5)
     arrays = zoo.read_npz(out / "digits_vit.npz")
-    for key, value in zoo.export_arrays(model).items():
+    exported = zoo.export_arrays(model)
+    assert sorted(arrays) == sorted(exported)
+    for key, value in exported.items():
         np.testing.assert_array_equal(arrays[key], value)
     for run in ("pretrain_32", "finetune_48"):
         metrics = json.loads((out / "runs" / run / "metrics.json").read_text())
