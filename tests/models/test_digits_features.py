@@ -126,4 +126,9 @@ def test_lora_fine_tuning_within_a_point_of_full(tmp_path):
                                  verbose=0)
     full_acc, lora_acc = accuracy(full), accuracy(adapted)
     assert lora_acc > start + 0.2, (start, lora_acc)   # it adapted
-    assert lora_acc >= full_acc - 0.01, (full_acc, lora_acc)
+    # Close to full fine-tuning with 4.5% of the weights. In this 5-epoch
+    # run the gap moves with the seed and with float32 rounding: over seeds
+    # 0-2, LoRA ended 3.3 above to 4.7 points below full (n = 450), so the
+    # bound is 5 points; the frozen-position-table mistake it guards
+    # against cost 6.6 (docs/keras_features.md has the longer runs).
+    assert lora_acc >= full_acc - 0.05, (full_acc, lora_acc)
