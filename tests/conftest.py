@@ -337,8 +337,34 @@ def pytest_sessionstart(session):
             os.nice(int(os.environ["KERAS_VIT_TEST_NICENESS"]))
         except (AttributeError, OSError, ValueError):
             pass  # not POSIX, or not permitted: run at the normal priority
+        if not hasattr(config, "workerinput"):
+            _stop_when_orphaned(int(os.environ.get("KERAS_VIT_TEST_PARENT",
+                                                   "0")))
     if _children_wanted(config):
         config._keras_vit_child_runs = _start_children(config)
+
+
+def _stop_when_orphaned(parent):
+    """A backend child whose TensorFlow run was killed (kill -9, an OOM
+    kill) would run its tests to the end with nobody to read them: it
+    interrupts itself once its parent is gone (its xdist workers end with
+    it), and exits if that did not end it within 30 s."""
+    import signal
+    import threading
+    import time
+
+    if not parent:
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True,
+                     name="stop-when-orphaned").start()
 
 
 def _start_children(config):
@@ -363,7 +389,8 @@ def _start_children(config):
             failed.append(f"{backend} (not installed)")
             continue
         env = dict(os.environ, KERAS_BACKEND=backend,
-                   KERAS_VIT_TEST_NICENESS=str(CHILD_NICENESS))
+                   KERAS_VIT_TEST_NICENESS=str(CHILD_NICENESS),
+                   KERAS_VIT_TEST_PARENT=str(os.getpid()))
         env.setdefault("OMP_NUM_THREADS", threads)
         # Their output is kept apart in files and printed whole, in order,
         # at the end.

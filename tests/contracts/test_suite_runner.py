@@ -1,0 +1,56 @@
+"""The suite's own runner (tests/conftest.py): the other backends' runs it
+starts beside the TensorFlow run end with it."""
+
+import os
+import subprocess
+import sys
+import time
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A backend child as conftest starts it, reduced to the watchdog: it
+# stops itself once the process that started it is gone.
+CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import conftest
+conftest._stop_when_orphaned({parent})
+print("watching", flush=True)
+time.sleep(120)
+"""
+
+# The TensorFlow run, killed: it starts the child, then dies at once.
+PARENT = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1].format(
+    tests=sys.argv[2], parent=os.getpid())], stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL, text=True)
+assert child.stdout.readline().strip() == "watching"
+print(child.pid, flush=True)
+os._exit(0)
+"""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line
+                           for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def test_a_backend_run_stops_once_its_parent_is_killed():
+    if not os.path.isdir("/proc"):
+        import pytest
+        pytest.skip("reads /proc to see the orphan")
+    out = subprocess.run([sys.executable, "-c", PARENT, CHILD, TESTS],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # Orphaned, it interrupts itself within a second of noticing (its
+    # sleep would have lasted two minutes).
+    assert not _alive(pid), f"the orphaned child {pid} still runs"
