@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import threading
 
+from keras_vit.memory import proc_bytes
+
 
 def current_rss():
     """Resident memory of this process in bytes (0 if unknown)."""
@@ -29,13 +31,9 @@ def own_peak_rss():
     >>> own_peak_rss() >= current_rss() > 0
     True
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = proc_bytes("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     import resource
     import sys
 
@@ -47,8 +45,7 @@ def worker_peaks(rss):
     """The peaks a converter process reports to its parent: its own and
     those of its own children (``rss``: the :class:`PeakRSS` it ran under),
     in bytes; read by :func:`keras_vit.export.pipeline.run_child`."""
-    return {"peak_rss": max(own_peak_rss(), rss.peak),
-            "child_peak_rss": rss.child_peak}
+    return {"peak_rss": own_peak_rss(), "child_peak_rss": rss.child_peak}
 
 
 class PeakRSS:

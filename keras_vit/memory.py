@@ -23,17 +23,25 @@ import math
 from keras_vit.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 
 
-def available_memory():
-    """Bytes of memory available to a new allocation on this machine
-    (Linux ``MemAvailable``), or None where unknown."""
+def proc_bytes(path, field):
+    """The ``field`` of a Linux ``/proc`` file that counts kB
+    (``MemAvailable:   123 kB`` in ``/proc/meminfo``, ``VmHWM:`` in
+    ``/proc/self/status``), in bytes; None where the file or the field is
+    missing (not Linux)."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def available_memory():
+    """Bytes of memory available to a new allocation on this machine
+    (Linux ``MemAvailable``), or None where unknown."""
+    return proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 def check_weights_fit(num_params, settings, *, available=None):

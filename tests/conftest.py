@@ -369,13 +369,14 @@ def _stop_when_orphaned(parent):
 
 def _start_children(config):
     """Starts one pytest per other backend (tests marked `backends`), at a
-    lower priority (CHILD_NICENESS); returns (failed, children)."""
+    lower priority (CHILD_NICENESS); returns (the backends not installed,
+    [(backend, process, log)])."""
     import importlib.util
     import subprocess
     import tempfile
 
     args = _child_args(list(config.invocation_params.args))
-    failed, children = [], []
+    missing, children = [], []
     # The two children run at once, each with its workers: their torch
     # (OpenMP) threads share the cores (see _share_torch_threads).
     workers = getattr(config.option, "numprocesses", None) or 1
@@ -386,7 +387,7 @@ def _start_children(config):
         if importlib.util.find_spec(backend) is None:
             # Not a skip: the dev extras install both backends, so a missing
             # one is a broken set-up that would otherwise hide failures.
-            failed.append(f"{backend} (not installed)")
+            missing.append(backend)
             continue
         env = dict(os.environ, KERAS_BACKEND=backend,
                    KERAS_VIT_TEST_NICENESS=str(CHILD_NICENESS),
@@ -400,7 +401,7 @@ def _start_children(config):
             env=env, cwd=str(config.invocation_params.dir), stdout=log,
             stderr=subprocess.STDOUT, text=True)
         children.append((backend, proc, log))
-    return failed, children
+    return missing, children
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -408,9 +409,9 @@ def pytest_sessionfinish(session, exitstatus):
     runs = getattr(config, "_keras_vit_child_runs", None)
     if runs is None:
         return
-    failed, children = runs
-    for name in failed:
-        backend = name.split()[0]
+    missing, children = runs
+    failed = [f"{backend} (not installed)" for backend in missing]
+    for backend in missing:
         print(f"\n===== backend {backend}: not installed; "
               f"`pip install -e \".[dev]\"` installs it =====", flush=True)
     try:
