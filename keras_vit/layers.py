@@ -110,24 +110,65 @@ def _chains_in_xla(dtype, training):
     return hardware.plan(dtype).elementwise == "xla"
 
 
-def _dense_2d(x, kernel, bias):
-    """``x @ kernel + bias`` for a 2-D ``x``. On TensorFlow the bias is
-    added with ``BiasAdd`` (:func:`keras_vit.fused_ops.dense`), which
-    grappler fuses into the matmul and differentiates as one
-    ``BiasAddGrad``. On torch, one ``addmm``: eager torch runs a separate
-    add as its own pass over the output, which cost 3.4x the fused call
-    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
-    JAX a plain add, which XLA fuses by itself."""
+# A bias's gradient sums the output's gradient over every row (every token
+# of every image). Under mixed precision that sum must accumulate in
+# float32: TensorFlow's CPU kernels (``BiasAddGrad``, oneDNN's fused
+# convolution backward) and XLA:CPU's reduce of JAX's broadcast-add
+# gradient accumulate bfloat16 in bfloat16, and came out 10-40% off the
+# float32 model's bias gradients (tests/models/test_mixed_precision_
+# gradients.py); torch accumulates in float32. :func:`add_bias` is the one
+# place the layers here add a bias.
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_bias_add():
+    """``h + bias`` whose bias gradient sums over every axis but the last
+    in float32, rounding once (built on first use)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def add(h, bias):
+        return h + bias
+
+    def forward(h, bias):
+        return h + bias, None
+
+    def backward(_, dy):
+        axes = tuple(range(dy.ndim - 1))
+        return dy, jnp.sum(dy, axis=axes, dtype=jnp.float32).astype(dy.dtype)
+
+    add.defvjp(forward, backward)
+    return add
+
+
+def add_bias(h, bias, training=None):
+    """``h + bias`` over ``h``'s last axis, ``bias`` of ``h``'s dtype, with
+    a gradient summed in float32 on every backend: TensorFlow's spelling is
+    :func:`keras_vit.fused_ops.bias_add` (``training`` picks the one that
+    fuses best), JAX's a custom gradient, torch's a plain add."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
         from keras_vit import fused_ops
 
-        return fused_ops.dense(x, kernel, bias)
-    if backend == "torch":
+        return fused_ops.bias_add(h, bias, training)
+    if backend == "jax":
+        return _jax_bias_add()(h, bias)
+    return h + bias
+
+
+def _dense_2d(x, kernel, bias, training=None):
+    """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
+    float32 (:func:`add_bias`). On TensorFlow grappler fuses the bias add
+    into the matmul. On torch, one ``addmm``: eager torch runs a separate
+    add as its own pass over the output, which cost 3.4x the fused call
+    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
+    JAX a matmul and the add, which XLA fuses by itself."""
+    if keras.backend.backend() == "torch":
         import torch
 
         return torch.addmm(bias, x, kernel)
-    return ops.matmul(x, kernel) + bias
+    return add_bias(ops.matmul(x, kernel), bias, training)
 
 
 def rematerialized(layer, forward, *tensors):
@@ -199,6 +240,26 @@ def _with_arguments(config, layer, names):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+class FusedConv2D(layers.Conv2D):
+    """``keras.layers.Conv2D`` whose channels-last call with a bias adds
+    it through :func:`add_bias`: under mixed precision the bias gradient
+    sums in float32 (TensorFlow's fused convolution backward and XLA:CPU
+    sum bfloat16 in bfloat16), and TensorFlow fuses the add into the
+    convolution all the same. Everything else, and torch, is Keras' own
+    call; weights, config and numbers are Conv2D's."""
+
+    def call(self, inputs, training=None):
+        if (keras.backend.backend() == "torch" or not self.use_bias
+                or self.data_format != "channels_last"):
+            return super().call(inputs)
+        y = self.convolution_op(inputs, self.kernel)
+        y = add_bias(y, ops.cast(self.bias, y.dtype), training)
+        if self.activation is not None:
+            y = self.activation(y)
+        return y
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchEmbedding(layers.Layer):
     """Cuts an image (or feature map) into patches and embeds each linearly.
 
@@ -210,7 +271,7 @@ class PatchEmbedding(layers.Layer):
         super().__init__(**kwargs)
         self.hidden_size = int(hidden_size)
         self.patch_size = int(patch_size)
-        self.conv = layers.Conv2D(
+        self.conv = FusedConv2D(
             self.hidden_size,
             self.patch_size,
             strides=self.patch_size,
@@ -224,8 +285,8 @@ class PatchEmbedding(layers.Layer):
         self.conv.build(input_shape)
         self.built = True
 
-    def call(self, images):
-        x = self.conv(images)
+    def call(self, images, training=None):
+        x = self.conv(images, training=training)
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
 
@@ -651,7 +712,8 @@ class FusedDense(layers.Dense):
 
             # The training step's GELU and its gradient as one XLA loop
             # each, after the oneDNN matmul + BiasAdd.
-            y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias), self.gelu)
+            y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias, training),
+                                   self.gelu)
         elif (self.activation is mlp_gelu_tanh
               and keras.backend.backend() == "tensorflow"):
             from keras_vit import fused_ops
@@ -662,7 +724,7 @@ class FusedDense(layers.Dense):
                      if training is True else fused_ops.dense_gelu_tanh)
             y = spell(x, kernel, bias)
         else:
-            y = _dense_2d(x, kernel, bias)
+            y = _dense_2d(x, kernel, bias, training)
             if self.activation not in (None, keras.activations.linear):
                 y = self.activation(y)
         if len(inputs.shape) != 2:
@@ -705,7 +767,8 @@ class FusedEinsumDense(layers.EinsumDense):
         lead = len(inputs.shape) - k
         x = ops.reshape(inputs, (-1, rows))
         y = _dense_2d(x, ops.reshape(ops.cast(kernel, x.dtype), (rows, cols)),
-                      ops.reshape(ops.cast(self.bias, x.dtype), (cols,)))
+                      ops.reshape(ops.cast(self.bias, x.dtype), (cols,)),
+                      training)
         return ops.reshape(y, (*shape[:lead], *kernel_shape[k:]))
 
     def quantize(self, mode=None, type_check=True, config=None):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from keras_vit.layers import FusedDense
+
 
 def image_input(image_hw, num_channels, include_preprocessing, dtype):
     """The ``images`` input of shape (height, width, channels); returns
@@ -33,17 +35,19 @@ def classification_head(x, pooling_layer, include_top, representation_size,
                         dtype):
     """``pooling_layer`` (or none), the optional ``pre_logits`` Dense +
     tanh, and, with ``include_top``, the zero-initialised ``head`` (its bias
-    from ``bias_initializer``) and its activation."""
+    from ``bias_initializer``) and its activation. Both Dense layers are
+    :class:`~keras_vit.layers.FusedDense`: their bias gradients sum over
+    the batch in float32 under mixed precision on TensorFlow too."""
     if pooling_layer is not None:
         x = pooling_layer(x)
         if representation_size is not None:
-            x = layers.Dense(representation_size, activation="tanh",
-                             kernel_initializer="lecun_normal",
-                             dtype=dtype, name="pre_logits")(x)
+            x = FusedDense(representation_size, activation="tanh",
+                           kernel_initializer="lecun_normal",
+                           dtype=dtype, name="pre_logits")(x)
     if include_top:
-        x = layers.Dense(num_classes, kernel_initializer="zeros",
-                         bias_initializer=bias_initializer, dtype=dtype,
-                         name="head")(x)
+        x = FusedDense(num_classes, kernel_initializer="zeros",
+                       bias_initializer=bias_initializer, dtype=dtype,
+                       name="head")(x)
         if classifier_activation is not None:
             # Float32 so that softmax stays exact under mixed precision.
             x = layers.Activation(classifier_activation, dtype="float32",

@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import compat
-from keras_vit.layers import PACKAGE
+from keras_vit.layers import PACKAGE, FusedDense
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train.mpp.objective import (
     DOWNSIZED, LEVELS, MASK, RANDOM, check_fractions, check_target,
@@ -153,8 +153,8 @@ class MaskedPatchPrediction(keras.Model):
                                         name="drop_class_token")(x)
         # Zero-initialised like the paper's classification heads: the first
         # loss is exactly log(512) for the colour targets.
-        x = keras.layers.Dense(size, kernel_initializer="zeros", dtype=dtype,
-                               name="mpp_head")(x)
+        x = FusedDense(size, kernel_initializer="zeros", dtype=dtype,
+                       name="mpp_head")(x)
         super().__init__(inputs=[images, mode, source], outputs=x, name=name,
                          **kwargs)
         self.encoder_config = _encoder_config(encoder)

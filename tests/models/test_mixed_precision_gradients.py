@@ -1,0 +1,160 @@
+"""Mixed precision computes in bfloat16 but must not lose the gradient.
+
+A bias's gradient is a sum over every row of the batch (every token of
+every image): thousands of terms. Summed in bfloat16 (8 bits of mantissa),
+the running sum stops growing once it is 256 times a term, and the
+gradient comes out tens of percent short; summed in float32 and rounded
+once, it is one bfloat16 step off. The differential test runs the same
+weights and batch through a float32 model and a mixed_bfloat16 one, on
+every backend, through every layer that adds a bias (the patch
+embedding's convolution, the attention and MLP projections, pre-logits,
+the head) and both ways a model is called under a tape, and holds every
+gradient to bfloat16's error; the property test holds the one bias add
+that TensorFlow's layers share to the same bound for any shape and offset.
+"""
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import keras_vit
+
+pytestmark = pytest.mark.backends
+
+CLASSES = 6
+
+
+def _gradients(model, x, y, training):
+    """The float32 gradients of a summed cross-entropy w.r.t. every
+    trainable variable, through ``model(x, training=training)``."""
+    backend = keras.backend.backend()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            logits = model(x, training=training)
+            loss = loss_fn(y, tf.cast(logits, "float32"))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return [np.asarray(tf.cast(g, "float64")) for g in grads]
+    if backend == "jax":
+        import jax
+
+        trainable = [v.value for v in model.trainable_variables]
+        frozen = [v.value for v in model.non_trainable_variables]
+
+        def loss(values):
+            logits, _ = model.stateless_call(values, frozen, x,
+                                             training=training)
+            return loss_fn(y, logits.astype("float32"))
+
+        return [np.asarray(g, "float64") for g in jax.grad(loss)(trainable)]
+    import torch
+
+    for v in model.trainable_variables:
+        v.value.grad = None
+    logits = model(x, training=training)
+    loss_fn(torch.as_tensor(y), logits.float()).backward()
+    return [v.value.grad.double().cpu().numpy()
+            for v in model.trainable_variables]
+
+
+# Enough rows that a bf16 running sum stalls: with image 16 and patch 4,
+# 17 tokens of 256 images are 4,352 rows per projection (4,096 for the
+# patch embedding, 256 for pre-logits and the head); the hybrid's patch
+# embedding sums 8x8 feature maps of 64 images.
+MODELS = {
+    "vit": lambda dtype: keras_vit.vit(
+        16, 4, 32, 1, 2, 64, CLASSES, representation_size=16, dtype=dtype),
+    "hybrid": lambda dtype: keras_vit.vit(
+        32, 1, 32, 1, 2, 64, CLASSES, dtype=dtype,
+        resnet=dict(num_layers=(1,), width_factor=0.5)),
+    "axial": lambda dtype: keras_vit.axial_vit(
+        16, 4, 32, 1, 2, 64, CLASSES, dtype=dtype),
+}
+BATCH = {"vit": 256, "hybrid": 64, "axial": 256}
+
+
+# The call's training flag picks TensorFlow's spelling of the bias add;
+# elsewhere it changes nothing here.
+TRAINING = [True, False] if keras.backend.backend() == "tensorflow" else [
+    True]
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("training", TRAINING)
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_mixed_precision_gradients_are_the_float32_ones_to_16_bit_error(
+        family, training, policy):
+    keras.utils.set_random_seed(0)
+    reference, mixed = MODELS[family](None), MODELS[family](policy)
+    rng = np.random.default_rng(0)
+    # The head starts at zero (the paper's), which would leave every other
+    # gradient zero: a random head makes the comparison mean something.
+    head = reference.get_layer("head").kernel
+    head.assign(rng.normal(0, 0.5, head.shape).astype("float32"))
+    mixed.set_weights(reference.get_weights())
+    size = reference.inputs[0].shape[1]
+    x = rng.uniform(-1, 1, (BATCH[family], size, size, 3)).astype("float32")
+    y = (np.arange(len(x)) % CLASSES).astype("int32")
+    want = _gradients(reference, x, y, training)
+    got = _gradients(mixed, x, y, training)
+    errors = {}
+    for v, g, r in zip(reference.trainable_variables, got, want):
+        # The sums over rows: biases and norms' betas. The key's bias is
+        # left out: its gradient is zero in exact arithmetic (a softmax
+        # ignores a shift shared by a row), so both sides hold only noise.
+        if v.path.endswith(("bias", "beta")) and not v.path.endswith(
+                "key/bias"):
+            errors[v.path] = float(np.linalg.norm(g - r)
+                                   / np.linalg.norm(r))
+    assert len(errors) >= 6, errors
+    # bf16 activations give every gradient a few percent of noise (here up
+    # to ~3% on every backend); a bias summed in bf16 was off by 10-40%.
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < 0.05, (worst, errors[worst])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 6000), cols=st.integers(1, 40),
+       offset=st.floats(-4.0, 4.0), dtype=st.sampled_from(
+           ["bfloat16", "float16", "float32"]),
+       training=st.sampled_from([True, False, None]),
+       seed=st.integers(0, 2**16))
+@example(rows=4096, cols=8, offset=0.5, dtype="bfloat16", training=True,
+         seed=0)
+@example(rows=4096, cols=8, offset=0.5, dtype="bfloat16", training=None,
+         seed=0)
+def test_a_bias_gradient_is_the_sum_rounded_once(rows, cols, offset, dtype,
+                                                 training, seed):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the shared bias add is TensorFlow's spelling")
+    import tensorflow as tf
+
+    from keras_vit import fused_ops
+
+    rng = np.random.default_rng(seed)
+    h = tf.cast(rng.normal(size=(rows, cols)).astype("float32"), dtype)
+    bias = tf.cast(rng.normal(size=(cols,)).astype("float32"), dtype)
+    dy = tf.cast(rng.normal(offset, 1.0, (rows, cols)).astype("float32"),
+                 dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([h, bias])
+        out = fused_ops.bias_add(h, bias, training=training)
+    dh, db = tape.gradient(out, [h, bias], output_gradients=dy)
+    assert out.dtype == h.dtype and db.dtype == bias.dtype
+    np.testing.assert_array_equal(np.asarray(tf.cast(out, "float32")),
+                                  np.asarray(tf.cast(h + bias, "float32")))
+    np.testing.assert_array_equal(np.asarray(tf.cast(dh, "float32")),
+                                  np.asarray(tf.cast(dy, "float32")))
+    terms = np.asarray(tf.cast(dy, "float64"))
+    exact = terms.sum(0)
+    # One rounding of the result to the dtype, plus float32 accumulation.
+    step = float(np.finfo(np.float32).eps) if dtype == "float32" else (
+        2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11)
+    bound = step * np.abs(exact) + 2.0 ** -16 * np.abs(terms).sum(0)
+    error = np.abs(np.asarray(tf.cast(db, "float64")) - exact)
+    assert (error <= bound + 1e-30).all(), (error.max(), bound.min())
