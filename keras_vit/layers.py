@@ -159,12 +159,18 @@ def add_bias(h, bias, training=None):
 
 def _dense_2d(x, kernel, bias, training=None):
     """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
-    float32 (:func:`add_bias`). On TensorFlow grappler fuses the bias add
-    into the matmul. On torch, one ``addmm``: eager torch runs a separate
+    float32 (:func:`add_bias`). On TensorFlow,
+    :func:`keras_vit.fused_ops.dense`, whose bias add grappler fuses into
+    the matmul. On torch, one ``addmm``: eager torch runs a separate
     add as its own pass over the output, which cost 3.4x the fused call
     for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
     JAX a matmul and the add, which XLA fuses by itself."""
-    if keras.backend.backend() == "torch":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        from keras_vit import fused_ops
+
+        return fused_ops.dense(x, kernel, bias, training)
+    if backend == "torch":
         import torch
 
         return torch.addmm(bias, x, kernel)

@@ -20,6 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import keras_vit
+import model_gradients
 
 pytestmark = pytest.mark.backends
 
@@ -27,39 +28,13 @@ CLASSES = 6
 
 
 def _gradients(model, x, y, training):
-    """The float32 gradients of a summed cross-entropy w.r.t. every
-    trainable variable, through ``model(x, training=training)``."""
-    backend = keras.backend.backend()
+    """The gradients of a summed cross-entropy (on float32 logits) w.r.t.
+    every trainable variable, through ``model(x, training=training)``."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="sum")
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            logits = model(x, training=training)
-            loss = loss_fn(y, tf.cast(logits, "float32"))
-        grads = tape.gradient(loss, model.trainable_variables)
-        return [np.asarray(tf.cast(g, "float64")) for g in grads]
-    if backend == "jax":
-        import jax
-
-        trainable = [v.value for v in model.trainable_variables]
-        frozen = [v.value for v in model.non_trainable_variables]
-
-        def loss(values):
-            logits, _ = model.stateless_call(values, frozen, x,
-                                             training=training)
-            return loss_fn(y, logits.astype("float32"))
-
-        return [np.asarray(g, "float64") for g in jax.grad(loss)(trainable)]
-    import torch
-
-    for v in model.trainable_variables:
-        v.value.grad = None
-    logits = model(x, training=training)
-    loss_fn(torch.as_tensor(y), logits.float()).backward()
-    return [v.value.grad.double().cpu().numpy()
-            for v in model.trainable_variables]
+    return model_gradients.gradients(
+        model, x, lambda logits: loss_fn(y, keras.ops.cast(logits, "float32")),
+        training)
 
 
 # Enough rows that a bf16 running sum stalls: with image 16 and patch 4,

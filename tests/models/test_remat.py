@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+import model_gradients
 from keras_vit.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
 
@@ -33,35 +34,9 @@ FAMILIES = {
 
 
 def gradients(model, x):
-    """d sum(logits^2) / d every trainable weight, in a training call.
-    The global seeds are set first: torch's unseeded dropout draws from
-    torch's global generator, so twins compare only from the same state."""
-    keras.utils.set_random_seed(11)
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            y = model(x, training=True)
-            loss = tf.reduce_sum(tf.square(y))
-        return [g.numpy() for g in tape.gradient(loss,
-                                                  model.trainable_variables)]
-    if backend == "torch":
-        import torch
-
-        y = model(torch.as_tensor(x), training=True)
-        (y * y).sum().backward()
-        return [v.value.grad.numpy() for v in model.trainable_variables]
-    import jax
-
-    trainable = [v.value for v in model.trainable_variables]
-    other = [v.value for v in model.non_trainable_variables]
-
-    def loss(trainable):
-        y, _ = model.stateless_call(trainable, other, x, training=True)
-        return jax.numpy.sum(y * y)
-
-    return [np.asarray(g) for g in jax.grad(loss)(trainable)]
+    """d sum(logits^2) / d every trainable weight, in a training call."""
+    return model_gradients.gradients(
+        model, x, lambda y: keras.ops.sum(keras.ops.square(y)))
 
 
 def _twins(build):

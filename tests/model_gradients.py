@@ -1,0 +1,41 @@
+"""The gradients of a model's loss w.r.t. every trainable variable, on
+whichever Keras backend the run uses: one helper for the tests that
+compare two models' gradients (remat twins, mixed precision against
+float32)."""
+
+import keras
+import numpy as np
+
+
+def gradients(model, x, loss, training=True):
+    """d ``loss(model(x, training=training))`` / d every trainable
+    variable, as float64 arrays; ``loss`` is written with ``keras.ops``.
+    The global seeds are set first: torch's unseeded dropout draws from
+    torch's global generator, so twins compare only from the same state."""
+    keras.utils.set_random_seed(11)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            value = loss(model(x, training=training))
+        grads = tape.gradient(value, model.trainable_variables)
+        return [np.asarray(tf.cast(g, "float64")) for g in grads]
+    if backend == "torch":
+        import torch
+
+        for v in model.trainable_variables:
+            v.value.grad = None
+        loss(model(torch.as_tensor(x), training=training)).backward()
+        return [v.value.grad.double().cpu().numpy()
+                for v in model.trainable_variables]
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    other = [v.value for v in model.non_trainable_variables]
+
+    def value(trainable):
+        y, _ = model.stateless_call(trainable, other, x, training=training)
+        return loss(y)
+
+    return [np.asarray(g, "float64") for g in jax.grad(value)(trainable)]
