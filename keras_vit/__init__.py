@@ -16,10 +16,11 @@ so a ``.keras`` file loads with ``keras.saving.load_model`` after
 from keras_vit import hardware, lazy, registration
 from keras_vit.version import __version__
 
-# Before anything imports TensorFlow: its oneDNN CPU rewrites (the fused
-# matmul + bias + GELU) where TensorFlow would leave them off. Only an
-# environment variable is set; TensorFlow reads it when it is imported.
-hardware.enable_onednn()
+# TensorFlow's oneDNN CPU rewrites (the fused matmul + bias + GELU), where
+# TensorFlow would leave them off, are chosen just before TensorFlow is
+# first imported (by this package, Keras or the user): an environment
+# variable TensorFlow reads then. Nothing is read or set now.
+lazy.when_imported("tensorflow", before=hardware.enable_onednn)
 
 # The model classes register with Keras when Keras is (or gets) imported,
 # so that keras.saving.load_model reads a keras_vit file.

@@ -86,7 +86,7 @@ VARIABLES = {v.name: v for v in (
              "the attention computation, instead of the speed plan's",
              ("fused", "einsum")),
     Variable("KERAS_VIT_ONEDNN", "flag", True,
-             "off: import keras_vit leaves TensorFlow's oneDNN setting "
+             "off: keras_vit leaves TensorFlow's oneDNN setting "
              "alone"),
 )}
 

@@ -19,8 +19,9 @@ hardware has rather than from a constant measured on one machine:
   batch size.
 * TensorFlow turns its oneDNN CPU rewrites on by itself only on CPUs with
   AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX; elsewhere (AVX2-only CPUs)
-  its graphs run through Eigen, with no GELU fusion. ``import keras_vit``
-  turns them on there (:func:`enable_onednn`): on a 2-core AVX2-only AMD
+  its graphs run through Eigen, with no GELU fusion. keras_vit turns them
+  on there just before TensorFlow is first imported (:func:`enable_onednn`,
+  which ``import keras_vit`` arranges and the command line runs first): on a 2-core AVX2-only AMD
   EPYC a ViT-B/16 used 11-28% less CPU time per image in ``predict`` and
   15% less per training step with them (``python
   benchmarks/onednn_ab.py``). ``TF_ENABLE_ONEDNN_OPTS`` set by the user, or
@@ -96,8 +97,12 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     run through Eigen. Nothing is changed when the user set
     ``TF_ENABLE_ONEDNN_OPTS`` (either way) or ``KERAS_VIT_ONEDNN=0``, when
     TensorFlow is already imported (too late: it read the variable), or
-    off Linux on x86-64 (the platform it was measured on). ``import
-    keras_vit`` calls it; :func:`onednn_note` reports what it decided.
+    off Linux on x86-64 (the platform it was measured on). A
+    ``KERAS_VIT_ONEDNN`` it cannot read raises
+    :class:`~keras_vit.environment.SettingError`. ``import keras_vit``
+    arranges the call for just before TensorFlow's first import (it reads
+    and sets nothing itself), the ``keras-vit`` command makes it first
+    thing; the process decides once, and :func:`onednn_note` reports what.
     The arguments exist for tests.
 
     >>> env = {}
@@ -112,9 +117,10 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     """
     global _onednn_decision
 
-    if environ is None and modules is None:  # this process: remembered
-        _onednn_decision = enable_onednn(os.environ, sys.modules, machine,
-                                         system)
+    if environ is None and modules is None:  # this process: once
+        if _onednn_decision is None:
+            _onednn_decision = enable_onednn(os.environ, sys.modules,
+                                             machine, system)
         return _onednn_decision
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
@@ -134,7 +140,7 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
 
 
 def onednn_note():
-    """What :func:`enable_onednn` decided at ``import keras_vit``, and
+    """What :func:`enable_onednn` decided for this process, and
     whether this TensorFlow runs its CPU graphs through oneDNN: one line
     for benchmark tables."""
     from keras_vit import compat

@@ -19,9 +19,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def _enable_onednn_as_keras_vit_does():
-    """``import keras_vit`` turns TensorFlow's oneDNN rewrites on before
-    TensorFlow loads (keras_vit.hardware.enable_onednn); a test module that
-    imports TensorFlow first would run the suite without them on CPUs where
+    """keras_vit turns TensorFlow's oneDNN rewrites on just before
+    TensorFlow loads (keras_vit.hardware.enable_onednn, which ``import
+    keras_vit`` arranges); a test module that imports TensorFlow before
+    keras_vit would run the suite without them on CPUs where
     TensorFlow's default is off (AVX2-only). hardware.py imports nothing of
     the package, so it is loaded alone, before any test module (and before
     the Keras backend is chosen below)."""

@@ -128,12 +128,16 @@ def test_the_command_mirrors_the_exporters_constants():
     assert cli.DEFAULT_TOP_K == serving.DEFAULT_TOP_K
 
 
-def test_a_bad_keras_backend_is_one_line_before_any_import():
-    proc = subprocess.run(["keras-vit", "list"], capture_output=True,
+@pytest.mark.parametrize("argv, name, value", [
+    (["list"], "KERAS_BACKEND", "foo"),
+    (["--help"], "KERAS_VIT_ONEDNN", "maybe"),
+])
+def test_a_bad_setting_is_one_line_before_any_import(argv, name, value):
+    proc = subprocess.run(["keras-vit", *argv], capture_output=True,
                           text=True, timeout=120,
-                          env=dict(os.environ, KERAS_BACKEND="foo"))
+                          env=dict(os.environ, **{name: value}))
     assert proc.returncode == 2, proc.stderr
-    assert "KERAS_BACKEND" in proc.stderr and "foo" in proc.stderr
+    assert name in proc.stderr and value in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

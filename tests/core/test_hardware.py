@@ -183,6 +183,40 @@ def _onednn_in_child(code, **env):
     return out.stdout.strip().splitlines()[-1] == "True"
 
 
+def _child(code, **env):
+    """``python -c code`` with ``env`` and without the oneDNN variables of
+    this process: its return code, stdout and stderr."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TF_ENABLE_ONEDNN_OPTS", "KERAS_VIT_ONEDNN")}
+    environ.update(env, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=300, env=environ)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_import_keras_vit_sets_and_reads_no_setting():
+    """``import keras_vit`` leaves the environment as it found it, and a
+    KERAS_VIT_ONEDNN it cannot read does not stop it: the oneDNN choice
+    waits for TensorFlow's import."""
+    code = ("import os; before = dict(os.environ); import keras_vit; "
+            "print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    for value in ("1", "maybe"):
+        rc, out, err = _child(code, KERAS_VIT_ONEDNN=value)
+        assert (rc, out.strip()) == (0, "[]"), err
+
+
+def test_a_bad_onednn_setting_stops_tensorflow_import_in_one_line():
+    rc, _, err = _child("import keras_vit\nimport tensorflow",
+                        KERAS_VIT_ONEDNN="maybe")
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and "SettingError: KERAS_VIT_ONEDNN must be" in last, err
+    assert "'maybe'" in last, err
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                     reason="TensorFlow's switch")
 def test_import_keras_vit_first_runs_tensorflow_through_onednn():
