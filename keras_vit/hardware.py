@@ -358,6 +358,12 @@ def _plan(dtype, hardware, backend):
     hardware = hardware or detect()
     dtype = _dtype_name(dtype)
     if backend == "jax":
+        if dtype == "float16" and hardware.accelerator == "cpu":
+            # The fused kernel asks for a float16 dot accumulating in
+            # float32, which XLA:CPU cannot compile.
+            return Plan("xla", True, "einsum",
+                        "JAX compiles with XLA; float16 on its CPU backend "
+                        "has no fused attention")
         return Plan("xla", True, "fused", "JAX compiles with XLA")
     if backend == "torch":
         return Plan("eager", False, "fused",

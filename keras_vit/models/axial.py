@@ -21,7 +21,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.models.common import (check_label_names,
+from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
@@ -169,6 +169,7 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             keras.initializers.Constant(head_bias_init),
             classifier_activation, dtype)
         super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+        carry_policy(self, dtype)
         for key in NORMALISED:
             setattr(self, key, spec[key])
         self.grid_size = grid

@@ -30,6 +30,15 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype):
     return inputs, x
 
 
+def carry_policy(model, dtype):
+    """Gives a model built from layers in ``dtype`` that dtype policy as its
+    own. A functional model reports the global policy whatever its layers
+    got, and Keras' ``compile`` decides loss scaling (``mixed_float16``) from
+    the model's own policy: without this, float16 training ran unscaled."""
+    if dtype is not None:
+        model.dtype_policy = dtype
+
+
 def classification_head(x, pooling_layer, include_top, representation_size,
                         num_classes, bias_initializer, classifier_activation,
                         dtype):

@@ -18,7 +18,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.checks import (check_choice, check_int, check_keywords,
                               check_pair)
-from keras_vit.models.common import (check_label_names,
+from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
@@ -247,6 +247,7 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             dtype)
         outputs = {"output": x, **stages} if return_stages else x
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        carry_policy(self, dtype)
 
         # Normalised; the other arguments are kept as given
         # (keras_vit.models.config).

@@ -7,7 +7,7 @@ from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.checks import check_choice, check_dtype, check_keywords
-from keras_vit.models.common import (check_label_names,
+from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, hybrid_stages,
                                      image_input)
 from keras_vit.models.compiled import CompiledModelMixin
@@ -370,6 +370,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                     dtype=dtype, name="attention_scores")(scores),
             }
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        carry_policy(self, dtype)
         for key in _NORMALISED:
             setattr(self, key, spec[key])
         self.grid_size = spec["grid"]

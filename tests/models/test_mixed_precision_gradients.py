@@ -133,3 +133,34 @@ def test_a_bias_gradient_is_the_sum_rounded_once(rows, cols, offset, dtype,
     bound = step * np.abs(exact) + 2.0 ** -16 * np.abs(terms).sum(0)
     error = np.abs(np.asarray(tf.cast(db, "float64")) - exact)
     assert (error <= bound + 1e-30).all(), (error.max(), bound.min())
+
+
+@pytest.mark.parametrize("family", sorted(MODELS) + ["bit"])
+def test_a_model_built_in_a_mixed_policy_carries_it_so_compile_scales_loss(
+        family):
+    """Keras adds loss scaling in ``compile`` from the model's own dtype
+    policy: a model whose layers run in float16 but which reports float32
+    would train without it, and float16 gradients underflow."""
+    build = MODELS.get(family) or (lambda dtype: keras_vit.models.resnet_v2(
+        32, (1, 1, 1, 1), 0.5, CLASSES, dtype=dtype))
+    model = build("mixed_float16")
+    assert model.dtype_policy.name == "mixed_float16"
+    model.compile(optimizer="sgd", loss="mse")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    again = model.__class__.from_config(model.get_config())
+    assert again.dtype_policy.name == "mixed_float16"
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_a_mixed_precision_model_trains_through_fit_on_every_backend(policy):
+    """The compiled training step of each backend runs every layer in the
+    policy (XLA:CPU has no float16 dot with float32 accumulation, which
+    JAX's fused attention asks for)."""
+    keras.utils.set_random_seed(0)
+    model = MODELS["vit"](policy)
+    model.compile(optimizer="sgd", loss=keras.losses.
+                  SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3))
+    history = model.fit(x.astype("float32"), np.arange(4) % CLASSES,
+                        epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
