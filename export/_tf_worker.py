@@ -47,7 +47,7 @@ def run_job(job):
         raise RuntimeError("the converter process needs "
                            "KERAS_BACKEND=tensorflow; it runs on "
                            f"{keras.backend.backend()!r}")
-    from keras_vit import atomic
+    from keras_vit.base import atomic
     from keras_vit.export import formats, memory, pipeline, serving
     from keras_vit.export.graph import ServingGraph
 
@@ -95,7 +95,7 @@ def main(job_path):
         traceback.print_exc()
         result = {"error": {"type": type(e).__name__, "message": str(e)}}
         status = 1
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     atomic.write_json(job["result"], result)
     return status

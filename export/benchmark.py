@@ -136,7 +136,7 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive; received "
                          f"batch_sizes={batch_sizes!r}")
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
 
     # Each measurement prints one line after its runs: a million of them
     # would sit silent for hours.

@@ -14,7 +14,7 @@ import os
 from keras_vit.export import common, staging
 from keras_vit.export.verify import verification_table
 from keras_vit import cli_options as options
-from keras_vit.checks import printable
+from keras_vit.base.checks import printable
 from keras_vit.cli_options import name_list, positive_int
 
 # Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
@@ -311,7 +311,7 @@ def run_benchmark(args):
     from keras_vit import export
     from keras_vit.export import benchmark
 
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
 
     runtimes = benchmark.check_runtimes(args.runtimes)
     check_int("--runs", args.runs, low=1, high=benchmark.MAX_RUNS)

@@ -17,10 +17,10 @@ import json
 import os
 import time
 
-from keras_vit import atomic
-from keras_vit import checks
-from keras_vit.checks import check_choice
-from keras_vit.errors import KerasVitError
+from keras_vit.base import atomic
+from keras_vit.base import checks
+from keras_vit.base.checks import check_choice
+from keras_vit.base.errors import KerasVitError
 
 FORMATS = ("saved_model", "tflite", "onnx")
 # What a path of each format must end with (a SavedModel is a directory).
@@ -70,8 +70,8 @@ def require_installed(module, purpose):
     """
     import importlib.util
 
-    from keras_vit.checks import PACKAGES
-    from keras_vit.errors import MissingDependencyError
+    from keras_vit.base.checks import PACKAGES
+    from keras_vit.base.errors import MissingDependencyError
 
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:

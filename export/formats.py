@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import typing
 
-from keras_vit.checks import check_choice
+from keras_vit.base.checks import check_choice
 from keras_vit.export.common import FORMATS
 
 

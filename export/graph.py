@@ -129,7 +129,7 @@ def _output_tensor(model, name):
 
 def _built_size(model):
     """The (height, width) a dynamic-size model was built for."""
-    from keras_vit.checks import check_pair
+    from keras_vit.base.checks import check_pair
 
     return check_pair("image_size", model.get_config()["image_size"])
 

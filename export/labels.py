@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from keras_vit.checks import check_path
+from keras_vit.base.checks import check_path
 
 #: The ONNX ``metadata_props`` key and the TFLite metadata name.
 KEY = "label_names"
@@ -115,7 +115,7 @@ def _write_onnx(path, text):
 def _write_tflite(path, text):
     import numpy as np
 
-    from keras_vit.checks import require
+    from keras_vit.base.checks import require
 
     flatbuffer_utils = require("ai_edge_litert.tools.flatbuffer_utils",
                                package="ai-edge-litert",
@@ -185,7 +185,7 @@ def read_label_names(path):
 def _read_tflite(path):
     """The ``label_names`` metadata of a ``.tflite`` file, read from the
     flatbuffer in place (no copy of the weights)."""
-    from keras_vit.checks import require
+    from keras_vit.base.checks import require
 
     schema = require("ai_edge_litert.schema_py_generated",
                      package="ai-edge-litert",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from keras_vit.checks import require
+from keras_vit.base.checks import require
 from keras_vit.export import onnx_worker as worker
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks

@@ -244,7 +244,7 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
 def main(job_path):
     import traceback
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
     from keras_vit.export import memory
 
     with open(job_path) as f:

@@ -40,7 +40,8 @@ import time
 
 import numpy as np
 
-from keras_vit import atomic, environment
+from keras_vit.base import atomic
+from keras_vit.base import environment
 from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
@@ -162,7 +163,7 @@ def run(job, module):
 
 def timeout_seconds():
     """The time limit of a converter process: ``$KERAS_VIT_EXPORT_TIMEOUT``
-    seconds (:mod:`keras_vit.environment`), default 3600.
+    seconds (:mod:`keras_vit.base.environment`), default 3600.
 
     >>> timeout_seconds() > 0
     True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from keras_vit.checks import check_choice
+from keras_vit.base.checks import check_choice
 from keras_vit.export import common, pipeline, serving
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import threading
 
-from keras_vit import atomic
+from keras_vit.base import atomic
 from keras_vit.export.common import ExportError
 
 # What a SavedModel directory holds (TensorFlow's writers and this

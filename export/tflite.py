@@ -12,7 +12,7 @@ import os
 import sys
 
 from keras_vit import compat
-from keras_vit.checks import require
+from keras_vit.base.checks import require
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from keras_vit.export import common, memory
-from keras_vit.checks import check_type
+from keras_vit.base.checks import check_type
 
 
 def top1_source(names):

@@ -13,8 +13,9 @@ so a ``.keras`` file loads with ``keras.saving.load_model`` after
 ``import keras_vit``.
 """
 
-from keras_vit import hardware, lazy, registration
-from keras_vit.version import __version__
+from keras_vit import hardware, registration
+from keras_vit.base import lazy
+from keras_vit.base.version import __version__
 
 # TensorFlow's oneDNN CPU rewrites (the fused matmul + bias + GELU), where
 # TensorFlow would leave them off, are chosen just before TensorFlow is
@@ -28,13 +29,17 @@ registration.arrange()
 
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     # The root of every error the package raises on purpose.
-    ".errors": ("KerasVitError",),
+    ".base.errors": ("KerasVitError",),
     ".models": ("AxialVisionTransformer", "VisionTransformer", "axial_vit",
                 "vit"),
     # Getting and copying models is the zoo's (keras_vit.zoo.resolve).
     ".zoo.resolve": ("rebuild", "resolve_model"),
-}), modules=("analysis", "export", "layers", "models", "train", "variants",
-             "zoo"))
+}), modules={
+    "analysis": ".analysis", "export": ".export", "layers": ".layers",
+    "models": ".models", "train": ".train", "zoo": ".zoo",
+    # Modules users name at the package's top, kept there as they moved
+    # into their floors.
+    "variants": ".base.variants"})
 
 __all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
            "__version__",

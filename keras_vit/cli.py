@@ -137,7 +137,7 @@ def _cmd_convert(args):
     --image-size, replacing the head for another --num-classes) and saves a
     .keras file."""
     from keras_vit import zoo
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     out = os.path.abspath(args.output)
     if not out.endswith(".keras"):
@@ -186,7 +186,7 @@ def _cmd_convert(args):
 
     # Save under a temporary name in the same directory and rename: an
     # interrupted or failed save never leaves a file that looks finished.
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     with atomic.atomic_path(out) as tmp:
         model.save(tmp)
@@ -221,7 +221,7 @@ def _check_model_name(value):
     """A zoo name, else one error: "does not exist" for what looks like a
     path (``runs/x``, ``./x``, ``/x``), the zoo's unknown-name error for
     the rest (zoo names hold a slash too: ``ViT-B/16``)."""
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     try:
         variants.parse(value)
@@ -289,7 +289,7 @@ def _model_geometry(model):
 def _check_image_path(path):
     """One error naming IMAGE unless ``path`` is a regular file (opening a
     FIFO would block until something writes to it)."""
-    from keras_vit.archives import special_file
+    from keras_vit.base.archives import special_file
 
     if os.path.isdir(path):
         raise UserError(f"IMAGE={path!r} is a directory; pass image "
@@ -393,7 +393,7 @@ def _cmd_predict(args):
                           "labels": label_name,
                           "predictions": results}, indent=2))
         return 0
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     # Label names may come from a downloaded config.json: a newline would
     # split the line, an escape sequence would reach the terminal.
@@ -435,7 +435,7 @@ def _cmd_demo(args):
 
 def build_parser():
     """The argparse parser of ``keras-vit``."""
-    from keras_vit.version import __version__
+    from keras_vit.base.version import __version__
     from keras_vit import demo
 
     parser, sub = options.commands_parser(

@@ -15,7 +15,7 @@ import contextlib
 import re
 import sys
 
-from keras_vit.errors import KerasVitError
+from keras_vit.base.errors import KerasVitError
 
 PROG = "keras-vit"
 
@@ -74,7 +74,7 @@ def positive_int(text):
 def image_side(text):
     """argparse type of ``--image-size``: an integer in [1,
     MAX_IMAGE_SIDE]."""
-    from keras_vit.limits import MAX_IMAGE_SIDE
+    from keras_vit.base.limits import MAX_IMAGE_SIDE
 
     value = positive_int(text)
     if value > MAX_IMAGE_SIDE:
@@ -248,7 +248,7 @@ def _option_strings(parser):
 
 
 def _suggest(parser, message):
-    from keras_vit.checks import did_you_mean
+    from keras_vit.base.checks import did_you_mean
 
     bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
                     message)
@@ -274,7 +274,7 @@ def _is_user_error(exc):
     # ValueError covers UnknownModelError and CheckpointError; OSError covers
     # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
     # DownloadError / OfflineError.
-    from keras_vit.errors import MissingDependencyError
+    from keras_vit.base.errors import MissingDependencyError
 
     return isinstance(exc, (UserError, ValueError, OSError,
                             MissingDependencyError))
@@ -306,7 +306,7 @@ def run_command(func, args, debug=False):
     except Exception as e:  # noqa: BLE001 - triaged just below
         if debug:
             raise
-        from keras_vit.checks import missing_dependency
+        from keras_vit.base.checks import missing_dependency
 
         # An optional package missing where no require() was in the way.
         e = missing_dependency(e) or e
@@ -412,7 +412,7 @@ def start(main):
     (which would fail inside its own import). A library calling
     :func:`main` gets none of this: its stderr is its own."""
     from keras_vit import hardware, quiet
-    from keras_vit.checks import check_keras_backend
+    from keras_vit.base.checks import check_keras_backend
 
     quiet.filter_stderr()
     try:

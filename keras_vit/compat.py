@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from keras_vit.errors import KerasVitError
+from keras_vit.base.errors import KerasVitError
 
 
 class PrivateAPIError(KerasVitError, RuntimeError):

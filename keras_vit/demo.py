@@ -166,7 +166,7 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
 
     import keras
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
     from keras_vit import train as kt
     from keras_vit import zoo
 

@@ -86,7 +86,7 @@ def executed_nodes(model, batch_size=2, training=False):
     import tensorflow as tf
 
     from keras_vit import compat
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
 
     if keras.backend.backend() != "tensorflow":
         raise ValueError(

@@ -65,7 +65,7 @@ import os
 import platform
 import sys
 
-from keras_vit import environment
+from keras_vit.base import environment
 
 ACCELERATORS = environment.VARIABLES["KERAS_VIT_ACCELERATOR"].choices
 PREDICT_PATHS = ("xla", "graph", "eager")
@@ -99,7 +99,7 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     TensorFlow is already imported (too late: it read the variable), or
     off Linux on x86-64 (the platform it was measured on). A
     ``KERAS_VIT_ONEDNN`` it cannot read raises
-    :class:`~keras_vit.environment.SettingError`. ``import keras_vit``
+    :class:`~keras_vit.base.environment.SettingError`. ``import keras_vit``
     arranges the call for just before TensorFlow's first import (it reads
     and sets nothing itself), the ``keras-vit`` command makes it first
     thing; the process decides once, and :func:`onednn_note` reports what.

@@ -82,10 +82,10 @@ import functools
 import math
 import os
 
-# The budgets live with every other cap (keras_vit/limits.py).
-from keras_vit.errors import KerasVitError
-from keras_vit.limits import MAX_IMAGE_SEGMENTS as MAX_SEGMENTS
-from keras_vit.limits import PIXEL_BUDGET
+# The budgets live with every other cap (keras_vit/base/limits.py).
+from keras_vit.base.errors import KerasVitError
+from keras_vit.base.limits import MAX_IMAGE_SEGMENTS as MAX_SEGMENTS
+from keras_vit.base.limits import PIXEL_BUDGET
 
 #: The reduced scales libjpeg decodes at (1/1, 1/2, 1/4, 1/8).
 JPEG_SCALES = (1, 2, 4, 8)

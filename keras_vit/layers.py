@@ -19,7 +19,7 @@ import numpy as np
 from keras import layers, ops
 
 from keras_vit import compat
-from keras_vit.checks import check_choice
+from keras_vit.base.checks import check_choice
 
 PACKAGE = "keras_vit"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from keras_vit.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
+from keras_vit.base.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 
 
 def proc_bytes(path, field):
@@ -332,7 +332,7 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
 def check_input_batch(count, shape, *, hint, bytes_per_value=4,
                       available=None):
     """Refuses (``ValueError``) ``count`` input images of ``shape`` that
-    alone would take more than :data:`~keras_vit.limits.BATCH_MEMORY_SHARE`
+    alone would take more than :data:`~keras_vit.base.limits.BATCH_MEMORY_SHARE`
     (half) of this machine's available memory, before they are allocated;
     ``hint`` says what to lower (the exporters' batch sizes).
 
@@ -449,7 +449,7 @@ def check_config(config, where, *, name=None, available=None):
     model too large and its value) a model of ``config`` whose weights,
     position table and one image's forward pass clearly cannot fit this
     machine's available memory (an estimate over
-    :data:`~keras_vit.limits.MEMORY_SLACK` times it), before anything is
+    :data:`~keras_vit.base.limits.MEMORY_SLACK` times it), before anything is
     built: a config file of a few bytes (``image_size=14000``) must not
     start gigabytes of allocations. The activations count on CPU only
     (an accelerator holds them elsewhere). ``name`` describes the model

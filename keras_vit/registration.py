@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from keras_vit import lazy
+from keras_vit.base import lazy
 
 
 def register():
@@ -32,7 +32,7 @@ def register():
 
 def arrange():
     """Registers the classes now if Keras is imported, else right after
-    ``import keras`` (:func:`keras_vit.lazy.when_imported`)."""
+    ``import keras`` (:func:`keras_vit.base.lazy.when_imported`)."""
     if "keras" in sys.modules:
         register()
     else:

@@ -11,10 +11,10 @@ Environment variables: ``KERAS_VIT_CACHE`` (download cache directory),
 seconds, 300 by default, stops a download).
 """
 
-from keras_vit import lazy
+from keras_vit.base import lazy
 # The registry answers `keras-vit list` and `info` without Keras.
 from keras_vit.zoo.registry import info, labels, list_models
-from keras_vit.variants import UnknownModelError
+from keras_vit.base.variants import UnknownModelError
 
 # Loaded with the package, except in the ``keras-vit`` command, where each
 # loads on first use.

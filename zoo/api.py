@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import os
 
-from keras_vit import variants
+from keras_vit.base import variants
 from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.zoo import bit_layout, convert, download, registry, sources
 from keras_vit.zoo.official import is_url

@@ -14,8 +14,8 @@ import typing
 
 import numpy as np
 
-from keras_vit.checks import did_you_mean
-from keras_vit.errors import UnexpectedKeywordError
+from keras_vit.base.checks import did_you_mean
+from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.zoo import bit_layout, convert
 
 

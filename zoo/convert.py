@@ -19,11 +19,11 @@ import zipfile
 
 import numpy as np
 
-from keras_vit import atomic
-from keras_vit.errors import KerasVitError
+from keras_vit.base import atomic
+from keras_vit.base.errors import KerasVitError
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
-from keras_vit.limits import MAX_LAYERS as MAX_BLOCKS
+from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
 from keras_vit.zoo import lazy_npz
 
 logger = logging.getLogger("keras_vit.zoo")

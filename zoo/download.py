@@ -44,8 +44,8 @@ from typing import Iterator, Optional, Union
 
 from tqdm import tqdm
 
-from keras_vit import environment
-from keras_vit.errors import KerasVitError
+from keras_vit.base import environment
+from keras_vit.base.errors import KerasVitError
 
 __all__ = [
     "DownloadError",
@@ -253,7 +253,7 @@ def _write_sidecar(path: Path, digest: str) -> None:
     try:
         st = path.stat()
         record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        from keras_vit import atomic  # light to load only when used
+        from keras_vit.base import atomic  # light to load only when used
 
         atomic.write_json(_sidecar(path), record, indent=None, suffix="")
     except OSError:
@@ -303,10 +303,10 @@ def _normalise_sha256(sha256: Optional[str]) -> Optional[str]:
 
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None]:
-    """Hold the exclusive lock ``lock_path`` (:class:`keras_vit.atomic.FileLock`,
+    """Hold the exclusive lock ``lock_path`` (:class:`keras_vit.base.atomic.FileLock`,
     the run folders' lock too), waiting at most ``wait`` seconds; a waiter
     that gives up names the holder."""
-    from keras_vit import atomic  # light to load only when used
+    from keras_vit.base import atomic  # light to load only when used
 
     try:
         lock = atomic.FileLock(lock_path).acquire(wait)
@@ -509,7 +509,7 @@ def _download(
     # The package's one atomic writer, imported here so that loading this
     # module stays light. The temporary name ends in ".partial", so
     # _remove_stale_partials finds strays.
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     with atomic.atomic_path(final, suffix="") as partial:
         with open(partial, "wb") as out:
@@ -665,7 +665,7 @@ def fetch(
     for name, value in (("timeout", timeout), ("deadline", deadline)):
         if not (isinstance(value, (int, float)) and value > 0):
             # Imported only here: this module stays light on the good path.
-            from keras_vit.checks import check_number
+            from keras_vit.base.checks import check_number
 
             check_number(name, value, low=0, low_open=True)
     with _exclusive_lock(final.with_name(final.name + ".lock"), wait=deadline + timeout):

@@ -1,8 +1,8 @@
 """Every file format the zoo reads, described once, field by field.
 
-Each description below is a :mod:`keras_vit.schema` tree: the readers
+Each description below is a :mod:`keras_vit.base.schema` tree: the readers
 check a file against it before they use a value, so a field's type and
-bounds (from :mod:`keras_vit.limits`) are stated in one place and an
+bounds (from :mod:`keras_vit.base.limits`) are stated in one place and an
 error always names the file, the field and the value. What a description
 cannot say (a patch size that divides the image, a label list as long as
 the head) the reader checks next to where it uses the values, with the
@@ -18,11 +18,11 @@ config.json field num_classes: expected an integer in [0, 1000000]; received num
 
 from __future__ import annotations
 
-from keras_vit import schema
-from keras_vit.errors import ConfigError
-from keras_vit.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_HIDDEN,
+from keras_vit.base import schema
+from keras_vit.base.errors import ConfigError
+from keras_vit.base.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_HIDDEN,
                               MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
-from keras_vit.schema import (Any, Bool, Int, List, Nullable, Number,
+from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                               Object, OneOf, Size, Str)
 from keras_vit.zoo.convert import CheckpointError
 
@@ -30,18 +30,18 @@ from keras_vit.zoo.convert import CheckpointError
 class FormatError(ConfigError, CheckpointError):
     """A file the zoo reads does not fit its format: names the file, the
     field and the value (``path field f: problem``). Both a
-    :class:`~keras_vit.errors.ConfigError` and a
+    :class:`~keras_vit.base.errors.ConfigError` and a
     :class:`~keras_vit.zoo.CheckpointError`, so that either ``except``
     catches it."""
 
 
 def check(spec, value, path, field=None):
-    """:func:`keras_vit.schema.check` raising :class:`FormatError`."""
+    """:func:`keras_vit.base.schema.check` raising :class:`FormatError`."""
     return schema.check(spec, value, path, field, error=FormatError)
 
 
 def read_json(path, what, spec=None):
-    """:func:`keras_vit.schema.read_json` raising :class:`FormatError`."""
+    """:func:`keras_vit.base.schema.read_json` raising :class:`FormatError`."""
     return schema.read_json(path, what, spec, error=FormatError)
 
 

@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from keras_vit.checks import require, shown
-from keras_vit.limits import MAX_H5_ENTRIES
+from keras_vit.base.checks import require, shown
+from keras_vit.base.limits import MAX_H5_ENTRIES
 from keras_vit.zoo import convert, hub_files
 
 
@@ -26,7 +26,7 @@ def read_h5(path, wanted, expected,
     Keras marks it), contiguous storage inside the file; external and
     virtual datasets, which read other files, are refused."""
     h5py = require("h5py", purpose="reading a keras-hub preset")
-    from keras_vit.archives import special_file
+    from keras_vit.base.archives import special_file
 
     kind = special_file(path)
     if kind is not None:

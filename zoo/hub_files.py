@@ -17,9 +17,9 @@ import re
 
 import numpy as np
 
-from keras_vit.archives import special_file
-from keras_vit.checks import require, shown
-from keras_vit.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
+from keras_vit.base.archives import special_file
+from keras_vit.base.checks import require, shown
+from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
 from keras_vit.zoo import convert, download
 
 HUB_PREFIX = "hf-hub:"
@@ -121,7 +121,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     import subprocess
     import sys
 
-    from keras_vit.checks import check_number
+    from keras_vit.base.checks import check_number
 
     require("huggingface_hub", purpose="hf-hub: weights")
     check_number("timeout", timeout, low=0, low_open=True)
@@ -190,7 +190,7 @@ def check_safetensors(path):
     file, the size its shape needs, no two overlapping). A
     :class:`~keras_vit.zoo.formats.FormatError` names the file and the
     tensor otherwise. Returns the header."""
-    from keras_vit import schema
+    from keras_vit.base import schema
     from keras_vit.zoo import formats
 
     path = os.fspath(path)
@@ -289,7 +289,7 @@ def zoo_name(arch):
     ...               num_layers=12, patch_size=16))
     'ViT-Ti/16'
     """
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
                                   "num_layers")}
@@ -307,7 +307,7 @@ def name_sizes(name, weights):
     >>> name_sizes("ViT-Ti/16", "transformers'")
     {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
     """
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     parsed = variants.parse(name)
     if parsed.family != "vit":

@@ -12,8 +12,8 @@ import io
 import os
 import zipfile
 
-from keras_vit.archives import check_archive
-from keras_vit.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
+from keras_vit.base.archives import check_archive
+from keras_vit.base.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
                               MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
 from keras_vit.zoo import convert
 from keras_vit.zoo.build import is_keras_vit_model
@@ -91,7 +91,7 @@ def keras_config(path, argument="model"):
     :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`), before Keras reads
     it; None when the archive has none (Keras' own error says so).
     Errors say "cannot load ``argument``=``path``"."""
-    from keras_vit import schema
+    from keras_vit.base import schema
     from keras_vit.zoo import formats
 
     try:

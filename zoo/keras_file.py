@@ -49,7 +49,7 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
     keras_vit model comes back as it is (``family="foreign"``): nothing
     about it can be changed. Errors are
     :class:`~keras_vit.zoo.CheckpointError` naming the file."""
-    from keras_vit import variants
+    from keras_vit.base import variants
     from keras_vit.models.resnet_v2 import ResNetV2
 
     argument = argument or ("name" if name is None else "weights")

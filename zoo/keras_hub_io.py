@@ -33,8 +33,8 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.checks import shown
-from keras_vit.errors import ConfigError
+from keras_vit.base.checks import shown
+from keras_vit.base.errors import ConfigError
 from keras_vit.zoo import (convert, formats, h5_files, hub_files,
                            keras_hub_layout, transformers_hub)
 # keras-hub's names <-> the official layout (zoo/keras_hub_layout.py).

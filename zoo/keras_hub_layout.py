@@ -13,9 +13,9 @@ import re
 
 import numpy as np
 
-from keras_vit.checks import shown
-from keras_vit.errors import ConfigError
-from keras_vit.limits import MAX_CHANNELS
+from keras_vit.base.checks import shown
+from keras_vit.base.errors import ConfigError
+from keras_vit.base.limits import MAX_CHANNELS
 from keras_vit.zoo import convert, formats
 
 # Where a preset keeps its metadata, and keras_vit its class names

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.checks import require
+from keras_vit.base.checks import require
 from keras_vit.zoo import convert, hub_files, keras_hub_layout
 from keras_vit.zoo.keras_hub_layout import to_hub_names
 
@@ -131,7 +131,7 @@ def save_preset(model, directory, labels=None):
     :mod:`keras_vit.zoo.keras_hub_io` reads back. Returns the folder."""
     import json
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     hub = to_keras_hub(model)
     hub.save_to_preset(os.fspath(directory))

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import urllib.parse
 
-from keras_vit import variants
+from keras_vit.base import variants
 from keras_vit.zoo import (bit_layout, build, convert, download, formats,
                            registry)
 

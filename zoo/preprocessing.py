@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.checks import as_array
+from keras_vit.base.checks import as_array
 
 # Head sizes that identify a label list shipped with the package.
 LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}

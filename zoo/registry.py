@@ -1,6 +1,6 @@
 """The released weights of each named variant: data, not code.
 
-Architecture lives in ``keras_vit.variants`` (one table of sizes);
+Architecture lives in ``keras_vit.base.variants`` (one table of sizes);
 this module records, per canonical name and weights tag, where the official
 file is and what it contains. The loader reads the checkpoint itself to find
 the head size and whether it has ``pre_logits``; these records say what to
@@ -15,7 +15,7 @@ import functools
 import urllib.parse
 from pathlib import Path
 
-from keras_vit import variants
+from keras_vit.base import variants
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models/"
@@ -229,7 +229,7 @@ def select(name, tag, image_size=None):
     candidates = [w for w in weights_for(name) if w.tag == tag]
     if not candidates:
         tags = tags_for(name)
-        from keras_vit.checks import did_you_mean
+        from keras_vit.base.checks import did_you_mean
 
         raise ValueError(
             f"No weights={tag!r} for model {name!r}.{did_you_mean(tag, tags)} "
@@ -435,7 +435,7 @@ def labels(name):
                         f"{known}; received name={name!r}")
     path = LABELS_DIR / f"{name}.txt"
     if name not in known or not path.is_file():
-        from keras_vit.checks import did_you_mean
+        from keras_vit.base.checks import did_you_mean
 
         raise ValueError(f"Unknown label list name={name!r}; known: {known}."
                          f"{did_you_mean(str(name), known)}")

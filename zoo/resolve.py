@@ -26,9 +26,9 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.archives import check_archive
-from keras_vit.checks import check_pair, did_you_mean
-from keras_vit.errors import UnexpectedKeywordError
+from keras_vit.base.archives import check_archive
+from keras_vit.base.checks import check_pair, did_you_mean
+from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.zoo.build import copy_weights, is_keras_vit_model
 from keras_vit.zoo.keras_archive import RUN_MODEL_FILE
 

@@ -71,7 +71,7 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     """
     import keras
 
-    from keras_vit.checks import check_choice
+    from keras_vit.base.checks import check_choice
 
     check_choice("layout", layout, LAYOUTS)
     if not isinstance(model, keras.Model):

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_vit.checks import check_int, check_pair
+from keras_vit.base.checks import check_int, check_pair
 
 
 class _Unset:
@@ -74,7 +74,7 @@ class Request:
 
     def __post_init__(self):
         if self.image_size is not None:
-            from keras_vit.limits import MAX_IMAGE_SIDE
+            from keras_vit.base.limits import MAX_IMAGE_SIDE
 
             pair = check_pair("image_size", self.image_size)
             if max(pair) > MAX_IMAGE_SIDE:
@@ -82,7 +82,7 @@ class Request:
                     f"image_size must be at most {MAX_IMAGE_SIDE} pixels a "
                     f"side; received image_size={self.image_size!r}")
         if self.num_classes is not None:
-            from keras_vit.limits import MAX_CLASSES
+            from keras_vit.base.limits import MAX_CLASSES
 
             if check_int("num_classes", self.num_classes,
                          low=1) > MAX_CLASSES:

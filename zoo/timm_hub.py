@@ -30,9 +30,10 @@ import os
 import re
 
 
-from keras_vit.checks import shown
-from keras_vit import schema, variants
-from keras_vit.limits import MAX_CONFIG_BYTES
+from keras_vit.base.checks import shown
+from keras_vit.base import schema
+from keras_vit.base import variants
+from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download, formats, hub_files
 # timm's names <-> the official layout (zoo/timm_layout.py).

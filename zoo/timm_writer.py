@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 
-from keras_vit import atomic, variants
-from keras_vit.checks import require
+from keras_vit.base import atomic
+from keras_vit.base import variants
+from keras_vit.base.checks import require
 from keras_vit.zoo import convert
 from keras_vit.zoo.timm_layout import from_official
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
@@ -31,7 +32,7 @@ def timm_architecture(model):
     it: none for the standard sizes, else the sizes themselves on top of
     ``vit_base_patch16_224`` (timm's ``create_model`` takes them as
     keyword arguments, and :mod:`keras_vit.zoo.timm_hub` honours them)."""
-    # The sizes are the zoo's one table (keras_vit.variants), in timm's
+    # The sizes are the zoo's one table (keras_vit.base.variants), in timm's
     # words.
     names = {(row["hidden_size"], row["num_layers"], row["num_heads"]):
              _TIMM_WORDS[letter]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.limits import MAX_CLASSES
+from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.zoo import convert, formats, hub_files
 # transformers' names <-> the official layout (zoo/transformers_layout.py).
 from keras_vit.zoo.transformers_layout import (

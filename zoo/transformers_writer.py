@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 
-from keras_vit.checks import shown
+from keras_vit.base.checks import shown
 from keras_vit.zoo import convert
 from keras_vit.zoo.transformers_layout import (ARCHITECTURES,
                                                PREPROCESSOR_FILE, from_official)
@@ -82,8 +82,8 @@ def write(model, directory, labels=None):
                               num_classes=3)
         keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
     """
-    from keras_vit import atomic
-    from keras_vit.checks import require
+    from keras_vit.base import atomic
+    from keras_vit.base.checks import require
 
     kind, reason = _writable(model)
     if reason is not None:

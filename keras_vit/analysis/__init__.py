@@ -25,7 +25,7 @@ Figures (matplotlib, loaded on first use): :func:`plot_filters`,
 (2, 2)
 """
 
-from keras_vit import lazy
+from keras_vit.base import lazy
 
 # Loaded on first use: the command line lists `inspect` without importing
 # Keras, and matplotlib is only needed for the figures.

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_vit.backend import infer
-from keras_vit.checks import check_choice
+from keras_vit.base.checks import check_choice
 
 
 class TokenGeometry(NamedTuple):

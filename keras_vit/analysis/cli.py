@@ -63,7 +63,7 @@ def run(args) -> int:
                      weights=args.weights or "auto",
                      image_size=args.image_size,
                      batch_size=args.batch_size)
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     m = result["model"]
     # The description holds names from files (a .keras model's name, a

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from keras_vit.checks import as_array
+from keras_vit.base.checks import as_array
 
 
 def _layer_of_type(model, cls, what):

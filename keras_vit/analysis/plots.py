@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from keras_vit.checks import require
+from keras_vit.base.checks import require
 
 matplotlib = require("matplotlib", purpose="drawing the analysis figures")
 
@@ -25,7 +25,7 @@ if "matplotlib.pyplot" not in sys.modules:
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from keras_vit import atomic  # noqa: E402
+from keras_vit.base import atomic  # noqa: E402
 
 DPI = 150
 

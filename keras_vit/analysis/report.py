@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from keras_vit import atomic
+from keras_vit.base import atomic
 from keras_vit.analysis.attention import (attention_model,
                                           attention_rollout,
                                           mean_attention_distance,
@@ -77,7 +77,7 @@ def _luma(rgb):
 
 
 def _check_image_file(path):
-    from keras_vit.archives import special_file
+    from keras_vit.base.archives import special_file
 
     kind = special_file(path)  # opening a FIFO blocks until it is written
     if kind is not None:
@@ -104,7 +104,7 @@ def _image_paths(images):
 
 def _load_model(model_or_name, weights, image_size):
     """Returns ``(model returning attention scores, description)``."""
-    from keras_vit import variants
+    from keras_vit.base import variants
     from keras_vit.zoo.resolve import model_path, resolve_model
 
     if isinstance(model_or_name, (str, os.PathLike)) and model_path(

@@ -11,7 +11,7 @@ keras_vit`` arranges this as soon as Keras is imported):
 <class 'keras_vit.models.vit.VisionTransformer'>
 
 Names and their architectures (``parse("ViT-B/16")``) are
-:mod:`keras_vit.variants`, which needs no Keras. :mod:`keras_vit.models.lora`
+:mod:`keras_vit.base.variants`, which needs no Keras. :mod:`keras_vit.models.lora`
 fine-tunes any model with Keras' LoRA.
 """
 

@@ -11,7 +11,7 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 
 from __future__ import annotations
 
-from keras_vit.checks import check_choice, check_int, check_number, check_pair
+from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
 from keras_vit.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.checks import did_you_mean
-from keras_vit.checks import check_model
+from keras_vit.base.checks import did_you_mean
+from keras_vit.base.checks import check_model
 
 
 def _resnet_output(model):

@@ -37,8 +37,9 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import atomic, compat
-from keras_vit.checks import check_int
+from keras_vit import compat
+from keras_vit.base import atomic
+from keras_vit.base.checks import check_int
 
 #: The layer names of each target group.
 TARGETS = {

@@ -16,7 +16,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.checks import (check_choice, check_int, check_keywords,
+from keras_vit.base.checks import (check_choice, check_int, check_keywords,
                               check_pair)
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input)

@@ -6,7 +6,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.checks import check_choice, check_dtype, check_keywords
+from keras_vit.base.checks import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, hybrid_stages,
                                      image_input)

@@ -19,7 +19,7 @@ finetune-pets-flowers --out runs/pets``. Running the same again resumes.
 
 # Light modules (recipes, the strategy helpers) load with the package; the
 # rest on first use, so that `keras-vit fine-tune --help` needs no Keras.
-from keras_vit import lazy
+from keras_vit.base import lazy
 from keras_vit.train import recipes
 from keras_vit.train.recipes import Recipe
 # The module is ``distribute``; ``strategy`` is its function, the public

@@ -14,7 +14,7 @@ piece of a run's state in one file, ``OUT/checkpoints/ckpt-STEP.npz``:
                          that a resumed run is checked against what the
                          checkpoint itself records, not an editable side file
 
-Files are written through :mod:`keras_vit.atomic` (a killed write leaves a
+Files are written through :mod:`keras_vit.base.atomic` (a killed write leaves a
 ``*.partial`` name that :func:`latest` never returns), the last
 :data:`KEEP` are kept, and nothing is unpickled: :func:`load` reads and
 checks the whole file against the run before anything is assigned.
@@ -39,7 +39,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit import atomic
+from keras_vit.base import atomic
 
 KEEP = 3
 META = ("step", "epoch", "batch_in_epoch")

@@ -187,7 +187,7 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.checks import check_int
+        from keras_vit.base.checks import check_int
         from keras_vit.train.distribute import (MAX_CPU_DEVICES,
                                                 configure_cpu_devices)
 
@@ -392,7 +392,7 @@ def run_evaluate(args):
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
     from keras_vit.train.evaluation import result_lines
 
     return _show(args, result, [
@@ -502,7 +502,7 @@ def run_fewshot(args):
     """The paper's few-shot linear evaluation: pre-logits features,
     regularised least squares to {-1,1} targets in closed form, accuracy for
     k images per class."""
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
     from keras_vit.train.data.load import default_eval_spec, load_data
     from keras_vit.train.few_shot import MAX_SEEDS, fewshot
 

@@ -17,8 +17,8 @@ import socket
 import threading
 import warnings
 
-from keras_vit.checks import check_type
-from keras_vit.errors import KerasVitError
+from keras_vit.base.checks import check_type
+from keras_vit.base.errors import KerasVitError
 
 NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
@@ -52,7 +52,7 @@ def configure_cpu_devices(count):
     """
     import keras
 
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
 
     check_int("cpu_devices", count, low=1, high=MAX_CPU_DEVICES,
               error=StrategyError)
@@ -200,7 +200,7 @@ def check_backend(name):
     backend = keras.backend.backend()
     key = name.replace("-", "_") if isinstance(name, str) else None
     if isinstance(name, str) and key not in NAMES + ("data_parallel",):
-        from keras_vit.checks import check_choice
+        from keras_vit.base.checks import check_choice
 
         check_choice("strategy", name, NAMES + ("data_parallel",),
                      error=StrategyError)
@@ -273,7 +273,7 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
     if isinstance(name, tf.distribute.Strategy):
         return name
     if not isinstance(name, str) or name.replace("-", "_") not in NAMES:
-        from keras_vit.checks import check_choice
+        from keras_vit.base.checks import check_choice
 
         check_choice("strategy", name, NAMES, error=StrategyError,
                      extra=" (A tf.distribute.Strategy also works.)")

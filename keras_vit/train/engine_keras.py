@@ -38,7 +38,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.checks import check_int
+from keras_vit.base.checks import check_int
 from keras_vit.train import checkpoints as ckpt_lib
 from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 from keras_vit.train import evaluation

@@ -46,7 +46,7 @@ def model_label_names(model):
 
 def shown_names(names, limit=10):
     """``names`` for a message: the first ``limit`` and how many more."""
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     names = list(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
@@ -139,7 +139,7 @@ def class_mapping(model, source):
     mapping = np.asarray([index[n] for n in data_names], "int64")
     if count == len(data_names) and (mapping == np.arange(count)).all():
         return None, None
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     n = len(data_names)
     shown = ", ".join(printable(name) for name in data_names[:5]) + (
@@ -329,7 +329,7 @@ def result_lines(result, limit=PER_CLASS_LINES):
     ...     "cat": {"accuracy": None, "num_examples": 0}}})
     ['  matched by name', '  dog  0.5000  (4 images)', '  cat  no images']
     """
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     lines = []
     if result.get("classes"):

@@ -169,7 +169,7 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
     >>> sorted(r["accuracy"]), r["num_test"]
     ([1, 5], 450)
     """
-    from keras_vit.checks import check_int
+    from keras_vit.base.checks import check_int
 
     # Every draw keeps a permutation of the training set, made before any
     # output: a count far past what averaging needs is refused, not run.

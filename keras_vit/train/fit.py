@@ -10,7 +10,7 @@ import math
 
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of
-from keras_vit.checks import check_model
+from keras_vit.base.checks import check_model
 
 
 def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,

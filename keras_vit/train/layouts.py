@@ -46,7 +46,7 @@ import math
 import re
 
 from keras_vit import compat
-from keras_vit.checks import check_int
+from keras_vit.base.checks import check_int
 from keras_vit.train.distribute import StrategyError
 
 MODEL_AXIS = "model"

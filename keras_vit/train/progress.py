@@ -66,7 +66,7 @@ def done_line(step, metrics, wall):
 def _per_class(result, limit=10):
     """`` (cat 1.0000, dog 0.5000)``: an evaluation's accuracy per class
     by name, when it has at most ``limit`` classes."""
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     per_class = result.get("per_class") or {}
     if not per_class or len(per_class) > limit:

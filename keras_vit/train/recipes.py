@@ -15,7 +15,7 @@ import dataclasses
 import math
 import warnings
 
-from keras_vit.checks import (check_choice, check_int, check_number, closest,
+from keras_vit.base.checks import (check_choice, check_int, check_number, closest,
                               did_you_mean)
 
 # Masked patch prediction (keras_vit.train.mpp): its objectives and targets.

@@ -24,8 +24,9 @@ import json
 import os
 import shutil
 
-from keras_vit import atomic, schema
-from keras_vit.limits import MAX_CLASSES
+from keras_vit.base import atomic
+from keras_vit.base import schema
+from keras_vit.base.limits import MAX_CLASSES
 
 #: The run directory's lock: the pid of the process that owns the run.
 RUN_LOCK = "run.lock"
@@ -217,7 +218,7 @@ def lock_run_dir(owner, out_dir):
     lives (returns a callable that releases it earlier): two runs writing
     one folder prune each other's checkpoints and interleave their
     histories. Another process holding it raises
-    :class:`keras_vit.atomic.LockHeldError` naming its pid; a lock whose
+    :class:`keras_vit.base.atomic.LockHeldError` naming its pid; a lock whose
     process died is taken over (the kernel drops it)."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)

@@ -165,7 +165,7 @@ def classes_text(source, limit=5):
     ...                          class_names=["cat", "dog"]))
     '2 classes: cat, dog'
     """
-    from keras_vit.checks import printable
+    from keras_vit.base.checks import printable
 
     text = f"{source.num_classes} classes"
     names = source.class_names

@@ -288,7 +288,7 @@ def test_predict_errors(tmp_path, ti_1000, image_path, capsys):
 def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):
     """A missing optional package prints its name and the pip command."""
     from keras_vit import cli
-    from keras_vit.errors import MissingDependencyError
+    from keras_vit.base.errors import MissingDependencyError
 
     def fails(args):
         raise MissingDependencyError("tf2onnx", "ONNX export")

@@ -100,7 +100,7 @@ def test_export_without_its_package_is_one_line_exit_2(
 
 
 def test_missing_packages_anywhere_name_the_pip_package(monkeypatch, capsys):
-    from keras_vit.errors import MissingDependencyError
+    from keras_vit.base.errors import MissingDependencyError
     from keras_vit.train.data.tfds_source import import_tfds
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)

@@ -61,10 +61,10 @@ DOCUMENTED = {
                  "keras_vit.analysis.inspect"],
     "speed": ["keras_vit.hardware.plan", "keras_vit.graph_ops.op_counts",
               "keras_vit.fused_ops.dense_gelu_tanh"],
-    "errors": ["keras_vit.checks.check_choice",
-               "keras_vit.errors.KerasVitError",
+    "errors": ["keras_vit.base.checks.check_choice",
+               "keras_vit.base.errors.KerasVitError",
                "keras_vit.memory.check_weights_fit",
-               "keras_vit.archives.check_archive"],
+               "keras_vit.base.archives.check_archive"],
     "io": ["keras_vit.images.decode_plan", "keras_vit.images.DecodePlan",
            "keras_vit.backend.infer", "keras_vit.backend.to_numpy"],
 }

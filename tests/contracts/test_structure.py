@@ -112,12 +112,12 @@ FLOORS = [
     # 0: no keras_vit imports but each other: the errors, argument checks,
     # archive checks, atomic files, version shims, the command's quiet
     # start, lazy names and the table of named architectures.
-    ("base", ["keras_vit.errors", "keras_vit.checks", "keras_vit.archives",
-              "keras_vit.atomic", "keras_vit.compat",
-              "keras_vit.quiet", "keras_vit.lazy", "keras_vit.fused_ops",
-              "keras_vit.graph_ops", "keras_vit.version",
-              "keras_vit.images", "keras_vit.variants", "keras_vit.limits",
-              "keras_vit.schema", "keras_vit.environment"]),
+    ("base", ["keras_vit.base", "keras_vit.base.errors", "keras_vit.base.checks", "keras_vit.base.archives",
+              "keras_vit.base.atomic", "keras_vit.compat",
+              "keras_vit.quiet", "keras_vit.base.lazy", "keras_vit.fused_ops",
+              "keras_vit.graph_ops", "keras_vit.base.version",
+              "keras_vit.images", "keras_vit.base.variants", "keras_vit.base.limits",
+              "keras_vit.base.schema", "keras_vit.base.environment"]),
     # 1: what the machine offers.
     ("hardware", ["keras_vit.hardware"]),
     # 2: pure keras.ops layers.
@@ -211,10 +211,15 @@ def imports_of(path, modules):
                 names = [package + key.value for key in node.args[0].keys
                          if isinstance(key, ast.Constant)]
             elif called == "attach":
-                names = [f"{package}.{elt.value}" for kw in node.keywords
-                         if kw.arg == "modules"
-                         for elt in getattr(kw.value, "elts", ())
-                         if isinstance(elt, ast.Constant)]
+                for kw in node.keywords:
+                    if kw.arg != "modules":
+                        continue
+                    if isinstance(kw.value, ast.Dict):  # {name: ".module"}
+                        names += [package + v.value for v in kw.value.values
+                                  if isinstance(v, ast.Constant)]
+                    names += [f"{package}.{elt.value}"
+                              for elt in getattr(kw.value, "elts", ())
+                              if isinstance(elt, ast.Constant)]
         for name in names:
             if not isinstance(name, str) or not name.startswith("keras_vit"):
                 continue
@@ -336,8 +341,8 @@ COMPUTED_IMPORTS_ALLOWED = ["keras_vit.cli", "keras_vit.cli_options",
 # walker reads their names at the call sites instead, where each must be a
 # literal (CALLER_NAMED): the lazy tables, and require() of an optional
 # third-party package.
-IMPORTING_HELPERS = {("keras_vit.lazy", "attach"),
-                     ("keras_vit.checks", "require")}
+IMPORTING_HELPERS = {("keras_vit.base.lazy", "attach"),
+                     ("keras_vit.base.checks", "require")}
 CALLER_NAMED = ("require", "names_of", "attach")
 
 

@@ -7,7 +7,7 @@ among them) and imports nothing of the test suite.
 
 Before the first job it makes every run small and offline:
 
-* the size table of ``keras_vit.variants`` is shrunk (ViT widths 16 to
+* the size table of ``keras_vit.base.variants`` is shrunk (ViT widths 16 to
   48 from Ti to H, "B" 32; MLP twice the width, 2 heads, 1 layer; every
   ResNet one unit per stage), so that
   "ViT-B/16" or "R50+ViT-B/16" builds in a second with the same names,
@@ -46,7 +46,7 @@ FETCHED = []
 
 
 def shrink_architectures():
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     for letter, row in variants.VIT_SIZES.items():
         width = TINY_WIDTHS[letter]

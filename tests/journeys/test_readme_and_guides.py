@@ -743,7 +743,8 @@ def _report(result):
 # with one line naming matplotlib and the pip command.
 FIGURES_WITHOUT_MATPLOTLIB = """\
 import numpy as np
-from keras_vit import analysis, errors
+from keras_vit import analysis
+from keras_vit.base import errors
 scores = analysis.attention_maps(model, np.zeros((1, 32, 32, 3)))
 rollout = analysis.attention_rollout(scores)
 assert rollout.shape[0] == 1, rollout.shape

@@ -12,7 +12,7 @@ import keras_vit
 from keras_vit import zoo
 from keras_vit.demo import load_digits_images
 from keras_vit.models import AxialVisionTransformer, axial_vit
-from keras_vit.variants import parse
+from keras_vit.base.variants import parse
 from keras_vit.models.axial import AxialEncoderBlock
 
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=2,

@@ -171,8 +171,8 @@ def test_formula_matches_pinned_timm_counts():
 
 
 def test_every_registered_bit_name_is_pinned():
-    from keras_vit import variants
-    from keras_vit.variants import parse
+    from keras_vit.base import variants
+    from keras_vit.base.variants import parse
     names = [n for n in variants.REGISTERED if n.startswith("BiT-")]
     assert {n[len("BiT-"):] for n in names} == set(PARAMS_224_1000)
     for name in names:

@@ -12,7 +12,7 @@ import keras_vit
 from keras_vit import zoo
 from keras_vit.backend import to_numpy
 from keras_vit.models import vit
-from keras_vit.variants import parse
+from keras_vit.base.variants import parse
 
 torch = pytest.importorskip("torch")
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
@@ -107,7 +107,7 @@ def test_parameter_count(name):
 
 
 def test_every_registered_hybrid_is_pinned():
-    from keras_vit import variants
+    from keras_vit.base import variants
     hybrids = {n for n in variants.REGISTERED if "+" in n}
     assert hybrids == set(PARAMS_224_1000)
 

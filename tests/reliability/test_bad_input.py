@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import analysis, checks, cli, zoo
+from keras_vit import analysis, cli, zoo
+from keras_vit.base import checks
 from keras_vit import train as kt
 from keras_vit.zoo import download
 
@@ -238,7 +239,7 @@ def test_environment_variable_through_the_command_line(monkeypatch, capsys,
 
 
 def test_the_checks_share_one_helper():
-    # One place for argument checks (keras_vit.checks): the helpers' own
+    # One place for argument checks (keras_vit.base.checks): the helpers' own
     # contract.
     assert checks.closest("vitb16", ["ViT-B/16", "ViT-B/32"]) == ["ViT-B/16"]
     assert checks.check_choice("x", "a", ("a", "b")) == "a"

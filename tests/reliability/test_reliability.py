@@ -635,7 +635,7 @@ def test_each_dropped_image_is_named_once(tmp_path):
 
 _KILLED_WRITER = r"""
 import importlib.util, sys, time
-# keras_vit/atomic.py alone (stdlib only): no Keras start-up to wait for.
+# keras_vit/base/atomic.py alone (stdlib only): no Keras start-up to wait for.
 spec = importlib.util.spec_from_file_location("atomic", sys.argv[3])
 atomic = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(atomic)
@@ -658,7 +658,7 @@ def test_writer_killed_mid_write_leaves_old_file_or_none(tmp_path, old):
     import subprocess
     import sys
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     path = tmp_path / "metrics.json"
     if old is not None:
@@ -702,7 +702,7 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
     import os
 
     import keras_vit.train
-    from keras_vit import atomic
+    from keras_vit.base import atomic
     from keras_vit.export import common
     from keras_vit.zoo import convert, download
 
@@ -1205,7 +1205,7 @@ def test_a_full_disk_leaves_the_old_file_and_no_partial(tmp_path):
     import subprocess
     import sys
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     path = tmp_path / "report.json"
     path.write_text('{"complete": true}\n')
@@ -1220,7 +1220,7 @@ def test_a_full_disk_leaves_the_old_file_and_no_partial(tmp_path):
 def test_ctrl_c_waits_for_the_renames_that_must_happen_together(tmp_path):
     import signal
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     done = []
     with pytest.raises(KeyboardInterrupt):
@@ -1238,7 +1238,7 @@ def test_a_watcher_removes_scratch_when_its_owner_is_killed(tmp_path):
     import sys
     import time
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     scratch = tmp_path / ".m.partial-x"
     owner = subprocess.Popen(
@@ -1489,7 +1489,7 @@ def test_a_run_folder_belongs_to_one_process(tmp_path, capsys):
     import subprocess
     import sys
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
     from keras_vit.train import cli as train_cli
     from keras_vit.train.run_dir import RUN_LOCK, lock_run_dir
 
@@ -1608,7 +1608,7 @@ def test_a_valid_safetensors_file_still_reads(tmp_path):
 ])
 def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
                                                         needle):
-    from keras_vit.errors import ConfigError
+    from keras_vit.base.errors import ConfigError
     from keras_vit.zoo import timm_hub
 
     _safetensors(tmp_path / "model.safetensors", {"w": _TENSOR})
@@ -1623,7 +1623,7 @@ def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
 
 def test_an_oversized_timm_config_is_refused_before_reading(tmp_path,
                                                             monkeypatch):
-    from keras_vit.errors import ConfigError
+    from keras_vit.base.errors import ConfigError
     from keras_vit.zoo import timm_hub
 
     monkeypatch.setattr(timm_hub, "MAX_CONFIG_BYTES", 1000)
@@ -1839,7 +1839,7 @@ def test_without_flock_the_pid_in_the_lock_decides(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from keras_vit import atomic
+    from keras_vit.base import atomic
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")

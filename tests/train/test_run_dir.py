@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_vit.errors import ConfigError
+from keras_vit.base.errors import ConfigError
 from keras_vit.train import run_dir
 
 JSON = st.recursive(

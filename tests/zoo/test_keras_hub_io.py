@@ -13,7 +13,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
-from keras_vit.errors import ConfigError, MissingDependencyError  # noqa: E402
+from keras_vit.base.errors import ConfigError, MissingDependencyError  # noqa: E402
 from keras_vit.zoo import convert, keras_hub_io  # noqa: E402
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import keras_vit
 from keras_vit.backend import to_numpy
-from keras_vit.errors import UnexpectedKeywordError
-from keras_vit.variants import UnknownModelError
+from keras_vit.base.errors import UnexpectedKeywordError
+from keras_vit.base.variants import UnknownModelError
 from keras_vit.zoo import rebuild, resolve_model
 
 # Runs on every Keras backend (tests/conftest.py).

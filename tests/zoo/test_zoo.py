@@ -356,7 +356,7 @@ def test_parameter_count_from_the_config_matches_the_built_model(
 
 def test_parameter_counts_of_the_paper():
     # FACTS.md: params at 224 with 1000 classes.
-    from keras_vit import variants
+    from keras_vit.base import variants
 
     for name, count in (("ViT-Ti/16", 5_717_416), ("ViT-B/16", 86_567_656),
                         ("ViT-L/16", 304_326_632), ("ViT-H/14", 632_045_800),

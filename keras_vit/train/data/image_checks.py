@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from keras_vit import images as image_decoder
-from keras_vit.archives import special_file
+from keras_vit.base.archives import special_file
 
 # The file names a folder scan reads; what is inside decides the format
 # (keras_vit.images decodes JPEG, PNG, GIF, BMP and WebP).

@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from keras_vit.archives import check_archive
-from keras_vit.checks import closest
+from keras_vit.base.archives import check_archive
+from keras_vit.base.checks import closest
 from keras_vit.train.data.folders import FolderSource
 from keras_vit.train.data.sources import (ArraySource, DataError,
                                           ImageSource, digits)

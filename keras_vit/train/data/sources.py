@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.errors import KerasVitError
+from keras_vit.base.errors import KerasVitError
 
 
 class DataError(KerasVitError, ValueError):

@@ -23,7 +23,7 @@ DOWNSIZED = 4  # the 4x4 target
 
 def _choice(field, value, choices):
     """``value`` with '-' read as '_', or a ValueError naming ``field``."""
-    from keras_vit.checks import check_choice
+    from keras_vit.base.checks import check_choice
 
     text = str(value).replace("-", "_") if isinstance(value, str) else value
     if text in choices:

@@ -11,8 +11,8 @@ import shutil
 
 import numpy as np
 
-from keras_vit import atomic
-from keras_vit.checks import check_int
+from keras_vit.base import atomic
+from keras_vit.base.checks import check_int
 from keras_vit.train import distribute, loop
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.vtab.data import load_tasks

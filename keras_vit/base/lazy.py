@@ -23,7 +23,8 @@ def attach(package, names, modules=()):
     """``(__getattr__, __dir__)`` for ``package`` (its ``__name__``), where
     ``names`` maps each public name to the module (relative to the package,
     e.g. ``".attention"``) that defines it, and ``modules`` names the
-    submodules reachable as attributes (``pkg.data``).
+    submodules reachable as attributes (``pkg.data``): a tuple of names, or
+    a dict of each name to its module (``{"images": ".data.images"}``).
 
     >>> getattr_, dir_ = attach("keras_vit.train", {"Recipe": ".recipes"})
     >>> getattr_("Recipe").__name__, "Recipe" in dir_()
@@ -33,9 +34,12 @@ def attach(package, names, modules=()):
     ...
     AttributeError: module 'keras_vit.train' has no attribute 'Recipes'
     """
+    if not isinstance(modules, dict):
+        modules = {name: f".{name}" for name in modules}
+
     def getattr_(name):
         if name in modules:
-            value = importlib.import_module(f".{name}", package)
+            value = importlib.import_module(modules[name], package)
         elif name in names:
             value = getattr(importlib.import_module(names[name], package),
                             name)

@@ -28,8 +28,8 @@ import os
 import re
 import urllib.parse
 
-from keras_vit.checks import did_you_mean
-from keras_vit.errors import KerasVitError
+from keras_vit.base.checks import did_you_mean
+from keras_vit.base.errors import KerasVitError
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")

@@ -4,9 +4,9 @@ all). Each also derives from the builtin of its kind (ValueError, OSError,
 ImportError, ...).
 
 The checks that raise them live with what they check:
-:mod:`keras_vit.checks` (arguments, optional packages, ``KERAS_BACKEND``),
+:mod:`keras_vit.base.checks` (arguments, optional packages, ``KERAS_BACKEND``),
 :mod:`keras_vit.memory` (what fits this machine's memory) and
-:mod:`keras_vit.archives` (zip archives, special files).
+:mod:`keras_vit.base.archives` (zip archives, special files).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class KerasVitError(Exception):
     bad argument or file content, OSError for a file or download,
     ImportError for a missing package, RuntimeError for a failed job.
 
-    >>> from keras_vit.variants import parse
+    >>> from keras_vit.base.variants import parse
     >>> try:
     ...     parse("ViT-Q/99")
     ... except KerasVitError as e:
@@ -70,4 +70,4 @@ class ConfigError(KerasVitError, ValueError):
 class ArgumentTypeError(KerasVitError, TypeError):
     """A public function's argument is of a type it cannot take; the
     message names the argument, its value and what it must be
-    (:func:`keras_vit.checks.check_type`)."""
+    (:func:`keras_vit.base.checks.check_type`)."""

@@ -30,10 +30,10 @@ import json
 import math
 import os
 
-from keras_vit.archives import special_file
-from keras_vit.checks import shown
-from keras_vit.errors import ConfigError, KerasVitError
-from keras_vit.limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
+from keras_vit.base.archives import special_file
+from keras_vit.base.checks import shown
+from keras_vit.base.errors import ConfigError, KerasVitError
+from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
 
 
 class Spec:
@@ -325,7 +325,7 @@ def _depth(value, limit):
 def parse_json(raw, path, what, *, error=ConfigError):
     """The JSON document in the bytes ``raw`` of the file ``path`` (a
     ``what``, for errors): UTF-8, no key twice in an object, at most
-    :data:`~keras_vit.limits.MAX_JSON_DEPTH` deep."""
+    :data:`~keras_vit.base.limits.MAX_JSON_DEPTH` deep."""
     try:
         value = json.loads(raw.decode("utf-8"),
                            object_pairs_hook=_pairs_without_repeats(

@@ -13,7 +13,7 @@ The caps on model sizes are far past any released ViT (ViT-22B: width
 them :mod:`keras_vit.memory` decides from the sizes whether a model fits
 this machine, before anything is built.
 
->>> from keras_vit import limits
+>>> from keras_vit.base import limits
 >>> limits.MAX_IMAGE_SIDE, limits.MAX_LAYERS
 (4096, 1024)
 """

@@ -36,7 +36,7 @@ import time
 import uuid
 import weakref
 
-from keras_vit.errors import KerasVitError
+from keras_vit.base.errors import KerasVitError
 
 try:  # POSIX only; elsewhere locks are not taken (as before them).
     import fcntl

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_vit import environment
-from keras_vit.environment import VARIABLES, SettingError, read
+from keras_vit.base import environment
+from keras_vit.base.environment import VARIABLES, SettingError, read
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for d in ("keras_vit", "zoo", "export")
@@ -79,7 +79,7 @@ def _environ_lookups(tree):
 
 
 def test_no_module_reads_a_keras_vit_variable_by_itself():
-    """Only keras_vit/environment.py looks a ``KERAS_VIT_`` name up in the
+    """Only keras_vit/base/environment.py looks a ``KERAS_VIT_`` name up in the
     environment (by literal or by a module constant holding one)."""
     found = []
     for path in SOURCES:
@@ -127,18 +127,3 @@ def test_an_export_checks_its_timeout_before_any_work(monkeypatch, tmp_path):
     with pytest.raises(SettingError, match="KERAS_VIT_EXPORT_TIMEOUT='abc'"):
         export.to_saved_model(model, str(tmp_path / "m"))
     assert not (tmp_path / "m").exists()
-
-
-def test_a_bad_onednn_switch_stops_the_import(tmp_path):
-    """``KERAS_VIT_ONEDNN=nope`` is not taken for "on": the import says so."""
-    import os
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", "import keras_vit"], capture_output=True,
-        text=True, timeout=120, cwd=tmp_path,
-        env=dict(os.environ, KERAS_VIT_ONEDNN="nope"))
-    assert proc.returncode == 1
-    assert "KERAS_VIT_ONEDNN must be one of" in proc.stderr
-    assert "KERAS_VIT_ONEDNN='nope'" in proc.stderr

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import re
 
-from keras_vit.errors import KerasVitError
+from keras_vit.base.errors import KerasVitError
 
 # Paper Table 1, plus Ti and S of the follow-up work (the official configs).
 VIT_SIZES = {

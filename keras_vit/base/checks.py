@@ -4,8 +4,8 @@ an optional package.
 An optional package that is missing is the most common failure a new user
 meets, so it has one error type and one way to raise it:
 
->>> from keras_vit.checks import require
->>> from keras_vit.errors import MissingDependencyError
+>>> from keras_vit.base.checks import require
+>>> from keras_vit.base.errors import MissingDependencyError
 >>> require("json").__name__
 'json'
 >>> try:
@@ -35,7 +35,7 @@ import inspect
 import math
 import os
 
-from keras_vit.errors import MissingDependencyError, UnexpectedKeywordError
+from keras_vit.base.errors import MissingDependencyError, UnexpectedKeywordError
 
 
 # Optional modules whose pip name differs from the module name, and the ones
@@ -286,16 +286,16 @@ MODEL_KEYWORDS = ("name", "trainable", "dtype")
 
 def check_type(name, value, types, what):
     """``value`` if it is an instance of ``types``, else an
-    :class:`~keras_vit.errors.ArgumentTypeError` naming the argument, the
+    :class:`~keras_vit.base.errors.ArgumentTypeError` naming the argument, the
     value and ``what`` it must be.
 
     >>> check_type("path", 5, (str, os.PathLike), "a path")
     Traceback (most recent call last):
-    keras_vit.errors.ArgumentTypeError: path must be a path; received path=5 (int)
+    keras_vit.base.errors.ArgumentTypeError: path must be a path; received path=5 (int)
     """
     if isinstance(value, types):
         return value
-    from keras_vit.errors import ArgumentTypeError
+    from keras_vit.base.errors import ArgumentTypeError
 
     raise ArgumentTypeError(f"{name} must be {what}; received {name}="
                             f"{shown(value)} ({type(value).__name__})")
@@ -303,14 +303,14 @@ def check_type(name, value, types, what):
 
 def check_path(name, value):
     """``value`` if it is a path (``str`` or ``os.PathLike``), else an
-    :class:`~keras_vit.errors.ArgumentTypeError` naming it."""
+    :class:`~keras_vit.base.errors.ArgumentTypeError` naming it."""
     return check_type(name, value, (str, os.PathLike), "a path (a str or "
                       "os.PathLike)")
 
 
 def check_model(name, value):
     """``value`` if it is a ``keras.Model``, else an
-    :class:`~keras_vit.errors.ArgumentTypeError` naming it (imports
+    :class:`~keras_vit.base.errors.ArgumentTypeError` naming it (imports
     Keras)."""
     import keras
 
@@ -319,14 +319,14 @@ def check_model(name, value):
 
 def as_array(name, value, dtype="float32"):
     """``value`` as a NumPy array of ``dtype``, or an
-    :class:`~keras_vit.errors.ArgumentTypeError` naming the argument when
+    :class:`~keras_vit.base.errors.ArgumentTypeError` naming the argument when
     it is not numbers."""
     import numpy as np
 
     try:
         return np.asarray(value, dtype=dtype)
     except (TypeError, ValueError) as e:
-        from keras_vit.errors import ArgumentTypeError
+        from keras_vit.base.errors import ArgumentTypeError
 
         raise ArgumentTypeError(
             f"{name} must be an array of numbers; received {name}="
