@@ -3,7 +3,7 @@ run: ``keras.ops.dot_product_attention`` ("fused") and the explicit einsum
 + softmax spelling ("einsum"), in the forward of a whole ViT (what
 ``predict`` runs: a ``tf.function`` graph on TensorFlow, ``jax.jit`` on
 JAX, eager ``no_grad`` on torch). Prints a markdown table with the CPU
-flags; ``keras_vit.hardware.plan().attention`` takes the faster one.
+flags; ``keras_vit.runtime.hardware.plan().attention`` takes the faster one.
 
     python benchmarks/attention_paths.py                 # ViT-S/16 @224, batch 8
     python benchmarks/attention_paths.py --quick         # smoke test
@@ -83,7 +83,7 @@ def child(args):
 
     import keras
     import keras_vit
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     backend = keras.backend.backend()
     arch = TINY if args.quick else VIT_S16

@@ -2,7 +2,7 @@
 
 Runs the model once per (dtype, job) with TensorFlow's run metadata on and
 counts the ops of the graphs that actually ran, after grappler and oneDNN
-(keras_vit.graph_ops): fused matmul + bias + GELU nodes, bias-only fused
+(keras_vit.runtime.graph_ops): fused matmul + bias + GELU nodes, bias-only fused
 matmuls, bare matmuls, bias gradients as BiasAddGrad, softmax, LayerNorm,
 Tanh, Cast, Mul, Sum and the total. bf16 rows show oneDNN's rewrites only
 on CPUs where oneDNN runs bf16 (AVX512F or AVX-NE-CONVERT); the header
@@ -39,7 +39,9 @@ def main(argv=None):
 
     import keras_vit
     import keras_vit.train as kt
-    from keras_vit import compat, graph_ops, hardware
+    from keras_vit.runtime import compat
+    from keras_vit.runtime import graph_ops
+    from keras_vit.runtime import hardware
 
     if keras.backend.backend() != "tensorflow":
         parser.error("the graphs counted are TensorFlow's: run with "

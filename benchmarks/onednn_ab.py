@@ -2,7 +2,7 @@
 
 ``import keras_vit`` turns TensorFlow's oneDNN rewrites on where TensorFlow
 leaves them off (AVX2-only x86 CPUs; see
-:func:`keras_vit.hardware.enable_onednn`). This script shows what that is
+:func:`keras_vit.runtime.hardware.enable_onednn`). This script shows what that is
 worth here: the same ViT runs ``model.predict`` and a training step
 (``compile_for_finetune`` + ``train_on_batch``) in child processes with
 ``TF_ENABLE_ONEDNN_OPTS=0`` and ``=1``, alternated for ``--rounds`` rounds,
@@ -37,7 +37,8 @@ def child(name, size, batch, job, reps, quick):
     import numpy as np
 
     import keras_vit
-    from keras_vit import compat, train
+    from keras_vit import train
+    from keras_vit.runtime import compat
 
     if quick:
         model = keras_vit.vit(size, 8, 32, 2, 2, 64, 10)
@@ -84,7 +85,7 @@ def run_child(name, case, setting, quick):
 
 
 def cpu_line():
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     flags, model = hardware._read_cpuinfo()
     units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",

@@ -187,7 +187,7 @@ def main(argv=None):
     if args.time_child:
         return time_child(args)
     os.environ["KERAS_BACKEND"] = "jax"
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     results = {remat: measure(args, remat) for remat in (False, True)}
     plain_s, remat_s = step_times(args, argv)

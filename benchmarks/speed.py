@@ -160,8 +160,8 @@ def run_cases(cases, runs, warmup):
 
 def onednn_line():
     """Whether TensorFlow ran its CPU graphs through oneDNN, and who
-    decided (keras_vit.hardware.enable_onednn)."""
-    from keras_vit import hardware
+    decided (keras_vit.runtime.hardware.enable_onednn)."""
+    from keras_vit.runtime import hardware
 
     return hardware.onednn_note()
 
@@ -179,7 +179,7 @@ def cpu_model():
 
 def matrix_units():
     """The CPU features the speed decisions hinge on, from /proc/cpuinfo."""
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     hw = hardware.detect()
     wanted = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16",
@@ -213,7 +213,7 @@ def isa_caps(environ=None):
 
 
 def plan_note():
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     parts = []
     for dtype in ("float32", "bfloat16"):
@@ -260,7 +260,7 @@ def inference_cases(size, batches, arch, classes, peers, exports, tmp,
             return fn
         return make
 
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     for dtype in dtypes:
         chosen = hardware.plan(dtype).predict
@@ -359,7 +359,7 @@ def training_cases(size, batch, arch, classes, peers, children=(),
     import keras
     import tensorflow as tf
 
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     flops = 3 * batch * forward_flops(size, num_classes=classes, **arch)
     x = images(batch, size)
@@ -403,7 +403,7 @@ def training_cases(size, batch, arch, classes, peers, children=(),
             return fn
         return make
 
-    # The default (jit_compile="auto": keras_vit.hardware.plan) and the
+    # The default (jit_compile="auto": keras_vit.runtime.hardware.plan) and the
     # other choice for each precision, to show why "auto" picks it.
     if not backend_rows_only:
         add("keras_vit", "Trainer train step (default)", "float32",
@@ -807,7 +807,7 @@ def report(args, command, started, env, thread_note, skipped, results,
                   "- keras_vit tf.function(jit_compile=True): "
                   "`model(x, training=False)` compiled by XLA.",
                   "- keras_vit model.predict (auto: P): the default path "
-                  "`keras_vit.hardware.plan` picks on this machine; "
+                  "`keras_vit.runtime.hardware.plan` picks on this machine; "
                   "predict_path='xla'/'graph': the other paths, forced.",
                   "- timm: `timm.create_model(\"vit_base_patch16_S\", "
                   "pretrained=False)` in eval mode under "

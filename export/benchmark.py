@@ -84,7 +84,7 @@ def _keras_runner(model, jit):
     JAX, the call without autograd on PyTorch."""
     import keras
 
-    from keras_vit.backend import infer
+    from keras_vit.models.memory import infer
 
     def first(out):
         return {"out": np.asarray(next(iter(out.values())) if isinstance(

@@ -321,7 +321,7 @@ class ServingGraph:
         """Keras' answers for ``images``: :meth:`serve` run eagerly on the
         user's backend (whichever ``KERAS_BACKEND`` is), so an artifact
         converted under TensorFlow is compared with that backend."""
-        from keras_vit.backend import no_grad, to_numpy
+        from keras_vit.runtime.backend import no_grad, to_numpy
 
         parts = []
         with no_grad():
@@ -349,7 +349,7 @@ class ServingGraph:
                                      _output_tensor(source, name))
             except (ValueError, KeyError):
                 return None, None
-        from keras_vit.backend import no_grad, to_numpy
+        from keras_vit.runtime.backend import no_grad, to_numpy
 
         with no_grad():
             out = source(x, training=False)
@@ -406,7 +406,7 @@ class ServingGraph:
         (uniform) or ``"photos"`` (crops of sample photos), at
         ``image_size`` (height, width; default: the model's). A count whose
         images cannot fit this machine's memory is refused first."""
-        from keras_vit.memory import check_input_batch
+        from keras_vit.models.memory import check_input_batch
 
         shape = (tuple(self.input_shape) if image_size is None else
                  tuple(image_size) + tuple(self.input_shape[2:]))

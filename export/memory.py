@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-from keras_vit.memory import proc_bytes
+from keras_vit.runtime.hardware import proc_bytes
 
 
 def current_rss():

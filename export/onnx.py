@@ -174,13 +174,13 @@ def int8_reduce_range():
     saturate; onnxruntime's documentation prescribes ``reduce_range`` (7-bit
     weights) there. Measured on an AMD EPYC without VNNI: a digits ViT's
     dynamic-int8 logits 0.64 relative RMS off Keras with 8-bit weights.
-    With VNNI or AMX int8 (``keras_vit.hardware``) the full 8 bits are kept.
+    With VNNI or AMX int8 (``keras_vit.runtime.hardware``) the full 8 bits are kept.
     ``KERAS_VIT_CPU_FLAGS`` forces a machine, as for every speed decision.
 
     >>> int8_reduce_range() in (True, False)
     True
     """
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     return hardware.detect().int8_units is None
 

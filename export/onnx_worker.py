@@ -216,7 +216,7 @@ def guard_zero_pad_before_max_pool(proto):
 def convert_saved_model(saved_model_dir, path, opset, external_data=None):
     """Converts the ``serving_default`` signature of a SavedModel with
     tf2onnx's large-model route and writes ``path``."""
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     compat.patch_numpy_product()  # in this throwaway process only
     import tensorflow as tf

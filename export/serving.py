@@ -248,7 +248,7 @@ class ImageBytesGraph(ServingGraph):
         decoded eagerly by :mod:`keras_vit.images` and preprocessed by
         ``zoo.preprocess_input`` on the user's backend, the path a Python
         user takes."""
-        from keras_vit.backend import no_grad, to_numpy
+        from keras_vit.runtime.backend import no_grad, to_numpy
 
         x = self.preprocess(images)
         parts = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.base.checks import require
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks

@@ -13,7 +13,8 @@ so a ``.keras`` file loads with ``keras.saving.load_model`` after
 ``import keras_vit``.
 """
 
-from keras_vit import hardware, registration
+from keras_vit import registration
+from keras_vit.runtime import hardware
 from keras_vit.base import lazy
 from keras_vit.base.version import __version__
 

@@ -324,7 +324,7 @@ def _cmd_predict(args):
     import numpy as np
 
     from keras_vit import zoo
-    from keras_vit.backend import infer
+    from keras_vit.models.memory import infer
     from keras_vit.zoo import timm_hub
     from keras_vit.zoo.preprocessing import model_labels, probabilities
 
@@ -343,7 +343,7 @@ def _cmd_predict(args):
 
     # The official evaluation transform (zoo.preprocess_input): resize,
     # bilinear with no crop, then [-1, 1].
-    from keras_vit.memory import forward_batch
+    from keras_vit.models.memory import forward_batch
 
     # Before the images are read: --image-size 4000 asks ~350 GiB of
     # attention maps per image of ViT-B/16.

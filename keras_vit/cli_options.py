@@ -405,13 +405,14 @@ def start(main):
     """``main()`` as the entry point of a ``keras-vit`` process (the
     console script, ``python -m keras_vit.cli``, ``python -m
     keras_vit.train``): TensorFlow's C++ start-up lines are kept off stderr
-    (:func:`keras_vit.quiet.filter_stderr`), the oneDNN choice is made
-    (:func:`keras_vit.hardware.enable_onednn`), and a ``KERAS_BACKEND``
+    (:func:`keras_vit.runtime.quiet.filter_stderr`), the oneDNN choice is made
+    (:func:`keras_vit.runtime.hardware.enable_onednn`), and a ``KERAS_BACKEND``
     that Keras has no backend for, or a ``KERAS_VIT_ONEDNN`` that is no
     flag, is one line and exit status 2, before anything imports Keras
     (which would fail inside its own import). A library calling
     :func:`main` gets none of this: its stderr is its own."""
-    from keras_vit import hardware, quiet
+    from keras_vit.runtime import hardware
+    from keras_vit.runtime import quiet
     from keras_vit.base.checks import check_keras_backend
 
     quiet.filter_stderr()

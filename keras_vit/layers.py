@@ -18,7 +18,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.base.checks import check_choice
 
 PACKAGE = "keras_vit"
@@ -83,7 +83,7 @@ def gelu(x, form="tanh"):
 def mlp_gelu_tanh(x):
     """The tanh GELU as the MLP's activation (``keras.ops.gelu``). On
     TensorFlow, :class:`FusedDense` replaces its float call by the spelling
-    that fuses into the matmul (:mod:`keras_vit.fused_ops`); this function
+    that fuses into the matmul (:mod:`keras_vit.runtime.fused_ops`); this function
     runs on the other backends and in quantized calls."""
     return ops.gelu(x, approximate=True)
 
@@ -99,13 +99,13 @@ MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact}
 
 def _chains_in_xla(dtype, training):
     """Whether a call with ``training`` runs its GELU, LayerNorm and
-    softmax chains as XLA programs (:mod:`keras_vit.fused_ops`): training
+    softmax chains as XLA programs (:mod:`keras_vit.runtime.fused_ops`): training
     calls only, where the machine's plan says so
-    (:class:`keras_vit.hardware.Plan`'s ``elementwise``, ``"xla"`` only
+    (:class:`keras_vit.runtime.hardware.Plan`'s ``elementwise``, ``"xla"`` only
     for TensorFlow's CPU graph). Inference calls never ask for the plan."""
     if training is not True:
         return False
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     return hardware.plan(dtype).elementwise == "xla"
 
@@ -145,11 +145,11 @@ def _jax_bias_add():
 def add_bias(h, bias, training=None):
     """``h + bias`` over ``h``'s last axis, ``bias`` of ``h``'s dtype, with
     a gradient summed in float32 on every backend: TensorFlow's spelling is
-    :func:`keras_vit.fused_ops.bias_add` (``training`` picks the one that
+    :func:`keras_vit.runtime.fused_ops.bias_add` (``training`` picks the one that
     fuses best), JAX's a custom gradient, torch's a plain add."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        from keras_vit import fused_ops
+        from keras_vit.runtime import fused_ops
 
         return fused_ops.bias_add(h, bias, training)
     if backend == "jax":
@@ -160,14 +160,14 @@ def add_bias(h, bias, training=None):
 def _dense_2d(x, kernel, bias, training=None):
     """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
     float32 (:func:`add_bias`). On TensorFlow,
-    :func:`keras_vit.fused_ops.dense`, whose bias add grappler fuses into
+    :func:`keras_vit.runtime.fused_ops.dense`, whose bias add grappler fuses into
     the matmul. On torch, one ``addmm``: eager torch runs a separate
     add as its own pass over the output, which cost 3.4x the fused call
     for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
     JAX a matmul and the add, which XLA fuses by itself."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        from keras_vit import fused_ops
+        from keras_vit.runtime import fused_ops
 
         return fused_ops.dense(x, kernel, bias, training)
     if backend == "torch":
@@ -675,7 +675,7 @@ class FusedDense(layers.Dense):
     bias add TensorFlow's CPU graph fuses into the matmul, torch's
     ``addmm``), and, with the tanh GELU of :func:`mlp_gelu_tanh` as its
     activation, TensorFlow's fused MatMul + BiasAdd + GELU spelling
-    (:mod:`keras_vit.fused_ops`).
+    (:mod:`keras_vit.runtime.fused_ops`).
 
     ``gelu`` (None, ``"tanh"`` or ``"exact"``) makes the GELU of that form
     the layer's activation, kept in the config by its name (``activation``
@@ -714,7 +714,7 @@ class FusedDense(layers.Dense):
         kernel = ops.cast(self.kernel, x.dtype)
         bias = ops.cast(self.bias, x.dtype)
         if self.gelu is not None and _chains_in_xla(x.dtype, training):
-            from keras_vit import fused_ops
+            from keras_vit.runtime import fused_ops
 
             # The training step's GELU and its gradient as one XLA loop
             # each, after the oneDNN matmul + BiasAdd.
@@ -722,7 +722,7 @@ class FusedDense(layers.Dense):
                                    self.gelu)
         elif (self.activation is mlp_gelu_tanh
               and keras.backend.backend() == "tensorflow"):
-            from keras_vit import fused_ops
+            from keras_vit.runtime import fused_ops
 
             # Training needs the GELU's inner values for its gradient, so
             # nothing fuses there: that spelling minimises backward ops.
@@ -787,7 +787,7 @@ class FusedLayerNormalization(layers.LayerNormalization):
     """``keras.layers.LayerNormalization`` whose training call on
     TensorFlow, where the machine's plan says so, runs the normalisation
     and its gradient as one XLA program each
-    (:func:`keras_vit.fused_ops.xla_layer_norm`: float32 statistics, as
+    (:func:`keras_vit.runtime.fused_ops.xla_layer_norm`: float32 statistics, as
     Keras' own) instead of about ten graph ops each way. Inference, other
     backends and any option other than a plain last-axis LayerNorm with
     ``center`` and ``scale`` run Keras' own call; weights, config and the
@@ -797,7 +797,7 @@ class FusedLayerNormalization(layers.LayerNormalization):
         if (self.center and self.scale and not self.rms_scaling
                 and list(self.axis) in ([-1], [len(inputs.shape) - 1])
                 and _chains_in_xla(inputs.dtype, training)):
-            from keras_vit import fused_ops
+            from keras_vit.runtime import fused_ops
 
             return fused_ops.xla_layer_norm(inputs, self.gamma, self.beta,
                                             self.epsilon, self.compute_dtype)
@@ -865,7 +865,7 @@ class MultiHeadSelfAttention(layers.Layer):
         ``relative_embedding``: optional 1D relative position table (rows,
         heads, head_dim) whose logits with these queries
         (:func:`relative_attention_bias`) are added the same way."""
-        from keras_vit import hardware
+        from keras_vit.runtime import hardware
 
         q, k, v = self._qkv(x)
         if relative_embedding is not None:
@@ -902,7 +902,7 @@ class MultiHeadSelfAttention(layers.Layer):
                 logits = ops.cast(logits, "float32") + (
                     bias / scale if xla else bias)
             if xla:
-                from keras_vit import fused_ops
+                from keras_vit.runtime import fused_ops
 
                 # One XLA loop each way, float32 inside whatever the
                 # logits' dtype: the float32 softmax's numbers without its

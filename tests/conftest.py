@@ -20,24 +20,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 def _enable_onednn_as_keras_vit_does():
     """keras_vit turns TensorFlow's oneDNN rewrites on just before
-    TensorFlow loads (keras_vit.hardware.enable_onednn, which ``import
-    keras_vit`` arranges); a test module that imports TensorFlow before
-    keras_vit would run the suite without them on CPUs where
-    TensorFlow's default is off (AVX2-only). hardware.py imports nothing of
-    the package, so it is loaded alone, before any test module (and before
-    the Keras backend is chosen below)."""
-    import importlib.util
+    TensorFlow loads (keras_vit.runtime.hardware.enable_onednn, which
+    ``import keras_vit`` arranges); a test module that imports TensorFlow
+    before keras_vit would run the suite without them on CPUs where
+    TensorFlow's default is off (AVX2-only). So the choice is made here,
+    before any test module (and before the Keras backend is chosen below:
+    ``import keras_vit`` imports no Keras)."""
+    from keras_vit.runtime import hardware
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                        "keras_vit", "hardware.py")
-    spec = importlib.util.spec_from_file_location("_hardware_alone", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        module.enable_onednn()
-    finally:
-        del sys.modules[spec.name]
+    hardware.enable_onednn()
 
 
 _enable_onednn_as_keras_vit_does()
@@ -234,9 +225,9 @@ LONGEST_FIRST = {
         "contracts/test_backends.py", "models/test_digits_features.py",
         "benchmarks/test_export_speed.py", "reliability/test_reliability.py",
         "core/test_images.py", "zoo/test_timm_hub.py", "cli/test_cli.py",
-        "core/test_graph_fusion.py", "contracts/test_docstrings.py",
+        "runtime/test_graph_ops.py", "contracts/test_docstrings.py",
         "cli/test_first_run.py", "cli/test_cli_startup.py",
-        "train/test_mpp.py", "zoo/test_zoo.py", "core/test_hardware.py",
+        "train/test_mpp.py", "zoo/test_zoo.py", "runtime/test_hardware.py",
         "zoo/test_sources.py", "train/test_layouts.py",
         "models/test_vit.py", "export/test_serving.py",
         "export/test_export_backends.py", "zoo/test_transformers_hub.py",

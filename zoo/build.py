@@ -230,7 +230,7 @@ def build_settled(checkpoint, request, builder=None):
     """Steps 3 to 5 (settle, bound, build) for a checkpoint already read:
     ``zoo.load`` and the readers' own ``load`` functions come in here.
     ``builder`` (default :func:`build`) builds the settled checkpoint."""
-    from keras_vit import memory
+    from keras_vit.models import memory
     from keras_vit.zoo import settle
 
     if checkpoint.family == "foreign":

@@ -298,7 +298,7 @@ def _check_plain(model, layout):
     """The checkpoint layouts hold one float kernel per projection: a model
     quantized by Keras or carrying LoRA adapters is refused in one line
     that says how to get that model (rather than as unknown weights)."""
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     layers = compat.flatten_layers(model)
     modes = sorted({layer.quantization_mode for layer in layers

@@ -119,9 +119,9 @@ def check_keras_config(path, shapes=None, argument="model"):
     """Refuses a ``.keras`` file whose config does not fit its format, is
     deeper than the weights it holds (``num_layers=2000`` beside the
     weights of 12 blocks once built for minutes before Keras noticed) or
-    is too large for this machine (:func:`keras_vit.memory.check_config`),
+    is too large for this machine (:func:`keras_vit.models.memory.check_config`),
     before Keras builds anything. Returns the checked config."""
-    from keras_vit import memory
+    from keras_vit.models import memory
     from keras_vit.zoo import formats
 
     outer = keras_config(path, argument)

@@ -20,7 +20,7 @@ command that takes a model run the same five steps (:func:`load`):
 3. **settle** what the caller asks (:mod:`keras_vit.zoo.settle`: head,
    size, labels, weights, in one function for every source);
 4. **bound** the settled config against this machine's memory
-   (:func:`keras_vit.memory.check_config`: weights, position table and
+   (:func:`keras_vit.models.memory.check_config`: weights, position table and
    one image's activations), before anything is allocated;
 5. **build** (:func:`build`): the model, its weights loaded strictly
    (missing, unexpected and mis-shaped arrays listed together in one

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from keras_vit.backend import infer
+from keras_vit.models.memory import infer
 from keras_vit.base.checks import check_choice
 
 

@@ -16,7 +16,7 @@ from keras_vit.analysis.attention import (attention_model,
 from keras_vit.analysis.embeddings import (embedding_filter_components,
                                            neighbour_similarity,
                                            position_embedding_similarity)
-from keras_vit.backend import infer
+from keras_vit.models.memory import infer
 from keras_vit.zoo.preprocessing import model_labels, softmax
 
 FILES = {

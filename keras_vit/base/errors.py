@@ -5,7 +5,7 @@ ImportError, ...).
 
 The checks that raise them live with what they check:
 :mod:`keras_vit.base.checks` (arguments, optional packages, ``KERAS_BACKEND``),
-:mod:`keras_vit.memory` (what fits this machine's memory) and
+:mod:`keras_vit.models.memory` (what fits this machine's memory) and
 :mod:`keras_vit.base.archives` (zip archives, special files).
 """
 

@@ -10,7 +10,7 @@ all of them.
 
 The caps on model sizes are far past any released ViT (ViT-22B: width
 6144, 48 layers; the largest inputs seen are ~1k pixels a side); within
-them :mod:`keras_vit.memory` decides from the sizes whether a model fits
+them :mod:`keras_vit.models.memory` decides from the sizes whether a model fits
 this machine, before anything is built.
 
 >>> from keras_vit.base import limits

@@ -126,7 +126,7 @@ def set_remat(model, remat):
     if not isinstance(remat, bool):
         raise ValueError(f"remat must be True, False or None; received "
                          f"remat={remat!r}")
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     blocks = [layer for layer in compat.flatten_layers(model)
               if layer is not model and hasattr(layer, "remat")
@@ -144,7 +144,7 @@ def set_remat(model, remat):
 def remat_of(model):
     """Whether ``model``'s blocks are rematerialised in training (all of
     them: :func:`set_remat` and the builders switch them together)."""
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     flags = [layer.remat for layer in compat.flatten_layers(model)
              if layer is not model and hasattr(layer, "_forward")

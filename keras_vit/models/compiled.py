@@ -4,7 +4,7 @@ Keras' own ``predict`` feeds every call through a fresh ``tf.data``
 pipeline and, for TensorFlow on a CPU, turns XLA off. :class:`CompiledModelMixin`
 gives the models a ``predict`` that, on arrays and tensors, calls one
 compiled function directly, on the path the machine runs fastest
-(:func:`keras_vit.hardware.plan`):
+(:func:`keras_vit.runtime.hardware.plan`):
 
 * ``"xla"``: one XLA program per batch size; batches are padded up to a power
   of two (at most ``batch_size``), so a new number of images compiles at most
@@ -47,7 +47,7 @@ import math
 import keras
 import numpy as np
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 
 _DEFAULT_BATCH = 32
 
@@ -183,7 +183,7 @@ class CompiledModelMixin:
             return "keras"
         backend = keras.backend.backend()
         if path == "auto":
-            from keras_vit import hardware
+            from keras_vit.runtime import hardware
 
             path = hardware.plan(model_compute_dtype(self)).predict
         if path == "graph" and backend != "tensorflow":

@@ -12,7 +12,7 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 from __future__ import annotations
 
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
-from keras_vit.memory import check_weights_fit
+from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
                        "sincos_2d")
@@ -135,7 +135,7 @@ def check_remat_scope(dropout_rate, attention_dropout_rate):
     """
     import keras
 
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     backend = keras.backend.backend()
     mode = compat.current_remat_mode()

@@ -37,7 +37,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.base import atomic
 from keras_vit.base.checks import check_int
 

@@ -33,7 +33,7 @@ import warnings
 
 import keras
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 
 #: The modes Keras applies to a keras_vit model.
 MODES = ("int8", "int4", "float8")

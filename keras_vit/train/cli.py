@@ -46,9 +46,10 @@ def check_fits_memory(trainer, available=None):
     the available memory, saying what to change: a ``--micro-batch-size``
     that fits (gradient accumulation: the same updates), or a smaller
     ``--batch-size`` / ``--image-size``
-    (:func:`keras_vit.memory.check_step`). Runs on an accelerator (of
+    (:func:`keras_vit.models.memory.check_step`). Runs on an accelerator (of
     whichever Keras backend) are not checked: host memory is not theirs."""
-    from keras_vit import hardware, memory
+    from keras_vit.runtime import hardware
+    from keras_vit.models import memory
 
     if hardware.detect().accelerator != "cpu":
         return

@@ -416,7 +416,7 @@ def check_precision(requested="auto", *, on_tpu=False):
     if requested == "auto":
         return "mixed_bfloat16" if on_tpu else "float32"
     if requested == "mixed_bfloat16" and not on_tpu:
-        from keras_vit import hardware
+        from keras_vit.runtime import hardware
 
         if hardware.detect().accelerator == "cpu" and not cpu_has_bf16():
             warnings.warn(

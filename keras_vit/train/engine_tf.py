@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import describe, precision_for

@@ -356,7 +356,7 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
     on NumPy without gradients, the sums taken in float64."""
     import keras
 
-    from keras_vit.backend import infer
+    from keras_vit.models.memory import infer
 
     if keras.backend.backend() == "jax":
         # Keras' compiled predict step: op-by-op eager jax is many times

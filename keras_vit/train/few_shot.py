@@ -22,7 +22,8 @@ import functools
 import keras
 import numpy as np
 
-from keras_vit.backend import infer, to_numpy
+from keras_vit.models.memory import infer
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.train.data.load import load_data
 from keras_vit.train.data.pipeline import padded_eval_dataset, takes_raw_pixels
 

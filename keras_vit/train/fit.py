@@ -28,7 +28,7 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     that clearly cannot fit the memory available (ViT-B/16 at 224 needs
     about 143 GiB of activations for 512 images) is refused here, naming
     a ``micro_batch_size`` that fits, as ``keras-vit fine-tune`` does
-    (:func:`keras_vit.memory.check_step`); ``check_memory=False`` skips
+    (:func:`keras_vit.models.memory.check_step`); ``check_memory=False`` skips
     the check.
 
     ``remat``: True rematerialises every block of ``model`` in training
@@ -106,12 +106,12 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
 
 
 def _check_step_memory(model, recipe):
-    """:func:`keras_vit.memory.check_step` for the step ``model.fit`` will
+    """:func:`keras_vit.models.memory.check_step` for the step ``model.fit`` will
     run: the micro-batch (or batch), split over the replicas of an active
     ``tf.distribute`` strategy."""
     import keras
 
-    from keras_vit.memory import check_step
+    from keras_vit.models.memory import check_step
 
     replicas = 1
     if keras.backend.backend() == "tensorflow":
@@ -139,7 +139,7 @@ def _fit_jit(model, recipe):
         return "auto"
     import tensorflow as tf
 
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
     from keras_vit.models.compiled import model_compute_dtype
 
     if tf.distribute.has_strategy():

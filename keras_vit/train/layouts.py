@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import re
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.base.checks import check_int
 from keras_vit.train.distribute import StrategyError
 

@@ -18,7 +18,7 @@ import keras
 import keras_vit
 from keras_vit import analysis
 from keras_vit.analysis import cli as analysis_cli
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends

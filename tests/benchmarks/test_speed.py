@@ -104,7 +104,7 @@ def test_quick_run_writes_the_tables(tmp_path):
 
     # The rows follow the machine's plan: its choice, labelled, and the
     # path it did not choose beside it.
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
 
     tf_rows = "keras_vit", "tensorflow"
     inference = set()

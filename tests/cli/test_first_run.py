@@ -37,7 +37,7 @@ def test_stderr_filter_drops_only_tensorflow_lines():
     in order."""
     code = (
         "import os, sys\n"
-        "from keras_vit import quiet\n"
+        "from keras_vit.runtime import quiet\n"
         "quiet.filter_stderr()\n"
         "os.write(2, b'WARNING: All log messages before absl::InitializeLog()"
         " is called are written to STDERR\\n')\n"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.models.config import json_ready
 
 

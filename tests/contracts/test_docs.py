@@ -29,8 +29,8 @@ REFERENCE = {
     "keras_vit.export": ("export", ROOT / "export/__init__.py"),
     "keras_vit.train": ("train", ROOT / "keras_vit/train/__init__.py"),
     "keras_vit.analysis": ("analysis", ROOT / "keras_vit/analysis/__init__.py"),
-    "keras_vit.hardware": ("speed", ROOT / "keras_vit/hardware.py"),
-    "keras_vit.graph_ops": ("speed", ROOT / "keras_vit/graph_ops.py"),
+    "keras_vit.runtime.hardware": ("speed", ROOT / "keras_vit/runtime/hardware.py"),
+    "keras_vit.runtime.graph_ops": ("speed", ROOT / "keras_vit/runtime/graph_ops.py"),
 }
 # The names a user reads about in the guides, on their reference pages.
 DOCUMENTED = {
@@ -59,14 +59,15 @@ DOCUMENTED = {
     "analysis": ["keras_vit.analysis.attention_rollout",
                  "keras_vit.analysis.attention_maps",
                  "keras_vit.analysis.inspect"],
-    "speed": ["keras_vit.hardware.plan", "keras_vit.graph_ops.op_counts",
-              "keras_vit.fused_ops.dense_gelu_tanh"],
+    "speed": ["keras_vit.runtime.hardware.plan", "keras_vit.runtime.graph_ops.op_counts",
+              "keras_vit.runtime.fused_ops.dense_gelu_tanh"],
     "errors": ["keras_vit.base.checks.check_choice",
                "keras_vit.base.errors.KerasVitError",
-               "keras_vit.memory.check_weights_fit",
+               "keras_vit.models.memory.check_weights_fit",
+               "keras_vit.models.memory.infer",
                "keras_vit.base.archives.check_archive"],
     "io": ["keras_vit.images.decode_plan", "keras_vit.images.DecodePlan",
-           "keras_vit.backend.infer", "keras_vit.backend.to_numpy"],
+           "keras_vit.runtime.backend.to_numpy"],
 }
 
 

@@ -109,25 +109,16 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 # at any depth. Patterns are fnmatch patterns of module names; the first
 # that matches decides.
 FLOORS = [
-    # 0: no keras_vit imports but each other: the errors, argument checks,
-    # archive checks, atomic files, version shims, the command's quiet
-    # start, lazy names and the table of named architectures.
-    ("base", ["keras_vit.base", "keras_vit.base.errors", "keras_vit.base.checks", "keras_vit.base.archives",
-              "keras_vit.base.atomic", "keras_vit.compat",
-              "keras_vit.quiet", "keras_vit.base.lazy", "keras_vit.fused_ops",
-              "keras_vit.graph_ops", "keras_vit.base.version",
-              "keras_vit.images", "keras_vit.base.variants", "keras_vit.base.limits",
-              "keras_vit.base.schema", "keras_vit.base.environment"]),
-    # 1: what the machine offers.
-    ("hardware", ["keras_vit.hardware"]),
+    # 0: plain Python, no keras_vit imports but each other (keras_vit/base/),
+    # and the image decoder.
+    ("base", ["keras_vit.base", "keras_vit.base.*", "keras_vit.images"]),
+    # 1: the machine and the backend.
+    ("runtime", ["keras_vit.runtime", "keras_vit.runtime.*"]),
     # 2: pure keras.ops layers.
     ("layers", ["keras_vit.layers"]),
     # 3: builders and model classes, and what reads or runs a built model
-    # (memory.py knows a hybrid's stages from models.common; backend.infer
-    # refuses a batch through memory.py, the encoder weights that cannot
-    # fit). Never the zoo.
-    ("models", ["keras_vit.models", "keras_vit.models.*", "keras_vit.memory",
-                "keras_vit.backend"]),
+    # (models/memory.py). Never the zoo.
+    ("models", ["keras_vit.models", "keras_vit.models.*"]),
     # 4: names, weights, checkpoint conversion, resolve_model / rebuild.
     ("zoo", ["keras_vit.zoo", "keras_vit.zoo.*"]),
     # 5: jobs on a model.
@@ -145,7 +136,7 @@ FLOORS = [
     # modules that define the package's Keras classes when Keras is.
     ("package", ["keras_vit", "keras_vit.registration"]),
 ]
-ORDER = ["base", "hardware", "layers", "models", "zoo", "jobs", "demo",
+ORDER = ["base", "runtime", "layers", "models", "zoo", "jobs", "demo",
          "command", "package"]
 # (importer, imported, why): imports that go up anyway. Keep it empty.
 ALLOWED = []

@@ -26,7 +26,7 @@ from conftest import tiny_builder_kwargs  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
-from keras_vit.backend import infer  # noqa: E402
+from keras_vit.models.memory import infer  # noqa: E402
 from keras_vit.export import pipeline  # noqa: E402
 
 SECOND_BATCH = 3  # not one of the exporter's (4, 1)

@@ -212,7 +212,7 @@ def test_every_backend_exports_the_bytes_signature(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     x = np.stack([zoo.preprocess_input(p, 32) for p in pixels])
-    from keras_vit.backend import to_numpy
+    from keras_vit.runtime.backend import to_numpy
 
     logits = to_numpy(model(x))
     np.testing.assert_allclose(served["logits"], logits, atol=1e-4)

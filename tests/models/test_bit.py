@@ -17,7 +17,7 @@ from conftest import count_params
 
 from keras_vit.models.resnet_v2 import (BIT_DEPTHS, BIT_VARIANTS,
                                         PreActBottleneck, ResNetV2, resnet_v2)
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.layers import StdConv2D
 from keras_vit.zoo import bit_layout
 from keras_vit.zoo.convert import CheckpointError

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
 
 TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=2,

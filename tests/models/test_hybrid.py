@@ -10,7 +10,7 @@ from conftest import count_params
 
 import keras_vit
 from keras_vit import zoo
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import vit
 from keras_vit.base.variants import parse
 

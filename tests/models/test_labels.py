@@ -431,7 +431,7 @@ def test_evaluate_by_name_agrees_with_the_models_own_answers():
     import keras
 
     from keras_vit import train as kt
-    from keras_vit.backend import infer
+    from keras_vit.models.memory import infer
     from keras_vit.train.data.sources import ArraySource
 
     labels = np.array([0, 1, 0, 1, 1, 0, 0, 1, 0])  # dog=0, cat=1 here

@@ -109,7 +109,7 @@ def test_a_bias_gradient_is_the_sum_rounded_once(rows, cols, offset, dtype,
         pytest.skip("the shared bias add is TensorFlow's spelling")
     import tensorflow as tf
 
-    from keras_vit import fused_ops
+    from keras_vit.runtime import fused_ops
 
     rng = np.random.default_rng(seed)
     h = tf.cast(rng.normal(size=(rows, cols)).astype("float32"), dtype)

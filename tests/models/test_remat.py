@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 import model_gradients
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
@@ -139,7 +139,7 @@ def test_set_remat_switches_every_block_and_the_config():
 
 
 def test_the_memory_estimate_counts_remat_and_the_check_names_it():
-    from keras_vit import memory
+    from keras_vit.models import memory
     from keras_vit.models.common import set_remat
 
     model = vit(**dict(TINY, image_size=64, num_layers=6))

@@ -12,7 +12,7 @@ from conftest import count_params, tiny_builder_kwargs
 
 import keras_vit
 from keras_vit import layers as vit_layers
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.base import variants
 from keras_vit.models import vit
 from keras_vit.base.variants import parse

@@ -157,7 +157,7 @@ def test_python_api_errors_name_echo_and_suggest(label, call, name, echoed,
 ENVIRONMENT = [
     ("KERAS_VIT_OFFLINE", "ture", lambda: download.is_offline(), "true"),
     ("KERAS_VIT_ACCELERATOR", "gpuu",
-     lambda: keras_vit.hardware.detect(), "gpu"),
+     lambda: keras_vit.runtime.hardware.detect(), "gpu"),
     ("KERAS_VIT_MIRROR", "ftp://mirror/",
      lambda: download.resolve_url("gs://vit_models/x.npz"), None),
 ]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.memory import step_memory_estimate
+from keras_vit.models.memory import step_memory_estimate
 
 # ---------------------------------------------------------------------------
 # Initialisation equals the official one in distribution.
@@ -829,7 +829,7 @@ def test_a_step_that_cannot_fit_memory_says_what_to_change(
     assert step_memory_estimate(model, 16) < 8 * 2**30
     path = tmp_path / "tiny.keras"
     _tiny().save(path)
-    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: 2**20)
+    monkeypatch.setattr(keras_vit.models.memory, "available_memory", lambda: 2**20)
     argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "64",
             "--steps", "1", "--warmup-steps", "0", "--no-eval", "--quiet",
             "--out", str(tmp_path / "run")]
@@ -866,7 +866,7 @@ def test_pretrain_refuses_a_step_that_cannot_fit_memory(
     per_image = step_memory_estimate(
         mpp.MaskedPatchPrediction(_tiny()), 1)
     available = 2**20
-    monkeypatch.setattr(keras_vit.memory, "available_memory", lambda: available)
+    monkeypatch.setattr(keras_vit.models.memory, "available_memory", lambda: available)
     argv = ["pretrain", str(path), "--data", "digits", "--batch-size", "64",
             "--image-size", "16", "--steps", "1", "--warmup-steps", "0",
             "--quiet", "--strategy", "default", "--out", str(tmp_path / "r")]
@@ -915,7 +915,8 @@ def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
     are read, naming the option."""
     from PIL import Image
 
-    from keras_vit import cli, memory
+    from keras_vit import cli
+    from keras_vit.models import memory
 
     image = tmp_path / "x.png"
     Image.new("RGB", (8, 8), (10, 20, 30)).save(image)
@@ -932,7 +933,7 @@ def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
 
 @pytest.mark.backends
 def test_forward_memory_picks_a_batch_or_refuses(monkeypatch):
-    from keras_vit import backend, memory
+    from keras_vit.models import memory
 
     model = _tiny()
     per_image = memory.forward_estimate(model, 1)
@@ -948,13 +949,13 @@ def test_forward_memory_picks_a_batch_or_refuses(monkeypatch):
     with pytest.raises(ValueError, match="lower --image-size"):
         memory.forward_batch(model, 16, available=per_image / 2)
     # Every inference batch (predict, evaluate, few-shot, attention maps)
-    # passes through backend.infer, which refuses a batch clearly too big.
+    # passes through memory.infer, which refuses a batch clearly too big.
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * per_image)
     images = np.zeros((64,) + model.inputs[0].shape[1:], "float32")
     with pytest.raises(ValueError, match=r"a batch of at most 2 image\(s\)"):
-        backend.infer(model, images)
-    assert backend.infer(model, images[:4]).shape == (4, TINY["num_classes"])
+        memory.infer(model, images)
+    assert memory.infer(model, images[:4]).shape == (4, TINY["num_classes"])
     # On an accelerator host memory does not hold the activations.
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "gpu")
     assert memory.forward_batch(model, 16) == 16
@@ -962,7 +963,7 @@ def test_forward_memory_picks_a_batch_or_refuses(monkeypatch):
 
 
 def test_forward_estimate_counts_stacked_attention_outputs():
-    from keras_vit import memory
+    from keras_vit.models import memory
 
     plain = _tiny()
     scores = _tiny(return_attention_scores=True)

@@ -429,7 +429,7 @@ def test_gradient_accumulation_equals_the_full_batch():
 
 
 def test_xla_train_step_matches_the_graph_step(monkeypatch):
-    from keras_vit import hardware
+    from keras_vit.runtime import hardware
     from keras_vit.train.engine_tf import step_uses_xla
 
     kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
@@ -575,7 +575,7 @@ def test_model_fit_never_runs_an_empty_epoch():
 
 
 def test_compile_for_finetune_checks_the_steps_memory(monkeypatch):
-    from keras_vit import memory
+    from keras_vit.models import memory
 
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
     monkeypatch.setattr(memory, "available_memory", lambda: 2**20)

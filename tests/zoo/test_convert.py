@@ -10,7 +10,7 @@ from conftest import TINY, tiny_builder_kwargs
 
 import keras_vit
 from keras_vit import zoo
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.zoo import convert
 
 # Runs on every Keras backend (tests/conftest.py).

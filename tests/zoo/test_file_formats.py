@@ -27,7 +27,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from keras_vit import memory  # noqa: E402
+from keras_vit.models import memory  # noqa: E402
 from keras_vit.base.limits import MEMORY_SLACK  # noqa: E402
 from keras_vit.zoo import sources  # noqa: E402
 

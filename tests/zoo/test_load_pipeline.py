@@ -342,7 +342,7 @@ def test_a_model_too_large_for_memory_is_refused_before_building(
     """The settled config is bounded by one estimate (weights, position
     table, one image's activations) before anything is built, for every
     source; the error names the field and its value."""
-    from keras_vit import memory
+    from keras_vit.models import memory
     from keras_vit.zoo import sources
 
     kind, spec = written

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.base.variants import UnknownModelError
 from keras_vit.zoo import rebuild, resolve_model

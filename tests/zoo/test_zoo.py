@@ -17,7 +17,7 @@ import official
 
 import keras_vit
 from keras_vit import zoo
-from keras_vit.backend import to_numpy
+from keras_vit.runtime.backend import to_numpy
 from keras_vit.zoo import registry
 
 # Runs on every Keras backend (tests/conftest.py).

@@ -6,7 +6,7 @@ so that a resumed run rebuilds the batches it stopped in.
 
 from __future__ import annotations
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.train.data.load import load_data
 
 # Streams (tfds) are shuffled through a buffer of this many records.

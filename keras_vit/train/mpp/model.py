@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 from keras_vit.layers import PACKAGE, FusedDense
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.train.mpp.objective import (

@@ -4,17 +4,18 @@ On TensorFlow, ``predict`` (graph path) and training steps run as
 ``tf.function`` graphs that grappler rewrites and oneDNN fuses before they
 run; how much fused decides much of the speed, and it depends on the CPU
 (bf16 rewrites need oneDNN bf16 support: AVX512F or AVX-NE-CONVERT) and on
-how the model spells its ops (:mod:`keras_vit.fused_ops`).
+how the model spells its ops (:mod:`keras_vit.runtime.fused_ops`).
 :func:`op_counts` runs a model once and counts the ops of the graph that
 actually ran; :func:`fusion_summary` names the few counts that matter for a
 ViT; ``python benchmarks/graph_ops.py`` prints both for a zoo model.
 
 The GELU fusion is oneDNN's: one fused matmul per encoder block where
-TensorFlow runs its CPU graphs through oneDNN (:func:`keras_vit.compat.
+TensorFlow runs its CPU graphs through oneDNN (:func:`keras_vit.runtime.compat.
 onednn_enabled`), none where it runs them through Eigen:
 
 >>> import keras_vit
->>> from keras_vit import compat, graph_ops
+>>> from keras_vit.runtime import compat
+>>> from keras_vit.runtime import graph_ops
 >>> model = keras_vit.vit(32, 8, 32, 2, 2, 64, 3)
 >>> s = graph_ops.fusion_summary(graph_ops.op_counts(model))
 >>> s["matmul_bias_gelu"] == (2 if compat.onednn_enabled() else 0)
@@ -35,7 +36,7 @@ SUMMARY_KEYS = ("matmul_bias_gelu", "matmul_bias", "matmul_unfused",
                 "mul", "sum", "xla_programs", "total")
 
 #: The label of a call that XLA compiles inside a graph that is otherwise
-#: TensorFlow's (:func:`keras_vit.fused_ops.xla_gelu` and its kin).
+#: TensorFlow's (:func:`keras_vit.runtime.fused_ops.xla_gelu` and its kin).
 XLA_PROGRAM = "XlaProgram"
 
 
@@ -85,7 +86,7 @@ def executed_nodes(model, batch_size=2, training=False):
     import keras
     import tensorflow as tf
 
-    from keras_vit import compat
+    from keras_vit.runtime import compat
     from keras_vit.base.checks import check_int
 
     if keras.backend.backend() != "tensorflow":
@@ -142,7 +143,7 @@ def cast_round_trips(nodes):
     rounding. Returns ``(inner, outer)`` node-name pairs.
 
     >>> import keras_vit
-    >>> from keras_vit import graph_ops
+    >>> from keras_vit.runtime import graph_ops
     >>> model = keras_vit.vit(32, 8, 32, 2, 2, 64, 3, dtype="bfloat16")
     >>> graph_ops.cast_round_trips(graph_ops.executed_nodes(model))
     []

@@ -37,7 +37,7 @@ LayerNorm stays Keras' own (Mean, SquaredDifference, Rsqrt and a few
 element-wise ops, float32 statistics under bf16): TensorFlow 2.21's
 remapper knows three LayerNorm patterns and none can be reached from a
 Keras 3 model, measured on an AVX-512 CPU with oneDNN (counts from
-:mod:`keras_vit.graph_ops`):
+:mod:`keras_vit.runtime.graph_ops`):
 
 * the Mean / Sub / Square / Rsqrt spelling written in exactly the
   pattern's input order (names chosen as for the GELU) gave 0

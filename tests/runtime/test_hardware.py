@@ -6,7 +6,7 @@ import pytest
 
 import keras
 import keras_vit
-from keras_vit import hardware
+from keras_vit.runtime import hardware
 from keras_vit.models import compiled
 
 AMX = hardware.Hardware("cpu", frozenset({"avx512f", "amx_bf16", "amx_int8"}))

@@ -33,7 +33,7 @@ def _missing(api, package, purpose):
     return PrivateAPIError(
         f"the private API {api} is gone from {package} {version}; keras-vit "
         f"uses it to {purpose}. Install the {package} version keras-vit "
-        "was tested with, or update keras_vit/compat.py.")
+        "was tested with, or update keras_vit/runtime/compat.py.")
 
 
 def _require(obj, attr, api, package, purpose):
@@ -203,7 +203,7 @@ def onednn_enabled():
     (``_pywrap_util_port.IsMklEnabled``). TensorFlow's own default is on
     only for x86 CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX;
     ``import keras_vit`` before TensorFlow turns it on for the others
-    (:func:`keras_vit.hardware.enable_onednn`); ``TF_ENABLE_ONEDNN_OPTS``
+    (:func:`keras_vit.runtime.hardware.enable_onednn`); ``TF_ENABLE_ONEDNN_OPTS``
     decides when set."""
     from tensorflow.python.util import _pywrap_util_port
 

@@ -1,4 +1,4 @@
-"""Each wrapper of keras_vit/compat.py, called against the installed Keras,
+"""Each wrapper of keras_vit/runtime/compat.py, called against the installed Keras,
 tf2onnx and LiteRT: an upgrade that removes a private API keras-vit uses
 fails here, with a message naming that API."""
 
@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_vit import compat
+from keras_vit.runtime import compat
 
 
 def _call(wrapper, *args, **kwargs):

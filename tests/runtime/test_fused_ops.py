@@ -1,7 +1,7 @@
 """The training step's fused spellings against the formulas they replace.
 
 Each element-wise chain a TensorFlow training step runs as an XLA program
-(keras_vit.fused_ops: the GELU of either form, LayerNorm, the softmax)
+(keras_vit.runtime.fused_ops: the GELU of either form, LayerNorm, the softmax)
 must give the reference forward and gradient for any shape, scale and
 dtype (a property test), and a whole model's training step must give the
 same loss and gradients whichever way the machine's plan runs them (a
@@ -19,7 +19,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import keras_vit
-from keras_vit import fused_ops, layers as kl
+from keras_vit import layers as kl
+from keras_vit.runtime import fused_ops
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
@@ -182,9 +183,9 @@ def test_a_training_step_is_the_same_either_way_the_plan_runs_it(
     loss, grads = step()
     # The plan is the one place the layers ask: the same machine's plan
     # with the element-wise chains left to the graph.
-    plan = keras_vit.hardware.plan
+    plan = keras_vit.runtime.hardware.plan
     monkeypatch.setattr(
-        keras_vit.hardware, "plan",
+        keras_vit.runtime.hardware, "plan",
         lambda *a, **k: dataclasses.replace(plan(*a, **k),
                                             elementwise="graph"))
     ref_loss, ref_grads = step.python_function()

@@ -4,6 +4,7 @@ Keras keeps one model code for TensorFlow, JAX and PyTorch; what is left to
 the caller is leaving autograd (torch records every op of a plain ``model(x)``
 call and refuses ``numpy()`` on the result) and getting NumPy back, which
 ``keras.ops.convert_to_numpy`` does on all three.
+:func:`keras_vit.models.memory.infer` runs a model with both.
 """
 
 import contextlib
@@ -32,20 +33,3 @@ def to_numpy(tree):
     [1.0, 1.0]
     """
     return keras.tree.map_structure(keras.ops.convert_to_numpy, tree)
-
-
-def infer(model, inputs):
-    """``model(inputs, training=False)`` without gradients, as NumPy. A
-    batch that clearly cannot fit this machine's memory is refused first
-    (:func:`keras_vit.memory.check_forward`).
-
-    >>> import numpy as np, keras_vit
-    >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)
-    >>> infer(m, np.zeros((1, 32, 32, 3), "float32")).shape
-    (1, 3)
-    """
-    from keras_vit import memory
-
-    memory.check_forward(model, len(inputs))
-    with no_grad():
-        return to_numpy(model(inputs, training=False))

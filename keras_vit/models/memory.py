@@ -9,7 +9,7 @@ cannot fit. They apply to CPU runs: on an accelerator host memory does not
 hold the activations.
 
 >>> import keras_vit
->>> from keras_vit import memory
+>>> from keras_vit.models import memory
 >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
 >>> round(memory.forward_estimate(vit, 8) / 2**20, 2)  # MiB
 1.28
@@ -21,27 +21,9 @@ from __future__ import annotations
 import math
 
 from keras_vit.base.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
-
-
-def proc_bytes(path, field):
-    """The ``field`` of a Linux ``/proc`` file that counts kB
-    (``MemAvailable:   123 kB`` in ``/proc/meminfo``, ``VmHWM:`` in
-    ``/proc/self/status``), in bytes; None where the file or the field is
-    missing (not Linux)."""
-    try:
-        with open(path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def available_memory():
-    """Bytes of memory available to a new allocation on this machine
-    (Linux ``MemAvailable``), or None where unknown."""
-    return proc_bytes("/proc/meminfo", "MemAvailable")
+from keras_vit.runtime import hardware
+# This machine's memory, which the refusals below compare with.
+from keras_vit.runtime.hardware import available_memory
 
 
 def check_weights_fit(num_params, settings, *, available=None):
@@ -283,8 +265,6 @@ def forward_estimate(model, images):
 
 
 def _on_cpu():
-    from keras_vit import hardware
-
     return hardware.detect().accelerator == "cpu"
 
 
@@ -359,7 +339,7 @@ def check_forward(model, images, *, available=None):
     clearly cannot fit this machine's available memory (estimate over 1.5x
     of it), on CPU, before it is allocated: one batch of a model at 4000
     px would otherwise take the machine's memory and then the process.
-    :func:`keras_vit.backend.infer` calls it on every batch."""
+    :func:`keras_vit.models.memory.infer` calls it on every batch."""
     if available is None and not _on_cpu():
         return
     need = forward_estimate(model, int(images))
@@ -494,3 +474,20 @@ def check_config(config, where, *, name=None, available=None):
         f"{est['activations'] / 2**30:.2f} GiB of one image's "
         f"activations), more than the {available / 2**30:.1f} GiB of memory "
         f"available here; {hint}")
+
+
+def infer(model, inputs):
+    """``model(inputs, training=False)`` without gradients, as NumPy. A
+    batch that clearly cannot fit this machine's memory is refused first
+    (:func:`check_forward`).
+
+    >>> import numpy as np, keras_vit
+    >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)
+    >>> infer(m, np.zeros((1, 32, 32, 3), "float32")).shape
+    (1, 3)
+    """
+    from keras_vit.runtime.backend import no_grad, to_numpy
+
+    check_forward(model, len(inputs))
+    with no_grad():
+        return to_numpy(model(inputs, training=False))

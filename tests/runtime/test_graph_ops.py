@@ -2,10 +2,10 @@
 
 Grappler's remapper fuses MatMul + BiasAdd + tanh GELU into one oneDNN
 kernel only when the inputs of each Mul/AddV2 sort, by node name, into the
-order of its pattern (keras_vit/fused_ops.py). Names depend on the model's
+order of its pattern (keras_vit/runtime/fused_ops.py). Names depend on the model's
 name, on nesting, on how many blocks there are and on what else is in the
 graph, so these tests build models every way a user does and count the
-fused nodes of the graph that actually ran (keras_vit.graph_ops).
+fused nodes of the graph that actually ran (keras_vit.runtime.graph_ops).
 
 float32 fusions exist wherever TensorFlow runs oneDNN (x86 Linux by
 default); the bf16 tests need oneDNN's bf16 kernels on this CPU (AVX512F or
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import compat, graph_ops, hardware
+from keras_vit.runtime import compat
+from keras_vit.runtime import graph_ops
+from keras_vit.runtime import hardware
 from keras_vit.zoo.resolve import rebuild
 
 pytestmark = pytest.mark.skipif(
@@ -152,7 +154,7 @@ def test_training_step_takes_bias_gradients_from_bias_add_grad():
 def test_training_gelu_gradient_equals_autodiff_of_the_formula():
     import tensorflow as tf
 
-    from keras_vit import fused_ops
+    from keras_vit.runtime import fused_ops
     from keras_vit.layers import gelu_tanh
 
     rng = np.random.default_rng(2)
@@ -251,7 +253,7 @@ def test_the_probe_measures_something():
 def test_fused_spelling_equals_keras_gelu_inside_a_graph():
     import tensorflow as tf
 
-    from keras_vit import fused_ops
+    from keras_vit.runtime import fused_ops
 
     rng = np.random.default_rng(1)
     x, k, b = (tf.constant(rng.normal(0, 1, s).astype("float32"))

@@ -41,7 +41,7 @@ tests and benchmarks). ``plan(dtype)`` turns it into the paths used by
 ``model.predict``, :func:`keras_vit.train.compile_for_finetune` and the
 Trainer; an explicit argument to those always wins.
 
->>> from keras_vit import hardware
+>>> from keras_vit.runtime import hardware
 >>> amx = hardware.Hardware("cpu", frozenset({"amx_bf16", "amx_tile"}))
 >>> amx.bf16_units
 'amx'
@@ -91,7 +91,7 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     before TensorFlow is imported; returns why it did or did not, in words.
 
     Those rewrites are where TensorFlow fuses a matmul with its bias and
-    GELU (:mod:`keras_vit.fused_ops`) and runs softmax and LayerNorm's
+    GELU (:mod:`keras_vit.runtime.fused_ops`) and runs softmax and LayerNorm's
     parts in oneDNN. TensorFlow enables them by itself only on CPUs with
     AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX; on AVX2-only CPUs its graphs
     run through Eigen. Nothing is changed when the user set
@@ -143,7 +143,7 @@ def onednn_note():
     """What :func:`enable_onednn` decided for this process, and
     whether this TensorFlow runs its CPU graphs through oneDNN: one line
     for benchmark tables."""
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     state = "on" if compat.onednn_enabled() else "off"
     return f"{state} ({_onednn_decision or 'keras_vit made no decision'})"
@@ -289,7 +289,7 @@ def _onednn_bf16(hardware, probed):
     if not probed:
         return hardware.bf16_units is not None or "avx512f" in \
             hardware.cpu_flags
-    from keras_vit import compat
+    from keras_vit.runtime import compat
 
     return compat.onednn_supports("bfloat16")
 
@@ -309,7 +309,7 @@ class Plan:
     training step that is not compiled as a whole runs the GELU and
     LayerNorm chains (forward and gradient): ``"xla"``, each chain one
     small XLA program between TensorFlow's oneDNN matmuls
-    (:func:`keras_vit.fused_ops.xla_gelu`), or ``"graph"``, one graph op
+    (:func:`keras_vit.runtime.fused_ops.xla_gelu`), or ``"graph"``, one graph op
     per element-wise step.
     """
 
@@ -394,3 +394,24 @@ def _plan(dtype, hardware, backend):
                 "fuse the MLP and bias adds (as fast as XLA or faster on "
                 "the CPUs measured, without a compile per batch size)",
                 elementwise="xla")
+
+
+def proc_bytes(path, field):
+    """The ``field`` of a Linux ``/proc`` file that counts kB
+    (``MemAvailable:   123 kB`` in ``/proc/meminfo``, ``VmHWM:`` in
+    ``/proc/self/status``), in bytes; None where the file or the field is
+    missing (not Linux)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def available_memory():
+    """Bytes of memory available to a new allocation on this machine
+    (Linux ``MemAvailable``), or None where unknown."""
+    return proc_bytes("/proc/meminfo", "MemAvailable")
