@@ -5,7 +5,7 @@ predict, or the refusal.
 
     python benchmarks/decode_paths.py --out docs/images.md
 
-Columns: ``keras_vit.images`` (the decoder, against Pillow's
+Columns: ``keras_vit.data.images`` (the decoder, against Pillow's
 ``exif_transpose`` + ``convert("RGB")`` or NumPy for what Pillow reads
 differently), ``predict`` (``keras-vit predict``'s reader, the Python API),
 ``training`` (a folder scanned by ``keras_vit.train.load_data`` and decoded
@@ -65,7 +65,8 @@ def run(folder):
     import tensorflow as tf
 
     import keras_vit
-    from keras_vit import cli, images, zoo
+    from keras_vit import cli, zoo
+    from keras_vit.data import images
     from keras_vit import train as kt
     from keras_vit.cli_options import UserError
     from keras_vit.export.serving import ImageBytesGraph
@@ -155,7 +156,7 @@ def _pillow(case):
 
 
 def table(rows):
-    head = ("case", "keras_vit.images vs reference", "predict", "training",
+    head = ("case", "keras_vit.data.images vs reference", "predict", "training",
             "serving", "Pillow's convert('RGB') alone")
     lines = ["| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]

@@ -14,11 +14,12 @@ import argparse
 
 import numpy as np
 
-from keras_vit import images, zoo
+from keras_vit import zoo
+from keras_vit.data import images
 
 
 def load_image(path, size):
-    """One photo as the model's input batch: decoded by keras_vit.images
+    """One photo as the model's input batch: decoded by keras_vit.data.images
     (the decoder of ``keras-vit predict``, training and the serving
     signature: EXIF rotation, palettes, alpha, the first GIF frame), then
     the official evaluation resize (bilinear, no crop)."""

@@ -49,7 +49,7 @@ def _photo_sources():
     try:
         import skimage.data
 
-        from keras_vit import images
+        from keras_vit.data import images
 
         folder = skimage.data.data_dir
         for name in ("astronaut.png", "chelsea.png", "coffee.png",

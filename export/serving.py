@@ -2,7 +2,7 @@
 Vertex AI clients send.
 
 ``serving_default(image_bytes)`` takes a 1-D batch of JPEG, PNG, GIF, BMP
-or WebP files, decodes each with :func:`keras_vit.images.decode` (the
+or WebP files, decodes each with :func:`keras_vit.data.images.decode` (the
 decoder ``keras-vit predict``, the Python API and the training pipeline
 use, written in TensorFlow ops so that the SavedModel carries it: EXIF
 orientation, palettes, alpha, 16-bit, a GIF's first frame and the pixel
@@ -11,11 +11,11 @@ budget), applies the package's evaluation transform
 size without antialiasing or crop, then (x - 127.5) / 127.5 unless the
 model scales inside) and returns the top-k ``labels``, their softmax
 ``scores``, the ``classes`` and the ``logits``. A Python client that reads
-the file with :func:`keras_vit.images.read` and calls
+the file with :func:`keras_vit.data.images.read` and calls
 ``zoo.preprocess_input`` sees the server's numbers.
 
 The images of a batch are decoded one after another, each checked
-against :data:`keras_vit.images.PIXEL_BUDGET` from its header before
+against :data:`keras_vit.data.images.PIXEL_BUDGET` from its header before
 anything is allocated, so a request's peak memory is that of its largest
 image (at most the budget: 16 million pixels), not the sum.
 
@@ -33,7 +33,7 @@ import io
 
 import numpy as np
 
-from keras_vit import images as image_decoder
+from keras_vit.data import images as image_decoder
 from keras_vit.export import samples
 from keras_vit.export.graph import ServingGraph
 
@@ -121,7 +121,7 @@ def encode(pixels, fmt="PNG", mode="RGB", quality=90):
 
 def decode(data):
     """The RGB pixels of one encoded image, as the signature decodes them
-    (:func:`keras_vit.images.decode_bytes`: the same TensorFlow ops, run
+    (:func:`keras_vit.data.images.decode_bytes`: the same TensorFlow ops, run
     eagerly): (H, W, 3) uint8."""
     return image_decoder.decode_bytes(bytes(data), INPUT_NAME)
 
@@ -245,7 +245,7 @@ class ImageBytesGraph(ServingGraph):
 
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` for encoded ``images``:
-        decoded eagerly by :mod:`keras_vit.images` and preprocessed by
+        decoded eagerly by :mod:`keras_vit.data.images` and preprocessed by
         ``zoo.preprocess_input`` on the user's backend, the path a Python
         user takes."""
         from keras_vit.runtime.backend import no_grad, to_numpy

@@ -40,7 +40,7 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     "models": ".models", "train": ".train", "zoo": ".zoo",
     # Modules users name at the package's top, kept there as they moved
     # into their floors.
-    "variants": ".base.variants"})
+    "images": ".data.images", "variants": ".base.variants"})
 
 __all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
            "__version__",

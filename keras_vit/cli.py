@@ -304,12 +304,12 @@ def _check_image_path(path):
 
 def _read_image(path):
     """One image as (height, width, 3) float32 RGB pixels in [0, 255],
-    decoded by :mod:`keras_vit.images` (the rules the training pipeline
+    decoded by :mod:`keras_vit.data.images` (the rules the training pipeline
     and the ``image_bytes`` serving signature share: EXIF orientation,
     palettes, alpha, 16-bit, the first GIF frame, the pixel budget); an
     image those rules refuse raises a one-line UserError naming the file.
     """
-    from keras_vit import images
+    from keras_vit.data import images
 
     try:
         pixels = images.read(path, name=f"IMAGE={path!r}")

@@ -224,7 +224,7 @@ LONGEST_FIRST = {
         "train/test_trainer_backends.py", "train/test_train.py",
         "contracts/test_backends.py", "models/test_digits_features.py",
         "benchmarks/test_export_speed.py", "reliability/test_reliability.py",
-        "core/test_images.py", "zoo/test_timm_hub.py", "cli/test_cli.py",
+        "data/test_images.py", "zoo/test_timm_hub.py", "cli/test_cli.py",
         "runtime/test_graph_ops.py", "contracts/test_docstrings.py",
         "cli/test_first_run.py", "cli/test_cli_startup.py",
         "train/test_mpp.py", "zoo/test_zoo.py", "runtime/test_hardware.py",

@@ -1,5 +1,5 @@
 """A corpus of odd image files and what each should decode to, for the
-differential test of the three decoding paths (tests/core/test_images.py) and
+differential test of the three decoding paths (tests/data/test_images.py) and
 the table in docs/images.md (benchmarks/decode_paths.py).
 
 Every file is made here: each PIL mode every format accepts, EXIF

@@ -30,7 +30,7 @@ FILES = {
 def load_images(paths, image_size, channels=3):
     """Image files as float32 (B, H, W, C) pixels in [0, 255].
 
-    Each file is decoded by :mod:`keras_vit.images` (the decoder of
+    Each file is decoded by :mod:`keras_vit.data.images` (the decoder of
     ``keras-vit predict``, training and the serving signature: EXIF
     orientation applied, alpha dropped, the first GIF frame), reduced to
     greyscale for ``channels=1`` (ITU-R 601 luma, as Pillow's ``"L"``)
@@ -48,7 +48,7 @@ def load_images(paths, image_size, channels=3):
     """
     import keras
 
-    from keras_vit import images
+    from keras_vit.data import images
 
     if isinstance(image_size, int):
         image_size = (image_size, image_size)

@@ -66,7 +66,7 @@ DOCUMENTED = {
                "keras_vit.models.memory.check_weights_fit",
                "keras_vit.models.memory.infer",
                "keras_vit.base.archives.check_archive"],
-    "io": ["keras_vit.images.decode_plan", "keras_vit.images.DecodePlan",
+    "io": ["keras_vit.data.images.decode_plan", "keras_vit.data.images.DecodePlan",
            "keras_vit.runtime.backend.to_numpy"],
 }
 

@@ -111,7 +111,8 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
 FLOORS = [
     # 0: plain Python, no keras_vit imports but each other (keras_vit/base/),
     # and the image decoder.
-    ("base", ["keras_vit.base", "keras_vit.base.*", "keras_vit.images"]),
+    ("base", ["keras_vit.base", "keras_vit.base.*", "keras_vit.data",
+              "keras_vit.data.*"]),
     # 1: the machine and the backend.
     ("runtime", ["keras_vit.runtime", "keras_vit.runtime.*"]),
     # 2: pure keras.ops layers.

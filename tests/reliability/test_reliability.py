@@ -1894,7 +1894,7 @@ def test_oversized_images_are_skipped_in_training_folders(tmp_path,
     by name, a JPEG over it kept (decoded at a reduced scale)."""
     from PIL import Image
 
-    from keras_vit import images
+    from keras_vit.data import images
     from keras_vit import train as kt
 
     root = _two_class_folder(tmp_path)
@@ -1915,7 +1915,8 @@ def test_predict_reduces_large_jpegs_and_refuses_large_pngs(
         tiny_keras, tmp_path, capsys, monkeypatch):
     from PIL import Image
 
-    from keras_vit import cli, images
+    from keras_vit import cli
+    from keras_vit.data import images
 
     png, jpeg = tmp_path / "i.png", tmp_path / "i.jpg"
     Image.new("RGB", (100, 100), (200, 10, 10)).save(png)
@@ -2070,7 +2071,7 @@ def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
 # -- one pixel budget for every image reader --------------------------------
 
 def test_decode_plan_bounds_what_any_header_can_ask_for():
-    from keras_vit import images
+    from keras_vit.data import images
 
     budget = images.PIXEL_BUDGET
     # JPEGs: the largest libjpeg scale that fits, whatever the header says.
@@ -2101,7 +2102,7 @@ def test_training_decodes_large_jpegs_at_a_reduced_scale(tmp_path,
                                                          monkeypatch):
     import tensorflow as tf
 
-    from keras_vit import images
+    from keras_vit.data import images
 
     monkeypatch.setattr(images, "PIXEL_BUDGET", 1000)
     decode = tf.function(lambda data: images.decode(data, "x"))
@@ -2131,7 +2132,7 @@ def test_training_folders_keep_large_jpegs_and_skip_large_pngs(tmp_path,
                                                                monkeypatch):
     from PIL import Image
 
-    from keras_vit import images
+    from keras_vit.data import images
     from keras_vit import train as kt
 
     root = _two_class_folder(tmp_path)
@@ -2154,7 +2155,8 @@ def test_predict_refuses_what_it_cannot_decode_within_the_limits(
         tiny_keras, tmp_path, capsys, monkeypatch):
     from PIL import Image
 
-    from keras_vit import cli, images
+    from keras_vit import cli
+    from keras_vit.data import images
 
     rgba = tmp_path / "alpha.png"
     Image.new("RGBA", (100, 100), (1, 2, 3, 4)).save(rgba)
@@ -2177,7 +2179,7 @@ def test_phone_photos_saved_as_mpo_are_kept_in_training_folders(tmp_path):
     which it can. They train, and count as JPEGs for the pixel budget."""
     from PIL import Image
 
-    from keras_vit import images
+    from keras_vit.data import images
     from keras_vit import train as kt
 
     root = _two_class_folder(tmp_path)

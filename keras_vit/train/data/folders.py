@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from keras_vit import images as image_decoder
+from keras_vit.data import images as image_decoder
 from keras_vit.train.data.image_checks import FACT_COLUMNS, check_images
 from keras_vit.train.data.sources import DataError, ImageSource
 

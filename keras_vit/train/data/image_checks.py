@@ -9,13 +9,13 @@ import os
 
 import numpy as np
 
-from keras_vit import images as image_decoder
+from keras_vit.data import images as image_decoder
 from keras_vit.base.archives import special_file
 
 # The file names a folder scan reads; what is inside decides the format
-# (keras_vit.images decodes JPEG, PNG, GIF, BMP and WebP).
+# (keras_vit.data.images decodes JPEG, PNG, GIF, BMP and WebP).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
-# A folder scan keeps, per file, keras_vit.images.FACTS and the file's size.
+# A folder scan keeps, per file, keras_vit.data.images.FACTS and the file's size.
 FACT_COLUMNS = len(image_decoder.FACTS) + 1
 
 
@@ -23,10 +23,10 @@ def check_images(candidates, verbose, *, with_facts=False):
     """Splits ``[(path, label)]`` into the images every path decodes and
     the skipped files, each with the reason: ``(files, labels, skipped)``,
     and with ``with_facts`` the (files, :data:`FACT_COLUMNS`) int64 array
-    of what :func:`keras_vit.images.inspect` read from each header and the
+    of what :func:`keras_vit.data.images.inspect` read from each header and the
     file's size, so that training decodes without reading headers again.
 
-    Each file is read and decoded once by :mod:`keras_vit.images` (in
+    Each file is read and decoded once by :mod:`keras_vit.data.images` (in
     parallel, in ``tf.data``): the decoder's refusals (not an image, a
     format it does not read, over the pixel budget, ...) and files it
     cannot decode are skipped here, so that training never meets them: a

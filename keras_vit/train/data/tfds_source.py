@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit import images as image_decoder
+from keras_vit.data import images as image_decoder
 from keras_vit.base.checks import closest, require
 from keras_vit.train.data.sources import DataError, ImageSource
 

@@ -1,4 +1,4 @@
-"""One decoder for every path (keras_vit/images.py).
+"""One decoder for every path (keras_vit/data/images.py).
 
 What these tests guard:
 
@@ -30,7 +30,7 @@ pytest.importorskip("PIL")
 
 import image_corpus  # noqa: E402
 
-from keras_vit import images  # noqa: E402
+from keras_vit.data import images  # noqa: E402
 
 EXTENSIONS = {b"\xff\xd8": ".jpg", b"\x89P": ".png", b"GI": ".gif",
               b"BM": ".bmp", b"RI": ".webp"}

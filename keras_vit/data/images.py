@@ -60,7 +60,7 @@ Resizing to the model's size and scaling to [-1, 1] are not decoding:
 
 >>> import io
 >>> from PIL import Image
->>> from keras_vit import images
+>>> from keras_vit.data import images
 >>> grey16 = Image.frombytes("I;16", (2, 1), bytes([0, 0, 0xFF, 0xFF]))
 >>> buffer = io.BytesIO(); grey16.save(buffer, "PNG")
 >>> images.decode_bytes(buffer.getvalue()).tolist()
@@ -68,7 +68,7 @@ Resizing to the model's size and scaling to [-1, 1] are not decoding:
 >>> images.decode_bytes(b"GIF8", "image_bytes[0]")
 Traceback (most recent call last):
 ...
-keras_vit.images.ImageError: image_bytes[0] (4 bytes) is not a JPEG, PNG, GIF, BMP or WebP file
+keras_vit.data.images.ImageError: image_bytes[0] (4 bytes) is not a JPEG, PNG, GIF, BMP or WebP file
 >>> images.decode_plan("JPEG", 12000, 9000).scale
 4
 >>> print(images.decode_plan("PNG", 12000, 12000).refusal)  # doctest: +ELLIPSIS
