@@ -92,7 +92,9 @@ def _add_runtime_options(p, quiet="no progress bar",
                         "one_device, mirrored, multi_worker (TF_CONFIG), "
                         "tpu; on jax data_parallel")
     p.add_argument("--tpu", metavar="NAME",
-                   help="TPU name or grpc://host:port (strategy tpu/auto)")
+                   help="TPU name, grpc://host:port or local (strategy "
+                        "tpu/auto; default: TPU_NAME, else the TPU "
+                        "attached to this machine)")
     p.add_argument("--cpu-devices", type=positive_int, metavar="N",
                    help="split the CPU into N logical devices (to run "
                         "'mirrored' on TensorFlow or 'data_parallel' on jax "
@@ -240,13 +242,19 @@ def _print_metrics(result):
 
 
 def _check_settings(args):
-    """Refuses a bad recipe name, recipe field or strategy name before any
-    data is read or model built (the Trainer would, after both)."""
+    """The --strategy (with --tpu, on --cpu-devices) built, then the recipe
+    name and fields checked: before any data is read or model built, so a
+    strategy this backend cannot run, or a TPU that is not there, is
+    refused in seconds (the Trainer would, after both). Returns what the
+    Trainer takes as ``strategy``."""
     from keras_vit.train import recipes
-    from keras_vit.train.distribute import check_backend
+    from keras_vit.train.distribute import check_backend, for_backend
 
-    recipes.get(args.recipe, **_recipe_overrides(args))
     check_backend(args.strategy)  # a known name this backend can run
+    _configure_devices(args)
+    strategy_ = for_backend(args.strategy, tpu=args.tpu)
+    recipes.get(args.recipe, **_recipe_overrides(args))
+    return strategy_
 
 
 def run_fine_tune(args):
@@ -254,8 +262,7 @@ def run_fine_tune(args):
     clipping, zero-initialised head, position embeddings resized to the
     recipe's resolution) under a tf.distribute strategy. Checkpoints go to
     --out; the same command resumes a killed run."""
-    _check_settings(args)
-    _configure_devices(args)
+    strategy_ = _check_settings(args)
     from keras_vit.train.data.load import default_eval_spec, load_data
     from keras_vit.train.data.sources import DataError
     from keras_vit.train.loop import Trainer
@@ -289,7 +296,7 @@ def run_fine_tune(args):
     weights = options.weights_value(args.weights)
     trainer = Trainer(
         args.model, train, evaluation, recipe=args.recipe, out_dir=out,
-        strategy=args.strategy, tpu=args.tpu, weights=weights,
+        strategy=strategy_, weights=weights,
         resume=_resume(args),
         model_options=options.model_options(args.model_option),
         remat=True if args.remat else None, verbose=not args.quiet,
@@ -472,14 +479,13 @@ def run_pretrain(args):
 
     objective = mpp.check_objective(args.objective)
     target = mpp.check_target(args.target)
-    _check_settings(args)
-    _configure_devices(args)
+    strategy_ = _check_settings(args)
     out = _run_dir(args, objective)
     weights = options.weights_value(args.weights)
     trainer = mpp.MppTrainer(
         args.model, args.data, target=target,
         corruption_rate=args.corruption_rate, recipe=args.recipe,
-        out_dir=out, strategy=args.strategy, tpu=args.tpu, weights=weights,
+        out_dir=out, strategy=strategy_, weights=weights,
         resume=_resume(args), data_dir=args.data_dir,
         model_options=options.model_options(args.model_option),
         remat=True if args.remat else None, verbose=not args.quiet,

@@ -11,6 +11,7 @@ workers described by ``TF_CONFIG``, or the default (one device).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
@@ -158,10 +159,94 @@ def _check_address(tpu, timeout):
             pass
     except (OSError, ValueError) as e:
         raise StrategyError(
-            f"No TPU answers at tpu={tpu!r}: {e}") from None
+            f"strategy='tpu' but no TPU answers at tpu={tpu!r}: {e}"
+        ) from None
+
+
+# The device files a TPU VM's chips appear as: /dev/accel<N> (TPU v2-v4),
+# /dev/vfio/<N> (v5e and later). A machine without them has no TPU of its
+# own, whatever is installed.
+TPU_DEVICE_FILES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+
+# Variables through which TensorFlow's resolver finds a TPU elsewhere (a
+# TPU node, a GKE pod); TPU_NAME is read by strategy() itself.
+TPU_ENVIRONMENT = ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG")
+
+
+def attached_tpu():
+    """True when TPU chips are attached to this machine (a TPU VM): one of
+    ``TPU_DEVICE_FILES`` exists. Reads no driver and starts nothing.
+
+    >>> isinstance(attached_tpu(), bool)
+    True
+    """
+    return any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES)
+
+
+def tpu_address(tpu=None):
+    """What TensorFlow's ``TPUClusterResolver`` is given for ``tpu``: the
+    name or ``grpc://host:port`` itself; ``"local"`` (TensorFlow's name for
+    the chips of a TPU VM) when none is given and this machine has them;
+    None when the environment names a TPU (``TPU_ENVIRONMENT``), which the
+    resolver reads. Otherwise there is no TPU to look for: a
+    :class:`StrategyError` that says so, at once.
+    """
+    if tpu is not None:
+        check_type("tpu", tpu, str, "a TPU name, 'local' or grpc://host:port")
+        if tpu.strip():
+            return tpu
+    if any(os.environ.get(name) for name in TPU_ENVIRONMENT):
+        return None
+    if attached_tpu():
+        return "local"
+    raise StrategyError(
+        "strategy='tpu' but no TPU was found: none is attached to this "
+        f"machine (no {' or '.join(TPU_DEVICE_FILES)}) and no tpu= (--tpu) "
+        "or TPU_NAME names one elsewhere; on a TPU VM the TPU is found "
+        "without either, for a TPU node pass tpu=NAME or "
+        "tpu='grpc://HOST:8470'.")
+
+
+def _first_sentence(error, limit=240):
+    """``error``'s text on one line, cut after its first sentence (TF's
+    messages run on with node attributes and gRPC trailers)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    end = text.find(". ")
+    text = text if end < 0 else text[:end + 1]
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def _tpu_failure(tpu, error):
+    """The one line saying why the TPU ``tpu`` did not start."""
+    where = f"strategy='tpu' with tpu={tpu!r}"
+    if tpu == "local" and not attached_tpu():
+        return (f"{where}, but no TPU is attached to this machine (no "
+                f"{' or '.join(TPU_DEVICE_FILES)}); for a TPU elsewhere "
+                "pass its name or grpc://HOST:8470.")
+    text = str(error)
+    if "ConfigureDistributedTPU" in text and "OpKernel" in text:
+        import tensorflow as tf
+
+        return (f"{where}: this TensorFlow ({tf.__version__}) has no TPU "
+                "support; install TensorFlow's TPU build (tensorflow-tpu) "
+                "on the TPU VM, or train under KERAS_BACKEND=jax with "
+                "jax[tpu].")
+    named = tpu not in (None, "local") and not tpu.startswith("grpc://")
+    if (named and isinstance(error, OSError)
+            and not isinstance(error, TimeoutError)):
+        # TensorFlow looks a name up on Google Cloud's metadata server.
+        return (f"{where}: looking the name up needs Google Cloud's "
+                "metadata server, which did not answer "
+                f"({_first_sentence(error)}); pass the TPU's address "
+                "instead, tpu='grpc://HOST:8470'.")
+    return f"{where} did not start: {_first_sentence(error)}"
 
 
 def _tpu_strategy(tpu, timeout):
+    """A ``TPUStrategy`` on ``tpu`` (from :func:`tpu_address`), or a
+    :class:`StrategyError` in one line saying why not."""
     import tensorflow as tf
 
     _check_address(tpu, min(timeout, 5.0))
@@ -173,7 +258,10 @@ def _tpu_strategy(tpu, timeout):
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return resolver
 
-    resolver = _with_timeout(connect, timeout, "TPU initialisation")
+    try:
+        resolver = _with_timeout(connect, timeout, "TPU initialisation")
+    except Exception as e:  # noqa: BLE001 - every cause ends the same way
+        raise StrategyError(_tpu_failure(tpu, e)) from None
     return tf.distribute.TPUStrategy(resolver)
 
 
@@ -221,6 +309,13 @@ def check_backend(name):
             f"the 'jax' Keras backend; under {backend!r} use "
             "strategy='default' (one device), or set KERAS_BACKEND=jax "
             "(or tensorflow with strategy='mirrored').")
+    if key == "tpu" and backend == "jax":
+        raise StrategyError(
+            f"strategy={name!r} is a tf.distribute strategy, which the 'jax' "
+            f"Keras backend cannot run, and {_jax_tpus()}; under jax a TPU "
+            "trains with strategy='data_parallel' (keras.distribution over "
+            "every TPU core; 'auto' picks it), or set "
+            "KERAS_BACKEND=tensorflow for TPUStrategy.")
     raise StrategyError(
         f"strategy={name!r} is a tf.distribute strategy, which the "
         f"{backend!r} Keras backend cannot run; use strategy='default' "
@@ -229,6 +324,19 @@ def check_backend(name):
            else "")
         + ", or set KERAS_BACKEND=tensorflow to "
         "train with tf.distribute (mirrored, multi_worker, tpu).")
+
+
+def _jax_tpus():
+    """What JAX sees, in words: its TPU cores, or that it sees none."""
+    import jax
+
+    devices = jax.devices()
+    tpus = [d for d in devices if d.platform == "tpu"]
+    if tpus:
+        return f"JAX sees {len(tpus)} TPU devices"
+    kinds = sorted({d.platform for d in devices})
+    return (f"JAX sees no TPU here ({len(devices)} {'/'.join(kinds)} "
+            f"device{'s' if len(devices) > 1 else ''})")
 
 
 def for_backend(name="auto", *, tpu=None):
@@ -260,13 +368,16 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
             without GPUs, see :func:`configure_cpu_devices`),
             ``"multi_worker"`` (``TF_CONFIG`` gives the cluster), ``"tpu"``.
             A ``tf.distribute.Strategy`` is returned as is.
-        tpu: a TPU name or ``grpc://host:port`` (default: ``TPU_NAME`` or
-            the local TPU of a TPU VM).
+        tpu: a TPU name, ``grpc://host:port`` or ``"local"`` (default:
+            ``TPU_NAME``, else the TPU attached to this machine, see
+            :func:`tpu_address`).
         devices: device names for ``mirrored`` / ``one_device``.
         timeout: seconds to wait for a TPU before giving up.
 
     Raises:
-        StrategyError: an unknown name, or an explicit ``"tpu"`` with no TPU.
+        StrategyError: an unknown name, or an explicit ``"tpu"`` with no
+            TPU (at once, without asking TensorFlow, when none is attached
+            or named) or one that did not start, in one line.
     """
     import tensorflow as tf
 
@@ -287,16 +398,18 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
             name = "multi_worker"
         else:
             try:
-                return _tpu_strategy(tpu, timeout)
-            except (ValueError, RuntimeError, TimeoutError, StrategyError,
-                    tf.errors.OpError) as e:
-                # No TPU here: the usual case, and it must be quick. A TPU
-                # that was named but did not answer deserves a word.
-                if tpu is not None:
-                    warnings.warn(
-                        f"strategy='auto': the TPU tpu={tpu!r} is not "
-                        f"reachable ({' '.join(str(e).split())[:200]}); "
-                        "training without it.", stacklevel=2)
+                # No TPU anywhere (the usual case) is known without asking
+                # TensorFlow, at once and silently.
+                address = tpu_address(tpu)
+            except StrategyError:
+                pass
+            else:
+                try:
+                    return _tpu_strategy(address, timeout)
+                except StrategyError as e:
+                    # A TPU named or attached that did not start.
+                    warnings.warn(f"strategy='auto' trains without the "
+                                  f"TPU: {e}", stacklevel=2)
             gpus = tf.config.list_logical_devices("GPU")
             name = "mirrored" if len(gpus) > 1 else "default"
 
@@ -322,15 +435,7 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
                 "several machines.", stacklevel=2)
         return tf.distribute.MultiWorkerMirroredStrategy()
     # name == "tpu"
-    try:
-        return _tpu_strategy(tpu, timeout)
-    except (ValueError, RuntimeError, TimeoutError,
-            tf.errors.OpError) as e:
-        raise StrategyError(
-            f"strategy='tpu' but no TPU is reachable (tpu={tpu!r}): "
-            f"{' '.join(str(e).split())[:300]}. On a TPU VM it is found "
-            "without arguments; elsewhere pass tpu=NAME (--tpu) or set "
-            "TPU_NAME.") from None
+    return _tpu_strategy(tpu_address(tpu), timeout)
 
 
 def describe(strategy_):

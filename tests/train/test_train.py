@@ -180,8 +180,12 @@ def test_tf_distribute_names_name_the_backend_and_the_way_out():
         with pytest.raises(kt.StrategyError, match=(
                 f"strategy='{name}' is a tf.distribute strategy, which the "
                 f"'{backend}' Keras backend cannot run.*"
-                "KERAS_BACKEND=tensorflow")):
+                "KERAS_BACKEND=tensorflow")) as caught:
             strategy_lib.check_backend(name)
+        if backend == "jax" and name == "tpu":
+            # What JAX sees here, and its own way to train on a TPU.
+            assert "JAX sees no TPU here (1 cpu device)" in str(caught.value)
+            assert "strategy='data_parallel'" in str(caught.value)
     with pytest.raises(kt.StrategyError, match=f"'{backend}' Keras backend"):
         kt.evaluate(tiny(), "digits:test", strategy="tpu", verbose=False)
 
