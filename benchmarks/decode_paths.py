@@ -68,7 +68,7 @@ def run(folder):
     from keras_vit import cli, zoo
     from keras_vit.data import images
     from keras_vit import train as kt
-    from keras_vit.cli_options import UserError
+    from keras_vit.cli.options import UserError
     from keras_vit.export.serving import ImageBytesGraph
 
     corpus = corpus_module()

@@ -89,7 +89,7 @@ def digits_model(epochs, quick):
     ``(model, x_train, x_test, test accuracy)``."""
     import keras
 
-    from keras_vit import demo
+    from keras_vit.cli import demo
 
     keras.utils.set_random_seed(0)
     subset = (256, 64) if quick else None

@@ -165,7 +165,7 @@ def finetune_table(args):
     import keras
     import keras_vit
     from keras_vit import zoo
-    from keras_vit.demo import load_digits_images
+    from keras_vit.cli.demo import load_digits_images
     from keras_vit.models import lora
 
     layers, epochs = (2, 2) if args.quick else (4, 10)

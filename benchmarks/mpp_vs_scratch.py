@@ -2,7 +2,7 @@
 fine-tuning budget, on scikit-learn's digits (offline).
 
 1. Pre-train the demo's narrowed ViT-Ti/4 at 32x32 (64 patches of 4x4
-   pixels, see keras_vit/demo.py) by masked patch prediction on the 1347
+   pixels, see keras_vit/cli/demo.py) by masked patch prediction on the 1347
    training images, their labels unused (paper Appendix B.1.2: 50% of the
    patches corrupted, 80/10/10, 3-bit mean colour targets).
 2. Fine-tune its encoder with a zero-initialised head, and the same
@@ -18,7 +18,7 @@ fine-tuning budget, on scikit-learn's digits (offline).
 
 Scaling of the paper's recipe (Adam, 2e-4, 10k warmup, cosine, batch 4096,
 1M steps) to this size: batch 64, warmup 10% of the steps, learning rate
-1e-3 (what trains this tiny ViT from scratch in keras_vit.demo; 2e-4 is for
+1e-3 (what trains this tiny ViT from scratch in keras_vit.cli.demo; 2e-4 is for
 batch 4096 and 86M parameters).
 """
 
@@ -53,7 +53,7 @@ def main(argv=None):
     import keras
 
     import keras_vit.train as kt
-    from keras_vit import demo
+    from keras_vit.cli import demo
 
     common = dict(crop_area=None, flip=False, strategy="default",
                   verbose=False, seed=args.seed)

@@ -79,7 +79,7 @@ def main(argv=None):
                         help="markdown file to write (default: docs/posemb.md)")
     args = parser.parse_args(argv)
 
-    from keras_vit.demo import load_digits_images
+    from keras_vit.cli.demo import load_digits_images
     from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
 
     data = load_digits_images(ARCH["image_size"], seed=args.seed)

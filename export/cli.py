@@ -13,9 +13,9 @@ import os
 
 from keras_vit.export import common, staging
 from keras_vit.export.verify import verification_table
-from keras_vit import cli_options as options
+from keras_vit.cli import options
 from keras_vit.base.checks import printable
-from keras_vit.cli_options import name_list, positive_int
+from keras_vit.cli.options import name_list, positive_int
 
 # Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
 # whose modules import Keras; tests/cli/test_cli_startup.py holds them equal.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from keras_vit import cli_options as options
+from keras_vit.cli import options
 
 DESCRIPTION = (
     "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "

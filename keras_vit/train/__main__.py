@@ -2,7 +2,7 @@
 
 import sys
 
-from keras_vit import cli_options
+from keras_vit.cli import options as cli_options
 from keras_vit.train.cli import main
 
 if __name__ == "__main__":

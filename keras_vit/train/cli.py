@@ -13,8 +13,8 @@ import json
 import os
 import re
 
-from keras_vit import cli_options as options
-from keras_vit.cli_options import positive_int
+from keras_vit.cli import options
+from keras_vit.cli.options import positive_int
 
 PRECISION_HELP = "auto, float32 or mixed_bfloat16"
 WEIGHTS_HELP = "for a zoo name: weights tag, path or URL"

@@ -308,7 +308,7 @@ def test_missing_optional_package_is_one_line_exit_2(monkeypatch, capsys):
 def test_warnings_print_one_line_without_source_paths(capsys):
     import warnings
 
-    from keras_vit import cli_options as options
+    from keras_vit.cli import options
 
     def warns(args):
         warnings.warn("the recipe's warmup_steps=250 do not fit a run\n  "

@@ -245,7 +245,7 @@ def test_the_walker_tells_nested_classes(tmp_path):
 # A process is the command line only through these modules' mains (and the
 # package's worker processes through theirs): nowhere else may the library
 # read its command line.
-READS_ARGV = {"keras_vit/cli.py", "keras_vit/cli_options.py",
+READS_ARGV = {"keras_vit/cli/__init__.py", "keras_vit/cli/options.py",
               "keras_vit/train/cli.py", "keras_vit/train/__main__.py",
               "keras_vit/analysis/cli.py", "export/cli.py",
               "export/_tf_worker.py", "export/onnx_worker.py"}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import keras
-from keras_vit import demo as demo_module
+from keras_vit.cli import demo as demo_module
 from keras_vit import zoo
 
 
@@ -114,7 +114,7 @@ def test_the_docs_quote_the_demos_own_figures(demo, page):
 
 
 def _demo_model(out, dtype=None):
-    from keras_vit import demo as demo_lib
+    from keras_vit.cli import demo as demo_lib
 
     model = zoo.load(demo_lib.MODEL_NAME, weights=str(out / "digits_vit.npz"),
                      image_size=demo_lib.IMAGE_SIZE, num_classes=10,
@@ -141,7 +141,7 @@ def test_bf16_inference_agrees_with_float32(demo, dtype):
     """bf16 costs no accuracy: the trained demo model in bf16 gives the float32
     top-1 on >= 99% of the held-out digits and the verification photos,
     with logits inside the stated tolerance."""
-    from keras_vit import demo as demo_lib
+    from keras_vit.cli import demo as demo_lib
     from keras_vit.export.samples import photo_images
 
     out, _ = demo
@@ -171,7 +171,7 @@ def test_mixed_bfloat16_fine_tune_matches_float32(demo, tmp_path):
     """bf16 costs no accuracy: the demo's fine-tune at 48 under mixed_bfloat16
     reaches the float32 run's accuracy (read from the demo's own
     metrics.json) within 1 point."""
-    from keras_vit import demo as demo_lib
+    from keras_vit.cli import demo as demo_lib
     from keras_vit import train as kt
 
     out, _ = demo

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from keras_vit import cli, demo
+from keras_vit import cli
+from keras_vit.cli import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 TF_LOG = re.compile(r"^[IWEF]\d{4} |I0000|E0000|cuInit|absl::InitializeLog",

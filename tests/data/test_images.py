@@ -91,7 +91,7 @@ def test_predict_training_and_serving_agree_on_every_file(corpus):
     probabilities (vs the serving signature) and the same refusals."""
     from keras_vit import cli, zoo
     from keras_vit import train as kt
-    from keras_vit.cli_options import UserError
+    from keras_vit.cli.options import UserError
     from keras_vit.export.serving import ImageBytesGraph
 
     root, cases = corpus

@@ -10,7 +10,7 @@ import pytest
 
 import keras_vit
 from keras_vit import zoo
-from keras_vit.demo import load_digits_images
+from keras_vit.cli.demo import load_digits_images
 from keras_vit.models import AxialVisionTransformer, axial_vit
 from keras_vit.base.variants import parse
 from keras_vit.models.axial import AxialEncoderBlock

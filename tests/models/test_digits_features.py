@@ -17,7 +17,7 @@ import pytest
 
 import keras
 import keras_vit
-from keras_vit.demo import load_digits_images
+from keras_vit.cli.demo import load_digits_images
 from keras_vit.models import lora
 
 pytestmark = pytest.mark.filterwarnings("ignore:quantize\\(:UserWarning")

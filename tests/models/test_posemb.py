@@ -11,7 +11,7 @@ import pytest
 import keras_vit
 from keras_vit import layers as vit_layers
 from keras_vit import zoo
-from keras_vit.demo import load_digits_images
+from keras_vit.cli.demo import load_digits_images
 from keras_vit.models import vit
 from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
 from keras_vit.models.vit import RelativePositionEmbedding

@@ -4,7 +4,7 @@ then fine-tune it at a higher resolution, with the training package.
 Everything it needs ships with the installed packages (no download), so it
 is the quickest way to see the whole package work on a machine:
 
-    keras-vit demo            # or: python -c "import keras_vit.demo as d; d.run()"
+    keras-vit demo            # or: python -c "import keras_vit.cli.demo as d; d.run()"
 
 Stages:
 

@@ -1,5 +1,8 @@
-"""The ``keras-vit`` command line: list, info, convert, predict, demo, and
-the commands of the other components (inspect, ...).
+"""The command line (argparse, the demo): each command imports the heavy modules it runs.
+
+``keras-vit``: list, info, convert, predict, demo, and the commands of the
+other components (inspect, ...), whose parsers live beside their code
+(``keras_vit.train.cli``, ...) on this floor.
 
 Run ``keras-vit --help`` (or ``python -m keras_vit.cli --help``). Mistakes in
 the command line or its files print one line, ``keras-vit: error: ...``, and
@@ -12,13 +15,13 @@ import json
 import os
 import sys
 
-from keras_vit import cli_options as options
+from keras_vit.cli import options
 # Each component's commands: their parsers are built from these light
 # modules, which import the commands' code only when a command runs.
 from keras_vit.analysis import cli as analysis_cli
 from keras_vit.export import cli as export_cli
 from keras_vit.train import cli as train_cli
-from keras_vit.cli_options import PROG, UserError, positive_int
+from keras_vit.cli.options import PROG, UserError, positive_int
 
 
 def _squash(name):
@@ -417,7 +420,7 @@ def _cmd_predict(args):
 def _cmd_demo(args):
     """Trains, saves, reloads, exports the official layout and fine-tunes at
     another resolution; all offline."""
-    from keras_vit import demo
+    from keras_vit.cli import demo
 
     result = demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
                       verbose=True)
@@ -436,7 +439,7 @@ def _cmd_demo(args):
 def build_parser():
     """The argparse parser of ``keras-vit``."""
     from keras_vit.base.version import __version__
-    from keras_vit import demo
+    from keras_vit.cli import demo
 
     parser, sub = options.commands_parser(
         PROG, "Vision Transformers for Keras 3: the model zoo, checkpoint "
@@ -508,10 +511,6 @@ def main(argv=None) -> int:
 
 def console_main() -> int:
     """The ``keras-vit`` process: :func:`main` as
-    :func:`keras_vit.cli_options.start` runs it (TensorFlow's C++ start-up
+    :func:`keras_vit.cli.options.start` runs it (TensorFlow's C++ start-up
     lines kept off stderr, a bad ``KERAS_BACKEND`` named in one line)."""
     return options.start(main)
-
-
-if __name__ == "__main__":
-    sys.exit(console_main())
