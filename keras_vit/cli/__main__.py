@@ -4,4 +4,5 @@ import sys
 
 from keras_vit.cli import console_main
 
-sys.exit(console_main())
+if __name__ == "__main__":
+    sys.exit(console_main())
