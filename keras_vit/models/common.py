@@ -13,7 +13,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from keras_vit.layers import FusedDense
+from keras_vit.layers.dense import FusedDense
 
 
 def image_input(image_hw, num_channels, include_preprocessing, dtype):

@@ -24,7 +24,7 @@ DOCS = ROOT / "docs"
 # export/).
 REFERENCE = {
     "keras_vit.models": ("models", ROOT / "keras_vit/models/__init__.py"),
-    "keras_vit.layers": ("layers", ROOT / "keras_vit/layers.py"),
+    "keras_vit.layers": ("layers", ROOT / "keras_vit/layers/__init__.py"),
     "keras_vit.zoo": ("zoo", ROOT / "zoo/__init__.py"),
     "keras_vit.export": ("export", ROOT / "export/__init__.py"),
     "keras_vit.train": ("train", ROOT / "keras_vit/train/__init__.py"),

@@ -58,7 +58,9 @@ MODULES = [name for name in _modules() if _has_examples(name)]
 #   do per backend: re-running them (keras_vit.analysis.attention alone
 #   takes 35 s on jax here) would slow the backends run for no new path.
 ON_EVERY_BACKEND = {
-    "keras_vit.runtime.backend", "keras_vit.layers", "keras_vit.analysis.embeddings",
+    "keras_vit.runtime.backend", "keras_vit.layers.attention",
+    "keras_vit.layers.dense", "keras_vit.layers.embeddings",
+    "keras_vit.analysis.embeddings",
     "keras_vit.train.checkpoints", "keras_vit.train.engine_keras",
     "keras_vit.train.recipes", "keras_vit.train.distribute",
     "keras_vit.train.vtab",

@@ -116,7 +116,7 @@ FLOORS = [
     # 1: the machine and the backend.
     ("runtime", ["keras_vit.runtime", "keras_vit.runtime.*"]),
     # 2: pure keras.ops layers.
-    ("layers", ["keras_vit.layers"]),
+    ("layers", ["keras_vit.layers", "keras_vit.layers.*"]),
     # 3: builders and model classes, and what reads or runs a built model
     # (models/memory.py). Never the zoo.
     ("models", ["keras_vit.models", "keras_vit.models.*"]),

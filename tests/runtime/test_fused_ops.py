@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import keras_vit
 from keras_vit import layers as kl
+from keras_vit.layers.dense import chains_in_xla
 from keras_vit.runtime import fused_ops
 
 pytestmark = pytest.mark.skipif(
@@ -158,7 +159,7 @@ def test_a_training_step_is_the_same_either_way_the_plan_runs_it(
     element-wise chains as XLA programs and as graph ops."""
     import tensorflow as tf
 
-    if not kl._chains_in_xla(tf.float32, training=True):
+    if not chains_in_xla(tf.float32, training=True):
         pytest.skip("this machine's plan runs no XLA programs in the step")
     keras.utils.set_random_seed(3)
     policy = None if dtype == "float32" else dtype

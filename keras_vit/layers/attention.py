@@ -1,0 +1,215 @@
+"""Multi-head self-attention and the relative position bias of its scores."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from keras_vit.layers.registered import PACKAGE
+from keras_vit.layers.dense import (
+    FusedEinsumDense, chains_in_xla, with_arguments, xavier_flat)
+
+
+def relative_table_rows(num_patches, num_prefix_tokens=0):
+    """Rows of a 1D relative position table: one per offset between two of
+    ``num_patches`` patches (2P - 1), plus one shared by every pair that
+    involves a prefix (class) token when there is one."""
+    return 2 * int(num_patches) - 1 + (1 if num_prefix_tokens else 0)
+
+
+def relative_position_index(num_tokens, table_rows):
+    """(N, N) row of the relative table for each (query, key) pair.
+
+    The table's shape says its layout (:func:`relative_table_rows`): an odd
+    number of rows 2P - 1 covers the offsets of P patches, offset
+    ``q - k`` at row ``q - k + P - 1`` (raster order, as the paper's 1D
+    relative attention); an even number 2P adds a last row for every pair
+    with one of the ``num_tokens - P`` prefix tokens.
+
+    >>> relative_position_index(3, 5)
+    array([[2, 1, 0],
+           [3, 2, 1],
+           [4, 3, 2]])
+    """
+    has_prefix_row = table_rows % 2 == 0
+    patches = (table_rows + (0 if has_prefix_row else 1)) // 2
+    prefix = num_tokens - patches
+    if prefix < 0 or (prefix > 0) != has_prefix_row:
+        fits = f"{patches} patches" + (
+            " and at least one prefix token" if has_prefix_row else
+            " and no prefix token")
+        raise ValueError(
+            f"a relative position table of {table_rows} rows fits {fits}; "
+            f"received num_tokens={num_tokens}")
+    pos = np.arange(num_tokens) - prefix
+    index = pos[:, None] - pos[None, :] + patches - 1
+    index[:prefix, :] = table_rows - 1
+    index[:, :prefix] = table_rows - 1
+    return index
+
+
+def relative_attention_bias(query, table):
+    """The paper's 1D relative attention logits (Appendix D.4).
+
+    "An extra attention [that uses] the original query but relative
+    positional embeddings as keys": ``bias[b, h, i, j] = q[b, i, h] .
+    table[index(i, j), h] / sqrt(head_dim)``, the same scale as the content
+    logits (as in Shaw et al. 2018), to be added to them before the softmax.
+
+    Args:
+        query: projected queries (B, N, heads, head_dim); N must be static.
+        table: (rows, heads, head_dim), see :func:`relative_position_index`.
+
+    Returns:
+        (B, heads, N, N) logits.
+    """
+    n = int(query.shape[1])
+    rows, heads, head_dim = (int(s) for s in table.shape)
+    index = relative_position_index(n, rows)
+    # First every query against every offset (B, H, N, rows), then one gather
+    # picks each pair's offset: N * rows dot products instead of N * N tables.
+    logits = ops.einsum("bqhk,rhk->bhqr", query, ops.cast(table, query.dtype))
+    logits = ops.reshape(logits, (-1, heads, n * rows))
+    flat = (np.arange(n)[:, None] * rows + index).reshape(-1)
+    bias = ops.reshape(ops.take(logits, flat, axis=2), (-1, heads, n, n))
+    return bias * ops.cast(1.0 / math.sqrt(head_dim), bias.dtype)
+
+
+def spec_with_scores(layer, x, return_attention_scores, num_heads):
+    """The symbolic output of a layer that returns its input's shape and,
+    when asked, attention maps (B, heads, N, N). Written out because Keras
+    passes ``compute_output_shape`` the tensors' shapes only, not the flag,
+    and tracing the call instead fails under ``keras.RematScope``."""
+    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return out
+    b, n = x.shape[0], x.shape[1]
+    return out, keras.KerasTensor((b, num_heads, n, n),
+                                  dtype=layer.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MultiHeadSelfAttention(layers.Layer):
+    """Multi-head dot-product self-attention with the official parameter layout.
+
+    The projections are :class:`FusedEinsumDense` layers ``query``, ``key``,
+    ``value`` (kernels (D, heads, D/heads), biases (heads, D/heads)) and
+    ``out`` (kernel (heads, D/heads, D), bias (D,)): the shapes of the
+    released checkpoints, so that loading is a copy, and of Keras'
+    ``MultiHeadAttention``, so that Keras' ``quantize`` and
+    ``enable_lora`` reach them. ``return_attention_scores=True`` in
+    ``call`` also returns the softmax probabilities (B, heads, N, N).
+    """
+
+    def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.dropout = layers.Dropout(self.attention_dropout_rate,
+                                      dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(
+                f"hidden size {dim} is not divisible by num_heads={self.num_heads}"
+            )
+        head_dim = dim // self.num_heads
+        self.head_dim = head_dim
+        for name in ("query", "key", "value"):
+            layer = FusedEinsumDense(
+                "abc,cde->abde", (None, self.num_heads, head_dim),
+                bias_axes="de", kernel_initializer=xavier_flat(dim, dim),
+                bias_initializer="zeros", dtype=self.dtype_policy, name=name)
+            layer.build(tuple(input_shape))
+            setattr(self, name, layer)
+        self.out = FusedEinsumDense(
+            "abcd,cde->abe", (None, dim), bias_axes="e",
+            kernel_initializer=xavier_flat(dim, dim),
+            bias_initializer="zeros", dtype=self.dtype_policy, name="out")
+        self.out.build(tuple(input_shape[:-1]) + (self.num_heads, head_dim))
+        self.built = True
+
+    def _qkv(self, x):
+        """q, k, v as (B, N, heads, D/heads)."""
+        return self.query(x), self.key(x), self.value(x)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_output_spec(self, x, training=None,
+                            return_attention_scores=False, **kwargs):
+        return spec_with_scores(self, x, return_attention_scores,
+                                 self.num_heads)
+
+    def call(self, x, training=None, return_attention_scores=False,
+             attention_bias=None, relative_embedding=None):
+        """``attention_bias``: optional logits added before the softmax,
+        broadcastable to (batch, heads, queries, keys).
+        ``relative_embedding``: optional 1D relative position table (rows,
+        heads, head_dim) whose logits with these queries
+        (:func:`relative_attention_bias`) are added the same way."""
+        from keras_vit.runtime import hardware
+
+        q, k, v = self._qkv(x)
+        if relative_embedding is not None:
+            relative = relative_attention_bias(q, relative_embedding)
+            attention_bias = (relative if attention_bias is None
+                              else attention_bias + relative)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        dropout = training is True and self.attention_dropout_rate > 0
+        plan = hardware.plan(x.dtype)
+        fused = (not return_attention_scores and not dropout
+                 and plan.attention == "fused")
+        if fused:
+            # The backend's fused kernel (flash/cuDNN attention on GPUs,
+            # one XLA or SDPA kernel on JAX and torch CPUs).
+            context = ops.dot_product_attention(q, k, v, bias=attention_bias,
+                                                scale=scale)
+            probs = None
+        else:
+            # Plain einsums: on TensorFlow CPUs these become oneDNN batch
+            # matmuls. TensorFlow has no fused attention kernel; its
+            # dot_product_attention is an einsum spelling of its own that
+            # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
+            # (benchmarks/attention_paths.py). Attention maps need the
+            # probabilities, which the fused kernels never return.
+            xla = chains_in_xla(x.dtype, training)
+            if not xla:  # the XLA softmax scales inside its own loop
+                q = q * ops.cast(scale, q.dtype)
+            logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
+            if attention_bias is not None:
+                # Softmax in float32 under mixed precision elsewhere: bf16
+                # logits lose the small differences that decide where a
+                # head attends.
+                bias = ops.cast(attention_bias, "float32")
+                logits = ops.cast(logits, "float32") + (
+                    bias / scale if xla else bias)
+            if xla:
+                from keras_vit.runtime import fused_ops
+
+                # One XLA loop each way, float32 inside whatever the
+                # logits' dtype: the float32 softmax's numbers without its
+                # casts or a pass to scale the queries.
+                probs = ops.cast(fused_ops.xla_softmax(logits, scale),
+                                 x.dtype)
+            elif attention_bias is None and plan.softmax == "input":
+                # oneDNN's bf16 softmax reads and writes bf16 but computes
+                # in float32 inside: the casts would only cost two passes.
+                probs = ops.softmax(logits, axis=-1)
+            else:
+                logits = ops.cast(logits, "float32")
+                probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
+            weights = self.dropout(probs, training=training)
+            context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
+        y = self.out(context)
+        if return_attention_scores:
+            return y, probs
+        return y
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self,
+                               ("num_heads", "attention_dropout_rate"))

@@ -1,0 +1,376 @@
+"""The encoder block and its MLP, token pooling, and the ResNet units of the hybrid stem
+and BiT; rematerialisation of a block's training call."""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from keras_vit.runtime import compat
+from keras_vit.layers.registered import PACKAGE
+from keras_vit.layers.dense import (
+    FusedDense, FusedLayerNormalization, XAVIER, bias_init,
+    check_gelu, with_arguments)
+from keras_vit.layers.attention import (
+    MultiHeadSelfAttention, spec_with_scores)
+
+
+def rematerialized(layer, forward, *tensors):
+    """``forward(*tensors)``, rematerialised (``keras.remat``: only the
+    inputs are kept for the backward pass, which runs ``forward`` again),
+    for ``layer``'s training call. Every tensor to differentiate goes in
+    ``tensors``, positionally: TensorFlow's recompute_grad gives keyword
+    arguments no gradient.
+
+    The recomputation would draw new dropout masks from Keras' stateful
+    seed generators (on TensorFlow gradients were off by 9 on a tiny
+    block, on torch by 0.26 on a tiny ViT, with no error): their states,
+    read here, are given back to them at the start of each run of
+    ``forward``, so the backward pass recomputes the masks the forward
+    used. On JAX no state may change inside the checkpointed function (the
+    change would leak out of a jitted step), so the states go in and the
+    advanced ones come out as values, assigned here.
+    """
+    generators = [sub.seed_generator for sub in
+                  compat.flatten_layers(layer, include_self=False)
+                  if getattr(sub, "seed_generator", None) is not None]
+    # Copies of the values now (``state.value`` is the variable itself).
+    states = [ops.copy(g.state.value) for g in generators]
+    if keras.backend.backend() != "jax" or not generators:
+        def run(*args):
+            for generator, state in zip(generators, states):
+                generator.state.assign(state)
+            return forward(*args)
+
+        return keras.remat(run)(*tensors)
+
+    outer = compat.stateless_scope()
+
+    def run_stateless(seeds, *args):
+        with keras.StatelessScope() as scope:
+            if outer is not None:  # the weights as the step sees them
+                scope.state_mapping.update(outer.state_mapping)
+            for generator, seed in zip(generators, seeds):
+                scope.state_mapping[id(generator.state)] = seed
+            out = forward(*args)
+            advanced = [scope.get_current_value(g.state) for g in generators]
+        return out, advanced
+
+    out, advanced = keras.remat(run_stateless)(states, *tensors)
+    for generator, state in zip(generators, advanced):
+        generator.state.assign(state)
+    return out
+
+
+def check_remat(remat):
+    """``remat`` if it is True or False, else a ValueError naming it."""
+    if not isinstance(remat, bool):
+        raise ValueError(f"remat must be True or False; received "
+                         f"remat={remat!r}")
+    return remat
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MlpBlock(layers.Layer):
+    """Dense -> GELU (``gelu``: "tanh" or "exact") -> Dropout -> Dense ->
+    Dropout."""
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.gelu = check_gelu(gelu)
+        self.dropout = layers.Dropout(self.dropout_rate,
+                                      dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        self.dense_0 = FusedDense(
+            self.mlp_dim, gelu=self.gelu,
+            kernel_initializer=XAVIER, bias_initializer=bias_init(),
+            dtype=self.dtype_policy, name="dense_0",
+        )
+        self.dense_1 = FusedDense(
+            dim, kernel_initializer=XAVIER, bias_initializer=bias_init(),
+            dtype=self.dtype_policy, name="dense_1",
+        )
+        self.dense_0.build((None, dim))
+        self.dense_1.build((None, self.mlp_dim))
+        self.built = True
+
+    def call(self, x, training=None):
+        # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
+        shape = ops.shape(x)
+        h = self.dense_0(ops.reshape(x, (-1, shape[-1])), training=training)
+        h = self.dropout(h, training=training)
+        h = self.dense_1(h, training=training)
+        h = ops.reshape(h, shape)
+        return self.dropout(h, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self,
+                               ("mlp_dim", "dropout_rate", "gelu"))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class EncoderBlock(layers.Layer):
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+    ``remat=True`` rematerialises the block in training (``keras.remat``:
+    ``jax.checkpoint``, ``tf.recompute_grad``, torch's checkpoint): only the
+    block's input is kept for the backward pass, which runs the block's
+    forward again, so a training step stores one tensor per block instead
+    of all its activations (the paper's big models fit batches several
+    times larger) for about one more forward pass of compute. The numbers
+    are the same; inference (``training`` not True) is unchanged.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        gelu="tanh",
+        remat=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.remat = check_remat(remat)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.gelu = check_gelu(gelu)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.norm_1 = FusedLayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+            name="norm_1",
+        )
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads, self.attention_dropout_rate,
+            dtype=self.dtype_policy, name="attention",
+        )
+        self.dropout = layers.Dropout(self.dropout_rate,
+                                      dtype=self.dtype_policy)
+        self.norm_2 = FusedLayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+            name="norm_2",
+        )
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
+                            dtype=self.dtype_policy, name="mlp")
+
+    def build(self, input_shape):
+        for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
+            sub.build(input_shape)
+        self.built = True
+
+    def call(self, x, training=None, return_attention_scores=False,
+             relative_embedding=None):
+        """``relative_embedding``: optional 1D relative position table
+        (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
+        are added to the content logits before the softmax."""
+        if self.remat and training is True and not return_attention_scores:
+            return self._rematerialized(x, relative_embedding)
+        return self._forward(x, training, return_attention_scores,
+                             relative_embedding)
+
+    def _rematerialized(self, x, relative_embedding):
+        tables = () if relative_embedding is None else (relative_embedding,)
+        return rematerialized(
+            self, lambda x, *table: self._forward(
+                x, True, relative_embedding=table[0] if table else None),
+            x, *tables)
+
+    def _forward(self, x, training=None, return_attention_scores=False,
+                 relative_embedding=None):
+        # The relative logits use "the original query": the attention
+        # layer's own projection.
+        y = self.attention(
+            self.norm_1(x), training=training,
+            return_attention_scores=return_attention_scores,
+            relative_embedding=relative_embedding,
+        )
+        if return_attention_scores:
+            y, scores = y
+        x = x + self.dropout(y, training=training)
+        x = x + self.mlp(self.norm_2(x), training=training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_output_spec(self, x, training=None,
+                            return_attention_scores=False, **kwargs):
+        return spec_with_scores(self, x, return_attention_scores,
+                                 self.num_heads)
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self, (
+            "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
+            "layer_norm_epsilon", "gelu", "remat"))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TokenPooling(layers.Layer):
+    """Pools a token sequence: ``"token"`` takes token 0, ``"gap"`` the mean."""
+
+    def __init__(self, method="token", **kwargs):
+        super().__init__(**kwargs)
+        if method not in ("token", "gap"):
+            raise ValueError(
+                f"method must be 'token' or 'gap'; received method={method!r}"
+            )
+        self.method = method
+
+    def call(self, x):
+        if self.method == "token":
+            return x[:, 0]
+        return ops.mean(x, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self, ("method",))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class StackScores(layers.Layer):
+    """Stacks per-layer attention maps into (B, layers, heads, N, N)."""
+
+    def call(self, scores):
+        return ops.stack(list(scores), axis=1)
+
+    def compute_output_shape(self, input_shape):
+        first = input_shape[0]
+        return (first[0], len(input_shape)) + tuple(first[1:])
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class StdConv2D(layers.Conv2D):
+    """Conv2D with weight standardisation (Qiao et al. 2019), as BiT uses.
+
+    The kernel is standardised over its (H, W, in) axes before every use. The
+    two official code bases differ in the formula, and both are kept exactly:
+
+    * ``standardization="std"`` (vit_jax hybrids): (w - mean) / (std + eps),
+      with eps = 1e-5;
+    * ``standardization="var"`` (big_transfer BiT): (w - mean) /
+      sqrt(var + eps), with eps = 1e-10.
+    """
+
+    def __init__(self, *args, standardization="var", eps=1e-10, **kwargs):
+        super().__init__(*args, **kwargs)
+        if standardization not in ("std", "var"):
+            raise ValueError(
+                "standardization must be 'std' or 'var'; received "
+                f"standardization={standardization!r}")
+        self.standardization = standardization
+        self.eps = float(eps)
+
+    def standardized_kernel(self, kernel):
+        mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        centred = kernel - mean
+        var = ops.mean(ops.square(centred), axis=(0, 1, 2), keepdims=True)
+        if self.standardization == "std":
+            return centred / (ops.sqrt(var) + self.eps)
+        return centred / ops.sqrt(var + self.eps)
+
+    def convolution_op(self, inputs, kernel):
+        # Standardise in float32 even under mixed precision: the statistics
+        # of a small kernel lose too much in bf16 (float64 stays float64).
+        dtype = keras.backend.result_type(kernel.dtype, "float32")
+        w = self.standardized_kernel(ops.cast(kernel, dtype))
+        return super().convolution_op(inputs, ops.cast(w, inputs.dtype))
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self,
+                               ("standardization", "eps"))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ResidualUnit(layers.Layer):
+    """Post-activation bottleneck unit of the hybrids' ResNet (vit_jax).
+
+    conv1 1x1 -> GN -> ReLU -> conv2 3x3 (stride here) -> GN -> ReLU ->
+    conv3 1x1 -> GN (scale initialised to zero), added to the shortcut (a
+    projection conv + GN when the shape changes), then ReLU. Convolutions are
+    weight-standardised as (w - mean) / (std + 1e-5) with TF 'SAME' padding;
+    GroupNorm has 32 groups and epsilon 1e-6. This differs from BiT's
+    pre-activation unit on purpose: it is what the released hybrids computed.
+    ``standardization``/``std_eps`` pick the weight standardisation of
+    :class:`StdConv2D` (timm's port of these hybrids runs ``"var"`` with
+    1e-8 and GroupNorm epsilon 1e-5).
+    """
+
+    def __init__(self, features, strides=1, groups=32, epsilon=1e-6,
+                 standardization="std", std_eps=1e-5, remat=False, **kwargs):
+        super().__init__(**kwargs)
+        self.remat = check_remat(remat)
+        self.features = int(features)
+        self.strides = int(strides)
+        self.groups = int(groups)
+        self.epsilon = float(epsilon)
+        self.standardization = standardization
+        self.std_eps = float(std_eps)
+
+    def _conv(self, filters, size, strides, name):
+        return StdConv2D(filters, size, strides=strides, padding="same",
+                         use_bias=False, standardization=self.standardization,
+                         eps=self.std_eps, kernel_initializer="lecun_normal",
+                         dtype=self.dtype_policy, name=name)
+
+    def _norm(self, name, zero=False):
+        return layers.GroupNormalization(
+            self.groups, epsilon=self.epsilon,
+            gamma_initializer="zeros" if zero else "ones",
+            dtype=self.dtype_policy, name=name)
+
+    def build(self, input_shape):
+        out = self.features * 4
+        self.needs_projection = (input_shape[-1] != out or self.strides != 1)
+        self.conv1 = self._conv(self.features, 1, 1, "conv1")
+        self.gn1 = self._norm("gn1")
+        self.conv2 = self._conv(self.features, 3, self.strides, "conv2")
+        self.gn2 = self._norm("gn2")
+        self.conv3 = self._conv(out, 1, 1, "conv3")
+        self.gn3 = self._norm("gn3", zero=True)
+        self.conv1.build(input_shape)
+        mid = tuple(input_shape[:-1]) + (self.features,)
+        self.gn1.build(mid)
+        self.conv2.build(mid)
+        self.gn2.build(mid)
+        self.conv3.build(mid)
+        self.gn3.build(tuple(input_shape[:-1]) + (out,))
+        if self.needs_projection:
+            self.conv_proj = self._conv(out, 1, self.strides, "conv_proj")
+            self.gn_proj = self._norm("gn_proj")
+            self.conv_proj.build(input_shape)
+            self.gn_proj.build(tuple(input_shape[:-1]) + (out,))
+        self.built = True
+
+    def call(self, x, training=None):
+        if self.remat and training is True:
+            return rematerialized(self, self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x):
+        residual = x
+        if self.needs_projection:
+            residual = self.gn_proj(self.conv_proj(x))
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(residual + y)
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self, (
+            "features", "strides", "groups", "epsilon", "standardization",
+            "std_eps", "remat"))

@@ -1,0 +1,320 @@
+"""Patch embedding, class token and position tables, with the one resize of a table to a
+new grid (loading weights at another size and dynamic image sizes alike)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from keras_vit.base.checks import check_choice
+from keras_vit.layers.registered import PACKAGE
+from keras_vit.layers.dense import FusedConv2D, with_arguments
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PatchEmbedding(layers.Layer):
+    """Cuts an image (or feature map) into patches and embeds each linearly.
+
+    A ``patch_size`` x ``patch_size`` convolution with the same stride,
+    flattened to a sequence: (B, H, W, C) -> (B, H/P * W/P, hidden_size).
+    """
+
+    def __init__(self, hidden_size, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.patch_size = int(patch_size)
+        self.conv = FusedConv2D(
+            self.hidden_size,
+            self.patch_size,
+            strides=self.patch_size,
+            padding="valid",
+            kernel_initializer="lecun_normal",
+            dtype=self.dtype_policy,
+            name="conv",
+        )
+
+    def build(self, input_shape):
+        self.conv.build(input_shape)
+        self.built = True
+
+    def call(self, images, training=None):
+        x = self.conv(images, training=training)
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        n = None
+        if h is not None and w is not None:
+            n = (h // self.patch_size) * (w // self.patch_size)
+        return (b, n, self.hidden_size)
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self,
+                               ("hidden_size", "patch_size"))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ClassToken(layers.Layer):
+    """Prepends a learnable class token (initialised to zeros) to a sequence."""
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(
+            name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros"
+        )
+        self.built = True
+
+    def call(self, x):
+        cls = ops.cast(self.cls, x.dtype)
+        cls = ops.broadcast_to(cls, (ops.shape(x)[0], 1, ops.shape(x)[2]))
+        return ops.concatenate([cls, x], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + 1, d)
+
+
+ADDITIVE_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d")
+"""Position embeddings added to the tokens (paper Appendix D.4).
+``"relative"`` is not among them: it biases the attention logits instead
+(:func:`~keras_vit.layers.attention.relative_attention_bias`)."""
+
+
+def sincos_2d_table(grid_size, width, temperature=10_000.0):
+    """The fixed 2D sin-cos position embedding of MoCo v3 / big_vision.
+
+    Returns a float32 array (rows * cols, width) in raster order: for each
+    patch ``[sin(x w), cos(x w), sin(y w), cos(y w)]`` with x the column, y
+    the row and ``w = temperature ** -(arange(width / 4) / (width / 4 - 1))``
+    (big_vision's ``posemb_sincos_2d``).
+
+    >>> sincos_2d_table((2, 3), 8).shape
+    (6, 8)
+    """
+    rows, cols = (int(g) for g in grid_size)
+    if width % 4 or width < 8:
+        raise ValueError(
+            "position_embedding='sincos_2d' needs a width that is a multiple "
+            f"of 4 and at least 8; received width={width}")
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    y, x = np.mgrid[:rows, :cols]
+    x = x.reshape(-1, 1) * omega[None]
+    y = y.reshape(-1, 1) * omega[None]
+    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], 1)
+    return table.astype("float32")
+
+
+def _resize_axis(table, new_len, axis):
+    """Linear interpolation of ``table`` to ``new_len`` entries along
+    ``axis`` with aligned corners (``scipy.ndimage.zoom(order=1)``, as
+    :func:`keras_vit.zoo.resize_posemb`), in keras.ops: ``new_len`` may be
+    a tensor (a TensorFlow graph with dynamic image sizes). The table's own
+    length along ``axis`` is static."""
+    old_len = int(table.shape[axis])
+    if isinstance(new_len, int) and new_len == old_len:
+        return table
+    if old_len == 1:
+        return ops.take(table, ops.zeros((new_len,), "int32"), axis=axis)
+    positions = ops.cast(ops.arange(new_len), "float32")
+    step = (old_len - 1) / ops.maximum(ops.cast(new_len, "float32") - 1.0,
+                                       1.0)
+    coords = positions * step
+    lo = ops.cast(ops.clip(ops.floor(coords), 0, old_len - 2), "int32")
+    frac = coords - ops.cast(lo, "float32")
+    shape = [1] * len(table.shape)
+    shape[axis] = -1
+    frac = ops.cast(ops.reshape(frac, shape), table.dtype)
+    lower = ops.take(table, lo, axis=axis)
+    upper = ops.take(table, lo + 1, axis=axis)
+    return lower * (1.0 - frac) + upper * frac
+
+
+def resize_grid_table(grid, grid_size, new_grid):
+    """``grid`` (rows * cols, D), the position rows of a patch grid of
+    ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols),
+    either of which may be tensors: the official resize of the paper's
+    section 3.2 (bilinear, aligned corners), computed in the graph."""
+    rows, cols = grid_size
+    dim = grid.shape[-1]
+    table = ops.reshape(grid, (rows, cols, dim))
+    table = _resize_axis(table, new_grid[0], 0)
+    table = _resize_axis(table, new_grid[1], 1)
+    return ops.reshape(table, (-1, dim))
+
+
+def sincos_2d_grid(rows, cols, width, temperature=10_000.0):
+    """:func:`sincos_2d_table` in keras.ops, for a grid whose ``rows`` and
+    ``cols`` may be tensors: float32 (rows * cols, width)."""
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    omega = ops.convert_to_tensor(omega.astype("float32"))
+    y = ops.cast(ops.repeat(ops.arange(rows), cols), "float32")
+    x = ops.cast(ops.tile(ops.arange(cols), [rows]), "float32")
+    x = x[:, None] * omega[None]
+    y = y[:, None] * omega[None]
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)],
+                           axis=1)
+
+
+def runtime_grid(images, stride):
+    """The patch grid (rows, cols) of ``images`` (B, H, W, C) cut by
+    ``stride`` pixels a patch: Python ints where the shape is known (JAX
+    and torch always, TensorFlow when static), else scalar tensors. A side
+    the stride does not divide is refused: the convolution would drop its
+    last pixels without a word (on a TensorFlow graph the call fails with
+    an InvalidArgumentError naming the size)."""
+    height, width = ops.shape(images)[1], ops.shape(images)[2]
+    if isinstance(height, int) and isinstance(width, int):
+        if height % stride or width % stride or not (height and width):
+            raise ValueError(
+                f"a dynamic-size model takes images whose height and width "
+                f"are positive multiples of {stride} (its patch grid's "
+                f"stride); received images of {height}x{width} pixels")
+        return height // stride, width // stride
+    import tensorflow as tf
+
+    check = tf.debugging.Assert(
+        tf.logical_and(tf.equal(height % stride, 0),
+                       tf.equal(width % stride, 0)),
+        [f"a dynamic-size model takes images whose height and width are "
+         f"multiples of {stride} (its patch grid's stride); received "
+         "images of", height, "x", width, "pixels"])
+    with tf.control_dependencies([check]):
+        return tf.identity(height // stride), tf.identity(width // stride)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionEmbedding(layers.Layer):
+    """Adds a position embedding of shape (1, num_tokens, D) to the tokens.
+
+    ``grid_size`` (rows, cols) and ``num_prefix_tokens`` (1 with a class
+    token) record how the table maps onto the patch grid, which is what a
+    resolution change needs to resize it (``keras_vit.zoo.resize_posemb``).
+
+    ``kind`` (paper Appendix D.4):
+
+    * ``"learned_1d"`` (the paper's default): one learned row per token,
+      class token included, weight ``pos_embedding`` (1, num_tokens, D);
+    * ``"learned_2d"``: an X (column) and a Y (row) table of width D/2 each,
+      weights ``pos_embedding_x`` (cols, D/2) and ``pos_embedding_y``
+      (rows, D/2); a patch gets ``concat(X[col], Y[row])``;
+    * ``"sincos_2d"``: the fixed table of :func:`sincos_2d_table`, no weights.
+
+    With the two 2D kinds the prefix (class) token gets no embedding: it has
+    no place on the grid, and it is itself a learned vector, so a learned
+    offset for it would only duplicate it (MoCo v3 gives it zeros too).
+
+    ``stride`` (pixels per grid cell: the patch size, times a hybrid's
+    ResNet stride) makes the table follow the images' size: called with
+    ``images=`` (the model's input), the grid rows are resized in the graph
+    to that input's grid with the official resize (bilinear, aligned
+    corners: :func:`keras_vit.zoo.resize_posemb`; the 2D kinds per axis,
+    ``"sincos_2d"`` recomputed), so one model takes any height and width
+    the stride divides. At ``grid_size`` the table is used as it is.
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
+                 stride=None, **kwargs):
+        super().__init__(**kwargs)
+        check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.kind = kind
+        self.stride = None if stride is None else int(stride)
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        if (self.stride is None and input_shape[1] is not None
+                and input_shape[1] != self.num_tokens):
+            raise ValueError(
+                f"PositionEmbedding expects {self.num_tokens} tokens "
+                f"(grid_size={self.grid_size}, num_prefix_tokens="
+                f"{self.num_prefix_tokens}); received input_shape={input_shape}"
+            )
+        dim = int(input_shape[-1])
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.kind == "learned_1d":
+            self.pos_embedding = self.add_weight(
+                name="pos_embedding", shape=(1, self.num_tokens, dim),
+                initializer=init)
+        elif self.kind == "learned_2d":
+            if dim % 2:
+                raise ValueError(
+                    "position_embedding='learned_2d' needs an even hidden size "
+                    f"(X and Y halves); received input_shape={input_shape}")
+            rows, cols = self.grid_size
+            self.pos_embedding_x = self.add_weight(
+                name="pos_embedding_x", shape=(cols, dim // 2),
+                initializer=init)
+            self.pos_embedding_y = self.add_weight(
+                name="pos_embedding_y", shape=(rows, dim // 2),
+                initializer=init)
+        else:
+            grid = sincos_2d_table(self.grid_size, dim)
+            prefix = np.zeros((self.num_prefix_tokens, dim), "float32")
+            self._fixed_table = np.concatenate([prefix, grid])[None]
+        self.built = True
+
+    def table(self, grid=None):
+        """The embedding added to the tokens, (1, num_tokens, D), any kind:
+        for ``grid`` (rows, cols; ints or scalar tensors) when given, else
+        for ``grid_size``."""
+        # Sizes known now (ints) decide here; tensors (a TensorFlow graph
+        # of a dynamic-size model) always take the resize, which is the
+        # identity at grid_size.
+        known = grid is not None and all(isinstance(g, int) for g in grid)
+        resize = grid is not None and (not known
+                                       or tuple(grid) != self.grid_size)
+        rows, cols = grid if resize else self.grid_size
+        if self.kind == "learned_1d":
+            if not resize:
+                return self.pos_embedding
+            table = self.pos_embedding[0]
+            prefix = table[:self.num_prefix_tokens]
+            patches = resize_grid_table(table[self.num_prefix_tokens:],
+                                        self.grid_size, (rows, cols))
+            return ops.concatenate([prefix, patches], axis=0)[None]
+        if self.kind == "sincos_2d":
+            if not resize:
+                return ops.convert_to_tensor(self._fixed_table)
+            dim = self._fixed_table.shape[-1]
+            patches = sincos_2d_grid(rows, cols, dim)
+        else:
+            pos_x, pos_y = self.pos_embedding_x, self.pos_embedding_y
+            if resize:
+                pos_x = _resize_axis(pos_x, cols, 0)
+                pos_y = _resize_axis(pos_y, rows, 0)
+            half = pos_x.shape[-1]
+            x = ops.broadcast_to(pos_x[None], (rows, cols, half))
+            y = ops.broadcast_to(pos_y[:, None], (rows, cols, half))
+            patches = ops.reshape(ops.concatenate([x, y], axis=-1),
+                                  (-1, 2 * half))
+        prefix = ops.zeros((self.num_prefix_tokens, patches.shape[-1]),
+                           patches.dtype)
+        return ops.concatenate([prefix, patches], axis=0)[None]
+
+    def call(self, x, images=None):
+        grid = None
+        if images is not None and self.stride is not None:
+            grid = runtime_grid(images, self.stride)
+        return x + ops.cast(self.table(grid), x.dtype)
+
+    def compute_output_spec(self, x, images=None):
+        # The tokens' own shape: tracing the resize with the free sizes of
+        # a dynamic model would pair token counts and grids that disagree.
+        return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=list(self.grid_size),
+            num_prefix_tokens=self.num_prefix_tokens,
+            kind=self.kind,
+            stride=self.stride,
+        )
+        return config
