@@ -42,6 +42,14 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     # into their floors.
     "images": ".data.images", "variants": ".base.variants"})
 
+# The floors, bottom to top: the folders of the package (zoo/ and export/
+# live beside it and install as keras_vit.zoo and keras_vit.export). A
+# module imports its own floor and the ones below, never above
+# (tests/contracts/test_structure.py); each folder's docstring says what it
+# holds (docs/architecture.md lists them).
+FLOORS = (("base",), ("runtime",), ("layers",), ("models", "data"),
+          ("zoo",), ("train", "analysis", "export"), ("cli",))
+
 __all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
            "__version__",
            "analysis", "axial_vit", "export", "layers", "models", "rebuild",

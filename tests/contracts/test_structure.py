@@ -7,16 +7,23 @@ it into an unwritten API. This walks the source of the three
 components with ``ast``: ``from keras_vit.x import _name`` and
 ``module._name`` (``module`` bound by importing a keras_vit module) count.
 
-The floors: every import, at any depth (inside a function too),
-points to the module's own floor or one below; see ``FLOORS``.
+The floors are the package's folders, in the order ``keras_vit.FLOORS``
+gives them: every import, at any depth (inside a function too), points to
+the module's own floor or one below. Some decisions live on one floor
+only: which backend runs, Keras' private modules and ``/proc`` in
+``runtime/``; environment variables in ``base/environment.py`` and
+``runtime/``; every cap (``MAX_*``) in ``base/limits.py``.
 """
 
 import ast
 import builtins
 import fnmatch
+import re
 from pathlib import Path
 
 import pytest
+
+import keras_vit
 
 ROOT = Path(__file__).resolve().parents[2]
 # Folder -> the package it installs as (setup.cfg's package_dir).
@@ -104,42 +111,18 @@ def test_the_walker_sees_both_kinds_of_use(tmp_path, monkeypatch):
         (4, "keras_vit.train.data._import_tfds")]
 
 
-# The floors, bottom to top (docs: STYLE.md, "The house, floor by floor").
+# The floors, bottom to top, are the folders of the package in the order
+# keras_vit.FLOORS gives them (folders on one floor may import each other).
 # A module may import its own floor and the floors below it, never above,
-# at any depth. Patterns are fnmatch patterns of module names; the first
-# that matches decides.
-FLOORS = [
-    # 0: plain Python, no keras_vit imports but each other (keras_vit/base/),
-    # and the image decoder.
-    ("base", ["keras_vit.base", "keras_vit.base.*", "keras_vit.data",
-              "keras_vit.data.*"]),
-    # 1: the machine and the backend.
-    ("runtime", ["keras_vit.runtime", "keras_vit.runtime.*"]),
-    # 2: pure keras.ops layers.
-    ("layers", ["keras_vit.layers", "keras_vit.layers.*"]),
-    # 3: builders and model classes, and what reads or runs a built model
-    # (models/memory.py). Never the zoo.
-    ("models", ["keras_vit.models", "keras_vit.models.*"]),
-    # 4: names, weights, checkpoint conversion, resolve_model / rebuild.
-    ("zoo", ["keras_vit.zoo", "keras_vit.zoo.*"]),
-    # 5: jobs on a model.
-    ("jobs", ["keras_vit.train.cli", "keras_vit.train.__main__",
-              "keras_vit.analysis.cli", "keras_vit.export.cli"], "command"),
-    ("jobs", ["keras_vit.train", "keras_vit.train.*", "keras_vit.analysis",
-              "keras_vit.analysis.*", "keras_vit.export",
-              "keras_vit.export.*"]),
-    # 6: an end-to-end run.
-    ("demo", ["keras_vit.cli.demo"]),
-    # 7: the command lines.
-    ("command", ["keras_vit.cli", "keras_vit.cli.options",
-                 "keras_vit.cli.__main__"]),
-    # 8: the package's front door (keras_vit/__init__.py) may name anything;
-    # nothing else imports a name from it. registration.py imports the
-    # modules that define the package's Keras classes when Keras is.
-    ("package", ["keras_vit", "keras_vit.registration"]),
-]
-ORDER = ["base", "runtime", "layers", "models", "zoo", "jobs", "demo",
-         "command", "package"]
+# at any depth. The front door (keras_vit/__init__.py and registration.py,
+# which imports the model classes when Keras is imported) is above them all.
+FLOORS = keras_vit.FLOORS
+FRONT_DOOR = ("keras_vit", "keras_vit.registration")
+# Command-line modules that still sit in their job's folder: on the cli/
+# floor (they build argparse parsers from keras_vit.cli.options). Moving
+# them into cli/ empties this list.
+ON_THE_CLI_FLOOR = ("keras_vit.train.cli", "keras_vit.train.__main__",
+                    "keras_vit.analysis.cli", "keras_vit.export.cli")
 # (importer, imported, why): imports that go up anyway. Keep it empty.
 ALLOWED = []
 # (modules, why): import cycles left to break. Keep it empty.
@@ -147,11 +130,18 @@ ALLOWED_CYCLES = []
 
 
 def floor_of(module):
-    for entry in FLOORS:
-        name, patterns = entry[0], entry[1]
-        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
-            return entry[2] if len(entry) > 2 else name
-    raise LookupError(f"{module} is on no floor: add it to FLOORS")
+    """The index in FLOORS of ``module``'s floor (its folder's), or
+    ``len(FLOORS)`` for the front door."""
+    if module in FRONT_DOOR:
+        return len(FLOORS)
+    folder = module.split(".")[1] if module.count(".") else None
+    if module in ON_THE_CLI_FLOOR:
+        folder = "cli"
+    for index, folders in enumerate(FLOORS):
+        if folder in folders:
+            return index
+    raise LookupError(f"{module} is on no floor: move it into the folder "
+                      f"of its floor (keras_vit.FLOORS)")
 
 
 def _modules():
@@ -227,23 +217,48 @@ def _graph(modules):
             for me, path in modules.items()}
 
 
-def test_every_module_is_on_a_floor():
+def test_the_folders_are_the_floors():
+    """Every folder of the package is on exactly one floor, every floor
+    names folders that exist, and every module is in one of them."""
+    named = [folder for folders in FLOORS for folder in folders]
+    assert len(named) == len(set(named)), FLOORS
+    folders = {p.parent.name for p in (ROOT / "keras_vit").glob("*/__init__.py")}
+    folders |= {"zoo", "export"}  # top-level folders (setup.cfg package_dir)
+    assert folders == set(named), (folders ^ set(named))
+    loose = sorted(p.name for p in (ROOT / "keras_vit").glob("*.py")
+                   if f"keras_vit.{p.stem}" not in FRONT_DOOR
+                   and p.name != "__init__.py")
+    assert not loose, f"modules beside the floors' folders: {loose}"
     for module in _modules():
-        assert ORDER.index(floor_of(module)) >= 0
+        floor_of(module)
+
+
+def test_floor_of_reads_the_folder():
+    assert floor_of("keras_vit.base.errors") == 0
+    assert floor_of("keras_vit.zoo.api") > floor_of("keras_vit.models.vit")
+    assert floor_of("keras_vit.models.vit") == floor_of("keras_vit.data.images")
+    assert floor_of("keras_vit.train.cli") == floor_of("keras_vit.cli.options")
+    assert floor_of("keras_vit") == len(FLOORS)
+    for stray in ("keras_vit.nowhere.thing", "keras_vit.loose"):
+        with pytest.raises(LookupError, match="on no floor"):
+            floor_of(stray)
 
 
 def test_imports_point_down_the_floors():
     modules = _modules()
     allowed = {(a, b) for a, b, _ in ALLOWED}
     upward = []
+    def name(index):
+        return "/".join(FLOORS[index]) if index < len(FLOORS) else "front door"
+
     for me, edges in _graph(modules).items():
-        mine = ORDER.index(floor_of(me))
+        mine = floor_of(me)
         for line, other in sorted(edges):
-            theirs = ORDER.index(floor_of(other))
+            theirs = floor_of(other)
             if theirs > mine and (me, other) not in allowed:
                 upward.append(
                     f"{modules[me].relative_to(ROOT)}:{line}: {me} "
-                    f"({floor_of(me)}) imports {other} ({floor_of(other)})")
+                    f"({name(mine)}) imports {other} ({name(theirs)})")
     assert not upward, (
         "imports that point up the floors (move the code to the floor that "
         "needs it):\n" + "\n".join(upward))
@@ -591,3 +606,168 @@ def test_every_error_derives_from_the_root_and_a_builtin():
     bare = [f"{p}: {n}" for n, (p, _) in found.items() if not builtin(n)]
     assert not bare, ("error classes with no builtin kind (ValueError, "
                       "OSError, ...) beside KerasVitError: " + ", ".join(bare))
+
+
+# Decisions kept on one floor. Each finder returns ``[(line, what)]`` for
+# one module's source.
+def backend_questions(tree):
+    """Calls of ``keras.backend.backend()``, imports of ``keras.src`` and
+    ``/proc`` paths: what only runtime/ asks."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "backend"
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "backend"):
+            found.append((node.lineno, "backend()"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "keras.src"):
+            found.append((node.lineno, "keras.src"))
+        elif isinstance(node, ast.Import) and any(
+                a.name.startswith("keras.src") for a in node.names):
+            found.append((node.lineno, "keras.src"))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and node.value.startswith("/proc")):
+            found.append((node.lineno, "/proc"))
+    return found
+
+
+def environment_uses(tree):
+    """Reads and writes of the process environment: ``os.environ``,
+    ``os.getenv``, ``os.putenv``."""
+    return [(node.lineno, f"os.{node.attr}") for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "getenv", "putenv", "unsetenv")
+            and isinstance(node.value, ast.Name) and node.value.id == "os"]
+
+
+def caps(tree):
+    """Module-level ``MAX_*`` (or ``*_MAX_*``) constants."""
+    return [(node.lineno, target.id) for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign)
+                           else [node.target])
+            if isinstance(target, ast.Name)
+            and re.search(r"(^|_)MAX(_|$)", target.id)]
+
+
+# Where each decision may be made, and the modules that still make it
+# elsewhere (they move to their floor when their folders are next
+# reorganised; a listed module that no longer needs its place fails below,
+# so the lists only shrink).
+RULES = {
+    "backend": (backend_questions, ("keras_vit.runtime.*",), {
+        "keras_vit.layers.blocks",
+        "keras_vit.layers.dense", "keras_vit.models.compiled",
+        "keras_vit.models.encoder", "keras_vit.models.quantization",
+        "keras_vit.train.build", "keras_vit.train.distribute",
+        "keras_vit.train.evaluation", "keras_vit.train.few_shot",
+        "keras_vit.train.fit", "keras_vit.train.layouts",
+        "keras_vit.train.mpp.objective", "keras_vit.train.schedules",
+        "keras_vit.export.benchmark", "keras_vit.export.memory",
+        "keras_vit.export.pipeline", "keras_vit.export.verify",
+        "keras_vit.export._tf_worker"}),
+    "environment": (environment_uses, (
+        "keras_vit.base.environment", "keras_vit.runtime.*"), {
+        "keras_vit.base.checks", "keras_vit.train.distribute",
+        "keras_vit.zoo.download", "keras_vit.zoo.hub_files",
+        "keras_vit.export.pipeline"}),
+    "caps": (caps, ("keras_vit.base.limits",), {
+        "keras_vit.train.distribute", "keras_vit.train.few_shot",
+        "keras_vit.zoo.formats", "keras_vit.export.cli",
+        "keras_vit.export.benchmark"}),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_each_decision_lives_on_its_floor(rule):
+    finder, homes, elsewhere = RULES[rule]
+    found = {}
+    for module, path in _modules().items():
+        if any(fnmatch.fnmatchcase(module, home) for home in homes):
+            continue
+        hits = finder(ast.parse(path.read_text(), str(path)))
+        if hits:
+            found[module] = [f"{path.relative_to(ROOT)}:{line}: {what}"
+                             for line, what in hits]
+    new = sorted(line for module in set(found) - elsewhere
+                 for line in found[module])
+    assert not new, (f"{rule} outside {', '.join(homes)} (move it there):\n"
+                     + "\n".join(new))
+    assert not elsewhere - set(found), (
+        f"no longer outside {', '.join(homes)}: remove from RULES "
+        f"{sorted(elsewhere - set(found))}")
+
+
+def test_the_decision_finders_see_what_they_look_for():
+    tree = ast.parse("import os\nimport keras\n"
+                     "from keras.src import ops\n"
+                     "MAX_SIDE = 3\nNPZ_MAX_NDIM = 5\nMAXIMUM = 1\n"
+                     "def f():\n"
+                     "    if keras.backend.backend() == 'jax':\n"
+                     "        return open('/proc/meminfo')\n"
+                     "    return os.environ.get('X'), os.getenv('Y')\n")
+    assert sorted(backend_questions(tree)) == [
+        (3, "keras.src"), (8, "backend()"), (9, "/proc")]
+    assert sorted(environment_uses(tree)) == [(10, "os.environ"),
+                                              (10, "os.getenv")]
+    assert caps(tree) == [(4, "MAX_SIDE"), (5, "NPZ_MAX_NDIM")]
+
+
+# docs/architecture.md: the floors as the folders' docstrings describe them.
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _purpose(folder):
+    """The first sentence of a floor folder's ``__init__`` docstring, on
+    one line, Sphinx roles as code spans."""
+    path = (ROOT / folder if folder in ("zoo", "export")
+            else ROOT / "keras_vit" / folder) / "__init__.py"
+    text = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(text.split("\n\n")[0].split())
+    first = re.split(r"(?<=\.) ", first)[0]
+    return re.sub(r":\w+:`~?([^`]+)`|``([^`]+)``", r"`\1\2`", first)
+
+
+def architecture_page():
+    """The text of docs/architecture.md."""
+    rows = []
+    for index in reversed(range(len(FLOORS))):
+        for folder in FLOORS[index]:
+            where = (f"`{folder}/` (as `keras_vit.{folder}`)"
+                     if folder in ("zoo", "export") else f"`keras_vit/{folder}/`")
+            rows.append(f"| {index} | {where} | {_purpose(folder)} |")
+    return "\n".join([
+        "# Architecture",
+        "",
+        "<!-- Written by `python tests/contracts/test_structure.py` from",
+        "keras_vit.FLOORS and each folder's docstring; a test checks it. -->",
+        "",
+        "The package is built in floors, and each floor is a folder. A module",
+        "imports its own floor and the floors below it, never one above, inside",
+        "functions too; folders on one floor may import each other. The front",
+        "door, `keras_vit/__init__.py` (with `registration.py`, which registers",
+        "the model classes with Keras when Keras is imported), stands above",
+        "them all and imports no framework: every name loads on first use.",
+        "",
+        "| floor | folder | what it holds |",
+        "|---|---|---|",
+        *rows,
+        "",
+        "Some decisions are made on one floor only: which Keras backend runs,",
+        "Keras' private modules (`keras.src`) and `/proc` in `runtime/`;",
+        "environment variables in `base/environment.py` and `runtime/`; every",
+        "cap (`MAX_*`) in `base/limits.py`. `tests/contracts/test_structure.py`",
+        "checks the floors and these homes, and lists the modules that still",
+        "make one of these decisions elsewhere.",
+        ""])
+
+
+def test_the_architecture_page_is_the_folders_docstrings():
+    assert ARCHITECTURE.read_text() == architecture_page(), (
+        "docs/architecture.md is stale: run python "
+        "tests/contracts/test_structure.py")
+
+
+if __name__ == "__main__":
+    ARCHITECTURE.write_text(architecture_page())
