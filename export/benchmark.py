@@ -1,5 +1,6 @@
 """Inference speed of a model in each runtime: Keras (a TF graph), XLA,
-onnxruntime and LiteRT, plus bf16 where the CPU has bf16 instructions.
+onnxruntime, LiteRT and OpenVINO, plus bf16 where the CPU has bf16
+instructions.
 
 >>> import keras_vit
 >>> from keras_vit.export import benchmark
@@ -23,13 +24,15 @@ import numpy as np
 
 from keras_vit.export import memory
 
-RUNTIMES = ("keras", "xla", "onnx", "tflite")
+RUNTIMES = ("keras", "xla", "onnx", "tflite", "openvino")
 _DESCRIPTIONS = {
     "keras": "the Keras model in a tf.function (what predict runs; on JAX "
              "and PyTorch the model's call)",
     "xla": "the same with jit_compile=True (jax.jit on JAX)",
     "onnx": "onnxruntime, CPU provider, on the verified ONNX export",
     "tflite": "ai_edge_litert (XNNPACK), on the verified float32 export",
+    "openvino": "OpenVINO's CPU plugin, on the verified float32 export "
+                "(computed in f32) and, in the bf16 rows, the bfloat16 one",
 }
 
 
@@ -122,11 +125,12 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     """Times ``model`` in each runtime at each batch size.
 
     Each measurement is the median of ``runs`` timed calls after ``warmup``
-    untimed ones (the first call compiles). ONNX and TFLite run the
-    artifacts of :func:`keras_vit.export.to_onnx` / ``to_tflite``
-    (float32), exported and verified first. ``bf16`` ("auto": when the CPU
-    has bf16 instructions) adds rows for the model rebuilt in
-    mixed_bfloat16. Peak RSS is this process's resident memory while the
+    untimed ones (the first call compiles). ONNX, TFLite and OpenVINO run
+    the artifacts of :func:`keras_vit.export.to_onnx` / ``to_tflite`` /
+    ``to_openvino`` (float32), exported and verified first. ``bf16``
+    ("auto": when the CPU has bf16 instructions) adds rows for the model
+    rebuilt in mixed_bfloat16 (Keras, XLA) and for OpenVINO's bfloat16
+    export. Peak RSS is this process's resident memory while the
     runtime ran (it includes the Keras model, which stays loaded).
 
     Returns ``{"rows": [...], "skipped": [...], "notes": [...]}``.
@@ -160,10 +164,11 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
             result["notes"].append(f"bf16 requested although {why}")
         if bf16:
             tf_runtimes = [r for r in runtimes if r in ("keras", "xla")]
-            if not tf_runtimes:
+            if not tf_runtimes and "openvino" not in runtimes:
                 result["skipped"].append(
-                    "bf16: only measured with the keras/xla runtimes")
-            else:
+                    "bf16: only measured with the keras/xla/openvino "
+                    "runtimes")
+            if tf_runtimes:
                 try:
                     copy = _bf16_copy(graph.model)
                 except Exception as e:  # noqa: BLE001 - reported as skipped
@@ -174,12 +179,18 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
                 for name in tf_runtimes if copy is not None else ():
                     jobs.append((name, "mixed_bfloat16", copy))
                 result["notes"].append(f"bf16 rows: mixed_bfloat16 ({why})")
+            if "openvino" in runtimes:
+                jobs.append(("openvino", "bfloat16", graph.model))
+                result["notes"].append(
+                    "openvino bfloat16: the bfloat16 export, computed in "
+                    f"bf16 ({why})")
+            if {"onnx", "tflite"} & set(runtimes):
                 result["skipped"].append(
                     "bf16 for onnx/tflite: their converters take float32 "
                     "graphs only")
         for name, dtype, net in jobs:
             try:
-                fn, extra = _runner(name, net, graph, tmp, say)
+                fn, extra = _runner(name, net, graph, tmp, say, dtype)
             except ImportError as e:
                 result["skipped"].append(f"{name}: {e}")
                 continue
@@ -204,13 +215,21 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     return result
 
 
-def _runner(name, model, graph, tmp, say):
-    """``(images -> outputs, extra row fields)`` for runtime ``name``."""
+def _runner(name, model, graph, tmp, say, dtype="float32"):
+    """``(images -> outputs, extra row fields)`` for runtime ``name`` at
+    ``dtype`` (OpenVINO: "bfloat16" runs its bfloat16 export)."""
     if name in ("keras", "xla"):
         return _keras_runner(model, jit=name == "xla"), {}
     from keras_vit import export
 
-    if name == "onnx":
+    if name == "openvino":
+        precision = "bfloat16" if dtype == "bfloat16" else "float32"
+        path = os.path.join(tmp, f"model_{precision}.xml")
+        say(f"  exporting to OpenVINO {precision} (verified) ...")
+        report = export.to_openvino(graph.model, path, outputs=("features",),
+                                    precision=precision)
+        from keras_vit.export.openvino import open_artifact
+    elif name == "onnx":
         import onnxruntime  # noqa: F401
 
         path = os.path.join(tmp, "model.onnx")

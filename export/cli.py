@@ -31,16 +31,22 @@ def register(subparsers):
     """Adds ``export`` and ``benchmark`` to ``subparsers`` (the object
     returned by ``parser.add_subparsers()``)."""
     p = options.command(subparsers, "export", run_export,
-                        help="SavedModel / TFLite / ONNX, verified against "
-                             "Keras", check=check_export)
+                        help="SavedModel / TFLite / ONNX / OpenVINO, "
+                             "verified against Keras", check=check_export)
     options.add(p, model="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--format", "-f", required=True,
                    choices=common.FORMATS)
-    options.add(p, output="a .tflite or .onnx file, or a SavedModel "
-                          "directory")
+    options.add(p, output="a .tflite or .onnx file, an OpenVINO .xml file "
+                          "(its weights go to the .bin beside it), or a "
+                          "SavedModel directory")
     p.add_argument("--quantization", "-q", choices=common.QUANTIZATIONS,
                    default="float32",
                    help="TFLite and ONNX (default: float32)")
+    p.add_argument("--precision", choices=common.OPENVINO_PRECISIONS,
+                   help="OpenVINO: float32 (the default), bfloat16 (float16 "
+                        "weights, computed in bf16) or int8 (int8 weights "
+                        "from NNCF's weight compression, activations in "
+                        "f32)")
     options.add(p, weights="weights tag, .npz or URL, or 'none' for random "
                            "initialisation (default: the model's default)",
                 image_size=None, num_classes=None)
@@ -81,11 +87,14 @@ def register(subparsers):
                                        "(default: 4,1)")
 
     p = options.command(subparsers, "benchmark", run_benchmark,
-                        help="images/s in keras, xla, onnx and tflite")
+                        help="images/s in keras, xla, onnx, tflite and "
+                             "openvino")
     options.add(p, model="a model name (e.g. ViT-B/16) or a .keras file")
     p.add_argument("--runtimes", type=name_list,
-                   default=["keras", "xla", "onnx", "tflite"],
-                   metavar="R,R", help="default: keras,xla,onnx,tflite")
+                   default=["keras", "xla", "onnx", "tflite", "openvino"],
+                   metavar="R,R",
+                   help="default: keras,xla,onnx,tflite,openvino (a runtime "
+                        "that is not installed is skipped)")
     p.add_argument("--batch", type=options.int_list(kind=list),
                    default=[1, 8], metavar="B,B",
                    help="batch sizes (default: 1,8)")
@@ -124,12 +133,21 @@ def check_export(args):
     """The export options argparse cannot check (combinations, the output
     path, the label file), before anything heavy is imported; returns the
     keyword arguments for :func:`keras_vit.export.export`."""
-    if args.format == "saved_model" and args.quantization != "float32":
-        raise ValueError("--quantization applies to --format tflite and "
-                         "onnx only; received --format saved_model")
+    if args.format in ("saved_model", "openvino") and (
+            args.quantization != "float32"):
+        raise ValueError(
+            "--quantization applies to --format tflite and onnx only; "
+            f"received --format {args.format}"
+            + ("; OpenVINO takes --precision" if args.format == "openvino"
+               else ""))
+    if args.precision is not None and args.format != "openvino":
+        raise ValueError("--precision applies to --format openvino only; "
+                         f"received --format {args.format}")
     if args.calibration_data is not None and args.quantization != "int8":
         raise ValueError("--calibration-data applies to --quantization int8 "
-                         f"only; received --quantization {args.quantization}")
+                         f"only; received --quantization {args.quantization}"
+                         + (" (OpenVINO's int8 weights need no calibration)"
+                            if args.format == "openvino" else ""))
     if args.format != "onnx" and (args.opset or args.external_data):
         raise ValueError("--opset and --external-data apply to --format onnx "
                          "only")
@@ -149,8 +167,10 @@ def check_export(args):
                              f"{','.join(outputs)}")
         kwargs.update(outputs=tuple(outputs), uint8_input=args.uint8_input)
     kwargs["batch_sizes"] = tuple(args.batch_sizes)
-    if args.format != "saved_model":
+    if args.format in ("tflite", "onnx"):
         kwargs["quantization"] = args.quantization
+    if args.format == "openvino":
+        kwargs["precision"] = args.precision or "float32"
     if args.format == "onnx":
         kwargs["opset"] = args.opset
         kwargs["external_data"] = True if args.external_data else None

@@ -22,11 +22,14 @@ from keras_vit.base import checks
 from keras_vit.base.checks import check_choice
 from keras_vit.base.errors import KerasVitError
 
-FORMATS = ("saved_model", "tflite", "onnx")
-# What a path of each format must end with (a SavedModel is a directory).
-EXTENSIONS = {"tflite": ".tflite", "onnx": ".onnx"}
-_FILE_EXTENSIONS = (".tflite", ".onnx", ".keras", ".h5", ".pb", ".json",
-                    ".npz", ".zip")
+FORMATS = ("saved_model", "tflite", "onnx", "openvino")
+# What a path of each format must end with (a SavedModel is a directory;
+# an OpenVINO IR is the .xml file, its weights the .bin beside it).
+EXTENSIONS = {"tflite": ".tflite", "onnx": ".onnx", "openvino": ".xml"}
+# OpenVINO's writer takes ".xml" in lower case only.
+_CASE_SENSITIVE_EXTENSIONS = ("openvino",)
+_FILE_EXTENSIONS = (".tflite", ".onnx", ".xml", ".bin", ".keras", ".h5",
+                    ".pb", ".json", ".npz", ".zip")
 REPORT_SUFFIX = ".report.json"
 SAVED_MODEL_REPORT = "export_report.json"
 
@@ -54,7 +57,7 @@ def check_format(format):
     """
     value = str(format).lower().replace("-", "_")
     value = {"savedmodel": "saved_model", "tf_saved_model": "saved_model",
-             "litert": "tflite"}.get(value, value)
+             "litert": "tflite", "openvino_ir": "openvino"}.get(value, value)
     if value not in FORMATS:
         check_choice("format", format, FORMATS)  # raises, with a suggestion
     return value
@@ -88,6 +91,10 @@ def check_path(path, format):
     Traceback (most recent call last):
     ...
     ValueError: format 'tflite' needs a path ending with .tflite; ...
+    >>> check_path("/tmp/vit.XML", "openvino")
+    Traceback (most recent call last):
+    ...
+    ValueError: format 'openvino' needs a path ending with .xml (lower ...
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"path must be a file or directory name; received "
@@ -95,15 +102,27 @@ def check_path(path, format):
     text = os.fspath(path)
     full = os.path.abspath(text)
     if format in EXTENSIONS:
-        if not full.lower().endswith(EXTENSIONS[format]):
+        exact = format in _CASE_SENSITIVE_EXTENSIONS
+        if not (full if exact else full.lower()).endswith(EXTENSIONS[format]):
             raise ValueError(
                 f"format {format!r} needs a path ending with "
-                f"{EXTENSIONS[format]}; received path={text!r}")
+                f"{EXTENSIONS[format]}{' (lower case)' if exact else ''}; "
+                f"received path={text!r}")
     elif full.lower().endswith(_FILE_EXTENSIONS):
         raise ValueError(
             "a SavedModel is a directory; its path must not end with a file "
             f"extension; received path={text!r}")
     return full
+
+
+def weights_file(path):
+    """The ``.bin`` file OpenVINO reads beside the IR ``.xml`` file
+    ``path``.
+
+    >>> weights_file("/srv/vit.v2.xml")
+    '/srv/vit.v2.bin'
+    """
+    return os.path.splitext(os.fspath(path))[0] + ".bin"
 
 
 # Why a model quantized by Keras (``model.quantize``) cannot go to a
@@ -113,6 +132,9 @@ _KERAS_QUANTIZED_REFUSED = {
               "('tfl.fully_connected' op operand #0 must be float)",
     "onnx": "tf2onnx converts it to a graph whose logits differ from "
             "Keras' by about 1% of their range",
+    "openvino": "OpenVINO's TensorFlow frontend converts it to a graph "
+                "whose logits differ from Keras' by about their own size "
+                "(OpenVINO 2026.4)",
 }
 
 
@@ -126,19 +148,24 @@ def keras_quantization_modes(model):
 
 def refuse_keras_quantized(model, format):
     """Raises :class:`ExportError` in one line when ``model`` was quantized
-    by Keras and ``format`` cannot carry that (TFLite, ONNX); a SavedModel
-    takes it and is verified like any other."""
+    by Keras and ``format`` cannot carry that (TFLite, ONNX, OpenVINO); a
+    SavedModel takes it and is verified like any other."""
     modes = keras_quantization_modes(model)
     if modes and format in _KERAS_QUANTIZED_REFUSED:
+        own = ("precision='int8'" if format == "openvino"
+               else "quantization='dynamic_int8' or 'int8'")
         raise ExportError(
             f"{format}: model={getattr(model, 'name', model)!r} is quantized "
             f"by Keras (mode={'/'.join(modes)}), which "
             f"{_KERAS_QUANTIZED_REFUSED[format]}; export the float model "
-            "with quantization='dynamic_int8' or 'int8' (the format's own "
-            "int8), or this one with to_saved_model")
+            f"with {own} (the format's own int8), or this one with "
+            "to_saved_model")
 
 
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
+# OpenVINO's precisions (keras_vit.export.openvino): how the weights are
+# stored and the precision OpenVINO computes in.
+OPENVINO_PRECISIONS = ("float32", "bfloat16", "int8")
 DEFAULT_REPRESENTATIVE_SAMPLES = 100
 
 
@@ -200,6 +227,15 @@ TOLERANCES = {
 # int8 activations).
 TOLERANCES.update({f"onnx/{variant}": dict(TOLERANCES[f"tflite/{variant}"])
                    for variant in ("float16", "dynamic_int8", "int8")})
+# OpenVINO: float32 as ONNX; bf16 arithmetic takes the bounds of the other
+# 16-bit float variant (ViT-B/16 with random weights measured 0.023 max abs
+# difference, relative RMS error 0.010); int8 weights with float
+# activations those of dynamic int8 (0.039 / 0.017 on that model).
+TOLERANCES.update({
+    "openvino": dict(TOLERANCES["onnx"]),
+    "openvino/bfloat16": dict(TOLERANCES["tflite/float16"]),
+    "openvino/int8": dict(TOLERANCES["tflite/dynamic_int8"]),
+})
 
 
 # What to try when a quantized artifact fails its verification.
@@ -213,7 +249,40 @@ REMEDIES = {
     "dynamic_int8": "Export quantization='float16' (half the size, float "
                     "activations), or loosen tolerance= if the agreement "
                     "is good enough for you",
+    "openvino/bfloat16": "Export precision='float32' (computed in f32), or "
+                         "loosen tolerance= if the agreement is good "
+                         "enough for you",
+    "openvino/int8": "Export precision='bfloat16' (float16 weights) or "
+                     "'float32', or loosen tolerance= if the agreement is "
+                     "good enough for you",
 }
+
+
+def variant(options):
+    """The precision of an artifact from its report's ``options``: the
+    quantization of TFLite and ONNX, the precision of OpenVINO.
+
+    >>> variant({"precision": "bfloat16"}), variant({})
+    ('bfloat16', 'float32')
+    """
+    return options.get("quantization") or options.get("precision",
+                                                      "float32")
+
+
+def remedy(fmt, options):
+    """What :data:`REMEDIES` says to try when an export of format ``fmt``
+    with the report's ``options`` fails its verification (None: nothing
+    beyond the tolerance).
+
+    >>> remedy("openvino", {"precision": "int8"}).startswith("Export")
+    True
+    >>> remedy("onnx", {"quantization": "int8"}).startswith("Full int8")
+    True
+    >>> remedy("onnx", {"quantization": "float32"}) is None
+    True
+    """
+    name = variant(options)
+    return REMEDIES.get(f"{fmt}/{name}") or REMEDIES.get(name)
 
 
 def tolerance_for(kind, override=None):
@@ -239,7 +308,8 @@ def versions():
 
     out = {}
     for dist in ("keras-vit", "tensorflow", "keras", "tf2onnx", "onnx",
-                 "onnxruntime", "ai-edge-litert", "numpy"):
+                 "onnxruntime", "ai-edge-litert", "openvino", "nncf",
+                 "numpy"):
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:

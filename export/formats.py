@@ -1,8 +1,8 @@
 """The export formats by name, and what a format module gives the exporter
 skeleton (:mod:`keras_vit.export.pipeline`): :class:`FormatModule`.
 
-Each format (``saved_model``, ``tflite``, ``onnx``) is a module of this
-package that checks its arguments, describes the export as an
+Each format (``saved_model``, ``tflite``, ``onnx``, ``openvino``) is a
+module of this package that checks its arguments, describes the export as an
 :class:`~keras_vit.export.pipeline.ExportJob` and hands the job and itself
 to :func:`keras_vit.export.pipeline.run`. The TensorFlow child process
 (``keras_vit.export._tf_worker``) finds the module by its format's name
@@ -34,8 +34,9 @@ class FormatModule(typing.Protocol):
 
     def finish(self, staged, workdir, params, arrays, result) -> dict:
         """Work on the converted artifact that needs no TensorFlow (ONNX
-        quantization, TFLite's op dtypes), in the user's process; returns
-        ``result``, updated."""
+        quantization, TFLite's op dtypes, OpenVINO's int8 weights), in the
+        user's process; returns ``result``, updated (with
+        ``"child_peak_rss"``, in bytes, when it ran a child process)."""
 
     def open_artifact(self, path) -> typing.Callable:
         """``images -> {name: array}``: the artifact at ``path`` in the
@@ -50,6 +51,8 @@ def format_module(fmt) -> FormatModule:
         from keras_vit.export import saved_model as module
     elif fmt == "tflite":
         from keras_vit.export import tflite as module
-    else:
+    elif fmt == "onnx":
         from keras_vit.export import onnx as module
+    else:
+        from keras_vit.export import openvino as module
     return module

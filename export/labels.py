@@ -11,9 +11,11 @@ read. Where it goes:
   (onnxruntime: ``session.get_modelmeta().custom_metadata_map``);
 - TFLite: the model's metadata entry ``label_names``, a buffer of the
   flatbuffer (``ai_edge_litert.tools.flatbuffer_utils.read_model(path)
-  .metadata``).
+  .metadata``);
+- OpenVINO IR: the model's ``rt_info`` entry ``label_names``
+  (``core.read_model(path).get_rt_info("label_names").astype(str)``).
 
-:func:`read_label_names` reads any of the three. The names are the
+:func:`read_label_names` reads any of the four. The names are the
 model's ``label_names`` (else those its weights name, e.g. ImageNet's for
 a zoo checkpoint's head; for ``input="image_bytes"``, the names its
 ``labels`` output returns). A name holding a line break cannot be written
@@ -137,8 +139,35 @@ def _write_tflite(path, text):
     return f"metadata[{KEY!r}]"
 
 
+def _write_openvino(path, text):
+    """Adds the entry to the IR's ``rt_info`` and writes the IR back in
+    place, the weights as they were. It goes to a new folder beside it
+    first: the model read from ``path`` maps the ``.bin`` file that the
+    new one replaces."""
+    import shutil
+    import tempfile
+
+    from keras_vit.base.checks import require
+    from keras_vit.export.common import weights_file
+
+    ov = require("openvino", purpose="recording class names in OpenVINO "
+                                     "files")
+    model = ov.Core().read_model(path)
+    model.set_rt_info(text, KEY)
+    scratch = tempfile.mkdtemp(dir=os.path.dirname(path))
+    try:
+        edited = os.path.join(scratch, "model.xml")
+        ov.save_model(model, edited, compress_to_fp16=False)
+        del model
+        os.replace(weights_file(edited), weights_file(path))
+        os.replace(edited, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return f"rt_info[{KEY!r}]"
+
+
 _WRITERS = {"saved_model": _write_saved_model, "onnx": _write_onnx,
-            "tflite": _write_tflite}
+            "tflite": _write_tflite, "openvino": _write_openvino}
 
 
 def _text(value):
@@ -147,8 +176,9 @@ def _text(value):
 
 def read_label_names(path):
     """The class names recorded in an exported artifact (a SavedModel
-    directory, an ``.onnx`` or a ``.tflite`` file), as a tuple in the
-    order of its outputs, or None when it records none.
+    directory, an ``.onnx``, a ``.tflite`` or an OpenVINO ``.xml`` file),
+    as a tuple in the order of its outputs, or None when it records
+    none.
 
     >>> import os, tempfile, keras_vit
     >>> from keras_vit.export import read_label_names, to_onnx
@@ -178,8 +208,23 @@ def read_label_names(path):
         return None
     if path.lower().endswith(".tflite"):
         return _read_tflite(path)
+    if path.endswith(".xml"):
+        return _read_openvino(path)
     raise ValueError(f"path={path!r} is not a SavedModel directory, an "
-                     ".onnx or a .tflite file")
+                     ".onnx, a .tflite or an OpenVINO .xml file")
+
+
+def _read_openvino(path):
+    """The ``label_names`` rt_info entry of an OpenVINO IR."""
+    from keras_vit.base.checks import require
+
+    ov = require("openvino", purpose="reading class names from OpenVINO "
+                                     "files")
+    model = ov.Core().read_model(path)
+    if not model.has_rt_info(KEY):
+        return None
+    return from_text(model.get_rt_info(KEY).astype(str),
+                     f"{path!r} rt_info[{KEY!r}]")
 
 
 def _read_tflite(path):

@@ -28,10 +28,8 @@ With both, B/16 converts at a 2.9 GiB peak in 36 s (was 15.3 GiB, 100 s).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 # The ONNX format keeps the whole model in one protobuf (2 GiB at most);
 # beyond this many bytes of tensors the weights go to an external file.
@@ -242,29 +240,17 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
 
 
 def main(job_path):
-    import traceback
+    from keras_vit.export import pipeline
 
-    from keras_vit.base import atomic
-    from keras_vit.export import memory
-
-    with open(job_path) as f:
-        job = json.load(f)
-    start = time.perf_counter()
-    try:
+    def work(job):
         result = convert_saved_model(job["saved_model"], job["output"],
                                      job["opset"], job.get("external_data"))
-    except Exception as e:  # noqa: BLE001 - handed to the parent
-        traceback.print_exc()
-        atomic.write_json(job["result"], {"error": {
-            "type": type(e).__name__, "message": str(e)}})
-        return 1
-    result["seconds"] = round(time.perf_counter() - start, 3)
-    from google.protobuf.internal import api_implementation
+        from google.protobuf.internal import api_implementation
 
-    result["protobuf"] = api_implementation.Type()
-    result["peak_rss"] = memory.own_peak_rss()
-    atomic.write_json(job["result"], result)
-    return 0
+        result["protobuf"] = api_implementation.Type()
+        return result
+
+    return pipeline.child_main(job_path, work)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,17 @@
 the artifact in its runtime, compare it with Keras, move it into place and
 write the report.
 
-The format modules (saved_model.py, tflite.py, onnx.py) validate their
-arguments, describe the export as an :class:`ExportJob` and pass it to
-:func:`run` with themselves, the part that differs per format (the
-interface :class:`keras_vit.export.formats.FormatModule`):
+The format modules (saved_model.py, tflite.py, onnx.py, openvino.py)
+validate their arguments, describe the export as an :class:`ExportJob` and
+pass it to :func:`run` with themselves, the part that differs per format
+(the interface :class:`keras_vit.export.formats.FormatModule`):
 
 - ``convert(graph, staged, workdir, params, arrays, rss)``: writes the
   artifact at ``staged`` with TensorFlow and returns a JSON-able result
   (``{"files": [...]}``, names in ``workdir``);
 - ``finish(staged, workdir, params, arrays, result)``: work on the
   converted file that needs no TensorFlow (ONNX quantization, TFLite's op
-  dtypes), in the user's process;
+  dtypes, OpenVINO's int8 weights), in the user's process;
 - ``open_artifact(path)``: ``images -> {name: array}`` in the runtime the
   artifact is deployed with;
 - ``RUNTIME_NEEDS_TENSORFLOW``: whether that runtime is TensorFlow.
@@ -55,7 +55,7 @@ TF_WORKER = "keras_vit.export._tf_worker"
 class ExportJob:
     """One export, as a format module describes it to :func:`run`."""
 
-    format: str            # "saved_model", "tflite" or "onnx"
+    format: str            # a name from common.FORMATS
     what: str              # "the TFLite file", for messages
     dest: str              # the checked, absolute destination
     graph: object          # the ServingGraph
@@ -112,6 +112,8 @@ def run(job, module):
                     module.RUNTIME_NEEDS_TENSORFLOW)
             result = module.finish(staged, stage.path, job.params,
                                    job.arrays, result)
+            # A process that finish() started (OpenVINO's int8).
+            rss.add_child(result.pop("child_peak_rss", 0))
             # Before verification: the file checked is the file kept.
             job.options["label_names"] = labels.record(
                 job.format, staged, job.graph, job.notes)
@@ -131,7 +133,7 @@ def run(job, module):
         if checked is not None:
             checks.raise_if_failed(
                 checked, f"{job.what} {job.dest!r}", report,
-                remedy=common.REMEDIES.get(job.options.get("quantization")))
+                remedy=common.remedy(job.format, job.options))
         if job.directory:
             common.write_json(os.path.join(staged, common.SAVED_MODEL_REPORT),
                               report)
@@ -264,6 +266,30 @@ def run_child(module, job, workdir, rss, what, env=None):
     tail = _tail(log_path)
     raise common.ExportError(f"{what} {how}; nothing was written" + (
         f"; its last output: {tail}" if tail else ""))
+
+
+def child_main(job_path, work):
+    """The main of a process that :func:`run_child` started: runs
+    ``work(job)`` on the job read from ``job_path`` and writes its result
+    (with the seconds it took and this process's peak memory), or the
+    error as a type and a message, to ``job["result"]``; returns the exit
+    status."""
+    import traceback
+
+    with open(job_path) as f:
+        job = json.load(f)
+    start = time.perf_counter()
+    try:
+        result = work(job)
+    except Exception as e:  # noqa: BLE001 - handed to the parent
+        traceback.print_exc()
+        atomic.write_json(job["result"], {"error": {
+            "type": type(e).__name__, "message": str(e)}})
+        return 1
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    result["peak_rss"] = memory.own_peak_rss()
+    atomic.write_json(job["result"], result)
+    return 0
 
 
 def _stop(child):

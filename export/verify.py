@@ -291,7 +291,7 @@ def verification_table(reports):
         if tol.get("rel_rms_error") is not None:
             parts.append(f"rms <= {tol['rel_rms_error']}")
         agree = r.get("top1_agreement")
-        cells = (r["format"], r["options"].get("quantization", "float32"),
+        cells = (r["format"], common.variant(r["options"]),
                  os.path.basename(r["path"]), f"{r['file_size_mb']:.1f}",
                  f"{diff:.2e}", ", ".join(parts) or "-",
                  "-" if agree is None else f"{agree:.3f}",

@@ -248,7 +248,8 @@ def test_the_walker_tells_nested_classes(tmp_path):
 READS_ARGV = {"keras_vit/cli/__init__.py", "keras_vit/cli/options.py",
               "keras_vit/train/cli.py", "keras_vit/train/__main__.py",
               "keras_vit/analysis/cli.py", "export/cli.py",
-              "export/_tf_worker.py", "export/onnx_worker.py"}
+              "export/_tf_worker.py", "export/onnx_worker.py",
+              "export/openvino_worker.py"}
 
 
 def test_only_the_command_line_reads_sys_argv():
