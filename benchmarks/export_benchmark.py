@@ -1,5 +1,7 @@
 """Export ViT-B/16 and ViT-L/16 (and ViT-H/14 with --include-huge) to every
-format and print time, peak memory and file size per export.
+format and print time, peak memory and file size per export; with
+``--speed``, time the OpenVINO exports beside keras_vit's own predict and
+timm instead.
 
 Each export runs in its own child process, so that one export's peak does
 not carry over to the next; the peak is the child's (and, for ONNX, its
@@ -10,11 +12,23 @@ the verification compares non-trivial logits.
     python benchmarks/export_benchmark.py                   # B/16 and L/16
     python benchmarks/export_benchmark.py --include-huge --formats onnx
     python benchmarks/export_benchmark.py --models ViT-B/16 --baseline
+    python benchmarks/export_benchmark.py --speed           # OpenVINO vs timm
+    python benchmarks/export_benchmark.py --speed --quick   # tiny, a smoke run
 
 ``--baseline`` adds, for the first model, a plain
 ``tf2onnx.convert.from_function`` conversion (what the first try did) to
 compare memory with the exporter's route. Not a test: it takes tens of
 minutes and most of the machine's memory.
+
+``--speed`` measures ViT-B/16 at 224 (``--size``), batch 8 (``--batch``):
+the verified OpenVINO float32 and bfloat16 exports (compiled with the
+precision hint each records), keras_vit's ``model.predict`` in float32
+and bfloat16 (the path ``keras_vit.runtime.hardware.plan`` picks) and timm
+(eager, ``inference_mode``; float32 and bf16 autocast), in interleaved
+rounds (benchmarks/speed.py's runner: every path once per round, so that
+load from other processes falls on every row alike), and prints one
+markdown table with the CPU's matrix features. torch and timm are
+imported before TensorFlow (see benchmarks/speed_peers.py).
 """
 
 from __future__ import annotations
@@ -32,18 +46,23 @@ VARIANTS = {
     "saved_model": [None],
     "tflite": ["float32", "float16", "dynamic_int8", "int8"],
     "onnx": [None],
+    "openvino": ["float32", "bfloat16", "int8"],
 }
-EXTENSIONS = {"saved_model": "", "tflite": ".tflite", "onnx": ".onnx"}
+EXTENSIONS = {"saved_model": "", "tflite": ".tflite", "onnx": ".onnx",
+              "openvino": ".xml"}
 
 
 def _model(name):
-    import numpy as np
-
     import keras_vit
 
-    model = keras_vit.zoo.load(name, weights=None)
-    # The zoo's head starts at zero (as fine-tuning does); random values
-    # make the logits, and so the verification, non-trivial.
+    return _random_head(keras_vit.zoo.load(name, weights=None))
+
+
+def _random_head(model):
+    """The zoo's head starts at zero (as fine-tuning does); random values
+    make the logits, and so the verification, non-trivial."""
+    import numpy as np
+
     head = model.get_layer("head")
     rng = np.random.default_rng(0)
     head.kernel.assign(rng.normal(0, 0.02, head.kernel.shape).astype(
@@ -64,8 +83,10 @@ def child(args):
 
         kwargs = {}
         if args.variant:
-            kwargs["quantization"] = args.variant
-            if args.variant == "int8":
+            # OpenVINO names its variants precisions.
+            kwargs["precision" if args.format == "openvino"
+                   else "quantization"] = args.variant
+            if args.variant == "int8" and args.format != "openvino":
                 kwargs["representative_samples"] = args.samples
             if args.variant in ("dynamic_int8", "int8"):
                 # Random weights and a random 1000-class head give logits
@@ -157,6 +178,114 @@ def _row(model, fmt, variant, r):
         status]) + " |"
 
 
+def _cpu_family():
+    """``family F model M`` of the CPU, from /proc/cpuinfo (the model name
+    of a cloud CPU can be as short as "AMD EPYC")."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return "family unknown"
+    return (f"family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}")
+
+
+def speed(args):
+    """OpenVINO float32 and bfloat16 beside keras_vit's predict and timm,
+    interleaved; prints the markdown table."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from speed_peers import (TINY, VIT_B16, forward_flops, import_peers,
+                             keras_vit_model, threads, versions)
+
+    peers, skipped = import_peers(())  # torch and timm before TensorFlow
+    peers.pop("keras_hub", None)
+    import openvino as ov
+    import speed as runner
+    from speed_backends import images
+
+    from keras_vit.export import benchmark
+    from keras_vit.export.graph import ServingGraph
+
+    arch = TINY if args.quick else VIT_B16
+    size = 32 if args.quick else args.size
+    batch, classes = args.batch, 1000
+    tmp = tempfile.mkdtemp(prefix="keras_vit_openvino_speed_")
+    # keras_vit's predict (the path hardware.plan picks) and timm, as
+    # benchmarks/speed.py builds them; then the two OpenVINO exports.
+    cases, keep = runner.inference_cases(
+        size, [batch], arch, classes, peers, [], tmp,
+        backend_rows_only=True, dtypes=("float32", "bfloat16"))
+    diffs = {}
+
+    def openvino(precision):
+        def make():
+            if "export" not in keep:
+                keep["export"] = _random_head(
+                    keras_vit_model(size, arch, classes))
+            graph = ServingGraph(keep["export"], outputs=("features",))
+            fn, extra = benchmark._runner("openvino", graph.model, graph,
+                                          tmp, runner.say, precision)
+            diffs[precision] = extra["max_abs_diff"]
+            x = images(batch, size)
+            return lambda: fn(x)
+        return make
+
+    flops = forward_flops(size, num_classes=classes, **arch) * batch
+    for precision in ("float32", "bfloat16"):
+        cases.append(runner.Case("inference", "OpenVINO", "verified export",
+                                 precision, size, batch, flops,
+                                 openvino(precision)))
+    load = [os.getloadavg()[0]]
+    try:
+        rows = runner.run_cases(cases, args.runs, warmup=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    load.append(os.getloadavg()[0])
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    name = "tiny ViT (--quick)" if args.quick else "ViT-B/16"
+    print(f"\n## OpenVINO beside keras_vit and timm: {name} at {size}, "
+          f"batch {batch}\n")
+    print(f"- command: `python benchmarks/export_benchmark.py "
+          f"{' '.join(args.argv)}`")
+    print(f"- CPU: {runner.cpu_model()} ({_cpu_family()}), "
+          f"{os.cpu_count()} cores; {runner.matrix_units()}")
+    print(f"- OpenVINO {ov.__version__.split('-')[0]}, CPU plugin "
+          f"capabilities {', '.join(caps)}; {threads(peers)}")
+    print("- versions: " + ", ".join(f"{k} {v}" for k, v in
+                                      versions(peers).items()))
+    print(f"- median of {args.runs} interleaved rounds after one warm-up "
+          f"call; random weights; load average {load[0]:.1f} before, "
+          f"{load[1]:.1f} after (other processes share the cores)")
+    for line in skipped:
+        print(f"- skipped: {line}")
+    print()
+    print("| framework | path | precision | img/s | x timm (same "
+          "precision) | first call s | max abs diff vs Keras float32 |")
+    print("|---|---|---|---|---|---|---|")
+    timm = {r["dtype"]: r["images_per_s"] for r in rows
+            if r["framework"] == "timm"}
+    # float32 rows first, then bf16; in each, keras_vit, OpenVINO, timm.
+    order = {"keras_vit": 0, "OpenVINO": 1, "timm": 2}
+    for r in sorted(rows, key=lambda r: (r["dtype"] != "float32",
+                                         order[r["framework"]])):
+        peer = timm.get("float32" if r["dtype"] == "float32"
+                        else "bf16 autocast")
+        ratio = (f"{r['images_per_s'] / peer:.2f}x"
+                 if r["images_per_s"] and peer and r["framework"] != "timm"
+                 else "-")
+        diff = diffs.get(r["dtype"]) if r["framework"] == "OpenVINO" else None
+        print(f"| {r['framework']} | {r['path']} | {r['dtype']} | "
+              + (f"{r['images_per_s']:.2f}" if r["images_per_s"]
+                 else f"failed: {r['error']}")
+              + f" | {ratio} | "
+              + (f"{r['first_call_s']:.1f}" if r["first_call_s"] else "-")
+              + f" | {'-' if diff is None else f'{diff:.2e}'} |")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "FORMAT",
@@ -164,7 +293,8 @@ def main(argv=None):
     parser.add_argument("--models", default="ViT-B/16,ViT-L/16")
     parser.add_argument("--include-huge", action="store_true",
                         help="add ViT-H/14 (2.5 GB of weights)")
-    parser.add_argument("--formats", default="saved_model,tflite,onnx")
+    parser.add_argument("--formats",
+                        default="saved_model,tflite,onnx,openvino")
     parser.add_argument("--variants", default=None,
                         help="TFLite variants (default: all four)")
     parser.add_argument("--samples", type=int, default=32,
@@ -174,7 +304,22 @@ def main(argv=None):
                              "model, for the memory comparison")
     parser.add_argument("--out", help="keep the artifacts here")
     parser.add_argument("--json", help="write all reports to this file")
+    parser.add_argument("--speed", action="store_true",
+                        help="time the OpenVINO exports beside keras_vit's "
+                             "predict and timm (see the module docstring)")
+    parser.add_argument("--size", type=int, default=224,
+                        help="--speed: image size (default 224)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="--speed: batch size (default 8)")
+    parser.add_argument("--runs", type=int, default=7,
+                        help="--speed: timed rounds (default 7)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--speed on a tiny ViT: checks the script, "
+                             "not the speed")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.speed:
+        return speed(args)
     if args.child:
         args.model, args.format, variant, args.path = args.child
         args.variant = None if variant == "-" else variant
