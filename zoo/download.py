@@ -351,31 +351,49 @@ def _describe(resolved: str, url: str) -> str:
     return resolved if resolved == official else f"{resolved} (mirror of {official})"
 
 
-def _unreachable_hint() -> str:
-    return (
-        f"If this machine cannot reach the server, set {ENV_MIRROR} to a reachable mirror "
-        f"of {OFFICIAL_BASE}, or download the file elsewhere, copy it to the cache path, "
-        f"and set {ENV_OFFLINE}=1."
-    )
+def unavailable(reason: str, files, *, mirror: Optional[str] = None,
+                error: Optional[type] = None) -> "DownloadError":
+    """The one error of a download that failed or may not run: one line
+    saying ``reason``, what to fetch elsewhere (the URLs of ``files``,
+    ``(url, path)`` pairs; a URL ``reason`` already names is "it") and
+    the exact cache paths to place it at, and the variable to set:
+    ``KERAS_VIT_OFFLINE=1`` (or, when it is set, unsetting it),
+    ``KERAS_VIT_CACHE`` (which moves the cache) and ``mirror`` (another
+    server's variable, or None). ``error``: the class,
+    :class:`OfflineError` when downloads are off, else
+    :class:`DownloadError`. Every route that downloads (the bucket's
+    files, the Hub's) ends here, so they all say it one way, short enough
+    for the command line's one line of an error (600 characters)."""
+    offline = is_offline()
+    error = error or (OfflineError if offline else DownloadError)
+    files = [(url, os.fspath(path)) for url, path in files]
+    urls = {url.rsplit("/", 1)[0] for url, _ in files}
+    folders = {os.path.dirname(path) for _, path in files}
+    if len(files) == 1:
+        url, path = files[0]
+        what = (f"{'it' if url in reason else url} elsewhere and place it at "
+                f"{path}")
+    elif len(urls) == 1 and len(folders) == 1:  # one repository's files
+        names = " and ".join(url.rsplit("/", 1)[1] for url, _ in files)
+        what = (f"{names} from {urls.pop()}/ elsewhere and place them in "
+                f"{folders.pop()}{os.sep}")
+    else:
+        what = " and ".join(f"{url} elsewhere and place it at {path}"
+                            for url, path in files)
+    if offline:
+        then = f"or unset {ENV_OFFLINE} to download it"
+    else:
+        then = f"then set {ENV_OFFLINE}=1"
+    text = (f"{reason}; download {what}, {then} ({ENV_CACHE} moves the "
+            "cache" + (f"; {mirror}" if mirror else "") + ")")
+    return error(" ".join(text.split()))
 
 
-def _offline_error(url: str, resolved: str, final: Path, expected: Optional[str]) -> OfflineError:
-    lines = [
-        f"{final.name} is not in the keras-vit cache and downloads are disabled "
-        f"({ENV_OFFLINE}={environment.raw(ENV_OFFLINE)!r}).",
-        f"  URL:          {resolved}",
-    ]
-    if resolved != _official_url(url):
-        lines.append(f"  official URL: {_official_url(url)}")
-    lines.append(f"  place it at:  {final}")
-    if expected is not None:
-        lines.append(f"  sha256:       {expected}")
-    lines.append(
-        "Download the file elsewhere and copy it to exactly that path, or unset "
-        f"{ENV_OFFLINE} to allow downloading (optionally setting {ENV_MIRROR} to a "
-        f"mirror of {OFFICIAL_BASE})."
-    )
-    return OfflineError("\n".join(lines))
+def _mirror_hint(url: str) -> Optional[str]:
+    """:func:`unavailable`'s word on mirrors, for an official file."""
+    if not _official_url(url).startswith(OFFICIAL_BASE):
+        return None
+    return f"{ENV_MIRROR} names a mirror"
 
 
 class _DeadlineExceeded(socket.timeout):
@@ -524,8 +542,7 @@ def _download(
                 if time.monotonic() >= give_up:  # connect or headers too slow
                     raise _late(where, deadline, "before its response headers were complete") from e
                 reason = e.reason if isinstance(e, urllib.error.URLError) else repr(e)
-                raise DownloadError(
-                    f"could not download {where}: {reason}. {_unreachable_hint()}") from e
+                raise DownloadError(f"could not download {where}: {reason}") from e
 
             with response:
                 total = _content_length(response)
@@ -559,8 +576,7 @@ def _download(
                             if time.monotonic() >= give_up:
                                 raise _late(where, deadline, got) from e
                             raise DownloadError(
-                                f"download of {where} failed after {received} bytes: {e!r}. "
-                                f"{_unreachable_hint()}"
+                                f"download of {where} failed after {received} bytes: {e!r}"
                             ) from e
                         if not chunk:
                             break
@@ -649,8 +665,13 @@ def fetch(
         return final
 
     resolved = resolve_url(url)
+    files = [(resolved, final)]
     if is_offline():
-        raise _offline_error(url, resolved, final, expected)
+        raise unavailable(
+            f"{final.name} is not in the keras-vit cache and downloads are off "
+            f"({ENV_OFFLINE}={environment.raw(ENV_OFFLINE)!r})"
+            + (f"; its sha256 is {expected}" if expected else ""),
+            files, mirror=_mirror_hint(url))
 
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -674,5 +695,12 @@ def fetch(
             _verify_cached(final, expected, url)
             return final
         _remove_stale_partials(final.parent)
-        _download(resolved, url, final, expected, progress, timeout, deadline)
+        try:
+            _download(resolved, url, final, expected, progress, timeout, deadline)
+        except ChecksumError:
+            raise  # the file came: placing it by hand would not help
+        except DownloadError as e:
+            # The network's word (refused, 404, stalled, late, cut short)
+            # is in e's one line; the traceback under it adds nothing.
+            raise unavailable(str(e), files, mirror=_mirror_hint(url)) from None
     return final

@@ -34,20 +34,48 @@ WEIGHTS_FILE = "model.safetensors"
 # ~0.3 s to start) that is killed at the deadline, or when the cache's
 # blobs stop growing (the minimum-throughput rule): the bucket downloads'
 # bounds (zoo/download.py) for the hub route. A config.json larger than
-# a config is refused from its HEAD, before a byte of it is written. The
-# child prints one JSON line: the paths, or the error.
+# a config is refused from its HEAD, before a byte of it is written.
+# huggingface_hub retries a server it cannot reach five times over ~23 s,
+# a warning line each: the child first opens one connection to the
+# endpoint (or to the proxy urllib would use for it) within the wait for
+# bytes, and a server that does not answer it leaves the cache alone to
+# answer (local_files_only); its warnings are off, the parent says what
+# failed in one line. The child prints one JSON line: the paths, or the
+# error and the file it stopped at.
 _HUB_CHILD = r"""
-import json, sys
-repo, revision, files, quiet, limits = json.loads(sys.argv[1])
+import json, socket, sys, urllib.parse, urllib.request
+repo, revision, files, quiet, limits, endpoint = json.loads(sys.argv[1])
+
+def unreachable(url, timeout):
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy = urllib.parse.urlsplit(proxy if "://" in proxy
+                                      else "http://" + proxy)
+        host, port = proxy.hostname, proxy.port or 80
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"cannot reach {host}:{port} ({e.strerror or e})"
+    return None
+
+name, local, why = None, False, None
 try:
     import huggingface_hub
     # constants is a lazy submodule: an attribute only once imported.
     from huggingface_hub import constants, utils
+    utils.logging.set_verbosity_error()
     if quiet:
         utils.disable_progress_bars()
+    offline = bool(constants.HF_HUB_OFFLINE)
+    why = unreachable(endpoint, constants.HF_HUB_ETAG_TIMEOUT) if (
+        not offline) else None
+    local = offline or why is not None
     paths = []
     for name in files:
-        if name in limits and not constants.HF_HUB_OFFLINE:
+        if name in limits and not local:
             try:
                 size = huggingface_hub.get_hf_file_metadata(
                     huggingface_hub.hf_hub_url(repo, name, revision=revision),
@@ -59,13 +87,21 @@ try:
                     f"{name} is {size} bytes; a config is a few KB (at "
                     f"most {limits[name]} read): refused before download")
         paths.append(huggingface_hub.hf_hub_download(
-            repo, name, revision=revision, library_name="keras-vit"))
+            repo, name, revision=revision, library_name="keras-vit",
+            local_files_only=local))
     out = {"paths": paths}
 except Exception as e:
-    out = {"error": type(e).__name__, "message": str(e)}
+    out = {"error": type(e).__name__, "message": str(e), "file": name,
+           "local": local, "unreachable": why}
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+# What huggingface_hub raises when the server says the repository, the
+# revision or the file does not exist (or is gated): placing a file by
+# hand is then no answer.
+_ANSWERED = ("EntryNotFoundError", "RepositoryNotFoundError",
+             "RevisionNotFoundError", "GatedRepoError", "HFValidationError",
+             "ValueError")
 
 
 def _stop(child):
@@ -100,21 +136,89 @@ def _blob_bytes(folder):
         return 0
 
 
+def _endpoint():
+    """The Hub server huggingface_hub talks to (``HF_ENDPOINT``)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip(
+        "/")
+
+
+def file_url(repo, name, revision=None):
+    """The URL of the file ``name`` of the Hub repository ``repo`` at
+    ``revision`` (default ``main``) on :func:`_endpoint`'s server."""
+    return f"{_endpoint()}/{repo}/resolve/{revision or 'main'}/{name}"
+
+
+def _cached_elsewhere(repo):
+    """The files huggingface_hub's cache holds for ``repo`` (any
+    revision), by name."""
+    folder = os.path.join(_hub_cache(), "models--" + repo.replace("/", "--"),
+                          "snapshots")
+    try:
+        return sorted({name for _, _, names in os.walk(folder)
+                       for name in names})
+    except OSError:
+        return []
+
+
+def _not_fetched(where, repo, revision, pending, result):
+    """The :class:`download.DownloadError` of files ``pending`` (names)
+    that neither the network nor huggingface_hub's cache gave, from the
+    child's ``result``, through :func:`download.unavailable`: one line
+    naming each file's URL and the keras-vit cache path to place it at
+    (read before huggingface_hub is asked), and the cache's other files
+    when the weights are missing (a repository saved as a pickle)."""
+    name = result.get("file") or pending[0]
+    if result.get("reason"):
+        reason = result["reason"]
+    elif result.get("unreachable"):
+        reason = (f"{where}: {result['unreachable']} and huggingface_hub's "
+                  f"cache holds no {name}")
+    elif result.get("local"):
+        off = ("KERAS_VIT_OFFLINE" if download.is_offline()
+               else "HF_HUB_OFFLINE")
+        reason = (f"{where}: {name} is in neither huggingface_hub's cache "
+                  f"nor keras-vit's, and downloads are off "
+                  f"({off}={os.environ.get(off, '')!r})")
+    else:
+        reason = (f"could not download {where}: {result['error']}: "
+                  f"{result['message']}")
+    cached = [n for n in _cached_elsewhere(repo) if n != name]
+    if name == WEIGHTS_FILE and PICKLE_FILE in cached:
+        reason += (f"; the cache holds {PICKLE_FILE} for it instead, a "
+                   "pickle keras_vit never unpickles")
+    # Every hf-hub: load reads the weights too: name them with a missing
+    # config, so that one trip to another machine brings both.
+    names = pending[pending.index(name):]
+    if WEIGHTS_FILE not in names and not download.cache_path_for(
+            file_url(repo, WEIGHTS_FILE, revision)).is_file():
+        names.append(WEIGHTS_FILE)
+    files = [(file_url(repo, n, revision),
+              download.cache_path_for(file_url(repo, n, revision)))
+             for n in names]
+    return download.unavailable(
+        reason, files, mirror="HF_ENDPOINT names another Hub server")
+
+
 def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
                  timeout=60.0, deadline=download.DEFAULT_DEADLINE):
-    """Local paths of ``files`` of the Hub repository ``repo``, through
-    ``huggingface_hub``'s cache, with the bucket downloads' bounds:
-    ``timeout`` for each wait for bytes (connect included; sets
-    ``HF_HUB_ETAG_TIMEOUT`` / ``HF_HUB_DOWNLOAD_TIMEOUT`` unless they are
-    set; huggingface_hub still retries once with its own 60 s),
-    ``deadline`` for the whole: past it the download is stopped with a
-    :class:`download.DownloadError` naming it (huggingface_hub resumes
+    """Local paths of ``files`` of the Hub repository ``repo``: a file
+    placed by hand at its keras-vit cache path
+    (:func:`download.cache_path_for` of its :func:`file_url`) is taken
+    as it is; the others come through ``huggingface_hub``'s cache, with
+    the bucket downloads' bounds: ``timeout`` for each wait for bytes
+    (connect included; sets ``HF_HUB_ETAG_TIMEOUT`` /
+    ``HF_HUB_DOWNLOAD_TIMEOUT`` unless they are set), ``deadline`` for
+    the whole: past it the download is stopped (huggingface_hub resumes
     the partial file next time); and the bucket's minimum-throughput rule
     (:class:`download.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
-    bytes reaching the cache. A ``config.json`` larger than
-    :data:`MAX_CONFIG_BYTES` is refused from its size, before it is
-    written. Any failure of huggingface_hub's is a ``DownloadError``
-    naming the repository."""
+    bytes reaching the cache. An endpoint that cannot be reached leaves
+    huggingface_hub's cache alone to answer, at once and quietly;
+    ``KERAS_VIT_OFFLINE=1`` (as ``HF_HUB_OFFLINE=1``) never goes online.
+    A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is refused
+    from its size, before it is written. Any failure is one line, a
+    :class:`download.DownloadError` naming the repository (and, where
+    placing the file by hand would help, :func:`download.unavailable`'s
+    URL, path and variable)."""
     import time
 
     import math
@@ -123,21 +227,28 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
 
     from keras_vit.base.checks import check_number
 
-    require("huggingface_hub", purpose="hf-hub: weights")
     check_number("timeout", timeout, low=0, low_open=True)
     check_number("deadline", deadline, low=0, low_open=True)
     where = f"hf-hub:{repo}" + (f"@{revision}" if revision else "")
+    placed = {name: download.cache_path_for(file_url(repo, name, revision))
+              for name in files}
+    pending = [name for name in files if not placed[name].is_file()]
+    if not pending:
+        return [os.fspath(placed[name]) for name in files]
+    require("huggingface_hub", purpose="hf-hub: weights")
     env = dict(os.environ)
     for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         env.setdefault(name, str(max(1, math.ceil(timeout))))
+    if download.is_offline():
+        env["HF_HUB_OFFLINE"] = "1"
     rate = download.Throughput(download.stall_seconds())
     blobs = os.path.join(_hub_cache(), "models--" + repo.replace("/", "--"),
                          "blobs")
     start = _blob_bytes(blobs)
-    job = json.dumps([repo, revision or None, list(files), progress is False,
-                      {CONFIG_FILE: MAX_CONFIG_BYTES}])
-    # stderr stays the caller's: huggingface_hub's progress bars and
-    # warnings show as they would in this process.
+    job = json.dumps([repo, revision or None, pending, progress is False,
+                      {CONFIG_FILE: MAX_CONFIG_BYTES}, _endpoint()])
+    # stderr stays the caller's: huggingface_hub's progress bars show as
+    # they would in this process.
     child = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD, job], env=env,
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
@@ -153,21 +264,19 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
             except subprocess.TimeoutExpired:
                 received = _blob_bytes(blobs) - start
                 if time.monotonic() >= give_up:
-                    failure = download.DownloadError(
+                    failure = {"reason": (
                         f"download of {where} did not finish within "
                         f"{deadline:g} s and was stopped; pass a larger "
-                        "deadline, or check HF_ENDPOINT and the network")
+                        "deadline")}
                 elif rate.stalled(received):
-                    endpoint = os.environ.get("HF_ENDPOINT",
-                                              "https://huggingface.co")
-                    failure = rate.error(
-                        f"{where} ({endpoint.rstrip('/')}/{repo})", received)
+                    failure = {"reason": str(rate.error(
+                        f"{where} ({_endpoint()}/{repo})", received))}
     except BaseException:
         _stop(child)
         raise
     if failure is not None:
         _stop(child)
-        raise failure
+        raise _not_fetched(where, repo, revision, pending, failure)
     lines = [line for line in (out or "").splitlines() if line.strip()]
     try:
         result = json.loads(lines[-1])
@@ -175,11 +284,15 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
         raise download.DownloadError(
             f"download of {where} failed: its process ended with status "
             f"{child.returncode} and no result") from None
-    if "error" in result:
+    if "error" not in result:
+        got = iter(result["paths"])
+        return [os.fspath(placed[name]) if name not in pending else next(got)
+                for name in files]
+    if result["error"] in _ANSWERED and not result.get("local"):
         raise download.DownloadError(
             f"could not download {where}: {result['error']}: "
             f"{' '.join(str(result['message']).split())}")
-    return result["paths"]
+    raise _not_fetched(where, repo, revision, pending, result)
 
 
 def check_safetensors(path):

@@ -64,8 +64,9 @@ def to_keras_hub(model):
     without (it returns every token; keras-hub's backbones pool nothing).
     The model's label names (``label_names``) go along as the
     classifier's ``zoo_labels``, which :func:`from_keras_hub` reads back;
-    keras-hub's presets have no place for them, so keras-hub's
-    ``save_to_preset`` drops them: :func:`save_preset` keeps them.
+    keras-hub's presets have no field for them, so the classifier's
+    ``save_to_preset`` adds them to the preset's ``metadata.json``, where
+    ``zoo.load`` finds them (:func:`_keep_labels`).
     Needs keras-hub (``pip install keras-hub``).
 
     Example::
@@ -118,27 +119,64 @@ def to_keras_hub(model):
         variable.assign(state[name])
     labels = (getattr(model, "label_names", None)
               or getattr(model, "zoo_labels", None))
-    if out is not backbone and labels:
-        out.zoo_labels = list(labels)
+    if out is not backbone:
+        if labels:
+            out.zoo_labels = list(labels)
+        _keep_labels(out)
     return out
+
+
+def _keep_labels(task):
+    """Makes the classifier ``task``'s ``save_to_preset`` keep its class
+    names: keras-hub's writes no field for them, so the preset came back
+    nameless; this one then adds ``task.zoo_labels`` (checked against the
+    head first, before anything is written) to the preset's
+    ``metadata.json`` (:func:`write_labels`). keras-hub still reads the
+    preset as its own."""
+    from keras_vit.models.common import check_label_names
+
+    save = task.save_to_preset  # keras-hub's, bound to task
+
+    def save_to_preset(preset_dir, *args, **kwargs):
+        labels = getattr(task, "zoo_labels", None)
+        try:
+            labels = check_label_names(list(labels), task.num_classes,
+                                       True) if labels else None
+        except ValueError as e:
+            raise ValueError(f"save_to_preset: the classifier's zoo_labels "
+                             f"are its label_names; {e}") from None
+        save(preset_dir, *args, **kwargs)
+        if labels:
+            write_labels(preset_dir, labels)
+
+    save_to_preset.__doc__ = save.__doc__
+    task.save_to_preset = save_to_preset
+
+
+def write_labels(directory, labels):
+    """Adds the class names ``labels`` as ``label_names`` to the
+    ``metadata.json`` keras-hub's ``save_to_preset`` wrote in
+    ``directory``: keras-hub ignores the field,
+    :mod:`keras_vit.zoo.keras_hub_io` reads it back."""
+    import json
+
+    from keras_vit.base import atomic
+
+    path = os.path.join(os.fspath(directory), keras_hub_layout.METADATA_FILE)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata["label_names"] = list(labels)
+    atomic.write_json(path, metadata)
 
 
 def save_preset(model, directory, labels=None):
     """Writes ``model`` as a keras-hub preset directory
     (``to_keras_hub(model).save_to_preset(directory)``) with the class
-    names ``labels`` (a checked list, or None) as ``label_names`` in its
-    ``metadata.json``, which keras-hub ignores and
-    :mod:`keras_vit.zoo.keras_hub_io` reads back. Returns the folder."""
-    import json
-
-    from keras_vit.base import atomic
-
+    names ``labels`` (a checked list, or None: none) as ``label_names``
+    in its ``metadata.json`` (:func:`write_labels`). Returns the
+    folder."""
     hub = to_keras_hub(model)
+    if hasattr(hub, "zoo_labels"):
+        hub.zoo_labels = list(labels) if labels else None
     hub.save_to_preset(os.fspath(directory))
-    if labels is not None:
-        path = os.path.join(os.fspath(directory), keras_hub_layout.METADATA_FILE)
-        with open(path, encoding="utf-8") as f:
-            metadata = json.load(f)
-        metadata["label_names"] = list(labels)
-        atomic.write_json(path, metadata)
     return os.fspath(directory)

@@ -66,8 +66,9 @@ def is_timm_source(value, *, progress=None):
 def fetch(source, progress=None, *, timeout=60.0,
           deadline=download.DEFAULT_DEADLINE):
     """``(config dict, local .safetensors path)`` of ``source``; Hub files
-    come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` never
-    goes online, ``HF_ENDPOINT`` picks another server) within ``timeout``
+    come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` or
+    ``KERAS_VIT_OFFLINE=1`` never goes online, ``HF_ENDPOINT`` picks
+    another server) within ``timeout``
     per wait and ``deadline`` in all (see :func:`hub_download`)."""
     source = os.fspath(source)
     if source.startswith(HUB_PREFIX):

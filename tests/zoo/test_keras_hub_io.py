@@ -236,8 +236,8 @@ def test_to_keras_hub_round_trip_through_a_preset(tmp_path, kw):
 
 def test_label_names_go_to_keras_hub_and_back(tmp_path):
     """zoo_labels ride on the live classifier and come back with its head;
-    a new head drops them, and a preset, which has no place for them,
-    comes back without."""
+    a new head drops them; its save_to_preset keeps them in the preset's
+    metadata.json, which keras-hub ignores and zoo.load reads back."""
     model = _keras_vit()
     model.zoo_labels = ["cat", "dog", "bird"]
     hub = zoo.to_keras_hub(model)
@@ -245,7 +245,21 @@ def test_label_names_go_to_keras_hub_and_back(tmp_path):
     assert zoo.from_keras_hub(hub).zoo_labels == ["cat", "dog", "bird"]
     assert zoo.from_keras_hub(hub, num_classes=5).zoo_labels is None
     hub.save_to_preset(str(tmp_path / "p"))
-    assert zoo.from_keras_hub(tmp_path / "p").zoo_labels is None
+    back = zoo.load(str(tmp_path / "p"))
+    assert list(back.label_names) == ["cat", "dog", "bird"]
+    assert zoo.from_keras_hub(tmp_path / "p").zoo_labels == [
+        "cat", "dog", "bird"]
+    # keras-hub reads the preset as before.
+    again = keras_hub.models.ViTImageClassifier.from_preset(
+        str(tmp_path / "p"))
+    x = _images()
+    np.testing.assert_allclose(np.asarray(again.backbone(x)),
+                               np.asarray(hub.backbone(x)), atol=1e-5, rtol=0)
+    # Names that do not fit the head are refused before anything is written.
+    hub.zoo_labels = ["cat"]
+    with pytest.raises(ValueError, match="zoo_labels.*3 classes"):
+        hub.save_to_preset(str(tmp_path / "q"))
+    assert not (tmp_path / "q").exists()
 
 
 def test_headless_model_becomes_a_backbone(tmp_path):
