@@ -227,6 +227,14 @@ for _n in ("query", "key", "value", "out"):
     for _p in ("kernel", "bias"):
         _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
             f"MultiHeadDotProductAttention_1/{_n}/{_p}")
+# The ViT family's block weights (no official checkpoint has them; the
+# keys follow the official naming): layer scale, q/k LayerNorms.
+_BLOCK_MAP["layer_scale_1"] = "LayerScale_0/scale"
+_BLOCK_MAP["layer_scale_2"] = "LayerScale_2/scale"
+for _n in ("query_norm", "key_norm"):
+    for _p, _q in (("gamma", "scale"), ("beta", "bias")):
+        _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
+            f"MultiHeadDotProductAttention_1/{_n}/{_q}")
 _TOP_MAP = {
     "patch_embedding/conv/kernel": "embedding/kernel",
     "patch_embedding/conv/bias": "embedding/bias",
@@ -238,6 +246,13 @@ _TOP_MAP = {
     "pre_logits/bias": "pre_logits/bias",
     "head/kernel": "head/kernel",
     "head/bias": "head/bias",
+    # The ViT family's: register tokens, CLIP's norm before the blocks, the
+    # norm after average pooling.
+    "register_tokens/registers": "reg",
+    "pre_norm/gamma": "Transformer/pre_norm/scale",
+    "pre_norm/beta": "Transformer/pre_norm/bias",
+    "fc_norm/gamma": "fc_norm/scale",
+    "fc_norm/beta": "fc_norm/bias",
 }
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"

@@ -37,14 +37,13 @@ from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import convert, download, formats, hub_files
 # timm's names <-> the official layout (zoo/timm_layout.py).
-from keras_vit.zoo.timm_layout import (bit_to_official, hybrid_to_official,
+from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
+                                       TIMM_POOLS, bit_to_official, hybrid_to_official,
                                        to_official)
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
                                      hub_download, read_safetensors)
 # The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
-_OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
-
 def is_timm_source(value, *, progress=None):
     """True for what this module reads: an ``hf-hub:`` handle, a
     ``.safetensors`` file or a folder holding ``model.safetensors``.
@@ -130,12 +129,67 @@ def read_config(path):
 _RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
 
 
+# timm's ViT sizes by word: (width, depth, heads), the MLP 4x wide.
+_TIMM_WIDTHS = {"tiny": (192, 12, 3), "small": (384, 12, 6),
+                "medium": (512, 12, 8), "base": (768, 12, 12),
+                "large": (1024, 24, 16), "huge": (1280, 32, 16)}
+_SIZE = "(tiny|small|medium|base|large|huge)"
+# The ViT family's members in timm that are the one VisionTransformer with
+# options (timm's architecture functions, read as data): the name's
+# pattern (groups: size word, patch, optional image size) and the options.
+_TIMM_FAMILY = (
+    (rf"deit_{_SIZE}_patch(\d+)_(\d+)", {}),
+    (rf"deit3_{_SIZE}_patch(\d+)_(\d+)",
+     dict(posemb_includes_prefix=False, layer_scale=1e-6)),
+    (rf"vit_{_SIZE}_patch(\d+)_dinov2()",
+     dict(layer_scale=1e-5, image_size=518)),
+    (rf"vit_{_SIZE}_patch(\d+)_reg(\d+)_dinov2",
+     dict(layer_scale=1e-5, image_size=518, posemb_includes_prefix=False)),
+    (rf"vit_{_SIZE}_patch(\d+)_clip_(\d+)",
+     dict(pre_norm=True, patch_bias=False, layer_norm_epsilon=1e-5)),
+    (rf"vit_{_SIZE}_patch(\d+)_clip_quickgelu_(\d+)",
+     dict(pre_norm=True, patch_bias=False, layer_norm_epsilon=1e-5,
+          gelu="quick")),
+    (rf"vit_{_SIZE}_patch(\d+)_gap_(\d+)",
+     dict(class_token=False, classifier="gap", qkv_bias=False,
+          layer_scale=1e-6, fc_norm=False)),
+)
+
+
+def _family_architecture(arch_name):
+    """``(zoo Arch, options)`` of a timm family member of
+    :data:`_TIMM_FAMILY`, or None for any other name."""
+    for pattern, options in _TIMM_FAMILY:
+        m = re.fullmatch(pattern, arch_name.partition(".")[0])
+        if not m:
+            continue
+        width, depth, heads = _TIMM_WIDTHS[m.group(1)]
+        patch, third = int(m.group(2)), m.group(3)
+        options = dict(options)
+        if "reg" in pattern:
+            options["num_registers"] = int(third)
+        elif third and "image_size" not in options:
+            options["image_size"] = int(third)
+        config = dict(patch_size=patch, hidden_size=width, num_layers=depth,
+                      num_heads=heads, mlp_dim=4 * width,
+                      classifier="token", representation_size=None)
+        image_size = options.pop("image_size", None)
+        config.update(options)
+        return variants.Arch(
+            name=arch_name.partition(".")[0], family="vit", config=config,
+            image_size=image_size, tag=None), options
+    return None
+
+
 def _architecture(config, name):
     arch_name = name or config.get("architecture")
     if not arch_name:
         raise ValueError("the timm weights carry no config.json naming the "
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
+    family = _family_architecture(arch_name)
+    if family is not None:
+        return family[0]
     if _RESNET_D_HYBRID.match(arch_name.partition(".")[0]):
         raise ValueError(
             f"timm's ResNet-D hybrids ({arch_name}: deep stem, average-pool "
@@ -150,29 +204,86 @@ def _architecture(config, name):
     return arch
 
 
-def _refuse_unsupported(config, arch, path):
-    """The builder arguments timm's ``model_args`` ask for, each one
-    keras_vit honours (``img_size``, ``in_chans``, ``num_classes``, the
-    architecture's own sizes, dropout rates); any other is refused by
-    name, as are inputs normalised another way than the official one."""
+# timm's model_args that are a ViT family option of keras_vit, one by one:
+# timm's name -> (keras_vit's argument, the value's mapping).
+
+
+def _bool_arg(value):
+    if not isinstance(value, bool):
+        raise ValueError("is not true or false")
+    return value
+
+
+def _choice_arg(table):
+    def convert(value):
+        if value not in table:
+            raise ValueError(f"is none of {', '.join(map(repr, table))}")
+        return table[value]
+    return convert
+
+
+def _layer_scale_arg(value):
+    if value is None:
+        return None
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not value > 0):
+        raise ValueError("is not a positive number or null")
+    return float(value)
+
+
+def _count_arg(value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("is not a count")
+    return value
+
+
+# How each of timm's family arguments (TIMM_OPTIONS) reads: its value's
+# check and mapping onto keras_vit's.
+_TIMM_VALUES = {
+    "class_token": _bool_arg, "reg_tokens": _count_arg,
+    "no_embed_class": lambda v: not _bool_arg(v),
+    "global_pool": _choice_arg(TIMM_POOLS),
+    "fc_norm": lambda v: None if v is None else _bool_arg(v),
+    "init_values": _layer_scale_arg, "qk_norm": _bool_arg,
+    "qkv_bias": _bool_arg, "proj_bias": _bool_arg, "pre_norm": _bool_arg,
+    "final_norm": _bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
+    "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
+    "drop_path_rate": lambda v: v if _is_rate(v) else _choice_arg({})(v),
+}
+
+
+def input_normalization(config):
+    """``{"mean": [...], "std": [...]}`` the weights expect their [0, 1]
+    pixels normalised with (``pretrained_cfg``'s; the official 0.5/0.5
+    when it names none)."""
     pretrained = config.get("pretrained_cfg") or {}
-    mean = [round(float(v), 4) for v in pretrained.get("mean", [0.5] * 3)]
-    std = [round(float(v), 4) for v in pretrained.get("std", [0.5] * 3)]
-    if (mean, std) != _OFFICIAL_MEAN_STD:
-        raise formats.fail(
-            path, "pretrained_cfg.mean", f"the weights expect inputs "
-            f"normalised with mean={mean}, std={std}; keras_vit's ViT takes "
-            "the official [-1, 1] range (mean 0.5, std 0.5) only")
-    args = config.get("model_args") or {}
+    return {"mean": [float(v) for v in pretrained.get("mean", [0.5] * 3)],
+            "std": [float(v) for v in pretrained.get("std", [0.5] * 3)]}
+
+
+def _honoured(config, arch, path):
+    """The builder arguments timm's config asks for: ``model_args`` (and
+    the top-level ``global_pool``) mapped onto keras_vit's arguments
+    (``img_size``, ``in_chans``, ``num_classes``, the architecture's sizes,
+    dropout rates and the ViT family's options); any other setting is
+    refused by name."""
+    args = dict(config.get("model_args") or {})
+    # The top-level field is the pooling the model was saved with.
+    pool = config.get("global_pool", args.get("global_pool", "token"))
+    args.pop("global_pool", None)
+    if arch.family == "vit" and pool not in ("", "token"):
+        args["global_pool"] = pool
+    elif pool not in ("token", ""):
+        raise formats.fail(path, "global_pool", f"timm global_pool="
+                           f"{shown(pool)} is not supported for "
+                           f"{arch.name}; it pools the class token")
     out = {}
     vit = arch.family in ("vit", "hybrid")
     for key, value in args.items():
-        if key in ("img_size", "num_classes", "global_pool"):
+        if key in ("img_size", "num_classes"):
             continue  # read with the config's own fields
         if key == "in_chans":
             out["num_channels"] = value
-        elif key in ("class_token", "qkv_bias") and value is True:
-            continue
         elif key in _TIMM_SIZES and vit:
             out[_TIMM_SIZES[key]] = value
         elif key == "mlp_ratio" and vit:
@@ -181,13 +292,22 @@ def _refuse_unsupported(config, arch, path):
             out["dropout_rate"] = float(value)
         elif key == "attn_drop_rate" and _is_rate(value):
             out["attention_dropout_rate"] = float(value)
+        elif key in TIMM_OPTIONS and arch.family == "vit":
+            try:
+                out[TIMM_OPTIONS[key]] = _TIMM_VALUES[key](value)
+            except ValueError as e:
+                raise formats.fail(path, f"model_args.{key}",
+                                   f"{key}={shown(value, 40)} {e}") from None
+        elif key in ("class_token", "qkv_bias") and value is True:
+            continue  # a hybrid's defaults
         else:
             raise formats.fail(
                 path, f"model_args.{key}", f"{key}={shown(value, 40)} is a "
                 f"timm setting keras_vit's {arch.name} cannot honour (it "
-                "honours img_size, in_chans, num_classes, global_pool "
-                "'token', class_token true, the ViT's sizes patch_size, "
-                "embed_dim, depth, num_heads, mlp_ratio, and dropout rates)")
+                "honours img_size, in_chans, num_classes, the ViT's sizes "
+                "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
+                "rates, and for a ViT " + ", ".join(sorted(TIMM_OPTIONS))
+                + ")")
     if "mlp_ratio" in args and vit:
         width = out.get("hidden_size", arch.config["hidden_size"])
         mlp = args["mlp_ratio"] * width
@@ -196,11 +316,22 @@ def _refuse_unsupported(config, arch, path):
                                f"{args['mlp_ratio']} times the width {width} "
                                "is not a whole number of units")
         out["mlp_dim"] = int(mlp)
-    pool = config.get("global_pool", args.get("global_pool", "token"))
-    if pool not in ("token", ""):
-        raise formats.fail(path, "global_pool", f"timm global_pool="
-                           f"{shown(pool)} is not supported; keras_vit "
-                           "pools the class token")
+    options = dict(arch.config, **out)
+    if arch.family == "vit":
+        # timm's defaults that follow from other settings: the norm after
+        # average pooling (fc_norm None), the patch bias off with pre_norm.
+        if options.get("fc_norm", None) is None:
+            options["fc_norm"] = options.get("classifier", "token") != "token"
+        if "pre_norm" in out:
+            options["patch_bias"] = not out["pre_norm"]
+        if (options.get("classifier", "token") != "token"
+                and "class_token" not in options):
+            options["class_token"] = True  # timm keeps it unless told
+        out = {k: v for k, v in options.items()
+               if k in out or k not in arch.config
+               or arch.config[k] != v}
+        if not out.get("fc_norm", True):
+            out.pop("fc_norm")
     return out
 
 
@@ -247,6 +378,15 @@ def load(source, name=None, image_size=None, num_classes=None, *,
                        **kwargs))
 
 
+def _num_classes(config, arrays, head_key):
+    """The head's size: the config's ``num_classes`` (0: no head, the
+    model returns the pooled embedding, as timm's), else the weights'."""
+    value = config.get("num_classes")
+    if value == 0 and head_key not in arrays:
+        return 0
+    return value or 1000
+
+
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
@@ -259,7 +399,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch = _architecture(config, name)
-    honoured = _refuse_unsupported(config, arch, where)
+    honoured = _honoured(config, arch, where)
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
     build_config = dict(arch.config, **honoured)
@@ -278,7 +418,10 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
             arrays = convert.normalize_keys(
                 mapping(state, build_config["num_heads"]))
             head_key = "head/kernel"
-            build_config["gelu"] = "exact"  # timm's GELU
+            # timm's GELU, unless the architecture or its act_layer names
+            # another (quick GELU: OpenAI's CLIP towers).
+            if "gelu" not in honoured and build_config.get("gelu") != "quick":
+                build_config["gelu"] = "exact"
     except ValueError as e:  # parameters keras_vit lacks: name the file
         raise convert.CheckpointError(f"{os.fspath(path)}: {e}") from None
     # (height, width) after read_config's checks.
@@ -293,7 +436,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None
     build_config.update(image_size=image_size,
-                        num_classes=config.get("num_classes") or 1000,
+                        num_classes=_num_classes(config, arrays, head_key),
                         name=build.model_name(arch.name))
     return build.Checkpoint(
         build_config, arrays, source_name=repr(os.fspath(source)),
@@ -302,4 +445,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         tags={"zoo_name": (hub_files.zoo_name(build_config) if honoured
                            and not is_bit and "resnet" not in build_config
                            else arch.name), "zoo_weights": None,
-              "zoo_source": os.fspath(source)})
+              "zoo_source": os.fspath(source),
+              # The weights' own input normalisation, from their config
+              # (the model takes inputs normalised this way).
+              "zoo_input_normalization": input_normalization(config)})

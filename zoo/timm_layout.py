@@ -15,6 +15,24 @@ import numpy as np
 
 from keras_vit.zoo import convert
 
+# timm's names of the ViT family's poolings and MLP activations ->
+# keras_vit's (VisionTransformer's classifier and gelu), for the reader and
+# the writer.
+TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
+              "avgmax": "avgmax"}
+TIMM_ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh",
+                    "quick_gelu": "quick"}
+# timm's VisionTransformer arguments that are one of keras_vit's ViT family
+# options: timm's name -> keras_vit's (the values: see the reader and the
+# writer; no_embed_class is the negation of posemb_includes_prefix).
+TIMM_OPTIONS = {
+    "class_token": "class_token", "reg_tokens": "num_registers",
+    "no_embed_class": "posemb_includes_prefix", "global_pool": "classifier",
+    "fc_norm": "fc_norm", "init_values": "layer_scale",
+    "qk_norm": "qk_norm", "qkv_bias": "qkv_bias", "proj_bias": "proj_bias",
+    "pre_norm": "pre_norm", "final_norm": "final_norm", "act_layer": "gelu",
+    "pos_embed": "position_embedding", "drop_path_rate": "drop_path_rate"}
+
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
 BLOCK_PARAMS = {
     "norm1.weight": "LayerNorm_0/scale", "norm1.bias": "LayerNorm_0/bias",
@@ -26,6 +44,12 @@ BLOCK_PARAMS = {
     "attn.qkv.weight": None, "attn.qkv.bias": None,  # split into q, k, v
     "attn.proj.weight": "MultiHeadDotProductAttention_1/out/kernel",
     "attn.proj.bias": "MultiHeadDotProductAttention_1/out/bias",
+    # The ViT family's options: layer scale, q/k normalisation.
+    "ls1.gamma": "LayerScale_0/scale", "ls2.gamma": "LayerScale_2/scale",
+    "attn.q_norm.weight": "MultiHeadDotProductAttention_1/query_norm/scale",
+    "attn.q_norm.bias": "MultiHeadDotProductAttention_1/query_norm/bias",
+    "attn.k_norm.weight": "MultiHeadDotProductAttention_1/key_norm/scale",
+    "attn.k_norm.bias": "MultiHeadDotProductAttention_1/key_norm/bias",
 }
 TOP_PARAMS = {
     "cls_token": "cls", "pos_embed": convert.POSEMB_KEY,
@@ -34,14 +58,19 @@ TOP_PARAMS = {
     "norm.weight": "Transformer/encoder_norm/scale",
     "norm.bias": "Transformer/encoder_norm/bias",
     "head.weight": "head/kernel", "head.bias": "head/bias",
+    "reg_token": "reg",
+    "norm_pre.weight": "Transformer/pre_norm/scale",
+    "norm_pre.bias": "Transformer/pre_norm/bias",
+    "fc_norm.weight": "fc_norm/scale", "fc_norm.bias": "fc_norm/bias",
 }
 
 
 def to_official(state, num_heads):
     """Maps a timm ViT ``state_dict`` (NumPy) onto the official ``.npz``
-    layout. timm parameters with no official counterpart (layer scale,
-    register tokens, fc_norm, q/k norms, ...) raise a ValueError naming
-    them: loading without them would silently compute something else."""
+    layout, with the keys of the ViT family's options (register tokens,
+    layer scale, q/k norms, ``norm_pre``, ``fc_norm``). timm parameters
+    with no keras_vit counterpart raise a ValueError naming them: loading
+    without them would silently compute something else."""
     out, unknown = {}, []
     for name, value in state.items():
         value = np.asarray(value)

@@ -15,7 +15,8 @@ from keras_vit.base import atomic
 from keras_vit.base import variants
 from keras_vit.base.checks import require
 from keras_vit.zoo import convert
-from keras_vit.zoo.timm_layout import from_official
+from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
+                                       TIMM_POOLS, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 # The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
@@ -26,12 +27,72 @@ _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
                "H": "huge"}
 
 
+# The family options written as timm's arguments of the same meaning
+# (TIMM_OPTIONS) where the model differs from the paper's ViT, so a plain
+# ViT's file stays as it was; the pooling, class token, GELU, patch bias
+# and stochastic depth are written below.
+_FAMILY_ARGS = ("num_registers", "posemb_includes_prefix", "fc_norm",
+                "layer_scale", "qk_norm", "qkv_bias", "proj_bias",
+                "final_norm")
+
+
+def _family_args(config):
+    """timm's ``model_args`` for the model's family options (``config``:
+    its get_config()), and the base architecture whose LayerNorm epsilon
+    the model has; a setting timm cannot take is refused by name."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    options = dict(FAMILY_DEFAULTS, **{k: config[k] for k in
+                                       FAMILY_DEFAULTS if k in config})
+    pools = {ours: theirs for theirs, ours in TIMM_POOLS.items()}
+    pools["avg"] = "avg"  # keras_vit's other name of "gap"
+    classifier = config.get("classifier", "token")
+    token = options["class_token"]
+    token = classifier == "token" if token is None else token
+    args = {}
+    if classifier != "token" or not token:
+        # fc_norm too: timm's default puts it on with average pooling.
+        args.update(global_pool=pools[classifier], class_token=token,
+                    fc_norm=bool(options["fc_norm"]))
+    timm_names = {ours: theirs for theirs, ours in TIMM_OPTIONS.items()}
+    for key in _FAMILY_ARGS:
+        if options[key] != FAMILY_DEFAULTS[key]:
+            value = options[key]
+            args[timm_names[key]] = (not value if key ==
+                                     "posemb_includes_prefix" else value)
+    if config.get("gelu") == "quick":  # timm's default is exact GELU
+        args["act_layer"] = next(theirs for theirs, ours in
+                                 TIMM_ACTIVATIONS.items() if ours == "quick")
+    if options["drop_path_rate"]:
+        args["drop_path_rate"] = float(options["drop_path_rate"])
+    # timm builds the patch embedding without a bias exactly when a norm
+    # precedes the blocks (CLIP).
+    if options["patch_bias"] == options["pre_norm"]:
+        raise ValueError(
+            "timm's ViT has a patch embedding bias exactly when it has no "
+            f"pre_norm; the model has patch_bias={options['patch_bias']}, "
+            f"pre_norm={options['pre_norm']}")
+    epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if epsilon == 1e-5:  # CLIP's towers: their own architecture
+        args["pre_norm"] = options["pre_norm"]
+        return "vit_base_patch16_clip_224", args
+    if epsilon != 1e-6:
+        raise ValueError(
+            "timm's ViT architectures take LayerNorm epsilon 1e-6 (1e-5: "
+            f"CLIP's); the model has layer_norm_epsilon={epsilon}")
+    if options["pre_norm"]:
+        args["pre_norm"] = True
+    return None, args
+
+
 def timm_architecture(model):
     """``(name, model_args)``: timm's name for the model's architecture
     (``vit_base_patch16_224``) and the ``model_args`` that make timm build
     it: none for the standard sizes, else the sizes themselves on top of
     ``vit_base_patch16_224`` (timm's ``create_model`` takes them as
-    keyword arguments, and :mod:`keras_vit.zoo.timm_hub` honours them)."""
+    keyword arguments, and :mod:`keras_vit.zoo.timm_hub` honours them),
+    and the ViT family's options (register tokens, layer scale, pooling,
+    ...) as timm's arguments of the same meaning."""
     # The sizes are the zoo's one table (keras_vit.base.variants), in timm's
     # words.
     names = {(row["hidden_size"], row["num_layers"], row["num_heads"]):
@@ -39,25 +100,29 @@ def timm_architecture(model):
              for letter, row in variants.VIT_SIZES.items()
              if letter in _TIMM_WORDS}
     config = model.get_config()
-    if (config.get("resnet") is not None or config.get("classifier") != "token"
+    if (config.get("resnet") is not None
             or config.get("position_embedding", "learned_1d") != "learned_1d"
+            or config.get("position_embedding_placement", "stem") != "stem"
             or config.get("representation_size")):
         raise ValueError(
-            f"save_pretrained writes timm's ViT (a class token, a learned "
-            f"position table, no ResNet stem, no pre_logits); "
-            f"model={model.name!r} has classifier={config.get('classifier')!r}"
-            f", resnet={config.get('resnet')!r}, representation_size="
+            f"save_pretrained writes timm's ViT (a learned position table "
+            f"at the stem, no ResNet stem, no pre_logits); "
+            f"model={model.name!r} has position_embedding="
+            f"{config.get('position_embedding')!r}, resnet="
+            f"{config.get('resnet')!r}, representation_size="
             f"{config.get('representation_size')!r}")
+    base, family = _family_args(config)
     key = (config["hidden_size"], config["num_layers"], config["num_heads"])
     size = names.get(key)
     patch = config["patch_size"]
-    if size is not None and config["mlp_dim"] == 4 * key[0] and patch in (
-            (8, 16, 32) if size == "base" else (16, 32) if size != "huge"
-            else (14,)):
-        return f"vit_{size}_patch{patch}_224", {}
-    return "vit_base_patch16_224", {
+    if base is None and size is not None and config["mlp_dim"] == 4 * key[
+            0] and patch in ((8, 16, 32) if size == "base" else (16, 32)
+                             if size != "huge" else (14,)):
+        return f"vit_{size}_patch{patch}_224", family
+    return base or "vit_base_patch16_224", {
         "patch_size": patch, "embed_dim": key[0], "depth": key[1],
-        "num_heads": key[2], "mlp_ratio": config["mlp_dim"] / key[0]}
+        "num_heads": key[2], "mlp_ratio": config["mlp_dim"] / key[0],
+        **family}
 
 
 def write(model, directory, labels=None):
@@ -68,21 +133,25 @@ def write(model, directory, labels=None):
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
     state = from_official(convert.export_arrays(model))
+    # The input normalisation the weights were loaded with (timm files
+    # carry theirs), else the official one.
+    normalisation = getattr(model, "zoo_input_normalization", None) or {
+        "mean": _OFFICIAL_MEAN_STD[0], "std": _OFFICIAL_MEAN_STD[1]}
     size = model.image_size
     size = list(size) if isinstance(size, (tuple, list)) else [size, size]
     config = {
         "architecture": arch,
         "num_classes": int(model.num_classes),
         "num_features": int(model.hidden_size),
-        "global_pool": "token",
+        "global_pool": sizes.get("global_pool", "token"),
         "model_args": {"img_size": size[0] if size[0] == size[1] else size,
                        "in_chans": int(model.get_config().get(
                            "num_channels", 3)), **sizes},
         "pretrained_cfg": {
             "input_size": [3, *size], "fixed_input_size": True,
             "interpolation": "bilinear", "crop_pct": 1.0,
-            "crop_mode": "center", "mean": _OFFICIAL_MEAN_STD[0],
-            "std": _OFFICIAL_MEAN_STD[1], "num_classes": int(model.num_classes),
+            "crop_mode": "center", "mean": normalisation["mean"],
+            "std": normalisation["std"], "num_classes": int(model.num_classes),
             "first_conv": "patch_embed.proj", "classifier": "head"},
     }
     if labels is not None:

@@ -34,6 +34,12 @@ from keras_vit.layers.embeddings import (
     ADDITIVE_POSITION_EMBEDDINGS, ClassToken, PatchEmbedding, PositionEmbedding,
     resize_grid_table, runtime_grid, sincos_2d_grid, sincos_2d_table)
 
+# The ViT family's layers and constants (register tokens, stochastic depth,
+# pooling methods, the MLP's activations).
+from keras_vit.layers.blocks import POOLING_METHODS, DropPath
+from keras_vit.layers.dense import MLP_ACTIVATIONS
+from keras_vit.layers.embeddings import RegisterTokens
+
 __all__ = [
     "ADDITIVE_POSITION_EMBEDDINGS", "ClassToken", "EncoderBlock", "FusedConv2D",
     "FusedDense", "FusedEinsumDense", "FusedLayerNormalization", "GELU_FORMS",
@@ -44,3 +50,5 @@ __all__ = [
     "relative_attention_bias", "relative_position_index",
     "relative_table_rows", "rematerialized", "resize_grid_table",
     "runtime_grid", "sincos_2d_grid", "sincos_2d_table"]
+
+__all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "RegisterTokens"]

@@ -10,7 +10,8 @@ from keras import layers, ops
 
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedEinsumDense, chains_in_xla, with_arguments, xavier_flat)
+    FusedEinsumDense, FusedLayerNormalization, chains_in_xla, with_arguments,
+    xavier_flat)
 
 
 def relative_table_rows(num_patches, num_prefix_tokens=0):
@@ -102,12 +103,25 @@ class MultiHeadSelfAttention(layers.Layer):
     ``MultiHeadAttention``, so that Keras' ``quantize`` and
     ``enable_lora`` reach them. ``return_attention_scores=True`` in
     ``call`` also returns the softmax probabilities (B, heads, N, N).
+
+    ``qkv_bias`` and ``proj_bias`` (False: no bias on the query/key/value
+    projections, on the output projection) and ``qk_norm`` (a LayerNorm
+    of epsilon ``norm_epsilon`` over each head's queries and keys,
+    ``query_norm`` and ``key_norm``, before the dot products) are the
+    variants of the ViT family (timm's ``qkv_bias``, ``proj_bias``,
+    ``qk_norm``).
     """
 
-    def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
+    def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
+                 proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
+        self.qkv_bias = bool(qkv_bias)
+        self.proj_bias = bool(proj_bias)
+        self.qk_norm = bool(qk_norm)
+        self.norm_epsilon = float(norm_epsilon)
         self.dropout = layers.Dropout(self.attention_dropout_rate,
                                       dtype=self.dtype_policy)
 
@@ -122,20 +136,34 @@ class MultiHeadSelfAttention(layers.Layer):
         for name in ("query", "key", "value"):
             layer = FusedEinsumDense(
                 "abc,cde->abde", (None, self.num_heads, head_dim),
-                bias_axes="de", kernel_initializer=xavier_flat(dim, dim),
+                bias_axes="de" if self.qkv_bias else None,
+                kernel_initializer=xavier_flat(dim, dim),
                 bias_initializer="zeros", dtype=self.dtype_policy, name=name)
             layer.build(tuple(input_shape))
             setattr(self, name, layer)
         self.out = FusedEinsumDense(
-            "abcd,cde->abe", (None, dim), bias_axes="e",
+            "abcd,cde->abe", (None, dim),
+            bias_axes="e" if self.proj_bias else None,
             kernel_initializer=xavier_flat(dim, dim),
             bias_initializer="zeros", dtype=self.dtype_policy, name="out")
         self.out.build(tuple(input_shape[:-1]) + (self.num_heads, head_dim))
+        if self.qk_norm:
+            heads_shape = tuple(input_shape[:-1]) + (self.num_heads, head_dim)
+            for name in ("query_norm", "key_norm"):
+                norm = FusedLayerNormalization(
+                    epsilon=self.norm_epsilon, dtype=self.dtype_policy,
+                    name=name)
+                norm.build(heads_shape)
+                setattr(self, name, norm)
         self.built = True
 
     def _qkv(self, x):
-        """q, k, v as (B, N, heads, D/heads)."""
-        return self.query(x), self.key(x), self.value(x)
+        """q, k, v as (B, N, heads, D/heads), q and k normalised per head
+        with ``qk_norm``."""
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        if self.qk_norm:
+            q, k = self.query_norm(q), self.key_norm(k)
+        return q, k, v
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -211,5 +239,6 @@ class MultiHeadSelfAttention(layers.Layer):
         return y
 
     def get_config(self):
-        return with_arguments(super().get_config(), self,
-                               ("num_heads", "attention_dropout_rate"))
+        return with_arguments(super().get_config(), self, (
+            "num_heads", "attention_dropout_rate", "qkv_bias", "proj_bias",
+            "qk_norm", "norm_epsilon"))

@@ -71,28 +71,63 @@ def check_remat(remat):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class MlpBlock(layers.Layer):
-    """Dense -> GELU (``gelu``: "tanh" or "exact") -> Dropout -> Dense ->
-    Dropout."""
+class DropPath(layers.Layer):
+    """Stochastic depth (Huang et al. 2016): in training, each example's
+    residual branch is dropped with probability ``rate`` and the kept ones
+    are scaled by 1 / (1 - rate); outside training the identity. Its seed
+    generator is the layer's own, so a rematerialised block recomputes the
+    same mask (:func:`rematerialized`)."""
 
-    def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", **kwargs):
+    def __init__(self, rate, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = float(rate)
+        if not 0 <= self.rate < 1:
+            raise ValueError(f"rate must be in [0, 1); received "
+                             f"rate={rate!r}")
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, x, training=None):
+        if training is not True or self.rate == 0:
+            return x
+        keep = 1.0 - self.rate
+        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+        mask = keras.random.uniform(shape, seed=self.seed_generator) < keep
+        return x * ops.cast(mask, x.dtype) / ops.cast(keep, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self, ("rate", "seed"))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MlpBlock(layers.Layer):
+    """Dense -> GELU (``gelu``: "tanh", "exact" or "quick") -> Dropout ->
+    Dense -> Dropout; ``use_bias=False`` drops both Dense biases."""
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
+                 **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.gelu = check_gelu(gelu)
+        self.use_bias = bool(use_bias)
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
         self.dense_0 = FusedDense(
-            self.mlp_dim, gelu=self.gelu,
+            self.mlp_dim, gelu=self.gelu, use_bias=self.use_bias,
             kernel_initializer=XAVIER, bias_initializer=bias_init(),
             dtype=self.dtype_policy, name="dense_0",
         )
         self.dense_1 = FusedDense(
-            dim, kernel_initializer=XAVIER, bias_initializer=bias_init(),
-            dtype=self.dtype_policy, name="dense_1",
+            dim, use_bias=self.use_bias, kernel_initializer=XAVIER,
+            bias_initializer=bias_init(), dtype=self.dtype_policy,
+            name="dense_1",
         )
         self.dense_0.build((None, dim))
         self.dense_1.build((None, self.mlp_dim))
@@ -112,7 +147,8 @@ class MlpBlock(layers.Layer):
 
     def get_config(self):
         return with_arguments(super().get_config(), self,
-                               ("mlp_dim", "dropout_rate", "gelu"))
+                               ("mlp_dim", "dropout_rate", "gelu",
+                                "use_bias"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -126,6 +162,15 @@ class EncoderBlock(layers.Layer):
     of all its activations (the paper's big models fit batches several
     times larger) for about one more forward pass of compute. The numbers
     are the same; inference (``training`` not True) is unchanged.
+
+    The ViT family's block options: ``layer_scale`` (an initial value:
+    each branch's output is multiplied by a learned per-channel scale,
+    weights ``layer_scale_1`` and ``layer_scale_2``, CaiT/DeiT-III/DINOv2;
+    None: none), ``qk_norm``, ``qkv_bias`` (see
+    :class:`MultiHeadSelfAttention`), ``proj_bias`` (the biases of the
+    attention's output projection and of both MLP layers, as timm's
+    ``proj_bias``) and ``drop_path_rate`` (stochastic depth of both
+    branches in training, :class:`DropPath`).
     """
 
     def __init__(
@@ -137,10 +182,21 @@ class EncoderBlock(layers.Layer):
         layer_norm_epsilon=1e-6,
         gelu="tanh",
         remat=False,
+        layer_scale=None,
+        qk_norm=False,
+        qkv_bias=True,
+        proj_bias=True,
+        drop_path_rate=0.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = check_remat(remat)
+        self.layer_scale = (None if layer_scale is None
+                            else float(layer_scale))
+        self.qk_norm = bool(qk_norm)
+        self.qkv_bias = bool(qkv_bias)
+        self.proj_bias = bool(proj_bias)
+        self.drop_path_rate = float(drop_path_rate)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.gelu = check_gelu(gelu)
@@ -153,6 +209,8 @@ class EncoderBlock(layers.Layer):
         )
         self.attention = MultiHeadSelfAttention(
             self.num_heads, self.attention_dropout_rate,
+            qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
+            qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
             dtype=self.dtype_policy, name="attention",
         )
         self.dropout = layers.Dropout(self.dropout_rate,
@@ -162,12 +220,33 @@ class EncoderBlock(layers.Layer):
             name="norm_2",
         )
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
+                            use_bias=self.proj_bias,
                             dtype=self.dtype_policy, name="mlp")
+        # Only with a rate: a seed generator is state a .keras file keeps.
+        self.drop_path = (DropPath(self.drop_path_rate,
+                                   dtype=self.dtype_policy, name="drop_path")
+                          if self.drop_path_rate else None)
 
     def build(self, input_shape):
         for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
             sub.build(input_shape)
+        if self.layer_scale is not None:
+            dim = int(input_shape[-1])
+            init = keras.initializers.Constant(self.layer_scale)
+            self.layer_scale_1 = self.add_weight(
+                name="layer_scale_1", shape=(dim,), initializer=init)
+            self.layer_scale_2 = self.add_weight(
+                name="layer_scale_2", shape=(dim,), initializer=init)
         self.built = True
+
+    def _branch(self, y, scale, training):
+        """A residual branch's output as the block adds it: scaled by the
+        layer scale, dropped by stochastic depth."""
+        if scale is not None:
+            y = y * ops.cast(scale, y.dtype)
+        if self.drop_path is not None:
+            y = self.drop_path(y, training=training)
+        return y
 
     def call(self, x, training=None, return_attention_scores=False,
              relative_embedding=None):
@@ -197,8 +276,12 @@ class EncoderBlock(layers.Layer):
         )
         if return_attention_scores:
             y, scores = y
-        x = x + self.dropout(y, training=training)
-        x = x + self.mlp(self.norm_2(x), training=training)
+        scales = ((self.layer_scale_1, self.layer_scale_2)
+                  if self.layer_scale is not None else (None, None))
+        x = x + self._branch(self.dropout(y, training=training), scales[0],
+                             training)
+        x = x + self._branch(self.mlp(self.norm_2(x), training=training),
+                             scales[1], training)
         if return_attention_scores:
             return x, scores
         return x
@@ -214,31 +297,48 @@ class EncoderBlock(layers.Layer):
     def get_config(self):
         return with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
-            "layer_norm_epsilon", "gelu", "remat"))
+            "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
+            "qkv_bias", "proj_bias", "drop_path_rate"))
+
+
+POOLING_METHODS = ("token", "gap", "max", "avgmax")
+"""How :class:`TokenPooling` pools: token 0 (the class token), or the
+mean, the maximum, or the mean of the two over the patch tokens."""
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TokenPooling(layers.Layer):
-    """Pools a token sequence: ``"token"`` takes token 0, ``"gap"`` the mean."""
+    """Pools a token sequence: ``"token"`` takes token 0; ``"gap"`` the
+    mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
+    tokens after the first ``num_prefix_tokens`` (the class and register
+    tokens: they are no patches, timm pools the same way)."""
 
-    def __init__(self, method="token", **kwargs):
+    def __init__(self, method="token", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
-        if method not in ("token", "gap"):
+        if method not in POOLING_METHODS:
             raise ValueError(
-                f"method must be 'token' or 'gap'; received method={method!r}"
-            )
+                f"method must be one of {', '.join(map(repr, POOLING_METHODS))}"
+                f"; received method={method!r}")
         self.method = method
+        self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, x):
         if self.method == "token":
             return x[:, 0]
-        return ops.mean(x, axis=1)
+        if self.num_prefix_tokens:
+            x = x[:, self.num_prefix_tokens:]
+        if self.method == "gap":
+            return ops.mean(x, axis=1)
+        if self.method == "max":
+            return ops.max(x, axis=1)
+        return 0.5 * (ops.mean(x, axis=1) + ops.max(x, axis=1))
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
 
     def get_config(self):
-        return with_arguments(super().get_config(), self, ("method",))
+        return with_arguments(super().get_config(), self,
+                              ("method", "num_prefix_tokens"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

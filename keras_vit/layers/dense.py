@@ -50,7 +50,14 @@ def gelu_tanh(x):
 
 
 GELU_FORMS = ("tanh", "exact")
-"""The ``gelu`` forms a layer takes: flax's tanh approximation, or erf."""
+"""The two spellings of GELU itself: flax's tanh approximation, or erf.
+Training steps may run either as one XLA program
+(:func:`keras_vit.runtime.fused_ops.xla_gelu`)."""
+
+MLP_ACTIVATIONS = (*GELU_FORMS, "quick")
+"""The ``gelu`` values a layer takes: the two GELU forms, and ``"quick"``,
+``x * sigmoid(1.702 x)``, the sigmoid approximation OpenAI's CLIP image
+towers were trained with (timm's ``quick_gelu``)."""
 
 
 def gelu(x, form="tanh"):
@@ -70,6 +77,8 @@ def gelu(x, form="tanh"):
     """
     if form == "tanh":
         return gelu_tanh(x)
+    if form == "quick":
+        return x * ops.sigmoid(ops.cast(1.702, x.dtype) * x)
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
@@ -86,7 +95,13 @@ def mlp_gelu_exact(x):
     return gelu(x, "exact")
 
 
-MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact}
+def mlp_gelu_quick(x):
+    """The quick (sigmoid) GELU as the MLP's activation: :func:`gelu`."""
+    return gelu(x, "quick")
+
+
+MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact,
+            "quick": mlp_gelu_quick}
 """The MLP activation of each ``gelu`` form."""
 
 
@@ -171,8 +186,9 @@ def _dense_2d(x, kernel, bias, training=None):
 
 
 def check_gelu(form):
-    """``form`` if it is one of :data:`GELU_FORMS`, else a ValueError."""
-    return check_choice("gelu", form, GELU_FORMS)
+    """``form`` if it is one of :data:`MLP_ACTIVATIONS`, else a
+    ValueError naming ``gelu``."""
+    return check_choice("gelu", form, MLP_ACTIVATIONS)
 
 
 def with_arguments(config, layer, names):
@@ -229,7 +245,7 @@ class FusedDense(layers.Dense):
     activation, TensorFlow's fused MatMul + BiasAdd + GELU spelling
     (:mod:`keras_vit.runtime.fused_ops`).
 
-    ``gelu`` (None, ``"tanh"`` or ``"exact"``) makes the GELU of that form
+    ``gelu`` (None or one of :data:`MLP_ACTIVATIONS`) makes the GELU of that form
     the layer's activation, kept in the config by its name (``activation``
     then stays None there).
 
@@ -265,7 +281,7 @@ class FusedDense(layers.Dense):
             x = ops.reshape(inputs, (-1, self.kernel.shape[0]))
         kernel = ops.cast(self.kernel, x.dtype)
         bias = ops.cast(self.bias, x.dtype)
-        if self.gelu is not None and chains_in_xla(x.dtype, training):
+        if self.gelu in GELU_FORMS and chains_in_xla(x.dtype, training):
             from keras_vit.runtime import fused_ops
 
             # The training step's GELU and its gradient as one XLA loop

@@ -18,17 +18,20 @@ class PatchEmbedding(layers.Layer):
 
     A ``patch_size`` x ``patch_size`` convolution with the same stride,
     flattened to a sequence: (B, H, W, C) -> (B, H/P * W/P, hidden_size).
+    ``use_bias=False`` leaves out the convolution's bias (CLIP's towers).
     """
 
-    def __init__(self, hidden_size, patch_size, **kwargs):
+    def __init__(self, hidden_size, patch_size, use_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size = int(hidden_size)
         self.patch_size = int(patch_size)
+        self.use_bias = bool(use_bias)
         self.conv = FusedConv2D(
             self.hidden_size,
             self.patch_size,
             strides=self.patch_size,
             padding="valid",
+            use_bias=self.use_bias,
             kernel_initializer="lecun_normal",
             dtype=self.dtype_policy,
             name="conv",
@@ -52,7 +55,7 @@ class PatchEmbedding(layers.Layer):
 
     def get_config(self):
         return with_arguments(super().get_config(), self,
-                               ("hidden_size", "patch_size"))
+                               ("hidden_size", "patch_size", "use_bias"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -73,6 +76,40 @@ class ClassToken(layers.Layer):
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape
         return (b, None if n is None else n + 1, d)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class RegisterTokens(layers.Layer):
+    """Inserts ``num_tokens`` learned register tokens (Darcet et al. 2023,
+    "Vision Transformers Need Registers"), weight ``registers`` (1,
+    num_tokens, D), after the first ``index`` tokens of a sequence (1: after
+    the class token, as DINOv2 and timm place them)."""
+
+    def __init__(self, num_tokens, index=0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_tokens = int(num_tokens)
+        self.index = int(index)
+
+    def build(self, input_shape):
+        self.registers = self.add_weight(
+            name="registers", shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        self.built = True
+
+    def call(self, x):
+        shape = ops.shape(x)
+        registers = ops.broadcast_to(ops.cast(self.registers, x.dtype),
+                                     (shape[0], self.num_tokens, shape[2]))
+        return ops.concatenate(
+            [x[:, :self.index], registers, x[:, self.index:]], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + self.num_tokens, d)
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self,
+                              ("num_tokens", "index"))
 
 
 ADDITIVE_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d")

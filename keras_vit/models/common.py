@@ -41,14 +41,17 @@ def carry_policy(model, dtype):
 
 def classification_head(x, pooling_layer, include_top, representation_size,
                         num_classes, bias_initializer, classifier_activation,
-                        dtype):
-    """``pooling_layer`` (or none), the optional ``pre_logits`` Dense +
+                        dtype, pooled_norm=None):
+    """``pooling_layer`` (or none), then ``pooled_norm`` (a layer, or
+    none: the ViT family's ``fc_norm``), the optional ``pre_logits`` Dense +
     tanh, and, with ``include_top``, the zero-initialised ``head`` (its bias
     from ``bias_initializer``) and its activation. Both Dense layers are
     :class:`~keras_vit.layers.FusedDense`: their bias gradients sum over
     the batch in float32 under mixed precision on TensorFlow too."""
     if pooling_layer is not None:
         x = pooling_layer(x)
+        if pooled_norm is not None:
+            x = pooled_norm(x)
         if representation_size is not None:
             x = FusedDense(representation_size, activation="tanh",
                            kernel_initializer="lecun_normal",

@@ -156,3 +156,74 @@ def check_remat_scope(dropout_rate, attention_dropout_rate):
                              "tensorflow" else "")
         + f"; received dropout_rate={dropout_rate}, attention_dropout_rate="
         f"{attention_dropout_rate}")
+
+
+# The ViT family's options (VisionTransformer's arguments of the same
+# names) with their defaults: the paper's ViT. The models keep them as
+# given; check_family_options returns them normalised.
+FAMILY_DEFAULTS = dict(
+    class_token=None, num_registers=0, posemb_includes_prefix=True,
+    fc_norm=False, final_norm=True, pre_norm=False, layer_scale=None,
+    qk_norm=False, qkv_bias=True, proj_bias=True, patch_bias=True,
+    drop_path_rate=0.0)
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; received "
+                         f"{name}={value!r}")
+    return value
+
+
+def check_family_options(options, classifier, pooling, include_top,
+                         position_embedding, placement):
+    """The family options ``options`` (a dict of :data:`FAMILY_DEFAULTS`'
+    keys) checked, each error naming the argument and value, and
+    normalised: ``class_token`` a bool (None: as ``classifier`` says, a
+    class token for ``"token"`` only), the others their types.
+    ``classifier`` and ``pooling`` are the normalised pooling methods
+    (``"avg"`` already ``"gap"``)."""
+    out = dict(options)
+    for name in ("posemb_includes_prefix", "fc_norm", "final_norm",
+                 "pre_norm", "qk_norm", "qkv_bias", "proj_bias",
+                 "patch_bias"):
+        _flag(name, out[name])
+    token = out["class_token"]
+    if token is None:
+        token = classifier == "token"
+    out["class_token"] = _flag("class_token", token)
+    out["num_registers"] = check_int("num_registers", out["num_registers"],
+                                     low=0)
+    if out["layer_scale"] is not None:
+        out["layer_scale"] = float(check_number(
+            "layer_scale", out["layer_scale"], low=0, low_open=True))
+    out["drop_path_rate"] = _rate(out["drop_path_rate"], "drop_path_rate")
+    method = classifier if include_top else pooling
+    if method == "token" and not token:
+        what = (f"classifier={classifier!r}" if include_top
+                else f"pooling={pooling!r}")
+        raise ValueError(
+            f"{what} takes the class token, but class_token=False builds "
+            "the model without one; pool by 'gap', 'max' or 'avgmax' or "
+            f"keep the class token; received {what}, class_token=False")
+    if out["fc_norm"] and not out["final_norm"]:
+        raise ValueError(
+            "fc_norm=True moves the final LayerNorm after the pooling, and "
+            "final_norm=False builds none; received fc_norm=True, "
+            "final_norm=False")
+    if out["fc_norm"] and method in (None, "token"):
+        raise ValueError(
+            "fc_norm=True normalises the pooled patch tokens (after 'gap', "
+            "'max' or 'avgmax' pooling); received fc_norm=True with "
+            + (f"classifier={classifier!r}" if include_top
+               else f"pooling={pooling!r}"))
+    if not out["posemb_includes_prefix"] and (
+            position_embedding not in ("learned_1d", "learned_2d",
+                                       "sincos_2d") or placement != "stem"):
+        raise ValueError(
+            "posemb_includes_prefix=False adds the position table to the "
+            "patches before the class and register tokens join them: it "
+            "needs an additive table at the stem; received "
+            f"position_embedding={position_embedding!r}, "
+            f"position_embedding_placement={placement!r}")
+    return out

@@ -11,15 +11,18 @@ from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, hybrid_stages,
                                      image_input)
 from keras_vit.models.compiled import CompiledModelMixin
-from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
-                                      check_patch_grid,
+from keras_vit.models.encoder import (FAMILY_DEFAULTS, NORMALISED,
+                                      check_encoder_args,
+                                      check_family_options, check_patch_grid,
                                       check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.quantization import QuantizeMixin
 
-_CLASSIFIERS = ("token", "gap")
-_POOLINGS = (None, "token", "gap", "avg")
+# How the head pools the tokens ("avg" is another name for "gap"; the
+# methods are keras_vit.layers.TokenPooling's).
+_CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax")
+_POOLINGS = (None, *_CLASSIFIERS)
 
 
 def _resnet_config(resnet):
@@ -159,7 +162,8 @@ class RelativePositionEmbedding(layers.Layer):
 
 
 def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
-             dtype, return_attention_scores=False, images=None, stride=None):
+             dtype, return_attention_scores=False, images=None, stride=None,
+             prepend=None, pre_norm=None):
     """Position embedding + encoder blocks, for every kind and placement.
 
     ``"stem"`` puts position information in once: the additive kinds before
@@ -170,6 +174,9 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
     it right before the block (or into its attention, for ``"relative"``).
     With ``images`` and ``stride`` (a dynamic-size model), each additive
     table follows the grid of ``images`` (``PositionEmbedding``'s stride).
+    ``prepend`` (a function of the tokens), when given, adds the prefix
+    tokens after the stem table, which then covers the patches only;
+    ``pre_norm`` (a layer) normalises the tokens before the first block.
     Returns the encoded tokens and the list of attention maps.
     """
     def make(name):
@@ -188,7 +195,11 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
         shared = make("position_embedding")
     if kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS and placement == "stem":
         x = add(shared, x)
+    if prepend is not None:
+        x = prepend(x)
     x = dropout(x)
+    if pre_norm is not None:
+        x = pre_norm(x)
     scores = []
     for i, block in enumerate(blocks):
         if kind == "none" or (placement == "stem" and
@@ -232,9 +243,10 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
               mlp_dim, num_classes, classifier, representation_size,
               dropout_rate, attention_dropout_rate, include_top, pooling,
               num_channels, resnet, position_embedding,
-              position_embedding_placement):
+              position_embedding_placement, family):
     """Checks a ViT's arguments (each error names the argument) and returns
-    what the graph builders need, normalised, as a dict."""
+    what the graph builders need, normalised, as a dict. ``family``: the
+    family options (:data:`~keras_vit.models.encoder.FAMILY_DEFAULTS`)."""
     resnet = _resnet_config(resnet)
     # A hybrid's patches are cut from the ResNet feature map: the root
     # divides by 4, every further stage by 2.
@@ -243,13 +255,18 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
         stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
     image_hw, patch, grid = check_patch_grid(image_size, patch_size,
                                              stem_stride)
+    # num_classes=0 with the head asked for: the pooled embedding, no head.
+    headless = (include_top and isinstance(num_classes, int)
+                and not isinstance(num_classes, bool) and num_classes == 0)
+    head = include_top and not headless
     spec = check_encoder_args(
         hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-        pooling, _POOLINGS, representation_size, include_top,
+        pooling, _POOLINGS, representation_size, head,
         num_classes, dropout_rate, attention_dropout_rate,
         image_size=image_size, tokens=grid[0] * grid[1] + 1)
     check_choice("classifier", classifier, _CLASSIFIERS)
-    if classifier == "gap" and pooling == "token":
+    if classifier == "gap" and pooling == "token" and (
+            family["class_token"] is None):
         raise ValueError(
             "pooling='token' takes the class token, but classifier='gap' "
             "builds the model without one; use pooling='gap' (the mean of "
@@ -258,8 +275,14 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     check_position_embedding(position_embedding,
                              position_embedding_placement,
                              spec["hidden_size"], spec["num_heads"])
+    method = {"avg": "gap"}.get(classifier, classifier)
+    pool = {"avg": "gap"}.get(pooling, pooling)
+    family = check_family_options(
+        family, method, method if headless else pool, include_top,
+        position_embedding, position_embedding_placement)
     spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
-                stride=stem_stride * patch)
+                stride=stem_stride * patch, head=head, family=family,
+                method=method if include_top else pool)
     return spec
 
 
@@ -307,19 +330,35 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         label_names=None,
         dynamic_image_size=False,
         remat=False,
+        class_token=None,
+        num_registers=0,
+        posemb_includes_prefix=True,
+        fc_norm=False,
+        final_norm=True,
+        pre_norm=False,
+        layer_scale=None,
+        qk_norm=False,
+        qkv_bias=True,
+        proj_bias=True,
+        patch_bias=True,
+        drop_path_rate=0.0,
         name="vision_transformer",
         **kwargs,
     ):
+        given = dict(locals())
         spec = _vit_spec(
             image_size, patch_size, hidden_size, num_layers, num_heads,
             mlp_dim, num_classes, classifier, representation_size,
             dropout_rate, attention_dropout_rate, include_top, pooling,
             num_channels, resnet, position_embedding,
-            position_embedding_placement)
+            position_embedding_placement,
+            {key: given[key] for key in FAMILY_DEFAULTS})
+        family = spec["family"]
         label_names = check_label_names(label_names, spec["num_classes"],
-                                        include_top)
+                                        spec["head"])
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
-        has_token = classifier == "token"
+        has_token = family["class_token"]
+        prefix = int(has_token) + family["num_registers"]
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding)
 
@@ -329,35 +368,67 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
             x = _resnet_stem(x, spec["resnet"], dtype, remat)
-        x = vit_layers.PatchEmbedding(spec["hidden_size"], spec["patch"],
-                                      dtype=dtype, name="patch_embedding")(x)
-        if has_token:
-            x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
+        x = vit_layers.PatchEmbedding(
+            spec["hidden_size"], spec["patch"],
+            use_bias=family["patch_bias"], dtype=dtype,
+            name="patch_embedding")(x)
+
+        def prepend(x):
+            # [class token, registers, patches], as timm and DINOv2 order
+            # them.
+            if has_token:
+                x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
+            if family["num_registers"]:
+                x = vit_layers.RegisterTokens(
+                    family["num_registers"], index=int(has_token),
+                    dtype=dtype, name="register_tokens")(x)
+            return x
+
+        table_covers_prefix = family["posemb_includes_prefix"]
+        if table_covers_prefix:
+            x = prepend(x)
+        # timm's stochastic depth: the rate grows linearly with depth,
+        # from 0 at the first block to drop_path_rate at the last.
+        depth = spec["num_layers"]
+        rates = [family["drop_path_rate"] * i / max(depth - 1, 1)
+                 for i in range(depth)]
         blocks = [
             vit_layers.EncoderBlock(
                 spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
                 spec["attention_dropout_rate"], layer_norm_epsilon,
-                gelu=vit_layers.check_gelu(gelu), remat=remat, dtype=dtype,
-                name=f"encoder_block_{i}")
-            for i in range(spec["num_layers"])]
+                gelu=vit_layers.check_gelu(gelu), remat=remat,
+                layer_scale=family["layer_scale"],
+                qk_norm=family["qk_norm"], qkv_bias=family["qkv_bias"],
+                proj_bias=family["proj_bias"], drop_path_rate=rates[i],
+                dtype=dtype, name=f"encoder_block_{i}")
+            for i in range(depth)]
         x, scores = _encoder(
             x, blocks, position_embedding, position_embedding_placement,
-            spec["grid"], int(has_token), spec["num_heads"],
+            spec["grid"], prefix if table_covers_prefix else 0,
+            spec["num_heads"],
             layers.Dropout(spec["dropout_rate"], dtype=dtype,
                            name="embedding_dropout"),
             dtype, return_attention_scores,
             images=inputs if dynamic else None,
-            stride=spec["stride"] if dynamic else None)
-        x = layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype,
-                                      name="encoder_norm")(x)
-        method = classifier if include_top else {"avg": "gap"}.get(
-            pooling, pooling)
+            stride=spec["stride"] if dynamic else None,
+            prepend=None if table_covers_prefix else prepend,
+            pre_norm=layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="pre_norm")
+            if family["pre_norm"] else None)
+        if family["final_norm"] and not family["fc_norm"]:
+            x = layers.LayerNormalization(epsilon=layer_norm_epsilon,
+                                          dtype=dtype, name="encoder_norm")(x)
+        method = spec["method"]
         x = classification_head(
             x, None if method is None else vit_layers.TokenPooling(
-                method, dtype=dtype, name="pooling"),
-            include_top, spec["representation_size"], spec["num_classes"],
+                method, num_prefix_tokens=prefix if method != "token" else 0,
+                dtype=dtype, name="pooling"),
+            spec["head"], spec["representation_size"], spec["num_classes"],
             keras.initializers.Constant(head_bias_init),
-            classifier_activation, dtype)
+            classifier_activation, dtype,
+            pooled_norm=layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="fc_norm")
+            if family["fc_norm"] else None)
         outputs = x
         if return_attention_scores:
             if not scores:
@@ -459,6 +530,29 @@ def vit(
             ``label_names``: the class names of the head, one per class
             (they travel with the model: its config, ``.keras`` files,
             ``rebuild``, the zoo's writers and the exports keep them).
+
+            The ViT family's options (defaults: the paper's ViT), as DeiT,
+            DeiT-III, DINOv2, CLIP's image towers and timm's other ViTs
+            set them: ``classifier`` (and ``pooling``) also take ``"avg"``
+            (``"gap"``), ``"max"`` and ``"avgmax"`` (mean + max) / 2,
+            pooled over the patch tokens; ``class_token`` (None: with
+            ``classifier="token"`` only; True keeps one beside any
+            pooling); ``num_registers``: register tokens after the class
+            token; ``posemb_includes_prefix`` (False: the position table
+            covers the patches only and the class/register tokens join
+            after it, DeiT-III and DINOv2 with registers);
+            ``fc_norm`` (True: the final LayerNorm after the pooling
+            instead of before); ``final_norm`` (False: none);
+            ``pre_norm`` (a LayerNorm before the blocks, CLIP);
+            ``layer_scale`` (the initial value of per-channel scales on
+            each residual branch; None: none); ``qk_norm`` (LayerNorm of
+            each head's queries and keys); ``qkv_bias``, ``proj_bias``
+            (the attention output's and the MLP's biases) and
+            ``patch_bias``; ``gelu="quick"`` (x * sigmoid(1.702 x), OpenAI
+            CLIP); ``drop_path_rate``: stochastic depth in training,
+            rising linearly from 0 at the first block to this rate at the
+            last. ``num_classes=0`` builds no head: the model returns the
+            pooled embedding.
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).

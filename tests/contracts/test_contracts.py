@@ -68,6 +68,9 @@ CASES = {
     "PatchEmbedding": (dict(hidden_size=8, patch_size=4),
                        lambda: _rng_input((2, 8, 8, 3))),
     "ClassToken": (dict(), lambda: _rng_input((2, 4, 8))),
+    "RegisterTokens": (dict(num_tokens=2, index=1),
+                       lambda: _rng_input((2, 4, 8))),
+    "DropPath": (dict(rate=0.25, seed=3), lambda: _rng_input((2, 4, 8))),
     "PositionEmbedding": (dict(grid_size=(2, 2), num_prefix_tokens=1),
                           lambda: _rng_input((2, 5, 8))),
     "RelativePositionEmbedding": (

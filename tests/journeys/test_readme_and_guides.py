@@ -135,6 +135,10 @@ SNIPPETS = {
         expect=("model.output_shape == (None, 1000)",
                 "len(features.outputs) == 2")),
     ("docs/guides/models.md",
+     "import numpy as np, keras_vit  # the ViT family"): Snippet(
+        expect=("tuple(embedding.shape) == (1, 32)",
+                "dinov2_reg.get_config()['num_registers'] == 4")),
+    ("docs/guides/models.md",
      'model = keras_vit.resolve_model("runs/cifar10", image_size=384)  '
      '# or a name, a file'): Snippet(
         setup=("import keras_vit\n"
