@@ -249,6 +249,10 @@ _TOP_MAP = {
     # The ViT family's: register tokens, CLIP's norm before the blocks, the
     # norm after average pooling.
     "register_tokens/registers": "reg",
+    # DeiT's distillation token and its head.
+    "distillation_token/registers": "dist",
+    "head_dist/kernel": "head_dist/kernel",
+    "head_dist/bias": "head_dist/bias",
     "pre_norm/gamma": "Transformer/pre_norm/scale",
     "pre_norm/beta": "Transformer/pre_norm/bias",
     "fc_norm/gamma": "fc_norm/scale",

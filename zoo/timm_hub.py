@@ -139,6 +139,7 @@ _SIZE = "(tiny|small|medium|base|large|huge)"
 # pattern (groups: size word, patch, optional image size) and the options.
 _TIMM_FAMILY = (
     (rf"deit_{_SIZE}_patch(\d+)_(\d+)", {}),
+    (rf"deit_{_SIZE}_distilled_patch(\d+)_(\d+)", dict(distilled=True)),
     (rf"deit3_{_SIZE}_patch(\d+)_(\d+)",
      dict(posemb_includes_prefix=False, layer_scale=1e-6)),
     (rf"vit_{_SIZE}_patch(\d+)_dinov2()",

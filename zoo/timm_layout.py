@@ -58,7 +58,8 @@ TOP_PARAMS = {
     "norm.weight": "Transformer/encoder_norm/scale",
     "norm.bias": "Transformer/encoder_norm/bias",
     "head.weight": "head/kernel", "head.bias": "head/bias",
-    "reg_token": "reg",
+    "reg_token": "reg", "dist_token": "dist",
+    "head_dist.weight": "head_dist/kernel", "head_dist.bias": "head_dist/bias",
     "norm_pre.weight": "Transformer/pre_norm/scale",
     "norm_pre.bias": "Transformer/pre_norm/bias",
     "fc_norm.weight": "fc_norm/scale", "fc_norm.bias": "fc_norm/bias",
@@ -99,7 +100,7 @@ def to_official(state, num_heads):
         elif name in TOP_PARAMS:
             if name == "patch_embed.proj.weight":  # OIHW -> HWIO
                 value = value.transpose(2, 3, 1, 0)
-            elif name == "head.weight":
+            elif name in ("head.weight", "head_dist.weight"):
                 value = value.T
             out[TOP_PARAMS[name]] = value
         else:
@@ -211,7 +212,7 @@ def from_official(arrays):
             name = top[key]
             if name == "patch_embed.proj.weight":
                 value = value.transpose(3, 2, 0, 1)
-            elif name == "head.weight":
+            elif name in ("head.weight", "head_dist.weight"):
                 value = value.T
             state[name] = value
             continue

@@ -73,6 +73,10 @@ def _family_args(config):
             f"pre_norm; the model has patch_bias={options['patch_bias']}, "
             f"pre_norm={options['pre_norm']}")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if options["distilled"] and epsilon != 1e-6:
+        raise ValueError(
+            "timm's distilled DeiT takes LayerNorm epsilon 1e-6; the model "
+            f"has layer_norm_epsilon={epsilon}")
     if epsilon == 1e-5:  # CLIP's towers: their own architecture
         args["pre_norm"] = options["pre_norm"]
         return "vit_base_patch16_clip_224", args
@@ -82,7 +86,9 @@ def _family_args(config):
             f"CLIP's); the model has layer_norm_epsilon={epsilon}")
     if options["pre_norm"]:
         args["pre_norm"] = True
-    return None, args
+    # timm's distilled DeiT is a class of its own, built by its name.
+    return ("deit_base_distilled_patch16_224" if options["distilled"]
+            else None), args
 
 
 def timm_architecture(model):

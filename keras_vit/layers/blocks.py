@@ -308,12 +308,14 @@ mean, the maximum, or the mean of the two over the patch tokens."""
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TokenPooling(layers.Layer):
-    """Pools a token sequence: ``"token"`` takes token 0; ``"gap"`` the
+    """Pools a token sequence: ``"token"`` takes token ``index`` (0: the
+    class token; 1: DeiT's distillation token); ``"gap"`` the
     mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
     tokens after the first ``num_prefix_tokens`` (the class and register
     tokens: they are no patches, timm pools the same way)."""
 
-    def __init__(self, method="token", num_prefix_tokens=0, **kwargs):
+    def __init__(self, method="token", num_prefix_tokens=0, index=0,
+                 **kwargs):
         super().__init__(**kwargs)
         if method not in POOLING_METHODS:
             raise ValueError(
@@ -321,10 +323,11 @@ class TokenPooling(layers.Layer):
                 f"; received method={method!r}")
         self.method = method
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.index = int(index)
 
     def call(self, x):
         if self.method == "token":
-            return x[:, 0]
+            return x[:, self.index]
         if self.num_prefix_tokens:
             x = x[:, self.num_prefix_tokens:]
         if self.method == "gap":
@@ -338,7 +341,7 @@ class TokenPooling(layers.Layer):
 
     def get_config(self):
         return with_arguments(super().get_config(), self,
-                              ("method", "num_prefix_tokens"))
+                              ("method", "num_prefix_tokens", "index"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

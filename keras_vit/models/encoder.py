@@ -165,7 +165,7 @@ FAMILY_DEFAULTS = dict(
     class_token=None, num_registers=0, posemb_includes_prefix=True,
     fc_norm=False, final_norm=True, pre_norm=False, layer_scale=None,
     qk_norm=False, qkv_bias=True, proj_bias=True, patch_bias=True,
-    drop_path_rate=0.0)
+    drop_path_rate=0.0, distilled=False)
 
 
 def _flag(name, value):
@@ -186,7 +186,7 @@ def check_family_options(options, classifier, pooling, include_top,
     out = dict(options)
     for name in ("posemb_includes_prefix", "fc_norm", "final_norm",
                  "pre_norm", "qk_norm", "qkv_bias", "proj_bias",
-                 "patch_bias"):
+                 "patch_bias", "distilled"):
         _flag(name, out[name])
     token = out["class_token"]
     if token is None:
@@ -217,6 +217,14 @@ def check_family_options(options, classifier, pooling, include_top,
             "'max' or 'avgmax' pooling); received fc_norm=True with "
             + (f"classifier={classifier!r}" if include_top
                else f"pooling={pooling!r}"))
+    if out["distilled"] and (method not in (None, "token")
+                             or out["num_registers"] or not token):
+        raise ValueError(
+            "distilled=True reads the class and distillation tokens (DeiT): "
+            "it needs the class token, token pooling and no register "
+            f"tokens; received {'classifier' if include_top else 'pooling'}"
+            f"={method!r}, class_token={token}, num_registers="
+            f"{out['num_registers']}")
     if not out["posemb_includes_prefix"] and (
             position_embedding not in ("learned_1d", "learned_2d",
                                        "sincos_2d") or placement != "stem"):

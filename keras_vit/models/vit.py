@@ -280,10 +280,36 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     family = check_family_options(
         family, method, method if headless else pool, include_top,
         position_embedding, position_embedding_placement)
+    if family["distilled"] and spec["representation_size"] is not None:
+        raise ValueError(
+            "distilled=True puts its two heads on the tokens themselves "
+            "(DeiT has no pre_logits layer); received distilled=True, "
+            f"representation_size={spec['representation_size']}")
     spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
                 stride=stem_stride * patch, head=head, family=family,
                 method=method if include_top else pool)
     return spec
+
+
+def _distilled_head(x, spec, head_bias_init, classifier_activation, dtype):
+    """DeiT's two heads: ``head`` on the class token, ``head_dist`` on the
+    distillation token, their logits averaged (as timm and transformers
+    do at inference); without a head, the mean of the two tokens."""
+    from keras_vit.layers.dense import FusedDense
+
+    pooled = [vit_layers.TokenPooling("token", index=i, dtype=dtype,
+                                      name=name)(x)
+              for i, name in ((0, "pooling"), (1, "pooling_dist"))]
+    if spec["head"]:
+        pooled = [FusedDense(spec["num_classes"], kernel_initializer="zeros",
+                             bias_initializer=keras.initializers.Constant(
+                                 head_bias_init), dtype=dtype, name=name)(t)
+                  for t, name in zip(pooled, ("head", "head_dist"))]
+    x = layers.Average(dtype=dtype, name="distilled_average")(pooled)
+    if spec["head"] and classifier_activation is not None:
+        x = layers.Activation(classifier_activation, dtype="float32",
+                              name="predictions")(x)
+    return x
 
 
 # The constructor arguments that VisionTransformer keeps normalised (the
@@ -342,6 +368,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         proj_bias=True,
         patch_bias=True,
         drop_path_rate=0.0,
+        distilled=False,
         name="vision_transformer",
         **kwargs,
     ):
@@ -358,7 +385,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                         spec["head"])
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = family["class_token"]
-        prefix = int(has_token) + family["num_registers"]
+        distilled = family["distilled"]
+        prefix = int(has_token) + int(distilled) + family["num_registers"]
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding)
 
@@ -378,6 +406,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             # them.
             if has_token:
                 x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
+            if distilled:  # DeiT's distillation token, after the class token
+                x = vit_layers.RegisterTokens(
+                    1, index=1, dtype=dtype, name="distillation_token")(x)
             if family["num_registers"]:
                 x = vit_layers.RegisterTokens(
                     family["num_registers"], index=int(has_token),
@@ -419,16 +450,22 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             x = layers.LayerNormalization(epsilon=layer_norm_epsilon,
                                           dtype=dtype, name="encoder_norm")(x)
         method = spec["method"]
-        x = classification_head(
-            x, None if method is None else vit_layers.TokenPooling(
-                method, num_prefix_tokens=prefix if method != "token" else 0,
-                dtype=dtype, name="pooling"),
-            spec["head"], spec["representation_size"], spec["num_classes"],
-            keras.initializers.Constant(head_bias_init),
-            classifier_activation, dtype,
-            pooled_norm=layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=dtype, name="fc_norm")
-            if family["fc_norm"] else None)
+        if distilled and method is not None:
+            x = _distilled_head(x, spec, head_bias_init,
+                                classifier_activation, dtype)
+        else:
+            x = classification_head(
+                x, None if method is None else vit_layers.TokenPooling(
+                    method,
+                    num_prefix_tokens=prefix if method != "token" else 0,
+                    dtype=dtype, name="pooling"),
+                spec["head"], spec["representation_size"],
+                spec["num_classes"],
+                keras.initializers.Constant(head_bias_init),
+                classifier_activation, dtype,
+                pooled_norm=layers.LayerNormalization(
+                    epsilon=layer_norm_epsilon, dtype=dtype, name="fc_norm")
+                if family["fc_norm"] else None)
         outputs = x
         if return_attention_scores:
             if not scores:
@@ -551,8 +588,10 @@ def vit(
             ``patch_bias``; ``gelu="quick"`` (x * sigmoid(1.702 x), OpenAI
             CLIP); ``drop_path_rate``: stochastic depth in training,
             rising linearly from 0 at the first block to this rate at the
-            last. ``num_classes=0`` builds no head: the model returns the
-            pooled embedding.
+            last; ``distilled``: DeiT's distillation token after the class
+            token and a second head ``head_dist`` on it, the two heads'
+            logits averaged. ``num_classes=0`` builds no head: the model
+            returns the pooled embedding.
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).

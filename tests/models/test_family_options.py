@@ -91,6 +91,24 @@ def test_num_classes_zero_returns_the_pooled_embedding():
     assert "head/kernel" not in {w.path for w in model.weights}
 
 
+def test_distilled_averages_the_two_heads(tmp_path):
+    model = _randomise(VisionTransformer(**TINY, distilled=True))
+    tokens = VisionTransformer(**TINY, distilled=True, include_top=False)
+    tokens.set_weights([w for w in model.get_weights()][:len(
+        tokens.weights)])
+    t = to_numpy(tokens(_images()))
+    weights = {w.path: to_numpy(w) for w in model.weights}
+    logits = [t[:, i] @ weights[f"{h}/kernel"] + weights[f"{h}/bias"]
+              for i, h in ((0, "head"), (1, "head_dist"))]
+    np.testing.assert_allclose(to_numpy(model(_images())),
+                               (logits[0] + logits[1]) / 2, rtol=1e-5,
+                               atol=1e-5)
+    model.save(tmp_path / "deit.keras")
+    again = keras.saving.load_model(tmp_path / "deit.keras")
+    np.testing.assert_allclose(to_numpy(again(_images())),
+                               to_numpy(model(_images())), atol=1e-6)
+
+
 def test_defaults_build_the_papers_vit():
     default = VisionTransformer(**TINY)
     assert [w.path for w in default.weights][:4] == [
@@ -114,6 +132,8 @@ def test_defaults_build_the_papers_vit():
      "posemb_includes_prefix=False"),
     (dict(gelu="relu"), "gelu"),
     (dict(classifier="mean"), "classifier"),
+    (dict(distilled=True, classifier="gap", class_token=True), "distilled"),
+    (dict(distilled=True, representation_size=4), "distilled"),
 ])
 def test_family_options_are_checked_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):

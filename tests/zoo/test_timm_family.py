@@ -21,6 +21,7 @@ CLASSES = 5
 # timm architecture -> (image size, patch size, what keras_vit builds).
 FAMILY = {
     "deit_tiny_patch16_224": (32, 16, dict(classifier="token")),
+    "deit_tiny_distilled_patch16_224": (32, 16, dict(distilled=True)),
     "deit3_small_patch16_224": (32, 16, dict(posemb_includes_prefix=False,
                                              layer_scale=1e-6)),
     "vit_small_patch14_dinov2": (28, 14, dict(layer_scale=1e-5)),
