@@ -20,6 +20,10 @@ from keras_vit import zoo  # noqa: E402
 CLASSES = 5
 # timm architecture -> (image size, patch size, what keras_vit builds).
 FAMILY = {
+    # Options given as timm's model_args rather than by an architecture.
+    "vit_small_patch16_224": (32, 16, dict(
+        class_token=False, classifier="avgmax", num_registers=2,
+        qk_norm=True, fc_norm=True)),
     "deit_tiny_patch16_224": (32, 16, dict(classifier="token")),
     "deit_tiny_distilled_patch16_224": (32, 16, dict(distilled=True)),
     "deit3_small_patch16_224": (32, 16, dict(posemb_includes_prefix=False,
@@ -33,6 +37,11 @@ FAMILY = {
                                                 qkv_bias=False)),
 }
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+# timm's own arguments beyond the architecture's, per test case.
+TIMM_ARGS = {"vit_small_patch16_224": dict(
+    class_token=False, global_pool="avgmax", reg_tokens=2, qk_norm=True)}
 
 
 def _timm_model(arch, size, **kwargs):
@@ -65,7 +74,7 @@ def _assert_close(ours, theirs):
 @pytest.mark.parametrize("arch", sorted(FAMILY))
 def test_timm_family_member_loads_with_timm_logits(arch, tmp_path):
     size, _, expected = FAMILY[arch]
-    theirs = _timm_model(arch, size)
+    theirs = _timm_model(arch, size, **TIMM_ARGS.get(arch, {}))
     save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
     x = _images(size)
     ours = zoo.load(str(tmp_path / "repo"))
@@ -97,6 +106,17 @@ def test_imagenet_normalised_deit_loads_and_keeps_its_normalisation(
     np.testing.assert_allclose(normalisation["std"], IMAGENET["std"])
     x = _images(32)
     _assert_close(ours(x), _forward(theirs, x))
+    zoo.save_pretrained(ours, tmp_path / "back")
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert written["pretrained_cfg"]["mean"] == IMAGENET["mean"]
+    assert written["pretrained_cfg"]["std"] == IMAGENET["std"]
+
+
+def test_timm_settings_keras_vit_lacks_are_refused_by_name(tmp_path):
+    theirs = _timm_model("vit_small_patch16_224", 32, global_pool="map")
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    with pytest.raises(ValueError, match="global_pool='map'"):
+        zoo.load(str(tmp_path / "repo"))
 
 
 def test_headless_timm_model_returns_its_pooled_features(tmp_path):
