@@ -626,13 +626,16 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
         # A headless (feature) checkpoint: the model's head starts at zero,
         # as a new fine-tuning head does.
         head_replaced = True
+    # DeiT's second head (head_dist) goes with the head.
+    head_keys = ("head/kernel", "head/bias", "head_dist/kernel",
+                 "head_dist/bias")
     if has_head_ckpt and not has_head_model:
-        arrays.pop("head/kernel")
-        arrays.pop("head/bias", None)
+        for key in head_keys:
+            arrays.pop(key, None)
         report["head"] = "dropped"
     if head_replaced:
-        arrays.pop("head/kernel", None)
-        arrays.pop("head/bias", None)
+        for key in head_keys:
+            arrays.pop(key, None)
         report["head"] = "replaced"
     elif has_head_model and has_head_ckpt:
         report["head"] = "loaded"
@@ -653,7 +656,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
 
     problems = []
     missing = [k for k in targets if k not in arrays
-               and not (head_replaced and k.startswith("head/"))]
+               and not (head_replaced and k in head_keys)]
     unexpected = [k for k in arrays if k not in targets]
 
     # Position embeddings: resize when only the grid differs.
@@ -694,7 +697,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
             f"not fit model={model.name!r} (is it another architecture?):\n  "
             + "\n  ".join(problems))
 
-    assign_all([(var, None if head_replaced and key.startswith("head/")
+    assign_all([(var, None if head_replaced and key in head_keys
                   else arrays[key]) for key, var in targets.items()],
                source_name or _describe(source))
     return report

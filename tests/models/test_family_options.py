@@ -109,6 +109,18 @@ def test_distilled_averages_the_two_heads(tmp_path):
                                to_numpy(model(_images())), atol=1e-6)
 
 
+def test_a_distilled_model_takes_a_new_head_as_one():
+    import keras_vit
+
+    model = _randomise(VisionTransformer(**TINY, distilled=True))
+    fine_tune = keras_vit.rebuild(model, num_classes=5)
+    assert fine_tune(_images()).shape == (2, 5)
+    for name in ("head", "head_dist"):  # both new heads start at zero
+        assert not to_numpy(fine_tune.get_layer(name).kernel).any()
+    tokens = keras_vit.rebuild(model, include_top=False)
+    assert tokens(_images()).shape == (2, 2 + 4, 8)
+
+
 def test_defaults_build_the_papers_vit():
     default = VisionTransformer(**TINY)
     assert [w.path for w in default.weights][:4] == [
