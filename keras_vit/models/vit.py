@@ -381,6 +381,15 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             position_embedding_placement,
             {key: given[key] for key in FAMILY_DEFAULTS})
         family = spec["family"]
+        if include_top and not spec["head"] and (
+                label_names is not None or classifier_activation is not None):
+            what = ("label_names" if label_names is not None
+                    else "classifier_activation")
+            raise ValueError(
+                f"{what} belongs to a head, and num_classes=0 builds none "
+                "(the model returns the pooled embedding); received "
+                f"num_classes=0, {what}="
+                f"{label_names if what == 'label_names' else classifier_activation!r}")
         label_names = check_label_names(label_names, spec["num_classes"],
                                         spec["head"])
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))

@@ -146,7 +146,10 @@ def test_defaults_build_the_papers_vit():
     (dict(classifier="mean"), "classifier"),
     (dict(distilled=True, classifier="gap", class_token=True), "distilled"),
     (dict(distilled=True, representation_size=4), "distilled"),
+    (dict(num_classes=0, classifier_activation="softmax"),
+     "classifier_activation belongs to a head"),
+    (dict(num_classes=0, label_names=["a"]), "label_names belongs"),
 ])
 def test_family_options_are_checked_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        VisionTransformer(**TINY, **kwargs)
+        VisionTransformer(**{**TINY, **kwargs})
