@@ -23,7 +23,8 @@ OpenVINO is an optional extra (``pip install 'keras-vit[openvino]'``).
 from keras_vit.export.common import (EXTENSIONS, FORMATS, TOLERANCES,
                                      ExportError, check_format, read_report)
 
-from keras_vit.export.labels import read_label_names  # noqa: E402
+from keras_vit.export.labels import (  # noqa: E402
+    read_image_sizes, read_label_names)
 from keras_vit.export.onnx import to_onnx  # noqa: E402
 from keras_vit.export.openvino import to_openvino  # noqa: E402
 from keras_vit.export.saved_model import to_saved_model  # noqa: E402
@@ -31,8 +32,9 @@ from keras_vit.export.tflite import to_tflite  # noqa: E402
 from keras_vit.export.verify import verification_table  # noqa: E402
 
 __all__ = ["FORMATS", "TOLERANCES", "ExportError", "export",
-           "read_label_names", "read_report", "to_onnx", "to_openvino",
-           "to_saved_model", "to_tflite", "verification_table"]
+           "read_image_sizes", "read_label_names", "read_report", "to_onnx",
+           "to_openvino", "to_saved_model", "to_tflite",
+           "verification_table"]
 
 _EXPORTERS = {"saved_model": to_saved_model, "tflite": to_tflite,
               "onnx": to_onnx, "openvino": to_openvino}

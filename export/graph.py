@@ -137,10 +137,10 @@ def _built_size(model):
 def _other_sizes(model, built):
     """Two sizes besides ``built`` at which a dynamic-size export is
     verified: one larger and square, one not square, each a multiple of
-    the model's patch grid stride (32 for a ResNet)."""
-    stride = next((layer.stride for layer in model.layers
-                   if getattr(layer, "stride", None)
-                   and layer.name.startswith("position_embedding")), 32)
+    the stride the model's image sizes name (1 for a ResNet)."""
+    from keras_vit.layers.image_sizes import image_sizes
+
+    stride = image_sizes(model).multiple
     height, width = built
 
     def fit(side):
@@ -258,7 +258,10 @@ class ServingGraph:
         """
         import keras
 
-        x = images
+        # The model's own rule, in the graph: an assertion, and for free
+        # sizes shape arithmetic that the converters dropping assertions
+        # keep (ImageSizes.check_images).
+        x = self.image_sizes().check_images(images)
         if self.uint8_input:
             x = keras.ops.cast(x, "float32")
             if self.scale_inside:
@@ -273,6 +276,18 @@ class ServingGraph:
             else:
                 out[name] = keras.ops.cast(raw[name], "float32")
         return out
+
+    def image_sizes(self):
+        """The :class:`~keras_vit.layers.image_sizes.ImageSizes` the
+        artifact takes: the model's."""
+        from keras_vit.layers.image_sizes import image_sizes
+
+        return image_sizes(self.source_model)
+
+    def refused_image_sizes(self):
+        """Image (height, width) pairs the model refuses, which
+        verification feeds the artifact too."""
+        return self.image_sizes().refused_examples()
 
     def input_spec(self):
         import tensorflow as tf

@@ -33,6 +33,10 @@ from keras_vit.base.checks import check_path
 KEY = "label_names"
 #: Where a SavedModel directory holds them.
 SAVED_MODEL_FILE = os.path.join("assets", "labels.txt")
+#: The key of the image sizes the model takes (JSON of
+#: :meth:`keras_vit.layers.ImageSizes.to_json`), and its SavedModel file.
+SIZES_KEY = "image_sizes"
+SAVED_MODEL_SIZES_FILE = os.path.join("assets", "image_sizes.json")
 
 
 def unwritable(names):
@@ -92,29 +96,89 @@ def record(fmt, staged, graph, notes):
     return {"source": source, "count": len(names), "where": where}
 
 
-def _write_saved_model(directory, text):
-    path = os.path.join(directory, SAVED_MODEL_FILE)
+def record_image_sizes(fmt, staged, sizes):
+    """Writes the image sizes the model takes (``sizes``, its
+    :class:`~keras_vit.layers.ImageSizes`) into the ``fmt`` artifact
+    ``staged``, beside the class names, where the same tools read them:
+    a runtime that does not check them (onnxruntime runs an ONNX file of
+    a dynamic-size model on any size, its converter having dropped the
+    graph's assertions) leaves the check to the deployer. Returns where
+    they went."""
+    return _WRITERS[fmt](staged, sizes.to_text(), key=SIZES_KEY)
+
+
+def read_image_sizes(path):
+    """The :class:`~keras_vit.layers.ImageSizes` recorded in an exported
+    artifact (any of the four formats), or None when it records none.
+
+    >>> import os, tempfile, keras_vit
+    >>> from keras_vit.export import read_image_sizes, to_onnx
+    >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 2,
+    ...                       dynamic_image_size=True)
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+    >>> _ = to_onnx(model, path, verify=False)
+    >>> read_image_sizes(path).describe()
+    'height and width positive multiples of 8'
+    """
+    import json
+
+    from keras_vit.layers.image_sizes import ImageSizes
+
+    text = _read_entry(path, SIZES_KEY, SAVED_MODEL_SIZES_FILE)
+    return None if text is None else ImageSizes.from_json(json.loads(text))
+
+
+def _read_entry(path, key, saved_model_file):
+    """The text recorded under ``key`` in the artifact at ``path`` (a
+    SavedModel's ``saved_model_file``), or None."""
+    check_path("path", path)
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        file = os.path.join(path, saved_model_file)
+        if not os.path.isfile(file):
+            return None
+        with open(file, encoding="utf-8", newline="") as f:
+            return f.read()
+    if path.lower().endswith(".onnx"):
+        import onnx
+
+        proto = onnx.load(path, load_external_data=False)
+        for prop in proto.metadata_props:
+            if prop.key == key:
+                return prop.value
+        return None
+    if path.lower().endswith(".tflite"):
+        return _read_tflite(path, key)
+    if path.endswith(".xml"):
+        return _read_openvino(path, key)
+    raise ValueError(f"path={path!r} is not a SavedModel directory, an "
+                     ".onnx, a .tflite or an OpenVINO .xml file")
+
+
+def _write_saved_model(directory, text, key=KEY):
+    name = SAVED_MODEL_FILE if key == KEY else SAVED_MODEL_SIZES_FILE
+    path = os.path.join(directory, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
-    return SAVED_MODEL_FILE
+    return name
 
 
-def _write_onnx(path, text):
+def _write_onnx(path, text, key=KEY):
     import onnx
 
     # The weights stay where they are: external data is not loaded, and
     # tensors that refer to it are written back as references.
     proto = onnx.load(path, load_external_data=False)
-    kept = [p for p in proto.metadata_props if p.key != KEY]
+    kept = [p for p in proto.metadata_props if p.key != key]
     del proto.metadata_props[:]
     proto.metadata_props.extend(kept)
-    proto.metadata_props.add(key=KEY, value=text)
+    proto.metadata_props.add(key=key, value=text)
     onnx.save(proto, path)
-    return f"metadata_props[{KEY!r}]"
+    return f"metadata_props[{key!r}]"
 
 
-def _write_tflite(path, text):
+def _write_tflite(path, text, key=KEY):
     import numpy as np
 
     from keras_vit.base.checks import require
@@ -131,15 +195,15 @@ def _write_tflite(path, text):
     buffer.data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     model.buffers.append(buffer)
     entry = schema.MetadataT()
-    entry.name = KEY
+    entry.name = key
     entry.buffer = len(model.buffers) - 1
     model.metadata = [m for m in (model.metadata or [])
-                      if _text(m.name) != KEY] + [entry]
+                      if _text(m.name) != key] + [entry]
     flatbuffer_utils.write_model(model, path)
-    return f"metadata[{KEY!r}]"
+    return f"metadata[{key!r}]"
 
 
-def _write_openvino(path, text):
+def _write_openvino(path, text, key=KEY):
     """Adds the entry to the IR's ``rt_info`` and writes the IR back in
     place, the weights as they were. It goes to a new folder beside it
     first: the model read from ``path`` maps the ``.bin`` file that the
@@ -153,7 +217,7 @@ def _write_openvino(path, text):
     ov = require("openvino", purpose="recording class names in OpenVINO "
                                      "files")
     model = ov.Core().read_model(path)
-    model.set_rt_info(text, KEY)
+    model.set_rt_info(text, key)
     scratch = tempfile.mkdtemp(dir=os.path.dirname(path))
     try:
         edited = os.path.join(scratch, "model.xml")
@@ -163,7 +227,7 @@ def _write_openvino(path, text):
         os.replace(edited, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return f"rt_info[{KEY!r}]"
+    return f"rt_info[{key!r}]"
 
 
 _WRITERS = {"saved_model": _write_saved_model, "onnx": _write_onnx,
@@ -189,46 +253,28 @@ def read_label_names(path):
     >>> read_label_names(path)
     ('cat', 'dog')
     """
-    check_path("path", path)
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        file = os.path.join(path, SAVED_MODEL_FILE)
-        if not os.path.isfile(file):
-            return None
-        with open(file, encoding="utf-8", newline="") as f:
-            return from_text(f.read(), file)
-    if path.lower().endswith(".onnx"):
-        import onnx
-
-        proto = onnx.load(path, load_external_data=False)
-        for prop in proto.metadata_props:
-            if prop.key == KEY:
-                return from_text(prop.value,
-                                 f"{path!r} metadata_props[{KEY!r}]")
+    text = _read_entry(path, KEY, SAVED_MODEL_FILE)
+    if text is None:
         return None
-    if path.lower().endswith(".tflite"):
-        return _read_tflite(path)
-    if path.endswith(".xml"):
-        return _read_openvino(path)
-    raise ValueError(f"path={path!r} is not a SavedModel directory, an "
-                     ".onnx, a .tflite or an OpenVINO .xml file")
+    where = (os.path.join(os.fspath(path), SAVED_MODEL_FILE)
+             if os.path.isdir(path) else f"{os.fspath(path)!r} {KEY!r}")
+    return from_text(text, where)
 
 
-def _read_openvino(path):
-    """The ``label_names`` rt_info entry of an OpenVINO IR."""
+def _read_openvino(path, key):
+    """The ``key`` rt_info entry of an OpenVINO IR (text)."""
     from keras_vit.base.checks import require
 
     ov = require("openvino", purpose="reading class names from OpenVINO "
                                      "files")
     model = ov.Core().read_model(path)
-    if not model.has_rt_info(KEY):
+    if not model.has_rt_info(key):
         return None
-    return from_text(model.get_rt_info(KEY).astype(str),
-                     f"{path!r} rt_info[{KEY!r}]")
+    return model.get_rt_info(key).astype(str)
 
 
-def _read_tflite(path):
-    """The ``label_names`` metadata of a ``.tflite`` file, read from the
+def _read_tflite(path, key):
+    """The ``key`` metadata of a ``.tflite`` file (text), read from the
     flatbuffer in place (no copy of the weights)."""
     from keras_vit.base.checks import require
 
@@ -240,7 +286,7 @@ def _read_tflite(path):
     model = schema.Model.GetRootAs(data, 0)
     for i in range(model.MetadataLength()):
         entry = model.Metadata(i)
-        if _text(entry.Name()) != KEY:
+        if _text(entry.Name()) != key:
             continue
         buffer = model.Buffers(entry.Buffer())
         if buffer.Offset():  # stored after the flatbuffer
@@ -248,6 +294,5 @@ def _read_tflite(path):
         else:
             array = buffer.DataAsNumpy()
             raw = b"" if isinstance(array, int) else array.tobytes()
-        return from_text(raw.decode("utf-8"),
-                         f"{path!r} metadata[{KEY!r}]")
+        return raw.decode("utf-8")
     return None

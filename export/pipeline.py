@@ -117,6 +117,12 @@ def run(job, module):
             # Before verification: the file checked is the file kept.
             job.options["label_names"] = labels.record(
                 job.format, staged, job.graph, job.notes)
+            sizes = job.graph.image_sizes()
+            if sizes is not None:
+                job.options["image_sizes"] = {
+                    **sizes.to_json(),
+                    "where": labels.record_image_sizes(job.format, staged,
+                                                       sizes)}
         job.options.update(result.get("options", {}))
         files = [stage.file(f) for f in result["files"]]
         checked = None
@@ -309,6 +315,9 @@ class _Replay:
     """The outputs a converter process computed for the verification
     batches, looked up by the batch's contents: the runtime of a SavedModel
     verified from a JAX or PyTorch process (its runtime is TensorFlow)."""
+
+    #: Outputs computed elsewhere: nothing else can be asked of it.
+    replays = True
 
     def __init__(self, outputs):
         self.outputs = outputs

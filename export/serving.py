@@ -205,6 +205,14 @@ class ImageBytesGraph(ServingGraph):
             x = x / 127.5 - 1.0
         return x
 
+    def image_sizes(self):
+        # Encoded files of any size are resized to the model's: the
+        # artifact takes no images of a size to check.
+        return None
+
+    def refused_image_sizes(self):
+        return ()
+
     def serve(self, image_bytes):
         """The signature's computation (TensorFlow): bytes -> dict."""
         import tensorflow as tf

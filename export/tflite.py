@@ -48,7 +48,8 @@ RUNTIME_NEEDS_TENSORFLOW = False
 
 def open_artifact(path, num_threads=None):
     """Loads a ``.tflite`` file with ai_edge_litert and returns ``images ->
-    {name: array}`` (the signature runner resizes the batch per call)."""
+    {name: array}`` (the signature runner resizes the batch per call; a
+    shape the file does not declare is refused first)."""
     import numpy as np
 
     Interpreter = require(  # noqa: N806 - a class
@@ -58,9 +59,20 @@ def open_artifact(path, num_threads=None):
     interpreter = Interpreter(model_path=path,
                               num_threads=num_threads or os.cpu_count())
     runner = interpreter.get_signature_runner("serving_default")
-    (name,) = runner.get_input_details()
+    ((name, details),) = runner.get_input_details().items()
+    declared = tuple(int(s) for s in details["shape_signature"][1:])
 
     def run(images, _keep=interpreter):
+        # The signature runner resizes its input to whatever it is given
+        # and runs it: another height or width than the file was made for
+        # gives numbers (33x32 loses a row to the convolution) or stops
+        # the process (0 pixels: a division by zero in the kernels).
+        shape = np.shape(images)
+        if any(d >= 0 and d != s for d, s in zip(declared, shape[1:])) or (
+                len(shape) != len(declared) + 1):
+            raise ValueError(
+                f"{os.path.basename(path)} takes inputs of shape (batch,) + "
+                f"{declared}; received images of shape {tuple(shape)}")
         out = runner(**{name: np.ascontiguousarray(images)})
         return {k: np.array(v) for k, v in out.items()}
 

@@ -140,6 +140,31 @@ def batches(images, batch_sizes):
     return first + [images[:size] for size in sizes[1:]]
 
 
+def refused_sizes(graph, run):
+    """Runs the artifact (``run``) on image sizes the model refuses
+    (:meth:`ImageSizes.refused_examples`) and says which the artifact
+    refuses too and which it takes: a runtime that cannot check (ONNX,
+    whose converter drops the graph's assertions) returns outputs for
+    them. ``None`` when ``graph`` takes no images (encoded bytes) or
+    ``run`` replays outputs computed elsewhere."""
+    probes = getattr(graph, "refused_image_sizes", lambda: ())()
+    if not probes or getattr(run, "replays", False):
+        return None
+    sizes = graph.image_sizes()
+    channels = graph.input_shape[-1]
+    refused, taken = [], []
+    for height, width in probes:
+        images = np.zeros((1, height, width, channels), graph.input_dtype)
+        try:
+            run(images)
+        except Exception:  # noqa: BLE001 - each runtime raises its own
+            refused.append(f"{height}x{width}")
+        else:
+            taken.append(f"{height}x{width}")
+    return {"rule": sizes.describe(), "refused": refused,
+            "taken_though_keras_refuses": taken}
+
+
 def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
            tolerance=None, data="noise", samples=None, seed=0):
     """Runs ``artifact`` and compares it with Keras.
@@ -185,6 +210,8 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         for key in ("max_abs_diff", "rel_rms_error"):
             for name, value in extra[key].items():
                 metrics[key][name] = max(metrics[key].get(name, value), value)
+    # Sizes the model refuses: does the artifact refuse them too?
+    size_check = refused_sizes(graph, run)
     report = {
         "batch_sizes": list(sizes),
         "samples": int(len(images)),
@@ -197,6 +224,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         "image_sizes": ([list(graph.input_shape[:2])]
                         + [list(s) for s in graph.extra_image_sizes]
                         if getattr(graph, "extra_image_sizes", ()) else None),
+        "refused_image_sizes": size_check,
         "passed": not failures,
         "failures": failures,
     }

@@ -10,6 +10,7 @@ from keras import layers, ops
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import FusedConv2D, with_arguments
+from keras_vit.layers.image_sizes import ImageSizes
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -199,27 +200,13 @@ def runtime_grid(images, stride):
     """The patch grid (rows, cols) of ``images`` (B, H, W, C) cut by
     ``stride`` pixels a patch: Python ints where the shape is known (JAX
     and torch always, TensorFlow when static), else scalar tensors. A side
-    the stride does not divide is refused: the convolution would drop its
-    last pixels without a word (on a TensorFlow graph the call fails with
-    an InvalidArgumentError naming the size)."""
+    that is not a positive multiple of the stride is refused by
+    :class:`~keras_vit.layers.image_sizes.ImageSizes` (the convolution
+    would drop its last pixels without a word): a ValueError, or on a
+    TensorFlow graph an assertion the grid depends on."""
+    images = ImageSizes(multiple=stride).check_images(images)
     height, width = ops.shape(images)[1], ops.shape(images)[2]
-    if isinstance(height, int) and isinstance(width, int):
-        if height % stride or width % stride or not (height and width):
-            raise ValueError(
-                f"a dynamic-size model takes images whose height and width "
-                f"are positive multiples of {stride} (its patch grid's "
-                f"stride); received images of {height}x{width} pixels")
-        return height // stride, width // stride
-    import tensorflow as tf
-
-    check = tf.debugging.Assert(
-        tf.logical_and(tf.equal(height % stride, 0),
-                       tf.equal(width % stride, 0)),
-        [f"a dynamic-size model takes images whose height and width are "
-         f"multiples of {stride} (its patch grid's stride); received "
-         "images of", height, "x", width, "pixels"])
-    with tf.control_dependencies([check]):
-        return tf.identity(height // stride), tf.identity(width // stride)
+    return height // stride, width // stride
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -47,6 +47,7 @@ import math
 import keras
 import numpy as np
 
+from keras_vit.layers.image_sizes import image_sizes
 from keras_vit.runtime import compat
 
 _DEFAULT_BATCH = 32
@@ -169,6 +170,25 @@ class CompiledModelMixin:
     #: or ``"keras"``.
     predict_path = "auto"
 
+    # -- the images it takes ----------------------------------------------
+
+    def image_sizes(self):
+        """The image shapes the model takes
+        (:class:`keras_vit.layers.image_sizes.ImageSizes`), checked by its
+        call, every ``predict`` path and every export."""
+        return image_sizes(self)
+
+    def __call__(self, *args, **kwargs):
+        # Checked before Keras' own input check, so every path refuses
+        # with the same words; a TensorFlow graph also checks when it runs
+        # (its sizes may be free: a relaxed retrace, a SavedModel).
+        if args and getattr(self, "inputs", None) and len(self.inputs) == 1:
+            images = args[0]
+            if getattr(images, "shape", None) is not None and not isinstance(
+                    images, (dict, list, tuple)):
+                args = (image_sizes(self).check_images(images),) + args[1:]
+        return super().__call__(*args, **kwargs)
+
     # -- which path -------------------------------------------------------
 
     def resolved_predict_path(self):
@@ -267,6 +287,11 @@ class CompiledModelMixin:
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None,
                 callbacks=None):
+        # Every path, Keras' own included, refuses what the call refuses,
+        # before a function traced with relaxed shapes could take it.
+        if _is_array(x) and getattr(self, "inputs", None) and len(
+                self.inputs) == 1:
+            image_sizes(self).check(tuple(x.shape))
         if not self._fast_predict_applies(x, steps, callbacks):
             return super().predict(x, batch_size=batch_size, verbose=verbose,
                                    steps=steps, callbacks=callbacks)

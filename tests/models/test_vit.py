@@ -203,7 +203,7 @@ def test_wrong_channel_count_is_reported():
     with pytest.raises(ValueError) as e:
         model.predict(np.zeros((1, 32, 32, 1), "float32"), verbose=0)
     assert "(1, 32, 32, 1)" in str(e.value)
-    assert "expected axis -1 of input shape to have value 3" in str(e.value)
+    assert "images must have the shape (batch, 32, 32, 3)" in str(e.value)
     gray = vit(**tiny_builder_kwargs(), num_channels=1)
     assert tuple(gray(np.zeros((1, 32, 32, 1), "float32")).shape) == (1, 7)
 
