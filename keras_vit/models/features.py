@@ -63,8 +63,10 @@ def feature_model(model, outputs="pre_logits"):
         outputs: a feature name or a list of them: ``"resnet"`` (a hybrid's
             ResNet feature map, what its patches are cut from), ``"tokens"``
             (all tokens after the final LayerNorm), ``"pooled"`` (class token
-            or mean), ``"pre_logits"`` (the representation layer's output, or
-            the pooled features when there is none), ``"logits"``, and for
+            or mean; for distilled DeiT the mean of its class and
+            distillation tokens), ``"pre_logits"`` (what the head reads: the
+            representation layer's output, or the pooled features, after
+            ``fc_norm`` where the model has one), ``"logits"``, and for
             BiT models ``"stage_1"`` ... ``"stage_4"`` and ``"feature_map"``
             (after the final GroupNorm and ReLU), ``"attention_scores"``
             for a model built with ``return_attention_scores=True`` (see
@@ -94,7 +96,9 @@ def feature_tensor(model, name):
     if name == "resnet":
         return _resnet_output(model)
     if name == "pre_logits" and "pre_logits" not in layer_names:
-        return _layer_output(model, "pooling", name)
+        return _head_input(model, layer_names)
+    if name == "pooled" and "pooling_dist" in layer_names:
+        return _head_input(model, layer_names)
     if name in _LAYER_FEATURES:
         return _layer_output(model, _LAYER_FEATURES[name], name)
     if name in _stage_outputs(model):
@@ -103,6 +107,22 @@ def feature_tensor(model, name):
     raise ValueError(
         f"Unknown feature outputs={name!r} for model={model.name!r}; "
         f"available: {', '.join(known)}.{did_you_mean(name, known)}")
+
+
+def _head_input(model, layer_names):
+    """What a head reads when the model has no ``pre_logits`` layer: the
+    pooled tokens after ``fc_norm`` where the model has one, and for a
+    distilled model the mean of its class and distillation tokens (the two
+    heads' logits are averaged, so this is the one embedding both
+    share); as timm's ``forward_head(pre_logits=True)``."""
+    if "fc_norm" in layer_names:
+        return model.get_layer("fc_norm").output
+    if "pooling_dist" in layer_names:
+        tokens = [model.get_layer(n).output for n in ("pooling",
+                                                       "pooling_dist")]
+        return keras.layers.Average(dtype=model.get_layer(
+            "pooling").dtype_policy)(tokens)
+    return _layer_output(model, "pooling", "pre_logits")
 
 
 def _layer_output(model, layer_name, feature):

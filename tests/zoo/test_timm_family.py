@@ -130,3 +130,21 @@ def test_headless_timm_model_returns_its_pooled_features(tmp_path):
     out = np.asarray(ours(x))
     assert out.shape == (2, 512)
     _assert_close(out, _forward(theirs, x))
+
+
+@pytest.mark.parametrize("arch", ["deit_tiny_distilled_patch16_224",
+                                  "vit_medium_patch16_gap_256",
+                                  "vit_small_patch16_224"])
+def test_pre_logits_features_are_timms_head_input(arch, tmp_path):
+    """The features a classifier's head reads, as timm's
+    ``forward_head(pre_logits=True)`` returns them: after ``fc_norm``, and
+    the mean of the class and distillation tokens for distilled DeiT."""
+    size = FAMILY[arch][0]
+    theirs = _timm_model(arch, size, **TIMM_ARGS.get(arch, {}))
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    x = _images(size)
+    ours = zoo.load(str(tmp_path / "repo")).feature_model("pre_logits")
+    with torch.no_grad():
+        want = theirs.forward_head(theirs.forward_features(
+            torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
+    _assert_close(ours(x), want.numpy())
