@@ -92,6 +92,31 @@ def describe_float_layers(left, mode):
             + "; ".join(parts))
 
 
+def _check_quantizable(model, layers, mode):
+    """A ValueError naming what stops ``model.quantize(mode)`` on
+    ``layers``, before any of them changes: LoRA adapters (Keras quantizes
+    their base kernel and keeps the adapters in float, a pairing that a
+    saved ``.keras`` file does not restore exactly; :func:`lora.merge`
+    refuses a quantized model for the same reason), or layers quantized
+    already."""
+    adapted = [layer.path for layer in compat.flatten_layers(
+        model, include_self=False) if getattr(layer, "lora_enabled", False)]
+    if adapted:
+        raise ValueError(
+            f"quantize: model={model.name!r} has LoRA adapters "
+            f"({', '.join(adapted[:3])}{', ...' if len(adapted) > 3 else ''}"
+            "); merge them first (keras_vit.models.lora.merge) and quantize "
+            "the merged model")
+    done = [layer.path for layer in layers
+            if getattr(layer, "quantization_mode", None) is not None]
+    if done:
+        raise ValueError(
+            f"quantize({mode!r}): model={model.name!r} has layers quantized "
+            f"already ({', '.join(done[:3])}"
+            f"{', ...' if len(done) > 3 else ''}); nothing was changed. "
+            "Quantize a float model (or pass filters= that leave them out)")
+
+
 class QuantizeMixin:
     """Mixed into the keras_vit model classes, first among their bases
     (its ``get_config`` adds to :class:`ConstructorConfig`'s)."""
@@ -117,7 +142,10 @@ class QuantizeMixin:
         ``"float8"``) with the modes that need token-id calibration
         (``"gptq"``, ``"awq"``) and unknown modes refused naming the mode,
         and one warning listing the layers that stay in float. The next
-        ``predict`` runs the quantized model."""
+        ``predict`` runs the quantized model. It quantizes every layer or
+        none: a model with LoRA adapters (merge them first, as
+        :func:`keras_vit.models.lora.merge` asks of a quantized model) or
+        with layers quantized already is refused before any changes."""
         mode = check_mode(mode, config, repr(self.name))
         type_check = kwargs.pop("type_check", True)
         if kwargs:
@@ -128,13 +156,16 @@ class QuantizeMixin:
         # left half quantized with no message. Here every error surfaces.
         from keras.src.quantizers.utils import should_quantize_layer
 
+        layers = [layer
+                  for layer in compat.flatten_layers(self, include_self=False)
+                  if len(list(layer._flatten_layers())) == 1
+                  and layer.weights and should_quantize_layer(layer, filters)]
+        # Decided before any layer changes: a refusal half-way would leave
+        # the model part quantized.
+        _check_quantizable(self, layers, mode)
         changed = False
         with _one_garbage_collection():
-            for layer in compat.flatten_layers(self, include_self=False):
-                if (len(list(layer._flatten_layers())) != 1
-                        or not layer.weights
-                        or not should_quantize_layer(layer, filters)):
-                    continue
+            for layer in layers:
                 try:
                     layer.quantize(mode, type_check=type_check,
                                    config=config)

@@ -1,0 +1,48 @@
+"""``model.quantize`` decides before it changes anything: a refusal leaves
+every layer as it was, and a model with LoRA adapters is refused (the
+rule of ``lora.merge``, which refuses a quantized model): merge the
+adapters first, then quantize."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.models import lora
+
+TINY = dict(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
+            num_heads=2, mlp_dim=32, num_classes=3)
+
+
+def _modes(model):
+    return {layer.path: getattr(layer, "quantization_mode", None)
+            for layer in model._flatten_layers(include_self=False)}
+
+
+@pytest.mark.backends
+def test_a_refused_quantize_leaves_every_layer_as_it_was():
+    model = keras_vit.vit(**TINY)
+    # One layer quantized already: quantizing the model again must be
+    # refused before any other layer changes.
+    head = model.get_layer("head")
+    head.quantize("int8")
+    before = _modes(model)
+    assert list(before.values()).count("int8") == 1
+    with pytest.raises(ValueError, match="head"):
+        model.quantize("int8")
+    assert _modes(model) == before
+
+
+@pytest.mark.backends
+def test_quantizing_a_model_with_lora_adapters_is_refused():
+    model = keras_vit.vit(**TINY)
+    lora.enable_lora(model, rank=2)
+    before = _modes(model)
+    with pytest.raises(ValueError, match="LoRA"):
+        model.quantize("int8")
+    assert _modes(model) == before
+    # Merged, the same model quantizes.
+    merged = lora.merge(model)
+    merged.quantize("int8")
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3))
+    assert keras.ops.convert_to_numpy(merged(x)).shape == (2, 3)
