@@ -14,7 +14,8 @@ compiled function directly, on the path the machine runs fastest
 * ``"eager"``: the model called directly (torch, under ``no_grad``).
 
 ``model.predict_path`` (default ``"auto"``: the plan for the model's compute
-dtype on this machine) picks one explicitly; ``"keras"`` (or the older
+dtype on this machine; ``"eager"`` for a model quantized by Keras, whose
+int8 roundings a compiled graph would shift) picks one explicitly; ``"keras"`` (or the older
 ``model.compiled_predict = False``) is Keras' own ``predict``. Datasets,
 generators, callbacks, ``steps`` and distribution strategies always take
 Keras' ``predict``. Training keeps Keras' rule (``model.compile``'s
@@ -85,6 +86,11 @@ def model_compute_dtype(model):
     if not counts:
         return "float32"
     return max(counts, key=counts.get)
+
+
+def _quantized(model):
+    return any(getattr(layer, "quantization_mode", None)
+               for layer in compat.flatten_layers(model, include_self=False))
 
 
 def computation_key(model):
@@ -206,6 +212,14 @@ class CompiledModelMixin:
             from keras_vit.runtime import hardware
 
             path = hardware.plan(model_compute_dtype(self)).predict
+            if _quantized(self):
+                # Keras' quantized layers round their inputs to int8: the
+                # last-bit float differences of a compiled graph (XLA's or
+                # TensorFlow's rewrites) flip some roundings, which add up
+                # over the blocks (0.3-0.4% of the logits' range on
+                # ViT-Ti/16 int8). The model's own call computes what
+                # ``model(x)`` does.
+                path = "eager"
         if path == "graph" and backend != "tensorflow":
             path = "xla" if backend == "jax" else "eager"
         if path == "xla" and backend == "torch":

@@ -46,3 +46,23 @@ def test_quantizing_a_model_with_lora_adapters_is_refused():
     merged.quantize("int8")
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3))
     assert keras.ops.convert_to_numpy(merged(x)).shape == (2, 3)
+
+
+@pytest.mark.backends
+def test_predict_of_a_quantized_model_computes_what_its_call_does():
+    """int8 layers round their inputs: a compiled graph's last-bit float
+    differences flip some roundings and add up over the blocks, so
+    ``predict`` of a quantized model runs the model's own call."""
+    model = keras_vit.vit(**dict(TINY, num_layers=6))
+    rng = np.random.default_rng(1)
+    for v in model.weights:
+        v.assign(rng.normal(0, 0.05, tuple(v.shape)).astype("float32"))
+    model.quantize("int8")
+    assert model.resolved_predict_path() == "eager"
+    x = rng.uniform(-1, 1, (40, 32, 32, 3)).astype("float32")
+    want = keras.ops.convert_to_numpy(model(x))
+    # Equal up to float rounding (JAX's kernels block a batch of 32 and
+    # one of 40 differently); a flipped int8 rounding is ~100x this.
+    scale = float(np.ptp(want))
+    np.testing.assert_allclose(model.predict(x, verbose=0), want, rtol=0,
+                               atol=1e-5 * scale)
