@@ -279,8 +279,27 @@ def _check_backend_independent_marks(items):
                 f"the tests that check its per-backend part, got {mark.args!r}")
 
 
+def _skip_gpu_tests_without_an_accelerator(items):
+    """Tests marked `gpu` run where Keras' backend computes on a GPU or TPU
+    (the package's own reading of the machine) and are skipped elsewhere;
+    ACCELERATOR_CHECK_ON_CPU=1 runs them on the CPU, for the rehearsal of
+    benchmarks/accelerator.py (--cpu)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu or os.environ.get("ACCELERATOR_CHECK_ON_CPU") == "1":
+        return
+    from keras_vit import hardware
+
+    if hardware.detect().accelerator == "cpu":
+        skip = pytest.mark.skip(reason="needs a GPU: run benchmarks/"
+                                "accelerator.py on a GPU machine "
+                                "(docs/guides/speed.md)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 def pytest_collection_modifyitems(config, items):
     _check_backend_independent_marks(items)
+    _skip_gpu_tests_without_an_accelerator(items)
     order = LONGEST_FIRST["tensorflow" if config._keras_vit_backend ==
                           "tensorflow" else "children"]
     items.sort(key=_longest_first(order))  # stable: files keep their order
