@@ -33,6 +33,7 @@ from keras_vit.layers.dense import (
 from keras_vit.layers.embeddings import (
     ADDITIVE_POSITION_EMBEDDINGS, ClassToken, PatchEmbedding, PositionEmbedding,
     resize_grid_table, runtime_grid, sincos_2d_grid, sincos_2d_table)
+from keras_vit.layers.image_sizes import ImageSizes, image_sizes
 
 # The ViT family's layers and constants (register tokens, stochastic depth,
 # pooling methods, the MLP's activations).
@@ -43,10 +44,10 @@ from keras_vit.layers.embeddings import RegisterTokens
 __all__ = [
     "ADDITIVE_POSITION_EMBEDDINGS", "ClassToken", "EncoderBlock", "FusedConv2D",
     "FusedDense", "FusedEinsumDense", "FusedLayerNormalization", "GELU_FORMS",
-    "MLP_GELU", "MlpBlock", "MultiHeadSelfAttention", "PACKAGE",
+    "ImageSizes", "MLP_GELU", "MlpBlock", "MultiHeadSelfAttention", "PACKAGE",
     "PatchEmbedding", "PositionEmbedding", "ResidualUnit", "StackScores",
     "StdConv2D", "TokenPooling", "add_bias", "check_gelu", "check_remat",
-    "gelu", "gelu_tanh", "mlp_gelu_exact", "mlp_gelu_tanh",
+    "gelu", "gelu_tanh", "image_sizes", "mlp_gelu_exact", "mlp_gelu_tanh",
     "relative_attention_bias", "relative_position_index",
     "relative_table_rows", "rematerialized", "resize_grid_table",
     "runtime_grid", "sincos_2d_grid", "sincos_2d_table"]
