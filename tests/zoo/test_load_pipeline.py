@@ -200,14 +200,20 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
                                 dtype=torch.float32)).numpy()
     np.testing.assert_allclose(np.asarray(ours(x.astype("float32"))), want,
                                atol=2e-5, rtol=0)
-    # A setting keras_vit cannot honour is refused by name.
+    # A setting keras_vit cannot honour is refused by name (parallel
+    # blocks); one it honours but whose weights the file lacks (q/k norm)
+    # is refused naming the missing arrays.
     import json
 
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["model_args"]["qk_norm"] = True
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="model_args.qk_norm"):
-        zoo.load(str(tmp_path))
+    written = (tmp_path / "config.json").read_text()
+    for key, value, needle in (
+            ("block_fn", "ParallelScalingBlock", "model_args.block_fn"),
+            ("qk_norm", True, "query_norm/scale")):
+        config = json.loads(written)
+        config["model_args"][key] = value
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=needle):
+            zoo.load(str(tmp_path))
 
 
 @pytest.mark.parametrize("call, needle", [
