@@ -701,7 +701,10 @@ def hub(hub_files):
 
 
 def _runner_env(tmp, hub, **extra):
-    return dict(KERAS_VIT_CACHE=str(tmp / "cache"), KERAS_VIT_OFFLINE="1",
+    # Not KERAS_VIT_OFFLINE: it keeps the Hub route offline too, and the
+    # Hub blocks download from the local stand-in; the runner's fake fetch
+    # already refuses every bucket URL but the zoo's own files.
+    return dict(KERAS_VIT_CACHE=str(tmp / "cache"),
                 HF_HOME=str(tmp / "hf"), HF_ENDPOINT=hub.url,
                 HF_HUB_DISABLE_TELEMETRY="1", TF_CPP_MIN_LOG_LEVEL="3",
                 MPLBACKEND="Agg", **extra)
