@@ -135,13 +135,43 @@ def _keras_model(size, dtype, remat=False):
                          dtype=dtype, remat=remat)
 
 
-def _compile_for_adamw(model):
+def _compile_for_adamw(model, optimizer=None):
+    """Keras' compile with sparse cross-entropy on logits and AdamW (lr
+    1e-4, weight decay 0.05), or ``optimizer``."""
     import keras
 
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=1e-4,
-                                         weight_decay=0.05),
+        optimizer=optimizer or keras.optimizers.AdamW(learning_rate=1e-4,
+                                                      weight_decay=0.05),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _torch_sync(device):
+    """Waits for ``device``'s queued work (a no-op on the CPU)."""
+    import torch
+
+    def sync(_=None):
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return sync
+
+
+def _timm_model(size, device):
+    """timm's model of ``size``'s configuration on ``device``, with fused
+    AdamW where the device is a GPU."""
+    import timm
+    import torch
+
+    arch = size["arch"]
+    model = timm.create_model(
+        size["timm"], pretrained=False, num_classes=size["classes"],
+        img_size=size["image"], patch_size=arch["patch_size"],
+        embed_dim=arch["hidden_size"], depth=arch["num_layers"],
+        num_heads=arch["num_heads"],
+        mlp_ratio=arch["mlp_dim"] / arch["hidden_size"]).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                  weight_decay=0.05, fused=device == "cuda")
+    return model, optimizer
 
 
 def part_keras(size, backend):
@@ -204,26 +234,13 @@ def _timm_rows(size, compiled, device, data):
     """timm's model of ``size``'s configuration, eager or through
     ``torch.compile``: forward and AdamW training step under bf16
     autocast."""
-    import timm
     import torch
 
-    arch = size["arch"]
     xi, xt, yt = data
-    model = timm.create_model(
-        size["timm"], pretrained=False, num_classes=size["classes"],
-        img_size=size["image"], patch_size=arch["patch_size"],
-        embed_dim=arch["hidden_size"], depth=arch["num_layers"],
-        num_heads=arch["num_heads"],
-        mlp_ratio=arch["mlp_dim"] / arch["hidden_size"]).to(device)
+    model, optimizer = _timm_model(size, device)
     runner = torch.compile(model) if compiled else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  weight_decay=0.05,
-                                  fused=device == "cuda")
     impl = "timm + torch.compile" if compiled else "timm, eager"
-
-    def sync(_=None):
-        if device == "cuda":
-            torch.cuda.synchronize()
+    sync = _torch_sync(device)
 
     def infer():
         model.eval()
@@ -259,11 +276,7 @@ def _matmul_ceiling(n, device):
 
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-
-    def sync(_=None):
-        if device == "cuda":
-            torch.cuda.synchronize()
-    return 2 * n ** 3 / _timed(lambda: a @ b, sync, 10, 3)
+    return 2 * n ** 3 / _timed(lambda: a @ b, _torch_sync(device), 10, 3)
 
 
 def part_timm(size):
@@ -407,8 +420,7 @@ def profile_jax(size):
         if attention:
             os.environ["KERAS_VIT_ATTENTION"] = attention
         model = _keras_model(size, "mixed_bfloat16")
-        model.compile(optimizer=optimizer, loss=keras.losses.
-                      SparseCategoricalCrossentropy(from_logits=True))
+        _compile_for_adamw(model, optimizer)
         step = _timed(lambda: model.train_on_batch(x, y, return_dict=True),
                       lambda _: None, size["steps"], size["rounds"])
         os.environ.pop("KERAS_VIT_ATTENTION", None)
@@ -444,14 +456,11 @@ def profile_torch(size):
     """GPU time by kernel kind of a training step: keras_vit on the torch
     backend beside timm eager (the same eager regime)."""
     import numpy as np
-    import timm
     import torch
 
-    if not torch.cuda.is_available():
-        activities = [torch.profiler.ProfilerActivity.CPU]
-    else:
-        activities = [torch.profiler.ProfilerActivity.CUDA]
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    activities = [torch.profiler.ProfilerActivity.CUDA if device == "cuda"
+                  else torch.profiler.ProfilerActivity.CPU]
     rng = np.random.default_rng(0)
     b, s = size["train_batch"], size["image"]
     y = torch.as_tensor(rng.integers(0, size["classes"], b), device=device)
@@ -459,15 +468,7 @@ def profile_torch(size):
                            dtype=torch.float32, device=device)
     model = _keras_model(size, "mixed_bfloat16")
     _compile_for_adamw(model)
-    arch = size["arch"]
-    peer = timm.create_model(
-        size["timm"], pretrained=False, num_classes=size["classes"],
-        img_size=s, patch_size=arch["patch_size"],
-        embed_dim=arch["hidden_size"], depth=arch["num_layers"],
-        num_heads=arch["num_heads"],
-        mlp_ratio=arch["mlp_dim"] / arch["hidden_size"]).to(device)
-    optimizer = torch.optim.AdamW(peer.parameters(), lr=1e-4,
-                                  weight_decay=0.05, fused=device == "cuda")
+    peer, optimizer = _timm_model(size, device)
     nchw = nhwc.permute(0, 3, 1, 2).contiguous()
 
     def timm_step():
@@ -477,9 +478,7 @@ def profile_torch(size):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def sync(_=None):
-        if device == "cuda":
-            torch.cuda.synchronize()
+    sync = _torch_sync(device)
     out = {}
     for name, fn in (("keras_vit, torch backend",
                       lambda: model.train_on_batch(nhwc, y)),
@@ -489,15 +488,11 @@ def profile_torch(size):
             for _ in range(5):
                 fn()
             sync()
-        times = {e.key: (e.device_time_total if device == "cuda"
-                         else e.cpu_time_total) * 1e3
-                 for e in prof.key_averages()
-                 if (e.device_time_total if device == "cuda"
-                     else e.self_cpu_time_total) > 0}
-        if device != "cuda":  # self time: the CPU events nest
-            times = {e.key: e.self_cpu_time_total * 1e3
-                     for e in prof.key_averages()
-                     if e.self_cpu_time_total > 0}
+        # On the CPU, self time: the CPU events nest.
+        times = {e.key: 1e3 * (e.device_time_total if device == "cuda"
+                               else e.self_cpu_time_total)
+                 for e in prof.key_averages()}
+        times = {k: ns for k, ns in times.items() if ns > 0}
         out[name] = _kernel_summary(times, 5, step)
     return out
 
