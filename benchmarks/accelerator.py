@@ -615,12 +615,9 @@ def machine():
                 s.strip() for s in line.split(","))
         except (OSError, subprocess.SubprocessError, IndexError, ValueError):
             pass
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f
-                               if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from keras_vit.runtime import hardware
+
+    info["cpu"] = hardware.cpu_model() or info["cpu"]
     from importlib import metadata
 
     for name in ("jax", "jaxlib", "torch", "timm", "keras", "keras-vit",

@@ -32,24 +32,19 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
+    from keras_vit.runtime import hardware
+
+    if not hardware.cpu_fields():
         return "unknown"
-    return " ".join(sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f",
-                                    "avx2"})) or "none of avx2/avx512/amx"
+    return " ".join(sorted(hardware.cpu_flags() & {
+        "amx_bf16", "avx512_bf16", "avx512f", "avx2"})) or (
+            "none of avx2/avx512/amx")
 
 
 def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    from keras_vit.runtime import hardware
+
+    return hardware.cpu_model() or "unknown CPU"
 
 
 def _forward(model, backend):

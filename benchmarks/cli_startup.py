@@ -28,13 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def cpu_features():
     """The CPU's model name and the flags that decide its speed."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-        flags = set(next(x for x in lines if x.startswith("flags")).split())
-        name = next(x for x in lines if x.startswith("model name"))
-        name = name.split(":", 1)[1].strip()
-    except (OSError, StopIteration):
+    from keras_vit.runtime import hardware
+
+    flags, name = hardware.cpu_flags(), hardware.cpu_model()
+    if not flags or not name:
         return platform.machine()
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
     have = ", ".join(flag for flag in wanted if flag in flags) or "none"

@@ -167,14 +167,12 @@ def table(rows):
 
 
 def cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
+    from keras_vit.runtime import hardware
+
+    if not hardware.cpu_fields():
         return platform.processor() or "unknown CPU"
-    name = re.search(r"model name\s*:\s*(.*)", text)
-    flags = sorted(set(re.findall(r"\b(amx_bf16|avx512_bf16)\b", text)))
-    return (name.group(1) if name else "unknown CPU") + (
+    flags = sorted(hardware.cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    return (hardware.cpu_model() or "unknown CPU") + (
         f" ({', '.join(flags)})" if flags else "")
 
 

@@ -181,13 +181,10 @@ def _row(model, fmt, variant, r):
 def _cpu_family():
     """``family F model M`` of the CPU, from /proc/cpuinfo (the model name
     of a cloud CPU can be as short as "AMD EPYC")."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
+    from keras_vit.runtime import hardware
+
+    fields = hardware.cpu_fields()
+    if not fields:
         return "family unknown"
     return (f"family {fields.get('cpu family', '?')} model "
             f"{fields.get('model', '?')}")
@@ -307,12 +304,12 @@ def main(argv=None):
     parser.add_argument("--speed", action="store_true",
                         help="time the OpenVINO exports beside keras_vit's "
                              "predict and timm (see the module docstring)")
-    parser.add_argument("--size", type=int, default=224,
-                        help="--speed: image size (default 224)")
-    parser.add_argument("--batch", type=int, default=8,
-                        help="--speed: batch size (default 8)")
-    parser.add_argument("--runs", type=int, default=7,
-                        help="--speed: timed rounds (default 7)")
+    # The settings of --speed, each help naming its default.
+    for flag, default, what in (("--size", 224, "image size"),
+                                ("--batch", 8, "batch size"),
+                                ("--runs", 7, "timed rounds")):
+        parser.add_argument(flag, type=int, default=default,
+                            help=f"--speed: {what} (default {default})")
     parser.add_argument("--quick", action="store_true",
                         help="--speed on a tiny ViT: checks the script, "
                              "not the speed")

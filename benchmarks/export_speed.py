@@ -51,16 +51,11 @@ TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
 
 
 def cpu_flags():
-    """``{flag: present}`` for CPU_FLAGS, from /proc/cpuinfo."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    """``{flag: present}`` for CPU_FLAGS, as keras_vit.runtime.hardware
+    reads them (/proc/cpuinfo)."""
+    from keras_vit.runtime import hardware
+
+    flags = hardware.cpu_flags()
     return {flag: flag in flags for flag in CPU_FLAGS}
 
 

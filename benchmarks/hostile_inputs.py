@@ -433,11 +433,11 @@ def hub_fetch(**server):
     def build(ws):
         _, env = ws.hub(**server)
         code = ("import sys\n"
-                "from keras_vit.zoo import download, timm_hub\n"
+                "from keras_vit.zoo import download_cache, timm_hub\n"
                 "try:\n"
                 f"    timm_hub.fetch('hf-hub:{REPO}', "
                 f"deadline={HUB_DEADLINE})\n"
-                "except download.DownloadError as e:\n"
+                "except download_cache.DownloadError as e:\n"
                 "    sys.exit(f'DownloadError: {e}')\n")
         return [sys.executable, "-c", code], env
     return build
@@ -701,26 +701,21 @@ def _version(name):
 
 def cpu():
     """The CPU's model name, core count and the flags its speed and bf16
-    paths hinge on, from /proc/cpuinfo (its last processor's lines)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = {key.strip(): value for key, value in (
-                line.split(":", 1) for line in f if ":" in line)}
-    except OSError:
-        info = {}
-    flags = set(info.get("flags", "").split())
-    name = info.get("model name", platform.machine()).strip()
+    paths hinge on, as keras_vit.runtime.hardware reads them
+    (/proc/cpuinfo)."""
+    from keras_vit.runtime import hardware
+
+    flags = hardware.cpu_flags()
+    name = hardware.cpu_model() or platform.machine()
     return (f"{name}, {os.cpu_count()} logical cores; flags: "
             + ", ".join(f"{flag} {'yes' if flag in flags else 'no'}"
                         for flag in ("avx2", "avx512_bf16", "amx_bf16")))
 
 
 def header(args, argv):
-    meminfo = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            meminfo[key] = int(value.split()[0]) * 1024
+    from keras_vit.runtime import hardware
+
+    total, available = hardware.memory_total(), hardware.available_memory()
     packages = ["keras-vit", "keras", args.backend, "numpy", "pillow",
                 "huggingface_hub"]
     lines = [
@@ -731,8 +726,8 @@ def header(args, argv):
         "- date: " + datetime.datetime.now(datetime.timezone.utc).strftime(
             "%Y-%m-%d %H:%M UTC"),
         f"- CPU: {cpu()}",
-        f"- memory: {meminfo['MemTotal'] / GIB:.1f} GiB, "
-        f"{meminfo['MemAvailable'] / GIB:.1f} GiB available at the start",
+        f"- memory: {total / GIB:.1f} GiB, "
+        f"{available / GIB:.1f} GiB available at the start",
         f"- KERAS_BACKEND={args.backend}; python "
         f"{platform.python_version()}, "
         + ", ".join(f"{p} {_version(p)}" for p in packages),

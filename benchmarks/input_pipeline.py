@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -55,14 +54,12 @@ def pin_one_core():
 
 
 def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
+    from keras_vit.runtime import hardware
+
+    if not hardware.cpu_fields():
         return platform.processor() or "unknown CPU", ""
-    name = re.search(r"model name\s*:\s*(.*)", text)
-    flags = sorted(set(re.findall(r"\b(amx_bf16|avx512_bf16)\b", text)))
-    return (name.group(1) if name else "unknown CPU",
+    flags = sorted(hardware.cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    return (hardware.cpu_model() or "unknown CPU",
             " ".join(flags) or "no amx_bf16/avx512_bf16")
 
 

@@ -41,16 +41,10 @@ MODES = ("float32", "int8", "int4", "float8")
 
 
 def cpu_line():
-    name, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name == "unknown CPU":
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    from keras_vit.runtime import hardware
+
+    name = hardware.cpu_model() or "unknown CPU"
+    flags = hardware.cpu_flags()
     units = sorted(flags & {"amx_bf16", "amx_int8", "avx512_bf16",
                             "avx512_vnni", "avx_vnni"})
     return (f"{name}, {os.cpu_count()} CPUs, flags: "

@@ -87,7 +87,7 @@ def run_child(name, case, setting, quick):
 def cpu_line():
     from keras_vit.runtime import hardware
 
-    flags, model = hardware._read_cpuinfo()
+    flags, model = hardware.cpu_flags(), hardware.cpu_model()
     units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
                          "avx_vnni", "amx_bf16") if f in flags]
     return (f"{model or 'unknown CPU'}, {os.cpu_count()} logical cores; "

@@ -167,18 +167,14 @@ def onednn_line():
 
 
 def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from keras_vit.runtime import hardware
+
+    return hardware.cpu_model() or platform.processor() or "unknown"
 
 
 def matrix_units():
-    """The CPU features the speed decisions hinge on, from /proc/cpuinfo."""
+    """The CPU features the speed decisions hinge on, as
+    keras_vit.runtime.hardware reads them (/proc/cpuinfo)."""
     from keras_vit.runtime import hardware
 
     hw = hardware.detect()

@@ -41,12 +41,12 @@ def _load_model(path):
 
 def run_job(job):
     """Converts (and runs) what ``job`` describes; returns the result."""
-    import keras
+    from keras_vit.runtime.backend import is_tensorflow, name as backend_name
 
-    if keras.backend.backend() != "tensorflow":
+    if not is_tensorflow():
         raise RuntimeError("the converter process needs "
                            "KERAS_BACKEND=tensorflow; it runs on "
-                           f"{keras.backend.backend()!r}")
+                           f"{backend_name()!r}")
     from keras_vit.base import atomic
     from keras_vit.export import formats, memory, pipeline, serving
     from keras_vit.export.graph import ServingGraph

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from keras_vit.base.limits import MAX_RUNS
 from keras_vit.export import memory
 
 RUNTIMES = ("keras", "xla", "onnx", "tflite", "openvino")
@@ -38,14 +39,12 @@ _DESCRIPTIONS = {
 
 def cpu_bf16_support():
     """``(supported, reason)``: whether the CPU has bf16 instructions
-    (AVX512_BF16 or AMX), read from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set()
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-    except OSError:
+    (AVX512_BF16 or AMX), as :mod:`keras_vit.runtime.hardware` reads the
+    flags (``KERAS_VIT_CPU_FLAGS`` when set, else /proc/cpuinfo)."""
+    from keras_vit.runtime import hardware
+
+    flags = hardware.cpu_flags()
+    if not flags and not hardware.cpu_fields():
         return False, "cannot read /proc/cpuinfo"
     found = sorted(flags & {"avx512_bf16", "amx_bf16"})
     if found:
@@ -65,9 +64,6 @@ def check_runtimes(runtimes):
     return runtimes
 
 
-MAX_RUNS = 1000
-
-
 def _time_runs(fn, images, runs, warmup, rss):
     for _ in range(warmup):
         fn(images)
@@ -85,15 +81,14 @@ def _keras_runner(model, jit):
     """The model on this process's Keras backend: a ``tf.function`` (with
     XLA if ``jit``) on TensorFlow, ``jax.jit`` (XLA) or the plain call on
     JAX, the call without autograd on PyTorch."""
-    import keras
-
     from keras_vit.models.memory import infer
+    from keras_vit.runtime.backend import name as backend_name
 
     def first(out):
         return {"out": np.asarray(next(iter(out.values())) if isinstance(
             out, dict) else out)}
 
-    backend = keras.backend.backend()
+    backend = backend_name()
     if backend == "tensorflow":
         import tensorflow as tf
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.data.normalization import of_model
 from keras_vit.export import samples
+from keras_vit.runtime.policy import dtype_policy_scope
 
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
@@ -53,10 +55,8 @@ def float32_copy(model):
         return rebuild(model, dtype="float32")
     # Another functional model: cloned layer by layer, each layer's own
     # dtype set to float32 (rebuild copies a model, not its layers' dtypes).
-    policy = keras.config.dtype_policy()
     # A global mixed policy would otherwise leak into the copy's layers.
-    keras.config.set_dtype_policy("float32")
-    try:
+    with dtype_policy_scope("float32"):
         def as_float32(layer):
             config = layer.get_config()
             if "dtype" in config:
@@ -72,8 +72,6 @@ def float32_copy(model):
                 f"({type(model).__name__}): {e}. Rebuild it in float32 "
                 "and load its weights, or pass cast_to_float32=False "
                 "(SavedModel only)") from e
-    finally:
-        keras.config.set_dtype_policy(policy)
     copy.set_weights([np.asarray(w, dtype=np.float32)
                       for w in model.get_weights()])
     return copy
@@ -236,6 +234,9 @@ class ServingGraph:
             getattr(model, "include_preprocessing", False)
             or "preprocessing" in _layer_names(model))
         self.scale_inside = self.uint8_input and not includes_preprocessing
+        # What the weights expect of [0, 255] pixels (the official [-1, 1]
+        # unless the model records another normalisation).
+        self.normalization = of_model(model)
         # The range of the artifact's input.
         self.value_range = (samples.PIXELS if (uint8_input
                                               or includes_preprocessing)
@@ -265,8 +266,8 @@ class ServingGraph:
         if self.uint8_input:
             x = keras.ops.cast(x, "float32")
             if self.scale_inside:
-                # The official ViT input scaling, as Rescaling(1/127.5, -1).
-                x = x * (1.0 / 127.5) - 1.0
+                # The model's input normalisation, as its Rescaling layer.
+                x = self.normalization(x)
         raw = self.raw(x, training=False)
         out = {}
         for name in self.outputs:
@@ -354,7 +355,7 @@ class ServingGraph:
         if self.uint8_input:
             x = x.astype(np.float32)
             if self.scale_inside:
-                x = x * np.float32(1 / 127.5) - np.float32(1)
+                x = self.normalization(x).astype(np.float32)
         name = "logits" if "logits" in self.raw.output else next(
             iter(self.raw.output))
         source = self.source_model
@@ -387,7 +388,8 @@ class ServingGraph:
                       "dtype": self.input_dtype,
                       "range": self.value_range,
                       "preprocessing_inside": self.value_range
-                      == samples.PIXELS},
+                      == samples.PIXELS,
+                      "normalization": self.normalization.to_config()},
             "outputs": out_shapes,
         }
 
@@ -430,7 +432,8 @@ class ServingGraph:
         if kind == "photos":
             pixels, note = samples.photo_images(shape, n, seed)
             return samples.to_input_range(pixels, self.input_dtype,
-                                         self.value_range), note
+                                         self.value_range,
+                                         self.normalization), note
         images = samples.noise_images(shape, n, self.input_dtype,
                                      self.value_range, seed)
         return images, (f"{n} uniform random images in {self.value_range}"

@@ -6,16 +6,13 @@ from __future__ import annotations
 import os
 import threading
 
-from keras_vit.runtime.hardware import proc_bytes
+from keras_vit.runtime import hardware
 
 
 def current_rss():
     """Resident memory of this process in bytes (0 if unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    rss = hardware.resident_memory()
+    return 0 if rss is None else rss
 
 
 def own_peak_rss():
@@ -31,7 +28,7 @@ def own_peak_rss():
     >>> own_peak_rss() >= current_rss() > 0
     True
     """
-    peak = proc_bytes("/proc/self/status", "VmHWM")
+    peak = hardware.peak_resident_memory()
     if peak is not None:
         return peak
     import resource

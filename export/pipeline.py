@@ -80,9 +80,9 @@ class ExportJob:
 def tensorflow_here():
     """Whether this process runs Keras on TensorFlow (else conversions run
     in a TensorFlow child process)."""
-    import keras
+    from keras_vit.runtime.backend import is_tensorflow
 
-    return keras.backend.backend() == "tensorflow"
+    return is_tensorflow()
 
 
 def run(job, module):
@@ -212,7 +212,7 @@ def run_child(module, job, workdir, rss, what, env=None):
     job = dict(job, result=os.path.join(workdir, f"{module}.result.json"))
     job_path = os.path.join(workdir, f"{module}.job.json")
     atomic.write_json(job_path, job)
-    child_env = dict(os.environ)
+    child_env = environment.for_child()
     child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     child_env.update(env or {})
     log_path = os.path.join(workdir, f"{module}.log")

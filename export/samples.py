@@ -9,10 +9,11 @@ import os
 
 import numpy as np
 
+from keras_vit.data.normalization import check_normalization
+
 # The two input ranges a model can take (keras_vit models see [-1, 1]
 # unless built with include_preprocessing=True).
 UNIT, PIXELS = "[-1, 1]", "[0, 255]"
-
 
 
 def noise_images(shape, n, dtype, value_range, seed=0):
@@ -117,14 +118,15 @@ def photo_images(shape, n, seed=0):
     return out, f"{n} {what}"
 
 
-def to_input_range(pixels, dtype, value_range):
-    """uint8 pixels -> what an artifact takes: uint8, [0, 255] or [-1, 1]
-    floats (the official ViT scaling (x - 127.5) / 127.5)."""
+def to_input_range(pixels, dtype, value_range, normalization=None):
+    """uint8 pixels -> what an artifact takes: uint8, [0, 255] or
+    normalised floats (``normalization``, the model's input normalisation;
+    None: the official [-1, 1], (x - 127.5) / 127.5)."""
     if np.dtype(dtype) == np.uint8:
         return pixels.astype(np.uint8)
     x = pixels.astype(np.float32)
     if value_range == UNIT:
-        x = x * np.float32(1 / 127.5) - np.float32(1.0)
+        x = check_normalization("normalization", normalization)(x)
     return x.astype(dtype)
 
 

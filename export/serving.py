@@ -198,11 +198,12 @@ class ImageBytesGraph(ServingGraph):
         pixels = image_decoder.decode(
             data, tf.strings.format(INPUT_NAME + "[{}]", index))
         # zoo.preprocess_input, op for op: bilinear without antialiasing
-        # (the identity at the model's size), then x / 127.5 - 1.
+        # (the identity at the model's size), then the model's input
+        # normalisation.
         x = tf.image.resize(tf.cast(pixels, tf.float32), self.image_size,
                             method="bilinear", antialias=False)
         if self.scale:
-            x = x / 127.5 - 1.0
+            x = self.normalization(x)
         return x
 
     def image_sizes(self):
@@ -312,7 +313,10 @@ class ImageBytesGraph(ServingGraph):
                       "preprocessing": (
                           f"decode to RGB, bilinear resize to {height}x{width}"
                           " without antialiasing or crop"
-                          + (", (x - 127.5) / 127.5" if self.scale else ""))},
+                          + (", then (x / 255 - mean) / std with mean "
+                             f"{list(self.normalization.mean)} and std "
+                             f"{list(self.normalization.std)}"
+                             if self.scale else ""))},
             "outputs": {"labels": [None, k], "scores": [None, k],
                         "classes": [None, k],
                         "logits": [None, self.num_classes]},

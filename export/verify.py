@@ -286,11 +286,11 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
         report["peak_rss_mb_this_process"] = memory.mib(rss.peak)
         report["peak_rss_mb_converter_process"] = memory.mib(rss.child_peak)
     report["notes"] = list(graph.notes) + list(notes)
-    import keras
+    from keras_vit.runtime.backend import name as backend_name
 
     # The backend of the reference outputs (the artifact was converted
     # under TensorFlow, in a child process when this is another backend).
-    report["keras_backend"] = keras.backend.backend()
+    report["keras_backend"] = backend_name()
     report["versions"] = common.versions()
     report["created"] = datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds")

@@ -83,19 +83,14 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (setup.cfg): one worker per core, at most 4 (each holds
     TensorFlow and builds models up to ViT-H; more would contend for memory
     bandwidth and RAM), and at least 4 GiB of memory each."""
+    # keras_vit.runtime.hardware imports no Keras (xdist asks from
+    # pytest_cmdline_main, before pytest_configure has chosen KERAS_BACKEND).
+    from keras_vit.runtime import hardware
+
     cores = _usable_cores()
-    # MemAvailable read here, not through keras_vit.train.cli's
-    # available_memory: xdist asks from pytest_cmdline_main, before
-    # pytest_configure has chosen KERAS_BACKEND, and importing keras_vit
-    # would import Keras with whatever backend the environment names.
-    by_memory = cores
-    try:
-        with open("/proc/meminfo") as f:
-            kib = next(int(line.split()[1]) for line in f
-                       if line.startswith("MemAvailable:"))
-        by_memory = kib // (4 * 2**20)
-    except (OSError, StopIteration, ValueError):
-        pass  # not Linux: trust the core count
+    available = hardware.available_memory()
+    # Not Linux (unknown): trust the core count.
+    by_memory = cores if available is None else available // (4 << 30)
     return max(1, min(cores, 4, by_memory))
 
 
@@ -208,9 +203,12 @@ def pytest_report_header(config):
 # goes out first), cli/demo 168, contracts/examples 136, benchmarks/speed
 # 101, export/export 94, models/posemb 87, train/trainer_backends 81,
 # train/train 79, contracts/backends 56, benchmarks/export_speed 47,
-# reliability/reliability 44, zoo/timm_hub 36, cli/cli 36,
-# core/graph_fusion 35, contracts/docstrings 28, cli/first_run ~15 (20 s
-# of CPU once its install test moved to the journeys);
+# zoo/timm_hub 36, cli/cli 36,
+# core/graph_fusion 35, contracts/docstrings 28, models/memory 27 and
+# train/data 23 (most of the 44 s of the hostile-input file whose cases
+# moved to the modules' files; measured -n 0 on a loaded machine),
+# cli/first_run ~15 (20 s of CPU once its install test moved to the
+# journeys);
 # jax child: models/bit 89, train/trainer_backends 66, models/vit 62,
 # zoo/zoo 57, analysis/analysis 55, export/export_backends 41,
 # zoo/resolve 37, models/hybrid 32. The zoo's 57 held 40 s of
@@ -223,9 +221,10 @@ LONGEST_FIRST = {
         "export/test_export.py", "models/test_posemb.py",
         "train/test_trainer_backends.py", "train/test_train.py",
         "contracts/test_backends.py", "models/test_digits_features.py",
-        "benchmarks/test_export_speed.py", "reliability/test_reliability.py",
-        "data/test_images.py", "zoo/test_timm_hub.py", "cli/test_cli.py",
+        "benchmarks/test_export_speed.py", "data/test_images.py",
+        "zoo/test_timm_hub.py", "cli/test_cli.py",
         "runtime/test_graph_ops.py", "contracts/test_docstrings.py",
+        "models/test_memory.py", "train/test_data.py",
         "cli/test_first_run.py", "cli/test_cli_startup.py",
         "train/test_mpp.py", "zoo/test_zoo.py", "runtime/test_hardware.py",
         "zoo/test_sources.py", "train/test_layouts.py",
@@ -455,6 +454,18 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("KERAS_VIT_MIRROR", raising=False)
     monkeypatch.delenv("KERAS_VIT_OFFLINE", raising=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_keras(tmp_path_factory):
+    """A tiny ViT (tests/hostile_inputs.py's ``tiny``) saved as a .keras
+    file, once per test module: the model the hostile-input tests of the
+    command line, the image readers and the .keras checks hand over."""
+    from hostile_inputs import tiny  # imports Keras: not before configure
+
+    path = tmp_path_factory.mktemp("model") / "tiny.keras"
+    tiny().save(path)
+    return path
 
 
 TINY = dict(patch=8, hidden=32, layers=2, heads=4, mlp=64, grid=4)

@@ -20,13 +20,14 @@ from keras_vit.base.variants import UnknownModelError
 # loads on first use.
 __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
     ".api": ("augreg_index", "find_augreg", "load", "load_weights"),
-    ".convert": ("CheckpointError", "export_arrays", "normalize_keys",
-                 "read_npz", "resize_posemb", "save_npz"),
-    ".download": ("ChecksumError", "DownloadError", "OfflineError",
-                  "cache_dir"),
+    ".checkpoints": ("CheckpointError",),
+    ".convert": ("export_arrays", "normalize_keys", "read_npz", "save_npz"),
+    ".download_cache": ("ChecksumError", "DownloadError", "OfflineError",
+                        "cache_dir"),
     ".keras_hub_io": ("from_keras_hub",),
     ".keras_hub_writer": ("to_keras_hub",),
     ".official": ("resolve_weights",),
+    ".position_tables": ("resize_posemb",),
     ".preprocessing": ("decode_predictions", "preprocess_input",
                        "preprocessing_layer"),
     ".resolve": ("rebuild", "resolve_model"),

@@ -7,7 +7,8 @@ import os
 
 from keras_vit.base import variants
 from keras_vit.models.resnet_v2 import ResNetV2
-from keras_vit.zoo import bit_layout, convert, download, registry, sources
+from keras_vit.zoo import (bit_layout, checkpoints, convert, download,
+                           download_cache, registry, sources)
 from keras_vit.zoo.official import is_url
 
 
@@ -108,7 +109,7 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     of another size is replaced by zeros (see
     :func:`keras_vit.zoo.convert.load_weights`).
     """
-    convert.check_model(model)
+    checkpoints.check_model(model)
     source = path_or_url
     if not isinstance(path_or_url, (dict, str, os.PathLike)):
         raise TypeError("path_or_url must be a path, a URL or a dict of "
@@ -119,8 +120,8 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
             source = os.fspath(download.fetch(source, sha256=sha256,
                                               progress=progress))
         elif (sha256 is not None
-              and download.sha256_file(source) != sha256.lower()):
-            raise download.ChecksumError(
+              and download_cache.sha256_file(source) != sha256.lower()):
+            raise download_cache.ChecksumError(
                 f"sha256 of path_or_url={source!r} does not match {sha256}")
     if isinstance(model, ResNetV2):
         return bit_layout.load_weights(model, source)

@@ -26,9 +26,9 @@ import re
 
 import numpy as np
 
-from keras_vit.zoo import convert
-from keras_vit.zoo.convert import (CheckpointError, as_array, assign_all,
-                                   read_npz)
+from keras_vit.zoo import checkpoints
+from keras_vit.zoo.checkpoints import CheckpointError, as_array, assign_all
+from keras_vit.zoo.convert import read_npz
 
 PREFIX = "resnet/"
 HEAD_KERNEL = PREFIX + "head/conv2d/kernel"
@@ -64,7 +64,7 @@ def checkpoint_key(variable_path: str) -> str | None:
 def model_variables(model) -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a ResNetV2;
     raises for a weight with no BiT equivalent."""
-    return convert.model_variables(model, checkpoint_key, "BiT")
+    return checkpoints.model_variables(model, checkpoint_key, "BiT")
 
 
 def _is_group_norm(key):
@@ -132,7 +132,7 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True,
         * a model without a head (``include_top=False``) ignores the
           checkpoint's head;
         * anything else missing, unexpected or mis-shaped is a
-          :class:`~keras_vit.zoo.convert.CheckpointError` listing every
+          :class:`~keras_vit.zoo.checkpoints.CheckpointError` listing every
           problem at once, and nothing is assigned.
 
     Returns:

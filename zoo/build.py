@@ -16,7 +16,8 @@ import numpy as np
 
 from keras_vit.base.checks import did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
-from keras_vit.zoo import bit_layout, convert
+from keras_vit.runtime.policy import dtype_policy_scope
+from keras_vit.zoo import bit_layout, convert, position_tables
 
 
 @dataclasses.dataclass
@@ -156,12 +157,8 @@ def copy_model(model, config, keep_pre_logits=False):
     if dtype is None and all(own[k] == v for k, v in config.items()):
         return model
     config["dtype"] = own.get("dtype")
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(dtype or model.dtype_policy)
-    try:
+    with dtype_policy_scope(dtype or model.dtype_policy):
         rebuilt = type(model).from_config(config)
-    finally:
-        keras.config.set_dtype_policy(policy)
     copy_weights(model, rebuilt, keep_pre_logits)
     return rebuilt
 
@@ -216,7 +213,7 @@ def _copy_by_path(source, target):
             continue  # zero-initialised, as a new head is
         if (value is not None and getattr(layer, "kind", None) == "learned_1d"
                 and value.ndim == 3):
-            variable.assign(convert.resize_posemb(
+            variable.assign(position_tables.resize_posemb(
                 value, layer.grid_size, layer.num_prefix_tokens))
             continue
         have = None if value is None else value.shape
@@ -270,12 +267,8 @@ def _as_it_is(checkpoint, request):
         import keras
 
         if keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
-            policy = keras.config.dtype_policy()
-            keras.config.set_dtype_policy(dtype)
-            try:
+            with dtype_policy_scope(dtype):
                 copy = keras.models.clone_model(model)
-            finally:
-                keras.config.set_dtype_policy(policy)
             copy_weights(model, copy, False)
             model = copy
     return model

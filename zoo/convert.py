@@ -11,7 +11,6 @@ which is the canonical key set this module speaks.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
@@ -20,17 +19,15 @@ import zipfile
 import numpy as np
 
 from keras_vit.base import atomic
-from keras_vit.base.errors import KerasVitError
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
-from keras_vit.zoo import lazy_npz
+from keras_vit.zoo import checkpoints, lazy_npz
+from keras_vit.zoo.checkpoints import (CheckpointError, as_array, assign_all,
+                                       check_model)
+from keras_vit.zoo.position_tables import fit_position_tables
 
 logger = logging.getLogger("keras_vit.zoo")
-
-
-class CheckpointError(KerasVitError, ValueError):
-    """A checkpoint that cannot be read or does not fit the model."""
 
 
 # --------------------------------------------------------------------------
@@ -65,87 +62,6 @@ def read_npz(path, lazy=False) -> dict:
             f"Could not read the checkpoint path={path!r}: it is not a valid "
             f".npz archive (corrupt or truncated download?). {type(e).__name__}"
             f": {e}") from e
-
-
-def as_array(value):
-    """``value`` as an array, leaving a lazily read one unread."""
-    if isinstance(value, lazy_npz.LazyArray):
-        return value
-    return np.asarray(value)
-
-
-# Checkpoints at least this big show a progress bar while they load (on a
-# terminal): ViT-L and ViT-H files take tens of seconds to read.
-PROGRESS_MIN_BYTES = 256 * 2**20
-
-
-def assign_all(assignments, source_name, progress=None):
-    """Assigns ``[(variable, array or None for zeros)]`` grouped by the
-    checkpoint's archive member (so a stacked array is read once and dropped
-    when all its slices are assigned), reading one array at a time.
-    ``progress``: a bar of the bytes assigned (None: for checkpoints of
-    ``PROGRESS_MIN_BYTES`` or more, on a terminal)."""
-    from tqdm.auto import tqdm
-
-    def source(item):
-        return getattr(item[1], "source", "")
-
-    # Nothing half loaded: every member is read through and checked (CRC,
-    # length, number dtype) before the first variable changes.
-    try:
-        lazy_npz.verify(dict(enumerate(v for _, v in assignments)))
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise CheckpointError(
-            f"The checkpoint source={source_name} is corrupt; no weight was "
-            f"changed. {type(e).__name__}: {e}") from e
-    for var, value in assignments:
-        dtype = getattr(value, "dtype", None)
-        if dtype is not None and np.dtype(dtype).kind not in (
-                lazy_npz.NUMBER_KINDS):
-            raise CheckpointError(
-                f"{source((var, value)) or var.path!r} of the checkpoint "
-                f"source={source_name} has dtype {np.dtype(dtype).str!r}, not "
-                "a number type; no weight was changed")
-    sizes = [int(np.prod(var.shape)) * _itemsize(var.dtype)
-             for var, _ in assignments]
-    if progress is None:
-        disable = None if sum(sizes) >= PROGRESS_MIN_BYTES else True
-    else:
-        disable = not progress
-    bar = tqdm(total=sum(sizes), unit="B", unit_scale=True,
-               unit_divisor=1024, desc=f"loading {source_name}"[:60],
-               disable=disable)
-    size_of = {id(var): size for (var, _), size in zip(assignments, sizes)}
-    with bar:
-        _assign_groups(assignments, source_name, source, bar, size_of)
-
-
-def _itemsize(dtype):
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:  # bfloat16, which NumPy does not know by name
-        return 2
-
-
-def _assign_groups(assignments, source_name, source, bar, size_of):
-    for _, group in itertools.groupby(sorted(assignments, key=source),
-                                      key=source):
-        for var, value in group:
-            if value is None:
-                var.assign(np.zeros(var.shape, dtype=var.dtype))
-                bar.update(size_of[id(var)])
-                continue
-            try:
-                var.assign(np.asarray(value, dtype=var.dtype))
-            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-                raise CheckpointError(
-                    f"Could not read {source((var, value))!r} of the "
-                    f"checkpoint source={source_name} (corrupt file?); the "
-                    f"model's weights are partly overwritten. "
-                    f"{type(e).__name__}: {e}") from e
-            bar.update(size_of[id(var)])
-        if isinstance(value, lazy_npz.LazyArray):
-            value.release()  # every slice of this member is assigned
 
 
 _NEW_TO_OLD_BLOCK = {
@@ -301,62 +217,11 @@ def checkpoint_key(variable_path: str) -> str | None:
     return None
 
 
-def check_model(model, argument="model"):
-    """``model`` if it is a Keras model, else a TypeError naming
-    ``argument`` and echoing the value (not an AttributeError from deep
-    inside a loader)."""
-    import keras
-
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"{argument} must be a keras.Model; received "
-                        f"{argument}={model!r}"[:300])
-    return model
-
-
-def _check_plain(model, layout):
-    """The checkpoint layouts hold one float kernel per projection: a model
-    quantized by Keras or carrying LoRA adapters is refused in one line
-    that says how to get that model (rather than as unknown weights)."""
-    from keras_vit.runtime import compat
-
-    layers = compat.flatten_layers(model)
-    modes = sorted({layer.quantization_mode for layer in layers
-                    if getattr(layer, "quantization_mode", None)})
-    if modes:
-        raise CheckpointError(
-            f"model={model.name!r} is quantized by Keras (mode="
-            f"{'/'.join(modes)}); the {layout} layout holds float weights: "
-            "convert the float model, then quantize after loading")
-    if any(getattr(layer, "lora_enabled", False) for layer in layers):
-        raise CheckpointError(
-            f"model={model.name!r} has LoRA adapters; the {layout} layout "
-            "holds plain kernels: keras_vit.models.lora.merge(model) returns "
-            "the model with the adapters merged into them")
-
-
-def model_variables(model, key_fn=None, layout="ViT") -> dict:
-    """``{checkpoint key: keras Variable}`` for every weight of a model.
-
-    ``key_fn`` maps a Keras variable path to a checkpoint key (default: the
-    ViT/hybrid layout). Raises if a weight has no checkpoint equivalent, so
-    that a model this module does not understand is never half loaded.
-    """
-    check_model(model)
-    key_fn = key_fn or checkpoint_key
-    _check_plain(model, layout)
-    out = {}
-    unknown = []
-    for v in model.weights:
-        key = key_fn(v.path)
-        if key is None:
-            unknown.append(v.path)
-        else:
-            out[key] = v
-    if unknown:
-        raise CheckpointError(
-            f"model={model.name!r} has weights with no {layout} checkpoint "
-            f"equivalent: {unknown[:10]}")
-    return out
+def model_variables(model) -> dict:
+    """``{checkpoint key: keras Variable}`` for every weight of a ViT or
+    hybrid (:func:`checkpoint_key`); raises for a weight with no official
+    equivalent."""
+    return checkpoints.model_variables(model, checkpoint_key, "ViT")
 
 
 def export_arrays(model) -> dict:
@@ -375,182 +240,6 @@ def save_npz(model, path):
     with atomic.atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **export_arrays(model))
     return path
-
-
-# --------------------------------------------------------------------------
-# Position-embedding resize
-
-
-def _linear_resize_axis(x, new_len, axis):
-    """Linear interpolation along one axis with aligned corners.
-
-    This is what ``scipy.ndimage.zoom(order=1)`` does (its default
-    ``grid_mode=False`` maps the first and last samples onto each other).
-    """
-    old_len = x.shape[axis]
-    if new_len == old_len:
-        return x
-    if old_len == 1:
-        return np.repeat(x, new_len, axis=axis)
-    if new_len == 1:
-        coords = np.zeros(1)
-    else:
-        coords = np.arange(new_len) * ((old_len - 1) / (new_len - 1))
-    lo = np.clip(np.floor(coords).astype(int), 0, old_len - 2)
-    frac = coords - lo
-    shape = [1] * x.ndim
-    shape[axis] = new_len
-    frac = frac.reshape(shape)
-    a = np.take(x, lo, axis=axis)
-    b = np.take(x, lo + 1, axis=axis)
-    return a * (1.0 - frac) + b * frac
-
-
-def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
-    """Resizes a (1, prefix + h*w, D) position-embedding table to a new grid.
-
-    As in the paper (section 3.2) and the official code: the prefix (class
-    token) rows are kept, the grid rows are interpolated in 2D with
-    ``scipy.ndimage.zoom(order=1)`` semantics (bilinear, aligned corners).
-
-    Args:
-        posemb: array (1, N, D).
-        new_grid: (rows, cols) of the target patch grid.
-        num_prefix_tokens: rows before the grid (1 with a class token).
-        old_grid: (rows, cols) of the source grid; inferred as square if None.
-    """
-    posemb = np.asarray(posemb)
-    if posemb.ndim != 3 or posemb.shape[0] != 1:
-        raise CheckpointError(
-            f"posemb must have shape (1, N, D); received shape={posemb.shape}")
-    prefix, grid = posemb[0, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
-    n = grid.shape[0]
-    if old_grid is None:
-        side = int(round(np.sqrt(n)))
-        if side * side != n:
-            raise CheckpointError(
-                f"cannot infer a square grid from {n} position embeddings "
-                f"(num_prefix_tokens={num_prefix_tokens}); pass old_grid")
-        old_grid = (side, side)
-    old_grid = tuple(old_grid)
-    new_grid = tuple(int(g) for g in new_grid)
-    if old_grid[0] * old_grid[1] != n:
-        raise CheckpointError(
-            f"old_grid={old_grid} does not match {n} grid position embeddings")
-    g = grid.reshape(old_grid[0], old_grid[1], -1).astype(np.float64)
-    g = _linear_resize_axis(g, new_grid[0], 0)
-    g = _linear_resize_axis(g, new_grid[1], 1)
-    g = g.reshape(new_grid[0] * new_grid[1], -1).astype(posemb.dtype)
-    return np.concatenate([prefix, g], axis=0)[None]
-
-
-def resize_posemb_axis(table, new_len):
-    """Resizes one axis table (len, D/2) of ``position_embedding="learned_2d"``
-    by linear interpolation with aligned corners, the 1D case of
-    :func:`resize_posemb`."""
-    table = np.asarray(table)
-    if table.ndim != 2:
-        raise CheckpointError(
-            "a learned_2d axis table must have shape (len, D/2); received "
-            f"shape={table.shape}")
-    return _linear_resize_axis(table.astype(np.float64), int(new_len),
-                               0).astype(table.dtype)
-
-
-def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
-    """Fits a ``position_embedding="relative"`` table to another sequence.
-
-    The table holds one embedding per 1D offset -(P-1) .. P-1 (plus a last
-    row for class-token pairs when ``num_prefix_tokens``). For a longer
-    sequence, offsets beyond the trained range take the embedding of the
-    farthest trained offset of the same sign (clipping, as Shaw et al. 2018
-    do for distances beyond k); a shorter one keeps the central offsets.
-    Offsets are in raster order, so on a grid of another width an offset of
-    +cols no longer means "one row down": expect to fine-tune, as after any
-    resolution change.
-    """
-    table = np.asarray(table)
-    extra = 1 if num_prefix_tokens else 0
-    offsets = table.shape[0] - extra
-    if table.ndim != 3 or offsets < 1 or offsets % 2 == 0:
-        raise CheckpointError(
-            "a relative position table must have shape (2P - 1 [+ 1], heads, "
-            f"head_dim); received shape={table.shape} with num_prefix_tokens="
-            f"{num_prefix_tokens}")
-    old = (offsets + 1) // 2
-    wanted = np.arange(-(new_num_patches - 1), new_num_patches)
-    rows = np.clip(wanted, -(old - 1), old - 1) + old - 1
-    return np.concatenate([table[rows], table[offsets:]], axis=0)
-
-
-def _fit_position_tables(model, arrays, targets, report, problems,
-                         source_grid=None):
-    """Resizes every position table of the checkpoint to the model's grid.
-
-    A 1D table is resized whenever its grid differs from the model's, also
-    when both hold as many tokens (a 4x4 table into an 8x2 model): the rows
-    would otherwise land on the wrong patches. The checkpoint's grid is
-    ``source_grid`` when known (a model being copied), else square (every
-    released checkpoint is)."""
-    for layer in model.layers:
-        kind = getattr(layer, "kind", None)
-        if not layer.name.startswith("position_embedding") or kind is None:
-            continue
-        for var in layer.weights:
-            key = checkpoint_key(var.path)
-            if key not in arrays or key not in targets:
-                continue
-            src, want = np.asarray(arrays[key]), tuple(var.shape)
-            # Only the grid (token, row or offset) axis may differ; anything
-            # else is mis-shaped and reported as such.
-            grid_axis = 1 if kind == "learned_1d" else 0
-            others = [a for a in range(len(want)) if a != grid_axis]
-            if src.ndim != len(want) or any(
-                    src.shape[a] != want[a] for a in others):
-                continue
-            old_grid = None
-            if kind == "learned_1d":
-                old_grid = _table_grid(src.shape[1] - layer.num_prefix_tokens,
-                                       source_grid)
-            if src.shape == want and old_grid in (None, layer.grid_size):
-                continue
-            name = var.path.split("/")[-1]
-            try:
-                if kind == "learned_1d":
-                    arrays[key] = resize_posemb(src, layer.grid_size,
-                                                layer.num_prefix_tokens,
-                                                old_grid=old_grid)
-                    old = src.shape[1] - layer.num_prefix_tokens
-                    new = want[1] - layer.num_prefix_tokens
-                elif kind == "learned_2d":
-                    arrays[key] = resize_posemb_axis(src, want[0])
-                    old, new = src.shape[0], want[0]
-                elif kind == "relative":
-                    arrays[key] = resize_relative_posemb(
-                        src, layer.num_patches, layer.num_prefix_tokens)
-                    old = (src.shape[0] + 1) // 2
-                    new = layer.num_patches
-                else:
-                    raise CheckpointError(
-                        f"position_embedding={kind!r} has no resize rule")
-            except CheckpointError as e:
-                problems.append(f"{key} (position_embedding={kind!r}, "
-                                f"{name}): {e}")
-                continue
-            if report["resized_posemb"] is None:
-                report["resized_posemb"] = (int(old), int(new))
-
-
-def _table_grid(tokens, source_grid=None):
-    """The (rows, cols) grid of a 1D table of ``tokens`` patch rows:
-    ``source_grid`` when given (and it fits), else the square one, else
-    None (a table whose grid cannot be told)."""
-    if source_grid is not None:
-        grid = tuple(int(g) for g in source_grid)
-        if grid[0] * grid[1] == tokens:
-            return grid
-    side = int(round(tokens ** 0.5))
-    return (side, side) if side * side == tokens else None
 
 
 def _position_hint(model, keys):
@@ -597,7 +286,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
 
     Rules:
         * position embeddings of another grid are resized
-          (:func:`resize_posemb`);
+          (:func:`keras_vit.zoo.position_tables.resize_posemb`);
         * a head of another ``num_classes`` is replaced by zeros (paper
           section 3.2), and then ``pre_logits`` is dropped unless asked for;
         * a model without a head (``include_top=False``) ignores the
@@ -660,8 +349,8 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
     unexpected = [k for k in arrays if k not in targets]
 
     # Position embeddings: resize when only the grid differs.
-    _fit_position_tables(model, arrays, targets, report, problems,
-                         source_grid)
+    fit_position_tables(model, arrays, targets, checkpoint_key, report,
+                        problems, source_grid)
 
     mis_shaped = []
     for key, var in targets.items():

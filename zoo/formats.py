@@ -21,10 +21,11 @@ from __future__ import annotations
 from keras_vit.base import schema
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_HIDDEN,
-                              MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP)
+                              MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP,
+                              NPZ_MAX_NDIM)
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                               Object, OneOf, Size, Str)
-from keras_vit.zoo.convert import CheckpointError
+from keras_vit.zoo.checkpoints import CheckpointError
 
 
 class FormatError(ConfigError, CheckpointError):
@@ -213,7 +214,6 @@ KERAS_VIT_CLASSES = ("keras_vit>VisionTransformer",
 #: dtype kinds a weight of an official checkpoint may have: floats. An
 #: integer array would be cast into the float weights silently.
 NPZ_FLOAT_KINDS = "f"
-NPZ_MAX_NDIM = 5
 
 
 def check_npz(arrays, path):

@@ -14,7 +14,7 @@ import numpy as np
 
 from keras_vit.base.checks import require, shown
 from keras_vit.base.limits import MAX_H5_ENTRIES
-from keras_vit.zoo import convert, hub_files
+from keras_vit.zoo import checkpoints, hub_files
 
 
 def read_h5(path, wanted, expected,
@@ -30,7 +30,7 @@ def read_h5(path, wanted, expected,
 
     kind = special_file(path)
     if kind is not None:
-        raise convert.CheckpointError(f"{path}: is {kind}, not a regular file")
+        raise checkpoints.CheckpointError(f"{path}: is {kind}, not a regular file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path!r} does not exist; a keras-hub preset "
                                 "holds its weights there")
@@ -39,7 +39,7 @@ def read_h5(path, wanted, expected,
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise convert.CheckpointError(
+        raise checkpoints.CheckpointError(
             f"{path}: is not an HDF5 file ({' '.join(str(e).split())[:200]})"
         ) from None
     with f:
@@ -61,7 +61,7 @@ def read_h5(path, wanted, expected,
             if where:
                 problems.append(f"{key}: stored {where}")
         if problems:
-            raise convert.CheckpointError(
+            raise checkpoints.CheckpointError(
                 f"{path}: has datasets keras_vit does not read: "
                 f"{'; '.join(problems[:12])} (Keras writes float arrays, "
                 "contiguous, inside the file)")
@@ -82,7 +82,7 @@ def h5_datasets(f, where):
     def visit(name, obj):
         count[0] += 1
         if count[0] > MAX_H5_ENTRIES:
-            raise convert.CheckpointError(
+            raise checkpoints.CheckpointError(
                 f"{where} has more than {MAX_H5_ENTRIES} entries; a ViT's "
                 "weights have a few thousand")
         if isinstance(obj, h5py.Dataset) and not name.startswith(

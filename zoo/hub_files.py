@@ -17,10 +17,11 @@ import re
 
 import numpy as np
 
+from keras_vit.base import environment
 from keras_vit.base.archives import special_file
 from keras_vit.base.checks import require, shown
 from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
-from keras_vit.zoo import convert, download
+from keras_vit.zoo import checkpoints, download, download_cache, http_fetch
 
 HUB_PREFIX = "hf-hub:"
 CONFIG_FILE = "config.json"
@@ -33,7 +34,7 @@ WEIGHTS_FILE = "model.safetensors"
 # bounded from here. It runs in a child process (huggingface_hub alone,
 # ~0.3 s to start) that is killed at the deadline, or when the cache's
 # blobs stop growing (the minimum-throughput rule): the bucket downloads'
-# bounds (zoo/download.py) for the hub route. A config.json larger than
+# bounds (zoo/http_fetch.py) for the hub route. A config.json larger than
 # a config is refused from its HEAD, before a byte of it is written.
 # huggingface_hub retries a server it cannot reach five times over ~23 s,
 # a warning line each: the child first opens one connection to the
@@ -117,12 +118,12 @@ def _stop(child):
 
 def _hub_cache():
     """huggingface_hub's cache folder, as the child will find it."""
-    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get(
-        "HUGGINGFACE_HUB_CACHE")
+    cache = (environment.huggingface_hub("HF_HUB_CACHE")
+             or environment.huggingface_hub("HUGGINGFACE_HUB_CACHE"))
     if cache:
         return os.path.expanduser(cache)
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(
+    home = environment.huggingface_hub("HF_HOME") or os.path.join(
+        environment.xdg_cache_home() or os.path.join(
             os.path.expanduser("~"), ".cache"), "huggingface")
     return os.path.join(os.path.expanduser(home), "hub")
 
@@ -138,8 +139,8 @@ def _blob_bytes(folder):
 
 def _endpoint():
     """The Hub server huggingface_hub talks to (``HF_ENDPOINT``)."""
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip(
-        "/")
+    return (environment.huggingface_hub("HF_ENDPOINT")
+            or "https://huggingface.co").rstrip("/")
 
 
 def file_url(repo, name, revision=None):
@@ -161,7 +162,7 @@ def _cached_elsewhere(repo):
 
 
 def _not_fetched(where, repo, revision, pending, result):
-    """The :class:`download.DownloadError` of files ``pending`` (names)
+    """The :class:`download_cache.DownloadError` of files ``pending`` (names)
     that neither the network nor huggingface_hub's cache gave, from the
     child's ``result``, through :func:`download.unavailable`: one line
     naming each file's URL and the keras-vit cache path to place it at
@@ -174,11 +175,15 @@ def _not_fetched(where, repo, revision, pending, result):
         reason = (f"{where}: {result['unreachable']} and huggingface_hub's "
                   f"cache holds no {name}")
     elif result.get("local"):
-        off = ("KERAS_VIT_OFFLINE" if download.is_offline()
-               else "HF_HUB_OFFLINE")
+        if download.is_offline():
+            off, value = "KERAS_VIT_OFFLINE", environment.raw(
+                "KERAS_VIT_OFFLINE")
+        else:
+            off, value = "HF_HUB_OFFLINE", environment.huggingface_hub(
+                "HF_HUB_OFFLINE")
         reason = (f"{where}: {name} is in neither huggingface_hub's cache "
                   f"nor keras-vit's, and downloads are off "
-                  f"({off}={os.environ.get(off, '')!r})")
+                  f"({off}={value or ''!r})")
     else:
         reason = (f"could not download {where}: {result['error']}: "
                   f"{result['message']}")
@@ -189,34 +194,34 @@ def _not_fetched(where, repo, revision, pending, result):
     # Every hf-hub: load reads the weights too: name them with a missing
     # config, so that one trip to another machine brings both.
     names = pending[pending.index(name):]
-    if WEIGHTS_FILE not in names and not download.cache_path_for(
+    if WEIGHTS_FILE not in names and not download_cache.cache_path_for(
             file_url(repo, WEIGHTS_FILE, revision)).is_file():
         names.append(WEIGHTS_FILE)
     files = [(file_url(repo, n, revision),
-              download.cache_path_for(file_url(repo, n, revision)))
+              download_cache.cache_path_for(file_url(repo, n, revision)))
              for n in names]
     return download.unavailable(
         reason, files, mirror="HF_ENDPOINT names another Hub server")
 
 
 def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
-                 timeout=60.0, deadline=download.DEFAULT_DEADLINE):
+                 timeout=60.0, deadline=http_fetch.DEFAULT_DEADLINE):
     """Local paths of ``files`` of the Hub repository ``repo``: a file
     placed by hand at its keras-vit cache path
-    (:func:`download.cache_path_for` of its :func:`file_url`) is taken
+    (:func:`download_cache.cache_path_for` of its :func:`file_url`) is taken
     as it is; the others come through ``huggingface_hub``'s cache, with
     the bucket downloads' bounds: ``timeout`` for each wait for bytes
     (connect included; sets ``HF_HUB_ETAG_TIMEOUT`` /
     ``HF_HUB_DOWNLOAD_TIMEOUT`` unless they are set), ``deadline`` for
     the whole: past it the download is stopped (huggingface_hub resumes
     the partial file next time); and the bucket's minimum-throughput rule
-    (:class:`download.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
+    (:class:`http_fetch.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
     bytes reaching the cache. An endpoint that cannot be reached leaves
     huggingface_hub's cache alone to answer, at once and quietly;
     ``KERAS_VIT_OFFLINE=1`` (as ``HF_HUB_OFFLINE=1``) never goes online.
     A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is refused
     from its size, before it is written. Any failure is one line, a
-    :class:`download.DownloadError` naming the repository (and, where
+    :class:`download_cache.DownloadError` naming the repository (and, where
     placing the file by hand would help, :func:`download.unavailable`'s
     URL, path and variable)."""
     import time
@@ -230,18 +235,18 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     check_number("timeout", timeout, low=0, low_open=True)
     check_number("deadline", deadline, low=0, low_open=True)
     where = f"hf-hub:{repo}" + (f"@{revision}" if revision else "")
-    placed = {name: download.cache_path_for(file_url(repo, name, revision))
+    placed = {name: download_cache.cache_path_for(file_url(repo, name, revision))
               for name in files}
     pending = [name for name in files if not placed[name].is_file()]
     if not pending:
         return [os.fspath(placed[name]) for name in files]
     require("huggingface_hub", purpose="hf-hub: weights")
-    env = dict(os.environ)
+    env = environment.for_child()
     for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         env.setdefault(name, str(max(1, math.ceil(timeout))))
     if download.is_offline():
         env["HF_HUB_OFFLINE"] = "1"
-    rate = download.Throughput(download.stall_seconds())
+    rate = http_fetch.Throughput(http_fetch.stall_seconds())
     blobs = os.path.join(_hub_cache(), "models--" + repo.replace("/", "--"),
                          "blobs")
     start = _blob_bytes(blobs)
@@ -281,7 +286,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     try:
         result = json.loads(lines[-1])
     except (IndexError, ValueError):
-        raise download.DownloadError(
+        raise download_cache.DownloadError(
             f"download of {where} failed: its process ended with status "
             f"{child.returncode} and no result") from None
     if "error" not in result:
@@ -289,7 +294,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
         return [os.fspath(placed[name]) if name not in pending else next(got)
                 for name in files]
     if result["error"] in _ANSWERED and not result.get("local"):
-        raise download.DownloadError(
+        raise download_cache.DownloadError(
             f"could not download {where}: {result['error']}: "
             f"{' '.join(str(result['message']).split())}")
     raise _not_fetched(where, repo, revision, pending, result)
@@ -355,7 +360,7 @@ def check_safetensors(path):
 def read_safetensors(path):
     """``{name: numpy array}`` of a ``.safetensors`` file (no torch),
     checked by :func:`check_safetensors` first; any failure is a
-    :class:`~keras_vit.zoo.convert.CheckpointError` naming the file."""
+    :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming the file."""
     st = require("safetensors.numpy", package="safetensors",
                  purpose="timm / Hub weights")
     path = os.fspath(path)
@@ -363,7 +368,7 @@ def read_safetensors(path):
     try:
         return st.load_file(path)
     except Exception as e:  # noqa: BLE001 - SafetensorError and kin
-        raise convert.CheckpointError(
+        raise checkpoints.CheckpointError(
             f"{path}: cannot read it as a .safetensors file: "
             f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
 
@@ -459,7 +464,7 @@ def pickle_hint(folder):
 
 
 def check_names(found, expected, what):
-    """One :class:`~keras_vit.zoo.convert.CheckpointError` starting with
+    """One :class:`~keras_vit.zoo.checkpoints.CheckpointError` starting with
     ``what`` and listing every missing, unexpected and mis-shaped name
     (``found``, ``expected``: name -> shape), in natural order (layer.2
     before layer.10), a dozen of each at most."""
@@ -486,4 +491,4 @@ def check_names(found, expected, what):
                             f"{', '.join(items[:12])}"
                             f"{more}")
     if problems:
-        raise convert.CheckpointError(f"{what}; {'; '.join(problems)}")
+        raise checkpoints.CheckpointError(f"{what}; {'; '.join(problems)}")

@@ -15,7 +15,7 @@ import zipfile
 from keras_vit.base.archives import check_archive
 from keras_vit.base.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
                               MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
-from keras_vit.zoo import convert
+from keras_vit.zoo import checkpoints
 from keras_vit.zoo.build import is_keras_vit_model
 
 #: The file a training run directory holds its final model in.
@@ -168,7 +168,7 @@ def _keras_weights(path, argument, error):
     with f:
         try:
             found = h5_files.h5_datasets(f, where)
-        except convert.CheckpointError as e:
+        except checkpoints.CheckpointError as e:
             raise error(str(e)) from None
         problems = [f"{name}: {problem}" for name, ds in found.items()
                     if (problem := _h5_problem(ds, len(data)))]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.zoo import build, convert, hub_files, keras_archive
+from keras_vit.zoo import build, checkpoints, hub_files, keras_archive
 
 
 def is_keras_file(value, *, progress=None):
@@ -53,7 +53,7 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
     from keras_vit.models.resnet_v2 import ResNetV2
 
     argument = argument or ("name" if name is None else "weights")
-    error = convert.CheckpointError
+    error = checkpoints.CheckpointError
     path = os.fspath(value)
     if os.path.isdir(path):  # a fine-tuning run
         path = os.path.join(path, keras_archive.RUN_MODEL_FILE)

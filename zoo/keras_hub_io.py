@@ -35,7 +35,7 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
-from keras_vit.zoo import (convert, formats, h5_files, hub_files,
+from keras_vit.zoo import (checkpoints, formats, h5_files, hub_files,
                            keras_hub_layout, transformers_hub)
 # keras-hub's names <-> the official layout (zoo/keras_hub_layout.py).
 from keras_vit.zoo.keras_hub_layout import (
@@ -78,7 +78,7 @@ def is_keras_hub_source(value, *, progress=None):
         return False
     try:
         config = transformers_hub.read_json(path, "keras-hub config.json")
-    except (convert.CheckpointError, OSError):
+    except (checkpoints.CheckpointError, OSError):
         return False
     return _is_keras_hub_config(config)
 
@@ -135,14 +135,16 @@ def read_preset(directory):
         pre = task["config"].get("preprocessor") or {}
         converter = pre.get("config", {}).get("image_converter")
         if converter is not None and "config" in converter:
-            check_image_converter(converter["config"], task_path)
+            arch["input_normalization"] = check_image_converter(
+                converter["config"], task_path)
     else:
         arch = backbone_only(arch)
     converter_path = os.path.join(directory, IMAGE_CONVERTER_FILE)
     if os.path.isfile(converter_path):
         converter = transformers_hub.read_json(
             converter_path, "keras-hub image_converter.json")
-        check_image_converter(converter.get("config"), converter_path)
+        arch["input_normalization"] = check_image_converter(
+            converter.get("config"), converter_path)
     state = h5_files.read_h5(os.path.join(directory, WEIGHTS_FILE),
                              keras_hub_layout.h5_names(arch, task=False),
                              expected_shapes(arch))
@@ -185,7 +187,8 @@ def read_object(obj):
         converter = getattr(getattr(obj, "preprocessor", None),
                             "image_converter", None)
         if converter is not None:
-            check_image_converter(converter.get_config(), where)
+            arch["input_normalization"] = check_image_converter(
+                converter.get_config(), where)
     state = {v.path: keras.ops.convert_to_numpy(
         keras.ops.cast(v.value, "float32")) for v in obj.weights}
     check_names({k: v.shape for k, v in state.items()},
@@ -248,7 +251,9 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
     head = arch["num_classes"] if arch["kind"] == "classifier" else None
     defaults = {"name": "vit_keras_hub",
                 "dropout_rate": arch["dropout_rate"],
-                "attention_dropout_rate": arch["attention_dropout_rate"]}
+                "attention_dropout_rate": arch["attention_dropout_rate"],
+                # The image converter's normalisation (None: official).
+                "input_normalization": arch.get("input_normalization")}
     return hub_files.vit_checkpoint(
         arch, arrays, head=head, label_names=labels,
         source_name=source_name, tags=tags,

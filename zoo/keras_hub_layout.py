@@ -16,6 +16,7 @@ import numpy as np
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_CHANNELS
+from keras_vit.data.normalization import OFFICIAL, check_normalization
 from keras_vit.zoo import convert, formats
 
 # Where a preset keeps its metadata, and keras_vit its class names
@@ -108,24 +109,39 @@ def backbone_only(arch):
 
 
 def check_image_converter(config, path):
-    """Refuses an image converter that maps pixels other than to the
-    official [-1, 1] range (``scale`` 1/127.5, ``offset`` -1, per channel or
-    not): keras_vit's ViT takes that range only. keras-hub's ViT presets
-    (converted from Google's transformers files: mean 0.5, std 0.5) do."""
+    """The input normalisation an image converter applies to [0, 255]
+    pixels (``x * scale + offset``, per channel or not): None for the
+    official [-1, 1] (``scale`` 1/127.5, ``offset`` -1: keras-hub's ViT
+    presets, converted from Google's files), else ``{"mean": [...],
+    "std": [...]}`` of [0, 1] pixels, which the model records. Refuses,
+    naming the file and field, a converter without a positive scale and
+    an offset."""
     config = formats.check(formats.KERAS_HUB_IMAGE_CONVERTER, config, path,
                            "config")
-    problems = []
-    for key, want in (("scale", 1 / 127.5), ("offset", -1.0)):
+    channels = []
+    for key in ("scale", "offset"):
         value = config.get(key)
         values = value if isinstance(value, (list, tuple)) else [value]
-        if value is None or not all(  # numbers: checked by the format
-                abs(v - want) <= 1e-4 * max(1, abs(want)) for v in values):
-            problems.append(f"{key}={shown(value)}")
-    if problems:
-        raise ConfigError(
-            path, "config", f"the model expects inputs prepared with "
-            f"{', '.join(problems)}; keras_vit's ViT takes the official "
-            "[-1, 1] range (scale 1/127.5, offset -1) only")
+        if value is None or (key == "scale" and not all(  # numbers: checked
+                v > 0 for v in values)) or len(values) not in (1, 3):
+            raise ConfigError(
+                path, "config", f"the model expects inputs prepared with "
+                f"{key}={shown(value)}; keras_vit reads a positive scale "
+                "and an offset, one or one per channel")
+        values = [float(v) for v in values]
+        channels.append(values * 3 if len(values) == 1 else values)
+    # x * scale + offset == (x / 255 - mean) / std.
+    std = [1 / (255 * s) for s in channels[0]]
+    mean = [-o * s for o, s in zip(channels[1], std)]
+    try:
+        normalization = check_normalization("image converter scale/offset",
+                                            {"mean": mean, "std": std})
+    except ValueError as e:
+        raise ConfigError(path, "config", str(e)) from None
+    if np.allclose(normalization.mean, OFFICIAL.mean, atol=1e-4) and \
+            np.allclose(normalization.std, OFFICIAL.std, atol=1e-4):
+        return None
+    return normalization.to_config()
 
 
 # keras-hub's variable paths (as a live model names them) -> the official

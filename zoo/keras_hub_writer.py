@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 
 from keras_vit.base.checks import require
+from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert, hub_files, keras_hub_layout
 from keras_vit.zoo.keras_hub_layout import to_hub_names
 
@@ -99,8 +101,12 @@ def to_keras_hub(model):
         use_class_token=token, dtype=dtype)
     out = backbone
     if config.get("include_top", True):
+        # The model's own input normalisation, as x * scale + offset.
+        normalization = of_model(model)
         converter = keras_hub.layers.ViTImageConverter(
-            image_size=(rows, cols), scale=1 / 127.5, offset=-1.0,
+            image_size=(rows, cols),
+            scale=np.broadcast_to(normalization.scale, (3,)).tolist(),
+            offset=np.broadcast_to(normalization.offset, (3,)).tolist(),
             interpolation="bilinear")
         out = keras_hub.models.ViTImageClassifier(
             backbone=backbone, num_classes=int(config["num_classes"]),

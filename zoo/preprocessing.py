@@ -20,30 +20,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.base.checks import as_array
+from keras_vit.base.checks import as_array, check_pair
+from keras_vit.data.normalization import check_normalization
 
 # Head sizes that identify a label list shipped with the package.
 LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
 
 
-def _pair(image_size):
-    if isinstance(image_size, (int, np.integer)) and image_size > 0:
-        return int(image_size), int(image_size)
-    if (isinstance(image_size, (tuple, list)) and len(image_size) == 2
-            and all(isinstance(s, (int, np.integer)) and s > 0
-                    for s in image_size)):
-        return int(image_size[0]), int(image_size[1])
-    raise ValueError("image_size must be a positive int or (height, width); "
-                     f"received image_size={image_size!r}")
-
-
-def preprocess_input(images, image_size=None, scale=True):
+def preprocess_input(images, image_size=None, scale=True,
+                     input_normalization=None):
     """The official evaluation transform on one image (H, W, 3) or a batch
     (B, H, W, 3) of pixels in [0, 255], any size: resized to ``image_size``
     (int or (height, width); None keeps the size) bilinearly without
-    antialiasing, then scaled to [-1, 1] (``scale=False`` keeps [0, 255],
-    for models built with ``include_preprocessing=True``). Returns float32
-    NumPy."""
+    antialiasing, then normalised as ``input_normalization`` says (None:
+    the official [-1, 1]; ``"imagenet"``, ``"clip"``, ``{"mean": [...],
+    "std": [...]}``, or a model's: ``keras_vit.data.normalization.of_model``)
+    (``scale=False`` keeps [0, 255], for models built with
+    ``include_preprocessing=True``). Returns float32 NumPy."""
     import keras
 
     x = as_array("images", images)
@@ -54,17 +47,18 @@ def preprocess_input(images, image_size=None, scale=True):
     single = x.ndim == 3
     if single:
         x = x[None]
-    if image_size is not None and tuple(x.shape[1:3]) != _pair(image_size):
+    if image_size is not None and tuple(x.shape[1:3]) != check_pair("image_size", image_size):
         # tf.image.resize without antialiasing, as the official pipeline.
         x = np.asarray(keras.ops.image.resize(
-            x, _pair(image_size), interpolation="bilinear", antialias=False))
+            x, check_pair("image_size", image_size), interpolation="bilinear", antialias=False))
     if scale:
-        x = x / 127.5 - 1.0
+        x = check_normalization("input_normalization",
+                                input_normalization)(x)
     x = x.astype("float32")
     return x[0] if single else x
 
 
-def preprocessing_layer(image_size):
+def preprocessing_layer(image_size, input_normalization=None):
     """The same transform as Keras layers (Resizing + Rescaling), to put in
     front of a model or into a ``tf.data`` pipeline.
 
@@ -76,11 +70,12 @@ def preprocessing_layer(image_size):
     """
     import keras
 
-    height, width = _pair(image_size)
+    height, width = check_pair("image_size", image_size)
     return keras.Sequential([
         keras.layers.Resizing(height, width, interpolation="bilinear",
                               antialias=False),
-        keras.layers.Rescaling(1.0 / 127.5, offset=-1.0),
+        check_normalization("input_normalization",
+                            input_normalization).layer(name=None),
     ], name="vit_eval_preprocessing")
 
 

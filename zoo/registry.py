@@ -15,7 +15,7 @@ import functools
 import urllib.parse
 from pathlib import Path
 
-from keras_vit.base import variants
+from keras_vit.base import geometry, variants
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models/"
@@ -241,131 +241,10 @@ def select(name, tag, image_size=None):
     return candidates[0]
 
 
-def effective_stride(config):
-    """Input pixels per token side: the patch size times the ResNet stride.
-
-    A hybrid cuts its patches from a ResNet feature map: the root divides by
-    4 and every stage after the first by 2 (``fold_last_stage`` merges the
-    last stage into the one before, so one fewer). BiT has no patches: 4
-    stages, stride 32.
-
-    >>> effective_stride({"patch_size": 1, "resnet": {"num_layers": (3, 4, 9)}})
-    16
-    >>> effective_stride({"patch_size": 8, "resnet": {"num_layers": ()}})
-    32
-    """
-    stride = config.get("patch_size", 32)
-    resnet = config.get("resnet")
-    if resnet is not None:
-        stages = len(resnet["num_layers"])
-        if resnet.get("fold_last_stage") and stages > 1:
-            stages -= 1
-        stride *= 4 * 2 ** max(stages - 1, 0)
-    return stride
-
-
-def _conv(k, c_in, c_out, bias=False):
-    return k * k * c_in * c_out + (c_out if bias else 0)
-
-
-def _resnet_v1_params(resnet):
-    """The hybrids' post-activation ResNet stem: StdConv root + GroupNorm,
-    then bottleneck units (1x1, 3x3, 1x1 convolutions without bias, each
-    with a GroupNorm; a 1x1 projection + GroupNorm in each stage's first
-    unit). Returns ``(parameters, output channels)``."""
-    width = int(round(64 * resnet.get("width_factor", 1)))
-    total = _conv(7, 3, width) + 2 * width
-    channels = width
-    stages = list(resnet["num_layers"])
-    if resnet.get("fold_last_stage") and len(stages) > 1:
-        stages = stages[:-2] + [stages[-2] + stages[-1]]
-    for s, depth in enumerate(stages):
-        mid = width * 2 ** s
-        out = 4 * mid
-        for u in range(depth):
-            total += (_conv(1, channels, mid) + _conv(3, mid, mid)
-                      + _conv(1, mid, out) + 2 * (mid + mid + out))
-            if channels != out or (s > 0 and u == 0):
-                total += _conv(1, channels, out) + 2 * out
-            channels = out
-    return total, channels
-
-
-def _bit_params(config, num_classes):
-    """BiT's pre-activation ResNet-v2: root conv, units of GroupNorm + conv
-    (a projection where the shape changes), a last GroupNorm and the head."""
-    wf = config.get("width_factor", 1)
-    root = int(round(64 * wf))
-    total = _conv(7, 3, root)
-    channels = root
-    for s, depth in enumerate(config["block_units"]):
-        mid = int(round(64 * 2 ** s * wf))
-        out = 4 * mid
-        for u in range(depth):
-            total += (2 * channels + _conv(1, channels, mid) + 2 * mid
-                      + _conv(3, mid, mid) + 2 * mid + _conv(1, mid, out))
-            if channels != out or (s > 0 and u == 0):
-                total += _conv(1, channels, out)
-            channels = out
-    return total + 2 * channels + channels * num_classes + num_classes
-
-
-def _grid_side(config, image_size):
-    """Tokens per side: a hybrid's stem halves with TF 'SAME' rounding (up),
-    then the patches cut without padding (down)."""
-    resnet = config.get("resnet")
-    side = image_size
-    if resnet is not None:
-        stages = len(resnet["num_layers"])
-        if resnet.get("fold_last_stage") and stages > 1:
-            stages -= 1
-        for _ in range(2 + max(stages - 1, 0)):  # root conv, pool, stages
-            side = -(-side // 2)
-    return side // config.get("patch_size", 32)
-
-
-# Only these keys shape the count below; a config with others (another
-# position embedding, another attention) is not counted.
-_COUNTED = {"hidden_size", "mlp_dim", "num_heads", "num_layers",
-            "patch_size", "resnet", "classifier", "representation_size",
-            "block_units", "width_factor"}
-
-
-def parameter_count(config, image_size=224, num_classes=1000,
-                    representation_size=None):
-    """The parameters of the model a registry ``config`` builds at
-    ``image_size`` with ``num_classes`` (and a ``representation_size``
-    pre-logits layer), from the shapes alone: no model is built and no
-    framework imported (``keras-vit info`` stays fast). None for a config
-    with options it does not know.
-
-    >>> parameter_count(variants.parse("ViT-B/16").config)  # paper: 86M
-    86567656
-    >>> parameter_count(variants.parse("ViT-L/16").config)
-    304326632
-    """
-    if set(config) - _COUNTED:
-        return None
-    if "block_units" in config:
-        return _bit_params(config, num_classes)
-    d, mlp = config["hidden_size"], config["mlp_dim"]
-    c_in, total = 3, 0
-    if config.get("resnet") is not None:
-        total, c_in = _resnet_v1_params(config["resnet"])
-    token = config.get("classifier", "token") == "token"
-    tokens = _grid_side(config, image_size) ** 2 + int(token)
-    total += _conv(config.get("patch_size", 32), c_in, d, bias=True)
-    total += d * int(token) + tokens * d  # class token, position table
-    # Per block: two LayerNorms, q/k/v/out projections, the MLP.
-    block = 2 * 2 * d + 4 * (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
-    total += config["num_layers"] * block + 2 * d  # + the final LayerNorm
-    representation_size = (representation_size
-                           or config.get("representation_size"))
-    width = d
-    if representation_size:
-        total += d * representation_size + representation_size
-        width = representation_size
-    return total + width * num_classes + num_classes
+# The shapes a config implies (one rule for the builders, the memory
+# estimates and this table): re-exported under their zoo names.
+effective_stride = geometry.effective_stride
+parameter_count = geometry.parameter_count
 
 
 def info(name):

@@ -29,7 +29,9 @@ import os
 from keras_vit.base.archives import check_archive
 from keras_vit.base.checks import check_pair, did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
-from keras_vit.zoo.build import copy_weights, is_keras_vit_model
+from keras_vit.runtime.policy import dtype_policy_scope
+from keras_vit.zoo import settle
+from keras_vit.zoo.build import Checkpoint, copy_weights, is_keras_vit_model
 from keras_vit.zoo.keras_archive import RUN_MODEL_FILE
 
 
@@ -184,18 +186,25 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
                 f"{model.name!r}: only a keras_vit model (VisionTransformer, "
                 "AxialVisionTransformer, ResNetV2) is rebuilt with changes; "
                 f"it is a {type(model).__name__}")
-    if image_size is not None:
-        size = check_pair("image_size", image_size)
-        if size != check_pair("image_size", config.get("image_size", size)):
-            changes["image_size"] = list(size)
-    if (num_classes is not None and config.get("include_top")
-            and config.get("num_classes") != num_classes):
-        changes["num_classes"] = num_classes
-        if config.get("representation_size") and not keep_pre_logits:
-            changes["representation_size"] = None
-        # A new head's classes are not the old ones: their names go too,
-        # unless the caller names the new ones.
-        changes.setdefault("label_names", None)
+    if ours and (image_size is not None or num_classes is not None):
+        # The head, size and label rules of every load (zoo.settle), with
+        # the model as the checkpoint: a new head drops pre_logits (unless
+        # keep_pre_logits) and the old class names (unless given).
+        head = config["num_classes"] if config.get("include_top") else None
+        settled = settle.settle(
+            Checkpoint(dict(config), source_name=f"<model {model.name!r}>",
+                       head=head, label_names=config.get("label_names"),
+                       include_top=bool(config.get("include_top"))),
+            settle.request(image_size, num_classes if head else None,
+                           keep_pre_logits=keep_pre_logits,
+                           label_names=changes.pop("label_names",
+                                                   settle.UNSET)))
+        target = dict(settled.config)
+        if check_pair("image_size", target["image_size"]) == check_pair(
+                "image_size", config["image_size"]):
+            target["image_size"] = config["image_size"]
+        changes = {**{k: v for k, v in target.items() if config.get(k) != v},
+                   **changes}
     changes = {k: v for k, v in changes.items()
                if not ours or k not in config or config[k] != v}
     if changes and not ours:
@@ -215,9 +224,7 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
     if not changes and not copy:
         rebuilt = model
     else:
-        policy = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(dtype or model.dtype_policy)
-        try:
+        with dtype_policy_scope(dtype or model.dtype_policy):
             if ours:
                 rebuilt = type(model).from_config(dict(config, **changes))
             else:
@@ -225,8 +232,6 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
                     rebuilt = type(model).from_config(model.get_config())
                 except Exception:  # noqa: BLE001 - not every model rebuilds
                     rebuilt = keras.models.clone_model(model)
-        finally:
-            keras.config.set_dtype_policy(policy)
         copy_weights(model, rebuilt, keep_pre_logits)
     if names is not None:
         rebuilt = feature_model(rebuilt, outputs)

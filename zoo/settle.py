@@ -74,13 +74,9 @@ class Request:
 
     def __post_init__(self):
         if self.image_size is not None:
-            from keras_vit.base.limits import MAX_IMAGE_SIDE
+            from keras_vit.layers.image_sizes import check_image_size
 
-            pair = check_pair("image_size", self.image_size)
-            if max(pair) > MAX_IMAGE_SIDE:
-                raise ValueError(
-                    f"image_size must be at most {MAX_IMAGE_SIDE} pixels a "
-                    f"side; received image_size={self.image_size!r}")
+            check_image_size(self.image_size)
         if self.num_classes is not None:
             from keras_vit.base.limits import MAX_CLASSES
 

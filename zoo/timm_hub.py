@@ -34,8 +34,9 @@ from keras_vit.base.checks import shown
 from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
+from keras_vit.data.normalization import OFFICIAL, check_normalization
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
-from keras_vit.zoo import convert, download, formats, hub_files
+from keras_vit.zoo import checkpoints, convert, formats, http_fetch, hub_files
 # timm's names <-> the official layout (zoo/timm_layout.py).
 from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS, bit_to_official, hybrid_to_official,
@@ -63,7 +64,7 @@ def is_timm_source(value, *, progress=None):
 
 
 def fetch(source, progress=None, *, timeout=60.0,
-          deadline=download.DEFAULT_DEADLINE):
+          deadline=http_fetch.DEFAULT_DEADLINE):
     """``(config dict, local .safetensors path)`` of ``source``; Hub files
     come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` or
     ``KERAS_VIT_OFFLINE=1`` never goes online, ``HF_ENDPOINT`` picks
@@ -424,7 +425,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
             if "gelu" not in honoured and build_config.get("gelu") != "quick":
                 build_config["gelu"] = "exact"
     except ValueError as e:  # parameters keras_vit lacks: name the file
-        raise convert.CheckpointError(f"{os.fspath(path)}: {e}") from None
+        raise checkpoints.CheckpointError(f"{os.fspath(path)}: {e}") from None
     # (height, width) after read_config's checks.
     input_size = ((config.get("pretrained_cfg") or {}).get("input_size")
                   or (config.get("model_args") or {}).get("img_size"))
@@ -436,6 +437,12 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     head = int(arrays[head_key].shape[-1]) if head_key in arrays else None
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None
+    # The weights' own input normalisation, from their config: the model
+    # records it, and every path that feeds it normalises so.
+    normalization = check_normalization("pretrained_cfg mean/std",
+                                        input_normalization(config))
+    build_config.update(input_normalization=None if normalization == OFFICIAL
+                        else normalization.to_config())
     build_config.update(image_size=image_size,
                         num_classes=_num_classes(config, arrays, head_key),
                         name=build.model_name(arch.name))
@@ -446,7 +453,4 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         tags={"zoo_name": (hub_files.zoo_name(build_config) if honoured
                            and not is_bit and "resnet" not in build_config
                            else arch.name), "zoo_weights": None,
-              "zoo_source": os.fspath(source),
-              # The weights' own input normalisation, from their config
-              # (the model takes inputs normalised this way).
-              "zoo_input_normalization": input_normalization(config)})
+              "zoo_source": os.fspath(source)})

@@ -14,14 +14,11 @@ import os
 from keras_vit.base import atomic
 from keras_vit.base import variants
 from keras_vit.base.checks import require
+from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
 from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
-
-# The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
-_OFFICIAL_MEAN_STD = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
-
 
 _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
                "H": "huge"}
@@ -141,8 +138,7 @@ def write(model, directory, labels=None):
     state = from_official(convert.export_arrays(model))
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
-    normalisation = getattr(model, "zoo_input_normalization", None) or {
-        "mean": _OFFICIAL_MEAN_STD[0], "std": _OFFICIAL_MEAN_STD[1]}
+    normalisation = of_model(model).to_config()
     size = model.image_size
     size = list(size) if isinstance(size, (tuple, list)) else [size, size]
     config = {

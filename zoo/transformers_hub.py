@@ -38,7 +38,8 @@ import os
 
 
 from keras_vit.base.limits import MAX_CLASSES
-from keras_vit.zoo import convert, formats, hub_files
+from keras_vit.data.normalization import OFFICIAL, check_normalization
+from keras_vit.zoo import checkpoints, formats, hub_files
 # transformers' names <-> the official layout (zoo/transformers_layout.py).
 from keras_vit.zoo.transformers_layout import (
     PREPROCESSOR_FILE, architecture, expected_shapes, shown_value as _shown,
@@ -77,7 +78,7 @@ def _sniff(path):
     try:
         return is_transformers_config(
             read_json(path, "transformers config.json"))
-    except (convert.CheckpointError, OSError):
+    except (checkpoints.CheckpointError, OSError):
         return False
 
 
@@ -106,7 +107,7 @@ def is_transformers_source(value, *, progress=None):
     if value.endswith(".safetensors") and os.path.isfile(value):
         try:
             return _is_transformers_state(_header(value))
-        except (convert.CheckpointError, OSError):
+        except (checkpoints.CheckpointError, OSError):
             return False  # the timm route reports a broken file
     return False
 
@@ -137,7 +138,7 @@ def _header(path):
 
 
 def check_tensors(header, expected, path):
-    """One :class:`~keras_vit.zoo.convert.CheckpointError` naming ``path``
+    """One :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming ``path``
     and listing every missing, unexpected and mis-shaped tensor."""
     hub_files.check_names({k: v.get("shape") for k, v in header.items()},
                           expected,
@@ -202,14 +203,15 @@ def fetch(source, progress=None):
 
 
 def check_preprocessor(path):
-    """Refuses weights whose ``preprocessor_config.json`` (when there is
-    one at ``path``) normalises inputs other than the official way: mean
-    0.5 and std 0.5 on [0, 1] pixels, i.e. x / 127.5 - 1, the only range
-    keras_vit's ViT takes (Google's files say so; DeiT-style files in the
-    ViT layout expect ImageNet's mean and std and would load silently
-    wrong)."""
+    """The input normalisation the weights' ``preprocessor_config.json``
+    (when there is one at ``path``) asks for: None for the official mean
+    0.5 and std 0.5 on [0, 1] pixels (x / 127.5 - 1, what Google's files
+    say), else ``{"mean": [...], "std": [...]}`` (DeiT-style files in the
+    ViT layout expect ImageNet's), which the model records and every path
+    that feeds it honours. Refuses, naming the file and fields, a
+    preprocessor that does not rescale pixels to [0, 1] and normalise."""
     if path is None or not os.path.isfile(path):
-        return
+        return None
     config = formats.check(formats.TRANSFORMERS_PREPROCESSOR, read_json(
         path, "transformers preprocessor_config.json"), path)
     problems = []
@@ -220,15 +222,19 @@ def check_preprocessor(path):
     scale = config.get("rescale_factor", 1 / 255)
     if abs(scale - 1 / 255) > 1e-6:  # a number: checked by the format
         problems.append(f"rescale_factor={_shown(scale)}")
-    for key in ("image_mean", "image_std"):
-        value = config.get(key, [0.5, 0.5, 0.5])
-        if not all(abs(v - 0.5) < 1e-4 for v in value):
-            problems.append(f"{key}={_shown(value)}")
     if problems:
-        raise convert.CheckpointError(
+        raise checkpoints.CheckpointError(
             f"{path}: the weights expect inputs prepared with "
-            f"{', '.join(problems)}; keras_vit's ViT takes the official "
-            "[-1, 1] range (x / 127.5 - 1: mean 0.5, std 0.5) only")
+            f"{', '.join(problems)}; keras_vit takes pixels scaled to "
+            "[0, 1] (rescale_factor 1/255) and then normalised by a mean "
+            "and std")
+    try:
+        normalization = check_normalization("image_mean/image_std", {
+            "mean": config.get("image_mean", [0.5] * 3),
+            "std": config.get("image_std", [0.5] * 3)})
+    except ValueError as e:
+        raise checkpoints.CheckpointError(f"{path}: {e}") from None
+    return None if normalization == OFFICIAL else normalization.to_config()
 
 
 def load(source, name=None, image_size=None, num_classes=None, *,
@@ -263,7 +269,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     config, config_path, path = fetch(source, progress=progress)
     header = _header(path)
     if config is None and not _is_transformers_state(header):
-        raise convert.CheckpointError(
+        raise checkpoints.CheckpointError(
             f"{path}: has no transformers ViT tensor names "
             "(vit.embeddings.*, embeddings.*) and no transformers "
             f"{CONFIG_FILE} beside it")
@@ -308,6 +314,9 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     if not num_labels and (arch["representation_size"] is not None
                            or arch["kind"] == "classifier"):
         defaults["pooling"] = "token"  # the pooled class token
+    # The weights' input normalisation (their preprocessor's mean/std).
+    defaults["input_normalization"] = check_preprocessor(os.path.join(
+        os.path.dirname(config_path or path), PREPROCESSOR_FILE))
     return hub_files.vit_checkpoint(
         arch, arrays, head=num_labels or None, label_names=labels,
         source_name=repr(os.fspath(path)),

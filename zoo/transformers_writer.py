@@ -11,6 +11,7 @@ import os
 
 
 from keras_vit.base.checks import shown
+from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
 from keras_vit.zoo.transformers_layout import (ARCHITECTURES,
                                                PREPROCESSOR_FILE, from_official)
@@ -132,7 +133,9 @@ def write(model, directory, labels=None):
             out["pooler_act"] = "tanh"
         state = {k[len("vit."):]: v
                  for k, v in from_official(arrays, heads).items()}
-    # The official input: pixels / 255, then (x - 0.5) / 0.5 = [-1, 1].
+    # The model's input: pixels / 255, then (x - mean) / std (the
+    # official 0.5 and 0.5: [-1, 1]).
+    normalization = of_model(model)
     side = size if isinstance(size, int) else None
     preprocessor = {
         "image_processor_type": "ViTImageProcessor",
@@ -140,8 +143,8 @@ def write(model, directory, labels=None):
         "size": ({"height": side, "width": side} if side else
                  {"height": size[0], "width": size[1]}),
         "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
+        "do_normalize": True, "image_mean": list(normalization.mean),
+        "image_std": list(normalization.std),
     }
     os.makedirs(directory, exist_ok=True)
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:

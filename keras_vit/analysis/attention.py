@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_vit.models.memory import infer
-from keras_vit.base.checks import check_choice
+from keras_vit.base import geometry
+from keras_vit.base.checks import check_choice, check_pair
 
 
 class TokenGeometry(NamedTuple):
@@ -37,15 +38,6 @@ class TokenGeometry(NamedTuple):
     pooling: str
 
 
-def _as_pair(value, name):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return (int(value), int(value))
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return (int(value[0]), int(value[1]))
-    raise ValueError(f"{name} must be an int or a pair of ints; received "
-                     f"{name}={value!r}")
-
-
 def token_geometry(model_or_config):
     """The :class:`TokenGeometry` of a VisionTransformer or its config dict.
 
@@ -57,8 +49,6 @@ def token_geometry(model_or_config):
     ...     resnet=dict(num_layers=[1, 1]))).patch_pixels
     8
     """
-    from keras_vit.models.common import hybrid_stages
-
     if isinstance(model_or_config, dict):
         config = model_or_config
     elif hasattr(model_or_config, "get_config") and hasattr(
@@ -72,17 +62,11 @@ def token_geometry(model_or_config):
     if missing:
         raise ValueError(f"model_or_config lacks {missing}; received "
                          f"model_or_config={config!r}")
-    image_hw = _as_pair(config["image_size"], "image_size")
-    patch = _as_pair(config["patch_size"], "patch_size")[0]
-    resnet = config.get("resnet")
-    stem = 1
-    if resnet:
-        # Same rule as the builder: the root divides by 4, each further
-        # stage by 2.
-        stem = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
-    stride = stem * patch
+    image_hw = check_pair("image_size", config["image_size"])
+    patch = check_pair("patch_size", config["patch_size"])[0]
+    stride = geometry.hybrid_stride(config.get("resnet")) * patch
     classifier = config.get("classifier", "token")
-    prefix = 1 if classifier == "token" else 0
+    prefix = geometry.prefix_tokens(config)
     # What the output is read from: the head pools by `classifier`; without a
     # head, `pooling` decides (None returns all tokens: use `classifier`).
     pooling = classifier
@@ -130,7 +114,7 @@ def attention_model(model, image_size=None):
         # function (a quantized model rebuilds quantized by itself).
         model = lora.merge(model)
     if image_size is not None:
-        image_size = list(_as_pair(image_size, "image_size"))
+        image_size = list(check_pair("image_size", image_size))
     rebuilt = rebuild(model, image_size=image_size,
                       return_attention_scores=True, copy=False)
     if rebuilt is model:
@@ -300,7 +284,7 @@ def upsample(heatmap, size):
     if heatmap.ndim != 2:
         raise ValueError(f"heatmap must be 2-D (rows, cols); received "
                          f"heatmap.shape={heatmap.shape}")
-    h, w = _as_pair(size, "size")
+    h, w = check_pair("size", size)
     # PIL's float ('F') images resize with half-pixel centres, the same
     # sampling as tf.image.resize and cv2.resize.
     return np.asarray(Image.fromarray(heatmap).resize(
@@ -358,7 +342,7 @@ def patch_distances(grid_size, patch_pixels):
            [4., 0., 4.],
            [8., 4., 0.]])
     """
-    rows, cols = _as_pair(grid_size, "grid_size")
+    rows, cols = check_pair("grid_size", grid_size)
     r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
     centres = np.stack([r.ravel(), c.ravel()], axis=-1) * float(patch_pixels)
     diff = centres[:, None, :] - centres[None, :, :]
@@ -408,7 +392,7 @@ def mean_attention_distance(scores, grid_size, patch_pixels,
     True
     """
     scores = _check_scores(scores)
-    rows, cols = _as_pair(grid_size, "grid_size")
+    rows, cols = check_pair("grid_size", grid_size)
     if not isinstance(patch_pixels, (int, float, np.integer, np.floating)) or (
             isinstance(patch_pixels, bool) or not patch_pixels > 0):
         raise ValueError(f"patch_pixels must be a positive number; received "

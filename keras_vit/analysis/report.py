@@ -16,6 +16,7 @@ from keras_vit.analysis.attention import (attention_model,
 from keras_vit.analysis.embeddings import (embedding_filter_components,
                                            neighbour_similarity,
                                            position_embedding_similarity)
+from keras_vit.data.normalization import model_input
 from keras_vit.models.memory import infer
 from keras_vit.zoo.preprocessing import model_labels, softmax
 
@@ -183,9 +184,7 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
     model, description = _load_model(model_or_name, weights, image_size)
     g = token_geometry(model)
     pixels = load_images(paths, g.image_size, channels=model.num_channels)
-    # The official input range is [-1, 1]; models built with
-    # include_preprocessing=True rescale [0, 255] themselves.
-    inputs = pixels if model.include_preprocessing else pixels / 127.5 - 1.0
+    inputs = model_input(model, pixels)
 
     distances, maps, outputs = [], [], []
     for start in range(0, len(inputs), batch_size):

@@ -29,13 +29,16 @@ ValueError: num_layers must be a positive integer; received num_layers=0
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import math
+import numbers
 import os
 
+from keras_vit.base import environment
 from keras_vit.base.errors import MissingDependencyError, UnexpectedKeywordError
+# closest is imported from here by the readers of names (re-exported).
+from keras_vit.base.suggestions import closest as closest, did_you_mean
 
 
 # Optional modules whose pip name differs from the module name, and the ones
@@ -65,7 +68,7 @@ def missing_dependency(exc):
     if not isinstance(exc, ModuleNotFoundError) or not exc.name:
         return None
     top = exc.name.split(".")[0]
-    backend = os.environ.get("KERAS_BACKEND") or "tensorflow"
+    backend = environment.keras_backend() or "tensorflow"
     if top == backend and backend in KERAS_BACKENDS:
         # Keras imports its backend's module first: the setting is at fault.
         return MissingDependencyError(
@@ -89,43 +92,6 @@ def require(module, package=None, purpose=None, pip_spec=None):
             raise
         raise MissingDependencyError(package or PACKAGES.get(top, top),
                                      purpose, pip_spec) from e
-
-
-def _squash(text):
-    return "".join(c for c in str(text).lower() if c.isalnum())
-
-
-def closest(value, choices, n=1, cutoff=0.6):
-    """Up to ``n`` of ``choices`` nearest to ``value``, best first, ignoring
-    case and separators ("vitb16" is near "ViT-B/16"; exact squashed matches
-    come first).
-
-    >>> closest("mirored", ("default", "mirrored", "tpu"))
-    ['mirrored']
-    >>> closest("VIT_B/16", ("ViT-B/16", "ViT-B/32"))
-    ['ViT-B/16']
-    >>> closest("zzz", ("token", "gap"))
-    []
-    """
-    by_squash = {}
-    for choice in choices:
-        by_squash.setdefault(_squash(choice), choice)
-    key = _squash(value)
-    if key in by_squash:
-        exact = [by_squash[key]]
-        if n == 1:
-            return exact
-    else:
-        exact = []
-    near = difflib.get_close_matches(key, list(by_squash), n=n, cutoff=cutoff)
-    found = exact + [by_squash[k] for k in near if by_squash[k] not in exact]
-    return found[:n]
-
-
-def did_you_mean(value, choices):
-    """`` Did you mean 'x'?`` for the nearest choice, or ``""``."""
-    near = closest(value, [str(c) for c in choices])
-    return f" Did you mean {near[0]!r}?" if near else ""
 
 
 def check_choice(name, value, choices, *, error=ValueError, extra=""):
@@ -213,7 +179,10 @@ def check_pair(name, value):
     Traceback (most recent call last):
     ValueError: image_size must be positive integers; received image_size=(224, 0)
     """
-    if isinstance(value, (int,)) and not isinstance(value, bool):
+    def integer(v):  # NumPy's integers too, never a bool
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    if integer(value):
         pair = (value, value)
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         pair = tuple(value)
@@ -221,12 +190,11 @@ def check_pair(name, value):
         raise ValueError(
             f"{name} must be an int or a pair of ints; received {name}={value!r}"
         )
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-               for v in pair):
+    if not all(integer(v) and v > 0 for v in pair):
         raise ValueError(
             f"{name} must be positive integers; received {name}={value!r}"
         )
-    return pair
+    return int(pair[0]), int(pair[1])
 
 
 def check_number(name, value, *, low=None, high=None, low_open=False,
@@ -401,7 +369,7 @@ def check_keras_backend():
     >>> os.environ.get("KERAS_BACKEND", "tensorflow") in KERAS_BACKENDS
     True
     """
-    value = os.environ.get("KERAS_BACKEND", "")
+    value = environment.keras_backend()
     if value:
         check_choice("KERAS_BACKEND", value, KERAS_BACKENDS,
                      extra=" (Or leave it unset for Keras' default.)")

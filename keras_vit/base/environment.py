@@ -7,7 +7,13 @@ naming the variable and echoing the value, the same way wherever the
 package reads it (a timeout given as ``abc`` stops every export, not the
 ones that happen to start a child process). Nothing else in the package
 reads ``os.environ`` for a ``KERAS_VIT_`` name
-(tests/contracts/test_structure.py).
+(tests/contracts/test_structure.py). Outside ``runtime/``, the variables
+of other programs that keras_vit reads (``KERAS_BACKEND``, ``TF_CONFIG``,
+``TPU_NAME``) and the environment a child process starts from are read
+through the functions here as well: :func:`keras_backend`,
+:func:`tf_config`, :func:`tpu_name`, :func:`any_set`, :func:`for_child`.
+The downloads find their cache folders and the Hub's server the same way:
+:func:`xdg_cache_home`, :func:`huggingface_hub`.
 
 >>> read("KERAS_VIT_EXPORT_TIMEOUT", {})
 3600.0
@@ -28,8 +34,8 @@ import os
 import re
 import urllib.parse
 
-from keras_vit.base.checks import did_you_mean
 from keras_vit.base.errors import KerasVitError
+from keras_vit.base.suggestions import did_you_mean
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -111,6 +117,59 @@ def raw(name, environ=None):
     messages that echo it."""
     VARIABLES[name]  # noqa: B018 - only declared names
     return (os.environ if environ is None else environ).get(name)
+
+
+# -- variables other programs define, which keras_vit only reads ---------------
+
+
+def keras_backend():
+    """``KERAS_BACKEND`` as set (``""`` when unset): the backend Keras
+    imports."""
+    return os.environ.get("KERAS_BACKEND", "")
+
+
+def tf_config():
+    """``TF_CONFIG`` as set, stripped (``""`` when unset): TensorFlow's
+    description of a cluster of workers and this process's task in it."""
+    return os.environ.get("TF_CONFIG", "").strip()
+
+
+def tpu_name():
+    """``TPU_NAME`` (None when unset or empty): the TPU TensorFlow's
+    resolver connects to."""
+    return os.environ.get("TPU_NAME") or None
+
+
+def xdg_cache_home():
+    """``XDG_CACHE_HOME`` as set (None when unset or empty): the user's
+    cache folder, under which keras_vit's download cache and
+    huggingface_hub's cache sit by default."""
+    return os.environ.get("XDG_CACHE_HOME") or None
+
+
+# huggingface_hub's variables that the hf-hub: downloads read, to find the
+# cache folder and the server its child process will use.
+HUGGINGFACE_HUB = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+                   "HUGGINGFACE_HUB_CACHE")
+
+
+def huggingface_hub(name):
+    """huggingface_hub's variable ``name`` (one of :data:`HUGGINGFACE_HUB`)
+    as set, None when unset."""
+    if name not in HUGGINGFACE_HUB:
+        raise KeyError(f"{name} is not one of {HUGGINGFACE_HUB}")
+    return os.environ.get(name)
+
+
+def any_set(names):
+    """Whether any of the variables ``names`` holds a non-empty value."""
+    return any(os.environ.get(name) for name in names)
+
+
+def for_child():
+    """A copy of this process's environment, to change and hand to a child
+    process as its ``env``; this process's own is left as it is."""
+    return dict(os.environ)
 
 
 def _seconds(var, value, text):

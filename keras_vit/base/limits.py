@@ -39,6 +39,8 @@ MAX_CLASSES = 1_000_000
 #: A config.json (timm's, transformers', keras-hub's, a preprocessor's, a
 #: ``.keras`` archive's) is a few KB; ImageNet-21k label names ~0.5 MB.
 MAX_CONFIG_BYTES = 16 << 20
+#: ``export --labels FILE``, a list of class names: 21843 names fit in 1 MiB.
+MAX_LABEL_FILE_BYTES = 16 << 20
 #: safetensors' own limit on its JSON header.
 MAX_SAFETENSORS_HEADER = 100 << 20
 #: A ViT's Keras ``.h5`` weights hold 16 datasets a layer; a file with far
@@ -54,6 +56,10 @@ KERAS_MAX_EXPANSION = 20
 #: A JSON document nested deeper than this is no config (Python's parser
 #: would recurse until RecursionError).
 MAX_JSON_DEPTH = 64
+#: Axes of a weight in an official ``.npz``: real ones have at most 4 (a
+#: conv kernel; a stacked attention kernel: blocks, width, heads, head
+#: width), so a rank past this is no weight.
+NPZ_MAX_NDIM = 5
 
 # -- images ----------------------------------------------------------------------
 
@@ -68,6 +74,19 @@ PIXEL_BUDGET = 16_000_000
 #: frame; real files have a few dozen. A file with more is refused rather
 #: than read without its orientation.
 MAX_IMAGE_SEGMENTS = 1000
+
+# -- jobs ------------------------------------------------------------------------
+
+#: Logical CPU devices (``configure_cpu_devices``) are for trying replicas
+#: without GPUs; each replica holds a copy of the model and its own threads,
+#: so 100000 of them never got past start-up (no output, no end).
+MAX_CPU_DEVICES = 64
+#: Few-shot seeds (draws of the k-shot sets; the default averages 3): each
+#: keeps a permutation of the training set, made before any output.
+MAX_SEEDS = 1000
+#: Timed runs of one export benchmark measurement, which prints one line
+#: after its runs: a million would sit silent for hours.
+MAX_RUNS = 1000
 
 # -- memory ----------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The command line (argparse, the demo): each command imports the heavy modules it runs.
 
 ``keras-vit``: list, info, convert, predict, demo, and the commands of the
-other components (inspect, ...), whose parsers live beside their code
-(``keras_vit.train.cli``, ...) on this floor.
+other components (inspect, export, fine-tune, ...), whose parsers live in
+this folder too, one module a component (:mod:`keras_vit.cli.train`,
+:mod:`keras_vit.cli.analysis`, :mod:`keras_vit.cli.export`).
 
 Run ``keras-vit --help`` (or ``python -m keras_vit.cli --help``). Mistakes in
 the command line or its files print one line, ``keras-vit: error: ...``, and
@@ -16,11 +17,6 @@ import os
 import sys
 
 from keras_vit.cli import options
-# Each component's commands: their parsers are built from these light
-# modules, which import the commands' code only when a command runs.
-from keras_vit.analysis import cli as analysis_cli
-from keras_vit.export import cli as export_cli
-from keras_vit.train import cli as train_cli
 from keras_vit.cli.options import PROG, UserError, positive_int
 
 
@@ -341,19 +337,22 @@ def _cmd_predict(args):
         raise UserError("the model has no classification head "
                         "(include_top=False)")
     size = _model_geometry(model)
+    from keras_vit.data.normalization import of_model, takes_raw_pixels
+
     # Models built with include_preprocessing=True take raw [0, 255] pixels.
-    scale = not getattr(model, "include_preprocessing", False)
+    scale = not takes_raw_pixels(model)
 
     # The official evaluation transform (zoo.preprocess_input): resize,
-    # bilinear with no crop, then [-1, 1].
+    # bilinear with no crop, then the model's input normalisation.
     from keras_vit.models.memory import forward_batch
 
     # Before the images are read: --image-size 4000 asks ~350 GiB of
     # attention maps per image of ViT-B/16.
     batch = forward_batch(model, 16, option=(
         "--image-size" if args.image_size else "the model's image size"))
-    images = np.stack([zoo.preprocess_input(_read_image(p), size, scale=scale)
-                       for p in args.images])
+    images = np.stack([zoo.preprocess_input(
+        _read_image(p), size, scale=scale,
+        input_normalization=of_model(model)) for p in args.images])
     outputs = []
     for start in range(0, len(images), batch):
         out = infer(model, images[start:start + batch])
@@ -495,8 +494,13 @@ def build_parser():
                    help="a small subset and 2 epochs (a smoke test)")
 
     # The other components add their own commands (inspect, export,
-    # benchmark, fine-tune, ...), each through a ``register(subparsers)``.
-    for commands in (analysis_cli, export_cli, train_cli):
+    # benchmark, fine-tune, ...), each through a ``register(subparsers)``
+    # of a light module that imports the commands' code only when a command
+    # runs. Imported here, not with this package: ``python -m
+    # keras_vit.cli.analysis`` runs a module this package has not loaded.
+    from keras_vit.cli import analysis, export, train
+
+    for commands in (analysis, export, train):
         commands.register(sub)
     return parser
 

@@ -3,8 +3,8 @@ more than one command takes, the parser with one-line usage errors, and
 how a failure is printed (one ``keras-vit: error: ...`` line and an exit
 status, or the traceback with ``--debug``/``--traceback``).
 
-The command line of each component (keras_vit.cli, keras_vit.train.cli,
-keras_vit.export.cli, keras_vit.analysis.cli) builds its options from here.
+The command line of each component (keras_vit.cli, keras_vit.cli.train,
+keras_vit.cli.export, keras_vit.cli.analysis) builds its options from here.
 Nothing here imports Keras: ``keras-vit --help`` stays fast.
 """
 
@@ -171,6 +171,7 @@ def key_value(text):
 OPTIONS = {
     "model": (("model",), {"metavar": "MODEL"}),
     "data_dir": (("--data-dir",), {"metavar": "DIR"}),
+    "eval_data": (("--eval-data",), {"metavar": "SPEC"}),
     "download": (("--download",), {"action": "store_true"}),
     "weights": (("--weights", "-w"), {"metavar": "W"}),
     "out": (("--out", "-o"), {"metavar": "DIR"}),

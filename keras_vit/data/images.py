@@ -280,15 +280,30 @@ def _orientation(data, start, length):
     return tf.where(good, value, 1)
 
 
+def _walk_to_payload(step, start):
+    """(start, length, steps) of the payload a walk over segments or chunks
+    finds: ``step(pos, found, size, steps)`` returns the next position (-1
+    at the end), the payload's start and length once found (-1 until
+    then) and ``steps + 1``; the walk begins at ``start`` and gives up
+    after :data:`MAX_SEGMENTS` steps (``steps`` > it)."""
+    tf = _tf()
+
+    def more(pos, found, size, steps):
+        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
+
+    minus = tf.constant(-1, tf.int64)
+    _, found, size, steps = tf.while_loop(
+        more, step, (tf.cast(start, tf.int64), minus, minus,
+                     tf.constant(0, tf.int64)))
+    return found, size, steps
+
+
 def _jpeg_exif(data):
     """(start, length, steps) of the payload of the first APP1 Exif
     segment before the scan (start -1 when there is none); ``steps`` >
     :data:`MAX_SEGMENTS` when the walk gave up."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
-
-    def more(pos, found, size, steps):
-        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
 
     def step(pos, found, size, steps):
         b = _raw(data, pos, 10)
@@ -306,11 +321,7 @@ def _jpeg_exif(data):
         return (new_pos, tf.where(hit, pos + 10, found),
                 tf.where(hit, seglen - 8, size), steps + 1)
 
-    minus = tf.constant(-1, tf.int64)
-    _, found, size, steps = tf.while_loop(
-        more, step, (tf.constant(2, tf.int64), minus, minus,
-                     tf.constant(0, tf.int64)))
-    return found, size, steps
+    return _walk_to_payload(step, 2)
 
 
 def _find_chunk(data, start, want, stops, big_endian):
@@ -320,9 +331,6 @@ def _find_chunk(data, start, want, stops, big_endian):
     ``stops`` or the end of the data (start -1 when not found)."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
-
-    def more(pos, found, size, steps):
-        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
 
     def step(pos, found, size, steps):
         b = _raw(data, pos, 8)
@@ -340,11 +348,7 @@ def _find_chunk(data, start, want, stops, big_endian):
                 tf.where(hit, pos + 8, found), tf.where(hit, chunk, size),
                 steps + 1)
 
-    minus = tf.constant(-1, tf.int64)
-    _, found, size, steps = tf.while_loop(
-        more, step, (tf.cast(start, tf.int64), minus, minus,
-                     tf.constant(0, tf.int64)))
-    return found, size, steps
+    return _walk_to_payload(step, start)
 
 
 def _gif_chain_ends(data):

@@ -10,7 +10,7 @@ from keras import layers, ops
 
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedEinsumDense, FusedLayerNormalization, chains_in_xla, with_arguments,
+    FusedEinsumDense, FusedLayerNormalization, KeptArguments, chains_in_xla,
     xavier_flat)
 
 
@@ -79,21 +79,28 @@ def relative_attention_bias(query, table):
     return bias * ops.cast(1.0 / math.sqrt(head_dim), bias.dtype)
 
 
-def spec_with_scores(layer, x, return_attention_scores, num_heads):
-    """The symbolic output of a layer that returns its input's shape and,
-    when asked, attention maps (B, heads, N, N). Written out because Keras
-    passes ``compute_output_shape`` the tensors' shapes only, not the flag,
-    and tracing the call instead fails under ``keras.RematScope``."""
-    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
-    if not return_attention_scores:
-        return out
-    b, n = x.shape[0], x.shape[1]
-    return out, keras.KerasTensor((b, num_heads, n, n),
-                                  dtype=layer.compute_dtype)
+class ReturnsScores:
+    """The output shapes of a layer of ``num_heads`` heads whose call
+    returns its input's shape and, when asked, attention maps (B, heads,
+    N, N). The symbolic output is written out because Keras passes
+    ``compute_output_shape`` the tensors' shapes only, not the flag, and
+    tracing the call instead fails under ``keras.RematScope``."""
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_output_spec(self, x, training=None,
+                            return_attention_scores=False, **kwargs):
+        out = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return out
+        b, n = x.shape[0], x.shape[1]
+        return out, keras.KerasTensor((b, self.num_heads, n, n),
+                                      dtype=self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class MultiHeadSelfAttention(layers.Layer):
+class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     """Multi-head dot-product self-attention with the official parameter layout.
 
     The projections are :class:`FusedEinsumDense` layers ``query``, ``key``,
@@ -112,16 +119,15 @@ class MultiHeadSelfAttention(layers.Layer):
     ``qk_norm``).
     """
 
+    ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
+                 "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
+                 "norm_epsilon": float}
+
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
                  **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.attention_dropout_rate = float(attention_dropout_rate)
-        self.qkv_bias = bool(qkv_bias)
-        self.proj_bias = bool(proj_bias)
-        self.qk_norm = bool(qk_norm)
-        self.norm_epsilon = float(norm_epsilon)
+        self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
                                       dtype=self.dtype_policy)
 
@@ -164,14 +170,6 @@ class MultiHeadSelfAttention(layers.Layer):
         if self.qk_norm:
             q, k = self.query_norm(q), self.key_norm(k)
         return q, k, v
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
-
-    def compute_output_spec(self, x, training=None,
-                            return_attention_scores=False, **kwargs):
-        return spec_with_scores(self, x, return_attention_scores,
-                                 self.num_heads)
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None):
@@ -237,8 +235,3 @@ class MultiHeadSelfAttention(layers.Layer):
         if return_attention_scores:
             return y, probs
         return y
-
-    def get_config(self):
-        return with_arguments(super().get_config(), self, (
-            "num_heads", "attention_dropout_rate", "qkv_bias", "proj_bias",
-            "qk_norm", "norm_epsilon"))

@@ -7,12 +7,12 @@ import keras
 from keras import layers, ops
 
 from keras_vit.runtime import compat
+from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedDense, FusedLayerNormalization, XAVIER, bias_init,
+    FusedDense, FusedLayerNormalization, KeptArguments, XAVIER, bias_init,
     check_gelu, with_arguments)
-from keras_vit.layers.attention import (
-    MultiHeadSelfAttention, spec_with_scores)
+from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
 def rematerialized(layer, forward, *tensors):
@@ -36,7 +36,7 @@ def rematerialized(layer, forward, *tensors):
                   if getattr(sub, "seed_generator", None) is not None]
     # Copies of the values now (``state.value`` is the variable itself).
     states = [ops.copy(g.state.value) for g in generators]
-    if keras.backend.backend() != "jax" or not generators:
+    if not is_jax() or not generators:
         def run(*args):
             for generator, state in zip(generators, states):
                 generator.state.assign(state)
@@ -103,17 +103,17 @@ class DropPath(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class MlpBlock(layers.Layer):
+class MlpBlock(KeptArguments, layers.Layer):
     """Dense -> GELU (``gelu``: "tanh", "exact" or "quick") -> Dropout ->
     Dense -> Dropout; ``use_bias=False`` drops both Dense biases."""
+
+    ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
+                 "use_bias": bool}
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
                  **kwargs):
         super().__init__(**kwargs)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout_rate)
-        self.gelu = check_gelu(gelu)
-        self.use_bias = bool(use_bias)
+        self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
 
@@ -145,14 +145,9 @@ class MlpBlock(layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def get_config(self):
-        return with_arguments(super().get_config(), self,
-                               ("mlp_dim", "dropout_rate", "gelu",
-                                "use_bias"))
-
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class EncoderBlock(layers.Layer):
+class EncoderBlock(ReturnsScores, layers.Layer):
     """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
     ``remat=True`` rematerialises the block in training (``keras.remat``:
@@ -286,14 +281,6 @@ class EncoderBlock(layers.Layer):
             return x, scores
         return x
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
-
-    def compute_output_spec(self, x, training=None,
-                            return_attention_scores=False, **kwargs):
-        return spec_with_scores(self, x, return_attention_scores,
-                                 self.num_heads)
-
     def get_config(self):
         return with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
@@ -306,24 +293,31 @@ POOLING_METHODS = ("token", "gap", "max", "avgmax")
 mean, the maximum, or the mean of the two over the patch tokens."""
 
 
+def check_pooling_method(method):
+    """``method`` if it is one of :data:`POOLING_METHODS`, else a
+    ValueError naming it."""
+    if method not in POOLING_METHODS:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, POOLING_METHODS))}"
+            f"; received method={method!r}")
+    return method
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class TokenPooling(layers.Layer):
+class TokenPooling(KeptArguments, layers.Layer):
     """Pools a token sequence: ``"token"`` takes token ``index`` (0: the
     class token; 1: DeiT's distillation token); ``"gap"`` the
     mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
     tokens after the first ``num_prefix_tokens`` (the class and register
     tokens: they are no patches, timm pools the same way)."""
 
+    ARGUMENTS = {"method": check_pooling_method, "num_prefix_tokens": int,
+                 "index": int}
+
     def __init__(self, method="token", num_prefix_tokens=0, index=0,
                  **kwargs):
         super().__init__(**kwargs)
-        if method not in POOLING_METHODS:
-            raise ValueError(
-                f"method must be one of {', '.join(map(repr, POOLING_METHODS))}"
-                f"; received method={method!r}")
-        self.method = method
-        self.num_prefix_tokens = int(num_prefix_tokens)
-        self.index = int(index)
+        self.keep_arguments(locals())
 
     def call(self, x):
         if self.method == "token":
@@ -338,10 +332,6 @@ class TokenPooling(layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
-
-    def get_config(self):
-        return with_arguments(super().get_config(), self,
-                              ("method", "num_prefix_tokens", "index"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

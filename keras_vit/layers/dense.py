@@ -12,6 +12,7 @@ from keras import layers, ops
 
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
+from keras_vit.runtime.backend import is_tensorflow, is_torch, name as backend_name
 
 
 
@@ -155,7 +156,7 @@ def add_bias(h, bias, training=None):
     a gradient summed in float32 on every backend: TensorFlow's spelling is
     :func:`keras_vit.runtime.fused_ops.bias_add` (``training`` picks the one that
     fuses best), JAX's a custom gradient, torch's a plain add."""
-    backend = keras.backend.backend()
+    backend = backend_name()
     if backend == "tensorflow":
         from keras_vit.runtime import fused_ops
 
@@ -173,7 +174,7 @@ def _dense_2d(x, kernel, bias, training=None):
     add as its own pass over the output, which cost 3.4x the fused call
     for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
     JAX a matmul and the add, which XLA fuses by itself."""
-    backend = keras.backend.backend()
+    backend = backend_name()
     if backend == "tensorflow":
         from keras_vit.runtime import fused_ops
 
@@ -199,6 +200,25 @@ def with_arguments(config, layer, names):
     return config
 
 
+class KeptArguments:
+    """A layer whose ``__init__`` arguments are kept as
+    :func:`with_arguments` reads them, from one table: ``ARGUMENTS`` maps
+    each name to the function that normalises it (``int``, ``float``, a
+    check), in the order they are checked and configured.
+    ``self.keep_arguments(locals())`` in ``__init__`` stores each,
+    normalised, as the attribute of its name; ``get_config`` returns
+    exactly those."""
+
+    ARGUMENTS = {}
+
+    def keep_arguments(self, given):
+        for name, normalise in self.ARGUMENTS.items():
+            setattr(self, name, normalise(given[name]))
+
+    def get_config(self):
+        return with_arguments(super().get_config(), self, self.ARGUMENTS)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedConv2D(layers.Conv2D):
     """``keras.layers.Conv2D`` whose channels-last call with a bias adds
@@ -209,7 +229,7 @@ class FusedConv2D(layers.Conv2D):
     call; weights, config and numbers are Conv2D's."""
 
     def call(self, inputs, training=None):
-        if (keras.backend.backend() == "torch" or not self.use_bias
+        if (is_torch() or not self.use_bias
                 or self.data_format != "channels_last"):
             return super().call(inputs)
         y = self.convolution_op(inputs, self.kernel)
@@ -289,7 +309,7 @@ class FusedDense(layers.Dense):
             y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias, training),
                                    self.gelu)
         elif (self.activation is mlp_gelu_tanh
-              and keras.backend.backend() == "tensorflow"):
+              and is_tensorflow()):
             from keras_vit.runtime import fused_ops
 
             # Training needs the GELU's inner values for its gradient, so

@@ -9,12 +9,12 @@ from keras import layers, ops
 
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
-from keras_vit.layers.dense import FusedConv2D, with_arguments
+from keras_vit.layers.dense import FusedConv2D, KeptArguments, with_arguments
 from keras_vit.layers.image_sizes import ImageSizes
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class PatchEmbedding(layers.Layer):
+class PatchEmbedding(KeptArguments, layers.Layer):
     """Cuts an image (or feature map) into patches and embeds each linearly.
 
     A ``patch_size`` x ``patch_size`` convolution with the same stride,
@@ -22,11 +22,11 @@ class PatchEmbedding(layers.Layer):
     ``use_bias=False`` leaves out the convolution's bias (CLIP's towers).
     """
 
+    ARGUMENTS = {"hidden_size": int, "patch_size": int, "use_bias": bool}
+
     def __init__(self, hidden_size, patch_size, use_bias=True, **kwargs):
         super().__init__(**kwargs)
-        self.hidden_size = int(hidden_size)
-        self.patch_size = int(patch_size)
-        self.use_bias = bool(use_bias)
+        self.keep_arguments(locals())
         self.conv = FusedConv2D(
             self.hidden_size,
             self.patch_size,
@@ -53,10 +53,6 @@ class PatchEmbedding(layers.Layer):
         if h is not None and w is not None:
             n = (h // self.patch_size) * (w // self.patch_size)
         return (b, n, self.hidden_size)
-
-    def get_config(self):
-        return with_arguments(super().get_config(), self,
-                               ("hidden_size", "patch_size", "use_bias"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -144,42 +140,83 @@ def sincos_2d_table(grid_size, width, temperature=10_000.0):
     return table.astype("float32")
 
 
-def _resize_axis(table, new_len, axis):
-    """Linear interpolation of ``table`` to ``new_len`` entries along
-    ``axis`` with aligned corners (``scipy.ndimage.zoom(order=1)``, as
-    :func:`keras_vit.zoo.resize_posemb`), in keras.ops: ``new_len`` may be
-    a tensor (a TensorFlow graph with dynamic image sizes). The table's own
-    length along ``axis`` is static."""
-    old_len = int(table.shape[axis])
-    if isinstance(new_len, int) and new_len == old_len:
-        return table
-    if old_len == 1:
-        return ops.take(table, ops.zeros((new_len,), "int32"), axis=axis)
-    positions = ops.cast(ops.arange(new_len), "float32")
-    step = (old_len - 1) / ops.maximum(ops.cast(new_len, "float32") - 1.0,
+def _array_module(table):
+    """NumPy for a NumPy array, keras.ops for a tensor or a variable."""
+    return np if isinstance(table, np.ndarray) else ops
+
+
+def _sample_points(old_len, new_len):
+    """Where the ``new_len`` samples of a linear resize with aligned
+    corners fall on an axis of ``old_len`` (> 1) entries: ``(lo, frac)``,
+    sample ``i`` at ``i * (old_len - 1) / (new_len - 1)`` (0 when
+    ``new_len`` is 1), ``frac[i]`` of the way from entry ``lo[i]`` to
+    ``lo[i] + 1``. In float64, as ``scipy.ndimage.zoom`` computes them:
+    float32 positions put the samples of a 24 -> 14 resize up to 2e-5 off
+    the official table. NumPy for an int ``new_len``; keras.ops for a
+    scalar tensor (a TensorFlow graph, which computes float64)."""
+    if isinstance(new_len, int):
+        coords = np.arange(new_len) * ((old_len - 1) / max(new_len - 1, 1))
+        lo = np.clip(np.floor(coords).astype(int), 0, old_len - 2)
+        return lo.astype("int32"), coords - lo
+    step = (old_len - 1) / ops.maximum(ops.cast(new_len, "float64") - 1.0,
                                        1.0)
-    coords = positions * step
+    coords = ops.cast(ops.arange(new_len), "float64") * step
     lo = ops.cast(ops.clip(ops.floor(coords), 0, old_len - 2), "int32")
-    frac = coords - ops.cast(lo, "float32")
+    return lo, coords - ops.cast(lo, "float64")
+
+
+def resize_axis(table, new_len, axis):
+    """``table`` resized to ``new_len`` entries along ``axis`` by linear
+    interpolation with aligned corners: ``scipy.ndimage.zoom(order=1)``,
+    the official resize of a position table (paper section 3.2).
+
+    The one implementation of it, for both of its uses: a NumPy ``table``
+    (a checkpoint being loaded at another size, :mod:`keras_vit.zoo`) is
+    resized with NumPy in its own dtype (the zoo passes float64 and rounds
+    once at the end, as scipy does, on every backend, JAX's float32-only
+    default included); a tensor (the table of a dynamic-size model) with
+    keras.ops in its dtype, and ``new_len`` may then be a scalar tensor (a
+    TensorFlow graph with dynamic image sizes). The table's own length
+    along ``axis`` is static.
+
+    >>> resize_axis(np.array([[0.0], [1.0]]), 3, 0)[:, 0].tolist()
+    [0.0, 0.5, 1.0]
+    """
+    xp = _array_module(table)
+    old_len = int(table.shape[axis])
+    if isinstance(new_len, (int, np.integer)):
+        new_len = int(new_len)
+        if new_len == old_len:
+            return table
+    if old_len == 1:
+        return xp.take(table, xp.zeros((new_len,), "int32"), axis=axis)
+    lo, frac = _sample_points(old_len, new_len)
     shape = [1] * len(table.shape)
     shape[axis] = -1
-    frac = ops.cast(ops.reshape(frac, shape), table.dtype)
-    lower = ops.take(table, lo, axis=axis)
-    upper = ops.take(table, lo + 1, axis=axis)
+    frac = (frac.reshape(shape) if isinstance(frac, np.ndarray)
+            else ops.reshape(frac, shape))
+    if xp is ops:
+        frac = ops.cast(frac, table.dtype)
+    lower = xp.take(table, lo, axis=axis)
+    upper = xp.take(table, lo + 1, axis=axis)
     return lower * (1.0 - frac) + upper * frac
 
 
 def resize_grid_table(grid, grid_size, new_grid):
     """``grid`` (rows * cols, D), the position rows of a patch grid of
-    ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols),
-    either of which may be tensors: the official resize of the paper's
-    section 3.2 (bilinear, aligned corners), computed in the graph."""
+    ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols)
+    with :func:`resize_axis` along the rows, then the columns: the
+    official resize of the paper's section 3.2 (bilinear, aligned
+    corners). A NumPy ``grid`` is resized with NumPy (a checkpoint being
+    loaded); a tensor in the graph, where ``new_grid`` may hold scalar
+    tensors (a dynamic-size model)."""
+    xp = _array_module(grid)
     rows, cols = grid_size
     dim = grid.shape[-1]
-    table = ops.reshape(grid, (rows, cols, dim))
-    table = _resize_axis(table, new_grid[0], 0)
-    table = _resize_axis(table, new_grid[1], 1)
-    return ops.reshape(table, (-1, dim))
+    table = xp.reshape(grid, (rows, cols, dim))
+    table = resize_axis(table, new_grid[0], 0)
+    table = resize_axis(table, new_grid[1], 1)
+    return xp.reshape(table, (-1, dim))
 
 
 def sincos_2d_grid(rows, cols, width, temperature=10_000.0):
@@ -311,8 +348,8 @@ class PositionEmbedding(layers.Layer):
         else:
             pos_x, pos_y = self.pos_embedding_x, self.pos_embedding_y
             if resize:
-                pos_x = _resize_axis(pos_x, cols, 0)
-                pos_y = _resize_axis(pos_y, rows, 0)
+                pos_x = resize_axis(pos_x, cols, 0)
+                pos_y = resize_axis(pos_y, rows, 0)
             half = pos_x.shape[-1]
             x = ops.broadcast_to(pos_x[None], (rows, cols, half))
             y = ops.broadcast_to(pos_y[:, None], (rows, cols, half))

@@ -12,6 +12,10 @@ sizes it runs on, with an assertion in the same words (which a
 SavedModel keeps) and, for a dynamic size, shape arithmetic that fails
 off the stride (which ONNX and OpenVINO keep: their converters drop
 assertions). Exports record the rule in the artifact's metadata.
+:func:`check_image_size` checks the size a model is built for (every
+builder's ``image_size``, and the zoo's when it loads or rebuilds one): a
+pair of positive sides, none past
+:data:`keras_vit.base.limits.MAX_IMAGE_SIDE`.
 
 >>> sizes = ImageSizes(size=(32, 32), channels=3)
 >>> sizes.describe()
@@ -32,6 +36,28 @@ from __future__ import annotations
 
 import json
 import sys
+
+from keras_vit.base.checks import check_pair
+from keras_vit.base.limits import MAX_IMAGE_SIDE
+
+
+def check_image_size(value, name="image_size"):
+    """``(height, width)`` from an int or a pair of positive ints, each
+    side at most :data:`~keras_vit.base.limits.MAX_IMAGE_SIDE`; else a
+    one-line ValueError naming ``name``. A side past the cap would ask for
+    a position table of billions of tokens before any memory check.
+
+    >>> check_image_size(224)
+    (224, 224)
+    >>> check_image_size((32, 10**6))
+    Traceback (most recent call last):
+    ValueError: image_size must be at most 4096 pixels a side; received image_size=(32, 1000000)
+    """
+    pair = check_pair(name, value)
+    if max(pair) > MAX_IMAGE_SIDE:
+        raise ValueError(f"{name} must be at most {MAX_IMAGE_SIDE} pixels a "
+                         f"side; received {name}={value!r}")
+    return pair
 
 
 class ImageSizes:

@@ -118,6 +118,7 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                  num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
                  position_embedding="learned_1d", label_names=None,
                  dynamic_image_size=False, remat=False,
+                 input_normalization=None,
                  name="axial_vision_transformer", **kwargs):
         if dynamic_image_size is not False:
             raise ValueError(
@@ -143,8 +144,9 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         dim, rate = spec["hidden_size"], spec["dropout_rate"]
         dtype = kwargs.pop("dtype", None)
 
-        inputs, x = image_input(image_hw, spec["num_channels"],
-                                include_preprocessing, dtype)
+        inputs, x, input_normalization = image_input(
+            image_hw, spec["num_channels"], include_preprocessing, dtype,
+            input_normalization)
         x = vit_layers.PatchEmbedding(dim, patch, dtype=dtype,
                                       name="patch_embedding")(x)
         if position_embedding != "none":
@@ -174,6 +176,7 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             setattr(self, key, spec[key])
         self.grid_size = grid
         self.label_names = label_names
+        self.input_normalization = input_normalization
 
 
 def axial_vit(image_size, patch_size, hidden_size, num_layers, num_heads,

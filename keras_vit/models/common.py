@@ -13,21 +13,28 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from keras_vit.data.normalization import check_normalization
 from keras_vit.layers.dense import FusedDense
 
 
-def image_input(image_hw, num_channels, include_preprocessing, dtype):
+def image_input(image_hw, num_channels, include_preprocessing, dtype,
+                input_normalization=None):
     """The ``images`` input of shape (height, width, channels); returns
-    ``(inputs, x)``, ``x`` rescaled when ``include_preprocessing``."""
+    ``(inputs, x, input_normalization)``: ``x`` normalised when
+    ``include_preprocessing`` (as ``input_normalization`` says: see
+    :mod:`keras_vit.data.normalization`; None is the official [-1, 1]),
+    and the normalisation as the model's config keeps it (None for the
+    official one, else ``{"mean": [...], "std": [...]}``)."""
+    normalization = check_normalization("input_normalization",
+                                        input_normalization, num_channels)
     inputs = keras.Input(shape=(*image_hw, num_channels), name="images")
     x = inputs
     if include_preprocessing:
-        # uint8 pixels -> [-1, 1], the input range of the official ViT and
-        # BiT code, not ImageNet mean/std (timm's BiT configs use
-        # mean = std = 0.5 for the same reason).
-        x = layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype=dtype,
-                             name="preprocessing")(x)
-    return inputs, x
+        x = normalization.layer(dtype=dtype, name="preprocessing")(x)
+    kept = (None if normalization == check_normalization(
+        "input_normalization", None, num_channels)
+        else normalization.to_config())
+    return inputs, x, kept
 
 
 def carry_policy(model, dtype):
@@ -153,13 +160,3 @@ def remat_of(model):
              if layer is not model and hasattr(layer, "_forward")
              and hasattr(layer, "remat")]
     return bool(flags) and all(flags)
-
-
-def hybrid_stages(resnet):
-    """The stage depths a hybrid builds: option (ii) of the paper (section
-    4.1) folds the last stage's units into the one before it, keeping a
-    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9)."""
-    layers_ = list(resnet["num_layers"])
-    if resnet.get("fold_last_stage"):
-        layers_ = layers_[:-2] + [layers_[-2] + layers_[-1]]
-    return layers_

@@ -50,6 +50,7 @@ import numpy as np
 
 from keras_vit.layers.image_sizes import image_sizes
 from keras_vit.runtime import compat
+from keras_vit.runtime.backend import name as backend_name
 
 _DEFAULT_BATCH = 32
 
@@ -57,7 +58,7 @@ _DEFAULT_BATCH = 32
 def _is_array(x):
     if isinstance(x, np.ndarray):
         return True
-    backend = keras.backend.backend()
+    backend = backend_name()
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -207,7 +208,7 @@ class CompiledModelMixin:
                 f"received predict_path={path!r}")
         if not self.compiled_predict:
             return "keras"
-        backend = keras.backend.backend()
+        backend = backend_name()
         if path == "auto":
             from keras_vit.runtime import hardware
 
@@ -231,7 +232,7 @@ class CompiledModelMixin:
             return False
         if not _is_array(x):
             return False
-        backend = keras.backend.backend()
+        backend = backend_name()
         if backend == "tensorflow":
             if getattr(self, "_distribute_strategy", None):
                 return False
@@ -260,7 +261,7 @@ class CompiledModelMixin:
     def _runner(self, path):
         state = self._compiled_state()
         if path not in state:
-            backend = keras.backend.backend()
+            backend = backend_name()
             if backend == "tensorflow":
                 fn = _tf_runner(self, path)
             elif backend == "jax":

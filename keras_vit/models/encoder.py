@@ -12,6 +12,7 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 from __future__ import annotations
 
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
+from keras_vit.layers.image_sizes import check_image_size
 from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
@@ -43,7 +44,7 @@ def check_patch_grid(image_size, patch_size, stem_stride=1):
     """Checks that square ``patch_size`` patches tile ``image_size`` after a
     stem that divides it by ``stem_stride`` (a hybrid's ResNet; 1: none).
     Returns ``((height, width), patch, (rows, cols))``."""
-    image_hw = check_pair("image_size", image_size)
+    image_hw = check_image_size(image_size)
     patch_hw = check_pair("patch_size", patch_size)
     if patch_hw[0] != patch_hw[1]:
         raise ValueError(
@@ -133,11 +134,10 @@ def check_remat_scope(dropout_rate, attention_dropout_rate):
 
     torch's checkpoint restores its random state: there the scope works.
     """
-    import keras
-
     from keras_vit.runtime import compat
+    from keras_vit.runtime.backend import name as backend_name
 
-    backend = keras.backend.backend()
+    backend = backend_name()
     mode = compat.current_remat_mode()
     if mode is None or backend == "torch":
         return

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from keras_vit.base import geometry
+from keras_vit.base.checks import check_pair
 from keras_vit.base.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 from keras_vit.runtime import hardware
 # This machine's memory, which the refusals below compare with.
@@ -103,7 +105,7 @@ def _encoder(model):
     grid = getattr(model, "grid_size", None)
     if grid is None or not all(n in config for n in names):
         return None, None
-    tokens = grid[0] * grid[1] + (config.get("classifier", "token") == "token")
+    tokens = grid[0] * grid[1] + geometry.prefix_tokens(config)
     return config, tokens
 
 
@@ -147,10 +149,8 @@ def step_memory_estimate(model, images):
         values = config["num_layers"] * per_block + head
     resnet = config.get("resnet")
     if resnet:
-        from keras_vit.models.common import hybrid_stages
-
         values += _resnet_values(config["image_size"],
-                                 hybrid_stages(resnet),
+                                 geometry.hybrid_stages(resnet),
                                  resnet.get("width_factor", 1), remat)
     return _BYTES * images * values
 
@@ -361,10 +361,6 @@ def check_forward(model, images, *, available=None):
 
 # -- before a model is built: its config alone ------------------------------------
 
-def _side_pair(size):
-    return (size, size) if isinstance(size, int) else tuple(size)
-
-
 def config_estimate(config):
     """A rough upper estimate in bytes of what a model of ``config`` (the
     builder's arguments: a ViT, hybrid or Axial-ViT, or a BiT with
@@ -378,17 +374,21 @@ def config_estimate(config):
     >>> round(est["weights"] / 2**20), est["tokens"]
     (330, 197)
     """
-    from keras_vit.models.common import hybrid_stages
-
-    h, w = _side_pair(config.get("image_size", 224))
+    try:
+        h, w = check_pair("image_size", config.get("image_size", 224))
+        patch = check_pair("patch_size", config.get("patch_size", 16))
+    except ValueError:  # not a size: the builder refuses it, naming it
+        return None
     classes = int(config.get("num_classes") or 0) * bool(
         config.get("include_top", True))
     channels = int(config.get("num_channels", 3))
     if "block_units" in config:  # BiT ResNetV2
         width = float(config.get("width_factor", 1))
-        params = sum(units * 17 * (64 * width * 2 ** s) ** 2
-                     for s, units in enumerate(config["block_units"]))
-        params += 4 * 64 * width * 2 ** 3 * classes
+        params = geometry.parameter_count(config)
+        if params is None:  # bottleneck units of ~17 c^2 weights each
+            params = sum(units * 17 * (64 * width * 2 ** s) ** 2
+                         for s, units in enumerate(config["block_units"]))
+            params += 4 * 64 * width * 2 ** 3 * classes
         return {"weights": _BYTES * params, "position table": 0,
                 "activations": _BYTES * _resnet_forward_values((h, w), width),
                 "tokens": 0}
@@ -396,20 +396,18 @@ def config_estimate(config):
     if not all(isinstance(config.get(n), int) for n in names):
         return None
     d, layers, heads, mlp = (config[n] for n in names)
-    patch = _side_pair(config.get("patch_size", 16))
     resnet = config.get("resnet")
-    stride = 1
+    stride = geometry.hybrid_stride(resnet)
     params = 0
     if resnet:
-        stages = hybrid_stages(resnet)
+        stages = geometry.hybrid_stages(resnet)
         width = float(resnet.get("width_factor", 1))
-        stride = 4 * 2 ** max(0, len(stages) - 1)
         params = sum(units * 17 * (64 * width * 2 ** s) ** 2
                      for s, units in enumerate(stages))
         channels = int(64 * width * 2 ** max(0, len(stages) - 1)) * (
             4 if stages else 1)
     grid = (h // (stride * patch[0])) * (w // (stride * patch[1]))
-    tokens = grid + (config.get("classifier", "token") == "token")
+    tokens = grid + geometry.prefix_tokens(config)
     table = tokens * d if config.get(
         "position_embedding", "learned_1d") == "learned_1d" else 0
     rep = config.get("representation_size") or 0
@@ -455,7 +453,7 @@ def check_config(config, where, *, name=None, available=None):
         need = est["weights"]
         if need <= MEMORY_SLACK * available:
             return
-    h, w = _side_pair(config.get("image_size", 224))
+    h, w = check_pair("image_size", config.get("image_size", 224))
     what = (f"{name or config.get('name') or 'the model'} at {h}x{w}"
             + (f" ({est['tokens']:,} tokens)" if est["tokens"] else ""))
     if est["activations"] + est["position table"] >= est["weights"] - (

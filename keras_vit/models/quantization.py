@@ -44,9 +44,7 @@ _TOKEN_CALIBRATED = ("gptq", "awq")
 
 
 def _keras_modes():
-    from keras.src import dtype_policies
-
-    return tuple(getattr(dtype_policies, "QUANTIZATION_MODES", MODES))
+    return compat.quantization_modes(MODES)
 
 
 def check_mode(mode, config=None, model_name="model"):
@@ -154,12 +152,11 @@ class QuantizeMixin:
         # Keras' Model.quantize runs this loop too, but passes over any
         # AttributeError a layer raises while quantizing: a layer could be
         # left half quantized with no message. Here every error surfaces.
-        from keras.src.quantizers.utils import should_quantize_layer
-
         layers = [layer
                   for layer in compat.flatten_layers(self, include_self=False)
                   if len(list(layer._flatten_layers())) == 1
-                  and layer.weights and should_quantize_layer(layer, filters)]
+                  and layer.weights
+                  and compat.should_quantize_layer(layer, filters)]
         # Decided before any layer changes: a refusal half-way would leave
         # the model part quantized.
         _check_quantizable(self, layers, mode)

@@ -16,8 +16,9 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.base.checks import (check_choice, check_int, check_keywords,
-                              check_pair)
+from keras_vit.base import geometry
+from keras_vit.base.checks import check_choice, check_int, check_keywords
+from keras_vit.layers.image_sizes import check_image_size
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input)
 from keras_vit.models.compiled import CompiledModelMixin
@@ -164,10 +165,7 @@ def stage_widths(width_factor, num_stages=_NUM_STAGES):
     Stage ``s`` has bottleneck width ``64 * 2**s * width_factor`` and outputs
     four times that; the root convolution has ``64 * width_factor``.
     """
-    wf = _width_factor(width_factor)
-    root = int(round(64 * wf))
-    mids = [int(round(64 * 2 ** s * wf)) for s in range(num_stages)]
-    return root, mids
+    return geometry.bit_widths(_width_factor(width_factor), num_stages)
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -186,8 +184,9 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                  pooling=None, include_preprocessing=False,
                  classifier_activation=None, return_stages=False,
                  num_channels=3, label_names=None, dynamic_image_size=False,
-                 remat=False, name="resnet_v2", **kwargs):
-        image_hw = check_pair("image_size", image_size)
+                 remat=False, input_normalization=None, name="resnet_v2",
+                 **kwargs):
+        image_hw = check_image_size(image_size)
         if min(image_hw) < _MIN_IMAGE_SIZE:
             raise ValueError(
                 f"image_size must be at least {_MIN_IMAGE_SIZE}; received "
@@ -217,9 +216,9 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         # A ResNet is convolutions and a global pool: with
         # dynamic_image_size it takes any size (image_size is then what it
         # was built and fine-tuned for).
-        inputs, x = image_input(
+        inputs, x, input_normalization = image_input(
             (None, None) if dynamic_image_size else image_hw, num_channels,
-            include_preprocessing, dtype)
+            include_preprocessing, dtype, input_normalization)
         # Root: explicit zero padding and VALID ops, as the official code.
         x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
         x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
@@ -255,6 +254,7 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         self.num_channels, self.num_classes = num_channels, num_classes
         self.label_names = label_names
         self.remat = remat
+        self.input_normalization = input_normalization
 
 
 def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):

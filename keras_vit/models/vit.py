@@ -6,9 +6,10 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.base import geometry
 from keras_vit.base.checks import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import (carry_policy, check_label_names,
-                                     classification_head, hybrid_stages,
+                                     classification_head,
                                      image_input)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.encoder import (FAMILY_DEFAULTS, NORMALISED,
@@ -86,7 +87,7 @@ TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
 
 def _resnet_stem(x, resnet, dtype, remat=False):
     """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
-    width = int(round(64 * resnet["width_factor"]))
+    width = geometry.hybrid_width(resnet)
     num = {k: resnet.get(k, v) for k, v in _RESNET_NUMERICS.items()}
     x = vit_layers.StdConv2D(
         width, 7, strides=2, padding="same", use_bias=False,
@@ -99,7 +100,7 @@ def _resnet_stem(x, resnet, dtype, remat=False):
     # TF 'SAME' max-pool pads with -inf, as flax's max_pool does.
     x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype,
                             name="resnet_root_pool")(x)
-    for s, depth in enumerate(hybrid_stages(resnet)):
+    for s, depth in enumerate(geometry.hybrid_stages(resnet)):
         for u in range(depth):
             x = vit_layers.ResidualUnit(
                 width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
@@ -252,7 +253,7 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
     # divides by 4, every further stage by 2.
     stem_stride = 1
     if resnet is not None:
-        stem_stride = 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
+        stem_stride = geometry.hybrid_stride(resnet)
     image_hw, patch, grid = check_patch_grid(image_size, patch_size,
                                              stem_stride)
     # num_classes=0 with the head asked for: the pooled embedding, no head.
@@ -369,6 +370,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         patch_bias=True,
         drop_path_rate=0.0,
         distilled=False,
+        input_normalization=None,
         name="vision_transformer",
         **kwargs,
     ):
@@ -399,9 +401,10 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding)
 
-        inputs, x = image_input(
+        inputs, x, input_normalization = image_input(
             (None, None) if dynamic else spec["image_hw"],
-            spec["num_channels"], include_preprocessing, dtype)
+            spec["num_channels"], include_preprocessing, dtype,
+            input_normalization)
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
             x = _resnet_stem(x, spec["resnet"], dtype, remat)
@@ -492,6 +495,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             setattr(self, key, spec[key])
         self.grid_size = spec["grid"]
         self.label_names = label_names
+        self.input_normalization = input_normalization
         self.dynamic_image_size = dynamic
         self.remat = remat
 
@@ -549,8 +553,12 @@ def vit(
             ``include_top`` (False drops the head), ``pooling`` (with
             ``include_top=False``: None returns all tokens (B, N, D);
             ``"token"`` or ``"gap"``/``"avg"`` return pooled pre-logits
-            features), ``include_preprocessing`` (maps [0, 255] pixels to
-            [-1, 1] inside the model), ``classifier_activation`` (e.g.
+            features), ``include_preprocessing`` (normalises [0, 255]
+            pixels inside the model), ``input_normalization`` (what the
+            weights expect: None is the official [-1, 1]; ``"imagenet"``,
+            ``"clip"`` or ``{"mean": [...], "std": [...]}`` of [0, 1]
+            pixels; every path that feeds the model, with or without
+            ``include_preprocessing``, reads it), ``classifier_activation`` (e.g.
             ``"softmax"``), ``return_attention_scores`` (the model returns
             ``{"output": ..., "attention_scores": (B, L, heads, N, N)}``),
             ``num_channels``, ``name``, ``dtype``, ``gelu`` (``"tanh"``,

@@ -1,15 +1,51 @@
-"""What differs between the Keras backends when running a model for output.
+"""Which Keras backend runs, and what differs between them when running a
+model for output.
+
+:func:`name` (and the predicates :func:`is_tensorflow`, :func:`is_jax`,
+:func:`is_torch`) is the package's one way to ask which backend runs: the
+floors above ask here rather than Keras, so that the question has one home.
 
 Keras keeps one model code for TensorFlow, JAX and PyTorch; what is left to
 the caller is leaving autograd (torch records every op of a plain ``model(x)``
 call and refuses ``numpy()`` on the result) and getting NumPy back, which
 ``keras.ops.convert_to_numpy`` does on all three.
 :func:`keras_vit.models.memory.infer` runs a model with both.
+
+>>> name() in ("tensorflow", "jax", "torch")
+True
+>>> [is_tensorflow(), is_jax(), is_torch()].count(True)
+1
 """
 
 import contextlib
 
-import keras
+# Keras is imported in the functions, not here: importing Keras registers
+# the model classes (keras_vit.registration), whose layers import this
+# module, which must then be whole.
+
+
+def name():
+    """The name of the Keras backend this process runs: ``"tensorflow"``,
+    ``"jax"`` or ``"torch"`` (``"numpy"`` and ``"openvino"`` too, which
+    keras_vit does not support)."""
+    import keras
+
+    return keras.backend.backend()
+
+
+def is_tensorflow():
+    """Whether the Keras backend is TensorFlow."""
+    return name() == "tensorflow"
+
+
+def is_jax():
+    """Whether the Keras backend is JAX."""
+    return name() == "jax"
+
+
+def is_torch():
+    """Whether the Keras backend is PyTorch."""
+    return name() == "torch"
 
 
 def no_grad():
@@ -18,7 +54,7 @@ def no_grad():
     >>> with no_grad():
     ...     pass
     """
-    if keras.backend.backend() == "torch":
+    if is_torch():
         import torch
 
         return torch.no_grad()
@@ -28,8 +64,10 @@ def no_grad():
 def to_numpy(tree):
     """Backend tensors (in dicts, lists and tuples) as NumPy arrays.
 
-    >>> import numpy as np
+    >>> import keras
     >>> to_numpy({"a": keras.ops.ones((2,))})["a"].tolist()
     [1.0, 1.0]
     """
+    import keras
+
     return keras.tree.map_structure(keras.ops.convert_to_numpy, tree)

@@ -121,6 +121,31 @@ def forget_deferred_variables(variables):
         put(name, [v for v in pending if id(v) not in ours])
 
 
+def quantization_modes(default):
+    """The quantization modes this Keras knows
+    (``keras.src.dtype_policies.QUANTIZATION_MODES``), or ``default`` where
+    the list is not there."""
+    try:
+        from keras.src import dtype_policies
+    except ImportError as e:
+        raise _missing("keras.src.dtype_policies", "keras",
+                       "list the quantization modes Keras knows") from e
+    return tuple(getattr(dtype_policies, "QUANTIZATION_MODES", default))
+
+
+def should_quantize_layer(layer, filters):
+    """Whether Keras' ``Model.quantize`` would quantize ``layer`` under
+    ``filters`` (``keras.src.quantizers.utils.should_quantize_layer``)."""
+    api = "keras.src.quantizers.utils.should_quantize_layer"
+    purpose = "pick the layers a quantize(filters=...) call applies to"
+    try:
+        from keras.src.quantizers import utils
+    except ImportError as e:
+        raise _missing(api, "keras", purpose) from e
+    return _require(utils, "should_quantize_layer", api, "keras",
+                    purpose)(layer, filters)
+
+
 def patch_numpy_product():
     """Gives NumPy 2 back ``np.product`` (an alias of ``np.prod``), which
     tf2onnx 1.17's large-model route still calls. Only for a throwaway

@@ -180,22 +180,47 @@ class Hardware:
                 f"cores; {', '.join(units)})")
 
 
-def _read_cpuinfo(path="/proc/cpuinfo"):
-    flags, model = set(), ""
+def proc_text(path):
+    """The text of a Linux ``/proc`` file (``/proc/cpuinfo``,
+    ``/proc/meminfo``, ``/proc/self/status``, ...), or None where it cannot
+    be read (not Linux). keras_vit reads ``/proc`` only through here, and
+    its tests and benchmarks read the CPU and memory figures through it."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("flags", "Features") and not flags:
-                    flags = set(value.split())
-                elif key == "model name" and not model:
-                    model = value.strip()
-                if flags and model:
-                    break
+            return f.read()
     except OSError:
-        pass
-    return frozenset(flags), model
+        return None
+
+
+def cpu_fields(path="/proc/cpuinfo"):
+    """``{field: value}`` of ``/proc/cpuinfo`` (``"model name"``,
+    ``"flags"``, ``"cpu family"``, ...), each field's first value, that is
+    the first processor's; ``{}`` where the file cannot be read."""
+    fields = {}
+    for line in (proc_text(path) or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _read_cpuinfo(path="/proc/cpuinfo"):
+    fields = cpu_fields(path)
+    flags = fields.get("flags", fields.get("Features", ""))
+    return frozenset(flags.split()), fields.get("model name", "")
+
+
+def cpu_flags():
+    """The CPU's feature flags: ``KERAS_VIT_CPU_FLAGS`` when set (a forced
+    machine, as :func:`detect` takes it), else ``/proc/cpuinfo``'s; empty
+    where neither says."""
+    forced = environment.read("KERAS_VIT_CPU_FLAGS")
+    return _read_cpuinfo()[0] if forced is None else forced
+
+
+def cpu_model():
+    """The CPU's model name from ``/proc/cpuinfo``, or ``""``."""
+    return _read_cpuinfo()[1]
 
 
 def _accelerator(forced):
@@ -401,13 +426,12 @@ def proc_bytes(path, field):
     (``MemAvailable:   123 kB`` in ``/proc/meminfo``, ``VmHWM:`` in
     ``/proc/self/status``), in bytes; None where the file or the field is
     missing (not Linux)."""
-    try:
-        with open(path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    for line in (proc_text(path) or "").splitlines():
+        if line.startswith(field + ":"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (ValueError, IndexError):
+                return None
     return None
 
 
@@ -415,3 +439,25 @@ def available_memory():
     """Bytes of memory available to a new allocation on this machine
     (Linux ``MemAvailable``), or None where unknown."""
     return proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def memory_total():
+    """Bytes of memory this machine has (Linux ``MemTotal``), or None
+    where unknown."""
+    return proc_bytes("/proc/meminfo", "MemTotal")
+
+
+def resident_memory():
+    """Bytes of this process's resident memory now (Linux
+    ``/proc/self/statm``), or None where unknown."""
+    try:
+        pages = int((proc_text("/proc/self/statm") or "").split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_resident_memory():
+    """Bytes of this process's peak resident memory since it started
+    (Linux ``VmHWM``, which ``exec`` resets), or None where unknown."""
+    return proc_bytes("/proc/self/status", "VmHWM")

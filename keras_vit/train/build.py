@@ -5,25 +5,16 @@ run's dtype policy (:func:`build_model`, :func:`dtype_policy`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 
+from keras_vit.runtime.policy import dtype_policy_scope
 from keras_vit.train import distribute as strategy_lib
 from keras_vit.train.evaluation import (model_image_size, model_label_names,
                                         shown_names)
 
 
-@contextlib.contextmanager
-def dtype_policy(name):
-    """Layers built inside get ``name`` as their Keras dtype policy."""
-    import keras
-
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+# Layers built inside get the named Keras dtype policy.
+dtype_policy = dtype_policy_scope
 
 
 def build_model(model, *, num_classes, image_size=None, weights="auto",
@@ -166,9 +157,9 @@ def _copy_into_scope(model):
     """The same model with its variables created in the current strategy's
     scope (a no-op when they already are, and on the jax and torch
     backends, whose engines place the variables themselves)."""
-    import keras
+    from keras_vit.runtime.backend import is_tensorflow
 
-    if keras.backend.backend() != "tensorflow":
+    if not is_tensorflow():
         return model
     import tensorflow as tf
 
@@ -187,9 +178,9 @@ def make_engine(strategy="auto", *, tpu=None, model_parallel=None):
     (one device, ``keras.distribution.DataParallel``, or ``ModelParallel``
     with ``model_parallel=k``) under JAX, an eager autograd step under
     torch (:mod:`~keras_vit.train.engine_keras`)."""
-    import keras
+    from keras_vit.runtime.backend import name as backend_name
 
-    backend = keras.backend.backend()
+    backend = backend_name()
     strategy_lib.check_backend(strategy)
     if model_parallel is not None and model_parallel != 1 and backend != "jax":
         way_out = ("the Trainer replicates the model with a tf.distribute "

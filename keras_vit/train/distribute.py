@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import socket
 import threading
 import warnings
 
-from keras_vit.base.checks import check_type
+from keras_vit.base import environment
+from keras_vit.base.checks import check_choice, check_type
 from keras_vit.base.errors import KerasVitError
+from keras_vit.base.limits import MAX_CPU_DEVICES
 
 NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 # Seconds to wait for a TPU to answer before giving up. Reaching a TPU that
 # exists takes well under this; a wrong address otherwise hangs for minutes.
 TPU_TIMEOUT = 20.0
-
-
-# Logical CPU devices are for trying replicas without GPUs; each replica
-# holds a copy of the model and its own threads, so 100000 of them never
-# got past start-up (no output, no end).
-MAX_CPU_DEVICES = 64
 
 
 class StrategyError(KerasVitError, ValueError):
@@ -51,13 +46,12 @@ def configure_cpu_devices(count):
 
     >>> configure_cpu_devices(1)  # the default: a no-op once TF is running
     """
-    import keras
-
     from keras_vit.base.checks import check_int
+    from keras_vit.runtime.backend import name as backend_name
 
     check_int("cpu_devices", count, low=1, high=MAX_CPU_DEVICES,
               error=StrategyError)
-    backend = keras.backend.backend()
+    backend = backend_name()
     too_late = (
         f"cpu_devices={count} must be configured before the {backend!r} "
         "backend initialises its devices (before any tensor is created); "
@@ -102,7 +96,7 @@ def cluster_from_env():
     ``cluster`` maps a job name to a list of ``host:port``; ``task`` is
     ``{"type": ..., "index": ...}``. A malformed ``TF_CONFIG`` raises.
     """
-    raw = os.environ.get("TF_CONFIG", "").strip()
+    raw = environment.tf_config()
     if not raw:
         return None
     try:
@@ -195,7 +189,7 @@ def tpu_address(tpu=None):
         check_type("tpu", tpu, str, "a TPU name, 'local' or grpc://host:port")
         if tpu.strip():
             return tpu
-    if any(os.environ.get(name) for name in TPU_ENVIRONMENT):
+    if environment.any_set(TPU_ENVIRONMENT):
         return None
     if attached_tpu():
         return "local"
@@ -283,9 +277,9 @@ def check_backend(name):
 
     >>> check_backend("auto")
     """
-    import keras
+    from keras_vit.runtime.backend import name as backend_name
 
-    backend = keras.backend.backend()
+    backend = backend_name()
     key = name.replace("-", "_") if isinstance(name, str) else None
     if isinstance(name, str) and key not in NAMES + ("data_parallel",):
         from keras_vit.base.checks import check_choice
@@ -348,10 +342,10 @@ def for_backend(name="auto", *, tpu=None):
     >>> for_backend("default") is not None
     True
     """
-    import keras
+    from keras_vit.runtime.backend import is_tensorflow
 
     check_backend(name)
-    if keras.backend.backend() != "tensorflow":
+    if not is_tensorflow():
         return name
     return strategy(name, tpu=tpu)
 
@@ -390,7 +384,7 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
                      extra=" (A tf.distribute.Strategy also works.)")
     name = name.replace("-", "_")
     if tpu is None:
-        tpu = os.environ.get("TPU_NAME") or None
+        tpu = environment.tpu_name()
 
     if name == "auto":
         cluster = cluster_from_env()
@@ -498,16 +492,19 @@ def precision_for(strategy_, requested="auto"):
     about 1.5x faster in bfloat16. Without native support it is emulated
     and slower still, so that case warns.
     """
-    _check_precision_name(requested)
     return check_precision(requested,
                            on_tpu=describe(strategy_)["name"] == "tpu")
 
 
-def _check_precision_name(requested):
-    if requested not in ("auto", "float32", "mixed_bfloat16"):
-        raise ValueError(
-            "precision must be 'auto', 'float32' or 'mixed_bfloat16'; "
-            f"received precision={requested!r}")
+# The training precisions a run may ask for (``"auto"`` decides per device).
+PRECISIONS = ("auto", "float32", "mixed_bfloat16")
+
+
+def check_precision_name(requested):
+    """``requested`` if it is one of :data:`PRECISIONS`, else a ValueError
+    naming ``precision`` (the one check of the name, for recipes and
+    engines alike)."""
+    return check_choice("precision", requested, PRECISIONS)
 
 
 def check_precision(requested="auto", *, on_tpu=False):
@@ -517,7 +514,7 @@ def check_precision(requested="auto", *, on_tpu=False):
     >>> check_precision("auto")
     'float32'
     """
-    _check_precision_name(requested)
+    check_precision_name(requested)
     if requested == "auto":
         return "mixed_bfloat16" if on_tpu else "float32"
     if requested == "mixed_bfloat16" and not on_tpu:
@@ -532,14 +529,10 @@ def check_precision(requested="auto", *, on_tpu=False):
 
 
 def cpu_has_bf16():
-    """True when the CPU advertises native bfloat16 (Linux ``/proc/cpuinfo``
-    flags ``avx512_bf16`` or ``amx_bf16``)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    """True when the CPU advertises native bfloat16 (flags ``avx512_bf16``
+    or ``amx_bf16``), as :mod:`keras_vit.runtime.hardware` reads them:
+    ``KERAS_VIT_CPU_FLAGS`` when set, else ``/proc/cpuinfo``."""
+    from keras_vit.runtime import hardware
+
+    return hardware.Hardware(cpu_flags=hardware.cpu_flags()).bf16_units \
+        is not None

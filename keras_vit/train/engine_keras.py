@@ -40,7 +40,8 @@ from keras import ops
 
 from keras_vit.base.checks import check_int
 from keras_vit.train import checkpoints as ckpt_lib
-from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
+from keras_vit.data.normalization import pipeline_options
+from keras_vit.train.data.pipeline import dataset
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import check_backend, check_precision
 
@@ -241,7 +242,7 @@ class KerasEngine:
             t.train, t.image_size, batch, training=True, seed=r.seed,
             epoch=epoch, crop_area=r.crop_area, flip=r.flip,
             skip=skip_steps * batch, take=remaining * batch,
-            raw_pixels=takes_raw_pixels(self.model))
+            **pipeline_options(self.model))
         accum = t.accum
         for images, labels in ds.as_numpy_iterator():
             yield (images.reshape((accum, batch // accum) + images.shape[1:]),

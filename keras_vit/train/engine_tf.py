@@ -18,7 +18,8 @@ import os
 import shutil
 
 from keras_vit.runtime import compat
-from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
+from keras_vit.data.normalization import pipeline_options
+from keras_vit.train.data.pipeline import dataset
 from keras_vit.train import evaluation
 from keras_vit.train.distribute import describe, precision_for
 from keras_vit.train.distribute import strategy as make_strategy
@@ -210,7 +211,7 @@ class TFEngine:
                 seed=r.seed, epoch=epoch, crop_area=r.crop_area, flip=r.flip,
                 shard=shard, skip=skip_steps * per_step,
                 take=remaining * per_step,
-                raw_pixels=takes_raw_pixels(self.model))
+                **pipeline_options(self.model))
 
         return self._distributed(make)
 

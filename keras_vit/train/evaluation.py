@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from keras_vit.train.data.load import load_data
-from keras_vit.train.data.pipeline import padded_eval_dataset, takes_raw_pixels
+from keras_vit.data.normalization import pipeline_options
+from keras_vit.train.data.pipeline import padded_eval_dataset
 from keras_vit.train import distribute as strategy_lib
 from keras_vit.train import recipes as recipes_lib
 
@@ -202,11 +203,12 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     >>> r["num_examples"], round(r["loss"], 4)
     (450, 2.3026)
     """
-    import keras
     import tensorflow as tf
     from tqdm.auto import tqdm
 
-    on_tf = keras.backend.backend() == "tensorflow"
+    from keras_vit.runtime.backend import is_tensorflow
+
+    on_tf = is_tensorflow()
     if not on_tf:
         strategy_lib.check_backend(strategy)
     source = load_data(data, split="test", verbose=verbose)
@@ -236,7 +238,7 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
         return _to_outputs(padded_eval_dataset(
             source, size, per_replica, num_batches=steps * local,
             shard=(ctx.num_input_pipelines, ctx.input_pipeline_id),
-            eval_crop=eval_crop, raw_pixels=takes_raw_pixels(model)),
+            eval_crop=eval_crop, **pipeline_options(model)),
             table)
 
     dist = strategy_.distribute_datasets_from_function(fn)
@@ -354,11 +356,10 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
     """:func:`evaluate` on the jax and torch backends: the same padded,
     masked batches (tf.data stays the input pipeline), the model run eagerly
     on NumPy without gradients, the sums taken in float64."""
-    import keras
-
     from keras_vit.models.memory import infer
+    from keras_vit.runtime.backend import is_jax
 
-    if keras.backend.backend() == "jax":
+    if is_jax():
         # Keras' compiled predict step: op-by-op eager jax is many times
         # slower, and the padded batches all have one shape.
         def infer(model, images):  # noqa: F811 - the jax way
@@ -371,7 +372,7 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
     seen, hits = np.zeros(outputs), np.zeros(outputs)
     for images, labels, mask in _to_outputs(padded_eval_dataset(
             source, size, batch_size, num_batches=steps,
-            eval_crop=eval_crop, raw_pixels=takes_raw_pixels(model)
+            eval_crop=eval_crop, **pipeline_options(model)
     ), table).as_numpy_iterator():
         logits = infer(model, images).astype("float64")
         shifted = logits - logits.max(-1, keepdims=True)

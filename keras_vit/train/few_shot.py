@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 
-import keras
 import numpy as np
 
+from keras_vit.base.limits import MAX_SEEDS
 from keras_vit.models.memory import infer
-from keras_vit.runtime.backend import to_numpy
+from keras_vit.runtime.backend import is_tensorflow, to_numpy
 from keras_vit.train.data.load import load_data
-from keras_vit.train.data.pipeline import padded_eval_dataset, takes_raw_pixels
+from keras_vit.data.normalization import pipeline_options
+from keras_vit.train.data.pipeline import padded_eval_dataset
 
 SHOTS = (1, 5, 10, 25)
 # The official few-shot evaluators use l2_reg = 2 ** 10.
@@ -105,12 +106,13 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
 
     source = load_data(source, verbose=verbose)
     steps = -(-source.num_examples // batch_size)
-    raw = (hasattr(feature_fn, "_flatten_layers")
-           and takes_raw_pixels(feature_fn))
+    # A plain function takes the official [-1, 1]; a model says.
+    options = (pipeline_options(feature_fn)
+               if hasattr(feature_fn, "_flatten_layers") else {})
     ds = padded_eval_dataset(source, image_size, batch_size,
-                             num_batches=steps, raw_pixels=raw)
+                             num_batches=steps, **options)
     call = feature_fn
-    on_tf = keras.backend.backend() == "tensorflow"
+    on_tf = is_tensorflow()
     if hasattr(feature_fn, "inputs") and on_tf:
         call = tf.function(lambda x: feature_fn(x, training=False))
     elif hasattr(feature_fn, "inputs"):
@@ -127,9 +129,6 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
         feats.append(out[keep])
         labels.append(y.numpy()[keep])
     return np.concatenate(feats), np.concatenate(labels).astype("int64")
-
-
-MAX_SEEDS = 1000
 
 
 def _class_orders(labels, num_classes, seed):

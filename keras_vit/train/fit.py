@@ -109,12 +109,11 @@ def _check_step_memory(model, recipe):
     """:func:`keras_vit.models.memory.check_step` for the step ``model.fit`` will
     run: the micro-batch (or batch), split over the replicas of an active
     ``tf.distribute`` strategy."""
-    import keras
-
     from keras_vit.models.memory import check_step
+    from keras_vit.runtime.backend import is_tensorflow
 
     replicas = 1
-    if keras.backend.backend() == "tensorflow":
+    if is_tensorflow():
         import tensorflow as tf
 
         if tf.distribute.has_strategy():
@@ -131,11 +130,11 @@ def _fit_jit(model, recipe):
     TensorFlow with one device, the machine's plan for the model's compute
     dtype (Keras' own "auto" never uses XLA on a CPU, the slower bf16 path
     where there is no AMX); else Keras' "auto"."""
-    import keras
+    from keras_vit.runtime.backend import is_tensorflow
 
     if recipe.jit_compile in (True, False):
         return recipe.jit_compile
-    if keras.backend.backend() != "tensorflow":
+    if not is_tensorflow():
         return "auto"
     import tensorflow as tf
 

@@ -197,9 +197,9 @@ def _check_divides(n, splits):
 
 
 def _require_jax(what):
-    import keras
+    from keras_vit.runtime.backend import name as backend_name
 
-    backend = keras.backend.backend()
+    backend = backend_name()
     if backend == "jax":
         return
     other = {"tensorflow": "use keras_vit.train.strategy(...) "

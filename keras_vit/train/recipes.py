@@ -17,6 +17,7 @@ import warnings
 
 from keras_vit.base.checks import (check_choice, check_int, check_number, closest,
                               did_you_mean)
+from keras_vit.train.distribute import check_precision_name
 
 # Masked patch prediction (keras_vit.train.mpp): its objectives and targets.
 MPP_OBJECTIVES = ("mpp",)
@@ -24,7 +25,6 @@ MPP_TARGETS = ("mean_color", "color_4x4", "l2")
 
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("cosine", "linear", "constant")
-PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Recipe:
     def __post_init__(self):
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("precision", self.precision, PRECISIONS)
+        check_precision_name(self.precision)
         if self.jit_compile not in ("auto", True, False):
             raise ValueError("jit_compile must be True, False or 'auto'; "
                              f"received jit_compile={self.jit_compile!r}")

@@ -17,6 +17,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.runtime.backend import is_tensorflow
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -111,7 +113,7 @@ class SGD(keras.optimizers.SGD):
             self._update_scale = None
 
     def _fused(self):
-        if keras.backend.backend() != "tensorflow" or self.nesterov:
+        if not is_tensorflow() or self.nesterov:
             return False
         import tensorflow as tf
 

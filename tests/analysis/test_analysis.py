@@ -14,10 +14,11 @@ import os
 import numpy as np
 import pytest
 
+from hostile_inputs import bad_calls_test
 import keras
 import keras_vit
 from keras_vit import analysis
-from keras_vit.analysis import cli as analysis_cli
+from keras_vit.cli import analysis as analysis_cli
 from keras_vit.runtime.backend import to_numpy
 
 # Runs on every Keras backend (tests/conftest.py).
@@ -444,3 +445,17 @@ def test_cli_run_through_argparse(tiny, image_files, tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["inspect", path, "a.png"])  # --out is required
 
+
+
+# Bad arguments to attention_rollout, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("rollout head_fusion", lambda: analysis.attention_rollout(
+        np.zeros((1, 1, 2, 5, 5)), head_fusion="maen"), "head_fusion",
+     "'maen'", "mean"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -10,8 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hostile_inputs import check_error as _check
+import keras_vit
+from keras_vit import cli
 from keras_vit.base import environment
 from keras_vit.base.environment import VARIABLES, SettingError, read
+from keras_vit.zoo import download
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for d in ("keras_vit", "zoo", "export")
@@ -127,3 +131,109 @@ def test_an_export_checks_its_timeout_before_any_work(monkeypatch, tmp_path):
     with pytest.raises(SettingError, match="KERAS_VIT_EXPORT_TIMEOUT='abc'"):
         export.to_saved_model(model, str(tmp_path / "m"))
     assert not (tmp_path / "m").exists()
+
+
+# ---------------------------------------------------------------------------
+# Environment variables: a clear error naming the variable and its value.
+# ---------------------------------------------------------------------------
+
+
+def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
+    from keras_vit.zoo import download
+
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "maybe")
+    with pytest.raises(ValueError, match="KERAS_VIT_OFFLINE='maybe'"):
+        download.is_offline()
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "off")
+    assert download.is_offline() is False
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "ftp://mirror/")
+    with pytest.raises(ValueError, match="KERAS_VIT_MIRROR='ftp://mirror/'"):
+        download.resolve_url("gs://vit_models/x.npz")
+    monkeypatch.delenv("KERAS_VIT_MIRROR")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(afile))
+    with pytest.raises(ValueError, match="KERAS_VIT_CACHE must be a folder"):
+        download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
+
+
+def test_hostile_environment_for_downloads(tmp_path, monkeypatch):
+    from keras_vit.zoo import download, download_cache
+
+    monkeypatch.setenv("KERAS_VIT_MIRROR", "http://")
+    with pytest.raises(ValueError, match="with a host; received "
+                                         "KERAS_VIT_MIRROR='http://'"):
+        download.resolve_url("gs://vit_models/x.npz")
+    monkeypatch.delenv("KERAS_VIT_MIRROR")
+    # A cache folder that cannot be created (even by root): /proc.
+    monkeypatch.setenv("KERAS_VIT_CACHE", "/proc/keras_vit_cache")
+    with pytest.raises(download_cache.DownloadError,
+                       match="cannot create the cache folder .* check "
+                             "KERAS_VIT_CACHE='/proc/keras_vit_cache'"):
+        download.fetch("http://127.0.0.1:9/x.npz", timeout=1)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    from keras_vit import train as kt
+
+    with pytest.raises(kt.StrategyError, match="TF_CONFIG is not valid "
+                                               "JSON"):
+        kt.strategy("auto")
+
+
+ENVIRONMENT = [
+    ("KERAS_VIT_OFFLINE", "ture", lambda: download.is_offline(), "true"),
+    ("KERAS_VIT_ACCELERATOR", "gpuu",
+     lambda: keras_vit.runtime.hardware.detect(), "gpu"),
+    ("KERAS_VIT_MIRROR", "ftp://mirror/",
+     lambda: download.resolve_url("gs://vit_models/x.npz"), None),
+]
+
+
+@pytest.mark.parametrize("variable, value, call, hint", ENVIRONMENT,
+                         ids=[row[0] for row in ENVIRONMENT])
+def test_environment_variables_name_echo_and_suggest(monkeypatch, variable,
+                                                     value, call, hint):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError) as info:
+        call()
+    _check(str(info.value), variable, repr(value), hint)
+
+
+def test_environment_variable_through_the_command_line(monkeypatch, capsys,
+                                                       tmp_path):
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "ture")
+    assert cli.main(["convert", "imagenet21k", "-m", "ViT-B/16", "-o",
+                     str(tmp_path / "m.keras")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "KERAS_VIT_OFFLINE='ture'" in err and "Did you mean 'true'" in err
+
+
+def test_other_programs_variables_are_read_here(monkeypatch):
+    """KERAS_BACKEND, TF_CONFIG and TPU_NAME, read through named functions
+    (tests/contracts/test_structure.py keeps os.environ here)."""
+    for name in ("KERAS_BACKEND", "TF_CONFIG", "TPU_NAME", "TPU_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    assert (environment.keras_backend(), environment.tf_config(),
+            environment.tpu_name()) == ("", "", None)
+    assert not environment.any_set(("TPU_NAME", "TPU_CONFIG"))
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("TF_CONFIG", '  {"cluster": {}} ')
+    monkeypatch.setenv("TPU_NAME", "")
+    monkeypatch.setenv("TPU_CONFIG", "x")
+    assert environment.keras_backend() == "jax"
+    assert environment.tf_config() == '{"cluster": {}}'
+    assert environment.tpu_name() is None
+    assert environment.any_set(("TPU_NAME", "TPU_CONFIG"))
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    assert environment.tpu_name() == "my-tpu"
+
+
+def test_a_child_environment_is_a_copy(monkeypatch):
+    import os
+
+    monkeypatch.setenv("CHILD_ENVIRONMENT_TEST", "1")
+    env = environment.for_child()
+    assert env["CHILD_ENVIRONMENT_TEST"] == "1"
+    env["CHILD_ENVIRONMENT_TEST"] = "2"
+    assert os.environ["CHILD_ENVIRONMENT_TEST"] == "1"

@@ -14,6 +14,10 @@ import numpy as np
 import pytest
 
 import official
+from hostile_inputs import fifo as _fifo
+from hostile_inputs import odd_image as _odd_image
+from hostile_inputs import one_error_line as _one_error_line
+from hostile_inputs import tiny as _tiny
 
 import keras
 from keras_vit import cli, zoo
@@ -323,3 +327,154 @@ def test_warnings_print_one_line_without_source_paths(capsys):
     assert err == ("keras-vit: warning: the recipe's warmup_steps=250 do not "
                    "fit a run of total_steps=30\n")
     assert warnings.showwarning is before  # only during the command
+
+
+# ---------------------------------------------------------------------------
+# Hostile files, paths, images and settings given to predict and convert.
+# Each case fails in one line naming what is wrong, or works.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, status, needle", [
+    ("text", 2, "(12 bytes) is not a JPEG, PNG, GIF, BMP or WebP file"),
+    ("empty", 2, "is empty"),
+    ("folder", 2, "is a directory; pass image files"),
+    ("gray16", 0, None), ("rgba", 0, None), ("cmyk", 0, None),
+    ("palette", 0, None), ("one_pixel", 0, None),
+])
+def test_predict_on_odd_images(tiny_keras, tmp_path, capsys, kind, status,
+                               needle):
+    from keras_vit import cli
+
+    image = tmp_path / f"{kind}.png"
+    _odd_image(image, kind)
+    assert cli.main(["predict", str(tiny_keras), str(image), "--json"]) == (
+        status)
+    if needle:
+        assert needle in _one_error_line(capsys)
+    else:
+        import json
+
+        out = json.loads(capsys.readouterr().out)
+        assert len(out["predictions"][0]["top"]) == 5
+
+
+def test_unicode_paths_round_trip(tmp_path, capsys):
+    from keras_vit import cli, zoo
+
+    folder = tmp_path / "modèles 模型"
+    model = _tiny()
+    path = zoo.save_npz(model, folder / "vit ü.npz")
+    other = _tiny(seed=2)
+    zoo.load_weights(other, path)
+    for a, b in zip(model.get_weights(), other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    keras_file = folder / "vit ü.keras"
+    model.save(keras_file)
+    image = folder / "图像 é.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(keras_file), str(image)]) == 0
+    assert str(image) in capsys.readouterr().out
+
+
+def test_predict_names_a_fifo_and_a_missing_image(tiny_keras, tmp_path,
+                                                   capsys):
+    from keras_vit import analysis, cli
+
+    fifo = _fifo(tmp_path / "x.png")
+    assert cli.main(["predict", str(tiny_keras), str(fifo)]) == 2
+    assert (f"IMAGE={str(fifo)!r} is a FIFO (named pipe), not a regular "
+            "file") in _one_error_line(capsys)
+    assert cli.main(["predict", str(tiny_keras), str(tmp_path / "no.png")]
+                    ) == 2
+    assert "no.png' does not exist" in _one_error_line(capsys)
+    with pytest.raises(ValueError, match="is a FIFO"):
+        analysis.load_images([str(fifo)], 8)
+
+
+def test_predict_on_a_run_directory_and_a_missing_path(tiny_keras, tmp_path,
+                                                       capsys):
+    import json
+    import shutil
+
+    from keras_vit import cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_keras, run / "model.keras")
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(run), str(image), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "run" and len(out["predictions"]) == 1
+    for missing in (tmp_path / "nope", "./nope-x"):
+        assert cli.main(["predict", str(missing), str(image)]) == 2
+        assert (f"MODEL={str(missing)!r} does not exist"
+                in _one_error_line(capsys))
+
+
+@pytest.fixture(scope="module")
+def hostile_labels_repo(tmp_path_factory):
+    pytest.importorskip("safetensors")
+    from keras_vit import zoo
+
+    model = zoo.load("ViT-Ti/16", weights=None, image_size=32,
+                     num_classes=3, gelu="exact")
+    import pathlib
+
+    return pathlib.Path(zoo.save_pretrained(
+        model, tmp_path_factory.mktemp("hub") / "repo",
+        labels=["tabby\ncat", "\x1b[31mred", "\u202eevil"]))
+
+
+def test_labels_from_a_repository_are_printed_escaped(hostile_labels_repo,
+                                                      tmp_path, capsys):
+    from keras_vit import cli
+
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(hostile_labels_repo), str(image),
+                     "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert len(out.strip().splitlines()) == 4  # a header, three labels
+    for shown in (r"tabby\ncat", r"\x1b[31mred", r"\u202eevil"):
+        assert shown in out
+
+
+def test_hostile_repository_files_exit_2_with_one_line(hostile_labels_repo,
+                                                       tmp_path, capsys):
+    import shutil
+
+    from keras_vit import cli
+
+    repo = tmp_path / "repo"
+    shutil.copytree(hostile_labels_repo, repo)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    (repo / "config.json").write_text('{"architecture": ["vit"]}')
+    assert cli.main(["predict", str(repo), str(image)]) == 2
+    assert "config.json field architecture: expected a string" in (
+        _one_error_line(capsys))
+    shutil.copy(hostile_labels_repo / "config.json", repo)
+    data = (repo / "model.safetensors").read_bytes()
+    (repo / "model.safetensors").write_bytes(data[:len(data) // 2])
+    assert cli.main(["predict", str(repo), str(image)]) == 2
+    line = _one_error_line(capsys)
+    assert "model.safetensors field " in line and "(truncated?)" in line
+
+
+def test_predict_refuses_nan_weights(tmp_path, capsys):
+    from keras_vit import cli
+
+    model = _tiny()
+    weights = model.get_weights()
+    weights[0] = np.full_like(weights[0], np.nan)
+    model.set_weights(weights)
+    path = tmp_path / "nan.keras"
+    model.save(path)
+    image = tmp_path / "i.png"
+    _odd_image(image, "rgba")
+    assert cli.main(["predict", str(path), str(image)]) == 2
+    line = _one_error_line(capsys)
+    assert "gives non-finite outputs (NaN or inf) for 1 of 1 image(s)" in line

@@ -121,7 +121,8 @@ def test_argument_errors_come_before_the_heavy_imports(argv, message):
 
 
 def test_the_command_mirrors_the_exporters_constants():
-    from keras_vit.export import cli, graph, saved_model, serving
+    from keras_vit.cli import export as cli
+    from keras_vit.export import graph, saved_model, serving
 
     assert cli.INPUTS == saved_model.INPUTS
     assert cli.OUTPUTS == graph.OUTPUTS
@@ -246,8 +247,8 @@ def test_the_walker_tells_nested_classes(tmp_path):
 # package's worker processes through theirs): nowhere else may the library
 # read its command line.
 READS_ARGV = {"keras_vit/cli/__init__.py", "keras_vit/cli/options.py",
-              "keras_vit/train/cli.py", "keras_vit/train/__main__.py",
-              "keras_vit/analysis/cli.py", "export/cli.py",
+              "keras_vit/cli/train.py", "keras_vit/train/__main__.py",
+              "keras_vit/cli/analysis.py", "keras_vit/cli/export.py",
               "export/_tf_worker.py", "export/onnx_worker.py",
               "export/openvino_worker.py"}
 

@@ -29,6 +29,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("PIL")
 
 import image_corpus  # noqa: E402
+from hostile_inputs import jpeg as _jpeg  # noqa: E402
+from hostile_inputs import one_error_line as _one_error_line  # noqa: E402
 
 from keras_vit.data import images  # noqa: E402
 
@@ -479,3 +481,97 @@ def test_the_crop_distribution_and_the_evaluation_transform_are_pinned(
                 image = tf.image.central_crop(image, crop)
             want.append(tf.image.resize(image, (32, 32)).numpy())
         np.testing.assert_allclose(got, np.stack(want), atol=1e-3)
+
+
+# -- one pixel budget for every image reader --------------------------------
+
+def test_decode_plan_bounds_what_any_header_can_ask_for():
+    from keras_vit.data import images
+
+    budget = images.PIXEL_BUDGET
+    # JPEGs: the largest libjpeg scale that fits, whatever the header says.
+    for width, height in [(4000, 4000), (4001, 4000), (12000, 9000),
+                          (30000, 30000)]:
+        plan = images.decode_plan("JPEG", width, height)
+        kept = -(-width // plan.scale) * -(-height // plan.scale)
+        assert kept <= budget
+        smaller = plan.scale // 2
+        assert smaller == 0 or (
+            -(-width // smaller) * -(-height // smaller) > budget)
+    assert images.decode_plan("JPEG", 4000, 4000).scale == 1
+    refused = images.decode_plan("JPEG", 40000, 40000)
+    assert refused.scale is None and "40000x40000 JPEG" in refused.refusal
+    # Other formats decode whole: they must fit the budget as they are.
+    assert images.decode_plan("PNG", 4000, 4000).scale == 1
+    assert "16,000,000-pixel budget" in images.decode_plan(
+        "PNG", 5000, 4000).refusal
+
+
+def test_training_decodes_large_jpegs_at_a_reduced_scale(tmp_path,
+                                                         monkeypatch):
+    import tensorflow as tf
+
+    from keras_vit.data import images
+
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 1000)
+    decode = tf.function(lambda data: images.decode(data, "x"))
+    for size, expected in [((30, 20), (20, 30)), ((64, 48), (24, 32)),
+                           ((200, 100), (13, 25))]:
+        path = tmp_path / f"{size[0]}.jpg"
+        _jpeg(path, size)
+        image = decode(tf.io.read_file(str(path)))
+        assert tuple(image.shape) == expected + (3,)
+        assert image.shape[0] * image.shape[1] <= 1000
+        # The rule inside the graph is decode_plan's.
+        plan = images.decode_plan("JPEG", *size)
+        assert image.shape[1] == -(-size[0] // plan.scale)
+    from PIL import Image
+
+    png = tmp_path / "p.png"
+    Image.new("RGB", (40, 25)).save(png)  # 1000 pixels: at the budget
+    image = decode(tf.io.read_file(str(png)))
+    assert tuple(image.shape) == (25, 40, 3)
+    Image.new("RGB", (40, 26)).save(png)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="x is a 40x26 PNG, over the 1,000-pixel"):
+        decode(tf.io.read_file(str(png)))
+
+
+def test_predict_reduces_large_jpegs_and_refuses_large_pngs(
+        tiny_keras, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from keras_vit import cli
+    from keras_vit.data import images
+
+    png, jpeg = tmp_path / "i.png", tmp_path / "i.jpg"
+    Image.new("RGB", (100, 100), (200, 10, 10)).save(png)
+    Image.new("RGB", (100, 100), (200, 10, 10)).save(jpeg)
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 500)  # 16e6 in real life
+    assert cli.main(["predict", str(tiny_keras), str(jpeg)]) == 0
+    assert str(jpeg) in capsys.readouterr().out
+    assert cli.main(["predict", str(tiny_keras), str(png)]) == 2
+    assert (f"IMAGE={str(png)!r} is a 100x100 PNG, over the 500-pixel "
+            "budget" in _one_error_line(capsys))
+
+
+def test_predict_refuses_what_it_cannot_decode_within_the_limits(
+        tiny_keras, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from keras_vit import cli
+    from keras_vit.data import images
+
+    rgba = tmp_path / "alpha.png"
+    Image.new("RGBA", (100, 100), (1, 2, 3, 4)).save(rgba)
+    photo = tmp_path / "photo.jpg"
+    _jpeg(photo, (160, 120))
+    monkeypatch.setattr(images, "PIXEL_BUDGET", 2000)
+    assert cli.main(["predict", str(tiny_keras), str(rgba)]) == 2
+    line = _one_error_line(capsys)
+    assert f"IMAGE={str(rgba)!r} is a 100x100 PNG, over the 2,000-pixel" \
+        in line
+    # A JPEG over the budget is decoded at a reduced scale, not refused.
+    pixels = cli._read_image(str(photo))
+    assert pixels.shape == (30, 40, 3)
+    assert cli.main(["predict", str(tiny_keras), str(photo)]) == 0

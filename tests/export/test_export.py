@@ -22,9 +22,13 @@ litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 import keras  # noqa: E402
 
+from hostile_inputs import cached_tiny_vit as _tiny_model  # noqa: E402
+from hostile_inputs import bad_calls_test  # noqa: E402
+from hostile_inputs import killed_when_ready, wait_until  # noqa: E402
+
 import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
-from keras_vit.export import cli as export_cli  # noqa: E402
+from keras_vit.cli import export as export_cli  # noqa: E402
 from keras_vit.export import common, formats  # noqa: E402
 from keras_vit.export import memory as export_memory  # noqa: E402
 
@@ -798,10 +802,8 @@ def _alive(pid):
 
 
 def test_a_killed_export_leaves_no_staging_entry(tmp_path):
-    import signal
     import subprocess
     import sys
-    import time
 
     folder = tmp_path / "out"
     folder.mkdir()
@@ -810,19 +812,10 @@ def test_a_killed_export_leaves_no_staging_entry(tmp_path):
         [sys.executable, "-c", _EXPORT_THEN_WAIT, "onnx",
          str(folder / "m.onnx")], stdout=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        assert proc.stdout.readline().strip() == "staged"
+    with killed_when_ready(proc, "staged", timeout=60):
         assert len(os.listdir(folder)) == 2  # the staging directory
-        os.kill(proc.pid, signal.SIGKILL)  # no Python cleanup runs
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     # Removed, once the process is gone, by the watcher it started.
-    deadline = time.monotonic() + 20
-    while len(os.listdir(folder)) > 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: len(os.listdir(folder)) <= 1, poll=0.1)
     assert _leftovers(folder) == ["other.txt"]
 
 
@@ -959,3 +952,19 @@ def test_benchmark_bf16_rows(vit):
 
 # --------------------------------------------------------------------------
 
+
+
+# Bad arguments to export and to_onnx, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("export format", lambda: keras_vit.export.export(
+        _tiny_model(), "m.onnx", format="onx"), "format", "'onx'", "onnx"),
+    ("export quantization", lambda: keras_vit.export.to_onnx(
+        _tiny_model(), "m.onnx", quantization="in8"), "quantization",
+     "'in8'", "int8"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -291,7 +291,7 @@ def test_benchmark_runs_the_model_on_this_backend(tiny):
 def test_cli_export_from_this_backend(tiny, tmp_path, capsys):
     import argparse
 
-    from keras_vit.export import cli as export_cli
+    from keras_vit.cli import export as export_cli
 
     keras_file = str(tmp_path / "tiny.keras")
     tiny.save(keras_file)

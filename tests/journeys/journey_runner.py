@@ -96,9 +96,9 @@ def fake_fetch(url, *, sha256=None, cache_dir=None, progress=None,
                timeout=60.0, deadline=None):
     """Stands in for ``keras_vit.zoo.download.fetch``: a released file's
     URL gives a random checkpoint in that file's layout, once per URL."""
-    from keras_vit.zoo import download, registry
+    from keras_vit.zoo import download_cache, registry
 
-    path = download.cache_path_for(url, cache_dir)
+    path = download_cache.cache_path_for(url, cache_dir)
     if path.is_file():
         return path
     for name, records in registry.WEIGHTS.items():

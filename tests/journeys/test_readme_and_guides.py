@@ -103,18 +103,19 @@ class Snippet:
 PHOTO = "photo = journey.photo()\n"
 ZOO = "from keras_vit import zoo   # the page's first block\n"
 TINY_RUN = ", total_steps=2, batch_size=4, image_size=64)"
+# The README's training blocks, cut to two steps of four images.
+README_TWO_STEPS = (("total_steps=500)", "total_steps=2, batch_size=4)"),
+                    ("steps_per_epoch=500", "steps_per_epoch=2"))
 
 SNIPPETS = {
     ("README.md", "import keras_vit"): Snippet(
-        subs=(("total_steps=500)", "total_steps=2, batch_size=4)"),
-              ("steps_per_epoch=500", "steps_per_epoch=2")),
+        subs=README_TWO_STEPS,
         setup="train_ds = journey.dataset(384, 10)\n",
         expect=("model.output_shape == (None, 10)",
                 "model.optimizer.iterations.numpy() == 2")),
     ("README.md", "from keras_vit import analysis, export, train, zoo"):
         Snippet(
-            subs=(("total_steps=500)", "total_steps=2, batch_size=4)"),
-                  ("steps_per_epoch=500", "steps_per_epoch=2")),
+            subs=README_TWO_STEPS,
             setup=PHOTO + "journey.image_folder('pets')\n",
             expect=("rollout.shape[0] == 1",
                     "model.output_shape == (None, 37)",
@@ -746,6 +747,20 @@ def _report(result):
             f"\n--- stderr ---\n{result['stderr']}")
 
 
+def _check_ran(results, job):
+    """The job of id ``job`` in ``results`` passed; else its report."""
+    result = results[job]
+    assert result["ok"], _report(result)
+
+
+def _blocks_run(where):
+    """Parametrizes a test over the doc blocks that run ``where`` (see
+    ``SNIPPETS``), each named by its job id."""
+    return pytest.mark.parametrize(
+        "key", [k for k, s in SNIPPETS.items() if s.where == where],
+        ids=_job_id)
+
+
 # In the base install: the numbers of the analysis work, a figure stops
 # with one line naming matplotlib and the pip command.
 FIGURES_WITHOUT_MATPLOTLIB = """\
@@ -770,11 +785,9 @@ FIGURES_JOB = {"id": "figures without matplotlib", "cwd": "figures",
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [k for k, s in SNIPPETS.items()
-                                 if s.where == "venv"], ids=_job_id)
+@_blocks_run("venv")
 def test_doc_block_runs_on_the_readme_install(venv_results, key):
-    result = venv_results[_job_id(key)]
-    assert result["ok"], _report(result)
+    _check_ran(venv_results, _job_id(key))
 
 
 @pytest.mark.slow
@@ -782,8 +795,7 @@ def test_doc_block_runs_on_the_readme_install(venv_results, key):
                                  COMMANDS.items() for cmd in table],
                          ids=lambda d: f"{d[0]}: {d[1]}")
 def test_doc_command_runs_on_the_readme_install(venv_results, cmd):
-    result = venv_results[f"{cmd[0]}: {cmd[1]}"]
-    assert result["ok"], _report(result)
+    _check_ran(venv_results, f"{cmd[0]}: {cmd[1]}")
 
 
 @pytest.mark.slow
@@ -803,16 +815,13 @@ def test_hub_blocks_went_through_the_hub(venv_results, hub):
 
 @pytest.mark.slow
 def test_figures_name_matplotlib_on_the_readme_install(venv_results):
-    result = venv_results["figures without matplotlib"]
-    assert result["ok"], _report(result)
+    _check_ran(venv_results, "figures without matplotlib")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [k for k, s in SNIPPETS.items()
-                                 if s.where == "suite"], ids=_job_id)
+@_blocks_run("suite")
 def test_doc_block_with_an_extra_runs(suite_results, key):
-    result = suite_results[_job_id(key)]
-    assert result["ok"], _report(result)
+    _check_ran(suite_results, _job_id(key))
 
 
 @pytest.mark.slow
@@ -820,13 +829,10 @@ def test_inspect_draws_its_figures_with_matplotlib(suite_results):
     pytest.importorskip("matplotlib")
     (doc, table), = WITH_MATPLOTLIB.items()
     (cmd,) = table
-    result = suite_results[f"{doc}: {cmd}"]
-    assert result["ok"], _report(result)
+    _check_ran(suite_results, f"{doc}: {cmd}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [k for k, s in SNIPPETS.items()
-                                 if s.where == "jax"], ids=_job_id)
+@_blocks_run("jax")
 def test_doc_block_on_jax_runs(jax_results, key):
-    result = jax_results[_job_id(key)]
-    assert result["ok"], _report(result)
+    _check_ran(jax_results, _job_id(key))

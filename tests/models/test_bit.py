@@ -14,13 +14,16 @@ import pytest
 
 import official
 from conftest import count_params
+from flax_init import check_init as _check_init
+from hostile_inputs import bad_calls_test
+import keras_vit
 
 from keras_vit.models.resnet_v2 import (BIT_DEPTHS, BIT_VARIANTS,
                                         PreActBottleneck, ResNetV2, resnet_v2)
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.layers import StdConv2D
 from keras_vit.zoo import bit_layout
-from keras_vit.zoo.convert import CheckpointError
+from keras_vit.zoo.checkpoints import CheckpointError
 
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends
@@ -549,3 +552,25 @@ def test_feature_model_gives_stage_outputs_and_pre_logits():
         to_numpy(staged(x)["stage_3"]), atol=1e-6)
     with pytest.raises(ValueError, match="available: .*stage_1"):
         keras_vit.models.feature_model(model, "tokens")
+
+
+# Initialisation equals big_transfer's in distribution (tests/flax_init.py).
+def test_bit_init_matches_big_transfer():
+    keras.utils.set_random_seed(0)
+    model = keras_vit.models.resnet_v2(32, (1, 1, 1, 1), 1, 10)
+    kinds = _check_init(model)
+    assert "root_conv/kernel" in kinds and "stage_unit/proj/kernel" in kinds
+
+
+# Bad arguments to the BiT builder, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("resnet_v2 pooling", lambda: keras_vit.models.resnet_v2(
+        32, (1, 1, 1, 1), 0.5, 10, include_top=False, pooling="average"),
+     "pooling", "'average'", "avg"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

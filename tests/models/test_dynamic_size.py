@@ -89,6 +89,30 @@ def test_a_tensorflow_graph_refuses_it_at_run_time():
         run(tf.zeros((1, 30, 32, 3)))
 
 
+def test_a_tensorflow_graph_resizes_the_table_as_loading_does():
+    """Differential, the graph's branch of the resize (a grid of scalar
+    tensors, known only at run time): the table equals the one a
+    checkpoint loaded at that grid gets (NumPy, float64), to float32
+    rounding."""
+    import tensorflow as tf
+
+    from keras_vit.zoo import convert
+
+    model = _randomised(vit(image_size=32, dynamic_image_size=True, **TINY))
+    layer = model.get_layer("position_embedding")
+    scalar = tf.TensorSpec((), tf.int32)
+    table = tf.function(layer.table, input_signature=[(scalar, scalar)])
+    bound = 4 * np.finfo("float32").eps * np.abs(
+        to_numpy(layer.pos_embedding)).max()
+    for grid in ((3, 5), (8, 2), (1, 1), (4, 4)):
+        fixed = vit(image_size=(8 * grid[0], 8 * grid[1]), **TINY)
+        convert.load_weights(fixed, convert.export_arrays(model))
+        np.testing.assert_allclose(
+            table((tf.constant(grid[0]), tf.constant(grid[1]))).numpy(),
+            to_numpy(fixed.get_layer("position_embedding").table()),
+            rtol=0, atol=bound, err_msg=str(grid))
+
+
 @pytest.mark.parametrize("build,message", [
     (lambda: vit(image_size=32, position_embedding="relative",
                  dynamic_image_size=True, **TINY), "relative"),

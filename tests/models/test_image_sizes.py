@@ -104,3 +104,33 @@ def test_image_sizes_rule():
         assert ImageSizes.from_json(sizes.to_json()) == sizes
         assert all(sizes.refusal((1,) + hw + (3,))
                    for hw in sizes.refused_examples())
+
+
+@pytest.mark.parametrize("image_size", [10**6, (32, 10**6), 4097])
+@pytest.mark.parametrize("builder", ["vit", "axial_vit", "resnet_v2"])
+def test_builders_cap_the_image_size(builder, image_size):
+    """A side past MAX_IMAGE_SIDE is refused in one line naming
+    ``image_size``, before any memory estimate or layer: ``(32, 10**6)``
+    once built a 500k-token model."""
+    from keras_vit.base.limits import MAX_IMAGE_SIDE
+    from keras_vit.models.resnet_v2 import resnet_v2
+
+    build = {"vit": lambda: keras_vit.vit(**dict(TINY, image_size=image_size)),
+             "axial_vit": lambda: keras_vit.axial_vit(
+                 **dict(TINY, image_size=image_size)),
+             "resnet_v2": lambda: resnet_v2(image_size, (1, 1, 1, 1), 1, 3)}
+    with pytest.raises(ValueError) as info:
+        build[builder]()
+    message = str(info.value)
+    assert message == (f"image_size must be at most {MAX_IMAGE_SIDE} pixels "
+                       f"a side; received image_size={image_size!r}")
+    assert "\n" not in message
+
+
+def test_the_largest_side_is_taken():
+    from keras_vit.base.limits import MAX_IMAGE_SIDE
+    from keras_vit.layers.image_sizes import check_image_size
+
+    assert check_image_size((MAX_IMAGE_SIDE, 32)) == (MAX_IMAGE_SIDE, 32)
+    with pytest.raises(ValueError, match="image_size must be positive"):
+        check_image_size(0)

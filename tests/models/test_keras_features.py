@@ -91,6 +91,21 @@ def dense_layers(model):
                                   keras.layers.EinsumDense))]
 
 
+def changed_copy(model, feature, lora_b):
+    """A copy of ``model`` with ``feature``: "lora" (rank 2 on every dense
+    layer, every entry of B set to ``lora_b``, so that it changes the
+    numbers) or the quantization mode of that name."""
+    m = copy_of(model)
+    if feature == "lora":
+        for layer in dense_layers(m):
+            layer.enable_lora(2)
+            b = layer.lora_kernel_b
+            b.assign(np.full(b.shape, lora_b, "float32"))
+    else:
+        m.quantize(feature)
+    return m
+
+
 def relative_error(got, want):
     return float(np.max(np.abs(np.asarray(got) - want))
                  / np.max(np.abs(want)))
@@ -199,14 +214,7 @@ def test_trainable_flags_change_no_number(floats):
 def test_keras_file_round_trip_keeps_the_feature(floats, feature, tmp_path):
     x = images()
     for family, (model, _) in floats.items():
-        m = copy_of(model)
-        if feature == "lora":
-            for layer in dense_layers(m):
-                layer.enable_lora(2)
-                b = layer.lora_kernel_b
-                b.assign(np.full(b.shape, 0.01, "float32"))
-        else:
-            m.quantize(feature)
+        m = changed_copy(model, feature, 0.01)
         want = run(m, x)
         path = tmp_path / f"{family}_{feature}.keras"
         m.save(path)
@@ -257,14 +265,7 @@ def test_attention_maps_come_from_the_changed_model(floats, feature):
     from keras_vit.analysis import attention
 
     x = images(2)
-    m = copy_of(floats["vit"][0])
-    if feature == "lora":
-        for layer in dense_layers(m):
-            layer.enable_lora(2)
-            b = layer.lora_kernel_b
-            b.assign(np.full(b.shape, 0.02, "float32"))
-    else:
-        m.quantize(feature)
+    m = changed_copy(floats["vit"][0], feature, 0.02)
     want = run(m, x)
     assert relative_error(want, floats["vit"][1][:2]) > 1e-3
     scored = attention.attention_model(m)

@@ -102,15 +102,15 @@ def test_merge_equals_the_lora_model():
 
 @pytest.mark.filterwarnings("ignore:quantize\\(:UserWarning")
 def test_official_layout_asks_for_the_plain_model():
-    from keras_vit.zoo import convert
+    from keras_vit.zoo import checkpoints, convert
 
     model = _model()
     lora.enable_lora(model, rank=2, targets="mlp")
-    with pytest.raises(convert.CheckpointError, match="lora.merge"):
+    with pytest.raises(checkpoints.CheckpointError, match="lora.merge"):
         convert.export_arrays(model)
     assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel" in (
         convert.export_arrays(lora.merge(model)))
     quantized = _model()
     quantized.quantize("int8")
-    with pytest.raises(convert.CheckpointError, match="quantized by Keras"):
+    with pytest.raises(checkpoints.CheckpointError, match="quantized by Keras"):
         convert.export_arrays(quantized)

@@ -15,7 +15,7 @@ from keras_vit.cli.demo import load_digits_images
 from keras_vit.models import vit
 from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
 from keras_vit.models.vit import RelativePositionEmbedding
-from keras_vit.zoo import convert
+from keras_vit.zoo import checkpoints, convert, position_tables
 
 # Every accepted (kind, placement): "none" has nothing to place.
 COMBOS = [(k, p) for k in POSITION_EMBEDDINGS for p in PLACEMENTS
@@ -328,7 +328,7 @@ def test_loads_at_another_resolution(kind, placement):
     for key in tables:
         old, new = arrays[key], np.asarray(convert.model_variables(big)[key])
         if kind == "learned_1d":
-            np.testing.assert_allclose(new, convert.resize_posemb(old, (6, 6)),
+            np.testing.assert_allclose(new, position_tables.resize_posemb(old, (6, 6)),
                                        atol=1e-6)
         elif kind == "learned_2d":
             # Linear with aligned corners: ends kept, each column of the
@@ -349,7 +349,7 @@ def test_loads_at_another_resolution(kind, placement):
 
 def test_relative_table_shrinks_to_the_central_offsets():
     table = np.arange(2 * 9 - 1 + 1)[:, None, None] * np.ones((1, 2, 3))
-    got = convert.resize_relative_posemb(table, 4, num_prefix_tokens=1)
+    got = position_tables.resize_relative_posemb(table, 4, num_prefix_tokens=1)
     np.testing.assert_array_equal(got[:, 0, 0], list(range(5, 12)) + [17])
 
 
@@ -365,7 +365,7 @@ def test_zoo_load_with_another_image_size(tmp_path):
     for i in range(2):
         got = np.asarray(model.get_layer(f"position_embedding_{i}")
                          .pos_embedding_y)
-        want = convert.resize_posemb_axis(
+        want = position_tables.resize_posemb_axis(
             arrays[f"Transformer/encoderblock_{i}/posembed_input/"
                    "pos_embedding_y"], 8)
         np.testing.assert_allclose(got, want, atol=1e-6)
@@ -374,7 +374,7 @@ def test_zoo_load_with_another_image_size(tmp_path):
 def test_another_kind_is_an_error_naming_the_kind():
     _, arrays = _checkpoint("learned_1d", "stem")
     model = _tiny("learned_2d", "every_layer_shared")
-    with pytest.raises(convert.CheckpointError) as e:
+    with pytest.raises(checkpoints.CheckpointError) as e:
         convert.load_weights(model, arrays)
     msg = str(e.value)
     assert "position_embedding='learned_2d'" in msg
@@ -386,7 +386,7 @@ def test_a_table_that_cannot_be_resized_names_the_kind():
     _, arrays = _checkpoint("learned_1d", "every_layer", classifier="gap")
     key = "Transformer/encoderblock_1/posembed_input/pos_embedding"
     arrays[key] = arrays[key][:, :15]  # 15 tokens: no square grid
-    with pytest.raises(convert.CheckpointError) as e:
+    with pytest.raises(checkpoints.CheckpointError) as e:
         convert.load_weights(_tiny("learned_1d", "every_layer", "gap",
                                    image_size=24), arrays)
     assert f"{key} (position_embedding='learned_1d'" in str(e.value)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import count_params, tiny_builder_kwargs
+from flax_init import check_init as _check_init
+from hostile_inputs import TINY, bad_calls_test, tiny_vit as _vit
 
 import keras_vit
 from keras_vit import layers as vit_layers
@@ -244,3 +246,83 @@ def test_torch_adds_every_bias_inside_its_matmul():
     assert count.ops.get("aten.addmm") == 6, count.ops
     assert not count.ops.get("aten.mm") and not count.ops.get("aten.bmm"), \
         count.ops
+
+
+# ---------------------------------------------------------------------------
+# Initialisation equals the official one in distribution: what
+# vit_jax draws for each variable (tests/flax_init.py).
+# ---------------------------------------------------------------------------
+
+
+def test_vit_init_matches_flax_for_every_parameter_kind():
+    keras.utils.set_random_seed(0)
+    model = keras_vit.models.vit(
+        image_size=32, patch_size=4, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10, representation_size=32)
+    kinds = _check_init(model)
+    for kind in ("patch_embedding/conv/kernel", "class_token/cls",
+                 "position_embedding/pos_embedding", "pre_logits/kernel",
+                 "encoder_block/attention/query/kernel",
+                 "encoder_block/attention/out/kernel",
+                 "encoder_block/mlp/dense/bias", "encoder_norm/gamma",
+                 "head/kernel"):
+        assert kind in kinds, kind
+
+
+def test_hybrid_and_axial_init_match_flax():
+    keras.utils.set_random_seed(0)
+    hybrid = keras_vit.models.vit(
+        image_size=32, patch_size=1, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10,
+        resnet=dict(num_layers=(1,), width_factor=0.5))
+    kinds = _check_init(hybrid)
+    assert any(k.endswith("gn3/gamma") for k in kinds)
+    assert "resnet_root_conv/kernel" in kinds
+    axial = keras_vit.models.vit(
+        image_size=32, patch_size=4, hidden_size=64, num_layers=1,
+        num_heads=4, mlp_dim=128, num_classes=10, classifier="gap",
+        attention="axial")
+    kinds = _check_init(axial)
+    assert "axial_block/column/attention/value/kernel" in kinds
+
+
+# A correctness bug of the audit: GAP models have no class token to pool.
+def test_gap_classifier_refuses_token_pooling():
+    with pytest.raises(ValueError, match=r"pooling='token'.*classifier='gap'"):
+        keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                             pooling="token"))
+    model = keras_vit.vit(**dict(TINY, classifier="gap", include_top=False,
+                                 pooling="gap"))
+    assert tuple(model.output_shape) == (None, 32)
+
+
+# Bad arguments to the ViT builder, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("vit classifier", lambda: _vit(classifier="tokn"),
+     "classifier", "'tokn'", "token"),
+    ("vit pooling", lambda: _vit(include_top=False, pooling="tokn"),
+     "pooling", "'tokn'", "token"),
+    ("vit dtype", lambda: _vit(dtype="flaot32"), "dtype", "'flaot32'",
+     "float32"),
+    ("vit gelu", lambda: _vit(gelu="tahn"), "gelu", "'tahn'", "tanh"),
+    ("vit attention", lambda: _vit(attention="axail"), "attention",
+     "'axail'", "axial"),
+    ("vit position_embedding", lambda: _vit(position_embedding="learned1d"),
+     "position_embedding", "'learned1d'", "learned_1d"),
+    ("vit placement", lambda: _vit(position_embedding_placement="every"),
+     "position_embedding_placement", "'every'", "every_layer"),
+    ("vit num_layers", lambda: _vit(num_layers=-1), "num_layers", "-1",
+     "a non-negative integer"),
+    ("vit hidden_size", lambda: _vit(hidden_size=2.5), "hidden_size", "2.5",
+     "a positive integer"),
+    ("vit dropout_rate", lambda: _vit(dropout_rate=1.5), "dropout_rate",
+     "1.5", "[0, 1)"),
+    ("vit misspelt keyword", lambda: _vit(num_clases=3), "keyword argument",
+     "'num_clases'", "num_classes"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -94,6 +94,18 @@ def test_forget_deferred_variables():
     assert all(v is not variable for v in pending)
 
 
+def test_quantization_modes():
+    modes = _call(compat.quantization_modes, ("int8",))
+    assert {"int8", "int4", "float8"} <= set(modes)
+
+
+def test_should_quantize_layer():
+    model = _tiny()
+    hidden = model.get_layer("hidden")
+    assert _call(compat.should_quantize_layer, hidden, None) is True
+    assert _call(compat.should_quantize_layer, hidden, "^out$") is False
+
+
 def test_patch_numpy_product():
     had = hasattr(np, "product")
     _call(compat.patch_numpy_product)

@@ -64,6 +64,38 @@ def test_cpuinfo_is_parsed(tmp_path):
     assert {"amx_bf16", "avx2"} <= flags and "something" not in flags
     assert hardware._read_cpuinfo(str(tmp_path / "missing")) == (
         frozenset(), "")
+    fields = hardware.cpu_fields(str(info))
+    assert fields["model name"] == "Test CPU 9000"
+    assert fields["processor"] == "0"  # the first processor's
+    assert hardware.cpu_fields(str(tmp_path / "missing")) == {}
+
+
+def test_proc_files_are_read_in_one_place(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\tx kB\n")
+    assert hardware.proc_text(str(status)).startswith("Name:")
+    assert hardware.proc_text(str(tmp_path / "missing")) is None
+    assert hardware.proc_bytes(str(status), "VmHWM") == 2 << 20
+    assert hardware.proc_bytes(str(status), "VmRSS") is None
+    assert hardware.proc_bytes(str(status), "VmPeak") is None
+    assert hardware.proc_bytes(str(tmp_path / "missing"), "VmHWM") is None
+    # This machine's own, where there is a /proc (Linux).
+    if hardware.cpu_fields():
+        assert hardware.memory_total() >= hardware.available_memory() > 0
+        assert hardware.peak_resident_memory() >= (
+            hardware.resident_memory() > 0)
+
+
+def test_cpu_flags_honour_the_override(monkeypatch):
+    from keras_vit.train import distribute
+
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2, amx_bf16")
+    assert hardware.cpu_flags() == {"avx2", "amx_bf16"}
+    assert distribute.cpu_has_bf16()
+    monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", "avx2")
+    assert not distribute.cpu_has_bf16()
+    monkeypatch.delenv("KERAS_VIT_CPU_FLAGS")
+    assert hardware.cpu_flags() == hardware._read_cpuinfo()[0]
 
 
 def test_environment_forces_a_machine(monkeypatch):

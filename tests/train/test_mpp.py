@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 
+from hostile_inputs import bad_calls_test
 import keras
 import keras_vit
 from keras_vit import cli
@@ -496,3 +497,18 @@ def test_cli_pretrain_errors_are_one_line(tmp_path, image_tree, capsys):
         lines = [line for line in capsys.readouterr().err.splitlines()
                  if line.startswith("keras-vit: error:")]
         assert len(lines) == 1 and needle in lines[0], (argv, lines)
+
+
+# Bad arguments to the masked patch prediction objective, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("mpp target", lambda: kt.mpp.check_target("mean-colour"), "target",
+     "'mean-colour'", "mean_color"),
+    ("mpp objective", lambda: kt.mpp.check_objective("mppp"), "objective",
+     "'mppp'", "mpp"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

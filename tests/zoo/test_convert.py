@@ -7,6 +7,10 @@ import scipy.ndimage
 
 import official
 from conftest import TINY, tiny_builder_kwargs
+from hostile_inputs import cached_tiny_vit as _tiny_model
+from hostile_inputs import bad_calls_test
+from hostile_inputs import one_error_line as _one_error_line
+from hostile_inputs import tiny as _tiny
 
 import keras_vit
 from keras_vit import zoo
@@ -41,6 +45,38 @@ def test_resize_posemb_matches_scipy_zoom(old_grid, new_grid, prefix):
     assert got.shape == (1, prefix + new_grid[0] * new_grid[1], d)
     np.testing.assert_array_equal(got[0, :prefix], posemb[0, :prefix])
     np.testing.assert_allclose(got[0, prefix:], want, atol=1e-6, rtol=0)
+
+
+def _table_model(grid, kind, dynamic=False):
+    return keras_vit.models.vit(
+        image_size=(8 * grid[0], 8 * grid[1]), patch_size=8, hidden_size=16,
+        num_layers=1, num_heads=2, mlp_dim=32, num_classes=3,
+        position_embedding=kind, dynamic_image_size=dynamic)
+
+
+@pytest.mark.parametrize("kind", ["learned_1d", "learned_2d"])
+@pytest.mark.parametrize("old_grid,new_grid", [
+    ((4, 4), (6, 6)), ((24, 24), (14, 14)), ((14, 14), (37, 37)),
+    ((5, 5), (3, 8)), ((4, 4), (1, 1)), ((1, 3), (4, 5))])
+def test_loading_and_a_dynamic_size_resize_a_table_alike(kind, old_grid,
+                                                         new_grid):
+    """Differential: a checkpoint's position table loaded into a model of
+    another grid (NumPy, float64) and a dynamic-size model's table resized
+    for an input of that grid (keras.ops) are the same table, to float32
+    rounding: both are keras_vit.layers.embeddings.resize_axis."""
+    dynamic = _table_model(old_grid, kind, dynamic=True)
+    rng = np.random.default_rng(0)
+    for w in dynamic.weights:
+        w.assign(rng.normal(0, 3, w.shape).astype("float32"))
+    fixed = _table_model(new_grid, kind)
+    convert.load_weights(fixed, convert.export_arrays(dynamic),
+                         source_grid=old_grid)
+    loaded = to_numpy(fixed.get_layer("position_embedding").table())
+    resized = to_numpy(dynamic.get_layer("position_embedding").table(new_grid))
+    scale = max(np.abs(to_numpy(w)).max() for w in
+                dynamic.get_layer("position_embedding").weights)
+    np.testing.assert_allclose(resized, loaded, rtol=0,
+                               atol=4 * np.finfo("float32").eps * scale)
 
 
 def test_all_layouts_load_identically(tmp_path):
@@ -175,3 +211,54 @@ def test_gn_like_key_normalisation_is_idempotent():
     once = convert.normalize_keys(arrays)
     assert convert.normalize_keys(once).keys() == once.keys()
     assert "Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias" in once
+
+
+# Declared shapes are bounded before any allocation: the model's depth
+# bounds a checkpoint's stack of blocks.
+def test_compressed_stack_of_many_blocks_is_bounded_by_the_model(tmp_path):
+    import time
+
+    # 10**6 rows of zeros deflate to ~4 KB: the header is honest, the depth
+    # is not; the model's depth bounds it before any slice is made.
+    path = tmp_path / "deep.npz"
+    np.savez_compressed(
+        path, **{"Transformer/encoderblock/LayerNorm_0/scale":
+                 np.zeros((10 ** 6, 1), "float32")})
+    start = time.perf_counter()
+    with pytest.raises(keras_vit.zoo.CheckpointError,
+                       match="stacks 1000000 encoder blocks; the model has 1"):
+        keras_vit.zoo.load_weights(_tiny(), str(path))
+    assert time.perf_counter() - start < 5.0
+
+
+def test_directories_where_a_file_belongs(tmp_path, capsys):
+    from keras_vit import cli, zoo
+
+    model = _tiny()
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        zoo.save_npz(model, tmp_path)
+    assert [p.name for p in tmp_path.parent.iterdir()
+            if ".partial" in p.name] == []  # nothing written beside it
+    with pytest.raises(zoo.CheckpointError, match="is a directory, not an"):
+        zoo.load_weights(model, tmp_path)
+    with pytest.raises(IsADirectoryError, match=r"weights=.* is a directory"):
+        zoo.load("ViT-Ti/16", weights=str(tmp_path), image_size=16)
+    zoo.save_npz(model, tmp_path / "w.npz")
+    (tmp_path / "out.keras").mkdir()
+    assert cli.main(["convert", str(tmp_path / "w.npz"), "-m", "ViT-Ti/16",
+                     "--image-size", "16", "-o",
+                     str(tmp_path / "out.keras")]) == 2
+    assert "is a directory; pass a file name" in _one_error_line(capsys)
+
+
+# Bad arguments to save_npz, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("save_npz to a folder", lambda: zoo.save_npz(_tiny_model(), "."),
+     "path", "'.'", "weights.npz"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -201,8 +201,10 @@ def _event(name):
 
 
 def _outcome(load, where):
-    """Runs ``load``; passes for Built or one of the package's errors
-    naming ``where``."""
+    """Runs ``load``; passes for Built or a refusal (CheckpointError,
+    ValueError, OSError) naming ``where`` in one line. A raw KeyError,
+    TypeError or AttributeError (a reader that trusted a field's presence
+    or type) fails, as does loading without reaching the build step."""
     from keras_vit.zoo import CheckpointError
 
     try:
@@ -211,12 +213,13 @@ def _outcome(load, where):
         _event("built")
         return "built"
     except (CheckpointError, ValueError, OSError) as e:
-        if isinstance(e, (KeyError, AttributeError)):
-            raise
         assert str(where) in str(e), f"{type(e).__name__}: {e}"
         assert "\n" not in str(e).strip(), str(e)
         _event(f"refused: {type(e).__name__}")
         return type(e).__name__
+    except (KeyError, TypeError, AttributeError) as e:
+        raise AssertionError(f"a raw {type(e).__name__} instead of a refusal "
+                             f"naming {where}: {e!r}") from e
     raise AssertionError("loaded without reaching the build step")
 
 

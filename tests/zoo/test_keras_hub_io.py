@@ -14,7 +14,7 @@ keras_hub = pytest.importorskip("keras_hub")
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.base.errors import ConfigError, MissingDependencyError  # noqa: E402
-from keras_vit.zoo import convert, keras_hub_io  # noqa: E402
+from keras_vit.zoo import checkpoints, convert, keras_hub_io  # noqa: E402
 
 
 def _randomise(model, seed=0):
@@ -183,7 +183,7 @@ def test_zoo_load_other_directories_keep_their_errors(preset, tmp_path):
     with pytest.raises(ConfigError, match="class_name='DINOV2Backbone'"):
         zoo.load(str(tmp_path / "dino"))
     # As weights= for a name, its sizes must fit: refused naming the preset.
-    with pytest.raises(convert.CheckpointError) as info:
+    with pytest.raises(checkpoints.CheckpointError) as info:
         zoo.load("ViT-Ti/16", weights=str(preset))
     assert repr(str(preset)) in str(info.value)
 
@@ -232,6 +232,32 @@ def test_to_keras_hub_round_trip_through_a_preset(tmp_path, kw):
     np.testing.assert_allclose(np.asarray(again(x)), ours, atol=1e-5, rtol=0)
     back = zoo.from_keras_hub(tmp_path / "p")
     np.testing.assert_allclose(np.asarray(back(x)), ours, atol=1e-5, rtol=0)
+
+
+def test_the_input_normalisation_goes_to_keras_hub_and_back(tmp_path):
+    """A model trained on ImageNet-normalised inputs becomes a keras-hub
+    classifier whose image converter normalises so (its predict on [0, 255]
+    pixels is the model on normalised ones), and its preset loads back
+    into a model that records the same normalisation."""
+    from keras_vit.data.normalization import of_model
+
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    model = _randomise(keras_vit.vit(
+        image_size=32, patch_size=8, hidden_size=32, num_layers=1,
+        num_heads=2, mlp_dim=64, num_classes=3, gelu="exact",
+        input_normalization="imagenet"), seed=4)
+    hub = zoo.to_keras_hub(model)
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3))
+    pixels = np.round(pixels).astype("float32")
+    np.testing.assert_allclose(
+        hub.predict(pixels, verbose=0),
+        np.asarray(model(of_model(model)(pixels))), atol=1e-4, rtol=0)
+    hub.save_to_preset(str(tmp_path / "p"))
+    back = zoo.from_keras_hub(tmp_path / "p")
+    np.testing.assert_allclose(of_model(back).mean, imagenet["mean"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(of_model(back).std, imagenet["std"],
+                               rtol=1e-5)
 
 
 def test_label_names_go_to_keras_hub_and_back(tmp_path):
@@ -325,7 +351,8 @@ BAD_CONFIGS = [
     ("task.json", "num_classes", -1),
     ("task.json", "pooling", "max"),
     ("task.json", "activation", "relu"),
-    ("image_converter.json", "scale", 1 / 255),
+    ("image_converter.json", "scale", -1 / 255),
+    ("image_converter.json", "offset", [0.0, 1.0]),
 ]
 
 
@@ -370,7 +397,7 @@ def test_other_classes_and_settings_are_refused(preset, tmp_path):
         zoo.from_keras_hub(tmp_path / "c")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "config.json").write_text("[1, 2]")
-    with pytest.raises(convert.CheckpointError, match="not an object"):
+    with pytest.raises(checkpoints.CheckpointError, match="not an object"):
         zoo.from_keras_hub(tmp_path / "d")
 
 
@@ -381,7 +408,7 @@ def test_weights_that_disagree_are_listed_naming_the_file(preset, tmp_path):
         data["config"].update(hidden_dim=64, num_layers=3)
 
     _edit(preset, tmp_path / "wide", "config.json", wider)
-    with pytest.raises(convert.CheckpointError) as info:
+    with pytest.raises(checkpoints.CheckpointError) as info:
         zoo.from_keras_hub(tmp_path / "wide")
     message = str(info.value)
     assert str(tmp_path / "wide" / "model.weights.h5") in message
@@ -394,7 +421,7 @@ def test_weights_that_disagree_are_listed_naming_the_file(preset, tmp_path):
         shutil.copytree(preset, folder)
         with h5py.File(folder / "model.weights.h5", "a") as f:
             edit(f)
-        with pytest.raises(convert.CheckpointError) as info:
+        with pytest.raises(checkpoints.CheckpointError) as info:
             zoo.from_keras_hub(folder)
         assert str(folder / "model.weights.h5") in str(info.value)
         return str(info.value)
@@ -421,6 +448,6 @@ def test_weights_that_disagree_are_listed_naming_the_file(preset, tmp_path):
     shutil.copytree(preset, short)
     data = (short / "model.weights.h5").read_bytes()
     (short / "model.weights.h5").write_bytes(data[: len(data) // 2])
-    with pytest.raises(convert.CheckpointError) as info:
+    with pytest.raises(checkpoints.CheckpointError) as info:
         zoo.from_keras_hub(short)
     assert str(short / "model.weights.h5") in str(info.value)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from _fake_hub import FakeHub
-from keras_vit.zoo import download
+from keras_vit.zoo import download, download_cache
 
 UNREACHABLE = "http://127.0.0.1:9"
 OFFICIAL = "https://storage.googleapis.com/vit_models/test/"
@@ -55,11 +55,11 @@ def test_a_bucket_file_that_cannot_come_names_url_path_and_variable(
         monkeypatch.setenv("KERAS_VIT_OFFLINE", offline)
     url = OFFICIAL + "good.npz"
     start = time.monotonic()
-    with pytest.raises(download.DownloadError) as info:
+    with pytest.raises(download_cache.DownloadError) as info:
         download.fetch(url, progress=False, timeout=5)
     assert time.monotonic() - start < SOON
     _one_line_naming(str(info.value), UNREACHABLE + "/vit_models/test/good.npz",
-                     download.cache_path_for(url))
+                     download_cache.cache_path_for(url))
     assert "KERAS_VIT_MIRROR" in str(info.value)
     # The line is the whole story: no chained traceback under it.
     assert info.value.__cause__ is None
@@ -73,10 +73,10 @@ def test_the_readme_first_line_offline_is_one_line(unreachable, monkeypatch,
 
     if offline:
         monkeypatch.setenv("KERAS_VIT_OFFLINE", offline)
-    with pytest.raises(download.DownloadError) as info:
+    with pytest.raises(download_cache.DownloadError) as info:
         zoo.load("ViT-B/16", progress=False)
     _one_line_naming(str(info.value), UNREACHABLE + "/vit_models/",
-                     download.cache_path_for(B16))
+                     download_cache.cache_path_for(B16))
 
 
 def test_the_command_line_prints_the_one_line_without_a_traceback(
@@ -94,7 +94,7 @@ def test_the_command_line_prints_the_one_line_without_a_traceback(
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("keras-vit: error:"), err
     _one_line_naming(lines[0], UNREACHABLE + "/vit_models/",
-                     download.cache_path_for(B16))
+                     download_cache.cache_path_for(B16))
 
 
 def _hub_url(repo, name, endpoint=UNREACHABLE):
@@ -113,13 +113,13 @@ def test_an_unreachable_hub_fails_soon_quietly_in_one_line(
         monkeypatch.setenv(offline, "1")
     repo = "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"  # a real one's
     start = time.monotonic()
-    with pytest.raises(download.DownloadError) as info:
+    with pytest.raises(download_cache.DownloadError) as info:
         zoo.load(f"hf-hub:{repo}", progress=False)
     assert time.monotonic() - start < SOON
     # The config and the weights: every hf-hub: load needs both.
     base = _hub_url(repo, "")
     _one_line_naming(str(info.value), base,
-                     download.cache_path_for(base + "config.json"))
+                     download_cache.cache_path_for(base + "config.json"))
     assert "config.json and model.safetensors from" in str(info.value)
     assert f"hf-hub:{repo}" in str(info.value)
     # Whole on the command line, which cuts an error's line at 600.
@@ -136,19 +136,19 @@ def test_a_hub_file_placed_where_the_message_says_is_used(
     from keras_vit.zoo import hub_files
 
     repo = "timm/vit_placed"
-    with pytest.raises(download.DownloadError) as info:
+    with pytest.raises(download_cache.DownloadError) as info:
         hub_files.hub_download(repo, progress=False)
     message = str(info.value)
-    folder = download.cache_path_for(_hub_url(repo, "config.json")).parent
+    folder = download_cache.cache_path_for(_hub_url(repo, "config.json")).parent
     assert (f"config.json and model.safetensors from {UNREACHABLE}/{repo}/"
             f"resolve/main/ elsewhere and place them in {folder}/") in message
     for name in hub_files.HUB_FILES:
-        path = download.cache_path_for(_hub_url(repo, name))
+        path = download_cache.cache_path_for(_hub_url(repo, name))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"{}")
     monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
     assert hub_files.hub_download(repo, progress=False) == [
-        os.fspath(download.cache_path_for(_hub_url(repo, name)))
+        os.fspath(download_cache.cache_path_for(_hub_url(repo, name)))
         for name in hub_files.HUB_FILES]
 
 
@@ -164,7 +164,7 @@ def test_keras_vit_offline_keeps_the_hub_route_offline(tmp_path, monkeypatch):
         monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
         monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        with pytest.raises(download.OfflineError) as info:
+        with pytest.raises(download_cache.OfflineError) as info:
             hub_files.hub_download("timm/vit_here", progress=False)
         assert hub.asked == []
     assert "\n" not in str(info.value)
@@ -190,13 +190,13 @@ def test_a_cached_repository_with_only_the_pickle_names_both_files(
         '{"architecture": "vit_tiny_patch16_224", "num_classes": 3}')
     (snapshot / "pytorch_model.bin").write_bytes(b"\x80\x02 never read")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(download.DownloadError) as info:
+    with pytest.raises(download_cache.DownloadError) as info:
         zoo.load(f"hf-hub:{repo}", progress=False)
     message = str(info.value)
     assert "\n" not in message, message
     assert "model.safetensors" in message and "pytorch_model.bin" in message
     url = _hub_url(repo, "model.safetensors")
-    assert url in message and str(download.cache_path_for(url)) in message
+    assert url in message and str(download_cache.cache_path_for(url)) in message
 
 
 def test_an_unreachable_hub_leaves_its_cache_to_answer(tmp_path, monkeypatch):

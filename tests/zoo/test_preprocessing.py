@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tensorflow as tf
+from hostile_inputs import bad_calls_test
 from keras_vit import zoo
 
 
@@ -73,3 +74,30 @@ def test_decode_predictions():
         zoo.decode_predictions(np.zeros((1, 4)))
     with pytest.raises(ValueError, match="top=0"):
         zoo.decode_predictions(preds, top=0)
+
+
+def test_odd_inputs_to_preprocessing_and_labels():
+    from keras_vit import zoo
+
+    with pytest.raises(ValueError, match=r"height and width >= 1; received "
+                                         r"images of shape \(0, 8, 3\)"):
+        zoo.preprocess_input(np.zeros((0, 8, 3)), 16)
+    with pytest.raises(ValueError, match=r"labels has 2 names but preds "
+                                         r"have 10 classes; received "
+                                         r"labels=\['a', 'b'\]"):
+        zoo.decode_predictions(np.zeros((1, 10)), labels=["a", "b"])
+
+
+# Bad arguments to preprocess_input and decode_predictions, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("preprocess_input image_size", lambda: zoo.preprocess_input(
+        np.zeros((8, 8, 3)), 0), "image_size", "0", None),
+    ("decode_predictions top", lambda: zoo.decode_predictions(
+        np.zeros((1, 10)), top=0), "top", "0", None),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from keras_vit import zoo
-from keras_vit.zoo import convert, download
+from keras_vit.zoo import checkpoints, convert, download
 
 
 def _npz_body():
@@ -63,7 +63,7 @@ def test_checkpoint_loading_shows_a_progress_bar(capsys, monkeypatch):
     # The same load counted as big (the threshold is 256 MiB) on a
     # terminal-less stderr: progress=True forces the bar.
     pairs = list(convert.model_variables(model).items())
-    convert.assign_all([(v, arrays[k]) for k, v in pairs], "'ckpt.npz'",
+    checkpoints.assign_all([(v, arrays[k]) for k, v in pairs], "'ckpt.npz'",
                        progress=True)
     err = capsys.readouterr().err
     assert "loading 'ckpt.npz'" in err and "100%" in err

@@ -288,32 +288,32 @@ def _randomised(model):
 
 
 def test_rebuild_resizes_a_table_of_another_grid_with_as_many_patches():
-    from keras_vit.zoo import convert
+    from keras_vit.zoo import position_tables
 
     model = _randomised(keras_vit.vit(image_size=32, **_TINY))
     tall = rebuild(model, image_size=(64, 16))
     assert tall.grid_size == (8, 2)
     table = model.get_layer("position_embedding").pos_embedding.numpy()
-    want = convert.resize_posemb(table, (8, 2), 1, old_grid=(4, 4))
+    want = position_tables.resize_posemb(table, (8, 2), 1, old_grid=(4, 4))
     got = tall.get_layer("position_embedding").pos_embedding.numpy()
     np.testing.assert_allclose(got, want, atol=1e-6)
     # And back again: the 8x2 table is not square, its grid comes along.
     square = rebuild(tall, image_size=32)
-    back = convert.resize_posemb(got, (4, 4), 1, old_grid=(8, 2))
+    back = position_tables.resize_posemb(got, (4, 4), 1, old_grid=(8, 2))
     np.testing.assert_allclose(
         square.get_layer("position_embedding").pos_embedding.numpy(), back,
         atol=1e-6)
 
 
 def test_a_square_checkpoint_is_resized_into_a_grid_of_as_many_patches():
-    from keras_vit.zoo import convert
+    from keras_vit.zoo import convert, position_tables
 
     square = _randomised(keras_vit.vit(image_size=32, **_TINY))
     arrays = convert.export_arrays(square)
     tall = keras_vit.vit(image_size=(64, 16), **_TINY)
     report = convert.load_weights(tall, arrays)
     assert report["resized_posemb"] == (16, 16)
-    want = convert.resize_posemb(arrays[convert.POSEMB_KEY], (8, 2), 1)
+    want = position_tables.resize_posemb(arrays[convert.POSEMB_KEY], (8, 2), 1)
     np.testing.assert_allclose(
         tall.get_layer("position_embedding").pos_embedding.numpy(), want,
         atol=1e-6)

@@ -16,6 +16,7 @@ pytest.importorskip("safetensors")
 from timm.models import save_for_hf  # noqa: E402
 
 from keras_vit import zoo  # noqa: E402
+from keras_vit.data.normalization import of_model  # noqa: E402
 
 CLASSES = 5
 # timm architecture -> (image size, patch size, what keras_vit builds).
@@ -101,7 +102,8 @@ def test_imagenet_normalised_deit_loads_and_keeps_its_normalisation(
     theirs.pretrained_cfg = dict(theirs.pretrained_cfg, **IMAGENET)
     save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
     ours = zoo.load(str(tmp_path / "repo"))
-    normalisation = ours.zoo_input_normalization
+    normalisation = of_model(ours).to_config()
+    assert ours.get_config()["input_normalization"] == normalisation
     np.testing.assert_allclose(normalisation["mean"], IMAGENET["mean"])
     np.testing.assert_allclose(normalisation["std"], IMAGENET["std"])
     x = _images(32)

@@ -15,6 +15,8 @@ import keras  # noqa: E402
 
 from keras_vit import zoo  # noqa: E402
 from _fake_hub import FakeHub, run_against_hub  # noqa: E402
+from hostile_inputs import TENSOR as _TENSOR  # noqa: E402
+from hostile_inputs import safetensors as _safetensors  # noqa: E402
 
 ARCH = "vit_tiny_patch16_224"
 SIZE = 32
@@ -318,3 +320,53 @@ def test_unsupported_timm_hybrids_are_refused(tmp_path):
                         "std": [0.5] * 3})))
     with pytest.raises(ValueError, match="backbone.extra.weight"):
         zoo.load(str(path))
+
+
+# Hostile timm configs: refused naming the file and the field.
+@pytest.mark.parametrize("text, needle", [
+    ("[1, 2, 3]", "config.json is a JSON list, not an object"),
+    ("[" * 100000 + "]" * 100000, "config.json is nested too deeply"),
+    (b"\xff\xfe{", "config.json is not UTF-8 text"),
+    ('{"architecture": ', "config.json is not valid JSON"),
+    ('{"architecture": 5}', "field architecture: expected a string; "
+                            "received architecture=5"),
+    ('{"pretrained_cfg": "x"}', "field pretrained_cfg: expected a JSON "
+                                "object; received pretrained_cfg='x'"),
+    ('{"pretrained_cfg": {"input_size": "224"}}',
+     "field pretrained_cfg.input_size: expected a size in pixels"),
+    ('{"pretrained_cfg": {"input_size": [3, 1000000, 1000000]}}',
+     "received pretrained_cfg.input_size=[3, 1000000, 1000000]"),
+    ('{"pretrained_cfg": {"mean": "abc"}}',
+     "field pretrained_cfg.mean: expected a list of 3 numbers"),
+    ('{"model_args": [1]}', "field model_args: expected a JSON object"),
+    ('{"model_args": {"img_size": true}}', "field model_args.img_size"),
+    ('{"num_classes": "3"}', "field num_classes: expected an integer in "
+                             "[0, 1000000]; received num_classes='3'"),
+    ('{"label_names": {"a": 1}}', "field label_names: expected a list of "
+                                  "strings"),
+])
+def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
+                                                        needle):
+    from keras_vit.base.errors import ConfigError
+    from keras_vit.zoo import timm_hub
+
+    _safetensors(tmp_path / "model.safetensors", {"w": _TENSOR})
+    config = tmp_path / "config.json"
+    (config.write_bytes if isinstance(text, bytes) else config.write_text)(
+        text)
+    with pytest.raises(ConfigError) as info:
+        timm_hub.fetch(str(tmp_path))
+    assert str(info.value).startswith(str(config))
+    assert needle in str(info.value)
+
+
+def test_an_oversized_timm_config_is_refused_before_reading(tmp_path,
+                                                            monkeypatch):
+    from keras_vit.base.errors import ConfigError
+    from keras_vit.zoo import timm_hub
+
+    monkeypatch.setattr(timm_hub, "MAX_CONFIG_BYTES", 1000)
+    config = tmp_path / "config.json"
+    config.write_text('{"label_names": ["' + "x" * 2000 + '"]}')
+    with pytest.raises(ConfigError, match="is 2021 bytes; a timm config"):
+        timm_hub.read_config(config)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from keras_vit import zoo  # noqa: E402
-from keras_vit.zoo import convert  # noqa: E402
+from keras_vit.zoo import checkpoints  # noqa: E402
 from _fake_hub import FakeHub, run_against_hub  # noqa: E402
 
 SIZE = 32
@@ -117,7 +117,7 @@ def test_weights_file_for_a_vit_name(classifier_repo, tmp_path):
     # of other sizes lists the mis-shaped tensors.
     weights = str(_copy(path, tmp_path / "lone", "model.safetensors")
                   / "model.safetensors")
-    with pytest.raises(convert.CheckpointError, match="mis-shaped") as info:
+    with pytest.raises(checkpoints.CheckpointError, match="mis-shaped") as info:
         zoo.load("ViT-Ti/8", weights=weights)
     assert weights in str(info.value)
     model = zoo.load("ViT-Ti/8", weights=weights, hidden_size=32, mlp_dim=64,
@@ -175,7 +175,7 @@ def test_absurd_config_is_refused_before_allocation(classifier_repo,
     (big / "config.json").write_text(json.dumps(
         dict(config, hidden_size=4096, intermediate_size=16384,
              num_attention_heads=16, num_hidden_layers=48)))
-    with pytest.raises(convert.CheckpointError) as info:
+    with pytest.raises(checkpoints.CheckpointError) as info:
         zoo.load(str(big))
     message = str(info.value)
     assert "missing" in message and "mis-shaped" in message
@@ -196,7 +196,7 @@ def test_missing_and_extra_tensors_listed_together(classifier_repo,
     state["classifier.bias"] = np.zeros((4,), "float32")
     bad = _copy(path, tmp_path / "bad", "config.json")
     save_file(state, str(bad / "model.safetensors"))
-    with pytest.raises(convert.CheckpointError) as info:
+    with pytest.raises(checkpoints.CheckpointError) as info:
         zoo.load(str(bad))
     message = str(info.value)
     for part in ("vit.layernorm.weight", "vit.embeddings.mask_token",
@@ -247,27 +247,44 @@ def test_hf_hub_repo_with_only_pytorch_model_bin_is_refused(
     assert not any("pytorch_model.bin" in p for p in hub.asked)
 
 
-def test_preprocessor_other_than_the_official_range_is_refused(
+def test_the_preprocessors_normalisation_travels_with_the_model(
         classifier_repo, tmp_path):
     """A preprocessor_config.json asking for ImageNet's mean/std (DeiT-style
-    files in the ViT layout) is refused naming the file and the fields; the
-    official mean 0.5 / std 0.5 loads."""
+    files in the ViT layout) loads into a model that records it (and
+    feeds itself so through zoo.preprocess_input, the pipelines and the
+    exporters); a written copy says it again. A preprocessor that does not
+    normalise, or a std of 0, is refused naming the file and field; the
+    official mean 0.5 / std 0.5 loads as the default."""
+    from keras_vit.data.normalization import of_model
+
     path, expected = classifier_repo
     folder = _copy(path, tmp_path / "imagenet_norm")
     pre = folder / "preprocessor_config.json"
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     pre.write_text(json.dumps({
         "do_normalize": True, "do_rescale": True,
-        "image_mean": [0.485, 0.456, 0.406],
-        "image_std": [0.229, 0.224, 0.225]}))
-    with pytest.raises(convert.CheckpointError,
-                       match="image_mean=.*image_std=") as info:
+        "image_mean": imagenet["mean"], "image_std": imagenet["std"]}))
+    model = zoo.load(str(folder))
+    assert model.get_config()["input_normalization"] == imagenet
+    np.testing.assert_allclose(np.asarray(model(_images())), expected,
+                               atol=1e-5, rtol=0)
+    zoo.save_pretrained(model, tmp_path / "back", layout="transformers")
+    written = json.loads(
+        (tmp_path / "back" / "preprocessor_config.json").read_text())
+    assert (written["image_mean"], written["image_std"]) == (
+        imagenet["mean"], imagenet["std"])
+    assert of_model(zoo.load(str(tmp_path / "back"))).to_config() == imagenet
+    pre.write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0] * 3}))
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"image_mean/image_std\['std'\] must be "
+                       "positive") as info:
         zoo.load(str(folder))
     assert str(pre) in str(info.value)
     pre.write_text(json.dumps({"do_normalize": False}))
-    with pytest.raises(convert.CheckpointError, match="do_normalize=False"):
+    with pytest.raises(checkpoints.CheckpointError, match="do_normalize=False"):
         zoo.load(str(folder))
     pre.write_text("[1, 2]")
-    with pytest.raises(convert.CheckpointError, match="not an object"):
+    with pytest.raises(checkpoints.CheckpointError, match="not an object"):
         zoo.load(str(folder))
     pre.write_text(json.dumps({"image_mean": [0.5, 0.5, 0.5],
                                "image_std": [0.5, 0.5, 0.5],

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import official
+from hostile_inputs import bad_calls_test
 
 import keras_vit
 from keras_vit import zoo
@@ -384,3 +385,35 @@ def test_a_released_head_names_its_classes(mirror):
     assert source == "imagenet2012" and rows[0][0] == "n01440764"
     assert zoo.load("ViT-Ti/16", weights="augreg", image_size=224,
                     num_classes=10).label_names is None
+
+
+# Bad arguments to zoo.load, zoo.labels and zoo.info, one row each: (label, call,
+# argument named, value echoed, suggestion or range text); a
+# suggestion is checked as "Did you mean '<it>'", other text verbatim
+# (hostile_inputs.check_error).
+PYTHON_API = [
+    ("zoo.load name", lambda: zoo.load("ViT-Bx/16", weights=None),
+     "name", "'ViT-Bx/16'", "Did you mean"),
+    ("zoo.load weights tag", lambda: zoo.load(
+        "ViT-B/16", weights="imagenet21", image_size=32),
+     "weights", "'imagenet21'", "imagenet21k"),
+    ("zoo.load image_size", lambda: zoo.load(
+        "ViT-Ti/16", weights=None, image_size=0), "image_size", "0",
+     "positive"),
+    ("zoo.load num_classes", lambda: zoo.load(
+        "ViT-Ti/16", weights=None, image_size=32, num_classes=0),
+     "num_classes", "0", "a positive integer"),
+    ("zoo.load keyword", lambda: zoo.load(
+        "ViT-Ti/16", weights=None, image_size=32, include_tp=False),
+     "keyword argument", "'include_tp'", "include_top"),
+    ("zoo.load BiT keyword", lambda: zoo.load(
+        "BiT-M-R50x1", weights=None, image_size=32, num_clases=3),
+     "keyword argument", "'num_clases'", "num_classes"),
+    ("zoo.labels", lambda: zoo.labels("imagenet2021"), "name",
+     "'imagenet2021'", "imagenet2012"),
+    ("zoo.info", lambda: zoo.info("ViT-L/61x"), "name", "'ViT-L/61x'",
+     "Did you mean"),
+]
+
+
+test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)

@@ -6,7 +6,8 @@ so that a resumed run rebuilds the batches it stopped in.
 
 from __future__ import annotations
 
-from keras_vit.runtime import compat
+from keras_vit.data.normalization import check_normalization
+from keras_vit.data.normalization import takes_raw_pixels  # noqa: F401
 from keras_vit.train.data.load import load_data
 
 # Streams (tfds) are shuffled through a buffer of this many records.
@@ -16,29 +17,12 @@ INCEPTION_AREA = (0.05, 1.0)
 INCEPTION_ASPECT = (3 / 4, 4 / 3)
 
 
-def scale(images):
-    """[0, 255] -> [-1, 1], the official ViT input range."""
-    return images / 127.5 - 1.0
-
-
-def takes_raw_pixels(model):
-    """Whether ``model`` scales [0, 255] pixels itself (built with
-    ``include_preprocessing=True``, so its first layer is the Rescaling
-    named ``preprocessing``): the pipelines then leave pixels unscaled.
-
-    >>> import keras_vit
-    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
-    ...           num_heads=1, mlp_dim=8, num_classes=2)
-    >>> takes_raw_pixels(keras_vit.vit(**kw, include_preprocessing=True))
-    True
-    >>> takes_raw_pixels(keras_vit.vit(**kw))
-    False
-    """
-    import keras
-
-    return any(isinstance(layer, keras.layers.Rescaling)
-               and layer.name == "preprocessing"
-               for layer in compat.flatten_layers(model))
+def scale(images, input_normalization=None):
+    """[0, 255] -> the model's input range (``input_normalization``, as
+    :mod:`keras_vit.data.normalization` reads it; None: the official
+    [-1, 1])."""
+    return check_normalization("input_normalization",
+                               input_normalization)(images)
 
 
 def _mix(seed, epoch):
@@ -136,8 +120,11 @@ def _examples(source, training, seed, epoch):
 
 
 def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
-                raw_pixels=False):
+                raw_pixels=False, input_normalization=None):
     import tensorflow as tf
+
+    normalize = check_normalization("input_normalization",
+                                    input_normalization)
 
     flip = flip and source.flip_ok
 
@@ -161,7 +148,7 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
         else:
             image = eval_resize(source.decode(record), image_size, eval_crop)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
-        return (image if raw_pixels else scale(image)), label
+        return (image if raw_pixels else normalize(image)), label
 
     return fn
 
@@ -186,7 +173,7 @@ def steps_per_epoch(source, global_batch_size, *, shards=1):
 def dataset(source, image_size, batch_size, *, training=True, seed=0,
             epoch=None, crop_area=INCEPTION_AREA, flip=True, eval_crop=1.0,
             shard=(1, 0), skip=0, take=None, drop_remainder=None,
-            prefetch=True, raw_pixels=False):
+            prefetch=True, raw_pixels=False, input_normalization=None):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches.
 
     Args:
@@ -209,8 +196,11 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         take: examples of this shard to yield at most.
         drop_remainder: default: ``training``.
         prefetch: overlap input with compute.
-        raw_pixels: yield [0, 255] pixels, for a model that scales them
-            itself (see :func:`takes_raw_pixels`); default: [-1, 1].
+        raw_pixels: yield [0, 255] pixels, for a model that normalises
+            them itself (see :func:`takes_raw_pixels`).
+        input_normalization: else, the normalisation the model's weights
+            expect (:func:`keras_vit.data.normalization.pipeline_options`
+            reads both from a model); default: the official [-1, 1].
     """
     import tensorflow as tf
 
@@ -232,7 +222,7 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if skip:
         ds = ds.skip(skip)
     ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
-                            eval_crop, raw_pixels),
+                            eval_crop, raw_pixels, input_normalization),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)
     if take is not None:
@@ -251,7 +241,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
 
 
 def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
-                        shard=(1, 0), eval_crop=1.0, raw_pixels=False):
+                        shard=(1, 0), eval_crop=1.0, raw_pixels=False,
+                        input_normalization=None):
     """Evaluation batches of ``(images, labels, mask)`` padded with masked
     blank images to exactly ``num_batches`` full batches, so every replica
     and worker runs the same number of steps on static shapes."""
@@ -259,7 +250,8 @@ def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
 
     ds = dataset(source, image_size, batch_size, training=False,
                  shard=shard, eval_crop=eval_crop, drop_remainder=False,
-                 prefetch=False, raw_pixels=raw_pixels).unbatch()
+                 prefetch=False, raw_pixels=raw_pixels,
+                 input_normalization=input_normalization).unbatch()
     ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
     blank = tf.data.Dataset.from_tensors(
         (tf.zeros((image_size, image_size, 3)), tf.constant(0, tf.int64),

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.data.normalization import check_normalization
 from keras_vit.runtime import compat
 from keras_vit.layers import PACKAGE, FusedDense
 from keras_vit.models.vit import VisionTransformer
@@ -205,7 +206,10 @@ class MaskedPatchPrediction(keras.Model):
         mode, source = self.plan(batch, seed)
         predictions = self([images, mode, source], training=training)
         if self.encoder_config.get("include_preprocessing"):
-            images = images / 127.5 - 1.0  # targets see what the ViT sees
+            # The targets see what the ViT sees.
+            images = check_normalization(
+                "input_normalization",
+                self.encoder_config.get("input_normalization"))(images)
         targets = patch_targets(images, self.grid_size, self.target)
         return masked_loss(predictions, targets, mode, self.target,
                            self.num_channels)

@@ -6,10 +6,10 @@ stateless function of the run's seed and step."""
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.runtime.backend import name as backend_name
 from keras_vit.train import recipes
 
 # Defined beside the recipes, which the command line reads without Keras.
@@ -79,7 +79,7 @@ def _draws(batch_size, num_patches, seed):
     called: TensorFlow's ``stateless_uniform``, ``jax.random`` on a key made
     of the seed, a torch ``Generator`` seeded with it (the torch step is
     eager, so the seed is concrete)."""
-    backend = keras.backend.backend()
+    backend = backend_name()
     total = batch_size * num_patches
     if backend == "tensorflow":
         import tensorflow as tf

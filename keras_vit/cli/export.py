@@ -15,6 +15,7 @@ from keras_vit.export import common, staging
 from keras_vit.export.verify import verification_table
 from keras_vit.cli import options
 from keras_vit.base.checks import printable
+from keras_vit.base.limits import MAX_LABEL_FILE_BYTES, MAX_RUNS
 from keras_vit.cli.options import name_list, positive_int
 
 # Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
@@ -23,8 +24,6 @@ INPUTS = ("images", "image_bytes")
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
 DEFAULT_TOP_K = 5
-# A label file is a list of class names: 21843 names fit in 1 MiB.
-MAX_LABEL_FILE_BYTES = 16 << 20
 
 
 def register(subparsers):
@@ -230,7 +229,8 @@ def calibration_data(source, model, uint8_input,
     [-1, 1]."""
     import numpy as np
 
-    from keras_vit.train.data.pipeline import dataset, takes_raw_pixels
+    from keras_vit.data.normalization import pipeline_options
+    from keras_vit.train.data.pipeline import dataset
 
     height, width = tuple(model.inputs[0].shape[1:3])
     if height != width:
@@ -240,10 +240,11 @@ def calibration_data(source, model, uint8_input,
     count = min(samples, source.num_examples)
     picked = np.random.default_rng(seed).choice(
         source.num_examples, count, replace=False)
-    raw = bool(uint8_input) or takes_raw_pixels(model)
+    options = pipeline_options(model)
+    options["raw_pixels"] = bool(uint8_input) or options["raw_pixels"]
     batches = dataset(
         source.subset(picked), int(height), 32, training=False,
-        raw_pixels=raw, prefetch=False)
+        prefetch=False, **options)
     images = np.concatenate([x for x, _ in batches.as_numpy_iterator()])
     if uint8_input:
         images = np.clip(np.round(images), 0, 255).astype("uint8")
@@ -334,7 +335,7 @@ def run_benchmark(args):
     from keras_vit.base.checks import check_int
 
     runtimes = benchmark.check_runtimes(args.runtimes)
-    check_int("--runs", args.runs, low=1, high=benchmark.MAX_RUNS)
+    check_int("--runs", args.runs, low=1, high=MAX_RUNS)
     model, label = _load_model(args, default_weights="none")
     print(f"Benchmarking {label}, batch sizes "
           f"{','.join(map(str, args.batch))}, median of {args.runs} runs "

@@ -86,7 +86,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m keras_vit.analysis.cli inspect ...``: the subcommand on
+    """``python -m keras_vit.cli.analysis inspect ...``: the subcommand on
     its own, for use before (or without) the ``keras-vit`` entry point."""
     parser = argparse.ArgumentParser(prog="keras-vit")
     register(parser.add_subparsers(dest="command", metavar="COMMAND",

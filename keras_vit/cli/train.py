@@ -1,10 +1,11 @@
-"""``keras-vit fine-tune``, ``evaluate``, ``fewshot`` and ``pretrain``.
+"""``keras-vit fine-tune``, ``evaluate``, ``fewshot``, ``vtab`` and
+``pretrain``: the commands of :mod:`keras_vit.train`.
 
 :func:`register` adds the commands to an argparse sub-parser set (the
 ``keras-vit`` command line does); ``python -m keras_vit.train`` runs them on
-their own. Mistakes in the command line or the data raise ``ValueError`` or
-``OSError``, which the command line prints as one ``keras-vit: error:``
-line.
+their own (:func:`main`). Mistakes in the command line or the data raise
+``ValueError`` or ``OSError``, which the command line prints as one
+``keras-vit: error:`` line.
 """
 
 from __future__ import annotations
@@ -114,11 +115,10 @@ def register(subparsers):
     options.add(p, model="a zoo name (ViT-B/16, ViT-Ti/4, ...) or a .keras "
                          "file")
     _add_data_options(p)
-    p.add_argument("--eval-data", metavar="SPEC",
-                   help="held-out data (default: the test split of digits "
-                        "or tfds data; for a folder or .npz, 10%% of each "
-                        "class, set aside from training: the same images "
-                        "on every run)")
+    options.add(p, eval_data="held-out data (default: the test split of "
+                             "digits or tfds data; for a folder or .npz, "
+                             "10%% of each class, set aside from training: "
+                             "the same images on every run)")
     p.add_argument("--no-eval", action="store_true",
                    help="do not evaluate at the end (a folder's images all "
                         "train)")
@@ -164,9 +164,8 @@ def register(subparsers):
                         help="k-shot linear evaluation of frozen features")
     options.add(p, model=MODEL_HELP)
     _add_data_options(p, "data the k-shot sets are drawn from")
-    p.add_argument("--eval-data", metavar="SPEC",
-                   help="test data (default: the test split of digits or "
-                        "tfds data)")
+    options.add(p, eval_data="test data (default: the test split of digits "
+                             "or tfds data)")
     options.add(p, weights={"default": "auto"}, image_size=None)
     p.add_argument("--shots", type=options.int_list("1,5,10,25"),
                    default=(1, 5, 10, 25),
@@ -191,8 +190,8 @@ def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
         from keras_vit.base.checks import check_int
-        from keras_vit.train.distribute import (MAX_CPU_DEVICES,
-                                                configure_cpu_devices)
+        from keras_vit.base.limits import MAX_CPU_DEVICES
+        from keras_vit.train.distribute import configure_cpu_devices
 
         check_int("--cpu-devices", args.cpu_devices, low=1,
                   high=MAX_CPU_DEVICES)
@@ -292,18 +291,9 @@ def run_fine_tune(args):
                   f"for evaluation ({evaluation.num_examples} images, the "
                   "same ones on every run; --eval-data SPEC chooses, "
                   "--no-eval trains on all)")
-    out = _run_dir(args, args.recipe)
-    weights = options.weights_value(args.weights)
-    trainer = Trainer(
-        args.model, train, evaluation, recipe=args.recipe, out_dir=out,
-        strategy=strategy_, weights=weights,
-        resume=_resume(args),
-        model_options=options.model_options(args.model_option),
-        remat=True if args.remat else None, verbose=not args.quiet,
-        **_recipe_overrides(args))
-    if not args.no_memory_check:
-        check_fits_memory(trainer)
-    result = _fit(trainer, args)
+    trainer = Trainer(args.model, train, evaluation,
+                      **_trainer_options(args, args.recipe, strategy_))
+    result = _train(trainer, args)
     if result is None:
         return 130
     if args.json and trainer.is_chief:
@@ -341,6 +331,28 @@ def hold_out(source, fraction=HOLD_OUT, seed=0):
     evaluation.name = f"{name}[held out {fraction:.0%}]"
     train.source_name = evaluation.source_name = name
     return train, evaluation
+
+
+def _trainer_options(args, what, strategy_):
+    """The trainer's keywords that fine-tune and pretrain read alike from
+    their options: the run directory (:func:`_run_dir`, named for
+    ``what``), ``strategy_``, the recipe and its fields, the weights,
+    resumption, model options, remat and progress."""
+    out = _run_dir(args, what)
+    weights = options.weights_value(args.weights)
+    return dict(recipe=args.recipe, out_dir=out, strategy=strategy_,
+                weights=weights, resume=_resume(args),
+                model_options=options.model_options(args.model_option),
+                remat=True if args.remat else None, verbose=not args.quiet,
+                **_recipe_overrides(args))
+
+
+def _train(trainer, args):
+    """:func:`_fit`, after :func:`check_fits_memory` unless
+    --no-memory-check."""
+    if not args.no_memory_check:
+        check_fits_memory(trainer)
+    return _fit(trainer, args)
 
 
 def _fit(trainer, args):
@@ -480,19 +492,11 @@ def run_pretrain(args):
     objective = mpp.check_objective(args.objective)
     target = mpp.check_target(args.target)
     strategy_ = _check_settings(args)
-    out = _run_dir(args, objective)
-    weights = options.weights_value(args.weights)
     trainer = mpp.MppTrainer(
         args.model, args.data, target=target,
-        corruption_rate=args.corruption_rate, recipe=args.recipe,
-        out_dir=out, strategy=strategy_, weights=weights,
-        resume=_resume(args), data_dir=args.data_dir,
-        model_options=options.model_options(args.model_option),
-        remat=True if args.remat else None, verbose=not args.quiet,
-        **_recipe_overrides(args))
-    if not args.no_memory_check:
-        check_fits_memory(trainer)
-    result = _fit(trainer, args)
+        corruption_rate=args.corruption_rate, data_dir=args.data_dir,
+        **_trainer_options(args, objective, strategy_))
+    result = _train(trainer, args)
     if result is None:
         return 130
     if not trainer.is_chief:
@@ -511,7 +515,8 @@ def run_fewshot(args):
     k images per class."""
     from keras_vit.base.checks import check_int
     from keras_vit.train.data.load import default_eval_spec, load_data
-    from keras_vit.train.few_shot import MAX_SEEDS, fewshot
+    from keras_vit.base.limits import MAX_SEEDS
+    from keras_vit.train.few_shot import fewshot
 
     check_int("--seeds", args.seeds, low=1, high=MAX_SEEDS)  # before any work
     eval_spec = args.eval_data or default_eval_spec(args.data)

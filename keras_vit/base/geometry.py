@@ -1,0 +1,234 @@
+"""What a model config implies, from its numbers alone: the hybrids' ResNet
+stages, strides and widths, the token grid, the prefix tokens and the
+parameter count. Plain arithmetic, no framework: the builders, the memory
+estimates, attention analysis and ``keras-vit info`` all read these, so
+each rule is written once.
+
+>>> config = {"patch_size": 16, "resnet": {"num_layers": (3, 4, 9)}}
+>>> effective_stride(config)
+256
+>>> hybrid_stride({"num_layers": (3, 4, 9)})
+16
+>>> prefix_tokens({"classifier": "token", "num_registers": 4})
+5
+"""
+
+from __future__ import annotations
+
+
+def hybrid_stages(resnet):
+    """The stage depths a hybrid builds: option (ii) of the paper (section
+    4.1) folds the last stage's units into the one before it, keeping a
+    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9).
+
+    >>> hybrid_stages({"num_layers": (3, 4, 6, 3), "fold_last_stage": True})
+    [3, 4, 9]
+    """
+    depths = list(resnet["num_layers"])
+    if resnet.get("fold_last_stage") and len(depths) > 1:
+        depths = depths[:-2] + [depths[-2] + depths[-1]]
+    return depths
+
+
+def hybrid_stride(resnet):
+    """Input pixels per feature-map pixel of a hybrid's ResNet (1 without
+    one): the root conv and max-pool divide by 4, every stage after the
+    first by 2."""
+    if resnet is None:
+        return 1
+    return 4 * 2 ** max(len(hybrid_stages(resnet)) - 1, 0)
+
+
+def hybrid_width(resnet):
+    """The channels of a hybrid's root conv; stage ``s`` has bottleneck
+    width ``hybrid_width * 2**s`` and outputs four times that."""
+    return int(round(64 * resnet.get("width_factor", 1)))
+
+
+def bit_widths(width_factor, num_stages=4):
+    """``(root, [bottleneck width of each stage])`` of a BiT ResNet-v2:
+    ``64 * 2**s * width_factor`` rounded, the root ``64 * width_factor``."""
+    return (int(round(64 * width_factor)),
+            [int(round(64 * 2 ** s * width_factor))
+             for s in range(num_stages)])
+
+
+def effective_stride(config):
+    """Input pixels per token side: the patch size times the ResNet stride.
+
+    A hybrid cuts its patches from a ResNet feature map (see
+    :func:`hybrid_stride`; ``fold_last_stage`` merges the last stage into
+    the one before, so one fewer halving). BiT has no patches: 4 stages,
+    stride 32.
+
+    >>> effective_stride({"patch_size": 1, "resnet": {"num_layers": (3, 4, 9)}})
+    16
+    >>> effective_stride({"patch_size": 8, "resnet": {"num_layers": ()}})
+    32
+    """
+    if "block_units" in config:
+        return 32
+    patch = config.get("patch_size", 32)
+    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
+    return patch * hybrid_stride(config.get("resnet"))
+
+
+def grid_side(config, image_size):
+    """Tokens along one side of ``image_size`` pixels: a hybrid's stem
+    halves with TF 'SAME' rounding (up), then the patches cut without
+    padding (down)."""
+    side = image_size
+    resnet = config.get("resnet")
+    if resnet is not None:
+        for _ in range(2 + max(len(hybrid_stages(resnet)) - 1, 0)):
+            side = -(-side // 2)  # root conv, max-pool, then each stage
+    patch = config.get("patch_size", 32)
+    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
+    return side // patch
+
+
+def class_token(config):
+    """Whether the model has a class token (``class_token=None``: as
+    ``classifier`` says, one for ``"token"`` only)."""
+    token = config.get("class_token")
+    return config.get("classifier", "token") == "token" if token is None \
+        else bool(token)
+
+
+def prefix_tokens(config):
+    """Tokens before the patches: the class token, DeiT's distillation
+    token and the register tokens."""
+    return (int(class_token(config)) + int(bool(config.get("distilled")))
+            + int(config.get("num_registers") or 0))
+
+
+def _conv(k, c_in, c_out, bias=False):
+    return k * k * c_in * c_out + (c_out if bias else 0)
+
+
+def _resnet_v1_params(resnet, channels):
+    """The hybrids' post-activation ResNet: StdConv root + GroupNorm, then
+    bottleneck units (1x1, 3x3, 1x1 convolutions without bias, each with a
+    GroupNorm; a 1x1 projection + GroupNorm in each stage's first unit).
+    Returns ``(parameters, output channels)``."""
+    width = hybrid_width(resnet)
+    total = _conv(7, channels, width) + 2 * width
+    channels = width
+    for s, depth in enumerate(hybrid_stages(resnet)):
+        mid = width * 2 ** s
+        out = 4 * mid
+        for u in range(depth):
+            total += (_conv(1, channels, mid) + _conv(3, mid, mid)
+                      + _conv(1, mid, out) + 2 * (mid + mid + out))
+            if channels != out or (s > 0 and u == 0):
+                total += _conv(1, channels, out) + 2 * out
+            channels = out
+    return total, channels
+
+
+def _bit_params(config, channels, classes):
+    """BiT's pre-activation ResNet-v2: root conv, units of GroupNorm + conv
+    (a projection where the shape changes), a last GroupNorm and the
+    head."""
+    root, mids = bit_widths(config.get("width_factor", 1))
+    total = _conv(7, channels, root)
+    channels = root
+    for s, (depth, mid) in enumerate(zip(config["block_units"], mids)):
+        out = 4 * mid
+        for u in range(depth):
+            total += (2 * channels + _conv(1, channels, mid) + 2 * mid
+                      + _conv(3, mid, mid) + 2 * mid + _conv(1, mid, out))
+            if channels != out or (s > 0 and u == 0):
+                total += _conv(1, channels, out)
+            channels = out
+    return total + 2 * channels + channels * classes + classes
+
+
+# Config keys that change no parameter count.
+_NO_PARAMETERS = {
+    "name", "dtype", "trainable", "dropout_rate", "attention_dropout_rate",
+    "drop_path_rate", "include_preprocessing", "classifier_activation",
+    "return_attention_scores", "label_names", "dynamic_image_size", "remat",
+    "gelu", "layer_norm_epsilon", "head_bias_init", "input_normalization",
+    "pooling", "image_size", "return_stages"}
+# Keys the count below reads.
+_COUNTED = {
+    "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size",
+    "resnet", "classifier", "representation_size", "num_classes",
+    "include_top", "num_channels", "position_embedding",
+    "position_embedding_placement", "class_token", "num_registers",
+    "posemb_includes_prefix", "fc_norm", "final_norm", "pre_norm",
+    "layer_scale", "qk_norm", "qkv_bias", "proj_bias", "patch_bias",
+    "distilled", "block_units", "width_factor"}
+
+
+def parameter_count(config, image_size=None, num_classes=None,
+                    representation_size=None):
+    """The parameters of the model ``config`` builds (a registry config or
+    a model's ``get_config()``), at ``image_size`` with ``num_classes``
+    (and a ``representation_size`` pre-logits layer) when given, from the
+    shapes alone: no model is built and no framework imported
+    (``keras-vit info`` stays fast). None for a config with options it
+    does not know.
+
+    >>> from keras_vit.base import variants
+    >>> parameter_count(variants.parse("ViT-B/16").config)  # paper: 86M
+    86567656
+    >>> parameter_count(variants.parse("ViT-L/16").config)
+    304326632
+    """
+    if set(config) - _COUNTED - _NO_PARAMETERS:
+        return None
+    image_size = image_size or config.get("image_size", 224)
+    if isinstance(image_size, (tuple, list)):
+        image_size = tuple(image_size)
+    classes = config.get("num_classes", 1000) if num_classes is None \
+        else num_classes
+    if not config.get("include_top", True):
+        classes = 0
+    channels = config.get("num_channels", 3)
+    if "block_units" in config:
+        return _bit_params(config, channels, classes)
+    embedding = config.get("position_embedding", "learned_1d")
+    if (embedding not in ("learned_1d", "sincos_2d", "none")
+            or config.get("position_embedding_placement", "stem") != "stem"):
+        return None
+    d, mlp = config["hidden_size"], config["mlp_dim"]
+    total = 0
+    if config.get("resnet") is not None:
+        total, channels = _resnet_v1_params(config["resnet"], channels)
+    patch = config.get("patch_size", 32)
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    total += ph * pw * channels * d + d * config.get("patch_bias", True)
+    prefix = prefix_tokens(config)
+    rows, cols = (image_size if isinstance(image_size, tuple)
+                  else (image_size, image_size))
+    patches = (grid_side(config, rows) * grid_side(dict(
+        config, patch_size=pw), cols))
+    total += prefix * d  # the class, distillation and register tokens
+    if embedding == "learned_1d":
+        tokens = patches + (prefix if config.get(
+            "posemb_includes_prefix", True) else 0)
+        total += tokens * d
+    # Per block: two LayerNorms, q/k/v/out projections, the MLP, and the
+    # options: q/k norms (per head), layer scales.
+    head_dim = d // config["num_heads"]
+    # proj_bias: the biases of the attention output and both MLP layers.
+    proj_bias = bool(config.get("proj_bias", True))
+    block = (2 * 2 * d + 4 * d * d + 3 * d * config.get("qkv_bias", True)
+             + 2 * d * mlp + proj_bias * (d + mlp + d))
+    if config.get("qk_norm"):
+        block += 2 * 2 * head_dim
+    if config.get("layer_scale") is not None:
+        block += 2 * d
+    total += config["num_layers"] * block
+    total += 2 * d * (bool(config.get("pre_norm"))
+                      + bool(config.get("final_norm", True)))
+    representation_size = (representation_size
+                           or config.get("representation_size"))
+    width = d
+    if representation_size:
+        total += d * representation_size + representation_size
+        width = representation_size
+    heads = 2 if config.get("distilled") else 1
+    return total + heads * (width * classes + classes)

@@ -1,0 +1,120 @@
+"""keras_vit.cli.options: what every keras-vit command shares. A failure is
+one line, never a traceback (exit 2 for bad input, 1 for a failure) unless
+--debug; a misspelt command or option suggests the valid one; the counts
+and sizes a user gives are bounded before any work."""
+
+import time
+
+import pytest
+
+from hostile_inputs import one_error_line as _one_error_line
+from keras_vit import cli
+
+
+@pytest.mark.parametrize("error, status, text", [
+    (RuntimeError("kaboom"), 1, "RuntimeError: kaboom (an unexpected"),
+    (KeyError("weights"), 1, "KeyError: 'weights'"),
+    (MemoryError(), 1, "out of memory (MemoryError). Lower --batch-size"),
+    (ValueError("bad --lr"), 2, "error: bad --lr"),
+    (FileNotFoundError("no such file"), 2, "error: no such file"),
+])
+def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
+                                             status, text):
+    from keras_vit import cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_cmd_list", fail)
+    assert cli.main(["list"]) == status
+    err = capsys.readouterr().err
+    assert text in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    for argv in (["list", "--debug"], ["--debug", "list"]):
+        with pytest.raises(type(error)):
+            cli.main(argv)
+
+
+# The command line: argv, what the one line must contain.
+COMMAND_LINE = [
+    (["fine-tun", "x"], ["'fine-tun'", "Did you mean 'fine-tune'"]),
+    (["list", "--jsn"], ["--jsn", "Did you mean '--json'"]),
+    (["info", "ViT-B/16x"], ["'ViT-B/16x'", "Did you mean"]),
+    (["predict", "ViT-B/16", "x.png", "--top", "0"], ["--top", "0"]),
+    (["export", "m", "--format", "tflit", "-o", "x"],
+     ["--format", "'tflit'", "Did you mean 'tflite'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--bach-size", "4"],
+     ["--bach-size", "Did you mean '--batch-size'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--batch-size", "0"],
+     ["--batch-size", "0"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--recipe", "fintune"],
+     ["recipe='fintune'", "Did you mean 'finetune'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--strategy",
+      "mirored"], ["strategy='mirored'", "Did you mean 'mirrored'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--precision",
+      "float23"], ["precision='float23'", "Did you mean 'float32'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--set",
+      "learning_rat=0.1"], ["'learning_rat'", "'learning_rate'"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--seed", "-3"],
+     ["seed=-3", "non-negative"]),
+    (["fine-tune", "ViT-Ti/16", "--data", "digits", "--ema", "1.5"],
+     ["ema_decay=1.5"]),
+    (["pretrain", "ViT-Ti/16", "--data", "digits", "--target", "mean-colr"],
+     ["target='mean-colr'", "Did you mean 'mean_color'"]),
+    (["pretrain", "ViT-Ti/16", "--data", "digits", "--recipe", "mp"],
+     ["recipe='mp'", "Did you mean 'mpp'"]),
+    (["evaluate", "ViT-Ti/16", "--data", "digit"],
+     ["data='digit'", "Did you mean 'digits'"]),
+    (["vtab", "ViT-Ti/16", "--tasks", "cifar1000"],
+     ["'cifar1000'", "Did you mean"]),
+]
+
+
+@pytest.mark.parametrize("argv, needles", COMMAND_LINE,
+                         ids=[" ".join(row[0][:2] + row[0][-2:])
+                              for row in COMMAND_LINE])
+def test_command_line_errors_are_one_line_exit_2(capsys, tmp_path, argv,
+                                                 needles):
+    if argv[0] in ("fine-tune", "pretrain"):
+        argv = argv + ["--out", str(tmp_path / "run")]
+    if argv[0] == "vtab":
+        argv = argv + ["--out", str(tmp_path / "vtab")]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    assert lines[0].startswith("keras-vit")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fewshot", "ViT-Ti/16", "--data", "digits:train", "--seeds",
+      "100000"], "--seeds must be an integer in [1, 1000]; received "
+                 "--seeds=100000"),
+    (["benchmark", "ViT-Ti/16", "--runs", "100000000"],
+     "--runs must be an integer in [1, 1000]; received --runs=100000000"),
+])
+def test_user_given_counts_are_bounded(capsys, argv, needle):
+    from keras_vit import cli
+
+    start = time.monotonic()
+    assert cli.main(argv) == 2
+    assert needle in _one_error_line(capsys)
+    assert time.monotonic() - start < 10  # before the model is built
+
+
+@pytest.mark.parametrize("argv", [
+    ["fine-tune", "ViT-Ti/16", "--data", "digits", "--image-size", "100000"],
+    ["predict", "ViT-Ti/16", "x.png", "--image-size", "100000"],
+    ["convert", "ViT-Ti/16", "-o", "x.keras", "--image-size", "100000"],
+])
+def test_image_size_options_are_bounded(capsys, argv):
+    from keras_vit import cli
+
+    start = time.monotonic()
+    assert cli.main(argv) == 2
+    assert ("argument --image-size: must be <= 4096 pixels, got 100000"
+            in _one_error_line(capsys))
+    assert time.monotonic() - start < 5

@@ -1,0 +1,170 @@
+"""What the bad-input and fault tests of several modules share: the tiny
+ViT they build (and tests/conftest.py's ``tiny_keras`` saves), the hostile
+files they write (odd images, FIFOs, image folders, JPEGs, a safetensors
+file with any header), and the two checks of a refusal: one error line and
+no traceback (:func:`one_error_line`), and an error that names the
+argument, echoes the value and, where a valid value is near, suggests it
+(:func:`check_error`; :func:`bad_calls_test` for the tables of bad calls
+each module's test file keeps); for the tests that kill a child process,
+:func:`killed_when_ready` and :func:`wait_until`."""
+
+import contextlib
+import json
+import os
+import signal
+import struct
+import time
+
+import keras
+import pytest
+
+import keras_vit
+
+TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
+            num_heads=2, mlp_dim=64, num_classes=10)
+QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
+             verbose=False, strategy="default")
+
+
+def tiny(seed=1, **kwargs):
+    """A tiny ViT (TINY, with ``kwargs``) drawn from ``seed``."""
+    keras.utils.set_random_seed(seed)
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+def tiny_vit(**kwargs):
+    """A tiny ViT (TINY, with ``kwargs``) from the current random state."""
+    return keras_vit.vit(**dict(TINY, **kwargs))
+
+
+def cached_tiny_vit():
+    """One tiny ViT per process, for the calls refused before using it."""
+    if not hasattr(cached_tiny_vit, "model"):
+        cached_tiny_vit.model = tiny_vit()
+    return cached_tiny_vit.model
+
+
+def check_error(message, name, echoed, hint):
+    """``message`` names the argument ``name``, echoes the value ``echoed``
+    and gives ``hint``: checked as "Did you mean '<hint>'" for a bare
+    value, verbatim for other text (a range, a sentence); None for none."""
+    assert name in message, message
+    assert echoed in message, message
+    if hint is None:
+        return
+    if hint.startswith(("Did you", "did you")) or any(
+            c in hint for c in " ([.") or hint == "positive":
+        assert hint in message, message
+    else:
+        assert f"Did you mean {hint!r}" in message, message
+
+
+def bad_calls_test(rows):
+    """The test of a table of bad calls, one test per row named by its
+    label: rows of (label, call, argument named, value echoed, hint), each
+    ``call()`` raising a ValueError, TypeError or OSError whose message
+    passes :func:`check_error`. A test file keeps its own table and binds
+    the test to a ``test_`` name of its module, where pytest collects it."""
+
+    @pytest.mark.parametrize("label, call, name, echoed, hint", rows,
+                             ids=[row[0] for row in rows])
+    def test(label, call, name, echoed, hint):
+        with pytest.raises((ValueError, TypeError, OSError)) as info:
+            call()
+        check_error(str(info.value), name, echoed, hint)
+
+    return test
+
+
+def one_error_line(capsys):
+    """The command's stderr: one line and no traceback; returns the line."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@contextlib.contextmanager
+def killed_when_ready(proc, ready, timeout=30):
+    """Waits for the child ``proc`` (started with ``stdout=PIPE`` and
+    ``text=True``) to print the line ``ready``, runs the block (checks of
+    the state the child leaves while it lives), then kills it with SIGKILL,
+    so that no Python cleanup runs in it, and reaps it within ``timeout``
+    seconds. A child still running when anything fails is killed too."""
+    try:
+        assert proc.stdout.readline().strip() == ready
+        yield
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def wait_until(done, seconds=20, poll=0.05):
+    """Polls ``done()`` every ``poll`` seconds until it is true or
+    ``seconds`` have passed (what a killed child leaves is cleaned up by
+    another process, a little later)."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
+def odd_image(path, kind):
+    """Writes an odd image of ``kind`` at ``path``: not an image ("text"),
+    "empty", a "folder", or a valid one of an odd mode or size."""
+    from PIL import Image
+
+    if kind == "text":
+        path.write_text("not an image")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        mode, size = {"gray16": ("I;16", 20), "rgba": ("RGBA", 20),
+                      "cmyk": ("CMYK", 20), "palette": ("P", 20),
+                      "one_pixel": ("RGB", 1)}[kind]
+        Image.new(mode, (size, size)).save(
+            path, "JPEG" if kind == "cmyk" else "PNG")
+
+
+def fifo(path):
+    """A FIFO (named pipe) at ``path``: opening it blocks until something
+    writes to it. Skips the test where the platform has none."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    os.mkfifo(path)
+    return path
+
+
+def class_folders(root, per_class):
+    """``root/a`` and ``root/b`` with ``per_class`` tiny PNGs each."""
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / c / f"{i}.png")
+    return root
+
+
+def jpeg(path, size, color=(200, 30, 30)):
+    """A one-colour JPEG of ``size`` (width, height) at ``path``."""
+    from PIL import Image
+
+    Image.new("RGB", size, color).save(path, quality=90)
+
+
+def safetensors(path, header, data=b"\0" * 24, length=None):
+    """A .safetensors file: ``header`` (JSON-encoded unless bytes), its
+    length (or ``length``, which may lie) before it, ``data`` after it."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length)
+                     + raw + data)
+    return path
+
+
+# One valid tensor entry of a safetensors header: 2x3 float32, 24 bytes.
+TENSOR = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
