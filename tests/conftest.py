@@ -458,10 +458,10 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_keras(tmp_path_factory):
-    """A tiny ViT (tests/hostile_inputs.py's ``tiny``) saved as a .keras
+    """A tiny ViT (tests/testkit.py's ``tiny``) saved as a .keras
     file, once per test module: the model the hostile-input tests of the
     command line, the image readers and the .keras checks hand over."""
-    from hostile_inputs import tiny  # imports Keras: not before configure
+    from testkit import tiny  # imports Keras: not before configure
 
     path = tmp_path_factory.mktemp("model") / "tiny.keras"
     tiny().save(path)

@@ -16,7 +16,7 @@ import numpy as np
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_CHANNELS
-from keras_vit.data.normalization import OFFICIAL, check_normalization
+from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import convert, formats
 
 # Where a preset keeps its metadata, and keras_vit its class names
@@ -138,10 +138,7 @@ def check_image_converter(config, path):
                                             {"mean": mean, "std": std})
     except ValueError as e:
         raise ConfigError(path, "config", str(e)) from None
-    if np.allclose(normalization.mean, OFFICIAL.mean, atol=1e-4) and \
-            np.allclose(normalization.std, OFFICIAL.std, atol=1e-4):
-        return None
-    return normalization.to_config()
+    return config_value(normalization)
 
 
 # keras-hub's variable paths (as a live model names them) -> the official

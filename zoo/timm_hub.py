@@ -34,7 +34,7 @@ from keras_vit.base.checks import shown
 from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
-from keras_vit.data.normalization import OFFICIAL, check_normalization
+from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import checkpoints, convert, formats, http_fetch, hub_files
 # timm's names <-> the official layout (zoo/timm_layout.py).
@@ -441,8 +441,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     # records it, and every path that feeds it normalises so.
     normalization = check_normalization("pretrained_cfg mean/std",
                                         input_normalization(config))
-    build_config.update(input_normalization=None if normalization == OFFICIAL
-                        else normalization.to_config())
+    build_config.update(input_normalization=config_value(normalization))
     build_config.update(image_size=image_size,
                         num_classes=_num_classes(config, arrays, head_key),
                         name=build.model_name(arch.name))

@@ -38,7 +38,7 @@ import os
 
 
 from keras_vit.base.limits import MAX_CLASSES
-from keras_vit.data.normalization import OFFICIAL, check_normalization
+from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
 # transformers' names <-> the official layout (zoo/transformers_layout.py).
 from keras_vit.zoo.transformers_layout import (
@@ -234,7 +234,7 @@ def check_preprocessor(path):
             "std": config.get("image_std", [0.5] * 3)})
     except ValueError as e:
         raise checkpoints.CheckpointError(f"{path}: {e}") from None
-    return None if normalization == OFFICIAL else normalization.to_config()
+    return config_value(normalization)
 
 
 def load(source, name=None, image_size=None, num_classes=None, *,

@@ -86,6 +86,27 @@ NAMED = {
 OFFICIAL = NAMED["official"]
 
 
+def config_value(normalization):
+    """What a model's ``input_normalization`` argument keeps for
+    ``normalization`` (an :class:`InputNormalization`): None when it is the
+    official [-1, 1] (to float32 rounding, since some formats store the
+    scale and offset rather than the mean and std), else its
+    ``{"mean": [...], "std": [...]}``. Every reader and the models ask
+    this, so one normalisation is written one way in every config.
+
+    >>> config_value(NAMED["official"]) is None
+    True
+    >>> config_value(InputNormalization((0.5,) * 3, (0.50000003,) * 3))
+    >>> config_value(NAMED["imagenet"])["std"]
+    [0.229, 0.224, 0.225]
+    """
+    official = np.full(len(normalization.mean), 0.5)
+    if (np.allclose(normalization.mean, official, rtol=0, atol=1e-6)
+            and np.allclose(normalization.std, official, rtol=0, atol=1e-6)):
+        return None
+    return normalization.to_config()
+
+
 def check_normalization(name, value, channels=3):
     """``value`` as an :class:`InputNormalization`: None (the official
     [-1, 1]), a name of :data:`NAMED`, ``{"mean": [...], "std": [...]}``

@@ -13,7 +13,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from keras_vit.data.normalization import check_normalization
+from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.layers.dense import FusedDense
 
 
@@ -31,10 +31,7 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
     x = inputs
     if include_preprocessing:
         x = normalization.layer(dtype=dtype, name="preprocessing")(x)
-    kept = (None if normalization == check_normalization(
-        "input_normalization", None, num_channels)
-        else normalization.to_config())
-    return inputs, x, kept
+    return inputs, x, config_value(normalization)
 
 
 def carry_policy(model, dtype):

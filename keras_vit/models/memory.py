@@ -417,7 +417,10 @@ def config_estimate(config):
                  2 * tokens * mlp + 3 * tokens * d)
     if resnet:
         values = max(values, _resnet_forward_values((h, w), width))
-    return {"weights": _BYTES * (params + table),
+    # The exact count where the variant table knows every option; the
+    # rough one above (which counts the table apart) for the rest.
+    exact = geometry.parameter_count(config)
+    return {"weights": _BYTES * (params + table if exact is None else exact),
             "position table": _BYTES * table,
             "activations": _BYTES * values, "tokens": tokens}
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 import keras
 import keras_vit
 from keras_vit import analysis
@@ -450,7 +450,7 @@ def test_cli_run_through_argparse(tiny, image_files, tmp_path, capsys):
 # Bad arguments to attention_rollout, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("rollout head_fusion", lambda: analysis.attention_rollout(
         np.zeros((1, 1, 2, 5, 5)), head_fusion="maen"), "head_fusion",

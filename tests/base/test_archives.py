@@ -4,9 +4,9 @@ argument."""
 
 import pytest
 
-from hostile_inputs import fifo as _fifo
-from hostile_inputs import odd_image as _odd_image
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import fifo as _fifo
+from testkit import odd_image as _odd_image
+from testkit import one_error_line as _one_error_line
 
 
 @pytest.mark.parametrize("command", [

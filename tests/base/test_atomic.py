@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 
-from hostile_inputs import QUICK, tiny as _tiny
-from hostile_inputs import killed_when_ready, wait_until
+from testkit import QUICK, tiny as _tiny
+from testkit import killed_when_ready, wait_until
 
 
 _KILLED_WRITER = r"""

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostile_inputs import check_error as _check
+from testkit import check_error as _check
 import keras_vit
 from keras_vit import cli
 from keras_vit.base import environment

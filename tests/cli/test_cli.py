@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import official
-from hostile_inputs import fifo as _fifo
-from hostile_inputs import odd_image as _odd_image
-from hostile_inputs import one_error_line as _one_error_line
-from hostile_inputs import tiny as _tiny
+from testkit import fifo as _fifo
+from testkit import odd_image as _odd_image
+from testkit import one_error_line as _one_error_line
+from testkit import tiny as _tiny
 
 import keras
 from keras_vit import cli, zoo

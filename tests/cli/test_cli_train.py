@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hostile_inputs import class_folders as _class_folders
-from hostile_inputs import one_error_line as _one_error_line
-from hostile_inputs import tiny as _tiny
+from testkit import class_folders as _class_folders
+from testkit import one_error_line as _one_error_line
+from testkit import tiny as _tiny
 import keras_vit
 from keras_vit.models.memory import step_memory_estimate
 

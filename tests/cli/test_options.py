@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import one_error_line as _one_error_line
 from keras_vit import cli
 
 

@@ -754,3 +754,26 @@ def test_the_architecture_page_is_the_folders_docstrings():
 
 if __name__ == "__main__":
     ARCHITECTURE.write_text(architecture_page())
+
+
+def test_each_importable_test_and_script_name_is_one_file():
+    """pytest imports a test file by its file name, tests/conftest.py puts
+    tests/ on ``sys.path`` for the shared helpers, and the benchmark and
+    example scripts put their own folder there when the tests load them.
+    Two files of one name then shadow each other, and which one an import
+    finds depends on the order the tests ran in (a helper here and a
+    benchmark of the same name once failed five tests only in the full
+    run)."""
+    seen = {}
+    folders = [ROOT / "tests", ROOT / "benchmarks", ROOT / "examples"]
+    for folder in folders:
+        for path in folder.rglob("*.py"):
+            if path.name in ("__init__.py", "conftest.py"):
+                continue
+            top_level = path.parent in folders
+            if not (top_level or path.name.startswith("test_")):
+                continue
+            seen.setdefault(path.stem, []).append(
+                str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, clashes

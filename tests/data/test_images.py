@@ -29,8 +29,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("PIL")
 
 import image_corpus  # noqa: E402
-from hostile_inputs import jpeg as _jpeg  # noqa: E402
-from hostile_inputs import one_error_line as _one_error_line  # noqa: E402
+from testkit import jpeg as _jpeg  # noqa: E402
+from testkit import one_error_line as _one_error_line  # noqa: E402
 
 from keras_vit.data import images  # noqa: E402
 

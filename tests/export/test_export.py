@@ -22,9 +22,9 @@ litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 import keras  # noqa: E402
 
-from hostile_inputs import cached_tiny_vit as _tiny_model  # noqa: E402
-from hostile_inputs import bad_calls_test  # noqa: E402
-from hostile_inputs import killed_when_ready, wait_until  # noqa: E402
+from testkit import cached_tiny_vit as _tiny_model  # noqa: E402
+from testkit import bad_calls_test  # noqa: E402
+from testkit import killed_when_ready, wait_until  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
@@ -957,7 +957,7 @@ def test_benchmark_bf16_rows(vit):
 # Bad arguments to export and to_onnx, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("export format", lambda: keras_vit.export.export(
         _tiny_model(), "m.onnx", format="onx"), "format", "'onx'", "onnx"),

@@ -15,7 +15,7 @@ import pytest
 import official
 from conftest import count_params
 from flax_init import check_init as _check_init
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 import keras_vit
 
 from keras_vit.models.resnet_v2 import (BIT_DEPTHS, BIT_VARIANTS,
@@ -565,7 +565,7 @@ def test_bit_init_matches_big_transfer():
 # Bad arguments to the BiT builder, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("resnet_v2 pooling", lambda: keras_vit.models.resnet_v2(
         32, (1, 1, 1, 1), 0.5, 10, include_top=False, pooling="average"),

@@ -1,15 +1,15 @@
 """keras_vit.models.features: feature_model refuses what it does not
 offer, naming it."""
 
-from hostile_inputs import cached_tiny_vit as _tiny_model
-from hostile_inputs import bad_calls_test
+from testkit import cached_tiny_vit as _tiny_model
+from testkit import bad_calls_test
 import keras_vit
 
 
 # Bad arguments to feature_model, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("feature_model outputs", lambda: keras_vit.models.feature_model(
         _tiny_model(), "tokns"), "outputs", "'tokns'", "tokens"),

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from hostile_inputs import TINY, tiny as _tiny
+from testkit import TINY, tiny as _tiny
 import keras_vit
 from keras_vit.models.memory import step_memory_estimate
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import count_params, tiny_builder_kwargs
 from flax_init import check_init as _check_init
-from hostile_inputs import TINY, bad_calls_test, tiny_vit as _vit
+from testkit import TINY, bad_calls_test, tiny_vit as _vit
 
 import keras_vit
 from keras_vit import layers as vit_layers
@@ -299,7 +299,7 @@ def test_gap_classifier_refuses_token_pooling():
 # Bad arguments to the ViT builder, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("vit classifier", lambda: _vit(classifier="tokn"),
      "classifier", "'tokn'", "token"),

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from hostile_inputs import QUICK, tiny as _tiny
-from hostile_inputs import bad_calls_test
-from hostile_inputs import class_folders as _class_folders
-from hostile_inputs import fifo as _fifo
-from hostile_inputs import jpeg as _jpeg
+from testkit import QUICK, tiny as _tiny
+from testkit import bad_calls_test
+from testkit import class_folders as _class_folders
+from testkit import fifo as _fifo
+from testkit import jpeg as _jpeg
 import keras_vit
 from keras_vit import train as kt
 
@@ -213,7 +213,7 @@ def test_phone_photos_saved_as_mpo_are_kept_in_training_folders(tmp_path):
 # Bad arguments to load_data, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("load_data", lambda: kt.load_data("digit"), "data", "'digit'",
      "digits"),

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from hostile_inputs import bad_calls_test
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import bad_calls_test
+from testkit import one_error_line as _one_error_line
 from keras_vit import train as kt
 
 
@@ -27,7 +27,7 @@ def test_cpu_devices_are_bounded(capsys):
 # Bad arguments to strategy, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("strategy", lambda: kt.strategy("mirored"), "strategy", "'mirored'",
      "mirrored"),

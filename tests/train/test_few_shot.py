@@ -4,8 +4,8 @@ bounded."""
 import numpy as np
 import pytest
 
-from hostile_inputs import bad_calls_test
-from hostile_inputs import tiny as _tiny
+from testkit import bad_calls_test
+from testkit import tiny as _tiny
 from keras_vit import train as kt
 
 
@@ -22,7 +22,7 @@ def test_fewshot_num_seeds_is_bounded():
 # Bad arguments to the few-shot fit, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("fewshot l2_reg", lambda: kt.fit_least_squares(
         np.zeros((4, 2)), np.zeros(4, int), 2, l2_reg=-1.0), "l2_reg",

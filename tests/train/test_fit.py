@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from hostile_inputs import QUICK, tiny as _tiny
+from testkit import QUICK, tiny as _tiny
 import keras_vit
 
 

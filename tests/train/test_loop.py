@@ -4,7 +4,7 @@ weights against a hand computation."""
 import numpy as np
 import pytest
 
-from hostile_inputs import QUICK, tiny as _tiny
+from testkit import QUICK, tiny as _tiny
 import keras_vit
 
 

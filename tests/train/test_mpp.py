@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 import keras
 import keras_vit
 from keras_vit import cli
@@ -502,7 +502,7 @@ def test_cli_pretrain_errors_are_one_line(tmp_path, image_tree, capsys):
 # Bad arguments to the masked patch prediction objective, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("mpp target", lambda: kt.mpp.check_target("mean-colour"), "target",
      "'mean-colour'", "mean_color"),

@@ -3,8 +3,8 @@ ranges) and a short run's warmup is scaled, never the user's."""
 
 import pytest
 
-from hostile_inputs import bad_calls_test
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import bad_calls_test
+from testkit import one_error_line as _one_error_line
 from keras_vit import train as kt
 
 
@@ -33,7 +33,7 @@ def test_a_short_run_scales_the_recipes_warmup(capsys):
 # Bad arguments to recipes.get, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("recipe name", lambda: kt.recipes.get("fintune"), "recipe",
      "'fintune'", "finetune"),

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostile_inputs import QUICK, tiny as _tiny
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import QUICK, tiny as _tiny
+from testkit import one_error_line as _one_error_line
 import keras_vit
 from keras_vit.base.errors import ConfigError
 from keras_vit.train import run_dir

@@ -7,10 +7,10 @@ import scipy.ndimage
 
 import official
 from conftest import TINY, tiny_builder_kwargs
-from hostile_inputs import cached_tiny_vit as _tiny_model
-from hostile_inputs import bad_calls_test
-from hostile_inputs import one_error_line as _one_error_line
-from hostile_inputs import tiny as _tiny
+from testkit import cached_tiny_vit as _tiny_model
+from testkit import bad_calls_test
+from testkit import one_error_line as _one_error_line
+from testkit import tiny as _tiny
 
 import keras_vit
 from keras_vit import zoo
@@ -254,7 +254,7 @@ def test_directories_where_a_file_belongs(tmp_path, capsys):
 # Bad arguments to save_npz, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("save_npz to a folder", lambda: zoo.save_npz(_tiny_model(), "."),
      "path", "'.'", "weights.npz"),

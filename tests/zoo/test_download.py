@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from _fake_hub import FakeHub, send_slowly
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 from keras_vit import zoo
 from keras_vit.zoo import download, download_cache, http_fetch
 
@@ -628,7 +628,7 @@ def test_download_bounds_must_be_positive(tmp_path, arg):
 # Bad arguments to fetch, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("download timeout", lambda: zoo.download.fetch(
         "http://127.0.0.1:9/x.npz", timeout=-1), "timeout", "-1", "(0, inf)"),

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from hostile_inputs import TENSOR as _TENSOR
-from hostile_inputs import safetensors as _safetensors
+from testkit import TENSOR as _TENSOR
+from testkit import safetensors as _safetensors
 
 
 class _HubServer:

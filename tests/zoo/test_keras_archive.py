@@ -5,8 +5,8 @@ file."""
 
 import pytest
 
-from hostile_inputs import odd_image as _odd_image
-from hostile_inputs import one_error_line as _one_error_line
+from testkit import odd_image as _odd_image
+from testkit import one_error_line as _one_error_line
 
 
 def _keras_with_config(tiny_keras, path, config, compress=False):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from hostile_inputs import tiny as _tiny
+from testkit import tiny as _tiny
 import keras_vit
 
 

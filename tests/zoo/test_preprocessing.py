@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tensorflow as tf
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 from keras_vit import zoo
 
 
@@ -91,7 +91,7 @@ def test_odd_inputs_to_preprocessing_and_labels():
 # Bad arguments to preprocess_input and decode_predictions, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("preprocess_input image_size", lambda: zoo.preprocess_input(
         np.zeros((8, 8, 3)), 0), "image_size", "0", None),

@@ -15,8 +15,8 @@ import keras  # noqa: E402
 
 from keras_vit import zoo  # noqa: E402
 from _fake_hub import FakeHub, run_against_hub  # noqa: E402
-from hostile_inputs import TENSOR as _TENSOR  # noqa: E402
-from hostile_inputs import safetensors as _safetensors  # noqa: E402
+from testkit import TENSOR as _TENSOR  # noqa: E402
+from testkit import safetensors as _safetensors  # noqa: E402
 
 ARCH = "vit_tiny_patch16_224"
 SIZE = 32

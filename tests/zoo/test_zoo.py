@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import official
-from hostile_inputs import bad_calls_test
+from testkit import bad_calls_test
 
 import keras_vit
 from keras_vit import zoo
@@ -390,7 +390,7 @@ def test_a_released_head_names_its_classes(mirror):
 # Bad arguments to zoo.load, zoo.labels and zoo.info, one row each: (label, call,
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
-# (hostile_inputs.check_error).
+# (testkit.check_error).
 PYTHON_API = [
     ("zoo.load name", lambda: zoo.load("ViT-Bx/16", weights=None),
      "name", "'ViT-Bx/16'", "Did you mean"),
