@@ -125,17 +125,41 @@ def weights_file(path):
     return os.path.splitext(os.fspath(path))[0] + ".bin"
 
 
-# Why a model quantized by Keras (``model.quantize``) cannot go to a
-# format, measured with Keras 3.15 / TF 2.21 on a tiny int8 ViT.
+# A model quantized by Keras (``model.quantize``) goes to a format or not
+# by what its quantized layers compute, whatever the mode's name:
+# - weight-only layers (Keras' "int4" by default; "int8" with
+#   ``Int8QuantizationConfig(activation_quantizer=None)``) multiply float
+#   inputs by dequantized weights: every format carries them, verified
+#   within its float bounds (tiny ViT, BiT, ViT-Ti/16: at most 4e-6);
+# - int8 inputs (Keras' "int8" by default; "int4" with an activation
+#   quantizer) are rounded to int8 for an int8 x int8 matmul;
+# - float8 layers cast their inputs and kernel to float8_e4m3fn and back.
+# Why the last two cannot go to a format, measured with Keras 3.15, TF
+# 2.21, tf2onnx 1.17 / onnxruntime 1.31 and OpenVINO 2026.4 on tiny ViTs
+# and ViT-Ti/16; a SavedModel takes them, within
+# TOLERANCES["saved_model/keras_quantized"].
 _KERAS_QUANTIZED_REFUSED = {
-    "tflite": "the TFLite converter fails on its int8 matmuls "
-              "('tfl.fully_connected' op operand #0 must be float)",
-    "onnx": "tf2onnx converts it to a graph whose logits differ from "
-            "Keras' by about 1% of their range",
-    "openvino": "OpenVINO's TensorFlow frontend converts it to a graph "
-                "whose logits differ from Keras' by about their own size "
-                "(OpenVINO 2026.4)",
+    "int8": {
+        "tflite": "the TFLite converter fails on their int8 x int8 matmuls "
+                  "('tfl.fully_connected' op operand #0 must be float)",
+        "onnx": "tf2onnx converts their matmuls to MatMulInteger, whose "
+                "onnxruntime results differ from Keras' (tiny ViT: by 0.6% "
+                "of the logits' largest magnitude)",
+        "openvino": "OpenVINO's TensorFlow frontend converts them to a "
+                    "graph whose logits differ from Keras' by about their "
+                    "own size",
+    },
+    "float8": {
+        "tflite": "the TFLite converter has no float8 type ('invalid "
+                  "TFLite type: f8E4M3FN')",
+        "onnx": "tf2onnx has no float8 type (it fails on "
+                "tf.float8_e4m3fn)",
+        "openvino": "OpenVINO's CPU plugin cannot run their float8 casts "
+                    "('cpu_convert can't convert')",
+    },
 }
+_ROUNDING_WORDS = {"int8": "round their inputs to int8",
+                   "float8": "cast their inputs to float8"}
 
 
 def keras_quantization_modes(model):
@@ -146,19 +170,58 @@ def keras_quantization_modes(model):
                    if getattr(layer, "quantization_mode", None)})
 
 
+def input_rounding(layer):
+    """How a layer quantized by Keras treats its inputs: ``"float8"``
+    (cast to float8_e4m3fn and back), ``"int8"`` (rounded to int8 for an
+    int8 x int8 matmul) or None (weight-only, like Keras' GPTQ and AWQ,
+    or not quantized).
+
+    Keras 3.15 keeps the activation quantizer of an int8 or int4 layer as
+    ``inputs_quantizer`` (None for a weight-only one); such a layer
+    without that attribute counts as rounding its inputs (earlier Keras'
+    int8 and int4 both did), so that it is refused rather than verified
+    against a float bound.
+    """
+    mode = getattr(layer, "quantization_mode", None)
+    if mode == "float8":
+        return "float8"
+    if mode in ("int8", "int4") and getattr(
+            layer, "inputs_quantizer", "unknown") is not None:
+        return "int8"
+    return None
+
+
+def _rounding_layers(model):
+    """``{rounding: {mode, ...}}`` of ``model``'s layers that round their
+    inputs (:func:`input_rounding`)."""
+    found = {}
+    for layer in model._flatten_layers():
+        rounding = input_rounding(layer)
+        if rounding is not None:
+            found.setdefault(rounding, set()).add(layer.quantization_mode)
+    return found
+
+
 def refuse_keras_quantized(model, format):
-    """Raises :class:`ExportError` in one line when ``model`` was quantized
-    by Keras and ``format`` cannot carry that (TFLite, ONNX, OpenVINO); a
-    SavedModel takes it and is verified like any other."""
-    modes = keras_quantization_modes(model)
-    if modes and format in _KERAS_QUANTIZED_REFUSED:
+    """Raises :class:`ExportError` in one line, naming the mode and the
+    reason, when ``model`` has layers quantized by Keras that ``format``
+    cannot carry: layers that round their inputs to int8 or cast them to
+    float8 (TFLite, ONNX, OpenVINO). Weight-only layers (Keras' int4)
+    go to every format; a SavedModel takes every mode."""
+    found = _rounding_layers(model)
+    for rounding in ("float8", "int8"):
+        if rounding not in found or format not in _KERAS_QUANTIZED_REFUSED[
+                rounding]:
+            continue
         own = ("precision='int8'" if format == "openvino"
                else "quantization='dynamic_int8' or 'int8'")
         raise ExportError(
             f"{format}: model={getattr(model, 'name', model)!r} is quantized "
-            f"by Keras (mode={'/'.join(modes)}), which "
-            f"{_KERAS_QUANTIZED_REFUSED[format]}; export the float model "
-            f"with {own} (the format's own int8), or this one with "
+            f"by Keras (mode={'/'.join(sorted(found[rounding]))}), whose "
+            f"layers {_ROUNDING_WORDS[rounding]}: "
+            f"{_KERAS_QUANTIZED_REFUSED[rounding][format]}; export the float "
+            f"model with {own} (the format's own int8), or quantize it "
+            "weight-only (model.quantize('int4')), or export this one with "
             "to_saved_model")
 
 
@@ -222,10 +285,12 @@ TOLERANCES = {
     "tflite/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
                     "rel_rms_error": 0.5},
 }
-# A model quantized by Keras (model.quantize) rounds its layers' inputs to
-# int8: the graph's last-bit float differences from the eager model flip
-# some roundings, which add up over the blocks (ViT-Ti/16 int8 with random
-# weights: 5.4e-4 max abs difference, 0.3-0.4% of the logits' range).
+# A model quantized by Keras whose layers round their inputs (to int8, or
+# float8: :func:`input_rounding`): the graph's last-bit float differences
+# from the eager model flip some roundings, which add up over the blocks
+# (ViT-Ti/16 int8 with random weights: 5.4e-4 max abs difference, 0.3-0.4%
+# of the logits' range). A weight-only one (Keras' int4) computes in float
+# on dequantized weights and takes each format's float bound.
 TOLERANCES["saved_model/keras_quantized"] = {
     "max_abs_diff": 1e-2, "top1_agreement": None, "rel_rms_error": 0.02}
 # The ONNX variants take the TFLite ones' bounds: the same weights in the
@@ -293,8 +358,9 @@ def remedy(fmt, options):
 
 def saved_model_tolerance(model):
     """The TOLERANCES key of a SavedModel of ``model``: the float bound,
-    or the one stated for a model quantized by Keras."""
-    return ("saved_model/keras_quantized" if keras_quantization_modes(model)
+    or the one stated for a model quantized by Keras whose layers round
+    their inputs (a weight-only one computes in float)."""
+    return ("saved_model/keras_quantized" if _rounding_layers(model)
             else "saved_model")
 
 

@@ -254,13 +254,17 @@ def _longest_first(order):
     return key
 
 
-def _runs_on_every_backend(item):
+def _runs_on_backend(item, backend):
     """Marked `backends` (itself or its module), and not one of that file's
     `backend_independent` tests (a download served over HTTP is the same
     download on jax; what differs, the model it fills, is checked by the
-    tests each such mark names)."""
-    return bool(item.get_closest_marker("backends")) and \
-        not item.get_closest_marker("backend_independent")
+    tests each such mark names). ``@pytest.mark.backends("tensorflow",
+    "jax")`` names the backends a test runs on, where the others share
+    the code under test (the reason in a comment beside the mark)."""
+    mark = item.get_closest_marker("backends")
+    if mark is None or item.get_closest_marker("backend_independent"):
+        return False
+    return not mark.args or backend in mark.args
 
 
 def _check_backend_independent_marks(items):
@@ -304,8 +308,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_longest_first(order))  # stable: files keep their order
     if config._keras_vit_backend == "tensorflow":
         return
-    keep = [item for item in items if _runs_on_every_backend(item)]
-    dropped = [item for item in items if not _runs_on_every_backend(item)]
+    backend = config._keras_vit_backend
+    keep = [item for item in items if _runs_on_backend(item, backend)]
+    dropped = [item for item in items
+               if not _runs_on_backend(item, backend)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

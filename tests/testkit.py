@@ -168,3 +168,49 @@ def safetensors(path, header, data=b"\0" * 24, length=None):
 
 # One valid tensor entry of a safetensors header: 2x3 float32, 24 bytes.
 TENSOR = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+
+
+# -- timm's models as the reference (the family's loaders and writers) ------
+
+def random_timm_model(arch, size, num_classes, depth=1, **kwargs):
+    """timm's ``arch`` at ``depth`` blocks and ``size`` pixels (timm's
+    own ``model_args``: the real layout, any depth), every parameter random,
+    norms and layer scales too (a zero or unit one would hide a swap)."""
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model(arch, pretrained=False, depth=depth,
+                              img_size=size, num_classes=num_classes,
+                              **kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def random_images(size, n=2):
+    """``n`` (size, size, 3) float32 images in [-1, 1]."""
+    import numpy as np
+
+    return np.random.default_rng(1).uniform(
+        -1, 1, (n, size, size, 3)).astype("float32")
+
+
+def timm_forward(model, x):
+    """A torch model's outputs for NHWC NumPy images."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+
+
+def assert_close_to_timm(ours, theirs):
+    """Equal to timm's logits within 1e-5 of their scale."""
+    import numpy as np
+
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape
+    scale = np.abs(theirs).max()
+    assert np.abs(ours - theirs).max() <= 1e-5 * scale + 1e-6, (
+        np.abs(ours - theirs).max(), scale)

@@ -112,7 +112,9 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
             for i in range(value.shape[0]):
                 out[f"Transformer/encoderblock_{i}/{rest}"] = value[i]
 
-    new_style = any("MultiHeadDotProductAttention_0" in k for k in out)
+    # The blocks' numbering tells (a MAP head's attention is "_0" in both).
+    new_style = any(k.startswith("Transformer/encoderblock_")
+                    and "MultiHeadDotProductAttention_0" in k for k in out)
     if new_style:
         renamed = {}
         for key, value in out.items():
@@ -174,6 +176,21 @@ _TOP_MAP = {
     "fc_norm/gamma": "fc_norm/scale",
     "fc_norm/beta": "fc_norm/bias",
 }
+
+# The multihead attention-pool head (classifier="map", the layer named
+# "pooling"): big_vision's MAPHead names.
+MAP_HEAD = "MAPHead_0/"
+_TOP_MAP["pooling/probe"] = MAP_HEAD + "probe"
+for _n in ("query", "key", "value", "out"):
+    for _p in ("kernel", "bias"):
+        _TOP_MAP[f"pooling/{_n}/{_p}"] = (
+            f"{MAP_HEAD}MultiHeadDotProductAttention_0/{_n}/{_p}")
+for _p, _q in (("gamma", "scale"), ("beta", "bias")):
+    _TOP_MAP[f"pooling/norm/{_p}"] = f"{MAP_HEAD}LayerNorm_0/{_q}"
+for _i in (0, 1):
+    for _p in ("kernel", "bias"):
+        _TOP_MAP[f"pooling/mlp/dense_{_i}/{_p}"] = (
+            f"{MAP_HEAD}MlpBlock_0/Dense_{_i}/{_p}")
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # The position-embedding ablations (vit(position_embedding=...)): the stem or
@@ -256,6 +273,13 @@ def _position_hint(model, keys):
 
 # --------------------------------------------------------------------------
 # Loading
+
+
+def _returns_tokens(model):
+    """True for a model built without a head or pooling (all tokens)."""
+    config = model.get_config() if hasattr(model, "get_config") else {}
+    return (isinstance(config, dict) and not config.get("include_top", True)
+            and config.get("pooling") is None)
 
 
 def _source_arrays(source):
@@ -342,6 +366,16 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
             "build it with representation_size=None")
     if "pre_logits/kernel" in targets and "pre_logits/kernel" in arrays:
         report["pre_logits"] = "loaded"
+
+    # A model that returns the tokens ignores an attention-pool head (part
+    # of the head, as pre_logits is) where it has none of its own.
+    if not any(k.startswith(MAP_HEAD) for k in targets) and (
+            _returns_tokens(model)):
+        pool = [k for k in arrays if k.startswith(MAP_HEAD)]
+        for key in pool:
+            arrays.pop(key)
+        if pool:
+            report["attention_pool"] = "dropped"
 
     problems = []
     missing = [k for k in targets if k not in arrays

@@ -118,6 +118,7 @@ TRANSFORMERS_CONFIG = Object({
     "head_dim": Nullable(Int(1, MAX_HIDDEN)),
     "pooler_act": Str(),
     "pooler_output_size": Int(1, MAX_HIDDEN),
+    "vision_use_head": Bool(),  # SigLIP's image towers
     "id2label": Object(values=Str(max_len=1024), max_len=MAX_CLASSES,
                        what="an object of index: name pairs"),
     "label2id": Object(values=Int(0, MAX_CLASSES), max_len=MAX_CLASSES),

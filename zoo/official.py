@@ -76,6 +76,12 @@ def resolve_weights(name, weights, image_size=None, progress=None):
                 f"No checkpoint file at weights={value!r}")
         return ResolvedWeights(value, value)
     record = registry.select(name, value, image_size)
+    if record.url.startswith("hf-hub:"):
+        raise ValueError(
+            f"weights={value!r} of {name} is timm's repository {record.url}, "
+            "not an official .npz file; zoo.load reads it (keras-vit "
+            f"convert needs an .npz file): zoo.load({name!r}, "
+            f"weights={value!r})")
     path = download.fetch(record.url, sha256=record.sha256, progress=progress)
     return ResolvedWeights(os.fspath(path), record.url, record)
 
@@ -141,10 +147,14 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
             image_size = image_size or record.image_size
             if head == record.num_classes and record.labels:
                 labels = registry.label_names(record.labels)
+    random_head = registry.IMAGENET1K_CLASSES
+    default = registry.hub_weights(arch.name, "auto")
+    if default is not None:  # a family member: its release's head (or none)
+        random_head = default.num_classes
     config.update(image_size=image_size or 224,
                   # A file without a head asks the caller for one (settle).
-                  num_classes=head or (registry.IMAGENET1K_CLASSES
-                                       if arrays is None else None),
+                  num_classes=head or (random_head if arrays is None
+                                       else None),
                   name=build.model_name(arch.name))
     return build.Checkpoint(
         config, arrays, source_name=source_name or f"name={name!r}",

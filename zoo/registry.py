@@ -2,9 +2,13 @@
 
 Architecture lives in ``keras_vit.base.variants`` (one table of sizes);
 this module records, per canonical name and weights tag, where the official
-file is and what it contains. The loader reads the checkpoint itself to find
-the head size and whether it has ``pre_logits``; these records say what to
-expect, for ``zoo.info`` and for choosing defaults.
+file is and what it contains. The family's later members (DeiT, DeiT III,
+DINOv2, CLIP) are rows of :mod:`keras_vit.base.family_rows`, whose weights
+are timm's repositories on the Hugging Face Hub: their records hold the
+``hf-hub:`` source as ``url``, and ``zoo.load`` reads them as timm files.
+The loader reads the checkpoint itself to find the head size and whether it
+has ``pre_logits``; these records say what to expect, for ``zoo.info`` and
+for choosing defaults.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import functools
 import urllib.parse
 from pathlib import Path
 
-from keras_vit.base import geometry, variants
+from keras_vit.base import family_rows, geometry, variants
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models/"
@@ -33,9 +37,10 @@ class Weights:
         tag: the weights tag (``"imagenet21k"``, ...).
         url: official HTTPS URL (the mirror variable rewrites it).
         image_size: resolution it was trained or fine-tuned at.
-        num_classes: size of its head.
+        num_classes: size of its head (0: none, the pooled embedding).
         labels: name of the label list for its head (``"imagenet21k"`` or
-            ``"imagenet2012"``), shipped with the package.
+            ``"imagenet2012"``), shipped with the package, or None (a head
+            without class names: CLIP's projection).
         representation_size: width of its ``pre_logits`` layer, or None.
         sha256: the file's hash where known (else the download is verified
             only for completeness).
@@ -46,7 +51,7 @@ class Weights:
     url: str
     image_size: int
     num_classes: int
-    labels: str
+    labels: str | None
     representation_size: int | None = None
     sha256: str | None = None
     description: str = ""
@@ -148,6 +153,28 @@ def _bit(name):
     ]
 
 
+# What each timm tag of the family's weights is, for zoo.info.
+_FAMILY_TAGS = {
+    "fb_in1k": "trained on ImageNet-1k (Meta's release)",
+    "fb_in22k_ft_in1k": "pre-trained on ImageNet-21k, fine-tuned on "
+                        "ImageNet-1k (Meta's release)",
+    "lvd142m": "self-supervised on LVD-142M; no head: the class token's "
+               "embedding",
+    "openai": "OpenAI's CLIP, contrastive on 400M image-text pairs; the "
+              "head is the image-text projection",
+}
+
+
+def _family(name):
+    """The :class:`Weights` of a row of :mod:`keras_vit.base.family_rows`,
+    its default first."""
+    member = family_rows.MEMBERS[name]
+    return [Weights(w.tag, w.source, member.image_size, w.num_classes,
+                    w.labels, description=_FAMILY_TAGS[w.tag],
+                    license=family_rows.FAMILIES[member.family].license)
+            for w in member.weights]
+
+
 def _build_table():
     table = {name: [] for name in variants.REGISTERED}
     for size, patch in (("B", 16), ("B", 32), ("L", 16), ("L", 32),
@@ -174,6 +201,8 @@ def _build_table():
     for name in variants.REGISTERED:
         if name.startswith("BiT-"):
             table[name].extend(_bit(name))
+    for name in variants.FAMILY_NAMES:
+        table[name] = _family(name)
     return table
 
 
@@ -184,16 +213,46 @@ DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg", "imagenet21k",
                 "BiT-M-ILSVRC2012")
 
 
-def list_models(pattern=None):
-    """Registered model names, optionally filtered by a glob pattern.
+def family_of(name):
+    """The family a canonical name belongs to: ``"vit"``, ``"hybrid"``,
+    ``"axial"``, ``"bit"``, or a family of
+    :data:`keras_vit.base.family_rows.FAMILIES` (``"deit"``, ...)."""
+    member = family_rows.MEMBERS.get(name)
+    return member.family if member else variants.parse(name).family
+
+
+def families():
+    """Every family ``list_models(family=...)`` takes, in table order."""
+    found = []
+    for name in variants.REGISTERED + variants.FAMILY_NAMES:
+        if family_of(name) not in found:
+            found.append(family_of(name))
+    return found
+
+
+def list_models(pattern=None, *, family=None):
+    """Registered model names, optionally filtered by a glob pattern and
+    by family (one of :func:`families`: ``"vit"``, ``"deit"``,
+    ``"dinov2"``, ``"clip"``, ...).
 
     >>> list_models("ViT-B*")
     ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
+    >>> list_models(family="dinov2")[:2]
+    ['DINOv2-S/14', 'DINOv2-B/14']
     """
     if pattern is not None and not isinstance(pattern, str):
         raise TypeError(f"pattern must be a glob string or None; received "
                         f"pattern={pattern!r}")
-    names = list(variants.REGISTERED)
+    names = list(variants.REGISTERED + variants.FAMILY_NAMES)
+    if family is not None:
+        known = families()
+        if family not in known:
+            from keras_vit.base.checks import did_you_mean
+
+            raise ValueError(f"family must be one of {known} or None; "
+                             f"received family={family!r}."
+                             f"{did_you_mean(str(family), known)}")
+        names = [n for n in names if family_of(n) == family]
     if pattern:
         pat = pattern.lower()
         names = [n for n in names if fnmatch.fnmatch(n.lower(), pat)
@@ -216,11 +275,39 @@ def tags_for(name):
 
 
 def default_tag(name):
+    """The tag ``weights="auto"`` loads: a family member's first, else the
+    first of :data:`DEFAULT_TAGS` released; None when none is."""
     tags = tags_for(name)
+    if name in family_rows.MEMBERS:
+        return tags[0]
     for tag in DEFAULT_TAGS:
         if tag in tags:
             return tag
     return None
+
+
+def hub_weights(name, weights):
+    """The :class:`Weights` ``zoo.load(name, weights)`` reads from the Hub:
+    for a family member (:mod:`keras_vit.base.family_rows`) and
+    ``weights`` ``"auto"`` (the tag in the name, else the default) or one
+    of its tags; None for anything else (other names, paths, None).
+
+    >>> hub_weights("DeiT3-B/16", "fb_in1k").url
+    'hf-hub:timm/deit3_base_patch16_224.fb_in1k'
+    >>> hub_weights("ViT-B/16", "auto") is None
+    True
+    """
+    if not isinstance(name, str) or not isinstance(weights, str):
+        return None
+    try:
+        arch = variants.parse(name)
+    except ValueError:
+        return None  # the official reader gives the error
+    if arch.name not in family_rows.MEMBERS:
+        return None
+    tag = (arch.tag or default_tag(arch.name)) if weights == "auto" else weights
+    found = [w for w in weights_for(arch.name) if w.tag == tag]
+    return found[0] if found else None
 
 
 def select(name, tag, image_size=None):
@@ -269,6 +356,9 @@ def info(name):
     config = dict(arch.config)
     stride = effective_stride(config)
     notes = []
+    member = family_rows.MEMBERS.get(arch.name)
+    if member is not None:
+        notes.append(family_rows.FAMILIES[member.family].about + ".")
     if arch.name.startswith("R+"):
         notes.append(
             "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
@@ -277,26 +367,52 @@ def info(name):
     # Counted for the default weights' resolution, classes and pre-logits
     # (what zoo.load builds by default), else at 224 with 1000 classes.
     default = default_tag(arch.name)
-    shape = {"image_size": 224, "num_classes": IMAGENET1K_CLASSES,
-             "representation_size": None}
+    shape = {"image_size": arch.image_size or 224,
+             "num_classes": IMAGENET1K_CLASSES, "representation_size": None}
+    record = None
     if default:
-        w = select(arch.name, default)
-        shape = {"image_size": w.image_size, "num_classes": w.num_classes,
-                 "representation_size": w.representation_size}
+        record = select(arch.name, default)
+        shape = {"image_size": record.image_size,
+                 "num_classes": record.num_classes,
+                 "representation_size": record.representation_size}
     count = parameter_count(config, **shape)
     return {
         "name": arch.name,
-        "family": arch.family,
+        "family": family_of(arch.name),
         "parameters": None if count is None else dict(count=count, **shape),
         "effective_stride": stride,
         "notes": notes,
-        "registered": arch.name in variants.REGISTERED,
+        "registered": arch.name in list_models(),
         "config": config,
-        "default_weights": default_tag(arch.name),
+        "default_weights": default,
+        # What zoo.load(name) reads and builds by default.
+        "source": record.url if record else None,
+        "image_size": shape["image_size"],
+        "labels": record.labels if record else None,
+        "input_normalization": _normalization(
+            config.get("input_normalization")),
         "weights": weights,
-        "preprocessing": "RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
-                         "(include_preprocessing=True does it in the model)",
+        "preprocessing": _preprocessing(config.get("input_normalization")),
     }
+
+
+def _normalization(name):
+    """``{"name", "mean", "std"}`` of a named input normalisation (None:
+    the official [-1, 1]), for ``zoo.info``."""
+    from keras_vit.data.normalization import NAMED
+
+    name = name or "official"
+    return {"name": name, "mean": list(NAMED[name].mean),
+            "std": list(NAMED[name].std)}
+
+
+def _preprocessing(name):
+    if name is None:
+        return ("RGB pixels scaled to [-1, 1]: (x - 127.5) / 127.5 "
+                "(include_preprocessing=True does it in the model)")
+    return (f"RGB pixels x in [0, 255] normalised with {name}'s mean "
+            "and std: (x / 255 - mean) / std (include_preprocessing=True "
+            "does it in the model)")
 
 
 #: The label lists that ship with the package (``zoo/labels/*.txt``).

@@ -58,10 +58,13 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     ``layout="timm"`` (default): ``config.json`` and ``model.safetensors``,
     loadable with ``timm.create_model(arch, pretrained=True,
     pretrained_cfg_overlay=dict(file=...))`` or uploadable with
-    ``huggingface_hub.upload_folder`` (the model should use
-    ``gelu="exact"`` to compute what timm computes).
+    ``huggingface_hub.upload_folder`` (timm's default GELU is the exact
+    one; another form is written as ``model_args``' ``act_layer``, which
+    timm honours when it builds from the folder's config, or when given
+    ``**model_args``).
     ``layout="transformers"``: what Hugging Face transformers'
-    ``ViTForImageClassification.from_pretrained(directory)`` loads.
+    ``ViTForImageClassification.from_pretrained(directory)`` loads (a
+    headless model pooled by ``"map"``: ``SiglipVisionModel``).
     ``layout="keras-hub"``: a keras-hub preset
     (``keras_hub.models.ViTImageClassifier.from_preset(directory)``).
 

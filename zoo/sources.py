@@ -6,8 +6,11 @@ command that takes a model run the same five steps (:func:`load`):
 
 1. **find** the source (:func:`find`): the line of :data:`SOURCES` whose
    predicate claims ``name`` (then ``weights``, ``name`` naming the
-   architecture); the official ``.npz`` files (:data:`OFFICIAL`: a tag, a
-   path, a URL, or None for random weights) answer the rest. A local
+   architecture); a family member's name (``"DeiT-B/16"``, rows of
+   :mod:`keras_vit.base.family_rows`) with ``"auto"`` or one of its tags
+   is its timm repository on the Hub, read by the timm source; the
+   official ``.npz`` files (:data:`OFFICIAL`: a tag, a path, a URL, or
+   None for random weights) answer the rest. A local
    folder or file that two sources claim (``model.keras`` beside a
    transformers ``config.json``) is refused as ambiguous, the same way
    for every caller;
@@ -155,6 +158,12 @@ def find(name, weights, *, progress=None):
                 "(the .keras file itself) or move one model out")
         if found:
             return found[0], value, arch_name
+    from keras_vit.zoo import registry
+
+    record = registry.hub_weights(name, weights)
+    if record is not None:  # a family member's release: timm's files
+        timm = next(s for s in SOURCES if s.name == "timm")
+        return timm, record.url, name
     _refuse_unread_path(name)
     return OFFICIAL, weights, name
 
@@ -223,13 +232,38 @@ def load(name, weights="auto", request=None, *, progress=None,
                              prefer_size=request.image_size,
                              sizes=sizes if arch_name is not None else None,
                              argument=argument if arch_name is None else None)
+    if arch_name is not None:
+        _name_release(checkpoint, arch_name, value)
     # `build` is looked up here, so that a test can watch it.
     return _build_settled(checkpoint, request, builder=build)
+
+
+def _name_release(checkpoint, name, value):
+    """A family member's release read from the Hub, named as the registry
+    names it: the model's ``zoo_name`` is the member's, ``zoo_weights``
+    the release's record, and a head of the release's size gets the
+    release's label list where the repository names no classes (timm's
+    ImageNet repositories do not). Any other read is left as it is."""
+    from keras_vit.base import variants
+    from keras_vit.zoo import registry
+
+    if not (isinstance(name, str) and isinstance(value, str)
+            and value.startswith("hf-hub:")):
+        return
+    try:
+        canonical = variants.parse(name).name
+    except ValueError:
+        return
+    records = [w for w in registry.weights_for(canonical) if w.url == value]
+    if not records:
+        return
+    checkpoint.tags.update(zoo_name=canonical, zoo_weights=records[0])
+    if (checkpoint.label_names is None and records[0].labels
+            and checkpoint.head == records[0].num_classes):
+        checkpoint.label_names = registry.label_names(records[0].labels)
 
 
 def build_settled(checkpoint, request):
     """Steps 3 to 5 for a checkpoint already read
     (:func:`keras_vit.zoo.build.build_settled`)."""
     return _build_settled(checkpoint, request, builder=build)
-
-

@@ -133,8 +133,19 @@ _RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
 # timm's ViT sizes by word: (width, depth, heads), the MLP 4x wide.
 _TIMM_WIDTHS = {"tiny": (192, 12, 3), "small": (384, 12, 6),
                 "medium": (512, 12, 8), "base": (768, 12, 12),
-                "large": (1024, 24, 16), "huge": (1280, 32, 16)}
+                "large": (1024, 24, 16), "huge": (1280, 32, 16),
+                "so400m": (1152, 27, 16), "giantopt": (1536, 40, 16)}
+# The sizes whose MLP is not 4x wide (timm's mlp_ratio=3.7362).
+_TIMM_MLP = {"so400m": 4304}
 _SIZE = "(tiny|small|medium|base|large|huge)"
+_SIGLIP_SIZE = "(base|large|so400m|giantopt)"
+# SigLIP's image towers: no class token, the attention pool ("map") or,
+# in the "_gap" ones, the mean without fc_norm. The SigLIP 2 towers run
+# the tanh GELU (timm's architecture sets act_layer='gelu_tanh', which no
+# config.json repeats), the others the exact one.
+_SIGLIP_TANH = re.compile(
+    r"vit_(base_patch32|giantopt_patch16|so400m_patch16)_siglip(_gap)?_\d+"
+    r"|vit_large_patch16_siglip(_gap)?_512")
 # The ViT family's members in timm that are the one VisionTransformer with
 # options (timm's architecture functions, read as data): the name's
 # pattern (groups: size word, patch, optional image size) and the options.
@@ -155,6 +166,10 @@ _TIMM_FAMILY = (
     (rf"vit_{_SIZE}_patch(\d+)_gap_(\d+)",
      dict(class_token=False, classifier="gap", qkv_bias=False,
           layer_scale=1e-6, fc_norm=False)),
+    (rf"vit_{_SIGLIP_SIZE}_patch(\d+)_siglip_(\d+)",
+     dict(class_token=False, classifier="map")),
+    (rf"vit_{_SIGLIP_SIZE}_patch(\d+)_siglip_gap_(\d+)",
+     dict(class_token=False, classifier="gap", fc_norm=False)),
 )
 
 
@@ -168,12 +183,15 @@ def _family_architecture(arch_name):
         width, depth, heads = _TIMM_WIDTHS[m.group(1)]
         patch, third = int(m.group(2)), m.group(3)
         options = dict(options)
+        if _SIGLIP_TANH.fullmatch(m.group(0)):
+            options["gelu"] = "tanh"
         if "reg" in pattern:
             options["num_registers"] = int(third)
         elif third and "image_size" not in options:
             options["image_size"] = int(third)
         config = dict(patch_size=patch, hidden_size=width, num_layers=depth,
-                      num_heads=heads, mlp_dim=4 * width,
+                      num_heads=heads,
+                      mlp_dim=_TIMM_MLP.get(m.group(1), 4 * width),
                       classifier="token", representation_size=None)
         image_size = options.pop("image_size", None)
         config.update(options)
@@ -323,7 +341,8 @@ def _honoured(config, arch, path):
         # timm's defaults that follow from other settings: the norm after
         # average pooling (fc_norm None), the patch bias off with pre_norm.
         if options.get("fc_norm", None) is None:
-            options["fc_norm"] = options.get("classifier", "token") != "token"
+            options["fc_norm"] = options.get("classifier", "token") in (
+                "gap", "max", "avgmax")
         if "pre_norm" in out:
             options["patch_bias"] = not out["pre_norm"]
         if (options.get("classifier", "token") != "token"
@@ -421,8 +440,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                 mapping(state, build_config["num_heads"]))
             head_key = "head/kernel"
             # timm's GELU, unless the architecture or its act_layer names
-            # another (quick GELU: OpenAI's CLIP towers).
-            if "gelu" not in honoured and build_config.get("gelu") != "quick":
+            # another (quick GELU: OpenAI's CLIP towers; tanh: SigLIP 2's).
+            if "gelu" not in honoured and "gelu" not in arch.config:
                 build_config["gelu"] = "exact"
     except ValueError as e:  # parameters keras_vit lacks: name the file
         raise checkpoints.CheckpointError(f"{os.fspath(path)}: {e}") from None

@@ -1,5 +1,6 @@
 """timm's parameter names and the official ``.npz`` layout, both ways:
-ViT (``blocks.{i}.attn.qkv`` split into query, key and value), the
+ViT (``blocks.{i}.attn.qkv`` split into query, key and value; the
+attention pool ``attn_pool`` as big_vision's ``MAPHead_0``), the
 ResNetV2+ViT hybrids (``patch_embed.backbone.stages.{s}.blocks.{b}``) and
 BiT (``resnetv2_*_bit``). Plain functions of arrays, shared by the reader
 (:mod:`keras_vit.zoo.timm_hub`) and the writer
@@ -19,7 +20,7 @@ from keras_vit.zoo import convert
 # keras_vit's (VisionTransformer's classifier and gelu), for the reader and
 # the writer.
 TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
-              "avgmax": "avgmax"}
+              "avgmax": "avgmax", "map": "map"}
 TIMM_ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh",
                     "quick_gelu": "quick"}
 # timm's VisionTransformer arguments that are one of keras_vit's ViT family
@@ -66,6 +67,52 @@ TOP_PARAMS = {
 }
 
 
+# timm's attention pool (global_pool="map", AttentionPoolLatent with one
+# latent) -> the official MAPHead names; q, kv and proj are split into
+# heads by _attn_pool_to_official.
+_POOL = "attn_pool."
+_MAP_ATT = convert.MAP_HEAD + "MultiHeadDotProductAttention_0/"
+POOL_PARAMS = {
+    "latent": convert.MAP_HEAD + "probe",
+    "proj.weight": _MAP_ATT + "out/kernel", "proj.bias": _MAP_ATT + "out/bias",
+    "norm.weight": convert.MAP_HEAD + "LayerNorm_0/scale",
+    "norm.bias": convert.MAP_HEAD + "LayerNorm_0/bias",
+    "mlp.fc1.weight": convert.MAP_HEAD + "MlpBlock_0/Dense_0/kernel",
+    "mlp.fc1.bias": convert.MAP_HEAD + "MlpBlock_0/Dense_0/bias",
+    "mlp.fc2.weight": convert.MAP_HEAD + "MlpBlock_0/Dense_1/kernel",
+    "mlp.fc2.bias": convert.MAP_HEAD + "MlpBlock_0/Dense_1/bias",
+}
+# The query and the stacked key/value projections: the parts of each.
+_POOL_PROJECTIONS = {"q": ("query",), "kv": ("key", "value")}
+
+
+def _attn_pool_to_official(param, value, num_heads, out):
+    """Maps one ``attn_pool.`` parameter into ``out``; False for one
+    keras_vit's attention-pool head has no counterpart of (a position
+    table, q/k norms). A pool of several latent queries is refused."""
+    if param == "latent" and value.shape[1:2] != (1,):
+        raise ValueError(
+            f"timm's attention pool with latent_len={value.shape[1]} is not "
+            "supported (keras_vit's MAP head has one probe); received "
+            f"attn_pool.latent of shape {tuple(value.shape)}")
+    base, _, kind = param.rpartition(".")
+    if base in _POOL_PROJECTIONS and kind in ("weight", "bias"):
+        parts = _POOL_PROJECTIONS[base]
+        for part, w in zip(parts, np.split(value, len(parts), axis=0)):
+            key = f"{_MAP_ATT}{part}/{'kernel' if kind == 'weight' else 'bias'}"
+            out[key] = (w.T.reshape(w.shape[1], num_heads, -1)
+                        if kind == "weight" else w.reshape(num_heads, -1))
+        return True
+    if param not in POOL_PARAMS:
+        return False
+    if param == "proj.weight":  # (D, H*Dh) -> (H, Dh, D)
+        value = value.T.reshape(num_heads, -1, value.shape[0])
+    elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
+        value = value.T
+    out[POOL_PARAMS[param]] = value
+    return True
+
+
 def to_official(state, num_heads):
     """Maps a timm ViT ``state_dict`` (NumPy) onto the official ``.npz``
     layout, with the keys of the ViT family's options (register tokens,
@@ -97,6 +144,9 @@ def to_official(state, num_heads):
             elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
                 value = value.T
             out[key] = value
+        elif name.startswith(_POOL) and _attn_pool_to_official(
+                name[len(_POOL):], value, num_heads, out):
+            continue
         elif name in TOP_PARAMS:
             if name == "patch_embed.proj.weight":  # OIHW -> HWIO
                 value = value.transpose(2, 3, 1, 0)
@@ -205,7 +255,7 @@ def from_official(arrays):
                          f"{extra}")
     top = {v: k for k, v in TOP_PARAMS.items()}
     block = {v: k for k, v in BLOCK_PARAMS.items() if v}
-    state, qkv = {}, {}
+    state, qkv, pool_qkv = {}, {}, {}
     for key, value in arrays.items():
         value = np.asarray(value, dtype="float32")
         if key in top:
@@ -215,6 +265,9 @@ def from_official(arrays):
             elif name in ("head.weight", "head_dist.weight"):
                 value = value.T
             state[name] = value
+            continue
+        if key.startswith(convert.MAP_HEAD):
+            _attn_pool_from_official(key, value, state, pool_qkv)
             continue
         m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
         if not m:
@@ -238,4 +291,32 @@ def from_official(arrays):
         suffix = "weight" if kind == "kernel" else "bias"
         state[f"blocks.{i}.attn.qkv.{suffix}"] = np.concatenate(
             [parts["query"], parts["key"], parts["value"]], axis=0)
+    for kind, parts in pool_qkv.items():
+        suffix = "weight" if kind == "kernel" else "bias"
+        for base, names in _POOL_PROJECTIONS.items():
+            state[f"{_POOL}{base}.{suffix}"] = np.concatenate(
+                [parts[n] for n in names], axis=0)
     return {k: np.ascontiguousarray(v) for k, v in state.items()}
+
+
+def _attn_pool_from_official(key, value, state, projections):
+    """One official ``MAPHead_0/`` array as timm's ``attn_pool.``
+    parameter in ``state``; the query, key and value projections are
+    gathered in ``projections`` (kind -> part -> flat array) for timm's
+    ``q`` and stacked ``kv``."""
+    if key.startswith(_MAP_ATT):
+        part, kind = key[len(_MAP_ATT):].split("/")
+        if part in ("query", "key", "value"):
+            projections.setdefault(kind, {})[part] = (
+                value.reshape(value.shape[0], -1).T if kind == "kernel"
+                else value.reshape(-1))
+            return
+    names = {v: k for k, v in POOL_PARAMS.items()}
+    if key not in names:
+        raise ValueError(f"no timm attention-pool parameter for {key!r}")
+    name = names[key]
+    if name == "proj.weight":  # (H, Dh, D) -> (D, H*Dh)
+        value = value.reshape(-1, value.shape[-1]).T
+    elif value.ndim == 2:
+        value = value.T
+    state[_POOL + name] = value

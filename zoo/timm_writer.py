@@ -57,9 +57,13 @@ def _family_args(config):
             value = options[key]
             args[timm_names[key]] = (not value if key ==
                                      "posemb_includes_prefix" else value)
-    if config.get("gelu") == "quick":  # timm's default is exact GELU
+    # timm's default is the exact GELU: the others are named, so that timm
+    # computes the model's own numbers (the tanh form: the official
+    # models', SigLIP 2's).
+    gelu = config.get("gelu", "tanh")
+    if gelu != "exact":
         args["act_layer"] = next(theirs for theirs, ours in
-                                 TIMM_ACTIVATIONS.items() if ours == "quick")
+                                 TIMM_ACTIVATIONS.items() if ours == gelu)
     if options["drop_path_rate"]:
         args["drop_path_rate"] = float(options["drop_path_rate"])
     # timm builds the patch embedding without a bias exactly when a norm

@@ -24,6 +24,8 @@ ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # default, erf; "gelu_new" / "gelu_pytorch_tanh" the tanh approximation.
 GELU_FORMS = {"gelu": "exact", "gelu_new": "tanh",
               "gelu_pytorch_tanh": "tanh"}
+# keras_vit's GELU forms -> transformers' hidden_act, for the writers.
+HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 # Google's files: transformers' ViTConfig defaults.
 DEFAULT_LAYER_NORM_EPS = 1e-12
 DEFAULT_HIDDEN_ACT = "gelu"
@@ -71,7 +73,8 @@ def architecture(config, path, header=None):
             path, "model_type", f"model_type={shown_value(model_type)} is not "
             "supported" + (f": {what}" if what else "")
             + ". keras_vit reads transformers' ViT (model_type 'vit': "
-            f"{' and '.join(ARCHITECTURES)}); timm's repositories of the "
+            f"{' and '.join(ARCHITECTURES)}) and SigLIP's image towers "
+            "('siglip_vision_model', 'siglip'); timm's repositories of the "
             "same weights load too (hf-hub:timm/vit_*)")
     names = config.get("architectures")
     if names is not None:

@@ -1,7 +1,9 @@
 """Writes a keras_vit ViT as Hugging Face transformers writes a
 ``ViTForImageClassification`` (or a ``ViTModel`` for a model without a
 head): ``config.json`` with the class names as ``id2label``,
-``model.safetensors``, ``preprocessor_config.json``. The reverse of
+``model.safetensors``, ``preprocessor_config.json``; a model pooled by
+attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
+(:mod:`keras_vit.zoo.transformers_siglip`). The reverse of
 :mod:`keras_vit.zoo.transformers_hub`.
 """
 
@@ -12,13 +14,11 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert
-from keras_vit.zoo.transformers_layout import (ARCHITECTURES,
+from keras_vit.zoo import convert, transformers_siglip
+from keras_vit.zoo.transformers_layout import (ARCHITECTURES, HIDDEN_ACTS,
                                                PREPROCESSOR_FILE, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
-# keras_vit's GELU forms -> transformers' hidden_act.
-HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 
 
 def _writable(model):
@@ -83,9 +83,16 @@ def write(model, directory, labels=None):
                               num_classes=3)
         keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
     """
-    from keras_vit.base import atomic
     from keras_vit.base.checks import require
 
+    config = model.get_config() if hasattr(model, "get_config") else None
+    if isinstance(config, dict) and transformers_siglip.is_siglip_model(
+            config):
+        # Pooled by attention: SigLIP's image tower.
+        st = require("safetensors.numpy", package="safetensors",
+                     purpose="save_pretrained")
+        return _write_folder(directory, st,
+                             *transformers_siglip.write_files(model, labels))
     kind, reason = _writable(model)
     if reason is not None:
         raise ValueError(
@@ -146,11 +153,20 @@ def write(model, directory, labels=None):
         "do_normalize": True, "image_mean": list(normalization.mean),
         "image_std": list(normalization.std),
     }
+    return _write_folder(directory, st, out, preprocessor, state)
+
+
+def _write_folder(directory, st, config, preprocessor, state):
+    """Writes ``state`` (tensors, with ``st``, safetensors' NumPy
+    module), ``preprocessor`` and ``config`` into ``directory``, each file
+    whole or not at all; returns the folder."""
+    from keras_vit.base import atomic
+
     os.makedirs(directory, exist_ok=True)
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
         st.save_file(state, tmp, metadata={"format": "pt"})
     atomic.write_json(os.path.join(directory, PREPROCESSOR_FILE),
                       preprocessor)
     # The config last: a folder is a transformers folder once it is there.
-    atomic.write_json(os.path.join(directory, CONFIG_FILE), out)
+    atomic.write_json(os.path.join(directory, CONFIG_FILE), config)
     return os.fspath(directory)

@@ -162,6 +162,25 @@ _COUNTED = {
     "distilled", "block_units", "width_factor"}
 
 
+def attention_pool_params(config):
+    """The parameters of the attention-pool head (``classifier="map"``, or
+    ``pooling="map"`` without the head; 0 for any other pooling): the
+    probe (D), query, key, value and output projections with their
+    biases, a LayerNorm and an MLP as wide as the blocks'.
+
+    >>> attention_pool_params(dict(classifier="map", hidden_size=8,
+    ...                            mlp_dim=16))
+    592
+    """
+    method = config.get("classifier", "token")
+    if not config.get("include_top", True):
+        method = config.get("pooling")
+    if method != "map":
+        return 0
+    d, mlp = config["hidden_size"], config["mlp_dim"]
+    return d + 4 * (d * d + d) + 2 * d + (d * mlp + mlp) + (mlp * d + d)
+
+
 def parameter_count(config, image_size=None, num_classes=None,
                     representation_size=None):
     """The parameters of the model ``config`` builds (a registry config or
@@ -224,6 +243,7 @@ def parameter_count(config, image_size=None, num_classes=None,
     total += config["num_layers"] * block
     total += 2 * d * (bool(config.get("pre_norm"))
                       + bool(config.get("final_norm", True)))
+    total += attention_pool_params(config)
     representation_size = (representation_size
                            or config.get("representation_size"))
     width = d

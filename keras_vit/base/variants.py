@@ -4,7 +4,10 @@
 :class:`Arch`: the canonical name and the builder keyword arguments. Names
 are forgiving: ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit-b16"``, ``"B/16"`` and
 timm's ``"vit_base_patch16_224"`` all parse, and any patch size works
-(``"ViT-B/14"``).
+(``"ViT-B/14"``). The family's later members (``"DeiT-B/16"``,
+``"DINOv2-L/14"``, ``"CLIP-B/16"``, ...) are rows of
+:mod:`keras_vit.base.family_rows`, parsed here too (also by timm's name of
+the same model, ``"deit_base_patch16_224"``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import difflib
 import re
 
+from keras_vit.base import family_rows
 from keras_vit.base.errors import KerasVitError
 
 # Paper Table 1, plus Ti and S of the follow-up work (the official configs).
@@ -60,6 +64,9 @@ REGISTERED = (
     "BiT-R152x2",
     "BiT-R152x4",
 )
+
+# The family's later members the zoo names (keras_vit.base.family_rows).
+FAMILY_NAMES = tuple(family_rows.MEMBERS)
 
 
 class UnknownModelError(KerasVitError, ValueError):
@@ -143,6 +150,9 @@ def parse(name) -> Arch:
         raise UnknownModelError(
             f"name must be a non-empty string; received name={name!r}")
     raw = name.strip()
+    member = _family_member(raw, name)
+    if member is not None:
+        return member
     tag = None
     if "." in raw:  # timm's "arch.tag"
         raw, _, timm_tag = raw.partition(".")
@@ -190,6 +200,44 @@ def parse(name) -> Arch:
         res = int(m.group(3)) if m.group(3) else None
         return _vit_arch(size, int(m.group(2)), res, tag, name)
     raise UnknownModelError(_unknown_message(name))
+
+
+# A family member's spellings (its name, timm's architecture), squashed.
+_FAMILY_KEYS = {
+    _squash(spelling): name
+    for name, member in family_rows.MEMBERS.items()
+    for spelling in (name, member.timm)}
+_REFUSED_KEYS = {
+    _squash(spelling): name
+    for name, (timm_name, _) in family_rows.REFUSED.items()
+    for spelling in (name, timm_name)}
+
+
+def _family_member(raw, original):
+    """The :class:`Arch` of a row of :mod:`keras_vit.base.family_rows`
+    (``family="vit"``: it builds as a ViT with options), None for any other
+    name; a member the zoo cannot build is refused with the reason. A
+    timm tag after a dot (``"deit_base_patch16_224.fb_in1k"``) must be one
+    of the member's."""
+    spelled, _, tag = raw.partition(".")
+    key = _squash(spelled)
+    if key in _REFUSED_KEYS:
+        name = _REFUSED_KEYS[key]
+        also = f" ({name})" if name != original.strip() else ""
+        raise UnknownModelError(
+            f"name={original!r}{also} is not supported: "
+            f"{family_rows.REFUSED[name][1]}")
+    name = _FAMILY_KEYS.get(key)
+    if name is None:
+        return None
+    member = family_rows.MEMBERS[name]
+    tags = [w.tag for w in member.weights]
+    if tag and tag not in tags:
+        raise UnknownModelError(
+            f"Unknown weights tag {tag!r} in name={original!r}; {name} has "
+            f"{tags}")
+    return Arch(name, "vit", family_rows.config(name), member.image_size,
+                tag or None)
 
 
 def _vit_arch(size, patch, res, tag, original):
@@ -257,7 +305,7 @@ def _hybrid_arch(depth, size, stride, res, tag, original):
 
 
 def _unknown_message(name):
-    candidates = {_squash(n): n for n in REGISTERED}
+    candidates = {_squash(n): n for n in REGISTERED + FAMILY_NAMES}
     close = difflib.get_close_matches(_squash(str(name)), list(candidates),
                                       n=3, cutoff=0.5)
     hint = ""

@@ -32,15 +32,22 @@ def _cmd_list(args):
     from keras_vit import zoo
 
     pattern = args.pattern
+    try:
+        names = zoo.list_models(family=args.family)
+    except ValueError as e:
+        raise UserError(f"--family {args.family}: {e}") from None
     if pattern and not any(c in pattern for c in "*?["):
         # A bare word matches anywhere, ignoring case and separators, the way
         # model names are parsed: "b16" finds ViT-B/16 and R50+ViT-B/16.
         word = _squash(pattern)
-        names = [n for n in zoo.list_models() if word in _squash(n)]
-    else:
-        names = zoo.list_models(pattern)
+        names = [n for n in names if word in _squash(n)]
+    elif pattern:
+        names = [n for n in names if n in zoo.list_models(pattern)]
     if not names:
-        raise UserError(f"no registered model matches {args.pattern!r}; "
+        asked = " ".join(([repr(args.pattern)] if args.pattern else [])
+                         + ([f"--family {args.family}"] if args.family
+                            else []))
+        raise UserError(f"no registered model matches {asked}; "
                         f"`{PROG} list` shows them all")
     rows = []
     for name in names:
@@ -50,12 +57,15 @@ def _cmd_list(args):
             sizes = ", ".join(str(f["image_size"]) for f in files)
             star = "*" if tag == meta["default_weights"] else ""
             cells.append(f"{tag}{star} ({sizes})")
-        rows.append((name, ", ".join(cells) or "-"))
+        rows.append((name, meta["family"], ", ".join(cells) or "-"))
     width = max(len(r[0]) for r in rows)
-    print(f"{'NAME':<{width}}  WEIGHTS TAG (resolution)")
-    for name, cells in rows:
-        print(f"{name:<{width}}  {cells}")
-    print(f"* default (weights='auto'). Details: {PROG} info NAME")
+    family_width = max(len("FAMILY"), *(len(r[1]) for r in rows))
+    print(f"{'NAME':<{width}}  {'FAMILY':<{family_width}}  "
+          "WEIGHTS TAG (resolution)")
+    for name, family, cells in rows:
+        print(f"{name:<{width}}  {family:<{family_width}}  {cells}")
+    print(f"* default (weights='auto'). Details: {PROG} info NAME; one "
+          f"family: {PROG} list --family FAMILY")
     return 0
 
 
@@ -68,6 +78,8 @@ def _cmd_info(args):
         return 0
     status = "registered" if meta["registered"] else "not registered"
     print(f"{meta['name']}  (family {meta['family']}, {status})")
+    for note in meta["notes"]:
+        print(f"  {note}")
     config = " ".join(f"{k}={v}" for k, v in meta["config"].items())
     print(f"  architecture:   {config}")
     count = meta.get("parameters")
@@ -76,6 +88,12 @@ def _cmd_info(args):
               f"{count['image_size']} px, {count['num_classes']} classes"
               + (f", pre_logits {count['representation_size']}"
                  if count["representation_size"] else "") + ")")
+    norm = meta["input_normalization"]
+    print(f"  source:         {meta['source'] or 'none (weights=None)'}")
+    print(f"  image size:     {meta['image_size']}")
+    print(f"  normalisation:  {norm['name']} (mean {tuple(norm['mean'])}, "
+          f"std {tuple(norm['std'])} of [0, 1] pixels)")
+    print(f"  labels:         {_labels_text(meta)}")
     print(f"  preprocessing:  {meta['preprocessing']}")
     print(f"  default weights: {meta['default_weights'] or 'none'}")
     if not meta["weights"]:
@@ -84,8 +102,11 @@ def _cmd_info(args):
         for f in files:
             extra = (f", pre_logits {f['representation_size']}"
                      if f["representation_size"] else "")
-            print(f"  [{tag}] {f['image_size']}px, {f['num_classes']} classes "
-                  f"(labels {f['labels']}){extra}")
+            head = (f"{f['num_classes']} classes (labels {f['labels']})"
+                    if f["labels"] else
+                    f"{f['num_classes']} outputs, no labels"
+                    if f["num_classes"] else "no head (pooled embedding)")
+            print(f"  [{tag}] {f['image_size']}px, {head}{extra}")
             if f["description"]:
                 print(f"      {f['description']}")
             print(f"      {f['url']}")
@@ -93,6 +114,20 @@ def _cmd_info(args):
                 print(f"      sha256 {f['sha256']}")
             print(f"      license {f['license']}")
     return 0
+
+
+def _labels_text(meta):
+    """The default head's labels, for ``info``: the list's name and size,
+    or what the head is when it has none."""
+    default = meta["default_weights"]
+    if default is None:
+        return "none (no released weights)"
+    classes = meta["weights"][default][0]["num_classes"]
+    if meta["labels"]:
+        return f"{meta['labels']} ({classes} classes)"
+    if not classes:
+        return "none: no head, the model returns the pooled embedding"
+    return f"none: a {classes}-wide head without class names"
 
 
 # --------------------------------------------------------------------------
@@ -285,20 +320,45 @@ def _model_geometry(model):
     return int(shape[1]), int(shape[2])
 
 
-def _check_image_path(path):
-    """One error naming IMAGE unless ``path`` is a regular file (opening a
-    FIFO would block until something writes to it)."""
-    from keras_vit.base.archives import special_file
+def _image_paths(arguments):
+    """The image files the IMAGE arguments name, in order: a file as it
+    is, a folder's image files (by extension, recursively, sorted), a glob
+    pattern's matches (``**`` spans folders). An argument that names
+    nothing stops the command with one line naming it: before the model
+    loads."""
+    import glob
 
-    if os.path.isdir(path):
-        raise UserError(f"IMAGE={path!r} is a directory; pass image "
-                        "files (a shell glob such as DIR/*.jpg)")
-    kind = special_file(path)
-    if kind is not None:
-        raise UserError(f"IMAGE={path!r} is {kind}, not a regular file; "
-                        "pass image files")
-    if not os.path.isfile(path):
-        raise UserError(f"IMAGE={path!r} does not exist")
+    from keras_vit.base.archives import special_file
+    from keras_vit.train.data.image_checks import IMAGE_EXTENSIONS
+
+    paths = []
+    for arg in arguments:
+        if os.path.isdir(arg):
+            found = sorted(
+                os.path.join(root, name)
+                for root, dirs, names in os.walk(arg)
+                for name in names if not name.startswith(".")
+                and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS)
+            if not found:
+                raise UserError(
+                    f"IMAGE={arg!r} is a folder with no image files "
+                    f"({', '.join(IMAGE_EXTENSIONS)})")
+            paths += found
+        elif os.path.lexists(arg):
+            kind = special_file(arg)
+            if kind is not None:  # opening a FIFO would block
+                raise UserError(f"IMAGE={arg!r} is {kind}, not a regular "
+                                "file; pass image files")
+            paths.append(arg)
+        elif glob.has_magic(arg):
+            found = sorted(p for p in glob.glob(arg, recursive=True)
+                           if os.path.isfile(p))
+            if not found:
+                raise UserError(f"IMAGE={arg!r} matches no file")
+            paths += found
+        else:
+            raise UserError(f"IMAGE={arg!r} does not exist")
+    return paths
 
 
 def _read_image(path):
@@ -330,8 +390,7 @@ def _cmd_predict(args):
     if not (_looks_like_file(args.model) or os.path.isdir(args.model)
             or timm_hub.is_timm_source(args.model)):
         _check_model_name(args.model)  # before the images are read
-    for path in args.images:
-        _check_image_path(path)
+    paths = _image_paths(args.images)
     model, description = _load_for_predict(args)
     if getattr(model, "include_top", True) is False:
         raise UserError("the model has no classification head "
@@ -350,9 +409,25 @@ def _cmd_predict(args):
     # attention maps per image of ViT-B/16.
     batch = forward_batch(model, 16, option=(
         "--image-size" if args.image_size else "the model's image size"))
-    images = np.stack([zoo.preprocess_input(
-        _read_image(p), size, scale=scale,
-        input_normalization=of_model(model)) for p in args.images])
+    # Each image that cannot be read is reported and the others predicted;
+    # the command then exits non-zero.
+    good, failed, images = [], [], []
+    for path in paths:
+        try:
+            pixels = _read_image(path)
+        except UserError as e:
+            failed.append({"image": path, "error": str(e)})
+            continue
+        good.append(path)
+        images.append(zoo.preprocess_input(
+            pixels, size, scale=scale, input_normalization=of_model(model)))
+    if not images and len(failed) == 1:
+        raise UserError(failed[0]["error"])
+    for failure in failed:
+        print(f"{PROG}: error: {failure['error']}", file=sys.stderr)
+    if not images:
+        raise UserError(f"none of the {len(paths)} images could be read")
+    images = np.stack(images)
     outputs = []
     for start in range(0, len(images), batch):
         out = infer(model, images[start:start + batch])
@@ -362,7 +437,7 @@ def _cmd_predict(args):
     outputs = np.concatenate(outputs)
     bad = ~np.isfinite(outputs).all(axis=-1)
     if bad.any():  # NaN weights: a ranking of "nan" scores means nothing
-        first = [p for p, b in zip(args.images, bad) if b][0]
+        first = [p for p, b in zip(good, bad) if b][0]
         raise UserError(
             f"the model {description} gives non-finite outputs (NaN or inf) "
             f"for {int(bad.sum())} of {len(bad)} image(s), e.g. {first!r}: "
@@ -380,7 +455,7 @@ def _cmd_predict(args):
     k = min(args.top, num_classes)
 
     results = []
-    for path, p in zip(args.images, probs):
+    for path, p in zip(good, probs):
         top = []
         for rank, idx in enumerate(np.argsort(-p, kind="stable")[:k], 1):
             wnid, label = labels[idx] if labels else (None, f"class {idx}")
@@ -393,8 +468,9 @@ def _cmd_predict(args):
         print(json.dumps({"model": description,
                           "image_size": list(size),
                           "labels": label_name,
-                          "predictions": results}, indent=2))
-        return 0
+                          "predictions": results, "failed": failed},
+                         indent=2))
+        return 1 if failed else 0
     from keras_vit.base.checks import printable
 
     # Label names may come from a downloaded config.json: a newline would
@@ -409,7 +485,10 @@ def _cmd_predict(args):
                 str(t["index"]))
             print(f"  {t['rank']:>2}  {t['probability']:.4f}  "
                   f"{printable(t['label'])}  [{ident}]")
-    return 0
+    if failed:
+        print(f"{PROG}: error: {len(failed)} of {len(paths)} image(s) could "
+              "not be read (above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 # --------------------------------------------------------------------------
@@ -450,6 +529,9 @@ def build_parser():
     p = sub.add_parser("list", help="registered models and their weights")
     p.add_argument("pattern", nargs="?", metavar="PATTERN",
                    help="glob (ViT-B*) or substring (B/16) of the names")
+    p.add_argument("--family", metavar="FAMILY",
+                   help="one family only: vit, hybrid, axial, bit, deit, "
+                        "deit3, dinov2, clip")
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("info", help="architecture and released weights of "
@@ -475,7 +557,10 @@ def build_parser():
         "metavar": "NAME", "help": "a model name (e.g. ViT-B/16), a .keras "
         "file, or timm weights: hf-hub:<repo>, a repository folder, a "
         ".safetensors file"})
-    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files, folders (their images, recursively) "
+                   "or glob patterns ('photos/**/*.jpg'); an image that "
+                   "cannot be read is reported and the others predicted")
     options.add(p, weights="weights tag, .npz path or URL (default: the "
                            "model's default weights)",
                 image_size="input resolution (default: the weights')")

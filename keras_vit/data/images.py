@@ -324,6 +324,70 @@ def _jpeg_exif(data):
     return _walk_to_payload(step, 2)
 
 
+def _jpeg_scan(data):
+    """(start, framed, steps) of a JPEG's first scan: ``start`` where its
+    entropy-coded data begins (-1 when the file ends, or its segments
+    stop, before a whole SOS segment), ``framed`` 1 when a frame header
+    (SOF) came before it, ``steps`` as for :func:`_walk_to_payload`."""
+    tf = _tf()
+    length = tf.cast(tf.strings.length(data), tf.int64)
+
+    def step(pos, found, framed, steps):
+        b = _raw(data, pos, 4)
+        marker = b[1]
+        seglen = b[2] * 256 + b[3]
+        lone = ((marker >= 0xD0) & (marker <= 0xD7)) | tf.equal(marker, 0x01)
+        stop = (tf.not_equal(b[0], 0xFF) | tf.equal(marker, 0xD9)
+                | (pos + 4 > length))
+        scan = tf.equal(marker, 0xDA) & tf.logical_not(stop)
+        frame = ((marker >= 0xC0) & (marker <= 0xCF) & tf.not_equal(
+            marker, 0xC4) & tf.not_equal(marker, 0xC8)
+            & tf.not_equal(marker, 0xCC))
+        new_pos = tf.where(
+            stop | scan, tf.constant(-1, tf.int64),
+            tf.where(tf.equal(marker, 0xFF), pos + 1,
+                     tf.where(lone, pos + 2, pos + 2 + seglen)))
+        whole = pos + 2 + seglen <= length
+        return (new_pos, tf.where(scan & whole, pos + 2 + seglen, found),
+                tf.where(frame & tf.logical_not(stop),
+                         tf.constant(1, tf.int64), framed),
+                steps + 1)
+
+    return _walk_to_payload(step, 2)
+
+
+def _jpeg_cut_short(data):
+    """Why libjpeg cannot read the JPEG ``data`` whole ("" when it can as
+    far as its markers tell): a file cut short before its image data or
+    inside it (no end-of-image marker after the first scan: the scan's
+    own bytes never hold one, and an EXIF thumbnail's comes before it), or
+    a missing frame header. Read before TensorFlow's decoder meets it, so
+    that the refusal names the image like the others; also the number of
+    walk steps, for the segment cap."""
+    tf = _tf()
+    start, framed, steps = _jpeg_scan(data)
+    length = tf.cast(tf.strings.length(data), tf.int64)
+
+    def has_end():
+        tail = tf.io.decode_raw(
+            tf.strings.substr(data, start, length - start), tf.uint8)
+        return tf.reduce_any(tf.equal(tail[:-1], 0xFF)
+                             & tf.equal(tail[1:], 0xD9))
+
+    ended = tf.cond(start >= 0, has_end, lambda: tf.constant(False))
+    reason = tf.where(
+        steps > MAX_SEGMENTS, "",  # refused for its segments instead
+        tf.where(start < 0, tf.strings.format(
+            "({} bytes) is a JPEG cut short before its image data", length),
+            tf.where(tf.not_equal(framed, 1),
+                     "is a damaged JPEG (no frame header before its image "
+                     "data)",
+                     tf.where(ended, "", tf.strings.format(
+                         "({} bytes) is a JPEG cut short inside its image "
+                         "data (no end-of-image marker)", length)))))
+    return reason, steps
+
+
 def _find_chunk(data, start, want, stops, big_endian):
     """(start, length, steps) of the payload of the first chunk named
     ``want`` (PNG: length then name, big-endian; RIFF: name then
@@ -451,8 +515,9 @@ def inspect(data, budget=None, fmt=None):
     """``(facts, reason)`` of the encoded image ``data`` (a scalar string
     tensor), read before any pixel is decoded (TensorFlow ops): ``facts``
     is an int64 vector named by :data:`FACTS`, ``reason`` why every path
-    refuses the image ("" when none does). A JPEG whose header libjpeg
-    cannot read fails with TensorFlow's error. ``fmt``: the format index
+    refuses the image ("" when none does): a JPEG cut short (before or
+    inside its image data) is refused here; one whose header is damaged
+    otherwise fails with TensorFlow's error. ``fmt``: the format index
     when the caller already knows it (:func:`sniff_bytes`), so that only
     that format's ops are built."""
     tf = _tf()
@@ -480,7 +545,13 @@ def inspect(data, budget=None, fmt=None):
                         _over_budget(width, height, name, budget), "")
 
     def jpeg():
-        shape = tf.cast(tf.io.extract_jpeg_shape(data), tf.int64)
+        # libjpeg's own header read fails the call without naming the
+        # image: a file it cannot read whole is refused first.
+        cut, scan_steps = _jpeg_cut_short(data)
+        shape = tf.cond(
+            tf.equal(cut, "") & (scan_steps <= MAX_SEGMENTS),
+            lambda: tf.cast(tf.io.extract_jpeg_shape(data), tf.int64),
+            lambda: tf.ones(3, tf.int64))
         height, width = shape[0], shape[1]
         scales = tf.constant(JPEG_SCALES, tf.int64)
         fits = (-(-width // scales)) * (-(-height // scales)) <= budget
@@ -493,8 +564,9 @@ def inspect(data, budget=None, fmt=None):
         # first kilobyte; the others take the exact walk.
         exif = tf.cond(_prefix_walk(head, 2, "jpeg"), no_exif,
                        lambda: _jpeg_exif(data))
+        exif = exif[:2] + (tf.maximum(exif[2], scan_steps),)
         return pack(width, height, scale, none, _first(
-            _no_pixels(width, height, "JPEG"), over), exif)
+            cut, _no_pixels(width, height, "JPEG"), over), exif)
 
     def png():
         width = _number(head[16:20], False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from keras_vit.base.names import class_names
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.layers.dense import FusedDense
 
@@ -71,6 +72,31 @@ def classification_head(x, pooling_layer, include_top, representation_size,
     return x
 
 
+def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
+                  layer_norm_epsilon, dtype):
+    """The ViT's ``pooling`` layer for ``method`` (None: none): a
+    :class:`~keras_vit.layers.TokenPooling` (the patch tokens after the
+    ``num_prefix_tokens`` class and register tokens, or for ``"token"``
+    the class token), or for ``"map"`` the attention-pool head
+    (:class:`~keras_vit.layers.AttentionPoolHead`), which has weights of
+    its own: its MLP as wide as the blocks' (``mlp_dim``), its GELU and
+    LayerNorm epsilon the model's, as SigLIP's, timm's and big_vision's
+    heads are."""
+    from keras_vit import layers as vit_layers
+
+    if method is None:
+        return None
+    if method == "map":
+        return vit_layers.AttentionPoolHead(
+            num_heads, mlp_dim, gelu=gelu,
+            layer_norm_epsilon=layer_norm_epsilon,
+            num_prefix_tokens=num_prefix_tokens, dtype=dtype,
+            name="pooling")
+    return vit_layers.TokenPooling(
+        method, num_prefix_tokens=num_prefix_tokens if method != "token"
+        else 0, dtype=dtype, name="pooling")
+
+
 def check_label_names(label_names, num_classes, include_top):
     """``label_names`` as a tuple of class names, one per output of the
     head, or None. The names travel with the model: its config holds them,
@@ -106,6 +132,9 @@ def check_label_names(label_names, num_classes, include_top):
             f"label_names must name each of the {num_classes} classes "
             f"(num_classes={num_classes}); received {count} "
             f"name{'s' * (count != 1)}: label_names={shown}")
+    # One spelling per name (NFC), so that names that read the same are
+    # the same name here, in the data's folders and in every file written.
+    label_names = class_names(label_names)
     seen = set()
     for name in label_names:
         if name in seen:

@@ -204,8 +204,9 @@ def check_family_options(options, classifier, pooling, include_top,
                 else f"pooling={pooling!r}")
         raise ValueError(
             f"{what} takes the class token, but class_token=False builds "
-            "the model without one; pool by 'gap', 'max' or 'avgmax' or "
-            f"keep the class token; received {what}, class_token=False")
+            "the model without one; pool by 'gap', 'max', 'avgmax' or "
+            f"'map' or keep the class token; received {what}, "
+            "class_token=False")
     if out["fc_norm"] and not out["final_norm"]:
         raise ValueError(
             "fc_norm=True moves the final LayerNorm after the pooling, and "
@@ -214,7 +215,7 @@ def check_family_options(options, classifier, pooling, include_top,
     if out["fc_norm"] and method in (None, "token"):
         raise ValueError(
             "fc_norm=True normalises the pooled patch tokens (after 'gap', "
-            "'max' or 'avgmax' pooling); received fc_norm=True with "
+            "'max', 'avgmax' or 'map' pooling); received fc_norm=True with "
             + (f"classifier={classifier!r}" if include_top
                else f"pooling={pooling!r}"))
     if out["distilled"] and (method not in (None, "token")

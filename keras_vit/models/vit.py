@@ -10,7 +10,7 @@ from keras_vit.base import geometry
 from keras_vit.base.checks import check_choice, check_dtype, check_keywords
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head,
-                                     image_input)
+                                     image_input, pooling_layer)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.encoder import (FAMILY_DEFAULTS, NORMALISED,
                                       check_encoder_args,
@@ -21,8 +21,9 @@ from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.quantization import QuantizeMixin
 
 # How the head pools the tokens ("avg" is another name for "gap"; the
-# methods are keras_vit.layers.TokenPooling's).
-_CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax")
+# methods are keras_vit.layers.TokenPooling's, and "map" is
+# keras_vit.layers.AttentionPoolHead).
+_CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map")
 _POOLINGS = (None, *_CLASSIFIERS)
 
 
@@ -266,12 +267,12 @@ def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
         num_classes, dropout_rate, attention_dropout_rate,
         image_size=image_size, tokens=grid[0] * grid[1] + 1)
     check_choice("classifier", classifier, _CLASSIFIERS)
-    if classifier == "gap" and pooling == "token" and (
+    if classifier in ("gap", "map") and pooling == "token" and (
             family["class_token"] is None):
         raise ValueError(
-            "pooling='token' takes the class token, but classifier='gap' "
-            "builds the model without one; use pooling='gap' (the mean of "
-            "the tokens) or classifier='token'; received "
+            f"pooling='token' takes the class token, but classifier="
+            f"{classifier!r} builds the model without one; use pooling="
+            f"{classifier!r} or classifier='token'; received "
             f"classifier={classifier!r}, pooling={pooling!r}")
     check_position_embedding(position_embedding,
                              position_embedding_placement,
@@ -467,10 +468,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                 classifier_activation, dtype)
         else:
             x = classification_head(
-                x, None if method is None else vit_layers.TokenPooling(
-                    method,
-                    num_prefix_tokens=prefix if method != "token" else 0,
-                    dtype=dtype, name="pooling"),
+                x, pooling_layer(method, prefix, spec["num_heads"],
+                                 spec["mlp_dim"], gelu, layer_norm_epsilon,
+                                 dtype),
                 spec["head"], spec["representation_size"],
                 spec["num_classes"],
                 keras.initializers.Constant(head_bias_init),
@@ -589,7 +589,11 @@ def vit(
             DeiT-III, DINOv2, CLIP's image towers and timm's other ViTs
             set them: ``classifier`` (and ``pooling``) also take ``"avg"``
             (``"gap"``), ``"max"`` and ``"avgmax"`` (mean + max) / 2,
-            pooled over the patch tokens; ``class_token`` (None: with
+            pooled over the patch tokens, and ``"map"``: multihead
+            attention pooling of the patch tokens after the final norm by
+            a learned probe, SigLIP's and big_vision's head
+            (:class:`keras_vit.layers.AttentionPoolHead`, weights of its
+            own); ``class_token`` (None: with
             ``classifier="token"`` only; True keeps one beside any
             pooling); ``num_registers``: register tokens after the class
             token; ``posemb_includes_prefix`` (False: the position table

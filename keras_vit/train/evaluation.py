@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.base.names import class_name, shown_apart
 from keras_vit.train.data.load import load_data
 from keras_vit.data.normalization import pipeline_options
 from keras_vit.train.data.pipeline import padded_eval_dataset
@@ -55,6 +56,16 @@ def shown_names(names, limit=10):
         f"]{more}")
 
 
+def _apart(names, others, limit=10):
+    """``names`` for a message, each one that looks like one of
+    ``others`` followed by its code points (:func:`shown_apart`)."""
+    from keras_vit.base.checks import printable
+
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return "[" + ", ".join(shown_apart(printable(n), others)
+                           for n in names[:limit]) + f"]{more}"
+
+
 def _output_keys(model, count):
     """For each of ``model``'s ``count`` outputs, the names it answers
     to: its class name (``label_names``, a Hub repository's names, else
@@ -66,13 +77,14 @@ def _output_keys(model, count):
     keys = None
     names = model_label_names(model)
     if names is not None and len(names) == count:
-        keys = [[n] for n in names]
+        keys = [[class_name(n)] for n in names]
     _, rows = model_labels(model, count, by_head=False)
     if rows is not None:
         if keys is None:
             keys = [[] for _ in range(count)]
         for key, (wnid, name) in zip(keys, rows):
-            key.extend(k for k in (name, wnid) if k and k not in key)
+            key.extend(class_name(k) for k in (name, wnid)
+                       if k and class_name(k) not in key)
     return keys
 
 
@@ -127,10 +139,16 @@ def class_mapping(model, source):
     model_names = [k[0] if k else str(i) for i, k in enumerate(keys)]
     missing = [n for n in data_names if n not in index]
     if missing:
+        # A name that only looks like one of the model's is shown with its
+        # code points, and so is the model's.
+        alike = [n for n in model_names
+                 if shown_apart(n, missing) != repr(n)]
         raise ValueError(
-            f"data={source.name!r} has the classes {shown_names(missing)} "
-            f"that model={model.name!r} does not have; the model's classes "
-            f"are {shown_names(model_names)}")
+            f"data={source.name!r} has the classes "
+            f"{_apart(missing, model_names)} that model={model.name!r} does "
+            f"not have; the model's classes are {shown_names(model_names)}"
+            + (f", of them {_apart(alike, missing)} only look alike"
+               if alike else ""))
     twice = [n for n in data_names if n in taken]
     if twice:
         raise ValueError(

@@ -25,6 +25,8 @@ OPTIONS = [
     dict(resnet=dict(num_layers=(1, 1), width_factor=0.5), patch_size=1),
     dict(resnet=dict(num_layers=(1, 1, 1), width_factor=0.5,
                      fold_last_stage=True), patch_size=1, image_size=64),
+    dict(classifier="map"), dict(classifier="map", num_classes=0),
+    dict(include_top=False, pooling="map"),
 ]
 
 

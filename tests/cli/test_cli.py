@@ -338,7 +338,7 @@ def test_warnings_print_one_line_without_source_paths(capsys):
 @pytest.mark.parametrize("kind, status, needle", [
     ("text", 2, "(12 bytes) is not a JPEG, PNG, GIF, BMP or WebP file"),
     ("empty", 2, "is empty"),
-    ("folder", 2, "is a directory; pass image files"),
+    ("folder", 2, "is a folder with no image files"),
     ("gray16", 0, None), ("rgba", 0, None), ("cmyk", 0, None),
     ("palette", 0, None), ("one_pixel", 0, None),
 ])
@@ -357,6 +357,44 @@ def test_predict_on_odd_images(tiny_keras, tmp_path, capsys, kind, status,
 
         out = json.loads(capsys.readouterr().out)
         assert len(out["predictions"][0]["top"]) == 5
+
+
+def test_predict_takes_folders_and_globs_and_spares_the_good_images(
+        tiny_keras, tmp_path, capsys):
+    """Folders (recursively) and glob patterns expand to their images;
+    a file that cannot be read is named on its own line and the others
+    are predicted, and the exit status says something failed."""
+    import json
+
+    from keras_vit import cli
+
+    photos = tmp_path / "photos"
+    (photos / "more").mkdir(parents=True)
+    for name in ("a.png", "more/b.png", "c.png"):
+        _odd_image(photos / name, "rgba")
+    _odd_image(photos / "more" / "broken.png", "text")
+    (photos / "notes.txt").write_text("not an image")  # not by extension
+    status = cli.main(["predict", str(tiny_keras), str(photos), "--json"])
+    captured = capsys.readouterr()
+    assert status == 1
+    out = json.loads(captured.out)
+    assert [p["image"] for p in out["predictions"]] == [
+        str(photos / n) for n in ("a.png", "c.png", "more/b.png")]
+    assert [f["image"] for f in out["failed"]] == [
+        str(photos / "more" / "broken.png")]
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 1 and "broken.png" in errors[0], errors
+    # A glob, quoted as a shell would pass it unexpanded; ** spans folders.
+    assert cli.main(["predict", str(tiny_keras),
+                     str(photos / "**" / "[ab].png"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["image"] for p in out["predictions"]] == [
+        str(photos / "a.png"), str(photos / "more" / "b.png")]
+    assert out["failed"] == []
+    # A pattern that matches nothing stops before the model loads.
+    assert cli.main(["predict", str(tiny_keras),
+                     str(photos / "*.jpeg")]) == 2
+    assert "*.jpeg' matches no file" in _one_error_line(capsys)
 
 
 def test_unicode_paths_round_trip(tmp_path, capsys):

@@ -96,6 +96,8 @@ CASES = {
                                layer_norm_epsilon=1e-5),
                           lambda: _rng_input((2, 2, 3, 8))),
     "TokenPooling": (dict(method="gap"), lambda: _rng_input((2, 5, 8))),
+    "AttentionPoolHead": (dict(num_heads=2, mlp_dim=16, num_prefix_tokens=1),
+                          lambda: _rng_input((2, 5, 8))),
     "StackScores": (dict(), lambda: [_rng_input((2, 2, 5, 5))] * 2),
     "StdConv2D": (dict(filters=4, kernel_size=(3, 3), standardization="std",
                        eps=1e-5), lambda: _rng_input((2, 8, 8, 3))),

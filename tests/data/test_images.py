@@ -24,6 +24,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("PIL")
@@ -164,6 +165,41 @@ def test_refusals_are_one_line_and_name_the_element():
         images.decode_bytes("not bytes")
     assert str(error.value) == (
         "image must be the bytes of an image file; received a str")
+
+
+def _photo_jpeg(progressive):
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(3).integers(0, 255, (24, 40, 3), "uint8")
+    out = io.BytesIO()
+    # With an EXIF block: its thumbnail-sized segment comes before the scan.
+    exif = Image.Exif()
+    exif[0x0112] = 1
+    Image.fromarray(pixels).save(out, "JPEG", progressive=progressive,
+                                 exif=exif)
+    return out.getvalue()
+
+
+@settings(max_examples=25, deadline=None)
+@given(progressive=st.booleans(), fraction=st.floats(0, 1, exclude_max=True))
+def test_a_jpeg_cut_anywhere_is_refused_naming_the_element(progressive,
+                                                           fraction):
+    """A JPEG cut short, in its header or inside its image data, is
+    refused by the module's own reading, naming the element, not by
+    TensorFlow's decoder with an error that names no image."""
+    data = _photo_jpeg(progressive)
+    cut = data[:int(fraction * len(data))]
+    with pytest.raises(images.ImageError) as error:
+        images.decode_bytes(cut, "image_bytes[4]")
+    message = str(error.value)
+    assert message.startswith("image_bytes[4] ") and "\n" not in message
+    assert ("cut short" in message or "is empty" in message
+            or "is not a JPEG" in message), message
+    # The whole file, and the file with bytes after its end, decode.
+    assert images.decode_bytes(data).shape == (24, 40, 3)
+    assert images.decode_bytes(data + b"trailing").shape == (24, 40, 3)
 
 
 # -- the budget holds whatever the header says ------------------------------

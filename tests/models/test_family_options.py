@@ -153,3 +153,159 @@ def test_defaults_build_the_papers_vit():
 def test_family_options_are_checked_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         VisionTransformer(**{**TINY, **kwargs})
+
+
+# -- the attention-pool head (classifier="map") --------------------------------
+
+def _gelu(x, form):
+    if form == "tanh":
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi)
+                                      * (x + 0.044715 * x ** 3)))
+    import math
+
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2)))
+
+
+def _map_reference(tokens, head, skip=0):
+    """big_vision's MAPHead in NumPy: the probe's query attends over the
+    tokens (after ``skip`` prefix tokens), then y + MLP(LayerNorm(y))."""
+    w = {v.path.split("/", 1)[1]: to_numpy(v).astype("float64")
+         for v in head.weights}
+    x = tokens[:, skip:].astype("float64")
+    b, n, d = x.shape
+    heads = head.num_heads
+    dh = d // heads
+
+    def project(t, name):
+        return (t @ w[f"{name}/kernel"].reshape(d, d)
+                + w[f"{name}/bias"].reshape(d)).reshape(*t.shape[:-1],
+                                                        heads, dh)
+
+    q = project(w["probe"][0], "query")  # (1, heads, dh)
+    k, v = project(x, "key"), project(x, "value")
+    logits = np.einsum("qhc,bnhc->bhqn", q, k) / np.sqrt(dh)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    context = np.einsum("bhqn,bnhc->bqhc", p, v).reshape(b, 1, d)
+    y = context @ w["out/kernel"].reshape(d, d) + w["out/bias"]
+    mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+    normed = ((y - mean) / np.sqrt(var + head.layer_norm_epsilon)
+              * w["norm/gamma"] + w["norm/beta"])
+    hidden = _gelu(normed @ w["mlp/dense_0/kernel"] + w["mlp/dense_0/bias"],
+                   head.gelu)
+    y = y + hidden @ w["mlp/dense_1/kernel"] + w["mlp/dense_1/bias"]
+    return y[:, 0]
+
+
+@pytest.mark.parametrize("options, skip", [
+    (dict(), 0),  # SigLIP's: no class token
+    (dict(class_token=True, num_registers=1, gelu="exact",
+          layer_norm_epsilon=1e-5), 2),  # timm pools the patches only
+])
+def test_map_head_is_big_visions_map_head(options, skip):
+    model = _randomise(VisionTransformer(**dict(TINY, num_classes=0),
+                                         classifier="map", **options))
+    head = model.get_layer("pooling")
+    assert head.num_prefix_tokens == skip
+    tokens = to_numpy(model.feature_model("tokens")(_images()))
+    assert tokens.shape == (2, skip + 4, 8)
+    want = _map_reference(tokens, head, skip)
+    got = to_numpy(model(_images()))
+    assert got.shape == (2, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # What a head reads: the pooled embedding, as timm's pre_logits.
+    np.testing.assert_allclose(to_numpy(model.feature_model("pre_logits")(
+        _images())), got, atol=1e-6)
+
+
+def test_map_head_round_trips_through_config_and_keras_file(tmp_path):
+    from keras_vit.layers import AttentionPoolHead
+
+    model = _randomise(VisionTransformer(**TINY, classifier="map"))
+    names = {w.path for w in model.weights}
+    assert {"pooling/probe", "pooling/query/kernel", "pooling/out/bias",
+            "pooling/norm/gamma", "pooling/mlp/dense_1/kernel"} <= names
+    assert "class_token/cls" not in names  # no class token by default
+    head = model.get_layer("pooling")
+    again = AttentionPoolHead.from_config(head.get_config())
+    assert again.get_config() == head.get_config()
+    x = _images()
+    copy = VisionTransformer.from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    np.testing.assert_allclose(to_numpy(copy(x)), to_numpy(model(x)),
+                               atol=1e-6)
+    model.save(tmp_path / "map.keras")
+    loaded = keras.saving.load_model(tmp_path / "map.keras")
+    assert loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)),
+                               atol=1e-6)
+
+
+def test_map_heads_official_keys_and_rebuilds():
+    import keras_vit
+    from keras_vit.zoo import convert
+
+    model = _randomise(VisionTransformer(**dict(TINY, num_classes=0),
+                                         classifier="map"))
+    arrays = convert.export_arrays(model)
+    assert {"MAPHead_0/probe",
+            "MAPHead_0/MultiHeadDotProductAttention_0/query/kernel",
+            "MAPHead_0/MultiHeadDotProductAttention_0/out/kernel",
+            "MAPHead_0/LayerNorm_0/scale",
+            "MAPHead_0/MlpBlock_0/Dense_1/bias"} <= set(arrays)
+    assert arrays["MAPHead_0/MultiHeadDotProductAttention_0/key/kernel"] \
+        .shape == (8, 2, 4)
+    # A new head on the pooled embedding; the tokens without the pool.
+    x = _images()
+    model = _randomise(VisionTransformer(**TINY, classifier="map"))
+    pooled = to_numpy(model.feature_model("pre_logits")(x))
+    classifier = keras_vit.rebuild(model, num_classes=5)
+    assert classifier(x).shape == (2, 5)
+    np.testing.assert_allclose(
+        to_numpy(classifier.feature_model("pre_logits")(x)), pooled,
+        atol=1e-6)
+    tokens = keras_vit.rebuild(model, include_top=False)
+    np.testing.assert_allclose(to_numpy(tokens(x)),
+                               to_numpy(model.feature_model("tokens")(x)),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [
+    dict(classifier="map"), dict(classifier="map", num_classes=0),
+    dict(include_top=False, pooling="map"),
+    dict(classifier="map", class_token=True, num_registers=1,
+         representation_size=6, fc_norm=True),
+])
+def test_map_parameter_count_is_the_built_models(options):
+    from keras_vit.base import geometry
+
+    model = VisionTransformer(**{**TINY, **options})
+    assert geometry.parameter_count(model.get_config()) == \
+        model.count_params()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(classifier="map", distilled=True, class_token=True),
+     "distilled=True .* received classifier='map'"),
+    (dict(classifier="map", pooling="token", include_top=False),
+     "pooling='token' takes the class token, but classifier='map'"),
+    (dict(classifier="MAP"), "classifier"),
+    (dict(classifier="map", num_classes=0, classifier_activation="softmax"),
+     "classifier_activation belongs to a head"),
+])
+def test_map_refusals_name_the_argument_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as info:
+        VisionTransformer(**{**TINY, **kwargs})
+    assert "\n" not in str(info.value)
+
+
+def test_attention_pool_head_refuses_bad_arguments():
+    from keras_vit.layers import AttentionPoolHead
+
+    with pytest.raises(ValueError, match="num_heads must be a positive "
+                                         "integer; received num_heads=0"):
+        AttentionPoolHead(0, 16)
+    with pytest.raises(ValueError, match="gelu"):
+        AttentionPoolHead(2, 16, gelu="relu")
+    with pytest.raises(ValueError, match="num_heads=3"):
+        AttentionPoolHead(3, 16)(np.zeros((1, 4, 8), "float32"))

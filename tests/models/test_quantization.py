@@ -9,6 +9,7 @@ import pytest
 
 import keras_vit
 from keras_vit.models import lora
+from keras_vit.models.quantization import MODES
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
             num_heads=2, mlp_dim=32, num_classes=3)
@@ -20,16 +21,17 @@ def _modes(model):
 
 
 @pytest.mark.backends
-def test_a_refused_quantize_leaves_every_layer_as_it_was():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_refused_quantize_leaves_every_layer_as_it_was(mode):
     model = keras_vit.vit(**TINY)
     # One layer quantized already: quantizing the model again must be
     # refused before any other layer changes.
     head = model.get_layer("head")
-    head.quantize("int8")
+    head.quantize(mode)
     before = _modes(model)
-    assert list(before.values()).count("int8") == 1
+    assert list(before.values()).count(mode) == 1
     with pytest.raises(ValueError, match="head"):
-        model.quantize("int8")
+        model.quantize(mode)
     assert _modes(model) == before
 
 
@@ -38,9 +40,10 @@ def test_quantizing_a_model_with_lora_adapters_is_refused():
     model = keras_vit.vit(**TINY)
     lora.enable_lora(model, rank=2)
     before = _modes(model)
-    with pytest.raises(ValueError, match="LoRA"):
-        model.quantize("int8")
-    assert _modes(model) == before
+    for mode in MODES:
+        with pytest.raises(ValueError, match="LoRA"):
+            model.quantize(mode)
+        assert _modes(model) == before
     # Merged, the same model quantizes.
     merged = lora.merge(model)
     merged.quantize("int8")

@@ -221,3 +221,56 @@ PYTHON_API = [
 
 
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
+
+
+def test_a_failed_tfds_download_is_one_line_with_the_way_out():
+    import requests
+
+    from keras_vit.train.data.sources import DataError
+    from keras_vit.train.data.tfds_source import download_and_prepare
+
+    class Unreachable:
+        def download_and_prepare(self):
+            raise requests.ConnectionError(
+                "HTTPSConnectionPool(host='www.cs.toronto.edu', port=443):"
+                "\n Max retries exceeded")
+
+    with pytest.raises(DataError) as error:
+        download_and_prepare(Unreachable(), "cifar10")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "tfds dataset 'cifar10' could not be downloaded (ConnectionError: "
+        "HTTPSConnectionPool(host='www.cs.toronto.edu'")
+    assert "tfds build cifar10" in message and "--data-dir" in message
+
+
+def test_an_offline_tfds_download_is_refused_before_any_connection(
+        monkeypatch):
+    from keras_vit.train.data.sources import DataError
+    from keras_vit.train.data.tfds_source import download_and_prepare
+
+    class Untouchable:
+        def download_and_prepare(self):
+            raise AssertionError("downloaded while offline")
+
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    with pytest.raises(DataError, match="KERAS_VIT_OFFLINE=1 forbids "
+                       "downloading it; prepare it where"):
+        download_and_prepare(Untouchable(), "cifar10", "/data/tfds")
+
+
+def test_tfds_retries_are_bounded_for_the_download_and_put_back():
+    downloader = pytest.importorskip(
+        "tensorflow_datasets.core.download.downloader")
+    from keras_vit.train.data.tfds_source import download_and_prepare
+
+    seen = []
+
+    class Recording:
+        def download_and_prepare(self):
+            seen.append(downloader.MAX_RETRIES)
+
+    before = downloader.MAX_RETRIES
+    download_and_prepare(Recording(), "cifar10")
+    assert seen == [min(before, 2)] and downloader.MAX_RETRIES == before

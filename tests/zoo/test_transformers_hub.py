@@ -431,3 +431,126 @@ def test_models_transformers_cannot_hold_are_refused(tmp_path):
     with pytest.raises(ValueError, match="2 names for a head of 3"):
         zoo.save_pretrained(_keras_classifier(), tmp_path / "z",
                             layout="transformers", labels=["a", "b"])
+
+
+# -- SigLIP's image towers ------------------------------------------------------
+
+def _siglip_vision_config(**overrides):
+    values = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, image_size=SIZE, patch_size=16)
+    values.update(overrides)
+    return transformers.SiglipVisionConfig(**values)
+
+
+def _assert_relative(got, want, rtol=1e-5):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= rtol * scale, (
+        np.abs(got - want).max(), scale)
+
+
+@pytest.fixture(scope="module")
+def siglip_repo(tmp_path_factory):
+    model = _randomise(transformers.SiglipVisionModel(
+        _siglip_vision_config()), 5)
+    path = tmp_path_factory.mktemp("hf") / "siglip"
+    model.save_pretrained(path, safe_serialization=True)
+    with torch.no_grad():
+        out = model(pixel_values=_torch_input(_images()))
+    return path, out.pooler_output.numpy(), out.last_hidden_state.numpy()
+
+
+def test_siglip_vision_model_loads_with_its_pooler_output(siglip_repo,
+                                                         tmp_path):
+    """A SiglipVisionModel is the ViT with the attention-pool head, no
+    class token, the tanh GELU: num_classes=0 returns pooler_output; the
+    tokens are last_hidden_state (post_layernorm is the final norm); a
+    new head sits on the pooled embedding; and keras_vit writes the
+    tower back as a SiglipVisionModel that transformers loads whole."""
+    from safetensors.numpy import load_file
+
+    path, pooled, tokens = siglip_repo
+    model = zoo.load(str(path))
+    config = model.get_config()
+    assert (config["classifier"], config["class_token"], config["gelu"],
+            config["num_classes"], config["layer_norm_epsilon"]) == (
+        "map", False, "tanh", 0, 1e-6)
+    assert config["input_normalization"] is None  # mean = std = 0.5
+    _assert_relative(model(_images()), pooled)
+    _assert_relative(zoo.load(str(path), include_top=False)(_images()),
+                     tokens)
+    assert np.asarray(zoo.load(str(path), num_classes=4)(_images())).shape \
+        == (3, 4)
+
+    out = zoo.save_pretrained(model, tmp_path / "back",
+                              layout="transformers")
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert written["model_type"] == "siglip_vision_model"
+    loaded, info = transformers.SiglipVisionModel.from_pretrained(
+        out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                     "mismatched_keys")), info
+    with torch.no_grad():
+        theirs = loaded.eval()(pixel_values=_torch_input(_images()))
+    _assert_relative(theirs.pooler_output.numpy(), pooled)
+    before = load_file(str(path / "model.safetensors"))
+    after = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert set(after) == set(before)
+    for key, value in before.items():
+        np.testing.assert_allclose(after[key], value, rtol=0, atol=1e-7,
+                                   err_msg=key)
+    _assert_relative(zoo.load(out)(_images()), pooled)
+
+
+def test_siglip_models_image_tower_and_a_tower_without_head(tmp_path):
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=64, vocab_size=100, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)
+    whole = _randomise(transformers.SiglipModel(transformers.SiglipConfig(
+        vision_config=_siglip_vision_config().to_dict(),
+        text_config=text)), 6)
+    whole.save_pretrained(tmp_path / "whole", safe_serialization=True)
+    with torch.no_grad():
+        pooled = whole.vision_model(
+            pixel_values=_torch_input(_images())).pooler_output.numpy()
+    _assert_relative(zoo.load(str(tmp_path / "whole"))(_images()), pooled)
+
+    bare = _randomise(transformers.SiglipVisionModel(
+        _siglip_vision_config(vision_use_head=False, hidden_act="gelu")), 7)
+    bare.save_pretrained(tmp_path / "bare", safe_serialization=True)
+    with torch.no_grad():
+        tokens = bare(pixel_values=_torch_input(_images())).last_hidden_state
+    model = zoo.load(str(tmp_path / "bare"))
+    assert model.get_config()["gelu"] == "exact"
+    _assert_relative(model(_images()), tokens.numpy())
+
+
+def test_siglip_settings_keras_vit_lacks_are_refused_by_name(siglip_repo,
+                                                            tmp_path):
+    import keras_vit
+
+    path, _, _ = siglip_repo
+    config = json.loads((path / "config.json").read_text())
+    for field, value, match in (
+            ("architectures", ["SiglipForImageClassification"],
+             "field architectures"),
+            ("hidden_act", "relu", "field hidden_act"),
+            ("image_size", [32, 48], "field image_size")):
+        bad = _copy(path, tmp_path / field)
+        (bad / "config.json").write_text(json.dumps(dict(config,
+                                                         **{field: value})))
+        with pytest.raises(ValueError, match=match) as info:
+            zoo.load(str(bad))
+        assert str(bad / "config.json") in str(info.value)
+    with pytest.raises(ValueError, match="config.json fixes its own"):
+        zoo.load("ViT-Ti/16", weights=str(path))
+    # A model pooled by attention with a classification head: no
+    # transformers class holds it.
+    headed = keras_vit.vit(image_size=SIZE, patch_size=16, hidden_size=32,
+                           num_layers=1, num_heads=2, mlp_dim=64,
+                           num_classes=3, classifier="map")
+    with pytest.raises(ValueError, match="SiglipVisionModel.*classification "
+                                         "head"):
+        zoo.save_pretrained(headed, tmp_path / "x", layout="transformers")
+    assert not (tmp_path / "x" / "config.json").exists()

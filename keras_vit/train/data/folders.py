@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 
+from keras_vit.base.names import class_name, shown_apart
 from keras_vit.data import images as image_decoder
 from keras_vit.train.data.image_checks import FACT_COLUMNS, check_images
 from keras_vit.train.data.sources import DataError, ImageSource
@@ -51,6 +52,14 @@ class FolderSource(ImageSource):
                 f"Image folder data={path!r} has no class sub-folders; "
                 "expected one sub-folder of images per class, e.g. "
                 f"{os.path.join(path, 'cat', '001.jpg')}")
+        spelled = {}
+        for cls in classes:  # two spellings of one name: two folders, one class
+            twin = spelled.setdefault(class_name(cls), cls)
+            if twin != cls:
+                raise DataError(
+                    f"Image folder data={path!r} has the class folders "
+                    f"{shown_apart(twin, [cls])} and {shown_apart(cls, [twin])}"
+                    ", one name in two Unicode spellings; merge them into one")
         candidates = []
         for label, cls in enumerate(classes):
             folder = os.path.join(path, cls)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_vit.base.errors import KerasVitError
+from keras_vit.base import names
 
 
 class DataError(KerasVitError, ValueError):
@@ -38,7 +39,10 @@ class ImageSource:
     def __init__(self, num_examples, num_classes, class_names=None):
         self.num_examples = int(num_examples)
         self.num_classes = int(num_classes)
-        self.class_names = list(class_names) if class_names else None
+        # One spelling per name (NFC): folder names from another system
+        # compare equal to the model's names that read the same.
+        self.class_names = names.class_names(class_names) if class_names \
+            else None
 
     def labels(self):
         """All labels, in record order, as an int64 numpy array."""

@@ -42,7 +42,7 @@ class TfdsSource(ImageSource):
                     f"access: `tfds build {name}` (or pass --download / "
                     "download=True), or point --data-dir / data_dir= at a "
                     "folder where it is prepared (TFDS_DATA_DIR).")
-            builder.download_and_prepare()
+            download_and_prepare(builder, name, data_dir)
         features = builder.info.features
         for key, what in ((image_key, "image_key"), (label_key, "label_key")):
             if key not in features:
@@ -129,6 +129,46 @@ class TfdsSource(ImageSource):
         image = image_decoder.decode_crop(
             record, crop, f"an image of {self.name}", fast_dct=True)
         return tf.cast(image, tf.float32)
+
+
+def download_and_prepare(builder, name, data_dir=None):
+    """tfds' ``builder.download_and_prepare()`` within the package's network
+    rules: refused at once under ``KERAS_VIT_OFFLINE=1``; tfds' retries
+    bounded (see below); a failure is one line naming the dataset, the
+    reason and how to prepare it elsewhere."""
+    from keras_vit.base import environment
+
+    elsewhere = (f"prepare it where the network reaches its source (`tfds "
+                 f"build {name}`) and pass that folder as --data-dir / "
+                 "data_dir= (TFDS_DATA_DIR)")
+    if environment.read("KERAS_VIT_OFFLINE"):
+        raise DataError(f"tfds dataset {name!r} is not prepared"
+                        f"{f' in {data_dir!r}' if data_dir else ''} and "
+                        f"KERAS_VIT_OFFLINE=1 forbids downloading it; "
+                        f"{elsewhere}")
+    # tfds retries each URL 10 times with a doubling back-off (205 s
+    # measured before a failure with no route to cifar10's server); two
+    # retries still ride out a dropped connection. Read when each download
+    # starts, so it is set for this call and put back.
+    try:
+        from tensorflow_datasets.core.download import downloader
+    except ImportError:  # another tfds layout: its own retries stand
+        downloader = None
+    retries = getattr(downloader, "MAX_RETRIES", None)
+    if retries is not None:
+        downloader.MAX_RETRIES = min(retries, 2)
+    try:
+        builder.download_and_prepare()
+    except OSError as e:  # requests' errors are OSErrors too
+        reason = " ".join(str(e).split())
+        if len(reason) > 300:
+            reason = reason[:300] + "..."
+        raise DataError(f"tfds dataset {name!r} could not be downloaded "
+                        f"({type(e).__name__}: {reason}); {elsewhere}"
+                        ) from None
+    finally:
+        if retries is not None:
+            downloader.MAX_RETRIES = retries
 
 
 def import_tfds():

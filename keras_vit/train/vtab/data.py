@@ -7,8 +7,8 @@ from __future__ import annotations
 
 
 from keras_vit.train.data.sources import DataError, ImageSource
-from keras_vit.train.data.tfds_source import (TfdsSource, import_tfds,
-                                              tfds_builder)
+from keras_vit.train.data.tfds_source import (
+    TfdsSource, download_and_prepare, import_tfds, tfds_builder)
 from keras_vit.train.vtab.tasks import (
     DERIVED_LABELS, TASKS, TRAIN_EXAMPLES, VAL_EXAMPLES, label_fn,
     resolve_tasks, split_instructions)
@@ -110,7 +110,7 @@ def load_task(task, *, data_dir=None, download=False, sweep=False,
                 f"VTAB task {task.name!r}: tfds dataset {task.tfds_name!r} is "
                 f"not prepared in {str(builder.data_dir_root)!r}. "
                 + how_to_prepare([task.name], data_dir))
-        builder.download_and_prepare()
+        download_and_prepare(builder, task.tfds_name, data_dir)
     sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
     counts = {}
     splits = split_instructions(

@@ -1,0 +1,210 @@
+"""The ViT family's later members by readable name: one table of data.
+
+``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ... are the one
+:class:`~keras_vit.models.VisionTransformer` with the family's options
+(``FAMILY_DEFAULTS`` of :mod:`keras_vit.models.encoder`). Each row of
+:data:`MEMBERS` says which options, at which size, where its weights are
+(timm's repositories on the Hugging Face Hub), which input normalisation
+and image size they expect and which labels their head has. The facts are
+timm's (its architecture functions and ``pretrained_cfg``);
+``tests/zoo/test_family_registry.py`` checks every row against timm's own
+model.
+
+The table sits on the lowest floor, beside the parser of names
+(:mod:`keras_vit.base.variants`), because every reader asks that parser
+what a name is; the zoo's registry (:mod:`keras_vit.zoo.registry`) turns
+the weights columns into its records.
+
+>>> MEMBERS["DeiT-B/16"].weights[0].source
+'hf-hub:timm/deit_base_patch16_224.fb_in1k'
+>>> config("DINOv2-S/14")["layer_scale"]
+1e-05
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# The sizes the members come in: hidden size, layers, heads, MLP width.
+SIZES = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "M": (512, 12, 8, 2048),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+}
+
+
+class Family(NamedTuple):
+    """What a family sets over the 2020 ViT, for all its members.
+
+    Attributes:
+        options: keras_vit builder arguments (the family options, ``gelu``,
+            ``layer_norm_epsilon``).
+        normalization: the input normalisation its weights were trained
+            with, a name of :data:`keras_vit.data.normalization.NAMED`.
+        license: the licence of its weights.
+        about: one line for ``keras-vit info``.
+    """
+
+    options: dict
+    normalization: str
+    license: str
+    about: str
+
+
+# timm runs the exact (erf) GELU and LayerNorm epsilon 1e-6 (CLIP: 1e-5).
+FAMILIES = {
+    "deit": Family(
+        dict(gelu="exact"), "imagenet",
+        "Apache-2.0 (facebookresearch/deit)",
+        "DeiT (Touvron et al. 2021): ViT trained on ImageNet-1k alone; "
+        "'-distilled' adds a distillation token and head, averaged with "
+        "the class head at inference"),
+    "deit3": Family(
+        dict(gelu="exact", posemb_includes_prefix=False, layer_scale=1e-6),
+        "imagenet", "Apache-2.0 (facebookresearch/deit)",
+        "DeiT III (Touvron et al. 2022): layer scale, no position "
+        "embedding on the class token"),
+    "dinov2": Family(
+        dict(gelu="exact", layer_scale=1e-5), "imagenet",
+        "Apache-2.0 (facebookresearch/dinov2)",
+        "DINOv2 (Oquab et al. 2023): self-supervised features, no head "
+        "(the class token's embedding); '-reg' adds 4 register tokens "
+        "(Darcet et al. 2024)"),
+    "clip": Family(
+        dict(gelu="quick", pre_norm=True, patch_bias=False,
+             layer_norm_epsilon=1e-5), "clip", "MIT (openai/CLIP)",
+        "CLIP image towers (Radford et al. 2021), OpenAI's weights: the "
+        "head is the image-text projection (an embedding, no labels)"),
+}
+
+
+class Weights(NamedTuple):
+    """One released checkpoint of a member: its timm tag, where it is,
+    the size of its head (0: none, the model returns the pooled
+    embedding) and the label list of that head (a list shipped in
+    ``zoo/labels``, or None)."""
+
+    tag: str
+    source: str
+    num_classes: int
+    labels: str | None
+
+
+class Member(NamedTuple):
+    """One row: a named member of the family.
+
+    Attributes:
+        family: a key of :data:`FAMILIES`.
+        timm: timm's architecture of the same model.
+        size: a key of :data:`SIZES`.
+        patch_size: the side of its patches.
+        image_size: the resolution its weights were trained at.
+        options: builder arguments over the family's.
+        weights: its checkpoints, the default first.
+    """
+
+    family: str
+    timm: str
+    size: str
+    patch_size: int
+    image_size: int
+    options: dict
+    weights: tuple
+
+
+def _hub(arch, tag, classes, labels=None, repo=None):
+    """A checkpoint in timm's repository ``timm/<arch>.<tag>`` (``repo``
+    where the repository is named after another architecture)."""
+    return Weights(tag, f"hf-hub:timm/{repo or arch}.{tag}", classes, labels)
+
+
+def _deit(arch, size, image_size=224, **options):
+    return Member("deit", arch, size, 16, image_size, options,
+                  (_hub(arch, "fb_in1k", 1000, "imagenet2012"),))
+
+
+def _deit3(arch, size, patch=16, image_size=224):
+    # Both releases; the ImageNet-21k pre-training is the more accurate.
+    return Member("deit3", arch, size, patch, image_size, {}, (
+        _hub(arch, "fb_in22k_ft_in1k", 1000, "imagenet2012"),
+        _hub(arch, "fb_in1k", 1000, "imagenet2012")))
+
+
+def _dinov2(arch, size, **options):
+    return Member("dinov2", arch, size, 14, 518, options,
+                  (_hub(arch, "lvd142m", 0),))
+
+
+def _clip(arch, size, patch, embedding, image_size=224):
+    # timm's QuickGELU architecture reads the repository of the GELU one.
+    repo = arch.replace("_clip_quickgelu_", "_clip_")
+    return Member("clip", arch, size, patch, image_size, {},
+                  (_hub(arch, "openai", embedding, repo=repo),))
+
+
+_REG = dict(num_registers=4, posemb_includes_prefix=False)
+
+#: The named members, by canonical name, grouped by family.
+MEMBERS = {
+    "DeiT-Ti/16": _deit("deit_tiny_patch16_224", "Ti"),
+    "DeiT-S/16": _deit("deit_small_patch16_224", "S"),
+    "DeiT-B/16": _deit("deit_base_patch16_224", "B"),
+    "DeiT-B/16-384": _deit("deit_base_patch16_384", "B", 384),
+    "DeiT-Ti/16-distilled": _deit("deit_tiny_distilled_patch16_224", "Ti",
+                                  distilled=True),
+    "DeiT-S/16-distilled": _deit("deit_small_distilled_patch16_224", "S",
+                                 distilled=True),
+    "DeiT-B/16-distilled": _deit("deit_base_distilled_patch16_224", "B",
+                                 distilled=True),
+    "DeiT-B/16-distilled-384": _deit("deit_base_distilled_patch16_384", "B",
+                                     384, distilled=True),
+    "DeiT3-S/16": _deit3("deit3_small_patch16_224", "S"),
+    "DeiT3-S/16-384": _deit3("deit3_small_patch16_384", "S", image_size=384),
+    "DeiT3-M/16": _deit3("deit3_medium_patch16_224", "M"),
+    "DeiT3-B/16": _deit3("deit3_base_patch16_224", "B"),
+    "DeiT3-B/16-384": _deit3("deit3_base_patch16_384", "B", image_size=384),
+    "DeiT3-L/16": _deit3("deit3_large_patch16_224", "L"),
+    "DeiT3-L/16-384": _deit3("deit3_large_patch16_384", "L", image_size=384),
+    "DeiT3-H/14": _deit3("deit3_huge_patch14_224", "H", patch=14),
+    "DINOv2-S/14": _dinov2("vit_small_patch14_dinov2", "S"),
+    "DINOv2-B/14": _dinov2("vit_base_patch14_dinov2", "B"),
+    "DINOv2-L/14": _dinov2("vit_large_patch14_dinov2", "L"),
+    "DINOv2-reg-S/14": _dinov2("vit_small_patch14_reg4_dinov2", "S", **_REG),
+    "DINOv2-reg-B/14": _dinov2("vit_base_patch14_reg4_dinov2", "B", **_REG),
+    "DINOv2-reg-L/14": _dinov2("vit_large_patch14_reg4_dinov2", "L", **_REG),
+    "CLIP-B/32": _clip("vit_base_patch32_clip_quickgelu_224", "B", 32, 512),
+    "CLIP-B/16": _clip("vit_base_patch16_clip_quickgelu_224", "B", 16, 512),
+    "CLIP-L/14": _clip("vit_large_patch14_clip_quickgelu_224", "L", 14, 768),
+    "CLIP-L/14-336": _clip("vit_large_patch14_clip_quickgelu_336", "L", 14,
+                           768, image_size=336),
+}
+
+#: Members the zoo names but cannot build, with timm's architecture and
+#: the reason (the error a load of them gives).
+REFUSED = {
+    "DINOv2-g/14": (
+        "vit_giant_patch14_dinov2",
+        "its MLP is SwiGLU (a gated SiLU MLP, 1536 wide, 40 layers), which "
+        "keras_vit does not build; DINOv2-L/14 is the largest DINOv2 it loads"),
+    "DINOv2-reg-g/14": (
+        "vit_giant_patch14_reg4_dinov2",
+        "its MLP is SwiGLU (a gated SiLU MLP, 1536 wide, 40 layers), which "
+        "keras_vit does not build; DINOv2-reg-L/14 is the largest it loads"),
+}
+
+
+def config(name):
+    """The builder arguments of the member ``name`` (a key of
+    :data:`MEMBERS`): its sizes, its family's options and its own, and
+    its input normalisation; without ``image_size`` and
+    ``num_classes``, which go with its weights."""
+    member = MEMBERS[name]
+    family = FAMILIES[member.family]
+    hidden, layers, heads, mlp = SIZES[member.size]
+    return dict(patch_size=member.patch_size, hidden_size=hidden,
+                num_layers=layers, num_heads=heads, mlp_dim=mlp,
+                **family.options, **member.options,
+                input_normalization=family.normalization)

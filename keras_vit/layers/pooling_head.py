@@ -1,0 +1,105 @@
+"""Multihead attention pooling ("MAP"): one learned query attends over the
+tokens, the pooling head of SigLIP's image towers and big_vision's
+``pool_type="map"`` ViTs."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import layers, ops
+
+from keras_vit.layers.blocks import MlpBlock
+from keras_vit.layers.dense import (
+    FusedEinsumDense, FusedLayerNormalization, KeptArguments, check_gelu,
+    xavier_flat)
+from keras_vit.layers.registered import PACKAGE
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class AttentionPoolHead(KeptArguments, layers.Layer):
+    """Pools (B, N, D) tokens into (B, D) by attention from a learned probe.
+
+    A learned ``probe`` (1, 1, D) is the one query: multi-head dot-product
+    attention of ``num_heads`` heads from it over the tokens (projections
+    ``query``, ``key``, ``value`` with kernels (D, heads, D/heads) and
+    ``out`` with kernel (heads, D/heads, D), all with biases: the layout of
+    :class:`~keras_vit.layers.MultiHeadSelfAttention` and of the released
+    checkpoints), then a pre-LN residual MLP, ``y + MLP(LayerNorm(y))``
+    (``norm`` of epsilon ``layer_norm_epsilon``, ``mlp`` Dense(``mlp_dim``)
+    -> GELU of form ``gelu`` -> Dense(D)), and the probe's row is the
+    output. This is big_vision's ``MAPHead``, timm's ``AttentionPoolLatent``
+    with one latent and transformers'
+    ``SiglipMultiheadAttentionPoolingHead``; the three compute the same
+    function, which is why one layer loads all their weights.
+
+    ``num_prefix_tokens`` leading tokens (class, register tokens) are left
+    out of the keys and values, as timm leaves them out of its attention
+    pool. The softmax runs in float32 under mixed precision: the probe's
+    logits over every token decide the whole embedding, and bf16 loses the
+    small differences between them.
+    """
+
+    ARGUMENTS = {"num_heads": int, "mlp_dim": int, "gelu": check_gelu,
+                 "layer_norm_epsilon": float, "num_prefix_tokens": int}
+
+    def __init__(self, num_heads, mlp_dim, gelu="tanh",
+                 layer_norm_epsilon=1e-6, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.keep_arguments(locals())
+        for name in ("num_heads", "mlp_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer; "
+                                 f"received {name}={getattr(self, name)}")
+        if self.num_prefix_tokens < 0:
+            raise ValueError("num_prefix_tokens must be 0 or more; received "
+                             f"num_prefix_tokens={self.num_prefix_tokens}")
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by "
+                             f"num_heads={self.num_heads}")
+        head_dim = dim // self.num_heads
+        self.head_dim = head_dim
+        self.probe = self.add_weight(name="probe", shape=(1, 1, dim),
+                                     initializer="glorot_uniform")
+        batch = tuple(input_shape[:1])
+        for name, length in (("query", 1), ("key", input_shape[1]),
+                             ("value", input_shape[1])):
+            layer = FusedEinsumDense(
+                "abc,cde->abde", (None, self.num_heads, head_dim),
+                bias_axes="de", kernel_initializer=xavier_flat(dim, dim),
+                bias_initializer="zeros", dtype=self.dtype_policy, name=name)
+            layer.build(batch + (length, dim))
+            setattr(self, name, layer)
+        self.out = FusedEinsumDense(
+            "abcd,cde->abe", (None, dim), bias_axes="e",
+            kernel_initializer=xavier_flat(dim, dim),
+            bias_initializer="zeros", dtype=self.dtype_policy, name="out")
+        self.out.build(batch + (1, self.num_heads, head_dim))
+        self.norm = FusedLayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+            name="norm")
+        self.norm.build(batch + (1, dim))
+        self.mlp = MlpBlock(self.mlp_dim, 0.0, self.gelu,
+                            dtype=self.dtype_policy, name="mlp")
+        self.mlp.build(batch + (1, dim))
+        self.built = True
+
+    def call(self, x, training=None):
+        if self.num_prefix_tokens:
+            x = x[:, self.num_prefix_tokens:]
+        # The probe's query once, shared by every image: (1, heads, Dh).
+        q = self.query(ops.cast(self.probe, x.dtype))[0]
+        k, v = self.key(x), self.value(x)
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        logits = ops.einsum("qhk,bvhk->bhqv", q, k)
+        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        context = ops.einsum("bhqv,bvhk->bqhk", ops.cast(probs, x.dtype), v)
+        y = self.out(context)  # (B, 1, D)
+        y = y + self.mlp(self.norm(y), training=training)
+        return y[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])

@@ -1,0 +1,318 @@
+"""The family's named members (DeiT, DeiT III, DINOv2, CLIP): every row of
+``keras_vit.base.family_rows`` against timm's own facts (its
+``pretrained_cfg``: Hub repository, input size, mean/std, head; its models:
+parameter count and logits), the names in ``zoo.list_models``, ``zoo.info``
+and the command line, and a named member loaded from a local stand-in for
+the Hub. Random weights, written by timm itself; never the real Hub."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keras_vit import zoo
+from testkit import (assert_close_to_timm, random_images,
+                     random_timm_model, timm_forward)
+from keras_vit.base import family_rows, variants
+from keras_vit.data.normalization import NAMED
+from keras_vit.zoo import registry
+
+ROWS = sorted(family_rows.MEMBERS)
+# The test-size input of each patch size: a 2x2 grid.
+SMALL = {14: 28, 16: 32, 32: 64}
+
+
+def _timm():
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    return pytest.importorskip("timm")
+
+
+def _random_timm_model(arch, size, num_classes, depth=1):
+    _timm()
+    return random_timm_model(arch, size, num_classes, depth)
+
+
+
+
+
+
+
+
+
+
+def _save_for_hf(model, folder):
+    """timm's own writer; the config.json it writes may name no setting
+    beyond the test's size (the row, not the file, must say the rest)."""
+    from timm.models import save_for_hf
+
+    save_for_hf(model, folder, safe_serialization=True)
+    config = json.loads((folder / "config.json").read_text())
+    args = dict(config.get("model_args", {}))
+    assert (args.pop("in_chans", 3), args.pop("global_pool", "token")) == (
+        3, "token"), config["model_args"]  # timm's defaults, said again
+    assert set(args) <= {"depth", "img_size", "num_classes"}, args
+    return config
+
+
+# --------------------------------------------------------------------------
+# Each row against timm
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_row_is_timms_release(name):
+    """Hub repository, input size, mean/std, head size and label list of
+    every release are those of timm's pretrained_cfg."""
+    timm = _timm()
+    from timm.models import get_pretrained_cfg
+
+    member = family_rows.MEMBERS[name]
+    assert timm.is_model(member.timm), member.timm
+    norm = NAMED[family_rows.FAMILIES[member.family].normalization]
+    for weights in member.weights:
+        full = f"{member.timm}.{weights.tag}"
+        assert full in timm.list_pretrained(member.timm + "*"), full
+        cfg = get_pretrained_cfg(full)
+        assert weights.source == f"hf-hub:{cfg.hf_hub_id}", full
+        assert cfg.input_size[1:] == (member.image_size, member.image_size)
+        assert weights.num_classes == cfg.num_classes, full
+        np.testing.assert_allclose(norm.mean, cfg.mean, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(norm.std, cfg.std, rtol=0, atol=1e-8)
+        # ImageNet's names on an ImageNet-1k head, none on anything else.
+        assert weights.labels == (
+            "imagenet2012" if cfg.num_classes == 1000 else None), full
+    meta = zoo.info(name)
+    default = member.weights[0]
+    assert meta["source"] == default.source
+    assert meta["image_size"] == member.image_size
+    assert meta["labels"] == default.labels
+    assert meta["input_normalization"]["mean"] == list(norm.mean)
+    assert meta["parameters"]["num_classes"] == default.num_classes
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_row_parameter_count_is_timms(name):
+    """``zoo.info``'s count (from the row's config alone) is the
+    parameter count of timm's model at full depth, found from timm's
+    models of one and two blocks (each block holds as many)."""
+    member = family_rows.MEMBERS[name]
+    classes = member.weights[0].num_classes
+    one, two = (sum(p.numel() for p in _random_timm_model(
+        member.timm, member.image_size, classes, depth).parameters())
+        for depth in (1, 2))
+    layers = family_rows.SIZES[member.size][1]
+    assert zoo.info(name)["parameters"]["count"] == one + (layers - 1) * (
+        two - one)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_row_config_gives_timms_logits(name, tmp_path):
+    """timm's model of the row at one block, written by timm, loads into
+    the row's architecture (``zoo.load(name, weights=folder)``) with timm's
+    logits: the row's options are the ones timm's model runs."""
+    member = family_rows.MEMBERS[name]
+    size = SMALL[member.patch_size]
+    classes = member.weights[0].num_classes
+    theirs = _random_timm_model(member.timm, size, classes)
+    _save_for_hf(theirs, tmp_path / "repo")
+    ours = zoo.load(name, weights=str(tmp_path / "repo"))
+    config = ours.get_config()
+    expected = family_rows.config(name)
+    expected.pop("input_normalization")
+    for key, value in expected.items():
+        if key != "num_layers":
+            assert config[key] == value, key
+    norm = NAMED[family_rows.FAMILIES[member.family].normalization]
+    assert config["input_normalization"] == norm.to_config()
+    assert config["num_classes"] == classes
+    x = random_images(size)
+    assert_close_to_timm(ours(x), timm_forward(theirs, x))
+
+
+@pytest.mark.parametrize("name", sorted(family_rows.REFUSED))
+def test_refused_members_are_swiglu_in_timm_and_refused_by_name(name):
+    arch, reason = family_rows.REFUSED[name]
+    import torch
+
+    mlp = _random_timm_model(arch, 28, 0).blocks[0].mlp
+    # A gated MLP (fc1 twice the width fc2 reads) on SiLU: SwiGLU.
+    assert "Glu" in type(mlp).__name__ and isinstance(mlp.act, torch.nn.SiLU)
+    assert mlp.fc1.out_features == 2 * mlp.fc2.in_features
+    assert "SwiGLU" in reason
+    for spelling in (name, arch, name.lower().replace("/", "_")):
+        with pytest.raises(zoo.UnknownModelError, match="SwiGLU"):
+            zoo.load(spelling, weights=None)
+    assert name not in zoo.list_models()
+
+
+# --------------------------------------------------------------------------
+# Names, list and info
+
+
+def test_names_parse_and_list():
+    names = zoo.list_models()
+    for name in ROWS:
+        assert name in names and variants.parse(name).name == name
+    assert len(names) == len(set(names))
+    for spelling in ("deit-b16", "DeiT-B_16", "deit_base_patch16_224"):
+        assert variants.parse(spelling).name == "DeiT-B/16"
+    arch = variants.parse("deit3_base_patch16_224.fb_in1k")
+    assert (arch.name, arch.tag, arch.family) == ("DeiT3-B/16", "fb_in1k",
+                                                  "vit")
+    assert variants.parse("dinov2-reg-l14").name == "DINOv2-reg-L/14"
+    with pytest.raises(zoo.UnknownModelError, match="'fb_in1k'"):
+        variants.parse("vit_base_patch16_clip_quickgelu_224.fb_in1k")
+    with pytest.raises(zoo.UnknownModelError,
+                       match="Did you mean 'DeiT-B/16'"):
+        zoo.info("DeiT-B/61")
+    assert zoo.list_models(family="clip") == [
+        "CLIP-B/32", "CLIP-B/16", "CLIP-L/14", "CLIP-L/14-336"]
+    assert zoo.list_models("DeiT-B*", family="deit") == [
+        "DeiT-B/16", "DeiT-B/16-384", "DeiT-B/16-distilled",
+        "DeiT-B/16-distilled-384"]
+    assert zoo.list_models(family="vit")[0] == "ViT-Ti/16"
+    with pytest.raises(ValueError, match="family='deet'.*Did you mean 'deit'"):
+        zoo.list_models(family="deet")
+
+
+def test_info_says_source_normalisation_size_parameters_labels():
+    deit = zoo.info("DeiT-B/16")
+    assert deit["family"] == "deit" and deit["registered"]
+    assert deit["source"] == "hf-hub:timm/deit_base_patch16_224.fb_in1k"
+    assert deit["input_normalization"]["name"] == "imagenet"
+    # timm's deit_base_patch16_224: 86.6M, ViT-B/16's count at 224.
+    assert deit["parameters"] == {"count": 86_567_656, "image_size": 224,
+                                  "num_classes": 1000,
+                                  "representation_size": None}
+    assert deit["labels"] == "imagenet2012"
+    assert deit["weights"]["fb_in1k"][0]["license"].startswith("Apache-2.0")
+    dino = zoo.info("DINOv2-L/14")
+    assert dino["labels"] is None and dino["parameters"]["num_classes"] == 0
+    assert dino["image_size"] == 518
+    clip = zoo.info("CLIP-B/16")
+    assert clip["config"]["gelu"] == "quick"
+    assert clip["source"] == "hf-hub:timm/vit_base_patch16_clip_224.openai"
+    assert clip["input_normalization"]["name"] == "clip"
+    # The 2020 models say theirs the same way.
+    vit = zoo.info("ViT-B/16")
+    assert vit["input_normalization"]["name"] == "official"
+    assert vit["source"].startswith("https://storage.googleapis.com/")
+    assert json.loads(json.dumps(deit)) == deit
+
+
+def test_list_and_info_commands(capsys):
+    from keras_vit import cli
+
+    assert cli.main(["list", "--family", "dinov2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "FAMILY"]
+    rows = [line.split() for line in lines[1:-1]]
+    assert [r[0] for r in rows] == zoo.list_models(family="dinov2")
+    assert {r[1] for r in rows} == {"dinov2"}
+    assert all(r[2] == "lvd142m*" for r in rows)
+    assert cli.main(["list"]) == 0
+    table = {line.split()[0]: line.split()
+             for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert table["DeiT3-B/16"][1:3] == ["deit3", "fb_in22k_ft_in1k*"]
+    assert table["ViT-B/16"][1] == "vit"
+    assert cli.main(["list", "b16", "--family", "clip"]) == 0
+    assert [line.split()[0] for line in
+            capsys.readouterr().out.splitlines()[1:-1]] == ["CLIP-B/16"]
+    assert cli.main(["list", "--family", "nope"]) == 2
+    assert "--family nope" in capsys.readouterr().err
+
+    assert cli.main(["info", "DeiT-B/16"]) == 0
+    out = capsys.readouterr().out
+    for line in ("source:         hf-hub:timm/deit_base_patch16_224.fb_in1k",
+                 "image size:     224",
+                 "normalisation:  imagenet (mean (0.485, 0.456, 0.406)",
+                 "parameters:     86,567,656 (at 224 px, 1000 classes)",
+                 "labels:         imagenet2012 (1000 classes)"):
+        assert line in out, line
+    assert cli.main(["info", "DINOv2-S/14"]) == 0
+    out = capsys.readouterr().out
+    assert "labels:         none: no head, the model returns the pooled " \
+           "embedding" in out
+    assert "518px, no head (pooled embedding)" in out
+    assert cli.main(["info", "DINOv2-g/14"]) == 2
+    assert "SwiGLU" in capsys.readouterr().err
+
+
+def test_guide_names_every_member():
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides"
+             / "zoo.md").read_text()
+    for name in ROWS + sorted(family_rows.REFUSED):
+        assert f"`{name}`" in guide, name
+
+
+# --------------------------------------------------------------------------
+# Loading
+
+
+def test_weights_none_builds_the_rows_architecture():
+    dino = zoo.load("DINOv2-S/14", weights=None, image_size=28)
+    config = dino.get_config()
+    assert dino.output_shape == (None, 384)  # no head: the embedding
+    assert (config["layer_scale"], config["gelu"]) == (1e-5, "exact")
+    assert config["input_normalization"] in ("imagenet",
+                                             NAMED["imagenet"].to_config())
+    assert dino.zoo_name == "DINOv2-S/14" and dino.zoo_weights is None
+    deit = zoo.load("DeiT-Ti/16-distilled", weights=None, image_size=32)
+    assert deit.output_shape == (None, 1000)
+    assert deit.get_config()["distilled"] is True
+    assert deit.count_params() == registry.parameter_count(
+        family_rows.config("DeiT-Ti/16-distilled"), image_size=32,
+        num_classes=1000)
+    with pytest.raises(ValueError, match="weights='augreg'.*fb_in1k"):
+        zoo.load("DeiT-Ti/16", weights="augreg")
+
+
+def test_convert_refuses_a_hub_release_by_name():
+    with pytest.raises(ValueError, match="weights='fb_in1k' of DeiT-B/16 "
+                                         "is timm's repository"):
+        zoo.resolve_weights("DeiT-B/16", "fb_in1k")
+
+
+def test_named_member_loads_from_the_hub(tmp_path, monkeypatch):
+    """``zoo.load("DeiT-Ti/16")`` reads timm's repository of its default
+    release through huggingface_hub (here a local stand-in): timm's
+    logits, ImageNet's label names and mean/std, the zoo's name. A CLIP
+    tower's repository names timm's GELU architecture; the row's QuickGELU
+    is what loads."""
+    pytest.importorskip("huggingface_hub")
+    from _fake_hub import FakeHub
+
+    deit = _random_timm_model("deit_tiny_patch16_224", 32, 1000)
+    _save_for_hf(deit, tmp_path / "deit")
+    clip = _random_timm_model("vit_base_patch32_clip_quickgelu_224", 64, 512)
+    config = _save_for_hf(clip, tmp_path / "clip")
+    config["architecture"] = "vit_base_patch32_clip_224"  # as on the Hub
+    (tmp_path / "clip" / "config.json").write_text(json.dumps(config))
+    for name in ("KERAS_VIT_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
+    with FakeHub({"timm/deit_tiny_patch16_224.fb_in1k": tmp_path / "deit",
+                  "timm/vit_base_patch32_clip_224.openai":
+                  tmp_path / "clip"}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        model = zoo.load("DeiT-Ti/16", progress=False)
+        again = zoo.load("deit_tiny_patch16_224.fb_in1k", progress=False)
+        tower = zoo.load("CLIP-B/32", progress=False)
+    assert {p.split("/resolve/")[0] for p in hub.gets} == {
+        "/timm/deit_tiny_patch16_224.fb_in1k",
+        "/timm/vit_base_patch32_clip_224.openai"}
+    x = random_images(32)
+    assert_close_to_timm(model(x), timm_forward(deit, x))
+    assert_close_to_timm(again(x), timm_forward(deit, x))
+    assert model.zoo_name == "DeiT-Ti/16"
+    assert model.zoo_weights.tag == "fb_in1k"
+    assert list(model.label_names) == registry.label_names("imagenet2012")
+    assert model.get_config()["input_normalization"] == (
+        NAMED["imagenet"].to_config())
+    x = random_images(64)
+    assert tower.get_config()["gelu"] == "quick"
+    assert_close_to_timm(tower(x), timm_forward(clip, x))
+    assert tower.zoo_name == "CLIP-B/32" and tower.label_names is None
