@@ -94,9 +94,46 @@ def load(
     # find -> read -> settle -> bound -> build, as for every source.
     from keras_vit.zoo import settle
 
+    weights, image_size = _timm_keywords(kwargs, weights, image_size)
     return sources.load(name, weights, settle.request(
         image_size=image_size, num_classes=num_classes,
         keep_pre_logits=keep_pre_logits, **kwargs), progress=progress)
+
+
+def _timm_keywords(kwargs, weights, image_size):
+    """timm's ``create_model`` keywords, understood or refused before
+    anything is read or downloaded: ``pretrained`` (False: ``weights=None``,
+    True: the default weights), ``img_size`` (``image_size``),
+    ``features_only`` (refused, naming the way here). ``num_classes=0``
+    needs nothing: it returns the pooled embedding, as in timm. Returns
+    ``(weights, image_size)``; ``kwargs`` loses the keywords it took."""
+    if "features_only" in kwargs:
+        value = kwargs.pop("features_only")
+        if value:
+            raise ValueError(
+                "features_only=True is timm's; here model.feature_model"
+                "(model, ...) gives the outputs of chosen blocks, or "
+                f"include_top=False the tokens; received features_only="
+                f"{value!r}")
+    if "pretrained" in kwargs:
+        pretrained = kwargs.pop("pretrained")
+        if not isinstance(pretrained, bool):
+            raise ValueError(f"pretrained must be True or False (timm's "
+                             f"keyword; here weights=); received "
+                             f"pretrained={pretrained!r}")
+        wanted = "auto" if pretrained else None
+        if weights not in ("auto", wanted):
+            raise ValueError(
+                f"pretrained={pretrained} and weights={weights!r} disagree; "
+                "pass one of them (weights= names which weights)")
+        weights = weights if pretrained else None
+    if "img_size" in kwargs:
+        size = kwargs.pop("img_size")
+        if image_size is not None and image_size != size:
+            raise ValueError(f"img_size={size!r} (timm's keyword) and "
+                             f"image_size={image_size!r} disagree; pass one")
+        image_size = size
+    return weights, image_size
 
 
 def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,

@@ -231,24 +231,50 @@ class ArgumentParser(argparse.ArgumentParser):
     component's sub-commands are built by it (``add_subparsers`` passes
     the class on)."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        # Kept for error(): argparse reports a sub-command's unknown
+        # options from the top parser, which must find the command in use.
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
-        message = _suggest(self, message)
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` "
-                     "shows the usage)\n")
+        parser = _command_in_use(self)
+        message = _suggest(parser, message)
+        self.exit(2, f"{self.prog}: error: {message} (`{parser.prog} "
+                     "--help` shows the usage)\n")
+
+
+def _subcommands(parser):
+    for action in parser._actions:  # noqa: SLF001 - argparse has no API
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def _command_in_use(parser):
+    """The sub-command parser the command line chose (the deepest), else
+    ``parser`` itself: its options are the ones to suggest, and its help
+    the one to point at."""
+    argv = getattr(parser, "_argv", [])
+    while True:
+        commands = _subcommands(parser)
+        chosen = next((a for a in argv if a in commands), None)
+        if chosen is None:
+            return parser
+        argv = argv[argv.index(chosen) + 1:]
+        parser = commands[chosen]
 
 
 def _option_strings(parser):
-    """Every option string of ``parser`` and of its sub-commands."""
-    found = set()
-    for action in parser._actions:  # noqa: SLF001 - argparse has no API
-        found.update(s for s in action.option_strings if s.startswith("--"))
-        for sub in (getattr(action, "choices", None) or {}).values() if (
-                isinstance(action, argparse._SubParsersAction)) else ():
-            found |= _option_strings(sub)
-    return found
+    """The long option strings of ``parser`` (its own, not its
+    sub-commands')."""
+    return {s for action in parser._actions  # noqa: SLF001
+            for s in action.option_strings if s.startswith("--")}
 
 
 def _suggest(parser, message):
+    """``message`` with the nearest valid choice or option of ``parser``
+    (the command in use) when there is one."""
     from keras_vit.base.checks import did_you_mean
 
     bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",

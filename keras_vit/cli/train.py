@@ -240,6 +240,22 @@ def _print_metrics(result):
     print(json.dumps(shown, indent=2, default=str))
 
 
+def _print_result(trainer, result, args):
+    """What a finished run prints beyond its progress: the metrics as JSON
+    with --json; with --quiet (which hides only the progress) the run's
+    final line, which its progress output would otherwise have held."""
+    from keras_vit.train.progress import done_line
+
+    if not trainer.is_chief:
+        return
+    if args.json:
+        _print_metrics(result)
+    elif args.quiet:
+        metrics = result.metrics
+        print(done_line(metrics["final_step"], metrics,
+                        metrics.get("wall_time", 0.0)), flush=True)
+
+
 def _check_settings(args):
     """The --strategy (with --tpu, on --cpu-devices) built, then the recipe
     name and fields checked: before any data is read or model built, so a
@@ -296,8 +312,7 @@ def run_fine_tune(args):
     result = _train(trainer, args)
     if result is None:
         return 130
-    if args.json and trainer.is_chief:
-        _print_metrics(result)
+    _print_result(trainer, result, args)
     return 0
 
 
@@ -501,9 +516,8 @@ def run_pretrain(args):
         return 130
     if not trainer.is_chief:
         return 0
-    if args.json:
-        _print_metrics(result)
-    elif "model_path" in result.metrics:
+    _print_result(trainer, result, args)
+    if not args.json and "model_path" in result.metrics:
         print(f"fine-tune it: keras-vit fine-tune "
               f"{result.metrics['model_path']} --data LABELLED_DATA")
     return 0

@@ -114,3 +114,22 @@ def test_evaluate_prints_names_from_the_disk_escaped(tmp_path, capsys):
     assert status == 0
     line = next(x for x in out.splitlines() if "top-1 accuracy" in x)
     assert "bad\\nname\\x1b[31m" in line and "\x1b" not in out
+
+
+def test_quiet_hides_the_progress_and_keeps_the_final_line(tmp_path, capsys):
+    """--quiet says it hides the progress: the run's last line (its
+    metrics) still prints, and nothing before it."""
+    from keras_vit.cli import train as train_cli
+
+    path = tmp_path / "tiny.keras"
+    _tiny().save(path)
+    argv = ["fine-tune", str(path), "--data", "digits", "--batch-size", "8",
+            "--steps", "2", "--warmup-steps", "0", "--image-size", "16",
+            "--quiet", "--strategy", "default", "--out", str(tmp_path / "r")]
+    assert train_cli.main(argv) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert [ln.split(":")[0] for ln in lines if ln.startswith("done")] == [
+        "done"]
+    assert lines[-1].startswith("done: step 2, train loss "), lines
+    assert "eval accuracy" in lines[-1]
+    assert not any(ln.startswith("step ") for ln in lines), lines

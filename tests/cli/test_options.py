@@ -38,7 +38,7 @@ def test_cli_turns_every_error_into_one_line(monkeypatch, capsys, error,
 # The command line: argv, what the one line must contain.
 COMMAND_LINE = [
     (["fine-tun", "x"], ["'fine-tun'", "Did you mean 'fine-tune'"]),
-    (["list", "--jsn"], ["--jsn", "Did you mean '--json'"]),
+    (["list", "--famly", "vit"], ["--famly", "Did you mean '--family'"]),
     (["info", "ViT-B/16x"], ["'ViT-B/16x'", "Did you mean"]),
     (["predict", "ViT-B/16", "x.png", "--top", "0"], ["--top", "0"]),
     (["export", "m", "--format", "tflit", "-o", "x"],
@@ -67,6 +67,11 @@ COMMAND_LINE = [
      ["data='digit'", "Did you mean 'digits'"]),
     (["vtab", "ViT-Ti/16", "--tasks", "cifar1000"],
      ["'cifar1000'", "Did you mean"]),
+    # Suggestions come from the command in use, and the line points at
+    # that command's help.
+    (["predict", "ViT-B/16", "x.png", "--top-k", "2"],
+     ["--top-k", "Did you mean '--top'?", "`keras-vit predict --help`"]),
+    (["list", "--jsn"], ["--jsn", "`keras-vit list --help`"]),
 ]
 
 
@@ -87,6 +92,20 @@ def test_command_line_errors_are_one_line_exit_2(capsys, tmp_path, argv,
     assert lines[0].startswith("keras-vit")
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def test_an_option_of_another_command_is_not_suggested(capsys):
+    """convert has no --model-option (fine-tune has): the suggestion is
+    one of convert's own options, never the option typed."""
+    from keras_vit import cli
+
+    assert cli.main(["convert", "x.npz", "-m", "ViT-B/16", "-o", "x.keras",
+                     "--model-option", "a=1"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "unrecognized arguments: --model-option" in line
+    assert "Did you mean '--model-option'" not in line
+    assert "Did you mean '--model'?" in line  # convert's nearest
+    assert line.endswith("(`keras-vit convert --help` shows the usage)")
 
 
 @pytest.mark.parametrize("argv, needle", [

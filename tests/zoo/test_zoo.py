@@ -417,3 +417,26 @@ PYTHON_API = [
 
 
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
+
+
+def test_timm_keywords_are_understood_or_refused_before_any_download(
+        monkeypatch):
+    """timm habits: pretrained=False is weights=None, img_size is
+    image_size, features_only is refused naming the way here; offline,
+    so that any attempt to download would fail differently."""
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    model = zoo.load("ViT-Ti/16", pretrained=False, img_size=32,
+                     num_classes=3)
+    assert model.input_shape[1:3] == (32, 32)
+    assert model.output_shape == (None, 3)
+    with pytest.raises(ValueError, match=r"features_only=True is timm's; "
+                       r"here model\.feature_model"):
+        zoo.load("ViT-B/16", features_only=True)
+    with pytest.raises(ValueError, match="pretrained=False and "
+                       "weights='augreg' disagree"):
+        zoo.load("ViT-B/16", pretrained=False, weights="augreg")
+    with pytest.raises(ValueError, match="pretrained must be True or False"):
+        zoo.load("ViT-B/16", pretrained="yes")
+    with pytest.raises(ValueError, match="img_size=32 .* and image_size=64 "
+                       "disagree"):
+        zoo.load("ViT-B/16", img_size=32, image_size=64)
