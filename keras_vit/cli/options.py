@@ -234,7 +234,8 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         # Kept for error(): argparse reports a sub-command's unknown
         # options from the top parser, which must find the command in use.
-        self._argv = list(sys.argv[1:] if args is None else args)
+        # main() always passes the list (debug_requested reads sys.argv).
+        self._argv = [] if args is None else list(args)
         return super().parse_known_args(args, namespace)
 
     def error(self, message):
