@@ -52,6 +52,13 @@ import time
 import zipfile
 import zlib
 
+# The benchmarks' shared --out writer, a sibling module (this folder is
+# sys.path[0] when run as a script, not when loaded by path from a test).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from speed_tables import emit  # noqa: E402
+
 GIB = 2**30
 BOUND_MIB = 1024
 # The command-line Hub rows wait on huggingface_hub's own timeouts and
@@ -818,11 +825,7 @@ def main(argv=None):
     notes = [f"- {r.case.name}: {r.case.what}"
              + (f"; {r.note}" if r.note else "") for r in results]
     lines += ["", "Cases:", "", *notes]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit("\n".join(lines) + "\n", args.out)
     return 0
 
 

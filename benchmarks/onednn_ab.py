@@ -28,6 +28,13 @@ import subprocess
 import sys
 import time
 
+# The benchmarks' shared --out writer, a sibling module (this folder is
+# sys.path[0] when run as a script, not when loaded by path from a test).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from speed_tables import emit  # noqa: E402
+
 SETTINGS = ("0", "1")
 CHILD_FLAG = "--child"
 
@@ -157,12 +164,8 @@ def main(argv=None):
                      f"{wall[1]:.3g} | {wall[1] / wall[0]:.2f}x | "
                      f"{cpu[0]:.3g} | {cpu[1]:.3g} | {cpu[0] / cpu[1]:.2f}x |")
     lines += ["", "Ratios above 1 favour oneDNN on."]
-    text = "\n".join(lines)
     print()
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit("\n".join(lines), args.out)
     return 0
 
 

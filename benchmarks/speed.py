@@ -529,23 +529,11 @@ def ceiling_cases(n, mlp_shape, peers):
 
 
 def parse_args(argv):
-    def ints(text):
-        try:
-            values = [int(v) for v in text.split(",") if v]
-        except ValueError:
-            values = []
-        if not values or min(values) < 1:
-            raise argparse.ArgumentTypeError(
-                f"expected positive integers separated by commas; received "
-                f"{text!r}")
-        return values
+    # The command line's own argparse types: the same messages as
+    # keras-vit's options.
+    from keras_vit.cli.options import int_list, positive_int as positive
 
-    def positive(text):
-        values = ints(text)
-        if len(values) != 1:
-            raise argparse.ArgumentTypeError(
-                f"expected one positive integer; received {text!r}")
-        return values[0]
+    ints = int_list(kind=list)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=ints, help="inference image sizes "

@@ -230,3 +230,14 @@ def loading_rows(loaded):
             "peak_note": ("build + load_weights in one process"
                           if mode == "build+load_weights" else "")})
     return rows, baseline
+
+
+def emit(text, out=None):
+    """Prints a benchmark's table and, when ``out`` names a file, writes
+    it there too (ending in one newline), as every benchmark's ``--out``
+    does."""
+    text = text.rstrip("\n")
+    print(text)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")

@@ -211,33 +211,25 @@ def _sniff(head):
     return formats[first]
 
 
-def _prefix_walk(head, start, kind):
-    """Walks the segments (JPEG markers) or chunks (PNG) that fit in
-    ``head`` (the file's first bytes, int64) from ``start``, by pointer
-    jumping (a fixed number of vector gathers, no loop), and returns
-    whether the walk met the image data (JPEG SOS, PNG IDAT/IEND) before
-    any segment that may carry EXIF, any odd one, or the end of ``head``:
-    then the image has no orientation and the exact walk is not needed."""
+def _prefix_walk(head, start):
+    """Walks the PNG chunks that fit in ``head`` (the file's first bytes,
+    int64) from ``start``, by pointer jumping (a fixed number of vector
+    gathers, no loop), and returns whether the walk met the image data
+    (IDAT/IEND) before an eXIf chunk or the end of ``head``: then the
+    image has no orientation and the exact walk is not needed. (A JPEG's
+    segments are walked whole anyway, to find a file cut short.)"""
     tf = _tf()
     n = int(head.shape[0])
     padded = tf.pad(head, [[0, 12]])
     b = [padded[i:i + n] for i in range(8)]
     index = tf.range(n, dtype=tf.int64)
-    if kind == "jpeg":
-        marker = b[1]
-        nxt = index + 2 + b[2] * 256 + b[3]
-        ordinary = (tf.equal(b[0], 0xFF) & (marker >= 0xC0)
-                    & ((marker < 0xD0) | (marker > 0xDA))
-                    & tf.not_equal(marker, 0xE1) & tf.not_equal(marker, 0xFF))
-        done = tf.equal(b[0], 0xFF) & tf.equal(marker, 0xDA)
-    else:
-        name = b[4] * 2 ** 24 + b[5] * 2 ** 16 + b[6] * 2 ** 8 + b[7]
-        nxt = index + 12 + (b[0] * 2 ** 24 + b[1] * 2 ** 16 + b[2] * 2 ** 8
-                            + b[3])
-        done = (tf.equal(name, int.from_bytes(b"IDAT", "big"))
-                | tf.equal(name, int.from_bytes(b"IEND", "big")))
-        ordinary = tf.logical_not(done) & tf.not_equal(
-            name, int.from_bytes(b"eXIf", "big"))
+    name = b[4] * 2 ** 24 + b[5] * 2 ** 16 + b[6] * 2 ** 8 + b[7]
+    nxt = index + 12 + (b[0] * 2 ** 24 + b[1] * 2 ** 16 + b[2] * 2 ** 8
+                        + b[3])
+    done = (tf.equal(name, int.from_bytes(b"IDAT", "big"))
+            | tf.equal(name, int.from_bytes(b"IEND", "big")))
+    ordinary = tf.logical_not(done) & tf.not_equal(
+        name, int.from_bytes(b"eXIf", "big"))
     jump = tf.where(ordinary & (nxt < n), nxt, index)
     for _ in range(max(1, (n - 1).bit_length())):
         jump = tf.gather(jump, jump)
@@ -298,74 +290,62 @@ def _walk_to_payload(step, start):
     return found, size, steps
 
 
-def _jpeg_exif(data):
-    """(start, length, steps) of the payload of the first APP1 Exif
-    segment before the scan (start -1 when there is none); ``steps`` >
-    :data:`MAX_SEGMENTS` when the walk gave up."""
+def _jpeg_segments(data):
+    """One walk over a JPEG's segments, up to its first scan: (exif start,
+    exif length, scan start, framed, steps). The Exif fields locate the
+    payload of the first APP1 Exif segment (-1 when there is none); the
+    scan start is where the first scan's entropy-coded data begins (-1
+    when the file ends, or its segments stop, before a whole SOS
+    segment); ``framed`` is 1 when a frame header (SOF) came before it;
+    ``steps`` > :data:`MAX_SEGMENTS` when the walk gave up."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
+    minus = tf.constant(-1, tf.int64)
 
-    def step(pos, found, size, steps):
+    def step(pos, exif, size, scan, framed, steps):
         b = _raw(data, pos, 10)
-        marker = b[1]
-        seglen = b[2] * 256 + b[3]
-        lone = ((marker >= 0xD0) & (marker <= 0xD7)) | tf.equal(marker, 0x01)
-        end = (tf.not_equal(b[0], 0xFF) | tf.equal(marker, 0xDA)
-               | tf.equal(marker, 0xD9) | (pos + 4 > length))
-        exif = tf.equal(marker, 0xE1) & _is(b[4:], b"Exif\x00\x00")
-        new_pos = tf.where(
-            end, tf.constant(-1, tf.int64),
-            tf.where(tf.equal(marker, 0xFF), pos + 1,
-                     tf.where(lone, pos + 2, pos + 2 + seglen)))
-        hit = exif & tf.logical_not(end)
-        return (new_pos, tf.where(hit, pos + 10, found),
-                tf.where(hit, seglen - 8, size), steps + 1)
-
-    return _walk_to_payload(step, 2)
-
-
-def _jpeg_scan(data):
-    """(start, framed, steps) of a JPEG's first scan: ``start`` where its
-    entropy-coded data begins (-1 when the file ends, or its segments
-    stop, before a whole SOS segment), ``framed`` 1 when a frame header
-    (SOF) came before it, ``steps`` as for :func:`_walk_to_payload`."""
-    tf = _tf()
-    length = tf.cast(tf.strings.length(data), tf.int64)
-
-    def step(pos, found, framed, steps):
-        b = _raw(data, pos, 4)
         marker = b[1]
         seglen = b[2] * 256 + b[3]
         lone = ((marker >= 0xD0) & (marker <= 0xD7)) | tf.equal(marker, 0x01)
         stop = (tf.not_equal(b[0], 0xFF) | tf.equal(marker, 0xD9)
                 | (pos + 4 > length))
-        scan = tf.equal(marker, 0xDA) & tf.logical_not(stop)
+        go = tf.logical_not(stop)
+        is_scan = tf.equal(marker, 0xDA) & go
         frame = ((marker >= 0xC0) & (marker <= 0xCF) & tf.not_equal(
             marker, 0xC4) & tf.not_equal(marker, 0xC8)
             & tf.not_equal(marker, 0xCC))
+        hit = (tf.equal(marker, 0xE1) & _is(b[4:], b"Exif\x00\x00") & go
+               & (exif < 0))
         new_pos = tf.where(
-            stop | scan, tf.constant(-1, tf.int64),
+            stop | is_scan, minus,
             tf.where(tf.equal(marker, 0xFF), pos + 1,
                      tf.where(lone, pos + 2, pos + 2 + seglen)))
         whole = pos + 2 + seglen <= length
-        return (new_pos, tf.where(scan & whole, pos + 2 + seglen, found),
-                tf.where(frame & tf.logical_not(stop),
-                         tf.constant(1, tf.int64), framed),
+        return (new_pos, tf.where(hit, pos + 10, exif),
+                tf.where(hit, seglen - 8, size),
+                tf.where(is_scan & whole, pos + 2 + seglen, scan),
+                tf.where(frame & go, tf.constant(1, tf.int64), framed),
                 steps + 1)
 
-    return _walk_to_payload(step, 2)
+    def more(pos, exif, size, scan, framed, steps):
+        return (pos >= 0) & (steps <= MAX_SEGMENTS)
+
+    _, exif, size, scan, framed, steps = tf.while_loop(
+        more, step, (tf.constant(2, tf.int64), minus, minus, minus, minus,
+                     tf.constant(0, tf.int64)))
+    return exif, size, scan, framed, steps
 
 
-def _jpeg_cut_short(data):
+def _jpeg_cut_short(data, start, framed, steps):
     """Why libjpeg cannot read the JPEG ``data`` whole ("" when it can as
     far as its markers tell): a file cut short before its image data or
     inside it (no end-of-image marker after the first scan: the scan's
     own bytes never hold one, and an EXIF thumbnail's comes before it), or
     a missing frame header. Read before TensorFlow's decoder meets it, so
     that the refusal names the image like the others; also the number of
-    walk steps, for the segment cap."""
+    walk steps, for the segment cap. ``start``, ``framed`` and ``steps``
+    come from :func:`_jpeg_segments`."""
     tf = _tf()
-    start, framed, steps = _jpeg_scan(data)
     length = tf.cast(tf.strings.length(data), tf.int64)
 
     def has_end():
@@ -547,7 +527,9 @@ def inspect(data, budget=None, fmt=None):
     def jpeg():
         # libjpeg's own header read fails the call without naming the
         # image: a file it cannot read whole is refused first.
-        cut, scan_steps = _jpeg_cut_short(data)
+        exif_start, exif_size, scan, framed, scan_steps = _jpeg_segments(
+            data)
+        cut, scan_steps = _jpeg_cut_short(data, scan, framed, scan_steps)
         shape = tf.cond(
             tf.equal(cut, "") & (scan_steps <= MAX_SEGMENTS),
             lambda: tf.cast(tf.io.extract_jpeg_shape(data), tf.int64),
@@ -560,18 +542,14 @@ def inspect(data, budget=None, fmt=None):
             tf.strings.format("is a {}x{} JPEG", (width, height)),
             f", over the {_budget_text(budget)} even decoded at "
             f"1/{JPEG_SCALES[-1]} scale: downscale it"]))
-        # Most files without EXIF are settled by the walk through their
-        # first kilobyte; the others take the exact walk.
-        exif = tf.cond(_prefix_walk(head, 2, "jpeg"), no_exif,
-                       lambda: _jpeg_exif(data))
-        exif = exif[:2] + (tf.maximum(exif[2], scan_steps),)
+        exif = (exif_start, exif_size, scan_steps)
         return pack(width, height, scale, none, _first(
             cut, _no_pixels(width, height, "JPEG"), over), exif)
 
     def png():
         width = _number(head[16:20], False)
         height = _number(head[20:24], False)
-        exif = tf.cond(_prefix_walk(head, 8, "png"), no_exif,
+        exif = tf.cond(_prefix_walk(head, 8), no_exif,
                        lambda: _find_chunk(data, 8, b"eXIf",
                                            (b"IDAT", b"IEND"), True))
         return pack(width, height, 1, none, _first(

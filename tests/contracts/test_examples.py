@@ -149,11 +149,14 @@ def test_hub_finetune_push_example(tmp_path, layout):
     ("data", "ViT-Ti/16", "P(None, None)"),
     ("model", "ViT-S/16", "P(None, 'model')"),
 ])
-def test_finetune_jax_example_on_two_devices(tmp_path, parallel, model, spec):
-    """examples/finetune_jax.py: model.fit under keras.distribution on two
-    JAX CPU devices; model parallel splits the MLP kernel on its output."""
+def test_finetune_fit_example_on_two_jax_devices(tmp_path, parallel, model,
+                                                spec):
+    """examples/finetune_fit.py on JAX: model.fit under keras.distribution
+    on two JAX CPU devices; model parallel splits the MLP kernel on its
+    output."""
     stdout = run_example(
-        "finetune_jax.py", "--data", colour_folders(tmp_path / "data"),
+        "finetune_fit.py", "--data", colour_folders(tmp_path / "data"),
+        "--out", tmp_path / "tuned.keras",
         "--model", model, "--weights", "none", "--image-size", "32",
         "--batch-size", "8", "--steps", "2", "--parallel", parallel,
         KERAS_BACKEND="jax",

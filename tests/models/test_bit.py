@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+import published_counts
 import official
 from conftest import count_params
 from flax_init import check_init as _check_init
@@ -28,16 +29,8 @@ from keras_vit.zoo.checkpoints import CheckpointError
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends
 
-# timm's counts: sum(p.numel()) of timm.create_model(f"resnetv2_{d}x{w}_bit",
-# pretrained=False, num_classes=1000) with timm 1.0.31, built once by hand.
-PARAMS_224_1000 = {
-    "R50x1": 25_549_352,
-    "R50x3": 217_319_080,
-    "R101x1": 44_541_480,
-    "R101x3": 387_934_888,
-    "R152x2": 236_335_208,
-    "R152x4": 936_533_224,
-}
+# timm's counts (tests/published_counts.py), keyed R50x1, ...
+PARAMS_224_1000 = published_counts.of_family("BiT-", strip=True)
 # Built in Keras by test_parameter_count; R152x4 (66 s, 5 GB to build) is
 # checked through _formula_count only, which the built ones verify.
 BUILT = {"R50x1": False, "R101x1": False, "R50x3": True, "R101x3": True,

@@ -5,6 +5,7 @@ import functools
 import numpy as np
 import pytest
 
+import published_counts
 import official
 from conftest import count_params
 
@@ -86,13 +87,7 @@ def test_logits_match_timm(tmp_path, num_layers, image, patch, classifier,
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
-PARAMS_224_1000 = {  # official (vit_jax) where published, else timm's counts
-    "R50+ViT-B/16": 98_659_112,
-    "R26+ViT-S/32": 36_431_912,
-    "R26+ViT-B/32": 101_383_976,
-    "R50+ViT-L/32": 328_994_856,
-    "R+ViT-Ti/16": 6_337_704,
-}
+PARAMS_224_1000 = published_counts.of_family("+")
 
 
 @pytest.mark.parametrize("name", [

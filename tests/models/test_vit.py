@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+import published_counts
 from conftest import count_params, tiny_builder_kwargs
 from flax_init import check_init as _check_init
 from testkit import TINY, bad_calls_test, tiny_vit as _vit
@@ -22,20 +23,9 @@ from keras_vit.base.variants import parse
 # Runs on every Keras backend (tests/conftest.py).
 pytestmark = pytest.mark.backends
 
-# Official counts (vit_jax models_test.py / paper) where published; the rest
-# follow from the configuration by the formula in _formula_count, checked
-# against the official ones below.
-PARAMS_224_1000 = {
-    "ViT-Ti/16": 5_717_416,
-    "ViT-S/16": 22_050_664,
-    "ViT-S/32": 22_878_952,
-    "ViT-B/16": 86_567_656,
-    "ViT-B/32": 88_224_232,
-    "ViT-B/8": 86_576_872,
-    "ViT-L/16": 304_326_632,
-    "ViT-L/32": 306_535_400,
-    "ViT-H/14": 632_045_800,
-}
+# Official counts (tests/published_counts.py); the rest follow from the
+# configuration by the formula in _formula_count, checked against them.
+PARAMS_224_1000 = published_counts.of_family("ViT-")
 SLOW_NAMES = {"ViT-L/16", "ViT-L/32", "ViT-H/14"}
 
 
