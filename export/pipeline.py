@@ -42,6 +42,7 @@ import numpy as np
 
 from keras_vit.base import atomic
 from keras_vit.base import environment
+from keras_vit.runtime import quiet
 from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
@@ -189,11 +190,17 @@ def child_command(module, job_path):
 
 
 def _tail(path, lines=3, limit=600):
+    """The last ``lines`` non-blank lines of a converter's log, joined
+    with `` | ``; TensorFlow's C++ start-up lines (``I0000 ... port.cc``,
+    ``E0000 ... cuInit``) say nothing about why it failed and are left
+    out unless the user asked for them (``TF_CPP_MIN_LOG_LEVEL=0``)."""
     try:
         with open(path, "rb") as f:
             text = f.read()[-20000:].decode("utf-8", "replace")
     except OSError:
         return ""
+    if quiet.tf_logs_hidden():
+        text = quiet.without_tf_logs(text)
     kept = [line for line in text.splitlines() if line.strip()][-lines:]
     return " | ".join(kept)[-limit:]
 
@@ -212,8 +219,9 @@ def run_child(module, job, workdir, rss, what, env=None):
     job = dict(job, result=os.path.join(workdir, f"{module}.result.json"))
     job_path = os.path.join(workdir, f"{module}.job.json")
     atomic.write_json(job_path, job)
-    child_env = environment.for_child()
-    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's C++ logging as quiet as in the keras-vit command (a
+    # level the user set is kept); the log is shown only if the child fails.
+    child_env = environment.for_quiet_child()
     child_env.update(env or {})
     log_path = os.path.join(workdir, f"{module}.log")
     with open(log_path, "wb") as log:

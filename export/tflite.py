@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
-from keras_vit.runtime import compat
+from keras_vit.runtime import compat, quiet
 from keras_vit.base.checks import require
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
@@ -128,10 +129,17 @@ def _convert_int8(saved_model_dir, representative, float_ops):
         return converter.convert()
     options = tf.lite.experimental.QuantizationDebugOptions(
         denylisted_ops=list(float_ops))
-    debugger = tf.lite.experimental.QuantizationDebugger(
-        converter=converter, debug_dataset=representative,
-        debug_options=options)
-    return debugger.get_nondebug_quantized_model()
+    with warnings.catch_warnings():
+        # The debugger runs the calibrated model with tf.lite.Interpreter,
+        # which warns that it is deprecated: a call inside TensorFlow that
+        # the user cannot change (the artifact itself is run with
+        # ai_edge_litert).
+        warnings.filterwarnings(
+            "ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated")
+        debugger = tf.lite.experimental.QuantizationDebugger(
+            converter=converter, debug_dataset=representative,
+            debug_options=options)
+        return debugger.get_nondebug_quantized_model()
 
 
 def op_dtypes(path):
@@ -278,10 +286,15 @@ def convert(graph, staged, workdir, params, arrays, rss):
             for i in range(len(images)):
                 yield [images[i:i + 1]]
 
-        content = _convert_int8(saved_model_dir, representative,
-                                tuple(params["float_ops"]))
-    else:
-        content = _converter(saved_model_dir, quantization).convert()
+    # The converter prints from C++ on success (each calibration pass
+    # writes "fully_quantize: 0, inference_type: 6, ..." to stderr): kept,
+    # and shown only if the conversion fails.
+    with quiet.captured_output():
+        if quantization == "int8":
+            content = _convert_int8(saved_model_dir, representative,
+                                    tuple(params["float_ops"]))
+        else:
+            content = _converter(saved_model_dir, quantization).convert()
     with open(staged, "wb") as f:
         f.write(content)
     return {"files": [os.path.basename(staged)]}

@@ -43,7 +43,8 @@ from keras_vit.zoo.download_cache import (
     official_url, remove_stale_partials, verify_cached)
 from keras_vit.zoo.http_fetch import DEFAULT_DEADLINE, download_file
 
-__all__ = ["is_offline", "resolve_url", "fetch", "unavailable"]
+__all__ = ["is_offline", "resolve_url", "fetch", "unavailable",
+           "unreachable"]
 
 ENV_OFFLINE = "KERAS_VIT_OFFLINE"
 ENV_MIRROR = "KERAS_VIT_MIRROR"
@@ -54,6 +55,40 @@ def is_offline() -> bool:
     ``yes``, ``on``; ``0``, ``false``, ``no``, ``off`` or unset allow it;
     anything else is refused rather than guessed)."""
     return environment.read(ENV_OFFLINE)
+
+
+def unreachable(url: str, timeout: float) -> Optional[str]:
+    """Why a connection to ``url``'s server cannot be opened within
+    ``timeout`` seconds (capped at
+    :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), or None when
+    it opens. The connection goes to the proxy the environment names for
+    ``url`` where there is one (:func:`environment.proxy_for`), as the
+    download itself would; it is closed at once. The routes that download
+    through another library (huggingface_hub, tfds) ask this first, so
+    that no network costs one bounded wait and one line instead of that
+    library's retries.
+
+    >>> unreachable("http://127.0.0.1:9/x", 1.0)   # nothing listens on 9
+    'cannot reach 127.0.0.1:9 (Connection refused)'
+    """
+    import socket
+    import urllib.parse
+
+    from keras_vit.base.limits import MAX_CONNECT_WAIT_SECONDS
+
+    wait = min(float(timeout), MAX_CONNECT_WAIT_SECONDS)
+    parts = urllib.parse.urlsplit(url)
+    proxy = environment.proxy_for(url)
+    host, port = proxy or (
+        parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    where = f"{'the proxy ' if proxy else ''}{host}:{port}"
+    try:
+        socket.create_connection((host, port), timeout=wait).close()
+    except socket.timeout:
+        return f"cannot reach {where} (no answer in {wait:g} s)"
+    except OSError as e:
+        return f"cannot reach {where} ({e.strerror or e})"
+    return None
 
 
 def resolve_url(url: str) -> str:

@@ -36,33 +36,19 @@ WEIGHTS_FILE = "model.safetensors"
 # blobs stop growing (the minimum-throughput rule): the bucket downloads'
 # bounds (zoo/http_fetch.py) for the hub route. A config.json larger than
 # a config is refused from its HEAD, before a byte of it is written.
-# huggingface_hub retries a server it cannot reach five times over ~23 s,
-# a warning line each: the child first opens one connection to the
-# endpoint (or to the proxy urllib would use for it) within the wait for
-# bytes, and a server that does not answer it leaves the cache alone to
-# answer (local_files_only); its warnings are off, the parent says what
-# failed in one line. The child prints one JSON line: the paths, or the
-# error and the file it stopped at.
+# huggingface_hub retries a server it cannot reach five times over ~23 s
+# (1, 2, 4, 8, 8 s apart), a warning line each, when its cache lacks the
+# file: so the parent first opens one connection to the endpoint (or to
+# the proxy that serves it), within MAX_CONNECT_WAIT_SECONDS
+# (download.unreachable), and a server that does not answer leaves the
+# cache alone to answer (local_files_only). The child's warnings are off;
+# the parent says what failed in one line. The child prints one JSON line:
+# the paths, or the error and the file it stopped at.
 _HUB_CHILD = r"""
-import json, socket, sys, urllib.parse, urllib.request
-repo, revision, files, quiet, limits, endpoint = json.loads(sys.argv[1])
+import json, sys
+repo, revision, files, quiet, limits, unreachable = json.loads(sys.argv[1])
 
-def unreachable(url, timeout):
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(host):
-        proxy = urllib.parse.urlsplit(proxy if "://" in proxy
-                                      else "http://" + proxy)
-        host, port = proxy.hostname, proxy.port or 80
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as e:
-        return f"cannot reach {host}:{port} ({e.strerror or e})"
-    return None
-
-name, local, why = None, False, None
+name, local = None, False
 try:
     import huggingface_hub
     # constants is a lazy submodule: an attribute only once imported.
@@ -70,10 +56,7 @@ try:
     utils.logging.set_verbosity_error()
     if quiet:
         utils.disable_progress_bars()
-    offline = bool(constants.HF_HUB_OFFLINE)
-    why = unreachable(endpoint, constants.HF_HUB_ETAG_TIMEOUT) if (
-        not offline) else None
-    local = offline or why is not None
+    local = bool(constants.HF_HUB_OFFLINE) or unreachable
     paths = []
     for name in files:
         if name in limits and not local:
@@ -93,7 +76,7 @@ try:
     out = {"paths": paths}
 except Exception as e:
     out = {"error": type(e).__name__, "message": str(e), "file": name,
-           "local": local, "unreachable": why}
+           "local": local}
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -216,8 +199,11 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     the whole: past it the download is stopped (huggingface_hub resumes
     the partial file next time); and the bucket's minimum-throughput rule
     (:class:`http_fetch.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
-    bytes reaching the cache. An endpoint that cannot be reached leaves
-    huggingface_hub's cache alone to answer, at once and quietly;
+    bytes reaching the cache. An endpoint that does not accept a
+    connection within ``timeout`` (at most
+    :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`:
+    :func:`download.unreachable`) leaves huggingface_hub's cache alone to
+    answer, without its retries and quietly;
     ``KERAS_VIT_OFFLINE=1`` (as ``HF_HUB_OFFLINE=1``) never goes online.
     A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is refused
     from its size, before it is written. Any failure is one line, a
@@ -241,24 +227,28 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     if not pending:
         return [os.fspath(placed[name]) for name in files]
     require("huggingface_hub", purpose="hf-hub: weights")
+    give_up = time.monotonic() + deadline
     env = environment.for_child()
     for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         env.setdefault(name, str(max(1, math.ceil(timeout))))
+    why = None  # why the endpoint cannot be reached
     if download.is_offline():
         env["HF_HUB_OFFLINE"] = "1"
+    elif (environment.huggingface_hub("HF_HUB_OFFLINE") or "").lower() not in (
+            environment.TRUE):  # the values huggingface_hub takes as true
+        why = download.unreachable(_endpoint(), min(timeout, deadline))
     rate = http_fetch.Throughput(http_fetch.stall_seconds())
     blobs = os.path.join(_hub_cache(), "models--" + repo.replace("/", "--"),
                          "blobs")
     start = _blob_bytes(blobs)
     job = json.dumps([repo, revision or None, pending, progress is False,
-                      {CONFIG_FILE: MAX_CONFIG_BYTES}, _endpoint()])
+                      {CONFIG_FILE: MAX_CONFIG_BYTES}, why is not None])
     # stderr stays the caller's: huggingface_hub's progress bars show as
     # they would in this process.
     child = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD, job], env=env,
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         start_new_session=True)
-    give_up = time.monotonic() + deadline
     failure = None
     try:
         while failure is None:
@@ -293,6 +283,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
         got = iter(result["paths"])
         return [os.fspath(placed[name]) if name not in pending else next(got)
                 for name in files]
+    result["unreachable"] = why
     if result["error"] in _ANSWERED and not result.get("local"):
         raise download_cache.DownloadError(
             f"could not download {where}: {result['error']}: "

@@ -11,9 +11,11 @@ reads ``os.environ`` for a ``KERAS_VIT_`` name
 of other programs that keras_vit reads (``KERAS_BACKEND``, ``TF_CONFIG``,
 ``TPU_NAME``) and the environment a child process starts from are read
 through the functions here as well: :func:`keras_backend`,
-:func:`tf_config`, :func:`tpu_name`, :func:`any_set`, :func:`for_child`.
+:func:`tf_config`, :func:`tpu_name`, :func:`any_set`, :func:`for_child`
+(:func:`for_quiet_child` for one that may import TensorFlow).
 The downloads find their cache folders and the Hub's server the same way:
-:func:`xdg_cache_home`, :func:`huggingface_hub`.
+:func:`xdg_cache_home`, :func:`huggingface_hub`, and the proxy a connection
+goes through: :func:`proxy_for`.
 
 >>> read("KERAS_VIT_EXPORT_TIMEOUT", {})
 3600.0
@@ -161,6 +163,38 @@ def huggingface_hub(name):
     return os.environ.get(name)
 
 
+def proxy_for(url, environ=None):
+    """The proxy a connection to ``url`` goes through, as the standard
+    library, requests and huggingface_hub pick it from ``environ``
+    (default ``os.environ``): ``<scheme>_proxy`` (the lower-case name
+    first, then the upper-case one) unless ``no_proxy`` covers the host.
+    ``(host, port)``, or None for a direct connection.
+
+    >>> proxy_for("https://huggingface.co/x", {"HTTPS_PROXY": "proxy:3128"})
+    ('proxy', 3128)
+    >>> print(proxy_for("https://huggingface.co/x", {
+    ...     "https_proxy": "http://proxy:3128", "no_proxy": "huggingface.co"}))
+    None
+    """
+    import urllib.request
+
+    environ = os.environ if environ is None else environ
+    proxies = {}
+    # Upper-case names first, so that the lower-case ones win, as in urllib.
+    for name in sorted(environ, key=str.islower):
+        if name.lower().endswith("_proxy") and environ[name]:
+            proxies[name[:-len("_proxy")].lower()] = environ[name]
+    parts = urllib.parse.urlsplit(url)
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(
+            parts.hostname or "", proxies):
+        return None
+    proxy = urllib.parse.urlsplit(proxy if "://" in proxy
+                                  else "http://" + proxy)
+    return proxy.hostname, proxy.port or (
+        443 if proxy.scheme == "https" else 80)
+
+
 def any_set(names):
     """Whether any of the variables ``names`` holds a non-empty value."""
     return any(os.environ.get(name) for name in names)
@@ -170,6 +204,42 @@ def for_child():
     """A copy of this process's environment, to change and hand to a child
     process as its ``env``; this process's own is left as it is."""
     return dict(os.environ)
+
+
+# TensorFlow's C++ log threshold: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR.
+TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+#: The threshold keras_vit gives a TensorFlow process it quiets (the
+#: ``keras-vit`` command and the converter processes) unless the user set
+#: one: INFO and WARNING lines off, ERROR and FATAL ones kept.
+QUIET_TF_LOG_LEVEL = "2"
+
+
+def quiet_tensorflow(environ):
+    """Sets :data:`TF_LOG_LEVEL` to :data:`QUIET_TF_LOG_LEVEL` in the
+    mapping ``environ`` unless it holds a value already (a user's
+    ``TF_CPP_MIN_LOG_LEVEL=0`` stays 0); returns the value it holds.
+
+    >>> quiet_tensorflow({}), quiet_tensorflow({"TF_CPP_MIN_LOG_LEVEL": "0"})
+    ('2', '0')
+    """
+    if not environ.get(TF_LOG_LEVEL):
+        environ[TF_LOG_LEVEL] = QUIET_TF_LOG_LEVEL
+    return environ[TF_LOG_LEVEL]
+
+
+def for_quiet_child():
+    """:func:`for_child` with TensorFlow's C++ logging as quiet as the
+    ``keras-vit`` command makes its own (:func:`quiet_tensorflow`): the
+    environment of a child process that may import TensorFlow.
+
+    >>> env = for_quiet_child()
+    >>> env["TF_CPP_MIN_LOG_LEVEL"] == (os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    ...                                 or QUIET_TF_LOG_LEVEL)
+    True
+    """
+    env = for_child()
+    quiet_tensorflow(env)
+    return env
 
 
 def _seconds(var, value, text):

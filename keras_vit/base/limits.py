@@ -97,3 +97,14 @@ MEMORY_SLACK = 1.5
 #: The share of the available memory a command that picks its own batch
 #: size (``keras-vit predict``, the exporters' checks) lets a batch take.
 BATCH_MEMORY_SHARE = 0.5
+
+# -- network ---------------------------------------------------------------------
+
+#: Seconds a download waits for its server (or the proxy in front of it) to
+#: accept a connection before it counts as unreachable. With no network the
+#: hf-hub: route then leaves huggingface_hub's cache alone to answer (its
+#: own retries, five over ~23 s with a warning line each, never start), and
+#: the tfds route stops with one line; a reachable server answers a
+#: connection in well under a second. huggingface_hub's own default wait
+#: for bytes (``HF_HUB_ETAG_TIMEOUT``) is 10 s as well.
+MAX_CONNECT_WAIT_SECONDS = 10.0

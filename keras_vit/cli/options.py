@@ -401,12 +401,94 @@ def main(parser, argv=None):
                            debug or getattr(args, "traceback", False))
 
 
+# Warnings about a library's own future that the package's calls raise:
+# the user of the command can do nothing about them.
+_DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+_WARNINGS_MODULES = ("warnings", "_py_warnings")
+
+
+def _module_of(frame):
+    """The name of the module ``frame`` runs in (``python -m``'s
+    ``__main__`` by the module it runs)."""
+    name = frame.f_globals.get("__name__") or ""
+    spec = frame.f_globals.get("__spec__")
+    if name == "__main__" and getattr(spec, "name", None):
+        return spec.name
+    return name
+
+
+def warning_source(filename, frame=None):
+    """The module that raised a warning being shown, for a
+    ``warnings.showwarning`` hook that calls this (``frame``, default: the
+    hook's frame): the module of the first frame above the hook outside
+    Python's warnings machinery, i.e. the code that called
+    ``warnings.warn``. ``filename`` is not used for that, since
+    ``stacklevel`` points it up the stack (a Keras warning raised with
+    ``stacklevel=2`` names the package's file that called Keras). Without
+    such a frame, the module whose file is ``filename``; ``""`` when none
+    is.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("always")
+    ...     warnings.showwarning = lambda m, c, f, n, *a: print(
+    ...         warning_source(f))
+    ...     exec("import warnings; warnings.warn('x', stacklevel=2)",
+    ...          {"__name__": "keras.src.ops.core"})
+    keras.src.ops.core
+    """
+    frame = (sys._getframe(1) if frame is None else frame).f_back
+    while frame is not None:
+        if _module_of(frame) not in _WARNINGS_MODULES:
+            return _module_of(frame)
+        frame = frame.f_back
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return ""
+
+
+def warning_line(message, category, source):
+    """How the ``keras-vit`` command shows a Python warning raised by the
+    module ``source`` (:func:`warning_source`), or None to drop it:
+
+    - raised by the package's own code (``keras_vit``, which includes
+      ``keras_vit.zoo`` and ``keras_vit.export``): ``keras-vit: warning:
+      MESSAGE``;
+    - a deprecation (``DeprecationWarning``, ``PendingDeprecationWarning``,
+      ``FutureWarning``) raised by another library (TensorFlow, Keras,
+      ...): dropped, since it is about a call the package makes that the
+      user cannot change (``--debug`` shows every warning in Python's
+      format);
+    - any other warning of another library: ``warning (PACKAGE): MESSAGE``,
+      naming the library, so that it is not taken for the package's.
+
+    The message is on one line (:func:`one_line`).
+
+    >>> warning_line("warmup_steps=250 do not fit", UserWarning,
+    ...              "keras_vit.train.recipes")
+    'keras-vit: warning: warmup_steps=250 do not fit'
+    >>> warning_line("the mean of an empty slice", RuntimeWarning,
+    ...              "numpy.core._methods")
+    'warning (numpy): the mean of an empty slice'
+    >>> warning_line("`foo` is deprecated", DeprecationWarning,
+    ...              "tensorflow.python.util.deprecation") is None
+    True
+    """
+    if source == "keras_vit" or source.startswith("keras_vit."):
+        return f"{PROG}: warning: {one_line(message)}"
+    if issubclass(category, _DEPRECATIONS):
+        return None
+    package = source.split(".")[0] or "python"
+    return f"warning ({package}): {one_line(message)}"
+
+
 @contextlib.contextmanager
 def warnings_as_lines(debug=False):
-    """Python warnings as one line each, ``keras-vit: warning: ...``,
-    during the block: a user of the command needs the message, not the
-    source file and line that raised it (``--debug`` keeps Python's
-    format)."""
+    """Python warnings as one line each during the block, labelled by who
+    raised them (:func:`warning_line`): a user of the command needs the
+    message and its source, not the file and line that raised it
+    (``--debug`` keeps Python's format and shows every warning)."""
     import warnings
 
     if debug:
@@ -414,10 +496,13 @@ def warnings_as_lines(debug=False):
         return
 
     def show(message, category, filename, lineno, file=None, line=None):
+        text = warning_line(message, category,
+                            warning_source(filename, sys._getframe()))
+        if text is None:
+            return
         out = sys.stderr if file is None else file
         try:
-            print(f"{PROG}: warning: {one_line(message)}", file=out,
-                  flush=True)
+            print(text, file=out, flush=True)
         except (OSError, ValueError):  # stderr closed: nothing to say
             pass
 

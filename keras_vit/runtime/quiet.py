@@ -14,16 +14,30 @@ progress bars.
 Only the ``keras-vit`` command does this, from its entry point
 (:func:`keras_vit.cli.console_main`): a library leaves the process's stderr
 alone. ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user turns it off, to see
-TensorFlow's logs when debugging.
+TensorFlow's logs when debugging. The command sets that variable to
+:data:`keras_vit.base.environment.QUIET_TF_LOG_LEVEL` when the user left it
+unset, and a converter process the package starts gets the same
+(:func:`keras_vit.base.environment.for_quiet_child`); what such a process
+prints goes to a log that is shown only when it fails, and then without
+these lines (:func:`without_tf_logs`).
+
+A converter that prints from C++ on success (TFLite's calibration writes
+``fully_quantize: 0, inference_type: 6, ...`` to stderr) runs inside
+:func:`captured_output`, for a library caller as well: what it printed is
+shown only if it fails.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import sys
+import tempfile
 import threading
+
+from keras_vit.base import environment
 
 # An absl/glog line: severity, MMDD, time, thread id, file:line].
 _LOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\]")
@@ -31,6 +45,8 @@ _OTHER_LINES = (
     b"WARNING: All log messages before absl::InitializeLog() is called",
     # The second line of cpu_feature_guard.cc's message.
     b"To enable the following instructions:",
+    # LiteRT's note at the first run of a .tflite file, once per process.
+    b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",
 )
 # A partial line that may still become one of the above is held back; any
 # other partial line (a progress bar redrawn with \r) is passed at once.
@@ -49,6 +65,90 @@ def is_tf_log_line(line: bytes) -> bool:
     False
     """
     return bool(_LOG_LINE.match(line)) or line.startswith(_OTHER_LINES)
+
+
+def tf_logs_hidden():
+    """False when the user asked to see TensorFlow's C++ logs
+    (``TF_CPP_MIN_LOG_LEVEL=0``), True otherwise."""
+    return os.environ.get(environment.TF_LOG_LEVEL) != "0"
+
+
+def without_tf_logs(text):
+    """``text`` (what a process printed) without the lines of TensorFlow's
+    C++ logging (:func:`is_tf_log_line`).
+
+    >>> print(without_tf_logs(
+    ...     "E0000 00:00:1795690886.949431    7315 util.cc:131] oneDNN "
+    ...     "supports DT_UINT8 only on platforms with AVX-512.\\n"
+    ...     "MemoryError: out of memory\\n"), end="")
+    MemoryError: out of memory
+    """
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not is_tf_log_line(line.encode("utf-8", "replace")))
+
+
+def _flush_std_streams():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or None
+            pass
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+@contextlib.contextmanager
+def captured_output():
+    """Runs the block with file descriptors 1 and 2 (stdout and stderr,
+    which C++ code writes to directly) sent to a temporary file. If the
+    block raises, what it printed is written to stderr before the error
+    goes on; if it succeeds, it is dropped. With ``TF_CPP_MIN_LOG_LEVEL=0``
+    (:func:`tf_logs_hidden`) nothing is redirected.
+
+    >>> with captured_output():
+    ...     _ = os.write(1, b"fully_quantize: 0\\n")
+    >>> try:
+    ...     with captured_output():
+    ...         raise ValueError("conversion failed")
+    ... except ValueError as e:
+    ...     print(e)
+    conversion failed
+    """
+    saved = []
+    if tf_logs_hidden():
+        _flush_std_streams()
+        try:
+            for fd in (1, 2):
+                saved.append(os.dup(fd))
+        except OSError:  # no stdout or stderr to redirect: nothing to hide
+            for fd in saved:
+                os.close(fd)
+            saved = []
+    if not saved:
+        yield
+        return
+    failed = True
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+                failed = False
+            finally:
+                _flush_std_streams()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                if failed:
+                    sink.seek(0)
+                    with contextlib.suppress(OSError):
+                        _write_all(2, sink.read())
+    finally:
+        for fd in saved:
+            os.close(fd)
 
 
 def _filter(read_fd, write_fd):
@@ -86,9 +186,9 @@ def filter_stderr():
     """Routes file descriptor 2 through the filter for the rest of the
     process (once; a no-op when ``TF_CPP_MIN_LOG_LEVEL`` is ``0``)."""
     global _installed
-    if _installed is not None or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+    if _installed is not None or not tf_logs_hidden():
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    environment.quiet_tensorflow(os.environ)
     try:
         sys.stderr.flush()
         original = os.dup(2)

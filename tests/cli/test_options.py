@@ -137,3 +137,50 @@ def test_image_size_options_are_bounded(capsys, argv):
     assert ("argument --image-size: must be <= 4096 pixels, got 100000"
             in _one_error_line(capsys))
     assert time.monotonic() - start < 5
+
+
+# The CLI's warnings: (module raising it, category, stacklevel, the line
+# shown or None). stacklevel=2 points the warning's file at the caller (a
+# function of the package here), which must not make it the package's.
+WARNINGS = [
+    ("keras_vit.train.recipes", UserWarning, 2,
+     "keras-vit: warning: the message"),
+    ("keras_vit.export.labels", DeprecationWarning, 1,
+     "keras-vit: warning: the message"),
+    ("tensorflow.lite.python.interpreter", UserWarning, 2,
+     "warning (tensorflow): the message"),
+    ("keras.src.layers.layer", RuntimeWarning, 1,
+     "warning (keras): the message"),
+    ("tensorflow.python.util.deprecation", DeprecationWarning, 2, None),
+    ("keras.src.saving.saving_lib", FutureWarning, 1, None),
+]
+
+
+@pytest.mark.parametrize("module, category, stacklevel, shown", WARNINGS)
+def test_only_the_packages_own_warnings_are_labelled_keras_vit(
+        capsys, module, category, stacklevel, shown):
+    """A warning raised by the package is ``keras-vit: warning: ...``;
+    another library's names that library, or is dropped when it is a
+    deprecation (about the package's call, which the user cannot change);
+    --debug shows them all in Python's format."""
+    import warnings
+
+    from keras_vit.cli import options
+
+    def warns(args):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            exec("warnings.warn('the message\\n  ', category, "
+                 "stacklevel=stacklevel)",
+                 {"__name__": module, "warnings": warnings,
+                  "category": category, "stacklevel": stacklevel})
+        return 0
+
+    parser, sub = options.commands_parser("keras-vit", "test")
+    options.command(sub, "go", warns, help="warn")
+    assert options.main(parser, ["go"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("" if shown is None else shown + "\n")
+    with pytest.warns(category, match="the message"):  # Python's own
+        assert options.main(parser, ["go", "--debug"]) == 0
+    assert capsys.readouterr().err == ""

@@ -9,6 +9,7 @@ inherited.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,44 @@ def test_every_package_folder_is_listed_in_setup_cfg():
                 continue
             found.add(".".join((package, *parts)))
     assert found == listed, (sorted(found - listed), sorted(listed - found))
+
+
+def _extras():
+    """setup.cfg's extras: ``{name: requirement lines}``."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    section = config["options.extras_require"]
+    return {name: [line.strip() for line in section[name].splitlines()
+                   if line.strip() and not line.strip().startswith("#")]
+            for name in section}
+
+
+def test_every_extra_a_pip_install_line_names_exists():
+    """An extra the README or a page names in a ``pip install`` of this
+    package (``.[jax]``, ``keras-vit[data]``) is one setup.cfg declares:
+    pip only warns about an unknown extra and installs without it."""
+    declared = _extras()
+    named = {}
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for line in doc.read_text().splitlines():
+            if "pip install" not in line:
+                continue
+            for extras in re.findall(r"(?:\.|keras[-_]vit)\[([^\]]+)\]", line):
+                for extra in extras.split(","):
+                    named.setdefault(extra.strip(), str(doc.relative_to(ROOT)))
+    assert {"dev", "jax", "torch"} <= set(named), named
+    missing = {extra: doc for extra, doc in named.items()
+               if extra not in declared}
+    assert not missing, f"extras named in docs but not in setup.cfg: {missing}"
+
+
+def test_the_backend_extras_install_the_backend_the_suite_runs_on():
+    """``.[jax]`` and ``.[torch]`` bring the backend itself, at the versions
+    ``dev`` (the suite) installs."""
+    extras = _extras()
+    assert [r for r in extras["jax"] if re.split(r"[\[<>=]", r)[0] == "jax"]
+    assert [r for r in extras["torch"] if re.split(r"[<>=]", r)[0] == "torch"]
+    for backend in ("jax", "torch"):
+        assert set(extras[backend]) <= set(extras["dev"]), backend

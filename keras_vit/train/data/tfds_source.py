@@ -134,13 +134,32 @@ class TfdsSource(ImageSource):
 def download_and_prepare(builder, name, data_dir=None):
     """tfds' ``builder.download_and_prepare()`` within the package's network
     rules: refused at once under ``KERAS_VIT_OFFLINE=1``; tfds' retries
-    bounded (see below); a failure is one line naming the dataset, the
-    reason and how to prepare it elsewhere."""
+    bounded, and each of its downloads asks its server for a connection
+    first (:func:`keras_vit.zoo.download.unreachable`, within
+    :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), then waits at
+    most that long for the connection and ``KERAS_VIT_DOWNLOAD_STALL_S``
+    for each read; a failure is one line naming the dataset, the reason
+    (with the URL), the folder to place a prepared copy in and how to
+    prepare it elsewhere."""
+    import contextlib
+    import os
+
     from keras_vit.base import environment
+    from keras_vit.base.limits import MAX_CONNECT_WAIT_SECONDS
+    from keras_vit.zoo import download
 
     elsewhere = (f"prepare it where the network reaches its source (`tfds "
-                 f"build {name}`) and pass that folder as --data-dir / "
-                 "data_dir= (TFDS_DATA_DIR)")
+                 f"build {name}`) and ")
+    target = getattr(builder, "data_dir", None)
+    root = getattr(builder, "data_dir_root", None)
+    if target is not None and root is not None:
+        elsewhere += (f"place the {os.path.relpath(str(target), str(root))} "
+                      f"folder it writes in {str(root).rstrip(os.sep)}"
+                      f"{os.sep}, or pass its data folder as --data-dir / "
+                      "data_dir= (TFDS_DATA_DIR)")
+    else:
+        elsewhere += ("pass that folder as --data-dir / data_dir= "
+                      "(TFDS_DATA_DIR)")
     if environment.read("KERAS_VIT_OFFLINE"):
         raise DataError(f"tfds dataset {name!r} is not prepared"
                         f"{f' in {data_dir!r}' if data_dir else ''} and "
@@ -148,15 +167,33 @@ def download_and_prepare(builder, name, data_dir=None):
                         f"{elsewhere}")
     # tfds retries each URL 10 times with a doubling back-off (205 s
     # measured before a failure with no route to cifar10's server); two
-    # retries still ride out a dropped connection. Read when each download
-    # starts, so it is set for this call and put back.
+    # retries still ride out a dropped connection. It opens every URL
+    # through downloader._open_url, with no timeout: a server (or proxy)
+    # that drops the connection attempts held it for the system's connect
+    # timeout (~2 min) per try. Both are module attributes read when each
+    # download starts, so they are set for this call and put back; a tfds
+    # without them keeps its own behaviour.
     try:
         from tensorflow_datasets.core.download import downloader
-    except ImportError:  # another tfds layout: its own retries stand
+    except ImportError:  # another tfds layout
         downloader = None
     retries = getattr(downloader, "MAX_RETRIES", None)
+    open_url = getattr(downloader, "_open_url", None)
+    read_wait = environment.read("KERAS_VIT_DOWNLOAD_STALL_S")
+
+    @contextlib.contextmanager
+    def bounded_open(url, **kwargs):
+        why = download.unreachable(url, MAX_CONNECT_WAIT_SECONDS)
+        if why is not None:
+            raise ConnectionError(f"{url}: {why}")
+        kwargs.setdefault("timeout", (MAX_CONNECT_WAIT_SECONDS, read_wait))
+        with open_url(url, **kwargs) as opened:
+            yield opened
+
     if retries is not None:
         downloader.MAX_RETRIES = min(retries, 2)
+    if open_url is not None:
+        downloader._open_url = bounded_open
     try:
         builder.download_and_prepare()
     except OSError as e:  # requests' errors are OSErrors too
@@ -169,6 +206,8 @@ def download_and_prepare(builder, name, data_dir=None):
     finally:
         if retries is not None:
             downloader.MAX_RETRIES = retries
+        if open_url is not None:
+            downloader._open_url = open_url
 
 
 def import_tfds():
@@ -182,7 +221,11 @@ def tfds_builder(tfds, name, data_dir):
         raise DataError(f"tfds name must be a non-empty string; received "
                         f"name={name!r}")
     base = name.split(":")[0].split("/")[0]
-    known = tfds.list_builders()
+    # Without the community datasets: their index is a file on GCS, which
+    # TensorFlow's GCS client asks for with 10 retries on every call until
+    # it has it once (minutes with no network behind a proxy), and no
+    # community name (namespace:name) passes the check below anyway.
+    known = tfds.list_builders(with_community_datasets=False)
     if base not in known:
         close = closest(base, known, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
