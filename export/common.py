@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 
 from keras_vit.base import atomic
@@ -23,6 +24,34 @@ from keras_vit.base.checks import check_choice
 from keras_vit.base.errors import KerasVitError
 
 FORMATS = ("saved_model", "tflite", "onnx", "openvino")
+#: What an artifact of the ``images`` input can return (see
+#: keras_vit.export.graph.ServingGraph), plus ``block_<i>``
+#: (BLOCK_OUTPUT): encoder block i's patch tokens as a (batch, h, w, D)
+#: map, as keras_vit.models.intermediate_model gives it (negative numbers
+#: count from the end).
+OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
+           "features")
+BLOCK_OUTPUT = re.compile(r"block_(-?\d+)")
+
+
+def check_outputs(outputs, name="outputs"):
+    """``outputs`` (a name or names) as a tuple of distinct output names,
+    or a ValueError naming the argument ``name`` and the value.
+
+    >>> check_outputs(("logits", "block_11"))
+    ('logits', 'block_11')
+    """
+    if isinstance(outputs, str):
+        outputs = (outputs,)
+    outputs = tuple(outputs or ())
+    bad = [o for o in outputs
+           if o not in OUTPUTS and not BLOCK_OUTPUT.fullmatch(str(o))]
+    if not outputs or bad or len(set(outputs)) != len(outputs):
+        raise ValueError(
+            f"{name} must be distinct names from {', '.join(OUTPUTS)} or "
+            f"block_<i> (an encoder block's patch map); received {name}="
+            f"{','.join(map(str, outputs)) or repr(outputs)}")
+    return outputs
 # What a path of each format must end with (a SavedModel is a directory;
 # an OpenVINO IR is the .xml file, its weights the .bin beside it).
 EXTENSIONS = {"tflite": ".tflite", "onnx": ".onnx", "openvino": ".xml"}

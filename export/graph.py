@@ -11,8 +11,7 @@ from keras_vit.data.normalization import of_model
 from keras_vit.export import samples
 from keras_vit.runtime.policy import dtype_policy_scope
 
-OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
-           "features")
+from keras_vit.export.common import BLOCK_OUTPUT, OUTPUTS, check_outputs
 INPUT_NAME = "images"
 _LOW_PRECISION = ("bfloat16", "float16")
 
@@ -112,6 +111,12 @@ def _output_tensor(model, name):
         return feature_tensor(model, "pre_logits")
     if name == "attention_maps":
         return feature_tensor(model, "attention_scores")
+    block = BLOCK_OUTPUT.fullmatch(name)
+    if block:
+        from keras_vit.models.features import intermediate_tensors
+
+        index = int(block.group(1))
+        return next(iter(intermediate_tensors(model, [index]).values()))
     if name == "features":
         out = model.outputs
         if isinstance(model.output, dict):
@@ -157,7 +162,9 @@ class ServingGraph:
             ``logits`` (the head), ``probabilities`` (softmax of the logits,
             in float32), ``pre_logits`` (the pooled representation),
             ``attention_maps`` (ViT only: (batch, layers, heads, N, N)),
-            ``features`` (the model's own output).
+            ``features`` (the model's own output), ``block_<i>`` (ViT
+            only: encoder block ``i``'s patch tokens as a (batch, h, w, D)
+            map, as :func:`keras_vit.models.intermediate_model` gives).
         uint8_input: the artifact takes uint8 pixels and maps them to the
             model's range inside ((x - 127.5) / 127.5 unless the model was
             built with include_preprocessing=True).
@@ -174,14 +181,7 @@ class ServingGraph:
         if not isinstance(model, keras.Model):
             raise ValueError(f"model must be a keras.Model; received "
                              f"model={type(model).__name__}")
-        if isinstance(outputs, str):
-            outputs = (outputs,)
-        outputs = tuple(outputs or ())
-        bad = [o for o in outputs if o not in OUTPUTS]
-        if not outputs or bad or len(set(outputs)) != len(outputs):
-            raise ValueError(
-                f"outputs must be distinct names from {OUTPUTS}; received "
-                f"outputs={outputs!r}")
+        outputs = check_outputs(outputs)
         if len(model.inputs or ()) != 1:
             raise ValueError(
                 f"model={model.name!r} must take one input (images); it takes "

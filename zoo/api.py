@@ -111,10 +111,10 @@ def _timm_keywords(kwargs, weights, image_size):
         value = kwargs.pop("features_only")
         if value:
             raise ValueError(
-                "features_only=True is timm's; here model.feature_model"
-                "(model, ...) gives the outputs of chosen blocks, or "
-                f"include_top=False the tokens; received features_only="
-                f"{value!r}")
+                "features_only=True is timm's; here model.intermediate_model"
+                "(indices) gives the outputs of chosen blocks as maps, "
+                "num_classes=0 the pooled embedding, include_top=False the "
+                f"tokens; received features_only={value!r}")
     if "pretrained" in kwargs:
         pretrained = kwargs.pop("pretrained")
         if not isinstance(pretrained, bool):

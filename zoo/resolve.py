@@ -186,16 +186,24 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
                 f"{model.name!r}: only a keras_vit model (VisionTransformer, "
                 "AxialVisionTransformer, ResNetV2) is rebuilt with changes; "
                 f"it is a {type(model).__name__}")
+    topped = bool(changes.get("include_top", config.get("include_top")))
+    if ours and num_classes is not None and not topped:
+        raise ValueError(
+            f"num_classes={num_classes!r} cannot be applied to model="
+            f"{model.name!r}: it was built with include_top=False (no head); "
+            "pass include_top=True as well to add one")
     if ours and (image_size is not None or num_classes is not None):
         # The head, size and label rules of every load (zoo.settle), with
         # the model as the checkpoint: a new head drops pre_logits (unless
-        # keep_pre_logits) and the old class names (unless given).
-        head = config["num_classes"] if config.get("include_top") else None
+        # keep_pre_logits) and the old class names (unless given). A
+        # headless model (num_classes 0) gets a head like any other.
+        head = config["num_classes"] if topped else None
         settled = settle.settle(
             Checkpoint(dict(config), source_name=f"<model {model.name!r}>",
                        head=head, label_names=config.get("label_names"),
                        include_top=bool(config.get("include_top"))),
-            settle.request(image_size, num_classes if head else None,
+            settle.request(image_size,
+                           num_classes if head is not None else None,
                            keep_pre_logits=keep_pre_logits,
                            label_names=changes.pop("label_names",
                                                    settle.UNSET)))

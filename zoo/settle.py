@@ -80,8 +80,9 @@ class Request:
         if self.num_classes is not None:
             from keras_vit.base.limits import MAX_CLASSES
 
+            # 0: no head, the model returns its pooled embedding.
             if check_int("num_classes", self.num_classes,
-                         low=1) > MAX_CLASSES:
+                         low=0) > MAX_CLASSES:
                 raise ValueError(f"num_classes must be at most {MAX_CLASSES}"
                                  f"; received num_classes={self.num_classes}")
         if not isinstance(self.keep_pre_logits, bool):

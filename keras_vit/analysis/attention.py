@@ -63,8 +63,8 @@ def token_geometry(model_or_config):
         raise ValueError(f"model_or_config lacks {missing}; received "
                          f"model_or_config={config!r}")
     image_hw = check_pair("image_size", config["image_size"])
-    patch = check_pair("patch_size", config["patch_size"])[0]
-    stride = geometry.hybrid_stride(config.get("resnet")) * patch
+    check_pair("patch_size", config["patch_size"])
+    stride = geometry.effective_stride(config)
     classifier = config.get("classifier", "token")
     prefix = geometry.prefix_tokens(config)
     # What the output is read from: the head pools by `classifier`; without a

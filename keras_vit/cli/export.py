@@ -18,11 +18,10 @@ from keras_vit.base.checks import printable
 from keras_vit.base.limits import MAX_LABEL_FILE_BYTES, MAX_RUNS
 from keras_vit.cli.options import name_list, positive_int
 
-# Mirrors of saved_model.INPUTS, graph.OUTPUTS and serving.DEFAULT_TOP_K,
-# whose modules import Keras; tests/cli/test_cli_startup.py holds them equal.
+# Mirrors of saved_model.INPUTS and serving.DEFAULT_TOP_K, whose modules
+# import Keras; tests/cli/test_cli_startup.py holds them equal.
 INPUTS = ("images", "image_bytes")
-OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
-           "features")
+OUTPUTS = common.OUTPUTS
 DEFAULT_TOP_K = 5
 
 
@@ -53,7 +52,9 @@ def register(subparsers):
                    help="take uint8 pixels; the scaling runs inside")
     p.add_argument("--outputs", type=name_list, metavar="A,B",
                    help="logits, probabilities, pre_logits, attention_maps, "
-                        "features (default: logits,probabilities)")
+                        "features, block_<i> (encoder block i's patch map, "
+                        "e.g. block_11 or block_-1; ViT only) (default: "
+                        "logits,probabilities)")
     p.add_argument("--input", choices=INPUTS, default=INPUTS[0],
                    help="saved_model: what serving_default takes: pixel "
                         "arrays (images, the default) or encoded "
@@ -158,13 +159,9 @@ def check_export(args):
         raise ValueError(f"-o {printable(args.output)}: {e}") from None
     kwargs = _input_options(args)
     if args.input == "images":
-        outputs = args.outputs or ["logits", "probabilities"]
-        unknown = [o for o in outputs if o not in OUTPUTS]
-        if unknown:
-            raise ValueError(f"--outputs takes names from "
-                             f"{', '.join(OUTPUTS)}; received "
-                             f"{','.join(outputs)}")
-        kwargs.update(outputs=tuple(outputs), uint8_input=args.uint8_input)
+        outputs = common.check_outputs(
+            args.outputs or ["logits", "probabilities"], "--outputs")
+        kwargs.update(outputs=outputs, uint8_input=args.uint8_input)
     kwargs["batch_sizes"] = tuple(args.batch_sizes)
     if args.format in ("tflite", "onnx"):
         kwargs["quantization"] = args.quantization

@@ -39,7 +39,7 @@ from keras_vit.layers.image_sizes import ImageSizes, image_sizes
 # pooling methods, the MLP's activations).
 from keras_vit.layers.blocks import POOLING_METHODS, DropPath
 from keras_vit.layers.dense import MLP_ACTIVATIONS
-from keras_vit.layers.embeddings import RegisterTokens
+from keras_vit.layers.embeddings import PatchTokens, RegisterTokens
 # Multihead attention pooling (``classifier="map"``: SigLIP, big_vision).
 from keras_vit.layers.pooling_head import AttentionPoolHead
 
@@ -55,4 +55,4 @@ __all__ = [
     "runtime_grid", "sincos_2d_grid", "sincos_2d_table"]
 
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "RegisterTokens"]
-__all__ += ["AttentionPoolHead"]
+__all__ += ["AttentionPoolHead", "PatchTokens"]

@@ -76,6 +76,62 @@ class ClassToken(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+class PatchTokens(layers.Layer):
+    """The patch tokens of a token sequence, without the prefix tokens
+    (class, distillation, registers): as a sequence (``"NLC"``, (B, h*w,
+    D)) or as a map on the patch grid (``"NHWC"``, (B, h, w, D)); with
+    ``return_prefix`` also the prefix tokens (B, num_prefix_tokens, D).
+    The grid is that of ``images`` at ``stride`` input pixels per token,
+    so the layer follows a dynamic image size.
+
+    >>> import numpy as np
+    >>> t = np.arange(2 * 5 * 3, dtype="float32").reshape(2, 5, 3)
+    >>> m = PatchTokens(1, 8)(t, np.zeros((2, 16, 16, 3), "float32"))
+    >>> tuple(m.shape), float(m[0, 0, 1, 0])
+    ((2, 2, 2, 3), 6.0)
+    """
+
+    def __init__(self, num_prefix_tokens, stride, output_format="NHWC",
+                 return_prefix=False, **kwargs):
+        super().__init__(**kwargs)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.stride = int(stride)
+        self.output_format = check_choice("output_format", output_format,
+                                          ("NHWC", "NLC"))
+        self.return_prefix = bool(return_prefix)
+
+    def call(self, tokens, images):
+        patches = tokens[:, self.num_prefix_tokens:]
+        if self.output_format == "NHWC":
+            shape = ops.shape(images)
+            patches = ops.reshape(patches, (
+                -1, shape[1] // self.stride, shape[2] // self.stride,
+                ops.shape(tokens)[-1]))
+        if self.return_prefix:
+            return patches, tokens[:, :self.num_prefix_tokens]
+        return patches
+
+    def compute_output_shape(self, tokens_shape, images_shape):
+        b, n, d = tokens_shape
+        if self.output_format == "NHWC":
+            h, w = (None if s is None else s // self.stride
+                    for s in images_shape[1:3])
+            patches = (b, h, w, d)
+        else:
+            patches = (b, None if n is None else n - self.num_prefix_tokens,
+                       d)
+        if self.return_prefix:
+            return patches, (b, self.num_prefix_tokens, d)
+        return patches
+
+    def get_config(self):
+        return {**super().get_config(),
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "stride": self.stride, "output_format": self.output_format,
+                "return_prefix": self.return_prefix}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class RegisterTokens(layers.Layer):
     """Inserts ``num_tokens`` learned register tokens (Darcet et al. 2023,
     "Vision Transformers Need Registers"), weight ``registers`` (1,

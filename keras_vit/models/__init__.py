@@ -16,10 +16,12 @@ fine-tunes any model with Keras' LoRA.
 """
 
 from keras_vit.models.axial import AxialVisionTransformer, axial_vit
-from keras_vit.models.features import available_features, feature_model
+from keras_vit.models.features import (available_features, feature_model,
+                                       intermediate_model)
 from keras_vit.models.resnet_v2 import ResNetV2, resnet_v2
 from keras_vit.models.vit import VisionTransformer, vit
 
 __all__ = ["AxialVisionTransformer", "ResNetV2", "VisionTransformer",
-           "available_features", "axial_vit", "feature_model", "resnet_v2",
+           "available_features", "axial_vit", "feature_model",
+           "intermediate_model", "resnet_v2",
            "vit"]

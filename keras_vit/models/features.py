@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.base.checks import did_you_mean
-from keras_vit.base.checks import check_model
+from keras_vit.base import geometry
+from keras_vit.base.checks import check_choice, check_model, did_you_mean
 
 
 def _resnet_output(model):
@@ -135,6 +135,121 @@ def _layer_output(model, layer_name, feature):
             + ", ".join(available_features(model))) from None
 
 
+def _blocks(model):
+    """The encoder blocks of a ViT, in order (``encoder_block_{i}``)."""
+    blocks = {}
+    for layer in model.layers:
+        name = layer.name
+        if name.startswith("encoder_block_") and name[14:].isdigit():
+            blocks[int(name[14:])] = layer
+    return [blocks[i] for i in sorted(blocks)]
+
+
+def _block_indices(indices, depth):
+    """timm's rule: None all blocks, an int n the last n, a list those
+    (negative from the end); sorted, each once."""
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, bool) or not isinstance(
+            indices, (int, list, tuple)):
+        raise ValueError(f"indices must be None, an int or a list of ints; "
+                         f"received indices={indices!r}")
+    if isinstance(indices, int):
+        if not 1 <= indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last "
+                             f"{indices} blocks of {depth}; give 1 to "
+                             f"{depth}")
+        return list(range(depth - indices, depth))
+    chosen = []
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, int) or not (
+                -depth <= i < depth):
+            raise ValueError(f"indices must be block numbers in [{-depth}, "
+                             f"{depth - 1}] for a model of {depth} blocks; "
+                             f"received indices={list(indices)!r}")
+        chosen.append(i % depth)
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ValueError("indices must name each block once; received "
+                         f"indices={list(indices)!r}")
+    return sorted(chosen)
+
+
+def intermediate_tensors(model, indices=None, *, output_format="NHWC",
+                         prefix_tokens=False, norm=False):
+    """The symbolic tensors :func:`intermediate_model` returns, on
+    ``model``'s graph (for building another model on them, as the exports
+    do): a dict ``{"block_{i}": ...}``."""
+    from keras_vit.layers.embeddings import PatchTokens
+
+    check_model("model", model)
+    blocks = _blocks(model)
+    if not blocks or not hasattr(model, "grid_size"):
+        raise ValueError(
+            f"intermediate_model needs a VisionTransformer with encoder "
+            f"blocks; model={model.name!r} has none (a ResNet's stages are "
+            "feature_model(model, ['stage_1', ...]))")
+    check_choice("output_format", output_format, ("NHWC", "NLC"))
+    config = model.get_config()
+    stride = geometry.effective_stride(config)
+    prefix = geometry.prefix_tokens(config)
+    names = {layer.name for layer in model.layers}
+    final_norm = (model.get_layer("encoder_norm")
+                  if norm and "encoder_norm" in names else None)
+    images = model.input
+    outputs = {}
+    for i in _block_indices(indices, len(blocks)):
+        tokens = blocks[i].output
+        if final_norm is not None:
+            tokens = final_norm(tokens)
+        split = PatchTokens(prefix, stride, output_format,
+                            return_prefix=bool(prefix_tokens),
+                            dtype=blocks[i].dtype_policy,
+                            name=f"block_{i}_patches")(tokens, images)
+        if prefix_tokens:
+            outputs[f"block_{i}"], outputs[f"block_{i}_prefix"] = split
+        else:
+            outputs[f"block_{i}"] = split
+    return outputs
+
+
+def intermediate_model(model, indices=None, *, output_format="NHWC",
+                       prefix_tokens=False, norm=False):
+    """A model returning the outputs of chosen encoder blocks of a ViT
+    (same weights), as timm's ``forward_intermediates`` does, for dense
+    prediction heads, feature pyramids and probing.
+
+    Args:
+        model: a keras_vit VisionTransformer (any family member, any
+            image size, dynamic or fixed).
+        indices: which blocks: None every block, an int ``n`` the last
+            ``n``, a list of block numbers (0 is the first; negative count
+            from the end).
+        output_format: ``"NHWC"`` patch tokens as a (B, h, w, D) map on
+            the patch grid (timm's ``"NHWC"``; its default ``"NCHW"`` is
+            this transposed), or ``"NLC"`` a (B, h*w, D) sequence.
+        prefix_tokens: also return the prefix tokens (class,
+            distillation, registers) of each block, (B, P, D), under
+            ``"block_{i}_prefix"``.
+        norm: pass each output through the model's final LayerNorm (its
+            weights; no change for a model without one, e.g. ``fc_norm``
+            models, as in timm).
+
+    Returns:
+        A ``keras.Model`` whose output is a dict ``{"block_{i}": ...}`` in
+        block order, exportable like any other (SavedModel, ONNX).
+
+    >>> import numpy as np, keras_vit
+    >>> m = keras_vit.vit(32, 8, 16, 3, 2, 32, 5)
+    >>> f = keras_vit.models.intermediate_model(m, indices=2)
+    >>> {k: tuple(v.shape) for k, v in f(np.zeros((1, 32, 32, 3))).items()}
+    {'block_1': (1, 4, 4, 16), 'block_2': (1, 4, 4, 16)}
+    """
+    return keras.Model(model.input, intermediate_tensors(
+        model, indices, output_format=output_format,
+        prefix_tokens=prefix_tokens, norm=norm),
+        name=f"{model.name}_intermediates")
+
+
 class FeaturesMixin:
     """The named parts of a keras_vit model, so that no caller needs its
     layer names: ``model.feature_model("tokens")``,
@@ -157,3 +272,8 @@ class FeaturesMixin:
     def available_features(self):
         """:func:`available_features` of this model."""
         return available_features(self)
+
+    def intermediate_model(self, indices=None, **options):
+        """:func:`intermediate_model` of this model: the outputs of chosen
+        encoder blocks."""
+        return intermediate_model(self, indices, **options)

@@ -865,7 +865,7 @@ def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
     with pytest.raises(ValueError, match="tiny.keras.*not a directory"):
         _cli(["export", keras_file, "-f", "onnx", "-o",
               str(tmp_path / "tiny.keras" / "x.onnx")])
-    with pytest.raises(ValueError, match="--outputs takes names"):
+    with pytest.raises(ValueError, match="--outputs must be distinct names"):
         _cli(["export", keras_file, "-f", "onnx", "--outputs", "logits,cls",
               "-o", str(tmp_path / "x.onnx")])
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())

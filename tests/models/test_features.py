@@ -17,3 +17,118 @@ PYTHON_API = [
 
 
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
+
+
+# --------------------------------------------------------------------------
+# intermediate_model: the outputs of chosen blocks, as timm's
+# forward_intermediates gives them
+
+
+def _dinov2_reg_pair(tmp_path):
+    """timm's DINOv2 with 4 registers (class token + registers as prefix,
+    layer scale, patch 14) at 3 blocks, random, written by timm and loaded
+    here: (timm's model, ours)."""
+    import pytest
+    pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    from testkit import random_timm_model
+
+    theirs = random_timm_model("vit_base_patch14_reg4_dinov2", 28, 5,
+                               depth=3)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    return theirs, keras_vit.zoo.load(str(tmp_path / "repo"))
+
+
+def test_intermediates_equal_timms_forward_intermediates(tmp_path):
+    import numpy as np
+    import torch
+
+    from testkit import random_images
+
+    theirs, ours = _dinov2_reg_pair(tmp_path)
+    x = random_images(28)
+    tx = torch.from_numpy(x.transpose(0, 3, 1, 2))
+    for indices, norm in ((None, False), (2, True), ([0, -1], False)):
+        with torch.no_grad():
+            want = theirs.forward_intermediates(
+                tx, indices=indices, norm=norm, return_prefix_tokens=True,
+                intermediates_only=True)
+        got = ours.intermediate_model(indices, norm=norm,
+                                      prefix_tokens=True)(x)
+        blocks = [k for k in got if not k.endswith("_prefix")]
+        assert len(blocks) == len(want), (indices, sorted(got))
+        for key, (maps, prefix) in zip(blocks, want):
+            scale = float(maps.abs().max())
+            # timm's NCHW is our NHWC transposed.
+            np.testing.assert_allclose(
+                np.asarray(got[key]), maps.numpy().transpose(0, 2, 3, 1),
+                atol=1e-5 * scale, err_msg=f"{indices} {key}")
+            np.testing.assert_allclose(
+                np.asarray(got[key + "_prefix"]), prefix.numpy(),
+                atol=1e-5 * scale, err_msg=f"{indices} {key}")
+    # The sequence form is the map's tokens in row order.
+    seq = ours.intermediate_model([1], output_format="NLC")(x)["block_1"]
+    grid = ours.intermediate_model([1])(x)["block_1"]
+    np.testing.assert_allclose(np.asarray(seq),
+                               np.asarray(grid).reshape(2, 4, -1))
+
+
+def test_intermediates_follow_a_dynamic_image_size():
+    import numpy as np
+
+    m = keras_vit.vit(32, 8, 16, 2, 2, 32, 5, dynamic_image_size=True,
+                      num_registers=2)
+    f = m.intermediate_model(1, prefix_tokens=True)
+    out = f(np.zeros((1, 48, 64, 3), "float32"))
+    assert tuple(out["block_1"].shape) == (1, 6, 8, 16)
+    assert tuple(out["block_1_prefix"].shape) == (1, 3, 16)
+
+
+def test_intermediates_export_as_block_outputs(tmp_path):
+    """``block_<i>`` outputs reach the artifact: the ONNX file returns what
+    the Keras intermediate model returns (the export verifies against
+    Keras before it is written)."""
+    import numpy as np
+    import pytest
+
+    ort = pytest.importorskip("onnxruntime")
+    from testkit import tiny
+    from keras_vit import export
+
+    m = tiny(num_layers=2, image_size=32, patch_size=8)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(
+        "float32")
+    want = m.intermediate_model([0, 1])(x)
+    export.to_onnx(m, str(tmp_path / "m.onnx"),
+                   outputs=("logits", "block_0", "block_-1"))
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(
+        None, {session.get_inputs()[0].name: x})))
+    assert got["block_0"].shape == (2, 4, 4, 32)
+    np.testing.assert_allclose(got["block_0"], np.asarray(want["block_0"]),
+                               atol=1e-4)
+    np.testing.assert_allclose(got["block_-1"], np.asarray(want["block_1"]),
+                               atol=1e-4)
+
+
+# Bad arguments to intermediate_model: the argument and the value, in one
+# line.
+INTERMEDIATE_CALLS = [
+    ("intermediate indices too many", lambda: _tiny_model()
+     .intermediate_model(9), "indices", "9", "1 to 1"),
+    ("intermediate index out of range", lambda: _tiny_model()
+     .intermediate_model([0, 5]), "indices", "[0, 5]", "[-1, 0]"),
+    ("intermediate index twice", lambda: _tiny_model()
+     .intermediate_model([0, -1]), "indices", "[0, -1]",
+     "each block once"),
+    ("intermediate indices type", lambda: _tiny_model()
+     .intermediate_model("last"), "indices", "'last'", "a list of ints"),
+    ("intermediate output_format", lambda: _tiny_model()
+     .intermediate_model(output_format="NCHW"), "output_format", "'NCHW'",
+     "NHWC"),
+]
+
+test_intermediate_model_refuses_bad_arguments = bad_calls_test(
+    INTERMEDIATE_CALLS)

@@ -190,6 +190,37 @@ def test_num_classes_gives_a_zero_head_and_drops_pre_logits():
     _same(new.feature_model("tokens")(x), model.feature_model("tokens")(x))
 
 
+def test_a_headless_model_gets_a_head_and_gives_it_back():
+    """num_classes=0 (no head: the pooled embedding) is a head size like
+    any other, both ways; a model built without its top gets one only when
+    asked for include_top=True too."""
+    headless = _tiny(num_classes=0)
+    x = _images()
+    embedding = to_numpy(headless(x))
+    assert embedding.shape == (2, 16)
+    headed = rebuild(headless, num_classes=5)
+    assert headed.output_shape == (None, 5)
+    # The new head is zero-initialised on the same encoder.
+    _same(headed(x), np.zeros((2, 5)))
+    back = rebuild(headed, num_classes=0)
+    assert back.output_shape == (None, 16)
+    _same(back(x), embedding)
+    tokens = _tiny(include_top=False)
+    with pytest.raises(ValueError, match=r"num_classes=5 .*include_top=True"):
+        rebuild(tokens, num_classes=5)
+    assert rebuild(tokens, num_classes=5,
+                   include_top=True).output_shape == (None, 5)
+
+
+def test_zoo_load_num_classes_0_returns_the_embedding():
+    full = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
+                              num_classes=3)
+    headless = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
+                                  num_classes=0)
+    assert headless.output_shape == (None, 192)
+    assert full.get_layer("head").input.shape[-1] == 192
+
+
 def test_dtype_builds_under_that_policy():
     model = _tiny()
     low = rebuild(model, dtype="mixed_bfloat16")

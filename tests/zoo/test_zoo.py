@@ -400,9 +400,10 @@ PYTHON_API = [
     ("zoo.load image_size", lambda: zoo.load(
         "ViT-Ti/16", weights=None, image_size=0), "image_size", "0",
      "positive"),
+    # 0 is no head (the pooled embedding), as in timm.
     ("zoo.load num_classes", lambda: zoo.load(
-        "ViT-Ti/16", weights=None, image_size=32, num_classes=0),
-     "num_classes", "0", "a positive integer"),
+        "ViT-Ti/16", weights=None, image_size=32, num_classes=-1),
+     "num_classes", "-1", "non-negative integer"),
     ("zoo.load keyword", lambda: zoo.load(
         "ViT-Ti/16", weights=None, image_size=32, include_tp=False),
      "keyword argument", "'include_tp'", "include_top"),
@@ -430,7 +431,7 @@ def test_timm_keywords_are_understood_or_refused_before_any_download(
     assert model.input_shape[1:3] == (32, 32)
     assert model.output_shape == (None, 3)
     with pytest.raises(ValueError, match=r"features_only=True is timm's; "
-                       r"here model\.feature_model"):
+                       r"here model\.intermediate_model"):
         zoo.load("ViT-B/16", features_only=True)
     with pytest.raises(ValueError, match="pretrained=False and "
                        "weights='augreg' disagree"):
