@@ -214,3 +214,20 @@ def assert_close_to_timm(ours, theirs):
     scale = np.abs(theirs).max()
     assert np.abs(ours - theirs).max() <= 1e-5 * scale + 1e-6, (
         np.abs(ours - theirs).max(), scale)
+
+
+def load_script(path, name=None):
+    """The module of the script at ``path`` (a benchmark), loaded by path
+    as the tests use it, its folder on ``sys.path`` for its siblings."""
+    import importlib.util
+    import os
+    import sys
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

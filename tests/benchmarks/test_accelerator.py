@@ -2,7 +2,6 @@
 its table from a run's results, and one part end to end on the CPU (the
 rehearsal the GPU sessions rely on; the full ``--cpu`` run takes minutes)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,17 +9,15 @@ import sys
 
 import pytest
 
+from testkit import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "accelerator.py")
 
 
 def _module():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    spec = importlib.util.spec_from_file_location("accelerator", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize("name, kind", [
