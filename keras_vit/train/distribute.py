@@ -432,6 +432,26 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
     return _tpu_strategy(tpu_address(tpu), timeout)
 
 
+def step_uses_xla(strategy_, requested="auto", precision="float32"):
+    """Whether the train step compiles its forward and backward pass with
+    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
+    :func:`keras_vit.runtime.hardware.plan` for one replica (XLA for
+    ``mixed_bfloat16`` on GPUs and on CPUs whose oneDNN bf16 is no faster
+    than float32, TensorFlow's oneDNN graph where AMX is or a probe found
+    it faster, graph mode for float32 on CPUs) and stays off for
+    several replicas and the TPU (which compiles the whole step anyway).
+    The one answer for the Trainer's step and ``model.fit``
+    (:func:`keras_vit.train.compile_for_finetune`)."""
+    if requested in (True, False):
+        return requested
+    from keras_vit.runtime import hardware
+
+    info = describe(strategy_)
+    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
+        return False
+    return hardware.plan(precision).train_jit
+
+
 def describe(strategy_):
     """Name, replica count, workers and whether this process is the chief
     (the one that writes checkpoints, logs and the final model)."""

@@ -8,25 +8,9 @@ run; every ``tf.distribute`` strategy runs the same one.
 
 from __future__ import annotations
 
-from keras_vit.train.distribute import describe
-
-
-def step_uses_xla(strategy_, requested="auto", precision="float32"):
-    """Whether the train step compiles its forward and backward pass with
-    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
-    :func:`keras_vit.runtime.hardware.plan` for one replica (XLA for
-    ``mixed_bfloat16`` on GPUs and on CPUs whose oneDNN bf16 is no faster
-    than float32, TensorFlow's oneDNN graph where AMX is or a probe found
-    it faster, graph mode for float32 on CPUs) and stays off for
-    several replicas and the TPU (which compiles the whole step anyway)."""
-    if requested in (True, False):
-        return requested
-    from keras_vit.runtime import hardware
-
-    info = describe(strategy_)
-    if info["name"] == "tpu" or strategy_.num_replicas_in_sync != 1:
-        return False
-    return hardware.plan(precision).train_jit
+# step_uses_xla is decided in distribute, for model.fit and this step
+# alike; imported here for the engine.
+from keras_vit.train.distribute import describe, step_uses_xla  # noqa: F401
 
 
 def make_train_step(engine):

@@ -126,24 +126,24 @@ def _check_step_memory(model, recipe):
 
 
 def _fit_jit(model, recipe):
-    """``jit_compile`` for ``model.fit``: the recipe's when set; on
-    TensorFlow with one device, the machine's plan for the model's compute
-    dtype (Keras' own "auto" never uses XLA on a CPU, the slower bf16 path
-    where there is no AMX); else Keras' "auto"."""
+    """``jit_compile`` for ``model.fit``: on TensorFlow the one decision
+    of the Trainer's step too (:func:`keras_vit.train.distribute.
+    step_uses_xla`: the recipe's when set, else the machine's plan for the
+    model's compute dtype with one replica, off for several and on a TPU;
+    Keras' own "auto" never uses XLA on a CPU, the slower bf16 path where
+    there is no AMX); elsewhere the recipe's, or Keras' "auto"."""
     from keras_vit.runtime.backend import is_tensorflow
 
-    if recipe.jit_compile in (True, False):
-        return recipe.jit_compile
     if not is_tensorflow():
-        return "auto"
+        return (recipe.jit_compile if recipe.jit_compile in (True, False)
+                else "auto")
     import tensorflow as tf
 
-    from keras_vit.runtime import hardware
     from keras_vit.models.compiled import model_compute_dtype
+    from keras_vit.train.distribute import step_uses_xla
 
-    if tf.distribute.has_strategy():
-        return "auto"
-    return hardware.plan(model_compute_dtype(model)).train_jit
+    return step_uses_xla(tf.distribute.get_strategy(), recipe.jit_compile,
+                         model_compute_dtype(model))
 
 
 def smoothed_sparse_crossentropy(label_smoothing=0.0):
