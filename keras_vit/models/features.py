@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import keras
 
 from keras_vit.base import geometry
@@ -145,29 +147,37 @@ def _blocks(model):
     return [blocks[i] for i in sorted(blocks)]
 
 
+def _block_number(value):
+    """``value`` as a Python int when it is an integer (NumPy's too), else
+    None; booleans are not block numbers."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _block_indices(indices, depth):
     """timm's rule: None all blocks, an int n the last n, a list those
     (negative from the end); sorted, each once."""
     if indices is None:
         return list(range(depth))
-    if isinstance(indices, bool) or not isinstance(
-            indices, (int, list, tuple)):
+    count = _block_number(indices)
+    if count is not None:
+        if not 1 <= count <= depth:
+            raise ValueError(f"indices={count} asks for the last {count} "
+                             f"blocks of {depth}; give 1 to {depth}")
+        return list(range(depth - count, depth))
+    if not isinstance(indices, (list, tuple)):
         raise ValueError(f"indices must be None, an int or a list of ints; "
                          f"received indices={indices!r}")
-    if isinstance(indices, int):
-        if not 1 <= indices <= depth:
-            raise ValueError(f"indices={indices} asks for the last "
-                             f"{indices} blocks of {depth}; give 1 to "
-                             f"{depth}")
-        return list(range(depth - indices, depth))
-    chosen = []
-    for i in indices:
-        if isinstance(i, bool) or not isinstance(i, int) or not (
-                -depth <= i < depth):
-            raise ValueError(f"indices must be block numbers in [{-depth}, "
-                             f"{depth - 1}] for a model of {depth} blocks; "
-                             f"received indices={list(indices)!r}")
-        chosen.append(i % depth)
+    chosen = [_block_number(i) for i in indices]
+    if any(i is None or not -depth <= i < depth for i in chosen):
+        raise ValueError(f"indices must be block numbers in [{-depth}, "
+                         f"{depth - 1}] for a model of {depth} blocks; "
+                         f"received indices={list(indices)!r}")
+    chosen = [i % depth for i in chosen]
     if not chosen or len(set(chosen)) != len(chosen):
         raise ValueError("indices must name each block once; received "
                          f"indices={list(indices)!r}")
@@ -186,8 +196,8 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
     if not blocks or not hasattr(model, "grid_size"):
         raise ValueError(
             f"intermediate_model needs a VisionTransformer with encoder "
-            f"blocks; model={model.name!r} has none (a ResNet's stages are "
-            "feature_model(model, ['stage_1', ...]))")
+            f"blocks; model={model.name!r} has none (a ResNetV2's stages "
+            "are feature_model(model, ['stage_1', ...]))")
     check_choice("output_format", output_format, ("NHWC", "NLC"))
     config = model.get_config()
     stride = geometry.effective_stride(config)
@@ -199,6 +209,8 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
     outputs = {}
     for i in _block_indices(indices, len(blocks)):
         tokens = blocks[i].output
+        if isinstance(tokens, (list, tuple)):
+            tokens = tokens[0]  # built with return_attention_scores=True
         if final_norm is not None:
             tokens = final_norm(tokens)
         split = PatchTokens(prefix, stride, output_format,

@@ -79,10 +79,26 @@ def test_intermediates_follow_a_dynamic_image_size():
 
     m = keras_vit.vit(32, 8, 16, 2, 2, 32, 5, dynamic_image_size=True,
                       num_registers=2)
-    f = m.intermediate_model(1, prefix_tokens=True)
+    f = m.intermediate_model(np.int64(1), prefix_tokens=True)
     out = f(np.zeros((1, 48, 64, 3), "float32"))
     assert tuple(out["block_1"].shape) == (1, 6, 8, 16)
     assert tuple(out["block_1_prefix"].shape) == (1, 3, 16)
+
+
+def test_intermediates_of_a_model_that_returns_attention_scores():
+    import numpy as np
+
+    plain = keras_vit.vit(32, 8, 16, 2, 2, 32, 5)
+    scored = keras_vit.vit(32, 8, 16, 2, 2, 32, 5,
+                           return_attention_scores=True)
+    scored.set_weights(plain.get_weights())
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 32, 32, 3)).astype(
+        "float32")
+    want = plain.intermediate_model(list(np.arange(2)))(x)
+    got = scored.intermediate_model([0, 1])(x)
+    for key in ("block_0", "block_1"):
+        np.testing.assert_allclose(np.asarray(got[key]),
+                                   np.asarray(want[key]), atol=1e-6)
 
 
 def test_intermediates_export_as_block_outputs(tmp_path):
