@@ -197,6 +197,15 @@ SNIPPETS = {
                             "install has no jax"),
     ("docs/guides/zoo.md", "from keras_vit import zoo"): Snippet(
         expect=("model.input_shape == (None, 224, 224, 3)",)),
+    ("docs/guides/zoo.md", "import numpy as np"): Snippet(
+        # Random weights at 56 px (a 4x4 grid): the page's calls, offline.
+        subs=(('zoo.load("DINOv2-reg-S/14")',
+               'zoo.load("DINOv2-reg-S/14", weights=None, image_size=56)'),
+              ("(2, 518, 518, 3)", "(2, 56, 56, 3)")),
+        expect=("embedding.shape == (2, 384)",
+                "tuple(maps['block_11'].shape) == (2, 4, 4, 384)",
+                "sorted(maps) == ['block_10', 'block_11', 'block_8', "
+                "'block_9']")),
     ("docs/guides/zoo.md",
      'model = zoo.load("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_'
      'ft_in1k")'): Snippet(
