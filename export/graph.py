@@ -11,7 +11,8 @@ from keras_vit.data.normalization import of_model
 from keras_vit.export import samples
 from keras_vit.runtime.policy import dtype_policy_scope
 
-from keras_vit.export.common import BLOCK_OUTPUT, OUTPUTS, check_outputs
+from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
+    BLOCK_OUTPUT, OUTPUTS, check_outputs)
 INPUT_NAME = "images"
 _LOW_PRECISION = ("bfloat16", "float16")
 

@@ -81,12 +81,13 @@ class PatchTokens(layers.Layer):
     (class, distillation, registers): as a sequence (``"NLC"``, (B, h*w,
     D)) or as a map on the patch grid (``"NHWC"``, (B, h, w, D)); with
     ``return_prefix`` also the prefix tokens (B, num_prefix_tokens, D).
-    The grid is that of ``images`` at ``stride`` input pixels per token,
-    so the layer follows a dynamic image size.
+    Called on ``[tokens, images]``: the grid is that of ``images`` at
+    ``stride`` input pixels per token, so the layer follows a dynamic
+    image size.
 
     >>> import numpy as np
     >>> t = np.arange(2 * 5 * 3, dtype="float32").reshape(2, 5, 3)
-    >>> m = PatchTokens(1, 8)(t, np.zeros((2, 16, 16, 3), "float32"))
+    >>> m = PatchTokens(1, 8)([t, np.zeros((2, 16, 16, 3), "float32")])
     >>> tuple(m.shape), float(m[0, 0, 1, 0])
     ((2, 2, 2, 3), 6.0)
     """
@@ -100,7 +101,8 @@ class PatchTokens(layers.Layer):
                                           ("NHWC", "NLC"))
         self.return_prefix = bool(return_prefix)
 
-    def call(self, tokens, images):
+    def call(self, inputs):
+        tokens, images = inputs
         patches = tokens[:, self.num_prefix_tokens:]
         if self.output_format == "NHWC":
             shape = ops.shape(images)
@@ -111,7 +113,8 @@ class PatchTokens(layers.Layer):
             return patches, tokens[:, :self.num_prefix_tokens]
         return patches
 
-    def compute_output_shape(self, tokens_shape, images_shape):
+    def compute_output_shape(self, input_shape):
+        tokens_shape, images_shape = input_shape
         b, n, d = tokens_shape
         if self.output_format == "NHWC":
             h, w = (None if s is None else s // self.stride

@@ -216,7 +216,7 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
         split = PatchTokens(prefix, stride, output_format,
                             return_prefix=bool(prefix_tokens),
                             dtype=blocks[i].dtype_policy,
-                            name=f"block_{i}_patches")(tokens, images)
+                            name=f"block_{i}_patches")([tokens, images])
         if prefix_tokens:
             outputs[f"block_{i}"], outputs[f"block_{i}_prefix"] = split
         else:
@@ -256,10 +256,11 @@ def intermediate_model(model, indices=None, *, output_format="NHWC",
     >>> {k: tuple(v.shape) for k, v in f(np.zeros((1, 32, 32, 3))).items()}
     {'block_1': (1, 4, 4, 16), 'block_2': (1, 4, 4, 16)}
     """
-    return keras.Model(model.input, intermediate_tensors(
+    outputs = intermediate_tensors(  # checks the arguments first
         model, indices, output_format=output_format,
-        prefix_tokens=prefix_tokens, norm=norm),
-        name=f"{model.name}_intermediates")
+        prefix_tokens=prefix_tokens, norm=norm)
+    return keras.Model(model.input, outputs,
+                       name=f"{model.name}_intermediates")
 
 
 class FeaturesMixin:

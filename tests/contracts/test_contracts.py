@@ -99,6 +99,8 @@ CASES = {
     "AttentionPoolHead": (dict(num_heads=2, mlp_dim=16, num_prefix_tokens=1),
                           lambda: _rng_input((2, 5, 8))),
     "StackScores": (dict(), lambda: [_rng_input((2, 2, 5, 5))] * 2),
+    "PatchTokens": (dict(num_prefix_tokens=1, stride=4, return_prefix=True),
+                    lambda: [_rng_input((2, 5, 8)), _rng_input((2, 8, 8, 3))]),
     "StdConv2D": (dict(filters=4, kernel_size=(3, 3), standardization="std",
                        eps=1e-5), lambda: _rng_input((2, 8, 8, 3))),
     "ResidualUnit": (dict(features=32, strides=2, groups=32, epsilon=1e-5),

@@ -108,6 +108,23 @@ def test_bad_elements_fail_the_call_naming_their_index(exported):
     # process.
     with pytest.raises(tf.errors.InvalidArgumentError):
         signature(image_bytes=tf.constant([good[:60]]))
+    # A JPEG cut short, before its image data or inside it, is named by
+    # its index too (TensorFlow's own decoder would name none).
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(
+        0, 255, (40, 48, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    jpeg = buffer.getvalue()
+    scan = jpeg.index(b"\xff\xda")
+    for cut, where in ((jpeg[:scan], "before its image data"),
+                       (jpeg[:len(jpeg) - 40], "inside its image data")):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"image_bytes\[1\] \({len(cut)} bytes\) "
+                                 rf"is a JPEG cut short {where}"):
+            signature(image_bytes=tf.constant([jpeg, cut]))
     # ... and the loaded model keeps answering.
     out = signature(image_bytes=tf.constant([good]))
     assert out["labels"].shape == (1, 3)

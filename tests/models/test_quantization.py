@@ -52,6 +52,36 @@ def test_quantizing_a_model_with_lora_adapters_is_refused():
 
 
 @pytest.mark.backends
+def test_an_explicit_compiled_path_stays_within_the_compiled_bound():
+    """A compiled path chosen explicitly (``predict_path="xla"``, or
+    ``"graph"`` on TensorFlow) for a model whose int8 layers round their
+    inputs may flip some roundings, as the SavedModel of it does: it
+    agrees with the call within the bound stated for such compiled graphs
+    (keras_vit.export TOLERANCES["saved_model/keras_quantized"]), and is
+    nearer the quantized call than the float model is."""
+    from keras_vit.export.common import TOLERANCES
+
+    bound = TOLERANCES["saved_model/keras_quantized"]["max_abs_diff"]
+    model = keras_vit.vit(**dict(TINY, num_layers=6))
+    rng = np.random.default_rng(1)
+    for v in model.weights:
+        v.assign(rng.normal(0, 0.05, tuple(v.shape)).astype("float32"))
+    x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")
+    float_logits = keras.ops.convert_to_numpy(model(x))
+    model.quantize("int8")
+    want = keras.ops.convert_to_numpy(model(x))
+    scale = max(1.0, float(np.max(np.abs(want))))
+    paths = ["xla"] + (["graph"] if keras.backend.backend() == "tensorflow"
+                       else [])
+    for path in paths:
+        model.predict_path = path
+        got = model.predict(x, verbose=0)
+        diff = float(np.max(np.abs(got - want)))
+        assert diff <= bound * scale, (path, diff)
+        assert diff < float(np.max(np.abs(float_logits - want))), path
+
+
+@pytest.mark.backends
 def test_predict_of_a_quantized_model_computes_what_its_call_does():
     """int8 layers round their inputs: a compiled graph's last-bit float
     differences flip some roundings and add up over the blocks, so
