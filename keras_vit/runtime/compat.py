@@ -236,3 +236,109 @@ def onednn_enabled():
                   "_pywrap_util_port.IsMklEnabled", "tensorflow",
                   "ask whether TensorFlow's CPU graphs use oneDNN")
     return bool(fn())
+
+
+# Keras optimizer methods a per-variable learning rate overrides or calls:
+# update_step is the documented hook of a custom optimizer; the others are
+# BaseOptimizer's private ones.
+_PER_VARIABLE_HOOKS = ("update_step", "_apply_weight_decay",
+                       "_use_weight_decay", "_get_variable_index")
+_PER_VARIABLE_CLASSES = {}
+
+
+def per_variable_learning_rates(optimizer, scales):
+    """A copy of the unbuilt Keras ``optimizer`` (its class, its config and
+    the variables it excludes from weight decay) whose update of each
+    variable uses the learning rate times that variable's scale,
+    ``scales[variable.path]``, decoupled weight decay included (as a
+    per-group ``lr`` scales both in PyTorch).
+
+    Keras optimizers have one learning rate for every variable. The copy
+    is of a subclass that overrides ``update_step`` (scaling the rate it
+    is handed) and BaseOptimizer's private ``_apply_weight_decay`` (the
+    decay moves into ``update_step``, where the variable's rate is
+    known; Keras decays every variable before updating any, and each
+    variable's decay still precedes its own update), and reads the
+    private ``_use_weight_decay`` and ``_get_variable_index``. It is the
+    original's update on every backend (under torch, through Keras'
+    per-variable loop instead of its fused optimizers). Scaling gradients
+    instead would be the same only for plain SGD: Adam divides the scale
+    away.
+
+    >>> import keras, numpy as np
+    >>> v = keras.Variable(np.ones(2, "float32"), name="w")
+    >>> opt = per_variable_learning_rates(keras.optimizers.SGD(0.1),
+    ...                                   {v.path: 0.5})
+    >>> opt.apply([keras.ops.ones(2)], [v])
+    >>> [round(float(x), 4) for x in keras.ops.convert_to_numpy(v)]
+    [0.95, 0.95]
+    """
+    # Under torch, keras.optimizers.SGD(...) and its kind are instances of
+    # fused stand-ins (keras.src.backend.torch.optimizers) that update all
+    # variables in one call, never through update_step: subclass the Keras
+    # class they stand in for.
+    cls = next(c for c in type(optimizer).__mro__ if not c.__module__
+               .startswith("keras.src.backend.torch.optimizers"))
+    for hook in _PER_VARIABLE_HOOKS:
+        _require(cls, hook, f"BaseOptimizer.{hook}", "keras",
+                 "give each variable its own learning rate (layer decay)")
+    if getattr(optimizer, "built", False):
+        raise ValueError(
+            f"optimizer={optimizer.name!r} is already built (it has "
+            "updated variables); per-variable learning rates need an "
+            "unbuilt optimizer")
+    if cls not in _PER_VARIABLE_CLASSES:
+        _PER_VARIABLE_CLASSES[cls] = _per_variable_class(cls)
+    config = optimizer.get_config()
+    config["variable_scales"] = {str(k): float(v) for k, v in scales.items()}
+    scaled = _PER_VARIABLE_CLASSES[cls].from_config(config)
+    for attr in ("_exclude_from_weight_decay",
+                 "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, attr):
+            setattr(scaled, attr, getattr(optimizer, attr))
+    return scaled
+
+
+def _per_variable_class(base):
+    from keras import ops
+
+    class PerVariableRate(base):
+        def __init__(self, *args, variable_scales=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.variable_scales = {str(k): float(v) for k, v in
+                                    (variable_scales or {}).items()}
+            self._variable_rates = []
+
+        def build(self, variables):
+            missing = [v.path for v in variables
+                       if v.path not in self.variable_scales]
+            if missing:
+                raise ValueError(
+                    f"no learning-rate scale for the variable "
+                    f"{missing[0]!r} ({len(missing)} of {len(variables)} "
+                    "without one): build the scales from the model this "
+                    "optimizer trains")
+            super().build(variables)
+            self._variable_rates = [self.variable_scales[v.path]
+                                    for v in variables]
+
+        def _apply_weight_decay(self, variables):
+            return  # in update_step, at each variable's own rate
+
+        def update_step(self, gradient, variable, learning_rate):
+            scale = self._variable_rates[self._get_variable_index(variable)]
+            learning_rate = learning_rate * scale
+            if (self.weight_decay is not None
+                    and self._use_weight_decay(variable)):
+                decay = (ops.cast(self.weight_decay, variable.dtype)
+                         * ops.cast(learning_rate, variable.dtype))
+                self.assign_sub(variable, variable * decay)
+            return super().update_step(gradient, variable, learning_rate)
+
+        def get_config(self):
+            return {**super().get_config(),
+                    "variable_scales": dict(self.variable_scales)}
+
+    PerVariableRate.__name__ = PerVariableRate.__qualname__ = (
+        f"PerVariableRate{base.__name__}")
+    return PerVariableRate

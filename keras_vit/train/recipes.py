@@ -7,6 +7,29 @@ B.1.1) and pre-training (Table 3) settings, each overridable.
 ('sgd', 0.9, 512, 1.0, 384)
 >>> recipes.get("pretrain").weight_decay
 0.03
+
+The ViT family's later ImageNet recipes are rows too: ``"augreg"`` (How
+to train your ViT), ``"deit"`` and ``"deit3"``, with MixUp / CutMix,
+RandAugment, random erasing, stochastic depth, layer decay and a loss
+choice as fields (all off in the paper's recipes). Their pieces work
+with plain ``model.fit``::
+
+    import keras_vit.train as kt
+    from keras_vit.train import recipes
+
+    r = recipes.get("deit", total_steps=1000, layer_decay=0.65)
+    model = kt.build_model("ViT-S/16", num_classes=10,
+                           image_size=r.image_size,
+                           model_options=recipes.model_options(r))
+    train = kt.dataset("digits", r.image_size, r.batch_size,
+                       **recipes.pipeline_options(r, num_classes=10))
+    model.compile(optimizer=recipes.make_optimizer(
+                      r, 1000, clip_in_optimizer=True, model=model),
+                  loss=recipes.make_loss(r), metrics=["accuracy"])
+    model.fit(train, epochs=1, steps_per_epoch=1000)
+
+(``tests/train/test_recipes.py`` runs the same with a tiny model.) The
+recipe's ``ema_decay`` is the training loop's to apply, not ``fit``'s.
 """
 
 from __future__ import annotations
@@ -23,8 +46,11 @@ from keras_vit.train.distribute import check_precision_name
 MPP_OBJECTIVES = ("mpp",)
 MPP_TARGETS = ("mean_color", "color_4x4", "l2")
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "lamb")
 SCHEDULES = ("cosine", "linear", "constant")
+# "softmax": cross-entropy over the classes; "bce": DeiT III's binary
+# cross-entropy, one sigmoid per class.
+LOSSES = ("softmax", "bce")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +60,10 @@ class Recipe:
 
     Attributes:
         name: the recipe it started from.
-        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"`` (with
-            ``beta_1``, ``beta_2``; decoupled ``weight_decay`` makes AdamW).
+        optimizer: ``"sgd"`` (with ``momentum``), ``"adam"`` (with
+            ``beta_1``, ``beta_2``; decoupled ``weight_decay`` makes AdamW)
+            or ``"lamb"`` (Keras' LAMB, same betas; its weight decay is
+            decoupled, outside the trust ratio).
         learning_rate: peak learning rate (after warmup).
         lr_sweep: the values the paper swept for this setting (information).
         schedule: decay after warmup, to zero: ``"cosine"``, ``"linear"``,
@@ -75,6 +103,25 @@ class Recipe:
         eval_every: steps between evaluations on the eval data; None: at
             the end only.
         seed: seeds the data order, the augmentation and new weights.
+        mixup_alpha: MixUp's Beta(alpha, alpha) per batch; 0: off
+            (:mod:`keras_vit.train.mixing`).
+        cutmix_alpha: CutMix's, the same way; 0: off.
+        mix_switch_prob: with both on, the chance a batch is CutMix.
+        randaugment: ``(num_ops, magnitude)`` of Keras' RandAugment,
+            magnitude on RandAugment's 0-10 scale; None: off.
+        random_erasing: the chance an image gets a box of noise; 0: off.
+        three_augment: DeiT III's 3-Augment (grayscale, solarisation or
+            blur per image).
+        color_jitter: brightness/contrast/saturation jitter strength; 0:
+            off.
+        drop_path_rate: stochastic depth of the last block (growing
+            linearly from 0 at the first), a model option
+            (:func:`model_options`).
+        layer_decay: layer-wise learning-rate decay in (0, 1]
+            (:mod:`keras_vit.train.layer_decay`); None: off.
+        loss: ``"softmax"`` cross-entropy or DeiT III's ``"bce"`` (every
+            class present in a mixed target a positive; no label
+            smoothing with it).
     """
 
     name: str = "custom"
@@ -105,6 +152,16 @@ class Recipe:
     log_every: int = 10
     eval_every: int | None = None
     seed: int = 0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_switch_prob: float = 0.5
+    randaugment: tuple | None = None
+    random_erasing: float = 0.0
+    three_augment: bool = False
+    color_jitter: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_decay: float | None = None
+    loss: str = "softmax"
 
     def __post_init__(self):
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -162,6 +219,41 @@ class Recipe:
                 f"warmup_steps={self.warmup_steps} (--warmup-steps) must be "
                 f"smaller than total_steps={self.total_steps} (--steps)")
         object.__setattr__(self, "lr_sweep", tuple(self.lr_sweep))
+        self._check_regularisation()
+
+    def _check_regularisation(self):
+        from keras_vit.train.data.augment import check_augment
+
+        check_choice("loss", self.loss, LOSSES)
+        for field in ("mixup_alpha", "cutmix_alpha"):
+            check_number(field, getattr(self, field), low=0.0)
+        for field in ("mix_switch_prob", "random_erasing", "color_jitter"):
+            check_number(field, getattr(self, field), low=0.0, high=1.0)
+        check_number("drop_path_rate", self.drop_path_rate, low=0.0,
+                     high=1.0, high_open=True)
+        randaugment = check_augment(self.randaugment, self.random_erasing,
+                                    self.three_augment, self.color_jitter)[0]
+        object.__setattr__(self, "randaugment", randaugment)
+        if self.layer_decay is not None:
+            check_number("layer_decay", self.layer_decay, low=0.0, high=1.0,
+                         low_open=True)
+        if self.loss == "bce" and self.label_smoothing:
+            raise ValueError(
+                "loss='bce' makes every class present in a target a "
+                "positive, and label smoothing puts every class in every "
+                "target; received loss='bce' with label_smoothing="
+                f"{self.label_smoothing!r}")
+
+    @property
+    def mixes(self):
+        """Whether training batches are mixed (MixUp or CutMix on)."""
+        return bool(self.mixup_alpha or self.cutmix_alpha)
+
+    @property
+    def dense_targets(self):
+        """Whether the training targets are ``(batch, num_classes)`` rows
+        (mixed, or for the BCE loss) rather than integer labels."""
+        return self.mixes or self.loss == "bce"
 
     def replace(self, **fields):
         """A copy with ``fields`` changed (unknown names raise)."""
@@ -177,8 +269,9 @@ class Recipe:
     def to_dict(self):
         d = dataclasses.asdict(self)
         d["lr_sweep"] = list(self.lr_sweep)
-        if self.crop_area is not None:
-            d["crop_area"] = list(self.crop_area)
+        for field in ("crop_area", "randaugment"):
+            if getattr(self, field) is not None:
+                d[field] = list(getattr(self, field))
         return d
 
 
@@ -206,6 +299,16 @@ _FINETUNE = dict(optimizer="sgd", momentum=0.9, schedule="cosine",
 _PRETRAIN = dict(optimizer="adam", beta_1=0.9, beta_2=0.999, batch_size=4096,
                  warmup_steps=10_000, image_size=224, grad_clip_norm=None,
                  checkpoint_every=1000, log_every=50)
+
+# What DeiT and DeiT III share (facebookresearch/deit's main.py defaults):
+# Adam-style betas, cosine to 0, no clipping or dropout, weight decay
+# 0.05, random-resized crops of 8%-100% and flips, evaluation crop 0.875,
+# MixUp 0.8 and CutMix 1.0 switching at 0.5 per batch, EMA 0.99996.
+_DEIT = dict(beta_1=0.9, beta_2=0.999, schedule="cosine",
+             grad_clip_norm=None, weight_decay=0.05, dropout_rate=0.0,
+             crop_area=(0.08, 1.0), flip=True, eval_crop=0.875,
+             mixup_alpha=0.8, cutmix_alpha=1.0, mix_switch_prob=0.5,
+             ema_decay=0.99996, checkpoint_every=1000, log_every=50)
 
 RECIPES = {
     # VTAB setting: the one learning rate the paper uses for all 19 tasks.
@@ -244,6 +347,62 @@ RECIPES = {
     "mpp": Recipe(name="mpp", **dict(_PRETRAIN, log_every=10),
                   learning_rate=2e-4, schedule="cosine", weight_decay=0.0,
                   dropout_rate=0.0, total_steps=100_000),
+    # "How to train your ViT? Data, Augmentation, and Regularization in
+    # Vision Transformers" (Steiner et al. 2021), ImageNet-1k from scratch:
+    # big_vision's configs/vit_i1k.py (Adam 0.9/0.999 at 1e-3, 10k warmup
+    # steps, cosine, batch 4096, 300 epochs, clipping at 1, inception crop
+    # and flip; its "medium2" augmentation: RandAugment(2, 15) and MixUp
+    # alpha 0.5, mixing every batch) with the regularisation of the
+    # released B/32 checkpoint (B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-
+    # do_0.1-sd_0.1): weight decay 0.1 times the learning rate (big_vision's
+    # wd=1e-4 at lr=1e-3), dropout 0.1, stochastic depth 0.1. Evaluated at
+    # resize_small(256) | central_crop(224): eval_crop 0.875. Deviations:
+    # Keras' RandAugment stops at magnitude 10 (factor 1.0), so big_vision's
+    # 15 is applied as 10, with Keras' operations and strengths, not
+    # big_vision's; big_vision mixes each image with its neighbour
+    # (np.roll) rather than the reversed batch, the same distribution.
+    "augreg": Recipe(
+        name="augreg", optimizer="adam", beta_1=0.9, beta_2=0.999,
+        learning_rate=1e-3, schedule="cosine", warmup_steps=10_000,
+        epochs=300, batch_size=4096, grad_clip_norm=1.0, weight_decay=0.1,
+        dropout_rate=0.1, drop_path_rate=0.1, image_size=224,
+        crop_area=(0.05, 1.0), flip=True, eval_crop=0.875,
+        randaugment=(2, 10), mixup_alpha=0.5, checkpoint_every=1000,
+        log_every=50),
+    # DeiT-B, "Training data-efficient image transformers & distillation
+    # through attention" (Touvron et al. 2021), the defaults of
+    # facebookresearch/deit's main.py at its README's 2 nodes x 8 GPUs x 64:
+    # AdamW, lr 5e-4 * batch / 512 = 1e-3 at batch 1024, weight decay 0.05,
+    # 300 epochs, cosine after 5 warmup epochs (6,255 steps: 1,251 a
+    # ImageNet-1k epoch at 1024), label smoothing 0.1, stochastic depth
+    # 0.1, RandAugment rand-m9-mstd0.5 (2 ops, magnitude 9), MixUp 0.8 and
+    # CutMix 1.0 switching at 0.5 per batch, random erasing 0.25, EMA
+    # 0.99996, random-resized crop 8%-100%, evaluation crop 0.875, no
+    # clipping. Deviations: the schedule starts and ends at 0 (timm's at
+    # 1e-6 and 1e-5), no repeated augmentation, Keras' RandAugment and
+    # RandomErasing instead of timm's. Another batch size: scale
+    # learning_rate with it (5e-4 * batch_size / 512).
+    "deit": Recipe(
+        name="deit", optimizer="adam", learning_rate=1e-3,
+        warmup_steps=6_255, epochs=300, batch_size=1024,
+        label_smoothing=0.1, drop_path_rate=0.1, image_size=224,
+        randaugment=(2, 9), random_erasing=0.25, **_DEIT),
+    # DeiT III ViT-B on ImageNet-1k, "DeiT III: Revenge of the ViT" (Touvron
+    # et al. 2022), facebookresearch/deit's README_revenge.md command (8
+    # GPUs x 256): LAMB at 3e-3 (not scaled with the batch), weight decay
+    # 0.05, 800 epochs at resolution 192 (fine-tuned at 224 after), cosine
+    # after 5 warmup epochs (3,125 steps at 2048), BCE loss, no label
+    # smoothing, no dropout, stochastic depth 0.2 (0.05 for S, 0.45 for L),
+    # 3-Augment and colour jitter 0.3, MixUp 0.8 and CutMix 1.0, no
+    # RandAugment or random erasing, random-resized crop 8%-100%; EMA
+    # 0.99996 and evaluation crop 0.875 are main.py's defaults the command
+    # keeps. Deviations: no repeated augmentation; Keras' LAMB decays the
+    # weights outside its trust ratio; colour jitter in a fixed order.
+    "deit3": Recipe(
+        name="deit3", optimizer="lamb", learning_rate=3e-3,
+        warmup_steps=3_125, epochs=800, batch_size=2048,
+        label_smoothing=0.0, drop_path_rate=0.2, image_size=192,
+        three_augment=True, color_jitter=0.3, loss="bce", **_DEIT),
 }
 
 
@@ -373,6 +532,14 @@ def parse_value(field, text):
     _check_fields({field: None})
     if text.strip().lower() in ("none", "null", ""):
         return None
+    if field == "randaugment":
+        parts = text.split(",")
+        try:
+            return (int(parts[0]), float(parts[1])) if len(parts) == 2 \
+                else tuple(parts)
+        except ValueError:
+            raise ValueError(f"randaugment must be num_ops,magnitude (e.g. "
+                             f"2,9); received randaugment={text!r}") from None
     if field in ("crop_area", "lr_sweep"):
         try:
             return tuple(float(v) for v in text.split(","))
@@ -381,14 +548,14 @@ def parse_value(field, text):
                              f"received {field}={text!r}") from None
     if field == "jit_compile" and text.lower() == "auto":
         return "auto"
-    if field in ("flip", "jit_compile"):
+    if field in ("flip", "jit_compile", "three_augment"):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"{field} must be true or false; received "
                          f"{field}={text!r}")
-    if field in ("name", "optimizer", "schedule", "precision"):
+    if field in ("name", "optimizer", "schedule", "precision", "loss"):
         return text
     default = getattr(Recipe(total_steps=1), field)
     try:
@@ -416,6 +583,117 @@ def smoothed_loss(label_smoothing):
     return SmoothedSparseCE(label_smoothing)
 
 
+#: The fields only the ``model.fit`` pieces apply (:func:`pipeline_options`,
+#: :func:`batch_mixer`, :func:`make_loss`, :func:`model_options`,
+#: ``make_optimizer(..., model=)``): the Trainer behind ``keras-vit
+#: fine-tune`` and ``pretrain`` refuses a recipe that sets one rather than
+#: train without it.
+FIT_ONLY = ("mixup_alpha", "cutmix_alpha", "randaugment", "random_erasing",
+            "three_augment", "color_jitter", "drop_path_rate", "layer_decay",
+            "loss")
+
+
+def fit_only_settings(recipe):
+    """``{field: value}`` of :data:`FIT_ONLY` that ``recipe`` sets (differs
+    from :class:`Recipe`'s default).
+
+    >>> fit_only_settings(get("finetune"))
+    {}
+    >>> sorted(fit_only_settings(get("augreg")))
+    ['drop_path_rate', 'mixup_alpha', 'randaugment']
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(Recipe)}
+    return {field: getattr(recipe, field) for field in FIT_ONLY
+            if getattr(recipe, field) != defaults[field]}
+
+
+def make_loss(recipe):
+    """The recipe's Keras loss, from logits: for integer labels
+    (:func:`smoothed_loss`, the paper's recipes), or, when the training
+    targets are dense rows (:attr:`Recipe.dense_targets`: mixed batches
+    or the BCE loss), :class:`~keras_vit.train.mixing.SoftTargetCrossentropy`
+    or DeiT III's :class:`~keras_vit.train.mixing.BinaryMixedTargets`,
+    which take integer labels too (evaluation batches).
+
+    >>> type(make_loss(get("deit"))).__name__, \\
+    ...     type(make_loss(get("deit3"))).__name__
+    ('SoftTargetCrossentropy', 'BinaryMixedTargets')
+    """
+    if not recipe.dense_targets:
+        if not recipe.label_smoothing:
+            import keras
+
+            return keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True)
+        return smoothed_loss(recipe.label_smoothing)
+    from keras_vit.train import mixing
+
+    if recipe.loss == "bce":
+        return mixing.BinaryMixedTargets()
+    # The mixer smooths the training rows; evaluation labels here.
+    return mixing.SoftTargetCrossentropy(recipe.label_smoothing)
+
+
+def batch_mixer(recipe, num_classes):
+    """The :class:`~keras_vit.train.mixing.BatchMixer` of the recipe's
+    MixUp, CutMix and label smoothing for ``num_classes`` classes, or None
+    when its training targets stay integer labels.
+
+    >>> batch_mixer(get("augreg"), 10)
+    BatchMixer(mixup_alpha=0.5, cutmix_alpha=0.0, switch_prob=0.5, \
+label_smoothing=0.0, num_classes=10)
+    >>> batch_mixer(get("finetune"), 10) is None
+    True
+    """
+    if not recipe.dense_targets:
+        return None
+    from keras_vit.train.mixing import BatchMixer
+
+    return BatchMixer(mixup_alpha=recipe.mixup_alpha,
+                      cutmix_alpha=recipe.cutmix_alpha,
+                      switch_prob=recipe.mix_switch_prob,
+                      label_smoothing=recipe.label_smoothing,
+                      num_classes=num_classes)
+
+
+def pipeline_options(recipe, num_classes=None):
+    """The keyword arguments of
+    :func:`keras_vit.train.data.pipeline.dataset` for the recipe's training
+    batches: crop, flip, the augmentations and the batch mixer
+    (``num_classes`` needed when it mixes or uses the BCE loss).
+
+    >>> opts = pipeline_options(get("deit"), num_classes=10)
+    >>> opts["randaugment"], opts["random_erasing"], opts["mixing"]
+    ((2, 9.0), 0.25, BatchMixer(mixup_alpha=0.8, cutmix_alpha=1.0, \
+switch_prob=0.5, label_smoothing=0.1, num_classes=10))
+    """
+    if recipe.dense_targets and num_classes is None:
+        raise ValueError(
+            f"the {recipe.name} recipe's training targets are rows of "
+            "num_classes (mixed batches or the BCE loss): "
+            "pipeline_options(recipe, num_classes=...) needs num_classes; "
+            "received num_classes=None")
+    return dict(training=True, seed=recipe.seed, crop_area=recipe.crop_area,
+                flip=recipe.flip, eval_crop=recipe.eval_crop,
+                randaugment=recipe.randaugment,
+                random_erasing=recipe.random_erasing,
+                three_augment=recipe.three_augment,
+                color_jitter=recipe.color_jitter,
+                mixing=batch_mixer(recipe, num_classes))
+
+
+def model_options(recipe):
+    """The model options the recipe sets: ``dropout_rate`` and
+    ``drop_path_rate`` (stochastic depth, growing linearly over the
+    blocks to this rate), for ``keras_vit.vit(..., **model_options(r))``.
+
+    >>> model_options(get("augreg"))
+    {'dropout_rate': 0.1, 'drop_path_rate': 0.1}
+    """
+    return {"dropout_rate": recipe.dropout_rate,
+            "drop_path_rate": recipe.drop_path_rate}
+
+
 def learning_rate_schedule(recipe, total_steps, per_step=1):
     """The recipe's schedule as a Keras ``LearningRateSchedule`` over
     ``total_steps`` optimizer steps (of ``per_step`` counter ticks each).
@@ -436,11 +714,28 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
 
 
 def make_optimizer(recipe, total_steps, *, clip_in_optimizer=False,
-                   accumulation_steps=1):
+                   accumulation_steps=1, model=None):
     """The recipe's Keras optimizer. The training loop clips gradients
     itself after the cross-replica sum; ``clip_in_optimizer=True`` (for
     ``model.fit`` on one device) lets the optimizer do it, and
-    ``accumulation_steps`` uses Keras' own gradient accumulation."""
+    ``accumulation_steps`` uses Keras' own gradient accumulation. A recipe
+    with ``layer_decay`` needs the ``model`` it trains: each of its
+    variables gets its layer's learning rate
+    (:func:`keras_vit.train.layer_decay.with_layer_decay`)."""
+    if recipe.layer_decay is not None and model is None:
+        raise ValueError(
+            f"layer_decay={recipe.layer_decay} needs the model: "
+            "make_optimizer(recipe, total_steps, model=model)")
+    optimizer = _optimizer(recipe, total_steps, clip_in_optimizer,
+                           accumulation_steps)
+    if recipe.layer_decay is None:
+        return optimizer
+    from keras_vit.train.layer_decay import with_layer_decay
+
+    return with_layer_decay(optimizer, model, recipe.layer_decay)
+
+
+def _optimizer(recipe, total_steps, clip_in_optimizer, accumulation_steps):
     import keras
 
     # Keras counts iterations per micro-batch when it accumulates, and its
@@ -458,6 +753,10 @@ def make_optimizer(recipe, total_steps, *, clip_in_optimizer=False,
         from keras_vit.train.schedules import SGD
 
         return SGD(lr, momentum=recipe.momentum, **kwargs)
+    if recipe.optimizer == "lamb":
+        return keras.optimizers.Lamb(
+            lr, beta_1=recipe.beta_1, beta_2=recipe.beta_2,
+            weight_decay=recipe.weight_decay or None, **kwargs)
     if recipe.weight_decay:
         return keras.optimizers.AdamW(
             lr, weight_decay=recipe.weight_decay, beta_1=recipe.beta_1,

@@ -73,6 +73,14 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
             f"train_data has {train.class_names[:10]}; received "
             f"eval_data={eval_.name!r}")
     r = recipe
+    unapplied = recipes_lib.fit_only_settings(r)
+    if unapplied:
+        field, value = next(iter(unapplied.items()))
+        raise ValueError(
+            f"recipe {r.name!r} sets {field}={value!r}, which this training "
+            "loop does not apply yet; train it with model.fit and the "
+            "recipe's pieces (keras_vit.train.recipes.pipeline_options, "
+            "make_loss, model_options, make_optimizer(..., model=))")
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
     # Refuses a batch larger than the data.

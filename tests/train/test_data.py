@@ -215,9 +215,29 @@ def test_phone_photos_saved_as_mpo_are_kept_in_training_folders(tmp_path):
 # argument named, value echoed, suggestion or range text); a
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
 # (testkit.check_error).
+def _mixer(num_classes=10, **kwargs):
+    from keras_vit.train.mixing import BatchMixer
+
+    return BatchMixer(**dict(dict(mixup_alpha=0.8, cutmix_alpha=1.0,
+                                  label_smoothing=0.1,
+                                  num_classes=num_classes), **kwargs))
+
+
 PYTHON_API = [
     ("load_data", lambda: kt.load_data("digit"), "data", "'digit'",
      "digits"),
+    ("dataset randaugment", lambda: kt.dataset(
+        "digits", 16, 8, randaugment=(0, 9)), "randaugment num_ops", "0",
+     "a positive integer"),
+    ("dataset random_erasing", lambda: kt.dataset(
+        "digits", 16, 8, random_erasing=1.5), "random_erasing", "1.5",
+     "[0.0, 1.0]"),
+    ("dataset mixing for evaluation", lambda: kt.dataset(
+        "digits", 16, 8, training=False, mixing=_mixer()), "mixing",
+     "BatchMixer(", "with training=False"),
+    ("dataset mixing classes", lambda: kt.dataset(
+        "digits", 16, 8, mixing=_mixer(num_classes=3)), "num_classes",
+     "num_classes=3", "has 10 classes"),
 ]
 
 
@@ -275,3 +295,43 @@ def test_tfds_retries_are_bounded_for_the_download_and_put_back():
     before = downloader.MAX_RETRIES
     download_and_prepare(Recording(), "cifar10")
     assert seen == [min(before, 2)] and downloader.MAX_RETRIES == before
+
+
+# ---------------------------------------------------------------------------
+# More augmentation (the DeiT / AugReg recipes): off by default, exactly
+# the plain pipeline then; stateless parts reproducible; mixed batches
+# carry soft targets.
+# ---------------------------------------------------------------------------
+
+
+def _first(**options):
+    images, labels = next(iter(kt.dataset(
+        "digits", 16, 8, seed=1, epoch=0, prefetch=False, **options)))
+    return images.numpy(), labels.numpy()
+
+
+def test_augmentation_is_off_by_default_and_seeded():
+    plain = _first()
+    off = _first(randaugment=None, random_erasing=0.0, three_augment=False,
+                 color_jitter=0.0, mixing=None)
+    np.testing.assert_array_equal(plain[0], off[0])
+    np.testing.assert_array_equal(plain[1], off[1])
+    # 3-Augment, colour jitter and the mix are stateless: the same epoch
+    # twice is the same batches; the crop and flip are those drawn without
+    # them (the same images, so the labels mixed are the plain ones).
+    options = dict(three_augment=True, color_jitter=0.3, mixing=_mixer())
+    a, b = _first(**options), _first(**options)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.allclose(a[0], plain[0])
+    assert a[1].shape == (8, 10)
+    np.testing.assert_allclose(a[1].sum(axis=1), 1.0, atol=1e-6)
+    top_two = np.sort(np.argsort(a[1], axis=1)[:, -2:], axis=1)
+    pairs = np.sort(np.stack([plain[1], plain[1][::-1]], axis=1), axis=1)
+    np.testing.assert_array_equal(top_two[pairs[:, 0] != pairs[:, 1]],
+                                  pairs[pairs[:, 0] != pairs[:, 1]])
+    # Keras' RandAugment and RandomErasing: in range, and doing something.
+    images, labels = _first(randaugment=(2, 9), random_erasing=1.0)
+    assert images.shape == (8, 16, 16, 3) and labels.shape == (8,)
+    assert images.min() >= -1.0 and images.max() <= 1.0
+    assert not np.allclose(images, plain[0])

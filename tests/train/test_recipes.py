@@ -4,6 +4,7 @@ ranges) and a short run's warmup is scaled, never the user's."""
 import pytest
 
 from testkit import bad_calls_test
+import keras_vit
 from testkit import one_error_line as _one_error_line
 from keras_vit import train as kt
 
@@ -58,7 +59,135 @@ PYTHON_API = [
      "[0.0, 1.0)"),
     ("recipe batch_size", lambda: kt.recipes.get("finetune", batch_size=0),
      "batch_size", "0", "a positive integer"),
+    ("recipe optimizer lamb", lambda: kt.recipes.get(
+        "deit3", optimizer="lambb"), "optimizer", "'lambb'", "lamb"),
+    ("recipe mixup_alpha", lambda: kt.recipes.get(
+        "deit", mixup_alpha=-0.5), "mixup_alpha", "-0.5", "[0.0, inf)"),
+    ("recipe mix_switch_prob", lambda: kt.recipes.get(
+        "deit", mix_switch_prob=1.5), "mix_switch_prob", "1.5",
+     "[0.0, 1.0]"),
+    ("recipe randaugment magnitude", lambda: kt.recipes.get(
+        "deit", randaugment=(2, 15)), "randaugment magnitude", "15",
+     "[0.0, 10.0]"),
+    ("recipe randaugment shape", lambda: kt.recipes.get(
+        "deit", randaugment=9), "randaugment", "9", "(num_ops, magnitude)"),
+    ("recipe random_erasing", lambda: kt.recipes.get(
+        "deit", random_erasing=-0.25), "random_erasing", "-0.25",
+     "[0.0, 1.0]"),
+    ("recipe drop_path_rate", lambda: kt.recipes.get(
+        "deit", drop_path_rate=1.0), "drop_path_rate", "1.0", "[0.0, 1.0)"),
+    ("recipe loss", lambda: kt.recipes.get("deit", loss="bc"), "loss",
+     "'bc'", "bce"),
+    ("recipe bce with label smoothing", lambda: kt.recipes.get(
+        "deit", loss="bce"), "label_smoothing", "0.1",
+     "every class in every target"),
+    ("recipe three_augment", lambda: kt.recipes.get(
+        "deit3", three_augment="yes"), "three_augment", "'yes'",
+     "True or False"),
+    ("recipe dense targets need num_classes", lambda: (
+        kt.recipes.pipeline_options(kt.recipes.get("deit"))),
+     "num_classes", "num_classes=None", "rows of num_classes"),
 ]
 
 
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
+
+
+# ImageNet-1k epochs of 1,281,167 images, full batches only.
+IMAGENET_STEPS = {1024: 1251, 2048: 625}
+
+
+def test_named_recipes_hold_their_sources_values():
+    from keras_vit.train import recipes
+
+    augreg = recipes.get("augreg")
+    assert (augreg.optimizer, augreg.learning_rate, augreg.weight_decay,
+            augreg.batch_size, augreg.epochs, augreg.warmup_steps,
+            augreg.grad_clip_norm) == ("adam", 1e-3, 0.1, 4096, 300,
+                                       10_000, 1.0)
+    assert (augreg.dropout_rate, augreg.drop_path_rate, augreg.mixup_alpha,
+            augreg.cutmix_alpha, augreg.randaugment) == (
+                0.1, 0.1, 0.5, 0.0, (2, 10.0))
+    deit = recipes.get("deit")
+    assert deit.learning_rate == 5e-4 * deit.batch_size / 512
+    assert deit.warmup_steps == 5 * IMAGENET_STEPS[deit.batch_size]
+    assert (deit.weight_decay, deit.label_smoothing, deit.drop_path_rate,
+            deit.randaugment, deit.mixup_alpha, deit.cutmix_alpha,
+            deit.mix_switch_prob, deit.random_erasing, deit.ema_decay,
+            deit.crop_area, deit.epochs) == (
+                0.05, 0.1, 0.1, (2, 9.0), 0.8, 1.0, 0.5, 0.25, 0.99996,
+                (0.08, 1.0), 300)
+    deit3 = recipes.get("deit3")
+    assert deit3.warmup_steps == 5 * IMAGENET_STEPS[deit3.batch_size]
+    assert (deit3.optimizer, deit3.learning_rate, deit3.loss,
+            deit3.label_smoothing, deit3.three_augment, deit3.color_jitter,
+            deit3.randaugment, deit3.random_erasing, deit3.drop_path_rate,
+            deit3.image_size, deit3.epochs) == (
+                "lamb", 3e-3, "bce", 0.0, True, 0.3, None, 0.0, 0.2, 192,
+                800)
+    # The paper's recipes: every new field off.
+    for name in ("finetune", "finetune-imagenet", "pretrain",
+                 "pretrain-imagenet", "pretrain-jft", "mpp"):
+        r = recipes.get(name)
+        assert not (r.mixes or r.dense_targets or r.randaugment
+                    or r.random_erasing or r.three_augment or r.color_jitter
+                    or r.drop_path_rate) and r.layer_decay is None, name
+        assert recipes.batch_mixer(r, 10) is None
+    lamb = recipes.make_optimizer(deit3, 10_000)
+    assert type(lamb).__name__ == "Lamb" and lamb.weight_decay == 0.05
+    assert recipes.parse_value("randaugment", "2,9") == (2, 9.0)
+    assert recipes.parse_value("layer_decay", "none") is None
+    assert recipes.parse_value("three_augment", "true") is True
+    assert recipes.get("deit").to_dict()["randaugment"] == [2, 9.0]
+
+
+def test_the_pieces_train_with_model_fit():
+    import keras
+    import numpy as np
+    from keras_vit.train import recipes
+
+    # Layer decay, stochastic depth, MixUp / CutMix and DeiT III's BCE loss
+    # (3-Augment and the other augmentations: tests/train/test_data.py).
+    r = recipes.get("finetune", total_steps=2, warmup_steps=1, batch_size=8,
+                    image_size=16, layer_decay=0.75, drop_path_rate=0.1,
+                    mixup_alpha=0.8, cutmix_alpha=1.0, loss="bce")
+    keras.utils.set_random_seed(0)
+    model = keras_vit.vit(image_size=16, patch_size=4, hidden_size=32,
+                          num_layers=2, num_heads=2, mlp_dim=64,
+                          num_classes=10, **recipes.model_options(r))
+    assert model.get_layer("encoder_block_1").drop_path_rate == \
+        r.drop_path_rate
+    train = kt.dataset("digits", r.image_size, r.batch_size,
+                       **recipes.pipeline_options(r, num_classes=10))
+    model.compile(optimizer=recipes.make_optimizer(
+                      r, 2, clip_in_optimizer=True, model=model),
+                  loss=recipes.make_loss(r), jit_compile=False)
+    history = model.fit(train, epochs=1, steps_per_epoch=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert int(model.optimizer.iterations.numpy()) == 2
+    # Evaluation batches keep integer labels; the loss takes them too.
+    loss = model.evaluate(kt.dataset("digits:test", 16, 8, training=False,
+                                     take=16), verbose=0)
+    assert np.isfinite(loss)
+
+
+@pytest.mark.parametrize("name", ["augreg", "deit", "deit3"])
+def test_the_trainer_refuses_what_only_fit_applies(name):
+    """The Trainer behind keras-vit fine-tune applies none of the family
+    recipes' augmentation, mixing, stochastic depth or loss: it refuses
+    such a recipe in one line naming the field, before any work, rather
+    than train without them."""
+    import types
+
+    from keras_vit.train import recipes, settings
+
+    recipe = recipes.get(name, total_steps=10)
+    data = types.SimpleNamespace(num_classes=3, class_names=None,
+                                 num_examples=100, name="data")
+    field, value = next(iter(recipes.fit_only_settings(recipe).items()))
+    with pytest.raises(ValueError) as info:
+        settings.plan(recipe, data, replicas=1, strategy_name="default")
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"recipe {name!r} sets {field}={value!r}" in message
+    assert "model.fit" in message

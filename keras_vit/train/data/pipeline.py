@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from keras_vit.data.normalization import check_normalization
 from keras_vit.data.normalization import takes_raw_pixels  # noqa: F401
+from keras_vit.train.data.augment import make_augment
 from keras_vit.train.data.load import load_data
 
 # Streams (tfds) are shuffled through a buffer of this many records.
@@ -120,7 +121,7 @@ def _examples(source, training, seed, epoch):
 
 
 def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
-                raw_pixels=False, input_normalization=None):
+                raw_pixels=False, input_normalization=None, augment=None):
     import tensorflow as tf
 
     normalize = check_normalization("input_normalization",
@@ -145,6 +146,12 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
             if flip:
                 image = tf.image.stateless_random_flip_left_right(
                     image, flip_seed)
+            if augment is not None:
+                # A third stream folded from the example's seed: the crop
+                # and flip draw what they drew without augmentation.
+                image = augment(tf.ensure_shape(
+                    image, (image_size, image_size, 3)),
+                    tf.random.experimental.stateless_fold_in(seed, 2))
         else:
             image = eval_resize(source.decode(record), image_size, eval_crop)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
@@ -173,7 +180,9 @@ def steps_per_epoch(source, global_batch_size, *, shards=1):
 def dataset(source, image_size, batch_size, *, training=True, seed=0,
             epoch=None, crop_area=INCEPTION_AREA, flip=True, eval_crop=1.0,
             shard=(1, 0), skip=0, take=None, drop_remainder=None,
-            prefetch=True, raw_pixels=False, input_normalization=None):
+            prefetch=True, raw_pixels=False, input_normalization=None,
+            randaugment=None, random_erasing=0.0, three_augment=False,
+            color_jitter=0.0, mixing=None):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches.
 
     Args:
@@ -201,6 +210,17 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         input_normalization: else, the normalisation the model's weights
             expect (:func:`keras_vit.data.normalization.pipeline_options`
             reads both from a model); default: the official [-1, 1].
+        randaugment, random_erasing, three_augment, color_jitter: more
+            training augmentation, each off by default
+            (:func:`keras_vit.train.data.augment.make_augment`).
+        mixing: a :class:`keras_vit.train.mixing.BatchMixer` (MixUp,
+            CutMix, label smoothing) for the training batches, which then
+            carry soft targets ``(batch, num_classes)`` instead of integer
+            labels; None: off.
+
+    Every option of a recipe at once:
+    ``dataset(source, r.image_size, r.batch_size,
+    **recipes.pipeline_options(r, num_classes))``.
     """
     import tensorflow as tf
 
@@ -209,6 +229,22 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; received "
                          f"batch_size={batch_size!r}")
+    augment = make_augment(randaugment, random_erasing, three_augment,
+                           color_jitter, seed=seed)
+    if mixing is not None:
+        from keras_vit.train.mixing import BatchMixer
+
+        if not isinstance(mixing, BatchMixer):
+            raise ValueError("mixing must be None or a BatchMixer "
+                             "(keras_vit.train.mixing); received "
+                             f"mixing={mixing!r}")
+        if not training:
+            raise ValueError("mixing mixes training batches; received "
+                             f"mixing={mixing!r} with training=False")
+        if mixing.num_classes != source.num_classes:
+            raise ValueError(
+                f"mixing has num_classes={mixing.num_classes} but the data "
+                f"{source.name!r} has {source.num_classes} classes")
     ds = _examples(source, training, seed, epoch)
     num_shards, index = shard
     if training and epoch is not None:
@@ -222,7 +258,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if skip:
         ds = ds.skip(skip)
     ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
-                            eval_crop, raw_pixels, input_normalization),
+                            eval_crop, raw_pixels, input_normalization,
+                            augment if training else None),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)
     if take is not None:
@@ -234,6 +271,10 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if drop_remainder:  # no full batch: refused, not an empty epoch
         steps_per_epoch(source, batch_size, shards=num_shards)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if mixing is not None:
+        # Each shard its own stream of mixes.
+        ds = mixing.map(ds, seed=(int(seed) * 31 + index) % (2 ** 31 - 1),
+                        epoch=epoch)
     options = tf.data.Options()
     options.deterministic = True
     ds = ds.with_options(options)

@@ -1,0 +1,222 @@
+"""Per-image training augmentations beyond crop and flip, each off unless
+asked for (the paper's recipes use none): RandAugment and random erasing
+from Keras' own layers, and DeiT III's "3-Augment" and colour jitter as
+stateless TensorFlow ops.
+
+They run on one decoded, cropped and resized image in [0, 255] (before
+the pipeline scales it to the model's range), in the order of DeiT's and
+DeiT III's pipelines: 3-Augment, colour jitter, RandAugment, random
+erasing.
+
+Keras' layers keep their own random state (a seed generator): with
+RandAugment or random erasing on, an epoch's batches are no longer the
+same each time it is built (the crop, flip, 3-Augment and colour jitter
+still are).
+
+>>> import numpy as np
+>>> augment = make_augment(three_augment=True, color_jitter=0.3)
+>>> image = np.full((8, 8, 3), 100.0, "float32")
+>>> out = augment(image, (1, 2))
+>>> tuple(out.shape), bool(np.all((out.numpy() >= 0) & (out.numpy() <= 255)))
+((8, 8, 3), True)
+"""
+
+from __future__ import annotations
+
+from keras_vit.base.checks import check_int, check_number
+
+# RandAugment's magnitude scale (timm's and big_vision's level 0-10);
+# Keras' layer takes it as a fraction in [0, 1].
+RANDAUGMENT_TOP_LEVEL = 10.0
+# DeiT III's Gaussian blur: radius (sigma) drawn in [0.1, 2.0] pixels, as
+# its augment.py gives PIL; the kernel covers 3 sigma of the widest.
+BLUR_SIGMA = (0.1, 2.0)
+_BLUR_RADIUS = 6
+
+
+def check_randaugment(value, name="randaugment"):
+    """``(num_ops, magnitude)`` as ``(int, float)``, or None; else a
+    ValueError naming ``name``: ``num_ops`` a positive integer,
+    ``magnitude`` in [0, 10] (the RandAugment level scale).
+
+    >>> check_randaugment((2, 9))
+    (2, 9.0)
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name} must be None or (num_ops, magnitude); "
+                         f"received {name}={value!r}")
+    num_ops = check_int(f"{name} num_ops", value[0], low=1)
+    magnitude = check_number(f"{name} magnitude", value[1], low=0.0,
+                             high=RANDAUGMENT_TOP_LEVEL)
+    return num_ops, float(magnitude)
+
+
+def check_augment(randaugment=None, random_erasing=0.0, three_augment=False,
+                  color_jitter=0.0):
+    """The augmentation options checked (see :func:`make_augment`), or a
+    ValueError naming the first bad one.
+
+    >>> check_augment(randaugment=(2, 9), random_erasing=0.25)
+    ((2, 9.0), 0.25, False, 0.0)
+    """
+    randaugment = check_randaugment(randaugment)
+    check_number("random_erasing", random_erasing, low=0.0, high=1.0)
+    if not isinstance(three_augment, bool):
+        raise ValueError("three_augment must be True or False; received "
+                         f"three_augment={three_augment!r}")
+    check_number("color_jitter", color_jitter, low=0.0, high=1.0)
+    return randaugment, float(random_erasing), three_augment, float(
+        color_jitter)
+
+
+def _grayscale(image):
+    """RGB -> its luma (ITU-R 601), repeated in the three channels."""
+    import tensorflow as tf
+
+    return tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
+
+
+def _solarize(image, threshold=128.0):
+    """Pixels at or above ``threshold`` inverted (PIL's default
+    ``ImageOps.solarize``)."""
+    import tensorflow as tf
+
+    return tf.where(image >= threshold, 255.0 - image, image)
+
+
+def _gaussian_blur(image, sigma):
+    """A separable Gaussian blur of standard deviation ``sigma`` pixels
+    (a scalar tensor) over a fixed 13-tap kernel, edge pixels repeated
+    outside the image (any size of image)."""
+    import tensorflow as tf
+
+    taps = tf.range(-_BLUR_RADIUS, _BLUR_RADIUS + 1, dtype=tf.float32)
+    kernel = tf.exp(-0.5 * tf.square(taps / sigma))
+    kernel = kernel / tf.reduce_sum(kernel)
+    shape = tf.shape(image)
+
+    def padded(size):
+        return tf.clip_by_value(
+            tf.range(-_BLUR_RADIUS, size + _BLUR_RADIUS), 0, size - 1)
+
+    x = tf.gather(tf.gather(image, padded(shape[0]), axis=0),
+                  padded(shape[1]), axis=1)[None]
+    channels = shape[-1]
+    rows = tf.tile(tf.reshape(kernel, (-1, 1, 1, 1)), [1, 1, channels, 1])
+    cols = tf.tile(tf.reshape(kernel, (1, -1, 1, 1)), [1, 1, channels, 1])
+    x = tf.nn.depthwise_conv2d(x, rows, [1, 1, 1, 1], "VALID")
+    x = tf.nn.depthwise_conv2d(x, cols, [1, 1, 1, 1], "VALID")
+    return x[0]
+
+
+def apply_three_augment(image, seed):
+    """DeiT III's 3-Augment: one of grayscale, solarisation and Gaussian
+    blur (sigma in [0.1, 2]), chosen uniformly per image (a stateless
+    ``seed``: the same seed, the same choice).
+
+    >>> import numpy as np
+    >>> image = np.full((4, 4, 3), 200.0, "float32")
+    >>> sorted({round(float(apply_three_augment(image, (s, 0))[0, 0, 0]))
+    ...         for s in range(12)})  # blurred or grayscale: 200; solarised: 55
+    [55, 200]
+    """
+    import tensorflow as tf
+
+    pick_seed, sigma_seed = tf.unstack(
+        tf.random.experimental.stateless_split(seed, 2))
+    pick = tf.random.stateless_uniform([], pick_seed, 0, 3, dtype=tf.int32)
+    sigma = tf.random.stateless_uniform([], sigma_seed, *BLUR_SIGMA)
+    return tf.switch_case(pick, [lambda: _grayscale(image),
+                                 lambda: _solarize(image),
+                                 lambda: _gaussian_blur(image, sigma)])
+
+
+def jitter_color(image, strength, seed):
+    """Brightness, contrast and saturation each scaled by a factor drawn
+    in ``[1 - strength, 1 + strength]`` (torchvision's ``ColorJitter(s,
+    s, s)`` as DeiT III uses it, in a fixed order instead of a random
+    one): brightness multiplies the pixels, contrast blends with the
+    image's mean luma, saturation with each pixel's luma.
+
+    >>> import numpy as np
+    >>> image = np.full((2, 2, 3), 100.0, "float32")
+    >>> 70.0 <= float(jitter_color(image, 0.3, (0, 1))[0, 0, 0]) <= 130.0
+    True
+    """
+    import tensorflow as tf
+
+    factors = tf.random.stateless_uniform([3], seed, 1.0 - strength,
+                                          1.0 + strength)
+
+    def clip(x):
+        return tf.clip_by_value(x, 0.0, 255.0)
+
+    image = clip(image * factors[0])
+    mean = tf.reduce_mean(tf.image.rgb_to_grayscale(image))
+    image = clip(mean + (image - mean) * factors[1])
+    luma = tf.image.rgb_to_grayscale(image)
+    return clip(luma + (image - luma) * factors[2])
+
+
+def make_augment(randaugment=None, random_erasing=0.0, three_augment=False,
+                 color_jitter=0.0, seed=0):
+    """``augment(image, seed) -> image`` for one [0, 255] image, or None
+    when every option is off.
+
+    Args:
+        randaugment: ``(num_ops, magnitude)``: Keras' ``RandAugment``
+            with ``num_ops`` operations an image and its strength
+            ``magnitude / 10`` (magnitude on RandAugment's 0-10 level
+            scale; Keras draws each operation's strength up to that
+            fraction, where timm applies the level itself). None: off.
+        random_erasing: the chance that Keras' ``RandomErasing`` blanks a
+            box of an image with Gaussian noise (erased in the [-1, 1]
+            view of the pixels, the noise clipped there; timm's
+            "pixel" mode, unclipped, in the normalised image). 0: off.
+        three_augment: DeiT III's 3-Augment (:func:`apply_three_augment`).
+        color_jitter: :func:`jitter_color`'s strength; 0: off.
+        seed: seeds Keras' layers (their random state is their own).
+    """
+    import keras
+    import tensorflow as tf
+
+    randaugment, random_erasing, three, jitter = check_augment(
+        randaugment, random_erasing, three_augment, color_jitter)
+    if not (randaugment or random_erasing or three or jitter):
+        return None
+    check_int("seed", seed, low=0)
+    rand = eraser = None
+    if randaugment:
+        rand = keras.layers.RandAugment(
+            value_range=(0, 255), num_ops=randaugment[0],
+            factor=randaugment[1] / RANDAUGMENT_TOP_LEVEL, seed=seed)
+    if random_erasing:
+        # The chance is drawn in factor's range: a range of one value.
+        eraser = keras.layers.RandomErasing(
+            factor=(random_erasing, random_erasing), value_range=(0, 255),
+            seed=seed + 1)
+
+    # Plain TensorFlow ops, no Python control flow on tensors: autograph's
+    # conversion (seconds of tracing inside tf.data's map) is not needed.
+    @tf.autograph.experimental.do_not_convert
+    def augment(image, seed):
+        image = tf.convert_to_tensor(image, tf.float32)
+        seeds = tf.random.experimental.stateless_split(
+            tf.cast(tf.convert_to_tensor(seed), tf.int64), 2)
+        if three:
+            image = apply_three_augment(image, seeds[0])
+        if jitter:
+            image = jitter_color(image, jitter, seeds[1])
+        if rand is not None:
+            image = tf.clip_by_value(tf.cast(rand(image), tf.float32),
+                                     0.0, 255.0)
+        if eraser is not None:
+            # On the pipeline's [0, 255] pixels: the erased box is filled
+            # with noise of that range (the model's scaling comes after).
+            image = tf.clip_by_value(tf.cast(eraser(image), tf.float32),
+                                     0.0, 255.0)
+        return image
+
+    return augment
