@@ -31,7 +31,7 @@ FORMATS = ("saved_model", "tflite", "onnx", "openvino")
 #: count from the end).
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
-BLOCK_OUTPUT = re.compile(r"block_(-?\d+)")
+BLOCK_OUTPUT = re.compile(r"block_(0|-?[1-9]\d*)")
 
 
 def check_outputs(outputs, name="outputs"):

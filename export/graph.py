@@ -116,7 +116,15 @@ def _output_tensor(model, name):
     if block:
         from keras_vit.models.features import intermediate_tensors
 
-        index = int(block.group(1))
+        from keras_vit.models.features import encoder_depth
+
+        index, depth = int(block.group(1)), encoder_depth(model)
+        if not -depth <= index < depth:
+            raise ValueError(
+                f"outputs {name!r} names no block of model={model.name!r}: "
+                + (f"it has {depth}, block_0 to block_{depth - 1} (or "
+                   f"block_-1 to block_-{depth} from the end)" if depth
+                   else "it has no encoder blocks (a ViT's outputs)"))
         return next(iter(intermediate_tensors(model, [index]).values()))
     if name == "features":
         out = model.outputs

@@ -183,9 +183,20 @@ def random_timm_model(arch, size, num_classes, depth=1, **kwargs):
     model = timm.create_model(arch, pretrained=False, depth=depth,
                               img_size=size, num_classes=num_classes,
                               **kwargs)
+    return randomise_torch(model, seed=None)
+
+
+def randomise_torch(model, seed=0, scale=0.2):
+    """Every parameter of the torch ``model`` drawn from N(0, scale), norms
+    and layer scales too (a zero or unit one would hide a swap), from
+    ``seed`` (None: torch's current state); in eval mode."""
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
+            p.copy_(torch.randn_like(p) * scale)
     return model.eval()
 
 
@@ -205,15 +216,21 @@ def timm_forward(model, x):
         return model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
 
 
-def assert_close_to_timm(ours, theirs):
-    """Equal to timm's logits within 1e-5 of their scale."""
+def assert_relative(ours, theirs, rtol=1e-5, atol=0.0):
+    """Equal to the source library's outputs ``theirs`` within ``rtol`` of
+    their largest magnitude (plus ``atol``), same shape."""
     import numpy as np
 
     ours, theirs = np.asarray(ours), np.asarray(theirs)
-    assert ours.shape == theirs.shape
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
     scale = np.abs(theirs).max()
-    assert np.abs(ours - theirs).max() <= 1e-5 * scale + 1e-6, (
+    assert np.abs(ours - theirs).max() <= rtol * scale + atol, (
         np.abs(ours - theirs).max(), scale)
+
+
+def assert_close_to_timm(ours, theirs):
+    """Equal to timm's logits within 1e-5 of their scale."""
+    assert_relative(ours, theirs, 1e-5, 1e-6)
 
 
 def load_script(path, name=None):

@@ -121,7 +121,9 @@ TRANSFORMERS_CONFIG = Object({
     "vision_use_head": Bool(),  # SigLIP's image towers
     "id2label": Object(values=Str(max_len=1024), max_len=MAX_CLASSES,
                        what="an object of index: name pairs"),
-    "label2id": Object(values=Int(0, MAX_CLASSES), max_len=MAX_CLASSES),
+    # transformers 5 writes null when only id2label was given.
+    "label2id": Nullable(Object(values=Int(0, MAX_CLASSES),
+                                max_len=MAX_CLASSES)),
 })
 TRANSFORMERS_PREPROCESSOR = Object({
     "do_normalize": Bool(), "do_rescale": Bool(),

@@ -17,14 +17,9 @@ from keras_vit.base.limits import MAX_H5_ENTRIES
 from keras_vit.zoo import checkpoints, hub_files
 
 
-def read_h5(path, wanted, expected,
-            what="the keras-hub ViT its config describes"):
-    """The datasets of the ``.h5`` file ``path`` named by ``wanted``
-    (variable path -> dataset path), checked before any is read: names
-    and shapes against ``expected`` (variable path -> shape; an error
-    says the file does not hold ``what``), dtypes (float16/32/64, bfloat16 as
-    Keras marks it), contiguous storage inside the file; external and
-    virtual datasets, which read other files, are refused."""
+def open_h5(path):
+    """``h5py.File(path, "r")`` of a regular file that exists and is HDF5,
+    else a CheckpointError (or FileNotFoundError) naming ``path``."""
     h5py = require("h5py", purpose="reading a keras-hub preset")
     from keras_vit.base.archives import special_file
 
@@ -34,14 +29,25 @@ def read_h5(path, wanted, expected,
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path!r} does not exist; a keras-hub preset "
                                 "holds its weights there")
-    shapes = {name: expected[name] for name in wanted if name in expected}
-    size = os.path.getsize(path)
     try:
-        f = h5py.File(path, "r")
+        return h5py.File(path, "r")
     except OSError as e:
         raise checkpoints.CheckpointError(
             f"{path}: is not an HDF5 file ({' '.join(str(e).split())[:200]})"
         ) from None
+
+
+def read_h5(path, wanted, expected,
+            what="the keras-hub ViT its config describes"):
+    """The datasets of the ``.h5`` file ``path`` named by ``wanted``
+    (variable path -> dataset path), checked before any is read: names
+    and shapes against ``expected`` (variable path -> shape; an error
+    says the file does not hold ``what``), dtypes (float16/32/64, bfloat16 as
+    Keras marks it), contiguous storage inside the file; external and
+    virtual datasets, which read other files, are refused."""
+    f = open_h5(path)
+    shapes = {name: expected[name] for name in wanted if name in expected}
+    size = os.path.getsize(path)
     with f:
         found = h5_datasets(f, f"{path}:")
         by_dataset = {v: k for k, v in wanted.items() if k in shapes}
@@ -53,8 +59,7 @@ def read_h5(path, wanted, expected,
             if name not in shapes:
                 continue
             ds = found[key]
-            dtype = _h5_dtype(ds)
-            if dtype is None:
+            if not is_float_dataset(ds):
                 problems.append(f"{key}: dtype {shown(str(ds.dtype), 40)}")
                 continue
             where = h5_storage_problem(ds, size)
@@ -65,7 +70,7 @@ def read_h5(path, wanted, expected,
                 f"{path}: has datasets keras_vit does not read: "
                 f"{'; '.join(problems[:12])} (Keras writes float arrays, "
                 "contiguous, inside the file)")
-        return {name: _h5_array(found[key]) for name, key in wanted.items()
+        return {name: float_array(found[key]) for name, key in wanted.items()
                 if name in shapes}
 
 
@@ -110,19 +115,19 @@ def h5_storage_problem(ds, file_size):
     return None
 
 
-def _h5_dtype(ds):
-    if ds.dtype.kind == "f" and ds.dtype.itemsize in (2, 4, 8):
-        return ds.dtype
-    if ds.dtype.kind == "V" and ds.dtype.itemsize == 2 and ds.dtype.names \
-            is None and ds.attrs.get("dtype") == "bfloat16":
-        return "bfloat16"
-    return None
+def is_float_dataset(ds):
+    """Whether Keras wrote ``ds`` as a float array: float16/32/64, or
+    bfloat16 as 2-byte opaque values marked ``dtype=bfloat16``."""
+    kind, size = ds.dtype.kind, ds.dtype.itemsize
+    return (kind == "f" and size in (2, 4, 8)) or (
+        kind == "V" and size == 2 and ds.dtype.names is None
+        and ds.attrs.get("dtype") == "bfloat16")
 
 
-def _h5_array(ds):
-    if ds.dtype.kind == "V":  # bfloat16: the high half of a float32
+def float_array(ds):
+    """A float dataset's values as float32 (a bfloat16 value is the high
+    half of a float32)."""
+    if ds.dtype.kind == "V":
         bits = np.frombuffer(ds[()].tobytes(), dtype="<u2")
         return (bits.astype("<u4") << 16).view("<f4").reshape(ds.shape)
     return np.asarray(ds[()], dtype="float32")
-
-

@@ -1,6 +1,8 @@
 """keras-hub's ViT read into keras_vit: a
 ``keras_hub.models.ViTImageClassifier`` or ``ViTBackbone`` (a live object,
-or a preset directory its ``save_to_preset`` wrote).
+or a preset directory its ``save_to_preset`` wrote), and the family's
+other members (DeiT, DINOv2, SigLIP's and CLIP's image towers:
+:mod:`keras_vit.zoo.keras_hub_family`).
 
 Reading: :func:`read` returns the architecture facts and the weights as
 a ``{key: array}`` mapping in the official ``.npz`` layout
@@ -21,7 +23,9 @@ rates are kept, except the classifier's ``dropout`` before the head,
 which keras_vit has no layer for (it acts in training only). What
 keras_vit cannot compute the same way is refused by name: pooling the
 first patch when there is no class token, the mean over the class token
-and the patches, an input range other than the official [-1, 1].
+and the patches. A family member's input normalisation travels with
+the model: its preset's image converter's, else the family's published
+one.
 
 The configs and names are mapped by :mod:`keras_vit.zoo.keras_hub_layout`;
 writing (``to_keras_hub``, a preset through ``zoo.save_pretrained(...,
@@ -36,7 +40,8 @@ import os
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.zoo import (checkpoints, formats, h5_files, hub_files,
-                           keras_hub_layout, transformers_hub)
+                           keras_hub_family, keras_hub_layout,
+                           transformers_hub)
 # keras-hub's names <-> the official layout (zoo/keras_hub_layout.py).
 from keras_vit.zoo.keras_hub_layout import (
     METADATA_FILE, backbone_architecture, backbone_only,
@@ -61,7 +66,9 @@ def _class_names(obj):
 
 def is_keras_hub_source(value, *, progress=None):
     """True for what :func:`read` takes: a keras-hub ``ViTBackbone`` or
-    ``ViTImageClassifier``, or a directory whose ``config.json`` names a
+    ``ViTImageClassifier`` or a family member (``DeiTBackbone``, ...:
+    :data:`keras_vit.zoo.keras_hub_family.CLASSES`), or a directory whose
+    ``config.json`` names a
     keras-hub class (a preset ``save_to_preset`` wrote). ``progress`` is
     unused (nothing is downloaded to tell): the sources' predicates take
     it (:mod:`keras_vit.zoo.sources`).
@@ -69,7 +76,8 @@ def is_keras_hub_source(value, *, progress=None):
     >>> is_keras_hub_source("ViT-B/16")
     False
     """
-    if _class_names(value) & {BACKBONE, CLASSIFIER}:
+    if _class_names(value) & {BACKBONE, CLASSIFIER,
+                              *keras_hub_family.CLASSES}:
         return True
     if not isinstance(value, (str, os.PathLike)):
         return False
@@ -114,11 +122,16 @@ def read_preset(directory):
     outer = formats.check(formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
         config_path, "keras-hub config.json"), config_path)
     class_name = outer.get("class_name")
+    if class_name in keras_hub_family.PRESET_CLASSES:
+        return keras_hub_family.read_preset(directory, outer, config_path,
+                                            transformers_hub.read_json)
     if class_name != BACKBONE:
+        family = [c for c in keras_hub_family.PRESET_CLASSES
+                  if c not in keras_hub_family.REFUSED]
         raise ConfigError(
             config_path, "class_name", f"keras_vit reads keras-hub's "
-            f"{BACKBONE} (with or without its {CLASSIFIER}); received "
-            f"class_name={shown(class_name)}")
+            f"{BACKBONE} (with or without its {CLASSIFIER}) and "
+            f"{', '.join(family)}; received class_name={shown(class_name)}")
     arch = backbone_architecture(outer.get("config"), config_path)
     task_path = os.path.join(directory, TASK_FILE)
     if os.path.isfile(task_path):
@@ -164,6 +177,13 @@ def read_object(obj):
 
     names = _class_names(obj)
     where = f"{type(obj).__name__} {getattr(obj, 'name', '')!r}"
+    if names & set(keras_hub_family.CLASSES):
+        import tempfile
+
+        # The family is read from its preset files: written here, once.
+        with tempfile.TemporaryDirectory(prefix="keras_vit_hub_") as folder:
+            obj.save_to_preset(folder)
+            return read_preset(folder)
     if CLASSIFIER in names:
         backbone = obj.backbone
         if BACKBONE not in _class_names(backbone):
@@ -198,13 +218,16 @@ def read_object(obj):
 
 def read(source, *, with_labels=False):
     """``(arch, arrays)`` of a keras-hub ViT: a ``ViTImageClassifier``, a
-    ``ViTBackbone`` or a preset directory. ``arch`` holds keras_vit's
-    builder facts (``kind``: ``"classifier"`` or ``"backbone"``,
+    ``ViTBackbone``, a family member
+    (:data:`keras_vit.zoo.keras_hub_family.CLASSES`) or a preset directory
+    of one. ``arch`` holds keras_vit's builder facts (``kind``:
+    ``"classifier"``, ``"backbone"`` or ``"embedding"``,
     ``hidden_size``, ``num_layers``, ``num_heads``, ``mlp_dim``,
     ``image_size``, ``patch_size``, ``num_channels``,
     ``layer_norm_epsilon``, ``gelu``, ``classifier``, ``num_classes``,
     ``representation_size``, ``classifier_activation``, the dropout
-    rates); ``arrays`` the weights in the official ``.npz`` layout,
+    rates; for the family ``family`` and its builder ``options``);
+    ``arrays`` the weights in the official ``.npz`` layout,
     float32. ``with_labels`` adds a third item, the head's class names
     (a preset's ``metadata.json`` ``label_names``, which
     :func:`keras_vit.zoo.save_pretrained` writes there, or a live
@@ -249,16 +272,25 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
     activation, or a backbone's tokens (no head, no pooling: keras-hub's
     backbones return every token); ``labels`` name the head's classes."""
     head = arch["num_classes"] if arch["kind"] == "classifier" else None
-    defaults = {"name": "vit_keras_hub",
+    family = arch.get("family")
+    defaults = {"name": f"{(family or 'vit').lower()}_keras_hub",
                 "dropout_rate": arch["dropout_rate"],
                 "attention_dropout_rate": arch["attention_dropout_rate"],
                 # The image converter's normalisation (None: official).
-                "input_normalization": arch.get("input_normalization")}
-    return hub_files.vit_checkpoint(
+                "input_normalization": arch.get("input_normalization"),
+                # The family's options (keras_hub_family).
+                **arch.get("options", {})}
+    tags = dict(tags or {})
+    if family:
+        tags["zoo_name"] = f"{family} {hub_files.zoo_name(arch)}"
+    ckpt = hub_files.vit_checkpoint(
         arch, arrays, head=head, label_names=labels,
         source_name=source_name, tags=tags,
         head_config={"classifier_activation": arch["classifier_activation"]},
         **defaults)
+    if arch["kind"] == "embedding":  # SigLIP's: its pooled embedding
+        ckpt.config["num_classes"], ckpt.include_top = 0, True
+    return ckpt
 
 
 def _source_name(source):
@@ -275,6 +307,11 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     fit it); ``progress`` and ``prefer_size`` are unused (nothing is
     downloaded)."""
     arch, arrays, labels = read(source, with_labels=True)
+    if name is not None and arch.get("family"):
+        raise ValueError(
+            f"name={name!r} gives the sizes of keras-hub's ViT; a "
+            f"{arch['family']} preset's config.json fixes its own "
+            f"({_source_name(source)})")
     if name is not None:
         arch = dict(arch, **hub_files.name_sizes(name, "keras-hub's"),
                     **{k: v for k, v in (sizes or {}).items()
@@ -290,9 +327,15 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     """A keras_vit ``VisionTransformer`` computing what the keras-hub ViT
     ``source`` computes: a ``keras_hub.models.ViTImageClassifier`` (its
     logits), a ``ViTBackbone`` (its tokens, ``(batch, tokens, width)``),
-    or a preset directory written by ``save_to_preset`` (read without
-    keras-hub). The input is the backbone's: [-1, 1] pixels
-    (``include_preprocessing=True`` takes [0, 255]). ``image_size``
+    a family member (``DeiTBackbone`` and its ``DeiTImageClassifier``,
+    ``DINOV2Backbone``, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder`` and
+    the ``SigLIPBackbone`` / ``CLIPBackbone`` holding them: what each
+    computes is in :mod:`keras_vit.zoo.keras_hub_family`), or a preset
+    directory written by ``save_to_preset`` (read without keras-hub). The
+    input is the backbone's: what its image converter makes of pixels,
+    [-1, 1] for keras-hub's ViT presets (the model records the
+    normalisation; ``include_preprocessing=True`` takes [0, 255]).
+    ``image_size``
     resizes the position embeddings; another ``num_classes`` gives a new
     zero head; ``**kwargs`` go to :func:`keras_vit.models.vit`, settled
     as every source's are (:mod:`keras_vit.zoo.settle`). A preset

@@ -4,7 +4,9 @@ names and the official ``.npz`` layout, both ways; the names and shapes
 a config implies, and where a preset's ``.h5`` files keep each
 variable. Shared by the reader
 (:mod:`keras_vit.zoo.keras_hub_io`) and the writer
-(:mod:`keras_vit.zoo.keras_hub_writer`).
+(:mod:`keras_vit.zoo.keras_hub_writer`). The names of the family's other
+presets (DeiT, DINOv2, SigLIP's and CLIP's image towers) follow, for
+:mod:`keras_vit.zoo.keras_hub_family`.
 """
 
 from __future__ import annotations
@@ -314,3 +316,172 @@ def to_hub_names(arrays):
         else:
             out[top[key]] = value
     return out
+
+
+# -- the ViT family's presets (read by keras_vit.zoo.keras_hub_family) ------------
+# Keras' .weights.h5 names a variable "<layer path>/vars/<i>", the path by
+# attribute (or by snake-cased class name in a functional model's list);
+# keras-hub's kernels already have the official shapes. Rows: h5 path below
+# "layers/" -> (official key, or None for a weight keras_vit does not read;
+# how the array changes: None as it is, "table" (N, D) -> (1, N, D),
+# "token" (D,) -> (1, 1, D), "dino" DINOv2's table, "ids" the table's rows
+# by token; a shape code of family_shapes).
+
+def _vars(group, *rows):
+    return {f"{group}/vars/{i}": row for i, row in enumerate(rows)}
+
+
+def _norm(group, key):
+    return _vars(group, (f"{key}/scale", None, "d"), (f"{key}/bias", None, "d"))
+
+
+def _dense(group, key, kernel, bias):
+    return _vars(group, (f"{key}/kernel", None, kernel),
+                 (f"{key}/bias", None, bias))
+
+
+def _attention(group, key=_ATT):
+    rows = {}
+    for part in ("query", "key", "value"):
+        rows.update(_dense(f"{group}/{part}_dense", key + part, "qkv", "hd"))
+    return {**rows, **_dense(f"{group}/output_dense", key + "out", "out", "d")}
+
+
+def _mlp(fc1, fc2, key="MlpBlock_3/"):
+    return {**_dense(fc1, key + "Dense_0", "dm", "m"),
+            **_dense(fc2, key + "Dense_1", "md", "d")}
+
+
+def _patches(group, bias=True):
+    rows = [("embedding/kernel", None, "conv")]
+    if bias:
+        rows.append(("embedding/bias", None, "d"))
+    return _vars(group, *rows)
+
+
+_POSEMB, _MAP = convert.POSEMB_KEY, convert.MAP_HEAD
+_NORM = "Transformer/encoder_norm"
+_POOL = "sig_lip_multi_head_attention_pooling"
+# The rows of the table each token adds (integers, stored with the
+# weights: a CLIPVisionEncoder built without weights holds zeros).
+_IDS = ("position_ids", "ids", "ids")
+#: keras-hub class -> the rows of its weights outside the blocks.
+FAMILY_TOP = {
+    "DeiTBackbone": {
+        **_patches("dei_t_embeddings/patch_embedding"),
+        # The distillation token rides as a register (keras_hub_family).
+        **_vars("dei_t_embeddings", ("cls", None, "cls"),
+                ("reg", None, "cls"), (_POSEMB, None, "posemb")),
+        **_norm("dei_t_encoder/layer_norm", _NORM)},
+    "DINOV2Backbone": {  # and its tokens: _dino_tokens
+        **_patches("dinov2_embedding/patch_embeddings/projection"),
+        **_norm("layer_normalization", _NORM)},
+    "SigLIPVisionEncoder": {
+        **_patches("sig_lip_vision_embedding/patch_embedding"),
+        **_vars("sig_lip_vision_embedding/position_embedding",
+                (_POSEMB, "table", "table")),
+        **_vars("sig_lip_vision_embedding", _IDS),
+        **_norm("layer_normalization", _NORM),
+        **_vars(_POOL, (_MAP + "probe", None, "cls")),
+        **_attention(f"{_POOL}/attention",
+                     _MAP + "MultiHeadDotProductAttention_0/"),
+        **_norm(f"{_POOL}/layer_norm", _MAP + "LayerNorm_0"),
+        **_mlp(f"{_POOL}/mlp/fc1", f"{_POOL}/mlp/fc2", _MAP + "MlpBlock_0/")},
+    "CLIPVisionEncoder": {
+        **_patches("clip_vision_embedding/patch_embedding", bias=False),
+        **_vars("clip_vision_embedding/position_embedding",
+                (_POSEMB, "table", "table")),
+        **_vars("clip_vision_embedding", ("cls", "token", "d"), _IDS),
+        **_norm("layer_normalization", "Transformer/pre_norm"),
+        **_norm("layer_normalization_1", _NORM)},
+}
+#: keras-hub class -> (the h5 group of block i, "_i" added from the
+#: second; the rows of a block).
+FAMILY_BLOCKS = {
+    "DeiTBackbone": ("dei_t_encoder/encoder_layers/dei_t_encoder_block", {
+        **_norm("layer_norm_1", "LayerNorm_0"), **_attention("mha"),
+        **_norm("layer_norm_2", "LayerNorm_2"),
+        **_mlp("mlp/dense", "output_layer/dense")}),
+    "DINOV2Backbone": ("dinov2_encoder/layers/dinov2_layer", {
+        **_norm("norm1", "LayerNorm_0"), **_attention("attention/attention"),
+        **_norm("norm2", "LayerNorm_2"), **_mlp("mlp/fc1", "mlp/fc2"),
+        **_vars("layer_scale1", ("LayerScale_0/scale", None, "d")),
+        **_vars("layer_scale2", ("LayerScale_2/scale", None, "d"))}),
+    "SigLIPVisionEncoder": ("sig_lip_encoder_layer", {
+        **_norm("layer_norm1", "LayerNorm_0"), **_attention("self_attn"),
+        **_norm("layer_norm2", "LayerNorm_2"), **_mlp("mlp/fc1", "mlp/fc2")}),
+    "CLIPVisionEncoder": ("clip_encoder_layer", {
+        **_norm("layer_norm_1", "LayerNorm_0"), **_attention("attention"),
+        **_norm("layer_norm_2", "LayerNorm_2"), **_mlp("dense_1", "dense_2")}),
+}
+#: A DeiTImageClassifier's task.weights.h5: its head.
+FAMILY_HEAD = _dense("dense", "head", "dn", "n")
+
+
+def _dino_tokens(config):
+    """DINOv2's embedding variables in Keras' order (the trainable ones,
+    then its table at ``position_embedding_shape``), as its config builds
+    them."""
+    rows = [("cls", None, "cls")]
+    if config["use_mask_token"]:
+        rows.append((None, None, "mask"))  # masked pretraining only
+    if config["num_register_tokens"]:
+        rows.append(("reg", None, "reg"))
+    rows += [(None, None, "grid_table"),  # keras-hub recomputes it at load
+             (_POSEMB, "dino", "pe_table")]
+    return _vars("dinov2_embedding", *rows)
+
+
+def family_shapes(arch):
+    """The shape of each code of the family's rows, for ``arch``."""
+    d, m, h = arch["hidden_size"], arch["mlp_dim"], arch["num_heads"]
+    p, c, size = arch["patch_size"], arch["num_channels"], arch["image_size"]
+    rows, cols = (size, size) if isinstance(size, int) else size
+    grid = (rows // p) * (cols // p)
+    options = arch["options"]
+    registers = options.get("num_registers", 0)
+    prefix = (int(options.get("class_token", True)) + registers
+              if options.get("posemb_includes_prefix", True) else 0)
+    pe = arch.get("table_shape", (rows, cols))
+    n = arch["num_classes"] or 0
+    return {"d": (d,), "m": (m,), "dm": (d, m), "md": (m, d),
+            "qkv": (d, h, d // h), "hd": (h, d // h), "out": (h, d // h, d),
+            "conv": (p, p, c, d), "cls": (1, 1, d), "reg": (1, registers, d),
+            "posemb": (1, grid + prefix, d), "table": (grid + prefix, d),
+            "ids": (1, grid + prefix), "mask": (1, d),
+            "grid_table": (1, grid + 1, d),
+            "pe_table": (1, (pe[0] // p) * (pe[1] // p) + 1, d),
+            "dn": (d, n), "n": (n,)}
+
+
+def family_rows(class_name, arch, task=False):
+    """h5 path below ``layers/`` -> (official key or None, how, shape) of
+    every weight in the ``model.weights.h5`` (``task``: the
+    ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
+    attention biases of a DeiT built without them are left out.
+
+    >>> from keras_vit.zoo.keras_hub_family import architecture
+    >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(
+    ...     patch_size=16, num_layers=1, num_heads=2, hidden_dim=32,
+    ...     intermediate_dim=64), "config.json")
+    >>> family_rows(name, arch)["clip_vision_embedding/vars/0"]
+    ('cls', 'token', (32,))
+    """
+    shapes = family_shapes(arch)
+    if task:
+        return {k: (key, how, shapes[code])
+                for k, (key, how, code) in FAMILY_HEAD.items()}
+    rows = dict(FAMILY_TOP[class_name])
+    if class_name == "DINOV2Backbone":
+        rows.update(_dino_tokens(arch["config"]))
+    group, block = FAMILY_BLOCKS[class_name]
+    if not arch["config"].get("use_mha_bias", True):
+        block = {k: v for k, v in block.items()
+                 if not (v[0].startswith(_ATT) and v[0].endswith("/bias"))}
+    for i in range(arch["num_layers"]):
+        name = group + (f"_{i}" if i else "")
+        rows.update({f"{name}/{k}": (f"Transformer/encoderblock_{i}/{key}",
+                                     how, code)
+                     for k, (key, how, code) in block.items()})
+    return {k: (key, how, shapes[code]) for k, (key, how, code)
+            in rows.items()}

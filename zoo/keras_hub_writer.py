@@ -5,7 +5,10 @@
 
 keras-hub computes the exact GELU only, so a model with ``gelu="tanh"``
 (the official ``.npz`` numerics) is refused rather than converted with
-other logits.
+other logits. The ViT family's other members, which
+:mod:`keras_vit.zoo.keras_hub_family` reads (DeiT, DINOv2, SigLIP's and
+CLIP's image towers), are not written: a model with a family option
+keras-hub's ViT lacks is refused naming it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ def _convertible(model):
             "num_heads" not in config):
         return f"{type(model).__name__} is not a keras_vit VisionTransformer"
     include_top = config.get("include_top", True)
+    family = _family_option(config)
     checks = (
+        (family is not None, f"{family}: keras-hub's ViTBackbone is the "
+         "paper's ViT; writing the family's other members (DeiT, DINOv2, "
+         "SigLIP's and CLIP's image towers) to keras-hub is not supported"),
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
         (config.get("position_embedding", "learned_1d") != "learned_1d"
          or config.get("position_embedding_placement", "stem") != "stem",
@@ -53,6 +60,22 @@ def _convertible(model):
     for bad, what in checks:
         if bad:
             return what
+    return None
+
+
+def _family_option(config):
+    """``"name=value"`` of the first ViT-family option of a keras_vit
+    model's ``config`` that keras-hub's ViT lacks, or None (stochastic
+    depth acts in training only; a class token goes with token pooling)."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    for name, default in FAMILY_DEFAULTS.items():
+        value = config.get(name, default)
+        if name == "class_token":
+            default = value if value is None else (
+                config.get("classifier", "token") == "token")
+        if name != "drop_path_rate" and value != default:
+            return f"{name}={value!r}"
     return None
 
 

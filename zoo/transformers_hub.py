@@ -2,8 +2,10 @@
 ``model.safetensors`` as ``transformers.ViTForImageClassification`` and
 ``ViTModel`` write them (``save_pretrained``; the Hub's
 ``google/vit-base-patch16-224``, ``google/vit-base-patch16-224-in21k``, ...),
-and SigLIP's image towers (``SiglipVisionModel``, the image tower of a
-``SiglipModel``: :mod:`keras_vit.zoo.transformers_siglip`).
+SigLIP's image towers (``SiglipVisionModel``, the image tower of a
+``SiglipModel``: :mod:`keras_vit.zoo.transformers_siglip`), and DeiT,
+DINOv2 (with registers too) and CLIP's image tower
+(:mod:`keras_vit.zoo.transformers_family`).
 
 Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
 ``model_type`` (timm's have none), a local folder holding such a
@@ -42,8 +44,9 @@ import os
 from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
-# SigLIP's image towers (zoo/transformers_siglip.py).
-from keras_vit.zoo import transformers_siglip
+# SigLIP's image towers (zoo/transformers_siglip.py); DeiT, DINOv2 and
+# CLIP's image tower (zoo/transformers_family.py).
+from keras_vit.zoo import transformers_family, transformers_siglip
 # transformers' names <-> the official layout (zoo/transformers_layout.py).
 from keras_vit.zoo.transformers_layout import (
     PREPROCESSOR_FILE, architecture, expected_shapes, shown_value as _shown,
@@ -279,8 +282,12 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
             f"{CONFIG_FILE} beside it")
     if config is None:
         config = {"model_type": "vit"}
-    if config.get("model_type") in transformers_siglip.SIGLIP_TYPES:
-        return transformers_siglip.read_checkpoint(
+    model_type = config.get("model_type")
+    reader = (transformers_siglip if model_type in
+              transformers_siglip.SIGLIP_TYPES else transformers_family
+              if model_type in transformers_family.FAMILY_TYPES else None)
+    if reader is not None:  # the ViT family's other towers
+        return reader.read_checkpoint(
             config, config_path, path, header, source, name=name,
             sizes=sizes, input_normalization=check_preprocessor(
                 os.path.join(os.path.dirname(config_path), PREPROCESSOR_FILE)))

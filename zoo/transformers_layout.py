@@ -14,7 +14,8 @@ import re
 
 import numpy as np
 
-from keras_vit.zoo import convert, formats
+from keras_vit.base.checks import require
+from keras_vit.zoo import checkpoints, convert, formats
 
 # How transformers prepares images for the model (checked on reading).
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -31,21 +32,35 @@ DEFAULT_LAYER_NORM_EPS = 1e-12
 DEFAULT_HIDDEN_ACT = "gelu"
 
 
-# Hub model types that are not ViT, with the way out where there is one.
+# Hub model types keras_vit does not read, with the way out where there
+# is one (DeiT, DINOv2 and CLIP's image tower: zoo/transformers_family.py).
 _OTHER_TYPES = {
-    "deit": "DeiT (its distillation token and second head have no "
-            "counterpart here); the DeiT checkpoints without distillation "
-            "that transformers stores as model_type 'vit' "
-            "(facebook/deit-*-patch16-224) load",
     "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
                "classifier keras_vit reproduces",
     "vit_msn": "ViT-MSN",
     "vit_hybrid": "transformers' BiT hybrid; the official R50+ViT-B/16 "
                   "weights load by name: zoo.load('R50+ViT-B/16')",
-    "dinov2": "DINOv2 (layer scale, register tokens)",
     "beit": "BEiT (relative position bias, layer scale)",
-    "swin": "Swin", "clip_vision_model": "CLIP's vision tower",
+    "swin": "Swin",
 }
+
+
+def read_tensors(path, names):
+    """The tensors ``names`` of the ``.safetensors`` file ``path`` as NumPy
+    arrays, the others left unread (a whole CLIP or SigLIP model's text
+    tower); a :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming
+    the file for one that cannot be read."""
+    require("safetensors.numpy", package="safetensors",
+            purpose="transformers' weights")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            return {name: f.get_tensor(name) for name in names}
+    except Exception as e:  # noqa: BLE001 - SafetensorError and kin
+        raise checkpoints.CheckpointError(
+            f"{os.fspath(path)}: cannot read it as a .safetensors file: "
+            f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
 
 
 def shown_value(value, limit=80):
@@ -73,8 +88,10 @@ def architecture(config, path, header=None):
             path, "model_type", f"model_type={shown_value(model_type)} is not "
             "supported" + (f": {what}" if what else "")
             + ". keras_vit reads transformers' ViT (model_type 'vit': "
-            f"{' and '.join(ARCHITECTURES)}) and SigLIP's image towers "
-            "('siglip_vision_model', 'siglip'); timm's repositories of the "
+            f"{' and '.join(ARCHITECTURES)}), SigLIP's image towers "
+            "('siglip_vision_model', 'siglip'), DeiT ('deit'), DINOv2 "
+            "('dinov2', 'dinov2_with_registers') and CLIP's image tower "
+            "('clip_vision_model', 'clip'); timm's repositories of the "
             "same weights load too (hf-hub:timm/vit_*)")
     names = config.get("architectures")
     if names is not None:
@@ -125,13 +142,15 @@ def architecture(config, path, header=None):
             "layer_norm_epsilon": float(config.get(
                 "layer_norm_eps", DEFAULT_LAYER_NORM_EPS)),
             "gelu": GELU_FORMS[config.get("hidden_act", DEFAULT_HIDDEN_ACT)],
-            "labels": _labels(config, path),
+            "labels": id2label_names(config, path),
             "representation_size": (config.get("pooler_output_size", hidden)
                                     if kind == "model" else None)}
 
 
-def _labels(config, path):
-    """``id2label`` as a list ordered by index, or None."""
+def id2label_names(config, path):
+    """``id2label`` of the transformers config ``config`` (checked, read
+    from ``path``) as a list ordered by index, or None for none or
+    transformers' placeholders (``LABEL_0``, ``LABEL_1``, ...)."""
     id2label = config.get("id2label")  # checked by the format
     if id2label is None:
         return None

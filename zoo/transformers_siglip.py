@@ -28,10 +28,10 @@ import re
 
 import numpy as np
 
-from keras_vit.base.checks import require, shown
-from keras_vit.zoo import checkpoints, convert, formats, hub_files
+from keras_vit.base.checks import shown
+from keras_vit.zoo import convert, formats, hub_files
 from keras_vit.zoo.transformers_layout import (GELU_FORMS, HIDDEN_ACTS,
-                                               shown_value)
+                                               read_tensors, shown_value)
 
 #: The model types read here.
 SIGLIP_TYPES = ("siglip_vision_model", "siglip")
@@ -260,22 +260,6 @@ def _from_official(value, how):
     return value
 
 
-def _read_tensors(path, names):
-    """The tensors ``names`` of the ``.safetensors`` file ``path`` as
-    NumPy arrays (a whole SiglipModel's text tower is never read)."""
-    require("safetensors.numpy", package="safetensors",
-            purpose="transformers' SigLIP weights")
-    from safetensors import safe_open
-
-    try:
-        with safe_open(os.fspath(path), framework="numpy") as f:
-            return {name: f.get_tensor(name) for name in names}
-    except Exception as e:  # noqa: BLE001 - SafetensorError and kin
-        raise checkpoints.CheckpointError(
-            f"{os.fspath(path)}: cannot read it as a .safetensors file: "
-            f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
-
-
 def read_checkpoint(config, config_path, path, header, source, *, name=None,
                     sizes=None, input_normalization=None):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of a SigLIP folder:
@@ -298,7 +282,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         {k: v.get("shape") for k, v in found.items()}, expected_shapes(arch),
         f"{os.fspath(path)}: does not hold the SigLIP image tower its "
         "config describes")
-    arrays = to_official(_read_tensors(path, sorted(found)),
+    arrays = to_official(read_tensors(path, sorted(found)),
                          arch["num_heads"], prefix)
     head = arch["use_head"]
     config = {key: arch[key] for key in (

@@ -3,8 +3,10 @@
 head): ``config.json`` with the class names as ``id2label``,
 ``model.safetensors``, ``preprocessor_config.json``; a model pooled by
 attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
-(:mod:`keras_vit.zoo.transformers_siglip`). The reverse of
-:mod:`keras_vit.zoo.transformers_hub`.
+(:mod:`keras_vit.zoo.transformers_siglip`); a model with the ViT family's
+options as the DeiT, DINOv2 or CLIP class that holds it
+(:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers_family`).
+The reverse of :mod:`keras_vit.zoo.transformers_hub`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, transformers_siglip
+from keras_vit.zoo import convert, transformers_family, transformers_siglip
 from keras_vit.zoo.transformers_layout import (ARCHITECTURES, HIDDEN_ACTS,
                                                PREPROCESSOR_FILE, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
@@ -93,6 +95,12 @@ def write(model, directory, labels=None):
                      purpose="save_pretrained")
         return _write_folder(directory, st,
                              *transformers_siglip.write_files(model, labels))
+    name = family_class(config) if isinstance(config, dict) else None
+    if name is not None:  # DeiT, DINOv2 or CLIP
+        st = require("safetensors.numpy", package="safetensors",
+                     purpose="save_pretrained")
+        return _write_folder(directory, st,
+                             *_family_files(model, config, name, labels))
     kind, reason = _writable(model)
     if reason is not None:
         raise ValueError(
@@ -140,11 +148,17 @@ def write(model, directory, labels=None):
             out["pooler_act"] = "tanh"
         state = {k[len("vit."):]: v
                  for k, v in from_official(arrays, heads).items()}
-    # The model's input: pixels / 255, then (x - mean) / std (the
-    # official 0.5 and 0.5: [-1, 1]).
+    return _write_folder(directory, st, out, _preprocessor(model, size),
+                         state)
+
+
+def _preprocessor(model, size):
+    """The ``preprocessor_config.json`` of ``model`` (input ``size``):
+    resize to it, pixels / 255, then (x - mean) / std (the official 0.5
+    and 0.5: [-1, 1])."""
     normalization = of_model(model)
     side = size if isinstance(size, int) else None
-    preprocessor = {
+    return {
         "image_processor_type": "ViTImageProcessor",
         "do_resize": True, "resample": 2,
         "size": ({"height": side, "width": side} if side else
@@ -153,7 +167,6 @@ def write(model, directory, labels=None):
         "do_normalize": True, "image_mean": list(normalization.mean),
         "image_std": list(normalization.std),
     }
-    return _write_folder(directory, st, out, preprocessor, state)
 
 
 def _write_folder(directory, st, config, preprocessor, state):
@@ -170,3 +183,154 @@ def _write_folder(directory, st, config, preprocessor, state):
     # The config last: a folder is a transformers folder once it is there.
     atomic.write_json(os.path.join(directory, CONFIG_FILE), config)
     return os.fspath(directory)
+
+
+# -- DeiT, DINOv2 and CLIP's image tower ---------------------------------------
+
+_HIDDEN_ACTS = dict(HIDDEN_ACTS, quick="quick_gelu")
+
+
+def family_class(config):
+    """The transformers class (DeiT, DINOv2, CLIP) that holds the keras_vit
+    ViT of ``config`` (its ``get_config()``), or None for a model without
+    the ViT family's options (ViT's classes hold it); a ValueError naming
+    the family and the reason where no class does.
+
+    >>> family_class({"hidden_size": 32, "num_heads": 2, "layer_scale": 1.0,
+    ...               "num_classes": 0})
+    'Dinov2Model'
+    """
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    options = {k: config.get(k, v) for k, v in FAMILY_DEFAULTS.items()}
+    changed = {k for k, v in FAMILY_DEFAULTS.items() if options[k] != v
+               and k not in ("class_token", "drop_path_rate")}
+    if not changed:
+        return None
+    include_top = config.get("include_top", True)
+    embedding = include_top and config.get("num_classes") == 0
+    head = include_top and not embedding
+    method = config.get("classifier", "token") if include_top else (
+        config.get("pooling"))
+    regs = options["num_registers"]
+    if options["distilled"]:
+        family, allowed = "DeiT", {"distilled", "qkv_bias"}
+        name = ("DeiTForImageClassificationWithTeacher" if head else
+                "DeiTModel" if not include_top and method is None else None)
+        shape = ("a distilled model returns its class and distillation "
+                 "tokens' mean without its heads (include_top=False returns "
+                 "the tokens: DeiTModel's last_hidden_state)")
+    elif options["layer_scale"] is not None:
+        family = "DINOv2"
+        allowed = {"layer_scale", "qkv_bias", "num_registers",
+                   "posemb_includes_prefix"}
+        name = (None if head else "Dinov2WithRegistersModel" if regs else
+                "Dinov2Model")
+        shape = ("a head (Dinov2ForImageClassification reads the class "
+                 "token and the mean patch token): build it with "
+                 "num_classes=0")
+    elif options["pre_norm"]:
+        family, allowed = "CLIP", {"pre_norm", "patch_bias"}
+        name = None if head else "CLIPVisionModel"
+        shape = ("a head (CLIPVisionModel returns the pooled embedding): "
+                 "build it with num_classes=0")
+    elif "num_registers" in changed:  # DeiT's distillation token
+        family, allowed = "DeiT", {"num_registers", "qkv_bias"}
+        name = "DeiTForImageClassification" if head else "DeiTModel"
+        shape = None
+    else:
+        family, allowed, name = "ViT, DeiT, DINOv2 or CLIP", set(), None
+        shape = f"the options {', '.join(sorted(changed))}"
+    size = config.get("image_size")
+    checks = (
+        (name is None, shape),
+        (changed - allowed, "the options "
+         f"{', '.join(sorted(changed - allowed))}"),
+        (family == "DeiT" and not options["distilled"] and regs != 1,
+         f"num_registers={regs} (DeiT's distillation token is one)"),
+        (family == "DeiT" and not options["posemb_includes_prefix"],
+         "posemb_includes_prefix=False"),
+        (family == "DINOv2" and options["posemb_includes_prefix"] == bool(
+            regs), f"num_registers={regs} with posemb_includes_prefix="
+         f"{options['posemb_includes_prefix']} (DINOv2's table covers the "
+         "class token and no registers)"),
+        (family == "CLIP" and options["patch_bias"], "a patch bias"),
+        (method not in (None, "token"), f"pooling by {method!r}"),
+        (config.get("representation_size") is not None
+         and name != "DeiTModel", "a pre_logits layer"),
+        (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
+        (config.get("position_embedding", "learned_1d") != "learned_1d"
+         or config.get("position_embedding_placement", "stem") != "stem",
+         "a position embedding other than the learned table at the stem"),
+        (config.get("gelu", "tanh") not in _HIDDEN_ACTS,
+         f"gelu={config.get('gelu')!r}"),
+        (family == "CLIP" and not isinstance(size, int)
+         and len(set(size)) != 1, f"non-square images (image_size="
+         f"{shown(size)})"),
+        (config.get("return_attention_scores"),
+         "attention scores as an output"))
+    for bad, why in checks:
+        if bad:
+            raise ValueError(
+                "save_pretrained(layout='transformers') writes a model with "
+                "the ViT family's options as the transformers class that "
+                f"holds them; {family}'s cannot hold this model: {why}")
+    return name
+
+
+def _family_files(model, config, name, labels):
+    """``(config.json, preprocessor_config.json, tensors)`` of ``model``
+    (``config`` its ``get_config()``) as transformers writes ``name``."""
+    spec = transformers_family.ARCHITECTURES[name]
+    hidden, mlp = int(config["hidden_size"]), int(config["mlp_dim"])
+    size = config["image_size"]
+    heads = "head" in spec
+    if labels is not None and not heads:
+        raise ValueError(
+            f"labels name the classes of a head; {name} has none; received "
+            f"labels={shown(labels)}")
+    out = {"model_type": spec["type"], "architectures": [name],
+           "hidden_size": hidden,
+           "num_hidden_layers": int(config["num_layers"]),
+           "num_attention_heads": int(config["num_heads"]),
+           "hidden_act": _HIDDEN_ACTS[config.get("gelu", "tanh")],
+           "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
+           "image_size": (list(size) if isinstance(size, (list, tuple))
+                          else size),
+           "patch_size": int(config["patch_size"]),
+           "num_channels": int(config.get("num_channels", 3)),
+           "torch_dtype": "float32"}
+    if spec["type"] == "clip_vision_model":
+        out.update(intermediate_size=mlp, image_size=(
+            size if isinstance(size, int) else size[0]))
+    else:
+        out["qkv_bias"] = bool(config.get("qkv_bias", True))
+    if spec["type"] == "deit":
+        out.update(intermediate_size=mlp, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0)
+        if config.get("representation_size") is not None:
+            out.update(pooler_output_size=int(config["representation_size"]),
+                       pooler_act="tanh")
+    elif spec["type"].startswith("dinov2"):
+        if mlp % hidden:  # transformers 5 types mlp_ratio as an int
+            raise ValueError(
+                "save_pretrained(layout='transformers') writes DINOv2's MLP "
+                "width as hidden_size * mlp_ratio, an integer ratio, which "
+                f"cannot give mlp_dim={mlp} at hidden_size={hidden}")
+        out.update(mlp_ratio=mlp // hidden, layerscale_value=float(
+            config["layer_scale"]), use_swiglu_ffn=False, use_mask_token=True)
+        if config.get("num_registers"):
+            out["num_register_tokens"] = int(config["num_registers"])
+    if heads:
+        if labels is None:  # transformers' own names for unnamed classes
+            labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
+        out["id2label"] = {str(i): label for i, label in enumerate(labels)}
+        out["label2id"] = {label: i for i, label in enumerate(labels)}
+    arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
+            "prefix": spec["prefix"] or "",
+            "qkv_bias": bool(config.get("qkv_bias", True)),
+            "num_registers": (int(config.get("num_registers") or 0)
+                              if spec["type"].startswith("dinov2") else 0)}
+    state = transformers_family.from_official(convert.export_arrays(model),
+                                              arch)
+    return out, _preprocessor(model, size), state

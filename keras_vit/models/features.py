@@ -147,6 +147,12 @@ def _blocks(model):
     return [blocks[i] for i in sorted(blocks)]
 
 
+def encoder_depth(model):
+    """The number of encoder blocks of ``model`` (0 for a model without
+    them, e.g. a ResNetV2)."""
+    return len(_blocks(model))
+
+
 def _block_number(value):
     """``value`` as a Python int when it is an integer (NumPy's too), else
     None; booleans are not block numbers."""

@@ -13,8 +13,10 @@ or ``keras-vit fine-tune ViT-B/16 --data tfds:oxford_iiit_pet --recipe
 finetune-pets-flowers --out runs/pets``. Running the same again resumes.
 
 >>> import keras_vit.train as kt
->>> kt.recipes.names()[:2]
+>>> [n for n in kt.recipes.names() if n.startswith("finetune")][:2]
 ['finetune', 'finetune-cifar']
+>>> [n for n in kt.recipes.names() if n in ("augreg", "deit", "deit3")]
+['augreg', 'deit', 'deit3']
 """
 
 # Light modules (recipes, the strategy helpers) load with the package; the

@@ -1,0 +1,261 @@
+"""transformers' DeiT, DINOv2 (with registers too) and CLIP image-tower
+folders, as their ``save_pretrained`` writes them, against transformers'
+own forward; and keras_vit writing them back. Tiny random models, every
+parameter random (LayerNorms and layer scales too: a unit scale would hide
+a swap); never the real Hub."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+# torch and transformers before TensorFlow (tests/conftest.py: the other
+# order crashes here).
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from keras_vit import zoo  # noqa: E402
+from testkit import assert_relative, randomise_torch  # noqa: E402
+from keras_vit.zoo import checkpoints, position_tables  # noqa: E402
+
+LABELS = {i: name for i, name in enumerate(
+    ["tabby", "tiger cat", "lynx", "puma", "ocelot"])}
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2)
+
+
+def _deit(**kw):
+    return transformers.DeiTConfig(
+        **SIZES, intermediate_size=64, num_labels=5, id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()}, **kw)
+
+
+def _clip_vision(**kw):
+    return transformers.CLIPVisionConfig(**SIZES, intermediate_size=64,
+                                         image_size=32, patch_size=16, **kw)
+
+
+# id -> (class, config, image side, transformers output compared).
+CASES = {
+    "deit_teacher": (transformers.DeiTForImageClassificationWithTeacher,
+                     lambda: _deit(image_size=32, patch_size=16), 32,
+                     "logits"),
+    "deit_classifier": (transformers.DeiTForImageClassification,
+                        lambda: _deit(image_size=32, patch_size=8), 32,
+                        "logits"),
+    "deit_model": (transformers.DeiTModel,
+                   lambda: _deit(image_size=32, patch_size=16), 32,
+                   "pooler_output"),
+    "dinov2": (transformers.Dinov2Model,
+               lambda: transformers.Dinov2Config(**SIZES, image_size=28,
+                                                 patch_size=14), 28,
+               "pooler_output"),
+    "dinov2_registers": (transformers.Dinov2WithRegistersModel,
+                         lambda: transformers.Dinov2WithRegistersConfig(
+                             **SIZES, image_size=32, patch_size=8,
+                             num_register_tokens=3), 32, "pooler_output"),
+    "clip_vision": (transformers.CLIPVisionModel, _clip_vision, 32,
+                    "pooler_output"),
+}
+
+
+
+
+def _images(side, n=3):
+    return np.random.default_rng(1).uniform(
+        -1, 1, (n, side, side, 3)).astype("float32")
+
+
+def _forward(model, x, **kwargs):
+    """transformers' output on NHWC images (NCHW for torch)."""
+    pixels = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    with torch.no_grad():
+        return model(pixel_values=pixels, **kwargs)
+
+
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Each case saved by transformers: id -> (folder, torch model)."""
+    out = {}
+    for seed, (key, (cls, config, _, _)) in enumerate(CASES.items()):
+        model = randomise_torch(cls(config()), seed)
+        path = tmp_path_factory.mktemp("hf") / key
+        model.save_pretrained(path, safe_serialization=True)
+        out[key] = path, model
+    return out
+
+
+def _tokens(key, path, model, x):
+    """keras_vit's counterpart of transformers' last_hidden_state: the
+    tokens after the final norm (the folder at ``path`` loaded without
+    pooling); CLIP's are before post_layernorm, ``model``'s last block's
+    output."""
+    if key != "clip_vision":
+        return zoo.load(str(path), include_top=False, pooling=None)(x)
+    blocks = model.intermediate_model(1, output_format="NLC",
+                                      prefix_tokens=True)(x)
+    return np.concatenate([blocks["block_1_prefix"], blocks["block_1"]], 1)
+
+
+@pytest.mark.parametrize("key", list(CASES))
+def test_folder_loads_with_transformers_outputs_and_writes_back(
+        folders, key, tmp_path):
+    from safetensors.numpy import load_file
+
+    cls, _, side, output = CASES[key]
+    path, theirs = folders[key]
+    x = _images(side)
+    expected = _forward(theirs, x)
+    model = zoo.load(str(path))
+    assert_relative(model(x), getattr(expected, output).numpy())
+    config = model.get_config()
+    want = {"deit_teacher": dict(distilled=True, num_classes=5),
+            "deit_classifier": dict(num_registers=1, num_classes=5),
+            "deit_model": dict(num_registers=1, representation_size=32),
+            "dinov2": dict(layer_scale=1.0, num_classes=0, num_registers=0),
+            "dinov2_registers": dict(num_registers=3, num_classes=0,
+                                     posemb_includes_prefix=False),
+            "clip_vision": dict(pre_norm=True, patch_bias=False,
+                                gelu="quick", num_classes=0)}[key]
+    assert {k: config[k] for k in want} == want
+    if key.startswith("deit") and key != "deit_model":
+        assert model.zoo_labels == list(LABELS.values())
+    if output == "pooler_output":  # the tokens too
+        assert_relative(_tokens(key, path, model, x),
+                         expected.last_hidden_state.numpy())
+
+    # And back: transformers reads keras_vit's folder whole, with the
+    # same outputs and tensors (DINOv2's unused mask token is written as
+    # zeros; with registers, the class token's table row is folded into
+    # it, so that row is written as zeros).
+    out = zoo.save_pretrained(model, tmp_path / "back", layout="transformers")
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert written["architectures"] == [cls.__name__]
+    loaded, info = cls.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                     "mismatched_keys")), info
+    assert_relative(getattr(_forward(loaded.eval(), x), output).numpy(),
+                     getattr(expected, output).numpy())
+    before = load_file(str(path / "model.safetensors"))
+    after = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert set(after) == set(before)
+    changed = {k for k in before if not np.array_equal(after[k], before[k])}
+    assert changed == {
+        "dinov2": {"embeddings.mask_token"},
+        "dinov2_registers": {"embeddings.mask_token", "embeddings.cls_token",
+                             "embeddings.position_embeddings"}}.get(
+                                 key, set())
+
+
+def test_clip_models_image_tower(tmp_path):
+    """A whole CLIPModel: its image tower's pooler_output; the text tower
+    and projections are not read."""
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=64, vocab_size=100, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)
+    whole = randomise_torch(transformers.CLIPModel(transformers.CLIPConfig(
+        vision_config=_clip_vision().to_dict(), text_config=text)), 11)
+    whole.save_pretrained(tmp_path / "clip", safe_serialization=True)
+    x = _images(32)
+    expected = _forward(whole.vision_model, x).pooler_output.numpy()
+    assert_relative(zoo.load(str(tmp_path / "clip"))(x), expected)
+
+
+def test_position_tables_resize_by_keras_vits_rule(folders):
+    """Another image_size resizes the table keras_vit's way (bilinear,
+    aligned corners; DeiT's two prefix rows and DINOv2's class row kept):
+    the same as transformers' model at that size holding that table.
+    transformers' own interpolate_pos_encoding is bicubic, so its output
+    differs: documented, not hidden."""
+    for key, new_side, prefix in (("deit_teacher", 48, 2),
+                                  ("dinov2_registers", 48, 1)):
+        cls, config, _, output = CASES[key]
+        path, theirs = folders[key]
+        x = _images(new_side)
+        got = np.asarray(zoo.load(str(path), image_size=new_side)(x))
+        state = theirs.state_dict()
+        name = next(k for k in state if k.endswith("position_embeddings"))
+        table = state[name].numpy()
+        patch = theirs.config.patch_size
+        grid = (new_side // patch, new_side // patch)
+        resized = position_tables.resize_posemb(table[:, prefix:], grid, 0)
+        state[name] = torch.from_numpy(np.concatenate(
+            [table[:, :prefix], resized], axis=1))
+        bigger = config()
+        bigger.image_size = new_side
+        at_size = cls(bigger).eval()
+        at_size.load_state_dict(state)
+        assert_relative(got, getattr(_forward(at_size, x), output).numpy())
+        # transformers' own resize: bicubic, another table, and outputs
+        # beyond the 1e-5 this file asks of a match.
+        embeddings = getattr(theirs, "deit", theirs).embeddings
+        with torch.no_grad():
+            bicubic = embeddings.interpolate_pos_encoding(
+                torch.zeros(1, grid[0] * grid[1] + prefix, 32), new_side,
+                new_side).numpy()
+        ours = state[name].numpy()
+        assert np.abs(bicubic - ours).max() > 1e-2 * np.abs(ours).max()
+        kwargs = {} if key.startswith("dinov2") else dict(
+            interpolate_pos_encoding=True)  # DINOv2 always interpolates
+        theirs_out = getattr(_forward(theirs, x, **kwargs), output).numpy()
+        assert np.abs(got - theirs_out).max() > 1e-5 * np.abs(
+            theirs_out).max()
+
+
+def _with_config(folders, key, tmp_path, **fields):
+    path, _ = folders[key]
+    bad = tmp_path / f"{key}_{'_'.join(fields)}"
+    bad.mkdir()
+    shutil.copy(path / "model.safetensors", bad / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(dict(config, **fields)))
+    return bad
+
+
+@pytest.mark.parametrize("key, fields, match", [
+    ("dinov2", dict(use_swiglu_ffn=True), "field use_swiglu_ffn.*SwiGLU"),
+    ("dinov2", dict(architectures=["Dinov2ForImageClassification"]),
+     "field architectures.*mean patch token"),
+    ("dinov2_registers", dict(layerscale_value=0), "field layerscale_value"),
+    ("clip_vision", dict(hidden_act="relu"), "field hidden_act"),
+    ("clip_vision", dict(qkv_bias=False), "field qkv_bias"),
+    ("deit_model", dict(architectures=["DeiTForMaskedImageModeling"]),
+     "field architectures.*DeiTForImageClassificationWithTeacher"),
+])
+def test_settings_keras_vit_lacks_are_refused_in_one_line(
+        folders, tmp_path, key, fields, match):
+    bad = _with_config(folders, key, tmp_path, **fields)
+    with pytest.raises(ValueError, match=match) as info:
+        zoo.load(str(bad))
+    assert str(bad / "config.json") in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
+                                                              tmp_path):
+    import keras_vit
+
+    # A config of more registers than the file holds: listed, not guessed.
+    bad = _with_config(folders, "dinov2_registers", tmp_path,
+                       num_register_tokens=4)
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"'embeddings.register_tokens': \[1, 3, 32\] "
+                       r"\(expected \[1, 4, 32\]\)"):
+        zoo.load(str(bad))
+    kw = dict(image_size=32, patch_size=16, hidden_size=32, num_layers=1,
+              num_heads=2, mlp_dim=64)
+    for model, match in (
+            (keras_vit.vit(num_classes=3, layer_scale=1.0, **kw),
+             "DINOv2's cannot hold.*num_classes=0"),
+            (keras_vit.vit(num_classes=0, layer_scale=1.0, num_registers=2,
+                           **kw), "DINOv2's.*num_registers=2 with "
+             "posemb_includes_prefix=True"),
+            (keras_vit.vit(num_classes=3, num_registers=2, **kw),
+             "DeiT's.*num_registers=2"),
+            (keras_vit.vit(num_classes=3, qk_norm=True, **kw),
+             "options qk_norm")):
+        with pytest.raises(ValueError, match=match):
+            zoo.save_pretrained(model, tmp_path / "x", layout="transformers")
+    assert not (tmp_path / "x" / "config.json").exists()

@@ -1,0 +1,463 @@
+"""keras-hub's ViT family beyond ViT read into keras_vit, as one table
+(:data:`MEMBERS`): a preset directory that ``save_to_preset`` wrote of a
+``DeiTBackbone`` (with or without its ``DeiTImageClassifier``), a
+``DINOV2Backbone`` (with or without register tokens), a
+``SigLIPVisionEncoder`` or ``CLIPVisionEncoder`` alone or inside a
+``SigLIPBackbone`` / ``CLIPBackbone`` (the text tower, the projection and
+the logit scale are not read). Each is the one
+:class:`~keras_vit.models.VisionTransformer` with family options; what
+differs is data: each class's config fields and their keras_vit
+arguments, and where its ``model.weights.h5`` keeps each weight.
+
+What each loads as, with keras-hub's outputs (measured by
+``tests/zoo/test_keras_hub_family.py``):
+
+* ``DeiTBackbone``: every token after the final LayerNorm (class,
+  distillation, patches). keras-hub never reads the distillation token's
+  output (its ``DeiTImageClassifier`` reads the class token alone, where
+  keras_vit's ``distilled=True`` averages two heads), so the token rides
+  as one register token inside the position table (``num_registers=1``),
+  as transformers' ``DeiTModel`` loads; the classifier's head is kept.
+* ``DINOV2Backbone``: every token after its LayerNorm; layer scale;
+  registers after the class token with a table of the class token and the
+  patches: the table's class row, a constant, is folded into the class
+  token and the table covers the patches (``posemb_includes_prefix=False``).
+  keras-hub keeps the table at ``position_embedding_shape`` and resizes it
+  to ``image_shape`` when it loads (bicubic, antialiased where
+  ``antialias_in_interpolation``); keras_vit resizes it once here with the
+  same Keras op (``keras.ops.image.resize``), so the model equals
+  keras-hub's at ``image_shape`` on the same backend. Another
+  ``image_size`` is resized keras_vit's way (bilinear, aligned corners)
+  from that table, not keras-hub's. The mask token (pretraining only) is
+  not read; ``drop_path_rate`` (one rate in every block in keras-hub,
+  rising with depth in keras_vit) acts in training only;
+  ``apply_layernorm`` normalises only keras-hub's per-block outputs.
+* ``SigLIPVisionEncoder``: no class token, the tanh GELU, the attention
+  pool (``classifier="map"``): ``num_classes=0``, the pooled embedding
+  keras-hub returns.
+* ``CLIPVisionEncoder``: ``pre_norm``, no patch bias, quick GELU,
+  epsilon 1e-5: every token after its final LayerNorm.
+  ``intermediate_output_index`` only adds a block's output beside them
+  (:func:`keras_vit.models.intermediate_model` gives any block's).
+
+keras-hub's backbones take what its image converter makes of [0, 255]
+pixels; a preset's ``image_converter.json`` (or a task's) is read as the
+model's ``input_normalization``, else the family's published one
+(ImageNet's for DeiT and DINOv2, OpenAI CLIP's, SigLIP's 0.5 / 0.5).
+What keras_vit lacks is refused in one line naming the field and value
+(DINOv3's rotary embeddings, a SwiGLU MLP, ...). Writing these back to
+keras-hub is not supported (:mod:`keras_vit.zoo.keras_hub_writer`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from keras_vit.base.checks import shown
+from keras_vit.base.errors import ConfigError
+from keras_vit.base.limits import (MAX_CHANNELS, MAX_HIDDEN, MAX_IMAGE_SIDE,
+                                   MAX_MLP)
+from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
+                                   Object, Str)
+from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
+from keras_vit.zoo.keras_hub_layout import (ACTIVATIONS,
+                                            check_image_converter,
+                                            family_rows)
+
+_ATT = "MultiHeadDotProductAttention_1/"
+
+# -- the table -------------------------------------------------------------------
+
+_FIELDS = formats.KERAS_HUB_BACKBONE.fields
+_RATE = Number(0, 1)
+_SIZES = ("patch_size", "num_layers", "num_heads", "hidden_dim",
+          "intermediate_dim")
+
+
+def _schema(what, **fields):
+    """A member's config: the fields keras-hub 0.32 writes, and no other
+    (a later option may change the numbers)."""
+    common = {k: _FIELDS[k] for k in (
+        "name", "trainable", "dtype", "image_shape", "patch_size",
+        "num_layers", "num_heads", "hidden_dim", "data_format")}
+    return Object(dict(common, intermediate_dim=Int(1, MAX_MLP), **fields),
+                  required=_SIZES, extra="refuse", what=what)
+
+
+_SQUARE_224 = [224, 224, 3]
+#: keras-hub class -> ``family``; ``schema`` of its config; keras-hub's
+#: ``defaults`` for the fields a config leaves out; ``fields``: keras-hub
+#: field -> keras_vit argument(s), through ``forms`` (value -> value) where
+#: given; ``only``: field -> (the value keras_vit computes, why);
+#: ``options``: keras_vit arguments the class fixes; ``normalization``:
+#: the family's published input normalisation; ``output``: "tokens"
+#: (every token after the final norm) or "embedding" (``num_classes=0``);
+#: ``task``: its classifier's class. Where its weights are:
+#: :func:`keras_vit.zoo.keras_hub_layout.family_rows`.
+MEMBERS = {
+    "DeiTBackbone": dict(
+        family="DeiT", schema=_schema(
+            "a DeiTBackbone config", dropout_rate=_RATE,
+            attention_dropout=_RATE,
+            layer_norm_epsilon=_FIELDS["layer_norm_epsilon"],
+            use_mha_bias=Bool()),
+        defaults=dict(dropout_rate=0.0, attention_dropout=0.0,
+                      layer_norm_epsilon=1e-6, use_mha_bias=True),
+        fields={"layer_norm_epsilon": "layer_norm_epsilon",
+                "dropout_rate": "dropout_rate",
+                "attention_dropout": "attention_dropout_rate"},
+        options=dict(gelu="exact", class_token=True, num_registers=1),
+        normalization="imagenet", output="tokens",
+        task="DeiTImageClassifier"),
+    "DINOV2Backbone": dict(
+        family="DINOv2", schema=_schema(
+            "a DINOV2Backbone config",
+            layer_scale_init_value=Number(0, 1e6, open=True),
+            num_register_tokens=Int(0, MAX_HIDDEN), use_mask_token=Bool(),
+            use_swiglu_ffn=Bool(), dropout_rate=_RATE, drop_path_rate=_RATE,
+            position_embedding_shape=List(Int(1, MAX_IMAGE_SIDE),
+                                          lengths={2, 3}),
+            antialias_in_interpolation=Bool(), apply_layernorm=Bool()),
+        defaults=dict(layer_scale_init_value=1.0, num_register_tokens=0,
+                      use_mask_token=True, use_swiglu_ffn=False,
+                      dropout_rate=0.0, drop_path_rate=0.0,
+                      image_shape=_SQUARE_224,
+                      position_embedding_shape=[518, 518, 3],
+                      antialias_in_interpolation=False,
+                      apply_layernorm=False),
+        fields={"layer_scale_init_value": "layer_scale",
+                "num_register_tokens": "num_registers",
+                "dropout_rate": ("dropout_rate", "attention_dropout_rate"),
+                "drop_path_rate": "drop_path_rate"},
+        only={"use_swiglu_ffn": (False, "keras_vit's MLP is Dense -> GELU "
+                                 "-> Dense; it has no SwiGLU")},
+        options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
+        normalization="imagenet", output="tokens"),
+    "SigLIPVisionEncoder": dict(
+        family="SigLIP", schema=_schema(
+            "a SigLIPVisionEncoder config", intermediate_activation=Str(
+                ("gelu_approximate", "gelu")),
+            layer_norm_epsilon=_FIELDS["layer_norm_epsilon"]),
+        defaults=dict(intermediate_activation="gelu_approximate",
+                      layer_norm_epsilon=1e-6, image_shape=_SQUARE_224),
+        fields={"intermediate_activation": "gelu",
+                "layer_norm_epsilon": "layer_norm_epsilon"},
+        forms={"intermediate_activation": {"gelu_approximate": "tanh",
+                                           "gelu": "exact"}},
+        only={"layer_norm_epsilon": (1e-6, "keras-hub's final LayerNorm "
+                                     "keeps 1e-6 and keras_vit has one "
+                                     "epsilon for every norm")},
+        options=dict(class_token=False, classifier="map"),
+        normalization=None, output="embedding"),
+    "CLIPVisionEncoder": dict(
+        family="CLIP", schema=_schema(
+            "a CLIPVisionEncoder config", intermediate_activation=Str(
+                ("quick_gelu", "gelu")),
+            intermediate_output_index=Nullable(Int())),
+        defaults=dict(intermediate_activation="quick_gelu",
+                      image_shape=_SQUARE_224),
+        fields={"intermediate_activation": "gelu"},
+        forms={"intermediate_activation": {"quick_gelu": "quick",
+                                           "gelu": "exact"}},
+        options=dict(class_token=True, pre_norm=True, patch_bias=False,
+                     layer_norm_epsilon=1e-5),
+        normalization="clip", output="tokens"),
+}
+#: keras-hub classes holding a member: the field of its config and the h5
+#: group of its weights.
+CONTAINERS = {
+    "SigLIPBackbone": ("SigLIPVisionEncoder", "sig_lip_vision_encoder/layers/"),
+    "CLIPBackbone": ("CLIPVisionEncoder", "clip_vision_encoder/layers/"),
+}
+_CONTAINER = Object({
+    "name": Str(), "trainable": Bool(), "dtype": _FIELDS["dtype"],
+    "vision_encoder": formats.KERAS_HUB_OBJECT, "text_encoder": Any(),
+    "projection_dim": Int(1, MAX_HIDDEN)},
+    required=("vision_encoder",), extra="refuse",
+    what="a config with a vision_encoder")
+#: keras-hub classes of the family keras_vit cannot compute: the config
+#: field that says why (keras-hub's default where the config omits it).
+REFUSED = {"DINOV3Backbone": ("rope_theta", 100.0, "rotary position "
+                              "embeddings (RoPE), which keras_vit lacks")}
+# A task's class -> its backbone's.
+_TASKS = {m["task"]: name for name, m in MEMBERS.items() if "task" in m}
+_TASK = Object({k: v for k, v in formats.KERAS_HUB_TASK.fields.items()
+                if k != "intermediate_dim"}, required=("num_classes",),
+               extra="refuse", what="a DeiTImageClassifier config")
+#: The classes a preset's ``config.json`` may name here (read or refused
+#: by name), and with the tasks every keras-hub class read here.
+PRESET_CLASSES = (*MEMBERS, *CONTAINERS, *REFUSED)
+CLASSES = (*PRESET_CLASSES, *_TASKS)
+
+
+# -- reading a preset --------------------------------------------------------------
+
+def architecture(class_name, config, path):
+    """``(member class, arch, h5 prefix)`` of a preset's ``config.json``
+    whose ``class_name`` is one of :data:`PRESET_CLASSES` (``config`` its
+    ``config`` object): keras_vit's builder facts (as
+    :func:`keras_vit.zoo.keras_hub_layout.backbone_architecture`'s, with
+    ``family``, ``options`` and ``kind``: ``"backbone"`` or
+    ``"embedding"``); what keras_vit lacks is refused naming the field.
+
+    >>> _, arch, _ = architecture("DINOV2Backbone", dict(
+    ...     patch_size=14, num_layers=12, num_heads=6, hidden_dim=384,
+    ...     intermediate_dim=1536, num_register_tokens=4), "config.json")
+    >>> arch["image_size"], arch["options"]["num_registers"], arch["gelu"]
+    (224, 4, 'exact')
+    >>> try:
+    ...     architecture("DINOV3Backbone", {}, "config.json")
+    ... except ConfigError as e:
+    ...     print(str(e)[:56])
+    config.json field config.rope_theta: rope_theta=100.0: k
+    """
+    if class_name in REFUSED:
+        field, default, why = REFUSED[class_name]
+        value = (config or {}).get(field, default)
+        raise ConfigError(path, f"config.{field}", f"{field}={shown(value)}: "
+                          f"keras-hub's {class_name} computes {why}")
+    prefix = ""
+    if class_name in CONTAINERS:
+        class_name, prefix = CONTAINERS[class_name]
+        inner = formats.check(_CONTAINER, config, path, "config")
+        inner = inner["vision_encoder"]
+        if inner.get("class_name") != class_name:
+            raise ConfigError(path, "config.vision_encoder.class_name",
+                              f"expected {class_name!r}; received "
+                              f"{shown(inner.get('class_name'))}")
+        config, where = inner["config"], "config.vision_encoder.config"
+    else:
+        where = "config"
+    member = MEMBERS[class_name]
+    config = dict(member["defaults"], **formats.check(
+        member["schema"], config, path, where))
+    for field, (value, why) in member.get("only", {}).items():
+        if config[field] != value:
+            raise ConfigError(path, f"{where}.{field}", f"expected "
+                              f"{field}={value!r} ({why}); received "
+                              f"{field}={shown(config[field])}")
+    shape = list(config["image_shape"])
+    if config.get("data_format") == "channels_first":  # (c, h, w)
+        shape = shape[1:] + shape[:1]
+    patch = config["patch_size"]
+    pair = [patch, patch] if isinstance(patch, int) else list(patch)
+    patch = pair[0]
+    if None in shape or pair[1] != patch or shape[0] % patch or (
+            shape[1] % patch) or shape[2] > MAX_CHANNELS:
+        raise ConfigError(path, f"{where}.image_shape", "expected a fixed "
+                          "[height, width, channels] that square patches of "
+                          f"patch_size={shown(config['patch_size'])} tile, "
+                          f"at most {MAX_CHANNELS} channels; "
+                          f"received image_shape={shown(config['image_shape'])}")
+    if config["hidden_dim"] % config["num_heads"]:
+        raise ConfigError(path, f"{where}.num_heads", "expected a divisor of "
+                          f"hidden_dim={config['hidden_dim']}; received "
+                          f"num_heads={config['num_heads']}")
+    options = dict(member["options"])
+    for field, targets in member["fields"].items():
+        value = member.get("forms", {}).get(field, {}).get(
+            config[field], config[field])
+        for target in (targets,) if isinstance(targets, str) else targets:
+            options[target] = value
+    if options.get("num_registers") and class_name == "DINOV2Backbone":
+        options["posemb_includes_prefix"] = False  # registers join after
+    arch = {"family": member["family"], "class": class_name,
+            "kind": "backbone" if member["output"] == "tokens"
+            else "embedding",
+            "hidden_size": config["hidden_dim"],
+            "num_layers": config["num_layers"],
+            "num_heads": config["num_heads"],
+            "mlp_dim": config["intermediate_dim"],
+            "image_size": shape[0] if shape[0] == shape[1] else shape[:2],
+            "patch_size": patch, "num_channels": shape[2],
+            "layer_norm_epsilon": float(options.pop("layer_norm_epsilon")),
+            "gelu": options.pop("gelu"),
+            "dropout_rate": float(options.pop("dropout_rate", 0.0)),
+            "attention_dropout_rate": float(options.pop(
+                "attention_dropout_rate", 0.0)),
+            "classifier": options.pop("classifier", "token"),
+            "num_classes": None, "representation_size": None,
+            "classifier_activation": None, "options": options,
+            "input_normalization": member["normalization"],
+            "config": config}
+    if class_name == "DINOV2Backbone":
+        _check_dino_table(arch, path, where)
+    return class_name, arch, prefix
+
+
+def _check_dino_table(arch, path, where):
+    """DINOv2's table size (``position_embedding_shape``), checked as
+    keras-hub reads it: a square grid, for square images."""
+    config, p, size = arch["config"], arch["patch_size"], arch["image_size"]
+    pe = list(config["position_embedding_shape"])
+    pe = pe[1:3] if config.get("data_format") == "channels_first" else pe[:2]
+    if not isinstance(size, int) or len(pe) != 2 or (
+            pe[0] // p != pe[1] // p) or pe[0] < p:
+        raise ConfigError(path, f"{where}.position_embedding_shape",
+                          "expected square images and a square table of at "
+                          "least one patch (keras-hub reads both so); "
+                          f"received position_embedding_shape="
+                          f"{shown(config['position_embedding_shape'])}, "
+                          f"image_shape={shown(config['image_shape'])}")
+    arch["table_shape"] = pe
+
+
+def task_architecture(config, arch, path):
+    """``arch`` completed by a ``DeiTImageClassifier``'s ``task.json``
+    config: its head on the class token."""
+    config = formats.check(_TASK, config, path, "config")
+    if config.get("pooling", "token") != "token":
+        raise ConfigError(path, "config.pooling", "pooling='gap' averages "
+                          "the class and distillation tokens with the "
+                          "patches, which keras_vit does not pool; received "
+                          f"pooling={shown(config['pooling'])}")
+    return dict(arch, kind="classifier", num_classes=config["num_classes"],
+                classifier_activation=ACTIVATIONS[config.get("activation")])
+
+
+def read_h5(path, rows, prefix=""):
+    """``{official key: (array, how)}`` of the weights ``rows``
+    (:func:`~keras_vit.zoo.keras_hub_layout.family_rows`) name in the
+    ``.h5`` file ``path``, its datasets under ``layers/`` + ``prefix``
+    checked first: names, shapes, dtypes of those read, storage (as
+    :func:`keras_vit.zoo.h5_files.read_h5`); the rest of the file (a text
+    tower) is not read."""
+    group = f"layers/{prefix}"
+    f = h5_files.open_h5(path)
+    with f:
+        found = {k: ds for k, ds in h5_files.h5_datasets(
+            f, f"{path}:").items() if k.startswith(group)}
+        rows = {group + k: row for k, row in rows.items()}
+        hub_files.check_names(
+            {k: tuple(ds.shape) for k, ds in found.items()},
+            {k: row[2] for k, row in rows.items()},
+            f"{path}: does not hold the keras-hub model its config describes")
+        problems = []
+        for name, (key, how, _) in rows.items():
+            if key is None:
+                continue
+            ds = found[name]
+            ok = (ds.dtype.kind in "iu" if how == "ids"
+                  else h5_files.is_float_dataset(ds))
+            where = ("dtype " + shown(str(ds.dtype), 40) if not ok
+                     else h5_files.h5_storage_problem(ds, os.path.getsize(path)))
+            if not where and how == "ids" and not (
+                    (ds[()] >= 0) & (ds[()] < ds.size)).all():
+                where = (f"position ids outside [0, {ds.size}) (rows of a "
+                         f"table of {ds.size})")
+            if where:
+                problems.append(f"{name}: {where}")
+        if problems:
+            raise checkpoints.CheckpointError(
+                f"{path}: has datasets keras_vit does not read: "
+                f"{'; '.join(problems[:12])} (Keras writes float arrays, "
+                "contiguous, inside the file)")
+        return {key: (_array(found[name], how), how)
+                for name, (key, how, _) in rows.items() if key is not None}
+
+
+def _array(ds, how):
+    """A dataset's values: position ids as integers, the rest float32."""
+    if how == "ids":
+        return np.asarray(ds[()], "int64")
+    return h5_files.float_array(ds)
+
+
+def to_official(state, arch):
+    """The arrays :func:`read_h5` read as the official layout, float32:
+    tables and tokens reshaped, a table's rows picked by the position ids
+    stored with it (as keras-hub's embedding gathers them), DINOv2's table
+    fitted (:func:`_dino_table`, after the class token it may fold into),
+    the attention biases keras-hub was built without as zeros."""
+    out, dino, state = {}, None, dict(state)
+    ids = state.pop("position_ids", (None,))[0]
+    for key, (value, how) in state.items():
+        if how == "table":
+            value = value[None] if ids is None else value[ids]
+        elif how == "token":
+            value = value.reshape(1, 1, -1)
+        elif how == "dino":
+            dino = key, value
+            continue
+        out[key] = value
+    if dino is not None:
+        out[dino[0]] = _dino_table(dino[1], arch, out)
+    d, h = arch["hidden_size"], arch["num_heads"]
+    for i in range(arch["num_layers"]):
+        for part, shape in (("query", (h, d // h)), ("key", (h, d // h)),
+                            ("value", (h, d // h)), ("out", (d,))):
+            out.setdefault(f"Transformer/encoderblock_{i}/{_ATT}{part}/bias",
+                           np.zeros(shape, "float32"))
+    return out
+
+
+def _dino_table(table, arch, out):
+    """DINOv2's stored table (class row, then a square grid at
+    ``position_embedding_shape``) as keras-hub computes it when it loads:
+    the grid resized to ``image_shape``'s by ``keras.ops.image.resize``
+    (bicubic, ``antialias_in_interpolation``) unless the shapes are equal.
+    With registers the class row is folded into the class token ``cls``
+    already in ``out`` (keras-hub adds the row before the registers join)
+    and the table covers the patches."""
+    config, p = arch["config"], arch["patch_size"]
+    size = arch["image_size"]
+    cls_row, grid = table[:, :1], table[:, 1:]
+    if list(arch["table_shape"]) != [size, size]:
+        import keras
+
+        side = arch["table_shape"][0] // p
+        grid = keras.ops.convert_to_numpy(keras.ops.image.resize(
+            grid.reshape(1, side, side, -1), (size // p, size // p),
+            interpolation="bicubic",
+            antialias=config["antialias_in_interpolation"],
+            data_format="channels_last")).reshape(1, -1, table.shape[-1])
+    if not arch["options"].get("posemb_includes_prefix", True):
+        out["cls"] = out["cls"] + cls_row  # float32, as keras-hub adds it
+        return np.asarray(grid, "float32")
+    return np.concatenate([cls_row, grid], axis=1).astype("float32")
+
+
+def read_preset(directory, outer, config_path, read_json):
+    """``(arch, official arrays)`` of a family member's preset directory
+    (``outer``: its checked ``config.json``; ``read_json(path, what)``
+    reads the other JSON files): the weights of its image tower, and a
+    ``DeiTImageClassifier``'s head from ``task.json`` /
+    ``task.weights.h5``; the image converter's normalisation where the
+    preset has one. :func:`keras_vit.zoo.load` reads such a folder.
+
+    Example::
+
+        keras_hub.models.DINOV2Backbone.from_preset(
+            "dinov2_small").save_to_preset("dino")
+        tokens = keras_vit.zoo.load("dino")   # (batch, tokens, width)
+    """
+    class_name, arch, prefix = architecture(
+        outer["class_name"], outer.get("config"), config_path)
+    task_path = os.path.join(directory, "task.json")
+    if os.path.isfile(task_path):
+        task = formats.check(formats.KERAS_HUB_OBJECT, read_json(
+            task_path, "keras-hub task.json"), task_path)
+        if _TASKS.get(task["class_name"]) != class_name:
+            raise ConfigError(task_path, "class_name", "keras_vit reads "
+                              f"the tasks {sorted(_TASKS)} of the family; "
+                              f"received class_name="
+                              f"{shown(task['class_name'])}")
+        arch = task_architecture(task["config"], arch, task_path)
+        pre = (task["config"].get("preprocessor") or {}).get("config", {})
+        converter = pre.get("image_converter")
+        if converter is not None and "config" in converter:
+            arch["input_normalization"] = check_image_converter(
+                converter["config"], task_path)
+    converter_path = os.path.join(directory, "image_converter.json")
+    if os.path.isfile(converter_path):
+        arch["input_normalization"] = check_image_converter(read_json(
+            converter_path, "keras-hub image_converter.json").get("config"),
+            converter_path)
+    state = read_h5(os.path.join(directory, "model.weights.h5"),
+                    family_rows(class_name, arch), prefix)
+    if arch["kind"] == "classifier":
+        state.update(read_h5(os.path.join(directory, "task.weights.h5"),
+                             family_rows(class_name, arch, task=True)))
+    return arch, to_official(state, arch)

@@ -1,0 +1,499 @@
+"""transformers' other ViT-family towers, as tables on one reader: DeiT
+(``model_type`` ``"deit"``), DINOv2 (``"dinov2"``,
+``"dinov2_with_registers"``) and CLIP's image tower
+(``"clip_vision_model"``; the image tower of a whole ``"clip"`` folder,
+whose text tower and projections are not read).
+
+Each is the one :class:`~keras_vit.models.VisionTransformer` with family
+options; what differs is data: each type's config defaults and tensor
+names (:data:`FAMILIES`), each class's builder options
+(:data:`ARCHITECTURES`):
+
+* ``DeiTForImageClassificationWithTeacher``: ``distilled=True`` (the
+  class and distillation heads' logits averaged).
+* ``DeiTForImageClassification``, ``DeiTModel``: their head and tanh
+  pooler (``pre_logits``, as ``ViTModel``'s) read the class token alone,
+  so the distillation token is one register token covered by the position
+  table (``num_registers=1``).
+* ``Dinov2Model``: layer scale; ``num_classes=0`` returns ``pooler_output``
+  (the final LayerNorm's class token), ``include_top=False``
+  ``last_hidden_state``. ``Dinov2WithRegistersModel``: registers after the
+  class token, a table of the patches (``posemb_includes_prefix=False``);
+  the table row transformers adds to the class token, a constant, is
+  folded into it.
+* ``CLIPVisionModel``: ``pre_layrnorm`` (``pre_norm``), no patch bias,
+  quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
+  ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
+  block's output (:func:`keras_vit.models.intermediate_model`).
+
+``Dinov2ForImageClassification`` is refused by name: its classifier reads
+the class token concatenated with the mean patch token, a pooling keras_vit
+lacks. A table of another ``image_size`` is resized by keras_vit's rule
+(bilinear, aligned corners: :mod:`keras_vit.zoo.position_tables`), not by
+transformers' bicubic ``interpolate_pos_encoding``: such a model does not
+reproduce transformers' interpolated forward.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
+from keras_vit.base.schema import Bool, Int, Number, Object
+from keras_vit.zoo import convert, formats, hub_files
+from keras_vit.zoo.transformers_layout import (
+    GELU_FORMS, id2label_names, read_tensors, shown_value)
+
+#: The model types read here.
+FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers",
+                "clip_vision_model", "clip")
+#: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
+GELUS = dict(GELU_FORMS, quick_gelu="quick")
+
+# -- tensor names -------------------------------------------------------------
+# transformers' name -> (official key, how the array changes on the way,
+# its shape): "heads" a query/key/value Linear split into heads, "out" an
+# output Linear from heads, "dense" a Linear transposed, "conv" OIHW <->
+# HWIO, "table" (N, D) <-> (1, N, D), "token" (D,) <-> (1, 1, D), None as
+# it is. Shapes: "d" (D,), "m" (M,), "dd", "md", "dm" (rows, columns).
+_ATT = "MultiHeadDotProductAttention_1/"
+
+
+def _attention(query, key, value, out):
+    """The attention's rows, given the four Linear layers' names."""
+    table = {}
+    for part, name in (("query", query), ("key", key), ("value", value),
+                       ("out", out)):
+        table[f"{name}.weight"] = (f"{_ATT}{part}/kernel",
+                                   "out" if part == "out" else "heads", "dd")
+        table[f"{name}.bias"] = (f"{_ATT}{part}/bias",
+                                 None if part == "out" else "heads", "d")
+    return table
+
+
+def _norm(name, key):
+    return {f"{name}.weight": (f"{key}/scale", None, "d"),
+            f"{name}.bias": (f"{key}/bias", None, "d")}
+
+
+def _mlp(fc1, fc2):
+    return {f"{fc1}.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "md"),
+            f"{fc1}.bias": ("MlpBlock_3/Dense_0/bias", None, "m"),
+            f"{fc2}.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
+            f"{fc2}.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
+
+
+_VIT_ATTENTION = _attention(*(f"attention.attention.{part}" for part in (
+    "query", "key", "value")), "attention.output.dense")
+_VIT_LAYER = {**_VIT_ATTENTION, **_norm("layernorm_before", "LayerNorm_0"),
+              **_norm("layernorm_after", "LayerNorm_2"),
+              **_mlp("intermediate.dense", "output.dense")}  # DeiT's: ViT's
+_DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "LayerNorm_0"),
+               **_norm("norm2", "LayerNorm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
+               "layer_scale1.lambda1": ("LayerScale_0/scale", None, "d"),
+               "layer_scale2.lambda1": ("LayerScale_2/scale", None, "d")}
+_CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
+    "q", "k", "v", "out"))), **_norm("layer_norm1", "LayerNorm_0"),
+               **_norm("layer_norm2", "LayerNorm_2"),
+               **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
+_ENCODER_NORM = "Transformer/encoder_norm"
+_VIT_TOP = {"embeddings.cls_token": ("cls", None, "cls"),
+            "embeddings.position_embeddings": (convert.POSEMB_KEY, None,
+                                               "posemb"),
+            "embeddings.patch_embeddings.projection.weight": (
+                "embedding/kernel", "conv", "conv"),
+            "embeddings.patch_embeddings.projection.bias": (
+                "embedding/bias", None, "d"),
+            **_norm("layernorm", _ENCODER_NORM)}
+_DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": ("reg", None, "reg"),
+             # DINOv2's masked-image pretraining token: unused in a forward.
+             "embeddings.mask_token": (None, None, "mask")}
+_CLIP_TOP = {"embeddings.class_embedding": ("cls", "token", "d"),
+             "embeddings.patch_embedding.weight": ("embedding/kernel", "conv",
+                                                   "conv"),
+             "embeddings.position_embedding.weight": (convert.POSEMB_KEY,
+                                                      "table", "table"),
+             **_norm("pre_layrnorm", "Transformer/pre_norm"),
+             **_norm("post_layernorm", _ENCODER_NORM)}
+
+
+def _linear(name, key, rows="labels"):
+    return {f"{name}.weight": (f"{key}/kernel", "dense", rows + "d"),
+            f"{name}.bias": (f"{key}/bias", None, rows)}
+
+
+_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, image_size=224, patch_size=16,
+                 num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12,
+                 qkv_bias=True, head_dim=None)
+_DINO_DEFAULTS = dict(_DEFAULTS, patch_size=14, layer_norm_eps=1e-6,
+                      mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False)
+#: Per model type: the config's defaults (transformers' config classes),
+#: where the blocks are (``layers``) and the names of their tensors and
+#: of the others.
+FAMILIES = {
+    "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
+                 layer=_VIT_LAYER, top={
+                     **_VIT_TOP, **_linear("pooler.dense", "pre_logits", "r"),
+                     "embeddings.distillation_token": ("dist", None, "cls")}),
+    "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
+                   layer=_DINO_LAYER, top=_DINO_TOP),
+    "dinov2_with_registers": dict(
+        defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
+        layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP),
+    "clip_vision_model": dict(
+        defaults=dict(_DEFAULTS, patch_size=32, hidden_act="quick_gelu",
+                      layer_norm_eps=1e-5),
+        layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP),
+}
+FAMILIES["clip"] = FAMILIES["clip_vision_model"]
+
+# The classes read, with their model type, the tensors' prefix (None: a
+# CLIPVisionModel's, "vision_model." in files of transformers 4, none
+# since), their head's tensors and the builder options they set.
+_CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, num_classes=0)
+ARCHITECTURES = {
+    "DeiTForImageClassificationWithTeacher": dict(
+        type="deit", prefix="deit.", options=dict(distilled=True),
+        head={**_linear("cls_classifier", "head"),
+              **_linear("distillation_classifier", "head_dist")}),
+    "DeiTForImageClassification": dict(
+        type="deit", prefix="deit.", options=dict(num_registers=1),
+        head=_linear("classifier", "head")),
+    "DeiTModel": dict(type="deit", prefix="", options=dict(num_registers=1)),
+    "Dinov2Model": dict(type="dinov2", prefix="",
+                        options=dict(num_classes=0)),
+    "Dinov2WithRegistersModel": dict(
+        type="dinov2_with_registers", prefix="",
+        options=dict(num_classes=0, posemb_includes_prefix=False)),
+    "CLIPVisionModel": dict(type="clip_vision_model", prefix=None,
+                            options=_CLIP_OPTIONS),
+    "CLIPModel": dict(type="clip", prefix="vision_model.",
+                      options=_CLIP_OPTIONS),
+}
+# Classes keras_vit has no counterpart for, with the reason.
+_POOLING_HINT = (
+    "its classifier reads the class token concatenated with the mean patch "
+    "token, a pooling keras_vit lacks; load the encoder: "
+    "{base}.from_pretrained(src).save_pretrained(dir), then zoo.load(dir)")
+for _type, _base in (("dinov2", "Dinov2Model"),
+                     ("dinov2_with_registers", "Dinov2WithRegistersModel")):
+    ARCHITECTURES[_base.replace("Model", "ForImageClassification")] = dict(
+        type=_type, head=_linear("classifier", "head"),
+        refused=_POOLING_HINT.format(base=_base))
+# The settings read beyond transformers' ViT config
+# (formats.TRANSFORMERS_CONFIG), typed; a register count is bounded by
+# its tensor too, checked against the file before anything is allocated.
+_MORE_FIELDS = Object({
+    "mlp_ratio": Number(0, 64, open=True), "layerscale_value": Number(),
+    "use_swiglu_ffn": Bool(), "num_register_tokens": Int(0, MAX_HIDDEN)})
+
+
+def _classes(model_type, refused=False):
+    return [name for name, spec in ARCHITECTURES.items() if spec["type"]
+            == model_type and (refused or "refused" not in spec)]
+
+
+def _architecture_name(config, path, header):
+    """The transformers class the folder holds (its ``architectures``,
+    else the one whose head the tensors hold, else the headless one),
+    refused by name where keras_vit has no counterpart."""
+    model_type = config["model_type"]
+    names = config.get("architectures")
+    if names is None:  # older files: the tensors tell
+        classes = _classes(model_type, refused=True)
+        names = [next((n for n in classes if set(
+            ARCHITECTURES[n].get("head", ())) & set(header)), None) or next(
+                n for n in classes if "head" not in ARCHITECTURES[n])]
+    spec = ARCHITECTURES.get(names[0], {})
+    if spec.get("type") != model_type or "refused" in spec:
+        why = spec.get("refused") or ("keras_vit reads " + ", ".join(
+            _classes(model_type)))
+        raise formats.fail(path, "architectures", f"architectures="
+                           f"{shown_value(names)} is not supported for "
+                           f"model_type {model_type!r}: {why}")
+    return names[0]
+
+
+def architecture(config, path, header):
+    """``config`` (a transformers config of a type in
+    :data:`FAMILY_TYPES`) read as keras_vit's builder facts: ``class``,
+    ``type``, sizes, ``image_size``, ``patch_size``, ``num_channels``,
+    ``layer_norm_epsilon``, ``gelu``, ``qkv_bias``, ``layer_scale``,
+    ``num_registers``, ``labels``, the tensors' ``prefix``; settings
+    keras_vit lacks are refused by name, sizes beyond any ViT's before
+    anything is allocated. ``header`` (tensor name -> entry) tells a
+    config that names no class which one the file holds.
+
+    >>> arch = architecture({"model_type": "dinov2", "hidden_size": 32,
+    ...     "num_attention_heads": 2, "image_size": 28}, "config.json", {})
+    >>> arch["class"], arch["mlp_dim"], arch["patch_size"], arch["layer_scale"]
+    ('Dinov2Model', 128, 14, 1.0)
+    """
+    path = os.fspath(path)
+    config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
+    vision, field = config, ""
+    if config["model_type"] == "clip":
+        vision = formats.check(formats.TRANSFORMERS_CONFIG,
+                               config.get("vision_config") or {}, path,
+                               "vision_config")
+        field = "vision_config."
+    formats.check(_MORE_FIELDS, vision, path, field.rstrip(".") or None)
+    name = _architecture_name(config, path, header)
+    spec = ARCHITECTURES[name]
+    value = dict(FAMILIES[spec["type"]]["defaults"], **vision)
+    hidden, heads = value["hidden_size"], value["num_attention_heads"]
+    size, patch = value["image_size"], value["patch_size"]
+    sides = tuple(size) if isinstance(size, tuple) else (size, size)
+    dino, clip = spec["type"].startswith("dinov2"), "clip" in spec["type"]
+    mlp = value["intermediate_size"]
+    if dino:  # DINOv2's MLP: int(hidden * mlp_ratio)
+        mlp = int(hidden * value["mlp_ratio"])
+    for key, ok, expected in (
+            ("num_attention_heads", hidden % heads == 0,
+             f"an integer that divides hidden_size={hidden}"),
+            ("head_dim", value["head_dim"] in (None, hidden // heads),
+             f"null or hidden_size / num_attention_heads = "
+             f"{hidden // heads}"),
+            ("patch_size", all(s % patch == 0 for s in sides),
+             f"an integer that divides image_size={list(sides)}"),
+            ("image_size", not clip or sides[0] == sides[1],
+             "one side (CLIP's images are square)"),
+            ("hidden_act", value["hidden_act"] in GELUS,
+             f"one of {sorted(GELUS)} (keras_vit's GELU forms)"),
+            ("mlp_ratio", mlp >= 1, "a ratio giving an MLP of at least one "
+             f"unit at hidden_size={hidden}"),
+            ("qkv_bias", not clip or value.get("qkv_bias", True),
+             "true (CLIP's attention has query, key and value biases)"),
+            ("use_swiglu_ffn", not value.get("use_swiglu_ffn"),
+             "false (keras_vit's MLP is Dense -> GELU -> Dense; it has no "
+             "SwiGLU)"),
+            ("layerscale_value", value.get("layerscale_value", 1) > 0,
+             "a positive number (the layer scales' initial value)"),
+            ("pooler_act", name != "DeiTModel" or value.get(
+                "pooler_act", "tanh") == "tanh",
+             "'tanh' (keras_vit's pre_logits)")):
+        if not ok:
+            raise formats.fail(path, field + key, f"expected {expected}; "
+                               f"received {key}={shown_value(value.get(key))}")
+    prefix = spec["prefix"]
+    if prefix is None:
+        prefix = ("vision_model." if any(k.startswith("vision_model.")
+                                         for k in header) else "")
+    return {"class": name, "type": spec["type"], "prefix": prefix,
+            "hidden_size": hidden, "num_heads": heads, "mlp_dim": mlp,
+            "num_layers": value["num_hidden_layers"],
+            "image_size": sides[0] if sides[0] == sides[1] else list(sides),
+            "patch_size": patch, "num_channels": value["num_channels"],
+            "layer_norm_epsilon": float(value["layer_norm_eps"]),
+            "gelu": GELUS[value["hidden_act"]],
+            "qkv_bias": value["qkv_bias"],
+            "layer_scale": float(value["layerscale_value"]) if dino else None,
+            "num_registers": (value["num_register_tokens"] if spec["type"]
+                              == "dinov2_with_registers" else 0),
+            "pooler": value.get("pooler_output_size") or hidden,
+            "labels": id2label_names(config, path)}
+
+
+def tables(arch):
+    """``(block, other, head)`` rows of the tensors ``arch`` holds:
+    transformers' name (without the block's number or the tensors'
+    prefix) -> (official key, how, shape), as in :data:`FAMILIES`."""
+    family = FAMILIES[arch["type"]]
+    layer = dict(family["layer"])
+    if not arch["qkv_bias"]:
+        for part in ("query", "key", "value"):
+            layer.pop(f"attention.attention.{part}.bias")
+    top = dict(family["top"])
+    if arch["type"] == "deit" and arch["class"] != "DeiTModel":
+        top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
+    if not arch["num_registers"]:
+        top.pop("embeddings.register_tokens", None)
+    head = ARCHITECTURES[arch["class"]].get("head", {})
+    return layer, top, head
+
+
+def expected_shapes(arch, header, num_labels):
+    """transformers' tensor names (prefix included) and shapes for
+    ``arch``; optional tensors (DINOv2's mask token, DeiTModel's pooler)
+    are expected when ``header`` holds them."""
+    layer, top, head = tables(arch)
+    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"],
+                  arch["num_channels"], arch["patch_size"])
+    size = arch["image_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    table = (h // p) * (w // p) + 1 + (arch["type"] == "deit")
+    dims = {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
+            "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
+            "conv": (d, c, p, p), "reg": (1, arch["num_registers"], d),
+            "mask": (1, d), "r": (arch["pooler"],),
+            "rd": (arch["pooler"], d), "labels": (num_labels,),
+            "labelsd": (num_labels, d)}
+    prefix = arch["prefix"]
+    shapes = {}
+    for name, (_, _, shape) in top.items():
+        optional = name == "embeddings.mask_token" or name.startswith(
+            "pooler.")
+        if not optional or prefix + name in header:
+            shapes[prefix + name] = dims[shape]
+    layers = FAMILIES[arch["type"]]["layers"]
+    for i in range(arch["num_layers"]):
+        shapes.update({f"{prefix}{layers}{i}.{name}": dims[shape]
+                       for name, (_, _, shape) in layer.items()})
+    shapes.update({name: dims[shape] for name, (_, _, shape) in head.items()})
+    return shapes
+
+
+def _convert(value, how, num_heads=None):
+    """One array from transformers' form to the official one (``how`` as
+    in :data:`FAMILIES`), or back when ``num_heads`` is None."""
+    back = num_heads is None
+    if how == "heads":  # (H*Dh, D) <-> (D, H, Dh); (H*Dh,) <-> (H, Dh)
+        if back:
+            return (value.reshape(value.shape[0], -1).T if value.ndim == 3
+                    else value.reshape(-1))
+        return (value.T.reshape(value.shape[1], num_heads, -1)
+                if value.ndim == 2 else value.reshape(num_heads, -1))
+    if how == "out":  # (D, H*Dh) <-> (H, Dh, D)
+        return (value.reshape(-1, value.shape[-1]).T if back
+                else value.T.reshape(num_heads, -1, value.shape[0]))
+    if how == "conv":  # OIHW <-> HWIO
+        return value.transpose((3, 2, 0, 1) if back else (2, 3, 1, 0))
+    if how == "table":  # (N, D) <-> (1, N, D)
+        return value[0] if back else value[None]
+    if how == "token":  # (D,) <-> (1, 1, D)
+        return value[0, 0] if back else value[None, None]
+    return value.T if how == "dense" else value
+
+
+def to_official(state, arch):
+    """transformers' tensors of ``arch`` (NumPy, names checked by
+    :func:`expected_shapes`) in the official ``.npz`` layout keras_vit's
+    model of :func:`builder_config` takes."""
+    layer, top, head = tables(arch)
+    prefix, heads = arch["prefix"], arch["num_heads"]
+    block = re.compile(rf"^{re.escape(FAMILIES[arch['type']]['layers'])}"
+                       r"(\d+)\.(.+)$")
+    out = {}
+    for name, value in state.items():
+        value = np.asarray(value, dtype="float32")
+        if name in head:
+            key, how, _ = head[name]
+        else:
+            name = name[len(prefix):]
+            match = block.match(name)
+            if match:
+                key, how, _ = layer[match.group(2)]
+                key = f"Transformer/encoderblock_{match.group(1)}/{key}"
+            else:
+                key, how, _ = top[name]
+        if key is not None:
+            out[key] = _convert(value, how, heads)
+    if arch["class"] in ("DeiTForImageClassification", "DeiTModel"):
+        out["reg"] = out.pop("dist")  # read by the class token's neighbour
+    if arch["num_registers"]:
+        # transformers adds the table's first row to the class token
+        # alone (the registers join after): a constant, folded into it.
+        table = out[convert.POSEMB_KEY]
+        out["cls"] = out["cls"] + table[:, :1]
+        out[convert.POSEMB_KEY] = table[:, 1:]
+    return out
+
+
+def from_official(arrays, arch):
+    """The inverse of :func:`to_official`: a keras_vit model's official
+    arrays (:func:`~keras_vit.zoo.convert.export_arrays`) as the tensors
+    of transformers' ``arch["class"]`` (contiguous float32)."""
+    arrays = {k: np.asarray(v, dtype="float32") for k, v in arrays.items()}
+    if "reg" in arrays and arch["type"] == "deit":
+        arrays["dist"] = arrays.pop("reg")
+    d = arch["hidden_size"]
+    if arch["num_registers"]:  # the class token takes no table row
+        table = arrays[convert.POSEMB_KEY]
+        arrays[convert.POSEMB_KEY] = np.concatenate(
+            [np.zeros((1, 1, d), "float32"), table], axis=1)
+    layer, top, head = tables(arch)
+    blocks = FAMILIES[arch["type"]]["layers"]
+    names = {key: (arch["prefix"] + name, how)
+             for name, (key, how, _) in top.items() if key is not None}
+    names.update({key: (name, how) for name, (key, how, _) in head.items()})
+    inner = {key: (name, how) for name, (key, how, _) in layer.items()}
+    out = {}
+    for key, value in arrays.items():
+        match = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
+        if match:
+            name, how = inner[match.group(2)]
+            name = f"{arch['prefix']}{blocks}{match.group(1)}.{name}"
+        else:
+            name, how = names[key]
+        out[name] = _convert(value, how)
+    if "embeddings.mask_token" in top:  # DINOv2's, unused in a forward
+        out[arch["prefix"] + "embeddings.mask_token"] = np.zeros((1, d),
+                                                                 "float32")
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def builder_config(arch, num_labels, has_pooler):
+    """The builder arguments of the keras_vit model ``arch`` describes."""
+    config = {key: arch[key] for key in (
+        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+        "layer_norm_epsilon", "gelu", "num_channels", "image_size",
+        "qkv_bias", "layer_scale", "num_registers")}
+    config.update(classifier="token", class_token=True,
+                  representation_size=None, num_classes=num_labels or 1000,
+                  name=arch["type"] + "_transformers")
+    config.update(ARCHITECTURES[arch["class"]]["options"])
+    if arch["class"] == "DeiTModel" and has_pooler:
+        config.update(representation_size=arch["pooler"], pooling="token")
+    return config
+
+
+def read_checkpoint(config, config_path, path, header, source, *, name=None,
+                    sizes=None, input_normalization=None):
+    """The :class:`~keras_vit.zoo.build.Checkpoint` of a folder of a type
+    in :data:`FAMILY_TYPES`: ``config`` its ``config.json`` at
+    ``config_path``, ``path`` its ``model.safetensors`` with ``header``
+    (name -> entry), ``source`` what the caller named,
+    ``input_normalization`` its preprocessor's. A classifier keeps its
+    head and ``id2label``; a backbone returns transformers'
+    ``pooler_output`` (DINOv2, CLIP, DeiTModel with its pooler) or its
+    tokens (DeiTModel without one)."""
+    from keras_vit.zoo import build
+
+    if name is not None or sizes:
+        raise ValueError(
+            f"name={name!r} gives the sizes of transformers' ViT files; a "
+            f"{config.get('model_type')} folder's config.json fixes its own "
+            f"({config_path})")
+    arch = architecture(config, config_path, header)
+    heads = ARCHITECTURES[arch["class"]].get("head", {})
+    num_labels = 0
+    if heads:
+        entry = header.get(next(iter(heads)))
+        shape = entry["shape"] if entry else None
+        num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
+                      else len(arch["labels"] or ()))
+    prefix = arch["prefix"]
+    found = header
+    if arch["type"] == "clip":  # a whole CLIPModel: its image tower only
+        found = {k: v for k, v in header.items() if k.startswith(prefix)}
+    hub_files.check_names(
+        {k: v.get("shape") for k, v in found.items()},
+        expected_shapes(arch, header, num_labels),
+        f"{os.fspath(path)}: does not hold the transformers {arch['class']} "
+        "its config describes")
+    labels = (formats.check_labels(arch["labels"], num_labels, config_path,
+                                   "id2label") if num_labels else None)
+    arrays = to_official(read_tensors(path, sorted(found)), arch)
+    has_pooler = "pre_logits/kernel" in arrays
+    config = builder_config(arch, num_labels, has_pooler)
+    config["input_normalization"] = input_normalization
+    return build.Checkpoint(
+        config, arrays, source_name=repr(os.fspath(path)),
+        head=num_labels or None, label_names=labels,
+        include_top=True if config["num_classes"] == 0 else None,
+        tags={"zoo_name": f"{arch['class']} {hub_files.zoo_name(arch)}",
+              "zoo_weights": None, "zoo_source": os.fspath(source)})
