@@ -127,17 +127,12 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
             weight compression, a quarter of the size, activations in f32;
             needs the ``nncf`` package). The hint each is computed with is
             recorded in the file (see the module docstring).
-        uint8_input: take uint8 pixels and scale them inside.
-        outputs: output names (see :class:`~keras_vit.export.graph.
-            ServingGraph`).
-        verify: run and compare the artifact.
-        batch_sizes: batch sizes to run it at.
         tolerance: overrides of the tolerance of the precision.
         verify_data: ``"noise"``, ``"photos"`` or an array of images;
             default noise for float32/bfloat16, photos for int8.
-        agreement_samples: images compared for int8.
-        cast_to_float32: export bf16/fp16 models as a float32 copy.
-        overwrite: replace existing files.
+        uint8_input, outputs, verify, batch_sizes, agreement_samples,
+            cast_to_float32, overwrite: as for
+            :func:`~keras_vit.export.to_onnx`.
 
     Returns:
         The report, also written beside the model as
