@@ -209,6 +209,10 @@ def pytest_report_header(config):
 # moved to the modules' files; measured -n 0 on a loaded machine),
 # cli/first_run ~15 (20 s of CPU once its install test moved to the
 # journeys);
+# Added 2026-11-26 by their authors' single-core timings: export/
+# quiet_exports (three CLI exports in subprocesses, ~60 s), zoo/timm_walk
+# (~25 s of CPU), zoo/transformers_family 17, zoo/hub_deadline 23,
+# zoo/keras_hub_family 19, train/mixing ~15.
 # jax child: models/bit 89, train/trainer_backends 66, models/vit 62,
 # zoo/zoo 57, analysis/analysis 55, export/export_backends 41,
 # zoo/resolve 37, models/hybrid 32. The zoo's 57 held 40 s of
@@ -218,11 +222,14 @@ LONGEST_FIRST = {
     "tensorflow": (
         "journeys/test_readme_and_guides.py", "cli/test_demo.py",
         "contracts/test_examples.py", "benchmarks/test_speed.py",
-        "export/test_export.py", "models/test_posemb.py",
+        "export/test_export.py", "export/test_quiet_exports.py",
+        "zoo/test_timm_walk.py", "models/test_posemb.py",
         "train/test_trainer_backends.py", "train/test_train.py",
         "contracts/test_backends.py", "models/test_digits_features.py",
         "benchmarks/test_export_speed.py", "data/test_images.py",
-        "zoo/test_timm_hub.py", "cli/test_cli.py",
+        "zoo/test_timm_hub.py", "zoo/test_transformers_family.py",
+        "zoo/test_hub_deadline.py", "zoo/test_keras_hub_family.py",
+        "train/test_mixing.py", "cli/test_cli.py",
         "runtime/test_graph_ops.py", "contracts/test_docstrings.py",
         "models/test_memory.py", "train/test_data.py",
         "cli/test_first_run.py", "cli/test_cli_startup.py",
