@@ -9,6 +9,7 @@ is refused, feature by feature, counting timm's pretrained tags.
     python benchmarks/timm_coverage.py --out docs/coverage-timm.md
     python benchmarks/timm_coverage.py --only 'deit*' --limit 3   # seconds
     python benchmarks/timm_coverage.py --from rows.json   # re-render
+    python benchmarks/timm_coverage.py --write-table zoo/timm_architectures.json
 
 Each architecture ends in one class:
 
@@ -17,13 +18,17 @@ Each architecture ends in one class:
 - loaded-but-differs: it loads and its logits are wrong (a bug: silently
   wrong), or it loads and cannot run;
 - refused: ``zoo.load`` raises; the message is kept;
-- too large for the walk: over 700M parameters at full depth (counted on
-  PyTorch's ``meta`` device, nothing allocated), skipped;
+- too large for the walk: over 500M parameters at depth 1 (counted on
+  PyTorch's ``meta`` device, nothing allocated; float32 copies of that in
+  timm, the file and keras_vit would crowd the machine), skipped: none of
+  timm 1.0.31's, whose largest at depth 1 (aimv2_3b) has 118M;
 - timm cannot build it at depth 1: the walk's limit, not keras_vit's.
 
-A refusal often names the architecture only (keras_vit reads timm's
-sizes and options from its own table of architecture names). To learn
-which feature is missing, each refused ViT is probed: the same weights
+keras_vit reads an architecture's sizes and options from its table of
+timm's architectures (``zoo/timm_architectures.json``, which
+``--write-table`` writes from timm's builder arguments, read as this
+script reads them), and refuses an argument it cannot honour by name. To
+learn every feature a refused ViT lacks, it is probed: the same weights
 under a name keras_vit knows (``vit_base_patch16_224``) with the
 arguments timm's architecture function passes (its sizes and options,
 read by wrapping timm's builder) spelled out as ``model_args``, as
@@ -68,7 +73,8 @@ MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid")
 BUILDERS = {"vision_transformer": "_create_vision_transformer",
             "deit": "_create_deit",
             "vision_transformer_hybrid": "_create_vision_transformer_hybrid"}
-MAX_PARAMETERS = 700_000_000
+# The most parameters an architecture may have at the walked depth (1).
+MAX_PARAMETERS = 500_000_000
 CLASSES = 5
 TOLERANCE = 1e-5
 HYBRID_TOLERANCE = 1e-4
@@ -103,9 +109,7 @@ ARGUMENTS = {
     "embed_norm_layer": "norm after the patch embedding",
     "scale_attn_norm": "norms inside attention and MLP (BEiT-3 sub-LN)",
     "scale_mlp_norm": "norms inside attention and MLP (BEiT-3 sub-LN)",
-    # keras_vit refuses a ratio whose MLP width is fractional (timm
-    # truncates it).
-    "mlp_ratio": "MLP width not a whole number of units (mlp_ratio)",
+    "mlp_ratio": "MLP width (mlp_ratio)",
     "dynamic_img_size": "dynamic image size",
     "pool_include_prefix": "attention pool over the prefix tokens",
 }
@@ -164,29 +168,50 @@ class _ArgumentsError(Exception):
     to stop the build there)."""
 
 
-def plain(value):
-    """A JSON-ready form of one of timm's argument values: classes and
-    functions by name, ``partial`` as ``Name(key=value)``.
+# timm's arguments that name a norm layer: described by what an instance
+# is (its class and epsilon), since torch's LayerNorm and timm's differ
+# only in their default epsilon.
+NORMS = ("norm_layer", "embed_norm_layer")
+
+
+def describe(value, key=None):
+    """A JSON-ready description of one of timm's argument values: numbers,
+    strings and lists as they are; a norm layer (``key`` one of
+    :data:`NORMS`) as ``{"layer": its class, "eps": its epsilon}``; a
+    ``partial`` as ``{"layer": its function, **its keywords}``; any other
+    class, function or object by its name.
 
     >>> import functools
-    >>> plain(functools.partial(dict, eps=1e-05))
-    'dict(eps=1e-05)'
+    >>> describe(functools.partial(dict, eps=1e-05))
+    {'layer': 'dict', 'eps': 1e-05}
+    >>> describe("layernorm", "norm_layer")
+    {'layer': 'LayerNorm', 'eps': 1e-06}
     """
+    if key in NORMS and value is not None:
+        import torch
+        from timm.layers import get_norm_layer
+
+        with torch.device("meta"):
+            layer = get_norm_layer(value)(8)
+        out = {"layer": type(layer).__name__}
+        if isinstance(getattr(layer, "eps", None), float):
+            out["eps"] = layer.eps
+        return out
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [describe(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): describe(v) for k, v in value.items()}
     if isinstance(value, functools.partial):
-        return f"{plain(value.func)}(" + ", ".join(
-            f"{k}={plain(v)!r}" for k, v in value.keywords.items()) + ")"
+        return {"layer": describe(value.func),
+                **{k: describe(v) for k, v in value.keywords.items()}}
     return getattr(value, "__name__", type(value).__name__)
 
 
 def architecture_args(name, module):
     """The arguments timm's architecture function ``name`` passes to its
-    module's builder (sizes and options, values made :func:`plain`), read
+    module's builder (sizes and options, each value as :func:`describe` gives it), read
     by standing in for the builder; nothing is built but a hybrid's
     backbone, on the ``meta`` device.
 
@@ -205,7 +230,7 @@ def architecture_args(name, module):
         try:
             timm.create_model(name, pretrained=False)
         except _ArgumentsError as e:
-            return {k: plain(v) for k, v in e.args[0].items()
+            return {k: describe(v, k) for k, v in e.args[0].items()
                     if k not in BOOKKEEPING}
     raise LookupError(f"timm's {name} did not build through "
                       f"{module}.{BUILDERS[module]}")
@@ -214,6 +239,74 @@ def architecture_args(name, module):
 def options(args):
     """The arguments that are features, not sizes."""
     return {k: v for k, v in args.items() if k not in SIZES}
+
+
+# The sizes every table row states, with timm VisionTransformer's defaults
+# for those an architecture function leaves to them.
+TABLE_SIZES = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+
+
+def table_entry(name, module):
+    """One row of keras_vit's table of timm's architectures
+    (``zoo/timm_architectures.json``): ``{"module": ..., "args": ...}``,
+    the arguments :func:`architecture_args` reads, a ViT's sizes completed
+    with VisionTransformer's defaults, and ``img_size`` as timm builds the
+    architecture (its own argument, else its default pretrained
+    configuration's input size); a hybrid's sizes as its function passes
+    them (its backbone decides the rest).
+
+    >>> table_entry("vit_base_patch14_dinov2", "vision_transformer")["args"]["img_size"]
+    518
+    """
+    import inspect
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    args = architecture_args(name, module)
+    model = meta_model(name)
+    if "backbone" not in args:
+        defaults = inspect.signature(VisionTransformer).parameters
+        for key in TABLE_SIZES:
+            args.setdefault(key, defaults[key].default)
+        if (model.embed_dim, len(model.blocks)) != (args["embed_dim"],
+                                                    args["depth"]):
+            raise LookupError(f"timm's {name} builds other sizes than its "
+                              f"arguments say: {args}")
+    height, width = model.patch_embed.img_size
+    args.setdefault("img_size", height if height == width else [height,
+                                                                width])
+    # The pooling timm's builder fills in from the default pretrained
+    # configuration, where it names one.
+    if model.global_pool != args.get("global_pool", "token"):
+        args["global_pool"] = model.global_pool
+    return {"module": module, "args": args}
+
+
+def write_table(path, arches=None):
+    """Writes keras_vit's table of timm's architectures to ``path``: every
+    architecture of :data:`MODULES` (or of ``arches``), one JSON line each
+    (:func:`table_entry`), under the timm version it was read from."""
+    import timm
+
+    arches = architectures() if arches is None else arches
+    rows = [f"  {json.dumps(name)}: {json.dumps(table_entry(name, module))}"
+            for name, (module, _) in arches.items()]
+    head = {
+        "about": "timm's ViT-family architectures: the arguments each "
+                 "architecture function passes to its module's builder "
+                 "(sizes completed with VisionTransformer's defaults; "
+                 "norm layers as their class and epsilon, other layers by "
+                 "name), read from timm itself by benchmarks/timm_coverage.py "
+                 "--write-table",
+        "timm": timm.__version__, "modules": list(MODULES)}
+    text = ("{\n" + "".join(f"  {json.dumps(k)}: {json.dumps(v)},\n"
+                            for k, v in head.items())
+            + '  "architectures": {\n' + ",\n".join(
+                "  " + row for row in rows) + "\n  }\n}\n")
+    json.loads(text)  # the file is JSON
+    with open(path, "w") as f:
+        f.write(text)
+    return len(rows)
 
 
 def representatives(arches):
@@ -303,8 +396,10 @@ def message_feature(message):
 def argument_feature(key, value):
     """The feature timm's argument ``key=value`` asks for.
 
-    >>> argument_feature("norm_layer", "RmsNorm(eps=1e-05)")
+    >>> argument_feature("norm_layer", {"layer": "RmsNorm", "eps": 1e-05})
     'RMSNorm'
+    >>> argument_feature("norm_layer", {"layer": "LayerNorm", "eps": 1e-05})
+    'LayerNorm eps 1e-05 (norm_layer)'
     >>> argument_feature("block_fn", "ResPostBlock")
     'post-norm blocks (ResPostBlock)'
     """
@@ -314,8 +409,8 @@ def argument_feature(key, value):
     if key == "norm_layer":
         if "rms" in text.lower():
             return "RMSNorm"
-        eps = re.search(r"eps=([\d.e+-]+)", text)
-        return f"LayerNorm eps {eps.group(1)} (norm_layer)" if eps else (
+        eps = value.get("eps") if isinstance(value, dict) else None
+        return f"LayerNorm eps {eps!r} (norm_layer)" if eps else (
             f"norm_layer={text}")
     if key == "act_layer":
         return f"{text.lower()} activation (act_layer)"
@@ -422,7 +517,7 @@ def group_of(row):
         return "options read, logits differ (a bug in the probe's reading)"
     if row.get("backbone"):
         feature = message_feature(row["message"])
-        return feature if feature != "other" else (
+        return feature if "ResNet-D" in feature else (
             f"hybrid backbone {row['backbone']}")
     if status == REFUSED:
         return message_feature(row["probe_message"])
@@ -462,11 +557,12 @@ def walk_one(name, module="vision_transformer", tags=(), workdir=None,
         args = architecture_args(name, module)
         row["backbone"] = args.get("backbone")
         row["parameters"] = parameter_count(meta_model(name))
+        walked = parameter_count(meta_model(name, depth=1))
     except Exception as e:
         return done(NO_BUILD, message=_one_line(e))
-    if row["parameters"] > max_parameters:
-        return done(TOO_LARGE, message=f"{row['parameters'] / 1e6:.0f}M "
-                    f"parameters > {max_parameters / 1e6:.0f}M")
+    if walked > max_parameters:
+        return done(TOO_LARGE, message=f"{walked / 1e6:.0f}M parameters at "
+                    f"depth 1 > {max_parameters / 1e6:.0f}M")
     try:
         theirs, size = build(name)
     except Exception as e:
@@ -674,7 +770,7 @@ def report(rows, command, seconds=None):
         f"({loaded} of {tags}; {archs} of {len(rows)} architectures); "
         f"{100.0 * loaded / walked if walked else 0.0:.1f}% of the "
         f"{walked} tags walked (the architectures under "
-        f"{MAX_PARAMETERS / 1e6:.0f}M parameters)",
+        f"{MAX_PARAMETERS / 1e6:.0f}M parameters at depth 1)",
     ]
     if seconds is not None:
         head.append(f"- walk time: {seconds / 60:.1f} min")
@@ -695,6 +791,9 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--from", dest="source", help="render the rows a "
                         "--json run wrote instead of walking")
+    parser.add_argument("--write-table", metavar="PATH", help="write keras_vit's"
+                        " table of timm's architectures (zoo/timm_architectures"
+                        ".json) instead of walking")
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= MAX_JOBS:
         parser.error(f"--jobs must be 1 to {MAX_JOBS}; received "
@@ -706,6 +805,12 @@ def main(argv=None):
     command = "python benchmarks/timm_coverage.py " + " ".join(
         shlex.quote(a) for a in argv)
     started = time.perf_counter()
+    if args.write_table:
+        count = write_table(args.write_table,
+                            architectures(args.only, args.limit))
+        print(f"wrote {count} architectures to {args.write_table}",
+              file=sys.stderr)
+        return 0
     if args.source:
         with open(args.source) as f:
             saved = json.load(f)

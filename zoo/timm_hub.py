@@ -15,6 +15,12 @@ the ``.npz`` files. :func:`keras_vit.zoo.save_pretrained` writes the
 reverse (:mod:`keras_vit.zoo.timm_writer`), a repository that
 ``timm.create_model(..., pretrained=True)`` loads.
 
+The ``config.json`` names timm's architecture and only the arguments that
+differ from it; the architecture's own sizes and options come from
+keras_vit's table of timm's architectures, and both pass through one
+mapping onto keras_vit's options (:mod:`keras_vit.zoo.timm_arguments`),
+which refuses by name what keras_vit cannot build.
+
 timm runs the exact (erf) GELU, the official code the tanh form, so models
 built from timm weights default to ``gelu="exact"``: they reproduce timm's
 forward; models from ``.npz`` files keep ``gelu="tanh"``.
@@ -30,16 +36,15 @@ import os
 import re
 
 
-from keras_vit.base.checks import shown
 from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.models.vit import TIMM_RESNET_NUMERICS
-from keras_vit.zoo import checkpoints, convert, formats, http_fetch, hub_files
+from keras_vit.zoo import (checkpoints, convert, formats, http_fetch,
+                          hub_files, timm_arguments)
 # timm's names <-> the official layout (zoo/timm_layout.py).
-from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
-                                       TIMM_POOLS, bit_to_official, hybrid_to_official,
+from keras_vit.zoo.timm_layout import (bit_to_official, hybrid_to_official,
                                        to_official)
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
@@ -130,146 +135,37 @@ def read_config(path):
 _RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
 
 
-# timm's ViT sizes by word: (width, depth, heads), the MLP 4x wide.
-_TIMM_WIDTHS = {"tiny": (192, 12, 3), "small": (384, 12, 6),
-                "medium": (512, 12, 8), "base": (768, 12, 12),
-                "large": (1024, 24, 16), "huge": (1280, 32, 16),
-                "so400m": (1152, 27, 16), "giantopt": (1536, 40, 16)}
-# The sizes whose MLP is not 4x wide (timm's mlp_ratio=3.7362).
-_TIMM_MLP = {"so400m": 4304}
-_SIZE = "(tiny|small|medium|base|large|huge)"
-_SIGLIP_SIZE = "(base|large|so400m|giantopt)"
-# SigLIP's image towers: no class token, the attention pool ("map") or,
-# in the "_gap" ones, the mean without fc_norm. The SigLIP 2 towers run
-# the tanh GELU (timm's architecture sets act_layer='gelu_tanh', which no
-# config.json repeats), the others the exact one.
-_SIGLIP_TANH = re.compile(
-    r"vit_(base_patch32|giantopt_patch16|so400m_patch16)_siglip(_gap)?_\d+"
-    r"|vit_large_patch16_siglip(_gap)?_512")
-# The ViT family's members in timm that are the one VisionTransformer with
-# options (timm's architecture functions, read as data): the name's
-# pattern (groups: size word, patch, optional image size) and the options.
-_TIMM_FAMILY = (
-    (rf"deit_{_SIZE}_patch(\d+)_(\d+)", {}),
-    (rf"deit_{_SIZE}_distilled_patch(\d+)_(\d+)", dict(distilled=True)),
-    (rf"deit3_{_SIZE}_patch(\d+)_(\d+)",
-     dict(posemb_includes_prefix=False, layer_scale=1e-6)),
-    (rf"vit_{_SIZE}_patch(\d+)_dinov2()",
-     dict(layer_scale=1e-5, image_size=518)),
-    (rf"vit_{_SIZE}_patch(\d+)_reg(\d+)_dinov2",
-     dict(layer_scale=1e-5, image_size=518, posemb_includes_prefix=False)),
-    (rf"vit_{_SIZE}_patch(\d+)_clip_(\d+)",
-     dict(pre_norm=True, patch_bias=False, layer_norm_epsilon=1e-5)),
-    (rf"vit_{_SIZE}_patch(\d+)_clip_quickgelu_(\d+)",
-     dict(pre_norm=True, patch_bias=False, layer_norm_epsilon=1e-5,
-          gelu="quick")),
-    (rf"vit_{_SIZE}_patch(\d+)_gap_(\d+)",
-     dict(class_token=False, classifier="gap", qkv_bias=False,
-          layer_scale=1e-6, fc_norm=False)),
-    (rf"vit_{_SIGLIP_SIZE}_patch(\d+)_siglip_(\d+)",
-     dict(class_token=False, classifier="map")),
-    (rf"vit_{_SIGLIP_SIZE}_patch(\d+)_siglip_gap_(\d+)",
-     dict(class_token=False, classifier="gap", fc_norm=False)),
-)
-
-
-def _family_architecture(arch_name):
-    """``(zoo Arch, options)`` of a timm family member of
-    :data:`_TIMM_FAMILY`, or None for any other name."""
-    for pattern, options in _TIMM_FAMILY:
-        m = re.fullmatch(pattern, arch_name.partition(".")[0])
-        if not m:
-            continue
-        width, depth, heads = _TIMM_WIDTHS[m.group(1)]
-        patch, third = int(m.group(2)), m.group(3)
-        options = dict(options)
-        if _SIGLIP_TANH.fullmatch(m.group(0)):
-            options["gelu"] = "tanh"
-        if "reg" in pattern:
-            options["num_registers"] = int(third)
-        elif third and "image_size" not in options:
-            options["image_size"] = int(third)
-        config = dict(patch_size=patch, hidden_size=width, num_layers=depth,
-                      num_heads=heads,
-                      mlp_dim=_TIMM_MLP.get(m.group(1), 4 * width),
-                      classifier="token", representation_size=None)
-        image_size = options.pop("image_size", None)
-        config.update(options)
-        return variants.Arch(
-            name=arch_name.partition(".")[0], family="vit", config=config,
-            image_size=image_size, tag=None), options
-    return None
-
-
 def _architecture(config, name):
+    """``(Arch, the architecture's own timm arguments)`` of the name the
+    caller or the config gives: timm's architectures from their table
+    (:mod:`keras_vit.zoo.timm_arguments`), the ResNetV2 hybrids, BiT and
+    the paper's names (``ViT-B/16``) from their names."""
     arch_name = name or config.get("architecture")
     if not arch_name:
         raise ValueError("the timm weights carry no config.json naming the "
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
-    family = _family_architecture(arch_name)
-    if family is not None:
-        return family[0]
+    found = timm_arguments.architecture(arch_name)
+    if found is not None:
+        return found
     if _RESNET_D_HYBRID.match(arch_name.partition(".")[0]):
         raise ValueError(
             f"timm's ResNet-D hybrids ({arch_name}: deep stem, average-pool "
             "downsampling, BatchNorm) are not supported; the ResNetV2 "
             "hybrids (vit_*_r*_s*, e.g. vit_base_r50_s16_384) load")
+    backbone = timm_arguments.backbone(arch_name)
+    if backbone not in (None, "ResNetV2", "Sequential"):
+        raise ValueError(
+            f"backbone={backbone!r} (timm's {arch_name} sets it) is a timm "
+            "setting keras_vit cannot honour: of timm's hybrids, the "
+            "ResNetV2 ones (vit_*_r*_s*, e.g. vit_base_r50_s16_384) load")
     arch = variants.parse(arch_name)
     if arch.family not in ("vit", "bit", "hybrid"):
         raise ValueError(
             f"timm weights of the {arch.family} family ({arch_name}) are not "
             "supported: ViT (vit_*_patch*), ResNet+ViT hybrids (vit_*_r*_s*) "
             "and BiT (resnetv2_*_bit) checkpoints load from timm files")
-    return arch
-
-
-# timm's model_args that are a ViT family option of keras_vit, one by one:
-# timm's name -> (keras_vit's argument, the value's mapping).
-
-
-def _bool_arg(value):
-    if not isinstance(value, bool):
-        raise ValueError("is not true or false")
-    return value
-
-
-def _choice_arg(table):
-    def convert(value):
-        if value not in table:
-            raise ValueError(f"is none of {', '.join(map(repr, table))}")
-        return table[value]
-    return convert
-
-
-def _layer_scale_arg(value):
-    if value is None:
-        return None
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not value > 0):
-        raise ValueError("is not a positive number or null")
-    return float(value)
-
-
-def _count_arg(value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError("is not a count")
-    return value
-
-
-# How each of timm's family arguments (TIMM_OPTIONS) reads: its value's
-# check and mapping onto keras_vit's.
-_TIMM_VALUES = {
-    "class_token": _bool_arg, "reg_tokens": _count_arg,
-    "no_embed_class": lambda v: not _bool_arg(v),
-    "global_pool": _choice_arg(TIMM_POOLS),
-    "fc_norm": lambda v: None if v is None else _bool_arg(v),
-    "init_values": _layer_scale_arg, "qk_norm": _bool_arg,
-    "qkv_bias": _bool_arg, "proj_bias": _bool_arg, "pre_norm": _bool_arg,
-    "final_norm": _bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
-    "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
-    "drop_path_rate": lambda v: v if _is_rate(v) else _choice_arg({})(v),
-}
+    return arch, {}
 
 
 def input_normalization(config):
@@ -279,91 +175,6 @@ def input_normalization(config):
     pretrained = config.get("pretrained_cfg") or {}
     return {"mean": [float(v) for v in pretrained.get("mean", [0.5] * 3)],
             "std": [float(v) for v in pretrained.get("std", [0.5] * 3)]}
-
-
-def _honoured(config, arch, path):
-    """The builder arguments timm's config asks for: ``model_args`` (and
-    the top-level ``global_pool``) mapped onto keras_vit's arguments
-    (``img_size``, ``in_chans``, ``num_classes``, the architecture's sizes,
-    dropout rates and the ViT family's options); any other setting is
-    refused by name."""
-    args = dict(config.get("model_args") or {})
-    # The top-level field is the pooling the model was saved with.
-    pool = config.get("global_pool", args.get("global_pool", "token"))
-    args.pop("global_pool", None)
-    if arch.family == "vit" and pool not in ("", "token"):
-        args["global_pool"] = pool
-    elif pool not in ("token", ""):
-        raise formats.fail(path, "global_pool", f"timm global_pool="
-                           f"{shown(pool)} is not supported for "
-                           f"{arch.name}; it pools the class token")
-    out = {}
-    vit = arch.family in ("vit", "hybrid")
-    for key, value in args.items():
-        if key in ("img_size", "num_classes"):
-            continue  # read with the config's own fields
-        if key == "in_chans":
-            out["num_channels"] = value
-        elif key in _TIMM_SIZES and vit:
-            out[_TIMM_SIZES[key]] = value
-        elif key == "mlp_ratio" and vit:
-            continue  # below, once the width is known
-        elif key in ("drop_rate", "proj_drop_rate") and _is_rate(value):
-            out["dropout_rate"] = float(value)
-        elif key == "attn_drop_rate" and _is_rate(value):
-            out["attention_dropout_rate"] = float(value)
-        elif key in TIMM_OPTIONS and arch.family == "vit":
-            try:
-                out[TIMM_OPTIONS[key]] = _TIMM_VALUES[key](value)
-            except ValueError as e:
-                raise formats.fail(path, f"model_args.{key}",
-                                   f"{key}={shown(value, 40)} {e}") from None
-        elif key in ("class_token", "qkv_bias") and value is True:
-            continue  # a hybrid's defaults
-        else:
-            raise formats.fail(
-                path, f"model_args.{key}", f"{key}={shown(value, 40)} is a "
-                f"timm setting keras_vit's {arch.name} cannot honour (it "
-                "honours img_size, in_chans, num_classes, the ViT's sizes "
-                "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
-                "rates, and for a ViT " + ", ".join(sorted(TIMM_OPTIONS))
-                + ")")
-    if "mlp_ratio" in args and vit:
-        width = out.get("hidden_size", arch.config["hidden_size"])
-        mlp = args["mlp_ratio"] * width
-        if mlp != int(mlp):
-            raise formats.fail(path, "model_args.mlp_ratio", f"mlp_ratio="
-                               f"{args['mlp_ratio']} times the width {width} "
-                               "is not a whole number of units")
-        out["mlp_dim"] = int(mlp)
-    options = dict(arch.config, **out)
-    if arch.family == "vit":
-        # timm's defaults that follow from other settings: the norm after
-        # average pooling (fc_norm None), the patch bias off with pre_norm.
-        if options.get("fc_norm", None) is None:
-            options["fc_norm"] = options.get("classifier", "token") in (
-                "gap", "max", "avgmax")
-        if "pre_norm" in out:
-            options["patch_bias"] = not out["pre_norm"]
-        if (options.get("classifier", "token") != "token"
-                and "class_token" not in options):
-            options["class_token"] = True  # timm keeps it unless told
-        out = {k: v for k, v in options.items()
-               if k in out or k not in arch.config
-               or arch.config[k] != v}
-        if not out.get("fc_norm", True):
-            out.pop("fc_norm")
-    return out
-
-
-# timm's ViT size arguments -> keras_vit's.
-_TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
-               "depth": "num_layers", "num_heads": "num_heads"}
-
-
-def _is_rate(value):
-    return isinstance(value, (int, float)) and not isinstance(
-        value, bool) and 0 <= value < 1
 
 
 def load(source, name=None, image_size=None, num_classes=None, *,
@@ -419,8 +230,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
 
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
-    arch = _architecture(config, name)
-    honoured = _honoured(config, arch, where)
+    arch, defaults = _architecture(config, name)
+    honoured = timm_arguments.honoured(config, arch, where, defaults)
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
     build_config = dict(arch.config, **honoured)

@@ -23,23 +23,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 SCRIPT = os.path.join(ROOT, "benchmarks", "timm_coverage.py")
 
 # What keras_vit cannot load from timm today, as the walk names it: a
-# refused argument's feature (timm_coverage.argument_feature), a refusal's
-# (timm_coverage.message_feature), or the walk's verdict on a name.
+# refused argument's feature (timm_coverage.argument_feature) or a
+# refusal's (timm_coverage.message_feature). An architecture missing from
+# keras_vit's table of timm's architectures (zoo/timm_architectures.json)
+# is not a gap but a stale table: its verdict (NAME_ONLY) fails here.
 KNOWN_GAPS = {
-    # keras_vit's table of timm names lacks the architecture, though its
-    # arguments all read (e.g. vit_base_patch16_radio_v3).
-    "name only: not in keras_vit's table (every option it sets reads)",
-    # The table maps vit_{base,huge}_patch*_gap_* onto vit_medium's options
-    # (no qkv bias, layer scale); the strict loader refuses the weights.
-    "keras_vit's table gives the name other options (the weights do not "
-    "fit)",
     "SwiGLU / GLU MLP", "silu activation (act_layer)", "RMSNorm",
-    "norm after the patch embedding", "LayerNorm eps 1e-05 (norm_layer)",
+    "norm after the patch embedding",
     "parallel blocks (ViT-22B style)", "parallel blocks (several branches)",
     "post-norm blocks (ResPostBlock)", "differential attention",
     "norms inside attention and MLP (BEiT-3 sub-LN)",
-    "MLP width not a whole number of units (mlp_ratio)",
-    "dynamic image size", "attention pool over the prefix tokens",
+    "attention pool over the prefix tokens",
     "hybrid backbone ResNet-D (resnet26d/50d)", "hybrid backbone ConvStem",
 }
 
@@ -111,6 +105,71 @@ def test_the_features_refused_are_known_gaps(walked):
            if feature not in KNOWN_GAPS}
     assert not new, (f"refusals of features not in KNOWN_GAPS (a regression "
                      f"or a new timm option): {new}")
+
+
+def test_keras_vits_table_is_timms_for_the_installed_timm(walked):
+    """zoo/timm_architectures.json is what ``--write-table`` writes from
+    the installed timm: its version, every architecture of the three
+    modules in timm's order, and for the representatives (every option
+    value timm passes) the very rows."""
+    from keras_vit.zoo import timm_arguments
+
+    coverage, rows = walked
+    table = timm_arguments.table()
+    assert table["timm"] == timm.__version__, (
+        "regenerate: python benchmarks/timm_coverage.py --write-table "
+        "zoo/timm_architectures.json")
+    assert list(table["architectures"]) == list(coverage.architectures())
+    for row in rows:
+        assert table["architectures"][row["name"]] == coverage.table_entry(
+            row["name"], row["module"]), row["name"]
+
+
+def test_an_argument_keras_vit_lacks_is_refused_by_name_from_either_place():
+    from keras_vit.zoo import formats, timm_arguments
+
+    arch, options = timm_arguments.architecture("vit_base_patch16_rpn_224")
+    with pytest.raises(formats.FormatError, match=(
+            r"field architecture: block_fn='ResPostBlock' \(timm's "
+            r"vit_base_patch16_rpn_224 sets it\) is a timm setting keras_vit "
+            r"cannot honour")) as info:
+        timm_arguments.honoured({}, arch, "config.json", options)
+    assert "\n" not in str(info.value)
+    # The same mapping for a config.json's model_args, named as its field.
+    arch, options = timm_arguments.architecture("vit_base_patch16_224")
+    with pytest.raises(formats.FormatError, match=(
+            r"field model_args.mlp_layer: mlp_layer='SwiGLU' is a timm "
+            r"setting keras_vit cannot honour")):
+        timm_arguments.honoured({"model_args": {"mlp_layer": "SwiGLU"}},
+                                arch, "config.json", options)
+
+
+def test_the_tables_arguments_and_the_configs_read_alike():
+    from keras_vit.zoo import timm_arguments
+
+    def read(name, **model_args):
+        arch, options = timm_arguments.architecture(name)
+        return arch, timm_arguments.honoured(
+            {"model_args": model_args}, arch, "config.json", options)
+
+    # CLIP: the norm before the blocks, no patch bias, LayerNorm eps 1e-5.
+    _, got = read("vit_base_patch16_clip_224")
+    assert (got["pre_norm"], got["patch_bias"], got["layer_norm_epsilon"]) \
+        == (True, False, 1e-5)
+    # A config's argument overrides the table's: timm's own "layernorm".
+    _, got = read("vit_base_patch16_clip_224", norm_layer="layernorm")
+    assert got["layer_norm_epsilon"] == 1e-6
+    # A fractional mlp_ratio: timm truncates int(dim * mlp_ratio), also
+    # for a width the config gives.
+    arch, got = read("vit_so400m_patch14_siglip_224")
+    assert arch.config["mlp_dim"] == int(1152 * 3.7362) == 4304
+    _, got = read("vit_so400m_patch14_siglip_224", embed_dim=96, num_heads=6)
+    assert got["mlp_dim"] == int(96 * 3.7362) == 358
+    # SigLIP 2's tanh GELU, DINOv2's size and layer scale, dynamic sizes.
+    assert read("vit_base_patch32_siglip_256")[1]["gelu"] == "tanh"
+    arch, got = read("vit_small_patch14_dinov2")
+    assert (arch.image_size, got["layer_scale"]) == (518, 1e-5)
+    assert read("test_vit")[1]["dynamic_image_size"] is True
 
 
 def test_the_report_counts_tags_by_class_and_feature():

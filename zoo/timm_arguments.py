@@ -1,0 +1,282 @@
+"""timm's ViT architectures as data, and timm's arguments as keras_vit's.
+
+timm's hub files name an ``architecture`` and record only the arguments
+that differ from it (``model_args``); the architecture's own sizes and
+options live in timm's code. ``timm_architectures.json`` beside this
+module is that code read as data: for every architecture of timm's
+``vision_transformer``, ``deit`` and ``vision_transformer_hybrid``
+modules, the keyword arguments its function passes to timm's builder,
+written from timm itself by ``benchmarks/timm_coverage.py --write-table``
+(the file names the timm version).
+
+One mapping turns timm's arguments into keras_vit's builder arguments,
+whether they come from the table or from a ``config.json`` (whose
+``model_args`` override the table's): every argument keras_vit honours is
+honoured from either place, and any other is refused in one line naming
+it and its value.
+
+>>> arch, options = architecture("vit_base_patch16_clip_224.openai")
+>>> arch.config["hidden_size"], options["norm_layer"]
+(768, {'layer': 'LayerNorm', 'eps': 1e-05})
+>>> honoured({}, arch, "config.json", options)["layer_norm_epsilon"]
+1e-05
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from keras_vit.base import variants
+from keras_vit.base.checks import shown
+from keras_vit.zoo import formats
+from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
+                                       TIMM_POOLS)
+
+#: The table of timm's architectures, shipped with the package.
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "timm_architectures.json")
+# The table's arguments that size a ViT; the others are options, read by
+# the one mapping (honoured).
+_TABLE_SIZES = ("patch_size", "embed_dim", "depth", "num_heads",
+                "img_size")
+
+
+@functools.lru_cache(maxsize=1)
+def table():
+    """The table's content: ``timm`` (the version it was read from),
+    ``modules`` and ``architectures`` (name -> ``{"module", "args"}``).
+
+    >>> table()["architectures"]["vit_base_patch16_224"]["args"]["embed_dim"]
+    768
+    """
+    with open(TABLE_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def architecture(name):
+    """``(Arch, options)`` of timm's ViT architecture ``name`` (a tag
+    after ``.`` is ignored) from the table: the sizes as an
+    :class:`~keras_vit.base.variants.Arch` of family ``"vit"``, the image
+    size timm builds it at, and its other arguments as timm names them
+    (for :func:`honoured`; ``mlp_ratio`` among them, so that a width
+    given by a ``config.json`` keeps the architecture's ratio). None for
+    a name the table lacks or a hybrid (its backbone is read by name).
+
+    >>> arch, options = architecture("vit_base_patch16_gap_224")
+    >>> arch.config["num_heads"], options["global_pool"]
+    (16, 'avg')
+    >>> architecture("ViT-B/16") is None
+    True
+    """
+    entry = table()["architectures"].get(name.partition(".")[0])
+    if entry is None or "backbone" in entry["args"]:
+        return None
+    args = entry["args"]
+    width = args["embed_dim"]
+    config = dict(patch_size=args["patch_size"], hidden_size=width,
+                  num_layers=args["depth"], num_heads=args["num_heads"],
+                  # timm's Block: int(dim * mlp_ratio) hidden units.
+                  mlp_dim=int(width * args["mlp_ratio"]),
+                  classifier="token", representation_size=None)
+    size = args["img_size"]
+    image_size = tuple(size) if isinstance(size, list) else size
+    options = {k: v for k, v in args.items() if k not in _TABLE_SIZES}
+    return variants.Arch(name=name.partition(".")[0], family="vit",
+                         config=config, image_size=image_size,
+                         tag=None), options
+
+
+def backbone(name):
+    """The name of the backbone timm's hybrid architecture ``name`` builds
+    its patches with (``"ResNetV2"``, ``"ConvStem"``, ...), or None for a
+    plain ViT or a name the table lacks.
+
+    >>> backbone("vit_base_r50_s16_384"), backbone("vit_base_patch16_224")
+    ('ResNetV2', None)
+    """
+    entry = table()["architectures"].get(name.partition(".")[0])
+    return None if entry is None else entry["args"].get("backbone")
+
+
+# -- timm's arguments -> keras_vit's ----------------------------------------
+
+def _bool_arg(value):
+    if not isinstance(value, bool):
+        raise ValueError("is not true or false")
+    return value
+
+
+def _choice_arg(choices):
+    def convert(value):
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"is none of {', '.join(map(repr, choices))}")
+        return choices[value]
+    return convert
+
+
+def _layer_scale_arg(value):
+    if value is None:
+        return None
+    if not _is_number(value) or not value > 0:
+        raise ValueError("is not a positive number or null")
+    return float(value)
+
+
+def _count_arg(value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("is not a count")
+    return value
+
+
+def _norm_arg(value):
+    """timm's norm layer -> keras_vit's LayerNorm epsilon: the table's
+    ``{"layer": "LayerNorm", "eps": ...}`` or timm's name ``"layernorm"``
+    (timm's LayerNorm, epsilon 1e-6)."""
+    if isinstance(value, str) and value.lower() == "layernorm":
+        return 1e-6
+    if (isinstance(value, dict) and value.get("layer") == "LayerNorm"
+            and set(value) == {"layer", "eps"} and _is_number(value["eps"])
+            and value["eps"] > 0):
+        return float(value["eps"])
+    raise ValueError("is not a LayerNorm of a given epsilon, the one norm "
+                     "keras_vit's ViT builds")
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_rate(value):
+    return _is_number(value) and 0 <= value < 1
+
+
+# How each of timm's family arguments (TIMM_OPTIONS, shared with the
+# writer) reads: its value's check and mapping onto keras_vit's.
+_TIMM_VALUES = {
+    "class_token": _bool_arg, "reg_tokens": _count_arg,
+    "no_embed_class": lambda v: not _bool_arg(v),
+    "global_pool": _choice_arg(TIMM_POOLS),
+    "fc_norm": lambda v: None if v is None else _bool_arg(v),
+    "init_values": _layer_scale_arg, "qk_norm": _bool_arg,
+    "qkv_bias": _bool_arg, "proj_bias": _bool_arg, "pre_norm": _bool_arg,
+    "final_norm": _bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
+    "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
+    "drop_path_rate": lambda v: v if _is_rate(v) else _choice_arg({})(v),
+}
+# The arguments the reader honours beyond those the writer writes:
+# timm's name -> (keras_vit's argument, the value's check and mapping).
+_READ_ONLY = {
+    "norm_layer": ("layer_norm_epsilon", _norm_arg),
+    "dynamic_img_size": ("dynamic_image_size", _bool_arg),
+    # An argument of DeiT's builder: the distillation token and head.
+    "distilled": ("distilled", _bool_arg),
+}
+# timm's ViT size arguments -> keras_vit's.
+_TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
+               "depth": "num_layers", "num_heads": "num_heads"}
+_HONOURS = ("it honours img_size, in_chans, num_classes, the ViT's sizes "
+            "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
+            "rates, and for a ViT " + ", ".join(sorted(
+                {*TIMM_OPTIONS, *_READ_ONLY} - {"drop_path_rate"})))
+
+
+def _option(key, value):
+    """``(keras_vit's argument, value)`` of timm's ViT family argument
+    ``key``, None for an argument that is not one; a ValueError for a
+    value keras_vit cannot build."""
+    if key in TIMM_OPTIONS:
+        return TIMM_OPTIONS[key], _TIMM_VALUES[key](value)
+    if key in _READ_ONLY:
+        ours, convert = _READ_ONLY[key]
+        return ours, convert(value)
+    return None
+
+
+def honoured(config, arch, path, defaults=None):
+    """The builder arguments timm's ``config`` (a ``config.json``'s
+    content) asks for: the architecture's own arguments ``defaults`` (from
+    :func:`architecture`) overridden by the config's ``model_args`` and
+    top-level ``global_pool``, mapped onto keras_vit's arguments
+    (``in_chans``, the architecture's sizes, dropout rates and the ViT
+    family's options); any other setting is refused in one line naming
+    it, its value and where it came from (``path``'s field
+    ``model_args.<key>``, or ``architecture`` for the table's).
+
+    >>> arch = variants.parse("vit_base_patch16_224")
+    >>> honoured({"model_args": {"reg_tokens": 4}}, arch, "config.json")
+    {'num_registers': 4}
+    """
+    given = dict(config.get("model_args") or {})
+    args = dict(defaults or {}, **given)
+    # The top-level field is the pooling the model was saved with.
+    pool = config.get("global_pool", args.get("global_pool", "token"))
+    args.pop("global_pool", None)
+    if arch.family == "vit" and pool not in ("", "token"):
+        args["global_pool"] = pool
+    elif pool not in ("token", ""):
+        raise formats.fail(path, "global_pool", f"timm global_pool="
+                           f"{shown(pool)} is not supported for "
+                           f"{arch.name}; it pools the class token")
+
+    def refuse(key, value, why):
+        # Where the value came from: the file's field, else the table.
+        where = ("global_pool" if key == "global_pool" and key in config
+                 else f"model_args.{key}" if key in given else None)
+        origin = f" (timm's {arch.name} sets it)" if where is None else ""
+        where = where or "architecture"
+        return formats.fail(path, where, f"{key}={shown(value, 60)}{origin} "
+                            f"is a timm setting keras_vit cannot honour {why}")
+
+    out = {}
+    vit = arch.family in ("vit", "hybrid")
+    for key, value in args.items():
+        if key in ("img_size", "num_classes"):
+            continue  # read with the config's own fields
+        if key == "in_chans":
+            out["num_channels"] = value
+        elif key in _TIMM_SIZES and vit:
+            out[_TIMM_SIZES[key]] = value
+        elif key == "mlp_ratio" and vit:
+            continue  # below, once the width is known
+        elif key in ("drop_rate", "proj_drop_rate") and _is_rate(value):
+            out["dropout_rate"] = float(value)
+        elif key == "attn_drop_rate" and _is_rate(value):
+            out["attention_dropout_rate"] = float(value)
+        elif arch.family == "vit" and (key in TIMM_OPTIONS
+                                       or key in _READ_ONLY):
+            try:
+                ours, mapped = _option(key, value)
+            except ValueError as e:
+                raise refuse(key, value, f"(it {e})") from None
+            out[ours] = mapped
+        elif key in ("class_token", "qkv_bias") and value is True:
+            continue  # a hybrid's defaults
+        else:
+            raise refuse(key, value, f"({_HONOURS})")
+    if "mlp_ratio" in args and vit:
+        ratio = args["mlp_ratio"]
+        if not _is_number(ratio) or not ratio > 0:
+            raise refuse("mlp_ratio", ratio, "(it is not a positive number)")
+        # timm's Block: int(dim * mlp_ratio) hidden units, truncated.
+        out["mlp_dim"] = int(out.get("hidden_size",
+                                     arch.config["hidden_size"]) * ratio)
+    options = dict(arch.config, **out)
+    if arch.family == "vit":
+        # timm's defaults that follow from other settings: the norm after
+        # average pooling (fc_norm None), the patch bias off with pre_norm.
+        if options.get("fc_norm", None) is None:
+            options["fc_norm"] = options.get("classifier", "token") in (
+                "gap", "max", "avgmax")
+        if "pre_norm" in out:
+            options["patch_bias"] = not out["pre_norm"]
+        if (options.get("classifier", "token") != "token"
+                and "class_token" not in options):
+            options["class_token"] = True  # timm keeps it unless told
+        out = {k: v for k, v in options.items()
+               if k in out or k not in arch.config
+               or arch.config[k] != v}
+        if not out.get("fc_norm", True):
+            out.pop("fc_norm")
+    return out
