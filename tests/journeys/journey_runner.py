@@ -11,7 +11,8 @@ Before the first job it makes every run small and offline:
   48 from Ti to H, "B" 32; MLP twice the width, 2 heads, 1 layer; every
   ResNet one unit per stage), so that
   "ViT-B/16" or "R50+ViT-B/16" builds in a second with the same names,
-  patch sizes, resolutions and head sizes;
+  patch sizes, resolutions and head sizes; timm's architectures (the
+  package's table of them) as the shrunk "B";
 * ``keras_vit.zoo.download.fetch`` is replaced by a fake that, for the
   URL of a released checkpoint, writes a random checkpoint in the official
   layout for that record (its architecture, resolution, head and
@@ -54,6 +55,15 @@ def shrink_architectures():
                    num_layers=1)
     for depth in list(variants.RESNET_DEPTHS):
         variants.RESNET_DEPTHS[depth] = (1, 1, 1, 1)
+    # timm's names size their models from the package's table of timm's
+    # architectures: every one as the shrunk ViT-B (the docs' hub
+    # repositories are vit_base ones, written that small).
+    from keras_vit.zoo import timm_arguments
+
+    for entry in timm_arguments.table()["architectures"].values():
+        if "backbone" not in entry["args"]:
+            entry["args"].update(embed_dim=TINY_WIDTHS["B"], depth=1,
+                                 num_heads=2, mlp_ratio=2.0)
 
 
 def _random_like(arrays, seed):
