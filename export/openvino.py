@@ -130,9 +130,13 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
         tolerance: overrides of the tolerance of the precision.
         verify_data: ``"noise"``, ``"photos"`` or an array of images;
             default noise for float32/bfloat16, photos for int8.
-        uint8_input, outputs, verify, batch_sizes, agreement_samples,
-            cast_to_float32, overwrite: as for
-            :func:`~keras_vit.export.to_onnx`.
+        uint8_input: as for :func:`~keras_vit.export.to_onnx`.
+        outputs: as for ``to_onnx``.
+        verify: as for ``to_onnx``.
+        batch_sizes: as for ``to_onnx``.
+        agreement_samples: as for ``to_onnx`` (int8 only here).
+        cast_to_float32: as for ``to_onnx``.
+        overwrite: replace existing files.
 
     Returns:
         The report, also written beside the model as
