@@ -227,10 +227,12 @@ class Recipe:
         check_choice("loss", self.loss, LOSSES)
         for field in ("mixup_alpha", "cutmix_alpha"):
             check_number(field, getattr(self, field), low=0.0)
-        for field in ("mix_switch_prob", "random_erasing", "color_jitter"):
-            check_number(field, getattr(self, field), low=0.0, high=1.0)
+        check_number("mix_switch_prob", self.mix_switch_prob, low=0.0,
+                     high=1.0)
         check_number("drop_path_rate", self.drop_path_rate, low=0.0,
                      high=1.0, high_open=True)
+        # RandAugment, random erasing, 3-Augment, colour jitter: the
+        # pipeline's own checks, under the same names.
         randaugment = check_augment(self.randaugment, self.random_erasing,
                                     self.three_augment, self.color_jitter)[0]
         object.__setattr__(self, "randaugment", randaugment)

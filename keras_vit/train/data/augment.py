@@ -172,9 +172,9 @@ def make_augment(randaugment=None, random_erasing=0.0, three_augment=False,
             scale; Keras draws each operation's strength up to that
             fraction, where timm applies the level itself). None: off.
         random_erasing: the chance that Keras' ``RandomErasing`` blanks a
-            box of an image with Gaussian noise (erased in the [-1, 1]
-            view of the pixels, the noise clipped there; timm's
-            "pixel" mode, unclipped, in the normalised image). 0: off.
+            box of an image with noise in the pixels' [0, 255] range
+            (timm's "pixel" mode draws unclipped Gaussian noise in the
+            normalised image instead). 0: off.
         three_augment: DeiT III's 3-Augment (:func:`apply_three_augment`).
         color_jitter: :func:`jitter_color`'s strength; 0: off.
         seed: seeds Keras' layers (their random state is their own).
