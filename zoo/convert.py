@@ -193,6 +193,10 @@ for _i in (0, 1):
             f"{MAP_HEAD}MlpBlock_0/Dense_{_i}/{_p}")
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+#: An encoder block's key in the official layout: groups (block number,
+#: the parameter's path inside the block). Every reader and writer of
+#: another layout matches block keys with it.
+BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
 # The position-embedding ablations (vit(position_embedding=...)): the stem or
 # shared table under posembed_input, a per-layer one inside its block.
 _POSEMB_RE = re.compile(
@@ -394,7 +398,7 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
                 f"{tuple(var.shape)}")
     def blocks(keys):
         return {int(m.group(1)) for k in keys
-                if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))}
+                if (m := BLOCK_KEY.match(k))}
 
     if blocks(arrays) != blocks(targets):
         problems.append(f"encoder blocks: checkpoint {len(blocks(arrays))}, "

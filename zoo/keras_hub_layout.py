@@ -303,11 +303,10 @@ def to_hub_names(arrays):
     variable paths (every bias kept: the model is built with them)."""
     top = {v: k for k, v in TOP.items()}
     block = {v: k for k, v in BLOCK.items()}
-    pattern = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
     out = {}
     for key, value in convert.normalize_keys(arrays).items():
         value = np.asarray(value, dtype="float32")
-        m = pattern.match(key)
+        m = convert.BLOCK_KEY.match(key)
         if m:
             out[f"vit_encoder/transformer_block_{int(m.group(1)) + 1}/"
                 f"{block[m.group(2)]}"] = value

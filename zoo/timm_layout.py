@@ -269,7 +269,7 @@ def from_official(arrays):
         if key.startswith(convert.MAP_HEAD):
             _attn_pool_from_official(key, value, state, pool_qkv)
             continue
-        m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
+        m = convert.BLOCK_KEY.match(key)
         if not m:
             raise ValueError(f"no timm ViT parameter for {key!r}")
         i, rest = m.groups()

@@ -423,7 +423,7 @@ def from_official(arrays, arch):
     inner = {key: (name, how) for name, (key, how, _) in layer.items()}
     out = {}
     for key, value in arrays.items():
-        match = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
+        match = convert.BLOCK_KEY.match(key)
         if match:
             name, how = inner[match.group(2)]
             name = f"{arch['prefix']}{blocks}{match.group(1)}.{name}"

@@ -284,14 +284,13 @@ def from_official(arrays, num_heads):
     top = {v: k for k, v in TOP_PARAMS.items()}
     layer = {v: k for k, v in LAYER_PARAMS.items()}
     head = {v: k for k, v in HEAD_PARAMS.items()}
-    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
     out = {}
     for key, value in arrays.items():
         value = np.asarray(value, dtype="float32")
         if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
             out[head[key]] = value.T  # is the bias
             continue
-        m = block.match(key)
+        m = convert.BLOCK_KEY.match(key)
         if m:
             i, param = m.groups()
             name = layer[param]

@@ -221,7 +221,6 @@ def from_official(arrays):
     ``SiglipVisionModel``'s tensors (contiguous float32)."""
     top = {key: (name, how) for name, (key, how) in TOP_PARAMS.items()}
     layer = {key: (name, how) for name, (key, how) in LAYER_PARAMS.items()}
-    block = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
     out, stacked = {}, {}
     for key, value in arrays.items():
         value = np.asarray(value, dtype="float32")
@@ -231,7 +230,7 @@ def from_official(arrays):
             stacked.setdefault(kind, {})[part] = _from_official(value,
                                                                 "heads")
             continue
-        m = block.match(key)
+        m = convert.BLOCK_KEY.match(key)
         if m:
             name, how = layer[m.group(2)]
             name = f"encoder.layers.{m.group(1)}.{name}"
