@@ -131,8 +131,8 @@ MEMBERS = {
                 "num_register_tokens": "num_registers",
                 "dropout_rate": ("dropout_rate", "attention_dropout_rate"),
                 "drop_path_rate": "drop_path_rate"},
-        only={"use_swiglu_ffn": (False, "keras_vit's MLP is Dense -> GELU "
-                                 "-> Dense; it has no SwiGLU")},
+        only={"use_swiglu_ffn": (False, "keras_vit reads keras-hub's "
+                                 "Dense -> GELU -> Dense MLP, not its SwiGLU")},
         options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
         normalization="imagenet", output="tokens"),
     "SigLIPVisionEncoder": dict(

@@ -144,6 +144,27 @@ def _norm_arg(value):
                      "keras_vit's ViT builds")
 
 
+def _mlp_layer_arg(value):
+    """timm's ``mlp_layer`` -> keras_vit's ``mlp``: timm's Mlp, or its
+    packed GLU with the gate first (``SwiGLUPacked``, or ``GluMlp`` with
+    ``gate_last=False`` as the table writes it), which keras_vit's
+    ``"swiglu"`` MLP computes when the model's ``act_layer`` is SiLU
+    (timm's block hands its ``act_layer`` to the MLP, over the partial's)."""
+    if value in ("Mlp", None):
+        return "gelu"
+    if value == "SwiGLUPacked" or (
+            isinstance(value, dict) and value.get("layer") == "GluMlp"
+            and value.get("gate_last") is False
+            and set(value) <= {"layer", "act_layer", "gate_last"}):
+        return "swiglu"
+    raise ValueError("is not timm's Mlp or its packed GLU with the gate "
+                     "first (SwiGLUPacked), the MLPs keras_vit's ViT builds")
+
+
+def _is_silu(value):
+    return isinstance(value, str) and value.lower() == "silu"
+
+
 def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -169,6 +190,7 @@ _TIMM_VALUES = {
 # timm's name -> (keras_vit's argument, the value's check and mapping).
 _READ_ONLY = {
     "norm_layer": ("layer_norm_epsilon", _norm_arg),
+    "mlp_layer": ("mlp", _mlp_layer_arg),
     "dynamic_img_size": ("dynamic_image_size", _bool_arg),
     # An argument of DeiT's builder: the distillation token and head.
     "distilled": ("distilled", _bool_arg),
@@ -244,6 +266,8 @@ def honoured(config, arch, path, defaults=None):
             out["dropout_rate"] = float(value)
         elif key == "attn_drop_rate" and _is_rate(value):
             out["attention_dropout_rate"] = float(value)
+        elif key == "act_layer" and _is_silu(value) and arch.family == "vit":
+            continue  # the gate's activation, checked with the MLP below
         elif arch.family == "vit" and (key in TIMM_OPTIONS
                                        or key in _READ_ONLY):
             try:
@@ -255,13 +279,30 @@ def honoured(config, arch, path, defaults=None):
             continue  # a hybrid's defaults
         else:
             raise refuse(key, value, f"({_HONOURS})")
+    glu = out.get("mlp") == "swiglu"
+    silu = _is_silu(args.get("act_layer"))
+    if glu != silu:
+        # A GLU gated by GELU (timm's default act_layer), or SiLU in
+        # timm's plain MLP: neither is an MLP keras_vit builds.
+        key = "mlp_layer" if glu else "act_layer"
+        raise refuse(key, args[key], "(keras_vit gates with SiLU, in its "
+                     "SwiGLU MLP only: mlp_layer SwiGLUPacked with "
+                     "act_layer 'silu')")
+    if glu and out.get("classifier") == "map":
+        raise refuse("act_layer", args["act_layer"], "(keras_vit's "
+                     "attention pool takes a GELU, not SiLU)")
     if "mlp_ratio" in args and vit:
         ratio = args["mlp_ratio"]
         if not _is_number(ratio) or not ratio > 0:
             raise refuse("mlp_ratio", ratio, "(it is not a positive number)")
-        # timm's Block: int(dim * mlp_ratio) hidden units, truncated.
-        out["mlp_dim"] = int(out.get("hidden_size",
-                                     arch.config["hidden_size"]) * ratio)
+        # timm's Block: int(dim * mlp_ratio) hidden units, truncated; a
+        # packed GLU's first layer is twice the width its gate leaves.
+        width = int(out.get("hidden_size", arch.config["hidden_size"])
+                    * ratio)
+        if glu and width % 2:
+            raise refuse("mlp_ratio", ratio, "(a packed GLU's projection "
+                         f"must be even, and it gives {width} units)")
+        out["mlp_dim"] = width // 2 if glu else width
     options = dict(arch.config, **out)
     if arch.family == "vit":
         # timm's defaults that follow from other settings: the norm after

@@ -61,7 +61,12 @@ def _family_args(config):
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
     gelu = config.get("gelu", "tanh")
-    if gelu != "exact":
+    glu = options["mlp"] == "swiglu"
+    if glu:
+        # timm's SwiGLU ViT is DINOv2-g's architecture: its SiLU-gated
+        # packed MLP, and layer scale unless told otherwise.
+        args.update(act_layer="silu", init_values=options["layer_scale"])
+    elif gelu != "exact":
         args["act_layer"] = next(theirs for theirs, ours in
                                  TIMM_ACTIVATIONS.items() if ours == gelu)
     if options["drop_path_rate"]:
@@ -74,6 +79,15 @@ def _family_args(config):
             f"pre_norm; the model has patch_bias={options['patch_bias']}, "
             f"pre_norm={options['pre_norm']}")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if glu and (epsilon != 1e-6 or options["distilled"]
+                or options["pre_norm"]):
+        raise ValueError(
+            "timm's SwiGLU ViT (vit_giant_patch14_dinov2) takes LayerNorm "
+            "epsilon 1e-6, no pre_norm and no distillation token; the model "
+            f"has mlp='swiglu', layer_norm_epsilon={epsilon}, pre_norm="
+            f"{options['pre_norm']}, distilled={options['distilled']}")
+    if glu:
+        return "vit_giant_patch14_dinov2", args
     if options["distilled"] and epsilon != 1e-6:
         raise ValueError(
             "timm's distilled DeiT takes LayerNorm epsilon 1e-6; the model "
@@ -126,10 +140,12 @@ def timm_architecture(model):
             0] and patch in ((8, 16, 32) if size == "base" else (16, 32)
                              if size != "huge" else (14,)):
         return f"vit_{size}_patch{patch}_224", family
+    # timm's mlp_ratio sizes the MLP's first layer: a packed GLU's is twice
+    # the width its gate leaves.
+    first = config["mlp_dim"] * (2 if config.get("mlp") == "swiglu" else 1)
     return base or "vit_base_patch16_224", {
         "patch_size": patch, "embed_dim": key[0], "depth": key[1],
-        "num_heads": key[2], "mlp_ratio": config["mlp_dim"] / key[0],
-        **family}
+        "num_heads": key[2], "mlp_ratio": first / key[0], **family}
 
 
 def write(model, directory, labels=None):

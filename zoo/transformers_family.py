@@ -269,8 +269,8 @@ def architecture(config, path, header):
             ("qkv_bias", not clip or value.get("qkv_bias", True),
              "true (CLIP's attention has query, key and value biases)"),
             ("use_swiglu_ffn", not value.get("use_swiglu_ffn"),
-             "false (keras_vit's MLP is Dense -> GELU -> Dense; it has no "
-             "SwiGLU)"),
+             "false (keras_vit reads DINOv2's Dense -> GELU -> Dense MLP, "
+             "not its SwiGLU weights_in/weights_out)"),
             ("layerscale_value", value.get("layerscale_value", 1) > 0,
              "a positive number (the layer scales' initial value)"),
             ("pooler_act", name != "DeiTModel" or value.get(

@@ -159,7 +159,7 @@ _COUNTED = {
     "position_embedding_placement", "class_token", "num_registers",
     "posemb_includes_prefix", "fc_norm", "final_norm", "pre_norm",
     "layer_scale", "qk_norm", "qkv_bias", "proj_bias", "patch_bias",
-    "distilled", "block_units", "width_factor"}
+    "distilled", "block_units", "width_factor", "mlp"}
 
 
 def attention_pool_params(config):
@@ -234,8 +234,10 @@ def parameter_count(config, image_size=None, num_classes=None,
     head_dim = d // config["num_heads"]
     # proj_bias: the biases of the attention output and both MLP layers.
     proj_bias = bool(config.get("proj_bias", True))
+    # The MLP's first layer: mlp_dim wide, twice that for a packed GLU.
+    first = mlp * (2 if config.get("mlp", "gelu") == "swiglu" else 1)
     block = (2 * 2 * d + 4 * d * d + 3 * d * config.get("qkv_bias", True)
-             + 2 * d * mlp + proj_bias * (d + mlp + d))
+             + d * first + mlp * d + proj_bias * (d + first + d))
     if config.get("qk_norm"):
         block += 2 * 2 * head_dim
     if config.get("layer_scale") is not None:

@@ -11,7 +11,7 @@ from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
     FusedDense, FusedLayerNormalization, KeptArguments, XAVIER, bias_init,
-    check_gelu, with_arguments)
+    check_gelu, check_mlp, swiglu, with_arguments)
 from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
@@ -105,13 +105,16 @@ class DropPath(layers.Layer):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class MlpBlock(KeptArguments, layers.Layer):
     """Dense -> GELU (``gelu``: "tanh", "exact" or "quick") -> Dropout ->
-    Dense -> Dropout; ``use_bias=False`` drops both Dense biases."""
+    Dense -> Dropout; ``use_bias=False`` drops both Dense biases.
+    ``kind="swiglu"`` gates instead of the GELU (:func:`swiglu`): the first
+    Dense is ``2 * mlp_dim`` wide, its first half through SiLU times its
+    second half gives the ``mlp_dim`` features the second Dense reads."""
 
     ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
-                 "use_bias": bool}
+                 "use_bias": bool, "kind": check_mlp}
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
-                 **kwargs):
+                 kind="gelu", **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.dropout_rate,
@@ -119,8 +122,10 @@ class MlpBlock(KeptArguments, layers.Layer):
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
+        glu = self.kind == "swiglu"
         self.dense_0 = FusedDense(
-            self.mlp_dim, gelu=self.gelu, use_bias=self.use_bias,
+            self.mlp_dim * (2 if glu else 1),
+            gelu=None if glu else self.gelu, use_bias=self.use_bias,
             kernel_initializer=XAVIER, bias_initializer=bias_init(),
             dtype=self.dtype_policy, name="dense_0",
         )
@@ -137,6 +142,8 @@ class MlpBlock(KeptArguments, layers.Layer):
         # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
         shape = ops.shape(x)
         h = self.dense_0(ops.reshape(x, (-1, shape[-1])), training=training)
+        if self.kind == "swiglu":
+            h = swiglu(h)
         h = self.dropout(h, training=training)
         h = self.dense_1(h, training=training)
         h = ops.reshape(h, shape)
@@ -164,8 +171,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     None: none), ``qk_norm``, ``qkv_bias`` (see
     :class:`MultiHeadSelfAttention`), ``proj_bias`` (the biases of the
     attention's output projection and of both MLP layers, as timm's
-    ``proj_bias``) and ``drop_path_rate`` (stochastic depth of both
-    branches in training, :class:`DropPath`).
+    ``proj_bias``), ``drop_path_rate`` (stochastic depth of both
+    branches in training, :class:`DropPath`) and ``mlp`` (the MLP's kind,
+    ``"gelu"`` or ``"swiglu"``: :class:`MlpBlock`).
     """
 
     def __init__(
@@ -182,10 +190,12 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         qkv_bias=True,
         proj_bias=True,
         drop_path_rate=0.0,
+        mlp="gelu",
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = check_remat(remat)
+        self.mlp_kind = check_mlp(mlp)
         self.layer_scale = (None if layer_scale is None
                             else float(layer_scale))
         self.qk_norm = bool(qk_norm)
@@ -215,7 +225,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             name="norm_2",
         )
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
-                            use_bias=self.proj_bias,
+                            use_bias=self.proj_bias, kind=self.mlp_kind,
                             dtype=self.dtype_policy, name="mlp")
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
@@ -282,10 +292,14 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         return x
 
     def get_config(self):
-        return with_arguments(super().get_config(), self, (
+        config = with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate"))
+        # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
+        # as ``mlp_kind``, written under the argument's name.
+        config["mlp"] = self.mlp_kind
+        return config
 
 
 POOLING_METHODS = ("token", "gap", "max", "avgmax")

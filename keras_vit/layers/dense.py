@@ -192,6 +192,34 @@ def check_gelu(form):
     return check_choice("gelu", form, MLP_ACTIVATIONS)
 
 
+MLP_KINDS = ("gelu", "swiglu")
+"""The MLP of an encoder block: ``"gelu"``, Dense -> GELU -> Dense (the
+paper's); ``"swiglu"``, one Dense to twice the width whose first half,
+through SiLU, gates the second, then Dense (Shazeer 2020's SwiGLU, the
+MLP of DINOv2-g, AIMv2, TIPS)."""
+
+
+def check_mlp(kind):
+    """``kind`` if it is one of :data:`MLP_KINDS`, else a ValueError
+    naming ``mlp``."""
+    return check_choice("mlp", kind, MLP_KINDS)
+
+
+def swiglu(h):
+    """SwiGLU's gating of a packed projection: ``silu(gate) * value`` for
+    ``h = [gate, value]`` split in half on the last axis (the order of
+    timm's ``SwiGLUPacked`` and transformers' DINOv2 ``weights_in``).
+
+    >>> import numpy as np
+    >>> float(ops.convert_to_numpy(swiglu(np.array([[0.0, 2.0]])))[0, 0])
+    0.0
+    >>> round(float(ops.convert_to_numpy(swiglu(np.array([[1.0, 2.0]])))[0, 0]), 4)
+    1.4621
+    """
+    gate, value = ops.split(h, 2, axis=-1)
+    return ops.silu(gate) * value
+
+
 def with_arguments(config, layer, names):
     """``config``, the base class's, with ``layer``'s ``__init__``
     arguments ``names``: each layer here stores every argument, normalised,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
 from keras_vit.layers.image_sizes import check_image_size
+from keras_vit.layers.dense import check_mlp
 from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
@@ -165,7 +166,7 @@ FAMILY_DEFAULTS = dict(
     class_token=None, num_registers=0, posemb_includes_prefix=True,
     fc_norm=False, final_norm=True, pre_norm=False, layer_scale=None,
     qk_norm=False, qkv_bias=True, proj_bias=True, patch_bias=True,
-    drop_path_rate=0.0, distilled=False)
+    drop_path_rate=0.0, distilled=False, mlp="gelu")
 
 
 def _flag(name, value):
@@ -198,6 +199,7 @@ def check_family_options(options, classifier, pooling, include_top,
         out["layer_scale"] = float(check_number(
             "layer_scale", out["layer_scale"], low=0, low_open=True))
     out["drop_path_rate"] = _rate(out["drop_path_rate"], "drop_path_rate")
+    out["mlp"] = check_mlp(out["mlp"])
     method = classifier if include_top else pooling
     if method == "token" and not token:
         what = (f"classifier={classifier!r}" if include_top

@@ -106,6 +106,10 @@ def _encoder(model):
     if grid is None or not all(n in config for n in names):
         return None, None
     tokens = grid[0] * grid[1] + geometry.prefix_tokens(config)
+    if config.get("mlp") == "swiglu":
+        # The packed GLU's first projection is twice mlp_dim wide: counted
+        # as an MLP that wide (an upper estimate, as these are).
+        config = dict(config, mlp_dim=2 * config["mlp_dim"])
     return config, tokens
 
 

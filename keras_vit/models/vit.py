@@ -371,6 +371,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         patch_bias=True,
         drop_path_rate=0.0,
         distilled=False,
+        mlp="gelu",
         input_normalization=None,
         name="vision_transformer",
         **kwargs,
@@ -444,7 +445,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 layer_scale=family["layer_scale"],
                 qk_norm=family["qk_norm"], qkv_bias=family["qkv_bias"],
                 proj_bias=family["proj_bias"], drop_path_rate=rates[i],
-                dtype=dtype, name=f"encoder_block_{i}")
+                mlp=family["mlp"], dtype=dtype, name=f"encoder_block_{i}")
             for i in range(depth)]
         x, scores = _encoder(
             x, blocks, position_embedding, position_embedding_placement,
@@ -611,7 +612,10 @@ def vit(
             rising linearly from 0 at the first block to this rate at the
             last; ``distilled``: DeiT's distillation token after the class
             token and a second head ``head_dist`` on it, the two heads'
-            logits averaged. ``num_classes=0`` builds no head: the model
+            logits averaged; ``mlp="swiglu"``: every block's MLP gated
+            (SiLU of one half of a ``2 * mlp_dim`` projection times the
+            other, DINOv2-g, TIPS; ``gelu`` then serves the attention
+            pool only). ``num_classes=0`` builds no head: the model
             returns the pooled embedding.
 
     Returns:

@@ -84,6 +84,40 @@ def test_pooling_methods_pool_the_patches_after_the_prefix():
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_swiglu_mlp_gates_with_silu_and_keeps_through_features(tmp_path):
+    """The gated MLP computes silu(x W[:, :m]) * (x W[:, m:]) W2 (biases
+    included), survives a .keras round trip and int8 quantization."""
+    from keras_vit.layers.blocks import MlpBlock
+
+    layer = MlpBlock(6, kind="swiglu")
+    x = np.random.default_rng(2).normal(size=(3, 5, 4)).astype("float32")
+    layer.build(x.shape)
+    _randomise(layer)
+    w0, b0 = to_numpy(layer.dense_0.kernel), to_numpy(layer.dense_0.bias)
+    w1, b1 = to_numpy(layer.dense_1.kernel), to_numpy(layer.dense_1.bias)
+    assert w0.shape == (4, 12) and w1.shape == (6, 4)
+    h = x @ w0 + b0
+    gate, value = h[..., :6], h[..., 6:]
+    want = (gate / (1 + np.exp(-gate)) * value) @ w1 + b1
+    np.testing.assert_allclose(to_numpy(layer(x)), want, rtol=1e-5,
+                               atol=1e-5)
+
+    model = _randomise(VisionTransformer(**TINY, mlp="swiglu",
+                                         layer_scale=0.5))
+    assert model.get_layer("encoder_block_0").get_config()["mlp"] == "swiglu"
+    model.save(tmp_path / "swiglu.keras")
+    again = keras.saving.load_model(tmp_path / "swiglu.keras")
+    assert again.get_config() == model.get_config()
+    x = _images()
+    floats = to_numpy(model(x))
+    np.testing.assert_allclose(to_numpy(again(x)), floats, atol=1e-6)
+    again.quantize("int8")
+    assert again.get_layer("encoder_block_0").mlp.dense_0 \
+        .quantization_mode == "int8"
+    error = np.abs(to_numpy(again(x)) - floats).max() / np.abs(floats).max()
+    assert 0 < error < 0.05
+
+
 def test_num_classes_zero_returns_the_pooled_embedding():
     model = VisionTransformer(**dict(TINY, num_classes=0), classifier="gap",
                               fc_norm=True)
@@ -143,6 +177,8 @@ def test_defaults_build_the_papers_vit():
     (dict(posemb_includes_prefix=False, position_embedding="relative"),
      "posemb_includes_prefix=False"),
     (dict(gelu="relu"), "gelu"),
+    (dict(mlp="geglu"), "mlp must be one of"),
+    (dict(mlp=None), "mlp must be one of"),
     (dict(classifier="mean"), "classifier"),
     (dict(distilled=True, classifier="gap", class_token=True), "distilled"),
     (dict(distilled=True, representation_size=4), "distilled"),

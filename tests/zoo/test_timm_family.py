@@ -34,6 +34,9 @@ FAMILY = {
                                              layer_scale=1e-6)),
     "vit_small_patch14_dinov2": (28, 14, dict(layer_scale=1e-5)),
     "vit_small_patch14_reg4_dinov2": (28, 14, dict(num_registers=4)),
+    # DINOv2-g's SiLU-gated packed MLP (timm's SwiGLUPacked), narrowed.
+    "vit_giant_patch14_dinov2": (28, 14, dict(mlp="swiglu", mlp_dim=128,
+                                              layer_scale=1e-5)),
     "vit_base_patch16_clip_quickgelu_224": (32, 16, dict(
         pre_norm=True, patch_bias=False, gelu="quick")),
     "vit_medium_patch16_gap_256": (32, 16, dict(class_token=False,
@@ -58,6 +61,7 @@ IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 # timm's own arguments beyond the architecture's, per test case.
 TIMM_ARGS = {"vit_small_patch16_224": dict(
     class_token=False, global_pool="avgmax", reg_tokens=2, qk_norm=True),
+    "vit_giant_patch14_dinov2": dict(embed_dim=48, num_heads=2),
     "vit_tiny_patch16_224": dict(global_pool="map", reg_tokens=1)}
 
 
