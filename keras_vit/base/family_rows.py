@@ -33,6 +33,9 @@ SIZES = {
     "B": (768, 12, 12, 3072),
     "L": (1024, 24, 16, 4096),
     "H": (1280, 32, 16, 5120),
+    # DINOv2's giant: its SwiGLU MLP leaves 4096 features (timm's packed
+    # first layer is twice that).
+    "g": (1536, 40, 24, 4096),
 }
 
 
@@ -175,26 +178,15 @@ MEMBERS = {
     "DINOv2-reg-S/14": _dinov2("vit_small_patch14_reg4_dinov2", "S", **_REG),
     "DINOv2-reg-B/14": _dinov2("vit_base_patch14_reg4_dinov2", "B", **_REG),
     "DINOv2-reg-L/14": _dinov2("vit_large_patch14_reg4_dinov2", "L", **_REG),
+    "DINOv2-g/14": _dinov2("vit_giant_patch14_dinov2", "g", mlp="swiglu"),
+    "DINOv2-reg-g/14": _dinov2("vit_giant_patch14_reg4_dinov2", "g",
+                               mlp="swiglu", **_REG),
     "CLIP-B/32": _clip("vit_base_patch32_clip_quickgelu_224", "B", 32, 512),
     "CLIP-B/16": _clip("vit_base_patch16_clip_quickgelu_224", "B", 16, 512),
     "CLIP-L/14": _clip("vit_large_patch14_clip_quickgelu_224", "L", 14, 768),
     "CLIP-L/14-336": _clip("vit_large_patch14_clip_quickgelu_336", "L", 14,
                            768, image_size=336),
 }
-
-#: Members the zoo names but cannot build, with timm's architecture and
-#: the reason (the error a load of them gives).
-REFUSED = {
-    "DINOv2-g/14": (
-        "vit_giant_patch14_dinov2",
-        "its MLP is SwiGLU (a gated SiLU MLP, 1536 wide, 40 layers), which "
-        "keras_vit does not build; DINOv2-L/14 is the largest DINOv2 it loads"),
-    "DINOv2-reg-g/14": (
-        "vit_giant_patch14_reg4_dinov2",
-        "its MLP is SwiGLU (a gated SiLU MLP, 1536 wide, 40 layers), which "
-        "keras_vit does not build; DINOv2-reg-L/14 is the largest it loads"),
-}
-
 
 def config(name):
     """The builder arguments of the member ``name`` (a key of

@@ -207,26 +207,16 @@ _FAMILY_KEYS = {
     _squash(spelling): name
     for name, member in family_rows.MEMBERS.items()
     for spelling in (name, member.timm)}
-_REFUSED_KEYS = {
-    _squash(spelling): name
-    for name, (timm_name, _) in family_rows.REFUSED.items()
-    for spelling in (name, timm_name)}
 
 
 def _family_member(raw, original):
     """The :class:`Arch` of a row of :mod:`keras_vit.base.family_rows`
     (``family="vit"``: it builds as a ViT with options), None for any other
-    name; a member the zoo cannot build is refused with the reason. A
+    name. A
     timm tag after a dot (``"deit_base_patch16_224.fb_in1k"``) must be one
     of the member's."""
     spelled, _, tag = raw.partition(".")
     key = _squash(spelled)
-    if key in _REFUSED_KEYS:
-        name = _REFUSED_KEYS[key]
-        also = f" ({name})" if name != original.strip() else ""
-        raise UnknownModelError(
-            f"name={original!r}{also} is not supported: "
-            f"{family_rows.REFUSED[name][1]}")
     name = _FAMILY_KEYS.get(key)
     if name is None:
         return None
