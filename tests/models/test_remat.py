@@ -30,6 +30,13 @@ FAMILIES = {
     "bit": lambda **kw: resnet_v2(32, (1, 1, 1, 1), 0.5, num_classes=5, **kw),
     "axial": lambda **kw: axial_vit(32, 8, 32, 2, 2, 64, 5,
                                     dropout_rate=0.1, **kw),
+    # The ViT family's options at once: stochastic depth's masks must be
+    # recomputed too; a gated MLP, layer scale, q/k norms, registers.
+    "vit_family": lambda **kw: vit(
+        **TINY, classifier="avgmax", class_token=True, num_registers=2,
+        posemb_includes_prefix=False, fc_norm=True, pre_norm=True,
+        layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
+        patch_bias=False, drop_path_rate=0.2, mlp="swiglu", **kw),
 }
 
 
