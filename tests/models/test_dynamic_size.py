@@ -50,6 +50,20 @@ def test_logits_equal_rebuild_at_every_size(kind, placement):
 
 
 @pytest.mark.backends
+def test_family_options_follow_the_input_size():
+    """Registers and a class token outside the table, pooled patches and
+    the gated MLP: the resized table still covers the patches only."""
+    model = _randomised(vit(
+        image_size=32, dynamic_image_size=True, classifier="avgmax",
+        class_token=True, num_registers=2, posemb_includes_prefix=False,
+        fc_norm=True, layer_scale=0.5, mlp="swiglu", **TINY))
+    for size in SIZES[1:3]:
+        fixed = keras_vit.rebuild(model, image_size=size,
+                                  dynamic_image_size=False)
+        assert _max_diff(model, fixed, size) < 1e-5, size
+
+
+@pytest.mark.backends
 @pytest.mark.backend_independent(
     "test_logits_equal_rebuild_at_every_size checks the in-graph resize on "
     "every backend; test_hybrid and test_bit check the ResNet stems' "
