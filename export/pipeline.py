@@ -128,10 +128,19 @@ def run(job, module):
         files = [stage.file(f) for f in result["files"]]
         checked = None
         if job.verify:
-            checked = checks.verify(
-                job.graph, open_runtime, staged, job.batch_sizes,
-                job.tolerance, data=job.verify_data, samples=job.samples,
-                seed=job.seed)
+            try:
+                checked = checks.verify(
+                    job.graph, open_runtime, staged, job.batch_sizes,
+                    job.tolerance, data=job.verify_data,
+                    samples=job.samples, seed=job.seed)
+            except common.ExportError:
+                raise
+            except Exception as e:  # the runtime refused the artifact
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise common.ExportError(
+                    f"{job.what} {job.dest!r}: the converted file did not "
+                    f"run in its runtime ({type(e).__name__}: {first}); "
+                    "nothing was written") from e
             times["verification_seconds"] = checked.pop(
                 "verification_seconds")
         report = checks.assemble_report(job.format, job.dest, files,

@@ -156,8 +156,11 @@ class RegisterTokens(layers.Layer):
         shape = ops.shape(x)
         registers = ops.broadcast_to(ops.cast(self.registers, x.dtype),
                                      (shape[0], self.num_tokens, shape[2]))
-        return ops.concatenate(
-            [x[:, :self.index], registers, x[:, self.index:]], axis=1)
+        # No empty slice before the first token: TFLite's XNNPack delegate
+        # fails to prepare a graph holding a zero-length one.
+        parts = ([x[:, :self.index]] if self.index else []) + [
+            registers, x[:, self.index:]]
+        return ops.concatenate(parts, axis=1)
 
     def compute_output_shape(self, input_shape):
         b, n, d = input_shape

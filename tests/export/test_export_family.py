@@ -1,0 +1,67 @@
+"""The ViT family's options through every export: a tiny model with the
+options on (registers without a class token, the attention-pool head,
+q/k norms, layer scale, no biases, pre-norm, the gated MLP; and DeiT's
+distilled heads) becomes a SavedModel, an ONNX file and a TFLite file,
+each run in its own runtime and compared with Keras by the exporter (it
+raises when they differ). A runtime that cannot run the converted file is
+one line naming the file, and nothing is written."""
+
+import os
+
+import numpy as np
+import pytest
+
+from keras_vit.models.vit import VisionTransformer
+
+TINY = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=2,
+            num_heads=2, mlp_dim=16, num_classes=3)
+MODELS = {
+    # SigLIP-like: registers lead the sequence (no class token before
+    # them), pooled by the attention-pool head.
+    "pooled": dict(classifier="map", class_token=False, num_registers=2,
+                   posemb_includes_prefix=False, pre_norm=True,
+                   patch_bias=False, layer_scale=0.5, qk_norm=True,
+                   qkv_bias=False, proj_bias=False, mlp="swiglu",
+                   gelu="exact", layer_norm_epsilon=1e-5),
+    "distilled": dict(distilled=True, gelu="quick", fc_norm=False),
+}
+
+
+def _model(name):
+    model = VisionTransformer(**TINY, **MODELS[name])
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        w.assign(rng.normal(0, 0.5, w.shape).astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_format_runs_the_family_model_as_keras_does(name, tmp_path):
+    from keras_vit.export import to_onnx, to_saved_model, to_tflite
+
+    model = _model(name)
+    for export, path in ((to_saved_model, "saved_model"),
+                         (to_onnx, "model.onnx"),
+                         (to_tflite, "model.tflite")):
+        report = export(model, str(tmp_path / path))
+        assert os.path.exists(tmp_path / path), path
+        assert report["verification"]["passed"], (path, report)
+
+
+def test_a_runtime_that_cannot_run_the_file_is_one_line(tmp_path,
+                                                        monkeypatch):
+    from keras_vit.export import tflite
+    from keras_vit.export import ExportError, to_tflite
+
+    def refuses(path, *args, **kwargs):
+        raise RuntimeError("XNNPack delegate failed to reshape runtime\n"
+                           "Node number 28 (RESHAPE) failed to prepare.")
+
+    monkeypatch.setattr(tflite, "open_artifact", refuses)
+    path = tmp_path / "model.tflite"
+    with pytest.raises(ExportError) as e:
+        to_tflite(_model("distilled"), str(path))
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message
+    assert "did not run in its runtime (RuntimeError: XNNPack" in message
+    assert not path.exists()
