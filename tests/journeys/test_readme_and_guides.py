@@ -512,6 +512,20 @@ def _clean_env(**extra):
     return env
 
 
+def _venv_env(python, **extra):
+    """``_clean_env`` for the processes of the fresh venv at ``python``,
+    which keep the bytecode of what they import, as in a user's venv: the
+    install skips byte-compiling (``--no-compile``), so without it each
+    process (this environment may set PYTHONDONTWRITEBYTECODE) compiles
+    TensorFlow's modules again, seconds of CPU every time. The ``.pyc``
+    files go to a folder of the venv (PYTHONPYCACHEPREFIX), not next to
+    the sources: the editable install imports this checkout."""
+    env = _clean_env(**extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(python).parent.parent / "pycache")
+    return env
+
+
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory):
     """``pip install -e .`` in a venv that sees nothing of this one.
@@ -543,8 +557,8 @@ def test_readme_install_in_a_fresh_venv(fresh_venv, tmp_path):
     """No ``[dev]`` extra: every runtime package imports, the command
     starts without TensorFlow's C++ log lines, and ``keras_vit`` is this
     checkout (the editable install)."""
-    env = _clean_env(PATH=f"{fresh_venv.parent}{os.pathsep}"
-                          f"{os.environ.get('PATH', '')}")
+    env = _venv_env(fresh_venv, PATH=f"{fresh_venv.parent}{os.pathsep}"
+                                     f"{os.environ.get('PATH', '')}")
     proc = subprocess.run(["keras-vit", "--help"], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -572,8 +586,8 @@ def test_import_keras_vit_prints_nothing_and_loads_no_framework(
             f"'matplotlib', 'jax', 'torch', 'timm', 'transformers', "
             f"'keras_hub')}}}}, open({str(report)!r}, 'w'))\n")
     proc = subprocess.run([str(fresh_venv), "-c", code], capture_output=True,
-                          text=True, env=_clean_env(), cwd=tmp_path,
-                          timeout=300)
+                          text=True, env=_venv_env(fresh_venv),
+                          cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout, proc.stderr) == ("", "")
     got = json.loads(report.read_text())
@@ -725,7 +739,7 @@ def venv_results(fresh_venv, hub, hub_files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("journeys")
     jobs = (_python_jobs("venv", hub_files) + _command_jobs(COMMANDS)
             + [FIGURES_JOB])
-    env = _clean_env(**_runner_env(tmp, hub))
+    env = _venv_env(fresh_venv, **_runner_env(tmp, hub))
     return _run_jobs(fresh_venv, jobs, tmp, env)
 
 
