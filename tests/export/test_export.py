@@ -4,11 +4,17 @@ Tiny models (ViT token and gap, a hybrid, BiT) with random non-trivial
 weights are exported; each test then runs the artifact itself, at a batch
 size the exporter did not use, and compares it with Keras. Bad inputs and
 failed verifications must leave nothing that looks finished.
+
+Each model's default export to each format is made once for the module
+(``exported``): the tests of that export read it, and a test that needs an
+earlier export at its own path (to overwrite, fail over, link to) copies it
+there (``_place``).
 """
 
 import argparse
 import inspect
 import json
+import shutil
 import typing
 import os
 
@@ -78,14 +84,18 @@ def _perturbed(model, seed=0, scale=0.1):
 
 def _build(kind):
     # Seeded: quantized variants of random models vary with the weights.
+    # The gap ViT and the hybrid have one block: what they add to the token
+    # ViT (two blocks) is the classifier and the stem, and one block
+    # converts in about 70% of the time of two.
     keras.utils.set_random_seed(1234)
     if kind == "vit_token":
         return keras_vit.models.vit(**TINY)
     if kind == "vit_gap":
-        return keras_vit.models.vit(**TINY, classifier="gap")
+        return keras_vit.models.vit(**dict(TINY, num_layers=1),
+                                    classifier="gap")
     if kind == "hybrid":
         return keras_vit.models.vit(
-            32, 1, 32, 2, 4, 64, 5,
+            32, 1, 32, 1, 4, 64, 5,
             resnet=dict(num_layers=(1,), width_factor=0.5))
     if kind == "bit":
         return keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 5)
@@ -108,6 +118,56 @@ def vit():
     if "vit_token" not in _MODELS:
         _MODELS["vit_token"] = _perturbed(_build("vit_token"))
     return _MODELS["vit_token"]
+
+
+@pytest.fixture
+def small():
+    """A smaller ViT (16 pixels, one block, five classes like the others)
+    for the tests whose subject is not the model's numbers (what an export
+    leaves on disk after a failure, through a link, in new folders; the
+    command line's options; the benchmark's rows; the int8 weight range):
+    it converts in about 65% of the tiny ViT's time."""
+    if "small" not in _MODELS:
+        keras.utils.set_random_seed(1234)
+        _MODELS["small"] = _perturbed(keras_vit.models.vit(
+            **dict(TINY, image_size=16, hidden_size=16, num_layers=1,
+                   num_heads=2, mlp_dim=32)))
+    return _MODELS["small"]
+
+
+_NAMES = {"saved_model": "m", "onnx": "m.onnx", "tflite": "m.tflite"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(model, fmt)``: ``(path, report)`` of ``model`` exported to
+    ``fmt`` with every option its default, once for the module (on first
+    use), alone in a folder of its own as :data:`_NAMES` names it. Tests
+    only read it; :func:`_place` copies it where one will change it."""
+    root = tmp_path_factory.mktemp("exported")
+    done = {}
+
+    def get(model, fmt):
+        key = (id(model), fmt)
+        if key not in done:
+            folder = root / f"{len(done)}"
+            folder.mkdir()
+            path = str(folder / _NAMES[fmt])
+            done[key] = (model, path, export.export(model, path, format=fmt))
+        return done[key][1:]
+
+    return get
+
+
+def _place(source, path):
+    """A copy of the export at ``source`` (artifact and report) at
+    ``path``: an earlier export there, as a user would have left it."""
+    path = str(path)
+    if os.path.isdir(source):  # a SavedModel holds its report
+        shutil.copytree(source, path)
+        return
+    for suffix in ("", common.REPORT_SUFFIX):
+        shutil.copyfile(source + suffix, path + suffix)
 
 
 def _images(model, n, seed=7, uint8=False):
@@ -146,9 +206,8 @@ def _leftovers(directory):
 # SavedModel
 
 
-def test_saved_model_every_model(model, tmp_path):
-    path = str(tmp_path / "model")
-    report = export.to_saved_model(model, path)
+def test_saved_model_every_model(model, exported):
+    path, report = exported(model, "saved_model")
     _check_report(report, "saved_model", path)
     assert report["verification"]["passed"]
     # Variables stored once: the checkpoint is about the weights' size
@@ -206,9 +265,12 @@ def _run_tflite(path, x):
 
 @pytest.mark.parametrize("quantization", ["float32", "float16",
                                           "dynamic_int8"])
-def test_tflite_float_and_dynamic(model, quantization, tmp_path):
-    path = str(tmp_path / "m.tflite")
-    report = export.to_tflite(model, path, quantization=quantization)
+def test_tflite_float_and_dynamic(model, quantization, tmp_path, exported):
+    if quantization == "float32":  # the default
+        path, report = exported(model, "tflite")
+    else:
+        path = str(tmp_path / "m.tflite")
+        report = export.to_tflite(model, path, quantization=quantization)
     _check_report(report, "tflite", path)
     assert report["options"]["quantization"] == quantization
 
@@ -293,11 +355,10 @@ def test_representative_data_must_match_the_input_range(vit, tmp_path):
 # ONNX
 
 
-def test_onnx_every_model(model, tmp_path):
+def test_onnx_every_model(model, exported):
     import onnx
 
-    path = str(tmp_path / "m.onnx")
-    report = export.to_onnx(model, path)
+    path, report = exported(model, "onnx")
     _check_report(report, "onnx", path)
     assert report["options"]["opset"] == 17
     assert report["options"]["external_data"] is False
@@ -317,7 +378,7 @@ def test_onnx_every_model(model, tmp_path):
 
 
 @pytest.mark.slow
-def test_onnx_in_a_child_process_with_external_data(vit, tmp_path):
+def test_onnx_in_a_child_process_with_external_data(vit, small, tmp_path):
     """The low-memory route (a child process, the route of models over
     64 MiB) on a tiny model, with the weights in an external data file."""
     path = str(tmp_path / "big.onnx")
@@ -338,8 +399,9 @@ def test_onnx_in_a_child_process_with_external_data(vit, tmp_path):
     np.testing.assert_allclose(logits, want, atol=1e-4)
     assert maps.shape == (SECOND_BATCH, 2, 4, 17, 17)
 
-    # Re-exported without external data, the stale data file goes away.
-    export.to_onnx(vit, path)
+    # Re-exported without external data (another model: the files are the
+    # subject), the stale data file goes away.
+    export.to_onnx(small, path)
     assert _leftovers(tmp_path) == ["big.onnx", "big.onnx.report.json"]
 
 
@@ -364,7 +426,7 @@ ONNX_PRECISION_OPS = {"float16": "Cast",
 
 @pytest.mark.parametrize("flags, widest", [("avx2,fma", 64),
                                             ("avx2,avx512_vnni", 127)])
-def test_onnx_int8_weights_fit_the_cpus_kernels(vit, tmp_path, monkeypatch,
+def test_onnx_int8_weights_fit_the_cpus_kernels(small, tmp_path, monkeypatch,
                                                 flags, widest):
     # Without VNNI onnxruntime's u8 x s8 kernels saturate, so int8 weights
     # keep to 7 bits there (reduce_range); with VNNI the full 8 bits.
@@ -373,7 +435,7 @@ def test_onnx_int8_weights_fit_the_cpus_kernels(vit, tmp_path, monkeypatch,
 
     monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
     path = str(tmp_path / "m.onnx")
-    export.to_onnx(vit, path, quantization="dynamic_int8")
+    export.to_onnx(small, path, quantization="dynamic_int8")
     weights = [numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer
                if t.data_type == onnx.TensorProto.INT8 and t.dims]
     assert weights
@@ -465,12 +527,12 @@ def test_onnx_bad_quantization(vit, tmp_path):
 
 @pytest.mark.parametrize("quantization", ["float16", "int8"])
 def test_onnx_failed_verification_of_a_precision_leaves_nothing(
-        vit, tmp_path, monkeypatch, quantization):
+        small, tmp_path, monkeypatch, quantization):
     import keras_vit.export.onnx as onnx_export
 
     monkeypatch.setattr(onnx_export, "open_artifact", _Garbage)
     with pytest.raises(export.ExportError, match="does not match Keras") as e:
-        export.to_onnx(vit, str(tmp_path / "m.onnx"),
+        export.to_onnx(small, str(tmp_path / "m.onnx"),
                        quantization=quantization)
     assert e.value.report["options"]["quantization"] == quantization
     assert e.value.report["verification"]["failures"]
@@ -516,15 +578,15 @@ def test_unwritable_destination(vit, tmp_path, fmt, name):
 @pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
                                       ("saved_model", "m")])
 def test_missing_folders_are_created_and_removed_on_failure(
-        vit, tmp_path, monkeypatch, fmt, name):
+        small, tmp_path, monkeypatch, fmt, name):
     path = tmp_path / "deploy" / "v1" / name
-    export.export(vit, str(path), format=fmt)
+    export.export(small, str(path), format=fmt)
     assert common.read_report(str(path))["verified"] is True
     # A failed export takes back the folders it created, and only those.
     module = formats.format_module(fmt)
     monkeypatch.setattr(module, "open_artifact", _Garbage)
     with pytest.raises(export.ExportError, match="does not match Keras"):
-        export.export(vit, str(tmp_path / "deploy" / "v2" / "a" / name),
+        export.export(small, str(tmp_path / "deploy" / "v2" / "a" / name),
                       format=fmt)
     assert _leftovers(tmp_path / "deploy") == ["v1"]
 
@@ -596,15 +658,18 @@ class _Garbage:
                                       ("tflite", "m.tflite"),
                                       ("saved_model", "m")])
 def test_failed_verification_raises_and_keeps_the_old_artifact(
-        vit, tmp_path, monkeypatch, fmt, name):
+        vit, small, exported, tmp_path, monkeypatch, fmt, name):
     path = str(tmp_path / name)
     module = formats.format_module(fmt)
-    first = export.export(vit, path, format=fmt)
+    _place(exported(vit, fmt)[0], path)
+    first = common.read_report(path)
     before = _leftovers(tmp_path)
 
+    # The new export is of the small ViT: what a failure leaves is the
+    # subject, not the model.
     monkeypatch.setattr(module, "open_artifact", _Garbage)
     with pytest.raises(export.ExportError, match="does not match Keras") as e:
-        export.export(vit, path, format=fmt)
+        export.export(small, path, format=fmt)
     assert e.value.report["verification"]["passed"] is False
     assert e.value.report["verification"]["failures"]
     # Nothing new, no partial directory; the earlier export is intact.
@@ -626,9 +691,10 @@ def test_interrupted_export_leaves_nothing(vit, tmp_path, monkeypatch):
     assert _leftovers(tmp_path) == []
 
 
-def test_no_overwrite_and_no_replacing_foreign_directories(vit, tmp_path):
+def test_no_overwrite_and_no_replacing_foreign_directories(vit, exported,
+                                                           tmp_path):
     path = str(tmp_path / "m.onnx")
-    export.to_onnx(vit, path)
+    _place(exported(vit, "onnx")[0], path)
     with pytest.raises(export.ExportError, match="exists"):
         export.to_onnx(vit, path, overwrite=False)
     # A SavedModel replaces an old SavedModel, never a directory of other
@@ -646,16 +712,18 @@ def test_no_overwrite_and_no_replacing_foreign_directories(vit, tmp_path):
 # staging entry outlives the export (symlinks, a full disk, Ctrl-C, kill -9).
 
 
-def test_reexporting_a_saved_model_keeps_the_users_files(vit, tmp_path):
+def test_reexporting_a_saved_model_keeps_the_users_files(vit, small, exported,
+                                                        tmp_path):
     path = tmp_path / "m"
-    first = export.to_saved_model(vit, str(path))
+    _place(exported(vit, "saved_model")[0], path)
+    first = common.read_report(str(path))
     # TF Serving reads warm-up requests from assets.extra, which the user
     # adds to the export folder.
     warmup = path / "assets.extra" / "tf_serving_warmup_requests"
     warmup.parent.mkdir()
     warmup.write_bytes(b"requests")
     (path / "NOTES.md").write_text("mine")
-    second = export.to_saved_model(vit, str(path), uint8_input=True)
+    second = export.to_saved_model(small, str(path), uint8_input=True)
     # The second report replaced the first (not a second-resolution clock).
     assert (first["input"]["dtype"], second["input"]["dtype"]) == (
         "float32", "uint8")
@@ -670,14 +738,14 @@ def test_reexporting_a_saved_model_keeps_the_users_files(vit, tmp_path):
 
 @pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
                                       ("saved_model", "m")])
-def test_exporting_onto_a_symlink_writes_where_it_points(vit, tmp_path,
-                                                         fmt, name):
+def test_exporting_onto_a_symlink_writes_where_it_points(vit, small, exported,
+                                                         tmp_path, fmt, name):
     real = tmp_path / "builds"
     real.mkdir()
-    export.export(vit, str(real / name), format=fmt)
+    _place(exported(vit, fmt)[0], real / name)
     link = tmp_path / ("current" + os.path.splitext(name)[1])
     link.symlink_to(real / name)
-    report = export.export(vit, str(link), format=fmt, uint8_input=True)
+    report = export.export(small, str(link), format=fmt, uint8_input=True)
     # The link still points at the artifact, now the new one; nothing
     # (no staging or swapped-out entry) is left beside either.
     assert link.is_symlink() and os.readlink(link) == str(real / name)
@@ -695,13 +763,14 @@ def test_exporting_onto_a_symlink_writes_where_it_points(vit, tmp_path,
 @pytest.mark.parametrize("fmt,name", [("onnx", "m.onnx"),
                                       ("saved_model", "m")])
 def test_a_full_disk_or_ctrl_c_keeps_the_old_artifact_and_leaves_nothing(
-        vit, tmp_path, monkeypatch, fmt, name):
+        vit, small, exported, tmp_path, monkeypatch, fmt, name):
     import errno
 
     from keras_vit.export import pipeline
 
     path = str(tmp_path / name)
-    first = export.export(vit, path, format=fmt)
+    _place(exported(vit, fmt)[0], path)
+    first = common.read_report(path)
     before = _leftovers(tmp_path)
 
     def full(*args, **kwargs):
@@ -714,7 +783,7 @@ def test_a_full_disk_or_ctrl_c_keeps_the_old_artifact_and_leaves_nothing(
     for stop, error in ((full, OSError), (ctrl_c, KeyboardInterrupt)):
         monkeypatch.setattr(pipeline.common, "write_json", stop)
         with pytest.raises(error):
-            export.export(vit, path, format=fmt)
+            export.export(small, path, format=fmt)
         assert _leftovers(tmp_path) == before
         assert common.read_report(path)["created"] == first["created"]
 
@@ -831,9 +900,9 @@ def _cli(argv):
     return args.func(args)
 
 
-def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
+def test_cli_export_keras_file_and_zoo_name(small, tmp_path, capsys):
     keras_file = str(tmp_path / "tiny.keras")
-    vit.save(keras_file)
+    small.save(keras_file)
     out = str(tmp_path / "tiny.tflite")
     assert _cli(["export", keras_file, "--format", "tflite", "-q",
                  "float16", "-o", out]) == 0
@@ -871,10 +940,10 @@ def test_cli_export_keras_file_and_zoo_name(vit, tmp_path, capsys):
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
 
 
-def test_cli_int8_calibrates_on_a_data_spec(vit, tmp_path, monkeypatch,
+def test_cli_int8_calibrates_on_a_data_spec(small, tmp_path, monkeypatch,
                                            capsys):
     keras_file = str(tmp_path / "tiny.keras")
-    vit.save(keras_file)
+    small.save(keras_file)
     out = str(tmp_path / "tiny.tflite")
     with pytest.raises(ValueError, match="--calibration-data applies to "
                                          "--quantization int8"):
@@ -895,7 +964,7 @@ def test_cli_int8_calibrates_on_a_data_spec(vit, tmp_path, monkeypatch,
     assert "| tflite | int8 |" in capsys.readouterr().out
 
 
-def test_a_failed_int8_verification_names_the_remedies(vit, tmp_path,
+def test_a_failed_int8_verification_names_the_remedies(small, tmp_path,
                                                        monkeypatch):
     import keras_vit.export.tflite as tflite_export
 
@@ -903,16 +972,16 @@ def test_a_failed_int8_verification_names_the_remedies(vit, tmp_path,
     with pytest.raises(export.ExportError, match=r"top-1 agreement.*"
                        r"representative_data=.*--calibration-data.*"
                        r"dynamic_int8"):
-        export.to_tflite(vit, str(tmp_path / "m.tflite"),
+        export.to_tflite(small, str(tmp_path / "m.tflite"),
                          quantization="int8", representative_samples=8)
     assert _leftovers(tmp_path) == []
 
 
-def test_cli_export_failure_is_one_line(vit, tmp_path, monkeypatch, capsys):
+def test_cli_export_failure_is_one_line(small, tmp_path, monkeypatch, capsys):
     import keras_vit.export.onnx as onnx_export
 
     keras_file = str(tmp_path / "tiny.keras")
-    vit.save(keras_file)
+    small.save(keras_file)
     monkeypatch.setattr(onnx_export, "open_artifact", _Garbage)
     assert _cli(["export", keras_file, "-f", "onnx", "-o",
                  str(tmp_path / "x.onnx")]) == 1
@@ -922,9 +991,9 @@ def test_cli_export_failure_is_one_line(vit, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_cli_benchmark(vit, tmp_path, capsys):
+def test_cli_benchmark(small, tmp_path, capsys):
     keras_file = str(tmp_path / "tiny.keras")
-    vit.save(keras_file)
+    small.save(keras_file)
     assert _cli(["benchmark", keras_file, "--runtimes", "keras,onnx,tflite",
                  "--batch", "1,2", "--runs", "2", "--no-bf16"]) == 0
     out = capsys.readouterr().out
@@ -935,10 +1004,10 @@ def test_cli_benchmark(vit, tmp_path, capsys):
         _cli(["benchmark", "ViT-Ti/16", "--runtimes", "keras,coreml"])
 
 
-def test_benchmark_bf16_rows(vit):
+def test_benchmark_bf16_rows(small):
     from keras_vit.export import benchmark
 
-    result = benchmark.run(vit, runtimes=("keras",), batch_sizes=(2,),
+    result = benchmark.run(small, runtimes=("keras",), batch_sizes=(2,),
                            runs=1, bf16=True)
     rows = {(r["runtime"], r["dtype"]) for r in result["rows"]}
     assert rows == {("keras", "float32"), ("keras", "mixed_bfloat16")}

@@ -6,10 +6,16 @@ runs the artifact itself with OpenVINO's runtime (at a batch size the
 exporter did not use, compiled with the precision hint the file records)
 and compares it with Keras within the tolerance of its precision. Bad
 arguments are refused in one line before anything is written.
+
+The tiny ViT is exported once per precision for the module (``exported``):
+the tests that read a default export share it, and a test that needs one
+in its own folder copies it there. OpenVINO's telemetry is off throughout
+(testkit.openvino_telemetry_off: it cost most of each conversion).
 """
 
 import hashlib
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -22,6 +28,8 @@ import keras_vit  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.export import common  # noqa: E402
 from keras_vit.export import openvino as ov_export  # noqa: E402
+
+from testkit import openvino_telemetry_off  # noqa: E402
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=5)
@@ -53,9 +61,11 @@ def _model(kind):
             model = keras_vit.models.vit(**TINY, label_names=LABELS)
         elif kind == "dynamic":
             model = keras_vit.models.vit(**TINY, dynamic_image_size=True)
-        elif kind == "hybrid":
+        elif kind == "small":  # for a test of files, not numbers
+            model = keras_vit.models.vit(16, 8, 16, 1, 2, 32, 5)
+        elif kind == "hybrid":  # one block: the stem is what it adds
             model = keras_vit.models.vit(
-                32, 1, 32, 2, 4, 64, 5,
+                32, 1, 32, 1, 4, 64, 5,
                 resnet=dict(num_layers=(1,), width_factor=0.5))
         else:
             model = keras_vit.models.resnet_v2(64, (1, 1, 1, 1), 0.5, 5)
@@ -66,6 +76,33 @@ def _model(kind):
 @pytest.fixture
 def vit():
     return _model("vit")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_telemetry():
+    with openvino_telemetry_off():
+        yield
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(precision)``: ``(path, report)`` of the tiny ViT exported
+    at ``precision`` with every other option its default, once for the
+    module (on first use), alone in a folder of its own (``m.xml``). The
+    tests only read it; one that changes files copies it first."""
+    root = tmp_path_factory.mktemp("openvino")
+    done = {}
+
+    def get(precision):
+        if precision not in done:
+            folder = root / precision
+            folder.mkdir()
+            path = str(folder / "m.xml")
+            done[precision] = (path, export.to_openvino(
+                _model("vit"), path, precision=precision))
+        return done[precision]
+
+    return get
 
 
 def _images(shape, n, seed=7, uint8=False):
@@ -134,9 +171,8 @@ def _digest(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
 def test_each_precision_runs_in_openvino_and_matches_keras(
-        vit, tmp_path, precision):
-    path = str(tmp_path / "m.xml")
-    report = export.to_openvino(vit, path, precision=precision)
+        vit, exported, precision):
+    path, report = exported(precision)
     kind = "openvino" if precision == "float32" else f"openvino/{precision}"
     tol = common.TOLERANCES[kind]
     assert report["format"] == "openvino" and report["verified"] is True
@@ -145,8 +181,8 @@ def test_each_precision_runs_in_openvino_and_matches_keras(
     assert report["options"]["compile_config"] == {
         "INFERENCE_PRECISION_HINT": HINTS[precision]}
     assert {k: report["tolerance"][k] for k in tol} == tol
-    assert sorted(os.listdir(tmp_path)) == ["m.bin", "m.xml",
-                                            "m.xml.report.json"]
+    assert sorted(os.listdir(os.path.dirname(path))) == [
+        "m.bin", "m.xml", "m.xml.report.json"]
     assert common.read_report(path)["max_abs_diff"] == report["max_abs_diff"]
     assert export.read_label_names(path) == tuple(LABELS)
 
@@ -214,15 +250,15 @@ def test_uint8_input_and_every_output(vit, tmp_path):
 
 
 @pytest.mark.slow
-def test_keras_onnx_and_openvino_agree_on_the_same_images(vit, tmp_path):
+def test_keras_onnx_and_openvino_agree_on_the_same_images(vit, exported,
+                                                          tmp_path):
     """One batch through three runtimes: Keras, onnxruntime on the ONNX
-    export and OpenVINO on the OpenVINO export."""
+    export and OpenVINO on the (float32) OpenVINO export."""
     import onnxruntime as ort
 
     onnx_path = str(tmp_path / "m.onnx")
-    ov_path = str(tmp_path / "m.xml")
+    ov_path, _ = exported("float32")
     export.to_onnx(vit, onnx_path, outputs=("logits",))
-    export.to_openvino(vit, ov_path, outputs=("logits",))
     x = _images(vit.inputs[0].shape[1:], SECOND_BATCH, seed=11)
     session = ort.InferenceSession(onnx_path,
                                    providers=["CPUExecutionProvider"])
@@ -279,16 +315,21 @@ class _Garbage:
 
 
 @pytest.mark.slow
-def test_failed_verification_keeps_the_old_artifact(vit, tmp_path,
+def test_failed_verification_keeps_the_old_artifact(exported, tmp_path,
                                                     monkeypatch):
+    # The old artifact: the module's float32 export, copied here.
+    source, _ = exported("float32")
+    for name in os.listdir(os.path.dirname(source)):
+        shutil.copy(os.path.join(os.path.dirname(source), name), tmp_path)
     path = str(tmp_path / "m.xml")
-    export.to_openvino(vit, path)
     before = {name: _digest(tmp_path / name)
               for name in sorted(os.listdir(tmp_path))}
+    # The new export is of a smaller ViT: what a failure leaves is the
+    # subject, not the model.
     monkeypatch.setattr(ov_export, "open_artifact", _Garbage)
     with pytest.raises(export.ExportError,
                        match="does not match Keras.*precision='float32'"):
-        export.to_openvino(vit, path, precision="bfloat16")
+        export.to_openvino(_model("small"), path, precision="bfloat16")
     assert {name: _digest(tmp_path / name)
             for name in sorted(os.listdir(tmp_path))} == before
 
@@ -351,10 +392,10 @@ def test_cli_export_openvino(vit, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_benchmark_times_openvino_in_float32_and_bfloat16(vit):
+def test_benchmark_times_openvino_in_float32_and_bfloat16():
     from keras_vit.export import benchmark
 
-    result = benchmark.run(vit, runtimes=("openvino",), batch_sizes=(2,),
+    result = benchmark.run(_model("small"), runtimes=("openvino",), batch_sizes=(2,),
                            runs=1, bf16=True)
     rows = {(r["runtime"], r["dtype"]): r for r in result["rows"]}
     assert set(rows) == {("openvino", "float32"), ("openvino", "bfloat16")}
