@@ -106,6 +106,12 @@ def _backend_option(config):
 
 
 def pytest_configure(config):
+    # OpenVINO's converter and NNCF send usage telemetry unless CI=true (the
+    # one switch they read): dozens of events a conversion, each from a
+    # fork of the whole test process that then fails offline (3.2 CPU-s a
+    # tiny conversion, 0.6 without). Set before anything imports them, and
+    # inherited by every process the tests start.
+    os.environ.setdefault("CI", "true")
     chosen = _backend_option(config)
     config._keras_vit_children = chosen == "all"
     backend = "tensorflow" if chosen == "all" else chosen

@@ -102,32 +102,6 @@ def killed_when_ready(proc, ready, timeout=30):
             proc.wait(timeout=30)
 
 
-@contextlib.contextmanager
-def openvino_telemetry_off():
-    """No usage telemetry from OpenVINO's converter or NNCF during the
-    block, in this process and in the processes it starts (the int8
-    export's NNCF worker): tests send nothing out, and cost less. Unless
-    told otherwise, a conversion sends dozens of events (37 for a tiny
-    ViT), each from a fork of the process (``openvino_telemetry``'s GA4
-    backend starts a ``multiprocessing.Process`` per event), which then
-    fails offline: 2-2.5 s of CPU per tiny conversion with TensorFlow
-    loaded (3.2 s in all, 0.6 s without), more in a large xdist worker.
-    Both skip telemetry where ``CI=true`` (their own check), which is set
-    for the block; this process's telemetry object (one per process)
-    decided at its first use, so its consent is off until the block ends.
-    Nothing to do without OpenVINO."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CI", "true")
-        try:
-            import openvino_telemetry
-            import openvino.tools.ovc  # noqa: F401 - makes the one object
-        except ImportError:
-            yield
-            return
-        patch.setattr(openvino_telemetry.Telemetry(), "consent", False)
-        yield
-
-
 def wait_until(done, seconds=20, poll=0.05):
     """Polls ``done()`` every ``poll`` seconds until it is true or
     ``seconds`` have passed (what a killed child leaves is cleaned up by

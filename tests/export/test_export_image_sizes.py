@@ -5,8 +5,7 @@ same answers and refuse the same shapes.
 Two tiny models (one built for 32x32, one dynamic-size with patch 8) are
 exported once per module; every artifact refuses what Keras refuses,
 records the rule in its metadata, and its export report says which
-refused sizes it was tried on. OpenVINO's telemetry is off throughout
-(testkit.openvino_telemetry_off: it cost most of each OpenVINO export).
+refused sizes it was tried on.
 """
 
 import os
@@ -28,7 +27,6 @@ from keras_vit.layers.image_sizes import ImageSizes  # noqa: E402
 
 from image_shapes import CASES, TINY  # noqa: E402
 from image_shapes import images as _images  # noqa: E402
-from testkit import openvino_telemetry_off  # noqa: E402
 
 try:
     import openvino  # noqa: F401
@@ -37,12 +35,6 @@ except ImportError:
     FORMATS = ("saved_model", "onnx", "tflite")
 # A dynamic-size model's TFLite file is a fixed-size copy (the converter
 # needs static shapes): its own rule is that size, checked below too.
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_telemetry():
-    with openvino_telemetry_off():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ arguments are refused in one line before anything is written.
 
 The tiny ViT is exported once per precision for the module (``exported``):
 the tests that read a default export share it, and a test that needs one
-in its own folder copies it there. OpenVINO's telemetry is off throughout
-(testkit.openvino_telemetry_off: it cost most of each conversion).
+in its own folder copies it there.
 """
 
 import hashlib
@@ -29,7 +28,6 @@ from keras_vit import export  # noqa: E402
 from keras_vit.export import common  # noqa: E402
 from keras_vit.export import openvino as ov_export  # noqa: E402
 
-from testkit import openvino_telemetry_off  # noqa: E402
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=4, mlp_dim=64, num_classes=5)
@@ -76,12 +74,6 @@ def _model(kind):
 @pytest.fixture
 def vit():
     return _model("vit")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_telemetry():
-    with openvino_telemetry_off():
-        yield
 
 
 @pytest.fixture(scope="module")
