@@ -9,7 +9,9 @@ worth here: the same ViT runs ``model.predict`` and a training step
 and prints a table of the medians: images/s (wall clock) and CPU seconds
 per image (the process's user + system time), with the ratio. CPU time
 says more than the wall clock on a shared machine: other processes take
-wall time from both settings, not CPU time.
+wall time from both settings, not CPU time. Each job runs in a fresh
+process; ``--quick`` (only the script under test) runs the jobs of a
+setting in one process, in turn, which saves a TensorFlow import per job.
 
     python benchmarks/onednn_ab.py                 # ViT-B/16, ~10 min
     python benchmarks/onednn_ab.py --model ViT-S/16 --sizes 224
@@ -33,13 +35,20 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-from speed_tables import emit  # noqa: E402
+from speed_tables import emit, exit_now  # noqa: E402
 
 SETTINGS = ("0", "1")
 CHILD_FLAG = "--child"
 
 
-def child(name, size, batch, job, reps, quick):
+def child(name, cases, quick):
+    """The measurements of ``cases`` (``(size, batch, job, reps)`` each)
+    in this process, in turn: prints one JSON line per case."""
+    for size, batch, job, reps in cases:
+        measure(name, size, batch, job, reps, quick)
+
+
+def measure(name, size, batch, job, reps, quick):
     """One measurement in this process: prints JSON."""
     import numpy as np
 
@@ -74,21 +83,29 @@ def child(name, size, batch, job, reps, quick):
     cpu = (time.process_time() - cpu0) / reps
     print(json.dumps({"img_s": batch / statistics.median(walls),
                       "cpu_s_per_img": cpu / batch,
-                      "onednn": compat.onednn_enabled()}))
+                      "onednn": compat.onednn_enabled()}), flush=True)
 
 
-def run_child(name, case, setting, quick):
+def run_child(name, cases, setting, quick):
+    """``cases`` measured in turn in one fresh process with
+    ``TF_ENABLE_ONEDNN_OPTS=setting``: one result per case."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting,
                TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     env.pop("KERAS_VIT_ONEDNN", None)
     argv = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, name,
-            *map(str, case)] + (["--quick"] if quick else [])
+            json.dumps(cases)] + (["--quick"] if quick else [])
     out = subprocess.run(argv, capture_output=True, text=True, env=env,
                          timeout=3600)
     if out.returncode:
-        raise SystemExit(f"child {case} with TF_ENABLE_ONEDNN_OPTS={setting} "
-                         f"failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"child {cases} with TF_ENABLE_ONEDNN_OPTS="
+                         f"{setting} failed: {out.stderr[-2000:]}")
+    results = [json.loads(line) for line in out.stdout.splitlines()
+               if line.startswith("{")]
+    if len(results) != len(cases):
+        raise SystemExit(f"child {cases} with TF_ENABLE_ONEDNN_OPTS="
+                         f"{setting} printed {len(results)} results for "
+                         f"{len(cases)} cases: {out.stdout[-2000:]}")
+    return results
 
 
 def cpu_line():
@@ -123,20 +140,26 @@ def main(argv=None):
     if not args.skip_train:
         cases.append((32 if args.quick else args.train_size, args.batch,
                       "train", reps))
+    # The cases each child process measures: one per process, or (--quick)
+    # every case of a setting in one process.
+    groups = [cases] if args.quick else [[case] for case in cases]
     results = {}
     started = time.time()
     for r in range(args.rounds):
-        for case in cases:
+        for group in groups:
             for setting in SETTINGS:
-                got = run_child(args.model, case, setting, args.quick)
-                if got["onednn"] != (setting == "1"):
-                    raise SystemExit(f"TF_ENABLE_ONEDNN_OPTS={setting} did "
-                                     "not take effect in the child")
-                results.setdefault((case, setting), []).append(got)
-                print(f"[round {r + 1}/{args.rounds}] {case[2]} {case[0]}px "
-                      f"oneDNN {'on' if setting == '1' else 'off'}: "
-                      f"{got['img_s']:.3g} img/s, "
-                      f"{got['cpu_s_per_img']:.3g} CPU s/img", flush=True)
+                for case, got in zip(group, run_child(
+                        args.model, group, setting, args.quick)):
+                    if got["onednn"] != (setting == "1"):
+                        raise SystemExit(f"TF_ENABLE_ONEDNN_OPTS={setting} "
+                                         "did not take effect in the child")
+                    results.setdefault((case, setting), []).append(got)
+                    print(f"[round {r + 1}/{args.rounds}] {case[2]} "
+                          f"{case[0]}px oneDNN "
+                          f"{'on' if setting == '1' else 'off'}: "
+                          f"{got['img_s']:.3g} img/s, "
+                          f"{got['cpu_s_per_img']:.3g} CPU s/img",
+                          flush=True)
     lines = [
         "# TensorFlow with and without oneDNN",
         "",
@@ -148,7 +171,8 @@ def main(argv=None):
         f"- load average (1 min) at the end: {os.getloadavg()[0]:.2f}",
         f"- model: {'a tiny ViT (--quick)' if args.quick else args.model}, "
         f"random weights, float32; medians of {args.rounds} alternated "
-        "rounds, each a fresh process",
+        "rounds, each a fresh process"
+        + (" (both jobs of a setting in one)" if args.quick else ""),
         "",
         "| job | image | batch | img/s off | img/s on | on / off | "
         "CPU s/img off | CPU s/img on | off / on (CPU) |",
@@ -171,8 +195,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
-        name, size, batch, job, reps = sys.argv[2:7]
-        child(name, int(size), int(batch), job, int(reps),
-              "--quick" in sys.argv)
+        child(sys.argv[2], json.loads(sys.argv[3]), "--quick" in sys.argv)
+        exit_now(0)  # the results are printed
     else:
         sys.exit(main())

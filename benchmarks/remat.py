@@ -19,6 +19,8 @@ the cost of running each block's forward twice.
 
     python benchmarks/remat.py                          # ViT-L/16, 384 px
     python benchmarks/remat.py --model ViT-Ti/16 --image-size 64
+    python benchmarks/remat.py --model ViT-Ti/16 --image-size 32 \
+        --num-layers 2 --rounds 1                       # tests the script
 
 Prints a Markdown table (``--out FILE`` writes it too) naming the CPU.
 """
@@ -33,11 +35,15 @@ import subprocess
 import sys
 import time
 
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="ViT-L/16")
     p.add_argument("--image-size", type=int, default=384)
     p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--num-layers", type=int,
+                   help="blocks (default: the model's own); fewer makes a "
+                   "quick run that tests the script")
     p.add_argument("--batches", default="1,2", help="two batch sizes whose "
                    "compiled memory gives the per-image slope")
     p.add_argument("--budget-gib", type=float, default=16.0)
@@ -52,15 +58,20 @@ def parse_args(argv):
         p.error(f"--batches must be two increasing sizes, got {args.batches}")
     if args.rounds < 1 or args.time_batch < 1:
         p.error("--rounds and --time-batch must be positive")
+    if args.num_layers is not None and args.num_layers < 1:
+        p.error(f"--num-layers must be positive, got {args.num_layers}")
     return args
 
 
 def _model(args, remat):
     import keras_vit
 
+    layers = {} if args.num_layers is None else {
+        "num_layers": args.num_layers}
     return keras_vit.zoo.load(args.model, weights=None,
                                image_size=args.image_size,
-                               num_classes=args.num_classes, remat=remat)
+                               num_classes=args.num_classes, remat=remat,
+                               **layers)
 
 
 def _loss_fn(model):
@@ -198,8 +209,10 @@ def main(argv=None):
     plain["fits"] = largest_batch(plain["budget"], plain["per_image"])
     remat["fits"] = largest_batch(remat["budget"], peak)
     ratio = (remat["fits"] / plain["fits"]) if plain["fits"] else float("inf")
+    blocks = ("" if args.num_layers is None
+              else f" ({plain['blocks']} blocks)")
     lines = [
-        f"Training step of {args.model} at {args.image_size} px, "
+        f"Training step of {args.model}{blocks} at {args.image_size} px, "
         f"{args.num_classes} classes: activations kept for the backward "
         f"pass (JAX VJP residuals at batches {args.batches[0]} and "
         f"{args.batches[1]}), step time on the PyTorch backend; CPU: "
@@ -234,4 +247,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from speed_tables import exit_now
+
+    exit_now(main())

@@ -18,7 +18,7 @@ once, in turn, and the ratios within one run are what count.
 Models have random weights (``keras_vit.zoo.load("ViT-B/16",
 weights=None)``, ``timm.create_model(..., pretrained=False)``); speed does
 not depend on the values. ``--quick`` shrinks the model (patch 8, width 32,
-2 layers at 32x32) to test the script itself in seconds; its numbers say
+1 layer at 32x32) to test the script itself in seconds; its numbers say
 nothing about ViT-B/16.
 
 torch and timm are imported before TensorFlow: torchvision (imported by
@@ -61,8 +61,8 @@ from speed_peers import (  # noqa: E402
     PEERS, TINY, VIT_B16, forward_flops, import_peers, keras_hub_backbone,
     keras_vit_model, threads, timm_model, versions)
 from speed_tables import (  # noqa: E402
-    backend_rows, backend_table, ceiling_table, ceilings, fmt, loading_rows,
-    loading_table, model_table, targets_table)
+    backend_rows, backend_table, ceiling_table, ceilings, exit_now, fmt,
+    loading_rows, loading_table, model_table, targets_table)
 
 # What the measured paths turned out to be (e.g. whether Keras compiled
 # with XLA), collected while building them and printed under the tables.
@@ -620,9 +620,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.load_child:
         mode, path, arch, size = args.load_child
-        return load_child(mode, path, arch, int(size))
+        exit_now(load_child(mode, path, arch, int(size)))
     if args.backend_child:
-        return backend_child(*args.backend_child)
+        exit_now(backend_child(*args.backend_child))
     if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
         say(f"KERAS_BACKEND={os.environ['KERAS_BACKEND']} is set: this "
             "process measures the tensorflow rows, --backends the others")
@@ -688,7 +688,7 @@ def main(argv=None):
             say("checkpoint loading (fresh processes)")
             results["loading"] = measure_loading(
                 args.sizes[0] if args.quick else 224, arch, args.classes,
-                args.load_repeats, tmp, say, side_by_side=args.quick)
+                args.load_repeats, tmp, say, one_process=args.quick)
     finally:
         for child in children:
             child.close()
@@ -726,7 +726,8 @@ def report(args, command, started, env, thread_note, skipped, results,
     if args.quick:
         lines += ["**Smoke run (`--quick`): a tiny stand-in model (patch "
                   f"{arch['patch_size']}, width {arch['hidden_size']}, "
-                  f"{arch['num_layers']} layers) at "
+                  f"{arch['num_layers']} "
+                  f"layer{'' if arch['num_layers'] == 1 else 's'}) at "
                   f"{','.join(map(str, args.sizes))} px. These numbers test "
                   "the script; they say nothing about ViT-B/16.**", ""]
     lines += [
@@ -839,11 +840,13 @@ def report(args, command, started, env, thread_note, skipped, results,
                   "child's own peak (VmHWM) minus that of a child that "
                   "imported the same libraries and did nothing "
                   f"({baseline / 2**20:.0f} MiB)."
-                  + (" --quick ran the processes of a round side by side "
-                     "(only the script is under test)."
-                     if results["loading"]["side_by_side"] else ""), ""]
+                  + (" --quick ran the four measurements of a round in "
+                     "one fresh process, in turn (only the script is under "
+                     "test): each peak RSS there includes the measurements "
+                     "before it."
+                     if results["loading"]["one_process"] else ""), ""]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -2,7 +2,9 @@
 a fresh process (``speed.py --load-child MODE PATH ARCH SIZE``), so that
 imports and caches of the parent do not count. ``load_child`` is what such
 a child runs; ``measure_loading`` writes a random official-layout
-checkpoint and starts the children, round after round.
+checkpoint and starts the children, round after round. ``--quick`` (only
+the script under test) runs the four measurements of a round in one fresh
+process, in turn (MODE ``all``): one TensorFlow import instead of four.
 """
 
 from __future__ import annotations
@@ -27,18 +29,30 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 # checkpoint loading, each measurement in a fresh process
 
 
+MODES = ("baseline", "np.load", "zoo.load", "build+load_weights")
+# The --load-child mode that runs every one of MODES in turn, in one process.
+ALL = "all"
+
+
 def load_child(mode, path, arch_json, size):
     """Runs in the child: the same imports for every mode, then one
-    measurement, printed as JSON."""
+    measurement (``mode`` ``all``: each of MODES in turn), printed as JSON,
+    one ``RESULT`` line per measurement naming its mode."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras  # noqa: F401
     import tensorflow  # noqa: F401
 
+    arch = json.loads(arch_json)
+    for one in MODES if mode == ALL else (mode,):
+        _measure(one, path, arch, size)
+    return 0
+
+
+def _measure(mode, path, arch, size):
     import keras_vit
     from keras_vit.export import memory
 
-    arch = json.loads(arch_json)
-    out = {}
+    out = {"mode": mode}
     start = time.perf_counter()
     if mode == "np.load":
         with np.load(path) as f:
@@ -57,7 +71,6 @@ def load_child(mode, path, arch_json, size):
         out["seconds"] = time.perf_counter() - start
     out["peak_rss"] = memory.own_peak_rss()
     print("RESULT " + json.dumps(out), flush=True)
-    return 0
 
 
 def _start_child(mode, path, arch, size):
@@ -67,26 +80,33 @@ def _start_child(mode, path, arch, size):
                             stderr=subprocess.DEVNULL, text=True)
 
 
-def _finish_child(proc):
-    """The child's result, with its own peak RSS."""
+def _finish_child(proc, modes):
+    """``{mode: result}`` of the child, each with the child's peak RSS
+    after it; a mode the child did not report carries the error."""
     lines = proc.stdout.read().splitlines()
     proc.wait()
-    result = {}
+    results = {}
     for line in lines:
         if line.startswith("RESULT "):
-            result.update(json.loads(line[len("RESULT "):]))
-    if proc.returncode:
-        result["error"] = f"child exited with {proc.returncode}"
-    return result
+            result = json.loads(line[len("RESULT "):])
+            results[result.pop("mode")] = result
+    for mode in modes:
+        result = results.setdefault(mode, {})
+        if proc.returncode:
+            result["error"] = f"child exited with {proc.returncode}"
+        elif not result:
+            result["error"] = "child reported no result"
+    return results
 
 
 def measure_loading(size, arch, classes, repeats, tmp, say,
-                    side_by_side=False):
+                    one_process=False):
     """Writes a random official-layout checkpoint, then times np.load,
     zoo.load and build + load_weights, each in a fresh process, round
-    after round (``side_by_side``: the processes of a round at once, for
-    --quick, where only the script is under test); ``say`` reports the
-    progress."""
+    after round (``one_process``: the four of a round in one fresh
+    process, in turn, for --quick, where only the script is under test;
+    each peak RSS then holds the measurements before it); ``say`` reports
+    the progress."""
     import keras_vit
 
     path = os.path.join(tmp, "ViT-B_16-random.npz")
@@ -95,17 +115,17 @@ def measure_loading(size, arch, classes, repeats, tmp, say,
     del model
     gc.collect()
     nbytes = os.path.getsize(path)
-    modes = ("baseline", "np.load", "zoo.load", "build+load_weights")
-    results = {m: [] for m in modes}
+    results = {m: [] for m in MODES}
     for i in range(repeats):
-        if side_by_side:
-            procs = [_start_child(m, path, arch, size) for m in modes]
-            for mode, proc in zip(modes, procs):
-                results[mode].append(_finish_child(proc))
+        if one_process:
+            got = _finish_child(_start_child(ALL, path, arch, size), MODES)
         else:
-            for mode in modes:
-                results[mode].append(_finish_child(
-                    _start_child(mode, path, arch, size)))
+            got = {}
+            for mode in MODES:
+                got.update(_finish_child(
+                    _start_child(mode, path, arch, size), (mode,)))
+        for mode in MODES:
+            results[mode].append(got[mode])
         say(f"  loading round {i + 1}/{repeats} done")
     return {"path": path, "bytes": nbytes, "results": results,
-            "side_by_side": side_by_side}
+            "one_process": one_process}

@@ -20,7 +20,7 @@ import numpy as np
 # zoo.load overrides; timm and keras-hub get the same numbers.
 VIT_B16 = dict(patch_size=16, hidden_size=768, num_layers=12, num_heads=12,
                mlp_dim=3072)
-TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=4,
+TINY = dict(patch_size=8, hidden_size=32, num_layers=1, num_heads=4,
             mlp_dim=64)
 TIMM_NAMES = {224: "vit_base_patch16_224", 384: "vit_base_patch16_384"}
 PEERS = ("timm", "keras_hub")

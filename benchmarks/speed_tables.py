@@ -6,7 +6,9 @@ matrix-multiply ceiling and checkpoint loading).
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 
 
 # --------------------------------------------------------------------------
@@ -241,3 +243,12 @@ def emit(text, out=None):
     if out:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+
+
+def exit_now(code):
+    """Ends a benchmark process once its results are printed and written,
+    without the interpreter's teardown: unloading TensorFlow or PyTorch
+    takes about 1.6 CPU seconds (JAX 0.7), and nothing waits for it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

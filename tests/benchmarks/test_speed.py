@@ -287,16 +287,18 @@ def test_speed_reports_kernel_caps_beside_the_cpu_flags():
 
 
 def test_the_remat_benchmark_prints_its_table(tmp_path):
-    """benchmarks/remat.py on a tiny model: the activations each setting
-    keeps for the backward pass (remat keeps fewer), and the step-time
-    ratio from the PyTorch child, in one table naming the CPU."""
+    """benchmarks/remat.py on a tiny model (ViT-Ti/16 cut to 2 blocks at
+    32 px): the activations each setting keeps for the backward pass (remat
+    keeps fewer), and the step-time ratio from the PyTorch child, in one
+    table naming the CPU."""
     pytest.importorskip("jax")
     pytest.importorskip("torch")
     out = tmp_path / "remat.md"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "remat.py"),
          "--model", "ViT-Ti/16", "--image-size", "32", "--num-classes", "10",
-         "--rounds", "1", "--out", str(out)], cwd=ROOT,
+         "--num-layers", "2", "--rounds", "1", "--out", str(out)],
+        cwd=ROOT,
         capture_output=True, text=True, timeout=600,
         # XLA at -O0: compiling the two gradients is most of the run; the
         # figures checked below come from shapes and torch's clock.
@@ -305,6 +307,7 @@ def test_the_remat_benchmark_prints_its_table(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     assert "CPU: " in text and "without remat | with remat" in text
+    assert "Training step of ViT-Ti/16 (2 blocks) at 32 px" in text
 
     def cells(prefix):
         row = next(line for line in text.splitlines()
