@@ -186,6 +186,10 @@ def test_r50x1_count_matches_timm_live():
         PARAMS_224_1000["R50x1"])
 
 
+@pytest.mark.backend_independent(
+    "a count of the weights' shapes, which Keras builds alike on every "
+    "backend; test_logits_match_timm checks the built model's numbers on "
+    "each")
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if slow else n
     for n, slow in BUILT.items()])
