@@ -135,7 +135,8 @@ def run(job, module):
                     samples=job.samples, seed=job.seed)
             except common.ExportError:
                 raise
-            except Exception as e:  # the runtime refused the artifact
+            except RuntimeError as e:  # the runtime refused the artifact
+                # (argument and memory refusals are ValueErrors: as raised)
                 first = (str(e).strip().splitlines() or [""])[0]
                 raise common.ExportError(
                     f"{job.what} {job.dest!r}: the converted file did not "
