@@ -133,15 +133,10 @@ def run(job, module):
                     job.graph, open_runtime, staged, job.batch_sizes,
                     job.tolerance, data=job.verify_data,
                     samples=job.samples, seed=job.seed)
-            except common.ExportError:
-                raise
-            except RuntimeError as e:  # the runtime refused the artifact
-                # (argument and memory refusals are ValueErrors: as raised)
-                first = (str(e).strip().splitlines() or [""])[0]
+            except checks.ArtifactDidNotRun as e:
                 raise common.ExportError(
                     f"{job.what} {job.dest!r}: the converted file did not "
-                    f"run in its runtime ({type(e).__name__}: {first}); "
-                    "nothing was written") from e
+                    f"run in its runtime ({e}); nothing was written") from e
             times["verification_seconds"] = checked.pop(
                 "verification_seconds")
         report = checks.assemble_report(job.format, job.dest, files,

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from keras_vit.base.errors import KerasVitError
 from keras_vit.export import common, memory
 from keras_vit.base.checks import check_type
 
@@ -101,10 +102,28 @@ def check_options(batch_sizes, verify_data):
     return _check_batch_sizes(batch_sizes)
 
 
+class ArtifactDidNotRun(common.ExportError):
+    """The runtime could not load or run the converted file; the message
+    is the runtime's own error, in one line."""
+
+
+def _in_runtime(call, *args):
+    """``call(*args)`` (opening or running the artifact), the runtime's own
+    failure (a RuntimeError, not one of the package's refusals) raised as
+    :class:`ArtifactDidNotRun`."""
+    try:
+        return call(*args)
+    except KerasVitError:
+        raise
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ArtifactDidNotRun(f"{type(e).__name__}: {first}") from e
+
+
 def _run_in_chunks(run, images, batch_size):
     parts = []
     for start in range(0, len(images), batch_size):
-        out = run(images[start:start + batch_size])
+        out = _in_runtime(run, images[start:start + batch_size])
         parts.append({k: np.asarray(v) for k, v in out.items()})
     return {k: np.concatenate([p[k] for p in parts])
             for k in parts[0] if all(k in p for p in parts)}
@@ -183,7 +202,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     images, note = verification_images(graph, sizes, data, samples, seed)
     start = time.perf_counter()
     reference = graph.reference(images)
-    run = open_runtime(artifact)
+    run = _in_runtime(open_runtime, artifact)
     actual = _run_in_chunks(run, images, sizes[0])
     metrics, failures = compare(reference, actual, tolerance)
     # Other batch sizes run once on the first images. Top-1 agreement of a
