@@ -28,7 +28,7 @@ import functools
 import json
 import os
 
-from keras_vit.base import variants
+from keras_vit.base import geometry, variants
 from keras_vit.base.checks import shown
 from keras_vit.zoo import formats
 from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
@@ -302,7 +302,8 @@ def honoured(config, arch, path, defaults=None):
         if glu and width % 2:
             raise refuse("mlp_ratio", ratio, "(a packed GLU's projection "
                          f"must be even, and it gives {width} units)")
-        out["mlp_dim"] = width // 2 if glu else width
+        out["mlp_dim"] = width // geometry.mlp_first_width(
+            1, out.get("mlp", "gelu"))
     options = dict(arch.config, **out)
     if arch.family == "vit":
         # timm's defaults that follow from other settings: the norm after

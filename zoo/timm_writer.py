@@ -12,7 +12,7 @@ import os
 
 
 from keras_vit.base import atomic
-from keras_vit.base import variants
+from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
@@ -142,7 +142,8 @@ def timm_architecture(model):
         return f"vit_{size}_patch{patch}_224", family
     # timm's mlp_ratio sizes the MLP's first layer: a packed GLU's is twice
     # the width its gate leaves.
-    first = config["mlp_dim"] * (2 if config.get("mlp") == "swiglu" else 1)
+    first = geometry.mlp_first_width(config["mlp_dim"],
+                                     config.get("mlp", "gelu"))
     return base or "vit_base_patch16_224", {
         "patch_size": patch, "embed_dim": key[0], "depth": key[1],
         "num_heads": key[2], "mlp_ratio": first / key[0], **family}

@@ -162,6 +162,17 @@ _COUNTED = {
     "distilled", "block_units", "width_factor", "mlp"}
 
 
+def mlp_first_width(mlp_dim, kind="gelu"):
+    """The width of an encoder MLP's first projection: ``mlp_dim``, or
+    twice that for the packed SwiGLU (``kind="swiglu"``: its gate and its
+    value halves), whose product leaves ``mlp_dim`` features.
+
+    >>> mlp_first_width(4096), mlp_first_width(4096, "swiglu")
+    (4096, 8192)
+    """
+    return mlp_dim * (2 if kind == "swiglu" else 1)
+
+
 def attention_pool_params(config):
     """The parameters of the attention-pool head (``classifier="map"``, or
     ``pooling="map"`` without the head; 0 for any other pooling): the
@@ -234,8 +245,7 @@ def parameter_count(config, image_size=None, num_classes=None,
     head_dim = d // config["num_heads"]
     # proj_bias: the biases of the attention output and both MLP layers.
     proj_bias = bool(config.get("proj_bias", True))
-    # The MLP's first layer: mlp_dim wide, twice that for a packed GLU.
-    first = mlp * (2 if config.get("mlp", "gelu") == "swiglu" else 1)
+    first = mlp_first_width(mlp, config.get("mlp", "gelu"))
     block = (2 * 2 * d + 4 * d * d + 3 * d * config.get("qkv_bias", True)
              + d * first + mlp * d + proj_bias * (d + first + d))
     if config.get("qk_norm"):

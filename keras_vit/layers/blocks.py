@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 from keras import layers, ops
 
+from keras_vit.base.geometry import mlp_first_width
 from keras_vit.runtime import compat
 from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
@@ -122,10 +123,10 @@ class MlpBlock(KeptArguments, layers.Layer):
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
-        glu = self.kind == "swiglu"
         self.dense_0 = FusedDense(
-            self.mlp_dim * (2 if glu else 1),
-            gelu=None if glu else self.gelu, use_bias=self.use_bias,
+            mlp_first_width(self.mlp_dim, self.kind),
+            gelu=None if self.kind == "swiglu" else self.gelu,
+            use_bias=self.use_bias,
             kernel_initializer=XAVIER, bias_initializer=bias_init(),
             dtype=self.dtype_policy, name="dense_0",
         )

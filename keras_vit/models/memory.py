@@ -106,10 +106,10 @@ def _encoder(model):
     if grid is None or not all(n in config for n in names):
         return None, None
     tokens = grid[0] * grid[1] + geometry.prefix_tokens(config)
-    if config.get("mlp") == "swiglu":
-        # The packed GLU's first projection is twice mlp_dim wide: counted
-        # as an MLP that wide (an upper estimate, as these are).
-        config = dict(config, mlp_dim=2 * config["mlp_dim"])
+    # The MLP counted as wide as its first projection (wider than mlp_dim
+    # for the packed SwiGLU: an upper estimate, as these are).
+    config = dict(config, mlp_dim=geometry.mlp_first_width(
+        config["mlp_dim"], config.get("mlp", "gelu")))
     return config, tokens
 
 
