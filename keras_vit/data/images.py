@@ -81,6 +81,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 
 # The budgets live with every other cap (keras_vit/base/limits.py).
 from keras_vit.base.errors import KerasVitError
@@ -662,16 +663,36 @@ def inspect(data, budget=None, fmt=None):
 
 def _orient(pixels, orientation):
     """Applies an EXIF orientation (1-8), as viewers show the image: a
-    flip of the stored rows and/or columns, then a transpose for 5-8
-    (no branches: each is an identity when not needed)."""
+    flip of the stored rows and/or columns (an identity when not needed),
+    then a transpose for 5-8."""
     tf = _tf()
     o = tf.cast(orientation, tf.int32)
     flip_rows = tf.reduce_any(tf.equal(o, [3, 4, 6, 7]))
     flip_cols = tf.reduce_any(tf.equal(o, [2, 3, 7, 8]))
     axes = tf.boolean_mask(tf.constant([0, 1]), tf.stack([flip_rows,
                                                           flip_cols]))
-    perm = tf.where(o >= 5, tf.constant([1, 0, 2]), tf.constant([0, 1, 2]))
-    return tf.transpose(tf.reverse(pixels, axes), perm)
+    flipped = tf.reverse(pixels, axes)
+    return tf.cond(o >= 5, lambda: _transposed(flipped), lambda: flipped)
+
+
+def _transposed(pixels):
+    """``pixels`` (H, W, 3) uint8 as (W, H, 3), moved as float32 words.
+
+    TensorFlow's oneDNN transpose logs "oneDNN supports DT_UINT8 only on
+    platforms with AVX-512" for every integer type on every CPU, AVX-512
+    ones included, into the user's stderr. Each pixel's three bytes and a
+    fourth byte 0x40 in the word's top position make one float32 with an
+    exponent of 128 or 129: a normal, finite number, so no copy (or
+    denormal flushing) can change its bits.
+    """
+    tf = _tf()
+    pad = tf.fill(tf.concat([tf.shape(pixels)[:2], [1]], 0),
+                  tf.constant(0x40, tf.uint8))
+    little = sys.byteorder == "little"
+    words = tf.bitcast(tf.concat([pixels, pad] if little else [pad, pixels],
+                                 -1), tf.float32)
+    moved = tf.bitcast(tf.transpose(words, [1, 0]), tf.uint8)
+    return moved[..., :3] if little else moved[..., 1:]
 
 
 def _pixels(data, facts, fmt=None):

@@ -155,6 +155,35 @@ def test_exif_orientation_maps_as_viewers_show_it():
             err_msg=str(orientation))
 
 
+def test_decoding_prints_no_onednn_integer_line():
+    """A Python user decoding photos (a rotated one among them) in a fresh
+    process sees no TensorFlow line: its oneDNN transpose logs "oneDNN
+    supports DT_UINT8 only on platforms with AVX-512" for any integer
+    tensor, AVX-512 CPUs included."""
+    code = textwrap.dedent("""
+        import sys
+        import image_corpus
+        from PIL import Image
+        from keras_vit.data import images
+        photo = Image.fromarray(image_corpus._photo(3, (7, 4)))
+        for orientation in (1, 6):
+            data = image_corpus._save(photo, "JPEG",
+                                      exif=image_corpus._exif(orientation))
+            print(images.decode_bytes(data).shape)
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(KERAS_BACKEND="tensorflow",
+               PYTHONPATH=os.pathsep.join(
+                   [os.path.dirname(__file__) + "/..",
+                    env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["(4,", "7,", "3)", "(7,", "4,", "3)"], (
+        proc.stdout)
+    assert "oneDNN supports DT_" not in proc.stderr, proc.stderr
+
+
 def test_refusals_are_one_line_and_name_the_element():
     decode = tf.function(lambda data: images.decode(
         data, tf.strings.format("image_bytes[{}]", tf.constant(7))))
