@@ -1,8 +1,9 @@
 """The ViT family's options through every export: a tiny model with the
 options on (registers without a class token, the attention-pool head,
 q/k norms, layer scale, no biases, pre-norm, the gated MLP; and DeiT's
-distilled heads) becomes a SavedModel, an ONNX file and a TFLite file,
-each run in its own runtime and compared with Keras by the exporter (it
+distilled heads) becomes a SavedModel, an ONNX file and a TFLite file
+(the options model also a SavedModel with the image-bytes signature and
+an OpenVINO IR), each run in its own runtime and compared with Keras by the exporter (it
 raises when they differ). A runtime that cannot run the converted file is
 one line naming the file, and nothing is written."""
 
@@ -12,17 +13,14 @@ import numpy as np
 import pytest
 
 from keras_vit.models.vit import VisionTransformer
+from testkit import FAMILY_OPTIONS
 
 TINY = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=2,
             num_heads=2, mlp_dim=16, num_classes=3)
 MODELS = {
     # SigLIP-like: registers lead the sequence (no class token before
     # them), pooled by the attention-pool head.
-    "pooled": dict(classifier="map", class_token=False, num_registers=2,
-                   posemb_includes_prefix=False, pre_norm=True,
-                   patch_bias=False, layer_scale=0.5, qk_norm=True,
-                   qkv_bias=False, proj_bias=False, mlp="swiglu",
-                   gelu="exact", layer_norm_epsilon=1e-5),
+    "pooled": FAMILY_OPTIONS,
     "distilled": dict(distilled=True, gelu="quick", fc_norm=False),
 }
 
@@ -37,7 +35,8 @@ def _model(name):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_format_runs_the_family_model_as_keras_does(name, tmp_path):
-    from keras_vit.export import to_onnx, to_saved_model, to_tflite
+    from keras_vit.export import (to_onnx, to_openvino, to_saved_model,
+                                  to_tflite)
 
     model = _model(name)
     for export, path in ((to_saved_model, "saved_model"),
@@ -46,6 +45,15 @@ def test_every_format_runs_the_family_model_as_keras_does(name, tmp_path):
         report = export(model, str(tmp_path / path))
         assert os.path.exists(tmp_path / path), path
         assert report["verification"]["passed"], (path, report)
+    if name != "pooled":
+        return
+    # The serving signature that decodes image files, and OpenVINO's IR.
+    report = to_saved_model(model, str(tmp_path / "bytes"),
+                            input="image_bytes")
+    assert report["input"]["name"] == "image_bytes"
+    assert report["verification"]["passed"], report
+    report = to_openvino(model, str(tmp_path / "model.xml"))
+    assert report["verified"] is True, report
 
 
 def test_a_runtime_that_cannot_run_the_file_is_one_line(tmp_path,

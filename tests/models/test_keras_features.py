@@ -2,7 +2,10 @@
 the numbers only the way it says it does.
 
 Each test builds tiny models (32 px, patch 8, width 32) of the four
-families (ViT, a hybrid, BiT, Axial-ViT) with random weights (a zero head
+families (ViT, a hybrid, BiT, Axial-ViT) and of the ViT with the later
+family members' options (testkit.FAMILY_OPTIONS: registers, the
+attention-pool head, q/k norms, layer scale, the gated MLP) with random
+weights (a zero head
 would hide every error), runs one Keras feature and compares with the float
 model: quantized outputs are close and not equal, LoRA with its zero B is
 exactly the float model, and every change reaches the next ``predict``.
@@ -14,13 +17,14 @@ import pytest
 import keras
 import keras_vit
 from keras_vit.models.resnet_v2 import resnet_v2
+from testkit import FAMILY_OPTIONS
 
 pytestmark = [pytest.mark.backends,
               # The one warning per quantize call naming the float layers
               # (checked in its own test).
               pytest.mark.filterwarnings("ignore:quantize\\(:UserWarning")]
 
-FAMILIES = ("vit", "hybrid", "bit", "axial")
+FAMILIES = ("vit", "hybrid", "bit", "axial", "options")
 # Worst output error relative to the float logits' largest magnitude, per
 # mode, on these tiny random models (measured: int8 ~0.5%, int4 ~8%,
 # float8 ~4%); the bounds leave room for other seeds and backends.
@@ -31,6 +35,9 @@ def build(family, **kwargs):
     common = dict(num_classes=5, **kwargs)
     if family == "vit":
         return keras_vit.models.vit(32, 8, 32, 2, 2, 64, **common)
+    if family == "options":
+        return keras_vit.models.vit(32, 8, 32, 2, 2, 64,
+                                    **FAMILY_OPTIONS, **common)
     if family == "hybrid":
         return keras_vit.models.vit(32, 2, 32, 1, 2, 64, resnet=dict(
             num_layers=(), width_factor=0.5), **common)
@@ -120,9 +127,11 @@ def test_quantize_covers_every_projection_and_stays_close(floats, mode):
             q.predict(x, verbose=0)     # warms the compiled predict first
         q.quantize(mode)
         denses = dense_layers(q)
-        # ViT: q, k, v, out, two MLP denses per block and the head.
+        # ViT: q, k, v, out, two MLP denses per block and the head; the
+        # attention-pool head has a block's six of its own (its gated MLP
+        # packs both halves in its first dense).
         expected = {"vit": 2 * 6 + 1, "hybrid": 6 + 1, "bit": 1,
-                    "axial": 2 * 6 + 1}[family]
+                    "axial": 2 * 6 + 1, "options": 3 * 6 + 1}[family]
         assert len(denses) == expected, family
         assert all(d.quantization_mode == mode for d in denses), family
         got = run(q, x)
