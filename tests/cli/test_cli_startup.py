@@ -39,6 +39,74 @@ def run_command(*argv, env=None):
     return result, proc
 
 
+# Several commands in one process, each run as CHILD runs one, with its
+# own stdout and stderr (file descriptors 1 and 2, so that C-level output
+# counts too) and warnings shown again as in a fresh process: a JSON line
+# per command, with the heavy modules loaded by its end. A command that
+# loads one ends the run, since the later ones would not start
+# framework-free (run_commands starts another process for them).
+MANY = """
+import json, os, sys, tempfile, traceback, warnings
+from keras_vit.cli import main
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["keras-vit", *argv]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile("w+") as out, \\
+            tempfile.TemporaryFile("w+") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            with warnings.catch_warnings():
+                code = main()
+        except SystemExit as e:
+            code = e.code
+        except Exception:  # as an uncaught one ends a process
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+        out.seek(0)
+        err.seek(0)
+        heavy = sorted({m.split(".")[0] for m in sys.modules} & set(%r))
+        print(json.dumps({"argv": argv, "code": code, "heavy": heavy,
+                          "stdout": out.read(), "stderr": err.read()}),
+              flush=True)
+    if heavy:
+        break
+""" % (HEAVY,)
+
+
+def run_commands(cases):
+    """``{argv: (result, proc)}`` for each argv tuple of ``cases``, as
+    :func:`run_command` gives them, from as few processes as MANY allows.
+    What a process writes to stderr after its last command (at exit)
+    counts in that command's stderr."""
+    ran = {}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    while len(ran) < len(set(cases)):
+        todo = list(dict.fromkeys(c for c in cases if c not in ran))
+        proc = subprocess.run([sys.executable, "-c", MANY, json.dumps(todo)],
+                              capture_output=True, text=True, env=env,
+                              timeout=300, cwd=ROOT)
+        lines = [json.loads(line) for line in proc.stdout.splitlines()
+                 if line.startswith('{"argv": ')]
+        assert lines, f"exit code {proc.returncode}: {proc.stderr[-2000:]}"
+        lines[-1]["stderr"] += proc.stderr
+        for line in lines:
+            argv = tuple(line["argv"])
+            ran[argv] = ({"code": line["code"], "heavy": line["heavy"]},
+                         subprocess.CompletedProcess(
+                             argv, proc.returncode, line["stdout"],
+                             line["stderr"]))
+    return ran
+
+
 def _python(code):
     """stdout of ``python -c code`` (TensorFlow's C++ logs off)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
@@ -57,47 +125,14 @@ def _subcommands():
     return _python(code).split()
 
 
-def test_every_model_free_command_imports_no_framework():
-    names = _subcommands()
-    # Every component registered its commands (a lazy import that lost
-    # one would shrink this list).
-    for expected in ("list", "info", "predict", "convert", "demo",
-                     "inspect", "export", "fine-tune", "pretrain"):
-        assert expected in names, names
-    cases = ([("--help",), ("list",), ("info", "ViT-B/16"),
-              ("list", "B/16")] + [(name, "--help") for name in names])
-    # One child runs them all in turn (a fresh process per case would
-    # take a second each): a case that imports a framework taints the
-    # later ones, so the first to do so is named.
-    script = CHILD.replace(
-        'sys.argv = ["keras-vit", *sys.argv[1:]]',
-        'sys.argv = ["keras-vit"]').replace(
-        "try:\n    code = main()\nexcept SystemExit as e:\n    code = e.code",
-        "codes = []\nfor case in %r:\n    try:\n        codes.append(main("
-        "list(case)))\n    except SystemExit as e:\n        codes.append("
-        "e.code)\n    if set(%r) & {m.split('.')[0] for m in sys.modules}:\n"
-        "        print(json.dumps({'code': codes, 'heavy': list(case)}))\n"
-        "        sys.exit(0)\ncode = codes" % (cases, HEAVY))
-    proc = subprocess.run([sys.executable, "-c", script],
-                          capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["heavy"] == [], (
-        f"`keras-vit {' '.join(result['heavy'])}` imported a framework")
-    assert result["code"] == [0] * len(cases), result
+MODEL_FREE = [("--help",), ("list",), ("info", "ViT-B/16"), ("list", "B/16")]
 
-
-@pytest.mark.parametrize("argv,expected", [
+LIST_AND_INFO = [
     (("info", "ViT-B/16"), "hidden_size=768"),
     (("list", "Ti"), "ViT-Ti/16"),
-])
-def test_list_and_info_print_the_registry_without_keras(argv, expected):
-    result, proc = run_command(*argv)
-    assert result == {"code": 0, "heavy": []}, proc.stderr
-    assert expected in proc.stdout
+]
 
-
-@pytest.mark.parametrize("argv,message", [
+ARGUMENT_ERRORS = [
     (("fine-tune", "ViT-Ti/16", "--image-size", "abc"), "--image-size"),
     (("predict", "ViT-Ti/16", "x.png", "--top", "0"), "--top"),
     (("info", "ViT-Q/99"), "ViT-Q/99"),
@@ -111,9 +146,47 @@ def test_list_and_info_print_the_registry_without_keras(argv, expected):
       "image_bytes", "--labels", "no-such-list"), "--labels"),
     (("export", "ViT-Ti/16", "-f", "saved_model", "-o", "v", "--input",
       "image_bytes", "--top-k", "0"), "--top-k"),
-])
-def test_argument_errors_come_before_the_heavy_imports(argv, message):
-    result, proc = run_command(*argv)
+]
+
+
+@pytest.fixture(scope="module")
+def framework_free():
+    """``(subcommand names, {argv: (result, proc)})``: every command of the
+    tests below that must load no framework, run by :func:`run_commands`
+    (a fresh process each would cost a second of CPU each)."""
+    names = _subcommands()
+    cases = (MODEL_FREE + [(name, "--help") for name in names]
+             + [argv for argv, _ in LIST_AND_INFO + ARGUMENT_ERRORS])
+    return names, run_commands(cases)
+
+
+def test_every_model_free_command_imports_no_framework(framework_free):
+    names, ran = framework_free
+    # Every component registered its commands (a lazy import that lost
+    # one would shrink this list).
+    for expected in ("list", "info", "predict", "convert", "demo",
+                     "inspect", "export", "fine-tune", "pretrain"):
+        assert expected in names, names
+    cases = MODEL_FREE + [(name, "--help") for name in names]
+    for case in cases:
+        assert ran[case][0]["heavy"] == [], (
+            f"`keras-vit {' '.join(case)}` imported a framework")
+    codes = [ran[case][0]["code"] for case in cases]
+    assert codes == [0] * len(cases), list(zip(cases, codes))
+
+
+@pytest.mark.parametrize("argv,expected", LIST_AND_INFO)
+def test_list_and_info_print_the_registry_without_keras(argv, expected,
+                                                        framework_free):
+    result, proc = framework_free[1][argv]
+    assert result == {"code": 0, "heavy": []}, proc.stderr
+    assert expected in proc.stdout
+
+
+@pytest.mark.parametrize("argv,message", ARGUMENT_ERRORS)
+def test_argument_errors_come_before_the_heavy_imports(argv, message,
+                                                       framework_free):
+    result, proc = framework_free[1][argv]
     assert result["code"] == 2, proc.stderr
     assert result["heavy"] == [], result
     assert message in proc.stderr, proc.stderr
@@ -145,13 +218,14 @@ def test_a_bad_setting_is_one_line_before_any_import(argv, name, value):
 def test_a_model_command_still_registers_the_classes(tmp_path):
     """A command that loads a file imports every class first: a .keras
     Axial-ViT (a class no other code path would import) loads."""
-    save = ("import keras_vit; m = keras_vit.axial_vit(image_size=32, "
-            "patch_size=8, hidden_size=32, num_layers=2, num_heads=4, "
-            "mlp_dim=64, num_classes=3); m.save(%r)"
-            % str(tmp_path / "axial.keras"))
-    subprocess.run([sys.executable, "-c", save], check=True, timeout=300,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    import keras_vit
     from PIL import Image
+
+    # Saved here: the file is the same from any process, and a child to
+    # save it would pay another TensorFlow start-up.
+    keras_vit.axial_vit(image_size=32, patch_size=8, hidden_size=32,
+                        num_layers=2, num_heads=4, mlp_dim=64,
+                        num_classes=3).save(str(tmp_path / "axial.keras"))
     Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "red.png")
     result, proc = run_command("predict", str(tmp_path / "axial.keras"),
                                str(tmp_path / "red.png"), "--json")
@@ -175,6 +249,21 @@ def test_importing_a_module_registers_its_keras_classes():
     assert _python(code).strip().splitlines()[-1] == "[]"
 
 
+@pytest.fixture(scope="module")
+def compiled_keras_file(tmp_path_factory):
+    """A tiny ViT compiled with the package's WarmupDecay schedule, saved
+    (in this process: the file is the same from any) as a .keras file."""
+    import keras
+    import keras_vit
+
+    path = tmp_path_factory.mktemp("compiled") / "m.keras"
+    m = keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=3)
+    m.compile(optimizer=keras.optimizers.SGD(
+        keras_vit.train.schedules.WarmupDecay(0.1, 2, 10)), loss="mse")
+    m.save(str(path))
+    return path
+
+
 @pytest.mark.parametrize("first", [
     "import keras_vit; import keras",
     "import keras; import keras_vit",
@@ -182,19 +271,13 @@ def test_importing_a_module_registers_its_keras_classes():
     "import keras_vit; import tensorflow; import keras",
 ])
 def test_import_keras_vit_registers_the_classes_in_either_order(
-        first, tmp_path):
+        first, compiled_keras_file):
     """``import keras_vit`` (light, no Keras) and Keras in either order:
     ``keras.saving.load_model`` reads a model and a compiled model's
-    schedule, which only the package's classes define."""
-    save = ("import keras_vit, keras\n"
-            "m = keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=3)\n"
-            "m.compile(optimizer=keras.optimizers.SGD(keras_vit.train."
-            "schedules.WarmupDecay(0.1, 2, 10)), loss='mse')\n"
-            "m.save(%r)" % str(tmp_path / "m.keras"))
-    subprocess.run([sys.executable, "-c", save], check=True, timeout=300,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    schedule, which only the package's classes define (a fresh process per
+    order: the order is what is tested)."""
     out = _python(f"{first}\n"
-                  f"m = keras.saving.load_model({str(tmp_path / 'm.keras')!r})"
+                  f"m = keras.saving.load_model({str(compiled_keras_file)!r})"
                   "\nprint(type(m).__name__, "
                   "m.optimizer.get_config()['learning_rate']['class_name'])")
     assert out.split()[-2:] == ["VisionTransformer", "WarmupDecay"]
@@ -269,24 +352,36 @@ def test_only_the_command_line_reads_sys_argv():
     assert readers <= READS_ARGV, sorted(readers - READS_ARGV)
 
 
+# ``import keras_vit`` (and its heavier subpackages) in a process whose
+# argv[0] is %r; prints the package and framework modules loaded.
+IMPORT_AS = ("import sys; sys.argv[0] = %r\n"
+             "import keras_vit, keras_vit.zoo, keras_vit.analysis, "
+             "keras_vit.train\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('keras_vit', 'keras', 'tensorflow', 'jax', 'torch', "
+             "'matplotlib')))")
+
+
+@pytest.fixture(scope="module")
+def imported_as_python_c():
+    """The modules IMPORT_AS lists in a ``python -c`` process: what every
+    other way of starting must match (one child for all of them)."""
+    return _python(IMPORT_AS % "-c")
+
+
 @pytest.mark.parametrize("argv0", ["-c", "keras-vit", "script.py"])
-def test_import_keras_vit_is_the_same_in_every_process(argv0):
+def test_import_keras_vit_is_the_same_in_every_process(argv0,
+                                                       imported_as_python_c):
     """However the process was started, ``import keras_vit`` imports the
     same modules, no framework, and prints nothing."""
-    code = ("import sys; sys.argv[0] = %r\n"
-            "import keras_vit, keras_vit.zoo, keras_vit.analysis, "
-            "keras_vit.train\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('keras_vit', 'keras', 'tensorflow', 'jax', 'torch', "
-            "'matplotlib')))" % argv0)
+    code = IMPORT_AS % argv0
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     modules = json.loads(proc.stdout.replace("'", '"'))
     assert not [m for m in modules if not m.startswith("keras_vit")], modules
-    reference = _python(code.replace(repr(argv0), "'-c'"))
-    assert proc.stdout == reference
+    assert proc.stdout == imported_as_python_c
 
 
 def test_the_startup_benchmark_prints_its_table(tmp_path):
