@@ -19,6 +19,10 @@ What each loads as, with keras-hub's outputs (measured by
   as one register token inside the position table (``num_registers=1``),
   as transformers' ``DeiTModel`` loads; the classifier's head is kept.
 * ``DINOV2Backbone``: every token after its LayerNorm; layer scale;
+  with ``use_swiglu_ffn`` (the giant) the SwiGLU MLP (``mlp="swiglu"``,
+  ``mlp_dim`` two thirds of ``intermediate_dim`` rounded up to a multiple
+  of 8, as keras-hub builds it:
+  :func:`keras_vit.zoo.transformers_tables.swiglu_width`);
   registers after the class token with a table of the class token and the
   patches: the table's class row, a constant, is folded into the class
   token and the table covers the patches (``posemb_includes_prefix=False``).
@@ -45,8 +49,8 @@ pixels; a preset's ``image_converter.json`` (or a task's) is read as the
 model's ``input_normalization``, else the family's published one
 (ImageNet's for DeiT and DINOv2, OpenAI CLIP's, SigLIP's 0.5 / 0.5).
 What keras_vit lacks is refused in one line naming the field and value
-(DINOv3's rotary embeddings, a SwiGLU MLP, ...). Writing these back to
-keras-hub is not supported (:mod:`keras_vit.zoo.keras_hub_writer`).
+(DINOv3's rotary embeddings, ...). Writing these back to keras-hub is not
+supported (:mod:`keras_vit.zoo.keras_hub_writer`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
 from keras_vit.zoo.keras_hub_layout import (ACTIVATIONS,
                                             check_image_converter,
                                             family_rows)
+from keras_vit.zoo.transformers_tables import swiglu_width
 
 _ATT = "MultiHeadDotProductAttention_1/"
 
@@ -130,9 +135,8 @@ MEMBERS = {
         fields={"layer_scale_init_value": "layer_scale",
                 "num_register_tokens": "num_registers",
                 "dropout_rate": ("dropout_rate", "attention_dropout_rate"),
-                "drop_path_rate": "drop_path_rate"},
-        only={"use_swiglu_ffn": (False, "keras_vit reads keras-hub's "
-                                 "Dense -> GELU -> Dense MLP, not its SwiGLU")},
+                "drop_path_rate": "drop_path_rate", "use_swiglu_ffn": "mlp"},
+        forms={"use_swiglu_ffn": {True: "swiglu", False: "gelu"}},
         options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
         normalization="imagenet", output="tokens"),
     "SigLIPVisionEncoder": dict(
@@ -255,6 +259,12 @@ def architecture(class_name, config, path):
         raise ConfigError(path, f"{where}.num_heads", "expected a divisor of "
                           f"hidden_dim={config['hidden_dim']}; received "
                           f"num_heads={config['num_heads']}")
+    if config.get("use_swiglu_ffn") and swiglu_width(
+            config["intermediate_dim"]) < 1:
+        raise ConfigError(path, f"{where}.intermediate_dim", "expected at "
+                          "least 2 (the SwiGLU MLP keeps two thirds of it); "
+                          f"received intermediate_dim="
+                          f"{config['intermediate_dim']}")
     options = dict(member["options"])
     for field, targets in member["fields"].items():
         value = member.get("forms", {}).get(field, {}).get(
@@ -269,7 +279,10 @@ def architecture(class_name, config, path):
             "hidden_size": config["hidden_dim"],
             "num_layers": config["num_layers"],
             "num_heads": config["num_heads"],
-            "mlp_dim": config["intermediate_dim"],
+            # keras-hub's SwiGLU keeps two thirds of intermediate_dim.
+            "mlp_dim": (swiglu_width(config["intermediate_dim"])
+                        if options.get("mlp") == "swiglu"
+                        else config["intermediate_dim"]),
             "image_size": shape[0] if shape[0] == shape[1] else shape[:2],
             "patch_size": patch, "num_channels": shape[2],
             "layer_norm_epsilon": float(options.pop("layer_norm_epsilon")),

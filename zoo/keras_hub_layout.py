@@ -413,6 +413,11 @@ FAMILY_BLOCKS = {
         **_norm("layer_norm_1", "LayerNorm_0"), **_attention("attention"),
         **_norm("layer_norm_2", "LayerNorm_2"), **_mlp("dense_1", "dense_2")}),
 }
+#: A DINOV2Backbone's MLP under ``use_swiglu_ffn`` (the giant), in place
+#: of ``mlp/fc1`` / ``mlp/fc2``: one packed Dense whose first half of the
+#: columns, through SiLU, gates the second (keras_vit's ``mlp="swiglu"``).
+DINO_SWIGLU = {**_dense("mlp/weights_in", "MlpBlock_3/Dense_0", "dg", "g"),
+               **_dense("mlp/weights_out", "MlpBlock_3/Dense_1", "md", "d")}
 #: A DeiTImageClassifier's task.weights.h5: its head.
 FAMILY_HEAD = _dense("dense", "head", "dn", "n")
 
@@ -444,6 +449,7 @@ def family_shapes(arch):
     pe = arch.get("table_shape", (rows, cols))
     n = arch["num_classes"] or 0
     return {"d": (d,), "m": (m,), "dm": (d, m), "md": (m, d),
+            "g": (2 * m,), "dg": (d, 2 * m),
             "qkv": (d, h, d // h), "hd": (h, d // h), "out": (h, d // h, d),
             "conv": (p, p, c, d), "cls": (1, 1, d), "reg": (1, registers, d),
             "posemb": (1, grid + prefix, d), "table": (grid + prefix, d),
@@ -457,7 +463,8 @@ def family_rows(class_name, arch, task=False):
     """h5 path below ``layers/`` -> (official key or None, how, shape) of
     every weight in the ``model.weights.h5`` (``task``: the
     ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
-    attention biases of a DeiT built without them are left out.
+    attention biases of a DeiT built without them are left out, a
+    DINOv2's SwiGLU MLP (:data:`DINO_SWIGLU`) replaces its GELU one.
 
     >>> from keras_vit.zoo.keras_hub_family import architecture
     >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(
@@ -474,6 +481,9 @@ def family_rows(class_name, arch, task=False):
     if class_name == "DINOV2Backbone":
         rows.update(_dino_tokens(arch["config"]))
     group, block = FAMILY_BLOCKS[class_name]
+    if arch["config"].get("use_swiglu_ffn"):
+        block = {k: v for k, v in block.items() if not k.startswith("mlp/")}
+        block.update(DINO_SWIGLU)
     if not arch["config"].get("use_mha_bias", True):
         block = {k: v for k, v in block.items()
                  if not (v[0].startswith(_ATT) and v[0].endswith("/bias"))}

@@ -3,7 +3,7 @@
 Architecture lives in ``keras_vit.base.variants`` (one table of sizes);
 this module records, per canonical name and weights tag, where the official
 file is and what it contains. The family's later members (DeiT, DeiT III,
-DINOv2, CLIP) are rows of :mod:`keras_vit.base.family_rows`, whose weights
+DINOv2, CLIP, SigLIP, SigLIP 2) are rows of :mod:`keras_vit.base.family_rows`, whose weights
 are timm's repositories on the Hugging Face Hub: their records hold the
 ``hf-hub:`` source as ``url``, and ``zoo.load`` reads them as timm files.
 The loader reads the checkpoint itself to find the head size and whether it
@@ -162,6 +162,17 @@ _FAMILY_TAGS = {
                "embedding",
     "openai": "OpenAI's CLIP, contrastive on 400M image-text pairs; the "
               "head is the image-text projection",
+    "webli": "SigLIP, sigmoid-loss image-text pre-training on WebLI "
+             "(English); no classifier: the attention-pool embedding",
+    "webli_i18n": "SigLIP, sigmoid-loss image-text pre-training on "
+                  "multilingual WebLI; no classifier: the attention-pool "
+                  "embedding",
+    "webli_ft_in1k": "SigLIP's WebLI pre-training, fine-tuned on "
+                     "ImageNet-1k (a classifier on the attention-pool "
+                     "embedding)",
+    "v2_webli": "SigLIP 2, sigmoid loss with captioning, self-distillation "
+                "and masked prediction on multilingual WebLI; no "
+                "classifier: the attention-pool embedding",
 }
 
 

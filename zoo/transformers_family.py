@@ -6,8 +6,8 @@ whose text tower and projections are not read).
 
 Each is the one :class:`~keras_vit.models.VisionTransformer` with family
 options; what differs is data: each type's config defaults and tensor
-names (:data:`FAMILIES`), each class's builder options
-(:data:`ARCHITECTURES`):
+names, each class's builder options
+(:mod:`keras_vit.zoo.transformers_tables`):
 
 * ``DeiTForImageClassificationWithTeacher``: ``distilled=True`` (the
   class and distillation heads' logits averaged).
@@ -20,7 +20,10 @@ names (:data:`FAMILIES`), each class's builder options
   ``last_hidden_state``. ``Dinov2WithRegistersModel``: registers after the
   class token, a table of the patches (``posemb_includes_prefix=False``);
   the table row transformers adds to the class token, a constant, is
-  folded into it.
+  folded into it. Either with ``use_swiglu_ffn`` (the giant): the SwiGLU
+  MLP (``mlp="swiglu"``; ``mlp_dim`` two thirds of ``hidden_size *
+  mlp_ratio``, rounded up to a multiple of 8:
+  :func:`~keras_vit.zoo.transformers_tables.dinov2_mlp_dim`).
 * ``CLIPVisionModel``: ``pre_layrnorm`` (``pre_norm``), no patch bias,
   quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
   ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
@@ -46,6 +49,8 @@ from keras_vit.base.schema import Bool, Int, Number, Object
 from keras_vit.zoo import convert, formats, hub_files
 from keras_vit.zoo.transformers_layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
+from keras_vit.zoo.transformers_tables import (ARCHITECTURES, FAMILIES,
+                                               dinov2_mlp_dim)
 
 #: The model types read here.
 FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers",
@@ -53,137 +58,6 @@ FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers",
 #: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
 GELUS = dict(GELU_FORMS, quick_gelu="quick")
 
-# -- tensor names -------------------------------------------------------------
-# transformers' name -> (official key, how the array changes on the way,
-# its shape): "heads" a query/key/value Linear split into heads, "out" an
-# output Linear from heads, "dense" a Linear transposed, "conv" OIHW <->
-# HWIO, "table" (N, D) <-> (1, N, D), "token" (D,) <-> (1, 1, D), None as
-# it is. Shapes: "d" (D,), "m" (M,), "dd", "md", "dm" (rows, columns).
-_ATT = "MultiHeadDotProductAttention_1/"
-
-
-def _attention(query, key, value, out):
-    """The attention's rows, given the four Linear layers' names."""
-    table = {}
-    for part, name in (("query", query), ("key", key), ("value", value),
-                       ("out", out)):
-        table[f"{name}.weight"] = (f"{_ATT}{part}/kernel",
-                                   "out" if part == "out" else "heads", "dd")
-        table[f"{name}.bias"] = (f"{_ATT}{part}/bias",
-                                 None if part == "out" else "heads", "d")
-    return table
-
-
-def _norm(name, key):
-    return {f"{name}.weight": (f"{key}/scale", None, "d"),
-            f"{name}.bias": (f"{key}/bias", None, "d")}
-
-
-def _mlp(fc1, fc2):
-    return {f"{fc1}.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "md"),
-            f"{fc1}.bias": ("MlpBlock_3/Dense_0/bias", None, "m"),
-            f"{fc2}.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
-            f"{fc2}.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
-
-
-_VIT_ATTENTION = _attention(*(f"attention.attention.{part}" for part in (
-    "query", "key", "value")), "attention.output.dense")
-_VIT_LAYER = {**_VIT_ATTENTION, **_norm("layernorm_before", "LayerNorm_0"),
-              **_norm("layernorm_after", "LayerNorm_2"),
-              **_mlp("intermediate.dense", "output.dense")}  # DeiT's: ViT's
-_DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "LayerNorm_0"),
-               **_norm("norm2", "LayerNorm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
-               "layer_scale1.lambda1": ("LayerScale_0/scale", None, "d"),
-               "layer_scale2.lambda1": ("LayerScale_2/scale", None, "d")}
-_CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
-    "q", "k", "v", "out"))), **_norm("layer_norm1", "LayerNorm_0"),
-               **_norm("layer_norm2", "LayerNorm_2"),
-               **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
-_ENCODER_NORM = "Transformer/encoder_norm"
-_VIT_TOP = {"embeddings.cls_token": ("cls", None, "cls"),
-            "embeddings.position_embeddings": (convert.POSEMB_KEY, None,
-                                               "posemb"),
-            "embeddings.patch_embeddings.projection.weight": (
-                "embedding/kernel", "conv", "conv"),
-            "embeddings.patch_embeddings.projection.bias": (
-                "embedding/bias", None, "d"),
-            **_norm("layernorm", _ENCODER_NORM)}
-_DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": ("reg", None, "reg"),
-             # DINOv2's masked-image pretraining token: unused in a forward.
-             "embeddings.mask_token": (None, None, "mask")}
-_CLIP_TOP = {"embeddings.class_embedding": ("cls", "token", "d"),
-             "embeddings.patch_embedding.weight": ("embedding/kernel", "conv",
-                                                   "conv"),
-             "embeddings.position_embedding.weight": (convert.POSEMB_KEY,
-                                                      "table", "table"),
-             **_norm("pre_layrnorm", "Transformer/pre_norm"),
-             **_norm("post_layernorm", _ENCODER_NORM)}
-
-
-def _linear(name, key, rows="labels"):
-    return {f"{name}.weight": (f"{key}/kernel", "dense", rows + "d"),
-            f"{name}.bias": (f"{key}/bias", None, rows)}
-
-
-_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072, image_size=224, patch_size=16,
-                 num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12,
-                 qkv_bias=True, head_dim=None)
-_DINO_DEFAULTS = dict(_DEFAULTS, patch_size=14, layer_norm_eps=1e-6,
-                      mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False)
-#: Per model type: the config's defaults (transformers' config classes),
-#: where the blocks are (``layers``) and the names of their tensors and
-#: of the others.
-FAMILIES = {
-    "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
-                 layer=_VIT_LAYER, top={
-                     **_VIT_TOP, **_linear("pooler.dense", "pre_logits", "r"),
-                     "embeddings.distillation_token": ("dist", None, "cls")}),
-    "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
-                   layer=_DINO_LAYER, top=_DINO_TOP),
-    "dinov2_with_registers": dict(
-        defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
-        layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP),
-    "clip_vision_model": dict(
-        defaults=dict(_DEFAULTS, patch_size=32, hidden_act="quick_gelu",
-                      layer_norm_eps=1e-5),
-        layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP),
-}
-FAMILIES["clip"] = FAMILIES["clip_vision_model"]
-
-# The classes read, with their model type, the tensors' prefix (None: a
-# CLIPVisionModel's, "vision_model." in files of transformers 4, none
-# since), their head's tensors and the builder options they set.
-_CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, num_classes=0)
-ARCHITECTURES = {
-    "DeiTForImageClassificationWithTeacher": dict(
-        type="deit", prefix="deit.", options=dict(distilled=True),
-        head={**_linear("cls_classifier", "head"),
-              **_linear("distillation_classifier", "head_dist")}),
-    "DeiTForImageClassification": dict(
-        type="deit", prefix="deit.", options=dict(num_registers=1),
-        head=_linear("classifier", "head")),
-    "DeiTModel": dict(type="deit", prefix="", options=dict(num_registers=1)),
-    "Dinov2Model": dict(type="dinov2", prefix="",
-                        options=dict(num_classes=0)),
-    "Dinov2WithRegistersModel": dict(
-        type="dinov2_with_registers", prefix="",
-        options=dict(num_classes=0, posemb_includes_prefix=False)),
-    "CLIPVisionModel": dict(type="clip_vision_model", prefix=None,
-                            options=_CLIP_OPTIONS),
-    "CLIPModel": dict(type="clip", prefix="vision_model.",
-                      options=_CLIP_OPTIONS),
-}
-# Classes keras_vit has no counterpart for, with the reason.
-_POOLING_HINT = (
-    "its classifier reads the class token concatenated with the mean patch "
-    "token, a pooling keras_vit lacks; load the encoder: "
-    "{base}.from_pretrained(src).save_pretrained(dir), then zoo.load(dir)")
-for _type, _base in (("dinov2", "Dinov2Model"),
-                     ("dinov2_with_registers", "Dinov2WithRegistersModel")):
-    ARCHITECTURES[_base.replace("Model", "ForImageClassification")] = dict(
-        type=_type, head=_linear("classifier", "head"),
-        refused=_POOLING_HINT.format(base=_base))
 # The settings read beyond transformers' ViT config
 # (formats.TRANSFORMERS_CONFIG), typed; a register count is bounded by
 # its tensor too, checked against the file before anything is allocated.
@@ -222,7 +96,7 @@ def architecture(config, path, header):
     """``config`` (a transformers config of a type in
     :data:`FAMILY_TYPES`) read as keras_vit's builder facts: ``class``,
     ``type``, sizes, ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, ``qkv_bias``, ``layer_scale``,
+    ``layer_norm_epsilon``, ``gelu``, ``mlp``, ``qkv_bias``, ``layer_scale``,
     ``num_registers``, ``labels``, the tensors' ``prefix``; settings
     keras_vit lacks are refused by name, sizes beyond any ViT's before
     anything is allocated. ``header`` (tensor name -> entry) tells a
@@ -232,6 +106,11 @@ def architecture(config, path, header):
     ...     "num_attention_heads": 2, "image_size": 28}, "config.json", {})
     >>> arch["class"], arch["mlp_dim"], arch["patch_size"], arch["layer_scale"]
     ('Dinov2Model', 128, 14, 1.0)
+    >>> arch = architecture({"model_type": "dinov2", "hidden_size": 32,
+    ...     "num_attention_heads": 2, "image_size": 28,
+    ...     "use_swiglu_ffn": True}, "config.json", {})
+    >>> arch["mlp"], arch["mlp_dim"]
+    ('swiglu', 88)
     """
     path = os.fspath(path)
     config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
@@ -250,8 +129,11 @@ def architecture(config, path, header):
     sides = tuple(size) if isinstance(size, tuple) else (size, size)
     dino, clip = spec["type"].startswith("dinov2"), "clip" in spec["type"]
     mlp = value["intermediate_size"]
-    if dino:  # DINOv2's MLP: int(hidden * mlp_ratio)
-        mlp = int(hidden * value["mlp_ratio"])
+    # transformers' DINOv2 reads use_swiglu_ffn only; the SwiGLU MLP gates
+    # with SiLU whatever hidden_act says.
+    swiglu = dino and bool(value["use_swiglu_ffn"])
+    if dino:  # DINOv2's MLP: from hidden_size * mlp_ratio
+        mlp = dinov2_mlp_dim(hidden, value["mlp_ratio"], swiglu)
     for key, ok, expected in (
             ("num_attention_heads", hidden % heads == 0,
              f"an integer that divides hidden_size={hidden}"),
@@ -262,15 +144,12 @@ def architecture(config, path, header):
              f"an integer that divides image_size={list(sides)}"),
             ("image_size", not clip or sides[0] == sides[1],
              "one side (CLIP's images are square)"),
-            ("hidden_act", value["hidden_act"] in GELUS,
+            ("hidden_act", swiglu or value["hidden_act"] in GELUS,
              f"one of {sorted(GELUS)} (keras_vit's GELU forms)"),
             ("mlp_ratio", mlp >= 1, "a ratio giving an MLP of at least one "
              f"unit at hidden_size={hidden}"),
             ("qkv_bias", not clip or value.get("qkv_bias", True),
              "true (CLIP's attention has query, key and value biases)"),
-            ("use_swiglu_ffn", not value.get("use_swiglu_ffn"),
-             "false (keras_vit reads DINOv2's Dense -> GELU -> Dense MLP, "
-             "not its SwiGLU weights_in/weights_out)"),
             ("layerscale_value", value.get("layerscale_value", 1) > 0,
              "a positive number (the layer scales' initial value)"),
             ("pooler_act", name != "DeiTModel" or value.get(
@@ -289,7 +168,8 @@ def architecture(config, path, header):
             "image_size": sides[0] if sides[0] == sides[1] else list(sides),
             "patch_size": patch, "num_channels": value["num_channels"],
             "layer_norm_epsilon": float(value["layer_norm_eps"]),
-            "gelu": GELUS[value["hidden_act"]],
+            "gelu": GELUS.get(value["hidden_act"], "exact"),
+            "mlp": "swiglu" if swiglu else "gelu",
             "qkv_bias": value["qkv_bias"],
             "layer_scale": float(value["layerscale_value"]) if dino else None,
             "num_registers": (value["num_register_tokens"] if spec["type"]
@@ -301,9 +181,13 @@ def architecture(config, path, header):
 def tables(arch):
     """``(block, other, head)`` rows of the tensors ``arch`` holds:
     transformers' name (without the block's number or the tensors'
-    prefix) -> (official key, how, shape), as in :data:`FAMILIES`."""
+    prefix) -> (official key, how, shape), as in
+    :data:`~keras_vit.zoo.transformers_tables.FAMILIES`."""
     family = FAMILIES[arch["type"]]
     layer = dict(family["layer"])
+    if arch["mlp"] == "swiglu":  # DINOv2's, in place of mlp.fc1 / mlp.fc2
+        layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
+        layer.update(family["swiglu"])
     if not arch["qkv_bias"]:
         for part in ("query", "key", "value"):
             layer.pop(f"attention.attention.{part}.bias")
@@ -327,6 +211,7 @@ def expected_shapes(arch, header, num_labels):
     h, w = (size, size) if isinstance(size, int) else size
     table = (h // p) * (w // p) + 1 + (arch["type"] == "deit")
     dims = {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
+            "g": (2 * m,), "gd": (2 * m, d),
             "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
             "conv": (d, c, p, p), "reg": (1, arch["num_registers"], d),
             "mask": (1, d), "r": (arch["pooler"],),
@@ -440,7 +325,7 @@ def builder_config(arch, num_labels, has_pooler):
     """The builder arguments of the keras_vit model ``arch`` describes."""
     config = {key: arch[key] for key in (
         "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "num_channels", "image_size",
+        "layer_norm_epsilon", "gelu", "mlp", "num_channels", "image_size",
         "qkv_bias", "layer_scale", "num_registers")}
     config.update(classifier="token", class_token=True,
                   representation_size=None, num_classes=num_labels or 1000,

@@ -16,7 +16,8 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, transformers_family, transformers_siglip
+from keras_vit.zoo import (convert, transformers_family, transformers_siglip,
+                           transformers_tables)
 from keras_vit.zoo.transformers_layout import (ARCHITECTURES, HIDDEN_ACTS,
                                                PREPROCESSOR_FILE, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
@@ -223,7 +224,7 @@ def family_class(config):
     elif options["layer_scale"] is not None:
         family = "DINOv2"
         allowed = {"layer_scale", "qkv_bias", "num_registers",
-                   "posemb_includes_prefix"}
+                   "posemb_includes_prefix", "mlp"}
         name = (None if head else "Dinov2WithRegistersModel" if regs else
                 "Dinov2Model")
         shape = ("a head (Dinov2ForImageClassification reads the class "
@@ -281,7 +282,7 @@ def family_class(config):
 def _family_files(model, config, name, labels):
     """``(config.json, preprocessor_config.json, tensors)`` of ``model``
     (``config`` its ``get_config()``) as transformers writes ``name``."""
-    spec = transformers_family.ARCHITECTURES[name]
+    spec = transformers_tables.ARCHITECTURES[name]
     hidden, mlp = int(config["hidden_size"]), int(config["mlp_dim"])
     size = config["image_size"]
     heads = "head" in spec
@@ -312,13 +313,23 @@ def _family_files(model, config, name, labels):
             out.update(pooler_output_size=int(config["representation_size"]),
                        pooler_act="tanh")
     elif spec["type"].startswith("dinov2"):
-        if mlp % hidden:  # transformers 5 types mlp_ratio as an int
+        swiglu = config.get("mlp", "gelu") == "swiglu"
+        # transformers 5 types mlp_ratio as an int and derives the width
+        # from it (two thirds, rounded up to 8, for SwiGLU): the smallest
+        # ratio that gives mlp_dim.
+        ratio = next((r for r in range(1, 64) if transformers_tables.
+                      dinov2_mlp_dim(hidden, r, swiglu) == mlp), None)
+        if ratio is None:
             raise ValueError(
                 "save_pretrained(layout='transformers') writes DINOv2's MLP "
-                "width as hidden_size * mlp_ratio, an integer ratio, which "
-                f"cannot give mlp_dim={mlp} at hidden_size={hidden}")
-        out.update(mlp_ratio=mlp // hidden, layerscale_value=float(
-            config["layer_scale"]), use_swiglu_ffn=False, use_mask_token=True)
+                "width as hidden_size * mlp_ratio, an integer ratio"
+                + (" (SwiGLU: two thirds of it, rounded up to a multiple of "
+                   "8)" if swiglu else "")
+                + f", which cannot give mlp_dim={mlp} at "
+                f"hidden_size={hidden}")
+        out.update(mlp_ratio=ratio, layerscale_value=float(
+            config["layer_scale"]), use_swiglu_ffn=swiglu,
+                   use_mask_token=True)
         if config.get("num_registers"):
             out["num_register_tokens"] = int(config["num_registers"])
     if heads:
@@ -327,7 +338,7 @@ def _family_files(model, config, name, labels):
         out["id2label"] = {str(i): label for i, label in enumerate(labels)}
         out["label2id"] = {label: i for i, label in enumerate(labels)}
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
-            "prefix": spec["prefix"] or "",
+            "prefix": spec["prefix"] or "", "mlp": config.get("mlp", "gelu"),
             "qkv_bias": bool(config.get("qkv_bias", True)),
             "num_registers": (int(config.get("num_registers") or 0)
                               if spec["type"].startswith("dinov2") else 0)}

@@ -1,6 +1,7 @@
 """The ViT family's later members by readable name: one table of data.
 
-``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ... are the one
+``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ``SigLIP-B/16-256``, ...
+are the one
 :class:`~keras_vit.models.VisionTransformer` with the family's options
 (``FAMILY_DEFAULTS`` of :mod:`keras_vit.models.encoder`). Each row of
 :data:`MEMBERS` says which options, at which size, where its weights are
@@ -36,6 +37,10 @@ SIZES = {
     # DINOv2's giant: its SwiGLU MLP leaves 4096 features (timm's packed
     # first layer is twice that).
     "g": (1536, 40, 24, 4096),
+    # SigLIP's shape-optimised sizes (Alabdulmohsin et al. 2023): So400m
+    # (timm's mlp_ratio 3.7362 of 1152, truncated) and SigLIP 2's g-opt.
+    "So400m": (1152, 27, 16, 4304),
+    "g-opt": (1536, 40, 16, 6144),
 }
 
 
@@ -81,6 +86,23 @@ FAMILIES = {
              layer_norm_epsilon=1e-5), "clip", "MIT (openai/CLIP)",
         "CLIP image towers (Radford et al. 2021), OpenAI's weights: the "
         "head is the image-text projection (an embedding, no labels)"),
+    # No class token: the attention-pool head (classifier "map") pools the
+    # patches, and without a classifier its output is the image embedding.
+    # timm's architectures differ in their GELU (exact or tanh): a row
+    # option.
+    "siglip": Family(
+        dict(class_token=False, classifier="map"), "official",
+        "Apache-2.0 (google-research/big_vision)",
+        "SigLIP image towers (Zhai et al. 2023), Google's weights: no "
+        "class token; the attention-pool head's output is the image "
+        "embedding (no labels)"),
+    "siglip2": Family(
+        dict(class_token=False, classifier="map"), "official",
+        "Apache-2.0 (google-research/big_vision)",
+        "SigLIP 2 image towers (Tschannen et al. 2025): SigLIP's "
+        "architecture trained further (captioning, self-distillation, "
+        "masked prediction; multilingual); the attention-pool head's "
+        "output is the image embedding (no labels)"),
 }
 
 
@@ -148,6 +170,21 @@ def _clip(arch, size, patch, embedding, image_size=224):
                   (_hub(arch, "openai", embedding, repo=repo),))
 
 
+def _siglip(arch, size, patch, image_size, gelu, *tags):
+    # SigLIP's towers have no classifier, but for one ImageNet-1k
+    # fine-tune (webli_ft_in1k).
+    return Member("siglip", arch, size, patch, image_size, dict(gelu=gelu),
+                  tuple(_hub(arch, tag, 1000, "imagenet2012")
+                        if tag == "webli_ft_in1k" else _hub(arch, tag, 0)
+                        for tag in tags))
+
+
+def _siglip2(arch, size, patch, image_size, gelu):
+    # SigLIP 2's weights are further tags of SigLIP's timm architectures.
+    return Member("siglip2", arch, size, patch, image_size, dict(gelu=gelu),
+                  (_hub(arch, "v2_webli", 0),))
+
+
 _REG = dict(num_registers=4, posemb_includes_prefix=False)
 
 #: The named members, by canonical name, grouped by family.
@@ -187,6 +224,55 @@ MEMBERS = {
     "CLIP-L/14-336": _clip("vit_large_patch14_clip_quickgelu_336", "L", 14,
                            768, image_size=336),
 }
+
+# SigLIP's and SigLIP 2's towers: (size, patch, image size, timm's GELU
+# form, tags); timm's architecture is vit_<size>_patch<P>_siglip_<image
+# size>, and the name SigLIP[2]-<size>/<P>[-<image size> unless 224].
+_TIMM_SIZE = {"B": "base", "L": "large", "So400m": "so400m",
+              "g-opt": "giantopt"}
+_SIGLIP = (
+    ("B", 16, 224, "exact", ("webli",)),
+    ("B", 16, 256, "exact", ("webli", "webli_i18n")),
+    ("B", 16, 384, "exact", ("webli",)),
+    ("B", 16, 512, "exact", ("webli",)),
+    ("L", 16, 256, "exact", ("webli",)),
+    ("L", 16, 384, "exact", ("webli",)),
+    ("So400m", 14, 224, "exact", ("webli",)),
+    ("So400m", 14, 378, "exact", ("webli", "webli_ft_in1k")),
+    ("So400m", 16, 256, "tanh", ("webli_i18n",)),
+)
+_SIGLIP2 = (
+    ("B", 16, 224, "exact"), ("B", 16, 256, "exact"),
+    ("B", 16, 384, "exact"), ("B", 16, 512, "exact"),
+    ("B", 32, 256, "tanh"),
+    ("L", 16, 256, "exact"), ("L", 16, 384, "exact"), ("L", 16, 512, "tanh"),
+    ("So400m", 14, 224, "exact"), ("So400m", 14, 378, "exact"),
+    ("So400m", 16, 256, "tanh"), ("So400m", 16, 384, "tanh"),
+    ("So400m", 16, 512, "tanh"),
+    ("g-opt", 16, 256, "tanh"), ("g-opt", 16, 384, "tanh"),
+)
+
+
+def _siglip_name(family, size, patch, image_size):
+    suffix = "" if image_size == 224 else f"-{image_size}"
+    return f"{family}-{size}/{patch}{suffix}"
+
+
+def _siglip_arch(size, patch, image_size):
+    return f"vit_{_TIMM_SIZE[size]}_patch{patch}_siglip_{image_size}"
+
+
+# timm's So400m/14 at 384 (27 patches of 14 and 6 pixels left over) is
+# left out; timm's 378, a multiple of 14, is its corrected version.
+for _size, _patch, _image, _gelu, _tags in _SIGLIP:
+    MEMBERS[_siglip_name("SigLIP", _size, _patch, _image)] = _siglip(
+        _siglip_arch(_size, _patch, _image), _size, _patch, _image, _gelu,
+        *_tags)
+for _size, _patch, _image, _gelu in _SIGLIP2:
+    MEMBERS[_siglip_name("SigLIP2", _size, _patch, _image)] = _siglip2(
+        _siglip_arch(_size, _patch, _image), _size, _patch, _image, _gelu)
+del _size, _patch, _image, _gelu, _tags
+
 
 def config(name):
     """The builder arguments of the member ``name`` (a key of

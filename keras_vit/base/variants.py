@@ -5,7 +5,7 @@
 are forgiving: ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit-b16"``, ``"B/16"`` and
 timm's ``"vit_base_patch16_224"`` all parse, and any patch size works
 (``"ViT-B/14"``). The family's later members (``"DeiT-B/16"``,
-``"DINOv2-L/14"``, ``"CLIP-B/16"``, ...) are rows of
+``"DINOv2-L/14"``, ``"CLIP-B/16"``, ``"SigLIP-B/16-256"``, ...) are rows of
 :mod:`keras_vit.base.family_rows`, parsed here too (also by timm's name of
 the same model, ``"deit_base_patch16_224"``).
 """
@@ -202,30 +202,48 @@ def parse(name) -> Arch:
     raise UnknownModelError(_unknown_message(name))
 
 
-# A family member's spellings (its name, timm's architecture), squashed.
-_FAMILY_KEYS = {
-    _squash(spelling): name
-    for name, member in family_rows.MEMBERS.items()
-    for spelling in (name, member.timm)}
+# A family member's spellings (its name, timm's architecture), squashed ->
+# the rows so spelled, in table order. Several rows may share timm's
+# architecture (SigLIP and SigLIP 2, the older release first): the timm tag
+# after a dot picks the row, and without one the last, the newest release,
+# which timm also loads by default.
+def _family_keys():
+    keys = {}
+    for name, member in family_rows.MEMBERS.items():
+        for spelling in (name, member.timm):
+            rows = keys.setdefault(_squash(spelling), [])
+            if name not in rows:
+                rows.append(name)
+    return keys
+
+
+_FAMILY_KEYS = _family_keys()
 
 
 def _family_member(raw, original):
     """The :class:`Arch` of a row of :mod:`keras_vit.base.family_rows`
     (``family="vit"``: it builds as a ViT with options), None for any other
-    name. A
-    timm tag after a dot (``"deit_base_patch16_224.fb_in1k"``) must be one
-    of the member's."""
+    name. A timm tag after a dot (``"deit_base_patch16_224.fb_in1k"``)
+    must be one of the member's; where timm's architecture is several
+    rows', the tag picks the row (``"vit_base_patch16_siglip_224.webli"``
+    is ``SigLIP-B/16``), else the newest release is meant
+    (``"vit_base_patch16_siglip_224"`` is ``SigLIP2-B/16``, as in timm)."""
     spelled, _, tag = raw.partition(".")
-    key = _squash(spelled)
-    name = _FAMILY_KEYS.get(key)
-    if name is None:
+    names = _FAMILY_KEYS.get(_squash(spelled))
+    if names is None:
         return None
+    name = names[-1]
+    if tag:
+        having = [n for n in names
+                  if tag in (w.tag for w in family_rows.MEMBERS[n].weights)]
+        if not having:
+            known = "; ".join(
+                f"{n} has {[w.tag for w in family_rows.MEMBERS[n].weights]}"
+                for n in names)
+            raise UnknownModelError(
+                f"Unknown weights tag {tag!r} in name={original!r}; {known}")
+        name = having[0]
     member = family_rows.MEMBERS[name]
-    tags = [w.tag for w in member.weights]
-    if tag and tag not in tags:
-        raise UnknownModelError(
-            f"Unknown weights tag {tag!r} in name={original!r}; {name} has "
-            f"{tags}")
     return Arch(name, "vit", family_rows.config(name), member.image_size,
                 tag or None)
 

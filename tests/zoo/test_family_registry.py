@@ -1,4 +1,5 @@
-"""The family's named members (DeiT, DeiT III, DINOv2, CLIP): every row of
+"""The family's named members (DeiT, DeiT III, DINOv2, CLIP, SigLIP,
+SigLIP 2): every row of
 ``keras_vit.base.family_rows`` against timm's own facts (its
 ``pretrained_cfg``: Hub repository, input size, mean/std, head; its models:
 parameter count and logits), the names in ``zoo.list_models``, ``zoo.info``
@@ -14,10 +15,26 @@ from keras_vit import zoo
 from testkit import (assert_close_to_timm, random_images,
                      random_timm_model, timm_forward)
 from keras_vit.base import family_rows, variants
-from keras_vit.data.normalization import NAMED
-from keras_vit.zoo import registry
+from keras_vit.data.normalization import NAMED, config_value
+from keras_vit.zoo import registry, timm_arguments
 
 ROWS = sorted(family_rows.MEMBERS)
+
+
+def _one_row_per_option_set():
+    """The first row (in table order) of each family and set of row
+    options (``distilled``, registers, the MLP, the GELU): the checks that
+    build timm's models run once for each, while every row's sizes and
+    options are checked against timm's architecture
+    (:func:`test_row_is_timms_release`)."""
+    first = {}
+    for name, member in family_rows.MEMBERS.items():
+        key = (member.family, repr(sorted(member.options.items())))
+        first.setdefault(key, name)
+    return sorted(first.values())
+
+
+OPTION_ROWS = _one_row_per_option_set()
 # The test-size input of each patch size: a 2x2 grid.
 SMALL = {14: 28, 16: 32, 32: 64}
 
@@ -43,14 +60,19 @@ def _random_timm_model(arch, size, num_classes, depth=1):
 
 def _save_for_hf(model, folder):
     """timm's own writer; the config.json it writes may name no setting
-    beyond the test's size (the row, not the file, must say the rest)."""
+    beyond the test's size (the row, not the file, must say the rest).
+    timm restates its architecture's pooling there (SigLIP's "map"): it is
+    taken out, so that the row's own pooling is the one that loads."""
     from timm.models import save_for_hf
 
     save_for_hf(model, folder, safe_serialization=True)
-    config = json.loads((folder / "config.json").read_text())
-    args = dict(config.get("model_args", {}))
-    assert (args.pop("in_chans", 3), args.pop("global_pool", "token")) == (
-        3, "token"), config["model_args"]  # timm's defaults, said again
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    args = config.get("model_args", {})
+    pool = args.pop("global_pool", "token")
+    assert pool == config.pop("global_pool", "token") == model.global_pool
+    path.write_text(json.dumps(config))
+    assert args.pop("in_chans", 3) == 3, args  # timm's default, said again
     assert set(args) <= {"depth", "img_size", "num_classes"}, args
     return config
 
@@ -62,12 +84,22 @@ def _save_for_hf(model, folder):
 @pytest.mark.parametrize("name", ROWS)
 def test_row_is_timms_release(name):
     """Hub repository, input size, mean/std, head size and label list of
-    every release are those of timm's pretrained_cfg."""
+    every release are those of timm's pretrained_cfg; the row's sizes and
+    options are those of timm's architecture (as keras_vit's table of
+    timm's architectures, checked against timm in test_timm_walk.py,
+    reads it; timm's GELU is the exact one unless it names another)."""
     timm = _timm()
     from timm.models import get_pretrained_cfg
 
     member = family_rows.MEMBERS[name]
     assert timm.is_model(member.timm), member.timm
+    arch, options = timm_arguments.architecture(member.timm)
+    theirs = {**arch.config, "gelu": "exact", **timm_arguments.honoured(
+        {}, arch, "timm_architectures.json", options)}
+    ours = family_rows.config(name)
+    ours.pop("input_normalization")
+    assert {k: theirs.get(k) for k in ours} == ours
+    assert arch.image_size == member.image_size
     norm = NAMED[family_rows.FAMILIES[member.family].normalization]
     for weights in member.weights:
         full = f"{member.timm}.{weights.tag}"
@@ -81,6 +113,12 @@ def test_row_is_timms_release(name):
         # ImageNet's names on an ImageNet-1k head, none on anything else.
         assert weights.labels == (
             "imagenet2012" if cfg.num_classes == 1000 else None), full
+    # timm's name alone, where rows share the architecture (SigLIP and
+    # SigLIP 2), is the row of the release timm loads by default.
+    if [m.timm for m in family_rows.MEMBERS.values()].count(member.timm) > 1:
+        meant = family_rows.MEMBERS[variants.parse(member.timm).name]
+        assert get_pretrained_cfg(member.timm).tag in [
+            w.tag for w in meant.weights], member.timm
     meta = zoo.info(name)
     default = member.weights[0]
     assert meta["source"] == default.source
@@ -90,7 +128,7 @@ def test_row_is_timms_release(name):
     assert meta["parameters"]["num_classes"] == default.num_classes
 
 
-@pytest.mark.parametrize("name", ROWS)
+@pytest.mark.parametrize("name", OPTION_ROWS)
 def test_row_parameter_count_is_timms(name):
     """``zoo.info``'s count (from the row's config alone) is the
     parameter count of timm's model at full depth, found from timm's
@@ -105,7 +143,7 @@ def test_row_parameter_count_is_timms(name):
         two - one)
 
 
-@pytest.mark.parametrize("name", ROWS)
+@pytest.mark.parametrize("name", OPTION_ROWS)
 def test_row_config_gives_timms_logits(name, tmp_path):
     """timm's model of the row at one block, written by timm, loads into
     the row's architecture (``zoo.load(name, weights=folder)``) with timm's
@@ -123,7 +161,7 @@ def test_row_config_gives_timms_logits(name, tmp_path):
         if key != "num_layers":
             assert config[key] == value, key
     norm = NAMED[family_rows.FAMILIES[member.family].normalization]
-    assert config["input_normalization"] == norm.to_config()
+    assert config["input_normalization"] == config_value(norm)
     assert config["num_classes"] == classes
     x = random_images(size)
     assert_close_to_timm(ours(x), timm_forward(theirs, x))
@@ -169,6 +207,20 @@ def test_names_parse_and_list():
         "DeiT-B/16", "DeiT-B/16-384", "DeiT-B/16-distilled",
         "DeiT-B/16-distilled-384"]
     assert zoo.list_models(family="vit")[0] == "ViT-Ti/16"
+    # SigLIP and SigLIP 2 share timm's architectures: the tag picks the
+    # row, and timm's name alone is the newer release.
+    assert variants.parse("siglip-so400m-14-378").name == (
+        "SigLIP-So400m/14-378")
+    tagged = variants.parse("vit_base_patch16_siglip_256.webli_i18n")
+    assert (tagged.name, tagged.tag) == ("SigLIP-B/16-256", "webli_i18n")
+    assert variants.parse("vit_base_patch16_siglip_256").name == (
+        "SigLIP2-B/16-256")
+    with pytest.raises(zoo.UnknownModelError,
+                       match=r"SigLIP-B/16 has \['webli'\]; SigLIP2-B/16 "
+                             r"has \['v2_webli'\]"):
+        variants.parse("vit_base_patch16_siglip_224.fb_in1k")
+    assert zoo.list_models("*so400m*", family="siglip") == [
+        "SigLIP-So400m/14", "SigLIP-So400m/14-378", "SigLIP-So400m/16-256"]
     with pytest.raises(ValueError, match="family='deet'.*Did you mean 'deit'"):
         zoo.list_models(family="deet")
 
@@ -191,6 +243,21 @@ def test_info_says_source_normalisation_size_parameters_labels():
     assert clip["config"]["gelu"] == "quick"
     assert clip["source"] == "hf-hub:timm/vit_base_patch16_clip_224.openai"
     assert clip["input_normalization"]["name"] == "clip"
+    siglip = zoo.info("SigLIP-B/16-256")
+    assert siglip["family"] == "siglip" and siglip["labels"] is None
+    assert [siglip["config"][k] for k in ("class_token", "classifier",
+                                          "gelu")] == [False, "map", "exact"]
+    assert siglip["input_normalization"] == {
+        "name": "official", "mean": [0.5] * 3, "std": [0.5] * 3}
+    assert list(siglip["weights"]) == ["webli", "webli_i18n"]
+    assert siglip["parameters"]["num_classes"] == 0
+    so400m = zoo.info("SigLIP2-So400m/16-256")
+    assert (so400m["config"]["gelu"], so400m["config"]["mlp_dim"]) == (
+        "tanh", 4304)
+    assert so400m["source"] == (
+        "hf-hub:timm/vit_so400m_patch16_siglip_256.v2_webli")
+    tuned = zoo.info("SigLIP-So400m/14-378")["weights"]["webli_ft_in1k"][0]
+    assert (tuned["num_classes"], tuned["labels"]) == (1000, "imagenet2012")
     # The 2020 models say theirs the same way.
     vit = zoo.info("ViT-B/16")
     assert vit["input_normalization"]["name"] == "official"
@@ -232,6 +299,22 @@ def test_list_and_info_commands(capsys):
     assert "labels:         none: no head, the model returns the pooled " \
            "embedding" in out
     assert "518px, no head (pooled embedding)" in out
+
+    assert cli.main(["list", "--family", "siglip2"]) == 0
+    rows = [line.split() for line in
+            capsys.readouterr().out.splitlines()[1:-1]]
+    assert [r[0] for r in rows] == zoo.list_models(family="siglip2")
+    assert all(r[1:3] == ["siglip2", "v2_webli*"] for r in rows)
+    assert cli.main(["info", "SigLIP-B/16"]) == 0
+    out = capsys.readouterr().out
+    for line in ("source:         hf-hub:timm/vit_base_patch16_siglip_224."
+                 "webli",
+                 "normalisation:  official (mean (0.5, 0.5, 0.5)",
+                 # timm's vit_base_patch16_siglip_224, attention pool too.
+                 "parameters:     92,884,224 (at 224 px, 0 classes)",
+                 "labels:         none: no head, the model returns the "
+                 "pooled embedding"):
+        assert line in out, line
 
 
 def test_guide_names_every_member():

@@ -1,5 +1,6 @@
 """keras-hub's ViT family beyond ViT (zoo/keras_hub_family.py): DeiT (and
-its classifier), DINOv2 with and without registers, SigLIP's and CLIP's
+its classifier), DINOv2 with and without registers (and with its SwiGLU
+MLP), SigLIP's and CLIP's
 image towers, each built by keras-hub at tiny sizes with every weight
 random, written by its save_to_preset, loaded by zoo.load and compared with
 what keras-hub computes from the same preset (its from_preset), on random
@@ -105,18 +106,22 @@ def test_deit_classifier_and_backbone(tmp_path):
     _close(zoo.from_keras_hub(hub)(x), theirs(x))
 
 
-@pytest.mark.parametrize("registers,table,antialias", [
-    (0, 32, False), (2, 48, True)], ids=["plain", "registers_resized"])
+@pytest.mark.parametrize("registers,table,antialias,swiglu", [
+    (0, 32, False, False), (2, 48, True, False), (1, 32, False, True)],
+    ids=["plain", "registers_resized", "registers_swiglu"])
 def test_dinov2_with_and_without_registers(tmp_path, registers, table,
-                                           antialias):
+                                           antialias, swiglu):
     """With registers the table covers the class token and the patches;
     a table kept at another position_embedding_shape is resized when the
     preset loads, by keras-hub (bicubic, antialiased here) and by keras_vit
-    with the same Keras op."""
+    with the same Keras op. DINOv2-g's SwiGLU MLP (``weights_in``: gate
+    columns, then value columns) keeps two thirds of intermediate_dim,
+    rounded up to a multiple of 8: 64 -> 48 gated features."""
     hub = _randomise(keras_hub.models.DINOV2Backbone(
         image_shape=(32, 32, 3), num_register_tokens=registers,
         position_embedding_shape=(table, table, 3),
-        antialias_in_interpolation=antialias, **SIZES), seed=2)
+        antialias_in_interpolation=antialias, use_swiglu_ffn=swiglu,
+        **SIZES), seed=2)
     theirs = keras_hub.models.Backbone.from_preset(
         str(_saved(hub, tmp_path / "p")))
     model = zoo.load(str(tmp_path / "p"))
@@ -126,6 +131,8 @@ def test_dinov2_with_and_without_registers(tmp_path, registers, table,
     assert config["num_registers"] == registers
     assert config["layer_scale"] == 1.0 and config["include_top"] is False
     assert config["posemb_includes_prefix"] is (registers == 0)
+    assert (config["mlp"], config["mlp_dim"]) == (
+        ("swiglu", 48) if swiglu else ("gelu", 64))
     assert of_model(model).mean == pytest.approx(IMAGENET["mean"])
     # Another size: keras_vit's resize from the preset's image_shape.
     assert model.get_layer("encoder_norm").output.shape[1] == 17 + registers
@@ -201,7 +208,6 @@ def test_what_keras_vit_lacks_is_refused_naming_the_field(tmp_path):
 
     cases = [
         (dino, renamed, "rope_theta=100.0"),
-        (dino, lambda d: config(d, use_swiglu_ffn=True), "use_swiglu_ffn"),
         (dino, lambda d: config(d, use_layer_norm_v2=True),
          "use_layer_norm_v2"),
         (dino, lambda d: config(d, position_embedding_shape=[16, 24, 3]),
@@ -236,6 +242,12 @@ def test_what_keras_vit_lacks_is_refused_naming_the_field(tmp_path):
     with pytest.raises(checkpoints.CheckpointError, match="missing.*"
                        "dinov2_embedding/vars/"):
         zoo.load(str(wide))
+    # A SwiGLU config over a GELU MLP's weights: SwiGLU's missing.
+    gated = _edit(dino, tmp_path / "gated",
+                  lambda d: config(d, use_swiglu_ffn=True))
+    with pytest.raises(checkpoints.CheckpointError,
+                       match="missing.*mlp/weights_in/vars/0"):
+        zoo.load(str(gated))
     shutil.copytree(siglip, tmp_path / "ids")
     weights = tmp_path / "ids" / "model.weights.h5"
     with h5py.File(weights, "a") as f:

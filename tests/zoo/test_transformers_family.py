@@ -1,8 +1,8 @@
-"""transformers' DeiT, DINOv2 (with registers too) and CLIP image-tower
-folders, as their ``save_pretrained`` writes them, against transformers'
-own forward; and keras_vit writing them back. Tiny random models, every
-parameter random (LayerNorms and layer scales too: a unit scale would hide
-a swap); never the real Hub."""
+"""transformers' DeiT, DINOv2 (with registers too, each with its GELU or
+its SwiGLU MLP) and CLIP image-tower folders, as their ``save_pretrained``
+writes them, against transformers' own forward; and keras_vit writing
+them back. Tiny random models, every parameter random (LayerNorms and
+layer scales too: a unit scale would hide a swap); never the real Hub."""
 
 import json
 import shutil
@@ -56,6 +56,18 @@ CASES = {
                              num_register_tokens=3), 32, "pooler_output"),
     "clip_vision": (transformers.CLIPVisionModel, _clip_vision, 32,
                     "pooler_output"),
+    # DINOv2-g's SwiGLU MLP (weights_in: gate rows, then value rows): two
+    # thirds of hidden_size * mlp_ratio, rounded up to a multiple of 8
+    # (32 * 4 -> 88; 32 * 2 -> 48).
+    "dinov2_swiglu": (transformers.Dinov2Model,
+                      lambda: transformers.Dinov2Config(
+                          **SIZES, image_size=28, patch_size=14,
+                          use_swiglu_ffn=True), 28, "pooler_output"),
+    "dinov2_registers_swiglu": (
+        transformers.Dinov2WithRegistersModel,
+        lambda: transformers.Dinov2WithRegistersConfig(
+            **SIZES, image_size=32, patch_size=8, num_register_tokens=2,
+            mlp_ratio=2, use_swiglu_ffn=True), 32, "pooler_output"),
 }
 
 
@@ -118,7 +130,12 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
             "dinov2_registers": dict(num_registers=3, num_classes=0,
                                      posemb_includes_prefix=False),
             "clip_vision": dict(pre_norm=True, patch_bias=False,
-                                gelu="quick", num_classes=0)}[key]
+                                gelu="quick", num_classes=0),
+            "dinov2_swiglu": dict(mlp="swiglu", mlp_dim=88, layer_scale=1.0,
+                                  num_classes=0, num_registers=0),
+            "dinov2_registers_swiglu": dict(
+                mlp="swiglu", mlp_dim=48, num_registers=2, num_classes=0,
+                posemb_includes_prefix=False)}[key]
     assert {k: config[k] for k in want} == want
     if key.startswith("deit") and key != "deit_model":
         assert model.zoo_labels == list(LABELS.values())
@@ -133,6 +150,9 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
     out = zoo.save_pretrained(model, tmp_path / "back", layout="transformers")
     written = json.loads((tmp_path / "back" / "config.json").read_text())
     assert written["architectures"] == [cls.__name__]
+    if key.startswith("dinov2"):
+        assert written["use_swiglu_ffn"] is key.endswith("_swiglu")
+        assert written["mlp_ratio"] == theirs.config.mlp_ratio
     loaded, info = cls.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
                                      "mismatched_keys")), info
@@ -146,7 +166,7 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
         "dinov2": {"embeddings.mask_token"},
         "dinov2_registers": {"embeddings.mask_token", "embeddings.cls_token",
                              "embeddings.position_embeddings"}}.get(
-                                 key, set())
+                                 key.removesuffix("_swiglu"), set())
 
 
 def test_clip_models_image_tower(tmp_path):
@@ -215,7 +235,6 @@ def _with_config(folders, key, tmp_path, **fields):
 
 
 @pytest.mark.parametrize("key, fields, match", [
-    ("dinov2", dict(use_swiglu_ffn=True), "field use_swiglu_ffn.*SwiGLU"),
     ("dinov2", dict(architectures=["Dinov2ForImageClassification"]),
      "field architectures.*mean patch token"),
     ("dinov2_registers", dict(layerscale_value=0), "field layerscale_value"),
@@ -244,6 +263,11 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
                        match=r"'embeddings.register_tokens': \[1, 3, 32\] "
                        r"\(expected \[1, 4, 32\]\)"):
         zoo.load(str(bad))
+    # A SwiGLU config over a GELU MLP's tensors: SwiGLU's names missing.
+    bad = _with_config(folders, "dinov2", tmp_path, use_swiglu_ffn=True)
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"encoder\.layer\.0\.mlp\.weights_in\.weight"):
+        zoo.load(str(bad))
     kw = dict(image_size=32, patch_size=16, hidden_size=32, num_layers=1,
               num_heads=2, mlp_dim=64)
     for model, match in (
@@ -255,7 +279,12 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
             (keras_vit.vit(num_classes=3, num_registers=2, **kw),
              "DeiT's.*num_registers=2"),
             (keras_vit.vit(num_classes=3, qk_norm=True, **kw),
-             "options qk_norm")):
+             "options qk_norm"),
+            # No integer mlp_ratio gives a SwiGLU MLP 50 wide at width 32
+            # (transformers computes the width from the ratio).
+            (keras_vit.vit(num_classes=0, layer_scale=1.0, mlp="swiglu",
+                           **dict(kw, mlp_dim=50)),
+             "mlp_ratio.*mlp_dim=50")):
         with pytest.raises(ValueError, match=match):
             zoo.save_pretrained(model, tmp_path / "x", layout="transformers")
     assert not (tmp_path / "x" / "config.json").exists()

@@ -1,0 +1,181 @@
+"""The tensor names and config defaults of transformers' other ViT-family
+towers, as data (read by :mod:`keras_vit.zoo.transformers_family`, written
+by :mod:`keras_vit.zoo.transformers_writer`): per model type its config
+defaults, where its blocks are and the names of their tensors and of the
+others (:data:`FAMILIES`); per class its model type, the tensors' prefix,
+its head's tensors and the builder options it sets (:data:`ARCHITECTURES`),
+or why keras_vit refuses it.
+"""
+
+from __future__ import annotations
+
+from keras_vit.zoo import convert
+
+# -- tensor names -------------------------------------------------------------
+# transformers' name -> (official key, how the array changes on the way,
+# its shape): "heads" a query/key/value Linear split into heads, "out" an
+# output Linear from heads, "dense" a Linear transposed, "conv" OIHW <->
+# HWIO, "table" (N, D) <-> (1, N, D), "token" (D,) <-> (1, 1, D), None as
+# it is. Shapes: "d" (D,), "m" (M,), "dd", "md", "dm" (rows, columns);
+# "g" (2M,) and "gd" SwiGLU's packed first Linear (gate rows, then value
+# rows, M each).
+_ATT = "MultiHeadDotProductAttention_1/"
+
+
+def _attention(query, key, value, out):
+    """The attention's rows, given the four Linear layers' names."""
+    table = {}
+    for part, name in (("query", query), ("key", key), ("value", value),
+                       ("out", out)):
+        table[f"{name}.weight"] = (f"{_ATT}{part}/kernel",
+                                   "out" if part == "out" else "heads", "dd")
+        table[f"{name}.bias"] = (f"{_ATT}{part}/bias",
+                                 None if part == "out" else "heads", "d")
+    return table
+
+
+def _norm(name, key):
+    return {f"{name}.weight": (f"{key}/scale", None, "d"),
+            f"{name}.bias": (f"{key}/bias", None, "d")}
+
+
+def _mlp(fc1, fc2):
+    return {f"{fc1}.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "md"),
+            f"{fc1}.bias": ("MlpBlock_3/Dense_0/bias", None, "m"),
+            f"{fc2}.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
+            f"{fc2}.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
+
+
+_VIT_ATTENTION = _attention(*(f"attention.attention.{part}" for part in (
+    "query", "key", "value")), "attention.output.dense")
+_VIT_LAYER = {**_VIT_ATTENTION, **_norm("layernorm_before", "LayerNorm_0"),
+              **_norm("layernorm_after", "LayerNorm_2"),
+              **_mlp("intermediate.dense", "output.dense")}  # DeiT's: ViT's
+_DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "LayerNorm_0"),
+               **_norm("norm2", "LayerNorm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
+               "layer_scale1.lambda1": ("LayerScale_0/scale", None, "d"),
+               "layer_scale2.lambda1": ("LayerScale_2/scale", None, "d")}
+# DINOv2's SwiGLU MLP (use_swiglu_ffn, the giant), in the names
+# save_pretrained writes: one packed Linear whose first half of the rows,
+# through SiLU, gates the second (keras_vit's mlp="swiglu"; transformers
+# 5 splits it into gate_proj and up_proj in memory only), then one back.
+_DINO_SWIGLU = {
+    "mlp.weights_in.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "gd"),
+    "mlp.weights_in.bias": ("MlpBlock_3/Dense_0/bias", None, "g"),
+    "mlp.weights_out.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
+    "mlp.weights_out.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
+_CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
+    "q", "k", "v", "out"))), **_norm("layer_norm1", "LayerNorm_0"),
+               **_norm("layer_norm2", "LayerNorm_2"),
+               **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
+_ENCODER_NORM = "Transformer/encoder_norm"
+_VIT_TOP = {"embeddings.cls_token": ("cls", None, "cls"),
+            "embeddings.position_embeddings": (convert.POSEMB_KEY, None,
+                                               "posemb"),
+            "embeddings.patch_embeddings.projection.weight": (
+                "embedding/kernel", "conv", "conv"),
+            "embeddings.patch_embeddings.projection.bias": (
+                "embedding/bias", None, "d"),
+            **_norm("layernorm", _ENCODER_NORM)}
+_DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": ("reg", None, "reg"),
+             # DINOv2's masked-image pretraining token: unused in a forward.
+             "embeddings.mask_token": (None, None, "mask")}
+_CLIP_TOP = {"embeddings.class_embedding": ("cls", "token", "d"),
+             "embeddings.patch_embedding.weight": ("embedding/kernel", "conv",
+                                                   "conv"),
+             "embeddings.position_embedding.weight": (convert.POSEMB_KEY,
+                                                      "table", "table"),
+             **_norm("pre_layrnorm", "Transformer/pre_norm"),
+             **_norm("post_layernorm", _ENCODER_NORM)}
+
+
+def _linear(name, key, rows="labels"):
+    return {f"{name}.weight": (f"{key}/kernel", "dense", rows + "d"),
+            f"{name}.bias": (f"{key}/bias", None, rows)}
+
+
+_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, image_size=224, patch_size=16,
+                 num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12,
+                 qkv_bias=True, head_dim=None)
+_DINO_DEFAULTS = dict(_DEFAULTS, patch_size=14, layer_norm_eps=1e-6,
+                      mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False)
+#: Per model type: the config's defaults (transformers' config classes),
+#: where the blocks are (``layers``) and the names of their tensors
+#: (``swiglu``: the MLP's, replacing ``mlp.fc1`` / ``mlp.fc2``, under
+#: ``use_swiglu_ffn``) and of the others.
+FAMILIES = {
+    "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
+                 layer=_VIT_LAYER, top={
+                     **_VIT_TOP, **_linear("pooler.dense", "pre_logits", "r"),
+                     "embeddings.distillation_token": ("dist", None, "cls")}),
+    "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
+                   layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU),
+    "dinov2_with_registers": dict(
+        defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
+        layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
+        swiglu=_DINO_SWIGLU),
+    "clip_vision_model": dict(
+        defaults=dict(_DEFAULTS, patch_size=32, hidden_act="quick_gelu",
+                      layer_norm_eps=1e-5),
+        layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP),
+}
+FAMILIES["clip"] = FAMILIES["clip_vision_model"]
+
+# The classes read, with their model type, the tensors' prefix (None: a
+# CLIPVisionModel's, "vision_model." in files of transformers 4, none
+# since), their head's tensors and the builder options they set.
+_CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, num_classes=0)
+ARCHITECTURES = {
+    "DeiTForImageClassificationWithTeacher": dict(
+        type="deit", prefix="deit.", options=dict(distilled=True),
+        head={**_linear("cls_classifier", "head"),
+              **_linear("distillation_classifier", "head_dist")}),
+    "DeiTForImageClassification": dict(
+        type="deit", prefix="deit.", options=dict(num_registers=1),
+        head=_linear("classifier", "head")),
+    "DeiTModel": dict(type="deit", prefix="", options=dict(num_registers=1)),
+    "Dinov2Model": dict(type="dinov2", prefix="",
+                        options=dict(num_classes=0)),
+    "Dinov2WithRegistersModel": dict(
+        type="dinov2_with_registers", prefix="",
+        options=dict(num_classes=0, posemb_includes_prefix=False)),
+    "CLIPVisionModel": dict(type="clip_vision_model", prefix=None,
+                            options=_CLIP_OPTIONS),
+    "CLIPModel": dict(type="clip", prefix="vision_model.",
+                      options=_CLIP_OPTIONS),
+}
+# Classes keras_vit has no counterpart for, with the reason.
+_POOLING_HINT = (
+    "its classifier reads the class token concatenated with the mean patch "
+    "token, a pooling keras_vit lacks; load the encoder: "
+    "{base}.from_pretrained(src).save_pretrained(dir), then zoo.load(dir)")
+for _type, _base in (("dinov2", "Dinov2Model"),
+                     ("dinov2_with_registers", "Dinov2WithRegistersModel")):
+    ARCHITECTURES[_base.replace("Model", "ForImageClassification")] = dict(
+        type=_type, head=_linear("classifier", "head"),
+        refused=_POOLING_HINT.format(base=_base))
+
+
+def swiglu_width(width):
+    """The features DINOv2's SwiGLU MLP gates, given the width ``width``
+    of the MLP it replaces: two thirds of it, rounded up to a multiple of
+    8 (the rule of Meta's DINOv2, kept by transformers' and keras-hub's
+    ports; keras_vit's ``mlp_dim`` of ``mlp="swiglu"``).
+
+    >>> swiglu_width(6144), swiglu_width(128), swiglu_width(64)
+    (4096, 88, 48)
+    """
+    return -(-int(width * 2 / 3) // 8) * 8
+
+
+def dinov2_mlp_dim(hidden_size, mlp_ratio, swiglu=False):
+    """The ``mlp_dim`` of a transformers DINOv2 config:
+    ``int(hidden_size * mlp_ratio)``, or :func:`swiglu_width` of it under
+    ``use_swiglu_ffn`` (``swiglu``).
+
+    >>> dinov2_mlp_dim(384, 4), dinov2_mlp_dim(1536, 4, swiglu=True)
+    (1536, 4096)
+    """
+    width = int(hidden_size * mlp_ratio)
+    return swiglu_width(width) if swiglu else width
