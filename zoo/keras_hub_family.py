@@ -49,8 +49,9 @@ pixels; a preset's ``image_converter.json`` (or a task's) is read as the
 model's ``input_normalization``, else the family's published one
 (ImageNet's for DeiT and DINOv2, OpenAI CLIP's, SigLIP's 0.5 / 0.5).
 What keras_vit lacks is refused in one line naming the field and value
-(DINOv3's rotary embeddings, ...). Writing these back to keras-hub is not
-supported (:mod:`keras_vit.zoo.keras_hub_writer`).
+(DINOv3's rotary embeddings, ...). The same table, read backwards, writes
+a model back as the member that computes it
+(:mod:`keras_vit.zoo.keras_hub_family_writer`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ variable. Shared by the reader
 (:mod:`keras_vit.zoo.keras_hub_io`) and the writer
 (:mod:`keras_vit.zoo.keras_hub_writer`). The names of the family's other
 presets (DeiT, DINOv2, SigLIP's and CLIP's image towers) follow, for
-:mod:`keras_vit.zoo.keras_hub_family`.
+:mod:`~keras_vit.zoo.keras_hub_family` and its writer.
 """
 
 from __future__ import annotations

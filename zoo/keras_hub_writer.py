@@ -1,14 +1,20 @@
-"""Writes a keras_vit ViT as keras-hub's ViT: a live
-``keras_hub.models.ViTImageClassifier`` or ``ViTBackbone``
-(:func:`to_keras_hub`), or a preset directory with the model's class names
-(:func:`save_preset`). The reverse of :mod:`keras_vit.zoo.keras_hub_io`.
+"""Writes a keras_vit model as the keras-hub class that computes it, live
+(:func:`to_keras_hub`) or as a preset directory with the model's class
+names (:func:`save_preset`). The reverse of
+:mod:`keras_vit.zoo.keras_hub_io`: a model without family options is
+keras-hub's ViT (``keras_hub.models.ViTImageClassifier`` or
+``ViTBackbone``); one with them is written as the family member
+:mod:`keras_vit.zoo.keras_hub_family` reads it from (``DeiTBackbone`` and
+its ``DeiTImageClassifier``, ``DINOV2Backbone`` with registers and the
+SwiGLU MLP, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder``), by that
+module's own table read backwards
+(:mod:`keras_vit.zoo.keras_hub_family_writer`).
 
-keras-hub computes the exact GELU only, so a model with ``gelu="tanh"``
-(the official ``.npz`` numerics) is refused rather than converted with
-other logits. The ViT family's other members, which
-:mod:`keras_vit.zoo.keras_hub_family` reads (DeiT, DINOv2, SigLIP's and
-CLIP's image towers), are not written: a model with a family option
-keras-hub's ViT lacks is refused naming it.
+keras-hub's ViT computes the exact GELU only, so a ViT with
+``gelu="tanh"`` (the official ``.npz`` numerics) is refused rather than
+converted with other logits; a model with a family option no keras-hub
+class computes (``qk_norm``, ``fc_norm``, DeiT's two heads, ...) is
+refused in one line naming it and the closest class.
 """
 
 from __future__ import annotations
@@ -19,23 +25,29 @@ import numpy as np
 
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, hub_files, keras_hub_layout
+from keras_vit.zoo import (convert, hub_files, keras_hub_family_writer,
+                           keras_hub_layout)
 from keras_vit.zoo.keras_hub_layout import to_hub_names
 
 
-def _convertible(model):
-    """The reason keras-hub's ViT cannot compute what ``model`` computes,
-    or None."""
+def _config(model):
+    """``model``'s config when it is a keras_vit VisionTransformer, else a
+    one-line ValueError naming it."""
     config = model.get_config() if hasattr(model, "get_config") else None
     if not isinstance(config, dict) or "hidden_size" not in config or (
             "num_heads" not in config):
-        return f"{type(model).__name__} is not a keras_vit VisionTransformer"
+        raise ValueError(f"to_keras_hub: keras-hub's ViT cannot hold model="
+                         f"{getattr(model, 'name', model)!r}: "
+                         f"{type(model).__name__} is not a keras_vit "
+                         "VisionTransformer")
+    return config
+
+
+def _unconvertible(config):
+    """Every reason keras-hub's ViT cannot compute what the model of
+    ``config`` (without family options) computes; none: it can."""
     include_top = config.get("include_top", True)
-    family = _family_option(config)
     checks = (
-        (family is not None, f"{family}: keras-hub's ViTBackbone is the "
-         "paper's ViT; writing the family's other members (DeiT, DINOv2, "
-         "SigLIP's and CLIP's image towers) to keras-hub is not supported"),
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
         (config.get("position_embedding", "learned_1d") != "learned_1d"
          or config.get("position_embedding_placement", "stem") != "stem",
@@ -57,38 +69,28 @@ def _convertible(model):
         (config.get("return_attention_scores"),
          "attention scores as an output"),
     )
-    for bad, what in checks:
-        if bad:
-            return what
-    return None
-
-
-def _family_option(config):
-    """``"name=value"`` of the first ViT-family option of a keras_vit
-    model's ``config`` that keras-hub's ViT lacks, or None (stochastic
-    depth acts in training only; a class token goes with token pooling)."""
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
-    for name, default in FAMILY_DEFAULTS.items():
-        value = config.get(name, default)
-        if name == "class_token":
-            default = value if value is None else (
-                config.get("classifier", "token") == "token")
-        if name != "drop_path_rate" and value != default:
-            return f"{name}={value!r}"
-    return None
+    return [what for bad, what in checks if bad]
 
 
 def to_keras_hub(model):
-    """``model`` as keras-hub's ViT with the same weights and outputs: a
-    ``keras_hub.models.ViTImageClassifier`` for a model with a head (with
-    a ``ViTImageClassifierPreprocessor`` whose image converter maps
-    [0, 255] pixels to [-1, 1], as keras-hub's ViT presets do, so that
-    ``predict`` takes raw pixels and ``save_to_preset`` /
-    ``ViTImageClassifier.from_preset`` work), or a ``ViTBackbone`` for one
-    without (it returns every token; keras-hub's backbones pool nothing).
-    The model's label names (``label_names``) go along as the
-    classifier's ``zoo_labels``, which :func:`from_keras_hub` reads back;
+    """``model`` as the keras-hub class that computes it, with the same
+    weights and outputs. A model without family options is keras-hub's
+    ViT: a ``keras_hub.models.ViTImageClassifier`` for a model with a head
+    (with a ``ViTImageClassifierPreprocessor`` whose image converter
+    applies the model's input normalisation to [0, 255] pixels, [-1, 1]
+    as keras-hub's ViT presets do, so that ``predict`` takes raw pixels
+    and ``save_to_preset`` / ``ViTImageClassifier.from_preset`` work), or
+    a ``ViTBackbone`` for one without (it returns every token; keras-hub's
+    backbones pool nothing). A model with family options is the member
+    :mod:`keras_vit.zoo.keras_hub_family` reads (a ``DeiTBackbone``, or a
+    ``DeiTImageClassifier`` with its preprocessor for a DeiT with a head;
+    a ``DINOV2Backbone``, a ``SigLIPVisionEncoder``, a
+    ``CLIPVisionEncoder``), whose ``save_to_preset`` also writes an
+    ``image_converter.json`` of the model's input normalisation; what no
+    keras-hub class computes is refused naming the option
+    (:mod:`keras_vit.zoo.keras_hub_family_writer`).
+    The model's label names (``label_names``) go along as a classifier's
+    ``zoo_labels``, which :func:`from_keras_hub` reads back;
     keras-hub's presets have no field for them, so the classifier's
     ``save_to_preset`` adds them to the preset's ``metadata.json``, where
     ``zoo.load`` finds them (:func:`_keep_labels`).
@@ -99,14 +101,37 @@ def to_keras_hub(model):
         hub = keras_vit.zoo.to_keras_hub(
             keras_vit.zoo.load("ViT-B/16", gelu="exact"))
         hub.save_to_preset("vit_b16_preset")
+        dino = keras_vit.zoo.to_keras_hub(keras_vit.zoo.load("dino_preset"))
+        dino.save_to_preset("dino_again")   # a DINOV2Backbone preset
     """
-    reason = _convertible(model)
-    if reason is not None:
-        raise ValueError(f"to_keras_hub: keras-hub's ViT cannot hold "
-                         f"model={getattr(model, 'name', model)!r}: {reason}")
+    config = _config(model)
+    # keras-hub's ViT when it computes the model, else the family member
+    # that does (refused, naming the closest class, when none does).
+    lacks = [f"{o} (it has no such option)"
+             for o in keras_hub_family_writer.family_options(config)]
+    family = lacks or _unconvertible(config)
+    if family:
+        chosen = keras_hub_family_writer.choose(model, family)
     keras_hub = require("keras_hub", package="keras-hub",
                         purpose="to_keras_hub")
-    config = model.get_config()
+    if family:
+        out, backbone = keras_hub_family_writer.build(model, *chosen,
+                                                      keras_hub)
+    else:
+        out, backbone = _vit(model, config, keras_hub)
+    labels = (getattr(model, "label_names", None)
+              or getattr(model, "zoo_labels", None))
+    if out is not backbone:
+        out.zoo_labels = list(labels) if labels else None
+        _keep_labels(out)
+    return out
+
+
+def _vit(model, config, keras_hub):
+    """``(out, backbone)``: keras-hub's ViT of ``model`` (a model without
+    family options that :func:`_unconvertible` finds nothing against),
+    ``out`` its classifier when the model has a head, else the
+    backbone."""
     size = config["image_size"]
     rows, cols = (size, size) if isinstance(size, int) else tuple(size)
     token = config.get("classifier", "token") == "token"
@@ -146,13 +171,7 @@ def to_keras_hub(model):
                           "hold the keras-hub ViT its config describes")
     for name, variable in targets.items():
         variable.assign(state[name])
-    labels = (getattr(model, "label_names", None)
-              or getattr(model, "zoo_labels", None))
-    if out is not backbone:
-        if labels:
-            out.zoo_labels = list(labels)
-        _keep_labels(out)
-    return out
+    return out, backbone
 
 
 def _keep_labels(task):
@@ -200,10 +219,18 @@ def write_labels(directory, labels):
 
 def save_preset(model, directory, labels=None):
     """Writes ``model`` as a keras-hub preset directory
-    (``to_keras_hub(model).save_to_preset(directory)``) with the class
-    names ``labels`` (a checked list, or None: none) as ``label_names``
-    in its ``metadata.json`` (:func:`write_labels`). Returns the
-    folder."""
+    (``to_keras_hub(model).save_to_preset(directory)``: keras-hub's ViT,
+    or the family member that computes the model) with a classifier's
+    class names ``labels`` (a checked list, or None: none) as
+    ``label_names`` in its ``metadata.json`` (:func:`write_labels`).
+    Returns the folder; ``keras_hub.models.Backbone.from_preset`` (or the
+    task's class) and :func:`keras_vit.zoo.load` read it.
+
+    Example::
+
+        save_preset(keras_vit.zoo.load("dino_preset"), "dino_again")
+        keras_hub.models.Backbone.from_preset("dino_again")
+    """
     hub = to_keras_hub(model)
     if hasattr(hub, "zoo_labels"):
         hub.zoo_labels = list(labels) if labels else None

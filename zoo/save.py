@@ -66,7 +66,9 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     ``ViTForImageClassification.from_pretrained(directory)`` loads (a
     headless model pooled by ``"map"``: ``SiglipVisionModel``).
     ``layout="keras-hub"``: a keras-hub preset
-    (``keras_hub.models.ViTImageClassifier.from_preset(directory)``).
+    (``keras_hub.models.ViTImageClassifier.from_preset(directory)``; a
+    family member as keras-hub's DeiT, DINOV2, SigLIP or CLIP vision
+    class, ``keras_hub.models.Backbone.from_preset(directory)``).
 
     ``labels``: the head's class names (default: the model's
     ``label_names``); every layout keeps them and ``zoo.load`` reads them

@@ -4,7 +4,10 @@ MLP), SigLIP's and CLIP's
 image towers, each built by keras-hub at tiny sizes with every weight
 random, written by its save_to_preset, loaded by zoo.load and compared with
 what keras-hub computes from the same preset (its from_preset), on random
-inputs as the backbones take them (the image converter's output)."""
+inputs as the backbones take them (the image converter's output). Each is
+then written back (zoo.save_pretrained(..., layout="keras-hub")) and
+loaded by keras-hub's own from_preset as the class it came from, with the
+original's outputs."""
 
 import json
 import shutil
@@ -19,6 +22,7 @@ from keras_vit.base.errors import ConfigError  # noqa: E402
 from keras_vit.data.normalization import of_model  # noqa: E402
 from keras_vit.models import feature_model  # noqa: E402
 from keras_vit.zoo import checkpoints  # noqa: E402
+from testkit import tiny_vit  # noqa: E402
 
 SIZES = dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
              intermediate_dim=64)
@@ -48,6 +52,14 @@ def _close(ours, theirs):
 def _saved(model, folder):
     model.save_to_preset(str(folder))
     return folder
+
+
+def _written_back(model, folder, cls=None, labels=None):
+    """``model`` written by keras_vit as a keras-hub preset, loaded by
+    keras-hub (``cls.from_preset``, default any backbone)."""
+    zoo.save_pretrained(model, str(folder), labels, layout="keras-hub")
+    cls = cls or keras_hub.models.Backbone
+    return cls.from_preset(str(folder))
 
 
 def _siglip(**kw):
@@ -104,6 +116,18 @@ def test_deit_classifier_and_backbone(tmp_path):
     assert tokens.get_config()["include_top"] is False
     _close(tokens(x), theirs.backbone(x))
     _close(zoo.from_keras_hub(hub)(x), theirs(x))
+    # Written back: the classifier (its head, its image converter, the
+    # class names) and the backbone alone, as keras-hub's own classes.
+    back = _written_back(model, tmp_path / "clf_back",
+                         keras_hub.models.DeiTImageClassifier,
+                         labels=["a", "b", "c"])
+    _close(back(x), theirs(x))
+    _close(back.predict(pixels, verbose=0), theirs.predict(pixels, verbose=0))
+    again = zoo.load(str(tmp_path / "clf_back"))
+    assert list(again.label_names) == ["a", "b", "c"]
+    back = _written_back(tokens, tmp_path / "bb_back")
+    assert type(back).__name__ == "DeiTBackbone"
+    _close(back(x), theirs.backbone(x))
 
 
 @pytest.mark.parametrize("registers,table,antialias,swiglu", [
@@ -134,6 +158,14 @@ def test_dinov2_with_and_without_registers(tmp_path, registers, table,
     assert (config["mlp"], config["mlp_dim"]) == (
         ("swiglu", 48) if swiglu else ("gelu", 64))
     assert of_model(model).mean == pytest.approx(IMAGENET["mean"])
+    # Written back as a DINOV2Backbone whose table is kept at image_shape.
+    back = _written_back(model, tmp_path / "back")
+    assert type(back).__name__ == "DINOV2Backbone"
+    assert (back.num_register_tokens, back.use_swiglu_ffn) == (registers,
+                                                                swiglu)
+    _close(back(x), theirs(x))
+    assert of_model(zoo.load(str(tmp_path / "back"))).mean == pytest.approx(
+        IMAGENET["mean"])
     # Another size: keras_vit's resize from the preset's image_shape.
     assert model.get_layer("encoder_norm").output.shape[1] == 17 + registers
     bigger = zoo.load(str(tmp_path / "p"), image_size=48, num_classes=4)
@@ -156,6 +188,9 @@ def test_siglip_image_tower_returns_its_pooled_embedding(tmp_path):
     _close(alone(x), theirs.vision_encoder(x))
     tokens = zoo.load(str(tmp_path / "p"), include_top=False)
     assert tokens.output_shape == (None, 16, 32)
+    back = _written_back(model, tmp_path / "back")
+    assert type(back).__name__ == "SigLIPVisionEncoder"
+    _close(back(x), theirs.vision_encoder(x))
 
 
 def test_clip_image_tower_returns_its_tokens(tmp_path):
@@ -177,6 +212,9 @@ def test_clip_image_tower_returns_its_tokens(tmp_path):
     assert config["gelu"] == "quick" and config["layer_norm_epsilon"] == 1e-5
     assert of_model(model).mean == pytest.approx([0.4815, 0.4578, 0.4082],
                                                  abs=1e-4)
+    back = _written_back(model, tmp_path / "back")
+    assert type(back).__name__ == "CLIPVisionEncoder"
+    _close(back(x), theirs.vision_encoder(x))
 
 
 # -- hostile and refused presets -------------------------------------------------
@@ -256,8 +294,28 @@ def test_what_keras_vit_lacks_is_refused_naming_the_field(tmp_path):
     with pytest.raises(checkpoints.CheckpointError,
                        match=r"position ids outside \[0, 16\)"):
         zoo.load(str(tmp_path / "ids"))
-    # A ViT name gives no sizes to a family preset; nothing is written back.
+    # A ViT name gives no sizes to a family preset.
     with pytest.raises(ValueError, match="DINOv2 preset"):
         zoo.load("ViT-Ti/16", weights=str(dino))
-    with pytest.raises(ValueError, match="layer_scale=1.0.*DINOv2"):
-        zoo.to_keras_hub(zoo.load(str(dino)))
+
+
+def test_what_no_keras_hub_class_computes_is_not_written(tmp_path):
+    """A model no keras-hub class computes is refused in one line naming
+    the option and the closest class, before anything is written."""
+    cases = [
+        (dict(layer_scale=1.0, qk_norm=True), "DINOV2Backbone",
+         "qk_norm=True"),
+        (dict(pre_norm=True, patch_bias=False, layer_norm_epsilon=1e-5,
+              gelu="tanh"), "CLIPVisionEncoder", "gelu='tanh'"),
+    ]
+    for options, closest, option in cases:
+        model = tiny_vit(include_top=False, image_size=16, patch_size=8,
+                         num_layers=1, gelu=options.pop("gelu", "exact"),
+                         **options)
+        with pytest.raises(ValueError) as info:
+            zoo.save_pretrained(model, str(tmp_path / "no"),
+                                layout="keras-hub")
+        message = str(info.value)
+        assert closest in message and option in message, message
+        assert "\n" not in message
+        assert not (tmp_path / "no").exists()

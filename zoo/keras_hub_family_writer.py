@@ -1,0 +1,373 @@
+"""Writes a keras_vit model of the ViT family as the keras-hub class that
+computes it: a ``DeiTBackbone`` (inside a ``DeiTImageClassifier`` for a
+model with a head), a ``DINOV2Backbone`` (with registers, with the SwiGLU
+MLP), a ``SigLIPVisionEncoder`` or a ``CLIPVisionEncoder``. The front door
+is :func:`keras_vit.zoo.keras_hub_writer.to_keras_hub` (and its
+``save_preset``), which sends here every model with a family option
+keras-hub's paper ViT lacks.
+
+Nothing here names keras-hub's fields or weights a second time: the
+mapping is :mod:`keras_vit.zoo.keras_hub_family`'s table read backwards.
+A class's ``fields`` and ``forms`` give its config from the model's
+arguments (:func:`hub_config`); the reader's own
+:func:`~keras_vit.zoo.keras_hub_family.architecture` then reads that
+config back, and the class is written only when what it reads is the
+model (:func:`problems`: its sizes, numerics and every family option; the
+dropout and stochastic-depth rates, which act in training only, are
+written where the class has a field for them). The weights go where
+:func:`~keras_vit.zoo.keras_hub_layout.family_rows` says the reader finds
+them, in the ``.weights.h5`` file Keras writes of the live class, which
+then loads it: position tables as keras-hub stores them, position ids
+0..N-1, DINOv2's table at ``image_shape`` (keras-hub resizes nothing) with
+a zero class row when the class token carries it (registers).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from keras_vit.base.errors import ConfigError
+from keras_vit.data.normalization import of_model
+from keras_vit.zoo import convert, h5_files, hub_files
+from keras_vit.zoo.keras_hub_family import (MEMBERS, architecture,
+                                            task_architecture)
+from keras_vit.zoo.keras_hub_layout import ACTIVATIONS, family_rows
+
+# keras_vit's head activation -> keras-hub's (the reader's table inverted,
+# its first name kept).
+_ACTIVATION_NAMES = {}
+for _hub, _ours in ACTIVATIONS.items():
+    _ACTIVATION_NAMES.setdefault(_ours, _hub)
+# The image converter keras-hub pairs with each class, which keeps the
+# model's input normalisation in a preset (``image_converter.json``).
+CONVERTERS = {"DeiTBackbone": "DeiTImageConverter",
+              "DINOV2Backbone": "DINOV2ImageConverter",
+              "SigLIPVisionEncoder": "SigLIPImageConverter",
+              "CLIPVisionEncoder": "CLIPImageConverter"}
+# The arguments of the model's outer shape compared with the reader's.
+_SHAPE = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
+          "num_channels", "image_size", "layer_norm_epsilon", "gelu")
+
+
+def _plain():
+    """The family options as the paper's ViT sets them (stochastic depth,
+    which acts in training only, left out)."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    return {k: v for k, v in FAMILY_DEFAULTS.items() if k != "drop_path_rate"}
+
+
+def settings(config):
+    """The family options and numerics of a keras_vit model's ``config``,
+    as the model resolves them (``class_token`` None: a class token for
+    ``classifier="token"`` only).
+
+    >>> settings({"classifier": "gap"})["class_token"]
+    False
+    """
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    out = {k: config.get(k, v) for k, v in FAMILY_DEFAULTS.items()}
+    if out["class_token"] is None:
+        out["class_token"] = config.get("classifier", "token") == "token"
+    size = config.get("image_size", 224)
+    out.update(
+        {k: config.get(k) for k in ("hidden_size", "num_layers", "num_heads",
+                                    "mlp_dim", "patch_size")},
+        num_channels=config.get("num_channels", 3),
+        image_size=tuple(size) if isinstance(size, (list, tuple))
+        else (size, size),
+        layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
+        gelu=config.get("gelu", "tanh"),
+        dropout_rate=config.get("dropout_rate", 0.0),
+        attention_dropout_rate=config.get("attention_dropout_rate", 0.0))
+    return out
+
+
+def family_options(config):
+    """``["name=value", ...]``: the family options of a keras_vit model's
+    ``config`` that keras-hub's ViT lacks (stochastic depth acts in
+    training only).
+
+    >>> family_options({"classifier": "token", "layer_scale": 1.0})
+    ['layer_scale=1.0']
+    """
+    ours = settings(config)
+    # The paper's ViT has a class token exactly when it pools by it.
+    plain = dict(_plain(),
+                 class_token=config.get("classifier", "token") == "token")
+    return [f"{k}={ours[k]!r}" for k, v in plain.items() if ours[k] != v]
+
+
+def _targets(targets):
+    return (targets,) if isinstance(targets, str) else tuple(targets)
+
+
+def hub_config(class_name, config):
+    """``(config, problems)``: the keras-hub ``class_name``'s config for a
+    keras_vit model's ``config`` (the reader's ``fields`` and ``forms``
+    inverted; its sizes, ``image_shape`` and, for DINOv2, a table kept at
+    ``image_shape``), and the model's arguments no value of a field
+    gives (those fields left out: keras-hub's defaults).
+
+    >>> hub, _ = hub_config("CLIPVisionEncoder", dict(
+    ...     image_size=32, patch_size=8, hidden_size=32, num_layers=1,
+    ...     num_heads=2, mlp_dim=64, gelu="quick"))
+    >>> hub["intermediate_activation"], hub["image_shape"]
+    ('quick_gelu', [32, 32, 3])
+    """
+    member, ours, problems = MEMBERS[class_name], settings(config), []
+    rows, cols = ours["image_size"]
+    shape = [rows, cols, ours["num_channels"]]
+    out = dict(image_shape=shape, patch_size=ours["patch_size"],
+               num_layers=ours["num_layers"], num_heads=ours["num_heads"],
+               hidden_dim=ours["hidden_size"],
+               intermediate_dim=ours["mlp_dim"])
+    if "position_embedding_shape" in member["schema"].fields:
+        out["position_embedding_shape"] = list(shape)  # read unresized
+    for field, targets in member["fields"].items():
+        name = _targets(targets)[0]
+        value = ours[name]
+        forms = {v: k for k, v in member.get("forms", {}).get(field, {}).items()}
+        if forms and value not in forms:
+            problems.append(f"{name}={value!r} (it computes {name} in "
+                            f"{sorted(forms, key=str)})")
+        elif value is None:
+            problems.append(f"{name}=None (it computes a {name})")
+        else:
+            out[field] = forms.get(value, value)
+    for field, (value, why) in member.get("only", {}).items():
+        if field in out and out[field] != value:
+            name = _targets(member["fields"].get(field, field))[0]
+            problems.append(f"{name}={ours[name]!r} (it computes "
+                            f"{name}={value!r}: {why})")
+            del out[field]
+    if out.get("use_swiglu_ffn") and ours["mlp_dim"]:
+        # keras-hub gates two thirds of intermediate_dim, rounded up to 8.
+        out["intermediate_dim"] = -(-3 * ours["mlp_dim"] // 2)
+    return out, problems
+
+
+def problems(class_name, config):
+    """``(arch, problems)``: what keras-hub's reader reads of
+    :func:`hub_config`'s config for ``class_name``, and each argument of
+    the keras_vit model's ``config`` it reads otherwise, as ``"name=value
+    (it computes ...)"``; the head checked as the class's output. No
+    problems: the class computes the model.
+
+    >>> config = dict(image_size=32, patch_size=8, hidden_size=32,
+    ...               num_layers=1, num_heads=2, mlp_dim=64, gelu="quick",
+    ...               pre_norm=True, patch_bias=False, include_top=False,
+    ...               layer_norm_epsilon=1e-5)
+    >>> problems("CLIPVisionEncoder", config)[1]
+    []
+    >>> problems("CLIPVisionEncoder", dict(config, qk_norm=True))[1]
+    ['qk_norm=True (it computes qk_norm=False)']
+    """
+    # A field no value gives is left at keras-hub's default, so that the
+    # rest is still compared (the closest class is the one with fewest).
+    hub, found = hub_config(class_name, config)
+    named = {p.split("=")[0] for p in found}
+    try:
+        _, arch, _ = architecture(class_name, hub,
+                                  f"keras-hub's {class_name} config")
+    except ConfigError as e:
+        return None, found + [str(e)]
+    ours = settings(config)
+    theirs = dict(_plain(), **arch["options"], **{
+        k: arch[k] for k in _SHAPE})
+    size = theirs["image_size"]
+    theirs["image_size"] = (size, size) if isinstance(size, int) else tuple(
+        size)
+    found += [f"{k}={ours[k]!r} (it computes {k}={v!r})"
+              for k, v in theirs.items() if k != "drop_path_rate" and (
+                  k not in named and ours[k] != v)]
+    for name, plain in (("resnet", None), ("representation_size", None),
+                        ("position_embedding", "learned_1d"),
+                        ("position_embedding_placement", "stem"),
+                        ("return_attention_scores", False)):
+        if config.get(name, plain) != plain:
+            found.append(f"{name}={config[name]!r} (it computes "
+                         f"{name}={plain!r})")
+    return _head(class_name, config, arch, found)
+
+
+def _head(class_name, config, arch, found):
+    """``arch`` and ``found`` with the model's head checked against what
+    the class returns: every token (no head; with a task, its head on the
+    class token) or the pooled embedding (``num_classes=0``)."""
+    top = config.get("include_top", True)
+    classes = config.get("num_classes")
+    task = MEMBERS[class_name].get("task")
+    if arch["kind"] == "embedding":
+        if not top or classes != 0:
+            found.append(f"include_top={top!r}, num_classes={classes!r} (it "
+                         "returns its pooled embedding: include_top=True, "
+                         "num_classes=0)")
+        elif config.get("classifier") != arch["classifier"]:
+            found.append(f"classifier={config.get('classifier')!r} (it "
+                         f"computes classifier={arch['classifier']!r})")
+    elif not top:
+        if config.get("pooling") is not None:
+            found.append(f"pooling={config['pooling']!r} (it returns every "
+                         "token: pooling=None)")
+    elif task is None or not classes:
+        found.append(f"include_top=True (keras-hub's {class_name} returns "
+                     "every token and has no head)")
+    elif config.get("classifier") != "token":
+        found.append(f"classifier={config.get('classifier')!r} ({task} "
+                     "classifies the class token)")
+    elif config.get("classifier_activation") not in _ACTIVATION_NAMES:
+        found.append(f"classifier_activation="
+                     f"{config.get('classifier_activation')!r} (one of "
+                     f"{list(_ACTIVATION_NAMES)} converts)")
+    else:
+        arch = task_architecture(dict(
+            num_classes=classes, pooling="token",
+            activation=_ACTIVATION_NAMES[config.get("classifier_activation")]),
+            arch, f"keras-hub's {task} config")
+    return arch, found
+
+
+def choose(model, vit_lacks):
+    """``(class name, hub config, arch)`` of the family member that
+    computes ``model`` (a keras_vit VisionTransformer that keras-hub's ViT
+    does not compute), else a one-line ValueError naming what the closest
+    class computes otherwise (keras-hub's ``ViTBackbone`` among them,
+    which lacks what ``vit_lacks`` says, first on a tie).
+
+    Example::
+
+        name, config, arch = choose(model, [
+            f"{o} (it has no such option)"
+            for o in family_options(model.get_config())])
+    """
+    config = model.get_config()
+    closest = [("ViTBackbone", list(vit_lacks))]
+    for class_name in MEMBERS:
+        arch, found = problems(class_name, config)
+        if not found:
+            return class_name, hub_config(class_name, config)[0], arch
+        closest.append((class_name, found))
+    class_name, found = min(closest, key=lambda c: len(c[1]))
+    shown = "; ".join(found[:3]) + ("; ..." if len(found) > 3 else "")
+    raise ValueError(
+        f"to_keras_hub: no keras-hub class computes model="
+        f"{getattr(model, 'name', model)!r}: the closest, keras-hub's "
+        f"{class_name}, differs in {shown}"[:600])
+
+
+def build(model, class_name, config, arch, keras_hub):
+    """``(out, backbone)``: the keras-hub ``class_name`` built from
+    ``config`` (what :func:`choose` returned) with ``model``'s weights,
+    inside its task with the model's head and an image converter of the
+    model's input normalisation when ``arch`` is a classifier (``out`` the
+    task); else ``out`` is the backbone, whose ``save_to_preset`` then
+    also writes that converter (``image_converter.json``), which
+    :func:`keras_vit.zoo.load` reads back.
+
+    Example::
+
+        import keras_hub
+        hub, backbone = build(model, *choose(model, []), keras_hub)
+    """
+    dtype = getattr(getattr(model, "dtype_policy", None), "name", None)
+    backbone = getattr(keras_hub.models, class_name)(**config, dtype=dtype)
+    normalization = of_model(model)  # x * scale + offset of [0, 255]
+    converter = getattr(keras_hub.layers, CONVERTERS[class_name])(
+        image_size=tuple(config["image_shape"][:2]),
+        scale=np.broadcast_to(normalization.scale, (3,)).tolist(),
+        offset=np.broadcast_to(normalization.offset, (3,)).tolist(),
+        interpolation="bilinear")
+    out = backbone
+    if arch["kind"] == "classifier":
+        task = MEMBERS[class_name]["task"]
+        preprocessor = getattr(keras_hub.models, task + "Preprocessor")
+        out = getattr(keras_hub.models, task)(
+            backbone=backbone, num_classes=arch["num_classes"],
+            pooling="token",
+            activation=_ACTIVATION_NAMES[arch["classifier_activation"]],
+            preprocessor=preprocessor(image_converter=converter))
+    else:
+        _keep_converter(backbone, converter)
+    arrays = convert.normalize_keys(convert.export_arrays(model))
+    where = f"to_keras_hub(model={model.name!r}): keras-hub's {class_name}"
+    used = _fill(backbone, family_rows(class_name, arch), arrays, arch,
+                 where, backbone.save_weights, backbone.load_weights)
+    if out is not backbone:
+        used |= _fill(out, family_rows(class_name, arch, task=True), arrays,
+                      arch, where, out.save_task_weights,
+                      out.load_task_weights)
+    left = sorted(set(arrays) - used)
+    if left:
+        raise ValueError(f"{where} has no place for the model's weights "
+                         f"{left[:6]}{' ...' * (len(left) > 6)}")
+    return out, backbone
+
+
+def _fill(layer, rows, arrays, arch, where, save, load):
+    """Writes ``layer``'s weights with ``save`` to a scratch ``.weights.h5``
+    file, puts the official ``arrays`` where ``rows`` (below ``layers/``)
+    say the reader finds them, and loads the file back with ``load``.
+    Returns the keys used."""
+    import h5py
+
+    used = set()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "model.weights.h5")
+        save(path)
+        with h5py.File(path, "r+") as f:
+            found = {k: tuple(ds.shape) for k, ds in h5_files.h5_datasets(
+                f, f"{where}:").items() if k.startswith("layers/")}
+            rows = {"layers/" + k: row for k, row in rows.items()}
+            hub_files.check_names(found, {k: r[2] for k, r in rows.items()},
+                                  f"{where} is not the class keras_vit "
+                                  "reads")
+            for name, (key, how, shape) in rows.items():
+                if key is not None:
+                    f[name][...] = _hub_array(key, how, shape, arrays, arch,
+                                              where)
+                    used.add(key)
+        load(path)
+    used.discard("position_ids")
+    return used
+
+
+def _hub_array(key, how, shape, arrays, arch, where):
+    """The official array ``key`` as keras-hub stores it (``how``: the
+    reader's row, inverted)."""
+    if how == "ids":  # the table's rows in order
+        return np.arange(int(np.prod(shape))).reshape(shape)
+    if key not in arrays:
+        raise ValueError(f"{where} holds {key!r}, which the model lacks")
+    value = np.asarray(arrays[key], "float32")
+    if how == "table":
+        value = value[0]
+    elif how == "token":
+        value = value.reshape(-1)
+    elif how == "dino" and not arch["options"].get(
+            "posemb_includes_prefix", True):
+        # The class token already carries the table's class row.
+        value = np.concatenate([np.zeros_like(value[:, :1]), value], axis=1)
+    if value.shape != tuple(shape):
+        raise ValueError(f"{where} keeps {key!r} as {list(shape)}; the "
+                         f"model's is {list(value.shape)}")
+    return value
+
+
+def _keep_converter(backbone, converter):
+    """Makes ``backbone``'s ``save_to_preset`` also write ``converter``
+    (``image_converter.json``): a keras-hub backbone carries none, and the
+    preset would otherwise load with the family's published
+    normalisation rather than the model's."""
+    save = backbone.save_to_preset  # keras-hub's, bound to backbone
+
+    def save_to_preset(preset_dir, *args, **kwargs):
+        save(preset_dir, *args, **kwargs)
+        converter.save_to_preset(preset_dir)
+
+    save_to_preset.__doc__ = save.__doc__
+    backbone.save_to_preset = save_to_preset
