@@ -232,9 +232,15 @@ SNIPPETS = {
             "        image_shape=(32, 32, 3), patch_size=8, num_layers=1,\n"
             "        num_heads=2, hidden_dim=32, mlp_dim=64),\n"
             "    num_classes=3)\n"
-            "hub_classifier.save_to_preset('path/to/preset')\n"),
+            "hub_classifier.save_to_preset('path/to/preset')\n"
+            "keras_hub.models.DINOV2Backbone(\n"
+            "    image_shape=(16, 16, 3), patch_size=8, num_layers=1,\n"
+            "    num_heads=2, hidden_dim=32, intermediate_dim=64,\n"
+            "    position_embedding_shape=(16, 16, 3)\n"
+            ").save_to_preset('path/to/dinov2_preset')\n"),
         expect=("model.output_shape == (None, 3)",
-                "os.path.isdir('vit_b16_preset')"),
+                "os.path.isdir('vit_b16_preset')",
+                "type(dino).__name__ == 'DINOV2Backbone'"),
         where="suite", reason="needs keras-hub, an extra"),
     ("docs/guides/zoo.md",
      "x = zoo.preprocess_input(image, 384)        "
