@@ -175,6 +175,9 @@ _TOP_MAP = {
     "pre_norm/beta": "Transformer/pre_norm/bias",
     "fc_norm/gamma": "fc_norm/scale",
     "fc_norm/beta": "fc_norm/bias",
+    # The norm after the patch embedding (patch_norm=True, AIMv2).
+    "patch_embedding/norm/gamma": "embedding_norm/scale",
+    "patch_embedding/norm/beta": "embedding_norm/bias",
 }
 
 # The multihead attention-pool head (classifier="map", the layer named

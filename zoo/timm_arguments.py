@@ -28,7 +28,7 @@ import functools
 import json
 import os
 
-from keras_vit.base import geometry, variants
+from keras_vit.base import variants
 from keras_vit.base.checks import shown
 from keras_vit.zoo import formats
 from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
@@ -130,35 +130,54 @@ def _count_arg(value):
     return value
 
 
+# timm's norm layers keras_vit builds: timm's class (as the table names
+# it) and its name for get_norm_layer -> keras_vit's norm kind.
+_NORM_CLASSES = {"LayerNorm": "layer", "RmsNorm": "rms"}
+_NORM_NAMES = {"layernorm": "layer", "rmsnorm": "rms"}
+
+
 def _norm_arg(value):
-    """timm's norm layer -> keras_vit's LayerNorm epsilon: the table's
-    ``{"layer": "LayerNorm", "eps": ...}`` or timm's name ``"layernorm"``
-    (timm's LayerNorm, epsilon 1e-6)."""
-    if isinstance(value, str) and value.lower() == "layernorm":
-        return 1e-6
-    if (isinstance(value, dict) and value.get("layer") == "LayerNorm"
+    """timm's norm layer -> ``(keras_vit's norm kind, epsilon)``: the
+    table's ``{"layer": "LayerNorm" or "RmsNorm", "eps": ...}`` or timm's
+    names ``"layernorm"`` and ``"rmsnorm"`` (timm's classes at their
+    default epsilon, 1e-6).
+
+    >>> _norm_arg({"layer": "RmsNorm", "eps": 1e-05}), _norm_arg("layernorm")
+    (('rms', 1e-05), ('layer', 1e-06))
+    """
+    if isinstance(value, str) and value.lower() in _NORM_NAMES:
+        return _NORM_NAMES[value.lower()], 1e-6
+    if (isinstance(value, dict) and value.get("layer") in _NORM_CLASSES
             and set(value) == {"layer", "eps"} and _is_number(value["eps"])
             and value["eps"] > 0):
-        return float(value["eps"])
-    raise ValueError("is not a LayerNorm of a given epsilon, the one norm "
-                     "keras_vit's ViT builds")
+        return _NORM_CLASSES[value["layer"]], float(value["eps"])
+    raise ValueError("is not a LayerNorm or an RmsNorm of a given epsilon, "
+                     "the norms keras_vit's ViT builds")
+
+
+#: timm's unpacked SwiGLU MLP: its ``int(dim * mlp_ratio)`` hidden units
+#: are the gated width itself (a packed GLU's are twice that).
+UNPACKED_GLU = "SwiGLU"
 
 
 def _mlp_layer_arg(value):
     """timm's ``mlp_layer`` -> keras_vit's ``mlp``: timm's Mlp, or its
     packed GLU with the gate first (``SwiGLUPacked``, or ``GluMlp`` with
-    ``gate_last=False`` as the table writes it), which keras_vit's
-    ``"swiglu"`` MLP computes when the model's ``act_layer`` is SiLU
-    (timm's block hands its ``act_layer`` to the MLP, over the partial's)."""
+    ``gate_last=False`` as the table writes it), or its unpacked
+    ``SwiGLU`` (AIMv2's; the layout packs its two halves), which
+    keras_vit's ``"swiglu"`` MLP computes when the model's ``act_layer``
+    is SiLU (timm's block hands its ``act_layer`` to the MLP, over the
+    partial's)."""
     if value in ("Mlp", None):
         return "gelu"
-    if value == "SwiGLUPacked" or (
+    if value in ("SwiGLUPacked", UNPACKED_GLU) or (
             isinstance(value, dict) and value.get("layer") == "GluMlp"
             and value.get("gate_last") is False
             and set(value) <= {"layer", "act_layer", "gate_last"}):
         return "swiglu"
-    raise ValueError("is not timm's Mlp or its packed GLU with the gate "
-                     "first (SwiGLUPacked), the MLPs keras_vit's ViT builds")
+    raise ValueError("is not timm's Mlp, its SwiGLU or its packed GLU with "
+                     "the gate first (SwiGLUPacked), the MLPs keras_vit's "
+                     "ViT builds")
 
 
 def _is_silu(value):
@@ -189,7 +208,6 @@ _TIMM_VALUES = {
 # The arguments the reader honours beyond those the writer writes:
 # timm's name -> (keras_vit's argument, the value's check and mapping).
 _READ_ONLY = {
-    "norm_layer": ("layer_norm_epsilon", _norm_arg),
     "mlp_layer": ("mlp", _mlp_layer_arg),
     "dynamic_img_size": ("dynamic_image_size", _bool_arg),
     # An argument of DeiT's builder: the distillation token and head.
@@ -198,10 +216,15 @@ _READ_ONLY = {
 # timm's ViT size arguments -> keras_vit's.
 _TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
                "depth": "num_layers", "num_heads": "num_heads"}
+# timm's norm arguments: the model's norm (every norm of the model, its
+# kind and epsilon) and the norm after the patch embedding (None: none),
+# which keras_vit builds of the same kind and epsilon (patch_norm).
+_NORM_ARGS = ("norm_layer", "embed_norm_layer")
 _HONOURS = ("it honours img_size, in_chans, num_classes, the ViT's sizes "
             "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
             "rates, and for a ViT " + ", ".join(sorted(
-                {*TIMM_OPTIONS, *_READ_ONLY} - {"drop_path_rate"})))
+                {*TIMM_OPTIONS, *_READ_ONLY, *_NORM_ARGS}
+                - {"drop_path_rate"})))
 
 
 def _option(key, value):
@@ -251,7 +274,7 @@ def honoured(config, arch, path, defaults=None):
         return formats.fail(path, where, f"{key}={shown(value, 60)}{origin} "
                             f"is a timm setting keras_vit cannot honour {why}")
 
-    out = {}
+    out, norms = {}, {}
     vit = arch.family in ("vit", "hybrid")
     for key, value in args.items():
         if key in ("img_size", "num_classes"):
@@ -268,6 +291,13 @@ def honoured(config, arch, path, defaults=None):
             out["attention_dropout_rate"] = float(value)
         elif key == "act_layer" and _is_silu(value) and arch.family == "vit":
             continue  # the gate's activation, checked with the MLP below
+        elif key in _NORM_ARGS and arch.family == "vit":
+            if key == "embed_norm_layer" and value in (None, ""):
+                continue  # none (timm's empty name too), as without it
+            try:
+                norms[key] = _norm_arg(value)
+            except ValueError as e:
+                raise refuse(key, value, f"(it {e})") from None
         elif arch.family == "vit" and (key in TIMM_OPTIONS
                                        or key in _READ_ONLY):
             try:
@@ -279,6 +309,19 @@ def honoured(config, arch, path, defaults=None):
             continue  # a hybrid's defaults
         else:
             raise refuse(key, value, f"({_HONOURS})")
+    if "norm_layer" in norms:
+        kind, out["layer_norm_epsilon"] = norms["norm_layer"]
+        if kind != "layer":
+            out["norm"] = kind
+    if "embed_norm_layer" in norms:
+        # One kind and epsilon for every norm of keras_vit's model.
+        if norms["embed_norm_layer"] != norms.get("norm_layer",
+                                                  ("layer", 1e-6)):
+            raise refuse("embed_norm_layer", args["embed_norm_layer"],
+                         "(keras_vit's patch norm is of the kind and "
+                         "epsilon of the model's norm_layer, "
+                         f"{shown(args.get('norm_layer', 'layernorm'))})")
+        out["patch_norm"] = True
     glu = out.get("mlp") == "swiglu"
     silu = _is_silu(args.get("act_layer"))
     if glu != silu:
@@ -286,8 +329,8 @@ def honoured(config, arch, path, defaults=None):
         # timm's plain MLP: neither is an MLP keras_vit builds.
         key = "mlp_layer" if glu else "act_layer"
         raise refuse(key, args[key], "(keras_vit gates with SiLU, in its "
-                     "SwiGLU MLP only: mlp_layer SwiGLUPacked with "
-                     "act_layer 'silu')")
+                     "SwiGLU MLP only: mlp_layer SwiGLU or SwiGLUPacked "
+                     "with act_layer 'silu')")
     if glu and out.get("classifier") == "map":
         raise refuse("act_layer", args["act_layer"], "(keras_vit's "
                      "attention pool takes a GELU, not SiLU)")
@@ -296,14 +339,15 @@ def honoured(config, arch, path, defaults=None):
         if not _is_number(ratio) or not ratio > 0:
             raise refuse("mlp_ratio", ratio, "(it is not a positive number)")
         # timm's Block: int(dim * mlp_ratio) hidden units, truncated; a
-        # packed GLU's first layer is twice the width its gate leaves.
+        # packed GLU's first layer is twice the width its gate leaves, an
+        # unpacked one's halves are that width each.
         width = int(out.get("hidden_size", arch.config["hidden_size"])
                     * ratio)
-        if glu and width % 2:
+        packed = glu and args.get("mlp_layer") != UNPACKED_GLU
+        if packed and width % 2:
             raise refuse("mlp_ratio", ratio, "(a packed GLU's projection "
                          f"must be even, and it gives {width} units)")
-        out["mlp_dim"] = width // geometry.mlp_first_width(
-            1, out.get("mlp", "gelu"))
+        out["mlp_dim"] = width // (2 if packed else 1)
     options = dict(arch.config, **out)
     if arch.family == "vit":
         # timm's defaults that follow from other settings: the norm after

@@ -64,7 +64,16 @@ TOP_PARAMS = {
     "norm_pre.weight": "Transformer/pre_norm/scale",
     "norm_pre.bias": "Transformer/pre_norm/bias",
     "fc_norm.weight": "fc_norm/scale", "fc_norm.bias": "fc_norm/bias",
+    # timm's embed_norm_layer: the norm after the patch embedding (AIMv2).
+    "patch_embed.norm.weight": "embedding_norm/scale",
+    "patch_embed.norm.bias": "embedding_norm/bias",
 }
+# timm's unpacked SwiGLU (its SwiGLU class, AIMv2's MLP) projects the
+# gate (fc1_g) and the value (fc1_x) with two Linears; keras_vit's
+# "swiglu" MLP packs them into one Dense, gate first: the first layer's
+# parameters of the two, concatenated [gate | value] on the output axis.
+_GLU_HALVES = ("fc1_g", "fc1_x")
+_GLU_KEY = re.compile(r"^mlp\.(fc1_g|fc1_x)\.(weight|bias)$")
 
 
 # timm's attention pool (global_pool="map", AttentionPoolLatent with one
@@ -119,10 +128,14 @@ def to_official(state, num_heads):
     layer scale, q/k norms, ``norm_pre``, ``fc_norm``). timm parameters
     with no keras_vit counterpart raise a ValueError naming them: loading
     without them would silently compute something else."""
-    out, unknown = {}, []
+    out, unknown, glu = {}, [], {}
     for name, value in state.items():
         value = np.asarray(value)
         m = _BLOCK_KEY.match(name)
+        g = _GLU_KEY.match(m.group(2)) if m else None
+        if g:
+            glu.setdefault((m.group(1), g.group(2)), {})[g.group(1)] = value
+            continue
         if m and m.group(2) in BLOCK_PARAMS:
             i, param = m.groups()
             prefix = f"Transformer/encoderblock_{i}/"
@@ -159,7 +172,31 @@ def to_official(state, num_heads):
         raise ValueError(
             f"the timm checkpoint has parameters keras_vit's ViT lacks: "
             f"{sorted(unknown)[:12]}{' ...' if len(unknown) > 12 else ''}")
+    _pack_glu(glu, out)
     return out
+
+
+def _pack_glu(halves, out):
+    """Writes timm's unpacked SwiGLU first layers (``halves``: (block,
+    ``"weight"`` or ``"bias"``) -> {``fc1_g``, ``fc1_x``} -> array) into
+    ``out`` as the packed Dense, gate first. A block with one half only,
+    or with timm's packed ``fc1`` beside them, raises a ValueError naming
+    the parameters."""
+    for (i, kind), parts in sorted(halves.items()):
+        names = [f"blocks.{i}.mlp.{h}.{kind}" for h in _GLU_HALVES]
+        if set(parts) != set(_GLU_HALVES):
+            raise ValueError(
+                "timm's SwiGLU needs both halves of its first layer; the "
+                f"checkpoint has {[n for n, h in zip(names, _GLU_HALVES) if h in parts]}"
+                f" without {[n for n, h in zip(names, _GLU_HALVES) if h not in parts]}")
+        key = (f"Transformer/encoderblock_{i}/MlpBlock_3/Dense_0/"
+               + ("kernel" if kind == "weight" else "bias"))
+        if key in out:
+            raise ValueError(
+                f"the timm checkpoint has both blocks.{i}.mlp.fc1.{kind} and "
+                f"{names}: one MLP cannot be packed and unpacked")
+        packed = np.concatenate([parts[h] for h in _GLU_HALVES], axis=0)
+        out[key] = packed.T if kind == "weight" else packed
 
 
 # timm's ResNetV2 names stage s, block b ``stages.{s}.blocks.{b}.<param>``,
@@ -245,9 +282,12 @@ def bit_to_official(state):
         _BIT_TOP, "BiT ResNetV2")
 
 
-def from_official(arrays):
+def from_official(arrays, unpacked_glu=False):
     """The inverse of :func:`to_official`: official-layout arrays (from
-    :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``."""
+    :func:`keras_vit.zoo.export_arrays`) as a timm ViT ``state_dict``;
+    ``unpacked_glu`` splits a SwiGLU MLP's packed first layer into timm's
+    ``fc1_g`` (the gate half) and ``fc1_x`` (the value half), the layout
+    of timm's ``SwiGLU`` (AIMv2), instead of ``SwiGLUPacked``'s ``fc1``."""
     arrays = convert.normalize_keys(arrays)
     extra = sorted(k for k in arrays if k.startswith("pre_logits/"))
     if extra:
@@ -286,6 +326,11 @@ def from_official(arrays):
             value = value.reshape(-1, value.shape[-1]).T
         elif value.ndim == 2:
             value = value.T
+        if unpacked_glu and block[rest].startswith("mlp.fc1."):
+            kind = block[rest].rpartition(".")[2]
+            for half, part in zip(_GLU_HALVES, np.split(value, 2, axis=0)):
+                state[f"blocks.{i}.mlp.{half}.{kind}"] = part
+            continue
         state[name] = value
     for (i, kind), parts in qkv.items():
         suffix = "weight" if kind == "kernel" else "bias"

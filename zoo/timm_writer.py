@@ -79,6 +79,8 @@ def _family_args(config):
             f"pre_norm; the model has patch_bias={options['patch_bias']}, "
             f"pre_norm={options['pre_norm']}")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if options["norm"] == "rms" or options["patch_norm"]:
+        return _norm_args(options, epsilon, args)
     if glu and (epsilon != 1e-6 or options["distilled"]
                 or options["pre_norm"]):
         raise ValueError(
@@ -104,6 +106,58 @@ def _family_args(config):
     # timm's distilled DeiT is a class of its own, built by its name.
     return ("deit_base_distilled_patch16_224" if options["distilled"]
             else None), args
+
+
+# timm's architecture with RMSNorm, a norm after the patch embedding and
+# the unpacked SwiGLU MLP; its other options as its function sets them.
+AIMV2 = "aimv2_large_patch14_224"
+
+
+def _norm_args(options, epsilon, args):
+    """``(base architecture, model_args)`` of a model with RMSNorm
+    (``norm="rms"``) or a patch norm, ``args`` its other family
+    arguments: AIMv2's architecture for the SwiGLU MLP (its every option
+    written, so that the model's own hold), else timm's ViT with the norm
+    named (``"rmsnorm"``, ``"layernorm"``: timm's classes at epsilon
+    1e-6, all a config.json can name). A model timm's arguments cannot
+    describe is refused in one line naming its options."""
+    glu, rms = options["mlp"] == "swiglu", options["norm"] == "rms"
+    native = glu and rms and epsilon == 1e-5  # AIMv2's own norms
+    if options["distilled"] or (not native and epsilon != 1e-6) or (
+            glu and not rms):
+        raise ValueError(
+            "timm names RMSNorm and the norm after the patch embedding in "
+            "a config.json as AIMv2's (RMSNorm epsilon 1e-5, SwiGLU MLP) or "
+            "as timm's 'rmsnorm'/'layernorm' (epsilon 1e-6, GELU MLP), "
+            "without a distillation token; the model has norm="
+            f"{options['norm']!r}, patch_norm={options['patch_norm']}, "
+            f"mlp={options['mlp']!r}, layer_norm_epsilon={epsilon}, "
+            f"distilled={options['distilled']}")
+    name = "rmsnorm" if rms else "layernorm"
+    if not native:
+        args["norm_layer"] = name
+    if glu:
+        # AIMv2's architecture sets these: the model's own, written.
+        # (Token pooling: the class token and no fc_norm, which the
+        # other poolings have written already.)
+        args.setdefault("global_pool", "token")
+        args.setdefault("class_token", True)
+        args.setdefault("fc_norm", False)
+        args.update(qkv_bias=options["qkv_bias"],
+                    proj_bias=options["proj_bias"])
+        if not options["patch_norm"]:
+            # timm drops None arguments; its empty name is no norm.
+            args["embed_norm_layer"] = ""
+        elif not native:
+            args["embed_norm_layer"] = name
+        if options["pre_norm"]:
+            args["pre_norm"] = True
+        return AIMV2, args
+    if options["patch_norm"]:
+        args["embed_norm_layer"] = name
+    if options["pre_norm"]:
+        args["pre_norm"] = True
+    return None, args
 
 
 def timm_architecture(model):
@@ -142,8 +196,9 @@ def timm_architecture(model):
         return f"vit_{size}_patch{patch}_224", family
     # timm's mlp_ratio sizes the MLP's first layer: a packed GLU's is twice
     # the width its gate leaves.
-    first = geometry.mlp_first_width(config["mlp_dim"],
-                                     config.get("mlp", "gelu"))
+    first = (config["mlp_dim"] if base == AIMV2 else  # unpacked halves
+             geometry.mlp_first_width(config["mlp_dim"],
+                                      config.get("mlp", "gelu")))
     return base or "vit_base_patch16_224", {
         "patch_size": patch, "embed_dim": key[0], "depth": key[1],
         "num_heads": key[2], "mlp_ratio": first / key[0], **family}
@@ -156,7 +211,8 @@ def write(model, directory, labels=None):
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
-    state = from_official(convert.export_arrays(model))
+    state = from_official(convert.export_arrays(model),
+                          unpacked_glu=arch == AIMV2)
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
     normalisation = of_model(model).to_config()

@@ -331,9 +331,10 @@ def unwritable(config):
              "a position embedding other than the learned table at the stem"),
             (any(options[k] != FAMILY_DEFAULTS[k] for k in (
                 "fc_norm", "final_norm", "pre_norm", "layer_scale", "qk_norm",
-                "qkv_bias", "proj_bias", "patch_bias")),
+                "qkv_bias", "proj_bias", "patch_bias", "norm", "patch_norm")),
              "ViT family options SigLIP lacks (fc_norm, pre_norm, layer "
-             "scale, q/k norm, no final norm or biases)"),
+             "scale, q/k norm, RMSNorm, a patch norm, no final norm or "
+             "biases)"),
             (config.get("gelu", "tanh") not in ("tanh", "exact"),
              f"gelu={config.get('gelu')!r}"),
             (not isinstance(size, int) and len(set(size)) != 1,

@@ -159,7 +159,7 @@ _COUNTED = {
     "position_embedding_placement", "class_token", "num_registers",
     "posemb_includes_prefix", "fc_norm", "final_norm", "pre_norm",
     "layer_scale", "qk_norm", "qkv_bias", "proj_bias", "patch_bias",
-    "distilled", "block_units", "width_factor", "mlp"}
+    "distilled", "block_units", "width_factor", "mlp", "norm", "patch_norm"}
 
 
 def mlp_first_width(mlp_dim, kind="gelu"):
@@ -173,11 +173,23 @@ def mlp_first_width(mlp_dim, kind="gelu"):
     return mlp_dim * (2 if kind == "swiglu" else 1)
 
 
+def norm_params(config, width):
+    """The parameters of one of the model's norms over ``width``
+    features: a LayerNorm's scale and bias, an RMSNorm's scale alone
+    (``norm="rms"``).
+
+    >>> norm_params({}, 8), norm_params({"norm": "rms"}, 8)
+    (16, 8)
+    """
+    return width * (1 if config.get("norm", "layer") == "rms" else 2)
+
+
 def attention_pool_params(config):
     """The parameters of the attention-pool head (``classifier="map"``, or
     ``pooling="map"`` without the head; 0 for any other pooling): the
     probe (D), query, key, value and output projections with their
-    biases, a LayerNorm and an MLP as wide as the blocks'.
+    biases, a norm (:func:`norm_params`) and an MLP as wide as the
+    blocks'.
 
     >>> attention_pool_params(dict(classifier="map", hidden_size=8,
     ...                            mlp_dim=16))
@@ -189,7 +201,8 @@ def attention_pool_params(config):
     if method != "map":
         return 0
     d, mlp = config["hidden_size"], config["mlp_dim"]
-    return d + 4 * (d * d + d) + 2 * d + (d * mlp + mlp) + (mlp * d + d)
+    return (d + 4 * (d * d + d) + norm_params(config, d)
+            + (d * mlp + mlp) + (mlp * d + d))
 
 
 def parameter_count(config, image_size=None, num_classes=None,
@@ -230,6 +243,8 @@ def parameter_count(config, image_size=None, num_classes=None,
     patch = config.get("patch_size", 32)
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
     total += ph * pw * channels * d + d * config.get("patch_bias", True)
+    if config.get("patch_norm"):
+        total += norm_params(config, d)
     prefix = prefix_tokens(config)
     rows, cols = (image_size if isinstance(image_size, tuple)
                   else (image_size, image_size))
@@ -240,21 +255,22 @@ def parameter_count(config, image_size=None, num_classes=None,
         tokens = patches + (prefix if config.get(
             "posemb_includes_prefix", True) else 0)
         total += tokens * d
-    # Per block: two LayerNorms, q/k/v/out projections, the MLP, and the
+    # Per block: two norms, q/k/v/out projections, the MLP, and the
     # options: q/k norms (per head), layer scales.
     head_dim = d // config["num_heads"]
     # proj_bias: the biases of the attention output and both MLP layers.
     proj_bias = bool(config.get("proj_bias", True))
     first = mlp_first_width(mlp, config.get("mlp", "gelu"))
-    block = (2 * 2 * d + 4 * d * d + 3 * d * config.get("qkv_bias", True)
+    block = (2 * norm_params(config, d) + 4 * d * d
+             + 3 * d * config.get("qkv_bias", True)
              + d * first + mlp * d + proj_bias * (d + first + d))
     if config.get("qk_norm"):
-        block += 2 * 2 * head_dim
+        block += 2 * norm_params(config, head_dim)
     if config.get("layer_scale") is not None:
         block += 2 * d
     total += config["num_layers"] * block
-    total += 2 * d * (bool(config.get("pre_norm"))
-                      + bool(config.get("final_norm", True)))
+    total += norm_params(config, d) * (bool(config.get("pre_norm"))
+                                       + bool(config.get("final_norm", True)))
     total += attention_pool_params(config)
     representation_size = (representation_size
                            or config.get("representation_size"))

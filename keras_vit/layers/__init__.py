@@ -42,6 +42,9 @@ from keras_vit.layers.dense import MLP_ACTIVATIONS
 from keras_vit.layers.embeddings import PatchTokens, RegisterTokens
 # Multihead attention pooling (``classifier="map"``: SigLIP, big_vision).
 from keras_vit.layers.pooling_head import AttentionPoolHead
+# RMSNorm, the norm of ``norm="rms"`` (AIMv2), and the norms' kinds.
+from keras_vit.layers.dense import (NORM_KINDS, RMSNormalization,
+                                    check_norm, make_norm)
 
 __all__ = [
     "ADDITIVE_POSITION_EMBEDDINGS", "ClassToken", "EncoderBlock", "FusedConv2D",
@@ -56,3 +59,4 @@ __all__ = [
 
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "RegisterTokens"]
 __all__ += ["AttentionPoolHead", "PatchTokens"]
+__all__ += ["NORM_KINDS", "RMSNormalization", "check_norm", "make_norm"]

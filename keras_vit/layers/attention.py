@@ -10,7 +10,7 @@ from keras import layers, ops
 
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedEinsumDense, FusedLayerNormalization, KeptArguments, chains_in_xla,
+    FusedEinsumDense, KeptArguments, chains_in_xla, check_norm, make_norm,
     xavier_flat)
 
 
@@ -114,18 +114,19 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ``qkv_bias`` and ``proj_bias`` (False: no bias on the query/key/value
     projections, on the output projection) and ``qk_norm`` (a LayerNorm
     of epsilon ``norm_epsilon`` over each head's queries and keys,
-    ``query_norm`` and ``key_norm``, before the dot products) are the
-    variants of the ViT family (timm's ``qkv_bias``, ``proj_bias``,
-    ``qk_norm``).
+    ``query_norm`` and ``key_norm``, before the dot products; an RMSNorm
+    with ``norm="rms"``) are the variants of the ViT family (timm's
+    ``qkv_bias``, ``proj_bias``, ``qk_norm``, whose q/k norms are the
+    model's ``norm_layer``).
     """
 
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
-                 "norm_epsilon": float}
+                 "norm_epsilon": float, "norm": check_norm}
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
-                 **kwargs):
+                 norm="layer", **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -156,9 +157,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         if self.qk_norm:
             heads_shape = tuple(input_shape[:-1]) + (self.num_heads, head_dim)
             for name in ("query_norm", "key_norm"):
-                norm = FusedLayerNormalization(
-                    epsilon=self.norm_epsilon, dtype=self.dtype_policy,
-                    name=name)
+                norm = make_norm(self.norm, self.norm_epsilon,
+                                 self.dtype_policy, name)
                 norm.build(heads_shape)
                 setattr(self, name, norm)
         self.built = True

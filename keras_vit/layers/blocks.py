@@ -11,8 +11,8 @@ from keras_vit.runtime import compat
 from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedDense, FusedLayerNormalization, KeptArguments, XAVIER, bias_init,
-    check_gelu, check_mlp, swiglu, with_arguments)
+    FusedDense, KeptArguments, XAVIER, bias_init, check_gelu, check_mlp,
+    check_norm, make_norm, swiglu, with_arguments)
 from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
@@ -173,8 +173,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     :class:`MultiHeadSelfAttention`), ``proj_bias`` (the biases of the
     attention's output projection and of both MLP layers, as timm's
     ``proj_bias``), ``drop_path_rate`` (stochastic depth of both
-    branches in training, :class:`DropPath`) and ``mlp`` (the MLP's kind,
-    ``"gelu"`` or ``"swiglu"``: :class:`MlpBlock`).
+    branches in training, :class:`DropPath`), ``mlp`` (the MLP's kind,
+    ``"gelu"`` or ``"swiglu"``: :class:`MlpBlock`) and ``norm`` (the
+    kind of ``norm_1``, ``norm_2`` and the q/k norms: ``"layer"`` or
+    ``"rms"``, :data:`~keras_vit.layers.dense.NORM_KINDS`).
     """
 
     def __init__(
@@ -192,11 +194,13 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         proj_bias=True,
         drop_path_rate=0.0,
         mlp="gelu",
+        norm="layer",
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = check_remat(remat)
         self.mlp_kind = check_mlp(mlp)
+        self.norm = check_norm(norm)
         self.layer_scale = (None if layer_scale is None
                             else float(layer_scale))
         self.qk_norm = bool(qk_norm)
@@ -209,22 +213,18 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.norm_1 = FusedLayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
-            name="norm_1",
-        )
+        self.norm_1 = make_norm(self.norm, self.layer_norm_epsilon,
+                                self.dtype_policy, "norm_1")
         self.attention = MultiHeadSelfAttention(
             self.num_heads, self.attention_dropout_rate,
             qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
-            dtype=self.dtype_policy, name="attention",
+            norm=self.norm, dtype=self.dtype_policy, name="attention",
         )
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
-        self.norm_2 = FusedLayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
-            name="norm_2",
-        )
+        self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon,
+                                self.dtype_policy, "norm_2")
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
                             use_bias=self.proj_bias, kind=self.mlp_kind,
                             dtype=self.dtype_policy, name="mlp")
@@ -296,7 +296,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         config = with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
-            "qkv_bias", "proj_bias", "drop_path_rate"))
+            "qkv_bias", "proj_bias", "drop_path_rate", "norm"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

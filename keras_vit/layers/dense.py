@@ -1,4 +1,4 @@
-"""Dense, LayerNorm, GELU and the patch convolution in the spellings each backend runs
+"""Dense, LayerNorm, RMSNorm, GELU and the patch convolution in the spellings each backend runs
 fastest (fused where the machine's plan says so), with the official initialisers."""
 
 from __future__ import annotations
@@ -418,3 +418,76 @@ class FusedLayerNormalization(layers.LayerNormalization):
             return fused_ops.xla_layer_norm(inputs, self.gamma, self.beta,
                                             self.epsilon, self.compute_dtype)
         return super().call(inputs)
+
+
+NORM_KINDS = ("layer", "rms")
+"""The norms a model builds: ``"layer"``, LayerNorm (subtracts the mean,
+divides by the standard deviation, a scale and a bias: the paper's);
+``"rms"``, RMSNorm (Zhang & Sennrich 2019: divides by the root mean
+square, no mean subtracted, a scale and no bias: AIMv2's)."""
+
+
+def check_norm(kind):
+    """``kind`` if it is one of :data:`NORM_KINDS`, else a ValueError
+    naming ``norm``."""
+    return check_choice("norm", kind, NORM_KINDS)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class RMSNormalization(layers.RMSNormalization):
+    """RMSNorm over the last axis: ``x / sqrt(mean(x ** 2) + epsilon) *
+    gamma``, with no mean subtracted and no bias (timm's ``RmsNorm``, the
+    epsilon inside the root as there). Keras' own layer and op
+    (``keras.ops.rms_normalization``: float32 statistics, torch's
+    ``rms_norm`` on torch) with two changes: the scale is the weight
+    ``gamma``, the name LayerNormalization gives its scale, so a norm's
+    checkpoint key is the same whichever kind it is; and the scale stays
+    float32 under mixed precision (LayerNormalization's rule; Keras'
+    layer would round it to bfloat16 first). Keras' other spelling,
+    ``LayerNormalization(rms_scaling=True)``, is not this: it divides by
+    the standard deviation (the variance around the mean).
+
+    >>> import numpy as np
+    >>> norm = RMSNormalization(epsilon=0.0)
+    >>> out = norm(np.array([[3.0, -4.0]], "float32"))
+    >>> [round(float(v), 4) for v in ops.convert_to_numpy(out)[0]]
+    [0.8485, -1.1314]
+    """
+
+    def __init__(self, axis=-1, epsilon=1e-6, **kwargs):
+        super().__init__(axis=axis, epsilon=epsilon, **kwargs)
+        self.autocast = False
+
+    def build(self, input_shape):
+        axis = self.axis if isinstance(self.axis, (list, tuple)) else [
+            self.axis]
+        self.axis = sorted(axis)
+        self.scale = self.add_weight(
+            name="gamma", shape=tuple(input_shape[a] for a in self.axis),
+            initializer="ones", autocast=False)
+        self.built = True
+
+    @property
+    def gamma(self):
+        return self.scale
+
+    def call(self, x):
+        out = ops.rms_normalization(x, scale=self.scale, axis=self.axis,
+                                    epsilon=self.epsilon)
+        return ops.cast(out, self.compute_dtype)
+
+
+def make_norm(kind, epsilon, dtype, name, fused=True):
+    """The norm layer of ``kind`` (:data:`NORM_KINDS`) of ``epsilon``:
+    :class:`FusedLayerNormalization` (Keras' own LayerNormalization with
+    ``fused=False``: the model's norms outside the blocks, as they have
+    always been saved) or :class:`RMSNormalization`.
+
+    >>> make_norm("rms", 1e-5, None, "norm").__class__.__name__
+    'RMSNormalization'
+    """
+    if check_norm(kind) == "rms":
+        return RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    layer_norm = (FusedLayerNormalization if fused
+                  else layers.LayerNormalization)
+    return layer_norm(epsilon=epsilon, dtype=dtype, name=name)

@@ -9,7 +9,8 @@ from keras import layers, ops
 
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
-from keras_vit.layers.dense import FusedConv2D, KeptArguments, with_arguments
+from keras_vit.layers.dense import (FusedConv2D, KeptArguments, check_norm,
+                                    make_norm, with_arguments)
 from keras_vit.layers.image_sizes import ImageSizes
 
 
@@ -20,13 +21,22 @@ class PatchEmbedding(KeptArguments, layers.Layer):
     A ``patch_size`` x ``patch_size`` convolution with the same stride,
     flattened to a sequence: (B, H, W, C) -> (B, H/P * W/P, hidden_size).
     ``use_bias=False`` leaves out the convolution's bias (CLIP's towers).
+    ``norm`` (``"layer"`` or ``"rms"``; None: none) normalises each patch's
+    embedding, a norm of epsilon ``norm_epsilon`` (the sublayer ``norm``),
+    before any token joins or position is added: timm's
+    ``embed_norm_layer``, AIMv2's RMSNorm after the patch embedding.
     """
 
-    ARGUMENTS = {"hidden_size": int, "patch_size": int, "use_bias": bool}
+    ARGUMENTS = {"hidden_size": int, "patch_size": int, "use_bias": bool,
+                 "norm": lambda v: None if v is None else check_norm(v),
+                 "norm_epsilon": float}
 
-    def __init__(self, hidden_size, patch_size, use_bias=True, **kwargs):
+    def __init__(self, hidden_size, patch_size, use_bias=True, norm=None,
+                 norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
+        self.token_norm = (None if self.norm is None else make_norm(
+            self.norm, self.norm_epsilon, self.dtype_policy, "norm"))
         self.conv = FusedConv2D(
             self.hidden_size,
             self.patch_size,
@@ -40,12 +50,17 @@ class PatchEmbedding(KeptArguments, layers.Layer):
 
     def build(self, input_shape):
         self.conv.build(input_shape)
+        if self.token_norm is not None:
+            self.token_norm.build((None, None, self.hidden_size))
         self.built = True
 
     def call(self, images, training=None):
         x = self.conv(images, training=training)
         shape = ops.shape(x)
-        return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+        x = ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+        if self.token_norm is not None:
+            x = self.token_norm(x)
+        return x
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape

@@ -11,7 +11,7 @@ from keras import layers, ops
 
 from keras_vit.layers.blocks import MlpBlock
 from keras_vit.layers.dense import (
-    FusedEinsumDense, FusedLayerNormalization, KeptArguments, check_gelu,
+    FusedEinsumDense, KeptArguments, check_gelu, check_norm, make_norm,
     xavier_flat)
 from keras_vit.layers.registered import PACKAGE
 
@@ -27,8 +27,9 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
     :class:`~keras_vit.layers.MultiHeadSelfAttention` and of the released
     checkpoints), then a pre-LN residual MLP, ``y + MLP(LayerNorm(y))``
     (``norm`` of epsilon ``layer_norm_epsilon``, ``mlp`` Dense(``mlp_dim``)
-    -> GELU of form ``gelu`` -> Dense(D)), and the probe's row is the
-    output. This is big_vision's ``MAPHead``, timm's ``AttentionPoolLatent``
+    -> GELU of form ``gelu`` -> Dense(D); ``norm="rms"`` makes ``norm``
+    an RMSNorm, as timm builds its pool with the model's norm layer), and
+    the probe's row is the output. This is big_vision's ``MAPHead``, timm's ``AttentionPoolLatent``
     with one latent and transformers'
     ``SiglipMultiheadAttentionPoolingHead``; the three compute the same
     function, which is why one layer loads all their weights.
@@ -44,9 +45,13 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
                  "layer_norm_epsilon": float, "num_prefix_tokens": int}
 
     def __init__(self, num_heads, mlp_dim, gelu="tanh",
-                 layer_norm_epsilon=1e-6, num_prefix_tokens=0, **kwargs):
+                 layer_norm_epsilon=1e-6, num_prefix_tokens=0, norm="layer",
+                 **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
+        # The attribute ``norm`` is the layer (built in build); its kind is
+        # kept as ``norm_kind`` and configured under the argument's name.
+        self.norm_kind = check_norm(norm)
         for name in ("num_heads", "mlp_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; "
@@ -78,9 +83,8 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
             kernel_initializer=xavier_flat(dim, dim),
             bias_initializer="zeros", dtype=self.dtype_policy, name="out")
         self.out.build(batch + (1, self.num_heads, head_dim))
-        self.norm = FusedLayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
-            name="norm")
+        self.norm = make_norm(self.norm_kind, self.layer_norm_epsilon,
+                              self.dtype_policy, "norm")
         self.norm.build(batch + (1, dim))
         self.mlp = MlpBlock(self.mlp_dim, 0.0, self.gelu,
                             dtype=self.dtype_policy, name="mlp")
@@ -103,3 +107,6 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return dict(super().get_config(), norm=self.norm_kind)

@@ -73,15 +73,15 @@ def classification_head(x, pooling_layer, include_top, representation_size,
 
 
 def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
-                  layer_norm_epsilon, dtype):
+                  layer_norm_epsilon, dtype, norm="layer"):
     """The ViT's ``pooling`` layer for ``method`` (None: none): a
     :class:`~keras_vit.layers.TokenPooling` (the patch tokens after the
     ``num_prefix_tokens`` class and register tokens, or for ``"token"``
     the class token), or for ``"map"`` the attention-pool head
     (:class:`~keras_vit.layers.AttentionPoolHead`), which has weights of
-    its own: its MLP as wide as the blocks' (``mlp_dim``), its GELU and
-    LayerNorm epsilon the model's, as SigLIP's, timm's and big_vision's
-    heads are."""
+    its own: its MLP as wide as the blocks' (``mlp_dim``), its GELU, norm
+    kind (``norm``) and epsilon the model's, as SigLIP's, timm's and
+    big_vision's heads are."""
     from keras_vit import layers as vit_layers
 
     if method is None:
@@ -90,7 +90,7 @@ def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
         return vit_layers.AttentionPoolHead(
             num_heads, mlp_dim, gelu=gelu,
             layer_norm_epsilon=layer_norm_epsilon,
-            num_prefix_tokens=num_prefix_tokens, dtype=dtype,
+            num_prefix_tokens=num_prefix_tokens, norm=norm, dtype=dtype,
             name="pooling")
     return vit_layers.TokenPooling(
         method, num_prefix_tokens=num_prefix_tokens if method != "token"

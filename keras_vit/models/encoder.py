@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
 from keras_vit.layers.image_sizes import check_image_size
-from keras_vit.layers.dense import check_mlp
+from keras_vit.layers.dense import check_mlp, check_norm
 from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
@@ -166,7 +166,8 @@ FAMILY_DEFAULTS = dict(
     class_token=None, num_registers=0, posemb_includes_prefix=True,
     fc_norm=False, final_norm=True, pre_norm=False, layer_scale=None,
     qk_norm=False, qkv_bias=True, proj_bias=True, patch_bias=True,
-    drop_path_rate=0.0, distilled=False, mlp="gelu")
+    drop_path_rate=0.0, distilled=False, mlp="gelu", norm="layer",
+    patch_norm=False)
 
 
 def _flag(name, value):
@@ -187,7 +188,7 @@ def check_family_options(options, classifier, pooling, include_top,
     out = dict(options)
     for name in ("posemb_includes_prefix", "fc_norm", "final_norm",
                  "pre_norm", "qk_norm", "qkv_bias", "proj_bias",
-                 "patch_bias", "distilled"):
+                 "patch_bias", "distilled", "patch_norm"):
         _flag(name, out[name])
     token = out["class_token"]
     if token is None:
@@ -200,6 +201,7 @@ def check_family_options(options, classifier, pooling, include_top,
             "layer_scale", out["layer_scale"], low=0, low_open=True))
     out["drop_path_rate"] = _rate(out["drop_path_rate"], "drop_path_rate")
     out["mlp"] = check_mlp(out["mlp"])
+    out["norm"] = check_norm(out["norm"])
     method = classifier if include_top else pooling
     if method == "token" and not token:
         what = (f"classifier={classifier!r}" if include_top
@@ -211,7 +213,7 @@ def check_family_options(options, classifier, pooling, include_top,
             "class_token=False")
     if out["fc_norm"] and not out["final_norm"]:
         raise ValueError(
-            "fc_norm=True moves the final LayerNorm after the pooling, and "
+            "fc_norm=True moves the final norm after the pooling, and "
             "final_norm=False builds none; received fc_norm=True, "
             "final_norm=False")
     if out["fc_norm"] and method in (None, "token"):

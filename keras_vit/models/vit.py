@@ -314,6 +314,13 @@ def _distilled_head(x, spec, head_bias_init, classifier_activation, dtype):
     return x
 
 
+def _model_norm(kind, epsilon, dtype, name):
+    """A norm of the model outside the blocks (``pre_norm``,
+    ``encoder_norm``, ``fc_norm``): Keras' LayerNormalization, as these
+    have always been, or for ``kind="rms"`` the package's RMSNorm."""
+    return vit_layers.make_norm(kind, epsilon, dtype, name, fused=False)
+
+
 # The constructor arguments that VisionTransformer keeps normalised (the
 # rest are kept as given; see keras_vit.models.config).
 _NORMALISED = (*NORMALISED, "resnet")
@@ -372,6 +379,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         drop_path_rate=0.0,
         distilled=False,
         mlp="gelu",
+        norm="layer",
+        patch_norm=False,
         input_normalization=None,
         name="vision_transformer",
         **kwargs,
@@ -410,9 +419,12 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
             x = _resnet_stem(x, spec["resnet"], dtype, remat)
+        norm = family["norm"]
         x = vit_layers.PatchEmbedding(
             spec["hidden_size"], spec["patch"],
-            use_bias=family["patch_bias"], dtype=dtype,
+            use_bias=family["patch_bias"],
+            norm=norm if family["patch_norm"] else None,
+            norm_epsilon=layer_norm_epsilon, dtype=dtype,
             name="patch_embedding")(x)
 
         def prepend(x):
@@ -445,7 +457,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 layer_scale=family["layer_scale"],
                 qk_norm=family["qk_norm"], qkv_bias=family["qkv_bias"],
                 proj_bias=family["proj_bias"], drop_path_rate=rates[i],
-                mlp=family["mlp"], dtype=dtype, name=f"encoder_block_{i}")
+                mlp=family["mlp"], norm=norm, dtype=dtype,
+                name=f"encoder_block_{i}")
             for i in range(depth)]
         x, scores = _encoder(
             x, blocks, position_embedding, position_embedding_placement,
@@ -457,12 +470,12 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             images=inputs if dynamic else None,
             stride=spec["stride"] if dynamic else None,
             prepend=None if table_covers_prefix else prepend,
-            pre_norm=layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=dtype, name="pre_norm")
+            pre_norm=_model_norm(norm, layer_norm_epsilon, dtype,
+                                 "pre_norm")
             if family["pre_norm"] else None)
         if family["final_norm"] and not family["fc_norm"]:
-            x = layers.LayerNormalization(epsilon=layer_norm_epsilon,
-                                          dtype=dtype, name="encoder_norm")(x)
+            x = _model_norm(norm, layer_norm_epsilon, dtype,
+                            "encoder_norm")(x)
         method = spec["method"]
         if distilled and method is not None:
             x = _distilled_head(x, spec, head_bias_init,
@@ -471,13 +484,13 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             x = classification_head(
                 x, pooling_layer(method, prefix, spec["num_heads"],
                                  spec["mlp_dim"], gelu, layer_norm_epsilon,
-                                 dtype),
+                                 dtype, norm),
                 spec["head"], spec["representation_size"],
                 spec["num_classes"],
                 keras.initializers.Constant(head_bias_init),
                 classifier_activation, dtype,
-                pooled_norm=layers.LayerNormalization(
-                    epsilon=layer_norm_epsilon, dtype=dtype, name="fc_norm")
+                pooled_norm=_model_norm(
+                    norm, layer_norm_epsilon, dtype, "fc_norm")
                 if family["fc_norm"] else None)
         outputs = x
         if return_attention_scores:
@@ -615,8 +628,16 @@ def vit(
             logits averaged; ``mlp="swiglu"``: every block's MLP gated
             (SiLU of one half of a ``2 * mlp_dim`` projection times the
             other, DINOv2-g, TIPS; ``gelu`` then serves the attention
-            pool only). ``num_classes=0`` builds no head: the model
-            returns the pooled embedding.
+            pool only); ``norm="rms"``: every norm of the model (the
+            blocks', the q/k norms, ``pre_norm``, the final norm or
+            ``fc_norm``, the attention pool's, the patch norm) an RMSNorm,
+            ``x / sqrt(mean(x ** 2) + layer_norm_epsilon) * scale``, no
+            mean subtracted and no bias (AIMv2; default ``"layer"``,
+            LayerNorm); ``patch_norm``: a norm of that kind on each
+            patch's embedding, before the class token and the position
+            table join (timm's ``embed_norm_layer``, AIMv2).
+            ``num_classes=0`` builds no head: the model returns the
+            pooled embedding.
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).
@@ -635,6 +656,11 @@ def vit(
     ...     position_embedding_placement="every_layer_shared")
     >>> tuple(rel.get_layer("position_embedding").rel_embedding.shape)
     (32, 2, 8)
+    >>> aim = keras_vit.models.vit(image_size=32, patch_size=8,
+    ...     hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+    ...     num_classes=10, classifier="gap", norm="rms", patch_norm=True)
+    >>> [w.path for w in aim.weights if "norm" in w.path][:2]
+    ['patch_embedding/norm/gamma', 'encoder_block_0/norm_1/gamma']
     """
     check_choice("attention", attention, ("global", "axial"))
     if attention == "axial":

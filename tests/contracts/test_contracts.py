@@ -81,6 +81,7 @@ CASES = {
     "FusedDense": (dict(units=4, gelu="tanh"), lambda: _rng_input((2, 5, 8))),
     "FusedLayerNormalization": (dict(epsilon=1e-5),
                                 lambda: _rng_input((2, 5, 8))),
+    "RMSNormalization": (dict(epsilon=1e-5), lambda: _rng_input((2, 5, 8))),
     "FusedEinsumDense": (dict(equation="abc,cde->abde",
                               output_shape=(None, 2, 4), bias_axes="de"),
                          lambda: _rng_input((2, 5, 8))),

@@ -1,6 +1,7 @@
 """The ViT family's options of VisionTransformer (class token, registers,
 position table without the prefix, pooling, fc_norm, layer scale, q/k
-norm, biases, quick GELU, pre-norm, final norm, stochastic depth, no head):
+norm, biases, quick GELU, pre-norm, final norm, stochastic depth, no head,
+RMSNorm and the norm after the patch embedding):
 what each builds, each refusal naming its argument, and a ``.keras`` round
 trip of a tiny model with every option on, on each backend."""
 
@@ -118,6 +119,113 @@ def test_swiglu_mlp_gates_with_silu_and_keeps_through_features(tmp_path):
     assert 0 < error < 0.05
 
 
+# -- RMSNorm (norm="rms") and the norm after the patch embedding -------------
+
+def _rms(x, gamma, eps):
+    """timm's RmsNorm in NumPy: no mean subtracted, no bias."""
+    x = x.astype("float64")
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * gamma
+
+
+def test_rms_norm_is_timms_formula_with_no_mean_and_no_bias():
+    from keras_vit.layers import RMSNormalization
+
+    # Far from zero mean: a LayerNorm (or Keras' rms_scaling, which
+    # divides by the standard deviation) gives other numbers.
+    x = np.random.default_rng(3).normal(2.0, 1.0, (2, 3, 6)).astype(
+        "float32")
+    norm = RMSNormalization(epsilon=1e-5, name="rms")
+    norm.build(x.shape)
+    assert [w.path for w in norm.weights] == ["rms/gamma"]
+    gamma = np.linspace(0.5, 1.5, 6).astype("float32")
+    norm.gamma.assign(gamma)
+    want = _rms(x, gamma, 1e-5)
+    np.testing.assert_allclose(to_numpy(norm(x)), want, rtol=1e-5)
+    centred = x - x.mean(-1, keepdims=True)
+    assert not np.allclose(want, _rms(centred, gamma, 1e-5), atol=1e-2)
+    # epsilon inside the root, as timm's: visible on a tiny input.
+    tiny = np.full((1, 6), 1e-3, "float32")
+    np.testing.assert_allclose(to_numpy(norm(tiny)),
+                               _rms(tiny, gamma, 1e-5), rtol=1e-5)
+
+
+def test_patch_norm_normalises_each_patch_before_the_tokens_join():
+    from keras_vit.layers import PatchEmbedding
+
+    layer = PatchEmbedding(8, 8, norm="rms", norm_epsilon=1e-5)
+    x = _images()
+    layer.build(x.shape)
+    _randomise(layer)
+    w = {v.path: to_numpy(v) for v in layer.weights}
+    assert set(w) == {"patch_embedding/conv/kernel",
+                      "patch_embedding/conv/bias",
+                      "patch_embedding/norm/gamma"}
+    patches = x.reshape(2, 2, 8, 2, 8, 3).transpose(0, 1, 3, 2, 4, 5)
+    flat = patches.reshape(2, 4, 192) @ w["patch_embedding/conv/kernel"] \
+        .reshape(192, 8) + w["patch_embedding/conv/bias"]
+    np.testing.assert_allclose(
+        to_numpy(layer(x)), _rms(flat, w["patch_embedding/norm/gamma"],
+                                 1e-5), rtol=1e-4, atol=1e-5)
+    assert PatchEmbedding.from_config(layer.get_config()).norm == "rms"
+
+
+def test_rms_norm_reaches_every_norm_and_round_trips(tmp_path):
+    options = dict(TINY, classifier="avgmax", class_token=False, fc_norm=True,
+                   pre_norm=True, qk_norm=True, norm="rms", patch_norm=True,
+                   layer_norm_epsilon=1e-5)
+    model = _randomise(VisionTransformer(**options))
+    norms = {w.path for w in model.weights if "norm" in w.path}
+    assert norms == {
+        "patch_embedding/norm/gamma", "pre_norm/gamma", "fc_norm/gamma",
+        *(f"encoder_block_{i}/{n}/gamma" for i in range(2)
+          for n in ("norm_1", "norm_2", "attention/query_norm",
+                    "attention/key_norm"))}
+    # The same graph with LayerNorms: other numbers from the same scales.
+    layer_norms = VisionTransformer(**dict(options, norm="layer"))
+    assert len(layer_norms.weights) == len(model.weights) + len(norms)
+    x = _images()
+    path = tmp_path / "rms.keras"
+    model.save(path)
+    again = keras.saving.load_model(path)
+    assert again.get_config() == model.get_config()
+    assert again.get_config()["norm"] == "rms"
+    np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [
+    dict(norm="rms", patch_norm=True, qk_norm=True, pre_norm=True),
+    dict(norm="rms", classifier="map", class_token=False),
+    dict(patch_norm=True, classifier="gap", fc_norm=True),
+])
+def test_norm_parameter_count_is_the_built_models(options):
+    from keras_vit.base import geometry
+
+    model = VisionTransformer(**{**TINY, **options})
+    assert geometry.parameter_count(model.get_config()) == \
+        model.count_params()
+
+
+def test_rms_norm_keeps_its_scale_float32_under_mixed_precision():
+    """As LayerNormalization: under mixed_bfloat16 the statistics, the
+    scale and its gradient stay float32. The gradient here, 2 + 2**-8,
+    is exact in float32 and not a bfloat16 number (Keras' own
+    RMSNormalization reads its scale as bfloat16 and rounds it to 2)."""
+    from keras_vit.layers import RMSNormalization
+    from model_gradients import gradients
+
+    model = keras.Sequential([keras.Input((3, 4)), RMSNormalization(
+        epsilon=0.0, dtype="mixed_bfloat16")])
+    assert model.layers[0].gamma.dtype == "float32"
+    x = np.ones((1, 3, 4), "float32")  # each row's RMS is 1
+    weights = np.array([1.0, 1.0, 2.0 ** -8], "float32")[None, :, None]
+    out = model(x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    (grad,) = gradients(model, x, lambda y: keras.ops.sum(
+        keras.ops.cast(y, "float32") * keras.ops.convert_to_tensor(weights)))
+    np.testing.assert_array_equal(grad, np.full(4, 2.0 + 2.0 ** -8))
+
+
 def test_num_classes_zero_returns_the_pooled_embedding():
     model = VisionTransformer(**dict(TINY, num_classes=0), classifier="gap",
                               fc_norm=True)
@@ -179,6 +287,9 @@ def test_defaults_build_the_papers_vit():
     (dict(gelu="relu"), "gelu"),
     (dict(mlp="geglu"), "mlp must be one of"),
     (dict(mlp=None), "mlp must be one of"),
+    (dict(norm="rmsnorm"), "norm must be one of"),
+    (dict(norm=None), "norm must be one of"),
+    (dict(patch_norm="yes"), "patch_norm must be True or False"),
     (dict(classifier="mean"), "classifier"),
     (dict(distilled=True, classifier="gap", class_token=True), "distilled"),
     (dict(distilled=True, representation_size=4), "distilled"),

@@ -370,3 +370,150 @@ def test_an_oversized_timm_config_is_refused_before_reading(tmp_path,
     config.write_text('{"label_names": ["' + "x" * 2000 + '"]}')
     with pytest.raises(ConfigError, match="is 2021 bytes; a timm config"):
         timm_hub.read_config(config)
+
+
+# -- AIMv2: RMSNorm, the norm after the patch embedding, timm's SwiGLU ---------
+
+AIMV2 = "aimv2_large_patch14_224"
+# Narrowed (timm's model_args): the layout is AIMv2's at a test's cost.
+AIMV2_ARGS = dict(embed_dim=48, num_heads=2)
+
+
+def _timm_reload(folder, **kwargs):
+    """timm's model from a repository keras_vit wrote, as timm loads it."""
+    written = json.loads((folder / "config.json").read_text())
+    return written, timm.create_model(
+        written["architecture"], pretrained=True,
+        num_classes=written["num_classes"],
+        pretrained_cfg_overlay=dict(file=str(folder / "model.safetensors"),
+                                    num_classes=written["num_classes"]),
+        **dict(written["model_args"], **kwargs)).eval()
+
+
+def test_aimv2_loads_with_timms_logits_native_and_resized_and_back(tmp_path):
+    from timm.models import save_for_hf
+
+    from keras_vit.zoo import position_tables
+    from testkit import (assert_close_to_timm, random_images,
+                         random_timm_model, timm_forward)
+
+    theirs = random_timm_model(AIMV2, 28, CLASSES, **AIMV2_ARGS)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    ours = zoo.load(str(tmp_path / "repo"))
+    config = ours.get_config()
+    assert {k: config[k] for k in (
+        "norm", "patch_norm", "layer_norm_epsilon", "mlp", "mlp_dim",
+        "classifier", "class_token", "qkv_bias", "proj_bias", "fc_norm")} \
+        == dict(norm="rms", patch_norm=True, layer_norm_epsilon=1e-5,
+                mlp="swiglu", mlp_dim=int(48 * 2.75), classifier="gap",
+                class_token=False, qkv_bias=False, proj_bias=False,
+                fc_norm=False)
+    x = random_images(28)
+    assert_close_to_timm(ours(x), timm_forward(theirs, x))
+    # At another size: timm at that size with keras_vit's resized table.
+    bigger = zoo.load(str(tmp_path / "repo"), image_size=42)
+    state = theirs.state_dict()
+    state["pos_embed"] = torch.from_numpy(position_tables.resize_posemb(
+        state["pos_embed"].numpy(), (3, 3), 0))
+    at_size = random_timm_model(AIMV2, 42, CLASSES, **AIMV2_ARGS)
+    at_size.load_state_dict(state)
+    x42 = random_images(42)
+    assert_close_to_timm(bigger(x42), timm_forward(at_size, x42))
+    # Written back as AIMv2: the unpacked SwiGLU, timm's logits.
+    zoo.save_pretrained(ours, tmp_path / "back")
+    written, again = _timm_reload(tmp_path / "back")
+    assert written["architecture"] == AIMV2
+    assert {"blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.weight",
+            "patch_embed.norm.weight"} <= set(again.state_dict())
+    assert_close_to_timm(timm_forward(again, x), timm_forward(theirs, x))
+    reread = zoo.load(str(tmp_path / "back"))
+    assert reread.get_config()["norm"] == "rms"
+    assert_close_to_timm(reread(x), timm_forward(theirs, x))
+
+
+@pytest.mark.parametrize("options", [
+    # RMSNorm and a patch norm with the GELU MLP: timm's "rmsnorm".
+    dict(norm="rms", patch_norm=True, classifier="gap", class_token=False,
+         fc_norm=True),
+    # A LayerNorm after the patch embedding: timm's "layernorm".
+    dict(patch_norm=True),
+    # AIMv2's MLP without its patch norm, with a class token.
+    dict(norm="rms", mlp="swiglu", layer_norm_epsilon=1e-5, qkv_bias=False),
+])
+def test_norm_options_write_for_timm_and_read_back(tmp_path, options):
+    import keras_vit
+    from testkit import assert_close_to_timm, random_images, timm_forward
+
+    keras.utils.set_random_seed(3)
+    ours = keras_vit.vit(image_size=32, patch_size=16, hidden_size=32,
+                         num_layers=1, num_heads=2, mlp_dim=64,
+                         num_classes=CLASSES, gelu="exact", **options)
+    rng = np.random.default_rng(0)
+    for w in ours.weights:  # norms and the head too: nothing at 0 or 1
+        w.assign(rng.normal(0, 0.3, w.shape).astype("float32"))
+    zoo.save_pretrained(ours, tmp_path / "out")
+    _, theirs = _timm_reload(tmp_path / "out")
+    x = random_images(32)
+    assert_close_to_timm(timm_forward(theirs, x), np.asarray(ours(x)))
+    again = zoo.load(str(tmp_path / "out"))
+    for key, value in options.items():
+        assert again.get_config()[key] == value, key
+
+
+def test_norm_settings_keras_vit_lacks_are_refused_by_name(tmp_path):
+    import keras_vit
+    from timm.models import save_for_hf
+
+    from testkit import random_timm_model
+
+    # A patch norm of another kind or epsilon than the model's norms.
+    theirs = random_timm_model(AIMV2, 28, CLASSES, embed_norm_layer=(
+        "layernorm"), **AIMV2_ARGS)
+    save_for_hf(theirs, tmp_path / "mixed", safe_serialization=True)
+    with pytest.raises(ValueError, match=(
+            "model_args.embed_norm_layer: embed_norm_layer='layernorm'")):
+        zoo.load(str(tmp_path / "mixed"))
+    # Half of timm's SwiGLU first layer: named, never half loaded.
+    save_for_hf(random_timm_model(AIMV2, 28, CLASSES, **AIMV2_ARGS),
+                tmp_path / "half", safe_serialization=True)
+    state = safetensors_torch.load_file(str(tmp_path / "half" /
+                                            "model.safetensors"))
+    del state["blocks.0.mlp.fc1_x.weight"]
+    safetensors_torch.save_file(state, str(tmp_path / "half" /
+                                           "model.safetensors"))
+    with pytest.raises(ValueError, match=(
+            r"both halves.*blocks\.0\.mlp\.fc1_g\.weight.*without "
+            r".*blocks\.0\.mlp\.fc1_x\.weight")):
+        zoo.load(str(tmp_path / "half"))
+    # RMSNorm of epsilon 1e-5 with the GELU MLP: no timm config says it.
+    model = keras_vit.vit(image_size=32, patch_size=16, hidden_size=32,
+                          num_layers=1, num_heads=2, mlp_dim=64,
+                          num_classes=CLASSES, norm="rms",
+                          layer_norm_epsilon=1e-5)
+    with pytest.raises(ValueError, match=(
+            "norm='rms', patch_norm=False, mlp='gelu', "
+            "layer_norm_epsilon=1e-05")) as info:
+        zoo.save_pretrained(model, tmp_path / "refused")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("options", [dict(norm="rms"),
+                                     dict(patch_norm=True)])
+def test_transformers_layouts_refuse_the_norm_options(tmp_path, options):
+    """No transformers class keras_vit writes has RMSNorm or a patch
+    norm: refused by name, never written as LayerNorms."""
+    import keras_vit
+
+    sizes = dict(image_size=32, patch_size=16, hidden_size=32, num_layers=1,
+                 num_heads=2, mlp_dim=64, num_classes=0, **options)
+    siglip = keras_vit.vit(classifier="map", class_token=False, **sizes)
+    with pytest.raises(ValueError, match=(
+            "SiglipVisionModel, which cannot hold this model: .*RMSNorm, a "
+            "patch norm")):
+        zoo.save_pretrained(siglip, tmp_path / "siglip",
+                            layout="transformers")
+    plain = keras_vit.vit(pre_norm=True, patch_bias=False, **sizes)
+    with pytest.raises(ValueError, match=(
+            f"cannot hold this model: the options {next(iter(options))}")):
+        zoo.save_pretrained(plain, tmp_path / "clip", layout="transformers")
+    assert not (tmp_path / "siglip" / "model.safetensors").exists()

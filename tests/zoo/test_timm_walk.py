@@ -28,8 +28,6 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "timm_coverage.py")
 # keras_vit's table of timm's architectures (zoo/timm_architectures.json)
 # is not a gap but a stale table: its verdict (NAME_ONLY) fails here.
 KNOWN_GAPS = {
-    "SwiGLU / GLU MLP", "silu activation (act_layer)", "RMSNorm",
-    "norm after the patch embedding",
     "parallel blocks (ViT-22B style)", "parallel blocks (several branches)",
     "post-norm blocks (ResPostBlock)", "differential attention",
     "norms inside attention and MLP (BEiT-3 sub-LN)",
@@ -94,6 +92,25 @@ def test_each_loads_with_timms_logits_or_is_refused_in_one_line(walked):
              and not r["probe_missing"]]
     assert not wrong, wrong
     assert any(r["status"] == coverage.EXACT for r in rows)
+
+
+def test_aimv2s_norms_and_swiglu_load_with_timms_logits(walked):
+    """The representative carrying AIMv2's options (RMSNorm, the norm
+    after the patch embedding, timm's unpacked SwiGLU, SiLU) loads with
+    timm's logits, and so does every representative with RMSNorm."""
+    coverage, rows = walked
+    carrying = [row for row in rows if {"embed_norm_layer", "norm_layer"}
+                & set(coverage.options(coverage.architecture_args(
+                    row["name"], row["module"])))
+                and "backbone" not in coverage.architecture_args(
+                    row["name"], row["module"])]
+    aimv2 = [row for row in carrying if row["name"].startswith("aimv2_")]
+    assert aimv2, [row["name"] for row in rows]
+    assert all(row["status"] == coverage.EXACT for row in aimv2), [
+        (row["name"], row["status"], row["message"]) for row in aimv2]
+    # Any other refusal of a row with a norm is for another feature.
+    assert not [row["name"] for row in carrying if "RMSNorm" in row["group"]
+                or "norm after the patch" in row["group"]]
 
 
 def test_the_features_refused_are_known_gaps(walked):
