@@ -12,17 +12,17 @@ import keras
 
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.runtime.backend import to_numpy
+from testkit import FAMILY_OPTIONS
 
 pytestmark = pytest.mark.backends
 
 TINY = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=2,
             num_heads=2, mlp_dim=16, num_classes=3)
+# The contract model's options, pooled by avg+max with fc_norm, a class
+# token, stochastic depth, the quick GELU and the plain MLP.
 EVERY_OPTION = dict(
-    classifier="avgmax", class_token=True, num_registers=2,
-    posemb_includes_prefix=False, fc_norm=True, pre_norm=True,
-    layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
-    patch_bias=False, drop_path_rate=0.2, gelu="quick",
-    layer_norm_epsilon=1e-5)
+    FAMILY_OPTIONS, classifier="avgmax", class_token=True, fc_norm=True,
+    drop_path_rate=0.2, gelu="quick", mlp="gelu", patch_norm=False)
 
 
 def _images(n=2):
