@@ -382,13 +382,11 @@ def training_cases(size, batch, arch, classes, peers, children=(),
             NOTES[f"keras_vit Trainer train step, {precision}, jit_compile="
                   f"{jit!r}"] = ("XLA forward/backward" if trainer.jit_compile
                                  else "tf.function graph, no XLA")
-            # The step's own input: one fixed batch (the data pipeline's
-            # decoding and augmentation are not timed).
-            it = iter(tf.data.Dataset.from_tensors(
-                (tf.constant(x), tf.constant(y))).repeat())
-            # The TensorFlow engine's compiled step (built on first call).
-            return lambda: [float(t)
-                            for t in trainer.engine.train_step(it, None)]
+            # The step fit runs for the Trainer (its compiled model, on one
+            # fixed batch: the data pipeline's decoding and augmentation
+            # are not timed).
+            images, labels = tf.constant(x), tf.constant(y)
+            return lambda: trainer.model.train_on_batch(images, labels)
         return make
 
     def fit_step(dtype=None):

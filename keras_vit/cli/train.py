@@ -57,12 +57,14 @@ def check_fits_memory(trainer, available=None):
     available = memory.available_memory() if available is None else available
     if available is None:
         return
-    memory.check_step(trainer.model, trainer.micro, per_replica=trainer.per_replica,
-               batch_size=trainer.recipe.batch_size, available=available,
-               names={"micro_batch_size": "--micro-batch-size ",
-                      "batch_size": "--batch-size",
-                      "image_size": "--image-size",
-                      "skip": "--no-memory-check", "remat": "--remat"})
+    memory.check_step(trainer.trained_model(), trainer.micro,
+                      per_replica=trainer.per_replica,
+                      batch_size=trainer.recipe.batch_size,
+                      available=available,
+                      names={"micro_batch_size": "--micro-batch-size ",
+                             "batch_size": "--batch-size",
+                             "image_size": "--image-size",
+                             "skip": "--no-memory-check", "remat": "--remat"})
 
 
 def _add_remat_option(p):

@@ -61,6 +61,47 @@ def no_grad():
     return contextlib.nullcontext()
 
 
+def seed_global_generator(seed):
+    """Seeds the backend's own global random generator where Keras draws
+    from it: on torch, the dropout of layers built without a seed draws
+    from torch's global generator, which no Keras variable (so no
+    checkpoint) holds. Elsewhere nothing: Keras' seed generators are
+    variables.
+
+    >>> seed_global_generator(3)
+    """
+    if is_torch():
+        import torch
+
+        torch.manual_seed(int(seed))
+
+
+def variable_to_numpy(variable):
+    """A Keras variable's value as a NumPy array, on every backend and
+    under every ``tf.distribute`` strategy (a multi-worker mirrored
+    variable's value is read as the local copy; NumPy cannot convert the
+    distributed value itself) and ``keras.distribution`` (a weight split
+    over several jax processes is gathered: a collective, which every
+    process calls).
+
+    >>> import keras
+    >>> variable_to_numpy(keras.Variable([1.0, 2.0])).tolist()
+    [1.0, 2.0]
+    """
+    import keras
+
+    value = variable.value
+    if is_tensorflow() and hasattr(value, "read_value"):
+        value = value.read_value()
+    if is_jax() and not getattr(value, "is_fully_addressable", True):
+        # Split over several processes (ModelParallel): every process must
+        # call this, each gets the whole array.
+        from jax.experimental import multihost_utils
+
+        value = multihost_utils.process_allgather(value, tiled=True)
+    return keras.ops.convert_to_numpy(value)
+
+
 def to_numpy(tree):
     """Backend tensors (in dicts, lists and tuples) as NumPy arrays.
 

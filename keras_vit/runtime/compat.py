@@ -89,14 +89,162 @@ def run_through_graph(functional, inputs, call_fn):
     return fn(inputs, operation_fn=lambda op: op, call_fn=call_fn)
 
 
-def skip_optimizer_gradient_sum(optimizer):
-    """Stops a Keras optimizer under ``tf.distribute`` from summing the
-    gradients across replicas (the training loop has summed them already,
-    before clipping); Keras ``TFOptimizer._all_reduce_sum_gradients``."""
+def repair_multi_worker_fit():
+    """Makes Keras 3's ``model.fit`` run under a multi-worker
+    ``tf.distribute.MultiWorkerMirroredStrategy`` (keras issue 20585).
+
+    Keras' TensorFlow trainer fails there twice, both in reductions of
+    per-replica values over the workers' collectives: the symbolic build
+    averages the first data batch across replicas (an eager reduce of a
+    ``PerReplica`` the collective ops cannot convert), and every step
+    averages the scalar logs with ``axis=0`` (a scalar has no axis 0). The
+    repair changes only those two reductions, only in multi-worker mode:
+    the build takes the first local replica's batch (it needs shapes, not
+    values), and scalars are averaged without an axis. Every other
+    strategy keeps Keras' own code. Idempotent; returns whether Keras still
+    in place (see :func:`multi_worker_fit_is_broken`)."""
+    api = "keras.src.backend.tensorflow.trainer"
+    purpose = "run model.fit under MultiWorkerMirroredStrategy"
+    try:
+        from keras.src.backend.tensorflow import trainer
+    except ImportError as e:
+        raise _missing(api, "keras", purpose) from e
+    cls = _require(trainer, "TensorFlowTrainer", api + ".TensorFlowTrainer",
+                   "keras", purpose)
+    reduce_fn = _require(trainer, "reduce_per_replica",
+                         api + ".reduce_per_replica", "keras", purpose)
+    build = _require(cls, "_maybe_symbolic_build",
+                     api + ".TensorFlowTrainer._maybe_symbolic_build",
+                     "keras", purpose)
+    multi = _require(trainer, "_collective_all_reduce_multi_worker",
+                     api + "._collective_all_reduce_multi_worker", "keras",
+                     purpose)
+    if getattr(reduce_fn, "_keras_vit_repair", None) is not None:
+        return True
+    import tensorflow as tf
+    from keras import tree
+
+    def first_local(strategy, value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not multi(strategy):
+            return reduce_fn(values, strategy, reduction)
+
+        def mean(value):
+            # A worker with one replica holds a plain tensor: still reduced
+            # over the workers, as Keras does.
+            local = (strategy.experimental_local_results(value)[0]
+                     if isinstance(value, tf.distribute.DistributedValues)
+                     else value)
+            axis = 0 if local.shape.rank else None
+            return strategy.reduce("MEAN", value, axis=axis)
+
+        return tree.map_structure(mean, values)
+
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if strategy is None or not multi(strategy) or iterator is None:
+            return build(self, iterator=iterator, data_batch=data_batch)
+        for _, _, it in iterator:
+            data_batch = tree.map_structure(
+                lambda v: first_local(strategy, v), next(it))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    # The repair keeps Keras' own function, for multi_worker_fit_is_broken.
+    reduce_per_replica._keras_vit_repair = reduce_fn
+    trainer.reduce_per_replica = reduce_per_replica
+    cls._maybe_symbolic_build = maybe_symbolic_build
+    return True
+
+
+def sum_gradients_before_the_optimizer(optimizer):
+    """Makes a Keras ``optimizer`` under a ``tf.distribute`` strategy with
+    several replicas clip and accumulate the gradient summed over the
+    replicas, as on one device.
+
+    Keras' TensorFlow optimizer sums the replicas' gradients inside its
+    update, after ``global_clipnorm`` has clipped each replica's own
+    gradient, so several replicas clip another gradient than one device
+    does; and its gradient accumulation fails there (the update's
+    ``merge_call`` inside the ``cond`` that tells accumulating calls from
+    updating ones). Here ``apply`` sums the gradients across replicas
+    first (Keras' loss is already divided by the replicas, so the sum is
+    the mean over the global batch) and the optimizer's own sum
+    (BaseOptimizer's private ``_all_reduce_sum_gradients``) is skipped;
+    each replica then clips and applies the same sum. With accumulation,
+    Keras' update runs once in the cross-replica context on that sum, its
+    ``tf.__internal__`` ``maybe_merge_call`` calling straight through as
+    a merge call would there. Outside a replica context, or with one
+    replica, nothing changes. Returns ``optimizer``.
+    """
     _require(optimizer, "_all_reduce_sum_gradients",
              "TFOptimizer._all_reduce_sum_gradients", "keras",
              "sum gradients across replicas once, before clipping")
+    import tensorflow as tf
+
+    interim = tf.__internal__.distribute.interim
+    _require(interim, "maybe_merge_call",
+             "tf.__internal__.distribute.interim.maybe_merge_call",
+             "tensorflow", "accumulate gradients under tf.distribute")
+    keras_apply = optimizer.apply
+
+    def apply(grads, trainable_variables=None):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return keras_apply(grads, trainable_variables)
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        summed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                    [grads[i] for i in present])
+        if not optimizer.gradient_accumulation_steps:
+            for i, value in zip(present, summed):
+                grads[i] = value
+            return keras_apply(grads, trainable_variables)
+
+        def update(distribution, *values):
+            # Cross-replica: Keras' cond runs once, each update it makes
+            # reaches every replica's copy (a merge_call in the cond, as
+            # Keras makes it from the replica context, fails).
+            for i, value in zip(present, values):
+                grads[i] = distribution.experimental_local_results(value)[0]
+            keras_merge = interim.maybe_merge_call
+            interim.maybe_merge_call = (
+                lambda fn, strategy, *args, **kwargs:
+                fn(strategy, *args, **kwargs))
+            try:
+                return keras_apply(grads, trainable_variables)
+            finally:
+                interim.maybe_merge_call = keras_merge
+
+        return context.merge_call(update, args=tuple(summed))
+
+    optimizer.apply = apply
     optimizer._all_reduce_sum_gradients = list
+    return optimizer
+
+
+def multi_worker_fit_is_broken(strategy):
+    """Whether Keras' own per-step reduction still fails under the
+    multi-worker ``strategy`` (run inside it, on each worker): True while
+    keras issue 20585 stands, so :func:`repair_multi_worker_fit` is still
+    needed; a test asks this on two real workers, and fails the day Keras
+    fixes it upstream."""
+    from keras.src.backend.tensorflow import trainer
+    import tensorflow as tf
+
+    current = trainer.reduce_per_replica
+    original = getattr(current, "_keras_vit_repair", None) or current
+    value = strategy.run(lambda: tf.constant(1.0))
+    try:
+        original(value, strategy, "auto")
+    except (ValueError, tf.errors.InvalidArgumentError):
+        return True
+    return False
 
 
 def forget_deferred_variables(variables):
@@ -236,6 +384,46 @@ def onednn_enabled():
                   "_pywrap_util_port.IsMklEnabled", "tensorflow",
                   "ask whether TensorFlow's CPU graphs use oneDNN")
     return bool(fn())
+
+
+def ema_once_per_step(optimizer):
+    """Makes the weight average of a Keras ``optimizer`` with
+    ``use_ema=True`` and ``gradient_accumulation_steps=k`` move once per
+    optimizer step, as the recipe's ``ema_decay`` means, not at every
+    micro-batch (Keras averages at every ``apply`` call, so with k
+    micro-batches the previous step's weights leak into the average k-1
+    more times). Overrides BaseOptimizer's private
+    ``_update_model_variables_moving_average`` on this instance: the
+    momentum is ``ema_momentum`` on the call that updates the weights, 1
+    (no change) on the others, 0 (a copy) on the first step, as Keras'
+    own. Without accumulation the optimizer is left as it is. Returns
+    ``optimizer``."""
+    if not (optimizer.use_ema and optimizer.gradient_accumulation_steps):
+        return optimizer
+    purpose = "average the weights once per optimizer step"
+    _require(optimizer, "_update_model_variables_moving_average",
+             "BaseOptimizer._update_model_variables_moving_average",
+             "keras", purpose)
+    _require(optimizer, "_iterations", "BaseOptimizer._iterations", "keras",
+             purpose)
+    from keras import ops
+
+    def update(trainable_variables):
+        k = optimizer.gradient_accumulation_steps
+        # Called after the update of this call, before the count moves on.
+        updates = ops.equal((optimizer._iterations + 1) % k, 0)
+        first = ops.equal(optimizer.iterations, 0)
+        for var, average in zip(trainable_variables,
+                                optimizer._model_variables_moving_average):
+            if average is None:
+                continue
+            momentum = ops.where(
+                first, 0.0, ops.where(updates, optimizer.ema_momentum, 1.0))
+            momentum = ops.cast(momentum, var.dtype)
+            average.assign(momentum * average + (1 - momentum) * var)
+
+    optimizer._update_model_variables_moving_average = update
+    return optimizer
 
 
 # Keras optimizer methods a per-variable learning rate overrides or calls:

@@ -46,10 +46,11 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                  "variable_shapes"),
     ".mpp": ("MaskedPatchPrediction", "MppTrainer", "mpp_to_classifier",
              "pretrain_mpp"),
-}), modules=("data", "few_shot", "layouts", "mpp", "schedules", "vtab"))
+}), modules=("callbacks", "data", "few_shot", "layouts", "mpp",
+            "placement", "schedules", "vtab"))
 
 __all__ = [
-    "ArraySource", "DataError", "FolderSource", "ImageSource", "Recipe",
+    "ArraySource", "callbacks", "placement", "DataError", "FolderSource", "ImageSource", "Recipe",
     "StrategyError", "TfdsSource", "TrainResult", "Trainer", "build_model",
     "compile_for_finetune", "configure_cpu_devices", "data", "dataset",
     "describe", "digits", "distribute", "evaluate", "few_shot", "fewshot",

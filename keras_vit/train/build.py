@@ -1,6 +1,6 @@
-"""What a training run is made of: the engine for the Keras backend
-(:func:`make_engine`) and the model, built in the engine's scope under the
-run's dtype policy (:func:`build_model`, :func:`dtype_policy`).
+"""The model a training run trains, built in the run's placement scope
+(:mod:`~keras_vit.train.placement`) under its dtype policy
+(:func:`build_model`, :func:`dtype_policy`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.train import distribute as strategy_lib
 from keras_vit.train.evaluation import (model_image_size, model_label_names,
                                         shown_names)
 
@@ -156,7 +155,7 @@ def name_classes(model, label_names, *, argument="the data"):
 def _copy_into_scope(model):
     """The same model with its variables created in the current strategy's
     scope (a no-op when they already are, and on the jax and torch
-    backends, whose engines place the variables themselves)."""
+    backends, where :mod:`~keras_vit.train.placement` places them)."""
     from keras_vit.runtime.backend import is_tensorflow
 
     if not is_tensorflow():
@@ -170,41 +169,3 @@ def _copy_into_scope(model):
     from keras_vit.zoo import rebuild
 
     return rebuild(model)
-
-
-def make_engine(strategy="auto", *, tpu=None, model_parallel=None):
-    """The engine for the current Keras backend: ``tf.distribute`` under
-    TensorFlow (:mod:`~keras_vit.train.engine_tf`), a ``jax.jit`` step
-    (one device, ``keras.distribution.DataParallel``, or ``ModelParallel``
-    with ``model_parallel=k``) under JAX, an eager autograd step under
-    torch (:mod:`~keras_vit.train.engine_keras`)."""
-    from keras_vit.runtime.backend import name as backend_name
-
-    backend = backend_name()
-    strategy_lib.check_backend(strategy)
-    if model_parallel is not None and model_parallel != 1 and backend != "jax":
-        way_out = ("the Trainer replicates the model with a tf.distribute "
-                   "strategy (strategy='mirrored', 'multi_worker' or 'tpu'), "
-                   "or set KERAS_BACKEND=jax to shard it."
-                   if backend == "tensorflow" else
-                   "the Trainer runs on one device (strategy='default'): "
-                   "set KERAS_BACKEND=jax to shard the model.")
-        raise strategy_lib.StrategyError(
-            f"model_parallel={model_parallel} shards weights with "
-            "keras.distribution.ModelParallel, which runs on the 'jax' "
-            f"Keras backend; under {backend!r} {way_out}")
-    if backend == "tensorflow":
-        from keras_vit.train.engine_tf import TFEngine
-
-        return TFEngine(strategy, tpu=tpu)
-    from keras_vit.train import engine_keras
-
-    engines = {"jax": engine_keras.JaxEngine,
-               "torch": engine_keras.TorchEngine}
-    if backend not in engines:
-        raise NotImplementedError(
-            f"the Trainer runs on the tensorflow, jax and torch Keras "
-            f"backends; received KERAS_BACKEND={backend}")
-    if backend == "jax":
-        return engines[backend](strategy, model_parallel=model_parallel)
-    return engines[backend](strategy)

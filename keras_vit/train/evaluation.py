@@ -1,12 +1,10 @@
-"""How a classifier is measured: its loss and hits on a training batch
-(:func:`classification_terms`, the Trainer's objective), its accuracy and
+"""How a classifier is measured: its accuracy and
 loss on held-out data (:func:`evaluate`), and what the training code reads
 off a model (its image size, classes and classifier).
 
 :func:`evaluate` runs under a ``tf.distribute`` strategy on TensorFlow and
-on one device on jax and torch; the Trainer's engines
-(:mod:`~keras_vit.train.engine_tf`, :mod:`~keras_vit.train.engine_keras`)
-call it for their evaluations.
+on one device on jax and torch; the Trainer calls it for its
+evaluations.
 """
 
 from __future__ import annotations
@@ -172,35 +170,6 @@ def classifier_of(model):
     """``"token"`` or ``"gap"`` for a ViT, else None (BiT, other models)."""
     head = getattr(model, "classifier", None)
     return head if head in recipes_lib.CLASSIFIERS else None
-
-
-def classification_terms(logits, labels, num_classes, *,
-                         label_smoothing=0.0):
-    """The softmax cross-entropy of ``logits`` against the integer
-    ``labels`` (targets smoothed by ``label_smoothing``) summed over the
-    batch, and how many of its images were right, both float32 scalars.
-    Written with ``keras.ops``: it runs inside every backend's step.
-
-    >>> import numpy as np
-    >>> loss, right = classification_terms(
-    ...     np.zeros((2, 4), "float32"), np.array([1, 3]), 4)
-    >>> round(float(loss) / 2, 4), float(right)  # chance: log(4)
-    (1.3863, 0.0)
-    """
-    from keras import ops
-
-    logits = ops.cast(logits, "float32")
-    labels = ops.cast(labels, "int32")
-    target = ops.one_hot(labels, num_classes)
-    if label_smoothing:
-        target = (target * (1.0 - label_smoothing)
-                  + label_smoothing / num_classes)
-    per_example = -ops.sum(target * ops.log_softmax(logits, axis=-1),
-                           axis=-1)
-    correct = ops.sum(ops.cast(
-        ops.equal(ops.cast(ops.argmax(logits, axis=-1), "int32"), labels),
-        "float32"))
-    return ops.sum(per_example), correct
 
 
 def evaluate(model, data, *, image_size=None, batch_size=64,

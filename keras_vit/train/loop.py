@@ -1,32 +1,29 @@
-"""The training loop: one Trainer for the TensorFlow, JAX and torch backends.
-
-:class:`Trainer` holds what every backend shares: the recipe and its
-schedule, gradient accumulation over micro-batches, clipping of the summed
-gradient, an EMA of the weights, the data position and exact resume. The
-rooms around it hold the rest: the settings, fitted and checked
-(:mod:`~keras_vit.train.settings`), the run directory
-(:mod:`~keras_vit.train.run_dir`), the progress bar, history and logs
-(:mod:`~keras_vit.train.progress`), the classifier's loss and its
-evaluation (:mod:`~keras_vit.train.evaluation`). An engine per backend
-(:func:`make_engine`) holds where variables live, the compiled step and
-checkpoints: ``tf.distribute`` under TensorFlow
-(:mod:`keras_vit.train.engine_tf`), a ``jax.jit`` step (one device,
-``keras.distribution.DataParallel`` or ``ModelParallel``) or an eager
-torch step (:mod:`keras_vit.train.engine_keras`).
+"""The training loop is Keras' own: :class:`Trainer` builds the model in
+the run's placement, compiles it with the recipe's optimizer (Keras'
+gradient accumulation, global-norm clipping and EMA), and runs
+``model.fit`` on the recipe's input with the callbacks of
+:mod:`~keras_vit.train.callbacks`: step checkpoints and exact resume,
+Ctrl-C, the history and progress bar, periodic evaluation. The rooms
+around it: the settings, fitted and checked
+(:mod:`~keras_vit.train.settings`), where the variables and batches live
+on each backend (:mod:`~keras_vit.train.placement`), the run directory
+(:mod:`~keras_vit.train.run_dir`), the figures and the final line
+(:mod:`~keras_vit.train.progress`), the evaluation
+(:mod:`~keras_vit.train.evaluation`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 
 from keras_vit.train.data.load import load_data
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train import run_dir, settings
-from keras_vit.train.build import build_model, dtype_policy, make_engine
-from keras_vit.train.evaluation import classification_terms, model_image_size
-from keras_vit.train.interrupt import StopOnInterrupt, TrainingInterrupted
+from keras_vit.train.build import build_model, dtype_policy
+from keras_vit.train.evaluation import model_image_size
+from keras_vit.train.interrupt import TrainingInterrupted
+from keras_vit.train.placement import Placement
 from keras_vit.train.progress import RunLog
 
 
@@ -46,18 +43,18 @@ class TrainResult:
 
 
 class Trainer:
-    """Fine-tunes or trains a model with a recipe, on any Keras backend.
+    """Fine-tunes or trains a model with a recipe through ``model.fit``,
+    on any Keras backend.
 
-    One loop for every backend: the recipe's schedule, gradient
-    accumulation, clipping, an EMA of the weights, exact resume, logs. An
-    engine per backend (:func:`make_engine`) holds the step, the variables
-    and the checkpoints (``tf.train`` files, or one ``.npz`` per step under
-    jax and torch); a run resumes under the backend that started it.
+    Accumulation, clipping and EMA are Keras' optimizer options;
+    checkpoints, Ctrl-C, the history and the periodic evaluation are
+    callbacks (:mod:`~keras_vit.train.callbacks`); the input is a function
+    of the step, so a resumed run ends where an uninterrupted one would.
 
     Args:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
             ``keras.Model`` or a function returning one. Built by the
-            library under the engine's scope and dtype policy.
+            library in the run's placement and dtype policy.
         train_data: an :class:`~keras_vit.train.data.sources.ImageSource`
             or a spec for :func:`~keras_vit.train.load_data` (``"digits"``,
             ``"tfds:cifar10"``, a folder, an ``.npz``, ``(x, y)``).
@@ -70,17 +67,16 @@ class Trainer:
         strategy: a name for :func:`~keras_vit.train.strategy` or a
             ``tf.distribute.Strategy`` (TensorFlow); ``"auto"``,
             ``"default"`` or ``"data_parallel"`` (JAX); ``"auto"`` or
-            ``"default"`` (torch).
+            ``"default"`` (torch). See :mod:`~keras_vit.train.placement`.
         weights: for a zoo name: a weights tag, path, URL, ``"auto"``, or
             None (random initialisation).
         resume: continue from the last checkpoint in ``out_dir``; False
             deletes old checkpoints and starts again.
         model_options: more keyword arguments for ``zoo.load``.
-        remat: True rematerialises every block of the model in training
-            (:func:`keras_vit.models.common.set_remat`: the same gradients,
-            each block keeping only its input for the backward pass, for
-            about one more forward pass a step); False turns it off; None
-            keeps the model's own setting.
+        remat: True rematerialises every block in training (the same
+            gradients for less memory,
+            :func:`keras_vit.models.common.set_remat`); None keeps the
+            model's own setting.
         tpu: TPU name or address for the ``tpu`` strategy.
         model_parallel: JAX only: split the big weights over this many
             devices (``keras.distribution.ModelParallel``, layouts from
@@ -88,9 +84,9 @@ class Trainer:
         verbose: print the set-up, a progress bar and the result.
         **overrides: recipe fields (``total_steps=``, ``batch_size=``, ...).
 
-    Subclasses change the objective with two hooks, :meth:`prepare_model`
-    and :meth:`compute_loss` (written with ``keras.ops``, they serve every
-    backend; :mod:`keras_vit.train.mpp` does this).
+    Subclasses change the objective with :meth:`prepare_model`,
+    :meth:`objective` and :meth:`training_batches` (:mod:`~keras_vit.train.
+    mpp` does).
 
     Example (a few steps on the built-in digits):
 
@@ -107,6 +103,7 @@ class Trainer:
     #: (``class_names``, e.g. a folder's sub-folders): a classifier's is,
     #: the head of a self-supervised objective is not.
     names_classes = True
+    strategy = property(lambda self: self.placement.strategy)
 
     def __init__(self, model, train_data, eval_data=None, *,
                  recipe="finetune", out_dir=None, strategy="auto",
@@ -117,9 +114,9 @@ class Trainer:
 
         self.recipe = recipes_lib.get(recipe, **overrides)
         self.verbose = verbose
-        self.engine = make_engine(strategy, tpu=tpu,
-                                  model_parallel=model_parallel)
-        self.strategy, self.info = self.engine.strategy, self.engine.info
+        self.placement = Placement(strategy, tpu=tpu,
+                                   model_parallel=model_parallel)
+        self.info = self.placement.info
         self.is_chief = self.info["is_chief"]
         self.out_dir = None if out_dir is None else os.path.abspath(
             os.fspath(out_dir))
@@ -132,7 +129,8 @@ class Trainer:
                                     verbose=verbose))
         named = recipe if isinstance(recipe, str) else None
         plan = settings.plan(
-            self.recipe, self.train, self.eval, replicas=self.engine.replicas,
+            self.recipe, self.train, self.eval,
+            replicas=self.placement.replicas,
             strategy_name=self.info["name"], named=named is not None,
             overrides=overrides)
         self.recipe = r = plan.recipe
@@ -140,86 +138,69 @@ class Trainer:
             plan.per_replica, plan.micro, plan.accum)
         self.steps_per_epoch = plan.steps_per_epoch
         self.total_steps = plan.total_steps
-        self.precision = self.engine.precision(r.precision)
-        self.jit_compile = self.engine.uses_xla(r.jit_compile,
-                                                self.precision)
+        self.precision = self.placement.precision(r.precision)
+        self.jit_compile = self.placement.uses_xla(r.jit_compile,
+                                                   self.precision)
 
         keras.utils.set_random_seed(r.seed)
-        with self.engine.scope(), dtype_policy(self.precision):
-            self.model = build_model(
-                model, num_classes=self.train.num_classes, weights=weights,
-                model_options=model_options,
-                label_names=(self.train.class_names if self.names_classes
-                             else None),
-                **settings.model_settings(model, r, overrides))
-            # Rematerialised blocks: the same numbers, several times less
-            # activation memory for about one more forward pass a step.
-            from keras_vit.models.common import set_remat
+        _build_and_compile(self, model, weights=weights, remat=remat,
+                           model_options=model_options, named=named,
+                           overrides=overrides)
+        r = self.recipe
+        self.ema = r.ema_decay is not None
+        self.model_name = settings.model_name(model, self.trained_model())
+        from keras_vit.train.callbacks import StepCheckpoints
 
-            set_remat(self.model, remat)
-            self.image_size = model_image_size(self.model)
-            self.recipe = r = settings.fit_to_model(
-                r, self.model, image_size=self.image_size, name=named,
-                overrides=overrides)
-            self.model = self.prepare_model(self.model)
-            self.optimizer = recipes_lib.make_optimizer(r, self.total_steps)
-            self.optimizer.build(self.model.trainable_variables)
-            self.engine.setup(self)
-        self.ema = self.engine.ema
-        self.model_name = settings.model_name(model, self.model)
+        self.checkpoints = StepCheckpoints(
+            run_dir.checkpoint_dir(self.out_dir or "."),
+            every=r.checkpoint_every, accumulation_steps=self.accum,
+            save=self.is_chief and self.out_dir is not None,
+            position=self.position)
         self.resumed_from = None if self.out_dir is None else (
-            run_dir.open_run(self.out_dir, self.engine, self._run_config(),
-                             resume=resume, chief=self.is_chief,
-                             say=self._say))
-
-    # The TensorFlow engine's data position and checkpoint objects (kept as
-    # the Trainer's own attributes for code written against them).
-    epoch_var = property(lambda self: self.engine.epoch_var)
-    batch_var = property(lambda self: self.engine.batch_var)
-    checkpoint = property(lambda self: self.engine.checkpoint)
-    manager = property(lambda self: self.engine.manager)
-
-    # ------------------------------------------------------------------
-    # the objective: hooks a subclass overrides (keras_vit.train.mpp does)
+            run_dir.open_run(self.out_dir, self.checkpoints, self.model,
+                             self._run_config(), resume=resume,
+                             chief=self.is_chief, say=self._say))
+        self.step = self.resumed_from or 0
 
     def prepare_model(self, model):
         """The model :func:`build_model` made -> the model to train. Runs
-        in the engine's scope under the run's dtype policy. Here: checks
+        in the run's placement scope under its dtype policy. Here: checks
         that a classifier has one output per class of the data."""
         settings.check_head(model, self.train.num_classes)
         return model
 
-    def compute_loss(self, images, labels, seed):
-        """The loss of one (micro-)batch on one replica, summed over its
-        images (the loop divides by the global batch), and how many of its
-        images were right (summed the same way), both float32 scalars.
-        Runs inside the compiled step of every backend, so it is written
-        with ``keras.ops``; ``seed`` is a stateless random seed (shape
-        (2,), integers), distinct for every step, replica and micro-batch.
-        Here: softmax cross-entropy with the recipe's label smoothing
-        (:func:`~keras_vit.train.evaluation.classification_terms`)."""
-        return classification_terms(
-            self.model(images, training=True), labels,
-            self.train.num_classes,
-            label_smoothing=self.recipe.label_smoothing)
+    def objective(self):
+        """``(loss, metrics)`` for ``model.compile``: here the recipe's
+        cross-entropy (label smoothing included) and the accuracy."""
+        return recipes_lib.make_loss(self.recipe), ["accuracy"]
 
-    # ------------------------------------------------------------------
-    # run directory and checkpoints
+    def trained_model(self):
+        """The model a run returns and saves (``self.model`` is what
+        ``fit`` trains)."""
+        return self.model
+
+    def training_batches(self, dataset, first_step, shard):
+        """The ``tf.data`` batches of ``(images, labels)`` of one input
+        pipeline (``shard``: its index among them), the first for step
+        ``first_step`` -> what ``fit`` trains on. Here: as they are."""
+        return dataset
 
     @property
     def checkpoint_dir(self):
         return run_dir.checkpoint_dir(self.out_dir)
 
+    def position(self, step):
+        """``{"epoch", "batch_in_epoch"}`` of the data at ``step``."""
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        return {"epoch": epoch, "batch_in_epoch": in_epoch}
+
     def _run_config(self):
         return settings.record(self)
 
-    def save_checkpoint(self, epoch, batch_in_epoch):
-        """Saves model, optimizer, EMA, step and data position (all
-        workers must call it; only the chief's copy is kept)."""
-        return self.engine.save(epoch, batch_in_epoch)
-
-    # ------------------------------------------------------------------
-    # training
+    def save_checkpoint(self):
+        """Saves the model, optimizer (EMA included) and step now."""
+        self.checkpoints.set_model(self.model)
+        return self.checkpoints.save(self.step)
 
     def _say(self, *args):
         if self.verbose and self.is_chief:
@@ -229,6 +210,25 @@ class Trainer:
         """One paragraph on what the run does."""
         return settings.describe(self)
 
+    def _batches(self, start, end):
+        """``fit``'s input from optimizer step ``start`` to ``end``, as the
+        uninterrupted run would see it."""
+        from keras_vit.data.normalization import pipeline_options
+        from keras_vit.train.data.pipeline import steps_dataset
+
+        r = self.recipe
+
+        def make(shard, local, per_batch):
+            batches = steps_dataset(
+                self.train, self.image_size, self.micro * per_batch,
+                start=start, end=end, steps_per_epoch=self.steps_per_epoch,
+                images_per_step=self.per_replica * local, seed=r.seed,
+                crop_area=r.crop_area, flip=r.flip, shard=shard,
+                **pipeline_options(self.trained_model()))
+            return self.training_batches(batches, start, shard)
+
+        return self.placement.batches(make)
+
     def fit(self, stop_at_step=None):
         """Trains to the recipe's last step (from the last checkpoint if
         there is one), evaluates, saves, and returns a :class:`TrainResult`.
@@ -236,100 +236,137 @@ class Trainer:
         ``stop_at_step`` ends the run early after that step, with a
         checkpoint (a later ``fit()`` continues it).
         """
-        r = self.recipe
-        step = self.engine.step()
-        self._run_log = log = RunLog(
-            self.out_dir, chief=self.is_chief, show=self.verbose, step=step,
-            total_steps=self.total_steps, recipe=r)
-        epoch, in_epoch = self.engine.position
+        r, start = self.recipe, self.step
+        log = RunLog(self.out_dir, chief=self.is_chief, step=start,
+                     recipe=r)
         self._say(f"training {self.describe()}")
-        if self.resumed_from is not None:
-            self._say(f"resumed from step {self.resumed_from} (epoch "
-                      f"{epoch}, batch {in_epoch} of {self.steps_per_epoch}) "
-                      f"of {self.engine.latest_checkpoint}")
+        if self.resumed_from is not None and start == self.resumed_from:
+            at = self.position(start)
+            self._say(f"resumed from step {start} (epoch {at['epoch']}, "
+                      f"batch {at['batch_in_epoch']} of "
+                      f"{self.steps_per_epoch}) of {self.checkpoints.latest}")
         end = self.total_steps if stop_at_step is None else min(
             self.total_steps, stop_at_step)
-        step, stopped = _run_steps(self, log, step=step, end=end,
-                                   epoch=epoch, in_epoch=in_epoch)
-        if stopped:
+        callbacks, ctrl_c, steps, final = _callbacks(self, log, start, end)
+        if end > start:
+            with self.placement.scope():
+                self.model.fit(self._batches(start, end), epochs=1,
+                               steps_per_epoch=(end - start) * self.accum,
+                               callbacks=callbacks, shuffle=False,
+                               verbose=0)
+        self.step = step = steps.step
+        if ctrl_c.requested and step < self.total_steps:
             raise TrainingInterrupted(step, self.total_steps, self.out_dir)
         done = step >= self.total_steps
         metrics = log.figures(
             self._run_config(), step=step, complete=done,
             resumed_from=self.resumed_from, batch_size=r.batch_size,
-            num_examples=self.train.num_examples)
+            num_examples=self.train.num_examples,
+            wall=steps.wall if end > start else 0.0)
         if not done:
-            return TrainResult(self.model, metrics, self.out_dir)
+            return TrainResult(self.trained_model(), metrics, self.out_dir)
         if self.eval is not None:
-            metrics["eval"] = self._evaluate_and_log(step, raw=True)
-        if self.ema:
-            self.engine.load_ema()
-            if self.eval is not None:
-                metrics["eval_ema"] = self._evaluate_and_log(step, tag="ema")
-        self._say(log.finish(self.model, metrics, ema=bool(self.ema)))
-        return TrainResult(self.model, metrics, self.out_dir)
+            # With EMA: the trained weights were evaluated before Keras put
+            # the average in (final.raw_eval), the average now.
+            tag = "ema" if self.ema else None
+            metrics["eval" if tag is None else "eval_ema"] = (
+                self._evaluate_and_log(log, step, tag))
+            if final.result is not None:
+                metrics["eval"] = final.result
+        self._say(log.finish(self.trained_model(), metrics, ema=self.ema))
+        return TrainResult(self.trained_model(), metrics, self.out_dir)
 
-    # ------------------------------------------------------------------
-    # evaluation
-
-    def ema_weights(self):
-        """A context in which the model holds the EMA weights."""
-        return self.engine.ema_weights()
-
-    def _evaluate_and_log(self, step, tag=None, raw=False):
-        with (self.ema_weights() if tag is None and not raw and self.ema
-              else contextlib.nullcontext()):
-            result = self.evaluate(self.eval)
-        self._run_log.evaluated(step, result, tag)
+    def _evaluate_and_log(self, log, step, tag=None):
+        result = self.evaluate(self.eval)
+        log.evaluated(step, result, tag)
         return result
 
     def evaluate(self, data, batch_size=None):
         """Accuracy and loss of the model (as it is now) on ``data``."""
+        from keras_vit.train import evaluation
+
         source = load_data(data, split="test", verbose=self.verbose)
-        return self.engine.evaluate(
-            source, batch_size or min(self.micro * self.engine.replicas, 256),
+        return evaluation.evaluate(
+            self.model, source, batch_size=batch_size or min(
+                self.micro * self.placement.replicas, 256),
+            strategy=self.placement.evaluation_strategy(),
             eval_crop=self.recipe.eval_crop,
             verbose=self.verbose and self.is_chief)
 
 
-def _run_steps(trainer, log, *, step, end, epoch, in_epoch):
-    """Runs ``trainer``'s optimizer steps from ``step`` to ``end``, from the
-    data position (``epoch``, ``in_epoch``) on: the log, checkpoints and
-    evaluations at the recipe's cadence, and a checkpoint of the last step.
-    Returns the step reached and whether Ctrl-C stopped the run."""
-    engine, r = trainer.engine, trainer.recipe
-    last_saved = step if trainer.resumed_from is not None else None
+def _build_and_compile(t, model, *, weights, model_options, remat, named,
+                       overrides):
+    """Builds ``t``'s (a :class:`Trainer`) model in its placement under its
+    dtype policy, fits the recipe to it, and compiles it with the recipe's
+    optimizer, the objective's loss and metrics."""
+    r = t.recipe
+    with t.placement.scope(), dtype_policy(t.precision):
+        built = build_model(
+            model, num_classes=t.train.num_classes, weights=weights,
+            model_options=model_options,
+            label_names=(t.train.class_names if t.names_classes else None),
+            **settings.model_settings(model, r, overrides))
+        # Rematerialised blocks: the same numbers, several times less
+        # activation memory for about one more forward pass a step.
+        from keras_vit.models.common import set_remat
+
+        set_remat(built, remat)
+        t.image_size = model_image_size(built)
+        t.recipe = r = settings.fit_to_model(
+            r, built, image_size=t.image_size, name=named,
+            overrides=overrides)
+    built = t.placement.place(built)
+    with t.placement.scope(), dtype_policy(t.precision):
+        t.model = t.prepare_model(built)
+        loss, metrics = t.objective()
+        t.optimizer = recipes_lib.make_optimizer(
+            r, t.total_steps, clip_in_optimizer=True,
+            accumulation_steps=t.accum, model=t.model)
+        t.model.compile(optimizer=t.optimizer, loss=loss, metrics=metrics,
+                        jit_compile=t.jit_compile)
+        t.optimizer.build(t.model.trainable_variables)
+
+
+def _callbacks(trainer, log, start, end):
+    """The callbacks of one ``Trainer.fit()`` from step ``start`` to
+    ``end``: ``(all of them, the Ctrl-C one, the log, the end of fit)``."""
+    from keras_vit.train.callbacks import (EveryNSteps, SeedEachBatch,
+                                           StepLog, StopOnCtrlC,
+                                           TrainedWeights)
+
+    r = trainer.recipe
+    counts = dict(start_step=start, accumulation_steps=trainer.accum)
+    trainer.checkpoints.begin(start)
     # Ctrl-C stops after the step under way, which is then saved (one
     # process with a run directory; several workers would have to agree on
     # the step, so they stop as before).
-    stop = StopOnInterrupt(enabled=trainer.out_dir is not None
-                           and trainer.info["workers"] == 1)
-    with stop:
-        try:
-            while step < end and not stop.requested:
-                if in_epoch >= trainer.steps_per_epoch:
-                    epoch, in_epoch = epoch + 1, 0
-                iterator = iter(engine.batches(epoch, in_epoch))
-                while (in_epoch < trainer.steps_per_epoch and step < end
-                       and not stop.requested):
-                    outputs = engine.train_step(iterator, step)
-                    step += 1
-                    in_epoch += 1
-                    log.step_done(step, epoch, outputs, log=(
-                        step % r.log_every == 0 or step == end))
-                    if step % r.checkpoint_every == 0 and step < end:
-                        trainer.save_checkpoint(epoch, in_epoch)
-                        last_saved = step
-                    if (r.eval_every and trainer.eval is not None
-                            and step % r.eval_every == 0 and step < end
-                            and not stop.requested):
-                        trainer._evaluate_and_log(step)
-        finally:
-            log.close_bar()
-        if last_saved != step:
-            trainer.save_checkpoint(epoch, in_epoch)
-        engine.sync()
-    return step, stop.requested
+    ctrl_c = StopOnCtrlC(enabled=trainer.out_dir is not None
+                         and trainer.info["workers"] == 1, **counts)
+    steps = StepLog(
+        total_steps=trainer.total_steps, every=r.log_every,
+        schedule=recipes_lib.learning_rate_schedule(r, trainer.total_steps),
+        write=log.write_row,
+        epoch_of=lambda step: step // trainer.steps_per_epoch,
+        show=trainer.verbose and trainer.is_chief,
+        hint=f"learning_rate={r.learning_rate}", **counts)
+    # Keras puts the EMA into the weights at the end of every fit: a
+    # complete run's trained weights are evaluated first ("eval"), a
+    # stopped run's are put back for the next fit() to go on from.
+    final = TrainedWeights(
+        total_steps=trainer.total_steps, enabled=trainer.ema,
+        on_complete=(None if trainer.eval is None else
+                     lambda step: trainer._evaluate_and_log(log, step)),
+        **counts)
+    # The checkpoint after Ctrl-C's: a stop is saved at its own step.
+    callbacks = [SeedEachBatch(r.seed, **counts), steps, ctrl_c]
+    if trainer.out_dir is not None:
+        callbacks.append(trainer.checkpoints)
+    callbacks.append(final)
+    if r.eval_every and trainer.eval is not None:
+        callbacks.append(EveryNSteps(
+            lambda step: trainer._evaluate_and_log(log, step),
+            every=r.eval_every, end_step=end, **counts))
+    return callbacks, ctrl_c, steps, final
 
 
 def fine_tune(model, train_data, eval_data=None, *, recipe="finetune",

@@ -29,7 +29,7 @@ with plain ``model.fit``::
     model.fit(train, epochs=1, steps_per_epoch=1000)
 
 (``tests/train/test_recipes.py`` runs the same with a tiny model.) The
-recipe's ``ema_decay`` is the training loop's to apply, not ``fit``'s.
+recipe's ``ema_decay`` becomes Keras' ``use_ema`` in that optimizer.
 """
 
 from __future__ import annotations
@@ -85,15 +85,16 @@ class Recipe:
             embedding, not on attention weights).
         image_size: training resolution; for a fine-tune above the
             pre-training resolution, position embeddings are resized.
-        ema_decay: Polyak averaging of the weights (0.9999 in the paper's
-            Table 2), evaluated and saved instead of the raw weights; None:
-            off.
+        ema_decay: Polyak averaging of the weights per optimizer step
+            (0.9999 in the paper's Table 2), Keras' ``use_ema`` with
+            ``ema_momentum``; the average replaces the raw weights at the
+            end of the run; None: off.
         precision: ``"auto"`` (bfloat16 on TPU, float32 elsewhere),
             ``"float32"`` or ``"mixed_bfloat16"``.
         jit_compile: XLA for the forward and backward pass of the train
             step: True, False, or ``"auto"`` (on for mixed_bfloat16 with one
             replica, where it measured faster on CPU; a TPU compiles the
-            whole step anyway; see :func:`keras_vit.train.engine_tf.step_uses_xla`).
+            whole step anyway; see :func:`keras_vit.train.distribute.step_uses_xla`).
         crop_area: inception-crop area range for training, or None for a
             plain resize.
         flip: random horizontal flips in training.
@@ -710,38 +711,55 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
         raise ValueError(
             f"warmup_steps={recipe.warmup_steps} must be smaller than the "
             f"run's total_steps={total_steps}")
-    return WarmupDecay(recipe.learning_rate,
-                          recipe.warmup_steps * per_step,
-                          total_steps * per_step, recipe.schedule)
+    return WarmupDecay(recipe.learning_rate, recipe.warmup_steps,
+                       total_steps, recipe.schedule, ticks_per_step=per_step)
 
 
-def make_optimizer(recipe, total_steps, *, clip_in_optimizer=False,
+def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
                    accumulation_steps=1, model=None):
-    """The recipe's Keras optimizer. The training loop clips gradients
-    itself after the cross-replica sum; ``clip_in_optimizer=True`` (for
-    ``model.fit`` on one device) lets the optimizer do it, and
-    ``accumulation_steps`` uses Keras' own gradient accumulation. A recipe
-    with ``layer_decay`` needs the ``model`` it trains: each of its
-    variables gets its layer's learning rate
-    (:func:`keras_vit.train.layer_decay.with_layer_decay`)."""
+    """The recipe's Keras optimizer, with Keras' own options for the rest
+    of the recipe: ``global_clipnorm`` (the gradient of the whole batch,
+    after the accumulation and the cross-replica sum; False leaves it out),
+    ``gradient_accumulation_steps`` (``accumulation_steps``), and
+    ``use_ema``/``ema_momentum`` for ``ema_decay``. A recipe with
+    ``layer_decay`` needs the ``model`` it trains: each of its variables
+    gets its layer's learning rate
+    (:func:`keras_vit.train.layer_decay.with_layer_decay`).
+
+    >>> opt = make_optimizer(get("finetune", ema_decay=0.99), 1000,
+    ...                      accumulation_steps=4)
+    >>> opt.global_clipnorm, opt.gradient_accumulation_steps, opt.use_ema
+    (1.0, 4, True)
+    """
     if recipe.layer_decay is not None and model is None:
         raise ValueError(
             f"layer_decay={recipe.layer_decay} needs the model: "
             "make_optimizer(recipe, total_steps, model=model)")
+    from keras_vit.runtime.compat import (ema_once_per_step,
+                                          sum_gradients_before_the_optimizer)
+
     optimizer = _optimizer(recipe, total_steps, clip_in_optimizer,
                            accumulation_steps)
-    if recipe.layer_decay is None:
-        return optimizer
-    from keras_vit.train.layer_decay import with_layer_decay
+    if recipe.layer_decay is not None:
+        from keras_vit.train.layer_decay import with_layer_decay
 
-    return with_layer_decay(optimizer, model, recipe.layer_decay)
+        optimizer = with_layer_decay(optimizer, model, recipe.layer_decay)
+    # The recipe's EMA is per optimizer step, also when Keras accumulates.
+    ema_once_per_step(optimizer)
+    from keras_vit.runtime.backend import is_tensorflow
+
+    if is_tensorflow():
+        # Under tf.distribute: clip and accumulate the replicas' sum, as on
+        # one device.
+        sum_gradients_before_the_optimizer(optimizer)
+    return optimizer
 
 
 def _optimizer(recipe, total_steps, clip_in_optimizer, accumulation_steps):
     import keras
 
     # Keras counts iterations per micro-batch when it accumulates, and its
-    # schedule reads that counter: stretch the schedule to match.
+    # schedule reads that counter: the schedule counts steps of per_step.
     lr = learning_rate_schedule(recipe, total_steps,
                                 per_step=max(1, accumulation_steps))
     kwargs = {}
@@ -749,6 +767,9 @@ def _optimizer(recipe, total_steps, clip_in_optimizer, accumulation_steps):
         kwargs["global_clipnorm"] = recipe.grad_clip_norm
     if accumulation_steps > 1:
         kwargs["gradient_accumulation_steps"] = accumulation_steps
+    if recipe.ema_decay is not None:
+        kwargs["use_ema"] = True
+        kwargs["ema_momentum"] = recipe.ema_decay
     if recipe.optimizer == "sgd":
         if recipe.weight_decay:
             kwargs["weight_decay"] = recipe.weight_decay

@@ -1,8 +1,7 @@
 """The run directory: what a run keeps on disk to resume after a crash.
 
-    OUT/checkpoints/   model, optimizer, EMA weights, step, data position
-                       (tf.train files under TensorFlow, ckpt-STEP.npz
-                       under jax and torch)
+    OUT/checkpoints/   ckpt-STEP.npz: model, optimizer (EMA weights
+                       included), step, data position, on every backend
     OUT/logs/          TensorBoard event files (train/, eval/)
     OUT/history.jsonl  one line per logged step
     OUT/run.json       the recipe and the set-up (label_names: the
@@ -246,23 +245,32 @@ def prepare(out_dir, resume):
     os.makedirs(checkpoints, exist_ok=True)
 
 
-def open_run(out_dir, engine, settings, *, resume, chief, say):
+def open_run(out_dir, checkpoints, model, settings, *, resume, chief,
+             say):
     """Opens ``out_dir`` for a run whose ``settings`` are the record of
     ``run.json``: the checkpoint folder (emptied first with
-    ``resume=False``), the ``engine``'s checkpoints (restoring the newest
-    with ``resume``, refused under other settings, see
-    :func:`check_resume`) and ``run.json``; only the ``chief`` writes.
+    ``resume=False``), the newest checkpoint restored into ``model`` by
+    ``checkpoints`` (a :class:`~keras_vit.train.callbacks.StepCheckpoints`)
+    with ``resume``, refused under other settings (see
+    :func:`check_resume`), and ``run.json``; only the ``chief`` writes.
     Returns the step resumed from, or None."""
     if chief:
         prepare(out_dir, resume)
     # Recorded in every checkpoint: a resumed run is checked against the
     # checkpoint's own record, which no side file can change.
-    engine.run_settings = json.dumps(atomic.to_json(settings),
-                                     sort_keys=True)
-    resumed_from = engine.open_checkpoints(out_dir, checkpoint_dir(out_dir),
-                                           resume)
+    checkpoints.settings = json.dumps(atomic.to_json(settings),
+                                      sort_keys=True)
+    directory = checkpoint_dir(out_dir)
+    if resume and os.path.isfile(os.path.join(directory, "checkpoint")):
+        raise ValueError(
+            f"The run in {out_dir!r} was checkpointed by an earlier "
+            "keras-vit (tf.train.Checkpoint files), which this one does "
+            "not resume; start again with resume=False (--restart) or "
+            "use another out_dir")
+    resumed_from = checkpoints.restore(model) if resume else None
     if resumed_from is not None:
-        check_resume(out_dir, settings, recorded=engine.recorded_settings,
+        check_resume(out_dir, settings,
+                     recorded=checkpoints.recorded_settings,
                      resumed_from=resumed_from, resume=resume, say=say)
         if chief:
             truncate_history(out_dir, resumed_from)

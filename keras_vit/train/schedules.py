@@ -23,16 +23,29 @@ from keras_vit.runtime.backend import is_tensorflow
 @keras.saving.register_keras_serializable(package="keras_vit")
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then
-    ``decay`` (cosine, linear or constant) to 0 at ``total_steps``."""
+    ``decay`` (cosine, linear or constant) to 0 at ``total_steps``.
 
-    def __init__(self, peak, warmup_steps, total_steps, decay="cosine"):
+    ``ticks_per_step``: how many counts of the counter it is called with
+    make one step (Keras' optimizer counts every micro-batch when it
+    accumulates gradients; the rate of a step is that of its first count).
+
+    >>> s = WarmupDecay(1.0, 2, 10, ticks_per_step=2)
+    >>> [round(float(s(t)), 3) for t in (0, 1, 2, 3)]
+    [0.5, 0.5, 1.0, 1.0]
+    """
+
+    def __init__(self, peak, warmup_steps, total_steps, decay="cosine",
+                 ticks_per_step=1):
         self.peak = float(peak)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
         self.decay = decay
+        self.ticks_per_step = int(ticks_per_step)
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
+        if self.ticks_per_step > 1:
+            step = ops.floor(step / float(self.ticks_per_step))
         warm = float(max(self.warmup_steps, 1))
         ramp = ops.minimum(1.0, (step + 1.0) / warm) if (
             self.warmup_steps) else 1.0
@@ -48,7 +61,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps, "decay": self.decay}
+                "total_steps": self.total_steps, "decay": self.decay,
+                "ticks_per_step": self.ticks_per_step}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

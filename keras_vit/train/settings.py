@@ -155,7 +155,7 @@ def record(run):
         "total_steps": run.total_steps,
         "steps_per_epoch": run.steps_per_epoch,
         "strategy": run.info,
-        "backend": run.engine.backend,
+        "backend": run.placement.backend,
         "precision": run.precision,
         "jit_compile": run.jit_compile,
         "micro_batch_size": run.micro,
@@ -189,8 +189,8 @@ def describe(run):
     r = run.recipe
     accum = (f", {run.accum} accumulation steps of {run.micro}"
              if run.accum > 1 else "")
-    backend = ("" if run.engine.backend == "tensorflow"
-               else f" on {run.engine.backend}")
+    backend = ("" if run.placement.backend == "tensorflow"
+               else f" on {run.placement.backend}")
     return (
         f"{run.model_name} ({run.model.count_params():,} parameters) "
         f"at {run.image_size}x{run.image_size} on {run.train.name} "
@@ -198,7 +198,7 @@ def describe(run):
         f"recipe {r.name}, {r.optimizer} lr {r.learning_rate:g} "
         f"{r.schedule} (warmup {r.warmup_steps}), {run.total_steps} "
         f"steps of {r.batch_size} images ({run.steps_per_epoch} per "
-        f"epoch; {run.engine.replicas} replica(s) x "
+        f"epoch; {run.placement.replicas} replica(s) x "
         f"{run.per_replica}{accum}), strategy {run.info['name']}"
         f"{backend}, {run.precision}"
         f"{', XLA' if run.jit_compile else ''}")

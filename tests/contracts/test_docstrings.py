@@ -61,7 +61,7 @@ ON_EVERY_BACKEND = {
     "keras_vit.runtime.backend", "keras_vit.layers.attention",
     "keras_vit.layers.dense", "keras_vit.layers.embeddings",
     "keras_vit.analysis.embeddings",
-    "keras_vit.train.checkpoints", "keras_vit.train.engine_keras",
+    "keras_vit.train.checkpoints", "keras_vit.train.callbacks",
     "keras_vit.train.recipes", "keras_vit.train.distribute",
     "keras_vit.train.vtab",
 }

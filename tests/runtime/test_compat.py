@@ -72,12 +72,37 @@ def test_run_through_graph():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="the TensorFlow optimizer's private API")
-def test_skip_optimizer_gradient_sum():
-    optimizer = keras.optimizers.SGD()
-    _call(compat.skip_optimizer_gradient_sum, optimizer)
-    grads = [object()]
-    assert optimizer._all_reduce_sum_gradients(grads) == grads
+                    reason="Keras' TensorFlow trainer")
+def test_repair_multi_worker_fit_leaves_other_strategies_to_keras():
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    assert _call(compat.repair_multi_worker_fit) is True
+    assert compat.repair_multi_worker_fit() is True  # once is enough
+    repaired = trainer.reduce_per_replica
+    # Outside multi-worker mode the repair hands over to Keras' own code.
+    value = tf.constant([1.0, 3.0])
+    strategy = tf.distribute.get_strategy()
+    np.testing.assert_array_equal(repaired(value, strategy, "auto"), value)
+
+
+def test_ema_once_per_step_averages_on_update_calls_only():
+    v = keras.Variable(np.zeros(1, "float32"), name="w")
+    optimizer = keras.optimizers.SGD(1.0, use_ema=True, ema_momentum=0.5,
+                                     gradient_accumulation_steps=2)
+    _call(compat.ema_once_per_step, optimizer)
+    optimizer.build([v])
+    average = optimizer._model_variables_moving_average[0]
+    seen = []
+    for _ in range(4):  # two optimizer steps of two micro-batches
+        optimizer.apply([keras.ops.convert_to_tensor([-1.0])], [v])
+        seen.append((float(keras.ops.convert_to_numpy(v)[0]),
+                     float(keras.ops.convert_to_numpy(average)[0])))
+    # The weight moves 1 per step; the average copies it on the first step,
+    # then moves halfway once per step, not at every micro-batch.
+    assert seen == [(0.0, 0.0), (1.0, 1.0), (1.0, 1.0), (2.0, 1.5)]
+    plain = keras.optimizers.SGD(1.0, use_ema=True)
+    assert compat.ema_once_per_step(plain) is plain
 
 
 def test_forget_deferred_variables():

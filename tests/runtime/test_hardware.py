@@ -157,7 +157,7 @@ def test_an_explicit_path_wins(monkeypatch):
                                          ("avx2", True)])
 def test_training_compilation_follows_the_machine(monkeypatch, flags, want):
     from keras_vit import train as kt
-    from keras_vit.train.engine_tf import step_uses_xla
+    from keras_vit.train.distribute import step_uses_xla
 
     monkeypatch.setenv("KERAS_VIT_CPU_FLAGS", flags)
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")

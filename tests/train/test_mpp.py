@@ -391,9 +391,10 @@ def test_continuing_keeps_the_mask_embedding_and_head():
         v.assign(np.full(v.shape, 0.01, "float32"))
     trainer = kt.MppTrainer(trained, "digits", target="l2", total_steps=2,
                             warmup_steps=1, **QUICK)
-    for a, b in zip(trainer.model.get_weights(), trained.get_weights()):
+    continued = trainer.trained_model()
+    for a, b in zip(continued.get_weights(), trained.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert trainer.model is not trained  # rebuilt in the strategy's scope
+    assert continued is not trained  # rebuilt in the strategy's scope
 
 
 MIRRORED_SCRIPT = """

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import official
-from test_trainer_backends import kill_once
+from test_trainer_backends import finish_together, kill_once
 
 import keras
 import keras_vit
@@ -399,42 +399,9 @@ def test_tfds_source_reads_a_prepared_dataset(tmp_path):
 # the training loop
 
 
-def test_resume_mid_epoch_reproduces_an_uninterrupted_run(tmp_path):
-    kw = dict(recipe="finetune", total_steps=60, warmup_steps=5,
-              micro_batch_size=16, learning_rate=0.05, ema_decay=0.9,
-              checkpoint_every=10, strategy="default",
-              **dict(QUICK, crop_area=(0.5, 1.0)))
-    whole = kt.Trainer(tiny(), "digits", out_dir=tmp_path / "a", **kw).fit()
-    first = kt.Trainer(tiny(), "digits", out_dir=tmp_path / "b",
-                       **kw).fit(stop_at_step=53)  # 42 steps per epoch
-    assert first.metrics["complete"] is False
-    assert not os.path.exists(tmp_path / "b" / "metrics.json")
-    again = kt.Trainer(tiny(seed=7), "digits", out_dir=tmp_path / "b", **kw)
-    assert again.resumed_from == 53
-    assert (int(again.epoch_var.numpy()), int(again.batch_var.numpy())) == (1, 11)
-    rest = again.fit()
-    assert rest.metrics["final_step"] == 60
-    assert rest.metrics["resumed_from_step"] == 53
-    for a, b in zip(whole.model.get_weights(), rest.model.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    steps = [row["step"] for row in rest.metrics["history"]]
-    assert steps == sorted(set(steps)) and steps[-1] == 60
-
-
-def test_gradient_accumulation_equals_the_full_batch():
-    kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
-              learning_rate=1e-2, strategy="default", **QUICK)
-    full = kt.Trainer(tiny(), "digits", **kw).fit()
-    accumulated = kt.Trainer(tiny(), "digits", micro_batch_size=8, **kw)
-    assert accumulated.accum == 4
-    accumulated = accumulated.fit()
-    for a, b in zip(full.model.get_weights(), accumulated.model.get_weights()):
-        np.testing.assert_allclose(a, b, atol=2e-5)  # Adam: m / sqrt(v)
-
-
 def test_xla_train_step_matches_the_graph_step(monkeypatch):
     from keras_vit.runtime import hardware
-    from keras_vit.train.engine_tf import step_uses_xla
+    from keras_vit.train.distribute import step_uses_xla
 
     kw = dict(recipe="pretrain", total_steps=4, warmup_steps=1,
               learning_rate=1e-2, strategy="default", **QUICK)
@@ -484,9 +451,8 @@ def test_run_directory_tensorboard_metrics_and_ema(tmp_path):
     assert m["eval"]["num_examples"] == 450
     assert [r["step"] for r in m["history"]] == list(range(5, 45, 5))
     _assert_falls(_losses(m))
-    assert sorted(os.listdir(out / "checkpoints"))[0] == "checkpoint"
-    assert {"ckpt-20.index", "ckpt-40.index"} <= set(
-        os.listdir(out / "checkpoints"))
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        "ckpt-20.npz", "ckpt-40.npz"]
     # TensorBoard scalars, written without the tensorboard package.
     tags = {}
     for path in glob.glob(str(out / "logs" / "train" / "events.*")):
@@ -495,7 +461,7 @@ def test_run_directory_tensorboard_metrics_and_ema(tmp_path):
                 tags.setdefault(v.tag, []).append(
                     float(tf.make_ndarray(v.tensor)))
                 assert v.metadata.plugin_data.plugin_name == "scalars"
-    assert set(tags) >= {"loss", "accuracy", "grad_norm", "learning_rate"}
+    assert set(tags) >= {"loss", "accuracy", "learning_rate"}
     assert tags["loss"] == pytest.approx(_losses(m), abs=1e-5)
     assert glob.glob(str(out / "logs" / "eval_ema" / "events.*"))
     # model.keras holds the EMA weights, which differ from the raw ones.
@@ -849,42 +815,93 @@ def _train_command(model_path, out, steps, *extra):
             "--out", str(out), *extra]
 
 
-@pytest.mark.slow
-def test_multi_worker_two_processes_on_localhost(tmp_path, tiny_path):
+MULTI_WORKER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, keras
+    import keras_vit.train as kt
+    from keras_vit.runtime import compat
+
+    keras.utils.set_random_seed(1)
+    trainer = kt.Trainer(sys.argv[1], "digits", "digits:test",
+                         recipe="pretrain", total_steps=int(sys.argv[3]),
+                         batch_size=32, warmup_steps=3, learning_rate=3e-3,
+                         crop_area=None, log_every=5, checkpoint_every=10,
+                         strategy="auto", out_dir=sys.argv[2], verbose=True)
+    # Keras' own reduction still fails on two workers (keras issue 20585):
+    # the day it does not, the repair in compat can go.
+    broken = compat.multi_worker_fit_is_broken(trainer.strategy)
+    run = trainer.fit()
+    if trainer.is_chief:
+        np.savez(sys.argv[2] + "/final.npz", *run.model.get_weights())
+        print("RESULT " + json.dumps({"broken": broken}))
+""")
+
+
+def _start_workers(script, args, tmp_path):
     ports = [_free_port(), _free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    out = tmp_path / "run"
-    procs = []
-    for index in range(2):
-        tf_config = json.dumps({"cluster": cluster,
-                                "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen(
-            _train_command(tiny_path, out, 30, "--checkpoint-every", "10",
-                           "--strategy", "auto", "-q"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env(TF_CONFIG=tf_config), cwd=tmp_path))
-    outputs = []
+    return [subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(TF_CONFIG=json.dumps({
+            "cluster": cluster, "task": {"type": "worker", "index": i}})),
+        cwd=tmp_path, start_new_session=True) for i in range(2)]
+
+
+@pytest.mark.slow
+def test_two_workers_killed_and_restarted_end_at_the_uninterrupted_weights(
+        tmp_path, tiny_path):
+    from keras_vit.train import checkpoints
+
+    script = tmp_path / "worker.py"
+    script.write_text(MULTI_WORKER_SCRIPT)
+    total = 60
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    (out, _), _ = finish_together(
+        _start_workers(script, (tiny_path, whole, total), tmp_path))
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert result["broken"] is True
+    m = json.loads((whole / "metrics.json").read_text())
+    assert m["strategy"]["name"] == "multi_worker"
+    assert m["strategy"]["workers"] == 2 and m["strategy"]["replicas"] == 2
+    assert m["strategy"]["is_chief"] and m["final_step"] == total
+    _assert_falls(_losses(m))
+    assert m["eval"]["num_examples"] == 450
+    # The chief writes the checkpoints; the other worker holds the same
+    # values and writes nothing.
+    assert sorted(os.listdir(whole / "checkpoints")) == [
+        "ckpt-40.npz", "ckpt-50.npz", "ckpt-60.npz"]
+
+    # The same job, its second worker killed after a checkpoint; the chief
+    # cannot go on without it and is stopped too; then the job restarts.
+    procs = _start_workers(script, (tiny_path, killed, total), tmp_path)
+    folder = str(killed / "checkpoints")
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
     try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=SUBPROCESS_TIMEOUT))
+        while not checkpoints.steps(folder):
+            assert all(p.poll() is None for p in procs), \
+                procs[0].communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.05)
+        os.kill(procs[1].pid, 9)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
-    for p, (_, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["strategy"]["name"] == "multi_worker"
-    assert m["strategy"]["workers"] == 2 and m["strategy"]["replicas"] == 2
-    assert m["strategy"]["is_chief"] and m["final_step"] == 30
-    _assert_falls(_losses(m))
-    assert m["eval"]["num_examples"] == 450
-    ckpts = os.listdir(out / "checkpoints")
-    assert "ckpt-30.index" in ckpts and "ckpt-10.index" in ckpts
-    # The non-chief worker's temporary checkpoints are gone.
-    assert not os.path.exists(out / ".worker_1") or not os.listdir(
-        out / ".worker_1")
+            p.communicate()
+    saved = checkpoints.latest(folder)[0]
+    assert 10 <= saved < total and not (killed / "metrics.json").exists()
+    finish_together(
+        _start_workers(script, (tiny_path, killed, total), tmp_path))
+    again = json.loads((killed / "metrics.json").read_text())
+    assert again["resumed_from_step"] == saved
+    assert again["final_step"] == total and again["complete"]
+    steps = [row["step"] for row in again["history"]]
+    assert steps == list(range(5, total + 5, 5))  # none lost or repeated
+    with np.load(whole / "final.npz") as a, \
+            np.load(killed / "final.npz") as b:
+        for key in a.files:
+            np.testing.assert_allclose(a[key], b[key], atol=1e-6)
 
 
 def test_the_summary_line_is_not_glued_to_a_progress_bar(
@@ -940,10 +957,10 @@ def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
     assert took < 15, took
     step = int(re.search(r"interrupted at step (\d+) of 5000", stderr)[1])
     assert 10 <= step < 5000
-    import tensorflow as tf
+    from keras_vit.train import checkpoints
 
-    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
-    assert latest.endswith(f"ckpt-{step}")  # this step, not step 0 / 500
+    # This step's checkpoint, not step 0's or the last checkpoint_every's.
+    assert checkpoints.latest(str(out / "checkpoints"))[0] == step
     # The command printed resumes; it drops --restart, which would delete
     # the checkpoint.
     resume = shlex.split(stderr.split("Resume with:")[1].strip())
@@ -984,13 +1001,13 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
     total = 400
     command = _train_command(tiny_path, out, total, "--checkpoint-every",
                              "25", "--strategy", "default")
-    index = out / "checkpoints" / "checkpoint"
-    kill_once(command, index.exists, env=_env(), cwd=tmp_path)
-    assert not (out / "metrics.json").exists()
-    import tensorflow as tf
+    from keras_vit.train import checkpoints
 
-    saved = int(tf.train.latest_checkpoint(str(out / "checkpoints"))
-                .rsplit("-", 1)[1])
+    folder = str(out / "checkpoints")
+    kill_once(command, lambda: bool(checkpoints.steps(folder)), env=_env(),
+              cwd=tmp_path)
+    assert not (out / "metrics.json").exists()
+    saved = checkpoints.latest(folder)[0]
     assert 25 <= saved < total and saved % 25 == 0
 
     again = subprocess.run(command, capture_output=True, text=True,

@@ -6,6 +6,9 @@ so that a resumed run rebuilds the batches it stopped in.
 
 from __future__ import annotations
 
+import functools
+
+from keras_vit.base.checks import check_int
 from keras_vit.data.normalization import check_normalization
 from keras_vit.data.normalization import takes_raw_pixels  # noqa: F401
 from keras_vit.train.data.augment import make_augment
@@ -279,6 +282,38 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     options.deterministic = True
     ds = ds.with_options(options)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def steps_dataset(source, image_size, batch_size, *, start, end,
+                  steps_per_epoch, images_per_step, shard=(1, 0), **options):
+    """The training batches of optimizer steps ``start`` to ``end`` of a
+    run: each epoch's examples in that epoch's fixed order (the
+    :func:`dataset` of ``epoch=e``), ``images_per_step`` of this shard's
+    examples a step, in batches of ``batch_size`` (a step's micro-batches
+    when it is smaller). A function of the step alone, so that a run
+    resumed at ``start`` sees what the uninterrupted one saw.
+    ``options``: more :func:`dataset` keywords (``seed``, crop, flip,
+    augmentation, normalisation).
+
+    >>> ds = steps_dataset("digits", 16, 8, start=40, end=43,
+    ...                    steps_per_epoch=42, images_per_step=32,
+    ...                    crop_area=None)
+    >>> sum(1 for _ in ds)  # 2 steps of epoch 0, 1 of epoch 1; 4 each
+    12
+    """
+    check_int("start", start, low=0)
+    check_int("end", end, low=start + 1)
+    parts = []
+    step = start
+    while step < end:
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        count = min(steps_per_epoch - in_epoch, end - step)
+        parts.append(dataset(
+            source, image_size, batch_size, training=True, epoch=epoch,
+            shard=shard, skip=in_epoch * images_per_step,
+            take=count * images_per_step, **options))
+        step += count
+    return functools.reduce(lambda a, b: a.concatenate(b), parts)
 
 
 def padded_eval_dataset(source, image_size, batch_size, *, num_batches,

@@ -8,6 +8,7 @@ import os
 import pathlib
 import warnings
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -85,6 +86,34 @@ def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
 # training
 
 
+class MppObjective(keras.Model):
+    """A :class:`MaskedPatchPrediction` as ``model.fit`` trains it: called
+    on ``(images, seeds)`` (a stateless seed row per image; the first row
+    corrupts the whole batch), it returns each image's loss over its
+    corrupted patches and the fraction of them predicted right, shape
+    ``(batch, 2)``; the loss and the metric read them."""
+
+    def __init__(self, mpp, **kwargs):
+        super().__init__(name="mpp_objective", **kwargs)
+        self.mpp = mpp
+        self.built = True
+
+    def call(self, inputs, training=False):
+        images, seeds = inputs
+        loss, right = self.mpp.loss_terms(images, seeds[0],
+                                          training=training)
+        return ops.stack([ops.cast(loss, "float32"),
+                          ops.cast(right, "float32")], axis=-1)
+
+
+def _per_image_loss(labels, terms):
+    return terms[..., 0]
+
+
+def _per_image_right(labels, terms):
+    return terms[..., 1]
+
+
 class MppTrainer(loop.Trainer):
     """:class:`~keras_vit.train.Trainer` with the masked patch prediction
     objective: the same strategies, pipelines, checkpoints and resume.
@@ -144,18 +173,42 @@ class MppTrainer(loop.Trainer):
             for name in ("patch_corruption", "mpp_head"):
                 wrapped.get_layer(name).set_weights(
                     self._continued.get_layer(name).get_weights())
-        return wrapped
+        return MppObjective(wrapped)
 
-    def compute_loss(self, images, labels, seed):
-        loss, right = self.model.loss_terms(images, seed, training=True)
-        return ops.sum(loss), ops.sum(right)
+    def objective(self):
+        import keras
+
+        return (_per_image_loss, [keras.metrics.MeanMetricWrapper(
+            _per_image_right, name="accuracy")])
+
+    def training_batches(self, dataset, first_step, shard):
+        # Each batch's corruption seed: the recipe's seed and the batch's
+        # index in the run (over every pipeline), so that a resumed run
+        # corrupts the patches the uninterrupted one would have.
+        import tensorflow as tf
+
+        pipelines, index = shard
+        first = first_step * self.accum
+        seed = self.recipe.seed
+
+        def with_seed(i, batch):
+            images, labels = batch
+            counter = (first + i) * pipelines + index
+            row = tf.stack([tf.constant(seed, tf.int64), counter])
+            rows = tf.tile(row[None], [tf.shape(images)[0], 1])
+            return (images, tf.cast(rows, tf.int32)), labels
+
+        return dataset.enumerate().map(with_seed)
+
+    def trained_model(self):
+        return self.model.mpp
 
     def _run_config(self):
         return dict(super()._run_config(), num_classes=None,
-                    objective=self.model.objective())
+                    objective=self.model.mpp.objective())
 
     def describe(self):
-        o = self.model.objective()
+        o = self.model.mpp.objective()
         # The data's classes mean nothing here.
         text = super().describe().replace(
             f", {settings.classes_text(self.train)})", ")")

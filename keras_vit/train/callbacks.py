@@ -1,0 +1,400 @@
+"""Keras callbacks for what ``model.fit`` lacks, usable by anyone's ``fit``:
+
+- :class:`StepCheckpoints`: kill-safe checkpoints at optimizer-step
+  boundaries (every model variable, the dropout seed states included, and
+  every optimizer variable, its EMA and accumulators included), the newest
+  restored whole before anything is assigned.
+- :class:`StopOnCtrlC`: the first Ctrl-C stops ``fit`` after the step under
+  way (the checkpoint callback then saves it); a second exits at once.
+- :class:`StepLog`: the progress bar, one ``history.jsonl`` line and
+  TensorBoard scalars every ``every`` steps, each the mean of the steps
+  since the line before.
+- :class:`EveryNSteps`: a function called every N optimizer steps (the
+  Trainer's periodic evaluation).
+- :class:`SeedEachBatch`: the backend's global random generator seeded
+  per batch, for exact resume where Keras keeps no state of it (torch).
+- :class:`TrainedWeights`: the trained weights, not the EMA Keras puts in
+  at the end of every ``fit``, for a run that stopped early.
+
+Each counts optimizer steps, not ``fit``'s batches: with Keras' gradient
+accumulation (``gradient_accumulation_steps=k``) a step is k batches, and
+a step boundary is where the accumulators are empty.
+
+>>> import keras, numpy as np, tempfile
+>>> keras.utils.set_random_seed(0)
+>>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+>>> model.compile("sgd", "mse")
+>>> folder = tempfile.mkdtemp()
+>>> saver = StepCheckpoints(folder, every=2)
+>>> _ = model.fit(np.ones((8, 3)), np.ones((8, 2)), batch_size=2,
+...               epochs=1, verbose=0, callbacks=[saver])
+>>> sorted(os.listdir(folder))
+['ckpt-2.npz', 'ckpt-4.npz']
+>>> StepCheckpoints(folder, every=2).restore(model)
+4
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import keras
+import numpy as np
+
+from keras_vit.base.checks import check_int
+from keras_vit.train import checkpoints as ckpt_lib
+from keras_vit.train.interrupt import StopOnInterrupt
+
+
+class StepCounter(keras.callbacks.Callback):
+    """Counts optimizer steps from ``start_step``: one every
+    ``accumulation_steps`` training batches."""
+
+    def __init__(self, *, start_step=0, accumulation_steps=1):
+        super().__init__()
+        self.start_step = check_int("start_step", start_step, low=0)
+        self.accumulation_steps = check_int(
+            "accumulation_steps", accumulation_steps, low=1)
+        self.step = self.start_step
+        self._batches = 0
+
+    def begin(self, start_step):
+        """Counts from ``start_step`` again (a ``fit`` that goes on from
+        there)."""
+        self.start_step = self.step = check_int("start_step", start_step,
+                                                low=0)
+        self._batches = 0
+
+    def _count(self):
+        """Counts one batch; returns the step it ended, or None mid-step."""
+        self._batches += 1
+        if self._batches % self.accumulation_steps:
+            return None
+        self.step = self.start_step + self._batches // self.accumulation_steps
+        return self.step
+
+
+def _value(variable):
+    from keras_vit.runtime.backend import variable_to_numpy
+
+    return variable_to_numpy(variable)
+
+
+class StepCheckpoints(StepCounter):
+    """Saves ``ckpt-STEP.npz`` into ``directory`` every ``every`` optimizer
+    steps and at the end of each epoch of ``fit`` (so a run stopped early,
+    by Ctrl-C or ``model.stop_training``, keeps its last step).
+
+    A file holds every model variable (trainable or not: a resumed run
+    draws the dropout masks the uninterrupted one would have) and every
+    optimizer variable (moments, iteration count, EMA, accumulators),
+    written atomically (a killed write leaves no checkpoint), the newest
+    ``keep`` kept. :meth:`restore` loads the newest into a model before
+    ``fit``, checked whole first. Resuming exactly also needs the data to
+    go on where it stopped: feed ``fit`` the batches from the restored step
+    on (the Trainer's input is a function of the step).
+
+    Args:
+        directory: the folder of the checkpoints.
+        every: save every this many optimizer steps.
+        start_step: the step ``fit`` starts from (the one restored).
+        accumulation_steps: ``fit`` batches per optimizer step.
+        keep: how many checkpoints to keep.
+        settings: a string (JSON) recorded in every file.
+        save: False on all but one process of a multi-worker run (they
+            hold the same values; one writes).
+        position: ``step -> {name: int}`` of more integers to record (the
+            Trainer records the epoch and the batch in it).
+    """
+
+    def __init__(self, directory, *, every, start_step=0,
+                 accumulation_steps=1, keep=ckpt_lib.KEEP, settings=None,
+                 save=True, position=None):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self.directory = os.fspath(directory)
+        self.every = check_int("every", every, low=1)
+        self.keep = check_int("keep", keep, low=1)
+        self.settings = settings
+        self.writes = save
+        self.position = position or (lambda step: {"epoch": 0,
+                                                   "batch_in_epoch": step})
+        self.saved_step = start_step if start_step else None
+        self.latest = None
+        self.recorded_settings = None
+
+    @staticmethod
+    def _groups(model):
+        optimizer = model.optimizer
+        if optimizer is None:
+            raise ValueError(
+                f"model={model.name!r} has no optimizer: compile it before "
+                "saving or restoring its checkpoints")
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        return {"model": list(model.variables),
+                "optimizer": list(optimizer.variables)}
+
+    def restore(self, model):
+        """Loads the newest checkpoint of :attr:`directory` into ``model``
+        (compiled; its optimizer is built if it is not) and returns its
+        step, or None when there is none. The file is read and checked
+        whole (every array's shape and dtype) before anything is
+        assigned; a mismatch is one ValueError listing the differences."""
+        found = ckpt_lib.latest(self.directory)
+        if found is None:
+            return None
+        step, path = found
+        groups = self._groups(model)
+        expected = {name: [(tuple(v.shape), _value(v).dtype) for v in values]
+                    for name, values in groups.items()}
+        arrays, meta = ckpt_lib.load(path, expected)
+        for name, values in groups.items():
+            for variable, value in zip(values, arrays[name]):
+                variable.assign(value)
+        self.recorded_settings = meta["settings"]
+        self.latest = path
+        self.begin(step)
+        self.saved_step = step
+        return step
+
+    def save(self, step=None):
+        """Writes the checkpoint of ``step`` (default: the step reached)."""
+        step = self.step if step is None else step
+        self.saved_step = step
+        # Read on every process (a weight split over jax processes is
+        # gathered, which all of them take part in); one writes.
+        groups = self._groups(self.model)
+        arrays = {name: [_value(v) for v in values]
+                  for name, values in groups.items()}
+        if not self.writes:
+            return None
+        self.latest = ckpt_lib.save(self.directory, step, arrays,
+                                    self.position(step), keep=self.keep,
+                                    settings=self.settings)
+        return self.latest
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._count()
+        if step is not None and step % self.every == 0:
+            self.save(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Before Keras' end of fit, which puts the EMA into the weights.
+        if self.saved_step != self.step and not (
+                self._batches % self.accumulation_steps):
+            self.save()
+
+
+class StopOnCtrlC(StepCounter):
+    """The first Ctrl-C sets ``model.stop_training`` at the next optimizer
+    step boundary (``fit`` then ends; a :class:`StepCheckpoints` placed
+    after this callback saves that step); a second exits the process at
+    once with status 130, the last checkpoint on disk to resume from.
+    Only in the main thread; elsewhere Ctrl-C raises as usual.
+
+    After ``fit``: :attr:`requested` says whether it stopped for Ctrl-C,
+    :attr:`step` at which step.
+    """
+
+    def __init__(self, *, start_step=0, accumulation_steps=1, enabled=True):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self._guard = StopOnInterrupt(enabled=enabled)
+
+    @property
+    def requested(self):
+        return self._guard.requested
+
+    def on_train_begin(self, logs=None):
+        self._guard.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._count() is not None and self._guard.requested:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self._guard.__exit__(None, None, None)
+
+
+class EveryNSteps(StepCounter):
+    """Calls ``fn(step)`` every ``every`` optimizer steps before
+    ``end_step`` (the last step's work is the caller's)."""
+
+    def __init__(self, fn, *, every, start_step=0, accumulation_steps=1,
+                 end_step=None):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self.fn, self.every, self.end_step = fn, check_int(
+            "every", every, low=1), end_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._count()
+        if (step is not None and step % self.every == 0
+                and (self.end_step is None or step < self.end_step)
+                and not self.model.stop_training):
+            self.fn(step)
+
+
+class SeedEachBatch(StepCounter):
+    """Seeds the backend's global random generator before every batch from
+    ``seed`` and the batch's index in the run, so that a resumed run draws
+    what the uninterrupted one would have where Keras does not keep the
+    state in a variable (torch's dropout of layers built without a seed;
+    :func:`keras_vit.runtime.backend.seed_global_generator`)."""
+
+    def __init__(self, seed, *, start_step=0, accumulation_steps=1):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self.seed = int(seed)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        from keras_vit.runtime.backend import seed_global_generator
+
+        index = self.start_step * self.accumulation_steps + self._batches
+        seed_global_generator((self.seed * 1_000_003 + index) % 2**63)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._count()
+
+
+class TrainedWeights(StepCounter):
+    """Keras' ``fit`` ends by putting the optimizer's weight average
+    (``use_ema``) into the model, also when it stops early. With
+    ``enabled``: at the end of a ``fit`` that reached ``total_steps``,
+    ``on_complete(step)`` runs while the model still holds its trained
+    weights (its result kept as :attr:`result`); after a ``fit`` stopped
+    before, the trained weights are put back, so that training goes on
+    from them and not from the average."""
+
+    def __init__(self, *, total_steps, enabled=True, on_complete=None,
+                 start_step=0, accumulation_steps=1):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self.total_steps = total_steps
+        self.enabled, self.on_complete = enabled, on_complete
+        self.result = None
+        self._trained = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._count()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.enabled:
+            return
+        if self.step >= self.total_steps:
+            if self.on_complete is not None:
+                self.result = self.on_complete(self.step)
+        else:
+            self._trained = [_value(v)
+                             for v in self.model.trainable_variables]
+
+    def on_train_end(self, logs=None):
+        if self._trained is not None:
+            for v, value in zip(self.model.trainable_variables,
+                                self._trained):
+                v.assign(value)
+            self._trained = None
+
+
+class StepLog(StepCounter):
+    """A progress bar over ``total_steps`` and, every ``every`` optimizer
+    steps and at the end, a row ``{"step", "epoch", "loss", "accuracy",
+    "learning_rate"}``: the means over the steps since the row before
+    (from ``fit``'s running means, which Keras resets each epoch), passed
+    to ``write(row)``. A loss that is not finite stops the run with a
+    FloatingPointError naming the step.
+
+    Args:
+        total_steps: the run's last step (the bar's end).
+        every: steps per row.
+        schedule: ``step -> learning rate`` for the rows (the optimizer's
+            schedule; asking the optimizer would copy a jax step's state).
+        write: ``row -> None``; rows are kept in :attr:`rows` too.
+        epoch_of: ``step -> epoch`` of the data.
+        show: draw the bar.
+        hint: the words after "lower" in the non-finite loss's message.
+    """
+
+    def __init__(self, *, total_steps, every, schedule=None, write=None,
+                 start_step=0, accumulation_steps=1, epoch_of=None,
+                 show=True, hint="the learning rate"):
+        super().__init__(start_step=start_step,
+                         accumulation_steps=accumulation_steps)
+        self.total_steps = total_steps
+        self.every = check_int("every", every, low=1)
+        self.schedule, self.write = schedule, write
+        self.epoch_of = epoch_of or (lambda step: 0)
+        self.hint = hint
+        self.rows = []
+        self._show = show
+        self._bar = None
+        self._last = {}  # metric -> (batches counted, sum)
+        self._epoch_batches = 0
+        self._started = None
+
+    def on_train_begin(self, logs=None):
+        from tqdm.auto import tqdm
+
+        self._started = time.perf_counter()
+        self._bar = tqdm(total=self.total_steps, initial=self.start_step,
+                         unit="step", desc="train", disable=not self._show,
+                         dynamic_ncols=True)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last = {}  # Keras starts its running means again
+        self._epoch_batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._epoch_batches += 1
+        step = self._count()
+        if step is None:
+            return
+        self._bar.update(1)
+        if step % self.every == 0 or step == self.total_steps:
+            self._row(step, self._epoch_batches, logs or {})
+
+    def _row(self, step, batches, logs):
+        row = {"step": step, "epoch": int(self.epoch_of(step))}
+        for key in ("loss", "accuracy"):
+            if key not in logs:
+                continue
+            # Keras' logs are running means over the epoch's batches so far.
+            total = float(logs[key]) * batches
+            seen, before = self._last.get(key, (0, 0.0))
+            self._last[key] = (batches, total)
+            value = (total - before) / max(1, batches - seen)
+            row[key] = round(value, 6)
+            if key == "loss" and not math.isfinite(value):
+                raise FloatingPointError(
+                    f"the training loss is {value} at step {step}; lower "
+                    f"{self.hint} or clip gradients (grad_clip_norm)")
+        if self.schedule is not None:
+            row["learning_rate"] = float(
+                keras.ops.convert_to_numpy(self.schedule(step)))
+        self.rows.append(row)
+        if self.write is not None:
+            self.write(row)
+        self._bar.set_postfix(
+            {k: f"{row[k]:.4g}" for k in ("loss", "accuracy",
+                                            "learning_rate") if k in row},
+            refresh=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # A stop between rows (Ctrl-C, the end): the steps since the last.
+        if self.rows and self.rows[-1]["step"] == self.step:
+            return
+        if (self._epoch_batches and self.step > self.start_step
+                and not self._batches % self.accumulation_steps):
+            self._row(self.step, self._epoch_batches, logs or {})
+
+    def on_train_end(self, logs=None):
+        if self._bar is not None:
+            self._bar.close()
+
+    @property
+    def wall(self):
+        """Seconds since ``fit`` began."""
+        return time.perf_counter() - self._started
