@@ -17,7 +17,8 @@ dtype_policy = dtype_policy_scope
 
 
 def build_model(model, *, num_classes, image_size=None, weights="auto",
-                dropout_rate=None, model_options=None, label_names=None):
+                dropout_rate=None, model_options=None, label_names=None,
+                drop_path_rate=None):
     """A model for training, built in the current strategy scope.
 
     ``model`` is a zoo name (loaded with ``weights``; a head of another size
@@ -26,8 +27,9 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     the scope; a keras_vit model is rebuilt with the same weights by
     :func:`keras_vit.rebuild` when ``image_size`` (position
     embeddings resized), ``num_classes`` (a new zero-initialised head),
-    ``dropout_rate`` or the dtype policy differ), or a function returning a
-    model.
+    ``dropout_rate``, ``drop_path_rate`` (stochastic depth) or the dtype
+    policy differ), or a function returning a model. A model without
+    stochastic depth asked for one is refused, naming it.
 
     ``label_names``: the class names of the data (its ``class_names``), or
     None. The model's head takes them (:func:`name_classes`): a new head
@@ -35,11 +37,12 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     is refused when they differ.
     """
     return name_classes(_build(model, num_classes, image_size, weights,
-                               dropout_rate, model_options), label_names)
+                               dropout_rate, model_options, drop_path_rate),
+                        label_names)
 
 
 def _build(model, num_classes, image_size, weights, dropout_rate,
-           model_options):
+           model_options, drop_path_rate=None):
     import keras
 
     from keras_vit.zoo.build import is_keras_vit_model
@@ -49,6 +52,8 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
     if isinstance(model, (str, os.PathLike)) and model_path(model) is None:
         if dropout_rate is not None:
             options.setdefault("dropout_rate", dropout_rate)
+        if drop_path_rate is not None:
+            options.setdefault("drop_path_rate", drop_path_rate)
         return resolve_model(model, weights=weights, image_size=image_size,
                              num_classes=num_classes, **options)
     if isinstance(model, (str, os.PathLike)):
@@ -68,6 +73,13 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
         changes["image_size"] = image_size
     if dropout_rate is not None and hasattr(model, "dropout_rate"):
         changes["dropout_rate"] = dropout_rate
+    if drop_path_rate is not None:
+        if "drop_path_rate" not in model.get_config():
+            raise ValueError(
+                f"drop_path_rate={drop_path_rate} (stochastic depth) needs a "
+                "keras_vit ViT; model="
+                f"{model.name!r} of type {type(model).__name__} has none")
+        changes["drop_path_rate"] = drop_path_rate
     # Built under another dtype policy (e.g. float32 for a bfloat16 run):
     # rebuilt under the run's policy. A new task's head (pre_logits too)
     # becomes one zero-initialised layer, as in the paper (Appendix B.1.1);

@@ -41,7 +41,6 @@ import os
 import time
 
 import keras
-import numpy as np
 
 from keras_vit.base.checks import check_int
 from keras_vit.train import checkpoints as ckpt_lib
@@ -127,7 +126,7 @@ class StepCheckpoints(StepCounter):
 
     @staticmethod
     def _groups(model):
-        optimizer = model.optimizer
+        optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError(
                 f"model={model.name!r} has no optimizer: compile it before "

@@ -185,10 +185,6 @@ class Trainer:
         ``first_step`` -> what ``fit`` trains on. Here: as they are."""
         return dataset
 
-    @property
-    def checkpoint_dir(self):
-        return run_dir.checkpoint_dir(self.out_dir)
-
     def position(self, step):
         """``{"epoch", "batch_in_epoch"}`` of the data at ``step``."""
         epoch, in_epoch = divmod(step, self.steps_per_epoch)
@@ -196,11 +192,6 @@ class Trainer:
 
     def _run_config(self):
         return settings.record(self)
-
-    def save_checkpoint(self):
-        """Saves the model, optimizer (EMA included) and step now."""
-        self.checkpoints.set_model(self.model)
-        return self.checkpoints.save(self.step)
 
     def _say(self, *args):
         if self.verbose and self.is_chief:
@@ -216,15 +207,19 @@ class Trainer:
         from keras_vit.data.normalization import pipeline_options
         from keras_vit.train.data.pipeline import steps_dataset
 
-        r = self.recipe
+        # The recipe's crop, flip, augmentation and batch mixing; the
+        # model's input normalisation.
+        options = dict(recipes_lib.pipeline_options(
+            self.recipe, self.train.num_classes),
+            **pipeline_options(self.trained_model()))
+        options.pop("training")
 
         def make(shard, local, per_batch):
             batches = steps_dataset(
                 self.train, self.image_size, self.micro * per_batch,
                 start=start, end=end, steps_per_epoch=self.steps_per_epoch,
-                images_per_step=self.per_replica * local, seed=r.seed,
-                crop_area=r.crop_area, flip=r.flip, shard=shard,
-                **pipeline_options(self.trained_model()))
+                images_per_step=self.per_replica * local, shard=shard,
+                **options)
             return self.training_batches(batches, start, shard)
 
         return self.placement.batches(make)

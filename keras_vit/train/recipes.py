@@ -586,30 +586,6 @@ def smoothed_loss(label_smoothing):
     return SmoothedSparseCE(label_smoothing)
 
 
-#: The fields only the ``model.fit`` pieces apply (:func:`pipeline_options`,
-#: :func:`batch_mixer`, :func:`make_loss`, :func:`model_options`,
-#: ``make_optimizer(..., model=)``): the Trainer behind ``keras-vit
-#: fine-tune`` and ``pretrain`` refuses a recipe that sets one rather than
-#: train without it.
-FIT_ONLY = ("mixup_alpha", "cutmix_alpha", "randaugment", "random_erasing",
-            "three_augment", "color_jitter", "drop_path_rate", "layer_decay",
-            "loss")
-
-
-def fit_only_settings(recipe):
-    """``{field: value}`` of :data:`FIT_ONLY` that ``recipe`` sets (differs
-    from :class:`Recipe`'s default).
-
-    >>> fit_only_settings(get("finetune"))
-    {}
-    >>> sorted(fit_only_settings(get("augreg")))
-    ['drop_path_rate', 'mixup_alpha', 'randaugment']
-    """
-    defaults = {f.name: f.default for f in dataclasses.fields(Recipe)}
-    return {field: getattr(recipe, field) for field in FIT_ONLY
-            if getattr(recipe, field) != defaults[field]}
-
-
 def make_loss(recipe):
     """The recipe's Keras loss, from logits: for integer labels
     (:func:`smoothed_loss`, the paper's recipes), or, when the training

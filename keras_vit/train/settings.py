@@ -73,14 +73,6 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
             f"train_data has {train.class_names[:10]}; received "
             f"eval_data={eval_.name!r}")
     r = recipe
-    unapplied = recipes_lib.fit_only_settings(r)
-    if unapplied:
-        field, value = next(iter(unapplied.items()))
-        raise ValueError(
-            f"recipe {r.name!r} sets {field}={value!r}, which this training "
-            "loop does not apply yet; train it with model.fit and the "
-            "recipe's pieces (keras_vit.train.recipes.pipeline_options, "
-            "make_loss, model_options, make_optimizer(..., model=))")
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
     # Refuses a batch larger than the data.
@@ -113,9 +105,13 @@ def model_settings(model, recipe, overrides=()):
     a zoo name; a given model (a ``.keras`` path, a ``keras.Model``, a
     function) keeps its own (None) unless ``overrides`` names them."""
     given = not isinstance(model, str) or model.endswith(".keras")
-    return {key: (getattr(recipe, key) if key in overrides or not given
-                  else None)
-            for key in ("image_size", "dropout_rate")}
+    out = {key: (getattr(recipe, key) if key in overrides or not given
+                 else None)
+           for key in ("image_size", "dropout_rate")}
+    # Stochastic depth is the recipe's whenever it has one (DeiT's 0.1).
+    out["drop_path_rate"] = (recipe.drop_path_rate if recipe.drop_path_rate
+                             or "drop_path_rate" in overrides else None)
+    return out
 
 
 def fit_to_model(recipe, model, *, image_size, name=None, overrides=()):

@@ -42,8 +42,9 @@ def test_memory_check_is_for_host_memory_only(monkeypatch):
 
     from keras_vit.cli import train as train_cli
 
+    model = _tiny()
     trainer = types.SimpleNamespace(
-        model=_tiny(), micro=64, per_replica=64,
+        trained_model=lambda: model, micro=64, per_replica=64,
         recipe=types.SimpleNamespace(image_size=16, batch_size=64))
     monkeypatch.setenv("KERAS_VIT_ACCELERATOR", "cpu")
     with pytest.raises(ValueError, match="GiB of activations"):

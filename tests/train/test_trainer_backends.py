@@ -554,8 +554,9 @@ def test_two_jax_processes_train_as_one(tmp_path):
         [sys.executable, str(script), str(port), str(i)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(KERAS_BACKEND="jax")) for i in range(2)]
-    first, second = [json.loads(stdout.split("RESULT ", 1)[1])
-                      for stdout, _ in finish_together(procs)]
+    results = [json.loads(stdout.split("RESULT ", 1)[1])
+               for stdout, _ in finish_together(procs)]
+    first, second = results
     assert first["devices"] == [2, 1]
     assert first["info"]["data"]["workers"] == 2
     assert first["info"]["data"]["is_chief"]
