@@ -307,6 +307,15 @@ def cpu_line():
 # command line
 
 
+SIZES = (("--steps", 500, "optimizer steps per run"),
+         ("--batch-size", 64, "images per step"),
+         ("--image-size", 16, "resolution"),
+         ("--patch-size", 4, "patch side"),
+         ("--width", 64, "hidden size"),
+         ("--depth", 3, "encoder blocks"),
+         ("--heads", 4, "attention heads"))
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -319,16 +328,10 @@ def parse_args(argv):
                         help="one run per recipe and seed (default: "
                         "%(default)s)")
     parser.add_argument("--data", choices=DATA_SETS, default="digits")
-    parser.add_argument("--steps", type=int, default=500,
-                        help="optimizer steps per run (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=16)
-    parser.add_argument("--patch-size", type=int, default=4)
-    parser.add_argument("--width", type=int, default=64,
-                        help="hidden size (default: %(default)s)")
-    parser.add_argument("--depth", type=int, default=3,
-                        help="encoder blocks (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=4)
+    # The budget and the model, every recipe the same: positive integers.
+    for flag, default, meaning in SIZES:
+        parser.add_argument(flag, type=int, default=default,
+                            help=f"{meaning} (default: %(default)s)")
     parser.add_argument("--mlp-dim", type=int, default=None,
                         help="default: 2 x width")
     parser.add_argument("--learning-rate", type=float, default=None,
@@ -343,10 +346,10 @@ def parse_args(argv):
     parser.add_argument("--out", default=None,
                         help="also write the report to this markdown file")
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "image_size", "patch_size", "width",
-                 "depth", "heads"):
+    for flag, _, _ in SIZES:
+        name = flag[2:].replace("-", "_")
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1; "
+            parser.error(f"{flag} must be >= 1; "
                          f"received {getattr(args, name)}")
     if not 0.0 <= args.warmup < 1.0:
         parser.error(f"--warmup must be in [0, 1); received {args.warmup}")
