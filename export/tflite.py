@@ -22,11 +22,13 @@ from keras_vit.export.graph import ServingGraph
 # The ops of the int8 model that stay float by default (float_ops=
 # "sensitive"): what a Keras LayerNormalization becomes in TFLite (MEAN,
 # SQUARED_DIFFERENCE, RSQRT; its NEG has no int8 kernel and is float
-# anyway), the attention core (SOFTMAX and the two BATCH_MATMULs, QK^T and
-# attention x V: in int8 the probabilities of a 197-token row, about 0.005
-# each, fall on a 1/256 grid), and ADD (the residual adds; bias adds are
-# fused into FULLY_CONNECTED / CONV_2D). Relative RMS error of the logits
-# vs Keras, and speed, measured here (XNNPACK, 2 cores):
+# anyway; RMSNorm's statistics are SQUARE, which has no int8 kernel
+# either, MEAN and RSQRT), the attention core (SOFTMAX and the two
+# BATCH_MATMULs, QK^T and attention x V: in int8 the probabilities of a
+# 197-token row, about 0.005 each, fall on a 1/256 grid), and ADD (the
+# residual adds; bias adds are fused into FULLY_CONNECTED / CONV_2D).
+# Relative RMS error of the logits vs Keras, and speed, measured here
+# (XNNPACK, 2 cores):
 #   12-layer ViT trained on digits (65 tokens): all-int8 0.049, these float
 #     0.043, and 1.9x faster (384 -> 200 ms for 64 images)
 #   ViT-Ti/16 at 224 (197 tokens, random weights): LayerNorm + softmax +

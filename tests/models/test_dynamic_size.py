@@ -13,6 +13,7 @@ import pytest
 import keras_vit
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
+from testkit import FAMILY_OPTIONS
 
 TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=2,
             mlp_dim=64, num_classes=5)
@@ -51,12 +52,13 @@ def test_logits_equal_rebuild_at_every_size(kind, placement):
 
 @pytest.mark.backends
 def test_family_options_follow_the_input_size():
-    """Registers and a class token outside the table, pooled patches and
-    the gated MLP: the resized table still covers the patches only."""
+    """The contract model's options (testkit.FAMILY_OPTIONS) with a class
+    token: registers and the class token outside the table, the patch
+    norm before it is added, the attention-pool head over the patches of
+    any grid: the resized table still covers the patches only."""
     model = _randomised(vit(
-        image_size=32, dynamic_image_size=True, classifier="avgmax",
-        class_token=True, num_registers=2, posemb_includes_prefix=False,
-        fc_norm=True, layer_scale=0.5, mlp="swiglu", **TINY))
+        image_size=32, dynamic_image_size=True,
+        **dict(FAMILY_OPTIONS, class_token=True), **TINY))
     for size in SIZES[1:3]:
         fixed = keras_vit.rebuild(model, image_size=size,
                                   dynamic_image_size=False)

@@ -4,8 +4,8 @@ the numbers only the way it says it does.
 Each test builds tiny models (32 px, patch 8, width 32) of the four
 families (ViT, a hybrid, BiT, Axial-ViT) and of the ViT with the later
 family members' options (testkit.FAMILY_OPTIONS: registers, the
-attention-pool head, q/k norms, layer scale, the gated MLP) with random
-weights (a zero head
+attention-pool head, q/k norms, layer scale, the gated MLP, RMSNorm, the
+patch norm) with random weights (a zero head
 would hide every error), runs one Keras feature and compares with the float
 model: quantized outputs are close and not equal, LoRA with its zero B is
 exactly the float model, and every change reaches the next ``predict``.
@@ -26,9 +26,21 @@ pytestmark = [pytest.mark.backends,
 
 FAMILIES = ("vit", "hybrid", "bit", "axial", "options")
 # Worst output error relative to the float logits' largest magnitude, per
-# mode, on these tiny random models (measured: int8 ~0.5%, int4 ~8%,
-# float8 ~4%); the bounds leave room for other seeds and backends.
-ERROR_BOUNDS = {"int8": 0.03, "int4": 0.3, "float8": 0.2}
+# mode. Measured on these tiny random models (randomise seeds 0-7; this
+# module draws seed 0), worst per family, TensorFlow:
+#          vit    hybrid  bit    axial  options
+#   int8   0.031  0.034   0.017  0.024  0.026
+#   int4   0.296  0.322   0.148  0.240  0.438 (seed 0; seeds 1-7 0.08-0.25)
+#   float8 0.109  0.142   0.065  0.103  0.130
+# Keras 3.15's int4 gives each kernel column 16 levels between its min and
+# max: that coarse on a 32-wide random model. The options model's int4
+# logits equal (to 1e-6) the float model's with its kernels rounded so in
+# NumPy, so the error is the rounding's, not RMSNorm's (its scales stay
+# float32 and unchanged); seed 0 draws its smallest logits (max 1.21;
+# absolute error 0.53, LayerNorm's 0.42 on the same seed). The bounds are
+# about 1.3x the worst: a kernel read without its scale moves the logits
+# by more than 100%.
+ERROR_BOUNDS = {"int8": 0.045, "int4": 0.55, "float8": 0.2}
 
 
 def build(family, **kwargs):

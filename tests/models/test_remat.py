@@ -13,6 +13,7 @@ import keras_vit
 import model_gradients
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
+from testkit import FAMILY_OPTIONS
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=2, mlp_dim=64, num_classes=5)
@@ -30,13 +31,12 @@ FAMILIES = {
     "bit": lambda **kw: resnet_v2(32, (1, 1, 1, 1), 0.5, num_classes=5, **kw),
     "axial": lambda **kw: axial_vit(32, 8, 32, 2, 2, 64, 5,
                                     dropout_rate=0.1, **kw),
-    # The ViT family's options at once: stochastic depth's masks must be
-    # recomputed too; a gated MLP, layer scale, q/k norms, registers.
-    "vit_family": lambda **kw: vit(
-        **TINY, classifier="avgmax", class_token=True, num_registers=2,
-        posemb_includes_prefix=False, fc_norm=True, pre_norm=True,
-        layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
-        patch_bias=False, drop_path_rate=0.2, mlp="swiglu", **kw),
+    # The contract model's options (testkit.FAMILY_OPTIONS: the
+    # attention-pool head, RMSNorm, the patch norm, a gated MLP, layer
+    # scale, q/k norms, registers) with stochastic depth, whose masks must
+    # be recomputed too.
+    "vit_family": lambda **kw: vit(**TINY, **FAMILY_OPTIONS,
+                                   drop_path_rate=0.2, **kw),
 }
 
 
