@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 
 from keras_vit.base import atomic
 from keras_vit.base import geometry, variants
@@ -89,7 +90,12 @@ def _family_args(config):
             f"has mlp='swiglu', layer_norm_epsilon={epsilon}, pre_norm="
             f"{options['pre_norm']}, distilled={options['distilled']}")
     if glu:
-        return "vit_giant_patch14_dinov2", args
+        if args["init_values"] is None:
+            # DINOv2-g always has layer scale: timm drops an init_values
+            # of None and builds its 1e-5 scales, which the file would
+            # lack. Scales of one (write adds them) multiply exactly.
+            args["init_values"] = 1.0
+        return DINOV2_G, args
     if options["distilled"] and epsilon != 1e-6:
         raise ValueError(
             "timm's distilled DeiT takes LayerNorm epsilon 1e-6; the model "
@@ -108,6 +114,8 @@ def _family_args(config):
             else None), args
 
 
+# timm's one SwiGLU ViT with LayerNorm (the packed MLP).
+DINOV2_G = "vit_giant_patch14_dinov2"
 # timm's architecture with RMSNorm, a norm after the patch embedding and
 # the unpacked SwiGLU MLP; its other options as its function sets them.
 AIMV2 = "aimv2_large_patch14_224"
@@ -204,6 +212,25 @@ def timm_architecture(model):
         "num_heads": key[2], "mlp_ratio": first / key[0], **family}
 
 
+def _unit_layer_scales(arrays, num_layers):
+    """``arrays`` (official keys) with a layer scale of ones in each of
+    ``num_layers`` blocks that has none: what DINOv2-g's architecture in
+    timm reads for a model without layer scale (x * 1 is x exactly).
+
+    >>> arrays = {"Transformer/encoderblock_0/LayerNorm_0/scale":
+    ...           np.zeros(3, "float32")}
+    >>> [key.split("/")[2] for key in sorted(_unit_layer_scales(arrays, 1))]
+    ['LayerNorm_0', 'LayerScale_0', 'LayerScale_2']
+    """
+    out = dict(arrays)
+    for i in range(num_layers):
+        block = f"Transformer/encoderblock_{i}/"
+        like = arrays[block + "LayerNorm_0/scale"]
+        for name in ("LayerScale_0/scale", "LayerScale_2/scale"):
+            out.setdefault(block + name, np.ones_like(like))
+    return out
+
+
 def write(model, directory, labels=None):
     """Writes ``model`` as a timm repository in ``directory`` with the
     class names ``labels`` (a checked list, or None); returns the
@@ -211,8 +238,10 @@ def write(model, directory, labels=None):
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
-    state = from_official(convert.export_arrays(model),
-                          unpacked_glu=arch == AIMV2)
+    arrays = convert.export_arrays(model)
+    if arch == DINOV2_G and model.get_config().get("layer_scale") is None:
+        arrays = _unit_layer_scales(arrays, model.get_config()["num_layers"])
+    state = from_official(arrays, unpacked_glu=arch == AIMV2)
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
     normalisation = of_model(model).to_config()

@@ -85,16 +85,44 @@ def test_timm_family_member_loads_with_timm_logits(arch, tmp_path):
         assert config[key] == value, key
     assert_close_to_timm(ours(x), timm_forward(theirs, x))
     # timm reads the repository keras_vit writes, with the same logits.
-    zoo.save_pretrained(ours, tmp_path / "back")
-    written = json.loads((tmp_path / "back" / "config.json").read_text())
-    again = timm.create_model(
+    again, _ = _written_and_read_by_timm(ours, tmp_path / "back")
+    assert_close_to_timm(timm_forward(again, x), timm_forward(theirs, x))
+
+
+def _written_and_read_by_timm(model, folder):
+    """``(timm's model of the repository keras_vit writes at folder, its
+    config.json)``."""
+    zoo.save_pretrained(model, folder)
+    written = json.loads((folder / "config.json").read_text())
+    return timm.create_model(
         written["architecture"], pretrained=True,
         num_classes=written["num_classes"],
         pretrained_cfg_overlay=dict(
-            file=str(tmp_path / "back" / "model.safetensors"),
+            file=str(folder / "model.safetensors"),
             num_classes=written["num_classes"]),
-        **written["model_args"]).eval()
-    assert_close_to_timm(timm_forward(again, x), timm_forward(theirs, x))
+        **written["model_args"]).eval(), written
+
+
+def test_swiglu_without_layer_scale_is_written_so_timm_loads_it(tmp_path):
+    """timm's one SwiGLU ViT with LayerNorm is DINOv2-g's, which always
+    has layer scale (timm drops an ``init_values`` of None and builds its
+    1e-5 scales): a keras_vit SwiGLU model without layer scale is written
+    with scales of one, so timm and keras_vit load it with its logits."""
+    import keras_vit
+
+    ours = keras_vit.vit(28, 14, 48, 1, 2, 128, CLASSES, mlp="swiglu")
+    assert ours.get_config()["layer_scale"] is None
+    rng = np.random.default_rng(0)
+    for w in ours.weights:
+        w.assign(rng.normal(0, 0.2, w.shape).astype("float32"))
+    x = random_images(28)
+    want = np.asarray(ours(x))
+    theirs, written = _written_and_read_by_timm(ours, tmp_path / "back")
+    assert written["architecture"] == "vit_giant_patch14_dinov2"
+    assert written["model_args"]["init_values"] == 1.0
+    assert_close_to_timm(timm_forward(theirs, x), want)
+    again = zoo.load(str(tmp_path / "back"))
+    np.testing.assert_array_equal(np.asarray(again(x)), want)
 
 
 def test_imagenet_normalised_deit_loads_and_keeps_its_normalisation(
