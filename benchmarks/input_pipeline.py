@@ -20,7 +20,12 @@ falls on all of them alike), the median round reported:
   resize, flip), without the package's header checks;
 - ``torchvision ImageFolder``: ``RandomResizedCrop(224)`` +
   ``RandomHorizontalFlip`` + ``ToTensor`` + ``Normalize``, a DataLoader
-  with no workers, ``torch.set_num_threads(1)``.
+  with no workers, ``torch.set_num_threads(1)``;
+- the two augmented rows, compared with each other: the package's pipeline
+  with DeiT's RandAugment (2 ops, magnitude 9) and MixUp 0.8 / CutMix 1.0
+  with label smoothing 0.1 on the batch, and timm's training transform
+  with its RandAugment (``rand-m9-n2``) on an ImageFolder plus
+  ``timm.data.Mixup`` with the same settings on each batch.
 
 Each pipeline runs in its own process (a pipeline's background threads
 would otherwise take CPU from the others' turns), pinned to one CPU
@@ -95,7 +100,14 @@ def _one_thread(ds):
     return ds.with_options(options)
 
 
-def keras_vit_pipeline(root, whole=False):
+# The augmentations of the augmented rows, the same on both sides: DeiT's
+# RandAugment (2 ops, magnitude 9) and MixUp 0.8 / CutMix 1.0 (switching
+# at 0.5) with label smoothing 0.1, on the batch.
+RANDAUGMENT = (2, 9.0)
+MIXING = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
+
+
+def keras_vit_pipeline(root, whole=False, augmented=False):
     from keras_vit import train as kt
     from keras_vit.train.data.folders import FolderSource
     from keras_vit.train.data.sources import ImageSource
@@ -106,7 +118,13 @@ def keras_vit_pipeline(root, whole=False):
             decode_crop = ImageSource.decode_crop
 
         source.__class__ = WholeDecode
-    ds = kt.dataset(source, SIZE, BATCH, training=True, seed=0)
+    extra = {}
+    if augmented:
+        from keras_vit.train.mixing import BatchMixer
+
+        extra = dict(randaugment=RANDAUGMENT, mixing=BatchMixer(
+            switch_prob=0.5, num_classes=source.num_classes, **MIXING))
+    ds = kt.dataset(source, SIZE, BATCH, training=True, seed=0, **extra)
     return iter(_one_thread(ds.repeat()))
 
 
@@ -158,6 +176,36 @@ def torchvision_pipeline(root):
     return forever()
 
 
+def timm_pipeline(root):
+    """timm's training transform (its RandAugment, m9 n2) on an
+    ImageFolder, and timm's Mixup on each batch, as timm's train.py does
+    with ``--aa rand-m9-n2 --mixup 0.8 --cutmix 1.0 --smoothing 0.1``
+    (no workers, one thread)."""
+    import torch
+    import timm.data
+    from torchvision import datasets
+
+    torch.set_num_threads(1)
+    n, m = RANDAUGMENT
+    transform = timm.data.create_transform(
+        SIZE, is_training=True, auto_augment=f"rand-m{m:g}-n{n}",
+        interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3,
+        re_prob=0.0)
+    folder = datasets.ImageFolder(root, transform=transform)
+    loader = torch.utils.data.DataLoader(folder, batch_size=BATCH,
+                                         shuffle=True, num_workers=0,
+                                         drop_last=True)
+    mixup = timm.data.Mixup(num_classes=len(folder.classes),
+                            switch_prob=0.5, **MIXING)
+
+    def forever():
+        while True:
+            for x, y in loader:
+                yield mixup(x, y)
+
+    return forever()
+
+
 def take(batches, n):
     """Images per second over the next ``n`` batches of an iterator (the
     pipeline's steady state: its iterator and functions already made)."""
@@ -175,6 +223,9 @@ PIPELINES = {
         "keras_vit_whole",
     "big_vision style tf.data (decode_and_crop_jpeg)": "big_vision",
     "torchvision ImageFolder + RandomResizedCrop": "torchvision",
+    "keras_vit train.dataset + RandAugment + MixUp/CutMix":
+        "keras_vit_augmented",
+    "timm transform (RandAugment) + Mixup/CutMix": "timm",
 }
 
 
@@ -194,7 +245,10 @@ def child(kind, root, steps):
     batches = {"keras_vit": lambda: keras_vit_pipeline(root),
                "keras_vit_whole": lambda: keras_vit_pipeline(root, True),
                "big_vision": lambda: big_vision_pipeline(root),
-               "torchvision": lambda: torchvision_pipeline(root)}[kind]()
+               "torchvision": lambda: torchvision_pipeline(root),
+               "keras_vit_augmented": lambda: keras_vit_pipeline(
+                   root, augmented=True),
+               "timm": lambda: timm_pipeline(root)}[kind]()
     take(batches, 3)  # warm-up: tracing, function instantiation, buffers
     print(take(batches, steps))
 
