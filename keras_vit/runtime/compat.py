@@ -91,7 +91,8 @@ def run_through_graph(functional, inputs, call_fn):
 
 def repair_multi_worker_fit():
     """Makes Keras 3's ``model.fit`` run under a multi-worker
-    ``tf.distribute.MultiWorkerMirroredStrategy`` (keras issue 20585).
+    ``tf.distribute.MultiWorkerMirroredStrategy``, where it fails
+    converting a ``PerReplica`` value to a tensor.
 
     Keras' TensorFlow trainer fails there twice, both in reductions of
     per-replica values over the workers' collectives: the symbolic build
@@ -231,9 +232,9 @@ def sum_gradients_before_the_optimizer(optimizer):
 def multi_worker_fit_is_broken(strategy):
     """Whether Keras' own per-step reduction still fails under the
     multi-worker ``strategy`` (run inside it, on each worker): True while
-    keras issue 20585 stands, so :func:`repair_multi_worker_fit` is still
-    needed; a test asks this on two real workers, and fails the day Keras
-    fixes it upstream."""
+    Keras averages a scalar with ``axis=0`` there, so
+    :func:`repair_multi_worker_fit` is still needed; a test asks this on
+    two real workers, and fails the day Keras fixes it upstream."""
     from keras.src.backend.tensorflow import trainer
     import tensorflow as tf
 

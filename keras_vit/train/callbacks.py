@@ -49,7 +49,8 @@ from keras_vit.train.interrupt import StopOnInterrupt
 
 class StepCounter(keras.callbacks.Callback):
     """Counts optimizer steps from ``start_step``: one every
-    ``accumulation_steps`` training batches."""
+    ``accumulation_steps`` training batches, calling :meth:`on_step_end`
+    at each step boundary (where the accumulators are empty)."""
 
     def __init__(self, *, start_step=0, accumulation_steps=1):
         super().__init__()
@@ -66,13 +67,20 @@ class StepCounter(keras.callbacks.Callback):
                                                 low=0)
         self._batches = 0
 
-    def _count(self):
-        """Counts one batch; returns the step it ended, or None mid-step."""
+    def at_step_boundary(self):
+        """Whether the batches counted so far end an optimizer step."""
+        return not self._batches % self.accumulation_steps
+
+    def on_train_batch_end(self, batch, logs=None):
         self._batches += 1
-        if self._batches % self.accumulation_steps:
-            return None
-        self.step = self.start_step + self._batches // self.accumulation_steps
-        return self.step
+        if self.at_step_boundary():
+            self.step = (self.start_step
+                         + self._batches // self.accumulation_steps)
+            self.on_step_end(self.step, logs or {})
+
+    def on_step_end(self, step, logs):
+        """Called when a batch ends optimizer step ``step``, with the
+        batch's ``logs``."""
 
 
 def _value(variable):
@@ -175,15 +183,13 @@ class StepCheckpoints(StepCounter):
                                     settings=self.settings)
         return self.latest
 
-    def on_train_batch_end(self, batch, logs=None):
-        step = self._count()
-        if step is not None and step % self.every == 0:
+    def on_step_end(self, step, logs):
+        if step % self.every == 0:
             self.save(step)
 
     def on_epoch_end(self, epoch, logs=None):
         # Before Keras' end of fit, which puts the EMA into the weights.
-        if self.saved_step != self.step and not (
-                self._batches % self.accumulation_steps):
+        if self.saved_step != self.step and self.at_step_boundary():
             self.save()
 
 
@@ -210,8 +216,8 @@ class StopOnCtrlC(StepCounter):
     def on_train_begin(self, logs=None):
         self._guard.__enter__()
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._count() is not None and self._guard.requested:
+    def on_step_end(self, step, logs):
+        if self._guard.requested:
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
@@ -229,9 +235,8 @@ class EveryNSteps(StepCounter):
         self.fn, self.every, self.end_step = fn, check_int(
             "every", every, low=1), end_step
 
-    def on_train_batch_end(self, batch, logs=None):
-        step = self._count()
-        if (step is not None and step % self.every == 0
+    def on_step_end(self, step, logs):
+        if (step % self.every == 0
                 and (self.end_step is None or step < self.end_step)
                 and not self.model.stop_training):
             self.fn(step)
@@ -255,9 +260,6 @@ class SeedEachBatch(StepCounter):
         index = self.start_step * self.accumulation_steps + self._batches
         seed_global_generator((self.seed * 1_000_003 + index) % 2**63)
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._count()
-
 
 class TrainedWeights(StepCounter):
     """Keras' ``fit`` ends by putting the optimizer's weight average
@@ -276,9 +278,6 @@ class TrainedWeights(StepCounter):
         self.enabled, self.on_complete = enabled, on_complete
         self.result = None
         self._trained = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._count()
 
     def on_epoch_end(self, epoch, logs=None):
         if not self.enabled:
@@ -348,12 +347,12 @@ class StepLog(StepCounter):
 
     def on_train_batch_end(self, batch, logs=None):
         self._epoch_batches += 1
-        step = self._count()
-        if step is None:
-            return
+        super().on_train_batch_end(batch, logs)
+
+    def on_step_end(self, step, logs):
         self._bar.update(1)
         if step % self.every == 0 or step == self.total_steps:
-            self._row(step, self._epoch_batches, logs or {})
+            self._row(step, self._epoch_batches, logs)
 
     def _row(self, step, batches, logs):
         row = {"step": step, "epoch": int(self.epoch_of(step))}
@@ -386,7 +385,7 @@ class StepLog(StepCounter):
         if self.rows and self.rows[-1]["step"] == self.step:
             return
         if (self._epoch_batches and self.step > self.start_step
-                and not self._batches % self.accumulation_steps):
+                and self.at_step_boundary()):
             self._row(self.step, self._epoch_batches, logs or {})
 
     def on_train_end(self, logs=None):

@@ -232,8 +232,7 @@ class Trainer:
         checkpoint (a later ``fit()`` continues it).
         """
         r, start = self.recipe, self.step
-        log = RunLog(self.out_dir, chief=self.is_chief, step=start,
-                     recipe=r)
+        log = RunLog(self.out_dir, chief=self.is_chief, step=start)
         self._say(f"training {self.describe()}")
         if self.resumed_from is not None and start == self.resumed_from:
             at = self.position(start)

@@ -60,14 +60,12 @@ class RunLog:
             or None.
         chief: whether this process writes them.
         step: the step the run starts from.
-        recipe: the run's :class:`~keras_vit.train.recipes.Recipe`.
     """
 
-    def __init__(self, out_dir, *, chief, step, recipe):
+    def __init__(self, out_dir, *, chief, step):
         self.out_dir, self.chief = out_dir, chief
         self.start_step = step
         self.wall = None
-        self._recipe_rate = recipe.learning_rate
         self.rows = []
         self._writer = None
         if out_dir is not None and chief:

@@ -827,8 +827,8 @@ MULTI_WORKER_SCRIPT = textwrap.dedent("""
                          batch_size=32, warmup_steps=3, learning_rate=3e-3,
                          crop_area=None, log_every=5, checkpoint_every=10,
                          strategy="auto", out_dir=sys.argv[2], verbose=True)
-    # Keras' own reduction still fails on two workers (keras issue 20585):
-    # the day it does not, the repair in compat can go.
+    # Keras' own reduction of a scalar log still fails on two workers (it
+    # averages over axis 0): the day it does not, the repair can go.
     broken = compat.multi_worker_fit_is_broken(trainer.strategy)
     run = trainer.fit()
     if trainer.is_chief:
