@@ -21,18 +21,23 @@ falls on all of them alike), the median round reported:
 - ``torchvision ImageFolder``: ``RandomResizedCrop(224)`` +
   ``RandomHorizontalFlip`` + ``ToTensor`` + ``Normalize``, a DataLoader
   with no workers, ``torch.set_num_threads(1)``;
-- the two augmented rows, compared with each other: the package's pipeline
-  with DeiT's RandAugment (2 ops, magnitude 9) and MixUp 0.8 / CutMix 1.0
-  with label smoothing 0.1 on the batch, and timm's training transform
-  with its RandAugment (``rand-m9-n2``) on an ImageFolder plus
-  ``timm.data.Mixup`` with the same settings on each batch.
+- the augmented rows: the package's pipeline with DeiT's RandAugment
+  (timm's ``rand-m9-mstd0.5-inc1``: 2 operations, magnitude 9 with spread
+  0.5, the package's batched TensorFlow version of timm's operations) and
+  MixUp 0.8 / CutMix 1.0 with label smoothing 0.1 on the batch, compared
+  with timm's training transform with that RandAugment on an ImageFolder
+  plus ``timm.data.Mixup`` with the same settings on each batch; and the
+  package's pipeline with each of the two alone, to show where the time
+  goes.
 
 Each pipeline runs in its own process (a pipeline's background threads
 would otherwise take CPU from the others' turns), pinned to one CPU
 (``os.sched_setaffinity``) before anything is imported; tf.data runs with
 a private thread pool of one thread and TensorFlow with one intra- and
 one inter-op thread. On a shared machine the rounds vary: the best round
-is the one least disturbed, the median the typical one.
+is the one least disturbed, the median the typical one; images per CPU
+second of the pipeline's process (its threads included) vary less, since
+another program's load takes wall time from it, not CPU time.
 """
 
 from __future__ import annotations
@@ -101,13 +106,13 @@ def _one_thread(ds):
 
 
 # The augmentations of the augmented rows, the same on both sides: DeiT's
-# RandAugment (2 ops, magnitude 9) and MixUp 0.8 / CutMix 1.0 (switching
-# at 0.5) with label smoothing 0.1, on the batch.
-RANDAUGMENT = (2, 9.0)
+# RandAugment (2 ops, magnitude 9, spread 0.5) and MixUp 0.8 / CutMix 1.0
+# (switching at 0.5) with label smoothing 0.1, on the batch.
+RANDAUGMENT = (2, 9.0, 0.5)
 MIXING = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
 
 
-def keras_vit_pipeline(root, whole=False, augmented=False):
+def keras_vit_pipeline(root, whole=False, randaugment=False, mixing=False):
     from keras_vit import train as kt
     from keras_vit.train.data.folders import FolderSource
     from keras_vit.train.data.sources import ImageSource
@@ -119,11 +124,13 @@ def keras_vit_pipeline(root, whole=False, augmented=False):
 
         source.__class__ = WholeDecode
     extra = {}
-    if augmented:
+    if randaugment:
+        extra["randaugment"] = RANDAUGMENT
+    if mixing:
         from keras_vit.train.mixing import BatchMixer
 
-        extra = dict(randaugment=RANDAUGMENT, mixing=BatchMixer(
-            switch_prob=0.5, num_classes=source.num_classes, **MIXING))
+        extra["mixing"] = BatchMixer(
+            switch_prob=0.5, num_classes=source.num_classes, **MIXING)
     ds = kt.dataset(source, SIZE, BATCH, training=True, seed=0, **extra)
     return iter(_one_thread(ds.repeat()))
 
@@ -177,18 +184,35 @@ def torchvision_pipeline(root):
 
 
 def timm_pipeline(root):
-    """timm's training transform (its RandAugment, m9 n2) on an
-    ImageFolder, and timm's Mixup on each batch, as timm's train.py does
-    with ``--aa rand-m9-n2 --mixup 0.8 --cutmix 1.0 --smoothing 0.1``
-    (no workers, one thread)."""
+    """timm's training transform (its RandAugment, DeiT's
+    rand-m9-mstd0.5-inc1) on an ImageFolder, and timm's Mixup on each
+    batch, as timm's train.py does with ``--aa rand-m9-mstd0.5-inc1
+    --mixup 0.8 --cutmix 1.0 --smoothing 0.1`` (no workers, one
+    thread)."""
     import torch
     import timm.data
+    import timm.data.auto_augment as timm_augment
+    from PIL import Image
     from torchvision import datasets
 
     torch.set_num_threads(1)
-    n, m = RANDAUGMENT
+    # A magnitude drawn at 10 keeps 0 bits in timm's posterize, which
+    # Pillow 10 and later refuses (timm's loader then stops): black, as
+    # the definition and older Pillows make it.
+    posterize = timm_augment.posterize
+
+    def posterize_to_black(img, bits_to_keep, **kwargs):
+        if bits_to_keep < 1:
+            return Image.new(img.mode, img.size)
+        return posterize(img, bits_to_keep, **kwargs)
+
+    for name, op in list(timm_augment.NAME_TO_OP.items()):
+        if op is posterize:
+            timm_augment.NAME_TO_OP[name] = posterize_to_black
+    n, m, spread = RANDAUGMENT
     transform = timm.data.create_transform(
-        SIZE, is_training=True, auto_augment=f"rand-m{m:g}-n{n}",
+        SIZE, is_training=True,
+        auto_augment=f"rand-m{m:g}-n{n}-mstd{spread:g}-inc1",
         interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3,
         re_prob=0.0)
     folder = datasets.ImageFolder(root, transform=transform)
@@ -207,14 +231,17 @@ def timm_pipeline(root):
 
 
 def take(batches, n):
-    """Images per second over the next ``n`` batches of an iterator (the
-    pipeline's steady state: its iterator and functions already made)."""
-    start = time.perf_counter()
+    """Images per second of wall time and per CPU second of this process
+    (its threads included) over the next ``n`` batches of an iterator
+    (the pipeline's steady state: its iterator and functions already
+    made). On a machine others share, the CPU figure is the steadier."""
+    start, cpu = time.perf_counter(), time.process_time()
     images = 0
     for _ in range(n):
         x, _ = next(batches)
         images += int(x.shape[0])
-    return images / (time.perf_counter() - start)
+    return (images / (time.perf_counter() - start),
+            images / (time.process_time() - cpu))
 
 
 PIPELINES = {
@@ -223,6 +250,8 @@ PIPELINES = {
         "keras_vit_whole",
     "big_vision style tf.data (decode_and_crop_jpeg)": "big_vision",
     "torchvision ImageFolder + RandomResizedCrop": "torchvision",
+    "keras_vit train.dataset + RandAugment": "keras_vit_randaugment",
+    "keras_vit train.dataset + MixUp/CutMix": "keras_vit_mixing",
     "keras_vit train.dataset + RandAugment + MixUp/CutMix":
         "keras_vit_augmented",
     "timm transform (RandAugment) + Mixup/CutMix": "timm",
@@ -246,11 +275,15 @@ def child(kind, root, steps):
                "keras_vit_whole": lambda: keras_vit_pipeline(root, True),
                "big_vision": lambda: big_vision_pipeline(root),
                "torchvision": lambda: torchvision_pipeline(root),
+               "keras_vit_randaugment": lambda: keras_vit_pipeline(
+                   root, randaugment=True),
+               "keras_vit_mixing": lambda: keras_vit_pipeline(
+                   root, mixing=True),
                "keras_vit_augmented": lambda: keras_vit_pipeline(
-                   root, augmented=True),
+                   root, randaugment=True, mixing=True),
                "timm": lambda: timm_pipeline(root)}[kind]()
     take(batches, 3)  # warm-up: tracing, function instantiation, buffers
-    print(take(batches, steps))
+    print(*take(batches, steps))
 
 
 def main(argv=None):
@@ -279,6 +312,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as root:
         pixels = write_jpegs(root, args.images)
         rates = {label: [] for label in PIPELINES}
+        per_cpu = {label: [] for label in PIPELINES}
         for _ in range(args.rounds):
             for label, kind in PIPELINES.items():
                 proc = subprocess.run(
@@ -287,7 +321,9 @@ def main(argv=None):
                     text=True, env=env, check=False)
                 if proc.returncode:
                     sys.exit(f"{label} failed:\n{proc.stderr[-3000:]}")
-                rates[label].append(float(proc.stdout.split()[-1]))
+                wall, cpu = proc.stdout.split()[-2:]
+                rates[label].append(float(wall))
+                per_cpu[label].append(float(cpu))
     print(f"# Input pipelines on one core\n\nCPU: {name} ({flags}); each "
           f"pipeline in its own process pinned to CPU {cpu}; Python "
           f"{sys.version.split()[0]}, TensorFlow {tf.__version__}, torch "
@@ -297,15 +333,18 @@ def main(argv=None):
           "after 3 of warm-up (the steady state), median of "
           f"{args.rounds} round(s), the pipelines in turns within each.\n")
     print("| pipeline | img/s median | best | vs big_vision (median, "
-          "best) | rounds |")
-    print("|---|---|---|---|---|")
+          "best) | img per CPU-s median | vs big_vision | rounds (img/s) |")
+    print("|---|---|---|---|---|---|---|")
     reference = rates[list(PIPELINES)[2]]
+    reference_cpu = statistics.median(per_cpu[list(PIPELINES)[2]])
     for label, values in rates.items():
         median, best = statistics.median(values), max(values)
+        cpu = statistics.median(per_cpu[label])
         shown = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {label} | {median:,.0f} | {best:,.0f} | "
               f"{median / statistics.median(reference):.2f}x, "
-              f"{best / max(reference):.2f}x | {shown} |")
+              f"{best / max(reference):.2f}x | {cpu:,.0f} | "
+              f"{cpu / reference_cpu:.2f}x | {shown} |")
 
 
 if __name__ == "__main__":

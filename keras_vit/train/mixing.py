@@ -123,27 +123,6 @@ def cutmix_box(height, width, lam, center):
     return (top, bottom, left, right), lam
 
 
-def paste_box(images, box):
-    """``images`` with the ``box`` (top, bottom, left, right) of each
-    replaced by the same box of its partner in the reversed batch.
-
-    >>> import numpy as np
-    >>> x = np.stack([np.zeros((2, 2, 1)), np.ones((2, 2, 1))])
-    >>> paste_box(x, (0, 1, 0, 2)).numpy()[0, :, :, 0].tolist()
-    [[1.0, 1.0], [0.0, 0.0]]
-    """
-    import tensorflow as tf
-
-    top, bottom, left, right = box
-    shape = tf.shape(images)
-    rows = tf.range(shape[1])[:, None]
-    cols = tf.range(shape[2])[None, :]
-    inside = ((rows >= top) & (rows < bottom)
-              & (cols >= left) & (cols < right))
-    return tf.where(inside[None, :, :, None], tf.reverse(images, [0]),
-                    images)
-
-
 def _beta(alpha, seeds):
     # Beta(a, a) as a ratio of two Gamma(a) draws, in float64.
     import tensorflow as tf
@@ -264,9 +243,24 @@ def apply_mix(images, labels, *, lam, cutmix, center=(0, 0),
     lam = tf.cast(lam, tf.float64)
     shape = tf.shape(images)
     box, lam_box = cutmix_box(shape[1], shape[2], lam, center)
-    blended = (images * tf.cast(lam, images.dtype)
-               + tf.reverse(images, [0]) * tf.cast(1.0 - lam, images.dtype))
-    mixed = tf.where(cutmix, paste_box(images, box), blended)
+    # One pass for either mix: each pixel's weights on the image and on
+    # its partner, as planes the size of one image (MixUp: lam and
+    # 1 - lam everywhere; CutMix: 0 and 1 inside the box, 1 and 0
+    # outside), broadcast over the batch.
+    top, bottom, left, right = box
+    rows = tf.range(shape[1])[:, None]
+    cols = tf.range(shape[2])[None, :]
+    inside = tf.cast((rows >= top) & (rows < bottom) & (cols >= left)
+                     & (cols < right), images.dtype)
+    own = tf.where(cutmix, 1.0 - inside, tf.cast(lam, images.dtype))
+    other = tf.where(cutmix, inside, tf.cast(1.0 - lam, images.dtype))
+    plane = shape[1:]
+
+    def spread(weights):
+        return tf.broadcast_to(weights[:, :, None], plane)[None]
+
+    mixed = (images * spread(own)
+             + tf.reverse(images, [0]) * spread(other))
     lam = tf.where(cutmix, lam_box, lam)
     return mixed, mix_targets(labels, num_classes, lam, label_smoothing)
 

@@ -108,8 +108,9 @@ class Recipe:
             (:mod:`keras_vit.train.mixing`).
         cutmix_alpha: CutMix's, the same way; 0: off.
         mix_switch_prob: with both on, the chance a batch is CutMix.
-        randaugment: ``(num_ops, magnitude)`` of Keras' RandAugment,
-            magnitude on RandAugment's 0-10 scale; None: off.
+        randaugment: ``(num_ops, magnitude[, magnitude_std])`` of timm's
+            RandAugment (:mod:`keras_vit.train.data.randaugment`),
+            magnitude on its 0-10 level scale; None: off.
         random_erasing: the chance an image gets a box of noise; 0: off.
         three_augment: DeiT III's 3-Augment (grayscale, solarisation or
             blur per image).
@@ -360,9 +361,9 @@ RECIPES = {
     # do_0.1-sd_0.1): weight decay 0.1 times the learning rate (big_vision's
     # wd=1e-4 at lr=1e-3), dropout 0.1, stochastic depth 0.1. Evaluated at
     # resize_small(256) | central_crop(224): eval_crop 0.875. Deviations:
-    # Keras' RandAugment stops at magnitude 10 (factor 1.0), so big_vision's
-    # 15 is applied as 10, with Keras' operations and strengths, not
-    # big_vision's; big_vision mixes each image with its neighbour
+    # RandAugment is timm's (its operations, each applied with chance
+    # 0.5, the level scale ending at 10), so big_vision's magnitude 15 is
+    # applied as 10; big_vision mixes each image with its neighbour
     # (np.roll) rather than the reversed batch, the same distribution.
     "augreg": Recipe(
         name="augreg", optimizer="adam", beta_1=0.9, beta_2=0.999,
@@ -382,14 +383,14 @@ RECIPES = {
     # CutMix 1.0 switching at 0.5 per batch, random erasing 0.25, EMA
     # 0.99996, random-resized crop 8%-100%, evaluation crop 0.875, no
     # clipping. Deviations: the schedule starts and ends at 0 (timm's at
-    # 1e-6 and 1e-5), no repeated augmentation, Keras' RandAugment and
-    # RandomErasing instead of timm's. Another batch size: scale
+    # 1e-6 and 1e-5), no repeated augmentation, Keras' RandomErasing
+    # instead of timm's (RandAugment is timm's). Another batch size: scale
     # learning_rate with it (5e-4 * batch_size / 512).
     "deit": Recipe(
         name="deit", optimizer="adam", learning_rate=1e-3,
         warmup_steps=6_255, epochs=300, batch_size=1024,
         label_smoothing=0.1, drop_path_rate=0.1, image_size=224,
-        randaugment=(2, 9), random_erasing=0.25, **_DEIT),
+        randaugment=(2, 9, 0.5), random_erasing=0.25, **_DEIT),
     # DeiT III ViT-B on ImageNet-1k, "DeiT III: Revenge of the ViT" (Touvron
     # et al. 2022), facebookresearch/deit's README_revenge.md command (8
     # GPUs x 256): LAMB at 3e-3 (not scaled with the batch), weight decay
@@ -538,11 +539,13 @@ def parse_value(field, text):
     if field == "randaugment":
         parts = text.split(",")
         try:
-            return (int(parts[0]), float(parts[1])) if len(parts) == 2 \
-                else tuple(parts)
+            return ((int(parts[0]),) + tuple(float(v) for v in parts[1:])
+                    if len(parts) in (2, 3) else tuple(parts))
         except ValueError:
-            raise ValueError(f"randaugment must be num_ops,magnitude (e.g. "
-                             f"2,9); received randaugment={text!r}") from None
+            raise ValueError(f"randaugment must be num_ops,magnitude or "
+                             f"num_ops,magnitude,magnitude_std (e.g. 2,9 or "
+                             f"2,9,0.5); received randaugment={text!r}"
+                             ) from None
     if field in ("crop_area", "lr_sweep"):
         try:
             return tuple(float(v) for v in text.split(","))
@@ -643,7 +646,7 @@ def pipeline_options(recipe, num_classes=None):
 
     >>> opts = pipeline_options(get("deit"), num_classes=10)
     >>> opts["randaugment"], opts["random_erasing"], opts["mixing"]
-    ((2, 9.0), 0.25, BatchMixer(mixup_alpha=0.8, cutmix_alpha=1.0, \
+    ((2, 9.0, 0.5), 0.25, BatchMixer(mixup_alpha=0.8, cutmix_alpha=1.0, \
 switch_prob=0.5, label_smoothing=0.1, num_classes=10))
     """
     if recipe.dense_targets and num_classes is None:

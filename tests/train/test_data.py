@@ -316,10 +316,12 @@ def test_augmentation_is_off_by_default_and_seeded():
                  color_jitter=0.0, mixing=None)
     np.testing.assert_array_equal(plain[0], off[0])
     np.testing.assert_array_equal(plain[1], off[1])
-    # 3-Augment, colour jitter and the mix are stateless: the same epoch
-    # twice is the same batches; the crop and flip are those drawn without
-    # them (the same images, so the labels mixed are the plain ones).
-    options = dict(three_augment=True, color_jitter=0.3, mixing=_mixer())
+    # 3-Augment, colour jitter, RandAugment and the mix are stateless: the
+    # same epoch twice is the same batches; the crop and flip are those
+    # drawn without them (the same images, so the labels mixed are the
+    # plain ones).
+    options = dict(three_augment=True, color_jitter=0.3,
+                   randaugment=(2, 9, 0.5), mixing=_mixer())
     a, b = _first(**options), _first(**options)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
@@ -330,7 +332,7 @@ def test_augmentation_is_off_by_default_and_seeded():
     pairs = np.sort(np.stack([plain[1], plain[1][::-1]], axis=1), axis=1)
     np.testing.assert_array_equal(top_two[pairs[:, 0] != pairs[:, 1]],
                                   pairs[pairs[:, 0] != pairs[:, 1]])
-    # Keras' RandAugment and RandomErasing: in range, and doing something.
+    # RandAugment and Keras' RandomErasing: in range, and doing something.
     images, labels = _first(randaugment=(2, 9), random_erasing=1.0)
     assert images.shape == (8, 16, 16, 3) and labels.shape == (8,)
     assert images.min() >= -1.0 and images.max() <= 1.0

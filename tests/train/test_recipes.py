@@ -71,6 +71,9 @@ PYTHON_API = [
      "[0.0, 10.0]"),
     ("recipe randaugment shape", lambda: kt.recipes.get(
         "deit", randaugment=9), "randaugment", "9", "(num_ops, magnitude)"),
+    ("recipe randaugment magnitude_std", lambda: kt.recipes.get(
+        "deit", randaugment=(2, 9, -0.5)), "randaugment magnitude_std",
+     "-0.5", "[0.0, 10.0]"),
     ("recipe random_erasing", lambda: kt.recipes.get(
         "deit", random_erasing=-0.25), "random_erasing", "-0.25",
      "[0.0, 1.0]"),
@@ -115,7 +118,7 @@ def test_named_recipes_hold_their_sources_values():
             deit.randaugment, deit.mixup_alpha, deit.cutmix_alpha,
             deit.mix_switch_prob, deit.random_erasing, deit.ema_decay,
             deit.crop_area, deit.epochs) == (
-                0.05, 0.1, 0.1, (2, 9.0), 0.8, 1.0, 0.5, 0.25, 0.99996,
+                0.05, 0.1, 0.1, (2, 9.0, 0.5), 0.8, 1.0, 0.5, 0.25, 0.99996,
                 (0.08, 1.0), 300)
     deit3 = recipes.get("deit3")
     assert deit3.warmup_steps == 5 * IMAGENET_STEPS[deit3.batch_size]
@@ -136,9 +139,10 @@ def test_named_recipes_hold_their_sources_values():
     lamb = recipes.make_optimizer(deit3, 10_000)
     assert type(lamb).__name__ == "Lamb" and lamb.weight_decay == 0.05
     assert recipes.parse_value("randaugment", "2,9") == (2, 9.0)
+    assert recipes.parse_value("randaugment", "2,9,0.5") == (2, 9.0, 0.5)
     assert recipes.parse_value("layer_decay", "none") is None
     assert recipes.parse_value("three_augment", "true") is True
-    assert recipes.get("deit").to_dict()["randaugment"] == [2, 9.0]
+    assert recipes.get("deit").to_dict()["randaugment"] == [2, 9.0, 0.5]
 
 
 def test_the_pieces_train_with_model_fit():

@@ -1,17 +1,19 @@
-"""Per-image training augmentations beyond crop and flip, each off unless
-asked for (the paper's recipes use none): RandAugment and random erasing
-from Keras' own layers, and DeiT III's "3-Augment" and colour jitter as
-stateless TensorFlow ops.
+"""Training augmentations beyond crop and flip, each off unless asked
+for (the paper's recipes use none), in the order of DeiT's and DeiT III's
+pipelines: 3-Augment, colour jitter, RandAugment, random erasing.
 
-They run on one decoded, cropped and resized image in [0, 255] (before
-the pipeline scales it to the model's range), in the order of DeiT's and
-DeiT III's pipelines: 3-Augment, colour jitter, RandAugment, random
-erasing.
+Two stages. Per image, on one decoded, cropped and resized image in
+[0, 255] where the pipeline draws its crop (:func:`make_augment`): DeiT
+III's "3-Augment" and colour jitter as stateless TensorFlow ops, and
+RandAugment's draws (:func:`keras_vit.train.data.randaugment.draw_ops`).
+Per batch, before the pixels are scaled to the model's range
+(:func:`make_batch_augment`): RandAugment, timm's definition written as
+batched TensorFlow ops (the batch split by operation, each operation run
+once), then Keras' ``RandomErasing`` layer.
 
-Keras' layers keep their own random state (a seed generator): with
-RandAugment or random erasing on, an epoch's batches are no longer the
-same each time it is built (the crop, flip, 3-Augment and colour jitter
-still are).
+Everything but random erasing is a function of each image's seed: the
+same epoch gives the same images each time it is built. Keras' layer
+keeps its own random state.
 
 >>> import numpy as np
 >>> augment = make_augment(three_augment=True, color_jitter=0.3)
@@ -25,8 +27,7 @@ from __future__ import annotations
 
 from keras_vit.base.checks import check_int, check_number
 
-# RandAugment's magnitude scale (timm's and big_vision's level 0-10);
-# Keras' layer takes it as a fraction in [0, 1].
+# RandAugment's magnitude scale (timm's and big_vision's level 0-10).
 RANDAUGMENT_TOP_LEVEL = 10.0
 # DeiT III's Gaussian blur: radius (sigma) drawn in [0.1, 2.0] pixels, as
 # its augment.py gives PIL; the kernel covers 3 sigma of the widest.
@@ -35,22 +36,29 @@ _BLUR_RADIUS = 6
 
 
 def check_randaugment(value, name="randaugment"):
-    """``(num_ops, magnitude)`` as ``(int, float)``, or None; else a
-    ValueError naming ``name``: ``num_ops`` a positive integer,
-    ``magnitude`` in [0, 10] (the RandAugment level scale).
+    """``(num_ops, magnitude)`` or ``(num_ops, magnitude, magnitude_std)``
+    with ints and floats, or None; else a ValueError naming ``name``:
+    ``num_ops`` a positive integer, ``magnitude`` in [0, 10] (the
+    RandAugment level scale), ``magnitude_std`` (timm's ``mstd``) at
+    least 0.
 
-    >>> check_randaugment((2, 9))
-    (2, 9.0)
+    >>> check_randaugment((2, 9)), check_randaugment((2, 9, 0.5))
+    ((2, 9.0), (2, 9.0, 0.5))
     """
     if value is None:
         return None
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"{name} must be None or (num_ops, magnitude); "
-                         f"received {name}={value!r}")
+    if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
+        raise ValueError(f"{name} must be None, (num_ops, magnitude) or "
+                         f"(num_ops, magnitude, magnitude_std); received "
+                         f"{name}={value!r}")
     num_ops = check_int(f"{name} num_ops", value[0], low=1)
     magnitude = check_number(f"{name} magnitude", value[1], low=0.0,
                              high=RANDAUGMENT_TOP_LEVEL)
-    return num_ops, float(magnitude)
+    if len(value) == 2:
+        return num_ops, float(magnitude)
+    spread = check_number(f"{name} magnitude_std", value[2], low=0.0,
+                          high=RANDAUGMENT_TOP_LEVEL)
+    return num_ops, float(magnitude), float(spread)
 
 
 def check_augment(randaugment=None, random_erasing=0.0, three_augment=False,
@@ -160,43 +168,22 @@ def jitter_color(image, strength, seed):
     return clip(luma + (image - luma) * factors[2])
 
 
-def make_augment(randaugment=None, random_erasing=0.0, three_augment=False,
-                 color_jitter=0.0, seed=0):
-    """``augment(image, seed) -> image`` for one [0, 255] image, or None
-    when every option is off.
-
-    Args:
-        randaugment: ``(num_ops, magnitude)``: Keras' ``RandAugment``
-            with ``num_ops`` operations an image and its strength
-            ``magnitude / 10`` (magnitude on RandAugment's 0-10 level
-            scale; Keras draws each operation's strength up to that
-            fraction, where timm applies the level itself). None: off.
-        random_erasing: the chance that Keras' ``RandomErasing`` blanks a
-            box of an image with noise in the pixels' [0, 255] range
-            (timm's "pixel" mode draws unclipped Gaussian noise in the
-            normalised image instead). 0: off.
-        three_augment: DeiT III's 3-Augment (:func:`apply_three_augment`).
-        color_jitter: :func:`jitter_color`'s strength; 0: off.
-        seed: seeds Keras' layers (their random state is their own).
+def make_augment(randaugment=None, three_augment=False, color_jitter=0.0):
+    """``augment(image, seed)`` for one [0, 255] image, or None when
+    nothing happens per image: 3-Augment and colour jitter applied (the
+    image returned), and with ``randaugment`` on, its draws made too
+    (``(image, draws)`` returned, the draws a ``(num_ops, 3)`` tensor for
+    :func:`make_batch_augment`). The options as :func:`check_augment`
+    takes them.
     """
-    import keras
     import tensorflow as tf
 
-    randaugment, random_erasing, three, jitter = check_augment(
-        randaugment, random_erasing, three_augment, color_jitter)
-    if not (randaugment or random_erasing or three or jitter):
+    from keras_vit.train.data.randaugment import draw_ops
+
+    randaugment, _, three, jitter = check_augment(
+        randaugment, 0.0, three_augment, color_jitter)
+    if not (randaugment or three or jitter):
         return None
-    check_int("seed", seed, low=0)
-    rand = eraser = None
-    if randaugment:
-        rand = keras.layers.RandAugment(
-            value_range=(0, 255), num_ops=randaugment[0],
-            factor=randaugment[1] / RANDAUGMENT_TOP_LEVEL, seed=seed)
-    if random_erasing:
-        # The chance is drawn in factor's range: a range of one value.
-        eraser = keras.layers.RandomErasing(
-            factor=(random_erasing, random_erasing), value_range=(0, 255),
-            seed=seed + 1)
 
     # Plain TensorFlow ops, no Python control flow on tensors: autograph's
     # conversion (seconds of tracing inside tf.data's map) is not needed.
@@ -204,19 +191,71 @@ def make_augment(randaugment=None, random_erasing=0.0, three_augment=False,
     def augment(image, seed):
         image = tf.convert_to_tensor(image, tf.float32)
         seeds = tf.random.experimental.stateless_split(
-            tf.cast(tf.convert_to_tensor(seed), tf.int64), 2)
+            tf.cast(tf.convert_to_tensor(seed), tf.int64), 3)
         if three:
             image = apply_three_augment(image, seeds[0])
         if jitter:
             image = jitter_color(image, jitter, seeds[1])
-        if rand is not None:
-            image = tf.clip_by_value(tf.cast(rand(image), tf.float32),
-                                     0.0, 255.0)
+        if randaugment:
+            return image, draw_ops(seeds[2], *randaugment)
+        return image
+
+    return augment
+
+
+def make_batch_augment(randaugment=None, random_erasing=0.0, seed=0,
+                       fill=(128, 128, 128)):
+    """``augment(images, draws) -> images`` for a batch of [0, 255]
+    images (``draws``: the per-image stage's RandAugment draws, ``(N,
+    num_ops, 3)``; ignored without RandAugment), or None when both are
+    off.
+
+    Args:
+        randaugment: ``(num_ops, magnitude[, magnitude_std])``: timm's
+            RandAugment (:mod:`keras_vit.train.data.randaugment`), its
+            draws made per image by :func:`make_augment`. None: off.
+        random_erasing: the chance that Keras' ``RandomErasing`` blanks a
+            box of an image with noise in the pixels' [0, 255] range
+            (timm's "pixel" mode draws unclipped Gaussian noise in the
+            normalised image instead). 0: off.
+        seed: seeds Keras' layer (its random state is its own).
+        fill: the pixel, one value a channel, that RandAugment's
+            rotations, shears and translations uncover (timm's: the
+            input normalisation's mean pixel).
+
+    >>> import numpy as np
+    >>> augment = make_batch_augment(random_erasing=1.0)
+    >>> augment(np.full((2, 8, 8, 3), 100.0, "float32"), None).shape
+    TensorShape([2, 8, 8, 3])
+    """
+    import keras
+    import tensorflow as tf
+
+    from keras_vit.train.data.randaugment import rand_augment_batch
+
+    randaugment, random_erasing, _, _ = check_augment(
+        randaugment, random_erasing)
+    if not (randaugment or random_erasing):
+        return None
+    check_int("seed", seed, low=0)
+    fill = tuple(float(v) for v in fill)
+    eraser = None
+    if random_erasing:
+        # The chance is drawn in factor's range: a range of one value.
+        eraser = keras.layers.RandomErasing(
+            factor=(random_erasing, random_erasing), value_range=(0, 255),
+            seed=seed + 1)
+
+    @tf.autograph.experimental.do_not_convert
+    def augment(images, draws):
+        images = tf.convert_to_tensor(images, tf.float32)
+        if randaugment:
+            images = rand_augment_batch(images, draws, fill)
         if eraser is not None:
             # On the pipeline's [0, 255] pixels: the erased box is filled
             # with noise of that range (the model's scaling comes after).
-            image = tf.clip_by_value(tf.cast(eraser(image), tf.float32),
-                                     0.0, 255.0)
-        return image
+            images = tf.clip_by_value(tf.cast(eraser(images), tf.float32),
+                                      0.0, 255.0)
+        return images
 
     return augment

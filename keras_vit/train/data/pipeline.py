@@ -11,7 +11,7 @@ import functools
 from keras_vit.base.checks import check_int
 from keras_vit.data.normalization import check_normalization
 from keras_vit.data.normalization import takes_raw_pixels  # noqa: F401
-from keras_vit.train.data.augment import make_augment
+from keras_vit.train.data.augment import make_augment, make_batch_augment
 from keras_vit.train.data.load import load_data
 
 # Streams (tfds) are shuffled through a buffer of this many records.
@@ -124,7 +124,11 @@ def _examples(source, training, seed, epoch):
 
 
 def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
-                raw_pixels=False, input_normalization=None, augment=None):
+                raw_pixels=False, input_normalization=None, augment=None,
+                draws=False):
+    """The per-example map: ``(image, label)``, or ``(image, label,
+    draws)`` with ``draws`` (RandAugment's, made by ``augment``) for the
+    batch stage, which then also scales the pixels."""
     import tensorflow as tf
 
     normalize = check_normalization("input_normalization",
@@ -157,7 +161,12 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
                     tf.random.experimental.stateless_fold_in(seed, 2))
         else:
             image = eval_resize(source.decode(record), image_size, eval_crop)
+        # With RandAugment on, augment gave its draws with the image.
+        image, made = image if isinstance(image, tuple) else (image, None)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
+        if draws:  # the batch stage augments and scales
+            return image, label, (tf.zeros([0, 3]) if made is None
+                                  else made)
         return (image if raw_pixels else normalize(image)), label
 
     return fn
@@ -215,7 +224,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
             reads both from a model); default: the official [-1, 1].
         randaugment, random_erasing, three_augment, color_jitter: more
             training augmentation, each off by default
-            (:func:`keras_vit.train.data.augment.make_augment`).
+            (:mod:`keras_vit.train.data.augment`; RandAugment as
+            :mod:`keras_vit.train.data.randaugment` defines it).
         mixing: a :class:`keras_vit.train.mixing.BatchMixer` (MixUp,
             CutMix, label smoothing) for the training batches, which then
             carry soft targets ``(batch, num_classes)`` instead of integer
@@ -232,8 +242,15 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; received "
                          f"batch_size={batch_size!r}")
-    augment = make_augment(randaugment, random_erasing, three_augment,
-                           color_jitter, seed=seed)
+    normalize = check_normalization("input_normalization",
+                                    input_normalization)
+    augment = make_augment(randaugment, three_augment, color_jitter)
+    # RandAugment and erasing run on whole batches, before the scaling;
+    # what a rotation uncovers is the mean pixel, as timm fills it.
+    batch_augment = make_batch_augment(
+        randaugment, random_erasing, seed=seed,
+        fill=tuple(min(255, round(255 * m)) for m in normalize.mean)
+    ) if training else None
     if mixing is not None:
         from keras_vit.train.mixing import BatchMixer
 
@@ -262,7 +279,8 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         ds = ds.skip(skip)
     ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
                             eval_crop, raw_pixels, input_normalization,
-                            augment if training else None),
+                            augment if training else None,
+                            draws=batch_augment is not None),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)
     if take is not None:
@@ -274,6 +292,14 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if drop_remainder:  # no full batch: refused, not an empty epoch
         steps_per_epoch(source, batch_size, shards=num_shards)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if batch_augment is not None:
+        @tf.autograph.experimental.do_not_convert
+        def augment_batch(images, labels, draws):
+            images = batch_augment(images, draws)
+            return (images if raw_pixels else normalize(images)), labels
+
+        ds = ds.map(augment_batch, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True)
     if mixing is not None:
         # Each shard its own stream of mixes.
         ds = mixing.map(ds, seed=(int(seed) * 31 + index) % (2 ** 31 - 1),
