@@ -235,13 +235,13 @@ def take(batches, n):
     (its threads included) over the next ``n`` batches of an iterator
     (the pipeline's steady state: its iterator and functions already
     made). On a machine others share, the CPU figure is the steadier."""
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu_start = time.perf_counter(), time.process_time()
     images = 0
     for _ in range(n):
         x, _ = next(batches)
         images += int(x.shape[0])
     return (images / (time.perf_counter() - start),
-            images / (time.process_time() - cpu))
+            images / (time.process_time() - cpu_start))
 
 
 PIPELINES = {
@@ -321,9 +321,9 @@ def main(argv=None):
                     text=True, env=env, check=False)
                 if proc.returncode:
                     sys.exit(f"{label} failed:\n{proc.stderr[-3000:]}")
-                wall, cpu = proc.stdout.split()[-2:]
+                wall, per_cpu_second = proc.stdout.split()[-2:]
                 rates[label].append(float(wall))
-                per_cpu[label].append(float(cpu))
+                per_cpu[label].append(float(per_cpu_second))
     print(f"# Input pipelines on one core\n\nCPU: {name} ({flags}); each "
           f"pipeline in its own process pinned to CPU {cpu}; Python "
           f"{sys.version.split()[0]}, TensorFlow {tf.__version__}, torch "
@@ -339,12 +339,12 @@ def main(argv=None):
     reference_cpu = statistics.median(per_cpu[list(PIPELINES)[2]])
     for label, values in rates.items():
         median, best = statistics.median(values), max(values)
-        cpu = statistics.median(per_cpu[label])
+        cpu_rate = statistics.median(per_cpu[label])
         shown = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {label} | {median:,.0f} | {best:,.0f} | "
               f"{median / statistics.median(reference):.2f}x, "
-              f"{best / max(reference):.2f}x | {cpu:,.0f} | "
-              f"{cpu / reference_cpu:.2f}x | {shown} |")
+              f"{best / max(reference):.2f}x | {cpu_rate:,.0f} | "
+              f"{cpu_rate / reference_cpu:.2f}x | {shown} |")
 
 
 if __name__ == "__main__":
