@@ -9,8 +9,10 @@ they show does not depend on the model's size, so the fine-tuning and
 export runs take a one-block ViT saved as ``.keras`` (a source every
 script's ``--model`` / ``--source`` takes, as it takes a zoo name): the
 cost of a run is then its imports and its tracing, not twelve blocks.
-The fine-tuning run on two logical CPUs keeps a process of its own: the
-logical devices are fixed before the first tensor exists.
+The fine-tuning run on two logical CPUs goes first in the TensorFlow
+process: the logical devices are fixed before the first tensor exists
+(the scripts after it run on one device, the default strategy, either
+way).
 """
 
 import json
@@ -84,16 +86,6 @@ def colour_folders(root, classes=(("red", (200, 30, 30)),
 
 def _env(**extra):
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
-
-
-def run_example(script, *args, **env):
-    """Runs examples/``script`` with ``args`` in a process of its own;
-    returns its stdout (exit status 0 asserted)."""
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *map(str, args)],
-        capture_output=True, text=True, timeout=600, env=_env(**env))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
 
 
 # Runs scripts one after the other in this process, each as `python SCRIPT
@@ -177,7 +169,16 @@ def tf_examples(tmp_path_factory):
     from keras_vit import zoo
 
     tmp = tmp_path_factory.mktemp("examples")
-    jobs = {}
+    # First, before any tensor exists: it splits the CPU in two logical
+    # devices (--cpu-devices 2). The architecture of a .keras file,
+    # randomly initialised (--weights none), with a new head for the
+    # folder's two classes, saved in a folder that does not exist yet.
+    jobs = {"mirrored": ("finetune_fit.py", [
+        "--data", colour_folders(tmp / "colours"),
+        "--model", tiny_keras_file(tmp / "tiny.keras", 5, seed=5),
+        "--weights", "none", "--image-size", "32", "--batch-size", "8",
+        "--steps", "3", "--strategy", "mirrored", "--cpu-devices", "2",
+        "--out", tmp / "runs" / "tuned"])}
     if _has("skimage"):
         jobs["classify"] = ("classify_image.py", [
             "--model", "ViT-Ti/16", "--image-size", "64", "--weights",
@@ -278,20 +279,12 @@ def test_export_for_deployment_example(tf_examples):
 
 
 @pytest.mark.slow
-def test_finetune_fit_example_on_two_logical_cpus(tmp_path):
+def test_finetune_fit_example_on_two_logical_cpus(tf_examples):
     """examples/finetune_fit.py: model.fit under MirroredStrategy over two
     logical CPU devices fine-tunes and saves a model that reloads."""
-    data = colour_folders(tmp_path / "data")
-    # A folder that does not exist yet: created, model.keras saved in it.
-    out = tmp_path / "runs" / "tuned" / "model.keras"
-    # The architecture of a .keras file, randomly initialised (--weights
-    # none), with a new head for the folder's two classes.
-    stdout = run_example(
-        "finetune_fit.py", "--data", data,
-        "--model", tiny_keras_file(tmp_path / "tiny.keras", 5, seed=5),
-        "--weights", "none", "--image-size", "32", "--batch-size", "8",
-        "--steps", "3", "--strategy", "mirrored", "--cpu-devices", "2",
-        "--out", out.parent)
+    results, tmp = tf_examples
+    stdout = example_stdout(results, "mirrored")
+    out = tmp / "runs" / "tuned" / "model.keras"
     assert "replicas: 2" in stdout, stdout
     assert f"saved: {out}" in stdout, stdout
     loss = float(re.search(r"final loss: ([0-9.naninf]+)", stdout).group(1))

@@ -18,6 +18,10 @@ stand-in for the Hub (tests/_fake_hub.py).
 
 A block that needs an extra (keras-hub) or another backend (JAX) runs in
 this suite's environment instead, and its table entry says why.
+
+The venv is built once per test run (tests/readme_install.py); the
+README's first command, ``keras-vit demo``, runs on it in full in
+tests/cli/test_demo.py.
 """
 
 import argparse
@@ -26,16 +30,15 @@ import os
 import re
 import resource
 import shlex
-import socket
 import subprocess
 import sys
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from conftest import quick_xla_flags
+from readme_install import clean_env, readme_venv, venv_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("journey_runner.py")
@@ -274,12 +277,6 @@ ONE_ERROR_LINE = ("len(err.strip().splitlines()) == 1",
 
 COMMANDS = {
     "README.md": {
-        # The README's first command, on its own install: the demo's quick
-        # form (its full run and its numbers: tests/cli/test_demo.py).
-        "keras-vit demo": Command(
-            add=" --quick --epochs 1 --out demo",
-            expect=("status == 0", "os.path.isfile('demo/digits_vit.keras')",
-                    "os.path.isfile('demo/digits_vit.npz')")),
         "keras-vit list": Command(expect=("status == 0",
                                           "'ViT-B/16' in out")),
         "keras-vit predict ViT-B/16 photo.jpg": Command(
@@ -372,6 +369,9 @@ WITH_MATPLOTLIB = {
 
 # keras-vit lines that name real values but do not run here, and why.
 NOT_RUN = {
+    "keras-vit demo": "the README's first command runs in full on this "
+                      "same install (tests/readme_install.py) in tests/cli/"
+                      "test_demo.py, which checks its figures and files",
     "keras-vit benchmark ViT-B/16 --runtimes keras,xla,onnx,tflite "
     "--batch 1,8": "a measurement (minutes at its size); tests/"
                    "test_export.py runs the benchmark command on a tiny "
@@ -495,88 +495,32 @@ def test_every_documented_script_and_option_exists():
 # The fresh venv of the README's install
 
 
-def _readme_install_command():
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"^(pip install -e \.) && keras-vit demo", text, re.M)
-    assert match, "the README's first command is no longer pip install -e ."
-    return match.group(1).split()
-
-
-def _pypi_reachable():
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
-
-
-def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "KERAS_BACKEND")
-           and not k.startswith(("KERAS_VIT_", "HF_"))}
-    env.update(extra)
-    return env
-
-
-def _venv_env(python, **extra):
-    """``_clean_env`` for the processes of the fresh venv at ``python``,
-    which keep the bytecode of what they import, as in a user's venv: the
-    install skips byte-compiling (``--no-compile``), so without it each
-    process (this environment may set PYTHONDONTWRITEBYTECODE) compiles
-    TensorFlow's modules again, seconds of CPU every time. The ``.pyc``
-    files go to a folder of the venv (PYTHONPYCACHEPREFIX), not next to
-    the sources: the editable install imports this checkout."""
-    env = _clean_env(**extra)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(Path(python).parent.parent / "pycache")
-    return env
-
-
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory):
-    """``pip install -e .`` in a venv that sees nothing of this one.
-    Packages come from pip's cache when they are in it."""
-    if not _pypi_reachable():
+    """The python of ``pip install -e .`` in a venv that sees nothing of
+    this one: one per test run (tests/readme_install.py), which the
+    demo's test (tests/cli/test_demo.py) runs the README's first command
+    on too."""
+    python = readme_venv(tmp_path_factory)
+    if python is None:
         pytest.skip("PyPI (pypi.org:443) is unreachable: the install "
                     "needs it")
-    env_dir = tmp_path_factory.mktemp("fresh") / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"],
-                           capture_output=True, text=True).stdout.strip()
-    env = _clean_env()
-    if cache and os.path.isdir(cache):
-        env["PIP_CACHE_DIR"] = cache
-    # --no-compile: pip would otherwise byte-compile every module of
-    # TensorFlow and its company, tens of thousands of files;
-    # Python compiles what the journeys import, on first import.
-    install = subprocess.run(
-        [str(py), "-m", *_readme_install_command(), "-q",
-         "--disable-pip-version-check", "--no-compile"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert install.returncode == 0, install.stderr[-3000:]
-    return py
+    return python
 
 
 @pytest.mark.slow
-def test_readme_install_in_a_fresh_venv(fresh_venv, tmp_path):
-    """No ``[dev]`` extra: every runtime package imports, the command
-    starts without TensorFlow's C++ log lines, and ``keras_vit`` is this
-    checkout (the editable install)."""
-    env = _venv_env(fresh_venv, PATH=f"{fresh_venv.parent}{os.pathsep}"
-                                     f"{os.environ.get('PATH', '')}")
+def test_readme_install_in_a_fresh_venv(fresh_venv, venv_results, tmp_path):
+    """No ``[dev]`` extra: every runtime package imports (the first job of
+    the journeys' process, which imports them anyway), the command starts
+    without TensorFlow's C++ log lines, and ``keras_vit`` is this checkout
+    (the editable install)."""
+    env = venv_env(fresh_venv, PATH=f"{fresh_venv.parent}{os.pathsep}"
+                                    f"{os.environ.get('PATH', '')}")
     proc = subprocess.run(["keras-vit", "--help"], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "demo" in proc.stdout and not TF_LOG.search(proc.stderr)
-    code = ("import tf2onnx, onnxruntime, onnx, tensorflow_datasets, "
-            "ai_edge_litert.interpreter, huggingface_hub, safetensors, "
-            "keras_vit\n"
-            "print(keras_vit.__file__)")
-    proc = subprocess.run([str(fresh_venv), "-c", code], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == str(ROOT / "keras_vit" / "__init__.py")
+    _check_ran(venv_results, IMPORTS_JOB["id"])
 
 
 @pytest.mark.slow
@@ -592,7 +536,7 @@ def test_import_keras_vit_prints_nothing_and_loads_no_framework(
             f"'matplotlib', 'jax', 'torch', 'timm', 'transformers', "
             f"'keras_hub')}}}}, open({str(report)!r}, 'w'))\n")
     proc = subprocess.run([str(fresh_venv), "-c", code], capture_output=True,
-                          text=True, env=_venv_env(fresh_venv),
+                          text=True, env=venv_env(fresh_venv),
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout, proc.stderr) == ("", "")
@@ -743,16 +687,16 @@ def _runner_env(tmp, hub, **extra):
 @pytest.fixture(scope="module")
 def venv_results(fresh_venv, hub, hub_files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("journeys")
-    jobs = (_python_jobs("venv", hub_files) + _command_jobs(COMMANDS)
-            + [FIGURES_JOB])
-    env = _venv_env(fresh_venv, **_runner_env(tmp, hub))
+    jobs = ([IMPORTS_JOB] + _python_jobs("venv", hub_files)
+            + _command_jobs(COMMANDS) + [FIGURES_JOB])
+    env = venv_env(fresh_venv, **_runner_env(tmp, hub))
     return _run_jobs(fresh_venv, jobs, tmp, env)
 
 
 @pytest.fixture(scope="module")
 def suite_results(hub, hub_files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("suite")
-    env = _clean_env(**_runner_env(tmp, hub), PYTHONPATH=str(ROOT),
+    env = clean_env(**_runner_env(tmp, hub), PYTHONPATH=str(ROOT),
                      KERAS_BACKEND="tensorflow")
     jobs = _python_jobs("suite", hub_files) + _command_jobs(WITH_MATPLOTLIB)
     return _run_jobs(sys.executable, jobs, tmp, env)
@@ -764,7 +708,7 @@ def jax_results(hub, hub_files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jax")
     # XLA at -O0 (conftest.quick_xla_flags): the block trains a tiny
     # model, and compiling its step is most of the run.
-    env = _clean_env(**_runner_env(tmp, hub), PYTHONPATH=str(ROOT),
+    env = clean_env(**_runner_env(tmp, hub), PYTHONPATH=str(ROOT),
                      KERAS_BACKEND="jax",
                      XLA_FLAGS=quick_xla_flags(os.environ.get("XLA_FLAGS",
                                                               "")))
@@ -788,6 +732,18 @@ def _blocks_run(where):
     return pytest.mark.parametrize(
         "key", [k for k, s in SNIPPETS.items() if s.where == where],
         ids=_job_id)
+
+
+# Every runtime package of the README's install imports, and keras_vit is
+# this checkout (the editable install): the first job of the journeys'
+# process, which imports them anyway, before any other job has run.
+IMPORTS_JOB = {
+    "id": "runtime packages import", "cwd": "imports", "setup": "",
+    "code": "import tf2onnx, onnxruntime, onnx, tensorflow_datasets, "
+            "ai_edge_litert.interpreter, huggingface_hub, safetensors, "
+            "keras_vit\nprint(keras_vit.__file__)\n",
+    "expect": [f"out.strip() == "
+               f"{str(ROOT / 'keras_vit' / '__init__.py')!r}"]}
 
 
 # In the base install: the numbers of the analysis work, a figure stops

@@ -112,9 +112,12 @@ def test_lora_fine_tuning_within_a_point_of_full(tmp_path):
     def build(size):
         return keras_vit.models.vit(size, 8, 192, 2, 3, 384, 10)
 
+    # Short schedules (6 epochs at 32, 3 at 48): the comparison needs a
+    # trained base and two fine-tunes of one budget, not converged ones;
+    # the bound below was measured on these.
     base = _compiled(build(32), 2e-3)
-    base.fit(x32, y32, batch_size=64, epochs=10, verbose=0)
-    zoo.convert.save_npz(base, tmp_path / "base.npz")
+    base.fit(x32, y32, batch_size=64, epochs=6, verbose=0)
+    zoo.save_npz(base, tmp_path / "base.npz")
 
     def at_48():
         model = build(48)
@@ -127,18 +130,20 @@ def test_lora_fine_tuning_within_a_point_of_full(tmp_path):
 
     start = accuracy(at_48())
     full = _compiled(at_48(), 1e-3)
-    full.fit(x48, y48, batch_size=64, epochs=5, verbose=0)
+    full.fit(x48, y48, batch_size=64, epochs=3, verbose=0)
     adapted = at_48()
     report = lora.enable_lora(adapted, rank=8, targets=["query", "value"],
                               train=["head", "position_embedding"])
     assert report["fraction"] <= 0.05, report
-    _compiled(adapted, 1e-2).fit(x48, y48, batch_size=64, epochs=5,
+    _compiled(adapted, 1e-2).fit(x48, y48, batch_size=64, epochs=3,
                                  verbose=0)
     full_acc, lora_acc = accuracy(full), accuracy(adapted)
     assert lora_acc > start + 0.2, (start, lora_acc)   # it adapted
-    # Close to full fine-tuning with 4.5% of the weights. In this 5-epoch
+    # Close to full fine-tuning with 4.5% of the weights. In this 3-epoch
     # run the gap moves with the seed and with float32 rounding: over seeds
-    # 0-2, LoRA ended 3.3 above to 4.7 points below full (n = 450), so the
-    # bound is 5 points; the frozen-position-table mistake it guards
-    # against cost 6.6 (docs/keras_features.md has the longer runs).
+    # 0-2 (2-core AVX-512 EPYC), LoRA ended 7.1 to 10.0 points above full
+    # (n = 450; 5 epochs after 10 at 32 ended 4.7 below to 8.0 above), so
+    # the bound is 5 points; the frozen-position-table mistake it guards
+    # against (train=["head"]) ended 6.7 to 12.0 below, and 10.9 below in
+    # this test as written (docs/keras_features.md has the longer runs).
     assert lora_acc >= full_acc - 0.05, (full_acc, lora_acc)
