@@ -165,12 +165,19 @@ def _quick_jax_compilations():
 
 def quick_xla_flags(flags=""):
     """``flags`` (an XLA_FLAGS value) with XLA:CPU's LLVM back end at -O0
-    (_quick_jax_compilations), unless they choose a level: for the JAX
-    children (and smoke-run benchmarks) that tests start, which build
-    tiny models and spend their time compiling them."""
-    if "xla_backend_optimization_level" in flags:
-        return flags
-    return f"{flags} --xla_backend_optimization_level=0".strip()
+    (_quick_jax_compilations), unless they choose a level, and without
+    XLA:CPU's fusion emitters unless they choose: for the JAX run and the
+    JAX children (and smoke-run benchmarks) that tests start, which build
+    tiny models and spend their time compiling them. The fusion emitters
+    are most of a small gradient program's compile time (a BiT gradient:
+    3.4 s with them, 0.7 s without; tests/models/test_keras_features.py,
+    test_remat.py and test_mixed_precision_gradients.py on jax: 132 ->
+    80 CPU-s)."""
+    if "xla_backend_optimization_level" not in flags:
+        flags = f"{flags} --xla_backend_optimization_level=0"
+    if "xla_cpu_use_fusion_emitters" not in flags:
+        flags = f"{flags} --xla_cpu_use_fusion_emitters=false"
+    return flags.strip()
 
 
 def two_jax_cpu_devices_flags():

@@ -56,6 +56,31 @@ def cached_tiny_vit():
     return cached_tiny_vit.model
 
 
+def forward(model, x):
+    """``model(x, training=False)`` as NumPy, on JAX as one jitted program
+    of the model as it is now. An eager first call on JAX compiles every
+    op of the model as a program of its own (about 100 small XLA programs
+    for a tiny model of tests/models: 1-6 s of CPU); one program is
+    0.3-1.2 s, and an identical one (a copy of a model, a
+    reloaded file, a remat twin in inference) comes from the run's JAX
+    compilation cache (tests/conftest.py). A new ``jax.jit`` each call:
+    nothing traced before a quantize, LoRA or dtype policy change can
+    answer for the model after it. Elsewhere the model is called."""
+    import numpy as np
+
+    if keras.backend.backend() != "jax":
+        return keras.ops.convert_to_numpy(model(x, training=False))
+    import jax
+
+    def call(trainable, non_trainable, images):
+        return model.stateless_call(trainable, non_trainable, images,
+                                    training=False)[0]
+
+    return np.asarray(jax.jit(call)(
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables], x))
+
+
 def check_error(message, name, echoed, hint):
     """``message`` names the argument ``name``, echoes the value ``echoed``
     and gives ``hint``: checked as "Did you mean '<hint>'" for a bare

@@ -1,15 +1,18 @@
 """Keras 3's own model features on every zoo family: a feature may change
 the numbers only the way it says it does.
 
-Each test builds tiny models (32 px, patch 8, width 32) of the four
+The tests share tiny models (32 px, patch 8, width 32) of the four
 families (ViT, a hybrid, BiT, Axial-ViT) and of the ViT with the later
 family members' options (testkit.FAMILY_OPTIONS: registers, the
 attention-pool head, q/k norms, layer scale, the gated MLP, RMSNorm, the
 patch norm) with random weights (a zero head
-would hide every error), runs one Keras feature and compares with the float
-model: quantized outputs are close and not equal, LoRA with its zero B is
-exactly the float model, and every change reaches the next ``predict``.
+would hide every error), built once per module; each test runs one Keras
+feature on copies of them and compares with the float model: quantized
+outputs are close and not equal, LoRA with its zero B is exactly the float
+model, and every change reaches the next ``predict``.
 """
+
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ import pytest
 import keras
 import keras_vit
 from keras_vit.models.resnet_v2 import resnet_v2
-from testkit import FAMILY_OPTIONS
+from testkit import FAMILY_OPTIONS, forward
 
 pytestmark = [pytest.mark.backends,
               # The one warning per quantize call naming the float layers
@@ -79,9 +82,11 @@ def randomise(model, seed=0):
     return model
 
 
-def images(n=4, seed=1):
-    return np.random.default_rng(seed).uniform(
-        -1, 1, (n, 32, 32, 3)).astype("float32")
+def images():
+    """The batch every test runs: one shape, so that on JAX each op of a
+    model compiles once for the whole module, not once per batch size."""
+    return np.random.default_rng(1).uniform(
+        -1, 1, (4, 32, 32, 3)).astype("float32")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +100,49 @@ def floats():
 
 
 def run(model, x):
+    """The logits of ``model`` for ``x`` (testkit.forward: on JAX one
+    jitted program, which is cheaper than a first eager call)."""
+    return forward(model, x)
+
+
+def called(model, x):
+    """The logits of the model's own eager call, for comparing with what
+    runs the same eager code (a quantized model's predict, its attention
+    model): a quantized layer rounds its inputs to integers, and the last
+    bits a compiled program changes could flip a rounding."""
     return keras.ops.convert_to_numpy(model(x, training=False))
+
+
+@pytest.fixture(scope="module")
+def quantized(floats):
+    """``quantized(mode)``: per family, a quantized copy of the float model,
+    its logits and the warnings its ``quantize`` gave. The int8 copies are
+    made once and read by every test of an int8 model (the quantize
+    checks, the warning, the .keras round trip, the attention maps): each
+    ``quantize`` (and each quantized model loaded) ends with a full
+    garbage collection of the process, ~0.5 s here. The other modes'
+    copies are not kept: every model alive makes each collection longer.
+    The ViT's predict is compiled before it is quantized, so that its next
+    predict shows whether the compiled function was dropped."""
+    x = images()
+    kept = {}
+
+    def get(mode):
+        if mode in kept:
+            return kept[mode]
+        made = {}
+        for family, (model, _) in floats.items():
+            q = copy_of(model)
+            if family == "vit":
+                q.predict(x, verbose=0)
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                q.quantize(mode)
+            made[family] = (q, run(q, x), record)
+        if mode == "int8":
+            kept[mode] = made
+        return made
+    return get
 
 
 def copy_of(model):
@@ -110,19 +157,30 @@ def dense_layers(model):
                                   keras.layers.EinsumDense))]
 
 
-def changed_copy(model, feature, lora_b):
-    """A copy of ``model`` with ``feature``: "lora" (rank 2 on every dense
-    layer, every entry of B set to ``lora_b``, so that it changes the
-    numbers) or the quantization mode of that name."""
-    m = copy_of(model)
-    if feature == "lora":
+@pytest.fixture(scope="module")
+def lora(floats):
+    """Per family: a copy of the float model with LoRA (rank 2) on every
+    dense layer, its logits with B still zero (as ``enable_lora`` leaves
+    it) and its logits once B is drawn (so that LoRA changes the numbers).
+    Made once and read by the LoRA checks, the .keras round trip and the
+    attention maps. The ViT's predict is compiled before LoRA is enabled,
+    so that its next predict shows whether the compiled function was
+    dropped."""
+    x = images()
+    out = {}
+    for family, (model, _) in floats.items():
+        m = copy_of(model)
+        if family == "vit":
+            m.predict(x, verbose=0)
         for layer in dense_layers(m):
             layer.enable_lora(2)
+        zero_b = run(m, x)
+        rng = np.random.default_rng(5)
+        for layer in dense_layers(m):
             b = layer.lora_kernel_b
-            b.assign(np.full(b.shape, lora_b, "float32"))
-    else:
-        m.quantize(feature)
-    return m
+            b.assign(0.05 * rng.standard_normal(b.shape).astype("float32"))
+        out[family] = (m, zero_b, run(m, x))
+    return out
 
 
 def relative_error(got, want):
@@ -131,13 +189,10 @@ def relative_error(got, want):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
-def test_quantize_covers_every_projection_and_stays_close(floats, mode):
+def test_quantize_covers_every_projection_and_stays_close(floats, quantized,
+                                                          mode):
     x = images()
-    for family, (model, want) in floats.items():
-        q = copy_of(model)
-        if family == "vit":
-            q.predict(x, verbose=0)     # warms the compiled predict first
-        q.quantize(mode)
+    for family, (q, got, _) in quantized(mode).items():
         denses = dense_layers(q)
         # ViT: q, k, v, out, two MLP denses per block and the head; the
         # attention-pool head has a block's six of its own (its gated MLP
@@ -146,19 +201,16 @@ def test_quantize_covers_every_projection_and_stays_close(floats, mode):
                     "axial": 2 * 6 + 1, "options": 3 * 6 + 1}[family]
         assert len(denses) == expected, family
         assert all(d.quantization_mode == mode for d in denses), family
-        got = run(q, x)
-        err = relative_error(got, want)
+        err = relative_error(got, floats[family][1])
         assert 0 < err < ERROR_BOUNDS[mode], (family, err)
         if family == "vit":
             # The next predict computes what the quantized model computes.
-            np.testing.assert_allclose(q.predict(x, verbose=0), got,
+            np.testing.assert_allclose(q.predict(x, verbose=0), called(q, x),
                                        atol=1e-4)
 
 
-def test_quantize_lists_what_it_leaves_in_float_once(floats):
-    model = copy_of(floats["hybrid"][0])
-    with pytest.warns(UserWarning) as record:
-        model.quantize("int8")
+def test_quantize_lists_what_it_leaves_in_float_once(quantized):
+    record = quantized("int8")["hybrid"][2]
     notes = [str(w.message) for w in record
              if issubclass(w.category, UserWarning)]
     assert len(notes) == 1, notes
@@ -175,24 +227,13 @@ def test_quantize_modes_without_a_recipe_are_refused_naming_the_mode(
         model.quantize(mode)
 
 
-def test_lora_with_zero_b_is_the_float_model_and_b_is_live(floats):
+def test_lora_with_zero_b_is_the_float_model_and_b_is_live(floats, lora):
     x = images()
-    for family, (model, want) in floats.items():
-        m = copy_of(model)
-        warm = family == "vit"      # one family checks the compiled predict
-        if warm:
-            m.predict(x, verbose=0)
-        for layer in dense_layers(m):
-            layer.enable_lora(2)
-        np.testing.assert_allclose(run(m, x), want,
-                                   atol=1e-5, err_msg=family)
-        rng = np.random.default_rng(5)
-        for layer in dense_layers(m):
-            b = layer.lora_kernel_b
-            b.assign(0.05 * rng.standard_normal(b.shape).astype("float32"))
-        got = run(m, x)
+    for family, (m, zero_b, got) in lora.items():
+        want = floats[family][1]
+        np.testing.assert_allclose(zero_b, want, atol=1e-5, err_msg=family)
         assert relative_error(got, want) > 1e-3, family
-        if warm:
+        if family == "vit":     # one family checks the compiled predict
             np.testing.assert_allclose(m.predict(x, verbose=0), got,
                                        atol=1e-4)
 
@@ -232,11 +273,14 @@ def test_trainable_flags_change_no_number(floats):
 
 
 @pytest.mark.parametrize("feature", ["int8", "lora"])
-def test_keras_file_round_trip_keeps_the_feature(floats, feature, tmp_path):
+def test_keras_file_round_trip_keeps_the_feature(floats, quantized, lora,
+                                                 feature, tmp_path):
     x = images()
-    for family, (model, _) in floats.items():
-        m = changed_copy(model, feature, 0.01)
-        want = run(m, x)
+    for family in floats:
+        if feature == "int8":
+            m, want, _ = quantized("int8")[family]
+        else:
+            m, _, want = lora[family]
         path = tmp_path / f"{family}_{feature}.keras"
         m.save(path)
         back = keras.saving.load_model(path)
@@ -252,7 +296,7 @@ def test_remat_scope_full_builds_and_computes_the_same(floats):
     it computes without; where the scope would go wrong (JAX, whose remat
     traces the Dropout layers' ``training`` flag) the build is refused and
     names ``remat=True``."""
-    x = images(2)
+    x = images()
     for family, (model, want) in floats.items():
         dropout = any(isinstance(layer, keras.layers.Dropout)
                       for layer in model._flatten_layers())
@@ -264,8 +308,8 @@ def test_remat_scope_full_builds_and_computes_the_same(floats):
         with keras.RematScope(mode="full"):
             m = build(family)
         m.set_weights(model.get_weights())
-        np.testing.assert_allclose(run(m, x),
-                                   want[:2], atol=1e-5, err_msg=family)
+        np.testing.assert_allclose(run(m, x), want, atol=1e-5,
+                                   err_msg=family)
 
 
 def test_keras_remat_of_dropout_still_fails_on_jax():
@@ -282,13 +326,14 @@ def test_keras_remat_of_dropout_still_fails_on_jax():
 
 
 @pytest.mark.parametrize("feature", ["int8", "lora"])
-def test_attention_maps_come_from_the_changed_model(floats, feature):
+def test_attention_maps_come_from_the_changed_model(floats, quantized, lora,
+                                                    feature):
     from keras_vit.analysis import attention
 
-    x = images(2)
-    m = changed_copy(floats["vit"][0], feature, 0.02)
-    want = run(m, x)
-    assert relative_error(want, floats["vit"][1][:2]) > 1e-3
+    x = images()
+    m = quantized("int8")["vit"][0] if feature == "int8" else lora["vit"][0]
+    want = called(m, x)
+    assert relative_error(want, floats["vit"][1]) > 1e-3
     scored = attention.attention_model(m)
     out = scored(x, training=False)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out["output"]),

@@ -13,23 +13,28 @@ import keras_vit
 import model_gradients
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import axial_vit, resnet_v2, vit
-from testkit import FAMILY_OPTIONS
+from testkit import FAMILY_OPTIONS, forward
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2,
             num_heads=2, mlp_dim=64, num_classes=5)
+# One block shows what remat does to a block (masks, the relative table,
+# the gradient of the block's input); each block more only lengthens the
+# gradient programs' compiles on JAX. vit_family keeps two: its stochastic
+# depth rises from 0 at the first block, so only the second drops paths.
+ONE_BLOCK = dict(TINY, num_layers=1)
 FAMILIES = {
-    "vit": lambda **kw: vit(**TINY, **kw),
+    "vit": lambda **kw: vit(**ONE_BLOCK, **kw),
     # Dropout: the backward pass must recompute the forward's masks.
-    "vit_dropout": lambda **kw: vit(**TINY, dropout_rate=0.2,
+    "vit_dropout": lambda **kw: vit(**ONE_BLOCK, dropout_rate=0.2,
                                     attention_dropout_rate=0.2, **kw),
     # The relative table reaches the blocks as a call argument.
     "vit_relative": lambda **kw: vit(
-        **TINY, position_embedding="relative",
+        **ONE_BLOCK, position_embedding="relative",
         position_embedding_placement="every_layer_shared", **kw),
-    "hybrid": lambda **kw: vit(**dict(TINY, patch_size=1), resnet=dict(
+    "hybrid": lambda **kw: vit(**dict(ONE_BLOCK, patch_size=1), resnet=dict(
         num_layers=(1,), width_factor=0.5), **kw),
     "bit": lambda **kw: resnet_v2(32, (1, 1, 1, 1), 0.5, num_classes=5, **kw),
-    "axial": lambda **kw: axial_vit(32, 8, 32, 2, 2, 64, 5,
+    "axial": lambda **kw: axial_vit(32, 8, 32, 1, 2, 64, 5,
                                     dropout_rate=0.1, **kw),
     # The contract model's options (testkit.FAMILY_OPTIONS: the
     # attention-pool head, RMSNorm, the patch norm, a gated MLP, layer
@@ -73,8 +78,9 @@ def test_gradients_equal_the_model_without_remat(family):
     scale = max(float(np.abs(a).max()) for a in want)
     assert scale > 0
     assert worst <= 1e-6 * max(1.0, scale), (family, worst, scale)
-    # Inference is the plain model's.
-    np.testing.assert_array_equal(to_numpy(remat(x)), to_numpy(plain(x)))
+    # Inference is the plain model's (testkit.forward: on JAX one program
+    # per model, cheaper than compiling each op of an eager call).
+    np.testing.assert_array_equal(forward(remat, x), forward(plain, x))
 
 
 @pytest.mark.backends
@@ -163,7 +169,10 @@ def _losses(remat):
     import keras_vit.train as kt
 
     keras.utils.set_random_seed(0)  # the same initial weights each time
-    run = kt.fine_tune(vit(**dict(TINY, num_classes=10), dropout_rate=0.1),
+    # One block: the Trainer passes remat to every block alike, and each
+    # block more only lengthens the two training steps' compiles (JAX).
+    run = kt.fine_tune(vit(**dict(TINY, num_classes=10, num_layers=1),
+                           dropout_rate=0.1),
                        "digits", None, total_steps=3, warmup_steps=1,
                        batch_size=8, image_size=32, crop_area=None,
                        strategy="default", remat=remat, verbose=False)
@@ -199,6 +208,9 @@ def test_fine_tune_on_the_command_line_takes_remat(tmp_path):
     code = cli.main(["fine-tune", "ViT-Ti/16", "--data", "digits",
                      "--weights", "none", "--image-size", "32", "--steps",
                      "2", "--batch-size", "8", "--set", "warmup_steps=1",
+                     # One block of ViT-Ti/16's 12: what --remat sets is
+                     # the same for any depth.
+                     "--model-option", "num_layers=1",
                      "--set", "crop_area=none", "--no-eval", "--remat",
                      "--out", str(out), "--quiet"])
     assert code == 0
