@@ -314,6 +314,12 @@ SIZES = (("--steps", 500, "optimizer steps per run"),
          ("--width", 64, "hidden size"),
          ("--depth", 3, "encoder blocks"),
          ("--heads", 4, "attention heads"))
+# Other numbers, each optional: (flag, type, default, help).
+SETTINGS = (("--mlp-dim", int, None, "default: 2 x width"),
+            ("--learning-rate", float, None, "for every recipe (default: "
+             "each recipe's; 1e-3 for plain, augreg and deit)"),
+            ("--warmup", float, 0.1, "warmup as a fraction of --steps "
+             "(default: %(default)s)"))
 
 
 def parse_args(argv):
@@ -332,14 +338,8 @@ def parse_args(argv):
     for flag, default, meaning in SIZES:
         parser.add_argument(flag, type=int, default=default,
                             help=f"{meaning} (default: %(default)s)")
-    parser.add_argument("--mlp-dim", type=int, default=None,
-                        help="default: 2 x width")
-    parser.add_argument("--learning-rate", type=float, default=None,
-                        help="for every recipe (default: each recipe's; "
-                        "1e-3 for plain, augreg and deit)")
-    parser.add_argument("--warmup", type=float, default=0.1,
-                        help="warmup as a fraction of --steps "
-                        "(default: %(default)s)")
+    for flag, kind, default, meaning in SETTINGS:
+        parser.add_argument(flag, type=kind, default=default, help=meaning)
     parser.add_argument("--keep-ema", action="store_true",
                         help="keep the recipes' EMA decay (off by default; "
                         "see the module docstring)")
