@@ -7,9 +7,9 @@ Two stages. Per image, on one decoded, cropped and resized image in
 III's "3-Augment" and colour jitter as stateless TensorFlow ops, and
 RandAugment's draws (:func:`keras_vit.train.data.randaugment.draw_ops`).
 Per batch, before the pixels are scaled to the model's range
-(:func:`make_batch_augment`): RandAugment, timm's definition written as
-batched TensorFlow ops (the batch split by operation, each operation run
-once), then Keras' ``RandomErasing`` layer.
+(:func:`make_batch_augment`): RandAugment, timm's definition with
+Pillow's operations, one call a batch, then Keras' ``RandomErasing``
+layer.
 
 Everything but random erasing is a function of each image's seed: the
 same epoch gives the same images each time it is built. Keras' layer
@@ -238,7 +238,6 @@ def make_batch_augment(randaugment=None, random_erasing=0.0, seed=0,
     if not (randaugment or random_erasing):
         return None
     check_int("seed", seed, low=0)
-    fill = tuple(float(v) for v in fill)
     eraser = None
     if random_erasing:
         # The chance is drawn in factor's range: a range of one value.

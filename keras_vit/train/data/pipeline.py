@@ -124,15 +124,12 @@ def _examples(source, training, seed, epoch):
 
 
 def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
-                raw_pixels=False, input_normalization=None, augment=None,
-                draws=False):
-    """The per-example map: ``(image, label)``, or ``(image, label,
-    draws)`` with ``draws`` (RandAugment's, made by ``augment``) for the
-    batch stage, which then also scales the pixels."""
+                raw_pixels, normalize, augment=None, draws=False):
+    """The per-example map: ``(image, label)`` scaled by ``normalize``
+    (unless ``raw_pixels``), or ``(image, label, draws)`` with ``draws``
+    (RandAugment's, made by ``augment``) for the batch stage, which then
+    scales the pixels."""
     import tensorflow as tf
-
-    normalize = check_normalization("input_normalization",
-                                    input_normalization)
 
     flip = flip and source.flip_ok
 
@@ -278,7 +275,7 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
     if skip:
         ds = ds.skip(skip)
     ds = ds.map(_preprocess(source, image_size, training, crop_area, flip,
-                            eval_crop, raw_pixels, input_normalization,
+                            eval_crop, raw_pixels, normalize,
                             augment if training else None,
                             draws=batch_augment is not None),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
