@@ -1,10 +1,10 @@
 """keras_vit.train: strategies, pipelines, recipes, the training loop,
-checkpoint/resume, multi-device and multi-worker runs, few-shot evaluation
-and the fine-tune / evaluate / fewshot commands.
+checkpoint/resume, multi-worker runs, few-shot evaluation and the
+fine-tune / evaluate / fewshot commands (several devices and killed runs:
+test_trainer_backends.py).
 
-Multi-device and multi-worker runs happen in subprocesses (logical CPU
-devices must be configured before TensorFlow starts; a worker is a
-process), each bounded by a timeout. Nothing goes online.
+Multi-worker runs and an interrupted command happen in subprocesses (a
+worker is a process), each bounded by a timeout. Nothing goes online.
 """
 
 import glob
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import official
-from test_trainer_backends import finish_together, kill_once
+from test_trainer_backends import HOLD, finish_together, logged
 
 import keras
 import keras_vit
@@ -568,12 +568,22 @@ def test_fewshot_least_squares_matches_sklearn_ridge_classifier():
 
     model = tiny()
     fn = few_shot.feature_function(model)
-    x_tr, y_tr = few_shot.extract_features(fn, "digits:train", 16,
-                                              verbose=False)
+    train = kt.digits("train")
+    y_tr = train.labels()
+    # Features of the training images the draws below use (up to 25 a
+    # class, seeds 0 and 1; kt.fewshot reads no others), rows in place.
+    needed = np.unique(np.concatenate(
+        [p[:25] for seed in (0, 1)
+         for p in few_shot._class_orders(y_tr, 10, seed)]))
+    x_needed, y_needed = few_shot.extract_features(
+        fn, train.subset(needed), 16, verbose=False)
     x_te, y_te = few_shot.extract_features(fn, "digits:test", 16,
                                               verbose=False)
-    assert x_tr.shape == (1347, 32) and x_te.shape == (450, 32)
-    x_tr, x_te = x_tr.astype("float64"), x_te.astype("float64")
+    assert x_needed.shape == (len(needed), 32) and x_te.shape == (450, 32)
+    np.testing.assert_array_equal(y_needed, y_tr[needed])
+    x_tr = np.full((len(y_tr), 32), np.nan)
+    x_tr[needed] = x_needed
+    x_te = x_te.astype("float64")
     np.testing.assert_array_equal(y_te, kt.digits("test").labels())
     orders = few_shot._class_orders(y_tr, 10, seed=0)
     for k in (1, 5, 25):  # 10 < 32 features (dual form) and 250 > 32
@@ -649,11 +659,12 @@ def test_cli_fine_tune_evaluate_fewshot(tmp_path, tiny_path, capsys):
 def test_cli_jobs_on_this_backend(tmp_path, tiny_path, capsys):
     # fine-tune -> evaluate -> fewshot, and pretrain, as a user runs them
     # under KERAS_BACKEND=tensorflow|jax|torch (few steps: the engines
-    # themselves are tested in test_trainer_backends).
+    # themselves are tested in test_trainer_backends; batches of 32: the
+    # evaluation after fine-tune runs in batches of the training's size).
     backend = keras.backend.backend()
     out = tmp_path / "run"
     assert cli.main(["fine-tune", tiny_path, "--data", "digits", "--steps",
-                     "2", "--batch-size", "16", "--warmup-steps", "1",
+                     "2", "--batch-size", "32", "--warmup-steps", "1",
                      "--image-size", "16", "--set", "crop_area=none",
                      "--out", str(out), "-q", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -749,62 +760,7 @@ def test_cli_errors_are_one_line(tmp_path, tiny_path, capsys):
 
 
 # --------------------------------------------------------------------------
-# several devices, several workers, a killed run (subprocesses)
-
-
-MIRRORED_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import keras_vit.train as kt
-    kt.configure_cpu_devices(2)   # before TensorFlow starts
-    import numpy as np, keras, keras_vit
-
-    def tiny():
-        keras.utils.set_random_seed(1)
-        return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
-
-    kw = dict(recipe="finetune", batch_size=32, micro_batch_size=8,
-              learning_rate=0.1, warmup_steps=3, crop_area=None,
-              log_every=5, verbose=False)
-    out = {}
-    two = kt.Trainer(tiny(), "digits", "digits:test", strategy="mirrored",
-                     total_steps=40, out_dir=sys.argv[1],
-                     **dict(kw, recipe="pretrain", learning_rate=3e-3,
-                            weight_decay=0.0)).fit()
-    out["metrics"] = two.metrics
-    # The same 8 steps on one device: the cross-replica sum must equal the
-    # single-device gradient (a double sum or a per-replica clip would not).
-    a = kt.Trainer(tiny(), "digits", strategy="mirrored", total_steps=8,
-                   **kw).fit().model.get_weights()
-    b = kt.Trainer(tiny(), "digits", strategy="default", total_steps=8,
-                   **kw).fit().model.get_weights()
-    out["max_diff"] = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
-    try:
-        kt.Trainer(tiny(), "digits", strategy="mirrored", total_steps=8,
-                   **dict(kw, batch_size=33, micro_batch_size=None))
-    except ValueError as e:
-        out["error"] = str(e)
-    print("RESULT " + json.dumps(out, default=str))
-""")
-
-
-@pytest.mark.slow
-def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
-    script = tmp_path / "mirrored.py"
-    script.write_text(MIRRORED_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run")],
-                          capture_output=True, text=True, env=_env(),
-                          timeout=SUBPROCESS_TIMEOUT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
-    m = out["metrics"]
-    assert m["strategy"]["name"] == "mirrored"
-    assert m["strategy"]["replicas"] == 2 and m["accumulation_steps"] == 2
-    assert m["final_step"] == 40 and m["eval"]["num_examples"] == 450
-    _assert_falls(_losses(m))
-    assert out["max_diff"] < 1e-5
-    assert "batch_size=33 is not divisible by the 2 replicas" in out["error"]
-    assert os.path.isfile(tmp_path / "run" / "model.keras")
+# several workers, Ctrl-C (subprocesses)
 
 
 def _train_command(model_path, out, steps, *extra):
@@ -815,25 +771,38 @@ def _train_command(model_path, out, steps, *extra):
             "--out", str(out), *extra]
 
 
-MULTI_WORKER_SCRIPT = textwrap.dedent("""
+# worker.py MODEL TOTAL RUN...: one worker of a two-worker job in each run
+# folder RUN in turn (from its last checkpoint, if it has one); "hold:STEP"
+# among them holds the runs after it at STEP (HOLD).
+MULTI_WORKER_SCRIPT = HOLD + textwrap.dedent("""
     import json, sys
     import numpy as np, keras
     import keras_vit.train as kt
     from keras_vit.runtime import compat
 
-    keras.utils.set_random_seed(1)
-    trainer = kt.Trainer(sys.argv[1], "digits", "digits:test",
-                         recipe="pretrain", total_steps=int(sys.argv[3]),
-                         batch_size=32, warmup_steps=3, learning_rate=3e-3,
-                         crop_area=None, log_every=5, checkpoint_every=10,
-                         strategy="auto", out_dir=sys.argv[2], verbose=True)
+    model, total = sys.argv[1], int(sys.argv[2])
+    # strategy="auto" reads TF_CONFIG; made once, as a worker's server
+    # starts once, and handed to each run.
+    strategy = kt.strategy("auto")
     # Keras' own reduction of a scalar log still fails on two workers (it
     # averages over axis 0): the day it does not, the repair can go.
-    broken = compat.multi_worker_fit_is_broken(trainer.strategy)
-    run = trainer.fit()
-    if trainer.is_chief:
-        np.savez(sys.argv[2] + "/final.npz", *run.model.get_weights())
-        print("RESULT " + json.dumps({"broken": broken}))
+    broken = compat.multi_worker_fit_is_broken(strategy)
+    if kt.describe(strategy)["is_chief"]:
+        print("RESULT " + json.dumps({"broken": broken}), flush=True)
+    for out in sys.argv[3:]:
+        if out.startswith("hold:"):
+            hold(int(out[len("hold:"):]))
+            continue
+        keras.utils.set_random_seed(1)
+        trainer = kt.Trainer(model, "digits", "digits:test",
+                             recipe="pretrain", total_steps=total,
+                             batch_size=32, warmup_steps=3,
+                             learning_rate=3e-3, crop_area=None, log_every=5,
+                             checkpoint_every=10, strategy=strategy,
+                             out_dir=out, verbose=True)
+        run = trainer.fit()
+        if trainer.is_chief:
+            np.savez(out + "/final.npz", *run.model.get_weights())
 """)
 
 
@@ -855,11 +824,28 @@ def test_two_workers_killed_and_restarted_end_at_the_uninterrupted_weights(
 
     script = tmp_path / "worker.py"
     script.write_text(MULTI_WORKER_SCRIPT)
-    total = 60
+    total, held = 30, 15
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    (out, _), _ = finish_together(
-        _start_workers(script, (tiny_path, whole, total), tmp_path))
-    result = json.loads(out.split("RESULT ", 1)[1])
+    # The job, uninterrupted; then the same job in the same workers, its
+    # second worker killed after step 15 (past the checkpoint of step 10).
+    # The chief cannot go on without it and is stopped too.
+    procs = _start_workers(script, (tiny_path, total, whole, f"hold:{held}",
+                                    killed), tmp_path)
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    try:
+        while not logged(killed, held):
+            assert all(p.poll() is None for p in procs), \
+                procs[0].communicate()[1][-3000:]
+            assert time.monotonic() < deadline, f"no step {held} in time"
+            time.sleep(0.05)
+        os.kill(procs[1].pid, 9)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        out = procs[0].communicate()[0]
+        procs[1].communicate()
+    result = json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0])
     assert result["broken"] is True
     m = json.loads((whole / "metrics.json").read_text())
     assert m["strategy"]["name"] == "multi_worker"
@@ -870,29 +856,12 @@ def test_two_workers_killed_and_restarted_end_at_the_uninterrupted_weights(
     # The chief writes the checkpoints; the other worker holds the same
     # values and writes nothing.
     assert sorted(os.listdir(whole / "checkpoints")) == [
-        "ckpt-40.npz", "ckpt-50.npz", "ckpt-60.npz"]
-
-    # The same job, its second worker killed after a checkpoint; the chief
-    # cannot go on without it and is stopped too; then the job restarts.
-    procs = _start_workers(script, (tiny_path, killed, total), tmp_path)
-    folder = str(killed / "checkpoints")
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    try:
-        while not checkpoints.steps(folder):
-            assert all(p.poll() is None for p in procs), \
-                procs[0].communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
-        os.kill(procs[1].pid, 9)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-    saved = checkpoints.latest(folder)[0]
-    assert 10 <= saved < total and not (killed / "metrics.json").exists()
-    finish_together(
-        _start_workers(script, (tiny_path, killed, total), tmp_path))
+        "ckpt-10.npz", "ckpt-20.npz", "ckpt-30.npz"]
+    saved = checkpoints.latest(str(killed / "checkpoints"))[0]
+    assert saved == 10 and not (killed / "metrics.json").exists()
+    # The killed job, restarted in new workers.
+    finish_together(_start_workers(script, (tiny_path, total, killed),
+                                   tmp_path))
     again = json.loads((killed / "metrics.json").read_text())
     assert again["resumed_from_step"] == saved
     assert again["final_step"] == total and again["complete"]
@@ -931,8 +900,13 @@ def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
     import signal
 
     out = tmp_path / "run"
-    command = _train_command(tiny_path, out, 5000, "--strategy", "default",
-                             "--restart")
+    # 200 steps: far more than the test waits for, fewer than the
+    # recipe's checkpoint_every (1000), and not many more (the input
+    # pipeline is built for every step of the run: 6 s of CPU for 5000).
+    # No evaluation: what is checked is the stop and the resume.
+    total = 200
+    command = _train_command(tiny_path, out, total, "--strategy", "default",
+                             "--no-eval", "--restart")
     proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(),
                             cwd=tmp_path)
@@ -955,8 +929,9 @@ def test_ctrl_c_saves_the_current_step_and_prints_the_resume_command(
             proc.communicate()
     assert proc.returncode == 130, stderr[-3000:]
     assert took < 15, took
-    step = int(re.search(r"interrupted at step (\d+) of 5000", stderr)[1])
-    assert 10 <= step < 5000
+    step = int(re.search(rf"interrupted at step (\d+) of {total}",
+                         stderr)[1])
+    assert 10 <= step < total
     from keras_vit.train import checkpoints
 
     # This step's checkpoint, not step 0's or the last checkpoint_every's.
@@ -993,32 +968,3 @@ def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "saving a checkpoint after this step" in err
     assert "exiting now, without saving" in err
-
-
-@pytest.mark.slow
-def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
-    out = tmp_path / "run"
-    total = 400
-    command = _train_command(tiny_path, out, total, "--checkpoint-every",
-                             "25", "--strategy", "default")
-    from keras_vit.train import checkpoints
-
-    folder = str(out / "checkpoints")
-    kill_once(command, lambda: bool(checkpoints.steps(folder)), env=_env(),
-              cwd=tmp_path)
-    assert not (out / "metrics.json").exists()
-    saved = checkpoints.latest(folder)[0]
-    assert 25 <= saved < total and saved % 25 == 0
-
-    again = subprocess.run(command, capture_output=True, text=True,
-                           env=_env(), cwd=tmp_path,
-                           timeout=SUBPROCESS_TIMEOUT)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from step {saved} " in again.stdout
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["resumed_from_step"] == saved and m["start_step"] == saved
-    assert m["final_step"] == total and m["complete"]
-    steps = [row["step"] for row in m["history"]]
-    assert steps == sorted(set(steps)) and steps[-1] == total
-    assert any(s <= saved for s in steps) and any(s > saved for s in steps)
-    _assert_falls(_losses(m))

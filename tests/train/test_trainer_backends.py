@@ -10,6 +10,8 @@ the hand computations are written in NumPy. Several devices and killed runs
 happen in subprocesses.
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -25,12 +27,13 @@ import pytest
 import keras
 import keras_vit
 from keras import ops
+from keras_vit import cli
 from keras_vit import train as kt
 from keras_vit.train import checkpoints
 from keras_vit.train.placement import Placement
 from keras_vit.train.run_dir import append_jsonl
 
-from conftest import two_jax_cpu_devices_flags
+from conftest import quick_xla_flags, two_jax_cpu_devices_flags
 
 SUBPROCESS_TIMEOUT = 300
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
@@ -56,8 +59,9 @@ def _env(**extra):
 
 
 def kill_once(command, ready, *, env, cwd=None):
-    """Starts ``command``, waits until ``ready()`` (a checkpoint on disk),
-    and kills it with SIGKILL mid-run; fails if it ends or stalls first."""
+    """Starts ``command``, waits until ``ready()`` (the run past a
+    checkpoint), and kills it with SIGKILL mid-run; fails if it ends or
+    stalls first."""
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env, cwd=cwd,
                             start_new_session=True)
@@ -73,6 +77,62 @@ def kill_once(command, ready, *, env, cwd=None):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+
+
+# Prepended to the scripts of killed runs: ``hold(step)`` makes every
+# Trainer's input run dry after optimizer step ``step``, so that the run
+# waits there, mid-fit, past its last checkpoint and with rows logged after
+# it, until the test's kill -9 (the kill needs no race against the run's
+# last steps, and the runs can be short).
+HOLD = textwrap.dedent("""
+    def hold(step):
+        import threading
+        import tensorflow as tf
+        import keras_vit.train as kt
+
+        feed = kt.Trainer.training_batches
+
+        def held(self, dataset, first_step, shard):
+            dataset = feed(self, dataset, first_step, shard)
+
+            def never():
+                threading.Event().wait()
+                yield
+
+            dry = tf.data.Dataset.from_generator(
+                never, output_signature=dataset.element_spec)
+            return dataset.take((step - first_step) * self.accum
+                                ).concatenate(dry)
+
+        kt.Trainer.training_batches = held
+""")
+
+
+def logged(out, step):
+    """Whether the run in ``out`` has logged the row of ``step`` (its
+    checkpoints up to ``step`` are written by then)."""
+    try:
+        lines = (out / "history.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line)["step"] == step:
+                return True
+        except ValueError:  # the last line, still being written
+            pass
+    return False
+
+
+def held_cli(argv, step):
+    """The command of ``python -m keras_vit.train *argv`` whose input runs
+    dry after ``step`` (HOLD)."""
+    return [sys.executable, "-c", HOLD + textwrap.dedent(f"""
+        hold({step})
+        import runpy
+        runpy.run_module("keras_vit.train", run_name="__main__",
+                         alter_sys=True)
+    """), *argv]
 
 
 def finish_together(procs):
@@ -131,19 +191,35 @@ def test_a_run_equals_keras_own_loop_on_the_same_batches():
     assert run.metrics["history"][-1]["loss"] < 2.3
 
 
+# Three Adam steps of 32 images, the run the accumulation tests share.
+THREE_STEPS = dict(QUICK, recipe="pretrain", total_steps=3, warmup_steps=1,
+                   learning_rate=1e-2)
+
+
+@pytest.fixture(scope="module")
+def in_micro_batches():
+    """THREE_STEPS in two micro-batches of 16 a step, stopped after each
+    step: ``(its Trainer, the trainable weights after each step, the loss
+    logged for each step)``."""
+    trainer = kt.Trainer(tiny(), "digits", micro_batch_size=16,
+                         **THREE_STEPS)
+    weights, losses = [], []
+    for t in (1, 2, 3):
+        run = trainer.fit(stop_at_step=t)
+        weights.append(_weights(run.model))
+        losses += [row["loss"] for row in run.metrics["history"]]
+    return trainer, weights, losses
+
+
 @pytest.mark.backends
-def test_two_micro_batches_equal_one_full_batch():
-    kw = dict(QUICK, recipe="pretrain", total_steps=3, warmup_steps=1,
-              learning_rate=1e-2)
-    full = kt.Trainer(tiny(), "digits", **kw).fit()
-    accumulated = kt.Trainer(tiny(), "digits", micro_batch_size=16, **kw)
+def test_two_micro_batches_equal_one_full_batch(in_micro_batches):
+    full = kt.Trainer(tiny(), "digits", **THREE_STEPS).fit()
+    accumulated, weights, losses = in_micro_batches
     assert accumulated.accum == 2
-    accumulated = accumulated.fit()
-    for a, b in zip(_weights(full.model), _weights(accumulated.model)):
+    for a, b in zip(_weights(full.model), weights[-1], strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5)  # Adam: m / sqrt(v)
     np.testing.assert_allclose(
-        [row["loss"] for row in full.metrics["history"]],
-        [row["loss"] for row in accumulated.metrics["history"]], atol=1e-5)
+        [row["loss"] for row in full.metrics["history"]], losses, atol=1e-5)
 
 
 @pytest.mark.backends
@@ -163,22 +239,18 @@ def test_clipping_scales_the_summed_gradient_to_the_global_norm():
 
 
 @pytest.mark.backends
-def test_ema_moves_once_per_optimizer_step_with_accumulation():
+def test_ema_moves_once_per_optimizer_step_with_accumulation(
+        in_micro_batches):
     # Keras' EMA (use_ema, ema_momentum) with two micro-batches a step:
     # the average of the weights after each step, e1 = w1 (a copy), then
     # e = m * e + (1 - m) * w; Keras alone would average every micro-batch.
     m = 0.5
-    kw = dict(QUICK, recipe="pretrain", total_steps=3, warmup_steps=1,
-              learning_rate=1e-2, micro_batch_size=16)
-    plain = kt.Trainer(tiny(), "digits", **kw)
-    steps = []
-    for t in (1, 2, 3):
-        plain.fit(stop_at_step=t)
-        steps.append(_weights(plain.model))
+    _, steps, _ = in_micro_batches
     ema = steps[0]
     for w in steps[1:]:
         ema = [m * e + (1.0 - m) * v for e, v in zip(ema, w)]
-    averaged = kt.Trainer(tiny(), "digits", ema_decay=m, **kw)
+    averaged = kt.Trainer(tiny(), "digits", ema_decay=m,
+                          micro_batch_size=16, **THREE_STEPS)
     assert averaged.optimizer.use_ema and averaged.accum == 2
     stopped = averaged.fit(stop_at_step=2)
     # A run stopped early keeps training its own weights, not the average.
@@ -197,7 +269,7 @@ def test_resume_mid_epoch_with_dropout_equals_an_uninterrupted_run(tmp_path):
     # Dropout draws from seed generators whose states are checkpointed.
     kw = dict(QUICK, recipe="finetune", total_steps=8, warmup_steps=2,
               learning_rate=0.05, ema_decay=0.9, checkpoint_every=3,
-              batch_size=64, log_every=2)
+              batch_size=32, log_every=2)
     whole = kt.Trainer(tiny(dropout_rate=0.1), "digits",
                        out_dir=tmp_path / "a", **kw).fit()
     kt.Trainer(tiny(dropout_rate=0.1), "digits", out_dir=tmp_path / "b",
@@ -316,15 +388,100 @@ def test_strategy_names_per_backend():
 
 
 # --------------------------------------------------------------------------
-# two simulated devices (JAX) and killed runs (every backend)
+# two simulated devices (TensorFlow, JAX) and killed runs (every backend)
 
 
-# What a run on two simulated devices (``two``) reports next to the same
-# run on one (``one``): prepended to the scripts below.
-TWO_DEVICE_HEADER = textwrap.dedent("""
+# Two logical CPUs under TensorFlow (MirroredStrategy): a run of 40 steps,
+# its first 8 next to the same 8 steps on one device, a batch the replicas
+# cannot share; then what configure_cpu_devices says once TensorFlow runs.
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import keras_vit.train as kt
+    kt.configure_cpu_devices(2)   # before TensorFlow starts
+    import numpy as np, keras, keras_vit, tensorflow as tf
+
+    def tiny():
+        keras.utils.set_random_seed(1)
+        return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
+
+    kw = dict(recipe="finetune", batch_size=32, micro_batch_size=8,
+              learning_rate=0.1, warmup_steps=3, crop_area=None,
+              log_every=5, verbose=False, total_steps=40)
+    out = {}
+    two = kt.Trainer(tiny(), "digits", "digits:test", strategy="mirrored",
+                     out_dir=sys.argv[1], **kw)
+    # Its first 8 steps, and the same 8 steps on one device: the
+    # cross-replica sum must equal the single-device gradient (a double
+    # sum or a per-replica clip would not).
+    a = two.fit(stop_at_step=8).model.get_weights()
+    b = kt.Trainer(tiny(), "digits", strategy="default",
+                   **kw).fit(stop_at_step=8).model.get_weights()
+    out["max_diff"] = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    out["metrics"] = two.fit().metrics
+    try:
+        kt.Trainer(tiny(), "digits", strategy="mirrored",
+                   **dict(kw, batch_size=33, micro_batch_size=None))
+    except ValueError as e:
+        out["error"] = str(e)
+    devices = out["cpu_devices"] = {
+        "devices": len(tf.config.list_logical_devices("CPU"))}
+    try:
+        kt.configure_cpu_devices(2)  # the same again: fine
+        kt.configure_cpu_devices(3)  # too late
+    except kt.StrategyError as e:
+        devices["error"] = str(e)
+    print("RESULT " + json.dumps(out, default=str))
+""")
+
+
+def run_script(path, *args, **env):
+    """The RESULT dict that the script at ``path`` prints, run with
+    ``args`` and ``env`` (on top of this process's environment)."""
+    proc = subprocess.run(
+        [sys.executable, str(path), *map(str, args)], capture_output=True,
+        text=True, timeout=SUBPROCESS_TIMEOUT, env=_env(**env))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def mirrored_run(tmp_path_factory):
+    """The RESULT dict of MIRRORED_SCRIPT (run once, for the tests that
+    read it) and the run folder it wrote."""
+    folder = tmp_path_factory.mktemp("mirrored")
+    script = folder / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    return dict(run_script(script, folder / "run",
+                           KERAS_BACKEND="tensorflow"), out=folder / "run")
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_logical_cpus(mirrored_run):
+    out = mirrored_run
+    m = out["metrics"]
+    assert m["strategy"]["name"] == "mirrored"
+    assert m["strategy"]["replicas"] == 2 and m["accumulation_steps"] == 2
+    assert m["final_step"] == 40 and m["eval"]["num_examples"] == 450
+    losses = [row["loss"] for row in m["history"]]
+    assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.05, losses
+    assert out["max_diff"] < 1e-5
+    assert "batch_size=33 is not divisible by the 2 replicas" in out["error"]
+    assert os.path.isfile(out["out"] / "model.keras")
+
+
+# One jax process seeing two simulated CPU devices runs the same 6 steps
+# on one device, data parallel and model parallel (stopped after step 3
+# and resumed by a new Trainer), and reports each parallel run (``two``)
+# next to the one-device run (``one``), whose weights it saves for the
+# two-process test. Every run makes a step of 32 images in two
+# micro-batches: of 16 on one device, of 8 on each of two (data
+# parallel), of 16 split by weights (model parallel).
+TWO_DEVICE_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, jax, keras, keras_vit
     import keras_vit.train as kt
+    from keras_vit.train.placement import Placement
 
     def tiny():
         keras.utils.set_random_seed(1)
@@ -338,54 +495,70 @@ TWO_DEVICE_HEADER = textwrap.dedent("""
             "eval": two.metrics["eval"]["num_examples"],
             "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(
                 two.model.get_weights(), one.model.get_weights()))}
-""")
 
+    kw = dict(recipe="pretrain", batch_size=32, learning_rate=3e-3,
+              warmup_steps=2, crop_area=None, log_every=1, total_steps=6,
+              verbose=False)
+    one = kt.Trainer(tiny(), "digits", strategy="default",
+                     micro_batch_size=16, **kw).fit()
+    np.savez(sys.argv[2], *one.model.get_weights())
+    data = kt.Trainer(tiny(), "digits", "digits:test",
+                      strategy="data_parallel", micro_batch_size=8,
+                      **kw).fit()
+    # What a Trainer's strategy="auto" resolves to (its Placement's name).
+    auto = Placement("auto").info["name"]
 
-def run_on_two_jax_devices(script, tmp_path, *args):
-    """The RESULT dict that ``script`` (after TWO_DEVICE_HEADER) prints in
-    a jax process seeing two simulated CPU devices."""
-    path = tmp_path / "two_devices.py"
-    path.write_text(TWO_DEVICE_HEADER + script)
-    proc = subprocess.run(
-        [sys.executable, str(path), *map(str, args)], capture_output=True,
-        text=True, timeout=SUBPROCESS_TIMEOUT, env=_env(
-            KERAS_BACKEND="jax",
-            XLA_FLAGS=two_jax_cpu_devices_flags()))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT "):])
-
-
-DATA_PARALLEL_SCRIPT = textwrap.dedent("""
-
-    kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=8,
-              learning_rate=3e-3, warmup_steps=2, crop_area=None,
-              log_every=1, total_steps=8, verbose=False)
-    runs = {}
-    for name in ("data_parallel", "default"):
-        runs[name] = kt.Trainer(tiny(), "digits", "digits:test",
-                                strategy=name, **kw).fit()
-    two, one = runs["data_parallel"], runs["default"]
+    out = sys.argv[1]
+    first = kt.Trainer(tiny(), "digits", model_parallel=2, out_dir=out,
+                       micro_batch_size=16, **kw)
+    first.fit(stop_at_step=3)
+    spec = lambda v: [str(a) for a in v.value.sharding.spec]
+    kernel = next(v for v in first.model.trainable_variables
+                  if v.path == "encoder_block_0/mlp/dense_0/kernel")
+    slots = [v for v in first.optimizer.variables if v.name.startswith(
+        "encoder_block_0_mlp_dense_0_kernel_")]
+    again = kt.Trainer(tiny(), "digits", "digits:test", model_parallel=2,
+                       out_dir=out, micro_batch_size=16, **kw)
+    model = again.fit()
     print("RESULT " + json.dumps({
-        "devices": jax.device_count(),
-        "auto": kt.Trainer(tiny(), "digits", strategy="auto",
-                           **dict(kw, total_steps=3)).info["name"],
-        "replicas": two.metrics["strategy"]["replicas"],
-        **compare(two, one)}))
+        "one": {"losses": [r["loss"] for r in one.metrics["history"]],
+                "weights": sys.argv[2]},
+        "data_parallel": {
+            "devices": jax.device_count(), "auto": auto,
+            "replicas": data.metrics["strategy"]["replicas"],
+            **compare(data, one)},
+        "model_parallel": {
+            "info": again.info, "resumed": again.resumed_from,
+            "kernel_spec": spec(kernel),
+            "slot_specs": [spec(v) for v in slots],
+            **compare(model, one)}}))
 """)
+
+
+@pytest.fixture(scope="module")
+def two_jax_devices(tmp_path_factory):
+    """The RESULT dict of TWO_DEVICE_SCRIPT, run once for the tests that
+    read it (one process: one start of jax, one one-device run)."""
+    folder = tmp_path_factory.mktemp("two_devices")
+    path = folder / "two_devices.py"
+    path.write_text(TWO_DEVICE_SCRIPT)
+    return run_script(path, folder / "run", folder / "one.npz",
+                      KERAS_BACKEND="jax",
+                      XLA_FLAGS=two_jax_cpu_devices_flags())
 
 
 @pytest.mark.slow
-def test_jax_data_parallel_on_two_devices_equals_one_device(tmp_path):
-    out = run_on_two_jax_devices(DATA_PARALLEL_SCRIPT, tmp_path)
+def test_jax_data_parallel_on_two_devices_equals_one_device(two_jax_devices):
+    out = two_jax_devices["data_parallel"]
     assert out["devices"] == 2 and out["auto"] == "data_parallel"
     assert out["replicas"] == 2 and out["accumulation"] == 2
     two, one = out["losses"]
-    assert len(two) == 8
+    assert len(two) == 6
     np.testing.assert_allclose(two, one, atol=1e-5)
     assert out["max_diff"] < 1e-5 and out["eval"] == 450
 
 
+# JAX's CPU devices (TensorFlow's: MIRRORED_SCRIPT).
 CPU_DEVICES_SCRIPT = textwrap.dedent("""
     import json
     import keras
@@ -394,14 +567,9 @@ CPU_DEVICES_SCRIPT = textwrap.dedent("""
     out = {}
     try:
         kt.configure_cpu_devices(2)  # before the backend makes its devices
-        import keras_vit
+        import jax, keras_vit
         keras_vit.vit(16, 4, 32, 1, 2, 64, 10)(keras.ops.zeros((1, 16, 16, 3)))
-        if keras.backend.backend() == "jax":
-            import jax
-            out["devices"] = len(jax.devices())
-        else:
-            import tensorflow as tf
-            out["devices"] = len(tf.config.list_logical_devices("CPU"))
+        out["devices"] = len(jax.devices())
         kt.configure_cpu_devices(2)  # the same again: fine
         kt.configure_cpu_devices(3)  # too late
     except kt.StrategyError as e:
@@ -411,21 +579,22 @@ CPU_DEVICES_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.backends
-def test_cpu_devices_on_this_backend(tmp_path):
-    path = tmp_path / "cpu_devices.py"
-    path.write_text(CPU_DEVICES_SCRIPT)
+def test_cpu_devices_on_this_backend(tmp_path, request):
     backend = keras.backend.backend()
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True,
-                          text=True, timeout=SUBPROCESS_TIMEOUT,
-                          env=_env(KERAS_BACKEND=backend))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    out = json.loads(line[len("RESULT "):])
-    if backend == "torch":  # one device: asking for two is refused at once
-        assert "devices" not in out
-        assert "cpu_devices=2 splits the CPU" in out["error"]
-        assert "KERAS_BACKEND=jax" in out["error"]
+    if backend == "torch":
+        # One device: asking for two is refused at once, whether torch
+        # has started or not (here it has), so this process can ask.
+        with pytest.raises(kt.StrategyError) as refused:
+            kt.configure_cpu_devices(2)
+        assert "cpu_devices=2 splits the CPU" in str(refused.value)
+        assert "KERAS_BACKEND=jax" in str(refused.value)
         return
+    if backend == "tensorflow":
+        out = request.getfixturevalue("mirrored_run")["cpu_devices"]
+    else:
+        path = tmp_path / "cpu_devices.py"
+        path.write_text(CPU_DEVICES_SCRIPT)
+        out = run_script(path, KERAS_BACKEND=backend)
     assert out["devices"] == 2
     assert out["error"].startswith(
         f"cpu_devices=3 must be configured before the '{backend}' backend")
@@ -450,37 +619,10 @@ def test_model_parallel_is_refused_clearly_where_it_cannot_run():
                    **dict(QUICK, strategy="auto"))
 
 
-MODEL_PARALLEL_SCRIPT = textwrap.dedent("""
-    out = sys.argv[1]
-    kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=16,
-              learning_rate=3e-3, warmup_steps=2, crop_area=None,
-              log_every=1, total_steps=6, verbose=False)
-    one = kt.Trainer(tiny(), "digits", strategy="default", **kw).fit()
-    # Model parallel, stopped after step 3 and resumed by a new Trainer.
-    first = kt.Trainer(tiny(), "digits", model_parallel=2, out_dir=out,
-                       **kw)
-    first.fit(stop_at_step=3)
-    spec = lambda v: [str(a) for a in v.value.sharding.spec]
-    kernel = next(v for v in first.model.trainable_variables
-                  if v.path == "encoder_block_0/mlp/dense_0/kernel")
-    slots = [v for v in first.optimizer.variables if v.name.startswith(
-        "encoder_block_0_mlp_dense_0_kernel_")]
-    again = kt.Trainer(tiny(), "digits", "digits:test", model_parallel=2,
-                       out_dir=out, **kw)
-    two = again.fit()
-    print("RESULT " + json.dumps({
-        "info": again.info,
-        "resumed": again.resumed_from,
-        "kernel_spec": spec(kernel),
-        "slot_specs": [spec(v) for v in slots],
-        **compare(two, one)}))
-""")
-
-
 @pytest.mark.slow
-def test_jax_model_parallel_on_two_devices_equals_one_device(tmp_path):
-    out = run_on_two_jax_devices(MODEL_PARALLEL_SCRIPT, tmp_path,
-                                 tmp_path / "run")
+def test_jax_model_parallel_on_two_devices_equals_one_device(
+        two_jax_devices):
+    out = two_jax_devices["model_parallel"]
     assert out["info"]["name"] == "model_parallel"
     assert out["info"]["model_parallel"] == 2
     assert out["info"]["replicas"] == 1 and out["accumulation"] == 2
@@ -513,11 +655,13 @@ TWO_PROCESS_SCRIPT = textwrap.dedent("""
         keras.utils.set_random_seed(1)
         return keras_vit.vit(16, 4, 32, 1, 2, 64, 10)
 
+    # TWO_DEVICE_SCRIPT's run and its one-device weights (sys.argv[3]).
     kw = dict(recipe="pretrain", batch_size=32, micro_batch_size=16,
               learning_rate=3e-3, warmup_steps=2, crop_area=None,
-              log_every=1, total_steps=4, verbose=False)
-    runs = {"one": kt.Trainer(tiny, "digits", strategy="default", **kw),
-            "data": kt.Trainer(tiny, "digits", strategy="auto", **kw),
+              log_every=1, total_steps=6, verbose=False)
+    with np.load(sys.argv[3]) as saved:
+        one = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    runs = {"data": kt.Trainer(tiny, "digits", strategy="auto", **kw),
             "model": kt.Trainer(tiny, "digits", model_parallel=2, **kw)}
     out = {}
     for name, trainer in runs.items():
@@ -535,25 +679,28 @@ TWO_PROCESS_SCRIPT = textwrap.dedent("""
         "kernel_spec": [str(a) for a in kernel.value.sharding.spec],
         "losses": {k: v["losses"] for k, v in out.items()},
         "max_diff": {k: max(float(np.abs(a - b).max()) for a, b in zip(
-            out[k]["weights"], out["one"]["weights"]))
+            out[k]["weights"], one, strict=True))
             for k in ("data", "model")}}))
 """)
 
 
 @pytest.mark.slow
-def test_two_jax_processes_train_as_one(tmp_path):
+def test_two_jax_processes_train_as_one(tmp_path, two_jax_devices):
     # keras.distribution across two processes (CPU collectives over gloo):
     # DataParallel splits each batch, ModelParallel each weight, between
-    # the processes; both reach one process's weights.
+    # the processes; both reach the weights of the same run on one device
+    # (two_jax_devices's).
+    one = two_jax_devices["one"]
     script = tmp_path / "two_processes.py"
     script.write_text(TWO_PROCESS_SCRIPT)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     procs = [subprocess.Popen(
-        [sys.executable, str(script), str(port), str(i)],
+        [sys.executable, str(script), str(port), str(i), one["weights"]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(KERAS_BACKEND="jax")) for i in range(2)]
+        env=_env(KERAS_BACKEND="jax", XLA_FLAGS=quick_xla_flags()))
+        for i in range(2)]
     results = [json.loads(stdout.split("RESULT ", 1)[1])
                for stdout, _ in finish_together(procs)]
     first, second = results
@@ -566,29 +713,65 @@ def test_two_jax_processes_train_as_one(tmp_path):
     for result in results:
         for name in ("data", "model"):
             np.testing.assert_allclose(result["losses"][name],
-                                       result["losses"]["one"], atol=1e-5)
+                                       one["losses"], atol=1e-5)
             assert result["max_diff"][name] < 1e-5, name
 
 
-KILL_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import numpy as np, keras, keras_vit
-    import keras_vit.train as kt
-
-    keras.utils.set_random_seed(1)
-    model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10, dropout_rate=0.1)
-    run = kt.Trainer(model, "digits", recipe="finetune", batch_size=32,
-                     micro_batch_size=16, learning_rate=0.05, warmup_steps=3,
-                     ema_decay=0.9, total_steps=int(sys.argv[2]),
-                     checkpoint_every=10, log_every=5, crop_area=None,
-                     strategy="default", out_dir=sys.argv[1],
-                     verbose=True).fit()
-    np.savez(sys.argv[1] + "/final.npz", *run.model.get_weights())
-""")
+# Steps of the killed run (a checkpoint every 10, killed after 15, mid-epoch):
+# enough for its loss to fall.
+KILLED_TOTAL = 40
 
 
-def _checkpoint_written(out):
-    return bool(checkpoints.steps(str(out / "checkpoints")))
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """The command line (dropout, micro-batches, EMA) killed with SIGKILL
+    after step 15 (HOLD): the checkpoint of step 10 is its last, and the
+    row of step 15 was logged after it. Then, run here (the killed process
+    is gone, the resume reads its files), the same command again and the
+    same run uninterrupted. Returns the two run folders and what each step
+    left."""
+    folder = tmp_path_factory.mktemp("killed")
+    model = folder / "tiny.keras"
+    tiny(dropout_rate=0.1).save(model)
+    killed, whole = folder / "killed", folder / "whole"
+
+    def argv(out):
+        return ["fine-tune", str(model), "--data", "digits", "--steps",
+                str(KILLED_TOTAL), "--batch-size", "32",
+                "--micro-batch-size", "16", "--lr", "0.05", "--warmup-steps",
+                "3", "--ema", "0.9", "--checkpoint-every", "10", "--set",
+                "crop_area=none", "--set", "log_every=5", "--strategy",
+                "default", "--no-eval", "--out", str(out)]
+
+    kill_once(held_cli(argv(killed), 15), lambda: logged(killed, 15),
+              env=_env(KERAS_BACKEND=keras.backend.backend()))
+    after_kill = dict(
+        checkpoints=checkpoints.steps(str(killed / "checkpoints")),
+        metrics=(killed / "metrics.json").exists())
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        resumed = cli.main(argv(killed))
+    uninterrupted = cli.main(argv(whole))
+    return dict(killed=killed, whole=whole, after_kill=after_kill,
+                exit_codes=(resumed, uninterrupted),
+                printed=printed.getvalue())
+
+
+@pytest.mark.slow
+@pytest.mark.backends("tensorflow", "jax")  # where killed_and_resumed runs
+def test_a_killed_run_resumes_from_its_last_checkpoint(killed_and_resumed):
+    run = killed_and_resumed
+    assert run["after_kill"] == dict(checkpoints=[10], metrics=False)
+    assert run["exit_codes"][0] == 0
+    assert "resumed from step 10 " in run["printed"]
+    m = json.loads((run["killed"] / "metrics.json").read_text())
+    assert m["resumed_from_step"] == m["start_step"] == 10
+    assert m["final_step"] == KILLED_TOTAL and m["complete"]
+    # Every row once: the one of step 15 the killed run logged past its
+    # checkpoint is not kept twice.
+    assert [r["step"] for r in m["history"]] == list(
+        range(5, KILLED_TOTAL + 5, 5))
+    losses = [r["loss"] for r in m["history"]]
+    assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.05, losses
 
 
 @pytest.mark.slow
@@ -596,42 +779,24 @@ def _checkpoint_written(out):
 # random state across a resume is
 # test_resume_mid_epoch_with_dropout_equals_an_uninterrupted_run's.
 @pytest.mark.backends("tensorflow", "jax")
-def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
-    script = tmp_path / "run.py"
-    script.write_text(KILL_SCRIPT)
-    env = _env(KERAS_BACKEND=keras.backend.backend())
-    # The kill lands after the first checkpoint (step 10): 40 steps leave
-    # 30 to kill into. TensorFlow's steps are ~10x cheaper than torch's on
-    # CPU, so its run keeps 120 to leave the poll above the same margin.
-    total = 120 if keras.backend.backend() == "tensorflow" else 40
-
-    def command(out):
-        return [sys.executable, str(script), str(out), str(total)]
-
-    kill_once(command(tmp_path / "killed"),
-              lambda: _checkpoint_written(tmp_path / "killed"), env=env)
-    killed = tmp_path / "killed"
-    assert not (killed / "metrics.json").exists()
-    again = subprocess.run(command(killed), capture_output=True, text=True,
-                           env=env, timeout=SUBPROCESS_TIMEOUT)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from step " in again.stdout
-    whole = subprocess.run(command(tmp_path / "whole"), capture_output=True,
-                           text=True, env=env, timeout=SUBPROCESS_TIMEOUT)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    m = json.loads((killed / "metrics.json").read_text())
-    w = json.loads((tmp_path / "whole" / "metrics.json").read_text())
-    assert 10 <= m["resumed_from_step"] < total and m["final_step"] == total
+def test_kill_9_and_resume_equals_an_uninterrupted_run(killed_and_resumed):
+    run = killed_and_resumed
+    assert run["exit_codes"] == (0, 0)
+    m = json.loads((run["killed"] / "metrics.json").read_text())
+    w = json.loads((run["whole"] / "metrics.json").read_text())
+    assert m["resumed_from_step"] == 10 and w["resumed_from_step"] is None
+    assert m["final_step"] == w["final_step"] == KILLED_TOTAL
     # The rows are means of fit's running means over different spans, so
-    # equal to float32 rounding; the weights are equal exactly.
+    # equal to float32 rounding; the weights (the EMA's) are equal exactly.
     assert [r["step"] for r in m["history"]] == [
         r["step"] for r in w["history"]]
     np.testing.assert_allclose([r["loss"] for r in m["history"]],
                                [r["loss"] for r in w["history"]], atol=1e-4)
-    with np.load(killed / "final.npz") as a, \
-            np.load(tmp_path / "whole" / "final.npz") as b:
-        for key in a.files:
-            np.testing.assert_array_equal(a[key], b[key])
+    a = keras.saving.load_model(run["killed"] / "model.keras").get_weights()
+    b = keras.saving.load_model(run["whole"] / "model.keras").get_weights()
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.backends
