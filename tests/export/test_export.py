@@ -125,8 +125,9 @@ def small():
     """A smaller ViT (16 pixels, one block, five classes like the others)
     for the tests whose subject is not the model's numbers (what an export
     leaves on disk after a failure, through a link, in new folders; the
-    command line's options; the benchmark's rows; the int8 weight range):
-    it converts in about 65% of the tiny ViT's time."""
+    command line's options; the benchmark's rows; the int8 weight range;
+    what an int8 export calibrates on): it converts in about 65% of the
+    tiny ViT's time."""
     if "small" not in _MODELS:
         keras.utils.set_random_seed(1234)
         _MODELS["small"] = _perturbed(keras_vit.models.vit(
@@ -263,8 +264,18 @@ def _run_tflite(path, x):
     return runner(images=x)
 
 
-@pytest.mark.parametrize("quantization", ["float32", "float16",
-                                          "dynamic_int8"])
+# float32 (the module's shared export) on every model; the variants that
+# quantize only the weights (float16, dynamic int8) on the token ViT and
+# BiT, whose weights are of every kind the other two have (dense and
+# attention; convolutions and GroupNorm): the gap ViT adds a pooling and
+# the hybrid joins the two, neither a weight of its own to quantize.
+TFLITE_VARIANTS = [(kind, "float32") for kind in KINDS] + [
+    (kind, quantization) for kind in ("vit_token", "bit")
+    for quantization in ("float16", "dynamic_int8")]
+
+
+@pytest.mark.parametrize("model, quantization", TFLITE_VARIANTS,
+                         indirect=["model"])
 def test_tflite_float_and_dynamic(model, quantization, tmp_path, exported):
     if quantization == "float32":  # the default
         path, report = exported(model, "tflite")
@@ -291,7 +302,12 @@ def test_tflite_float_and_dynamic(model, quantization, tmp_path, exported):
         assert report["file_size"] < report["weights_mb"] * 2**20
 
 
+# Not the gap ViT: full int8 of it is the token ViT's with one block and
+# a mean over the tokens (MEAN, in the float ops below) for the class
+# token; the hybrid's stem is BiT's convolutions feeding the tokens.
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["vit_token", "hybrid", "bit"],
+                         indirect=True)
 def test_tflite_full_int8(model, tmp_path):
     path = str(tmp_path / "m.tflite")
     # Random weights and five classes: agreement is lower than for trained
@@ -322,15 +338,15 @@ def test_tflite_full_int8(model, tmp_path):
 
 
 @pytest.mark.slow
-def test_tflite_int8_from_a_training_pipeline(vit, tmp_path):
+def test_tflite_int8_from_a_training_pipeline(small, tmp_path):
     """A tf.data pipeline of (images, labels) batches calibrates directly;
     float_ops=None quantizes every op that has an int8 kernel."""
     rng = np.random.default_rng(3)
-    images = rng.uniform(-1, 1, (20, 32, 32, 3)).astype("float32")
+    images = rng.uniform(-1, 1, (20, 16, 16, 3)).astype("float32")
     labels = rng.integers(0, 5, 20)
     pipeline = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
     path = str(tmp_path / "full.tflite")
-    report = export.to_tflite(vit, path, quantization="int8",
+    report = export.to_tflite(small, path, quantization="int8",
                               representative_data=pipeline, float_ops=None,
                               verify_data="noise", agreement_samples=16)
     assert report["options"]["representative_data"] == (
@@ -496,16 +512,16 @@ def test_onnx_precisions(vit, tmp_path, quantization):
     assert stored < 0.55 * 4 * vit.count_params()
 
 
-def test_onnx_int8_calibrates_on_representative_data(vit, tmp_path):
+def test_onnx_int8_calibrates_on_representative_data(small, tmp_path):
     path = str(tmp_path / "m.onnx")
-    data = _images(vit, 6, seed=3)
-    report = export.to_onnx(vit, path, quantization="int8",
+    data = _images(small, 6, seed=3)
+    report = export.to_onnx(small, path, quantization="int8",
                             representative_data=[(data, np.zeros(6))])
     assert report["options"]["representative_data"] == (
         "6 images from representative_data")
     assert not any("calibrated on" in n for n in report["notes"])
     with pytest.raises(ValueError, match=r"input range \[-1, 1\]"):
-        export.to_onnx(vit, str(tmp_path / "x.onnx"), quantization="int8",
+        export.to_onnx(small, str(tmp_path / "x.onnx"), quantization="int8",
                        representative_data=data * 127.5 + 127.5)
     assert not os.path.exists(tmp_path / "x.onnx")
 
@@ -832,10 +848,14 @@ def test_a_killed_export_stops_its_converter_process(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
     pid_file = tmp_path / "converter.pid"
+    # The exporter runs Keras on JAX: it imports no TensorFlow (its own
+    # conversion would run in the converter process anyway), in a few
+    # seconds less. Its converter is started, watched and stopped as
+    # TensorFlow's isolated ONNX converter is (pipeline.run_child).
     proc = subprocess.Popen(
         [sys.executable, "-c", _EXPORT_WITH_A_HANGING_CONVERTER,
          str(folder / "m.onnx"), str(pid_file)],
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax"))
     deadline = time.monotonic() + 120
     try:
         while not (pid_file.exists() and pid_file.read_text()):
