@@ -155,33 +155,90 @@ def test_exif_orientation_maps_as_viewers_show_it():
             err_msg=str(orientation))
 
 
-def test_decoding_prints_no_onednn_integer_line():
-    """A Python user decoding photos (a rotated one among them) in a fresh
-    process sees no TensorFlow line: its oneDNN transpose logs "oneDNN
-    supports DT_UINT8 only on platforms with AVX-512" for any integer
-    tensor, AVX-512 CPUs included."""
-    code = textwrap.dedent("""
-        import sys
-        import image_corpus
-        from PIL import Image
-        from keras_vit.data import images
-        photo = Image.fromarray(image_corpus._photo(3, (7, 4)))
-        for orientation in (1, 6):
-            data = image_corpus._save(photo, "JPEG",
-                                      exif=image_corpus._exif(orientation))
-            print(images.decode_bytes(data).shape)
-        """)
+# One fresh Python process for the two tests that need one (starting it
+# costs 5 CPU-s, most of it TensorFlow's import): it decodes photos as a
+# Python user would, writes a marker line to stderr, then, when the
+# serving test runs in this session, measures the exported SavedModel's
+# peak memory per request.
+CHILD = textwrap.dedent("""
+    import json, sys
+    import image_corpus
+    from PIL import Image
+    from keras_vit.data import images
+    photo = Image.fromarray(image_corpus._photo(3, (7, 4)))
+    for orientation in (1, 6):
+        data = image_corpus._save(photo, "JPEG",
+                                  exif=image_corpus._exif(orientation))
+        print(images.decode_bytes(data).shape, flush=True)
+    print(MARKER, file=sys.stderr, flush=True)
+    if len(sys.argv) > 1:
+        import tensorflow as tf
+        path, folder, requests = json.loads(sys.argv[1])
+        model = tf.saved_model.load(path)
+        serve = model.signatures["serving_default"]
+        def kib(key):
+            for line in open("/proc/self/status"):
+                if line.startswith(key):
+                    return int(line.split()[1])
+        def call(names):
+            batch = [open(folder + "/" + n, "rb").read() for n in names]
+            try:
+                serve(image_bytes=tf.constant(batch))
+                return "ok"
+            except tf.errors.InvalidArgumentError as e:
+                return " ".join(e.message.split())
+        call(["small"])
+        out = []
+        for names in requests:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # the peak starts again from here
+            before = kib("VmRSS:")
+            out.append([call(names), (kib("VmHWM:") - before) / 1024])
+        print("PEAKS " + json.dumps(out))
+    """)
+MARKER = "-- photos decoded --"
+SERVING_TEST = "test_the_serving_signature_holds_the_budget_in_memory"
+
+
+@pytest.fixture(scope="module")
+def child(request, tmp_path_factory):
+    """``(proc, requests)``: the child process run once; ``requests`` the
+    serving test's (None when that test does not run here)."""
+    import json
+
+    serving = os.access("/proc/self/clear_refs", os.W_OK) and any(
+        item.name == SERVING_TEST for item in request.session.items)
+    args, requests = [], None
+    if serving:
+        folder = tmp_path_factory.mktemp("serving")
+        requests = _serving_requests(folder)
+        args = [json.dumps([str(folder / "vit"), str(folder), requests])]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(KERAS_BACKEND="tensorflow",
                PYTHONPATH=os.pathsep.join(
                    [os.path.dirname(__file__) + "/..",
                     env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD.replace("MARKER", repr(MARKER)),
+         *args], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["(4,", "7,", "3)", "(7,", "4,", "3)"], (
-        proc.stdout)
-    assert "oneDNN supports DT_" not in proc.stderr, proc.stderr
+    return proc, requests
+
+
+def test_decoding_prints_no_onednn_integer_line(child):
+    """A Python user decoding photos (a rotated one among them) in a fresh
+    process sees no TensorFlow line: its oneDNN transpose logs "oneDNN
+    supports DT_UINT8 only on platforms with AVX-512" for any integer
+    tensor, AVX-512 CPUs included."""
+    proc, requests = child
+    shapes = [line for line in proc.stdout.splitlines()
+              if not line.startswith("PEAKS ")]
+    assert " ".join(shapes).split() == ["(4,", "7,", "3)", "(7,", "4,",
+                                        "3)"], proc.stdout
+    # What was printed while decoding: up to the marker.
+    decoding, marker, _ = proc.stderr.partition(MARKER + "\n")
+    assert marker, proc.stderr[-3000:]
+    assert "oneDNN supports DT_" not in decoding, decoding
 
 
 def test_refusals_are_one_line_and_name_the_element():
@@ -316,8 +373,77 @@ def test_no_path_decodes_past_the_budget_whatever_the_header_says(
     check()
 
 
+def _gif_blocks(data):
+    """``(head, frames)`` of a GIF: the bytes before its first block, and
+    each frame's bytes (the extensions before it, its image descriptor,
+    local colour table and data sub-blocks); the trailer is left out."""
+    flags = data[10]
+    at = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
+    head, frames, start = data[:at], [], at
+    while data[at] != 0x3B:
+        image = data[at] == 0x2C
+        if image:  # descriptor, local table, LZW code size
+            local = data[at + 9]
+            at += 11 + (3 << ((local & 7) + 1) if local & 0x80 else 0)
+        else:  # an extension: introducer and label
+            at += 2
+        while data[at]:  # sub-blocks, up to the empty one
+            at += data[at] + 1
+        at += 1
+        if image:
+            frames.append(data[start:at])
+            start = at
+    return head, frames
+
+
+def _many_frames(size, count):
+    """A GIF of ``count`` full frames of ``size``, each one colour and
+    unlike the one before: Pillow writes eight, and the last seven's
+    blocks are repeated (Pillow takes 50 ms a frame at 3000x3000, 15 s
+    for 300)."""
+    from PIL import Image
+
+    head, frames = _gif_blocks(image_corpus._save(
+        Image.new("P", size), "GIF", save_all=True,
+        append_images=[Image.new("P", size, i % 7 + 1) for i in range(7)]))
+    assert len(frames) == 8
+    rest = [frames[1 + i % 7] for i in range(count - 1)]
+    return head + b"".join([frames[0]] + rest) + b"\x3b"
+
+
+def _serving_requests(folder):
+    """Exports a SavedModel taking image bytes to ``folder/vit`` and
+    writes the hostile files beside it: the requests (lists of file
+    names), each at most 10 MB."""
+    from PIL import Image
+
+    from keras_vit.export import to_saved_model
+
+    to_saved_model(_model(), str(folder / "vit"), input="image_bytes",
+                   verify=False)
+    hostile = {
+        # The header says 20000x20000 (1.2 GB decoded): refused.
+        "png_20000": image_corpus.png_header(20000, 20000),
+        # Within the budget: 4000x4000, decoded whole.
+        "png_4000": image_corpus._save(Image.new("RGB", (4000, 4000)),
+                                       "PNG"),
+        # 300 frames of 3000x3000: only the first is decoded.
+        "gif_frames": _many_frames((3000, 3000), 300),
+        # A JPEG header of 30000x30000: decoded at 1/8.
+        "jpeg_30000": _declared("JPEG", 30000, 30000, None),
+    }
+    for name, data in hostile.items():
+        (folder / name).write_bytes(data)
+    (folder / "small").write_bytes(
+        image_corpus._save(Image.new("RGB", (40, 30)), "PNG"))
+    requests = [[name] for name in hostile] + [["png_4000"] * 25]
+    for names in requests:
+        assert sum(len(hostile[n]) for n in names) <= 10 * 2**20
+    return requests
+
+
 @pytest.mark.slow
-def test_the_serving_signature_holds_the_budget_in_memory(tmp_path):
+def test_the_serving_signature_holds_the_budget_in_memory(child):
     """Inputs of at most 10 MB raise the server's peak memory by at most
     1 GiB: a SavedModel loaded in a child process, the peak resident size
     (VmHWM, reset through /proc/self/clear_refs before each request, since
@@ -326,68 +452,14 @@ def test_the_serving_signature_holds_the_budget_in_memory(tmp_path):
     PNG, +287 for a 4000x4000 PNG, +289 for a batch of 25 of them (decoded
     one after another), +186 for 300 GIF frames, +254 for a JPEG header of
     30000x30000 (decoded at 1/8); before, 2.1 GB for a 12000x12000 PNG."""
-    from PIL import Image
-
-    from keras_vit.export import to_saved_model
+    import json
 
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
-    path = str(tmp_path / "vit")
-    to_saved_model(_model(), path, input="image_bytes", verify=False)
-    hostile = {
-        # The header says 20000x20000 (1.2 GB decoded): refused.
-        "png_20000": image_corpus.png_header(20000, 20000),
-        # Within the budget: 4000x4000, decoded whole.
-        "png_4000": image_corpus._save(Image.new("RGB", (4000, 4000)),
-                                       "PNG"),
-        # 300 frames of 3000x3000: only the first is decoded.
-        "gif_frames": image_corpus._save(
-            Image.new("P", (3000, 3000)), "GIF", save_all=True,
-            append_images=[Image.new("P", (3000, 3000), i % 7 + 1)
-                           for i in range(299)]),
-        # A JPEG header of 30000x30000: decoded at 1/8.
-        "jpeg_30000": _declared("JPEG", 30000, 30000, None),
-    }
-    for name, data in hostile.items():
-        (tmp_path / name).write_bytes(data)
-    (tmp_path / "small").write_bytes(
-        image_corpus._save(Image.new("RGB", (40, 30)), "PNG"))
-    requests = [[name] for name in hostile] + [["png_4000"] * 25]
-    for names in requests:
-        assert sum(len(hostile[n]) for n in names) <= 10 * 2**20
-    code = textwrap.dedent(f"""
-        import json, sys
-        import tensorflow as tf
-        model = tf.saved_model.load({path!r})
-        serve = model.signatures["serving_default"]
-        def kib(key):
-            for line in open("/proc/self/status"):
-                if line.startswith(key):
-                    return int(line.split()[1])
-        def call(names):
-            batch = [open({str(tmp_path)!r} + "/" + n, "rb").read()
-                     for n in names]
-            try:
-                serve(image_bytes=tf.constant(batch))
-                return "ok"
-            except tf.errors.InvalidArgumentError as e:
-                return " ".join(e.message.split())
-        call(["small"])
-        out = []
-        for names in json.loads(sys.argv[1]):
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # the peak starts again from here
-            before = kib("VmRSS:")
-            out.append([call(names), (kib("VmHWM:") - before) / 1024])
-        print(json.dumps(out))
-    """)
-    import json
-
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(requests)],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc, requests = child
+    (line,) = [line for line in proc.stdout.splitlines()
+               if line.startswith("PEAKS ")]
+    out = json.loads(line.removeprefix("PEAKS "))
     results = dict(zip([",".join(n[:1]) + ("x25" if len(n) > 1 else "")
                         for n in requests], out))
     assert "over the 16,000,000-pixel budget" in results["png_20000"][0]
