@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from conftest import quick_xla_flags
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ai_edge_litert")
 
@@ -31,7 +33,11 @@ def _table(text):
 
 @pytest.mark.slow
 def test_quick_run_prints_the_table():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    # XLA at -O0, as for the other smoke runs: the digits model's training
+    # step compiles its elementwise pieces with XLA (hardware.plan's
+    # elementwise="xla"), and only the script is under test.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               XLA_FLAGS=quick_xla_flags(os.environ.get("XLA_FLAGS", "")))
     proc = subprocess.run([sys.executable, SCRIPT, "--quick"], cwd=ROOT,
                           env=env, capture_output=True, text=True,
                           timeout=900)

@@ -12,6 +12,7 @@ outputs are close and not equal, LoRA with its zero B is exactly the float
 model, and every change reaches the next ``predict``.
 """
 
+import gc
 import warnings
 
 import numpy as np
@@ -44,6 +45,34 @@ FAMILIES = ("vit", "hybrid", "bit", "axial", "options")
 # about 1.3x the worst: a kernel read without its scale moves the logits
 # by more than 100%.
 ERROR_BOUNDS = {"int8": 0.045, "int4": 0.55, "float8": 0.2}
+
+
+class _StaysFrozen:
+    """The ``gc`` module as keras_vit.models.quantization sees it in this
+    module: ``unfreeze`` leaves the frozen objects frozen."""
+
+    def __getattr__(self, name):
+        return getattr(gc, name)
+
+    @staticmethod
+    def unfreeze():
+        pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap():
+    """Each ``quantize`` (and each quantized model loaded) freezes the heap,
+    quantizes, unfreezes it and runs one full garbage collection
+    (keras_vit.models.quantization): ~0.6 s here, for the backend's modules
+    and the suite's, 20-odd times in this module. Here what is frozen stays
+    frozen until the module ends, so that each collection scans only what
+    was made since the last quantize; the numbers are the same."""
+    from keras_vit.models import quantization
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantization, "gc", _StaysFrozen())
+        yield
+    gc.unfreeze()
 
 
 def build(family, **kwargs):
@@ -119,9 +148,10 @@ def quantized(floats):
     its logits and the warnings its ``quantize`` gave. The int8 copies are
     made once and read by every test of an int8 model (the quantize
     checks, the warning, the .keras round trip, the attention maps): each
-    ``quantize`` (and each quantized model loaded) ends with a full
-    garbage collection of the process, ~0.5 s here. The other modes'
-    copies are not kept: every model alive makes each collection longer.
+    ``quantize`` (and each quantized model loaded) ends with a garbage
+    collection (of what is not frozen: :func:`frozen_heap`). The other
+    modes' copies are not kept: every model alive makes each collection
+    longer.
     The ViT's predict is compiled before it is quantized, so that its next
     predict shows whether the compiled function was dropped."""
     x = images()

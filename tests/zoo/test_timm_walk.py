@@ -2,7 +2,7 @@
 ``benchmarks/timm_coverage.py`` (the script behind
 docs/coverage-timm.md): a few architectures that together carry every
 option value timm's architecture functions pass (chosen from timm's list
-by a rule, not by name), each built by timm at depth 1 with random
+by a rule, not by name: :func:`cover`), each built by timm at depth 1 with random
 weights and written by timm's ``save_for_hf``. Each must load with timm's
 logits or be refused in one line whose feature is a known gap; a feature
 not in :data:`KNOWN_GAPS` (a regression, or a new timm option) fails."""
@@ -44,24 +44,41 @@ def _module():
     return module
 
 
+def cover(coverage, arches):
+    """The representatives: the walk's greedy cover
+    (``coverage.representatives``), less each architecture whose option
+    values the others carry, tried from the last chosen (the widest) back
+    to the second; the first, the plain ViT, stays."""
+    def values(name):
+        return {(key, coverage.argument_feature(key, value))
+                for key, value in coverage.options(coverage.architecture_args(
+                    name, arches[name][0])).items()}
+
+    chosen = coverage.representatives(arches)
+    carried = {name: values(name) for name in chosen}
+    for name in reversed(chosen[1:]):
+        others = set().union(*(carried[n] for n in chosen if n != name))
+        if carried[name] <= others:
+            chosen.remove(name)
+    return chosen
+
+
 @pytest.fixture(scope="module")
 def walked(tmp_path_factory):
-    """``(the script, its rows for the representatives)``; the size cap
-    off, so that features only the largest architectures carry (DINOv2
-    giant's GLU MLP) are walked too, at depth 1."""
+    """``(the script, its rows for the representatives, timm's list)``;
+    the size cap off, so that features only the largest architectures
+    carry (DINOv2 giant's GLU MLP) are walked too, at depth 1."""
     coverage = _module()
     arches = coverage.architectures()
-    chosen = coverage.representatives(arches)
     folder = tmp_path_factory.mktemp("timm_walk")
     return coverage, [coverage.walk_one(name, *arches[name],
                                         workdir=str(folder),
                                         max_parameters=math.inf)
-                      for name in chosen]
+                      for name in cover(coverage, arches)], arches
 
 
 def test_representatives_carry_every_option_value_of_timms_list(walked):
-    coverage, rows = walked
-    arches = coverage.architectures()
+    coverage, rows, arches = walked
     carried = {(key, coverage.argument_feature(key, value))
                for name, (module, _) in arches.items()
                for key, value in coverage.options(
@@ -78,7 +95,7 @@ def test_representatives_carry_every_option_value_of_timms_list(walked):
 
 
 def test_each_loads_with_timms_logits_or_is_refused_in_one_line(walked):
-    coverage, rows = walked
+    coverage, rows, _ = walked
     unexpected = [(r["name"], r["status"], r["message"]) for r in rows
                   if r["status"] not in (coverage.EXACT, coverage.REFUSED)]
     assert not unexpected, unexpected
@@ -98,7 +115,7 @@ def test_aimv2s_norms_and_swiglu_load_with_timms_logits(walked):
     """The representative carrying AIMv2's options (RMSNorm, the norm
     after the patch embedding, timm's unpacked SwiGLU, SiLU) loads with
     timm's logits, and so does every representative with RMSNorm."""
-    coverage, rows = walked
+    coverage, rows, _ = walked
     carrying = [row for row in rows if {"embed_norm_layer", "norm_layer"}
                 & set(coverage.options(coverage.architecture_args(
                     row["name"], row["module"])))
@@ -114,7 +131,7 @@ def test_aimv2s_norms_and_swiglu_load_with_timms_logits(walked):
 
 
 def test_the_features_refused_are_known_gaps(walked):
-    coverage, rows = walked
+    coverage, rows, _ = walked
     found = {feature: row["name"]
              for row in rows if row["status"] == coverage.REFUSED
              for feature in row["group"].split(" + ")}
@@ -131,12 +148,12 @@ def test_keras_vits_table_is_timms_for_the_installed_timm(walked):
     value timm passes) the very rows."""
     from keras_vit.zoo import timm_arguments
 
-    coverage, rows = walked
+    coverage, rows, arches = walked
     table = timm_arguments.table()
     assert table["timm"] == timm.__version__, (
         "regenerate: python benchmarks/timm_coverage.py --write-table "
         "zoo/timm_architectures.json")
-    assert list(table["architectures"]) == list(coverage.architectures())
+    assert list(table["architectures"]) == list(arches)
     for row in rows:
         assert table["architectures"][row["name"]] == coverage.table_entry(
             row["name"], row["module"]), row["name"]
