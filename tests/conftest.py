@@ -201,80 +201,63 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# Every test file (its path under tests/, folder included) that takes more
-# than a few seconds on a 2-core machine
-# (pytest --durations=0, summed per file, 2026-11-25), longest first, for
-# the TensorFlow run and for the jax/torch children (which run only the
-# `backends` tests, so other files lead; ordered by the jax child, the
-# longer of the two). They go out first (setup.cfg: -n auto --dist loadfile
+# The test files that cost more than ~12 s of CPU on a 2-core machine, by
+# their CPU per file in a full run (a pytest plugin summing each test's own
+# and its subprocesses' CPU, 2026-11-27), longest first: for the TensorFlow
+# run and for the jax/torch children (which run only the `backends` tests,
+# so other files lead; ordered by the jax child, the longer of the two).
+# They go out first (setup.cfg: -n auto --dist loadfile
 # --no-loadscope-reorder), so that no worker ends on a long file while the
-# others sit idle; the rest keep their alphabetical order. TensorFlow run,
-# seconds: journeys/readme_and_guides (the README's install in a
-# fresh venv, then every doc journey on it; 109 s of CPU, 66 s of it the
-# journeys, and 252 s of wall time on a 2-core machine shared with other
-# jobs, 2026-11-25: much of its wall time is the install's disk I/O, so it
-# goes out first), cli/demo 168, contracts/examples 136, benchmarks/speed
-# 101, export/export 94, models/posemb 87, train/trainer_backends 81,
-# train/train 79, contracts/backends 56, benchmarks/export_speed 47,
-# zoo/timm_hub 36, cli/cli 36,
-# core/graph_fusion 35, contracts/docstrings 28, models/memory 27 and
-# train/data 23 (most of the 44 s of the hostile-input file whose cases
-# moved to the modules' files; measured -n 0 on a loaded machine),
-# cli/first_run ~15 (20 s of CPU once its install test moved to the
-# journeys);
-# Added 2026-11-26 by their authors' single-core timings: export/
-# quiet_exports (three CLI exports in subprocesses, ~60 s), zoo/timm_walk
-# (~25 s of CPU), zoo/transformers_family 17, zoo/hub_deadline 23,
-# zoo/keras_hub_family 19, train/mixing ~15.
-# jax child: models/bit 89, train/trainer_backends 66, models/vit 62,
-# zoo/zoo 57, analysis/analysis 55, export/export_backends 41,
-# zoo/resolve 37, models/hybrid 32. The zoo's 57 held 40 s of
-# mirror tests that now run on TensorFlow only (backend_independent), so it
-# is placed for the 17 s that remain.
-# Reordered 2026-11-26 from a full run's CPU per file (a plugin summing
-# each test's own and its subprocesses' CPU), the journeys first for their
-# network waits: demo 196 s, train 151, export 141, benchmarks/speed 101,
-# trainer_backends 101, digits_features 89, posemb 83, cli_startup 76, ...;
-# children: export_backends 112, keras_features 104, trainer_backends 82.
+# others sit idle; the rest keep their alphabetical order. The doc
+# journeys lead the TensorFlow run although the demo costs more CPU (185 s
+# against 99): they build the README's venv (tests/readme_install.py) that
+# the demo then waits for, mostly disk and network time that the children
+# fill. Next: demo 185, train 120, export 108, trainer_backends 101,
+# benchmarks/speed 73, digits_features 62, examples 48, posemb 45, ...;
+# children: export_backends 40, trainer_backends 33, bit 30,
+# keras_features 29, remat 24, ...
 LONGEST_FIRST = {
     "tensorflow": (
         "journeys/test_readme_and_guides.py", "cli/test_demo.py",
         "train/test_train.py", "export/test_export.py",
-        "benchmarks/test_speed.py", "train/test_trainer_backends.py",
-        "models/test_digits_features.py", "models/test_posemb.py",
-        "cli/test_cli_startup.py", "contracts/test_backends.py",
-        "contracts/test_examples.py", "models/test_labels.py",
-        "data/test_images.py", "models/test_keras_features.py",
-        "export/test_serving.py", "zoo/test_timm_hub.py", "train/test_mpp.py",
-        "zoo/test_family_registry.py", "contracts/test_docstrings.py",
-        "export/test_keras_quantized_paths.py", "runtime/test_hardware.py",
-        "runtime/test_graph_ops.py", "train/test_vtab.py",
-        "export/test_quiet_exports.py", "benchmarks/test_export_speed.py",
+        "train/test_trainer_backends.py", "benchmarks/test_speed.py",
+        "models/test_digits_features.py", "contracts/test_examples.py",
+        "models/test_posemb.py", "models/test_labels.py",
+        "contracts/test_docstrings.py", "cli/test_cli_startup.py",
+        "zoo/test_timm_hub.py", "data/test_images.py",
+        "runtime/test_graph_ops.py",
+        "export/test_keras_quantized_paths.py", "train/test_mpp.py",
+        "train/test_vtab.py", "runtime/test_fused_ops.py",
+        "export/test_quiet_exports.py",
+        "benchmarks/test_export_speed.py", "runtime/test_hardware.py",
+        "contracts/test_backends.py", "export/test_serving.py",
+        "export/test_export_family.py", "zoo/test_zoo.py",
+        "zoo/test_timm_walk.py",
+        "models/test_mixed_precision_gradients.py",
         "models/test_remat.py", "export/test_export_backends.py",
-        "runtime/test_fused_ops.py",
-        "models/test_mixed_precision_gradients.py", "export/test_openvino.py",
-        "models/test_dynamic_size.py", "models/test_axial.py",
-        "models/test_bit.py", "zoo/test_zoo.py",
-        "export/test_export_family.py", "train/test_tpu.py",
-        "zoo/test_timm_walk.py", "zoo/test_transformers_family.py",
-        "zoo/test_hub_deadline.py", "zoo/test_keras_hub_family.py",
-        "train/test_mixing.py", "cli/test_cli.py", "models/test_memory.py",
-        "train/test_data.py", "cli/test_first_run.py", "zoo/test_sources.py",
-        "train/test_layouts.py", "models/test_vit.py",
-        "zoo/test_transformers_hub.py", "models/test_hybrid.py",
-        "zoo/test_keras_hub_io.py", "zoo/test_download.py",
-        "models/test_fast_paths.py", "contracts/test_packaging.py",
-        "analysis/test_analysis.py"),
+        "export/test_export_quantized.py", "export/test_openvino.py",
+        "models/test_dynamic_size.py", "zoo/test_transformers_hub.py",
+        "cli/test_cli.py", "zoo/test_sources.py", "train/test_tpu.py",
+        "models/test_bit.py", "models/test_memory.py",
+        "models/test_axial.py", "zoo/test_family_registry.py",
+        "export/test_export_keras_quantized.py",
+        "train/test_layouts.py", "export/test_export_image_sizes.py",
+        "models/test_keras_features.py", "models/test_vit.py",
+        "models/test_fast_paths.py", "models/test_quantization.py",
+        "train/test_recipes.py"),
     "children": (
-        "export/test_export_backends.py", "models/test_keras_features.py",
+        "export/test_export_backends.py",
         "train/test_trainer_backends.py", "models/test_bit.py",
-        "models/test_remat.py", "models/test_mixed_precision_gradients.py",
-        "analysis/test_analysis.py", "export/test_keras_quantized_paths.py",
-        "models/test_vit.py", "models/test_hybrid.py",
-        "models/test_quantization.py", "export/test_serving.py",
-        "zoo/test_zoo.py", "models/test_family_options.py",
-        "zoo/test_resolve.py", "train/test_train.py", "train/test_vtab.py",
-        "zoo/test_convert.py", "zoo/test_timm_parity.py"),
+        "models/test_keras_features.py", "models/test_remat.py",
+        "zoo/test_zoo.py", "analysis/test_analysis.py",
+        "models/test_mixed_precision_gradients.py",
+        "models/test_quantization.py",
+        "export/test_keras_quantized_paths.py",
+        "models/test_dynamic_size.py", "models/test_family_options.py",
+        "models/test_hybrid.py", "export/test_serving.py",
+        "models/test_vit.py", "train/test_train.py",
+        "models/test_labels.py", "zoo/test_resolve.py",
+        "zoo/test_convert.py"),
 }
 
 
