@@ -201,7 +201,22 @@ class StopOnCtrlC(StepCounter):
     Only in the main thread; elsewhere Ctrl-C raises as usual.
 
     After ``fit``: :attr:`requested` says whether it stopped for Ctrl-C,
-    :attr:`step` at which step.
+    :attr:`step` at which step. Keras calls no ``on_train_end`` when
+    ``fit`` raises, so call :meth:`close` in a ``finally`` around ``fit``:
+    otherwise the handler outlives the run (the next Ctrl-C in that Python
+    would not interrupt, the one after would end the process).
+
+    >>> import keras
+    >>> stop = StopOnCtrlC()
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> try:
+    ...     _ = model.fit(keras.ops.ones((4, 2)), keras.ops.ones((4, 1)),
+    ...                   callbacks=[stop], verbose=0)
+    ... finally:
+    ...     stop.close()
+    >>> stop.requested
+    False
     """
 
     def __init__(self, *, start_step=0, accumulation_steps=1, enabled=True):
@@ -221,6 +236,11 @@ class StopOnCtrlC(StepCounter):
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
+        self.close()
+
+    def close(self):
+        """Gives Ctrl-C back to the handler it had before ``fit`` (once:
+        later calls do nothing)."""
         self._guard.__exit__(None, None, None)
 
 

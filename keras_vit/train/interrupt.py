@@ -42,6 +42,7 @@ class StopOnInterrupt:
         self._say = say or (lambda text: print(text, file=sys.stderr,
                                                flush=True))
         self._previous = None
+        self._installed = False
 
     def _handle(self, signum, frame):
         if self.requested:
@@ -56,14 +57,17 @@ class StopOnInterrupt:
         if self.enabled:
             try:
                 self._previous = signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
             except ValueError:  # not the main interpreter
                 self.enabled = False
         return self
 
     def __exit__(self, *exc):
-        # None: the handler was not installed from Python; it cannot be
-        # put back, so Python's own is.
-        if self.enabled:
+        # Once: a caller may close it from a ``finally`` after the normal
+        # exit already ran. None: the handler was not installed from
+        # Python; it cannot be put back, so Python's own is.
+        if self._installed:
+            self._installed = False
             signal.signal(signal.SIGINT, self._previous
                           if self._previous is not None
                           else signal.default_int_handler)

@@ -243,11 +243,14 @@ class Trainer:
             self.total_steps, stop_at_step)
         callbacks, ctrl_c, steps, final = _callbacks(self, log, start, end)
         if end > start:
-            with self.placement.scope():
-                self.model.fit(self._batches(start, end), epochs=1,
-                               steps_per_epoch=(end - start) * self.accum,
-                               callbacks=callbacks, shuffle=False,
-                               verbose=0)
+            try:
+                with self.placement.scope():
+                    self.model.fit(self._batches(start, end), epochs=1,
+                                   steps_per_epoch=(end - start) * self.accum,
+                                   callbacks=callbacks, shuffle=False,
+                                   verbose=0)
+            finally:  # fit that raises calls no on_train_end
+                ctrl_c.close()
         self.step = step = steps.step
         if ctrl_c.requested and step < self.total_steps:
             raise TrainingInterrupted(step, self.total_steps, self.out_dir)

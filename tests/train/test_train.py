@@ -968,3 +968,31 @@ def test_a_second_ctrl_c_exits_at_once(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "saving a checkpoint after this step" in err
     assert "exiting now, without saving" in err
+
+
+def test_a_failed_run_gives_ctrl_c_back(tmp_path, monkeypatch):
+    """Keras calls no ``on_train_end`` when ``fit`` raises: the run's Ctrl-C
+    handler (whose second Ctrl-C ends the process at once) must not
+    outlive the run, or the user's next Ctrl-C in that Python would not
+    interrupt and the one after would kill it."""
+    import signal
+
+    from keras_vit.train import loop
+
+    class FailMidRun(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("failed mid-run")
+
+    real = loop._callbacks
+
+    def failing(*args, **kwargs):
+        callbacks, *rest = real(*args, **kwargs)
+        return (callbacks + [FailMidRun()], *rest)
+
+    monkeypatch.setattr(loop, "_callbacks", failing)
+    before = signal.getsignal(signal.SIGINT)
+    trainer = kt.Trainer(tiny(), "digits", total_steps=3, warmup_steps=1,
+                         out_dir=str(tmp_path / "run"), **QUICK)
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        trainer.fit()
+    assert signal.getsignal(signal.SIGINT) is before
