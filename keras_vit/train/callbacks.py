@@ -409,8 +409,15 @@ class StepLog(StepCounter):
             self._row(self.step, self._epoch_batches, logs or {})
 
     def on_train_end(self, logs=None):
+        self.close()
+
+    def close(self):
+        """Closes the progress bar (once: later calls do nothing); call it
+        in a ``finally`` around ``fit``, which calls no ``on_train_end``
+        when it raises."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
 
     @property
     def wall(self):

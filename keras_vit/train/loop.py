@@ -249,8 +249,12 @@ class Trainer:
                                    steps_per_epoch=(end - start) * self.accum,
                                    callbacks=callbacks, shuffle=False,
                                    verbose=0)
-            finally:  # fit that raises calls no on_train_end
-                ctrl_c.close()
+            finally:
+                # fit that raises calls no on_train_end: what the callbacks
+                # took at the start (Ctrl-C, the progress bar) goes back.
+                for callback in callbacks:
+                    if hasattr(callback, "close"):
+                        callback.close()
         self.step = step = steps.step
         if ctrl_c.requested and step < self.total_steps:
             raise TrainingInterrupted(step, self.total_steps, self.out_dir)

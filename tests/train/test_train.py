@@ -977,16 +977,18 @@ def test_a_failed_run_gives_ctrl_c_back(tmp_path, monkeypatch):
     interrupt and the one after would kill it."""
     import signal
 
-    from keras_vit.train import loop
+    from keras_vit.train import callbacks, loop
 
     class FailMidRun(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             raise RuntimeError("failed mid-run")
 
     real = loop._callbacks
+    made = []
 
     def failing(*args, **kwargs):
         callbacks, *rest = real(*args, **kwargs)
+        made.extend(callbacks)
         return (callbacks + [FailMidRun()], *rest)
 
     monkeypatch.setattr(loop, "_callbacks", failing)
@@ -996,3 +998,7 @@ def test_a_failed_run_gives_ctrl_c_back(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="failed mid-run"):
         trainer.fit()
     assert signal.getsignal(signal.SIGINT) is before
+    # and its progress bar is closed (tqdm's monitor thread and the
+    # bar's line do not outlive it either)
+    logs = [c for c in made if isinstance(c, callbacks.StepLog)]
+    assert logs and all(c._bar is None for c in logs)
