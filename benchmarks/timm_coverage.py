@@ -314,7 +314,10 @@ def representatives(arches):
     ViT family uses (``{name: (module, tags)}`` in, names out): the
     smallest-width architecture with an uncovered option value, again and
     again (a greedy cover, reading each option's value as
-    :func:`argument_feature` names it), plus the smallest plain ViT.
+    :func:`argument_feature` names it), plus the smallest plain ViT; then
+    each chosen one whose values the others carry is dropped, tried from
+    the last chosen (the widest) back to the second (the greedy order
+    leaves some that later choices cover).
 
     >>> representatives({"deit_tiny_patch16_224": ("deit", [])})
     ['deit_tiny_patch16_224']
@@ -331,10 +334,15 @@ def representatives(arches):
     while True:
         left = [n for n in carried if carried[n][1] - covered]
         if not left:
-            return chosen
+            break
         name = min(left, key=lambda n: carried[n][0])
         chosen.append(name)
         covered |= carried[name][1]
+    for name in reversed(chosen[1:]):
+        others = set().union(*(carried[n][1] for n in chosen if n != name))
+        if carried[name][1] <= others:
+            chosen.remove(name)
+    return chosen
 
 
 # -- one architecture -------------------------------------------------------

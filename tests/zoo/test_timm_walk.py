@@ -2,7 +2,7 @@
 ``benchmarks/timm_coverage.py`` (the script behind
 docs/coverage-timm.md): a few architectures that together carry every
 option value timm's architecture functions pass (chosen from timm's list
-by a rule, not by name: :func:`cover`), each built by timm at depth 1 with random
+by a rule, not by name), each built by timm at depth 1 with random
 weights and written by timm's ``save_for_hf``. Each must load with timm's
 logits or be refused in one line whose feature is a known gap; a feature
 not in :data:`KNOWN_GAPS` (a regression, or a new timm option) fails."""
@@ -44,25 +44,6 @@ def _module():
     return module
 
 
-def cover(coverage, arches):
-    """The representatives: the walk's greedy cover
-    (``coverage.representatives``), less each architecture whose option
-    values the others carry, tried from the last chosen (the widest) back
-    to the second; the first, the plain ViT, stays."""
-    def values(name):
-        return {(key, coverage.argument_feature(key, value))
-                for key, value in coverage.options(coverage.architecture_args(
-                    name, arches[name][0])).items()}
-
-    chosen = coverage.representatives(arches)
-    carried = {name: values(name) for name in chosen}
-    for name in reversed(chosen[1:]):
-        others = set().union(*(carried[n] for n in chosen if n != name))
-        if carried[name] <= others:
-            chosen.remove(name)
-    return chosen
-
-
 @pytest.fixture(scope="module")
 def walked(tmp_path_factory):
     """``(the script, its rows for the representatives, timm's list)``;
@@ -74,7 +55,7 @@ def walked(tmp_path_factory):
     return coverage, [coverage.walk_one(name, *arches[name],
                                         workdir=str(folder),
                                         max_parameters=math.inf)
-                      for name in cover(coverage, arches)], arches
+                      for name in coverage.representatives(arches)], arches
 
 
 def test_representatives_carry_every_option_value_of_timms_list(walked):
