@@ -15,6 +15,8 @@
   per batch, for exact resume where Keras keeps no state of it (torch).
 - :class:`TrainedWeights`: the trained weights, not the EMA Keras puts in
   at the end of every ``fit``, for a run that stopped early.
+- :func:`close_all`: gives back what the callbacks took (Ctrl-C, the
+  progress bar) when ``fit`` raises, which calls no ``on_train_end``.
 
 Each counts optimizer steps, not ``fit``'s batches: with Keras' gradient
 accumulation (``gradient_accumulation_steps=k``) a step is k batches, and
@@ -423,3 +425,25 @@ class StepLog(StepCounter):
     def wall(self):
         """Seconds since ``fit`` began."""
         return time.perf_counter() - self._started
+
+
+def close_all(callbacks):
+    """Calls ``close()`` on each of ``callbacks`` that has one. Keras calls
+    no ``on_train_end`` when ``fit`` raises, so what a callback took at
+    ``on_train_begin`` (:class:`StopOnCtrlC`'s Ctrl-C handler,
+    :class:`StepLog`'s progress bar) would outlive the failed run; call
+    this in a ``finally`` around ``fit``. Closing twice does nothing.
+
+    >>> import keras
+    >>> callbacks = [StopOnCtrlC(), keras.callbacks.History()]
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> try:
+    ...     _ = model.fit(keras.ops.ones((4, 2)), keras.ops.ones((4, 1)),
+    ...                   callbacks=callbacks, verbose=0)
+    ... finally:
+    ...     close_all(callbacks)
+    """
+    for callback in callbacks:
+        if callable(getattr(callback, "close", None)):
+            callback.close()

@@ -243,18 +243,16 @@ class Trainer:
             self.total_steps, stop_at_step)
         callbacks, ctrl_c, steps, final = _callbacks(self, log, start, end)
         if end > start:
+            from keras_vit.train.callbacks import close_all
+
             try:
                 with self.placement.scope():
                     self.model.fit(self._batches(start, end), epochs=1,
                                    steps_per_epoch=(end - start) * self.accum,
                                    callbacks=callbacks, shuffle=False,
                                    verbose=0)
-            finally:
-                # fit that raises calls no on_train_end: what the callbacks
-                # took at the start (Ctrl-C, the progress bar) goes back.
-                for callback in callbacks:
-                    if hasattr(callback, "close"):
-                        callback.close()
+            finally:  # fit that raises calls no on_train_end
+                close_all(callbacks)
         self.step = step = steps.step
         if ctrl_c.requested and step < self.total_steps:
             raise TrainingInterrupted(step, self.total_steps, self.out_dir)
