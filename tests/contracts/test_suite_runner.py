@@ -54,3 +54,39 @@ def test_a_backend_run_stops_once_its_parent_is_killed():
     # Orphaned, it interrupts itself within a second of noticing (its
     # sleep would have lasted two minutes).
     assert not _alive(pid), f"the orphaned child {pid} still runs"
+
+
+# Four files of three tests; a worker dies in the middle of the third.
+_DYING = """
+import os, time
+def test_1(): time.sleep(0.2)
+def test_2():
+    if {dies}: os._exit(1)
+def test_3(): time.sleep(0.2)
+"""
+
+
+def test_a_worker_that_dies_ends_the_run_naming_its_test(tmp_path):
+    """With setup.cfg's options, a worker that dies mid-run ends the run
+    with the test it was running named, instead of leaving the run waiting
+    for the dead worker's file (the xdist loadfile scheduler's hang: the
+    run would stop only at CI's time limit)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(TESTS), "setup.cfg"))
+    addopts = " ".join(cfg["tool:pytest"]["addopts"].split())
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\naddopts = {addopts}\n")
+    for name in "abcd":
+        (tmp_path / f"test_{name}.py").write_text(
+            _DYING.format(dies=name == "c"))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-n", "2", "-p",
+             "no:cacheprovider", "-q"], cwd=tmp_path, capture_output=True,
+            text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the run still waited 90 s after its worker "
+                             "died") from None
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "crashed while running 'test_c.py::test_2'" in out.stdout
