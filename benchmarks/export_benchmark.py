@@ -204,6 +204,7 @@ def speed(args):
     from speed_backends import images
 
     from keras_vit.export import benchmark
+    from keras_vit.export import openvino as openvino_export
     from keras_vit.export.graph import ServingGraph
 
     arch = TINY if args.quick else VIT_B16
@@ -241,7 +242,8 @@ def speed(args):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     load.append(os.getloadavg()[0])
-    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    caps = openvino_export.core().get_property(
+        "CPU", "OPTIMIZATION_CAPABILITIES")
     name = "tiny ViT (--quick)" if args.quick else "ViT-B/16"
     print(f"\n## OpenVINO beside keras_vit and timm: {name} at {size}, "
           f"batch {batch}\n")

@@ -214,9 +214,11 @@ def _write_openvino(path, text, key=KEY):
     from keras_vit.base.checks import require
     from keras_vit.export.common import weights_file
 
+    from keras_vit.export.openvino import core
+
     ov = require("openvino", purpose="recording class names in OpenVINO "
                                      "files")
-    model = ov.Core().read_model(path)
+    model = core().read_model(path)
     model.set_rt_info(text, key)
     scratch = tempfile.mkdtemp(dir=os.path.dirname(path))
     try:
@@ -265,9 +267,10 @@ def _read_openvino(path, key):
     """The ``key`` rt_info entry of an OpenVINO IR (text)."""
     from keras_vit.base.checks import require
 
-    ov = require("openvino", purpose="reading class names from OpenVINO "
-                                     "files")
-    model = ov.Core().read_model(path)
+    from keras_vit.export.openvino import core
+
+    require("openvino", purpose="reading class names from OpenVINO files")
+    model = core().read_model(path)
     if not model.has_rt_info(key):
         return None
     return model.get_rt_info(key).astype(str)

@@ -43,6 +43,7 @@ The precisions (``precision=``):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -68,6 +69,19 @@ def _openvino(purpose):
     return require("openvino", purpose=purpose)
 
 
+@functools.lru_cache(maxsize=None)
+def core():
+    """The process's one OpenVINO ``Core``: every OpenVINO file this
+    package reads or compiles goes through it. Each Core's CPU plugin gives
+    the thread that compiles with it a signal stack of its own and, when
+    the Core ends, puts back the stack it found there; Cores that end in
+    another order than they began leave the thread a freed stack, and the
+    next signal (Ctrl-C) ends the process with a segmentation fault
+    (OpenVINO 2026.4.1, seen here). One Core that lasts as long as the
+    process ends in no wrong order."""
+    return _openvino("reading and running OpenVINO files").Core()
+
+
 def cpu_has_bf16(core):
     """Whether OpenVINO's CPU plugin computes in bf16 on this machine (it
     lists ``BF16`` among its capabilities on AVX-512 and AMX CPUs)."""
@@ -90,14 +104,12 @@ def open_artifact(path, num_threads=None):
     """Loads an OpenVINO ``.xml`` file (its ``.bin`` beside it), compiles
     it for the CPU with the precision hint it records and returns
     ``images -> {name: array}``."""
-    ov = _openvino("running OpenVINO files")
-
-    core = ov.Core()
-    model = core.read_model(path)
-    config = compile_config(model, core)
+    runtime = core()
+    model = runtime.read_model(path)
+    config = compile_config(model, runtime)
     if num_threads:
         config["INFERENCE_NUM_THREADS"] = int(num_threads)
-    compiled = core.compile_model(model, DEVICE, config)
+    compiled = runtime.compile_model(model, DEVICE, config)
     names = [output.get_any_name() for output in compiled.outputs]
 
     def run(images):
@@ -185,8 +197,7 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
                "cast_to_float32": bool(cast_to_float32),
                "converter": "openvino.convert_model (TensorFlow frontend)"}
     notes = []
-    if hint == "bf16" and not cpu_has_bf16(
-            _openvino("OpenVINO export").Core()):
+    if hint == "bf16" and not cpu_has_bf16(core()):
         notes.append(
             "OpenVINO computes in f32 on this CPU (no bf16): the artifact "
             "was verified in f32 here, its bf16 numbers were not checked")

@@ -27,12 +27,11 @@ def compress(source, output):
     import logging
 
     import nncf
-    import openvino as ov
 
     from keras_vit.export import openvino as exporter
 
     nncf.set_log_level(logging.ERROR)
-    model = ov.Core().read_model(source)
+    model = exporter.core().read_model(source)
     model = nncf.compress_weights(model,
                                   mode=nncf.CompressWeightsMode.INT8_ASYM)
     exporter.save(model, output, "int8")

@@ -18,7 +18,6 @@ import shutil
 import sys
 
 import numpy as np
-import openvino as ov
 import pytest
 
 import keras  # noqa: E402
@@ -111,7 +110,7 @@ def _keras_logits(model, x):
 def _run_openvino(path, x):
     """The artifact's outputs, compiled here for the CPU with the hint it
     records, and that hint as the compiled model reports it."""
-    core = ov.Core()
+    core = ov_export.core()
     model = core.read_model(path)
     hint = model.get_rt_info(ov_export.RT_HINT).astype(str)
     compiled = core.compile_model(model, "CPU",
@@ -138,7 +137,7 @@ def _assert_within(got, want, tol):
 def _constants(path, element_type):
     """Values held in constants of ``element_type`` (``"f32"``, ``"f16"``,
     ``"u8"``) in the IR at ``path``."""
-    model = ov.Core().read_model(path)
+    model = ov_export.core().read_model(path)
     return sum(int(np.prod(list(op.get_output_shape(0))))
                for op in model.get_ops() if op.get_type_name() == "Constant"
                and op.get_output_element_type(0).get_type_name()
@@ -199,7 +198,7 @@ def test_each_precision_runs_in_openvino_and_matches_keras(
     assert set(out) == {"logits", "probabilities"}
     np.testing.assert_allclose(out["probabilities"].sum(-1), 1, atol=1e-3)
     expected = {"f32": "<Type: 'float32'>", "bf16": "<Type: 'bfloat16'>"}
-    if precision == "bfloat16" and not ov_export.cpu_has_bf16(ov.Core()):
+    if precision == "bfloat16" and not ov_export.cpu_has_bf16(ov_export.core()):
         assert computed == expected["f32"] and report["notes"]
     else:
         assert computed == expected[HINTS[precision]]
@@ -381,6 +380,45 @@ def test_cli_export_openvino(vit, tmp_path, capsys):
                      str(tmp_path / "x.XML")]) == 2
     assert ".xml (lower case)" in _one_error_line(capsys)
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
+
+
+def test_every_openvino_file_goes_through_the_one_core():
+    """Each OpenVINO Core's CPU plugin gives the thread that compiles with
+    it a signal stack of its own and, when the Core ends, puts back the one
+    it found; Cores that end in another order than they began (as the
+    garbage collector may end them) left the test worker's main thread a
+    freed stack, and its next Ctrl-C was a segmentation fault (the suite's
+    Ctrl-C test killed its worker). One Core for the process, never ended
+    early: no other ``Core()`` in the package, its benchmarks or tests."""
+    import ast
+
+    assert ov_export.core() is ov_export.core()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    made = []
+    for folder in ("keras_vit", "export", "zoo", "benchmarks", "tests",
+                   "examples"):
+        for where, _, names in os.walk(os.path.join(root, folder)):
+            for name in names:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(where, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                made += [f"{os.path.relpath(path, root)}:{node.lineno}"
+                         for node in ast.walk(tree)
+                         if isinstance(node, ast.Call)
+                         and isinstance(node.func, ast.Attribute)
+                         and node.func.attr == "Core"]
+    assert made == ["export/openvino.py:%d" % _line_of_core_call()], made
+
+
+def _line_of_core_call():
+    import inspect
+
+    lines, first = inspect.getsourcelines(ov_export.core.__wrapped__)
+    (at,) = [first + i for i, line in enumerate(lines) if ".Core()" in line]
+    return at
 
 
 @pytest.mark.slow
