@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 
 # Quiet TF's C++ start-up banner; set before TensorFlow is first imported.
@@ -469,6 +470,65 @@ def pytest_sessionfinish(session, exitstatus):
     if failed:
         print(f"\nbackend runs failed: {', '.join(failed)}", flush=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+#: Ctrl-C's handler in this process before any test ran.
+_SIGINT_HANDLER = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _signals_still_work():
+    """A test (or a module fixture set up or torn down just before it)
+    that breaks signal handling for the tests after it fails here, and the
+    damage is undone: the process's Ctrl-C handler replaced (a training
+    run's ends the process on a second Ctrl-C), or the main thread's
+    signal stack pointing at freed memory (the next Ctrl-C is a
+    segmentation fault that takes the xdist worker down)."""
+    yield
+    found = signal.getsignal(signal.SIGINT)
+    if found is not _SIGINT_HANDLER:
+        signal.signal(signal.SIGINT, _SIGINT_HANDLER)
+        pytest.fail(f"Ctrl-C (SIGINT) is handled by {found!r} after this "
+                    f"test, not {_SIGINT_HANDLER!r}", pytrace=False)
+    freed = _freed_signal_stack()
+    if freed:
+        pytest.fail(f"the main thread's signal stack (sigaltstack) was at "
+                    f"{freed:#x}, memory no longer mapped, after this test: "
+                    "a library set it and freed it; it is switched off",
+                    pytrace=False)
+
+
+def _freed_signal_stack():
+    """The address of this thread's signal stack if it points at memory
+    that is no longer mapped, after switching that stack off (signals are
+    then handled on the thread's own stack); None otherwise, and off
+    Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import errno
+
+    class Stack(ctypes.Structure):  # stack_t
+        _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int),
+                    ("ss_size", ctypes.c_size_t)]
+
+    disable = 2  # SS_DISABLE
+    libc = ctypes.CDLL(None, use_errno=True)
+    now = Stack()
+    if (libc.sigaltstack(None, ctypes.byref(now)) != 0 or not now.ss_sp
+            or now.ss_flags & disable):
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = now.ss_sp // page * page
+    length = now.ss_sp + now.ss_size - start
+    pages = (ctypes.c_ubyte * (length // page + 1))()
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.c_void_p]
+    if (libc.mincore(start, length, pages) == 0
+            or ctypes.get_errno() != errno.ENOMEM):
+        return None  # mapped (mincore fails with ENOMEM where it is not)
+    libc.sigaltstack(ctypes.byref(Stack(None, disable, 0)), None)
+    return now.ss_sp
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""The suite's own runner (tests/conftest.py): the other backends' runs it
-starts beside the TensorFlow run end with it."""
+"""The suite's own runner (tests/conftest.py and setup.cfg's options): the
+other backends' runs it starts beside the TensorFlow run end with it, and
+a worker that dies ends the run instead of hanging it."""
 
 import os
 import subprocess
