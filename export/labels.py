@@ -214,7 +214,7 @@ def _write_openvino(path, text, key=KEY):
     from keras_vit.base.checks import require
     from keras_vit.export.common import weights_file
 
-    from keras_vit.export.openvino import core
+    from keras_vit.export.openvino_core import core
 
     ov = require("openvino", purpose="recording class names in OpenVINO "
                                      "files")
@@ -267,7 +267,7 @@ def _read_openvino(path, key):
     """The ``key`` rt_info entry of an OpenVINO IR (text)."""
     from keras_vit.base.checks import require
 
-    from keras_vit.export.openvino import core
+    from keras_vit.export.openvino_core import core
 
     require("openvino", purpose="reading class names from OpenVINO files")
     model = core().read_model(path)

@@ -43,7 +43,6 @@ The precisions (``precision=``):
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
@@ -51,6 +50,7 @@ from keras_vit.base.checks import check_choice, require
 from keras_vit.export import common, pipeline
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
+from keras_vit.export.openvino_core import core
 
 PRECISIONS = common.OPENVINO_PRECISIONS
 #: The OpenVINO ``INFERENCE_PRECISION_HINT`` each precision is verified
@@ -67,19 +67,6 @@ WORKER = "keras_vit.export.openvino_worker"
 
 def _openvino(purpose):
     return require("openvino", purpose=purpose)
-
-
-@functools.lru_cache(maxsize=None)
-def core():
-    """The process's one OpenVINO ``Core``: every OpenVINO file this
-    package reads or compiles goes through it. Each Core's CPU plugin gives
-    the thread that compiles with it a signal stack of its own and, when
-    the Core ends, puts back the stack it found there; Cores that end in
-    another order than they began leave the thread a freed stack, and the
-    next signal (Ctrl-C) ends the process with a segmentation fault
-    (OpenVINO 2026.4.1, seen here). One Core that lasts as long as the
-    process ends in no wrong order."""
-    return _openvino("reading and running OpenVINO files").Core()
 
 
 def cpu_has_bf16(core):
