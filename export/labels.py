@@ -213,7 +213,6 @@ def _write_openvino(path, text, key=KEY):
 
     from keras_vit.base.checks import require
     from keras_vit.export.common import weights_file
-
     from keras_vit.export.openvino_core import core
 
     ov = require("openvino", purpose="recording class names in OpenVINO "
@@ -266,7 +265,6 @@ def read_label_names(path):
 def _read_openvino(path, key):
     """The ``key`` rt_info entry of an OpenVINO IR (text)."""
     from keras_vit.base.checks import require
-
     from keras_vit.export.openvino_core import core
 
     require("openvino", purpose="reading class names from OpenVINO files")

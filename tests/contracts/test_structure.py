@@ -650,6 +650,17 @@ def caps(tree):
             and re.search(r"(^|_)MAX(_|$)", target.id)]
 
 
+def openvino_cores(tree):
+    """Calls of ``<anything>.Core()``. An OpenVINO Core is made only by
+    keras_vit.export.openvino_core: each Core's CPU plugin gives its thread
+    a signal stack that Cores ending out of order leave freed (the next
+    Ctrl-C is then a segmentation fault)."""
+    return [(node.lineno, "Core()") for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "Core"]
+
+
 # Where each decision may be made, and the modules that still make it
 # elsewhere (they move to their floor when their folders are next
 # reorganised; a listed module that no longer needs its place fails below,
@@ -659,6 +670,8 @@ RULES = {
     "environment": (environment_uses, (
         "keras_vit.base.environment", "keras_vit.runtime.*"), set()),
     "caps": (caps, ("keras_vit.base.limits",), set()),
+    "openvino core": (openvino_cores, ("keras_vit.export.openvino_core",),
+                      set()),
 }
 
 
@@ -695,6 +708,22 @@ def test_the_decision_finders_see_what_they_look_for():
     assert sorted(environment_uses(tree)) == [(10, "os.environ"),
                                               (10, "os.getenv")]
     assert caps(tree) == [(4, "MAX_SIDE"), (5, "NPZ_MAX_NDIM")]
+    assert openvino_cores(ast.parse(
+        "import openvino as ov\ncore = ov.Core()\nov.Core().read_model(p)\n"
+        "core.compile_model(m)\n")) == [(2, "Core()"), (3, "Core()")]
+
+
+def test_scripts_make_no_openvino_core_of_their_own():
+    """The benchmarks, tests and examples share the package's one Core too
+    (a test's own Cores once left its worker a freed signal stack)."""
+    found = [f"{path.relative_to(ROOT)}:{line}"
+             for folder in ("benchmarks", "tests", "examples")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for line, _ in openvino_cores(ast.parse(path.read_text(),
+                                                     str(path)))]
+    assert not found, ("OpenVINO Cores made outside keras_vit.export."
+                       "openvino_core (call its core()):\n"
+                       + "\n".join(found))
 
 
 # docs/architecture.md: the floors as the folders' docstrings describe them.
