@@ -1,6 +1,7 @@
 """The suite's own runner (tests/conftest.py and setup.cfg's options): the
-other backends' runs it starts beside the TensorFlow run end with it, and
-a worker that dies ends the run instead of hanging it."""
+other backends' runs it starts beside the TensorFlow run end with it, a
+worker that dies ends the run instead of hanging it, and each worker's
+TensorFlow runs on its share of the cores."""
 
 import os
 import subprocess
@@ -91,3 +92,21 @@ def test_a_worker_that_dies_ends_the_run_naming_its_test(tmp_path):
                              "died") from None
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
     assert "crashed while running 'test_c.py::test_2'" in out.stdout
+
+
+def test_a_tensorflow_worker_runs_on_its_share_of_the_cores():
+    """Under xdist, TensorFlow in this process has cores / workers threads
+    in each pool (conftest's _share_tensorflow_threads), not one per core
+    in every worker; a run without workers, or a thread count the user
+    set in TF_NUM_INTRAOP_THREADS, leaves TensorFlow's setting alone (0:
+    its default)."""
+    import tensorflow as tf
+
+    import conftest
+
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    want = 0
+    if workers and "TF_NUM_INTRAOP_THREADS" not in os.environ:
+        want = max(1, conftest._usable_cores() // int(workers))
+    assert tf.config.threading.get_intra_op_parallelism_threads() == want
+    assert tf.config.threading.get_inter_op_parallelism_threads() == want
