@@ -1,4 +1,6 @@
+import functools
 import os
+import re
 import signal
 import sys
 
@@ -343,6 +345,44 @@ def _skip_gpu_tests_without_an_accelerator(items):
             item.add_marker(skip)
 
 
+#: How a test file marks tests `backends` (``@pytest.mark.backends``,
+#: ``pytestmark = pytest.mark.backends``): the other backends' runs import
+#: only the files whose text says it.
+_BACKENDS_MARK = re.compile(r"\bmark\.backends\b")
+
+
+@functools.lru_cache(maxsize=None)
+def _may_mark_backends(path):
+    with open(path, encoding="utf-8") as f:
+        return bool(_BACKENDS_MARK.search(f.read()))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The jax and torch runs leave out the test files that mark no test
+    `backends`: importing them (TensorFlow-only modules, hypothesis
+    strategies, 200 files) cost each of their workers a third of its
+    collection, 21 -> 15 CPU-s, for tests it then deselects. The
+    TensorFlow run collects everything and checks that no `backends` test
+    sits in a file this would leave out (_check_backends_files)."""
+    if (getattr(config, "_keras_vit_backend", "tensorflow") != "tensorflow"
+            and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")
+            and not _may_mark_backends(str(collection_path))):
+        return True
+    return None
+
+
+def _check_backends_files(items):
+    for item in items:
+        if (item.get_closest_marker("backends")
+                and not _may_mark_backends(str(item.path))):
+            raise pytest.UsageError(
+                f"{item.nodeid}: marked `backends` in a way the jax and torch "
+                f"runs do not see (they collect files whose text matches "
+                f"{_BACKENDS_MARK.pattern!r}): mark it with "
+                "@pytest.mark.backends or pytestmark in its own file")
+
+
 def pytest_collection_modifyitems(config, items):
     _check_backend_independent_marks(items)
     _skip_gpu_tests_without_an_accelerator(items)
@@ -350,6 +390,7 @@ def pytest_collection_modifyitems(config, items):
                           "tensorflow" else "children"]
     items.sort(key=_longest_first(order))  # stable: files keep their order
     if config._keras_vit_backend == "tensorflow":
+        _check_backends_files(items)
         return
     backend = config._keras_vit_backend
     keep = [item for item in items if _runs_on_backend(item, backend)]

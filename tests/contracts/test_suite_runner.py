@@ -110,3 +110,39 @@ def test_a_tensorflow_worker_runs_on_its_share_of_the_cores():
         want = max(1, conftest._usable_cores() // int(workers))
     assert tf.config.threading.get_intra_op_parallelism_threads() == want
     assert tf.config.threading.get_inter_op_parallelism_threads() == want
+
+
+def test_the_other_backends_import_only_files_that_mark_backends(tmp_path):
+    """The jax and torch runs skip the test files whose text marks no test
+    `backends`; the TensorFlow run, which imports them all, stops on a
+    `backends` test that such a file holds (a mark made by another name),
+    so no test leaves the other backends' runs unseen."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pytest
+
+    import conftest
+
+    marked, hidden, plain = (tmp_path / f"test_{n}.py" for n in
+                             ("marked", "hidden", "plain"))
+    marked.write_text("import pytest\npytestmark = pytest.mark.backends\n")
+    hidden.write_text("import pytest\n"
+                      "pytestmark = getattr(pytest.mark, 'backends')\n")
+    plain.write_text("def test_x(): pass\n")
+    for backend, want in (("jax", {marked: None, hidden: True, plain: True}),
+                          ("tensorflow", dict.fromkeys((marked, hidden,
+                                                        plain)))):
+        config = SimpleNamespace(_keras_vit_backend=backend)
+        got = {path: conftest.pytest_ignore_collect(Path(path), config)
+               for path in want}
+        assert got == want, backend
+
+    def item(path):
+        return SimpleNamespace(
+            nodeid=f"{path.name}::test_x", path=path,
+            get_closest_marker=lambda name: name == "backends" or None)
+
+    conftest._check_backends_files([item(marked)])
+    with pytest.raises(pytest.UsageError, match="test_hidden.py::test_x"):
+        conftest._check_backends_files([item(marked), item(hidden)])
