@@ -60,6 +60,13 @@ def _usable_cores():
         else (os.cpu_count() or 1)
 
 
+def _worker_share():
+    """The cores of this xdist worker's share (usable cores / workers, at
+    least one); None outside xdist."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    return max(1, _usable_cores() // int(workers)) if workers else None
+
+
 def _share_torch_threads():
     """An xdist worker of the TensorFlow run gives torch (imported above,
     with timm) its share of the cores, not all of them: torch's OpenMP
@@ -69,14 +76,14 @@ def _share_torch_threads():
     cores, test_bit, test_hybrid, test_vit and test_zoo on jax and
     torch at once, 2 workers each, took 146 s and 120 s, then 117 s and
     70 s. A thread count the user set (OMP_NUM_THREADS) is kept."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not workers or "OMP_NUM_THREADS" in os.environ:
+    share = _worker_share()
+    if share is None or "OMP_NUM_THREADS" in os.environ:
         return
     try:
         import torch
     except ImportError:
         return
-    torch.set_num_threads(max(1, _usable_cores() // int(workers)))
+    torch.set_num_threads(share)
 
 
 _share_torch_threads()
@@ -95,12 +102,11 @@ def _share_tensorflow_threads():
     CLI) keep TensorFlow's default, so the figures they print are the ones
     a user sees (the thread count moves float32 training by an image or
     two). A thread count the user set (TF_NUM_INTRAOP_THREADS) is kept."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not workers or "TF_NUM_INTRAOP_THREADS" in os.environ:
+    share = _worker_share()
+    if share is None or "TF_NUM_INTRAOP_THREADS" in os.environ:
         return
     import tensorflow as tf
 
-    share = max(1, _usable_cores() // int(workers))
     tf.config.threading.set_intra_op_parallelism_threads(share)
     tf.config.threading.set_inter_op_parallelism_threads(share)
 
