@@ -366,8 +366,8 @@ def _may_mark_backends(path):
 def pytest_ignore_collect(collection_path, config):
     """The jax and torch runs leave out the test files that mark no test
     `backends`: importing them (TensorFlow-only modules, hypothesis
-    strategies, 200 files) cost each of their workers a third of its
-    collection, 21 -> 15 CPU-s, for tests it then deselects. The
+    strategies, 200 files) cost each of their workers a quarter of its
+    collection, 21 -> 16 CPU-s, for tests it then deselects. The
     TensorFlow run collects everything and checks that no `backends` test
     sits in a file this would leave out (_check_backends_files)."""
     if (getattr(config, "_keras_vit_backend", "tensorflow") != "tensorflow"
