@@ -36,6 +36,24 @@ def available_features(model):
     return names
 
 
+def is_classifier(model):
+    """Whether ``model`` ends in a classification head (its outputs are
+    class scores); False for a feature extractor (``num_classes=0``,
+    ``include_top=False``: DINOv2, SigLIP and CLIP towers), whose output
+    is the embedding. Every path that reads a model's outputs (``predict``,
+    the exporters' default outputs, the serving signature) asks this.
+
+    >>> import keras_vit
+    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+    ...           num_heads=1, mlp_dim=8)
+    >>> is_classifier(keras_vit.vit(**kw, num_classes=3))
+    True
+    >>> is_classifier(keras_vit.vit(**kw, num_classes=0))
+    False
+    """
+    return "logits" in available_features(model)
+
+
 def _stage_outputs(model):
     """BiT stage outputs: the last unit of each ``stage_{s}_unit_{u}``."""
     last = {}
