@@ -35,6 +35,8 @@ __getattr__, __dir__ = lazy.attach(__name__, lazy.names_of({
                 "vit"),
     # Getting and copying models is the zoo's (keras_vit.zoo.resolve).
     ".zoo.resolve": ("rebuild", "resolve_model"),
+    # TensorFlow's C++ start-up lines off stderr, as the command does.
+    ".runtime.quiet": ("hide_tensorflow_logs",),
 }), modules={
     "analysis": ".analysis", "export": ".export", "layers": ".layers",
     "models": ".models", "train": ".train", "zoo": ".zoo",
@@ -52,5 +54,6 @@ FLOORS = (("base",), ("runtime",), ("layers",), ("models", "data"),
 
 __all__ = ["AxialVisionTransformer", "KerasVitError", "VisionTransformer",
            "__version__",
-           "analysis", "axial_vit", "export", "layers", "models", "rebuild",
+           "analysis", "axial_vit", "export", "hide_tensorflow_logs",
+           "layers", "models", "rebuild",
            "resolve_model", "train", "variants", "vit", "zoo"]

@@ -204,6 +204,26 @@ def filter_stderr():
     atexit.register(_restore)
 
 
+def hide_tensorflow_logs():
+    """Hides TensorFlow's C++ start-up lines (``WARNING: All log messages
+    before absl::InitializeLog()``, ``I0000 ... oneDNN custom operations
+    are on``, ``cudart_stub.cc ... Could not find cuda drivers``,
+    ``E0000 ... failed call to cuInit``) for the rest of this Python
+    process, as the ``keras-vit`` command does: they are TensorFlow's
+    notes on loading, not errors, and TensorFlow 2.21 writes them before
+    its logging reads ``TF_CPP_MIN_LOG_LEVEL``, so only a filter on the
+    process's stderr removes them. Everything else on stderr passes
+    unchanged. Call it before the first model is built (the lines come
+    when TensorFlow loads); ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment
+    turns it into a no-op, to see them when debugging. In a script or a
+    notebook, first thing::
+
+        import keras_vit
+        keras_vit.hide_tensorflow_logs()
+    """
+    filter_stderr()
+
+
 def _restore():
     """Puts the original stderr back and lets the filter drain the pipe."""
     global _installed

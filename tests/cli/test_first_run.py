@@ -33,6 +33,30 @@ def test_cli_prints_no_tensorflow_log_lines():
         assert not TF_LOG.search(proc.stdout), proc.stdout
 
 
+def test_a_python_user_hides_tensorflow_start_up_lines_with_one_call():
+    """The README's switch for a script: the same script prints TensorFlow's
+    start-up lines without the call (so the check can fail) and none with
+    it, while the script's own stderr still gets through."""
+    script = (
+        "import sys, keras_vit\n"
+        "if sys.argv[1] == 'hide':\n"
+        "    keras_vit.hide_tensorflow_logs()\n"
+        "keras_vit.vit(image_size=16, patch_size=8, hidden_size=8, "
+        "num_layers=1, num_heads=1, mlp_dim=8, num_classes=2)\n"
+        "print('mine', file=sys.stderr)\n")
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user's shell has it
+    runs = {mode: subprocess.run([sys.executable, "-c", script, mode],
+                                 capture_output=True, text=True, env=env,
+                                 timeout=300, cwd=ROOT)
+            for mode in ("show", "hide")}
+    for proc in runs.values():
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stderr.rstrip().endswith("mine"), proc.stderr
+    assert TF_LOG.search(runs["show"].stderr), runs["show"].stderr
+    assert not TF_LOG.search(runs["hide"].stderr), runs["hide"].stderr
+
+
 def test_stderr_filter_drops_only_tensorflow_lines():
     """The filter keeps every other byte, progress bars' partial lines too,
     in order."""
