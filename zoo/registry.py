@@ -375,17 +375,21 @@ def info(name):
             "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
             "stride is 32, not the 16 of its name (7x7 grid at 224), as in the "
             "official config.")
-    # Counted for the default weights' resolution, classes and pre-logits
-    # (what zoo.load builds by default), else at 224 with 1000 classes.
+    # Counted as zoo.load builds it by default: at the name's size
+    # ("vit_base_patch16_224") else the default weights' resolution, with
+    # their classes and pre-logits, else at 224 with 1000 classes.
     default = default_tag(arch.name)
     shape = {"image_size": arch.image_size or 224,
              "num_classes": IMAGENET1K_CLASSES, "representation_size": None}
     record = None
     if default:
-        record = select(arch.name, default)
-        shape = {"image_size": record.image_size,
+        record = select(arch.name, default, arch.image_size)
+        shape = {"image_size": arch.image_size or record.image_size,
                  "num_classes": record.num_classes,
                  "representation_size": record.representation_size}
+    # A size the patches do not tile is one line, not a count of a model
+    # that no builder makes.
+    geometry.check_grid(config, shape["image_size"], arch.name)
     count = parameter_count(config, **shape)
     return {
         "name": arch.name,

@@ -25,7 +25,7 @@ True
 ...     read("KERAS_VIT_EXPORT_TIMEOUT", {"KERAS_VIT_EXPORT_TIMEOUT": "abc"})
 ... except SettingError as e:
 ...     print(e.name, e.value, str(e).split(";")[0])
-KERAS_VIT_EXPORT_TIMEOUT abc KERAS_VIT_EXPORT_TIMEOUT must be a positive number of seconds
+KERAS_VIT_EXPORT_TIMEOUT abc KERAS_VIT_EXPORT_TIMEOUT must be a positive number of seconds, from 0.1 to 604800
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from keras_vit.base.errors import KerasVitError
 from keras_vit.base.suggestions import did_you_mean
 
 TRUE = ("1", "true", "yes", "on")
+#: Both bounds of a ``"seconds"`` value: a time limit under a tenth of a
+#: second stops every download or export before it starts, and one past a
+#: week is no limit (1e308 s overflowed the socket's own timeout).
+MIN_SECONDS, MAX_SECONDS = 0.1, 7 * 24 * 3600.0
 FALSE = ("0", "false", "no", "off")
 
 
@@ -55,8 +59,8 @@ class SettingError(KerasVitError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Variable:
-    """One environment variable: ``kind`` is ``"seconds"`` (a positive,
-    finite number), ``"flag"`` (one of :data:`TRUE` / :data:`FALSE`),
+    """One environment variable: ``kind`` is ``"seconds"`` (a number in
+    [:data:`MIN_SECONDS`, :data:`MAX_SECONDS`]), ``"flag"`` (one of :data:`TRUE` / :data:`FALSE`),
     ``"choice"`` (one of ``choices``), ``"folder"`` (a path, ``~``
     expanded), ``"url"`` (http or https with a host) or ``"names"`` (a
     comma-separated list of lower-case identifiers, as a frozenset)."""
@@ -99,6 +103,9 @@ VARIABLES = {v.name: v for v in (
 )}
 
 _NAME = re.compile(r"[a-z0-9_.]+\Z")
+# A host as a URL names it: a DNS name, an IPv4 address, or an IPv6 one
+# (the parser drops its brackets; a zone follows a %).
+_HOST = re.compile(r"[a-z0-9_.\-]+\Z|[0-9a-f:.]*:[0-9a-f:.]*(%[\w.\-]+)?\Z")
 
 
 def read(name, environ=None):
@@ -247,8 +254,9 @@ def _seconds(var, value, text):
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise SettingError(var.name, text, "a positive number of seconds")
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # NaN too
+        raise SettingError(var.name, text, "a positive number of seconds, "
+                           f"from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
     return seconds
 
 
@@ -276,22 +284,58 @@ def _not_one_of(var, value, text, choices):
 def _folder(var, value, text):
     from pathlib import Path
 
+    if "\0" in value:  # no system call takes it; pathlib says "not there"
+        raise SettingError(var.name, text, "a folder path without a NUL "
+                           "character")
     try:
         path = Path(value).expanduser()
     except RuntimeError:  # "~user" for a user that does not exist
         raise SettingError(var.name, text, "a folder whose ~user exists"
                            ) from None
-    if path.exists() and not path.is_dir():
+    try:
+        a_file = path.exists() and not path.is_dir()
+    except OSError as e:  # a name too long, a loop of links, ...
+        raise SettingError(var.name, text, "a folder path this system "
+                           f"accepts ({e.strerror or e})") from None
+    if a_file:
         raise SettingError(var.name, text, "a folder (it names a file)")
     return path
 
 
 def _url(var, value, text):
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise SettingError(var.name, text,
-                           "an http:// or https:// URL with a host")
+    """The URL, checked as far as every later reader of it goes (the URL
+    parser, ``urllib``'s request and ``http.client``'s host and port), so
+    that a value they would refuse is refused here, naming the
+    variable."""
+    expected = "an http:// or https:// URL with a host"
+    if not (value.isascii() and value.isprintable()) or " " in value:
+        raise SettingError(var.name, text, f"{expected}, in printable ASCII "
+                           "without spaces (percent-encode the others)")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port  # raises for a port that is no number or > 65535
+        host = parts.hostname
+    except ValueError as e:  # "http://[::1": Invalid IPv6 URL
+        raise SettingError(var.name, text, f"{expected} ({e})") from None
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        raise SettingError(var.name, text, expected)
+    if not _HOST.match(host) or port == 0 or not _dns_name(host):
+        raise SettingError(var.name, text, f"{expected}: a host name or "
+                           "address, and a port from 1 to 65535")
     return value
+
+
+def _dns_name(host):
+    """Whether the socket library takes ``host``: it encodes names to IDNA,
+    which refuses an empty label or one of more than 63 characters with
+    a UnicodeError that no download catches."""
+    if ":" in host:  # an IPv6 address
+        return True
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 def _names(var, value, text):
@@ -312,7 +356,8 @@ def table():
     holds it; a test keeps the two equal)."""
     rows = ["| variable | value | default | what it does |",
             "|---|---|---|---|"]
-    kinds = {"seconds": "seconds > 0", "flag": "1/0, true/false, yes/no, "
+    kinds = {"seconds": f"seconds, {MIN_SECONDS:g} to {MAX_SECONDS:g}",
+             "flag": "1/0, true/false, yes/no, "
              "on/off", "folder": "a path", "url": "http(s) URL",
              "names": "comma-separated flags"}
     for var in VARIABLES.values():

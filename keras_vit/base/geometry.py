@@ -87,6 +87,40 @@ def grid_side(config, image_size):
     return side // patch
 
 
+def check_grid(config, image_size, where):
+    """Refuses, in one ``ValueError`` naming ``where`` (a model name) and
+    ``image_size``, a size the model's patches do not tile: a patch (times
+    a hybrid's ResNet stride) larger than the image, or one that does not
+    divide it, as the builder refuses it. BiT takes any size. Counting
+    such a model would count a grid of no tokens, or of tokens the
+    builder never makes.
+
+    >>> check_grid({"patch_size": 300}, 224, "ViT-B/300")
+    Traceback (most recent call last):
+    ValueError: ViT-B/300 at image_size=224: its patches are 300 pixels a side (patch_size=300), larger than the image; name a size of at least 300, e.g. 'ViT-B/300-300'
+    """
+    if "block_units" in config:
+        return
+    stride = effective_stride(config)
+    sides = (tuple(image_size) if isinstance(image_size, (tuple, list))
+             else (image_size, image_size))
+    patch = config.get("patch_size", 32)
+    what = f"patch_size={patch}" if stride == patch else (
+        f"ResNet stride {stride // patch} x patch_size={patch}")
+    # The nearest size that works, as a name takes it ("ViT-B/15-225").
+    fit = -(-max(sides) // stride) * stride
+    if min(sides) < stride:
+        raise ValueError(
+            f"{where} at image_size={image_size}: its patches are {stride} "
+            f"pixels a side ({what}), larger than the image; name a size of "
+            f"at least {stride}, e.g. '{where}-{fit}'")
+    if any(side % stride for side in sides):
+        raise ValueError(
+            f"{where} at image_size={image_size}: the image is not tiled by "
+            f"its {stride}-pixel patches ({what}); name a multiple of "
+            f"{stride}, e.g. '{where}-{fit}'")
+
+
 def class_token(config):
     """Whether the model has a class token (``class_token=None``: as
     ``classifier`` says, one for ``"token"`` only)."""

@@ -16,8 +16,9 @@ import dataclasses
 import difflib
 import re
 
-from keras_vit.base import family_rows
+from keras_vit.base import checks, family_rows
 from keras_vit.base.errors import KerasVitError
+from keras_vit.base.limits import MAX_IMAGE_SIDE, MAX_MLP
 
 # Paper Table 1, plus Ti and S of the follow-up work (the official configs).
 VIT_SIZES = {
@@ -38,6 +39,10 @@ _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
 # ResNet depths of the hybrids' stems (stages of bottleneck units).
 RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
                  152: (3, 8, 36, 3)}
+
+# The widest layer of a BiT ResNet is its last stage's output, 2048 channels
+# times the width factor: past MAX_MLP no model of the name builds.
+MAX_BIT_WIDTH = MAX_MLP // 2048
 
 # The variants the zoo registers by name (any other patch size still parses).
 REGISTERED = (
@@ -136,6 +141,23 @@ def _squash(name):
     return re.sub(r"[\s/_\-+.]", "", name.lower())
 
 
+def _number(text, what, original, high=MAX_IMAGE_SIDE):
+    """The number ``text`` (digits of a name; None stays None) if it is in
+    [1, ``high``], else an :class:`UnknownModelError` naming ``what`` and
+    the name: a patch or an image side past the largest image, or a width
+    no machine holds, is refused before anything counts with it (a
+    4,301-digit number is refused without converting it)."""
+    if text is None:
+        return None
+    value = int(text) if len(text) <= len(str(high)) else None
+    if value is None or not 1 <= value <= high:
+        shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text)} digits)"
+        raise UnknownModelError(
+            f"{what} must be an integer in [1, {high}]; received {shown} in "
+            f"name={checks.shown(original)}")
+    return value
+
+
 def vit_name(size, patch):
     return f"ViT-{size}/{patch}"
 
@@ -161,44 +183,45 @@ def parse(name) -> Arch:
             raise UnknownModelError(
                 f"Unknown weights tag {timm_tag!r} in name={name!r}; known "
                 f"timm tags: {sorted(TIMM_TAGS)}")
+    patch, res = "the patch size", "the image size"
     m = _TIMM_BIT_RE.match(raw.lower())
     if m:
-        res = int(m.group(4)) if m.group(4) else None
         if m.group(3) and tag is None:
             tag = f"BiT-{m.group(3).upper()}"
-        return _bit_arch(int(m.group(1)), int(m.group(2)), res, tag, name)
+        return _bit_arch(m.group(1), m.group(2),
+                         _number(m.group(4), res, name), tag, name)
     m = _BIT_RE.match(raw)
     if m:
         if m.group(1):
             tag = f"BiT-{m.group(1).upper()}" + (
                 "-ILSVRC2012" if m.group(4) else "")
-        return _bit_arch(int(m.group(2)), int(m.group(3)), None, tag, name)
+        return _bit_arch(m.group(2), m.group(3), None, tag, name)
     m = _TIMM_HYBRID_RE.match(raw.lower())
     if m:
-        res = int(m.group(4)) if m.group(4) else None
         return _hybrid_arch(m.group(2), _TIMM_SIZES[m.group(1)],
-                            int(m.group(3)), res, tag, name)
+                            _number(m.group(3), "the stride", name),
+                            _number(m.group(4), res, name), tag, name)
     m = _HYBRID_RE.match(raw)
     if m:
         size = _SIZE_LETTERS[m.group(2).lower()]
-        res = int(m.group(4)) if m.group(4) else None
-        return _hybrid_arch(m.group(1), size, int(m.group(3)), res, tag, name)
+        return _hybrid_arch(m.group(1), size,
+                            _number(m.group(3), "the stride", name),
+                            _number(m.group(4), res, name), tag, name)
     m = _AXIAL_RE.match(raw)
     if m:
         size = _SIZE_LETTERS[m.group(1).lower()]
-        res = int(m.group(3)) if m.group(3) else None
-        return _axial_arch(size, int(m.group(2)), res, tag, name)
+        return _axial_arch(size, _number(m.group(2), patch, name),
+                           _number(m.group(3), res, name), tag, name)
     m = _TIMM_RE.match(raw.lower())
     if m:
-        size = _TIMM_SIZES[m.group(1)]
-        patch = int(m.group(2))
-        res = int(m.group(3)) if m.group(3) else None
-        return _vit_arch(size, patch, res, tag, name)
+        return _vit_arch(_TIMM_SIZES[m.group(1)],
+                         _number(m.group(2), patch, name),
+                         _number(m.group(3), res, name), tag, name)
     m = _VIT_RE.match(raw)
     if m:
         size = _SIZE_LETTERS[m.group(1).lower()]
-        res = int(m.group(3)) if m.group(3) else None
-        return _vit_arch(size, int(m.group(2)), res, tag, name)
+        return _vit_arch(size, _number(m.group(2), patch, name),
+                         _number(m.group(3), res, name), tag, name)
     raise UnknownModelError(_unknown_message(name))
 
 
@@ -249,9 +272,6 @@ def _family_member(raw, original):
 
 
 def _vit_arch(size, patch, res, tag, original):
-    if patch <= 0:
-        raise UnknownModelError(
-            f"patch size must be positive; received name={original!r}")
     config = dict(VIT_SIZES[size], patch_size=patch)
     return Arch(vit_name(size, patch), "vit", config, res, tag)
 
@@ -265,10 +285,13 @@ def _axial_arch(size, patch, res, tag, original):
 
 
 def _bit_arch(depth, width, res, tag, original):
-    if depth not in RESNET_DEPTHS or depth == 26 or width < 1:
+    depth = _number(depth, "the ResNet depth", original, high=999)
+    if depth not in RESNET_DEPTHS or depth == 26:
         raise UnknownModelError(
-            f"Unknown BiT depth or width in name={original!r}; BiT depths: "
+            f"Unknown BiT depth {depth} in name={original!r}; BiT depths: "
             "50, 101, 152 (e.g. 'BiT-M-R50x1')")
+    width = _number(width, "the BiT width factor", original,
+                    high=MAX_BIT_WIDTH)
     config = dict(block_units=list(RESNET_DEPTHS[depth]), width_factor=width)
     return Arch(f"BiT-R{depth}x{width}", "bit", config, res, tag)
 
@@ -292,7 +315,7 @@ def _hybrid_arch(depth, size, stride, res, tag, original):
         config.update(patch_size=stride // 2,
                       resnet=dict(num_layers=[], width_factor=1))
         return Arch(f"R+ViT-{size}/{stride}", "hybrid", config, res, tag)
-    depth = int(depth)
+    depth = _number(depth, "the ResNet depth", original, high=999)
     if depth not in RESNET_DEPTHS:
         raise UnknownModelError(
             f"Unknown ResNet depth {depth} in name={original!r}; known depths: "

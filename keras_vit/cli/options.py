@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import re
 import sys
 
+from keras_vit.base import limits
 from keras_vit.base.errors import KerasVitError
 
 PROG = "keras-vit"
@@ -163,6 +165,87 @@ def key_value(text):
 
 
 # --------------------------------------------------------------------------
+# both bounds of every number the command line takes
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range of a numeric option's values (of each value, for a
+    comma-separated list): ``[low, high]``, ``low`` excluded when
+    ``low_open``. ``high`` sits far past any real use; it is there so that
+    a slip (``--steps 1e12``, ``--lr inf``) stops at the command line
+    instead of as an overflow, a hang or a run that never ends."""
+
+    low: float
+    high: float
+    low_open: bool = False
+
+    def refusal(self, value):
+        """Why ``value`` is out of range (NaN included), else None."""
+        above = value > self.low if self.low_open else value >= self.low
+        if above and value <= self.high:
+            return None
+        lo = "(" if self.low_open else "["
+        return f"must be in {lo}{self.low:g}, {self.high:g}], got {value}"
+
+
+_STEPS = 10 ** 9  # a step count: paper-scale pre-training runs ~1M
+_BATCH = 1 << 16  # images in one batch (ViT pre-training: 4096)
+_EXAMPLES = 10 ** 9  # examples of a data set (JFT-300M is 3e8)
+
+#: Every numeric option of every ``keras-vit`` command, by its long flag
+#: (where two commands share a flag, one range serves both; the option's
+#: own type still parses and may be stricter, e.g. ``--epochs`` of
+#: ``demo`` takes integers). :class:`ArgumentParser` applies the row when
+#: the option is added, so a command cannot add a number without one
+#: (tests/base/test_bounds.py walks every command).
+BOUNDS = {
+    "--steps": Bound(1, _STEPS),
+    "--epochs": Bound(0, 10 ** 6, low_open=True),
+    "--batch-size": Bound(1, _BATCH),
+    "--micro-batch-size": Bound(1, _BATCH),
+    "--batch": Bound(1, _BATCH),
+    "--batch-sizes": Bound(1, _BATCH),
+    "--lr": Bound(0, 100, low_open=True),
+    "--warmup-steps": Bound(0, _STEPS),
+    "--image-size": Bound(1, limits.MAX_IMAGE_SIDE),
+    "--num-classes": Bound(1, limits.MAX_CLASSES),
+    "--top": Bound(1, limits.MAX_CLASSES),
+    "--top-k": Bound(1, limits.MAX_CLASSES),
+    "--ema": Bound(0, 1),
+    "--checkpoint-every": Bound(1, _STEPS),
+    # NumPy's and TensorFlow's seeds both take [0, 2**32).
+    "--seed": Bound(0, 2 ** 32 - 1),
+    "--opset": Bound(1, 100),  # the exporter checks tf2onnx's own range
+    "--runs": Bound(1, limits.MAX_RUNS),
+    "--cpu-devices": Bound(1, limits.MAX_CPU_DEVICES),
+    "--shots": Bound(1, _EXAMPLES),
+    "--l2-reg": Bound(0, 1e12, low_open=True),
+    "--seeds": Bound(1, limits.MAX_SEEDS),
+    "--corruption-rate": Bound(0, 1),
+    "--train-examples": Bound(1, _EXAMPLES),
+    "--val-examples": Bound(1, _EXAMPLES),
+    "--test-examples": Bound(1, _EXAMPLES),
+}
+
+
+def bounded(parse, bound):
+    """The argparse type ``parse`` (a number, or a list of numbers) with
+    ``bound`` applied to what it returns."""
+    def checked(text):
+        value = parse(text)
+        for number in value if isinstance(value, (list, tuple)) else [value]:
+            why = bound.refusal(number)
+            if why is not None:
+                raise argparse.ArgumentTypeError(why)
+        return value
+
+    checked.__name__ = getattr(parse, "__name__", "number")
+    checked.bound = bound
+    return checked
+
+
+# --------------------------------------------------------------------------
 # options more than one command takes
 
 
@@ -229,7 +312,14 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line usage errors (no usage block) that suggest
     the nearest valid command, choice or option; exit status 2. Every
     component's sub-commands are built by it (``add_subparsers`` passes
-    the class on)."""
+    the class on). An option whose long flag has a row in :data:`BOUNDS`
+    gets that range on top of its type."""
+
+    def add_argument(self, *flags, **kwargs):
+        bound = next((BOUNDS[f] for f in flags if f in BOUNDS), None)
+        if bound is not None and kwargs.get("type") is not None:
+            kwargs["type"] = bounded(kwargs["type"], bound)
+        return super().add_argument(*flags, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         # Kept for error(): argparse reports a sub-command's unknown
