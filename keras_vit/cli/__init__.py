@@ -377,34 +377,94 @@ def _read_image(path):
     return pixels.astype("float32")
 
 
-def _cmd_predict(args):
-    """Top-K classes of each image. Images are resized (bilinear, no crop)
-    and scaled to [-1, 1], as in the official evaluation."""
+# What --out writes, by the file's extension (see _save_outputs).
+OUT_FORMATS = (".npz", ".json", ".csv")
+
+
+def _check_predict(args):
+    """predict's checks of --out before Keras loads: a format the
+    extension names, not a folder, a folder it can be written in."""
+    if args.out is None:
+        return
+    out = os.path.abspath(args.out)
+    suffix = os.path.splitext(out)[1].lower()
+    formats = ", ".join(OUT_FORMATS[:-1]) + f" or {OUT_FORMATS[-1]}"
+    if suffix not in OUT_FORMATS:
+        what = f"the unknown format {suffix!r}" if suffix else "no extension"
+        why = ("; a .npy file holds one array, without the image names"
+               if suffix == ".npy" else "")
+        raise UserError(f"--out {args.out!r} has {what}; the extension "
+                        f"picks the format: {formats}{why}")
+    if os.path.isdir(out):
+        raise UserError(f"--out {args.out!r} is a folder; pass a file name "
+                        f"ending in {formats}")
+    options.check_output_folder(os.path.dirname(out), "--out", args.out)
+
+
+def _is_feature_extractor(model):
+    """Whether ``model`` is one of the package's models without a
+    classification head (:func:`keras_vit.models.features.is_classifier`):
+    its output is an embedding (or tokens), not class scores. A model of
+    another origin (a plain Keras model in a ``.keras`` file) has none of
+    the package's layers and is taken as a classifier, its outputs judged
+    by their values."""
+    from keras_vit.models.features import available_features, is_classifier
+
+    return not is_classifier(model) and bool(available_features(model))
+
+
+def _output_shape(model):
+    """The shape of one image's output, or None if the model does not say."""
+    try:
+        out = model.output
+    except (AttributeError, ValueError):
+        return None
+    if isinstance(out, dict):
+        out = out.get("output")
+    return None if out is None else tuple(out.shape[1:])
+
+
+def _head_ignores_the_image(model):
+    """Whether every head of ``model`` (``head``, and a distilled model's
+    ``head_dist``) has an all-zero kernel: its scores are then its bias,
+    the same for every image (heads are zero-initialised: the head of a
+    checkpoint that had none, or a new head not yet trained)."""
+    import keras
+    import numpy as np
+
+    kernels = [layer.kernel for layer in model.layers
+               if layer.name in ("head", "head_dist")
+               and getattr(layer, "kernel", None) is not None]
+    return bool(kernels) and not any(
+        np.any(keras.ops.convert_to_numpy(k)) for k in kernels)
+
+
+def _no_ranking(probs, constant_head):
+    """Why a row of probabilities ranks nothing, or None if it ranks."""
+    if constant_head:
+        return ("the head's kernel is all zeros, so it gives the same "
+                "scores for every image (a checkpoint without its head, or "
+                "a new head not yet trained)")
+    if len(probs) > 1 and probs.max() == probs.min():
+        return (f"all {len(probs)} classes score {probs[0]:.4g}: no class "
+                "ranks above another")
+    return None
+
+
+def _forward(model, paths, size, args, description):
+    """``(good, failed, outputs)``: the images read (their paths), those
+    that could not be (``{"image", "error"}``), and the model's outputs
+    (float32 or float64, a row per good image) on the official
+    evaluation transform: resized bilinearly without a crop, then
+    normalised as the model's weights expect (nothing for a model that
+    takes raw [0, 255] pixels)."""
     import numpy as np
 
     from keras_vit import zoo
-    from keras_vit.models.memory import infer
-    from keras_vit.zoo import timm_hub
-    from keras_vit.zoo.preprocessing import model_labels, probabilities
-
-    if not (_looks_like_file(args.model) or os.path.isdir(args.model)
-            or timm_hub.is_timm_source(args.model)):
-        _check_model_name(args.model)  # before the images are read
-    paths = _image_paths(args.images)
-    model, description = _load_for_predict(args)
-    if getattr(model, "include_top", True) is False:
-        raise UserError("the model has no classification head "
-                        "(include_top=False)")
-    size = _model_geometry(model)
     from keras_vit.data.normalization import of_model, takes_raw_pixels
+    from keras_vit.models.memory import forward_batch, infer
 
-    # Models built with include_preprocessing=True take raw [0, 255] pixels.
     scale = not takes_raw_pixels(model)
-
-    # The official evaluation transform (zoo.preprocess_input): resize,
-    # bilinear with no crop, then the model's input normalisation.
-    from keras_vit.models.memory import forward_batch
-
     # Before the images are read: --image-size 4000 asks ~350 GiB of
     # attention maps per image of ViT-B/16.
     batch = forward_batch(model, 16, option=(
@@ -435,7 +495,9 @@ def _cmd_predict(args):
             out = out["output"]
         outputs.append(np.asarray(out))
     outputs = np.concatenate(outputs)
-    bad = ~np.isfinite(outputs).all(axis=-1)
+    if outputs.dtype != np.float64:  # 16-bit floats fit float32 exactly
+        outputs = outputs.astype("float32")
+    bad = ~np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=-1)
     if bad.any():  # NaN weights: a ranking of "nan" scores means nothing
         first = [p for p, b in zip(good, bad) if b][0]
         raise UserError(
@@ -443,52 +505,189 @@ def _cmd_predict(args):
             f"for {int(bad.sum())} of {len(bad)} image(s), e.g. {first!r}: "
             "its weights hold NaN or inf values (a diverged run or a "
             "corrupt file?)")
+    return good, failed, outputs
+
+
+def _rank(model, outputs, top, good):
+    """A classifier's outputs as ``(probabilities, label_name,
+    class_names, results)``: the probabilities ``decode_predictions``
+    gives and, per image, its top classes, or none and why
+    (``no_ranking``) where the head cannot rank."""
+    import numpy as np
+
+    from keras_vit.zoo.preprocessing import model_labels, probabilities
+
     num_classes = outputs.shape[-1]
-    # The scores decode_predictions gives: probabilities. A model that
-    # says what its head ends with is believed; another (a plain Keras
-    # model in a .keras file) is judged by its outputs' values.
+    # A model that says what its head ends with is believed; another (a
+    # plain Keras model in a .keras file) is judged by its outputs' values.
     activation = getattr(model, "classifier_activation", "unknown")
     from_logits = {"softmax": False, None: True, "linear": True}.get(
         activation)
     probs = probabilities(outputs, from_logits)
     label_name, labels = model_labels(model, num_classes)
-    k = min(args.top, num_classes)
-
+    names = [labels[i][1] if labels else f"class {i}"
+             for i in range(num_classes)]
+    constant = _head_ignores_the_image(model)
+    k = min(top or 5, num_classes)
     results = []
     for path, p in zip(good, probs):
-        top = []
-        for rank, idx in enumerate(np.argsort(-p, kind="stable")[:k], 1):
-            wnid, label = labels[idx] if labels else (None, f"class {idx}")
-            top.append({"rank": rank, "index": int(idx),
-                        "probability": float(p[idx]), "label": label,
-                        "wordnet_id": wnid})
-        results.append({"image": path, "top": top})
+        reason = _no_ranking(p, constant)
+        order = [] if reason else np.argsort(-p, kind="stable")[:k]
+        results.append({"image": path, "no_ranking": reason, "top": [
+            {"rank": rank, "index": int(idx), "probability": float(p[idx]),
+             "label": names[idx],
+             "wordnet_id": labels[idx][0] if labels else None}
+            for rank, idx in enumerate(order, 1)]})
+    return probs, label_name, names, results
+
+
+def _cmd_predict(args):
+    """The top-K classes of each image, or, for a feature extractor (a
+    model without a classification head, such as the DINOv2 and SigLIP
+    towers: num_classes=0 or include_top=False), its embedding. Each
+    image is resized to the model's input size (bilinear, no crop) and
+    normalised with the model's own input normalisation (what its weights
+    were trained with, as `keras-vit info NAME` shows it: the official
+    [-1, 1] of the 2020 ViT, ImageNet or CLIP mean/std for others;
+    nothing for a model that takes raw pixels). --out FILE saves every
+    image's whole output; --json prints a feature extractor's whole
+    embedding."""
+    from keras_vit.zoo import timm_hub
+
+    if not (_looks_like_file(args.model) or os.path.isdir(args.model)
+            or timm_hub.is_timm_source(args.model)):
+        _check_model_name(args.model)  # before the images are read
+    paths = _image_paths(args.images)
+    model, description = _load_for_predict(args)
+    size = _model_geometry(model)
+    features = _is_feature_extractor(model)
+    shape = _output_shape(model)
+    if features and args.top is not None:
+        raise UserError(
+            f"--top {args.top}: the model {description} has no "
+            "classification head (a feature extractor); predict gives each "
+            "image's embedding, not classes")
+    if (args.out and args.out.lower().endswith(".csv") and shape
+            and len(shape) > 1):
+        raise UserError(
+            f"--out {args.out!r}: the model gives features of shape "
+            f"{'x'.join(map(str, shape))} per image, not one vector a CSV "
+            "row can hold; save them as .npz or .json")
+    good, failed, outputs = _forward(model, paths, size, args, description)
+    meta = {"model": description, "image_size": list(size)}
+    if features:
+        saved = _save_outputs(args.out, meta, "embeddings", good, outputs,
+                              None, failed)
+        _show_embeddings(args, meta, good, outputs, failed, saved)
+    else:
+        probs, label_name, names, results = _rank(model, outputs, args.top,
+                                                  good)
+        saved = _save_outputs(args.out, meta, "probabilities", good, probs,
+                              names, failed)
+        _show_classes(args, dict(meta, labels=label_name), results, failed,
+                      saved)
+    if failed and not args.json:  # --json lists them under "failed"
+        print(f"{PROG}: error: {len(failed)} of {len(paths)} image(s) could "
+              "not be read (above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _show_embeddings(args, meta, good, outputs, failed, saved):
+    import numpy as np
 
     if args.json:
-        print(json.dumps({"model": description,
-                          "image_size": list(size),
-                          "labels": label_name,
-                          "predictions": results, "failed": failed},
-                         indent=2))
-        return 1 if failed else 0
+        print(json.dumps(dict(meta, output="embedding",
+                              shape=list(outputs.shape[1:]),
+                              predictions=[{"image": p, "embedding": v}
+                                           for p, v in zip(good,
+                                                           outputs.tolist())],
+                              failed=failed), indent=2))
+        return
+    h, w = meta["image_size"]
+    print(f"{meta['model']}, {h}x{w}: no classification head (a feature "
+          "extractor); each image's embedding (--json, --out FILE: the "
+          "whole vectors)")
+    for path, vector in zip(good, outputs):
+        flat = vector.ravel()
+        what = (f"embedding of {flat.size} values" if vector.ndim == 1 else
+                f"features of shape {'x'.join(map(str, vector.shape))} "
+                f"({flat.size} values)")
+        head = ", ".join(f"{v:.4f}" for v in flat[:4])
+        more = ", ..." if flat.size > 4 else ""
+        print(f"{path}: {what}, norm {float(np.linalg.norm(flat)):.4f}  "
+              f"[{head}{more}]")
+    if saved:
+        print(saved)
+
+
+def _show_classes(args, meta, results, failed, saved):
+    if args.json:
+        print(json.dumps(dict(meta, output="classes", predictions=results,
+                              failed=failed), indent=2))
+        return
     from keras_vit.base.checks import printable
 
     # Label names may come from a downloaded config.json: a newline would
     # split the line, an escape sequence would reach the terminal.
+    h, w = meta["image_size"]
     for i, result in enumerate(results):
         if i:
             print()
-        print(f"{result['image']}: {description}, {size[0]}x{size[1]}, "
-              f"labels {label_name or 'class indices'}")
+        print(f"{result['image']}: {meta['model']}, {h}x{w}, "
+              f"labels {meta['labels'] or 'class indices'}")
+        if result["no_ranking"]:
+            print(f"  no ranking: {result['no_ranking']}")
         for t in result["top"]:
             ident = f"{t['index']} {t['wordnet_id']}" if t["wordnet_id"] else (
                 str(t["index"]))
             print(f"  {t['rank']:>2}  {t['probability']:.4f}  "
                   f"{printable(t['label'])}  [{ident}]")
-    if failed:
-        print(f"{PROG}: error: {len(failed)} of {len(paths)} image(s) could "
-              "not be read (above)", file=sys.stderr)
-    return 1 if failed else 0
+    if saved:
+        print(saved)
+
+
+def _save_outputs(dest, meta, kind, images, values, labels, failed):
+    """Writes ``values`` (a row per image of ``images``) to ``dest`` in the
+    format its extension names, under the key ``kind`` ("embeddings" or
+    "probabilities"); returns the line that says so, or None without
+    ``dest``. ``.npz``: arrays ``images`` (the paths), ``kind`` and, for
+    a classifier, ``labels`` (a name per class); ``.json``: the same
+    keys with ``model``, ``image_size`` and ``failed``; ``.csv``: a
+    header (``image``, then the class names or the value indices) and a
+    row per image."""
+    if dest is None:
+        return None
+    import csv
+
+    import numpy as np
+
+    from keras_vit.base import atomic
+
+    out = os.path.abspath(dest)
+    suffix = os.path.splitext(out)[1].lower()
+    with atomic.atomic_path(out) as tmp:
+        if suffix == ".npz":
+            arrays = {"images": np.array(images, dtype=str), kind: values}
+            if labels is not None:
+                arrays["labels"] = np.array(labels, dtype=str)
+            np.savez(tmp, **arrays)
+        elif suffix == ".json":
+            data = dict(meta, images=images, **{kind: values.tolist()})
+            if labels is not None:
+                data["labels"] = labels
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(dict(data, failed=failed), f)
+        else:
+            columns = labels if labels is not None else [
+                str(i) for i in range(values.shape[-1])]
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                writer = csv.writer(f)
+                writer.writerow(["image", *columns])
+                for path, row in zip(images, values):
+                    # str of a NumPy float: the shortest text that reads
+                    # back as the same float32 (or float64) value.
+                    writer.writerow([path, *(str(v) for v in row)])
+    return f"saved the {kind} of {len(images)} image(s) to {out}"
 
 
 # --------------------------------------------------------------------------
@@ -518,6 +717,9 @@ def build_parser():
     """The argparse parser of ``keras-vit``."""
     from keras_vit.base.version import __version__
     from keras_vit.cli import demo
+    # The registry's tables load no framework: the family list in the
+    # help is the one `list --family` takes, never a copy.
+    from keras_vit.zoo import registry
 
     parser, sub = options.commands_parser(
         PROG, "Vision Transformers for Keras 3: the model zoo, checkpoint "
@@ -530,8 +732,7 @@ def build_parser():
     p.add_argument("pattern", nargs="?", metavar="PATTERN",
                    help="glob (ViT-B*) or substring (B/16) of the names")
     p.add_argument("--family", metavar="FAMILY",
-                   help="one family only: vit, hybrid, axial, bit, deit, "
-                        "deit3, dinov2, clip")
+                   help="one family only: " + ", ".join(registry.families()))
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("info", help="architecture and released weights of "
@@ -552,7 +753,8 @@ def build_parser():
     options.add(p, output={"metavar": "OUT.keras"})
 
     p = options.command(sub, "predict", _cmd_predict,
-                        help="classify images")
+                        help="classify images, or embed them with a model "
+                             "that has no head", check=_check_predict)
     options.add(p, model={
         "metavar": "NAME", "help": "a model name (e.g. ViT-B/16), a .keras "
         "file, or timm weights: hf-hub:<repo>, a repository folder, a "
@@ -564,9 +766,16 @@ def build_parser():
     options.add(p, weights="weights tag, .npz path or URL (default: the "
                            "model's default weights)",
                 image_size="input resolution (default: the weights')")
-    p.add_argument("--top", "-k", type=positive_int, default=5, metavar="K",
-                   help="classes to show per image (default: 5)")
-    options.add(p, json=None)
+    p.add_argument("--top", "-k", type=positive_int, metavar="K",
+                   help="classes to show per image (default: 5); refused "
+                        "for a feature extractor, which has no classes")
+    options.add(p, json="print JSON: per image its top classes, or a "
+                        "feature extractor's whole embedding",
+                out={"metavar": "FILE", "help": "also save every image's "
+                     "whole output (a classifier's probabilities of every "
+                     "class, a feature extractor's embedding) in the format "
+                     "FILE's extension names: .npz, .json or .csv (see "
+                     "docs/guides/cli.md)"})
 
     p = options.command(sub, "demo", _cmd_demo,
                         help="train a tiny ViT on scikit-learn digits (offline)")

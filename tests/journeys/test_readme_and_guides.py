@@ -323,11 +323,14 @@ COMMANDS = {
     "docs/guides/cli.md": {
         # A fine-tuned model names its classes after its data's folders.
         "keras-vit predict runs/pets photo.jpg": Command(
-            setup="import keras_vit\n"
+            setup="import keras_vit, numpy as np\n"
                   "os.makedirs('runs/pets', exist_ok=True)\n"
-                  "keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=2,\n"
-                  "              label_names=['cat', 'dog']).save(\n"
-                  "    'runs/pets/model.keras')\n"
+                  "m = keras_vit.vit(32, 8, 32, 1, 2, 64, num_classes=2,\n"
+                  "                  label_names=['cat', 'dog'])\n"
+                  "# Trained: a zero head ranks nothing (predict says so).\n"
+                  "m.get_layer('head').kernel.assign(np.random.default_rng(\n"
+                  "    0).normal(size=(32, 2)).astype('float32'))\n"
+                  "m.save('runs/pets/model.keras')\n"
                   "journey.image_file('photo.jpg')\n",
             expect=("status == 0", "'cat' in out and 'dog' in out")),
     },
