@@ -19,7 +19,9 @@ DESCRIPTION = (
     "left), position-embedding similarity (Figure 7 centre), mean attention "
     "distance per head and layer (Figure 7 right / Figure 11) and one "
     "attention-rollout map per image (Figure 6). Images are resized "
-    "(bilinear, no crop) and scaled to [-1, 1].")
+    "(bilinear, no crop) and normalised as the model's weights expect "
+    "(the official [-1, 1], ImageNet's or CLIP's mean and std, or by the "
+    "model itself).")
 
 
 def register(subparsers):

@@ -52,6 +52,17 @@ class InputNormalization(NamedTuple):
         in [0, 255] -> the model's input range."""
         return pixels * self.scale + self.offset
 
+    def pixels(self, inputs):
+        """The inverse map: model inputs -> [0, 255] pixels (what an
+        objective defined on the pixels' colours reads back).
+
+        >>> clip = NAMED["clip"]
+        >>> [round(float(v), 3) for v in clip.pixels(clip(
+        ...     np.float32([0.0, 127.0, 255.0])))]
+        [0.0, 127.0, 255.0]
+        """
+        return (inputs - self.offset) / self.scale
+
     def layer(self, dtype=None, name="preprocessing"):
         """The same map as a Keras ``Rescaling`` layer."""
         import keras
@@ -197,18 +208,100 @@ def of_model(model):
     return check_normalization("input_normalization", value)
 
 
+def record_inputs(derived, model):
+    """Gives ``derived``, a model built over ``model``'s input (a feature
+    extractor, a pretraining wrapper), ``model``'s input convention as
+    attributes that :func:`takes_raw_pixels` and :func:`of_model` read;
+    returns ``derived``. A plain functional model records none, and would
+    otherwise be taken for one of the official [-1, 1]."""
+    derived.include_preprocessing = takes_raw_pixels(model)
+    derived.input_normalization = config_value(of_model(model))
+    return derived
+
+
 def model_input(model, pixels):
     """``pixels`` in [0, 255] as ``model`` takes them: unchanged when the
     model normalises them itself, else normalised as its weights expect."""
     return pixels if takes_raw_pixels(model) else of_model(model)(pixels)
 
 
-def pipeline_options(model):
+def same(a, b):
+    """Whether two :class:`InputNormalization` s are one map (to float32
+    rounding, as :func:`config_value` compares with the official one)."""
+    return (len(a.mean) == len(b.mean)
+            and np.allclose(a.mean, b.mean, rtol=0, atol=1e-6)
+            and np.allclose(a.std, b.std, rtol=0, atol=1e-6))
+
+
+def describe(normalization):
+    """``normalization`` in words, for messages.
+
+    >>> describe(NAMED["official"])
+    'the official [-1, 1]'
+    >>> describe(NAMED["imagenet"])
+    "{'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}"
+    """
+    value = config_value(normalization)
+    return "the official [-1, 1]" if value is None else str(value)
+
+
+def pipeline_options(model=None, *, raw_pixels=None,
+                     input_normalization=None):
     """``{"raw_pixels": ..., "input_normalization": ...}``: the keywords
     of the training and evaluation pipelines (``keras_vit.train.data``)
-    that feed ``model`` what it takes."""
-    return {"raw_pixels": takes_raw_pixels(model),
-            "input_normalization": of_model(model)}
+    that feed ``model`` what it takes. Every pipeline asks this one
+    function.
+
+    Without a model, the arguments decide (None: [-1, 1] pixels, the
+    official normalisation). With one, the model decides and an argument
+    that says otherwise stops with one line naming it: a pipeline that
+    feeds [-1, 1] to a model trained on ImageNet's mean and std runs
+    without error and learns from the wrong inputs.
+
+    >>> import keras_vit
+    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+    ...           num_heads=1, mlp_dim=8, num_classes=2)
+    >>> deit_like = keras_vit.vit(**kw, input_normalization="imagenet")
+    >>> pipeline_options(deit_like)["input_normalization"].mean
+    (0.485, 0.456, 0.406)
+    >>> pipeline_options()["input_normalization"] == NAMED["official"]
+    True
+    >>> pipeline_options(deit_like, input_normalization="clip")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: input_normalization='clip' contradicts model='vision_...
+    """
+    if raw_pixels is not None and not isinstance(raw_pixels,
+                                                 (bool, np.bool_)):
+        raise ValueError("raw_pixels must be True, False or None (as the "
+                         f"model says); received raw_pixels={raw_pixels!r}")
+    given = (None if input_normalization is None else check_normalization(
+        "input_normalization", input_normalization))
+    if model is None:
+        return {"raw_pixels": bool(raw_pixels),
+                "input_normalization": given or check_normalization(
+                    "input_normalization", None)}
+    raw, normalization = takes_raw_pixels(model), of_model(model)
+    name = getattr(model, "name", type(model).__name__)
+    if raw_pixels is not None and bool(raw_pixels) != raw:
+        takes = ("[0, 255] pixels (it normalises them itself: "
+                 "include_preprocessing=True)" if raw else
+                 f"pixels normalised as {describe(normalization)}")
+        raise ValueError(f"raw_pixels={raw_pixels!r} contradicts "
+                         f"model={name!r}, which takes {takes}; leave "
+                         "raw_pixels out and the model decides")
+    if given is not None and not same(given, normalization):
+        raise ValueError(
+            f"input_normalization={_shown(input_normalization)} contradicts "
+            f"model={name!r}, whose weights expect "
+            f"{describe(normalization)}; leave input_normalization out and "
+            "the model decides")
+    return {"raw_pixels": raw, "input_normalization": normalization}
+
+
+def _shown(value):
+    if isinstance(value, InputNormalization):
+        return repr(value.to_config())
+    return repr(value)
 
 
 def _config(model):

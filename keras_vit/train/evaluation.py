@@ -13,21 +13,11 @@ import numpy as np
 
 from keras_vit.base.names import class_name, shown_apart
 from keras_vit.train.data.load import load_data
-from keras_vit.data.normalization import pipeline_options
-from keras_vit.train.data.pipeline import padded_eval_dataset
+# model_image_size: where the training code has always read it.
+from keras_vit.train.data.pipeline import (  # noqa: F401
+    model_image_size, padded_eval_dataset)
 from keras_vit.train import distribute as strategy_lib
 from keras_vit.train import recipes as recipes_lib
-
-
-def model_image_size(model):
-    """The side of the square images ``model`` takes (its input's fixed
-    size), or a ValueError."""
-    shape = model.inputs[0].shape
-    if shape[1] is None or shape[1] != shape[2]:
-        raise ValueError(
-            f"model={model.name!r} must take square images of a fixed size; "
-            f"its input shape is {tuple(shape)}")
-    return int(shape[1])
 
 
 def model_classes(model):
@@ -225,7 +215,7 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
         return _to_outputs(padded_eval_dataset(
             source, size, per_replica, num_batches=steps * local,
             shard=(ctx.num_input_pipelines, ctx.input_pipeline_id),
-            eval_crop=eval_crop, **pipeline_options(model)),
+            eval_crop=eval_crop, model=model),
             table)
 
     dist = strategy_.distribute_datasets_from_function(fn)
@@ -359,7 +349,7 @@ def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
     seen, hits = np.zeros(outputs), np.zeros(outputs)
     for images, labels, mask in _to_outputs(padded_eval_dataset(
             source, size, batch_size, num_batches=steps,
-            eval_crop=eval_crop, **pipeline_options(model)
+            eval_crop=eval_crop, model=model
     ), table).as_numpy_iterator():
         logits = infer(model, images).astype("float64")
         shifted = logits - logits.max(-1, keepdims=True)

@@ -25,7 +25,7 @@ from keras_vit.base.limits import MAX_SEEDS
 from keras_vit.models.memory import infer
 from keras_vit.runtime.backend import is_tensorflow, to_numpy
 from keras_vit.train.data.load import load_data
-from keras_vit.data.normalization import pipeline_options
+from keras_vit.data.normalization import record_inputs
 from keras_vit.train.data.pipeline import padded_eval_dataset
 
 SHOTS = (1, 5, 10, 25)
@@ -94,7 +94,10 @@ def feature_function(model, feature="pre_logits"):
     representation layer, or the pooled token when there is none)."""
     from keras_vit.models import feature_model
 
-    return feature_model(model, feature)
+    features = feature_model(model, feature)
+    # A feature model is a plain functional model over the same input: it
+    # takes what ``model`` takes, and says so to the pipelines.
+    return record_inputs(features, model)
 
 
 def extract_features(feature_fn, source, image_size, batch_size=64,
@@ -107,10 +110,9 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
     source = load_data(source, verbose=verbose)
     steps = -(-source.num_examples // batch_size)
     # A plain function takes the official [-1, 1]; a model says.
-    options = (pipeline_options(feature_fn)
-               if hasattr(feature_fn, "_flatten_layers") else {})
+    model = feature_fn if hasattr(feature_fn, "_flatten_layers") else None
     ds = padded_eval_dataset(source, image_size, batch_size,
-                             num_batches=steps, **options)
+                             num_batches=steps, model=model)
     call = feature_fn
     on_tf = is_tensorflow()
     if hasattr(feature_fn, "inputs") and on_tf:

@@ -204,14 +204,13 @@ class Trainer:
     def _batches(self, start, end):
         """``fit``'s input from optimizer step ``start`` to ``end``, as the
         uninterrupted run would see it."""
-        from keras_vit.data.normalization import pipeline_options
         from keras_vit.train.data.pipeline import steps_dataset
 
         # The recipe's crop, flip, augmentation and batch mixing; the
-        # model's input normalisation.
+        # model decides its input normalisation.
         options = dict(recipes_lib.pipeline_options(
             self.recipe, self.train.num_classes),
-            **pipeline_options(self.trained_model()))
+            model=self.trained_model())
         options.pop("training")
 
         def make(shard, local, per_batch):

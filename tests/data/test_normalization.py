@@ -22,6 +22,8 @@ from keras_vit.data.normalization import (NAMED, check_normalization,
 KW = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
           num_heads=2, mlp_dim=16, num_classes=3)
 CUSTOM = {"mean": [0.2, 0.3, 0.4], "std": [0.1, 0.2, 0.3]}
+# timm's tags with mean 0 and std 1: the model takes pixels / 255.
+UNIT = {"mean": [0.0] * 3, "std": [1.0] * 3}
 
 
 def _pair(value):
@@ -44,7 +46,7 @@ def _pixels(n=2, size=16):
 
 
 @pytest.mark.backends
-@pytest.mark.parametrize("value", [None, "imagenet", "clip", CUSTOM])
+@pytest.mark.parametrize("value", [None, "imagenet", "clip", CUSTOM, UNIT])
 def test_every_path_normalises_as_the_model_says(value, tmp_path):
     inside, outside = _pair(value)
     expected = check_normalization("input_normalization", value)
@@ -144,3 +146,60 @@ def test_the_builders_refuse_a_bad_normalisation_naming_it():
     with pytest.raises(ValueError, match=r"input_normalization\['std'\] "
                        "must be positive"):
         keras_vit.vit(**KW, input_normalization={"mean": 0.5, "std": 0})
+
+
+class _Recorded:
+    """What the pipelines read off a model: its config."""
+
+    name = "recorded"
+
+    def __init__(self, value, raw):
+        self.config = {"input_normalization": value,
+                       "include_preprocessing": raw}
+
+    def get_config(self):
+        return self.config
+
+
+_normalisations = st.one_of(
+    st.none(), st.sampled_from(sorted(NAMED)),
+    st.builds(lambda m, s: {"mean": m, "std": s},
+              st.lists(st.floats(-1, 1), min_size=3, max_size=3),
+              st.lists(st.floats(0.01, 2), min_size=3, max_size=3)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_normalisations, st.booleans(), _normalisations,
+       st.sampled_from([None, True, False]))
+def test_a_pipeline_feeds_what_the_model_says_or_stops_in_one_line(
+        recorded, raw, asked, asked_raw):
+    model = _Recorded(recorded, raw)
+    want = check_normalization("input_normalization", recorded)
+    try:
+        options = pipeline_options(model, raw_pixels=asked_raw,
+                                   input_normalization=asked)
+    except ValueError as e:
+        message = str(e)
+        assert "\n" not in message
+        assert message.startswith(("raw_pixels=", "input_normalization="))
+        assert "contradicts model='recorded'" in message
+        if message.startswith("raw_pixels="):
+            assert asked_raw is not None and asked_raw != raw
+        else:
+            assert not normalization.same(want, check_normalization(
+                "input_normalization", asked))
+        return
+    assert options == {"raw_pixels": raw, "input_normalization": want}
+    assert asked_raw in (None, raw)
+    assert asked is None or normalization.same(
+        want, check_normalization("input_normalization", asked))
+
+
+def test_without_a_model_the_arguments_decide():
+    assert pipeline_options() == {"raw_pixels": False,
+                                  "input_normalization": NAMED["official"]}
+    assert pipeline_options(raw_pixels=True, input_normalization="clip") == {
+        "raw_pixels": True, "input_normalization": NAMED["clip"]}
+    with pytest.raises(ValueError, match=r"^raw_pixels must be True, False "
+                       "or None .*; received raw_pixels='yes'$"):
+        pipeline_options(raw_pixels="yes")

@@ -3,7 +3,9 @@ that turn a source into batches with the paper's preprocessing.
 
 A *source* is a labelled collection of images
 (:class:`~keras_vit.train.data.sources.ImageSource`); the pipelines turn
-it into batches of images in [-1, 1]:
+it into batches of images normalised as the model they feed says
+(``dataset(source, model, batch_size)``; without a model, the official
+[-1, 1]):
 
 - training: inception crop (random area and aspect ratio), random
   horizontal flip, resize to the training resolution;

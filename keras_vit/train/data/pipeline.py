@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from keras_vit.base.checks import check_int
-from keras_vit.data.normalization import check_normalization
+from keras_vit.data.normalization import check_normalization, pipeline_options
 from keras_vit.data.normalization import takes_raw_pixels  # noqa: F401
 from keras_vit.train.data.augment import make_augment, make_batch_augment
 from keras_vit.train.data.load import load_data
@@ -75,8 +75,53 @@ def eval_resize(image, size, crop_fraction=1.0):
 def _check_size(image_size):
     if not isinstance(image_size, int) or isinstance(image_size, bool) or (
             image_size < 1):
-        raise ValueError(f"image_size must be a positive integer; received "
-                         f"image_size={image_size!r}")
+        raise ValueError(f"image_size must be a positive integer or a model; "
+                         f"received image_size={image_size!r}")
+
+
+def _is_model(value):
+    import keras
+
+    return isinstance(value, keras.layers.Layer)
+
+
+def model_image_size(model):
+    """The side of the square images ``model`` takes (its input's fixed
+    size), or a ValueError."""
+    shape = model.inputs[0].shape
+    if shape[1] is None or shape[1] != shape[2]:
+        raise ValueError(
+            f"model={model.name!r} must take square images of a fixed size "
+            f"(else pass image_size=); its input shape is {tuple(shape)}")
+    return int(shape[1])
+
+
+def model_inputs(image_size, model=None, *, raw_pixels=None,
+                 input_normalization=None):
+    """``(image_size, raw_pixels, normalization)`` of a pipeline:
+    ``image_size`` an int or a model (then ``model``), ``model`` (or
+    None) what the batches feed. The model gives the size when
+    ``image_size`` is None or the model itself, and always decides the
+    pixels' normalisation
+    (:func:`keras_vit.data.normalization.pipeline_options`, which stops
+    on an argument that contradicts it); without a model the arguments
+    decide (default: the official [-1, 1])."""
+    if _is_model(image_size):
+        if model is not None and model is not image_size:
+            raise ValueError(
+                f"image_size is the model {image_size.name!r} and model= "
+                f"is another one ({getattr(model, 'name', model)!r}); pass "
+                "the model once")
+        model, image_size = image_size, None
+    if model is not None and not _is_model(model):
+        raise ValueError("model must be a Keras model (what the batches "
+                         f"feed); received model={model!r}")
+    if image_size is None and model is not None:
+        image_size = model_image_size(model)
+    _check_size(image_size)
+    options = pipeline_options(model, raw_pixels=raw_pixels,
+                               input_normalization=input_normalization)
+    return image_size, options["raw_pixels"], options["input_normalization"]
 
 
 def _examples(source, training, seed, epoch):
@@ -186,20 +231,30 @@ def steps_per_epoch(source, global_batch_size, *, shards=1):
     return per_shard // global_batch_size
 
 
-def dataset(source, image_size, batch_size, *, training=True, seed=0,
-            epoch=None, crop_area=INCEPTION_AREA, flip=True, eval_crop=1.0,
-            shard=(1, 0), skip=0, take=None, drop_remainder=None,
-            prefetch=True, raw_pixels=False, input_normalization=None,
-            randaugment=None, random_erasing=0.0, three_augment=False,
-            color_jitter=0.0, mixing=None):
+def dataset(source, image_size, batch_size, *, model=None, training=True,
+            seed=0, epoch=None, crop_area=INCEPTION_AREA, flip=True,
+            eval_crop=1.0, shard=(1, 0), skip=0, take=None,
+            drop_remainder=None, prefetch=True, raw_pixels=None,
+            input_normalization=None, randaugment=None, random_erasing=0.0,
+            three_augment=False, color_jitter=0.0, mixing=None):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches.
+
+    Pass the model the batches feed (``dataset(data, model, batch_size)``,
+    or ``model=`` beside an explicit ``image_size``): it gives the image
+    size and decides the pixels' normalisation, which differs across the
+    family (the original ViT takes [-1, 1], DeiT and DINOv2 ImageNet's
+    mean and std, CLIP towers CLIP's, a model built with
+    ``include_preprocessing=True`` [0, 255] pixels).
 
     Args:
         source: an
             :class:`~keras_vit.train.data.sources.ImageSource` or a spec
             for :func:`~keras_vit.train.data.load.load_data`.
-        image_size: output resolution (square).
+        image_size: output resolution (square), or the model (its input
+            size).
         batch_size: images per batch.
+        model: the model the batches feed, when ``image_size`` is a
+            number.
         training: augment (inception crop, flip) and shuffle, and drop the
             ragged last batch (a source with fewer images than one batch
             is refused); else resize only, in order.
@@ -215,10 +270,13 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
         drop_remainder: default: ``training``.
         prefetch: overlap input with compute.
         raw_pixels: yield [0, 255] pixels, for a model that normalises
-            them itself (see :func:`takes_raw_pixels`).
+            them itself (see :func:`takes_raw_pixels`). With a model:
+            leave it out (the model says; a contradicting value stops).
         input_normalization: else, the normalisation the model's weights
-            expect (:func:`keras_vit.data.normalization.pipeline_options`
-            reads both from a model); default: the official [-1, 1].
+            expect; with a model: leave it out (the model says, through
+            :func:`keras_vit.data.normalization.pipeline_options`; a
+            contradicting value stops). Without a model and without
+            this: the official [-1, 1].
         randaugment, random_erasing, three_augment, color_jitter: more
             training augmentation, each off by default
             (:mod:`keras_vit.train.data.augment`; RandAugment as
@@ -229,18 +287,26 @@ def dataset(source, image_size, batch_size, *, training=True, seed=0,
             labels; None: off.
 
     Every option of a recipe at once:
-    ``dataset(source, r.image_size, r.batch_size,
+    ``dataset(source, model, r.batch_size,
     **recipes.pipeline_options(r, num_classes))``.
+
+    >>> import keras_vit
+    >>> m = keras_vit.vit(16, 8, 8, 1, 1, 8, 10, input_normalization="clip")
+    >>> images, _ = next(iter(dataset("digits", m, 4, training=False)))
+    >>> tuple(images.shape)
+    (4, 16, 16, 3)
+    >>> round(float(images.numpy().min()), 3)  # black, CLIP's red channel
+    -1.792
     """
     import tensorflow as tf
 
+    image_size, raw_pixels, normalize = model_inputs(
+        image_size, model, raw_pixels=raw_pixels,
+        input_normalization=input_normalization)
     source = load_data(source)
-    _check_size(image_size)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; received "
                          f"batch_size={batch_size!r}")
-    normalize = check_normalization("input_normalization",
-                                    input_normalization)
     augment = make_augment(randaugment, three_augment, color_jitter)
     # RandAugment and erasing run on whole batches, before the scaling;
     # what a rotation uncovers is the mean pixel, as timm fills it.
@@ -315,8 +381,9 @@ def steps_dataset(source, image_size, batch_size, *, start, end,
     examples a step, in batches of ``batch_size`` (a step's micro-batches
     when it is smaller). A function of the step alone, so that a run
     resumed at ``start`` sees what the uninterrupted one saw.
-    ``options``: more :func:`dataset` keywords (``seed``, crop, flip,
-    augmentation, normalisation).
+    ``options``: more :func:`dataset` keywords (``model``, ``seed``,
+    crop, flip, augmentation). ``image_size`` may be the model, as for
+    :func:`dataset`.
 
     >>> ds = steps_dataset("digits", 16, 8, start=40, end=43,
     ...                    steps_per_epoch=42, images_per_step=32,
@@ -340,17 +407,22 @@ def steps_dataset(source, image_size, batch_size, *, start, end,
 
 
 def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
-                        shard=(1, 0), eval_crop=1.0, raw_pixels=False,
-                        input_normalization=None):
+                        model=None, shard=(1, 0), eval_crop=1.0,
+                        raw_pixels=None, input_normalization=None):
     """Evaluation batches of ``(images, labels, mask)`` padded with masked
     blank images to exactly ``num_batches`` full batches, so every replica
-    and worker runs the same number of steps on static shapes."""
+    and worker runs the same number of steps on static shapes.
+    ``image_size``, ``model`` and the normalisation as for
+    :func:`dataset`."""
     import tensorflow as tf
 
+    image_size, raw_pixels, normalize = model_inputs(
+        image_size, model, raw_pixels=raw_pixels,
+        input_normalization=input_normalization)
     ds = dataset(source, image_size, batch_size, training=False,
                  shard=shard, eval_crop=eval_crop, drop_remainder=False,
                  prefetch=False, raw_pixels=raw_pixels,
-                 input_normalization=input_normalization).unbatch()
+                 input_normalization=normalize).unbatch()
     ds = ds.map(lambda x, y: (x, y, tf.constant(1.0)))
     blank = tf.data.Dataset.from_tensors(
         (tf.zeros((image_size, image_size, 3)), tf.constant(0, tf.int64),

@@ -11,7 +11,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.data.normalization import check_normalization
+from keras_vit.data.normalization import (OFFICIAL, config_value, of_model,
+                                          record_inputs, takes_raw_pixels)
 from keras_vit.runtime import compat
 from keras_vit.layers import PACKAGE, FusedDense
 from keras_vit.models.vit import VisionTransformer
@@ -171,6 +172,8 @@ class MaskedPatchPrediction(keras.Model):
         zoo_name = getattr(encoder, "zoo_name", None)
         if zoo_name:
             self.zoo_name = zoo_name
+        # The pipelines feed this model what its encoder takes.
+        record_inputs(self, encoder)
 
     def get_config(self):
         return {"encoder": self.encoder_config, "target": self.target,
@@ -205,14 +208,21 @@ class MaskedPatchPrediction(keras.Model):
         batch = ops.shape(images)[0]  # a tensor when not known statically
         mode, source = self.plan(batch, seed)
         predictions = self([images, mode, source], training=training)
-        if self.encoder_config.get("include_preprocessing"):
-            # The targets see what the ViT sees.
-            images = check_normalization(
-                "input_normalization",
-                self.encoder_config.get("input_normalization"))(images)
-        targets = patch_targets(images, self.grid_size, self.target)
+        targets = patch_targets(self.target_images(images), self.grid_size,
+                                self.target)
         return masked_loss(predictions, targets, mode, self.target,
                            self.num_channels)
+
+    def target_images(self, images):
+        """``images`` as this model takes them -> the [-1, 1] pixels the
+        targets are defined on (the paper's 3-bit colours of the pixels,
+        whatever normalisation the encoder's weights expect)."""
+        normalization = of_model(self)
+        if not takes_raw_pixels(self):
+            if config_value(normalization) is None:  # already [-1, 1]
+                return images
+            images = normalization.pixels(images)
+        return OFFICIAL(images)
 
     def to_classifier(self, num_classes, *, image_size=None, **options):
         """A :class:`~keras_vit.VisionTransformer` classifier with this
