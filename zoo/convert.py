@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit.base import atomic
+from keras_vit.base import archives, atomic
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
@@ -55,8 +55,7 @@ def read_npz(path, lazy=False) -> dict:
     try:
         if lazy:
             return lazy_npz.open_npz(path)
-        with np.load(path, allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
+        return archives.read_npz(path)  # every header bounded first
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
         raise CheckpointError(
             f"Could not read the checkpoint path={path!r}: it is not a valid "

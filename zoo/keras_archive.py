@@ -22,10 +22,11 @@ from keras_vit.zoo.build import is_keras_vit_model
 RUN_MODEL_FILE = "model.keras"
 
 
-def load_keras_file(path, argument="model", *, error=ValueError):
+def load_keras_file(path, argument="model", *,
+                    error=checkpoints.CheckpointError):
     """The model in a ``.keras`` file (``compile=False``), or one error
-    naming ``argument``: Keras says "File not found" for a file that is there
-    but is no ``.keras`` archive."""
+    (``error``) naming ``argument``: Keras says "File not found" for a file
+    that is there but is no ``.keras`` archive."""
     import keras
 
     # Importing the model classes registers them (and their layers) with

@@ -25,6 +25,7 @@ import zlib
 
 import numpy as np
 
+from keras_vit.base import archives
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header
 
@@ -39,27 +40,26 @@ class _Member:
     against the archive's CRC-32; compressed ones go through ``zipfile``.
     """
 
-    def __init__(self, path, info, archive, fileobj):
+    def __init__(self, path, header, fileobj):
+        info = header.info
         self.path, self.info, self.name = path, info, info.filename
         self._cached = None
         self._lock = threading.Lock()
-        with archive.open(info) as f:
-            version = np.lib.format.read_magic(f)
-            read_header = (np.lib.format.read_array_header_1_0
-                           if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, fortran, dtype = read_header(f)
-            self.header_len = f.tell()
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.fortran = fortran
-        _check_header(self.name, self.shape, self.dtype,
-                      info.file_size - self.header_len)
+        # Bounded by the bytes the archive holds for it (base.archives).
+        self.header_len = header.header_len
+        self.shape, self.dtype = header.shape, header.dtype
+        self.fortran = header.fortran
+        _check_header(self.name, self.shape, self.dtype)
         # Where a stored member's bytes start in the file (None: read it
         # through zipfile).
         self.member_offset = None
         if info.compress_type == zipfile.ZIP_STORED:
             fileobj.seek(info.header_offset)
-            fields = _LOCAL_HEADER.unpack(fileobj.read(_LOCAL_HEADER.size))
+            raw = fileobj.read(_LOCAL_HEADER.size)
+            if len(raw) < _LOCAL_HEADER.size:
+                raise EOFError(f"{self.name!r} starts past the end of the "
+                               "file (truncated archive?)")
+            fields = _LOCAL_HEADER.unpack(raw)
             if fields[0] == b"PK\x03\x04":
                 self.member_offset = (info.header_offset + _LOCAL_HEADER.size
                                       + fields[-2] + fields[-1])
@@ -209,24 +209,13 @@ class LazyArray:
 NUMBER_KINDS = "biuf"
 
 
-def _check_header(name, shape, dtype, data_bytes):
-    """Refuses a member whose header does not describe plain numbers that
-    fill exactly the bytes the archive holds for it, before anything is
-    allocated (a 334-byte file cannot declare 10**7 rows)."""
-    if dtype.hasobject:
-        raise ValueError(f"{name!r} holds Python objects; checkpoints are "
-                         "never unpickled")
+def _check_header(name, shape, dtype):
+    """Refuses a member whose header does not describe plain numbers (its
+    size is checked against the archive's bytes by
+    :func:`keras_vit.base.archives.npz_headers`, before this)."""
     if dtype.kind not in NUMBER_KINDS or dtype.fields is not None:
         raise ValueError(f"{name!r} has dtype {dtype.str!r}, not a number "
                          "type (bool, int, uint or float)")
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{name!r} declares a negative dimension {shape}")
-    declared = math.prod(shape) * dtype.itemsize
-    if declared != data_bytes:
-        raise ValueError(
-            f"{name!r} declares shape {shape} of {dtype.str} "
-            f"({declared} bytes) but the archive holds {data_bytes} bytes "
-            "for it")
 
 
 def verify(arrays):
@@ -251,16 +240,19 @@ def verify(arrays):
 
 def open_npz(path):
     """``{key: LazyArray}`` for every array of the ``.npz`` at ``path``
-    (headers only are read here; never unpickles). Raises ``ValueError``,
-    ``zipfile.BadZipFile`` or ``OSError`` for a file that is not a valid
-    archive."""
+    (headers only are read here, each bounded by the bytes the archive
+    holds for it: :func:`keras_vit.base.archives.npz_headers`; never
+    unpickles). Raises ``ValueError`` (a
+    :class:`~keras_vit.base.errors.ConfigError` naming the file and the
+    member for a bad header), ``zipfile.BadZipFile`` or ``OSError`` for a
+    file that is not a valid archive."""
     out = {}
-    with open(path, "rb") as fileobj, zipfile.ZipFile(fileobj) as archive:
-        for info in archive.infolist():
-            name = info.filename
-            if not name.endswith(".npy"):
+    headers = archives.npz_headers(path)
+    with open(path, "rb") as fileobj:
+        for name, header in headers.items():
+            if header is None:
                 raise ValueError(f"unexpected member {name!r} in the archive")
-            member = _Member(path, info, archive, fileobj)
+            member = _Member(path, header, fileobj)
             out[name[:-len(".npy")]] = LazyArray(member, member.shape,
                                                  member.dtype)
     return out

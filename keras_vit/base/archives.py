@@ -1,12 +1,19 @@
 """File checks before a reader opens a path: a zip archive where one is
-expected (:func:`check_archive`), and no FIFO, device or directory where a
-regular file is (:func:`special_file`)."""
+expected (:func:`check_archive`), no FIFO, device or directory where a
+regular file is (:func:`special_file`), and every array header of an
+``.npz`` bounded by the bytes the file holds for it before anything is
+allocated (:func:`npz_headers`, :func:`read_npz`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import zipfile
+from typing import NamedTuple
+
+from keras_vit.base.errors import ConfigError
+from keras_vit.base.limits import DEFLATE_MAX_EXPANSION, MAX_ARRAY_BYTES
 
 
 def check_archive(name, path, kind, *, error=ValueError):
@@ -61,3 +68,155 @@ def special_file(path):
         if test(mode):
             return kind
     return "not a regular file"
+
+
+class NpyHeader(NamedTuple):
+    """An ``.npy`` member's header, checked: ``shape``, ``dtype``,
+    ``fortran`` order, ``header_len`` (bytes before the data) and the zip
+    directory entry ``info``."""
+
+    shape: tuple
+    dtype: object
+    fortran: bool
+    header_len: int
+    info: zipfile.ZipInfo
+
+
+def _short(error):
+    return " ".join(str(error).split())[:200]
+
+
+def read_npy_header(f, path, field):
+    """``(shape, fortran, dtype)`` of the ``.npy`` header at the start of the
+    stream ``f`` (NumPy's format 1.0 or 2.0; NumPy itself caps the header's
+    length), or a :class:`~keras_vit.base.errors.ConfigError` naming
+    ``path`` and ``field`` (the member)."""
+    import numpy as np
+
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in readers:
+            raise ValueError(f".npy format version {version}")
+        shape, fortran, dtype = readers[version](f)
+    except (ValueError, EOFError, OSError, SyntaxError, TypeError,
+            zipfile.BadZipFile) as e:
+        raise ConfigError(path, field, f"has no readable .npy header "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    return tuple(shape), fortran, np.dtype(dtype)
+
+
+def check_npy_size(path, field, shape, dtype, data_bytes):
+    """Refuses an array header whose ``shape`` and ``dtype`` do not fill
+    exactly the ``data_bytes`` the file holds for it, that declares more
+    than :data:`~keras_vit.base.limits.MAX_ARRAY_BYTES`, or that holds
+    Python objects (never unpickled): one ConfigError naming ``path``,
+    ``field`` and the values, before anything is allocated.
+
+    >>> import numpy as np
+    >>> try:
+    ...     check_npy_size("c.npz", "a.npy", (2**40,), np.dtype("<f4"), 16)
+    ... except ConfigError as e:
+    ...     print(str(e).split(" but ")[1])
+    the file holds 16 bytes for it
+    """
+    if dtype.hasobject:
+        raise ConfigError(path, field, f"holds Python objects (dtype "
+                          f"{dtype.str!r}); arrays are never unpickled")
+    if any(d < 0 for d in shape):
+        raise ConfigError(path, field, f"declares a negative dimension "
+                          f"{shape}")
+    declared = math.prod(shape) * dtype.itemsize
+    if declared != data_bytes:
+        raise ConfigError(path, field, f"declares shape {shape} of "
+                          f"{dtype.str} ({declared} bytes) but the file "
+                          f"holds {data_bytes} bytes for it")
+    if declared > MAX_ARRAY_BYTES:
+        raise ConfigError(path, field, f"declares shape {shape} of "
+                          f"{dtype.str} ({declared} bytes), more than the "
+                          f"{MAX_ARRAY_BYTES} bytes an array may have")
+
+
+def check_member_size(path, info, file_size):
+    """Refuses a zip member whose directory entry promises more than the
+    file can give: compressed bytes past the file's ``file_size``, a
+    method other than stored or deflated (what NumPy and Keras write), or
+    an uncompressed size past what deflate can make of its compressed
+    bytes (:data:`~keras_vit.base.limits.DEFLATE_MAX_EXPANSION`)."""
+    where = info.filename
+    if info.compress_size > file_size:
+        raise ConfigError(path, where, f"holds {info.compress_size} "
+                          f"compressed bytes in a file of {file_size}")
+    if info.compress_type == zipfile.ZIP_STORED:
+        if info.file_size != info.compress_size:
+            raise ConfigError(path, where, f"is stored uncompressed as "
+                              f"{info.compress_size} bytes but declares "
+                              f"{info.file_size}")
+    elif info.compress_type == zipfile.ZIP_DEFLATED:
+        if info.file_size > DEFLATE_MAX_EXPANSION * info.compress_size + 64:
+            raise ConfigError(path, where, f"declares {info.file_size} "
+                              f"bytes from {info.compress_size} deflated "
+                              "ones, more than deflate can expand (a zip "
+                              "bomb, or a lying directory entry)")
+    else:
+        raise ConfigError(path, where, f"is compressed with zip method "
+                          f"{info.compress_type}; NumPy writes stored or "
+                          "deflated members")
+
+
+def npz_headers(path):
+    """``{member name: NpyHeader}`` of every member of the ``.npz`` at
+    ``path`` (None for a member that is not an ``.npy``), each header read
+    and checked against the bytes the archive holds for it
+    (:func:`check_member_size`, :func:`check_npy_size`) before any array
+    is allocated. A bad header is a ConfigError naming the file and the
+    member; a file that is no zip archive raises ``zipfile.BadZipFile`` or
+    ``OSError`` for the caller to word.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
+    >>> np.savez(path, a=np.zeros((2, 3), "float32"))
+    >>> h = npz_headers(path)["a.npy"]
+    >>> h.shape, h.dtype.str
+    ((2, 3), '<f4')
+    """
+    path = os.fspath(path)
+    headers = {}
+    with open(path, "rb") as fileobj:
+        size = os.fstat(fileobj.fileno()).st_size
+        with zipfile.ZipFile(fileobj) as archive:
+            for info in archive.infolist():
+                check_member_size(path, info, size)
+                if not info.filename.endswith(".npy"):
+                    headers[info.filename] = None
+                    continue
+                with archive.open(info) as f:
+                    shape, fortran, dtype = read_npy_header(
+                        f, path, info.filename)
+                    header_len = f.tell()
+                check_npy_size(path, info.filename, shape, dtype,
+                               info.file_size - header_len)
+                headers[info.filename] = NpyHeader(shape, dtype, fortran,
+                                                   header_len, info)
+    return headers
+
+
+def read_npz(path):
+    """``{key: array}`` of the ``.npz`` at ``path``, every header bounded
+    by :func:`npz_headers` before NumPy allocates (a 300-byte file
+    declaring 2**40 elements once raised a MemoryError naming no file),
+    never unpickled. Errors as :func:`npz_headers`; a member cut short
+    raises ``EOFError``/``zipfile.BadZipFile`` from NumPy.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
+    >>> np.savez(path, a=np.arange(3))
+    >>> read_npz(path)["a"].tolist()
+    [0, 1, 2]
+    """
+    import numpy as np
+
+    npz_headers(path)
+    with np.load(os.fspath(path), allow_pickle=False) as archive:
+        return {key: archive[key] for key in archive.files}

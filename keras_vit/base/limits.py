@@ -60,6 +60,16 @@ MAX_JSON_DEPTH = 64
 #: conv kernel; a stacked attention kernel: blocks, width, heads, head
 #: width), so a rank past this is no weight.
 NPZ_MAX_NDIM = 5
+#: Bytes one array of an ``.npz`` (a checkpoint, a data set, adapters) may
+#: declare in its header. Far past any released weight (ViT-e's stacked
+#: MLP kernel, 56 blocks of 1792x15360 float32, is 6.2 GB); a header is
+#: also checked against the bytes the archive holds for it, so this bounds
+#: what a well-formed but enormous file asks for in one allocation.
+MAX_ARRAY_BYTES = 16 << 30
+#: How much a deflated archive member can inflate: deflate codes a 258-byte
+#: match in about two bits, 1032 to 1 at most. A member whose directory
+#: entry claims more from its compressed bytes is lying about its size.
+DEFLATE_MAX_EXPANSION = 1032
 
 # -- images ----------------------------------------------------------------------
 
@@ -108,3 +118,29 @@ BATCH_MEMORY_SHARE = 0.5
 #: connection in well under a second. huggingface_hub's own default wait
 #: for bytes (``HF_HUB_ETAG_TIMEOUT``) is 10 s as well.
 MAX_CONNECT_WAIT_SECONDS = 10.0
+
+# -- training recipes --------------------------------------------------------------
+
+#: Optimizer steps of a run, and every step count a recipe holds (warmup,
+#: checkpoint, log and evaluation intervals): the paper's longest run is
+#: 1M steps (masked patch prediction); a billion would run for years.
+MAX_STEPS = 1_000_000_000
+#: Epochs of a run counted in epochs (DeiT III: 800).
+MAX_EPOCHS = 100_000
+#: Images per optimizer step (the paper: 4096; the largest published ViT
+#: batches, 32k-64k). A batch is held in memory as one tensor.
+MAX_BATCH_SIZE = 1 << 20
+#: A peak learning rate (the paper's largest is 0.06, SGD fine-tuning);
+#: past this every optimizer here diverges in its first steps.
+MAX_LEARNING_RATE = 10.0
+#: Decoupled weight decay (the paper's largest is 0.3).
+MAX_WEIGHT_DECAY = 10.0
+#: RandAugment's operations per image (timm's recipes use 2-4, drawn from
+#: 15 operations): each is a pass over every image, so 1e9 of them sat
+#: silent until killed.
+MAX_RANDAUGMENT_OPS = 64
+#: MixUp's and CutMix's Beta(alpha, alpha): at 100 lambda is 0.5 within
+#: 0.035 (one standard deviation), so a larger alpha mixes no differently.
+MAX_MIX_ALPHA = 100.0
+#: A seed: NumPy's (``keras.utils.set_random_seed``) is at most 2**32 - 1.
+MAX_SEED = 2**32 - 1

@@ -39,6 +39,7 @@ import numpy as np
 
 from keras_vit.runtime import compat
 from keras_vit.base import atomic
+from keras_vit.base.archives import read_npz
 from keras_vit.base.checks import check_int
 
 #: The layer names of each target group.
@@ -171,8 +172,7 @@ def load_adapters(model, path):
     rank and alpha where it is not on yet. Every array must find its
     variable and every adapter its array; otherwise nothing is changed and
     the error lists the problems."""
-    with np.load(os.fspath(path), allow_pickle=False) as archive:
-        arrays = {key: archive[key] for key in archive.files}
+    arrays = read_npz(os.fspath(path))  # headers bounded, never unpickled
     config = arrays.pop("lora_config", None)
     if config is None:
         raise ValueError(f"path={os.fspath(path)!r} holds no LoRA adapters "

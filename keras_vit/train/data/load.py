@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from keras_vit.base.archives import check_archive
+from keras_vit.base.archives import check_archive, npz_headers
 from keras_vit.base.checks import closest
 from keras_vit.train.data.folders import FolderSource
 from keras_vit.train.data.sources import (ArraySource, DataError,
@@ -94,6 +94,7 @@ def _spec_help(spec):
 def _npz_source(path):
     check_archive("data", path, "an .npz archive", error=DataError)
     try:
+        npz_headers(path)  # every array header bounded before NumPy allocates
         with np.load(path) as f:  # allow_pickle=False: never unpickled
             keys = set(f.files)
             xk = next((k for k in ("x", "images", "image") if k in keys),
