@@ -12,8 +12,6 @@ outputs must agree with predict's: a path that assumes [-1, 1] feeds an
 ImageNet model inputs off by a factor of two and fails here.
 """
 
-import json
-
 import keras
 import numpy as np
 import pytest
