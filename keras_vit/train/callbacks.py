@@ -31,7 +31,7 @@ a step boundary is where the accumulators are empty.
 >>> _ = model.fit(np.ones((8, 3)), np.ones((8, 2)), batch_size=2,
 ...               epochs=1, verbose=0, callbacks=[saver])
 >>> sorted(os.listdir(folder))
-['ckpt-2.npz', 'ckpt-4.npz']
+['ckpt-2.npz', 'ckpt-4.npz', 'manifest.json']
 >>> StepCheckpoints(folder, every=2).restore(model)
 4
 """
@@ -133,6 +133,9 @@ class StepCheckpoints(StepCounter):
         self.saved_step = start_step if start_step else None
         self.latest = None
         self.recorded_settings = None
+        #: The id of the run (the folder's manifest's, else the restored
+        #: file's; a new one at the first save of a new folder).
+        self.run = None
 
     @staticmethod
     def _groups(model):
@@ -149,9 +152,11 @@ class StepCheckpoints(StepCounter):
     def restore(self, model):
         """Loads the newest checkpoint of :attr:`directory` into ``model``
         (compiled; its optimizer is built if it is not) and returns its
-        step, or None when there is none. The file is read and checked
-        whole (every array's shape and dtype) before anything is
-        assigned; a mismatch is one ValueError listing the differences."""
+        step, or None when there is none. The step is the one the file
+        records, and the file is read and checked whole (its name, its
+        run against the folder's, every array's shape and dtype) before
+        anything is assigned; a mismatch is one ValueError naming the
+        file and the differences."""
         found = ckpt_lib.latest(self.directory)
         if found is None:
             return None
@@ -159,10 +164,13 @@ class StepCheckpoints(StepCounter):
         groups = self._groups(model)
         expected = {name: [(tuple(v.shape), _value(v).dtype) for v in values]
                     for name, values in groups.items()}
-        arrays, meta = ckpt_lib.load(path, expected)
+        manifest = ckpt_lib.read_manifest(self.directory)
+        arrays, meta = ckpt_lib.load(path, expected,
+                                     run=manifest and manifest["run"])
         for name, values in groups.items():
             for variable, value in zip(values, arrays[name]):
                 variable.assign(value)
+        self.run = manifest["run"] if manifest else meta["run"]
         self.recorded_settings = meta["settings"]
         self.latest = path
         self.begin(step)
@@ -182,8 +190,18 @@ class StepCheckpoints(StepCounter):
             return None
         self.latest = ckpt_lib.save(self.directory, step, arrays,
                                     self.position(step), keep=self.keep,
-                                    settings=self.settings)
+                                    settings=self.settings, run=self.run)
+        self.run = ckpt_lib.start_run(self.directory)
         return self.latest
+
+    def start_run(self):
+        """Writes the folder's manifest with the run's id, if it has none
+        (the id of the checkpoint restored, else a new one); a folder
+        with checkpoints but no manifest (copied without it, or written
+        before manifests were) is adopted, its files left unpruned."""
+        if self.writes:
+            self.run = ckpt_lib.start_run(self.directory, self.run)
+        return self.run
 
     def on_step_end(self, step, logs):
         if step % self.every == 0:

@@ -1,7 +1,9 @@
 """The run directory: what a run keeps on disk to resume after a crash.
 
     OUT/checkpoints/   ckpt-STEP.npz: model, optimizer (EMA weights
-                       included), step, data position, on every backend
+                       included), step, data position, run id, on every
+                       backend; manifest.json: the run's id and the files
+                       it wrote (the only ones it prunes)
     OUT/logs/          TensorBoard event files (train/, eval/)
     OUT/history.jsonl  one line per logged step
     OUT/run.json       the recipe and the set-up (label_names: the
@@ -21,11 +23,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 
 from keras_vit.base import atomic
 from keras_vit.base import schema
 from keras_vit.base.limits import MAX_CLASSES
+from keras_vit.train import checkpoints as ckpt_lib
 
 #: The run directory's lock: the pid of the process that owns the run.
 RUN_LOCK = "run.lock"
@@ -39,7 +41,7 @@ _RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
                 "recipe.jit_compile", "precision", "jit_compile", "backend"}
 # Settings recorded since a later version: a record without one says
 # nothing about it, so it is not a change.
-_RECORDED_SINCE = {"label_names"}
+_RECORDED_SINCE = {"label_names", "recipe.scale_lr_with_batch"}
 
 
 def checkpoint_dir(out_dir):
@@ -235,10 +237,12 @@ def lock_run_dir(owner, out_dir):
 
 def prepare(out_dir, resume):
     """Makes ``out_dir``'s checkpoint folder; ``resume=False`` first
-    deletes the checkpoints, history and metrics of an earlier run."""
+    deletes the checkpoints, history and metrics of an earlier run (the
+    checkpoints its runs wrote: :func:`keras_vit.train.checkpoints.clear`;
+    a file the user put there stays)."""
     checkpoints = checkpoint_dir(out_dir)
     if not resume and os.path.isdir(checkpoints):
-        shutil.rmtree(checkpoints)
+        ckpt_lib.clear(checkpoints)
         for name in ("history.jsonl", "metrics.json"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, name))
@@ -268,6 +272,10 @@ def open_run(out_dir, checkpoints, model, settings, *, resume, chief,
             "not resume; start again with resume=False (--restart) or "
             "use another out_dir")
     resumed_from = checkpoints.restore(model) if resume else None
+    if chief:
+        # The run's id, in the folder from its start: every checkpoint
+        # records it, and only files that do are the run's to prune.
+        checkpoints.start_run()
     if resumed_from is not None:
         check_resume(out_dir, settings,
                      recorded=checkpoints.recorded_settings,

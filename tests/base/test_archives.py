@@ -220,13 +220,14 @@ def _keras_archive(tmp_path, lying):
 
 
 READERS = {"zoo.load .npz": _zoo_load, "zoo.read_npz": _read_npz,
+           "run checkpoint": _run_checkpoint,
            "training data .npz": _training_data,
            "LoRA adapters": _lora_adapters,
            "safetensors": _safetensors,
            "safetensors tensors": _safetensors_tensors,
            "keras-hub .h5": _keras_hub_h5, ".keras archive": _keras_archive}
-NPZ_READERS = ("zoo.load .npz", "zoo.read_npz", "training data .npz",
-               "LoRA adapters")
+NPZ_READERS = ("zoo.load .npz", "zoo.read_npz", "run checkpoint",
+               "training data .npz", "LoRA adapters")
 
 
 @pytest.mark.parametrize("reader,lying", [

@@ -452,7 +452,7 @@ def test_run_directory_tensorboard_metrics_and_ema(tmp_path):
     assert [r["step"] for r in m["history"]] == list(range(5, 45, 5))
     _assert_falls(_losses(m))
     assert sorted(os.listdir(out / "checkpoints")) == [
-        "ckpt-20.npz", "ckpt-40.npz"]
+        "ckpt-20.npz", "ckpt-40.npz", "manifest.json"]
     # TensorBoard scalars, written without the tensorboard package.
     tags = {}
     for path in glob.glob(str(out / "logs" / "train" / "events.*")):
@@ -856,7 +856,7 @@ def test_two_workers_killed_and_restarted_end_at_the_uninterrupted_weights(
     # The chief writes the checkpoints; the other worker holds the same
     # values and writes nothing.
     assert sorted(os.listdir(whole / "checkpoints")) == [
-        "ckpt-10.npz", "ckpt-20.npz", "ckpt-30.npz"]
+        "ckpt-10.npz", "ckpt-20.npz", "ckpt-30.npz", "manifest.json"]
     saved = checkpoints.latest(str(killed / "checkpoints"))[0]
     assert saved == 10 and not (killed / "metrics.json").exists()
     # The killed job, restarted in new workers.
