@@ -85,6 +85,9 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
         total = max(1, math.ceil(r.epochs * steps_per_epoch))
     else:
         total = r.total_steps
+    # A named recipe counted in epochs learns the run's length only here.
+    r = recipes_lib.fit_to_run(r, total, named=isinstance(recipe, str),
+                               overrides=overrides)
     accum = 1
     if r.micro_batch_size:
         if r.batch_size % r.micro_batch_size:
@@ -98,10 +101,13 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     if check_memory:
         _check_step_memory(model, r)
     optimizer = recipes_lib.make_optimizer(
-        r, total, clip_in_optimizer=True, accumulation_steps=accum)
-    model.compile(optimizer=optimizer,
-                  loss=smoothed_sparse_crossentropy(r.label_smoothing),
-                  metrics=["accuracy"], jit_compile=_fit_jit(model, r))
+        r, total, clip_in_optimizer=True, accumulation_steps=accum,
+        model=model)
+    # The recipe's loss: DeiT's mixed batches carry soft targets, which a
+    # sparse cross-entropy would refuse (or misread).
+    model.compile(optimizer=optimizer, loss=recipes_lib.make_loss(r),
+                  metrics=recipes_lib.make_metrics(r),
+                  jit_compile=_fit_jit(model, r))
     return r
 
 

@@ -38,6 +38,7 @@ import dataclasses
 import math
 import warnings
 
+from keras_vit.base import limits
 from keras_vit.base.checks import (check_choice, check_int, check_number, closest,
                               did_you_mean)
 from keras_vit.train.distribute import check_precision_name
@@ -53,6 +54,82 @@ SCHEDULES = ("cosine", "linear", "constant")
 LOSSES = ("softmax", "bce")
 
 
+# The weight average's horizon, 1 / (1 - ema_decay) optimizer steps, may
+# span at most this share of the run. The weights a run starts from keep
+# ema_decay ** total_steps = exp(-total_steps / horizon) of the average:
+# at a horizon of half the run, e**-2 = 14%, which is where the paper's own
+# Table 2 setting sits (0.9999 over ImageNet's 20k fine-tuning steps);
+# DeiT's 0.99996 over 375k steps keeps 3e-7. The DeiT recipe's average
+# over a 120-step fine-tune kept 99.5% of the starting weights (evaluation
+# at chance where the raw weights reached a loss of 0.2).
+EMA_HORIZON_SHARE = 0.5
+
+
+def ema_fits(ema_decay, total_steps):
+    """Whether a weight average of ``ema_decay`` fits a run of
+    ``total_steps`` (its horizon at most :data:`EMA_HORIZON_SHARE` of it);
+    None (no average) always fits.
+
+    >>> ema_fits(0.9999, 20_000), ema_fits(0.99996, 120)
+    (True, False)
+    """
+    if ema_decay is None:
+        return True
+    # A relative slack: 0.9999 over 20k steps sits on the bound itself.
+    return (1.0 - ema_decay) * total_steps * EMA_HORIZON_SHARE >= 1 - 1e-9
+
+
+def largest_ema(total_steps):
+    """The largest ``ema_decay`` that fits a run of ``total_steps``
+    (``1 - 1 / (share * total_steps)``), or None when none does (a run of
+    two steps or fewer).
+
+    >>> largest_ema(120)
+    0.9833333333333333
+    """
+    span = EMA_HORIZON_SHARE * total_steps
+    return None if span <= 1 else 1.0 - 1.0 / span
+
+
+def _ema_text(ema_decay, total_steps):
+    return (f"ema_decay={ema_decay} averages the weights over "
+            f"~{1 / (1 - ema_decay):.0f} steps, more than "
+            f"{EMA_HORIZON_SHARE:.0%} of a run of total_steps={total_steps} "
+            f"(the saved weights would keep "
+            f"{ema_decay ** total_steps:.1%} of the starting ones)")
+
+
+def check_ema(ema_decay, total_steps):
+    """A ValueError naming ``ema_decay`` (``--ema``) when its average does
+    not fit a run of ``total_steps`` (:func:`ema_fits`), with the largest
+    that does.
+
+    >>> check_ema(0.99996, 120)
+    Traceback (most recent call last):
+    ValueError: ema_decay=0.99996 averages the weights over ~25000 steps, \
+more than 50% of a run of total_steps=120 (the saved weights would keep \
+99.5% of the starting ones); set ema_decay (--ema) to at most 0.983333, \
+none, or train longer
+    """
+    if ema_fits(ema_decay, total_steps):
+        return
+    largest = largest_ema(total_steps)
+    room = (f"at most {largest:.6g}, " if largest is not None else "")
+    raise ValueError(f"{_ema_text(ema_decay, total_steps)}; set ema_decay "
+                     f"(--ema) to {room}none, or train longer")
+
+
+# Every integer field's cap; the step counts and seed may be 0.
+_INT_CAPS = {"total_steps": limits.MAX_STEPS,
+             "warmup_steps": limits.MAX_STEPS,
+             "checkpoint_every": limits.MAX_STEPS,
+             "log_every": limits.MAX_STEPS, "eval_every": limits.MAX_STEPS,
+             "batch_size": limits.MAX_BATCH_SIZE,
+             "micro_batch_size": limits.MAX_BATCH_SIZE,
+             "image_size": limits.MAX_IMAGE_SIDE, "seed": limits.MAX_SEED}
+_OPTIONAL = ("total_steps", "micro_batch_size", "eval_every")
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """Every setting of a training run. Use :func:`get` to start from a
@@ -64,7 +141,12 @@ class Recipe:
             ``beta_1``, ``beta_2``; decoupled ``weight_decay`` makes AdamW)
             or ``"lamb"`` (Keras' LAMB, same betas; its weight decay is
             decoupled, outside the trust ratio).
-        learning_rate: peak learning rate (after warmup).
+        learning_rate: peak learning rate (after warmup), at most 10.
+        scale_lr_with_batch: the named recipe's ``learning_rate`` is for
+            its own ``batch_size``; :func:`get` with another
+            ``batch_size`` (and no ``learning_rate``) scales the rate
+            linearly with it, DeiT's ``5e-4 * batch_size / 512``
+            (:func:`scaled_learning_rate`).
         lr_sweep: the values the paper swept for this setting (information).
         schedule: decay after warmup, to zero: ``"cosine"``, ``"linear"``,
             ``"constant"``.
@@ -88,7 +170,8 @@ class Recipe:
         ema_decay: Polyak averaging of the weights per optimizer step
             (0.9999 in the paper's Table 2), Keras' ``use_ema`` with
             ``ema_momentum``; the average replaces the raw weights at the
-            end of the run; None: off.
+            end of the run; None: off. Its horizon ``1 / (1 - ema_decay)``
+            steps must fit in half the run (:func:`fit_ema`).
         precision: ``"auto"`` (bfloat16 on TPU, float32 elsewhere),
             ``"float32"`` or ``"mixed_bfloat16"``.
         jit_compile: XLA for the forward and backward pass of the train
@@ -129,6 +212,7 @@ class Recipe:
     name: str = "custom"
     optimizer: str = "sgd"
     learning_rate: float = 0.01
+    scale_lr_with_batch: bool = False
     lr_sweep: tuple = ()
     momentum: float = 0.9
     beta_1: float = 0.9
@@ -172,33 +256,41 @@ class Recipe:
         if self.jit_compile not in ("auto", True, False):
             raise ValueError("jit_compile must be True, False or 'auto'; "
                              f"received jit_compile={self.jit_compile!r}")
-        for field in ("learning_rate",):
-            check_number(field, getattr(self, field), low=0.0,
-                          low_open=True)
+        check_number("learning_rate", self.learning_rate, low=0.0,
+                     high=limits.MAX_LEARNING_RATE, low_open=True)
+        if not isinstance(self.lr_sweep, (tuple, list)):
+            raise ValueError("lr_sweep must be a tuple of learning rates; "
+                             f"received lr_sweep={self.lr_sweep!r}")
+        for value in self.lr_sweep:
+            check_number("lr_sweep", value, low=0.0,
+                         high=limits.MAX_LEARNING_RATE, low_open=True)
+        for field in ("flip", "scale_lr_with_batch"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field} must be True or False; received "
+                                 f"{field}={getattr(self, field)!r}")
         for field in ("momentum", "beta_1", "beta_2"):
             check_number(field, getattr(self, field), low=0.0, high=1.0,
                           high_open=True)
-        for field in ("weight_decay",):
-            check_number(field, getattr(self, field), low=0.0)
+        check_number("weight_decay", self.weight_decay, low=0.0,
+                     high=limits.MAX_WEIGHT_DECAY)
         for field in ("label_smoothing", "dropout_rate"):
             check_number(field, getattr(self, field), low=0.0, high=1.0,
                           high_open=True)
         check_number("eval_crop", self.eval_crop, low=0.0, high=1.0,
                       low_open=True)
-        for field in ("batch_size", "image_size", "checkpoint_every",
-                      "log_every"):
-            check_int(field, getattr(self, field), low=1)
-        check_int("warmup_steps", self.warmup_steps, low=0)
-        check_int("seed", self.seed, low=0)
-        for field in ("total_steps", "micro_batch_size", "eval_every"):
-            if getattr(self, field) is not None:
-                check_int(field, getattr(self, field), low=1)
+        for field, high in _INT_CAPS.items():
+            if getattr(self, field) is not None or field not in _OPTIONAL:
+                check_int(field, getattr(self, field),
+                          low=0 if field in ("warmup_steps", "seed") else 1,
+                          high=high)
         if self.epochs is not None:
-            check_number("epochs", self.epochs, low=0.0, low_open=True)
+            check_number("epochs", self.epochs, low=0.0,
+                         high=limits.MAX_EPOCHS, low_open=True)
         if self.total_steps is None and self.epochs is None:
             raise ValueError(
                 "a recipe needs total_steps or epochs; received "
                 "total_steps=None and epochs=None")
+        # No cap above: a norm past any gradient's clips nothing, as None.
         if self.grad_clip_norm is not None:
             check_number("grad_clip_norm", self.grad_clip_norm, low=0.0,
                           low_open=True)
@@ -220,6 +312,8 @@ class Recipe:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} (--warmup-steps) must be "
                 f"smaller than total_steps={self.total_steps} (--steps)")
+        if self.total_steps is not None:
+            check_ema(self.ema_decay, self.total_steps)
         object.__setattr__(self, "lr_sweep", tuple(self.lr_sweep))
         self._check_regularisation()
 
@@ -228,7 +322,8 @@ class Recipe:
 
         check_choice("loss", self.loss, LOSSES)
         for field in ("mixup_alpha", "cutmix_alpha"):
-            check_number(field, getattr(self, field), low=0.0)
+            check_number(field, getattr(self, field), low=0.0,
+                         high=limits.MAX_MIX_ALPHA)
         check_number("mix_switch_prob", self.mix_switch_prob, low=0.0,
                      high=1.0)
         check_number("drop_path_rate", self.drop_path_rate, low=0.0,
@@ -384,10 +479,11 @@ RECIPES = {
     # 0.99996, random-resized crop 8%-100%, evaluation crop 0.875, no
     # clipping. Deviations: the schedule starts and ends at 0 (timm's at
     # 1e-6 and 1e-5), no repeated augmentation, Keras' RandomErasing
-    # instead of timm's (RandAugment is timm's). Another batch size: scale
-    # learning_rate with it (5e-4 * batch_size / 512).
+    # instead of timm's (RandAugment is timm's). Another batch_size scales
+    # the learning rate with it, as main.py does (scale_lr_with_batch).
     "deit": Recipe(
         name="deit", optimizer="adam", learning_rate=1e-3,
+        scale_lr_with_batch=True,
         warmup_steps=6_255, epochs=300, batch_size=1024,
         label_smoothing=0.1, drop_path_rate=0.1, image_size=224,
         randaugment=(2, 9, 0.5), random_erasing=0.25, **_DEIT),
@@ -433,20 +529,48 @@ HEAD_LEARNING_RATES = {
 CLASSIFIERS = ("token", "gap")
 
 
-def head_learning_rate(recipe, classifier):
+def head_learning_rate(recipe, classifier, batch_size=None):
     """The default learning rate of the named ``recipe`` for a model with
-    the ``classifier`` head (``"token"`` or ``"gap"``), per Appendix D.3.
+    the ``classifier`` head (``"token"`` or ``"gap"``), per Appendix D.3,
+    at ``batch_size`` (default: the recipe's; see
+    :func:`scaled_learning_rate`).
 
     >>> head_learning_rate("pretrain-jft", "token"), \\
     ...     head_learning_rate("pretrain-jft", "gap")
     (0.0008, 0.0003)
     >>> head_learning_rate("finetune", "gap")  # one rate for both heads
     0.01
+    >>> head_learning_rate("deit", "token", batch_size=256)  # DeiT's rule
+    0.00025
     """
     check_choice("classifier", classifier, CLASSIFIERS)
     base = get(recipe)
-    return HEAD_LEARNING_RATES.get(base.name, {}).get(
+    rate = HEAD_LEARNING_RATES.get(base.name, {}).get(
         classifier, base.learning_rate)
+    return scaled_learning_rate(base, rate, batch_size)
+
+
+def scaled_learning_rate(recipe, rate=None, batch_size=None):
+    """``rate`` (default: the recipe's ``learning_rate``) for a run of
+    ``batch_size`` images per optimizer step: scaled linearly from the
+    recipe's own ``batch_size`` when the recipe says so
+    (``scale_lr_with_batch``: DeiT's ``5e-4 * batch_size / 512``), else
+    unchanged. ``batch_size`` is the whole batch of an optimizer step, over
+    every replica and accumulation step, as DeiT's world size times its
+    per-GPU batch and timm's ``--grad-accum-steps`` count it.
+
+    >>> deit = get("deit")
+    >>> scaled_learning_rate(deit, batch_size=64), deit.learning_rate
+    (6.25e-05, 0.001)
+    >>> scaled_learning_rate(get("finetune"), batch_size=64)
+    0.01
+    """
+    rate = recipe.learning_rate if rate is None else rate
+    if batch_size is None or not recipe.scale_lr_with_batch:
+        return rate
+    batch_size = check_int("batch_size", batch_size, low=1,
+                           high=limits.MAX_BATCH_SIZE)
+    return rate * batch_size / recipe.batch_size
 
 
 def get(recipe="finetune", *, classifier=None, **overrides):
@@ -461,16 +585,22 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     ``learning_rate`` always wins, and a :class:`Recipe` object keeps its
     own rate.
 
+    A recipe asked for by name fits the run it is given (:func:`fit_to_run`):
+    its learning rate follows ``batch_size`` where the recipe scales it
+    (DeiT), and a run too short for its warmup or its weight average
+    gets them shortened, with a warning naming both values. What the
+    caller sets explicitly is never changed: a value that does not fit
+    the run stops with one line naming it.
+
     >>> get("pretrain-jft", classifier="gap").learning_rate
     0.0003
     >>> get("pretrain-jft", classifier="gap", learning_rate=1e-3).learning_rate
     0.001
+    >>> get("deit", batch_size=128).learning_rate
+    0.000125
     """
     if classifier is not None:
         check_choice("classifier", classifier, CLASSIFIERS)
-        if isinstance(recipe, str) and "learning_rate" not in overrides:
-            overrides["learning_rate"] = head_learning_rate(recipe,
-                                                            classifier)
     if isinstance(recipe, Recipe):
         base = recipe
     elif isinstance(recipe, str) and recipe in RECIPES:
@@ -480,18 +610,69 @@ def get(recipe="finetune", *, classifier=None, **overrides):
         raise ValueError(f"Unknown recipe={recipe!r}.{hint} Recipes: "
                          f"{', '.join(names())}")
     _check_fields(overrides)
+    named = isinstance(recipe, str)
+    explicit = tuple(overrides)
+    if named and "learning_rate" not in overrides:
+        rate = (base.learning_rate if classifier is None
+                else head_learning_rate(recipe, classifier))
+        # Checked first: the rate is scaled by it.
+        if "batch_size" in overrides:
+            check_int("batch_size", overrides["batch_size"], low=1,
+                      high=limits.MAX_BATCH_SIZE)
+        rate = scaled_learning_rate(base, rate,
+                                    overrides.get("batch_size"))
+        if rate != base.learning_rate:
+            overrides["learning_rate"] = rate
     if "epochs" in overrides and "total_steps" not in overrides:
         overrides["total_steps"] = None
     if "total_steps" in overrides and overrides["total_steps"] is not None \
             and "epochs" not in overrides:
         overrides["epochs"] = None
     total = overrides.get("total_steps", base.total_steps)
-    if (isinstance(recipe, str) and "warmup_steps" not in overrides
-            and total is not None):
-        warmup = fit_warmup(base, total)
-        if warmup != base.warmup_steps:
-            overrides["warmup_steps"] = warmup
+    if named and total is not None:
+        # The named recipe's warmup and average, fitted before the Recipe
+        # checks them against total_steps.
+        check_int("total_steps", total, low=1, high=limits.MAX_STEPS)
+        for field, fit in (("warmup_steps", fit_warmup), ("ema_decay",
+                                                          fit_ema)):
+            if field not in explicit:
+                value = fit(base, total)
+                if value != getattr(base, field):
+                    overrides[field] = value
     return dataclasses.replace(base, **overrides)
+
+
+def fit_to_run(recipe, total_steps, *, named=True, overrides=()):
+    """``recipe`` for a run of ``total_steps`` optimizer steps (known only
+    once the data is, for a recipe counted in epochs): a ``named``
+    recipe's warmup and weight average that the caller did not set
+    (``overrides``: the fields set explicitly) shortened to fit
+    (:func:`fit_warmup`, :func:`fit_ema`); anything else that does not
+    fit stops with one line naming it.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     r = fit_to_run(get("deit"), 120)
+    >>> r.warmup_steps, r.ema_decay
+    (12, 0.9833333333333333)
+    """
+    total_steps = check_int("total_steps", total_steps, low=1,
+                            high=limits.MAX_STEPS)
+    fields = {}
+    if named and "warmup_steps" not in overrides:
+        fields["warmup_steps"] = fit_warmup(recipe, total_steps)
+    if named and "ema_decay" not in overrides:
+        fields["ema_decay"] = fit_ema(recipe, total_steps)
+    if fields:
+        recipe = recipe.replace(**fields)
+    if recipe.warmup_steps >= total_steps:
+        raise ValueError(
+            f"warmup_steps={recipe.warmup_steps} (--warmup-steps) must be "
+            f"smaller than the run's total_steps={total_steps} "
+            "(--steps, or --epochs times the steps per epoch)")
+    check_ema(recipe.ema_decay, total_steps)
+    return recipe
 
 
 def fit_warmup(recipe, total_steps):
@@ -514,17 +695,46 @@ def fit_warmup(recipe, total_steps):
     fraction = (recipe.warmup_steps / recipe.total_steps
                 if recipe.total_steps else 0.1)
     warmup = min(int(round(fraction * total_steps)), total_steps - 1)
-    message = (
+    _warn_once(
         f"the {recipe.name} recipe's warmup_steps={recipe.warmup_steps} do "
         f"not fit a run of total_steps={total_steps}; warming up for "
         f"{warmup} steps instead ({fraction:.0%}). Set warmup_steps "
         "(--warmup-steps) to choose.")
+    return warmup
+
+
+def fit_ema(recipe, total_steps):
+    """The recipe's ``ema_decay``, or, when its average does not fit a run
+    of ``total_steps`` (:func:`ema_fits`), the largest that does
+    (:func:`largest_ema`; None, no average, for a run of two steps or
+    fewer) and a warning naming both, as :func:`fit_warmup` does for the
+    warmup. Only a named recipe's average is fitted; an explicit
+    ``ema_decay`` that does not fit is refused (:func:`check_ema`).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     get("deit", total_steps=1000).ema_decay
+    0.998
+    """
+    if ema_fits(recipe.ema_decay, total_steps):
+        return recipe.ema_decay
+    ema = largest_ema(total_steps)
+    instead = ("no average" if ema is None else
+               f"ema_decay={ema:.6g} instead (a horizon of "
+               f"{1 / (1 - ema):.0f} steps)")
+    _warn_once(f"the {recipe.name} recipe's "
+               f"{_ema_text(recipe.ema_decay, total_steps)}; using "
+               f"{instead}. Set ema_decay (--ema) to choose.")
+    return ema
+
+
+def _warn_once(message):
     # Once: a command checks its recipe before the Trainer builds it again
     # (and importing TensorFlow in between resets warnings' own registry).
     if message not in _WARNED:
         _WARNED.add(message)
-        warnings.warn(message, UserWarning, stacklevel=2)
-    return warmup
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 _WARNED = set()
@@ -554,7 +764,8 @@ def parse_value(field, text):
                              f"received {field}={text!r}") from None
     if field == "jit_compile" and text.lower() == "auto":
         return "auto"
-    if field in ("flip", "jit_compile", "three_augment"):
+    if field in ("flip", "jit_compile", "three_augment",
+                 "scale_lr_with_batch"):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
@@ -614,6 +825,22 @@ def make_loss(recipe):
         return mixing.BinaryMixedTargets()
     # The mixer smooths the training rows; evaluation labels here.
     return mixing.SoftTargetCrossentropy(recipe.label_smoothing)
+
+
+def make_metrics(recipe):
+    """The metrics to compile with: top-1 accuracy, in a form that takes
+    the integer labels of evaluation batches as well as the target rows of
+    the recipe's training batches (:class:`~keras_vit.train.schedules.
+    TopOneAccuracy`) when it mixes or uses the BCE loss.
+
+    >>> make_metrics(get("finetune")), type(make_metrics(get("deit"))[0]).__name__
+    (['accuracy'], 'TopOneAccuracy')
+    """
+    if not recipe.dense_targets:
+        return ["accuracy"]
+    from keras_vit.train.schedules import TopOneAccuracy
+
+    return [TopOneAccuracy()]
 
 
 def batch_mixer(recipe, num_classes):
@@ -686,6 +913,8 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
     """
     from keras_vit.train.schedules import WarmupDecay
 
+    total_steps = check_int("total_steps", total_steps, low=1,
+                            high=limits.MAX_STEPS)
     if recipe.warmup_steps >= total_steps:
         raise ValueError(
             f"warmup_steps={recipe.warmup_steps} must be smaller than the "
@@ -719,6 +948,9 @@ def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
 
     optimizer = _optimizer(recipe, total_steps, clip_in_optimizer,
                            accumulation_steps)
+    # Every path to an optimizer passes here: an average that would keep
+    # the starting weights stops (get and fit_to_run fit a named recipe's).
+    check_ema(recipe.ema_decay, total_steps)
     if recipe.layer_decay is not None:
         from keras_vit.train.layer_decay import with_layer_decay
 

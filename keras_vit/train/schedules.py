@@ -1,7 +1,8 @@
 """The Keras classes a model compiled by :mod:`keras_vit.train` saves in its
-``.keras`` file: the recipes' learning-rate schedule and the smoothed
-cross-entropy loss. Importing this module registers both with Keras
-(``keras_vit>WarmupDecay``, ``keras_vit>SmoothedSparseCE``), so such a file
+``.keras`` file: the recipes' learning-rate schedule, the smoothed
+cross-entropy loss and the accuracy of mixed targets. Importing this module
+registers them with Keras (``keras_vit>WarmupDecay``,
+``keras_vit>SmoothedSparseCE``, ``keras_vit>TopOneAccuracy``), so such a file
 loads compiled after ``import keras_vit.train.schedules``; loading with
 ``compile=False`` needs neither.
 
@@ -86,6 +87,42 @@ class SmoothedSparseCE(keras.losses.Loss):
     def get_config(self):
         return {**super().get_config(),
                 "label_smoothing": self.label_smoothing}
+
+
+def top_one_hits(y_true, y_pred):
+    """1.0 where the top class of ``y_pred`` is the target's: an integer
+    label, or the largest entry of a target row (one-hot, smoothed or
+    mixed). Keras' ``"accuracy"`` picks one of the two forms at its first
+    batch, so a model trained on DeiT's mixed rows and evaluated on integer
+    labels scored 0.0 whatever it predicted."""
+    guess = ops.argmax(y_pred, axis=-1)
+    if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] != 1:
+        truth = ops.argmax(y_true, axis=-1)
+    else:
+        truth = ops.reshape(y_true, ops.shape(guess))
+    return ops.cast(ops.equal(ops.cast(truth, "int32"),
+                              ops.cast(guess, "int32")), "float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TopOneAccuracy(keras.metrics.MeanMetricWrapper):
+    """Top-1 accuracy for integer labels and target rows alike
+    (:func:`top_one_hits`), named ``"accuracy"``.
+
+    >>> import numpy as np
+    >>> m = TopOneAccuracy()
+    >>> logits = np.array([[0.1, 0.9], [0.8, 0.2]], "float32")
+    >>> m.update_state(np.array([1, 1]), logits)
+    >>> m.update_state(np.array([[0.3, 0.7], [0.6, 0.4]], "float32"), logits)
+    >>> float(m.result())
+    0.75
+    """
+
+    def __init__(self, name="accuracy", dtype=None):
+        super().__init__(top_one_hits, name=name, dtype=dtype)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

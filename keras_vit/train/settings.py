@@ -78,14 +78,10 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
     # Refuses a batch larger than the data.
     steps_per_epoch = pipeline.steps_per_epoch(train, r.batch_size)
     total_steps = r.steps_for(train.num_examples)
-    if named and "warmup_steps" not in overrides:
-        # The named recipe's warmup, scaled to fit a short run.
-        r = r.replace(warmup_steps=recipes_lib.fit_warmup(r, total_steps))
-    if r.warmup_steps >= total_steps:
-        raise ValueError(
-            f"warmup_steps={r.warmup_steps} (--warmup-steps) must be "
-            f"smaller than the run's total_steps={total_steps} "
-            "(--steps, or --epochs times the steps per epoch)")
+    # The named recipe's warmup and weight average, fitted to a short run;
+    # what the user set stops the run if it does not fit.
+    r = recipes_lib.fit_to_run(r, total_steps, named=named,
+                               overrides=overrides)
     return Plan(r, per_replica, micro, accum, steps_per_epoch, total_steps)
 
 
@@ -120,8 +116,9 @@ def fit_to_model(recipe, model, *, image_size, name=None, overrides=()):
     (Appendix D.3: GAP needs a lower one) unless ``overrides`` sets one."""
     head = classifier_of(model)
     if head and name is not None and "learning_rate" not in overrides:
-        recipe = recipe.replace(
-            learning_rate=recipes_lib.head_learning_rate(name, head))
+        # At the run's batch: DeiT's rate follows it.
+        recipe = recipe.replace(learning_rate=recipes_lib.head_learning_rate(
+            name, head, batch_size=recipe.batch_size))
     return recipe.replace(
         image_size=image_size,
         dropout_rate=float(getattr(model, "dropout_rate",

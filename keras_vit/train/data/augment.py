@@ -26,6 +26,7 @@ keeps its own random state.
 from __future__ import annotations
 
 from keras_vit.base.checks import check_int, check_number
+from keras_vit.base.limits import MAX_RANDAUGMENT_OPS
 
 # RandAugment's magnitude scale (timm's and big_vision's level 0-10).
 RANDAUGMENT_TOP_LEVEL = 10.0
@@ -38,7 +39,7 @@ _BLUR_RADIUS = 6
 def check_randaugment(value, name="randaugment"):
     """``(num_ops, magnitude)`` or ``(num_ops, magnitude, magnitude_std)``
     with ints and floats, or None; else a ValueError naming ``name``:
-    ``num_ops`` a positive integer, ``magnitude`` in [0, 10] (the
+    ``num_ops`` in [1, 64], ``magnitude`` in [0, 10] (the
     RandAugment level scale), ``magnitude_std`` (timm's ``mstd``) at
     least 0.
 
@@ -51,7 +52,8 @@ def check_randaugment(value, name="randaugment"):
         raise ValueError(f"{name} must be None, (num_ops, magnitude) or "
                          f"(num_ops, magnitude, magnitude_std); received "
                          f"{name}={value!r}")
-    num_ops = check_int(f"{name} num_ops", value[0], low=1)
+    num_ops = check_int(f"{name} num_ops", value[0], low=1,
+                        high=MAX_RANDAUGMENT_OPS)
     magnitude = check_number(f"{name} magnitude", value[1], low=0.0,
                              high=RANDAUGMENT_TOP_LEVEL)
     if len(value) == 2:
