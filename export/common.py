@@ -259,6 +259,9 @@ QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
 # stored and the precision OpenVINO computes in.
 OPENVINO_PRECISIONS = ("float32", "bfloat16", "int8")
 DEFAULT_REPRESENTATIVE_SAMPLES = 100
+# Images the int8 variants are compared on (and, with representative_data,
+# held out from it beyond the calibration images).
+DEFAULT_AGREEMENT_SAMPLES = 32
 
 
 def check_quantization(quantization, representative_data,
@@ -340,6 +343,22 @@ TOLERANCES.update({
 
 # What to try when a quantized artifact fails its verification.
 REMEDIES = {
+    # Calibrated on the user's own images (representative_data=) and
+    # checked on them: better calibration data is not the remedy.
+    "int8/calibrated": "It was calibrated and checked on your "
+                       "representative_data, so full int8 costs this much "
+                       "on this model: export quantization='dynamic_int8' "
+                       "(int8 weights, float activations), or "
+                       "quantization='float16', or loosen tolerance= if "
+                       "the agreement is good enough for you",
+    "int8/calibrated_elsewhere": "It was calibrated on your "
+                                 "representative_data but checked on other "
+                                 "images (verify_data=): leave verify_data "
+                                 "out to check it on images like the "
+                                 "calibration ones, or export "
+                                 "quantization='dynamic_int8', or loosen "
+                                 "tolerance= if the agreement is good "
+                                 "enough for you",
     "int8": "Full int8 needs calibration images like the ones it will "
             "see: pass representative_data= (command line: "
             "--calibration-data SPEC, e.g. a folder of your images or "
@@ -380,8 +399,15 @@ def remedy(fmt, options):
     True
     >>> remedy("onnx", {"quantization": "float32"}) is None
     True
+    >>> remedy("tflite", {"quantization": "int8", "calibration_input":
+    ...                   "[0, 255] pixels", "verify_data": "held out"})[:29]
+    'It was calibrated and checked'
     """
     name = variant(options)
+    if name == "int8" and options.get("calibration_input"):
+        # The user's data calibrated it; was it checked on that data too?
+        return REMEDIES["int8/calibrated" if options.get("verify_data")
+                        else "int8/calibrated_elsewhere"]
     return REMEDIES.get(f"{fmt}/{name}") or REMEDIES.get(name)
 
 

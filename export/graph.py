@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.data.normalization import of_model
+from keras_vit.data.normalization import of_model, takes_raw_pixels
 from keras_vit.export import samples
 from keras_vit.runtime.policy import dtype_policy_scope
 
@@ -15,10 +15,6 @@ from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
     BLOCK_OUTPUT, OUTPUTS, check_outputs)
 INPUT_NAME = "images"
 _LOW_PRECISION = ("bfloat16", "float16")
-
-
-def _layer_names(model):
-    return {layer.name for layer in model.layers}
 
 
 def low_precision_dtype(model):
@@ -91,17 +87,51 @@ def _with_attention_scores(model):
     return rebuild(model, return_attention_scores=True)
 
 
+def default_outputs(model):
+    """The outputs an export of ``model`` returns unless told otherwise:
+    a classifier's ``logits`` and ``probabilities``; a feature
+    extractor's embedding (``num_classes=0``, ``include_top=False``:
+    DINOv2, SigLIP and CLIP towers), ``pre_logits`` (what a head would
+    read, which is what such a model returns), or the model's own output
+    (``features``) where it has no pooled one.
+
+    >>> import keras_vit
+    >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+    ...           num_heads=1, mlp_dim=8)
+    >>> default_outputs(keras_vit.vit(**kw, num_classes=3))
+    ('logits', 'probabilities')
+    >>> default_outputs(keras_vit.vit(**kw, num_classes=0))
+    ('pre_logits',)
+    """
+    from keras_vit.models.features import available_features, is_classifier
+
+    if is_classifier(model):
+        return ("logits", "probabilities")
+    return (("pre_logits",) if "pre_logits" in available_features(model)
+            else ("features",))
+
+
+def check_head(model, outputs):
+    """Refuses class scores (``logits``, ``probabilities``) from a model
+    without a classification head, in one line naming its embedding."""
+    from keras_vit.models.features import is_classifier
+
+    scores = [o for o in outputs if o in ("logits", "probabilities")]
+    if scores and not is_classifier(model):
+        raise ValueError(
+            f"outputs {scores[0]!r} needs a classification head; model="
+            f"{model.name!r} is a feature extractor (num_classes=0 or "
+            "include_top=False), whose embedding is outputs="
+            f"{default_outputs(model)!r}")
+
+
 def _output_tensor(model, name):
     """The symbolic tensor of output ``name`` in ``model``'s graph."""
     from keras_vit.models.features import available_features, feature_tensor
 
     available = available_features(model)
     if name == "logits":
-        if "logits" not in available:
-            raise ValueError(
-                f"outputs {name!r} needs a classification head; "
-                f"model={model.name!r} has none (include_top=False?); use "
-                "outputs=('features',) or ('pre_logits',)")
+        check_head(model, (name,))
         return feature_tensor(model, "logits")
     if name == "pre_logits":
         if "pre_logits" not in available:
@@ -167,7 +197,9 @@ class ServingGraph:
 
     Args:
         model: a built Keras model taking (batch, H, W, C) images.
-        outputs: names from OUTPUTS, in the order of the artifact's outputs:
+        outputs: names from OUTPUTS, in the order of the artifact's outputs
+            (None: :func:`default_outputs`, the class scores of a
+            classifier, the embedding of a feature extractor):
             ``logits`` (the head), ``probabilities`` (softmax of the logits,
             in float32), ``pre_logits`` (the pooled representation),
             ``attention_maps`` (ViT only: (batch, layers, heads, N, N)),
@@ -175,22 +207,24 @@ class ServingGraph:
             only: encoder block ``i``'s patch tokens as a (batch, h, w, D)
             map, as :func:`keras_vit.models.intermediate_model` gives).
         uint8_input: the artifact takes uint8 pixels and maps them to the
-            model's range inside ((x - 127.5) / 127.5 unless the model was
-            built with include_preprocessing=True).
+            model's inputs inside, as the model's own normalisation says
+            (:func:`keras_vit.data.normalization.of_model`), unless the
+            model normalises them itself (include_preprocessing=True).
         cast_to_float32: export a float32 copy of a bf16/fp16 model.
         allow_low_precision: whether the format can hold a low-precision
             graph when ``cast_to_float32`` is False.
     """
 
-    def __init__(self, model, outputs=("logits", "probabilities"),
-                 uint8_input=False, cast_to_float32=True,
+    def __init__(self, model, outputs=None, uint8_input=False, cast_to_float32=True,
                  allow_low_precision=False):
         import keras
 
         if not isinstance(model, keras.Model):
             raise ValueError(f"model must be a keras.Model; received "
                              f"model={type(model).__name__}")
-        outputs = check_outputs(outputs)
+        outputs = check_outputs(default_outputs(model) if outputs is None
+                                else outputs)
+        check_head(model, outputs)
         if len(model.inputs or ()) != 1:
             raise ValueError(
                 f"model={model.name!r} must take one input (images); it takes "
@@ -239,9 +273,9 @@ class ServingGraph:
                                   if self.dynamic_size else ())
         self.uint8_input = bool(uint8_input)
         self.input_dtype = "uint8" if uint8_input else "float32"
-        includes_preprocessing = bool(
-            getattr(model, "include_preprocessing", False)
-            or "preprocessing" in _layer_names(model))
+        # Whether the model normalises [0, 255] pixels itself: the model
+        # says (keras_vit.data.normalization decides for every path).
+        includes_preprocessing = takes_raw_pixels(model)
         self.scale_inside = self.uint8_input and not includes_preprocessing
         # What the weights expect of [0, 255] pixels (the official [-1, 1]
         # unless the model records another normalisation).
@@ -395,7 +429,7 @@ class ServingGraph:
                                 if self.dynamic_size else
                                 [None] + [int(d) for d in self.input_shape]),
                       "dtype": self.input_dtype,
-                      "range": self.value_range,
+                      "range": self.input_range(),
                       "preprocessing_inside": self.value_range
                       == samples.PIXELS,
                       "normalization": self.normalization.to_config()},
@@ -443,7 +477,24 @@ class ServingGraph:
             return samples.to_input_range(pixels, self.input_dtype,
                                          self.value_range,
                                          self.normalization), note
-        images = samples.noise_images(shape, n, self.input_dtype,
-                                     self.value_range, seed)
-        return images, (f"{n} uniform random images in {self.value_range}"
+        if self.value_range == samples.PIXELS:
+            images = samples.noise_images(shape, n, self.input_dtype,
+                                          samples.PIXELS, seed)
+        else:  # uniform pixels as the model's inputs ([-1, 1]: uniform)
+            images = self.normalization(samples.noise_images(
+                shape, n, "float32", samples.PIXELS, seed)).astype(
+                    self.input_dtype)
+        return images, (f"{n} uniform random images in {self.input_range()}"
                         f" (seed {seed})")
+
+    def input_range(self):
+        """The artifact's input range in words: ``[0, 255]``, ``[-1, 1]``
+        (the official normalisation) or the model's inputs' span."""
+        from keras_vit.data.normalization import config_value
+
+        if (self.value_range == samples.PIXELS
+                or config_value(self.normalization) is None):
+            return self.value_range
+        ends = [np.asarray(self.normalization(np.float32(v)))
+                for v in (0.0, 255.0)]
+        return (f"[{float(np.min(ends)):.4g}, {float(np.max(ends)):.4g}]")

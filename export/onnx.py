@@ -262,15 +262,16 @@ def _convert_in_child(saved_model_dir, path, opset, external_data, workdir,
 def to_onnx(model, path, *, quantization="float32",
             representative_data=None, representative_samples=None,
             opset=None, external_data=None,
-            uint8_input=False, outputs=("logits", "probabilities"),
-            verify=True, batch_sizes=(4, 1), tolerance=None,
-            verify_data=None, agreement_samples=32, cast_to_float32=True,
-            overwrite=True, isolate="auto"):
+            uint8_input=False, outputs=None, verify=True,
+            batch_sizes=(4, 1), tolerance=None, verify_data=None,
+            agreement_samples=common.DEFAULT_AGREEMENT_SAMPLES,
+            cast_to_float32=True, overwrite=True, isolate="auto"):
     """Exports ``model`` to an ``.onnx`` file and verifies it with
     onnxruntime.
 
     The graph takes ``images`` (batch dimension ``"batch"``, dynamic) and
-    returns the named ``outputs``.
+    returns the named ``outputs`` (default: a classifier's ``logits`` and
+    ``probabilities``, a feature extractor's embedding ``pre_logits``).
 
     Args:
         model: a Keras model (bf16 models are exported as a float32 copy).
@@ -283,10 +284,17 @@ def to_onnx(model, path, *, quantization="float32",
             calibrated on ``representative_data``, QOperator format,
             per-channel weights). The names and their meaning follow
             :func:`~keras_vit.export.to_tflite`.
-        representative_data: for ``"int8"``: images in the range the
-            artifact takes (an array, an iterable or ``tf.data.Dataset`` of
+        representative_data: for ``"int8"``: the user's images: a folder
+            of image files (decoded and resized as ``keras-vit predict``
+            does), or an array, an iterable or ``tf.data.Dataset`` of
             images, batches or ``(images, labels)`` pairs, or a callable
-            returning one). Default: crops of the sample photos of
+            returning one, as [0, 255] pixels (integers always are) or as
+            the model's own inputs (see
+            :func:`~keras_vit.export.samples.read_as_input`); the export
+            normalises pixels as the model's ``input_normalization`` says.
+            The images beyond the first ``representative_samples`` (up to
+            ``agreement_samples``) verify the file, else the calibration
+            images themselves. Default: crops of the sample photos of
             scikit-learn/scikit-image, which the report notes.
         representative_samples: images drawn for calibration (default 100).
         opset: ONNX opset, 13 to 18 (default 17).
@@ -299,8 +307,10 @@ def to_onnx(model, path, *, quantization="float32",
         batch_sizes: batch sizes to run it at.
         tolerance: overrides of the tolerance of the quantization.
         verify_data: ``"noise"``, ``"photos"`` or an array of images;
-            default noise for float32/float16, photos for the int8
-            variants (activations were calibrated for images, not noise).
+            default noise for float32/float16, photos for dynamic int8,
+            and for int8 the images of ``representative_data`` (photos
+            without it): activations were calibrated for images, not
+            noise.
         agreement_samples: images compared for the int8 variants.
         cast_to_float32: export bf16/fp16 models as a float32 copy.
         overwrite: replace existing files.
@@ -349,8 +359,8 @@ def to_onnx(model, path, *, quantization="float32",
         "onnx" if quantization == "float32" else f"onnx/{quantization}",
         tolerance)
     quantized = quantization in ("dynamic_int8", "int8")
-    if verify_data is None:
-        verify_data = "photos" if quantized else "noise"
+    if verify_data is None and quantization == "dynamic_int8":
+        verify_data = "photos"  # int8 weights: judged on images, not noise
     checks.check_options(batch_sizes, verify_data)
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32)
     if isolate == "auto":
@@ -364,19 +374,14 @@ def to_onnx(model, path, *, quantization="float32",
     notes = []
     images = None
     if quantization == "int8":
-        # Before anything is converted: a pipeline in the wrong range
-        # fails here.
-        images, note = samples.calibration_images(
-            graph, representative_data, representative_samples)
-        options["representative_data"] = note
+        # Before anything is converted: data the export cannot read as
+        # the model's inputs fails here.
+        images, verify_data = samples.int8_calibration(
+            graph, representative_data, representative_samples, verify_data,
+            agreement_samples, options, notes)
         options["int8"] = {"format": "QOperator", "activations": "uint8",
                            "weights": "int8 per channel",
                            "ops": list(INT8_OPS)}
-        if representative_data is None:
-            notes.append(
-                f"no representative_data given: calibrated on {note}; pass "
-                "the training pipeline's images for calibration that "
-                "matches deployment")
     elif quantization == "dynamic_int8":
         options["int8"] = {"format": "dynamic (MatMulInteger, "
                                      "DynamicQuantizeLinear)",
@@ -388,7 +393,7 @@ def to_onnx(model, path, *, quantization="float32",
                 "external_data": external_data, "isolate": bool(isolate)},
         arrays={} if images is None else {"calibration": images},
         notes=notes, verify=verify, batch_sizes=batch_sizes,
-        verify_data=verify_data,
+        verify_data="noise" if verify_data is None else verify_data,
         samples=agreement_samples if quantized else None,
         seed=1 if quantized else 0, overwrite=overwrite,
         side_files=(".data",)), sys.modules[__name__])

@@ -108,9 +108,10 @@ def open_artifact(path, num_threads=None):
 
 
 def to_openvino(model, path, *, precision="float32", uint8_input=False,
-                outputs=("logits", "probabilities"), verify=True,
+                outputs=None, verify=True,
                 batch_sizes=(4, 1), tolerance=None, verify_data=None,
-                agreement_samples=32, cast_to_float32=True, overwrite=True):
+                agreement_samples=common.DEFAULT_AGREEMENT_SAMPLES,
+                cast_to_float32=True, overwrite=True):
     """Exports ``model`` to OpenVINO IR and verifies it with the OpenVINO
     runtime on the CPU.
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import numpy as np
 
-from keras_vit.data.normalization import check_normalization
+from keras_vit.data.normalization import check_normalization, config_value
 
 # The two input ranges a model can take (keras_vit models see [-1, 1]
 # unless built with include_preprocessing=True).
@@ -130,6 +131,23 @@ def to_input_range(pixels, dtype, value_range, normalization=None):
     return x.astype(dtype)
 
 
+# ----------------------------------------------------------------------
+# the user's images: calibration of full int8, and its verification
+
+# The files a folder given as representative_data contributes: the formats
+# keras_vit.data.images decodes.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+# How far [0, 255] pixels may stray (a bicubic resize overshoots a little).
+_PIXEL_SLACK = 2.0
+
+
+class GivenImages(NamedTuple):
+    """Images an artifact is verified on, in its input range, and the
+    report's words for them (``verify_data`` of the verification)."""
+
+    images: np.ndarray
+    note: str
+
 
 def _first_images(element):
     """The images of one element of a dataset: an array, or the first item
@@ -148,27 +166,65 @@ def _first_images(element):
     return element
 
 
-def representative_images(data, shape, dtype, value_range, limit):
-    """Up to ``limit`` images from ``data`` as an (n, H, W, C) array.
+def _folder_files(folder):
+    """The image files under ``folder`` (any depth), in sorted order."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.join(root, name) for name in sorted(files)
+                  if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
+                  and os.path.isfile(os.path.join(root, name))]
+    return found
 
-    ``data`` is an array of images, an iterable or ``tf.data.Dataset``
-    yielding images, batches of images, or ``(images, labels)`` pairs (what a
-    training pipeline yields), or a callable returning such an iterable.
-    Images must already be in the range the exported artifact takes; a
-    float pipeline in [0, 255] for an artifact that takes [-1, 1] is caught.
-    """
+
+def _read_folder(folder, shape, count):
+    """Up to ``count`` image files of ``folder`` as float32 [0, 255]
+    pixels of ``shape``: decoded by the package's one decoder and resized
+    as ``zoo.preprocess_input`` resizes (what ``keras-vit predict`` feeds
+    a model). A folder with more files gives a random draw of them (every
+    class sub-folder, not the first ones)."""
+    text = os.fspath(folder)
+    if not os.path.isdir(text):
+        raise ValueError(
+            f"representative_data={text!r} is not a folder (a path names a "
+            "folder of image files, in class sub-folders or not)")
+    paths = _folder_files(text)
+    if not paths:
+        raise ValueError(f"representative_data={text!r} holds no image files"
+                         f" ({', '.join(IMAGE_SUFFIXES)})")
+    if shape[-1] != 3:
+        raise ValueError(f"representative_data={text!r}: image files are "
+                         f"RGB; the model takes {shape[-1]} channels")
+    if len(paths) > count:
+        picked = np.random.default_rng(0).permutation(len(paths))[:count]
+        paths = [paths[i] for i in picked]
+    from keras_vit.data import images
+    from keras_vit.zoo import preprocess_input
+
+    out = np.empty((len(paths),) + tuple(shape), np.float32)
+    for i, path in enumerate(paths):
+        out[i] = preprocess_input(images.read(path), tuple(shape[:2]),
+                                  scale=False)
+    return out
+
+
+def _collect(data, shape, count):
+    """Up to ``count`` images of ``data`` (an array, an iterable or
+    ``tf.data.Dataset`` of images, batches or ``(images, labels)`` pairs,
+    or a callable returning one) as float32, and whether every element
+    held integers (pixels)."""
     if callable(data) and not hasattr(data, "__iter__"):
         data = data()
     if hasattr(data, "as_numpy_iterator"):
         data = data.as_numpy_iterator()
     if isinstance(data, np.ndarray):
         data = [data]
-    if not hasattr(data, "__iter__"):
+    if not hasattr(data, "__iter__") or isinstance(data, (str, bytes)):
         raise ValueError(
-            "representative_data must be an array, an iterable, a tf.data."
-            f"Dataset or a callable returning one; received "
+            "representative_data must be a folder, an array, an iterable, a "
+            "tf.data.Dataset or a callable returning one; received "
             f"representative_data={type(data).__name__}")
-    chunks, count = [], 0
+    chunks, total, integer = [], 0, True
     for element in data:
         x = np.asarray(_first_images(element))
         if x.ndim == len(shape):
@@ -178,35 +234,146 @@ def representative_images(data, shape, dtype, value_range, limit):
                 "representative_data must yield images of shape "
                 f"{tuple(shape)} (or batches of them); got an element of "
                 f"shape {tuple(x.shape)}")
-        chunks.append(x[:limit - count])
-        count += len(chunks[-1])
-        if count >= limit:
+        if x.dtype.kind not in "iuf":
+            raise ValueError("representative_data must hold numbers; got an "
+                             f"element of dtype {x.dtype}")
+        integer = integer and x.dtype.kind in "iu"
+        chunks.append(x[:count - total].astype(np.float32))
+        total += len(chunks[-1])
+        if total >= count:
             break
-    if not count:
+    if not total:
         raise ValueError("representative_data yielded no images")
-    images = np.concatenate(chunks)
-    if np.dtype(dtype) != np.uint8 and value_range == UNIT:
-        low, high = float(images.min()), float(images.max())
-        if high > 1.5 or low < -1.5:
+    return np.concatenate(chunks), integer
+
+
+def _describe(normalization):
+    value = config_value(normalization)
+    return ("the official [-1, 1]" if value is None else
+            f"mean {value['mean']}, std {value['std']}")
+
+
+def _input_bounds(normalization, channels):
+    """Per channel, the model inputs that [0, 255] pixels become."""
+    ends = [np.asarray(normalization(np.full(channels, v, np.float32)),
+                       np.float64) for v in (0.0, 255.0)]
+    if any(e.size not in (1, channels) for e in ends):
+        ends = [np.full(channels, f(np.concatenate(ends))) for f in
+                (np.min, np.max)]
+    low, high = (np.broadcast_to(e, (channels,)) for e in ends)
+    return np.minimum(low, high), np.maximum(low, high)
+
+
+def read_as_input(x, integer, graph):
+    """``(images, reading)``: the user's images ``x`` (float32) as what
+    ``graph``'s artifact takes, and how they were read. Integers are
+    [0, 255] pixels; floats within the model's input range (per channel)
+    are model inputs, taken as they are; other floats within [0, 255]
+    are pixels. Pixels become the model's inputs as its own
+    normalisation says (:func:`keras_vit.data.normalization.of_model`),
+    unless the artifact takes pixels. Anything else stops with one line
+    naming what was measured."""
+    if not np.all(np.isfinite(x)):
+        raise ValueError("representative_data holds values that are not "
+                         "finite (NaN or infinity)")
+    low, high = float(x.min()), float(x.max())
+    span = f"spans [{low:.4g}, {high:.4g}]"
+    pixels = -_PIXEL_SLACK <= low and high <= 255 + _PIXEL_SLACK
+    if graph.value_range == PIXELS:
+        if not pixels or (not integer and high <= 1.0):
             raise ValueError(
-                "representative_data must be in the artifact's input range "
-                f"{UNIT}; its images span [{low:.3g}, {high:.3g}] (pixels? "
-                "scale them with (x - 127.5) / 127.5, or export with "
-                "uint8_input=True)")
-    return images.astype(dtype, copy=False)
+                f"representative_data {span}; the artifact takes [0, 255] "
+                "pixels" + (" (images scaled to [0, 1]? multiply them by "
+                            "255)" if pixels else ""))
+        return x, "[0, 255] pixels"
+    normalization = graph.normalization
+    bounds = _input_bounds(normalization, x.shape[-1])
+    if not integer:
+        axes = tuple(range(x.ndim - 1))
+        slack = 0.02 * (bounds[1] - bounds[0])
+        if (np.all(x.min(axis=axes) >= bounds[0] - slack)
+                and np.all(x.max(axis=axes) <= bounds[1] + slack)):
+            return x, ("the model's inputs (normalised as "
+                       f"{_describe(normalization)}), taken as given")
+    if pixels:
+        return normalization(x).astype(np.float32), (
+            "[0, 255] pixels, normalised as the model's input_normalization "
+            f"({_describe(normalization)})")
+    raise ValueError(
+        f"representative_data {span}: neither [0, 255] pixels nor the "
+        f"model's inputs, which span [{bounds[0].min():.4g}, "
+        f"{bounds[1].max():.4g}] ({_describe(normalization)}); give "
+        "[0, 255] pixels or images normalised as the model's "
+        "input_normalization")
+
+
+def user_images(graph, data, limit, held_out=0):
+    """The user's images for a full-int8 export of ``graph``:
+    ``(calibration, note, reading, check)``. Up to ``limit`` images
+    calibrate (``note`` says which); ``check`` (:class:`GivenImages`) holds
+    up to ``held_out`` further images to verify on, or the calibration
+    images themselves when ``data`` holds no more. ``reading`` says how
+    the data was read (:func:`read_as_input`).
+
+    ``data`` is a folder of image files (a ``str`` or ``os.PathLike``),
+    or images in any of the forms of :func:`_collect`, as [0, 255] pixels
+    or as the model's own inputs."""
+    count = limit + held_out
+    if isinstance(data, (str, os.PathLike)):
+        x, integer = _read_folder(data, graph.input_shape, count), True
+        source = f"of {os.fspath(data)}"
+    else:
+        x, integer = _collect(data, graph.input_shape, count)
+        name = getattr(data, "name", None)
+        # Data that names itself (the command line's --calibration-data)
+        # is recorded by name.
+        source = (f"of {name}" if isinstance(name, str) and name
+                  else "from representative_data")
+    x, reading = read_as_input(x, integer, graph)
+    if np.dtype(graph.input_dtype) == np.uint8:
+        x = np.clip(np.round(x), 0, 255)
+    x = x.astype(graph.input_dtype)
+    calibration, rest = x[:limit], x[limit:]
+    if len(rest):
+        check = GivenImages(rest, f"{len(rest)} images {source} held out "
+                                  f"from calibration ({reading})")
+    else:
+        check = GivenImages(calibration, (
+            f"the {len(calibration)} calibration images {source} ({reading};"
+            " none beyond them to hold out)"))
+    return calibration, f"{len(calibration)} images {source}", reading, check
 
 
 def calibration_images(graph, data, limit):
     """``(images, note)``: up to ``limit`` calibration images for ``graph``
-    (a ServingGraph) from ``data``, or (None) crops of the sample photos."""
+    (a ServingGraph) from ``data`` (see :func:`user_images`), or (None)
+    crops of the sample photos."""
     if data is None:
         # Seed 0 for calibration; verification uses other crops (seed 1).
         return graph.sample_images(limit, seed=0, kind="photos")
-    images = representative_images(
-        data, graph.input_shape, graph.input_dtype, graph.value_range, limit)
-    # Data that names itself (the command line's --calibration-data) is
-    # recorded by name.
-    name = getattr(data, "name", None)
-    if isinstance(name, str) and name:
-        return images, f"{len(images)} images of {name}"
-    return images, f"{len(images)} images from representative_data"
+    return user_images(graph, data, limit)[:2]
+
+
+def int8_calibration(graph, data, limit, verify_data, held_out, options,
+                     notes):
+    """``(images, verify_data)`` of a full-int8 export of ``graph``: the
+    images that calibrate it (``data``, else crops of the sample photos)
+    and what it is verified on: the ``verify_data`` asked for, else the
+    user's images beyond the calibration ones (up to ``held_out``), else
+    photos. Records both in the report's ``options`` and ``notes``."""
+    if data is None:
+        images, note = calibration_images(graph, None, limit)
+        options["representative_data"] = note
+        notes.append(
+            f"no representative_data given: calibrated on {note}; pass the "
+            "training pipeline's images for calibration that matches "
+            "deployment")
+        return images, "photos" if verify_data is None else verify_data
+    images, note, reading, check = user_images(
+        graph, data, limit, held_out if verify_data is None else 0)
+    options["representative_data"] = note
+    options["calibration_input"] = reading
+    if verify_data is not None:
+        return images, verify_data
+    options["verify_data"] = check.note
+    return images, check

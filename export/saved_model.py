@@ -76,7 +76,8 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
             (``input="images"`` only).
         outputs: output names, e.g. ``("logits", "probabilities",
             "pre_logits", "attention_maps")`` (``input="images"`` only;
-            default ``("logits", "probabilities")``).
+            default ``("logits", "probabilities")`` for a classifier,
+            ``("pre_logits",)``, the embedding, for a feature extractor).
         top_k: how many classes ``input="image_bytes"`` returns (clipped
             to the model's class count).
         labels: the class names ``input="image_bytes"`` returns: None (the
@@ -121,8 +122,6 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
         raise ValueError(
             "top_k and labels are options of input='image_bytes'; received "
             f"input={input!r} with top_k={top_k!r}, labels={labels!r}"[:300])
-    if outputs is None:
-        outputs = ("logits", "probabilities")
     if verify_data is None:
         verify_data = "noise"
     dest = common.check_path(path, "saved_model")

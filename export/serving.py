@@ -8,11 +8,14 @@ use, written in TensorFlow ops so that the SavedModel carries it: EXIF
 orientation, palettes, alpha, 16-bit, a GIF's first frame and the pixel
 budget), applies the package's evaluation transform
 (:func:`keras_vit.zoo.preprocess_input`: bilinear resize to the model's
-size without antialiasing or crop, then (x - 127.5) / 127.5 unless the
-model scales inside) and returns the top-k ``labels``, their softmax
-``scores``, the ``classes`` and the ``logits``. A Python client that reads
-the file with :func:`keras_vit.data.images.read` and calls
-``zoo.preprocess_input`` sees the server's numbers.
+size without antialiasing or crop, then the model's own input
+normalisation, :func:`keras_vit.data.normalization.of_model`, unless the
+model normalises pixels itself) and returns the top-k ``labels``, their
+softmax ``scores``, the ``classes`` and the ``logits``. A Python client
+that reads the file with :func:`keras_vit.data.images.read` and calls
+``zoo.preprocess_input(pixels, size, input_normalization=of_model(model))``
+(``scale=False`` for a model that normalises itself), as ``keras-vit
+predict`` does, sees the server's numbers.
 
 The images of a batch are decoded one after another, each checked
 against :data:`keras_vit.data.images.PIXEL_BUDGET` from its header before
@@ -34,6 +37,7 @@ import io
 import numpy as np
 
 from keras_vit.data import images as image_decoder
+from keras_vit.data.normalization import takes_raw_pixels
 from keras_vit.export import samples
 from keras_vit.export.graph import ServingGraph
 
@@ -155,14 +159,15 @@ class ImageBytesGraph(ServingGraph):
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, labels=None,
                  cast_to_float32=True):
-        from keras_vit.models.features import available_features
+        from keras_vit.models.features import is_classifier
 
         top_k = check_top_k(top_k)
-        if "logits" not in available_features(model):
+        if not is_classifier(model):
             raise ValueError(
                 "input='image_bytes' returns class labels and needs a "
-                f"classification head; model={model.name!r} has none "
-                "(include_top=False?)")
+                f"classification head; model={model.name!r} is a feature "
+                "extractor (num_classes=0 or include_top=False): export its "
+                "embedding with input='images'")
         super().__init__(model, ("logits",), uint8_input=False,
                          cast_to_float32=cast_to_float32,
                          allow_low_precision=True)
@@ -178,8 +183,9 @@ class ImageBytesGraph(ServingGraph):
         self.label_source, self.label_names = _label_names(
             self.source_model, self.num_classes, labels)
         self.image_size = tuple(int(s) for s in self.input_shape[:2])
-        # The model's own input range: [-1, 1] unless it scales inside.
-        self.scale = self.value_range == samples.UNIT
+        # Whether the signature normalises the pixels (as the model's own
+        # normalisation says) or the model does it itself.
+        self.scale = not takes_raw_pixels(self.model)
         self.outputs = OUTPUTS
         self.input_dtype = "string"
         self._bytes_args = {"top_k": self.top_k, "labels": labels,
@@ -248,9 +254,9 @@ class ImageBytesGraph(ServingGraph):
         :func:`keras_vit.zoo.preprocess_input`."""
         from keras_vit.zoo import preprocess_input
 
-        return np.stack([preprocess_input(decode(data), self.image_size,
-                                          scale=self.scale)
-                         for data in images])
+        return np.stack([preprocess_input(
+            decode(data), self.image_size, scale=self.scale,
+            input_normalization=self.normalization) for data in images])
 
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` for encoded ``images``:

@@ -165,9 +165,10 @@ def op_dtypes(path):
 def to_tflite(model, path, *, quantization="float32",
               representative_data=None, representative_samples=None,
               float_ops="sensitive", uint8_input=False,
-              outputs=("logits", "probabilities"), verify=True,
-              batch_sizes=(4, 1), tolerance=None, verify_data=None,
-              agreement_samples=32, cast_to_float32=True, overwrite=True):
+              outputs=None, verify=True, batch_sizes=(4, 1), tolerance=None,
+              verify_data=None,
+              agreement_samples=common.DEFAULT_AGREEMENT_SAMPLES,
+              cast_to_float32=True, overwrite=True):
     """Exports ``model`` to a ``.tflite`` file and verifies it with LiteRT.
 
     Args:
@@ -177,12 +178,11 @@ def to_tflite(model, path, *, quantization="float32",
             the size); ``"dynamic_int8"`` (int8 weights, activations
             quantized on the fly, a quarter of the size); ``"int8"`` (weights
             and activations in int8, calibrated on ``representative_data``).
-        representative_data: for ``"int8"``: images in the range the
-            artifact takes (an array, an iterable or ``tf.data.Dataset`` of
-            images, batches, or ``(images, labels)`` pairs as a training
-            pipeline yields, or a callable returning one). Default: crops of
-            the sample photos of scikit-learn/scikit-image, which the report
-            notes.
+        representative_data: for ``"int8"``: as for
+            :func:`~keras_vit.export.to_onnx`: a folder of images, or
+            arrays, iterables or datasets of [0, 255] pixels or of the
+            model's inputs; the images beyond the calibration ones verify
+            the file.
         representative_samples: images drawn for calibration (default 100).
         float_ops: for ``"int8"``: TFLite ops kept in float.
             ``"sensitive"`` (default): LayerNorm, the attention softmax and
@@ -194,13 +194,13 @@ def to_tflite(model, path, *, quantization="float32",
             ``op_dtypes`` shows the result.
         uint8_input: take uint8 pixels and scale them inside.
         outputs: output names (see :class:`~keras_vit.export.graph.
-            ServingGraph`).
+            ServingGraph`; default: the class scores of a classifier, the
+            embedding of a feature extractor).
         verify: run and compare the artifact.
         batch_sizes: batch sizes to run it at (the batch is dynamic).
         tolerance: overrides of the tolerance of the quantization.
-        verify_data: ``"noise"``, ``"photos"`` or an array; default noise
-            for float32/float16, photos for the int8 variants (activations
-            were calibrated for images, not noise).
+        verify_data: ``"noise"``, ``"photos"`` or an array; as for
+            :func:`~keras_vit.export.to_onnx`.
         agreement_samples: images compared for the int8 variants.
         cast_to_float32: export bf16/fp16 models as a float32 copy (a bf16
             graph does not convert).
@@ -230,8 +230,8 @@ def to_tflite(model, path, *, quantization="float32",
     kind = f"tflite/{quantization}"
     tol = common.tolerance_for(kind, tolerance)
     quantized = quantization in ("dynamic_int8", "int8")
-    if verify_data is None:
-        verify_data = "photos" if quantized else "noise"
+    if verify_data is None and quantization == "dynamic_int8":
+        verify_data = "photos"  # int8 weights: judged on images, not noise
     checks.check_options(batch_sizes, verify_data)
     fixed_note = None
     if getattr(model, "dynamic_image_size", False):
@@ -254,23 +254,18 @@ def to_tflite(model, path, *, quantization="float32",
     notes = []
     arrays = {}
     if quantization == "int8":
-        # Before anything is written: a pipeline in the wrong range fails
-        # here, not after a long conversion.
-        images, note = samples.calibration_images(
-            graph, representative_data, representative_samples)
-        options["representative_data"] = note
-        if representative_data is None:
-            notes.append(
-                f"no representative_data given: calibrated on {note}; pass "
-                "the training pipeline's images for calibration that "
-                "matches deployment")
+        # Before anything is written: data the export cannot read as the
+        # model's inputs fails here, not after a long conversion.
+        images, verify_data = samples.int8_calibration(
+            graph, representative_data, representative_samples, verify_data,
+            agreement_samples, options, notes)
         arrays["calibration"] = images
         options["float_ops"] = list(float_ops)
     return pipeline.run(pipeline.ExportJob(
         "tflite", "the TFLite file", dest, graph, tol, options,
         params={"quantization": quantization, "float_ops": list(float_ops)},
         arrays=arrays, notes=notes, verify=verify, batch_sizes=batch_sizes,
-        verify_data=verify_data,
+        verify_data="noise" if verify_data is None else verify_data,
         samples=agreement_samples if quantized else None, seed=1,
         overwrite=overwrite), sys.modules[__name__])
 

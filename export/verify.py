@@ -133,10 +133,14 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
                         seed=0):
     """``(images, note)``: the images :func:`verify` runs (deterministic,
     so that a converter process can run the same ones)."""
+    from keras_vit.export.samples import GivenImages
+
     sizes = check_options(batch_sizes, data)
     if isinstance(data, str):
         count = max(max(sizes), samples or 0)
         return graph.sample_images(count, seed=seed, kind=data)
+    if isinstance(data, GivenImages):  # the user's, already in range
+        return data.images, data.note
     images = np.asarray(data)
     expect = (graph.input_shape, np.dtype(graph.input_dtype))
     if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
@@ -189,8 +193,9 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     """Runs ``artifact`` and compares it with Keras.
 
     ``open_runtime(artifact)`` returns a function ``images -> {name:
-    array}``. The sample images (``data``: ``"noise"``, ``"photos"`` or an
-    array in the artifact's input range) are run in chunks of the first
+    array}``. The sample images (``data``: ``"noise"``, ``"photos"``, an
+    array in the artifact's input range, or the user's images as
+    :class:`~keras_vit.export.samples.GivenImages`) are run in chunks of the first
     batch size; every other batch size runs once on the first images, so a
     batch-dynamic artifact is checked at several sizes.
 

@@ -54,7 +54,8 @@ def register(subparsers):
                    help="logits, probabilities, pre_logits, attention_maps, "
                         "features, block_<i> (encoder block i's patch map, "
                         "e.g. block_11 or block_-1; ViT only) (default: "
-                        "logits,probabilities)")
+                        "logits,probabilities for a classifier, pre_logits "
+                        "(the embedding) for a model without a head)")
     p.add_argument("--input", choices=INPUTS, default=INPUTS[0],
                    help="saved_model: what serving_default takes: pixel "
                         "arrays (images, the default) or encoded "
@@ -76,7 +77,9 @@ def register(subparsers):
                         "'digits:train', 'tfds:NAME[:SPLIT]' or an .npz "
                         "(what fine-tune's --data takes); "
                         f"{common.DEFAULT_REPRESENTATIVE_SAMPLES} images "
-                        "drawn at random (default: crops of sample photos)")
+                        "drawn at random calibrate, "
+                        f"{common.DEFAULT_AGREEMENT_SAMPLES} more check the "
+                        "file (default: crops of sample photos)")
     p.add_argument("--opset", type=positive_int, metavar="N",
                    help="ONNX opset (default: 17)")
     p.add_argument("--external-data", action="store_true",
@@ -159,9 +162,12 @@ def check_export(args):
         raise ValueError(f"-o {printable(args.output)}: {e}") from None
     kwargs = _input_options(args)
     if args.input == "images":
-        outputs = common.check_outputs(
-            args.outputs or ["logits", "probabilities"], "--outputs")
-        kwargs.update(outputs=outputs, uint8_input=args.uint8_input)
+        # Without --outputs the model decides (its class scores, or the
+        # embedding of a model without a head).
+        if args.outputs:
+            kwargs["outputs"] = common.check_outputs(args.outputs,
+                                                     "--outputs")
+        kwargs["uint8_input"] = args.uint8_input
     kwargs["batch_sizes"] = tuple(args.batch_sizes)
     if args.format in ("tflite", "onnx"):
         kwargs["quantization"] = args.quantization
@@ -186,9 +192,9 @@ def run_export(args):
 
         source = load_data(args.calibration_data, verbose=False)
     model, label = _load_model(args)
+    check_head(model, args)
     if source is not None:
-        kwargs["representative_data"] = calibration_data(
-            source, model, args.uint8_input)
+        kwargs["representative_data"] = calibration_data(source, model)
     print(f"Exporting {label} to {args.format} ...", flush=True)
     try:
         report = export.export(model, args.output, format=args.format,
@@ -206,6 +212,32 @@ def run_export(args):
     return 0
 
 
+def check_head(model, args):
+    """Refuses, in the command's own words, what needs a classification
+    head from a model without one (a feature extractor: DINOv2, SigLIP,
+    CLIP towers), naming the outputs it has."""
+    from keras_vit.export.graph import default_outputs
+    from keras_vit.models.features import is_classifier
+
+    if is_classifier(model):
+        return
+    embedding = ",".join(default_outputs(model))
+    if args.input == "image_bytes":
+        raise ValueError(
+            "--input image_bytes returns class labels and needs a "
+            f"classification head; MODEL {printable(args.model)!r} is a "
+            "feature extractor (no head): export its embedding with "
+            f"--input images (--outputs {embedding}, the default)")
+    scores = [o for o in args.outputs or ()
+              if o in ("logits", "probabilities")]
+    if scores:
+        raise ValueError(
+            f"--outputs {','.join(scores)} needs a classification head; "
+            f"MODEL {printable(args.model)!r} is a feature extractor (no "
+            f"head), whose embedding is --outputs {embedding} (the "
+            "default)")
+
+
 class _Calibration:
     """Calibration images (one array) and the name the report records."""
 
@@ -216,17 +248,17 @@ class _Calibration:
         yield self.images
 
 
-def calibration_data(source, model, uint8_input,
-                     samples=common.DEFAULT_REPRESENTATIVE_SAMPLES, seed=0):
+def calibration_data(source, model,
+                     samples=common.DEFAULT_REPRESENTATIVE_SAMPLES
+                     + common.DEFAULT_AGREEMENT_SAMPLES, seed=0):
     """``samples`` images drawn at random (every class, not the first
     folders) from ``source`` (a
     :class:`keras_vit.train.data.sources.ImageSource`), resized to the
-    model's input and in the range the artifact takes: [0, 255] pixels
-    with ``uint8_input`` or for a model that scales them itself, else
-    [-1, 1]."""
+    model's input as uint8 [0, 255] pixels: the export reads integers as
+    pixels and normalises them as the model says (the first
+    ``DEFAULT_REPRESENTATIVE_SAMPLES`` calibrate, the others check)."""
     import numpy as np
 
-    from keras_vit.data.normalization import pipeline_options
     from keras_vit.train.data.pipeline import dataset
 
     height, width = tuple(model.inputs[0].shape[1:3])
@@ -237,15 +269,12 @@ def calibration_data(source, model, uint8_input,
     count = min(samples, source.num_examples)
     picked = np.random.default_rng(seed).choice(
         source.num_examples, count, replace=False)
-    options = pipeline_options(model)
-    options["raw_pixels"] = bool(uint8_input) or options["raw_pixels"]
     batches = dataset(
         source.subset(picked), int(height), 32, training=False,
-        prefetch=False, **options)
+        prefetch=False, raw_pixels=True)
     images = np.concatenate([x for x, _ in batches.as_numpy_iterator()])
-    if uint8_input:
-        images = np.clip(np.round(images), 0, 255).astype("uint8")
-    return _Calibration(images, source.name)
+    return _Calibration(np.clip(np.round(images), 0, 255).astype("uint8"),
+                        source.name)
 
 
 def _input_options(args):

@@ -357,8 +357,9 @@ def test_tflite_int8_from_a_training_pipeline(small, tmp_path):
 
 
 def test_representative_data_must_match_the_input_range(vit, tmp_path):
-    pixels = np.full((4, 32, 32, 3), 200.0, "float32")
-    with pytest.raises(ValueError, match=r"\[-1, 1\].*uint8_input"):
+    pixels = np.full((4, 32, 32, 3), 300.0, "float32")
+    with pytest.raises(ValueError, match=r"spans \[300, 300\]: neither "
+                                         r"\[0, 255\] pixels.*\[-1, 1\]"):
         export.to_tflite(vit, str(tmp_path / "m.tflite"),
                          quantization="int8", representative_data=pixels)
     with pytest.raises(ValueError, match="representative_data"):
@@ -520,9 +521,10 @@ def test_onnx_int8_calibrates_on_representative_data(small, tmp_path):
     assert report["options"]["representative_data"] == (
         "6 images from representative_data")
     assert not any("calibrated on" in n for n in report["notes"])
-    with pytest.raises(ValueError, match=r"input range \[-1, 1\]"):
+    with pytest.raises(ValueError, match=r"model's inputs, which span "
+                                         r"\[-1, 1\]"):
         export.to_onnx(small, str(tmp_path / "x.onnx"), quantization="int8",
-                       representative_data=data * 127.5 + 127.5)
+                       representative_data=data * 300)
     assert not os.path.exists(tmp_path / "x.onnx")
 
 
