@@ -24,8 +24,8 @@ True
 >>> try:
 ...     read("KERAS_VIT_EXPORT_TIMEOUT", {"KERAS_VIT_EXPORT_TIMEOUT": "abc"})
 ... except SettingError as e:
-...     print(e.name, e.value, str(e).split(";")[0])
-KERAS_VIT_EXPORT_TIMEOUT abc KERAS_VIT_EXPORT_TIMEOUT must be a positive number of seconds, from 0.1 to 604800
+...     print(e.name, e.value, str(e).split(",")[0])
+KERAS_VIT_EXPORT_TIMEOUT abc KERAS_VIT_EXPORT_TIMEOUT must be a positive number of seconds
 """
 
 from __future__ import annotations

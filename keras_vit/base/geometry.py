@@ -95,9 +95,12 @@ def check_grid(config, image_size, where):
     such a model would count a grid of no tokens, or of tokens the
     builder never makes.
 
-    >>> check_grid({"patch_size": 300}, 224, "ViT-B/300")
+    >>> check_grid({"patch_size": 300}, 224, "ViT-B/300")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: ViT-B/300 at image_size=224: its patches are 300 pixels a side (patch_size=300), larger than the image; name a size of at least 300, e.g. 'ViT-B/300-300'
+    ValueError: ViT-B/300 at image_size=224: ... larger than the image; ...
+    >>> check_grid({"patch_size": 15}, 224, "ViT-B/15")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: ... name a multiple of 15, e.g. 'ViT-B/15-225'
     """
     if "block_units" in config:
         return

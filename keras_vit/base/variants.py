@@ -40,10 +40,6 @@ _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
 RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
                  152: (3, 8, 36, 3)}
 
-# The widest layer of a BiT ResNet is its last stage's output, 2048 channels
-# times the width factor: past MAX_MLP no model of the name builds.
-MAX_BIT_WIDTH = MAX_MLP // 2048
-
 # The variants the zoo registers by name (any other patch size still parses).
 REGISTERED = (
     "ViT-Ti/16",
@@ -290,8 +286,10 @@ def _bit_arch(depth, width, res, tag, original):
         raise UnknownModelError(
             f"Unknown BiT depth {depth} in name={original!r}; BiT depths: "
             "50, 101, 152 (e.g. 'BiT-M-R50x1')")
+    # The widest layer of a BiT ResNet is its last stage's output, 2048
+    # channels times the width factor: past MAX_MLP no such model builds.
     width = _number(width, "the BiT width factor", original,
-                    high=MAX_BIT_WIDTH)
+                    high=MAX_MLP // 2048)
     config = dict(block_units=list(RESNET_DEPTHS[depth]), width_factor=width)
     return Arch(f"BiT-R{depth}x{width}", "bit", config, res, tag)
 

@@ -421,7 +421,8 @@ def _gif_first_frame(data):
     """``(box, end, steps)`` of the first image of a GIF: ``box`` its
     left, top, width, height and the offset of its descriptor, ``end``
     the byte after its pixel data (-1 when there is no image before the
-    trailer or the end of the data)."""
+    trailer or the end of the data; past the data's length when the
+    image's data is cut short)."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
     head = _raw(data, 0, 13)
@@ -450,7 +451,8 @@ def _gif_first_frame(data):
         return (tf.where(extension & (extension_end <= length),
                          extension_end, tf.constant(-1, tf.int64)),
                 tf.where(image, new_box, box),
-                tf.where(image, tf.minimum(image_end, length), end),
+                # Past the length: the frame's data is cut short.
+                tf.where(image, image_end, end),
                 steps + 1)
 
     zero = tf.constant(0, tf.int64)
@@ -458,6 +460,46 @@ def _gif_first_frame(data):
         more, step, (13 + table, tf.zeros(5, tf.int64),
                      tf.constant(-1, tf.int64), zero))
     return box, end, steps
+
+
+def _png_cut_short(data):
+    """Why libpng cannot read the PNG ``data`` whole ("" when its chunks
+    reach a complete IEND, the end every PNG has): a file cut short fails
+    TensorFlow's decoder with an error naming no image, so it is refused
+    here, named like every other refusal."""
+    tf = _tf()
+    length = tf.cast(tf.strings.length(data), tf.int64)
+    values = tf.cast(tf.io.decode_raw(data, tf.uint8), tf.int64)
+    n = tf.shape(values, out_type=tf.int64)[0]
+    at = tf.zeros(tf.maximum(n - 3, 0), tf.bool) | True
+    for i, byte in enumerate(b"IEND"):
+        at &= tf.equal(values[i:n - 3 + i], byte)
+    # The name, then its 4-byte CRC: IEND complete within the data.
+    ends = tf.boolean_mask(tf.range(n - 3, dtype=tf.int64) + 8, at)
+    whole = tf.reduce_any(ends <= length)
+    return tf.where(whole, "", tf.strings.format(
+        "({} bytes) is a PNG cut short (no complete IEND chunk at its end)",
+        length))
+
+
+def _bmp_cut_short(data, offset, header, width, height, bits, supported):
+    """Why the BMP ``data`` does not hold the pixels its header declares
+    ("" when it does): the rows start at ``offset`` and each is padded to
+    4 bytes. TensorFlow's decoder refuses a 24- or 32-bit file of any
+    other length without naming the image; a shorter one of any depth is
+    cut short."""
+    tf = _tf()
+    length = tf.cast(tf.strings.length(data), tf.int64)
+    row = (bits * tf.abs(width) + 31) // 32 * 4
+    need = tf.maximum(offset + row * height, 14 + header)
+    exact = tf.equal(bits, 24) | tf.equal(bits, 32)
+    return tf.where(
+        supported & (length < need), tf.strings.format(
+            "({} bytes) is a BMP cut short ({} bytes needed for its "
+            "{}x{} pixels)", (length, need, width, height)),
+        tf.where(supported & exact & (length > need), tf.strings.format(
+            "({} bytes) is a BMP with {} bytes after its pixels (a damaged "
+            "header?)", (length, length - need)), ""))
 
 
 #: The facts :func:`inspect` reads, in the order of its int64 vector.
@@ -496,11 +538,13 @@ def inspect(data, budget=None, fmt=None):
     """``(facts, reason)`` of the encoded image ``data`` (a scalar string
     tensor), read before any pixel is decoded (TensorFlow ops): ``facts``
     is an int64 vector named by :data:`FACTS`, ``reason`` why every path
-    refuses the image ("" when none does): a JPEG cut short (before or
-    inside its image data) is refused here; one whose header is damaged
-    otherwise fails with TensorFlow's error. ``fmt``: the format index
-    when the caller already knows it (:func:`sniff_bytes`), so that only
-    that format's ops are built."""
+    refuses the image ("" when none does): a file of any format cut short
+    (a JPEG before or inside its image data, a PNG before its IEND, a
+    GIF inside its first frame, a BMP before its last row, a WebP before
+    its declared length) is refused here, so that every path names it;
+    one whose body is damaged otherwise fails with TensorFlow's error.
+    ``fmt``: the format index when the caller already knows it
+    (:func:`sniff_bytes`), so that only that format's ops are built."""
     tf = _tf()
     budget = PIXEL_BUDGET if budget is None else int(budget)
     head = _head(data, 1024)
@@ -557,14 +601,19 @@ def inspect(data, budget=None, fmt=None):
             tf.where(_is(head[12:], b"IHDR"), "", "is a damaged PNG (its "
                      "first chunk is not IHDR)"),
             _no_pixels(width, height, "PNG"),
-            over_budget(width, height, "PNG")), exif)
+            over_budget(width, height, "PNG"), _png_cut_short(data)), exif)
 
     def gif():
+        length = tf.cast(tf.strings.length(data), tf.int64)
         width, height = _number(head[6:8], True), _number(head[8:10], True)
         box, end, steps = _gif_first_frame(data)
         frame = box[2] * box[3]
         found = end >= 0
         walked = steps <= MAX_SEGMENTS  # else refused after the switch
+        cut = tf.where(found & (end > length), tf.strings.format(
+            "({} bytes) is a GIF cut short inside its first frame", length),
+            "")
+        end = tf.minimum(end, length)
         return pack(width, height, 1, tf.concat([box, [end]], 0), _first(
             _no_pixels(width, height, "GIF"),
             over_budget(width, height, "GIF"),
@@ -575,8 +624,8 @@ def inspect(data, budget=None, fmt=None):
             tf.where(found & (frame > budget), tf.strings.join([
                 tf.strings.format("is a GIF whose first frame is {}x{}",
                                   (box[2], box[3])),
-                f", over the {_budget_text(budget)}: downscale it"]), "")),
-            (minus, minus, steps))
+                f", over the {_budget_text(budget)}: downscale it"]), ""),
+            cut), (minus, minus, steps))
 
     def bmp():
         b = head[10:66]
@@ -604,7 +653,9 @@ def inspect(data, budget=None, fmt=None):
                 (bits, method, header)), "; keras_vit reads uncompressed "
                 "8-, 24- and 32-bit BMPs: convert it to PNG"])),
             _no_pixels(width, height, "BMP"),
-            over_budget(width, height, "BMP")))
+            over_budget(width, height, "BMP"),
+            _bmp_cut_short(data, offset, header, width, height, bits,
+                           supported)))
 
     def webp():
         b = head[12:30]
@@ -625,13 +676,18 @@ def inspect(data, budget=None, fmt=None):
                        no_exif)
         shown = tf.strings.regex_replace(tf.strings.substr(data, 12, 4),
                                          "[^ -~]", "?")
+        length = tf.cast(tf.strings.length(data), tf.int64)
+        riff = _number(head[4:8], True) + 8  # the file's declared length
+        cut = tf.where(length < riff, tf.strings.format(
+            "({} bytes) is a WebP cut short ({} bytes declared)",
+            (length, riff)), "")
         return pack(width, height, 1, none, _first(
             tf.where(lossy | lossless | extended, "", tf.strings.join([
                 "is a WebP of an unknown kind '", shown, "'"])),
             tf.where(animated, "is an animated WebP (keras_vit reads still "
                      "images): save its first frame as PNG", ""),
             _no_pixels(width, height, "WebP"),
-            over_budget(width, height, "WebP")), exif)
+            over_budget(width, height, "WebP"), cut), exif)
 
     def unknown():
         length = tf.strings.length(data)
@@ -1009,13 +1065,14 @@ def decode_bytes(data, name="image"):
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ImageError(f"{name} must be the bytes of an image file; "
                          f"received a {type(data).__name__}")
+    data = bytes(data)
+    fmt = sniff_bytes(data)
     try:
-        data = bytes(data)
-        pixels, _, reason = _eager(PIXEL_BUDGET, sniff_bytes(data))(
-            tf.constant(data))
+        pixels, _, reason = _eager(PIXEL_BUDGET, fmt)(tf.constant(data))
     except tf.errors.InvalidArgumentError as e:
-        raise ImageError(f"{name} cannot be decoded ({tf_message(e)})"
-                         ) from None
+        raise ImageError(f"{name} ({len(data)} bytes) is a damaged "
+                         f"{_NAMES[fmt]} that TensorFlow's decoder cannot "
+                         f"read ({tf_message(e)})") from None
     reason = reason.numpy().decode()
     if reason:
         raise ImageError(f"{name} {reason}")

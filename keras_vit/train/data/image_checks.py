@@ -78,7 +78,7 @@ def check_images(candidates, verbose, *, with_facts=False):
         reason = reasons.get(i)
         if reason is None:  # TensorFlow failed: read it again for why
             failed += 1
-            reason = "unreadable"
+            reason = _damaged(path)
             if failed <= 20:
                 try:
                     image_decoder.read(path, name="it")
@@ -91,3 +91,19 @@ def check_images(candidates, verbose, *, with_facts=False):
             labels.append(label)
             facts.append(found[i])
     return result()
+
+
+def _damaged(path):
+    """The reason of a file TensorFlow's decoder failed on, past the first
+    few (whose own words are read again): its size and format, as the
+    decoder names a damaged file."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            fmt = image_decoder.sniff_bytes(f.read(12))
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    name = (image_decoder.FORMATS[fmt] if fmt < len(image_decoder.FORMATS)
+            else "file")
+    return (f"({size} bytes) is a damaged {name} that TensorFlow's decoder "
+            "cannot read")
