@@ -8,6 +8,7 @@ import keras
 
 from keras_vit.base import geometry
 from keras_vit.base.checks import check_choice, check_model, did_you_mean
+from keras_vit.data.normalization import record_inputs
 
 
 def _resnet_output(model):
@@ -106,7 +107,10 @@ def feature_model(model, outputs="pre_logits"):
     names = [outputs] if isinstance(outputs, str) else list(outputs)
     tensors = {name: feature_tensor(model, name) for name in names}
     out = tensors[names[0]] if isinstance(outputs, str) else tensors
-    return keras.Model(model.input, out, name=f"{model.name}_features")
+    # A plain functional model records no input convention: it keeps the
+    # one of the model it reads, so every path feeds it the same pixels.
+    return record_inputs(
+        keras.Model(model.input, out, name=f"{model.name}_features"), model)
 
 
 def feature_tensor(model, name):
@@ -283,8 +287,9 @@ def intermediate_model(model, indices=None, *, output_format="NHWC",
     outputs = intermediate_tensors(  # checks the arguments first
         model, indices, output_format=output_format,
         prefix_tokens=prefix_tokens, norm=norm)
-    return keras.Model(model.input, outputs,
-                       name=f"{model.name}_intermediates")
+    return record_inputs(keras.Model(model.input, outputs,
+                                     name=f"{model.name}_intermediates"),
+                         model)
 
 
 class FeaturesMixin:

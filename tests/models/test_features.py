@@ -1,8 +1,11 @@
 """keras_vit.models.features: feature_model refuses what it does not
 offer, naming it."""
 
+import pytest
+
 from testkit import cached_tiny_vit as _tiny_model
 from testkit import bad_calls_test
+
 import keras_vit
 
 
@@ -148,3 +151,21 @@ INTERMEDIATE_CALLS = [
 
 test_intermediate_model_refuses_bad_arguments = bad_calls_test(
     INTERMEDIATE_CALLS)
+
+
+@pytest.mark.parametrize("include_preprocessing", [False, True])
+def test_feature_models_keep_the_input_convention_of_their_model(
+        include_preprocessing):
+    """A feature or intermediate model is a plain functional model; every
+    path that feeds it pixels asks it how (keras_vit.data.normalization),
+    so it must answer as the model it reads, not as the official [-1, 1]."""
+    from keras_vit.data import normalization
+
+    model = keras_vit.vit(16, 8, 8, 1, 1, 8, 2, input_normalization="clip",
+                          include_preprocessing=include_preprocessing)
+    for derived in (keras_vit.models.feature_model(model, "tokens"),
+                    keras_vit.models.intermediate_model(model, 1)):
+        assert normalization.same(normalization.of_model(derived),
+                                  normalization.NAMED["clip"])
+        assert (normalization.takes_raw_pixels(derived)
+                is include_preprocessing)

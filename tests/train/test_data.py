@@ -228,7 +228,7 @@ PYTHON_API = [
      "digits"),
     ("dataset randaugment", lambda: kt.dataset(
         "digits", 16, 8, randaugment=(0, 9)), "randaugment num_ops", "0",
-     "a positive integer"),
+     "an integer in [1, 64]"),
     ("dataset random_erasing", lambda: kt.dataset(
         "digits", 16, 8, random_erasing=1.5), "random_erasing", "1.5",
      "[0.0, 1.0]"),
