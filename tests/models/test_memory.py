@@ -195,7 +195,29 @@ def test_export_batch_sizes_beyond_memory_are_refused_first(
         tracemalloc.stop()
     err = capsys.readouterr().err
     assert status == 2, err
-    assert "a batch of 100000000 images" in err and "GiB" in err, err
+    # Refused by the memory bound, or before it by the option's own bounds.
+    assert ("a batch of 100000000 images" in err and "GiB" in err) or (
+        "must be in [1, " in err and "100000000" in err), err
     assert len(err.strip().splitlines()) == 1, err
+    assert peak < 2**30, peak
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_verification_batch_beyond_memory_is_refused_before_drawing(
+        tmp_path):
+    """The memory bound itself, where no option bound answers first: the
+    Python exporter's batch sizes (1e8 images of 32x32x3: 1.1 TiB)."""
+    import tracemalloc
+
+    from keras_vit import export
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="a batch of 100000000 images"):
+            export.to_onnx(_tiny(num_classes=3), str(tmp_path / "out.onnx"),
+                           batch_sizes=(4, 100000000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert peak < 2**30, peak
     assert not (tmp_path / "out.onnx").exists()
