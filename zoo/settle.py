@@ -11,7 +11,11 @@ puts the two together the same way for every source:
   always build a head);
 * ``num_classes``: the caller's, else the weights' head, else the
   reader's default; the head is *kept* when the model has one of the
-  weights' size, else it is a new zero-initialised head;
+  weights' size, else it is a new zero-initialised head. A new head is
+  only one the caller asks for (``num_classes``): weights that lack the
+  head their file declares (a ``config.json`` of 3 classes, no
+  ``head.*``) are refused, naming the missing arrays, rather than
+  answering one class for every image;
 * ``representation_size`` (``pre_logits``): dropped with a new head
   unless ``keep_pre_logits``;
 * ``label_names``: the caller's, else the weights' names while their head
@@ -121,13 +125,25 @@ def settle(checkpoint, request):
     num_classes = request.num_classes
     if num_classes is None:
         num_classes = head if head is not None else config.get("num_classes")
-    if include_top and num_classes is None:
+    lacking = _missing_head(checkpoint, request)
+    if include_top and (num_classes is None or (
+            head is None and lacking and request.num_classes is None
+            and num_classes != 0)):
+        # A head the caller did not ask for is the file's, and it is not
+        # there: a zero head would answer one class for every image.
         raise ValueError(
             f"The checkpoint {checkpoint.source_name} has no head; pass "
-            "num_classes=... for a new zero-initialised head, or "
-            "include_top=False for features.")
+            "num_classes=... for a new zero-initialised head, num_classes=0 "
+            "for the pooled embedding or include_top=False for features "
+            f"(its weights lack {', '.join(lacking or _head_keys(checkpoint))})")
     head_kept = bool(include_top and head is not None
                      and num_classes == head and not request.random)
+    if head_kept and lacking:
+        raise ValueError(
+            f"The checkpoint {checkpoint.source_name} says it has a head of "
+            f"{head} classes, but its weights lack {', '.join(lacking)}; "
+            "pass num_classes=... for a new zero-initialised head or "
+            "include_top=False for features")
     if (config.get("representation_size") and include_top and not head_kept
             and not request.keep_pre_logits):
         config["representation_size"] = None  # a new head on the encoder
@@ -150,6 +166,33 @@ def settle(checkpoint, request):
         tags["zoo_weights"] = None
     return Settled(config, None if request.random else checkpoint.arrays,
                    request.keep_pre_logits, tags)
+
+
+def _head_keys(checkpoint):
+    """The head's arrays in the layout of ``checkpoint.arrays`` (official
+    ViT, or BiT's); DeiT's second head goes with the first."""
+    if checkpoint.family == "bit":
+        from keras_vit.zoo.bit_layout import HEAD_BIAS, HEAD_KERNEL
+
+        return [HEAD_KERNEL, HEAD_BIAS]
+    keys = ["head/kernel", "head/bias"]
+    if checkpoint.config.get("distilled"):
+        keys += ["head_dist/kernel", "head_dist/bias"]
+    return keys
+
+
+def _missing_head(checkpoint, request):
+    """The head arrays ``checkpoint``'s weights lack (none when there are
+    no weights to load: random initialisation, a built model's copy).
+
+    >>> from keras_vit.zoo.build import Checkpoint
+    >>> _missing_head(Checkpoint({}, {"head/kernel": 0}), Request())
+    ['head/bias']
+    """
+    arrays = checkpoint.arrays
+    if arrays is None or request.random or checkpoint.model is not None:
+        return []
+    return [key for key in _head_keys(checkpoint) if key not in arrays]
 
 
 def request(image_size=None, num_classes=None, *, keep_pre_logits=False,

@@ -359,8 +359,11 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     if heads:
         entry = header.get(next(iter(heads)))
         shape = entry["shape"] if entry else None
+        # Without the head's tensors, the head id2label declares: the
+        # names check refuses the file by the missing tensors' names.
         num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
-                      else len(arch["labels"] or ()))
+                      else len(arch["labels"] or config.get("id2label")
+                               or ()))
     prefix = arch["prefix"]
     found = header
     if arch["type"] == "clip":  # a whole CLIPModel: its image tower only

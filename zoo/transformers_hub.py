@@ -314,8 +314,12 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     if arch["kind"] == "classifier":
         entry = header.get("classifier.weight")
         shape = entry["shape"] if entry else None
+        # Without the head's tensors, the head id2label declares (its
+        # LABEL_i names too): the names check below then refuses the
+        # file by the missing tensors' names rather than reading it as a
+        # headless feature model.
         num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
-                      else len(labels or ()))
+                      else len(labels or config.get("id2label") or ()))
     if arch["kind"] == "model" and arch["representation_size"] is not None \
             and not any(k.endswith("pooler.dense.weight") for k in header):
         arch["representation_size"] = None  # add_pooling_layer=False
