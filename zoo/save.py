@@ -14,6 +14,8 @@ preset, which has no field for them: ``label_names`` in
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 LAYOUTS = ("timm", "transformers", "keras-hub")
 
@@ -73,6 +75,14 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     ``labels``: the head's class names (default: the model's
     ``label_names``); every layout keeps them and ``zoo.load`` reads them
     back.
+
+    The files are first written into a scratch folder beside
+    ``directory`` and read back by the package's reader of the layout
+    (:func:`check_read_back`), whose tables say what the library
+    computes: a model they would read as another (an option the library
+    computes otherwise, an array it has no place for) is refused in one
+    line naming the argument and both values, and ``directory`` is left
+    as it was.
     """
     import keras
 
@@ -88,16 +98,131 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise NotADirectoryError(f"directory={os.fspath(directory)!r} is a "
                                  "file, not a folder")
+    labels = _labels(model, labels)
     if layout == "transformers":
-        from keras_vit.zoo import transformers_writer
+        from keras_vit.zoo.transformers_writer import write
+    elif layout == "keras-hub":
+        from keras_vit.zoo.keras_hub_writer import save_preset as write
+    else:
+        from keras_vit.zoo.timm_writer import write
+    # Written into a scratch folder beside the target and read back by
+    # the package's own reader first: a folder it (or the library, whose
+    # reading the reader's tables describe) would read as another model
+    # is refused, and the target is left as it was.
+    directory = os.fspath(directory)
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent,
+                                     prefix=".save_pretrained-") as scratch:
+        write(model, scratch, labels)
+        check_read_back(model, scratch, layout)
+        os.makedirs(directory, exist_ok=True)
+        for name in sorted(os.listdir(scratch)):
+            source, target = (os.path.join(scratch, name),
+                              os.path.join(directory, name))
+            if os.path.isdir(source):
+                shutil.copytree(source, target, dirs_exist_ok=True)
+            else:
+                os.replace(source, target)
+    return directory
 
-        return transformers_writer.write(model, directory,
-                                         _labels(model, labels))
-    if layout == "keras-hub":
-        from keras_vit.zoo import keras_hub_writer
 
-        return keras_hub_writer.save_preset(model, directory,
-                                            _labels(model, labels))
-    from keras_vit.zoo import timm_writer
+# The model's arguments that change what it computes at its input size,
+# compared after a read-back; the rest act in training (dropout rates,
+# initialisation, remat), change the size it takes (dynamic_image_size) or
+# are named otherwise (name, dtype, label_names: compared on their own).
+_IGNORED = ("name", "dtype", "dropout_rate", "attention_dropout_rate",
+            "drop_path_rate", "head_bias_init", "remat",
+            "dynamic_image_size", "include_preprocessing", "label_names",
+            "input_normalization", "trainable")
 
-    return timm_writer.write(model, directory, _labels(model, labels))
+
+def _computed(config):
+    """The arguments of a builder ``config`` that fix what the model
+    computes, with defaults filled in as the model resolves them."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    out = dict(FAMILY_DEFAULTS, num_channels=3, layer_norm_epsilon=1e-6,
+               gelu="tanh", classifier="token", include_top=True,
+               pooling=None, representation_size=None, resnet=None,
+               classifier_activation=None, return_attention_scores=False,
+               position_embedding="learned_1d",
+               position_embedding_placement="stem")
+    out.update({k: v for k, v in config.items() if k not in _IGNORED})
+    out["classifier"] = {"avg": "gap"}.get(out["classifier"],
+                                           out["classifier"])
+    if out["class_token"] is None:
+        out["class_token"] = out["classifier"] == "token"
+    size = out.get("image_size")
+    if isinstance(size, (list, tuple)):
+        out["image_size"] = (size[0] if len(set(size)) == 1
+                             else tuple(size))
+    if not out["include_top"]:
+        out.pop("num_classes", None)
+        out.pop("classifier_activation")
+    if out["mlp"] == "swiglu" and out["classifier"] != "map":
+        # The gate is SiLU's whatever the GELU (which only an attention
+        # pool's MLP would run).
+        out.pop("gelu")
+    return out
+
+
+def _unit_scales(arrays):
+    """True when ``arrays`` hold layer scales, all of ones (x * 1 is x:
+    a model without layer scale, written where the class always has
+    one)."""
+    import numpy as np
+
+    scales = [k for k in arrays if "/LayerScale_" in k]
+    return bool(scales) and all(
+        np.all(np.asarray(arrays[k]) == 1) for k in scales)
+
+
+def check_read_back(model, folder, layout):
+    """Reads ``folder`` (what ``layout``'s writer wrote of ``model``) with
+    the package's reader and settles it as ``zoo.load(folder)`` does;
+    raises one line naming the first argument (or array) it reads
+    otherwise, its value and the model's."""
+    from keras_vit.zoo import convert, settle, sources
+
+    where = f"save_pretrained(layout={layout!r}) of model={model.name!r}"
+    try:
+        source, value, _ = sources.find(folder, "auto")
+        checkpoint = source.read(value)
+        settled = settle.settle(checkpoint, settle.Request())
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"{where}: keras_vit's reader of {layout}'s files "
+                         f"refuses what it would write: "
+                         f"{' '.join(str(e).split())}"[:600]) from None
+    ours, theirs = (_computed(model.get_config()),
+                    _computed(settled.config))
+    arrays = convert.normalize_keys(settled.arrays or {})
+    if (ours["layer_scale"] is None) != (theirs["layer_scale"] is None) and (
+            ours["layer_scale"] is None and _unit_scales(arrays)):
+        theirs["layer_scale"] = None
+    # The value of a layer scale is its initialisation: the weights hold
+    # the scales.
+    for options in (ours, theirs):
+        options["layer_scale"] = options["layer_scale"] is not None
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key) != theirs.get(key):
+            raise ValueError(
+                f"{where}: what it writes reads back with {key}="
+                f"{theirs.get(key)!r}, and the model has {key}="
+                f"{ours.get(key)!r}; nothing written"[:600])
+    if not arrays:
+        return
+    want = convert.normalize_keys(convert.export_arrays(model))
+    extra = {k for k in arrays if "/LayerScale_" in k} if _unit_scales(
+        arrays) and not any("/LayerScale_" in k for k in want) else set()
+    differ = sorted((set(want) ^ set(arrays)) - extra) or sorted(
+        k for k in want if tuple(_shape(want[k])) != tuple(
+            _shape(arrays[k])))
+    if differ:
+        raise ValueError(f"{where}: what it writes reads back without the "
+                         f"model's arrays {differ[:6]}; nothing written")
+
+
+def _shape(value):
+    """The shape of an array or a lazily read one."""
+    return tuple(getattr(value, "shape", ()))

@@ -231,10 +231,87 @@ def _unit_layer_scales(arrays, num_layers):
     return out
 
 
+# The model's arguments a timm config.json fixes, compared with what the
+# reader builds from it: the sizes, the numerics and every family option.
+_READ_BACK = ("patch_size", "hidden_size", "num_layers", "num_heads",
+              "mlp_dim", "num_channels", "layer_norm_epsilon", "gelu",
+              "classifier")
+
+
+def _resolved(config):
+    """The arguments of :data:`_READ_BACK` and the family options of a
+    builder ``config``, defaults filled in as the model resolves them."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    out = dict(FAMILY_DEFAULTS, **{k: config[k] for k in FAMILY_DEFAULTS
+                                   if k in config})
+    out.update({k: config.get(k) for k in _READ_BACK},
+               num_channels=config.get("num_channels", 3),
+               layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
+               gelu=config.get("gelu", "tanh"))
+    out["classifier"] = {"avg": "gap"}.get(out["classifier"] or "token",
+                                            out["classifier"] or "token")
+    if out["class_token"] is None:
+        out["class_token"] = out["classifier"] == "token"
+    if out["fc_norm"] is None:
+        out["fc_norm"] = False
+    if out["mlp"] == "swiglu" and out["classifier"] != "map":
+        # The gate is SiLU's whatever the GELU (which only an attention
+        # pool's MLP would run).
+        out["gelu"] = None
+    return out
+
+
+def check_read_back(model, written, arrays, state):
+    """Refuses, in one line naming the argument, its value and timm's, a
+    ``config.json`` (``written``) and tensors (``state``, of the official
+    ``arrays``) that keras_vit's timm reader (the same tables:
+    :func:`keras_vit.zoo.timm_arguments.honoured`,
+    :func:`keras_vit.zoo.timm_layout.to_official`) would read as another
+    model than ``model``: what the reader cannot honour, timm builds
+    otherwise too. Called before any file is written."""
+    from keras_vit.zoo import timm_arguments
+    from keras_vit.zoo.timm_layout import to_official
+
+    config = model.get_config()
+    where = f"save_pretrained(layout='timm') of model={model.name!r}"
+    if not config.get("include_top", True):
+        raise ValueError(
+            f"{where}: timm's ViT always pools (and classifies); the model "
+            "returns every token (include_top=False): build it with "
+            "num_classes=0 for the pooled embedding, or save_npz writes it")
+    arch, defaults = timm_arguments.architecture(written["architecture"])
+    try:
+        read = timm_arguments.honoured(written, arch, "its config.json",
+                                       defaults)
+    except ValueError as e:
+        raise ValueError(f"{where}: timm would build another model: {e}"
+                         ) from None
+    built = dict(arch.config, **read)
+    built.setdefault("gelu", "exact")  # the reader's default: timm's GELU
+    ours, theirs = _resolved(config), _resolved(built)
+    if written["architecture"] == DINOV2_G and ours["layer_scale"] is None:
+        ours["layer_scale"] = 1.0  # the scales of one write adds
+    differ = [k for k in ours if k != "drop_path_rate"
+              and ours[k] != theirs[k]]
+    if differ:
+        key = differ[0]
+        raise ValueError(
+            f"{where}: timm's {written['architecture']} as written computes "
+            f"{key}={theirs[key]!r}, and the model has {key}={ours[key]!r}")
+    back = set(to_official(state, int(config["num_heads"])))
+    lost = sorted(set(convert.normalize_keys(arrays)) ^ back)
+    if lost:
+        raise ValueError(f"{where}: timm's layout does not hold the "
+                         f"model's arrays {lost[:6]}")
+
+
 def write(model, directory, labels=None):
     """Writes ``model`` as a timm repository in ``directory`` with the
     class names ``labels`` (a checked list, or None); returns the
-    folder. Each file is written whole or not at all."""
+    folder. Each file is written whole or not at all, and none is
+    written for a model that timm (and keras_vit's reader of timm's
+    files) would read as another (:func:`check_read_back`)."""
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
@@ -264,6 +341,7 @@ def write(model, directory, labels=None):
     }
     if labels is not None:
         config["label_names"] = list(labels)
+    check_read_back(model, config, arrays, state)
     os.makedirs(directory, exist_ok=True)
     # Each file complete or absent: a reader never sees half of one.
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
