@@ -63,7 +63,8 @@ def unreachable(url: str, timeout: float) -> Optional[str]:
     :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), or None when
     it opens. The connection goes to the proxy the environment names for
     ``url`` where there is one (:func:`environment.proxy_for`), as the
-    download itself would; it is closed at once. The routes that download
+    download itself would (a proxy variable without a host or a port
+    from 1 to 65535 is refused first, naming it); it is closed at once. The routes that download
     through another library (huggingface_hub, tfds) ask this first, so
     that no network costs one bounded wait and one line instead of that
     library's retries.

@@ -48,8 +48,9 @@ FALSE = ("0", "false", "no", "off")
 
 
 class SettingError(KerasVitError, ValueError):
-    """A ``KERAS_VIT_*`` environment variable holds a value it cannot
-    take; ``name`` and ``value`` are the variable and what it held."""
+    """A ``KERAS_VIT_*`` environment variable (or another one the package
+    reads, such as ``HTTPS_PROXY``) holds a value it cannot take;
+    ``name`` and ``value`` are the variable and what it held."""
 
     def __init__(self, name, value, expected):
         self.name, self.value = name, value
@@ -186,20 +187,44 @@ def proxy_for(url, environ=None):
     import urllib.request
 
     environ = os.environ if environ is None else environ
-    proxies = {}
+    proxies, names = {}, {}
     # Upper-case names first, so that the lower-case ones win, as in urllib.
     for name in sorted(environ, key=str.islower):
         if name.lower().endswith("_proxy") and environ[name]:
-            proxies[name[:-len("_proxy")].lower()] = environ[name]
+            scheme = name[:-len("_proxy")].lower()
+            proxies[scheme], names[scheme] = environ[name], name
     parts = urllib.parse.urlsplit(url)
     proxy = proxies.get(parts.scheme)
     if not proxy or urllib.request.proxy_bypass_environment(
             parts.hostname or "", proxies):
         return None
-    proxy = urllib.parse.urlsplit(proxy if "://" in proxy
-                                  else "http://" + proxy)
-    return proxy.hostname, proxy.port or (
-        443 if proxy.scheme == "https" else 80)
+    return _proxy_address(names[parts.scheme], proxy)
+
+
+def _proxy_address(name, value):
+    """``(host, port)`` of the proxy variable ``name``'s ``value``, or
+    :class:`SettingError` naming both: the URL parser's own error for a
+    port that is no number or over 65535 ("Port could not be cast to
+    integer value") named neither.
+
+    >>> _proxy_address("HTTPS_PROXY", "proxy:99999")
+    Traceback (most recent call last):
+    ...
+    keras_vit.base.environment.SettingError: HTTPS_PROXY must be a proxy \
+URL such as http://proxy:3128: a host, and a port from 1 to 65535 \
+(Port out of range 0-65535); received HTTPS_PROXY='proxy:99999'
+    """
+    expected = ("a proxy URL such as http://proxy:3128: a host, and a port "
+                "from 1 to 65535")
+    try:
+        parts = urllib.parse.urlsplit(value if "://" in value
+                                      else "http://" + value)
+        port, host = parts.port, parts.hostname
+    except ValueError as e:  # "proxy:abc", "proxy:99999", "http://[::1"
+        raise SettingError(name, value, f"{expected} ({e})") from None
+    if not host or port == 0:
+        raise SettingError(name, value, expected)
+    return host, port or (443 if parts.scheme == "https" else 80)
 
 
 def any_set(names):

@@ -199,3 +199,56 @@ def test_a_mirror_the_url_parser_rejects_is_named(monkeypatch, value):
     with pytest.raises(SettingError) as info:
         download.resolve_url("gs://vit_models/x.npz")
     assert f"KERAS_VIT_MIRROR={value!r}" in str(info.value)
+
+
+# -- the proxy variables of other programs ---------------------------------
+
+PROXY_VALUES = st.one_of(
+    HOSTILE,
+    st.builds(lambda host, port: f"{host}:{port}",
+              st.sampled_from(["proxy", "http://proxy", "https://10.0.0.1",
+                               "http://u:pw@proxy", "http://[::1]", ""]),
+              st.one_of(st.integers(-5, 10 ** 6).map(str),
+                        st.sampled_from(["", "abc", "3128x", " 80", "0x50",
+                                         "99999", "0", "65536"]))))
+
+
+@settings(max_examples=120, deadline=None)
+@given(name=st.sampled_from(["HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                             "http_proxy"]), value=PROXY_VALUES)
+def test_a_proxy_variable_is_a_usable_address_or_refused_naming_it(name,
+                                                                   value):
+    """Once ``HTTPS_PROXY=proxy:abc`` (or a port past 65535) reached the
+    user as the URL parser's ValueError, naming neither the variable nor
+    its value."""
+    url = ("https" if name.lower().startswith("https") else "http") + (
+        "://huggingface.co/x")
+    try:
+        found = environment.proxy_for(url, {name: value})
+    except SettingError as e:
+        message = str(e)
+        assert message.startswith(f"{name} must be ") and "\n" not in message
+        assert f"{name}={value!r}" in message, message
+        return
+    if found is None:  # an empty value: no proxy
+        assert not value
+        return
+    host, port = found
+    assert isinstance(host, str) and host, found
+    assert isinstance(port, int) and 1 <= port <= 65535, found
+
+
+@pytest.mark.parametrize("value", ["proxy:abc", "proxy:99999", "proxy:0",
+                                   "http://[::1"])
+def test_the_connection_check_names_a_proxy_with_a_bad_port(monkeypatch,
+                                                            value):
+    """``zoo.download.unreachable`` (the check the Hub and tfds routes run
+    first) refuses the variable in one line before any connection."""
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", value)
+    with pytest.raises(SettingError) as info:
+        download.unreachable("https://huggingface.co/api", 0.5)
+    assert f"HTTPS_PROXY={value!r}" in str(info.value)
+    assert "\n" not in str(info.value)
