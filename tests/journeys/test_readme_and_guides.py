@@ -189,6 +189,14 @@ SNIPPETS = {
                "journey.image_folder('path/to/labelled')\n"),
         expect=("classifier.output_shape == (None, 37)",
                 "os.path.isfile('runs/mpp/model.keras')")),
+    ("docs/guides/training.md",
+     "# DeiT on the digits through model.fit; run it again to resume"):
+        Snippet(
+            subs=(("total_steps=120,", "total_steps=4,"),
+                  ("every=20", "every=2")),
+            expect=("model.optimizer.iterations.numpy() == 4",
+                    "os.path.isfile('runs/deit-fit/ckpt-4.npz')",
+                    "os.path.isfile('deit-digits.keras')")),
     ("docs/guides/training.md", "import keras, keras_vit"): Snippet(
         subs=(("train.distribution(8,", "train.distribution(2,"),),
         setup=("from keras_vit import train\n"
