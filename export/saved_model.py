@@ -53,8 +53,9 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
     Serving or Vertex AI client sends), decodes and preprocesses them as
     :func:`keras_vit.zoo.preprocess_input` does and returns ``labels``,
     ``scores`` (softmax), ``classes`` (the top ``top_k``, best first) and
-    ``logits``; an empty or unrecognised element fails the call with an
-    InvalidArgumentError naming its index (see
+    ``logits`` (a model without a classification head: its embedding,
+    ``pre_logits``); an empty, unrecognised, cut short or damaged element
+    fails the call with an InvalidArgumentError naming its index (see
     :mod:`keras_vit.export.serving`). It is verified on encoded sample
     files of every format and several sizes against Keras on the same
     files decoded by Pillow and preprocessed by ``zoo.preprocess_input``.
@@ -171,7 +172,7 @@ def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
     graph = serving.ImageBytesGraph(model, top_k, labels, cast_to_float32)
     options = {"input": serving.INPUT_NAME, "top_k": graph.top_k,
                "labels": graph.label_source,
-               "outputs": list(serving.OUTPUTS)}
+               "outputs": list(graph.outputs)}
     return _run(dest, graph, tol, options, cast_to_float32, verify=verify,
                 batch_sizes=batch_sizes, verify_data=verify_data,
                 samples=serving.SAMPLES, overwrite=overwrite)

@@ -23,11 +23,27 @@ anything is allocated, so a request's peak memory is that of its largest
 image (at most the budget: 16 million pixels), not the sum.
 
 An element the decoder refuses (empty, not one of those formats, over the
-budget, ...) stops the call with ``tf.errors.InvalidArgumentError``
-naming its index (``image_bytes[2] (7 bytes) is not a JPEG, PNG, GIF, BMP
-or WebP file``); a file with a valid header and a damaged body fails in
-the decoder with TensorFlow's own InvalidArgumentError. Either way the
-call fails and the process (a TF Serving server) keeps serving.
+budget, cut short, ...) stops the call with
+``tf.errors.InvalidArgumentError`` naming its index (``image_bytes[2] (7
+bytes) is not a JPEG, PNG, GIF, BMP or WebP file``). So does a complete
+file that TensorFlow's decoder fails on (a PNG whose chunk CRC fails, a
+JPEG with a bogus Huffman table, a GIF whose LZW data is garbled):
+``image_bytes[1] (1258 bytes) is a damaged PNG that the TensorFlow
+decoder cannot read`` (no apostrophe: TensorFlow's assertion escapes
+it). A graph cannot catch an op's error; each element is
+decoded in a ``tf.data`` map with ``ignore_errors``, and the element it
+drops is the one named (the decoder's own message does not survive
+that: :func:`keras_vit.data.images.read` of the file gives it; measured
+at no cost against a ``tf.map_fn``, 2.7 against 2.8 ms an image). Either
+way the call fails and the process (a TF Serving server) keeps serving.
+JPEG, GIF, BMP and WebP bodies carry no checksum: libjpeg, giflib and
+libwebp decode many garbled ones to other pixels without an error, on
+every path alike.
+
+A model without a classification head (``num_classes=0``, a feature
+extractor) serves its embedding: the signature returns one output named
+as :func:`keras_vit.export.graph.default_outputs` names it
+(``pre_logits``), and no labels, scores or classes.
 """
 
 from __future__ import annotations
@@ -123,52 +139,75 @@ def encode(pixels, fmt="PNG", mode="RGB", quality=90):
     return buffer.getvalue()
 
 
-def decode(data):
+def decode(data, index=0):
     """The RGB pixels of one encoded image, as the signature decodes them
     (:func:`keras_vit.data.images.decode_bytes`: the same TensorFlow ops, run
-    eagerly): (H, W, 3) uint8."""
-    return image_decoder.decode_bytes(bytes(data), INPUT_NAME)
+    eagerly): (H, W, 3) uint8. A file refused, cut short or damaged
+    raises :class:`~keras_vit.data.images.ImageError` naming it
+    ``image_bytes[index]`` and its format, as the signature does.
+
+    >>> decode(b"GIF89a", 2)
+    Traceback (most recent call last):
+    ...
+    keras_vit.data.images.ImageError: image_bytes[2] is a 0x0 GIF, \
+with no pixels
+    """
+    return image_decoder.decode_bytes(bytes(data), f"{INPUT_NAME}[{index}]")
 
 
 def as_batch(images):
     """A 1-D object array of ``bytes`` from a list of encoded images (or
-    one), which ``tf.constant`` turns into a tf.string batch."""
+    one), which ``tf.constant`` turns into a tf.string batch.
+
+    >>> as_batch([b"a", 1])
+    Traceback (most recent call last):
+    ...
+    ValueError: image_bytes[1] must be the bytes of an encoded file; \
+received int
+    """
     if isinstance(images, (bytes, bytearray)):
         images = [images]
     out = np.empty(len(images), dtype=object)
     for i, data in enumerate(images):
         if not isinstance(data, (bytes, bytearray, np.bytes_)):
-            raise ValueError("image_bytes must hold encoded files as bytes; "
-                             f"element {i} is a {type(data).__name__}")
+            raise ValueError(f"{INPUT_NAME}[{i}] must be the bytes of an "
+                             f"encoded file; received {type(data).__name__}")
         out[i] = bytes(data)
     return out
 
 
 class ImageBytesGraph(ServingGraph):
     """The serving graph of ``to_saved_model(..., input="image_bytes")``:
-    encoded files in, top-k labels, scores, classes and logits out.
+    encoded files in, top-k labels, scores, classes and logits out; a
+    feature extractor's embedding out for a model without a head.
 
     Args:
-        model: a Keras classifier taking (batch, H, W, 3) images.
-        top_k: how many classes to return (clipped to the class count).
+        model: a Keras model taking (batch, H, W, 3) images.
+        top_k: how many classes to return (clipped to the class count);
+            a classifier's option only.
         labels: None (the names the model's weights carry, else the class
             indices as strings), a label list name (``"imagenet2012"``) or
-            a list of names.
+            a list of names; a classifier's option only.
         cast_to_float32: export a float32 copy of a bf16/fp16 model.
     """
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, labels=None,
                  cast_to_float32=True):
+        from keras_vit.export.graph import default_outputs
         from keras_vit.models.features import is_classifier
 
         top_k = check_top_k(top_k)
-        if not is_classifier(model):
+        self.classifier = is_classifier(model)
+        outputs = ("logits",) if self.classifier else default_outputs(model)
+        if not self.classifier and (top_k != DEFAULT_TOP_K
+                                    or labels is not None):
             raise ValueError(
-                "input='image_bytes' returns class labels and needs a "
-                f"classification head; model={model.name!r} is a feature "
-                "extractor (num_classes=0 or include_top=False): export its "
-                "embedding with input='images'")
-        super().__init__(model, ("logits",), uint8_input=False,
+                "top_k and labels rank classes; model="
+                f"{model.name!r} is a feature extractor (num_classes=0 or "
+                f"include_top=False) whose signature returns its embedding "
+                f"{outputs[0]!r}; received top_k={top_k!r}, "
+                f"labels={labels!r}"[:300])
+        super().__init__(model, outputs, uint8_input=False,
                          cast_to_float32=cast_to_float32,
                          allow_low_precision=True)
         if self.input_shape[-1] != 3:
@@ -178,39 +217,100 @@ class ImageBytesGraph(ServingGraph):
         # Encoded files are resized to one size (the model's): a
         # dynamic-size model's other sizes do not apply here.
         self.extra_image_sizes = ()
-        self.num_classes = int(self.raw.output["logits"].shape[-1])
-        self.top_k = min(top_k, self.num_classes)
-        self.label_source, self.label_names = _label_names(
-            self.source_model, self.num_classes, labels)
         self.image_size = tuple(int(s) for s in self.input_shape[:2])
         # Whether the signature normalises the pixels (as the model's own
         # normalisation says) or the model does it itself.
         self.scale = not takes_raw_pixels(self.model)
-        self.outputs = OUTPUTS
         self.input_dtype = "string"
-        self._bytes_args = {"top_k": self.top_k, "labels": labels,
+        self._bytes_args = {"top_k": top_k, "labels": labels,
                             "cast_to_float32": bool(cast_to_float32)}
+        if not self.classifier:  # the embedding, as ServingGraph names it
+            self.top_k = self.num_classes = None
+            self.label_source, self.label_names = None, None
+            return
+        self.outputs = OUTPUTS
+        self.num_classes = int(self.raw.output["logits"].shape[-1])
+        self.top_k = min(top_k, self.num_classes)
+        self._bytes_args["top_k"] = self.top_k
+        self.label_source, self.label_names = _label_names(
+            self.source_model, self.num_classes, labels)
         if self.top_k < top_k:
             self.notes.append(f"top_k={top_k} clipped to the model's "
                               f"{self.num_classes} classes")
 
     # ---------------------------------------------------------- serving
 
-    def _pixels(self, data, index):
-        """One encoded file -> (H, W, 3) float32 in the model's range
-        (TensorFlow ops): the package's decoder, then the resize."""
+    def _model_input(self, pixels):
+        """Decoded (H, W, 3) uint8 pixels -> the model's (h, w, 3) float32
+        input, as :func:`keras_vit.zoo.preprocess_input` computes it, op
+        for op: bilinear without antialiasing (the identity at the model's
+        size), then the model's input normalisation."""
         import tensorflow as tf
 
-        pixels = image_decoder.decode(
-            data, tf.strings.format(INPUT_NAME + "[{}]", index))
-        # zoo.preprocess_input, op for op: bilinear without antialiasing
-        # (the identity at the model's size), then the model's input
-        # normalisation.
         x = tf.image.resize(tf.cast(pixels, tf.float32), self.image_size,
                             method="bilinear", antialias=False)
         if self.scale:
             x = self.normalization(x)
         return x
+
+    def _one(self, data, index):
+        """``(input, reason, index)`` of one encoded file; never fails for
+        a refusal (``reason`` says it, the input is zeros): only
+        TensorFlow's own decoder ops can fail here."""
+        import tensorflow as tf
+
+        pixels, _, reason = image_decoder.decode_or_refuse(data)
+        x = tf.cond(tf.equal(reason, ""), lambda: self._model_input(pixels),
+                    lambda: tf.zeros(self.image_size + (3,), tf.float32))
+        return x, reason, index
+
+    def inputs(self, image_bytes):
+        """The model's input batch for a 1-D batch of encoded files
+        (TensorFlow ops): each decoded, resized and normalised one after
+        another, so a request's peak memory is its largest image's. The
+        first element refused or damaged fails the call naming it.
+
+        A graph cannot catch an op's error, and TensorFlow's decoders
+        (libjpeg's header read, libpng's CRC check, giflib, libwebp) fail
+        with one that names no element. ``ignore_errors`` of a
+        ``tf.data`` map is the one op that survives it: the element it
+        drops is the damaged one, named with its size and format (the
+        decoder's own message is lost with it)."""
+        import tensorflow as tf
+
+        count = tf.shape(image_bytes, out_type=tf.int64)[0]
+        index = tf.range(count)
+        shape = self.image_size + (3,)
+        kept = tf.data.Dataset.from_tensor_slices((image_bytes, index)).map(
+            self._one).ignore_errors().batch(tf.maximum(count, 1))
+        none = tf.data.Dataset.from_tensors((
+            tf.zeros((0,) + shape, tf.float32), tf.zeros((0,), tf.string),
+            tf.zeros((0,), tf.int64)))  # every element dropped, or none
+        x, reasons, kept_index = kept.concatenate(none).take(
+            1).get_single_element()
+        n = tf.shape(kept_index, out_type=tf.int64)[0]
+        positions = tf.range(n)
+        # The kept indices are in order: the first position whose index
+        # is not its own is the first dropped element (n when the
+        # dropped ones are all at the end, count when none is).
+        dropped = tf.reduce_min(tf.concat([tf.boolean_mask(
+            positions, tf.not_equal(kept_index, positions)), [n]], 0))
+        refused_at = tf.reduce_min(tf.concat([tf.boolean_mask(
+            positions, tf.not_equal(reasons, "")), [n]], 0))
+        refused = tf.gather(tf.concat([kept_index, [count]], 0), refused_at)
+        first = tf.minimum(dropped, refused)  # count when none is
+        data = tf.gather(tf.concat([image_bytes, [""]], 0), first)
+        damaged = tf.strings.join([tf.strings.format(
+            " ({} bytes) is a damaged ", tf.strings.length(data)),
+            image_decoder.format_name(data),
+            " that the TensorFlow decoder cannot read"])
+        reason = tf.gather(tf.concat([reasons, [""]], 0), refused_at)
+        message = tf.strings.join([
+            tf.strings.format(INPUT_NAME + "[{}]", first),
+            tf.where(first < refused, damaged, " " + reason)])
+        check = tf.debugging.Assert(first >= count, [message], summarize=1)
+        with tf.control_dependencies([check]):
+            return tf.ensure_shape(tf.identity(x), (None,) + shape)
 
     def image_sizes(self):
         # Encoded files of any size are resized to the model's: the
@@ -224,14 +324,11 @@ class ImageBytesGraph(ServingGraph):
         """The signature's computation (TensorFlow): bytes -> dict."""
         import tensorflow as tf
 
-        index = tf.range(tf.shape(image_bytes)[0])
-        # One image at a time: the peak memory is the largest image's.
-        x = tf.map_fn(
-            lambda args: self._pixels(*args), (image_bytes, index),
-            fn_output_signature=tf.TensorSpec(self.image_size + (3,),
-                                              tf.float32),
-            parallel_iterations=1)
-        logits = tf.cast(self.raw(x, training=False)["logits"], tf.float32)
+        raw = self.raw(self.inputs(image_bytes), training=False)
+        if not self.classifier:
+            return {name: tf.cast(raw[name], tf.float32)
+                    for name in self.outputs}
+        logits = tf.cast(raw["logits"], tf.float32)
         scores, classes = tf.math.top_k(tf.nn.softmax(logits, axis=-1),
                                         k=self.top_k)
         return {"labels": tf.gather(tf.constant(self.label_names), classes),
@@ -255,23 +352,29 @@ class ImageBytesGraph(ServingGraph):
         from keras_vit.zoo import preprocess_input
 
         return np.stack([preprocess_input(
-            decode(data), self.image_size, scale=self.scale,
-            input_normalization=self.normalization) for data in images])
+            decode(data, i), self.image_size, scale=self.scale,
+            input_normalization=self.normalization)
+            for i, data in enumerate(images)])
 
     def reference(self, images, batch_size=8):
-        """Keras' ``logits`` and top-k ``scores`` for encoded ``images``:
-        decoded eagerly by :mod:`keras_vit.data.images` and preprocessed by
+        """Keras' ``logits`` and top-k ``scores`` (a feature extractor's
+        embedding) for encoded ``images``: decoded eagerly by
+        :mod:`keras_vit.data.images` and preprocessed by
         ``zoo.preprocess_input`` on the user's backend, the path a Python
         user takes."""
         from keras_vit.runtime.backend import no_grad, to_numpy
 
         x = self.preprocess(images)
+        name = "logits" if self.classifier else self.outputs[0]
         parts = []
         with no_grad():
             for start in range(0, len(x), batch_size):
                 parts.append(to_numpy(self.raw(x[start:start + batch_size],
-                                               training=False)["logits"]))
-        logits = np.concatenate(parts).astype(np.float32)
+                                               training=False)[name]))
+        out = np.concatenate(parts).astype(np.float32)
+        if not self.classifier:
+            return {name: out}
+        logits = out
         z = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
         # Sorted values: continuous in the inputs, unlike their indices.
@@ -312,6 +415,14 @@ class ImageBytesGraph(ServingGraph):
     def describe(self):
         height, width = self.image_size
         k = self.top_k
+        if self.classifier:
+            outputs = {"labels": [None, k], "scores": [None, k],
+                       "classes": [None, k],
+                       "logits": [None, self.num_classes]}
+        else:
+            name = self.outputs[0]
+            outputs = {name: [None] + [
+                int(d) for d in self.raw.output[name].shape[1:]]}
         return {
             "input": {"name": INPUT_NAME, "shape": [None], "dtype": "string",
                       "formats": list(FORMATS),
@@ -323,9 +434,7 @@ class ImageBytesGraph(ServingGraph):
                              f"{list(self.normalization.mean)} and std "
                              f"{list(self.normalization.std)}"
                              if self.scale else ""))},
-            "outputs": {"labels": [None, k], "scores": [None, k],
-                        "classes": [None, k],
-                        "logits": [None, self.num_classes]},
+            "outputs": outputs,
             "top_k": k,
             "labels": self.label_source,
         }
@@ -333,7 +442,7 @@ class ImageBytesGraph(ServingGraph):
     def class_names(self):
         """The names the ``labels`` output returns, unless they are the
         class indices (then the model names no classes)."""
-        if self.label_source == "class indices":
+        if self.label_source in (None, "class indices"):
             return None, None
         return self.label_source, list(self.label_names)
 

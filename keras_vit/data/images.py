@@ -1015,6 +1015,16 @@ def decode_or_refuse(data, budget=None):
     return out, facts, reason
 
 
+def format_name(data):
+    """The name of the format of ``data`` (a scalar string tensor) by its
+    first bytes, as :func:`inspect` finds it ("" for none of
+    :data:`FORMATS`): no op here fails, so a graph can name the format
+    of a file that TensorFlow's decoder failed on."""
+    tf = _tf()
+    return tf.gather(tf.constant(list(_NAMES) + [""]),
+                     _sniff(_head(data, 12)))
+
+
 def _decode_or_refuse(data, budget, fmt):
     """:func:`decode_or_refuse` built for one known format."""
     tf = _tf()
@@ -1071,7 +1081,7 @@ def decode_bytes(data, name="image"):
         pixels, _, reason = _eager(PIXEL_BUDGET, fmt)(tf.constant(data))
     except tf.errors.InvalidArgumentError as e:
         raise ImageError(f"{name} ({len(data)} bytes) is a damaged "
-                         f"{_NAMES[fmt]} that TensorFlow's decoder cannot "
+                         f"{_NAMES[fmt]} that the TensorFlow decoder cannot "
                          f"read ({tf_message(e)})") from None
     reason = reason.numpy().decode()
     if reason:

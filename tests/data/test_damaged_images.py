@@ -51,24 +51,17 @@ def _named(message, position, fmt):
 
 
 def _serve_graph():
-    """The in-graph decode of a batch as the serving signature runs it
-    (each element named ``image_bytes[i]``), one image at a time."""
-    def one(args):
-        data, i = args
-        pixels = images.decode(data, tf.strings.format("image_bytes[{}]", i))
-        return tf.image.resize(tf.cast(pixels, tf.float32), (8, 8))
+    """The serving signature's own graph (the ``tf.function`` a SavedModel
+    stores) for a tiny classifier, traced once."""
+    import keras_vit
+    from keras_vit.export import serving
 
-    @tf.function(input_signature=[tf.TensorSpec((None,), tf.string)])
-    def serve(batch):
-        index = tf.range(tf.shape(batch)[0])
-        return tf.map_fn(one, (batch, index), parallel_iterations=1,
-                         fn_output_signature=tf.TensorSpec((8, 8, 3),
-                                                           tf.float32))
-
-    return serve
+    graph = serving.ImageBytesGraph(keras_vit.vit(32, 8, 16, 1, 2, 32, 3),
+                                    top_k=1)
+    return graph, graph.function()
 
 
-SERVE = _serve_graph()
+GRAPH, SERVE = _serve_graph()
 
 
 @settings(max_examples=12, deadline=None)
@@ -140,3 +133,99 @@ def test_a_garbled_body_is_named_with_its_format_by_the_eager_reader():
         images.decode_bytes(bytes(data), "image_bytes[2]")
     _named(str(error.value), "image_bytes[2]", "PNG")
     assert "damaged PNG" in str(error.value)
+
+
+def _garbled(kind, data):
+    """``data`` (a complete file of ``kind``) with bytes inside it changed
+    so that TensorFlow's decoder fails on it, the file's length and its
+    header's size unchanged; None for a BMP, whose rows are raw pixels
+    (no change of them fails any decoder)."""
+    fmt, _, options, _ = kind
+    out = bytearray(data)
+    if fmt == "JPEG":  # a Huffman table's counts past 256 codes
+        at = data.index(b"\xff\xc4")
+        out[at + 5:at + 21] = bytes([255] * 16)
+    elif fmt == "PNG":  # libpng checks each chunk's CRC
+        out[len(out) // 2:len(out) // 2 + 16] = bytes(16)
+    elif fmt == "GIF":  # the first frame's LZW data
+        at = data.index(b"\x2c", 13 + 3 * 2 ** ((data[10] & 7) + 1))
+        flags = data[at + 9]
+        start = at + 10 + (3 * 2 ** ((flags & 7) + 1) if flags & 128 else 0)
+        out[start + 2:start + 40] = bytes(range(200, 238))
+    elif fmt == "WebP" and options.get("lossless"):  # the VP8L bitstream
+        out[25:45] = bytes([255] * 20)
+    elif fmt == "WebP":  # the VP8 frame's first partition past its end
+        out[20:23] = b"\xff\xff\x0f"
+    else:
+        return None
+    return bytes(out)
+
+
+@pytest.mark.parametrize("which", range(len(KINDS)),
+                         ids=[f"{k[0]}-{k[3]}-{i}" for i, k in
+                              enumerate(KINDS)])
+def test_a_garbled_body_is_named_by_position_and_format_when_served(which):
+    """A complete file that TensorFlow's decoder fails on (not cut short:
+    its header and length are whole) is named with its position, size
+    and format by the eager reader and by the serving signature's graph,
+    in the same words; the graph once failed with the decoder's own
+    error, naming no element."""
+    kind = KINDS[which]
+    garbled = _garbled(kind, GOOD[which])
+    position = 2
+    batch = [GOOD[(which + 1 + i) % len(GOOD)] for i in range(BATCH)]
+    name = f"image_bytes[{position}]"
+    if garbled is None:  # a BMP: no garbling fails; both paths agree
+        garbled = bytearray(GOOD[which])
+        garbled[-16:] = bytes(16)
+        batch[position] = bytes(garbled)
+        served = SERVE(tf.constant(batch))["logits"].numpy()
+        np.testing.assert_allclose(served, GRAPH.reference(batch)["logits"],
+                                   atol=1e-5)
+        return
+    batch[position] = garbled
+    with pytest.raises(images.ImageError) as error:
+        images.decode_bytes(garbled, name)
+    eager = str(error.value)
+    _named(eager, name, kind[0])
+    assert f"({len(garbled)} bytes) is a damaged {kind[0]} " in eager, eager
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        SERVE(tf.constant(batch))
+    served = images.tf_message(error.value)
+    _named(served, name, kind[0])
+    # The graph's words are the eager reader's, less TensorFlow's reason.
+    words = eager[:eager.index(" cannot read") + len(" cannot read")]
+    assert words in served, (eager, served)
+
+
+@settings(max_examples=15, deadline=None)
+@given(which=st.integers(0, len(KINDS) - 1),
+       start=st.floats(0.1, 0.95), values=st.binary(min_size=1, max_size=24),
+       position=st.integers(0, BATCH - 1))
+def test_any_garbled_file_gives_the_same_answer_on_every_path(
+        which, start, values, position):
+    """Bytes overwritten anywhere in a file of any format: the eager
+    reader and the serving graph both decode it to the same model
+    outputs, or both refuse it naming its position and format."""
+    data = bytearray(GOOD[which])
+    at = int(start * len(data))
+    data[at:at + len(values)] = values[:len(data) - at]
+    batch = [GOOD[(which + 1 + i) % len(GOOD)] for i in range(BATCH)]
+    batch[position] = bytes(data)
+    name = f"image_bytes[{position}]"
+    try:
+        images.decode_bytes(bytes(data), name)
+    except images.ImageError as error:
+        eager = str(error)
+        assert eager.startswith(name + " "), eager
+        with pytest.raises(tf.errors.InvalidArgumentError) as served:
+            SERVE(tf.constant(batch))
+        message = images.tf_message(served.value)
+        assert name + " " in message, (eager, message)
+        fmt = KINDS[which][0]
+        if fmt in message or fmt in eager:  # a header left unrecognised
+            _named(message, name, fmt)
+        return
+    got = SERVE(tf.constant(batch))["logits"].numpy()
+    np.testing.assert_allclose(got, GRAPH.reference(batch)["logits"],
+                               atol=1e-5)

@@ -276,6 +276,35 @@ def test_a_feature_extractor_exports_its_embedding_by_default(tmp_path):
         ServingGraph(model, outputs=("logits", "probabilities"))
 
 
+def test_a_feature_extractor_serves_its_embedding_from_image_bytes(
+        tmp_path):
+    """``num_classes=0`` with ``input="image_bytes"``: the SavedModel is
+    written, verified, and its one output is the embedding the predict
+    path gives, named ``pre_logits`` (no labels, scores or classes); the
+    same artifact names a damaged element of a batch by its index."""
+    model = _model("clip", num_classes=0)
+    path = str(tmp_path / "features")
+    report = to_saved_model(model, path, input="image_bytes",
+                            batch_sizes=(3,))
+    assert report["verified"] and list(report["outputs"]) == ["pre_logits"]
+    assert not os.path.exists(os.path.join(path, "assets", "labels.txt"))
+    files, pixels = _encoded()
+    loaded = tf.saved_model.load(path)
+    signature = loaded.signatures["serving_default"]
+    got = signature(image_bytes=tf.constant(files))
+    assert sorted(got) == ["pre_logits"]
+    np.testing.assert_allclose(got["pre_logits"].numpy(),
+                               _predict_path(model, pixels), atol=1e-4)
+    damaged = bytearray(files[1])  # a PNG: its chunk CRC fails
+    damaged[len(damaged) // 2:len(damaged) // 2 + 16] = bytes(16)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"image_bytes\[1\] \(\d+ bytes\) is a damaged "
+                             "PNG"):
+        signature(image_bytes=tf.constant([files[0], bytes(damaged)]))
+    with pytest.raises(ValueError, match="top_k=2"):
+        serving.ImageBytesGraph(model, top_k=2)
+
+
 def test_the_command_names_a_feature_extractors_outputs_its_way(
         tmp_path, capsys):
     """On the command line a headless model exports its embedding without

@@ -161,12 +161,12 @@ def serving_run(path):
 def test_a_graph_unlike_keras_is_refused(tmp_path, monkeypatch):
     """Verification catches a preprocessing bug (channels swapped) and
     writes nothing."""
-    original = serving.ImageBytesGraph._pixels
+    original = serving.ImageBytesGraph._model_input
 
-    def bgr(self, data, index):
-        return original(self, data, index)[..., ::-1]
+    def bgr(self, pixels):
+        return original(self, pixels)[..., ::-1]
 
-    monkeypatch.setattr(serving.ImageBytesGraph, "_pixels", bgr)
+    monkeypatch.setattr(serving.ImageBytesGraph, "_model_input", bgr)
     path = tmp_path / "bad"
     with pytest.raises(ExportError, match="does not match Keras") as info:
         to_saved_model(_model(), str(path), input="image_bytes")
@@ -225,10 +225,18 @@ def test_every_backend_exports_the_bytes_signature(exported):
         [NAMES[i] for i in row] for row in best]
 
 
-def test_a_model_without_head_is_refused(tmp_path):
+def test_a_model_without_head_serves_its_embedding():
+    """A feature extractor's signature returns its embedding (exported and
+    run in tests/export/test_export_follows_the_model.py); class options
+    are refused naming them."""
+    from keras_vit.export.graph import default_outputs
+
     model = keras_vit.models.vit(**dict(TINY, include_top=False))
-    with pytest.raises(ValueError, match="needs a classification head"):
-        to_saved_model(model, str(tmp_path / "m"), input="image_bytes")
+    graph = serving.ImageBytesGraph(model)
+    assert graph.outputs == default_outputs(model)
+    assert set(graph.describe()["outputs"]) == set(graph.outputs)
+    with pytest.raises(ValueError, match=r"labels=\['a'\]"):
+        serving.ImageBytesGraph(model, labels=["a"])
 
 
 def test_saved_model_cli_runs_the_signature(exported, tmp_path):
