@@ -180,13 +180,28 @@ class Bound:
     high: float
     low_open: bool = False
 
-    def refusal(self, value):
-        """Why ``value`` is out of range (NaN included), else None."""
+    def refusal(self, value, flag="the value"):
+        """Why ``value`` of option ``flag`` is out of range (NaN
+        included), else None, in the words of the package's other range
+        errors (:func:`keras_vit.base.checks.check_int`).
+
+        >>> Bound(0, 2 ** 32 - 1).refusal(-3, "--seed")
+        '--seed must be an integer in [0, 4294967295]; received --seed=-3'
+        >>> Bound(0, 1).refusal(0.5, "--ema") is None
+        True
+        """
         above = value > self.low if self.low_open else value >= self.low
         if above and value <= self.high:
             return None
         lo = "(" if self.low_open else "["
-        return f"must be in {lo}{self.low:g}, {self.high:g}], got {value}"
+        kind = "an integer" if isinstance(value, int) else "a number"
+        return (f"{flag} must be {kind} in {lo}{_exact(self.low)}, "
+                f"{_exact(self.high)}]; received {flag}={value}")
+
+
+def _exact(number):
+    """``number`` written in full (``4294967295``, not ``4.29497e+09``)."""
+    return int(number) if float(number).is_integer() else number
 
 
 _STEPS = 10 ** 9  # a step count: paper-scale pre-training runs ~1M
@@ -229,13 +244,13 @@ BOUNDS = {
 }
 
 
-def bounded(parse, bound):
+def bounded(parse, bound, flag="the value"):
     """The argparse type ``parse`` (a number, or a list of numbers) with
-    ``bound`` applied to what it returns."""
+    ``bound`` applied to what it returns (errors name ``flag``)."""
     def checked(text):
         value = parse(text)
         for number in value if isinstance(value, (list, tuple)) else [value]:
-            why = bound.refusal(number)
+            why = bound.refusal(number, flag)
             if why is not None:
                 raise argparse.ArgumentTypeError(why)
         return value
@@ -316,9 +331,9 @@ class ArgumentParser(argparse.ArgumentParser):
     gets that range on top of its type."""
 
     def add_argument(self, *flags, **kwargs):
-        bound = next((BOUNDS[f] for f in flags if f in BOUNDS), None)
-        if bound is not None and kwargs.get("type") is not None:
-            kwargs["type"] = bounded(kwargs["type"], bound)
+        flag = next((f for f in flags if f in BOUNDS), None)
+        if flag is not None and kwargs.get("type") is not None:
+            kwargs["type"] = bounded(kwargs["type"], BOUNDS[flag], flag)
         return super().add_argument(*flags, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):

@@ -244,7 +244,8 @@ def test_ema_moves_once_per_optimizer_step_with_accumulation(
     # Keras' EMA (use_ema, ema_momentum) with two micro-batches a step:
     # the average of the weights after each step, e1 = w1 (a copy), then
     # e = m * e + (1 - m) * w; Keras alone would average every micro-batch.
-    m = 0.5
+    # (m's horizon, 1 / (1 - m) steps, fits half of the three-step run.)
+    m = 0.3
     _, steps, _ = in_micro_batches
     ema = steps[0]
     for w in steps[1:]:
