@@ -109,21 +109,29 @@ INSTALL_GUIDE = os.path.join(os.path.dirname(README), "docs", "guides",
 @pytest.mark.slow
 @pytest.mark.parametrize("page", [README, INSTALL_GUIDE])
 def test_the_docs_quote_the_demos_own_figures(demo, page):
-    """The README and the install guide say what `keras-vit demo` prints,
-    within two of the 450 test images (float32 training follows the CPU's
-    rounding: another machine may land an image or two away)."""
+    """The README and the install guide quote one run of `keras-vit demo`
+    and the range its figures were seen in (float32 training follows the
+    CPU's rounding and thread count: the fine-tune landed anywhere from
+    96.0% to 97.1% on 2-core EPYCs); what this run prints lies in that
+    range, within two of the 450 test images, and so does the quoted run."""
     _, text = demo
     with open(page, encoding="utf-8") as f:
         doc = " ".join(f.read().split())
     at32 = re.search(r"at 32x32 \(([0-9.]+)% on held-out digits\)", doc)
     at48 = re.search(r"position-embedding resize \(([0-9.]+)%\)", doc)
-    assert at32 and at48, f"{page} no longer quotes the demo's figures"
+    seen = re.search(r"([0-9.]+)-([0-9.]+)% and ([0-9.]+)-([0-9.]+)%", doc)
+    assert at32 and at48 and seen, (
+        f"{page} no longer quotes the demo's figures and their range")
     tuned = re.search(r"test accuracy @48, fine-tuned[^\d]*\d+ epochs?\s+"
                       r"([0-9.]+)", text)
-    for quoted, printed in ((at32, _figure(text, "test accuracy @32")),
-                            (at48, float(tuned.group(1)))):
-        assert abs(float(quoted.group(1)) / 100 - printed) <= 2 / 450, (
-            page, quoted.group(0), printed)
+    bounds = [float(v) / 100 for v in seen.groups()]
+    for quoted, printed, (low, high) in (
+            (at32, _figure(text, "test accuracy @32"), bounds[:2]),
+            (at48, float(tuned.group(1)), bounds[2:])):
+        assert low <= float(quoted.group(1)) / 100 <= high, (
+            page, quoted.group(0), seen.group(0))
+        assert low - 2 / 450 <= printed <= high + 2 / 450, (
+            page, seen.group(0), printed)
 
 
 def _demo_model(out, dtype=None):
