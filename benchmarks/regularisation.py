@@ -32,7 +32,8 @@ with what a run of a few hundred steps on another batch must change:
   ~25k steps; after 500 steps Keras' average still gives the weights of
   the first step (nearly the random initial ones) a share of
   0.99996**499 = 98%, so its score would say nothing about
-  regularisation.
+  regularisation (the recipe refuses such a decay for a run shorter than
+  twice its horizon, ``recipes.check_ema``).
 
 ``plain`` is AugReg's optimiser (Adam, clipping at global norm 1) with
 every regularisation off: no weight decay, dropout, stochastic depth,

@@ -120,9 +120,15 @@ def dense_gelu_tanh(x, kernel, bias):
 # ``bias_add`` is the one place TensorFlow's layers here add a bias. For a
 # bfloat16 ``h`` the sum accumulates in float32 and rounds once:
 # * a training call (``training=True``) adds with ``BiasAdd`` and sums the
-#   gradient as a matmul with a row of ones (oneDNN accumulates bfloat16
-#   products in float32): on a 2-core AMD EPYC (avx512_bf16) over (1576,
-#   3072) 0.59 ms against ``BiasAddGrad``'s 1.38 ms;
+#   gradient in float32 with the faster of two spellings that do, chosen
+#   once per process (_sums_rows_by_matmul): a matmul with a row of ones
+#   where the CPU multiplies bfloat16 natively (oneDNN accumulates its
+#   products in float32: on a 2-core AMD EPYC with avx512_bf16 over (1576,
+#   3072) 0.59 ms against ``BiasAddGrad``'s 1.38 ms), else ``Sum``. On a
+#   CPU without bfloat16 units (AVX2 only) the matmul is both slower (10.7
+#   ms against Sum's 6.2 ms, 2-core AMD EPYC, avx2) and rounds its partial
+#   sums to bfloat16 (4096 rows of N(0.5, 1): 11.4 off the exact sum,
+#   where one rounding allows 8.3);
 # * any other call adds with ``AddV2``, whose gradient is ``Sum`` (float32
 #   accumulation), so a gradient through an inference call is right too;
 #   grappler's remapper fuses that add into the matmul (and the GELU) exactly
@@ -138,17 +144,45 @@ def _bias_add_with_summed_gradient():
     first use."""
     import tensorflow as tf
 
+    by_matmul = _sums_rows_by_matmul()
+
     @tf.custom_gradient
     def add(h, bias):
         def grad(dy):
             width = tf.shape(dy)[-1]
             rows = tf.reshape(dy, (-1, width))
+            if not by_matmul:
+                return dy, tf.math.reduce_sum(rows, axis=0)
             ones = tf.ones((1, tf.shape(rows)[0]), dy.dtype)
             return dy, tf.reshape(tf.linalg.matmul(ones, rows), (width,))
 
         return tf.nn.bias_add(h, bias), grad
 
     return add
+
+
+@functools.lru_cache(maxsize=None)
+def _sums_rows_by_matmul(rows=4096, width=64):
+    """True where a bfloat16 matmul with a row of ones is the faster float32
+    sum over rows: the CPU has bfloat16 matrix units (the package's reading
+    of its flags) and, probed once here, the matmul's sum of ``rows`` rows
+    of N(0.5, 1) rounds once, as TensorFlow's ``Sum`` (float32 accumulation)
+    does. Anything else sums with ``Sum``."""
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_vit.runtime import hardware
+
+    if hardware.detect().bf16_units is None:
+        return False
+    with tf.init_scope():  # eager, also when first asked inside a trace
+        terms = np.random.default_rng(0).normal(0.5, 1.0, (rows, width))
+        dy = tf.cast(tf.constant(terms, tf.float32), tf.bfloat16)
+        exact = np.asarray(tf.cast(dy, tf.float64)).sum(0)
+        got = tf.linalg.matmul(tf.ones((1, rows), tf.bfloat16), dy)[0]
+        error = np.abs(np.asarray(tf.cast(got, tf.float64)) - exact)
+    return bool((error <= 2.0 ** -8 * np.abs(exact)
+                 + 2.0 ** -16 * np.abs(terms).sum(0)).all())
 
 
 def bias_add(h, bias, training=None, name=None):

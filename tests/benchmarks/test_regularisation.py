@@ -84,6 +84,13 @@ def test_recipe_arguments_are_checked():
     assert not r.mixes and r.randaugment is None and r.crop_area is None
     assert (r.weight_decay, r.dropout_rate, r.drop_path_rate) == (0, 0, 0)
     assert (r.total_steps, r.warmup_steps, r.seed) == (50, 5, 4)
-    kept = bench.build_recipe("deit", steps=50, batch_size=16, image_size=16,
-                              seed=0, keep_ema=True)
+    # --keep-ema keeps DeiT's decay where the run is long enough to hold
+    # its average (at least twice its ~25k-step horizon), and is refused,
+    # naming the field, where it would save the starting weights.
+    kept = bench.build_recipe("deit", steps=50_000, batch_size=16,
+                              image_size=16, seed=0, keep_ema=True)
     assert kept.ema_decay == 0.99996 and kept.mixes
+    with pytest.raises(ValueError, match=r"ema_decay=0\.99996 .* "
+                       r"total_steps=50 "):
+        bench.build_recipe("deit", steps=50, batch_size=16, image_size=16,
+                           seed=0, keep_ema=True)
