@@ -191,14 +191,6 @@ _ROUNDING_WORDS = {"int8": "round their inputs to int8",
                    "float8": "cast their inputs to float8"}
 
 
-def keras_quantization_modes(model):
-    """The modes of ``model``'s layers quantized by Keras, sorted (empty
-    for a float model)."""
-    return sorted({layer.quantization_mode
-                   for layer in model._flatten_layers()
-                   if getattr(layer, "quantization_mode", None)})
-
-
 def input_rounding(layer):
     """How a layer quantized by Keras treats its inputs: ``"float8"``
     (cast to float8_e4m3fn and back), ``"int8"`` (rounded to int8 for an

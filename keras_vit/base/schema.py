@@ -130,19 +130,6 @@ class Str(Spec):
         return value
 
 
-class Const(Spec):
-    """Exactly ``value`` (a setting keras_vit supports in one way only)."""
-
-    def __init__(self, value, why=""):
-        self.value = value
-        self.expected = f"{value!r}{f' ({why})' if why else ''}"
-
-    def parse(self, value, where):
-        if type(value) is not type(self.value) or value != self.value:
-            _fail(self, where, value)
-        return value
-
-
 class Nullable(Spec):
     """None (JSON null), or what ``spec`` takes."""
 

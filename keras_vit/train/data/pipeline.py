@@ -50,18 +50,6 @@ def inception_box(shape, seed, area_range=INCEPTION_AREA,
     return begin, size
 
 
-def inception_crop(image, size, seed, area_range=INCEPTION_AREA,
-                   aspect_range=INCEPTION_ASPECT):
-    """The :func:`inception_box` of ``image``, resized to ``size``
-    (bilinear)."""
-    import tensorflow as tf
-
-    begin, crop = inception_box(tf.shape(image), seed, area_range,
-                                aspect_range)
-    image = tf.slice(image, begin, crop)
-    return tf.image.resize(image, (size, size), method="bilinear")
-
-
 def eval_resize(image, size, crop_fraction=1.0):
     """Central crop of ``crop_fraction`` of each side (1.0: none), then a
     bilinear resize to ``size``."""
