@@ -4,7 +4,7 @@ each, so that an upgrade that removes one fails here, loudly and by name.
 Keras, tf2onnx and LiteRT have no public way to do these few things; each
 wrapper checks that the private name is still there and raises
 :class:`PrivateAPIError` naming it (and the installed version) if not.
-``tests/core/test_compat.py`` calls every wrapper against the installed
+``tests/runtime/test_compat.py`` calls every wrapper against the installed
 versions.
 
 >>> import keras

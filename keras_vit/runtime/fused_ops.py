@@ -25,7 +25,7 @@ name:
 
 The model's own name never enters a comparison, so renaming a model,
 nesting it, or running two in one graph changes nothing
-(``tests/core/test_graph_fusion.py`` builds them under several names and counts
+(``tests/runtime/test_graph_ops.py`` builds them under several names and counts
 the fused nodes). The numbers are those of
 :func:`keras_vit.layers.gelu_tanh`: the fused kernel and the unfused ops
 agree to float32 rounding.

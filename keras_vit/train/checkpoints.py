@@ -1,6 +1,6 @@
 """Run checkpoints without TensorFlow objects: one ``.npz`` per saved step.
 
-The jax and torch engines of :class:`~keras_vit.train.Trainer` keep every
+On the jax and torch backends, :class:`~keras_vit.train.Trainer` keeps every
 piece of a run's state in one file, ``OUT/checkpoints/ckpt-STEP.npz``:
 
     model/00000 ...      every model variable, trainable or not (the dropout

@@ -337,7 +337,7 @@ def for_backend(name="auto", *, tpu=None):
     """The strategy to hand to several runs on the current Keras backend:
     under TensorFlow the ``tf.distribute.Strategy`` (built once, so a TPU is
     initialised once), under jax and torch the checked name, which each
-    run's engine (and :func:`~keras_vit.train.evaluate`) resolves itself.
+    run's placement (and :func:`~keras_vit.train.evaluate`) resolves.
 
     >>> for_backend("default") is not None
     True
@@ -523,13 +523,13 @@ PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 def check_precision_name(requested):
     """``requested`` if it is one of :data:`PRECISIONS`, else a ValueError
     naming ``precision`` (the one check of the name, for recipes and
-    engines alike)."""
+    every backend alike)."""
     return check_choice("precision", requested, PRECISIONS)
 
 
 def check_precision(requested="auto", *, on_tpu=False):
     """:func:`precision_for` without a ``tf.distribute`` strategy (the jax
-    and torch engines): ``"auto"`` is bfloat16 on a TPU, else float32.
+    and torch backends): ``"auto"`` is bfloat16 on a TPU, else float32.
 
     >>> check_precision("auto")
     'float32'
