@@ -32,7 +32,7 @@ from keras_vit.layers.dense import (
     mlp_gelu_exact, mlp_gelu_tanh)
 from keras_vit.layers.embeddings import (
     ADDITIVE_POSITION_EMBEDDINGS, ClassToken, PatchEmbedding, PositionEmbedding,
-    resize_grid_table, runtime_grid, sincos_2d_grid, sincos_2d_table)
+    resize_grid_table, runtime_grid, sincos_2d_table)
 from keras_vit.layers.image_sizes import ImageSizes, image_sizes
 
 # The ViT family's layers and constants (register tokens, stochastic depth,
@@ -55,7 +55,7 @@ __all__ = [
     "gelu", "gelu_tanh", "image_sizes", "mlp_gelu_exact", "mlp_gelu_tanh",
     "relative_attention_bias", "relative_position_index",
     "relative_table_rows", "rematerialized", "resize_grid_table",
-    "runtime_grid", "sincos_2d_grid", "sincos_2d_table"]
+    "runtime_grid", "sincos_2d_table"]
 
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "RegisterTokens"]
 __all__ += ["AttentionPoolHead", "PatchTokens"]

@@ -195,26 +195,33 @@ ADDITIVE_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d")
 def sincos_2d_table(grid_size, width, temperature=10_000.0):
     """The fixed 2D sin-cos position embedding of MoCo v3 / big_vision.
 
-    Returns a float32 array (rows * cols, width) in raster order: for each
+    Returns a float32 table (rows * cols, width) in raster order: for each
     patch ``[sin(x w), cos(x w), sin(y w), cos(y w)]`` with x the column, y
     the row and ``w = temperature ** -(arange(width / 4) / (width / 4 - 1))``
-    (big_vision's ``posemb_sincos_2d``).
+    (big_vision's ``posemb_sincos_2d``). For a ``grid_size`` of ints, a
+    NumPy array computed in float64; for one holding scalar tensors (a
+    dynamic-size model's graph), a tensor computed in float32.
 
     >>> sincos_2d_table((2, 3), 8).shape
     (6, 8)
     """
-    rows, cols = (int(g) for g in grid_size)
+    rows, cols = grid_size
     if width % 4 or width < 8:
         raise ValueError(
             "position_embedding='sincos_2d' needs a width that is a multiple "
             f"of 4 and at least 8; received width={width}")
+    known = all(isinstance(g, (int, np.integer)) for g in grid_size)
+    xp, dtype = (np, "float64") if known else (ops, "float32")
     quarter = width // 4
     omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
-    y, x = np.mgrid[:rows, :cols]
-    x = x.reshape(-1, 1) * omega[None]
-    y = y.reshape(-1, 1) * omega[None]
-    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], 1)
-    return table.astype("float32")
+    omega = xp.convert_to_tensor(omega.astype(dtype)) if xp is ops else omega
+    y = xp.repeat(xp.arange(rows), cols)
+    x = xp.tile(xp.arange(cols), [rows])
+    x, y = ((a.astype(dtype) if known else ops.cast(a, dtype))[:, None]
+            * omega[None] for a in (x, y))
+    table = xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)],
+                           axis=1)
+    return table.astype("float32") if known else table
 
 
 def _array_module(table):
@@ -294,20 +301,6 @@ def resize_grid_table(grid, grid_size, new_grid):
     table = resize_axis(table, new_grid[0], 0)
     table = resize_axis(table, new_grid[1], 1)
     return xp.reshape(table, (-1, dim))
-
-
-def sincos_2d_grid(rows, cols, width, temperature=10_000.0):
-    """:func:`sincos_2d_table` in keras.ops, for a grid whose ``rows`` and
-    ``cols`` may be tensors: float32 (rows * cols, width)."""
-    quarter = width // 4
-    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
-    omega = ops.convert_to_tensor(omega.astype("float32"))
-    y = ops.cast(ops.repeat(ops.arange(rows), cols), "float32")
-    x = ops.cast(ops.tile(ops.arange(cols), [rows]), "float32")
-    x = x[:, None] * omega[None]
-    y = y[:, None] * omega[None]
-    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)],
-                           axis=1)
 
 
 def runtime_grid(images, stride):
@@ -421,7 +414,7 @@ class PositionEmbedding(layers.Layer):
             if not resize:
                 return ops.convert_to_tensor(self._fixed_table)
             dim = self._fixed_table.shape[-1]
-            patches = sincos_2d_grid(rows, cols, dim)
+            patches = sincos_2d_table((rows, cols), dim)
         else:
             pos_x, pos_y = self.pos_embedding_x, self.pos_embedding_y
             if resize:
