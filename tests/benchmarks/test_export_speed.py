@@ -10,9 +10,6 @@ import pytest
 
 from conftest import quick_xla_flags
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("ai_edge_litert")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "export_speed.py")

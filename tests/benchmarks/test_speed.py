@@ -306,8 +306,6 @@ def test_the_remat_benchmark_prints_its_table(tmp_path):
     32 px): the activations each setting keeps for the backward pass (remat
     keeps fewer), and the step-time ratio from the PyTorch child, in one
     table naming the CPU."""
-    pytest.importorskip("jax")
-    pytest.importorskip("torch")
     out = tmp_path / "remat.md"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "remat.py"),

@@ -459,7 +459,6 @@ def test_predict_on_a_run_directory_and_a_missing_path(tiny_keras, tmp_path,
 
 @pytest.fixture(scope="module")
 def hostile_labels_repo(tmp_path_factory):
-    pytest.importorskip("safetensors")
     from keras_vit import zoo
 
     model = zoo.load("ViT-Ti/16", weights=None, image_size=32,

@@ -206,7 +206,6 @@ def tf_examples(tmp_path_factory):
 
 @pytest.mark.slow
 def test_classify_image_example(tf_examples):
-    pytest.importorskip("skimage")
     results, _ = tf_examples
     lines = example_stdout(results, "classify").strip().splitlines()
     assert lines[0].startswith("ViT-Ti/16 at 64x64")
@@ -220,8 +219,6 @@ def test_inspect_attention_example(tf_examples):
     """examples/inspect_attention.py on the astronaut with a local random
     checkpoint: the figure is written, the rollout map covers the patch
     grid, and five classes with probabilities are printed."""
-    pytest.importorskip("skimage")
-    pytest.importorskip("matplotlib")
     results, tmp = tf_examples
     stdout = example_stdout(results, "inspect")
     lines = stdout.strip().splitlines()
@@ -292,8 +289,6 @@ def test_finetune_fit_example_on_two_logical_cpus(tf_examples):
     import keras
     # The model and layer classes, and the schedule and loss the compiled
     # model saved with it (importing their modules registers them).
-    import keras_vit.models  # noqa: F401
-    import keras_vit.train.schedules  # noqa: F401
 
     model = keras.saving.load_model(out)
     assert model.output_shape == (None, 2)

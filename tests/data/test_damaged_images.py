@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-tf = pytest.importorskip("tensorflow")
-Image = pytest.importorskip("PIL.Image")
+import tensorflow as tf
+from PIL import Image
 
 from keras_vit.data import images  # noqa: E402
 

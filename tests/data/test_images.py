@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-tf = pytest.importorskip("tensorflow")
-pytest.importorskip("PIL")
+import tensorflow as tf
 
 import image_corpus  # noqa: E402
 from testkit import jpeg as _jpeg  # noqa: E402
@@ -334,7 +333,7 @@ def _over(fmt, width, height, frame, budget):
 
 def test_no_path_decodes_past_the_budget_whatever_the_header_says(
         monkeypatch):
-    hypothesis = pytest.importorskip("hypothesis")
+    import hypothesis
     st = hypothesis.strategies
     budget = 5000
     monkeypatch.setattr(images, "PIXEL_BUDGET", budget)

@@ -21,10 +21,9 @@ import os
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-pytest.importorskip("tf2onnx")
-ort = pytest.importorskip("onnxruntime")
-litert = pytest.importorskip("ai_edge_litert.interpreter")
+import tensorflow as tf
+import onnxruntime as ort
+import ai_edge_litert.interpreter as litert
 
 import keras  # noqa: E402
 

@@ -16,10 +16,8 @@ import time
 
 import numpy as np
 import pytest
-
-pytest.importorskip("tf2onnx")
-ort = pytest.importorskip("onnxruntime")
-litert = pytest.importorskip("ai_edge_litert.interpreter")
+import onnxruntime as ort
+import ai_edge_litert.interpreter as litert
 
 import keras  # noqa: E402
 from conftest import tiny_builder_kwargs  # noqa: E402
@@ -66,7 +64,7 @@ def _run_artifact(fmt, path, x):
         runner = litert.Interpreter(model_path=path).get_signature_runner(
             "serving_default")
         return runner(images=x)["logits"]
-    tf = pytest.importorskip("tensorflow")  # a SavedModel's runtime
+    import tensorflow as tf  # a SavedModel's runtime
     loaded = tf.saved_model.load(path)
     return loaded.signatures["serving_default"](
         images=tf.constant(x))["logits"].numpy()

@@ -16,8 +16,7 @@ import os
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-pytest.importorskip("PIL")
+import tensorflow as tf
 
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402

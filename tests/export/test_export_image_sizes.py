@@ -13,11 +13,6 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("tf2onnx")
-pytest.importorskip("onnxruntime")
-pytest.importorskip("ai_edge_litert.interpreter")
-
 import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
@@ -29,7 +24,6 @@ from image_shapes import CASES, TINY  # noqa: E402
 from image_shapes import images as _images  # noqa: E402
 
 try:
-    import openvino  # noqa: F401
     FORMATS = ("saved_model", "onnx", "tflite", "openvino")
 except ImportError:
     FORMATS = ("saved_model", "onnx", "tflite")

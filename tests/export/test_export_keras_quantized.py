@@ -6,9 +6,6 @@ model's bound (1e-4) does not allow for."""
 import os
 
 import numpy as np
-import pytest
-
-pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 

@@ -667,8 +667,6 @@ def write_hub_files(root):
 
 @pytest.fixture(scope="module")
 def hub_files(tmp_path_factory):
-    for extra in ("torch", "timm", "transformers"):  # the dev extras
-        pytest.importorskip(extra)
     return write_hub_files(tmp_path_factory.mktemp("hub"))
 
 
@@ -715,7 +713,6 @@ def suite_results(hub, hub_files, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def jax_results(hub, hub_files, tmp_path_factory):
-    pytest.importorskip("jax")
     tmp = tmp_path_factory.mktemp("jax")
     # XLA at -O0 (conftest.quick_xla_flags): the block trains a tiny
     # model, and compiling its step is most of the run.
@@ -822,7 +819,6 @@ def test_doc_block_with_an_extra_runs(suite_results, key):
 
 @pytest.mark.slow
 def test_inspect_draws_its_figures_with_matplotlib(suite_results):
-    pytest.importorskip("matplotlib")
     (doc, table), = WITH_MATPLOTLIB.items()
     (cmd,) = table
     _check_ran(suite_results, f"{doc}: {cmd}")

@@ -131,9 +131,9 @@ def _tiny(num_classes=11, **kwargs):
 
 
 def _timm_model(num_classes, path, units=TINY_UNITS, width=TINY_WIDTH):
-    torch = pytest.importorskip("torch")
-    timm_layers = pytest.importorskip("timm.layers")
-    timm_resnetv2 = pytest.importorskip("timm.models.resnetv2")
+    import torch
+    import timm.layers as timm_layers
+    import timm.models.resnetv2 as timm_resnetv2
     # timm's BiT builder, with the official weight-standardisation epsilon
     # (timm's own _create_resnetv2_bit uses 1e-8).
     model = timm_resnetv2.ResNetV2(
@@ -178,8 +178,7 @@ def test_every_registered_bit_name_is_pinned():
 
 
 def test_r50x1_count_matches_timm_live():
-    pytest.importorskip("torch")
-    timm = pytest.importorskip("timm")
+    import timm
     ref = timm.create_model("resnetv2_50x1_bit", pretrained=False,
                             num_classes=1000)
     assert sum(p.numel() for p in ref.parameters()) == (

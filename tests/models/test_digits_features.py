@@ -59,7 +59,6 @@ def test_int8_keeps_the_top1_of_a_trained_model(digits_model):
 
 def test_int8_error_within_twice_keras_hub_on_the_same_weights(
         digits_model):
-    pytest.importorskip("keras_hub")
     from keras_vit import zoo
 
     model, x, _ = digits_model

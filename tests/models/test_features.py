@@ -31,8 +31,6 @@ def _dinov2_reg_pair(tmp_path):
     """timm's DINOv2 with 4 registers (class token + registers as prefix,
     layer scale, patch 14) at 3 blocks, random, written by timm and loaded
     here: (timm's model, ours)."""
-    import pytest
-    pytest.importorskip("timm")
     from timm.models import save_for_hf
 
     from testkit import random_timm_model
@@ -109,9 +107,8 @@ def test_intermediates_export_as_block_outputs(tmp_path):
     the Keras intermediate model returns (the export verifies against
     Keras before it is written)."""
     import numpy as np
-    import pytest
 
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     from testkit import tiny
     from keras_vit import export
 

@@ -15,8 +15,8 @@ from keras_vit.runtime.backend import to_numpy
 from keras_vit.models import vit
 from keras_vit.base.variants import parse
 
-torch = pytest.importorskip("torch")
-timm_vit = pytest.importorskip("timm.models.vision_transformer")
+import torch
+import timm.models.vision_transformer as timm_vit
 from timm.layers import GroupNormAct, StdConv2dSame  # noqa: E402
 from timm.models.resnetv2 import ResNetV2, create_resnetv2_stem  # noqa: E402
 from timm.models.vision_transformer_hybrid import HybridEmbed  # noqa: E402

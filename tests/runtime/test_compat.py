@@ -142,15 +142,15 @@ def test_patch_numpy_product():
 
 
 def test_tf2onnx_tensor_data():
-    graph = pytest.importorskip("tf2onnx.graph")
+    from tf2onnx import graph
     storage = graph.ExternalTensorStorage()
     assert _call(compat.tf2onnx_tensor_data, storage) == {}
     assert compat.tf2onnx_tensor_data(None) is None
 
 
 def test_tflite_ops_details(tmp_path):
-    tf = pytest.importorskip("tensorflow")
-    interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
+    import tensorflow as tf
+    import ai_edge_litert.interpreter as interpreter_lib
 
     @tf.function(input_signature=[tf.TensorSpec((1, 4), tf.float32)])
     def double(x):

@@ -282,8 +282,7 @@ def test_an_offline_tfds_download_is_refused_before_any_connection(
 
 
 def test_tfds_retries_are_bounded_for_the_download_and_put_back():
-    downloader = pytest.importorskip(
-        "tensorflow_datasets.core.download.downloader")
+    from tensorflow_datasets.core.download import downloader
     from keras_vit.train.data.tfds_source import download_and_prepare
 
     seen = []

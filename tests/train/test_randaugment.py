@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from keras_vit.train.data import augment, randaugment as ra
 
-aa = pytest.importorskip("timm.data.auto_augment")
-Image = pytest.importorskip("PIL.Image")
+import timm.data.auto_augment as aa
+from PIL import Image
 
 # timm's names of the "increasing" set (DeiT's rand-m9-mstd0.5-inc1).
 TIMM_NAMES = {

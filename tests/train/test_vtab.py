@@ -19,7 +19,7 @@ from keras_vit import cli
 from keras_vit import train as kt
 from keras_vit.train import recipes, vtab
 
-tfds = pytest.importorskip("tensorflow_datasets")
+import tensorflow_datasets as tfds
 
 TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
             num_heads=2, mlp_dim=64, num_classes=10)

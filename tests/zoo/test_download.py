@@ -400,7 +400,6 @@ def test_a_trickling_hub_download_stops_at_the_throughput_rule(
     0.2 s ran to the 3 h deadline; the bucket's minimum-throughput rule
     (KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) stops it in seconds with an
     error naming the repository, its URL and the bytes so far."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit.zoo import download_cache, http_fetch, hub_files
 
     files = {"config.json": b"{}", "model.safetensors": bytes(1000)}
@@ -424,7 +423,6 @@ def test_an_oversized_hub_config_is_refused_before_it_is_written(
     """A hostile server: a 400 MB config.json was downloaded to disk before its
     size was refused; now its HEAD's size refuses it and nothing of it
     reaches the cache."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit.zoo import download_cache, hub_files
 
     big = b" " * (hub_files.MAX_CONFIG_BYTES + 1)

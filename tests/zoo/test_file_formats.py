@@ -23,15 +23,13 @@ import zipfile
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+import hypothesis
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from keras_vit.models import memory  # noqa: E402
 from keras_vit.base.limits import MEMORY_SLACK  # noqa: E402
 from keras_vit.zoo import sources  # noqa: E402
-
-pytest.importorskip("safetensors")
 
 # The memory the bound is checked against here: a model that reaches the
 # build step must be estimated under MEMORY_SLACK times this.
@@ -66,7 +64,7 @@ def bounded(monkeypatch):
 
 @pytest.fixture(scope="module")
 def timm_folder(tmp_path_factory):
-    timm = pytest.importorskip("timm")
+    import timm
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False,
                               img_size=32, num_classes=3, depth=1)
     path = tmp_path_factory.mktemp("timm")
@@ -76,7 +74,7 @@ def timm_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def transformers_folder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=64, image_size=32, patch_size=16, num_labels=3,
@@ -90,7 +88,7 @@ def transformers_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def keras_hub_folder(tmp_path_factory):
-    keras_hub = pytest.importorskip("keras_hub")
+    import keras_hub
     backbone = keras_hub.models.ViTBackbone(
         image_shape=(32, 32, 3), patch_size=16, num_layers=1, num_heads=2,
         hidden_dim=32, mlp_dim=64)

@@ -77,7 +77,6 @@ def test_the_wait_is_the_package_own_and_short():
 @pytest.mark.parametrize("server", ["refused", "silent"])
 def test_an_unreachable_hub_fails_within_the_wait_in_one_line(
         no_network, monkeypatch, capfd, request, server):
-    pytest.importorskip("huggingface_hub")
     import keras  # noqa: F401 - imported before the clock starts
 
     from keras_vit import zoo
@@ -129,7 +128,6 @@ def test_a_tfds_download_with_no_network_fails_within_the_wait(
     never answers: one line within the wait, naming the URL and the
     folder where a prepared copy goes; no community index fetched from
     GCS on the way (TensorFlow's GCS client retried that for minutes)."""
-    pytest.importorskip("tensorflow_datasets")
     from tensorflow_datasets.core.community import register_package
 
     from keras_vit.train.data.sources import DataError

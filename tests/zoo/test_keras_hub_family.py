@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-keras_hub = pytest.importorskip("keras_hub")
+import keras_hub
 
 from keras_vit import zoo  # noqa: E402
 from keras_vit.base.errors import ConfigError  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-keras_hub = pytest.importorskip("keras_hub")
+import keras_hub
 
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402

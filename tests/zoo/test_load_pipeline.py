@@ -15,8 +15,6 @@ import pytest
 from keras_vit import zoo
 from keras_vit.zoo import resolve_model
 
-pytest.importorskip("safetensors")
-
 NAME = "ViT-Ti/16"
 NAMES = ["cat", "dog", "bird"]
 TINY = dict(image_size=32, patch_size=16, hidden_size=32, num_layers=1,
@@ -44,7 +42,6 @@ def _transformers(model, path):
 
 
 def _keras_hub(model, path):
-    pytest.importorskip("keras_hub")
     return str(zoo.save_pretrained(model, path / "kh", layout="keras-hub"))
 
 
@@ -150,7 +147,6 @@ def test_an_ambiguous_folder_is_refused_everywhere(ambiguous):
 
 def test_the_command_line_reads_a_keras_hub_preset(model, tmp_path):
     """The CLI once refused a preset zoo.load reads."""
-    pytest.importorskip("keras_hub")
     preset = _keras_hub(model, tmp_path)
     _same(_cli(preset), zoo.load(preset), "keras-hub cli")
 
@@ -187,8 +183,8 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
     """timm's own writer (save_for_hf with safetensors) records
     model_args such as in_chans and depth: each honoured, the logits
     timm's."""
-    timm = pytest.importorskip("timm")
-    torch = pytest.importorskip("torch")
+    import timm
+    import torch
     net = timm.create_model("vit_tiny_patch16_224", pretrained=False,
                             img_size=32, num_classes=3, depth=2).eval()
     timm.models.save_for_hf(net, str(tmp_path), safe_serialization=True)

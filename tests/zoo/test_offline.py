@@ -106,7 +106,6 @@ def test_an_unreachable_hub_fails_soon_quietly_in_one_line(
         unreachable, monkeypatch, capfd, offline):
     """huggingface_hub retried five times over ~23 s, a warning line each;
     now one line, in a few seconds, naming where to put the file."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit import zoo
 
     if offline:
@@ -132,7 +131,6 @@ def test_a_hub_file_placed_where_the_message_says_is_used(
         unreachable, monkeypatch, tmp_path):
     """The path the message names works: files placed there load with
     KERAS_VIT_OFFLINE=1, and nothing asks the server."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit.zoo import hub_files
 
     repo = "timm/vit_placed"
@@ -154,7 +152,6 @@ def test_a_hub_file_placed_where_the_message_says_is_used(
 
 def test_keras_vit_offline_keeps_the_hub_route_offline(tmp_path, monkeypatch):
     """KERAS_VIT_OFFLINE=1 means never download, on the Hub route too."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit.zoo import hub_files
 
     files = {"config.json": b"{}", "model.safetensors": bytes(8)}
@@ -176,7 +173,6 @@ def test_a_cached_repository_with_only_the_pickle_names_both_files(
     """A Hub cache holding config.json and pytorch_model.bin, no
     model.safetensors: the message names the file looked for and the one
     found."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit import zoo
 
     repo = "timm/vit_pickled"
@@ -202,7 +198,6 @@ def test_a_cached_repository_with_only_the_pickle_names_both_files(
 def test_an_unreachable_hub_leaves_its_cache_to_answer(tmp_path, monkeypatch):
     """Files huggingface_hub cached earlier still load when the server is
     gone, without HF_HUB_OFFLINE and without the retries."""
-    pytest.importorskip("huggingface_hub")
     from keras_vit.zoo import hub_files
 
     files = {"config.json": b"{}", "model.safetensors": bytes(8)}

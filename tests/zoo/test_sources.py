@@ -16,8 +16,6 @@ import pytest
 from keras_vit import zoo
 from keras_vit.zoo import sources
 
-pytest.importorskip("safetensors")
-
 SIZE = 32
 NAME = "ViT-Ti/16"  # timm's writer takes the standard sizes only
 
@@ -54,7 +52,6 @@ def _transformers(model, path):
 
 
 def _keras_hub(model, path):
-    pytest.importorskip("keras_hub")
     zoo.to_keras_hub(model).save_to_preset(str(path))
     return path, path / "model.weights.h5", (str(path),), {}
 

@@ -10,9 +10,8 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-timm = pytest.importorskip("timm")
-pytest.importorskip("safetensors")
+import torch
+import timm
 
 from timm.models import save_for_hf  # noqa: E402
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-timm = pytest.importorskip("timm")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+import torch
+import timm
+import safetensors.torch as safetensors_torch
 
 import keras  # noqa: E402
 

@@ -13,8 +13,8 @@ import pytest
 import official
 from conftest import TINY, tiny_builder_kwargs
 
-torch = pytest.importorskip("torch")
-timm_vit = pytest.importorskip("timm.models.vision_transformer")
+import torch
+import timm.models.vision_transformer as timm_vit
 
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402

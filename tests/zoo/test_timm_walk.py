@@ -14,9 +14,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-timm = pytest.importorskip("timm")
-pytest.importorskip("safetensors")
+import timm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

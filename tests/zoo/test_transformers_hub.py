@@ -11,8 +11,8 @@ import pytest
 
 # torch and transformers before TensorFlow (tests/conftest.py: the other
 # order crashes here).
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
 from keras_vit import zoo  # noqa: E402
 from keras_vit.zoo import checkpoints  # noqa: E402

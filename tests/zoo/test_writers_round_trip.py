@@ -16,12 +16,11 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-timm = pytest.importorskip("timm")
-transformers = pytest.importorskip("transformers")
-keras_hub = pytest.importorskip("keras_hub")
-pytest.importorskip("safetensors")
-hypothesis = pytest.importorskip("hypothesis")
+import torch
+import timm
+import transformers
+import keras_hub
+import hypothesis
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
