@@ -227,45 +227,59 @@ def _edit(src, dst, change, name="config.json"):
     return dst
 
 
-def test_what_keras_vit_lacks_is_refused_naming_the_field(tmp_path):
+def _config(**kw):
+    return lambda data: data["config"].update(kw)
+
+
+def _vision(**kw):
+    return lambda data: data["config"]["vision_encoder"]["config"].update(kw)
+
+
+def _renamed_dinov3(data):
+    data["class_name"] = "DINOV3Backbone"
+    data["config"]["rope_theta"] = 100.0
+
+
+def _clip_tower(data):
+    data["config"]["vision_encoder"]["class_name"] = "CLIPVisionEncoder"
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory):
+    """A DINOv2 backbone's and a SigLIP model's presets, written once."""
+    root = tmp_path_factory.mktemp("presets")
+    return {"dino": _saved(keras_hub.models.DINOV2Backbone(
+                image_shape=(16, 16, 3), **SIZES), root / "dino"),
+            "siglip": _saved(_siglip(), root / "siglip")}
+
+
+@pytest.mark.parametrize("src,change,field", [
+    ("dino", _renamed_dinov3, "rope_theta=100.0"),
+    ("dino", _config(use_layer_norm_v2=True), "use_layer_norm_v2"),
+    ("dino", _config(position_embedding_shape=[16, 24, 3]),
+     "position_embedding_shape"),
+    ("dino", _config(hidden_dim=10**9), "hidden_dim"),
+    ("siglip", _vision(layer_norm_epsilon=1e-5), "layer_norm_epsilon"),
+    ("siglip", _vision(intermediate_activation="relu"),
+     "intermediate_activation"),
+    ("siglip", _clip_tower, "vision_encoder.class_name"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_what_keras_vit_lacks_is_refused_naming_the_field(
+        presets, tmp_path, src, change, field):
+    folder = _edit(presets[src], tmp_path / "bad", change)
+    (folder / "model.weights.h5").unlink()  # refused from the config
+    with pytest.raises(ConfigError) as info:
+        zoo.load(str(folder))
+    message = str(info.value)
+    assert field in message and str(folder) in message, message
+    assert "\n" not in message
+
+
+def test_presets_whose_weights_disagree_are_refused_naming_the_file(
+        presets, tmp_path):
     import h5py
 
-    dino = _saved(keras_hub.models.DINOV2Backbone(
-        image_shape=(16, 16, 3), **SIZES), tmp_path / "dino")
-    siglip = _saved(_siglip(), tmp_path / "siglip")
-
-    def config(data, **kw):
-        data["config"].update(kw)
-
-    def vision(data, **kw):
-        data["config"]["vision_encoder"]["config"].update(kw)
-
-    def renamed(data):
-        data["class_name"] = "DINOV3Backbone"
-        data["config"]["rope_theta"] = 100.0
-
-    cases = [
-        (dino, renamed, "rope_theta=100.0"),
-        (dino, lambda d: config(d, use_layer_norm_v2=True),
-         "use_layer_norm_v2"),
-        (dino, lambda d: config(d, position_embedding_shape=[16, 24, 3]),
-         "position_embedding_shape"),
-        (dino, lambda d: config(d, hidden_dim=10**9), "hidden_dim"),
-        (siglip, lambda d: vision(d, layer_norm_epsilon=1e-5),
-         "layer_norm_epsilon"),
-        (siglip, lambda d: vision(d, intermediate_activation="relu"),
-         "intermediate_activation"),
-        (siglip, lambda d: d["config"]["vision_encoder"].update(
-            class_name="CLIPVisionEncoder"), "vision_encoder.class_name"),
-    ]
-    for i, (src, change, field) in enumerate(cases):
-        folder = _edit(src, tmp_path / f"bad{i}", change)
-        (folder / "model.weights.h5").unlink()  # refused from the config
-        with pytest.raises(ConfigError) as info:
-            zoo.load(str(folder))
-        message = str(info.value)
-        assert field in message and str(folder) in message, message
-        assert "\n" not in message
+    dino, siglip = presets["dino"], presets["siglip"]
     # A DeiT classifier that averages every token with the patches.
     deit = keras_hub.models.DeiTImageClassifier(
         backbone=keras_hub.models.DeiTBackbone(image_shape=(16, 16, 3),
@@ -276,13 +290,13 @@ def test_what_keras_vit_lacks_is_refused_naming_the_field(tmp_path):
     # Weights that disagree with the config, and position ids past the
     # table, are named with the file.
     wide = _edit(dino, tmp_path / "wide",
-                 lambda d: config(d, num_register_tokens=3))
+                 _config(num_register_tokens=3))
     with pytest.raises(checkpoints.CheckpointError, match="missing.*"
                        "dinov2_embedding/vars/"):
         zoo.load(str(wide))
     # A SwiGLU config over a GELU MLP's weights: SwiGLU's missing.
     gated = _edit(dino, tmp_path / "gated",
-                  lambda d: config(d, use_swiglu_ffn=True))
+                  _config(use_swiglu_ffn=True))
     with pytest.raises(checkpoints.CheckpointError,
                        match="missing.*mlp/weights_in/vars/0"):
         zoo.load(str(gated))
