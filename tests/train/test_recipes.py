@@ -177,12 +177,24 @@ def test_the_pieces_train_with_model_fit():
     assert np.isfinite(loss)
 
 
-# augreg's pieces are a subset of deit's.
-@pytest.mark.parametrize("name", ["deit", "deit3"])
-def test_the_trainer_applies_the_family_recipes(name):
+# augreg's pieces are a subset of deit's. ``passed``: what the user gives
+# the Trainer; ``expected``: the values each piece must then hold (the
+# papers' numbers where nothing is passed: DeiT's stochastic depth 0.1 and
+# label smoothing 0.1, DeiT III's 0.2 and BCE; MixUp 0.8 / CutMix 1.0).
+@pytest.mark.parametrize("name,passed,expected", [
+    ("deit", {}, dict(drop_path_rate=0.1, loss="SoftTargetCrossentropy",
+                      label_smoothing=0.1)),
+    ("deit", dict(drop_path_rate=0.3, label_smoothing=0.2, mixup_alpha=0.4,
+                  cutmix_alpha=0.0),
+     dict(drop_path_rate=0.3, loss="SoftTargetCrossentropy",
+          label_smoothing=0.2, mixup_alpha=0.4, cutmix_alpha=0.0)),
+    ("deit3", {}, dict(drop_path_rate=0.2, loss="BinaryMixedTargets")),
+], ids=["deit", "deit-passed", "deit3"])
+def test_the_trainer_applies_the_family_recipes(name, passed, expected):
     """keras-vit fine-tune's Trainer runs model.fit with every piece of a
     family recipe: stochastic depth in the model, augmentation and batch
-    mixing in its input, the recipe's loss, layer decay in the optimizer."""
+    mixing in its input, the recipe's loss, layer decay in the optimizer;
+    each at the value the user passed, else the paper's."""
     import keras
     import numpy as np
 
@@ -190,11 +202,20 @@ def test_the_trainer_applies_the_family_recipes(name):
     tiny = keras_vit.vit(16, 4, 32, 2, 2, 64, 10)
     trainer = kt.Trainer(tiny, "digits", recipe=name, total_steps=2,
                          warmup_steps=1, batch_size=8, layer_decay=0.75,
-                         strategy="default", verbose=False)
-    r = trainer.recipe
-    assert trainer.model.get_config()["drop_path_rate"] == r.drop_path_rate
-    assert type(trainer.model.loss) is type(kt.recipes.make_loss(r))
-    assert type(trainer.optimizer).__name__.startswith("PerVariableRate")
+                         strategy="default", verbose=False, **passed)
+    model = trainer.model
+    assert model.get_config()["drop_path_rate"] == expected["drop_path_rate"]
+    assert type(model.loss).__name__ == expected["loss"]
+    if "label_smoothing" in expected:
+        assert model.loss.label_smoothing == expected["label_smoothing"]
+    mixer = kt.recipes.batch_mixer(trainer.recipe, 10)
+    assert (mixer.mixup_alpha, mixer.cutmix_alpha) == (
+        expected.get("mixup_alpha", 0.8), expected.get("cutmix_alpha", 1.0))
+    # Layer decay 0.75 over 2 blocks: the patch embedding (layer 0) trains
+    # at 0.75 ** 3 of the rate, the head at the full rate.
+    scales = trainer.optimizer.variable_scales
+    assert scales["patch_embedding/conv/kernel"] == pytest.approx(0.75 ** 3)
+    assert scales[model.get_layer("head").kernel.path] == 1.0
     images, targets = next(iter(trainer._batches(0, 2)))
     # Mixed batches carry soft targets over the 10 classes.
     assert tuple(targets.shape) == (8, 10) and images.shape[0] == 8
