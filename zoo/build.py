@@ -50,6 +50,8 @@ class Checkpoint:
         model: a built model whose weights the build step copies (a
             ``.keras`` file's) instead of ``arrays``; with
             ``family="foreign"`` (no keras_vit model) it is the result.
+        head_names: the head's keys in ``arrays`` -> the names the file
+            gives them, for errors about a missing head.
     """
 
     config: dict
@@ -63,6 +65,7 @@ class Checkpoint:
     tags: dict = dataclasses.field(default_factory=dict)
     keep_pre_logits: bool | None = None
     model: typing.Any = None
+    head_names: dict = dataclasses.field(default_factory=dict)
 
 
 def build(checkpoint, **kwargs):

@@ -38,13 +38,14 @@ def open_h5(path):
 
 
 def read_h5(path, wanted, expected,
-            what="the keras-hub ViT its config describes"):
+            what="the keras-hub ViT its config describes", optional=()):
     """The datasets of the ``.h5`` file ``path`` named by ``wanted``
     (variable path -> dataset path), checked before any is read: names
     and shapes against ``expected`` (variable path -> shape; an error
     says the file does not hold ``what``), dtypes (float16/32/64, bfloat16 as
     Keras marks it), contiguous storage inside the file; external and
-    virtual datasets, which read other files, are refused."""
+    virtual datasets, which read other files, are refused. Variables in
+    ``optional`` may be missing (:func:`hub_files.check_names`)."""
     f = open_h5(path)
     shapes = {name: expected[name] for name in wanted if name in expected}
     size = os.path.getsize(path)
@@ -53,7 +54,10 @@ def read_h5(path, wanted, expected,
         by_dataset = {v: k for k, v in wanted.items() if k in shapes}
         named = {by_dataset.get(k, k): tuple(ds.shape)
                  for k, ds in found.items()}
-        hub_files.check_names(named, shapes, f"{path}: does not hold {what}")
+        hub_files.check_names(named, shapes, f"{path}: does not hold {what}",
+                              optional)
+        shapes = {name: shape for name, shape in shapes.items()
+                  if wanted[name] in found}
         problems = []
         for name, key in wanted.items():
             if name not in shapes:

@@ -365,13 +365,14 @@ def read_safetensors(path):
 
 
 def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
-                   tags=None, head_config=None, **defaults):
+                   tags=None, head_config=None, head_names=None, **defaults):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of the keras_vit ViT
     that ``arch`` (what a Hugging Face reader found: sizes,
     ``image_size``, ``patch_size``, ``num_channels``,
     ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally
     ``classifier``) describes, holding ``arrays`` (official layout) with a
-    head of ``head`` classes (None: none) named ``label_names``.
+    head of ``head`` classes (None: none) named ``label_names``;
+    ``head_names`` give the file's names of the head's arrays.
     ``**defaults`` are more builder arguments; ``tags`` more attributes
     for the model (``zoo_name`` and ``zoo_weights`` are set)."""
     from keras_vit.zoo import build
@@ -386,7 +387,7 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
         config, arrays, source_name=source_name, head=head,
         label_names=label_names, head_config=dict(head_config or {}),
         tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
-              **(tags or {})})
+              **(tags or {})}, head_names=dict(head_names or {}))
 
 
 def zoo_name(arch):
@@ -454,19 +455,21 @@ def pickle_hint(folder):
         f"{folder!r}).save_pretrained({out!r}, safe_serialization=True)")
 
 
-def check_names(found, expected, what):
+def check_names(found, expected, what, optional=()):
     """One :class:`~keras_vit.zoo.checkpoints.CheckpointError` starting with
     ``what`` and listing every missing, unexpected and mis-shaped name
     (``found``, ``expected``: name -> shape), in natural order (layer.2
-    before layer.10), a dozen of each at most."""
+    before layer.10), a dozen of each at most. Names in ``optional`` (a
+    head, which the settling step asks for: :mod:`keras_vit.zoo.settle`)
+    may be missing."""
     def natural(name):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
     def listed(shape):
         return list(shape) if isinstance(shape, (list, tuple)) else shape
 
-    missing = [shown(k, 160) for k in sorted(set(expected) - set(found),
-                                              key=natural)]
+    missing = [shown(k, 160) for k in sorted(
+        set(expected) - set(found) - set(optional), key=natural)]
     extra = [shown(k, 160) for k in sorted(set(found) - set(expected),
                                             key=natural)]
     wrong = [f"{shown(k, 120)}: {shown(listed(found[k]), 40)} "

@@ -55,6 +55,9 @@ IMAGE_CONVERTER_FILE = "image_converter.json"
 
 BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
+#: The head's arrays (official layout) -> keras-hub's variable paths.
+HEAD_NAMES = {"head/kernel": "predictions/kernel",
+              "head/bias": "predictions/bias"}
 
 
 # -- recognising a source -----------------------------------------------------
@@ -162,9 +165,12 @@ def read_preset(directory):
                              keras_hub_layout.h5_names(arch, task=False),
                              expected_shapes(arch))
     if arch["kind"] == "classifier":
+        # The head may be missing: the settling step refuses it then, by
+        # these names, unless a new head is asked for.
         state.update(h5_files.read_h5(
             os.path.join(directory, TASK_WEIGHTS_FILE),
-            keras_hub_layout.h5_names(arch, task=True), expected_shapes(arch)))
+            keras_hub_layout.h5_names(arch, task=True), expected_shapes(arch),
+            optional=HEAD_NAMES.values()))
     return arch, to_official(state, arch)
 
 
@@ -285,7 +291,7 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
         tags["zoo_name"] = f"{family} {hub_files.zoo_name(arch)}"
     ckpt = hub_files.vit_checkpoint(
         arch, arrays, head=head, label_names=labels,
-        source_name=source_name, tags=tags,
+        source_name=source_name, tags=tags, head_names=HEAD_NAMES,
         head_config={"classifier_activation": arch["classifier_activation"]},
         **defaults)
     if arch["kind"] == "embedding":  # SigLIP's: its pooled embedding

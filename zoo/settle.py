@@ -135,7 +135,8 @@ def settle(checkpoint, request):
             f"The checkpoint {checkpoint.source_name} has no head; pass "
             "num_classes=... for a new zero-initialised head, num_classes=0 "
             "for the pooled embedding or include_top=False for features "
-            f"(its weights lack {', '.join(lacking or _head_keys(checkpoint))})")
+            f"(its weights lack {', '.join(lacking or _head_keys(checkpoint))}"
+            ")")
     head_kept = bool(include_top and head is not None
                      and num_classes == head and not request.random)
     if head_kept and lacking:
@@ -192,7 +193,8 @@ def _missing_head(checkpoint, request):
     arrays = checkpoint.arrays
     if arrays is None or request.random or checkpoint.model is not None:
         return []
-    return [key for key in _head_keys(checkpoint) if key not in arrays]
+    return [checkpoint.head_names.get(key, key)
+            for key in _head_keys(checkpoint) if key not in arrays]
 
 
 def request(image_size=None, num_classes=None, *, keep_pre_logits=False,

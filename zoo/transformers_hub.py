@@ -49,8 +49,8 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo import transformers_family, transformers_siglip
 # transformers' names <-> the official layout (zoo/transformers_layout.py).
 from keras_vit.zoo.transformers_layout import (
-    PREPROCESSOR_FILE, architecture, expected_shapes, shown_value as _shown,
-    to_official)
+    HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
+    shown_value as _shown, to_official)
 
 HUB_PREFIX = hub_files.HUB_PREFIX
 CONFIG_FILE = hub_files.CONFIG_FILE
@@ -144,13 +144,14 @@ def _header(path):
     return header
 
 
-def check_tensors(header, expected, path):
+def check_tensors(header, expected, path, optional=()):
     """One :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming ``path``
-    and listing every missing, unexpected and mis-shaped tensor."""
+    and listing every missing, unexpected and mis-shaped tensor (but those
+    in ``optional``)."""
     hub_files.check_names({k: v.get("shape") for k, v in header.items()},
                           expected,
                 f"{os.fspath(path)}: does not hold the transformers ViT its "
-                "config describes")
+                "config describes", optional)
 
 
 # -- loading ------------------------------------------------------------------
@@ -315,16 +316,18 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         entry = header.get("classifier.weight")
         shape = entry["shape"] if entry else None
         # Without the head's tensors, the head id2label declares (its
-        # LABEL_i names too): the names check below then refuses the
-        # file by the missing tensors' names rather than reading it as a
-        # headless feature model.
+        # LABEL_i names too): the settling step then refuses the file by
+        # the missing tensors' names, unless a new head is asked for,
+        # rather than reading it as a headless feature model.
         num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
                       else len(labels or config.get("id2label") or ()))
     if arch["kind"] == "model" and arch["representation_size"] is not None \
             and not any(k.endswith("pooler.dense.weight") for k in header):
         arch["representation_size"] = None  # add_pooling_layer=False
     # Names and shapes before anything is allocated.
-    check_tensors(header, expected_shapes(arch, num_labels, prefix), path)
+    head_names = {v: k for k, v in HEAD_PARAMS.items()}
+    check_tensors(header, expected_shapes(arch, num_labels, prefix), path,
+                  optional=HEAD_PARAMS)
     labels = formats.check_labels(labels, num_labels or None, config_path,
                                   "id2label") if num_labels else None
     state = hub_files.read_safetensors(path)
@@ -339,5 +342,5 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         os.path.dirname(config_path or path), PREPROCESSOR_FILE))
     return hub_files.vit_checkpoint(
         arch, arrays, head=num_labels or None, label_names=labels,
-        source_name=repr(os.fspath(path)),
+        source_name=repr(os.fspath(path)), head_names=head_names,
         tags={"zoo_source": os.fspath(source)}, **defaults)

@@ -194,8 +194,8 @@ NAMED = {"timm": "head/kernel, head/bias", "transformers": "classifier.bias",
 def test_readers_refuse_a_file_without_its_head(layout, tmp_path):
     """A folder that declares a head of 3 classes and holds none is
     refused naming what is missing (it used to load as a zero head, or
-    as a feature model); for timm, asking for a new head (num_classes)
-    gives a zero head."""
+    as a feature model) and the remedy; asking for a new head
+    (num_classes) gives a zero head on the file's encoder."""
     model = _model(dict(gelu="exact"))
     folder = tmp_path / "out"
     zoo.save_pretrained(model, folder, layout=layout)
@@ -208,7 +208,13 @@ def test_readers_refuse_a_file_without_its_head(layout, tmp_path):
         zoo.load(str(folder))
     message = str(info.value)
     assert "\n" not in message and NAMED[layout] in message, message
-    if layout == "timm":
-        assert "num_classes" in message
-        new = zoo.load(str(folder), num_classes=4)
-        np.testing.assert_array_equal(np.asarray(new(X)), 0.0)
+    assert "num_classes" in message, message
+    new = zoo.load(str(folder), num_classes=4)
+    np.testing.assert_array_equal(np.asarray(new(X)), 0.0)
+    # The encoder is the file's: its embedding equals the one of a copy
+    # written with its head.
+    whole = tmp_path / "whole"
+    zoo.save_pretrained(model, whole, layout=layout)
+    np.testing.assert_array_equal(
+        np.asarray(zoo.load(str(folder), num_classes=0)(X)),
+        np.asarray(zoo.load(str(whole), num_classes=0)(X)))
