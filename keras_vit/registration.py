@@ -2,8 +2,8 @@
 
 A ``.keras`` file names its classes (``keras_vit>VisionTransformer``) and
 Keras finds them only once they are registered, which importing
-:mod:`keras_vit.models` (and :mod:`keras_vit.train.schedules`, for a
-compiled model) does. ``import keras_vit`` must stay free of Keras, so it
+:mod:`keras_vit.models` (and, for a model a training run compiled, the
+modules of its schedule and loss) does. ``import keras_vit`` must stay free of Keras, so it
 calls :func:`arrange`: with Keras already imported the classes are
 registered at once; otherwise they are registered right after the first
 ``import keras`` finishes. Either way ``import keras_vit`` followed by
@@ -23,10 +23,13 @@ from keras_vit.base import lazy
 
 def register():
     """Imports what defines every class a saved model or its compile
-    config can name, :mod:`keras_vit.models` and
-    :mod:`keras_vit.train.schedules`, which registers the classes with
-    Keras (this imports Keras)."""
+    config can name, :mod:`keras_vit.models`, the training's schedules,
+    losses and metrics (:mod:`keras_vit.train.schedules`,
+    :mod:`keras_vit.train.mixing`) and the MPP model's layers, which
+    registers the classes with Keras (this imports Keras)."""
     import keras_vit.models  # noqa: F401 - imported to register
+    import keras_vit.train.mixing  # noqa: F401 - imported to register
+    import keras_vit.train.mpp.model  # noqa: F401 - imported to register
     import keras_vit.train.schedules  # noqa: F401 - imported to register
 
 
