@@ -93,6 +93,23 @@ def positive_float(text):
     return value
 
 
+#: ``--ema none``: no weight average (a recipe's is turned off).
+NO_EMA = "none"
+
+
+def ema_decay(text):
+    """argparse type of ``--ema``: a decay (a number), or ``none`` (no
+    weight average), the value the refusal of a decay too long for the
+    run offers.
+
+    >>> ema_decay("0.999"), ema_decay("None")
+    (0.999, 'none')
+    """
+    if text.strip().lower() in ("none", "off"):
+        return NO_EMA
+    return _number(text, float, "a number or none")
+
+
 def int_list(example=None, kind=tuple):
     """argparse type: comma-separated integers >= 1, as a ``kind`` (tuple
     or list); the errors quote ``example`` (``"1,5,10,25"``) when given.
@@ -250,6 +267,8 @@ def bounded(parse, bound, flag="the value"):
     def checked(text):
         value = parse(text)
         for number in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(number, str):  # a word the type allows: none
+                continue
             why = bound.refusal(number, flag)
             if why is not None:
                 raise argparse.ArgumentTypeError(why)
@@ -286,7 +305,7 @@ OPTIONS = {
     "image_size": (("--image-size",), {"type": image_side, "metavar": "N"}),
     "num_classes": (("--num-classes",), {"type": positive_int,
                                          "metavar": "N"}),
-    "ema": (("--ema",), {"type": float, "metavar": "DECAY"}),
+    "ema": (("--ema",), {"type": ema_decay, "metavar": "DECAY"}),
     "precision": (("--precision",), {"metavar": "P"}),
     "checkpoint_every": (("--checkpoint-every",), {"type": positive_int,
                                                    "metavar": "N"}),

@@ -143,7 +143,7 @@ def register(subparsers):
                          "batch)",
         lr="peak learning rate", warmup_steps="linear warmup steps",
         image_size="training resolution",
-        ema="Polyak averaging of the weights (e.g. 0.9999)",
+        ema="Polyak averaging of the weights (e.g. 0.9999), or none",
         precision=PRECISION_HELP, checkpoint_every="steps between "
                                                    "checkpoints",
         seed=None, set="any recipe field, e.g. --set label_smoothing=0.1 "
@@ -220,7 +220,7 @@ def _recipe_overrides(args):
     for arg, field in direct.items():
         value = getattr(args, arg)
         if value is not None:
-            fields[field] = value
+            fields[field] = None if value == options.NO_EMA else value
     return fields
 
 

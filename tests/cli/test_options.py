@@ -184,3 +184,16 @@ def test_only_the_packages_own_warnings_are_labelled_keras_vit(
     with pytest.warns(category, match="the message"):  # Python's own
         assert options.main(parser, ["go", "--debug"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text, decay", [("none", None), ("None", None),
+                                         ("off", None), ("0.99", 0.99)])
+def test_ema_takes_none_as_its_refusal_offers(text, decay):
+    """A decay too long for the run is refused with "set ema_decay (--ema)
+    to at most ..., none, or train longer": --ema none turns the recipe's
+    average off, and is an explicit choice (not fitted to the run)."""
+    from keras_vit.cli.train import _recipe_overrides
+
+    args = cli.build_parser().parse_args(
+        ["fine-tune", "ViT-Ti/16", "--data", "digits", "--ema", text])
+    assert _recipe_overrides(args)["ema_decay"] == decay
