@@ -23,13 +23,15 @@ from keras_vit.base import lazy
 
 def register():
     """Imports what defines every class a saved model or its compile
-    config can name, :mod:`keras_vit.models`, the training's schedules,
-    losses and metrics (:mod:`keras_vit.train.schedules`,
-    :mod:`keras_vit.train.mixing`) and the MPP model's layers, which
-    registers the classes with Keras (this imports Keras)."""
+    config can name, :mod:`keras_vit.models` and the training's
+    schedules, losses and metrics (:mod:`keras_vit.train.schedules`,
+    :mod:`keras_vit.train.mixing`), which registers the classes with
+    Keras (this imports Keras). Only modules that import no
+    :mod:`keras_vit.layers` name at their top: this runs inside
+    ``import keras``, which ``keras_vit.layers`` itself starts. MPP's
+    training wrapper registers with :mod:`keras_vit.train.mpp`."""
     import keras_vit.models  # noqa: F401 - imported to register
     import keras_vit.train.mixing  # noqa: F401 - imported to register
-    import keras_vit.train.mpp.model  # noqa: F401 - imported to register
     import keras_vit.train.schedules  # noqa: F401 - imported to register
 
 
