@@ -179,9 +179,9 @@ class ImageSizes:
         the size, and (fixed) larger and not square."""
         if self.dynamic:
             m = self.multiple
-            pairs = [(0, m), (m, 0), (m + 1, m), (m, 2 * m + 1)]
-            if m > 1:
-                pairs += [(1, 1), (m - 1, m - 1)]
+            pairs = [(0, m), (m, 0)]
+            if m > 1:  # every positive size is a multiple of 1
+                pairs += [(m + 1, m), (m, 2 * m + 1), (1, 1), (m - 1, m - 1)]
             return pairs
         h, w = self.size
         pairs = [(0, w), (1, 1), (h + 1, w), (2 * h, 2 * w), (h, 2 * w)]

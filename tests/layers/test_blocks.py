@@ -1,0 +1,531 @@
+"""keras_vit.layers.blocks: stochastic depth, the MLP, the pre-LN
+encoder block, token pooling, stacked maps, the weight-standardised
+convolution and the hybrids' ResNet unit, each against its formula
+written out in NumPy here with the layer's own weights read back."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_vit import layers as kl
+
+RTOL, ATOL = 1e-5, 1e-5
+
+B, N, D, HEADS, MLP = 2, 4, 8, 2, 16
+
+
+def _np(x):
+    return ops.convert_to_numpy(x)
+
+
+def _inputs(*shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _randomise(layer, seed=1, scale=0.5):
+    """Every weight drawn anew (biases start near zero, norm scales at
+    one, the ResNet's last GroupNorm scale at zero): a term the layer
+    left out would then show."""
+    rng = np.random.default_rng(seed)
+    for var in layer.weights:
+        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
+                   * scale)
+
+
+def _weights(layer):
+    """``layer``'s weights by their path below the layer, in float64."""
+    prefix = layer.path + "/"
+    return {v.path[len(prefix):]: _np(v.value).astype("float64")
+            for v in layer.weights}
+
+
+def _sub(w, prefix):
+    """The weights of the sublayer ``prefix``, by their path below it."""
+    return {k[len(prefix) + 1:]: v for k, v in w.items()
+            if k.startswith(prefix + "/")}
+
+
+# -- the formulas ------------------------------------------------------------
+
+def _gelu_tanh(x):
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
+
+
+def _gelu_exact(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+ACTIVATION = {"tanh": _gelu_tanh, "exact": _gelu_exact,
+              "quick": lambda x: x * _sigmoid(1.702 * x)}
+
+
+def _mlp(x, w, gelu="tanh", kind="gelu"):
+    """Dense -> GELU (or SwiGLU's gate) -> Dense."""
+    h = x @ w["dense_0/kernel"] + w.get("dense_0/bias", 0.0)
+    if kind == "swiglu":
+        gate, value = np.split(h, 2, axis=-1)
+        h = gate * _sigmoid(gate) * value
+    else:
+        h = ACTIVATION[gelu](h)
+    return h @ w["dense_1/kernel"] + w.get("dense_1/bias", 0.0)
+
+
+def _layer_norm(x, w, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w["gamma"] + w["beta"]
+
+
+def _rms_norm(x, w, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w["gamma"]
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _attention(x, w):
+    """Multi-head softmax(q k^T / sqrt(d)) v and the output projection;
+    also the probabilities (B, heads, N, N)."""
+    q, k, v = (np.einsum("bnc,chk->bnhk", x, w[f"{p}/kernel"])
+               + w[f"{p}/bias"] for p in ("query", "key", "value"))
+    logits = np.einsum("bqhk,bvhk->bhqv", q, k) / math.sqrt(q.shape[-1])
+    probs = _softmax(logits)
+    context = np.einsum("bhqv,bvhk->bqhk", probs, v)
+    return np.einsum("bqhk,hkd->bqd", context, w["out/kernel"]) + w[
+        "out/bias"], probs
+
+
+def _encoder_block(x, w, norm="layer", mlp="gelu", gelu="tanh",
+                   branches=(1.0, 1.0)):
+    """x + MSA(LN(x)), then x + MLP(LN(x)); each branch times its layer
+    scale (when the block has one) and its factor in ``branches``."""
+    normalise = _layer_norm if norm == "layer" else _rms_norm
+    y, probs = _attention(normalise(x, _sub(w, "norm_1")),
+                          _sub(w, "attention"))
+    x = x + y * w.get("layer_scale_1", 1.0) * branches[0]
+    y = _mlp(normalise(x, _sub(w, "norm_2")), _sub(w, "mlp"), gelu, mlp)
+    return x + y * w.get("layer_scale_2", 1.0) * branches[1], probs
+
+
+# -- DropPath ----------------------------------------------------------------
+
+@pytest.mark.parametrize("training", [None, False])
+def test_drop_path_is_the_identity_outside_training(training):
+    x = _inputs(3, N, D)
+    np.testing.assert_array_equal(
+        _np(kl.DropPath(0.5)(x, training=training)), x)
+
+
+def test_drop_path_of_rate_zero_is_the_identity_in_training():
+    x = _inputs(3, N, D)
+    np.testing.assert_array_equal(_np(kl.DropPath(0.0)(x, training=True)),
+                                  x)
+
+
+def test_drop_path_drops_whole_examples_and_rescales_the_kept_ones():
+    rate, batch = 0.25, 4000
+    x = np.ones((batch, 2, 3), "float32")
+    y = _np(kl.DropPath(rate, seed=0)(x, training=True))
+    per_example = y.reshape(batch, -1)
+    # One decision per example: all its values dropped, or all kept and
+    # scaled by 1 / (1 - rate).
+    kept = np.all(np.isclose(per_example, 1.0 / (1.0 - rate)), axis=1)
+    dropped = np.all(per_example == 0.0, axis=1)
+    assert np.all(kept | dropped)
+    # 4000 draws: the kept fraction within 4 standard deviations (0.027).
+    assert abs(kept.mean() - (1.0 - rate)) < 0.03
+    # The expectation is kept: mean output about 1.
+    assert abs(y.mean() - 1.0) < 0.04
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
+def test_drop_path_refuses_a_rate_outside_zero_to_one(rate):
+    with pytest.raises(ValueError, match=f"rate={rate!r}"):
+        kl.DropPath(rate)
+
+
+def test_drop_path_config_round_trips():
+    config = kl.DropPath(0.3, seed=7, name="dp").get_config()
+    assert config["rate"] == 0.3 and config["seed"] == 7
+    rebuilt = kl.DropPath.from_config(config)
+    assert (rebuilt.rate, rebuilt.seed, rebuilt.name) == (0.3, 7, "dp")
+
+
+# -- MlpBlock ----------------------------------------------------------------
+
+def _built_mlp(**kwargs):
+    layer = kl.MlpBlock(MLP, **kwargs)
+    layer.build((B, N, D))
+    _randomise(layer)
+    return layer
+
+
+@pytest.mark.parametrize("gelu", ["tanh", "exact", "quick"])
+def test_mlp_block_is_dense_gelu_dense(gelu):
+    layer = _built_mlp(gelu=gelu)
+    x = _inputs(B, N, D)
+    got = _np(layer(x))
+    assert got.shape == (B, N, D)
+    np.testing.assert_allclose(
+        got, _mlp(x.astype("float64"), _weights(layer), gelu),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_mlp_block_without_bias_has_kernels_only():
+    layer = _built_mlp(use_bias=False)
+    w = _weights(layer)
+    assert set(w) == {"dense_0/kernel", "dense_1/kernel"}
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(_np(layer(x)), _mlp(x.astype("float64"), w),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_swiglu_mlp_gates_a_double_width_projection():
+    layer = _built_mlp(kind="swiglu")
+    w = _weights(layer)
+    assert w["dense_0/kernel"].shape == (D, 2 * MLP)
+    assert w["dense_1/kernel"].shape == (MLP, D)
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(layer(x)), _mlp(x.astype("float64"), w, kind="swiglu"),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_mlp_block_dropout_acts_in_training_only():
+    layer = _built_mlp(dropout_rate=0.5)
+    x = _inputs(B, N, D)
+    want = _mlp(x.astype("float64"), _weights(layer))
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
+    assert not np.allclose(_np(layer(x, training=True)), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"gelu": "relu"}, "gelu='relu'"), ({"kind": "geglu"}, "mlp='geglu'")])
+def test_mlp_block_refuses_unknown_forms_naming_them(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        kl.MlpBlock(MLP, **kwargs)
+
+
+def test_mlp_block_config_round_trips():
+    layer = kl.MlpBlock(MLP, dropout_rate=0.1, gelu="quick", use_bias=False,
+                        kind="swiglu", name="mlp")
+    config = layer.get_config()
+    for key, value in {"mlp_dim": MLP, "dropout_rate": 0.1, "gelu": "quick",
+                       "use_bias": False, "kind": "swiglu"}.items():
+        assert config[key] == value, key
+    rebuilt = kl.MlpBlock.from_config(config)
+    rebuilt.build((B, N, D))
+    _randomise(rebuilt)
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(rebuilt(x)),
+        _mlp(x.astype("float64"), _weights(rebuilt), kind="swiglu"),
+        rtol=RTOL, atol=ATOL)
+
+
+# -- EncoderBlock ------------------------------------------------------------
+
+def _built_block(**kwargs):
+    layer = kl.EncoderBlock(HEADS, MLP, **kwargs)
+    layer.build((B, N, D))
+    _randomise(layer)
+    return layer
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"gelu": "exact"},
+    {"norm": "rms"},
+    {"mlp": "swiglu"},
+    {"layer_scale": 0.1},
+])
+def test_encoder_block_is_pre_ln_attention_then_mlp(kwargs):
+    layer = _built_block(**kwargs)
+    x = _inputs(B, N, D)
+    want, _ = _encoder_block(
+        x.astype("float64"), _weights(layer), norm=kwargs.get("norm", "layer"),
+        mlp=kwargs.get("mlp", "gelu"), gelu=kwargs.get("gelu", "tanh"))
+    got = _np(layer(x))
+    assert got.shape == (B, N, D)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_encoder_block_layer_scales_start_at_their_value():
+    layer = kl.EncoderBlock(HEADS, MLP, layer_scale=0.25)
+    layer.build((B, N, D))
+    w = _weights(layer)
+    np.testing.assert_array_equal(w["layer_scale_1"], np.full(D, 0.25))
+    np.testing.assert_array_equal(w["layer_scale_2"], np.full(D, 0.25))
+    assert "layer_scale_1" not in _weights(_built_block())
+
+
+def test_encoder_block_returns_its_attention_maps():
+    layer = _built_block()
+    x = _inputs(B, N, D)
+    want, want_probs = _encoder_block(x.astype("float64"), _weights(layer))
+    out, scores = layer(x, return_attention_scores=True)
+    assert tuple(scores.shape) == (B, HEADS, N, N)
+    np.testing.assert_allclose(_np(out), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(_np(scores), want_probs, rtol=RTOL,
+                               atol=ATOL)
+
+
+def test_a_rematerialised_block_trains_on_the_same_numbers():
+    layer = _built_block(remat=True)
+    x = _inputs(B, N, D)
+    want, _ = _encoder_block(x.astype("float64"), _weights(layer))
+    np.testing.assert_allclose(_np(layer(x, training=True)), want,
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_encoder_block_drop_path_drops_each_examples_branches():
+    rate, batch = 0.5, 16
+    layer = kl.EncoderBlock(HEADS, MLP, drop_path_rate=rate)
+    layer.build((batch, N, D))
+    _randomise(layer)
+    w = _weights(layer)
+    x = _inputs(batch, N, D).astype("float64")
+    np.testing.assert_allclose(_np(layer(x.astype("float32"))),
+                               _encoder_block(x, w)[0], rtol=RTOL, atol=ATOL)
+    got = _np(layer(x.astype("float32"), training=True))
+    # In training each branch of each example is dropped or kept and
+    # scaled by 1 / (1 - rate): one of four outputs.
+    seen = set()
+    for i in range(batch):
+        candidates = {
+            (a, m): _encoder_block(x[i:i + 1], w, branches=(a, m))[0][0]
+            for a in (0.0, 2.0) for m in (0.0, 2.0)}
+        match = [key for key, want in candidates.items()
+                 if np.allclose(got[i], want, rtol=RTOL, atol=ATOL)]
+        assert match, f"example {i} is none of the four outputs"
+        seen.update(match)
+    # 16 examples: both branches were dropped somewhere and kept elsewhere.
+    assert {a for a, _ in seen} == {0.0, 2.0}
+    assert {m for _, m in seen} == {0.0, 2.0}
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"remat": 1}, "remat=1"), ({"mlp": "geglu"}, "mlp='geglu'"),
+    ({"norm": "batch"}, "norm='batch'"), ({"gelu": "relu"}, "gelu='relu'")])
+def test_encoder_block_refuses_bad_arguments_naming_them(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        kl.EncoderBlock(HEADS, MLP, **kwargs)
+
+
+def test_check_remat_takes_booleans_only():
+    assert kl.check_remat(True) is True and kl.check_remat(False) is False
+    with pytest.raises(ValueError, match="remat='yes'"):
+        kl.check_remat("yes")
+
+
+def test_encoder_block_config_round_trips_with_the_mlp_kind():
+    layer = kl.EncoderBlock(
+        HEADS, MLP, dropout_rate=0.1, attention_dropout_rate=0.2,
+        layer_norm_epsilon=1e-5, gelu="exact", remat=True, layer_scale=0.5,
+        qk_norm=True, qkv_bias=False, proj_bias=False, drop_path_rate=0.3,
+        mlp="swiglu", norm="rms", name="block")
+    config = layer.get_config()
+    want = {"num_heads": HEADS, "mlp_dim": MLP, "dropout_rate": 0.1,
+            "attention_dropout_rate": 0.2, "layer_norm_epsilon": 1e-5,
+            "gelu": "exact", "remat": True, "layer_scale": 0.5,
+            "qk_norm": True, "qkv_bias": False, "proj_bias": False,
+            "drop_path_rate": 0.3, "mlp": "swiglu", "norm": "rms"}
+    for key, value in want.items():
+        assert config[key] == value, key
+    rebuilt = kl.EncoderBlock.from_config(config)
+    assert rebuilt.mlp.kind == "swiglu" and rebuilt.mlp_kind == "swiglu"
+    assert isinstance(rebuilt.norm_1, kl.RMSNormalization)
+    assert rebuilt.attention.qk_norm and not rebuilt.attention.qkv_bias
+    assert isinstance(rebuilt.drop_path, kl.DropPath)
+
+
+# -- TokenPooling and StackScores --------------------------------------------
+
+TOKENS = np.arange(2 * 5 * 3, dtype="float32").reshape(2, 5, 3) ** 1.5 % 7
+
+
+@pytest.mark.parametrize("method, prefix, index, want", [
+    ("token", 0, 0, TOKENS[:, 0]),
+    ("token", 2, 1, TOKENS[:, 1]),
+    ("gap", 0, 0, TOKENS.mean(1)),
+    ("gap", 1, 0, TOKENS[:, 1:].mean(1)),
+    ("max", 0, 0, TOKENS.max(1)),
+    ("max", 2, 0, TOKENS[:, 2:].max(1)),
+    ("avgmax", 1, 0, (TOKENS[:, 1:].mean(1) + TOKENS[:, 1:].max(1)) / 2),
+])
+def test_token_pooling_pools_as_its_method_says(method, prefix, index, want):
+    layer = kl.TokenPooling(method, num_prefix_tokens=prefix, index=index)
+    got = _np(layer(TOKENS))
+    assert got.shape == (2, 3)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    assert layer.compute_output_shape((None, 5, 3)) == (None, 3)
+
+
+def test_token_pooling_refuses_an_unknown_method_naming_it():
+    assert kl.POOLING_METHODS == ("token", "gap", "max", "avgmax")
+    with pytest.raises(ValueError, match="method='mean'"):
+        kl.TokenPooling("mean")
+
+
+def test_token_pooling_config_round_trips():
+    config = kl.TokenPooling("avgmax", num_prefix_tokens=2,
+                             index=1).get_config()
+    assert (config["method"], config["num_prefix_tokens"],
+            config["index"]) == ("avgmax", 2, 1)
+    rebuilt = kl.TokenPooling.from_config(config)
+    np.testing.assert_allclose(
+        _np(rebuilt(TOKENS)),
+        (TOKENS[:, 2:].mean(1) + TOKENS[:, 2:].max(1)) / 2,
+        rtol=RTOL, atol=ATOL)
+
+
+def test_stack_scores_stacks_the_maps_on_a_layers_axis():
+    maps = [_inputs(B, HEADS, N, N, seed=s) for s in range(3)]
+    got = _np(kl.StackScores()(maps))
+    assert got.shape == (B, 3, HEADS, N, N)
+    for i, m in enumerate(maps):
+        np.testing.assert_array_equal(got[:, i], m)
+    shape = kl.StackScores().compute_output_shape([(None, HEADS, N, N)] * 3)
+    assert shape == (None, 3, HEADS, N, N)
+
+
+# -- StdConv2D and ResidualUnit ----------------------------------------------
+
+def _standardised(kernel, kind, eps):
+    mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
+    std = kernel.std(axis=(0, 1, 2), keepdims=True)
+    if kind == "std":
+        return (kernel - mean) / (std + eps)
+    return (kernel - mean) / np.sqrt(std ** 2 + eps)
+
+
+def _conv_same(x, kernel, stride):
+    """TensorFlow's SAME convolution, channels last, by loops: the output
+    ceil(in / stride) a side, the padding's odd pixel after."""
+    kh, kw, _, out = kernel.shape
+    b, h, w, _ = x.shape
+    rows, cols = -(-h // stride), -(-w // stride)
+    pad_h = max((rows - 1) * stride + kh - h, 0)
+    pad_w = max((cols - 1) * stride + kw - w, 0)
+    x = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                   (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    y = np.zeros((b, rows, cols, out))
+    for i in range(rows):
+        for j in range(cols):
+            patch = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            y[:, i, j] = np.einsum("bhwc,hwco->bo", patch, kernel)
+    return y
+
+
+@pytest.mark.parametrize("kind, eps", [
+    ("var", 1e-10), ("std", 1e-5), ("var", 0.5), ("std", 0.5)])
+def test_std_conv_standardises_its_kernel_per_output_channel(kind, eps):
+    # A large epsilon tells (w - mean) / (std + eps) from / sqrt(var + eps).
+    layer = kl.StdConv2D(4, 3, standardization=kind, eps=eps)
+    layer.build((None, 5, 5, 3))
+    kernel = _inputs(3, 3, 3, 4) * 2.0 + 1.0
+    want = _standardised(kernel.astype("float64"), kind, eps)
+    got = _np(layer.standardized_kernel(ops.convert_to_tensor(kernel)))
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_std_conv_convolves_with_the_standardised_kernel(stride):
+    layer = kl.StdConv2D(4, 3, strides=stride, padding="same",
+                         use_bias=False, standardization="std", eps=1e-5)
+    x = _inputs(2, 5, 5, 3)
+    layer.build(x.shape)
+    _randomise(layer)
+    kernel = _weights(layer)["kernel"]
+    want = _conv_same(x.astype("float64"),
+                      _standardised(kernel, "std", 1e-5), stride)
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
+
+
+def test_std_conv_refuses_an_unknown_standardization_naming_it():
+    with pytest.raises(ValueError, match="standardization='l2'"):
+        kl.StdConv2D(4, 3, standardization="l2")
+
+
+def test_std_conv_config_round_trips():
+    layer = kl.StdConv2D(4, 3, standardization="std", eps=1e-5)
+    config = layer.get_config()
+    assert config["standardization"] == "std" and config["eps"] == 1e-5
+    rebuilt = kl.StdConv2D.from_config(config)
+    assert (rebuilt.standardization, rebuilt.eps, rebuilt.filters) == (
+        "std", 1e-5, 4)
+
+
+def _group_norm(x, w, groups, eps):
+    b, h, wd, c = x.shape
+    g = x.reshape(b, h, wd, groups, c // groups)
+    mean = g.mean(axis=(1, 2, 4), keepdims=True)
+    var = g.var(axis=(1, 2, 4), keepdims=True)
+    g = (g - mean) / np.sqrt(var + eps)
+    return g.reshape(x.shape) * w["gamma"] + w["beta"]
+
+
+def _residual_unit(x, w, stride, groups, eps=1e-6, std_eps=1e-5):
+    """The post-activation bottleneck of vit_jax's hybrid ResNet."""
+    def conv(name, y, s):
+        kernel = _standardised(w[f"{name}/kernel"], "std", std_eps)
+        return _conv_same(y, kernel, s)
+
+    def gn(name, y):
+        return _group_norm(y, _sub(w, name), groups, eps)
+
+    residual = x
+    if "conv_proj/kernel" in w:
+        residual = gn("gn_proj", conv("conv_proj", x, stride))
+    y = np.maximum(gn("gn1", conv("conv1", x, 1)), 0)
+    y = np.maximum(gn("gn2", conv("conv2", y, stride)), 0)
+    y = gn("gn3", conv("conv3", y, 1))
+    return np.maximum(residual + y, 0)
+
+
+@pytest.mark.parametrize("channels, stride, projects", [
+    (8, 1, False), (3, 1, True), (8, 2, True)])
+def test_residual_unit_is_the_post_activation_bottleneck(channels, stride,
+                                                         projects):
+    layer = kl.ResidualUnit(2, strides=stride, groups=2)
+    x = _inputs(2, 4, 4, channels)
+    layer.build(x.shape)
+    _randomise(layer)
+    w = _weights(layer)
+    assert ("conv_proj/kernel" in w) == projects
+    want = _residual_unit(x.astype("float64"), w, stride, groups=2)
+    got = _np(layer(x))
+    assert got.shape == (2, 4 // stride, 4 // stride, 8)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_fresh_residual_unit_passes_its_shortcut_through_a_relu():
+    # The last GroupNorm's scale starts at zero: the residual branch adds
+    # nothing until it is trained.
+    keras.utils.set_random_seed(0)
+    layer = kl.ResidualUnit(2, groups=2)
+    x = _inputs(2, 4, 4, 8)
+    np.testing.assert_allclose(_np(layer(x)), np.maximum(x, 0), rtol=RTOL,
+                               atol=ATOL)
+
+
+def test_residual_unit_config_round_trips():
+    layer = kl.ResidualUnit(4, strides=2, groups=2, epsilon=1e-5,
+                            standardization="var", std_eps=1e-8, remat=True)
+    config = layer.get_config()
+    want = {"features": 4, "strides": 2, "groups": 2, "epsilon": 1e-5,
+            "standardization": "var", "std_eps": 1e-8, "remat": True}
+    for key, value in want.items():
+        assert config[key] == value, key
+    rebuilt = kl.ResidualUnit.from_config(config)
+    assert all(getattr(rebuilt, k) == v for k, v in want.items())

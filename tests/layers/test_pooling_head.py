@@ -1,0 +1,187 @@
+"""keras_vit.layers.pooling_head: multihead attention pooling (MAP) from
+a learned probe, then the pre-LN residual MLP, against the formula
+written out in NumPy with the layer's own weights read back."""
+
+import math
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_vit import layers as kl
+
+RTOL, ATOL = 1e-5, 1e-5
+
+B, N, D, HEADS, MLP = 2, 5, 8, 2, 16
+
+
+def _np(x):
+    return ops.convert_to_numpy(x)
+
+
+def _inputs(*shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _randomise(layer, seed=1):
+    """Every weight drawn anew (the projections' biases start at zero,
+    the norm's scale at one)."""
+    rng = np.random.default_rng(seed)
+    for var in layer.weights:
+        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
+                   * 0.5)
+
+
+def _weights(layer):
+    """``layer``'s weights by their path below the layer, in float64."""
+    prefix = layer.path + "/"
+    return {v.path[len(prefix):]: _np(v.value).astype("float64")
+            for v in layer.weights}
+
+
+def _gelu(x, form):
+    if form == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
+    if form == "exact":
+        return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+def _map_head(x, w, heads, gelu="tanh", norm="layer", eps=1e-6, prefix=0):
+    """big_vision's MAPHead: the probe's softmax(q k^T / sqrt(d)) v per
+    head, the output projection, then y + MLP(norm(y)); per image, by
+    loops over the heads."""
+    x = x.astype("float64")[:, prefix:]
+    probe = w["probe"][0]  # (1, D)
+    head_dim = x.shape[-1] // heads
+    y = np.zeros((x.shape[0], 1, x.shape[-1]))
+    for h in range(heads):
+        q = probe @ w["query/kernel"][:, h] + w["query/bias"][h]
+        k = x @ w["key/kernel"][:, h] + w["key/bias"][h]
+        v = x @ w["value/kernel"][:, h] + w["value/bias"][h]
+        logits = np.einsum("qk,bvk->bqv", q, k) / math.sqrt(head_dim)
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = e / e.sum(-1, keepdims=True)
+        y += probs @ v @ w["out/kernel"][h]
+    y += w["out/bias"]
+    if norm == "layer":
+        mean = y.mean(-1, keepdims=True)
+        var = ((y - mean) ** 2).mean(-1, keepdims=True)
+        n = (y - mean) / np.sqrt(var + eps) * w["norm/gamma"] + w[
+            "norm/beta"]
+    else:
+        n = y / np.sqrt((y ** 2).mean(-1, keepdims=True) + eps) * w[
+            "norm/gamma"]
+    h = _gelu(n @ w["mlp/dense_0/kernel"] + w["mlp/dense_0/bias"], gelu)
+    y = y + h @ w["mlp/dense_1/kernel"] + w["mlp/dense_1/bias"]
+    return y[:, 0]
+
+
+def _built(n=N, heads=HEADS, **kwargs):
+    layer = kl.AttentionPoolHead(heads, MLP, **kwargs)
+    layer.build((None, n, D))
+    _randomise(layer)
+    return layer
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_attention_pool_is_the_probes_attention_then_a_residual_mlp(heads):
+    layer = _built(heads=heads)
+    x = _inputs(B, N, D)
+    got = _np(layer(x))
+    assert got.shape == (B, D)
+    np.testing.assert_allclose(got, _map_head(x, _weights(layer), heads),
+                               rtol=RTOL, atol=ATOL)
+    assert layer.compute_output_shape((None, N, D)) == (None, D)
+
+
+@pytest.mark.parametrize("gelu", ["exact", "quick"])
+def test_attention_pool_mlp_uses_its_gelu_form(gelu):
+    layer = _built(gelu=gelu)
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(layer(x)), _map_head(x, _weights(layer), HEADS, gelu=gelu),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_attention_pool_with_rms_norm_divides_by_the_root_mean_square():
+    layer = _built(norm="rms", layer_norm_epsilon=1e-3)
+    w = _weights(layer)
+    assert "norm/gamma" in w and "norm/beta" not in w
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(layer(x)), _map_head(x, w, HEADS, norm="rms", eps=1e-3),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_attention_pool_leaves_the_prefix_tokens_out_of_the_keys():
+    layer = _built(n=N, num_prefix_tokens=2)
+    x = _inputs(B, N, D)
+    w = _weights(layer)
+    want = _map_head(x, w, HEADS, prefix=2)
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
+    # The prefix tokens change nothing.
+    x2 = x.copy()
+    x2[:, :2] = _inputs(B, 2, D, seed=9)
+    np.testing.assert_allclose(_np(layer(x2)), want, rtol=RTOL, atol=ATOL)
+
+
+def test_attention_pool_is_the_same_in_training():
+    # No dropout: the training call computes the same function.
+    layer = _built()
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(_np(layer(x, training=True)),
+                               _map_head(x, _weights(layer), HEADS),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_attention_pool_pools_any_number_of_tokens():
+    layer = kl.AttentionPoolHead(HEADS, MLP)
+    layer.build((None, None, D))
+    _randomise(layer)
+    for n in (2, 3, 6):
+        x = _inputs(B, n, D, seed=n)
+        np.testing.assert_allclose(_np(layer(x)),
+                                   _map_head(x, _weights(layer), HEADS),
+                                   rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"num_heads": 0}, "num_heads=0"),
+    ({"mlp_dim": 0}, "mlp_dim=0"),
+    ({"num_prefix_tokens": -1}, "num_prefix_tokens=-1"),
+    ({"gelu": "relu"}, "gelu='relu'"),
+    ({"norm": "batch"}, "norm='batch'"),
+])
+def test_attention_pool_refuses_bad_arguments_naming_them(kwargs, named):
+    arguments = {"num_heads": HEADS, "mlp_dim": MLP, **kwargs}
+    with pytest.raises(ValueError, match=named):
+        kl.AttentionPoolHead(**arguments)
+
+
+def test_attention_pool_refuses_a_width_the_heads_do_not_divide():
+    layer = kl.AttentionPoolHead(3, MLP)
+    with pytest.raises(ValueError, match="hidden size 8 .*num_heads=3"):
+        layer.build((None, N, D))
+
+
+def test_attention_pool_config_round_trips():
+    layer = kl.AttentionPoolHead(HEADS, MLP, gelu="exact",
+                                 layer_norm_epsilon=1e-5,
+                                 num_prefix_tokens=1, norm="rms")
+    config = layer.get_config()
+    want = {"num_heads": HEADS, "mlp_dim": MLP, "gelu": "exact",
+            "layer_norm_epsilon": 1e-5, "num_prefix_tokens": 1,
+            "norm": "rms"}
+    for key, value in want.items():
+        assert config[key] == value, key
+    rebuilt = kl.AttentionPoolHead.from_config(config)
+    rebuilt.build((None, N, D))
+    _randomise(rebuilt)
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(rebuilt(x)),
+        _map_head(x, _weights(rebuilt), HEADS, gelu="exact", norm="rms",
+                  eps=1e-5, prefix=1),
+        rtol=RTOL, atol=ATOL)
