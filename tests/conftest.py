@@ -1,4 +1,5 @@
 import functools
+import json
 import os
 import re
 import signal
@@ -53,6 +54,12 @@ def pytest_addoption(parser):
         help="Keras backend to test: one of tensorflow, jax, torch, or 'all' "
              "(TensorFlow suite, then the `backends` tests on jax and torch "
              "in child processes). Default: $KERAS_BACKEND if set, else all.")
+    parser.addoption(
+        "--record-durations", action="store_true",
+        help="after a full run, also write the seconds per test file to "
+             "tests/file_durations.json, the order in which a clean checkout "
+             "hands the files out (a full run always keeps them in pytest's "
+             "cache)")
 
 
 def _usable_cores():
@@ -236,76 +243,95 @@ def pytest_report_header(config):
     return f"keras backend: {config._keras_vit_backend}"
 
 
-# The test files that cost more than ~12 s of CPU on a 2-core machine, by
-# their CPU per file in a full run (a pytest plugin summing each test's own
-# and its subprocesses' CPU, 2026-11-27), longest first: for the TensorFlow
-# run and for the jax/torch children (which run only the `backends` tests,
-# so other files lead; ordered by the jax child, the longer of the two).
-# They go out first (setup.cfg: -n auto --dist loadfile
-# --no-loadscope-reorder), so that no worker ends on a long file while the
-# others sit idle; the rest keep their alphabetical order. The doc
-# journeys lead the TensorFlow run although the demo costs more CPU (185 s
-# against 99): they build the README's venv (tests/readme_install.py) that
-# the demo then waits for, mostly disk and network time that the children
-# fill. Next: demo 185, train 120, export 108, trainer_backends 101,
-# benchmarks/speed 73, digits_features 62, examples 48, posemb 45, ...;
-# children: export_backends 40, trainer_backends 33, bit 30,
-# keras_features 29, remat 24, ...
-LONGEST_FIRST = {
-    "tensorflow": (
-        "journeys/test_readme_and_guides.py", "cli/test_demo.py",
-        "train/test_train.py", "export/test_export.py",
-        "train/test_trainer_backends.py", "benchmarks/test_speed.py",
-        "models/test_digits_features.py", "contracts/test_examples.py",
-        "models/test_posemb.py", "models/test_labels.py",
-        "contracts/test_docstrings.py", "cli/test_cli_startup.py",
-        "zoo/test_timm_hub.py", "data/test_preprocessing_paths.py",
-        "cli/test_predict_outputs.py", "zoo/test_writers_round_trip.py",
-        "export/test_export_follows_the_model.py", "data/test_images.py",
-        "data/test_damaged_images.py", "train/test_deit_fit_resume.py",
-        "runtime/test_graph_ops.py",
-        "export/test_keras_quantized_paths.py", "train/test_mpp.py",
-        "train/test_vtab.py", "runtime/test_fused_ops.py",
-        "export/test_quiet_exports.py",
-        "benchmarks/test_export_speed.py", "runtime/test_hardware.py",
-        "contracts/test_backends.py", "export/test_serving.py",
-        "export/test_export_family.py", "zoo/test_zoo.py",
-        "zoo/test_timm_walk.py",
-        "models/test_mixed_precision_gradients.py",
-        "models/test_remat.py", "export/test_export_backends.py",
-        "export/test_export_quantized.py", "export/test_openvino.py",
-        "models/test_dynamic_size.py", "zoo/test_transformers_hub.py",
-        "cli/test_cli.py", "zoo/test_sources.py", "train/test_tpu.py",
-        "models/test_bit.py", "models/test_memory.py",
-        "models/test_axial.py", "zoo/test_family_registry.py",
-        "export/test_export_keras_quantized.py",
-        "train/test_layouts.py", "export/test_export_image_sizes.py",
-        "models/test_keras_features.py", "models/test_vit.py",
-        "models/test_fast_paths.py", "models/test_quantization.py",
-        "train/test_recipes.py"),
-    "children": (
-        "export/test_export_backends.py",
-        "train/test_trainer_backends.py", "models/test_bit.py",
-        "models/test_keras_features.py", "models/test_remat.py",
-        "zoo/test_zoo.py", "analysis/test_analysis.py",
-        "models/test_mixed_precision_gradients.py",
-        "models/test_quantization.py",
-        "export/test_keras_quantized_paths.py",
-        "models/test_dynamic_size.py", "models/test_family_options.py",
-        "models/test_hybrid.py", "export/test_serving.py",
-        "models/test_vit.py", "train/test_train.py",
-        "models/test_labels.py", "zoo/test_resolve.py",
-        "zoo/test_convert.py"),
-}
+# The order in which xdist hands the test files out (setup.cfg: -n auto
+# --dist loadfile --no-loadscope-reorder): longest first, so that no worker
+# ends on a long file while the others sit idle, from the last full run's
+# seconds per file (setup, call and teardown of its tests), kept per run
+# kind ("tensorflow", "jax", "torch": the children run only the `backends`
+# tests, so other files lead). A full run records them in pytest's cache;
+# `--record-durations` also writes DURATIONS_FILE, the committed copy a
+# clean checkout (CI's) starts from. Files with no figure (new ones) go out
+# first, then the rest by their seconds; stale names are ignored.
+DURATIONS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "file_durations.json")
+_DURATIONS_KEY = "keras_vit/file_durations"
+
+
+def _recorded_durations(config):
+    """``{kind: {file relative to tests/: seconds}}`` of the last full
+    run: pytest's cache when it holds one, else DURATIONS_FILE."""
+    cache = getattr(config, "cache", None)
+    found = cache.get(_DURATIONS_KEY, None) if cache is not None else None
+    if not found:
+        try:
+            with open(DURATIONS_FILE, encoding="utf-8") as f:
+                found = json.load(f)
+        except (OSError, ValueError):
+            found = {}
+    return found if isinstance(found, dict) else {}
+
+
+def longest_first(durations):
+    """The files of ``durations`` (file -> seconds), longest first."""
+    return tuple(sorted(durations, key=lambda name: (-durations[name], name)))
+
+
+def _run_kind(config):
+    return getattr(config, "_keras_vit_backend", "tensorflow")
+
+
+def _is_full_run(config):
+    """No file, -k or -m narrowed this run."""
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.keyword and not config.option.markexpr)
+
+
+def pytest_runtest_logreport(report):
+    """Sums each file's seconds (in the controller: xdist hands its
+    workers' reports back to it)."""
+    seconds = _FILE_SECONDS
+    name = report.nodeid.split("::")[0]
+    if name.startswith("tests/"):
+        name = name[len("tests/"):]
+    seconds[name] = seconds.get(name, 0.0) + float(report.duration or 0.0)
+
+
+_FILE_SECONDS = {}
+
+
+def _record_durations(config, exitstatus):
+    """After a full run that ran its tests (passed or failed), this run
+    kind's seconds per file replace the recorded ones; the other kinds'
+    are kept (the backend children record theirs themselves, one at a
+    time: a lock beside DURATIONS_FILE)."""
+    if (hasattr(config, "workerinput") or not _is_full_run(config)
+            or exitstatus not in (0, 1) or not _FILE_SECONDS):
+        return
+    import fcntl
+
+    with open(DURATIONS_FILE + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = dict(_recorded_durations(config))
+        found[_run_kind(config)] = {name: round(sec, 1) for name, sec in
+                                    sorted(_FILE_SECONDS.items())}
+        if getattr(config, "cache", None) is not None:
+            config.cache.set(_DURATIONS_KEY, found)
+        if config.getoption("--record-durations"):
+            with open(DURATIONS_FILE, "w", encoding="utf-8") as f:
+                json.dump(found, f, indent=1, sort_keys=True)
+                f.write("\n")
 
 
 def _longest_first(order):
-    """Sort key: a file's place in ``order`` (paths relative to tests/)."""
+    """Sort key: a file's place in ``order`` (paths relative to tests/);
+    files not in it (no figure yet) first. Stable: a file's tests keep
+    their order."""
     tests = os.path.dirname(os.path.abspath(__file__))
+    place = {name: i for i, name in enumerate(order)}
 
     def key(item):
         name = os.path.relpath(str(item.path), tests).replace(os.sep, "/")
-        return order.index(name) if name in order else len(order)
+        return place.get(name, -1)
     return key
 
 
@@ -396,9 +422,8 @@ def _check_backends_files(items):
 def pytest_collection_modifyitems(config, items):
     _check_backend_independent_marks(items)
     _skip_gpu_tests_without_an_accelerator(items)
-    order = LONGEST_FIRST["tensorflow" if config._keras_vit_backend ==
-                          "tensorflow" else "children"]
-    items.sort(key=_longest_first(order))  # stable: files keep their order
+    durations = _recorded_durations(config).get(_run_kind(config), {})
+    items.sort(key=_longest_first(longest_first(durations)))
     if config._keras_vit_backend == "tensorflow":
         _check_backends_files(items)
         return
@@ -518,6 +543,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     runs = getattr(config, "_keras_vit_child_runs", None)
     if runs is None:
+        _record_durations(config, exitstatus)
         return
     missing, children = runs
     failed = [f"{backend} (not installed)" for backend in missing]
@@ -543,6 +569,7 @@ def pytest_sessionfinish(session, exitstatus):
                 proc.kill()
                 proc.wait()
             log.close()
+    _record_durations(config, exitstatus)
     if failed:
         print(f"\nbackend runs failed: {', '.join(failed)}", flush=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -18,6 +18,7 @@ only: which backend runs, Keras' private modules and ``/proc`` in
 import ast
 import builtins
 import fnmatch
+import json
 import re
 from pathlib import Path
 
@@ -478,16 +479,37 @@ def test_the_cycle_finder(graph, cycles):
         assert all(b in graph[a] for a, b in zip(path, path[1:]))
 
 
-def test_the_longest_first_schedule_names_test_files():
-    # tests/conftest.py runs these files first under xdist; a renamed or
-    # deleted file would silently drop out of the schedule.
+def test_the_committed_durations_give_every_run_kind_an_order():
+    # tests/conftest.py hands the files out longest first from the last
+    # full run's seconds per file; a clean checkout (CI's) starts from
+    # tests/file_durations.json (`python -m pytest --record-durations`).
     import conftest
 
-    assert set(conftest.LONGEST_FIRST) == {"tensorflow", "children"}
-    for names in conftest.LONGEST_FIRST.values():
-        assert len(set(names)) == len(names)
-        missing = [n for n in names if not (ROOT / "tests" / n).is_file()]
-        assert not missing, missing
+    with open(conftest.DURATIONS_FILE, encoding="utf-8") as f:
+        recorded = json.load(f)
+    assert set(recorded) == {"tensorflow", "jax", "torch"}
+    for seconds in recorded.values():
+        assert len(seconds) >= 20 and all(
+            isinstance(v, (int, float)) and v >= 0 for v in seconds.values())
+        assert any((ROOT / "tests" / name).is_file() for name in seconds)
+
+
+def test_files_without_a_figure_go_first_then_the_longest():
+    from types import SimpleNamespace
+
+    import conftest
+
+    order = conftest.longest_first({"a/test_short.py": 1.0,
+                                    "b/test_long.py": 90.0,
+                                    "c/test_mid.py": 30.0})
+    assert order == ("b/test_long.py", "c/test_mid.py", "a/test_short.py")
+    names = ["a/test_short.py", "c/test_mid.py", "d/test_new.py",
+             "b/test_long.py"]
+    items = [SimpleNamespace(path=ROOT / "tests" / n) for n in names]
+    items.sort(key=conftest._longest_first(order))
+    assert [str(i.path.relative_to(ROOT / "tests")) for i in items] == [
+        "d/test_new.py", "b/test_long.py", "c/test_mid.py",
+        "a/test_short.py"]
 
 
 class _Worker:
@@ -507,8 +529,8 @@ class _Worker:
 
 
 def test_xdist_hands_out_the_files_longest_first(pytestconfig):
-    """conftest's order reaches the workers: the collection is sorted by
-    LONGEST_FIRST, and setup.cfg's --no-loadscope-reorder keeps xdist from
+    """conftest's order reaches the workers: the collection is sorted
+    longest first, and setup.cfg's --no-loadscope-reorder keeps xdist from
     re-sorting the files by how many tests each holds (its default, which
     sent the 4-test, 3-minute demo file out last and left a worker idle
     for 84 s at the end of the TensorFlow run)."""
@@ -518,7 +540,10 @@ def test_xdist_hands_out_the_files_longest_first(pytestconfig):
 
     import conftest
 
-    order = conftest.LONGEST_FIRST["tensorflow"]
+    order = conftest.longest_first({"cli/test_demo.py": 185.0,
+                                    "train/test_train.py": 120.0,
+                                    "export/test_export.py": 108.0,
+                                    "test_aaa_many.py": 4.0})
     # Alphabetical, as pytest collects: a file of many quick tests first,
     # then the longest files with one, two and three tests.
     nodeids = [f"tests/test_aaa_many.py::test_{i}" for i in range(40)]
