@@ -285,3 +285,25 @@ def load_script(path, name=None):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def randomise_weights(layer, seed=1, scale=0.5):
+    """Every weight of ``layer`` drawn anew from N(0, scale): biases start
+    at zero and norm scales at one, so a term a layer left out of its
+    math would not show against a reference until they are redrawn."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for var in layer.weights:
+        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
+                   * scale)
+
+
+def weights_below(layer):
+    """``layer``'s weights by their path below the layer, in float64."""
+    import numpy as np
+
+    prefix = layer.path + "/"
+    return {v.path[len(prefix):]:
+            np.asarray(keras.ops.convert_to_numpy(v.value), "float64")
+            for v in layer.weights}

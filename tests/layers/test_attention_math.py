@@ -10,6 +10,7 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -23,22 +24,6 @@ def _np(x):
 
 def _inputs(*shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def _randomise(layer, seed=1):
-    """Every weight drawn anew (the biases start at zero, the norms'
-    scales at one): a term the layer left out would then show."""
-    rng = np.random.default_rng(seed)
-    for var in layer.weights:
-        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
-                   * 0.5)
-
-
-def _weights(layer):
-    """``layer``'s weights by their path below the layer, in float64."""
-    prefix = layer.path + "/"
-    return {v.path[len(prefix):]: _np(v.value).astype("float64")
-            for v in layer.weights}
 
 
 def _softmax(z):
@@ -91,7 +76,7 @@ def _attention(x, w, bias=None, qk_norm=None, eps=1e-6):
 def _built(seed=1, input_shape=(B, N, D), **kwargs):
     layer = kl.MultiHeadSelfAttention(HEADS, **kwargs)
     layer.build(input_shape)
-    _randomise(layer, seed)
+    randomise_weights(layer, seed)
     return layer
 
 
@@ -174,7 +159,7 @@ def test_attention_is_softmax_of_scaled_dot_products_times_values(
     monkeypatch.setenv("KERAS_VIT_ATTENTION", path)
     layer = _built()
     x = _inputs(B, N, D)
-    want, _ = _attention(x, _weights(layer))
+    want, _ = _attention(x, weights_below(layer))
     got = _np(layer(x))
     assert got.shape == (B, N, D)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -183,7 +168,7 @@ def test_attention_is_softmax_of_scaled_dot_products_times_values(
 def test_attention_scores_are_the_softmax_probabilities():
     layer = _built()
     x = _inputs(B, N, D)
-    want_out, want_probs = _attention(x, _weights(layer))
+    want_out, want_probs = _attention(x, weights_below(layer))
     out, probs = layer(x, return_attention_scores=True)
     assert tuple(probs.shape) == (B, HEADS, N, N)
     np.testing.assert_allclose(_np(out), want_out, rtol=RTOL, atol=ATOL)
@@ -196,7 +181,7 @@ def test_the_training_call_without_dropout_computes_the_same_formula():
     # program that scales inside its own loop.
     layer = _built()
     x = _inputs(B, N, D)
-    want, _ = _attention(x, _weights(layer))
+    want, _ = _attention(x, weights_below(layer))
     np.testing.assert_allclose(_np(layer(x, training=True)), want,
                                rtol=RTOL, atol=ATOL)
 
@@ -210,7 +195,7 @@ def test_attention_bias_is_added_to_the_logits_before_the_softmax(
     bias = np.zeros((1, 1, N, N), "float32")
     bias[..., -2:] = -1e9
     bias = bias + _inputs(1, HEADS, N, N, seed=4)
-    want, want_probs = _attention(x, _weights(layer), bias=bias)
+    want, want_probs = _attention(x, weights_below(layer), bias=bias)
     out = layer(x, training=training, attention_bias=bias)
     np.testing.assert_allclose(_np(out), want, rtol=RTOL, atol=ATOL)
     _, probs = layer(x, attention_bias=bias, return_attention_scores=True)
@@ -221,7 +206,7 @@ def test_attention_bias_is_added_to_the_logits_before_the_softmax(
 def test_a_relative_embedding_adds_its_logits_with_the_projected_queries():
     layer = _built()
     x = _inputs(B, N, D)
-    w = _weights(layer)
+    w = weights_below(layer)
     rows = kl.relative_table_rows(N - 1, 1)
     table = _inputs(rows, HEADS, HEAD_DIM, seed=5)
     # The "original query": the layer's own projection of x.
@@ -239,7 +224,7 @@ def test_a_relative_embedding_adds_its_logits_with_the_projected_queries():
     (False, True), (True, False), (False, False)])
 def test_the_bias_options_leave_out_those_biases(qkv_bias, proj_bias):
     layer = _built(qkv_bias=qkv_bias, proj_bias=proj_bias)
-    w = _weights(layer)
+    w = weights_below(layer)
     want_names = {f"{p}/kernel" for p in ("query", "key", "value", "out")}
     if qkv_bias:
         want_names |= {f"{p}/bias" for p in ("query", "key", "value")}
@@ -254,7 +239,7 @@ def test_the_bias_options_leave_out_those_biases(qkv_bias, proj_bias):
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_qk_norm_normalises_each_heads_queries_and_keys(norm):
     layer = _built(qk_norm=True, norm=norm, norm_epsilon=1e-3)
-    w = _weights(layer)
+    w = weights_below(layer)
     assert "query_norm/gamma" in w and "key_norm/gamma" in w
     assert w["query_norm/gamma"].shape == (HEAD_DIM,)
     assert ("query_norm/beta" in w) == (norm == "layer")
@@ -266,7 +251,7 @@ def test_qk_norm_normalises_each_heads_queries_and_keys(norm):
 def test_attention_dropout_is_off_outside_training():
     layer = _built(attention_dropout_rate=0.9)
     x = _inputs(B, N, D)
-    want, _ = _attention(x, _weights(layer))
+    want, _ = _attention(x, weights_below(layer))
     np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
     # In training it drops attention weights: not the inference output.
     assert not np.allclose(_np(layer(x, training=True)), want, atol=1e-3)
@@ -304,8 +289,8 @@ def test_attention_config_round_trips_and_rebuilds_the_same_layout():
         assert config[key] == value, key
     rebuilt = kl.MultiHeadSelfAttention.from_config(config)
     rebuilt.build((B, N, D))
-    _randomise(rebuilt)
-    w = _weights(rebuilt)
+    randomise_weights(rebuilt)
+    w = weights_below(rebuilt)
     assert "query/bias" not in w and "query_norm/beta" not in w
     x = _inputs(B, N, D)
     want, _ = _attention(x, w, qk_norm="rms", eps=1e-5)

@@ -11,6 +11,7 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -23,23 +24,6 @@ def _np(x):
 
 def _inputs(*shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def _randomise(layer, seed=1, scale=0.5):
-    """Every weight drawn anew (biases start near zero, norm scales at
-    one, the ResNet's last GroupNorm scale at zero): a term the layer
-    left out would then show."""
-    rng = np.random.default_rng(seed)
-    for var in layer.weights:
-        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
-                   * scale)
-
-
-def _weights(layer):
-    """``layer``'s weights by their path below the layer, in float64."""
-    prefix = layer.path + "/"
-    return {v.path[len(prefix):]: _np(v.value).astype("float64")
-            for v in layer.weights}
 
 
 def _sub(w, prefix):
@@ -166,7 +150,7 @@ def test_drop_path_config_round_trips():
 def _built_mlp(**kwargs):
     layer = kl.MlpBlock(MLP, **kwargs)
     layer.build((B, N, D))
-    _randomise(layer)
+    randomise_weights(layer)
     return layer
 
 
@@ -177,13 +161,13 @@ def test_mlp_block_is_dense_gelu_dense(gelu):
     got = _np(layer(x))
     assert got.shape == (B, N, D)
     np.testing.assert_allclose(
-        got, _mlp(x.astype("float64"), _weights(layer), gelu),
+        got, _mlp(x.astype("float64"), weights_below(layer), gelu),
         rtol=RTOL, atol=ATOL)
 
 
 def test_mlp_block_without_bias_has_kernels_only():
     layer = _built_mlp(use_bias=False)
-    w = _weights(layer)
+    w = weights_below(layer)
     assert set(w) == {"dense_0/kernel", "dense_1/kernel"}
     x = _inputs(B, N, D)
     np.testing.assert_allclose(_np(layer(x)), _mlp(x.astype("float64"), w),
@@ -192,7 +176,7 @@ def test_mlp_block_without_bias_has_kernels_only():
 
 def test_swiglu_mlp_gates_a_double_width_projection():
     layer = _built_mlp(kind="swiglu")
-    w = _weights(layer)
+    w = weights_below(layer)
     assert w["dense_0/kernel"].shape == (D, 2 * MLP)
     assert w["dense_1/kernel"].shape == (MLP, D)
     x = _inputs(B, N, D)
@@ -204,7 +188,7 @@ def test_swiglu_mlp_gates_a_double_width_projection():
 def test_mlp_block_dropout_acts_in_training_only():
     layer = _built_mlp(dropout_rate=0.5)
     x = _inputs(B, N, D)
-    want = _mlp(x.astype("float64"), _weights(layer))
+    want = _mlp(x.astype("float64"), weights_below(layer))
     np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
     assert not np.allclose(_np(layer(x, training=True)), want, atol=1e-3)
 
@@ -225,11 +209,11 @@ def test_mlp_block_config_round_trips():
         assert config[key] == value, key
     rebuilt = kl.MlpBlock.from_config(config)
     rebuilt.build((B, N, D))
-    _randomise(rebuilt)
+    randomise_weights(rebuilt)
     x = _inputs(B, N, D)
     np.testing.assert_allclose(
         _np(rebuilt(x)),
-        _mlp(x.astype("float64"), _weights(rebuilt), kind="swiglu"),
+        _mlp(x.astype("float64"), weights_below(rebuilt), kind="swiglu"),
         rtol=RTOL, atol=ATOL)
 
 
@@ -238,7 +222,7 @@ def test_mlp_block_config_round_trips():
 def _built_block(**kwargs):
     layer = kl.EncoderBlock(HEADS, MLP, **kwargs)
     layer.build((B, N, D))
-    _randomise(layer)
+    randomise_weights(layer)
     return layer
 
 
@@ -253,7 +237,7 @@ def test_encoder_block_is_pre_ln_attention_then_mlp(kwargs):
     layer = _built_block(**kwargs)
     x = _inputs(B, N, D)
     want, _ = _encoder_block(
-        x.astype("float64"), _weights(layer), norm=kwargs.get("norm", "layer"),
+        x.astype("float64"), weights_below(layer), norm=kwargs.get("norm", "layer"),
         mlp=kwargs.get("mlp", "gelu"), gelu=kwargs.get("gelu", "tanh"))
     got = _np(layer(x))
     assert got.shape == (B, N, D)
@@ -263,16 +247,16 @@ def test_encoder_block_is_pre_ln_attention_then_mlp(kwargs):
 def test_encoder_block_layer_scales_start_at_their_value():
     layer = kl.EncoderBlock(HEADS, MLP, layer_scale=0.25)
     layer.build((B, N, D))
-    w = _weights(layer)
+    w = weights_below(layer)
     np.testing.assert_array_equal(w["layer_scale_1"], np.full(D, 0.25))
     np.testing.assert_array_equal(w["layer_scale_2"], np.full(D, 0.25))
-    assert "layer_scale_1" not in _weights(_built_block())
+    assert "layer_scale_1" not in weights_below(_built_block())
 
 
 def test_encoder_block_returns_its_attention_maps():
     layer = _built_block()
     x = _inputs(B, N, D)
-    want, want_probs = _encoder_block(x.astype("float64"), _weights(layer))
+    want, want_probs = _encoder_block(x.astype("float64"), weights_below(layer))
     out, scores = layer(x, return_attention_scores=True)
     assert tuple(scores.shape) == (B, HEADS, N, N)
     np.testing.assert_allclose(_np(out), want, rtol=RTOL, atol=ATOL)
@@ -283,7 +267,7 @@ def test_encoder_block_returns_its_attention_maps():
 def test_a_rematerialised_block_trains_on_the_same_numbers():
     layer = _built_block(remat=True)
     x = _inputs(B, N, D)
-    want, _ = _encoder_block(x.astype("float64"), _weights(layer))
+    want, _ = _encoder_block(x.astype("float64"), weights_below(layer))
     np.testing.assert_allclose(_np(layer(x, training=True)), want,
                                rtol=RTOL, atol=ATOL)
 
@@ -292,8 +276,8 @@ def test_encoder_block_drop_path_drops_each_examples_branches():
     rate, batch = 0.5, 16
     layer = kl.EncoderBlock(HEADS, MLP, drop_path_rate=rate)
     layer.build((batch, N, D))
-    _randomise(layer)
-    w = _weights(layer)
+    randomise_weights(layer)
+    w = weights_below(layer)
     x = _inputs(batch, N, D).astype("float64")
     np.testing.assert_allclose(_np(layer(x.astype("float32"))),
                                _encoder_block(x, w)[0], rtol=RTOL, atol=ATOL)
@@ -445,8 +429,8 @@ def test_std_conv_convolves_with_the_standardised_kernel(stride):
                          use_bias=False, standardization="std", eps=1e-5)
     x = _inputs(2, 5, 5, 3)
     layer.build(x.shape)
-    _randomise(layer)
-    kernel = _weights(layer)["kernel"]
+    randomise_weights(layer)
+    kernel = weights_below(layer)["kernel"]
     want = _conv_same(x.astype("float64"),
                       _standardised(kernel, "std", 1e-5), stride)
     np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
@@ -500,8 +484,8 @@ def test_residual_unit_is_the_post_activation_bottleneck(channels, stride,
     layer = kl.ResidualUnit(2, strides=stride, groups=2)
     x = _inputs(2, 4, 4, channels)
     layer.build(x.shape)
-    _randomise(layer)
-    w = _weights(layer)
+    randomise_weights(layer)
+    w = weights_below(layer)
     assert ("conv_proj/kernel" in w) == projects
     want = _residual_unit(x.astype("float64"), w, stride, groups=2)
     got = _np(layer(x))

@@ -9,6 +9,7 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -21,22 +22,6 @@ def _np(x):
 
 def _inputs(*shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def _randomise(layer, seed=1):
-    """Every weight drawn anew (the projections' biases start at zero,
-    the norm's scale at one)."""
-    rng = np.random.default_rng(seed)
-    for var in layer.weights:
-        var.assign(rng.normal(size=tuple(var.shape)).astype("float32")
-                   * 0.5)
-
-
-def _weights(layer):
-    """``layer``'s weights by their path below the layer, in float64."""
-    prefix = layer.path + "/"
-    return {v.path[len(prefix):]: _np(v.value).astype("float64")
-            for v in layer.weights}
 
 
 def _gelu(x, form):
@@ -81,7 +66,7 @@ def _map_head(x, w, heads, gelu="tanh", norm="layer", eps=1e-6, prefix=0):
 def _built(n=N, heads=HEADS, **kwargs):
     layer = kl.AttentionPoolHead(heads, MLP, **kwargs)
     layer.build((None, n, D))
-    _randomise(layer)
+    randomise_weights(layer)
     return layer
 
 
@@ -91,7 +76,7 @@ def test_attention_pool_is_the_probes_attention_then_a_residual_mlp(heads):
     x = _inputs(B, N, D)
     got = _np(layer(x))
     assert got.shape == (B, D)
-    np.testing.assert_allclose(got, _map_head(x, _weights(layer), heads),
+    np.testing.assert_allclose(got, _map_head(x, weights_below(layer), heads),
                                rtol=RTOL, atol=ATOL)
     assert layer.compute_output_shape((None, N, D)) == (None, D)
 
@@ -101,13 +86,13 @@ def test_attention_pool_mlp_uses_its_gelu_form(gelu):
     layer = _built(gelu=gelu)
     x = _inputs(B, N, D)
     np.testing.assert_allclose(
-        _np(layer(x)), _map_head(x, _weights(layer), HEADS, gelu=gelu),
+        _np(layer(x)), _map_head(x, weights_below(layer), HEADS, gelu=gelu),
         rtol=RTOL, atol=ATOL)
 
 
 def test_attention_pool_with_rms_norm_divides_by_the_root_mean_square():
     layer = _built(norm="rms", layer_norm_epsilon=1e-3)
-    w = _weights(layer)
+    w = weights_below(layer)
     assert "norm/gamma" in w and "norm/beta" not in w
     x = _inputs(B, N, D)
     np.testing.assert_allclose(
@@ -118,7 +103,7 @@ def test_attention_pool_with_rms_norm_divides_by_the_root_mean_square():
 def test_attention_pool_leaves_the_prefix_tokens_out_of_the_keys():
     layer = _built(n=N, num_prefix_tokens=2)
     x = _inputs(B, N, D)
-    w = _weights(layer)
+    w = weights_below(layer)
     want = _map_head(x, w, HEADS, prefix=2)
     np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
     # The prefix tokens change nothing.
@@ -132,18 +117,18 @@ def test_attention_pool_is_the_same_in_training():
     layer = _built()
     x = _inputs(B, N, D)
     np.testing.assert_allclose(_np(layer(x, training=True)),
-                               _map_head(x, _weights(layer), HEADS),
+                               _map_head(x, weights_below(layer), HEADS),
                                rtol=RTOL, atol=ATOL)
 
 
 def test_attention_pool_pools_any_number_of_tokens():
     layer = kl.AttentionPoolHead(HEADS, MLP)
     layer.build((None, None, D))
-    _randomise(layer)
+    randomise_weights(layer)
     for n in (2, 3, 6):
         x = _inputs(B, n, D, seed=n)
         np.testing.assert_allclose(_np(layer(x)),
-                                   _map_head(x, _weights(layer), HEADS),
+                                   _map_head(x, weights_below(layer), HEADS),
                                    rtol=RTOL, atol=ATOL)
 
 
@@ -178,10 +163,10 @@ def test_attention_pool_config_round_trips():
         assert config[key] == value, key
     rebuilt = kl.AttentionPoolHead.from_config(config)
     rebuilt.build((None, N, D))
-    _randomise(rebuilt)
+    randomise_weights(rebuilt)
     x = _inputs(B, N, D)
     np.testing.assert_allclose(
         _np(rebuilt(x)),
-        _map_head(x, _weights(rebuilt), HEADS, gelu="exact", norm="rms",
+        _map_head(x, weights_below(rebuilt), HEADS, gelu="exact", norm="rms",
                   eps=1e-5, prefix=1),
         rtol=RTOL, atol=ATOL)
