@@ -40,6 +40,7 @@ import keras
 import numpy as np
 
 from keras_vit.base.checks import check_int, check_keywords, check_number
+from keras_vit.base.limits import MAX_MIX_ALPHA
 
 
 def check_mixing(mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5,
@@ -49,11 +50,11 @@ def check_mixing(mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5,
 
     >>> check_mixing(mixup_alpha=-1.0)
     Traceback (most recent call last):
-    ValueError: mixup_alpha must be a number in [0.0, inf); received mixup_alpha=-1.0
+    ValueError: mixup_alpha must be a number in [0.0, 100.0]; received mixup_alpha=-1.0
     """
     for name, value in (("mixup_alpha", mixup_alpha),
                         ("cutmix_alpha", cutmix_alpha)):
-        check_number(name, value, low=0.0)
+        check_number(name, value, low=0.0, high=MAX_MIX_ALPHA)
     check_number("switch_prob", switch_prob, low=0.0, high=1.0)
     check_number("label_smoothing", label_smoothing, low=0.0, high=1.0,
                  high_open=True)

@@ -104,8 +104,13 @@ GOOD = {
 HOSTILE = st.sampled_from([float("nan"), float("inf"), -float("inf"), True,
                            "0.5", None, [1.0]])
 BAD = {
-    "mixup_alpha": st.one_of(st.floats(-3, 0, exclude_max=True), HOSTILE),
-    "cutmix_alpha": st.one_of(st.floats(-3, 0, exclude_max=True), HOSTILE),
+    # Above the cap too (limits.MAX_MIX_ALPHA, what a recipe takes).
+    "mixup_alpha": st.one_of(st.floats(-3, 0, exclude_max=True),
+                             st.floats(100, 1e300, exclude_min=True),
+                             HOSTILE),
+    "cutmix_alpha": st.one_of(st.floats(-3, 0, exclude_max=True),
+                              st.floats(100, 1e300, exclude_min=True),
+                              HOSTILE),
     "switch_prob": st.one_of(st.floats(-2, 0, exclude_max=True),
                              st.floats(1, 3, exclude_min=True), HOSTILE),
     "label_smoothing": st.one_of(st.floats(-2, 0, exclude_max=True),
@@ -142,6 +147,7 @@ _VALID = dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
           np.array([0, 1])))
 @example(("labels", _VALID, np.array([0, 3])))
 @example(("mixup_alpha", dict(_VALID, mixup_alpha=-0.1), np.array([0, 1])))
+@example(("mixup_alpha", dict(_VALID, mixup_alpha=1e9), np.array([0, 1])))
 @example(("cutmix_alpha", dict(_VALID, cutmix_alpha=float("nan")),
           np.array([0, 1])))
 def test_arguments_are_checked(case):
