@@ -3,10 +3,10 @@
 A ``.keras`` file names its classes (``keras_vit>VisionTransformer``) and
 Keras finds them only once they are registered, which importing
 :mod:`keras_vit.models` (and, for a model a training run compiled, the
-modules of its schedule and loss) does. ``import keras_vit`` must stay free of Keras, so it
-calls :func:`arrange`: with Keras already imported the classes are
-registered at once; otherwise they are registered right after the first
-``import keras`` finishes. Either way ``import keras_vit`` followed by
+modules of its schedule and loss) does. ``import keras_vit`` must stay
+free of Keras, so it calls :func:`arrange`: with Keras already imported
+the classes are registered at once; otherwise they are registered right
+after the first ``import keras`` finishes. Either way ``import keras_vit`` followed by
 ``keras.saving.load_model("model.keras")`` works, in either order:
 
 >>> import keras, keras_vit

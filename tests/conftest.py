@@ -286,17 +286,18 @@ def _is_full_run(config):
             and not config.option.keyword and not config.option.markexpr)
 
 
+#: This run's seconds per test file (relative to tests/), so far.
+_FILE_SECONDS = {}
+
+
 def pytest_runtest_logreport(report):
     """Sums each file's seconds (in the controller: xdist hands its
     workers' reports back to it)."""
-    seconds = _FILE_SECONDS
     name = report.nodeid.split("::")[0]
     if name.startswith("tests/"):
         name = name[len("tests/"):]
-    seconds[name] = seconds.get(name, 0.0) + float(report.duration or 0.0)
-
-
-_FILE_SECONDS = {}
+    _FILE_SECONDS[name] = (_FILE_SECONDS.get(name, 0.0)
+                           + float(report.duration or 0.0))
 
 
 def _record_durations(config, exitstatus):

@@ -56,8 +56,8 @@ IMAGE_CONVERTER_FILE = "image_converter.json"
 BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
 #: The head's arrays (official layout) -> keras-hub's variable paths.
-HEAD_NAMES = {"head/kernel": "predictions/kernel",
-              "head/bias": "predictions/bias"}
+HEAD_NAMES = {official: hub for hub, official in keras_hub_layout.TOP.items()
+              if official.startswith("head/")}
 
 
 # -- recognising a source -----------------------------------------------------

@@ -135,8 +135,7 @@ def settle(checkpoint, request):
             f"The checkpoint {checkpoint.source_name} has no head; pass "
             "num_classes=... for a new zero-initialised head, num_classes=0 "
             "for the pooled embedding or include_top=False for features "
-            f"(its weights lack {', '.join(lacking or _head_keys(checkpoint))}"
-            ")")
+            f"(its weights lack {', '.join(lacking or _head_keys(checkpoint))})")
     head_kept = bool(include_top and head is not None
                      and num_classes == head and not request.random)
     if head_kept and lacking:
