@@ -331,13 +331,14 @@ def task_architecture(config, arch, path):
                 classifier_activation=ACTIVATIONS[config.get("activation")])
 
 
-def read_h5(path, rows, prefix=""):
+def read_h5(path, rows, prefix="", optional=False):
     """``{official key: (array, how)}`` of the weights ``rows``
     (:func:`~keras_vit.zoo.keras_hub_layout.family_rows`) name in the
     ``.h5`` file ``path``, its datasets under ``layers/`` + ``prefix``
     checked first: names, shapes, dtypes of those read, storage (as
     :func:`keras_vit.zoo.h5_files.read_h5`); the rest of the file (a text
-    tower) is not read."""
+    tower) is not read. ``optional``: rows the file may lack (a head,
+    which the settling step then asks a new one for)."""
     group = f"layers/{prefix}"
     f = h5_files.open_h5(path)
     with f:
@@ -347,7 +348,9 @@ def read_h5(path, rows, prefix=""):
         hub_files.check_names(
             {k: tuple(ds.shape) for k, ds in found.items()},
             {k: row[2] for k, row in rows.items()},
-            f"{path}: does not hold the keras-hub model its config describes")
+            f"{path}: does not hold the keras-hub model its config describes",
+            optional=rows if optional else ())
+        rows = {k: row for k, row in rows.items() if k in found}
         problems = []
         for name, (key, how, _) in rows.items():
             if key is None:
@@ -473,5 +476,6 @@ def read_preset(directory, outer, config_path, read_json):
                     family_rows(class_name, arch), prefix)
     if arch["kind"] == "classifier":
         state.update(read_h5(os.path.join(directory, "task.weights.h5"),
-                             family_rows(class_name, arch, task=True)))
+                             family_rows(class_name, arch, task=True),
+                             optional=True))
     return arch, to_official(state, arch)

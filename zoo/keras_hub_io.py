@@ -58,6 +58,9 @@ CLASSIFIER = "ViTImageClassifier"
 #: The head's arrays (official layout) -> keras-hub's variable paths.
 HEAD_NAMES = {official: hub for hub, official in keras_hub_layout.TOP.items()
               if official.startswith("head/")}
+# The same for the family's classifiers (DeiTImageClassifier's dense).
+FAMILY_HEAD_NAMES = {row[0]: f"layers/{hub}" for hub, row
+                     in keras_hub_layout.FAMILY_HEAD.items()}
 
 
 # -- recognising a source -----------------------------------------------------
@@ -291,7 +294,8 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
         tags["zoo_name"] = f"{family} {hub_files.zoo_name(arch)}"
     ckpt = hub_files.vit_checkpoint(
         arch, arrays, head=head, label_names=labels,
-        source_name=source_name, tags=tags, head_names=HEAD_NAMES,
+        source_name=source_name, tags=tags,
+        head_names=FAMILY_HEAD_NAMES if family else HEAD_NAMES,
         head_config={"classifier_activation": arch["classifier_activation"]},
         **defaults)
     if arch["kind"] == "embedding":  # SigLIP's: its pooled embedding

@@ -359,8 +359,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     if heads:
         entry = header.get(next(iter(heads)))
         shape = entry["shape"] if entry else None
-        # Without the head's tensors, the head id2label declares: the
-        # names check refuses the file by the missing tensors' names.
+        # Without the head's tensors, the head id2label declares.
         num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
                       else len(arch["labels"] or config.get("id2label")
                                or ()))
@@ -368,11 +367,13 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     found = header
     if arch["type"] == "clip":  # a whole CLIPModel: its image tower only
         found = {k: v for k, v in header.items() if k.startswith(prefix)}
+    # The head may be missing: the settling step refuses the file by the
+    # head's names unless a new head (num_classes) is asked for.
     hub_files.check_names(
         {k: v.get("shape") for k, v in found.items()},
         expected_shapes(arch, header, num_labels),
         f"{os.fspath(path)}: does not hold the transformers {arch['class']} "
-        "its config describes")
+        "its config describes", optional=heads)
     labels = (formats.check_labels(arch["labels"], num_labels, config_path,
                                    "id2label") if num_labels else None)
     arrays = to_official(read_tensors(path, sorted(found)), arch)
@@ -382,6 +383,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     return build.Checkpoint(
         config, arrays, source_name=repr(os.fspath(path)),
         head=num_labels or None, label_names=labels,
+        head_names={key: name for name, (key, _, _) in heads.items()},
         include_top=True if config["num_classes"] == 0 else None,
         tags={"zoo_name": f"{arch['class']} {hub_files.zoo_name(arch)}",
               "zoo_weights": None, "zoo_source": os.fspath(source)})

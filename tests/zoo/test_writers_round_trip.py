@@ -169,45 +169,55 @@ def _drop(path, names):
               metadata={"format": "pt"})
 
 
-def _drop_h5(path):
-    """Takes the head's kernel and bias (its ``dense`` layer) out of
+def _drop_h5(path, names):
+    """Takes the datasets ``names`` (the head's kernel and bias) out of
     keras-hub's ``task.weights.h5``."""
     import h5py
 
     with h5py.File(path, "r+") as f:
-        for name in ("layers/dense/vars/0", "layers/dense/vars/1"):
+        assert all(name in f for name in names)
+        for name in names:
             del f[name]
 
 
-# Each layout's file of the head, and the names of the head's arrays in
-# it (None: keras-hub's task.weights.h5, emptied by _drop_h5).
-HEADS = {"timm": ("model.safetensors", ["head.weight", "head.bias"]),
-         "transformers": ("model.safetensors",
-                          ["classifier.weight", "classifier.bias"]),
-         "keras-hub": ("task.weights.h5", None)}
+# Each layout's file of the head and the names of the head's arrays in
+# it, for the paper's ViT and for a DeiT classifier (the family's
+# readers: DeiTForImageClassification, DeiTImageClassifier).
+HEADS = {
+    "timm": ("model.safetensors", ["head.weight", "head.bias"]),
+    "transformers": ("model.safetensors",
+                     ["classifier.weight", "classifier.bias"]),
+    "keras-hub": ("task.weights.h5", ["layers/dense/vars/0",
+                                      "layers/dense/vars/1"])}
+DEIT = dict(gelu="exact", num_registers=1)
 # What each refusal names: the missing arrays, in the reader's words.
-NAMED = {"timm": "head/kernel, head/bias", "transformers": "classifier.bias",
-         "keras-hub": "predictions/kernel"}
+NAMED = {("timm", False): "head/kernel, head/bias",
+         ("transformers", False): "classifier.bias",
+         ("keras-hub", False): "predictions/kernel",
+         ("timm", True): "head/kernel, head/bias",
+         ("transformers", True): "classifier.weight, classifier.bias",
+         ("keras-hub", True): "layers/dense/vars/0, layers/dense/vars/1"}
 
 
+@pytest.mark.parametrize("deit", [False, True], ids=["vit", "deit"])
 @pytest.mark.parametrize("layout", sorted(HEADS))
-def test_readers_refuse_a_file_without_its_head(layout, tmp_path):
+def test_readers_refuse_a_file_without_its_head(layout, deit, tmp_path):
     """A folder that declares a head of 3 classes and holds none is
     refused naming what is missing (it used to load as a zero head, or
     as a feature model) and the remedy; asking for a new head
     (num_classes) gives a zero head on the file's encoder."""
-    model = _model(dict(gelu="exact"))
+    model = _model(DEIT if deit else dict(gelu="exact"))
     folder = tmp_path / "out"
     zoo.save_pretrained(model, folder, layout=layout)
     name, keys = HEADS[layout]
-    if keys is None:
-        _drop_h5(folder / name)
+    if name.endswith(".h5"):
+        _drop_h5(folder / name, keys)
     else:
         _drop(folder / name, keys)
     with pytest.raises(ValueError) as info:
         zoo.load(str(folder))
     message = str(info.value)
-    assert "\n" not in message and NAMED[layout] in message, message
+    assert "\n" not in message and NAMED[layout, deit] in message, message
     assert "num_classes" in message, message
     new = zoo.load(str(folder), num_classes=4)
     np.testing.assert_array_equal(np.asarray(new(X)), 0.0)
