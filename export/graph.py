@@ -91,9 +91,10 @@ def default_outputs(model):
     """The outputs an export of ``model`` returns unless told otherwise:
     a classifier's ``logits`` and ``probabilities``; a feature
     extractor's embedding (``num_classes=0``, ``include_top=False``:
-    DINOv2, SigLIP and CLIP towers), ``pre_logits`` (what a head would
-    read, which is what such a model returns), or the model's own output
-    (``features``) where it has no pooled one.
+    DINOv2 and SigLIP towers), ``pre_logits`` (what a head would read,
+    which is what such a model returns), or the model's own output
+    (``features``) where it has no pooled one or its head is a projection
+    (``head_type="projection"``: CLIP's towers).
 
     >>> import keras_vit
     >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
@@ -107,6 +108,8 @@ def default_outputs(model):
 
     if is_classifier(model):
         return ("logits", "probabilities")
+    if getattr(model, "head_type", None) == "projection":
+        return ("features",)  # the head's output is the embedding
     return (("pre_logits",) if "pre_logits" in available_features(model)
             else ("features",))
 
@@ -114,14 +117,14 @@ def default_outputs(model):
 def check_head(model, outputs):
     """Refuses class scores (``logits``, ``probabilities``) from a model
     without a classification head, in one line naming its embedding."""
-    from keras_vit.models.features import is_classifier
+    from keras_vit.models.features import is_classifier, why_features
 
     scores = [o for o in outputs if o in ("logits", "probabilities")]
     if scores and not is_classifier(model):
         raise ValueError(
             f"outputs {scores[0]!r} needs a classification head; model="
-            f"{model.name!r} is a feature extractor (num_classes=0 or "
-            "include_top=False), whose embedding is outputs="
+            f"{model.name!r} is a feature extractor ("
+            f"{why_features(model)}), whose embedding is outputs="
             f"{default_outputs(model)!r}")
 
 

@@ -194,7 +194,7 @@ class ImageBytesGraph(ServingGraph):
     def __init__(self, model, top_k=DEFAULT_TOP_K, labels=None,
                  cast_to_float32=True):
         from keras_vit.export.graph import default_outputs
-        from keras_vit.models.features import is_classifier
+        from keras_vit.models.features import is_classifier, why_features
 
         top_k = check_top_k(top_k)
         self.classifier = is_classifier(model)
@@ -203,8 +203,8 @@ class ImageBytesGraph(ServingGraph):
                                     or labels is not None):
             raise ValueError(
                 "top_k and labels rank classes; model="
-                f"{model.name!r} is a feature extractor (num_classes=0 or "
-                f"include_top=False) whose signature returns its embedding "
+                f"{model.name!r} is a feature extractor ({why_features(model)}) "
+                f"whose signature returns its embedding "
                 f"{outputs[0]!r}; received top_k={top_k!r}, "
                 f"labels={labels!r}"[:300])
         super().__init__(model, outputs, uint8_input=False,

@@ -93,6 +93,8 @@ TIMM_CONFIG = Object({
     "global_pool": Str(),
     "label_names": _LABELS,
     "label_descriptions": Any(),
+    # keras_vit's own field (timm reads no such key): what the head is.
+    "head_type": Str(("classifier", "projection")),
     "model_args": TIMM_MODEL_ARGS,
     "pretrained_cfg": Object({
         "input_size": Size(MAX_IMAGE_SIDE, channels=MAX_CHANNELS),

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import urllib.parse
 
-from keras_vit.base import variants
+from keras_vit.base import family_rows, variants
 from keras_vit.zoo import (bit_layout, build, convert, download, formats,
                            registry)
 
@@ -148,9 +148,14 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
             if head == record.num_classes and record.labels:
                 labels = registry.label_names(record.labels)
     random_head = registry.IMAGENET1K_CLASSES
+    head_config = {}
     default = registry.hub_weights(arch.name, "auto")
     if default is not None:  # a family member: its release's head (or none)
         random_head = default.num_classes
+        released = next(w for w in family_rows.MEMBERS[arch.name].weights
+                        if w.tag == default.tag)
+        if released.head_type != "classifier" and arrays is None:
+            head, head_config = random_head, {"head_type": released.head_type}
     config.update(image_size=image_size or 224,
                   # A file without a head asks the caller for one (settle).
                   num_classes=head or (random_head if arrays is None
@@ -159,5 +164,5 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
     return build.Checkpoint(
         config, arrays, source_name=source_name or f"name={name!r}",
         family="bit" if is_bit else "vit", head=head, label_names=labels,
-        include_top=True,
+        head_config=head_config, include_top=True,
         tags={"zoo_name": arch.name, "zoo_weights": record})

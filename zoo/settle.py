@@ -147,7 +147,9 @@ def settle(checkpoint, request):
     if (config.get("representation_size") and include_top and not head_kept
             and not request.keep_pre_logits):
         config["representation_size"] = None  # a new head on the encoder
-    if head_kept:
+    if include_top and head is not None and num_classes == head:
+        # What the head is (its activation, a projection) goes with its
+        # shape, whether its weights load or are drawn anew.
         config.update(checkpoint.head_config)
     labels = request.label_names
     if labels is UNSET:

@@ -35,6 +35,8 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
+
 
 from keras_vit.base import schema
 from keras_vit.base import variants
@@ -219,6 +221,22 @@ def _num_classes(config, arrays, head_key):
     return value or 1000
 
 
+def _head_type(config, build_config, arrays, head, labels):
+    """``{"head_type": "projection"}`` where the head is an embedding, not
+    classes: as the config's ``head_type`` says (keras_vit writes it;
+    timm reads no such field), else for a CLIP tower's head (the model
+    has CLIP's ``pre_norm``) without label names whose bias is zero
+    throughout, which is how timm holds OpenAI's and OpenCLIP's
+    image-text projection (a matrix without a bias). A fine-tuned
+    classifier has a trained bias or its labels."""
+    kind = config.get("head_type")
+    if kind is None and head and labels is None and build_config.get(
+            "pre_norm") and "head/bias" in arrays:
+        bias = np.asarray(arrays["head/bias"])
+        kind = "projection" if not np.any(bias) else None
+    return {"head_type": kind} if kind and kind != "classifier" else {}
+
+
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
@@ -278,6 +296,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     return build.Checkpoint(
         build_config, arrays, source_name=repr(os.fspath(source)),
         family="bit" if is_bit else "vit", head=head, label_names=labels,
+        head_config=_head_type(config, build_config, arrays, head, labels),
         include_top=True,
         tags={"zoo_name": (hub_files.zoo_name(build_config) if honoured
                            and not is_bit and "resnet" not in build_config

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from keras_vit.base import options
 from keras_vit.zoo import convert
 
 # timm's names of the ViT family's poolings and MLP activations ->
@@ -27,12 +28,9 @@ TIMM_ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh",
 # options: timm's name -> keras_vit's (the values: see the reader and the
 # writer; no_embed_class is the negation of posemb_includes_prefix).
 TIMM_OPTIONS = {
-    "class_token": "class_token", "reg_tokens": "num_registers",
-    "no_embed_class": "posemb_includes_prefix", "global_pool": "classifier",
-    "fc_norm": "fc_norm", "init_values": "layer_scale",
-    "qk_norm": "qk_norm", "qkv_bias": "qkv_bias", "proj_bias": "proj_bias",
-    "pre_norm": "pre_norm", "final_norm": "final_norm", "act_layer": "gelu",
-    "pos_embed": "position_embedding", "drop_path_rate": "drop_path_rate"}
+    **{o.timm: o.name for o in options.OPTIONS if o.timm},
+    "global_pool": "classifier", "act_layer": "gelu",
+    "pos_embed": "position_embedding"}
 
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
 BLOCK_PARAMS = {

@@ -292,7 +292,9 @@ def check_read_back(model, written, arrays, state):
     ours, theirs = _resolved(config), _resolved(built)
     if written["architecture"] == DINOV2_G and ours["layer_scale"] is None:
         ours["layer_scale"] = 1.0  # the scales of one write adds
-    differ = [k for k in ours if k != "drop_path_rate"
+    # Stochastic depth acts in training only; what the head is, timm does
+    # not say: the config's own head_type field carries it.
+    differ = [k for k in ours if k not in ("drop_path_rate", "head_type")
               and ours[k] != theirs[k]]
     if differ:
         key = differ[0]
@@ -341,6 +343,8 @@ def write(model, directory, labels=None):
     }
     if labels is not None:
         config["label_names"] = list(labels)
+    if getattr(model, "head_type", "classifier") != "classifier":
+        config["head_type"] = model.head_type
     check_read_back(model, config, arrays, state)
     os.makedirs(directory, exist_ok=True)
     # Each file complete or absent: a reader never sees half of one.

@@ -109,13 +109,15 @@ FAMILIES = {
 class Weights(NamedTuple):
     """One released checkpoint of a member: its timm tag, where it is,
     the size of its head (0: none, the model returns the pooled
-    embedding) and the label list of that head (a list shipped in
-    ``zoo/labels``, or None)."""
+    embedding), the label list of that head (a list shipped in
+    ``zoo/labels``, or None) and what the head is (``head_type``:
+    ``"projection"`` for CLIP's image-text projection)."""
 
     tag: str
     source: str
     num_classes: int
     labels: str | None
+    head_type: str = "classifier"
 
 
 class Member(NamedTuple):
@@ -140,10 +142,11 @@ class Member(NamedTuple):
     weights: tuple
 
 
-def _hub(arch, tag, classes, labels=None, repo=None):
+def _hub(arch, tag, classes, labels=None, repo=None, head_type="classifier"):
     """A checkpoint in timm's repository ``timm/<arch>.<tag>`` (``repo``
     where the repository is named after another architecture)."""
-    return Weights(tag, f"hf-hub:timm/{repo or arch}.{tag}", classes, labels)
+    return Weights(tag, f"hf-hub:timm/{repo or arch}.{tag}", classes, labels,
+                   head_type)
 
 
 def _deit(arch, size, image_size=224, **options):
@@ -167,7 +170,8 @@ def _clip(arch, size, patch, embedding, image_size=224):
     # timm's QuickGELU architecture reads the repository of the GELU one.
     repo = arch.replace("_clip_quickgelu_", "_clip_")
     return Member("clip", arch, size, patch, image_size, {},
-                  (_hub(arch, "openai", embedding, repo=repo),))
+                  (_hub(arch, "openai", embedding, repo=repo,
+                        head_type="projection"),))
 
 
 def _siglip(arch, size, patch, image_size, gelu, *tags):

@@ -15,6 +15,8 @@ each rule is written once.
 
 from __future__ import annotations
 
+from keras_vit.base import options
+
 
 def hybrid_stages(resnet):
     """The stage depths a hybrid builds: option (ii) of the paper (section
@@ -181,22 +183,22 @@ def _bit_params(config, channels, classes):
     return total + 2 * channels + channels * classes + classes
 
 
-# Config keys that change no parameter count.
+# Config keys that change no parameter count (the family options' rows
+# say which of them do).
 _NO_PARAMETERS = {
     "name", "dtype", "trainable", "dropout_rate", "attention_dropout_rate",
-    "drop_path_rate", "include_preprocessing", "classifier_activation",
+    "include_preprocessing", "classifier_activation",
     "return_attention_scores", "label_names", "dynamic_image_size", "remat",
     "gelu", "layer_norm_epsilon", "head_bias_init", "input_normalization",
-    "pooling", "image_size", "return_stages"}
+    "pooling", "image_size", "return_stages",
+    *(o.name for o in options.OPTIONS if not o.parameters)}
 # Keys the count below reads.
 _COUNTED = {
     "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size",
     "resnet", "classifier", "representation_size", "num_classes",
     "include_top", "num_channels", "position_embedding",
-    "position_embedding_placement", "class_token", "num_registers",
-    "posemb_includes_prefix", "fc_norm", "final_norm", "pre_norm",
-    "layer_scale", "qk_norm", "qkv_bias", "proj_bias", "patch_bias",
-    "distilled", "block_units", "width_factor", "mlp", "norm", "patch_norm"}
+    "position_embedding_placement", "block_units", "width_factor",
+    *(o.name for o in options.OPTIONS if o.parameters)}
 
 
 def mlp_first_width(mlp_dim, kind="gelu"):

@@ -544,7 +544,8 @@ def _rank(model, outputs, top, good):
 def _cmd_predict(args):
     """The top-K classes of each image, or, for a feature extractor (a
     model without a classification head, such as the DINOv2 and SigLIP
-    towers: num_classes=0 or include_top=False), its embedding. Each
+    towers: num_classes=0 or include_top=False; CLIP's towers, whose head
+    is the image-text projection: head_type="projection"), its embedding. Each
     image is resized to the model's input size (bilinear, no crop) and
     normalised with the model's own input normalisation (what its weights
     were trained with, as `keras-vit info NAME` shows it: the official

@@ -214,27 +214,32 @@ def run_export(args):
 
 def check_head(model, args):
     """Refuses, in the command's own words, what needs a classification
-    head from a model without one (a feature extractor: DINOv2, SigLIP,
-    CLIP towers), naming the outputs it has."""
+    head from a model without one (a feature extractor: DINOv2 and SigLIP
+    towers, CLIP's whose head is a projection), naming the outputs it
+    has; its ``--input image_bytes`` signature returns the embedding."""
     from keras_vit.export.graph import default_outputs
-    from keras_vit.models.features import is_classifier
+    from keras_vit.models.features import is_classifier, why_features
 
     if is_classifier(model):
         return
     embedding = ",".join(default_outputs(model))
+    what = (f"MODEL {printable(args.model)!r} is a feature extractor "
+            f"({why_features(model)})")
     if args.input == "image_bytes":
-        raise ValueError(
-            "--input image_bytes returns class labels and needs a "
-            f"classification head; MODEL {printable(args.model)!r} is a "
-            "feature extractor (no head): export its embedding with "
-            f"--input images (--outputs {embedding}, the default)")
+        given = [flag for flag, value in (("--top-k", args.top_k),
+                                          ("--labels", args.labels))
+                 if value is not None]
+        if given:
+            raise ValueError(
+                f"{given[0]} ranks classes; {what}, whose --input "
+                f"image_bytes signature returns its embedding ({embedding})")
+        return
     scores = [o for o in args.outputs or ()
               if o in ("logits", "probabilities")]
     if scores:
         raise ValueError(
             f"--outputs {','.join(scores)} needs a classification head; "
-            f"MODEL {printable(args.model)!r} is a feature extractor (no "
-            f"head), whose embedding is --outputs {embedding} (the "
+            f"{what}, whose embedding is --outputs {embedding} (the "
             "default)")
 
 

@@ -10,6 +10,7 @@ import re
 import keras
 from keras import layers, ops
 
+from keras_vit.base import options
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.runtime.backend import is_tensorflow, is_torch, name as backend_name
@@ -192,7 +193,7 @@ def check_gelu(form):
     return check_choice("gelu", form, MLP_ACTIVATIONS)
 
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = options.choices("mlp")
 """The MLP of an encoder block: ``"gelu"``, Dense -> GELU -> Dense (the
 paper's); ``"swiglu"``, one Dense to twice the width whose first half,
 through SiLU, gates the second, then Dense (Shazeer 2020's SwiGLU, the
@@ -420,7 +421,7 @@ class FusedLayerNormalization(layers.LayerNormalization):
         return super().call(inputs)
 
 
-NORM_KINDS = ("layer", "rms")
+NORM_KINDS = options.choices("norm")
 """The norms a model builds: ``"layer"``, LayerNorm (subtracts the mean,
 divides by the standard deviation, a scale and a bias: the paper's);
 ``"rms"``, RMSNorm (Zhang & Sennrich 2019: divides by the root mean

@@ -11,9 +11,9 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 
 from __future__ import annotations
 
+from keras_vit.base import options as options_table
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
 from keras_vit.layers.image_sizes import check_image_size
-from keras_vit.layers.dense import check_mlp, check_norm
 from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
@@ -160,48 +160,25 @@ def check_remat_scope(dropout_rate, attention_dropout_rate):
 
 
 # The ViT family's options (VisionTransformer's arguments of the same
-# names) with their defaults: the paper's ViT. The models keep them as
-# given; check_family_options returns them normalised.
-FAMILY_DEFAULTS = dict(
-    class_token=None, num_registers=0, posemb_includes_prefix=True,
-    fc_norm=False, final_norm=True, pre_norm=False, layer_scale=None,
-    qk_norm=False, qkv_bias=True, proj_bias=True, patch_bias=True,
-    drop_path_rate=0.0, distilled=False, mlp="gelu", norm="layer",
-    patch_norm=False)
-
-
-def _flag(name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False; received "
-                         f"{name}={value!r}")
-    return value
+# names) with their defaults: the paper's ViT, one row each in
+# keras_vit.base.options. The models keep them as given;
+# check_family_options returns them normalised.
+FAMILY_DEFAULTS = options_table.DEFAULTS
 
 
 def check_family_options(options, classifier, pooling, include_top,
                          position_embedding, placement):
     """The family options ``options`` (a dict of :data:`FAMILY_DEFAULTS`'
     keys) checked, each error naming the argument and value, and
-    normalised: ``class_token`` a bool (None: as ``classifier`` says, a
-    class token for ``"token"`` only), the others their types.
-    ``classifier`` and ``pooling`` are the normalised pooling methods
-    (``"avg"`` already ``"gap"``)."""
-    out = dict(options)
-    for name in ("posemb_includes_prefix", "fc_norm", "final_norm",
-                 "pre_norm", "qk_norm", "qkv_bias", "proj_bias",
-                 "patch_bias", "distilled", "patch_norm"):
-        _flag(name, out[name])
+    normalised by their rows' checks; ``class_token`` a bool (None: as
+    ``classifier`` says, a class token for ``"token"`` only). Then the
+    checks between options. ``classifier`` and ``pooling`` are the
+    normalised pooling methods (``"avg"`` already ``"gap"``)."""
+    out = options_table.checked(options)
     token = out["class_token"]
     if token is None:
         token = classifier == "token"
-    out["class_token"] = _flag("class_token", token)
-    out["num_registers"] = check_int("num_registers", out["num_registers"],
-                                     low=0)
-    if out["layer_scale"] is not None:
-        out["layer_scale"] = float(check_number(
-            "layer_scale", out["layer_scale"], low=0, low_open=True))
-    out["drop_path_rate"] = _rate(out["drop_path_rate"], "drop_path_rate")
-    out["mlp"] = check_mlp(out["mlp"])
-    out["norm"] = check_norm(out["norm"])
+    out["class_token"] = token
     method = classifier if include_top else pooling
     if method == "token" and not token:
         what = (f"classifier={classifier!r}" if include_top

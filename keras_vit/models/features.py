@@ -40,9 +40,11 @@ def available_features(model):
 def is_classifier(model):
     """Whether ``model`` ends in a classification head (its outputs are
     class scores); False for a feature extractor (``num_classes=0``,
-    ``include_top=False``: DINOv2, SigLIP and CLIP towers), whose output
-    is the embedding. Every path that reads a model's outputs (``predict``,
-    the exporters' default outputs, the serving signature) asks this.
+    ``include_top=False``: DINOv2 and SigLIP towers; a head of
+    ``head_type="projection"``: CLIP's towers, whose head is the
+    image-text projection), whose output is the embedding. Every path that
+    reads a model's outputs (``predict``, the exporters' default outputs,
+    the serving signature) asks this.
 
     >>> import keras_vit
     >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
@@ -51,8 +53,28 @@ def is_classifier(model):
     True
     >>> is_classifier(keras_vit.vit(**kw, num_classes=0))
     False
+    >>> is_classifier(keras_vit.vit(**kw, num_classes=4,
+    ...                             head_type="projection"))
+    False
     """
-    return "logits" in available_features(model)
+    return ("logits" in available_features(model)
+            and getattr(model, "head_type", "classifier") == "classifier")
+
+
+def why_features(model):
+    """Why ``model`` is not a classifier, in its arguments' words, for
+    errors (``"head_type='projection'"``, ``"num_classes=0"``, ...)."""
+    if getattr(model, "head_type", "classifier") != "classifier":
+        return f"head_type={model.head_type!r}"
+    try:
+        config = model.get_config()
+    except (AttributeError, NotImplementedError, TypeError):
+        config = {}
+    if config.get("include_top") is False:
+        return "include_top=False"
+    if config.get("num_classes") == 0:
+        return "num_classes=0"
+    return "no classification head"
 
 
 def _stage_outputs(model):

@@ -7,7 +7,7 @@ from keras import layers, ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.base import geometry
-from keras_vit.base.checks import check_choice, check_dtype, check_keywords
+from keras_vit.base.checks import check_choice, check_dtype, check_keywords, shown
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head,
                                      image_input, pooling_layer)
@@ -381,6 +381,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         mlp="gelu",
         norm="layer",
         patch_norm=False,
+        head_type="classifier",
         input_normalization=None,
         name="vision_transformer",
         **kwargs,
@@ -403,6 +404,19 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 "(the model returns the pooled embedding); received "
                 f"num_classes=0, {what}="
                 f"{label_names if what == 'label_names' else classifier_activation!r}")
+        if family["head_type"] == "projection" and (
+                not spec["head"] or label_names is not None
+                or classifier_activation is not None):
+            what = ("num_classes=0" if include_top and not spec["head"]
+                    else "include_top=False" if not include_top
+                    else f"label_names={shown(label_names)}"
+                    if label_names is not None
+                    else f"classifier_activation={classifier_activation!r}")
+            raise ValueError(
+                "head_type='projection' makes the head an embedding (the "
+                "image-text projection of CLIP's towers): it needs the head "
+                "and has no classes to name or score; received "
+                f"head_type='projection', {what}")
         label_names = check_label_names(label_names, spec["num_classes"],
                                         spec["head"])
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
@@ -509,6 +523,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             setattr(self, key, spec[key])
         self.grid_size = spec["grid"]
         self.label_names = label_names
+        self.head_type = family["head_type"]
         self.input_normalization = input_normalization
         self.dynamic_image_size = dynamic
         self.remat = remat
@@ -635,9 +650,13 @@ def vit(
             mean subtracted and no bias (AIMv2; default ``"layer"``,
             LayerNorm); ``patch_norm``: a norm of that kind on each
             patch's embedding, before the class token and the position
-            table join (timm's ``embed_norm_layer``, AIMv2).
-            ``num_classes=0`` builds no head: the model returns the
-            pooled embedding.
+            table join (timm's ``embed_norm_layer``, AIMv2);
+            ``head_type="projection"``: the head's ``num_classes`` outputs
+            are an embedding, not class scores (the image-text projection
+            of CLIP's towers, as timm holds it): ``predict``, the exports'
+            default outputs and the serving signature treat the model as
+            a feature extractor. ``num_classes=0`` builds no head: the
+            model returns the pooled embedding.
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).

@@ -37,6 +37,10 @@ HEADLESS = {
     # The SigLIP shape: no class token, the attention-pool head.
     "map_pool": (dict(num_classes=0, classifier="map", class_token=False,
                       input_normalization="clip"), "clip"),
+    # CLIP's towers as timm holds them: the head is the image-text
+    # projection (head_type="projection"), its output the embedding.
+    "projection": (dict(num_classes=12, head_type="projection",
+                        pre_norm=True, input_normalization="clip"), "clip"),
     # include_top=False: the tokens, not a vector.
     "tokens": (dict(num_classes=10, include_top=False), "official"),
 }

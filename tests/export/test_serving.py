@@ -307,3 +307,34 @@ def test_the_command_writes_the_bytes_signature(tmp_path, capsys):
         assert code == 2, extra
         assert message in capsys.readouterr().err, extra
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_command_serves_a_feature_extractors_embedding(tmp_path,
+                                                           capsys):
+    """``keras-vit export --input image_bytes`` of a feature extractor
+    (here CLIP's shape: its head a projection) writes the signature that
+    returns its embedding, as ``to_saved_model`` does; ``--top-k``, which
+    ranks classes, is refused naming it and why."""
+    from keras_vit.cli import main
+    from keras_vit.export.graph import default_outputs
+
+    keras_file = str(tmp_path / "tower.keras")
+    model = _model(num_classes=6, head_type="projection")
+    model.save(keras_file)
+    code = main(["export", keras_file, "-f", "saved_model", "-o",
+                 str(tmp_path / "bad"), "--input", "image_bytes",
+                 "--top-k", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--top-k ranks classes" in err, err
+    assert "head_type='projection'" in err, err
+    out = str(tmp_path / "served")
+    assert main(["export", keras_file, "-f", "saved_model", "-o", out,
+                 "--input", "image_bytes"]) == 0
+    files, pixels = _photos()
+    result = tf.saved_model.load(out).signatures["serving_default"](
+        image_bytes=tf.constant(files[:2]))
+    name, = default_outputs(model)
+    assert set(result) == {name}
+    x = np.stack([zoo.preprocess_input(p, 32) for p in pixels[:2]])
+    np.testing.assert_allclose(result[name].numpy(), np.asarray(model(x)),
+                               atol=1e-4)

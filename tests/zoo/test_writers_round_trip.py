@@ -61,6 +61,7 @@ OPTIONS = dict(
     norm=["layer", "rms"], patch_norm=[False, True],
     distilled=[False, True], gelu=["exact", "tanh", "quick"],
     layer_norm_epsilon=[1e-6, 1e-5], num_classes=[3, 0],
+    head_type=["classifier", "projection"],
     include_top=[True, False])
 _CHANGE = st.sampled_from(sorted(OPTIONS)).flatmap(
     lambda key: st.tuples(st.just(key), st.sampled_from(OPTIONS[key])))

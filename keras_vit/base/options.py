@@ -1,0 +1,153 @@
+"""The ViT family's options over the 2020 ViT, one row each.
+
+Each row declares an option once: its name (the builder argument of
+:class:`~keras_vit.models.VisionTransformer`), its default (the paper's
+ViT), its check (normalises the value or raises one line naming the
+argument and value), whether it changes the model's weights, its name
+among timm's ``VisionTransformer`` arguments, and what it does. The
+builder's defaults and checks, the parameter count
+(:mod:`keras_vit.base.geometry`) and timm's argument names
+(:mod:`keras_vit.zoo.timm_layout`) are read from here.
+
+The table sits on the lowest floor: the parameter count reads it without
+building a model or importing a framework.
+
+>>> DEFAULTS["layer_scale"] is None, DEFAULTS["head_type"]
+(True, 'classifier')
+>>> ROWS["num_registers"].check("num_registers", 4)
+4
+>>> ROWS["mlp"].check("mlp", "swiglue")
+Traceback (most recent call last):
+ValueError: mlp must be one of ('gelu', 'swiglu'); received mlp='swiglue'. Did you mean 'swiglu'?
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from keras_vit.base.checks import check_choice, check_int, check_number
+
+
+def flag(name, value):
+    """``value`` if it is True or False, else a ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; received "
+                         f"{name}={value!r}")
+    return value
+
+
+def optional_flag(name, value):
+    """None (decided by another argument) or a flag."""
+    return None if value is None else flag(name, value)
+
+
+def count(name, value):
+    """A non-negative integer."""
+    return check_int(name, value, low=0)
+
+
+def rate(name, value):
+    """A probability in [0, 1), as a float."""
+    return float(check_number(name, value, low=0, high=1, high_open=True))
+
+
+def optional_positive(name, value):
+    """None (off) or a positive number, as a float."""
+    if value is None:
+        return None
+    return float(check_number(name, value, low=0, low_open=True))
+
+
+def choice(*choices):
+    """A check accepting one of ``choices``."""
+    def check(name, value):
+        return check_choice(name, value, choices)
+    check.choices = choices
+    return check
+
+
+class Option(NamedTuple):
+    """One option of the family.
+
+    Attributes:
+        name: the builder argument.
+        default: its value in the paper's ViT.
+        check: ``check(name, value)`` -> the normalised value, or a
+            ValueError naming the argument and value.
+        parameters: whether its value changes the model's weights (their
+            number, shapes or places), which the parameter count reads.
+        timm: timm's ``VisionTransformer`` argument of the same meaning,
+            or None where timm spells it otherwise (an architecture, a
+            layer) or not at all.
+        about: what it selects.
+    """
+
+    name: str
+    default: object
+    check: Callable
+    parameters: bool
+    timm: str | None
+    about: str
+
+
+OPTIONS = (
+    Option("class_token", None, optional_flag, True, "class_token",
+           "a learned class token before the patches (None: as "
+           "classifier='token' says)"),
+    Option("num_registers", 0, count, True, "reg_tokens",
+           "learned register tokens after the class token (Darcet et al. "
+           "2024)"),
+    Option("posemb_includes_prefix", True, flag, True, "no_embed_class",
+           "whether the position table has rows for the class and register "
+           "tokens (timm's no_embed_class is its negation)"),
+    Option("fc_norm", False, flag, True, "fc_norm",
+           "the final norm after the pooling instead of before it"),
+    Option("final_norm", True, flag, True, "final_norm",
+           "a norm after the last block"),
+    Option("pre_norm", False, flag, True, "pre_norm",
+           "a norm before the first block (CLIP's ln_pre)"),
+    Option("layer_scale", None, optional_positive, True, "init_values",
+           "per-channel scales on each residual branch, this initial value "
+           "(CaiT, DeiT III, DINOv2)"),
+    Option("qk_norm", False, flag, True, "qk_norm",
+           "a norm on each head's queries and keys"),
+    Option("qkv_bias", True, flag, True, "qkv_bias",
+           "biases on the query, key and value projections"),
+    Option("proj_bias", True, flag, True, "proj_bias",
+           "biases on the attention's output projection and the MLP's"),
+    Option("patch_bias", True, flag, True, None,
+           "a bias on the patch embedding"),
+    Option("drop_path_rate", 0.0, rate, False, "drop_path_rate",
+           "stochastic depth at the last block, growing linearly from 0"),
+    Option("distilled", False, flag, True, None,
+           "DeiT's distillation token and second head"),
+    Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
+           "the block's MLP: GELU, or SwiGLU's gated packed layer"),
+    Option("norm", "layer", choice("layer", "rms"), True, None,
+           "LayerNorm, or RMSNorm (no bias) everywhere"),
+    Option("patch_norm", False, flag, True, None,
+           "a norm on the patch embedding's output"),
+    Option("head_type", "classifier", choice("classifier", "projection"),
+           False, None,
+           "what the head's outputs are: class scores, or an embedding "
+           "(the image-text projection of CLIP's towers)"),
+)
+
+ROWS = {option.name: option for option in OPTIONS}
+DEFAULTS = {option.name: option.default for option in OPTIONS}
+
+
+def choices(name):
+    """The values option ``name`` accepts (for a choice).
+
+    >>> choices("norm")
+    ('layer', 'rms')
+    """
+    return ROWS[name].check.choices
+
+
+def checked(options):
+    """``options`` (a dict with every row's name) with each value passed
+    through its row's check."""
+    return {name: ROWS[name].check(name, value) if name in ROWS else value
+            for name, value in options.items()}

@@ -1,0 +1,98 @@
+"""Every row of the family's option table (:mod:`keras_vit.base.options`)
+holds for the model: it is a builder argument with the row's default, the
+row's check refuses what the builder refuses (one line naming the
+argument and value), and its ``parameters`` column says truly whether the
+option changes the model's weights, which the count without a model
+(:func:`keras_vit.base.geometry.parameter_count`) then matches.
+
+An option added as a row without an example here fails
+``test_every_row_has_an_example``: the example is how the row is proven."""
+
+import inspect
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+import keras_vit
+from keras_vit.base import geometry, options
+from keras_vit.models.encoder import FAMILY_DEFAULTS
+from keras_vit.models.vit import VisionTransformer
+
+TINY = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+            num_heads=2, mlp_dim=16, num_classes=3)
+# Each row: a value other than its default, with what else it needs to
+# build (the checks between options).
+EXAMPLES = {
+    "class_token": (True, dict(classifier="gap")),
+    "num_registers": (2, {}),
+    "posemb_includes_prefix": (False, {}),
+    "fc_norm": (True, dict(classifier="gap")),
+    "final_norm": (False, {}),
+    "pre_norm": (True, {}),
+    "layer_scale": (0.1, {}),
+    "qk_norm": (True, {}),
+    "qkv_bias": (False, {}),
+    "proj_bias": (False, {}),
+    "patch_bias": (False, {}),
+    "drop_path_rate": (0.1, {}),
+    "distilled": (True, {}),
+    "mlp": ("swiglu", {}),
+    "norm": ("rms", {}),
+    "patch_norm": (True, {}),
+    "head_type": ("projection", {}),
+}
+
+
+def test_every_row_has_an_example():
+    assert set(EXAMPLES) == set(options.ROWS)
+
+
+def test_rows_are_the_builders_arguments_and_defaults():
+    signature = inspect.signature(VisionTransformer.__init__).parameters
+    assert FAMILY_DEFAULTS == options.DEFAULTS
+    for row in options.OPTIONS:
+        assert signature[row.name].default == row.default, row.name
+        assert row.check(row.name, row.default) == row.default, row.name
+        assert row.about, row.name
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_rows_parameter_column_is_true(name):
+    value, needs = EXAMPLES[name]
+    base = dict(TINY, **needs)
+    plain = keras_vit.vit(**base)
+    changed = keras_vit.vit(**dict(base, **{name: value}))
+    assert changed.get_config()[name] == value
+    weights = [{(w.path, tuple(w.shape)) for w in m.weights}
+               for m in (plain, changed)]
+    assert (weights[0] != weights[1]) == options.ROWS[name].parameters, name
+    for model in (plain, changed):
+        assert geometry.parameter_count(model.get_config()) == (
+            model.count_params()), name
+
+
+# Values no row takes: the wrong type for flags and choices, out of range
+# for counts and rates.
+_HOSTILE = st.one_of(st.none(), st.integers(-10, 10), st.floats(-2, 2),
+                     st.text(max_size=6), st.lists(st.booleans(),
+                                                   max_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(options.ROWS)), value=_HOSTILE)
+def test_a_value_the_row_refuses_the_builder_refuses_by_name(name, value):
+    row = options.ROWS[name]
+    try:
+        expected = row.check(name, value)
+    except ValueError as e:
+        message = str(e)
+        assert "\n" not in message and f"{name}=" in message, message
+        value_needs = EXAMPLES[name][1]
+        with pytest.raises(ValueError) as built:
+            keras_vit.vit(**dict(TINY, **value_needs, **{name: value}))
+        assert f"{name}=" in str(built.value)
+    else:
+        # Accepted values are the row's own type: bool flags stay bools.
+        if isinstance(row.default, bool):
+            assert expected is value
