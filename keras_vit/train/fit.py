@@ -100,14 +100,10 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     set_remat(model, remat)
     if check_memory:
         _check_step_memory(model, r)
-    optimizer = recipes_lib.make_optimizer(
-        r, total, clip_in_optimizer=True, accumulation_steps=accum,
-        model=model)
     # The recipe's loss: DeiT's mixed batches carry soft targets, which a
     # sparse cross-entropy would refuse (or misread).
-    model.compile(optimizer=optimizer, loss=recipes_lib.make_loss(r),
-                  metrics=recipes_lib.make_metrics(r),
-                  jit_compile=_fit_jit(model, r))
+    recipes_lib.compile_model(model, r, total, accumulation_steps=accum,
+                              jit_compile=_fit_jit(model, r))
     return r
 
 

@@ -170,9 +170,11 @@ class Trainer:
         return model
 
     def objective(self):
-        """``(loss, metrics)`` for ``model.compile``: here the recipe's
-        cross-entropy (label smoothing included) and the accuracy."""
-        return recipes_lib.make_loss(self.recipe), ["accuracy"]
+        """``(loss, metrics)`` for ``model.compile``, or None for the
+        recipe's (:func:`~keras_vit.train.recipes.compile_model`: its
+        cross-entropy, label smoothing and mixed targets included, and the
+        top-1 accuracy of training targets and evaluation labels)."""
+        return None
 
     def trained_model(self):
         """The model a run returns and saves (``self.model`` is what
@@ -316,12 +318,9 @@ def _build_and_compile(t, model, *, weights, model_options, remat, named,
     built = t.placement.place(built)
     with t.placement.scope(), dtype_policy(t.precision):
         t.model = t.prepare_model(built)
-        loss, metrics = t.objective()
-        t.optimizer = recipes_lib.make_optimizer(
-            r, t.total_steps, clip_in_optimizer=True,
-            accumulation_steps=t.accum, model=t.model)
-        t.model.compile(optimizer=t.optimizer, loss=loss, metrics=metrics,
-                        jit_compile=t.jit_compile)
+        t.optimizer = recipes_lib.compile_model(
+            t.model, r, t.total_steps, accumulation_steps=t.accum,
+            jit_compile=t.jit_compile, objective=t.objective())
         t.optimizer.build(t.model.trainable_variables)
 
 

@@ -923,6 +923,31 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
                        total_steps, recipe.schedule, ticks_per_step=per_step)
 
 
+def compile_model(model, recipe, total_steps, *, accumulation_steps=1,
+                  jit_compile="auto", objective=None):
+    """Compiles ``model`` for ``total_steps`` optimizer steps of
+    ``recipe``: its optimizer (:func:`make_optimizer`: schedule, clipping,
+    accumulation, EMA, layer decay), its loss and metrics
+    (:func:`make_loss`, :func:`make_metrics`) unless ``objective`` gives
+    ``(loss, metrics)`` of its own (masked patch prediction's). The one
+    compile of ``compile_for_finetune`` (``model.fit``) and of the
+    :class:`~keras_vit.train.Trainer`. Returns the optimizer.
+
+    >>> import keras_vit
+    >>> model = keras_vit.vit(16, 8, 8, 1, 1, 8, 3)
+    >>> opt = compile_model(model, get("deit"), 100, accumulation_steps=2)
+    >>> type(model.loss).__name__, opt.gradient_accumulation_steps
+    ('SoftTargetCrossentropy', 2)
+    """
+    optimizer = make_optimizer(recipe, total_steps, clip_in_optimizer=True,
+                               accumulation_steps=accumulation_steps,
+                               model=model)
+    loss, metrics = objective or (make_loss(recipe), make_metrics(recipe))
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
+                  jit_compile=jit_compile)
+    return optimizer
+
+
 def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
                    accumulation_steps=1, model=None):
     """The recipe's Keras optimizer, with Keras' own options for the rest

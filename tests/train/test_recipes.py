@@ -216,6 +216,16 @@ def test_the_trainer_applies_the_family_recipes(name, passed, expected):
     scales = trainer.optimizer.variable_scales
     assert scales["patch_embedding/conv/kernel"] == pytest.approx(0.75 ** 3)
     assert scales[model.get_layer("head").kernel.path] == 1.0
+    # model.fit's compile (compile_for_finetune) is the Trainer's: the same
+    # loss and metrics (top-1 accuracy that reads the mixed training rows
+    # and the integer evaluation labels alike).
+    alone = keras_vit.vit(16, 4, 32, 2, 2, 64, 10)
+    kt.compile_for_finetune(alone, name, total_steps=2, warmup_steps=1,
+                            batch_size=8, layer_decay=0.75, **passed)
+    for key in ("loss", "metrics"):
+        assert alone.get_compile_config()[key] == (
+            model.get_compile_config()[key]), key
+    assert type(model.metrics[-1]).__name__ == "CompileMetrics"
     images, targets = next(iter(trainer._batches(0, 2)))
     # Mixed batches carry soft targets over the 10 classes.
     assert tuple(targets.shape) == (8, 10) and images.shape[0] == 8
