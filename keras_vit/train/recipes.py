@@ -935,7 +935,8 @@ def compile_model(model, recipe, total_steps, *, accumulation_steps=1,
 
     >>> import keras_vit
     >>> model = keras_vit.vit(16, 8, 8, 1, 1, 8, 3)
-    >>> opt = compile_model(model, get("deit"), 100, accumulation_steps=2)
+    >>> deit = get("deit", warmup_steps=10, ema_decay=None)  # a short run
+    >>> opt = compile_model(model, deit, 100, accumulation_steps=2)
     >>> type(model.loss).__name__, opt.gradient_accumulation_steps
     ('SoftTargetCrossentropy', 2)
     """
