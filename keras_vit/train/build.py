@@ -18,7 +18,7 @@ dtype_policy = dtype_policy_scope
 
 def build_model(model, *, num_classes, image_size=None, weights="auto",
                 dropout_rate=None, model_options=None, label_names=None,
-                drop_path_rate=None):
+                drop_path_rate=None, dtype=None):
     """A model for training, built in the current strategy scope.
 
     ``model`` is a zoo name (loaded with ``weights``; a head of another size
@@ -35,20 +35,28 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
     None. The model's head takes them (:func:`name_classes`): a new head
     gets them, a head that has names keeps them when they are the same and
     is refused when they differ.
+
+    ``dtype``: the dtype policy the run trains in (a keras_vit model is
+    built or rebuilt in it; a function's model is built under it); None:
+    Keras' global policy.
     """
+    import keras
+
+    dtype = dtype or keras.config.dtype_policy().name
     return name_classes(_build(model, num_classes, image_size, weights,
-                               dropout_rate, model_options, drop_path_rate),
-                        label_names)
+                               dropout_rate, model_options, drop_path_rate,
+                               dtype), label_names)
 
 
 def _build(model, num_classes, image_size, weights, dropout_rate,
-           model_options, drop_path_rate=None):
+           model_options, drop_path_rate, dtype):
     import keras
 
     from keras_vit.zoo.build import is_keras_vit_model
     from keras_vit.zoo.resolve import model_path, rebuild, resolve_model
 
     options = dict(model_options or {})
+    options.setdefault("dtype", dtype)
     if isinstance(model, (str, os.PathLike)) and model_path(model) is None:
         if dropout_rate is not None:
             options.setdefault("dropout_rate", dropout_rate)
@@ -59,7 +67,8 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
     if isinstance(model, (str, os.PathLike)):
         model = resolve_model(model)  # a .keras file or a run directory
     elif callable(model) and not isinstance(model, keras.Model):
-        model = model()
+        with dtype_policy_scope(dtype):  # its layers take the run's policy
+            model = model()
     if hasattr(model, "to_classifier") and num_classes is not None:
         # A self-supervised model (keras_vit.train.mpp): its encoder with a
         # new zero-initialised head.
@@ -91,8 +100,7 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
         if changes.get("image_size") is not None:
             rebuild(model, image_size=image_size)
         return _copy_into_scope(model)
-    rebuilt = rebuild(model, num_classes=num_classes,
-                      dtype=keras.mixed_precision.global_policy().name,
+    rebuilt = rebuild(model, num_classes=num_classes, dtype=dtype,
                       copy=False, **changes)
     if rebuilt is not model:
         return rebuilt

@@ -500,22 +500,6 @@ def _is_chief(task_type, task_id, resolver):
     return False
 
 
-def precision_for(strategy_, requested="auto"):
-    """The Keras dtype policy name for ``requested``: ``"float32"``,
-    ``"mixed_bfloat16"``, or ``"auto"``: bfloat16 on TPU, float32 elsewhere.
-
-    On CPUs with native bfloat16 (AVX512-BF16, AMX) ``"mixed_bfloat16"`` is
-    accepted, but ``"auto"`` does not pick it: measured on such a CPU
-    (2 cores, TF 2.21), a ViT-S/16 training step at 224 took 5.9 s in
-    mixed_bfloat16 against 3.7 s in float32 (the casts around every layer
-    cost more than the faster matmuls win), although inference alone is
-    about 1.5x faster in bfloat16. Without native support it is emulated
-    and slower still, so that case warns.
-    """
-    return check_precision(requested,
-                           on_tpu=describe(strategy_)["name"] == "tpu")
-
-
 # The training precisions a run may ask for (``"auto"`` decides per device).
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 
@@ -528,11 +512,20 @@ def check_precision_name(requested):
 
 
 def check_precision(requested="auto", *, on_tpu=False):
-    """:func:`precision_for` without a ``tf.distribute`` strategy (the jax
-    and torch backends): ``"auto"`` is bfloat16 on a TPU, else float32.
+    """The one decision of a run's Keras dtype policy name, on every
+    backend: ``"float32"``, ``"mixed_bfloat16"``, or ``"auto"``: bfloat16
+    on a TPU (``on_tpu``: the run's placement is one), float32 elsewhere.
 
-    >>> check_precision("auto")
-    'float32'
+    On CPUs with native bfloat16 (AVX512-BF16, AMX) ``"mixed_bfloat16"`` is
+    accepted, but ``"auto"`` does not pick it: measured on such a CPU
+    (2 cores, TF 2.21), a ViT-S/16 training step at 224 took 5.9 s in
+    mixed_bfloat16 against 3.7 s in float32 (the casts around every layer
+    cost more than the faster matmuls win), although inference alone is
+    about 1.5x faster in bfloat16. Without native support it is emulated
+    and slower still, so that case warns.
+
+    >>> check_precision("auto"), check_precision("auto", on_tpu=True)
+    ('float32', 'mixed_bfloat16')
     """
     check_precision_name(requested)
     if requested == "auto":

@@ -300,10 +300,10 @@ def _build_and_compile(t, model, *, weights, model_options, remat, named,
     dtype policy, fits the recipe to it, and compiles it with the recipe's
     optimizer, the objective's loss and metrics."""
     r = t.recipe
-    with t.placement.scope(), dtype_policy(t.precision):
+    with t.placement.scope():
         built = build_model(
             model, num_classes=t.train.num_classes, weights=weights,
-            model_options=model_options,
+            model_options=model_options, dtype=t.precision,
             label_names=(t.train.class_names if t.names_classes else None),
             **settings.model_settings(model, r, overrides))
         # Rematerialised blocks: the same numbers, several times less

@@ -143,11 +143,22 @@ class Placement:
             return contextlib.nullcontext()
         return self.strategy.scope()
 
-    def precision(self, requested):
-        """The Keras dtype policy name the run trains in."""
+    @property
+    def on_tpu(self):
+        """Whether the run trains on TPU cores (a ``tpu`` strategy, or the
+        TPU devices jax sees)."""
         if self.backend == "tensorflow":
-            return strategy_lib.precision_for(self.strategy, requested)
-        return strategy_lib.check_precision(requested, on_tpu=False)
+            return self.info["name"] == "tpu"
+        if self.backend == "jax":
+            import jax
+
+            return jax.devices()[0].platform == "tpu"
+        return False
+
+    def precision(self, requested):
+        """The Keras dtype policy name the run trains in
+        (:func:`~keras_vit.train.distribute.check_precision`)."""
+        return strategy_lib.check_precision(requested, on_tpu=self.on_tpu)
 
     def uses_xla(self, requested, precision):
         """``jit_compile`` for ``model.compile``: on TensorFlow the one
