@@ -144,3 +144,5 @@ MAX_RANDAUGMENT_OPS = 64
 MAX_MIX_ALPHA = 100.0
 #: A seed: NumPy's (``keras.utils.set_random_seed``) is at most 2**32 - 1.
 MAX_SEED = 2**32 - 1
+#: Examples of a data set, or asked of one (JFT-300M holds 3e8).
+MAX_EXAMPLES = 1_000_000_000

@@ -221,9 +221,11 @@ def _exact(number):
     return int(number) if float(number).is_integer() else number
 
 
-_STEPS = 10 ** 9  # a step count: paper-scale pre-training runs ~1M
-_BATCH = 1 << 16  # images in one batch (ViT pre-training: 4096)
-_EXAMPLES = 10 ** 9  # examples of a data set (JFT-300M is 3e8)
+# The bounds are the library's (keras_vit.base.limits): a number the
+# command line takes, the recipe and the Python API take too.
+_STEPS = limits.MAX_STEPS
+_BATCH = limits.MAX_BATCH_SIZE
+_EXAMPLES = limits.MAX_EXAMPLES
 
 #: Every numeric option of every ``keras-vit`` command, by its long flag
 #: (where two commands share a flag, one range serves both; the option's
@@ -233,12 +235,12 @@ _EXAMPLES = 10 ** 9  # examples of a data set (JFT-300M is 3e8)
 #: (tests/base/test_bounds.py walks every command).
 BOUNDS = {
     "--steps": Bound(1, _STEPS),
-    "--epochs": Bound(0, 10 ** 6, low_open=True),
+    "--epochs": Bound(0, limits.MAX_EPOCHS, low_open=True),
     "--batch-size": Bound(1, _BATCH),
     "--micro-batch-size": Bound(1, _BATCH),
     "--batch": Bound(1, _BATCH),
     "--batch-sizes": Bound(1, _BATCH),
-    "--lr": Bound(0, 100, low_open=True),
+    "--lr": Bound(0, limits.MAX_LEARNING_RATE, low_open=True),
     "--warmup-steps": Bound(0, _STEPS),
     "--image-size": Bound(1, limits.MAX_IMAGE_SIDE),
     "--num-classes": Bound(1, limits.MAX_CLASSES),
@@ -246,8 +248,7 @@ BOUNDS = {
     "--top-k": Bound(1, limits.MAX_CLASSES),
     "--ema": Bound(0, 1),
     "--checkpoint-every": Bound(1, _STEPS),
-    # NumPy's and TensorFlow's seeds both take [0, 2**32).
-    "--seed": Bound(0, 2 ** 32 - 1),
+    "--seed": Bound(0, limits.MAX_SEED),
     "--opset": Bound(1, 100),  # the exporter checks tf2onnx's own range
     "--runs": Bound(1, limits.MAX_RUNS),
     "--cpu-devices": Bound(1, limits.MAX_CPU_DEVICES),
