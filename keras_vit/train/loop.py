@@ -171,9 +171,7 @@ class Trainer:
 
     def objective(self):
         """``(loss, metrics)`` for ``model.compile``, or None for the
-        recipe's (:func:`~keras_vit.train.recipes.compile_model`: its
-        cross-entropy, label smoothing and mixed targets included, and the
-        top-1 accuracy of training targets and evaluation labels)."""
+        recipe's (:func:`~keras_vit.train.recipes.compile_model`)."""
         return None
 
     def trained_model(self):
