@@ -152,7 +152,8 @@ def test_rms_norm_is_timms_formula_with_no_mean_and_no_bias():
 def test_patch_norm_normalises_each_patch_before_the_tokens_join():
     from keras_vit.layers import PatchEmbedding
 
-    layer = PatchEmbedding(8, 8, norm="rms", norm_epsilon=1e-5)
+    layer = PatchEmbedding(8, 8, norm="rms", norm_epsilon=1e-5,
+                           name="patch_embedding")
     x = _images()
     layer.build(x.shape)
     _randomise(layer)
