@@ -92,18 +92,19 @@ class Option(NamedTuple):
 
 OPTIONS = (
     Option("class_token", None, optional_flag, True, "class_token",
-           "a learned class token before the patches (None: as "
-           "classifier='token' says)"),
+           "a learned class token before the patches (None: with "
+           "classifier='token' only; True keeps one beside any pooling)"),
     Option("num_registers", 0, count, True, "reg_tokens",
            "learned register tokens after the class token (Darcet et al. "
            "2024)"),
     Option("posemb_includes_prefix", True, flag, True, "no_embed_class",
-           "whether the position table has rows for the class and register "
-           "tokens (timm's no_embed_class is its negation)"),
+           "False: the position table covers the patches only and the "
+           "class and register tokens join after it (DeiT-III, DINOv2 with "
+           "registers; timm's no_embed_class is its negation)"),
     Option("fc_norm", False, flag, True, "fc_norm",
            "the final norm after the pooling instead of before it"),
     Option("final_norm", True, flag, True, "final_norm",
-           "a norm after the last block"),
+           "a norm after the last block (False: none)"),
     Option("pre_norm", False, flag, True, "pre_norm",
            "a norm before the first block (CLIP's ln_pre)"),
     Option("layer_scale", None, optional_positive, True, "init_values",
@@ -118,23 +119,51 @@ OPTIONS = (
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding"),
     Option("drop_path_rate", 0.0, rate, False, "drop_path_rate",
-           "stochastic depth at the last block, growing linearly from 0"),
+           "stochastic depth in training, rising linearly from 0 at the "
+           "first block to this rate at the last"),
     Option("distilled", False, flag, True, None,
-           "DeiT's distillation token and second head"),
+           "DeiT's distillation token after the class token and a second "
+           "head, head_dist, on it; the two heads' logits averaged"),
     Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
-           "the block's MLP: GELU, or SwiGLU's gated packed layer"),
+           "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
+           "of one half of a 2 * mlp_dim projection times the other "
+           "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)"),
     Option("norm", "layer", choice("layer", "rms"), True, None,
-           "LayerNorm, or RMSNorm (no bias) everywhere"),
+           "every norm of the model (the blocks', the q/k norms, pre_norm, "
+           "the final norm or fc_norm, the attention pool's, the patch norm): "
+           "'layer' (LayerNorm) or 'rms': x / sqrt(mean(x ** 2) + "
+           "layer_norm_epsilon) * scale, no mean subtracted, no bias (AIMv2)"),
     Option("patch_norm", False, flag, True, None,
-           "a norm on the patch embedding's output"),
+           "a norm of that kind on each patch's embedding, before the class "
+           "token and the position table join (timm's embed_norm_layer, "
+           "AIMv2)"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
-           "what the head's outputs are: class scores, or an embedding "
-           "(the image-text projection of CLIP's towers)"),
+           "what the head's outputs are: 'classifier', class scores, or "
+           "'projection', an embedding (the image-text projection of CLIP's "
+           "towers, as timm holds it): predict, the exports' default outputs "
+           "and the serving signature treat the model as a feature "
+           "extractor"),
 )
 
 ROWS = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}
+
+
+def described(indent=12, width=72):
+    """The rows as docstring text: each option, its default and what it
+    selects, wrapped at ``width`` and indented by ``indent`` spaces (the
+    builder's docstring lists the options so, from this table).
+
+    >>> described(0, 60).splitlines()[0]
+    '``class_token`` (default None): a learned class token before'
+    """
+    import textwrap
+
+    text = "; ".join(f"``{o.name}`` (default {o.default!r}): {o.about}"
+                     for o in OPTIONS) + "."
+    return textwrap.fill(text, width, initial_indent=" " * indent,
+                         subsequent_indent=" " * indent)
 
 
 def choices(name):

@@ -6,7 +6,7 @@ import keras
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.base import geometry
+from keras_vit.base import geometry, options
 from keras_vit.base.checks import check_choice, check_dtype, check_keywords, shown
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head,
@@ -614,49 +614,22 @@ def vit(
             (they travel with the model: its config, ``.keras`` files,
             ``rebuild``, the zoo's writers and the exports keep them).
 
-            The ViT family's options (defaults: the paper's ViT), as DeiT,
-            DeiT-III, DINOv2, CLIP's image towers and timm's other ViTs
-            set them: ``classifier`` (and ``pooling``) also take ``"avg"``
+            ``classifier`` (and ``pooling``) also take ``"avg"``
             (``"gap"``), ``"max"`` and ``"avgmax"`` (mean + max) / 2,
             pooled over the patch tokens, and ``"map"``: multihead
             attention pooling of the patch tokens after the final norm by
             a learned probe, SigLIP's and big_vision's head
-            (:class:`keras_vit.layers.AttentionPoolHead`, weights of its
-            own); ``class_token`` (None: with
-            ``classifier="token"`` only; True keeps one beside any
-            pooling); ``num_registers``: register tokens after the class
-            token; ``posemb_includes_prefix`` (False: the position table
-            covers the patches only and the class/register tokens join
-            after it, DeiT-III and DINOv2 with registers);
-            ``fc_norm`` (True: the final LayerNorm after the pooling
-            instead of before); ``final_norm`` (False: none);
-            ``pre_norm`` (a LayerNorm before the blocks, CLIP);
-            ``layer_scale`` (the initial value of per-channel scales on
-            each residual branch; None: none); ``qk_norm`` (LayerNorm of
-            each head's queries and keys); ``qkv_bias``, ``proj_bias``
-            (the attention output's and the MLP's biases) and
-            ``patch_bias``; ``gelu="quick"`` (x * sigmoid(1.702 x), OpenAI
-            CLIP); ``drop_path_rate``: stochastic depth in training,
-            rising linearly from 0 at the first block to this rate at the
-            last; ``distilled``: DeiT's distillation token after the class
-            token and a second head ``head_dist`` on it, the two heads'
-            logits averaged; ``mlp="swiglu"``: every block's MLP gated
-            (SiLU of one half of a ``2 * mlp_dim`` projection times the
-            other, DINOv2-g, TIPS; ``gelu`` then serves the attention
-            pool only); ``norm="rms"``: every norm of the model (the
-            blocks', the q/k norms, ``pre_norm``, the final norm or
-            ``fc_norm``, the attention pool's, the patch norm) an RMSNorm,
-            ``x / sqrt(mean(x ** 2) + layer_norm_epsilon) * scale``, no
-            mean subtracted and no bias (AIMv2; default ``"layer"``,
-            LayerNorm); ``patch_norm``: a norm of that kind on each
-            patch's embedding, before the class token and the position
-            table join (timm's ``embed_norm_layer``, AIMv2);
-            ``head_type="projection"``: the head's ``num_classes`` outputs
-            are an embedding, not class scores (the image-text projection
-            of CLIP's towers, as timm holds it): ``predict``, the exports'
-            default outputs and the serving signature treat the model as
-            a feature extractor. ``num_classes=0`` builds no head: the
-            model returns the pooled embedding.
+            (:class:`keras_vit.layers.AttentionPoolHead`);
+            ``gelu="quick"``: x * sigmoid(1.702 x), OpenAI CLIP.
+            ``num_classes=0`` builds no head: the model returns the pooled
+            embedding.
+
+            The ViT family's options, as DeiT, DeiT-III, DINOv2, CLIP's
+            image towers and timm's other ViTs set them (one row each of
+            :data:`keras_vit.base.options.OPTIONS`; the defaults build the
+            paper's ViT):
+
+{family_options}
 
     Returns:
         A :class:`VisionTransformer` (a ``keras.Model``).
@@ -711,3 +684,10 @@ def vit(
         position_embedding_placement=position_embedding_placement,
         **kwargs,
     )
+
+
+# The family's options are listed from their table, not written here twice
+# (None under python -OO, which drops docstrings).
+if vit.__doc__:
+    vit.__doc__ = vit.__doc__.replace("{family_options}",
+                                      options.described())

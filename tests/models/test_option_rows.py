@@ -96,3 +96,19 @@ def test_a_value_the_row_refuses_the_builder_refuses_by_name(name, value):
         # Accepted values are the row's own type: bool flags stay bools.
         if isinstance(row.default, bool):
             assert expected is value
+
+
+def test_the_models_guide_tabulates_every_row():
+    """docs/guides/models.md's table of the family's options names each
+    row (the builder's docstring lists them from the table itself)."""
+    import os
+
+    guide = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
+                         "docs", "guides", "models.md")
+    with open(guide, encoding="utf-8") as f:
+        rows = [line for line in f if line.startswith("| `")]
+    for name in options.ROWS:
+        assert any(f"`{name}`" in row for row in rows), name
+    assert "{family_options}" not in keras_vit.vit.__doc__
+    assert all(f"``{name}``" in keras_vit.vit.__doc__
+               for name in options.ROWS)
