@@ -19,7 +19,7 @@ import dataclasses
 import os
 import urllib.parse
 
-from keras_vit.base import family_rows, variants
+from keras_vit.base import variants
 from keras_vit.zoo import (bit_layout, build, convert, download, formats,
                            registry)
 
@@ -152,10 +152,8 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
     default = registry.hub_weights(arch.name, "auto")
     if default is not None:  # a family member: its release's head (or none)
         random_head = default.num_classes
-        released = next(w for w in family_rows.MEMBERS[arch.name].weights
-                        if w.tag == default.tag)
-        if released.head_type != "classifier" and arrays is None:
-            head, head_config = random_head, {"head_type": released.head_type}
+        if default.head_type != "classifier" and arrays is None:
+            head, head_config = random_head, {"head_type": default.head_type}
     config.update(image_size=image_size or 224,
                   # A file without a head asks the caller for one (settle).
                   num_classes=head or (random_head if arrays is None

@@ -45,6 +45,8 @@ class Weights:
         sha256: the file's hash where known (else the download is verified
             only for completeness).
         description: one line for ``zoo.info``.
+        head_type: what the head is (``"projection"``: CLIP's image-text
+            projection, an embedding).
     """
 
     tag: str
@@ -56,6 +58,7 @@ class Weights:
     sha256: str | None = None
     description: str = ""
     license: str = LICENSE
+    head_type: str = "classifier"
 
 
 def _i21k(name, file, hidden):
@@ -182,7 +185,8 @@ def _family(name):
     member = family_rows.MEMBERS[name]
     return [Weights(w.tag, w.source, member.image_size, w.num_classes,
                     w.labels, description=_FAMILY_TAGS[w.tag],
-                    license=family_rows.FAMILIES[member.family].license)
+                    license=family_rows.FAMILIES[member.family].license,
+                    head_type=w.head_type)
             for w in member.weights]
 
 

@@ -226,9 +226,7 @@ def check_head(model, args):
     what = (f"MODEL {printable(args.model)!r} is a feature extractor "
             f"({why_features(model)})")
     if args.input == "image_bytes":
-        given = [flag for flag, value in (("--top-k", args.top_k),
-                                          ("--labels", args.labels))
-                 if value is not None]
+        given = _class_flags(args)
         if given:
             raise ValueError(
                 f"{given[0]} ranks classes; {what}, whose --input "
@@ -282,14 +280,19 @@ def calibration_data(source, model,
                         source.name)
 
 
+def _class_flags(args):
+    """The options given that rank classes (``--top-k``, ``--labels``)."""
+    return [flag for flag, value in (("--top-k", args.top_k),
+                                     ("--labels", args.labels))
+            if value is not None]
+
+
 def _input_options(args):
     """The ``--input`` / ``--top-k`` / ``--labels`` options as keyword
     arguments of :func:`keras_vit.export.to_saved_model`, checked before
     anything heavy is imported."""
     if args.input == "images":
-        given = [flag for flag, value in (("--top-k", args.top_k),
-                                          ("--labels", args.labels))
-                 if value is not None]
+        given = _class_flags(args)
         if given:
             raise ValueError(f"{' and '.join(given)} apply to --input "
                              "image_bytes only; received --input images")
