@@ -10,36 +10,15 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from numpy_layers import (inputs as _inputs, layer_norm as _layer_norm,
+                          rms_norm as _rms_norm, softmax as _softmax,
+                          to_numpy as _np)
 from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
 B, N, D, HEADS = 2, 5, 8, 2
 HEAD_DIM = D // HEADS
-
-
-def _np(x):
-    return ops.convert_to_numpy(x)
-
-
-def _inputs(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def _softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(-1, keepdims=True)
-
-
-def _layer_norm(x, gamma, beta, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def _rms_norm(x, gamma, eps):
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * gamma
 
 
 def _attention(x, w, bias=None, qk_norm=None, eps=1e-6):

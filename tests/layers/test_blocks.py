@@ -11,19 +11,14 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from numpy_layers import (GELU as ACTIVATION, conv2d, inputs as _inputs,
+                          norm as apply_norm, softmax as _softmax,
+                          to_numpy as _np)
 from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
 B, N, D, HEADS, MLP = 2, 4, 8, 2, 16
-
-
-def _np(x):
-    return ops.convert_to_numpy(x)
-
-
-def _inputs(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 def _sub(w, prefix):
@@ -34,47 +29,15 @@ def _sub(w, prefix):
 
 # -- the formulas ------------------------------------------------------------
 
-def _gelu_tanh(x):
-    c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
-
-
-def _gelu_exact(x):
-    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-ACTIVATION = {"tanh": _gelu_tanh, "exact": _gelu_exact,
-              "quick": lambda x: x * _sigmoid(1.702 * x)}
-
-
 def _mlp(x, w, gelu="tanh", kind="gelu"):
     """Dense -> GELU (or SwiGLU's gate) -> Dense."""
     h = x @ w["dense_0/kernel"] + w.get("dense_0/bias", 0.0)
     if kind == "swiglu":
         gate, value = np.split(h, 2, axis=-1)
-        h = gate * _sigmoid(gate) * value
+        h = gate * 1.0 / (1.0 + np.exp(-gate)) * value
     else:
         h = ACTIVATION[gelu](h)
     return h @ w["dense_1/kernel"] + w.get("dense_1/bias", 0.0)
-
-
-def _layer_norm(x, w, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w["gamma"] + w["beta"]
-
-
-def _rms_norm(x, w, eps=1e-6):
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w["gamma"]
-
-
-def _softmax(z):
-    e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 def _attention(x, w):
@@ -93,7 +56,9 @@ def _encoder_block(x, w, norm="layer", mlp="gelu", gelu="tanh",
                    branches=(1.0, 1.0)):
     """x + MSA(LN(x)), then x + MLP(LN(x)); each branch times its layer
     scale (when the block has one) and its factor in ``branches``."""
-    normalise = _layer_norm if norm == "layer" else _rms_norm
+    def normalise(y, weights):
+        return apply_norm(norm, y, weights)
+
     y, probs = _attention(normalise(x, _sub(w, "norm_1")),
                           _sub(w, "attention"))
     x = x + y * w.get("layer_scale_1", 1.0) * branches[0]
@@ -393,24 +358,6 @@ def _standardised(kernel, kind, eps):
     return (kernel - mean) / np.sqrt(std ** 2 + eps)
 
 
-def _conv_same(x, kernel, stride):
-    """TensorFlow's SAME convolution, channels last, by loops: the output
-    ceil(in / stride) a side, the padding's odd pixel after."""
-    kh, kw, _, out = kernel.shape
-    b, h, w, _ = x.shape
-    rows, cols = -(-h // stride), -(-w // stride)
-    pad_h = max((rows - 1) * stride + kh - h, 0)
-    pad_w = max((cols - 1) * stride + kw - w, 0)
-    x = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
-                   (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
-    y = np.zeros((b, rows, cols, out))
-    for i in range(rows):
-        for j in range(cols):
-            patch = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw]
-            y[:, i, j] = np.einsum("bhwc,hwco->bo", patch, kernel)
-    return y
-
-
 @pytest.mark.parametrize("kind, eps", [
     ("var", 1e-10), ("std", 1e-5), ("var", 0.5), ("std", 0.5)])
 def test_std_conv_standardises_its_kernel_per_output_channel(kind, eps):
@@ -431,8 +378,8 @@ def test_std_conv_convolves_with_the_standardised_kernel(stride):
     layer.build(x.shape)
     randomise_weights(layer)
     kernel = weights_below(layer)["kernel"]
-    want = _conv_same(x.astype("float64"),
-                      _standardised(kernel, "std", 1e-5), stride)
+    want = conv2d(x.astype("float64"),
+                  _standardised(kernel, "std", 1e-5), stride, "same")
     np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
 
 
@@ -463,7 +410,7 @@ def _residual_unit(x, w, stride, groups, eps=1e-6, std_eps=1e-5):
     """The post-activation bottleneck of vit_jax's hybrid ResNet."""
     def conv(name, y, s):
         kernel = _standardised(w[f"{name}/kernel"], "std", std_eps)
-        return _conv_same(y, kernel, s)
+        return conv2d(y, kernel, s, "same")
 
     def gn(name, y):
         return _group_norm(y, _sub(w, name), groups, eps)

@@ -10,17 +10,13 @@ import pytest
 from keras import ops
 
 from keras_vit import layers as kl
+from numpy_layers import (GELU as NP_GELU, conv2d as _conv_valid,
+                          gelu_exact as _gelu_exact, gelu_tanh as _gelu_tanh,
+                          inputs as _inputs, layer_norm as _layer_norm,
+                          rms_norm as _rms_norm, to_numpy as _np)
 from keras_vit.layers import dense
 
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def _np(x):
-    return ops.convert_to_numpy(x)
-
-
-def _inputs(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 def _randomise(layer, seed=1):
@@ -38,22 +34,6 @@ def _weight(layer, name):
 
 
 # The three activations, from their papers' formulas, in float64.
-def _gelu_tanh(x):
-    c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
-
-
-def _gelu_exact(x):
-    erf = np.vectorize(math.erf)
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-
-
-def _gelu_quick(x):
-    return x / (1.0 + np.exp(-1.702 * x))
-
-
-NP_GELU = {"tanh": _gelu_tanh, "exact": _gelu_exact, "quick": _gelu_quick}
-
 # Points spanning the GELU's bend and both tails.
 X = np.linspace(-6.0, 6.0, 49).astype("float32")
 
@@ -242,19 +222,6 @@ def test_flat_einsum_recognises_the_plain_projections_only():
 
 # -- FusedConv2D -------------------------------------------------------------
 
-def _conv_valid(x, kernel, stride):
-    """A VALID, channels-last convolution by loops (float64)."""
-    kh, kw, _, out = kernel.shape
-    b, h, w, _ = x.shape
-    rows, cols = (h - kh) // stride + 1, (w - kw) // stride + 1
-    y = np.zeros((b, rows, cols, out))
-    for i in range(rows):
-        for j in range(cols):
-            patch = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw]
-            y[:, i, j] = np.einsum("bhwc,hwco->bo", patch, kernel)
-    return y
-
-
 @pytest.mark.parametrize("training", [None, True])
 @pytest.mark.parametrize("size, stride", [(2, 2), (3, 1)])
 def test_fused_conv2d_is_the_convolution_plus_bias(size, stride, training):
@@ -270,13 +237,6 @@ def test_fused_conv2d_is_the_convolution_plus_bias(size, stride, training):
 
 # -- the norms ---------------------------------------------------------------
 
-def _layer_norm(x, gamma, beta, eps):
-    x = x.astype("float64")
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
 @pytest.mark.parametrize("training", [None, True])
 def test_fused_layer_norm_subtracts_the_mean_and_divides_by_the_std(
         training):
@@ -289,11 +249,6 @@ def test_fused_layer_norm_subtracts_the_mean_and_divides_by_the_std(
                        1e-6)
     np.testing.assert_allclose(_np(layer(x, training=training)), want,
                                rtol=RTOL, atol=1e-5)
-
-
-def _rms_norm(x, gamma, eps):
-    x = x.astype("float64")
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * gamma
 
 
 def test_rms_norm_divides_by_the_root_mean_square():

@@ -10,19 +10,12 @@ from keras import ops
 from scipy import ndimage
 
 from keras_vit import layers as kl
+from numpy_layers import inputs as _inputs, norm as apply_norm, to_numpy as _np
 from keras_vit.layers import embeddings
 
 RTOL, ATOL = 1e-5, 1e-5
 
 B, D = 2, 8
-
-
-def _np(x):
-    return ops.convert_to_numpy(x)
-
-
-def _inputs(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 def _randomise(layer, seed=1):
@@ -71,16 +64,6 @@ def _patchify(images, p):
     return x.reshape(b, (h // p) * (w // p), p * p * c)
 
 
-def _layer_norm(x, w, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w["gamma"] + w["beta"]
-
-
-def _rms_norm(x, w, eps):
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w["gamma"]
-
-
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_patch_embedding_is_patchify_then_matmul(use_bias):
     layer = kl.PatchEmbedding(D, 2, use_bias=use_bias)
@@ -98,9 +81,8 @@ def test_patch_embedding_is_patchify_then_matmul(use_bias):
     assert layer.compute_output_shape((None, None, 6, 3)) == (None, None, D)
 
 
-@pytest.mark.parametrize("norm, normalise", [("layer", _layer_norm),
-                                             ("rms", _rms_norm)])
-def test_patch_embedding_norm_normalises_each_patch(norm, normalise):
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_patch_embedding_norm_normalises_each_patch(norm):
     layer = kl.PatchEmbedding(D, 2, norm=norm, norm_epsilon=1e-3)
     images = _inputs(B, 4, 4, 3)
     layer.build(images.shape)
@@ -108,8 +90,8 @@ def test_patch_embedding_norm_normalises_each_patch(norm, normalise):
     w = _weights(layer)
     tokens = _patchify(images.astype("float64"), 2) @ w[
         "conv/kernel"].reshape(-1, D) + w["conv/bias"]
-    want = normalise(tokens, {k[5:]: v for k, v in w.items()
-                              if k.startswith("norm/")}, 1e-3)
+    want = apply_norm(norm, tokens, {k[5:]: v for k, v in w.items()
+                                     if k.startswith("norm/")}, 1e-3)
     np.testing.assert_allclose(_np(layer(images)), want, rtol=RTOL,
                                atol=ATOL)
 

@@ -6,31 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from keras import ops
 
 from keras_vit import layers as kl
+from numpy_layers import GELU, inputs as _inputs, to_numpy as _np
 from testkit import randomise_weights, weights_below
 
 RTOL, ATOL = 1e-5, 1e-5
 
 B, N, D, HEADS, MLP = 2, 5, 8, 2, 16
-
-
-def _np(x):
-    return ops.convert_to_numpy(x)
-
-
-def _inputs(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def _gelu(x, form):
-    if form == "tanh":
-        c = math.sqrt(2.0 / math.pi)
-        return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
-    if form == "exact":
-        return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-    return x / (1.0 + np.exp(-1.702 * x))
 
 
 def _map_head(x, w, heads, gelu="tanh", norm="layer", eps=1e-6, prefix=0):
@@ -58,7 +41,7 @@ def _map_head(x, w, heads, gelu="tanh", norm="layer", eps=1e-6, prefix=0):
     else:
         n = y / np.sqrt((y ** 2).mean(-1, keepdims=True) + eps) * w[
             "norm/gamma"]
-    h = _gelu(n @ w["mlp/dense_0/kernel"] + w["mlp/dense_0/bias"], gelu)
+    h = GELU[gelu](n @ w["mlp/dense_0/kernel"] + w["mlp/dense_0/bias"])
     y = y + h @ w["mlp/dense_1/kernel"] + w["mlp/dense_1/bias"]
     return y[:, 0]
 
