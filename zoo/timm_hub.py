@@ -42,7 +42,7 @@ from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.data.normalization import check_normalization, config_value
-from keras_vit.models.vit import TIMM_RESNET_NUMERICS
+from keras_vit.models.hybrid import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import (checkpoints, convert, formats, http_fetch,
                           hub_files, timm_arguments)
 # timm's names <-> the official layout (zoo/timm_layout.py).

@@ -11,14 +11,21 @@ ValueError: image_size must be divisible by 256 (ResNet stride 16 x patch_size=1
 
 from __future__ import annotations
 
+from keras_vit.base import geometry
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
 from keras_vit.layers.image_sizes import check_image_size
+from keras_vit.models.hybrid import check_resnet
 from keras_vit.models.memory import check_weights_fit
 
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
                        "sincos_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+# How the head pools the tokens ("avg" is another name for "gap"; the
+# methods are keras_vit.layers.TokenPooling's, and "map" is
+# keras_vit.layers.AttentionPoolHead).
+CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map")
+POOLINGS = (None, *CLASSIFIERS)
 
 
 def check_position_embedding(kind, placement, hidden_size, num_heads):
@@ -217,3 +224,55 @@ def check_family_options(options, classifier, pooling, include_top,
             f"position_embedding={position_embedding!r}, "
             f"position_embedding_placement={placement!r}")
     return out
+
+
+def check_vit_args(image_size, patch_size, hidden_size, num_layers, num_heads,
+              mlp_dim, num_classes, classifier, representation_size,
+              dropout_rate, attention_dropout_rate, include_top, pooling,
+              num_channels, resnet, position_embedding,
+              position_embedding_placement, family):
+    """Checks a ViT's arguments (each error names the argument) and returns
+    what the graph builders need, normalised, as a dict. ``family``: the
+    family options (:data:`~keras_vit.models.encoder.FAMILY_DEFAULTS`)."""
+    resnet = check_resnet(resnet)
+    # A hybrid's patches are cut from the ResNet feature map: the root
+    # divides by 4, every further stage by 2.
+    stem_stride = 1
+    if resnet is not None:
+        stem_stride = geometry.hybrid_stride(resnet)
+    image_hw, patch, grid = check_patch_grid(image_size, patch_size,
+                                             stem_stride)
+    # num_classes=0 with the head asked for: the pooled embedding, no head.
+    headless = (include_top and isinstance(num_classes, int)
+                and not isinstance(num_classes, bool) and num_classes == 0)
+    head = include_top and not headless
+    spec = check_encoder_args(
+        hidden_size, num_layers, num_heads, mlp_dim, num_channels,
+        pooling, POOLINGS, representation_size, head,
+        num_classes, dropout_rate, attention_dropout_rate,
+        image_size=image_size, tokens=grid[0] * grid[1] + 1)
+    check_choice("classifier", classifier, CLASSIFIERS)
+    if classifier in ("gap", "map") and pooling == "token" and (
+            family["class_token"] is None):
+        raise ValueError(
+            f"pooling='token' takes the class token, but classifier="
+            f"{classifier!r} builds the model without one; use pooling="
+            f"{classifier!r} or classifier='token'; received "
+            f"classifier={classifier!r}, pooling={pooling!r}")
+    check_position_embedding(position_embedding,
+                             position_embedding_placement,
+                             spec["hidden_size"], spec["num_heads"])
+    method = {"avg": "gap"}.get(classifier, classifier)
+    pool = {"avg": "gap"}.get(pooling, pooling)
+    family = check_family_options(
+        family, method, method if headless else pool, include_top,
+        position_embedding, position_embedding_placement)
+    if family["distilled"] and spec["representation_size"] is not None:
+        raise ValueError(
+            "distilled=True puts its two heads on the tokens themselves "
+            "(DeiT has no pre_logits layer); received distilled=True, "
+            f"representation_size={spec['representation_size']}")
+    spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
+                stride=stem_stride * patch, head=head, family=family,
+                method=method if include_top else pool)
+    return spec

@@ -3,200 +3,32 @@
 from __future__ import annotations
 
 import keras
-from keras import layers, ops
+from keras import layers
 
 from keras_vit import layers as vit_layers
-from keras_vit.base import geometry, options
+from keras_vit.base import options
 from keras_vit.base.checks import check_choice, check_dtype, check_keywords, shown
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head,
                                      image_input, pooling_layer)
 from keras_vit.models.compiled import CompiledModelMixin
-from keras_vit.models.encoder import (FAMILY_DEFAULTS, NORMALISED,
-                                      check_encoder_args,
-                                      check_family_options, check_patch_grid,
-                                      check_position_embedding)
 from keras_vit.models.config import ConstructorConfig
+from keras_vit.models.encoder import FAMILY_DEFAULTS, NORMALISED, check_vit_args
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.hybrid import resnet_stem
+from keras_vit.models.positions import PositionScheme, check_dynamic_image_size
 from keras_vit.models.quantization import QuantizeMixin
 
-# How the head pools the tokens ("avg" is another name for "gap"; the
-# methods are keras_vit.layers.TokenPooling's, and "map" is
-# keras_vit.layers.AttentionPoolHead).
-_CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map")
-_POOLINGS = (None, *_CLASSIFIERS)
 
-
-def _resnet_config(resnet):
-    """Validates the ``resnet=`` option of a hybrid; returns a plain dict."""
-    if resnet is None:
-        return None
-    if not isinstance(resnet, dict):
-        raise ValueError(
-            "resnet must be None or a dict like dict(num_layers=(3, 4, 9), "
-            f"width_factor=1); received resnet={resnet!r}")
-    unknown = set(resnet) - {"num_layers", "width_factor", "fold_last_stage",
-                             *_RESNET_NUMERICS}
-    if unknown:
-        raise ValueError(
-            f"resnet has unknown keys {sorted(unknown)}; received "
-            f"resnet={resnet!r}")
-    num_layers = resnet.get("num_layers", ())
-    if not isinstance(num_layers, (list, tuple)) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n > 0
-            for n in num_layers):
-        raise ValueError(
-            "resnet['num_layers'] must be a sequence of positive ints; "
-            f"received resnet={resnet!r}")
-    width_factor = resnet.get("width_factor", 1)
-    if (not isinstance(width_factor, (int, float)) or width_factor <= 0
-            or int(round(64 * width_factor)) % 32):
-        raise ValueError(
-            "resnet['width_factor'] must make 64 * width_factor a positive "
-            f"multiple of 32 (GroupNorm groups); received resnet={resnet!r}")
-    fold = bool(resnet.get("fold_last_stage", False))
-    if fold and len(num_layers) < 2:
-        raise ValueError(
-            "resnet['fold_last_stage'] needs at least two stages; received "
-            f"resnet={resnet!r}")
-    config = {"num_layers": list(num_layers), "width_factor": width_factor}
-    if fold:
-        config["fold_last_stage"] = True
-    if resnet.get("standardization", "std") not in ("std", "var"):
-        raise ValueError(
-            "resnet['standardization'] must be 'std' or 'var'; received "
-            f"resnet={resnet!r}")
-    for key in ("std_eps", "norm_epsilon"):
-        value = resnet.get(key, 1.0)
-        if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                or not value > 0):
-            raise ValueError(f"resnet[{key!r}] must be a positive number; "
-                             f"received resnet={resnet!r}")
-    # Stored only when given: official configs stay as they were.
-    config.update({k: resnet[k] for k in _RESNET_NUMERICS if k in resnet})
-    return config
-
-
-# The ResNet's numerics, official (vit_jax) by default: kernels
-# standardised as (w - mean) / (std + 1e-5), GroupNorm epsilon 1e-6. timm's
-# port computes (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5.
-_RESNET_NUMERICS = {"standardization": "std", "std_eps": 1e-5,
-                    "norm_epsilon": 1e-6}
-TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
-                        "norm_epsilon": 1e-5}
-
-
-def _resnet_stem(x, resnet, dtype, remat=False):
-    """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
-    width = geometry.hybrid_width(resnet)
-    num = {k: resnet.get(k, v) for k, v in _RESNET_NUMERICS.items()}
-    x = vit_layers.StdConv2D(
-        width, 7, strides=2, padding="same", use_bias=False,
-        standardization=num["standardization"], eps=num["std_eps"],
-        kernel_initializer="lecun_normal", dtype=dtype,
-        name="resnet_root_conv")(x)
-    x = layers.GroupNormalization(32, epsilon=num["norm_epsilon"],
-                                  dtype=dtype, name="resnet_root_norm")(x)
-    x = layers.ReLU(dtype=dtype, name="resnet_root_relu")(x)
-    # TF 'SAME' max-pool pads with -inf, as flax's max_pool does.
-    x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype,
-                            name="resnet_root_pool")(x)
-    for s, depth in enumerate(geometry.hybrid_stages(resnet)):
-        for u in range(depth):
-            x = vit_layers.ResidualUnit(
-                width * 2 ** s, strides=2 if (s > 0 and u == 0) else 1,
-                epsilon=num["norm_epsilon"],
-                standardization=num["standardization"],
-                std_eps=num["std_eps"], remat=remat, dtype=dtype,
-                name=f"resnet_block{s + 1}_unit{u + 1}")(x)
-    return x
-
-
-@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class RelativePositionEmbedding(layers.Layer):
-    """The learned table of ``position_embedding="relative"``.
-
-    One embedding per 1D (raster-order) offset between two patches, split
-    into heads, (2P - 1 [+ 1], heads, D / heads); the extra last row, present
-    with a class token, is shared by every pair that involves it (the class
-    token has no offset to anything). Called on the tokens, it returns the
-    table, which :class:`keras_vit.layers.EncoderBlock` turns into attention
-    logits; one layer feeding several blocks shares its table between them.
-    """
-
-    kind = "relative"
-
-    def __init__(self, grid_size, num_heads, num_prefix_tokens=0, **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
-        self.num_heads = int(num_heads)
-        self.num_prefix_tokens = int(num_prefix_tokens)
-
-    @property
-    def num_patches(self):
-        return self.grid_size[0] * self.grid_size[1]
-
-    def build(self, input_shape):
-        dim = int(input_shape[-1])
-        if dim % self.num_heads:
-            raise ValueError(
-                f"hidden size {dim} is not divisible by "
-                f"num_heads={self.num_heads}")
-        rows = vit_layers.relative_table_rows(self.num_patches,
-                                              self.num_prefix_tokens)
-        self.rel_embedding = self.add_weight(
-            name="rel_embedding",
-            shape=(rows, self.num_heads, dim // self.num_heads),
-            initializer=keras.initializers.RandomNormal(stddev=0.02))
-        self.built = True
-
-    def call(self, x):
-        return ops.cast(self.rel_embedding, x.dtype)
-
-    def compute_output_shape(self, input_shape):
-        return tuple(self.rel_embedding.shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(grid_size=list(self.grid_size), num_heads=self.num_heads,
-                      num_prefix_tokens=self.num_prefix_tokens)
-        return config
-
-
-def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
-             dtype, return_attention_scores=False, images=None, stride=None,
-             prepend=None, pre_norm=None):
-    """Position embedding + encoder blocks, for every kind and placement.
-
-    ``"stem"`` puts position information in once: the additive kinds before
-    the embedding dropout (the original layout), ``"relative"`` into the
-    first block's attention only. ``"every_layer"`` gives every block its
-    own table (layers ``position_embedding_{i}``), ``"every_layer_shared"``
-    one table (layer ``position_embedding``) used by every block; both add
-    it right before the block (or into its attention, for ``"relative"``).
-    With ``images`` and ``stride`` (a dynamic-size model), each additive
-    table follows the grid of ``images`` (``PositionEmbedding``'s stride).
-    ``prepend`` (a function of the tokens), when given, adds the prefix
-    tokens after the stem table, which then covers the patches only;
-    ``pre_norm`` (a layer) normalises the tokens before the first block.
-    Returns the encoded tokens and the list of attention maps.
-    """
-    def make(name):
-        if kind == "relative":
-            return RelativePositionEmbedding(grid, num_heads, prefix,
-                                             dtype=dtype, name=name)
-        return vit_layers.PositionEmbedding(grid, prefix, kind=kind,
-                                            stride=stride, dtype=dtype,
-                                            name=name)
-
-    def add(layer, x):
-        return layer(x) if images is None else layer(x, images=images)
-
-    shared = None
-    if kind != "none" and placement != "every_layer":
-        shared = make("position_embedding")
-    if kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS and placement == "stem":
-        x = add(shared, x)
+def _encode(x, blocks, scheme, prepend, dropout, pre_norm,
+            return_attention_scores):
+    """The tokens through the encoder blocks, position information put in
+    where ``scheme`` (a :class:`~keras_vit.models.positions.PositionScheme`)
+    says. ``prepend`` (a function of the tokens), when given, adds the
+    prefix tokens after the stem's table, which then covers the patches
+    only; ``pre_norm`` (a layer) normalises the tokens before the first
+    block. Returns the encoded tokens and the list of attention maps."""
+    x = scheme.at_stem(x)
     if prepend is not None:
         x = prepend(x)
     x = dropout(x)
@@ -204,93 +36,13 @@ def _encoder(x, blocks, kind, placement, grid, prefix, num_heads, dropout,
         x = pre_norm(x)
     scores = []
     for i, block in enumerate(blocks):
-        if kind == "none" or (placement == "stem" and
-                              (kind != "relative" or i > 0)):
-            layer = None
-        elif placement == "every_layer":
-            layer = make(f"position_embedding_{i}")
-        else:
-            layer = shared
-        kwargs = {}
-        if layer is not None and kind == "relative":
-            kwargs["relative_embedding"] = layer(x)
-        elif layer is not None:
-            x = add(layer, x)
+        x, kwargs = scheme.before_block(i, x)
         if return_attention_scores:
             x, s = block(x, return_attention_scores=True, **kwargs)
             scores.append(s)
         else:
             x = block(x, **kwargs)
     return x, scores
-
-
-def check_dynamic_image_size(dynamic_image_size, position_embedding):
-    """``dynamic_image_size`` as a bool, or a ValueError naming it: the
-    relative position table holds one row per 1D offset of the grid it was
-    built for, which no resize in the graph can extend faithfully."""
-    if not isinstance(dynamic_image_size, bool):
-        raise ValueError("dynamic_image_size must be True or False; "
-                         f"received dynamic_image_size={dynamic_image_size!r}")
-    if dynamic_image_size and position_embedding == "relative":
-        raise ValueError(
-            "dynamic_image_size=True resizes additive position tables in the "
-            "graph; position_embedding='relative' has none (its table is per "
-            "1D offset of the built grid): build the size you need with "
-            "keras_vit.rebuild(model, image_size=...) instead; received "
-            "position_embedding='relative', dynamic_image_size=True")
-    return dynamic_image_size
-
-
-def _vit_spec(image_size, patch_size, hidden_size, num_layers, num_heads,
-              mlp_dim, num_classes, classifier, representation_size,
-              dropout_rate, attention_dropout_rate, include_top, pooling,
-              num_channels, resnet, position_embedding,
-              position_embedding_placement, family):
-    """Checks a ViT's arguments (each error names the argument) and returns
-    what the graph builders need, normalised, as a dict. ``family``: the
-    family options (:data:`~keras_vit.models.encoder.FAMILY_DEFAULTS`)."""
-    resnet = _resnet_config(resnet)
-    # A hybrid's patches are cut from the ResNet feature map: the root
-    # divides by 4, every further stage by 2.
-    stem_stride = 1
-    if resnet is not None:
-        stem_stride = geometry.hybrid_stride(resnet)
-    image_hw, patch, grid = check_patch_grid(image_size, patch_size,
-                                             stem_stride)
-    # num_classes=0 with the head asked for: the pooled embedding, no head.
-    headless = (include_top and isinstance(num_classes, int)
-                and not isinstance(num_classes, bool) and num_classes == 0)
-    head = include_top and not headless
-    spec = check_encoder_args(
-        hidden_size, num_layers, num_heads, mlp_dim, num_channels,
-        pooling, _POOLINGS, representation_size, head,
-        num_classes, dropout_rate, attention_dropout_rate,
-        image_size=image_size, tokens=grid[0] * grid[1] + 1)
-    check_choice("classifier", classifier, _CLASSIFIERS)
-    if classifier in ("gap", "map") and pooling == "token" and (
-            family["class_token"] is None):
-        raise ValueError(
-            f"pooling='token' takes the class token, but classifier="
-            f"{classifier!r} builds the model without one; use pooling="
-            f"{classifier!r} or classifier='token'; received "
-            f"classifier={classifier!r}, pooling={pooling!r}")
-    check_position_embedding(position_embedding,
-                             position_embedding_placement,
-                             spec["hidden_size"], spec["num_heads"])
-    method = {"avg": "gap"}.get(classifier, classifier)
-    pool = {"avg": "gap"}.get(pooling, pooling)
-    family = check_family_options(
-        family, method, method if headless else pool, include_top,
-        position_embedding, position_embedding_placement)
-    if family["distilled"] and spec["representation_size"] is not None:
-        raise ValueError(
-            "distilled=True puts its two heads on the tokens themselves "
-            "(DeiT has no pre_logits layer); received distilled=True, "
-            f"representation_size={spec['representation_size']}")
-    spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
-                stride=stem_stride * patch, head=head, family=family,
-                method=method if include_top else pool)
-    return spec
 
 
 def _distilled_head(x, spec, head_bias_init, classifier_activation, dtype):
@@ -387,7 +139,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         **kwargs,
     ):
         given = dict(locals())
-        spec = _vit_spec(
+        spec = check_vit_args(
             image_size, patch_size, hidden_size, num_layers, num_heads,
             mlp_dim, num_classes, classifier, representation_size,
             dropout_rate, attention_dropout_rate, include_top, pooling,
@@ -432,7 +184,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             input_normalization)
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
-            x = _resnet_stem(x, spec["resnet"], dtype, remat)
+            x = resnet_stem(x, spec["resnet"], dtype, remat)
         norm = family["norm"]
         x = vit_layers.PatchEmbedding(
             spec["hidden_size"], spec["patch"],
@@ -474,19 +226,17 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 mlp=family["mlp"], norm=norm, dtype=dtype,
                 name=f"encoder_block_{i}")
             for i in range(depth)]
-        x, scores = _encoder(
-            x, blocks, position_embedding, position_embedding_placement,
-            spec["grid"], prefix if table_covers_prefix else 0,
-            spec["num_heads"],
+        scheme = PositionScheme(
+            position_embedding, position_embedding_placement, spec["grid"],
+            prefix if table_covers_prefix else 0, spec["num_heads"], dtype,
+            images=inputs if dynamic else None,
+            stride=spec["stride"] if dynamic else None)
+        x, scores = _encode(
+            x, blocks, scheme, None if table_covers_prefix else prepend,
             layers.Dropout(spec["dropout_rate"], dtype=dtype,
                            name="embedding_dropout"),
-            dtype, return_attention_scores,
-            images=inputs if dynamic else None,
-            stride=spec["stride"] if dynamic else None,
-            prepend=None if table_covers_prefix else prepend,
-            pre_norm=_model_norm(norm, layer_norm_epsilon, dtype,
-                                 "pre_norm")
-            if family["pre_norm"] else None)
+            _model_norm(norm, layer_norm_epsilon, dtype, "pre_norm")
+            if family["pre_norm"] else None, return_attention_scores)
         if family["final_norm"] and not family["fc_norm"]:
             x = _model_norm(norm, layer_norm_epsilon, dtype,
                             "encoder_norm")(x)

@@ -15,7 +15,7 @@ from keras_vit import zoo
 from keras_vit.cli.demo import load_digits_images
 from keras_vit.models import vit
 from keras_vit.models.encoder import PLACEMENTS, POSITION_EMBEDDINGS
-from keras_vit.models.vit import RelativePositionEmbedding
+from keras_vit.models.positions import RelativePositionEmbedding
 from keras_vit.zoo import checkpoints, convert, position_tables
 
 # Every accepted (kind, placement): "none" has nothing to place.

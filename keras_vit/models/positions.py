@@ -1,0 +1,174 @@
+"""Where position information enters the encoder, for every kind.
+
+A :class:`PositionScheme` is the one place that decides it. It has two
+hooks: at the tokens (an additive table, learned, learned 2D or sin-cos,
+resized in the graph for a dynamic-size model: :meth:`~PositionScheme.
+at_stem` once, or before each block) and in attention (the keyword
+arguments of a block's call: the 1D relative table, whose logits join the
+attention scores). The encoder calls :meth:`~PositionScheme.before_block`
+for each block and knows no kind by name.
+
+>>> import numpy as np
+>>> scheme = PositionScheme("relative", "stem", (2, 2), 1, num_heads=2)
+>>> x = np.zeros((1, 5, 8), "float32")
+>>> y, kwargs = scheme.before_block(0, x)
+>>> y is x, sorted(kwargs), tuple(kwargs["relative_embedding"].shape)
+(True, ['relative_embedding'], (8, 2, 4))
+>>> scheme.before_block(1, x)[1]
+{}
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from keras_vit import layers as vit_layers
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class RelativePositionEmbedding(layers.Layer):
+    """The learned table of ``position_embedding="relative"``.
+
+    One embedding per 1D (raster-order) offset between two patches, split
+    into heads, (2P - 1 [+ 1], heads, D / heads); the extra last row, present
+    with a class token, is shared by every pair that involves it (the class
+    token has no offset to anything). Called on the tokens, it returns the
+    table, which :class:`keras_vit.layers.EncoderBlock` turns into attention
+    logits; one layer feeding several blocks shares its table between them.
+    """
+
+    kind = "relative"
+
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    @property
+    def num_patches(self):
+        return self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(
+                f"hidden size {dim} is not divisible by "
+                f"num_heads={self.num_heads}")
+        rows = vit_layers.relative_table_rows(self.num_patches,
+                                              self.num_prefix_tokens)
+        self.rel_embedding = self.add_weight(
+            name="rel_embedding",
+            shape=(rows, self.num_heads, dim // self.num_heads),
+            initializer=keras.initializers.RandomNormal(stddev=0.02))
+        self.built = True
+
+    def call(self, x):
+        return ops.cast(self.rel_embedding, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(self.rel_embedding.shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(grid_size=list(self.grid_size), num_heads=self.num_heads,
+                      num_prefix_tokens=self.num_prefix_tokens)
+        return config
+
+
+def check_dynamic_image_size(dynamic_image_size, position_embedding):
+    """``dynamic_image_size`` as a bool, or a ValueError naming it: the
+    relative position table holds one row per 1D offset of the grid it was
+    built for, which no resize in the graph can extend faithfully."""
+    if not isinstance(dynamic_image_size, bool):
+        raise ValueError("dynamic_image_size must be True or False; "
+                         f"received dynamic_image_size={dynamic_image_size!r}")
+    if dynamic_image_size and position_embedding == "relative":
+        raise ValueError(
+            "dynamic_image_size=True resizes additive position tables in the "
+            "graph; position_embedding='relative' has none (its table is per "
+            "1D offset of the built grid): build the size you need with "
+            "keras_vit.rebuild(model, image_size=...) instead; received "
+            "position_embedding='relative', dynamic_image_size=True")
+    return dynamic_image_size
+
+
+class PositionScheme:
+    """The position embedding of an encoder: ``kind`` (one of
+    :data:`~keras_vit.models.encoder.POSITION_EMBEDDINGS`) placed as
+    ``placement`` says.
+
+    ``"stem"`` puts position information in once: an additive table before
+    the first block (:meth:`at_stem`), ``"relative"`` into the first
+    block's attention only. ``"every_layer"`` gives every block its own
+    table (layers ``position_embedding_{i}``), ``"every_layer_shared"`` one
+    table (layer ``position_embedding``) used by every block; both add it
+    right before the block (or into its attention, for ``"relative"``).
+    With ``images`` and ``stride`` (a dynamic-size model), each additive
+    table follows the grid of ``images`` (``PositionEmbedding``'s stride).
+
+    Args:
+        kind, placement: as the builders' ``position_embedding`` and
+            ``position_embedding_placement``.
+        grid: the patch grid (rows, columns) the tables are built for.
+        num_prefix_tokens: tokens before the patches that the table
+            covers (0 when they join after it).
+        num_heads: the attention heads (the relative table is per head).
+        dtype: the layers' dtype policy.
+        images, stride: a dynamic-size model's input and patch stride.
+    """
+
+    def __init__(self, kind, placement, grid, num_prefix_tokens, num_heads,
+                 dtype=None, images=None, stride=None):
+        self.kind, self.placement = kind, placement
+        self.grid, self.prefix = grid, num_prefix_tokens
+        self.num_heads, self.dtype = num_heads, dtype
+        self.images, self.stride = images, stride
+        self.shared = None
+        if kind != "none" and placement != "every_layer":
+            self.shared = self._make("position_embedding")
+
+    def _make(self, name):
+        if self.kind == "relative":
+            return RelativePositionEmbedding(self.grid, self.num_heads,
+                                             self.prefix, dtype=self.dtype,
+                                             name=name)
+        return vit_layers.PositionEmbedding(
+            self.grid, self.prefix, kind=self.kind, stride=self.stride,
+            dtype=self.dtype, name=name)
+
+    def _add(self, layer, x):
+        if self.images is None:
+            return layer(x)
+        return layer(x, images=self.images)
+
+    def _table(self, i):
+        """The layer block ``i`` reads (None: no position there)."""
+        if self.kind == "none" or (self.placement == "stem" and (
+                self.kind != "relative" or i > 0)):
+            return None
+        if self.placement == "every_layer":
+            return self._make(f"position_embedding_{i}")
+        return self.shared
+
+    def at_stem(self, x):
+        """The tokens after the patch embedding, with an additive table
+        placed at the stem added."""
+        if (self.kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS
+                and self.placement == "stem"):
+            return self._add(self.shared, x)
+        return x
+
+    def before_block(self, i, x):
+        """Block ``i``'s input and its call's keyword arguments: an
+        additive table the block reads is added to the tokens; a table
+        that acts in attention (``"relative"``) is passed as
+        ``relative_embedding``. ``"every_layer"`` makes block ``i``'s table
+        here: call it once per block."""
+        layer = self._table(i)
+        if layer is None:
+            return x, {}
+        if self.kind == "relative":
+            return x, {"relative_embedding": layer(x)}
+        return self._add(layer, x), {}
