@@ -443,7 +443,8 @@ def hub_fetch(**server):
     def build(ws):
         _, env = ws.hub(**server)
         code = ("import sys\n"
-                "from keras_vit.zoo import download_cache, timm_hub\n"
+                "from keras_vit.zoo.download import cache as download_cache\n"
+                "from keras_vit.zoo.timm import hub as timm_hub\n"
                 "try:\n"
                 f"    timm_hub.fetch('hf-hub:{REPO}', "
                 f"deadline={HUB_DEADLINE})\n"

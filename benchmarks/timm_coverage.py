@@ -9,7 +9,7 @@ is refused, feature by feature, counting timm's pretrained tags.
     python benchmarks/timm_coverage.py --out docs/coverage-timm.md
     python benchmarks/timm_coverage.py --only 'deit*' --limit 3   # seconds
     python benchmarks/timm_coverage.py --from rows.json   # re-render
-    python benchmarks/timm_coverage.py --write-table zoo/timm_architectures.json
+    python benchmarks/timm_coverage.py --write-table zoo/timm/architectures.json
 
 Each architecture ends in one class:
 
@@ -25,7 +25,7 @@ Each architecture ends in one class:
 - timm cannot build it at depth 1: the walk's limit, not keras_vit's.
 
 keras_vit reads an architecture's sizes and options from its table of
-timm's architectures (``zoo/timm_architectures.json``, which
+timm's architectures (``zoo/timm/architectures.json``, which
 ``--write-table`` writes from timm's builder arguments, read as this
 script reads them), and refuses an argument it cannot honour by name. To
 learn every feature a refused ViT lacks, it is probed: the same weights
@@ -248,7 +248,7 @@ TABLE_SIZES = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
 
 def table_entry(name, module):
     """One row of keras_vit's table of timm's architectures
-    (``zoo/timm_architectures.json``): ``{"module": ..., "args": ...}``,
+    (``zoo/timm/architectures.json``): ``{"module": ..., "args": ...}``,
     the arguments :func:`architecture_args` reads, a ViT's sizes completed
     with VisionTransformer's defaults, and ``img_size`` as timm builds the
     architecture (its own argument, else its default pretrained
@@ -800,7 +800,7 @@ def main(argv=None):
     parser.add_argument("--from", dest="source", help="render the rows a "
                         "--json run wrote instead of walking")
     parser.add_argument("--write-table", metavar="PATH", help="write keras_vit's"
-                        " table of timm's architectures (zoo/timm_architectures"
+                        " table of timm's architectures (zoo/timm/architectures"
                         ".json) instead of walking")
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= MAX_JOBS:

@@ -7,9 +7,11 @@ import os
 
 from keras_vit.base import variants
 from keras_vit.models.resnet_v2 import ResNetV2
-from keras_vit.zoo import (bit_layout, checkpoints, convert, download,
-                           download_cache, registry, sources)
-from keras_vit.zoo.official import is_url
+from keras_vit.zoo import checkpoints, convert, registry, sources
+from keras_vit.zoo.official import bit as bit_layout
+from keras_vit.zoo.download import fetch as download
+from keras_vit.zoo.download import cache as download_cache
+from keras_vit.zoo.official.release import is_url
 
 
 
@@ -56,7 +58,7 @@ def load(
 
     timm's weights on the Hugging Face Hub, or in local ``.safetensors``
     files, load by their handle as ``name`` or ``weights`` (see
-    :mod:`keras_vit.zoo.timm_hub`; they default to ``gelu="exact"``, timm's
+    :mod:`keras_vit.zoo.timm.hub`; they default to ``gelu="exact"``, timm's
     GELU, where the official ``.npz`` files keep the tanh form):
     ``zoo.load("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")``.
 
@@ -64,7 +66,7 @@ def load(
     ``model_type`` + ``model.safetensors``: a folder, an ``hf-hub:`` handle,
     or a ``.safetensors`` file as ``weights=``) load the same way, with
     transformers' numerics and ``id2label`` (see
-    :mod:`keras_vit.zoo.transformers_hub`):
+    :mod:`keras_vit.zoo.transformers.hub`):
     ``zoo.load("hf-hub:google/vit-base-patch16-224")``.
 
     keras-hub's ViT presets (a directory ``save_to_preset`` wrote) load the

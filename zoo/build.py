@@ -17,7 +17,8 @@ import numpy as np
 from keras_vit.base.checks import did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.zoo import bit_layout, convert, position_tables
+from keras_vit.zoo import convert, position_tables
+from keras_vit.zoo.official import bit as bit_layout
 
 
 @dataclasses.dataclass
@@ -72,7 +73,7 @@ def build(checkpoint, **kwargs):
     """The model ``checkpoint`` describes, with its weights loaded
     strictly: the builder gets ``checkpoint.config`` with ``**kwargs``
     over it; :func:`keras_vit.zoo.convert.load_weights` (ViT) or
-    :func:`keras_vit.zoo.bit_layout.load_weights` (BiT) resize the
+    :func:`keras_vit.zoo.official.bit.load_weights` (BiT) resize the
     position embeddings to the model's grid, replace a head of another
     size by zeros and list every missing, unexpected and mis-shaped array
     in one error naming ``checkpoint.source_name``, before anything is

@@ -5,7 +5,7 @@ them (all checked first, then read one archive member at a time, with a
 progress bar for a large file).
 
 The layouts themselves (the official ``.npz``: :mod:`keras_vit.zoo.convert`;
-BiT: :mod:`keras_vit.zoo.bit_layout`; timm, transformers, KerasHub) map
+BiT: :mod:`keras_vit.zoo.official.bit`; timm, transformers, KerasHub) map
 their keys to these helpers.
 """
 
@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.base.errors import KerasVitError
-from keras_vit.zoo import lazy_npz
+from keras_vit.zoo.official import npz as lazy_npz
 
 
 class CheckpointError(KerasVitError, ValueError):

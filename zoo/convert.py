@@ -22,7 +22,8 @@ from keras_vit.base import archives, atomic
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
-from keras_vit.zoo import checkpoints, lazy_npz
+from keras_vit.zoo import checkpoints
+from keras_vit.zoo.official import npz as lazy_npz
 from keras_vit.zoo.checkpoints import (CheckpointError, as_array, assign_all,
                                        check_model)
 from keras_vit.zoo.position_tables import fit_position_tables
@@ -39,7 +40,7 @@ def read_npz(path, lazy=False) -> dict:
 
     Never unpickles (``allow_pickle=False``); a corrupt or truncated file
     raises :class:`CheckpointError` naming the path. ``lazy=True`` reads
-    only the headers and returns :class:`~keras_vit.zoo.lazy_npz.LazyArray`
+    only the headers and returns :class:`~keras_vit.zoo.official.npz.LazyArray`
     values, read one at a time when converted (what the loaders use, to keep
     the memory peak near the model's size).
     """

@@ -2,7 +2,7 @@
 checked (name, shape, dtype, storage: contiguous and inside the file;
 external and virtual datasets, which read other files, refused) before
 its data is read. Used for keras-hub presets
-(:mod:`keras_vit.zoo.keras_hub_io`) and the weights inside a ``.keras``
+(:mod:`keras_vit.zoo.keras_hub.io`) and the weights inside a ``.keras``
 archive (:mod:`keras_vit.zoo.resolve`).
 """
 

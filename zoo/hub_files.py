@@ -1,8 +1,8 @@
 """The Hugging Face Hub files both Hub layouts share: the download, bounded
 like the bucket downloads, and the ``.safetensors`` reader.
 
-timm's repositories (:mod:`keras_vit.zoo.timm_hub`) and transformers'
-(:mod:`keras_vit.zoo.transformers_hub`) differ in their config and their
+timm's repositories (:mod:`keras_vit.zoo.timm.hub`) and transformers'
+(:mod:`keras_vit.zoo.transformers.hub`) differ in their config and their
 parameter names, not in how their files arrive or how their weights are
 stored: both come from ``hf-hub:<repo>[@revision]`` handles through
 ``huggingface_hub``'s cache and hold a ``model.safetensors`` read with
@@ -21,7 +21,10 @@ from keras_vit.base import environment
 from keras_vit.base.archives import special_file
 from keras_vit.base.checks import require, shown
 from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
-from keras_vit.zoo import checkpoints, download, download_cache, http_fetch
+from keras_vit.zoo import checkpoints
+from keras_vit.zoo.download import fetch as download
+from keras_vit.zoo.download import cache as download_cache
+from keras_vit.zoo.download import http as http_fetch
 
 HUB_PREFIX = "hf-hub:"
 CONFIG_FILE = "config.json"
@@ -34,7 +37,7 @@ WEIGHTS_FILE = "model.safetensors"
 # bounded from here. It runs in a child process (huggingface_hub alone,
 # ~0.3 s to start) that is killed at the deadline, or when the cache's
 # blobs stop growing (the minimum-throughput rule): the bucket downloads'
-# bounds (zoo/http_fetch.py) for the hub route. A config.json larger than
+# bounds (zoo/download/http.py) for the hub route. A config.json larger than
 # a config is refused from its HEAD, before a byte of it is written.
 # huggingface_hub retries a server it cannot reach five times over ~23 s
 # (1, 2, 4, 8, 8 s apart), a warning line each, when its cache lacks the

@@ -1,9 +1,9 @@
 """``zoo.save_pretrained``: a keras_vit model written in a hub library's
 layout, its class names with it.
 
-Each layout's writer is a module of its own (:mod:`~keras_vit.zoo.timm_writer`,
-:mod:`~keras_vit.zoo.transformers_writer`,
-:mod:`~keras_vit.zoo.keras_hub_writer`); this one checks the arguments once
+Each layout's writer is a module of its own (:mod:`~keras_vit.zoo.timm.writer`,
+:mod:`~keras_vit.zoo.transformers.writer`,
+:mod:`~keras_vit.zoo.keras_hub.writer`); this one checks the arguments once
 and decides the class names once: the caller's ``labels``, else the
 model's own ``label_names``. Each layout stores them where its library
 does (timm: ``label_names``; transformers: ``id2label``; a keras-hub
@@ -100,11 +100,11 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
                                  "file, not a folder")
     labels = _labels(model, labels)
     if layout == "transformers":
-        from keras_vit.zoo.transformers_writer import write
+        from keras_vit.zoo.transformers.writer import write
     elif layout == "keras-hub":
-        from keras_vit.zoo.keras_hub_writer import save_preset as write
+        from keras_vit.zoo.keras_hub.writer import save_preset as write
     else:
-        from keras_vit.zoo.timm_writer import write
+        from keras_vit.zoo.timm.writer import write
     # Written into a scratch folder beside the target and read back by
     # the package's own reader first: a folder it (or the library, whose
     # reading the reader's tables describe) would read as another model

@@ -174,7 +174,7 @@ def _head_keys(checkpoint):
     """The head's arrays in the layout of ``checkpoint.arrays`` (official
     ViT, or BiT's); DeiT's second head goes with the first."""
     if checkpoint.family == "bit":
-        from keras_vit.zoo.bit_layout import HEAD_BIAS, HEAD_KERNEL
+        from keras_vit.zoo.official.bit import HEAD_BIAS, HEAD_KERNEL
 
         return [HEAD_KERNEL, HEAD_BIAS]
     keys = ["head/kernel", "head/bias"]

@@ -57,15 +57,15 @@ def reader_module(name):
     (the readers import Keras and NumPy; ``keras-vit list`` needs
     neither). Each is named here, not computed."""
     if name == "transformers":
-        from keras_vit.zoo import transformers_hub as module
+        from keras_vit.zoo.transformers import hub as module
     elif name == "timm":
-        from keras_vit.zoo import timm_hub as module
+        from keras_vit.zoo.timm import hub as module
     elif name == "keras-hub":
-        from keras_vit.zoo import keras_hub_io as module
+        from keras_vit.zoo.keras_hub import io as module
     elif name == "keras":
         from keras_vit.zoo import keras_file as module
     elif name == "official":
-        from keras_vit.zoo import official as module
+        from keras_vit.zoo.official import release as module
     else:
         raise ValueError(f"no source is named {name!r}")
     return module

@@ -7,7 +7,7 @@ argument and value), whether it changes the model's weights, its name
 among timm's ``VisionTransformer`` arguments, and what it does. The
 builder's defaults and checks, the parameter count
 (:mod:`keras_vit.base.geometry`) and timm's argument names
-(:mod:`keras_vit.zoo.timm_layout`) are read from here.
+(:mod:`keras_vit.zoo.timm.layout`) are read from here.
 
 The table sits on the lowest floor: the parameter count reads it without
 building a model or importing a framework.

@@ -553,7 +553,7 @@ def _cmd_predict(args):
     nothing for a model that takes raw pixels). --out FILE saves every
     image's whole output; --json prints a feature extractor's whole
     embedding."""
-    from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.timm import hub as timm_hub
 
     if not (_looks_like_file(args.model) or os.path.isdir(args.model)
             or timm_hub.is_timm_source(args.model)):

@@ -184,7 +184,7 @@ def _safetensors(tmp_path, lying):
 def _safetensors_tensors(tmp_path, lying):
     from testkit import safetensors
 
-    from keras_vit.zoo import transformers_layout
+    from keras_vit.zoo.transformers import layout as transformers_layout
 
     path = safetensors(tmp_path / "model.safetensors", {"a": {
         "dtype": "F32", "shape": [HUGE], "data_offsets": [0, 4 * HUGE]}})

@@ -77,7 +77,8 @@ def test_every_writer_goes_through_the_atomic_helper(tmp_path, monkeypatch):
     import keras_vit.train
     from keras_vit.base import atomic
     from keras_vit.export import common
-    from keras_vit.zoo import convert, download_cache
+    from keras_vit.zoo import convert
+    from keras_vit.zoo.download import cache as download_cache
 
     model = _tiny()
     monkeypatch.setattr(np, "savez", _half_then_boom)

@@ -21,7 +21,7 @@ from keras_vit import cli, zoo
 from keras_vit.base import environment, limits, variants
 from keras_vit.base.environment import VARIABLES, SettingError
 from keras_vit.cli import options
-from keras_vit.zoo import download
+from keras_vit.zoo.download import fetch as download
 
 BIG = st.one_of(st.integers(0, 5000), st.integers(0, 10 ** 40),
                 st.sampled_from([0, 1, 7, 14, 16, 224, 300, 4096, 4097]))
@@ -242,7 +242,7 @@ def test_a_proxy_variable_is_a_usable_address_or_refused_naming_it(name,
                                    "http://[::1"])
 def test_the_connection_check_names_a_proxy_with_a_bad_port(monkeypatch,
                                                             value):
-    """``zoo.download.unreachable`` (the check the Hub and tfds routes run
+    """``zoo.download.fetch.unreachable`` (the check the Hub and tfds routes run
     first) refuses the variable in one line before any connection."""
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)

@@ -15,7 +15,7 @@ import keras_vit
 from keras_vit import cli
 from keras_vit.base import environment
 from keras_vit.base.environment import VARIABLES, SettingError, read
-from keras_vit.zoo import download
+from keras_vit.zoo.download import fetch as download
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for d in ("keras_vit", "zoo", "export")
@@ -139,7 +139,7 @@ def test_an_export_checks_its_timeout_before_any_work(monkeypatch, tmp_path):
 
 
 def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
-    from keras_vit.zoo import download
+    from keras_vit.zoo.download import fetch as download
 
     monkeypatch.setenv("KERAS_VIT_OFFLINE", "maybe")
     with pytest.raises(ValueError, match="KERAS_VIT_OFFLINE='maybe'"):
@@ -158,7 +158,8 @@ def test_bad_environment_variables_are_named(tmp_path, monkeypatch):
 
 
 def test_hostile_environment_for_downloads(tmp_path, monkeypatch):
-    from keras_vit.zoo import download, download_cache
+    from keras_vit.zoo.download import fetch as download
+    from keras_vit.zoo.download import cache as download_cache
 
     monkeypatch.setenv("KERAS_VIT_MIRROR", "http://")
     with pytest.raises(ValueError, match="with a host; received "

@@ -40,9 +40,9 @@ DOCUMENTED = {
             "keras_vit.zoo.load_weights", "keras_vit.zoo.save_npz",
             "keras_vit.zoo.resolve_model", "keras_vit.zoo.rebuild",
             # the readers the guide sends to for their bounds and options
-            "keras_vit.zoo.timm_hub.fetch",
-            "keras_vit.zoo.timm_writer.write",
-            "keras_vit.zoo.transformers_writer.write",
+            "keras_vit.zoo.timm.hub.fetch",
+            "keras_vit.zoo.timm.writer.write",
+            "keras_vit.zoo.transformers.writer.write",
             "keras_vit.zoo.keras_file.read_checkpoint"],
     "export": ["keras_vit.export.to_onnx", "keras_vit.export.to_saved_model",
                "keras_vit.export.to_tflite", "keras_vit.export.export",

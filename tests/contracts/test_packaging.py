@@ -41,8 +41,8 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for required in ("keras_vit/zoo/labels/imagenet2012.txt",
                      "keras_vit/zoo/labels/imagenet21k.txt",
-                     "keras_vit/zoo/timm_architectures.json",
-                     "keras_vit/zoo/download.py", "keras_vit/export/__init__.py",
+                     "keras_vit/zoo/timm/architectures.json",
+                     "keras_vit/zoo/download/fetch.py", "keras_vit/export/__init__.py",
                      "keras_vit/models/vit.py", "keras_vit/cli/analysis.py",
                      "keras_vit/train/loop.py",
                      "keras_vit/train/data/pipeline.py"):

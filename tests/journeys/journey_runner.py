@@ -13,7 +13,7 @@ Before the first job it makes every run small and offline:
   "ViT-B/16" or "R50+ViT-B/16" builds in a second with the same names,
   patch sizes, resolutions and head sizes; timm's architectures (the
   package's table of them) as the shrunk "B";
-* ``keras_vit.zoo.download.fetch`` is replaced by a fake that, for the
+* ``keras_vit.zoo.download.fetch.fetch`` is replaced by a fake that, for the
   URL of a released checkpoint, writes a random checkpoint in the official
   layout for that record (its architecture, resolution, head and
   ``pre_logits``) into the cache. The real downloader is tested against
@@ -58,7 +58,7 @@ def shrink_architectures():
     # timm's names size their models from the package's table of timm's
     # architectures: every one as the shrunk ViT-B (the docs' hub
     # repositories are vit_base ones, written that small).
-    from keras_vit.zoo import timm_arguments
+    from keras_vit.zoo.timm import arguments as timm_arguments
 
     for entry in timm_arguments.table()["architectures"].values():
         if "backbone" not in entry["args"]:
@@ -104,9 +104,10 @@ def _write_checkpoint(path, name, record):
 
 def fake_fetch(url, *, sha256=None, cache_dir=None, progress=None,
                timeout=60.0, deadline=None):
-    """Stands in for ``keras_vit.zoo.download.fetch``: a released file's
+    """Stands in for ``keras_vit.zoo.download.fetch.fetch``: a released file's
     URL gives a random checkpoint in that file's layout, once per URL."""
-    from keras_vit.zoo import download_cache, registry
+    from keras_vit.zoo import registry
+    from keras_vit.zoo.download import cache as download_cache
 
     path = download_cache.cache_path_for(url, cache_dir)
     if path.is_file():
@@ -125,7 +126,7 @@ def fake_fetch(url, *, sha256=None, cache_dir=None, progress=None,
 
 def install_fakes():
     shrink_architectures()
-    from keras_vit.zoo import download
+    from keras_vit.zoo.download import fetch as download
 
     download.fetch = fake_fetch
 

@@ -23,7 +23,7 @@ from keras_vit.models.resnet_v2 import (BIT_DEPTHS, BIT_VARIANTS,
                                         PreActBottleneck, ResNetV2, resnet_v2)
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.layers import StdConv2D
-from keras_vit.zoo import bit_layout
+from keras_vit.zoo.official import bit as bit_layout
 from keras_vit.zoo.checkpoints import CheckpointError
 
 # Runs on every Keras backend (tests/conftest.py).

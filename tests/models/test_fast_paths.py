@@ -13,7 +13,8 @@ import keras
 import keras_vit
 from keras_vit import zoo
 from keras_vit.models import compiled
-from keras_vit.zoo import convert, lazy_npz
+from keras_vit.zoo import convert
+from keras_vit.zoo.official import npz as lazy_npz
 
 
 def _model(classifier="token", **kw):

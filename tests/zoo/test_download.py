@@ -1,4 +1,4 @@
-"""Tests for keras_vit.zoo.download against a local HTTP server (no internet)."""
+"""Tests for keras_vit.zoo.download.fetch against a local HTTP server (no internet)."""
 
 import hashlib
 import http.server
@@ -17,7 +17,9 @@ import pytest
 from _fake_hub import FakeHub, send_slowly
 from testkit import bad_calls_test
 from keras_vit import zoo
-from keras_vit.zoo import download, download_cache, http_fetch
+from keras_vit.zoo.download import fetch as download
+from keras_vit.zoo.download import cache as download_cache
+from keras_vit.zoo.download import http as http_fetch
 
 OFFICIAL = "https://storage.googleapis.com/vit_models/test/"
 def _npz_bytes(size):
@@ -400,7 +402,9 @@ def test_a_trickling_hub_download_stops_at_the_throughput_rule(
     0.2 s ran to the 3 h deadline; the bucket's minimum-throughput rule
     (KERAS_VIT_DOWNLOAD_STALL_S, 1 s here) stops it in seconds with an
     error naming the repository, its URL and the bytes so far."""
-    from keras_vit.zoo import download_cache, http_fetch, hub_files
+    from keras_vit.zoo import hub_files
+    from keras_vit.zoo.download import cache as download_cache
+    from keras_vit.zoo.download import http as http_fetch
 
     files = {"config.json": b"{}", "model.safetensors": bytes(1000)}
     with FakeHub("timm/vit_slow", files, trickle=0.2) as hub:
@@ -423,7 +427,8 @@ def test_an_oversized_hub_config_is_refused_before_it_is_written(
     """A hostile server: a 400 MB config.json was downloaded to disk before its
     size was refused; now its HEAD's size refuses it and nothing of it
     reaches the cache."""
-    from keras_vit.zoo import download_cache, hub_files
+    from keras_vit.zoo import hub_files
+    from keras_vit.zoo.download import cache as download_cache
 
     big = b" " * (hub_files.MAX_CONFIG_BYTES + 1)
     files = {"config.json": big, "model.safetensors": bytes(8)}
@@ -550,7 +555,8 @@ def _cached_files(cache):
 
 
 def test_trickling_server_hits_the_overall_deadline(bad_server, tmp_path):
-    from keras_vit.zoo import download, download_cache
+    from keras_vit.zoo.download import fetch as download
+    from keras_vit.zoo.download import cache as download_cache
 
     start = time.monotonic()
     with pytest.raises(download_cache.DownloadError,
@@ -564,7 +570,8 @@ def test_trickling_server_hits_the_overall_deadline(bad_server, tmp_path):
 def test_trickled_headers_hit_the_overall_deadline(bad_server, tmp_path):
     # Each header byte comes well within the 2 s stall timeout, so only an
     # overall deadline that covers connect + headers stops it.
-    from keras_vit.zoo import download, download_cache
+    from keras_vit.zoo.download import fetch as download
+    from keras_vit.zoo.download import cache as download_cache
 
     start = time.monotonic()
     with pytest.raises(download_cache.DownloadError,
@@ -584,7 +591,8 @@ def test_trickled_headers_hit_the_overall_deadline(bad_server, tmp_path):
 ])
 def test_a_body_that_is_not_a_checkpoint_is_never_cached(
         bad_server, tmp_path, name, match):
-    from keras_vit.zoo import download, download_cache
+    from keras_vit.zoo.download import fetch as download
+    from keras_vit.zoo.download import cache as download_cache
 
     with pytest.raises(download_cache.DownloadError, match=match):
         download.fetch(bad_server + name, cache_dir=tmp_path, timeout=5.0,
@@ -598,7 +606,8 @@ def test_a_body_that_is_not_a_checkpoint_is_never_cached(
 def test_lock_wait_has_a_deadline_and_names_the_holder(bad_server, tmp_path):
     import os
 
-    from keras_vit.zoo import download, download_cache
+    from keras_vit.zoo.download import fetch as download
+    from keras_vit.zoo.download import cache as download_cache
 
     url = bad_server + "good.npz"
     final = download_cache.cache_path_for(url, tmp_path)
@@ -616,7 +625,7 @@ def test_lock_wait_has_a_deadline_and_names_the_holder(bad_server, tmp_path):
 
 @pytest.mark.parametrize("arg", ["timeout", "deadline"])
 def test_download_bounds_must_be_positive(tmp_path, arg):
-    from keras_vit.zoo import download
+    from keras_vit.zoo.download import fetch as download
 
     with pytest.raises(ValueError, match=rf"{arg}=0"):
         download.fetch("http://127.0.0.1:9/x.npz", cache_dir=tmp_path,
@@ -628,7 +637,7 @@ def test_download_bounds_must_be_positive(tmp_path, arg):
 # suggestion is checked as "Did you mean '<it>'", other text verbatim
 # (testkit.check_error).
 PYTHON_API = [
-    ("download timeout", lambda: zoo.download.fetch(
+    ("download timeout", lambda: zoo.download.fetch.fetch(
         "http://127.0.0.1:9/x.npz", timeout=-1), "timeout", "-1", "(0, inf)"),
 ]
 

@@ -16,7 +16,8 @@ from testkit import (assert_close_to_timm, random_images,
                      random_timm_model, timm_forward)
 from keras_vit.base import family_rows, variants
 from keras_vit.data.normalization import NAMED, config_value
-from keras_vit.zoo import registry, timm_arguments
+from keras_vit.zoo import registry
+from keras_vit.zoo.timm import arguments as timm_arguments
 
 ROWS = sorted(family_rows.MEMBERS)
 

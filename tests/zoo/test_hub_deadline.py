@@ -19,7 +19,8 @@ import time
 import pytest
 
 from keras_vit.base import environment, limits
-from keras_vit.zoo import download, download_cache
+from keras_vit.zoo.download import fetch as download
+from keras_vit.zoo.download import cache as download_cache
 
 REPO = "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"  # a real one's name
 # Seconds past the wait a failure may take: a child process that imports

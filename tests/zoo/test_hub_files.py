@@ -72,7 +72,8 @@ def hub_server():
 @pytest.mark.parametrize("endpoint", ["trickle", "mute"])
 def test_hub_download_has_an_overall_deadline(hub_server, tmp_path,
                                               monkeypatch, endpoint):
-    from keras_vit.zoo import download_cache, timm_hub
+    from keras_vit.zoo.download import cache as download_cache
+    from keras_vit.zoo.timm import hub as timm_hub
 
     monkeypatch.setenv("HF_ENDPOINT", getattr(hub_server, endpoint))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -87,7 +88,8 @@ def test_hub_download_has_an_overall_deadline(hub_server, tmp_path,
 
 def test_hub_failure_is_a_download_error_naming_the_repo(
         hub_server, tmp_path, monkeypatch):
-    from keras_vit.zoo import download_cache, timm_hub
+    from keras_vit.zoo.download import cache as download_cache
+    from keras_vit.zoo.timm import hub as timm_hub
 
     monkeypatch.setenv("HF_ENDPOINT", hub_server.trickle)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -122,7 +124,7 @@ def test_hub_failure_is_a_download_error_naming_the_repo(
 def test_hostile_safetensors_headers_name_the_file_and_tensor(
         tmp_path, header, length, data, needle):
     from keras_vit import zoo
-    from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.timm import hub as timm_hub
 
     path = _safetensors(tmp_path / "model.safetensors",
                         {"w": header} if header is _TENSOR else header,
@@ -135,7 +137,7 @@ def test_hostile_safetensors_headers_name_the_file_and_tensor(
 
 def test_a_valid_safetensors_file_still_reads(tmp_path):
     import safetensors.numpy as st
-    from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.timm import hub as timm_hub
 
     path = tmp_path / "ok.safetensors"
     st.save_file({"w": np.arange(6, dtype="float32").reshape(2, 3),

@@ -1,4 +1,4 @@
-"""keras-hub's ViT family beyond ViT (zoo/keras_hub_family.py): DeiT (and
+"""keras-hub's ViT family beyond ViT (zoo/keras_hub/family.py): DeiT (and
 its classifier), DINOv2 with and without registers (and with its SwiGLU
 MLP), SigLIP's and CLIP's
 image towers, each built by keras-hub at tiny sizes with every weight

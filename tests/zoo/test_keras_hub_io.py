@@ -1,4 +1,4 @@
-"""keras-hub's ViT both ways (zoo/keras_hub_io.py), against keras-hub's own
+"""keras-hub's ViT both ways (zoo/keras_hub/io.py), against keras-hub's own
 forward: live ViTImageClassifier / ViTBackbone objects and the preset
 directories its save_to_preset writes, on random weights at tiny sizes."""
 
@@ -14,7 +14,8 @@ import keras_hub
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.base.errors import ConfigError, MissingDependencyError  # noqa: E402
-from keras_vit.zoo import checkpoints, convert, keras_hub_io  # noqa: E402
+from keras_vit.zoo import checkpoints, convert
+from keras_vit.zoo.keras_hub import io as keras_hub_io
 
 
 def _randomise(model, seed=0):

@@ -1,4 +1,4 @@
-"""keras_vit.zoo.lazy_npz, the .npz reader behind load_weights and
+"""keras_vit.zoo.official.npz, the .npz reader behind load_weights and
 zoo.load: nothing half loaded. A checkpoint is validated whole (CRCs,
 dtypes, declared shapes against the data) before the first variable is
 assigned, and declared shapes are bounded before any allocation."""

@@ -1,4 +1,4 @@
-"""keras_vit.zoo.official: an official .npz as a source of zoo.load, its
+"""keras_vit.zoo.official.release: an official .npz as a source of zoo.load, its
 input size and head read from the file."""
 
 import keras

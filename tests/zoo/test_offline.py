@@ -14,7 +14,8 @@ import time
 import pytest
 
 from _fake_hub import FakeHub
-from keras_vit.zoo import download, download_cache
+from keras_vit.zoo.download import fetch as download
+from keras_vit.zoo.download import cache as download_cache
 
 UNREACHABLE = "http://127.0.0.1:9"
 OFFICIAL = "https://storage.googleapis.com/vit_models/test/"

@@ -1,4 +1,4 @@
-"""Progress bars: downloads (the bucket's, through zoo.download) and the
+"""Progress bars: downloads (the bucket's, through zoo.download.fetch) and the
 loading of big checkpoints show one; small loads and progress=False none."""
 
 import http.server
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from keras_vit import zoo
-from keras_vit.zoo import checkpoints, convert, download
+from keras_vit.zoo import checkpoints, convert
+from keras_vit.zoo.download import fetch as download
 
 
 def _npz_body():

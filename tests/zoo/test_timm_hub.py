@@ -348,7 +348,7 @@ def test_unsupported_timm_hybrids_are_refused(tmp_path):
 def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
                                                         needle):
     from keras_vit.base.errors import ConfigError
-    from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.timm import hub as timm_hub
 
     _safetensors(tmp_path / "model.safetensors", {"w": _TENSOR})
     config = tmp_path / "config.json"
@@ -363,7 +363,7 @@ def test_malformed_timm_configs_name_the_file_and_field(tmp_path, text,
 def test_an_oversized_timm_config_is_refused_before_reading(tmp_path,
                                                             monkeypatch):
     from keras_vit.base.errors import ConfigError
-    from keras_vit.zoo import timm_hub
+    from keras_vit.zoo.timm import hub as timm_hub
 
     monkeypatch.setattr(timm_hub, "MAX_CONFIG_BYTES", 1000)
     config = tmp_path / "config.json"

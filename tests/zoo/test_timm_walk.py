@@ -23,7 +23,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "timm_coverage.py")
 # What keras_vit cannot load from timm today, as the walk names it: a
 # refused argument's feature (timm_coverage.argument_feature) or a
 # refusal's (timm_coverage.message_feature). An architecture missing from
-# keras_vit's table of timm's architectures (zoo/timm_architectures.json)
+# keras_vit's table of timm's architectures (zoo/timm/architectures.json)
 # is not a gap but a stale table: its verdict (NAME_ONLY) fails here.
 KNOWN_GAPS = {
     "parallel blocks (ViT-22B style)", "parallel blocks (several branches)",
@@ -121,17 +121,17 @@ def test_the_features_refused_are_known_gaps(walked):
 
 
 def test_keras_vits_table_is_timms_for_the_installed_timm(walked):
-    """zoo/timm_architectures.json is what ``--write-table`` writes from
+    """zoo/timm/architectures.json is what ``--write-table`` writes from
     the installed timm: its version, every architecture of the three
     modules in timm's order, and for the representatives (every option
     value timm passes) the very rows."""
-    from keras_vit.zoo import timm_arguments
+    from keras_vit.zoo.timm import arguments as timm_arguments
 
     coverage, rows, arches = walked
     table = timm_arguments.table()
     assert table["timm"] == timm.__version__, (
         "regenerate: python benchmarks/timm_coverage.py --write-table "
-        "zoo/timm_architectures.json")
+        "zoo/timm/architectures.json")
     assert list(table["architectures"]) == list(arches)
     for row in rows:
         assert table["architectures"][row["name"]] == coverage.table_entry(
@@ -139,7 +139,8 @@ def test_keras_vits_table_is_timms_for_the_installed_timm(walked):
 
 
 def test_an_argument_keras_vit_lacks_is_refused_by_name_from_either_place():
-    from keras_vit.zoo import formats, timm_arguments
+    from keras_vit.zoo import formats
+    from keras_vit.zoo.timm import arguments as timm_arguments
 
     arch, options = timm_arguments.architecture("vit_base_patch16_rpn_224")
     with pytest.raises(formats.FormatError, match=(
@@ -158,7 +159,7 @@ def test_an_argument_keras_vit_lacks_is_refused_by_name_from_either_place():
 
 
 def test_the_tables_arguments_and_the_configs_read_alike():
-    from keras_vit.zoo import timm_arguments
+    from keras_vit.zoo.timm import arguments as timm_arguments
 
     def read(name, **model_args):
         arch, options = timm_arguments.architecture(name)

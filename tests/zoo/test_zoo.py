@@ -144,7 +144,7 @@ def test_load_hybrid_tag_through_mirror(mirror):
 def test_load_bit_tag_through_mirror(mirror):
     """BiT-S-R50x1 in the official layout, served as the bucket would."""
     root, _ = mirror
-    from keras_vit.zoo import bit_layout
+    from keras_vit.zoo.official import bit as bit_layout
     src = keras_vit.models.resnet_v2(64, (3, 4, 6, 3), 1, 1000)
     rng = np.random.default_rng(0)
     for w in src.weights:

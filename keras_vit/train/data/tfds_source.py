@@ -135,7 +135,7 @@ def download_and_prepare(builder, name, data_dir=None):
     """tfds' ``builder.download_and_prepare()`` within the package's network
     rules: refused at once under ``KERAS_VIT_OFFLINE=1``; tfds' retries
     bounded, and each of its downloads asks its server for a connection
-    first (:func:`keras_vit.zoo.download.unreachable`, within
+    first (:func:`keras_vit.zoo.download.fetch.unreachable`, within
     :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), then waits at
     most that long for the connection and ``KERAS_VIT_DOWNLOAD_STALL_S``
     for each read; a failure is one line naming the dataset, the reason
@@ -146,7 +146,7 @@ def download_and_prepare(builder, name, data_dir=None):
 
     from keras_vit.base import environment
     from keras_vit.base.limits import MAX_CONNECT_WAIT_SECONDS
-    from keras_vit.zoo import download
+    from keras_vit.zoo.download import fetch as download
 
     elsewhere = (f"prepare it where the network reaches its source (`tfds "
                  f"build {name}`) and ")

@@ -22,7 +22,7 @@ What each loads as, with keras-hub's outputs (measured by
   with ``use_swiglu_ffn`` (the giant) the SwiGLU MLP (``mlp="swiglu"``,
   ``mlp_dim`` two thirds of ``intermediate_dim`` rounded up to a multiple
   of 8, as keras-hub builds it:
-  :func:`keras_vit.zoo.transformers_tables.swiglu_width`);
+  :func:`keras_vit.zoo.transformers.tables.swiglu_width`);
   registers after the class token with a table of the class token and the
   patches: the table's class row, a constant, is folded into the class
   token and the table covers the patches (``posemb_includes_prefix=False``).
@@ -51,7 +51,7 @@ model's ``input_normalization``, else the family's published one
 What keras_vit lacks is refused in one line naming the field and value
 (DINOv3's rotary embeddings, ...). The same table, read backwards, writes
 a model back as the member that computes it
-(:mod:`keras_vit.zoo.keras_hub_family_writer`).
+(:mod:`keras_vit.zoo.keras_hub.family_writer`).
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ from keras_vit.base.limits import (MAX_CHANNELS, MAX_HIDDEN, MAX_IMAGE_SIDE,
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                                    Object, Str)
 from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
-from keras_vit.zoo.keras_hub_layout import (ACTIVATIONS,
+from keras_vit.zoo.keras_hub.layout import (ACTIVATIONS,
                                             check_image_converter,
                                             family_rows)
-from keras_vit.zoo.transformers_tables import swiglu_width
+from keras_vit.zoo.transformers.tables import swiglu_width
 
 _ATT = "MultiHeadDotProductAttention_1/"
 
@@ -101,7 +101,7 @@ _SQUARE_224 = [224, 224, 3]
 #: the family's published input normalisation; ``output``: "tokens"
 #: (every token after the final norm) or "embedding" (``num_classes=0``);
 #: ``task``: its classifier's class. Where its weights are:
-#: :func:`keras_vit.zoo.keras_hub_layout.family_rows`.
+#: :func:`keras_vit.zoo.keras_hub.layout.family_rows`.
 MEMBERS = {
     "DeiTBackbone": dict(
         family="DeiT", schema=_schema(
@@ -203,7 +203,7 @@ def architecture(class_name, config, path):
     """``(member class, arch, h5 prefix)`` of a preset's ``config.json``
     whose ``class_name`` is one of :data:`PRESET_CLASSES` (``config`` its
     ``config`` object): keras_vit's builder facts (as
-    :func:`keras_vit.zoo.keras_hub_layout.backbone_architecture`'s, with
+    :func:`keras_vit.zoo.keras_hub.layout.backbone_architecture`'s, with
     ``family``, ``options`` and ``kind``: ``"backbone"`` or
     ``"embedding"``); what keras_vit lacks is refused naming the field.
 
@@ -333,7 +333,7 @@ def task_architecture(config, arch, path):
 
 def read_h5(path, rows, prefix="", optional=False):
     """``{official key: (array, how)}`` of the weights ``rows``
-    (:func:`~keras_vit.zoo.keras_hub_layout.family_rows`) name in the
+    (:func:`~keras_vit.zoo.keras_hub.layout.family_rows`) name in the
     ``.h5`` file ``path``, its datasets under ``layers/`` + ``prefix``
     checked first: names, shapes, dtypes of those read, storage (as
     :func:`keras_vit.zoo.h5_files.read_h5`); the rest of the file (a text

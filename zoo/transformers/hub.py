@@ -3,9 +3,9 @@
 ``ViTModel`` write them (``save_pretrained``; the Hub's
 ``google/vit-base-patch16-224``, ``google/vit-base-patch16-224-in21k``, ...),
 SigLIP's image towers (``SiglipVisionModel``, the image tower of a
-``SiglipModel``: :mod:`keras_vit.zoo.transformers_siglip`), and DeiT,
+``SiglipModel``: :mod:`keras_vit.zoo.transformers.siglip`), and DeiT,
 DINOv2 (with registers too) and CLIP's image tower
-(:mod:`keras_vit.zoo.transformers_family`).
+(:mod:`keras_vit.zoo.transformers.family`).
 
 Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
 ``model_type`` (timm's have none), a local folder holding such a
@@ -31,9 +31,9 @@ anything is allocated: missing, unexpected and mis-shaped tensors are
 listed together in one error naming the file.
 
 The config and the names are mapped by
-:mod:`keras_vit.zoo.transformers_layout`; ``zoo.save_pretrained(model, dir,
+:mod:`keras_vit.zoo.transformers.layout`; ``zoo.save_pretrained(model, dir,
 layout="transformers")`` writes the reverse
-(:mod:`keras_vit.zoo.transformers_writer`).
+(:mod:`keras_vit.zoo.transformers.writer`).
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ import os
 from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
-# SigLIP's image towers (zoo/transformers_siglip.py); DeiT, DINOv2 and
-# CLIP's image tower (zoo/transformers_family.py).
-from keras_vit.zoo import transformers_family, transformers_siglip
-# transformers' names <-> the official layout (zoo/transformers_layout.py).
-from keras_vit.zoo.transformers_layout import (
+# SigLIP's image towers (zoo/transformers/siglip.py); DeiT, DINOv2 and
+# CLIP's image tower (zoo/transformers/family.py).
+from keras_vit.zoo.transformers import family as transformers_family
+from keras_vit.zoo.transformers import siglip as transformers_siglip
+# transformers' names <-> the official layout (zoo/transformers/layout.py).
+from keras_vit.zoo.transformers.layout import (
     HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
     shown_value as _shown, to_official)
 

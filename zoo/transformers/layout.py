@@ -3,8 +3,8 @@
 layout, both ways (``ViTForImageClassification``: ``vit.`` in front and a
 ``classifier``; ``ViTModel``: none, and a ``pooler``), and the names and
 shapes a config implies. Shared by the reader
-(:mod:`keras_vit.zoo.transformers_hub`) and the writer
-(:mod:`keras_vit.zoo.transformers_writer`).
+(:mod:`keras_vit.zoo.transformers.hub`) and the writer
+(:mod:`keras_vit.zoo.transformers.writer`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ DEFAULT_HIDDEN_ACT = "gelu"
 
 
 # Hub model types keras_vit does not read, with the way out where there
-# is one (DeiT, DINOv2 and CLIP's image tower: zoo/transformers_family.py).
+# is one (DeiT, DINOv2 and CLIP's image tower: zoo/transformers/family.py).
 _OTHER_TYPES = {
     "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
                "classifier keras_vit reproduces",
@@ -208,7 +208,7 @@ HEAD_PARAMS = {"classifier.weight": "head/kernel",
 
 def expected_shapes(arch, num_labels, prefix):
     """transformers' tensor names and shapes for ``arch`` (see
-    :func:`keras_vit.zoo.transformers_hub.architecture`): ``prefix`` is ``"vit."`` in a
+    :func:`keras_vit.zoo.transformers.hub.architecture`): ``prefix`` is ``"vit."`` in a
     ``ViTForImageClassification``, ``""`` in a ``ViTModel``."""
     d, m, c, p = (arch["hidden_size"], arch["mlp_dim"], arch["num_channels"],
                   arch["patch_size"])

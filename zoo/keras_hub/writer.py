@@ -1,14 +1,14 @@
 """Writes a keras_vit model as the keras-hub class that computes it, live
 (:func:`to_keras_hub`) or as a preset directory with the model's class
 names (:func:`save_preset`). The reverse of
-:mod:`keras_vit.zoo.keras_hub_io`: a model without family options is
+:mod:`keras_vit.zoo.keras_hub.io`: a model without family options is
 keras-hub's ViT (``keras_hub.models.ViTImageClassifier`` or
 ``ViTBackbone``); one with them is written as the family member
-:mod:`keras_vit.zoo.keras_hub_family` reads it from (``DeiTBackbone`` and
+:mod:`keras_vit.zoo.keras_hub.family` reads it from (``DeiTBackbone`` and
 its ``DeiTImageClassifier``, ``DINOV2Backbone`` with registers and the
 SwiGLU MLP, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder``), by that
 module's own table read backwards
-(:mod:`keras_vit.zoo.keras_hub_family_writer`).
+(:mod:`keras_vit.zoo.keras_hub.family_writer`).
 
 keras-hub's ViT computes the exact GELU only, so a ViT with
 ``gelu="tanh"`` (the official ``.npz`` numerics) is refused rather than
@@ -25,9 +25,10 @@ import numpy as np
 
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import (convert, hub_files, keras_hub_family_writer,
-                           keras_hub_layout)
-from keras_vit.zoo.keras_hub_layout import to_hub_names
+from keras_vit.zoo import convert, hub_files
+from keras_vit.zoo.keras_hub import family_writer as keras_hub_family_writer
+from keras_vit.zoo.keras_hub import layout as keras_hub_layout
+from keras_vit.zoo.keras_hub.layout import to_hub_names
 
 
 def _config(model):
@@ -82,13 +83,13 @@ def to_keras_hub(model):
     and ``save_to_preset`` / ``ViTImageClassifier.from_preset`` work), or
     a ``ViTBackbone`` for one without (it returns every token; keras-hub's
     backbones pool nothing). A model with family options is the member
-    :mod:`keras_vit.zoo.keras_hub_family` reads (a ``DeiTBackbone``, or a
+    :mod:`keras_vit.zoo.keras_hub.family` reads (a ``DeiTBackbone``, or a
     ``DeiTImageClassifier`` with its preprocessor for a DeiT with a head;
     a ``DINOV2Backbone``, a ``SigLIPVisionEncoder``, a
     ``CLIPVisionEncoder``), whose ``save_to_preset`` also writes an
     ``image_converter.json`` of the model's input normalisation; what no
     keras-hub class computes is refused naming the option
-    (:mod:`keras_vit.zoo.keras_hub_family_writer`).
+    (:mod:`keras_vit.zoo.keras_hub.family_writer`).
     The model's label names (``label_names``) go along as a classifier's
     ``zoo_labels``, which :func:`from_keras_hub` reads back;
     keras-hub's presets have no field for them, so the classifier's
@@ -205,7 +206,7 @@ def write_labels(directory, labels):
     """Adds the class names ``labels`` as ``label_names`` to the
     ``metadata.json`` keras-hub's ``save_to_preset`` wrote in
     ``directory``: keras-hub ignores the field,
-    :mod:`keras_vit.zoo.keras_hub_io` reads it back."""
+    :mod:`keras_vit.zoo.keras_hub.io` reads it back."""
     import json
 
     from keras_vit.base import atomic

@@ -3,10 +3,10 @@
 names and the official ``.npz`` layout, both ways; the names and shapes
 a config implies, and where a preset's ``.h5`` files keep each
 variable. Shared by the reader
-(:mod:`keras_vit.zoo.keras_hub_io`) and the writer
-(:mod:`keras_vit.zoo.keras_hub_writer`). The names of the family's other
+(:mod:`keras_vit.zoo.keras_hub.io`) and the writer
+(:mod:`keras_vit.zoo.keras_hub.writer`). The names of the family's other
 presets (DeiT, DINOv2, SigLIP's and CLIP's image towers) follow, for
-:mod:`~keras_vit.zoo.keras_hub_family` and its writer.
+:mod:`~keras_vit.zoo.keras_hub.family` and its writer.
 """
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ def to_hub_names(arrays):
     return out
 
 
-# -- the ViT family's presets (read by keras_vit.zoo.keras_hub_family) ------------
+# -- the ViT family's presets (read by keras_vit.zoo.keras_hub.family) ------------
 # Keras' .weights.h5 names a variable "<layer path>/vars/<i>", the path by
 # attribute (or by snake-cased class name in a functional model's list);
 # keras-hub's kernels already have the official shapes. Rows: h5 path below
@@ -466,7 +466,7 @@ def family_rows(class_name, arch, task=False):
     attention biases of a DeiT built without them are left out, a
     DINOv2's SwiGLU MLP (:data:`DINO_SWIGLU`) replaces its GELU one.
 
-    >>> from keras_vit.zoo.keras_hub_family import architecture
+    >>> from keras_vit.zoo.keras_hub.family import architecture
     >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(
     ...     patch_size=16, num_layers=1, num_heads=2, hidden_dim=32,
     ...     intermediate_dim=64), "config.json")

@@ -2,7 +2,7 @@
 
 timm's hub files name an ``architecture`` and record only the arguments
 that differ from it (``model_args``); the architecture's own sizes and
-options live in timm's code. ``timm_architectures.json`` beside this
+options live in timm's code. ``architectures.json`` beside this
 module is that code read as data: for every architecture of timm's
 ``vision_transformer``, ``deit`` and ``vision_transformer_hybrid``
 modules, the keyword arguments its function passes to timm's builder,
@@ -31,12 +31,12 @@ import os
 from keras_vit.base import variants
 from keras_vit.base.checks import shown
 from keras_vit.zoo import formats
-from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
+from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS)
 
 #: The table of timm's architectures, shipped with the package.
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                          "timm_architectures.json")
+                          "architectures.json")
 # The table's arguments that size a ViT; the others are options, read by
 # the one mapping (honoured).
 _TABLE_SIZES = ("patch_size", "embed_dim", "depth", "num_heads",

@@ -16,7 +16,7 @@ and returns that embedding. Without the head it returns the tokens
 
 The config's sizes and the tensors' names and shapes are checked before
 anything is allocated, as for transformers' ViT
-(:mod:`keras_vit.zoo.transformers_hub`, which hands these folders here);
+(:mod:`keras_vit.zoo.transformers.hub`, which hands these folders here);
 ``zoo.save_pretrained(model, dir, layout="transformers")`` writes a
 keras_vit model of that shape back as a ``SiglipVisionModel``.
 """
@@ -30,7 +30,7 @@ import numpy as np
 
 from keras_vit.base.checks import shown
 from keras_vit.zoo import convert, formats, hub_files
-from keras_vit.zoo.transformers_layout import (GELU_FORMS, HIDDEN_ACTS,
+from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
                                                read_tensors, shown_value)
 
 #: The model types read here.

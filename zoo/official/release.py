@@ -20,8 +20,9 @@ import os
 import urllib.parse
 
 from keras_vit.base import variants
-from keras_vit.zoo import (bit_layout, build, convert, download, formats,
-                           registry)
+from keras_vit.zoo import build, convert, formats, registry
+from keras_vit.zoo.official import bit as bit_layout
+from keras_vit.zoo.download import fetch as download
 
 
 @dataclasses.dataclass(frozen=True)

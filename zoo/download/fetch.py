@@ -3,10 +3,10 @@ the downloads.
 
 Files are identified by their *official* URL (``https://storage.googleapis.com/...``
 or the equivalent ``gs://...``) and cached under
-:func:`~keras_vit.zoo.download_cache.cache_dir`.  The cache location depends
+:func:`~keras_vit.zoo.download.cache.cache_dir`.  The cache location depends
 only on the official URL, so pointing ``KERAS_VIT_MIRROR`` at a different
 mirror reuses files that were already downloaded
-(:mod:`keras_vit.zoo.download_cache`).
+(:mod:`keras_vit.zoo.download.cache`).
 
 Environment variables:
 
@@ -14,7 +14,7 @@ Environment variables:
     Cache directory (default ``$XDG_CACHE_HOME/keras_vit`` or ``~/.cache/keras_vit``).
 ``KERAS_VIT_OFFLINE``
     ``1``/``true``/``yes``/``on``: never download; missing files raise
-    :class:`~keras_vit.zoo.download_cache.OfflineError` telling where to put
+    :class:`~keras_vit.zoo.download.cache.OfflineError` telling where to put
     them by hand.
 ``KERAS_VIT_MIRROR``
     Base URL that replaces ``https://storage.googleapis.com/`` when downloading.
@@ -22,7 +22,7 @@ Environment variables:
 Downloads are safe against concurrent processes (an exclusive lock per
 file), against interruption (data is streamed into a uniquely named
 ``.partial`` file and atomically renamed only once complete and verified:
-:mod:`keras_vit.zoo.http_fetch`), and against corruption (optional SHA-256
+:mod:`keras_vit.zoo.download.http`), and against corruption (optional SHA-256
 verification). A download that fails or may not run is one line:
 :func:`unavailable`.
 
@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Optional
 
 from keras_vit.base import environment
-from keras_vit.zoo.download_cache import (
+from keras_vit.zoo.download.cache import (
     ENV_CACHE, OFFICIAL_BASE, ChecksumError, DownloadError, OfflineError,
     PathLike, cache_path_for, check_url, exclusive_lock, normalise_sha256,
     official_url, remove_stale_partials, verify_cached)
-from keras_vit.zoo.http_fetch import DEFAULT_DEADLINE, download_file
+from keras_vit.zoo.download.http import DEFAULT_DEADLINE, download_file
 
 __all__ = ["is_offline", "resolve_url", "fetch", "unavailable",
            "unreachable"]
@@ -167,7 +167,7 @@ def fetch(
         sha256: Expected hex digest; verified after download and on cache hits
             (cheaply, via a ``.sha256`` sidecar, when the file is unchanged).
         cache_dir: Cache root; defaults to
-            :func:`~keras_vit.zoo.download_cache.cache_dir`.
+            :func:`~keras_vit.zoo.download.cache.cache_dir`.
         progress: Show a progress bar: ``True``/``False``, or ``None`` for
             "only when stderr is a terminal".
         timeout: Stall timeout: the longest wait for the next bytes, in seconds.

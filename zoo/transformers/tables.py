@@ -1,6 +1,6 @@
 """The tensor names and config defaults of transformers' other ViT-family
-towers, as data (read by :mod:`keras_vit.zoo.transformers_family`, written
-by :mod:`keras_vit.zoo.transformers_writer`): per model type its config
+towers, as data (read by :mod:`keras_vit.zoo.transformers.family`, written
+by :mod:`keras_vit.zoo.transformers.writer`): per model type its config
 defaults, where its blocks are and the names of their tensors and of the
 others (:data:`FAMILIES`); per class its model type, the tensors' prefix,
 its head's tensors and the builder options it sets (:data:`ARCHITECTURES`),

@@ -1,7 +1,7 @@
 """Writes a keras_vit ViT as a timm Hub repository: ``config.json`` and
 ``model.safetensors`` that ``timm.create_model(arch, pretrained=True,
 pretrained_cfg_overlay=dict(file=...))`` loads and
-:mod:`keras_vit.zoo.timm_hub` reads back, label names included
+:mod:`keras_vit.zoo.timm.hub` reads back, label names included
 (``label_names``, as timm writes them). Reached through
 :func:`keras_vit.zoo.save_pretrained`.
 """
@@ -17,7 +17,7 @@ from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
-from keras_vit.zoo.timm_layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
+from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
@@ -173,7 +173,7 @@ def timm_architecture(model):
     (``vit_base_patch16_224``) and the ``model_args`` that make timm build
     it: none for the standard sizes, else the sizes themselves on top of
     ``vit_base_patch16_224`` (timm's ``create_model`` takes them as
-    keyword arguments, and :mod:`keras_vit.zoo.timm_hub` honours them),
+    keyword arguments, and :mod:`keras_vit.zoo.timm.hub` honours them),
     and the ViT family's options (register tokens, layer scale, pooling,
     ...) as timm's arguments of the same meaning."""
     # The sizes are the zoo's one table (keras_vit.base.variants), in timm's
@@ -266,12 +266,12 @@ def check_read_back(model, written, arrays, state):
     """Refuses, in one line naming the argument, its value and timm's, a
     ``config.json`` (``written``) and tensors (``state``, of the official
     ``arrays``) that keras_vit's timm reader (the same tables:
-    :func:`keras_vit.zoo.timm_arguments.honoured`,
-    :func:`keras_vit.zoo.timm_layout.to_official`) would read as another
+    :func:`keras_vit.zoo.timm.arguments.honoured`,
+    :func:`keras_vit.zoo.timm.layout.to_official`) would read as another
     model than ``model``: what the reader cannot honour, timm builds
     otherwise too. Called before any file is written."""
-    from keras_vit.zoo import timm_arguments
-    from keras_vit.zoo.timm_layout import to_official
+    from keras_vit.zoo.timm import arguments as timm_arguments
+    from keras_vit.zoo.timm.layout import to_official
 
     config = model.get_config()
     where = f"save_pretrained(layout='timm') of model={model.name!r}"

@@ -2,20 +2,20 @@
 computes it: a ``DeiTBackbone`` (inside a ``DeiTImageClassifier`` for a
 model with a head), a ``DINOV2Backbone`` (with registers, with the SwiGLU
 MLP), a ``SigLIPVisionEncoder`` or a ``CLIPVisionEncoder``. The front door
-is :func:`keras_vit.zoo.keras_hub_writer.to_keras_hub` (and its
+is :func:`keras_vit.zoo.keras_hub.writer.to_keras_hub` (and its
 ``save_preset``), which sends here every model with a family option
 keras-hub's paper ViT lacks.
 
 Nothing here names keras-hub's fields or weights a second time: the
-mapping is :mod:`keras_vit.zoo.keras_hub_family`'s table read backwards.
+mapping is :mod:`keras_vit.zoo.keras_hub.family`'s table read backwards.
 A class's ``fields`` and ``forms`` give its config from the model's
 arguments (:func:`hub_config`); the reader's own
-:func:`~keras_vit.zoo.keras_hub_family.architecture` then reads that
+:func:`~keras_vit.zoo.keras_hub.family.architecture` then reads that
 config back, and the class is written only when what it reads is the
 model (:func:`problems`: its sizes, numerics and every family option; the
 dropout and stochastic-depth rates, which act in training only, are
 written where the class has a field for them). The weights go where
-:func:`~keras_vit.zoo.keras_hub_layout.family_rows` says the reader finds
+:func:`~keras_vit.zoo.keras_hub.layout.family_rows` says the reader finds
 them, in the ``.weights.h5`` file Keras writes of the live class, which
 then loads it: position tables as keras-hub stores them, position ids
 0..N-1, DINOv2's table at ``image_shape`` (keras-hub resizes nothing) with
@@ -32,9 +32,9 @@ import numpy as np
 from keras_vit.base.errors import ConfigError
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert, h5_files, hub_files
-from keras_vit.zoo.keras_hub_family import (MEMBERS, architecture,
+from keras_vit.zoo.keras_hub.family import (MEMBERS, architecture,
                                             task_architecture)
-from keras_vit.zoo.keras_hub_layout import ACTIVATIONS, family_rows
+from keras_vit.zoo.keras_hub.layout import ACTIVATIONS, family_rows
 
 # keras_vit's head activation -> keras-hub's (the reader's table inverted,
 # its first name kept).

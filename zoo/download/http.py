@@ -29,7 +29,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from keras_vit.base import environment
-from keras_vit.zoo.download_cache import (CHUNK, ChecksumError, DownloadError,
+from keras_vit.zoo.download.cache import (CHUNK, ChecksumError, DownloadError,
                                           official_url, write_sidecar)
 
 ENV_STALL = "KERAS_VIT_DOWNLOAD_STALL_S"

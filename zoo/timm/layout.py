@@ -3,8 +3,8 @@ ViT (``blocks.{i}.attn.qkv`` split into query, key and value; the
 attention pool ``attn_pool`` as big_vision's ``MAPHead_0``), the
 ResNetV2+ViT hybrids (``patch_embed.backbone.stages.{s}.blocks.{b}``) and
 BiT (``resnetv2_*_bit``). Plain functions of arrays, shared by the reader
-(:mod:`keras_vit.zoo.timm_hub`) and the writer
-(:mod:`keras_vit.zoo.timm_writer`); parameters with no official
+(:mod:`keras_vit.zoo.timm.hub`) and the writer
+(:mod:`keras_vit.zoo.timm.writer`); parameters with no official
 counterpart raise a ValueError naming them.
 """
 

@@ -77,7 +77,7 @@ class OfflineError(DownloadError):
 
 def cache_dir() -> Path:
     """Return the cache root (not created here;
-    :func:`keras_vit.zoo.download.fetch` creates it)."""
+    :func:`keras_vit.zoo.download.fetch.fetch` creates it)."""
     explicit = environment.read(ENV_CACHE)
     if explicit is not None:
         return explicit

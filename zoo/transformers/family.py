@@ -7,7 +7,7 @@ whose text tower and projections are not read).
 Each is the one :class:`~keras_vit.models.VisionTransformer` with family
 options; what differs is data: each type's config defaults and tensor
 names, each class's builder options
-(:mod:`keras_vit.zoo.transformers_tables`):
+(:mod:`keras_vit.zoo.transformers.tables`):
 
 * ``DeiTForImageClassificationWithTeacher``: ``distilled=True`` (the
   class and distillation heads' logits averaged).
@@ -23,7 +23,7 @@ names, each class's builder options
   folded into it. Either with ``use_swiglu_ffn`` (the giant): the SwiGLU
   MLP (``mlp="swiglu"``; ``mlp_dim`` two thirds of ``hidden_size *
   mlp_ratio``, rounded up to a multiple of 8:
-  :func:`~keras_vit.zoo.transformers_tables.dinov2_mlp_dim`).
+  :func:`~keras_vit.zoo.transformers.tables.dinov2_mlp_dim`).
 * ``CLIPVisionModel``: ``pre_layrnorm`` (``pre_norm``), no patch bias,
   quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
   ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
@@ -47,9 +47,9 @@ import numpy as np
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
 from keras_vit.zoo import convert, formats, hub_files
-from keras_vit.zoo.transformers_layout import (
+from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
-from keras_vit.zoo.transformers_tables import (ARCHITECTURES, FAMILIES,
+from keras_vit.zoo.transformers.tables import (ARCHITECTURES, FAMILIES,
                                                dinov2_mlp_dim)
 
 #: The model types read here.
@@ -182,7 +182,7 @@ def tables(arch):
     """``(block, other, head)`` rows of the tensors ``arch`` holds:
     transformers' name (without the block's number or the tensors'
     prefix) -> (official key, how, shape), as in
-    :data:`~keras_vit.zoo.transformers_tables.FAMILIES`."""
+    :data:`~keras_vit.zoo.transformers.tables.FAMILIES`."""
     family = FAMILIES[arch["type"]]
     layer = dict(family["layer"])
     if arch["mlp"] == "swiglu":  # DINOv2's, in place of mlp.fc1 / mlp.fc2

@@ -7,18 +7,18 @@ and original checkpoints as the official ``.npz`` files, plus later
 fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
 ``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
-the official layout (:mod:`keras_vit.zoo.timm_layout`: ViT, the
+the official layout (:mod:`keras_vit.zoo.timm.layout`: ViT, the
 ResNetV2+ViT hybrids and BiT; a hybrid keeps
 timm's ResNet numerics: weights standardised with sqrt(var + 1e-8),
 GroupNorm epsilon 1e-5), and loads them through the same strict loaders as
 the ``.npz`` files. :func:`keras_vit.zoo.save_pretrained` writes the
-reverse (:mod:`keras_vit.zoo.timm_writer`), a repository that
+reverse (:mod:`keras_vit.zoo.timm.writer`), a repository that
 ``timm.create_model(..., pretrained=True)`` loads.
 
 The ``config.json`` names timm's architecture and only the arguments that
 differ from it; the architecture's own sizes and options come from
 keras_vit's table of timm's architectures, and both pass through one
-mapping onto keras_vit's options (:mod:`keras_vit.zoo.timm_arguments`),
+mapping onto keras_vit's options (:mod:`keras_vit.zoo.timm.arguments`),
 which refuses by name what keras_vit cannot build.
 
 timm runs the exact (erf) GELU, the official code the tanh form, so models
@@ -43,10 +43,11 @@ from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.models.hybrid import TIMM_RESNET_NUMERICS
-from keras_vit.zoo import (checkpoints, convert, formats, http_fetch,
-                          hub_files, timm_arguments)
-# timm's names <-> the official layout (zoo/timm_layout.py).
-from keras_vit.zoo.timm_layout import (bit_to_official, hybrid_to_official,
+from keras_vit.zoo import checkpoints, convert, formats, hub_files
+from keras_vit.zoo.download import http as http_fetch
+from keras_vit.zoo.timm import arguments as timm_arguments
+# timm's names <-> the official layout (zoo/timm/layout.py).
+from keras_vit.zoo.timm.layout import (bit_to_official, hybrid_to_official,
                                        to_official)
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
@@ -140,7 +141,7 @@ _RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
 def _architecture(config, name):
     """``(Arch, the architecture's own timm arguments)`` of the name the
     caller or the config gives: timm's architectures from their table
-    (:mod:`keras_vit.zoo.timm_arguments`), the ResNetV2 hybrids, BiT and
+    (:mod:`keras_vit.zoo.timm.arguments`), the ResNetV2 hybrids, BiT and
     the paper's names (``ViT-B/16``) from their names."""
     arch_name = name or config.get("architecture")
     if not arch_name:
@@ -195,7 +196,7 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     Example (a repository written by :func:`save_pretrained`):
 
     >>> import tempfile, numpy as np, keras_vit
-    >>> from keras_vit.zoo import timm_hub
+    >>> from keras_vit.zoo.timm import hub as timm_hub
     >>> m = keras_vit.zoo.load("ViT-Ti/16", weights=None, image_size=32,
     ...                        num_classes=3, gelu="exact")
     >>> repo = keras_vit.zoo.save_pretrained(m, tempfile.mkdtemp())
@@ -244,7 +245,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     ``source`` (its ``config.json`` naming the architecture, unless
     ``name`` does, and its ``model.safetensors``). ``prefer_size`` is
     unused (one file per repository)."""
-    from keras_vit.zoo import bit_layout, build
+    from keras_vit.zoo import build
+    from keras_vit.zoo.official import bit as bit_layout
 
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)

@@ -2,7 +2,7 @@
 ``keras_hub.models.ViTImageClassifier`` or ``ViTBackbone`` (a live object,
 or a preset directory its ``save_to_preset`` wrote), and the family's
 other members (DeiT, DINOv2, SigLIP's and CLIP's image towers:
-:mod:`keras_vit.zoo.keras_hub_family`).
+:mod:`keras_vit.zoo.keras_hub.family`).
 
 Reading: :func:`read` returns the architecture facts and the weights as
 a ``{key: array}`` mapping in the official ``.npz`` layout
@@ -27,9 +27,9 @@ and the patches. A family member's input normalisation travels with
 the model: its preset's image converter's, else the family's published
 one.
 
-The configs and names are mapped by :mod:`keras_vit.zoo.keras_hub_layout`;
+The configs and names are mapped by :mod:`keras_vit.zoo.keras_hub.layout`;
 writing (``to_keras_hub``, a preset through ``zoo.save_pretrained(...,
-layout="keras-hub")``) is :mod:`keras_vit.zoo.keras_hub_writer`.
+layout="keras-hub")``) is :mod:`keras_vit.zoo.keras_hub.writer`.
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
-from keras_vit.zoo import (checkpoints, formats, h5_files, hub_files,
-                           keras_hub_family, keras_hub_layout,
-                           transformers_hub)
-# keras-hub's names <-> the official layout (zoo/keras_hub_layout.py).
-from keras_vit.zoo.keras_hub_layout import (
+from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
+from keras_vit.zoo.keras_hub import family as keras_hub_family
+from keras_vit.zoo.keras_hub import layout as keras_hub_layout
+from keras_vit.zoo.transformers import hub as transformers_hub
+# keras-hub's names <-> the official layout (zoo/keras_hub/layout.py).
+from keras_vit.zoo.keras_hub.layout import (
     METADATA_FILE, backbone_architecture, backbone_only,
     check_image_converter, expected_shapes, task_architecture, to_official)
 
@@ -73,7 +74,7 @@ def _class_names(obj):
 def is_keras_hub_source(value, *, progress=None):
     """True for what :func:`read` takes: a keras-hub ``ViTBackbone`` or
     ``ViTImageClassifier`` or a family member (``DeiTBackbone``, ...:
-    :data:`keras_vit.zoo.keras_hub_family.CLASSES`), or a directory whose
+    :data:`keras_vit.zoo.keras_hub.family.CLASSES`), or a directory whose
     ``config.json`` names a
     keras-hub class (a preset ``save_to_preset`` wrote). ``progress`` is
     unused (nothing is downloaded to tell): the sources' predicates take
@@ -228,7 +229,7 @@ def read_object(obj):
 def read(source, *, with_labels=False):
     """``(arch, arrays)`` of a keras-hub ViT: a ``ViTImageClassifier``, a
     ``ViTBackbone``, a family member
-    (:data:`keras_vit.zoo.keras_hub_family.CLASSES`) or a preset directory
+    (:data:`keras_vit.zoo.keras_hub.family.CLASSES`) or a preset directory
     of one. ``arch`` holds keras_vit's builder facts (``kind``:
     ``"classifier"``, ``"backbone"`` or ``"embedding"``,
     ``hidden_size``, ``num_layers``, ``num_heads``, ``mlp_dim``,
@@ -340,7 +341,7 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     a family member (``DeiTBackbone`` and its ``DeiTImageClassifier``,
     ``DINOV2Backbone``, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder`` and
     the ``SigLIPBackbone`` / ``CLIPBackbone`` holding them: what each
-    computes is in :mod:`keras_vit.zoo.keras_hub_family`), or a preset
+    computes is in :mod:`keras_vit.zoo.keras_hub.family`), or a preset
     directory written by ``save_to_preset`` (read without keras-hub). The
     input is the backbone's: what its image converter makes of pixels,
     [-1, 1] for keras-hub's ViT presets (the model records the

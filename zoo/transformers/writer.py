@@ -3,10 +3,10 @@
 head): ``config.json`` with the class names as ``id2label``,
 ``model.safetensors``, ``preprocessor_config.json``; a model pooled by
 attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
-(:mod:`keras_vit.zoo.transformers_siglip`); a model with the ViT family's
+(:mod:`keras_vit.zoo.transformers.siglip`); a model with the ViT family's
 options as the DeiT, DINOv2 or CLIP class that holds it
-(:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers_family`).
-The reverse of :mod:`keras_vit.zoo.transformers_hub`.
+(:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers.family`).
+The reverse of :mod:`keras_vit.zoo.transformers.hub`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import (convert, transformers_family, transformers_siglip,
-                           transformers_tables)
-from keras_vit.zoo.transformers_layout import (ARCHITECTURES, HIDDEN_ACTS,
+from keras_vit.zoo import convert
+from keras_vit.zoo.transformers import family as transformers_family
+from keras_vit.zoo.transformers import siglip as transformers_siglip
+from keras_vit.zoo.transformers import tables as transformers_tables
+from keras_vit.zoo.transformers.layout import (ARCHITECTURES, HIDDEN_ACTS,
                                                PREPROCESSOR_FILE, from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 

@@ -1,0 +1,3 @@
+"""timm's files: its ``VisionTransformer`` arguments (:mod:`.arguments`),
+its state-dict names (:mod:`.layout`), the reader of its Hugging Face
+folders and handles (:mod:`.hub`) and the writer (:mod:`.writer`)."""
