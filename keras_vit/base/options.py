@@ -66,6 +66,33 @@ def choice(*choices):
     return check
 
 
+class Field(NamedTuple):
+    """An option's field in another library's config.
+
+    Attributes:
+        name: the field.
+        forms: their value -> ours where the two differ (a dict; the writers
+            invert it), or None where the values are the same.
+
+    >>> swiglu = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
+    >>> swiglu.read(True), swiglu.write("gelu")
+    ('swiglu', False)
+    """
+
+    name: str
+    forms: dict | None = None
+
+    def read(self, value):
+        """Our value of their ``value``."""
+        return value if self.forms is None else self.forms[value]
+
+    def write(self, value):
+        """Their value of our ``value``."""
+        if self.forms is None:
+            return value
+        return {ours: theirs for theirs, ours in self.forms.items()}[value]
+
+
 class Option(NamedTuple):
     """One option of the family.
 
@@ -80,6 +107,11 @@ class Option(NamedTuple):
             or None where timm spells it otherwise (an architecture, a
             layer) or not at all.
         about: what it selects.
+        transformers: its :class:`Field` in transformers' vision configs
+            (read and written for the model types whose config has the
+            field), or None.
+        keras_hub: its :class:`Field` in keras-hub's backbone configs (for
+            the classes whose config has it), or None.
     """
 
     name: str
@@ -88,7 +120,12 @@ class Option(NamedTuple):
     parameters: bool
     timm: str | None
     about: str
+    transformers: Field | None = None
+    keras_hub: Field | None = None
 
+
+# DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it.
+_SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 
 OPTIONS = (
     Option("class_token", None, optional_flag, True, "class_token",
@@ -96,7 +133,7 @@ OPTIONS = (
            "classifier='token' only; True keeps one beside any pooling)"),
     Option("num_registers", 0, count, True, "reg_tokens",
            "learned register tokens after the class token (Darcet et al. "
-           "2024)"),
+           "2024)", Field("num_register_tokens"), Field("num_register_tokens")),
     Option("posemb_includes_prefix", True, flag, True, "no_embed_class",
            "False: the position table covers the patches only and the "
            "class and register tokens join after it (DeiT-III, DINOv2 with "
@@ -109,25 +146,29 @@ OPTIONS = (
            "a norm before the first block (CLIP's ln_pre)"),
     Option("layer_scale", None, optional_positive, True, "init_values",
            "per-channel scales on each residual branch, this initial value "
-           "(CaiT, DeiT III, DINOv2)"),
+           "(CaiT, DeiT III, DINOv2)",
+           Field("layerscale_value"), Field("layer_scale_init_value")),
     Option("qk_norm", False, flag, True, "qk_norm",
            "a norm on each head's queries and keys"),
     Option("qkv_bias", True, flag, True, "qkv_bias",
-           "biases on the query, key and value projections"),
+           "biases on the query, key and value projections",
+           Field("qkv_bias")),
     Option("proj_bias", True, flag, True, "proj_bias",
            "biases on the attention's output projection and the MLP's"),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding"),
     Option("drop_path_rate", 0.0, rate, False, "drop_path_rate",
            "stochastic depth in training, rising linearly from 0 at the "
-           "first block to this rate at the last"),
+           "first block to this rate at the last",
+           keras_hub=Field("drop_path_rate")),
     Option("distilled", False, flag, True, None,
            "DeiT's distillation token after the class token and a second "
            "head, head_dist, on it; the two heads' logits averaged"),
     Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
-           "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)"),
+           "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
+           _SWIGLU, _SWIGLU),
     Option("norm", "layer", choice("layer", "rms"), True, None,
            "every norm of the model (the blocks', the q/k norms, pre_norm, "
            "the final norm or fc_norm, the attention pool's, the patch norm): "
@@ -180,3 +221,44 @@ def checked(options):
     through its row's check."""
     return {name: ROWS[name].check(name, value) if name in ROWS else value
             for name, value in options.items()}
+
+
+def read_fields(library, config, fields):
+    """The options of every row with a field in ``library``
+    (``"transformers"`` or ``"keras_hub"``), as ``{option: our value}``:
+    read from ``config`` (that library's config, its defaults filled in)
+    where the field is one of ``fields`` (those the config's class has),
+    the row's default otherwise. A config type so carries exactly the
+    options its fields name.
+
+    >>> read_fields("transformers", {"use_swiglu_ffn": True,
+    ...             "layerscale_value": 1e-5, "mlp_ratio": 4},
+    ...             ("use_swiglu_ffn", "layerscale_value", "mlp_ratio"))
+    {'num_registers': 0, 'layer_scale': 1e-05, 'qkv_bias': True, 'mlp': 'swiglu'}
+    """
+    out = {}
+    for option in OPTIONS:
+        field = getattr(option, library)
+        if field is not None:
+            out[option.name] = (field.read(config[field.name])
+                                if field.name in fields else option.default)
+    return out
+
+
+def write_fields(library, options, fields):
+    """The fields of ``library``'s config that hold ``options`` (ours,
+    a model's config: missing ones at their defaults), for a class whose
+    config has ``fields``: the inverse of :func:`read_fields`.
+
+    >>> write_fields("transformers", {"mlp": "swiglu", "layer_scale": 1.0},
+    ...              ("use_swiglu_ffn", "layerscale_value", "qkv_bias"))
+    {'layerscale_value': 1.0, 'qkv_bias': True, 'use_swiglu_ffn': True}
+    """
+    out = {}
+    for option in OPTIONS:
+        field = getattr(option, library)
+        if field is not None and field.name in fields:
+            value = option.check(option.name,
+                                 options.get(option.name, option.default))
+            out[field.name] = field.write(value)
+    return out

@@ -112,3 +112,22 @@ def test_the_models_guide_tabulates_every_row():
     assert "{family_options}" not in keras_vit.vit.__doc__
     assert all(f"``{name}``" in keras_vit.vit.__doc__
                for name in options.ROWS)
+
+
+@pytest.mark.parametrize("library", ["transformers", "keras_hub"])
+def test_each_rows_library_field_round_trips(library):
+    """A row's field in transformers' or keras-hub's config writes the
+    example and reads it back as the builder takes it; a class whose
+    config lacks the field keeps the row's default."""
+    rows = [row for row in options.OPTIONS
+            if getattr(row, library) is not None]
+    assert rows, library
+    for row in rows:
+        field = getattr(row, library).name
+        value = row.check(row.name, EXAMPLES[row.name][0])
+        theirs = options.write_fields(library, {row.name: value}, (field,))
+        assert list(theirs) == [field], row.name
+        assert options.read_fields(library, theirs, (field,))[row.name] == (
+            value), row.name
+        assert options.read_fields(library, theirs, ())[row.name] == (
+            row.default), row.name

@@ -60,6 +60,7 @@ import os
 
 import numpy as np
 
+from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import (MAX_CHANNELS, MAX_HIDDEN, MAX_IMAGE_SIDE,
@@ -93,6 +94,21 @@ def _schema(what, **fields):
 
 
 _SQUARE_224 = [224, 224, 3]
+def _with_option_fields(members):
+    """``members`` with the family options each class's config carries
+    added to its ``fields`` (and ``forms``): every option row whose
+    keras-hub field (:mod:`keras_vit.base.options`) its ``defaults``
+    name. The reader and the writer so iterate the rows."""
+    for member in members.values():
+        for option in options_table.OPTIONS:
+            field = option.keras_hub
+            if field is not None and field.name in member["defaults"]:
+                member["fields"][field.name] = option.name
+                if field.forms is not None:
+                    member.setdefault("forms", {})[field.name] = field.forms
+    return members
+
+
 #: keras-hub class -> ``family``; ``schema`` of its config; keras-hub's
 #: ``defaults`` for the fields a config leaves out; ``fields``: keras-hub
 #: field -> keras_vit argument(s), through ``forms`` (value -> value) where
@@ -102,7 +118,7 @@ _SQUARE_224 = [224, 224, 3]
 #: (every token after the final norm) or "embedding" (``num_classes=0``);
 #: ``task``: its classifier's class. Where its weights are:
 #: :func:`keras_vit.zoo.keras_hub.layout.family_rows`.
-MEMBERS = {
+MEMBERS = _with_option_fields({
     "DeiTBackbone": dict(
         family="DeiT", schema=_schema(
             "a DeiTBackbone config", dropout_rate=_RATE,
@@ -133,11 +149,7 @@ MEMBERS = {
                       position_embedding_shape=[518, 518, 3],
                       antialias_in_interpolation=False,
                       apply_layernorm=False),
-        fields={"layer_scale_init_value": "layer_scale",
-                "num_register_tokens": "num_registers",
-                "dropout_rate": ("dropout_rate", "attention_dropout_rate"),
-                "drop_path_rate": "drop_path_rate", "use_swiglu_ffn": "mlp"},
-        forms={"use_swiglu_ffn": {True: "swiglu", False: "gelu"}},
+        fields={"dropout_rate": ("dropout_rate", "attention_dropout_rate")},
         options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
         normalization="imagenet", output="tokens"),
     "SigLIPVisionEncoder": dict(
@@ -169,7 +181,7 @@ MEMBERS = {
         options=dict(class_token=True, pre_norm=True, patch_bias=False,
                      layer_norm_epsilon=1e-5),
         normalization="clip", output="tokens"),
-}
+})
 #: keras-hub classes holding a member: the field of its config and the h5
 #: group of its weights.
 CONTAINERS = {

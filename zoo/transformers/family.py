@@ -44,6 +44,7 @@ import re
 
 import numpy as np
 
+from keras_vit.base import options as options_table
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
 from keras_vit.zoo import convert, formats, hub_files
@@ -96,20 +97,23 @@ def architecture(config, path, header):
     """``config`` (a transformers config of a type in
     :data:`FAMILY_TYPES`) read as keras_vit's builder facts: ``class``,
     ``type``, sizes, ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, ``mlp``, ``qkv_bias``, ``layer_scale``,
-    ``num_registers``, ``labels``, the tensors' ``prefix``; settings
+    ``layer_norm_epsilon``, ``gelu``, ``options`` (the family options its
+    fields carry, :func:`keras_vit.base.options.read_fields`), ``labels``,
+    the tensors' ``prefix``; settings
     keras_vit lacks are refused by name, sizes beyond any ViT's before
     anything is allocated. ``header`` (tensor name -> entry) tells a
     config that names no class which one the file holds.
 
     >>> arch = architecture({"model_type": "dinov2", "hidden_size": 32,
     ...     "num_attention_heads": 2, "image_size": 28}, "config.json", {})
-    >>> arch["class"], arch["mlp_dim"], arch["patch_size"], arch["layer_scale"]
-    ('Dinov2Model', 128, 14, 1.0)
+    >>> arch["class"], arch["mlp_dim"], arch["patch_size"]
+    ('Dinov2Model', 128, 14)
+    >>> arch["options"]["layer_scale"], arch["options"]["num_registers"]
+    (1.0, 0)
     >>> arch = architecture({"model_type": "dinov2", "hidden_size": 32,
     ...     "num_attention_heads": 2, "image_size": 28,
     ...     "use_swiglu_ffn": True}, "config.json", {})
-    >>> arch["mlp"], arch["mlp_dim"]
+    >>> arch["options"]["mlp"], arch["mlp_dim"]
     ('swiglu', 88)
     """
     path = os.fspath(path)
@@ -123,7 +127,10 @@ def architecture(config, path, header):
     formats.check(_MORE_FIELDS, vision, path, field.rstrip(".") or None)
     name = _architecture_name(config, path, header)
     spec = ARCHITECTURES[name]
-    value = dict(FAMILIES[spec["type"]]["defaults"], **vision)
+    defaults = FAMILIES[spec["type"]]["defaults"]
+    value = dict(defaults, **vision)
+    # The family options this type's config carries (its defaults' fields).
+    options = options_table.read_fields("transformers", value, defaults)
     hidden, heads = value["hidden_size"], value["num_attention_heads"]
     size, patch = value["image_size"], value["patch_size"]
     sides = tuple(size) if isinstance(size, tuple) else (size, size)
@@ -131,7 +138,7 @@ def architecture(config, path, header):
     mlp = value["intermediate_size"]
     # transformers' DINOv2 reads use_swiglu_ffn only; the SwiGLU MLP gates
     # with SiLU whatever hidden_act says.
-    swiglu = dino and bool(value["use_swiglu_ffn"])
+    swiglu = options["mlp"] == "swiglu"
     if dino:  # DINOv2's MLP: from hidden_size * mlp_ratio
         mlp = dinov2_mlp_dim(hidden, value["mlp_ratio"], swiglu)
     for key, ok, expected in (
@@ -169,11 +176,7 @@ def architecture(config, path, header):
             "patch_size": patch, "num_channels": value["num_channels"],
             "layer_norm_epsilon": float(value["layer_norm_eps"]),
             "gelu": GELUS.get(value["hidden_act"], "exact"),
-            "mlp": "swiglu" if swiglu else "gelu",
-            "qkv_bias": value["qkv_bias"],
-            "layer_scale": float(value["layerscale_value"]) if dino else None,
-            "num_registers": (value["num_register_tokens"] if spec["type"]
-                              == "dinov2_with_registers" else 0),
+            "options": options_table.checked(options),
             "pooler": value.get("pooler_output_size") or hidden,
             "labels": id2label_names(config, path)}
 
@@ -185,16 +188,17 @@ def tables(arch):
     :data:`~keras_vit.zoo.transformers.tables.FAMILIES`."""
     family = FAMILIES[arch["type"]]
     layer = dict(family["layer"])
-    if arch["mlp"] == "swiglu":  # DINOv2's, in place of mlp.fc1 / mlp.fc2
+    options = arch["options"]
+    if options["mlp"] == "swiglu":  # DINOv2's, in place of mlp.fc1 / mlp.fc2
         layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
         layer.update(family["swiglu"])
-    if not arch["qkv_bias"]:
+    if not options["qkv_bias"]:
         for part in ("query", "key", "value"):
             layer.pop(f"attention.attention.{part}.bias")
     top = dict(family["top"])
     if arch["type"] == "deit" and arch["class"] != "DeiTModel":
         top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
-    if not arch["num_registers"]:
+    if not options["num_registers"]:
         top.pop("embeddings.register_tokens", None)
     head = ARCHITECTURES[arch["class"]].get("head", {})
     return layer, top, head
@@ -213,7 +217,7 @@ def expected_shapes(arch, header, num_labels):
     dims = {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
             "g": (2 * m,), "gd": (2 * m, d),
             "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
-            "conv": (d, c, p, p), "reg": (1, arch["num_registers"], d),
+            "conv": (d, c, p, p), "reg": (1, arch["options"]["num_registers"], d),
             "mask": (1, d), "r": (arch["pooler"],),
             "rd": (arch["pooler"], d), "labels": (num_labels,),
             "labelsd": (num_labels, d)}
@@ -279,7 +283,7 @@ def to_official(state, arch):
             out[key] = _convert(value, how, heads)
     if arch["class"] in ("DeiTForImageClassification", "DeiTModel"):
         out["reg"] = out.pop("dist")  # read by the class token's neighbour
-    if arch["num_registers"]:
+    if arch["options"]["num_registers"]:
         # transformers adds the table's first row to the class token
         # alone (the registers join after): a constant, folded into it.
         table = out[convert.POSEMB_KEY]
@@ -296,7 +300,7 @@ def from_official(arrays, arch):
     if "reg" in arrays and arch["type"] == "deit":
         arrays["dist"] = arrays.pop("reg")
     d = arch["hidden_size"]
-    if arch["num_registers"]:  # the class token takes no table row
+    if arch["options"]["num_registers"]:  # the class takes no table row
         table = arrays[convert.POSEMB_KEY]
         arrays[convert.POSEMB_KEY] = np.concatenate(
             [np.zeros((1, 1, d), "float32"), table], axis=1)
@@ -325,8 +329,8 @@ def builder_config(arch, num_labels, has_pooler):
     """The builder arguments of the keras_vit model ``arch`` describes."""
     config = {key: arch[key] for key in (
         "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "mlp", "num_channels", "image_size",
-        "qkv_bias", "layer_scale", "num_registers")}
+        "layer_norm_epsilon", "gelu", "num_channels", "image_size")}
+    config.update(arch["options"])
     config.update(classifier="token", class_token=True,
                   representation_size=None, num_classes=num_labels or 1000,
                   name=arch["type"] + "_transformers")

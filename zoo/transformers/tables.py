@@ -115,9 +115,11 @@ FAMILIES = {
         defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
         layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
         swiglu=_DINO_SWIGLU),
+    # CLIP's config has no qkv_bias (its attention always has biases).
     "clip_vision_model": dict(
-        defaults=dict(_DEFAULTS, patch_size=32, hidden_act="quick_gelu",
-                      layer_norm_eps=1e-5),
+        defaults={**{k: v for k, v in _DEFAULTS.items() if k != "qkv_bias"},
+                  "patch_size": 32, "hidden_act": "quick_gelu",
+                  "layer_norm_eps": 1e-5},
         layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP),
 }
 FAMILIES["clip"] = FAMILIES["clip_vision_model"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 
+from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
@@ -303,11 +304,13 @@ def _family_files(model, config, name, labels):
            "patch_size": int(config["patch_size"]),
            "num_channels": int(config.get("num_channels", 3)),
            "torch_dtype": "float32"}
+    # The family options this type's config carries, from the option rows.
+    fields = transformers_tables.FAMILIES[spec["type"]]["defaults"]
+    theirs = options_table.write_fields("transformers", config, fields)
+    out.update(theirs)
     if spec["type"] == "clip_vision_model":
         out.update(intermediate_size=mlp, image_size=(
             size if isinstance(size, int) else size[0]))
-    else:
-        out["qkv_bias"] = bool(config.get("qkv_bias", True))
     if spec["type"] == "deit":
         out.update(intermediate_size=mlp, hidden_dropout_prob=0.0,
                    attention_probs_dropout_prob=0.0)
@@ -329,21 +332,17 @@ def _family_files(model, config, name, labels):
                    "8)" if swiglu else "")
                 + f", which cannot give mlp_dim={mlp} at "
                 f"hidden_size={hidden}")
-        out.update(mlp_ratio=ratio, layerscale_value=float(
-            config["layer_scale"]), use_swiglu_ffn=swiglu,
-                   use_mask_token=True)
-        if config.get("num_registers"):
-            out["num_register_tokens"] = int(config["num_registers"])
+        out.update(mlp_ratio=ratio, use_mask_token=True)
     if heads:
         if labels is None:  # transformers' own names for unnamed classes
             labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
         out["id2label"] = {str(i): label for i, label in enumerate(labels)}
         out["label2id"] = {label: i for i, label in enumerate(labels)}
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
-            "prefix": spec["prefix"] or "", "mlp": config.get("mlp", "gelu"),
-            "qkv_bias": bool(config.get("qkv_bias", True)),
-            "num_registers": (int(config.get("num_registers") or 0)
-                              if spec["type"].startswith("dinov2") else 0)}
+            "prefix": spec["prefix"] or "",
+            # as the reader will see them: the fields' options only
+            "options": options_table.read_fields("transformers", theirs,
+                                                 fields)}
     state = transformers_family.from_official(convert.export_arrays(model),
                                               arch)
     return out, _preprocessor(model, size), state
