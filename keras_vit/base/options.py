@@ -3,11 +3,14 @@
 Each row declares an option once: its name (the builder argument of
 :class:`~keras_vit.models.VisionTransformer`), its default (the paper's
 ViT), its check (normalises the value or raises one line naming the
-argument and value), whether it changes the model's weights, its name
-among timm's ``VisionTransformer`` arguments, and what it does. The
-builder's defaults and checks, the parameter count
-(:mod:`keras_vit.base.geometry`) and timm's argument names
-(:mod:`keras_vit.zoo.timm.layout`) are read from here.
+argument and value), whether it changes the model's weights, what it
+does, and its :class:`Field` (name and value forms, both ways) in timm's
+``VisionTransformer`` arguments, transformers' and keras-hub's configs.
+The builder's defaults and checks, the parameter count
+(:mod:`keras_vit.base.geometry`) and the readers and writers of the
+three libraries' configs (:mod:`keras_vit.zoo.timm`,
+:mod:`keras_vit.zoo.transformers`, :mod:`keras_vit.zoo.keras_hub`)
+are read from here.
 
 The table sits on the lowest floor: the parameter count reads it without
 building a model or importing a framework.
@@ -103,9 +106,9 @@ class Option(NamedTuple):
             ValueError naming the argument and value.
         parameters: whether its value changes the model's weights (their
             number, shapes or places), which the parameter count reads.
-        timm: timm's ``VisionTransformer`` argument of the same meaning,
-            or None where timm spells it otherwise (an architecture, a
-            layer) or not at all.
+        timm: its :class:`Field` among timm's ``VisionTransformer``
+            arguments, or None where timm spells it otherwise (an
+            architecture, a layer) or not at all.
         about: what it selects.
         transformers: its :class:`Field` in transformers' vision configs
             (read and written for the model types whose config has the
@@ -118,46 +121,51 @@ class Option(NamedTuple):
     default: object
     check: Callable
     parameters: bool
-    timm: str | None
+    timm: Field | None
     about: str
     transformers: Field | None = None
     keras_hub: Field | None = None
 
 
+# timm's no_embed_class is the negation of posemb_includes_prefix.
+_NEGATED = {True: False, False: True}
 # DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it.
 _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 
 OPTIONS = (
-    Option("class_token", None, optional_flag, True, "class_token",
+    Option("class_token", None, optional_flag, True, Field("class_token"),
            "a learned class token before the patches (None: with "
            "classifier='token' only; True keeps one beside any pooling)"),
-    Option("num_registers", 0, count, True, "reg_tokens",
+    Option("num_registers", 0, count, True, Field("reg_tokens"),
            "learned register tokens after the class token (Darcet et al. "
-           "2024)", Field("num_register_tokens"), Field("num_register_tokens")),
-    Option("posemb_includes_prefix", True, flag, True, "no_embed_class",
+           "2024)", Field("num_register_tokens"),
+           Field("num_register_tokens")),
+    Option("posemb_includes_prefix", True, flag, True,
+           Field("no_embed_class", _NEGATED),
            "False: the position table covers the patches only and the "
            "class and register tokens join after it (DeiT-III, DINOv2 with "
            "registers; timm's no_embed_class is its negation)"),
-    Option("fc_norm", False, flag, True, "fc_norm",
+    Option("fc_norm", False, flag, True, Field("fc_norm"),
            "the final norm after the pooling instead of before it"),
-    Option("final_norm", True, flag, True, "final_norm",
+    Option("final_norm", True, flag, True, Field("final_norm"),
            "a norm after the last block (False: none)"),
-    Option("pre_norm", False, flag, True, "pre_norm",
+    Option("pre_norm", False, flag, True, Field("pre_norm"),
            "a norm before the first block (CLIP's ln_pre)"),
-    Option("layer_scale", None, optional_positive, True, "init_values",
+    Option("layer_scale", None, optional_positive, True,
+           Field("init_values"),
            "per-channel scales on each residual branch, this initial value "
            "(CaiT, DeiT III, DINOv2)",
            Field("layerscale_value"), Field("layer_scale_init_value")),
-    Option("qk_norm", False, flag, True, "qk_norm",
+    Option("qk_norm", False, flag, True, Field("qk_norm"),
            "a norm on each head's queries and keys"),
-    Option("qkv_bias", True, flag, True, "qkv_bias",
+    Option("qkv_bias", True, flag, True, Field("qkv_bias"),
            "biases on the query, key and value projections",
            Field("qkv_bias")),
-    Option("proj_bias", True, flag, True, "proj_bias",
+    Option("proj_bias", True, flag, True, Field("proj_bias"),
            "biases on the attention's output projection and the MLP's"),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding"),
-    Option("drop_path_rate", 0.0, rate, False, "drop_path_rate",
+    Option("drop_path_rate", 0.0, rate, False, Field("drop_path_rate"),
            "stochastic depth in training, rising linearly from 0 at the "
            "first block to this rate at the last",
            keras_hub=Field("drop_path_rate")),

@@ -114,11 +114,11 @@ def test_the_models_guide_tabulates_every_row():
                for name in options.ROWS)
 
 
-@pytest.mark.parametrize("library", ["transformers", "keras_hub"])
+@pytest.mark.parametrize("library", ["timm", "transformers", "keras_hub"])
 def test_each_rows_library_field_round_trips(library):
-    """A row's field in transformers' or keras-hub's config writes the
-    example and reads it back as the builder takes it; a class whose
-    config lacks the field keeps the row's default."""
+    """A row's field in timm's arguments, transformers' or keras-hub's
+    config writes the example and reads it back as the builder takes it;
+    a class whose config lacks the field keeps the row's default."""
     rows = [row for row in options.OPTIONS
             if getattr(row, library) is not None]
     assert rows, library

@@ -28,6 +28,7 @@ import functools
 import json
 import os
 
+from keras_vit.base import options as options_table
 from keras_vit.base import variants
 from keras_vit.base.checks import shown
 from keras_vit.zoo import formats
@@ -196,7 +197,7 @@ def _is_rate(value):
 # writer) reads: its value's check and mapping onto keras_vit's.
 _TIMM_VALUES = {
     "class_token": _bool_arg, "reg_tokens": _count_arg,
-    "no_embed_class": lambda v: not _bool_arg(v),
+    "no_embed_class": _bool_arg,
     "global_pool": _choice_arg(TIMM_POOLS),
     "fc_norm": lambda v: None if v is None else _bool_arg(v),
     "init_values": _layer_scale_arg, "qk_norm": _bool_arg,
@@ -232,7 +233,11 @@ def _option(key, value):
     ``key``, None for an argument that is not one; a ValueError for a
     value keras_vit cannot build."""
     if key in TIMM_OPTIONS:
-        return TIMM_OPTIONS[key], _TIMM_VALUES[key](value)
+        ours = TIMM_OPTIONS[key]
+        value = _TIMM_VALUES[key](value)
+        if ours in options_table.ROWS:  # the row's value forms
+            value = options_table.ROWS[ours].timm.read(value)
+        return ours, value
     if key in _READ_ONLY:
         ours, convert = _READ_ONLY[key]
         return ours, convert(value)

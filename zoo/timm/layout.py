@@ -25,10 +25,10 @@ TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
 TIMM_ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh",
                     "quick_gelu": "quick"}
 # timm's VisionTransformer arguments that are one of keras_vit's ViT family
-# options: timm's name -> keras_vit's (the values: see the reader and the
-# writer; no_embed_class is the negation of posemb_includes_prefix).
+# options: timm's name -> keras_vit's (the values' forms: the rows' timm
+# Field, read by the reader and the writer).
 TIMM_OPTIONS = {
-    **{o.timm: o.name for o in options.OPTIONS if o.timm},
+    **{o.timm.name: o.name for o in options.OPTIONS if o.timm},
     "global_pool": "classifier", "act_layer": "gelu",
     "pos_embed": "position_embedding"}
 

@@ -13,12 +13,13 @@ import os
 import numpy as np
 
 from keras_vit.base import atomic
+from keras_vit.base import options as options_table
 from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert
-from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
-                                       TIMM_POOLS, from_official)
+from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_POOLS,
+                                       from_official)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
@@ -26,9 +27,10 @@ _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
 
 
 # The family options written as timm's arguments of the same meaning
-# (TIMM_OPTIONS) where the model differs from the paper's ViT, so a plain
-# ViT's file stays as it was; the pooling, class token, GELU, patch bias
-# and stochastic depth are written below.
+# (their rows' timm Field: name and value form) where the model differs
+# from the paper's ViT, so a plain ViT's file stays as it was; the
+# pooling, class token, GELU, patch bias and stochastic depth are written
+# below.
 _FAMILY_ARGS = ("num_registers", "posemb_includes_prefix", "fc_norm",
                 "layer_scale", "qk_norm", "qkv_bias", "proj_bias",
                 "final_norm")
@@ -52,12 +54,10 @@ def _family_args(config):
         # fc_norm too: timm's default puts it on with average pooling.
         args.update(global_pool=pools[classifier], class_token=token,
                     fc_norm=bool(options["fc_norm"]))
-    timm_names = {ours: theirs for theirs, ours in TIMM_OPTIONS.items()}
     for key in _FAMILY_ARGS:
         if options[key] != FAMILY_DEFAULTS[key]:
-            value = options[key]
-            args[timm_names[key]] = (not value if key ==
-                                     "posemb_includes_prefix" else value)
+            field = options_table.ROWS[key].timm
+            args[field.name] = field.write(options[key])
     # timm's default is the exact GELU: the others are named, so that timm
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
