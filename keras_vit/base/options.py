@@ -232,8 +232,9 @@ def checked(options):
 
 
 def read_fields(library, config, fields):
-    """The options of every row with a field in ``library``
-    (``"transformers"`` or ``"keras_hub"``), as ``{option: our value}``:
+    """The options of every row with a field in ``library`` (a column:
+    ``"timm"``, ``"transformers"`` or ``"keras_hub"``), as
+    ``{option: our value}``:
     read from ``config`` (that library's config, its defaults filled in)
     where the field is one of ``fields`` (those the config's class has),
     the row's default otherwise. A config type so carries exactly the

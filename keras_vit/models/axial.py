@@ -29,6 +29,7 @@ from keras_vit.models.encoder import (NORMALISED, check_encoder_args,
                                       check_patch_grid,
                                       check_position_embedding)
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.positions import PositionScheme
 from keras_vit.models.quantization import QuantizeMixin
 
 _POOLINGS = (None, "gap", "avg")
@@ -149,10 +150,8 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             input_normalization)
         x = vit_layers.PatchEmbedding(dim, patch, dtype=dtype,
                                       name="patch_embedding")(x)
-        if position_embedding != "none":
-            x = vit_layers.PositionEmbedding(
-                grid, 0, kind=position_embedding, dtype=dtype,
-                name="position_embedding")(x)
+        x = PositionScheme(position_embedding, "stem", grid, 0,
+                           spec["num_heads"], dtype).at_stem(x)
         x = layers.Dropout(rate, dtype=dtype, name="embedding_dropout")(x)
         x = layers.Reshape((grid[0], grid[1], dim), dtype=dtype,
                            name="to_grid")(x)

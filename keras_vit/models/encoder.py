@@ -226,11 +226,11 @@ def check_family_options(options, classifier, pooling, include_top,
     return out
 
 
-def check_vit_args(image_size, patch_size, hidden_size, num_layers, num_heads,
-              mlp_dim, num_classes, classifier, representation_size,
-              dropout_rate, attention_dropout_rate, include_top, pooling,
-              num_channels, resnet, position_embedding,
-              position_embedding_placement, family):
+def check_vit_args(image_size, patch_size, hidden_size, num_layers,
+                   num_heads, mlp_dim, num_classes, classifier,
+                   representation_size, dropout_rate, attention_dropout_rate,
+                   include_top, pooling, num_channels, resnet,
+                   position_embedding, position_embedding_placement, family):
     """Checks a ViT's arguments (each error names the argument) and returns
     what the graph builders need, normalised, as a dict. ``family``: the
     family options (:data:`~keras_vit.models.encoder.FAMILY_DEFAULTS`)."""

@@ -99,4 +99,3 @@ def resnet_stem(x, resnet, dtype, remat=False):
                 std_eps=num["std_eps"], remat=remat, dtype=dtype,
                 name=f"resnet_block{s + 1}_unit{u + 1}")(x)
     return x
-

@@ -94,6 +94,8 @@ def _schema(what, **fields):
 
 
 _SQUARE_224 = [224, 224, 3]
+
+
 def _with_option_fields(members):
     """``members`` with the family options each class's config carries
     added to its ``fields`` (and ``forms``): every option row whose

@@ -308,6 +308,8 @@ def _family_files(model, config, name, labels):
     fields = transformers_tables.FAMILIES[spec["type"]]["defaults"]
     theirs = options_table.write_fields("transformers", config, fields)
     out.update(theirs)
+    # ... and as the reader will see them: the fields' options only.
+    options = options_table.read_fields("transformers", theirs, fields)
     if spec["type"] == "clip_vision_model":
         out.update(intermediate_size=mlp, image_size=(
             size if isinstance(size, int) else size[0]))
@@ -318,7 +320,7 @@ def _family_files(model, config, name, labels):
             out.update(pooler_output_size=int(config["representation_size"]),
                        pooler_act="tanh")
     elif spec["type"].startswith("dinov2"):
-        swiglu = config.get("mlp", "gelu") == "swiglu"
+        swiglu = options["mlp"] == "swiglu"
         # transformers 5 types mlp_ratio as an int and derives the width
         # from it (two thirds, rounded up to 8, for SwiGLU): the smallest
         # ratio that gives mlp_dim.
@@ -339,10 +341,7 @@ def _family_files(model, config, name, labels):
         out["id2label"] = {str(i): label for i, label in enumerate(labels)}
         out["label2id"] = {label: i for i, label in enumerate(labels)}
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
-            "prefix": spec["prefix"] or "",
-            # as the reader will see them: the fields' options only
-            "options": options_table.read_fields("transformers", theirs,
-                                                 fields)}
+            "prefix": spec["prefix"] or "", "options": options}
     state = transformers_family.from_official(convert.export_arrays(model),
                                               arch)
     return out, _preprocessor(model, size), state
