@@ -17,7 +17,7 @@ import numpy as np
 from keras_vit.base.checks import did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.zoo import convert, position_tables
+from keras_vit.zoo import convert, layouts, position_tables
 from keras_vit.zoo.official import bit as bit_layout
 
 
@@ -32,9 +32,12 @@ class Checkpoint:
             its ``image_size``, ``classifier``, ``representation_size``,
             a default ``name`` and ``num_classes`` (used when the weights
             hold no head), ...
-        arrays: the weights, ``{key: array}`` in the official ``.npz``
-            layout (ViT, or BiT for ``family="bit"``); None for random
-            initialisation.
+        arrays: the weights, ``{key: array}`` in ``layout``; None for
+            random initialisation.
+        layout: the :class:`~keras_vit.zoo.layouts.Layout` of ``arrays``
+            (the source's own names, put straight onto the model's
+            variables); None for the official ``.npz`` layout (ViT, or
+            BiT's for ``family="bit"``).
         source_name: how errors name the checkpoint (its file).
         family: ``"vit"`` (ViT, hybrid, axial) or ``"bit"`` (a ResNetV2).
         head: the number of classes of the head the weights hold, or
@@ -67,6 +70,7 @@ class Checkpoint:
     keep_pre_logits: bool | None = None
     model: typing.Any = None
     head_names: dict = dataclasses.field(default_factory=dict)
+    layout: typing.Any = None
 
 
 def build(checkpoint, **kwargs):
@@ -103,7 +107,11 @@ def build(checkpoint, **kwargs):
         from keras_vit.models.vit import vit as builder
     model = builder(**config)
     if checkpoint.arrays is not None:
-        if checkpoint.family == "bit":
+        if checkpoint.layout is not None:
+            layouts.load(model, checkpoint.layout, checkpoint.arrays,
+                         source_name=checkpoint.source_name,
+                         keep_pre_logits=checkpoint.keep_pre_logits)
+        elif checkpoint.family == "bit":
             bit_layout.load_weights(model, checkpoint.arrays,
                                     source_name=checkpoint.source_name)
         else:

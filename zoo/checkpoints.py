@@ -117,7 +117,7 @@ def check_model(model, argument="model"):
     return model
 
 
-def _check_plain(model, layout):
+def check_plain(model, layout):
     """The checkpoint layouts hold one float kernel per projection: a model
     quantized by Keras or carrying LoRA adapters is refused in one line
     that says how to get that model (rather than as unknown weights)."""
@@ -147,7 +147,7 @@ def model_variables(model, key_fn, layout) -> dict:
     is never half loaded.
     """
     check_model(model)
-    _check_plain(model, layout)
+    check_plain(model, layout)
     out = {}
     unknown = []
     for v in model.weights:

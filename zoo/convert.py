@@ -22,11 +22,10 @@ from keras_vit.base import archives, atomic
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
-from keras_vit.zoo import checkpoints
+from keras_vit.zoo import checkpoints, layouts
+from keras_vit.zoo.checkpoints import CheckpointError, as_array, check_model
+from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.official import npz as lazy_npz
-from keras_vit.zoo.checkpoints import (CheckpointError, as_array, assign_all,
-                                       check_model)
-from keras_vit.zoo.position_tables import fit_position_tables
 
 logger = logging.getLogger("keras_vit.zoo")
 
@@ -128,117 +127,93 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Keras variable path <-> checkpoint key
+# Keras variable path <-> checkpoint key: the official layout's rules
 
-_BLOCK_RE = re.compile(r"^encoder_block_(\d+)/(.*)$")
-_BLOCK_MAP = {
-    "norm_1/gamma": "LayerNorm_0/scale",
-    "norm_1/beta": "LayerNorm_0/bias",
-    "norm_2/gamma": "LayerNorm_2/scale",
-    "norm_2/beta": "LayerNorm_2/bias",
-    "mlp/dense_0/kernel": "MlpBlock_3/Dense_0/kernel",
-    "mlp/dense_0/bias": "MlpBlock_3/Dense_0/bias",
-    "mlp/dense_1/kernel": "MlpBlock_3/Dense_1/kernel",
-    "mlp/dense_1/bias": "MlpBlock_3/Dense_1/bias",
-}
-for _n in ("query", "key", "value", "out"):
-    for _p in ("kernel", "bias"):
-        _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
-            f"MultiHeadDotProductAttention_1/{_n}/{_p}")
-# The ViT family's block weights (no official checkpoint has them; the
-# keys follow the official naming): layer scale, q/k LayerNorms.
-_BLOCK_MAP["layer_scale_1"] = "LayerScale_0/scale"
-_BLOCK_MAP["layer_scale_2"] = "LayerScale_2/scale"
-for _n in ("query_norm", "key_norm"):
-    for _p, _q in (("gamma", "scale"), ("beta", "bias")):
-        _BLOCK_MAP[f"attention/{_n}/{_p}"] = (
-            f"MultiHeadDotProductAttention_1/{_n}/{_q}")
-_TOP_MAP = {
-    "patch_embedding/conv/kernel": "embedding/kernel",
-    "patch_embedding/conv/bias": "embedding/bias",
-    "class_token/cls": "cls",
-    "position_embedding/pos_embedding": "Transformer/posembed_input/pos_embedding",
-    "encoder_norm/gamma": "Transformer/encoder_norm/scale",
-    "encoder_norm/beta": "Transformer/encoder_norm/bias",
-    "pre_logits/kernel": "pre_logits/kernel",
-    "pre_logits/bias": "pre_logits/bias",
-    "head/kernel": "head/kernel",
-    "head/bias": "head/bias",
-    # The ViT family's: register tokens, CLIP's norm before the blocks, the
-    # norm after average pooling.
-    "register_tokens/registers": "reg",
-    # DeiT's distillation token and its head.
-    "distillation_token/registers": "dist",
-    "head_dist/kernel": "head_dist/kernel",
-    "head_dist/bias": "head_dist/bias",
-    "pre_norm/gamma": "Transformer/pre_norm/scale",
-    "pre_norm/beta": "Transformer/pre_norm/bias",
-    "fc_norm/gamma": "fc_norm/scale",
-    "fc_norm/beta": "fc_norm/bias",
-    # The norm after the patch embedding (patch_norm=True, AIMv2).
-    "patch_embedding/norm/gamma": "embedding_norm/scale",
-    "patch_embedding/norm/beta": "embedding_norm/bias",
-}
-
-# The multihead attention-pool head (classifier="map", the layer named
-# "pooling"): big_vision's MAPHead names.
+_ATT = "MultiHeadDotProductAttention_1/"
+#: The attention-pool head (``classifier="map"``): big_vision's names.
 MAP_HEAD = "MAPHead_0/"
-_TOP_MAP["pooling/probe"] = MAP_HEAD + "probe"
-for _n in ("query", "key", "value", "out"):
-    for _p in ("kernel", "bias"):
-        _TOP_MAP[f"pooling/{_n}/{_p}"] = (
-            f"{MAP_HEAD}MultiHeadDotProductAttention_0/{_n}/{_p}")
-for _p, _q in (("gamma", "scale"), ("beta", "bias")):
-    _TOP_MAP[f"pooling/norm/{_p}"] = f"{MAP_HEAD}LayerNorm_0/{_q}"
-for _i in (0, 1):
-    for _p in ("kernel", "bias"):
-        _TOP_MAP[f"pooling/mlp/dense_{_i}/{_p}"] = (
-            f"{MAP_HEAD}MlpBlock_0/Dense_{_i}/{_p}")
-
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 #: An encoder block's key in the official layout: groups (block number,
-#: the parameter's path inside the block). Every reader and writer of
-#: another layout matches block keys with it.
+#: the parameter's path inside the block).
 BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-# The position-embedding ablations (vit(position_embedding=...)): the stem or
-# shared table under posembed_input, a per-layer one inside its block.
-_POSEMB_RE = re.compile(
-    r"^position_embedding(?:_(\d+))?/(pos_embedding(?:_[xy])?|rel_embedding)$")
+_NORM = (("gamma", "scale"), ("beta", "bias"))
+_DENSE = ("kernel", "bias")
 
-# The hybrids' ResNet (vit_jax models_resnet): unprefixed keys.
-_UNIT_RE = re.compile(r"^resnet_block(\d+)_unit(\d+)/(conv\w+|gn\w+)/(\w+)$")
-_GN_PARAM = {"gamma": "scale", "beta": "bias"}
+
+def _norm(path, key):
+    return [Rule(f"{path}/{p}", f"{key}/{q}") for p, q in _NORM]
+
+
+def _dense(path, key):
+    return [Rule(f"{path}/{p}", f"{key}/{p}") for p in _DENSE]
+
+
+def _attention(path, key):
+    return [r for n in ("query", "key", "value", "out")
+            for r in _dense(f"{path}/{n}", f"{key}/{n}")]
+
+
+_BLOCK, _TBLOCK = "encoder_block_{i}/", "Transformer/encoderblock_{i}/"
+_UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
+_RULES = [
+    *_dense("patch_embedding/conv", "embedding"),
+    # The norm after the patch embedding (patch_norm=True, AIMv2).
+    *_norm("patch_embedding/norm", "embedding_norm"),
+    Rule("class_token/cls", "cls"),
+    # The ViT family's tokens: registers, DeiT's distillation token.
+    Rule("register_tokens/registers", "reg"),
+    Rule("distillation_token/registers", "dist"),
+    # Position tables (vit(position_embedding=...)): the stem's or a shared
+    # one under posembed_input, a per-layer one inside its block.
+    *[Rule(f"position_embedding/{n}", f"Transformer/posembed_input/{n}")
+      for n in ("pos_embedding", "pos_embedding_x", "pos_embedding_y",
+                "rel_embedding")],
+    *[Rule(f"position_embedding_{{i}}/{n}",
+           f"{_TBLOCK}posembed_input/{n}")
+      for n in ("pos_embedding", "pos_embedding_x", "pos_embedding_y",
+                "rel_embedding")],
+    *_norm(_BLOCK + "norm_1", _TBLOCK + "LayerNorm_0"),
+    *_norm(_BLOCK + "norm_2", _TBLOCK + "LayerNorm_2"),
+    *_dense(_BLOCK + "mlp/dense_0", _TBLOCK + "MlpBlock_3/Dense_0"),
+    *_dense(_BLOCK + "mlp/dense_1", _TBLOCK + "MlpBlock_3/Dense_1"),
+    *_attention(_BLOCK + "attention", _TBLOCK + _ATT[:-1]),
+    # The ViT family's block weights (no official checkpoint has them; the
+    # keys follow the official naming): layer scale, q/k norms.
+    Rule(_BLOCK + "layer_scale_1", _TBLOCK + "LayerScale_0/scale"),
+    Rule(_BLOCK + "layer_scale_2", _TBLOCK + "LayerScale_2/scale"),
+    *_norm(_BLOCK + "attention/query_norm", _TBLOCK + _ATT + "query_norm"),
+    *_norm(_BLOCK + "attention/key_norm", _TBLOCK + _ATT + "key_norm"),
+    *_norm("pre_norm", "Transformer/pre_norm"),
+    *_norm("encoder_norm", "Transformer/encoder_norm"),
+    *_norm("fc_norm", "fc_norm"),
+    *_dense("pre_logits", "pre_logits"),
+    *_dense("head", "head"),
+    *_dense("head_dist", "head_dist"),
+    Rule("pooling/probe", MAP_HEAD + "probe"),
+    *_attention("pooling", MAP_HEAD + "MultiHeadDotProductAttention_0"),
+    *_norm("pooling/norm", MAP_HEAD + "LayerNorm_0"),
+    *_dense("pooling/mlp/dense_0", MAP_HEAD + "MlpBlock_0/Dense_0"),
+    *_dense("pooling/mlp/dense_1", MAP_HEAD + "MlpBlock_0/Dense_1"),
+    # The hybrids' ResNet (vit_jax models_resnet): unprefixed keys.
+    Rule("resnet_root_conv/kernel", "conv_root/kernel"),
+    *_norm("resnet_root_norm", "gn_root"),
+    *[Rule(f"{_UNIT}{c}/kernel", f"{_OUNIT}{c}/kernel")
+      for c in ("conv1", "conv2", "conv3", "conv_proj")],
+    *[r for g in ("gn1", "gn2", "gn3", "gn_proj")
+      for r in _norm(_UNIT + g, _OUNIT + g)],
+]
+#: The official ``.npz`` layout of a ViT or hybrid.
+OFFICIAL = Layout("ViT", _RULES)
 _GN_KEY_RE = re.compile(r"(^|/)gn_?\w*/(scale|bias)$")
 
 
 def checkpoint_key(variable_path: str) -> str | None:
-    """Maps a Keras variable path of a ViT or hybrid to its checkpoint key."""
-    if variable_path in _TOP_MAP:
-        return _TOP_MAP[variable_path]
-    m = _POSEMB_RE.match(variable_path)
-    if m:
-        block, name = m.groups()
-        where = ("posembed_input" if block is None else
-                 f"encoderblock_{block}/posembed_input")
-        return f"Transformer/{where}/{name}"
-    m = _BLOCK_RE.match(variable_path)
-    if m and m.group(2) in _BLOCK_MAP:
-        return f"Transformer/encoderblock_{m.group(1)}/{_BLOCK_MAP[m.group(2)]}"
-    if variable_path == "resnet_root_conv/kernel":
-        return "conv_root/kernel"
-    if variable_path.startswith("resnet_root_norm/"):
-        param = _GN_PARAM.get(variable_path.split("/")[1])
-        return f"gn_root/{param}" if param else None
-    m = _UNIT_RE.match(variable_path)
-    if m:
-        stage, unit, layer, param = m.groups()
-        if layer.startswith("gn"):
-            param = _GN_PARAM.get(param)
-        elif param != "kernel":
-            param = None
-        if param:
-            return f"block{stage}/unit{unit}/{layer}/{param}"
-    return None
+    """Maps a Keras variable path of a ViT or hybrid to its checkpoint key.
+
+    >>> checkpoint_key("encoder_block_3/attention/query/kernel")
+    'Transformer/encoderblock_3/MultiHeadDotProductAttention_1/query/kernel'
+    """
+    return OFFICIAL.key_of(variable_path)
 
 
 def model_variables(model) -> dict:
@@ -250,7 +225,7 @@ def model_variables(model) -> dict:
 
 def export_arrays(model) -> dict:
     """The model's weights as ``{checkpoint key: array}`` (official layout)."""
-    return {k: np.asarray(v.numpy()) for k, v in model_variables(model).items()}
+    return OFFICIAL.write(layouts.model_arrays(model, OFFICIAL.name))
 
 
 def save_npz(model, path):
@@ -264,29 +239,6 @@ def save_npz(model, path):
     with atomic.atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **export_arrays(model))
     return path
-
-
-def _position_hint(model, keys):
-    """Names the model's position embedding when its keys are the problem."""
-    if not any("posembed" in k for k in keys):
-        return None
-    kind = getattr(model, "position_embedding", "learned_1d")
-    placement = getattr(model, "position_embedding_placement", "stem")
-    return (f"position embeddings differ: the model has position_embedding="
-            f"{kind!r}, position_embedding_placement={placement!r}; build it "
-            "with the checkpoint's kind and placement (a table of one kind "
-            "does not convert into another)")
-
-
-# --------------------------------------------------------------------------
-# Loading
-
-
-def _returns_tokens(model):
-    """True for a model built without a head or pooling (all tokens)."""
-    config = model.get_config() if hasattr(model, "get_config") else {}
-    return (isinstance(config, dict) and not config.get("include_top", True)
-            and config.get("pooling") is None)
 
 
 def _source_arrays(source):
@@ -329,105 +281,10 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
         A dict report: ``{"resized_posemb": (old, new) or None,
         "head": "loaded" | "replaced" | "dropped", "pre_logits": ...}``.
     """
-    targets = model_variables(model)
-    depth = len({k.split("/")[1] for k in targets
-                 if k.startswith("Transformer/encoderblock_")})
+    depth = len({m.group(1) for v in checkpoints.check_model(model).weights
+                 if (m := re.match(r"encoder_block_(\d+)/", v.path))})
     arrays = normalize_keys(_source_arrays(source), max_blocks=depth)
-    report = {"resized_posemb": None, "head": None, "pre_logits": None}
-
-    has_head_ckpt = "head/kernel" in arrays
-    has_head_model = "head/kernel" in targets
-    head_replaced = False
-    if has_head_model and has_head_ckpt:
-        if tuple(arrays["head/kernel"].shape[-1:]) != tuple(
-                targets["head/kernel"].shape[-1:]):
-            head_replaced = True
-    elif has_head_model:
-        # A headless (feature) checkpoint: the model's head starts at zero,
-        # as a new fine-tuning head does.
-        head_replaced = True
-    # DeiT's second head (head_dist) goes with the head.
-    head_keys = ("head/kernel", "head/bias", "head_dist/kernel",
-                 "head_dist/bias")
-    if has_head_ckpt and not has_head_model:
-        for key in head_keys:
-            arrays.pop(key, None)
-        report["head"] = "dropped"
-    if head_replaced:
-        for key in head_keys:
-            arrays.pop(key, None)
-        report["head"] = "replaced"
-    elif has_head_model and has_head_ckpt:
-        report["head"] = "loaded"
-
-    # pre_logits: a checkpoint may carry one the model does not want.
-    if "pre_logits/kernel" in arrays and "pre_logits/kernel" not in targets:
-        if head_replaced or not has_head_model:
-            arrays.pop("pre_logits/kernel")
-            arrays.pop("pre_logits/bias", None)
-            report["pre_logits"] = "dropped"
-    elif "pre_logits/kernel" in arrays and head_replaced and (
-            keep_pre_logits is False):
-        raise CheckpointError(
-            "keep_pre_logits=False but the model has a pre_logits layer; "
-            "build it with representation_size=None")
-    if "pre_logits/kernel" in targets and "pre_logits/kernel" in arrays:
-        report["pre_logits"] = "loaded"
-
-    # A model that returns the tokens ignores an attention-pool head (part
-    # of the head, as pre_logits is) where it has none of its own.
-    if not any(k.startswith(MAP_HEAD) for k in targets) and (
-            _returns_tokens(model)):
-        pool = [k for k in arrays if k.startswith(MAP_HEAD)]
-        for key in pool:
-            arrays.pop(key)
-        if pool:
-            report["attention_pool"] = "dropped"
-
-    problems = []
-    missing = [k for k in targets if k not in arrays
-               and not (head_replaced and k in head_keys)]
-    unexpected = [k for k in arrays if k not in targets]
-
-    # Position embeddings: resize when only the grid differs.
-    fit_position_tables(model, arrays, targets, checkpoint_key, report,
-                        problems, source_grid)
-
-    mis_shaped = []
-    for key, var in targets.items():
-        if key in arrays and tuple(arrays[key].shape) != tuple(var.shape):
-            mis_shaped.append(
-                f"{key}: checkpoint {tuple(arrays[key].shape)} vs model "
-                f"{tuple(var.shape)}")
-    def blocks(keys):
-        return {int(m.group(1)) for k in keys
-                if (m := BLOCK_KEY.match(k))}
-
-    if blocks(arrays) != blocks(targets):
-        problems.append(f"encoder blocks: checkpoint {len(blocks(arrays))}, "
-                        f"model {len(blocks(targets))}")
-    if missing:
-        problems.append(f"missing from the checkpoint ({len(missing)}): "
-                        + ", ".join(missing[:20])
-                        + (" ..." if len(missing) > 20 else ""))
-    if unexpected:
-        problems.append(f"unexpected in the checkpoint ({len(unexpected)}): "
-                        + ", ".join(unexpected[:20])
-                        + (" ..." if len(unexpected) > 20 else ""))
-    if mis_shaped:
-        problems.append(f"mis-shaped ({len(mis_shaped)}): "
-                        + "; ".join(mis_shaped[:20])
-                        + (" ..." if len(mis_shaped) > 20 else ""))
-    hint = _position_hint(model, missing + unexpected)
-    if hint:
-        problems.append(hint)
-    if problems:
-        raise CheckpointError(
-            f"The checkpoint source={source_name or _describe(source)} does "
-            f"not fit model={model.name!r} (is it another architecture?):\n  "
-            + "\n  ".join(problems))
-
-    assign_all([(var, None if head_replaced and key in head_keys
-                  else arrays[key]) for key, var in targets.items()],
-               source_name or _describe(source))
-    return report
+    return layouts.load(model, OFFICIAL, arrays,
+                        source_name=source_name or _describe(source),
+                        keep_pre_logits=keep_pre_logits,
+                        source_grid=source_grid)

@@ -368,14 +368,16 @@ def read_safetensors(path):
 
 
 def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
-                   tags=None, head_config=None, head_names=None, **defaults):
+                   tags=None, head_config=None, head_names=None, layout=None,
+                   **defaults):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of the keras_vit ViT
     that ``arch`` (what a Hugging Face reader found: sizes,
     ``image_size``, ``patch_size``, ``num_channels``,
     ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally
-    ``classifier``) describes, holding ``arrays`` (official layout) with a
+    ``classifier``) describes, holding ``arrays`` (of ``layout``, a
+    :class:`~keras_vit.zoo.layouts.Layout`; None: the official one) with a
     head of ``head`` classes (None: none) named ``label_names``;
-    ``head_names`` give the file's names of the head's arrays.
+    ``head_names`` give the file's names of the head's official arrays.
     ``**defaults`` are more builder arguments; ``tags`` more attributes
     for the model (``zoo_name`` and ``zoo_weights`` are set)."""
     from keras_vit.zoo import build
@@ -390,7 +392,8 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
         config, arrays, source_name=source_name, head=head,
         label_names=label_names, head_config=dict(head_config or {}),
         tags={"zoo_name": zoo_name(arch), "zoo_weights": None,
-              **(tags or {})}, head_names=dict(head_names or {}))
+              **(tags or {})}, head_names=dict(head_names or {}),
+        layout=layout)
 
 
 def zoo_name(arch):

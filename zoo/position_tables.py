@@ -98,7 +98,7 @@ def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
 
 
 def fit_position_tables(model, arrays, targets, key_fn, report, problems,
-                        source_grid=None):
+                        source_grid=None, names=None):
     """Resizes every position table of the checkpoint ``arrays`` (``{key:
     array}``, changed in place) to the model's grid; ``targets`` are the
     model's variables by key, ``key_fn`` maps a variable path to its key;
@@ -109,7 +109,8 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
     when both hold as many tokens (a 4x4 table into an 8x2 model): the rows
     would otherwise land on the wrong patches. The checkpoint's grid is
     ``source_grid`` when known (a model being copied), else square (every
-    released checkpoint is)."""
+    released checkpoint is). ``names``: how a problem names a key (the
+    source's own name of it)."""
     for layer in model.layers:
         kind = getattr(layer, "kind", None)
         if not layer.name.startswith("position_embedding") or kind is None:
@@ -152,7 +153,8 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
                     raise CheckpointError(
                         f"position_embedding={kind!r} has no resize rule")
             except CheckpointError as e:
-                problems.append(f"{key} (position_embedding={kind!r}, "
+                problems.append(f"{(names or {}).get(key, key)} "
+                                f"(position_embedding={kind!r}, "
                                 f"{name}): {e}")
                 continue
             if report["resized_posemb"] is None:

@@ -168,12 +168,12 @@ def _computed(config):
 
 
 def _unit_scales(arrays):
-    """True when ``arrays`` hold layer scales, all of ones (x * 1 is x:
+    """True when ``arrays`` (by variable path) hold layer scales, all of ones (x * 1 is x:
     a model without layer scale, written where the class always has
     one)."""
     import numpy as np
 
-    scales = [k for k in arrays if "/LayerScale_" in k]
+    scales = [k for k in arrays if "/layer_scale_" in k]
     return bool(scales) and all(
         np.all(np.asarray(arrays[k]) == 1) for k in scales)
 
@@ -196,7 +196,12 @@ def check_read_back(model, folder, layout):
                          f"{' '.join(str(e).split())}"[:600]) from None
     ours, theirs = (_computed(model.get_config()),
                     _computed(settled.config))
-    arrays = convert.normalize_keys(settled.arrays or {})
+    shapes = {v.path: tuple(v.shape) for v in model.weights}
+    # What the reader puts onto the model's variables, by their paths.
+    layout, arrays = checkpoint.layout, settled.arrays or {}
+    if layout is None:
+        layout, arrays = convert.OFFICIAL, convert.normalize_keys(arrays)
+    foreign, arrays = layout.unknown(arrays), layout.read(arrays, shapes)[0]
     if (ours["layer_scale"] is None) != (theirs["layer_scale"] is None) and (
             ours["layer_scale"] is None and _unit_scales(arrays)):
         theirs["layer_scale"] = None
@@ -212,12 +217,10 @@ def check_read_back(model, folder, layout):
                 f"{ours.get(key)!r}; nothing written"[:600])
     if not arrays:
         return
-    want = convert.normalize_keys(convert.export_arrays(model))
-    extra = {k for k in arrays if "/LayerScale_" in k} if _unit_scales(
-        arrays) and not any("/LayerScale_" in k for k in want) else set()
-    differ = sorted((set(want) ^ set(arrays)) - extra) or sorted(
-        k for k in want if tuple(_shape(want[k])) != tuple(
-            _shape(arrays[k])))
+    extra = {k for k in arrays if "/layer_scale_" in k} if _unit_scales(
+        arrays) and not any("/layer_scale_" in k for k in shapes) else set()
+    differ = foreign or sorted((set(shapes) ^ set(arrays)) - extra) or sorted(
+        k for k in shapes if shapes[k] != tuple(_shape(arrays[k])))
     if differ:
         raise ValueError(f"{where}: what it writes reads back without the "
                          f"model's arrays {differ[:6]}; nothing written")

@@ -171,15 +171,18 @@ def settle(checkpoint, request):
 
 
 def _head_keys(checkpoint):
-    """The head's arrays in the layout of ``checkpoint.arrays`` (official
-    ViT, or BiT's); DeiT's second head goes with the first."""
+    """The head's arrays in the layout of ``checkpoint.arrays`` (its
+    ``layout``'s, the official ViT's, or BiT's); DeiT's second head goes
+    with the first."""
+    keys = ["head/kernel", "head/bias"]
+    if checkpoint.config.get("distilled"):
+        keys += ["head_dist/kernel", "head_dist/bias"]
+    if checkpoint.layout is not None:
+        return [checkpoint.layout.key_of(key) for key in keys]
     if checkpoint.family == "bit":
         from keras_vit.zoo.official.bit import HEAD_BIAS, HEAD_KERNEL
 
         return [HEAD_KERNEL, HEAD_BIAS]
-    keys = ["head/kernel", "head/bias"]
-    if checkpoint.config.get("distilled"):
-        keys += ["head_dist/kernel", "head_dist/bias"]
     return keys
 
 

@@ -67,7 +67,7 @@ def _keras(model, path):
 LAYOUTS = {
     "official": (_official, "Transformer/encoder_norm/scale",
                  "Transformer/encoder_norm/scale"),
-    "timm": (_timm, "norm.weight", "Transformer/encoder_norm/scale"),
+    "timm": (_timm, "norm.weight", "norm.weight"),
     "transformers": (_transformers, "vit.layernorm.weight",
                      "vit.layernorm.weight"),
     "keras-hub": (_keras_hub, "layers/vi_t_encoder/layer_norm/vars/0",

@@ -192,10 +192,10 @@ HEADS = {
                                       "layers/dense/vars/1"])}
 DEIT = dict(gelu="exact", num_registers=1)
 # What each refusal names: the missing arrays, in the reader's words.
-NAMED = {("timm", False): "head/kernel, head/bias",
+NAMED = {("timm", False): "head.weight, head.bias",
          ("transformers", False): "classifier.bias",
          ("keras-hub", False): "predictions/kernel",
-         ("timm", True): "head/kernel, head/bias",
+         ("timm", True): "head.weight, head.bias",
          ("transformers", True): "classifier.weight, classifier.bias",
          ("keras-hub", True): "layers/dense/vars/0, layers/dense/vars/1"}
 

@@ -21,7 +21,6 @@ import urllib.parse
 
 from keras_vit.base import variants
 from keras_vit.zoo import build, convert, formats, registry
-from keras_vit.zoo.official import bit as bit_layout
 from keras_vit.zoo.download import fetch as download
 
 
@@ -132,7 +131,7 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
         raw = formats.check_npz(convert.read_npz(resolved.path, lazy=True),
                                 resolved.path)
         if is_bit:
-            arrays = bit_layout.normalize(raw)
+            arrays = raw
             if "resnet/head/conv2d/kernel" in arrays:
                 head = int(arrays["resnet/head/conv2d/kernel"].shape[-1])
         else:

@@ -6,12 +6,12 @@ optionally label names) and a ``model.safetensors`` holding the same AugReg
 and original checkpoints as the official ``.npz`` files, plus later
 fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
-``safetensors``' NumPy reader (no torch), maps timm's parameter names onto
-the official layout (:mod:`keras_vit.zoo.timm.layout`: ViT, the
-ResNetV2+ViT hybrids and BiT; a hybrid keeps
-timm's ResNet numerics: weights standardised with sqrt(var + 1e-8),
-GroupNorm epsilon 1e-5), and loads them through the same strict loaders as
-the ``.npz`` files. :func:`keras_vit.zoo.save_pretrained` writes the
+``safetensors``' NumPy reader (no torch) and puts timm's tensors straight
+onto the model's variables by timm's own names
+(:mod:`keras_vit.zoo.timm.layout`: ViT and the ResNetV2+ViT hybrids; BiT
+through its official layout; a hybrid keeps timm's ResNet numerics:
+weights standardised with sqrt(var + 1e-8), GroupNorm epsilon 1e-5),
+through the strict load every layout shares. :func:`keras_vit.zoo.save_pretrained` writes the
 reverse (:mod:`keras_vit.zoo.timm.writer`), a repository that
 ``timm.create_model(..., pretrained=True)`` loads.
 
@@ -43,12 +43,11 @@ from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.models.hybrid import TIMM_RESNET_NUMERICS
-from keras_vit.zoo import checkpoints, convert, formats, hub_files
+from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
-# timm's names <-> the official layout (zoo/timm/layout.py).
-from keras_vit.zoo.timm.layout import (bit_to_official, hybrid_to_official,
-                                       to_official)
+# timm's names <-> the model's variables (zoo/timm/layout.py).
+from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, check_state
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
                                      hub_download, read_safetensors)
@@ -231,9 +230,10 @@ def _head_type(config, build_config, arrays, head, labels):
     image-text projection (a matrix without a bias). A fine-tuned
     classifier has a trained bias or its labels."""
     kind = config.get("head_type")
+    bias_key = TIMM.key_of("head/bias")
     if kind is None and head and labels is None and build_config.get(
-            "pre_norm") and "head/bias" in arrays:
-        bias = np.asarray(arrays["head/bias"])
+            "pre_norm") and bias_key in arrays:
+        bias = np.asarray(arrays[bias_key])
         kind = "projection" if not np.any(bias) else None
     return {"head_type": kind} if kind and kind != "classifier" else {}
 
@@ -246,7 +246,6 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     ``name`` does, and its ``model.safetensors``). ``prefer_size`` is
     unused (one file per repository)."""
     from keras_vit.zoo import build
-    from keras_vit.zoo.official import bit as bit_layout
 
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
@@ -255,27 +254,20 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
     build_config = dict(arch.config, **honoured)
+    layout = TIMM_BIT if is_bit else TIMM
     try:
-        if is_bit:
-            arrays = bit_layout.normalize(bit_to_official(state))
-            head_key = bit_layout.HEAD_KERNEL
-        else:
-            mapping = to_official
-            if arch.family == "hybrid":
-                mapping = hybrid_to_official
-                # timm's ResNet standardises and normalises with other
-                # epsilons.
-                build_config["resnet"] = dict(arch.config["resnet"],
-                                              **TIMM_RESNET_NUMERICS)
-            arrays = convert.normalize_keys(
-                mapping(state, build_config["num_heads"]))
-            head_key = "head/kernel"
-            # timm's GELU, unless the architecture or its act_layer names
-            # another (quick GELU: OpenAI's CLIP towers; tanh: SigLIP 2's).
-            if "gelu" not in honoured and "gelu" not in arch.config:
-                build_config["gelu"] = "exact"
+        check_state(state, layout, "BiT ResNetV2" if is_bit else "ViT")
     except ValueError as e:  # parameters keras_vit lacks: name the file
         raise checkpoints.CheckpointError(f"{os.fspath(path)}: {e}") from None
+    arrays, head_key = state, layout.key_of("head/kernel")
+    if arch.family == "hybrid":
+        # timm's ResNet standardises and normalises with other epsilons.
+        build_config["resnet"] = dict(arch.config["resnet"],
+                                      **TIMM_RESNET_NUMERICS)
+    # timm's GELU, unless the architecture or its act_layer names another
+    # (quick GELU: OpenAI's CLIP towers; tanh: SigLIP 2's).
+    if not is_bit and "gelu" not in honoured and "gelu" not in arch.config:
+        build_config["gelu"] = "exact"
     # (height, width) after read_config's checks.
     input_size = ((config.get("pretrained_cfg") or {}).get("input_size")
                   or (config.get("model_args") or {}).get("img_size"))
@@ -284,7 +276,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         image_size = height if height == width else (height, width)
     else:
         image_size = arch.image_size or 224
-    head = int(arrays[head_key].shape[-1]) if head_key in arrays else None
+    head = int(arrays[head_key].shape[0]) if head_key in arrays else None
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None
     # The weights' own input normalisation, from their config: the model
@@ -298,6 +290,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     return build.Checkpoint(
         build_config, arrays, source_name=repr(os.fspath(source)),
         family="bit" if is_bit else "vit", head=head, label_names=labels,
+        layout=layout,
         head_config=_head_type(config, build_config, arrays, head, labels),
         include_top=True,
         tags={"zoo_name": (hub_files.zoo_name(build_config) if honoured

@@ -17,9 +17,8 @@ from keras_vit.base import options as options_table
 from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert
-from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_POOLS,
-                                       from_official)
+from keras_vit.zoo import layouts
+from keras_vit.zoo.timm.layout import TIMM, TIMM_ACTIVATIONS, TIMM_POOLS
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
@@ -213,21 +212,21 @@ def timm_architecture(model):
 
 
 def _unit_layer_scales(arrays, num_layers):
-    """``arrays`` (official keys) with a layer scale of ones in each of
+    """``arrays`` (by variable path) with a layer scale of ones in each of
     ``num_layers`` blocks that has none: what DINOv2-g's architecture in
     timm reads for a model without layer scale (x * 1 is x exactly).
 
-    >>> arrays = {"Transformer/encoderblock_0/LayerNorm_0/scale":
-    ...           np.zeros(3, "float32")}
-    >>> [key.split("/")[2] for key in sorted(_unit_layer_scales(arrays, 1))]
-    ['LayerNorm_0', 'LayerScale_0', 'LayerScale_2']
+    >>> arrays = {"encoder_block_0/norm_1/gamma": np.zeros(3, "float32")}
+    >>> sorted(_unit_layer_scales(arrays, 1))  # doctest: +NORMALIZE_WHITESPACE
+    ['encoder_block_0/layer_scale_1', 'encoder_block_0/layer_scale_2',
+     'encoder_block_0/norm_1/gamma']
     """
     out = dict(arrays)
     for i in range(num_layers):
-        block = f"Transformer/encoderblock_{i}/"
-        like = arrays[block + "LayerNorm_0/scale"]
-        for name in ("LayerScale_0/scale", "LayerScale_2/scale"):
-            out.setdefault(block + name, np.ones_like(like))
+        like = arrays[f"encoder_block_{i}/norm_1/gamma"]
+        for n in (1, 2):
+            out.setdefault(f"encoder_block_{i}/layer_scale_{n}",
+                           np.ones_like(like))
     return out
 
 
@@ -264,14 +263,13 @@ def _resolved(config):
 
 def check_read_back(model, written, arrays, state):
     """Refuses, in one line naming the argument, its value and timm's, a
-    ``config.json`` (``written``) and tensors (``state``, of the official
-    ``arrays``) that keras_vit's timm reader (the same tables:
-    :func:`keras_vit.zoo.timm.arguments.honoured`,
-    :func:`keras_vit.zoo.timm.layout.to_official`) would read as another
+    ``config.json`` (``written``) and tensors (``state``, of the model's
+    ``arrays`` by variable path) that keras_vit's timm reader (the same
+    tables: :func:`keras_vit.zoo.timm.arguments.honoured`,
+    :data:`keras_vit.zoo.timm.layout.TIMM`) would read as another
     model than ``model``: what the reader cannot honour, timm builds
     otherwise too. Called before any file is written."""
     from keras_vit.zoo.timm import arguments as timm_arguments
-    from keras_vit.zoo.timm.layout import to_official
 
     config = model.get_config()
     where = f"save_pretrained(layout='timm') of model={model.name!r}"
@@ -301,8 +299,8 @@ def check_read_back(model, written, arrays, state):
         raise ValueError(
             f"{where}: timm's {written['architecture']} as written computes "
             f"{key}={theirs[key]!r}, and the model has {key}={ours[key]!r}")
-    back = set(to_official(state, int(config["num_heads"])))
-    lost = sorted(set(convert.normalize_keys(arrays)) ^ back)
+    lost = sorted(set(arrays) ^ set(TIMM.read(state)[0])) + TIMM.unknown(
+        state)
     if lost:
         raise ValueError(f"{where}: timm's layout does not hold the "
                          f"model's arrays {lost[:6]}")
@@ -317,10 +315,10 @@ def write(model, directory, labels=None):
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
-    arrays = convert.export_arrays(model)
+    arrays = layouts.model_arrays(model, "timm")
     if arch == DINOV2_G and model.get_config().get("layer_scale") is None:
         arrays = _unit_layer_scales(arrays, model.get_config()["num_layers"])
-    state = from_official(arrays, unpacked_glu=arch == AIMV2)
+    state = TIMM.write(arrays, ("unpacked_glu",) if arch == AIMV2 else ())
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
     normalisation = of_model(model).to_config()

@@ -51,7 +51,7 @@ from keras_vit.zoo.transformers import siglip as transformers_siglip
 # transformers' names <-> the official layout (zoo/transformers/layout.py).
 from keras_vit.zoo.transformers.layout import (
     HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
-    shown_value as _shown, to_official)
+    shown_value as _shown, vit_layout)
 
 HUB_PREFIX = hub_files.HUB_PREFIX
 CONFIG_FILE = hub_files.CONFIG_FILE
@@ -326,14 +326,11 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
             and not any(k.endswith("pooler.dense.weight") for k in header):
         arch["representation_size"] = None  # add_pooling_layer=False
     # Names and shapes before anything is allocated.
-    head_names = {v: k for k, v in HEAD_PARAMS.items()}
     check_tensors(header, expected_shapes(arch, num_labels, prefix), path,
                   optional=HEAD_PARAMS)
     labels = formats.check_labels(labels, num_labels or None, config_path,
                                   "id2label") if num_labels else None
-    state = hub_files.read_safetensors(path)
-    arrays = to_official(state, arch["num_heads"], prefix)
-    del state
+    arrays = hub_files.read_safetensors(path)
     defaults = {"name": "vit_transformers"}
     if not num_labels and (arch["representation_size"] is not None
                            or arch["kind"] == "classifier"):
@@ -343,5 +340,5 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         os.path.dirname(config_path or path), PREPROCESSOR_FILE))
     return hub_files.vit_checkpoint(
         arch, arrays, head=num_labels or None, label_names=labels,
-        source_name=repr(os.fspath(path)), head_names=head_names,
+        source_name=repr(os.fspath(path)), layout=vit_layout(prefix),
         tags={"zoo_source": os.fspath(source)}, **defaults)

@@ -1,7 +1,8 @@
 """transformers' ViT config read as keras_vit's builder arguments
-(:func:`architecture`), and its parameter names and the official ``.npz``
-layout, both ways (``ViTForImageClassification``: ``vit.`` in front and a
-``classifier``; ``ViTModel``: none, and a ``pooler``), and the names and
+(:func:`architecture`), its parameter names on the model's variables,
+both ways (:func:`vit_layout`; ``ViTForImageClassification``: ``vit.`` in
+front and a ``classifier``; ``ViTModel``: none, and a ``pooler``), and the
+names and
 shapes a config implies. Shared by the reader
 (:mod:`keras_vit.zoo.transformers.hub`) and the writer
 (:mod:`keras_vit.zoo.transformers.writer`).
@@ -9,13 +10,13 @@ shapes a config implies. Shared by the reader
 
 from __future__ import annotations
 
+import functools
 import os
-import re
 
-import numpy as np
 
 from keras_vit.base.checks import require
-from keras_vit.zoo import checkpoints, convert, formats
+from keras_vit.zoo import checkpoints, formats
+from keras_vit.zoo.layouts import Layout, Rule
 
 # How transformers prepares images for the model (checked on reading).
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -170,40 +171,45 @@ def id2label_names(config, path):
     return labels
 
 
-_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
-_ATTN = "MultiHeadDotProductAttention_1/"
-# transformers' per-layer names -> the official layout's (kernels are
-# transposed, and the attention ones split into heads, by to_official).
-LAYER_PARAMS = {
-    "layernorm_before.weight": "LayerNorm_0/scale",
-    "layernorm_before.bias": "LayerNorm_0/bias",
-    "attention.attention.query.weight": _ATTN + "query/kernel",
-    "attention.attention.query.bias": _ATTN + "query/bias",
-    "attention.attention.key.weight": _ATTN + "key/kernel",
-    "attention.attention.key.bias": _ATTN + "key/bias",
-    "attention.attention.value.weight": _ATTN + "value/kernel",
-    "attention.attention.value.bias": _ATTN + "value/bias",
-    "attention.output.dense.weight": _ATTN + "out/kernel",
-    "attention.output.dense.bias": _ATTN + "out/bias",
-    "layernorm_after.weight": "LayerNorm_2/scale",
-    "layernorm_after.bias": "LayerNorm_2/bias",
-    "intermediate.dense.weight": "MlpBlock_3/Dense_0/kernel",
-    "intermediate.dense.bias": "MlpBlock_3/Dense_0/bias",
-    "output.dense.weight": "MlpBlock_3/Dense_1/kernel",
-    "output.dense.bias": "MlpBlock_3/Dense_1/bias",
-}
-TOP_PARAMS = {
-    "embeddings.cls_token": "cls",
-    "embeddings.position_embeddings": convert.POSEMB_KEY,
-    "embeddings.patch_embeddings.projection.weight": "embedding/kernel",
-    "embeddings.patch_embeddings.projection.bias": "embedding/bias",
-    "layernorm.weight": "Transformer/encoder_norm/scale",
-    "layernorm.bias": "Transformer/encoder_norm/bias",
-    "pooler.dense.weight": "pre_logits/kernel",
-    "pooler.dense.bias": "pre_logits/bias",
-}
+#: The head's tensors in ``ViTForImageClassification``, by the model's
+#: variable: outside the ``vit.`` prefix.
 HEAD_PARAMS = {"classifier.weight": "head/kernel",
-                "classifier.bias": "head/bias"}
+               "classifier.bias": "head/bias"}
+
+
+def _linear(path, key, kernel="linear"):
+    """A Dense (or a LayerNorm) and transformers' module of the same name."""
+    if kernel == "norm":
+        return [Rule(f"{path}/gamma", f"{key}.weight"),
+                Rule(f"{path}/beta", f"{key}.bias")]
+    return [Rule(f"{path}/kernel", f"{key}.weight", kernel),
+            Rule(f"{path}/bias", f"{key}.bias", "flat")]
+
+
+@functools.lru_cache(maxsize=None)
+def vit_layout(prefix=""):
+    """transformers' ``ViTModel`` tensors (``prefix=""``), or a
+    ``ViTForImageClassification``'s (``prefix="vit."``, the head's
+    ``classifier`` outside it), onto the model's variables."""
+    b, t = "encoder_block_{i}/", prefix + "encoder.layer.{i}."
+    return Layout("transformers", [
+        Rule("class_token/cls", prefix + "embeddings.cls_token"),
+        Rule("position_embedding/pos_embedding",
+             prefix + "embeddings.position_embeddings"),
+        *_linear("patch_embedding/conv",
+                 prefix + "embeddings.patch_embeddings.projection", "conv"),
+        *_linear(b + "norm_1", t + "layernorm_before", "norm"),
+        *[r for n in ("query", "key", "value") for r in _linear(
+            f"{b}attention/{n}", f"{t}attention.attention.{n}")],
+        *_linear(b + "attention/out", t + "attention.output.dense",
+                 "linear_out"),
+        *_linear(b + "norm_2", t + "layernorm_after", "norm"),
+        *_linear(b + "mlp/dense_0", t + "intermediate.dense"),
+        *_linear(b + "mlp/dense_1", t + "output.dense"),
+        *_linear("encoder_norm", prefix + "layernorm", "norm"),
+        *_linear("pre_logits", prefix + "pooler.dense"),
+        *_linear("head", "classifier"),
+    ])
 
 
 def expected_shapes(arch, num_labels, prefix):
@@ -241,75 +247,3 @@ def expected_shapes(arch, num_labels, prefix):
         shapes.update({"classifier.weight": (num_labels, d),
                        "classifier.bias": (num_labels,)})
     return shapes
-
-
-def to_official(state, num_heads, prefix=""):
-    """Maps transformers ViT tensors (NumPy, names as checked by
-    :func:`check_tensors`) onto the official ``.npz`` layout."""
-    out = {}
-    for name, value in state.items():
-        value = np.asarray(value, dtype="float32")
-        if name in HEAD_PARAMS:
-            out[HEAD_PARAMS[name]] = value.T if value.ndim == 2 else value
-            continue
-        name = name[len(prefix):]
-        m = _LAYER.match(name)
-        if m:
-            i, param = m.groups()
-            key = f"Transformer/encoderblock_{i}/{LAYER_PARAMS[param]}"
-            if param.startswith("attention.attention."):
-                if value.ndim == 2:  # (H*Dh, D) -> (D, H, Dh)
-                    value = value.T.reshape(value.shape[1], num_heads, -1)
-                else:
-                    value = value.reshape(num_heads, -1)
-            elif param == "attention.output.dense.weight":
-                value = value.T.reshape(num_heads, -1, value.shape[0])
-            elif value.ndim == 2:  # Linear (out, in) -> Dense (in, out)
-                value = value.T
-            out[key] = value
-            continue
-        if name == "embeddings.patch_embeddings.projection.weight":
-            value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
-        elif name == "pooler.dense.weight":
-            value = value.T
-        out[TOP_PARAMS[name]] = value
-    return out
-
-
-def from_official(arrays, num_heads):
-    """The inverse of :func:`to_official`:
-    official ``.npz`` arrays of a class-token ViT with a head ->
-    transformers' ``ViTForImageClassification`` tensors (contiguous
-    float32)."""
-    top = {v: k for k, v in TOP_PARAMS.items()}
-    layer = {v: k for k, v in LAYER_PARAMS.items()}
-    head = {v: k for k, v in HEAD_PARAMS.items()}
-    out = {}
-    for key, value in arrays.items():
-        value = np.asarray(value, dtype="float32")
-        if key in head:  # Dense (in, out) -> Linear (out, in); .T of a bias
-            out[head[key]] = value.T  # is the bias
-            continue
-        m = convert.BLOCK_KEY.match(key)
-        if m:
-            i, param = m.groups()
-            name = layer[param]
-            if name.startswith("attention.attention."):
-                if value.ndim == 3:  # (D, H, Dh) -> (H*Dh, D)
-                    value = value.reshape(value.shape[0], -1).T
-                else:  # (H, Dh) -> (H*Dh,)
-                    value = value.reshape(-1)
-            elif name == "attention.output.dense.weight":
-                # (H, Dh, D) -> (D, H*Dh)
-                value = value.reshape(-1, value.shape[-1]).T
-            elif value.ndim == 2:  # Dense (in, out) -> Linear (out, in)
-                value = value.T
-            out[f"vit.encoder.layer.{i}.{name}"] = value
-            continue
-        name = top[key]
-        if name == "embeddings.patch_embeddings.projection.weight":
-            value = value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
-        elif name == "pooler.dense.weight":
-            value = value.T
-        out["vit." + name] = value
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}

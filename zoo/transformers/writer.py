@@ -17,12 +17,12 @@ import os
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert
+from keras_vit.zoo import convert, layouts
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
 from keras_vit.zoo.transformers import tables as transformers_tables
 from keras_vit.zoo.transformers.layout import (ARCHITECTURES, HIDDEN_ACTS,
-                                               PREPROCESSOR_FILE, from_official)
+                                               PREPROCESSOR_FILE, vit_layout)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 
@@ -135,13 +135,13 @@ def write(model, directory, labels=None):
         "qkv_bias": True,
         "torch_dtype": "float32",
     }
-    arrays = convert.export_arrays(model)
+    arrays = layouts.model_arrays(model, "transformers")
     if kind == "classifier":
         if labels is None:  # transformers' own names for unnamed classes
             labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
         out["id2label"] = {str(i): name for i, name in enumerate(labels)}
         out["label2id"] = {name: i for i, name in enumerate(labels)}
-        state = from_official(arrays, heads)
+        state = vit_layout("vit.").write(arrays)
     else:
         if labels is not None:
             raise ValueError(
@@ -150,8 +150,7 @@ def write(model, directory, labels=None):
         if "pre_logits/kernel" in arrays:
             out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
             out["pooler_act"] = "tanh"
-        state = {k[len("vit."):]: v
-                 for k, v in from_official(arrays, heads).items()}
+        state = vit_layout().write(arrays)
     return _write_folder(directory, st, out, _preprocessor(model, size),
                          state)
 

@@ -1,0 +1,391 @@
+"""A checkpoint layout declared once and read both ways, and the strict load
+every layout shares.
+
+A layout is a list of :class:`Rule`: a model variable's path (or several),
+the key a source's files hold it under (or several), and the form the
+source holds it in. The reader and the writer of a source iterate the same
+rules, so a weight name is written once per source, and the arrays go
+straight onto the model's own variables (:func:`load`): a head of another
+size starts at zero, position tables are resized to the model's grid, and
+every missing, unexpected and mis-shaped array is listed in one error,
+named as the source names it, before anything is assigned.
+
+>>> rules = Layout("toy", [Rule("block_{i}/dense/kernel", "blocks.{i}.fc.weight",
+...                             "linear")])
+>>> rules.key_of("block_3/dense/kernel")
+'blocks.3.fc.weight'
+>>> arrays, _ = rules.read({"blocks.0.fc.weight": np.ones((4, 2))})
+>>> arrays["block_0/dense/kernel"].shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+
+import numpy as np
+
+from keras_vit.zoo import checkpoints
+from keras_vit.zoo.checkpoints import CheckpointError, as_array, assign_all
+from keras_vit.zoo.position_tables import fit_position_tables
+
+
+def _fit(value, shape):
+    """``value`` in ``shape`` where it holds as many numbers; else as it
+    is, for the loader to report as mis-shaped by name."""
+    if shape is not None and int(np.prod(value.shape)) == int(np.prod(shape)):
+        return value.reshape(shape)
+    return value
+
+
+#: How a source holds an array: ``(to_model(value, shape), to_source(value))``.
+FORMS = {
+    # As the model holds it.
+    "same": (lambda v, s: v, lambda v: v),
+    # Any shape of as many numbers (a bias split into heads, a GroupNorm's
+    # (1, 1, 1, C)); the source's is flat.
+    "flat": (_fit, lambda v: v.reshape(-1)),
+    # A PyTorch Linear's (out, in) weight; the kernel's first axis is its
+    # input, the rest its output (a query kernel (D, heads, head_dim)).
+    "linear": (lambda v, s: _fit(np.asarray(v).T, s),
+               lambda v: v.reshape(v.shape[0], -1).T),
+    # The same, the kernel's last axis its output (an attention's output
+    # projection (heads, head_dim, D)).
+    "linear_out": (lambda v, s: _fit(np.asarray(v).T, s),
+                   lambda v: v.reshape(-1, v.shape[-1]).T),
+    # A PyTorch convolution's OIHW kernel; the model's is HWIO.
+    "conv": (lambda v, s: np.asarray(v).transpose(2, 3, 1, 0),
+             lambda v: v.transpose(3, 2, 0, 1)),
+    # A 1x1 convolution's HWIO kernel (1, 1, in, out) for a Dense (BiT's
+    # head).
+    "dense_1x1": (_fit, lambda v: v.reshape((1, 1) + v.shape)),
+    # A PyTorch 1x1 convolution's (out, in, 1, 1) for a Dense (timm's BiT
+    # head).
+    "torch_dense_1x1": (
+        lambda v, s: _fit(np.asarray(v).transpose(2, 3, 1, 0), s),
+        lambda v: v.T[:, :, None, None]),
+}
+
+_FIELD = re.compile(r"\{(\w+)([+-]\d+)?(?::(\w+))?\}")
+
+
+class _Pattern:
+    """A name with numbered fields: ``"blocks.{i}.norm1.weight"``;
+    ``{s-1}`` shows the field less one, ``{u:02d}`` in two digits."""
+
+    def __init__(self, text):
+        self.text, self.fields, regex, pos = text, [], "", 0
+        for m in _FIELD.finditer(text):
+            regex += re.escape(text[pos:m.start()]) + r"(\d+)"
+            self.fields.append((m.group(1), int(m.group(2) or 0),
+                                m.group(3) or "d"))
+            pos = m.end()
+        self.regex = re.compile(regex + re.escape(text[pos:]))
+
+    def match(self, name):
+        m = self.regex.fullmatch(name)
+        if m is None:
+            return None
+        values = {}
+        for (field, shift, _), text in zip(self.fields, m.groups()):
+            if values.setdefault(field, int(text) - shift) != int(text) - shift:
+                return None
+        return values
+
+    def format(self, values):
+        parts = iter(self.fields)
+        return _FIELD.sub(lambda m: format(
+            values[(f := next(parts))[0]] + f[1], f[2]), self.text)
+
+
+class Rule:
+    """One weight (or one packed group) of a layout.
+
+    ``model``: the model variable's path, or several whose arrays the
+    source packs along the first axis of its form (timm's ``qkv``);
+    ``key``: the source's key, or several whose arrays join along that axis
+    into the model's one (timm's unpacked SwiGLU halves); ``form``: a key
+    of :data:`FORMS`; ``variant``: the name a writer chooses this rule by
+    over the plain one for the same variable (the reader takes either).
+    """
+
+    def __init__(self, model, key, form="same", variant=None):
+        if form not in FORMS:
+            raise ValueError(f"form={form!r} is not one of {sorted(FORMS)}")
+        self.model = [_Pattern(p) for p in _as_tuple(model)]
+        self.keys = [_Pattern(k) for k in _as_tuple(key)]
+        self.form, self.variant = form, variant
+
+    def __repr__(self):
+        return (f"Rule({[p.text for p in self.model]}, "
+                f"{[k.text for k in self.keys]}, {self.form!r})")
+
+
+def _as_tuple(value):
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+class Layout:
+    """A source's rules (:class:`Rule`), read both ways: :meth:`read`
+    (the source's arrays in the model's form, by variable path) and
+    :meth:`write` (the model's arrays as the source's)."""
+
+    def __init__(self, name, rules):
+        self.name, self.rules = name, list(rules)
+
+    def _for_path(self, path, variants=()):
+        found = None
+        for rule in self.rules:
+            for pattern in rule.model:
+                values = pattern.match(path)
+                if values is None:
+                    continue
+                if rule.variant is None and found is None:
+                    found = (rule, values)
+                elif rule.variant is not None and rule.variant in variants:
+                    return rule, values
+        return found or (None, None)
+
+    def key_of(self, path, variants=()):
+        """The source's key of the model variable ``path`` (the packed
+        array's, for one of a group), or None."""
+        rule, values = self._for_path(path, variants)
+        return None if rule is None else rule.keys[0].format(values)
+
+    def _for_key(self, key):
+        for rule in self.rules:
+            for pattern in rule.keys:
+                values = pattern.match(key)
+                if values is not None:
+                    return rule, values
+        return None, None
+
+    def unknown(self, keys):
+        """The ``keys`` no rule names (weights the model has no place for)."""
+        return [k for k in keys if self._for_key(k)[0] is None]
+
+    def read(self, arrays, shapes=None, absent=None):
+        """``(values, names)``: the source's ``arrays`` in the model's form
+        by variable path (each reshaped to ``shapes[path]`` where it holds
+        as many numbers), and each path's source key. Keys no rule names
+        are left out (:meth:`unknown`); a group with a key absent is left
+        out, its paths in ``absent`` (a dict, filled: path -> what the
+        loader names missing); two keys that hold one variable raise a
+        CheckpointError naming both."""
+        shapes, absent = shapes or {}, {} if absent is None else absent
+        values, names, groups = {}, {}, set()
+        for key in arrays:
+            rule, fields = self._for_key(key)
+            if rule is None:
+                continue
+            group = tuple(k.format(fields) for k in rule.keys)
+            paths = [p.format(fields) for p in rule.model]
+            lacking = [k for k in group if k not in arrays]
+            if lacking:
+                for path in paths:
+                    absent[path] = (f"{', '.join(lacking)} (beside "
+                                    f"{', '.join(k for k in group if k in arrays)})")
+            if group in groups or lacking:
+                continue
+            groups.add(group)
+            taken = [p for p in paths if p in values]
+            if taken:
+                raise CheckpointError(
+                    f"the {self.name} checkpoint holds {taken[0]} twice: in "
+                    f"{names[taken[0]]} and in {', '.join(group)}")
+            to_model = FORMS[rule.form][0]
+            parts = [as_array(arrays[k]) for k in group]
+            if len(parts) == len(paths) == 1:
+                pieces = parts
+            else:
+                joined = np.concatenate([np.asarray(p) for p in parts])
+                if joined.shape[0] % len(paths):
+                    raise CheckpointError(
+                        f"{', '.join(group)} of shape {joined.shape} does not "
+                        f"split into the model's {len(paths)} {paths}")
+                pieces = np.split(joined, len(paths))
+            for path, piece in zip(paths, pieces):
+                values[path] = to_model(piece, shapes.get(path))
+                names[path] = group[0]
+        return values, names
+
+    def write(self, arrays, variants=()):
+        """The model's ``arrays`` (``{variable path: array}``) as the
+        source's ``{key: array}``; a variable without a rule raises a
+        ValueError naming it. ``variants``: the rules' variants to write
+        (:class:`Rule`)."""
+        out, done, nowhere = {}, set(), []
+        for path in arrays:
+            rule, fields = self._for_path(path, variants)
+            if rule is None:
+                nowhere.append(path)
+                continue
+            paths = tuple(p.format(fields) for p in rule.model)
+            if paths in done:
+                continue
+            done.add(paths)
+            to_source = FORMS[rule.form][1]
+            pieces = [to_source(np.asarray(arrays[p])) for p in paths]
+            joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            keys = [k.format(fields) for k in rule.keys]
+            for key, piece in zip(keys, np.split(joined, len(keys))
+                                  if len(keys) > 1 else [joined]):
+                out[key] = np.ascontiguousarray(piece)
+        if nowhere:
+            raise ValueError(f"the {self.name} layout has no place for the "
+                             f"model's weights {sorted(nowhere)[:6]}")
+        return out
+
+
+def model_arrays(model, layout_name):
+    """``{variable path: array}`` of a plain float model (a quantized or
+    LoRA model refused naming how to get one)."""
+    checkpoints.check_model(model)
+    checkpoints.check_plain(model, layout_name)
+    return {v.path: np.asarray(v.numpy()) for v in model.weights}
+
+
+# --------------------------------------------------------------------------
+# The strict load
+
+#: The head's variables (DeiT's second head goes with the first), the
+#: representation layer before it, and the attention pool of
+#: ``classifier="map"``.
+HEAD = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
+PRE_LOGITS = ("pre_logits/kernel", "pre_logits/bias")
+POOL = "pooling/"
+_BLOCK = re.compile(r"^encoder_block_(\d+)/")
+
+
+def _returns_tokens(model):
+    """True for a model built without a head or pooling (all tokens)."""
+    config = model.get_config() if hasattr(model, "get_config") else {}
+    return (isinstance(config, dict) and not config.get("include_top", True)
+            and config.get("pooling") is None)
+
+
+def _position_hint(model, paths):
+    """Names the model's position embedding when its tables are the
+    problem."""
+    if not any(p.startswith("position_embedding") for p in paths):
+        return None
+    kind = getattr(model, "position_embedding", "learned_1d")
+    placement = getattr(model, "position_embedding_placement", "stem")
+    return (f"position embeddings differ: the model has position_embedding="
+            f"{kind!r}, position_embedding_placement={placement!r}; build it "
+            "with the checkpoint's kind and placement (a table of one kind "
+            "does not convert into another)")
+
+
+def _listed(what, items):
+    items = list(dict.fromkeys(items))
+    return (f"{what} ({len(items)}): " + ", ".join(items[:20])
+            + (" ..." if len(items) > 20 else ""))
+
+
+def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
+         source_grid=None, replace_head=True):
+    """Loads the source's ``arrays`` (``{key: array}`` of ``layout``) into
+    ``model``, strictly (the rules of
+    :func:`keras_vit.zoo.convert.load_weights`); ``replace_head=False``
+    reports a head of another size as mis-shaped instead of starting the
+    model's at zero. Returns the report
+    ``{"resized_posemb", "head", "pre_logits"[, "attention_pool"]}``."""
+    checkpoints.check_model(model)
+    checkpoints.check_plain(model, layout.name)
+    targets = {v.path: v for v in model.weights}
+    unmapped = [p for p in targets if layout.key_of(p) is None]
+    if unmapped:
+        raise CheckpointError(
+            f"model={model.name!r} has weights with no {layout.name} "
+            f"checkpoint equivalent: {unmapped[:10]}")
+    absent = {}
+    given, names = layout.read(
+        arrays, {p: tuple(v.shape) for p, v in targets.items()}, absent)
+    unexpected = layout.unknown(arrays)
+    report = {"resized_posemb": None, "head": None, "pre_logits": None}
+
+    has_head = "head/kernel" in given
+    wants_head = "head/kernel" in targets
+    # A head of another size, or none in a feature checkpoint: the model's
+    # starts at zero, as a new fine-tuning head does (paper section 3.2).
+    replaced = wants_head and (not has_head or replace_head and tuple(
+        given["head/kernel"].shape[-1:]) != tuple(
+        targets["head/kernel"].shape[-1:]))
+    if has_head and not wants_head:
+        report["head"] = "dropped"
+    elif replaced:
+        report["head"] = "replaced"
+    elif has_head:
+        report["head"] = "loaded"
+    if report["head"] in ("dropped", "replaced"):
+        for path in HEAD:
+            given.pop(path, None)
+
+    if "pre_logits/kernel" in given and "pre_logits/kernel" not in targets:
+        if replaced or not wants_head:
+            for path in PRE_LOGITS:
+                given.pop(path, None)
+            report["pre_logits"] = "dropped"
+    elif "pre_logits/kernel" in given and replaced and (
+            keep_pre_logits is False):
+        raise CheckpointError(
+            "keep_pre_logits=False but the model has a pre_logits layer; "
+            "build it with representation_size=None")
+    if "pre_logits/kernel" in targets and "pre_logits/kernel" in given:
+        report["pre_logits"] = "loaded"
+
+    # A model that returns the tokens ignores an attention-pool head (part
+    # of the head, as pre_logits is) where it has none of its own.
+    if not any(p.startswith(POOL) for p in targets) and _returns_tokens(
+            model):
+        pool = [p for p in given if p.startswith(POOL)]
+        for path in pool:
+            given.pop(path)
+        if pool:
+            report["attention_pool"] = "dropped"
+
+    problems = []
+    missing = [p for p in targets if p not in given
+               and not (replaced and p in HEAD)]
+    unexpected += [names[p] for p in given if p not in targets]
+    fit_position_tables(model, given, targets, lambda p: p, report,
+                        problems, source_grid, names)
+    mis_shaped = [
+        f"{names[p]}: checkpoint {tuple(given[p].shape)} vs model "
+        f"{tuple(v.shape)}" for p, v in targets.items()
+        if p in given and tuple(given[p].shape) != tuple(v.shape)]
+
+    def blocks(paths):
+        return {int(m.group(1)) for p in paths if (m := _BLOCK.match(p))}
+
+    if blocks(given) != blocks(targets):
+        problems.append(f"encoder blocks: checkpoint {len(blocks(given))}, "
+                        f"model {len(blocks(targets))}")
+    if missing:
+        problems.append(_listed("missing from the checkpoint",
+                                [absent.get(p) or layout.key_of(p)
+                                 for p in missing]))
+    if unexpected:
+        problems.append(_listed("unexpected in the checkpoint", unexpected))
+    if mis_shaped:
+        problems.append(f"mis-shaped ({len(mis_shaped)}): "
+                        + "; ".join(mis_shaped[:20])
+                        + (" ..." if len(mis_shaped) > 20 else ""))
+    hint = _position_hint(model, missing + [
+        p for p in given if p not in targets])
+    if hint:
+        problems.append(hint)
+    if problems:
+        raise CheckpointError(
+            f"The checkpoint source={source_name} does not fit model="
+            f"{model.name!r} (is it another architecture?):\n  "
+            + "\n  ".join(problems))
+    assign_all([(var, None if replaced and p in HEAD else given[p])
+                for p, var in targets.items()], source_name)
+    return report
+
+
+__all__: typing.List[str] = ["FORMS", "Layout", "Rule", "load",
+                             "model_arrays"]
