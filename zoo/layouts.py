@@ -54,6 +54,8 @@ FORMS = {
     # projection (heads, head_dim, D)).
     "linear_out": (lambda v, s: _fit(np.asarray(v).T, s),
                    lambda v: v.reshape(-1, v.shape[-1]).T),
+    # A position table without its leading axis, (N, D) for (1, N, D).
+    "table": (lambda v, s: v[None], lambda v: v[0]),
     # A PyTorch convolution's OIHW kernel; the model's is HWIO.
     "conv": (lambda v, s: np.asarray(v).transpose(2, 3, 1, 0),
              lambda v: v.transpose(3, 2, 0, 1)),
@@ -120,6 +122,22 @@ class Rule:
     def __repr__(self):
         return (f"Rule({[p.text for p in self.model]}, "
                 f"{[k.text for k in self.keys]}, {self.form!r})")
+
+
+def torch_module(path, key, form="linear"):
+    """The rules of a PyTorch module ``key`` for the Keras layer ``path``:
+    a Linear's ``weight`` (in ``form``) and ``bias`` for a Dense's
+    ``kernel`` and ``bias``; with ``form="norm"``, a norm's for ``gamma``
+    and ``beta``.
+
+    >>> torch_module("encoder_norm", "norm", "norm")[0]
+    Rule(['encoder_norm/gamma'], ['norm.weight'], 'same')
+    """
+    if form == "norm":
+        return [Rule(f"{path}/gamma", f"{key}.weight"),
+                Rule(f"{path}/beta", f"{key}.bias")]
+    return [Rule(f"{path}/kernel", f"{key}.weight", form),
+            Rule(f"{path}/bias", f"{key}.bias", "flat")]
 
 
 def _as_tuple(value):
@@ -295,7 +313,9 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
     checkpoints.check_model(model)
     checkpoints.check_plain(model, layout.name)
     targets = {v.path: v for v in model.weights}
-    unmapped = [p for p in targets if layout.key_of(p) is None]
+    # A layout without a head (a tower's) gives the model's new one zeros.
+    unmapped = [p for p in targets if layout.key_of(p) is None
+                and p not in HEAD]
     if unmapped:
         raise CheckpointError(
             f"model={model.name!r} has weights with no {layout.name} "
@@ -388,4 +408,4 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
 
 
 __all__: typing.List[str] = ["FORMS", "Layout", "Rule", "load",
-                             "model_arrays"]
+                             "model_arrays", "torch_module"]

@@ -8,10 +8,10 @@ fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
 ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
 ``safetensors``' NumPy reader (no torch) and puts timm's tensors straight
 onto the model's variables by timm's own names
-(:mod:`keras_vit.zoo.timm.layout`: ViT and the ResNetV2+ViT hybrids; BiT
-through its official layout; a hybrid keeps timm's ResNet numerics:
-weights standardised with sqrt(var + 1e-8), GroupNorm epsilon 1e-5),
-through the strict load every layout shares. :func:`keras_vit.zoo.save_pretrained` writes the
+(:mod:`keras_vit.zoo.timm.layout`: ViT, the ResNetV2+ViT hybrids and BiT;
+a hybrid keeps timm's ResNet numerics: weights standardised with
+sqrt(var + 1e-8), GroupNorm epsilon 1e-5), through the strict load every
+layout shares. :func:`keras_vit.zoo.save_pretrained` writes the
 reverse (:mod:`keras_vit.zoo.timm.writer`), a repository that
 ``timm.create_model(..., pretrained=True)`` loads.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from keras_vit.base import options
 from keras_vit.zoo.layouts import Layout, Rule
+from keras_vit.zoo.layouts import torch_module as _linear
 
 # timm's names of the ViT family's poolings and MLP activations ->
 # keras_vit's (VisionTransformer's classifier and gelu), for the reader and
@@ -31,16 +32,6 @@ TIMM_OPTIONS = {
     "pos_embed": "position_embedding"}
 
 _B, _T = "encoder_block_{i}/", "blocks.{i}."
-
-
-def _linear(path, key, kernel="linear"):
-    """A Dense (or a norm) and timm's Linear (or norm) of the same name:
-    ``kernel``/``bias`` (``gamma``/``beta``) and ``weight``/``bias``."""
-    if kernel == "norm":
-        return [Rule(f"{path}/gamma", f"{key}.weight"),
-                Rule(f"{path}/beta", f"{key}.bias")]
-    return [Rule(f"{path}/kernel", f"{key}.weight", kernel),
-            Rule(f"{path}/bias", f"{key}.bias", "flat")]
 
 
 def _mlp(path, key):

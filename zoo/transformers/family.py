@@ -40,14 +40,14 @@ reproduce transformers' interpolated forward.
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
 from keras_vit.base import options as options_table
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
-from keras_vit.zoo import convert, formats, hub_files
+from keras_vit.zoo import formats, hub_files, layouts
+from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
 from keras_vit.zoo.transformers.tables import (ARCHITECTURES, FAMILIES,
@@ -184,7 +184,7 @@ def architecture(config, path, header):
 def tables(arch):
     """``(block, other, head)`` rows of the tensors ``arch`` holds:
     transformers' name (without the block's number or the tensors'
-    prefix) -> (official key, how, shape), as in
+    prefix) -> (the model's variable path, form, shape), as in
     :data:`~keras_vit.zoo.transformers.tables.FAMILIES`."""
     family = FAMILIES[arch["type"]]
     layer = dict(family["layer"])
@@ -200,6 +200,10 @@ def tables(arch):
         top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
     if not options["num_registers"]:
         top.pop("embeddings.register_tokens", None)
+    if arch["class"] in ("DeiTForImageClassification", "DeiTModel"):
+        # Read by the class token's neighbour: one register token.
+        top["embeddings.distillation_token"] = (
+            "register_tokens/registers", "same", "cls")
     head = ARCHITECTURES[arch["class"]].get("head", {})
     return layer, top, head
 
@@ -236,93 +240,43 @@ def expected_shapes(arch, header, num_labels):
     return shapes
 
 
-def _convert(value, how, num_heads=None):
-    """One array from transformers' form to the official one (``how`` as
-    in :data:`FAMILIES`), or back when ``num_heads`` is None."""
-    back = num_heads is None
-    if how == "heads":  # (H*Dh, D) <-> (D, H, Dh); (H*Dh,) <-> (H, Dh)
-        if back:
-            return (value.reshape(value.shape[0], -1).T if value.ndim == 3
-                    else value.reshape(-1))
-        return (value.T.reshape(value.shape[1], num_heads, -1)
-                if value.ndim == 2 else value.reshape(num_heads, -1))
-    if how == "out":  # (D, H*Dh) <-> (H, Dh, D)
-        return (value.reshape(-1, value.shape[-1]).T if back
-                else value.T.reshape(num_heads, -1, value.shape[0]))
-    if how == "conv":  # OIHW <-> HWIO
-        return value.transpose((3, 2, 0, 1) if back else (2, 3, 1, 0))
-    if how == "table":  # (N, D) <-> (1, N, D)
-        return value[0] if back else value[None]
-    if how == "token":  # (D,) <-> (1, 1, D)
-        return value[0, 0] if back else value[None, None]
-    return value.T if how == "dense" else value
-
-
-def to_official(state, arch):
-    """transformers' tensors of ``arch`` (NumPy, names checked by
-    :func:`expected_shapes`) in the official ``.npz`` layout keras_vit's
-    model of :func:`builder_config` takes."""
+def layout(arch):
+    """The :class:`~keras_vit.zoo.layouts.Layout` of the tensors ``arch``
+    holds (:func:`tables`) on the model's variables."""
     layer, top, head = tables(arch)
-    prefix, heads = arch["prefix"], arch["num_heads"]
-    block = re.compile(rf"^{re.escape(FAMILIES[arch['type']]['layers'])}"
-                       r"(\d+)\.(.+)$")
-    out = {}
-    for name, value in state.items():
-        value = np.asarray(value, dtype="float32")
-        if name in head:
-            key, how, _ = head[name]
-        else:
-            name = name[len(prefix):]
-            match = block.match(name)
-            if match:
-                key, how, _ = layer[match.group(2)]
-                key = f"Transformer/encoderblock_{match.group(1)}/{key}"
-            else:
-                key, how, _ = top[name]
-        if key is not None:
-            out[key] = _convert(value, how, heads)
-    if arch["class"] in ("DeiTForImageClassification", "DeiTModel"):
-        out["reg"] = out.pop("dist")  # read by the class token's neighbour
-    if arch["options"]["num_registers"]:
-        # transformers adds the table's first row to the class token
-        # alone (the registers join after): a constant, folded into it.
-        table = out[convert.POSEMB_KEY]
-        out["cls"] = out["cls"] + table[:, :1]
-        out[convert.POSEMB_KEY] = table[:, 1:]
-    return out
+    prefix = arch["prefix"]
+    blocks = prefix + FAMILIES[arch["type"]]["layers"] + "{i}."
+    return Layout("transformers", [
+        *[Rule("encoder_block_{i}/" + path, blocks + name, form)
+          for name, (path, form, _) in layer.items()],
+        *[Rule(path, prefix + name, form)
+          for name, (path, form, _) in top.items() if path is not None],
+        *[Rule(path, name, form) for name, (path, form, _) in head.items()]])
 
 
-def from_official(arrays, arch):
-    """The inverse of :func:`to_official`: a keras_vit model's official
-    arrays (:func:`~keras_vit.zoo.convert.export_arrays`) as the tensors
-    of transformers' ``arch["class"]`` (contiguous float32)."""
-    arrays = {k: np.asarray(v, dtype="float32") for k, v in arrays.items()}
-    if "reg" in arrays and arch["type"] == "deit":
-        arrays["dist"] = arrays.pop("reg")
-    d = arch["hidden_size"]
+def _fold_class_row(state, arch):
+    """transformers adds a register model's first table row to the class
+    token alone (the registers join after): a constant, folded into it
+    (``state`` changed in place)."""
+    table = arch["prefix"] + "embeddings.position_embeddings"
+    cls = arch["prefix"] + "embeddings.cls_token"
+    state[cls] = np.asarray(state[cls]) + np.asarray(state[table])[:, :1]
+    state[table] = np.asarray(state[table])[:, 1:]
+
+
+def write(model, arch):
+    """The tensors of transformers' ``arch["class"]`` holding ``model``'s
+    weights (contiguous float32)."""
+    state = layout(arch).write(layouts.model_arrays(model, "transformers"))
+    prefix, d = arch["prefix"], arch["hidden_size"]
     if arch["options"]["num_registers"]:  # the class takes no table row
-        table = arrays[convert.POSEMB_KEY]
-        arrays[convert.POSEMB_KEY] = np.concatenate(
-            [np.zeros((1, 1, d), "float32"), table], axis=1)
-    layer, top, head = tables(arch)
-    blocks = FAMILIES[arch["type"]]["layers"]
-    names = {key: (arch["prefix"] + name, how)
-             for name, (key, how, _) in top.items() if key is not None}
-    names.update({key: (name, how) for name, (key, how, _) in head.items()})
-    inner = {key: (name, how) for name, (key, how, _) in layer.items()}
-    out = {}
-    for key, value in arrays.items():
-        match = convert.BLOCK_KEY.match(key)
-        if match:
-            name, how = inner[match.group(2)]
-            name = f"{arch['prefix']}{blocks}{match.group(1)}.{name}"
-        else:
-            name, how = names[key]
-        out[name] = _convert(value, how)
-    if "embeddings.mask_token" in top:  # DINOv2's, unused in a forward
-        out[arch["prefix"] + "embeddings.mask_token"] = np.zeros((1, d),
-                                                                 "float32")
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+        table = prefix + "embeddings.position_embeddings"
+        state[table] = np.concatenate(
+            [np.zeros((1, 1, d), "float32"), state[table]], axis=1)
+    if "embeddings.mask_token" in tables(arch)[1]:  # DINOv2's, unused in
+        state[prefix + "embeddings.mask_token"] = np.zeros((1, d), "float32")
+    return {k: np.ascontiguousarray(v, dtype="float32")
+            for k, v in state.items()}
 
 
 def builder_config(arch, num_labels, has_pooler):
@@ -380,14 +334,17 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         "its config describes", optional=heads)
     labels = (formats.check_labels(arch["labels"], num_labels, config_path,
                                    "id2label") if num_labels else None)
-    arrays = to_official(read_tensors(path, sorted(found)), arch)
-    has_pooler = "pre_logits/kernel" in arrays
+    arrays = read_tensors(path, sorted(
+        k for k in found if not k.endswith("embeddings.mask_token")))
+    if arch["options"]["num_registers"]:
+        _fold_class_row(arrays, arch)
+    has_pooler = any(k.endswith("pooler.dense.weight") for k in arrays)
     config = builder_config(arch, num_labels, has_pooler)
     config["input_normalization"] = input_normalization
     return build.Checkpoint(
         config, arrays, source_name=repr(os.fspath(path)),
         head=num_labels or None, label_names=labels,
-        head_names={key: name for name, (key, _, _) in heads.items()},
+        layout=layout(arch),
         include_top=True if config["num_classes"] == 0 else None,
         tags={"zoo_name": f"{arch['class']} {hub_files.zoo_name(arch)}",
               "zoo_weights": None, "zoo_source": os.fspath(source)})

@@ -48,7 +48,7 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 # CLIP's image tower (zoo/transformers/family.py).
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
-# transformers' names <-> the official layout (zoo/transformers/layout.py).
+# transformers' names <-> the model's variables (zoo/transformers/layout.py).
 from keras_vit.zoo.transformers.layout import (
     HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
     shown_value as _shown, vit_layout)

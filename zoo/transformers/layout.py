@@ -17,6 +17,7 @@ import os
 from keras_vit.base.checks import require
 from keras_vit.zoo import checkpoints, formats
 from keras_vit.zoo.layouts import Layout, Rule
+from keras_vit.zoo.layouts import torch_module as _linear
 
 # How transformers prepares images for the model (checked on reading).
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -175,15 +176,6 @@ def id2label_names(config, path):
 #: variable: outside the ``vit.`` prefix.
 HEAD_PARAMS = {"classifier.weight": "head/kernel",
                "classifier.bias": "head/bias"}
-
-
-def _linear(path, key, kernel="linear"):
-    """A Dense (or a LayerNorm) and transformers' module of the same name."""
-    if kernel == "norm":
-        return [Rule(f"{path}/gamma", f"{key}.weight"),
-                Rule(f"{path}/beta", f"{key}.bias")]
-    return [Rule(f"{path}/kernel", f"{key}.weight", kernel),
-            Rule(f"{path}/bias", f"{key}.bias", "flat")]
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,13 +23,15 @@ keras_vit model of that shape back as a ``SiglipVisionModel``.
 
 from __future__ import annotations
 
+import functools
 import os
-import re
 
 import numpy as np
 
 from keras_vit.base.checks import shown
-from keras_vit.zoo import convert, formats, hub_files
+from keras_vit.zoo import formats, hub_files, layouts
+from keras_vit.zoo.layouts import Layout, Rule
+from keras_vit.zoo.layouts import torch_module as _linear
 from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
                                                read_tensors, shown_value)
 
@@ -44,50 +46,39 @@ _DEFAULTS = dict(hidden_size=768, intermediate_size=3072,
                  hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
                  vision_use_head=True)
 
-# transformers' SigLIP names -> the official layout's, with how each
-# array changes on the way: "heads" (a query/key/value Linear split into
-# heads), "out" (an output Linear from heads), "dense" (a Linear
-# transposed), None (as it is).
-_ATT = "MultiHeadDotProductAttention_1/"
-LAYER_PARAMS = {
-    "layer_norm1.weight": ("LayerNorm_0/scale", None),
-    "layer_norm1.bias": ("LayerNorm_0/bias", None),
-    "layer_norm2.weight": ("LayerNorm_2/scale", None),
-    "layer_norm2.bias": ("LayerNorm_2/bias", None),
-    "self_attn.out_proj.weight": (_ATT + "out/kernel", "out"),
-    "self_attn.out_proj.bias": (_ATT + "out/bias", None),
-    "mlp.fc1.weight": ("MlpBlock_3/Dense_0/kernel", "dense"),
-    "mlp.fc1.bias": ("MlpBlock_3/Dense_0/bias", None),
-    "mlp.fc2.weight": ("MlpBlock_3/Dense_1/kernel", "dense"),
-    "mlp.fc2.bias": ("MlpBlock_3/Dense_1/bias", None),
-}
-for _short, _part in (("q", "query"), ("k", "key"), ("v", "value")):
-    LAYER_PARAMS[f"self_attn.{_short}_proj.weight"] = (
-        f"{_ATT}{_part}/kernel", "heads")
-    LAYER_PARAMS[f"self_attn.{_short}_proj.bias"] = (
-        f"{_ATT}{_part}/bias", "heads")
-_MAP = convert.MAP_HEAD
-_MAP_ATT = _MAP + "MultiHeadDotProductAttention_0/"
-TOP_PARAMS = {
-    "embeddings.patch_embedding.weight": ("embedding/kernel", "conv"),
-    "embeddings.patch_embedding.bias": ("embedding/bias", None),
-    "embeddings.position_embedding.weight": (convert.POSEMB_KEY, "table"),
-    "post_layernorm.weight": ("Transformer/encoder_norm/scale", None),
-    "post_layernorm.bias": ("Transformer/encoder_norm/bias", None),
-    "head.probe": (_MAP + "probe", None),
-    "head.attention.out_proj.weight": (_MAP_ATT + "out/kernel", "out"),
-    "head.attention.out_proj.bias": (_MAP_ATT + "out/bias", None),
-    "head.layernorm.weight": (_MAP + "LayerNorm_0/scale", None),
-    "head.layernorm.bias": (_MAP + "LayerNorm_0/bias", None),
-    "head.mlp.fc1.weight": (_MAP + "MlpBlock_0/Dense_0/kernel", "dense"),
-    "head.mlp.fc1.bias": (_MAP + "MlpBlock_0/Dense_0/bias", None),
-    "head.mlp.fc2.weight": (_MAP + "MlpBlock_0/Dense_1/kernel", "dense"),
-    "head.mlp.fc2.bias": (_MAP + "MlpBlock_0/Dense_1/bias", None),
-}
-# torch's MultiheadAttention stacks the head's query, key and value.
-_IN_PROJ = {"head.attention.in_proj_weight": "kernel",
-            "head.attention.in_proj_bias": "bias"}
-_LAYER = re.compile(r"^encoder\.layers\.(\d+)\.(.+)$")
+
+@functools.lru_cache(maxsize=None)
+def layout(prefix=""):
+    """A SigLIP image tower's tensors (``prefix``: ``"vision_model."`` in
+    a whole ``SiglipModel``) on the model's variables; the attention-pool
+    head's is keras_vit's ``classifier="map"``, whose query, key and value
+    torch's MultiheadAttention stacks."""
+    b, t, h = "encoder_block_{i}/", prefix + "encoder.layers.{i}.", (
+        prefix + "head.")
+    parts = ("query", "key", "value")
+    return Layout("transformers", [
+        *_linear("patch_embedding/conv", prefix + "embeddings.patch_embedding",
+                 "conv"),
+        Rule("position_embedding/pos_embedding",
+             prefix + "embeddings.position_embedding.weight", "table"),
+        *_linear(b + "norm_1", t + "layer_norm1", "norm"),
+        *[r for short, part in zip("qkv", parts) for r in _linear(
+            f"{b}attention/{part}", f"{t}self_attn.{short}_proj")],
+        *_linear(b + "attention/out", t + "self_attn.out_proj", "linear_out"),
+        *_linear(b + "norm_2", t + "layer_norm2", "norm"),
+        *_linear(b + "mlp/dense_0", t + "mlp.fc1"),
+        *_linear(b + "mlp/dense_1", t + "mlp.fc2"),
+        *_linear("encoder_norm", prefix + "post_layernorm", "norm"),
+        Rule("pooling/probe", h + "probe"),
+        Rule([f"pooling/{p}/kernel" for p in parts],
+             h + "attention.in_proj_weight", "linear"),
+        Rule([f"pooling/{p}/bias" for p in parts],
+             h + "attention.in_proj_bias", "flat"),
+        *_linear("pooling/out", h + "attention.out_proj", "linear_out"),
+        *_linear("pooling/norm", h + "layernorm", "norm"),
+        *_linear("pooling/mlp/dense_0", h + "mlp.fc1"),
+        *_linear("pooling/mlp/dense_1", h + "mlp.fc2"),
+    ])
 
 
 def _vision_config(config, path):
@@ -158,8 +149,11 @@ def expected_shapes(arch):
               "post_layernorm.weight": (d,), "post_layernorm.bias": (d,)}
     widths = {"fc1.weight": (m, d), "fc1.bias": (m,), "fc2.weight": (d, m),
               "fc2.bias": (d,)}
-    layer = {name: (d, d) if name.endswith("proj.weight") else (d,)
-             for name in LAYER_PARAMS if not name.startswith("mlp.")}
+    layer = {f"{name}.{kind}": (d, d) if name.endswith("proj") and (
+        kind == "weight") else (d,) for kind in ("weight", "bias")
+             for name in ("layer_norm1", "layer_norm2", "self_attn.q_proj",
+                          "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.out_proj")}
     layer.update({f"mlp.{k}": v for k, v in widths.items()})
     for i in range(arch["num_layers"]):
         shapes.update({f"encoder.layers.{i}.{k}": v
@@ -174,89 +168,6 @@ def expected_shapes(arch):
             "head.layernorm.weight": (d,), "head.layernorm.bias": (d,),
             **{f"head.mlp.{k}": v for k, v in widths.items()}})
     return {arch["prefix"] + k: v for k, v in shapes.items()}
-
-
-def _to_official(value, how, num_heads):
-    if how == "heads":  # (H*Dh, D) -> (D, H, Dh); (H*Dh,) -> (H, Dh)
-        return (value.T.reshape(value.shape[1], num_heads, -1)
-                if value.ndim == 2 else value.reshape(num_heads, -1))
-    if how == "out":  # (D, H*Dh) -> (H, Dh, D)
-        return value.T.reshape(num_heads, -1, value.shape[0])
-    if how == "dense":
-        return value.T
-    if how == "conv":  # OIHW -> HWIO
-        return value.transpose(2, 3, 1, 0)
-    if how == "table":  # (N, D) -> (1, N, D)
-        return value[None]
-    return value
-
-
-def to_official(state, num_heads, prefix=""):
-    """Maps SigLIP image-tower tensors (NumPy, names checked by
-    :func:`expected_shapes`) onto the official ``.npz`` layout, the head
-    onto big_vision's ``MAPHead_0``."""
-    out = {}
-    for name, value in state.items():
-        value = np.asarray(value, dtype="float32")
-        name = name[len(prefix):]
-        m = _LAYER.match(name)
-        if m:
-            key, how = LAYER_PARAMS[m.group(2)]
-            out[f"Transformer/encoderblock_{m.group(1)}/{key}"] = (
-                _to_official(value, how, num_heads))
-        elif name in _IN_PROJ:
-            for part, w in zip(("query", "key", "value"),
-                               np.split(value, 3, axis=0)):
-                out[f"{_MAP_ATT}{part}/{_IN_PROJ[name]}"] = _to_official(
-                    w, "heads", num_heads)
-        else:
-            key, how = TOP_PARAMS[name]
-            out[key] = _to_official(value, how, num_heads)
-    return out
-
-
-def from_official(arrays):
-    """The inverse of :func:`to_official`: official arrays of a SigLIP
-    tower (keras_vit's :func:`~keras_vit.zoo.convert.export_arrays`) as a
-    ``SiglipVisionModel``'s tensors (contiguous float32)."""
-    top = {key: (name, how) for name, (key, how) in TOP_PARAMS.items()}
-    layer = {key: (name, how) for name, (key, how) in LAYER_PARAMS.items()}
-    out, stacked = {}, {}
-    for key, value in arrays.items():
-        value = np.asarray(value, dtype="float32")
-        if key.startswith(_MAP_ATT) and key.split("/")[-2] in (
-                "query", "key", "value"):
-            part, kind = key.split("/")[-2:]
-            stacked.setdefault(kind, {})[part] = _from_official(value,
-                                                                "heads")
-            continue
-        m = convert.BLOCK_KEY.match(key)
-        if m:
-            name, how = layer[m.group(2)]
-            name = f"encoder.layers.{m.group(1)}.{name}"
-        else:
-            name, how = top[key]
-        out[name] = _from_official(value, how)
-    for kind, parts in stacked.items():
-        name = {v: k for k, v in _IN_PROJ.items()}[kind]
-        out[name] = np.concatenate([parts[p] for p in ("query", "key",
-                                                       "value")], axis=0)
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-
-def _from_official(value, how):
-    if how == "heads":  # (D, H, Dh) -> (H*Dh, D); (H, Dh) -> (H*Dh,)
-        return (value.reshape(value.shape[0], -1).T if value.ndim == 3
-                else value.reshape(-1))
-    if how == "out":  # (H, Dh, D) -> (D, H*Dh)
-        return value.reshape(-1, value.shape[-1]).T
-    if how == "dense":
-        return value.T
-    if how == "conv":  # HWIO -> OIHW
-        return value.transpose(3, 2, 0, 1)
-    if how == "table":  # (1, N, D) -> (N, D)
-        return value[0]
-    return value
 
 
 def read_checkpoint(config, config_path, path, header, source, *, name=None,
@@ -281,8 +192,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         {k: v.get("shape") for k, v in found.items()}, expected_shapes(arch),
         f"{os.fspath(path)}: does not hold the SigLIP image tower its "
         "config describes")
-    arrays = to_official(read_tensors(path, sorted(found)),
-                         arch["num_heads"], prefix)
+    arrays = read_tensors(path, sorted(found))
     head = arch["use_head"]
     config = {key: arch[key] for key in (
         "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
@@ -293,6 +203,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
                   name="siglip_vision")
     return build.Checkpoint(
         config, arrays, source_name=repr(os.fspath(path)), head=None,
+        layout=layout(prefix),
         include_top=True if head else None,
         tags={"zoo_name": "SigLIP " + hub_files.zoo_name(arch),
               "zoo_weights": None, "zoo_source": os.fspath(source)})
@@ -382,4 +293,6 @@ def write_files(model, labels=None):
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": list(normalization.mean),
         "image_std": list(normalization.std)}
-    return out, preprocessor, from_official(convert.export_arrays(model))
+    state = layout().write(layouts.model_arrays(model, "transformers"))
+    return out, preprocessor, {k: np.ascontiguousarray(v, dtype="float32")
+                               for k, v in state.items()}

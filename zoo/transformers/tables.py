@@ -9,17 +9,13 @@ or why keras_vit refuses it.
 
 from __future__ import annotations
 
-from keras_vit.zoo import convert
-
 # -- tensor names -------------------------------------------------------------
-# transformers' name -> (official key, how the array changes on the way,
-# its shape): "heads" a query/key/value Linear split into heads, "out" an
-# output Linear from heads, "dense" a Linear transposed, "conv" OIHW <->
-# HWIO, "table" (N, D) <-> (1, N, D), "token" (D,) <-> (1, 1, D), None as
-# it is. Shapes: "d" (D,), "m" (M,), "dd", "md", "dm" (rows, columns);
-# "g" (2M,) and "gd" SwiGLU's packed first Linear (gate rows, then value
-# rows, M each).
-_ATT = "MultiHeadDotProductAttention_1/"
+# transformers' name -> (the model's variable path, inside its block for a
+# block's; the form transformers holds the array in, a key of
+# keras_vit.zoo.layouts.FORMS or "table" for a position table without its
+# leading axis; its shape): Shapes: "d" (D,), "m" (M,), "dd", "md", "dm"
+# (rows, columns); "g" (2M,) and "gd" SwiGLU's packed first Linear (gate
+# rows, then value rows, M each).
 
 
 def _attention(query, key, value, out):
@@ -27,71 +23,68 @@ def _attention(query, key, value, out):
     table = {}
     for part, name in (("query", query), ("key", key), ("value", value),
                        ("out", out)):
-        table[f"{name}.weight"] = (f"{_ATT}{part}/kernel",
-                                   "out" if part == "out" else "heads", "dd")
-        table[f"{name}.bias"] = (f"{_ATT}{part}/bias",
-                                 None if part == "out" else "heads", "d")
+        table[f"{name}.weight"] = (
+            f"attention/{part}/kernel",
+            "linear_out" if part == "out" else "linear", "dd")
+        table[f"{name}.bias"] = (f"attention/{part}/bias", "flat", "d")
     return table
 
 
-def _norm(name, key):
-    return {f"{name}.weight": (f"{key}/scale", None, "d"),
-            f"{name}.bias": (f"{key}/bias", None, "d")}
+def _norm(name, path):
+    return {f"{name}.weight": (f"{path}/gamma", "same", "d"),
+            f"{name}.bias": (f"{path}/beta", "same", "d")}
 
 
-def _mlp(fc1, fc2):
-    return {f"{fc1}.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "md"),
-            f"{fc1}.bias": ("MlpBlock_3/Dense_0/bias", None, "m"),
-            f"{fc2}.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
-            f"{fc2}.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
+def _mlp(fc1, fc2, first="m"):
+    return {f"{fc1}.weight": ("mlp/dense_0/kernel", "linear", first + "d"),
+            f"{fc1}.bias": ("mlp/dense_0/bias", "same", first),
+            f"{fc2}.weight": ("mlp/dense_1/kernel", "linear", "dm"),
+            f"{fc2}.bias": ("mlp/dense_1/bias", "same", "d")}
 
 
 _VIT_ATTENTION = _attention(*(f"attention.attention.{part}" for part in (
     "query", "key", "value")), "attention.output.dense")
-_VIT_LAYER = {**_VIT_ATTENTION, **_norm("layernorm_before", "LayerNorm_0"),
-              **_norm("layernorm_after", "LayerNorm_2"),
+_VIT_LAYER = {**_VIT_ATTENTION, **_norm("layernorm_before", "norm_1"),
+              **_norm("layernorm_after", "norm_2"),
               **_mlp("intermediate.dense", "output.dense")}  # DeiT's: ViT's
-_DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "LayerNorm_0"),
-               **_norm("norm2", "LayerNorm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
-               "layer_scale1.lambda1": ("LayerScale_0/scale", None, "d"),
-               "layer_scale2.lambda1": ("LayerScale_2/scale", None, "d")}
+_DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "norm_1"),
+               **_norm("norm2", "norm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
+               "layer_scale1.lambda1": ("layer_scale_1", "same", "d"),
+               "layer_scale2.lambda1": ("layer_scale_2", "same", "d")}
 # DINOv2's SwiGLU MLP (use_swiglu_ffn, the giant), in the names
 # save_pretrained writes: one packed Linear whose first half of the rows,
 # through SiLU, gates the second (keras_vit's mlp="swiglu"; transformers
 # 5 splits it into gate_proj and up_proj in memory only), then one back.
-_DINO_SWIGLU = {
-    "mlp.weights_in.weight": ("MlpBlock_3/Dense_0/kernel", "dense", "gd"),
-    "mlp.weights_in.bias": ("MlpBlock_3/Dense_0/bias", None, "g"),
-    "mlp.weights_out.weight": ("MlpBlock_3/Dense_1/kernel", "dense", "dm"),
-    "mlp.weights_out.bias": ("MlpBlock_3/Dense_1/bias", None, "d")}
+_DINO_SWIGLU = _mlp("mlp.weights_in", "mlp.weights_out", first="g")
 _CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
-    "q", "k", "v", "out"))), **_norm("layer_norm1", "LayerNorm_0"),
-               **_norm("layer_norm2", "LayerNorm_2"),
+    "q", "k", "v", "out"))), **_norm("layer_norm1", "norm_1"),
+               **_norm("layer_norm2", "norm_2"),
                **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
-_ENCODER_NORM = "Transformer/encoder_norm"
-_VIT_TOP = {"embeddings.cls_token": ("cls", None, "cls"),
-            "embeddings.position_embeddings": (convert.POSEMB_KEY, None,
-                                               "posemb"),
+_ENCODER_NORM = "encoder_norm"
+_VIT_TOP = {"embeddings.cls_token": ("class_token/cls", "same", "cls"),
+            "embeddings.position_embeddings": (
+                "position_embedding/pos_embedding", "same", "posemb"),
             "embeddings.patch_embeddings.projection.weight": (
-                "embedding/kernel", "conv", "conv"),
+                "patch_embedding/conv/kernel", "conv", "conv"),
             "embeddings.patch_embeddings.projection.bias": (
-                "embedding/bias", None, "d"),
+                "patch_embedding/conv/bias", "same", "d"),
             **_norm("layernorm", _ENCODER_NORM)}
-_DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": ("reg", None, "reg"),
+_DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": (
+    "register_tokens/registers", "same", "reg"),
              # DINOv2's masked-image pretraining token: unused in a forward.
              "embeddings.mask_token": (None, None, "mask")}
-_CLIP_TOP = {"embeddings.class_embedding": ("cls", "token", "d"),
-             "embeddings.patch_embedding.weight": ("embedding/kernel", "conv",
-                                                   "conv"),
-             "embeddings.position_embedding.weight": (convert.POSEMB_KEY,
-                                                      "table", "table"),
-             **_norm("pre_layrnorm", "Transformer/pre_norm"),
+_CLIP_TOP = {"embeddings.class_embedding": ("class_token/cls", "flat", "d"),
+             "embeddings.patch_embedding.weight": (
+                 "patch_embedding/conv/kernel", "conv", "conv"),
+             "embeddings.position_embedding.weight": (
+                 "position_embedding/pos_embedding", "table", "table"),
+             **_norm("pre_layrnorm", "pre_norm"),
              **_norm("post_layernorm", _ENCODER_NORM)}
 
 
-def _linear(name, key, rows="labels"):
-    return {f"{name}.weight": (f"{key}/kernel", "dense", rows + "d"),
-            f"{name}.bias": (f"{key}/bias", None, rows)}
+def _linear(name, path, rows="labels"):
+    return {f"{name}.weight": (f"{path}/kernel", "linear", rows + "d"),
+            f"{name}.bias": (f"{path}/bias", "same", rows)}
 
 
 _DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -108,7 +101,8 @@ FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
                  layer=_VIT_LAYER, top={
                      **_VIT_TOP, **_linear("pooler.dense", "pre_logits", "r"),
-                     "embeddings.distillation_token": ("dist", None, "cls")}),
+                     "embeddings.distillation_token": (
+                         "distillation_token/registers", "same", "cls")}),
     "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
                    layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU),
     "dinov2_with_registers": dict(

@@ -17,7 +17,7 @@ import os
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, layouts
+from keras_vit.zoo import layouts
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
 from keras_vit.zoo.transformers import tables as transformers_tables
@@ -341,6 +341,5 @@ def _family_files(model, config, name, labels):
         out["label2id"] = {label: i for i, label in enumerate(labels)}
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
             "prefix": spec["prefix"] or "", "options": options}
-    state = transformers_family.from_official(convert.export_arrays(model),
-                                              arch)
+    state = transformers_family.write(model, arch)
     return out, _preprocessor(model, size), state
