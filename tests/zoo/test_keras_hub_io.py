@@ -14,8 +14,9 @@ import keras_hub
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.base.errors import ConfigError, MissingDependencyError  # noqa: E402
-from keras_vit.zoo import checkpoints, convert
+from keras_vit.zoo import checkpoints
 from keras_vit.zoo.keras_hub import io as keras_hub_io
+from keras_vit.zoo.keras_hub import layout as keras_hub_layout
 
 
 def _randomise(model, seed=0):
@@ -85,11 +86,14 @@ def test_classifier_object_and_preset_match_keras_hub(classifier):
     assert model.get_layer("encoder_block_0").layer_norm_epsilon == eps
     assert model.get_config()["gelu"] == "exact"
     assert model.zoo_source == str(path)
-    # The reader alone: facts and the official layout.
+    # The reader alone: facts and the arrays in keras-hub's own names,
+    # which its layout puts on the model's variables.
     arch, arrays = keras_hub_io.read(path)
     assert arch["kind"] == "classifier" and arch["num_classes"] == 3
-    assert arrays[convert.POSEMB_KEY].ndim == 3
-    assert "head/kernel" in arrays
+    table = "vit_patching_and_embedding/position_embedding/embeddings"
+    assert arrays[table].ndim == 2
+    assert keras_hub_layout.VIT.key_of("head/kernel") == "predictions/kernel"
+    assert "predictions/kernel" in arrays
 
 
 def test_backbone_object_and_preset_give_its_tokens(tmp_path):

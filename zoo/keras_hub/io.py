@@ -43,10 +43,11 @@ from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
 from keras_vit.zoo.keras_hub import family as keras_hub_family
 from keras_vit.zoo.keras_hub import layout as keras_hub_layout
 from keras_vit.zoo.transformers import hub as transformers_hub
-# keras-hub's names <-> the official layout (zoo/keras_hub/layout.py).
+# keras-hub's names <-> the model's variables (zoo/keras_hub/layout.py).
 from keras_vit.zoo.keras_hub.layout import (
-    METADATA_FILE, backbone_architecture, backbone_only,
-    check_image_converter, expected_shapes, task_architecture, to_official)
+    METADATA_FILE, VIT, backbone_architecture, backbone_only,
+    check_image_converter, expected_shapes, task_architecture,
+    with_zero_biases)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -56,9 +57,8 @@ IMAGE_CONVERTER_FILE = "image_converter.json"
 
 BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
-#: The head's arrays (official layout) -> keras-hub's variable paths.
-HEAD_NAMES = {official: hub for hub, official in keras_hub_layout.TOP.items()
-              if official.startswith("head/")}
+#: keras-hub's variable paths of the head.
+HEAD_NAMES = [VIT.key_of("head/kernel"), VIT.key_of("head/bias")]
 # The same for the family's classifiers (DeiTImageClassifier's dense).
 FAMILY_HEAD_NAMES = {row[0]: f"layers/{hub}" for hub, row
                      in keras_hub_layout.FAMILY_HEAD.items()}
@@ -174,8 +174,8 @@ def read_preset(directory):
         state.update(h5_files.read_h5(
             os.path.join(directory, TASK_WEIGHTS_FILE),
             keras_hub_layout.h5_names(arch, task=True), expected_shapes(arch),
-            optional=HEAD_NAMES.values()))
-    return arch, to_official(state, arch)
+            optional=HEAD_NAMES))
+    return arch, with_zero_biases(state, arch)
 
 
 # -- a live keras-hub object ------------------------------------------------------
@@ -223,7 +223,7 @@ def read_object(obj):
         keras.ops.cast(v.value, "float32")) for v in obj.weights}
     check_names({k: v.shape for k, v in state.items()},
                  expected_shapes(arch), where)
-    return arch, to_official(state, arch)
+    return arch, with_zero_biases(state, arch)
 
 
 def read(source, *, with_labels=False):
@@ -296,7 +296,8 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
     ckpt = hub_files.vit_checkpoint(
         arch, arrays, head=head, label_names=labels,
         source_name=source_name, tags=tags,
-        head_names=FAMILY_HEAD_NAMES if family else HEAD_NAMES,
+        head_names=FAMILY_HEAD_NAMES if family else None,
+        layout=None if family else VIT,
         head_config={"classifier_activation": arch["classifier_activation"]},
         **defaults)
     if arch["kind"] == "embedding":  # SigLIP's: its pooled embedding

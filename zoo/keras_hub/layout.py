@@ -11,7 +11,6 @@ presets (DeiT, DINOv2, SigLIP's and CLIP's image towers) follow, for
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_CHANNELS
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import convert, formats
+from keras_vit.zoo.layouts import Layout, Rule
 
 # Where a preset keeps its metadata, and keras_vit its class names
 # (keras-hub has no field for them and ignores this one).
@@ -143,39 +143,36 @@ def check_image_converter(config, path):
     return config_value(normalization)
 
 
-# keras-hub's variable paths (as a live model names them) -> the official
-# layout. Keras' MultiHeadAttention kernels have the official shapes; the
-# position table is (N, D) there and (1, N, D) here.
 _EMB = "vit_patching_and_embedding/"
-TOP = {
-    _EMB + "class_token": "cls",
-    _EMB + "patch_embedding/kernel": "embedding/kernel",
-    _EMB + "patch_embedding/bias": "embedding/bias",
-    _EMB + "position_embedding/embeddings": convert.POSEMB_KEY,
-    "vit_encoder/ln/gamma": "Transformer/encoder_norm/scale",
-    "vit_encoder/ln/beta": "Transformer/encoder_norm/bias",
-    "pre_logits/kernel": "pre_logits/kernel",
-    "pre_logits/bias": "pre_logits/bias",
-    "predictions/kernel": "head/kernel",
-    "predictions/bias": "head/bias",
-}
-_ATT = "MultiHeadDotProductAttention_1/"
-BLOCK = {
-    "ln_1/gamma": "LayerNorm_0/scale", "ln_1/beta": "LayerNorm_0/bias",
-    "mha/query/kernel": _ATT + "query/kernel",
-    "mha/query/bias": _ATT + "query/bias",
-    "mha/key/kernel": _ATT + "key/kernel", "mha/key/bias": _ATT + "key/bias",
-    "mha/value/kernel": _ATT + "value/kernel",
-    "mha/value/bias": _ATT + "value/bias",
-    "mha/attention_output/kernel": _ATT + "out/kernel",
-    "mha/attention_output/bias": _ATT + "out/bias",
-    "ln_2/gamma": "LayerNorm_2/scale", "ln_2/beta": "LayerNorm_2/bias",
-    "mlp/dense_1/kernel": "MlpBlock_3/Dense_0/kernel",
-    "mlp/dense_1/bias": "MlpBlock_3/Dense_0/bias",
-    "mlp/dense_2/kernel": "MlpBlock_3/Dense_1/kernel",
-    "mlp/dense_2/bias": "MlpBlock_3/Dense_1/bias",
-}
-_HUB_BLOCK = re.compile(r"^vit_encoder/transformer_block_(\d+)/(.+)$")
+
+
+def _keras(path, key, norm=False):
+    """A Keras layer's two variables under both names."""
+    names = (("gamma", "gamma"), ("beta", "beta")) if norm else (
+        ("kernel", "kernel"), ("bias", "bias"))
+    return [Rule(f"{path}/{a}", f"{key}/{b}") for a, b in names]
+
+
+_B, _HB = "encoder_block_{i}/", "vit_encoder/transformer_block_{i+1}/"
+#: keras-hub's ``ViTBackbone`` / ``ViTImageClassifier`` variables (as a
+#: live model names them) on the model's: Keras' MultiHeadAttention
+#: kernels have the model's shapes; the position table is (N, D) there.
+VIT = Layout("keras-hub", [
+    Rule("class_token/cls", _EMB + "class_token"),
+    *_keras("patch_embedding/conv", _EMB + "patch_embedding"),
+    Rule("position_embedding/pos_embedding",
+         _EMB + "position_embedding/embeddings", "table"),
+    *_keras(_B + "norm_1", _HB + "ln_1", norm=True),
+    *[r for part in ("query", "key", "value") for r in _keras(
+        f"{_B}attention/{part}", f"{_HB}mha/{part}")],
+    *_keras(_B + "attention/out", _HB + "mha/attention_output"),
+    *_keras(_B + "norm_2", _HB + "ln_2", norm=True),
+    *_keras(_B + "mlp/dense_0", _HB + "mlp/dense_1"),
+    *_keras(_B + "mlp/dense_1", _HB + "mlp/dense_2"),
+    *_keras("encoder_norm", "vit_encoder/ln", norm=True),
+    *_keras("pre_logits", "pre_logits"),
+    *_keras("head", "predictions"),
+])
 # Keras' .weights.h5 names a layer's variables by position (vars/0, ...)
 # under the attribute path of the layer, lists by class name: keras-hub
 # ViT parameter -> (layer path, variable index).
@@ -244,32 +241,21 @@ def expected_shapes(arch):
     return shapes
 
 
-def to_official(state, arch):
+def with_zero_biases(state, arch):
     """keras-hub's ViT weights (``{variable path: array}``, checked against
-    :func:`expected_shapes`) in the official ``.npz`` layout, float32;
-    the biases keras-hub was built without are zeros."""
-    out = {}
-    for name, value in state.items():
-        value = np.asarray(value, dtype="float32")
-        m = _HUB_BLOCK.match(name)
-        if m:
-            out[f"Transformer/encoderblock_{int(m.group(1)) - 1}/"
-                f"{BLOCK[m.group(2)]}"] = value
-        elif name == _EMB + "position_embedding/embeddings":
-            out[convert.POSEMB_KEY] = value[None]
-        else:
-            out[TOP[name]] = value
+    :func:`expected_shapes`) with the biases keras-hub was built without
+    as zeros: the model has them."""
+    out = dict(state)
     d, h = arch["hidden_size"], arch["num_heads"]
-    zeros = {"embedding/bias": (d,)}
+    zeros = {"patch_embedding/conv/bias": (d,)}
     for i in range(arch["num_layers"]):
-        block = f"Transformer/encoderblock_{i}/"
         for part in ("query", "key", "value"):
-            zeros[f"{block}{_ATT}{part}/bias"] = (h, d // h)
-        zeros[f"{block}{_ATT}out/bias"] = (d,)
-        zeros[f"{block}MlpBlock_3/Dense_0/bias"] = (arch["mlp_dim"],)
-        zeros[f"{block}MlpBlock_3/Dense_1/bias"] = (d,)
-    for key, shape in zeros.items():
-        out.setdefault(key, np.zeros(shape, "float32"))
+            zeros[f"encoder_block_{i}/attention/{part}/bias"] = (h, d // h)
+        zeros[f"encoder_block_{i}/attention/out/bias"] = (d,)
+        zeros[f"encoder_block_{i}/mlp/dense_0/bias"] = (arch["mlp_dim"],)
+        zeros[f"encoder_block_{i}/mlp/dense_1/bias"] = (d,)
+    for path, shape in zeros.items():
+        out.setdefault(VIT.key_of(path), np.zeros(shape, "float32"))
     return out
 
 
@@ -298,23 +284,7 @@ def h5_names(arch, task):
     return out
 
 
-def to_hub_names(arrays):
-    """The inverse of :func:`to_official`: official arrays -> keras-hub's
-    variable paths (every bias kept: the model is built with them)."""
-    top = {v: k for k, v in TOP.items()}
-    block = {v: k for k, v in BLOCK.items()}
-    out = {}
-    for key, value in convert.normalize_keys(arrays).items():
-        value = np.asarray(value, dtype="float32")
-        m = convert.BLOCK_KEY.match(key)
-        if m:
-            out[f"vit_encoder/transformer_block_{int(m.group(1)) + 1}/"
-                f"{block[m.group(2)]}"] = value
-        elif key == convert.POSEMB_KEY:
-            out[top[key]] = value[0]
-        else:
-            out[top[key]] = value
-    return out
+_ATT = "MultiHeadDotProductAttention_1/"
 
 
 # -- the ViT family's presets (read by keras_vit.zoo.keras_hub.family) ------------

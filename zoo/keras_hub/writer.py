@@ -25,10 +25,10 @@ import numpy as np
 
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, hub_files
+from keras_vit.zoo import hub_files, layouts
 from keras_vit.zoo.keras_hub import family_writer as keras_hub_family_writer
 from keras_vit.zoo.keras_hub import layout as keras_hub_layout
-from keras_vit.zoo.keras_hub.layout import to_hub_names
+from keras_vit.zoo.keras_hub.layout import VIT
 
 
 def _config(model):
@@ -164,7 +164,7 @@ def _vit(model, config, keras_hub):
             activation=config.get("classifier_activation"),
             preprocessor=keras_hub.models.ViTImageClassifierPreprocessor(
                 image_converter=converter))
-    state = to_hub_names(convert.export_arrays(model))
+    state = VIT.write(layouts.model_arrays(model, "keras-hub"))
     targets = {v.path: v for v in out.weights}
     hub_files.check_names({k: v.shape for k, v in state.items()},
                           {k: tuple(v.shape) for k, v in targets.items()},
