@@ -177,7 +177,7 @@ def copy_model(model, config, keep_pre_logits=False):
 
 def copy_weights(source, target, keep_pre_logits):
     """``source``'s weights into ``target``: one to one where the weight
-    lists line up, else by checkpoint key (position embeddings resized, a
+    lists line up, else by variable path (position embeddings resized, a
     head of another size zero-initialised)."""
     shapes = [tuple(w.shape) for w in source.weights]
     # The same shapes are not the same model: a position table of another
@@ -192,17 +192,14 @@ def copy_weights(source, target, keep_pre_logits):
             variable.assign(keras.ops.cast(value.value, variable.dtype))
         return
     from keras_vit.models.axial import AxialVisionTransformer
-    from keras_vit.models.resnet_v2 import ResNetV2
 
-    if isinstance(source, ResNetV2):
-        bit_layout.load_weights(target, bit_layout.export_arrays(source))
-    elif isinstance(source, AxialVisionTransformer):
+    if isinstance(source, AxialVisionTransformer):
         _copy_by_path(source, target)
-    else:
-        convert.load_weights(target, convert.export_arrays(source),
-                             keep_pre_logits=keep_pre_logits or None,
-                             source_name=f"<model {source.name!r}>",
-                             source_grid=getattr(source, "grid_size", None))
+        return
+    layouts.load(target, layouts.BY_PATH, layouts.model_arrays(
+        source, "keras_vit"), source_name=f"<model {source.name!r}>",
+                 keep_pre_logits=keep_pre_logits or None,
+                 source_grid=getattr(source, "grid_size", None))
 
 
 def _copy_by_path(source, target):

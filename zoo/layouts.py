@@ -256,6 +256,31 @@ class Layout:
         return out
 
 
+class ByPath(Layout):
+    """Arrays already named by the model's variable paths (a model's own
+    weights, or a reader's that puts each one on its variable itself)."""
+
+    def __init__(self, name="keras_vit"):
+        super().__init__(name, [])
+
+    def key_of(self, path, variants=()):
+        return path
+
+    def unknown(self, keys):
+        return []
+
+    def read(self, arrays, shapes=None, absent=None):
+        return ({k: as_array(v) for k, v in arrays.items()},
+                {k: k for k in arrays})
+
+    def write(self, arrays, variants=()):
+        return dict(arrays)
+
+
+#: The model's own variable paths.
+BY_PATH = ByPath()
+
+
 def model_arrays(model, layout_name):
     """``{variable path: array}`` of a plain float model (a quantized or
     LoRA model refused naming how to get one)."""
@@ -407,5 +432,5 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
     return report
 
 
-__all__: typing.List[str] = ["FORMS", "Layout", "Rule", "load",
+__all__: typing.List[str] = ["BY_PATH", "FORMS", "Layout", "Rule", "load",
                              "model_arrays", "torch_module"]

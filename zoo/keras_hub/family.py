@@ -73,7 +73,6 @@ from keras_vit.zoo.keras_hub.layout import (ACTIVATIONS,
                                             family_rows)
 from keras_vit.zoo.transformers.tables import swiglu_width
 
-_ATT = "MultiHeadDotProductAttention_1/"
 
 # -- the table -------------------------------------------------------------------
 
@@ -346,7 +345,7 @@ def task_architecture(config, arch, path):
 
 
 def read_h5(path, rows, prefix="", optional=False):
-    """``{official key: (array, how)}`` of the weights ``rows``
+    """``{variable path: (array, how)}`` of the weights ``rows``
     (:func:`~keras_vit.zoo.keras_hub.layout.family_rows`) name in the
     ``.h5`` file ``path``, its datasets under ``layers/`` + ``prefix``
     checked first: names, shapes, dtypes of those read, storage (as
@@ -396,8 +395,8 @@ def _array(ds, how):
     return h5_files.float_array(ds)
 
 
-def to_official(state, arch):
-    """The arrays :func:`read_h5` read as the official layout, float32:
+def to_model(state, arch):
+    """The arrays :func:`read_h5` read in the model's shapes, float32:
     tables and tokens reshaped, a table's rows picked by the position ids
     stored with it (as keras-hub's embedding gathers them), DINOv2's table
     fitted (:func:`_dino_table`, after the class token it may fold into),
@@ -419,7 +418,7 @@ def to_official(state, arch):
     for i in range(arch["num_layers"]):
         for part, shape in (("query", (h, d // h)), ("key", (h, d // h)),
                             ("value", (h, d // h)), ("out", (d,))):
-            out.setdefault(f"Transformer/encoderblock_{i}/{_ATT}{part}/bias",
+            out.setdefault(f"encoder_block_{i}/attention/{part}/bias",
                            np.zeros(shape, "float32"))
     return out
 
@@ -429,8 +428,8 @@ def _dino_table(table, arch, out):
     ``position_embedding_shape``) as keras-hub computes it when it loads:
     the grid resized to ``image_shape``'s by ``keras.ops.image.resize``
     (bicubic, ``antialias_in_interpolation``) unless the shapes are equal.
-    With registers the class row is folded into the class token ``cls``
-    already in ``out`` (keras-hub adds the row before the registers join)
+    With registers the class row is folded into the class token
+    (``class_token/cls``) already in ``out`` (keras-hub adds the row before the registers join)
     and the table covers the patches."""
     config, p = arch["config"], arch["patch_size"]
     size = arch["image_size"]
@@ -445,13 +444,14 @@ def _dino_table(table, arch, out):
             antialias=config["antialias_in_interpolation"],
             data_format="channels_last")).reshape(1, -1, table.shape[-1])
     if not arch["options"].get("posemb_includes_prefix", True):
-        out["cls"] = out["cls"] + cls_row  # float32, as keras-hub adds it
+        out["class_token/cls"] = out["class_token/cls"] + cls_row  # float32,
+        # as keras-hub adds it
         return np.asarray(grid, "float32")
     return np.concatenate([cls_row, grid], axis=1).astype("float32")
 
 
 def read_preset(directory, outer, config_path, read_json):
-    """``(arch, official arrays)`` of a family member's preset directory
+    """``(arch, arrays by variable path)`` of a family member's preset directory
     (``outer``: its checked ``config.json``; ``read_json(path, what)``
     reads the other JSON files): the weights of its image tower, and a
     ``DeiTImageClassifier``'s head from ``task.json`` /
@@ -492,4 +492,4 @@ def read_preset(directory, outer, config_path, read_json):
         state.update(read_h5(os.path.join(directory, "task.weights.h5"),
                              family_rows(class_name, arch, task=True),
                              optional=True))
-    return arch, to_official(state, arch)
+    return arch, to_model(state, arch)

@@ -31,7 +31,7 @@ import numpy as np
 
 from keras_vit.base.errors import ConfigError
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import convert, h5_files, hub_files
+from keras_vit.zoo import h5_files, hub_files, layouts
 from keras_vit.zoo.keras_hub.family import (MEMBERS, architecture,
                                             task_architecture)
 from keras_vit.zoo.keras_hub.layout import ACTIVATIONS, family_rows
@@ -293,7 +293,7 @@ def build(model, class_name, config, arch, keras_hub):
             preprocessor=preprocessor(image_converter=converter))
     else:
         _keep_converter(backbone, converter)
-    arrays = convert.normalize_keys(convert.export_arrays(model))
+    arrays = layouts.model_arrays(model, "keras-hub")
     where = f"to_keras_hub(model={model.name!r}): keras-hub's {class_name}"
     used = _fill(backbone, family_rows(class_name, arch), arrays, arch,
                  where, backbone.save_weights, backbone.load_weights)
@@ -310,7 +310,8 @@ def build(model, class_name, config, arch, keras_hub):
 
 def _fill(layer, rows, arrays, arch, where, save, load):
     """Writes ``layer``'s weights with ``save`` to a scratch ``.weights.h5``
-    file, puts the official ``arrays`` where ``rows`` (below ``layers/``)
+    file, puts the model's ``arrays`` (by variable path) where ``rows``
+    (below ``layers/``)
     say the reader finds them, and loads the file back with ``load``.
     Returns the keys used."""
     import h5py
@@ -337,7 +338,7 @@ def _fill(layer, rows, arrays, arch, where, save, load):
 
 
 def _hub_array(key, how, shape, arrays, arch, where):
-    """The official array ``key`` as keras-hub stores it (``how``: the
+    """The model's array ``key`` as keras-hub stores it (``how``: the
     reader's row, inverted)."""
     if how == "ids":  # the table's rows in order
         return np.arange(int(np.prod(shape))).reshape(shape)

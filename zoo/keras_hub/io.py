@@ -5,9 +5,10 @@ other members (DeiT, DINOv2, SigLIP's and CLIP's image towers:
 :mod:`keras_vit.zoo.keras_hub.family`).
 
 Reading: :func:`read` returns the architecture facts and the weights as
-a ``{key: array}`` mapping in the official ``.npz`` layout
-(:mod:`keras_vit.zoo.convert`); :func:`from_keras_hub` builds the
-keras_vit model from them. A preset directory (``config.json``,
+a ``{key: array}`` mapping in keras-hub's own variable paths for its ViT
+(:data:`keras_vit.zoo.keras_hub.layout.VIT` puts them on the model's
+variables), by the model's variable paths for the family;
+:func:`from_keras_hub` builds the keras_vit model from them. A preset directory (``config.json``,
 ``model.weights.h5``, with a task: ``task.json``, ``task.weights.h5``) is
 read with ``h5py`` alone, keras-hub need not be installed: the JSON
 configs are checked field by field (types, and sizes no ViT comes near,
@@ -39,7 +40,7 @@ import os
 
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
-from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
+from keras_vit.zoo import checkpoints, formats, h5_files, hub_files, layouts
 from keras_vit.zoo.keras_hub import family as keras_hub_family
 from keras_vit.zoo.keras_hub import layout as keras_hub_layout
 from keras_vit.zoo.transformers import hub as transformers_hub
@@ -59,7 +60,8 @@ BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
 #: keras-hub's variable paths of the head.
 HEAD_NAMES = [VIT.key_of("head/kernel"), VIT.key_of("head/bias")]
-# The same for the family's classifiers (DeiTImageClassifier's dense).
+# The family's classifiers' (DeiTImageClassifier's dense): the model's
+# head variables -> the file's names.
 FAMILY_HEAD_NAMES = {row[0]: f"layers/{hub}" for hub, row
                      in keras_hub_layout.FAMILY_HEAD.items()}
 
@@ -119,7 +121,7 @@ def check_names(found, expected, where):
 # -- a preset directory ---------------------------------------------------------
 
 def read_preset(directory):
-    """``(arch, official arrays)`` of a keras-hub preset directory (see
+    """``(arch, arrays)`` of a keras-hub preset directory (see
     :func:`read`)."""
     directory = os.fspath(directory)
     config_path = os.path.join(directory, CONFIG_FILE)
@@ -181,7 +183,7 @@ def read_preset(directory):
 # -- a live keras-hub object ------------------------------------------------------
 
 def read_object(obj):
-    """``(arch, official arrays)`` of a keras-hub ``ViTBackbone`` or
+    """``(arch, arrays)`` of a keras-hub ``ViTBackbone`` or
     ``ViTImageClassifier`` (see :func:`read`)."""
     import keras
 
@@ -237,8 +239,8 @@ def read(source, *, with_labels=False):
     ``layer_norm_epsilon``, ``gelu``, ``classifier``, ``num_classes``,
     ``representation_size``, ``classifier_activation``, the dropout
     rates; for the family ``family`` and its builder ``options``);
-    ``arrays`` the weights in the official ``.npz`` layout,
-    float32. ``with_labels`` adds a third item, the head's class names
+    ``arrays`` the weights (keras-hub's ViT: by its variable paths; the
+    family: by the model's). ``with_labels`` adds a third item, the head's class names
     (a preset's ``metadata.json`` ``label_names``, which
     :func:`keras_vit.zoo.save_pretrained` writes there, or a live
     classifier's ``zoo_labels``), or None."""
@@ -297,7 +299,7 @@ def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
         arch, arrays, head=head, label_names=labels,
         source_name=source_name, tags=tags,
         head_names=FAMILY_HEAD_NAMES if family else None,
-        layout=None if family else VIT,
+        layout=layouts.BY_PATH if family else VIT,
         head_config={"classifier_activation": arch["classifier_activation"]},
         **defaults)
     if arch["kind"] == "embedding":  # SigLIP's: its pooled embedding

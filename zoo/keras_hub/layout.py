@@ -18,7 +18,7 @@ from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_CHANNELS
 from keras_vit.data.normalization import check_normalization, config_value
-from keras_vit.zoo import convert, formats
+from keras_vit.zoo import formats
 from keras_vit.zoo.layouts import Layout, Rule
 
 # Where a preset keeps its metadata, and keras_vit its class names
@@ -284,14 +284,12 @@ def h5_names(arch, task):
     return out
 
 
-_ATT = "MultiHeadDotProductAttention_1/"
-
-
 # -- the ViT family's presets (read by keras_vit.zoo.keras_hub.family) ------------
 # Keras' .weights.h5 names a variable "<layer path>/vars/<i>", the path by
 # attribute (or by snake-cased class name in a functional model's list);
-# keras-hub's kernels already have the official shapes. Rows: h5 path below
-# "layers/" -> (official key, or None for a weight keras_vit does not read;
+# keras-hub's kernels already have the model's shapes. Rows: h5 path below
+# "layers/" -> (the model's variable path, inside its block for a block's,
+# or None for a weight keras_vit does not read;
 # how the array changes: None as it is, "table" (N, D) -> (1, N, D),
 # "token" (D,) -> (1, 1, D), "dino" DINOv2's table, "ids" the table's rows
 # by token; a shape code of family_shapes).
@@ -300,8 +298,9 @@ def _vars(group, *rows):
     return {f"{group}/vars/{i}": row for i, row in enumerate(rows)}
 
 
-def _norm(group, key):
-    return _vars(group, (f"{key}/scale", None, "d"), (f"{key}/bias", None, "d"))
+def _norm(group, path):
+    return _vars(group, (f"{path}/gamma", None, "d"),
+                 (f"{path}/beta", None, "d"))
 
 
 def _dense(group, key, kernel, bias):
@@ -309,27 +308,28 @@ def _dense(group, key, kernel, bias):
                  (f"{key}/bias", None, bias))
 
 
-def _attention(group, key=_ATT):
+def _attention(group, key="attention/"):
     rows = {}
     for part in ("query", "key", "value"):
         rows.update(_dense(f"{group}/{part}_dense", key + part, "qkv", "hd"))
     return {**rows, **_dense(f"{group}/output_dense", key + "out", "out", "d")}
 
 
-def _mlp(fc1, fc2, key="MlpBlock_3/"):
-    return {**_dense(fc1, key + "Dense_0", "dm", "m"),
-            **_dense(fc2, key + "Dense_1", "md", "d")}
+def _mlp(fc1, fc2, key="mlp/"):
+    return {**_dense(fc1, key + "dense_0", "dm", "m"),
+            **_dense(fc2, key + "dense_1", "md", "d")}
 
 
 def _patches(group, bias=True):
-    rows = [("embedding/kernel", None, "conv")]
+    rows = [("patch_embedding/conv/kernel", None, "conv")]
     if bias:
-        rows.append(("embedding/bias", None, "d"))
+        rows.append(("patch_embedding/conv/bias", None, "d"))
     return _vars(group, *rows)
 
 
-_POSEMB, _MAP = convert.POSEMB_KEY, convert.MAP_HEAD
-_NORM = "Transformer/encoder_norm"
+_POSEMB, _MAP = "position_embedding/pos_embedding", "pooling/"
+_CLS, _REG = "class_token/cls", "register_tokens/registers"
+_NORM = "encoder_norm"
 _POOL = "sig_lip_multi_head_attention_pooling"
 # The rows of the table each token adds (integers, stored with the
 # weights: a CLIPVisionEncoder built without weights holds zeros).
@@ -339,8 +339,8 @@ FAMILY_TOP = {
     "DeiTBackbone": {
         **_patches("dei_t_embeddings/patch_embedding"),
         # The distillation token rides as a register (keras_hub_family).
-        **_vars("dei_t_embeddings", ("cls", None, "cls"),
-                ("reg", None, "cls"), (_POSEMB, None, "posemb")),
+        **_vars("dei_t_embeddings", (_CLS, None, "cls"),
+                (_REG, None, "cls"), (_POSEMB, None, "posemb")),
         **_norm("dei_t_encoder/layer_norm", _NORM)},
     "DINOV2Backbone": {  # and its tokens: _dino_tokens
         **_patches("dinov2_embedding/patch_embeddings/projection"),
@@ -352,42 +352,41 @@ FAMILY_TOP = {
         **_vars("sig_lip_vision_embedding", _IDS),
         **_norm("layer_normalization", _NORM),
         **_vars(_POOL, (_MAP + "probe", None, "cls")),
-        **_attention(f"{_POOL}/attention",
-                     _MAP + "MultiHeadDotProductAttention_0/"),
-        **_norm(f"{_POOL}/layer_norm", _MAP + "LayerNorm_0"),
-        **_mlp(f"{_POOL}/mlp/fc1", f"{_POOL}/mlp/fc2", _MAP + "MlpBlock_0/")},
+        **_attention(f"{_POOL}/attention", _MAP),
+        **_norm(f"{_POOL}/layer_norm", _MAP + "norm"),
+        **_mlp(f"{_POOL}/mlp/fc1", f"{_POOL}/mlp/fc2", _MAP + "mlp/")},
     "CLIPVisionEncoder": {
         **_patches("clip_vision_embedding/patch_embedding", bias=False),
         **_vars("clip_vision_embedding/position_embedding",
                 (_POSEMB, "table", "table")),
-        **_vars("clip_vision_embedding", ("cls", "token", "d"), _IDS),
-        **_norm("layer_normalization", "Transformer/pre_norm"),
+        **_vars("clip_vision_embedding", (_CLS, "token", "d"), _IDS),
+        **_norm("layer_normalization", "pre_norm"),
         **_norm("layer_normalization_1", _NORM)},
 }
 #: keras-hub class -> (the h5 group of block i, "_i" added from the
 #: second; the rows of a block).
 FAMILY_BLOCKS = {
     "DeiTBackbone": ("dei_t_encoder/encoder_layers/dei_t_encoder_block", {
-        **_norm("layer_norm_1", "LayerNorm_0"), **_attention("mha"),
-        **_norm("layer_norm_2", "LayerNorm_2"),
+        **_norm("layer_norm_1", "norm_1"), **_attention("mha"),
+        **_norm("layer_norm_2", "norm_2"),
         **_mlp("mlp/dense", "output_layer/dense")}),
     "DINOV2Backbone": ("dinov2_encoder/layers/dinov2_layer", {
-        **_norm("norm1", "LayerNorm_0"), **_attention("attention/attention"),
-        **_norm("norm2", "LayerNorm_2"), **_mlp("mlp/fc1", "mlp/fc2"),
-        **_vars("layer_scale1", ("LayerScale_0/scale", None, "d")),
-        **_vars("layer_scale2", ("LayerScale_2/scale", None, "d"))}),
+        **_norm("norm1", "norm_1"), **_attention("attention/attention"),
+        **_norm("norm2", "norm_2"), **_mlp("mlp/fc1", "mlp/fc2"),
+        **_vars("layer_scale1", ("layer_scale_1", None, "d")),
+        **_vars("layer_scale2", ("layer_scale_2", None, "d"))}),
     "SigLIPVisionEncoder": ("sig_lip_encoder_layer", {
-        **_norm("layer_norm1", "LayerNorm_0"), **_attention("self_attn"),
-        **_norm("layer_norm2", "LayerNorm_2"), **_mlp("mlp/fc1", "mlp/fc2")}),
+        **_norm("layer_norm1", "norm_1"), **_attention("self_attn"),
+        **_norm("layer_norm2", "norm_2"), **_mlp("mlp/fc1", "mlp/fc2")}),
     "CLIPVisionEncoder": ("clip_encoder_layer", {
-        **_norm("layer_norm_1", "LayerNorm_0"), **_attention("attention"),
-        **_norm("layer_norm_2", "LayerNorm_2"), **_mlp("dense_1", "dense_2")}),
+        **_norm("layer_norm_1", "norm_1"), **_attention("attention"),
+        **_norm("layer_norm_2", "norm_2"), **_mlp("dense_1", "dense_2")}),
 }
 #: A DINOV2Backbone's MLP under ``use_swiglu_ffn`` (the giant), in place
 #: of ``mlp/fc1`` / ``mlp/fc2``: one packed Dense whose first half of the
 #: columns, through SiLU, gates the second (keras_vit's ``mlp="swiglu"``).
-DINO_SWIGLU = {**_dense("mlp/weights_in", "MlpBlock_3/Dense_0", "dg", "g"),
-               **_dense("mlp/weights_out", "MlpBlock_3/Dense_1", "md", "d")}
+DINO_SWIGLU = {**_dense("mlp/weights_in", "mlp/dense_0", "dg", "g"),
+               **_dense("mlp/weights_out", "mlp/dense_1", "md", "d")}
 #: A DeiTImageClassifier's task.weights.h5: its head.
 FAMILY_HEAD = _dense("dense", "head", "dn", "n")
 
@@ -396,11 +395,11 @@ def _dino_tokens(config):
     """DINOv2's embedding variables in Keras' order (the trainable ones,
     then its table at ``position_embedding_shape``), as its config builds
     them."""
-    rows = [("cls", None, "cls")]
+    rows = [(_CLS, None, "cls")]
     if config["use_mask_token"]:
         rows.append((None, None, "mask"))  # masked pretraining only
     if config["num_register_tokens"]:
-        rows.append(("reg", None, "reg"))
+        rows.append((_REG, None, "reg"))
     rows += [(None, None, "grid_table"),  # keras-hub recomputes it at load
              (_POSEMB, "dino", "pe_table")]
     return _vars("dinov2_embedding", *rows)
@@ -430,7 +429,7 @@ def family_shapes(arch):
 
 
 def family_rows(class_name, arch, task=False):
-    """h5 path below ``layers/`` -> (official key or None, how, shape) of
+    """h5 path below ``layers/`` -> (variable path or None, how, shape) of
     every weight in the ``model.weights.h5`` (``task``: the
     ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
     attention biases of a DeiT built without them are left out, a
@@ -441,7 +440,7 @@ def family_rows(class_name, arch, task=False):
     ...     patch_size=16, num_layers=1, num_heads=2, hidden_dim=32,
     ...     intermediate_dim=64), "config.json")
     >>> family_rows(name, arch)["clip_vision_embedding/vars/0"]
-    ('cls', 'token', (32,))
+    ('class_token/cls', 'token', (32,))
     """
     shapes = family_shapes(arch)
     if task:
@@ -456,11 +455,11 @@ def family_rows(class_name, arch, task=False):
         block.update(DINO_SWIGLU)
     if not arch["config"].get("use_mha_bias", True):
         block = {k: v for k, v in block.items()
-                 if not (v[0].startswith(_ATT) and v[0].endswith("/bias"))}
+                 if not (v[0].startswith("attention/")
+                         and v[0].endswith("/bias"))}
     for i in range(arch["num_layers"]):
         name = group + (f"_{i}" if i else "")
-        rows.update({f"{name}/{k}": (f"Transformer/encoderblock_{i}/{key}",
-                                     how, code)
+        rows.update({f"{name}/{k}": (f"encoder_block_{i}/{key}", how, code)
                      for k, (key, how, code) in block.items()})
     return {k: (key, how, shapes[code]) for k, (key, how, code)
             in rows.items()}
