@@ -39,6 +39,13 @@ def _fit(value, shape):
     return value
 
 
+def _unit_window(value):
+    """A (1, 1, in, out) kernel as (in, out); any other as it is."""
+    if value.ndim == 4 and tuple(value.shape[:2]) == (1, 1):
+        return value.reshape(value.shape[2:])
+    return value
+
+
 #: How a source holds an array: ``(to_model(value, shape), to_source(value))``.
 FORMS = {
     # As the model holds it.
@@ -61,11 +68,12 @@ FORMS = {
              lambda v: v.transpose(3, 2, 0, 1)),
     # A 1x1 convolution's HWIO kernel (1, 1, in, out) for a Dense (BiT's
     # head).
-    "dense_1x1": (_fit, lambda v: v.reshape((1, 1) + v.shape)),
+    "dense_1x1": (lambda v, s: _unit_window(v),
+                  lambda v: v.reshape((1, 1) + v.shape)),
     # A PyTorch 1x1 convolution's (out, in, 1, 1) for a Dense (timm's BiT
     # head).
     "torch_dense_1x1": (
-        lambda v, s: _fit(np.asarray(v).transpose(2, 3, 1, 0), s),
+        lambda v, s: _unit_window(np.asarray(v).transpose(2, 3, 1, 0)),
         lambda v: v.T[:, :, None, None]),
 }
 
@@ -212,21 +220,32 @@ class Layout:
                 raise CheckpointError(
                     f"the {self.name} checkpoint holds {taken[0]} twice: in "
                     f"{names[taken[0]]} and in {', '.join(group)}")
-            to_model = FORMS[rule.form][0]
             parts = [as_array(arrays[k]) for k in group]
-            if len(parts) == len(paths) == 1:
-                pieces = parts
-            else:
-                joined = np.concatenate([np.asarray(p) for p in parts])
-                if joined.shape[0] % len(paths):
-                    raise CheckpointError(
-                        f"{', '.join(group)} of shape {joined.shape} does not "
-                        f"split into the model's {len(paths)} {paths}")
-                pieces = np.split(joined, len(paths))
-            for path, piece in zip(paths, pieces):
-                values[path] = to_model(piece, shapes.get(path))
-                names[path] = group[0]
+            try:
+                pieces = self._pieces(rule, parts, paths, shapes)
+            except (ValueError, IndexError) as e:
+                shown = ", ".join(f"{k} {tuple(np.shape(p))}"
+                                  for k, p in zip(group, parts))
+                raise CheckpointError(
+                    f"the {self.name} checkpoint's {shown} is not the "
+                    f"{rule.form!r} form of the model's {', '.join(paths)}: "
+                    f"{e}") from None
+            values.update(zip(paths, pieces))
+            names.update((path, group[0]) for path in paths)
         return values, names
+
+    @staticmethod
+    def _pieces(rule, parts, paths, shapes):
+        """The model's arrays ``paths`` from the source's ``parts``."""
+        to_model = FORMS[rule.form][0]
+        if len(parts) == len(paths) == 1:
+            return [to_model(parts[0], shapes.get(paths[0]))]
+        joined = np.concatenate([np.atleast_1d(p) for p in parts])
+        if joined.shape[0] % len(paths):
+            raise ValueError(f"{joined.shape[0]} rows do not split in "
+                             f"{len(paths)}")
+        return [to_model(piece, shapes.get(path))
+                for path, piece in zip(paths, np.split(joined, len(paths)))]
 
     def write(self, arrays, variants=()):
         """The model's ``arrays`` (``{variable path: array}``) as the
@@ -301,6 +320,14 @@ POOL = "pooling/"
 _BLOCK = re.compile(r"^encoder_block_(\d+)/")
 
 
+def _classes_differ(got, want):
+    """True for a head kernel of the model's rank whose number of classes
+    (the last axis) differs from the model's (its input width may too: a
+    representation layer dropped with the head)."""
+    got, want = tuple(got), tuple(want)
+    return len(got) == len(want) > 0 and got[-1] != want[-1]
+
+
 def _returns_tokens(model):
     """True for a model built without a head or pooling (all tokens)."""
     config = model.get_config() if hasattr(model, "get_config") else {}
@@ -353,11 +380,11 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
 
     has_head = "head/kernel" in given
     wants_head = "head/kernel" in targets
-    # A head of another size, or none in a feature checkpoint: the model's
-    # starts at zero, as a new fine-tuning head does (paper section 3.2).
-    replaced = wants_head and (not has_head or replace_head and tuple(
-        given["head/kernel"].shape[-1:]) != tuple(
-        targets["head/kernel"].shape[-1:]))
+    # A head of another number of classes, or none in a feature
+    # checkpoint: the model's starts at zero, as a new fine-tuning head
+    # does (paper section 3.2). A head of another rank is mis-shaped.
+    replaced = wants_head and (not has_head or replace_head and _classes_differ(
+        given["head/kernel"].shape, targets["head/kernel"].shape))
     if has_head and not wants_head:
         report["head"] = "dropped"
     elif replaced:

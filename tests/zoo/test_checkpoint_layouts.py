@@ -3,6 +3,7 @@ writes of a model it reads back onto the same variables, exactly, for every
 option that adds weights; its names are patterns whose fields survive any
 number; and a file that does not fit is named by the file's own keys."""
 
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -140,3 +141,32 @@ def test_a_rules_fields_survive_any_number(numbers, form):
     assert layout.key_of(path + "x") is None
     assert layout.unknown([key + ".x", "prefix." + key]) == [
         key + ".x", "prefix." + key]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(TIMM.write(_random(vit(**TINY, mlp="swiglu")))
+                              )),
+       st.lists(st.integers(0, 5), max_size=4))
+def test_an_array_of_any_shape_loads_or_is_named(key, shape):
+    """A timm file whose one array has a hostile shape (a scalar, an empty
+    axis, another rank, another size) is refused by a CheckpointError
+    naming that array, and the model keeps its weights (never an
+    IndexError from a reshape), unless it is a head kernel of another
+    number of classes, which a zero head replaces."""
+    m = vit(**TINY, mlp="swiglu")
+    state = TIMM.write(_random(m, 4))
+    if int(np.prod(shape)) == state[key].size:
+        return  # as many numbers: a form reshapes them (a bias into heads)
+    state[key] = np.zeros(shape, "float32")
+    before = [np.asarray(v.numpy()) for v in m.weights]
+    try:
+        report = layouts.load(m, TIMM, state, source_name="'hostile'")
+    except CheckpointError as e:
+        assert key in str(e)
+        for a, v in zip(before, m.weights):  # nothing was assigned
+            np.testing.assert_array_equal(a, np.asarray(v.numpy()))
+        return
+    # Loaded: only as a head of another number of classes, which a new
+    # zero head replaces (the model's own size decides).
+    assert key == "head.weight" and report["head"] == "replaced", report
+    np.testing.assert_array_equal(m.get_layer("head").kernel.numpy(), 0)
