@@ -47,10 +47,10 @@ from keras_vit.base import options as options_table
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
 from keras_vit.zoo import formats, hub_files, layouts
-from keras_vit.zoo.layouts import Layout, Rule
+from keras_vit.zoo.layouts import Layout
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
-from keras_vit.zoo.transformers.tables import (ARCHITECTURES, FAMILIES,
+from keras_vit.zoo.transformers.tables import (ARCHITECTURES, FAMILIES, rules,
                                                dinov2_mlp_dim)
 
 #: The model types read here.
@@ -243,15 +243,8 @@ def expected_shapes(arch, header, num_labels):
 def layout(arch):
     """The :class:`~keras_vit.zoo.layouts.Layout` of the tensors ``arch``
     holds (:func:`tables`) on the model's variables."""
-    layer, top, head = tables(arch)
-    prefix = arch["prefix"]
-    blocks = prefix + FAMILIES[arch["type"]]["layers"] + "{i}."
-    return Layout("transformers", [
-        *[Rule("encoder_block_{i}/" + path, blocks + name, form)
-          for name, (path, form, _) in layer.items()],
-        *[Rule(path, prefix + name, form)
-          for name, (path, form, _) in top.items() if path is not None],
-        *[Rule(path, name, form) for name, (path, form, _) in head.items()]])
+    return Layout("transformers", rules(
+        *tables(arch), arch["prefix"], FAMILIES[arch["type"]]["layers"]))
 
 
 def _fold_class_row(state, arch):

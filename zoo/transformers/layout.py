@@ -16,8 +16,9 @@ import os
 
 from keras_vit.base.checks import require
 from keras_vit.zoo import checkpoints, formats
-from keras_vit.zoo.layouts import Layout, Rule
-from keras_vit.zoo.layouts import torch_module as _linear
+from keras_vit.zoo.layouts import Layout
+from keras_vit.zoo.transformers import tables
+from keras_vit.zoo.transformers.tables import VIT
 
 # How transformers prepares images for the model (checked on reading).
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -182,26 +183,10 @@ HEAD_PARAMS = {"classifier.weight": "head/kernel",
 def vit_layout(prefix=""):
     """transformers' ``ViTModel`` tensors (``prefix=""``), or a
     ``ViTForImageClassification``'s (``prefix="vit."``, the head's
-    ``classifier`` outside it), onto the model's variables."""
-    b, t = "encoder_block_{i}/", prefix + "encoder.layer.{i}."
-    return Layout("transformers", [
-        Rule("class_token/cls", prefix + "embeddings.cls_token"),
-        Rule("position_embedding/pos_embedding",
-             prefix + "embeddings.position_embeddings"),
-        *_linear("patch_embedding/conv",
-                 prefix + "embeddings.patch_embeddings.projection", "conv"),
-        *_linear(b + "norm_1", t + "layernorm_before", "norm"),
-        *[r for n in ("query", "key", "value") for r in _linear(
-            f"{b}attention/{n}", f"{t}attention.attention.{n}")],
-        *_linear(b + "attention/out", t + "attention.output.dense",
-                 "linear_out"),
-        *_linear(b + "norm_2", t + "layernorm_after", "norm"),
-        *_linear(b + "mlp/dense_0", t + "intermediate.dense"),
-        *_linear(b + "mlp/dense_1", t + "output.dense"),
-        *_linear("encoder_norm", prefix + "layernorm", "norm"),
-        *_linear("pre_logits", prefix + "pooler.dense"),
-        *_linear("head", "classifier"),
-    ])
+    ``classifier`` outside it), onto the model's variables
+    (:data:`~keras_vit.zoo.transformers.tables.VIT`)."""
+    return Layout("transformers", tables.rules(
+        VIT["layer"], VIT["top"], VIT["head"], prefix, VIT["layers"]))
 
 
 def expected_shapes(arch, num_labels, prefix):

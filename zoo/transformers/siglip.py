@@ -32,6 +32,7 @@ from keras_vit.base.checks import shown
 from keras_vit.zoo import formats, hub_files, layouts
 from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.layouts import torch_module as _linear
+from keras_vit.zoo.transformers.tables import FAMILIES, rules
 from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
                                                read_tensors, shown_value)
 
@@ -53,21 +54,14 @@ def layout(prefix=""):
     a whole ``SiglipModel``) on the model's variables; the attention-pool
     head's is keras_vit's ``classifier="map"``, whose query, key and value
     torch's MultiheadAttention stacks."""
-    b, t, h = "encoder_block_{i}/", prefix + "encoder.layers.{i}.", (
-        prefix + "head.")
-    parts = ("query", "key", "value")
+    h, parts = prefix + "head.", ("query", "key", "value")
+    clip = FAMILIES["clip_vision_model"]  # its blocks' names are SigLIP's
     return Layout("transformers", [
+        *rules(clip["layer"], {}, {}, prefix, clip["layers"]),
         *_linear("patch_embedding/conv", prefix + "embeddings.patch_embedding",
                  "conv"),
         Rule("position_embedding/pos_embedding",
              prefix + "embeddings.position_embedding.weight", "table"),
-        *_linear(b + "norm_1", t + "layer_norm1", "norm"),
-        *[r for short, part in zip("qkv", parts) for r in _linear(
-            f"{b}attention/{part}", f"{t}self_attn.{short}_proj")],
-        *_linear(b + "attention/out", t + "self_attn.out_proj", "linear_out"),
-        *_linear(b + "norm_2", t + "layer_norm2", "norm"),
-        *_linear(b + "mlp/dense_0", t + "mlp.fc1"),
-        *_linear(b + "mlp/dense_1", t + "mlp.fc2"),
         *_linear("encoder_norm", prefix + "post_layernorm", "norm"),
         Rule("pooling/probe", h + "probe"),
         Rule([f"pooling/{p}/kernel" for p in parts],

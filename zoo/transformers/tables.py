@@ -9,6 +9,8 @@ or why keras_vit refuses it.
 
 from __future__ import annotations
 
+from keras_vit.zoo.layouts import Rule
+
 # -- tensor names -------------------------------------------------------------
 # transformers' name -> (the model's variable path, inside its block for a
 # block's; the form transformers holds the array in, a key of
@@ -87,6 +89,26 @@ def _linear(name, path, rows="labels"):
             f"{name}.bias": (f"{path}/bias", "same", rows)}
 
 
+_POOLER = _linear("pooler.dense", "pre_logits", "r")
+#: transformers' ``ViTModel`` / ``ViTForImageClassification`` tensors, as
+#: the rows of :data:`FAMILIES` (DeiT's are the same, less the head).
+VIT = dict(layers="encoder.layer.", layer=_VIT_LAYER,
+           top={**_VIT_TOP, **_POOLER}, head=_linear("classifier", "head"))
+
+
+def rules(layer, top, head, prefix, layers):
+    """The :class:`~keras_vit.zoo.layouts.Rule` of each row: the block
+    rows ``layer`` under ``prefix + layers + "{i}."``, the rows ``top``
+    under ``prefix`` (those of no variable left out), the head's as
+    named."""
+    blocks = prefix + layers + "{i}."
+    return [*[Rule("encoder_block_{i}/" + path, blocks + name, form)
+              for name, (path, form, _) in layer.items()],
+            *[Rule(path, prefix + name, form)
+              for name, (path, form, _) in top.items() if path is not None],
+            *[Rule(path, name, form) for name, (path, form, _) in head.items()]]
+
+
 _DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072, image_size=224, patch_size=16,
                  num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12,
@@ -100,8 +122,7 @@ _DINO_DEFAULTS = dict(_DEFAULTS, patch_size=14, layer_norm_eps=1e-6,
 FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
                  layer=_VIT_LAYER, top={
-                     **_VIT_TOP, **_linear("pooler.dense", "pre_logits", "r"),
-                     "embeddings.distillation_token": (
+                     **_VIT_TOP, **_POOLER, "embeddings.distillation_token": (
                          "distillation_token/registers", "same", "cls")}),
     "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
                    layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU),
