@@ -377,7 +377,8 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
     ``classifier``) describes, holding ``arrays`` (of ``layout``, a
     :class:`~keras_vit.zoo.layouts.Layout`; None: the official one) with a
     head of ``head`` classes (None: none) named ``label_names``;
-    ``head_names`` give the file's names of the head's official arrays.
+    ``head_names`` give the file's names of the head's arrays (by their
+    key in ``arrays``).
     ``**defaults`` are more builder arguments; ``tags`` more attributes
     for the model (``zoo_name`` and ``zoo_weights`` are set)."""
     from keras_vit.zoo import build

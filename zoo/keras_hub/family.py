@@ -429,7 +429,8 @@ def _dino_table(table, arch, out):
     the grid resized to ``image_shape``'s by ``keras.ops.image.resize``
     (bicubic, ``antialias_in_interpolation``) unless the shapes are equal.
     With registers the class row is folded into the class token
-    (``class_token/cls``) already in ``out`` (keras-hub adds the row before the registers join)
+    (``class_token/cls``) already in ``out`` (keras-hub adds the row
+    before the registers join)
     and the table covers the patches."""
     config, p = arch["config"], arch["patch_size"]
     size = arch["image_size"]
@@ -451,7 +452,8 @@ def _dino_table(table, arch, out):
 
 
 def read_preset(directory, outer, config_path, read_json):
-    """``(arch, arrays by variable path)`` of a family member's preset directory
+    """``(arch, arrays by variable path)`` of a family member's preset
+    directory
     (``outer``: its checked ``config.json``; ``read_json(path, what)``
     reads the other JSON files): the weights of its image tower, and a
     ``DeiTImageClassifier``'s head from ``task.json`` /

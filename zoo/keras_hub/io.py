@@ -8,7 +8,8 @@ Reading: :func:`read` returns the architecture facts and the weights as
 a ``{key: array}`` mapping in keras-hub's own variable paths for its ViT
 (:data:`keras_vit.zoo.keras_hub.layout.VIT` puts them on the model's
 variables), by the model's variable paths for the family;
-:func:`from_keras_hub` builds the keras_vit model from them. A preset directory (``config.json``,
+:func:`from_keras_hub` builds the keras_vit model from them. A preset
+directory (``config.json``,
 ``model.weights.h5``, with a task: ``task.json``, ``task.weights.h5``) is
 read with ``h5py`` alone, keras-hub need not be installed: the JSON
 configs are checked field by field (types, and sizes no ViT comes near,
@@ -240,7 +241,8 @@ def read(source, *, with_labels=False):
     ``representation_size``, ``classifier_activation``, the dropout
     rates; for the family ``family`` and its builder ``options``);
     ``arrays`` the weights (keras-hub's ViT: by its variable paths; the
-    family: by the model's). ``with_labels`` adds a third item, the head's class names
+    family: by the model's). ``with_labels`` adds a third item, the
+    head's class names
     (a preset's ``metadata.json`` ``label_names``, which
     :func:`keras_vit.zoo.save_pretrained` writes there, or a live
     classifier's ``zoo_labels``), or None."""
