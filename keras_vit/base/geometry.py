@@ -135,10 +135,18 @@ def class_token(config):
 
 
 def prefix_tokens(config):
-    """Tokens before the patches: the class token, DeiT's distillation
-    token and the register tokens."""
-    return (int(class_token(config)) + int(bool(config.get("distilled")))
-            + int(config.get("num_registers") or 0))
+    """Tokens before the patches (the class token, DeiT's distillation
+    token, the register tokens): as the option rows put them."""
+    return options.prefix_tokens(_option_values(config))
+
+
+def _option_values(config):
+    """Every option row's value in ``config``, defaults filled in and the
+    class token resolved."""
+    values = dict(options.DEFAULTS, **{k: config[k] for k in config
+                                      if k in options.ROWS})
+    values["class_token"] = class_token(config)
+    return values
 
 
 def _conv(k, c_in, c_out, bias=False):
@@ -281,41 +289,30 @@ def parameter_count(config, image_size=None, num_classes=None,
         total, channels = _resnet_v1_params(config["resnet"], channels)
     patch = config.get("patch_size", 32)
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
-    total += ph * pw * channels * d + d * config.get("patch_bias", True)
-    if config.get("patch_norm"):
-        total += norm_params(config, d)
-    prefix = prefix_tokens(config)
     rows, cols = (image_size if isinstance(image_size, tuple)
                   else (image_size, image_size))
     patches = (grid_side(config, rows) * grid_side(dict(
         config, patch_size=pw), cols))
-    total += prefix * d  # the class, distillation and register tokens
-    if embedding == "learned_1d":
-        tokens = patches + (prefix if config.get(
-            "posemb_includes_prefix", True) else 0)
-        total += tokens * d
-    # Per block: two norms, q/k/v/out projections, the MLP, and the
-    # options: q/k norms (per head), layer scales.
-    head_dim = d // config["num_heads"]
-    # proj_bias: the biases of the attention output and both MLP layers.
-    proj_bias = bool(config.get("proj_bias", True))
-    first = mlp_first_width(mlp, config.get("mlp", "gelu"))
-    block = (2 * norm_params(config, d) + 4 * d * d
-             + 3 * d * config.get("qkv_bias", True)
-             + d * first + mlp * d + proj_bias * (d + first + d))
-    if config.get("qk_norm"):
-        block += 2 * norm_params(config, head_dim)
-    if config.get("layer_scale") is not None:
-        block += 2 * d
-    total += config["num_layers"] * block
-    total += norm_params(config, d) * (bool(config.get("pre_norm"))
-                                       + bool(config.get("final_norm", True)))
-    total += attention_pool_params(config)
     representation_size = (representation_size
                            or config.get("representation_size"))
-    width = d
+    width = representation_size or d
+    first = mlp_first_width(mlp, config.get("mlp", "gelu"))
+    # The 2020 ViT without its options: the patch kernel, a learned row per
+    # patch, per block two norms, the q/k/v/out kernels and the MLP's, the
+    # attention pool, pre-logits and a head; each option row adds its own.
+    total += ph * pw * channels * d + patches * d * (embedding == "learned_1d")
+    total += config["num_layers"] * (2 * norm_params(config, d) + 4 * d * d
+                                     + d * first + mlp * d)
+    total += attention_pool_params(config) + width * classes + classes
     if representation_size:
         total += d * representation_size + representation_size
-        width = representation_size
-    heads = 2 if config.get("distilled") else 1
-    return total + heads * (width * classes + classes)
+    shape = options.Shape(
+        width=d, head_width=d // config["num_heads"], mlp_first=first,
+        norm=lambda w: norm_params(config, w), prefix=prefix_tokens(config),
+        table=embedding == "learned_1d", head=width * classes + classes)
+    values = _option_values(config)
+    for row in options.OPTIONS:
+        if row.params is not None:
+            per_block, once = row.params(values[row.name], shape)
+            total += config["num_layers"] * per_block + once
+    return total

@@ -96,6 +96,32 @@ class Field(NamedTuple):
         return {ours: theirs for theirs, ours in self.forms.items()}[value]
 
 
+class Shape(NamedTuple):
+    """What a row's parameter count reads (:func:`keras_vit.base.geometry.
+    parameter_count` fills it from a config, no model built).
+
+    Attributes:
+        width: the tokens' width D.
+        head_width: one attention head's width.
+        mlp_first: the width of an MLP's first projection (the ``mlp``
+            row's kind decides it).
+        norm: ``norm(w)``: the parameters of one of the model's norms over
+            ``w`` features (the ``norm`` row's kind decides it).
+        prefix: the tokens before the patches (class, distillation,
+            registers).
+        table: whether the position table is a learned row per token.
+        head: the parameters of one classification head (0 without).
+    """
+
+    width: int
+    head_width: int
+    mlp_first: int
+    norm: Callable
+    prefix: int
+    table: bool
+    head: int
+
+
 class Option(NamedTuple):
     """One option of the family.
 
@@ -115,6 +141,12 @@ class Option(NamedTuple):
             field), or None.
         keras_hub: its :class:`Field` in keras-hub's backbone configs (for
             the classes whose config has it), or None.
+        params: ``params(value, shape)`` -> ``(per block, once)``: the
+            parameters the option adds at ``value`` (a :class:`Shape`
+            describes the model); None where it adds none of its own (it
+            changes a width :class:`Shape` holds, or no weight).
+        tokens: ``tokens(value)`` -> the tokens the option puts before the
+            patches (the class, distillation and register tokens), or None.
     """
 
     name: str
@@ -125,6 +157,8 @@ class Option(NamedTuple):
     about: str
     transformers: Field | None = None
     keras_hub: Field | None = None
+    params: Callable | None = None
+    tokens: Callable | None = None
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -135,43 +169,54 @@ _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 OPTIONS = (
     Option("class_token", None, optional_flag, True, Field("class_token"),
            "a learned class token before the patches (None: with "
-           "classifier='token' only; True keeps one beside any pooling)"),
+           "classifier='token' only; True keeps one beside any pooling)",
+           params=lambda v, s: (0, s.width * bool(v)), tokens=bool),
     Option("num_registers", 0, count, True, Field("reg_tokens"),
            "learned register tokens after the class token (Darcet et al. "
            "2024)", Field("num_register_tokens"),
-           Field("num_register_tokens")),
+           Field("num_register_tokens"),
+           params=lambda v, s: (0, s.width * v), tokens=int),
     Option("posemb_includes_prefix", True, flag, True,
            Field("no_embed_class", _NEGATED),
            "False: the position table covers the patches only and the "
            "class and register tokens join after it (DeiT-III, DINOv2 with "
-           "registers; timm's no_embed_class is its negation)"),
+           "registers; timm's no_embed_class is its negation)",
+           params=lambda v, s: (0, s.width * s.prefix * (v and s.table))),
     Option("fc_norm", False, flag, True, Field("fc_norm"),
            "the final norm after the pooling instead of before it"),
     Option("final_norm", True, flag, True, Field("final_norm"),
-           "a norm after the last block (False: none)"),
+           "a norm after the last block (False: none)",
+           params=lambda v, s: (0, s.norm(s.width) * v)),
     Option("pre_norm", False, flag, True, Field("pre_norm"),
-           "a norm before the first block (CLIP's ln_pre)"),
+           "a norm before the first block (CLIP's ln_pre)",
+           params=lambda v, s: (0, s.norm(s.width) * v)),
     Option("layer_scale", None, optional_positive, True,
            Field("init_values"),
            "per-channel scales on each residual branch, this initial value "
            "(CaiT, DeiT III, DINOv2)",
-           Field("layerscale_value"), Field("layer_scale_init_value")),
+           Field("layerscale_value"), Field("layer_scale_init_value"),
+           params=lambda v, s: (2 * s.width * (v is not None), 0)),
     Option("qk_norm", False, flag, True, Field("qk_norm"),
-           "a norm on each head's queries and keys"),
+           "a norm on each head's queries and keys",
+           params=lambda v, s: (2 * s.norm(s.head_width) * v, 0)),
     Option("qkv_bias", True, flag, True, Field("qkv_bias"),
            "biases on the query, key and value projections",
-           Field("qkv_bias")),
+           Field("qkv_bias"),
+           params=lambda v, s: (3 * s.width * v, 0)),
     Option("proj_bias", True, flag, True, Field("proj_bias"),
-           "biases on the attention's output projection and the MLP's"),
+           "biases on the attention's output projection and the MLP's",
+           params=lambda v, s: ((2 * s.width + s.mlp_first) * v, 0)),
     Option("patch_bias", True, flag, True, None,
-           "a bias on the patch embedding"),
+           "a bias on the patch embedding",
+           params=lambda v, s: (0, s.width * v)),
     Option("drop_path_rate", 0.0, rate, False, Field("drop_path_rate"),
            "stochastic depth in training, rising linearly from 0 at the "
            "first block to this rate at the last",
            keras_hub=Field("drop_path_rate")),
     Option("distilled", False, flag, True, None,
            "DeiT's distillation token after the class token and a second "
-           "head, head_dist, on it; the two heads' logits averaged"),
+           "head, head_dist, on it; the two heads' logits averaged",
+           params=lambda v, s: (0, (s.width + s.head) * v), tokens=bool),
     Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
@@ -185,7 +230,8 @@ OPTIONS = (
     Option("patch_norm", False, flag, True, None,
            "a norm of that kind on each patch's embedding, before the class "
            "token and the position table join (timm's embed_norm_layer, "
-           "AIMv2)"),
+           "AIMv2)",
+           params=lambda v, s: (0, s.norm(s.width) * v)),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "
@@ -215,6 +261,27 @@ def described(indent=12, width=72):
                          subsequent_indent=" " * indent)
 
 
+def signature(function):
+    """``function``'s signature with one keyword-only argument per row, at
+    its default, before its ``**kwargs``: the constructor that takes the
+    options in ``**kwargs`` shows them to ``inspect``, ``help``, the
+    keyword checks and its config as if written out.
+
+    >>> def build(width, **kwargs): ...
+    >>> str(signature(build)).startswith("(width, *, class_token=None, ")
+    True
+    """
+    import inspect
+
+    own = inspect.signature(function)
+    params = list(own.parameters.values())
+    rest = [p for p in params if p.kind is p.VAR_KEYWORD]
+    params = [p for p in params if p.kind is not p.VAR_KEYWORD]
+    rows = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY,
+                              default=o.default) for o in OPTIONS]
+    return own.replace(parameters=params + rows + rest)
+
+
 def choices(name):
     """The values option ``name`` accepts (for a choice).
 
@@ -222,6 +289,13 @@ def choices(name):
     ('layer', 'rms')
     """
     return ROWS[name].check.choices
+
+
+def prefix_tokens(values):
+    """The tokens the rows put before the patches, for the options
+    ``values`` (every row's, normalised)."""
+    return sum(int(row.tokens(values[row.name])) for row in OPTIONS
+               if row.tokens is not None)
 
 
 def checked(options):

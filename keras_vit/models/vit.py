@@ -13,7 +13,7 @@ from keras_vit.models.common import (carry_policy, check_label_names,
                                      image_input, pooling_layer)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
-from keras_vit.models.encoder import FAMILY_DEFAULTS, NORMALISED, check_vit_args
+from keras_vit.models.encoder import NORMALISED, check_vit_args
 from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.hybrid import resnet_stem
 from keras_vit.models.positions import PositionScheme, check_dynamic_image_size
@@ -117,35 +117,20 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         label_names=None,
         dynamic_image_size=False,
         remat=False,
-        class_token=None,
-        num_registers=0,
-        posemb_includes_prefix=True,
-        fc_norm=False,
-        final_norm=True,
-        pre_norm=False,
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        proj_bias=True,
-        patch_bias=True,
-        drop_path_rate=0.0,
-        distilled=False,
-        mlp="gelu",
-        norm="layer",
-        patch_norm=False,
-        head_type="classifier",
         input_normalization=None,
         name="vision_transformer",
         **kwargs,
     ):
-        given = dict(locals())
+        # The family's options are keyword arguments named by their rows
+        # (the signature below lists them), each at its row's default.
+        family = {o.name: kwargs.pop(o.name, o.default)
+                  for o in options.OPTIONS}
         spec = check_vit_args(
             image_size, patch_size, hidden_size, num_layers, num_heads,
             mlp_dim, num_classes, classifier, representation_size,
             dropout_rate, attention_dropout_rate, include_top, pooling,
             num_channels, resnet, position_embedding,
-            position_embedding_placement,
-            {key: given[key] for key in FAMILY_DEFAULTS})
+            position_embedding_placement, family)
         family = spec["family"]
         if include_top and not spec["head"] and (
                 label_names is not None or classifier_activation is not None):
@@ -174,7 +159,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = family["class_token"]
         distilled = family["distilled"]
-        prefix = int(has_token) + int(distilled) + family["num_registers"]
+        prefix = options.prefix_tokens(family)
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding)
 
@@ -277,6 +262,10 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         self.input_normalization = input_normalization
         self.dynamic_image_size = dynamic
         self.remat = remat
+
+    # The constructor's arguments as get_config, from_config and the
+    # keyword checks see them: its own, then one keyword per option row.
+    __init__.__signature__ = options.signature(__init__)
 
 
 def vit(

@@ -72,6 +72,28 @@ def test_a_rows_parameter_column_is_true(name):
             model.count_params()), name
 
 
+@settings(max_examples=25, deadline=None)
+@given(chosen=st.sets(st.sampled_from(sorted(EXAMPLES)), max_size=6),
+       classifier=st.sampled_from(["token", "gap", "map"]),
+       representation_size=st.sampled_from([None, 6]))
+def test_the_rows_count_any_mix_of_options_as_the_model_does(
+        chosen, classifier, representation_size):
+    """Each row counts its own parameters; together they count any mix of
+    options (and poolings) as the built model holds them."""
+    from hypothesis import assume
+
+    kwargs = dict(TINY, classifier=classifier,
+                  representation_size=representation_size)
+    for name in chosen:
+        kwargs[name] = EXAMPLES[name][0]
+    try:
+        model = keras_vit.vit(**kwargs)
+    except ValueError:  # a mix the checks between options refuse
+        assume(False)
+    assert geometry.parameter_count(model.get_config()) == (
+        model.count_params()), sorted(chosen)
+
+
 # Values no row takes: the wrong type for flags and choices, out of range
 # for counts and rates.
 _HOSTILE = st.one_of(st.none(), st.integers(-10, 10), st.floats(-2, 2),
