@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit.base import archives, atomic
+from keras_vit.base import archives, atomic, options
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
@@ -156,13 +156,12 @@ def _attention(path, key):
 _BLOCK, _TBLOCK = "encoder_block_{i}/", "Transformer/encoderblock_{i}/"
 _UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
 _RULES = [
+    # The ViT family's options (the class token, the 2020 release's only
+    # one, among them) name their weights in their rows.
+    *options.weight_rules("official", {
+        "norm": _norm, "dense": _dense,
+        "vector": lambda path, key: [Rule(path, key)]}),
     *_dense("patch_embedding/conv", "embedding"),
-    # The norm after the patch embedding (patch_norm=True, AIMv2).
-    *_norm("patch_embedding/norm", "embedding_norm"),
-    Rule("class_token/cls", "cls"),
-    # The ViT family's tokens: registers, DeiT's distillation token.
-    Rule("register_tokens/registers", "reg"),
-    Rule("distillation_token/registers", "dist"),
     # Position tables (vit(position_embedding=...)): the stem's or a shared
     # one under posembed_input, a per-layer one inside its block.
     *[Rule(f"position_embedding/{n}", f"Transformer/posembed_input/{n}")
@@ -177,18 +176,9 @@ _RULES = [
     *_dense(_BLOCK + "mlp/dense_0", _TBLOCK + "MlpBlock_3/Dense_0"),
     *_dense(_BLOCK + "mlp/dense_1", _TBLOCK + "MlpBlock_3/Dense_1"),
     *_attention(_BLOCK + "attention", _TBLOCK + _ATT[:-1]),
-    # The ViT family's block weights (no official checkpoint has them; the
-    # keys follow the official naming): layer scale, q/k norms.
-    Rule(_BLOCK + "layer_scale_1", _TBLOCK + "LayerScale_0/scale"),
-    Rule(_BLOCK + "layer_scale_2", _TBLOCK + "LayerScale_2/scale"),
-    *_norm(_BLOCK + "attention/query_norm", _TBLOCK + _ATT + "query_norm"),
-    *_norm(_BLOCK + "attention/key_norm", _TBLOCK + _ATT + "key_norm"),
-    *_norm("pre_norm", "Transformer/pre_norm"),
     *_norm("encoder_norm", "Transformer/encoder_norm"),
-    *_norm("fc_norm", "fc_norm"),
     *_dense("pre_logits", "pre_logits"),
     *_dense("head", "head"),
-    *_dense("head_dist", "head_dist"),
     Rule("pooling/probe", MAP_HEAD + "probe"),
     *_attention("pooling", MAP_HEAD + "MultiHeadDotProductAttention_0"),
     *_norm("pooling/norm", MAP_HEAD + "LayerNorm_0"),

@@ -122,6 +122,27 @@ class Shape(NamedTuple):
     head: int
 
 
+class Weight(NamedTuple):
+    """A layer of weights an option adds, and its names in the files that
+    name it one way for every model (transformers' and keras-hub's names
+    differ per model type: their family tables hold them).
+
+    Attributes:
+        path: the layer's path in the model, ``{i}`` for each block's.
+        kind: ``"norm"`` (a norm's scale and bias), ``"dense"`` (a kernel
+            and bias) or ``"vector"`` (one array).
+        timm: its key in timm's ``state_dict`` (a module's name for a norm
+            or dense layer).
+        official: its key in the official ``.npz`` layout (the 2020
+            release's naming, for the options it never had).
+    """
+
+    path: str
+    kind: str
+    timm: str
+    official: str
+
+
 class Option(NamedTuple):
     """One option of the family.
 
@@ -147,6 +168,8 @@ class Option(NamedTuple):
             changes a width :class:`Shape` holds, or no weight).
         tokens: ``tokens(value)`` -> the tokens the option puts before the
             patches (the class, distillation and register tokens), or None.
+        weights: the layers of weights it adds (:class:`Weight`), which
+            the timm and official layouts read and write by these names.
     """
 
     name: str
@@ -159,6 +182,7 @@ class Option(NamedTuple):
     keras_hub: Field | None = None
     params: Callable | None = None
     tokens: Callable | None = None
+    weights: tuple = ()
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -166,16 +190,25 @@ _NEGATED = {True: False, False: True}
 # DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it.
 _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 
+# A block's path in the model, in timm's state dict and in the official
+# layout.
+_BLOCK, _TIMM = "encoder_block_{i}/", "blocks.{i}."
+_OFFICIAL = "Transformer/encoderblock_{i}/"
+
 OPTIONS = (
     Option("class_token", None, optional_flag, True, Field("class_token"),
            "a learned class token before the patches (None: with "
            "classifier='token' only; True keeps one beside any pooling)",
-           params=lambda v, s: (0, s.width * bool(v)), tokens=bool),
+           params=lambda v, s: (0, s.width * bool(v)), tokens=bool,
+           weights=(Weight("class_token/cls", "vector", "cls_token",
+                           "cls"),)),
     Option("num_registers", 0, count, True, Field("reg_tokens"),
            "learned register tokens after the class token (Darcet et al. "
            "2024)", Field("num_register_tokens"),
            Field("num_register_tokens"),
-           params=lambda v, s: (0, s.width * v), tokens=int),
+           params=lambda v, s: (0, s.width * v), tokens=int,
+           weights=(Weight("register_tokens/registers", "vector",
+                           "reg_token", "reg"),)),
     Option("posemb_includes_prefix", True, flag, True,
            Field("no_embed_class", _NEGATED),
            "False: the position table covers the patches only and the "
@@ -183,22 +216,35 @@ OPTIONS = (
            "registers; timm's no_embed_class is its negation)",
            params=lambda v, s: (0, s.width * s.prefix * (v and s.table))),
     Option("fc_norm", False, flag, True, Field("fc_norm"),
-           "the final norm after the pooling instead of before it"),
+           "the final norm after the pooling instead of before it",
+           weights=(Weight("fc_norm", "norm", "fc_norm", "fc_norm"),)),
     Option("final_norm", True, flag, True, Field("final_norm"),
            "a norm after the last block (False: none)",
            params=lambda v, s: (0, s.norm(s.width) * v)),
     Option("pre_norm", False, flag, True, Field("pre_norm"),
            "a norm before the first block (CLIP's ln_pre)",
-           params=lambda v, s: (0, s.norm(s.width) * v)),
+           params=lambda v, s: (0, s.norm(s.width) * v),
+           weights=(Weight("pre_norm", "norm", "norm_pre",
+                           "Transformer/pre_norm"),)),
     Option("layer_scale", None, optional_positive, True,
            Field("init_values"),
            "per-channel scales on each residual branch, this initial value "
            "(CaiT, DeiT III, DINOv2)",
            Field("layerscale_value"), Field("layer_scale_init_value"),
-           params=lambda v, s: (2 * s.width * (v is not None), 0)),
+           params=lambda v, s: (2 * s.width * (v is not None), 0),
+           weights=tuple(
+               Weight(f"{_BLOCK}layer_scale_{n}", "vector",
+                      f"{_TIMM}ls{n}.gamma",
+                      f"{_OFFICIAL}LayerScale_{2 * n - 2}/scale")
+               for n in (1, 2))),
     Option("qk_norm", False, flag, True, Field("qk_norm"),
            "a norm on each head's queries and keys",
-           params=lambda v, s: (2 * s.norm(s.head_width) * v, 0)),
+           params=lambda v, s: (2 * s.norm(s.head_width) * v, 0),
+           weights=tuple(
+               Weight(f"{_BLOCK}attention/{x}_norm", "norm",
+                      f"{_TIMM}attn.{x[0]}_norm",
+                      f"{_OFFICIAL}MultiHeadDotProductAttention_1/{x}_norm")
+               for x in ("query", "key"))),
     Option("qkv_bias", True, flag, True, Field("qkv_bias"),
            "biases on the query, key and value projections",
            Field("qkv_bias"),
@@ -216,7 +262,11 @@ OPTIONS = (
     Option("distilled", False, flag, True, None,
            "DeiT's distillation token after the class token and a second "
            "head, head_dist, on it; the two heads' logits averaged",
-           params=lambda v, s: (0, (s.width + s.head) * v), tokens=bool),
+           params=lambda v, s: (0, (s.width + s.head) * v), tokens=bool,
+           weights=(
+               Weight("distillation_token/registers", "vector", "dist_token",
+                      "dist"),
+               Weight("head_dist", "dense", "head_dist", "head_dist"))),
     Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
@@ -231,7 +281,9 @@ OPTIONS = (
            "a norm of that kind on each patch's embedding, before the class "
            "token and the position table join (timm's embed_norm_layer, "
            "AIMv2)",
-           params=lambda v, s: (0, s.norm(s.width) * v)),
+           params=lambda v, s: (0, s.norm(s.width) * v),
+           weights=(Weight("patch_embedding/norm", "norm",
+                           "patch_embed.norm", "embedding_norm"),)),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "
@@ -280,6 +332,22 @@ def signature(function):
     rows = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY,
                               default=o.default) for o in OPTIONS]
     return own.replace(parameters=params + rows + rest)
+
+
+def weight_rules(source, kinds):
+    """The rules of every row's weights in ``source`` (``"timm"`` or
+    ``"official"``): ``kinds[kind](path, key)`` -> the source's rules of a
+    layer of that :attr:`Weight.kind` (the names of a norm's or dense
+    layer's arrays are the source's convention).
+
+    >>> rules = weight_rules("timm", dict.fromkeys(
+    ...     ("norm", "dense", "vector"), lambda path, key: [(path, key)]))
+    >>> rules[0]
+    ('class_token/cls', 'cls_token')
+    """
+    return [rule for option in OPTIONS for weight in option.weights
+            for rule in kinds[weight.kind](weight.path,
+                                           getattr(weight, source))]
 
 
 def choices(name):

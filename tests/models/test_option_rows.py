@@ -94,6 +94,28 @@ def test_the_rows_count_any_mix_of_options_as_the_model_does(
         model.count_params()), sorted(chosen)
 
 
+@pytest.mark.parametrize("name", sorted(
+    o.name for o in options.OPTIONS if o.weights))
+def test_the_weights_an_option_adds_are_those_its_row_names(name):
+    """A row's :class:`~keras_vit.base.options.Weight` paths (which the
+    timm and official layouts read and write) are where the model puts
+    the layers the option adds, each of them."""
+    import re
+
+    value, needs = EXAMPLES[name]
+    base = dict(TINY, **needs)
+    paths = [{w.path for w in keras_vit.vit(**kwargs).weights}
+             for kwargs in (base, dict(base, **{name: value}))]
+    added = paths[1] - paths[0]
+    patterns = [re.escape(w.path).replace(r"\{i\}", r"\d+") + r"(/|$)"
+                for w in options.ROWS[name].weights]
+    assert added, name
+    for path in added:
+        assert any(re.match(p, path) for p in patterns), (name, path)
+    for pattern in patterns:
+        assert any(re.match(pattern, path) for path in added), pattern
+
+
 # Values no row takes: the wrong type for flags and choices, out of range
 # for counts and rates.
 _HOSTILE = st.one_of(st.none(), st.integers(-10, 10), st.floats(-2, 2),

@@ -51,24 +51,18 @@ _UNIT, _STAGE = "resnet_block{s}_unit{u}/", "stages.{s-1}.blocks.{u-1}."
 _BACKBONE = "patch_embed.backbone."
 
 #: timm's ViT (``vision_transformer.py``) and its ResNetV2 hybrids
-#: (``vision_transformer_hybrid.py``), the ViT family's options included.
+#: (``vision_transformer_hybrid.py``); the ViT family's options name their
+#: weights in their rows.
 TIMM = Layout("timm", [
+    *options.weight_rules("timm", {
+        "norm": lambda path, key: _linear(path, key, "norm"),
+        "dense": _linear, "vector": lambda path, key: [Rule(path, key)]}),
     *_linear("patch_embedding/conv", "patch_embed.proj", "conv"),
-    # timm's embed_norm_layer: the norm after the patch embedding (AIMv2).
-    *_linear("patch_embedding/norm", "patch_embed.norm", "norm"),
-    Rule("class_token/cls", "cls_token"),
-    Rule("register_tokens/registers", "reg_token"),
-    Rule("distillation_token/registers", "dist_token"),
     Rule("position_embedding/pos_embedding", "pos_embed"),
-    *_linear("pre_norm", "norm_pre", "norm"),
     *_linear(_B + "norm_1", _T + "norm1", "norm"),
     *_projections(_B + "attention", _T + "attn.qkv",
                   ("query", "key", "value")),
     *_linear(_B + "attention/out", _T + "attn.proj", "linear_out"),
-    *_linear(_B + "attention/query_norm", _T + "attn.q_norm", "norm"),
-    *_linear(_B + "attention/key_norm", _T + "attn.k_norm", "norm"),
-    Rule(_B + "layer_scale_1", _T + "ls1.gamma"),
-    Rule(_B + "layer_scale_2", _T + "ls2.gamma"),
     *_linear(_B + "norm_2", _T + "norm2", "norm"),
     *_mlp(_B + "mlp", _T + "mlp"),
     # timm's unpacked SwiGLU (its SwiGLU class, AIMv2's MLP) projects the
@@ -81,9 +75,7 @@ TIMM = Layout("timm", [
          (_T + "mlp.fc1_g.bias", _T + "mlp.fc1_x.bias"), "flat",
          variant="unpacked_glu"),
     *_linear("encoder_norm", "norm", "norm"),
-    *_linear("fc_norm", "fc_norm", "norm"),
     *_linear("head", "head"),
-    *_linear("head_dist", "head_dist"),
     # The attention pool (global_pool="map", AttentionPoolLatent with one
     # latent query).
     Rule("pooling/probe", "attn_pool.latent"),
