@@ -25,16 +25,6 @@ _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
                "H": "huge"}
 
 
-# The family options written as timm's arguments of the same meaning
-# (their rows' timm Field: name and value form) where the model differs
-# from the paper's ViT, so a plain ViT's file stays as it was; the
-# pooling, class token, GELU, patch bias and stochastic depth are written
-# below.
-_FAMILY_ARGS = ("num_registers", "posemb_includes_prefix", "fc_norm",
-                "layer_scale", "qk_norm", "qkv_bias", "proj_bias",
-                "final_norm")
-
-
 def _family_args(config):
     """timm's ``model_args`` for the model's family options (``config``:
     its get_config()), and the base architecture whose LayerNorm epsilon
@@ -53,10 +43,13 @@ def _family_args(config):
         # fc_norm too: timm's default puts it on with average pooling.
         args.update(global_pool=pools[classifier], class_token=token,
                     fc_norm=bool(options["fc_norm"]))
-    for key in _FAMILY_ARGS:
-        if options[key] != FAMILY_DEFAULTS[key]:
-            field = options_table.ROWS[key].timm
-            args[field.name] = field.write(options[key])
+    # The other options with a timm argument (their rows' timm Field:
+    # name and value form), where the model differs from the paper's ViT,
+    # so a plain ViT's file stays as it was.
+    for row in options_table.OPTIONS:
+        if (row.timm is not None and row.timm.name not in args
+                and options[row.name] != row.default):
+            args[row.timm.name] = row.timm.write(options[row.name])
     # timm's default is the exact GELU: the others are named, so that timm
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
@@ -69,8 +62,6 @@ def _family_args(config):
     elif gelu != "exact":
         args["act_layer"] = next(theirs for theirs, ours in
                                  TIMM_ACTIVATIONS.items() if ours == gelu)
-    if options["drop_path_rate"]:
-        args["drop_path_rate"] = float(options["drop_path_rate"])
     # timm builds the patch embedding without a bias exactly when a norm
     # precedes the blocks (CLIP).
     if options["patch_bias"] == options["pre_norm"]:
@@ -106,8 +97,6 @@ def _family_args(config):
         raise ValueError(
             "timm's ViT architectures take LayerNorm epsilon 1e-6 (1e-5: "
             f"CLIP's); the model has layer_norm_epsilon={epsilon}")
-    if options["pre_norm"]:
-        args["pre_norm"] = True
     # timm's distilled DeiT is a class of its own, built by its name.
     return ("deit_base_distilled_patch16_224" if options["distilled"]
             else None), args
@@ -157,13 +146,9 @@ def _norm_args(options, epsilon, args):
             args["embed_norm_layer"] = ""
         elif not native:
             args["embed_norm_layer"] = name
-        if options["pre_norm"]:
-            args["pre_norm"] = True
         return AIMV2, args
     if options["patch_norm"]:
         args["embed_norm_layer"] = name
-    if options["pre_norm"]:
-        args["pre_norm"] = True
     return None, args
 
 
