@@ -10,8 +10,8 @@ from keras import layers, ops
 
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedEinsumDense, KeptArguments, chains_in_xla, check_norm, make_norm,
-    xavier_flat)
+    FusedEinsumDense, KeptArguments, check_norm, make_norm, xavier_flat)
+from keras_vit.runtime import kernels
 
 
 def relative_table_rows(num_patches, num_prefix_tokens=0):
@@ -178,59 +178,16 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         ``relative_embedding``: optional 1D relative position table (rows,
         heads, head_dim) whose logits with these queries
         (:func:`relative_attention_bias`) are added the same way."""
-        from keras_vit.runtime import hardware
-
         q, k, v = self._qkv(x)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)
             attention_bias = (relative if attention_bias is None
                               else attention_bias + relative)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        dropout = training is True and self.attention_dropout_rate > 0
-        plan = hardware.plan(x.dtype)
-        fused = (not return_attention_scores and not dropout
-                 and plan.attention == "fused")
-        if fused:
-            # The backend's fused kernel (flash/cuDNN attention on GPUs,
-            # one XLA or SDPA kernel on JAX and torch CPUs).
-            context = ops.dot_product_attention(q, k, v, bias=attention_bias,
-                                                scale=scale)
-            probs = None
-        else:
-            # Plain einsums: on TensorFlow CPUs these become oneDNN batch
-            # matmuls. TensorFlow has no fused attention kernel; its
-            # dot_product_attention is an einsum spelling of its own that
-            # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
-            # (benchmarks/attention_paths.py). Attention maps need the
-            # probabilities, which the fused kernels never return.
-            xla = chains_in_xla(x.dtype, training)
-            if not xla:  # the XLA softmax scales inside its own loop
-                q = q * ops.cast(scale, q.dtype)
-            logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
-            if attention_bias is not None:
-                # Softmax in float32 under mixed precision elsewhere: bf16
-                # logits lose the small differences that decide where a
-                # head attends.
-                bias = ops.cast(attention_bias, "float32")
-                logits = ops.cast(logits, "float32") + (
-                    bias / scale if xla else bias)
-            if xla:
-                from keras_vit.runtime import fused_ops
-
-                # One XLA loop each way, float32 inside whatever the
-                # logits' dtype: the float32 softmax's numbers without its
-                # casts or a pass to scale the queries.
-                probs = ops.cast(fused_ops.xla_softmax(logits, scale),
-                                 x.dtype)
-            elif attention_bias is None and plan.softmax == "input":
-                # oneDNN's bf16 softmax reads and writes bf16 but computes
-                # in float32 inside: the casts would only cost two passes.
-                probs = ops.softmax(logits, axis=-1)
-            else:
-                logits = ops.cast(logits, "float32")
-                probs = ops.cast(ops.softmax(logits, axis=-1), x.dtype)
-            weights = self.dropout(probs, training=training)
-            context = ops.einsum("bhqv,bvhk->bqhk", weights, v)
+        dropout = (self.dropout if training is True
+                   and self.attention_dropout_rate > 0 else None)
+        context, probs = kernels.attention(
+            q, k, v, attention_bias, 1.0 / math.sqrt(self.head_dim), dropout,
+            training, need_probs=return_attention_scores)
         y = self.out(context)
         if return_attention_scores:
             return y, probs

@@ -1,11 +1,11 @@
-"""Dense, LayerNorm, RMSNorm, GELU and the patch convolution in the spellings each backend runs
-fastest (fused where the machine's plan says so), with the official initialisers."""
+"""Dense, LayerNorm, RMSNorm, GELU and the patch convolution, with the
+official initialisers: Keras' layers whose calls go through
+:mod:`keras_vit.runtime.kernels`, the seam that picks each backend's
+fastest spelling of the same math."""
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 
 import keras
 from keras import layers, ops
@@ -13,7 +13,10 @@ from keras import layers, ops
 from keras_vit.base import options
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
-from keras_vit.runtime.backend import is_tensorflow, is_torch, name as backend_name
+from keras_vit.runtime import kernels
+from keras_vit.runtime.backend import is_torch
+# The one place the layers add a bias (a gradient summed in float32).
+from keras_vit.runtime.kernels import add_bias  # noqa: F401
 
 
 
@@ -51,7 +54,7 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + ops.tanh(c * (x + 0.044715 * ops.power(x, 3))))
 
 
-GELU_FORMS = ("tanh", "exact")
+GELU_FORMS = kernels.GELU_FORMS
 """The two spellings of GELU itself: flax's tanh approximation, or erf.
 Training steps may run either as one XLA program
 (:func:`keras_vit.runtime.fused_ops.xla_gelu`)."""
@@ -105,86 +108,6 @@ def mlp_gelu_quick(x):
 MLP_GELU = {"tanh": mlp_gelu_tanh, "exact": mlp_gelu_exact,
             "quick": mlp_gelu_quick}
 """The MLP activation of each ``gelu`` form."""
-
-
-def chains_in_xla(dtype, training):
-    """Whether a call with ``training`` runs its GELU, LayerNorm and
-    softmax chains as XLA programs (:mod:`keras_vit.runtime.fused_ops`): training
-    calls only, where the machine's plan says so
-    (:class:`keras_vit.runtime.hardware.Plan`'s ``elementwise``, ``"xla"`` only
-    for TensorFlow's CPU graph). Inference calls never ask for the plan."""
-    if training is not True:
-        return False
-    from keras_vit.runtime import hardware
-
-    return hardware.plan(dtype).elementwise == "xla"
-
-
-# A bias's gradient sums the output's gradient over every row (every token
-# of every image). Under mixed precision that sum must accumulate in
-# float32: TensorFlow's CPU kernels (``BiasAddGrad``, oneDNN's fused
-# convolution backward) and XLA:CPU's reduce of JAX's broadcast-add
-# gradient accumulate bfloat16 in bfloat16, and came out 10-40% off the
-# float32 model's bias gradients (tests/models/test_mixed_precision_
-# gradients.py); torch accumulates in float32. :func:`add_bias` is the one
-# place the layers here add a bias.
-
-
-@functools.lru_cache(maxsize=None)
-def _jax_bias_add():
-    """``h + bias`` whose bias gradient sums over every axis but the last
-    in float32, rounding once (built on first use)."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.custom_vjp
-    def add(h, bias):
-        return h + bias
-
-    def forward(h, bias):
-        return h + bias, None
-
-    def backward(_, dy):
-        axes = tuple(range(dy.ndim - 1))
-        return dy, jnp.sum(dy, axis=axes, dtype=jnp.float32).astype(dy.dtype)
-
-    add.defvjp(forward, backward)
-    return add
-
-
-def add_bias(h, bias, training=None):
-    """``h + bias`` over ``h``'s last axis, ``bias`` of ``h``'s dtype, with
-    a gradient summed in float32 on every backend: TensorFlow's spelling is
-    :func:`keras_vit.runtime.fused_ops.bias_add` (``training`` picks the one that
-    fuses best), JAX's a custom gradient, torch's a plain add."""
-    backend = backend_name()
-    if backend == "tensorflow":
-        from keras_vit.runtime import fused_ops
-
-        return fused_ops.bias_add(h, bias, training)
-    if backend == "jax":
-        return _jax_bias_add()(h, bias)
-    return h + bias
-
-
-def _dense_2d(x, kernel, bias, training=None):
-    """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
-    float32 (:func:`add_bias`). On TensorFlow,
-    :func:`keras_vit.runtime.fused_ops.dense`, whose bias add grappler fuses into
-    the matmul. On torch, one ``addmm``: eager torch runs a separate
-    add as its own pass over the output, which cost 3.4x the fused call
-    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
-    JAX a matmul and the add, which XLA fuses by itself."""
-    backend = backend_name()
-    if backend == "tensorflow":
-        from keras_vit.runtime import fused_ops
-
-        return fused_ops.dense(x, kernel, bias, training)
-    if backend == "torch":
-        import torch
-
-        return torch.addmm(bias, x, kernel)
-    return add_bias(ops.matmul(x, kernel), bias, training)
 
 
 def check_gelu(form):
@@ -262,37 +185,18 @@ class FusedConv2D(layers.Conv2D):
                 or self.data_format != "channels_last"):
             return super().call(inputs)
         y = self.convolution_op(inputs, self.kernel)
-        y = add_bias(y, ops.cast(self.bias, y.dtype), training)
+        y = kernels.add_bias(y, ops.cast(self.bias, y.dtype), training)
         if self.activation is not None:
             y = self.activation(y)
         return y
 
 
-@functools.lru_cache(maxsize=None)
-def _flat_einsum(equation):
-    """``(k, n)`` when ``equation`` is a plain projection that one 2-D
-    matmul computes: the input's last ``k`` axes contract with the kernel's
-    first ``k`` and the kernel's other ``n`` axes end the output, in order
-    (``"abc,cde->abde"``, ``"abcd,cde->abe"``); None for anything else."""
-    match = re.fullmatch(r"(\w+),(\w+)->(\w+)", equation.replace(" ", ""))
-    if not match:
-        return None
-    inp, ker, out = match.groups()
-    for k in range(1, len(ker)):
-        lead = len(inp) - k
-        if (lead > 0 and ker[:k] == inp[lead:] and out[:lead] == inp[:lead]
-                and out[lead:] == ker[k:]):
-            return k, len(ker) - k
-    return None
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedDense(layers.Dense):
-    """``keras.layers.Dense`` whose float call is :func:`_dense_2d` (the
-    bias add TensorFlow's CPU graph fuses into the matmul, torch's
-    ``addmm``), and, with the tanh GELU of :func:`mlp_gelu_tanh` as its
-    activation, TensorFlow's fused MatMul + BiasAdd + GELU spelling
-    (:mod:`keras_vit.runtime.fused_ops`).
+    """``keras.layers.Dense`` whose float call with a bias is
+    :func:`keras_vit.runtime.kernels.dense` (the bias add TensorFlow's CPU
+    graph fuses into the matmul, torch's ``addmm``, TensorFlow's fused
+    MatMul + BiasAdd + GELU spelling for the tanh GELU).
 
     ``gelu`` (None or one of :data:`MLP_ACTIVATIONS`) makes the GELU of that form
     the layer's activation, kept in the config by its name (``activation``
@@ -328,28 +232,9 @@ class FusedDense(layers.Dense):
         x = inputs
         if len(inputs.shape) != 2:
             x = ops.reshape(inputs, (-1, self.kernel.shape[0]))
-        kernel = ops.cast(self.kernel, x.dtype)
-        bias = ops.cast(self.bias, x.dtype)
-        if self.gelu in GELU_FORMS and chains_in_xla(x.dtype, training):
-            from keras_vit.runtime import fused_ops
-
-            # The training step's GELU and its gradient as one XLA loop
-            # each, after the oneDNN matmul + BiasAdd.
-            y = fused_ops.xla_gelu(_dense_2d(x, kernel, bias, training),
-                                   self.gelu)
-        elif (self.activation is mlp_gelu_tanh
-              and is_tensorflow()):
-            from keras_vit.runtime import fused_ops
-
-            # Training needs the GELU's inner values for its gradient, so
-            # nothing fuses there: that spelling minimises backward ops.
-            spell = (fused_ops.dense_gelu_tanh_for_training
-                     if training is True else fused_ops.dense_gelu_tanh)
-            y = spell(x, kernel, bias)
-        else:
-            y = _dense_2d(x, kernel, bias, training)
-            if self.activation not in (None, keras.activations.linear):
-                y = self.activation(y)
+        y = kernels.dense(x, ops.cast(self.kernel, x.dtype),
+                          ops.cast(self.bias, x.dtype), self.activation,
+                          self.gelu, training)
         if len(inputs.shape) != 2:
             y = ops.reshape(y, (*shape[:-1], self.units))
         return y
@@ -364,35 +249,23 @@ class FusedDense(layers.Dense):
 class FusedEinsumDense(layers.EinsumDense):
     """``keras.layers.EinsumDense`` whose float call, for a plain
     projection (``"abc,cde->abde"``: tokens to heads, ``"abcd,cde->abe"``:
-    heads back), is one 2-D :func:`_dense_2d` on the flattened tokens and
-    kernel: the shape every backend's fastest GEMM (oneDNN, cuBLAS, XLA)
-    takes as it is, with the bias add TensorFlow's grappler fuses into it.
+    heads back), is :func:`keras_vit.runtime.kernels.einsum_dense`: one
+    2-D matmul on the flattened tokens and kernel.
     The kernel keeps its einsum shape ((D, heads, D/heads) or (heads,
     D/heads, D), the released checkpoints' layout); ``quantize``,
     ``enable_lora`` and their calls are Keras' own, as in
     :class:`FusedDense`."""
 
     def call(self, inputs, training=None):
-        flat = _flat_einsum(self.equation)
         kernel_axes = self.equation.replace(" ", "").split("->")[0]
-        kernel_axes = kernel_axes.split(",")[1]
+        flat = kernels.flat_einsum(self.equation)
         # One BiasAdd needs a bias over every output axis of the kernel.
         if (flat is None or self.bias is None
                 or self.activation not in (None, keras.activations.linear)
-                or self.bias_axes != kernel_axes[flat[0]:]):
+                or self.bias_axes != kernel_axes.split(",")[1][flat[0]:]):
             return super().call(inputs, training=training)
-        k, _ = flat
-        kernel = self.kernel
-        kernel_shape = tuple(kernel.shape)
-        rows = math.prod(kernel_shape[:k])
-        cols = math.prod(kernel_shape[k:])
-        shape = ops.shape(inputs)
-        lead = len(inputs.shape) - k
-        x = ops.reshape(inputs, (-1, rows))
-        y = _dense_2d(x, ops.reshape(ops.cast(kernel, x.dtype), (rows, cols)),
-                      ops.reshape(ops.cast(self.bias, x.dtype), (cols,)),
-                      training)
-        return ops.reshape(y, (*shape[:lead], *kernel_shape[k:]))
+        return kernels.einsum_dense(inputs, self.equation, self.kernel,
+                                    self.bias, training)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # As FusedDense: the quantized call is EinsumDense's own.
@@ -412,12 +285,11 @@ class FusedLayerNormalization(layers.LayerNormalization):
 
     def call(self, inputs, training=None):
         if (self.center and self.scale and not self.rms_scaling
-                and list(self.axis) in ([-1], [len(inputs.shape) - 1])
-                and chains_in_xla(inputs.dtype, training)):
-            from keras_vit.runtime import fused_ops
-
-            return fused_ops.xla_layer_norm(inputs, self.gamma, self.beta,
-                                            self.epsilon, self.compute_dtype)
+                and list(self.axis) in ([-1], [len(inputs.shape) - 1])):
+            y = kernels.layer_norm(inputs, self.gamma, self.beta,
+                                   self.epsilon, self.compute_dtype, training)
+            if y is not None:
+                return y
         return super().call(inputs)
 
 

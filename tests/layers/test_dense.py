@@ -212,14 +212,6 @@ def test_fused_einsum_dense_is_the_einsum_plus_bias(equation, output_shape,
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-5)
 
 
-def test_flat_einsum_recognises_the_plain_projections_only():
-    assert dense._flat_einsum("abc,cde->abde") == (1, 2)
-    assert dense._flat_einsum("abcd,cde->abe") == (2, 1)
-    # A transposed output or a batch axis in the kernel is no one matmul.
-    assert dense._flat_einsum("abc,cde->abed") is None
-    assert dense._flat_einsum("abc,acd->abd") is None
-
-
 # -- FusedConv2D -------------------------------------------------------------
 
 @pytest.mark.parametrize("training", [None, True])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import keras_vit
 from keras_vit import layers as kl
-from keras_vit.layers.dense import chains_in_xla
+from keras_vit.runtime.kernels import chains_in_xla
 from keras_vit.runtime import fused_ops
 
 pytestmark = pytest.mark.skipif(

@@ -1,0 +1,237 @@
+"""How the layers' math runs on this machine and backend: the one seam
+between :mod:`keras_vit.layers`, which say what they compute (a dense
+projection, a LayerNorm, attention), and the spellings each backend runs
+fastest or most exactly (TensorFlow's fused oneDNN ops and XLA programs of
+:mod:`keras_vit.runtime.fused_ops`, JAX's custom gradients, torch's
+``addmm``), chosen by the machine's plan
+(:func:`keras_vit.runtime.hardware.plan`). Every function here computes the
+same numbers as the plain Keras ops it replaces, to float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import keras
+from keras import ops
+
+from keras_vit.runtime.backend import is_tensorflow, name as backend_name
+
+#: GELU's two forms: flax's tanh approximation and erf (the quick sigmoid
+#: form is an approximation of them); XLA training programs compute
+#: either (:func:`keras_vit.runtime.fused_ops.xla_gelu`).
+GELU_FORMS = ("tanh", "exact")
+
+
+def chains_in_xla(dtype, training):
+    """Whether a call with ``training`` runs its GELU, LayerNorm and
+    softmax chains as XLA programs (:mod:`keras_vit.runtime.fused_ops`): training
+    calls only, where the machine's plan says so
+    (:class:`keras_vit.runtime.hardware.Plan`'s ``elementwise``, ``"xla"`` only
+    for TensorFlow's CPU graph). Inference calls never ask for the plan."""
+    if training is not True:
+        return False
+    from keras_vit.runtime import hardware
+
+    return hardware.plan(dtype).elementwise == "xla"
+
+
+# A bias's gradient sums the output's gradient over every row (every token
+# of every image). Under mixed precision that sum must accumulate in
+# float32: TensorFlow's CPU kernels (``BiasAddGrad``, oneDNN's fused
+# convolution backward) and XLA:CPU's reduce of JAX's broadcast-add
+# gradient accumulate bfloat16 in bfloat16, and came out 10-40% off the
+# float32 model's bias gradients (tests/models/test_mixed_precision_
+# gradients.py); torch accumulates in float32. :func:`add_bias` is the one
+# place the layers add a bias.
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_bias_add():
+    """``h + bias`` whose bias gradient sums over every axis but the last
+    in float32, rounding once (built on first use)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def add(h, bias):
+        return h + bias
+
+    def forward(h, bias):
+        return h + bias, None
+
+    def backward(_, dy):
+        axes = tuple(range(dy.ndim - 1))
+        return dy, jnp.sum(dy, axis=axes, dtype=jnp.float32).astype(dy.dtype)
+
+    add.defvjp(forward, backward)
+    return add
+
+
+def add_bias(h, bias, training=None):
+    """``h + bias`` over ``h``'s last axis, ``bias`` of ``h``'s dtype, with
+    a gradient summed in float32 on every backend: TensorFlow's spelling is
+    :func:`keras_vit.runtime.fused_ops.bias_add` (``training`` picks the one that
+    fuses best), JAX's a custom gradient, torch's a plain add."""
+    backend = backend_name()
+    if backend == "tensorflow":
+        from keras_vit.runtime import fused_ops
+
+        return fused_ops.bias_add(h, bias, training)
+    if backend == "jax":
+        return _jax_bias_add()(h, bias)
+    return h + bias
+
+
+def matmul_bias(x, kernel, bias, training=None):
+    """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
+    float32 (:func:`add_bias`). On TensorFlow,
+    :func:`keras_vit.runtime.fused_ops.dense`, whose bias add grappler fuses into
+    the matmul. On torch, one ``addmm``: eager torch runs a separate
+    add as its own pass over the output, which cost 3.4x the fused call
+    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
+    JAX a matmul and the add, which XLA fuses by itself."""
+    backend = backend_name()
+    if backend == "tensorflow":
+        from keras_vit.runtime import fused_ops
+
+        return fused_ops.dense(x, kernel, bias, training)
+    if backend == "torch":
+        import torch
+
+        return torch.addmm(bias, x, kernel)
+    return add_bias(ops.matmul(x, kernel), bias, training)
+
+
+@functools.lru_cache(maxsize=None)
+def flat_einsum(equation):
+    """``(k, n)`` when ``equation`` is a plain projection that one 2-D
+    matmul computes: the input's last ``k`` axes contract with the kernel's
+    first ``k`` and the kernel's other ``n`` axes end the output, in order
+    (``"abc,cde->abde"``, ``"abcd,cde->abe"``); None for anything else."""
+    match = re.fullmatch(r"(\w+),(\w+)->(\w+)", equation.replace(" ", ""))
+    if not match:
+        return None
+    inp, ker, out = match.groups()
+    for k in range(1, len(ker)):
+        lead = len(inp) - k
+        if (lead > 0 and ker[:k] == inp[lead:] and out[:lead] == inp[:lead]
+                and out[lead:] == ker[k:]):
+            return k, len(ker) - k
+    return None
+
+
+def dense(x, kernel, bias, activation=None, gelu=None, training=None):
+    """``activation(x @ kernel + bias)`` for a 2-D ``x`` (``gelu``: the
+    activation is the GELU of that form, :data:`keras_vit.layers.
+    MLP_ACTIVATIONS`). Training steps whose plan runs elementwise chains in
+    XLA compute the GELU and its gradient as one XLA loop each after the
+    oneDNN matmul + BiasAdd; TensorFlow's tanh GELU otherwise takes the
+    spelling that fuses MatMul + BiasAdd + GELU (at inference; in training
+    the one with the fewest backward ops, since the gradient needs the
+    GELU's inner values)."""
+    if gelu in GELU_FORMS and chains_in_xla(x.dtype, training):
+        from keras_vit.runtime import fused_ops
+
+        return fused_ops.xla_gelu(matmul_bias(x, kernel, bias, training),
+                                  gelu)
+    if gelu == "tanh" and is_tensorflow():
+        from keras_vit.runtime import fused_ops
+
+        spell = (fused_ops.dense_gelu_tanh_for_training
+                 if training is True else fused_ops.dense_gelu_tanh)
+        return spell(x, kernel, bias)
+    y = matmul_bias(x, kernel, bias, training)
+    if activation not in (None, keras.activations.linear):
+        y = activation(y)
+    return y
+
+
+def einsum_dense(inputs, equation, kernel, bias, training=None):
+    """The einsum projection ``equation`` of ``inputs`` by ``kernel`` plus
+    ``bias`` (over every output axis of the kernel), as one 2-D
+    :func:`matmul_bias` on the flattened tokens and kernel: the shape every
+    backend's fastest GEMM (oneDNN, cuBLAS, XLA) takes as it is, with the
+    bias add TensorFlow's grappler fuses into it. None where ``equation``
+    is not a plain projection (:func:`flat_einsum`): the caller runs the
+    einsum itself."""
+    flat = flat_einsum(equation)
+    if flat is None:
+        return None
+    k, _ = flat
+    kernel_shape = tuple(kernel.shape)
+    rows = math.prod(kernel_shape[:k])
+    cols = math.prod(kernel_shape[k:])
+    shape = ops.shape(inputs)
+    lead = len(inputs.shape) - k
+    x = ops.reshape(inputs, (-1, rows))
+    y = matmul_bias(x, ops.reshape(ops.cast(kernel, x.dtype), (rows, cols)),
+                    ops.reshape(ops.cast(bias, x.dtype), (cols,)), training)
+    return ops.reshape(y, (*shape[:lead], *kernel_shape[k:]))
+
+
+def layer_norm(inputs, gamma, beta, epsilon, dtype, training=None):
+    """A last-axis LayerNorm's training call as one XLA program each way
+    (:func:`keras_vit.runtime.fused_ops.xla_layer_norm`: float32
+    statistics, as Keras' own), where the machine's plan runs elementwise
+    chains in XLA; None otherwise: the caller runs Keras' own call."""
+    if not chains_in_xla(inputs.dtype, training):
+        return None
+    from keras_vit.runtime import fused_ops
+
+    return fused_ops.xla_layer_norm(inputs, gamma, beta, epsilon, dtype)
+
+
+def attention(q, k, v, bias, scale, dropout, training=None,
+              need_probs=False):
+    """Scaled dot-product attention of ``q``, ``k``, ``v`` (batch,
+    tokens, heads, head width) with optional logits ``bias`` (broadcast to
+    (batch, heads, queries, keys)): ``(context, probabilities)``, the
+    probabilities None where the spelling never forms them.
+    ``dropout``: None, or the dropout layer on the probabilities in
+    training. ``need_probs``: the caller returns attention maps."""
+    from keras_vit.runtime import hardware
+
+    plan = hardware.plan(q.dtype)
+    if (not need_probs and dropout is None
+            and plan.attention == "fused"):
+        # The backend's fused kernel (flash/cuDNN attention on GPUs,
+        # one XLA or SDPA kernel on JAX and torch CPUs).
+        return ops.dot_product_attention(q, k, v, bias=bias,
+                                         scale=scale), None
+    # Plain einsums: on TensorFlow CPUs these become oneDNN batch
+    # matmuls. TensorFlow has no fused attention kernel; its
+    # dot_product_attention is an einsum spelling of its own that
+    # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
+    # (benchmarks/attention_paths.py). Attention maps need the
+    # probabilities, which the fused kernels never return.
+    dtype = q.dtype
+    xla = chains_in_xla(dtype, training)
+    if not xla:  # the XLA softmax scales inside its own loop
+        q = q * ops.cast(scale, q.dtype)
+    logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
+    if bias is not None:
+        # Softmax in float32 under mixed precision elsewhere: bf16
+        # logits lose the small differences that decide where a
+        # head attends.
+        bias = ops.cast(bias, "float32")
+        logits = ops.cast(logits, "float32") + (bias / scale if xla else bias)
+    if xla:
+        from keras_vit.runtime import fused_ops
+
+        # One XLA loop each way, float32 inside whatever the
+        # logits' dtype: the float32 softmax's numbers without its
+        # casts or a pass to scale the queries.
+        probs = ops.cast(fused_ops.xla_softmax(logits, scale), dtype)
+    elif bias is None and plan.softmax == "input":
+        # oneDNN's bf16 softmax reads and writes bf16 but computes
+        # in float32 inside: the casts would only cost two passes.
+        probs = ops.softmax(logits, axis=-1)
+    else:
+        logits = ops.cast(logits, "float32")
+        probs = ops.cast(ops.softmax(logits, axis=-1), dtype)
+    weights = (probs if dropout is None
+               else dropout(probs, training=training))
+    return ops.einsum("bhqv,bvhk->bqhk", weights, v), probs
