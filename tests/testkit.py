@@ -25,7 +25,8 @@ TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
 # The ViT family's options at once, on top of any tiny ViT: registers
 # without a class token, the attention-pool (MAP) head, pre-norm, q/k
 # norms, layer scale, no biases, the gated MLP, a norm after the patch
-# embedding, RMSNorm for every norm. The contract tests that hold for the
+# embedding, RMSNorm for every norm, rotary embeddings beside the position
+# table. The contract tests that hold for the
 # 2020 ViT (Keras' features, every export, remat, mixed precision, any
 # input size) run on this model too.
 FAMILY_OPTIONS = dict(
@@ -33,7 +34,7 @@ FAMILY_OPTIONS = dict(
     posemb_includes_prefix=False, pre_norm=True, patch_bias=False,
     layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
     mlp="swiglu", gelu="exact", layer_norm_epsilon=1e-5, patch_norm=True,
-    norm="rms")
+    norm="rms", rope="dinov3")
 QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
              verbose=False, strategy="default")
 

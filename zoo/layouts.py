@@ -160,6 +160,22 @@ class Layout:
     def __init__(self, name, rules):
         self.name, self.rules = name, list(rules)
 
+    def renamed(self, keys, name=None):
+        """This layout with the source keys ``keys`` (pattern -> pattern)
+        spelled anew: one library's other class that names some weights
+        otherwise (timm's EVA: ``blocks.{i}.gamma_1`` for ViT's
+        ``blocks.{i}.ls1.gamma``).
+
+        >>> toy = Layout("toy", [Rule("scale_{i}", "blocks.{i}.ls1.gamma")])
+        >>> toy.renamed({"blocks.{i}.ls1.gamma": "blocks.{i}.gamma_1"}).key_of(
+        ...     "scale_2")
+        'blocks.2.gamma_1'
+        """
+        return Layout(name or self.name, [
+            Rule([p.text for p in rule.model],
+                 [keys.get(k.text, k.text) for k in rule.keys], rule.form,
+                 rule.variant) for rule in self.rules])
+
     def _for_path(self, path, variants=()):
         found = None
         for rule in self.rules:

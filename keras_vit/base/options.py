@@ -61,6 +61,11 @@ def optional_positive(name, value):
     return float(check_number(name, value, low=0, low_open=True))
 
 
+def positive(name, value):
+    """A positive number, as a float."""
+    return float(check_number(name, value, low=0, low_open=True))
+
+
 def choice(*choices):
     """A check accepting one of ``choices``."""
     def check(name, value):
@@ -284,6 +289,15 @@ OPTIONS = (
            params=lambda v, s: (0, s.norm(s.width) * v),
            weights=(Weight("patch_embedding/norm", "norm",
                            "patch_embed.norm", "embedding_norm"),)),
+    Option("rope", None, choice(None, "dinov3"), False, None,
+           "rotary position embeddings of each head's queries and keys, "
+           "the patches' (the class and register tokens are not turned), "
+           "beside any additive table: 'dinov3', DINOv3's (each patch's row "
+           "and column centred in [-1, 1] at any image size, periods "
+           "rope_temperature ** (2k / (head_dim / 2)), halves rotated); "
+           "None: none"),
+    Option("rope_temperature", 100.0, positive, False, None,
+           "the rotary embeddings' base period (DINOv3's 100)"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

@@ -14,6 +14,30 @@ from keras_vit.layers.dense import (
 from keras_vit.runtime import kernels
 
 
+def rotate(x, table):
+    """Rotary position embedding (Su et al. 2021) of ``x`` (batch, tokens,
+    heads, head_dim) by ``table`` (tokens, 2 * head_dim: each token's sines,
+    then its cosines, over the head's features): ``x * cos + r(x) * sin``
+    with ``r([a, b]) = [-b, a]`` over the two halves of the features (the
+    "rotate half" layout of DINOv3, EVA-02 and GPT-NeoX), in float32, cast
+    back to ``x``'s dtype. A token whose sines are 0 and cosines 1 (the
+    class and register tokens) is left exactly as it was.
+
+    >>> import numpy as np
+    >>> x = np.array([[[[1.0, 2.0]]]], "float32")
+    >>> angle = np.pi / 2  # a quarter turn of the pair (1, 2)
+    >>> table = np.array([[np.sin(angle)] * 2 + [np.cos(angle)] * 2], "float32")
+    >>> np.round(ops.convert_to_numpy(rotate(x, table)), 6).tolist()
+    [[[[-2.0, 1.0]]]]
+    """
+    sin, cos = ops.split(ops.cast(table, "float32"), 2, axis=-1)
+    sin, cos = sin[None, :, None, :], cos[None, :, None, :]
+    y = ops.cast(x, "float32")
+    first, second = ops.split(y, 2, axis=-1)
+    turned = ops.concatenate([-second, first], axis=-1)
+    return ops.cast(y * cos + turned * sin, x.dtype)
+
+
 def relative_table_rows(num_patches, num_prefix_tokens=0):
     """Rows of a 1D relative position table: one per offset between two of
     ``num_patches`` patches (2P - 1), plus one shared by every pair that
@@ -172,13 +196,18 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         return q, k, v
 
     def call(self, x, training=None, return_attention_scores=False,
-             attention_bias=None, relative_embedding=None):
+             attention_bias=None, relative_embedding=None, rope=None):
         """``attention_bias``: optional logits added before the softmax,
         broadcastable to (batch, heads, queries, keys).
         ``relative_embedding``: optional 1D relative position table (rows,
         heads, head_dim) whose logits with these queries
-        (:func:`relative_attention_bias`) are added the same way."""
+        (:func:`relative_attention_bias`) are added the same way.
+        ``rope``: optional rotary table (tokens, 2 * head_dim) of each
+        token's sines and cosines, which rotate the queries and keys
+        (:func:`rotate`) after their norms."""
         q, k, v = self._qkv(x)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)
             attention_bias = (relative if attention_bias is None

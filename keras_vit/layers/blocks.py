@@ -255,31 +255,31 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         return y
 
     def call(self, x, training=None, return_attention_scores=False,
-             relative_embedding=None):
-        """``relative_embedding``: optional 1D relative position table
-        (rows, heads, head_dim) whose logits (:func:`relative_attention_bias`)
-        are added to the content logits before the softmax."""
+             **position):
+        """``position``: the position scheme's tensors for the attention
+        (:class:`MultiHeadSelfAttention`'s ``relative_embedding``, a 1D
+        relative table whose logits join the scores; ``rope``, the rotary
+        table of the queries and keys), passed to it as they are."""
         if self.remat and training is True and not return_attention_scores:
-            return self._rematerialized(x, relative_embedding)
+            return self._rematerialized(x, position)
         return self._forward(x, training, return_attention_scores,
-                             relative_embedding)
+                             **position)
 
-    def _rematerialized(self, x, relative_embedding):
-        tables = () if relative_embedding is None else (relative_embedding,)
+    def _rematerialized(self, x, position):
+        # Positionally: recompute_grad gives keyword arguments no gradient.
+        names = sorted(position)
         return rematerialized(
-            self, lambda x, *table: self._forward(
-                x, True, relative_embedding=table[0] if table else None),
-            x, *tables)
+            self, lambda x, *tables: self._forward(
+                x, True, **dict(zip(names, tables))),
+            x, *(position[name] for name in names))
 
     def _forward(self, x, training=None, return_attention_scores=False,
-                 relative_embedding=None):
+                 **position):
         # The relative logits use "the original query": the attention
         # layer's own projection.
         y = self.attention(
             self.norm_1(x), training=training,
-            return_attention_scores=return_attention_scores,
-            relative_embedding=relative_embedding,
-        )
+            return_attention_scores=return_attention_scores, **position)
         if return_attention_scores:
             y, scores = y
         scales = ((self.layer_scale_1, self.layer_scale_2)

@@ -5,8 +5,9 @@ hooks: at the tokens (an additive table, learned, learned 2D or sin-cos,
 resized in the graph for a dynamic-size model: :meth:`~PositionScheme.
 at_stem` once, or before each block) and in attention (the keyword
 arguments of a block's call: the 1D relative table, whose logits join the
-attention scores). The encoder calls :meth:`~PositionScheme.before_block`
-for each block and knows no kind by name.
+attention scores; the rotary table, which turns the queries and keys).
+The encoder calls :meth:`~PositionScheme.before_block` for each block and
+knows no kind by name.
 
 >>> import numpy as np
 >>> scheme = PositionScheme("relative", "stem", (2, 2), 1, num_heads=2)
@@ -21,9 +22,12 @@ for each block and knows no kind by name.
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.base import options
+from keras_vit.base.checks import check_choice
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -77,6 +81,87 @@ class RelativePositionEmbedding(layers.Layer):
         return config
 
 
+ROPE_FORMS = options.choices("rope")[1:]
+"""The rotary embeddings' forms (the ``rope`` option)."""
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class RotaryEmbedding(layers.Layer):
+    """The rotary table of ``rope`` (no weights): called on the tokens
+    (and, in a dynamic-size model, the images), it returns each token's
+    sines and cosines (tokens, 2 * head_dim) for
+    :func:`keras_vit.layers.attention.rotate`; the ``num_prefix_tokens``
+    before the patches get sines 0 and cosines 1 (not rotated).
+
+    ``"dinov3"`` (DINOv3, as timm and Meta's code compute it): patch
+    ``(r, c)`` of an ``h x w`` grid sits at ``y = 2 (r + 0.5) / h - 1``,
+    ``x = 2 (c + 0.5) / w - 1``, so the coordinates span [-1, 1] at any
+    image size; with ``f = head_dim / 4`` periods ``temperature ** (2 k /
+    (head_dim / 2))``, ``k < f``, the angles are ``2 pi y / period`` then
+    ``2 pi x / period`` (head_dim / 2 of them), repeated once for the
+    halves :func:`~keras_vit.layers.attention.rotate` turns.
+
+    >>> import numpy as np
+    >>> rope = RotaryEmbedding((2, 2), head_dim=8, num_prefix_tokens=1)
+    >>> table = ops.convert_to_numpy(rope(np.zeros((1, 5, 16), "float32")))
+    >>> table.shape, table[0].tolist() == [0.0] * 8 + [1.0] * 8
+    ((5, 16), True)
+    """
+
+    def __init__(self, grid_size, head_dim, num_prefix_tokens=0,
+                 form="dinov3", temperature=100.0, stride=None, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.head_dim = int(head_dim)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.form = check_choice("rope", form, ROPE_FORMS)
+        self.temperature = float(temperature)
+        self.stride = None if stride is None else int(stride)
+        if self.head_dim % 4:
+            raise ValueError(
+                f"rope={form!r} rotates each head's features in pairs, half "
+                "by rows and half by columns: it needs a head width divisible "
+                f"by 4; received head width {self.head_dim} (hidden_size / "
+                "num_heads)")
+
+    def _angles(self, rows, cols):
+        quarter = self.head_dim // 4
+        exponents = 2.0 * np.arange(quarter, dtype="float32") / (
+            self.head_dim // 2)
+        periods = ops.convert_to_tensor(
+            np.float32(self.temperature) ** exponents)
+        centred = [(ops.cast(ops.arange(side), "float32") + 0.5)
+                   / ops.cast(side, "float32") for side in (rows, cols)]
+        y, x = (2.0 * c - 1.0 for c in centred)
+        y = ops.reshape(ops.repeat(y[:, None], cols, axis=1), (-1, 1))
+        x = ops.reshape(ops.tile(x[None, :], (rows, 1)), (-1, 1))
+        scale = np.float32(2 * np.pi)
+        return ops.concatenate([scale * y / periods[None],
+                                scale * x / periods[None]], axis=-1)
+
+    def call(self, x, images=None):
+        rows, cols = (self.grid_size if images is None
+                      else vit_layers.runtime_grid(images, self.stride))
+        angles = self._angles(rows, cols)
+        angles = ops.concatenate([angles, angles], axis=-1)
+        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+        prefix = ops.concatenate(
+            [ops.zeros((self.num_prefix_tokens, self.head_dim)),
+             ops.ones((self.num_prefix_tokens, self.head_dim))], axis=-1)
+        return ops.concatenate([prefix, table], axis=0)
+
+    def compute_output_shape(self, x_shape, images_shape=None):
+        return (x_shape[1], 2 * self.head_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(grid_size=list(self.grid_size), head_dim=self.head_dim,
+                      num_prefix_tokens=self.num_prefix_tokens,
+                      form=self.form, temperature=self.temperature,
+                      stride=self.stride)
+        return config
+
+
 def check_dynamic_image_size(dynamic_image_size, position_embedding):
     """``dynamic_image_size`` as a bool, or a ValueError naming it: the
     relative position table holds one row per 1D offset of the grid it was
@@ -117,10 +202,17 @@ class PositionScheme:
         num_heads: the attention heads (the relative table is per head).
         dtype: the layers' dtype policy.
         images, stride: a dynamic-size model's input and patch stride.
+        family: the model's family options (their rows in
+            :mod:`keras_vit.base.options`, normalised): ``rope`` adds a
+            rotary table (:class:`RotaryEmbedding`, layer
+            ``rotary_embedding``) to every block's attention, whatever
+            the additive kind.
+        head_dim: each attention head's width (for ``rope``).
     """
 
     def __init__(self, kind, placement, grid, num_prefix_tokens, num_heads,
-                 dtype=None, images=None, stride=None):
+                 dtype=None, images=None, stride=None, family=None,
+                 head_dim=None):
         self.kind, self.placement = kind, placement
         self.grid, self.prefix = grid, num_prefix_tokens
         self.num_heads, self.dtype = num_heads, dtype
@@ -128,6 +220,13 @@ class PositionScheme:
         self.shared = None
         if kind != "none" and placement != "every_layer":
             self.shared = self._make("position_embedding")
+        family = dict(options.DEFAULTS, **(family or {}))
+        self.rope, self.rope_table = None, None
+        if family["rope"] is not None:
+            self.rope = RotaryEmbedding(
+                grid, head_dim, options.prefix_tokens(family),
+                form=family["rope"], temperature=family["rope_temperature"],
+                stride=stride, dtype=dtype, name="rotary_embedding")
 
     def _make(self, name):
         if self.kind == "relative":
@@ -166,9 +265,14 @@ class PositionScheme:
         that acts in attention (``"relative"``) is passed as
         ``relative_embedding``. ``"every_layer"`` makes block ``i``'s table
         here: call it once per block."""
+        position = {}
+        if self.rope is not None:
+            if self.rope_table is None:  # one table for every block
+                self.rope_table = self._add(self.rope, x)
+            position["rope"] = self.rope_table
         layer = self._table(i)
         if layer is None:
-            return x, {}
+            return x, position
         if self.kind == "relative":
-            return x, {"relative_embedding": layer(x)}
-        return self._add(layer, x), {}
+            return x, dict(position, relative_embedding=layer(x))
+        return self._add(layer, x), position

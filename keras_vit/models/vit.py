@@ -215,7 +215,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             position_embedding, position_embedding_placement, spec["grid"],
             prefix if table_covers_prefix else 0, spec["num_heads"], dtype,
             images=inputs if dynamic else None,
-            stride=spec["stride"] if dynamic else None)
+            stride=spec["stride"] if dynamic else None, family=family,
+            head_dim=spec["hidden_size"] // spec["num_heads"])
         x, scores = _encode(
             x, blocks, scheme, None if table_covers_prefix else prepend,
             layers.Dropout(spec["dropout_rate"], dtype=dtype,

@@ -41,6 +41,8 @@ EXAMPLES = {
     "norm": ("rms", {}),
     "patch_norm": (True, {}),
     "head_type": ("projection", {}),
+    "rope": ("dinov3", {}),
+    "rope_temperature": (10000.0, dict(rope="dinov3")),
 }
 
 

@@ -104,6 +104,12 @@ TIMM = Layout("timm", [
 ])
 
 
+#: timm's EVA (``eva.py``: EVA-02, DINOv3, PE): the ViT's names, with the
+#: layer scales as EVA's blocks name them.
+TIMM_EVA = TIMM.renamed({f"blocks.{{i}}.ls{n}.gamma": f"blocks.{{i}}.gamma_{n}"
+                         for n in (1, 2)})
+
+
 def check_state(state, layout, what="ViT"):
     """Refuses, in one line naming them, the parameters of a timm
     ``state_dict`` keras_vit's model (``what``) has no place for in
