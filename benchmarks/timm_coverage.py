@@ -68,19 +68,26 @@ import tempfile
 import time
 from unittest import mock
 
-MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid")
+MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid", "eva")
 # The function of each module its architecture functions build through.
 BUILDERS = {"vision_transformer": "_create_vision_transformer",
             "deit": "_create_deit",
-            "vision_transformer_hybrid": "_create_vision_transformer_hybrid"}
+            "vision_transformer_hybrid": "_create_vision_transformer_hybrid",
+            "eva": "_create_eva"}
+# EVA's arguments a table row leaves out (the rest are completed with
+# Eva's defaults, which differ from VisionTransformer's).
+EVA_UNSTATED = frozenset({"in_chans", "num_classes", "device", "dtype",
+                          "head_init_scale"})
 # The most parameters an architecture may have at the walked depth (1).
 MAX_PARAMETERS = 500_000_000
 CLASSES = 5
 TOLERANCE = 1e-5
 HYBRID_TOLERANCE = 1e-4
 MAX_JOBS = 2
-# The architecture name the probe describes a refused ViT under.
+# The architecture name the probe describes a refused ViT under: a plain
+# member of its module, whose own arguments are its builder's defaults.
 STAND_IN = "vit_base_patch16_224"
+STAND_INS = {"eva": "eva_giant_patch14_224"}
 # An architecture function's arguments that are sizes or bookkeeping, not
 # features.
 SIZES = frozenset({"patch_size", "embed_dim", "depth", "num_heads",
@@ -112,6 +119,18 @@ ARGUMENTS = {
     "mlp_ratio": "MLP width (mlp_ratio)",
     "dynamic_img_size": "dynamic image size",
     "pool_include_prefix": "attention pool over the prefix tokens",
+    # EVA's (eva.py).
+    "scale_mlp": "norms inside attention and MLP (BEiT-3 sub-LN)",
+    "scale_attn_inner": "norms inside attention and MLP (BEiT-3 sub-LN)",
+    "use_post_norm": "post-norm blocks (ResPostBlock)",
+    "qkv_fused": "separate q, k, v projections (EVA-02)",
+    "ref_feat_shape": "EVA-02's rotary grid (ref_feat_shape)",
+    "attn_type": "RoPE-ViT and PE attention (attn_type)",
+    "rope_grid_indexing": "RoPE-ViT and PE attention (attn_type)",
+    "rope_grid_offset": "RoPE-ViT and PE attention (attn_type)",
+    "attn_pool_num_heads": "attention pool of PE (attn_pool_*)",
+    "attn_pool_mlp_ratio": "attention pool of PE (attn_pool_*)",
+    "num_kv_heads": "grouped-query attention (num_kv_heads)",
 }
 # The order a group names its features in: the larger parts first.
 _ORDER = {key: i for i, key in enumerate((
@@ -264,7 +283,13 @@ def table_entry(name, module):
 
     args = architecture_args(name, module)
     model = meta_model(name)
-    if "backbone" not in args:
+    if module == "eva":
+        from timm.models.eva import Eva
+
+        for key, parameter in inspect.signature(Eva).parameters.items():
+            if key not in EVA_UNSTATED:
+                args.setdefault(key, describe(parameter.default, key))
+    elif "backbone" not in args:
         defaults = inspect.signature(VisionTransformer).parameters
         for key in TABLE_SIZES:
             args.setdefault(key, defaults[key].default)
@@ -294,7 +319,8 @@ def write_table(path, arches=None):
     head = {
         "about": "timm's ViT-family architectures: the arguments each "
                  "architecture function passes to its module's builder "
-                 "(sizes completed with VisionTransformer's defaults; "
+                 "(sizes completed with VisionTransformer's defaults, "
+                 "EVA's every argument with Eva's; "
                  "norm layers as their class and epsilon, other layers by "
                  "name), read from timm itself by benchmarks/timm_coverage.py "
                  "--write-table",
@@ -469,7 +495,7 @@ def _compare(got, want, tolerance):
             f"max |diff| {diff:.3g} on logits of scale {scale:.3g}")
 
 
-def probe(folder, theirs, args, size, x, want):
+def probe(folder, theirs, args, size, x, want, module=None):
     """The refused ViT in ``folder`` described by its arguments under
     :data:`STAND_IN` (see the module docstring): ``dict(missing=[the
     arguments keras_vit refused, "key=value"], status=..., message=...,
@@ -483,7 +509,8 @@ def probe(folder, theirs, args, size, x, want):
         0], embed_dim=theirs.embed_dim, num_heads=args["num_heads"],
         mlp_ratio=args.get("mlp_ratio", 4.0), depth=1, img_size=size,
         num_classes=CLASSES)
-    config.update(architecture=STAND_IN, model_args=model_args)
+    config.update(architecture=STAND_INS.get(module, STAND_IN),
+                  model_args=model_args)
     missing = []
     while True:
         with open(path, "w") as f:
@@ -590,7 +617,7 @@ def walk_one(name, module="vision_transformer", tags=(), workdir=None,
                        error_type=type(error).__name__,
                        one_line="\n" not in message)
             if not row["backbone"] and not args.get("distilled"):
-                found = probe(folder, theirs, args, size, x, want)
+                found = probe(folder, theirs, args, size, x, want, module)
                 row.update(probe_missing=found["missing"],
                            probe_status=found["status"],
                            probe_message=found["message"].replace(
@@ -676,6 +703,16 @@ def summary(rows):
         lines.append(f"| {status} | {len(by_status[status])} | "
                      f"{_tags(by_status[status])} |")
     lines.append(f"| all | {len(rows)} | {_tags(rows)} |")
+    lines += ["", "### By timm module", "",
+              "| module | architectures | pretrained tags | tags loaded "
+              "exactly | share |", "|---|---|---|---|---|"]
+    for module in MODULES:
+        members = [r for r in rows if r["module"] == module]
+        loaded = _tags([r for r in members if r["status"] == EXACT])
+        total = _tags(members)
+        share = f"{100 * loaded / total:.1f}%" if total else "-"
+        lines.append(f"| {module} | {len(members)} | {total} | {loaded} | "
+                     f"{share} |")
     refused = collections.defaultdict(list)
     for row in by_status[REFUSED]:
         refused[row["group"]].append(row)
@@ -715,7 +752,8 @@ def summary(rows):
                   "| architecture | how | image | what |", "|---|---|---|---|"]
         for row in wrong:
             how = ("zoo.load of timm's folder" if row["status"] == DIFFERS
-                   else f"the probe ({STAND_IN} with its arguments)")
+                   else "the probe (its module's stand-in with its "
+                   "arguments)")
             what = (row["message"] if row["status"] == DIFFERS
                     else row["probe_message"])
             lines.append(f"| {row['name']} | {how} | {row['image_size']} | "
@@ -772,6 +810,7 @@ def report(rows, command, seconds=None):
         f"logits compared on one random batch (within {TOLERANCE:g} of their "
         f"scale, {HYBRID_TOLERANCE:g} for the hybrids). A refused ViT's "
         f"feature group comes from a probe: its weights under `{STAND_IN}` "
+        f"(EVA's under `{STAND_INS['eva']}`) "
         "with timm's arguments as `model_args`, the arguments keras_vit "
         "refuses listed (see `benchmarks/timm_coverage.py`)",
         f"- **{share:.1f}% of the pretrained tags load with timm's logits** "

@@ -31,6 +31,12 @@ KNOWN_GAPS = {
     "norms inside attention and MLP (BEiT-3 sub-LN)",
     "attention pool over the prefix tokens",
     "hybrid backbone ResNet-D (resnet26d/50d)", "hybrid backbone ConvStem",
+    # EVA's (eva.py) beyond DINOv3 and the EVA giants.
+    "separate q, k, v projections (EVA-02)",
+    "EVA-02's rotary grid (ref_feat_shape)",
+    "RoPE-ViT and PE attention (attn_type)", "rope_type=mixed",
+    "attention pool of PE (attn_pool_*)",
+    "global_pool=map",  # in an EVA: PE's attention pool (the ViT's loads)
 }
 
 
@@ -67,7 +73,7 @@ def test_representatives_carry_every_option_value_of_timms_list(walked):
               for key, value in coverage.options(coverage.architecture_args(
                   row["name"], row["module"])).items()}
     assert carried == chosen
-    # All three modules, and a plain ViT among them.
+    # Every module, and a plain ViT among them.
     assert {row["module"] for row in rows} == set(coverage.MODULES)
     assert not coverage.options(coverage.architecture_args(
         rows[0]["name"], rows[0]["module"]))
@@ -75,8 +81,11 @@ def test_representatives_carry_every_option_value_of_timms_list(walked):
 
 def test_each_loads_with_timms_logits_or_is_refused_in_one_line(walked):
     coverage, rows, _ = walked
+    # (timm itself fails to build its sapiens2 architectures today.)
     unexpected = [(r["name"], r["status"], r["message"]) for r in rows
-                  if r["status"] not in (coverage.EXACT, coverage.REFUSED)]
+                  if r["status"] not in (coverage.EXACT, coverage.REFUSED)
+                  and not (r["status"] == coverage.NO_BUILD
+                           and "sapiens2" in r["name"])]
     assert not unexpected, unexpected
     refused = [r for r in rows if r["status"] == coverage.REFUSED]
     assert all(r["one_line"] for r in refused), [
@@ -122,7 +131,7 @@ def test_the_features_refused_are_known_gaps(walked):
 
 def test_keras_vits_table_is_timms_for_the_installed_timm(walked):
     """zoo/timm/architectures.json is what ``--write-table`` writes from
-    the installed timm: its version, every architecture of the three
+    the installed timm: its version, every architecture of the
     modules in timm's order, and for the representatives (every option
     value timm passes) the very rows."""
     from keras_vit.zoo.timm import arguments as timm_arguments

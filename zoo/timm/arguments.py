@@ -89,6 +89,16 @@ def architecture(name):
                          tag=None), options
 
 
+def table_entry(name):
+    """The table's row of timm's architecture ``name`` (a tag after ``.``
+    ignored): ``{"module": ..., "args": ...}``, or None.
+
+    >>> table_entry("vit_small_patch16_dinov3")["module"]
+    'eva'
+    """
+    return table()["architectures"].get(name.partition(".")[0])
+
+
 def backbone(name):
     """The name of the backbone timm's hybrid architecture ``name`` builds
     its patches with (``"ResNetV2"``, ``"ConvStem"``, ...), or None for a
@@ -137,13 +147,13 @@ _NORM_CLASSES = {"LayerNorm": "layer", "RmsNorm": "rms"}
 _NORM_NAMES = {"layernorm": "layer", "rmsnorm": "rms"}
 
 
-def _norm_arg(value):
+def norm_arg(value):
     """timm's norm layer -> ``(keras_vit's norm kind, epsilon)``: the
     table's ``{"layer": "LayerNorm" or "RmsNorm", "eps": ...}`` or timm's
     names ``"layernorm"`` and ``"rmsnorm"`` (timm's classes at their
     default epsilon, 1e-6).
 
-    >>> _norm_arg({"layer": "RmsNorm", "eps": 1e-05}), _norm_arg("layernorm")
+    >>> norm_arg({"layer": "RmsNorm", "eps": 1e-05}), norm_arg("layernorm")
     (('rms', 1e-05), ('layer', 1e-06))
     """
     if isinstance(value, str) and value.lower() in _NORM_NAMES:
@@ -300,7 +310,7 @@ def honoured(config, arch, path, defaults=None):
             if key == "embed_norm_layer" and value in (None, ""):
                 continue  # none (timm's empty name too), as without it
             try:
-                norms[key] = _norm_arg(value)
+                norms[key] = norm_arg(value)
             except ValueError as e:
                 raise refuse(key, value, f"(it {e})") from None
         elif arch.family == "vit" and (key in TIMM_OPTIONS

@@ -47,7 +47,8 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
 # timm's names <-> the model's variables (zoo/timm/layout.py).
-from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, check_state
+from keras_vit.zoo.timm import eva
+from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, TIMM_EVA, check_state
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
                                      hub_download, read_safetensors)
@@ -238,6 +239,15 @@ def _head_type(config, build_config, arrays, head, labels):
     return {"head_type": kind} if kind and kind != "classifier" else {}
 
 
+def _eva_args(entry, config):
+    """An EVA architecture's arguments: the table's, the ``config.json``'s
+    ``model_args`` over them, and its pooling."""
+    args = dict(entry["args"], **(config.get("model_args") or {}))
+    if config.get("global_pool") not in (None, ""):
+        args["global_pool"] = config["global_pool"]
+    return args
+
+
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
@@ -250,11 +260,17 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     config, path = fetch(source, progress=progress)
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch, defaults = _architecture(config, name)
-    honoured = timm_arguments.honoured(config, arch, where, defaults)
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
+    entry = timm_arguments.table_entry(arch.name)
+    if entry is not None and entry["module"] == "eva":
+        honoured = eva.honoured(_eva_args(entry, config), where)
+        layout = TIMM_EVA
+        state = eva.with_key_biases(state)
+    else:
+        honoured = timm_arguments.honoured(config, arch, where, defaults)
+        layout = TIMM_BIT if is_bit else TIMM
     build_config = dict(arch.config, **honoured)
-    layout = TIMM_BIT if is_bit else TIMM
     try:
         check_state(state, layout, "BiT ResNetV2" if is_bit else "ViT")
     except ValueError as e:  # parameters keras_vit lacks: name the file

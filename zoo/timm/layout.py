@@ -105,9 +105,14 @@ TIMM = Layout("timm", [
 
 
 #: timm's EVA (``eva.py``: EVA-02, DINOv3, PE): the ViT's names, with the
-#: layer scales as EVA's blocks name them.
-TIMM_EVA = TIMM.renamed({f"blocks.{{i}}.ls{n}.gamma": f"blocks.{{i}}.gamma_{n}"
-                         for n in (1, 2)})
+#: layer scales as EVA's blocks name them and the query, key and value
+#: biases apart (EVA's key bias is a buffer of zeros no file holds: the
+#: reader gives it).
+TIMM_EVA = Layout("timm", [
+    *TIMM.renamed({f"blocks.{{i}}.ls{n}.gamma": f"blocks.{{i}}.gamma_{n}"
+                   for n in (1, 2)}).rules,
+    *[Rule(f"{_B}attention/{part}/bias", f"{_T}attn.{part[0]}_bias", "flat")
+      for part in ("query", "key", "value")]])
 
 
 def check_state(state, layout, what="ViT"):

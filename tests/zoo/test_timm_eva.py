@@ -1,0 +1,67 @@
+"""timm's EVA folders (DINOv3 here), written by timm itself, read by
+``zoo.load``: the model's options come from the folder's architecture and
+``model_args``, the weights go onto the model through EVA's names, and
+the logits are timm's at the size it was built for and, the DINOv3
+models being dynamic-size, at another. What keras_vit does not compute
+is refused in one line naming the argument."""
+
+import json
+
+import pytest
+
+import keras
+from keras_vit import zoo
+from keras_vit.zoo.formats import FormatError
+from testkit import (assert_close_to_timm, random_images, random_timm_model,
+                     timm_forward)
+
+pytestmark = pytest.mark.backends
+
+CLASSES = 5
+
+
+def _folder(tmp_path, arch, **kwargs):
+    from timm.models import save_for_hf
+
+    theirs = random_timm_model(arch, 32, CLASSES, depth=2, **kwargs)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    return theirs, tmp_path / "repo"
+
+
+@pytest.mark.parametrize("arch, kwargs", [
+    ("vit_small_patch16_dinov3", dict(patch_size=8)),
+    # Biases on the query and value (the key's are EVA's zeros).
+    ("vit_small_patch16_dinov3_qkvb", dict(patch_size=8)),
+    # The unpacked SwiGLU MLP, its width aligned to 8.
+    ("vit_small_plus_patch16_dinov3", dict(patch_size=8)),
+])
+def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
+    theirs, repo = _folder(tmp_path, arch, **kwargs)
+    ours = zoo.load(str(repo))
+    config = ours.get_config()
+    assert (config["rope"], config["num_registers"],
+            config["position_embedding"], config["classifier"]) == (
+        "dinov3", 4, "none", "gap")
+    assert config["dynamic_image_size"] is True
+    for size in (32, 48):
+        x = random_images(size)
+        assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)),
+                             timm_forward(theirs, x))
+
+
+@pytest.mark.parametrize("setting, named", [
+    (dict(use_post_norm=True), "model_args.use_post_norm"),
+    (dict(rope_rotate_half=False), "model_args.rope_rotate_half"),
+    (dict(rope_type="cat"), "model_args.rope_type"),
+    (dict(scale_mlp=True), "model_args.scale_mlp"),
+])
+def test_an_eva_setting_keras_vit_does_not_compute_is_named(
+        tmp_path, setting, named):
+    _, repo = _folder(tmp_path, "vit_small_patch16_dinov3", patch_size=8)
+    config = json.loads((repo / "config.json").read_text())
+    config.setdefault("model_args", {}).update(setting)
+    (repo / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError) as e:
+        zoo.load(str(repo))
+    message = str(e.value)
+    assert named in message and "\n" not in message, message

@@ -1,0 +1,180 @@
+"""timm's EVA model (``eva.py``: DINOv3, EVA-02, Perception Encoder, ...)
+as keras_vit's ViT: its arguments mapped onto the builder's, each at a
+value keras_vit computes or refused in one line naming it.
+
+timm's ``Eva`` is the ViT with other names and defaults (average pooling,
+biases on the query and value only, layer scales ``gamma_1``/``gamma_2``)
+and options of its own: rotary embeddings, SwiGLU MLPs, norms inside
+attention and MLP, post-norm blocks. The table of timm's architectures
+(:mod:`keras_vit.zoo.timm.arguments`) holds every argument of an EVA
+architecture, its function's and ``Eva``'s defaults, so each is read here.
+
+>>> args = {"embed_dim": 64, "depth": 2, "num_heads": 4, "patch_size": 16,
+...         "mlp_ratio": 4.0, "global_pool": "avg", "use_fc_norm": False,
+...         "use_abs_pos_emb": False, "use_rot_pos_emb": True,
+...         "rope_type": "dinov3", "rope_rotate_half": True,
+...         "rope_temperature": 100, "num_reg_tokens": 4}
+>>> out = honoured(args, "config.json")
+>>> [out[k] for k in ("rope", "num_registers", "position_embedding",
+...                   "classifier", "mlp_dim")]
+['dinov3', 4, 'none', 'gap', 256]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_vit.base.checks import shown
+from keras_vit.zoo import formats
+from keras_vit.zoo.timm.arguments import norm_arg
+
+# EVA's settings that keras_vit's model computes only at one value:
+# timm's argument -> that value (None included).
+_FIXED = {
+    "num_kv_heads": None, "qkv_fused": True, "scale_mlp": False,
+    "scale_attn_inner": False, "attn_type": "eva",
+    "attn_only_layer_scale": False, "use_post_norm": False,
+    "attn_pool_num_heads": None, "attn_pool_mlp_ratio": None,
+    "dynamic_img_pad": False, "ref_feat_shape": None,
+    "patch_drop_rate": 0.0, "rope_grid_offset": 0.0,
+    "rope_grid_indexing": "ij", "rope_shift_coords": None,
+    "rope_jitter_coords": None, "rope_rescale_coords": None,
+    "rope_mrope_section": None,
+}
+# What each of those is, for the refusal.
+_WHAT = {
+    "scale_mlp": "a norm inside the MLP", "scale_attn_inner":
+    "a norm inside attention", "use_post_norm": "post-norm blocks",
+    "attn_type": "another attention", "num_kv_heads": "grouped queries",
+    "qkv_fused": "separate q, k, v projections",
+    "ref_feat_shape": "EVA-02's rotary grid", "patch_drop_rate":
+    "patch dropout", "attn_pool_num_heads": "an attention pool",
+}
+# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's.
+_ROPE = {"dinov3": "dinov3"}
+# timm's EVA poolings -> keras_vit's classifier.
+_POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max"}
+# Sizes, as the ViT reader reads them.
+_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
+          "depth": "num_layers", "num_heads": "num_heads"}
+_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
+          "attn_drop_rate": "attention_dropout_rate",
+          "drop_path_rate": "drop_path_rate", "pos_drop_rate": None}
+
+
+def _flag(value):
+    if not isinstance(value, bool):
+        raise ValueError("it is not true or false")
+    return value
+
+
+def _rate(value):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not 0 <= value < 1):
+        raise ValueError("it is not a rate in [0, 1)")
+    return float(value)
+
+
+def _count(value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("it is not a count")
+    return value
+
+
+def _positive(value):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not value > 0):
+        raise ValueError("it is not a positive number")
+    return float(value)
+
+
+def _choice(table, what):
+    def read(value):
+        if not isinstance(value, str) or value not in table:
+            raise ValueError(f"{what} {', '.join(map(repr, table))}")
+        return table[value]
+    return read
+
+
+def honoured(args, path):
+    """keras_vit's builder arguments of timm's EVA arguments ``args`` (the
+    table's, overridden by a ``config.json``'s ``model_args``), each
+    refused where keras_vit's model would compute something else: a
+    FormatError naming ``path``'s field, the argument and its value."""
+
+    def refuse(key, why):
+        return formats.fail(path, f"model_args.{key}", f"{key}="
+                            f"{shown(args.get(key), 60)} is a timm EVA "
+                            f"setting keras_vit cannot honour ({why})")
+
+    def read(key, convert, default):
+        try:
+            return convert(args.get(key, default))
+        except ValueError as e:
+            raise refuse(key, str(e)) from None
+
+    for key, value in _FIXED.items():
+        if key in args and args[key] != value:
+            raise refuse(key, "it builds " + _WHAT.get(
+                key, f"{key}={value!r} only").replace("it builds ", ""))
+    out = {ours: read(key, _count, None) for key, ours in _SIZES.items()}
+    for key, ours in _DROPS.items():
+        value = read(key, _rate, 0.0)
+        if ours and value:
+            out[ours] = value
+    pool = read("global_pool", _choice(_POOLS, "it pools by"), "avg")
+    out["classifier"] = pool
+    out["class_token"] = read("class_token", _flag, True)
+    out["num_registers"] = read("num_reg_tokens", _count, 0)
+    out["posemb_includes_prefix"] = not read("no_embed_class", _flag, False)
+    out["qkv_bias"] = read("qkv_bias", _flag, True)
+    out["qk_norm"] = read("qk_norm", _flag, False)
+    out["pre_norm"] = read("use_pre_transformer_norm", _flag, False)
+    fc_norm = args.get("use_fc_norm")
+    fc_norm = pool == "gap" if fc_norm is None else read("use_fc_norm",
+                                                         _flag, None)
+    post = args.get("use_post_transformer_norm")
+    post = not fc_norm if post is None else read(
+        "use_post_transformer_norm", _flag, None)
+    if fc_norm and post:
+        raise refuse("use_post_transformer_norm", "keras_vit has one final "
+                     "norm, before the pooling or after it")
+    out["fc_norm"], out["final_norm"] = fc_norm, fc_norm or post
+    kind, out["layer_norm_epsilon"] = read(
+        "norm_layer", norm_arg, {"layer": "LayerNorm", "eps": 1e-6})
+    if kind != "layer":
+        out["norm"] = kind
+    init = args.get("init_values")
+    out["layer_scale"] = None if init is None else read("init_values",
+                                                         _positive, None)
+    out["position_embedding"] = ("learned_1d" if read(
+        "use_abs_pos_emb", _flag, True) else "none")
+    if read("use_rot_pos_emb", _flag, False):
+        out["rope"] = read("rope_type", _choice(
+            _ROPE, "of timm's rotary forms it computes"), "cat")
+        if not read("rope_rotate_half", _flag, False):
+            raise refuse("rope_rotate_half", "DINOv3's rotary embeddings "
+                         "turn halves")
+        out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
+    out["dynamic_image_size"] = read("dynamic_img_size", _flag, False)
+    width = int(out["hidden_size"] * read("mlp_ratio", _positive, 4.0))
+    out["gelu"] = "exact"  # Eva's blocks: torch's GELU
+    out["mlp_dim"] = width
+    if read("swiglu_mlp", _flag, False):
+        align = read("swiglu_align_to", _count, 0)
+        out["mlp"] = "swiglu"
+        out["mlp_dim"] = width + (-width % align if align else 0)
+    return out
+
+
+def with_key_biases(state):
+    """timm's EVA ``state`` with each block's key bias, zeros, beside its
+    query and value biases: EVA projects the keys without a bias and keeps
+    zeros in a buffer no file holds, where keras_vit's ``qkv_bias`` has one
+    for each."""
+    out = dict(state)
+    for key, value in state.items():
+        if key.endswith(".attn.q_bias"):
+            out.setdefault(key[:-len("q_bias")] + "k_bias",
+                           np.zeros(np.shape(value), "float32"))
+    return out
