@@ -113,7 +113,7 @@ def backbone(name):
 
 # -- timm's arguments -> keras_vit's ----------------------------------------
 
-def _bool_arg(value):
+def bool_arg(value):
     if not isinstance(value, bool):
         raise ValueError("is not true or false")
     return value
@@ -135,7 +135,7 @@ def _layer_scale_arg(value):
     return float(value)
 
 
-def _count_arg(value):
+def count_arg(value):
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError("is not a count")
     return value
@@ -199,30 +199,30 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_rate(value):
+def is_rate(value):
     return _is_number(value) and 0 <= value < 1
 
 
 # How each of timm's family arguments (TIMM_OPTIONS, shared with the
 # writer) reads: its value's check and mapping onto keras_vit's.
 _TIMM_VALUES = {
-    "class_token": _bool_arg, "reg_tokens": _count_arg,
-    "no_embed_class": _bool_arg,
+    "class_token": bool_arg, "reg_tokens": count_arg,
+    "no_embed_class": bool_arg,
     "global_pool": _choice_arg(TIMM_POOLS),
-    "fc_norm": lambda v: None if v is None else _bool_arg(v),
-    "init_values": _layer_scale_arg, "qk_norm": _bool_arg,
-    "qkv_bias": _bool_arg, "proj_bias": _bool_arg, "pre_norm": _bool_arg,
-    "final_norm": _bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
+    "fc_norm": lambda v: None if v is None else bool_arg(v),
+    "init_values": _layer_scale_arg, "qk_norm": bool_arg,
+    "qkv_bias": bool_arg, "proj_bias": bool_arg, "pre_norm": bool_arg,
+    "final_norm": bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
     "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
-    "drop_path_rate": lambda v: v if _is_rate(v) else _choice_arg({})(v),
+    "drop_path_rate": lambda v: v if is_rate(v) else _choice_arg({})(v),
 }
 # The arguments the reader honours beyond those the writer writes:
 # timm's name -> (keras_vit's argument, the value's check and mapping).
 _READ_ONLY = {
     "mlp_layer": ("mlp", _mlp_layer_arg),
-    "dynamic_img_size": ("dynamic_image_size", _bool_arg),
+    "dynamic_img_size": ("dynamic_image_size", bool_arg),
     # An argument of DeiT's builder: the distillation token and head.
-    "distilled": ("distilled", _bool_arg),
+    "distilled": ("distilled", bool_arg),
 }
 # timm's ViT size arguments -> keras_vit's.
 _TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
@@ -300,9 +300,9 @@ def honoured(config, arch, path, defaults=None):
             out[_TIMM_SIZES[key]] = value
         elif key == "mlp_ratio" and vit:
             continue  # below, once the width is known
-        elif key in ("drop_rate", "proj_drop_rate") and _is_rate(value):
+        elif key in ("drop_rate", "proj_drop_rate") and is_rate(value):
             out["dropout_rate"] = float(value)
-        elif key == "attn_drop_rate" and _is_rate(value):
+        elif key == "attn_drop_rate" and is_rate(value):
             out["attention_dropout_rate"] = float(value)
         elif key == "act_layer" and _is_silu(value) and arch.family == "vit":
             continue  # the gate's activation, checked with the MLP below

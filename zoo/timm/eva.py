@@ -26,6 +26,7 @@ import numpy as np
 
 from keras_vit.base.checks import shown
 from keras_vit.zoo import formats
+from keras_vit.zoo.timm import arguments
 from keras_vit.zoo.timm.arguments import norm_arg
 
 # EVA's settings that keras_vit's model computes only at one value:
@@ -62,23 +63,14 @@ _DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
           "drop_path_rate": "drop_path_rate", "pos_drop_rate": None}
 
 
-def _flag(value):
-    if not isinstance(value, bool):
-        raise ValueError("it is not true or false")
-    return value
+# The checks of timm's ViT arguments, shared.
+_flag, _count = arguments.bool_arg, arguments.count_arg
 
 
 def _rate(value):
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not 0 <= value < 1):
+    if not arguments.is_rate(value):
         raise ValueError("it is not a rate in [0, 1)")
     return float(value)
-
-
-def _count(value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError("it is not a count")
-    return value
 
 
 def _positive(value):
