@@ -204,6 +204,8 @@ KERAS_VIT_CONFIG = Object({
     "resnet": _RESNET,
     "block_units": List(Int(0, MAX_LAYERS), max_len=8),
     "width_factor": Number(0, 64, open=True),
+    "layer_norm_epsilon": Number(0, 1, open=True),
+    "head_bias_init": Number(-1e6, 1e6),
 }, what="a model config")
 KERAS_FILE_CONFIG = Object({
     "module": Str(), "class_name": Str(), "registered_name": Nullable(Str()),

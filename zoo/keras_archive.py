@@ -42,8 +42,12 @@ def load_keras_file(path, argument="model", *,
         model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
             zipfile.BadZipFile) as e:
+        # Keras' own messages run over several lines (the objects it could
+        # not load, then each one's traceback): the first says what.
+        first = next((line for line in str(e).splitlines() if line.strip()),
+                     "")
         raise error(f"cannot load {argument}={path!r} as a Keras model: "
-                    f"{type(e).__name__}: {e}") from e
+                    f"{type(e).__name__}: {first.strip()}") from e
     except RecursionError:  # a config.json nested thousands deep
         raise error(f"cannot load {argument}={path!r} as a Keras model: its "
                     "config.json is nested too deeply to be a model's "
@@ -108,7 +112,25 @@ def keras_config(path, argument="model"):
     if outer.get("registered_name") in formats.KERAS_VIT_CLASSES:
         outer["config"] = formats.check(formats.KERAS_VIT_CONFIG,
                                         outer["config"], where, "config")
+        _check_options(outer["config"], where)
     return outer
+
+
+def _check_options(config, where):
+    """Refuses a config value of the family's options that its row
+    (:mod:`keras_vit.base.options`) refuses, naming the file and field,
+    before the value reaches the parameter count or the builder."""
+    from keras_vit.base import options
+    from keras_vit.zoo import formats
+
+    if not isinstance(config, dict):
+        return
+    for name, value in config.items():
+        if name in options.ROWS:
+            try:
+                options.ROWS[name].check(name, value)
+            except ValueError as e:
+                raise formats.fail(where, f"config.{name}", str(e)) from None
 
 
 def _where(path, argument):

@@ -141,10 +141,11 @@ def prefix_tokens(config):
 
 
 def _option_values(config):
-    """Every option row's value in ``config``, defaults filled in and the
-    class token resolved."""
-    values = dict(options.DEFAULTS, **{k: config[k] for k in config
-                                      if k in options.ROWS})
+    """Every option row's value in ``config``, defaults filled in, each
+    passed through its row's check (a ValueError names a value the row
+    refuses), and the class token resolved."""
+    values = options.checked(dict(options.DEFAULTS, **{
+        k: config[k] for k in config if k in options.ROWS}))
     values["class_token"] = class_token(config)
     return values
 
@@ -276,6 +277,8 @@ def parameter_count(config, image_size=None, num_classes=None,
         else num_classes
     if not config.get("include_top", True):
         classes = 0
+    if not isinstance(classes, int):  # None: the builder says what it takes
+        return None
     channels = config.get("num_channels", 3)
     if "block_units" in config:
         return _bit_params(config, channels, classes)
@@ -310,7 +313,10 @@ def parameter_count(config, image_size=None, num_classes=None,
         width=d, head_width=d // config["num_heads"], mlp_first=first,
         norm=lambda w: norm_params(config, w), prefix=prefix_tokens(config),
         table=embedding == "learned_1d", head=width * classes + classes)
-    values = _option_values(config)
+    try:
+        values = _option_values(config)
+    except ValueError:  # a value no row takes: the builder names it
+        return None
     for row in options.OPTIONS:
         if row.params is not None:
             per_block, once = row.params(values[row.name], shape)

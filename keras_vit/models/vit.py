@@ -7,7 +7,8 @@ from keras import layers
 
 from keras_vit import layers as vit_layers
 from keras_vit.base import options
-from keras_vit.base.checks import check_choice, check_dtype, check_keywords, shown
+from keras_vit.base.checks import (check_choice, check_dtype, check_keywords,
+                                   check_number, shown)
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head,
                                      image_input, pooling_layer)
@@ -156,6 +157,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 f"head_type='projection', {what}")
         label_names = check_label_names(label_names, spec["num_classes"],
                                         spec["head"])
+        layer_norm_epsilon = float(check_number(
+            "layer_norm_epsilon", layer_norm_epsilon, low=0, low_open=True))
+        head_bias_init = float(check_number("head_bias_init", head_bias_init))
         dtype = check_dtype("dtype", kwargs.pop("dtype", None))
         has_token = family["class_token"]
         distilled = family["distilled"]

@@ -28,9 +28,11 @@ def test_a_keras_quantized_saved_model_verifies_within_its_stated_bound(
     report = export.to_saved_model(model, path)
     bound = common.TOLERANCES["saved_model/keras_quantized"]
     assert report["tolerance"]["max_abs_diff"] == bound["max_abs_diff"]
-    # Beyond a float model's bound, within the stated one.
+    # Within the stated bound: the graph's int8 roundings may leave a
+    # float model's (seen beyond it on one machine, equal on another).
     diff = max(report["max_abs_diff"].values())
-    assert common.TOLERANCES["saved_model"]["max_abs_diff"] < diff
+    assert diff <= bound["max_abs_diff"]
+    assert any(str(w.dtype) == "int8" for w in model.weights)  # quantized
     x = rng.uniform(-1, 1, (3, 64, 64, 3)).astype("float32")
     got = saved_model.open_artifact(path)(x)["logits"]
     want = keras.ops.convert_to_numpy(model(x))
