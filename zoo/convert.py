@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit.base import archives, atomic, options
+from keras_vit.base import archives, atomic
 # Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
 # more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
@@ -158,9 +158,7 @@ _UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
 _RULES = [
     # The ViT family's options (the class token, the 2020 release's only
     # one, among them) name their weights in their rows.
-    *options.weight_rules("official", {
-        "norm": _norm, "dense": _dense,
-        "vector": lambda path, key: [Rule(path, key)]}),
+    *layouts.option_rules("official", _norm, _dense),
     *_dense("patch_embedding/conv", "embedding"),
     # Position tables (vit(position_embedding=...)): the stem's or a shared
     # one under posembed_input, a per-layer one inside its block.

@@ -26,6 +26,7 @@ import typing
 
 import numpy as np
 
+from keras_vit.base import options
 from keras_vit.zoo import checkpoints
 from keras_vit.zoo.checkpoints import CheckpointError, as_array, assign_all
 from keras_vit.zoo.position_tables import fit_position_tables
@@ -146,6 +147,16 @@ def torch_module(path, key, form="linear"):
                 Rule(f"{path}/beta", f"{key}.bias")]
     return [Rule(f"{path}/kernel", f"{key}.weight", form),
             Rule(f"{path}/bias", f"{key}.bias", "flat")]
+
+
+def option_rules(source, norm, dense):
+    """The rules of every option row's weights
+    (:func:`keras_vit.base.options.weight_rules`) in ``source``:
+    ``norm(path, key)`` and ``dense(path, key)`` give a norm's and a dense
+    layer's rules in the source's convention; a vector is one rule."""
+    return options.weight_rules(source, {
+        "norm": norm, "dense": dense,
+        "vector": lambda path, key: [Rule(path, key)]})
 
 
 def _as_tuple(value):

@@ -309,14 +309,15 @@ def parameter_count(config, image_size=None, num_classes=None,
     total += attention_pool_params(config) + width * classes + classes
     if representation_size:
         total += d * representation_size + representation_size
-    shape = options.Shape(
-        width=d, head_width=d // config["num_heads"], mlp_first=first,
-        norm=lambda w: norm_params(config, w), prefix=prefix_tokens(config),
-        table=embedding == "learned_1d", head=width * classes + classes)
     try:
         values = _option_values(config)
     except ValueError:  # a value no row takes: the builder names it
         return None
+    shape = options.Shape(
+        width=d, head_width=d // config["num_heads"], mlp_first=first,
+        norm=lambda w: norm_params(config, w),
+        prefix=options.prefix_tokens(values),
+        table=embedding == "learned_1d", head=width * classes + classes)
     for row in options.OPTIONS:
         if row.params is not None:
             per_block, once = row.params(values[row.name], shape)

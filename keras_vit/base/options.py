@@ -54,16 +54,14 @@ def rate(name, value):
     return float(check_number(name, value, low=0, high=1, high_open=True))
 
 
-def optional_positive(name, value):
-    """None (off) or a positive number, as a float."""
-    if value is None:
-        return None
-    return float(check_number(name, value, low=0, low_open=True))
-
-
 def positive(name, value):
     """A positive number, as a float."""
     return float(check_number(name, value, low=0, low_open=True))
+
+
+def optional_positive(name, value):
+    """None (off) or a positive number, as a float."""
+    return None if value is None else positive(name, value)
 
 
 def choice(*choices):

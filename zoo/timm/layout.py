@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from keras_vit.base import options
-from keras_vit.zoo.layouts import Layout, Rule
+from keras_vit.zoo.layouts import Layout, Rule, option_rules
 from keras_vit.zoo.layouts import torch_module as _linear
 
 # timm's names of the ViT family's poolings and MLP activations ->
@@ -54,9 +54,8 @@ _BACKBONE = "patch_embed.backbone."
 #: (``vision_transformer_hybrid.py``); the ViT family's options name their
 #: weights in their rows.
 TIMM = Layout("timm", [
-    *options.weight_rules("timm", {
-        "norm": lambda path, key: _linear(path, key, "norm"),
-        "dense": _linear, "vector": lambda path, key: [Rule(path, key)]}),
+    *option_rules("timm", lambda path, key: _linear(path, key, "norm"),
+                  _linear),
     *_linear("patch_embedding/conv", "patch_embed.proj", "conv"),
     Rule("position_embedding/pos_embedding", "pos_embed"),
     *_linear(_B + "norm_1", _T + "norm1", "norm"),
