@@ -108,7 +108,7 @@ def honoured(args, path):
     for key, value in _FIXED.items():
         if key in args and args[key] != value:
             raise refuse(key, "it builds " + _WHAT.get(
-                key, f"{key}={value!r} only").replace("it builds ", ""))
+                key, f"something else than {key}={value!r}"))
     out = {ours: read(key, _count, None) for key, ours in _SIZES.items()}
     for key, ours in _DROPS.items():
         value = read(key, _rate, 0.0)
