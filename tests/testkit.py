@@ -35,6 +35,32 @@ FAMILY_OPTIONS = dict(
     layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
     mlp="swiglu", gelu="exact", layer_norm_epsilon=1e-5, patch_norm=True,
     norm="rms", rope="dinov3")
+# Each option row: a value other than its default, with what else it
+# needs to build (the checks between options); tests/models/
+# test_option_rows.py proves each row with its example.
+OPTION_EXAMPLES = {
+    "class_token": (True, dict(classifier="gap")),
+    "num_registers": (2, {}),
+    "posemb_includes_prefix": (False, {}),
+    "fc_norm": (True, dict(classifier="gap")),
+    "final_norm": (False, {}),
+    "pre_norm": (True, {}),
+    "layer_scale": (0.1, {}),
+    "qk_norm": (True, {}),
+    "qkv_bias": (False, {}),
+    "proj_bias": (False, {}),
+    "patch_bias": (False, {}),
+    "drop_path_rate": (0.1, {}),
+    "distilled": (True, {}),
+    "mlp": ("swiglu", {}),
+    "norm": ("rms", {}),
+    "patch_norm": (True, {}),
+    "head_type": ("projection", {}),
+    "rope": ("dinov3", {}),
+    "rope_temperature": (10000.0, dict(rope="dinov3")),
+}
+
+
 QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
              verbose=False, strategy="default")
 

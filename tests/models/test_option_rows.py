@@ -18,34 +18,10 @@ import keras_vit
 from keras_vit.base import geometry, options
 from keras_vit.models.encoder import FAMILY_DEFAULTS
 from keras_vit.models.vit import VisionTransformer
+from testkit import OPTION_EXAMPLES as EXAMPLES
 
 TINY = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
             num_heads=2, mlp_dim=16, num_classes=3)
-# Each row: a value other than its default, with what else it needs to
-# build (the checks between options).
-EXAMPLES = {
-    "class_token": (True, dict(classifier="gap")),
-    "num_registers": (2, {}),
-    "posemb_includes_prefix": (False, {}),
-    "fc_norm": (True, dict(classifier="gap")),
-    "final_norm": (False, {}),
-    "pre_norm": (True, {}),
-    "layer_scale": (0.1, {}),
-    "qk_norm": (True, {}),
-    "qkv_bias": (False, {}),
-    "proj_bias": (False, {}),
-    "patch_bias": (False, {}),
-    "drop_path_rate": (0.1, {}),
-    "distilled": (True, {}),
-    "mlp": ("swiglu", {}),
-    "norm": ("rms", {}),
-    "patch_norm": (True, {}),
-    "head_type": ("projection", {}),
-    "rope": ("dinov3", {}),
-    "rope_temperature": (10000.0, dict(rope="dinov3")),
-}
-
-
 def test_every_row_has_an_example():
     assert set(EXAMPLES) == set(options.ROWS)
 

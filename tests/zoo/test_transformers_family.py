@@ -9,6 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 # torch and transformers before TensorFlow (tests/conftest.py: the other
 # order crashes here).
@@ -16,7 +18,8 @@ import torch
 import transformers
 
 from keras_vit import zoo  # noqa: E402
-from testkit import assert_relative, randomise_torch  # noqa: E402
+from testkit import (OPTION_EXAMPLES, assert_relative,  # noqa: E402
+                     randomise_torch)
 from keras_vit.zoo import checkpoints, position_tables  # noqa: E402
 
 LABELS = {i: name for i, name in enumerate(
@@ -272,12 +275,13 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
               num_heads=2, mlp_dim=64)
     for model, match in (
             (keras_vit.vit(num_classes=3, layer_scale=1.0, **kw),
-             "DINOv2's cannot hold.*num_classes=0"),
+             r"Dinov2Model \(it holds no classification head.*num_classes=0"),
             (keras_vit.vit(num_classes=0, layer_scale=1.0, num_registers=2,
-                           **kw), "DINOv2's.*num_registers=2 with "
-             "posemb_includes_prefix=True"),
+                           **kw), "Dinov2WithRegistersModel.*"
+             r"posemb_includes_prefix=False, the model True"),
             (keras_vit.vit(num_classes=3, num_registers=2, **kw),
-             "DeiT's.*num_registers=2"),
+             r"DeiTForImageClassification.*num_registers=1, the model "
+             r"2"),
             (keras_vit.vit(num_classes=3, qk_norm=True, **kw),
              "options qk_norm"),
             # No integer mlp_ratio gives a SwiGLU MLP 50 wide at width 32
@@ -288,3 +292,66 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
         with pytest.raises(ValueError, match=match):
             zoo.save_pretrained(model, tmp_path / "x", layout="transformers")
     assert not (tmp_path / "x" / "config.json").exists()
+
+
+# Models a transformers class holds (DeiT, DINOv2, DINOv2 with registers,
+# CLIP's and SigLIP's image towers, ViT), to which the property below adds
+# other options.
+_HELD = {
+    "deit": dict(num_registers=1, num_classes=3),
+    "dinov2": dict(layer_scale=1.0, num_classes=0),
+    "dinov2_registers": dict(layer_scale=1.0, num_registers=2,
+                             posemb_includes_prefix=False, num_classes=0),
+    "clip": dict(pre_norm=True, patch_bias=False, num_classes=0),
+    "siglip": dict(classifier="map", class_token=False, num_classes=0),
+    "vit": dict(num_classes=3),
+}
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=st.sampled_from(sorted(_HELD)),
+       chosen=st.sets(st.sampled_from(sorted(OPTION_EXAMPLES)), min_size=1,
+                      max_size=2))
+def test_what_the_writer_writes_holds_every_option_or_it_names_one(
+        tmp_path, base, chosen):
+    """Any option on top of a model a transformers class holds: the folder
+    save_pretrained writes loads back with the model's every option value
+    and outputs, or nothing is written and one line names an option (or
+    the head) the nearest class holds otherwise. The writer's class
+    choice reads the option rows and the classes' tables, so an option
+    added as a row is covered here by its example."""
+    import keras
+    from hypothesis import assume
+
+    import keras_vit
+    from keras_vit.zoo.transformers.family import model_options
+
+    kwargs = dict(image_size=32, patch_size=16, hidden_size=32,
+                  num_layers=1, num_heads=2, mlp_dim=64, **_HELD[base])
+    for name in sorted(chosen):
+        value, needs = OPTION_EXAMPLES[name]
+        kwargs.update(needs, **{name: value})
+    keras.utils.set_random_seed(3)
+    try:
+        model = keras_vit.vit(**kwargs)
+    except ValueError:  # a mix the checks between options refuse
+        assume(False)
+    folder = tmp_path / f"{base}-{'-'.join(sorted(chosen))}"
+    try:
+        zoo.save_pretrained(model, folder, layout="transformers")
+    except ValueError as error:
+        message = str(error)
+        assert "\n" not in message
+        assert any(name in message for name in
+                   [*kwargs, "head", "mlp_ratio"]), message
+        assert not (folder / "config.json").exists()
+        return
+    back = zoo.load(str(folder))
+    assert model_options(back.get_config()) == model_options(
+        model.get_config())
+    images = np.random.default_rng(0).uniform(
+        -1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(back.predict(images, verbose=0),
+                               model.predict(images, verbose=0),
+                               atol=1e-5)

@@ -149,7 +149,8 @@ def architecture(config, path, header):
              f"{hidden // heads}"),
             ("patch_size", all(s % patch == 0 for s in sides),
              f"an integer that divides image_size={list(sides)}"),
-            ("image_size", not clip or sides[0] == sides[1],
+            ("image_size", not FAMILIES[spec["type"]].get("square")
+             or sides[0] == sides[1],
              "one side (CLIP's images are square)"),
             ("hidden_act", swiglu or value["hidden_act"] in GELUS,
              f"one of {sorted(GELUS)} (keras_vit's GELU forms)"),
@@ -159,7 +160,7 @@ def architecture(config, path, header):
              "true (CLIP's attention has query, key and value biases)"),
             ("layerscale_value", value.get("layerscale_value", 1) > 0,
              "a positive number (the layer scales' initial value)"),
-            ("pooler_act", name != "DeiTModel" or value.get(
+            ("pooler_act", not spec.get("pooler") or value.get(
                 "pooler_act", "tanh") == "tanh",
              "'tanh' (keras_vit's pre_logits)")):
         if not ok:
@@ -181,6 +182,52 @@ def architecture(config, path, header):
             "labels": id2label_names(config, path)}
 
 
+#: Options no file records: they act in training only.
+TRAINING_ONLY = ("drop_path_rate",)
+
+
+def model_options(config):
+    """Every option row's value in ``config`` (a keras_vit ViT's
+    ``get_config()``) but :data:`TRAINING_ONLY`'s, ``class_token`` as the
+    model has it (None: one with ``classifier="token"`` only)."""
+    options = {row.name: config.get(row.name, row.default)
+               for row in options_table.OPTIONS
+               if row.name not in TRAINING_ONLY}
+    if options["class_token"] is None:
+        options["class_token"] = config.get("classifier", "token") == "token"
+    return options
+
+
+def differences(model_type, fixed, options):
+    """The options of ``options`` (:func:`model_options`) that a
+    transformers class of ``model_type`` (its config's defaults in
+    :data:`FAMILIES`; none for another type) setting the builder options
+    ``fixed`` holds at another value, as ``{option: its value there}``:
+    what the writer would write (the rows' fields this type's config has),
+    read back as the reader reads it. A field transformers types as a
+    value holds no None.
+
+    >>> options = model_options({"layer_scale": 1.0, "num_registers": 2})
+    >>> differences("dinov2", {}, options)
+    {'num_registers': 0}
+    >>> differences("dinov2_with_registers",
+    ...             {"posemb_includes_prefix": False}, options)
+    {'posemb_includes_prefix': False}
+    """
+    defaults = FAMILIES[model_type]["defaults"] if model_type else {}
+    written = options_table.write_fields("transformers", options, defaults)
+    held = dict(options_table.DEFAULTS, class_token=True)
+    held.update(options_table.read_fields(
+        "transformers", dict(defaults, **written), defaults))
+    held.update({k: v for k, v in fixed.items() if k in held})
+    for row in options_table.OPTIONS:
+        field = row.transformers
+        if (field is not None and written.get(field.name, 0) is None
+                and defaults[field.name] is not None):
+            held[row.name] = field.read(defaults[field.name])
+    return {k: held[k] for k in options if options[k] != held[k]}
+
+
 def tables(arch):
     """``(block, other, head)`` rows of the tensors ``arch`` holds:
     transformers' name (without the block's number or the tensors'
@@ -195,16 +242,18 @@ def tables(arch):
     if not options["qkv_bias"]:
         for part in ("query", "key", "value"):
             layer.pop(f"attention.attention.{part}.bias")
+    spec = ARCHITECTURES[arch["class"]]
     top = dict(family["top"])
-    if arch["type"] == "deit" and arch["class"] != "DeiTModel":
+    if not spec.get("pooler"):
         top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
     if not options["num_registers"]:
         top.pop("embeddings.register_tokens", None)
-    if arch["class"] in ("DeiTForImageClassification", "DeiTModel"):
+    if ("embeddings.distillation_token" in top
+            and not spec["options"].get("distilled")):
         # Read by the class token's neighbour: one register token.
         top["embeddings.distillation_token"] = (
             "register_tokens/registers", "same", "cls")
-    head = ARCHITECTURES[arch["class"]].get("head", {})
+    head = spec.get("head", {})
     return layer, top, head
 
 
@@ -247,6 +296,14 @@ def layout(arch):
         *tables(arch), arch["prefix"], FAMILIES[arch["type"]]["layers"]))
 
 
+def _table_of_patches(arch):
+    """Whether ``arch``'s class keeps the patches' table rows only
+    (``posemb_includes_prefix=False``), where transformers' table has the
+    class token's row too."""
+    return ARCHITECTURES[arch["class"]]["options"].get(
+        "posemb_includes_prefix") is False
+
+
 def _fold_class_row(state, arch):
     """transformers adds a register model's first table row to the class
     token alone (the registers join after): a constant, folded into it
@@ -262,7 +319,7 @@ def write(model, arch):
     weights (contiguous float32)."""
     state = layout(arch).write(layouts.model_arrays(model, "transformers"))
     prefix, d = arch["prefix"], arch["hidden_size"]
-    if arch["options"]["num_registers"]:  # the class takes no table row
+    if _table_of_patches(arch):  # the class token takes no table row
         table = prefix + "embeddings.position_embeddings"
         state[table] = np.concatenate(
             [np.zeros((1, 1, d), "float32"), state[table]], axis=1)
@@ -282,7 +339,7 @@ def builder_config(arch, num_labels, has_pooler):
                   representation_size=None, num_classes=num_labels or 1000,
                   name=arch["type"] + "_transformers")
     config.update(ARCHITECTURES[arch["class"]]["options"])
-    if arch["class"] == "DeiTModel" and has_pooler:
+    if ARCHITECTURES[arch["class"]].get("pooler") and has_pooler:
         config.update(representation_size=arch["pooler"], pooling="token")
     return config
 
@@ -329,7 +386,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
                                    "id2label") if num_labels else None)
     arrays = read_tensors(path, sorted(
         k for k in found if not k.endswith("embeddings.mask_token")))
-    if arch["options"]["num_registers"]:
+    if _table_of_patches(arch):
         _fold_class_row(arrays, arch)
     has_pooler = any(k.endswith("pooler.dense.weight") for k in arrays)
     config = builder_config(arch, num_labels, has_pooler)

@@ -214,10 +214,13 @@ def is_siglip_model(config):
 def unwritable(config):
     """Why a ``SiglipVisionModel`` cannot hold the model of ``config``
     (a keras_vit ViT's ``get_config()`` pooling by attention), or None."""
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
+    from keras_vit.zoo.transformers.family import (differences,
+                                                   model_options)
 
-    options = dict(FAMILY_DEFAULTS, **{k: config[k] for k in FAMILY_DEFAULTS
-                                       if k in config})
+    options = model_options(config)
+    # SigLIP's config carries none of the options: it holds the defaults,
+    # without a class token.
+    other = differences(None, {"class_token": False}, options)
     size = config.get("image_size")
     headless = (not config.get("include_top", True)
                 or config.get("num_classes") == 0)
@@ -225,21 +228,15 @@ def unwritable(config):
             (not headless, f"a classification head (num_classes="
              f"{config.get('num_classes')}; SiglipVisionModel returns the "
              "pooled embedding: build it with num_classes=0)"),
-            (options["class_token"] or options["num_registers"]
-             or options["distilled"], "class, register or distillation "
-             "tokens"),
+            (other, "the options " + ", ".join(
+                f"{k}={options[k]!r} (SigLIP's: {v!r})"
+                for k, v in other.items())),
             (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
             (config.get("representation_size") is not None,
              "a pre_logits layer"),
             (config.get("position_embedding", "learned_1d") != "learned_1d"
              or config.get("position_embedding_placement", "stem") != "stem",
              "a position embedding other than the learned table at the stem"),
-            (any(options[k] != FAMILY_DEFAULTS[k] for k in (
-                "fc_norm", "final_norm", "pre_norm", "layer_scale", "qk_norm",
-                "qkv_bias", "proj_bias", "patch_bias", "norm", "patch_norm")),
-             "ViT family options SigLIP lacks (fc_norm, pre_norm, layer "
-             "scale, q/k norm, RMSNorm, a patch norm, no final norm or "
-             "biases)"),
             (config.get("gelu", "tanh") not in ("tanh", "exact"),
              f"gelu={config.get('gelu')!r}"),
             (not isinstance(size, int) and len(set(size)) != 1,

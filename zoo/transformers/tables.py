@@ -135,7 +135,8 @@ FAMILIES = {
         defaults={**{k: v for k, v in _DEFAULTS.items() if k != "qkv_bias"},
                   "patch_size": 32, "hidden_act": "quick_gelu",
                   "layer_norm_eps": 1e-5},
-        layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP),
+        layers="encoder.layers.", layer=_CLIP_LAYER, top=_CLIP_TOP,
+        square=True),
 }
 FAMILIES["clip"] = FAMILIES["clip_vision_model"]
 
@@ -151,7 +152,8 @@ ARCHITECTURES = {
     "DeiTForImageClassification": dict(
         type="deit", prefix="deit.", options=dict(num_registers=1),
         head=_linear("classifier", "head")),
-    "DeiTModel": dict(type="deit", prefix="", options=dict(num_registers=1)),
+    "DeiTModel": dict(type="deit", prefix="", options=dict(num_registers=1),
+                      pooler=True),
     "Dinov2Model": dict(type="dinov2", prefix="",
                         options=dict(num_classes=0)),
     "Dinov2WithRegistersModel": dict(

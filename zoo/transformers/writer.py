@@ -193,91 +193,102 @@ def _write_folder(directory, st, config, preprocessor, state):
 _HIDDEN_ACTS = dict(HIDDEN_ACTS, quick="quick_gelu")
 
 
+def _top(config):
+    """What ``config``'s model returns: ``"head"`` (a classifier's
+    logits), ``"embedding"`` (``num_classes=0``: the pooled embedding) or
+    ``"encoder"`` (``include_top=False``)."""
+    if not config.get("include_top", True):
+        return "encoder"
+    return "embedding" if config.get("num_classes") == 0 else "head"
+
+
+def _mismatch(spec, top, options):
+    """``{what: why}`` for each option
+    (:func:`~keras_vit.zoo.transformers.family.differences`) and the top
+    (a head or not) the class ``spec`` holds otherwise than the model."""
+    out = {k: f"it holds {k}={v!r}, the model {options[k]!r}"
+           for k, v in transformers_family.differences(
+               spec["type"], spec["options"], options).items()}
+    if ("head" in spec) != (top == "head"):
+        out["head"] = ("it holds a classification head, the model none"
+                       if "head" in spec else "it holds no classification "
+                       "head: build the model with num_classes=0")
+    return out
+
+
 def family_class(config):
     """The transformers class (DeiT, DINOv2, CLIP) that holds the keras_vit
     ViT of ``config`` (its ``get_config()``), or None for a model without
     the ViT family's options (ViT's classes hold it); a ValueError naming
-    the family and the reason where no class does.
+    the class nearest to holding it and what it holds otherwise, where
+    none does. Each class holds what the option rows' fields in its
+    config carry and the options it sets (tables of
+    :mod:`keras_vit.zoo.transformers.tables`), read back as the reader
+    reads them: no option is named here.
 
     >>> family_class({"hidden_size": 32, "num_heads": 2, "layer_scale": 1.0,
     ...               "num_classes": 0})
     'Dinov2Model'
     """
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
-    options = {k: config.get(k, v) for k, v in FAMILY_DEFAULTS.items()}
-    changed = {k for k, v in FAMILY_DEFAULTS.items() if options[k] != v
-               and k not in ("class_token", "drop_path_rate")}
+    options = transformers_family.model_options(config)
+    changed = {row.name for row in options_table.OPTIONS
+               if row.name in options
+               and config.get(row.name, row.default) != row.default}
     if not changed:
         return None
-    include_top = config.get("include_top", True)
-    embedding = include_top and config.get("num_classes") == 0
-    head = include_top and not embedding
-    method = config.get("classifier", "token") if include_top else (
+    top = _top(config)
+    fits = {name: _mismatch(spec, top, options)
+            for name, spec in transformers_tables.ARCHITECTURES.items()
+            if "refused" not in spec}
+    # ViT's classes hold the options' defaults (_writable writes them).
+    fits.update({name: _mismatch(dict(type=None, options={}, **head), top,
+                                 options)
+                 for head, name in ((dict(head=True), ARCHITECTURES[False]),
+                                    ({}, ARCHITECTURES[True]))})
+    name = next((name for name, bad in fits.items() if not bad), None)
+    if name in ARCHITECTURES:  # ViT's: _writable's
+        return None
+    prefix = ("save_pretrained(layout='transformers') writes a model with "
+              "the ViT family's options as the transformers class that "
+              "holds them; ")
+    nowhere = sorted(k for k in changed if all(k in bad for bad in
+                                               fits.values()))
+    if nowhere:
+        raise ValueError(
+            prefix + "ViT's, DeiT's, DINOv2's and CLIP's classes cannot hold "
+            f"this model: the options {', '.join(nowhere)} ("
+            + ", ".join(f"{k}={options[k]!r}" for k in nowhere) + ")")
+    if name is None:
+        fewest = min(len(bad) for bad in fits.values())
+        raise ValueError(prefix + "the nearest classes cannot hold this "
+                         "model: " + ", ".join(
+                             f"{name} ({'; '.join(bad.values())})"
+                             for name, bad in fits.items()
+                             if len(bad) == fewest))
+    spec = transformers_tables.ARCHITECTURES[name]
+    method = config.get("classifier", "token") if top != "encoder" else (
         config.get("pooling"))
-    regs = options["num_registers"]
-    if options["distilled"]:
-        family, allowed = "DeiT", {"distilled", "qkv_bias"}
-        name = ("DeiTForImageClassificationWithTeacher" if head else
-                "DeiTModel" if not include_top and method is None else None)
-        shape = ("a distilled model returns its class and distillation "
-                 "tokens' mean without its heads (include_top=False returns "
-                 "the tokens: DeiTModel's last_hidden_state)")
-    elif options["layer_scale"] is not None:
-        family = "DINOv2"
-        allowed = {"layer_scale", "qkv_bias", "num_registers",
-                   "posemb_includes_prefix", "mlp"}
-        name = (None if head else "Dinov2WithRegistersModel" if regs else
-                "Dinov2Model")
-        shape = ("a head (Dinov2ForImageClassification reads the class "
-                 "token and the mean patch token): build it with "
-                 "num_classes=0")
-    elif options["pre_norm"]:
-        family, allowed = "CLIP", {"pre_norm", "patch_bias"}
-        name = None if head else "CLIPVisionModel"
-        shape = ("a head (CLIPVisionModel returns the pooled embedding): "
-                 "build it with num_classes=0")
-    elif "num_registers" in changed:  # DeiT's distillation token
-        family, allowed = "DeiT", {"num_registers", "qkv_bias"}
-        name = "DeiTForImageClassification" if head else "DeiTModel"
-        shape = None
-    else:
-        family, allowed, name = "ViT, DeiT, DINOv2 or CLIP", set(), None
-        shape = f"the options {', '.join(sorted(changed))}"
     size = config.get("image_size")
     checks = (
-        (name is None, shape),
-        (changed - allowed, "the options "
-         f"{', '.join(sorted(changed - allowed))}"),
-        (family == "DeiT" and not options["distilled"] and regs != 1,
-         f"num_registers={regs} (DeiT's distillation token is one)"),
-        (family == "DeiT" and not options["posemb_includes_prefix"],
-         "posemb_includes_prefix=False"),
-        (family == "DINOv2" and options["posemb_includes_prefix"] == bool(
-            regs), f"num_registers={regs} with posemb_includes_prefix="
-         f"{options['posemb_includes_prefix']} (DINOv2's table covers the "
-         "class token and no registers)"),
-        (family == "CLIP" and options["patch_bias"], "a patch bias"),
-        (method not in (None, "token"), f"pooling by {method!r}"),
+        (method not in (None, "token"),
+         f"{'pooling' if top == 'encoder' else 'classifier'}={method!r} "
+         "(its pooler reads the class token)"),
         (config.get("representation_size") is not None
-         and name != "DeiTModel", "a pre_logits layer"),
+         and not spec.get("pooler"), "a pre_logits layer"),
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
         (config.get("position_embedding", "learned_1d") != "learned_1d"
          or config.get("position_embedding_placement", "stem") != "stem",
          "a position embedding other than the learned table at the stem"),
         (config.get("gelu", "tanh") not in _HIDDEN_ACTS,
          f"gelu={config.get('gelu')!r}"),
-        (family == "CLIP" and not isinstance(size, int)
-         and len(set(size)) != 1, f"non-square images (image_size="
-         f"{shown(size)})"),
+        (transformers_tables.FAMILIES[spec["type"]].get("square")
+         and not isinstance(size, int) and len(set(size)) != 1,
+         f"non-square images (image_size={shown(size)})"),
         (config.get("return_attention_scores"),
          "attention scores as an output"))
     for bad, why in checks:
         if bad:
-            raise ValueError(
-                "save_pretrained(layout='transformers') writes a model with "
-                "the ViT family's options as the transformers class that "
-                f"holds them; {family}'s cannot hold this model: {why}")
+            raise ValueError(prefix + f"{name} cannot hold this model: {why}")
     return name
 
 
