@@ -25,8 +25,10 @@ TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=1,
 # The ViT family's options at once, on top of any tiny ViT: registers
 # without a class token, the attention-pool (MAP) head, pre-norm, q/k
 # norms, layer scale, no biases, the gated MLP, a norm after the patch
-# embedding, RMSNorm for every norm, rotary embeddings beside the position
-# table. The contract tests that hold for the
+# embedding, RMSNorm for every norm, norms inside the MLP and the
+# attention, EVA-02's
+# rotary embeddings (adjacent pairs turned, coordinates scaled to another
+# grid) beside the position table. The contract tests that hold for the
 # 2020 ViT (Keras' features, every export, remat, mixed precision, any
 # input size) run on this model too.
 FAMILY_OPTIONS = dict(
@@ -34,7 +36,8 @@ FAMILY_OPTIONS = dict(
     posemb_includes_prefix=False, pre_norm=True, patch_bias=False,
     layer_scale=0.5, qk_norm=True, qkv_bias=False, proj_bias=False,
     mlp="swiglu", gelu="exact", layer_norm_epsilon=1e-5, patch_norm=True,
-    norm="rms", rope="dinov3")
+    norm="rms", rope="eva02", rope_grid=[3, 5], mlp_norm=True,
+    attention_norm=True)
 # Each option row: a value other than its default, with what else it
 # needs to build (the checks between options); tests/models/
 # test_option_rows.py proves each row with its example.
@@ -58,6 +61,9 @@ OPTION_EXAMPLES = {
     "head_type": ("projection", {}),
     "rope": ("dinov3", {}),
     "rope_temperature": (10000.0, dict(rope="dinov3")),
+    "rope_grid": ([3, 5], dict(rope="eva02")),
+    "mlp_norm": (True, {}),
+    "attention_norm": (True, {}),
 }
 
 

@@ -335,6 +335,20 @@ def model_arrays(model, layout_name):
     return {v.path: np.asarray(v.numpy()) for v in model.weights}
 
 
+def with_zeros(arrays, shapes):
+    """``arrays`` with float32 zeros for each name of ``shapes`` (name ->
+    shape) they lack: the biases a source was built without, which the
+    model has.
+
+    >>> sorted(with_zeros({"q": np.ones(2)}, {"q": (2,), "k": (2,)}))
+    ['k', 'q']
+    """
+    out = dict(arrays)
+    for name, shape in shapes.items():
+        out.setdefault(name, np.zeros(shape, "float32"))
+    return out
+
+
 # --------------------------------------------------------------------------
 # The strict load
 

@@ -315,6 +315,7 @@ def parameter_count(config, image_size=None, num_classes=None,
         return None
     shape = options.Shape(
         width=d, head_width=d // config["num_heads"], mlp_first=first,
+        mlp=mlp,
         norm=lambda w: norm_params(config, w),
         prefix=options.prefix_tokens(values),
         table=embedding == "learned_1d", head=width * classes + classes)

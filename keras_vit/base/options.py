@@ -64,6 +64,21 @@ def optional_positive(name, value):
     return None if value is None else positive(name, value)
 
 
+def optional_grid(name, value):
+    """None, or a grid of patches: a positive integer (square) or two, as
+    a [rows, columns] list (as a config holds it)."""
+    if value is None:
+        return None
+    sides = [value] * 2 if isinstance(value, int) and not isinstance(
+        value, bool) else value
+    if (not isinstance(sides, (list, tuple)) or len(sides) != 2 or any(
+            not isinstance(s, int) or isinstance(s, bool) or s < 1
+            for s in sides)):
+        raise ValueError(f"{name} must be None, a positive integer or two "
+                         f"(rows, columns); received {name}={value!r}")
+    return list(sides)
+
+
 def choice(*choices):
     """A check accepting one of ``choices``."""
     def check(name, value):
@@ -108,6 +123,7 @@ class Shape(NamedTuple):
         head_width: one attention head's width.
         mlp_first: the width of an MLP's first projection (the ``mlp``
             row's kind decides it).
+        mlp: the width of the features an MLP's second projection reads.
         norm: ``norm(w)``: the parameters of one of the model's norms over
             ``w`` features (the ``norm`` row's kind decides it).
         prefix: the tokens before the patches (class, distillation,
@@ -119,6 +135,7 @@ class Shape(NamedTuple):
     width: int
     head_width: int
     mlp_first: int
+    mlp: int
     norm: Callable
     prefix: int
     table: bool
@@ -173,6 +190,8 @@ class Option(NamedTuple):
             patches (the class, distillation and register tokens), or None.
         weights: the layers of weights it adds (:class:`Weight`), which
             the timm and official layouts read and write by these names.
+        block: whether every encoder block takes it, as the keyword of
+            its name (:class:`~keras_vit.layers.blocks.EncoderBlock`).
     """
 
     name: str
@@ -186,6 +205,7 @@ class Option(NamedTuple):
     params: Callable | None = None
     tokens: Callable | None = None
     weights: tuple = ()
+    block: bool = False
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -239,7 +259,7 @@ OPTIONS = (
                Weight(f"{_BLOCK}layer_scale_{n}", "vector",
                       f"{_TIMM}ls{n}.gamma",
                       f"{_OFFICIAL}LayerScale_{2 * n - 2}/scale")
-               for n in (1, 2))),
+               for n in (1, 2)), block=True),
     Option("qk_norm", False, flag, True, Field("qk_norm"),
            "a norm on each head's queries and keys",
            params=lambda v, s: (2 * s.norm(s.head_width) * v, 0),
@@ -247,14 +267,15 @@ OPTIONS = (
                Weight(f"{_BLOCK}attention/{x}_norm", "norm",
                       f"{_TIMM}attn.{x[0]}_norm",
                       f"{_OFFICIAL}MultiHeadDotProductAttention_1/{x}_norm")
-               for x in ("query", "key"))),
+               for x in ("query", "key")), block=True),
     Option("qkv_bias", True, flag, True, Field("qkv_bias"),
            "biases on the query, key and value projections",
            Field("qkv_bias"),
-           params=lambda v, s: (3 * s.width * v, 0)),
+           params=lambda v, s: (3 * s.width * v, 0), block=True),
     Option("proj_bias", True, flag, True, Field("proj_bias"),
            "biases on the attention's output projection and the MLP's",
-           params=lambda v, s: ((2 * s.width + s.mlp_first) * v, 0)),
+           params=lambda v, s: ((2 * s.width + s.mlp_first) * v, 0),
+           block=True),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding",
            params=lambda v, s: (0, s.width * v)),
@@ -274,7 +295,23 @@ OPTIONS = (
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
            "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
-           _SWIGLU, _SWIGLU),
+           _SWIGLU, _SWIGLU, block=True),
+    Option("mlp_norm", False, flag, True, None,
+           "a norm of the MLP's hidden features, after the activation (or "
+           "the gate) and before the second projection (EVA-02's "
+           "scale_mlp, BEiT-3's sub-LN)",
+           params=lambda v, s: (s.norm(s.mlp) * v, 0),
+           weights=(Weight(f"{_BLOCK}mlp/norm", "norm", f"{_TIMM}mlp.norm",
+                           f"{_OFFICIAL}MlpBlock_3/norm"),), block=True),
+    Option("attention_norm", False, flag, True, None,
+           "a norm of the attention's output, every head's features at "
+           "once, before its output projection (EVA-02 CLIP's "
+           "scale_attn_inner, BEiT-3's sub-LN)",
+           params=lambda v, s: (s.norm(s.width) * v, 0),
+           weights=(Weight(f"{_BLOCK}attention/output_norm", "norm",
+                           f"{_TIMM}attn.norm",
+                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
+                           "output_norm"),), block=True),
     Option("norm", "layer", choice("layer", "rms"), True, None,
            "every norm of the model (the blocks', the q/k norms, pre_norm, "
            "the final norm or fc_norm, the attention pool's, the patch norm): "
@@ -287,15 +324,22 @@ OPTIONS = (
            params=lambda v, s: (0, s.norm(s.width) * v),
            weights=(Weight("patch_embedding/norm", "norm",
                            "patch_embed.norm", "embedding_norm"),)),
-    Option("rope", None, choice(None, "dinov3"), False, None,
+    Option("rope", None, choice(None, "dinov3", "eva02"), False, None,
            "rotary position embeddings of each head's queries and keys, "
            "the patches' (the class and register tokens are not turned), "
            "beside any additive table: 'dinov3', DINOv3's (each patch's row "
            "and column centred in [-1, 1] at any image size, periods "
            "rope_temperature ** (2k / (head_dim / 2)), halves rotated); "
-           "None: none"),
+           "'eva02', EVA-02's (the patch's row and column indices, scaled "
+           "to rope_grid, periods rope_temperature ** (k / (head_dim / 4)), "
+           "adjacent pairs rotated); None: none", block=True),
     Option("rope_temperature", 100.0, positive, False, None,
            "the rotary embeddings' base period (DINOv3's 100)"),
+    Option("rope_grid", None, optional_grid, False, None,
+           "rope='eva02': the grid (rows, columns) whose patch indices are "
+           "the coordinates; another grid's are scaled to it (timm's "
+           "ref_feat_shape: the pretraining grid); None: the indices as "
+           "they are"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "
@@ -369,6 +413,12 @@ def choices(name):
     ('layer', 'rms')
     """
     return ROWS[name].check.choices
+
+
+def block_options(values):
+    """The options every encoder block takes (the rows marked ``block``),
+    from ``values`` (every row's, normalised)."""
+    return {row.name: values[row.name] for row in OPTIONS if row.block}
 
 
 def prefix_tokens(values):

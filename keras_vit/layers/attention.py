@@ -14,14 +14,21 @@ from keras_vit.layers.dense import (
 from keras_vit.runtime import kernels
 
 
-def rotate(x, table):
+def rotate(x, table, adjacent=False):
     """Rotary position embedding (Su et al. 2021) of ``x`` (batch, tokens,
     heads, head_dim) by ``table`` (tokens, 2 * head_dim: each token's sines,
     then its cosines, over the head's features): ``x * cos + r(x) * sin``
     with ``r([a, b]) = [-b, a]`` over the two halves of the features (the
-    "rotate half" layout of DINOv3, EVA-02 and GPT-NeoX), in float32, cast
+    "rotate half" layout of DINOv3 and GPT-NeoX), in float32, cast
     back to ``x``'s dtype. A token whose sines are 0 and cosines 1 (the
     class and register tokens) is left exactly as it was.
+
+    ``adjacent=True`` turns the pairs of adjacent features instead (EVA-02's
+    layout, features ``2i`` and ``2i + 1`` by angle ``i``): the features
+    are first reordered, the even ones then the odd ones, which makes those
+    pairs the halves' (the table holds each angle once per half). The
+    result is in that order: rotate the queries and the keys alike, and
+    their dot products are the adjacent layout's.
 
     >>> import numpy as np
     >>> x = np.array([[[[1.0, 2.0]]]], "float32")
@@ -33,6 +40,10 @@ def rotate(x, table):
     sin, cos = ops.split(ops.cast(table, "float32"), 2, axis=-1)
     sin, cos = sin[None, :, None, :], cos[None, :, None, :]
     y = ops.cast(x, "float32")
+    if adjacent:
+        width = int(x.shape[-1])
+        y = ops.take(y, np.concatenate([np.arange(0, width, 2),
+                                        np.arange(1, width, 2)]), axis=-1)
     first, second = ops.split(y, 2, axis=-1)
     turned = ops.concatenate([-second, first], axis=-1)
     return ops.cast(y * cos + turned * sin, x.dtype)
@@ -141,16 +152,21 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ``query_norm`` and ``key_norm``, before the dot products; an RMSNorm
     with ``norm="rms"``) are the variants of the ViT family (timm's
     ``qkv_bias``, ``proj_bias``, ``qk_norm``, whose q/k norms are the
-    model's ``norm_layer``).
+    model's ``norm_layer``). ``rope``: the form of the rotary table a
+    call passes (the ``rope`` option), which says the pairs of features it
+    turns (:func:`rotate`). ``output_norm``: a norm of that kind over the
+    heads' outputs together, before the output projection (layer
+    ``output_norm``: EVA-02's ``scale_attn_inner``, BEiT-3's sub-LN).
     """
 
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
-                 "norm_epsilon": float, "norm": check_norm}
+                 "norm_epsilon": float, "norm": check_norm,
+                 "rope": lambda form: form, "output_norm": bool}
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
-                 norm="layer", **kwargs):
+                 norm="layer", rope=None, output_norm=False, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -185,6 +201,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                                  self.dtype_policy, name)
                 norm.build(heads_shape)
                 setattr(self, name, norm)
+        if self.output_norm:
+            self.context_norm = make_norm(self.norm, self.norm_epsilon,
+                                          self.dtype_policy, "output_norm")
+            self.context_norm.build(tuple(input_shape[:-1]) + (dim,))
         self.built = True
 
     def _qkv(self, x):
@@ -207,7 +227,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         (:func:`rotate`) after their norms."""
         q, k, v = self._qkv(x)
         if rope is not None:
-            q, k = rotate(q, rope), rotate(k, rope)
+            adjacent = self.rope == "eva02"
+            q, k = rotate(q, rope, adjacent), rotate(k, rope, adjacent)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)
             attention_bias = (relative if attention_bias is None
@@ -217,6 +238,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         context, probs = kernels.attention(
             q, k, v, attention_bias, 1.0 / math.sqrt(self.head_dim), dropout,
             training, need_probs=return_attention_scores)
+        if self.output_norm:  # over every head's features at once
+            shape = ops.shape(context)
+            context = ops.reshape(self.context_norm(ops.reshape(
+                context, (shape[0], shape[1], -1))), shape)
         y = self.out(context)
         if return_attention_scores:
             return y, probs

@@ -109,17 +109,24 @@ class MlpBlock(KeptArguments, layers.Layer):
     Dense -> Dropout; ``use_bias=False`` drops both Dense biases.
     ``kind="swiglu"`` gates instead of the GELU (:func:`swiglu`): the first
     Dense is ``2 * mlp_dim`` wide, its first half through SiLU times its
-    second half gives the ``mlp_dim`` features the second Dense reads."""
+    second half gives the ``mlp_dim`` features the second Dense reads.
+    ``norm`` (a kind of :data:`~keras_vit.layers.dense.NORM_KINDS`, of
+    ``norm_epsilon``) normalises those features before the second Dense
+    (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm."""
 
     ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
-                 "use_bias": bool, "kind": check_mlp}
+                 "use_bias": bool, "kind": check_mlp,
+                 "norm": lambda kind: None if kind is None else check_norm(
+                     kind), "norm_epsilon": float}
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
-                 kind="gelu", **kwargs):
+                 kind="gelu", norm=None, norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
+        self.hidden_norm = (None if self.norm is None else make_norm(
+            self.norm, self.norm_epsilon, self.dtype_policy, "norm"))
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
@@ -137,6 +144,8 @@ class MlpBlock(KeptArguments, layers.Layer):
         )
         self.dense_0.build((None, dim))
         self.dense_1.build((None, self.mlp_dim))
+        if self.hidden_norm is not None:
+            self.hidden_norm.build((None, self.mlp_dim))
         self.built = True
 
     def call(self, x, training=None):
@@ -146,6 +155,8 @@ class MlpBlock(KeptArguments, layers.Layer):
         if self.kind == "swiglu":
             h = swiglu(h)
         h = self.dropout(h, training=training)
+        if self.hidden_norm is not None:
+            h = self.hidden_norm(h)
         h = self.dense_1(h, training=training)
         h = ops.reshape(h, shape)
         return self.dropout(h, training=training)
@@ -176,7 +187,12 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     branches in training, :class:`DropPath`), ``mlp`` (the MLP's kind,
     ``"gelu"`` or ``"swiglu"``: :class:`MlpBlock`) and ``norm`` (the
     kind of ``norm_1``, ``norm_2`` and the q/k norms: ``"layer"`` or
-    ``"rms"``, :data:`~keras_vit.layers.dense.NORM_KINDS`).
+    ``"rms"``, :data:`~keras_vit.layers.dense.NORM_KINDS`), ``mlp_norm``
+    (a norm of that kind inside the MLP, :class:`MlpBlock`'s ``norm``),
+    ``attention_norm`` (one before the attention's output projection,
+    :class:`MultiHeadSelfAttention`'s ``output_norm``) and
+    ``rope`` (the rotary embeddings' form, which pairs of features the
+    attention turns: :class:`MultiHeadSelfAttention`).
     """
 
     def __init__(
@@ -195,9 +211,15 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         drop_path_rate=0.0,
         mlp="gelu",
         norm="layer",
+        mlp_norm=False,
+        attention_norm=False,
+        rope=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.mlp_norm = bool(mlp_norm)
+        self.attention_norm = bool(attention_norm)
+        self.rope = rope
         self.remat = check_remat(remat)
         self.mlp_kind = check_mlp(mlp)
         self.norm = check_norm(norm)
@@ -219,7 +241,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             self.num_heads, self.attention_dropout_rate,
             qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
-            norm=self.norm, dtype=self.dtype_policy, name="attention",
+            norm=self.norm, rope=self.rope,
+            output_norm=self.attention_norm, dtype=self.dtype_policy,
+            name="attention",
         )
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
@@ -227,6 +251,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                                 self.dtype_policy, "norm_2")
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
                             use_bias=self.proj_bias, kind=self.mlp_kind,
+                            norm=self.norm if self.mlp_norm else None,
+                            norm_epsilon=self.layer_norm_epsilon,
                             dtype=self.dtype_policy, name="mlp")
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
@@ -296,7 +322,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         config = with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
-            "qkv_bias", "proj_bias", "drop_path_rate", "norm"))
+            "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
+            "attention_norm", "rope"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

@@ -214,6 +214,11 @@ def check_family_options(options, classifier, pooling, include_top,
             f"tokens; received {'classifier' if include_top else 'pooling'}"
             f"={method!r}, class_token={token}, num_registers="
             f"{out['num_registers']}")
+    if out["rope_grid"] is not None and out["rope"] != "eva02":
+        raise ValueError(
+            "rope_grid scales the patch coordinates of EVA-02's rotary "
+            "embeddings (rope='eva02'); received rope_grid="
+            f"{options['rope_grid']!r}, rope={out['rope']!r}")
     if not out["posemb_includes_prefix"] and (
             position_embedding not in ("learned_1d", "learned_2d",
                                        "sincos_2d") or placement != "stem"):

@@ -101,6 +101,14 @@ class RotaryEmbedding(layers.Layer):
     ``2 pi x / period`` (head_dim / 2 of them), repeated once for the
     halves :func:`~keras_vit.layers.attention.rotate` turns.
 
+    ``"eva02"`` (EVA-02 and timm's ``RotaryEmbeddingCat``): patch ``(r,
+    c)`` sits at ``y = r``, ``x = c``, scaled by ``reference_grid / grid``
+    where a reference grid is given (the pretraining grid: another size's
+    coordinates span the same range); with rates ``temperature ** (-k /
+    f)``, ``k < f``, the angles are ``y * rate`` then ``x * rate``, for
+    the attention to turn adjacent pairs of features by
+    (``rotate(..., adjacent=True)``).
+
     >>> import numpy as np
     >>> rope = RotaryEmbedding((2, 2), head_dim=8, num_prefix_tokens=1)
     >>> table = ops.convert_to_numpy(rope(np.zeros((1, 5, 16), "float32")))
@@ -109,7 +117,8 @@ class RotaryEmbedding(layers.Layer):
     """
 
     def __init__(self, grid_size, head_dim, num_prefix_tokens=0,
-                 form="dinov3", temperature=100.0, stride=None, **kwargs):
+                 form="dinov3", temperature=100.0, stride=None,
+                 reference_grid=None, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.head_dim = int(head_dim)
@@ -117,6 +126,8 @@ class RotaryEmbedding(layers.Layer):
         self.form = check_choice("rope", form, ROPE_FORMS)
         self.temperature = float(temperature)
         self.stride = None if stride is None else int(stride)
+        self.reference_grid = options.optional_grid("rope_grid",
+                                                    reference_grid)
         if self.head_dim % 4:
             raise ValueError(
                 f"rope={form!r} rotates each head's features in pairs, half "
@@ -124,20 +135,29 @@ class RotaryEmbedding(layers.Layer):
                 f"by 4; received head width {self.head_dim} (hidden_size / "
                 "num_heads)")
 
+    def _coordinates(self, rows, cols):
+        """Each axis' patch coordinates and the angle per unit of each
+        frequency, in the form's terms."""
+        quarter = np.arange(self.head_dim // 4, dtype="float32")
+        temperature = np.float32(self.temperature)
+        index = [ops.cast(ops.arange(side), "float32") for side in (rows, cols)]
+        if self.form == "eva02":
+            if self.reference_grid is not None:
+                index = [i / ops.cast(side, "float32") * np.float32(ref)
+                         for i, side, ref in zip(index, (rows, cols),
+                                                 self.reference_grid)]
+            return index, 1.0 / temperature ** (quarter / quarter.size)
+        centred = [2.0 * ((i + 0.5) / ops.cast(side, "float32")) - 1.0
+                   for i, side in zip(index, (rows, cols))]
+        periods = temperature ** (2.0 * quarter / (self.head_dim // 2))
+        return centred, np.float32(2 * np.pi) / periods
+
     def _angles(self, rows, cols):
-        quarter = self.head_dim // 4
-        exponents = 2.0 * np.arange(quarter, dtype="float32") / (
-            self.head_dim // 2)
-        periods = ops.convert_to_tensor(
-            np.float32(self.temperature) ** exponents)
-        centred = [(ops.cast(ops.arange(side), "float32") + 0.5)
-                   / ops.cast(side, "float32") for side in (rows, cols)]
-        y, x = (2.0 * c - 1.0 for c in centred)
+        (y, x), rates = self._coordinates(rows, cols)
+        rates = ops.convert_to_tensor(rates.astype("float32"))[None]
         y = ops.reshape(ops.repeat(y[:, None], cols, axis=1), (-1, 1))
         x = ops.reshape(ops.tile(x[None, :], (rows, 1)), (-1, 1))
-        scale = np.float32(2 * np.pi)
-        return ops.concatenate([scale * y / periods[None],
-                                scale * x / periods[None]], axis=-1)
+        return ops.concatenate([y * rates, x * rates], axis=-1)
 
     def call(self, x, images=None):
         rows, cols = (self.grid_size if images is None
@@ -158,7 +178,7 @@ class RotaryEmbedding(layers.Layer):
         config.update(grid_size=list(self.grid_size), head_dim=self.head_dim,
                       num_prefix_tokens=self.num_prefix_tokens,
                       form=self.form, temperature=self.temperature,
-                      stride=self.stride)
+                      stride=self.stride, reference_grid=self.reference_grid)
         return config
 
 
@@ -226,7 +246,8 @@ class PositionScheme:
             self.rope = RotaryEmbedding(
                 grid, head_dim, options.prefix_tokens(family),
                 form=family["rope"], temperature=family["rope_temperature"],
-                stride=stride, dtype=dtype, name="rotary_embedding")
+                stride=stride, reference_grid=family["rope_grid"],
+                dtype=dtype, name="rotary_embedding")
 
     def _make(self, name):
         if self.kind == "relative":

@@ -209,11 +209,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
                 spec["attention_dropout_rate"], layer_norm_epsilon,
                 gelu=vit_layers.check_gelu(gelu), remat=remat,
-                layer_scale=family["layer_scale"],
-                qk_norm=family["qk_norm"], qkv_bias=family["qkv_bias"],
-                proj_bias=family["proj_bias"], drop_path_rate=rates[i],
-                mlp=family["mlp"], norm=norm, dtype=dtype,
-                name=f"encoder_block_{i}")
+                drop_path_rate=rates[i], norm=norm, dtype=dtype,
+                name=f"encoder_block_{i}", **options.block_options(family))
             for i in range(depth)]
         scheme = PositionScheme(
             position_embedding, position_embedding_placement, spec["grid"],

@@ -52,8 +52,8 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
 @pytest.mark.parametrize("setting, named", [
     (dict(use_post_norm=True), "model_args.use_post_norm"),
     (dict(rope_rotate_half=False), "model_args.rope_rotate_half"),
-    (dict(rope_type="cat"), "model_args.rope_type"),
-    (dict(scale_mlp=True), "model_args.scale_mlp"),
+    (dict(rope_type="mixed"), "model_args.rope_type"),
+    (dict(attn_type="rope"), "model_args.attn_type"),
 ])
 def test_an_eva_setting_keras_vit_does_not_compute_is_named(
         tmp_path, setting, named):

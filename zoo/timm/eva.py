@@ -25,34 +25,33 @@ from __future__ import annotations
 import numpy as np
 
 from keras_vit.base.checks import shown
-from keras_vit.zoo import formats
+from keras_vit.base.options import optional_grid
+from keras_vit.zoo import formats, layouts
 from keras_vit.zoo.timm import arguments
 from keras_vit.zoo.timm.arguments import norm_arg
 
 # EVA's settings that keras_vit's model computes only at one value:
 # timm's argument -> that value (None included).
 _FIXED = {
-    "num_kv_heads": None, "qkv_fused": True, "scale_mlp": False,
-    "scale_attn_inner": False, "attn_type": "eva",
+    "num_kv_heads": None, "attn_type": "eva",
     "attn_only_layer_scale": False, "use_post_norm": False,
     "attn_pool_num_heads": None, "attn_pool_mlp_ratio": None,
-    "dynamic_img_pad": False, "ref_feat_shape": None,
-    "patch_drop_rate": 0.0, "rope_grid_offset": 0.0,
+    "dynamic_img_pad": False, "patch_drop_rate": 0.0, "rope_grid_offset": 0.0,
     "rope_grid_indexing": "ij", "rope_shift_coords": None,
     "rope_jitter_coords": None, "rope_rescale_coords": None,
     "rope_mrope_section": None,
 }
 # What each of those is, for the refusal.
 _WHAT = {
-    "scale_mlp": "a norm inside the MLP", "scale_attn_inner":
-    "a norm inside attention", "use_post_norm": "post-norm blocks",
-    "attn_type": "another attention", "num_kv_heads": "grouped queries",
-    "qkv_fused": "separate q, k, v projections",
-    "ref_feat_shape": "EVA-02's rotary grid", "patch_drop_rate":
-    "patch dropout", "attn_pool_num_heads": "an attention pool",
+    "use_post_norm": "post-norm blocks", "attn_type": "another attention",
+    "num_kv_heads":
+    "grouped queries", "patch_drop_rate": "patch dropout",
+    "attn_pool_num_heads": "an attention pool",
 }
-# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's.
-_ROPE = {"dinov3": "dinov3"}
+# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's,
+# and the pairs of features each turns (timm's rope_rotate_half).
+_ROPE = {"dinov3": "dinov3", "cat": "eva02"}
+_HALVES = {"dinov3": True, "eva02": False}
 # timm's EVA poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max"}
 # Sizes, as the ViT reader reads them.
@@ -78,6 +77,10 @@ def _positive(value):
             or not value > 0):
         raise ValueError("it is not a positive number")
     return float(value)
+
+
+def _grid(value):
+    return optional_grid("ref_feat_shape", value)
 
 
 def _choice(table, what):
@@ -144,10 +147,15 @@ def honoured(args, path):
     if read("use_rot_pos_emb", _flag, False):
         out["rope"] = read("rope_type", _choice(
             _ROPE, "of timm's rotary forms it computes"), "cat")
-        if not read("rope_rotate_half", _flag, False):
-            raise refuse("rope_rotate_half", "DINOv3's rotary embeddings "
-                         "turn halves")
+        if read("rope_rotate_half", _flag, False) != _HALVES[out["rope"]]:
+            raise refuse("rope_rotate_half", f"rope={out['rope']!r} turns "
+                         + ("halves" if _HALVES[out["rope"]] else
+                            "adjacent pairs") + " of the features")
         out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
+        if out["rope"] == "eva02":  # DINOv3's ignores it, as timm's does
+            out["rope_grid"] = read("ref_feat_shape", _grid, None)
+    out["mlp_norm"] = read("scale_mlp", _flag, False)
+    out["attention_norm"] = read("scale_attn_inner", _flag, False)
     out["dynamic_image_size"] = read("dynamic_img_size", _flag, False)
     width = int(out["hidden_size"] * read("mlp_ratio", _positive, 4.0))
     out["gelu"] = "exact"  # Eva's blocks: torch's GELU
@@ -161,12 +169,13 @@ def honoured(args, path):
 
 def with_key_biases(state):
     """timm's EVA ``state`` with each block's key bias, zeros, beside its
-    query and value biases: EVA projects the keys without a bias and keeps
-    zeros in a buffer no file holds, where keras_vit's ``qkv_bias`` has one
-    for each."""
-    out = dict(state)
+    query and value biases: EVA projects the keys without a bias (and
+    keeps zeros in a buffer no file holds, or has no bias on ``k_proj``),
+    where keras_vit's ``qkv_bias`` has one for each."""
+    zeros = {}
     for key, value in state.items():
-        if key.endswith(".attn.q_bias"):
-            out.setdefault(key[:-len("q_bias")] + "k_bias",
-                           np.zeros(np.shape(value), "float32"))
-    return out
+        for query, bias in ((".attn.q_bias", ".attn.k_bias"),
+                            (".attn.q_proj.bias", ".attn.k_proj.bias")):
+            if key.endswith(query):
+                zeros[key[:-len(query)] + bias] = np.shape(value)
+    return layouts.with_zeros(state, zeros)

@@ -106,12 +106,18 @@ TIMM = Layout("timm", [
 #: timm's EVA (``eva.py``: EVA-02, DINOv3, PE): the ViT's names, with the
 #: layer scales as EVA's blocks name them and the query, key and value
 #: biases apart (EVA's key bias is a buffer of zeros no file holds: the
-#: reader gives it).
+#: reader gives it), or the three projections apart (``qkv_fused=False``,
+#: EVA-02 B and L: ``q_proj``, ``k_proj`` without a bias, ``v_proj``).
 TIMM_EVA = Layout("timm", [
     *TIMM.renamed({f"blocks.{{i}}.ls{n}.gamma": f"blocks.{{i}}.gamma_{n}"
                    for n in (1, 2)}).rules,
     *[Rule(f"{_B}attention/{part}/bias", f"{_T}attn.{part[0]}_bias", "flat")
-      for part in ("query", "key", "value")]])
+      for part in ("query", "key", "value")],
+    *[Rule(f"{_B}attention/{part}/{ours}", f"{_T}attn.{part[0]}_proj.{key}",
+           form, variant="unfused_qkv")
+      for part in ("query", "key", "value")
+      for ours, key, form in (("kernel", "weight", "linear"),
+                              ("bias", "bias", "flat"))]])
 
 
 def check_state(state, layout, what="ViT"):
