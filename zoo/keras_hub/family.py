@@ -63,36 +63,35 @@ import numpy as np
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
-from keras_vit.base.limits import (MAX_CHANNELS, MAX_HIDDEN, MAX_IMAGE_SIDE,
-                                   MAX_MLP)
+from keras_vit.base.limits import MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_MLP
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                                    Object, Str)
-from keras_vit.zoo import checkpoints, formats, h5_files, hub_files
-from keras_vit.zoo.keras_hub.layout import (ACTIVATIONS,
-                                            check_image_converter,
-                                            family_rows)
+from keras_vit.zoo import checkpoints, formats, h5_files, hub_files, layouts
+from keras_vit.zoo.keras_hub.layout import family_rows, image_grid
 from keras_vit.zoo.transformers.tables import swiglu_width
 
 
-# -- the table -------------------------------------------------------------------
+# -- the table ----------------------------------------------------------------
 
 _FIELDS = formats.KERAS_HUB_BACKBONE.fields
 _RATE = Number(0, 1)
-_SIZES = ("patch_size", "num_layers", "num_heads", "hidden_dim",
-          "intermediate_dim")
+_SQUARE_224 = (_FIELDS["image_shape"], [224, 224, 3])
 
 
-def _schema(what, **fields):
-    """A member's config: the fields keras-hub 0.32 writes, and no other
-    (a later option may change the numbers)."""
+def _config(what, **fields):
+    """A member's ``schema`` and ``defaults``: the fields keras-hub 0.32
+    writes, and no other (a later option may change the numbers);
+    ``fields`` its own, as (check, keras-hub's default for a config that
+    leaves it out), beside the sizes every member's has."""
     common = {k: _FIELDS[k] for k in (
         "name", "trainable", "dtype", "image_shape", "patch_size",
         "num_layers", "num_heads", "hidden_dim", "data_format")}
-    return Object(dict(common, intermediate_dim=Int(1, MAX_MLP), **fields),
-                  required=_SIZES, extra="refuse", what=what)
-
-
-_SQUARE_224 = [224, 224, 3]
+    own = {k: spec for k, (spec, _) in fields.items()}
+    return dict(schema=Object(
+        dict(common, intermediate_dim=Int(1, MAX_MLP), **own),
+        required=("patch_size", "num_layers", "num_heads", "hidden_dim",
+                  "intermediate_dim"), extra="refuse", what=what),
+        defaults={k: default for k, (_, default) in fields.items()})
 
 
 def _with_option_fields(members):
@@ -115,51 +114,46 @@ def _with_option_fields(members):
 #: field -> keras_vit argument(s), through ``forms`` (value -> value) where
 #: given; ``only``: field -> (the value keras_vit computes, why);
 #: ``options``: keras_vit arguments the class fixes; ``normalization``:
-#: the family's published input normalisation; ``output``: "tokens"
-#: (every token after the final norm) or "embedding" (``num_classes=0``);
-#: ``task``: its classifier's class. Where its weights are:
-#: :func:`keras_vit.zoo.keras_hub.layout.family_rows`.
+#: the family's published input normalisation; ``kind``: "backbone"
+#: (every token after the final norm) or "embedding" (the pooled one,
+#: ``num_classes=0``); ``task``: its classifier's class; ``converter``:
+#: the image converter keras-hub pairs with it, which keeps the input
+#: normalisation in a preset (``image_converter.json``). Where its
+#: weights are: :func:`keras_vit.zoo.keras_hub.layout.family_rows`.
 MEMBERS = _with_option_fields({
     "DeiTBackbone": dict(
-        family="DeiT", schema=_schema(
-            "a DeiTBackbone config", dropout_rate=_RATE,
-            attention_dropout=_RATE,
-            layer_norm_epsilon=_FIELDS["layer_norm_epsilon"],
-            use_mha_bias=Bool()),
-        defaults=dict(dropout_rate=0.0, attention_dropout=0.0,
-                      layer_norm_epsilon=1e-6, use_mha_bias=True),
+        family="DeiT", **_config(
+            "a DeiTBackbone config", dropout_rate=(_RATE, 0.0),
+            attention_dropout=(_RATE, 0.0),
+            layer_norm_epsilon=(_FIELDS["layer_norm_epsilon"], 1e-6),
+            use_mha_bias=(Bool(), True)),
         fields={"layer_norm_epsilon": "layer_norm_epsilon",
                 "dropout_rate": "dropout_rate",
                 "attention_dropout": "attention_dropout_rate"},
         options=dict(gelu="exact", class_token=True, num_registers=1),
-        normalization="imagenet", output="tokens",
-        task="DeiTImageClassifier"),
+        normalization="imagenet", kind="backbone",
+        task="DeiTImageClassifier", converter="DeiTImageConverter"),
     "DINOV2Backbone": dict(
-        family="DINOv2", schema=_schema(
-            "a DINOV2Backbone config",
-            layer_scale_init_value=Number(0, 1e6, open=True),
-            num_register_tokens=Int(0, MAX_HIDDEN), use_mask_token=Bool(),
-            use_swiglu_ffn=Bool(), dropout_rate=_RATE, drop_path_rate=_RATE,
-            position_embedding_shape=List(Int(1, MAX_IMAGE_SIDE),
-                                          lengths={2, 3}),
-            antialias_in_interpolation=Bool(), apply_layernorm=Bool()),
-        defaults=dict(layer_scale_init_value=1.0, num_register_tokens=0,
-                      use_mask_token=True, use_swiglu_ffn=False,
-                      dropout_rate=0.0, drop_path_rate=0.0,
-                      image_shape=_SQUARE_224,
-                      position_embedding_shape=[518, 518, 3],
-                      antialias_in_interpolation=False,
-                      apply_layernorm=False),
+        family="DINOv2", **_config(
+            "a DINOV2Backbone config", image_shape=_SQUARE_224,
+            layer_scale_init_value=(Number(0, 1e6, open=True), 1.0),
+            num_register_tokens=(Int(0, MAX_HIDDEN), 0),
+            use_mask_token=(Bool(), True), use_swiglu_ffn=(Bool(), False),
+            dropout_rate=(_RATE, 0.0), drop_path_rate=(_RATE, 0.0),
+            position_embedding_shape=(List(Int(1, MAX_IMAGE_SIDE),
+                                           lengths={2, 3}), [518, 518, 3]),
+            antialias_in_interpolation=(Bool(), False),
+            apply_layernorm=(Bool(), False)),
         fields={"dropout_rate": ("dropout_rate", "attention_dropout_rate")},
         options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
-        normalization="imagenet", output="tokens"),
+        normalization="imagenet", kind="backbone",
+        converter="DINOV2ImageConverter"),
     "SigLIPVisionEncoder": dict(
-        family="SigLIP", schema=_schema(
-            "a SigLIPVisionEncoder config", intermediate_activation=Str(
-                ("gelu_approximate", "gelu")),
-            layer_norm_epsilon=_FIELDS["layer_norm_epsilon"]),
-        defaults=dict(intermediate_activation="gelu_approximate",
-                      layer_norm_epsilon=1e-6, image_shape=_SQUARE_224),
+        family="SigLIP", **_config(
+            "a SigLIPVisionEncoder config", image_shape=_SQUARE_224,
+            intermediate_activation=(Str(("gelu_approximate", "gelu")),
+                                     "gelu_approximate"),
+            layer_norm_epsilon=(_FIELDS["layer_norm_epsilon"], 1e-6)),
         fields={"intermediate_activation": "gelu",
                 "layer_norm_epsilon": "layer_norm_epsilon"},
         forms={"intermediate_activation": {"gelu_approximate": "tanh",
@@ -168,25 +162,26 @@ MEMBERS = _with_option_fields({
                                      "keeps 1e-6 and keras_vit has one "
                                      "epsilon for every norm")},
         options=dict(class_token=False, classifier="map"),
-        normalization=None, output="embedding"),
+        normalization=None, kind="embedding",
+        converter="SigLIPImageConverter"),
     "CLIPVisionEncoder": dict(
-        family="CLIP", schema=_schema(
-            "a CLIPVisionEncoder config", intermediate_activation=Str(
-                ("quick_gelu", "gelu")),
-            intermediate_output_index=Nullable(Int())),
-        defaults=dict(intermediate_activation="quick_gelu",
-                      image_shape=_SQUARE_224),
+        family="CLIP", **_config(
+            "a CLIPVisionEncoder config", image_shape=_SQUARE_224,
+            intermediate_activation=(Str(("quick_gelu", "gelu")),
+                                     "quick_gelu"),
+            intermediate_output_index=(Nullable(Int()), None)),
         fields={"intermediate_activation": "gelu"},
         forms={"intermediate_activation": {"quick_gelu": "quick",
                                            "gelu": "exact"}},
         options=dict(class_token=True, pre_norm=True, patch_bias=False,
                      layer_norm_epsilon=1e-5),
-        normalization="clip", output="tokens"),
+        normalization="clip", kind="backbone", converter="CLIPImageConverter"),
 })
 #: keras-hub classes holding a member: the field of its config and the h5
 #: group of its weights.
 CONTAINERS = {
-    "SigLIPBackbone": ("SigLIPVisionEncoder", "sig_lip_vision_encoder/layers/"),
+    "SigLIPBackbone": ("SigLIPVisionEncoder",
+                       "sig_lip_vision_encoder/layers/"),
     "CLIPBackbone": ("CLIPVisionEncoder", "clip_vision_encoder/layers/"),
 }
 _CONTAINER = Object({
@@ -199,18 +194,14 @@ _CONTAINER = Object({
 #: field that says why (keras-hub's default where the config omits it).
 REFUSED = {"DINOV3Backbone": ("rope_theta", 100.0, "rotary position "
                               "embeddings (RoPE), which keras_vit lacks")}
-# A task's class -> its backbone's.
-_TASKS = {m["task"]: name for name, m in MEMBERS.items() if "task" in m}
-_TASK = Object({k: v for k, v in formats.KERAS_HUB_TASK.fields.items()
-                if k != "intermediate_dim"}, required=("num_classes",),
-               extra="refuse", what="a DeiTImageClassifier config")
 #: The classes a preset's ``config.json`` may name here (read or refused
 #: by name), and with the tasks every keras-hub class read here.
 PRESET_CLASSES = (*MEMBERS, *CONTAINERS, *REFUSED)
-CLASSES = (*PRESET_CLASSES, *_TASKS)
+CLASSES = (*PRESET_CLASSES, *(m["task"] for m in MEMBERS.values()
+                              if "task" in m))
 
 
-# -- reading a preset --------------------------------------------------------------
+# -- reading a preset ---------------------------------------------------------
 
 def architecture(class_name, config, path):
     """``(member class, arch, h5 prefix)`` of a preset's ``config.json``
@@ -256,23 +247,7 @@ def architecture(class_name, config, path):
             raise ConfigError(path, f"{where}.{field}", f"expected "
                               f"{field}={value!r} ({why}); received "
                               f"{field}={shown(config[field])}")
-    shape = list(config["image_shape"])
-    if config.get("data_format") == "channels_first":  # (c, h, w)
-        shape = shape[1:] + shape[:1]
-    patch = config["patch_size"]
-    pair = [patch, patch] if isinstance(patch, int) else list(patch)
-    patch = pair[0]
-    if None in shape or pair[1] != patch or shape[0] % patch or (
-            shape[1] % patch) or shape[2] > MAX_CHANNELS:
-        raise ConfigError(path, f"{where}.image_shape", "expected a fixed "
-                          "[height, width, channels] that square patches of "
-                          f"patch_size={shown(config['patch_size'])} tile, "
-                          f"at most {MAX_CHANNELS} channels; "
-                          f"received image_shape={shown(config['image_shape'])}")
-    if config["hidden_dim"] % config["num_heads"]:
-        raise ConfigError(path, f"{where}.num_heads", "expected a divisor of "
-                          f"hidden_dim={config['hidden_dim']}; received "
-                          f"num_heads={config['num_heads']}")
+    height, width, channels, patch = image_grid(config, path, where)
     if config.get("use_swiglu_ffn") and swiglu_width(
             config["intermediate_dim"]) < 1:
         raise ConfigError(path, f"{where}.intermediate_dim", "expected at "
@@ -288,8 +263,7 @@ def architecture(class_name, config, path):
     if options.get("num_registers") and class_name == "DINOV2Backbone":
         options["posemb_includes_prefix"] = False  # registers join after
     arch = {"family": member["family"], "class": class_name,
-            "kind": "backbone" if member["output"] == "tokens"
-            else "embedding",
+            "kind": member["kind"],
             "hidden_size": config["hidden_dim"],
             "num_layers": config["num_layers"],
             "num_heads": config["num_heads"],
@@ -297,8 +271,8 @@ def architecture(class_name, config, path):
             "mlp_dim": (swiglu_width(config["intermediate_dim"])
                         if options.get("mlp") == "swiglu"
                         else config["intermediate_dim"]),
-            "image_size": shape[0] if shape[0] == shape[1] else shape[:2],
-            "patch_size": patch, "num_channels": shape[2],
+            "image_size": height if height == width else [height, width],
+            "patch_size": patch, "num_channels": channels,
             "layer_norm_epsilon": float(options.pop("layer_norm_epsilon")),
             "gelu": options.pop("gelu"),
             "dropout_rate": float(options.pop("dropout_rate", 0.0)),
@@ -331,19 +305,6 @@ def _check_dino_table(arch, path, where):
     arch["table_shape"] = pe
 
 
-def task_architecture(config, arch, path):
-    """``arch`` completed by a ``DeiTImageClassifier``'s ``task.json``
-    config: its head on the class token."""
-    config = formats.check(_TASK, config, path, "config")
-    if config.get("pooling", "token") != "token":
-        raise ConfigError(path, "config.pooling", "pooling='gap' averages "
-                          "the class and distillation tokens with the "
-                          "patches, which keras_vit does not pool; received "
-                          f"pooling={shown(config['pooling'])}")
-    return dict(arch, kind="classifier", num_classes=config["num_classes"],
-                classifier_activation=ACTIVATIONS[config.get("activation")])
-
-
 def read_h5(path, rows, prefix="", optional=False):
     """``{variable path: (array, how)}`` of the weights ``rows``
     (:func:`~keras_vit.zoo.keras_hub.layout.family_rows`) name in the
@@ -371,8 +332,8 @@ def read_h5(path, rows, prefix="", optional=False):
             ds = found[name]
             ok = (ds.dtype.kind in "iu" if how == "ids"
                   else h5_files.is_float_dataset(ds))
-            where = ("dtype " + shown(str(ds.dtype), 40) if not ok
-                     else h5_files.h5_storage_problem(ds, os.path.getsize(path)))
+            where = ("dtype " + shown(str(ds.dtype), 40) if not ok else
+                     h5_files.h5_storage_problem(ds, os.path.getsize(path)))
             if not where and how == "ids" and not (
                     (ds[()] >= 0) & (ds[()] < ds.size)).all():
                 where = (f"position ids outside [0, {ds.size}) (rows of a "
@@ -384,15 +345,10 @@ def read_h5(path, rows, prefix="", optional=False):
                 f"{path}: has datasets keras_vit does not read: "
                 f"{'; '.join(problems[:12])} (Keras writes float arrays, "
                 "contiguous, inside the file)")
-        return {key: (_array(found[name], how), how)
+        # Position ids as integers, the rest float32.
+        return {key: (np.asarray(found[name][()], "int64") if how == "ids"
+                      else h5_files.float_array(found[name]), how)
                 for name, (key, how, _) in rows.items() if key is not None}
-
-
-def _array(ds, how):
-    """A dataset's values: position ids as integers, the rest float32."""
-    if how == "ids":
-        return np.asarray(ds[()], "int64")
-    return h5_files.float_array(ds)
 
 
 def to_model(state, arch):
@@ -415,12 +371,11 @@ def to_model(state, arch):
     if dino is not None:
         out[dino[0]] = _dino_table(dino[1], arch, out)
     d, h = arch["hidden_size"], arch["num_heads"]
-    for i in range(arch["num_layers"]):
-        for part, shape in (("query", (h, d // h)), ("key", (h, d // h)),
-                            ("value", (h, d // h)), ("out", (d,))):
-            out.setdefault(f"encoder_block_{i}/attention/{part}/bias",
-                           np.zeros(shape, "float32"))
-    return out
+    return layouts.with_zeros(out, {
+        f"encoder_block_{i}/attention/{part}/bias":
+            (d,) if part == "out" else (h, d // h)
+        for i in range(arch["num_layers"])
+        for part in ("query", "key", "value", "out")})
 
 
 def _dino_table(table, arch, out):
@@ -430,8 +385,7 @@ def _dino_table(table, arch, out):
     (bicubic, ``antialias_in_interpolation``) unless the shapes are equal.
     With registers the class row is folded into the class token
     (``class_token/cls``) already in ``out`` (keras-hub adds the row
-    before the registers join)
-    and the table covers the patches."""
+    before the registers join) and the table covers the patches."""
     config, p = arch["config"], arch["patch_size"]
     size = arch["image_size"]
     cls_row, grid = table[:, :1], table[:, 1:]
@@ -451,47 +405,15 @@ def _dino_table(table, arch, out):
     return np.concatenate([cls_row, grid], axis=1).astype("float32")
 
 
-def read_preset(directory, outer, config_path, read_json):
-    """``(arch, arrays by variable path)`` of a family member's preset
-    directory
-    (``outer``: its checked ``config.json``; ``read_json(path, what)``
-    reads the other JSON files): the weights of its image tower, and a
-    ``DeiTImageClassifier``'s head from ``task.json`` /
-    ``task.weights.h5``; the image converter's normalisation where the
-    preset has one. :func:`keras_vit.zoo.load` reads such a folder.
-
-    Example::
-
-        keras_hub.models.DINOV2Backbone.from_preset(
-            "dinov2_small").save_to_preset("dino")
-        tokens = keras_vit.zoo.load("dino")   # (batch, tokens, width)
-    """
-    class_name, arch, prefix = architecture(
-        outer["class_name"], outer.get("config"), config_path)
-    task_path = os.path.join(directory, "task.json")
-    if os.path.isfile(task_path):
-        task = formats.check(formats.KERAS_HUB_OBJECT, read_json(
-            task_path, "keras-hub task.json"), task_path)
-        if _TASKS.get(task["class_name"]) != class_name:
-            raise ConfigError(task_path, "class_name", "keras_vit reads "
-                              f"the tasks {sorted(_TASKS)} of the family; "
-                              f"received class_name="
-                              f"{shown(task['class_name'])}")
-        arch = task_architecture(task["config"], arch, task_path)
-        pre = (task["config"].get("preprocessor") or {}).get("config", {})
-        converter = pre.get("image_converter")
-        if converter is not None and "config" in converter:
-            arch["input_normalization"] = check_image_converter(
-                converter["config"], task_path)
-    converter_path = os.path.join(directory, "image_converter.json")
-    if os.path.isfile(converter_path):
-        arch["input_normalization"] = check_image_converter(read_json(
-            converter_path, "keras-hub image_converter.json").get("config"),
-            converter_path)
+def read_weights(directory, class_name, arch, prefix):
+    """The arrays of a preset of ``class_name`` (``arch``, ``prefix``:
+    :func:`architecture`'s) in the folder ``directory`` by the model's
+    variable paths (:func:`to_model`): its image tower's, and a
+    classifier's head from ``task.weights.h5``."""
     state = read_h5(os.path.join(directory, "model.weights.h5"),
                     family_rows(class_name, arch), prefix)
     if arch["kind"] == "classifier":
         state.update(read_h5(os.path.join(directory, "task.weights.h5"),
                              family_rows(class_name, arch, task=True),
                              optional=True))
-    return arch, to_model(state, arch)
+    return to_model(state, arch)

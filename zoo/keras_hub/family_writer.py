@@ -1,8 +1,6 @@
 """Writes a keras_vit model of the ViT family as the keras-hub class that
-computes it: a ``DeiTBackbone`` (inside a ``DeiTImageClassifier`` for a
-model with a head), a ``DINOV2Backbone`` (with registers, with the SwiGLU
-MLP), a ``SigLIPVisionEncoder`` or a ``CLIPVisionEncoder``. The front door
-is :func:`keras_vit.zoo.keras_hub.writer.to_keras_hub` (and its
+computes it (:data:`keras_vit.zoo.keras_hub.family.MEMBERS`). The front
+door is :func:`keras_vit.zoo.keras_hub.writer.to_keras_hub` (and its
 ``save_preset``), which sends here every model with a family option
 keras-hub's paper ViT lacks.
 
@@ -29,35 +27,25 @@ import tempfile
 
 import numpy as np
 
+from keras_vit.base import options as options_table
 from keras_vit.base.errors import ConfigError
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import h5_files, hub_files, layouts
-from keras_vit.zoo.keras_hub.family import (MEMBERS, architecture,
+from keras_vit.zoo.keras_hub.family import MEMBERS, architecture
+from keras_vit.zoo.keras_hub.layout import (ACTIVATIONS, family_rows,
                                             task_architecture)
-from keras_vit.zoo.keras_hub.layout import ACTIVATIONS, family_rows
 
 # keras_vit's head activation -> keras-hub's (the reader's table inverted,
 # its first name kept).
 _ACTIVATION_NAMES = {}
 for _hub, _ours in ACTIVATIONS.items():
     _ACTIVATION_NAMES.setdefault(_ours, _hub)
-# The image converter keras-hub pairs with each class, which keeps the
-# model's input normalisation in a preset (``image_converter.json``).
-CONVERTERS = {"DeiTBackbone": "DeiTImageConverter",
-              "DINOV2Backbone": "DINOV2ImageConverter",
-              "SigLIPVisionEncoder": "SigLIPImageConverter",
-              "CLIPVisionEncoder": "CLIPImageConverter"}
 # The arguments of the model's outer shape compared with the reader's.
 _SHAPE = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
           "num_channels", "image_size", "layer_norm_epsilon", "gelu")
-
-
-def _plain():
-    """The family options as the paper's ViT sets them (stochastic depth,
-    which acts in training only, left out)."""
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
-    return {k: v for k, v in FAMILY_DEFAULTS.items() if k != "drop_path_rate"}
+# Acts in training only: written where a class has a field for it, never
+# a reason to refuse one.
+_TRAINING_ONLY = "drop_path_rate"
 
 
 def settings(config):
@@ -68,9 +56,7 @@ def settings(config):
     >>> settings({"classifier": "gap"})["class_token"]
     False
     """
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
-    out = {k: config.get(k, v) for k, v in FAMILY_DEFAULTS.items()}
+    out = {k: config.get(k, v) for k, v in options_table.DEFAULTS.items()}
     if out["class_token"] is None:
         out["class_token"] = config.get("classifier", "token") == "token"
     size = config.get("image_size", 224)
@@ -97,9 +83,10 @@ def family_options(config):
     """
     ours = settings(config)
     # The paper's ViT has a class token exactly when it pools by it.
-    plain = dict(_plain(),
+    plain = dict(options_table.DEFAULTS,
                  class_token=config.get("classifier", "token") == "token")
-    return [f"{k}={ours[k]!r}" for k, v in plain.items() if ours[k] != v]
+    return [f"{k}={ours[k]!r}" for k, v in plain.items()
+            if k != _TRAINING_ONLY and ours[k] != v]
 
 
 def _targets(targets):
@@ -131,7 +118,8 @@ def hub_config(class_name, config):
     for field, targets in member["fields"].items():
         name = _targets(targets)[0]
         value = ours[name]
-        forms = {v: k for k, v in member.get("forms", {}).get(field, {}).items()}
+        forms = {v: k for k, v in
+                 member.get("forms", {}).get(field, {}).items()}
         if forms and value not in forms:
             problems.append(f"{name}={value!r} (it computes {name} in "
                             f"{sorted(forms, key=str)})")
@@ -177,13 +165,13 @@ def problems(class_name, config):
     except ConfigError as e:
         return None, found + [str(e)]
     ours = settings(config)
-    theirs = dict(_plain(), **arch["options"], **{
+    theirs = dict(options_table.DEFAULTS, **arch["options"], **{
         k: arch[k] for k in _SHAPE})
     size = theirs["image_size"]
     theirs["image_size"] = (size, size) if isinstance(size, int) else tuple(
         size)
     found += [f"{k}={ours[k]!r} (it computes {k}={v!r})"
-              for k, v in theirs.items() if k != "drop_path_rate" and (
+              for k, v in theirs.items() if k != _TRAINING_ONLY and (
                   k not in named and ours[k] != v)]
     for name, plain in (("resnet", None), ("representation_size", None),
                         ("position_embedding", "learned_1d"),
@@ -261,27 +249,24 @@ def choose(model, vit_lacks):
 
 
 def build(model, class_name, config, arch, keras_hub):
-    """``(out, backbone)``: the keras-hub ``class_name`` built from
+    """``(out, converter)``: the keras-hub ``class_name`` built from
     ``config`` (what :func:`choose` returned) with ``model``'s weights,
-    inside its task with the model's head and an image converter of the
-    model's input normalisation when ``arch`` is a classifier (``out`` the
-    task); else ``out`` is the backbone, whose ``save_to_preset`` then
-    also writes that converter (``image_converter.json``), which
-    :func:`keras_vit.zoo.load` reads back.
+    and an image converter of the model's input normalisation. When
+    ``arch`` is a classifier, ``out`` is its task with the model's head,
+    whose preprocessor holds the converter (``converter`` None); else
+    ``out`` is the backbone, whose preset must also keep ``converter``
+    (``image_converter.json``, which :func:`keras_vit.zoo.load` reads).
 
     Example::
 
         import keras_hub
-        hub, backbone = build(model, *choose(model, []), keras_hub)
+        hub, converter = build(model, *choose(model, []), keras_hub)
     """
-    dtype = getattr(getattr(model, "dtype_policy", None), "name", None)
-    backbone = getattr(keras_hub.models, class_name)(**config, dtype=dtype)
-    normalization = of_model(model)  # x * scale + offset of [0, 255]
-    converter = getattr(keras_hub.layers, CONVERTERS[class_name])(
-        image_size=tuple(config["image_shape"][:2]),
-        scale=np.broadcast_to(normalization.scale, (3,)).tolist(),
-        offset=np.broadcast_to(normalization.offset, (3,)).tolist(),
-        interpolation="bilinear")
+    backbone = getattr(keras_hub.models, class_name)(
+        **config, dtype=dtype_name(model))
+    converter = image_converter(
+        getattr(keras_hub.layers, MEMBERS[class_name]["converter"]), model,
+        config["image_shape"][:2])
     out = backbone
     if arch["kind"] == "classifier":
         task = MEMBERS[class_name]["task"]
@@ -291,8 +276,7 @@ def build(model, class_name, config, arch, keras_hub):
             pooling="token",
             activation=_ACTIVATION_NAMES[arch["classifier_activation"]],
             preprocessor=preprocessor(image_converter=converter))
-    else:
-        _keep_converter(backbone, converter)
+        converter = None
     arrays = layouts.model_arrays(model, "keras-hub")
     where = f"to_keras_hub(model={model.name!r}): keras-hub's {class_name}"
     used = _fill(backbone, family_rows(class_name, arch), arrays, arch,
@@ -305,15 +289,31 @@ def build(model, class_name, config, arch, keras_hub):
     if left:
         raise ValueError(f"{where} has no place for the model's weights "
                          f"{left[:6]}{' ...' * (len(left) > 6)}")
-    return out, backbone
+    return out, converter
+
+
+def dtype_name(model):
+    """The name of ``model``'s dtype policy, or None: keras-hub's class
+    computes in the same."""
+    return getattr(getattr(model, "dtype_policy", None), "name", None)
+
+
+def image_converter(layer, model, image_size):
+    """An image converter of the keras-hub class ``layer`` that resizes to
+    ``image_size`` and applies ``model``'s input normalisation to [0, 255]
+    pixels (as ``x * scale + offset``, per channel)."""
+    normalization = of_model(model)
+    return layer(image_size=tuple(image_size),
+                 scale=np.broadcast_to(normalization.scale, (3,)).tolist(),
+                 offset=np.broadcast_to(normalization.offset, (3,)).tolist(),
+                 interpolation="bilinear")
 
 
 def _fill(layer, rows, arrays, arch, where, save, load):
     """Writes ``layer``'s weights with ``save`` to a scratch ``.weights.h5``
     file, puts the model's ``arrays`` (by variable path) where ``rows``
-    (below ``layers/``)
-    say the reader finds them, and loads the file back with ``load``.
-    Returns the keys used."""
+    (below ``layers/``) say the reader finds them, and loads the file back
+    with ``load``. Returns the keys used."""
     import h5py
 
     used = set()
@@ -358,17 +358,3 @@ def _hub_array(key, how, shape, arrays, arch, where):
                          f"model's is {list(value.shape)}")
     return value
 
-
-def _keep_converter(backbone, converter):
-    """Makes ``backbone``'s ``save_to_preset`` also write ``converter``
-    (``image_converter.json``): a keras-hub backbone carries none, and the
-    preset would otherwise load with the family's published
-    normalisation rather than the model's."""
-    save = backbone.save_to_preset  # keras-hub's, bound to backbone
-
-    def save_to_preset(preset_dir, *args, **kwargs):
-        save(preset_dir, *args, **kwargs)
-        converter.save_to_preset(preset_dir)
-
-    save_to_preset.__doc__ = save.__doc__
-    backbone.save_to_preset = save_to_preset

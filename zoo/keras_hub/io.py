@@ -1,22 +1,16 @@
 """keras-hub's ViT read into keras_vit: a
 ``keras_hub.models.ViTImageClassifier`` or ``ViTBackbone`` (a live object,
 or a preset directory its ``save_to_preset`` wrote), and the family's
-other members (DeiT, DINOv2, SigLIP's and CLIP's image towers:
-:mod:`keras_vit.zoo.keras_hub.family`).
+other members (:mod:`keras_vit.zoo.keras_hub.family`).
 
-Reading: :func:`read` returns the architecture facts and the weights as
-a ``{key: array}`` mapping in keras-hub's own variable paths for its ViT
-(:data:`keras_vit.zoo.keras_hub.layout.VIT` puts them on the model's
-variables), by the model's variable paths for the family;
-:func:`from_keras_hub` builds the keras_vit model from them. A preset
-directory (``config.json``,
-``model.weights.h5``, with a task: ``task.json``, ``task.weights.h5``) is
-read with ``h5py`` alone, keras-hub need not be installed: the JSON
-configs are checked field by field (types, and sizes no ViT comes near,
-before anything is allocated), the ``.h5`` files' datasets by name,
-shape, dtype and storage (contiguous, inside the file; external and
-virtual datasets are refused: they read other files) before their data
-is read. Nothing is unpickled and no Keras object is deserialised.
+A preset directory (``config.json``, ``model.weights.h5``, with a task:
+``task.json``, ``task.weights.h5``) is read with ``h5py`` alone,
+keras-hub need not be installed: the JSON configs are checked field by
+field (types, and sizes no ViT comes near, before anything is
+allocated), the ``.h5`` files' datasets by name, shape, dtype and
+storage (contiguous, inside the file; external and virtual datasets are
+refused: they read other files) before their data is read. Nothing is
+unpickled and no Keras object is deserialised.
 
 keras-hub's numerics are kept: its LayerNorm epsilon
 (``layer_norm_epsilon``, 1e-6 by default) and its GELU, the exact (erf)
@@ -25,19 +19,13 @@ rates are kept, except the classifier's ``dropout`` before the head,
 which keras_vit has no layer for (it acts in training only). What
 keras_vit cannot compute the same way is refused by name: pooling the
 first patch when there is no class token, the mean over the class token
-and the patches. A family member's input normalisation travels with
-the model: its preset's image converter's, else the family's published
-one.
-
-The configs and names are mapped by :mod:`keras_vit.zoo.keras_hub.layout`;
-writing (``to_keras_hub``, a preset through ``zoo.save_pretrained(...,
+and the patches. Writing (``to_keras_hub``, ``zoo.save_pretrained(...,
 layout="keras-hub")``) is :mod:`keras_vit.zoo.keras_hub.writer`.
 """
 
 from __future__ import annotations
 
 import os
-
 
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
@@ -47,9 +35,8 @@ from keras_vit.zoo.keras_hub import layout as keras_hub_layout
 from keras_vit.zoo.transformers import hub as transformers_hub
 # keras-hub's names <-> the model's variables (zoo/keras_hub/layout.py).
 from keras_vit.zoo.keras_hub.layout import (
-    METADATA_FILE, VIT, backbone_architecture, backbone_only,
-    check_image_converter, expected_shapes, task_architecture,
-    with_zero_biases)
+    METADATA_FILE, VIT, backbone_architecture, check_image_converter,
+    expected_shapes, task_architecture, with_zero_biases)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -76,12 +63,11 @@ def _class_names(obj):
 
 def is_keras_hub_source(value, *, progress=None):
     """True for what :func:`read` takes: a keras-hub ``ViTBackbone`` or
-    ``ViTImageClassifier`` or a family member (``DeiTBackbone``, ...:
-    :data:`keras_vit.zoo.keras_hub.family.CLASSES`), or a directory whose
-    ``config.json`` names a
-    keras-hub class (a preset ``save_to_preset`` wrote). ``progress`` is
-    unused (nothing is downloaded to tell): the sources' predicates take
-    it (:mod:`keras_vit.zoo.sources`).
+    ``ViTImageClassifier`` or a family member
+    (:data:`keras_vit.zoo.keras_hub.family.CLASSES`), or a directory whose
+    ``config.json`` names a keras-hub class (a preset ``save_to_preset``
+    wrote). ``progress`` is unused (nothing is downloaded to tell): the
+    sources' predicates take it (:mod:`keras_vit.zoo.sources`).
 
     >>> is_keras_hub_source("ViT-B/16")
     False
@@ -98,32 +84,19 @@ def is_keras_hub_source(value, *, progress=None):
         config = transformers_hub.read_json(path, "keras-hub config.json")
     except (checkpoints.CheckpointError, OSError):
         return False
-    return _is_keras_hub_config(config)
-
-
-def _is_keras_hub_config(config):
-    registered = config.get("registered_name")
-    module = config.get("module")
+    registered, module = config.get("registered_name"), config.get("module")
     return (isinstance(registered, str) and registered.startswith(
         "keras_hub>")) or (isinstance(module, str)
                            and module.startswith("keras_hub."))
 
 
-# -- tensors --------------------------------------------------------------------
-
-def check_names(found, expected, where):
-    """One CheckpointError naming ``where`` and listing every missing,
-    unexpected and mis-shaped variable (``found``: name -> shape)."""
-    hub_files.check_names(
-        found, expected,
-        f"{where}: does not hold the keras-hub ViT its config describes")
-
-
-# -- a preset directory ---------------------------------------------------------
+# -- a preset directory -------------------------------------------------------
 
 def read_preset(directory):
     """``(arch, arrays)`` of a keras-hub preset directory (see
-    :func:`read`)."""
+    :func:`read`): its backbone's, a task's head with ``task.json``, and
+    the normalisation of its image converter (the task's preprocessor's,
+    or ``image_converter.json``) where it has one."""
     directory = os.fspath(directory)
     config_path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isfile(config_path):
@@ -132,42 +105,49 @@ def read_preset(directory):
     outer = formats.check(formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
         config_path, "keras-hub config.json"), config_path)
     class_name = outer.get("class_name")
-    if class_name in keras_hub_family.PRESET_CLASSES:
-        return keras_hub_family.read_preset(directory, outer, config_path,
-                                            transformers_hub.read_json)
-    if class_name != BACKBONE:
-        family = [c for c in keras_hub_family.PRESET_CLASSES
-                  if c not in keras_hub_family.REFUSED]
+    family = class_name in keras_hub_family.PRESET_CLASSES
+    if family:
+        class_name, arch, prefix = keras_hub_family.architecture(
+            class_name, outer.get("config"), config_path)
+        task_class = keras_hub_family.MEMBERS[class_name].get("task")
+    elif class_name == BACKBONE:
+        arch = backbone_architecture(outer.get("config"), config_path)
+        task_class = CLASSIFIER
+    else:
+        known = [c for c in keras_hub_family.PRESET_CLASSES
+                 if c not in keras_hub_family.REFUSED]
         raise ConfigError(
             config_path, "class_name", f"keras_vit reads keras-hub's "
             f"{BACKBONE} (with or without its {CLASSIFIER}) and "
-            f"{', '.join(family)}; received class_name={shown(class_name)}")
-    arch = backbone_architecture(outer.get("config"), config_path)
+            f"{', '.join(known)}; received class_name={shown(class_name)}")
     task_path = os.path.join(directory, TASK_FILE)
     if os.path.isfile(task_path):
-        task = formats.check(formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
-            task_path, "keras-hub task.json"), task_path)
-        if task.get("class_name") != CLASSIFIER:
+        task = formats.check(
+            formats.KERAS_HUB_OBJECT, transformers_hub.read_json(
+                task_path, "keras-hub task.json"), task_path)
+        if task["class_name"] != task_class:
+            wanted = f"keras-hub's {task_class}" if task_class else "no task"
             raise ConfigError(
-                task_path, "class_name", f"keras_vit reads keras-hub's "
-                f"{CLASSIFIER}; received class_name="
-                f"{shown(task.get('class_name'))} (the backbone alone "
-                f"loads without {TASK_FILE})")
+                task_path, "class_name", f"keras_vit reads {wanted} with a "
+                f"{class_name}; received class_name="
+                f"{shown(task['class_name'])} (the backbone alone loads "
+                f"without {TASK_FILE})")
         arch = task_architecture(task["config"], arch, task_path)
-        # Checked by KERAS_HUB_TASK: objects where they are given.
+        # Checked by the task's schema: objects where they are given.
         pre = task["config"].get("preprocessor") or {}
         converter = pre.get("config", {}).get("image_converter")
         if converter is not None and "config" in converter:
             arch["input_normalization"] = check_image_converter(
                 converter["config"], task_path)
-    else:
-        arch = backbone_only(arch)
     converter_path = os.path.join(directory, IMAGE_CONVERTER_FILE)
     if os.path.isfile(converter_path):
         converter = transformers_hub.read_json(
             converter_path, "keras-hub image_converter.json")
         arch["input_normalization"] = check_image_converter(
             converter.get("config"), converter_path)
+    if family:
+        return arch, keras_hub_family.read_weights(directory, class_name,
+                                                   arch, prefix)
     state = h5_files.read_h5(os.path.join(directory, WEIGHTS_FILE),
                              keras_hub_layout.h5_names(arch, task=False),
                              expected_shapes(arch))
@@ -181,7 +161,7 @@ def read_preset(directory):
     return arch, with_zero_biases(state, arch)
 
 
-# -- a live keras-hub object ------------------------------------------------------
+# -- a live keras-hub object --------------------------------------------------
 
 def read_object(obj):
     """``(arch, arrays)`` of a keras-hub ``ViTBackbone`` or
@@ -211,9 +191,7 @@ def read_object(obj):
     config = dict(backbone.get_config())
     config["data_format"] = getattr(backbone, "data_format", None)
     arch = backbone_architecture(config, where)
-    if backbone is obj:
-        arch = backbone_only(arch)
-    else:
+    if backbone is not obj:
         task = {k: v for k, v in obj.get_config().items()
                 if k not in ("backbone", "preprocessor")}
         arch = task_architecture(task, arch, where)
@@ -224,8 +202,9 @@ def read_object(obj):
                 converter.get_config(), where)
     state = {v.path: keras.ops.convert_to_numpy(
         keras.ops.cast(v.value, "float32")) for v in obj.weights}
-    check_names({k: v.shape for k, v in state.items()},
-                 expected_shapes(arch), where)
+    hub_files.check_names(
+        {k: v.shape for k, v in state.items()}, expected_shapes(arch),
+        f"{where}: does not hold the keras-hub ViT its config describes")
     return arch, with_zero_biases(state, arch)
 
 
@@ -233,19 +212,15 @@ def read(source, *, with_labels=False):
     """``(arch, arrays)`` of a keras-hub ViT: a ``ViTImageClassifier``, a
     ``ViTBackbone``, a family member
     (:data:`keras_vit.zoo.keras_hub.family.CLASSES`) or a preset directory
-    of one. ``arch`` holds keras_vit's builder facts (``kind``:
-    ``"classifier"``, ``"backbone"`` or ``"embedding"``,
-    ``hidden_size``, ``num_layers``, ``num_heads``, ``mlp_dim``,
-    ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, ``classifier``, ``num_classes``,
-    ``representation_size``, ``classifier_activation``, the dropout
-    rates; for the family ``family`` and its builder ``options``);
-    ``arrays`` the weights (keras-hub's ViT: by its variable paths; the
-    family: by the model's). ``with_labels`` adds a third item, the
-    head's class names
-    (a preset's ``metadata.json`` ``label_names``, which
-    :func:`keras_vit.zoo.save_pretrained` writes there, or a live
-    classifier's ``zoo_labels``), or None."""
+    of one. ``arch`` holds keras_vit's builder facts (those of
+    :func:`~keras_vit.zoo.keras_hub.layout.backbone_architecture`, the
+    head's, ``kind``: ``"classifier"``, ``"backbone"`` or
+    ``"embedding"``; for the family ``family`` and its builder
+    ``options``); ``arrays`` the weights (keras-hub's ViT: by its variable
+    paths; the family: by the model's). ``with_labels`` adds a third
+    item, the head's class names (a preset's ``metadata.json``
+    ``label_names``, which :func:`keras_vit.zoo.save_pretrained` writes
+    there, or a live classifier's ``zoo_labels``), or None."""
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isdir(source):
             raise FileNotFoundError(
@@ -278,7 +253,7 @@ def read_labels(directory, arch):
                                 "label_names")
 
 
-# -- building -------------------------------------------------------------------
+# -- building -----------------------------------------------------------------
 
 def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of a keras-hub ViT
@@ -343,15 +318,12 @@ def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     """A keras_vit ``VisionTransformer`` computing what the keras-hub ViT
     ``source`` computes: a ``keras_hub.models.ViTImageClassifier`` (its
     logits), a ``ViTBackbone`` (its tokens, ``(batch, tokens, width)``),
-    a family member (``DeiTBackbone`` and its ``DeiTImageClassifier``,
-    ``DINOV2Backbone``, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder`` and
-    the ``SigLIPBackbone`` / ``CLIPBackbone`` holding them: what each
-    computes is in :mod:`keras_vit.zoo.keras_hub.family`), or a preset
-    directory written by ``save_to_preset`` (read without keras-hub). The
-    input is the backbone's: what its image converter makes of pixels,
-    [-1, 1] for keras-hub's ViT presets (the model records the
-    normalisation; ``include_preprocessing=True`` takes [0, 255]).
-    ``image_size``
+    a family member (what each computes:
+    :mod:`keras_vit.zoo.keras_hub.family`), or a preset directory written
+    by ``save_to_preset`` (read without keras-hub). The input is the
+    backbone's: what its image converter makes of pixels, [-1, 1] for
+    keras-hub's ViT presets (the model records the normalisation;
+    ``include_preprocessing=True`` takes [0, 255]). ``image_size``
     resizes the position embeddings; another ``num_classes`` gives a new
     zero head; ``**kwargs`` go to :func:`keras_vit.models.vit`, settled
     as every source's are (:mod:`keras_vit.zoo.settle`). A preset

@@ -1,24 +1,22 @@
 """keras-hub's ViT configs read as keras_vit's builder arguments
 (:func:`backbone_architecture`, :func:`task_architecture`); its variable
-names and the official ``.npz`` layout, both ways; the names and shapes
-a config implies, and where a preset's ``.h5`` files keep each
-variable. Shared by the reader
-(:mod:`keras_vit.zoo.keras_hub.io`) and the writer
-(:mod:`keras_vit.zoo.keras_hub.writer`). The names of the family's other
-presets (DeiT, DINOv2, SigLIP's and CLIP's image towers) follow, for
-:mod:`~keras_vit.zoo.keras_hub.family` and its writer.
+names both ways (:data:`VIT`); and where a preset's ``.h5`` files keep
+each weight of every class of the family (:func:`family_rows`), the ViT
+(:func:`h5_names`) and the others (DeiT, DINOv2, SigLIP's and CLIP's
+image towers). Shared by the readers (:mod:`keras_vit.zoo.keras_hub.io`,
+:mod:`~keras_vit.zoo.keras_hub.family`) and the writers
+(:mod:`keras_vit.zoo.keras_hub.writer`,
+:mod:`~keras_vit.zoo.keras_hub.family_writer`).
 """
 
 from __future__ import annotations
 
-
-import numpy as np
-
 from keras_vit.base.checks import shown
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_CHANNELS
+from keras_vit.base.schema import Object
 from keras_vit.data.normalization import check_normalization, config_value
-from keras_vit.zoo import formats
+from keras_vit.zoo import formats, layouts
 from keras_vit.zoo.layouts import Layout, Rule
 
 # Where a preset keeps its metadata, and keras_vit its class names
@@ -29,22 +27,18 @@ ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
                 "sigmoid": "sigmoid"}
 
 
-def backbone_architecture(config, path):
-    """A keras-hub ``ViTBackbone`` config (``get_config()``, or the
-    ``config`` object of a preset's ``config.json``) checked
-    (:data:`~keras_vit.zoo.formats.KERAS_HUB_BACKBONE`: every setting
-    keras-hub 0.32 writes, and no other, since a later option may change
-    the numbers) and read as keras_vit's facts: ``{"hidden_size",
-    "num_layers", "num_heads", "mlp_dim", "image_size", "patch_size",
-    "num_channels", "layer_norm_epsilon", "gelu", "dropout_rate",
-    "attention_dropout_rate", "class_token", "biases"}``; ``path`` names
-    the source in errors."""
-    config = formats.check(formats.KERAS_HUB_BACKBONE, config, path, "config")
+def image_grid(config, path, where="config"):
+    """``(height, width, channels, patch)`` of a keras-hub config's
+    ``image_shape`` (``(c, h, w)`` under ``data_format="channels_first"``)
+    and ``patch_size``, checked as keras_vit builds them: a fixed size
+    that square patches tile, at most ``MAX_CHANNELS`` channels, and
+    ``num_heads`` dividing ``hidden_dim``; else a FormatError naming
+    ``path`` and the field below ``where``."""
     shape = list(config["image_shape"])
     if config.get("data_format") == "channels_first":  # (c, h, w)
         shape = shape[1:] + shape[:1]
     if None in shape or shape[2] > MAX_CHANNELS:
-        raise formats.fail(path, "config.image_shape", "expected [height, "
+        raise formats.fail(path, f"{where}.image_shape", "expected [height, "
                            "width, channels] of a fixed size, at most "
                            f"{MAX_CHANNELS} channels; received image_shape="
                            f"{shown(config['image_shape'])}")
@@ -61,39 +55,66 @@ def backbone_architecture(config, path):
             ("num_heads", hidden % heads, "expected an integer that divides "
              f"hidden_dim={hidden}; received num_heads={heads}")):
         if bad:
-            raise formats.fail(path, f"config.{field}", problem)
-    flag = {key: config.get(key, True) for key in (
-        "use_mha_bias", "use_mlp_bias", "use_class_token", "use_patch_bias")}
-    return {"hidden_size": hidden, "num_layers": config["num_layers"],
-            "num_heads": heads, "mlp_dim": config["mlp_dim"],
+            raise formats.fail(path, f"{where}.{field}", problem)
+    return height, width, channels, patch[0]
+
+
+def backbone_architecture(config, path):
+    """A keras-hub ``ViTBackbone`` config (``get_config()``, or the
+    ``config`` object of a preset's ``config.json``) checked
+    (:data:`~keras_vit.zoo.formats.KERAS_HUB_BACKBONE`: every setting
+    keras-hub 0.32 writes, and no other, since a later option may change
+    the numbers) and read as keras_vit's facts of the backbone alone (no
+    head, every token out): ``{"kind", "hidden_size", "num_layers",
+    "num_heads", "mlp_dim", "image_size", "patch_size", "num_channels",
+    "layer_norm_epsilon", "gelu", "dropout_rate", "attention_dropout_rate",
+    "class_token", "classifier", "num_classes", "representation_size",
+    "classifier_activation", "config"}`` (``config`` the checked config,
+    whose ``use_*`` flags say which weights it has); ``path`` names the
+    source in errors."""
+    config = formats.check(formats.KERAS_HUB_BACKBONE, config, path, "config")
+    height, width, channels, patch = image_grid(config, path)
+    token = config.get("use_class_token", True)
+    return {"kind": "backbone", "hidden_size": config["hidden_dim"],
+            "num_layers": config["num_layers"],
+            "num_heads": config["num_heads"], "mlp_dim": config["mlp_dim"],
             "image_size": height if height == width else (height, width),
-            "patch_size": patch[0], "num_channels": channels,
+            "patch_size": patch, "num_channels": channels,
             "layer_norm_epsilon": float(config.get("layer_norm_epsilon",
                                                    1e-6)),
             "gelu": "exact",
             "dropout_rate": float(config.get("dropout_rate", 0.0)),
             "attention_dropout_rate": float(config.get("attention_dropout",
                                                        0.0)),
-            "class_token": flag["use_class_token"],
-            "biases": {"patch": flag["use_patch_bias"],
-                       "mha": flag["use_mha_bias"],
-                       "mlp": flag["use_mlp_bias"]}}
+            "class_token": token, "classifier": "token" if token else "gap",
+            "num_classes": None, "representation_size": None,
+            "classifier_activation": None, "config": config}
+
+
+# A family member's task (DeiTImageClassifier's config): the ViT's, but
+# the representation layer, which it lacks.
+FAMILY_TASK = Object({k: v for k, v in formats.KERAS_HUB_TASK.fields.items()
+                      if k != "intermediate_dim"}, required=("num_classes",),
+                     extra="refuse", what="a DeiTImageClassifier config")
 
 
 def task_architecture(config, arch, path):
-    """``arch`` (:func:`backbone_architecture`) completed by a keras-hub
-    ``ViTImageClassifier`` config (checked:
-    :data:`~keras_vit.zoo.formats.KERAS_HUB_TASK`): ``kind``,
-    ``classifier``, ``num_classes``, ``representation_size``,
-    ``classifier_activation``. What keras_vit pools differently is
-    refused by name."""
-    config = formats.check(formats.KERAS_HUB_TASK, config, path, "config")
+    """``arch`` of a backbone (:func:`backbone_architecture`'s, or a
+    family member's) completed by its task's config (checked:
+    :data:`~keras_vit.zoo.formats.KERAS_HUB_TASK`, a family member's
+    :data:`FAMILY_TASK`): ``kind``, ``classifier``, ``num_classes``,
+    ``representation_size``, ``classifier_activation``. What keras_vit
+    pools differently is refused by name."""
+    spec = FAMILY_TASK if arch.get("family") else formats.KERAS_HUB_TASK
+    config = formats.check(spec, config, path, "config")
     pooling = config.get("pooling", "token")
-    if pooling == "token" and not arch["class_token"]:
+    # A backbone pools by its class token exactly when it has one.
+    class_token = arch["classifier"] == "token"
+    if pooling == "token" and not class_token:
         raise ConfigError(path, "pooling", "pooling='token' without a class "
                           "token (use_class_token=false) pools the first "
                           "patch, which keras_vit does not do")
-    if pooling == "gap" and arch["class_token"]:
+    if pooling == "gap" and class_token:
         raise ConfigError(path, "pooling", "pooling='gap' with a class token "
                           "averages it with the patches; keras_vit's 'gap' "
                           "models have no class token")
@@ -101,13 +122,6 @@ def task_architecture(config, arch, path):
                 classifier=pooling,
                 representation_size=config.get("intermediate_dim"),
                 classifier_activation=ACTIVATIONS[config.get("activation")])
-
-
-def backbone_only(arch):
-    """``arch`` of a backbone alone: no head, every token out."""
-    return dict(arch, kind="backbone", num_classes=None,
-                classifier="token" if arch["class_token"] else "gap",
-                representation_size=None, classifier_activation=None)
 
 
 def check_image_converter(config, path):
@@ -148,9 +162,8 @@ _EMB = "vit_patching_and_embedding/"
 
 def _keras(path, key, norm=False):
     """A Keras layer's two variables under both names."""
-    names = (("gamma", "gamma"), ("beta", "beta")) if norm else (
-        ("kernel", "kernel"), ("bias", "bias"))
-    return [Rule(f"{path}/{a}", f"{key}/{b}") for a, b in names]
+    names = ("gamma", "beta") if norm else ("kernel", "bias")
+    return [Rule(f"{path}/{n}", f"{key}/{n}") for n in names]
 
 
 _B, _HB = "encoder_block_{i}/", "vit_encoder/transformer_block_{i+1}/"
@@ -173,118 +186,43 @@ VIT = Layout("keras-hub", [
     *_keras("pre_logits", "pre_logits"),
     *_keras("head", "predictions"),
 ])
-# Keras' .weights.h5 names a layer's variables by position (vars/0, ...)
-# under the attribute path of the layer, lists by class name: keras-hub
-# ViT parameter -> (layer path, variable index).
-_H5_BLOCK = {
-    "ln_1/gamma": ("layer_norm_1", 0), "ln_1/beta": ("layer_norm_1", 1),
-    "ln_2/gamma": ("layer_norm_2", 0), "ln_2/beta": ("layer_norm_2", 1),
-    "mlp/dense_1/kernel": ("mlp/dense_1", 0),
-    "mlp/dense_1/bias": ("mlp/dense_1", 1),
-    "mlp/dense_2/kernel": ("mlp/dense_2", 0),
-    "mlp/dense_2/bias": ("mlp/dense_2", 1),
-}
-for _part, _dense in (("query", "query_dense"), ("key", "key_dense"),
-                      ("value", "value_dense"),
-                      ("attention_output", "output_dense")):
-    _H5_BLOCK[f"mha/{_part}/kernel"] = (f"mha/{_dense}", 0)
-    _H5_BLOCK[f"mha/{_part}/bias"] = (f"mha/{_dense}", 1)
-_H5_TOP = {
-    _EMB + "class_token": ("vi_t_patching_and_embedding", 0),
-    _EMB + "patch_embedding/kernel":
-        ("vi_t_patching_and_embedding/patch_embedding", 0),
-    _EMB + "patch_embedding/bias":
-        ("vi_t_patching_and_embedding/patch_embedding", 1),
-    _EMB + "position_embedding/embeddings":
-        ("vi_t_patching_and_embedding/position_embedding", 0),
-    "vit_encoder/ln/gamma": ("vi_t_encoder/layer_norm", 0),
-    "vit_encoder/ln/beta": ("vi_t_encoder/layer_norm", 1),
-}
+
+
+def _vit_rows(arch, task=False):
+    """:func:`family_rows` of keras-hub's ViT ``arch`` (its class token
+    read as a member's option)."""
+    return family_rows("ViTBackbone", dict(
+        arch, options={"class_token": arch["class_token"]}), task)
 
 
 def expected_shapes(arch):
     """keras-hub's variable paths and shapes for ``arch``."""
-    d, m, h = arch["hidden_size"], arch["mlp_dim"], arch["num_heads"]
-    p, c = arch["patch_size"], arch["num_channels"]
-    size = arch["image_size"]
-    rows, cols = (size, size) if isinstance(size, int) else size
-    biases = arch["biases"]
-    tokens = (rows // p) * (cols // p) + int(arch["class_token"])
-    shapes = {_EMB + "patch_embedding/kernel": (p, p, c, d),
-              _EMB + "position_embedding/embeddings": (tokens, d),
-              "vit_encoder/ln/gamma": (d,), "vit_encoder/ln/beta": (d,)}
-    if arch["class_token"]:
-        shapes[_EMB + "class_token"] = (1, 1, d)
-    if biases["patch"]:
-        shapes[_EMB + "patch_embedding/bias"] = (d,)
-    block = {"ln_1/gamma": (d,), "ln_1/beta": (d,), "ln_2/gamma": (d,),
-             "ln_2/beta": (d,), "mha/attention_output/kernel": (h, d // h, d),
-             "mlp/dense_1/kernel": (d, m), "mlp/dense_2/kernel": (m, d)}
-    for part in ("query", "key", "value"):
-        block[f"mha/{part}/kernel"] = (d, h, d // h)
-        if biases["mha"]:
-            block[f"mha/{part}/bias"] = (h, d // h)
-    if biases["mha"]:
-        block["mha/attention_output/bias"] = (d,)
-    if biases["mlp"]:
-        block.update({"mlp/dense_1/bias": (m,), "mlp/dense_2/bias": (d,)})
-    for i in range(arch["num_layers"]):
-        shapes.update({f"vit_encoder/transformer_block_{i + 1}/{k}": v
-                       for k, v in block.items()})
+    rows = list(_vit_rows(arch).values())
     if arch["kind"] == "classifier":
-        width = arch["representation_size"] or d
-        if arch["representation_size"]:
-            shapes.update({"pre_logits/kernel": (d, width),
-                           "pre_logits/bias": (width,)})
-        shapes.update({"predictions/kernel": (width, arch["num_classes"]),
-                       "predictions/bias": (arch["num_classes"],)})
-    return shapes
+        rows += _vit_rows(arch, task=True).values()
+    return {VIT.key_of(key): shape for key, _, shape in rows}
 
 
 def with_zero_biases(state, arch):
     """keras-hub's ViT weights (``{variable path: array}``, checked against
     :func:`expected_shapes`) with the biases keras-hub was built without
     as zeros: the model has them."""
-    out = dict(state)
-    d, h = arch["hidden_size"], arch["num_heads"]
-    zeros = {"patch_embedding/conv/bias": (d,)}
-    for i in range(arch["num_layers"]):
-        for part in ("query", "key", "value"):
-            zeros[f"encoder_block_{i}/attention/{part}/bias"] = (h, d // h)
-        zeros[f"encoder_block_{i}/attention/out/bias"] = (d,)
-        zeros[f"encoder_block_{i}/mlp/dense_0/bias"] = (arch["mlp_dim"],)
-        zeros[f"encoder_block_{i}/mlp/dense_1/bias"] = (d,)
-    for path, shape in zeros.items():
-        out.setdefault(VIT.key_of(path), np.zeros(shape, "float32"))
-    return out
+    built = expected_shapes(arch)
+    biased = expected_shapes(dict(arch, config=dict(
+        arch["config"], use_patch_bias=True, use_mha_bias=True,
+        use_mlp_bias=True)))
+    return layouts.with_zeros(state, {k: shape for k, shape in biased.items()
+                                      if k not in built})
 
 
 def h5_names(arch, task):
     """keras-hub variable path -> the dataset path in a preset's
     ``model.weights.h5`` (``task``: False) or ``task.weights.h5`` (True)."""
-    if task:
-        if arch["kind"] != "classifier":
-            return {}
-        layers = (["pre_logits", "predictions"]
-                  if arch["representation_size"] else ["predictions"])
-        out = {}
-        for n, layer in enumerate(layers):  # Keras numbers them in order
-            group = "layers/dense" + (f"_{n}" if n else "")
-            out[f"{layer}/kernel"] = f"{group}/vars/0"
-            out[f"{layer}/bias"] = f"{group}/vars/1"
-        return out
-    out = {name: f"layers/{layer}/vars/{index}"
-           for name, (layer, index) in _H5_TOP.items()}
-    for i in range(arch["num_layers"]):
-        group = ("layers/vi_t_encoder/encoder_layers/vi_t_encoder_block"
-                 + (f"_{i}" if i else ""))
-        for param, (layer, index) in _H5_BLOCK.items():
-            out[f"vit_encoder/transformer_block_{i + 1}/{param}"] = (
-                f"{group}/{layer}/vars/{index}")
-    return out
+    return {VIT.key_of(key): "layers/" + name
+            for name, (key, _, _) in _vit_rows(arch, task).items()}
 
 
-# -- the ViT family's presets (read by keras_vit.zoo.keras_hub.family) ------------
+# -- where each class's preset keeps its weights ---------------------------
 # Keras' .weights.h5 names a variable "<layer path>/vars/<i>", the path by
 # attribute (or by snake-cased class name in a functional model's list);
 # keras-hub's kernels already have the model's shapes. Rows: h5 path below
@@ -329,13 +267,18 @@ def _patches(group, bias=True):
 
 _POSEMB, _MAP = "position_embedding/pos_embedding", "pooling/"
 _CLS, _REG = "class_token/cls", "register_tokens/registers"
-_NORM = "encoder_norm"
+_NORM, _VIT = "encoder_norm", "vi_t_patching_and_embedding"
 _POOL = "sig_lip_multi_head_attention_pooling"
 # The rows of the table each token adds (integers, stored with the
 # weights: a CLIPVisionEncoder built without weights holds zeros).
 _IDS = ("position_ids", "ids", "ids")
 #: keras-hub class -> the rows of its weights outside the blocks.
 FAMILY_TOP = {
+    "ViTBackbone": {
+        **_patches(_VIT + "/patch_embedding"),
+        **_vars(_VIT, (_CLS, None, "cls")),
+        **_vars(_VIT + "/position_embedding", (_POSEMB, "table", "table")),
+        **_norm("vi_t_encoder/layer_norm", _NORM)},
     "DeiTBackbone": {
         **_patches("dei_t_embeddings/patch_embedding"),
         # The distillation token rides as a register (keras_hub_family).
@@ -366,6 +309,10 @@ FAMILY_TOP = {
 #: keras-hub class -> (the h5 group of block i, "_i" added from the
 #: second; the rows of a block).
 FAMILY_BLOCKS = {
+    "ViTBackbone": ("vi_t_encoder/encoder_layers/vi_t_encoder_block", {
+        **_norm("layer_norm_1", "norm_1"), **_attention("mha"),
+        **_norm("layer_norm_2", "norm_2"),
+        **_mlp("mlp/dense_1", "mlp/dense_2")}),
     "DeiTBackbone": ("dei_t_encoder/encoder_layers/dei_t_encoder_block", {
         **_norm("layer_norm_1", "norm_1"), **_attention("mha"),
         **_norm("layer_norm_2", "norm_2"),
@@ -387,8 +334,26 @@ FAMILY_BLOCKS = {
 #: columns, through SiLU, gates the second (keras_vit's ``mlp="swiglu"``).
 DINO_SWIGLU = {**_dense("mlp/weights_in", "mlp/dense_0", "dg", "g"),
                **_dense("mlp/weights_out", "mlp/dense_1", "md", "d")}
-#: A DeiTImageClassifier's task.weights.h5: its head.
+#: A classifier's task.weights.h5: its head, after keras-hub's ViT's
+#: ``pre_logits`` where it has one (Keras numbers the Dense layers).
 FAMILY_HEAD = _dense("dense", "head", "dn", "n")
+PRE_LOGITS_HEAD = {**_dense("dense", "pre_logits", "dr", "r"),
+                   **_dense("dense_1", "head", "rn", "n")}
+# The weights a config's flags (keras-hub's default: True) leave out:
+# flag -> how the variable paths it drops (of the top rows, or inside a
+# block) start and end.
+_FLAGS = {"use_class_token": ("class_token/", ""),
+          "use_patch_bias": ("patch_embedding/", "/bias"),
+          "use_mha_bias": ("attention/", "/bias"),
+          "use_mlp_bias": ("mlp/", "/bias")}
+
+
+def _built(rows, config):
+    """``rows`` but those of the weights ``config``'s flags turn off."""
+    off = [ends for flag, ends in _FLAGS.items() if not config.get(flag, True)]
+    return {k: row for k, row in rows.items() if not any(
+        row[0] and row[0].startswith(start) and row[0].endswith(end)
+        for start, end in off)}
 
 
 def _dino_tokens(config):
@@ -416,7 +381,7 @@ def family_shapes(arch):
     prefix = (int(options.get("class_token", True)) + registers
               if options.get("posemb_includes_prefix", True) else 0)
     pe = arch.get("table_shape", (rows, cols))
-    n = arch["num_classes"] or 0
+    n, r = arch["num_classes"] or 0, arch["representation_size"] or 0
     return {"d": (d,), "m": (m,), "dm": (d, m), "md": (m, d),
             "g": (2 * m,), "dg": (d, 2 * m),
             "qkv": (d, h, d // h), "hd": (h, d // h), "out": (h, d // h, d),
@@ -425,15 +390,16 @@ def family_shapes(arch):
             "ids": (1, grid + prefix), "mask": (1, d),
             "grid_table": (1, grid + 1, d),
             "pe_table": (1, (pe[0] // p) * (pe[1] // p) + 1, d),
-            "dn": (d, n), "n": (n,)}
+            "dn": (d, n), "n": (n,), "dr": (d, r), "r": (r,), "rn": (r, n)}
 
 
 def family_rows(class_name, arch, task=False):
     """h5 path below ``layers/`` -> (variable path or None, how, shape) of
     every weight in the ``model.weights.h5`` (``task``: the
     ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
-    attention biases of a DeiT built without them are left out, a
-    DINOv2's SwiGLU MLP (:data:`DINO_SWIGLU`) replaces its GELU one.
+    weights its config's flags turn off (a DeiT's attention biases, ...)
+    are left out, a DINOv2's SwiGLU MLP (:data:`DINO_SWIGLU`) replaces
+    its GELU one.
 
     >>> from keras_vit.zoo.keras_hub.family import architecture
     >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(
@@ -442,24 +408,23 @@ def family_rows(class_name, arch, task=False):
     >>> family_rows(name, arch)["clip_vision_embedding/vars/0"]
     ('class_token/cls', 'token', (32,))
     """
-    shapes = family_shapes(arch)
+    shapes, config = family_shapes(arch), arch["config"]
     if task:
-        return {k: (key, how, shapes[code])
-                for k, (key, how, code) in FAMILY_HEAD.items()}
-    rows = dict(FAMILY_TOP[class_name])
-    if class_name == "DINOV2Backbone":
-        rows.update(_dino_tokens(arch["config"]))
-    group, block = FAMILY_BLOCKS[class_name]
-    if arch["config"].get("use_swiglu_ffn"):
-        block = {k: v for k, v in block.items() if not k.startswith("mlp/")}
-        block.update(DINO_SWIGLU)
-    if not arch["config"].get("use_mha_bias", True):
-        block = {k: v for k, v in block.items()
-                 if not (v[0].startswith("attention/")
-                         and v[0].endswith("/bias"))}
-    for i in range(arch["num_layers"]):
-        name = group + (f"_{i}" if i else "")
-        rows.update({f"{name}/{k}": (f"encoder_block_{i}/{key}", how, code)
-                     for k, (key, how, code) in block.items()})
+        rows = PRE_LOGITS_HEAD if arch["representation_size"] else FAMILY_HEAD
+    else:
+        rows = _built(FAMILY_TOP[class_name], config)
+        if class_name == "DINOV2Backbone":
+            rows.update(_dino_tokens(config))
+        group, block = FAMILY_BLOCKS[class_name]
+        if config.get("use_swiglu_ffn"):
+            block = {k: v for k, v in block.items()
+                     if not k.startswith("mlp/")}
+            block.update(DINO_SWIGLU)
+        block = _built(block, config)
+        for i in range(arch["num_layers"]):
+            name = group + (f"_{i}" if i else "")
+            rows.update({f"{name}/{k}": (f"encoder_block_{i}/{key}", how,
+                                         code)
+                         for k, (key, how, code) in block.items()})
     return {k: (key, how, shapes[code]) for k, (key, how, code)
             in rows.items()}

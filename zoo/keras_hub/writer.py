@@ -1,14 +1,7 @@
 """Writes a keras_vit model as the keras-hub class that computes it, live
 (:func:`to_keras_hub`) or as a preset directory with the model's class
-names (:func:`save_preset`). The reverse of
-:mod:`keras_vit.zoo.keras_hub.io`: a model without family options is
-keras-hub's ViT (``keras_hub.models.ViTImageClassifier`` or
-``ViTBackbone``); one with them is written as the family member
-:mod:`keras_vit.zoo.keras_hub.family` reads it from (``DeiTBackbone`` and
-its ``DeiTImageClassifier``, ``DINOV2Backbone`` with registers and the
-SwiGLU MLP, ``SigLIPVisionEncoder``, ``CLIPVisionEncoder``), by that
-module's own table read backwards
-(:mod:`keras_vit.zoo.keras_hub.family_writer`).
+names (:func:`save_preset`): the reverse of
+:mod:`keras_vit.zoo.keras_hub.io`.
 
 keras-hub's ViT computes the exact GELU only, so a ViT with
 ``gelu="tanh"`` (the official ``.npz`` numerics) is refused rather than
@@ -21,10 +14,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from keras_vit.base.checks import require
-from keras_vit.data.normalization import of_model
 from keras_vit.zoo import hub_files, layouts
 from keras_vit.zoo.keras_hub import family_writer as keras_hub_family_writer
 from keras_vit.zoo.keras_hub import layout as keras_hub_layout
@@ -82,20 +72,15 @@ def to_keras_hub(model):
     as keras-hub's ViT presets do, so that ``predict`` takes raw pixels
     and ``save_to_preset`` / ``ViTImageClassifier.from_preset`` work), or
     a ``ViTBackbone`` for one without (it returns every token; keras-hub's
-    backbones pool nothing). A model with family options is the member
-    :mod:`keras_vit.zoo.keras_hub.family` reads (a ``DeiTBackbone``, or a
-    ``DeiTImageClassifier`` with its preprocessor for a DeiT with a head;
-    a ``DINOV2Backbone``, a ``SigLIPVisionEncoder``, a
-    ``CLIPVisionEncoder``), whose ``save_to_preset`` also writes an
-    ``image_converter.json`` of the model's input normalisation; what no
-    keras-hub class computes is refused naming the option
-    (:mod:`keras_vit.zoo.keras_hub.family_writer`).
-    The model's label names (``label_names``) go along as a classifier's
-    ``zoo_labels``, which :func:`from_keras_hub` reads back;
-    keras-hub's presets have no field for them, so the classifier's
-    ``save_to_preset`` adds them to the preset's ``metadata.json``, where
-    ``zoo.load`` finds them (:func:`_keep_labels`).
-    Needs keras-hub (``pip install keras-hub``).
+    backbones pool nothing). A model with family options is the family
+    member that computes it (:mod:`keras_vit.zoo.keras_hub.family_writer`:
+    a classifier with its preprocessor, a backbone whose
+    ``save_to_preset`` also writes an ``image_converter.json`` of the
+    model's input normalisation); what no keras-hub class computes is
+    refused naming the option. The model's label names (``label_names``)
+    go along as a classifier's ``zoo_labels``, which
+    :func:`from_keras_hub` reads back and its ``save_to_preset`` keeps
+    (:func:`_keep_on_save`). Needs keras-hub (``pip install keras-hub``).
 
     Example::
 
@@ -116,47 +101,41 @@ def to_keras_hub(model):
     keras_hub = require("keras_hub", package="keras-hub",
                         purpose="to_keras_hub")
     if family:
-        out, backbone = keras_hub_family_writer.build(model, *chosen,
-                                                      keras_hub)
+        out, converter = keras_hub_family_writer.build(model, *chosen,
+                                                       keras_hub)
     else:
-        out, backbone = _vit(model, config, keras_hub)
-    labels = (getattr(model, "label_names", None)
-              or getattr(model, "zoo_labels", None))
-    if out is not backbone:
+        out, converter = _vit(model, config, keras_hub), None
+    if isinstance(out, keras_hub.models.Task):
+        labels = (getattr(model, "label_names", None)
+                  or getattr(model, "zoo_labels", None))
         out.zoo_labels = list(labels) if labels else None
-        _keep_labels(out)
+    _keep_on_save(out, converter)
     return out
 
 
 def _vit(model, config, keras_hub):
-    """``(out, backbone)``: keras-hub's ViT of ``model`` (a model without
-    family options that :func:`_unconvertible` finds nothing against),
-    ``out`` its classifier when the model has a head, else the
-    backbone."""
-    size = config["image_size"]
-    rows, cols = (size, size) if isinstance(size, int) else tuple(size)
-    token = config.get("classifier", "token") == "token"
-    dtype = getattr(getattr(model, "dtype_policy", None), "name", None)
+    """keras-hub's ViT of ``model`` (a model without family options that
+    :func:`_unconvertible` finds nothing against): its classifier when the
+    model has a head, else the backbone."""
+    ours = keras_hub_family_writer.settings(config)
+    rows, cols = ours["image_size"]
+    token = ours["class_token"]  # exactly when it pools by it
     backbone = keras_hub.models.ViTBackbone(
-        image_shape=(rows, cols, int(config.get("num_channels", 3))),
-        patch_size=int(config["patch_size"]),
-        num_layers=int(config["num_layers"]),
-        num_heads=int(config["num_heads"]),
-        hidden_dim=int(config["hidden_size"]),
-        mlp_dim=int(config["mlp_dim"]),
-        dropout_rate=float(config.get("dropout_rate", 0.0)),
-        attention_dropout=float(config.get("attention_dropout_rate", 0.0)),
-        layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
-        use_class_token=token, dtype=dtype)
+        image_shape=(rows, cols, int(ours["num_channels"])),
+        patch_size=int(ours["patch_size"]),
+        num_layers=int(ours["num_layers"]),
+        num_heads=int(ours["num_heads"]),
+        hidden_dim=int(ours["hidden_size"]),
+        mlp_dim=int(ours["mlp_dim"]),
+        dropout_rate=float(ours["dropout_rate"]),
+        attention_dropout=float(ours["attention_dropout_rate"]),
+        layer_norm_epsilon=float(ours["layer_norm_epsilon"]),
+        use_class_token=token,
+        dtype=keras_hub_family_writer.dtype_name(model))
     out = backbone
     if config.get("include_top", True):
-        # The model's own input normalisation, as x * scale + offset.
-        normalization = of_model(model)
-        converter = keras_hub.layers.ViTImageConverter(
-            image_size=(rows, cols),
-            scale=np.broadcast_to(normalization.scale, (3,)).tolist(),
-            offset=np.broadcast_to(normalization.offset, (3,)).tolist(),
-            interpolation="bilinear")
+        converter = keras_hub_family_writer.image_converter(
+            keras_hub.layers.ViTImageConverter, model, (rows, cols))
         out = keras_hub.models.ViTImageClassifier(
             backbone=backbone, num_classes=int(config["num_classes"]),
             pooling="token" if token else "gap",
@@ -172,34 +151,39 @@ def _vit(model, config, keras_hub):
                           "hold the keras-hub ViT its config describes")
     for name, variable in targets.items():
         variable.assign(state[name])
-    return out, backbone
+    return out
 
 
-def _keep_labels(task):
-    """Makes the classifier ``task``'s ``save_to_preset`` keep its class
-    names: keras-hub's writes no field for them, so the preset came back
-    nameless; this one then adds ``task.zoo_labels`` (checked against the
-    head first, before anything is written) to the preset's
-    ``metadata.json`` (:func:`write_labels`). keras-hub still reads the
-    preset as its own."""
+def _keep_on_save(hub, converter=None):
+    """Makes ``hub``'s ``save_to_preset`` also keep what keras-hub's writes
+    no field for, so that the preset loads back as the model: a
+    classifier's class names (``hub.zoo_labels``, checked against the head
+    before anything is written) as ``label_names`` in its
+    ``metadata.json`` (:func:`write_labels`), a backbone's image
+    ``converter`` as its ``image_converter.json`` (a keras-hub backbone
+    carries none, and the preset would otherwise load with the family's
+    published normalisation rather than the model's). keras-hub still
+    reads the preset as its own."""
     from keras_vit.models.common import check_label_names
 
-    save = task.save_to_preset  # keras-hub's, bound to task
+    save = hub.save_to_preset  # keras-hub's, bound to hub
 
     def save_to_preset(preset_dir, *args, **kwargs):
-        labels = getattr(task, "zoo_labels", None)
+        labels = getattr(hub, "zoo_labels", None)
         try:
-            labels = check_label_names(list(labels), task.num_classes,
+            labels = check_label_names(list(labels), hub.num_classes,
                                        True) if labels else None
         except ValueError as e:
             raise ValueError(f"save_to_preset: the classifier's zoo_labels "
                              f"are its label_names; {e}") from None
         save(preset_dir, *args, **kwargs)
+        if converter is not None:
+            converter.save_to_preset(preset_dir)
         if labels:
             write_labels(preset_dir, labels)
 
     save_to_preset.__doc__ = save.__doc__
-    task.save_to_preset = save_to_preset
+    hub.save_to_preset = save_to_preset
 
 
 def write_labels(directory, labels):
