@@ -64,6 +64,8 @@ OPTION_EXAMPLES = {
     "rope_grid": ([3, 5], dict(rope="eva02")),
     "mlp_norm": (True, {}),
     "attention_norm": (True, {}),
+    "rope_offset": (1.0, dict(rope="eva02")),
+    "rope_indexing": ("xy", dict(rope="eva02")),
 }
 
 

@@ -64,6 +64,11 @@ def optional_positive(name, value):
     return None if value is None else positive(name, value)
 
 
+def number(name, value):
+    """A finite number, as a float."""
+    return float(check_number(name, value))
+
+
 def optional_grid(name, value):
     """None, or a grid of patches: a positive integer (square) or two, as
     a [rows, columns] list (as a config holds it)."""
@@ -340,6 +345,14 @@ OPTIONS = (
            "the coordinates; another grid's are scaled to it (timm's "
            "ref_feat_shape: the pretraining grid); None: the indices as "
            "they are"),
+    Option("rope_offset", 0.0, number, False, None,
+           "added to each patch's row and column index before the rotary "
+           "form maps them (timm's rope_grid_offset; Perception Encoder's "
+           "1)"),
+    Option("rope_indexing", "ij", choice("ij", "xy"), False, None,
+           "the order of the rotary angles: 'ij', the rows' then the "
+           "columns'; 'xy', the columns' then the rows' (timm's "
+           "rope_grid_indexing; RoPE-ViT, Perception Encoder)"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

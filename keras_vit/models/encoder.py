@@ -214,6 +214,13 @@ def check_family_options(options, classifier, pooling, include_top,
             f"tokens; received {'classifier' if include_top else 'pooling'}"
             f"={method!r}, class_token={token}, num_registers="
             f"{out['num_registers']}")
+    unused = [f"{name}={options[name]!r}" for name in (
+        "rope_temperature", "rope_offset", "rope_indexing")
+        if out[name] != FAMILY_DEFAULTS[name]]
+    if unused and out["rope"] is None:
+        raise ValueError(
+            f"{', '.join(unused)} set the rotary embeddings, and rope=None "
+            "builds none; received rope=None, " + ", ".join(unused))
     if out["rope_grid"] is not None and out["rope"] != "eva02":
         raise ValueError(
             "rope_grid scales the patch coordinates of EVA-02's rotary "

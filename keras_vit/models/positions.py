@@ -109,6 +109,10 @@ class RotaryEmbedding(layers.Layer):
     the attention to turn adjacent pairs of features by
     (``rotate(..., adjacent=True)``).
 
+    Either form: ``offset`` is added to each index first (timm's
+    ``grid_offset``), and ``indexing="xy"`` puts the columns' angles
+    before the rows' (timm's ``grid_indexing``).
+
     >>> import numpy as np
     >>> rope = RotaryEmbedding((2, 2), head_dim=8, num_prefix_tokens=1)
     >>> table = ops.convert_to_numpy(rope(np.zeros((1, 5, 16), "float32")))
@@ -118,7 +122,7 @@ class RotaryEmbedding(layers.Layer):
 
     def __init__(self, grid_size, head_dim, num_prefix_tokens=0,
                  form="dinov3", temperature=100.0, stride=None,
-                 reference_grid=None, **kwargs):
+                 reference_grid=None, offset=0.0, indexing="ij", **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.head_dim = int(head_dim)
@@ -128,6 +132,9 @@ class RotaryEmbedding(layers.Layer):
         self.stride = None if stride is None else int(stride)
         self.reference_grid = options.optional_grid("rope_grid",
                                                     reference_grid)
+        self.offset = options.number("rope_offset", offset)
+        self.indexing = check_choice("rope_indexing", indexing,
+                                     options.choices("rope_indexing"))
         if self.head_dim % 4:
             raise ValueError(
                 f"rope={form!r} rotates each head's features in pairs, half "
@@ -140,7 +147,8 @@ class RotaryEmbedding(layers.Layer):
         frequency, in the form's terms."""
         quarter = np.arange(self.head_dim // 4, dtype="float32")
         temperature = np.float32(self.temperature)
-        index = [ops.cast(ops.arange(side), "float32") for side in (rows, cols)]
+        index = [ops.cast(ops.arange(side), "float32") + np.float32(
+            self.offset) for side in (rows, cols)]
         if self.form == "eva02":
             if self.reference_grid is not None:
                 index = [i / ops.cast(side, "float32") * np.float32(ref)
@@ -157,7 +165,8 @@ class RotaryEmbedding(layers.Layer):
         rates = ops.convert_to_tensor(rates.astype("float32"))[None]
         y = ops.reshape(ops.repeat(y[:, None], cols, axis=1), (-1, 1))
         x = ops.reshape(ops.tile(x[None, :], (rows, 1)), (-1, 1))
-        return ops.concatenate([y * rates, x * rates], axis=-1)
+        first, second = (y, x) if self.indexing == "ij" else (x, y)
+        return ops.concatenate([first * rates, second * rates], axis=-1)
 
     def call(self, x, images=None):
         rows, cols = (self.grid_size if images is None
@@ -178,7 +187,8 @@ class RotaryEmbedding(layers.Layer):
         config.update(grid_size=list(self.grid_size), head_dim=self.head_dim,
                       num_prefix_tokens=self.num_prefix_tokens,
                       form=self.form, temperature=self.temperature,
-                      stride=self.stride, reference_grid=self.reference_grid)
+                      stride=self.stride, reference_grid=self.reference_grid,
+                      offset=self.offset, indexing=self.indexing)
         return config
 
 
@@ -247,7 +257,9 @@ class PositionScheme:
                 grid, head_dim, options.prefix_tokens(family),
                 form=family["rope"], temperature=family["rope_temperature"],
                 stride=stride, reference_grid=family["rope_grid"],
-                dtype=dtype, name="rotary_embedding")
+                offset=family["rope_offset"],
+                indexing=family["rope_indexing"], dtype=dtype,
+                name="rotary_embedding")
 
     def _make(self, name):
         if self.kind == "relative":

@@ -68,43 +68,67 @@ def test_dinov3_rope_gives_timms_logits_at_any_size(temperature):
         assert np.abs(want[0] - want[1]).max() > 1e-3  # not vacuous
 
 
-def _timm_eva02(abs_pos):
+# timm's EVA in the configurations of the families that use its rotary
+# forms: EVA-02 CLIP's block (q, k, v apart with no key bias, a norm before
+# the attention's output projection, the SwiGLU MLP with a norm inside);
+# RoPE-ViT and Perception Encoder's (timm's RoPE attention, columns'
+# angles first, indices offset by 1; DINOv3's form offset and by columns
+# too). Each on a reference grid unlike the model's, so the coordinates
+# are scaled at every size. timm's arguments, then keras_vit's.
+_FORMS = {
+    "eva02": (dict(qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
+                   scale_mlp=True, scale_attn_inner=True),
+              dict(mlp_dim=int(WIDTH * 4 * 2 / 3), classifier="gap",
+                   fc_norm=True, mlp="swiglu", mlp_norm=True,
+                   attention_norm=True, rope="eva02", rope_grid=(3, 5),
+                   rope_temperature=10000.0)),
+    "rope_vit_pe": (dict(attn_type="rope", rope_grid_indexing="xy",
+                         rope_grid_offset=1.0, rope_temperature=100.0,
+                         global_pool="token", init_values=1e-5),
+                    dict(mlp_dim=4 * WIDTH, classifier="token",
+                         layer_scale=1e-5, rope="eva02", rope_grid=(3, 5),
+                         rope_temperature=100.0, rope_indexing="xy",
+                         rope_offset=1.0)),
+    "dinov3_xy": (dict(rope_type="dinov3", rope_rotate_half=True,
+                       rope_grid_indexing="xy", rope_grid_offset=0.5,
+                       rope_temperature=100.0),
+                  dict(mlp_dim=4 * WIDTH, classifier="gap", fc_norm=True,
+                       rope="dinov3", rope_temperature=100.0,
+                       rope_indexing="xy", rope_offset=0.5)),
+}
+
+
+def _timm_form(form, abs_pos):
     torch.manual_seed(0)
-    # EVA-02 CLIP's block: q, k, v apart (no key bias), a norm before the
-    # attention's output projection, the SwiGLU MLP with a norm inside,
-    # rotary embeddings of EVA-02's form on a reference grid unlike the
-    # model's (coordinates scaled at every size).
     model = Eva(img_size=SIZE, patch_size=PATCH, embed_dim=WIDTH, depth=2,
-                num_heads=HEADS, qkv_fused=False, mlp_ratio=4 * 2 / 3,
-                swiglu_mlp=True, scale_mlp=True, scale_attn_inner=True,
-                use_rot_pos_emb=True,
-                ref_feat_shape=(3, 5), use_abs_pos_emb=abs_pos,
-                dynamic_img_size=True, num_classes=5).eval()
+                num_heads=HEADS, use_rot_pos_emb=True, ref_feat_shape=(3, 5),
+                use_abs_pos_emb=abs_pos, dynamic_img_size=True,
+                num_classes=5, **_FORMS[form][0]).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
     return model
 
 
-@pytest.mark.parametrize("abs_pos", [False, True])
-def test_eva02_rope_and_block_give_timms_logits(abs_pos):
-    """EVA-02's options (rope="eva02" with rope_grid, mlp_norm,
-    attention_norm, the SwiGLU MLP) read from timm's names; without a position table at any
-    size, with one (resized by another rule than timm's) at the size it
-    was built for."""
+@pytest.mark.parametrize("form, abs_pos", [("eva02", False),
+                                           ("eva02", True),
+                                           ("rope_vit_pe", False),
+                                           ("dinov3_xy", False)])
+def test_the_rotary_families_give_timms_logits(form, abs_pos):
+    """The rotary forms and their options (rope_grid, rope_offset,
+    rope_indexing) and EVA-02's blocks (mlp_norm, attention_norm), read
+    from timm's names: without a position table at any size, with one
+    (resized by another rule than timm's) at the size it was built for."""
     from keras_vit.zoo.timm import eva
 
-    reference = _timm_eva02(abs_pos)
+    reference = _timm_form(form, abs_pos)
     state = eva.with_key_biases(
         {k: v.numpy() for k, v in reference.state_dict().items()})
     ours = keras_vit.vit(
         image_size=SIZE, patch_size=PATCH, hidden_size=WIDTH, num_layers=2,
-        num_heads=HEADS, mlp_dim=int(WIDTH * 4 * 2 / 3), num_classes=5,
-        classifier="gap", class_token=True, fc_norm=True, gelu="exact",
+        num_heads=HEADS, num_classes=5, class_token=True, gelu="exact",
         position_embedding="learned_1d" if abs_pos else "none",
-        mlp="swiglu", mlp_norm=True, attention_norm=True, rope="eva02",
-        rope_grid=(3, 5),
-        rope_temperature=10000.0, dynamic_image_size=not abs_pos)
+        dynamic_image_size=not abs_pos, **_FORMS[form][1])
     layouts.load(ours, TIMM_EVA, state, source_name="timm EVA")
     rng = np.random.default_rng(1)
     sizes = ((SIZE, SIZE),) if abs_pos else ((SIZE, SIZE), (48, 32),

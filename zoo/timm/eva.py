@@ -33,18 +33,16 @@ from keras_vit.zoo.timm.arguments import norm_arg
 # EVA's settings that keras_vit's model computes only at one value:
 # timm's argument -> that value (None included).
 _FIXED = {
-    "num_kv_heads": None, "attn_type": "eva",
-    "attn_only_layer_scale": False, "use_post_norm": False,
-    "attn_pool_num_heads": None, "attn_pool_mlp_ratio": None,
-    "dynamic_img_pad": False, "patch_drop_rate": 0.0, "rope_grid_offset": 0.0,
-    "rope_grid_indexing": "ij", "rope_shift_coords": None,
+    "num_kv_heads": None, "attn_only_layer_scale": False,
+    "use_post_norm": False, "attn_pool_num_heads": None,
+    "attn_pool_mlp_ratio": None, "dynamic_img_pad": False,
+    "patch_drop_rate": 0.0, "rope_shift_coords": None,
     "rope_jitter_coords": None, "rope_rescale_coords": None,
     "rope_mrope_section": None,
 }
 # What each of those is, for the refusal.
 _WHAT = {
-    "use_post_norm": "post-norm blocks", "attn_type": "another attention",
-    "num_kv_heads":
+    "use_post_norm": "post-norm blocks", "num_kv_heads":
     "grouped queries", "patch_drop_rate": "patch dropout",
     "attn_pool_num_heads": "an attention pool",
 }
@@ -62,6 +60,19 @@ _DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
           "drop_path_rate": "drop_path_rate", "pos_drop_rate": None}
 
 
+# The other EVA arguments this reader reads (below), or that the hub
+# reader and the file decide (img_size; qkv_fused: the layout reads the
+# projections either way): any other is refused, never ignored.
+_READ = (
+    "global_pool", "class_token", "num_reg_tokens", "no_embed_class",
+    "qkv_bias", "qk_norm", "use_pre_transformer_norm", "use_fc_norm",
+    "use_post_transformer_norm", "norm_layer", "init_values",
+    "use_abs_pos_emb", "use_rot_pos_emb", "rope_type", "rope_rotate_half",
+    "rope_temperature", "ref_feat_shape", "rope_grid_offset",
+    "rope_grid_indexing", "attn_type", "scale_mlp", "scale_attn_inner",
+    "dynamic_img_size", "mlp_ratio", "swiglu_mlp", "swiglu_align_to",
+    "img_size", "in_chans", "num_classes", "qkv_fused")
+
 # The checks of timm's ViT arguments, shared.
 _flag, _count = arguments.bool_arg, arguments.count_arg
 
@@ -76,6 +87,13 @@ def _positive(value):
     if (not isinstance(value, (int, float)) or isinstance(value, bool)
             or not value > 0):
         raise ValueError("it is not a positive number")
+    return float(value)
+
+
+def _finite(value):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not np.isfinite(value)):
+        raise ValueError("it is not a finite number")
     return float(value)
 
 
@@ -108,6 +126,11 @@ def honoured(args, path):
         except ValueError as e:
             raise refuse(key, str(e)) from None
 
+    known = (*_FIXED, *_SIZES, *_DROPS, *_READ)
+    for key in args:
+        if key not in known:
+            raise refuse(key, "an argument keras_vit's reader does not "
+                         "know, so cannot say what it computes")
     for key, value in _FIXED.items():
         if key in args and args[key] != value:
             raise refuse(key, "it builds " + _WHAT.get(
@@ -154,6 +177,13 @@ def honoured(args, path):
         out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
         if out["rope"] == "eva02":  # DINOv3's ignores it, as timm's does
             out["rope_grid"] = read("ref_feat_shape", _grid, None)
+        out["rope_offset"] = read("rope_grid_offset", _finite, 0.0)
+        out["rope_indexing"] = read("rope_grid_indexing", _choice(
+            {"ij": "ij", "xy": "xy"}, "it indexes the grid by"), "ij")
+    # timm's RoPE attention (RoPE-ViT, Perception Encoder) is the ViT's:
+    # one qkv projection with its biases (the layout reads either).
+    read("attn_type", _choice({"eva": "eva", "rope": "rope"},
+                              "it builds the attention"), "eva")
     out["mlp_norm"] = read("scale_mlp", _flag, False)
     out["attention_norm"] = read("scale_attn_inner", _flag, False)
     out["dynamic_image_size"] = read("dynamic_img_size", _flag, False)
