@@ -118,7 +118,8 @@ def test_the_rotary_families_give_timms_logits(form, abs_pos):
     """The rotary forms and their options (rope_grid, rope_offset,
     rope_indexing) and EVA-02's blocks (mlp_norm, attention_norm), read
     from timm's names: without a position table at any size, with one
-    (resized by another rule than timm's) at the size it was built for."""
+    (resized by another rule than timm's) at the size it was built for;
+    and each block's features as timm's forward_intermediates."""
     from keras_vit.zoo.timm import eva
 
     reference = _timm_form(form, abs_pos)
@@ -139,3 +140,17 @@ def test_the_rotary_families_give_timms_logits(form, abs_pos):
         want = _logits(reference, images)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         assert np.abs(want[0] - want[1]).max() > 1e-3
+    # Dense-task features: each block's patch map and prefix tokens, as
+    # timm's forward_intermediates gives them (its NCHW transposed).
+    features = ours.intermediate_model([0, -1], prefix_tokens=True)(images)
+    with torch.no_grad():
+        timms = reference.forward_intermediates(
+            torch.from_numpy(images).permute(0, 3, 1, 2), indices=[0, 1],
+            return_prefix_tokens=True, intermediates_only=True)
+    for i, (maps, prefix) in zip((0, 1), timms):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(features[f"block_{i}"]),
+            maps.numpy().transpose(0, 2, 3, 1), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(features[f"block_{i}_prefix"]),
+            prefix.numpy(), atol=1e-4, rtol=0)
