@@ -138,27 +138,14 @@ def _npz_shapes(path):
     """``{key: shape}`` of an ``.npz`` from the array headers alone (a large
     checkpoint is not read twice); ``{}`` if the file cannot be parsed, in
     which case the loader reports the problem."""
-    import zipfile
+    from keras_vit.base.archives import npz_headers
 
-    import numpy as np
-
-    readers = {(1, 0): np.lib.format.read_array_header_1_0,
-               (2, 0): np.lib.format.read_array_header_2_0}
-    shapes = {}
     try:
-        with zipfile.ZipFile(path) as archive:
-            for member in archive.infolist():
-                if not member.filename.endswith(".npy"):
-                    continue
-                with archive.open(member) as f:
-                    reader = readers.get(np.lib.format.read_magic(f))
-                    if reader is None:
-                        continue
-                    shapes[member.filename[:-4]] = tuple(reader(f)[0])
+        headers = npz_headers(path)
     except Exception:  # noqa: BLE001 - the loader gives the real error
         return {}
-    return {k[len("params/"):] if k.startswith("params/") else k: v
-            for k, v in shapes.items()}
+    return {name[:-len(".npy")].removeprefix("params/"): header.shape
+            for name, header in headers.items() if header is not None}
 
 
 def _grid_text(tokens):
@@ -186,13 +173,10 @@ def _cmd_convert(args):
     resolved = zoo.resolve_weights(arch.name, args.checkpoint,
                                    args.image_size)
     shapes = _npz_shapes(resolved.path)
-    from keras_vit.zoo import resolve_model
-
     try:
-        model = resolve_model(args.model, weights=resolved.path,
-                              image_size=args.image_size,
-                              num_classes=args.num_classes, argument="-m",
-                              error=UserError)
+        model = zoo.resolve_model(
+            args.model, weights=resolved.path, image_size=args.image_size,
+            num_classes=args.num_classes, argument="-m", error=UserError)
     except zoo.CheckpointError as e:
         raise UserError(f"{args.checkpoint}: {e}") from e
 
@@ -298,15 +282,6 @@ def _load_for_predict(args):
     name = getattr(model, "zoo_name", None)
     return model, (f"{name} ({source})" if name and name != source
                    else source)
-
-
-def load_keras_file(path, argument="MODEL"):
-    """A ``.keras`` file's model (``compile=False``: inference and
-    fine-tuning need no saved optimizer), or one clear error naming the
-    argument (see :func:`keras_vit.zoo.keras_archive.load_keras_file`)."""
-    from keras_vit.zoo.keras_archive import load_keras_file as load
-
-    return load(path, argument, error=UserError)
 
 
 def _model_geometry(model):
@@ -729,18 +704,17 @@ def build_parser():
         traceback_help="show the Python traceback of errors (also accepted "
                        "after the command)", version=__version__)
 
-    p = sub.add_parser("list", help="registered models and their weights")
+    p = options.command(sub, "list", _cmd_list,
+                        help="registered models and their weights")
     p.add_argument("pattern", nargs="?", metavar="PATTERN",
                    help="glob (ViT-B*) or substring (B/16) of the names")
     p.add_argument("--family", metavar="FAMILY",
                    help="one family only: " + ", ".join(registry.families()))
-    p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser("info", help="architecture and released weights of "
-                                    "a model")
+    p = options.command(sub, "info", _cmd_info, help="architecture and "
+                        "released weights of a model")
     p.add_argument("name", metavar="NAME", help="e.g. ViT-B/16, vit-b16")
     options.add(p, json=None)
-    p.set_defaults(func=_cmd_info)
 
     p = options.command(sub, "convert", _cmd_convert,
                         help="official .npz checkpoint -> .keras model")

@@ -1,9 +1,7 @@
 """``keras-vit inspect``: the figures of section 4.5 from the command line.
 
 ``register(subparsers)`` adds the subcommand to the ``keras-vit`` parser;
-``run(args)`` executes it and returns the exit status. Mistakes in the
-arguments raise ValueError / OSError, which ``keras-vit`` prints as one
-``keras-vit: error: ...`` line.
+``run(args)`` executes it and returns the exit status.
 """
 
 from __future__ import annotations
@@ -12,17 +10,6 @@ import argparse
 import os
 
 from keras_vit.cli import options
-
-DESCRIPTION = (
-    "Writes the figures of the paper's section 4.5 as PNGs, plus the numbers "
-    "as analysis.json: embedding-filter principal components (Figure 7 "
-    "left), position-embedding similarity (Figure 7 centre), mean attention "
-    "distance per head and layer (Figure 7 right / Figure 11) and one "
-    "attention-rollout map per image (Figure 6). Images are resized "
-    "(bilinear, no crop) and normalised as the model's weights expect "
-    "(the official [-1, 1], ImageNet's or CLIP's mean and std, or by the "
-    "model itself).")
-
 
 def register(subparsers):
     """Adds ``inspect`` to an ``argparse`` subparsers object; returns it.
@@ -35,13 +22,11 @@ def register(subparsers):
     >>> args.model, args.images, args.out, args.image_size, args.func is run
     ('ViT-B/16', ['a.jpg'], 'figs', 384, True)
     """
-    p = subparsers.add_parser(
-        "inspect", help="attention maps, attention distance, position "
-                        "embeddings and filters as PNG figures",
-        description=DESCRIPTION)
-    p.add_argument("model", metavar="MODEL",
-                   help="a zoo name (e.g. ViT-B/16, R50+ViT-B/16) or a "
-                        ".keras file")
+    p = options.command(subparsers, "inspect", run,
+                        help="attention maps, attention distance, position "
+                             "embeddings and filters as PNG figures")
+    options.add(p, model="a zoo name (e.g. ViT-B/16, R50+ViT-B/16) or a "
+                         ".keras file")
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files; one rollout figure each, and the "
                         "attention distance is averaged over all of them")
@@ -53,12 +38,18 @@ def register(subparsers):
                            "embeddings resized; default: the model's)",
                 batch_size={"default": 8, "help": "images per forward pass "
                                                   "(default: 8)"})
-    p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    """Runs ``keras-vit inspect`` for parsed ``args``; returns 0."""
+    """Writes the figures of the paper's section 4.5 as PNGs, plus the
+    numbers as analysis.json: embedding-filter principal components
+    (Figure 7 left), position-embedding similarity (Figure 7 centre), mean
+    attention distance per head and layer (Figure 7 right / Figure 11) and
+    one attention-rollout map per image (Figure 6). Images are resized
+    (bilinear, no crop) and normalised as the model's weights expect (the
+    official [-1, 1], ImageNet's or CLIP's mean and std, or by the model
+    itself)."""
     from keras_vit.analysis.report import inspect
 
     result = inspect(args.model, args.images, args.out,

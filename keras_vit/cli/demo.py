@@ -155,11 +155,10 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
     Raises:
         RuntimeError: if the reloaded ``.keras`` model predicts differently.
     """
-    if epochs is None:
-        epochs = DEFAULT_EPOCHS
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise ValueError(f"epochs must be a positive integer; received "
-                         f"epochs={epochs!r}")
+    from keras_vit.base.checks import check_int
+
+    epochs = check_int("epochs", DEFAULT_EPOCHS if epochs is None else epochs,
+                       low=1)
     say = print if verbose else (lambda *a, **k: None)
     out_dir = os.path.abspath(out_dir or "keras_vit_demo")
     os.makedirs(out_dir, exist_ok=True)

@@ -1,10 +1,9 @@
 """``keras-vit export`` and ``keras-vit benchmark``.
 
-:func:`register` adds both subcommands to the ``keras-vit`` parser; each
-sets ``func`` to a ``run(args) -> int``. An export that fails (conversion,
-or verification outside the tolerance) prints ``keras-vit: error: ...`` and
-returns 1; argument mistakes raise ValueError/OSError, which the main
-command prints and turns into status 2.
+:func:`register` adds both subcommands to the ``keras-vit`` parser. An
+export that fails (conversion, or verification outside the tolerance) is
+a failure of the command, not of its arguments: exit status 1
+(:func:`keras_vit.cli.options.failed`).
 """
 
 from __future__ import annotations
@@ -315,7 +314,10 @@ def _label_option(value):
     if value is None:
         return None
     if not os.path.exists(value):
-        known = _label_list_names()
+        # The label lists that ship with keras_vit.zoo (a light module).
+        from keras_vit.zoo.registry import LABELS_DIR
+
+        known = sorted(path.stem for path in LABELS_DIR.glob("*.txt"))
         if value in known:
             return value
         raise ValueError(f"--labels takes a label list ({', '.join(known)}) "
@@ -346,17 +348,6 @@ def _label_option(value):
         raise ValueError(f"--labels {printable(value)!r}: {where}; give "
                          "one class name per line")
     return [name.strip() for name in names]
-
-
-def _label_list_names():
-    """The label lists that ship with keras_vit.zoo, found without
-    importing it."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("keras_vit.zoo")
-    folder = os.path.join(list(spec.submodule_search_locations)[0], "labels")
-    return sorted(name[:-4] for name in os.listdir(folder)
-                  if name.endswith(".txt"))
 
 
 def run_benchmark(args):

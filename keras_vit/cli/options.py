@@ -423,28 +423,12 @@ def _suggest(parser, message):
 # running a command
 
 
-def _is_user_error(exc):
-    # ValueError covers UnknownModelError and CheckpointError; OSError covers
-    # missing or unreadable files, PIL's UnidentifiedImageError and the zoo's
-    # DownloadError / OfflineError.
-    from keras_vit.base.errors import MissingDependencyError
-
-    return isinstance(exc, (UserError, ValueError, OSError,
-                            MissingDependencyError))
-
-
 def one_line(exc, limit=600):
     """``exc``'s message on one line, cut at ``limit`` characters."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if len(text) > limit:  # e.g. a checkpoint that mismatches in 200 arrays
         text = text[:limit].rstrip() + " ... (--debug shows it all)"
     return text
-
-
-def _is_out_of_memory(exc):
-    return isinstance(exc, MemoryError) or (
-        type(exc).__name__ == "ResourceExhaustedError"
-        or " OOM " in f" {exc} ")
 
 
 def run_command(func, args, debug=False):
@@ -460,17 +444,24 @@ def run_command(func, args, debug=False):
         if debug:
             raise
         from keras_vit.base.checks import missing_dependency
+        from keras_vit.base.errors import MissingDependencyError
 
         # An optional package missing where no require() was in the way.
         e = missing_dependency(e) or e
-        if _is_out_of_memory(e):
+        if isinstance(e, MemoryError) or (
+                type(e).__name__ == "ResourceExhaustedError"
+                or " OOM " in f" {e} "):
             print(f"{PROG}: error: out of memory ({type(e).__name__}). "
                   "Lower --batch-size, or keep it and set --micro-batch-size "
                   "(gradient accumulation, same result), or lower "
                   "--image-size; --debug shows the traceback",
                   file=sys.stderr)
             return 1
-        if _is_user_error(e):
+        # ValueError covers UserError, UnknownModelError and
+        # CheckpointError; OSError covers missing or unreadable files,
+        # PIL's UnidentifiedImageError and the zoo's DownloadError /
+        # OfflineError.
+        if isinstance(e, (ValueError, OSError, MissingDependencyError)):
             print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
             return 2
         print(f"{PROG}: error: {type(e).__name__}: {one_line(e)} (an "
@@ -510,6 +501,9 @@ def main(parser, argv=None):
     # What was typed, for a command that prints how to run it again (an
     # interrupted training run says how to resume).
     args.command_line = parser.prog.split() + list(argv)
+    # debug_requested took --debug and --traceback out of argv; their
+    # abbreviation (--trace) reaches argparse, which sets args.traceback.
+    traceback = debug or getattr(args, "traceback", False)
     with warnings_as_lines(debug):
         # A command's own argument checks (``check`` in its defaults, see
         # :func:`command`) run before the heavy imports as well.
@@ -518,12 +512,10 @@ def main(parser, argv=None):
             def checked(args):  # what the check returns is the command's
                 check(args)
 
-            code = run_command(checked, args,
-                               debug or getattr(args, "traceback", False))
+            code = run_command(checked, args, traceback)
             if code:
                 return code
-        return run_command(args.func, args,
-                           debug or getattr(args, "traceback", False))
+        return run_command(args.func, args, traceback)
 
 
 # Warnings about a library's own future that the package's calls raise:

@@ -3,9 +3,7 @@
 
 :func:`register` adds the commands to an argparse sub-parser set (the
 ``keras-vit`` command line does); ``python -m keras_vit.train`` runs them on
-their own (:func:`main`). Mistakes in the command line or the data raise
-``ValueError`` or ``OSError``, which the command line prints as one
-``keras-vit: error:`` line.
+their own (:func:`main`).
 """
 
 from __future__ import annotations
@@ -36,12 +34,6 @@ def _add_run_directory(p, name, restart, weights):
                         "memory exceeds this machine's available memory")
 
 
-def _resume(args):
-    if args.restart and args.resume_anyway:
-        raise ValueError("--restart and --resume-anyway exclude each other")
-    return "force" if args.resume_anyway else not args.restart
-
-
 def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
     the available memory, saying what to change: a ``--micro-batch-size``
@@ -67,14 +59,6 @@ def check_fits_memory(trainer, available=None):
                              "skip": "--no-memory-check", "remat": "--remat"})
 
 
-def _add_remat_option(p):
-    p.add_argument("--remat", action="store_true",
-                   help="rematerialise every block in training: the same "
-                        "gradients for several times less activation "
-                        "memory, at about one more forward pass a step "
-                        "(the memory check counts it)")
-
-
 def _add_data_options(p, what="training data"):
     p.add_argument("--data", required=True, metavar="SPEC",
                    help=f"{what}: 'digits' (built in, offline), "
@@ -87,9 +71,15 @@ def _add_data_options(p, what="training data"):
 
 
 def _add_runtime_options(p, quiet="no progress bar",
-                         json="print the final metrics as JSON"):
-    """--strategy, --tpu, --cpu-devices, then --quiet and --json (their
-    help; False: not taken)."""
+                         json="print the final metrics as JSON", remat=False):
+    """--remat (if ``remat``), --strategy, --tpu, --cpu-devices, then
+    --quiet and --json (their help; False: not taken)."""
+    if remat:
+        p.add_argument("--remat", action="store_true",
+                       help="rematerialise every block in training: the "
+                            "same gradients for several times less "
+                            "activation memory, at about one more forward "
+                            "pass a step (the memory check counts it)")
     p.add_argument("--strategy", default="auto", metavar="NAME",
                    help="auto (default), default; on TensorFlow also "
                         "one_device, mirrored, multi_worker (TF_CONFIG), "
@@ -150,8 +140,7 @@ def register(subparsers):
                        "--set crop_area=none (repeatable)",
         model_option="a zoo.load keyword for a zoo name, e.g. num_layers=4 "
                      "(repeatable)")
-    _add_remat_option(p)
-    _add_runtime_options(p)
+    _add_runtime_options(p, remat=True)
 
     p = options.command(subparsers, "evaluate", run_evaluate,
                         help="top-1 accuracy of a model on labelled data")
@@ -191,12 +180,8 @@ def register(subparsers):
 def _configure_devices(args):
     # Before anything creates a tensor: logical devices are fixed then.
     if getattr(args, "cpu_devices", None):
-        from keras_vit.base.checks import check_int
-        from keras_vit.base.limits import MAX_CPU_DEVICES
         from keras_vit.train.distribute import configure_cpu_devices
 
-        check_int("--cpu-devices", args.cpu_devices, low=1,
-                  high=MAX_CPU_DEVICES)
         configure_cpu_devices(args.cpu_devices)
 
 
@@ -208,9 +193,7 @@ def _slug(text):
 def _recipe_overrides(args):
     from keras_vit.train import recipes
 
-    fields = {}
-    for key, value in args.set:
-        fields[key] = recipes.parse_value(key, value)
+    fields = {key: recipes.parse_value(key, value) for key, value in args.set}
     direct = {"steps": "total_steps", "epochs": "epochs",
               "batch_size": "batch_size",
               "micro_batch_size": "micro_batch_size", "lr": "learning_rate",
@@ -224,38 +207,14 @@ def _recipe_overrides(args):
     return fields
 
 
-def _run_dir(args, what):
-    """--out, by default runs/<model>-<data>-<what>; refused if a file."""
-    out = args.out or os.path.join(
-        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{what}")
+def _out_folder(out, holds):
+    """The --out folder ``out``, refused if it is a file (``holds``: what
+    needs a folder) or cannot be created: before the data and the model
+    load, or any task runs. Missing folders are created then."""
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is a file; the run needs a folder "
-                         "(its checkpoints, metrics and model.keras)")
-    # Before the data and the model load: missing folders are created then.
+        raise ValueError(f"--out {out!r} is a file; {holds}")
     options.check_output_folder(out, "--out", out)
     return out
-
-
-def _print_metrics(result):
-    """A run's final metrics as JSON (``--json``), without the history."""
-    shown = {k: v for k, v in result.metrics.items() if k != "history"}
-    print(json.dumps(shown, indent=2, default=str))
-
-
-def _print_result(trainer, result, args):
-    """What a finished run prints beyond its progress: the metrics as JSON
-    with --json; with --quiet (which hides only the progress) the run's
-    final line, which its progress output would otherwise have held."""
-    from keras_vit.train.progress import done_line
-
-    if not trainer.is_chief:
-        return
-    if args.json:
-        _print_metrics(result)
-    elif args.quiet:
-        metrics = result.metrics
-        print(done_line(metrics["final_step"], metrics,
-                        metrics.get("wall_time", 0.0)), flush=True)
 
 
 def _check_settings(args):
@@ -311,11 +270,7 @@ def run_fine_tune(args):
                   "--no-eval trains on all)")
     trainer = Trainer(args.model, train, evaluation,
                       **_trainer_options(args, args.recipe, strategy_))
-    result = _train(trainer, args)
-    if result is None:
-        return 130
-    _print_result(trainer, result, args)
-    return 0
+    return 130 if _fit(trainer, args) is None else 0
 
 
 # The share of a folder (or .npz) fine-tune evaluates on when no
@@ -352,36 +307,41 @@ def hold_out(source, fraction=HOLD_OUT, seed=0):
 
 def _trainer_options(args, what, strategy_):
     """The trainer's keywords that fine-tune and pretrain read alike from
-    their options: the run directory (:func:`_run_dir`, named for
-    ``what``), ``strategy_``, the recipe and its fields, the weights,
-    resumption, model options, remat and progress."""
-    out = _run_dir(args, what)
+    their options: the run directory (--out, by default
+    runs/<model>-<data>-<what>), ``strategy_``, the recipe and its fields,
+    the weights, resumption, model options, remat and progress."""
+    out = _out_folder(args.out or os.path.join(
+        "runs", f"{_slug(args.model)}-{_slug(args.data)}-{what}"),
+        "the run needs a folder (its checkpoints, metrics and model.keras)")
     weights = options.weights_value(args.weights)
+    if args.restart and args.resume_anyway:
+        raise ValueError("--restart and --resume-anyway exclude each other")
     return dict(recipe=args.recipe, out_dir=out, strategy=strategy_,
-                weights=weights, resume=_resume(args),
+                weights=weights,
+                resume="force" if args.resume_anyway else not args.restart,
                 model_options=options.model_options(args.model_option),
                 remat=True if args.remat else None, verbose=not args.quiet,
                 **_recipe_overrides(args))
 
 
-def _train(trainer, args):
-    """:func:`_fit`, after :func:`check_fits_memory` unless
-    --no-memory-check."""
-    if not args.no_memory_check:
-        check_fits_memory(trainer)
-    return _fit(trainer, args)
-
-
 def _fit(trainer, args):
-    """``trainer.fit()``; None after Ctrl-C, once the checkpoint of the
-    current step is saved and the command that resumes it printed."""
+    """``trainer.fit()`` after :func:`check_fits_memory` (unless
+    --no-memory-check), then what the run prints beyond its progress: the
+    metrics as JSON (without the history) with --json; with --quiet (which
+    hides only the progress) the run's final line, which its progress
+    output would otherwise have held. Returns the result; None after
+    Ctrl-C, once the checkpoint of the current step is saved and the
+    command that resumes it printed."""
     import shlex
     import sys
 
     from keras_vit.train.interrupt import TrainingInterrupted
+    from keras_vit.train.progress import done_line
 
+    if not args.no_memory_check:
+        check_fits_memory(trainer)
     try:
-        return trainer.fit()
+        result = trainer.fit()
     except TrainingInterrupted as e:
         # The same command resumes; --restart would delete the checkpoint.
         again = [a for a in getattr(args, "command_line", ())
@@ -392,19 +352,27 @@ def _fit(trainer, args):
                  " (the same command resumes)"),
               file=sys.stderr, flush=True)
         return None
+    metrics = result.metrics
+    if trainer.is_chief and args.json:
+        print(json.dumps({k: v for k, v in metrics.items()
+                          if k != "history"}, indent=2, default=str))
+    elif trainer.is_chief and args.quiet:
+        print(done_line(metrics["final_step"], metrics,
+                        metrics.get("wall_time", 0.0)), flush=True)
+    return result
 
 
-def _load_model(args, num_classes=None):
+def _load_model(args):
     """MODEL of evaluate / fewshot: a .keras file, a run directory (its
     model.keras), a Hub folder or a zoo name with --weights, resolved
     by the zoo's one pipeline: --image-size and --weights are applied
     (or refused by name) whatever MODEL is."""
     from keras_vit.zoo import resolve_model
 
-    return resolve_model(args.model, weights=options.weights_value(
-                             args.weights),
-                         image_size=args.image_size, num_classes=num_classes,
-                         argument="MODEL", error=options.UserError)
+    return resolve_model(args.model,
+                         weights=options.weights_value(args.weights),
+                         image_size=args.image_size, argument="MODEL",
+                         error=options.UserError)
 
 
 def run_evaluate(args):
@@ -413,9 +381,10 @@ def run_evaluate(args):
     _configure_devices(args)
     import contextlib
 
+    from keras_vit.base.checks import printable
     from keras_vit.train.data.load import load_data
-    from keras_vit.train.evaluation import evaluate
     from keras_vit.train.distribute import for_backend
+    from keras_vit.train.evaluation import evaluate, result_lines
 
     strategy_ = for_backend(args.strategy, tpu=args.tpu)
     source = load_data(args.data, split="test",
@@ -429,9 +398,6 @@ def run_evaluate(args):
     result = evaluate(model, source, image_size=args.image_size,
                       batch_size=args.batch_size, strategy=strategy_)
     result["data"] = source.name
-    from keras_vit.base.checks import printable
-    from keras_vit.train.evaluation import result_lines
-
     return _show(args, result, [
         f"{printable(args.model)} on {printable(source.name)}: top-1 accuracy "
         f"{result['accuracy']:.4f}, loss {result['loss']:.4f} "
@@ -492,8 +458,7 @@ def _register_pretrain(subparsers):
         seed="seeds the data order, the corruption and new weights",
         set="any recipe field, e.g. --set crop_area=none (repeatable)",
         model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
-    _add_remat_option(p)
-    _add_runtime_options(p)
+    _add_runtime_options(p, remat=True)
     p.set_defaults(epochs=None, ema=None, download=False)
 
 
@@ -513,13 +478,11 @@ def run_pretrain(args):
         args.model, args.data, target=target,
         corruption_rate=args.corruption_rate, data_dir=args.data_dir,
         **_trainer_options(args, objective, strategy_))
-    result = _train(trainer, args)
+    result = _fit(trainer, args)
     if result is None:
         return 130
-    if not trainer.is_chief:
-        return 0
-    _print_result(trainer, result, args)
-    if not args.json and "model_path" in result.metrics:
+    if (trainer.is_chief and not args.json
+            and "model_path" in result.metrics):
         print(f"fine-tune it: keras-vit fine-tune "
               f"{result.metrics['model_path']} --data LABELLED_DATA")
     return 0
@@ -529,12 +492,9 @@ def run_fewshot(args):
     """The paper's few-shot linear evaluation: pre-logits features,
     regularised least squares to {-1,1} targets in closed form, accuracy for
     k images per class."""
-    from keras_vit.base.checks import check_int
     from keras_vit.train.data.load import default_eval_spec, load_data
-    from keras_vit.base.limits import MAX_SEEDS
     from keras_vit.train.few_shot import fewshot
 
-    check_int("--seeds", args.seeds, low=1, high=MAX_SEEDS)  # before any work
     eval_spec = args.eval_data or default_eval_spec(args.data)
     if eval_spec is None:
         why = ("few-shot fits its classifier on --data and scores it on "
@@ -621,11 +581,9 @@ def run_vtab(args):
 
     overrides = _recipe_overrides(args)
     steps = overrides.pop("total_steps", None)
-    out = args.out or os.path.join("runs", f"vtab-{_slug(args.model)}")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is a file; the sweep needs a "
-                         "folder (its runs, vtab.json and vtab.md)")
-    options.check_output_folder(out, "--out", out)  # before any task runs
+    out = _out_folder(
+        args.out or os.path.join("runs", f"vtab-{_slug(args.model)}"),
+        "the sweep needs a folder (its runs, vtab.json and vtab.md)")
     weights = options.weights_value(args.weights)
     scores = vtab.run(
         args.model, args.tasks, out_dir=out, data_dir=args.data_dir,
@@ -645,7 +603,7 @@ def run_vtab(args):
 
 
 def build_parser():
-    """A stand-alone parser with the three commands (``python -m
+    """A stand-alone parser with the training commands (``python -m
     keras_vit.train``)."""
     parser, sub = options.commands_parser(
         "python -m keras_vit.train",
