@@ -176,6 +176,18 @@ _FAMILY_TAGS = {
     "v2_webli": "SigLIP 2, sigmoid loss with captioning, self-distillation "
                 "and masked prediction on multilingual WebLI; no "
                 "classifier: the attention-pool embedding",
+    "mim_in22k": "EVA-02's masked image modelling on ImageNet-21k; no "
+                 "head: the pooled embedding",
+    "mim_m38m": "EVA-02's masked image modelling on Merged-38M; no head: "
+                "the pooled embedding",
+    "mim_in22k_ft_in1k": "EVA-02's ImageNet-21k pre-training, fine-tuned on "
+                         "ImageNet-1k",
+    "mim_in22k_ft_in22k_in1k": "EVA-02's ImageNet-21k pre-training, "
+                               "fine-tuned on ImageNet-21k then ImageNet-1k",
+    "mim_m38m_ft_in1k": "EVA-02's Merged-38M pre-training, fine-tuned on "
+                        "ImageNet-1k",
+    "mim_m38m_ft_in22k_in1k": "EVA-02's Merged-38M pre-training, fine-tuned "
+                              "on ImageNet-21k then ImageNet-1k",
 }
 
 

@@ -103,6 +103,17 @@ FAMILIES = {
         "architecture trained further (captioning, self-distillation, "
         "masked prediction; multilingual); the attention-pool head's "
         "output is the image embedding (no labels)"),
+    # timm's Eva: average pooling then fc_norm, the SwiGLU MLP, EVA-02's
+    # rotary embeddings on the 16 x 16 grid of its 224 px pretraining.
+    "eva02": Family(
+        dict(gelu="exact", class_token=True, classifier="gap", fc_norm=True,
+             mlp="swiglu", rope="eva02", rope_grid=[16, 16],
+             rope_temperature=10000.0),
+        "clip", "MIT (baaivision/EVA)",
+        "EVA-02 (Fang et al. 2023): masked image modelling of EVA-CLIP's "
+        "features, rotary position embeddings beside the table, SwiGLU "
+        "MLPs (B and L: a norm inside, q/k/v apart); 224 px releases are "
+        "headless, the 336/448 px ones ImageNet-1k classifiers"),
 }
 
 
@@ -174,6 +185,17 @@ def _clip(arch, size, patch, embedding, image_size=224):
                         head_type="projection"),))
 
 
+def _eva02(arch, size, image_size, *tags, **options):
+    # SwiGLU of two thirds of the 4x MLP (timm's mlp_ratio 4 * 2 / 3);
+    # the 224 px releases are headless.
+    mlp = int(SIZES[size][0] * 4 * 2 / 3)
+    return Member("eva02", arch, size, 14, image_size,
+                  dict(mlp_dim=mlp, **options),
+                  tuple(_hub(arch, tag, 0) if image_size == 224 else
+                        _hub(arch, tag, 1000, "imagenet2012")
+                        for tag in tags))
+
+
 def _siglip(arch, size, patch, image_size, gelu, *tags):
     # SigLIP's towers have no classifier, but for one ImageNet-1k
     # fine-tune (webli_ft_in1k).
@@ -227,6 +249,23 @@ MEMBERS = {
     "CLIP-L/14": _clip("vit_large_patch14_clip_quickgelu_224", "L", 14, 768),
     "CLIP-L/14-336": _clip("vit_large_patch14_clip_quickgelu_336", "L", 14,
                            768, image_size=336),
+    "EVA02-Ti/14": _eva02("eva02_tiny_patch14_224", "Ti", 224, "mim_in22k"),
+    "EVA02-Ti/14-336": _eva02("eva02_tiny_patch14_336", "Ti", 336,
+                              "mim_in22k_ft_in1k"),
+    "EVA02-S/14": _eva02("eva02_small_patch14_224", "S", 224, "mim_in22k"),
+    "EVA02-S/14-336": _eva02("eva02_small_patch14_336", "S", 336,
+                             "mim_in22k_ft_in1k"),
+    "EVA02-B/14": _eva02("eva02_base_patch14_224", "B", 224, "mim_in22k",
+                         mlp_norm=True),
+    "EVA02-B/14-448": _eva02("eva02_base_patch14_448", "B", 448,
+                             "mim_in22k_ft_in22k_in1k", "mim_in22k_ft_in1k",
+                             mlp_norm=True),
+    "EVA02-L/14": _eva02("eva02_large_patch14_224", "L", 224, "mim_m38m",
+                         "mim_in22k", mlp_norm=True),
+    "EVA02-L/14-448": _eva02("eva02_large_patch14_448", "L", 448,
+                             "mim_m38m_ft_in22k_in1k",
+                             "mim_in22k_ft_in22k_in1k", "mim_m38m_ft_in1k",
+                             "mim_in22k_ft_in1k", mlp_norm=True),
 }
 
 # SigLIP's and SigLIP 2's towers: (size, patch, image size, timm's GELU
@@ -286,7 +325,7 @@ def config(name):
     member = MEMBERS[name]
     family = FAMILIES[member.family]
     hidden, layers, heads, mlp = SIZES[member.size]
-    return dict(patch_size=member.patch_size, hidden_size=hidden,
-                num_layers=layers, num_heads=heads, mlp_dim=mlp,
-                **family.options, **member.options,
-                input_normalization=family.normalization)
+    return {**dict(patch_size=member.patch_size, hidden_size=hidden,
+                   num_layers=layers, num_heads=heads, mlp_dim=mlp),
+            **family.options, **member.options,
+            "input_normalization": family.normalization}

@@ -1,5 +1,5 @@
 """The family's named members (DeiT, DeiT III, DINOv2, CLIP, SigLIP,
-SigLIP 2): every row of
+SigLIP 2, EVA-02): every row of
 ``keras_vit.base.family_rows`` against timm's own facts (its
 ``pretrained_cfg``: Hub repository, input size, mean/std, head; its models:
 parameter count and logits), the names in ``zoo.list_models``, ``zoo.info``
@@ -94,8 +94,15 @@ def test_row_is_timms_release(name):
     member = family_rows.MEMBERS[name]
     assert timm.is_model(member.timm), member.timm
     arch, options = timm_arguments.architecture(member.timm)
-    theirs = {**arch.config, "gelu": "exact", **timm_arguments.honoured(
-        {}, arch, "timm_architectures.json", options)}
+    entry = timm_arguments.table_entry(member.timm)
+    if entry["module"] == "eva":  # timm's Eva: its own reader
+        from keras_vit.zoo.timm import eva
+
+        honoured = eva.honoured(entry["args"], "timm_architectures.json")
+    else:
+        honoured = timm_arguments.honoured(
+            {}, arch, "timm_architectures.json", options)
+    theirs = {**arch.config, "gelu": "exact", **honoured}
     ours = family_rows.config(name)
     ours.pop("input_normalization")
     assert {k: theirs.get(k) for k in ours} == ours
@@ -135,12 +142,20 @@ def test_row_parameter_count_is_timms(name):
     models of one and two blocks (each block holds as many)."""
     member = family_rows.MEMBERS[name]
     classes = member.weights[0].num_classes
-    one, two = (sum(p.numel() for p in _random_timm_model(
-        member.timm, member.image_size, classes, depth).parameters())
-        for depth in (1, 2))
-    layers = family_rows.SIZES[member.size][1]
+    models = [_random_timm_model(member.timm, member.image_size, classes,
+                                 depth) for depth in (1, 2)]
+    one, two = (sum(p.numel() for p in m.parameters()) for m in models)
+    layers, width = family_rows.SIZES[member.size][1::-1]
+    # timm's EVA projects the keys without a bias; keras_vit's qkv_bias
+    # holds one for each projection (zeros from EVA's files: a key bias
+    # adds the same logit to every key of a query, which the softmax
+    # cancels).
+    keys = models[0].state_dict()
+    key_bias = (any(k.endswith(("attn.q_bias", "attn.q_proj.bias"))
+                    for k in keys)
+                and not any(k.endswith("attn.k_proj.bias") for k in keys))
     assert zoo.info(name)["parameters"]["count"] == one + (layers - 1) * (
-        two - one)
+        two - one) + key_bias * layers * width
 
 
 @pytest.mark.parametrize("name", OPTION_ROWS)

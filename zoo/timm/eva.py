@@ -148,6 +148,9 @@ def honoured(args, path):
     out["qkv_bias"] = read("qkv_bias", _flag, True)
     out["qk_norm"] = read("qk_norm", _flag, False)
     out["pre_norm"] = read("use_pre_transformer_norm", _flag, False)
+    # timm's Eva drops the patch embedding's bias under the norm before
+    # the blocks (Perception Encoder's ln_pre).
+    out["patch_bias"] = not out["pre_norm"]
     fc_norm = args.get("use_fc_norm")
     fc_norm = pool == "gap" if fc_norm is None else read("use_fc_norm",
                                                          _flag, None)

@@ -262,7 +262,11 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     arch, defaults = _architecture(config, name)
     state = read_safetensors(path)
     is_bit = arch.family == "bit"
-    entry = timm_arguments.table_entry(arch.name)
+    # The file's architecture where the name is none of timm's (a named
+    # member, EVA02-S/14): its own reader reads its own arguments.
+    entry = (timm_arguments.table_entry(arch.name)
+             or timm_arguments.table_entry(str(config.get("architecture")
+                                               or "")))
     if entry is not None and entry["module"] == "eva":
         honoured = eva.honoured(_eva_args(entry, config), where)
         layout = TIMM_EVA
