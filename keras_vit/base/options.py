@@ -49,6 +49,11 @@ def count(name, value):
     return check_int(name, value, low=0)
 
 
+def optional_positive_int(name, value):
+    """None (another argument decides) or a positive integer."""
+    return None if value is None else check_int(name, value, low=1)
+
+
 def rate(name, value):
     """A probability in [0, 1), as a float."""
     return float(check_number(name, value, low=0, high=1, high_open=True))
@@ -353,6 +358,13 @@ OPTIONS = (
            "the order of the rotary angles: 'ij', the rows' then the "
            "columns'; 'xy', the columns' then the rows' (timm's "
            "rope_grid_indexing; RoPE-ViT, Perception Encoder)"),
+    Option("pool_heads", None, optional_positive_int, True, None,
+           "the attention-pool head's heads (classifier='map'; None: the "
+           "blocks' num_heads; Perception Encoder's 8)"),
+    Option("pool_prefix", False, flag, False, Field("pool_include_prefix"),
+           "the pooling ('gap', 'max', 'avgmax', 'map') over the class and "
+           "register tokens too, not the patches only (timm's "
+           "pool_include_prefix; Perception Encoder's attention pool)"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

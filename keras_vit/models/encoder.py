@@ -221,6 +221,12 @@ def check_family_options(options, classifier, pooling, include_top,
         raise ValueError(
             f"{', '.join(unused)} set the rotary embeddings, and rope=None "
             "builds none; received rope=None, " + ", ".join(unused))
+    if out["pool_heads"] is not None and method != "map":
+        raise ValueError(
+            "pool_heads sets the attention-pool head's heads "
+            "(classifier='map'); received pool_heads="
+            f"{out['pool_heads']}, {'classifier' if include_top else 'pooling'}"
+            f"={method!r}")
     if out["rope_grid"] is not None and out["rope"] != "eva02":
         raise ValueError(
             "rope_grid scales the patch coordinates of EVA-02's rotary "

@@ -233,7 +233,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                 classifier_activation, dtype)
         else:
             x = classification_head(
-                x, pooling_layer(method, prefix, spec["num_heads"],
+                x, pooling_layer(method, 0 if family["pool_prefix"]
+                                 else prefix,
+                                 family["pool_heads"] or spec["num_heads"],
                                  spec["mlp_dim"], gelu, layer_norm_epsilon,
                                  dtype, norm),
                 spec["head"], spec["representation_size"],

@@ -89,6 +89,15 @@ _FORMS = {
                          layer_scale=1e-5, rope="eva02", rope_grid=(3, 5),
                          rope_temperature=100.0, rope_indexing="xy",
                          rope_offset=1.0)),
+    # Perception Encoder core: the norm before the blocks (no patch
+    # bias) and its attention pool, of its own heads, over every token.
+    "pe_core": (dict(attn_type="rope", rope_grid_indexing="xy",
+                     rope_grid_offset=1.0, global_pool="map",
+                     attn_pool_num_heads=4, use_pre_transformer_norm=True),
+                dict(mlp_dim=4 * WIDTH, classifier="map", pre_norm=True,
+                     patch_bias=False, pool_heads=4, pool_prefix=True,
+                     rope="eva02", rope_grid=(3, 5), rope_temperature=1e4,
+                     rope_indexing="xy", rope_offset=1.0)),
     "dinov3_xy": (dict(rope_type="dinov3", rope_rotate_half=True,
                        rope_grid_indexing="xy", rope_grid_offset=0.5,
                        rope_temperature=100.0),
@@ -113,6 +122,7 @@ def _timm_form(form, abs_pos):
 @pytest.mark.parametrize("form, abs_pos", [("eva02", False),
                                            ("eva02", True),
                                            ("rope_vit_pe", False),
+                                           ("pe_core", False),
                                            ("dinov3_xy", False)])
 def test_the_rotary_families_give_timms_logits(form, abs_pos):
     """The rotary forms and their options (rope_grid, rope_offset,

@@ -53,7 +53,7 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
     (dict(use_post_norm=True), "model_args.use_post_norm"),
     (dict(rope_rotate_half=False), "model_args.rope_rotate_half"),
     (dict(rope_type="mixed"), "model_args.rope_type"),
-    (dict(attn_pool_num_heads=8), "model_args.attn_pool_num_heads"),
+    (dict(num_kv_heads=2), "model_args.num_kv_heads"),
     (dict(gated_attn=True), "model_args.gated_attn"),
 ])
 def test_an_eva_setting_keras_vit_does_not_compute_is_named(

@@ -244,9 +244,12 @@ def _option(key, value):
     value keras_vit cannot build."""
     if key in TIMM_OPTIONS:
         ours = TIMM_OPTIONS[key]
+        row = options_table.ROWS.get(ours)
+        if key not in _TIMM_VALUES:  # a row's field: the row's check
+            return ours, row.check(key, row.timm.read(value))
         value = _TIMM_VALUES[key](value)
-        if ours in options_table.ROWS:  # the row's value forms
-            value = options_table.ROWS[ours].timm.read(value)
+        if row is not None:  # the row's value forms
+            value = row.timm.read(value)
         return ours, value
     if key in _READ_ONLY:
         ours, convert = _READ_ONLY[key]

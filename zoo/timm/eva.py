@@ -34,8 +34,7 @@ from keras_vit.zoo.timm.arguments import norm_arg
 # timm's argument -> that value (None included).
 _FIXED = {
     "num_kv_heads": None, "attn_only_layer_scale": False,
-    "use_post_norm": False, "attn_pool_num_heads": None,
-    "attn_pool_mlp_ratio": None, "dynamic_img_pad": False,
+    "use_post_norm": False, "dynamic_img_pad": False,
     "patch_drop_rate": 0.0, "rope_shift_coords": None,
     "rope_jitter_coords": None, "rope_rescale_coords": None,
     "rope_mrope_section": None,
@@ -44,14 +43,14 @@ _FIXED = {
 _WHAT = {
     "use_post_norm": "post-norm blocks", "num_kv_heads":
     "grouped queries", "patch_drop_rate": "patch dropout",
-    "attn_pool_num_heads": "an attention pool",
 }
 # The rotary forms keras_vit computes: timm's rope_type -> keras_vit's,
 # and the pairs of features each turns (timm's rope_rotate_half).
 _ROPE = {"dinov3": "dinov3", "cat": "eva02"}
 _HALVES = {"dinov3": True, "eva02": False}
 # timm's EVA poolings -> keras_vit's classifier.
-_POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max"}
+_POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max",
+          "map": "map"}
 # Sizes, as the ViT reader reads them.
 _SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
           "depth": "num_layers", "num_heads": "num_heads"}
@@ -71,6 +70,7 @@ _READ = (
     "rope_temperature", "ref_feat_shape", "rope_grid_offset",
     "rope_grid_indexing", "attn_type", "scale_mlp", "scale_attn_inner",
     "dynamic_img_size", "mlp_ratio", "swiglu_mlp", "swiglu_align_to",
+    "attn_pool_num_heads", "attn_pool_mlp_ratio",
     "img_size", "in_chans", "num_classes", "qkv_fused")
 
 # The checks of timm's ViT arguments, shared.
@@ -88,6 +88,14 @@ def _positive(value):
             or not value > 0):
         raise ValueError("it is not a positive number")
     return float(value)
+
+
+def _optional_count(value):
+    return None if value is None else _count(value)
+
+
+def _optional_positive(value):
+    return None if value is None else _positive(value)
 
 
 def _finite(value):
@@ -190,7 +198,16 @@ def honoured(args, path):
     out["mlp_norm"] = read("scale_mlp", _flag, False)
     out["attention_norm"] = read("scale_attn_inner", _flag, False)
     out["dynamic_image_size"] = read("dynamic_img_size", _flag, False)
-    width = int(out["hidden_size"] * read("mlp_ratio", _positive, 4.0))
+    ratio = read("mlp_ratio", _positive, 4.0)
+    width = int(out["hidden_size"] * ratio)
+    if pool == "map":  # Eva's attention pool reads every token
+        out["pool_prefix"] = True
+        out["pool_heads"] = read("attn_pool_num_heads", _optional_count,
+                                 None)
+        pool_ratio = read("attn_pool_mlp_ratio", _optional_positive, None)
+        if pool_ratio not in (None, ratio):
+            raise refuse("attn_pool_mlp_ratio", "keras_vit's attention "
+                         f"pool's MLP is the blocks' (mlp_ratio={ratio})")
     out["gelu"] = "exact"  # Eva's blocks: torch's GELU
     out["mlp_dim"] = width
     if read("swiglu_mlp", _flag, False):
