@@ -306,14 +306,14 @@ OPTIONS = (
            "of one half of a 2 * mlp_dim projection times the other "
            "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
            _SWIGLU, _SWIGLU, block=True),
-    Option("mlp_norm", False, flag, True, None,
+    Option("mlp_norm", False, flag, True, Field("scale_mlp_norm"),
            "a norm of the MLP's hidden features, after the activation (or "
            "the gate) and before the second projection (EVA-02's "
            "scale_mlp, BEiT-3's sub-LN)",
            params=lambda v, s: (s.norm(s.mlp) * v, 0),
            weights=(Weight(f"{_BLOCK}mlp/norm", "norm", f"{_TIMM}mlp.norm",
                            f"{_OFFICIAL}MlpBlock_3/norm"),), block=True),
-    Option("attention_norm", False, flag, True, None,
+    Option("attention_norm", False, flag, True, Field("scale_attn_norm"),
            "a norm of the attention's output, every head's features at "
            "once, before its output projection (EVA-02 CLIP's "
            "scale_attn_inner, BEiT-3's sub-LN)",

@@ -442,6 +442,11 @@ def test_aimv2_loads_with_timms_logits_native_and_resized_and_back(tmp_path):
     dict(patch_norm=True),
     # AIMv2's MLP without its patch norm, with a class token.
     dict(norm="rms", mlp="swiglu", layer_norm_epsilon=1e-5, qkv_bias=False),
+    # BEiT-3's sub-LN: norms before the attention's output projection and
+    # inside the MLP (timm's scale_attn_norm, scale_mlp_norm), pooled over
+    # every token (pool_include_prefix).
+    dict(attention_norm=True, mlp_norm=True, classifier="gap",
+         class_token=True, pool_prefix=True),
 ])
 def test_norm_options_write_for_timm_and_read_back(tmp_path, options):
     import keras_vit
