@@ -176,6 +176,8 @@ _FAMILY_TAGS = {
     "v2_webli": "SigLIP 2, sigmoid loss with captioning, self-distillation "
                 "and masked prediction on multilingual WebLI; no "
                 "classifier: the attention-pool embedding",
+    "fb": "Meta's release: contrastive image-text pre-training, then "
+          "aligned for dense tasks (PE spatial); no head",
     "mim_in22k": "EVA-02's masked image modelling on ImageNet-21k; no "
                  "head: the pooled embedding",
     "mim_m38m": "EVA-02's masked image modelling on Merged-38M; no head: "

@@ -114,6 +114,22 @@ FAMILIES = {
         "features, rotary position embeddings beside the table, SwiGLU "
         "MLPs (B and L: a norm inside, q/k/v apart); 224 px releases are "
         "headless, the 336/448 px ones ImageNet-1k classifiers"),
+    # timm's Eva in Perception Encoder's spatial configuration (its
+    # family's rows so far): the norm
+    # before the blocks (no patch bias), average pooling with no final
+    # norm, EVA-02's rotary form by columns with indices offset by 1 on
+    # the 32 x 32 grid, beside the position table.
+    "pe": Family(
+        dict(gelu="exact", class_token=True, classifier="gap",
+             final_norm=False, pre_norm=True, patch_bias=False,
+             layer_norm_epsilon=1e-5, rope="eva02", rope_grid=[32, 32],
+             rope_temperature=10000.0, rope_offset=1.0,
+             rope_indexing="xy"), "official",
+        "Apache-2.0 (facebookresearch/perception_models)",
+        "Perception Encoder (Bolya et al. 2025), its spatial towers: "
+        "PE's dense-task encoders, aligned to its own intermediate "
+        "features and SAM 2's; no head: the patch features "
+        "(intermediate_model) or their mean"),
 }
 
 
@@ -196,6 +212,11 @@ def _eva02(arch, size, image_size, *tags, **options):
                         for tag in tags))
 
 
+def _pe_spatial(arch, size, patch, image_size):
+    return Member("pe", arch, size, patch, image_size, {},
+                  (_hub(arch, "fb", 0),))
+
+
 def _siglip(arch, size, patch, image_size, gelu, *tags):
     # SigLIP's towers have no classifier, but for one ImageNet-1k
     # fine-tune (webli_ft_in1k).
@@ -266,6 +287,14 @@ MEMBERS = {
                              "mim_m38m_ft_in22k_in1k",
                              "mim_in22k_ft_in22k_in1k", "mim_m38m_ft_in1k",
                              "mim_in22k_ft_in1k", mlp_norm=True),
+    "PE-Spatial-Ti/16-512": _pe_spatial("vit_pe_spatial_tiny_patch16_512",
+                                        "Ti", 16, 512),
+    "PE-Spatial-S/16-512": _pe_spatial("vit_pe_spatial_small_patch16_512",
+                                       "S", 16, 512),
+    "PE-Spatial-B/16-512": _pe_spatial("vit_pe_spatial_base_patch16_512",
+                                       "B", 16, 512),
+    "PE-Spatial-L/14-448": _pe_spatial("vit_pe_spatial_large_patch14_448",
+                                       "L", 14, 448),
 }
 
 # SigLIP's and SigLIP 2's towers: (size, patch, image size, timm's GELU
