@@ -66,6 +66,7 @@ OPTION_EXAMPLES = {
     "attention_norm": (True, {}),
     "rope_offset": (1.0, dict(rope="eva02")),
     "rope_indexing": ("xy", dict(rope="eva02")),
+    "rope_halves": (True, dict(rope="eva02")),
     "pool_heads": (4, dict(classifier="map", class_token=False)),
     "pool_prefix": (True, dict(classifier="gap", num_registers=1)),
 }

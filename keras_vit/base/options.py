@@ -343,6 +343,12 @@ OPTIONS = (
            "'eva02', EVA-02's (the patch's row and column indices, scaled "
            "to rope_grid, periods rope_temperature ** (k / (head_dim / 4)), "
            "adjacent pairs rotated); None: none", block=True),
+    Option("rope_halves", None, optional_flag, False, None,
+           "the pairs of features the rotary embeddings turn: True, the "
+           "two halves of each head's features (DINOv3's; timm's "
+           "rope_rotate_half, Qwen's vision towers with EVA-02's "
+           "coordinates), False, adjacent pairs (EVA-02's); None: the "
+           "form's own", block=True),
     Option("rope_temperature", 100.0, positive, False, None,
            "the rotary embeddings' base period (DINOv3's 100)"),
     Option("rope_grid", None, optional_grid, False, None,

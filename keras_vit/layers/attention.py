@@ -154,7 +154,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ``qkv_bias``, ``proj_bias``, ``qk_norm``, whose q/k norms are the
     model's ``norm_layer``). ``rope``: the form of the rotary table a
     call passes (the ``rope`` option), which says the pairs of features it
-    turns (:func:`rotate`). ``output_norm``: a norm of that kind over the
+    turns (:func:`rotate`) unless ``rope_halves`` does (True: the halves,
+    False: adjacent pairs). ``output_norm``: a norm of that kind over the
     heads' outputs together, before the output projection (layer
     ``output_norm``: EVA-02's ``scale_attn_inner``, BEiT-3's sub-LN).
     """
@@ -162,11 +163,13 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
                  "norm_epsilon": float, "norm": check_norm,
-                 "rope": lambda form: form, "output_norm": bool}
+                 "rope": lambda form: form, "rope_halves": lambda v: v,
+                 "output_norm": bool}
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
-                 norm="layer", rope=None, output_norm=False, **kwargs):
+                 norm="layer", rope=None, output_norm=False,
+                 rope_halves=None, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -227,7 +230,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         (:func:`rotate`) after their norms."""
         q, k, v = self._qkv(x)
         if rope is not None:
-            adjacent = self.rope == "eva02"
+            adjacent = (self.rope == "eva02" if self.rope_halves is None
+                        else not self.rope_halves)
             q, k = rotate(q, rope, adjacent), rotate(k, rope, adjacent)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)

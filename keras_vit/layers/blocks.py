@@ -191,8 +191,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     (a norm of that kind inside the MLP, :class:`MlpBlock`'s ``norm``),
     ``attention_norm`` (one before the attention's output projection,
     :class:`MultiHeadSelfAttention`'s ``output_norm``) and
-    ``rope`` (the rotary embeddings' form, which pairs of features the
-    attention turns: :class:`MultiHeadSelfAttention`).
+    ``rope`` and ``rope_halves`` (the rotary embeddings' form, which
+    pairs of features the attention turns: :class:`MultiHeadSelfAttention`).
     """
 
     def __init__(
@@ -214,9 +214,11 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         mlp_norm=False,
         attention_norm=False,
         rope=None,
+        rope_halves=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.rope_halves = rope_halves
         self.mlp_norm = bool(mlp_norm)
         self.attention_norm = bool(attention_norm)
         self.rope = rope
@@ -241,7 +243,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             self.num_heads, self.attention_dropout_rate,
             qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
-            norm=self.norm, rope=self.rope,
+            norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
             output_norm=self.attention_norm, dtype=self.dtype_policy,
             name="attention",
         )
@@ -323,7 +325,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
-            "attention_norm", "rope"))
+            "attention_norm", "rope", "rope_halves"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

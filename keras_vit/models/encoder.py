@@ -215,7 +215,7 @@ def check_family_options(options, classifier, pooling, include_top,
             f"={method!r}, class_token={token}, num_registers="
             f"{out['num_registers']}")
     unused = [f"{name}={options[name]!r}" for name in (
-        "rope_temperature", "rope_offset", "rope_indexing")
+        "rope_temperature", "rope_offset", "rope_indexing", "rope_halves")
         if out[name] != FAMILY_DEFAULTS[name]]
     if unused and out["rope"] is None:
         raise ValueError(

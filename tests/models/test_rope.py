@@ -98,6 +98,12 @@ _FORMS = {
                      patch_bias=False, pool_heads=4, pool_prefix=True,
                      rope="eva02", rope_grid=(3, 5), rope_temperature=1e4,
                      rope_indexing="xy", rope_offset=1.0)),
+    # EVA-02's coordinates with the halves turned (Qwen's vision towers).
+    "eva02_halves": (dict(rope_rotate_half=True, attn_type="rope",
+                          rope_temperature=1e4),
+                     dict(mlp_dim=4 * WIDTH, classifier="gap", fc_norm=True,
+                          rope="eva02", rope_halves=True, rope_grid=(3, 5),
+                          rope_temperature=1e4)),
     "dinov3_xy": (dict(rope_type="dinov3", rope_rotate_half=True,
                        rope_grid_indexing="xy", rope_grid_offset=0.5,
                        rope_temperature=100.0),
@@ -123,6 +129,7 @@ def _timm_form(form, abs_pos):
                                            ("eva02", True),
                                            ("rope_vit_pe", False),
                                            ("pe_core", False),
+                                           ("eva02_halves", True),
                                            ("dinov3_xy", False)])
 def test_the_rotary_families_give_timms_logits(form, abs_pos):
     """The rotary forms and their options (rope_grid, rope_offset,

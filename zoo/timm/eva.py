@@ -181,10 +181,9 @@ def honoured(args, path):
     if read("use_rot_pos_emb", _flag, False):
         out["rope"] = read("rope_type", _choice(
             _ROPE, "of timm's rotary forms it computes"), "cat")
-        if read("rope_rotate_half", _flag, False) != _HALVES[out["rope"]]:
-            raise refuse("rope_rotate_half", f"rope={out['rope']!r} turns "
-                         + ("halves" if _HALVES[out["rope"]] else
-                            "adjacent pairs") + " of the features")
+        halves = read("rope_rotate_half", _flag, False)
+        if halves != _HALVES[out["rope"]]:
+            out["rope_halves"] = halves
         out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
         if out["rope"] == "eva02":  # DINOv3's ignores it, as timm's does
             out["rope_grid"] = read("ref_feat_shape", _grid, None)
