@@ -57,6 +57,7 @@ import datetime
 import fnmatch
 import functools
 import importlib
+import contextlib
 import json
 import multiprocessing
 import os
@@ -68,14 +69,19 @@ import tempfile
 import time
 from unittest import mock
 
-MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid", "eva")
+MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid", "eva",
+           "qwen3_vit", "beit")
 # The function of each module its architecture functions build through.
 BUILDERS = {"vision_transformer": "_create_vision_transformer",
             "deit": "_create_deit",
             "vision_transformer_hybrid": "_create_vision_transformer_hybrid",
-            "eva": "_create_eva"}
+            "eva": "_create_eva",
+            "qwen3_vit": ("_create_qwen3_vit_classifier",
+                          "_create_qwen3_vit_encoder"),
+            "beit": "_create_beit"}
 # EVA's arguments a table row leaves out (the rest are completed with
-# Eva's defaults, which differ from VisionTransformer's).
+# Eva's defaults, which differ from VisionTransformer's; Qwen's towers
+# with their classes').
 EVA_UNSTATED = frozenset({"in_chans", "num_classes", "device", "dtype",
                           "head_init_scale"})
 # The most parameters an architecture may have at the walked depth (1).
@@ -88,6 +94,9 @@ MAX_JOBS = 2
 # member of its module, whose own arguments are its builder's defaults.
 STAND_IN = "vit_base_patch16_224"
 STAND_INS = {"eva": "eva_giant_patch14_224"}
+# The modules whose refusals the probe refines (the others' group comes
+# from the refusal's message).
+PROBED = ("vision_transformer", "deit", "vision_transformer_hybrid", "eva")
 # An architecture function's arguments that are sizes or bookkeeping, not
 # features.
 SIZES = frozenset({"patch_size", "embed_dim", "depth", "num_heads",
@@ -244,8 +253,11 @@ def architecture_args(name, module):
         raise _ArgumentsError(kwargs)
 
     builder = importlib.import_module(f"timm.models.{module}")
-    with mock.patch.object(builder, BUILDERS[module], capture), \
-            torch.device("meta"):
+    names = BUILDERS[module]
+    with contextlib.ExitStack() as stack:
+        for function in (names,) if isinstance(names, str) else names:
+            stack.enter_context(mock.patch.object(builder, function, capture))
+        stack.enter_context(torch.device("meta"))
         try:
             timm.create_model(name, pretrained=False)
         except _ArgumentsError as e:
@@ -283,10 +295,12 @@ def table_entry(name, module):
 
     args = architecture_args(name, module)
     model = meta_model(name)
-    if module == "eva":
-        from timm.models.eva import Eva
-
-        for key, parameter in inspect.signature(Eva).parameters.items():
+    if module in ("eva", "qwen3_vit", "beit"):
+        # Every argument of the class the builder makes (Eva, Beit, Qwen's
+        # classifier or encoder), at its default where the function
+        # passes none.
+        for key, parameter in inspect.signature(
+                type(model)).parameters.items():
             if key not in EVA_UNSTATED:
                 args.setdefault(key, describe(parameter.default, key))
     elif "backbone" not in args:
@@ -297,7 +311,7 @@ def table_entry(name, module):
                                                     args["depth"]):
             raise LookupError(f"timm's {name} builds other sizes than its "
                               f"arguments say: {args}")
-    height, width = model.patch_embed.img_size
+    height, width = _patch_embed(model).img_size
     args.setdefault("img_size", height if height == width else [height,
                                                                 width])
     # The pooling timm's builder fills in from the default pretrained
@@ -373,10 +387,17 @@ def representatives(arches):
 
 # -- one architecture -------------------------------------------------------
 
+def _patch_embed(model):
+    """The patch embedding of timm's ``model`` (Qwen's classifiers hold
+    it in their encoder), or None."""
+    return getattr(model, "patch_embed", None) or getattr(
+        getattr(model, "encoder", None), "patch_embed", None)
+
+
 def _stride(model):
     """Pixels per token side: the native size over the patch grid."""
     native = model.pretrained_cfg["input_size"][-1]
-    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    grid = getattr(_patch_embed(model), "grid_size", None)
     return native // grid[-1] if grid else None
 
 
@@ -616,7 +637,8 @@ def walk_one(name, module="vision_transformer", tags=(), workdir=None,
             row.update(message=message.replace("\n", " | "),
                        error_type=type(error).__name__,
                        one_line="\n" not in message)
-            if not row["backbone"] and not args.get("distilled"):
+            if (not row["backbone"] and not args.get("distilled")
+                    and module in PROBED):
                 found = probe(folder, theirs, args, size, x, want, module)
                 row.update(probe_missing=found["missing"],
                            probe_status=found["status"],

@@ -67,6 +67,11 @@ OPTION_EXAMPLES = {
     "rope_offset": (1.0, dict(rope="eva02")),
     "rope_indexing": ("xy", dict(rope="eva02")),
     "rope_halves": (True, dict(rope="eva02")),
+    "post_norm": (True, {}),
+    "relative_bias": ("block", dict(class_token=True)),
+    "merge_size": (2, dict(classifier="gap", class_token=False)),
+    "merge_width": (8, dict(merge_size=2, classifier="gap",
+                            class_token=False)),
     "pool_heads": (4, dict(classifier="map", class_token=False)),
     "pool_prefix": (True, dict(classifier="gap", num_registers=1)),
 }
@@ -275,12 +280,12 @@ def randomise_torch(model, seed=0, scale=0.2):
     return model.eval()
 
 
-def random_images(size, n=2):
-    """``n`` (size, size, 3) float32 images in [-1, 1]."""
+def random_images(size, n=2, width=None):
+    """``n`` (size, ``width`` or size, 3) float32 images in [-1, 1]."""
     import numpy as np
 
     return np.random.default_rng(1).uniform(
-        -1, 1, (n, size, size, 3)).astype("float32")
+        -1, 1, (n, size, width or size, 3)).astype("float32")
 
 
 def timm_forward(model, x):
@@ -345,3 +350,50 @@ def weights_below(layer):
     return {v.path[len(prefix):]:
             np.asarray(keras.ops.convert_to_numpy(v.value), "float64")
             for v in layer.weights}
+
+
+def assert_features_are_timms(ours, theirs, images, prefix_tokens=True):
+    """``ours.intermediate_model`` of the first and last of two blocks
+    equal to timm's ``forward_intermediates`` of ``theirs`` (its NCHW
+    maps transposed), the prefix tokens too with ``prefix_tokens``."""
+    import keras
+    import numpy as np
+    import torch
+
+    features = ours.intermediate_model([0, -1], prefix_tokens=prefix_tokens)(
+        images)
+    with torch.no_grad():
+        timms = theirs.forward_intermediates(
+            torch.from_numpy(images).permute(0, 3, 1, 2), indices=[0, 1],
+            intermediates_only=True,
+            **({"return_prefix_tokens": True} if prefix_tokens else {}))
+    for i, found in enumerate(timms):
+        maps, prefix = found if prefix_tokens else (found, None)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(features[f"block_{i}"]),
+            maps.numpy().transpose(0, 2, 3, 1), atol=1e-4, rtol=0)
+        if prefix_tokens:
+            np.testing.assert_allclose(
+                keras.ops.convert_to_numpy(features[f"block_{i}_prefix"]),
+                prefix.numpy(), atol=1e-4, rtol=0)
+
+
+def assert_refused_naming(repo, named, model_args=(), **fields):
+    """``zoo.load`` of the timm folder ``repo`` with its ``config.json``'s
+    ``model_args`` updated by ``model_args`` and its fields by ``fields``
+    refused in one line (a FormatError) that names ``named``."""
+    import json
+
+    import pytest
+
+    from keras_vit import zoo
+    from keras_vit.zoo.formats import FormatError
+
+    config = json.loads((repo / "config.json").read_text())
+    config.setdefault("model_args", {}).update(model_args)
+    config.update(fields)
+    (repo / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError) as e:
+        zoo.load(str(repo))
+    message = str(e.value)
+    assert named in message and "\n" not in message, message

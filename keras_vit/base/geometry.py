@@ -298,7 +298,10 @@ def parameter_count(config, image_size=None, num_classes=None,
         config, patch_size=pw), cols))
     representation_size = (representation_size
                            or config.get("representation_size"))
-    width = representation_size or d
+    merge = config.get("merge_size") or 1
+    merged = merge * merge * d
+    pooled = config.get("merge_width") or merged
+    width = representation_size or pooled
     first = mlp_first_width(mlp, config.get("mlp", "gelu"))
     # The 2020 ViT without its options: the patch kernel, a learned row per
     # patch, per block two norms, the q/k/v/out kernels and the MLP's, the
@@ -308,7 +311,7 @@ def parameter_count(config, image_size=None, num_classes=None,
                                      + d * first + mlp * d)
     total += attention_pool_params(config) + width * classes + classes
     if representation_size:
-        total += d * representation_size + representation_size
+        total += pooled * representation_size + representation_size
     try:
         values = _option_values(config)
     except ValueError:  # a value no row takes: the builder names it
@@ -318,7 +321,11 @@ def parameter_count(config, image_size=None, num_classes=None,
         mlp=mlp,
         norm=lambda w: norm_params(config, w),
         prefix=options.prefix_tokens(values),
-        table=embedding == "learned_1d", head=width * classes + classes)
+        table=embedding == "learned_1d", head=width * classes + classes,
+        merged=merged, final=pooled if config.get("fc_norm") else d,
+        heads=config["num_heads"], bias_rows=(
+            (2 * grid_side(config, rows) - 1)
+            * (2 * grid_side(dict(config, patch_size=pw), cols) - 1) + 3))
     for row in options.OPTIONS:
         if row.params is not None:
             per_block, once = row.params(values[row.name], shape)

@@ -140,6 +140,13 @@ class Shape(NamedTuple):
             registers).
         table: whether the position table is a learned row per token.
         head: the parameters of one classification head (0 without).
+        merged: the width of a merged token (the ``merge_size`` row's
+            k * k * width; the width without a merger).
+        final: the width of the final norm (the pooled features' with
+            ``fc_norm``, else the tokens').
+        heads: the attention heads.
+        bias_rows: the rows of a 2D relative bias table over the patch
+            grid ((2 rows - 1)(2 cols - 1) + 3).
     """
 
     width: int
@@ -150,6 +157,10 @@ class Shape(NamedTuple):
     prefix: int
     table: bool
     head: int
+    merged: int = 0
+    final: int = 0
+    heads: int = 0
+    bias_rows: int = 0
 
 
 class Weight(NamedTuple):
@@ -253,7 +264,7 @@ OPTIONS = (
            weights=(Weight("fc_norm", "norm", "fc_norm", "fc_norm"),)),
     Option("final_norm", True, flag, True, Field("final_norm"),
            "a norm after the last block (False: none)",
-           params=lambda v, s: (0, s.norm(s.width) * v)),
+           params=lambda v, s: (0, s.norm(s.final) * v)),
     Option("pre_norm", False, flag, True, Field("pre_norm"),
            "a norm before the first block (CLIP's ln_pre)",
            params=lambda v, s: (0, s.norm(s.width) * v),
@@ -371,6 +382,44 @@ OPTIONS = (
            "the pooling ('gap', 'max', 'avgmax', 'map') over the class and "
            "register tokens too, not the patches only (timm's "
            "pool_include_prefix; Perception Encoder's attention pool)"),
+    Option("post_norm", False, flag, False, None,
+           "each block's norms on its branches' outputs, x + norm(f(x)), "
+           "not their inputs (timm's ResPostBlock and EVA's use_post_norm)",
+           block=True),
+    Option("relative_bias", None, choice(None, "block", "shared"), True,
+           None,
+           "BEiT's relative position bias: a learned bias per head for "
+           "each 2D offset between two patches and three for the class "
+           "token's pairs, added to the attention logits; 'block', a table "
+           "in every block (BEiT, BEiT v2), 'shared', one for all; None: "
+           "none",
+           params=lambda v, s: (
+               (v == "block") * s.bias_rows * s.heads,
+               (v == "shared") * s.bias_rows * s.heads),
+           weights=(Weight("relative_bias_{i}/table", "vector",
+                           "blocks.{i}.attn.relative_position_bias_table",
+                           "Transformer/encoderblock_{i}/relative_bias"),
+                    Weight("relative_bias/table", "vector",
+                           "rel_pos_bias.relative_position_bias_table",
+                           "Transformer/relative_bias"))),
+    Option("merge_size", 0, count, True, None,
+           "k > 1: the patch merger after the blocks (the projector of "
+           "Qwen's vision towers): each k x k block of patch tokens, "
+           "normed and concatenated, through Dense(k * k * width) -> exact "
+           "GELU (-> Dense(merge_width)); the pooling and head read the "
+           "merged tokens, include_top=False returns them; 0: none",
+           params=lambda v, s: (0, v and (s.norm(s.width) + s.merged ** 2
+                                          + s.merged)),
+           weights=(Weight("merger/norm", "norm", "merger.norm",
+                           "merger/norm"),
+                    Weight("merger/dense_0", "dense", "merger.fc1",
+                           "merger/dense_0"))),
+    Option("merge_width", None, optional_positive_int, True, None,
+           "the patch merger's second Dense, to this width (Qwen's: its "
+           "language model's); None: none",
+           params=lambda v, s: (0, (v or 0) * (s.merged + 1)),
+           weights=(Weight("merger/dense_1", "dense", "merger.fc2",
+                           "merger/dense_1"),)),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

@@ -41,7 +41,7 @@ from keras_vit.layers.blocks import POOLING_METHODS, DropPath
 from keras_vit.layers.dense import MLP_ACTIVATIONS
 from keras_vit.layers.embeddings import PatchTokens, RegisterTokens
 # Multihead attention pooling (``classifier="map"``: SigLIP, big_vision).
-from keras_vit.layers.pooling_head import AttentionPoolHead
+from keras_vit.layers.pooling_head import AttentionPoolHead, PatchMerger
 # RMSNorm, the norm of ``norm="rms"`` (AIMv2), and the norms' kinds.
 from keras_vit.layers.dense import (NORM_KINDS, RMSNormalization,
                                     check_norm, make_norm)
@@ -57,6 +57,7 @@ __all__ = [
     "relative_table_rows", "rematerialized", "resize_grid_table",
     "runtime_grid", "sincos_2d_table"]
 
-__all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "RegisterTokens"]
+__all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "PatchMerger",
+            "RegisterTokens"]
 __all__ += ["AttentionPoolHead", "PatchTokens"]
 __all__ += ["NORM_KINDS", "RMSNormalization", "check_norm", "make_norm"]

@@ -192,7 +192,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     ``attention_norm`` (one before the attention's output projection,
     :class:`MultiHeadSelfAttention`'s ``output_norm``) and
     ``rope`` and ``rope_halves`` (the rotary embeddings' form, which
-    pairs of features the attention turns: :class:`MultiHeadSelfAttention`).
+    pairs of features the attention turns: :class:`MultiHeadSelfAttention`)
+    and ``post_norm`` (``norm_1`` and ``norm_2`` on each branch's output
+    instead of its input: timm's ``ResPostBlock``, Swin v2's blocks).
     """
 
     def __init__(
@@ -215,10 +217,12 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         attention_norm=False,
         rope=None,
         rope_halves=None,
+        post_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.rope_halves = rope_halves
+        self.post_norm = bool(post_norm)
         self.mlp_norm = bool(mlp_norm)
         self.attention_norm = bool(attention_norm)
         self.rope = rope
@@ -305,17 +309,22 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                  **position):
         # The relative logits use "the original query": the attention
         # layer's own projection.
+        # Pre-norm: each branch reads its norm of the tokens; post-norm
+        # (post_norm=True): each branch's output is normed instead.
+        before, after = ((lambda n, y: y, lambda n, y: n(y))
+                         if self.post_norm else
+                         (lambda n, y: n(y), lambda n, y: y))
         y = self.attention(
-            self.norm_1(x), training=training,
+            before(self.norm_1, x), training=training,
             return_attention_scores=return_attention_scores, **position)
         if return_attention_scores:
             y, scores = y
         scales = ((self.layer_scale_1, self.layer_scale_2)
                   if self.layer_scale is not None else (None, None))
-        x = x + self._branch(self.dropout(y, training=training), scales[0],
-                             training)
-        x = x + self._branch(self.mlp(self.norm_2(x), training=training),
-                             scales[1], training)
+        x = x + self._branch(after(self.norm_1, self.dropout(
+            y, training=training)), scales[0], training)
+        x = x + self._branch(after(self.norm_2, self.mlp(
+            before(self.norm_2, x), training=training)), scales[1], training)
         if return_attention_scores:
             return x, scores
         return x
@@ -325,7 +334,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
-            "attention_norm", "rope", "rope_halves"))
+            "attention_norm", "rope", "rope_halves", "post_norm"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

@@ -1,6 +1,7 @@
-"""Multihead attention pooling ("MAP"): one learned query attends over the
-tokens, the pooling head of SigLIP's image towers and big_vision's
-``pool_type="map"`` ViTs."""
+"""The layers after the blocks: multihead attention pooling ("MAP": one
+learned query attends over the tokens, the pooling head of SigLIP's image
+towers and big_vision's ``pool_type="map"`` ViTs) and the patch merger of
+Qwen's vision towers."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from keras import layers, ops
 
 from keras_vit.layers.blocks import MlpBlock
 from keras_vit.layers.dense import (
-    FusedEinsumDense, KeptArguments, check_gelu, check_norm, make_norm,
+    FusedDense, FusedEinsumDense, KeptArguments, check_gelu, check_norm, make_norm,
     xavier_flat)
+from keras_vit.layers.embeddings import runtime_grid
 from keras_vit.layers.registered import PACKAGE
 
 
@@ -110,3 +112,88 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
 
     def get_config(self):
         return dict(super().get_config(), norm=self.norm_kind)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PatchMerger(KeptArguments, layers.Layer):
+    """Merges each ``merge_size`` x ``merge_size`` block of patch tokens
+    into one: a norm over each token (``norm`` of ``norm_epsilon``), the
+    block's tokens concatenated in row-major order (k * k * D features),
+    then Dense(k * k * D) -> exact GELU -> Dense(``width``) (no second
+    Dense for ``width=None``). This is the projector of Qwen's vision
+    towers (timm's ``Qwen3VitPatchMerger``), which hands a language model
+    a quarter of the tokens.
+
+    The tokens are the patches of a ``grid_size`` (rows, columns) grid, in
+    row-major order and without prefix tokens; a dynamic-size model passes
+    its ``images`` and the patch ``stride`` instead, and a grid that
+    ``merge_size`` does not divide is refused as the image sizes are.
+
+    >>> import numpy as np
+    >>> merger = PatchMerger((4, 6), merge_size=2, width=8)
+    >>> tuple(merger(np.zeros((1, 24, 16), "float32")).shape)
+    (1, 6, 8)
+    """
+
+    ARGUMENTS = {"merge_size": int, "width": lambda w: None if w is None
+                 else int(w), "norm_epsilon": float, "norm": check_norm}
+
+    def __init__(self, grid_size, merge_size=2, width=None, norm="layer",
+                 norm_epsilon=1e-6, stride=None, **kwargs):
+        super().__init__(**kwargs)
+        self.keep_arguments(locals())
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.stride = None if stride is None else int(stride)
+        if self.merge_size < 2 or any(g % self.merge_size
+                                      for g in self.grid_size):
+            raise ValueError(
+                f"merge_size={self.merge_size} merges square blocks of "
+                f"patches: it needs 2 or more, dividing the patch grid "
+                f"{self.grid_size[0]} x {self.grid_size[1]}")
+
+    def build(self, x_shape, images_shape=None):
+        dim = int(x_shape[-1])
+        merged = dim * self.merge_size ** 2
+        self.norm_layer = make_norm(self.norm, self.norm_epsilon,
+                                    self.dtype_policy, "norm")
+        self.norm_layer.build((None, dim))
+        self.dense_0 = FusedDense(merged, gelu="exact",
+                                  kernel_initializer="glorot_uniform",
+                                  dtype=self.dtype_policy, name="dense_0")
+        self.dense_0.build((None, merged))
+        self.dense_1 = None
+        if self.width is not None:
+            self.dense_1 = FusedDense(self.width,
+                                      kernel_initializer="glorot_uniform",
+                                      dtype=self.dtype_policy, name="dense_1")
+            self.dense_1.build((None, merged))
+        self.built = True
+
+    def call(self, x, images=None):
+        k = self.merge_size
+        if images is None:
+            rows, cols = (g // k for g in self.grid_size)
+        else:  # the images' grid, in blocks (a side k does not divide
+            # is refused there)
+            rows, cols = runtime_grid(images, self.stride * k)
+        dim = int(x.shape[-1])
+        x = self.norm_layer(x)
+        x = ops.reshape(x, (-1, rows, k, cols, k, dim))
+        x = ops.reshape(ops.transpose(x, (0, 1, 3, 2, 4, 5)),
+                        (-1, k * k * dim))
+        x = self.dense_0(x)
+        if self.dense_1 is not None:
+            x = self.dense_1(x)
+        return ops.reshape(x, (-1, rows * cols, int(x.shape[-1])))
+
+    def compute_output_shape(self, x_shape, images_shape=None):
+        tokens = x_shape[1]
+        if tokens is not None:
+            tokens //= self.merge_size ** 2
+        width = (self.width if self.width is not None
+                 else x_shape[-1] * self.merge_size ** 2)
+        return (x_shape[0], tokens, width)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    stride=self.stride)

@@ -221,6 +221,30 @@ def check_family_options(options, classifier, pooling, include_top,
         raise ValueError(
             f"{', '.join(unused)} set the rotary embeddings, and rope=None "
             "builds none; received rope=None, " + ", ".join(unused))
+    if out["merge_size"] and (out["merge_size"] < 2 or token
+                              or out["num_registers"] or out["distilled"]
+                              or method == "map"):
+        raise ValueError(
+            "merge_size merges k x k blocks (k of 2 or more) of the patch "
+            "tokens alone and the pooling reads the merged tokens: it "
+            "needs no class, register or distillation token and pooling "
+            "by 'gap', 'max' or 'avgmax'; received merge_size="
+            f"{out['merge_size']}, class_token={token}, num_registers="
+            f"{out['num_registers']}, distilled={out['distilled']}, "
+            f"{'classifier' if include_top else 'pooling'}={method!r}")
+    if out["relative_bias"] is not None and (
+            not token or out["num_registers"] or out["distilled"]):
+        raise ValueError(
+            "relative_bias adds BEiT's bias over the class token and the "
+            "patches: it needs the class token and no register or "
+            f"distillation token; received relative_bias="
+            f"{out['relative_bias']!r}, class_token={token}, num_registers="
+            f"{out['num_registers']}, distilled={out['distilled']}")
+    if out["merge_width"] is not None and not out["merge_size"]:
+        raise ValueError(
+            "merge_width is the patch merger's output width, and "
+            "merge_size=0 builds no merger; received merge_width="
+            f"{out['merge_width']}, merge_size=0")
     if out["pool_heads"] is not None and method != "map":
         raise ValueError(
             "pool_heads sets the attention-pool head's heads "

@@ -5,7 +5,8 @@ hooks: at the tokens (an additive table, learned, learned 2D or sin-cos,
 resized in the graph for a dynamic-size model: :meth:`~PositionScheme.
 at_stem` once, or before each block) and in attention (the keyword
 arguments of a block's call: the 1D relative table, whose logits join the
-attention scores; the rotary table, which turns the queries and keys).
+attention scores; BEiT's 2D relative bias, added to them; the rotary
+table, which turns the queries and keys).
 The encoder calls :meth:`~PositionScheme.before_block` for each block and
 knows no kind by name.
 
@@ -79,6 +80,65 @@ class RelativePositionEmbedding(layers.Layer):
         config.update(grid_size=list(self.grid_size), num_heads=self.num_heads,
                       num_prefix_tokens=self.num_prefix_tokens)
         return config
+
+
+def relative_bias_index(grid):
+    """(N, N) row of BEiT's 2D relative bias table for each (query, key)
+    pair of the class token and a (rows, cols) grid of patches: patch
+    pairs by their offset ``(dr, dc)`` at row ``(dr + rows - 1) * (2 cols
+    - 1) + dc + cols - 1``, then three rows for the class token's pairs
+    (to a patch, from a patch, with itself), as BEiT and timm lay it out.
+
+    >>> relative_bias_index((1, 2)).tolist()
+    [[5, 3, 3], [4, 1, 0], [4, 2, 1]]
+    """
+    rows, cols = grid
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    r, c = r.reshape(-1), c.reshape(-1)
+    offsets = ((r[:, None] - r[None, :] + rows - 1) * (2 * cols - 1)
+               + c[:, None] - c[None, :] + cols - 1)
+    size = (2 * rows - 1) * (2 * cols - 1)
+    index = np.zeros((rows * cols + 1,) * 2, "int32")
+    index[1:, 1:] = offsets
+    index[0, :], index[:, 0], index[0, 0] = size, size + 1, size + 2
+    return index
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class RelativePositionBias(layers.Layer):
+    """BEiT's relative position bias (``relative_bias``): a learned bias
+    per head for each 2D offset between two patches of a ``grid_size``
+    grid and three for the class token's pairs (:func:`relative_bias_index`),
+    table (rows, heads); called on the tokens, it returns the (1, heads, N,
+    N) bias the attention adds to its logits."""
+
+    def __init__(self, grid_size, num_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+
+    def build(self, input_shape):
+        rows, cols = self.grid_size
+        self.table = self.add_weight(
+            name="table", shape=((2 * rows - 1) * (2 * cols - 1) + 3,
+                                 self.num_heads),
+            initializer=keras.initializers.Zeros())
+        self.built = True
+
+    def call(self, x):
+        index = relative_bias_index(self.grid_size)
+        bias = ops.take(ops.cast(self.table, x.dtype), index.reshape(-1),
+                        axis=0)
+        bias = ops.reshape(bias, index.shape + (self.num_heads,))
+        return ops.transpose(bias, (2, 0, 1))[None]
+
+    def compute_output_shape(self, input_shape):
+        tokens = self.grid_size[0] * self.grid_size[1] + 1
+        return (1, self.num_heads, tokens, tokens)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    num_heads=self.num_heads)
 
 
 ROPE_FORMS = options.choices("rope")[1:]
@@ -192,13 +252,22 @@ class RotaryEmbedding(layers.Layer):
         return config
 
 
-def check_dynamic_image_size(dynamic_image_size, position_embedding):
+def check_dynamic_image_size(dynamic_image_size, position_embedding,
+                             family=None):
     """``dynamic_image_size`` as a bool, or a ValueError naming it: the
-    relative position table holds one row per 1D offset of the grid it was
+    relative position tables (the 1D one, BEiT's 2D bias of the
+    ``family`` options) hold one row per offset of the grid they were
     built for, which no resize in the graph can extend faithfully."""
     if not isinstance(dynamic_image_size, bool):
         raise ValueError("dynamic_image_size must be True or False; "
                          f"received dynamic_image_size={dynamic_image_size!r}")
+    bias = (family or {}).get("relative_bias")
+    if dynamic_image_size and bias is not None:
+        raise ValueError(
+            f"relative_bias={bias!r} holds a bias per offset of the grid it "
+            "was built for: build the size you need with keras_vit.rebuild("
+            "model, image_size=...) instead of dynamic_image_size=True; "
+            f"received relative_bias={bias!r}, dynamic_image_size=True")
     if dynamic_image_size and position_embedding == "relative":
         raise ValueError(
             "dynamic_image_size=True resizes additive position tables in the "
@@ -260,6 +329,10 @@ class PositionScheme:
                 offset=family["rope_offset"],
                 indexing=family["rope_indexing"], dtype=dtype,
                 name="rotary_embedding")
+        self.bias_kind, self.bias = family["relative_bias"], None
+        if self.bias_kind == "shared":
+            self.bias = RelativePositionBias(grid, num_heads, dtype=dtype,
+                                             name="relative_bias")
 
     def _make(self, name):
         if self.kind == "relative":
@@ -303,6 +376,11 @@ class PositionScheme:
             if self.rope_table is None:  # one table for every block
                 self.rope_table = self._add(self.rope, x)
             position["rope"] = self.rope_table
+        if self.bias_kind is not None:
+            bias = self.bias or RelativePositionBias(
+                self.grid, self.num_heads, dtype=self.dtype,
+                name=f"relative_bias_{i}")
+            position["attention_bias"] = bias(x)
         layer = self._table(i)
         if layer is None:
             return x, position

@@ -165,7 +165,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         distilled = family["distilled"]
         prefix = options.prefix_tokens(family)
         dynamic = check_dynamic_image_size(dynamic_image_size,
-                                           position_embedding)
+                                           position_embedding, family)
 
         inputs, x, input_normalization = image_input(
             (None, None) if dynamic else spec["image_hw"],
@@ -227,6 +227,12 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         if family["final_norm"] and not family["fc_norm"]:
             x = _model_norm(norm, layer_norm_epsilon, dtype,
                             "encoder_norm")(x)
+        if family["merge_size"]:
+            x = vit_layers.PatchMerger(
+                spec["grid"], family["merge_size"], family["merge_width"],
+                norm, layer_norm_epsilon, spec["stride"] if dynamic
+                else None, dtype=dtype, name="merger")(
+                    x, *([inputs] if dynamic else []))
         method = spec["method"]
         if distilled and method is not None:
             x = _distilled_head(x, spec, head_bias_init,

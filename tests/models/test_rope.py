@@ -17,6 +17,7 @@ from timm.models.eva import Eva
 import keras_vit
 from keras_vit.zoo import layouts
 from keras_vit.zoo.timm.layout import TIMM_EVA
+from testkit import assert_features_are_timms
 
 pytestmark = pytest.mark.backends
 
@@ -158,16 +159,5 @@ def test_the_rotary_families_give_timms_logits(form, abs_pos):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         assert np.abs(want[0] - want[1]).max() > 1e-3
     # Dense-task features: each block's patch map and prefix tokens, as
-    # timm's forward_intermediates gives them (its NCHW transposed).
-    features = ours.intermediate_model([0, -1], prefix_tokens=True)(images)
-    with torch.no_grad():
-        timms = reference.forward_intermediates(
-            torch.from_numpy(images).permute(0, 3, 1, 2), indices=[0, 1],
-            return_prefix_tokens=True, intermediates_only=True)
-    for i, (maps, prefix) in zip((0, 1), timms):
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(features[f"block_{i}"]),
-            maps.numpy().transpose(0, 2, 3, 1), atol=1e-4, rtol=0)
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(features[f"block_{i}_prefix"]),
-            prefix.numpy(), atol=1e-4, rtol=0)
+    # timm's forward_intermediates gives them.
+    assert_features_are_timms(ours, reference, images)

@@ -5,15 +5,13 @@ the logits are timm's at the size it was built for and, the DINOv3
 models being dynamic-size, at another. What keras_vit does not compute
 is refused in one line naming the argument."""
 
-import json
 
 import pytest
 
 import keras
 from keras_vit import zoo
-from keras_vit.zoo.formats import FormatError
-from testkit import (assert_close_to_timm, random_images, random_timm_model,
-                     timm_forward)
+from testkit import (assert_close_to_timm, assert_refused_naming,
+                     random_images, random_timm_model, timm_forward)
 
 pytestmark = pytest.mark.backends
 
@@ -50,7 +48,7 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
 
 
 @pytest.mark.parametrize("setting, named", [
-    (dict(use_post_norm=True), "model_args.use_post_norm"),
+    (dict(attn_only_layer_scale=True), "model_args.attn_only_layer_scale"),
     (dict(rope_shift_coords=0.5), "model_args.rope_shift_coords"),
     (dict(rope_type="mixed"), "model_args.rope_type"),
     (dict(num_kv_heads=2), "model_args.num_kv_heads"),
@@ -59,10 +57,4 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
 def test_an_eva_setting_keras_vit_does_not_compute_is_named(
         tmp_path, setting, named):
     _, repo = _folder(tmp_path, "vit_small_patch16_dinov3", patch_size=8)
-    config = json.loads((repo / "config.json").read_text())
-    config.setdefault("model_args", {}).update(setting)
-    (repo / "config.json").write_text(json.dumps(config))
-    with pytest.raises(FormatError) as e:
-        zoo.load(str(repo))
-    message = str(e.value)
-    assert named in message and "\n" not in message, message
+    assert_refused_naming(repo, named, setting)

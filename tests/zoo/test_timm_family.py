@@ -49,6 +49,11 @@ FAMILY = {
         classifier="map", class_token=False, gelu="tanh")),
     "vit_base_patch16_siglip_gap_224": (32, 16, dict(
         classifier="gap", class_token=False)),
+    # Post-norm blocks (timm's ResPostBlock; init_values only starts
+    # their norms' scales, no layer scale).
+    "vit_base_patch16_rpn_224": (32, 16, dict(
+        post_norm=True, class_token=False, classifier="gap",
+        layer_scale=None, qkv_bias=False)),
     # The attention pool beside a class token and registers (timm pools
     # the patches only), asked for by timm's model_args.
     "vit_tiny_patch16_224": (32, 16, dict(

@@ -223,6 +223,9 @@ _READ_ONLY = {
     "dynamic_img_size": ("dynamic_image_size", bool_arg),
     # An argument of DeiT's builder: the distillation token and head.
     "distilled": ("distilled", bool_arg),
+    # timm's blocks: its pre-norm Block, or ResPostBlock (post-norm).
+    "block_fn": ("post_norm", _choice_arg({"Block": False,
+                                           "ResPostBlock": True})),
 }
 # timm's ViT size arguments -> keras_vit's.
 _TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
@@ -366,6 +369,10 @@ def honoured(config, arch, path, defaults=None):
             raise refuse("mlp_ratio", ratio, "(a packed GLU's projection "
                          f"must be even, and it gives {width} units)")
         out["mlp_dim"] = width // (2 if packed else 1)
+    if out.get("post_norm") and "layer_scale" in out:
+        # ResPostBlock has no layer scale: init_values only initialises
+        # its norms' scales, which the file holds.
+        del out["layer_scale"]
     options = dict(arch.config, **out)
     if arch.family == "vit":
         # timm's defaults that follow from other settings: the norm after

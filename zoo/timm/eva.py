@@ -1,6 +1,8 @@
-"""timm's EVA model (``eva.py``: DINOv3, EVA-02, Perception Encoder, ...)
-as keras_vit's ViT: its arguments mapped onto the builder's, each at a
-value keras_vit computes or refused in one line naming it.
+"""timm's EVA model (``eva.py``: DINOv3, EVA-02, Perception Encoder, ...),
+BEiT (``beit.py``, EVA's ancestor, the same names) and Qwen's vision
+towers (``qwen3_vit.py``, EVA's blocks) as keras_vit's ViT: its
+arguments mapped onto the builder's, each at a value keras_vit computes
+or refused in one line naming it.
 
 timm's ``Eva`` is the ViT with other names and defaults (average pooling,
 biases on the query and value only, layer scales ``gamma_1``/``gamma_2``)
@@ -34,14 +36,14 @@ from keras_vit.zoo.timm.arguments import norm_arg
 # timm's argument -> that value (None included).
 _FIXED = {
     "num_kv_heads": None, "attn_only_layer_scale": False,
-    "use_post_norm": False, "dynamic_img_pad": False,
+    "dynamic_img_pad": False,
     "patch_drop_rate": 0.0, "rope_shift_coords": None,
     "rope_jitter_coords": None, "rope_rescale_coords": None,
     "rope_mrope_section": None,
 }
 # What each of those is, for the refusal.
 _WHAT = {
-    "use_post_norm": "post-norm blocks", "num_kv_heads":
+    "num_kv_heads":
     "grouped queries", "patch_drop_rate": "patch dropout",
 }
 # The rotary forms keras_vit computes: timm's rope_type -> keras_vit's,
@@ -70,7 +72,9 @@ _READ = (
     "rope_temperature", "ref_feat_shape", "rope_grid_offset",
     "rope_grid_indexing", "attn_type", "scale_mlp", "scale_attn_inner",
     "dynamic_img_size", "mlp_ratio", "swiglu_mlp", "swiglu_align_to",
-    "attn_pool_num_heads", "attn_pool_mlp_ratio",
+    "attn_pool_num_heads", "attn_pool_mlp_ratio", "use_rel_pos_bias",
+    "use_post_norm",
+    "use_shared_rel_pos_bias",
     "img_size", "in_chans", "num_classes", "qkv_fused")
 
 # The checks of timm's ViT arguments, shared.
@@ -194,6 +198,12 @@ def honoured(args, path):
     # one qkv projection with its biases (the layout reads either).
     read("attn_type", _choice({"eva": "eva", "rope": "rope"},
                               "it builds the attention"), "eva")
+    # BEiT's relative position bias (timm's Beit shares EVA's names).
+    if read("use_shared_rel_pos_bias", _flag, False):
+        out["relative_bias"] = "shared"
+    elif read("use_rel_pos_bias", _flag, False):
+        out["relative_bias"] = "block"
+    out["post_norm"] = read("use_post_norm", _flag, False)
     out["mlp_norm"] = read("scale_mlp", _flag, False)
     out["attention_norm"] = read("scale_attn_inner", _flag, False)
     out["dynamic_image_size"] = read("dynamic_img_size", _flag, False)
@@ -213,6 +223,101 @@ def honoured(args, path):
         align = read("swiglu_align_to", _count, 0)
         out["mlp"] = "swiglu"
         out["mlp_dim"] = width + (-width % align if align else 0)
+    return out
+
+
+# Qwen's vision towers' arguments (timm's qwen3_vit.py, its classifier's
+# and its encoder's): each is read below or refused by name.
+_QWEN = ("embed_dim", "depth", "num_heads", "mlp_ratio", "patch_size",
+         "img_size", "in_chans", "num_classes", "global_pool",
+         "encoder_pool", "out_features", "merge_size", "pos_embed_grid_size",
+         "rope_temperature", "norm_eps", "act_layer", "final_norm",
+         "drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+
+
+def qwen_honoured(args, path, state):
+    """``(builder arguments, tokens)`` of a timm Qwen vision tower
+    (``qwen3_vit.py``) with arguments ``args`` and weights ``state``:
+    EVA's blocks with one q/k/v projection and its biases, a learned table
+    over the patches (no class token) beside EVA-02's rotary coordinates
+    with the halves turned, the tanh GELU, no norm after the blocks, and
+    the projector that merges 2 x 2 patches for the language model
+    (``merge_size``; ``merge_width`` the width of its last projection in
+    ``state``) where the tower has it. Its classifier pools the (merged)
+    tokens' mean, then a norm without a scale or bias (:func:`qwen_state`
+    gives ones and zeros), then the head; the encoder returns the
+    merger's tokens (``tokens`` True: no pooling, no head) or their mean.
+
+    >>> out, tokens = qwen_honoured({"embed_dim": 64, "depth": 2,
+    ...     "num_heads": 4, "mlp_ratio": 4.0, "patch_size": 16,
+    ...     "global_pool": "avg", "encoder_pool": "", "final_norm": True},
+    ...     "config.json", {})
+    >>> [out[k] for k in ("rope", "rope_halves", "class_token", "fc_norm")]
+    ['eva02', True, False, True]
+    """
+    def refuse(key, why):
+        return formats.fail(path, f"model_args.{key}", f"{key}="
+                            f"{shown(args.get(key), 60)} is a setting of "
+                            f"timm's Qwen towers keras_vit cannot honour "
+                            f"({why})")
+
+    for key in args:
+        if key not in _QWEN:
+            raise refuse(key, "an argument keras_vit's reader does not "
+                         "know, so cannot say what it computes")
+    classifier = "encoder_pool" in args
+    merger = args.get("encoder_pool" if classifier else "global_pool",
+                      "merge") == "merge"
+    pool = args.get("global_pool")
+    if classifier and pool != "avg" or pool not in ("avg", "merge", ""):
+        raise refuse("global_pool", "keras_vit pools the tokens' mean")
+    if args.get("act_layer") is not None:
+        raise refuse("act_layer", "keras_vit builds Qwen's tanh GELU")
+    norm = classifier and args.get("final_norm", True)
+    eva_args = {key: args[key] for key in (
+        *_SIZES, "mlp_ratio", "rope_temperature", "img_size", "in_chans",
+        *_DROPS) if key in args}
+    eva_args.update(
+        class_token=False, global_pool="avg", use_fc_norm=norm,
+        use_post_transformer_norm=False, qkv_bias=True,
+        norm_layer={"layer": "LayerNorm", "eps": args.get("norm_eps",
+                                                          1e-6)},
+        use_abs_pos_emb=True, use_rot_pos_emb=True, rope_type="cat",
+        rope_rotate_half=True, attn_type="rope",
+        # Any image whose grid the tower divides: the table resized to it.
+        dynamic_img_size=True)
+    out = dict(honoured(eva_args, path), gelu="tanh")
+    if merger:
+        out["merge_size"] = read_merge(args, path)
+        fc2 = next((v for k, v in state.items()
+                    if k.endswith("merger.fc2.weight")), None)
+        out["merge_width"] = None if fc2 is None else int(fc2.shape[0])
+    return out, not classifier and pool in ("merge", "")
+
+
+def read_merge(args, path):
+    """The merger's block side, timm's ``merge_size``: a count of 2 or
+    more, or the one line naming it."""
+    value = args.get("merge_size", 2)
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or value < 2):
+        raise formats.fail(path, "model_args.merge_size", "merge_size="
+                           f"{shown(value, 60)} is not a block side of 2 "
+                           "or more")
+    return value
+
+
+def qwen_state(state, honoured):
+    """A Qwen tower's ``state`` under EVA's names: the classifier's
+    ``encoder.`` taken off, and its norm after the pooling (no scale or
+    bias in timm's) as ones and zeros."""
+    out = {key.removeprefix("encoder."): value
+           for key, value in state.items()}
+    if honoured["fc_norm"]:
+        width = honoured["hidden_size"] * honoured.get("merge_size", 1) ** 2
+        width = (honoured.get("merge_width") or width,)
+        out = layouts.with_zeros(out, {"fc_norm.bias": width})
+        out.setdefault("fc_norm.weight", np.ones(width, "float32"))
     return out
 
 

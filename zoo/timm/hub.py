@@ -261,16 +261,22 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch, defaults = _architecture(config, name)
     state = read_safetensors(path)
+    tokens = False  # a tower whose output is its tokens (no head)
     is_bit = arch.family == "bit"
     # The file's architecture where the name is none of timm's (a named
     # member, EVA02-S/14): its own reader reads its own arguments.
     entry = (timm_arguments.table_entry(arch.name)
              or timm_arguments.table_entry(str(config.get("architecture")
                                                or "")))
-    if entry is not None and entry["module"] == "eva":
+    if entry is not None and entry["module"] in ("eva", "beit"):
         honoured = eva.honoured(_eva_args(entry, config), where)
         layout = TIMM_EVA
         state = eva.with_key_biases(state)
+    elif entry is not None and entry["module"] == "qwen3_vit":
+        honoured, tokens = eva.qwen_honoured(_eva_args(entry, config),
+                                             where, state)
+        layout = TIMM_EVA
+        state = eva.qwen_state(state, honoured)
     else:
         honoured = timm_arguments.honoured(config, arch, where, defaults)
         layout = TIMM_BIT if is_bit else TIMM
@@ -312,7 +318,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         family="bit" if is_bit else "vit", head=head, label_names=labels,
         layout=layout,
         head_config=_head_type(config, build_config, arrays, head, labels),
-        include_top=True,
+        include_top=not tokens,
         tags={"zoo_name": (hub_files.zoo_name(build_config) if honoured
                            and not is_bit and "resnet" not in build_config
                            else arch.name), "zoo_weights": None,

@@ -50,6 +50,8 @@ def _family_args(config):
         if (row.timm is not None and row.timm.name not in args
                 and options[row.name] != row.default):
             args[row.timm.name] = row.timm.write(options[row.name])
+    if options["post_norm"]:
+        return _post_norm_args(options, config, token, pools, args)
     # timm's default is the exact GELU: the others are named, so that timm
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
@@ -100,6 +102,35 @@ def _family_args(config):
     # timm's distilled DeiT is a class of its own, built by its name.
     return ("deit_base_distilled_patch16_224" if options["distilled"]
             else None), args
+
+
+# timm's post-norm ViT (ResPostBlock); its function's own settings are
+# written over.
+POST_NORM = "vit_base_patch16_rpn_224"
+
+
+def _post_norm_args(options, config, token, pools, args):
+    """``(POST_NORM, model_args)`` of a post-norm model: timm's ResPostBlock
+    has no layer scale and its ViT the plain GELU MLP and LayerNorm; the
+    options its architecture function sets are written as the model's."""
+    gelu = config.get("gelu", "tanh")
+    epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if (options["layer_scale"] is not None or options["mlp"] != "gelu"
+            or options["norm"] != "layer" or options["patch_norm"]
+            or options["distilled"] or epsilon != 1e-6 or gelu != "exact"):
+        raise ValueError(
+            "timm's post-norm blocks (ResPostBlock) have no layer scale, "
+            "the exact GELU MLP and LayerNorm epsilon 1e-6, without a "
+            "distillation token; the model has post_norm=True, layer_scale="
+            f"{options['layer_scale']}, mlp={options['mlp']!r}, gelu="
+            f"{gelu!r}, norm={options['norm']!r}, layer_norm_epsilon="
+            f"{epsilon}, distilled={options['distilled']}")
+    classifier = {"avg": "gap"}.get(config.get("classifier", "token"),
+                                    config.get("classifier", "token"))
+    return POST_NORM, dict(args, class_token=token,
+                           global_pool=pools[classifier],
+                           fc_norm=bool(options["fc_norm"]),
+                           qkv_bias=options["qkv_bias"])
 
 
 # timm's one SwiGLU ViT with LayerNorm (the packed MLP).
