@@ -70,7 +70,11 @@ import time
 from unittest import mock
 
 MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid", "eva",
-           "qwen3_vit", "beit")
+           "qwen3_vit", "beit", "naflexvit", "vision_transformer_relpos",
+           "deepseek_vit", "gemma4_vit", "vision_transformer_sam")
+# The modules whose architectures are tabled with their class's defaults
+# (the ViT modules' with VisionTransformer's sizes).
+OWN_CLASSES = MODULES[3:]
 # The function of each module its architecture functions build through.
 BUILDERS = {"vision_transformer": "_create_vision_transformer",
             "deit": "_create_deit",
@@ -78,7 +82,15 @@ BUILDERS = {"vision_transformer": "_create_vision_transformer",
             "eva": "_create_eva",
             "qwen3_vit": ("_create_qwen3_vit_classifier",
                           "_create_qwen3_vit_encoder"),
-            "beit": "_create_beit"}
+            "beit": "_create_beit",
+            "naflexvit": ("_create_naflexvit", "_create_naflexvit_from_classic",
+                          "_create_naflexvit_from_eva"),
+            "vision_transformer_relpos": "_create_vision_transformer_relpos",
+            "deepseek_vit": ("_create_deepseek_vit_classifier",
+                             "_create_deepseek_vit_encoder"),
+            "gemma4_vit": ("_create_gemma4_vit_encoder",
+                           "_create_gemma4_vit_classifier"),
+            "vision_transformer_sam": "_create_vision_transformer"}
 # EVA's arguments a table row leaves out (the rest are completed with
 # Eva's defaults, which differ from VisionTransformer's; Qwen's towers
 # with their classes').
@@ -86,6 +98,9 @@ EVA_UNSTATED = frozenset({"in_chans", "num_classes", "device", "dtype",
                           "head_init_scale"})
 # The most parameters an architecture may have at the walked depth (1).
 MAX_PARAMETERS = 500_000_000
+# The architectures the family's coverage is counted over: up to this many
+# parameters at full depth.
+GOAL_PARAMETERS = 700_000_000
 CLASSES = 5
 TOLERANCE = 1e-5
 HYBRID_TOLERANCE = 1e-4
@@ -113,6 +128,14 @@ WRONG_TABLE = ("keras_vit's table gives the name other options (the "
 # A refusal's message -> the feature it names (first match wins), for
 # refusals the probe cannot refine (hybrids, distilled DeiT).
 MESSAGES = (
+    # The modules keras_vit does not read, refused by module.
+    ("NaFlex (naflexvit)", r"naflexvit\.py"),
+    ("relative position MLP (vision_transformer_relpos)",
+     r"vision_transformer_relpos\.py"),
+    ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
+    ("Gemma 4's towers (gemma4_vit)", r"gemma4_vit\.py"),
+    ("SAM's windowed attention (vision_transformer_sam)",
+     r"vision_transformer_sam\.py"),
     ("hybrid backbone ResNet-D (resnet26d/50d)", r"ResNet-D hybrids"),
     ("hybrid backbone (other)", r"HybridEmbed|ConvStem|backbone"),
     ("attention pool variant", r"attn_pool|latent_len"),
@@ -295,13 +318,14 @@ def table_entry(name, module):
 
     args = architecture_args(name, module)
     model = meta_model(name)
-    if module in ("eva", "qwen3_vit", "beit"):
+    if module in OWN_CLASSES:
         # Every argument of the class the builder makes (Eva, Beit, Qwen's
         # classifier or encoder), at its default where the function
         # passes none.
         for key, parameter in inspect.signature(
                 type(model)).parameters.items():
-            if key not in EVA_UNSTATED:
+            if key not in EVA_UNSTATED and parameter.kind not in (
+                    parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
                 args.setdefault(key, describe(parameter.default, key))
     elif "backbone" not in args:
         defaults = inspect.signature(VisionTransformer).parameters
@@ -311,7 +335,10 @@ def table_entry(name, module):
                                                     args["depth"]):
             raise LookupError(f"timm's {name} builds other sizes than its "
                               f"arguments say: {args}")
-    height, width = _patch_embed(model).img_size
+    embed = _patch_embed(model)
+    size = getattr(embed, "img_size", None) or model.pretrained_cfg[
+        "input_size"][1:]
+    height, width = (size, size) if isinstance(size, int) else size
     args.setdefault("img_size", height if height == width else [height,
                                                                 width])
     # The pooling timm's builder fills in from the default pretrained
@@ -349,6 +376,22 @@ def write_table(path, arches=None):
     return len(rows)
 
 
+def features(module, args):
+    """The option values an architecture of ``module`` with timm's
+    arguments ``args`` carries, as the walk tells them apart: each
+    option's feature (:func:`argument_feature`), or for a module keras_vit
+    does not read (refused whole), the module.
+
+    >>> features("vision_transformer_sam", {"window_size": 14})
+    {('module', 'vision_transformer_sam')}
+    """
+    from keras_vit.zoo.timm.arguments import READ_MODULES
+
+    if module not in READ_MODULES:
+        return {("module", module)}
+    return {(k, argument_feature(k, v)) for k, v in options(args).items()}
+
+
 def representatives(arches):
     """A few architectures that together carry every option value timm's
     ViT family uses (``{name: (module, tags)}`` in, names out): the
@@ -366,8 +409,7 @@ def representatives(arches):
     for name, (module, _) in arches.items():
         args = architecture_args(name, module)
         carried[name] = ((args.get("embed_dim", 0), name),
-                         {(k, argument_feature(k, v))
-                          for k, v in options(args).items()})
+                         features(module, args))
     chosen = [min(carried, key=lambda n: (bool(carried[n][1]),
                                           carried[n][0]))]
     covered = set(carried[chosen[0]][1])
@@ -807,6 +849,18 @@ def details(rows):
     return lines
 
 
+def _share_up_to(rows, parameters):
+    """``"S% (loaded of tags)"``: the pretrained tags that load exactly
+    among those of the architectures of at most ``parameters`` parameters
+    at full depth."""
+    small = [r for r in rows if r["parameters"] is not None
+             and r["parameters"] <= parameters]
+    tags = _tags(small)
+    loaded = _tags([r for r in small if r["status"] == EXACT])
+    return (f"{100.0 * loaded / tags if tags else 0.0:.1f}% ({loaded} of "
+            f"{tags})")
+
+
 def report(rows, command, seconds=None):
     """The markdown page: how it was made, the summary tables, one row
     per architecture."""
@@ -840,6 +894,9 @@ def report(rows, command, seconds=None):
         f"{100.0 * loaded / walked if walked else 0.0:.1f}% of the "
         f"{walked} tags walked (the architectures under "
         f"{MAX_PARAMETERS / 1e6:.0f}M parameters at depth 1)",
+        f"- **{_share_up_to(rows, GOAL_PARAMETERS)}** of the tags of the "
+        f"architectures up to {GOAL_PARAMETERS / 1e6:.0f}M parameters at "
+        "full depth",
     ]
     if seconds is not None:
         head.append(f"- walk time: {seconds / 60:.1f} min")

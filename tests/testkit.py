@@ -59,7 +59,7 @@ OPTION_EXAMPLES = {
     "norm": ("rms", {}),
     "patch_norm": (True, {}),
     "head_type": ("projection", {}),
-    "rope": ("dinov3", {}),
+    "rope": ("mixed", {}),
     "rope_temperature": (10000.0, dict(rope="dinov3")),
     "rope_grid": ([3, 5], dict(rope="eva02")),
     "mlp_norm": (True, {}),

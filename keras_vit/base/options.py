@@ -345,7 +345,8 @@ OPTIONS = (
            params=lambda v, s: (0, s.norm(s.width) * v),
            weights=(Weight("patch_embedding/norm", "norm",
                            "patch_embed.norm", "embedding_norm"),)),
-    Option("rope", None, choice(None, "dinov3", "eva02"), False, None,
+    Option("rope", None, choice(None, "dinov3", "eva02", "mixed"), True,
+           None,
            "rotary position embeddings of each head's queries and keys, "
            "the patches' (the class and register tokens are not turned), "
            "beside any additive table: 'dinov3', DINOv3's (each patch's row "
@@ -353,7 +354,13 @@ OPTIONS = (
            "rope_temperature ** (2k / (head_dim / 2)), halves rotated); "
            "'eva02', EVA-02's (the patch's row and column indices, scaled "
            "to rope_grid, periods rope_temperature ** (k / (head_dim / 4)), "
-           "adjacent pairs rotated); None: none", block=True),
+           "adjacent pairs rotated); 'mixed', RoPE-ViT's (Heo et al. "
+           "2024: learned frequencies per block and head, each angle a "
+           "mix of the column and row indices, adjacent pairs rotated; "
+           "rope_temperature sets their start); None: none", block=True,
+           params=lambda v, s: ((v == "mixed") * s.width, 0),
+           weights=(Weight("rotary_embedding/freqs", "vector", "rope.freqs",
+                           "Transformer/rope_freqs"),)),
     Option("rope_halves", None, optional_flag, False, None,
            "the pairs of features the rotary embeddings turn: True, the "
            "two halves of each head's features (DINOv3's; timm's "

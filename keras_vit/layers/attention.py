@@ -17,7 +17,8 @@ from keras_vit.runtime import kernels
 def rotate(x, table, adjacent=False):
     """Rotary position embedding (Su et al. 2021) of ``x`` (batch, tokens,
     heads, head_dim) by ``table`` (tokens, 2 * head_dim: each token's sines,
-    then its cosines, over the head's features): ``x * cos + r(x) * sin``
+    then its cosines, over the head's features; or one such table per head,
+    (heads, tokens, 2 * head_dim)): ``x * cos + r(x) * sin``
     with ``r([a, b]) = [-b, a]`` over the two halves of the features (the
     "rotate half" layout of DINOv3 and GPT-NeoX), in float32, cast
     back to ``x``'s dtype. A token whose sines are 0 and cosines 1 (the
@@ -38,7 +39,10 @@ def rotate(x, table, adjacent=False):
     [[[[-2.0, 1.0]]]]
     """
     sin, cos = ops.split(ops.cast(table, "float32"), 2, axis=-1)
-    sin, cos = sin[None, :, None, :], cos[None, :, None, :]
+    if len(table.shape) == 3:  # one table per head (heads, tokens, .)
+        sin, cos = (ops.transpose(t, (1, 0, 2))[None] for t in (sin, cos))
+    else:
+        sin, cos = sin[None, :, None, :], cos[None, :, None, :]
     y = ops.cast(x, "float32")
     if adjacent:
         width = int(x.shape[-1])
@@ -230,8 +234,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         (:func:`rotate`) after their norms."""
         q, k, v = self._qkv(x)
         if rope is not None:
-            adjacent = (self.rope == "eva02" if self.rope_halves is None
-                        else not self.rope_halves)
+            adjacent = (self.rope in ("eva02", "mixed")
+                        if self.rope_halves is None else not self.rope_halves)
             q, k = rotate(q, rope, adjacent), rotate(k, rope, adjacent)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)

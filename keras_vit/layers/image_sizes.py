@@ -34,6 +34,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import json
 import sys
 
@@ -232,7 +234,11 @@ def image_sizes(model):
         strides += [layer.patch_size for layer in layers
                     if getattr(layer, "patch_size", None)
                     and layer.name.startswith("patch_embedding")]
-        sizes = ImageSizes(multiple=max(strides, default=1),
+        # A layer that needs more says so (the patch merger: its blocks
+        # of patches).
+        strides += [layer.image_multiple for layer in layers
+                    if getattr(layer, "image_multiple", None)]
+        sizes = ImageSizes(multiple=math.lcm(*strides) if strides else 1,
                            channels=channels)
     model.__dict__["_keras_vit_image_sizes"] = sizes
     return sizes

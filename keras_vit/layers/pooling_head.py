@@ -151,6 +151,12 @@ class PatchMerger(KeptArguments, layers.Layer):
                 f"patches: it needs 2 or more, dividing the patch grid "
                 f"{self.grid_size[0]} x {self.grid_size[1]}")
 
+    @property
+    def image_multiple(self):
+        """What an image side must be a multiple of (a dynamic-size
+        model's), or None: a whole block of patches."""
+        return None if self.stride is None else self.stride * self.merge_size
+
     def build(self, x_shape, images_shape=None):
         dim = int(x_shape[-1])
         merged = dim * self.merge_size ** 2

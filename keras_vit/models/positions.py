@@ -141,8 +141,9 @@ class RelativePositionBias(layers.Layer):
                     num_heads=self.num_heads)
 
 
-ROPE_FORMS = options.choices("rope")[1:]
-"""The rotary embeddings' forms (the ``rope`` option)."""
+ROPE_FORMS = ("dinov3", "eva02")
+"""The rotary embeddings' forms of one table for every block (``rope="mixed"``
+learns one per block: :class:`MixedRotaryEmbedding`)."""
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -252,6 +253,97 @@ class RotaryEmbedding(layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class MixedRotaryEmbedding(layers.Layer):
+    """RoPE-ViT's mixed rotary table (``rope="mixed"``, Heo et al. 2024):
+    learned frequencies ``freqs`` (2, blocks, heads, head_dim / 2), the
+    columns' then the rows', so that block ``i``'s head ``h`` turns its
+    feature pair ``k`` of patch ``(r, c)`` by ``x * freqs[0, i, h, k] + y *
+    freqs[1, i, h, k]``, with ``x = c``, ``y = r`` (``indexing="ij"``
+    swaps them) plus ``offset``; adjacent pairs turned. Called on the
+    tokens with the block's index, it returns that block's table, one per
+    head (heads, tokens, 2 * head_dim); the ``num_prefix_tokens`` before
+    the patches are not turned. Initialised as RoPE-ViT does: the axial
+    rates ``temperature ** (-4k / head_dim)``, turned by a random angle per
+    block and head.
+
+    >>> import numpy as np
+    >>> rope = MixedRotaryEmbedding((2, 3), 8, 2, 4, num_prefix_tokens=1)
+    >>> tuple(rope(np.zeros((1, 7, 16), "float32"), block=3).shape)
+    (2, 7, 16)
+    """
+
+    def __init__(self, grid_size, head_dim, num_heads, depth,
+                 num_prefix_tokens=0, temperature=10.0, stride=None,
+                 offset=0.0, indexing="xy", **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.head_dim, self.num_heads = int(head_dim), int(num_heads)
+        self.depth = int(depth)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.temperature = float(temperature)
+        self.stride = None if stride is None else int(stride)
+        self.offset = options.number("rope_offset", offset)
+        self.indexing = check_choice("rope_indexing", indexing,
+                                     options.choices("rope_indexing"))
+        if self.head_dim % 4:
+            raise ValueError(
+                "rope='mixed' turns each head's features in pairs by two "
+                "axes: it needs a head width divisible by 4; received head "
+                f"width {self.head_dim} (hidden_size / num_heads)")
+
+    def _initial(self, shape, dtype=None):
+        rates = self.temperature ** (-np.arange(0, self.head_dim, 4)
+                                     / self.head_dim)
+        turn = ops.convert_to_numpy(keras.random.uniform(
+            (self.depth, self.num_heads, 1), 0, 2 * np.pi))
+        fx = np.concatenate([rates * np.cos(turn),
+                             rates * np.cos(turn + np.pi / 2)], -1)
+        fy = np.concatenate([rates * np.sin(turn),
+                             rates * np.sin(turn + np.pi / 2)], -1)
+        return ops.convert_to_tensor(np.stack([fx, fy]).astype("float32"),
+                                     dtype)
+
+    def build(self, x_shape, images_shape=None):
+        self.freqs = self.add_weight(
+            name="freqs", shape=(2, self.depth, self.num_heads,
+                                 self.head_dim // 2),
+            initializer=self._initial)
+        self.built = True
+
+    def call(self, x, images=None, block=0):
+        rows, cols = (self.grid_size if images is None
+                      else vit_layers.runtime_grid(images, self.stride))
+        r = ops.cast(ops.arange(rows), "float32") + np.float32(self.offset)
+        c = ops.cast(ops.arange(cols), "float32") + np.float32(self.offset)
+        y = ops.reshape(ops.repeat(r[:, None], cols, axis=1), (1, -1, 1))
+        x_ = ops.reshape(ops.tile(c[None, :], (rows, 1)), (1, -1, 1))
+        if self.indexing == "ij":
+            x_, y = y, x_
+        freqs = ops.cast(self.freqs, "float32")
+        angles = (x_ * freqs[0, block][:, None, :]
+                  + y * freqs[1, block][:, None, :])  # (heads, N, hd / 2)
+        angles = ops.concatenate([angles, angles], axis=-1)
+        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+        prefix = ops.concatenate(
+            [ops.zeros((self.num_heads, self.num_prefix_tokens,
+                        self.head_dim)),
+             ops.ones((self.num_heads, self.num_prefix_tokens,
+                       self.head_dim))], axis=-1)
+        return ops.concatenate([prefix, table], axis=1)
+
+    def compute_output_shape(self, x_shape, images_shape=None):
+        return (self.num_heads, x_shape[1], 2 * self.head_dim)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    head_dim=self.head_dim, num_heads=self.num_heads,
+                    depth=self.depth,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                    temperature=self.temperature, stride=self.stride,
+                    offset=self.offset, indexing=self.indexing)
+
+
 def check_dynamic_image_size(dynamic_image_size, position_embedding,
                              family=None):
     """``dynamic_image_size`` as a bool, or a ValueError naming it: the
@@ -307,11 +399,12 @@ class PositionScheme:
             ``rotary_embedding``) to every block's attention, whatever
             the additive kind.
         head_dim: each attention head's width (for ``rope``).
+        depth: the blocks (``rope="mixed"`` learns a table for each).
     """
 
     def __init__(self, kind, placement, grid, num_prefix_tokens, num_heads,
                  dtype=None, images=None, stride=None, family=None,
-                 head_dim=None):
+                 head_dim=None, depth=1):
         self.kind, self.placement = kind, placement
         self.grid, self.prefix = grid, num_prefix_tokens
         self.num_heads, self.dtype = num_heads, dtype
@@ -321,7 +414,14 @@ class PositionScheme:
             self.shared = self._make("position_embedding")
         family = dict(options.DEFAULTS, **(family or {}))
         self.rope, self.rope_table = None, None
-        if family["rope"] is not None:
+        if family["rope"] == "mixed":
+            self.rope = MixedRotaryEmbedding(
+                grid, head_dim, num_heads, depth, options.prefix_tokens(
+                    family), temperature=family["rope_temperature"],
+                stride=stride, offset=family["rope_offset"],
+                indexing=family["rope_indexing"], dtype=dtype,
+                name="rotary_embedding")
+        elif family["rope"] is not None:
             self.rope = RotaryEmbedding(
                 grid, head_dim, options.prefix_tokens(family),
                 form=family["rope"], temperature=family["rope_temperature"],
@@ -372,7 +472,9 @@ class PositionScheme:
         ``relative_embedding``. ``"every_layer"`` makes block ``i``'s table
         here: call it once per block."""
         position = {}
-        if self.rope is not None:
+        if isinstance(self.rope, MixedRotaryEmbedding):  # one per block
+            position["rope"] = self.rope(x, images=self.images, block=i)
+        elif self.rope is not None:
             if self.rope_table is None:  # one table for every block
                 self.rope_table = self._add(self.rope, x)
             position["rope"] = self.rope_table

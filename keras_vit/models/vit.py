@@ -217,7 +217,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             prefix if table_covers_prefix else 0, spec["num_heads"], dtype,
             images=inputs if dynamic else None,
             stride=spec["stride"] if dynamic else None, family=family,
-            head_dim=spec["hidden_size"] // spec["num_heads"])
+            head_dim=spec["hidden_size"] // spec["num_heads"], depth=depth)
         x, scores = _encode(
             x, blocks, scheme, None if table_covers_prefix else prepend,
             layers.Dropout(spec["dropout_rate"], dtype=dtype,

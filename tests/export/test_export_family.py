@@ -24,6 +24,14 @@ MODELS = {
     # them), pooled by the attention-pool head.
     "pooled": FAMILY_OPTIONS,
     "distilled": dict(distilled=True, gelu="quick", fc_norm=False),
+    # BEiT-like: a relative bias table per block, post-norm blocks.
+    "beit": dict(class_token=True, classifier="gap", fc_norm=True,
+                 relative_bias="block", post_norm=True, layer_scale=0.5),
+    # Qwen-like: EVA-02's rotary coordinates with the halves turned, the
+    # patch merger, any image size.
+    "merged": dict(class_token=False, classifier="gap", final_norm=False,
+                   rope="eva02", rope_halves=True, merge_size=2,
+                   merge_width=5, dynamic_image_size=True),
 }
 
 

@@ -105,6 +105,12 @@ _FORMS = {
                      dict(mlp_dim=4 * WIDTH, classifier="gap", fc_norm=True,
                           rope="eva02", rope_halves=True, rope_grid=(3, 5),
                           rope_temperature=1e4)),
+    # RoPE-ViT's mixed form: learned frequencies per block and head.
+    "mixed": (dict(rope_type="mixed", attn_type="rope",
+                   rope_grid_indexing="xy", rope_temperature=10.0,
+                   global_pool="token", init_values=1e-5),
+              dict(mlp_dim=4 * WIDTH, classifier="token", layer_scale=1e-5,
+                   rope="mixed", rope_temperature=10.0, rope_indexing="xy")),
     "dinov3_xy": (dict(rope_type="dinov3", rope_rotate_half=True,
                        rope_grid_indexing="xy", rope_grid_offset=0.5,
                        rope_temperature=100.0),
@@ -131,6 +137,7 @@ def _timm_form(form, abs_pos):
                                            ("rope_vit_pe", False),
                                            ("pe_core", False),
                                            ("eva02_halves", True),
+                                           ("mixed", False),
                                            ("dinov3_xy", False)])
 def test_the_rotary_families_give_timms_logits(form, abs_pos):
     """The rotary forms and their options (rope_grid, rope_offset,

@@ -56,6 +56,43 @@ def table():
         return json.load(f)
 
 
+# timm's modules of the ViT family whose architectures keras_vit builds
+# (their readers: this module's, and eva.py's for EVA, BEiT and Qwen's
+# towers), and what each of the others builds that keras_vit does not.
+READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
+                "eva", "beit", "qwen3_vit")
+UNREAD_MODULES = {
+    "naflexvit": "NaFlex: patches of any aspect ratio with their "
+                 "coordinates and a padding mask",
+    "vision_transformer_relpos": "relative position biases from an MLP "
+                                 "of log-spaced offsets (RelPosMlp)",
+    "deepseek_vit": "DeepSeek's blocks (a SwiGLU MLP without biases "
+                    "beside biased attention) and its 3 x 3 aligner",
+    "gemma4_vit": "Gemma 4's blocks (four norms each, q/k/v norms, a "
+                  "gated MLP) and its 2D rotary form",
+    "vision_transformer_sam": "SAM's windowed attention with decomposed "
+                              "relative positions and its convolutional "
+                              "neck",
+}
+
+
+def check_module(name):
+    """Refuses, in one line naming them, timm's architecture ``name`` of
+    a module keras_vit does not build (:data:`UNREAD_MODULES`).
+
+    >>> check_module("samvit_base_patch16")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: timm's samvit_base_patch16 (vision_transformer_sam.py) ...
+    """
+    entry = table_entry(name)
+    if entry is not None and entry["module"] not in READ_MODULES:
+        raise ValueError(
+            f"timm's {name.partition('.')[0]} ({entry['module']}.py) builds "
+            f"{UNREAD_MODULES.get(entry['module'], 'another model')}, which "
+            "keras_vit does not; the ViT family's modules it reads: "
+            + ", ".join(READ_MODULES))
+
+
 def architecture(name):
     """``(Arch, options)`` of timm's ViT architecture ``name`` (a tag
     after ``.`` is ignored) from the table: the sizes as an

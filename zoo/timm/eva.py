@@ -48,8 +48,8 @@ _WHAT = {
 }
 # The rotary forms keras_vit computes: timm's rope_type -> keras_vit's,
 # and the pairs of features each turns (timm's rope_rotate_half).
-_ROPE = {"dinov3": "dinov3", "cat": "eva02"}
-_HALVES = {"dinov3": True, "eva02": False}
+_ROPE = {"dinov3": "dinov3", "cat": "eva02", "mixed": "mixed"}
+_HALVES = {"dinov3": True, "eva02": False, "mixed": False}
 # timm's EVA poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max",
           "map": "map"}

@@ -148,6 +148,7 @@ def _architecture(config, name):
         raise ValueError("the timm weights carry no config.json naming the "
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
+    timm_arguments.check_module(arch_name)
     found = timm_arguments.architecture(arch_name)
     if found is not None:
         return found
