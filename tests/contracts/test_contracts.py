@@ -79,6 +79,13 @@ CASES = {
     "RotaryEmbedding": (
         dict(grid_size=(2, 2), head_dim=4, num_prefix_tokens=1,
              temperature=50.0), lambda: _rng_input((2, 5, 8))),
+    "MixedRotaryEmbedding": (
+        dict(grid_size=(2, 2), head_dim=4, num_heads=2, depth=2,
+             num_prefix_tokens=1), lambda: _rng_input((2, 5, 8))),
+    "RelativePositionBias": (dict(grid_size=(2, 2), num_heads=2),
+                             lambda: _rng_input((2, 5, 8))),
+    "PatchMerger": (dict(grid_size=(2, 4), merge_size=2, width=6),
+                    lambda: _rng_input((2, 8, 8))),
     "FusedConv2D": (dict(filters=4, kernel_size=[2, 2], strides=[2, 2]),
                     lambda: _rng_input((2, 6, 6, 3))),
     "FusedDense": (dict(units=4, gelu="tanh"), lambda: _rng_input((2, 5, 8))),

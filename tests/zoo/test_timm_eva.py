@@ -50,7 +50,7 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
 @pytest.mark.parametrize("setting, named", [
     (dict(attn_only_layer_scale=True), "model_args.attn_only_layer_scale"),
     (dict(rope_shift_coords=0.5), "model_args.rope_shift_coords"),
-    (dict(rope_type="mixed"), "model_args.rope_type"),
+    (dict(rope_type="mrope"), "model_args.rope_type"),
     (dict(num_kv_heads=2), "model_args.num_kv_heads"),
     (dict(gated_attn=True), "model_args.gated_attn"),
 ])
