@@ -253,6 +253,20 @@ def attention_pool_params(config):
             + (d * mlp + mlp) + (mlp * d + d))
 
 
+def merged_widths(config):
+    """``(merged, pooled)``: the width of a token after the patch merger
+    (``merge_size`` k: k * k * hidden_size; the hidden size without one)
+    and the width the pooling and head read (``merge_width`` where the
+    merger has its second Dense).
+
+    >>> merged_widths({"hidden_size": 8, "merge_size": 2})
+    (32, 32)
+    """
+    merge = config.get("merge_size") or 1
+    merged = merge * merge * config["hidden_size"]
+    return merged, config.get("merge_width") or merged
+
+
 def parameter_count(config, image_size=None, num_classes=None,
                     representation_size=None):
     """The parameters of the model ``config`` builds (a registry config or
@@ -298,9 +312,7 @@ def parameter_count(config, image_size=None, num_classes=None,
         config, patch_size=pw), cols))
     representation_size = (representation_size
                            or config.get("representation_size"))
-    merge = config.get("merge_size") or 1
-    merged = merge * merge * d
-    pooled = config.get("merge_width") or merged
+    merged, pooled = merged_widths(config)
     width = representation_size or pooled
     first = mlp_first_width(mlp, config.get("mlp", "gelu"))
     # The 2020 ViT without its options: the patch kernel, a learned row per

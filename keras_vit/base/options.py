@@ -436,6 +436,10 @@ OPTIONS = (
            "extractor"),
 )
 
+# The pairs of features each rotary form turns unless rope_halves says:
+# True, the two halves; False, adjacent pairs.
+ROPE_HALVES = {"dinov3": True, "eva02": False, "mixed": False}
+
 ROWS = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}
 

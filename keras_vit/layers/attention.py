@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit.base.options import ROPE_HALVES
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
     FusedEinsumDense, KeptArguments, check_norm, make_norm, xavier_flat)
@@ -234,8 +235,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         (:func:`rotate`) after their norms."""
         q, k, v = self._qkv(x)
         if rope is not None:
-            adjacent = (self.rope in ("eva02", "mixed")
-                        if self.rope_halves is None else not self.rope_halves)
+            adjacent = not (ROPE_HALVES[self.rope] if self.rope_halves
+                            is None else self.rope_halves)
             q, k = rotate(q, rope, adjacent), rotate(k, rope, adjacent)
         if relative_embedding is not None:
             relative = relative_attention_bias(q, relative_embedding)

@@ -141,6 +141,26 @@ class RelativePositionBias(layers.Layer):
                     num_heads=self.num_heads)
 
 
+def _per_patch(y, x):
+    """The patches' (row, column) values, row-major, each (N, 1): ``y``
+    per row (rows,) and ``x`` per column (cols,)."""
+    rows, cols = ops.shape(y)[0], ops.shape(x)[0]
+    return (ops.reshape(ops.repeat(y[:, None], cols, axis=1), (-1, 1)),
+            ops.reshape(ops.tile(x[None, :], (rows, 1)), (-1, 1)))
+
+
+def _sin_cos_table(angles, num_prefix_tokens):
+    """A rotary table of ``angles`` (..., patches, head_dim / 2): each
+    angle once per half of the features, sines then cosines, after
+    ``num_prefix_tokens`` rows of sines 0 and cosines 1 (not turned)."""
+    angles = ops.concatenate([angles, angles], axis=-1)
+    table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+    half = (*tuple(table.shape[:-2]), num_prefix_tokens,
+            int(table.shape[-1]) // 2)
+    prefix = ops.concatenate([ops.zeros(half), ops.ones(half)], axis=-1)
+    return ops.concatenate([prefix, table], axis=-2)
+
+
 ROPE_FORMS = ("dinov3", "eva02")
 """The rotary embeddings' forms of one table for every block (``rope="mixed"``
 learns one per block: :class:`MixedRotaryEmbedding`)."""
@@ -224,21 +244,15 @@ class RotaryEmbedding(layers.Layer):
     def _angles(self, rows, cols):
         (y, x), rates = self._coordinates(rows, cols)
         rates = ops.convert_to_tensor(rates.astype("float32"))[None]
-        y = ops.reshape(ops.repeat(y[:, None], cols, axis=1), (-1, 1))
-        x = ops.reshape(ops.tile(x[None, :], (rows, 1)), (-1, 1))
+        y, x = _per_patch(y, x)
         first, second = (y, x) if self.indexing == "ij" else (x, y)
         return ops.concatenate([first * rates, second * rates], axis=-1)
 
     def call(self, x, images=None):
         rows, cols = (self.grid_size if images is None
                       else vit_layers.runtime_grid(images, self.stride))
-        angles = self._angles(rows, cols)
-        angles = ops.concatenate([angles, angles], axis=-1)
-        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
-        prefix = ops.concatenate(
-            [ops.zeros((self.num_prefix_tokens, self.head_dim)),
-             ops.ones((self.num_prefix_tokens, self.head_dim))], axis=-1)
-        return ops.concatenate([prefix, table], axis=0)
+        return _sin_cos_table(self._angles(rows, cols),
+                              self.num_prefix_tokens)
 
     def compute_output_shape(self, x_shape, images_shape=None):
         return (x_shape[1], 2 * self.head_dim)
@@ -314,23 +328,15 @@ class MixedRotaryEmbedding(layers.Layer):
     def call(self, x, images=None, block=0):
         rows, cols = (self.grid_size if images is None
                       else vit_layers.runtime_grid(images, self.stride))
-        r = ops.cast(ops.arange(rows), "float32") + np.float32(self.offset)
-        c = ops.cast(ops.arange(cols), "float32") + np.float32(self.offset)
-        y = ops.reshape(ops.repeat(r[:, None], cols, axis=1), (1, -1, 1))
-        x_ = ops.reshape(ops.tile(c[None, :], (rows, 1)), (1, -1, 1))
+        y, x_ = _per_patch(*(ops.cast(ops.arange(side), "float32")
+                             + np.float32(self.offset)
+                             for side in (rows, cols)))
         if self.indexing == "ij":
             x_, y = y, x_
         freqs = ops.cast(self.freqs, "float32")
-        angles = (x_ * freqs[0, block][:, None, :]
-                  + y * freqs[1, block][:, None, :])  # (heads, N, hd / 2)
-        angles = ops.concatenate([angles, angles], axis=-1)
-        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
-        prefix = ops.concatenate(
-            [ops.zeros((self.num_heads, self.num_prefix_tokens,
-                        self.head_dim)),
-             ops.ones((self.num_heads, self.num_prefix_tokens,
-                       self.head_dim))], axis=-1)
-        return ops.concatenate([prefix, table], axis=1)
+        angles = (x_[None] * freqs[0, block][:, None, :]
+                  + y[None] * freqs[1, block][:, None, :])  # (heads, N, .)
+        return _sin_cos_table(angles, self.num_prefix_tokens)
 
     def compute_output_shape(self, x_shape, images_shape=None):
         return (self.num_heads, x_shape[1], 2 * self.head_dim)

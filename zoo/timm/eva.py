@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.base import geometry
 from keras_vit.base.checks import shown
-from keras_vit.base.options import optional_grid
+from keras_vit.base.options import ROPE_HALVES, optional_grid
 from keras_vit.zoo import formats, layouts
 from keras_vit.zoo.timm import arguments
 from keras_vit.zoo.timm.arguments import norm_arg
@@ -46,10 +47,9 @@ _WHAT = {
     "num_kv_heads":
     "grouped queries", "patch_drop_rate": "patch dropout",
 }
-# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's,
-# and the pairs of features each turns (timm's rope_rotate_half).
+# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's
+# (the pairs each turns, timm's rope_rotate_half, are options.ROPE_HALVES).
 _ROPE = {"dinov3": "dinov3", "cat": "eva02", "mixed": "mixed"}
-_HALVES = {"dinov3": True, "eva02": False, "mixed": False}
 # timm's EVA poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max",
           "map": "map"}
@@ -73,8 +73,7 @@ _READ = (
     "rope_grid_indexing", "attn_type", "scale_mlp", "scale_attn_inner",
     "dynamic_img_size", "mlp_ratio", "swiglu_mlp", "swiglu_align_to",
     "attn_pool_num_heads", "attn_pool_mlp_ratio", "use_rel_pos_bias",
-    "use_post_norm",
-    "use_shared_rel_pos_bias",
+    "use_shared_rel_pos_bias", "use_post_norm",
     "img_size", "in_chans", "num_classes", "qkv_fused")
 
 # The checks of timm's ViT arguments, shared.
@@ -186,7 +185,7 @@ def honoured(args, path):
         out["rope"] = read("rope_type", _choice(
             _ROPE, "of timm's rotary forms it computes"), "cat")
         halves = read("rope_rotate_half", _flag, False)
-        if halves != _HALVES[out["rope"]]:
+        if halves != ROPE_HALVES[out["rope"]]:
             out["rope_halves"] = halves
         out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
         if out["rope"] == "eva02":  # DINOv3's ignores it, as timm's does
@@ -314,8 +313,7 @@ def qwen_state(state, honoured):
     out = {key.removeprefix("encoder."): value
            for key, value in state.items()}
     if honoured["fc_norm"]:
-        width = honoured["hidden_size"] * honoured.get("merge_size", 1) ** 2
-        width = (honoured.get("merge_width") or width,)
+        width = (geometry.merged_widths(honoured)[1],)
         out = layouts.with_zeros(out, {"fc_norm.bias": width})
         out.setdefault("fc_norm.weight", np.ones(width, "float32"))
     return out

@@ -51,7 +51,8 @@ def _family_args(config):
                 and options[row.name] != row.default):
             args[row.timm.name] = row.timm.write(options[row.name])
     if options["post_norm"]:
-        return _post_norm_args(options, config, token, pools, args)
+        return _post_norm_args(options, config, args, class_token=token,
+                               global_pool=pools[classifier])
     # timm's default is the exact GELU: the others are named, so that timm
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
@@ -109,10 +110,11 @@ def _family_args(config):
 POST_NORM = "vit_base_patch16_rpn_224"
 
 
-def _post_norm_args(options, config, token, pools, args):
+def _post_norm_args(options, config, args, **pooling):
     """``(POST_NORM, model_args)`` of a post-norm model: timm's ResPostBlock
     has no layer scale and its ViT the plain GELU MLP and LayerNorm; the
-    options its architecture function sets are written as the model's."""
+    options its architecture function sets are written as the model's
+    (``pooling``: its class token and pooling, in timm's words)."""
     gelu = config.get("gelu", "tanh")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
     if (options["layer_scale"] is not None or options["mlp"] != "gelu"
@@ -125,11 +127,7 @@ def _post_norm_args(options, config, token, pools, args):
             f"{options['layer_scale']}, mlp={options['mlp']!r}, gelu="
             f"{gelu!r}, norm={options['norm']!r}, layer_norm_epsilon="
             f"{epsilon}, distilled={options['distilled']}")
-    classifier = {"avg": "gap"}.get(config.get("classifier", "token"),
-                                    config.get("classifier", "token"))
-    return POST_NORM, dict(args, class_token=token,
-                           global_pool=pools[classifier],
-                           fc_norm=bool(options["fc_norm"]),
+    return POST_NORM, dict(args, **pooling, fc_norm=bool(options["fc_norm"]),
                            qkv_bias=options["qkv_bias"])
 
 
