@@ -96,8 +96,10 @@ VARIABLES = {v.name: v for v in (
              "the CPU flags the speed plan assumes (comma-separated, as in "
              "/proc/cpuinfo), instead of the ones detected"),
     Variable("KERAS_VIT_ATTENTION", "choice", None,
-             "the attention computation, instead of the speed plan's",
-             ("fused", "einsum")),
+             "the attention computation, instead of the speed plan's "
+             "(padded: JAX's kernel over tokens padded to a multiple of 64 "
+             "with a key mask, which cuDNN's flash attention trains on)",
+             ("fused", "einsum", "padded")),
     Variable("KERAS_VIT_ONEDNN", "flag", True,
              "off: keras_vit leaves TensorFlow's oneDNN setting "
              "alone"),

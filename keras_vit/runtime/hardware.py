@@ -335,7 +335,10 @@ class Plan:
     LayerNorm chains (forward and gradient): ``"xla"``, each chain one
     small XLA program between TensorFlow's oneDNN matmuls
     (:func:`keras_vit.runtime.fused_ops.xla_gelu`), or ``"graph"``, one graph op
-    per element-wise step.
+    per element-wise step. ``train_attention``: the attention of a
+    training call where it differs (``"padded"``: the tokens padded to a
+    multiple of 64 with a key mask, the shape in which cuDNN's flash
+    attention trains; :func:`keras_vit.runtime.kernels.padded_attention`).
     """
 
     predict: str
@@ -344,6 +347,20 @@ class Plan:
     reason: str
     softmax: str = "float32"
     elementwise: str = "graph"
+    train_attention: str | None = None
+
+
+def cudnn_flash_attention():
+    """Whether JAX's first device runs cuDNN's flash attention: an NVIDIA
+    GPU of compute capability 8.0 (Ampere) or later."""
+    import jax
+
+    device = jax.devices()[0]
+    try:
+        return (device.platform == "gpu"
+                and float(getattr(device, "compute_capability", 0)) >= 8.0)
+    except (TypeError, ValueError):
+        return False
 
 
 def _dtype_name(dtype):
@@ -368,6 +385,7 @@ def plan(dtype="float32", hardware=None, backend=None):
     if not forced:
         return chosen
     return dataclasses.replace(chosen, attention=forced,
+                               train_attention=None,
                                reason=f"{ATTENTION_ENV}={forced}")
 
 
@@ -389,6 +407,15 @@ def _plan(dtype, hardware, backend):
             return Plan("xla", True, "einsum",
                         "JAX compiles with XLA; float16 on its CPU backend "
                         "has no fused attention")
+        if (hardware.accelerator == "gpu" and dtype in ("bfloat16", "float16")
+                and probed and cudnn_flash_attention()):
+            # cuDNN's flash kernel refuses the backward pass of 197
+            # tokens; padded to 256, ViT-B/16's bf16 AdamW step took 44.4
+            # ms against 56.4 on an H200 (docs/benchmarks-gpu.md).
+            return Plan("xla", True, "fused",
+                        "JAX compiles with XLA; training pads the tokens "
+                        "for cuDNN's flash attention",
+                        train_attention="padded")
         return Plan("xla", True, "fused", "JAX compiles with XLA")
     if backend == "torch":
         return Plan("eager", False, "fused",

@@ -184,6 +184,40 @@ def layer_norm(inputs, gamma, beta, epsilon, dtype, training=None):
     return fused_ops.xla_layer_norm(inputs, gamma, beta, epsilon, dtype)
 
 
+#: cuDNN's flash attention trains only on sequences of a multiple of this
+#: many tokens (JAX: "Unsupported sequence length" for ViT-B/16's 197).
+ATTENTION_MULTIPLE = 64
+
+
+def padded_attention(q, k, v, scale, multiple=ATTENTION_MULTIPLE,
+                     implementation=None):
+    """JAX's ``dot_product_attention`` of ``q``, ``k``, ``v`` (batch,
+    tokens, heads, head width) over the tokens padded with zeros to a
+    multiple of ``multiple``, the padded keys masked by their length and
+    the padded queries' rows dropped: the unpadded attention's numbers,
+    in a shape cuDNN's flash kernel takes forward and backward.
+    ``implementation``: JAX's (default: cuDNN for bf16/float16 on a GPU,
+    else XLA's)."""
+    import jax
+    import jax.numpy as jnp
+
+    tokens = q.shape[1]
+    padded = -(-tokens // multiple) * multiple
+    if padded != tokens:
+        pad = ((0, 0), (0, padded - tokens), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
+    if implementation is None:
+        from keras_vit.runtime import hardware
+
+        implementation = ("cudnn" if q.dtype in (jnp.bfloat16, jnp.float16)
+                          and hardware.cudnn_flash_attention() else "xla")
+    lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
+    context = jax.nn.dot_product_attention(
+        q, k, v, scale=scale, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation=implementation)
+    return context[:, :tokens]
+
+
 def attention(q, k, v, bias, scale, dropout, training=None,
               need_probs=False):
     """Scaled dot-product attention of ``q``, ``k``, ``v`` (batch,
@@ -195,8 +229,13 @@ def attention(q, k, v, bias, scale, dropout, training=None,
     from keras_vit.runtime import hardware
 
     plan = hardware.plan(q.dtype)
+    path = (plan.train_attention if training is True
+            and plan.train_attention else plan.attention)
+    if (not need_probs and dropout is None and bias is None
+            and path == "padded" and backend_name() == "jax"):
+        return padded_attention(q, k, v, scale), None
     if (not need_probs and dropout is None
-            and plan.attention == "fused"):
+            and path in ("fused", "padded")):
         # The backend's fused kernel (flash/cuDNN attention on GPUs,
         # one XLA or SDPA kernel on JAX and torch CPUs).
         return ops.dot_product_attention(q, k, v, bias=bias,
