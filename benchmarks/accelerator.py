@@ -76,6 +76,26 @@ PARTS = tuple(PART_LIMITS)
 # JAX's profiler and torch's, and A/B timings of the JAX step.
 PROFILE_LIMITS = {"profile-jax": 200, "profile-torch": 120}
 PART_LIMITS.update(PROFILE_LIMITS)
+# The candidates for the JAX step (``--parts ab-jax``): each set of XLA
+# flags runs in a child of its own, since XLA reads them once a process.
+# Each child times keras_vit's step with the fused and the padded
+# attention (KERAS_VIT_ATTENTION=padded: cuDNN's flash kernel, forward and
+# backward), the bare JAX step of benchmarks/bare_jax_vit.py (what XLA
+# itself costs) with XLA's and cuDNN's attention, and both forwards.
+AB_FLAGS = {
+    "default flags": "",
+    "triton GEMM off": "--xla_gpu_enable_triton_gemm=false",
+    "triton GEMM off, cublasLt": "--xla_gpu_enable_triton_gemm=false "
+                                 "--xla_gpu_enable_cublaslt=true",
+}
+AB_LIMIT = 130
+PART_LIMITS["ab-jax"] = AB_LIMIT * len(AB_FLAGS)
+# keras_vit on the torch backend without Keras' per-op dispatch: its
+# forward and train step captured as CUDA graphs, and compiled with
+# ``jit_compile=True`` (Keras' torch.compile of the train and predict
+# steps).
+PART_LIMITS["torch-graph"] = 120
+PART_LIMITS["torch-jit"] = 180
 
 
 def parse_args(argv):
@@ -85,7 +105,8 @@ def parse_args(argv):
     p.add_argument("--out", required=True,
                    help="folder for the table, the logs and the .keras file")
     p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {','.join(PART_LIMITS)}")
+                   help=f"comma-separated subset of {','.join(PART_LIMITS)}"
+                        ", run in the order given")
     p.add_argument("--deadline", type=float, default=480.0,
                    help="seconds for the whole check: a part gets what is "
                         "left, and one that would start later is skipped")
@@ -497,6 +518,165 @@ def profile_torch(size):
     return out
 
 
+def part_ab_jax(size, label):
+    """One set of XLA flags (the child's environment): keras_vit's step
+    and forward (fused and padded attention) beside the bare JAX step
+    and forward; each job's failure is a line, not the part's."""
+    import jax
+    import numpy as np
+
+    import bare_jax_vit as bare
+
+    rng = np.random.default_rng(0)
+    shape = (size["image"], size["image"], 3)
+    xi = jax.device_put(rng.uniform(-1, 1, (size["infer_batch"],) + shape)
+                        .astype("float32"))
+    xt = jax.device_put(rng.uniform(-1, 1, (size["train_batch"],) + shape)
+                        .astype("float32"))
+    yt = jax.device_put(rng.integers(0, size["classes"], size["train_batch"])
+                        .astype("int32"))
+    arch = size["arch"]
+    heads, patch = arch["num_heads"], arch["patch_size"]
+    rows, errors = [], {}
+
+    def measure(job, impl, fn, batch):
+        start = time.perf_counter()
+        try:
+            seconds = _timed(fn, jax.block_until_ready, size["steps"],
+                             size["rounds"])
+        except Exception as e:  # a candidate's failure is its finding
+            errors[f"{job}, {impl}"] = f"{type(e).__name__}: {e}"[:300]
+            return
+        rows.append(dict(job=job, impl=f"{impl} [{label}]", batch=batch,
+                         seconds=seconds, wall_s=time.perf_counter() - start))
+
+    model = None
+    for attention in ("fused", "padded"):
+        os.environ["KERAS_VIT_ATTENTION"] = attention
+        model = _keras_model(size, "mixed_bfloat16")
+        _compile_for_adamw(model)
+        what = ("keras_vit, JAX" if attention == "fused"
+                else "keras_vit, JAX, padded cuDNN attention")
+        if attention == "fused":
+            trainable = [v.value for v in model.trainable_variables]
+            other = [v.value for v in model.non_trainable_variables]
+            forward = jax.jit(lambda t, o, x, m=model: m.stateless_call(
+                t, o, x, training=False)[0])
+            measure("inference", what,
+                    lambda f=forward, t=trainable, o=other: f(t, o, xi),
+                    size["infer_batch"])
+        measure("training step", what,
+                lambda m=model: m.train_on_batch(xt, yt, return_dict=True),
+                size["train_batch"])
+    os.environ.pop("KERAS_VIT_ATTENTION", None)
+    params = bare.params_from_keras(model)
+    for attention in ("xla", "cudnn"):
+        step = bare.make_step(heads, patch, "bfloat16", attention)
+        state = [jax.tree_util.tree_map(jax.numpy.copy, params), None]
+        state[1] = bare.adamw_init(state[0])
+
+        def train(step=step, state=state):
+            state[0], state[1], loss = step(state[0], state[1], xt, yt)
+            return loss
+        measure("training step", f"bare JAX step, {attention} attention",
+                train, size["train_batch"])
+    forward_bare = bare.make_forward(heads, patch, "bfloat16", "xla")
+    measure("inference", "bare JAX forward",
+            lambda: forward_bare(params, xi), size["infer_batch"])
+    return {"rows": rows, "errors": errors, "xla_flags":
+            os.environ.get("XLA_FLAGS", "")}
+
+
+def _cuda_graphed(fn):
+    """``fn`` captured once as a CUDA graph (after three warm-up calls on
+    a side stream, as torch asks): a call replays its kernels without
+    Python and returns the capture's outputs, rewritten in place."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay():
+        graph.replay()
+        return out
+    return replay
+
+
+def part_torch_jit(size, kind):
+    """keras_vit on the torch backend without Keras' per-op dispatch in
+    the step: ``kind`` "graph", the forward and Keras' own ``train_step``
+    captured as CUDA graphs; "jit", Keras' ``jit_compile=True``
+    (torch.compile of its predict and train steps)."""
+    import keras
+    import numpy as np
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rng = np.random.default_rng(0)
+    shape = (size["image"], size["image"], 3)
+    xi, xt, yt = (torch.as_tensor(a, device=device) for a in (
+        rng.uniform(-1, 1, (size["infer_batch"],) + shape).astype("float32"),
+        rng.uniform(-1, 1, (size["train_batch"],) + shape).astype("float32"),
+        rng.integers(0, size["classes"], size["train_batch"])
+        .astype("int64")))
+    sync = _torch_sync(device)
+    rows, errors = [], {}
+
+    def measure(job, impl, make, batch):
+        start = time.perf_counter()
+        try:
+            fn = make()
+            first = time.perf_counter()
+            sync(fn())
+            first = time.perf_counter() - first
+            seconds = _timed(fn, sync, size["steps"], size["rounds"],
+                             warmup=2)
+        except Exception as e:  # the finding, not the part's end
+            errors[f"{job}, {impl}"] = f"{type(e).__name__}: {e}"[:300]
+            return
+        rows.append(dict(job=job, impl=impl, batch=batch, seconds=seconds,
+                         first_call_s=first,
+                         wall_s=time.perf_counter() - start))
+
+    def needs_cuda(fn):
+        if device != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        return _cuda_graphed(fn)
+
+    if kind == "jit":
+        model = _keras_model(size, "mixed_bfloat16")
+        model.compile(optimizer=keras.optimizers.AdamW(
+            1e-4, weight_decay=0.05), jit_compile=True,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        impl = "keras_vit, torch backend, jit_compile (torch.compile)"
+        measure("inference", impl,
+                lambda: lambda: model.predict_on_batch(xi),
+                size["infer_batch"])
+        measure("training step", impl, lambda: lambda: model.train_on_batch(
+            xt, yt), size["train_batch"])
+        return {"rows": rows, "errors": errors}
+    model = _keras_model(size, "mixed_bfloat16")
+    _compile_for_adamw(model)
+
+    def forward():
+        with torch.no_grad():
+            return model(xi, training=False)
+    impl = "keras_vit, torch backend, CUDA graph"
+    measure("inference", impl, lambda: needs_cuda(forward),
+            size["infer_batch"])
+    measure("training step", impl,
+            lambda: needs_cuda(lambda: model.train_step((xt, yt))),
+            size["train_batch"])
+    return {"rows": rows, "errors": errors}
+
+
 def run_part(args):
     _block_tensorflow()
     size = SIZES["cpu" if args.cpu else "gpu"]
@@ -511,6 +691,10 @@ def run_part(args):
         result = profile_jax(size)
     elif args.part == "profile-torch":
         result = profile_torch(size)
+    elif args.part == "ab-jax":
+        result = part_ab_jax(size, os.environ["ACCELERATOR_AB_LABEL"])
+    elif args.part in ("torch-graph", "torch-jit"):
+        result = part_torch_jit(size, args.part.split("-")[1])
     else:
         raise SystemExit(f"unknown part {args.part!r}")
     print(json.dumps(result))
@@ -549,16 +733,45 @@ def _command(part, args):
                          "--backend", backend,
                          os.path.join(ROOT, "tests", "gpu")]
     backend = {"timm": "torch", "roundtrip": "jax", "profile-jax": "jax",
-               "profile-torch": "torch"}.get(part, part)
+               "profile-torch": "torch", "ab-jax": "jax",
+               "torch-graph": "torch", "torch-jit": "torch"}.get(part, part)
     cmd = [sys.executable, os.path.abspath(__file__), "--part", part,
            "--out", args.out]
     return backend, cmd + (["--cpu"] if args.cpu else [])
 
 
-def run_child(part, args, seconds):
+def run_ab(args, seconds):
+    """The ``ab-jax`` part: one child a set of XLA flags (AB_FLAGS), their
+    rows together."""
+    start = time.perf_counter()
+    rows, errors, children = [], {}, {}
+    for i, (label, flags) in enumerate(AB_FLAGS.items()):
+        left = seconds - (time.perf_counter() - start)
+        if left < 20:
+            errors[label] = "not started: the part's time ran out"
+            continue
+        extra = {"ACCELERATOR_AB_LABEL": label,
+                 "XLA_FLAGS": " ".join(
+                     x for x in (os.environ.get("XLA_FLAGS", ""), flags)
+                     if x)}
+        r = run_child("ab-jax", args, min(AB_LIMIT, left), extra,
+                      log_name=f"ab-jax-{i}")
+        children[label] = {"exit": r["exit"], "wall_s": r["wall_s"]}
+        rows += r.get("rows", [])
+        errors.update({f"{k} [{label}]": v
+                       for k, v in r.get("errors", {}).items()})
+        if r["exit"] != 0:
+            errors[label] = r.get("error", "?")
+    return {"part": "ab-jax", "exit": 0 if children else "skipped",
+            "wall_s": time.perf_counter() - start, "rows": rows,
+            "errors": errors, "children": children}
+
+
+def run_child(part, args, seconds, extra_env=None, log_name=None):
     backend, cmd = _command(part, args)
-    log = os.path.join(args.out, f"{part}.log")
+    log = os.path.join(args.out, f"{log_name or part}.log")
     env = _child_env(backend, args.cpu, args.out)
+    env.update(extra_env or {})
     if part == "tests-jax":
         # Compiling, not timing: XLA's GEMM autotuning would only slow the
         # ViT-L programs whose memory the tests read.
@@ -662,7 +875,8 @@ def table(results, size, info, cpu, out):
     lines += ["", "| job | implementation | batch | images/s | ms/step | "
               "MFU | vs timm eager | vs timm + torch.compile |",
               "|---|---|---|---|---|---|---|---|"]
-    rows = [r for part in ("jax", "torch", "timm")
+    rows = [r for part in ("jax", "torch", "timm", "ab-jax", "torch-graph",
+                           "torch-jit")
             for r in results.get(part, {}).get("rows", [])]
     by = {(r["job"], r["impl"]): r for r in rows}
     for job in ("inference", "training step"):
@@ -688,6 +902,9 @@ def table(results, size, info, cpu, out):
             else "measured")
         lines.append(f"| {part} | {r['exit']} | {r['wall_s']:.0f} | "
                      f"{outcome} |")
+    for part in ("ab-jax", "torch-graph", "torch-jit"):
+        for what, error in results.get(part, {}).get("errors", {}).items():
+            lines.append(f"- {part}, {what}: {error}")
     lines += _profile_lines(results)
     extra = os.path.join(out, "remat_memory.json")
     if os.path.exists(extra):
@@ -748,14 +965,21 @@ def main(argv=None):
     info = machine()
     print(json.dumps(info), file=sys.stderr, flush=True)
     results = {}
-    for part in (p for p in PART_LIMITS if p in args.parts):
+    for part in args.parts:  # in the order given
         left = args.deadline - (time.perf_counter() - start)
         if left < 20:
             results[part] = {"part": part, "exit": "skipped", "wall_s": 0,
                              "error": f"not started: {args.deadline:.0f} s "
                                       "deadline reached"}
             continue
-        results[part] = run_child(part, args, min(PART_LIMITS[part], left))
+        limit = min(PART_LIMITS[part], left)
+        results[part] = (run_ab(args, limit) if part == "ab-jax"
+                         else run_child(part, args, limit))
+        # What has been measured so far survives a kill of the whole run.
+        with open(os.path.join(args.out, "accelerator.json"), "w",
+                  encoding="utf-8") as f:
+            json.dump({"machine": info, "results": results}, f, indent=1,
+                      default=str)
     size = SIZES["cpu" if args.cpu else "gpu"]
     report = table(results, size, info, args.cpu, args.out)
     report += f"\n\nTotal: {time.perf_counter() - start:.0f} s.\n"

@@ -217,9 +217,35 @@ def quick_xla_flags(flags=""):
     80 CPU-s)."""
     if "xla_backend_optimization_level" not in flags:
         flags = f"{flags} --xla_backend_optimization_level=0"
-    if "xla_cpu_use_fusion_emitters" not in flags:
+    if ("xla_cpu_use_fusion_emitters" not in flags
+            and xla_knows("xla_cpu_use_fusion_emitters")):
         flags = f"{flags} --xla_cpu_use_fusion_emitters=false"
     return flags.strip()
+
+
+_XLA_ANSWERS = "KERAS_VIT_TEST_XLA_FLAGS_KNOWN"
+
+
+def xla_knows(flag):
+    """Whether this jaxlib's XLA takes ``flag``: XLA stops the process at
+    a flag it does not know (jaxlib 0.11.2 on the GPU machines dropped
+    ``xla_cpu_use_fusion_emitters``). Asked of a child process once a
+    run; the answer travels to the run's workers and children in the
+    environment."""
+    import json
+
+    answers = json.loads(os.environ.get(_XLA_ANSWERS, "{}"))
+    if flag not in answers:
+        import subprocess
+        import sys
+
+        env = dict(os.environ, XLA_FLAGS=f"--{flag}=false",
+                   JAX_PLATFORMS="cpu")
+        answers[flag] = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.numpy.zeros(1)"],
+            env=env, capture_output=True, timeout=300).returncode == 0
+        os.environ[_XLA_ANSWERS] = json.dumps(answers)
+    return answers[flag]
 
 
 def two_jax_cpu_devices_flags():
