@@ -65,6 +65,24 @@ SIZES = {
                 train_batch=8, rounds=2, steps=2, timm="vit_base_patch16_224",
                 matmul=256),
 }
+# The models ``--model`` measures on an accelerator: the architecture and
+# timm's name for it (ViT-L/16 at the same batches).
+MODELS = {
+    "B/16": (VIT_B16, "vit_base_patch16_224"),
+    "L/16": (dict(patch_size=16, hidden_size=1024, num_layers=24,
+                  num_heads=16, mlp_dim=4096), "vit_large_patch16_224"),
+}
+
+
+def sizes(args):
+    """The measured configuration: the CPU rehearsal's, or the GPU's with
+    ``--model``'s architecture."""
+    if args.cpu:
+        return SIZES["cpu"]
+    arch, timm_name = MODELS[args.model]
+    return dict(SIZES["gpu"], arch=arch, timm=timm_name)
+
+
 # How long each part may take (seconds) on the accelerator; the rehearsal
 # gets the same limits.
 # The order is the order they run in: the figures beside timm first.
@@ -100,6 +118,8 @@ PART_LIMITS["torch-jit"] = 180
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="B/16", choices=sorted(MODELS),
+                   help="the ViT measured on an accelerator (default B/16)")
     p.add_argument("--cpu", action="store_true",
                    help="rehearse on the CPU with a tiny model")
     p.add_argument("--out", required=True,
@@ -461,6 +481,22 @@ def profile_jax(size):
         logp = jax.nn.log_softmax(logits.astype("float32"))
         return -jax.numpy.mean(jax.numpy.take_along_axis(
             logp, y[:, None], axis=1))
+    # The bare JAX step of the same model (benchmarks/bare_jax_vit.py):
+    # what XLA runs where Keras and keras_vit add nothing.
+    import bare_jax_vit as bare
+
+    arch = size["arch"]
+    step = bare.make_step(arch["num_heads"], arch["patch_size"], "bfloat16",
+                          "cudnn" if keras_vit_hardware_gpu() else "xla")
+    params = bare.params_from_keras(model)
+    state = [params, bare.adamw_init(params)]
+
+    def bare_step():
+        state[0], state[1], value = step(state[0], state[1], x, y)
+        return value
+    bare_s = _timed(bare_step, sync, size["steps"], size["rounds"])
+    out["profile_bare"] = _kernel_summary(_jax_gpu_kernels(bare_step, 5), 5,
+                                          bare_s)
     grad = jax.jit(jax.value_and_grad(loss))
     bare = _timed(lambda: grad(trainable, other), sync, size["steps"],
                   size["rounds"])
@@ -471,6 +507,13 @@ def profile_jax(size):
                     "jax.value_and_grad alone (no optimizer, no trainer)":
                         1e3 * bare}
     return out
+
+
+def keras_vit_hardware_gpu():
+    """Whether JAX's device runs cuDNN's flash attention."""
+    from keras_vit.runtime import hardware
+
+    return hardware.cudnn_flash_attention()
 
 
 def profile_torch(size):
@@ -679,7 +722,7 @@ def part_torch_jit(size, kind):
 
 def run_part(args):
     _block_tensorflow()
-    size = SIZES["cpu" if args.cpu else "gpu"]
+    size = sizes(args)
     backend = os.environ.get("KERAS_BACKEND")
     if args.part in ("jax", "torch"):
         result = part_keras(size, backend)
@@ -737,7 +780,8 @@ def _command(part, args):
                "torch-graph": "torch", "torch-jit": "torch"}.get(part, part)
     cmd = [sys.executable, os.path.abspath(__file__), "--part", part,
            "--out", args.out]
-    return backend, cmd + (["--cpu"] if args.cpu else [])
+    return backend, cmd + (["--cpu"] if args.cpu else
+                           ["--model", args.model])
 
 
 def run_ab(args, seconds):
@@ -920,6 +964,8 @@ def _profile_lines(results):
     summaries = {}
     if "profile" in results.get("profile-jax", {}):
         summaries["keras_vit, JAX (XLA)"] = results["profile-jax"]["profile"]
+    if "profile_bare" in results.get("profile-jax", {}):
+        summaries["bare JAX step"] = results["profile-jax"]["profile_bare"]
     for name, value in results.get("profile-torch", {}).items():
         if isinstance(value, dict) and "top" in value:
             summaries[name] = value
@@ -980,7 +1026,7 @@ def main(argv=None):
                   encoding="utf-8") as f:
             json.dump({"machine": info, "results": results}, f, indent=1,
                       default=str)
-    size = SIZES["cpu" if args.cpu else "gpu"]
+    size = sizes(args)
     report = table(results, size, info, args.cpu, args.out)
     report += f"\n\nTotal: {time.perf_counter() - start:.0f} s.\n"
     with open(os.path.join(args.out, "accelerator.md"), "w",
