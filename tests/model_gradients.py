@@ -20,7 +20,10 @@ def gradients(model, x, loss, training=True):
         with tf.GradientTape() as tape:
             value = loss(model(x, training=training))
         grads = tape.gradient(value, model.trainable_variables)
-        return [np.asarray(tf.cast(g, "float64")) for g in grads]
+        # A table read by a gather (BEiT's relative position bias) gets an
+        # IndexedSlices, which tf.cast keeps as one: densified first.
+        return [np.asarray(tf.cast(tf.convert_to_tensor(g), "float64"))
+                for g in grads]
     if backend == "torch":
         import torch
 

@@ -77,6 +77,71 @@ OPTION_EXAMPLES = {
 }
 
 
+def option_row(name):
+    """The builder arguments that set option row ``name`` to its example
+    (OPTION_EXAMPLES): the value and what else it needs to build."""
+    value, needs = OPTION_EXAMPLES[name]
+    return dict(needs, **{name: value})
+
+
+def randomise_keras(model, seed=0):
+    """Random weights of a sensible scale for a Keras ``model``: norms'
+    scales near one, biases and vectors small, kernels over the square
+    root of their fan-in (a zero head, as built, would hide every error)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for var in model.weights:
+        shape = tuple(var.shape)
+        name = var.path.split("/")[-1]
+        if name in ("gamma", "scale"):
+            value = 1 + 0.1 * rng.standard_normal(shape)
+        elif name in ("beta", "bias") or len(shape) < 2:
+            value = 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[:-1])) or 1
+            if name == "kernel" and len(shape) == 3 and "out" in var.path:
+                fan_in = shape[0] * shape[1]
+            elif name == "kernel" and len(shape) == 3:
+                fan_in = shape[0]
+            value = rng.standard_normal(shape) / np.sqrt(fan_in)
+        var.assign(value.astype(var.dtype))
+    return model
+
+
+class _StaysFrozen:
+    """The ``gc`` module as keras_vit.models.quantization sees it under
+    :func:`frozen_heap`: ``unfreeze`` leaves the frozen objects frozen."""
+
+    def __getattr__(self, name):
+        import gc
+
+        return getattr(gc, name)
+
+    @staticmethod
+    def unfreeze():
+        pass
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Each ``quantize`` (and each quantized model loaded) freezes the heap,
+    quantizes, unfreezes it and runs one full garbage collection
+    (keras_vit.models.quantization): ~0.6 s in a test process holding the
+    backend's modules and the suite's. Inside this block what is frozen
+    stays frozen until the block ends, so that each collection scans only
+    what was made since the last quantize; the numbers are the same. For a
+    module-scoped fixture of a module that quantizes many models."""
+    import gc
+
+    from keras_vit.models import quantization
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantization, "gc", _StaysFrozen())
+        yield
+    gc.unfreeze()
+
+
 QUICK = dict(batch_size=8, crop_area=None, flip=False, log_every=1,
              verbose=False, strategy="default")
 

@@ -12,7 +12,6 @@ outputs are close and not equal, LoRA with its zero B is exactly the float
 model, and every change reaches the next ``predict``.
 """
 
-import gc
 import warnings
 
 import numpy as np
@@ -21,7 +20,9 @@ import pytest
 import keras
 import keras_vit
 from keras_vit.models.resnet_v2 import resnet_v2
+import testkit
 from testkit import FAMILY_OPTIONS, forward
+from testkit import randomise_keras as randomise
 
 pytestmark = [pytest.mark.backends,
               # The one warning per quantize call naming the float layers
@@ -47,32 +48,12 @@ FAMILIES = ("vit", "hybrid", "bit", "axial", "options")
 ERROR_BOUNDS = {"int8": 0.045, "int4": 0.55, "float8": 0.2}
 
 
-class _StaysFrozen:
-    """The ``gc`` module as keras_vit.models.quantization sees it in this
-    module: ``unfreeze`` leaves the frozen objects frozen."""
-
-    def __getattr__(self, name):
-        return getattr(gc, name)
-
-    @staticmethod
-    def unfreeze():
-        pass
-
-
 @pytest.fixture(scope="module", autouse=True)
 def frozen_heap():
-    """Each ``quantize`` (and each quantized model loaded) freezes the heap,
-    quantizes, unfreezes it and runs one full garbage collection
-    (keras_vit.models.quantization): ~0.6 s here, for the backend's modules
-    and the suite's, 20-odd times in this module. Here what is frozen stays
-    frozen until the module ends, so that each collection scans only what
-    was made since the last quantize; the numbers are the same."""
-    from keras_vit.models import quantization
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quantization, "gc", _StaysFrozen())
+    """Quantize's garbage collections scan only what is new
+    (testkit.frozen_heap): 20-odd quantizes in this module."""
+    with testkit.frozen_heap():
         yield
-    gc.unfreeze()
 
 
 def build(family, **kwargs):
@@ -88,27 +69,6 @@ def build(family, **kwargs):
     if family == "bit":
         return resnet_v2(32, (1, 1, 1, 1), 0.5, **common)
     return keras_vit.models.axial_vit(32, 8, 32, 1, 2, 64, **common)
-
-
-def randomise(model, seed=0):
-    """Random weights of a sensible scale, norms near one."""
-    rng = np.random.default_rng(seed)
-    for var in model.weights:
-        shape = tuple(var.shape)
-        name = var.path.split("/")[-1]
-        if name in ("gamma", "scale"):
-            value = 1 + 0.1 * rng.standard_normal(shape)
-        elif name in ("beta", "bias") or len(shape) < 2:
-            value = 0.1 * rng.standard_normal(shape)
-        else:
-            fan_in = int(np.prod(shape[:-1])) or 1
-            if name == "kernel" and len(shape) == 3 and "out" in var.path:
-                fan_in = shape[0] * shape[1]
-            elif name == "kernel" and len(shape) == 3:
-                fan_in = shape[0]
-            value = rng.standard_normal(shape) / np.sqrt(fan_in)
-        var.assign(value.astype(var.dtype))
-    return model
 
 
 def images():
