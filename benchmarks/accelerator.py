@@ -100,11 +100,13 @@ PART_LIMITS.update(PROFILE_LIMITS)
 # attention (KERAS_VIT_ATTENTION=padded: cuDNN's flash kernel, forward and
 # backward), the bare JAX step of benchmarks/bare_jax_vit.py (what XLA
 # itself costs) with XLA's and cuDNN's attention, and both forwards.
+# "cublas": cuBLAS for every matmul, no Triton GEMM fusions; "cublaslt":
+# that and cuBLASLt's fused epilogues.
 AB_FLAGS = {
-    "default flags": "",
-    "triton GEMM off": "--xla_gpu_enable_triton_gemm=false",
-    "triton GEMM off, cublasLt": "--xla_gpu_enable_triton_gemm=false "
-                                 "--xla_gpu_enable_cublaslt=true",
+    "default": "",
+    "cublas": "--xla_gpu_enable_triton_gemm=false",
+    "cublaslt": "--xla_gpu_enable_triton_gemm=false "
+                "--xla_gpu_enable_cublaslt=true",
 }
 AB_LIMIT = 130
 PART_LIMITS["ab-jax"] = AB_LIMIT * len(AB_FLAGS)
@@ -118,6 +120,9 @@ PART_LIMITS["torch-jit"] = 180
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ab-flags", default=",".join(AB_FLAGS),
+                   help="comma-separated sets of XLA flags the ab-jax part "
+                        f"tries, of {','.join(AB_FLAGS)}")
     p.add_argument("--model", default="B/16", choices=sorted(MODELS),
                    help="the ViT measured on an accelerator (default B/16)")
     p.add_argument("--cpu", action="store_true",
@@ -133,6 +138,11 @@ def parse_args(argv):
     p.add_argument("--part", help=argparse.SUPPRESS)  # a child's own part
     args = p.parse_args(argv)
     args.parts = tuple(x for x in args.parts.split(",") if x)
+    args.ab_flags = tuple(x for x in args.ab_flags.split(",") if x)
+    if set(args.ab_flags) - set(AB_FLAGS):
+        p.error(f"--ab-flags: unknown "
+                f"{', '.join(sorted(set(args.ab_flags) - set(AB_FLAGS)))}; "
+                f"choose from {', '.join(AB_FLAGS)}")
     unknown = sorted(set(args.parts) - set(PART_LIMITS))
     if unknown:
         p.error(f"--parts: unknown {', '.join(unknown)}; "
@@ -789,7 +799,8 @@ def run_ab(args, seconds):
     rows together."""
     start = time.perf_counter()
     rows, errors, children = [], {}, {}
-    for i, (label, flags) in enumerate(AB_FLAGS.items()):
+    for i, label in enumerate(args.ab_flags):
+        flags = AB_FLAGS[label]
         left = seconds - (time.perf_counter() - start)
         if left < 20:
             errors[label] = "not started: the part's time ran out"

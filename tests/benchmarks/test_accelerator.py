@@ -97,8 +97,8 @@ def test_the_ab_part_adds_each_flag_sets_rows_and_failures_to_the_table():
     size = acc.SIZES["gpu"]
     rows = [dict(job="training step", impl=f"keras_vit, JAX [{label}]",
                  batch=128, seconds=s)
-            for label, s in (("default flags", 0.056),
-                             ("triton GEMM off", 0.058))]
+            for label, s in (("default", 0.056),
+                             ("cublas", 0.058))]
     peer = dict(job="training step", impl="timm + torch.compile", batch=128,
                 seconds=0.038)
     results = {"timm": {"part": "timm", "exit": 0, "wall_s": 70,
@@ -107,13 +107,13 @@ def test_the_ab_part_adds_each_flag_sets_rows_and_failures_to_the_table():
                "ab-jax": {"part": "ab-jax", "exit": 0, "wall_s": 200,
                           "rows": rows, "errors": {
                               "training step, bare JAX step, cudnn "
-                              "attention [default flags]":
+                              "attention [default]":
                               "RuntimeError: cuDNN is not detected."}}}
     info = {k: "?" for k in ("cpu", "python", "jax", "jaxlib", "torch",
                              "timm", "keras", "keras-vit", "numpy")}
     report = acc.table(results, size, info, False, "/nonexistent")
-    assert "| training step | keras_vit, JAX [triton GEMM off] | 128 | 2,207" \
+    assert "| training step | keras_vit, JAX [cublas] | 128 | 2,207" \
         in report
     assert "| 0.68x |" in report  # 38 / 56 ms against timm + compile
     assert ("- ab-jax, training step, bare JAX step, cudnn attention "
-            "[default flags]: RuntimeError: cuDNN is not detected.") in report
+            "[default]: RuntimeError: cuDNN is not detected.") in report
