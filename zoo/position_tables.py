@@ -7,7 +7,9 @@ model's own (:func:`keras_vit.layers.embeddings.resize_grid_table`, which
 also follows a dynamic-size model's input), run here on NumPy float64 and
 rounded once to the table's dtype, as ``scipy.ndimage.zoom(order=1)``
 computes it. A learned 2D table is resized per axis the same way; a
-relative table keeps, or clips to, its trained offsets.
+relative table keeps, or clips to, its trained offsets; BEiT's 2D relative
+bias is resampled as BEiT's own fine-tuning code (and timm) does
+(:func:`resize_relative_bias`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,106 @@ def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
     return np.concatenate([table[rows], table[offsets:]], axis=0)
 
 
+# BEiT's 2D relative bias ends in three rows for the class token's pairs
+# (keras_vit.models.positions.relative_bias_index), which no resize moves.
+_CLASS_ROWS = 3
+
+
+def resize_relative_bias(table, new_grid, old_grid=None):
+    """Fits BEiT's relative position bias (``relative_bias``), a table
+    ((2h - 1)(2w - 1) + 3, heads), to a ``new_grid`` of patches, as BEiT's
+    fine-tuning code (unilm) and timm's ``checkpoint_filter_fn`` do.
+
+    The class token's three rows are kept. The offsets' grid is resampled
+    per head: along each axis the trained offsets ``0, ±1, ..., ±(h - 1)``
+    are spread out (or in) geometrically, offset ``k`` to ``1 + q + ... +
+    q**(k-1)``, with ``q`` the ratio that puts offset ``h - 1`` at the new
+    grid's farthest offset ``h' - 1`` (found by bisection in [1.01, 1.5]
+    to 1e-6, so a smaller grid keeps q near 1.01 and reads the central
+    offsets; on both axes whenever the grid changes, as unilm does);
+    the new integer offsets are then read off those points bilinearly,
+    those beyond the farthest point taking its value. timm runs the same
+    bilinear rule in float32 unless ``TIMM_USE_SCIPY_INTERP`` asks for
+    unilm's cubic ``scipy.interpolate.interp2d`` (gone from SciPy 1.14);
+    here it runs in float64, rounded once to the table's dtype.
+
+    Args:
+        table: array ((2h - 1)(2w - 1) + 3, heads).
+        new_grid: (rows, cols) of the target patch grid.
+        old_grid: (rows, cols) the table was trained for; square if None.
+
+    >>> table = np.arange(12.0)[:, None]  # 2 x 2 patches: 9 offsets, 3 rows
+    >>> resize_relative_bias(table, (1, 1)).ravel().tolist()
+    [4.0, 9.0, 10.0, 11.0]
+    """
+    table = np.asarray(table)
+    new_grid = tuple(int(g) for g in new_grid)
+    if table.ndim != 2:
+        raise CheckpointError(
+            "a relative_bias table must have shape ((2h - 1)(2w - 1) + 3, "
+            f"heads); received shape={table.shape}")
+    offsets = table.shape[0] - _CLASS_ROWS
+    old_grid = _bias_grid(offsets) if old_grid is None else tuple(old_grid)
+    if old_grid is None or _bias_rows(old_grid) != offsets:
+        raise CheckpointError(
+            f"cannot tell the patch grid of a relative_bias table of "
+            f"{table.shape[0]} rows (old_grid={old_grid}): a square grid "
+            "h x h has (2h - 1)**2 + 3")
+    if old_grid == new_grid:
+        return table
+    # Per axis: the new offsets as mixtures of the old, clamped at the
+    # ends (np.interp of the old offsets' one-hot columns).
+    weights = [_offset_weights(old, new) for old, new in zip(old_grid,
+                                                              new_grid)]
+    grid = table[:offsets].astype(np.float64).reshape(
+        2 * old_grid[0] - 1, 2 * old_grid[1] - 1, -1)
+    grid = np.einsum("ra,cb,abh->rch", weights[0], weights[1], grid)
+    return np.concatenate([grid.reshape(-1, table.shape[1]).astype(
+        table.dtype), table[offsets:]], axis=0)
+
+
+def _bias_rows(grid):
+    """Offset rows of a relative_bias table for a (rows, cols) grid."""
+    return (2 * grid[0] - 1) * (2 * grid[1] - 1)
+
+
+def _bias_grid(offsets, source_grid=None):
+    """The (rows, cols) grid of a relative_bias table of ``offsets`` offset
+    rows: ``source_grid`` when given (and it fits), else the square one,
+    else None."""
+    if source_grid is not None:
+        grid = tuple(int(g) for g in source_grid)
+        if _bias_rows(grid) == offsets:
+            return grid
+    side = int(round(offsets ** 0.5))
+    if side * side != offsets or side % 2 == 0:
+        return None
+    return ((side + 1) // 2,) * 2
+
+
+def _offset_weights(old, new):
+    """(2 new - 1, 2 old - 1) weights that read the offsets of an axis of
+    ``new`` patches off the geometric spread of its ``old`` offsets."""
+    reach = new - 1  # the farthest new offset
+
+    def spread(q):  # where the old offsets 1 .. old - 1 land
+        return np.cumsum(q ** np.arange(old - 1, dtype=np.float64))
+
+    low, high = 1.01, 1.5
+    while high - low > 1e-6:
+        q = (low + high) / 2
+        if old > 1 and spread(q)[-1] > reach:
+            high = q
+        else:
+            low = q
+    points = spread(q)
+    points = np.concatenate([-points[::-1], [0.0], points])
+    targets = np.arange(-reach, reach + 1, dtype=np.float64)
+    one_hot = np.eye(len(points))
+    return np.stack([np.interp(targets, points, column)
+                     for column in one_hot], axis=1)
+
+
 def fit_position_tables(model, arrays, targets, key_fn, report, problems,
                         source_grid=None, names=None):
     """Resizes every position table of the checkpoint ``arrays`` (``{key:
@@ -112,8 +214,8 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
     released checkpoint is). ``names``: how a problem names a key (the
     source's own name of it)."""
     for layer in model.layers:
-        kind = getattr(layer, "kind", None)
-        if not layer.name.startswith("position_embedding") or kind is None:
+        kind = _table_kind(layer)
+        if kind is None:
             continue
         for var in layer.weights:
             key = key_fn(var.path)
@@ -131,34 +233,62 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
             if kind == "learned_1d":
                 old_grid = _table_grid(src.shape[1] - layer.num_prefix_tokens,
                                        source_grid)
+            elif kind == "relative_bias":
+                old_grid = _bias_grid(src.shape[0] - _CLASS_ROWS,
+                                      source_grid)
+                # A table of the model's shape whose grid cannot be told
+                # (not square) is taken as the model's, as timm does.
+                if old_grid is None and src.shape == want:
+                    old_grid = layer.grid_size
             if src.shape == want and old_grid in (None, layer.grid_size):
                 continue
             name = var.path.split("/")[-1]
             try:
-                if kind == "learned_1d":
-                    arrays[key] = resize_posemb(src, layer.grid_size,
-                                                layer.num_prefix_tokens,
-                                                old_grid=old_grid)
-                    old = src.shape[1] - layer.num_prefix_tokens
-                    new = want[1] - layer.num_prefix_tokens
-                elif kind == "learned_2d":
-                    arrays[key] = resize_posemb_axis(src, want[0])
-                    old, new = src.shape[0], want[0]
-                elif kind == "relative":
-                    arrays[key] = resize_relative_posemb(
-                        src, layer.num_patches, layer.num_prefix_tokens)
-                    old = (src.shape[0] + 1) // 2
-                    new = layer.num_patches
-                else:
-                    raise CheckpointError(
-                        f"position_embedding={kind!r} has no resize rule")
+                arrays[key], old, new = _resized(kind, layer, src, want,
+                                                 old_grid)
             except CheckpointError as e:
-                problems.append(f"{(names or {}).get(key, key)} "
-                                f"(position_embedding={kind!r}, "
+                what = (kind if kind == "relative_bias"
+                        else f"position_embedding={kind!r}")
+                problems.append(f"{(names or {}).get(key, key)} ({what}, "
                                 f"{name}): {e}")
                 continue
             if report["resized_posemb"] is None:
                 report["resized_posemb"] = (int(old), int(new))
+
+
+def _table_kind(layer):
+    """Which position table ``layer`` holds (its resize rule), or None:
+    a ``position_embedding*`` layer's ``kind``, ``"relative_bias"`` for
+    BEiT's 2D bias."""
+    from keras_vit.models.positions import RelativePositionBias
+
+    if isinstance(layer, RelativePositionBias):
+        return "relative_bias"
+    if layer.name.startswith("position_embedding"):
+        return getattr(layer, "kind", None)
+    return None
+
+
+def _resized(kind, layer, src, want, old_grid):
+    """``(table, old, new)``: the checkpoint's table ``src`` of position
+    table ``kind`` fitted to ``layer`` (its variable's shape ``want``), and
+    the tokens of the old and the new grid."""
+    if kind == "learned_1d":
+        new = want[1] - layer.num_prefix_tokens
+        return (resize_posemb(src, layer.grid_size, layer.num_prefix_tokens,
+                              old_grid=old_grid),
+                src.shape[1] - layer.num_prefix_tokens, new)
+    if kind == "learned_2d":
+        return resize_posemb_axis(src, want[0]), src.shape[0], want[0]
+    if kind == "relative":
+        return (resize_relative_posemb(src, layer.num_patches,
+                                       layer.num_prefix_tokens),
+                (src.shape[0] + 1) // 2, layer.num_patches)
+    if kind == "relative_bias":
+        old = None if old_grid is None else old_grid[0] * old_grid[1]
+        return (resize_relative_bias(src, layer.grid_size, old_grid), old,
+                layer.grid_size[0] * layer.grid_size[1])
+    raise CheckpointError(f"position_embedding={kind!r} has no resize rule")
 
 
 def _table_grid(tokens, source_grid=None):
