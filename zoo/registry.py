@@ -3,9 +3,11 @@
 Architecture lives in ``keras_vit.base.variants`` (one table of sizes);
 this module records, per canonical name and weights tag, where the official
 file is and what it contains. The family's later members (DeiT, DeiT III,
-DINOv2, CLIP, SigLIP, SigLIP 2) are rows of :mod:`keras_vit.base.family_rows`, whose weights
-are timm's repositories on the Hugging Face Hub: their records hold the
-``hf-hub:`` source as ``url``, and ``zoo.load`` reads them as timm files.
+DINOv2, CLIP, SigLIP, SigLIP 2, EVA-02, Perception Encoder, DINOv3,
+Qwen3.5's towers) are rows of :mod:`keras_vit.base.family_rows`, whose
+weights are timm's repositories on the Hugging Face Hub: their records
+hold the ``hf-hub:`` source as ``url``, and ``zoo.load`` reads them as
+timm files.
 The loader reads the checkpoint itself to find the head size and whether it
 has ``pre_logits``; these records say what to expect, for ``zoo.info`` and
 for choosing defaults.
@@ -176,8 +178,23 @@ _FAMILY_TAGS = {
     "v2_webli": "SigLIP 2, sigmoid loss with captioning, self-distillation "
                 "and masked prediction on multilingual WebLI; no "
                 "classifier: the attention-pool embedding",
-    "fb": "Meta's release: contrastive image-text pre-training, then "
-          "aligned for dense tasks (PE spatial); no head",
+    "fb": "Meta's release of Perception Encoder: contrastive image-text "
+          "pre-training (PE core: the head is the image-text projection), "
+          "then aligned for dense tasks (PE spatial: no head)",
+    "lvd1689m": "DINOv3, self-supervised on LVD-1689M (web images); no "
+                "head: the pooled embedding",
+    "sat493m": "DINOv3, self-supervised on SAT-493M (satellite images, "
+               "their own mean/std); no head: the pooled embedding",
+    "qwen3_5_0_8b": "the vision tower of Qwen3.5-0.8B; no head: the pooled "
+                    "embedding",
+    "qwen3_5_2b": "the vision tower of Qwen3.5-2B; no head: the pooled "
+                  "embedding",
+    "qwen3_5_4b": "the vision tower of Qwen3.5-4B; no head: the pooled "
+                  "embedding",
+    "qwen3_5_9b": "the vision tower of Qwen3.5-9B; no head: the pooled "
+                  "embedding",
+    "qwen3_5_27b": "the vision tower of Qwen3.5-27B; no head: the pooled "
+                   "embedding",
     "mim_in22k": "EVA-02's masked image modelling on ImageNet-21k; no "
                  "head: the pooled embedding",
     "mim_m38m": "EVA-02's masked image modelling on Merged-38M; no head: "

@@ -1,7 +1,7 @@
 """The ViT family's later members by readable name: one table of data.
 
-``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ``SigLIP-B/16-256``, ...
-are the one
+``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ``SigLIP-B/16-256``,
+``DINOv3-L/16``, ``PE-Core-B/16-224``, ``Qwen3.5-L/16``, ... are the one
 :class:`~keras_vit.models.VisionTransformer` with the family's options
 (``FAMILY_DEFAULTS`` of :mod:`keras_vit.models.encoder`). Each row of
 :data:`MEMBERS` says which options, at which size, where its weights are
@@ -41,6 +41,12 @@ SIZES = {
     # (timm's mlp_ratio 3.7362 of 1152, truncated) and SigLIP 2's g-opt.
     "So400m": (1152, 27, 16, 4304),
     "g-opt": (1536, 40, 16, 6144),
+    # DINOv3's own sizes (Simeoni et al. 2025): S+ is S with a SwiGLU MLP,
+    # H+ is H with 20 heads, 7B its teacher (timm's mlp_ratio 2 of 4096,
+    # SwiGLU: 8192 features).
+    "S+": (384, 12, 6, 1536),
+    "H+": (1280, 32, 20, 5120),
+    "7B": (4096, 40, 32, 8192),
 }
 
 
@@ -130,6 +136,48 @@ FAMILIES = {
         "PE's dense-task encoders, aligned to its own intermediate "
         "features and SAM 2's; no head: the patch features "
         "(intermediate_model) or their mean"),
+    # timm's Eva in Perception Encoder's core configuration: the spatial
+    # towers' stem and rotary form (on the grid of the release's own
+    # size, a row option), the final norm, then an attention pool of
+    # 8 heads over every token and the image-text projection.
+    "pe_core": Family(
+        dict(gelu="exact", class_token=True, classifier="map",
+             pool_prefix=True, pool_heads=8, pre_norm=True,
+             patch_bias=False, layer_norm_epsilon=1e-5, rope="eva02",
+             rope_temperature=10000.0, rope_offset=1.0,
+             rope_indexing="xy"), "official",
+        "Apache-2.0 (facebookresearch/perception_models)",
+        "Perception Encoder (Bolya et al. 2025), its core towers: "
+        "contrastive image-text encoders; the head is the attention "
+        "pool's image-text projection (an embedding, no labels)"),
+    # timm's Eva in DINOv3's configuration: four registers, layer scale,
+    # DINOv3's rotary form and no position table (so any image size, as
+    # timm builds it), timm's average pooling after the final norm.
+    "dinov3": Family(
+        dict(gelu="exact", class_token=True, classifier="gap",
+             num_registers=4, qkv_bias=False, layer_scale=1e-5,
+             layer_norm_epsilon=1e-5, position_embedding="none",
+             rope="dinov3", dynamic_image_size=True),
+        "imagenet", "DINOv3 License (facebookresearch/dinov3)",
+        "DINOv3 (Simeoni et al. 2025): self-supervised features, rotary "
+        "position embeddings, 4 registers; no head: the mean of the "
+        "normalised patch tokens, as timm pools (DINOv3's own heads read "
+        "the class token); '-sat' rows are its satellite-imagery "
+        "weights, with their own mean/std"),
+    # Qwen's vision towers in timm's classifier form (qwen3_vit.py): no
+    # class token, a learned table beside EVA-02's rotary form with the
+    # halves turned, the tanh GELU, the mean token normalised without a
+    # scale or bias (ones and zeros here). Their merger to the language
+    # model's width is not a row: its width is each release's.
+    "qwen3_5": Family(
+        dict(gelu="tanh", class_token=False, classifier="gap", fc_norm=True,
+             rope="eva02", rope_halves=True, rope_temperature=10000.0,
+             dynamic_image_size=True), "official",
+        "Apache-2.0 (the Qwen team's Qwen3.5 release)",
+        "Qwen3.5's vision towers (the image encoders of its multimodal "
+        "language models): no head, the normalised mean patch token; "
+        "the patch merger that feeds the language model is not part of "
+        "the row"),
 }
 
 
@@ -158,6 +206,8 @@ class Member(NamedTuple):
         image_size: the resolution its weights were trained at.
         options: builder arguments over the family's.
         weights: its checkpoints, the default first.
+        normalization: the input normalisation of its weights where it
+            is not the family's (DINOv3's satellite weights), else None.
     """
 
     family: str
@@ -167,6 +217,7 @@ class Member(NamedTuple):
     image_size: int
     options: dict
     weights: tuple
+    normalization: str | None = None
 
 
 def _hub(arch, tag, classes, labels=None, repo=None, head_type="classifier"):
@@ -215,6 +266,29 @@ def _eva02(arch, size, image_size, *tags, **options):
 def _pe_spatial(arch, size, patch, image_size):
     return Member("pe", arch, size, patch, image_size, {},
                   (_hub(arch, "fb", 0),))
+
+
+def _pe_core(arch, size, patch, image_size, embedding):
+    # The rotary grid is the release's own (timm's ref_feat_shape).
+    grid = image_size // patch
+    return Member("pe_core", arch, size, patch, image_size,
+                  dict(rope_grid=[grid, grid]),
+                  (_hub(arch, "fb", embedding, head_type="projection"),))
+
+
+def _dinov3(size, *tags, normalization=None):
+    timm_size = {"S": "small", "S+": "small_plus", "B": "base",
+                 "L": "large", "H+": "huge_plus", "7B": "7b"}[size]
+    arch = f"vit_{timm_size}_patch16_dinov3"
+    # S+, H+ and 7B run the SwiGLU MLP (its width: SIZES).
+    options = dict(mlp="swiglu") if size in ("S+", "H+", "7B") else {}
+    return Member("dinov3", arch, size, 16, 256, options,
+                  tuple(_hub(arch, tag, 0) for tag in tags), normalization)
+
+
+def _qwen3_5(arch, size, *tags):
+    return Member("qwen3_5", arch, size, 16, 768, {},
+                  tuple(_hub(arch, tag, 0) for tag in tags))
 
 
 def _siglip(arch, size, patch, image_size, gelu, *tags):
@@ -295,6 +369,33 @@ MEMBERS = {
                                        "B", 16, 512),
     "PE-Spatial-L/14-448": _pe_spatial("vit_pe_spatial_large_patch14_448",
                                        "L", 14, 448),
+    # timm's PE core G/14 is not a row: its attention pool's MLP (4x) is
+    # narrower than its blocks' (5.83x), which keras_vit's pool shares.
+    "PE-Core-Ti/16-384": _pe_core("vit_pe_core_tiny_patch16_384", "Ti",
+                                  16, 384, 512),
+    "PE-Core-S/16-384": _pe_core("vit_pe_core_small_patch16_384", "S",
+                                 16, 384, 512),
+    "PE-Core-B/16-224": _pe_core("vit_pe_core_base_patch16_224", "B",
+                                 16, 224, 1024),
+    "PE-Core-L/14-336": _pe_core("vit_pe_core_large_patch14_336", "L",
+                                 14, 336, 1024),
+    # timm's name alone is the last row of its architecture: the
+    # satellite rows come before the LVD ones, timm's default.
+    "DINOv3-S/16": _dinov3("S", "lvd1689m"),
+    "DINOv3-S+/16": _dinov3("S+", "lvd1689m"),
+    "DINOv3-B/16": _dinov3("B", "lvd1689m"),
+    "DINOv3-L/16-sat": _dinov3("L", "sat493m", normalization="sat493m"),
+    "DINOv3-L/16": _dinov3("L", "lvd1689m"),
+    "DINOv3-H+/16": _dinov3("H+", "lvd1689m"),
+    "DINOv3-7B/16-sat": _dinov3("7B", "sat493m", normalization="sat493m"),
+    "DINOv3-7B/16": _dinov3("7B", "lvd1689m"),
+    # Qwen3.5's towers by size (the 416M one is SigLIP 2's So400m/16);
+    # the tags name the language model each came from.
+    "Qwen3.5-B/16": _qwen3_5("qwen3_vit_88m", "B", "qwen3_5_0_8b"),
+    "Qwen3.5-L/16": _qwen3_5("qwen3_vit_306m", "L", "qwen3_5_2b",
+                             "qwen3_5_4b"),
+    "Qwen3.5-So400m/16": _qwen3_5("qwen3_vit_416m", "So400m",
+                                  "qwen3_5_27b", "qwen3_5_9b"),
 }
 
 # SigLIP's and SigLIP 2's towers: (size, patch, image size, timm's GELU
@@ -346,6 +447,18 @@ for _size, _patch, _image, _gelu in _SIGLIP2:
 del _size, _patch, _image, _gelu, _tags
 
 
+def normalization(name):
+    """The input normalisation of the member ``name``'s weights: its own,
+    else its family's (a name of
+    :data:`keras_vit.data.normalization.NAMED`).
+
+    >>> normalization("DINOv3-L/16-sat"), normalization("DINOv3-L/16")
+    ('sat493m', 'imagenet')
+    """
+    member = MEMBERS[name]
+    return member.normalization or FAMILIES[member.family].normalization
+
+
 def config(name):
     """The builder arguments of the member ``name`` (a key of
     :data:`MEMBERS`): its sizes, its family's options and its own, and
@@ -357,4 +470,4 @@ def config(name):
     return {**dict(patch_size=member.patch_size, hidden_size=hidden,
                    num_layers=layers, num_heads=heads, mlp_dim=mlp),
             **family.options, **member.options,
-            "input_normalization": family.normalization}
+            "input_normalization": normalization(name)}

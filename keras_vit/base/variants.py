@@ -133,8 +133,10 @@ _TIMM_RE = re.compile(
 
 
 def _squash(name):
-    """Lower-cases and drops separators: 'ViT-B/16' -> 'vitb16'."""
-    return re.sub(r"[\s/_\-+.]", "", name.lower())
+    """Lower-cases and drops separators: 'ViT-B/16' -> 'vitb16'. A '+'
+    is read 'plus' (DINOv3's S+ is not its S, and timm spells it
+    'small_plus')."""
+    return re.sub(r"[\s/_\-.]", "", name.lower().replace("+", "plus"))
 
 
 def _number(text, what, original, high=MAX_IMAGE_SIDE):
@@ -247,8 +249,13 @@ def _family_member(raw, original):
     rows', the tag picks the row (``"vit_base_patch16_siglip_224.webli"``
     is ``SigLIP-B/16``), else the newest release is meant
     (``"vit_base_patch16_siglip_224"`` is ``SigLIP2-B/16``, as in timm)."""
-    spelled, _, tag = raw.partition(".")
-    names = _FAMILY_KEYS.get(_squash(spelled))
+    # The last dot is timm's tag, unless the whole name is a row's
+    # ("Qwen3.5-L/16"; timm's tags have no dot).
+    spelled, tag = raw, ""
+    names = _FAMILY_KEYS.get(_squash(raw))
+    if names is None:
+        spelled, _, tag = raw.rpartition(".")
+        names = _FAMILY_KEYS.get(_squash(spelled))
     if names is None:
         return None
     name = names[-1]

@@ -93,6 +93,9 @@ NAMED = {
     # OpenAI CLIP's.
     "clip": InputNormalization((0.48145466, 0.4578275, 0.40821073),
                                (0.26862954, 0.26130258, 0.27577711)),
+    # DINOv3's satellite weights: the statistics of its SAT-493M images.
+    "sat493m": InputNormalization((0.430, 0.411, 0.296),
+                                  (0.213, 0.156, 0.143)),
 }
 OFFICIAL = NAMED["official"]
 

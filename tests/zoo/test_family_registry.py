@@ -1,11 +1,13 @@
 """The family's named members (DeiT, DeiT III, DINOv2, CLIP, SigLIP,
-SigLIP 2, EVA-02): every row of
+SigLIP 2, EVA-02, Perception Encoder, DINOv3, Qwen3.5's towers): every
+row of
 ``keras_vit.base.family_rows`` against timm's own facts (its
 ``pretrained_cfg``: Hub repository, input size, mean/std, head; its models:
 parameter count and logits), the names in ``zoo.list_models``, ``zoo.info``
 and the command line, and a named member loaded from a local stand-in for
 the Hub. Random weights, written by timm itself; never the real Hub."""
 
+import inspect
 import json
 
 import numpy as np
@@ -16,23 +18,64 @@ from testkit import (assert_close_to_timm, random_images,
                      random_timm_model, timm_forward)
 from keras_vit.base import family_rows, variants
 from keras_vit.data.normalization import NAMED, config_value
+from keras_vit.models.encoder import FAMILY_DEFAULTS
+from keras_vit.models.vit import VisionTransformer
 from keras_vit.zoo import registry
 from keras_vit.zoo.timm import arguments as timm_arguments
 
 ROWS = sorted(family_rows.MEMBERS)
+FAMILIES = sorted(family_rows.FAMILIES)
+# What a row builds where it names nothing: the builder's defaults.
+BUILDER_DEFAULTS = {
+    **{k: p.default for k, p in inspect.signature(
+        VisionTransformer.__init__).parameters.items()
+       if p.default is not p.empty},
+    **FAMILY_DEFAULTS}
+# timm's pretrained_cfg licence, where the row's family says another:
+# timm's repositories of OpenAI's towers say Apache-2.0, OpenAI's release
+# (openai/CLIP) is MIT.
+LICENSE_SAID_OTHERWISE = {"clip": "apache-2.0"}
 
 
 def _one_row_per_option_set():
     """The first row (in table order) of each family and set of row
-    options (``distilled``, registers, the MLP, the GELU): the checks that
-    build timm's models run once for each, while every row's sizes and
-    options are checked against timm's architecture
+    options (``distilled``, registers, the MLP, the GELU), and of each
+    family and input normalisation (DINOv3's satellite rows): the check
+    that builds timm's models runs once for each, while every row's sizes
+    and options are checked against timm's architecture
     (:func:`test_row_is_timms_release`)."""
     first = {}
     for name, member in family_rows.MEMBERS.items():
-        key = (member.family, repr(sorted(member.options.items())))
-        first.setdefault(key, name)
-    return sorted(first.values())
+        first.setdefault(
+            (member.family, repr(sorted(member.options.items()))), name)
+        first.setdefault((member.family, family_rows.normalization(name)),
+                         name)
+    return sorted(set(first.values()))
+
+
+def _readers_config(member):
+    """keras_vit's builder arguments of timm's architecture of ``member``
+    as zoo/timm's readers derive them from timm's own arguments (the
+    table of timm's architectures, checked against timm in
+    test_timm_walk.py): EVA's reader, the Qwen towers' (a tower without
+    the merger), or the ViT's; timm's GELU is the exact one unless it
+    names another."""
+    arch, options = timm_arguments.architecture(member.timm)
+    entry = timm_arguments.table_entry(member.timm)
+    if entry["module"] == "eva":  # timm's Eva: its own reader
+        from keras_vit.zoo.timm import eva
+
+        honoured = eva.honoured(entry["args"], "timm_architectures.json")
+    elif entry["module"] == "qwen3_vit":
+        from keras_vit.zoo.timm import eva
+
+        honoured, tokens = eva.qwen_honoured(
+            entry["args"], "timm_architectures.json", {})
+        assert not tokens and "merge_size" not in honoured, member.timm
+    else:
+        honoured = timm_arguments.honoured(
+            {}, arch, "timm_architectures.json", options)
+    return arch, {**arch.config, "gelu": "exact", **honoured}
 
 
 OPTION_ROWS = _one_row_per_option_set()
@@ -48,6 +91,11 @@ def _timm():
 def _random_timm_model(arch, size, num_classes, depth=1):
     _timm()
     return random_timm_model(arch, size, num_classes, depth)
+
+
+def _release(member):
+    """timm's ``arch.tag`` of ``member``'s default release."""
+    return f"{member.timm}.{member.weights[0].tag}"
 
 
 
@@ -83,39 +131,37 @@ def _save_for_hf(model, folder):
 
 @pytest.mark.parametrize("name", ROWS)
 def test_row_is_timms_release(name):
-    """Hub repository, input size, mean/std, head size and label list of
-    every release are those of timm's pretrained_cfg; the row's sizes and
-    options are those of timm's architecture (as keras_vit's table of
-    timm's architectures, checked against timm in test_timm_walk.py,
-    reads it; timm's GELU is the exact one unless it names another)."""
+    """Hub repository, input size, mean/std, head size, label list and
+    licence of every release are those of timm's pretrained_cfg; the
+    row's sizes and options are those of timm's architecture as
+    zoo/timm's reader derives them (:func:`_readers_config`): every
+    argument the reader sets is the row's, or the builder's default where
+    the row names none, and the row names nothing else."""
     timm = _timm()
     from timm.models import get_pretrained_cfg
 
     member = family_rows.MEMBERS[name]
     assert timm.is_model(member.timm), member.timm
-    arch, options = timm_arguments.architecture(member.timm)
-    entry = timm_arguments.table_entry(member.timm)
-    if entry["module"] == "eva":  # timm's Eva: its own reader
-        from keras_vit.zoo.timm import eva
-
-        honoured = eva.honoured(entry["args"], "timm_architectures.json")
-    else:
-        honoured = timm_arguments.honoured(
-            {}, arch, "timm_architectures.json", options)
-    theirs = {**arch.config, "gelu": "exact", **honoured}
+    arch, theirs = _readers_config(member)
     ours = family_rows.config(name)
     ours.pop("input_normalization")
-    assert {k: theirs.get(k) for k in ours} == ours
+    assert set(ours) <= set(theirs), sorted(set(ours) - set(theirs))
+    built = {**BUILDER_DEFAULTS, **ours}
+    assert {k: built.get(k, "(no such argument)") for k in theirs} == theirs
     # The size timm builds the architecture at, unless its release is at
     # another (timm builds PE at 224 and resizes its 448/512 px tables).
     assert member.image_size in (arch.image_size, get_pretrained_cfg(
         f"{member.timm}.{member.weights[0].tag}").input_size[1])
-    norm = NAMED[family_rows.FAMILIES[member.family].normalization]
+    norm = NAMED[family_rows.normalization(name)]
+    family = family_rows.FAMILIES[member.family]
     for weights in member.weights:
         full = f"{member.timm}.{weights.tag}"
         assert full in timm.list_pretrained(member.timm + "*"), full
         cfg = get_pretrained_cfg(full)
         assert weights.source == f"hf-hub:{cfg.hf_hub_id}", full
+        if LICENSE_SAID_OTHERWISE.get(member.family) != cfg.license:
+            assert family.license.lower().startswith(
+                cfg.license.removesuffix("-license")), (full, cfg.license)
         assert cfg.input_size[1:] == (member.image_size, member.image_size)
         assert weights.num_classes == cfg.num_classes, full
         np.testing.assert_allclose(norm.mean, cfg.mean, rtol=0, atol=1e-8)
@@ -138,27 +184,35 @@ def test_row_is_timms_release(name):
     assert meta["parameters"]["num_classes"] == default.num_classes
 
 
-@pytest.mark.parametrize("name", OPTION_ROWS)
+@pytest.mark.parametrize("name", ROWS)
 def test_row_parameter_count_is_timms(name):
     """``zoo.info``'s count (from the row's config alone) is the
-    parameter count of timm's model at full depth, found from timm's
-    models of one and two blocks (each block holds as many)."""
+    parameter count of timm's model of the row's default release at full
+    size, built on torch's meta device (shapes, no memory: DINOv3-7B/16
+    too)."""
+    timm = _timm()
     member = family_rows.MEMBERS[name]
-    classes = member.weights[0].num_classes
-    models = [_random_timm_model(member.timm, member.image_size, classes,
-                                 depth) for depth in (1, 2)]
-    one, two = (sum(p.numel() for p in m.parameters()) for m in models)
-    layers, width = family_rows.SIZES[member.size][1::-1]
+    theirs = timm.create_model(
+        _release(member), pretrained=False, device="meta",
+        img_size=member.image_size,
+        num_classes=member.weights[0].num_classes)
+    keys = theirs.state_dict()
+    config = family_rows.config(name)
+    layers, width = config["num_layers"], config["hidden_size"]
     # timm's EVA projects the keys without a bias; keras_vit's qkv_bias
     # holds one for each projection (zeros from EVA's files: a key bias
     # adds the same logit to every key of a query, which the softmax
     # cancels).
-    keys = models[0].state_dict()
     key_bias = (any(k.endswith(("attn.q_bias", "attn.q_proj.bias"))
                     for k in keys)
                 and not any(k.endswith("attn.k_proj.bias") for k in keys))
-    assert zoo.info(name)["parameters"]["count"] == one + (layers - 1) * (
-        two - one) + key_bias * layers * width
+    # timm's Qwen towers normalise the mean token without a scale or bias;
+    # keras_vit's fc_norm holds both (ones and zeros from their files).
+    bare_norm = config.get("fc_norm", False) and not any(
+        k.startswith(("fc_norm.", "norm.")) for k in keys)
+    assert zoo.info(name)["parameters"]["count"] == sum(
+        p.numel() for p in theirs.parameters()) + (
+        key_bias * layers * width + bare_norm * 2 * width)
 
 
 @pytest.mark.parametrize("name", OPTION_ROWS)
@@ -169,7 +223,9 @@ def test_row_config_gives_timms_logits(name, tmp_path):
     member = family_rows.MEMBERS[name]
     size = SMALL[member.patch_size]
     classes = member.weights[0].num_classes
-    theirs = _random_timm_model(member.timm, size, classes)
+    # At the row's default release: its pretrained_cfg (mean/std) is what
+    # timm's writer writes.
+    theirs = _random_timm_model(_release(member), size, classes)
     _save_for_hf(theirs, tmp_path / "repo")
     ours = zoo.load(name, weights=str(tmp_path / "repo"))
     config = ours.get_config()
@@ -178,7 +234,7 @@ def test_row_config_gives_timms_logits(name, tmp_path):
     for key, value in expected.items():
         if key != "num_layers":
             assert config[key] == value, key
-    norm = NAMED[family_rows.FAMILIES[member.family].normalization]
+    norm = NAMED[family_rows.normalization(name)]
     assert config["input_normalization"] == config_value(norm)
     assert config["num_classes"] == classes
     x = random_images(size)
@@ -241,6 +297,48 @@ def test_names_parse_and_list():
         "SigLIP-So400m/14", "SigLIP-So400m/14-378", "SigLIP-So400m/16-256"]
     with pytest.raises(ValueError, match="family='deet'.*Did you mean 'deit'"):
         zoo.list_models(family="deet")
+
+
+def test_dinov3_pe_core_and_qwen_names_and_info():
+    """DINOv3's S+ and H+ are names of their own (a '+' reads 'plus', as
+    timm spells it), timm's name alone is the LVD release and its tag
+    picks the satellite row, with its own mean/std; a dotted name
+    (Qwen3.5) is a row's before a timm tag; PE core's head is the
+    image-text projection."""
+    assert variants.parse("dinov3-s+16").name == "DINOv3-S+/16"
+    assert variants.parse("dinov3-s16").name == "DINOv3-S/16"
+    assert variants.parse("vit_huge_plus_patch16_dinov3").name == (
+        "DINOv3-H+/16")
+    assert variants.parse("vit_large_patch16_dinov3").name == "DINOv3-L/16"
+    sat = variants.parse("vit_large_patch16_dinov3.sat493m")
+    assert (sat.name, sat.tag) == ("DINOv3-L/16-sat", "sat493m")
+    assert variants.parse("R50+ViT-B/16").name == "R50+ViT-B/16"
+    tagged = variants.parse("Qwen3.5-L/16.qwen3_5_4b")
+    assert (tagged.name, tagged.tag) == ("Qwen3.5-L/16", "qwen3_5_4b")
+    assert variants.parse("qwen3.5-so400m-16").name == "Qwen3.5-So400m/16"
+    with pytest.raises(zoo.UnknownModelError,
+                       match=r"Qwen3.5-L/16 has \['qwen3_5_2b', "
+                             r"'qwen3_5_4b'\]"):
+        variants.parse("Qwen3.5-L/16.fb")
+    info = zoo.info("DINOv3-L/16-sat")
+    assert info["input_normalization"] == {
+        "name": "sat493m", "mean": [0.430, 0.411, 0.296],
+        "std": [0.213, 0.156, 0.143]}
+    assert info["config"]["dynamic_image_size"] is True
+    assert zoo.info("DINOv3-L/16")["input_normalization"]["name"] == (
+        "imagenet")
+    # timm's vit_7b_patch16_dinov3: 6.7B parameters, counted from the row.
+    assert zoo.info("DINOv3-7B/16")["parameters"]["count"] == 6_716_030_976
+    core = zoo.info("PE-Core-L/14-336")
+    assert core["labels"] is None and core["config"]["rope_grid"] == [24, 24]
+    assert core["parameters"]["num_classes"] == 1024
+    assert registry.hub_weights("PE-Core-L/14-336", "auto").head_type == (
+        "projection")
+    qwen = zoo.info("Qwen3.5-L/16")
+    assert list(qwen["weights"]) == ["qwen3_5_2b", "qwen3_5_4b"]
+    assert [qwen["config"][k] for k in ("gelu", "class_token", "fc_norm")] \
+        == ["tanh", False, True]
+    assert "merge_size" not in qwen["config"]
 
 
 def test_info_says_source_normalisation_size_parameters_labels():
@@ -333,6 +431,79 @@ def test_list_and_info_commands(capsys):
                  "labels:         none: no head, the model returns the "
                  "pooled embedding"):
         assert line in out, line
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_list_and_info_commands_show_every_row(family, capsys):
+    """``keras-vit list --family F`` lists the family's rows with their
+    default release starred and its image size; ``keras-vit info NAME``
+    shows each row's source, image size, input normalisation (name, mean
+    and std), head and licence."""
+    from keras_vit import cli
+
+    assert cli.main(["list", "--family", family]) == 0
+    rows = [line.split() for line in
+            capsys.readouterr().out.splitlines()[1:-1]]
+    names = [n for n in family_rows.MEMBERS
+             if family_rows.MEMBERS[n].family == family]
+    assert [r[0] for r in rows] == names == zoo.list_models(family=family)
+    for row, name in zip(rows, names):
+        member = family_rows.MEMBERS[name]
+        assert row[1:3] == [family, f"{member.weights[0].tag}*"], row
+        assert row[3].rstrip(",") == f"({member.image_size})", row
+        assert cli.main(["info", name]) == 0
+        out = capsys.readouterr().out
+        norm = family_rows.normalization(name)
+        mean, std = NAMED[norm]
+        default = member.weights[0]
+        for line in (f"{name}  (family {family}, registered)",
+                     f"  source:         {default.source}",
+                     f"  image size:     {member.image_size}",
+                     f"  normalisation:  {norm} (mean {tuple(mean)}, "
+                     f"std {tuple(std)} of [0, 1] pixels)",
+                     "  labels:         " + (
+                         f"{default.labels} ({default.num_classes} classes)"
+                         if default.labels else
+                         f"none: a {default.num_classes}-wide head without "
+                         "class names" if default.num_classes else
+                         "none: no head, the model returns the pooled "
+                         "embedding"),
+                     f"license {family_rows.FAMILIES[family].license}"):
+            assert line in out, (name, line)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_offline_is_one_line(family, tmp_path, monkeypatch, capsys):
+    """``keras-vit predict NAME`` with the Hub out of reach and
+    ``KERAS_VIT_OFFLINE=1``: one line, no traceback, naming the default
+    release's URL and the cache folder to place its files in, for the
+    first row of every family."""
+    import numpy as np
+    from PIL import Image
+
+    from keras_vit import cli
+    from keras_vit.zoo.download import cache as download_cache
+
+    unreachable = "http://127.0.0.1:9"  # nothing listens: refused at once
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_ENDPOINT", unreachable)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("KERAS_VIT_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    name = next(n for n, m in family_rows.MEMBERS.items()
+                if m.family == family)
+    repo = family_rows.MEMBERS[name].weights[0].source.removeprefix(
+        "hf-hub:")
+    image = tmp_path / "img.png"
+    Image.fromarray(np.zeros((8, 8, 3), "uint8")).save(image)
+    assert cli.main(["predict", name, str(image)]) != 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("keras-vit: error:"), err
+    base = f"{unreachable}/{repo}/resolve/main/"
+    folder = download_cache.cache_path_for(base + "config.json").parent
+    assert base in lines[0] and f"{folder}/" in lines[0], lines[0]
+    assert "unset KERAS_VIT_OFFLINE" in lines[0], lines[0]
 
 
 def test_guide_names_every_member():
