@@ -104,14 +104,27 @@ class Field(NamedTuple):
         name: the field.
         forms: their value -> ours where the two differ (a dict; the writers
             invert it), or None where the values are the same.
+        also: the same field's names in other classes' configs of that
+            library (transformers' DINOv3 says ``use_gated_mlp`` where
+            DINOv2 says ``use_swiglu_ffn``); a config has one of them.
 
-    >>> swiglu = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
+    >>> swiglu = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"},
+    ...                also=("use_gated_mlp",))
     >>> swiglu.read(True), swiglu.write("gelu")
     ('swiglu', False)
+    >>> swiglu.named({"use_gated_mlp": False, "hidden_act": "silu"})
+    'use_gated_mlp'
     """
 
     name: str
     forms: dict | None = None
+    also: tuple = ()
+
+    def named(self, fields):
+        """The name this field has among ``fields`` (a config's), or
+        None where it has none."""
+        return next((n for n in (self.name, *self.also) if n in fields),
+                    None)
 
     def read(self, value):
         """Our value of their ``value``."""
@@ -231,8 +244,10 @@ class Option(NamedTuple):
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
 _NEGATED = {True: False, False: True}
-# DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it.
+# DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it
+# (transformers' DINOv3: use_gated_mlp, its gate hidden_act, SiLU).
 _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
+_GATED = _SWIGLU._replace(also=("use_gated_mlp",))
 
 # A block's path in the model, in timm's state dict and in the official
 # layout.
@@ -316,7 +331,7 @@ OPTIONS = (
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
            "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
-           _SWIGLU, _SWIGLU, block=True),
+           _GATED, _SWIGLU, block=True),
     Option("mlp_norm", False, flag, True, Field("scale_mlp_norm"),
            "a norm of the MLP's hidden features, after the activation (or "
            "the gate) and before the second projection (EVA-02's "
@@ -368,7 +383,8 @@ OPTIONS = (
            "coordinates), False, adjacent pairs (EVA-02's); None: the "
            "form's own", block=True),
     Option("rope_temperature", 100.0, positive, False, None,
-           "the rotary embeddings' base period (DINOv3's 100)"),
+           "the rotary embeddings' base period (DINOv3's 100)",
+           Field("rope_theta")),
     Option("rope_grid", None, optional_grid, False, None,
            "rope='eva02': the grid (rows, columns) whose patch indices are "
            "the coordinates; another grid's are scaled to it (timm's "
@@ -535,17 +551,22 @@ def read_fields(library, config, fields):
     the row's default otherwise. A config type so carries exactly the
     options its fields name.
 
-    >>> read_fields("transformers", {"use_swiglu_ffn": True,
-    ...             "layerscale_value": 1e-5, "mlp_ratio": 4},
-    ...             ("use_swiglu_ffn", "layerscale_value", "mlp_ratio"))
-    {'num_registers': 0, 'layer_scale': 1e-05, 'qkv_bias': True, 'mlp': 'swiglu'}
+    >>> out = read_fields("transformers", {"use_swiglu_ffn": True,
+    ...                   "layerscale_value": 1e-5, "mlp_ratio": 4},
+    ...                   ("use_swiglu_ffn", "layerscale_value", "mlp_ratio"))
+    >>> out["mlp"], out["layer_scale"], out["num_registers"]
+    ('swiglu', 1e-05, 0)
+    >>> read_fields("transformers", {"use_gated_mlp": True, "rope_theta": 1e4},
+    ...             ("use_gated_mlp", "rope_theta"))["rope_temperature"]
+    10000.0
     """
     out = {}
     for option in OPTIONS:
         field = getattr(option, library)
         if field is not None:
-            out[option.name] = (field.read(config[field.name])
-                                if field.name in fields else option.default)
+            name = field.named(fields)
+            out[option.name] = (option.default if name is None
+                                else field.read(config[name]))
     return out
 
 
@@ -561,8 +582,9 @@ def write_fields(library, options, fields):
     out = {}
     for option in OPTIONS:
         field = getattr(option, library)
-        if field is not None and field.name in fields:
+        name = None if field is None else field.named(fields)
+        if name is not None:
             value = option.check(option.name,
                                  options.get(option.name, option.default))
-            out[field.name] = field.write(value)
+            out[name] = field.write(value)
     return out

@@ -295,11 +295,13 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
 
 
 # Models a transformers class holds (DeiT, DINOv2, DINOv2 with registers,
-# CLIP's and SigLIP's image towers, ViT), to which the property below adds
-# other options.
+# DINOv3, CLIP's and SigLIP's image towers, ViT), to which the property
+# below adds other options.
 _HELD = {
     "deit": dict(num_registers=1, num_classes=3),
     "dinov2": dict(layer_scale=1.0, num_classes=0),
+    "dinov3": dict(layer_scale=1.0, rope="dinov3", position_embedding="none",
+                   num_classes=0),
     "dinov2_registers": dict(layer_scale=1.0, num_registers=2,
                              posemb_includes_prefix=False, num_classes=0),
     "clip": dict(pre_norm=True, patch_bias=False, num_classes=0),

@@ -1,6 +1,7 @@
 """transformers' other ViT-family towers, as tables on one reader: DeiT
 (``model_type`` ``"deit"``), DINOv2 (``"dinov2"``,
-``"dinov2_with_registers"``) and CLIP's image tower
+``"dinov2_with_registers"``), DINOv3's ViT (``"dinov3_vit"``) and CLIP's
+image tower
 (``"clip_vision_model"``; the image tower of a whole ``"clip"`` folder,
 whose text tower and projections are not read).
 
@@ -24,17 +25,28 @@ names, each class's builder options
   MLP (``mlp="swiglu"``; ``mlp_dim`` two thirds of ``hidden_size *
   mlp_ratio``, rounded up to a multiple of 8:
   :func:`~keras_vit.zoo.transformers.tables.dinov2_mlp_dim`).
+* ``DINOv3ViTModel``: DINOv2's blocks with DINOv3's rotary embeddings
+  (``rope="dinov3"``, ``rope_theta`` the temperature) and no position
+  table, so it runs at any multiple of the patch (``dynamic_image_size``);
+  ``use_gated_mlp`` with ``hidden_act`` SiLU is ``mlp="swiglu"``
+  (``intermediate_size`` wide). Its five bias fields are two rows:
+  ``qkv_bias`` (``query_bias``, ``key_bias``, ``value_bias``: zeros for
+  a bias a field leaves out) and ``proj_bias`` (``proj_bias``,
+  ``mlp_bias``). ``pos_embed_shift``, ``pos_embed_jitter`` and
+  ``pos_embed_rescale`` move the coordinates in training only: not read.
 * ``CLIPVisionModel``: ``pre_layrnorm`` (``pre_norm``), no patch bias,
   quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
   ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
   block's output (:func:`keras_vit.models.intermediate_model`).
 
-``Dinov2ForImageClassification`` is refused by name: its classifier reads
-the class token concatenated with the mean patch token, a pooling keras_vit
-lacks. A table of another ``image_size`` is resized by keras_vit's rule
-(bilinear, aligned corners: :mod:`keras_vit.zoo.position_tables`), not by
-transformers' bicubic ``interpolate_pos_encoding``: such a model does not
-reproduce transformers' interpolated forward.
+``Dinov2ForImageClassification`` and ``DINOv3ViTBackbone`` are refused by
+name: the first's classifier reads the class token concatenated with the
+mean patch token, a pooling keras_vit lacks; the second returns feature
+maps (its weights are ``DINOv3ViTModel``'s). A table of another
+``image_size`` is resized by keras_vit's rule (bilinear, aligned corners:
+:mod:`keras_vit.zoo.position_tables`), not by transformers' bicubic
+``interpolate_pos_encoding``: such a model does not reproduce
+transformers' interpolated forward.
 """
 
 from __future__ import annotations
@@ -47,14 +59,14 @@ from keras_vit.base import options as options_table
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
 from keras_vit.zoo import formats, hub_files, layouts
-from keras_vit.zoo.layouts import Layout
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
-from keras_vit.zoo.transformers.tables import (ARCHITECTURES, FAMILIES, rules,
-                                               dinov2_mlp_dim)
+from keras_vit.zoo.transformers.tables import (
+    ARCHITECTURES, FAMILIES, block_shapes, dinov2_mlp_dim, expected_shapes,
+    layout, rows_of, shape_codes)
 
 #: The model types read here.
-FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers",
+FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers", "dinov3_vit",
                 "clip_vision_model", "clip")
 #: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
 GELUS = dict(GELU_FORMS, quick_gelu="quick")
@@ -64,7 +76,10 @@ GELUS = dict(GELU_FORMS, quick_gelu="quick")
 # its tensor too, checked against the file before anything is allocated.
 _MORE_FIELDS = Object({
     "mlp_ratio": Number(0, 64, open=True), "layerscale_value": Number(),
-    "use_swiglu_ffn": Bool(), "num_register_tokens": Int(0, MAX_HIDDEN)})
+    "use_swiglu_ffn": Bool(), "num_register_tokens": Int(0, MAX_HIDDEN),
+    "use_gated_mlp": Bool(), "rope_theta": Number(),
+    **dict.fromkeys(("query_bias", "key_bias", "value_bias", "proj_bias",
+                     "mlp_bias"), Bool())})
 
 
 def _classes(model_type, refused=False):
@@ -127,39 +142,54 @@ def architecture(config, path, header):
     formats.check(_MORE_FIELDS, vision, path, field.rstrip(".") or None)
     name = _architecture_name(config, path, header)
     spec = ARCHITECTURES[name]
-    defaults = FAMILIES[spec["type"]]["defaults"]
+    family = FAMILIES[spec["type"]]
+    defaults = family["defaults"]
     value = dict(defaults, **vision)
-    # The family options this type's config carries (its defaults' fields).
+    # The family options this type's config carries (its defaults' fields),
+    # the bias rows from their fields (any on: the row on).
     options = options_table.read_fields("transformers", value, defaults)
+    biases = family.get("biases", {})
+    options.update({row: any(value[f] for f in fields)
+                    for row, fields in biases.items()})
     hidden, heads = value["hidden_size"], value["num_attention_heads"]
     size, patch = value["image_size"], value["patch_size"]
     sides = tuple(size) if isinstance(size, tuple) else (size, size)
     dino, clip = spec["type"].startswith("dinov2"), "clip" in spec["type"]
     mlp = value["intermediate_size"]
-    # transformers' DINOv2 reads use_swiglu_ffn only; the SwiGLU MLP gates
-    # with SiLU whatever hidden_act says.
     swiglu = options["mlp"] == "swiglu"
     if dino:  # DINOv2's MLP: from hidden_size * mlp_ratio
         mlp = dinov2_mlp_dim(hidden, value["mlp_ratio"], swiglu)
+    # transformers' DINOv2 reads use_swiglu_ffn only, its SwiGLU gating
+    # with SiLU whatever hidden_act says; DINOv3's gate is hidden_act.
+    gate = family.get("gate") if swiglu else None
+    acts = GELUS if not swiglu else gate or (value["hidden_act"],)
+    rope = spec["options"].get("rope")
     for key, ok, expected in (
             ("num_attention_heads", hidden % heads == 0,
              f"an integer that divides hidden_size={hidden}"),
-            ("head_dim", value["head_dim"] in (None, hidden // heads),
+            ("head_dim", value.get("head_dim") in (None, hidden // heads),
              f"null or hidden_size / num_attention_heads = "
              f"{hidden // heads}"),
+            ("num_attention_heads", not rope or hidden // heads % 4 == 0,
+             f"a count that leaves heads of a width divisible by 4 ("
+             f"{rope}'s rotary pairs, by rows and columns) at "
+             f"hidden_size={hidden}"),
             ("patch_size", all(s % patch == 0 for s in sides),
              f"an integer that divides image_size={list(sides)}"),
             ("image_size", not FAMILIES[spec["type"]].get("square")
              or sides[0] == sides[1],
              "one side (CLIP's images are square)"),
-            ("hidden_act", swiglu or value["hidden_act"] in GELUS,
-             f"one of {sorted(GELUS)} (keras_vit's GELU forms)"),
+            ("hidden_act", value["hidden_act"] in acts,
+             f"one of {sorted(acts)} (keras_vit's "
+             + ("SwiGLU gates with SiLU)" if swiglu else "GELU forms)")),
             ("mlp_ratio", mlp >= 1, "a ratio giving an MLP of at least one "
              f"unit at hidden_size={hidden}"),
             ("qkv_bias", not clip or value.get("qkv_bias", True),
              "true (CLIP's attention has query, key and value biases)"),
             ("layerscale_value", value.get("layerscale_value", 1) > 0,
              "a positive number (the layer scales' initial value)"),
+            ("rope_theta", value.get("rope_theta", 1) > 0,
+             "a positive number (the rotary embeddings' base period)"),
             ("pooler_act", not spec.get("pooler") or value.get(
                 "pooler_act", "tanh") == "tanh",
              "'tanh' (keras_vit's pre_logits)")):
@@ -170,7 +200,11 @@ def architecture(config, path, header):
     if prefix is None:
         prefix = ("vision_model." if any(k.startswith("vision_model.")
                                          for k in header) else "")
+    # The fields that leave a bias of a row that is on out of the file.
+    off = [f for row, fields in biases.items() if options[row]
+           for f in fields if not value[f]]
     return {"class": name, "type": spec["type"], "prefix": prefix,
+            "off": off,
             "hidden_size": hidden, "num_heads": heads, "mlp_dim": mlp,
             "num_layers": value["num_hidden_layers"],
             "image_size": sides[0] if sides[0] == sides[1] else list(sides),
@@ -214,86 +248,22 @@ def differences(model_type, fixed, options):
     ...             {"posemb_includes_prefix": False}, options)
     {'posemb_includes_prefix': False}
     """
-    defaults = FAMILIES[model_type]["defaults"] if model_type else {}
+    family = FAMILIES[model_type] if model_type else {}
+    defaults = family.get("defaults", {})
     written = options_table.write_fields("transformers", options, defaults)
     held = dict(options_table.DEFAULTS, class_token=True)
     held.update(options_table.read_fields(
         "transformers", dict(defaults, **written), defaults))
+    # A bias row's fields (every one written at the row's value) hold it.
+    held.update({row: options[row] for row in family.get("biases", {})})
     held.update({k: v for k, v in fixed.items() if k in held})
     for row in options_table.OPTIONS:
         field = row.transformers
-        if (field is not None and written.get(field.name, 0) is None
-                and defaults[field.name] is not None):
-            held[row.name] = field.read(defaults[field.name])
+        name = field and field.named(defaults)
+        if (name is not None and written.get(name, 0) is None
+                and defaults[name] is not None):
+            held[row.name] = field.read(defaults[name])
     return {k: held[k] for k in options if options[k] != held[k]}
-
-
-def tables(arch):
-    """``(block, other, head)`` rows of the tensors ``arch`` holds:
-    transformers' name (without the block's number or the tensors'
-    prefix) -> (the model's variable path, form, shape), as in
-    :data:`~keras_vit.zoo.transformers.tables.FAMILIES`."""
-    family = FAMILIES[arch["type"]]
-    layer = dict(family["layer"])
-    options = arch["options"]
-    if options["mlp"] == "swiglu":  # DINOv2's, in place of mlp.fc1 / mlp.fc2
-        layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
-        layer.update(family["swiglu"])
-    if not options["qkv_bias"]:
-        for part in ("query", "key", "value"):
-            layer.pop(f"attention.attention.{part}.bias")
-    spec = ARCHITECTURES[arch["class"]]
-    top = dict(family["top"])
-    if not spec.get("pooler"):
-        top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
-    if not options["num_registers"]:
-        top.pop("embeddings.register_tokens", None)
-    if ("embeddings.distillation_token" in top
-            and not spec["options"].get("distilled")):
-        # Read by the class token's neighbour: one register token.
-        top["embeddings.distillation_token"] = (
-            "register_tokens/registers", "same", "cls")
-    head = spec.get("head", {})
-    return layer, top, head
-
-
-def expected_shapes(arch, header, num_labels):
-    """transformers' tensor names (prefix included) and shapes for
-    ``arch``; optional tensors (DINOv2's mask token, DeiTModel's pooler)
-    are expected when ``header`` holds them."""
-    layer, top, head = tables(arch)
-    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"],
-                  arch["num_channels"], arch["patch_size"])
-    size = arch["image_size"]
-    h, w = (size, size) if isinstance(size, int) else size
-    table = (h // p) * (w // p) + 1 + (arch["type"] == "deit")
-    dims = {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
-            "g": (2 * m,), "gd": (2 * m, d),
-            "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
-            "conv": (d, c, p, p), "reg": (1, arch["options"]["num_registers"], d),
-            "mask": (1, d), "r": (arch["pooler"],),
-            "rd": (arch["pooler"], d), "labels": (num_labels,),
-            "labelsd": (num_labels, d)}
-    prefix = arch["prefix"]
-    shapes = {}
-    for name, (_, _, shape) in top.items():
-        optional = name == "embeddings.mask_token" or name.startswith(
-            "pooler.")
-        if not optional or prefix + name in header:
-            shapes[prefix + name] = dims[shape]
-    layers = FAMILIES[arch["type"]]["layers"]
-    for i in range(arch["num_layers"]):
-        shapes.update({f"{prefix}{layers}{i}.{name}": dims[shape]
-                       for name, (_, _, shape) in layer.items()})
-    shapes.update({name: dims[shape] for name, (_, _, shape) in head.items()})
-    return shapes
-
-
-def layout(arch):
-    """The :class:`~keras_vit.zoo.layouts.Layout` of the tensors ``arch``
-    holds (:func:`tables`) on the model's variables."""
-    return Layout("transformers", rules(
-        *tables(arch), arch["prefix"], FAMILIES[arch["type"]]["layers"]))
 
 
 def _table_of_patches(arch):
@@ -323,10 +293,32 @@ def write(model, arch):
         table = prefix + "embeddings.position_embeddings"
         state[table] = np.concatenate(
             [np.zeros((1, 1, d), "float32"), state[table]], axis=1)
-    if "embeddings.mask_token" in tables(arch)[1]:  # DINOv2's, unused in
-        state[prefix + "embeddings.mask_token"] = np.zeros((1, d), "float32")
+    for name, (path, _, shape) in rows_of(arch)[1].items():
+        if path is None:  # unused in a forward (a mask token): zeros
+            state[prefix + name] = np.zeros(shape_codes(arch)[shape],
+                                            "float32")
     return {k: np.ascontiguousarray(v, dtype="float32")
             for k, v in state.items()}
+
+
+def zero_biases(state, arch):
+    """The bias fields off in the defaults of ``arch``'s type (DINOv3's
+    ``key_bias``) whose every tensor in ``state`` (:func:`write`'s) is
+    zeros, those tensors taken out of it: a zero bias is none, so such a
+    field is written off, as the type's own files have it."""
+    family = FAMILIES[arch["type"]]
+    blocks = arch["prefix"] + family["layers"]
+    off = []
+    for fields in family.get("biases", {}).values():
+        for field, names in fields.items():
+            keys = [k for k in state for n in names
+                    if k.startswith(blocks) and k.endswith("." + n)]
+            if (keys and family["defaults"][field] is False
+                    and not any(np.any(state[k]) for k in keys)):
+                off.append(field)
+                for k in keys:
+                    del state[k]
+    return off
 
 
 def builder_config(arch, num_labels, has_pooler):
@@ -384,10 +376,14 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         "its config describes", optional=heads)
     labels = (formats.check_labels(arch["labels"], num_labels, config_path,
                                    "id2label") if num_labels else None)
-    arrays = read_tensors(path, sorted(
-        k for k in found if not k.endswith("embeddings.mask_token")))
+    unused = {prefix + k for k, v in rows_of(arch)[1].items() if v[0] is None}
+    arrays = read_tensors(path, sorted(set(found) - unused))
     if _table_of_patches(arch):
         _fold_class_row(arrays, arch)
+    blocks = prefix + FAMILIES[arch["type"]]["layers"]
+    arrays = layouts.with_zeros(arrays, {
+        f"{blocks}{i}.{name}": shape for i in range(arch["num_layers"])
+        for name, shape in block_shapes(arch)[1].items()})
     has_pooler = any(k.endswith("pooler.dense.weight") for k in arrays)
     config = builder_config(arch, num_labels, has_pooler)
     config["input_normalization"] = input_normalization

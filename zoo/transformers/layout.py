@@ -36,7 +36,8 @@ DEFAULT_HIDDEN_ACT = "gelu"
 
 
 # Hub model types keras_vit does not read, with the way out where there
-# is one (DeiT, DINOv2 and CLIP's image tower: zoo/transformers/family.py).
+# is one (DeiT, DINOv2, DINOv3 and CLIP's image tower:
+# zoo/transformers/family.py).
 _OTHER_TYPES = {
     "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
                "classifier keras_vit reproduces",
@@ -93,7 +94,8 @@ def architecture(config, path, header=None):
             + ". keras_vit reads transformers' ViT (model_type 'vit': "
             f"{' and '.join(ARCHITECTURES)}), SigLIP's image towers "
             "('siglip_vision_model', 'siglip'), DeiT ('deit'), DINOv2 "
-            "('dinov2', 'dinov2_with_registers') and CLIP's image tower "
+            "('dinov2', 'dinov2_with_registers'), DINOv3's ViT "
+            "('dinov3_vit') and CLIP's image tower "
             "('clip_vision_model', 'clip'); timm's repositories of the "
             "same weights load too (hf-hub:timm/vit_*)")
     names = config.get("architectures")

@@ -4,12 +4,13 @@ by :mod:`keras_vit.zoo.transformers.writer`): per model type its config
 defaults, where its blocks are and the names of their tensors and of the
 others (:data:`FAMILIES`); per class its model type, the tensors' prefix,
 its head's tensors and the builder options it sets (:data:`ARCHITECTURES`),
-or why keras_vit refuses it.
+or why keras_vit refuses it; and the tensors one folder holds, from
+them (:func:`rows_of`, :func:`expected_shapes`, :func:`layout`).
 """
 
 from __future__ import annotations
 
-from keras_vit.zoo.layouts import Rule
+from keras_vit.zoo.layouts import Layout, Rule
 
 # -- tensor names -------------------------------------------------------------
 # transformers' name -> (the model's variable path, inside its block for a
@@ -17,7 +18,9 @@ from keras_vit.zoo.layouts import Rule
 # keras_vit.zoo.layouts.FORMS or "table" for a position table without its
 # leading axis; its shape): Shapes: "d" (D,), "m" (M,), "dd", "md", "dm"
 # (rows, columns); "g" (2M,) and "gd" SwiGLU's packed first Linear (gate
-# rows, then value rows, M each).
+# rows, then value rows, M each). A tuple of names: tensors of that shape
+# each, joined along their first axis into the one variable (DINOv3's
+# gate_proj and up_proj, SwiGLU's halves).
 
 
 def _attention(query, key, value, out):
@@ -58,6 +61,19 @@ _DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "norm_1"),
 # through SiLU, gates the second (keras_vit's mlp="swiglu"; transformers
 # 5 splits it into gate_proj and up_proj in memory only), then one back.
 _DINO_SWIGLU = _mlp("mlp.weights_in", "mlp.weights_out", first="g")
+_DINO3_LAYER = {**_attention(*(f"attention.{p}_proj" for p in "qkvo")),
+                **{k: v for k, v in _DINO_LAYER.items()
+                   if not k.startswith(("attention.", "mlp."))},
+                **_mlp("mlp.up_proj", "mlp.down_proj")}
+# DINOv3's gated MLP (use_gated_mlp): gate_proj through hidden_act times
+# up_proj, then down_proj; keras_vit's mlp="swiglu" packs the first two
+# into one Dense, gate first.
+_DINO3_GATED = {
+    **{tuple(f"mlp.{n}_proj.{kind}" for n in ("gate", "up")): (
+        f"mlp/dense_0/{path}", form, shape) for kind, path, form, shape in (
+            ("weight", "kernel", "linear", "md"), ("bias", "bias", "same",
+                                                   "m"))},
+    **{k: v for k, v in _DINO3_LAYER.items() if k.startswith("mlp.down")}}
 _CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
     "q", "k", "v", "out"))), **_norm("layer_norm1", "norm_1"),
                **_norm("layer_norm2", "norm_2"),
@@ -75,6 +91,15 @@ _DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": (
     "register_tokens/registers", "same", "reg"),
              # DINOv2's masked-image pretraining token: unused in a forward.
              "embeddings.mask_token": (None, None, "mask")}
+# DINOv3's: no position table (rotary embeddings), a mask token (1, 1, D).
+_DINO3_TOP = {**{k: v for k, v in _DINO_TOP.items() if k.startswith((
+    "embeddings.cls", "embeddings.reg"))},
+              "embeddings.mask_token": (None, None, "cls"),
+              "embeddings.patch_embeddings.weight": (
+                  "patch_embedding/conv/kernel", "conv", "conv"),
+              "embeddings.patch_embeddings.bias": (
+                  "patch_embedding/conv/bias", "same", "d"),
+              **_norm("norm", _ENCODER_NORM)}
 _CLIP_TOP = {"embeddings.class_embedding": ("class_token/cls", "flat", "d"),
              "embeddings.patch_embedding.weight": (
                  "patch_embedding/conv/kernel", "conv", "conv"),
@@ -102,11 +127,17 @@ def rules(layer, top, head, prefix, layers):
     under ``prefix`` (those of no variable left out), the head's as
     named."""
     blocks = prefix + layers + "{i}."
-    return [*[Rule("encoder_block_{i}/" + path, blocks + name, form)
+    return [*[Rule("encoder_block_{i}/" + path,
+                   [blocks + n for n in names(name)], form)
               for name, (path, form, _) in layer.items()],
             *[Rule(path, prefix + name, form)
               for name, (path, form, _) in top.items() if path is not None],
             *[Rule(path, name, form) for name, (path, form, _) in head.items()]]
+
+
+def names(row):
+    """The tensor names of a table's row key (one name or a tuple)."""
+    return (row,) if isinstance(row, str) else row
 
 
 _DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -115,21 +146,49 @@ _DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  qkv_bias=True, head_dim=None)
 _DINO_DEFAULTS = dict(_DEFAULTS, patch_size=14, layer_norm_eps=1e-6,
                       mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False)
+# DINOv3ViTConfig's (no qkv_bias: a field per projection's bias).
+_DINO3_DEFAULTS = dict(
+    {k: v for k, v in _DEFAULTS.items() if k != "qkv_bias"},
+    hidden_size=384, intermediate_size=1536, num_attention_heads=6,
+    layer_norm_eps=1e-5, rope_theta=100.0, query_bias=True, key_bias=False,
+    value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0,
+    use_gated_mlp=False, num_register_tokens=0)
+# Per option row of biases: its fields in the config, each with the
+# tensors (in a block) it keeps. The row is on where any field is (a bias
+# a field leaves out is zeros: DINOv3 has no key bias), off where none is.
+_VIT_BIASES = {"qkv_bias": {"qkv_bias": tuple(
+    f"attention.attention.{p}.bias" for p in ("query", "key", "value"))}}
+_DINO3_BIASES = {
+    "qkv_bias": {f"{p}_bias": (f"attention.{p[0]}_proj.bias",)
+                 for p in ("query", "key", "value")},
+    "proj_bias": {"proj_bias": ("attention.o_proj.bias",),
+                  "mlp_bias": tuple(f"mlp.{n}_proj.bias"
+                                    for n in ("gate", "up", "down"))}}
 #: Per model type: the config's defaults (transformers' config classes),
 #: where the blocks are (``layers``) and the names of their tensors
-#: (``swiglu``: the MLP's, replacing ``mlp.fc1`` / ``mlp.fc2``, under
-#: ``use_swiglu_ffn``) and of the others.
+#: (``swiglu``: the MLP's, replacing the others ``mlp.*``, under
+#: ``use_swiglu_ffn`` / ``use_gated_mlp``) and of the others; ``biases``:
+#: the bias rows' fields and tensors; ``gate``: the ``hidden_act`` values
+#: its gated MLP computes as keras_vit's SwiGLU (none: it gates with SiLU
+#: whatever ``hidden_act`` says, DINOv2's).
 FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
-                 layer=_VIT_LAYER, top={
+                 layer=_VIT_LAYER, biases=_VIT_BIASES, top={
                      **_VIT_TOP, **_POOLER, "embeddings.distillation_token": (
                          "distillation_token/registers", "same", "cls")}),
     "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
-                   layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU),
+                   layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU,
+                   biases=_VIT_BIASES),
     "dinov2_with_registers": dict(
         defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
         layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
-        swiglu=_DINO_SWIGLU),
+        swiglu=_DINO_SWIGLU, biases=_VIT_BIASES),
+    # Files name the blocks layer.{i} (transformers 5 holds them under
+    # model.layer.{i} in memory and renames both ways).
+    "dinov3_vit": dict(defaults=_DINO3_DEFAULTS, layers="layer.",
+                       layer=_DINO3_LAYER, top=_DINO3_TOP,
+                       swiglu=_DINO3_GATED, biases=_DINO3_BIASES,
+                       gate=("silu", "swish")),
     # CLIP's config has no qkv_bias (its attention always has biases).
     "clip_vision_model": dict(
         defaults={**{k: v for k, v in _DEFAULTS.items() if k != "qkv_bias"},
@@ -159,6 +218,16 @@ ARCHITECTURES = {
     "Dinov2WithRegistersModel": dict(
         type="dinov2_with_registers", prefix="",
         options=dict(num_classes=0, posemb_includes_prefix=False)),
+    # Positions by DINOv3's rotary coordinates alone, at any size.
+    "DINOv3ViTModel": dict(
+        type="dinov3_vit", prefix="", options=dict(
+            num_classes=0, rope="dinov3", position_embedding="none",
+            dynamic_image_size=True)),
+    "DINOv3ViTBackbone": dict(
+        type="dinov3_vit", refused=(
+            "it returns each stage's feature maps; load the encoder: "
+            "DINOv3ViTModel.from_pretrained(src).save_pretrained(dir), "
+            "then zoo.load(dir)")),
     "CLIPVisionModel": dict(type="clip_vision_model", prefix=None,
                             options=_CLIP_OPTIONS),
     "CLIPModel": dict(type="clip", prefix="vision_model.",
@@ -198,3 +267,97 @@ def dinov2_mlp_dim(hidden_size, mlp_ratio, swiglu=False):
     """
     width = int(hidden_size * mlp_ratio)
     return swiglu_width(width) if swiglu else width
+
+
+# -- the tensors of one folder -------------------------------------------------
+
+def rows_of(arch):
+    """``(block, other, head)`` rows of the tensors ``arch`` holds:
+    transformers' name (without the block's number or the tensors'
+    prefix) -> (the model's variable path, form, shape), as in
+    :data:`FAMILIES`."""
+    family = FAMILIES[arch["type"]]
+    layer = dict(family["layer"])
+    options = arch["options"]
+    if options["mlp"] == "swiglu":  # in place of the MLP's first Linear
+        layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
+        layer.update(family["swiglu"])
+    # The biases of a row that is off (each of its fields off).
+    dropped = {n for row, fields in family.get("biases", {}).items()
+               if not options[row] for ns in fields.values() for n in ns}
+    layer = {k: v for k, v in layer.items() if not dropped & set(names(k))}
+    spec = ARCHITECTURES[arch["class"]]
+    top = dict(family["top"])
+    if not spec.get("pooler"):
+        top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
+    if not options["num_registers"] and "embeddings.register_tokens" in top:
+        # An empty (1, 0, D) tensor where the config has the field.
+        top.pop("embeddings.register_tokens")
+        if "num_register_tokens" in family["defaults"]:
+            top["embeddings.register_tokens"] = (None, None, "reg")
+    if ("embeddings.distillation_token" in top
+            and not spec["options"].get("distilled")):
+        # Read by the class token's neighbour: one register token.
+        top["embeddings.distillation_token"] = (
+            "register_tokens/registers", "same", "cls")
+    head = spec.get("head", {})
+    return layer, top, head
+
+
+def shape_codes(arch, num_labels=0):
+    """The shapes of the tables' shape codes for ``arch``."""
+    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"],
+                  arch["num_channels"], arch["patch_size"])
+    size = arch["image_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    table = (h // p) * (w // p) + 1 + (arch["type"] == "deit")
+    return {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
+            "g": (2 * m,), "gd": (2 * m, d),
+            "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
+            "conv": (d, c, p, p), "reg": (1, arch["options"]["num_registers"], d),
+            "mask": (1, d), "r": (arch.get("pooler"),),
+            "rd": (arch.get("pooler"), d), "labels": (num_labels,),
+            "labelsd": (num_labels, d)}
+
+
+def block_shapes(arch):
+    """``(held, left out)``: each block's tensors in the file, by name
+    without the block's prefix, and those of a bias row that is on whose
+    field is off (``arch["off"]``; the reader gives them zeros)."""
+    dims = shape_codes(arch)
+    shapes = {n: dims[shape] for key, (_, _, shape) in rows_of(arch)[0].items()
+              for n in names(key)}
+    biases = FAMILIES[arch["type"]].get("biases", {})
+    out = {n for fields in biases.values() for f in arch.get("off", ())
+           for n in fields.get(f, ())}
+    return ({n: v for n, v in shapes.items() if n not in out},
+            {n: v for n, v in shapes.items() if n in out})
+
+
+def expected_shapes(arch, header, num_labels):
+    """transformers' tensor names (prefix included) and shapes for
+    ``arch``; optional tensors (DINOv2's mask token, DeiTModel's pooler)
+    are expected when ``header`` holds them."""
+    _, top, head = rows_of(arch)
+    dims = shape_codes(arch, num_labels)
+    prefix = arch["prefix"]
+    shapes = {}
+    for name, (path, _, shape) in top.items():
+        # A tensor of no variable (DINOv2's mask token, empty registers)
+        # and DeiTModel's pooler may be left out.
+        optional = path is None or name.startswith("pooler.")
+        if not optional or prefix + name in header:
+            shapes[prefix + name] = dims[shape]
+    layers = FAMILIES[arch["type"]]["layers"]
+    for i in range(arch["num_layers"]):
+        shapes.update({f"{prefix}{layers}{i}.{name}": shape
+                       for name, shape in block_shapes(arch)[0].items()})
+    shapes.update({name: dims[shape] for name, (_, _, shape) in head.items()})
+    return shapes
+
+
+def layout(arch):
+    """The :class:`~keras_vit.zoo.layouts.Layout` of the tensors ``arch``
+    holds (:func:`rows_of`) on the model's variables."""
+    return Layout("transformers", rules(
+        *rows_of(arch), arch["prefix"], FAMILIES[arch["type"]]["layers"]))

@@ -4,7 +4,7 @@ head): ``config.json`` with the class names as ``id2label``,
 ``model.safetensors``, ``preprocessor_config.json``; a model pooled by
 attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
 (:mod:`keras_vit.zoo.transformers.siglip`); a model with the ViT family's
-options as the DeiT, DINOv2 or CLIP class that holds it
+options as the DeiT, DINOv2, DINOv3 or CLIP class that holds it
 (:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers.family`).
 The reverse of :mod:`keras_vit.zoo.transformers.hub`.
 """
@@ -100,7 +100,7 @@ def write(model, directory, labels=None):
         return _write_folder(directory, st,
                              *transformers_siglip.write_files(model, labels))
     name = family_class(config) if isinstance(config, dict) else None
-    if name is not None:  # DeiT, DINOv2 or CLIP
+    if name is not None:  # DeiT, DINOv2, DINOv3 or CLIP
         st = require("safetensors.numpy", package="safetensors",
                      purpose="save_pretrained")
         return _write_folder(directory, st,
@@ -188,7 +188,7 @@ def _write_folder(directory, st, config, preprocessor, state):
     return os.fspath(directory)
 
 
-# -- DeiT, DINOv2 and CLIP's image tower ---------------------------------------
+# -- DeiT, DINOv2, DINOv3 and CLIP's image tower -------------------------------
 
 _HIDDEN_ACTS = dict(HIDDEN_ACTS, quick="quick_gelu")
 
@@ -217,11 +217,11 @@ def _mismatch(spec, top, options):
 
 
 def family_class(config):
-    """The transformers class (DeiT, DINOv2, CLIP) that holds the keras_vit
-    ViT of ``config`` (its ``get_config()``), or None for a model without
-    the ViT family's options (ViT's classes hold it); a ValueError naming
-    the class nearest to holding it and what it holds otherwise, where
-    none does. Each class holds what the option rows' fields in its
+    """The transformers class (DeiT, DINOv2, DINOv3, CLIP) that holds the
+    keras_vit ViT of ``config`` (its ``get_config()``), or None for a model
+    without the ViT family's options (ViT's classes hold it); a ValueError
+    naming the class nearest to holding it and what it holds otherwise,
+    where none does. Each class holds what the option rows' fields in its
     config carry and the options it sets (tables of
     :mod:`keras_vit.zoo.transformers.tables`), read back as the reader
     reads them: no option is named here.
@@ -255,8 +255,8 @@ def family_class(config):
                                                fits.values()))
     if nowhere:
         raise ValueError(
-            prefix + "ViT's, DeiT's, DINOv2's and CLIP's classes cannot hold "
-            f"this model: the options {', '.join(nowhere)} ("
+            prefix + "ViT's, DeiT's, DINOv2's, DINOv3's and CLIP's classes "
+            f"cannot hold this model: the options {', '.join(nowhere)} ("
             + ", ".join(f"{k}={options[k]!r}" for k in nowhere) + ")")
     if name is None:
         fewest = min(len(bad) for bad in fits.values())
@@ -266,6 +266,10 @@ def family_class(config):
                              for name, bad in fits.items()
                              if len(bad) == fewest))
     spec = transformers_tables.ARCHITECTURES[name]
+    # The class's position embedding: the learned table at the stem, or
+    # (DINOv3) none beside its rotary embeddings.
+    position = spec["options"].get("position_embedding", "learned_1d")
+    placement = config.get("position_embedding_placement", "stem")
     method = config.get("classifier", "token") if top != "encoder" else (
         config.get("pooling"))
     size = config.get("image_size")
@@ -276,9 +280,13 @@ def family_class(config):
         (config.get("representation_size") is not None
          and not spec.get("pooler"), "a pre_logits layer"),
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
-        (config.get("position_embedding", "learned_1d") != "learned_1d"
-         or config.get("position_embedding_placement", "stem") != "stem",
-         "a position embedding other than the learned table at the stem"),
+        (config.get("position_embedding", "learned_1d") != position
+         or placement != "stem",
+         f"position_embedding={config.get('position_embedding')!r}"
+         + (f" at {placement!r}" if placement != "stem" else "")
+         + f" (it holds {position!r}" + (
+             f" beside rope={options['rope']!r})" if spec["options"].get(
+                 "rope") else " at the stem)")),
         (config.get("gelu", "tanh") not in _HIDDEN_ACTS,
          f"gelu={config.get('gelu')!r}"),
         (transformers_tables.FAMILIES[spec["type"]].get("square")
@@ -314,12 +322,19 @@ def _family_files(model, config, name, labels):
            "patch_size": int(config["patch_size"]),
            "num_channels": int(config.get("num_channels", 3)),
            "torch_dtype": "float32"}
-    # The family options this type's config carries, from the option rows.
-    fields = transformers_tables.FAMILIES[spec["type"]]["defaults"]
+    # The family options this type's config carries, from the option rows
+    # (a bias row: each of its fields at its value) ...
+    family = transformers_tables.FAMILIES[spec["type"]]
+    fields = family["defaults"]
     theirs = options_table.write_fields("transformers", config, fields)
+    for row, parts in family.get("biases", {}).items():
+        theirs.update(dict.fromkeys(parts, config.get(
+            row, options_table.DEFAULTS[row])))
     out.update(theirs)
     # ... and as the reader will see them: the fields' options only.
     options = options_table.read_fields("transformers", theirs, fields)
+    options.update({row: theirs[next(iter(parts))]
+                    for row, parts in family.get("biases", {}).items()})
     if spec["type"] == "clip_vision_model":
         out.update(intermediate_size=mlp, image_size=(
             size if isinstance(size, int) else size[0]))
@@ -345,12 +360,23 @@ def _family_files(model, config, name, labels):
                 + f", which cannot give mlp_dim={mlp} at "
                 f"hidden_size={hidden}")
         out.update(mlp_ratio=ratio, use_mask_token=True)
+    elif spec["type"] == "dinov3_vit":
+        # The gated MLP's gate is hidden_act (SiLU for keras_vit's SwiGLU);
+        # no coordinates moved in training, as keras_vit trains.
+        out.update(intermediate_size=mlp, pos_embed_shift=None,
+                   pos_embed_jitter=None, pos_embed_rescale=None)
+        if options["mlp"] == "swiglu":
+            out["hidden_act"] = family["gate"][0]
     if heads:
         if labels is None:  # transformers' own names for unnamed classes
             labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
         out["id2label"] = {str(i): label for i, label in enumerate(labels)}
         out["label2id"] = {label: i for i, label in enumerate(labels)}
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
+            "mlp_dim": mlp, "num_channels": out["num_channels"],
+            "patch_size": out["patch_size"], "image_size": size,
             "prefix": spec["prefix"] or "", "options": options}
     state = transformers_family.write(model, arch)
+    out.update(dict.fromkeys(transformers_family.zero_biases(state, arch),
+                             False))
     return out, _preprocessor(model, size), state
