@@ -462,3 +462,18 @@ def assert_refused_naming(repo, named, model_args=(), **fields):
         zoo.load(str(repo))
     message = str(e.value)
     assert named in message and "\n" not in message, message
+
+
+def transformers_folder_with(folder, tmp_path, **fields):
+    """A copy of the transformers folder ``folder`` (its weights and
+    config.json) with ``fields`` set in its config, under ``tmp_path``."""
+    import shutil
+    from pathlib import Path
+
+    folder = Path(folder)
+    copy = Path(tmp_path) / f"{folder.name}_{'_'.join(fields)}"
+    copy.mkdir(parents=True)
+    shutil.copy(folder / "model.safetensors", copy / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(dict(config, **fields)))
+    return copy

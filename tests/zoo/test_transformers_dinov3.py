@@ -6,7 +6,6 @@ settings keras_vit cannot compute refused in one line. Tiny random
 models, every parameter random (LayerNorms and layer scales too)."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ import transformers
 import keras  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.zoo.formats import FormatError  # noqa: E402
-from testkit import (assert_relative, random_images,  # noqa: E402
+from testkit import (transformers_folder_with, assert_relative, random_images,  # noqa: E402
                      randomise_keras, randomise_torch)
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -124,13 +123,8 @@ def test_folder_writes_back_as_transformers_reads_it(folders, key,
 
 
 def _with_config(folders, key, tmp_path, **fields):
-    path, _ = folders[key]
-    bad = tmp_path / f"{key}_{'_'.join(fields)}"
-    bad.mkdir()
-    shutil.copy(path / "model.safetensors", bad / "model.safetensors")
-    config = json.loads((path / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps(dict(config, **fields)))
-    return bad
+    return transformers_folder_with(folders[key][0], tmp_path / key,
+                                    **fields)
 
 
 @pytest.mark.parametrize("key, fields, match", [

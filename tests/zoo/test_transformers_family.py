@@ -5,7 +5,6 @@ them back. Tiny random models, every parameter random (LayerNorms and
 layer scales too: a unit scale would hide a swap); never the real Hub."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import torch
 import transformers
 
 from keras_vit import zoo  # noqa: E402
-from testkit import (OPTION_EXAMPLES, assert_relative,  # noqa: E402
+from testkit import (transformers_folder_with, OPTION_EXAMPLES, assert_relative,  # noqa: E402
                      randomise_torch)
 from keras_vit.zoo import checkpoints, position_tables  # noqa: E402
 
@@ -228,13 +227,8 @@ def test_position_tables_resize_by_keras_vits_rule(folders):
 
 
 def _with_config(folders, key, tmp_path, **fields):
-    path, _ = folders[key]
-    bad = tmp_path / f"{key}_{'_'.join(fields)}"
-    bad.mkdir()
-    shutil.copy(path / "model.safetensors", bad / "model.safetensors")
-    config = json.loads((path / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps(dict(config, **fields)))
-    return bad
+    return transformers_folder_with(folders[key][0], tmp_path / key,
+                                    **fields)
 
 
 @pytest.mark.parametrize("key, fields, match", [
