@@ -58,6 +58,13 @@ CASES = {
                              num_register_tokens=3), 32, "pooler_output"),
     "clip_vision": (transformers.CLIPVisionModel, _clip_vision, 32,
                     "pooler_output"),
+    # MetaCLIP 2's tower is CLIP's under its own model type.
+    "metaclip2_vision": (
+        transformers.MetaClip2VisionModel,
+        lambda: transformers.MetaClip2VisionConfig(
+            **_clip_vision().to_dict() | {"model_type":
+                                          "metaclip_2_vision_model"}),
+        32, "pooler_output"),
     # DINOv2-g's SwiGLU MLP (weights_in: gate rows, then value rows): two
     # thirds of hidden_size * mlp_ratio, rounded up to a multiple of 8
     # (32 * 4 -> 88; 32 * 2 -> 48).
@@ -106,7 +113,7 @@ def _tokens(key, path, model, x):
     tokens after the final norm (the folder at ``path`` loaded without
     pooling); CLIP's are before post_layernorm, ``model``'s last block's
     output."""
-    if key != "clip_vision":
+    if "clip" not in key:
         return zoo.load(str(path), include_top=False, pooling=None)(x)
     blocks = model.intermediate_model(1, output_format="NLC",
                                       prefix_tokens=True)(x)
@@ -133,6 +140,8 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
                                      posemb_includes_prefix=False),
             "clip_vision": dict(pre_norm=True, patch_bias=False,
                                 gelu="quick", num_classes=0),
+            "metaclip2_vision": dict(pre_norm=True, patch_bias=False,
+                                     gelu="quick", num_classes=0),
             "dinov2_swiglu": dict(mlp="swiglu", mlp_dim=88, layer_scale=1.0,
                                   num_classes=0, num_registers=0),
             "dinov2_registers_swiglu": dict(
@@ -151,7 +160,10 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
     # it, so that row is written as zeros).
     out = zoo.save_pretrained(model, tmp_path / "back", layout="transformers")
     written = json.loads((tmp_path / "back" / "config.json").read_text())
-    assert written["architectures"] == [cls.__name__]
+    # MetaCLIP 2's tower is written as the CLIP tower it is, which its
+    # class reads tensor for tensor.
+    assert written["architectures"] == [
+        "CLIPVisionModel" if key == "metaclip2_vision" else cls.__name__]
     if key.startswith("dinov2"):
         assert written["use_swiglu_ffn"] is key.endswith("_swiglu")
         assert written["mlp_ratio"] == theirs.config.mlp_ratio
@@ -171,14 +183,19 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
                                  key.removesuffix("_swiglu"), set())
 
 
-def test_clip_models_image_tower(tmp_path):
-    """A whole CLIPModel: its image tower's pooler_output; the text tower
-    and projections are not read."""
+@pytest.mark.parametrize("cls, config", [
+    (transformers.CLIPModel, transformers.CLIPConfig),
+    (transformers.MetaClip2Model, transformers.MetaClip2Config)])
+def test_clip_models_image_tower(tmp_path, cls, config):
+    """A whole CLIPModel (or MetaCLIP 2's): its image tower's
+    pooler_output; the text tower and projections are not read."""
     text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                 intermediate_size=64, vocab_size=100, bos_token_id=1,
                 eos_token_id=2, pad_token_id=0)
-    whole = randomise_torch(transformers.CLIPModel(transformers.CLIPConfig(
-        vision_config=_clip_vision().to_dict(), text_config=text)), 11)
+    vision = {k: v for k, v in _clip_vision().to_dict().items()
+              if k != "model_type"}
+    whole = randomise_torch(cls(config(vision_config=vision,
+                                       text_config=text)), 11)
     whole.save_pretrained(tmp_path / "clip", safe_serialization=True)
     x = _images(32)
     expected = _forward(whole.vision_model, x).pooler_output.numpy()

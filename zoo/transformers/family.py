@@ -62,12 +62,13 @@ from keras_vit.zoo import formats, hub_files, layouts
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
 from keras_vit.zoo.transformers.tables import (
-    ARCHITECTURES, FAMILIES, block_shapes, dinov2_mlp_dim, expected_shapes,
-    layout, rows_of, shape_codes)
+    ARCHITECTURES, FAMILIES, WHOLE_MODELS, block_shapes, dinov2_mlp_dim,
+    expected_shapes, layout, rows_of, shape_codes)
 
 #: The model types read here.
 FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers", "dinov3_vit",
-                "clip_vision_model", "clip")
+                "clip_vision_model", "clip", "metaclip_2_vision_model",
+                "metaclip_2")
 #: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
 GELUS = dict(GELU_FORMS, quick_gelu="quick")
 
@@ -134,7 +135,7 @@ def architecture(config, path, header):
     path = os.fspath(path)
     config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
     vision, field = config, ""
-    if config["model_type"] == "clip":
+    if config["model_type"] in WHOLE_MODELS:
         vision = formats.check(formats.TRANSFORMERS_CONFIG,
                                config.get("vision_config") or {}, path,
                                "vision_config")
@@ -365,7 +366,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
                                or ()))
     prefix = arch["prefix"]
     found = header
-    if arch["type"] == "clip":  # a whole CLIPModel: its image tower only
+    if arch["type"] in WHOLE_MODELS:  # a whole model: its image tower only
         found = {k: v for k, v in header.items() if k.startswith(prefix)}
     # The head may be missing: the settling step refuses the file by the
     # head's names unless a new head (num_classes) is asked for.

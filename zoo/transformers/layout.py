@@ -95,8 +95,9 @@ def architecture(config, path, header=None):
             f"{' and '.join(ARCHITECTURES)}), SigLIP's image towers "
             "('siglip_vision_model', 'siglip'), DeiT ('deit'), DINOv2 "
             "('dinov2', 'dinov2_with_registers'), DINOv3's ViT "
-            "('dinov3_vit') and CLIP's image tower "
-            "('clip_vision_model', 'clip'); timm's repositories of the "
+            "('dinov3_vit') and CLIP's and MetaCLIP 2's image towers "
+            "('clip_vision_model', 'clip', 'metaclip_2_vision_model', "
+            "'metaclip_2'); timm's repositories of the "
             "same weights load too (hf-hub:timm/vit_*)")
     names = config.get("architectures")
     if names is not None:

@@ -198,6 +198,11 @@ FAMILIES = {
         square=True),
 }
 FAMILIES["clip"] = FAMILIES["clip_vision_model"]
+# MetaCLIP 2's towers are CLIP's, tensor for tensor and field for field.
+FAMILIES["metaclip_2_vision_model"] = FAMILIES["metaclip_2"] = FAMILIES[
+    "clip_vision_model"]
+#: The model types of a whole image-text model, whose image tower is read.
+WHOLE_MODELS = ("clip", "metaclip_2")
 
 # The classes read, with their model type, the tensors' prefix (None: a
 # CLIPVisionModel's, "vision_model." in files of transformers 4, none
@@ -232,6 +237,10 @@ ARCHITECTURES = {
                             options=_CLIP_OPTIONS),
     "CLIPModel": dict(type="clip", prefix="vision_model.",
                       options=_CLIP_OPTIONS),
+    "MetaClip2VisionModel": dict(type="metaclip_2_vision_model", prefix=None,
+                                 options=_CLIP_OPTIONS),
+    "MetaClip2Model": dict(type="metaclip_2", prefix="vision_model.",
+                           options=_CLIP_OPTIONS),
 }
 # Classes keras_vit has no counterpart for, with the reason.
 _POOLING_HINT = (
