@@ -19,8 +19,9 @@ on the CPU that its logits and one AdamW step equal keras_vit's.
 
 ``attention``: ``"xla"`` (einsums, the softmax in float32, bf16
 probabilities), ``"cudnn"`` (JAX's cuDNN kernel over tokens padded to a
-multiple of 64 with a key mask, the shape its flash attention trains on),
-or ``"cudnn-unpadded"``.
+multiple of 64 with a key mask, the shape its flash attention trains on:
+keras_vit's ``kernels.padded_attention``), ``"padded-xla"`` (the same
+through XLA, which runs on a CPU) or ``"cudnn-unpadded"``.
 """
 
 from __future__ import annotations
@@ -84,16 +85,13 @@ def _attention(q, k, v, scale, attention):
     if attention == "cudnn-unpadded":
         return jax.nn.dot_product_attention(q, k, v, scale=scale,
                                             implementation="cudnn")
-    tokens = q.shape[1]
-    padded = -(-tokens // 64) * 64
-    pad = ((0, 0), (0, padded - tokens), (0, 0), (0, 0))
-    q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
-    lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
-    out = jax.nn.dot_product_attention(
-        q, k, v, scale=scale, query_seq_lengths=lengths,
-        key_value_seq_lengths=lengths,
+    # The package's padded spelling (a plain JAX function): the bare step
+    # and keras_vit time the same kernel.
+    from keras_vit.runtime.kernels import padded_attention
+
+    return padded_attention(
+        q, k, v, scale,
         implementation="cudnn" if attention == "cudnn" else "xla")
-    return out[:, :tokens]
 
 
 def forward(params, images, heads, patch, dtype="float32", attention="xla"):

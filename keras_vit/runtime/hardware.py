@@ -350,9 +350,11 @@ class Plan:
     train_attention: str | None = None
 
 
+@functools.cache
 def cudnn_flash_attention():
     """Whether JAX's first device runs cuDNN's flash attention: an NVIDIA
-    GPU of compute capability 8.0 (Ampere) or later."""
+    GPU of compute capability 8.0 (Ampere) or later. Asked once a process
+    (each attention call's plan reads it while tracing)."""
     import jax
 
     device = jax.devices()[0]
