@@ -176,6 +176,27 @@ def _timed(fn, sync, steps, rounds, warmup=1):
     return statistics.median(times)
 
 
+def _measure(found, job, impl, make, sync, size, batch, warmup=0):
+    """Times the function ``make()`` returns into ``found`` (``{"rows":
+    [...], "errors": {...}}``): a row with its first call (the compile)
+    apart, or the error that stopped it, since a candidate's failure is
+    its finding, not its part's end."""
+    start = time.perf_counter()
+    try:
+        fn = make()
+        first = time.perf_counter()
+        sync(fn())
+        first = time.perf_counter() - first
+        seconds = _timed(fn, sync, size["steps"], size["rounds"],
+                         warmup=warmup)
+    except Exception as e:
+        found["errors"][f"{job}, {impl}"] = f"{type(e).__name__}: {e}"[:300]
+        return
+    found["rows"].append(dict(job=job, impl=impl, batch=batch,
+                              seconds=seconds, first_call_s=first,
+                              wall_s=time.perf_counter() - start))
+
+
 def _keras_model(size, dtype, remat=False):
     import keras_vit
 
@@ -186,15 +207,17 @@ def _keras_model(size, dtype, remat=False):
                          dtype=dtype, remat=remat)
 
 
-def _compile_for_adamw(model, optimizer=None):
+def _compile_for_adamw(model, optimizer=None, **options):
     """Keras' compile with sparse cross-entropy on logits and AdamW (lr
-    1e-4, weight decay 0.05), or ``optimizer``."""
+    1e-4, weight decay 0.05), or ``optimizer``; ``options``: compile's
+    others (``jit_compile``)."""
     import keras
 
     model.compile(
         optimizer=optimizer or keras.optimizers.AdamW(learning_rate=1e-4,
                                                       weight_decay=0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **options)
 
 
 def _torch_sync(device):
@@ -494,10 +517,12 @@ def profile_jax(size):
     # The bare JAX step of the same model (benchmarks/bare_jax_vit.py):
     # what XLA runs where Keras and keras_vit add nothing.
     import bare_jax_vit as bare
+    from keras_vit.runtime import hardware
 
     arch = size["arch"]
     step = bare.make_step(arch["num_heads"], arch["patch_size"], "bfloat16",
-                          "cudnn" if keras_vit_hardware_gpu() else "xla")
+                          "cudnn" if hardware.cudnn_flash_attention()
+                          else "xla")
     params = bare.params_from_keras(model)
     state = [params, bare.adamw_init(params)]
 
@@ -517,13 +542,6 @@ def profile_jax(size):
                     "jax.value_and_grad alone (no optimizer, no trainer)":
                         1e3 * bare}
     return out
-
-
-def keras_vit_hardware_gpu():
-    """Whether JAX's device runs cuDNN's flash attention."""
-    from keras_vit.runtime import hardware
-
-    return hardware.cudnn_flash_attention()
 
 
 def profile_torch(size):
@@ -590,18 +608,11 @@ def part_ab_jax(size, label):
                         .astype("int32"))
     arch = size["arch"]
     heads, patch = arch["num_heads"], arch["patch_size"]
-    rows, errors = [], {}
+    found = {"rows": [], "errors": {}}
 
     def measure(job, impl, fn, batch):
-        start = time.perf_counter()
-        try:
-            seconds = _timed(fn, jax.block_until_ready, size["steps"],
-                             size["rounds"])
-        except Exception as e:  # a candidate's failure is its finding
-            errors[f"{job}, {impl}"] = f"{type(e).__name__}: {e}"[:300]
-            return
-        rows.append(dict(job=job, impl=f"{impl} [{label}]", batch=batch,
-                         seconds=seconds, wall_s=time.perf_counter() - start))
+        _measure(found, job, impl, lambda: fn, jax.block_until_ready, size,
+                 batch)
 
     model = None
     for attention in ("fused", "padded"):
@@ -636,8 +647,9 @@ def part_ab_jax(size, label):
     forward_bare = bare.make_forward(heads, patch, "bfloat16", "xla")
     measure("inference", "bare JAX forward",
             lambda: forward_bare(params, xi), size["infer_batch"])
-    return {"rows": rows, "errors": errors, "xla_flags":
-            os.environ.get("XLA_FLAGS", "")}
+    for row in found["rows"]:  # the errors are labelled by run_ab
+        row["impl"] += f" [{label}]"
+    return dict(found, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def _pinned_as_tensor():
@@ -646,8 +658,8 @@ def _pinned_as_tensor():
     memory a CUDA graph may copy from. Keras' train step turns seven such
     numbers into tensors on the way (its loss reduction, metric count,
     AdamW's decay and betas, the iteration counter), each a constant of
-    the step. Returns the function and the list keeping the pinned
-    buffers alive for the graph's life."""
+    the step. Returns ``torch.as_tensor`` itself, the stand-in, and the
+    list that keeps the pinned buffers alive for the graph's life."""
     import torch
 
     original = torch.as_tensor
@@ -699,7 +711,6 @@ def part_torch_jit(size, kind):
     the step: ``kind`` "graph", the forward and Keras' own ``train_step``
     captured as CUDA graphs; "jit", Keras' ``jit_compile=True``
     (torch.compile of its predict and train steps)."""
-    import keras
     import numpy as np
     import torch
 
@@ -712,23 +723,10 @@ def part_torch_jit(size, kind):
         rng.integers(0, size["classes"], size["train_batch"])
         .astype("int64")))
     sync = _torch_sync(device)
-    rows, errors = [], {}
+    found = {"rows": [], "errors": {}}
 
     def measure(job, impl, make, batch):
-        start = time.perf_counter()
-        try:
-            fn = make()
-            first = time.perf_counter()
-            sync(fn())
-            first = time.perf_counter() - first
-            seconds = _timed(fn, sync, size["steps"], size["rounds"],
-                             warmup=2)
-        except Exception as e:  # the finding, not the part's end
-            errors[f"{job}, {impl}"] = f"{type(e).__name__}: {e}"[:300]
-            return
-        rows.append(dict(job=job, impl=impl, batch=batch, seconds=seconds,
-                         first_call_s=first,
-                         wall_s=time.perf_counter() - start))
+        _measure(found, job, impl, make, sync, size, batch, warmup=2)
 
     def needs_cuda(fn, pinned=False):
         if device != "cuda":
@@ -737,16 +735,14 @@ def part_torch_jit(size, kind):
 
     if kind == "jit":
         model = _keras_model(size, "mixed_bfloat16")
-        model.compile(optimizer=keras.optimizers.AdamW(
-            1e-4, weight_decay=0.05), jit_compile=True,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        _compile_for_adamw(model, jit_compile=True)
         impl = "keras_vit, torch backend, jit_compile (torch.compile)"
         measure("inference", impl,
                 lambda: lambda: model.predict_on_batch(xi),
                 size["infer_batch"])
         measure("training step", impl, lambda: lambda: model.train_on_batch(
             xt, yt), size["train_batch"])
-        return {"rows": rows, "errors": errors}
+        return found
     model = _keras_model(size, "mixed_bfloat16")
     _compile_for_adamw(model)
 
@@ -764,7 +760,7 @@ def part_torch_jit(size, kind):
     measure("training step", impl + ", pinned constants",
             lambda: needs_cuda(lambda: model.train_step((xt, yt)),
                                pinned=True), size["train_batch"])
-    return {"rows": rows, "errors": errors}
+    return found
 
 
 def run_part(args):
