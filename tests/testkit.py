@@ -477,3 +477,14 @@ def transformers_folder_with(folder, tmp_path, **fields):
     config = json.loads((folder / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps(dict(config, **fields)))
     return copy
+
+
+def assert_config_refused(folder, error, match):
+    """Loading the transformers ``folder`` stops with ``error`` matching
+    ``match``, in one line that names its config.json."""
+    from pathlib import Path
+
+    with pytest.raises(error, match=match) as info:
+        keras_vit.zoo.load(str(folder))
+    assert str(Path(folder) / "config.json") in str(info.value)
+    assert "\n" not in str(info.value)

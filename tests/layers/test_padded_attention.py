@@ -7,6 +7,7 @@ forward and backward (float32, on the CPU through XLA's implementation).
 import keras
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import keras_vit
 from keras_vit.runtime import kernels
@@ -41,6 +42,34 @@ def test_padded_attention_equals_the_unpadded_forward_and_gradients(tokens):
     for g, w in zip(*grads):
         assert np.isfinite(np.asarray(g)).all()
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=12, deadline=None)
+@given(tokens=st.integers(1, 140), heads=st.integers(1, 3),
+       width=st.sampled_from([4, 8, 16]), batch=st.integers(1, 3),
+       magnitude=st.sampled_from([1.0, 30.0]), multiple=st.sampled_from(
+           [8, 64]))
+def test_any_shape_and_logit_size_gives_the_unpadded_attention(
+        tokens, heads, width, batch, magnitude, multiple):
+    # Large logits (magnitude 30: products of order 900 before the
+    # scale) must not let a masked key in or turn a padded row into NaN.
+    # There float32 attention is ill-conditioned whatever its spelling
+    # (a logit's rounding moves its weight by about 1e-4), so the padded
+    # path is held to the unpadded float32 one's error against float64.
+    rng = np.random.default_rng(tokens * 7 + heads)
+    q, k, v = (magnitude * rng.normal(size=(batch, tokens, heads, width))
+               .astype("float32") for _ in range(3))
+    scale = width ** -0.5
+    got = np.asarray(kernels.padded_attention(q, k, v, scale,
+                                              multiple=multiple))
+    assert got.shape == q.shape and np.isfinite(got).all()
+    logits = np.einsum("bqhd,bkhd->bhqk", q.astype("float64"),
+                       k.astype("float64")) * scale
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    exact = np.einsum("bhqk,bkhd->bqhd", probs / probs.sum(-1, keepdims=True),
+                      v.astype("float64"))
+    unpadded = np.abs(np.asarray(_reference(q, k, v, scale)) - exact).max()
+    assert np.abs(got - exact).max() <= 4 * unpadded + 1e-6 * magnitude
 
 
 # The path exists on JAX alone; the other backends take the fused path
