@@ -245,7 +245,8 @@ class Option(NamedTuple):
 # timm's no_embed_class is the negation of posemb_includes_prefix.
 _NEGATED = {True: False, False: True}
 # DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it
-# (transformers' DINOv3: use_gated_mlp, its gate hidden_act, SiLU).
+# (their DINOv3s: use_gated_mlp, its gate hidden_act / hidden_activation,
+# SiLU).
 _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 _GATED = _SWIGLU._replace(also=("use_gated_mlp",))
 
@@ -331,7 +332,7 @@ OPTIONS = (
            "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
            "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
-           _GATED, _SWIGLU, block=True),
+           _GATED, _GATED, block=True),
     Option("mlp_norm", False, flag, True, Field("scale_mlp_norm"),
            "a norm of the MLP's hidden features, after the activation (or "
            "the gate) and before the second projection (EVA-02's "
@@ -384,7 +385,7 @@ OPTIONS = (
            "form's own", block=True),
     Option("rope_temperature", 100.0, positive, False, None,
            "the rotary embeddings' base period (DINOv3's 100)",
-           Field("rope_theta")),
+           Field("rope_theta"), Field("rope_theta")),
     Option("rope_grid", None, optional_grid, False, None,
            "rope='eva02': the grid (rows, columns) whose patch indices are "
            "the coordinates; another grid's are scaled to it (timm's "

@@ -235,11 +235,6 @@ def _vision(**kw):
     return lambda data: data["config"]["vision_encoder"]["config"].update(kw)
 
 
-def _renamed_dinov3(data):
-    data["class_name"] = "DINOV3Backbone"
-    data["config"]["rope_theta"] = 100.0
-
-
 def _clip_tower(data):
     data["config"]["vision_encoder"]["class_name"] = "CLIPVisionEncoder"
 
@@ -254,7 +249,6 @@ def presets(tmp_path_factory):
 
 
 @pytest.mark.parametrize("src,change,field", [
-    ("dino", _renamed_dinov3, "rope_theta=100.0"),
     ("dino", _config(use_layer_norm_v2=True), "use_layer_norm_v2"),
     ("dino", _config(position_embedding_shape=[16, 24, 3]),
      "position_embedding_shape"),

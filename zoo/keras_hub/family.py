@@ -2,9 +2,9 @@
 (:data:`MEMBERS`): a preset directory that ``save_to_preset`` wrote of a
 ``DeiTBackbone`` (with or without its ``DeiTImageClassifier``), a
 ``DINOV2Backbone`` (with or without register tokens), a
-``SigLIPVisionEncoder`` or ``CLIPVisionEncoder`` alone or inside a
-``SigLIPBackbone`` / ``CLIPBackbone`` (the text tower, the projection and
-the logit scale are not read). Each is the one
+``DINOV3Backbone``, a ``SigLIPVisionEncoder`` or ``CLIPVisionEncoder``
+alone or inside a ``SigLIPBackbone`` / ``CLIPBackbone`` (the text tower,
+the projection and the logit scale are not read). Each is the one
 :class:`~keras_vit.models.VisionTransformer` with family options; what
 differs is data: each class's config fields and their keras_vit
 arguments, and where its ``model.weights.h5`` keeps each weight.
@@ -36,6 +36,21 @@ What each loads as, with keras-hub's outputs (measured by
   not read; ``drop_path_rate`` (one rate in every block in keras-hub,
   rising with depth in keras_vit) acts in training only;
   ``apply_layernorm`` normalises only keras-hub's per-block outputs.
+* ``DINOV3Backbone``: every token after its LayerNorm (epsilon
+  ``layer_norm_eps``); no position table: DINOv3's rotary embeddings
+  (``rope="dinov3"``, ``rope_theta`` the temperature: each patch's
+  centre, rows then columns, in [-1, 1] at any size; the class token and
+  the registers after it not turned), so the model takes any multiple of
+  the patch (``dynamic_image_size``), as keras-hub's built at another
+  ``image_shape`` does; layer scale. Its MLP is ``hidden_activation``
+  (the exact GELU, ``"gelu"``) or, with ``use_gated_mlp``, SiLU's gate
+  (``"silu"``) times ``up_proj``: ``mlp="swiglu"``, ``intermediate_dim``
+  wide, the two Dense layers the halves of keras_vit's packed one. Its
+  five bias fields are two option rows (``biases``): ``qkv_bias``
+  (``use_query_bias``, ``use_key_bias``, ``use_value_bias``) and
+  ``proj_bias`` (``use_proj_bias``, ``use_mlp_bias``), on where any of
+  its fields is, a bias a field leaves out zeros (keras-hub's converted
+  presets have no key bias). The mask token is not read.
 * ``SigLIPVisionEncoder``: no class token, the tanh GELU, the attention
   pool (``classifier="map"``): ``num_classes=0``, the pooled embedding
   keras-hub returns.
@@ -47,11 +62,11 @@ What each loads as, with keras-hub's outputs (measured by
 keras-hub's backbones take what its image converter makes of [0, 255]
 pixels; a preset's ``image_converter.json`` (or a task's) is read as the
 model's ``input_normalization``, else the family's published one
-(ImageNet's for DeiT and DINOv2, OpenAI CLIP's, SigLIP's 0.5 / 0.5).
-What keras_vit lacks is refused in one line naming the field and value
-(DINOv3's rotary embeddings, ...). The same table, read backwards, writes
-a model back as the member that computes it
-(:mod:`keras_vit.zoo.keras_hub.family_writer`).
+(ImageNet's for DeiT, DINOv2 and DINOv3, OpenAI CLIP's, SigLIP's 0.5 /
+0.5). What keras_vit lacks is refused in one line naming the field and value
+(another activation, heads too narrow for the rotary pairs, ...). The
+same table, read backwards, writes a model back as the member that
+computes it (:mod:`keras_vit.zoo.keras_hub.family_writer`).
 """
 
 from __future__ import annotations
@@ -67,7 +82,8 @@ from keras_vit.base.limits import MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_MLP
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                                    Object, Str)
 from keras_vit.zoo import checkpoints, formats, h5_files, hub_files, layouts
-from keras_vit.zoo.keras_hub.layout import family_rows, image_grid
+from keras_vit.zoo.keras_hub.layout import (family_rows, family_shapes,
+                                            image_grid)
 from keras_vit.zoo.transformers.tables import swiglu_width
 
 
@@ -76,6 +92,10 @@ from keras_vit.zoo.transformers.tables import swiglu_width
 _FIELDS = formats.KERAS_HUB_BACKBONE.fields
 _RATE = Number(0, 1)
 _SQUARE_224 = (_FIELDS["image_shape"], [224, 224, 3])
+# DINOv3's bias fields: the query's, key's, value's (keras_vit's
+# qkv_bias), the attention output's and the MLP's (proj_bias).
+_DINO3_BIASES = tuple(f"use_{p}_bias" for p in (
+    "query", "key", "value", "proj", "mlp"))
 
 
 def _config(what, **fields):
@@ -102,10 +122,11 @@ def _with_option_fields(members):
     for member in members.values():
         for option in options_table.OPTIONS:
             field = option.keras_hub
-            if field is not None and field.name in member["defaults"]:
-                member["fields"][field.name] = option.name
+            name = field and field.named(member["defaults"])
+            if name is not None:
+                member["fields"][name] = option.name
                 if field.forms is not None:
-                    member.setdefault("forms", {})[field.name] = field.forms
+                    member.setdefault("forms", {})[name] = field.forms
     return members
 
 
@@ -114,7 +135,13 @@ def _with_option_fields(members):
 #: field -> keras_vit argument(s), through ``forms`` (value -> value) where
 #: given; ``only``: field -> (the value keras_vit computes, why);
 #: ``options``: keras_vit arguments the class fixes; ``normalization``:
-#: the family's published input normalisation; ``kind``: "backbone"
+#: the family's published input normalisation; ``gate``: (the field of
+#: its MLP's activation, the values its gated MLP computes as keras_vit's
+#: SwiGLU, SiLU's; without the gate the field's ``forms`` are GELU's);
+#: ``biases``: option row -> the bias fields that hold it (on where any
+#: is; the biases of a field that is off are zeros); ``zero_off``: the
+#: bias fields the writer turns off where their biases are all zeros (as
+#: the class's converted presets have them); ``kind``: "backbone"
 #: (every token after the final norm) or "embedding" (the pooled one,
 #: ``num_classes=0``); ``task``: its classifier's class; ``converter``:
 #: the image converter keras-hub pairs with it, which keeps the input
@@ -148,6 +175,31 @@ MEMBERS = _with_option_fields({
         options=dict(gelu="exact", class_token=True, layer_norm_epsilon=1e-6),
         normalization="imagenet", kind="backbone",
         converter="DINOV2ImageConverter"),
+    "DINOV3Backbone": dict(
+        family="DINOv3", **_config(
+            "a DINOV3Backbone config",
+            image_shape=(_FIELDS["image_shape"], [518, 518, 3]),
+            layer_scale_init_value=(Number(0, 1e6, open=True), 1.0),
+            num_register_tokens=(Int(0, MAX_HIDDEN), 4),
+            use_mask_token=(Bool(), True),
+            hidden_activation=(Str(("gelu", "silu", "swish")), "gelu"),
+            use_gated_mlp=(Bool(), False),
+            **dict.fromkeys(_DINO3_BIASES, (Bool(), True)),
+            attention_dropout=(_RATE, 0.0), drop_path_rate=(_RATE, 0.0),
+            layer_norm_eps=(_FIELDS["layer_norm_epsilon"], 1e-5),
+            rope_theta=(Number(0, 1e9, open=True), 100.0),
+            apply_layernorm=(Bool(), False)),
+        fields={"layer_norm_eps": "layer_norm_epsilon",
+                "attention_dropout": "attention_dropout_rate",
+                "hidden_activation": "gelu"},
+        forms={"hidden_activation": {"gelu": "exact"}},
+        gate=("hidden_activation", ("silu", "swish")),
+        biases={"qkv_bias": _DINO3_BIASES[:3], "proj_bias": _DINO3_BIASES[3:]},
+        zero_off=("use_key_bias",),  # Meta's DINOv3 has no key bias
+        options=dict(class_token=True, rope="dinov3",
+                     position_embedding="none", dynamic_image_size=True),
+        normalization="imagenet", kind="backbone",
+        converter="DINOV3ImageConverter"),
     "SigLIPVisionEncoder": dict(
         family="SigLIP", **_config(
             "a SigLIPVisionEncoder config", image_shape=_SQUARE_224,
@@ -191,9 +243,9 @@ _CONTAINER = Object({
     required=("vision_encoder",), extra="refuse",
     what="a config with a vision_encoder")
 #: keras-hub classes of the family keras_vit cannot compute: the config
-#: field that says why (keras-hub's default where the config omits it).
-REFUSED = {"DINOV3Backbone": ("rope_theta", 100.0, "rotary position "
-                              "embeddings (RoPE), which keras_vit lacks")}
+#: field that says why (keras-hub's default where the config omits it),
+#: and why (none now: DINOv3's rotary embeddings are read).
+REFUSED = {}
 #: The classes a preset's ``config.json`` may name here (read or refused
 #: by name), and with the tasks every keras-hub class read here.
 PRESET_CLASSES = (*MEMBERS, *CONTAINERS, *REFUSED)
@@ -216,11 +268,18 @@ def architecture(class_name, config, path):
     ...     intermediate_dim=1536, num_register_tokens=4), "config.json")
     >>> arch["image_size"], arch["options"]["num_registers"], arch["gelu"]
     (224, 4, 'exact')
+    >>> dino3 = dict(patch_size=16, num_layers=12, num_heads=6,
+    ...              hidden_dim=384, intermediate_dim=1536,
+    ...              image_shape=[224, 224, 3], use_key_bias=False)
+    >>> _, arch, _ = architecture("DINOV3Backbone", dino3, "config.json")
+    >>> arch["options"]["rope"], arch["options"]["qkv_bias"]
+    ('dinov3', True)
     >>> try:
-    ...     architecture("DINOV3Backbone", {}, "config.json")
+    ...     architecture("DINOV3Backbone", dict(dino3, use_gated_mlp=True),
+    ...                  "config.json")
     ... except ConfigError as e:
-    ...     print(str(e)[:56])
-    config.json field config.rope_theta: rope_theta=100.0: k
+    ...     print(str(e)[:70])
+    config.json field config.hidden_activation: expected one of ['silu', '
     """
     if class_name in REFUSED:
         field, default, why = REFUSED[class_name]
@@ -260,6 +319,17 @@ def architecture(class_name, config, path):
             config[field], config[field])
         for target in (targets,) if isinstance(targets, str) else targets:
             options[target] = value
+    for row, fields in member.get("biases", {}).items():
+        options[row] = any(config[f] for f in fields)
+    if "gate" in member:
+        _check_activation(member, config, options, path, where)
+    if options.get("rope") and config["hidden_dim"] // config[
+            "num_heads"] % 4:
+        raise ConfigError(path, f"{where}.num_heads", "expected a count "
+                          "that leaves heads of a width divisible by 4 (the "
+                          "rotary pairs, by rows and columns) at hidden_dim="
+                          f"{config['hidden_dim']}; received num_heads="
+                          f"{config['num_heads']}")
     if options.get("num_registers") and class_name == "DINOV2Backbone":
         options["posemb_includes_prefix"] = False  # registers join after
     arch = {"family": member["family"], "class": class_name,
@@ -267,9 +337,10 @@ def architecture(class_name, config, path):
             "hidden_size": config["hidden_dim"],
             "num_layers": config["num_layers"],
             "num_heads": config["num_heads"],
-            # keras-hub's SwiGLU keeps two thirds of intermediate_dim.
+            # keras-hub's DINOv2 SwiGLU keeps two thirds of
+            # intermediate_dim.
             "mlp_dim": (swiglu_width(config["intermediate_dim"])
-                        if options.get("mlp") == "swiglu"
+                        if config.get("use_swiglu_ffn")
                         else config["intermediate_dim"]),
             "image_size": height if height == width else [height, width],
             "patch_size": patch, "num_channels": channels,
@@ -286,6 +357,24 @@ def architecture(class_name, config, path):
     if class_name == "DINOV2Backbone":
         _check_dino_table(arch, path, where)
     return class_name, arch, prefix
+
+
+def _check_activation(member, config, options, path, where):
+    """A member's MLP activation (its ``gate`` field) checked against its
+    MLP: SiLU's gate for the gated MLP (keras_vit's SwiGLU; its ``gelu``,
+    which then serves no layer of a backbone, kept exact), a GELU form of
+    ``forms`` otherwise; else a ConfigError naming the field."""
+    field, gates = member["gate"]
+    gated = options["mlp"] == "swiglu"
+    allowed = list(gates if gated else member["forms"][field])
+    if config[field] not in allowed:
+        raise ConfigError(path, f"{where}.{field}", f"expected one of "
+                          f"{allowed} with the {'gated' if gated else 'plain'}"
+                          f" MLP (keras_vit's "
+                          f"{'SwiGLU gates with SiLU' if gated else 'GELU'})"
+                          f"; received {field}={shown(config[field])}")
+    if gated:
+        options["gelu"] = "exact"
 
 
 def _check_dino_table(arch, path, where):
@@ -345,19 +434,33 @@ def read_h5(path, rows, prefix="", optional=False):
                 f"{path}: has datasets keras_vit does not read: "
                 f"{'; '.join(problems[:12])} (Keras writes float arrays, "
                 "contiguous, inside the file)")
-        # Position ids as integers, the rest float32.
-        return {key: (np.asarray(found[name][()], "int64") if how == "ids"
-                      else h5_files.float_array(found[name]), how)
-                for name, (key, how, _) in rows.items() if key is not None}
+        # Position ids as integers, the rest float32; the halves of one
+        # packed Dense (DINOv3's gate_proj and up_proj) joined, gate first.
+        out, halves = {}, {}
+        for name, (key, how, _) in rows.items():
+            if key is None:
+                continue
+            if how == "ids":
+                out[key] = np.asarray(found[name][()], "int64"), how
+            elif how in ("gate", "up"):
+                halves.setdefault(key, {})[how] = h5_files.float_array(
+                    found[name])
+            else:
+                out[key] = h5_files.float_array(found[name]), how
+        out.update({key: (np.concatenate([pair["gate"], pair["up"]], -1),
+                          None) for key, pair in halves.items()})
+        return out
 
 
 def to_model(state, arch):
     """The arrays :func:`read_h5` read in the model's shapes, float32:
-    tables and tokens reshaped, a table's rows picked by the position ids
-    stored with it (as keras-hub's embedding gathers them), DINOv2's table
-    fitted (:func:`_dino_table`, after the class token it may fold into),
-    the attention biases keras-hub was built without as zeros."""
+    tables and tokens reshaped, a Dense's kernel split into heads, a
+    table's rows picked by the position ids stored with it (as keras-hub's
+    embedding gathers them), DINOv2's table fitted (:func:`_dino_table`,
+    after the class token it may fold into), the biases keras-hub was
+    built without (of a bias row that is on) as zeros."""
     out, dino, state = {}, None, dict(state)
+    shapes = family_shapes(arch)
     ids = state.pop("position_ids", (None,))[0]
     for key, (value, how) in state.items():
         if how == "table":
@@ -367,15 +470,21 @@ def to_model(state, arch):
         elif how == "dino":
             dino = key, value
             continue
+        elif how is not None and how.startswith("fit:"):
+            value = value.reshape(shapes[how[4:]])
         out[key] = value
     if dino is not None:
         out[dino[0]] = _dino_table(dino[1], arch, out)
-    d, h = arch["hidden_size"], arch["num_heads"]
+    options = arch["options"]
+    biases = {"qkv_bias": {f"attention/{p}/bias": "hd"
+                           for p in ("query", "key", "value")},
+              "proj_bias": {"attention/out/bias": "d", "mlp/dense_1/bias": "d",
+                            "mlp/dense_0/bias": "g" if options.get(
+                                "mlp") == "swiglu" else "m"}}
     return layouts.with_zeros(out, {
-        f"encoder_block_{i}/attention/{part}/bias":
-            (d,) if part == "out" else (h, d // h)
-        for i in range(arch["num_layers"])
-        for part in ("query", "key", "value", "out")})
+        f"encoder_block_{i}/{name}": shapes[code]
+        for row, names in biases.items() if options.get(row, True)
+        for name, code in names.items() for i in range(arch["num_layers"])})
 
 
 def _dino_table(table, arch, out):

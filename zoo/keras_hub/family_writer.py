@@ -17,7 +17,10 @@ written where the class has a field for them). The weights go where
 them, in the ``.weights.h5`` file Keras writes of the live class, which
 then loads it: position tables as keras-hub stores them, position ids
 0..N-1, DINOv2's table at ``image_shape`` (keras-hub resizes nothing) with
-a zero class row when the class token carries it (registers).
+a zero class row when the class token carries it (registers), DINOv3's
+packed SwiGLU Dense as its two. A bias row writes every field that holds
+it at its value, but a field of ``zero_off`` whose biases are all zeros
+(DINOv3's key bias, absent from keras-hub's presets) is written off.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ def hub_config(class_name, config):
     ('quick_gelu', [32, 32, 3])
     """
     member, ours, problems = MEMBERS[class_name], settings(config), []
+    gate_field, gates = member.get("gate", (None, ()))
     rows, cols = ours["image_size"]
     shape = [rows, cols, ours["num_channels"]]
     out = dict(image_shape=shape, patch_size=ours["patch_size"],
@@ -118,6 +122,9 @@ def hub_config(class_name, config):
     for field, targets in member["fields"].items():
         name = _targets(targets)[0]
         value = ours[name]
+        if field == gate_field and ours["mlp"] == "swiglu":
+            out[field] = gates[0]  # the gated MLP's: SiLU
+            continue
         forms = {v: k for k, v in
                  member.get("forms", {}).get(field, {}).items()}
         if forms and value not in forms:
@@ -127,6 +134,8 @@ def hub_config(class_name, config):
             problems.append(f"{name}=None (it computes a {name})")
         else:
             out[field] = forms.get(value, value)
+    for row, fields in member.get("biases", {}).items():
+        out.update(dict.fromkeys(fields, ours[row]))
     for field, (value, why) in member.get("only", {}).items():
         if field in out and out[field] != value:
             name = _targets(member["fields"].get(field, field))[0]
@@ -165,11 +174,19 @@ def problems(class_name, config):
     except ConfigError as e:
         return None, found + [str(e)]
     ours = settings(config)
-    theirs = dict(options_table.DEFAULTS, **arch["options"], **{
+    # The builder's other arguments the class fixes (DINOv3's
+    # position_embedding; dynamic_image_size, the sizes a model takes, is
+    # not compared: the class computes the model at its image_size).
+    fixed = {k: v for k, v in arch["options"].items() if k not in ours}
+    theirs = dict(options_table.DEFAULTS, **{
+        k: v for k, v in arch["options"].items() if k in ours}, **{
         k: arch[k] for k in _SHAPE})
     size = theirs["image_size"]
     theirs["image_size"] = (size, size) if isinstance(size, int) else tuple(
         size)
+    if ours["mlp"] == theirs["mlp"] == "swiglu" and config.get(
+            "classifier") != "map":
+        theirs["gelu"] = ours["gelu"]  # it serves no layer then
     found += [f"{k}={ours[k]!r} (it computes {k}={v!r})"
               for k, v in theirs.items() if k != _TRAINING_ONLY and (
                   k not in named and ours[k] != v)]
@@ -177,6 +194,7 @@ def problems(class_name, config):
                         ("position_embedding", "learned_1d"),
                         ("position_embedding_placement", "stem"),
                         ("return_attention_scores", False)):
+        plain = fixed.get(name, plain)
         if config.get(name, plain) != plain:
             found.append(f"{name}={config[name]!r} (it computes "
                          f"{name}={plain!r})")
@@ -262,6 +280,8 @@ def build(model, class_name, config, arch, keras_hub):
         import keras_hub
         hub, converter = build(model, *choose(model, []), keras_hub)
     """
+    arrays = layouts.model_arrays(model, "keras-hub")
+    config, arch, zeros = _zero_biases_off(class_name, config, arch, arrays)
     backbone = getattr(keras_hub.models, class_name)(
         **config, dtype=dtype_name(model))
     converter = image_converter(
@@ -277,10 +297,10 @@ def build(model, class_name, config, arch, keras_hub):
             activation=_ACTIVATION_NAMES[arch["classifier_activation"]],
             preprocessor=preprocessor(image_converter=converter))
         converter = None
-    arrays = layouts.model_arrays(model, "keras-hub")
     where = f"to_keras_hub(model={model.name!r}): keras-hub's {class_name}"
-    used = _fill(backbone, family_rows(class_name, arch), arrays, arch,
-                 where, backbone.save_weights, backbone.load_weights)
+    used = zeros | _fill(backbone, family_rows(class_name, arch), arrays,
+                         arch, where, backbone.save_weights,
+                         backbone.load_weights)
     if out is not backbone:
         used |= _fill(out, family_rows(class_name, arch, task=True), arrays,
                       arch, where, out.save_task_weights,
@@ -290,6 +310,28 @@ def build(model, class_name, config, arch, keras_hub):
         raise ValueError(f"{where} has no place for the model's weights "
                          f"{left[:6]}{' ...' * (len(left) > 6)}")
     return out, converter
+
+
+def _zero_biases_off(class_name, config, arch, arrays):
+    """``(config, arch, keys)``: ``config`` (and the ``arch`` read of it)
+    with each bias field of the class's ``zero_off`` turned off where
+    every bias it holds is zeros in ``arrays`` (the model's), and those
+    biases' keys: a zero bias is none, written as keras-hub's converted
+    presets have it."""
+    keys = set()
+    for field in MEMBERS[class_name].get("zero_off", ()):
+        if not config.get(field):
+            continue
+        off = dict(config, **{field: False})
+        _, off_arch, _ = architecture(class_name, off, f"keras-hub's "
+                                      f"{class_name} config")
+        held = {row[0] for row in family_rows(class_name, off_arch).values()}
+        dropped = {row[0] for row in family_rows(class_name, arch).values()
+                   if row[0] is not None} - held
+        if not any(np.any(arrays[k]) for k in dropped if k in arrays):
+            config, arch = off, dict(arch, config=off_arch["config"])
+            keys |= dropped
+    return config, arch, keys
 
 
 def dtype_name(model):
@@ -349,6 +391,11 @@ def _hub_array(key, how, shape, arrays, arch, where):
         value = value[0]
     elif how == "token":
         value = value.reshape(-1)
+    elif how is not None and how.startswith("fit:"):  # heads joined
+        value = value.reshape(shape) if value.size == np.prod(shape) else value
+    elif how in ("gate", "up"):  # one half of the packed Dense
+        half = shape[-1]
+        value = value[..., :half] if how == "gate" else value[..., half:]
     elif how == "dino" and not arch["options"].get(
             "posemb_includes_prefix", True):
         # The class token already carries the table's class row.

@@ -2,10 +2,10 @@
 (:func:`backbone_architecture`, :func:`task_architecture`); its variable
 names both ways (:data:`VIT`); and where a preset's ``.h5`` files keep
 each weight of every class of the family (:func:`family_rows`), the ViT
-(:func:`h5_names`) and the others (DeiT, DINOv2, SigLIP's and CLIP's
-image towers). Shared by the readers (:mod:`keras_vit.zoo.keras_hub.io`,
-:mod:`~keras_vit.zoo.keras_hub.family`) and the writers
-(:mod:`keras_vit.zoo.keras_hub.writer`,
+(:func:`h5_names`) and the others (DeiT, DINOv2, DINOv3, SigLIP's and
+CLIP's image towers). Shared by the readers
+(:mod:`keras_vit.zoo.keras_hub.io`, :mod:`~keras_vit.zoo.keras_hub.family`)
+and the writers (:mod:`keras_vit.zoo.keras_hub.writer`,
 :mod:`~keras_vit.zoo.keras_hub.family_writer`).
 """
 
@@ -230,7 +230,10 @@ def h5_names(arch, task):
 # or None for a weight keras_vit does not read;
 # how the array changes: None as it is, "table" (N, D) -> (1, N, D),
 # "token" (D,) -> (1, 1, D), "dino" DINOv2's table, "ids" the table's rows
-# by token; a shape code of family_shapes).
+# by token, "fit:<code>" reshaped to the model's shape of that code (a
+# Dense's (D, D) kernel split into heads), "gate" / "up" the first / second
+# half of the model's packed SwiGLU Dense (along its last axis); a shape
+# code of family_shapes).
 
 def _vars(group, *rows):
     return {f"{group}/vars/{i}": row for i, row in enumerate(rows)}
@@ -251,6 +254,23 @@ def _attention(group, key="attention/"):
     for part in ("query", "key", "value"):
         rows.update(_dense(f"{group}/{part}_dense", key + part, "qkv", "hd"))
     return {**rows, **_dense(f"{group}/output_dense", key + "out", "out", "d")}
+
+
+def _flat_attention(group, key="attention/"):
+    """:func:`_attention` of plain Dense layers ((D, D) kernels, (D,)
+    biases: DINOv3's), the query's, key's and value's split into the
+    model's heads."""
+    rows = {}
+    for part, name, heads in (("query", "query", "fit:hd"),
+                              ("key", "key", "fit:hd"),
+                              ("value", "value", "fit:hd"),
+                              ("output", "out", None)):
+        rows.update(_vars(
+            f"{group}/{part}_dense",
+            (f"{key}{name}/kernel", "fit:" + ("out" if heads is None
+                                              else "qkv"), "dd"),
+            (f"{key}{name}/bias", heads, "d")))
+    return rows
 
 
 def _mlp(fc1, fc2, key="mlp/"):
@@ -288,6 +308,9 @@ FAMILY_TOP = {
     "DINOV2Backbone": {  # and its tokens: _dino_tokens
         **_patches("dinov2_embedding/patch_embeddings/projection"),
         **_norm("layer_normalization", _NORM)},
+    "DINOV3Backbone": {  # and its tokens: _dino_tokens
+        **_patches("dinov3_embedding/patch_embeddings/projection"),
+        **_norm("layer_normalization", _NORM)},
     "SigLIPVisionEncoder": {
         **_patches("sig_lip_vision_embedding/patch_embedding"),
         **_vars("sig_lip_vision_embedding/position_embedding",
@@ -322,6 +345,11 @@ FAMILY_BLOCKS = {
         **_norm("norm2", "norm_2"), **_mlp("mlp/fc1", "mlp/fc2"),
         **_vars("layer_scale1", ("layer_scale_1", None, "d")),
         **_vars("layer_scale2", ("layer_scale_2", None, "d"))}),
+    "DINOV3Backbone": ("dinov3_encoder/layers/dinov3_layer", {
+        **_norm("norm1", "norm_1"), **_flat_attention("attention"),
+        **_norm("norm2", "norm_2"), **_mlp("mlp/up_proj", "mlp/down_proj"),
+        **_vars("layer_scale1", ("layer_scale_1", None, "d")),
+        **_vars("layer_scale2", ("layer_scale_2", None, "d"))}),
     "SigLIPVisionEncoder": ("sig_lip_encoder_layer", {
         **_norm("layer_norm1", "norm_1"), **_attention("self_attn"),
         **_norm("layer_norm2", "norm_2"), **_mlp("mlp/fc1", "mlp/fc2")}),
@@ -334,6 +362,19 @@ FAMILY_BLOCKS = {
 #: columns, through SiLU, gates the second (keras_vit's ``mlp="swiglu"``).
 DINO_SWIGLU = {**_dense("mlp/weights_in", "mlp/dense_0", "dg", "g"),
                **_dense("mlp/weights_out", "mlp/dense_1", "md", "d")}
+#: A DINOV3Backbone's under ``use_gated_mlp``: ``gate_proj`` (through
+#: ``hidden_activation``, SiLU) times ``up_proj``, each (D, M), the two
+#: halves of keras_vit's packed Dense, gate first; then ``down_proj``.
+DINO3_GATED = {
+    **_vars("mlp/gate_proj", ("mlp/dense_0/kernel", "gate", "dm"),
+            ("mlp/dense_0/bias", "gate", "m")),
+    **_vars("mlp/up_proj", ("mlp/dense_0/kernel", "up", "dm"),
+            ("mlp/dense_0/bias", "up", "m")),
+    **_dense("mlp/down_proj", "mlp/dense_1", "md", "d")}
+#: keras-hub class -> (its config's field of the gated MLP, the rows that
+#: then replace the block's ``mlp/`` ones).
+GATED_MLP = {"DINOV2Backbone": ("use_swiglu_ffn", DINO_SWIGLU),
+             "DINOV3Backbone": ("use_gated_mlp", DINO3_GATED)}
 #: A classifier's task.weights.h5: its head, after keras-hub's ViT's
 #: ``pre_logits`` where it has one (Keras numbers the Dense layers).
 FAMILY_HEAD = _dense("dense", "head", "dn", "n")
@@ -345,7 +386,11 @@ PRE_LOGITS_HEAD = {**_dense("dense", "pre_logits", "dr", "r"),
 _FLAGS = {"use_class_token": ("class_token/", ""),
           "use_patch_bias": ("patch_embedding/", "/bias"),
           "use_mha_bias": ("attention/", "/bias"),
-          "use_mlp_bias": ("mlp/", "/bias")}
+          "use_mlp_bias": ("mlp/", "/bias"),
+          # DINOv3's, a field per projection.
+          **{f"use_{part}_bias": (f"attention/{key}/", "/bias") for part, key
+             in (("query", "query"), ("key", "key"), ("value", "value"),
+                 ("proj", "out"))}}
 
 
 def _built(rows, config):
@@ -356,18 +401,27 @@ def _built(rows, config):
         for start, end in off)}
 
 
-def _dino_tokens(config):
-    """DINOv2's embedding variables in Keras' order (the trainable ones,
-    then its table at ``position_embedding_shape``), as its config builds
-    them."""
+#: DINOv2's and DINOv3's embedding layers: (its h5 group, the shape code
+#: of its mask token, the rows of the tables after its tokens).
+_DINO_EMBEDDINGS = {
+    "DINOV2Backbone": ("dinov2_embedding", "mask", (
+        (None, None, "grid_table"),  # keras-hub recomputes it at load
+        (_POSEMB, "dino", "pe_table"))),
+    "DINOV3Backbone": ("dinov3_embedding", "cls", ()),  # rotary: no table
+}
+
+
+def _dino_tokens(class_name, config):
+    """A DINOv2's or DINOv3's embedding variables in Keras' order (the
+    tokens, then any table: DINOv2's at ``position_embedding_shape``), as
+    its config builds them."""
+    group, mask, tables = _DINO_EMBEDDINGS[class_name]
     rows = [(_CLS, None, "cls")]
     if config["use_mask_token"]:
-        rows.append((None, None, "mask"))  # masked pretraining only
+        rows.append((None, None, mask))  # masked pretraining only
     if config["num_register_tokens"]:
         rows.append((_REG, None, "reg"))
-    rows += [(None, None, "grid_table"),  # keras-hub recomputes it at load
-             (_POSEMB, "dino", "pe_table")]
-    return _vars("dinov2_embedding", *rows)
+    return _vars(group, *rows, *tables)
 
 
 def family_shapes(arch):
@@ -382,7 +436,7 @@ def family_shapes(arch):
               if options.get("posemb_includes_prefix", True) else 0)
     pe = arch.get("table_shape", (rows, cols))
     n, r = arch["num_classes"] or 0, arch["representation_size"] or 0
-    return {"d": (d,), "m": (m,), "dm": (d, m), "md": (m, d),
+    return {"d": (d,), "m": (m,), "dm": (d, m), "md": (m, d), "dd": (d, d),
             "g": (2 * m,), "dg": (d, 2 * m),
             "qkv": (d, h, d // h), "hd": (h, d // h), "out": (h, d // h, d),
             "conv": (p, p, c, d), "cls": (1, 1, d), "reg": (1, registers, d),
@@ -398,8 +452,8 @@ def family_rows(class_name, arch, task=False):
     every weight in the ``model.weights.h5`` (``task``: the
     ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
     weights its config's flags turn off (a DeiT's attention biases, ...)
-    are left out, a DINOv2's SwiGLU MLP (:data:`DINO_SWIGLU`) replaces
-    its GELU one.
+    are left out, a gated MLP (:data:`GATED_MLP`: DINOv2's SwiGLU,
+    DINOv3's gated one) replaces the other.
 
     >>> from keras_vit.zoo.keras_hub.family import architecture
     >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(
@@ -413,13 +467,14 @@ def family_rows(class_name, arch, task=False):
         rows = PRE_LOGITS_HEAD if arch["representation_size"] else FAMILY_HEAD
     else:
         rows = _built(FAMILY_TOP[class_name], config)
-        if class_name == "DINOV2Backbone":
-            rows.update(_dino_tokens(config))
+        if class_name in _DINO_EMBEDDINGS:
+            rows.update(_dino_tokens(class_name, config))
         group, block = FAMILY_BLOCKS[class_name]
-        if config.get("use_swiglu_ffn"):
+        gated, gated_rows = GATED_MLP.get(class_name, (None, None))
+        if config.get(gated):
             block = {k: v for k, v in block.items()
                      if not k.startswith("mlp/")}
-            block.update(DINO_SWIGLU)
+            block.update(gated_rows)
         block = _built(block, config)
         for i in range(arch["num_layers"]):
             name = group + (f"_{i}" if i else "")
