@@ -228,6 +228,14 @@ class ServingGraph:
         outputs = check_outputs(default_outputs(model) if outputs is None
                                 else outputs)
         check_head(model, outputs)
+        if getattr(model, "naflex", False):
+            # The exporters' graphs, their verification and the serving
+            # signature take image batches.
+            raise ValueError(
+                f"model={model.name!r} takes NaFlex patches (naflex=True), "
+                "which the exporters do not take yet; export the same "
+                "weights at one size: keras_vit.rebuild(model, naflex=False, "
+                "image_size=...)")
         if len(model.inputs or ()) != 1:
             raise ValueError(
                 f"model={model.name!r} must take one input (images); it takes "

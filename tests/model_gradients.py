@@ -12,6 +12,9 @@ def gradients(model, x, loss, training=True):
     variable, as float64 arrays; ``loss`` is written with ``keras.ops``.
     The global seeds are set first: torch's unseeded dropout draws from
     torch's global generator, so twins compare only from the same state."""
+    import testkit
+
+    x = testkit.model_input(model, x)
     keras.utils.set_random_seed(11)
     backend = keras.backend.backend()
     if backend == "tensorflow":
@@ -29,7 +32,9 @@ def gradients(model, x, loss, training=True):
 
         for v in model.trainable_variables:
             v.value.grad = None
-        loss(model(torch.as_tensor(x), training=training)).backward()
+        x = ({k: torch.as_tensor(v) for k, v in x.items()}
+             if isinstance(x, dict) else torch.as_tensor(x))
+        loss(model(x, training=training)).backward()
         return [v.value.grad.double().cpu().numpy()
                 for v in model.trainable_variables]
     import jax

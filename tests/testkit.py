@@ -74,6 +74,8 @@ OPTION_EXAMPLES = {
                             class_token=False)),
     "pool_heads": (4, dict(classifier="map", class_token=False)),
     "pool_prefix": (True, dict(classifier="gap", num_registers=1)),
+    "pool_form": ("aimv2", dict(classifier="map", class_token=False)),
+    "naflex": (True, dict(classifier="map", class_token=True)),
 }
 
 
@@ -164,6 +166,21 @@ def cached_tiny_vit():
     return cached_tiny_vit.model
 
 
+def model_input(model, x):
+    """``x`` (a batch of images) as ``model`` takes it: a NaFlex model
+    (the ``naflex`` row) takes each image cut into patches as it is, with
+    four patches of padding after them (so that every path meets the
+    padding mask); other models the images."""
+    config = model.get_config()
+    if not config.get("naflex") or isinstance(x, dict):
+        return x
+    from keras_vit.data import naflex
+
+    patch = config["patch_size"]
+    count = (x.shape[1] // patch) * (x.shape[2] // patch)
+    return naflex.patchify(x, patch, max_patches=count + 4, resize=False)
+
+
 def forward(model, x):
     """``model(x, training=False)`` as NumPy, on JAX as one jitted program
     of the model as it is now. An eager first call on JAX compiles every
@@ -176,6 +193,7 @@ def forward(model, x):
     answer for the model after it. Elsewhere the model is called."""
     import numpy as np
 
+    x = model_input(model, x)
     if keras.backend.backend() != "jax":
         return keras.ops.convert_to_numpy(model(x, training=False))
     import jax
@@ -462,6 +480,31 @@ def assert_refused_naming(repo, named, model_args=(), **fields):
         zoo.load(str(repo))
     message = str(e.value)
     assert named in message and "\n" not in message, message
+
+
+def transformers_forward(model, x):
+    """A transformers image model's output on NHWC NumPy images."""
+    import numpy as np
+    import torch
+
+    pixels = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    with torch.no_grad():
+        return model(pixel_values=pixels)
+
+
+def transformers_folders(tmp_path_factory, config_class, model_class, sizes,
+                         cases):
+    """Each of ``cases`` (id -> (config fields, ...)) built as
+    ``model_class(config_class(**sizes, **fields))`` with random
+    parameters and saved by transformers: id -> (folder, torch model)."""
+    out = {}
+    for seed, (key, (fields, *_)) in enumerate(cases.items()):
+        model = randomise_torch(model_class(config_class(**sizes, **fields)),
+                                seed)
+        path = tmp_path_factory.mktemp("hf") / key
+        model.save_pretrained(path, safe_serialization=True)
+        out[key] = path, model
+    return out
 
 
 def transformers_folder_with(folder, tmp_path, **fields):

@@ -64,6 +64,10 @@ FORMS = {
                    lambda v: v.reshape(-1, v.shape[-1]).T),
     # A position table without its leading axis, (N, D) for (1, N, D).
     "table": (lambda v, s: v[None], lambda v: v[0]),
+    # A PyTorch Linear over patches flattened row by row (P, P, C) (a
+    # NaFlex patch embedding, (D, P * P * C)); the model's HWIO kernel.
+    "patch_linear": (lambda v, s: np.asarray(v).T.reshape(s),
+                     lambda v: v.reshape(-1, v.shape[-1]).T),
     # A PyTorch convolution's OIHW kernel; the model's is HWIO.
     "conv": (lambda v, s: np.asarray(v).transpose(2, 3, 1, 0),
              lambda v: v.transpose(3, 2, 0, 1)),

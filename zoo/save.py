@@ -160,9 +160,10 @@ def _computed(config):
     if not out["include_top"]:
         out.pop("num_classes", None)
         out.pop("classifier_activation")
-    if out["mlp"] == "swiglu" and out["classifier"] != "map":
+    if out["mlp"] == "swiglu" and (out["classifier"] != "map"
+                                   or out["pool_form"] != "map"):
         # The gate is SiLU's whatever the GELU (which only an attention
-        # pool's MLP would run).
+        # pool's MLP would run; AIMv2's pool has none).
         out.pop("gelu")
     return out
 

@@ -237,11 +237,16 @@ def attention_pool_params(config):
     ``pooling="map"`` without the head; 0 for any other pooling): the
     probe (D), query, key, value and output projections with their
     biases, a norm (:func:`norm_params`) and an MLP as wide as the
-    blocks'.
+    blocks'; AIMv2's form (``pool_form="aimv2"``): the probe, key and
+    value projections (their biases where ``qkv_bias`` says) and the
+    output projection with its bias.
 
     >>> attention_pool_params(dict(classifier="map", hidden_size=8,
     ...                            mlp_dim=16))
     592
+    >>> attention_pool_params(dict(classifier="map", hidden_size=8,
+    ...                            mlp_dim=16, pool_form="aimv2"))
+    224
     """
     method = config.get("classifier", "token")
     if not config.get("include_top", True):
@@ -249,6 +254,9 @@ def attention_pool_params(config):
     if method != "map":
         return 0
     d, mlp = config["hidden_size"], config["mlp_dim"]
+    if config.get("pool_form", "map") == "aimv2":
+        return d + 2 * (d * d + d * config.get("qkv_bias", True)) + (
+            d * d + d)
     return (d + 4 * (d * d + d) + norm_params(config, d)
             + (d * mlp + mlp) + (mlp * d + d))
 

@@ -406,6 +406,14 @@ OPTIONS = (
            "the pooling ('gap', 'max', 'avgmax', 'map') over the class and "
            "register tokens too, not the patches only (timm's "
            "pool_include_prefix; Perception Encoder's attention pool)"),
+    Option("pool_form", "map", choice("map", "aimv2"), True, None,
+           "the attention-pool head's form (classifier='map'): 'map', "
+           "big_vision's MAPHead (SigLIP's, timm's): the probe through a "
+           "query projection, key, value and output projections with "
+           "biases, then y + MLP(norm(y)); 'aimv2', AIMv2's: the probe "
+           "itself the query, key and value projections with biases where "
+           "qkv_bias says, the output projection with a bias, nothing "
+           "after it"),
     Option("post_norm", False, flag, False, None,
            "each block's norms on its branches' outputs, x + norm(f(x)), "
            "not their inputs (timm's ResPostBlock and EVA's use_post_norm)",
@@ -444,6 +452,15 @@ OPTIONS = (
            params=lambda v, s: (0, (v or 0) * (s.merged + 1)),
            weights=(Weight("merger/dense_1", "dense", "merger.fc2",
                            "merger/dense_1"),)),
+    Option("naflex", False, flag, False, None,
+           "any aspect ratio and resolution from one model (SigLIP2's "
+           "NaFlex): the model takes a dict of 'patches' (B, N, P * P * C, "
+           "each patch's pixels row by row), 'patch_coords' (B, N, 2: each "
+           "patch's row and column) and 'patch_mask' (B, N: 1 a patch, 0 "
+           "padding) instead of images (keras_vit.data.naflex makes them); "
+           "the learned table is resized to each image's grid (bilinear "
+           "with antialiasing, as SigLIP2) and padding is left out of "
+           "attention and pooling"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

@@ -285,6 +285,10 @@ def _load_for_predict(args):
 
 
 def _model_geometry(model):
+    """The (height, width) images are resized to; None for a NaFlex model,
+    which takes each image at its own aspect ratio."""
+    if getattr(model, "naflex", False):
+        return None
     shape = tuple(model.inputs[0].shape)
     if len(shape) != 4 or shape[1] is None or shape[2] is None:
         raise UserError(f"the model takes inputs of shape {shape}; predict "
@@ -462,10 +466,17 @@ def _forward(model, paths, size, args, description):
         print(f"{PROG}: error: {failure['error']}", file=sys.stderr)
     if not images:
         raise UserError(f"none of the {len(paths)} images could be read")
-    images = np.stack(images)
+    if size is not None:
+        images = np.stack(images)
     outputs = []
     for start in range(0, len(images), batch):
-        out = infer(model, images[start:start + batch])
+        chunk = images[start:start + batch]
+        if size is None:  # NaFlex: each image within the table's patches
+            from keras_vit.data import naflex
+
+            chunk = naflex.patchify(chunk, model.patch_stride,
+                                    int(np.prod(model.grid_size)))
+        out = infer(model, chunk)
         if isinstance(out, dict):
             out = out["output"]
         outputs.append(np.asarray(out))
@@ -550,7 +561,8 @@ def _cmd_predict(args):
             f"{'x'.join(map(str, shape))} per image, not one vector a CSV "
             "row can hold; save them as .npz or .json")
     good, failed, outputs = _forward(model, paths, size, args, description)
-    meta = {"model": description, "image_size": list(size)}
+    meta = {"model": description,
+            "image_size": "any" if size is None else list(size)}
     if features:
         saved = _save_outputs(args.out, meta, "embeddings", good, outputs,
                               None, failed)

@@ -362,7 +362,10 @@ class TokenPooling(KeptArguments, layers.Layer):
     class token; 1: DeiT's distillation token); ``"gap"`` the
     mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
     tokens after the first ``num_prefix_tokens`` (the class and register
-    tokens: they are no patches, timm pools the same way)."""
+    tokens: they are no patches, timm pools the same way).
+    ``padding_bias`` (a NaFlex batch's
+    :class:`~keras_vit.models.positions.PaddingBias`, over every token)
+    leaves its padding out of the mean and the maximum."""
 
     ARGUMENTS = {"method": check_pooling_method, "num_prefix_tokens": int,
                  "index": int}
@@ -372,16 +375,24 @@ class TokenPooling(KeptArguments, layers.Layer):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
 
-    def call(self, x):
+    def call(self, x, padding_bias=None):
         if self.method == "token":
             return x[:, self.index]
         if self.num_prefix_tokens:
             x = x[:, self.num_prefix_tokens:]
+        if padding_bias is None:
+            mean, high = ops.mean(x, axis=1), ops.max(x, axis=1)
+        else:
+            bias = ops.cast(padding_bias[:, 0, 0, self.num_prefix_tokens:,
+                                         None], x.dtype)
+            kept = ops.cast(ops.equal(bias, 0), x.dtype)
+            mean = ops.sum(x * kept, axis=1) / ops.sum(kept, axis=1)
+            high = ops.max(x + bias, axis=1)
         if self.method == "gap":
-            return ops.mean(x, axis=1)
+            return mean
         if self.method == "max":
-            return ops.max(x, axis=1)
-        return 0.5 * (ops.mean(x, axis=1) + ops.max(x, axis=1))
+            return high
+        return 0.5 * (mean + high)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

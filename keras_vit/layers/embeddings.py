@@ -49,20 +49,40 @@ class PatchEmbedding(KeptArguments, layers.Layer):
         )
 
     def build(self, input_shape):
+        if len(input_shape) == 3:  # flattened patches (NaFlex)
+            channels, rest = divmod(int(input_shape[-1]), self.patch_size ** 2)
+            if rest:
+                raise ValueError(
+                    f"patches of {input_shape[-1]} values are not "
+                    f"{self.patch_size} x {self.patch_size} pixels of some "
+                    f"channels; received input_shape={input_shape}")
+            input_shape = (None, self.patch_size, self.patch_size, channels)
         self.conv.build(input_shape)
         if self.token_norm is not None:
             self.token_norm.build((None, None, self.hidden_size))
         self.built = True
 
     def call(self, images, training=None):
-        x = self.conv(images, training=training)
-        shape = ops.shape(x)
-        x = ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+        if len(images.shape) == 3:
+            # Patches already cut, each (P, P, C) flattened row by row: the
+            # convolution's kernel in the same order is one projection.
+            kernel = ops.reshape(ops.cast(self.conv.kernel, images.dtype),
+                                 (-1, self.hidden_size))
+            x = ops.matmul(images, kernel)
+            if self.use_bias:
+                x = x + ops.cast(self.conv.bias, x.dtype)
+        else:
+            x = self.conv(images, training=training)
+            shape = ops.shape(x)
+            x = ops.reshape(x, (shape[0], shape[1] * shape[2],
+                                self.hidden_size))
         if self.token_norm is not None:
             x = self.token_norm(x)
         return x
 
     def compute_output_shape(self, input_shape):
+        if len(input_shape) == 3:
+            return (input_shape[0], input_shape[1], self.hidden_size)
         b, h, w, _ = input_shape
         n = None
         if h is not None and w is not None:
@@ -303,6 +323,35 @@ def resize_grid_table(grid, grid_size, new_grid):
     return xp.reshape(table, (-1, dim))
 
 
+def naflex_weights(coords, mask, grid_size):
+    """The weights (B, N, rows * cols) that resize a position table of
+    ``grid_size`` (rows, cols) to each patch of a NaFlex batch:
+    ``coords`` (B, N, 2), each patch's row and column in its image's grid,
+    whose size is the largest coordinate of its patches (``mask`` (B, N):
+    nonzero for a patch, zero for padding) plus one. The weights are
+    those of a bilinear resize with antialiasing (half-pixel centres; a
+    triangle as wide as the step when shrinking), each axis's normalised
+    to sum to one: torch's ``interpolate(mode="bilinear", antialias=True,
+    align_corners=False)``, SigLIP2's resize of its table to each image.
+    Computed in float32; padding gets the weights of its coordinates."""
+    coords = ops.cast(coords, "float32")
+    valid = ops.cast(ops.not_equal(mask, 0), "float32")[..., None]
+    sizes = ops.max(coords * valid, axis=1, keepdims=True) + 1.0  # (B,1,2)
+    per_axis = []
+    for axis, length in enumerate(grid_size):
+        scale = length / sizes[..., axis]  # (B, 1)
+        support = ops.maximum(scale, 1.0)
+        centre = (coords[..., axis] + 0.5) * scale - 0.5  # (B, N)
+        source = ops.arange(length, dtype="float32")
+        w = ops.relu(1.0 - ops.abs(source - centre[..., None])
+                     / support[..., None])
+        per_axis.append(w / ops.sum(w, axis=-1, keepdims=True))
+    rows, cols = per_axis
+    shape = ops.shape(rows)
+    return ops.reshape(rows[..., :, None] * cols[..., None, :],
+                       (shape[0], shape[1], grid_size[0] * grid_size[1]))
+
+
 def runtime_grid(images, stride):
     """The patch grid (rows, cols) of ``images`` (B, H, W, C) cut by
     ``stride`` pixels a patch: Python ints where the shape is known (JAX
@@ -429,13 +478,35 @@ class PositionEmbedding(layers.Layer):
                            patches.dtype)
         return ops.concatenate([prefix, patches], axis=0)[None]
 
-    def call(self, x, images=None):
+    def call(self, x, images=None, coords=None, patch_mask=None):
+        """``coords`` and ``patch_mask`` (a NaFlex batch's, see
+        :func:`naflex_weights`): each image's patches get the table
+        resized to its own grid, the prefix tokens their rows as they
+        are."""
+        if coords is not None:
+            return x + ops.cast(self.naflex_table(coords, patch_mask),
+                                x.dtype)
         grid = None
         if images is not None and self.stride is not None:
             grid = runtime_grid(images, self.stride)
         return x + ops.cast(self.table(grid), x.dtype)
 
-    def compute_output_spec(self, x, images=None):
+    def naflex_table(self, coords, mask):
+        """The (B, prefix + N, D) rows a NaFlex batch adds (learned
+        tables only: :func:`naflex_weights` of each image)."""
+        table = ops.cast(self.pos_embedding[0], "float32")
+        prefix = self.num_prefix_tokens
+        patches = ops.matmul(naflex_weights(coords, mask, self.grid_size),
+                             table[prefix:])
+        if not prefix:
+            return patches
+        batch = ops.shape(patches)[0]
+        return ops.concatenate([ops.broadcast_to(
+            table[None, :prefix], (batch, prefix, table.shape[-1])),
+            patches], axis=1)
+
+    def compute_output_spec(self, x, images=None, coords=None,
+                            patch_mask=None):
         # The tokens' own shape: tracing the resize with the free sizes of
         # a dynamic model would pair token counts and grids that disagree.
         return keras.KerasTensor(x.shape, dtype=self.compute_dtype)

@@ -10,12 +10,16 @@ import math
 import keras
 from keras import layers, ops
 
+from keras_vit.base.checks import check_choice
 from keras_vit.layers.blocks import MlpBlock
 from keras_vit.layers.dense import (
     FusedDense, FusedEinsumDense, KeptArguments, check_gelu, check_norm, make_norm,
     xavier_flat)
 from keras_vit.layers.embeddings import runtime_grid
 from keras_vit.layers.registered import PACKAGE
+
+#: The attention pool's forms: big_vision's MAPHead, AIMv2's head.
+FORMS = ("map", "aimv2")
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -41,14 +45,23 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
     pool. The softmax runs in float32 under mixed precision: the probe's
     logits over every token decide the whole embedding, and bf16 loses the
     small differences between them.
+
+    ``form="aimv2"`` is AIMv2's attention-pooling head instead (transformers'
+    ``Aimv2AttentionPoolingHead``): the probe itself is the query (no
+    ``query`` projection), ``key`` and ``value`` have biases where
+    ``qkv_bias`` says, and ``out`` (with its bias) gives the output: no
+    norm and no MLP (``mlp_dim`` and ``gelu`` unused). ``qkv_bias`` is
+    read by that form only.
     """
 
     ARGUMENTS = {"num_heads": int, "mlp_dim": int, "gelu": check_gelu,
-                 "layer_norm_epsilon": float, "num_prefix_tokens": int}
+                 "layer_norm_epsilon": float, "num_prefix_tokens": int,
+                 "form": lambda form: check_choice("form", form, FORMS),
+                 "qkv_bias": bool}
 
     def __init__(self, num_heads, mlp_dim, gelu="tanh",
                  layer_norm_epsilon=1e-6, num_prefix_tokens=0, norm="layer",
-                 **kwargs):
+                 form="map", qkv_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         # The attribute ``norm`` is the layer (built in build); its kind is
@@ -72,11 +85,14 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
         self.probe = self.add_weight(name="probe", shape=(1, 1, dim),
                                      initializer="glorot_uniform")
         batch = tuple(input_shape[:1])
-        for name, length in (("query", 1), ("key", input_shape[1]),
-                             ("value", input_shape[1])):
+        map_form = self.form == "map"
+        # AIMv2's: no query projection, key and value biased as qkv_bias.
+        for name, length in ((("query", 1),) if map_form else ()) + (
+                ("key", input_shape[1]), ("value", input_shape[1])):
             layer = FusedEinsumDense(
                 "abc,cde->abde", (None, self.num_heads, head_dim),
-                bias_axes="de", kernel_initializer=xavier_flat(dim, dim),
+                bias_axes="de" if map_form or self.qkv_bias else None,
+                kernel_initializer=xavier_flat(dim, dim),
                 bias_initializer="zeros", dtype=self.dtype_policy, name=name)
             layer.build(batch + (length, dim))
             setattr(self, name, layer)
@@ -85,6 +101,9 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
             kernel_initializer=xavier_flat(dim, dim),
             bias_initializer="zeros", dtype=self.dtype_policy, name="out")
         self.out.build(batch + (1, self.num_heads, head_dim))
+        if not map_form:  # AIMv2's: the projected attention is the output
+            self.built = True
+            return
         self.norm = make_norm(self.norm_kind, self.layer_norm_epsilon,
                               self.dtype_policy, "norm")
         self.norm.build(batch + (1, dim))
@@ -93,18 +112,29 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
         self.mlp.build(batch + (1, dim))
         self.built = True
 
-    def call(self, x, training=None):
+    def call(self, x, training=None, padding_bias=None):
+        """``padding_bias``: a NaFlex batch's
+        :class:`~keras_vit.models.positions.PaddingBias` (over every
+        token), which leaves its padding out of the keys."""
         if self.num_prefix_tokens:
             x = x[:, self.num_prefix_tokens:]
         # The probe's query once, shared by every image: (1, heads, Dh).
-        q = self.query(ops.cast(self.probe, x.dtype))[0]
+        if self.form == "map":
+            q = self.query(ops.cast(self.probe, x.dtype))[0]
+        else:  # AIMv2's: the probe itself, split into the heads
+            q = ops.reshape(ops.cast(self.probe, x.dtype),
+                            (1, self.num_heads, self.head_dim))
         k, v = self.key(x), self.value(x)
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        logits = ops.einsum("qhk,bvhk->bhqv", q, k)
-        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        logits = ops.cast(ops.einsum("qhk,bvhk->bhqv", q, k), "float32")
+        if padding_bias is not None:
+            logits = logits + ops.cast(
+                padding_bias[..., self.num_prefix_tokens:], "float32")
+        probs = ops.softmax(logits, axis=-1)
         context = ops.einsum("bhqv,bvhk->bqhk", ops.cast(probs, x.dtype), v)
         y = self.out(context)  # (B, 1, D)
-        y = y + self.mlp(self.norm(y), training=training)
+        if self.form == "map":
+            y = y + self.mlp(self.norm(y), training=training)
         return y[:, 0]
 
     def compute_output_shape(self, input_shape):

@@ -35,6 +35,38 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
     return inputs, x, config_value(normalization)
 
 
+#: A NaFlex model's inputs (the ``naflex`` option): each image's patches,
+#: flattened row by row ((B, N, P * P * C): pixel rows, pixel columns,
+#: channels, as SigLIP2's processor and timm cut them), each patch's row
+#: and column in its image's grid, and 1 for a patch, 0 for padding.
+PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
+
+
+def patch_input(patch_size, num_channels, include_preprocessing, dtype,
+                input_normalization=None):
+    """:func:`image_input` for a NaFlex model: ``(inputs, x,
+    input_normalization)``, ``inputs`` the dict of :data:`PATCH_INPUTS`
+    (any number of patches), ``x`` the patches, normalised per channel
+    when ``include_preprocessing``."""
+    normalization = check_normalization("input_normalization",
+                                        input_normalization, num_channels)
+    width = patch_size * patch_size * num_channels
+    inputs = {
+        "patches": keras.Input(shape=(None, width), name="patches"),
+        "patch_coords": keras.Input(shape=(None, 2), dtype="int32",
+                                    name="patch_coords"),
+        "patch_mask": keras.Input(shape=(None,), dtype="int32",
+                                  name="patch_mask"),
+    }
+    x = inputs["patches"]
+    if include_preprocessing:  # each pixel's channels, P * P of them
+        per_patch = type(normalization)(
+            tuple(normalization.mean) * patch_size ** 2,
+            tuple(normalization.std) * patch_size ** 2)
+        x = per_patch.layer(dtype=dtype, name="preprocessing")(x)
+    return inputs, x, config_value(normalization)
+
+
 def carry_policy(model, dtype):
     """Gives a model built from layers in ``dtype`` that dtype policy as its
     own. A functional model reports the global policy whatever its layers
@@ -46,15 +78,17 @@ def carry_policy(model, dtype):
 
 def classification_head(x, pooling_layer, include_top, representation_size,
                         num_classes, bias_initializer, classifier_activation,
-                        dtype, pooled_norm=None):
+                        dtype, pooled_norm=None, padding_bias=None):
     """``pooling_layer`` (or none), then ``pooled_norm`` (a layer, or
     none: the ViT family's ``fc_norm``), the optional ``pre_logits`` Dense +
     tanh, and, with ``include_top``, the zero-initialised ``head`` (its bias
-    from ``bias_initializer``) and its activation. Both Dense layers are
+    from ``bias_initializer``) and its activation. ``padding_bias``: a
+    NaFlex model's, which the pooling leaves out. Both Dense layers are
     :class:`~keras_vit.layers.FusedDense`: their bias gradients sum over
     the batch in float32 under mixed precision on TensorFlow too."""
     if pooling_layer is not None:
-        x = pooling_layer(x)
+        x = (pooling_layer(x) if padding_bias is None
+             else pooling_layer(x, padding_bias=padding_bias))
         if pooled_norm is not None:
             x = pooled_norm(x)
         if representation_size is not None:
@@ -73,7 +107,8 @@ def classification_head(x, pooling_layer, include_top, representation_size,
 
 
 def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
-                  layer_norm_epsilon, dtype, norm="layer"):
+                  layer_norm_epsilon, dtype, norm="layer", form="map",
+                  qkv_bias=True):
     """The ViT's ``pooling`` layer for ``method`` (None: none): a
     :class:`~keras_vit.layers.TokenPooling` (the patch tokens after the
     ``num_prefix_tokens`` class and register tokens, or for ``"token"``
@@ -81,7 +116,8 @@ def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
     (:class:`~keras_vit.layers.AttentionPoolHead`), which has weights of
     its own: its MLP as wide as the blocks' (``mlp_dim``), its GELU, norm
     kind (``norm``) and epsilon the model's, as SigLIP's, timm's and
-    big_vision's heads are."""
+    big_vision's heads are; ``form="aimv2"``, AIMv2's head, without them
+    (its key and value biased where ``qkv_bias`` says)."""
     from keras_vit import layers as vit_layers
 
     if method is None:
@@ -90,8 +126,8 @@ def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
         return vit_layers.AttentionPoolHead(
             num_heads, mlp_dim, gelu=gelu,
             layer_norm_epsilon=layer_norm_epsilon,
-            num_prefix_tokens=num_prefix_tokens, norm=norm, dtype=dtype,
-            name="pooling")
+            num_prefix_tokens=num_prefix_tokens, norm=norm, form=form,
+            qkv_bias=qkv_bias, dtype=dtype, name="pooling")
     return vit_layers.TokenPooling(
         method, num_prefix_tokens=num_prefix_tokens if method != "token"
         else 0, dtype=dtype, name="pooling")

@@ -306,6 +306,14 @@ class CompiledModelMixin:
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None,
                 callbacks=None):
+        if getattr(self, "naflex", False) and not isinstance(x, dict):
+            # Images of any sizes, each resized keeping its aspect ratio
+            # to at most the table's count of patches, as SigLIP2's
+            # processor does (keras_vit.data.naflex).
+            from keras_vit.data import naflex
+
+            rows, cols = self.grid_size
+            x = naflex.patchify(x, self.patch_stride, rows * cols)
         # Every path, Keras' own included, refuses what the call refuses,
         # before a function traced with relaxed shapes could take it.
         if _is_array(x) and getattr(self, "inputs", None) and len(

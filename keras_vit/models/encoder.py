@@ -256,6 +256,20 @@ def check_family_options(options, classifier, pooling, include_top,
             "rope_grid scales the patch coordinates of EVA-02's rotary "
             "embeddings (rope='eva02'); received rope_grid="
             f"{options['rope_grid']!r}, rope={out['rope']!r}")
+    if out["naflex"] and (
+            out["rope"] is not None or out["relative_bias"] is not None
+            or out["merge_size"] or position_embedding not in (
+                "learned_1d", "none") or placement != "stem"):
+        what = ", ".join(
+            [f"{name}={out[name]!r}" for name in ("rope", "relative_bias",
+                                                  "merge_size")
+             if out[name] != FAMILY_DEFAULTS[name]]
+            + [f"position_embedding={position_embedding!r}",
+               f"position_embedding_placement={placement!r}"])
+        raise ValueError(
+            "naflex=True resizes a learned table at the stem to each "
+            "image's grid (or takes none), and nothing else ties the "
+            "tokens to their grid; received naflex=True, " + what)
     if not out["posemb_includes_prefix"] and (
             position_embedding not in ("learned_1d", "learned_2d",
                                        "sincos_2d") or placement != "stem"):

@@ -493,6 +493,7 @@ def infer(model, inputs):
     """
     from keras_vit.runtime.backend import no_grad, to_numpy
 
-    check_forward(model, len(inputs))
+    check_forward(model, len(inputs["patches"] if isinstance(inputs, dict)
+                             else inputs))  # a NaFlex batch: a dict
     with no_grad():
         return to_numpy(model(inputs, training=False))

@@ -350,6 +350,35 @@ class MixedRotaryEmbedding(layers.Layer):
                     offset=self.offset, indexing=self.indexing)
 
 
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class PaddingBias(layers.Layer):
+    """The attention logits' bias that leaves a NaFlex batch's padding
+    out of every query's keys: (B, 1, 1, prefix + N) from ``mask`` (B, N:
+    nonzero for a patch), 0 for the ``num_prefix_tokens`` tokens before
+    the patches and for each patch, a large negative number for padding
+    (whose softmax weight is then exactly 0 in float32)."""
+
+    def __init__(self, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, mask):
+        bias = ops.where(ops.not_equal(mask, 0), 0.0, -1e9)
+        if self.num_prefix_tokens:
+            bias = ops.pad(bias, ((0, 0), (self.num_prefix_tokens, 0)))
+        return ops.cast(bias, "float32")[:, None, None, :]
+
+    def compute_output_spec(self, mask):
+        tokens = mask.shape[1]
+        if tokens is not None:
+            tokens += self.num_prefix_tokens
+        return keras.KerasTensor((mask.shape[0], 1, 1, tokens), "float32")
+
+    def get_config(self):
+        return dict(super().get_config(),
+                    num_prefix_tokens=self.num_prefix_tokens)
+
+
 def check_dynamic_image_size(dynamic_image_size, position_embedding,
                              family=None):
     """``dynamic_image_size`` as a bool, or a ValueError naming it: the
@@ -406,15 +435,24 @@ class PositionScheme:
             the additive kind.
         head_dim: each attention head's width (for ``rope``).
         depth: the blocks (``rope="mixed"`` learns a table for each).
+        patches: a NaFlex model's inputs (the ``naflex`` option): the
+            table is resized to each image's grid at the stem, and every
+            block's attention leaves the padding out (:class:`PaddingBias`
+            over ``all_prefix`` tokens before the patches).
     """
 
     def __init__(self, kind, placement, grid, num_prefix_tokens, num_heads,
                  dtype=None, images=None, stride=None, family=None,
-                 head_dim=None, depth=1):
+                 head_dim=None, depth=1, patches=None, all_prefix=0):
         self.kind, self.placement = kind, placement
         self.grid, self.prefix = grid, num_prefix_tokens
         self.num_heads, self.dtype = num_heads, dtype
         self.images, self.stride = images, stride
+        self.patches, self.padding = patches, None
+        if patches is not None:
+            self.padding = PaddingBias(all_prefix, dtype=dtype,
+                                       name="padding_bias")(
+                                           patches["patch_mask"])
         self.shared = None
         if kind != "none" and placement != "every_layer":
             self.shared = self._make("position_embedding")
@@ -450,6 +488,9 @@ class PositionScheme:
             dtype=self.dtype, name=name)
 
     def _add(self, layer, x):
+        if self.patches is not None:
+            return layer(x, coords=self.patches["patch_coords"],
+                         patch_mask=self.patches["patch_mask"])
         if self.images is None:
             return layer(x)
         return layer(x, images=self.images)
@@ -484,6 +525,8 @@ class PositionScheme:
             if self.rope_table is None:  # one table for every block
                 self.rope_table = self._add(self.rope, x)
             position["rope"] = self.rope_table
+        if self.padding is not None:
+            position["attention_bias"] = self.padding
         if self.bias_kind is not None:
             bias = self.bias or RelativePositionBias(
                 self.grid, self.num_heads, dtype=self.dtype,

@@ -10,8 +10,8 @@ from keras_vit.base import options
 from keras_vit.base.checks import (check_choice, check_dtype, check_keywords,
                                    check_number, shown)
 from keras_vit.models.common import (carry_policy, check_label_names,
-                                     classification_head,
-                                     image_input, pooling_layer)
+                                     classification_head, image_input,
+                                     patch_input, pooling_layer)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.encoder import NORMALISED, check_vit_args
@@ -167,10 +167,22 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding, family)
 
-        inputs, x, input_normalization = image_input(
-            (None, None) if dynamic else spec["image_hw"],
-            spec["num_channels"], include_preprocessing, dtype,
-            input_normalization)
+        naflex = family["naflex"]
+        if naflex and (dynamic or spec["resnet"] is not None):
+            what = ("dynamic_image_size=True" if dynamic
+                    else f"resnet={shown(resnet)}")
+            raise ValueError(
+                "naflex=True takes patches of any grid, cut from the pixels: "
+                f"{what} does not apply; received naflex=True, {what}")
+        if naflex:
+            inputs, x, input_normalization = patch_input(
+                spec["patch"], spec["num_channels"], include_preprocessing,
+                dtype, input_normalization)
+        else:
+            inputs, x, input_normalization = image_input(
+                (None, None) if dynamic else spec["image_hw"],
+                spec["num_channels"], include_preprocessing, dtype,
+                input_normalization)
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
             x = resnet_stem(x, spec["resnet"], dtype, remat)
@@ -217,7 +229,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             prefix if table_covers_prefix else 0, spec["num_heads"], dtype,
             images=inputs if dynamic else None,
             stride=spec["stride"] if dynamic else None, family=family,
-            head_dim=spec["hidden_size"] // spec["num_heads"], depth=depth)
+            head_dim=spec["hidden_size"] // spec["num_heads"], depth=depth,
+            patches=inputs if naflex else None, all_prefix=prefix)
         x, scores = _encode(
             x, blocks, scheme, None if table_covers_prefix else prepend,
             layers.Dropout(spec["dropout_rate"], dtype=dtype,
@@ -243,14 +256,15 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                  else prefix,
                                  family["pool_heads"] or spec["num_heads"],
                                  spec["mlp_dim"], gelu, layer_norm_epsilon,
-                                 dtype, norm),
+                                 dtype, norm, family["pool_form"],
+                                 family["qkv_bias"]),
                 spec["head"], spec["representation_size"],
                 spec["num_classes"],
                 keras.initializers.Constant(head_bias_init),
                 classifier_activation, dtype,
                 pooled_norm=_model_norm(
                     norm, layer_norm_epsilon, dtype, "fc_norm")
-                if family["fc_norm"] else None)
+                if family["fc_norm"] else None, padding_bias=scheme.padding)
         outputs = x
         if return_attention_scores:
             if not scores:
@@ -271,6 +285,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         self.head_type = family["head_type"]
         self.input_normalization = input_normalization
         self.dynamic_image_size = dynamic
+        self.naflex = naflex
+        self.patch_stride = spec["patch"]
         self.remat = remat
 
     # The constructor's arguments as get_config, from_config and the

@@ -84,6 +84,8 @@ CASES = {
              num_prefix_tokens=1), lambda: _rng_input((2, 5, 8))),
     "RelativePositionBias": (dict(grid_size=(2, 2), num_heads=2),
                              lambda: _rng_input((2, 5, 8))),
+    "PaddingBias": (dict(num_prefix_tokens=1), lambda: np.array(
+        [[1, 1, 0], [1, 0, 0]], "int32")),
     "PatchMerger": (dict(grid_size=(2, 4), merge_size=2, width=6),
                     lambda: _rng_input((2, 8, 8))),
     "FusedConv2D": (dict(filters=4, kernel_size=[2, 2], strides=[2, 2]),

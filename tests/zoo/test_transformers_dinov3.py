@@ -12,7 +12,6 @@ import pytest
 
 # torch and transformers before TensorFlow (tests/conftest.py: the other
 # order crashes here).
-import torch
 import transformers
 
 import keras  # noqa: E402
@@ -20,7 +19,8 @@ from keras_vit import zoo  # noqa: E402
 from keras_vit.zoo.formats import FormatError  # noqa: E402
 from testkit import (  # noqa: E402
     assert_config_refused, assert_relative, forward, random_images,
-    randomise_keras, randomise_torch, transformers_folder_with)
+    randomise_keras, transformers_folder_with,
+    transformers_folders, transformers_forward)
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=64, patch_size=4, image_size=32)
@@ -45,24 +45,14 @@ CASES = {
 }
 
 
-def _forward(model, x):
-    """transformers' output on NHWC images."""
-    pixels = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
-    with torch.no_grad():
-        return model(pixel_values=pixels)
+_forward = transformers_forward
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Each case saved by transformers: id -> (folder, torch model)."""
-    out = {}
-    for seed, (key, (fields, _)) in enumerate(CASES.items()):
-        config = transformers.DINOv3ViTConfig(**SIZES, **fields)
-        model = randomise_torch(transformers.DINOv3ViTModel(config), seed)
-        path = tmp_path_factory.mktemp("hf") / key
-        model.save_pretrained(path, safe_serialization=True)
-        out[key] = path, model
-    return out
+    return transformers_folders(tmp_path_factory, transformers.DINOv3ViTConfig,
+                                transformers.DINOv3ViTModel, SIZES, CASES)
 
 
 @pytest.mark.backends

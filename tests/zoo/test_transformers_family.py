@@ -304,9 +304,12 @@ def test_mismatched_tensors_and_unwritable_models_are_refused(folders,
 
 
 # Models a transformers class holds (DeiT, DINOv2, DINOv2 with registers,
-# DINOv3, CLIP's and SigLIP's image towers, ViT), to which the property
-# below adds other options.
+# DINOv3, CLIP's, SigLIP's and AIMv2's image towers, ViT), to which the
+# property below adds other options.
 _HELD = {
+    "aimv2": dict(class_token=False, norm="rms", patch_norm=True,
+                  mlp="swiglu", classifier="map", pool_form="aimv2",
+                  num_classes=0),
     "deit": dict(num_registers=1, num_classes=3),
     "dinov2": dict(layer_scale=1.0, num_classes=0),
     "dinov3": dict(layer_scale=1.0, rope="dinov3", position_embedding="none",

@@ -137,6 +137,11 @@ TARGETS = {"timm": _timm, "transformers": _transformers,
 # folder neither timm nor keras_vit loads (timm's pool gates by SiLU).
 @example(config=dict(classifier="map", mlp="swiglu"))
 @example(config=dict(gelu="exact", include_top=False))
+# AIMv2's tower: its attention pool (pool_form="aimv2"), RMSNorm, the
+# patch norm and the gated MLP.
+@example(config=dict(classifier="map", class_token=False, num_classes=0,
+                     norm="rms", patch_norm=True, mlp="swiglu",
+                     pool_form="aimv2", qkv_bias=False, proj_bias=False))
 @example(config=dict(gelu="exact", layer_scale=0.5, include_top=False))
 def test_each_writer_writes_what_it_and_its_library_read_back(
         layout, config, tmp_path_factory):

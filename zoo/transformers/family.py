@@ -1,9 +1,10 @@
 """transformers' other ViT-family towers, as tables on one reader: DeiT
 (``model_type`` ``"deit"``), DINOv2 (``"dinov2"``,
-``"dinov2_with_registers"``), DINOv3's ViT (``"dinov3_vit"``) and CLIP's
+``"dinov2_with_registers"``), DINOv3's ViT (``"dinov3_vit"``), CLIP's
 image tower
 (``"clip_vision_model"``; the image tower of a whole ``"clip"`` folder,
-whose text tower and projections are not read).
+whose text tower and projections are not read) and AIMv2's
+(``"aimv2_vision_model"``; a whole ``"aimv2"`` folder's likewise).
 
 Each is the one :class:`~keras_vit.models.VisionTransformer` with family
 options; what differs is data: each type's config defaults and tensor
@@ -38,6 +39,18 @@ names, each class's builder options
   quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
   ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
   block's output (:func:`keras_vit.models.intermediate_model`).
+* ``Aimv2VisionModel``: no class token, RMSNorms (``norm="rms"``,
+  ``rms_norm_eps`` the epsilon) after the patch embedding too
+  (``patch_norm``), the gated MLP (``mlp="swiglu"``, ``hidden_act`` SiLU,
+  ``intermediate_size`` wide) and a table of the patches. ``use_head``:
+  its attention-pooling head (``classifier="map"``,
+  ``pool_form="aimv2"``; ``num_classes=0`` returns ``pooler_output``);
+  without it the tokens. Its two bias fields each bias layers of both
+  bias rows (``qkv_bias``: the query, key, value and output projections
+  and the head's key and value; ``mlp_bias``: the MLP), so either on
+  turns ``qkv_bias`` and ``proj_bias`` on, zeros for the other field's
+  biases (written back off where they are zeros). ``is_native`` (a
+  sin-cos table of other frequencies than ``sincos_2d``'s) is refused.
 
 ``Dinov2ForImageClassification`` and ``DINOv3ViTBackbone`` are refused by
 name: the first's classifier reads the class token concatenated with the
@@ -62,13 +75,14 @@ from keras_vit.zoo import formats, hub_files, layouts
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
 from keras_vit.zoo.transformers.tables import (
-    ARCHITECTURES, FAMILIES, WHOLE_MODELS, block_shapes, dinov2_mlp_dim,
-    expected_shapes, layout, rows_of, shape_codes)
+    ARCHITECTURES, FAMILIES, WHOLE_MODELS, bias_fields, bias_rows,
+    block_shapes, dinov2_mlp_dim, expected_shapes, layout, rows_of,
+    shape_codes, top_zeros, with_class_options)
 
 #: The model types read here.
 FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers", "dinov3_vit",
                 "clip_vision_model", "clip", "metaclip_2_vision_model",
-                "metaclip_2")
+                "metaclip_2", "aimv2_vision_model", "aimv2")
 #: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
 GELUS = dict(GELU_FORMS, quick_gelu="quick")
 
@@ -79,6 +93,8 @@ _MORE_FIELDS = Object({
     "mlp_ratio": Number(0, 64, open=True), "layerscale_value": Number(),
     "use_swiglu_ffn": Bool(), "num_register_tokens": Int(0, MAX_HIDDEN),
     "use_gated_mlp": Bool(), "rope_theta": Number(),
+    "rms_norm_eps": Number(0, 1, open=True), "use_head": Bool(),
+    "is_native": Bool(),
     **dict.fromkeys(("query_bias", "key_bias", "value_bias", "proj_bias",
                      "mlp_bias"), Bool())})
 
@@ -146,12 +162,13 @@ def architecture(config, path, header):
     family = FAMILIES[spec["type"]]
     defaults = family["defaults"]
     value = dict(defaults, **vision)
-    # The family options this type's config carries (its defaults' fields),
-    # the bias rows from their fields (any on: the row on).
-    options = options_table.read_fields("transformers", value, defaults)
+    # The family options this type's config carries (its defaults' fields)
+    # and its class sets, the bias rows from their fields (any on: the
+    # row on).
+    options = with_class_options(options_table.read_fields(
+        "transformers", value, defaults), spec)
     biases = family.get("biases", {})
-    options.update({row: any(value[f] for f in fields)
-                    for row, fields in biases.items()})
+    options.update(bias_rows(biases, value))
     hidden, heads = value["hidden_size"], value["num_attention_heads"]
     size, patch = value["image_size"], value["patch_size"]
     sides = tuple(size) if isinstance(size, tuple) else (size, size)
@@ -179,7 +196,7 @@ def architecture(config, path, header):
              f"an integer that divides image_size={list(sides)}"),
             ("image_size", not FAMILIES[spec["type"]].get("square")
              or sides[0] == sides[1],
-             "one side (CLIP's images are square)"),
+             f"one side ({name}'s images are square)"),
             ("hidden_act", value["hidden_act"] in acts,
              f"one of {sorted(acts)} (keras_vit's "
              + ("SwiGLU gates with SiLU)" if swiglu else "GELU forms)")),
@@ -193,7 +210,9 @@ def architecture(config, path, header):
              "a positive number (the rotary embeddings' base period)"),
             ("pooler_act", not spec.get("pooler") or value.get(
                 "pooler_act", "tanh") == "tanh",
-             "'tanh' (keras_vit's pre_logits)")):
+             "'tanh' (keras_vit's pre_logits)"),
+            *((key, value[key] == want, f"{str(want).lower()} ({why})")
+              for key, (want, why) in family.get("fixed", {}).items())):
         if not ok:
             raise formats.fail(path, field + key, f"expected {expected}; "
                                f"received {key}={shown_value(value.get(key))}")
@@ -202,15 +221,17 @@ def architecture(config, path, header):
         prefix = ("vision_model." if any(k.startswith("vision_model.")
                                          for k in header) else "")
     # The fields that leave a bias of a row that is on out of the file.
-    off = [f for row, fields in biases.items() if options[row]
-           for f in fields if not value[f]]
+    off = sorted({f for row, fields in biases.items() if options[row]
+                  for f in fields if not value[f]})
+    pool = spec.get("attention_pool")
     return {"class": name, "type": spec["type"], "prefix": prefix,
-            "off": off,
+            "off": off, "attention_pool": bool(pool and value[pool[0]]),
             "hidden_size": hidden, "num_heads": heads, "mlp_dim": mlp,
             "num_layers": value["num_hidden_layers"],
             "image_size": sides[0] if sides[0] == sides[1] else list(sides),
             "patch_size": patch, "num_channels": value["num_channels"],
-            "layer_norm_epsilon": float(value["layer_norm_eps"]),
+            "layer_norm_epsilon": float(value[family.get(
+                "epsilon", "layer_norm_eps")]),
             "gelu": GELUS.get(value["hidden_act"], "exact"),
             "options": options_table.checked(options),
             "pooler": value.get("pooler_output_size") or hidden,
@@ -255,8 +276,11 @@ def differences(model_type, fixed, options):
     held = dict(options_table.DEFAULTS, class_token=True)
     held.update(options_table.read_fields(
         "transformers", dict(defaults, **written), defaults))
-    # A bias row's fields (every one written at the row's value) hold it.
-    held.update({row: options[row] for row in family.get("biases", {})})
+    # The bias rows as the fields the writer writes (each on where a row
+    # that holds it is) read back: each as it is where no field biases
+    # layers of two rows (AIMv2's).
+    biases = family.get("biases", {})
+    held.update(bias_rows(biases, bias_fields(biases, options)))
     held.update({k: v for k, v in fixed.items() if k in held})
     for row in options_table.OPTIONS:
         field = row.transformers
@@ -308,17 +332,22 @@ def zero_biases(state, arch):
     zeros, those tensors taken out of it: a zero bias is none, so such a
     field is written off, as the type's own files have it."""
     family = FAMILIES[arch["type"]]
-    blocks = arch["prefix"] + family["layers"]
-    off = []
+    prefix = arch["prefix"]
+    blocks = prefix + family["layers"]
+    # Each field's tensors, over every row it biases layers of.
+    tensors = {}
     for fields in family.get("biases", {}).values():
         for field, names in fields.items():
-            keys = [k for k in state for n in names
-                    if k.startswith(blocks) and k.endswith("." + n)]
-            if (keys and family["defaults"][field] is False
-                    and not any(np.any(state[k]) for k in keys)):
-                off.append(field)
-                for k in keys:
-                    del state[k]
+            tensors.setdefault(field, set()).update(names)
+    off = []
+    for field, names in tensors.items():
+        keys = [k for k in state for n in names if k == prefix + n
+                or (k.startswith(blocks) and k.endswith("." + n))]
+        if (keys and family["defaults"][field] is False
+                and not any(np.any(state[k]) for k in keys)):
+            off.append(field)
+            for k in keys:
+                del state[k]
     return off
 
 
@@ -332,6 +361,11 @@ def builder_config(arch, num_labels, has_pooler):
                   representation_size=None, num_classes=num_labels or 1000,
                   name=arch["type"] + "_transformers")
     config.update(ARCHITECTURES[arch["class"]]["options"])
+    if ARCHITECTURES[arch["class"]].get("attention_pool"):
+        # The head pools by attention (pooler_output); without one the
+        # tokens, and a new head reads the patches' mean.
+        config.update(dict(classifier="map", num_classes=num_labels or 0)
+                      if arch["attention_pool"] else dict(classifier="gap"))
     if ARCHITECTURES[arch["class"]].get("pooler") and has_pooler:
         config.update(representation_size=arch["pooler"], pooling="token")
     return config
@@ -383,8 +417,9 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         _fold_class_row(arrays, arch)
     blocks = prefix + FAMILIES[arch["type"]]["layers"]
     arrays = layouts.with_zeros(arrays, {
-        f"{blocks}{i}.{name}": shape for i in range(arch["num_layers"])
-        for name, shape in block_shapes(arch)[1].items()})
+        **{f"{blocks}{i}.{name}": shape for i in range(arch["num_layers"])
+           for name, shape in block_shapes(arch)[1].items()},
+        **top_zeros(arch)})
     has_pooler = any(k.endswith("pooler.dense.weight") for k in arrays)
     config = builder_config(arch, num_labels, has_pooler)
     config["input_normalization"] = input_normalization

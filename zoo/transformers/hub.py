@@ -4,8 +4,8 @@
 ``google/vit-base-patch16-224``, ``google/vit-base-patch16-224-in21k``, ...),
 SigLIP's image towers (``SiglipVisionModel``, the image tower of a
 ``SiglipModel``: :mod:`keras_vit.zoo.transformers.siglip`), and DeiT,
-DINOv2 (with registers too), DINOv3's ViT and CLIP's image tower
-(:mod:`keras_vit.zoo.transformers.family`).
+DINOv2 (with registers too), DINOv3's ViT and CLIP's and AIMv2's image
+towers (:mod:`keras_vit.zoo.transformers.family`).
 
 Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
 ``model_type`` (timm's have none), a local folder holding such a
@@ -44,8 +44,8 @@ import os
 from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
-# SigLIP's image towers (zoo/transformers/siglip.py); DeiT, DINOv2, DINOv3
-# and CLIP's image tower (zoo/transformers/family.py).
+# SigLIP's image towers (zoo/transformers/siglip.py); DeiT, DINOv2, DINOv3,
+# CLIP's and AIMv2's image towers (zoo/transformers/family.py).
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
 # transformers' names <-> the model's variables (zoo/transformers/layout.py).

@@ -36,7 +36,7 @@ DEFAULT_HIDDEN_ACT = "gelu"
 
 
 # Hub model types keras_vit does not read, with the way out where there
-# is one (DeiT, DINOv2, DINOv3 and CLIP's image tower:
+# is one (DeiT, DINOv2, DINOv3, CLIP's and AIMv2's image towers:
 # zoo/transformers/family.py).
 _OTHER_TYPES = {
     "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
@@ -95,9 +95,10 @@ def architecture(config, path, header=None):
             f"{' and '.join(ARCHITECTURES)}), SigLIP's image towers "
             "('siglip_vision_model', 'siglip'), DeiT ('deit'), DINOv2 "
             "('dinov2', 'dinov2_with_registers'), DINOv3's ViT "
-            "('dinov3_vit') and CLIP's and MetaCLIP 2's image towers "
+            "('dinov3_vit'), CLIP's and MetaCLIP 2's image towers "
             "('clip_vision_model', 'clip', 'metaclip_2_vision_model', "
-            "'metaclip_2'); timm's repositories of the "
+            "'metaclip_2') and AIMv2's ('aimv2_vision_model', 'aimv2'); "
+            "timm's repositories of the "
             "same weights load too (hf-hub:timm/vit_*)")
     names = config.get("architectures")
     if names is not None:

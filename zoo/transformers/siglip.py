@@ -1,7 +1,14 @@
 """transformers' SigLIP image towers: ``SiglipVisionModel`` folders
 (``model_type`` ``"siglip_vision_model"``) and the image tower of a whole
 ``SiglipModel`` (``"siglip"``: its ``vision_config`` and its
-``vision_model.`` tensors; the text tower is not read), both ways.
+``vision_model.`` tensors; the text tower is not read), both ways; and
+SigLIP2's, ``Siglip2VisionModel`` and ``Siglip2Model``
+(``"siglip2_vision_model"``, ``"siglip2"``), which transformers holds as
+NaFlex towers: the same model with the ``naflex`` option (patches with
+their coordinates and a mask; its patch embedding a Linear over each
+patch's pixels row by row, its table of ``num_patches`` rows resized to
+each image), whose ``pooler_output`` and ``last_hidden_state`` keras_vit
+gives for the same patches, padding and all.
 
 A SigLIP tower is the one :class:`~keras_vit.models.VisionTransformer`
 with options: no class token, a position table of the patches alone, the
@@ -37,9 +44,14 @@ from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
                                                read_tensors, shown_value)
 
 #: The model types read here.
-SIGLIP_TYPES = ("siglip_vision_model", "siglip")
+SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model",
+                "siglip2")
+#: SigLIP2's: NaFlex towers.
+NAFLEX_TYPES = ("siglip2_vision_model", "siglip2")
 _ARCHITECTURES = {"siglip_vision_model": "SiglipVisionModel",
-                  "siglip": "SiglipModel"}
+                  "siglip": "SiglipModel",
+                  "siglip2_vision_model": "Siglip2VisionModel",
+                  "siglip2": "Siglip2Model"}
 # SiglipVisionConfig's defaults.
 _DEFAULTS = dict(hidden_size=768, intermediate_size=3072,
                  num_hidden_layers=12, num_attention_heads=12,
@@ -49,17 +61,18 @@ _DEFAULTS = dict(hidden_size=768, intermediate_size=3072,
 
 
 @functools.lru_cache(maxsize=None)
-def layout(prefix=""):
+def layout(prefix="", naflex=False):
     """A SigLIP image tower's tensors (``prefix``: ``"vision_model."`` in
     a whole ``SiglipModel``) on the model's variables; the attention-pool
     head's is keras_vit's ``classifier="map"``, whose query, key and value
-    torch's MultiheadAttention stacks."""
+    torch's MultiheadAttention stacks. ``naflex``: SigLIP2's, whose patch
+    embedding is a Linear over flattened patches."""
     h, parts = prefix + "head.", ("query", "key", "value")
     clip = FAMILIES["clip_vision_model"]  # its blocks' names are SigLIP's
     return Layout("transformers", [
         *rules(clip["layer"], {}, {}, prefix, clip["layers"]),
         *_linear("patch_embedding/conv", prefix + "embeddings.patch_embedding",
-                 "conv"),
+                 "patch_linear" if naflex else "conv"),
         Rule("position_embedding/pos_embedding",
              prefix + "embeddings.position_embedding.weight", "table"),
         *_linear("encoder_norm", prefix + "post_layernorm", "norm"),
@@ -87,7 +100,7 @@ def _vision_config(config, path):
             f"not supported for model_type {model_type!r}; keras_vit reads "
             f"{want} (SiglipForImageClassification's mean-pooled classifier "
             "is not read)")
-    if model_type == "siglip_vision_model":
+    if model_type in ("siglip_vision_model", "siglip2_vision_model"):
         return config, "", ""
     vision = config.get("vision_config") or {}
     vision = formats.check(formats.TRANSFORMERS_CONFIG, vision, path,
@@ -105,6 +118,16 @@ def architecture(config, path):
     vision, field, prefix = _vision_config(config, path)
     value = dict(_DEFAULTS, **vision)
     hidden, heads = value["hidden_size"], value["num_attention_heads"]
+    naflex = config["model_type"] in NAFLEX_TYPES
+    if naflex:  # a square table of num_patches rows
+        rows = value.setdefault("num_patches", 256)
+        side = int(round(rows ** 0.5)) if isinstance(rows, int) else 0
+        if isinstance(rows, bool) or side < 1 or side * side != rows:
+            raise formats.fail(
+                path, field + "num_patches", "expected a square number (its "
+                "table is a square grid); received num_patches="
+                f"{shown_value(rows)}")
+        value["image_size"] = side * value["patch_size"]
     size, patch = value["image_size"], value["patch_size"]
     if isinstance(size, (list, tuple)):
         size = size[0] if len(set(size)) == 1 else size
@@ -128,7 +151,8 @@ def architecture(config, path):
             "patch_size": patch, "num_channels": value["num_channels"],
             "layer_norm_epsilon": float(value["layer_norm_eps"]),
             "gelu": GELU_FORMS[value["hidden_act"]],
-            "use_head": value["vision_use_head"], "prefix": prefix}
+            "use_head": value["vision_use_head"], "prefix": prefix,
+            "naflex": naflex}
 
 
 def expected_shapes(arch):
@@ -137,7 +161,8 @@ def expected_shapes(arch):
     d, m, c, p = (arch["hidden_size"], arch["mlp_dim"], arch["num_channels"],
                   arch["patch_size"])
     tokens = (arch["image_size"] // p) ** 2
-    shapes = {"embeddings.patch_embedding.weight": (d, c, p, p),
+    shapes = {"embeddings.patch_embedding.weight": (
+        (d, p * p * c) if arch["naflex"] else (d, c, p, p)),
               "embeddings.patch_embedding.bias": (d,),
               "embeddings.position_embedding.weight": (tokens, d),
               "post_layernorm.weight": (d,), "post_layernorm.bias": (d,)}
@@ -194,18 +219,22 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     config.update(classifier="map" if head else "gap", class_token=False,
                   representation_size=None, num_classes=0 if head else 1000,
                   input_normalization=input_normalization,
-                  name="siglip_vision")
+                  name="siglip2_vision" if arch["naflex"] else "siglip_vision")
+    if arch["naflex"]:
+        config["naflex"] = True
     return build.Checkpoint(
         config, arrays, source_name=repr(os.fspath(path)), head=None,
-        layout=layout(prefix),
+        layout=layout(prefix, arch["naflex"]),
         include_top=True if head else None,
-        tags={"zoo_name": "SigLIP " + hub_files.zoo_name(arch),
+        tags={"zoo_name": ("SigLIP2 NaFlex " if arch["naflex"] else "SigLIP ")
+              + hub_files.zoo_name(arch),
               "zoo_weights": None, "zoo_source": os.fspath(source)})
 
 
 def is_siglip_model(config):
     """True for a keras_vit model config whose pooling is the attention
-    pool: the writer's only transformers class for it is SigLIP's."""
+    pool: the writer's transformers class for it is SigLIP's, unless
+    AIMv2's (another form of the pool) holds it nearer."""
     method = (config.get("classifier") if config.get("include_top", True)
               else config.get("pooling"))
     return method == "map"
@@ -219,8 +248,10 @@ def unwritable(config):
 
     options = model_options(config)
     # SigLIP's config carries none of the options: it holds the defaults,
-    # without a class token.
-    other = differences(None, {"class_token": False}, options)
+    # without a class token (SigLIP2's: NaFlex).
+    other = differences(None, {"class_token": False,
+                               "naflex": bool(options.get("naflex"))},
+                        options)
     size = config.get("image_size")
     headless = (not config.get("include_top", True)
                 or config.get("num_classes") == 0)
@@ -265,14 +296,19 @@ def write_files(model, labels=None):
             f"hold this model: {reason}")
     size = config["image_size"]
     side = size if isinstance(size, int) else size[0]
-    out = {"model_type": "siglip_vision_model",
-           "architectures": ["SiglipVisionModel"],
+    naflex = bool(config.get("naflex"))
+    out = {"model_type": "siglip2_vision_model" if naflex
+           else "siglip_vision_model",
+           "architectures": ["Siglip2VisionModel" if naflex
+                             else "SiglipVisionModel"],
            "hidden_size": int(config["hidden_size"]),
            "intermediate_size": int(config["mlp_dim"]),
            "num_hidden_layers": int(config["num_layers"]),
            "num_attention_heads": int(config["num_heads"]),
            "num_channels": int(config.get("num_channels", 3)),
-           "image_size": side, "patch_size": int(config["patch_size"]),
+           "patch_size": int(config["patch_size"]),
+           **({"num_patches": (side // int(config["patch_size"])) ** 2}
+              if naflex else {"image_size": side}),
            "hidden_act": HIDDEN_ACTS[config.get("gelu", "tanh")],
            "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
            "attention_dropout": 0.0, "vision_use_head": True,
@@ -284,6 +320,13 @@ def write_files(model, labels=None):
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": list(normalization.mean),
         "image_std": list(normalization.std)}
-    state = layout().write(layouts.model_arrays(model, "transformers"))
+    if naflex:  # SigLIP2's processor: patches within a budget
+        preprocessor = dict(
+            preprocessor, image_processor_type="Siglip2ImageProcessor",
+            patch_size=int(config["patch_size"]),
+            max_num_patches=out["num_patches"], resample=2)
+        del preprocessor["size"]
+    state = layout(naflex=naflex).write(
+        layouts.model_arrays(model, "transformers"))
     return out, preprocessor, {k: np.ascontiguousarray(v, dtype="float32")
                                for k, v in state.items()}

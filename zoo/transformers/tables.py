@@ -65,19 +65,34 @@ _DINO3_LAYER = {**_attention(*(f"attention.{p}_proj" for p in "qkvo")),
                 **{k: v for k, v in _DINO_LAYER.items()
                    if not k.startswith(("attention.", "mlp."))},
                 **_mlp("mlp.up_proj", "mlp.down_proj")}
-# DINOv3's gated MLP (use_gated_mlp): gate_proj through hidden_act times
-# up_proj, then down_proj; keras_vit's mlp="swiglu" packs the first two
-# into one Dense, gate first.
-_DINO3_GATED = {
-    **{tuple(f"mlp.{n}_proj.{kind}" for n in ("gate", "up")): (
-        f"mlp/dense_0/{path}", form, shape) for kind, path, form, shape in (
-            ("weight", "kernel", "linear", "md"), ("bias", "bias", "same",
-                                                   "m"))},
-    **{k: v for k, v in _DINO3_LAYER.items() if k.startswith("mlp.down")}}
+
+
+def _gated(module):
+    """A gated MLP's rows (``module``: its name): gate_proj through
+    hidden_act times up_proj, then down_proj; keras_vit's mlp="swiglu"
+    packs the first two into one Dense, gate first."""
+    return {
+        **{tuple(f"{module}.{n}_proj.{kind}" for n in ("gate", "up")): (
+            f"mlp/dense_0/{path}", form, shape)
+           for kind, path, form, shape in (
+               ("weight", "kernel", "linear", "md"),
+               ("bias", "bias", "same", "m"))},
+        **{k: v for k, v in _mlp(f"{module}.up_proj",
+                                 f"{module}.down_proj").items()
+           if k.startswith(f"{module}.down")}}
+
+
+# DINOv3's gated MLP (use_gated_mlp).
+_DINO3_GATED = _gated("mlp")
 _CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
     "q", "k", "v", "out"))), **_norm("layer_norm1", "norm_1"),
                **_norm("layer_norm2", "norm_2"),
                **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
+# AIMv2's: RMSNorms (a weight, no bias), its MLP the gated one (ffn.*,
+# always: the class sets mlp="swiglu").
+_AIMV2_LAYER = {**_attention(*(f"attention.{p}_proj" for p in (
+    "q", "k", "v", "out"))), "rms_norm1.weight": ("norm_1/gamma", "same", "d"),
+                "rms_norm2.weight": ("norm_2/gamma", "same", "d")}
 _ENCODER_NORM = "encoder_norm"
 _VIT_TOP = {"embeddings.cls_token": ("class_token/cls", "same", "cls"),
             "embeddings.position_embeddings": (
@@ -100,6 +115,25 @@ _DINO3_TOP = {**{k: v for k, v in _DINO_TOP.items() if k.startswith((
               "embeddings.patch_embeddings.bias": (
                   "patch_embedding/conv/bias", "same", "d"),
               **_norm("norm", _ENCODER_NORM)}
+# AIMv2's: the patch embedding's RMSNorm, a table of the patches alone
+# (no class token) and, with use_head, its attention-pooling head
+# (keras_vit's pool_form="aimv2": the cls_token is the probe).
+_AIMV2_TOP = {
+    "embeddings.patch_embed.weight": ("patch_embedding/conv/kernel", "conv",
+                                      "conv"),
+    "embeddings.patch_embed.bias": ("patch_embedding/conv/bias", "same",
+                                    "d"),
+    "embeddings.rms_norm.weight": ("patch_embedding/norm/gamma", "same", "d"),
+    "embeddings.position_embedding.weight": (
+        "position_embedding/pos_embedding", "table", "patches"),
+    "rms_norm.weight": (f"{_ENCODER_NORM}/gamma", "same", "d"),
+    "head.cls_token": ("pooling/probe", "same", "cls"),
+    **{f"head.{p[0]}_proj.{kind}": (f"pooling/{p}/{path}", form, shape)
+       for p in ("key", "value") for kind, path, form, shape in (
+           ("weight", "kernel", "linear", "dd"),
+           ("bias", "bias", "flat", "d"))},
+    "head.output_proj.weight": ("pooling/out/kernel", "linear_out", "dd"),
+    "head.output_proj.bias": ("pooling/out/bias", "same", "d")}
 _CLIP_TOP = {"embeddings.class_embedding": ("class_token/cls", "flat", "d"),
              "embeddings.patch_embedding.weight": (
                  "patch_embedding/conv/kernel", "conv", "conv"),
@@ -164,13 +198,34 @@ _DINO3_BIASES = {
     "proj_bias": {"proj_bias": ("attention.o_proj.bias",),
                   "mlp_bias": tuple(f"mlp.{n}_proj.bias"
                                     for n in ("gate", "up", "down"))}}
+# AIMv2VisionConfig's (its norms' epsilon is rms_norm_eps).
+_AIMV2_DEFAULTS = dict(
+    {k: v for k, v in _DEFAULTS.items() if k != "layer_norm_eps"},
+    hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
+    num_attention_heads=8, patch_size=14, hidden_act="silu",
+    rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False, use_head=True,
+    is_native=False)
+# AIMv2's two bias fields each bias layers of both of keras_vit's rows
+# (qkv_bias: the query, key, value and output projections and the head's
+# key and value; mlp_bias: the MLP's), so either on turns both rows on,
+# with zeros for the biases of a field that is off.
+_AIMV2_BIASES = {
+    "qkv_bias": {"qkv_bias": (*(f"attention.{p}_proj.bias" for p in "qkv"),
+                              "head.k_proj.bias", "head.v_proj.bias"),
+                 "mlp_bias": ()},
+    "proj_bias": {"qkv_bias": ("attention.out_proj.bias",),
+                  "mlp_bias": tuple(f"ffn.{n}_proj.bias"
+                                    for n in ("gate", "up", "down"))}}
 #: Per model type: the config's defaults (transformers' config classes),
 #: where the blocks are (``layers``) and the names of their tensors
 #: (``swiglu``: the MLP's, replacing the others ``mlp.*``, under
 #: ``use_swiglu_ffn`` / ``use_gated_mlp``) and of the others; ``biases``:
 #: the bias rows' fields and tensors; ``gate``: the ``hidden_act`` values
 #: its gated MLP computes as keras_vit's SwiGLU (none: it gates with SiLU
-#: whatever ``hidden_act`` says, DINOv2's).
+#: whatever ``hidden_act`` says, DINOv2's); ``square``: one image side;
+#: ``epsilon``: the norms' epsilon field where it is not
+#: ``layer_norm_eps``; ``fixed``: fields keras_vit computes at one value
+#: only, with it and why.
 FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
                  layer=_VIT_LAYER, biases=_VIT_BIASES, top={
@@ -198,16 +253,27 @@ FAMILIES = {
         square=True),
 }
 FAMILIES["clip"] = FAMILIES["clip_vision_model"]
+# AIMv2's image tower; a whole Aimv2Model's vision_config is the same.
+FAMILIES["aimv2_vision_model"] = FAMILIES["aimv2"] = dict(
+    defaults=_AIMV2_DEFAULTS, layers="encoder.layers.", layer=_AIMV2_LAYER,
+    top=_AIMV2_TOP, swiglu=_gated("ffn"), biases=_AIMV2_BIASES,
+    gate=("silu", "swish"), square=True, epsilon="rms_norm_eps",
+    fixed={"is_native": (False, (
+        "AIMv2's native-resolution towers add a sin-cos table of "
+        "frequencies 10000 ** (-k / (D / 4)), which keras_vit's sincos_2d, "
+        "10000 ** (-k / (D / 4 - 1)), does not compute"))})
 # MetaCLIP 2's towers are CLIP's, tensor for tensor and field for field.
 FAMILIES["metaclip_2_vision_model"] = FAMILIES["metaclip_2"] = FAMILIES[
     "clip_vision_model"]
 #: The model types of a whole image-text model, whose image tower is read.
-WHOLE_MODELS = ("clip", "metaclip_2")
+WHOLE_MODELS = ("clip", "metaclip_2", "aimv2")
 
 # The classes read, with their model type, the tensors' prefix (None: a
 # CLIPVisionModel's, "vision_model." in files of transformers 4, none
 # since), their head's tensors and the builder options they set.
 _CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, num_classes=0)
+_AIMV2_OPTIONS = dict(class_token=False, norm="rms", patch_norm=True,
+                      mlp="swiglu", pool_form="aimv2")
 ARCHITECTURES = {
     "DeiTForImageClassificationWithTeacher": dict(
         type="deit", prefix="deit.", options=dict(distilled=True),
@@ -241,6 +307,15 @@ ARCHITECTURES = {
                                  options=_CLIP_OPTIONS),
     "MetaClip2Model": dict(type="metaclip_2", prefix="vision_model.",
                            options=_CLIP_OPTIONS),
+    # attention_pool: the config field of the head (classifier="map",
+    # num_classes=0: pooler_output) and its rows' prefix; without it the
+    # tokens (last_hidden_state).
+    "Aimv2VisionModel": dict(type="aimv2_vision_model", prefix="",
+                             options=_AIMV2_OPTIONS,
+                             attention_pool=("use_head", "head.")),
+    "Aimv2Model": dict(type="aimv2", prefix="vision_model.",
+                       options=_AIMV2_OPTIONS,
+                       attention_pool=("use_head", "head.")),
 }
 # Classes keras_vit has no counterpart for, with the reason.
 _POOLING_HINT = (
@@ -286,8 +361,9 @@ def rows_of(arch):
     prefix) -> (the model's variable path, form, shape), as in
     :data:`FAMILIES`."""
     family = FAMILIES[arch["type"]]
+    spec = ARCHITECTURES[arch["class"]]
     layer = dict(family["layer"])
-    options = arch["options"]
+    options = with_class_options(arch["options"], spec)
     if options["mlp"] == "swiglu":  # in place of the MLP's first Linear
         layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
         layer.update(family["swiglu"])
@@ -295,10 +371,13 @@ def rows_of(arch):
     dropped = {n for row, fields in family.get("biases", {}).items()
                if not options[row] for ns in fields.values() for n in ns}
     layer = {k: v for k, v in layer.items() if not dropped & set(names(k))}
-    spec = ARCHITECTURES[arch["class"]]
-    top = dict(family["top"])
+    top = {k: v for k, v in family["top"].items()
+           if not dropped & set(names(k))}
     if not spec.get("pooler"):
         top = {k: v for k, v in top.items() if not k.startswith("pooler.")}
+    pool = spec.get("attention_pool")
+    if pool and not arch.get("attention_pool"):  # no head: its rows out
+        top = {k: v for k, v in top.items() if not k.startswith(pool[1])}
     if not options["num_registers"] and "embeddings.register_tokens" in top:
         # An empty (1, 0, D) tensor where the config has the field.
         top.pop("embeddings.register_tokens")
@@ -319,10 +398,12 @@ def shape_codes(arch, num_labels=0):
                   arch["num_channels"], arch["patch_size"])
     size = arch["image_size"]
     h, w = (size, size) if isinstance(size, int) else size
-    table = (h // p) * (w // p) + 1 + (arch["type"] == "deit")
+    patches = (h // p) * (w // p)
+    table = patches + 1 + (arch["type"] == "deit")
     return {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m),
             "g": (2 * m,), "gd": (2 * m, d),
             "cls": (1, 1, d), "posemb": (1, table, d), "table": (table, d),
+            "patches": (patches, d),
             "conv": (d, c, p, p), "reg": (1, arch["options"]["num_registers"], d),
             "mask": (1, d), "r": (arch.get("pooler"),),
             "rd": (arch.get("pooler"), d), "labels": (num_labels,),
@@ -336,11 +417,54 @@ def block_shapes(arch):
     dims = shape_codes(arch)
     shapes = {n: dims[shape] for key, (_, _, shape) in rows_of(arch)[0].items()
               for n in names(key)}
-    biases = FAMILIES[arch["type"]].get("biases", {})
-    out = {n for fields in biases.values() for f in arch.get("off", ())
-           for n in fields.get(f, ())}
+    out = _left_out(arch)
     return ({n: v for n, v in shapes.items() if n not in out},
             {n: v for n, v in shapes.items() if n in out})
+
+
+def _left_out(arch):
+    """The tensor names (a block's without its prefix, the others'
+    without the tensors' prefix) of the fields ``arch["off"]``."""
+    biases = FAMILIES[arch["type"]].get("biases", {})
+    return {n for fields in biases.values() for f in arch.get("off", ())
+            for n in fields.get(f, ())}
+
+
+def top_zeros(arch):
+    """The tensors outside the blocks (prefix included) that a bias row
+    that is on holds and ``arch["off"]`` leaves out of the file (AIMv2's
+    head's key and value biases), with their shapes: the reader gives
+    them zeros."""
+    dims, out = shape_codes(arch), _left_out(arch)
+    return {arch["prefix"] + name: dims[shape]
+            for name, (_, _, shape) in rows_of(arch)[1].items()
+            if name in out}
+
+
+def with_class_options(options, spec):
+    """``options`` (every family row's, as a config's fields give them)
+    with the option rows the class ``spec`` sets (AIMv2's RMSNorm and
+    gated MLP, which no field of its config names)."""
+    return dict(options, **{k: v for k, v in spec["options"].items()
+                            if k in options})
+
+
+def bias_fields(biases, rows):
+    """Each bias field of ``biases`` (a family's table) on where a row of
+    ``rows`` (option -> on) that holds it is: the fields that keep every
+    bias the rows hold (a field that biases layers of two rows, AIMv2's,
+    on where either is)."""
+    return {field: any(rows[row] for row, fields in biases.items()
+                       if field in fields)
+            for parts in biases.values() for field in parts}
+
+
+def bias_rows(biases, fields):
+    """Each bias row of ``biases`` on where any of its fields is in
+    ``fields`` (field -> on): the rows that hold every bias the fields
+    keep (zeros for those of a field that is off)."""
+    return {row: any(fields[f] for f in parts)
+            for row, parts in biases.items()}
 
 
 def expected_shapes(arch, header, num_labels):
@@ -355,6 +479,8 @@ def expected_shapes(arch, header, num_labels):
         # A tensor of no variable (DINOv2's mask token, empty registers)
         # and DeiTModel's pooler may be left out.
         optional = path is None or name.startswith("pooler.")
+        if name in _left_out(arch):  # zeros, not in the file
+            continue
         if not optional or prefix + name in header:
             shapes[prefix + name] = dims[shape]
     layers = FAMILIES[arch["type"]]["layers"]

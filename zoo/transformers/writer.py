@@ -4,7 +4,7 @@ head): ``config.json`` with the class names as ``id2label``,
 ``model.safetensors``, ``preprocessor_config.json``; a model pooled by
 attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
 (:mod:`keras_vit.zoo.transformers.siglip`); a model with the ViT family's
-options as the DeiT, DINOv2, DINOv3 or CLIP class that holds it
+options as the DeiT, DINOv2, DINOv3, CLIP or AIMv2 class that holds it
 (:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers.family`).
 The reverse of :mod:`keras_vit.zoo.transformers.hub`.
 """
@@ -93,7 +93,7 @@ def write(model, directory, labels=None):
 
     config = model.get_config() if hasattr(model, "get_config") else None
     if isinstance(config, dict) and transformers_siglip.is_siglip_model(
-            config):
+            config) and _pooled_by_siglip(config):
         # Pooled by attention: SigLIP's image tower.
         st = require("safetensors.numpy", package="safetensors",
                      purpose="save_pretrained")
@@ -172,6 +172,23 @@ def _preprocessor(model, size):
     }
 
 
+def _pooled_by_siglip(config):
+    """Whether the model of ``config``, pooled by attention, is written as
+    SigLIP's image tower (whose writer names what it lacks): where SigLIP's
+    holds it, or holds no fewer of its options than the family's classes
+    with an attention pool (AIMv2's, whose pool is another form), which
+    the family's writer tries otherwise."""
+    if transformers_siglip.unwritable(config) is None:
+        return True
+    options = transformers_family.model_options(config)
+    siglip = transformers_family.differences(None, {"class_token": False},
+                                             options)
+    pooled = [_mismatch(spec, _top(config), options)
+              for spec in transformers_tables.ARCHITECTURES.values()
+              if spec.get("attention_pool") and "refused" not in spec]
+    return not pooled or len(siglip) <= min(len(bad) for bad in pooled)
+
+
 def _write_folder(directory, st, config, preprocessor, state):
     """Writes ``state`` (tensors, with ``st``, safetensors' NumPy
     module), ``preprocessor`` and ``config`` into ``directory``, each file
@@ -217,12 +234,12 @@ def _mismatch(spec, top, options):
 
 
 def family_class(config):
-    """The transformers class (DeiT, DINOv2, DINOv3, CLIP) that holds the
-    keras_vit ViT of ``config`` (its ``get_config()``), or None for a model
-    without the ViT family's options (ViT's classes hold it); a ValueError
-    naming the class nearest to holding it and what it holds otherwise,
-    where none does. Each class holds what the option rows' fields in its
-    config carry and the options it sets (tables of
+    """The transformers class (DeiT, DINOv2, DINOv3, CLIP, AIMv2) that
+    holds the keras_vit ViT of ``config`` (its ``get_config()``), or None
+    for a model without the ViT family's options (ViT's classes hold it);
+    a ValueError naming the class nearest to holding it and what it holds
+    otherwise, where none does. Each class holds what the option rows'
+    fields in its config carry and the options it sets (tables of
     :mod:`keras_vit.zoo.transformers.tables`), read back as the reader
     reads them: no option is named here.
 
@@ -255,8 +272,9 @@ def family_class(config):
                                                fits.values()))
     if nowhere:
         raise ValueError(
-            prefix + "ViT's, DeiT's, DINOv2's, DINOv3's and CLIP's classes "
-            f"cannot hold this model: the options {', '.join(nowhere)} ("
+            prefix + "ViT's, DeiT's, DINOv2's, DINOv3's, CLIP's and AIMv2's "
+            f"classes cannot hold this model: the options "
+            f"{', '.join(nowhere)} ("
             + ", ".join(f"{k}={options[k]!r}" for k in nowhere) + ")")
     if name is None:
         fewest = min(len(bad) for bad in fits.values())
@@ -272,11 +290,14 @@ def family_class(config):
     placement = config.get("position_embedding_placement", "stem")
     method = config.get("classifier", "token") if top != "encoder" else (
         config.get("pooling"))
+    # Its pooler: the class token's, or (AIMv2) the attention pool's.
+    pooler = "map" if spec.get("attention_pool") else "token"
     size = config.get("image_size")
     checks = (
-        (method not in (None, "token"),
+        (method not in (None, pooler),
          f"{'pooling' if top == 'encoder' else 'classifier'}={method!r} "
-         "(its pooler reads the class token)"),
+         + ("(its pooler reads the class token)" if pooler == "token" else
+            "(its pooler pools by attention: classifier='map')")),
         (config.get("representation_size") is not None
          and not spec.get("pooler"), "a pre_logits layer"),
         (config.get("resnet") is not None, "a ResNet stem (hybrid)"),
@@ -323,21 +344,34 @@ def _family_files(model, config, name, labels):
            "num_channels": int(config.get("num_channels", 3)),
            "torch_dtype": "float32"}
     # The family options this type's config carries, from the option rows
-    # (a bias row: each of its fields at its value) ...
+    # (a bias field: on where a row that holds it is) ...
     family = transformers_tables.FAMILIES[spec["type"]]
     fields = family["defaults"]
     theirs = options_table.write_fields("transformers", config, fields)
-    for row, parts in family.get("biases", {}).items():
-        theirs.update(dict.fromkeys(parts, config.get(
-            row, options_table.DEFAULTS[row])))
+    biases = family.get("biases", {})
+    theirs.update(transformers_tables.bias_fields(biases, {
+        row: config.get(row, options_table.DEFAULTS[row])
+        for row in biases}))
     out.update(theirs)
-    # ... and as the reader will see them: the fields' options only.
-    options = options_table.read_fields("transformers", theirs, fields)
-    options.update({row: theirs[next(iter(parts))]
-                    for row, parts in family.get("biases", {}).items()})
+    # ... and as the reader will see them: the fields' options and the
+    # class's.
+    options = transformers_tables.with_class_options(
+        options_table.read_fields("transformers", theirs, fields), spec)
+    options.update(transformers_tables.bias_rows(biases, theirs))
+    # The norms' epsilon under the type's field; the fields keras_vit
+    # computes at one value only, at it.
+    out[family.get("epsilon", "layer_norm_eps")] = out.pop("layer_norm_eps")
+    out.update({k: want for k, (want, _) in family.get("fixed", {}).items()})
+    if family.get("square"):
+        out["image_size"] = size if isinstance(size, int) else size[0]
+    # An attention-pool head (AIMv2's use_head) where the model pools so.
+    pool = spec.get("attention_pool")
+    method = (config.get("classifier", "token")
+              if config.get("include_top", True) else config.get("pooling"))
+    if pool:
+        out[pool[0]] = method == "map"
     if spec["type"] == "clip_vision_model":
-        out.update(intermediate_size=mlp, image_size=(
-            size if isinstance(size, int) else size[0]))
+        out.update(intermediate_size=mlp)
     if spec["type"] == "deit":
         out.update(intermediate_size=mlp, hidden_dropout_prob=0.0,
                    attention_probs_dropout_prob=0.0)
@@ -361,12 +395,14 @@ def _family_files(model, config, name, labels):
                 f"hidden_size={hidden}")
         out.update(mlp_ratio=ratio, use_mask_token=True)
     elif spec["type"] == "dinov3_vit":
-        # The gated MLP's gate is hidden_act (SiLU for keras_vit's SwiGLU);
-        # no coordinates moved in training, as keras_vit trains.
+        # No coordinates moved in training, as keras_vit trains.
         out.update(intermediate_size=mlp, pos_embed_shift=None,
                    pos_embed_jitter=None, pos_embed_rescale=None)
-        if options["mlp"] == "swiglu":
-            out["hidden_act"] = family["gate"][0]
+    elif spec["type"].startswith("aimv2"):
+        out.update(intermediate_size=mlp, attention_dropout=0.0)
+    if options["mlp"] == "swiglu" and family.get("gate"):
+        # The gated MLP's gate is hidden_act (SiLU, keras_vit's SwiGLU's).
+        out["hidden_act"] = family["gate"][0]
     if heads:
         if labels is None:  # transformers' own names for unnamed classes
             labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
@@ -375,7 +411,8 @@ def _family_files(model, config, name, labels):
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
             "mlp_dim": mlp, "num_channels": out["num_channels"],
             "patch_size": out["patch_size"], "image_size": size,
-            "prefix": spec["prefix"] or "", "options": options}
+            "prefix": spec["prefix"] or "", "options": options,
+            "attention_pool": bool(pool) and method == "map"}
     state = transformers_family.write(model, arch)
     out.update(dict.fromkeys(transformers_family.zero_biases(state, arch),
                              False))
