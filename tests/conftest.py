@@ -703,6 +703,14 @@ def count_params(build, allocate=False):
     equal."""
     if allocate:
         return build().count_params()
+    return shapes_only(build).count_params()
+
+
+def shapes_only(build):
+    """``build()`` inside a ``keras.StatelessScope`` that leaves its
+    variables as shapes only (count_params): what a model's config makes
+    of it (its ``count_params()``, its grid) without drawing its weights;
+    the model cannot be called."""
     import keras
     from keras.src.backend.common import global_state
 
@@ -710,8 +718,7 @@ def count_params(build, allocate=False):
     before = list(global_state.get_global_attribute(pending, []) or [])
     with keras.StatelessScope(initialize_variables=False):
         model = build()
-        count = model.count_params()
     # Forget this model's never-initialized variables: left registered, the
     # next StatelessScope to close in this process would initialize them.
     global_state.set_global_attribute(pending, before)
-    return count
+    return model

@@ -7,7 +7,7 @@ import pytest
 
 import published_counts
 import official
-from conftest import count_params
+from conftest import count_params, shapes_only
 
 import keras_vit
 from keras_vit import zoo
@@ -108,15 +108,16 @@ def test_every_registered_hybrid_is_pinned():
 
 
 def test_option_ii_folds_the_last_stage():
-    a = vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(num_layers=(3, 4, 6, 3),
-                                                 width_factor=0.5,
-                                                 fold_last_stage=True))
-    b = vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(num_layers=(3, 4, 9),
-                                                 width_factor=0.5))
+    # Grids and counts of 224-pixel R50 stems: built as shapes only
+    # (conftest.shapes_only), the same variables without drawing them.
+    a = shapes_only(lambda: vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(
+        num_layers=(3, 4, 6, 3), width_factor=0.5, fold_last_stage=True)))
+    b = shapes_only(lambda: vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(
+        num_layers=(3, 4, 9), width_factor=0.5)))
     assert a.grid_size == b.grid_size == (14, 14)
     assert a.count_params() == b.count_params()
-    c = vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(num_layers=(3, 4, 6, 3),
-                                                 width_factor=0.5))
+    c = shapes_only(lambda: vit(224, 1, 32, 1, 4, 64, 3, resnet=dict(
+        num_layers=(3, 4, 6, 3), width_factor=0.5)))
     assert c.grid_size == (7, 7)  # option (i): stride 32
     assert parse("R50+ViT-B/16").config["resnet"]["num_layers"] == [3, 4, 9]
     assert parse("R50+ViT-B/32").config["resnet"]["num_layers"] == [3, 4, 6, 3]
