@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from keras_vit.base import geometry
 from keras_vit.base import options as options_table
-from keras_vit.base.checks import check_choice, check_int, check_number, check_pair
+from keras_vit.base.checks import (check_choice, check_int, check_number,
+                                   check_pair, shown)
 from keras_vit.layers.image_sizes import check_image_size
 from keras_vit.models.hybrid import check_resnet
 from keras_vit.models.memory import check_weights_fit
@@ -296,6 +297,10 @@ def check_vit_args(image_size, patch_size, hidden_size, num_layers,
     stem_stride = 1
     if resnet is not None:
         stem_stride = geometry.hybrid_stride(resnet)
+    if resnet is not None and family.get("naflex"):
+        raise ValueError(
+            "naflex=True takes patches cut from the pixels: a ResNet stem "
+            f"does not apply; received naflex=True, resnet={shown(resnet)}")
     image_hw, patch, grid = check_patch_grid(image_size, patch_size,
                                              stem_stride)
     # num_classes=0 with the head asked for: the pooled embedding, no head.

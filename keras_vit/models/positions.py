@@ -366,7 +366,10 @@ class PaddingBias(layers.Layer):
         bias = ops.where(ops.not_equal(mask, 0), 0.0, -1e9)
         if self.num_prefix_tokens:
             bias = ops.pad(bias, ((0, 0), (self.num_prefix_tokens, 0)))
-        return ops.cast(bias, "float32")[:, None, None, :]
+        # (B, 1, 1, T) by reshape: TFLite has no kernel for a strided
+        # slice that adds axes to a tensor of unknown length.
+        return ops.expand_dims(ops.expand_dims(ops.cast(bias, "float32"), 1),
+                               1)
 
     def compute_output_spec(self, mask):
         tokens = mask.shape[1]
@@ -389,6 +392,11 @@ def check_dynamic_image_size(dynamic_image_size, position_embedding,
         raise ValueError("dynamic_image_size must be True or False; "
                          f"received dynamic_image_size={dynamic_image_size!r}")
     bias = (family or {}).get("relative_bias")
+    if dynamic_image_size and (family or {}).get("naflex"):
+        raise ValueError(
+            "naflex=True takes patches of any grid already: "
+            "dynamic_image_size=True does not apply; received naflex=True, "
+            "dynamic_image_size=True")
     if dynamic_image_size and bias is not None:
         raise ValueError(
             f"relative_bias={bias!r} holds a bias per offset of the grid it "

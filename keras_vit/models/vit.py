@@ -167,22 +167,13 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         dynamic = check_dynamic_image_size(dynamic_image_size,
                                            position_embedding, family)
 
-        naflex = family["naflex"]
-        if naflex and (dynamic or spec["resnet"] is not None):
-            what = ("dynamic_image_size=True" if dynamic
-                    else f"resnet={shown(resnet)}")
-            raise ValueError(
-                "naflex=True takes patches of any grid, cut from the pixels: "
-                f"{what} does not apply; received naflex=True, {what}")
-        if naflex:
-            inputs, x, input_normalization = patch_input(
-                spec["patch"], spec["num_channels"], include_preprocessing,
-                dtype, input_normalization)
-        else:
-            inputs, x, input_normalization = image_input(
+        naflex = family["naflex"]  # patches of any grid, not images
+        inputs, x, input_normalization = (patch_input(
+            spec["patch"], spec["num_channels"], include_preprocessing,
+            dtype, input_normalization) if naflex else image_input(
                 (None, None) if dynamic else spec["image_hw"],
                 spec["num_channels"], include_preprocessing, dtype,
-                input_normalization)
+                input_normalization))
         remat = vit_layers.check_remat(remat)
         if spec["resnet"] is not None:
             x = resnet_stem(x, spec["resnet"], dtype, remat)
