@@ -248,9 +248,12 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             q, k, v, attention_bias, 1.0 / math.sqrt(self.head_dim), dropout,
             training, need_probs=return_attention_scores)
         if self.output_norm:  # over every head's features at once
+            # The width spelled out: in a graph with a free batch, -1
+            # leaves it unknown, and the norm needs it.
             shape = ops.shape(context)
             context = ops.reshape(self.context_norm(ops.reshape(
-                context, (shape[0], shape[1], -1))), shape)
+                context, (shape[0], shape[1],
+                          self.num_heads * self.head_dim))), shape)
         y = self.out(context)
         if return_attention_scores:
             return y, probs

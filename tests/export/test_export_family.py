@@ -1,11 +1,13 @@
-"""The ViT family's options through every export: a tiny model with the
-options on (registers without a class token, the attention-pool head,
-q/k norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and
-the patch norm; and DeiT's distilled heads) becomes a SavedModel, an
-ONNX file and a TFLite file (the options model also a SavedModel with the
-image-bytes signature, an OpenVINO IR and a full-int8 TFLite file whose
-RMSNorm stays float), each run in its own runtime and compared with
-Keras by the exporter (it raises when they differ). A runtime that cannot
+"""The ViT family's options through every export: a tiny model of each
+group (registers without a class token, the attention-pool head, q/k
+norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and the
+patch norm; DeiT's distilled heads; BEiT's, Qwen's, DINOv3's, EVA-02's,
+RoPE-ViT's and AIMv2's options) becomes a SavedModel, an ONNX file, a
+TFLite file and (but the BEiT- and Qwen-like ones) an OpenVINO IR (the
+options model also a SavedModel with the image-bytes signature and a
+full-int8 TFLite file whose RMSNorm stays float), each run in its own
+runtime and compared with Keras by the exporter (it raises when they
+differ). A runtime that cannot
 run the converted file is one line naming the file, and nothing is
 written."""
 
@@ -32,7 +34,26 @@ MODELS = {
     "merged": dict(class_token=False, classifier="gap", final_norm=False,
                    rope="eva02", rope_halves=True, merge_size=2,
                    merge_width=5, dynamic_image_size=True),
+    # DINOv3-like: its rotary form alone (no table), registers, layer
+    # scale, the gated MLP, any image size.
+    "dinov3": dict(rope="dinov3", position_embedding="none",
+                   num_registers=2, layer_scale=0.5, mlp="swiglu",
+                   dynamic_image_size=True),
+    # EVA-02-like: its adjacent-pair rotary form beside the table, the
+    # norms inside attention and MLP; RoPE-ViT's learned mixed
+    # frequencies; Perception Encoder's xy indexing and pool heads.
+    "eva02": dict(rope="eva02", mlp_norm=True, attention_norm=True,
+                  mlp="swiglu", rope_grid=[2, 2]),
+    "mixed": dict(rope="mixed", rope_offset=1.0, rope_indexing="xy",
+                  classifier="map", class_token=True, pool_heads=1,
+                  pool_prefix=True),
+    # AIMv2-like: RMSNorm, the patch norm and AIMv2's attention pool.
+    "aimv2": dict(class_token=False, classifier="map", pool_form="aimv2",
+                  norm="rms", patch_norm=True, mlp="swiglu"),
 }
+# Each family group's model through OpenVINO too (the int8 and the
+# image-bytes signature: the options model only).
+OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2")
 
 
 def _model(name):
@@ -55,15 +76,16 @@ def test_every_format_runs_the_family_model_as_keras_does(name, tmp_path):
         report = export(model, str(tmp_path / path))
         assert os.path.exists(tmp_path / path), path
         assert report["verification"]["passed"], (path, report)
+    if name in OPENVINO:
+        report = to_openvino(model, str(tmp_path / "model.xml"))
+        assert report["verified"] is True, report
     if name != "pooled":
         return
-    # The serving signature that decodes image files, and OpenVINO's IR.
+    # The serving signature that decodes image files.
     report = to_saved_model(model, str(tmp_path / "bytes"),
                             input="image_bytes")
     assert report["input"]["name"] == "image_bytes"
     assert report["verification"]["passed"], report
-    report = to_openvino(model, str(tmp_path / "model.xml"))
-    assert report["verified"] is True, report
     # Full int8: RMSNorm becomes SQUARE, MEAN, ADD, RSQRT and MULs; its
     # statistics stay float (SQUARE has no int8 kernel; MEAN and RSQRT
     # are in the default float_ops, as LayerNorm's), its scaling MULs are
