@@ -25,7 +25,9 @@ MODELS = {
     # SigLIP-like: registers lead the sequence (no class token before
     # them), pooled by the attention-pool head.
     "pooled": FAMILY_OPTIONS,
-    "distilled": dict(distilled=True, gelu="quick", fc_norm=False),
+    # Stochastic depth is training's: the exported graphs leave it out.
+    "distilled": dict(distilled=True, gelu="quick", fc_norm=False,
+                      drop_path_rate=0.1),
     # BEiT-like: a relative bias table per block, post-norm blocks.
     "beit": dict(class_token=True, classifier="gap", fc_norm=True,
                  relative_bias="block", post_norm=True, layer_scale=0.5),
@@ -38,12 +40,13 @@ MODELS = {
     # scale, the gated MLP, any image size.
     "dinov3": dict(rope="dinov3", position_embedding="none",
                    num_registers=2, layer_scale=0.5, mlp="swiglu",
-                   dynamic_image_size=True),
+                   rope_temperature=1000.0, dynamic_image_size=True),
     # EVA-02-like: its adjacent-pair rotary form beside the table, the
-    # norms inside attention and MLP; RoPE-ViT's learned mixed
+    # norms inside attention and MLP, CLIP's projection head; RoPE-ViT's
+    # learned mixed
     # frequencies; Perception Encoder's xy indexing and pool heads.
     "eva02": dict(rope="eva02", mlp_norm=True, attention_norm=True,
-                  mlp="swiglu", rope_grid=[2, 2]),
+                  mlp="swiglu", rope_grid=[2, 2], head_type="projection"),
     "mixed": dict(rope="mixed", rope_offset=1.0, rope_indexing="xy",
                   classifier="map", class_token=True, pool_heads=1,
                   pool_prefix=True),
@@ -54,6 +57,23 @@ MODELS = {
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
 OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2")
+
+
+# Rows exported by tests of their own: the NaFlex inputs are no image
+# batch (tests/models/test_naflex.py).
+EXPORTED_ELSEWHERE = ("naflex", "naflex_resize")
+
+
+def test_every_option_row_is_on_in_some_exported_model():
+    """A row added to the option table is exported here once it is on in
+    one of the models (or named in EXPORTED_ELSEWHERE)."""
+    from keras_vit.base import options
+
+    off = [row.name for row in options.OPTIONS
+           if row.name not in EXPORTED_ELSEWHERE and not any(
+               model.get(row.name, row.default) != row.default
+               for model in MODELS.values())]
+    assert not off, off
 
 
 def _model(name):
