@@ -508,8 +508,10 @@ def test_norm_settings_keras_vit_lacks_are_refused_by_name(tmp_path):
 @pytest.mark.parametrize("options", [dict(norm="rms"),
                                      dict(patch_norm=True)])
 def test_transformers_layouts_refuse_the_norm_options(tmp_path, options):
-    """No transformers class keras_vit writes has RMSNorm or a patch
-    norm: refused by name, never written as LayerNorms."""
+    """Of the transformers classes keras_vit writes, only AIMv2's has
+    RMSNorm and a patch norm: a model with either that AIMv2 cannot hold
+    is refused by name (each nearest class with what it holds), never
+    written as LayerNorms."""
     import keras_vit
 
     sizes = dict(image_size=32, patch_size=16, hidden_size=32, num_layers=1,
@@ -521,7 +523,10 @@ def test_transformers_layouts_refuse_the_norm_options(tmp_path, options):
         zoo.save_pretrained(siglip, tmp_path / "siglip",
                             layout="transformers")
     plain = keras_vit.vit(pre_norm=True, patch_bias=False, **sizes)
+    name, value = next(iter(options.items()))
     with pytest.raises(ValueError, match=(
-            f"cannot hold this model: the options {next(iter(options))}")):
+            f"cannot hold this model: CLIPVisionModel \\(it holds {name}=")
+            ) as info:
         zoo.save_pretrained(plain, tmp_path / "clip", layout="transformers")
+    assert f"the model {value!r}" in str(info.value)
     assert not (tmp_path / "siglip" / "model.safetensors").exists()
