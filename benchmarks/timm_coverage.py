@@ -43,7 +43,10 @@ arguments (a user's ``model_args`` take the same path).
 
 Depth 1 keeps the real layout (timm's ``model_args`` record ``depth: 1``
 and keras_vit honours it) at a fraction of the cost; the image is two
-tokens wide where timm builds that size, else the native one. ``--jobs``
+tokens wide where timm builds that size, else the native one; timm's
+NaFlexVit (``naflexvit``) runs on a NaFlex batch instead, two images of
+other grids and aspect ratios than its table cut into patches with
+padding (:func:`naflex_batch`), the dict both libraries take. ``--jobs``
 (at most 2) runs architectures in child processes, one thread each; the
 full walk takes 10 to 15 minutes on 2 shared cores.
 """
@@ -58,6 +61,7 @@ import fnmatch
 import functools
 import importlib
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -95,7 +99,7 @@ BUILDERS = {"vision_transformer": "_create_vision_transformer",
 # Eva's defaults, which differ from VisionTransformer's; Qwen's towers
 # with their classes').
 EVA_UNSTATED = frozenset({"in_chans", "num_classes", "device", "dtype",
-                          "head_init_scale"})
+                          "head_init_scale", "cfg"})
 # The most parameters an architecture may have at the walked depth (1).
 MAX_PARAMETERS = 500_000_000
 # The architectures the family's coverage is counted over: up to this many
@@ -128,8 +132,13 @@ WRONG_TABLE = ("keras_vit's table gives the name other options (the "
 # A refusal's message -> the feature it names (first match wins), for
 # refusals the probe cannot refine (hybrids, distilled DeiT).
 MESSAGES = (
+    # NaFlexVit's settings keras_vit does not compute (naflexvit.py).
+    ("NaFlex: aspect-preserving table resize (pos_embed_ar_preserving)",
+     r"pos_embed_ar_preserving="),
+    ("NaFlex: factorized position table (pos_embed='factorized')",
+     r"pos_embed='factorized'"),
+    ("NaFlex: another setting (naflexvit)", r"NaFlexVit setting"),
     # The modules keras_vit does not read, refused by module.
-    ("NaFlex (naflexvit)", r"naflexvit\.py"),
     ("relative position MLP (vision_transformer_relpos)",
      r"vision_transformer_relpos\.py"),
     ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
@@ -284,7 +293,17 @@ def architecture_args(name, module):
         try:
             timm.create_model(name, pretrained=False)
         except _ArgumentsError as e:
-            return {k: describe(v, k) for k, v in e.args[0].items()
+            args = dict(e.args[0])
+            config = args.pop("cfg", None)
+            if dataclasses.is_dataclass(config):
+                # NaFlexVit's configuration: its every field, the
+                # function's own arguments over them (as its builder
+                # overlays them).
+                args = {**{f.name: getattr(config, f.name)
+                           for f in dataclasses.fields(config)}, **args}
+            elif config is not None:
+                args["cfg"] = config
+            return {k: describe(v, k) for k, v in args.items()
                     if k not in BOOKKEEPING}
     raise LookupError(f"timm's {name} did not build through "
                       f"{module}.{BUILDERS[module]}")
@@ -471,6 +490,35 @@ def build(name, depth=1, seed=0):
         except Exception as e:  # timm refuses this size: try the next
             failure = e
     raise failure
+
+
+def naflex_batch(model):
+    """``(keras_vit's NaFlex batch, timm's)``: two random images of other
+    grids and aspect ratios than timm's NaFlexVit ``model``'s table (one
+    side larger, the other smaller; a table over 16 x 16 only shrunk, the
+    grids kept small), cut into its patches with padding after each:
+    keras_vit's dict (``patches``, ``patch_coords``, ``patch_mask``) and
+    timm's (``patches``, ``patch_coord``, ``patch_valid``) of the same
+    arrays."""
+    import numpy as np
+    import torch
+
+    from keras_vit.data import naflex
+
+    patch = model.embeds.patch_size[0]
+    rows, cols = (min(side, 16) for side in
+                  model.embeds.pos_embed_grid_size or (16, 16))
+    grids = ((max(1, rows * 3 // 4), cols + cols // 4),
+             (rows + rows // 8 + 1, max(1, cols // 2)))
+    rng = np.random.default_rng(1)
+    images = [rng.uniform(-1, 1, (r * patch, c * patch, 3)).astype(
+        "float32") for r, c in grids]
+    ours = naflex.patchify(images, patch, resize=False, max_patches=max(
+        r * c for r, c in grids) + 3)
+    return ours, {
+        "patches": torch.from_numpy(ours["patches"]),
+        "patch_coord": torch.from_numpy(ours["patch_coords"]).long(),
+        "patch_valid": torch.from_numpy(ours["patch_mask"]).bool()}
 
 
 def _one_line(e):
@@ -669,7 +717,11 @@ def walk_one(name, module="vision_transformer", tags=(), workdir=None,
     x = np.random.default_rng(1).uniform(
         -1, 1, (2, size, size, 3)).astype("float32")
     with torch.no_grad():
-        want = theirs(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+        if module == "naflexvit":  # patches of mixed grids, padded
+            x, timms = naflex_batch(theirs)
+            want = theirs(timms).numpy()
+        else:
+            want = theirs(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
     with tempfile.TemporaryDirectory(prefix="timm-walk-",
                                      dir=workdir) as folder:
         save_for_hf(theirs, folder, safe_serialization=True)

@@ -14,6 +14,11 @@ from keras_vit.runtime.policy import dtype_policy_scope
 from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
     BLOCK_OUTPUT, OUTPUTS, check_outputs)
 INPUT_NAME = "images"
+#: A NaFlex model's inputs, which its artifacts take by these names
+#: (keras_vit.models.common.PATCH_INPUTS): float32 patches (batch, N,
+#: P * P * C), int32 coordinates (batch, N, 2) and mask (batch, N), the
+#: batch and the patch count N free.
+PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
 _LOW_PRECISION = ("bfloat16", "float16")
 
 
@@ -195,11 +200,43 @@ def _other_sizes(model, built):
             (fit(height * 0.5), fit(width * 1.5)))
 
 
+def _patch_size(model):
+    """A NaFlex model's patch side (square: patchify cuts squares)."""
+    return int(model.get_config()["patch_size"])
+
+
+def _patch_counts(model):
+    """The patch counts a NaFlex export is verified at: its position
+    table's (the batch of the model's own size), then one larger and one
+    smaller, so that an artifact that froze N fails."""
+    from keras_vit.base.checks import check_pair
+
+    rows, cols = check_pair("image_size", model.get_config()["image_size"])
+    patch = _patch_size(model)
+    table = max(1, (rows // patch) * (cols // patch))
+    return table, (table + table // 2 + 1, max(1, table // 2))
+
+
+def _mixed_grids(n, max_patches, rng):
+    """``n`` (rows, cols) grids of at most ``max_patches`` patches: the
+    first as many as fit a near-square grid, the others random (skinny
+    ones too), so that a batch holds padding."""
+    rows = max(1, int(max_patches ** 0.5))
+    grids = [(rows, max_patches // rows)]
+    while len(grids) < n:
+        rows = int(rng.integers(1, max_patches + 1))
+        grids.append((rows, int(rng.integers(1, max_patches // rows + 1))))
+    return grids[:n]
+
+
 class ServingGraph:
     """What an export serves, built from a Keras model.
 
     Args:
-        model: a built Keras model taking (batch, H, W, C) images.
+        model: a built Keras model taking (batch, H, W, C) images, or a
+            NaFlex model (``naflex=True``) taking the dict of
+            :data:`PATCH_INPUTS`, which the artifact takes by name with
+            the batch and the patch count free.
         outputs: names from OUTPUTS, in the order of the artifact's outputs
             (None: :func:`default_outputs`, the class scores of a
             classifier, the embedding of a feature extractor):
@@ -228,26 +265,46 @@ class ServingGraph:
         outputs = check_outputs(default_outputs(model) if outputs is None
                                 else outputs)
         check_head(model, outputs)
-        if getattr(model, "naflex", False):
-            # The exporters' graphs, their verification and the serving
-            # signature take image batches.
-            raise ValueError(
-                f"model={model.name!r} takes NaFlex patches (naflex=True), "
-                "which the exporters do not take yet; export the same "
-                "weights at one size: keras_vit.rebuild(model, naflex=False, "
-                "image_size=...)")
-        if len(model.inputs or ()) != 1:
+        self.naflex = bool(getattr(model, "naflex", False))
+        if self.naflex:
+            if uint8_input:
+                raise ValueError(
+                    f"uint8_input=True does not apply to model={model.name!r}"
+                    ", which takes NaFlex patches (naflex=True) as float32: "
+                    "cut the images with keras_vit.data.naflex.patchify "
+                    "(normalised, or pixels for include_preprocessing=True) "
+                    "and pass uint8_input=False")
+            block = next((o for o in outputs if BLOCK_OUTPUT.fullmatch(o)),
+                         None)
+            if block is not None:
+                raise ValueError(
+                    f"outputs {block!r} maps one grid of patches (batch, h, "
+                    f"w, D); model={model.name!r} takes NaFlex patches "
+                    "(naflex=True), each image a grid of its own: export a "
+                    "fixed-size copy for block maps, keras_vit.rebuild("
+                    "model, naflex=False, image_size=...)")
+            if sorted(model.input) != sorted(PATCH_INPUTS):
+                raise ValueError(
+                    f"model={model.name!r} (naflex=True) must take the "
+                    f"inputs {list(PATCH_INPUTS)}; it takes "
+                    f"{sorted(model.input)}")
+        elif len(model.inputs or ()) != 1:
             raise ValueError(
                 f"model={model.name!r} must take one input (images); it takes "
                 f"{len(model.inputs or ())}")
         shape = tuple(model.inputs[0].shape)
+        if self.naflex:
+            # The images each patch was cut from: any height and width.
+            width = int(model.input["patches"].shape[-1])
+            shape = (None, None, None, width // _patch_size(model) ** 2)
         # A dynamic-size model (dynamic_image_size=True) exports with free
         # height and width; anything else free is not an image batch.
         self.dynamic_size = bool(
             getattr(model, "dynamic_image_size", False)
             and len(shape) == 4 and shape[1] is None and shape[2] is None
             and shape[3] is not None)
-        if len(shape) != 4 or (None in shape[1:] and not self.dynamic_size):
+        if len(shape) != 4 or (None in shape[1:] and not (
+                self.dynamic_size or self.naflex)):
             raise ValueError(
                 f"model={model.name!r} takes inputs of shape {shape}; export "
                 "needs fixed-size images (batch, height, width, channels) "
@@ -279,9 +336,14 @@ class ServingGraph:
         # The images the artifact is verified on: a dynamic-size model's
         # at the size it was built for, then at EXTRA_SIZES others.
         self.input_shape = (tuple(_built_size(model)) + shape[3:]
-                            if self.dynamic_size else shape[1:])
+                            if self.dynamic_size or self.naflex
+                            else shape[1:])
         self.extra_image_sizes = (_other_sizes(model, self.input_shape[:2])
                                   if self.dynamic_size else ())
+        # A NaFlex model's: mixed grids padded to its table's patch count,
+        # then to two others (one more, one fewer).
+        self.patch_count, self.extra_patch_counts = (
+            _patch_counts(model) if self.naflex else (None, ()))
         self.uint8_input = bool(uint8_input)
         self.input_dtype = "uint8" if uint8_input else "float32"
         # Whether the model normalises [0, 255] pixels itself: the model
@@ -299,7 +361,8 @@ class ServingGraph:
         if "probabilities" in outputs and "logits" not in needed:
             needed.append("logits")
         self.raw = keras.Model(
-            model.inputs[0], {n: _output_tensor(model, n) for n in needed},
+            model.input if self.naflex else model.inputs[0],
+            {n: _output_tensor(model, n) for n in needed},
             name=f"{model.name}_export")
         self._function = None
 
@@ -313,10 +376,13 @@ class ServingGraph:
         """
         import keras
 
-        # The model's own rule, in the graph: an assertion, and for free
-        # sizes shape arithmetic that the converters dropping assertions
-        # keep (ImageSizes.check_images).
-        x = self.image_sizes().check_images(images)
+        if self.naflex:  # the dict of PATCH_INPUTS, as the model takes it
+            x = {name: images[name] for name in PATCH_INPUTS}
+        else:
+            # The model's own rule, in the graph: an assertion, and for
+            # free sizes shape arithmetic that the converters dropping
+            # assertions keep (ImageSizes.check_images).
+            x = self.image_sizes().check_images(images)
         if self.uint8_input:
             x = keras.ops.cast(x, "float32")
             if self.scale_inside:
@@ -337,12 +403,15 @@ class ServingGraph:
         artifact takes: the model's."""
         from keras_vit.layers.image_sizes import image_sizes
 
+        if self.naflex:  # patches of any grid: no image size to check
+            return None
         return image_sizes(self.source_model)
 
     def refused_image_sizes(self):
         """Image (height, width) pairs the model refuses, which
         verification feeds the artifact too."""
-        return self.image_sizes().refused_examples()
+        sizes = self.image_sizes()
+        return () if sizes is None else sizes.refused_examples()
 
     def input_spec(self):
         import tensorflow as tf
@@ -352,17 +421,38 @@ class ServingGraph:
         return tf.TensorSpec(shape, tf.as_dtype(self.input_dtype),
                              name=INPUT_NAME)
 
+    def input_specs(self):
+        """The artifact's inputs, in order: :meth:`input_spec`, or a
+        NaFlex model's :data:`PATCH_INPUTS` (batch and patch count
+        free)."""
+        if not self.naflex:
+            return [self.input_spec()]
+        import tensorflow as tf
+
+        width = int(self.raw.input["patches"].shape[-1])
+        return [tf.TensorSpec((None, None, width), tf.float32,
+                              name="patches"),
+                tf.TensorSpec((None, None, 2), tf.int32,
+                              name="patch_coords"),
+                tf.TensorSpec((None, None), tf.int32, name="patch_mask")]
+
     def function(self):
         """A ``tf.function`` of :meth:`serve` with a batch-dynamic input
         signature (traced once, without autograph: the graph is plain)."""
         if self._function is None:
             import tensorflow as tf
 
-            def serving_default(images):
-                return self.serve(images)
+            if self.naflex:
+                def serving_default(patches, patch_coords, patch_mask):
+                    return self.serve({"patches": patches,
+                                       "patch_coords": patch_coords,
+                                       "patch_mask": patch_mask})
+            else:
+                def serving_default(images):
+                    return self.serve(images)
 
             self._function = tf.function(
-                serving_default, input_signature=[self.input_spec()],
+                serving_default, input_signature=self.input_specs(),
                 autograph=False)
         return self._function
 
@@ -395,9 +485,9 @@ class ServingGraph:
 
         parts = []
         with no_grad():
-            for start in range(0, len(images), batch_size):
+            for start in range(0, samples.count(images), batch_size):
                 parts.append(to_numpy(self.serve(
-                    images[start:start + batch_size])))
+                    samples.rows(images, start, start + batch_size))))
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def source_logits(self, images):
@@ -415,8 +505,9 @@ class ServingGraph:
         source = self.source_model
         if name in ("logits", "pre_logits", "attention_maps"):
             try:
-                source = keras.Model(source.inputs[0],
-                                     _output_tensor(source, name))
+                source = keras.Model(
+                    source.input if self.naflex else source.inputs[0],
+                    _output_tensor(source, name))
             except (ValueError, KeyError):
                 return None, None
         from keras_vit.runtime.backend import no_grad, to_numpy
@@ -433,7 +524,22 @@ class ServingGraph:
         for name in self.outputs:
             key = "logits" if name == "probabilities" else name
             shape = tuple(self.raw.output[key].shape)
-            out_shapes[name] = [None] + [int(d) for d in shape[1:]]
+            out_shapes[name] = [None] + [None if d is None else int(d)
+                                         for d in shape[1:]]
+        if self.naflex:
+            return {
+                "input": {"names": list(PATCH_INPUTS),
+                          "shapes": {s.name: list(s.shape)
+                                     for s in self.input_specs()},
+                          "dtypes": {s.name: s.dtype.name
+                                     for s in self.input_specs()},
+                          "patch_size": _patch_size(self.source_model),
+                          "range": self.input_range(),
+                          "preprocessing_inside": self.value_range
+                          == samples.PIXELS,
+                          "normalization": self.normalization.to_config()},
+                "outputs": out_shapes,
+            }
         return {
             "input": {"name": INPUT_NAME,
                       "shape": ([None, None, None, int(self.input_shape[2])]
@@ -472,11 +578,20 @@ class ServingGraph:
         return int(sum(np.prod(w.shape) * np.dtype(str(w.dtype)).itemsize
                        for w in self.model.weights))
 
-    def sample_images(self, n, seed=0, kind="noise", image_size=None):
+    def sample_images(self, n, seed=0, kind="noise", image_size=None,
+                      max_patches=None):
         """Deterministic inputs in the artifact's range: ``"noise"``
         (uniform) or ``"photos"`` (crops of sample photos), at
         ``image_size`` (height, width; default: the model's). A count whose
-        images cannot fit this machine's memory is refused first."""
+        images cannot fit this machine's memory is refused first. A NaFlex
+        model's: images of mixed grids cut into ``max_patches`` patches
+        each (default: its table's), padding included
+        (:meth:`sample_patches`)."""
+        if self.naflex:
+            return self.sample_patches(n, seed, kind, max_patches)
+        return self._pixel_images(n, seed, kind, image_size)
+
+    def _pixel_images(self, n, seed, kind, image_size):
         from keras_vit.models.memory import check_input_batch
 
         shape = (tuple(self.input_shape) if image_size is None else
@@ -497,6 +612,33 @@ class ServingGraph:
                     self.input_dtype)
         return images, (f"{n} uniform random images in {self.input_range()}"
                         f" (seed {seed})")
+
+    def sample_patches(self, n, seed=0, kind="noise", max_patches=None):
+        """``(inputs, note)``: ``n`` images of mixed grids (the first as
+        large as fits, the others random, skinny ones too) drawn as
+        :meth:`sample_images` draws, cut by
+        :func:`keras_vit.data.naflex.patchify` (``resize=False``) and
+        padded to ``max_patches`` patches each: a dict of
+        :data:`PATCH_INPUTS`."""
+        from keras_vit.data import naflex
+        from keras_vit.models.memory import check_input_batch
+
+        count = int(max_patches or self.patch_count)
+        patch = _patch_size(self.source_model)
+        channels = int(self.input_shape[-1])
+        check_input_batch(n, (count, patch * patch * channels),
+                          hint="lower the batch sizes (batch_sizes=, "
+                          "--batch-sizes, --batch)")
+        rng = np.random.default_rng(seed)
+        images = [self._pixel_images(
+            1, seed * 1000 + i, kind, (rows * patch, cols * patch))[0][0]
+            for i, (rows, cols) in enumerate(_mixed_grids(n, count, rng))]
+        what = ("uniform random images" if kind == "noise"
+                else "crops of the sample photos")
+        return naflex.patchify(images, patch, max_patches=count,
+                               resize=False), (
+            f"{n} {what} of mixed grids in {self.input_range()}, "
+            f"{count} patches each with padding (seed {seed})")
 
     def input_range(self):
         """The artifact's input range in words: ``[0, 255]``, ``[-1, 1]``

@@ -61,7 +61,8 @@ def max_opset():
 
 def open_artifact(path, num_threads=None):
     """Loads an ``.onnx`` file (external data beside it) with onnxruntime
-    on the CPU and returns ``images -> {name: array}``."""
+    on the CPU and returns ``images -> {name: array}`` (a NaFlex
+    model's: a dict of its inputs by name)."""
     ort = require("onnxruntime", purpose="running ONNX files")
 
     options = ort.SessionOptions()
@@ -73,7 +74,8 @@ def open_artifact(path, num_threads=None):
     names = [o.name for o in session.get_outputs()]
 
     def run(images):
-        return dict(zip(names, session.run(None, {name: images})))
+        feeds = dict(images) if isinstance(images, dict) else {name: images}
+        return dict(zip(names, session.run(None, feeds)))
 
     return run
 
@@ -235,9 +237,8 @@ def _convert_here(graph, path, opset, external_data):
     """Converts in this process (small models)."""
     tf2onnx = require("tf2onnx", purpose="ONNX export")
 
-    spec = graph.input_spec()
     proto, _ = tf2onnx.convert.from_function(
-        graph.function(), input_signature=[spec], opset=opset)
+        graph.function(), input_signature=graph.input_specs(), opset=opset)
     worker.name_batch_dimension(proto)
     worker.guard_zero_pad_before_max_pool(proto)
     files, total, external = worker.write_model(proto, None, path,

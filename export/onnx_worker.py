@@ -127,11 +127,18 @@ def _inline(tensor, data):
 
 def name_batch_dimension(proto, name="batch"):
     """Gives the dynamic first dimension of every graph input and output
-    one name (tf2onnx leaves ``unk__123``-style names)."""
+    one name (tf2onnx leaves ``unk__123``-style names), and the patch
+    count of a NaFlex model's inputs (``patches``, ``patch_coords``,
+    ``patch_mask``) one too, ``num_patches``."""
     for value in list(proto.graph.input) + list(proto.graph.output):
         dims = value.type.tensor_type.shape.dim
         if dims and not dims[0].HasField("dim_value"):
             dims[0].dim_param = name
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if (value.name in ("patches", "patch_coords", "patch_mask")
+                and len(dims) > 1 and not dims[1].HasField("dim_value")):
+            dims[1].dim_param = "num_patches"
 
 
 def guard_zero_pad_before_max_pool(proto):
@@ -222,12 +229,18 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
 
     loaded = tf.saved_model.load(saved_model_dir)
     signature = loaded.signatures["serving_default"]
-    (name, spec), = signature.structured_input_signature[1].items()
-    spec = tf.TensorSpec(spec.shape, spec.dtype, name=name)
+    inputs = signature.structured_input_signature[1]
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name)
+             for name, spec in inputs.items()]
+    if len(specs) == 1:
+        function = tf.function(signature)
+    else:  # a NaFlex model's inputs: the signature takes them by name
+        by_name = signature
+        function = tf.function(
+            lambda *args: by_name(**dict(zip(inputs, args))))
     proto, storage = tf2onnx.convert.from_function(
-        tf.function(signature), input_signature=[spec], opset=opset,
-        large_model=True)
-    del loaded, signature
+        function, input_signature=specs, opset=opset, large_model=True)
+    del loaded, signature, function
     name_batch_dimension(proto)
     guard_zero_pad_before_max_pool(proto)
     files, total, external = write_model(

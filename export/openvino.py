@@ -90,7 +90,8 @@ def compile_config(model, core):
 def open_artifact(path, num_threads=None):
     """Loads an OpenVINO ``.xml`` file (its ``.bin`` beside it), compiles
     it for the CPU with the precision hint it records and returns
-    ``images -> {name: array}``."""
+    ``images -> {name: array}`` (a NaFlex model's: a dict of its inputs by
+    name)."""
     runtime = core()
     model = runtime.read_model(path)
     config = compile_config(model, runtime)
@@ -202,7 +203,7 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
         sys.modules[__name__])
 
 
-def _name_outputs(ov_model, names):
+def _name_outputs(ov_model, names, inputs=1):
     """Gives each output of the converted model exactly its serving name,
     or raises ExportError when the converter's outputs are not the serving
     graph's (a result that cannot be matched to a name is not verified).
@@ -232,10 +233,11 @@ def _name_outputs(ov_model, names):
                 result.input(0).replace_source_output(source)
             result.output(0).get_tensor().set_names({name})
             found.append(name)
-    if sorted(found) != sorted(names) or len(ov_model.inputs) != 1:
+    if sorted(found) != sorted(names) or len(ov_model.inputs) != inputs:
         raise common.ExportError(
             f"OpenVINO's converter returned outputs {found} and "
-            f"{len(ov_model.inputs)} inputs; expected {list(names)} and one")
+            f"{len(ov_model.inputs)} inputs; expected {list(names)} and "
+            f"{inputs}")
 
 
 def save(ov_model, path, precision):
@@ -262,7 +264,7 @@ def convert(graph, staged, workdir, params, arrays, rss):
     ov = _openvino("OpenVINO export")
 
     ov_model = ov.convert_model(graph.function().get_concrete_function())
-    _name_outputs(ov_model, graph.outputs)
+    _name_outputs(ov_model, graph.outputs, len(graph.input_specs()))
     precision = params["precision"]
     if precision == "int8":
         save(ov_model, _float32_source(workdir), "float32")

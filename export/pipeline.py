@@ -338,9 +338,11 @@ class _Replay:
     def __call__(self, images):
         key = batch_key(images)
         if key not in self.outputs:
+            shape = ({k: np.shape(v) for k, v in images.items()}
+                     if isinstance(images, dict) else np.shape(images))
             raise common.ExportError(
                 f"the converter process did not run a batch of shape "
-                f"{np.shape(images)}")
+                f"{shape}")
         return self.outputs[key]
 
 
@@ -352,6 +354,9 @@ def batch_key(images):
     >>> batch_key(np.zeros((2, 3))) == batch_key(np.zeros((3, 2)))
     False
     """
+    if isinstance(images, dict):  # a NaFlex batch: each input, by name
+        return batch_key(np.array([f"{name}={batch_key(images[name])}"
+                                   for name in sorted(images)]))
     images = np.asarray(images)
     digest = hashlib.sha256(repr((images.shape, images.dtype.str)).encode())
     if images.dtype == object:  # encoded files: their bytes, not pointers
@@ -373,7 +378,13 @@ def pack_batch(arrays, key, batch):
     >>> pack_batch(arrays, "b", np.array([b"ab", b"", b"c"], dtype=object))
     >>> sorted(arrays), unpack_batch(arrays, "b").tolist()
     (['b/data', 'b/ends'], [b'ab', b'', b'c'])
+
+    A NaFlex batch (a dict of arrays) goes in as ``key/input:<name>``.
     """
+    if isinstance(batch, dict):
+        for name, value in batch.items():
+            arrays[f"{key}/input:{name}"] = np.asarray(value)
+        return
     batch = np.asarray(batch)
     if batch.dtype != object:
         arrays[key] = batch
@@ -388,6 +399,11 @@ def unpack_batch(arrays, key):
     """The batch :func:`pack_batch` stored under ``key``."""
     if key in arrays:
         return arrays[key]
+    prefix = f"{key}/input:"
+    named = {k[len(prefix):]: v for k, v in arrays.items()
+             if k.startswith(prefix)}
+    if named:
+        return named
     data = arrays[f"{key}/data"].tobytes()
     ends = [int(e) for e in arrays[f"{key}/ends"]]
     out = np.empty(len(ends), dtype=object)
@@ -415,7 +431,9 @@ def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime,
     if needs_tf_runtime:
         images, _ = checks.verification_images(
             graph, job.batch_sizes, job.verify_data, job.samples, job.seed)
-        for batch in checks.batches(images, job.batch_sizes):
+        extras = [part for _, part in checks.extra_batches(
+            graph, job.batch_sizes, job.seed)]
+        for batch in checks.batches(images, job.batch_sizes) + extras:
             run_keys.append(batch_key(batch))
             pack_batch(arrays, f"run/{run_keys[-1]}", batch)
     arrays_path = None

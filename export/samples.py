@@ -17,6 +17,31 @@ from keras_vit.data.normalization import check_normalization, config_value
 UNIT, PIXELS = "[-1, 1]", "[0, 255]"
 
 
+def count(inputs):
+    """How many images a batch of inputs holds: an array's rows, or a
+    NaFlex batch's (a dict of arrays with one batch axis).
+
+    >>> count(np.zeros((3, 4))), count({"patches": np.zeros((2, 5, 6))})
+    (3, 2)
+    """
+    if isinstance(inputs, dict):
+        return len(next(iter(inputs.values())))
+    return len(inputs)
+
+
+def rows(inputs, start, stop):
+    """Images ``start`` to ``stop`` of a batch of inputs (an array, or a
+    NaFlex batch: the same rows of each of its arrays).
+
+    >>> rows({"patch_mask": np.arange(6).reshape(3, 2)}, 1, 3)
+    {'patch_mask': array([[2, 3],
+           [4, 5]])}
+    """
+    if isinstance(inputs, dict):
+        return {name: value[start:stop] for name, value in inputs.items()}
+    return inputs[start:stop]
+
+
 def noise_images(shape, n, dtype, value_range, seed=0):
     """``n`` deterministic random images of ``shape`` (H, W, C).
 
@@ -361,6 +386,12 @@ def int8_calibration(graph, data, limit, verify_data, held_out, options,
     and what it is verified on: the ``verify_data`` asked for, else the
     user's images beyond the calibration ones (up to ``held_out``), else
     photos. Records both in the report's ``options`` and ``notes``."""
+    if getattr(graph, "naflex", False):
+        raise ValueError(
+            f"quantization='int8' calibrates on images of one size; model="
+            f"{graph.source_model.name!r} takes NaFlex patches (naflex=True)"
+            ": export it with quantization='dynamic_int8' (int8 weights, "
+            "no calibration) or 'float16'")
     if data is None:
         images, note = calibration_images(graph, None, limit)
         options["representative_data"] = note

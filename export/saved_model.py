@@ -21,16 +21,18 @@ RUNTIME_NEEDS_TENSORFLOW = True
 def open_artifact(path):
     """Loads a SavedModel and returns ``images -> {name: array}`` calling
     its ``serving_default`` signature (the loaded object stays referenced:
-    a signature outlives its object only by accident)."""
+    a signature outlives its object only by accident); a NaFlex model's
+    takes a dict of its inputs by name."""
     import numpy as np
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)
     signature = loaded.signatures["serving_default"]
-    (name,) = signature.structured_input_signature[1]
+    names = list(signature.structured_input_signature[1])
 
     def run(images, _keep=loaded):
-        out = signature(**{name: tf.constant(images)})
+        feeds = images if isinstance(images, dict) else {names[0]: images}
+        out = signature(**{k: tf.constant(v) for k, v in feeds.items()})
         return {k: np.asarray(v) for k, v in out.items()}
 
     return run
@@ -150,6 +152,13 @@ def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
                         labels, verify, batch_sizes, tolerance, verify_data,
                         cast_to_float32, overwrite):
     """``to_saved_model(..., input="image_bytes")``."""
+    if getattr(model, "naflex", False):
+        raise ValueError(
+            f"input='image_bytes' decodes every file to one size; model="
+            f"{model.name!r} takes NaFlex patches (naflex=True): export "
+            "with input='images' (the signature takes patches, "
+            "patch_coords and patch_mask) and cut the images with "
+            "keras_vit.data.naflex.patchify")
     if uint8_input or outputs is not None:
         raise ValueError(
             "input='image_bytes' decodes and scales inside and returns "

@@ -62,21 +62,28 @@ def open_artifact(path, num_threads=None):
     interpreter = Interpreter(model_path=path,
                               num_threads=num_threads or os.cpu_count())
     runner = interpreter.get_signature_runner("serving_default")
-    ((name, details),) = runner.get_input_details().items()
-    declared = tuple(int(s) for s in details["shape_signature"][1:])
+    # Each input's declared shape after the batch (-1: free, a NaFlex
+    # model's patch count).
+    declared = {name: tuple(int(s) for s in details["shape_signature"][1:])
+                for name, details in runner.get_input_details().items()}
 
     def run(images, _keep=interpreter):
         # The signature runner resizes its input to whatever it is given
         # and runs it: another height or width than the file was made for
         # gives numbers (33x32 loses a row to the convolution) or stops
         # the process (0 pixels: a division by zero in the kernels).
-        shape = np.shape(images)
-        if any(d >= 0 and d != s for d, s in zip(declared, shape[1:])) or (
-                len(shape) != len(declared) + 1):
-            raise ValueError(
-                f"{os.path.basename(path)} takes inputs of shape (batch,) + "
-                f"{declared}; received images of shape {tuple(shape)}")
-        out = runner(**{name: np.ascontiguousarray(images)})
+        feeds = (images if isinstance(images, dict)
+                 else {next(iter(declared)): images})
+        for name, value in feeds.items():
+            shape, want = np.shape(value), declared.get(name, ())
+            if any(d >= 0 and d != s for d, s in zip(want, shape[1:])) or (
+                    len(shape) != len(want) + 1):
+                what = "images" if len(declared) == 1 else name
+                raise ValueError(
+                    f"{os.path.basename(path)} takes inputs of shape "
+                    f"(batch,) + {want}; received {what} of shape "
+                    f"{tuple(shape)}")
+        out = runner(**{k: np.ascontiguousarray(v) for k, v in feeds.items()})
         return {k: np.array(v) for k, v in out.items()}
 
     return run

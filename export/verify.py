@@ -9,6 +9,7 @@ import numpy as np
 
 from keras_vit.base.errors import KerasVitError
 from keras_vit.export import common, memory
+from keras_vit.export.samples import count, rows
 from keras_vit.base.checks import check_type
 
 
@@ -122,8 +123,8 @@ def _in_runtime(call, *args):
 
 def _run_in_chunks(run, images, batch_size):
     parts = []
-    for start in range(0, len(images), batch_size):
-        out = _in_runtime(run, images[start:start + batch_size])
+    for start in range(0, count(images), batch_size):
+        out = _in_runtime(run, rows(images, start, start + batch_size))
         parts.append({k: np.asarray(v) for k, v in out.items()})
     return {k: np.concatenate([p[k] for p in parts])
             for k in parts[0] if all(k in p for p in parts)}
@@ -141,6 +142,8 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
         return graph.sample_images(count, seed=seed, kind=data)
     if isinstance(data, GivenImages):  # the user's, already in range
         return data.images, data.note
+    if getattr(graph, "naflex", False):
+        return _given_patches(graph, data)
     images = np.asarray(data)
     expect = (graph.input_shape, np.dtype(graph.input_dtype))
     if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
@@ -151,6 +154,49 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
     return images, f"{len(images)} images given as verify_data"
 
 
+def _given_patches(graph, data):
+    """``(inputs, note)``: ``verify_data`` given for a NaFlex model: a
+    dict of its inputs (what :func:`keras_vit.data.naflex.patchify`
+    returns), else a one-line ValueError."""
+    from keras_vit.export.graph import PATCH_INPUTS
+
+    if not isinstance(data, dict) or sorted(data) != sorted(PATCH_INPUTS):
+        raise ValueError(
+            "verify_data for a NaFlex model (naflex=True) must be 'noise', "
+            "'photos' or a dict of its inputs "
+            f"{list(PATCH_INPUTS)} (keras_vit.data.naflex.patchify); "
+            f"received verify_data={type(data).__name__}")
+    width = int(graph.raw.input["patches"].shape[-1])
+    inputs = {"patches": np.asarray(data["patches"], np.float32),
+              "patch_coords": np.asarray(data["patch_coords"], np.int32),
+              "patch_mask": np.asarray(data["patch_mask"], np.int32)}
+    batch, tokens = inputs["patch_mask"].shape[:2] if (
+        inputs["patch_mask"].ndim == 2) else (None, None)
+    if (batch is None or inputs["patches"].shape != (batch, tokens, width)
+            or inputs["patch_coords"].shape != (batch, tokens, 2)):
+        raise ValueError(
+            "verify_data must hold patches (n, N, "
+            f"{width}), patch_coords (n, N, 2) and patch_mask (n, N); "
+            "received shapes " + ", ".join(
+                f"{k} {v.shape}" for k, v in inputs.items()))
+    return inputs, f"{batch} images given as verify_data ({tokens} patches)"
+
+
+def extra_batches(graph, batch_sizes, seed=0):
+    """``[(label, inputs)]``: what :func:`verify` runs besides its images:
+    a dynamic-size artifact's images at other sizes (the last batch
+    size); a NaFlex one's mixed grids at other patch counts (the first
+    batch size, padding included)."""
+    sizes = _check_batch_sizes(batch_sizes)
+    extras = [(f"image size {h}x{w}", sizes[-1], {"image_size": (h, w)})
+              for h, w in getattr(graph, "extra_image_sizes", ())]
+    extras += [(f"{n} patches", sizes[0], {"max_patches": n})
+               for n in getattr(graph, "extra_patch_counts", ())]
+    return [(label, graph.sample_images(size, seed=seed + 1, kind="noise",
+                                        **where)[0])
+            for label, size, where in extras]
+
+
 def batches(images, batch_sizes):
     """The batches :func:`verify` runs, in order: ``images`` in chunks of
     the first batch size, then the first images at each other size.
@@ -159,8 +205,9 @@ def batches(images, batch_sizes):
     [4, 2, 1]
     """
     sizes = _check_batch_sizes(batch_sizes)
-    first = [images[i:i + sizes[0]] for i in range(0, len(images), sizes[0])]
-    return first + [images[:size] for size in sizes[1:]]
+    first = [rows(images, i, i + sizes[0])
+             for i in range(0, count(images), sizes[0])]
+    return first + [rows(images, 0, size) for size in sizes[1:]]
 
 
 def refused_sizes(graph, run):
@@ -215,7 +262,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     # there only the output differences are checked.
     few = dict(tolerance, top1_agreement=None)
     for size in sizes[1:]:
-        part = images[:size]
+        part = rows(images, 0, size)
         got = _run_in_chunks(run, part, size)
         extra, extra_failures = compare(
             {k: v[:size] for k, v in reference.items()}, got, few)
@@ -223,14 +270,10 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         for key in ("max_abs_diff", "rel_rms_error"):
             for name, value in extra[key].items():
                 metrics[key][name] = max(metrics[key].get(name, value), value)
-    # A dynamic-size artifact: the same checks at other image sizes.
-    for image_size in getattr(graph, "extra_image_sizes", ()):
-        part, _ = graph.sample_images(sizes[-1], seed=seed + 1,
-                                      kind="noise", image_size=image_size)
-        got = _run_in_chunks(run, part, sizes[-1])
+    for label, part in extra_batches(graph, sizes, seed):
+        got = _run_in_chunks(run, part, count(part))
         extra, extra_failures = compare(graph.reference(part), got, few)
-        failures += [f"image size {image_size[0]}x{image_size[1]}: {f}"
-                     for f in extra_failures]
+        failures += [f"{label}: {f}" for f in extra_failures]
         for key in ("max_abs_diff", "rel_rms_error"):
             for name, value in extra[key].items():
                 metrics[key][name] = max(metrics[key].get(name, value), value)
@@ -238,7 +281,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     size_check = refused_sizes(graph, run)
     report = {
         "batch_sizes": list(sizes),
-        "samples": int(len(images)),
+        "samples": int(count(images)),
         "data": note,
         "max_abs_diff": metrics["max_abs_diff"],
         "output_scale": metrics["scale"],
@@ -248,12 +291,15 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
         "image_sizes": ([list(graph.input_shape[:2])]
                         + [list(s) for s in graph.extra_image_sizes]
                         if getattr(graph, "extra_image_sizes", ()) else None),
+        **({"patch_counts": [int(graph.patch_count)]
+            + [int(n) for n in graph.extra_patch_counts]}
+           if getattr(graph, "naflex", False) else {}),
         "refused_image_sizes": size_check,
         "passed": not failures,
         "failures": failures,
     }
     if graph.source_dtype is not None:
-        name, source = graph.source_logits(images[:sizes[0]])
+        name, source = graph.source_logits(rows(images, 0, sizes[0]))
         if source is not None and name in actual:
             report[f"max_abs_diff_vs_{graph.source_dtype}_model"] = float(
                 np.max(np.abs(actual[name][:sizes[0]] - source)))

@@ -461,6 +461,14 @@ OPTIONS = (
            "the learned table is resized to each image's grid (bilinear "
            "with antialiasing, as SigLIP2) and padding is left out of "
            "attention and pooling"),
+    Option("naflex_resize", "bilinear", choice("bilinear", "bicubic"),
+           False, None,
+           "the kernel that resizes a NaFlex model's learned table to each "
+           "image's grid (naflex=True): 'bilinear' (SigLIP2's) or "
+           "'bicubic' (timm's NaFlexVit default: the cubic kernel of "
+           "a=-0.5), both antialiased (the kernel as wide as the step when "
+           "shrinking) and normalised, torch's interpolate(mode, "
+           "antialias=True, align_corners=False)"),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

@@ -263,6 +263,11 @@ def calibration_data(source, model,
 
     from keras_vit.train.data.pipeline import dataset
 
+    if getattr(model, "naflex", False):
+        raise ValueError(
+            "--calibration-data calibrates int8 on images of one size; the "
+            "model takes NaFlex patches (naflex=True): export it with "
+            "--quantization dynamic_int8 (int8 weights, no calibration)")
     height, width = tuple(model.inputs[0].shape[1:3])
     if height != width:
         raise ValueError(

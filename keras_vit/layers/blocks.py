@@ -383,8 +383,10 @@ class TokenPooling(KeptArguments, layers.Layer):
         if padding_bias is None:
             mean, high = ops.mean(x, axis=1), ops.max(x, axis=1)
         else:
-            bias = ops.cast(padding_bias[:, 0, 0, self.num_prefix_tokens:,
-                                         None], x.dtype)
+            # expand_dims, not [..., None]: TFLite has no kernel for a
+            # strided slice that adds an axis to a tensor of unknown shape.
+            bias = ops.cast(ops.expand_dims(
+                padding_bias[:, 0, 0, self.num_prefix_tokens:], -1), x.dtype)
             kept = ops.cast(ops.equal(bias, 0), x.dtype)
             mean = ops.sum(x * kept, axis=1) / ops.sum(kept, axis=1)
             high = ops.max(x + bias, axis=1)

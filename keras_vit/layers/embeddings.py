@@ -323,19 +323,42 @@ def resize_grid_table(grid, grid_size, new_grid):
     return xp.reshape(table, (-1, dim))
 
 
-def naflex_weights(coords, mask, grid_size):
+#: The kernels a NaFlex table is resized with (the ``naflex_resize``
+#: row): torch's antialiased ones.
+NAFLEX_KERNELS = ("bilinear", "bicubic")
+
+
+def _naflex_kernel(distance, mode):
+    """torch's antialiased kernel ``mode`` at ``distance`` (>= 0, in
+    source cells, divided by the step when shrinking): the triangle of
+    support 1, or the cubic convolution of a=-0.5 and support 2 (torch's
+    ``_upsample_bicubic2d_aa``, PIL's; not the a=-0.75 of torch's bicubic
+    without antialiasing)."""
+    if mode == "bilinear":
+        return ops.relu(1.0 - distance)
+    a = -0.5
+    near = ((a + 2.0) * distance - (a + 3.0)) * distance * distance + 1.0
+    far = (((distance - 5.0) * distance + 8.0) * distance - 4.0) * a
+    return ops.where(distance < 1.0, near,
+                     ops.where(distance < 2.0, far, ops.zeros_like(far)))
+
+
+def naflex_weights(coords, mask, grid_size, mode="bilinear"):
     """The weights (B, N, rows * cols) that resize a position table of
     ``grid_size`` (rows, cols) to each patch of a NaFlex batch:
     ``coords`` (B, N, 2), each patch's row and column in its image's grid,
     whose size is the largest coordinate of its patches (``mask`` (B, N):
     nonzero for a patch, zero for padding) plus one. The weights are
-    those of a bilinear resize with antialiasing (half-pixel centres; a
-    triangle as wide as the step when shrinking), each axis's normalised
-    to sum to one: torch's ``interpolate(mode="bilinear", antialias=True,
-    align_corners=False)``, SigLIP2's resize of its table to each image.
+    those of a resize with antialiasing (half-pixel centres; the kernel
+    as wide as the step when shrinking), each axis's normalised to sum to
+    one: torch's ``interpolate(mode=mode, antialias=True,
+    align_corners=False)``; ``"bilinear"`` is SigLIP2's resize of its
+    table to each image, ``"bicubic"`` timm's NaFlexVit default.
     Computed in float32; padding gets the weights of its coordinates."""
     coords = ops.cast(coords, "float32")
-    valid = ops.cast(ops.not_equal(mask, 0), "float32")[..., None]
+    # expand_dims, not [..., None]: TFLite has no kernel for a strided
+    # slice that adds an axis to a tensor of unknown shape.
+    valid = ops.expand_dims(ops.cast(ops.not_equal(mask, 0), "float32"), -1)
     sizes = ops.max(coords * valid, axis=1, keepdims=True) + 1.0  # (B,1,2)
     per_axis = []
     for axis, length in enumerate(grid_size):
@@ -343,12 +366,13 @@ def naflex_weights(coords, mask, grid_size):
         support = ops.maximum(scale, 1.0)
         centre = (coords[..., axis] + 0.5) * scale - 0.5  # (B, N)
         source = ops.arange(length, dtype="float32")
-        w = ops.relu(1.0 - ops.abs(source - centre[..., None])
-                     / support[..., None])
+        w = _naflex_kernel(ops.abs(source - ops.expand_dims(centre, -1))
+                           / ops.expand_dims(support, -1), mode)
         per_axis.append(w / ops.sum(w, axis=-1, keepdims=True))
     rows, cols = per_axis
     shape = ops.shape(rows)
-    return ops.reshape(rows[..., :, None] * cols[..., None, :],
+    return ops.reshape(ops.expand_dims(rows, -1)
+                       * ops.expand_dims(cols, -2),
                        (shape[0], shape[1], grid_size[0] * grid_size[1]))
 
 
@@ -396,9 +420,11 @@ class PositionEmbedding(layers.Layer):
     """
 
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
-                 stride=None, **kwargs):
+                 stride=None, naflex_resize="bilinear", **kwargs):
         super().__init__(**kwargs)
         check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
+        check_choice("naflex_resize", naflex_resize, NAFLEX_KERNELS)
+        self.naflex_resize = naflex_resize
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
@@ -496,7 +522,8 @@ class PositionEmbedding(layers.Layer):
         tables only: :func:`naflex_weights` of each image)."""
         table = ops.cast(self.pos_embedding[0], "float32")
         prefix = self.num_prefix_tokens
-        patches = ops.matmul(naflex_weights(coords, mask, self.grid_size),
+        patches = ops.matmul(naflex_weights(coords, mask, self.grid_size,
+                                            self.naflex_resize),
                              table[prefix:])
         if not prefix:
             return patches
@@ -519,4 +546,6 @@ class PositionEmbedding(layers.Layer):
             kind=self.kind,
             stride=self.stride,
         )
+        if self.naflex_resize != "bilinear":  # saved before it: none
+            config["naflex_resize"] = self.naflex_resize
         return config

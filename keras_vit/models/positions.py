@@ -366,7 +366,7 @@ class PaddingBias(layers.Layer):
         bias = ops.where(ops.not_equal(mask, 0), 0.0, -1e9)
         if self.num_prefix_tokens:
             bias = ops.pad(bias, ((0, 0), (self.num_prefix_tokens, 0)))
-        # (B, 1, 1, T) by reshape: TFLite has no kernel for a strided
+        # (B, 1, 1, T) by expand_dims: TFLite has no kernel for a strided
         # slice that adds axes to a tensor of unknown length.
         return ops.expand_dims(ops.expand_dims(ops.cast(bias, "float32"), 1),
                                1)
@@ -461,6 +461,8 @@ class PositionScheme:
             self.padding = PaddingBias(all_prefix, dtype=dtype,
                                        name="padding_bias")(
                                            patches["patch_mask"])
+        self.naflex_resize = (family or {}).get("naflex_resize",
+                                                "bilinear")
         self.shared = None
         if kind != "none" and placement != "every_layer":
             self.shared = self._make("position_embedding")
@@ -491,9 +493,11 @@ class PositionScheme:
             return RelativePositionEmbedding(self.grid, self.num_heads,
                                              self.prefix, dtype=self.dtype,
                                              name=name)
+        extra = ({} if self.naflex_resize == "bilinear"
+                 else {"naflex_resize": self.naflex_resize})
         return vit_layers.PositionEmbedding(
             self.grid, self.prefix, kind=self.kind, stride=self.stride,
-            dtype=self.dtype, name=name)
+            dtype=self.dtype, name=name, **extra)
 
     def _add(self, layer, x):
         if self.patches is not None:

@@ -1,11 +1,14 @@
 """The ``naflex`` option: one model for any aspect ratio and resolution.
 
 Its table resize against torch's ``interpolate(bilinear, antialias=True)``
-(what SigLIP2 calls); the property it exists for, that each image of a
+(what SigLIP2 calls) and ``interpolate(bicubic, antialias=True)`` (timm's
+NaFlexVit default, ``naflex_resize="bicubic"``), shrunk and enlarged; the
+property it exists for, that each image of a
 batch of mixed grids and padding gets the output it gets alone, for
 hostile grids drawn by hypothesis; the inputs keras_vit.data.naflex
 makes; and the settings it refuses in one line. transformers' own
-SigLIP2 towers are compared in tests/zoo/test_transformers_siglip2.py."""
+SigLIP2 towers are compared in tests/zoo/test_transformers_siglip2.py,
+the exports in tests/export/test_export_naflex.py."""
 
 import numpy as np
 import pytest
@@ -21,22 +24,27 @@ TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=2,
             num_heads=2, mlp_dim=32, naflex=True)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("table, grid", [
     ((4, 4), (3, 5)), ((4, 4), (9, 2)), ((4, 4), (1, 1)), ((4, 4), (4, 4)),
-    ((5, 3), (16, 7)), ((16, 16), (3, 40))])
-def test_the_table_is_resized_as_torch_does_with_antialiasing(table, grid):
+    ((5, 3), (16, 7)), ((16, 16), (3, 40)), ((16, 16), (23, 11))])
+def test_the_table_is_resized_as_torch_does_with_antialiasing(table, grid,
+                                                              mode):
     rng = np.random.default_rng(0)
-    values = rng.normal(size=(*table, 6)).astype("float32")
+    values = rng.normal(size=(*table, 6))
+    # torch in float64; the weights are float32 (1e-6 of rounding), a
+    # wrong kernel (torch's a=-0.75 without antialiasing) 1e-2 off.
     want = torch.nn.functional.interpolate(
         torch.from_numpy(values).permute(2, 0, 1)[None], size=grid,
-        mode="bilinear", align_corners=False, antialias=True)[0].permute(
+        mode=mode, align_corners=False, antialias=True)[0].permute(
             1, 2, 0).reshape(-1, 6).numpy()
     coords = np.stack(np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
                                   indexing="ij"), -1).reshape(1, -1, 2)
     # Padding after the patches moves nothing.
     coords = np.concatenate([coords, np.zeros((1, 3, 2), int)], 1)
     mask = (np.arange(coords.shape[1]) < grid[0] * grid[1])[None]
-    weights = np.asarray(naflex_weights(coords, mask.astype("int32"), table))
+    weights = np.asarray(naflex_weights(coords, mask.astype("int32"), table,
+                                        mode), "float64")
     got = weights[0, :grid[0] * grid[1]] @ values.reshape(-1, 6)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
@@ -147,6 +155,14 @@ def test_what_naflex_cannot_take_is_refused_by_name(kwargs, match):
     assert "\n" not in str(info.value)
 
 
+def test_naflex_resize_without_naflex_is_refused_by_name():
+    with pytest.raises(ValueError, match="naflex_resize='bicubic'") as info:
+        keras_vit.vit(**dict(TINY, naflex=False, naflex_resize="bicubic"),
+                      num_classes=0)
+    assert "naflex=False" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_predict_takes_images_of_any_aspect_ratio():
     """``predict`` on images of mixed sizes: each resized keeping its
     aspect ratio to at most the table's patches, as patchify does."""
@@ -163,17 +179,13 @@ def test_predict_takes_images_of_any_aspect_ratio():
                                    rtol=0)
 
 
-def test_exports_refuse_in_one_line_and_the_fixed_size_twin_exports(
-        tmp_path):
-    """The exporters take image batches: a NaFlex model is refused naming
-    the option and the remedy, which gives the same function at one size
-    (the patch embedding is the convolution's, the table resized by the
-    official rule there)."""
+def test_the_fixed_size_twin_computes_the_same_function():
+    """``rebuild(model, naflex=False)`` gives the same function at one
+    size (the patch embedding is the convolution's, the table resized by
+    the official rule there): what a format that takes only images of
+    one size would export. The exporters take NaFlex models themselves
+    (tests/export/test_export_naflex.py)."""
     model = keras_vit.vit(**TINY, num_classes=3, classifier="map")
-    with pytest.raises(ValueError, match="naflex=True") as info:
-        keras_vit.export.to_saved_model(model, str(tmp_path / "sm"))
-    assert "\n" not in str(info.value)
-    assert "rebuild(model, naflex=False" in str(info.value)
     fixed = keras_vit.rebuild(randomise_keras(model), naflex=False)
     x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3))
     np.testing.assert_allclose(

@@ -37,8 +37,12 @@ KNOWN_GAPS = {
     "RoPE-ViT and PE attention (attn_type)",
     "attention pool of PE (attn_pool_*)",
     "global_pool=map",  # in an EVA: PE's attention pool (the ViT's loads)
+    # NaFlexVit's settings beyond SigLIP 2's and timm's own NaFlex ViTs.
+    "NaFlex: aspect-preserving table resize (pos_embed_ar_preserving)",
+    "NaFlex: factorized position table (pos_embed='factorized')",
+    "NaFlex: another setting (naflexvit)",
     # The modules keras_vit does not read yet, refused by module.
-    "NaFlex (naflexvit)", "relative position MLP (vision_transformer_relpos)",
+    "relative position MLP (vision_transformer_relpos)",
     "DeepSeek's towers (deepseek_vit)", "Gemma 4's towers (gemma4_vit)",
     "SAM's windowed attention (vision_transformer_sam)",
 }

@@ -57,13 +57,12 @@ def table():
 
 
 # timm's modules of the ViT family whose architectures keras_vit builds
-# (their readers: this module's, and eva.py's for EVA, BEiT and Qwen's
-# towers), and what each of the others builds that keras_vit does not.
+# (their readers: this module's, eva.py's for EVA, BEiT and Qwen's
+# towers, naflex.py's for NaFlexVit), and what each of the others builds
+# that keras_vit does not.
 READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
-                "eva", "beit", "qwen3_vit")
+                "eva", "beit", "qwen3_vit", "naflexvit")
 UNREAD_MODULES = {
-    "naflexvit": "NaFlex: patches of any aspect ratio with their "
-                 "coordinates and a padding mask",
     "vision_transformer_relpos": "relative position biases from an MLP "
                                  "of log-spaced offsets (RelPosMlp)",
     "deepseek_vit": "DeepSeek's blocks (a SwiGLU MLP without biases "
@@ -238,6 +237,26 @@ def _is_number(value):
 
 def is_rate(value):
     return _is_number(value) and 0 <= value < 1
+
+
+def rate_arg(value):
+    """A timm rate argument as a float, else a ValueError saying why."""
+    if not is_rate(value):
+        raise ValueError("it is not a rate in [0, 1)")
+    return float(value)
+
+
+def positive_arg(value):
+    """A positive number as a float, else a ValueError saying why."""
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not value > 0):
+        raise ValueError("it is not a positive number")
+    return float(value)
+
+
+def optional_positive_arg(value):
+    """None, or :func:`positive_arg`."""
+    return None if value is None else positive_arg(value)
 
 
 # How each of timm's family arguments (TIMM_OPTIONS, shared with the

@@ -31,6 +31,10 @@ from keras_vit.base.checks import shown
 from keras_vit.base.options import ROPE_HALVES, optional_grid
 from keras_vit.zoo import formats, layouts
 from keras_vit.zoo.timm import arguments
+from keras_vit.zoo.timm.arguments import (optional_positive_arg as
+                                          _optional_positive,
+                                          positive_arg as _positive,
+                                          rate_arg as _rate)
 from keras_vit.zoo.timm.arguments import norm_arg
 
 # EVA's settings that keras_vit's model computes only at one value:
@@ -80,25 +84,10 @@ _READ = (
 _flag, _count = arguments.bool_arg, arguments.count_arg
 
 
-def _rate(value):
-    if not arguments.is_rate(value):
-        raise ValueError("it is not a rate in [0, 1)")
-    return float(value)
-
-
-def _positive(value):
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not value > 0):
-        raise ValueError("it is not a positive number")
-    return float(value)
-
-
 def _optional_count(value):
     return None if value is None else _count(value)
 
 
-def _optional_positive(value):
-    return None if value is None else _positive(value)
 
 
 def _finite(value):

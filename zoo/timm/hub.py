@@ -47,7 +47,7 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
 # timm's names <-> the model's variables (zoo/timm/layout.py).
-from keras_vit.zoo.timm import eva
+from keras_vit.zoo.timm import eva, naflex
 from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, TIMM_EVA, check_state
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
@@ -273,6 +273,11 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         honoured = eva.honoured(_eva_args(entry, config), where)
         layout = TIMM_EVA
         state = eva.with_key_biases(state)
+    elif entry is not None and entry["module"] == "naflexvit":
+        honoured = naflex.honoured(_eva_args(entry, config), where, {
+            *(config.get("model_args") or {}), "global_pool"})
+        layout = TIMM
+        state = naflex.naflex_state(state, honoured)
     elif entry is not None and entry["module"] == "qwen3_vit":
         honoured, tokens = eva.qwen_honoured(_eva_args(entry, config),
                                              where, state)
@@ -303,6 +308,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         image_size = height if height == width else (height, width)
     else:
         image_size = arch.image_size or 224
+    # A NaFlex model's size is its table's grid, whatever the images.
+    image_size = honoured.pop("image_size", image_size)
     head = int(arrays[head_key].shape[0]) if head_key in arrays else None
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None

@@ -1,0 +1,320 @@
+"""timm's NaFlexVit (``naflexvit.py``: NaFlex ViTs of timm's own training,
+SigLIP 2's NaFlex towers) as keras_vit's ViT with the ``naflex`` option:
+its arguments (the fields of timm's ``NaFlexVitCfg``, which the table of
+timm's architectures holds in full) mapped onto the builder's, each at a
+value keras_vit computes or refused in one line naming it and the
+closest setting keras_vit computes.
+
+timm's NaFlexVit takes a dict of ``patches`` (B, N, P * P * C, each
+patch's pixels row by row with the channels last: timm's
+``patchify_channels_last``), ``patch_coord`` (B, N, 2) and
+``patch_valid`` (B, N); keras_vit's NaFlex model takes the same arrays as
+``patches``, ``patch_coords`` and ``patch_mask``. The learned table
+(``embeds.pos_embed``, a grid of ``pos_embed_grid_size``, no row for the
+class or register tokens) is resized to each image's grid with the
+antialiased kernel ``pos_embed_interp_mode`` names (keras_vit's
+``naflex_resize``), the patch embedding is a Linear over the flattened
+patches (the convolution's kernel flattened in the same order), and
+padding is kept out of attention and of the pooling, as timm's masks do.
+
+>>> out = honoured({"patch_size": 16, "embed_dim": 64, "depth": 2,
+...                 "num_heads": 4, "mlp_ratio": 4.0, "reg_tokens": 1,
+...                 "global_pool": "avg", "fc_norm": True,
+...                 "pos_embed_grid_size": [6, 8]}, "config.json")
+>>> [out[k] for k in ("naflex", "naflex_resize", "image_size",
+...                   "classifier", "num_registers", "fc_norm")]
+[True, 'bicubic', (96, 128), 'gap', 1, True]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_vit.base.checks import shown
+from keras_vit.zoo import formats
+from keras_vit.zoo.timm import arguments
+from keras_vit.zoo.timm.arguments import (optional_positive_arg as
+                                          _optional_positive,
+                                          positive_arg as _positive,
+                                          rate_arg as _rate)
+from keras_vit.zoo.timm.layout import TIMM_ACTIVATIONS, TIMM_POOLS
+
+# NaFlexVitCfg's settings keras_vit computes at one value only: timm's
+# argument -> (the values it computes, what the others build, the
+# closest setting keras_vit computes).
+_FIXED = {
+    "pos_embed_ar_preserving": (
+        (False,), "a table resized to a square of the grid's longer side "
+        "and cropped (the aspect ratio kept)",
+        "pos_embed_ar_preserving=False"),
+    "pos_embed_antialias": (
+        (True,), "a resize without antialiasing", "pos_embed_antialias=True"),
+    "pos_embed_align_corners": (
+        (False,), "a resize with aligned corners",
+        "pos_embed_align_corners=False"),
+    "pos_embed_use_grid_sample": (
+        (False,), "a table sampled at each patch (grid_sample, no "
+        "antialiasing)", "pos_embed_use_grid_sample=False"),
+    "rope_type": (
+        ("", "none"), "rotary embeddings on NaFlex patches (EVA's blocks)",
+        "rope_type='' (the learned table alone)"),
+    "attn_type": (
+        ("standard",), "EVA's attention blocks", "attn_type='standard'"),
+    "swiglu_mlp": ((False,), "EVA's blocks with a SwiGLU MLP",
+                   "swiglu_mlp=False"),
+    "attn_gated": ((False,), "a sigmoid gate on the attention's output",
+                   "attn_gated=False"),
+    "attn_only_layer_scale": ((False,), "a layer scale on the attention "
+                              "branch alone", "attn_only_layer_scale=False"),
+    "num_kv_heads": ((None,), "grouped queries", "num_kv_heads=None"),
+    "patch_drop_rate": ((0, 0.0), "patch dropout", "patch_drop_rate=0"),
+    "patchify_channels_last": (
+        (True,), "patches flattened channels first (C, P, P)",
+        "patchify_channels_last=True (keras_vit's patches are (P, P, C) "
+        "row by row)"),
+    "input_norm_layer": ((None,), "a norm of each patch's pixels before "
+                         "the projection", "input_norm_layer=None"),
+    "block_fn": ((None, "Block"), "another block", "block_fn=None"),
+    "mlp_layer": ((None, "Mlp"), "another MLP", "mlp_layer=None"),
+    "attn_layer": ((None,), "another attention", "attn_layer=None"),
+}
+# The settings that change nothing keras_vit's model computes on its
+# inputs: initialisation, image padding (keras_vit takes patches), the
+# projections' fusion of EVA's blocks and the rotary settings without a
+# rotary form (both refused above), resized patches (5D inputs), the
+# mask of padding queries (padding's outputs are never read).
+_NO_EFFECT = (
+    "weight_init", "fix_init", "dynamic_img_pad", "qkv_fused",
+    "swiglu_align_to", "enable_patch_interpolator", "use_key_only_attn_mask",
+    "rope_temperature", "rope_ref_feat_shape", "rope_grid_offset",
+    "rope_grid_indexing", "rope_rotate_half", "rope_shift_coords",
+    "rope_jitter_coords", "rope_rescale_coords", "rope_mrope_section",
+    "num_classes", "pos_drop_rate")
+_SIZES = {"embed_dim": "hidden_size", "depth": "num_layers",
+          "num_heads": "num_heads"}
+_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
+          "attn_drop_rate": "attention_dropout_rate",
+          "drop_path_rate": "drop_path_rate"}
+_FLAGS = {"qkv_bias": ("qkv_bias", True), "qk_norm": ("qk_norm", False),
+          "proj_bias": ("proj_bias", True),
+          "scale_mlp_norm": ("mlp_norm", False),
+          "scale_attn_inner_norm": ("attention_norm", False),
+          "class_token": ("class_token", False),
+          "pre_norm": ("pre_norm", False),
+          "pool_include_prefix": ("pool_prefix", False)}
+_READ = ("patch_size", "mlp_ratio", "img_size", "in_chans", "reg_tokens",
+         "init_values", "pos_embed", "pos_embed_grid_size",
+         "pos_embed_interp_mode", "final_norm", "fc_norm", "global_pool",
+         "attn_pool_num_heads", "attn_pool_mlp_ratio", "embed_proj_type",
+         "embed_norm_layer", "norm_layer", "act_layer")
+#: timm's interpolation modes keras_vit resizes a NaFlex table with.
+INTERP_MODES = ("bicubic", "bilinear")
+
+
+def _side(value):
+    """A square patch's side: an int or two equal ints."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and (
+            value[0] == value[1]):
+        value = value[0]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("keras_vit's patches are square: one positive "
+                         "side")
+    return value
+
+
+def _grid(value):
+    sides = [value] * 2 if isinstance(value, int) else value
+    if (not isinstance(sides, (list, tuple)) or len(sides) != 2 or any(
+            not isinstance(s, int) or isinstance(s, bool) or s < 1
+            for s in sides)):
+        raise ValueError("it is not a grid of positive rows and columns")
+    return tuple(sides)
+
+
+def honoured(args, path, given=None):
+    """keras_vit's builder arguments of timm's NaFlexVit arguments
+    ``args`` (the table's ``NaFlexVitCfg`` fields, overridden by a
+    ``config.json``'s ``model_args`` and its ``global_pool``), each
+    refused where keras_vit's model would compute something else: a
+    FormatError naming ``path``'s field (``model_args.<key>`` for a key
+    of ``given``, the config's own; ``architecture`` for the table's),
+    the argument, its value and the closest setting keras_vit
+    computes."""
+
+    def refuse(key, why):
+        own = given is None or key in given
+        return formats.fail(
+            path, f"model_args.{key}" if own else "architecture",
+            f"{key}={shown(args.get(key), 60)}"
+            + ("" if own else " (timm's architecture sets it)")
+            + f" is a timm NaFlexVit setting keras_vit cannot honour ({why})")
+
+    def read(key, convert, default):
+        try:
+            return convert(args.get(key, default))
+        except ValueError as e:
+            raise refuse(key, str(e)) from None
+
+    known = (*_FIXED, *_NO_EFFECT, *_SIZES, *_DROPS, *_FLAGS, *_READ)
+    for key in args:
+        if key not in known:
+            raise refuse(key, "an argument keras_vit's reader does not "
+                         "know, so cannot say what it computes")
+    # The position table's kind first: a factorized table refuses every
+    # other question about its resize.
+    kind = args.get("pos_embed", "learned")
+    if kind not in ("learned", "none", ""):
+        raise refuse("pos_embed", "keras_vit's NaFlex model resizes one "
+                     "learned table of the grid, not a factorized row and "
+                     "column table; the closest it computes: "
+                     "pos_embed='learned'")
+    for key, (values, builds, closest) in _FIXED.items():
+        if key in args and not any(_same(args[key], v) for v in values):
+            raise refuse(key, f"it builds {builds}; the closest keras_vit "
+                         f"computes: {closest}")
+    out = {ours: read(key, arguments.count_arg, None)
+           for key, ours in _SIZES.items()}
+    out["patch_size"] = read("patch_size", _side, 16)
+    for key, ours in _DROPS.items():
+        value = read(key, _rate, 0.0)
+        if value:
+            out[ours] = value
+    for key, (ours, default) in _FLAGS.items():
+        out[ours] = read(key, arguments.bool_arg, default)
+    out["num_registers"] = read("reg_tokens", arguments.count_arg, 0)
+    init = args.get("init_values")
+    out["layer_scale"] = None if init is None else read(
+        "init_values", _positive, None)
+    out["naflex"] = True
+    out["num_channels"] = read("in_chans", arguments.count_arg, 3)
+    if kind in ("none", ""):
+        out["position_embedding"] = "none"
+    else:
+        out["posemb_includes_prefix"] = False  # no row for the prefix
+        out["naflex_resize"] = read("pos_embed_interp_mode", _choice(
+            INTERP_MODES, "keras_vit resizes a NaFlex table by"), "bicubic")
+    # The table's grid (pos_embed_grid_size, else img_size's): the
+    # model's image size, one patch a cell.
+    grid = args.get("pos_embed_grid_size", (16, 16))
+    if grid is None:
+        grid = read("img_size", _grid_of_size(out["patch_size"]), None)
+    else:
+        grid = read("pos_embed_grid_size", _grid, None)
+    rows, cols = (g * out["patch_size"] for g in grid)
+    out["image_size"] = rows if rows == cols else (rows, cols)
+    # timm drops the patch embedding's bias under the norm before the
+    # blocks.
+    out["patch_bias"] = not out["pre_norm"]
+    read("embed_proj_type", _choice(("linear", "conv"),
+                                    "it projects the patches by"), "linear")
+    pool = read("global_pool", _choice(
+        tuple(TIMM_POOLS), "keras_vit pools by (no pooling, '', is not "
+        "one of them)"), "map")
+    out["classifier"] = TIMM_POOLS[pool]
+    if pool == "token" and not out["class_token"]:
+        raise refuse("global_pool", "token pooling needs class_token=True")
+    fc_norm = args.get("fc_norm")
+    fc_norm = pool == "avg" if fc_norm is None else read(
+        "fc_norm", arguments.bool_arg, None)
+    final = read("final_norm", arguments.bool_arg, True)
+    if final and fc_norm and pool == "token":
+        raise refuse("fc_norm", "keras_vit's norm after the pooling "
+                     "follows 'avg', 'max', 'avgmax' or 'map' pooling; the "
+                     "closest it computes: fc_norm=False")
+    out["fc_norm"], out["final_norm"] = final and fc_norm, final
+    kind, out["layer_norm_epsilon"] = read(
+        "norm_layer", _norm, None)
+    if kind != "layer":
+        out["norm"] = kind
+    embed_norm = args.get("embed_norm_layer")
+    if embed_norm not in (None, ""):
+        if read("embed_norm_layer", _norm, None) != (
+                kind, out["layer_norm_epsilon"]):
+            raise refuse("embed_norm_layer", "keras_vit's patch norm is of "
+                         "the kind and epsilon of the model's norm_layer")
+        out["patch_norm"] = True
+    if args.get("act_layer") is None:
+        out["gelu"] = "exact"  # timm's nn.GELU
+    else:
+        out["gelu"] = TIMM_ACTIVATIONS[read("act_layer", _choice(
+            tuple(TIMM_ACTIVATIONS), "keras_vit's GELU forms are"), None)]
+    ratio = read("mlp_ratio", _positive, 4.0)
+    out["mlp_dim"] = int(out["hidden_size"] * ratio)  # timm's Mlp
+    if pool == "map":
+        heads = args.get("attn_pool_num_heads")
+        if heads is not None:
+            out["pool_heads"] = read("attn_pool_num_heads",
+                                     arguments.count_arg, None)
+        pool_ratio = read("attn_pool_mlp_ratio", _optional_positive, None)
+        if pool_ratio not in (None, ratio):
+            raise refuse("attn_pool_mlp_ratio", "keras_vit's attention "
+                         f"pool's MLP is the blocks' (mlp_ratio={ratio}); "
+                         "the closest it computes: attn_pool_mlp_ratio="
+                         "None")
+    return out
+
+
+def _same(value, want):
+    """``value`` is ``want``: equal, and a number for a number, a flag
+    for a flag (``1 == True`` does not count)."""
+    def kind(v):
+        return (bool if isinstance(v, bool) else float
+                if isinstance(v, (int, float)) else type(v))
+    return value == want and kind(value) is kind(want)
+
+
+
+
+def _choice(choices, what):
+    def read(value):
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"{what} {', '.join(map(repr, choices))}")
+        return value
+    return read
+
+
+def _norm(value):
+    """timm's norm (None: its LayerNorm, epsilon 1e-6) -> (kind, eps)."""
+    if value is None:
+        return "layer", 1e-6
+    try:
+        return arguments.norm_arg(value)
+    except ValueError as e:
+        raise ValueError(f"it {e}") from None
+
+
+def _grid_of_size(patch):
+    def read(value):
+        if value is None:
+            raise ValueError("neither pos_embed_grid_size nor img_size "
+                             "gives the table's grid")
+        rows, cols = _grid(value)
+        return rows // patch, cols // patch
+    return read
+
+
+def naflex_state(state, honoured):
+    """timm's NaFlexVit ``state`` under its ViT's names (the layout keras_vit
+    reads timm's ViT with): ``embeds.`` taken off the tokens and the
+    table (the (1, rows, cols, D) grid as (1, rows * cols, D) rows), the
+    patch embedding's Linear over (P, P, C) patches as the convolution's
+    (D, C, P, P) kernel, the norm after it as ``patch_embed.norm``."""
+    out = {}
+    for key, value in state.items():
+        if key == "embeds.pos_embed":
+            value = np.asarray(value)
+            value = value.reshape(1, -1, value.shape[-1])
+            key = "pos_embed"
+        elif key == "embeds.proj.weight" and np.ndim(value) == 2:
+            patch = honoured["patch_size"]
+            value = np.asarray(value)
+            value = value.reshape(value.shape[0], patch, patch,
+                                  -1).transpose(0, 3, 1, 2)
+            key = "patch_embed.proj.weight"
+        elif key.startswith("embeds.proj.") or key.startswith(
+                "embeds.norm."):
+            key = "patch_embed." + key[len("embeds."):]
+        elif key in ("embeds.cls_token", "embeds.reg_token"):
+            key = key[len("embeds."):]
+        out[key] = value
+    return out
