@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# PATCH_INPUTS: a NaFlex model's inputs, which its artifacts take by name
+# (the batch and the patch count free).
+from keras_vit.data.naflex import PATCH_INPUTS
 from keras_vit.data.normalization import of_model, takes_raw_pixels
 from keras_vit.export import samples
 from keras_vit.runtime.policy import dtype_policy_scope
@@ -14,11 +17,6 @@ from keras_vit.runtime.policy import dtype_policy_scope
 from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
     BLOCK_OUTPUT, OUTPUTS, check_outputs)
 INPUT_NAME = "images"
-#: A NaFlex model's inputs, which its artifacts take by these names
-#: (keras_vit.models.common.PATCH_INPUTS): float32 patches (batch, N,
-#: P * P * C), int32 coordinates (batch, N, 2) and mask (batch, N), the
-#: batch and the patch count N free.
-PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
 _LOW_PRECISION = ("bfloat16", "float16")
 
 

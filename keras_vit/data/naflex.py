@@ -26,6 +26,12 @@ import numpy as np
 
 from keras_vit.base.checks import check_int
 
+#: A NaFlex model's inputs (the ``naflex`` option): each image's patches,
+#: flattened row by row ((B, N, P * P * C): pixel rows, pixel columns,
+#: channels, as SigLIP2's processor and timm cut them), each patch's row
+#: and column in its image's grid, and 1 for a patch, 0 for padding.
+PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
+
 
 def grid_for(height, width, patch_size, max_patches):
     """The grid (rows, columns) an image of ``height`` x ``width`` pixels

@@ -35,17 +35,11 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
     return inputs, x, config_value(normalization)
 
 
-#: A NaFlex model's inputs (the ``naflex`` option): each image's patches,
-#: flattened row by row ((B, N, P * P * C): pixel rows, pixel columns,
-#: channels, as SigLIP2's processor and timm cut them), each patch's row
-#: and column in its image's grid, and 1 for a patch, 0 for padding.
-PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
-
-
 def patch_input(patch_size, num_channels, include_preprocessing, dtype,
                 input_normalization=None):
     """:func:`image_input` for a NaFlex model: ``(inputs, x,
-    input_normalization)``, ``inputs`` the dict of :data:`PATCH_INPUTS`
+    input_normalization)``, ``inputs`` the dict of
+    :data:`keras_vit.data.naflex.PATCH_INPUTS`
     (any number of patches), ``x`` the patches, normalised per channel
     when ``include_preprocessing``."""
     normalization = check_normalization("input_normalization",
