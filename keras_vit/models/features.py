@@ -249,13 +249,23 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
             f"blocks; model={model.name!r} has none (a ResNetV2's stages "
             "are feature_model(model, ['stage_1', ...]))")
     check_choice("output_format", output_format, ("NHWC", "NLC"))
+    naflex = getattr(model, "naflex", False)
+    if naflex and output_format == "NHWC":
+        raise ValueError(
+            f"output_format='NHWC' maps one grid of patches, and model="
+            f"{model.name!r} takes NaFlex patches (naflex=True), each image "
+            "a grid of its own: ask output_format='NLC' (the tokens in the "
+            "order of patch_coords, padding included), or use a fixed-size "
+            "copy, keras_vit.rebuild(model, naflex=False, image_size=...)")
     config = model.get_config()
     stride = geometry.effective_stride(config)
     prefix = geometry.prefix_tokens(config)
     names = {layer.name for layer in model.layers}
     final_norm = (model.get_layer("encoder_norm")
                   if norm and "encoder_norm" in names else None)
-    images = model.input
+    # The images the grid is read from ("NLC" reads none: a NaFlex
+    # model's patches stand in).
+    images = model.input["patches"] if naflex else model.input
     outputs = {}
     for i in _block_indices(indices, len(blocks)):
         tokens = blocks[i].output

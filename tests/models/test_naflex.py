@@ -232,3 +232,25 @@ def test_the_predict_command_keeps_each_images_aspect_ratio(tmp_path,
         assert top[0]["index"] == int(np.argmax(p))
         np.testing.assert_allclose(top[0]["probability"], p.max(),
                                    atol=1e-5)
+
+
+def test_intermediate_blocks_are_tokens_not_one_grid():
+    """Each image of a NaFlex batch has its grid: the blocks' outputs come
+    as tokens ("NLC", those of the model's own last block), and a map on
+    one grid ("NHWC") is refused in one line."""
+    model = randomise_keras(keras_vit.vit(**TINY, num_classes=0,
+                                          include_top=False,
+                                          num_registers=1))
+    batch = naflex.patchify([np.ones((8, 12, 3)), np.ones((4, 4, 3))], 4,
+                            max_patches=8, resize=False)
+    out = keras_vit.models.intermediate_model(
+        model, indices=1, output_format="NLC", prefix_tokens=True,
+        norm=True)(batch)
+    tokens = np.asarray(model(batch))  # class and register tokens first
+    np.testing.assert_allclose(np.asarray(out["block_1"]), tokens[:, 2:],
+                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out["block_1_prefix"]),
+                               tokens[:, :2], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="output_format='NHWC'") as info:
+        keras_vit.models.intermediate_model(model)
+    assert "\n" not in str(info.value)
