@@ -474,8 +474,7 @@ def _forward(model, paths, size, args, description):
         if size is None:  # NaFlex: each image within the table's patches
             from keras_vit.data import naflex
 
-            chunk = naflex.patchify(chunk, model.patch_stride,
-                                    int(np.prod(model.grid_size)))
+            chunk = naflex.model_inputs(model, chunk)
         out = infer(model, chunk)
         if isinstance(out, dict):
             out = out["output"]

@@ -115,3 +115,12 @@ def patchify(images, patch_size, max_patches=256, resize=True):
     return {"patches": np.stack(out["patches"]).astype("float32"),
             "patch_coords": np.stack(out["patch_coords"]).astype("int32"),
             "patch_mask": np.stack(out["patch_mask"]).astype("int32")}
+
+
+def model_inputs(model, images):
+    """``images`` (any sizes) as NaFlex ``model`` takes them: cut by its
+    patch, each within as many patches as its position table holds (the
+    resolution it was trained at), keeping its aspect ratio. What
+    ``predict`` and ``keras-vit predict`` feed a NaFlex model."""
+    rows, cols = model.grid_size
+    return patchify(images, model.patch_stride, rows * cols)

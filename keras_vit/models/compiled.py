@@ -312,8 +312,7 @@ class CompiledModelMixin:
             # processor does (keras_vit.data.naflex).
             from keras_vit.data import naflex
 
-            rows, cols = self.grid_size
-            x = naflex.patchify(x, self.patch_stride, rows * cols)
+            x = naflex.model_inputs(self, x)
         # Every path, Keras' own included, refuses what the call refuses,
         # before a function traced with relaxed shapes could take it.
         if _is_array(x) and getattr(self, "inputs", None) and len(
