@@ -76,8 +76,8 @@ OPTION_EXAMPLES = {
     "pool_prefix": (True, dict(classifier="gap", num_registers=1)),
     "pool_form": ("aimv2", dict(classifier="map", class_token=False)),
     "naflex": (True, dict(classifier="map", class_token=True)),
-    "naflex_resize": ("bicubic", dict(naflex=True, classifier="gap",
-                                      class_token=False)),
+    "position_resize": ("bicubic_aa", dict(naflex=True, classifier="gap",
+                                           class_token=False)),
 }
 
 

@@ -223,7 +223,8 @@ def _copy_by_path(source, target):
         if (value is not None and getattr(layer, "kind", None) == "learned_1d"
                 and value.ndim == 3):
             variable.assign(position_tables.resize_posemb(
-                value, layer.grid_size, layer.num_prefix_tokens))
+                value, layer.grid_size, layer.num_prefix_tokens,
+                kernel=layer.resize))
             continue
         have = None if value is None else value.shape
         problems.append(f"{variable.path}: {have} vs {want}")

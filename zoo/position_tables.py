@@ -1,12 +1,14 @@
 """Position tables of a checkpoint fitted to a model of another patch grid.
 
-A learned 1D table (the paper's) is resized as in the paper (section 3.2)
-and the official code: its prefix (class token) rows kept, its grid rows
-interpolated bilinearly with aligned corners. The interpolation is the
-model's own (:func:`keras_vit.layers.embeddings.resize_grid_table`, which
-also follows a dynamic-size model's input), run here on NumPy float64 and
-rounded once to the table's dtype, as ``scipy.ndimage.zoom(order=1)``
-computes it. A learned 2D table is resized per axis the same way; a
+A learned 1D table (the paper's) keeps its prefix (class token) rows and
+its grid rows are resized with the model's own kernel (its
+``position_resize`` row, which each reader sets to its source's: the
+official code's bilinear with aligned corners, as in the paper's section
+3.2; timm's antialiased bicubic; transformers' bicubic). The
+interpolation is the one the model itself runs
+(:func:`keras_vit.layers.embeddings.resize_grid_table`, which also follows
+a dynamic-size model's input), here on NumPy float64, rounded once to
+the table's dtype. A learned 2D table is resized per axis the same way; a
 relative table keeps, or clips to, its trained offsets; BEiT's 2D relative
 bias is resampled as BEiT's own fine-tuning code (and timm) does
 (:func:`resize_relative_bias`).
@@ -19,18 +21,28 @@ import numpy as np
 from keras_vit.zoo.checkpoints import CheckpointError
 
 
-def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
+def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None,
+                  kernel="bilinear_corners"):
     """Resizes a (1, prefix + h*w, D) position-embedding table to a new grid.
 
-    As in the paper (section 3.2) and the official code: the prefix (class
-    token) rows are kept, the grid rows are interpolated in 2D with
-    ``scipy.ndimage.zoom(order=1)`` semantics (bilinear, aligned corners).
+    The prefix (class token) rows are kept, the grid rows are resized in
+    2D with ``kernel``: by default as in the paper (section 3.2) and the
+    official code, ``scipy.ndimage.zoom(order=1)`` (bilinear, aligned
+    corners); ``"bicubic_aa"`` as timm, ``"bicubic"`` as transformers
+    (:data:`keras_vit.layers.embeddings.RESIZE_KERNELS`).
 
     Args:
         posemb: array (1, N, D).
         new_grid: (rows, cols) of the target patch grid.
         num_prefix_tokens: rows before the grid (1 with a class token).
         old_grid: (rows, cols) of the source grid; inferred as square if None.
+        kernel: the resize (a model's ``position_resize``).
+
+    >>> table = np.arange(4.0).reshape(1, 4, 1)  # a 2 x 2 grid
+    >>> resize_posemb(table, (1, 1), 0).ravel().tolist()
+    [0.0]
+    >>> resize_posemb(table, (1, 1), 0, kernel="bicubic_aa").ravel().tolist()
+    [1.5]
     """
     posemb = np.asarray(posemb)
     if posemb.ndim != 3 or posemb.shape[0] != 1:
@@ -54,14 +66,14 @@ def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None):
     # checkpoint without resizing it does not need.
     from keras_vit.layers.embeddings import resize_grid_table
 
-    g = resize_grid_table(grid.astype(np.float64), old_grid, new_grid)
+    g = resize_grid_table(grid.astype(np.float64), old_grid, new_grid,
+                          kernel)
     return np.concatenate([prefix, g.astype(posemb.dtype)], axis=0)[None]
 
 
-def resize_posemb_axis(table, new_len):
+def resize_posemb_axis(table, new_len, kernel="bilinear_corners"):
     """Resizes one axis table (len, D/2) of ``position_embedding="learned_2d"``
-    by linear interpolation with aligned corners, the 1D case of
-    :func:`resize_posemb`."""
+    with ``kernel``, the 1D case of :func:`resize_posemb`."""
     table = np.asarray(table)
     if table.ndim != 2:
         raise CheckpointError(
@@ -69,8 +81,8 @@ def resize_posemb_axis(table, new_len):
             f"shape={table.shape}")
     from keras_vit.layers.embeddings import resize_axis  # loads Keras
 
-    return resize_axis(table.astype(np.float64), int(new_len),
-                       0).astype(table.dtype)
+    return resize_axis(table.astype(np.float64), int(new_len), 0,
+                       kernel).astype(table.dtype)
 
 
 def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
@@ -276,10 +288,11 @@ def _resized(kind, layer, src, want, old_grid):
     if kind == "learned_1d":
         new = want[1] - layer.num_prefix_tokens
         return (resize_posemb(src, layer.grid_size, layer.num_prefix_tokens,
-                              old_grid=old_grid),
+                              old_grid=old_grid, kernel=layer.resize),
                 src.shape[1] - layer.num_prefix_tokens, new)
     if kind == "learned_2d":
-        return resize_posemb_axis(src, want[0]), src.shape[0], want[0]
+        return (resize_posemb_axis(src, want[0], layer.resize),
+                src.shape[0], want[0])
     if kind == "relative":
         return (resize_relative_posemb(src, layer.num_patches,
                                        layer.num_prefix_tokens),

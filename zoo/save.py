@@ -17,6 +17,8 @@ import os
 import shutil
 import tempfile
 
+from keras_vit.base import options as options_table
+
 LAYOUTS = ("timm", "transformers", "keras-hub")
 
 
@@ -149,6 +151,12 @@ def _computed(config):
                position_embedding="learned_1d",
                position_embedding_placement="stem")
     out.update({k: v for k, v in config.items() if k not in _IGNORED})
+    # What acts at other sizes only is the reader's to set (its source's
+    # resize); a NaFlex model's table meets another grid in every image.
+    for name in options_table.unwritten(out) - {"drop_path_rate"}:
+        del out[name]
+    if out.get("naflex"):
+        out["position_resize"] = options_table.position_resize(out)
     out["classifier"] = {"avg": "gap"}.get(out["classifier"],
                                            out["classifier"])
     if out["class_token"] is None:

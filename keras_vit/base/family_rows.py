@@ -167,12 +167,14 @@ FAMILIES = {
     # Qwen's vision towers in timm's classifier form (qwen3_vit.py): no
     # class token, a learned table beside EVA-02's rotary form with the
     # halves turned, the tanh GELU, the mean token normalised without a
-    # scale or bias (ones and zeros here). Their merger to the language
-    # model's width is not a row: its width is each release's.
+    # scale or bias (ones and zeros here), the table resized bilinearly
+    # with aligned corners. Their merger to the language model's width is
+    # not a row: its width is each release's.
     "qwen3_5": Family(
         dict(gelu="tanh", class_token=False, classifier="gap", fc_norm=True,
              rope="eva02", rope_halves=True, rope_temperature=10000.0,
-             dynamic_image_size=True), "official",
+             dynamic_image_size=True, position_resize="bilinear_corners"),
+        "official",
         "Apache-2.0 (the Qwen team's Qwen3.5 release)",
         "Qwen3.5's vision towers (the image encoders of its multimodal "
         "language models): no head, the normalised mean patch token; "
@@ -467,7 +469,10 @@ def config(name):
     member = MEMBERS[name]
     family = FAMILIES[member.family]
     hidden, layers, heads, mlp = SIZES[member.size]
+    # Every row's weights are timm's: its resize of a table to another
+    # size (resample_abs_pos_embed), but where a family says otherwise.
     return {**dict(patch_size=member.patch_size, hidden_size=hidden,
-                   num_layers=layers, num_heads=heads, mlp_dim=mlp),
+                   num_layers=layers, num_heads=heads, mlp_dim=mlp,
+                   position_resize="bicubic_aa"),
             **family.options, **member.options,
             "input_normalization": normalization(name)}

@@ -226,6 +226,10 @@ class Option(NamedTuple):
             the timm and official layouts read and write by these names.
         block: whether every encoder block takes it, as the keyword of
             its name (:class:`~keras_vit.layers.blocks.EncoderBlock`).
+        at_other_sizes: whether it acts only where the model's table meets
+            another grid than its own: a writer, which writes the model
+            at its own size, need not hold it (the reader of the written
+            files sets its source's).
     """
 
     name: str
@@ -240,6 +244,7 @@ class Option(NamedTuple):
     tokens: Callable | None = None
     weights: tuple = ()
     block: bool = False
+    at_other_sizes: bool = False
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -461,14 +466,20 @@ OPTIONS = (
            "the learned table is resized to each image's grid (bilinear "
            "with antialiasing, as SigLIP2) and padding is left out of "
            "attention and pooling"),
-    Option("naflex_resize", "bilinear", choice("bilinear", "bicubic"),
+    Option("position_resize", None, choice(
+        None, "bilinear_corners", "bilinear_aa", "bicubic_aa", "bicubic"),
            False, None,
-           "the kernel that resizes a NaFlex model's learned table to each "
-           "image's grid (naflex=True): 'bilinear' (SigLIP2's) or "
-           "'bicubic' (timm's NaFlexVit default: the cubic kernel of "
-           "a=-0.5), both antialiased (the kernel as wide as the step when "
-           "shrinking) and normalised, torch's interpolate(mode, "
-           "antialias=True, align_corners=False)"),
+           "how the learned table is resized to another patch grid (weights "
+           "loaded at another image_size, a dynamic-size model's input, "
+           "each image of a NaFlex batch), as the weights' source computes "
+           "it: 'bilinear_corners', the official code's (the paper's "
+           "section 3.2: bilinear, aligned corners); 'bicubic_aa' and "
+           "'bilinear_aa', torch's interpolate(mode, antialias=True, "
+           "align_corners=False), timm's and SigLIP2 NaFlex's; 'bicubic', "
+           "torch's interpolate(mode='bicubic', align_corners=False), "
+           "transformers' interpolate_pos_encoding; None: the model's own, "
+           "'bilinear_aa' with naflex, else 'bilinear_corners'; the readers "
+           "set their source's", at_other_sizes=True),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "
@@ -477,6 +488,30 @@ OPTIONS = (
            "and the serving signature treat the model as a feature "
            "extractor"),
 )
+
+def position_resize(values):
+    """The kernel that resizes the learned table of a model of the
+    options ``values`` (``position_resize``, else its model's own).
+
+    >>> position_resize({"position_resize": None, "naflex": True})
+    'bilinear_aa'
+    """
+    return values.get("position_resize") or (
+        "bilinear_aa" if values.get("naflex") else "bilinear_corners")
+
+
+def unwritten(values):
+    """The rows a writer need not hold for a model of the options
+    ``values``: ``drop_path_rate``, which acts in training only, and the
+    rows :attr:`Option.at_other_sizes` but of a NaFlex model (whose table
+    meets another grid in every image).
+
+    >>> sorted(unwritten({"naflex": False}))
+    ['drop_path_rate', 'position_resize']
+    """
+    return {"drop_path_rate"} | (set() if values.get("naflex") else {
+        row.name for row in OPTIONS if row.at_other_sizes})
+
 
 # The pairs of features each rotary form turns unless rope_halves says:
 # True, the two halves; False, adjacent pairs.

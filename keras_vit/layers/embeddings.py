@@ -269,10 +269,12 @@ def _sample_points(old_len, new_len):
     return lo, coords - ops.cast(lo, "float64")
 
 
-def resize_axis(table, new_len, axis):
-    """``table`` resized to ``new_len`` entries along ``axis`` by linear
-    interpolation with aligned corners: ``scipy.ndimage.zoom(order=1)``,
-    the official resize of a position table (paper section 3.2).
+def resize_axis(table, new_len, axis, kernel="bilinear_corners"):
+    """``table`` resized to ``new_len`` entries along ``axis`` with
+    ``kernel`` (:data:`RESIZE_KERNELS`; by default linear interpolation
+    with aligned corners: ``scipy.ndimage.zoom(order=1)``, the official
+    resize of a position table, paper section 3.2). The other kernels
+    are :func:`resize_weights` applied along the axis.
 
     The one implementation of it, for both of its uses: a NumPy ``table``
     (a checkpoint being loaded at another size, :mod:`keras_vit.zoo`) is
@@ -292,6 +294,14 @@ def resize_axis(table, new_len, axis):
         new_len = int(new_len)
         if new_len == old_len:
             return table
+    if kernel != "bilinear_corners":
+        index = (np.arange(new_len, dtype=table.dtype) if xp is np
+                 else ops.arange(new_len))
+        weights = resize_weights(index, new_len, old_len, kernel)
+        if xp is ops:
+            weights = ops.cast(weights, table.dtype)
+        return xp.moveaxis(xp.tensordot(weights, table, axes=[[1], [axis]]),
+                           0, axis)
     if old_len == 1:
         return xp.take(table, xp.zeros((new_len,), "int32"), axis=axis)
     lo, frac = _sample_points(old_len, new_len)
@@ -306,70 +316,119 @@ def resize_axis(table, new_len, axis):
     return lower * (1.0 - frac) + upper * frac
 
 
-def resize_grid_table(grid, grid_size, new_grid):
+def resize_grid_table(grid, grid_size, new_grid,
+                      kernel="bilinear_corners"):
     """``grid`` (rows * cols, D), the position rows of a patch grid of
     ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols)
-    with :func:`resize_axis` along the rows, then the columns: the
-    official resize of the paper's section 3.2 (bilinear, aligned
-    corners). A NumPy ``grid`` is resized with NumPy (a checkpoint being
+    with :func:`resize_axis` of ``kernel`` along the rows, then the
+    columns (by default the official resize of the paper's section 3.2:
+    bilinear, aligned corners). A NumPy ``grid`` is resized with NumPy (a checkpoint being
     loaded); a tensor in the graph, where ``new_grid`` may hold scalar
     tensors (a dynamic-size model)."""
     xp = _array_module(grid)
     rows, cols = grid_size
     dim = grid.shape[-1]
     table = xp.reshape(grid, (rows, cols, dim))
-    table = resize_axis(table, new_grid[0], 0)
-    table = resize_axis(table, new_grid[1], 1)
+    table = resize_axis(table, new_grid[0], 0, kernel)
+    table = resize_axis(table, new_grid[1], 1, kernel)
     return xp.reshape(table, (-1, dim))
 
 
-#: The kernels a NaFlex table is resized with (the ``naflex_resize``
-#: row): torch's antialiased ones.
-NAFLEX_KERNELS = ("bilinear", "bicubic")
+#: How a position table is resized to another grid (the
+#: ``position_resize`` row), as each source computes it:
+#: ``"bilinear_corners"``, the official resize of the paper's section 3.2
+#: (``scipy.ndimage.zoom(order=1)``: bilinear, aligned corners);
+#: ``"bilinear_aa"`` and ``"bicubic_aa"``, torch's ``interpolate(mode,
+#: antialias=True, align_corners=False)`` (half-pixel centres, the kernel
+#: as wide as the step when shrinking, weights normalised; the cubic of
+#: a=-0.5): SigLIP2's NaFlex and timm's ``resample_abs_pos_embed``;
+#: ``"bicubic"``, torch's ``interpolate(mode="bicubic",
+#: align_corners=False)`` (the cubic of a=-0.75 on four taps, the border
+#: row repeated): transformers' ``interpolate_pos_encoding``.
+RESIZE_KERNELS = ("bilinear_corners", "bilinear_aa", "bicubic_aa",
+                  "bicubic")
 
 
-def _naflex_kernel(distance, mode):
-    """torch's antialiased kernel ``mode`` at ``distance`` (>= 0, in
-    source cells, divided by the step when shrinking): the triangle of
-    support 1, or the cubic convolution of a=-0.5 and support 2 (torch's
-    ``_upsample_bicubic2d_aa``, PIL's; not the a=-0.75 of torch's bicubic
-    without antialiasing)."""
-    if mode == "bilinear":
-        return ops.relu(1.0 - distance)
-    a = -0.5
+def _cubic(distance, a, xp):
+    """The cubic convolution kernel of ``a`` at ``distance`` (>= 0)."""
     near = ((a + 2.0) * distance - (a + 3.0)) * distance * distance + 1.0
     far = (((distance - 5.0) * distance + 8.0) * distance - 4.0) * a
-    return ops.where(distance < 1.0, near,
-                     ops.where(distance < 2.0, far, ops.zeros_like(far)))
+    return xp.where(distance < 1.0, near,
+                    xp.where(distance < 2.0, far, 0.0 * far))
 
 
-def naflex_weights(coords, mask, grid_size, mode="bilinear"):
+def resize_weights(index, new_len, old_len, kernel):
+    """The weights (``index.shape + (old_len,)``) that read entry
+    ``index`` of an axis resized from ``old_len`` entries to ``new_len``
+    off the old entries, for ``kernel`` (one of :data:`RESIZE_KERNELS`).
+
+    ``index`` and ``new_len`` (broadcastable: a NaFlex batch's per-image
+    lengths, or a dynamic model's scalar tensor) are float arrays: NumPy
+    computes in their dtype (the zoo passes float64), keras.ops in
+    float32, as torch does. ``old_len`` is a Python int.
+
+    >>> w = resize_weights(np.arange(3.0), 3.0, 2, "bilinear_corners")
+    >>> w.tolist()
+    [[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]]
+    >>> w = resize_weights(np.arange(2.0), 2.0, 4, "bilinear_aa")
+    >>> np.round(w * 7, 6).tolist()  # shrinking: the triangle twice as wide
+    [[3.0, 3.0, 1.0, 0.0], [0.0, 1.0, 3.0, 3.0]]
+    """
+    check_choice("position_resize", kernel, RESIZE_KERNELS)
+    xp = np if isinstance(index, np.ndarray) else ops
+    dtype = index.dtype if xp is np else "float32"
+    if xp is ops:
+        index = ops.cast(index, dtype)
+        new_len = ops.cast(new_len, dtype)
+    if kernel == "bilinear_corners":
+        centre = index * ((old_len - 1) / xp.maximum(new_len - 1.0, 1.0))
+        support = 1.0
+    else:
+        scale = old_len / new_len
+        centre = (index + 0.5) * scale - 0.5
+        support = (xp.maximum(scale, 1.0) if kernel.endswith("_aa")
+                   else 1.0 + 0.0 * scale)
+    # torch's bicubic without antialiasing reads two entries beyond each
+    # end, clamped to the border one: weigh them and fold them back.
+    ends = 2 if kernel == "bicubic" else 0
+    source = np.arange(-ends, old_len + ends, dtype=dtype)
+    fold = np.eye(old_len, dtype=dtype)[np.clip(
+        source.astype(int), 0, old_len - 1)]
+    if xp is ops:
+        source, fold = ops.convert_to_tensor(source), ops.convert_to_tensor(
+            fold)
+    distance = xp.abs(source - xp.expand_dims(centre, -1))
+    if kernel != "bilinear_corners":
+        distance = distance / xp.expand_dims(support, -1)
+    if kernel.startswith("bilinear"):
+        weights = xp.maximum(1.0 - distance, 0.0)
+    else:
+        weights = _cubic(distance, -0.5 if ends == 0 else -0.75, xp)
+    if ends:
+        weights = xp.matmul(weights, fold)
+    if kernel.endswith("_aa"):
+        weights = weights / xp.sum(weights, axis=-1, keepdims=True)
+    return weights
+
+
+def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa"):
     """The weights (B, N, rows * cols) that resize a position table of
     ``grid_size`` (rows, cols) to each patch of a NaFlex batch:
     ``coords`` (B, N, 2), each patch's row and column in its image's grid,
     whose size is the largest coordinate of its patches (``mask`` (B, N):
-    nonzero for a patch, zero for padding) plus one. The weights are
-    those of a resize with antialiasing (half-pixel centres; the kernel
-    as wide as the step when shrinking), each axis's normalised to sum to
-    one: torch's ``interpolate(mode=mode, antialias=True,
-    align_corners=False)``; ``"bilinear"`` is SigLIP2's resize of its
-    table to each image, ``"bicubic"`` timm's NaFlexVit default.
-    Computed in float32; padding gets the weights of its coordinates."""
+    nonzero for a patch, zero for padding) plus one. Each axis's weights
+    are :func:`resize_weights` of ``kernel``: ``"bilinear_aa"`` is
+    SigLIP2's resize of its table to each image, ``"bicubic_aa"`` timm's
+    NaFlexVit default. Computed in float32; padding gets the weights of
+    its coordinates."""
     coords = ops.cast(coords, "float32")
     # expand_dims, not [..., None]: TFLite has no kernel for a strided
     # slice that adds an axis to a tensor of unknown shape.
     valid = ops.expand_dims(ops.cast(ops.not_equal(mask, 0), "float32"), -1)
     sizes = ops.max(coords * valid, axis=1, keepdims=True) + 1.0  # (B,1,2)
-    per_axis = []
-    for axis, length in enumerate(grid_size):
-        scale = length / sizes[..., axis]  # (B, 1)
-        support = ops.maximum(scale, 1.0)
-        centre = (coords[..., axis] + 0.5) * scale - 0.5  # (B, N)
-        source = ops.arange(length, dtype="float32")
-        w = _naflex_kernel(ops.abs(source - ops.expand_dims(centre, -1))
-                           / ops.expand_dims(support, -1), mode)
-        per_axis.append(w / ops.sum(w, axis=-1, keepdims=True))
-    rows, cols = per_axis
+    rows, cols = (resize_weights(coords[..., axis], sizes[..., axis],
+                                 length, kernel)
+                  for axis, length in enumerate(grid_size))
     shape = ops.shape(rows)
     return ops.reshape(ops.expand_dims(rows, -1)
                        * ops.expand_dims(cols, -2),
@@ -413,18 +472,22 @@ class PositionEmbedding(layers.Layer):
     ``stride`` (pixels per grid cell: the patch size, times a hybrid's
     ResNet stride) makes the table follow the images' size: called with
     ``images=`` (the model's input), the grid rows are resized in the graph
-    to that input's grid with the official resize (bilinear, aligned
-    corners: :func:`keras_vit.zoo.resize_posemb`; the 2D kinds per axis,
-    ``"sincos_2d"`` recomputed), so one model takes any height and width
-    the stride divides. At ``grid_size`` the table is used as it is.
+    to that input's grid with ``resize`` (a kernel of
+    :data:`RESIZE_KERNELS`, the source's: by default the official resize,
+    bilinear with aligned corners; the 2D kinds per axis, ``"sincos_2d"``
+    recomputed), so one model takes any height and width the stride
+    divides. At ``grid_size`` the table is used as it is. Loading weights
+    at another size resizes them with the same kernel
+    (:func:`keras_vit.zoo.resize_posemb`), as does a NaFlex batch per
+    image.
     """
 
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
-                 stride=None, naflex_resize="bilinear", **kwargs):
+                 stride=None, resize="bilinear_corners", **kwargs):
         super().__init__(**kwargs)
         check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
-        check_choice("naflex_resize", naflex_resize, NAFLEX_KERNELS)
-        self.naflex_resize = naflex_resize
+        check_choice("resize", resize, RESIZE_KERNELS)
+        self.resize = resize
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
@@ -483,7 +546,8 @@ class PositionEmbedding(layers.Layer):
             table = self.pos_embedding[0]
             prefix = table[:self.num_prefix_tokens]
             patches = resize_grid_table(table[self.num_prefix_tokens:],
-                                        self.grid_size, (rows, cols))
+                                        self.grid_size, (rows, cols),
+                                        self.resize)
             return ops.concatenate([prefix, patches], axis=0)[None]
         if self.kind == "sincos_2d":
             if not resize:
@@ -493,8 +557,8 @@ class PositionEmbedding(layers.Layer):
         else:
             pos_x, pos_y = self.pos_embedding_x, self.pos_embedding_y
             if resize:
-                pos_x = resize_axis(pos_x, cols, 0)
-                pos_y = resize_axis(pos_y, rows, 0)
+                pos_x = resize_axis(pos_x, cols, 0, self.resize)
+                pos_y = resize_axis(pos_y, rows, 0, self.resize)
             half = pos_x.shape[-1]
             x = ops.broadcast_to(pos_x[None], (rows, cols, half))
             y = ops.broadcast_to(pos_y[:, None], (rows, cols, half))
@@ -523,7 +587,7 @@ class PositionEmbedding(layers.Layer):
         table = ops.cast(self.pos_embedding[0], "float32")
         prefix = self.num_prefix_tokens
         patches = ops.matmul(naflex_weights(coords, mask, self.grid_size,
-                                            self.naflex_resize),
+                                            self.resize),
                              table[prefix:])
         if not prefix:
             return patches
@@ -546,6 +610,6 @@ class PositionEmbedding(layers.Layer):
             kind=self.kind,
             stride=self.stride,
         )
-        if self.naflex_resize != "bilinear":  # saved before it: none
-            config["naflex_resize"] = self.naflex_resize
+        if self.resize != "bilinear_corners":  # saved before it: none
+            config["resize"] = self.resize
         return config

@@ -271,11 +271,6 @@ def check_family_options(options, classifier, pooling, include_top,
             "naflex=True resizes a learned table at the stem to each "
             "image's grid (or takes none), and nothing else ties the "
             "tokens to their grid; received naflex=True, " + what)
-    if out["naflex_resize"] != "bilinear" and not out["naflex"]:
-        raise ValueError(
-            "naflex_resize sets how a NaFlex model resizes its table to "
-            "each image's grid, and naflex=False resizes none per image; "
-            f"received naflex_resize={out['naflex_resize']!r}, naflex=False")
     if not out["posemb_includes_prefix"] and (
             position_embedding not in ("learned_1d", "learned_2d",
                                        "sincos_2d") or placement != "stem"):

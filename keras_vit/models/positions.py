@@ -461,8 +461,7 @@ class PositionScheme:
             self.padding = PaddingBias(all_prefix, dtype=dtype,
                                        name="padding_bias")(
                                            patches["patch_mask"])
-        self.naflex_resize = (family or {}).get("naflex_resize",
-                                                "bilinear")
+        self.resize = options.position_resize(family or {})
         self.shared = None
         if kind != "none" and placement != "every_layer":
             self.shared = self._make("position_embedding")
@@ -493,8 +492,8 @@ class PositionScheme:
             return RelativePositionEmbedding(self.grid, self.num_heads,
                                              self.prefix, dtype=self.dtype,
                                              name=name)
-        extra = ({} if self.naflex_resize == "bilinear"
-                 else {"naflex_resize": self.naflex_resize})
+        extra = ({} if self.resize == "bilinear_corners"
+                 else {"resize": self.resize})
         return vit_layers.PositionEmbedding(
             self.grid, self.prefix, kind=self.kind, stride=self.stride,
             dtype=self.dtype, name=name, **extra)

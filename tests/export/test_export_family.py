@@ -32,10 +32,11 @@ MODELS = {
     "beit": dict(class_token=True, classifier="gap", fc_norm=True,
                  relative_bias="block", post_norm=True, layer_scale=0.5),
     # Qwen-like: EVA-02's rotary coordinates with the halves turned, the
-    # patch merger, any image size.
+    # patch merger, any image size (the table resized as timm does).
     "merged": dict(class_token=False, classifier="gap", final_norm=False,
                    rope="eva02", rope_halves=True, merge_size=2,
-                   merge_width=5, dynamic_image_size=True),
+                   merge_width=5, dynamic_image_size=True,
+                   position_resize="bicubic_aa"),
     # DINOv3-like: its rotary form alone (no table), registers, layer
     # scale, the gated MLP, any image size.
     "dinov3": dict(rope="dinov3", position_embedding="none",
@@ -61,7 +62,7 @@ OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2")
 
 # Rows exported by tests of their own: the NaFlex inputs are no image
 # batch (tests/models/test_naflex.py).
-EXPORTED_ELSEWHERE = ("naflex", "naflex_resize")
+EXPORTED_ELSEWHERE = ("naflex",)
 
 
 def test_every_option_row_is_on_in_some_exported_model():

@@ -1,52 +1,24 @@
 """The ``naflex`` option: one model for any aspect ratio and resolution.
 
-Its table resize against torch's ``interpolate(bilinear, antialias=True)``
-(what SigLIP2 calls) and ``interpolate(bicubic, antialias=True)`` (timm's
-NaFlexVit default, ``naflex_resize="bicubic"``), shrunk and enlarged; the
-property it exists for, that each image of a
-batch of mixed grids and padding gets the output it gets alone, for
-hostile grids drawn by hypothesis; the inputs keras_vit.data.naflex
-makes; and the settings it refuses in one line. transformers' own
-SigLIP2 towers are compared in tests/zoo/test_transformers_siglip2.py,
-the exports in tests/export/test_export_naflex.py."""
+The property it exists for, that each image of a batch of mixed grids and
+padding gets the output it gets alone, for hostile grids drawn by
+hypothesis; the inputs keras_vit.data.naflex makes; and the settings it
+refuses in one line. Its table resize per image (``position_resize``) is
+compared with torch's in tests/layers/test_position_resize.py,
+transformers' own SigLIP2 towers in
+tests/zoo/test_transformers_siglip2.py, the exports in
+tests/export/test_export_naflex.py."""
 
 import numpy as np
 import pytest
-import torch  # before TensorFlow (tests/conftest.py)
 from hypothesis import given, settings, strategies as st
 
-import keras_vit  # noqa: E402
-from keras_vit.data import naflex  # noqa: E402
-from keras_vit.layers.embeddings import naflex_weights  # noqa: E402
-from testkit import randomise_keras  # noqa: E402
+import keras_vit
+from keras_vit.data import naflex
+from testkit import randomise_keras
 
 TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=2,
             num_heads=2, mlp_dim=32, naflex=True)
-
-
-@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
-@pytest.mark.parametrize("table, grid", [
-    ((4, 4), (3, 5)), ((4, 4), (9, 2)), ((4, 4), (1, 1)), ((4, 4), (4, 4)),
-    ((5, 3), (16, 7)), ((16, 16), (3, 40)), ((16, 16), (23, 11))])
-def test_the_table_is_resized_as_torch_does_with_antialiasing(table, grid,
-                                                              mode):
-    rng = np.random.default_rng(0)
-    values = rng.normal(size=(*table, 6))
-    # torch in float64; the weights are float32 (1e-6 of rounding), a
-    # wrong kernel (torch's a=-0.75 without antialiasing) 1e-2 off.
-    want = torch.nn.functional.interpolate(
-        torch.from_numpy(values).permute(2, 0, 1)[None], size=grid,
-        mode=mode, align_corners=False, antialias=True)[0].permute(
-            1, 2, 0).reshape(-1, 6).numpy()
-    coords = np.stack(np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
-                                  indexing="ij"), -1).reshape(1, -1, 2)
-    # Padding after the patches moves nothing.
-    coords = np.concatenate([coords, np.zeros((1, 3, 2), int)], 1)
-    mask = (np.arange(coords.shape[1]) < grid[0] * grid[1])[None]
-    weights = np.asarray(naflex_weights(coords, mask.astype("int32"), table,
-                                        mode), "float64")
-    got = weights[0, :grid[0] * grid[1]] @ values.reshape(-1, 6)
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +124,6 @@ def test_what_naflex_cannot_take_is_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match) as info:
         keras_vit.vit(**dict(TINY, **kwargs), num_classes=0)
     assert "naflex=True" in str(info.value)
-    assert "\n" not in str(info.value)
-
-
-def test_naflex_resize_without_naflex_is_refused_by_name():
-    with pytest.raises(ValueError, match="naflex_resize='bicubic'") as info:
-        keras_vit.vit(**dict(TINY, naflex=False, naflex_resize="bicubic"),
-                      num_classes=0)
-    assert "naflex=False" in str(info.value)
     assert "\n" not in str(info.value)
 
 

@@ -75,7 +75,8 @@ def _readers_config(member):
     else:
         honoured = timm_arguments.honoured(
             {}, arch, "timm_architectures.json", options)
-    return arch, {**arch.config, "gelu": "exact", **honoured}
+    return arch, {**arch.config, "gelu": "exact",
+                  "position_resize": timm_arguments.TABLE_RESIZE, **honoured}
 
 
 OPTION_ROWS = _one_row_per_option_set()

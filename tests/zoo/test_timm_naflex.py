@@ -53,18 +53,18 @@ def _batches():
 FAMILIES = {
     # SigLIP 2's NaFlex towers: the bilinear resize, the attention pool.
     "naflexvit_base_patch16_siglip": ({}, dict(
-        naflex_resize="bilinear", classifier="map", gelu="tanh",
+        position_resize="bilinear_aa", classifier="map", gelu="tanh",
         class_token=False)),
     "naflexvit_so400m_patch16_siglip": (dict(embed_dim=36), dict(
-        naflex_resize="bilinear", classifier="map", mlp_dim=134)),
+        position_resize="bilinear_aa", classifier="map", mlp_dim=134)),
     # timm's own: the bicubic resize, registers, layer scale.
     "naflexvit_base_patch16_gap": ({}, dict(
-        naflex_resize="bicubic", classifier="gap", num_registers=4,
+        position_resize="bicubic_aa", classifier="gap", num_registers=4,
         fc_norm=True, layer_scale=1e-5, gelu="exact")),
     "naflexvit_base_patch16_map": ({}, dict(
-        naflex_resize="bicubic", classifier="map", num_registers=1)),
+        position_resize="bicubic_aa", classifier="map", num_registers=1)),
     "naflexvit_so150m2_patch16_reg1_gap": (dict(embed_dim=26), dict(
-        naflex_resize="bicubic", classifier="gap", qkv_bias=False,
+        position_resize="bicubic_aa", classifier="gap", qkv_bias=False,
         mlp_dim=68)),
     "naflexvit_so150m2_patch16_reg1_map": (dict(embed_dim=26), dict(
         classifier="map", qkv_bias=False)),

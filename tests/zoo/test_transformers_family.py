@@ -20,7 +20,7 @@ from keras_vit import zoo  # noqa: E402
 from testkit import (  # noqa: E402
     OPTION_EXAMPLES, assert_config_refused, assert_relative, randomise_torch,
     transformers_folder_with)
-from keras_vit.zoo import checkpoints, position_tables  # noqa: E402
+from keras_vit.zoo import checkpoints  # noqa: E402
 
 LABELS = {i: name for i, name in enumerate(
     ["tabby", "tiger cat", "lynx", "puma", "ocelot"])}
@@ -203,45 +203,32 @@ def test_clip_models_image_tower(tmp_path, cls, config):
     assert_relative(zoo.load(str(tmp_path / "clip"))(x), expected)
 
 
-def test_position_tables_resize_by_keras_vits_rule(folders):
-    """Another image_size resizes the table keras_vit's way (bilinear,
-    aligned corners; DeiT's two prefix rows and DINOv2's class row kept):
-    the same as transformers' model at that size holding that table.
-    transformers' own interpolate_pos_encoding is bicubic, so its output
-    differs: documented, not hidden."""
-    for key, new_side, prefix in (("deit_teacher", 48, 2),
-                                  ("dinov2_registers", 48, 1)):
-        cls, config, _, output = CASES[key]
-        path, theirs = folders[key]
-        x = _images(new_side)
-        got = np.asarray(zoo.load(str(path), image_size=new_side)(x))
-        state = theirs.state_dict()
-        name = next(k for k in state if k.endswith("position_embeddings"))
-        table = state[name].numpy()
-        patch = theirs.config.patch_size
-        grid = (new_side // patch, new_side // patch)
-        resized = position_tables.resize_posemb(table[:, prefix:], grid, 0)
-        state[name] = torch.from_numpy(np.concatenate(
-            [table[:, :prefix], resized], axis=1))
-        bigger = config()
-        bigger.image_size = new_side
-        at_size = cls(bigger).eval()
-        at_size.load_state_dict(state)
-        assert_relative(got, getattr(_forward(at_size, x), output).numpy())
-        # transformers' own resize: bicubic, another table, and outputs
-        # beyond the 1e-5 this file asks of a match.
-        embeddings = getattr(theirs, "deit", theirs).embeddings
-        with torch.no_grad():
-            bicubic = embeddings.interpolate_pos_encoding(
-                torch.zeros(1, grid[0] * grid[1] + prefix, 32), new_side,
-                new_side).numpy()
-        ours = state[name].numpy()
-        assert np.abs(bicubic - ours).max() > 1e-2 * np.abs(ours).max()
-        kwargs = {} if key.startswith("dinov2") else dict(
-            interpolate_pos_encoding=True)  # DINOv2 always interpolates
-        theirs_out = getattr(_forward(theirs, x, **kwargs), output).numpy()
-        assert np.abs(got - theirs_out).max() > 1e-5 * np.abs(
-            theirs_out).max()
+@pytest.mark.parametrize("key, side", [
+    ("deit_teacher", 48), ("deit_teacher", 16), ("dinov2", 42),
+    ("dinov2_registers", 16), ("clip_vision", 64), ("metaclip2_vision", 48)])
+def test_at_another_size_the_table_is_resized_as_transformers_does(
+        folders, key, side):
+    """Another image_size resizes the table as transformers'
+    interpolate_pos_encoding does (bicubic, a=-0.75, no antialiasing, but
+    antialiased with DINOv2's registers; DeiT's two prefix rows and
+    DINOv2's class row kept), shrunk and
+    enlarged: transformers' own forward at that size. keras_vit's own
+    bilinear rule misses it by far more than 1e-5."""
+    _, _, _, output = CASES[key]
+    path, theirs = folders[key]
+    x = _images(side)
+    kwargs = {} if key.startswith("dinov2") else dict(
+        interpolate_pos_encoding=True)  # DINOv2 always interpolates
+    expected = getattr(_forward(theirs, x, **kwargs), output).numpy()
+    ours = zoo.load(str(path), image_size=side)
+    # DINOv2 with registers' own interpolate_pos_encoding antialiases.
+    assert ours.get_config()["position_resize"] == (
+        "bicubic_aa" if key == "dinov2_registers" else "bicubic")
+    assert_relative(ours(x), expected)
+    official = zoo.load(str(path), image_size=side,
+                        position_resize="bilinear_corners")
+    assert np.abs(np.asarray(official(x)) - expected).max() > 1e-4 * np.abs(
+        expected).max()
 
 
 def _with_config(folders, key, tmp_path, **fields):

@@ -508,6 +508,29 @@ def test_siglip_vision_model_loads_with_its_pooler_output(siglip_repo,
     assert_relative(zoo.load(out)(_images()), pooled)
 
 
+@pytest.mark.parametrize("side", [16, 64])
+def test_vit_and_siglip_at_another_size_are_transformers_there(
+        classifier_repo, siglip_repo, side):
+    """Loaded at another image size, ViT and SigLIP give transformers'
+    forward with interpolate_pos_encoding=True at that size (its bicubic
+    resize of the table; a model built for any size too), shrunk and
+    enlarged."""
+    x = np.random.default_rng(3).uniform(-1, 1, (2, side, side, 3)).astype(
+        "float32")
+    for (path, *_), cls, output in (
+            (classifier_repo, transformers.ViTForImageClassification,
+             "logits"),
+            (siglip_repo, transformers.SiglipVisionModel, "pooler_output")):
+        theirs = cls.from_pretrained(path).eval()
+        with torch.no_grad():
+            expected = getattr(theirs(pixel_values=_torch_input(x),
+                                      interpolate_pos_encoding=True),
+                               output).numpy()
+        assert_relative(zoo.load(str(path), image_size=side)(x), expected)
+        assert_relative(zoo.load(str(path), dynamic_image_size=True)(x),
+                        expected)
+
+
 def test_siglip_models_image_tower_and_a_tower_without_head(tmp_path):
     text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                 intermediate_size=64, vocab_size=100, bos_token_id=1,

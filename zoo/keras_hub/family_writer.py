@@ -46,9 +46,6 @@ for _hub, _ours in ACTIVATIONS.items():
 # The arguments of the model's outer shape compared with the reader's.
 _SHAPE = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
           "num_channels", "image_size", "layer_norm_epsilon", "gelu")
-# Acts in training only: written where a class has a field for it, never
-# a reason to refuse one.
-_TRAINING_ONLY = "drop_path_rate"
 
 
 def settings(config):
@@ -88,8 +85,11 @@ def family_options(config):
     # The paper's ViT has a class token exactly when it pools by it.
     plain = dict(options_table.DEFAULTS,
                  class_token=config.get("classifier", "token") == "token")
+    # (stochastic depth, written where a class has a field for it, and
+    # the table's resize at other sizes: never a reason to refuse one)
+    skip = options_table.unwritten(ours)
     return [f"{k}={ours[k]!r}" for k, v in plain.items()
-            if k != _TRAINING_ONLY and ours[k] != v]
+            if k not in skip and ours[k] != v]
 
 
 def _targets(targets):
@@ -187,8 +187,9 @@ def problems(class_name, config):
     if ours["mlp"] == theirs["mlp"] == "swiglu" and config.get(
             "classifier") != "map":
         theirs["gelu"] = ours["gelu"]  # it serves no layer then
+    skip = options_table.unwritten(ours)
     found += [f"{k}={ours[k]!r} (it computes {k}={v!r})"
-              for k, v in theirs.items() if k != _TRAINING_ONLY and (
+              for k, v in theirs.items() if k not in skip and (
                   k not in named and ours[k] != v)]
     for name, plain in (("resnet", None), ("representation_size", None),
                         ("position_embedding", "learned_1d"),

@@ -35,6 +35,10 @@ from keras_vit.zoo import formats
 from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS)
 
+#: How timm resizes a learned table to another grid (its
+#: resample_abs_pos_embed: bicubic, antialiased): the position_resize of
+#: the models read from its files, but where a reader says otherwise.
+TABLE_RESIZE = "bicubic_aa"
 #: The table of timm's architectures, shipped with the package.
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           "architectures.json")

@@ -274,7 +274,10 @@ def qwen_honoured(args, path, state):
         rope_rotate_half=True, attn_type="rope",
         # Any image whose grid the tower divides: the table resized to it.
         dynamic_img_size=True)
-    out = dict(honoured(eva_args, path), gelu="tanh")
+    # Its table is resized bilinearly with aligned corners
+    # (resample_pos_embed_grid), not as timm's other towers.
+    out = dict(honoured(eva_args, path), gelu="tanh",
+               position_resize="bilinear_corners")
     if merger:
         out["merge_size"] = read_merge(args, path)
         fc2 = next((v for k, v in state.items()

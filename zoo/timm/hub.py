@@ -287,6 +287,9 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         honoured = timm_arguments.honoured(config, arch, where, defaults)
         layout = TIMM_BIT if is_bit else TIMM
     build_config = dict(arch.config, **honoured)
+    if not is_bit:
+        build_config.setdefault("position_resize",
+                                timm_arguments.TABLE_RESIZE)
     try:
         check_state(state, layout, "BiT ResNetV2" if is_bit else "ViT")
     except ValueError as e:  # parameters keras_vit lacks: name the file

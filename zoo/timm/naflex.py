@@ -13,17 +13,18 @@ patch's pixels row by row with the channels last: timm's
 (``embeds.pos_embed``, a grid of ``pos_embed_grid_size``, no row for the
 class or register tokens) is resized to each image's grid with the
 antialiased kernel ``pos_embed_interp_mode`` names (keras_vit's
-``naflex_resize``), the patch embedding is a Linear over the flattened
-patches (the convolution's kernel flattened in the same order), and
-padding is kept out of attention and of the pooling, as timm's masks do.
+``position_resize``: ``"bicubic_aa"`` or ``"bilinear_aa"``), the patch
+embedding is a Linear over the flattened patches (the convolution's
+kernel flattened in the same order), and padding is kept out of
+attention and of the pooling, as timm's masks do.
 
 >>> out = honoured({"patch_size": 16, "embed_dim": 64, "depth": 2,
 ...                 "num_heads": 4, "mlp_ratio": 4.0, "reg_tokens": 1,
 ...                 "global_pool": "avg", "fc_norm": True,
 ...                 "pos_embed_grid_size": [6, 8]}, "config.json")
->>> [out[k] for k in ("naflex", "naflex_resize", "image_size",
+>>> [out[k] for k in ("naflex", "position_resize", "image_size",
 ...                   "classifier", "num_registers", "fc_norm")]
-[True, 'bicubic', (96, 128), 'gap', 1, True]
+[True, 'bicubic_aa', (96, 128), 'gap', 1, True]
 """
 
 from __future__ import annotations
@@ -191,8 +192,9 @@ def honoured(args, path, given=None):
         out["position_embedding"] = "none"
     else:
         out["posemb_includes_prefix"] = False  # no row for the prefix
-        out["naflex_resize"] = read("pos_embed_interp_mode", _choice(
+        mode = read("pos_embed_interp_mode", _choice(
             INTERP_MODES, "keras_vit resizes a NaFlex table by"), "bicubic")
+        out["position_resize"] = mode + "_aa"  # timm's antialias=True
     # The table's grid (pos_embed_grid_size, else img_size's): the
     # model's image size, one patch a cell.
     grid = args.get("pos_embed_grid_size", (16, 16))

@@ -304,10 +304,11 @@ def check_read_back(model, written, arrays, state):
     ours, theirs = _resolved(config), _resolved(built)
     if written["architecture"] == DINOV2_G and ours["layer_scale"] is None:
         ours["layer_scale"] = 1.0  # the scales of one write adds
-    # Stochastic depth acts in training only; what the head is, timm does
-    # not say: the config's own head_type field carries it.
-    differ = [k for k in ours if k not in ("drop_path_rate", "head_type")
-              and ours[k] != theirs[k]]
+    # Stochastic depth acts in training only, the table's resize at other
+    # sizes; what the head is, timm does not say: the config's own
+    # head_type field carries it.
+    skip = options_table.unwritten(ours) | {"head_type"}
+    differ = [k for k in ours if k not in skip and ours[k] != theirs[k]]
     if differ:
         key = differ[0]
         raise ValueError(

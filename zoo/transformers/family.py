@@ -56,10 +56,10 @@ names, each class's builder options
 name: the first's classifier reads the class token concatenated with the
 mean patch token, a pooling keras_vit lacks; the second returns feature
 maps (its weights are ``DINOv3ViTModel``'s). A table of another
-``image_size`` is resized by keras_vit's rule (bilinear, aligned corners:
-:mod:`keras_vit.zoo.position_tables`), not by transformers' bicubic
-``interpolate_pos_encoding``: such a model does not reproduce
-transformers' interpolated forward.
+``image_size`` (or a dynamic-size model's) is resized as the class's
+``interpolate_pos_encoding`` does (the ``position_resize`` the reader
+sets: bicubic, antialiased for DINOv2 with registers), so the model
+there is transformers' interpolated forward.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ from keras_vit.zoo import formats, hub_files, layouts
 from keras_vit.zoo.transformers.layout import (
     GELU_FORMS, id2label_names, read_tensors, shown_value)
 from keras_vit.zoo.transformers.tables import (
-    ARCHITECTURES, FAMILIES, WHOLE_MODELS, bias_fields, bias_rows,
-    block_shapes, dinov2_mlp_dim, expected_shapes, layout, rows_of,
-    shape_codes, top_zeros, with_class_options)
+    ARCHITECTURES, FAMILIES, TABLE_RESIZE, WHOLE_MODELS, bias_fields,
+    bias_rows, block_shapes, dinov2_mlp_dim, expected_shapes, layout,
+    rows_of, shape_codes, top_zeros, with_class_options)
 
 #: The model types read here.
 FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers", "dinov3_vit",
@@ -238,19 +238,19 @@ def architecture(config, path, header):
             "labels": id2label_names(config, path)}
 
 
-#: Options no file records: they act in training only.
-TRAINING_ONLY = ("drop_path_rate",)
-
-
 def model_options(config):
     """Every option row's value in ``config`` (a keras_vit ViT's
-    ``get_config()``) but :data:`TRAINING_ONLY`'s, ``class_token`` as the
-    model has it (None: one with ``classifier="token"`` only)."""
+    ``get_config()``) but those a writer need not hold
+    (:func:`~keras_vit.base.options.unwritten`), ``class_token`` as the
+    model has it (None: one with ``classifier="token"`` only), a NaFlex
+    model's ``position_resize`` as it resolves."""
+    skip = options_table.unwritten(config)
     options = {row.name: config.get(row.name, row.default)
-               for row in options_table.OPTIONS
-               if row.name not in TRAINING_ONLY}
+               for row in options_table.OPTIONS if row.name not in skip}
     if options["class_token"] is None:
         options["class_token"] = config.get("classifier", "token") == "token"
+    if "position_resize" in options:
+        options["position_resize"] = options_table.position_resize(options)
     return options
 
 
@@ -359,7 +359,9 @@ def builder_config(arch, num_labels, has_pooler):
     config.update(arch["options"])
     config.update(classifier="token", class_token=True,
                   representation_size=None, num_classes=num_labels or 1000,
-                  name=arch["type"] + "_transformers")
+                  name=arch["type"] + "_transformers",
+                  position_resize=FAMILIES[arch["type"]].get(
+                      "resize", TABLE_RESIZE))
     config.update(ARCHITECTURES[arch["class"]]["options"])
     if ARCHITECTURES[arch["class"]].get("attention_pool"):
         # The head pools by attention (pooler_output); without one the

@@ -52,6 +52,7 @@ from keras_vit.zoo.transformers import siglip as transformers_siglip
 from keras_vit.zoo.transformers.layout import (
     HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
     shown_value as _shown, vit_layout)
+from keras_vit.zoo.transformers.tables import TABLE_RESIZE
 
 HUB_PREFIX = hub_files.HUB_PREFIX
 CONFIG_FILE = hub_files.CONFIG_FILE
@@ -331,7 +332,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     labels = formats.check_labels(labels, num_labels or None, config_path,
                                   "id2label") if num_labels else None
     arrays = hub_files.read_safetensors(path)
-    defaults = {"name": "vit_transformers"}
+    defaults = {"name": "vit_transformers", "position_resize": TABLE_RESIZE}
     if not num_labels and (arch["representation_size"] is not None
                            or arch["kind"] == "classifier"):
         defaults["pooling"] = "token"  # the pooled class token

@@ -39,7 +39,7 @@ from keras_vit.base.checks import shown
 from keras_vit.zoo import formats, hub_files, layouts
 from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.layouts import torch_module as _linear
-from keras_vit.zoo.transformers.tables import FAMILIES, rules
+from keras_vit.zoo.transformers.tables import FAMILIES, TABLE_RESIZE, rules
 from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
                                                read_tensors, shown_value)
 
@@ -221,7 +221,9 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
                   input_normalization=input_normalization,
                   name="siglip2_vision" if arch["naflex"] else "siglip_vision")
     if arch["naflex"]:
-        config["naflex"] = True
+        config["naflex"] = True  # and its own resize, SigLIP2's default
+    else:
+        config["position_resize"] = TABLE_RESIZE
     return build.Checkpoint(
         config, arrays, source_name=repr(os.fspath(path)), head=None,
         layout=layout(prefix, arch["naflex"]),
@@ -249,9 +251,9 @@ def unwritable(config):
     options = model_options(config)
     # SigLIP's config carries none of the options: it holds the defaults,
     # without a class token (SigLIP2's: NaFlex).
-    other = differences(None, {"class_token": False,
-                               "naflex": bool(options.get("naflex"))},
-                        options)
+    naflex = bool(options.get("naflex"))
+    other = differences(None, {"class_token": False, "naflex": naflex, **(
+        {"position_resize": "bilinear_aa"} if naflex else {})}, options)
     size = config.get("image_size")
     headless = (not config.get("include_top", True)
                 or config.get("num_classes") == 0)

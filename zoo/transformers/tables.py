@@ -12,6 +12,13 @@ from __future__ import annotations
 
 from keras_vit.zoo.layouts import Layout, Rule
 
+#: How transformers resizes a learned position table to another image
+#: size (a tower's ``interpolate_pos_encoding``: torch's bicubic, a=-0.75,
+#: without antialiasing; a family's ``resize`` where it differs, and
+#: SigLIP2's NaFlex its own way): the ``position_resize`` of the models
+#: read from its files.
+TABLE_RESIZE = "bicubic"
+
 # -- tensor names -------------------------------------------------------------
 # transformers' name -> (the model's variable path, inside its block for a
 # block's; the form transformers holds the array in, a key of
@@ -234,10 +241,11 @@ FAMILIES = {
     "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
                    layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU,
                    biases=_VIT_BIASES),
+    # Its interpolate_pos_encoding antialiases (DINOv2's does not).
     "dinov2_with_registers": dict(
         defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
         layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
-        swiglu=_DINO_SWIGLU, biases=_VIT_BIASES),
+        swiglu=_DINO_SWIGLU, biases=_VIT_BIASES, resize="bicubic_aa"),
     # Files name the blocks layer.{i} (transformers 5 holds them under
     # model.layer.{i} in memory and renames both ways).
     "dinov3_vit": dict(defaults=_DINO3_DEFAULTS, layers="layer.",
