@@ -160,7 +160,8 @@ def _computed(config):
     out["classifier"] = {"avg": "gap"}.get(out["classifier"],
                                            out["classifier"])
     if out["class_token"] is None:
-        out["class_token"] = out["classifier"] == "token"
+        out["class_token"] = (out["classifier"]
+                              in options_table.CLASS_TOKEN_POOLINGS)
     size = out.get("image_size")
     if isinstance(size, (list, tuple)):
         out["image_size"] = (size[0] if len(set(size)) == 1

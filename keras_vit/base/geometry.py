@@ -128,10 +128,12 @@ def check_grid(config, image_size, where):
 
 def class_token(config):
     """Whether the model has a class token (``class_token=None``: as
-    ``classifier`` says, one for ``"token"`` only)."""
+    ``classifier`` says, one for ``"token"`` and ``"token_gap"`` only)."""
     token = config.get("class_token")
-    return config.get("classifier", "token") == "token" if token is None \
-        else bool(token)
+    if token is None:
+        return config.get("classifier", "token") in (
+            options.CLASS_TOKEN_POOLINGS)
+    return bool(token)
 
 
 def prefix_tokens(config):
@@ -272,7 +274,11 @@ def merged_widths(config):
     """
     merge = config.get("merge_size") or 1
     merged = merge * merge * config["hidden_size"]
-    return merged, config.get("merge_width") or merged
+    method = (config.get("classifier", "token")
+              if config.get("include_top", True) else config.get("pooling"))
+    # "token_gap" reads the class token and the patches' mean side by side.
+    return merged, (config.get("merge_width") or merged) * (
+        1 + (method == "token_gap"))
 
 
 def parameter_count(config, image_size=None, num_classes=None,

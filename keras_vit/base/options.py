@@ -513,6 +513,10 @@ def unwritten(values):
         row.name for row in OPTIONS if row.at_other_sizes})
 
 
+# The poolings that read the class token: class_token=None builds one
+# with them.
+CLASS_TOKEN_POOLINGS = ("token", "token_gap")
+
 # The pairs of features each rotary form turns unless rope_halves says:
 # True, the two halves; False, adjacent pairs.
 ROPE_HALVES = {"dinov3": True, "eva02": False, "mixed": False}

@@ -341,9 +341,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         return config
 
 
-POOLING_METHODS = ("token", "gap", "max", "avgmax")
+POOLING_METHODS = ("token", "gap", "max", "avgmax", "token_gap")
 """How :class:`TokenPooling` pools: token 0 (the class token), or the
-mean, the maximum, or the mean of the two over the patch tokens."""
+mean, the maximum, or the mean of the two over the patch tokens, or the
+class token and the patches' mean side by side (twice the width)."""
 
 
 def check_pooling_method(method):
@@ -362,7 +363,10 @@ class TokenPooling(KeptArguments, layers.Layer):
     class token; 1: DeiT's distillation token); ``"gap"`` the
     mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
     tokens after the first ``num_prefix_tokens`` (the class and register
-    tokens: they are no patches, timm pools the same way).
+    tokens: they are no patches, timm pools the same way);
+    ``"token_gap"`` token ``index`` and that mean concatenated, (B, 2D):
+    DINOv2's linear classifier (transformers'
+    ``Dinov2ForImageClassification``).
     ``padding_bias`` (a NaFlex batch's
     :class:`~keras_vit.models.positions.PaddingBias`, over every token)
     leaves its padding out of the mean and the maximum."""
@@ -378,6 +382,7 @@ class TokenPooling(KeptArguments, layers.Layer):
     def call(self, x, padding_bias=None):
         if self.method == "token":
             return x[:, self.index]
+        token = x[:, self.index] if self.method == "token_gap" else None
         if self.num_prefix_tokens:
             x = x[:, self.num_prefix_tokens:]
         if padding_bias is None:
@@ -394,10 +399,15 @@ class TokenPooling(KeptArguments, layers.Layer):
             return mean
         if self.method == "max":
             return high
+        if self.method == "token_gap":
+            return ops.concatenate([token, mean], axis=-1)
         return 0.5 * (mean + high)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+        width = input_shape[-1]
+        if self.method == "token_gap" and width is not None:
+            width *= 2
+        return (input_shape[0], width)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -25,7 +25,7 @@ PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 # How the head pools the tokens ("avg" is another name for "gap"; the
 # methods are keras_vit.layers.TokenPooling's, and "map" is
 # keras_vit.layers.AttentionPoolHead).
-CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map")
+CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map", "token_gap")
 POOLINGS = (None, *CLASSIFIERS)
 
 
@@ -185,10 +185,10 @@ def check_family_options(options, classifier, pooling, include_top,
     out = options_table.checked(options)
     token = out["class_token"]
     if token is None:
-        token = classifier == "token"
+        token = classifier in options_table.CLASS_TOKEN_POOLINGS
     out["class_token"] = token
     method = classifier if include_top else pooling
-    if method == "token" and not token:
+    if method in options_table.CLASS_TOKEN_POOLINGS and not token:
         what = (f"classifier={classifier!r}" if include_top
                 else f"pooling={pooling!r}")
         raise ValueError(
@@ -201,7 +201,7 @@ def check_family_options(options, classifier, pooling, include_top,
             "fc_norm=True moves the final norm after the pooling, and "
             "final_norm=False builds none; received fc_norm=True, "
             "final_norm=False")
-    if out["fc_norm"] and method in (None, "token"):
+    if out["fc_norm"] and method in (None, "token", "token_gap"):
         raise ValueError(
             "fc_norm=True normalises the pooled patch tokens (after 'gap', "
             "'max', 'avgmax' or 'map' pooling); received fc_norm=True with "

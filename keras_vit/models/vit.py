@@ -371,7 +371,8 @@ def vit(
             ``rebuild``, the zoo's writers and the exports keep them).
 
             ``classifier`` (and ``pooling``) also take ``"avg"``
-            (``"gap"``), ``"max"`` and ``"avgmax"`` (mean + max) / 2,
+            (``"gap"``), ``"max"``, ``"avgmax"`` (mean + max) / 2 and
+            ``"token_gap"`` (the class token beside the mean: DINOv2's),
             pooled over the patch tokens, and ``"map"``: multihead
             attention pooling of the patch tokens after the final norm by
             a learned probe, SigLIP's and big_vision's head

@@ -43,11 +43,14 @@ MODELS = {
                    num_registers=2, layer_scale=0.5, mlp="swiglu",
                    rope_temperature=1000.0, dynamic_image_size=True),
     # EVA-02-like: its adjacent-pair rotary form beside the table, the
-    # norms inside attention and MLP, CLIP's projection head; RoPE-ViT's
+    # norms inside attention and MLP, CLIP's projection head (on DINOv2's
+    # classifier pooling: the class token beside the patches' mean,
+    # twice the width); RoPE-ViT's
     # learned mixed
     # frequencies; Perception Encoder's xy indexing and pool heads.
     "eva02": dict(rope="eva02", mlp_norm=True, attention_norm=True,
-                  mlp="swiglu", rope_grid=[2, 2], head_type="projection"),
+                  mlp="swiglu", rope_grid=[2, 2], head_type="projection",
+                  classifier="token_gap"),
     "mixed": dict(rope="mixed", rope_offset=1.0, rope_indexing="xy",
                   classifier="map", class_token=True, pool_heads=1,
                   pool_prefix=True),

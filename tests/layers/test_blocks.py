@@ -311,17 +311,21 @@ TOKENS = np.arange(2 * 5 * 3, dtype="float32").reshape(2, 5, 3) ** 1.5 % 7
     ("max", 0, 0, TOKENS.max(1)),
     ("max", 2, 0, TOKENS[:, 2:].max(1)),
     ("avgmax", 1, 0, (TOKENS[:, 1:].mean(1) + TOKENS[:, 1:].max(1)) / 2),
+    ("token_gap", 3, 0, np.concatenate([TOKENS[:, 0], TOKENS[:, 3:].mean(1)],
+                                       -1)),
 ])
 def test_token_pooling_pools_as_its_method_says(method, prefix, index, want):
     layer = kl.TokenPooling(method, num_prefix_tokens=prefix, index=index)
     got = _np(layer(TOKENS))
-    assert got.shape == (2, 3)
+    width = 6 if method == "token_gap" else 3
+    assert got.shape == (2, width)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    assert layer.compute_output_shape((None, 5, 3)) == (None, 3)
+    assert layer.compute_output_shape((None, 5, 3)) == (None, width)
 
 
 def test_token_pooling_refuses_an_unknown_method_naming_it():
-    assert kl.POOLING_METHODS == ("token", "gap", "max", "avgmax")
+    assert kl.POOLING_METHODS == ("token", "gap", "max", "avgmax",
+                                  "token_gap")
     with pytest.raises(ValueError, match="method='mean'"):
         kl.TokenPooling("mean")
 

@@ -78,6 +78,19 @@ CASES = {
         lambda: transformers.Dinov2WithRegistersConfig(
             **SIZES, image_size=32, patch_size=8, num_register_tokens=2,
             mlp_ratio=2, use_swiglu_ffn=True), 32, "pooler_output"),
+    # DINOv2's classifiers: the class token beside the patches' mean.
+    "dinov2_classifier": (
+        transformers.Dinov2ForImageClassification,
+        lambda: transformers.Dinov2Config(
+            **SIZES, image_size=28, patch_size=14, num_labels=5,
+            id2label=LABELS, label2id={v: k for k, v in LABELS.items()}),
+        28, "logits"),
+    "dinov2_registers_classifier": (
+        transformers.Dinov2WithRegistersForImageClassification,
+        lambda: transformers.Dinov2WithRegistersConfig(
+            **SIZES, image_size=32, patch_size=8, num_register_tokens=2,
+            num_labels=5, id2label=LABELS,
+            label2id={v: k for k, v in LABELS.items()}), 32, "logits"),
 }
 
 
@@ -147,9 +160,14 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
                                   num_classes=0, num_registers=0),
             "dinov2_registers_swiglu": dict(
                 mlp="swiglu", mlp_dim=48, num_registers=2, num_classes=0,
+                posemb_includes_prefix=False),
+            "dinov2_classifier": dict(classifier="token_gap",
+                                      num_classes=5, class_token=True),
+            "dinov2_registers_classifier": dict(
+                classifier="token_gap", num_classes=5, num_registers=2,
                 posemb_includes_prefix=False)}[key]
     assert {k: config[k] for k in want} == want
-    if key.startswith("deit") and key != "deit_model":
+    if key == "deit_teacher" or key.endswith("_classifier"):
         assert model.zoo_labels == list(LABELS.values())
     if output == "pooler_output":  # the tokens too
         assert_relative(_tokens(key, path, model, x),
@@ -176,12 +194,15 @@ def test_folder_loads_with_transformers_outputs_and_writes_back(
     before = load_file(str(path / "model.safetensors"))
     after = load_file(str(tmp_path / "back" / "model.safetensors"))
     assert set(after) == set(before)
-    changed = {k for k in before if not np.array_equal(after[k], before[k])}
+    # (the classifiers hold the encoder under their model type's name)
+    changed = {k.split(".", 1)[1] if k.startswith("dinov2") else k
+               for k in before if not np.array_equal(after[k], before[k])}
     assert changed == {
         "dinov2": {"embeddings.mask_token"},
         "dinov2_registers": {"embeddings.mask_token", "embeddings.cls_token",
                              "embeddings.position_embeddings"}}.get(
-                                 key.removesuffix("_swiglu"), set())
+                                 key.removesuffix("_swiglu").removesuffix(
+                                     "_classifier"), set())
 
 
 @pytest.mark.parametrize("cls, config", [
@@ -231,14 +252,26 @@ def test_at_another_size_the_table_is_resized_as_transformers_does(
         expected).max()
 
 
+def test_dinov2s_classifier_pooling_is_refused_where_a_library_lacks_it(
+        folders, tmp_path):
+    """timm and keras-hub pool no class token beside the patches' mean:
+    their writers refuse a Dinov2ForImageClassification's model in one
+    line naming the classifier."""
+    model = zoo.load(str(folders["dinov2_classifier"][0]), gelu="exact")
+    for layout, match in (("timm", "classifier='token_gap'"),
+                          ("keras-hub", "layer_scale=1.0")):
+        with pytest.raises(ValueError, match=match) as info:
+            zoo.save_pretrained(model, tmp_path / layout, layout=layout)
+        assert "\n" not in str(info.value)
+        assert not (tmp_path / layout).exists()
+
+
 def _with_config(folders, key, tmp_path, **fields):
     return transformers_folder_with(folders[key][0], tmp_path / key,
                                     **fields)
 
 
 @pytest.mark.parametrize("key, fields, match", [
-    ("dinov2", dict(architectures=["Dinov2ForImageClassification"]),
-     "field architectures.*mean patch token"),
     ("dinov2_registers", dict(layerscale_value=0), "field layerscale_value"),
     ("clip_vision", dict(hidden_act="relu"), "field hidden_act"),
     ("clip_vision", dict(qkv_bias=False), "field qkv_bias"),

@@ -58,7 +58,8 @@ def settings(config):
     """
     out = {k: config.get(k, v) for k, v in options_table.DEFAULTS.items()}
     if out["class_token"] is None:
-        out["class_token"] = config.get("classifier", "token") == "token"
+        out["class_token"] = config.get(
+            "classifier", "token") in options_table.CLASS_TOKEN_POOLINGS
     size = config.get("image_size", 224)
     out.update(
         {k: config.get(k) for k in ("hidden_size", "num_layers", "num_heads",
@@ -84,7 +85,8 @@ def family_options(config):
     ours = settings(config)
     # The paper's ViT has a class token exactly when it pools by it.
     plain = dict(options_table.DEFAULTS,
-                 class_token=config.get("classifier", "token") == "token")
+                 class_token=config.get("classifier", "token")
+                 in options_table.CLASS_TOKEN_POOLINGS)
     # (stochastic depth, written where a class has a field for it, and
     # the table's resize at other sizes: never a reason to refuse one)
     skip = options_table.unwritten(ours)

@@ -36,6 +36,11 @@ def _family_args(config):
     pools = {ours: theirs for theirs, ours in TIMM_POOLS.items()}
     pools["avg"] = "avg"  # keras_vit's other name of "gap"
     classifier = config.get("classifier", "token")
+    if classifier not in pools:
+        raise ValueError(
+            "save_pretrained(layout='timm'): timm's ViT pools by "
+            f"{', '.join(map(repr, TIMM_POOLS))}, and the model has "
+            f"classifier={classifier!r}")
     token = options["class_token"]
     token = classifier == "token" if token is None else token
     args = {}
@@ -265,7 +270,8 @@ def _resolved(config):
     out["classifier"] = {"avg": "gap"}.get(out["classifier"] or "token",
                                             out["classifier"] or "token")
     if out["class_token"] is None:
-        out["class_token"] = out["classifier"] == "token"
+        out["class_token"] = (out["classifier"]
+                              in options_table.CLASS_TOKEN_POOLINGS)
     if out["fc_norm"] is None:
         out["fc_norm"] = False
     if out["mlp"] == "swiglu" and out["classifier"] != "map":

@@ -52,10 +52,10 @@ names, each class's builder options
   biases (written back off where they are zeros). ``is_native`` (a
   sin-cos table of other frequencies than ``sincos_2d``'s) is refused.
 
-``Dinov2ForImageClassification`` and ``DINOv3ViTBackbone`` are refused by
-name: the first's classifier reads the class token concatenated with the
-mean patch token, a pooling keras_vit lacks; the second returns feature
-maps (its weights are ``DINOv3ViTModel``'s). A table of another
+``Dinov2ForImageClassification`` (and with registers) reads the class
+token concatenated with the mean patch token: ``classifier="token_gap"``.
+``DINOv3ViTBackbone`` is refused by name: it returns feature maps (its
+weights are ``DINOv3ViTModel``'s). A table of another
 ``image_size`` (or a dynamic-size model's) is resized as the class's
 ``interpolate_pos_encoding`` does (the ``position_resize`` the reader
 sets: bicubic, antialiased for DINOv2 with registers), so the model
@@ -248,7 +248,8 @@ def model_options(config):
     options = {row.name: config.get(row.name, row.default)
                for row in options_table.OPTIONS if row.name not in skip}
     if options["class_token"] is None:
-        options["class_token"] = config.get("classifier", "token") == "token"
+        options["class_token"] = config.get(
+            "classifier", "token") in options_table.CLASS_TOKEN_POOLINGS
     if "position_resize" in options:
         options["position_resize"] = options_table.position_resize(options)
     return options

@@ -150,8 +150,8 @@ _CLIP_TOP = {"embeddings.class_embedding": ("class_token/cls", "flat", "d"),
              **_norm("post_layernorm", _ENCODER_NORM)}
 
 
-def _linear(name, path, rows="labels"):
-    return {f"{name}.weight": (f"{path}/kernel", "linear", rows + "d"),
+def _linear(name, path, rows="labels", columns="d"):
+    return {f"{name}.weight": (f"{path}/kernel", "linear", rows + columns),
             f"{name}.bias": (f"{path}/bias", "same", rows)}
 
 
@@ -325,16 +325,15 @@ ARCHITECTURES = {
                        options=_AIMV2_OPTIONS,
                        attention_pool=("use_head", "head.")),
 }
-# Classes keras_vit has no counterpart for, with the reason.
-_POOLING_HINT = (
-    "its classifier reads the class token concatenated with the mean patch "
-    "token, a pooling keras_vit lacks; load the encoder: "
-    "{base}.from_pretrained(src).save_pretrained(dir), then zoo.load(dir)")
-for _type, _base in (("dinov2", "Dinov2Model"),
-                     ("dinov2_with_registers", "Dinov2WithRegistersModel")):
+# DINOv2's classifiers read the class token beside the patches' mean
+# (classifier="token_gap"): a head twice the width.
+for _base in ("Dinov2Model", "Dinov2WithRegistersModel"):
+    _spec = ARCHITECTURES[_base]
     ARCHITECTURES[_base.replace("Model", "ForImageClassification")] = dict(
-        type=_type, head=_linear("classifier", "head"),
-        refused=_POOLING_HINT.format(base=_base))
+        type=_spec["type"], prefix=_spec["type"] + ".",
+        options=dict({k: v for k, v in _spec["options"].items()
+                      if k != "num_classes"}, classifier="token_gap"),
+        head=_linear("classifier", "head", columns="2d"))
 
 
 def swiglu_width(width):
@@ -415,7 +414,7 @@ def shape_codes(arch, num_labels=0):
             "conv": (d, c, p, p), "reg": (1, arch["options"]["num_registers"], d),
             "mask": (1, d), "r": (arch.get("pooler"),),
             "rd": (arch.get("pooler"), d), "labels": (num_labels,),
-            "labelsd": (num_labels, d)}
+            "labelsd": (num_labels, d), "labels2d": (num_labels, 2 * d)}
 
 
 def block_shapes(arch):

@@ -183,7 +183,7 @@ def _pooled_by_siglip(config):
     options = transformers_family.model_options(config)
     siglip = transformers_family.differences(None, {"class_token": False},
                                              options)
-    pooled = [_mismatch(spec, _top(config), options)
+    pooled = [_mismatch(spec, _top(config), options, _method(config))
               for spec in transformers_tables.ARCHITECTURES.values()
               if spec.get("attention_pool") and "refused" not in spec]
     return not pooled or len(siglip) <= min(len(bad) for bad in pooled)
@@ -219,10 +219,18 @@ def _top(config):
     return "embedding" if config.get("num_classes") == 0 else "head"
 
 
-def _mismatch(spec, top, options):
+def _method(config):
+    """How ``config``'s model pools: its classifier's method, or
+    (``include_top=False``) its pooling."""
+    return (config.get("classifier", "token") if _top(config) != "encoder"
+            else config.get("pooling"))
+
+
+def _mismatch(spec, top, options, method):
     """``{what: why}`` for each option
-    (:func:`~keras_vit.zoo.transformers.family.differences`) and the top
-    (a head or not) the class ``spec`` holds otherwise than the model."""
+    (:func:`~keras_vit.zoo.transformers.family.differences`), the top
+    (a head or not) and the head's pooling (``method``, where the class
+    names one) the class ``spec`` holds otherwise than the model."""
     out = {k: f"it holds {k}={v!r}, the model {options[k]!r}"
            for k, v in transformers_family.differences(
                spec["type"], spec["options"], options).items()}
@@ -230,6 +238,10 @@ def _mismatch(spec, top, options):
         out["head"] = ("it holds a classification head, the model none"
                        if "head" in spec else "it holds no classification "
                        "head: build the model with num_classes=0")
+    pooled = spec["options"].get("classifier")
+    if pooled is not None and top == "head" and method != pooled:
+        out["classifier"] = (f"its head reads classifier={pooled!r}, the "
+                             f"model's {method!r}")
     return out
 
 
@@ -254,12 +266,13 @@ def family_class(config):
     if not changed:
         return None
     top = _top(config)
-    fits = {name: _mismatch(spec, top, options)
+    method = _method(config)
+    fits = {name: _mismatch(spec, top, options, method)
             for name, spec in transformers_tables.ARCHITECTURES.items()
             if "refused" not in spec}
     # ViT's classes hold the options' defaults (_writable writes them).
     fits.update({name: _mismatch(dict(type=None, options={}, **head), top,
-                                 options)
+                                 options, method)
                  for head, name in ((dict(head=True), ARCHITECTURES[False]),
                                     ({}, ARCHITECTURES[True]))})
     name = next((name for name, bad in fits.items() if not bad), None)
@@ -288,10 +301,10 @@ def family_class(config):
     # (DINOv3) none beside its rotary embeddings.
     position = spec["options"].get("position_embedding", "learned_1d")
     placement = config.get("position_embedding_placement", "stem")
-    method = config.get("classifier", "token") if top != "encoder" else (
-        config.get("pooling"))
-    # Its pooler: the class token's, or (AIMv2) the attention pool's.
-    pooler = "map" if spec.get("attention_pool") else "token"
+    # Its pooler: the class token's, or (AIMv2) the attention pool's, or
+    # what its head reads (DINOv2's classifiers).
+    pooler = spec["options"].get("classifier") or (
+        "map" if spec.get("attention_pool") else "token")
     size = config.get("image_size")
     checks = (
         (method not in (None, pooler),
