@@ -369,7 +369,8 @@ class TokenPooling(KeptArguments, layers.Layer):
     ``Dinov2ForImageClassification``).
     ``padding_bias`` (a NaFlex batch's
     :class:`~keras_vit.models.positions.PaddingBias`, over every token)
-    leaves its padding out of the mean and the maximum."""
+    leaves its padding out of the mean and the maximum; a row with no
+    patch pools to zeros."""
 
     ARGUMENTS = {"method": check_pooling_method, "num_prefix_tokens": int,
                  "index": int}
@@ -393,8 +394,11 @@ class TokenPooling(KeptArguments, layers.Layer):
             bias = ops.cast(ops.expand_dims(
                 padding_bias[:, 0, 0, self.num_prefix_tokens:], -1), x.dtype)
             kept = ops.cast(ops.equal(bias, 0), x.dtype)
-            mean = ops.sum(x * kept, axis=1) / ops.sum(kept, axis=1)
-            high = ops.max(x + bias, axis=1)
+            # A row of padding alone (no patch) pools to zeros, as timm's
+            # masked mean does, not to 0 / 0.
+            count = ops.sum(kept, axis=1)
+            mean = ops.sum(x * kept, axis=1) / ops.maximum(count, 1.0)
+            high = ops.where(count > 0, ops.max(x + bias, axis=1), 0.0)
         if self.method == "gap":
             return mean
         if self.method == "max":

@@ -60,6 +60,32 @@ def test_each_image_of_a_mixed_batch_gets_what_it_gets_alone(
         np.testing.assert_allclose(together_i, alone[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("pooling", ["map", "gap", "token", "tokens"])
+def test_a_row_of_padding_alone_is_finite_and_moves_no_other_image(
+        models, pooling):
+    """A batch padded with a row of no patch (a serving batch filled up)
+    gives that row finite outputs (the masked mean and max of nothing are
+    zeros, as timm's mean is) and the other image what it gets alone."""
+    model = models[pooling]
+    image = np.random.default_rng(5).uniform(-1, 1, (8, 12, 3))
+    alone = naflex.patchify([image], 4, max_patches=6, resize=False)
+    batch = {k: np.concatenate([v, np.zeros_like(v)]) for k, v in
+             alone.items()}
+    out = np.asarray(model(batch))
+    assert np.all(np.isfinite(out)), out
+    np.testing.assert_allclose(out[0], np.asarray(model(alone))[0],
+                               atol=1e-5, rtol=0)
+    if pooling == "gap":  # each of the three pools: zeros, not 0 / 0
+        for method in ("gap", "max", "avgmax"):
+            layer = keras_vit.layers.TokenPooling(method,
+                                                  num_prefix_tokens=1)
+            bias = np.zeros((1, 1, 1, 4), "float32")
+            bias[..., 1:] = -1e9
+            pooled = np.asarray(layer(np.ones((1, 4, 2), "float32"),
+                                      padding_bias=bias))
+            np.testing.assert_array_equal(pooled, np.zeros((1, 2)))
+
+
 def test_the_patches_are_the_images_cut_row_by_row():
     image = np.arange(8 * 12 * 3, dtype="float32").reshape(8, 12, 3)
     batch = naflex.patchify([image], 4, max_patches=8, resize=False)
