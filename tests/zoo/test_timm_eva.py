@@ -47,6 +47,29 @@ def test_dinov3_loads_with_timms_logits_at_two_sizes(tmp_path, arch, kwargs):
                              timm_forward(theirs, x))
 
 
+@pytest.mark.parametrize("arch", ["eva02_tiny_patch14_224",
+                                  "vit_pe_core_tiny_patch16_384"])
+@pytest.mark.parametrize("size", [16, 48])
+def test_at_another_size_the_model_is_timms_built_there(tmp_path, arch,
+                                                       size):
+    """A table and EVA-02's rotary form (Perception Encoder's too) at
+    another image size: the logits of timm's model created at that size
+    from the same file, its table resized by timm's own filter (bicubic,
+    antialiased), its rotary grid scaled."""
+    import timm
+
+    _, repo = _folder(tmp_path, arch, patch_size=8)
+    ours = zoo.load(str(repo), image_size=size)
+    assert ours.get_config()["position_resize"] == "bicubic_aa"
+    theirs = timm.create_model(
+        arch, pretrained=True, img_size=size, num_classes=CLASSES, depth=2,
+        patch_size=8, pretrained_cfg_overlay=dict(
+            file=str(repo / "model.safetensors"), num_classes=CLASSES))
+    x = random_images(size)
+    assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)),
+                         timm_forward(theirs.eval(), x))
+
+
 @pytest.mark.parametrize("setting, named", [
     (dict(attn_only_layer_scale=True), "model_args.attn_only_layer_scale"),
     (dict(rope_shift_coords=0.5), "model_args.rope_shift_coords"),
