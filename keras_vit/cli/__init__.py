@@ -158,7 +158,7 @@ def _cmd_convert(args):
     --image-size, replacing the head for another --num-classes) and saves a
     .keras file."""
     from keras_vit import zoo
-    from keras_vit.base import variants
+    from keras_vit.base import geometry, variants
 
     out = os.path.abspath(args.output)
     if not out.endswith(".keras"):
@@ -180,8 +180,9 @@ def _cmd_convert(args):
     except zoo.CheckpointError as e:
         raise UserError(f"{args.checkpoint}: {e}") from e
 
-    # The class token is the one prefix token of the position table.
-    prefix = int(model.classifier == "token")
+    # The official files' one prefix token of the position table: the
+    # class token, where the model has one.
+    prefix = int(geometry.class_token(model.get_config()))
     grid = model.grid_size
     ckpt_posemb = (shapes.get("Transformer/posembed_input/pos_embedding")
                    or shapes.get("pos_embedding"))

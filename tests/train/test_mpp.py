@@ -317,6 +317,16 @@ def test_save_load_and_classifier_from_the_encoder(tmp_path):
         kt.mpp_to_classifier(tmp_path / "nothing", num_classes=3)
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(classifier="gap", class_token=True), dict(num_registers=2),
+    dict(classifier="token_gap", num_registers=1)])
+def test_every_prefix_token_is_dropped_before_the_prediction(kwargs):
+    """One prediction per patch, whatever tokens lead the sequence: a
+    class token beside another pooling, registers."""
+    model = mpp.MaskedPatchPrediction(tiny(**kwargs))
+    assert model.output.shape[1:] == (16, 512)
+
+
 def test_hybrid_and_gap_encoders():
     keras.utils.set_random_seed(0)
     hybrid = keras_vit.vit(32, 2, 32, 1, 2, 64, 10,

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.base import geometry
 from keras_vit.data.normalization import (OFFICIAL, config_value, of_model,
                                           record_inputs, takes_raw_pixels)
 from keras_vit.runtime import compat
@@ -149,9 +150,11 @@ class MaskedPatchPrediction(keras.Model):
                 "patch_embedding and encoder_norm; received encoder="
                 f"{encoder.name!r}")
         x = found["tokens"]
-        has_token = encoder.classifier == "token"
-        if has_token:
-            x = keras.layers.Cropping1D((1, 0), dtype=dtype,
+        # One prediction per patch: the class, distillation and register
+        # tokens before them are dropped.
+        prefix = geometry.prefix_tokens(encoder.get_config())
+        if prefix:
+            x = keras.layers.Cropping1D((prefix, 0), dtype=dtype,
                                         name="drop_class_token")(x)
         # Zero-initialised like the paper's classification heads: the first
         # loss is exactly log(512) for the colour targets.
