@@ -226,7 +226,8 @@ def test_clip_models_image_tower(tmp_path, cls, config):
 
 @pytest.mark.parametrize("key, side", [
     ("deit_teacher", 48), ("deit_teacher", 16), ("dinov2", 42),
-    ("dinov2_registers", 16), ("clip_vision", 64), ("metaclip2_vision", 48)])
+    ("dinov2_registers", 16), ("clip_vision", 64), ("metaclip2_vision", 48),
+    ("dinov2_classifier", 42), ("dinov2_registers_classifier", 16)])
 def test_at_another_size_the_table_is_resized_as_transformers_does(
         folders, key, side):
     """Another image_size resizes the table as transformers'
@@ -244,7 +245,7 @@ def test_at_another_size_the_table_is_resized_as_transformers_does(
     ours = zoo.load(str(path), image_size=side)
     # DINOv2 with registers' own interpolate_pos_encoding antialiases.
     assert ours.get_config()["position_resize"] == (
-        "bicubic_aa" if key == "dinov2_registers" else "bicubic")
+        "bicubic_aa" if key.startswith("dinov2_registers") else "bicubic")
     assert_relative(ours(x), expected)
     official = zoo.load(str(path), image_size=side,
                         position_resize="bilinear_corners")
