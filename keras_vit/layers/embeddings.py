@@ -382,12 +382,9 @@ def resize_weights(index, new_len, old_len, kernel):
         new_len = ops.cast(new_len, dtype)
     if kernel == "bilinear_corners":
         centre = index * ((old_len - 1) / xp.maximum(new_len - 1.0, 1.0))
-        support = 1.0
     else:
         scale = old_len / new_len
         centre = (index + 0.5) * scale - 0.5
-        support = (xp.maximum(scale, 1.0) if kernel.endswith("_aa")
-                   else 1.0 + 0.0 * scale)
     # torch's bicubic without antialiasing reads two entries beyond each
     # end, clamped to the border one: weigh them and fold them back.
     ends = 2 if kernel == "bicubic" else 0
@@ -398,8 +395,8 @@ def resize_weights(index, new_len, old_len, kernel):
         source, fold = ops.convert_to_tensor(source), ops.convert_to_tensor(
             fold)
     distance = xp.abs(source - xp.expand_dims(centre, -1))
-    if kernel != "bilinear_corners":
-        distance = distance / xp.expand_dims(support, -1)
+    if kernel.endswith("_aa"):  # the kernel as wide as the step, shrinking
+        distance = distance / xp.expand_dims(xp.maximum(scale, 1.0), -1)
     if kernel.startswith("bilinear"):
         weights = xp.maximum(1.0 - distance, 0.0)
     else:
