@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 
+from keras_vit.base import geometry
 from keras_vit.base import options as options_table
 
 LAYOUTS = ("timm", "transformers", "keras-hub")
@@ -153,15 +154,10 @@ def _computed(config):
     out.update({k: v for k, v in config.items() if k not in _IGNORED})
     # What acts at other sizes only is the reader's to set (its source's
     # resize); a NaFlex model's table meets another grid in every image.
-    for name in options_table.unwritten(out) - {"drop_path_rate"}:
-        del out[name]
-    if out.get("naflex"):
-        out["position_resize"] = options_table.position_resize(out)
+    out = options_table.as_written(out)
     out["classifier"] = {"avg": "gap"}.get(out["classifier"],
                                            out["classifier"])
-    if out["class_token"] is None:
-        out["class_token"] = (out["classifier"]
-                              in options_table.CLASS_TOKEN_POOLINGS)
+    out["class_token"] = geometry.class_token(out)
     size = out.get("image_size")
     if isinstance(size, (list, tuple)):
         out["image_size"] = (size[0] if len(set(size)) == 1

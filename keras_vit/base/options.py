@@ -513,6 +513,22 @@ def unwritten(values):
         row.name for row in OPTIONS if row.at_other_sizes})
 
 
+def as_written(values):
+    """``values`` (a model's config, or its rows' values) less the rows a
+    writer need not hold (:func:`unwritten`), a NaFlex model's
+    ``position_resize`` as it resolves: what a writer compares with what
+    its files read back as.
+
+    >>> as_written({"naflex": True, "position_resize": None,
+    ...             "drop_path_rate": 0.1})
+    {'naflex': True, 'position_resize': 'bilinear_aa'}
+    """
+    out = {k: v for k, v in values.items() if k not in unwritten(values)}
+    if "position_resize" in out:
+        out["position_resize"] = position_resize(values)
+    return out
+
+
 # The poolings that read the class token: class_token=None builds one
 # with them.
 CLASS_TOKEN_POOLINGS = ("token", "token_gap")

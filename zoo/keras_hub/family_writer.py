@@ -30,6 +30,7 @@ import tempfile
 
 import numpy as np
 
+from keras_vit.base import geometry
 from keras_vit.base import options as options_table
 from keras_vit.base.errors import ConfigError
 from keras_vit.data.normalization import of_model
@@ -57,9 +58,7 @@ def settings(config):
     False
     """
     out = {k: config.get(k, v) for k, v in options_table.DEFAULTS.items()}
-    if out["class_token"] is None:
-        out["class_token"] = config.get(
-            "classifier", "token") in options_table.CLASS_TOKEN_POOLINGS
+    out["class_token"] = geometry.class_token(config)
     size = config.get("image_size", 224)
     out.update(
         {k: config.get(k) for k in ("hidden_size", "num_layers", "num_heads",
@@ -84,9 +83,8 @@ def family_options(config):
     """
     ours = settings(config)
     # The paper's ViT has a class token exactly when it pools by it.
-    plain = dict(options_table.DEFAULTS,
-                 class_token=config.get("classifier", "token")
-                 in options_table.CLASS_TOKEN_POOLINGS)
+    plain = dict(options_table.DEFAULTS, class_token=geometry.class_token(
+        dict(config, class_token=None)))
     # (stochastic depth, written where a class has a field for it, and
     # the table's resize at other sizes: never a reason to refuse one)
     skip = options_table.unwritten(ours)

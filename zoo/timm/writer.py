@@ -41,8 +41,7 @@ def _family_args(config):
             "save_pretrained(layout='timm'): timm's ViT pools by "
             f"{', '.join(map(repr, TIMM_POOLS))}, and the model has "
             f"classifier={classifier!r}")
-    token = options["class_token"]
-    token = classifier == "token" if token is None else token
+    token = geometry.class_token(config)
     args = {}
     if classifier != "token" or not token:
         # fc_norm too: timm's default puts it on with average pooling.
@@ -269,9 +268,7 @@ def _resolved(config):
                gelu=config.get("gelu", "tanh"))
     out["classifier"] = {"avg": "gap"}.get(out["classifier"] or "token",
                                             out["classifier"] or "token")
-    if out["class_token"] is None:
-        out["class_token"] = (out["classifier"]
-                              in options_table.CLASS_TOKEN_POOLINGS)
+    out["class_token"] = geometry.class_token(out)
     if out["fc_norm"] is None:
         out["fc_norm"] = False
     if out["mlp"] == "swiglu" and out["classifier"] != "map":

@@ -68,6 +68,7 @@ import os
 
 import numpy as np
 
+from keras_vit.base import geometry
 from keras_vit.base import options as options_table
 from keras_vit.base.limits import MAX_CLASSES, MAX_HIDDEN
 from keras_vit.base.schema import Bool, Int, Number, Object
@@ -244,14 +245,10 @@ def model_options(config):
     (:func:`~keras_vit.base.options.unwritten`), ``class_token`` as the
     model has it (None: one with ``classifier="token"`` only), a NaFlex
     model's ``position_resize`` as it resolves."""
-    skip = options_table.unwritten(config)
-    options = {row.name: config.get(row.name, row.default)
-               for row in options_table.OPTIONS if row.name not in skip}
-    if options["class_token"] is None:
-        options["class_token"] = config.get(
-            "classifier", "token") in options_table.CLASS_TOKEN_POOLINGS
-    if "position_resize" in options:
-        options["position_resize"] = options_table.position_resize(options)
+    options = options_table.as_written(
+        {row.name: config.get(row.name, row.default)
+         for row in options_table.OPTIONS})
+    options["class_token"] = geometry.class_token(config)
     return options
 
 
