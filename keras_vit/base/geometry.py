@@ -131,7 +131,7 @@ def class_token(config):
     ``classifier`` says, one for ``"token"`` and ``"token_gap"`` only)."""
     token = config.get("class_token")
     if token is None:
-        return config.get("classifier", "token") in (
+        return (config.get("classifier") or "token") in (
             options.CLASS_TOKEN_POOLINGS)
     return bool(token)
 
@@ -250,10 +250,7 @@ def attention_pool_params(config):
     ...                            mlp_dim=16, pool_form="aimv2"))
     224
     """
-    method = config.get("classifier", "token")
-    if not config.get("include_top", True):
-        method = config.get("pooling")
-    if method != "map":
+    if _pooling(config) != "map":
         return 0
     d, mlp = config["hidden_size"], config["mlp_dim"]
     if config.get("pool_form", "map") == "aimv2":
@@ -274,11 +271,17 @@ def merged_widths(config):
     """
     merge = config.get("merge_size") or 1
     merged = merge * merge * config["hidden_size"]
-    method = (config.get("classifier", "token")
-              if config.get("include_top", True) else config.get("pooling"))
     # "token_gap" reads the class token and the patches' mean side by side.
     return merged, (config.get("merge_width") or merged) * (
-        1 + (method == "token_gap"))
+        1 + (_pooling(config) == "token_gap"))
+
+
+def _pooling(config):
+    """How the model pools: its classifier, or without its head
+    (``include_top=False``) its ``pooling``."""
+    if config.get("include_top", True):
+        return config.get("classifier", "token")
+    return config.get("pooling")
 
 
 def parameter_count(config, image_size=None, num_classes=None,

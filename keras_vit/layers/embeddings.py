@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from keras_vit.base import options
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (FusedConv2D, KeptArguments, check_norm,
@@ -322,8 +323,8 @@ def resize_grid_table(grid, grid_size, new_grid,
     ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols)
     with :func:`resize_axis` of ``kernel`` along the rows, then the
     columns (by default the official resize of the paper's section 3.2:
-    bilinear, aligned corners). A NumPy ``grid`` is resized with NumPy (a checkpoint being
-    loaded); a tensor in the graph, where ``new_grid`` may hold scalar
+    bilinear, aligned corners). A NumPy ``grid`` is resized with NumPy (a
+    checkpoint being loaded); a tensor in the graph, where ``new_grid`` may hold scalar
     tensors (a dynamic-size model)."""
     xp = _array_module(grid)
     rows, cols = grid_size
@@ -345,8 +346,7 @@ def resize_grid_table(grid, grid_size, new_grid,
 #: ``"bicubic"``, torch's ``interpolate(mode="bicubic",
 #: align_corners=False)`` (the cubic of a=-0.75 on four taps, the border
 #: row repeated): transformers' ``interpolate_pos_encoding``.
-RESIZE_KERNELS = ("bilinear_corners", "bilinear_aa", "bicubic_aa",
-                  "bicubic")
+RESIZE_KERNELS = options.choices("position_resize")[1:]  # None resolves
 
 
 def _cubic(distance, a, xp):
@@ -389,20 +389,19 @@ def resize_weights(index, new_len, old_len, kernel):
     # end, clamped to the border one: weigh them and fold them back.
     ends = 2 if kernel == "bicubic" else 0
     source = np.arange(-ends, old_len + ends, dtype=dtype)
-    fold = np.eye(old_len, dtype=dtype)[np.clip(
-        source.astype(int), 0, old_len - 1)]
-    if xp is ops:
-        source, fold = ops.convert_to_tensor(source), ops.convert_to_tensor(
-            fold)
-    distance = xp.abs(source - xp.expand_dims(centre, -1))
+    distance = xp.abs((source if xp is np else ops.convert_to_tensor(source))
+                      - xp.expand_dims(centre, -1))
     if kernel.endswith("_aa"):  # the kernel as wide as the step, shrinking
         distance = distance / xp.expand_dims(xp.maximum(scale, 1.0), -1)
     if kernel.startswith("bilinear"):
         weights = xp.maximum(1.0 - distance, 0.0)
     else:
         weights = _cubic(distance, -0.5 if ends == 0 else -0.75, xp)
-    if ends:
-        weights = xp.matmul(weights, fold)
+    if ends:  # each read beyond an end onto the border entry
+        fold = np.eye(old_len, dtype=dtype)[np.clip(
+            source.astype(int), 0, old_len - 1)]
+        weights = xp.matmul(weights, fold if xp is np
+                            else ops.convert_to_tensor(fold))
     if kernel.endswith("_aa"):
         weights = weights / xp.sum(weights, axis=-1, keepdims=True)
     return weights

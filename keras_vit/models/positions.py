@@ -492,11 +492,9 @@ class PositionScheme:
             return RelativePositionEmbedding(self.grid, self.num_heads,
                                              self.prefix, dtype=self.dtype,
                                              name=name)
-        extra = ({} if self.resize == "bilinear_corners"
-                 else {"resize": self.resize})
         return vit_layers.PositionEmbedding(
             self.grid, self.prefix, kind=self.kind, stride=self.stride,
-            dtype=self.dtype, name=name, **extra)
+            resize=self.resize, dtype=self.dtype, name=name)
 
     def _add(self, layer, x):
         if self.patches is not None:
