@@ -351,6 +351,21 @@ def random_timm_model(arch, size, num_classes, depth=1, **kwargs):
     return randomise_torch(model, seed=None)
 
 
+def timm_from_file(arch, folder, num_classes, **kwargs):
+    """timm's ``arch`` loading ``folder``'s ``model.safetensors`` through
+    its own checkpoint filter (which resizes what another size needs), as
+    ``timm.create_model(pretrained=True)`` does; in eval mode. The head's
+    size is given twice: timm drops a head whose size differs from its
+    pretrained_cfg's."""
+    import timm
+
+    return timm.create_model(
+        arch, pretrained=True, num_classes=num_classes,
+        pretrained_cfg_overlay=dict(file=str(folder / "model.safetensors"),
+                                    num_classes=num_classes),
+        **kwargs).eval()
+
+
 def randomise_torch(model, seed=0, scale=0.2):
     """Every parameter of the torch ``model`` drawn from N(0, scale), norms
     and layer scales too (a zero or unit one would hide a swap), from

@@ -13,7 +13,8 @@ import keras
 from keras_vit import zoo
 from keras_vit.zoo import position_tables
 from testkit import (assert_close_to_timm, assert_features_are_timms,
-                     random_images, random_timm_model, timm_forward)
+                     random_images, random_timm_model, timm_forward,
+                     timm_from_file)
 
 pytestmark = pytest.mark.backends
 
@@ -111,16 +112,11 @@ def test_a_bias_table_of_no_known_grid_is_refused():
 @pytest.mark.parametrize("kwargs", [{}, SHARED], ids=["block", "shared"])
 @pytest.mark.parametrize("size", [48, 16, (32, 48)])
 def test_beit_at_another_size_has_timms_logits(tmp_path, kwargs, size):
-    import timm
-
     _, repo = _folder(tmp_path, "beit_base_patch16_224", **kwargs)
     ours = zoo.load(str(repo), image_size=size)
     # timm's model at that size, loading the file through its own filter.
-    file = str(repo / "model.safetensors")
-    theirs = timm.create_model(
-        "beit_base_patch16_224", pretrained=True, img_size=size,
-        num_classes=5, pretrained_cfg_overlay=dict(file=file, num_classes=5),
-        **TINY, **kwargs).eval()
+    theirs = timm_from_file("beit_base_patch16_224", repo, 5, img_size=size,
+                            **TINY, **kwargs)
     height, width = (size, size) if isinstance(size, int) else size
     x = random_images(height, width=width)
     assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)),

@@ -11,7 +11,8 @@ import pytest
 import keras
 from keras_vit import zoo
 from testkit import (assert_close_to_timm, assert_refused_naming,
-                     random_images, random_timm_model, timm_forward)
+                     random_images, random_timm_model, timm_forward,
+                     timm_from_file)
 
 pytestmark = pytest.mark.backends
 
@@ -56,18 +57,14 @@ def test_at_another_size_the_model_is_timms_built_there(tmp_path, arch,
     another image size: the logits of timm's model created at that size
     from the same file, its table resized by timm's own filter (bicubic,
     antialiased), its rotary grid scaled."""
-    import timm
-
     _, repo = _folder(tmp_path, arch, patch_size=8)
     ours = zoo.load(str(repo), image_size=size)
     assert ours.get_config()["position_resize"] == "bicubic_aa"
-    theirs = timm.create_model(
-        arch, pretrained=True, img_size=size, num_classes=CLASSES, depth=2,
-        patch_size=8, pretrained_cfg_overlay=dict(
-            file=str(repo / "model.safetensors"), num_classes=CLASSES))
+    theirs = timm_from_file(arch, repo, CLASSES, img_size=size, depth=2,
+                            patch_size=8)
     x = random_images(size)
     assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)),
-                         timm_forward(theirs.eval(), x))
+                         timm_forward(theirs, x))
 
 
 @pytest.mark.parametrize("setting, named", [

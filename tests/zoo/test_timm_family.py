@@ -18,7 +18,7 @@ from timm.models import save_for_hf  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.data.normalization import of_model  # noqa: E402
 from testkit import (assert_close_to_timm, random_images,  # noqa: E402
-                     random_timm_model, timm_forward)
+                     random_timm_model, timm_forward, timm_from_file)
 
 CLASSES = 5
 # timm architecture -> (image size, patch size, what keras_vit builds).
@@ -98,13 +98,9 @@ def _written_and_read_by_timm(model, folder):
     config.json)``."""
     zoo.save_pretrained(model, folder)
     written = json.loads((folder / "config.json").read_text())
-    return timm.create_model(
-        written["architecture"], pretrained=True,
-        num_classes=written["num_classes"],
-        pretrained_cfg_overlay=dict(
-            file=str(folder / "model.safetensors"),
-            num_classes=written["num_classes"]),
-        **written["model_args"]).eval(), written
+    return timm_from_file(written["architecture"], folder,
+                          written["num_classes"],
+                          **written["model_args"]), written
 
 
 def test_swiglu_without_layer_scale_is_written_so_timm_loads_it(tmp_path):
@@ -196,11 +192,8 @@ def test_headless_siglip_returns_timms_pooled_embedding(tmp_path):
     zoo.save_pretrained(ours, tmp_path / "back")
     written = json.loads((tmp_path / "back" / "config.json").read_text())
     assert written["global_pool"] == "map" and written["num_classes"] == 0
-    again = timm.create_model(
-        written["architecture"], pretrained=True, num_classes=0,
-        pretrained_cfg_overlay=dict(
-            file=str(tmp_path / "back" / "model.safetensors"),
-            num_classes=0), **written["model_args"]).eval()
+    again = timm_from_file(written["architecture"], tmp_path / "back", 0,
+                           **written["model_args"])
     assert_close_to_timm(timm_forward(again, x), timm_forward(theirs, x))
 
 

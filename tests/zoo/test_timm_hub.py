@@ -410,13 +410,12 @@ AIMV2_ARGS = dict(embed_dim=48, num_heads=2)
 
 def _timm_reload(folder, **kwargs):
     """timm's model from a repository keras_vit wrote, as timm loads it."""
+    from testkit import timm_from_file
+
     written = json.loads((folder / "config.json").read_text())
-    return written, timm.create_model(
-        written["architecture"], pretrained=True,
-        num_classes=written["num_classes"],
-        pretrained_cfg_overlay=dict(file=str(folder / "model.safetensors"),
-                                    num_classes=written["num_classes"]),
-        **dict(written["model_args"], **kwargs)).eval()
+    return written, timm_from_file(
+        written["architecture"], folder, written["num_classes"],
+        **dict(written["model_args"], **kwargs))
 
 
 def test_aimv2_loads_with_timms_logits_native_and_resized_and_back(tmp_path):

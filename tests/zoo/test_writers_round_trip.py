@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import torch
-import timm
+import timm  # noqa: F401 (before TensorFlow: tests/conftest.py)
 import transformers
 import keras_hub
 import hypothesis
@@ -26,7 +26,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
-from testkit import assert_relative, random_images  # noqa: E402
+from testkit import (assert_relative, random_images,  # noqa: E402
+                     timm_from_file)
 
 SIZES = dict(image_size=16, patch_size=8, hidden_size=16, num_layers=1,
              num_heads=2, mlp_dim=32)
@@ -90,12 +91,8 @@ def _nchw():
 
 def _timm(folder, ours):
     written = json.loads((folder / "config.json").read_text())
-    model = timm.create_model(
-        written["architecture"], pretrained=True,
-        num_classes=written["num_classes"], pretrained_cfg_overlay=dict(
-            file=str(folder / "model.safetensors"),
-            num_classes=written["num_classes"]),
-        **written["model_args"]).eval()
+    model = timm_from_file(written["architecture"], folder,
+                           written["num_classes"], **written["model_args"])
     with torch.no_grad():
         return model(_nchw()).numpy()
 
