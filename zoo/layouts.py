@@ -122,15 +122,19 @@ class Rule:
     ``key``: the source's key, or several whose arrays join along that axis
     into the model's one (timm's unpacked SwiGLU halves); ``form``: a key
     of :data:`FORMS`; ``variant``: the name a writer chooses this rule by
-    over the plain one for the same variable (the reader takes either).
+    over the plain one for the same variable (the reader takes either);
+    ``axis``: the source's axis the pieces stack along (1: a Linear's
+    inputs, timm's one output projection of two branches). Pieces of
+    different sizes (timm's ``in_proj``: the MLP's first projection and
+    the query, key and value) split by the model's shapes.
     """
 
-    def __init__(self, model, key, form="same", variant=None):
+    def __init__(self, model, key, form="same", variant=None, axis=0):
         if form not in FORMS:
             raise ValueError(f"form={form!r} is not one of {sorted(FORMS)}")
         self.model = [_Pattern(p) for p in _as_tuple(model)]
         self.keys = [_Pattern(k) for k in _as_tuple(key)]
-        self.form, self.variant = form, variant
+        self.form, self.variant, self.axis = form, variant, axis
 
     def __repr__(self):
         return (f"Rule({[p.text for p in self.model]}, "
@@ -189,7 +193,7 @@ class Layout:
         return Layout(name or self.name, [
             Rule([p.text for p in rule.model],
                  [keys.get(k.text, k.text) for k in rule.keys], rule.form,
-                 rule.variant) for rule in self.rules])
+                 rule.variant, rule.axis) for rule in self.rules])
 
     def _for_path(self, path, variants=()):
         found = None
@@ -271,12 +275,20 @@ class Layout:
         to_model = FORMS[rule.form][0]
         if len(parts) == len(paths) == 1:
             return [to_model(parts[0], shapes.get(paths[0]))]
-        joined = np.concatenate([np.atleast_1d(p) for p in parts])
-        if joined.shape[0] % len(paths):
-            raise ValueError(f"{joined.shape[0]} rows do not split in "
-                             f"{len(paths)}")
-        return [to_model(piece, shapes.get(path))
-                for path, piece in zip(paths, np.split(joined, len(paths)))]
+        joined = np.concatenate([np.atleast_1d(p) for p in parts], rule.axis)
+        rows = joined.shape[rule.axis]
+        # Each piece's rows: its numbers over a row's (the model's shapes),
+        # else equal pieces.
+        across = int(np.prod(joined.shape)) // max(rows, 1)
+        sizes = ([int(np.prod(shapes[p])) // max(across, 1) for p in paths]
+                 if all(p in shapes for p in paths) else None)
+        if sizes is None or sum(sizes) != rows:
+            if rows % len(paths):
+                raise ValueError(f"{rows} rows do not split in {len(paths)}")
+            sizes = [rows // len(paths)] * len(paths)
+        cuts = np.cumsum(sizes)[:-1]
+        return [to_model(piece, shapes.get(path)) for path, piece in zip(
+            paths, np.split(joined, cuts, axis=rule.axis))]
 
     def write(self, arrays, variants=()):
         """The model's ``arrays`` (``{variable path: array}``) as the
@@ -295,7 +307,8 @@ class Layout:
             done.add(paths)
             to_source = FORMS[rule.form][1]
             pieces = [to_source(np.asarray(arrays[p])) for p in paths]
-            joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            joined = (np.concatenate(pieces, rule.axis) if len(pieces) > 1
+                      else pieces[0])
             keys = [k.format(fields) for k in rule.keys]
             for key, piece in zip(keys, np.split(joined, len(keys))
                                   if len(keys) > 1 else [joined]):
