@@ -78,6 +78,8 @@ OPTION_EXAMPLES = {
     "naflex": (True, dict(classifier="map", class_token=True)),
     "position_resize": ("bicubic_aa", dict(naflex=True, classifier="gap",
                                            class_token=False)),
+    "differential": ("vectors", dict(qk_norm=True)),
+    "parallel": ("fused", dict(layer_scale=0.5)),
 }
 
 

@@ -127,14 +127,27 @@ class Field(NamedTuple):
                     None)
 
     def read(self, value):
-        """Our value of their ``value``."""
-        return value if self.forms is None else self.forms[value]
-
-    def write(self, value):
-        """Their value of our ``value``."""
+        """Our value of their ``value``; a ValueError for a value the
+        forms do not name."""
         if self.forms is None:
             return value
-        return {ours: theirs for theirs, ours in self.forms.items()}[value]
+        if not isinstance(value, (str, int, float, type(None))) or (
+                value not in self.forms):
+            raise ValueError(f"it is none of {list(self.forms)}")
+        return self.forms[value]
+
+    def write(self, value, option="value"):
+        """Their value of our ``value`` (of ``option``, which a refusal
+        names); a ValueError for a value they have no name for."""
+        if self.forms is None:
+            return value
+        theirs = {ours: t for t, ours in reversed(self.forms.items())}
+        if value not in theirs:
+            raise ValueError(
+                f"their field {self.name} has no value for {option}="
+                f"{value!r}; it holds {option} of "
+                f"{', '.join(map(repr, theirs))}")
+        return theirs[value]
 
 
 class Shape(NamedTuple):
@@ -160,6 +173,8 @@ class Shape(NamedTuple):
         heads: the attention heads.
         bias_rows: the rows of a 2D relative bias table over the patch
             grid ((2 rows - 1)(2 cols - 1) + 3).
+        values: every row's value (a row whose weights another row
+            reshapes reads it).
     """
 
     width: int
@@ -174,6 +189,7 @@ class Shape(NamedTuple):
     final: int = 0
     heads: int = 0
     bias_rows: int = 0
+    values: dict | None = None
 
 
 class Weight(NamedTuple):
@@ -230,6 +246,12 @@ class Option(NamedTuple):
             another grid than its own: a writer, which writes the model
             at its own size, need not hold it (the reader of the written
             files sets its source's).
+        requires: ``requires(value, values)`` -> None where the row's
+            ``value`` builds beside the other rows' ``values``, else what
+            it needs and the values received (the builder raises it after
+            the row's name and value).
+        score_maps: ``score_maps(value)`` -> the attention maps (N x N)
+            each head keeps at that value, for the memory bound; None: one.
     """
 
     name: str
@@ -245,6 +267,8 @@ class Option(NamedTuple):
     weights: tuple = ()
     block: bool = False
     at_other_sizes: bool = False
+    requires: Callable | None = None
+    score_maps: Callable | None = None
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -254,6 +278,26 @@ _NEGATED = {True: False, False: True}
 # SiLU).
 _SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
 _GATED = _SWIGLU._replace(also=("use_gated_mlp",))
+
+def _query_width(shape):
+    """The width the q/k norms see: a head's, or half of it where
+    differential attention splits each head's queries and keys in two."""
+    split = (shape.values or {}).get("differential") is not None
+    return shape.head_width // (2 if split else 1)
+
+
+def _parallel_params(value, shape):
+    """What parallel blocks change per block: no second norm, one layer
+    scale, the MLP's first bias always (timm's in_proj holds it), one
+    output bias with ``"fused"``."""
+    if not value:
+        return 0, 0
+    values = shape.values
+    return (-shape.norm(shape.width)
+            - shape.width * (values["layer_scale"] is not None)
+            + shape.mlp_first * (not values["proj_bias"])
+            - shape.width * (value == "fused" and values["proj_bias"])), 0
+
 
 # A block's path in the model, in timm's state dict and in the official
 # layout.
@@ -304,7 +348,7 @@ OPTIONS = (
                for n in (1, 2)), block=True),
     Option("qk_norm", False, flag, True, Field("qk_norm"),
            "a norm on each head's queries and keys",
-           params=lambda v, s: (2 * s.norm(s.head_width) * v, 0),
+           params=lambda v, s: (2 * s.norm(_query_width(s)) * v, 0),
            weights=tuple(
                Weight(f"{_BLOCK}attention/{x}_norm", "norm",
                       f"{_TIMM}attn.{x[0]}_norm",
@@ -439,6 +483,48 @@ OPTIONS = (
                     Weight("relative_bias/table", "vector",
                            "rel_pos_bias.relative_position_bias_table",
                            "Transformer/relative_bias"))),
+    Option("differential", None, choice(None, "vectors", "dual"), True,
+           Field("attn_layer", {"diff": "vectors", "": None,
+                                "attn": None}),
+           "differential attention (Ye et al. 2025, timm's DiffAttention): "
+           "each head's queries and keys split in two halves, softmax(q1 "
+           "k1) - lambda softmax(q2 k2) over the values, then an RMS norm "
+           "of each head (sub_norm, epsilon 1e-5) times 1 - lambda_init, "
+           "lambda_init = 0.8 - 0.6 exp(-0.3 i) at block i; lambda = "
+           "exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + "
+           "lambda_init with 'vectors' (the paper's four vectors of half a "
+           "head), exp(lambda_a) - exp(lambda_b) + lambda_init with 'dual' "
+           "(two scalars); the q/k norms over the halves; None: none",
+           block=True,
+           params=lambda v, s: ((v is not None) * (s.head_width + (
+               2 * s.head_width if v == "vectors" else 2)), 0),
+           requires=lambda v, values: (
+               "rope=None (no rotary form turns half heads); received "
+               f"rope={values['rope']!r}" if v and values["rope"] else None),
+           score_maps=lambda v: 2 if v else 1,
+           weights=(*(Weight(f"{_BLOCK}attention/lambda_{x}", "vector",
+                             f"{_TIMM}attn.lambda_{x}",
+                             f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
+                             f"lambda_{x}")
+                      for x in ("q1", "k1", "q2", "k2", "a", "b")),
+                    Weight(f"{_BLOCK}attention/sub_norm", "norm",
+                           f"{_TIMM}attn.sub_norm",
+                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
+                           "sub_norm"))),
+    Option("parallel", None, choice(None, "split", "fused"), True, None,
+           "the attention and the MLP side by side on one norm of the "
+           "tokens, x + attention(norm_1(x)) + mlp(norm_1(x)), one layer "
+           "scale over their sum (ViT-22B's parallel layers): 'split', each "
+           "branch's output projection with its own bias (timm's "
+           "ParallelScalingBlock), 'fused', one bias for both, the MLP's "
+           "second Dense without (timm's DiffParallelScalingBlock); the "
+           "MLP's first Dense has a bias whatever proj_bias says; None: "
+           "one branch after the other",
+           block=True, params=_parallel_params,
+           requires=lambda v, values: (
+               "pre-norm blocks, post_norm=False (its two branches read one "
+               "norm of the tokens); received post_norm=True"
+               if v and values["post_norm"] else None)),
     Option("merge_size", 0, count, True, None,
            "k > 1: the patch merger after the blocks (the projector of "
            "Qwen's vision towers): each k x k block of patch tokens, "
@@ -667,5 +753,5 @@ def write_fields(library, options, fields):
         if name is not None:
             value = option.check(option.name,
                                  options.get(option.name, option.default))
-            out[name] = field.write(value)
+            out[name] = field.write(value, option.name)
     return out

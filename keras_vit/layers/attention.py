@@ -163,18 +163,22 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     False: adjacent pairs). ``output_norm``: a norm of that kind over the
     heads' outputs together, before the output projection (layer
     ``output_norm``: EVA-02's ``scale_attn_inner``, BEiT-3's sub-LN).
+    ``differential`` (``"vectors"`` or ``"dual"``): differential
+    attention (:meth:`differential_context`, the ``differential`` option)
+    at block ``index`` (from 0), which sets its ``lambda_init``.
     """
 
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
                  "norm_epsilon": float, "norm": check_norm,
                  "rope": lambda form: form, "rope_halves": lambda v: v,
-                 "output_norm": bool}
+                 "output_norm": bool, "differential": lambda v: v,
+                 "index": int}
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
                  norm="layer", rope=None, output_norm=False,
-                 rope_halves=None, **kwargs):
+                 rope_halves=None, differential=None, index=0, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -188,6 +192,12 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             )
         head_dim = dim // self.num_heads
         self.head_dim = head_dim
+        if self.differential and head_dim % 2:
+            raise ValueError(
+                "differential attention splits each head's queries and keys "
+                f"in two halves: the head width {dim} / num_heads="
+                f"{self.num_heads} = {head_dim} must be even; received "
+                f"differential={self.differential!r}")
         for name in ("query", "key", "value"):
             layer = FusedEinsumDense(
                 "abc,cde->abde", (None, self.num_heads, head_dim),
@@ -202,8 +212,13 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             kernel_initializer=xavier_flat(dim, dim),
             bias_initializer="zeros", dtype=self.dtype_policy, name="out")
         self.out.build(tuple(input_shape[:-1]) + (self.num_heads, head_dim))
+        if self.differential:
+            self._build_differential(input_shape)
         if self.qk_norm:
-            heads_shape = tuple(input_shape[:-1]) + (self.num_heads, head_dim)
+            # Differential attention's norms see the half heads.
+            split = 2 if self.differential else 1
+            heads_shape = tuple(input_shape[:-1]) + (
+                self.num_heads * split, head_dim // split)
             for name in ("query_norm", "key_norm"):
                 norm = make_norm(self.norm, self.norm_epsilon,
                                  self.dtype_policy, name)
@@ -215,11 +230,81 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             self.context_norm.build(tuple(input_shape[:-1]) + (dim,))
         self.built = True
 
+    def _build_differential(self, input_shape):
+        half = self.head_dim // 2
+        names = (("q1", "k1", "q2", "k2") if self.differential == "vectors"
+                 else ("a", "b"))
+        for name in names:
+            setattr(self, f"lambda_{name}", self.add_weight(
+                name=f"lambda_{name}",
+                shape=(half,) if self.differential == "vectors" else (),
+                initializer=(keras.initializers.RandomNormal(stddev=0.1)
+                             if self.differential == "vectors"
+                             else "zeros"), dtype="float32"))
+        self.sub_norm = make_norm("rms", 1e-5, self.dtype_policy,
+                                  "sub_norm")
+        self.sub_norm.build(tuple(input_shape[:-1]) + (
+            self.num_heads, self.head_dim))
+
+    @property
+    def lambda_init(self):
+        """Differential attention's depth-dependent start of lambda."""
+        return 0.8 - 0.6 * math.exp(-0.3 * self.index)
+
+    def _lambda(self):
+        if self.differential == "vectors":
+            first = ops.exp(ops.sum(self.lambda_q1 * self.lambda_k1))
+            second = ops.exp(ops.sum(self.lambda_q2 * self.lambda_k2))
+        else:
+            first, second = ops.exp(self.lambda_a), ops.exp(self.lambda_b)
+        return first - second + self.lambda_init
+
+    def differential_context(self, q, k, v, bias, dropout, training,
+                             need_probs):
+        """Differential attention's context (B, N, heads, head_dim) and
+        maps: each head's queries and keys ``q``, ``k`` (B, N, heads,
+        head_dim) are two halves (timm's sub-heads ``2h`` and ``2h + 1``),
+        scaled by the half width; ``softmax(q1 k1) v - lambda softmax(q2
+        k2) v``, each head's result RMS-normed (``sub_norm``) and scaled by
+        ``1 - lambda_init``. The halves run as ``2 * heads`` heads of one
+        attention call: zeros after each half's features (the dot products
+        unchanged) give them the values' width, and each head's values
+        serve both its halves."""
+        half = self.head_dim // 2
+        shape = ops.shape(q)
+        split = (shape[0], shape[1], 2 * self.num_heads, half)
+        zeros = ((0, 0), (0, 0), (0, 0), (0, half))
+        q, k = (ops.pad(ops.reshape(t, split), zeros) for t in (q, k))
+        v = ops.repeat(v, 2, axis=2)
+        if bias is not None and bias.shape[1] not in (None, 1):
+            bias = ops.repeat(bias, 2, axis=1)
+        context, probs = kernels.attention(
+            q, k, v, bias, 1.0 / math.sqrt(half), dropout, training,
+            need_probs=need_probs)
+        lam = ops.cast(self._lambda(), context.dtype)
+        pairs = ops.reshape(context, (shape[0], shape[1], self.num_heads, 2,
+                                      self.head_dim))
+        context = pairs[:, :, :, 0] - lam * pairs[:, :, :, 1]
+        context = self.sub_norm(context) * ops.cast(
+            1.0 - self.lambda_init, context.dtype)
+        if probs is not None:
+            maps = ops.reshape(probs, (shape[0], self.num_heads, 2, shape[1],
+                                       shape[1]))
+            probs = maps[:, :, 0] - ops.cast(lam, maps.dtype) * maps[:, :, 1]
+        return context, probs
+
     def _qkv(self, x):
         """q, k, v as (B, N, heads, D/heads), q and k normalised per head
-        with ``qk_norm``."""
+        with ``qk_norm`` (per half head with ``differential``)."""
         q, k, v = self.query(x), self.key(x), self.value(x)
-        if self.qk_norm:
+        if self.qk_norm and self.differential:
+            shape = ops.shape(q)
+            halves = (shape[0], shape[1], 2 * self.num_heads,
+                      self.head_dim // 2)
+            q, k = (ops.reshape(norm(ops.reshape(t, halves)), shape)
+                    for norm, t in ((self.query_norm, q),
+                                    (self.key_norm, k)))
+        elif self.qk_norm:
             q, k = self.query_norm(q), self.key_norm(k)
         return q, k, v
 
@@ -244,9 +329,12 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                               else attention_bias + relative)
         dropout = (self.dropout if training is True
                    and self.attention_dropout_rate > 0 else None)
-        context, probs = kernels.attention(
-            q, k, v, attention_bias, 1.0 / math.sqrt(self.head_dim), dropout,
-            training, need_probs=return_attention_scores)
+        attend = (self.differential_context if self.differential else
+                  lambda q, k, v, bias, *rest, need_probs: kernels.attention(
+                      q, k, v, bias, 1.0 / math.sqrt(self.head_dim), *rest,
+                      need_probs=need_probs))
+        context, probs = attend(q, k, v, attention_bias, dropout, training,
+                                need_probs=return_attention_scores)
         if self.output_norm:  # over every head's features at once
             # The width spelled out: in a graph with a free batch, -1
             # leaves it unknown, and the norm needs it.

@@ -112,15 +112,20 @@ class MlpBlock(KeptArguments, layers.Layer):
     second half gives the ``mlp_dim`` features the second Dense reads.
     ``norm`` (a kind of :data:`~keras_vit.layers.dense.NORM_KINDS`, of
     ``norm_epsilon``) normalises those features before the second Dense
-    (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm."""
+    (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm.
+    ``output_bias``: the second Dense's bias where it differs from the
+    first's (None: ``use_bias``; a parallel block's MLP shares its output
+    bias with the attention's)."""
 
     ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
                  "use_bias": bool, "kind": check_mlp,
                  "norm": lambda kind: None if kind is None else check_norm(
-                     kind), "norm_epsilon": float}
+                     kind), "norm_epsilon": float,
+                 "output_bias": lambda v: None if v is None else bool(v)}
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
-                 kind="gelu", norm=None, norm_epsilon=1e-6, **kwargs):
+                 kind="gelu", norm=None, norm_epsilon=1e-6, output_bias=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.dropout_rate,
@@ -138,7 +143,8 @@ class MlpBlock(KeptArguments, layers.Layer):
             dtype=self.dtype_policy, name="dense_0",
         )
         self.dense_1 = FusedDense(
-            dim, use_bias=self.use_bias, kernel_initializer=XAVIER,
+            dim, use_bias=self.use_bias if self.output_bias is None
+            else self.output_bias, kernel_initializer=XAVIER,
             bias_initializer=bias_init(), dtype=self.dtype_policy,
             name="dense_1",
         )
@@ -194,7 +200,11 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     ``rope`` and ``rope_halves`` (the rotary embeddings' form, which
     pairs of features the attention turns: :class:`MultiHeadSelfAttention`)
     and ``post_norm`` (``norm_1`` and ``norm_2`` on each branch's output
-    instead of its input: timm's ``ResPostBlock``, Swin v2's blocks).
+    instead of its input: timm's ``ResPostBlock``, Swin v2's blocks),
+    ``differential`` (differential attention, at the block's ``index``
+    from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
+    or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
+    scale; no ``norm_2``).
     """
 
     def __init__(
@@ -218,9 +228,15 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         rope=None,
         rope_halves=None,
         post_norm=False,
+        differential=None,
+        parallel=None,
+        index=0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.differential = differential
+        self.parallel = parallel
+        self.index = int(index)
         self.rope_halves = rope_halves
         self.post_norm = bool(post_norm)
         self.mlp_norm = bool(mlp_norm)
@@ -248,17 +264,25 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
             norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
-            output_norm=self.attention_norm, dtype=self.dtype_policy,
-            name="attention",
+            output_norm=self.attention_norm,
+            differential=self.differential, index=self.index,
+            dtype=self.dtype_policy, name="attention",
         )
         self.dropout = layers.Dropout(self.dropout_rate,
                                       dtype=self.dtype_policy)
-        self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon,
-                                self.dtype_policy, "norm_2")
+        self.norm_2 = None if self.parallel else make_norm(
+            self.norm, self.layer_norm_epsilon, self.dtype_policy, "norm_2")
+        # A parallel block's MLP: the first bias always (timm's in_proj
+        # or mlp_bias), the second one shared with the attention's where
+        # the two output projections are fused.
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
-                            use_bias=self.proj_bias, kind=self.mlp_kind,
+                            use_bias=self.proj_bias or bool(self.parallel),
+                            kind=self.mlp_kind,
                             norm=self.norm if self.mlp_norm else None,
                             norm_epsilon=self.layer_norm_epsilon,
+                            output_bias=self.proj_bias and (
+                                self.parallel != "fused") if self.parallel
+                            else None,
                             dtype=self.dtype_policy, name="mlp")
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
@@ -267,14 +291,16 @@ class EncoderBlock(ReturnsScores, layers.Layer):
 
     def build(self, input_shape):
         for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
-            sub.build(input_shape)
+            if sub is not None:
+                sub.build(input_shape)
         if self.layer_scale is not None:
             dim = int(input_shape[-1])
             init = keras.initializers.Constant(self.layer_scale)
             self.layer_scale_1 = self.add_weight(
                 name="layer_scale_1", shape=(dim,), initializer=init)
-            self.layer_scale_2 = self.add_weight(
-                name="layer_scale_2", shape=(dim,), initializer=init)
+            if not self.parallel:
+                self.layer_scale_2 = self.add_weight(
+                    name="layer_scale_2", shape=(dim,), initializer=init)
         self.built = True
 
     def _branch(self, y, scale, training):
@@ -314,13 +340,19 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         before, after = ((lambda n, y: y, lambda n, y: n(y))
                          if self.post_norm else
                          (lambda n, y: n(y), lambda n, y: y))
+        h = before(self.norm_1, x)
         y = self.attention(
-            before(self.norm_1, x), training=training,
+            h, training=training,
             return_attention_scores=return_attention_scores, **position)
         if return_attention_scores:
             y, scores = y
-        scales = ((self.layer_scale_1, self.layer_scale_2)
+        scales = ((self.layer_scale_1, getattr(self, "layer_scale_2", None))
                   if self.layer_scale is not None else (None, None))
+        if self.parallel:  # both branches read norm_1(x); one sum added
+            y = self.dropout(y, training=training) + self.mlp(
+                h, training=training)
+            x = x + self._branch(y, scales[0], training)
+            return (x, scores) if return_attention_scores else x
         x = x + self._branch(after(self.norm_1, self.dropout(
             y, training=training)), scales[0], training)
         x = x + self._branch(after(self.norm_2, self.mlp(
@@ -334,7 +366,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
-            "attention_norm", "rope", "rope_halves", "post_norm"))
+            "attention_norm", "rope", "rope_halves", "post_norm",
+            "differential", "parallel", "index"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

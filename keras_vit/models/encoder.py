@@ -187,6 +187,10 @@ def check_family_options(options, classifier, pooling, include_top,
     if token is None:
         token = classifier in options_table.CLASS_TOKEN_POOLINGS
     out["class_token"] = token
+    for row in options_table.OPTIONS:  # the checks the rows declare
+        need = row.requires and row.requires(out[row.name], out)
+        if need:
+            raise ValueError(f"{row.name}={out[row.name]!r} needs {need}")
     method = classifier if include_top else pooling
     if method in options_table.CLASS_TOKEN_POOLINGS and not token:
         what = (f"classifier={classifier!r}" if include_top

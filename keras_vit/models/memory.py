@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from keras_vit.base import geometry
+from keras_vit.base import geometry, options
 from keras_vit.base.checks import check_pair
 from keras_vit.base.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 from keras_vit.runtime import hardware
@@ -108,8 +108,13 @@ def _encoder(model):
     tokens = grid[0] * grid[1] + geometry.prefix_tokens(config)
     # The MLP counted as wide as its first projection (wider than mlp_dim
     # for the packed SwiGLU: an upper estimate, as these are).
+    # Each head's attention maps as heads of their own (differential
+    # attention keeps two per head: its option row says).
+    maps = math.prod(row.score_maps(config.get(row.name, row.default))
+                     for row in options.OPTIONS if row.score_maps)
     config = dict(config, mlp_dim=geometry.mlp_first_width(
-        config["mlp_dim"], config.get("mlp", "gelu")))
+        config["mlp_dim"], config.get("mlp", "gelu")),
+        num_heads=config["num_heads"] * maps)
     return config, tokens
 
 

@@ -212,7 +212,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 spec["num_heads"], spec["mlp_dim"], spec["dropout_rate"],
                 spec["attention_dropout_rate"], layer_norm_epsilon,
                 gelu=vit_layers.check_gelu(gelu), remat=remat,
-                drop_path_rate=rates[i], norm=norm, dtype=dtype,
+                drop_path_rate=rates[i], norm=norm, dtype=dtype, index=i,
                 name=f"encoder_block_{i}", **options.block_options(family))
             for i in range(depth)]
         scheme = PositionScheme(

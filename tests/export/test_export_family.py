@@ -2,7 +2,8 @@
 group (registers without a class token, the attention-pool head, q/k
 norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and the
 patch norm; DeiT's distilled heads; BEiT's, Qwen's, DINOv3's, EVA-02's,
-RoPE-ViT's and AIMv2's options) becomes a SavedModel, an ONNX file, a
+RoPE-ViT's and AIMv2's options, differential attention in parallel
+blocks) becomes a SavedModel, an ONNX file, a
 TFLite file and (but the BEiT- and Qwen-like ones) an OpenVINO IR (the
 options model also a SavedModel with the image-bytes signature and a
 full-int8 TFLite file whose RMSNorm stays float), each run in its own
@@ -57,10 +58,15 @@ MODELS = {
     # AIMv2-like: RMSNorm, the patch norm and AIMv2's attention pool.
     "aimv2": dict(class_token=False, classifier="map", pool_form="aimv2",
                   norm="rms", patch_norm=True, mlp="swiglu"),
+    # timm's vit_dpwee-like: differential attention in parallel blocks
+    # (one output bias), a register, average pooling.
+    "dpwee": dict(differential="vectors", parallel="fused",
+                  class_token=False, num_registers=1, classifier="gap",
+                  layer_scale=0.5, qk_norm=True),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
-OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2")
+OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image

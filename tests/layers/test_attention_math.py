@@ -274,3 +274,74 @@ def test_attention_config_round_trips_and_rebuilds_the_same_layout():
     x = _inputs(B, N, D)
     want, _ = _attention(x, w, qk_norm="rms", eps=1e-5)
     np.testing.assert_allclose(_np(rebuilt(x)), want, rtol=RTOL, atol=ATOL)
+
+
+# -- differential attention --------------------------------------------------
+
+def _differential(x, w, index, kind, bias=None, qk_norm=False, eps=1e-6):
+    """timm's DiffAttention written out per head in float64: the halves of
+    each head's queries and keys, two softmaxes over the values, their
+    difference by lambda, the head's RMS norm times 1 - lambda_init."""
+    x = x.astype("float64")
+    b, n, _ = x.shape
+    half = HEAD_DIM // 2
+    start = 0.8 - 0.6 * math.exp(-0.3 * index)
+    if kind == "vectors":
+        lam = (np.exp(np.sum(w["lambda_q1"] * w["lambda_k1"]))
+               - np.exp(np.sum(w["lambda_q2"] * w["lambda_k2"])) + start)
+    else:
+        lam = np.exp(w["lambda_a"]) - np.exp(w["lambda_b"]) + start
+    out = np.zeros((b, n, w["out/kernel"].shape[-1]))
+    maps = np.zeros((b, HEADS, n, n))
+    for h in range(HEADS):
+        def project(name, h=h):
+            return x @ w[f"{name}/kernel"][:, h] + w[f"{name}/bias"][h]
+
+        q, k, v = project("query"), project("key"), project("value")
+        probs = []
+        for part in (slice(0, half), slice(half, HEAD_DIM)):
+            qs, ks = q[..., part], k[..., part]
+            if qk_norm:
+                qs = _layer_norm(qs, w["query_norm/gamma"],
+                                 w["query_norm/beta"], eps)
+                ks = _layer_norm(ks, w["key_norm/gamma"],
+                                 w["key_norm/beta"], eps)
+            logits = qs @ np.swapaxes(ks, 1, 2) / math.sqrt(half)
+            if bias is not None:
+                logits = logits + np.broadcast_to(bias, (b, HEADS, n, n))[:, h]
+            probs.append(_softmax(logits))
+        maps[:, h] = probs[0] - lam * probs[1]
+        context = _rms_norm(maps[:, h] @ v, w["sub_norm/gamma"], 1e-5)
+        out += context * (1 - start) @ w["out/kernel"][h]
+    return out + w["out/bias"], maps
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize("path", ["einsum", "fused"])
+@pytest.mark.parametrize("kind, index, qk_norm", [
+    ("vectors", 0, False), ("vectors", 3, True), ("dual", 5, False)])
+def test_differential_attention_is_the_difference_of_two_softmaxes(
+        monkeypatch, path, kind, index, qk_norm):
+    """Each speed path computes timm's differential attention with the
+    layer's own weights, at the block's lambda_init, with the maps it
+    returns and a padding bias (its keys left out of both softmaxes)."""
+    monkeypatch.setenv("KERAS_VIT_ATTENTION", path)
+    layer = _built(differential=kind, index=index, qk_norm=qk_norm)
+    w = weights_below(layer)
+    assert w["sub_norm/gamma"].shape == (HEAD_DIM,)
+    x = _inputs(B, N, D)
+    want, _ = _differential(x, w, index, kind, qk_norm=qk_norm)
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)
+    bias = np.zeros((B, 1, 1, N), "float32")
+    bias[1, ..., -2:] = -1e9
+    want, want_maps = _differential(x, w, index, kind, bias=bias,
+                                    qk_norm=qk_norm)
+    out, maps = layer(x, return_attention_scores=True, attention_bias=bias)
+    np.testing.assert_allclose(_np(out), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(_np(maps), want_maps, rtol=RTOL, atol=ATOL)
+
+
+def test_differential_attention_refuses_an_odd_head_width_naming_it():
+    with pytest.raises(ValueError, match="differential='vectors'") as e:
+        _built(differential="vectors", input_shape=(B, N, 6))
+    assert "= 3 must be even" in str(e.value)

@@ -48,8 +48,8 @@ def _attention(x, w):
     logits = np.einsum("bqhk,bvhk->bhqv", q, k) / math.sqrt(q.shape[-1])
     probs = _softmax(logits)
     context = np.einsum("bhqv,bvhk->bqhk", probs, v)
-    return np.einsum("bqhk,hkd->bqd", context, w["out/kernel"]) + w[
-        "out/bias"], probs
+    return np.einsum("bqhk,hkd->bqd", context, w["out/kernel"]) + w.get(
+        "out/bias", 0.0), probs
 
 
 def _encoder_block(x, w, norm="layer", mlp="gelu", gelu="tanh",
@@ -464,3 +464,24 @@ def test_residual_unit_config_round_trips():
         assert config[key] == value, key
     rebuilt = kl.ResidualUnit.from_config(config)
     assert all(getattr(rebuilt, k) == v for k, v in want.items())
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize("form, proj_bias", [
+    ("split", True), ("fused", True), ("split", False)])
+def test_a_parallel_block_adds_both_branches_of_one_norm(form, proj_bias):
+    """x + ls(MSA(LN(x)) + MLP(LN(x))): no second norm, one layer scale;
+    the fused form's MLP leaves its output bias to the attention's, and
+    the MLP's first bias stays whatever proj_bias says."""
+    layer = _built_block(parallel=form, layer_scale=0.1,
+                         proj_bias=proj_bias)
+    w = weights_below(layer)
+    assert not any(k.startswith(("norm_2", "layer_scale_2")) for k in w)
+    assert "mlp/dense_0/bias" in w
+    assert ("mlp/dense_1/bias" in w) == (proj_bias and form == "split")
+    x = _inputs(B, N, D).astype("float64")
+    h = apply_norm("layer", x, _sub(w, "norm_1"))
+    y = _attention(h, _sub(w, "attention"))[0] + _mlp(h, _sub(w, "mlp"))
+    want = x + y * w["layer_scale_1"]
+    np.testing.assert_allclose(_np(layer(x.astype("float32"))), want,
+                               rtol=RTOL, atol=ATOL)

@@ -196,14 +196,17 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
                                 dtype=torch.float32)).numpy()
     np.testing.assert_allclose(np.asarray(ours(x.astype("float32"))), want,
                                atol=2e-5, rtol=0)
-    # A setting keras_vit cannot honour is refused by name (parallel
-    # blocks); one it honours but whose weights the file lacks (q/k norm)
-    # is refused naming the missing arrays.
+    # A setting keras_vit cannot honour is refused by name (blocks of
+    # several branches); one it honours but whose weights the file lacks
+    # (q/k norm) or holds beside (parallel blocks have no second norm) is
+    # refused naming those arrays.
     import json
 
     written = (tmp_path / "config.json").read_text()
     for key, value, needle in (
-            ("block_fn", "ParallelScalingBlock", "model_args.block_fn"),
+            ("block_fn", "ParallelThingsBlock", "model_args.block_fn"),
+            ("block_fn", "ParallelScalingBlock",
+             r"unexpected in the checkpoint .*blocks\.0\.norm2\.bias"),
             ("qk_norm", True, r"missing .*blocks\.0\.attn\.q_norm\.weight")):
         config = json.loads(written)
         config["model_args"][key] = value

@@ -58,6 +58,18 @@ FAMILY = {
     # the patches only), asked for by timm's model_args.
     "vit_tiny_patch16_224": (32, 16, dict(
         classifier="map", class_token=True, num_registers=1)),
+    # Differential attention (its lambda_init depends on the block: three
+    # blocks), in timm's Block and in its fused parallel block.
+    "vit_dwee_patch16_reg1_gap_256": (32, 16, dict(
+        differential="vectors", parallel=None, layer_scale=1e-5)),
+    "vit_dpwee_patch16_reg1_gap_256": (32, 16, dict(
+        differential="vectors", parallel="fused", num_registers=1)),
+    # Parallel blocks with their output projections apart; with RMSNorm,
+    # q/k norms, no q/k/v bias (the MLP's first bias on its own).
+    "vit_pwee_patch16_reg1_gap_256": (32, 16, dict(
+        parallel="split", differential=None, classifier="gap")),
+    "vit_base_patch16_xp_224": (32, 16, dict(
+        parallel="split", norm="rms", qk_norm=True, qkv_bias=False)),
 }
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
@@ -66,7 +78,11 @@ IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 TIMM_ARGS = {"vit_small_patch16_224": dict(
     class_token=False, global_pool="avgmax", reg_tokens=2, qk_norm=True),
     "vit_giant_patch14_dinov2": dict(embed_dim=48, num_heads=2),
-    "vit_tiny_patch16_224": dict(global_pool="map", reg_tokens=1)}
+    "vit_tiny_patch16_224": dict(global_pool="map", reg_tokens=1),
+    **dict.fromkeys(("vit_dwee_patch16_reg1_gap_256",
+                     "vit_dpwee_patch16_reg1_gap_256",
+                     "vit_pwee_patch16_reg1_gap_256", "vit_base_patch16_xp_224"),
+                    dict(embed_dim=64, num_heads=2, depth=3))}
 
 
 
@@ -227,3 +243,36 @@ def test_pre_logits_features_are_timms_head_input(arch, tmp_path):
         want = theirs.forward_head(theirs.forward_features(
             torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
     assert_close_to_timm(ours(x), want.numpy())
+
+
+@pytest.mark.parametrize("options, named", [
+    (dict(parallel="split", differential="vectors"), "parallel='split'"),
+    (dict(parallel="fused"), "differential=None"),
+    (dict(parallel="split", mlp_norm=True), "mlp_norm=True"),
+    (dict(differential="dual"), "differential='dual'")])
+def test_blocks_timm_does_not_build_are_refused_in_one_line(options, named,
+                                                            tmp_path):
+    """A parallel block or differential attention no timm class builds
+    (the split projections with differential attention, the dual lambda
+    no timm config names) is refused before any file is written."""
+    import keras_vit
+
+    model = keras_vit.vit(image_size=32, patch_size=16, hidden_size=32,
+                          num_layers=1, num_heads=2, mlp_dim=64,
+                          num_classes=CLASSES, gelu="exact", **options)
+    with pytest.raises(ValueError, match=named) as refused:
+        zoo.save_pretrained(model, tmp_path / "out")
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_timms_block_of_several_branches_is_refused_by_name(tmp_path):
+    """timm's ParallelThingsBlock (several attention and MLP branches) is
+    no block keras_vit builds: the reader names it and the blocks it
+    reads."""
+    theirs = random_timm_model("vit_small_patch16_18x2_224", 32, CLASSES,
+                               embed_dim=32, num_heads=2)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    with pytest.raises(ValueError, match="block_fn='ParallelThingsBlock'.*"
+                       "'DiffParallelScalingBlock'"):
+        zoo.load(str(tmp_path / "repo"))

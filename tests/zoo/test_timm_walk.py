@@ -26,8 +26,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "timm_coverage.py")
 # keras_vit's table of timm's architectures (zoo/timm/architectures.json)
 # is not a gap but a stale table: its verdict (NAME_ONLY) fails here.
 KNOWN_GAPS = {
-    "parallel blocks (ViT-22B style)", "parallel blocks (several branches)",
-    "differential attention",
+    "parallel blocks (several branches)",
     "norms inside attention and MLP (BEiT-3 sub-LN)",
     "attention pool over the prefix tokens",
     "hybrid backbone ResNet-D (resnet26d/50d)", "hybrid backbone ConvStem",
@@ -157,11 +156,10 @@ def test_an_argument_keras_vit_lacks_is_refused_by_name_from_either_place():
     from keras_vit.zoo import formats
     from keras_vit.zoo.timm import arguments as timm_arguments
 
-    arch, options = timm_arguments.architecture(
-        "vit_pwee_patch16_reg1_gap_256")
+    arch, options = timm_arguments.architecture("vit_small_patch16_18x2_224")
     with pytest.raises(formats.FormatError, match=(
-            r"field architecture: block_fn='ParallelScalingBlock' \(timm's "
-            r"vit_pwee_patch16_reg1_gap_256 sets it\) is a timm setting "
+            r"field architecture: block_fn='ParallelThingsBlock' \(timm's "
+            r"vit_small_patch16_18x2_224 sets it\) is a timm setting "
             r"keras_vit cannot honour")) as info:
         timm_arguments.honoured({}, arch, "config.json", options)
     assert "\n" not in str(info.value)

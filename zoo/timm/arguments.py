@@ -283,10 +283,13 @@ _READ_ONLY = {
     "dynamic_img_size": ("dynamic_image_size", bool_arg),
     # An argument of DeiT's builder: the distillation token and head.
     "distilled": ("distilled", bool_arg),
-    # timm's blocks: its pre-norm Block, or ResPostBlock (post-norm).
-    "block_fn": ("post_norm", _choice_arg({"Block": False,
-                                           "ResPostBlock": True})),
 }
+#: timm's blocks (``block_fn``) as the options each sets: its pre-norm
+#: Block, ResPostBlock (post-norm), the parallel blocks.
+TIMM_BLOCKS = {"Block": {}, "ResPostBlock": {"post_norm": True},
+               "ParallelScalingBlock": {"parallel": "split"},
+               "DiffParallelScalingBlock": {"parallel": "fused",
+                                            "differential": "vectors"}}
 # timm's ViT size arguments -> keras_vit's.
 _TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
                "depth": "num_layers", "num_heads": "num_heads"}
@@ -297,7 +300,7 @@ _NORM_ARGS = ("norm_layer", "embed_norm_layer")
 _HONOURS = ("it honours img_size, in_chans, num_classes, the ViT's sizes "
             "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
             "rates, and for a ViT " + ", ".join(sorted(
-                {*TIMM_OPTIONS, *_READ_ONLY, *_NORM_ARGS}
+                {*TIMM_OPTIONS, *_READ_ONLY, *_NORM_ARGS, "block_fn"}
                 - {"drop_path_rate"})))
 
 
@@ -379,6 +382,11 @@ def honoured(config, arch, path, defaults=None):
                 norms[key] = norm_arg(value)
             except ValueError as e:
                 raise refuse(key, value, f"(it {e})") from None
+        elif key == "block_fn" and arch.family == "vit":
+            if not isinstance(value, str) or value not in TIMM_BLOCKS:
+                raise refuse(key, value, f"(it is none of "
+                             f"{', '.join(map(repr, TIMM_BLOCKS))})")
+            out.update(TIMM_BLOCKS[value])
         elif arch.family == "vit" and (key in TIMM_OPTIONS
                                        or key in _READ_ONLY):
             try:

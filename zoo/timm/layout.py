@@ -103,6 +103,65 @@ TIMM = Layout("timm", [
 ])
 
 
+def _parallel_rules(rules):
+    """timm's parallel blocks (``ParallelScalingBlock``,
+    ``DiffParallelScalingBlock``): one norm (``in_norm``) and one Linear
+    (``in_proj``) for the MLP's first projection and the query, key and
+    value, one layer scale (``ls``), the attention's own weights (q/k
+    norms, differential attention's) on the block itself; the two output
+    projections apart (``"parallel_split"``) or one over both branches'
+    features (``"parallel_fused"``). ``"parallel_no_qkv_bias"``: the MLP's
+    first bias apart (``mlp_bias``) where ``in_proj`` has none."""
+    attention = _T + "attn."
+    own = [Rule([p.text for p in rule.model],
+                [_T + k.text[len(attention):] for k in rule.keys],
+                rule.form, "parallel") for rule in rules
+           if all(p.text.startswith(_B + "attention/") for p in rule.model)
+           and all(k.text.startswith(attention) for k in rule.keys)
+           and not any(k.text.startswith((attention + "qkv",
+                                          attention + "proj",
+                                          attention + "norm."))
+                       for k in rule.keys)]
+    return [
+        *own,
+        *[Rule(_B + f"norm_1/{p}", f"{_T}in_norm.{q}", variant="parallel")
+          for p, q in (("gamma", "weight"), ("beta", "bias"))],
+        Rule(_B + "layer_scale_1", _T + "ls.gamma", variant="parallel"),
+        Rule(_B + "mlp/dense_0/bias", _T + "mlp_bias",
+             variant="parallel_no_qkv_bias"),
+        *[Rule([_B + "mlp/dense_0/" + part] + [
+            f"{_B}attention/{x}/{part}" for x in ("query", "key", "value")],
+            f"{_T}in_proj.{key}", form, "parallel")
+          for part, key, form in (("kernel", "weight", "linear"),
+                                  ("bias", "bias", "flat"))],
+        *[Rule(f"{_B}{path}/{part}", f"{_T}{key}.{name}", form,
+               "parallel_split")
+          for path, key in (("attention/out", "attn_out_proj"),
+                            ("mlp/dense_1", "mlp_out_proj"))
+          for part, name, form in (("kernel", "weight", "linear_out"),
+                                   ("bias", "bias", "flat"))],
+        Rule([_B + "attention/out/kernel", _B + "mlp/dense_1/kernel"],
+             _T + "out_proj.weight", "linear_out", "parallel_fused", axis=1),
+        Rule(_B + "attention/out/bias", _T + "out_proj.bias", "flat",
+             "parallel_fused")]
+
+
+def parallel_variants(config):
+    """The variants of :data:`TIMM`'s rules a model of ``config`` (a
+    model's config) is written in.
+
+    >>> parallel_variants({"parallel": "fused", "qkv_bias": False})
+    ('parallel', 'parallel_fused', 'parallel_no_qkv_bias')
+    """
+    form = config.get("parallel")
+    if not form:
+        return ()
+    return ("parallel", f"parallel_{form}") + (
+        () if config.get("qkv_bias", True) else ("parallel_no_qkv_bias",))
+
+
+TIMM.rules += _parallel_rules(TIMM.rules)
+
 #: timm's EVA (``eva.py``: EVA-02, DINOv3, PE): the ViT's names, with the
 #: layer scales as EVA's blocks name them and the query, key and value
 #: biases apart (EVA's key bias is a buffer of zeros no file holds: the

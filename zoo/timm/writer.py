@@ -18,7 +18,8 @@ from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import layouts
-from keras_vit.zoo.timm.layout import TIMM, TIMM_ACTIVATIONS, TIMM_POOLS
+from keras_vit.zoo.timm.layout import (TIMM, TIMM_ACTIVATIONS, TIMM_POOLS,
+                                       parallel_variants)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
@@ -53,10 +54,14 @@ def _family_args(config):
     for row in options_table.OPTIONS:
         if (row.timm is not None and row.timm.name not in args
                 and options[row.name] != row.default):
-            args[row.timm.name] = row.timm.write(options[row.name])
+            args[row.timm.name] = row.timm.write(options[row.name], row.name)
     if options["post_norm"]:
         return _post_norm_args(options, config, args, class_token=token,
                                global_pool=pools[classifier])
+    if options["parallel"]:
+        return _parallel_args(options, config, args, class_token=token,
+                              global_pool=pools[classifier],
+                              fc_norm=bool(options["fc_norm"]))
     # timm's default is the exact GELU: the others are named, so that timm
     # computes the model's own numbers (the tanh form: the official
     # models', SigLIP 2's).
@@ -135,8 +140,56 @@ def _post_norm_args(options, config, args, **pooling):
                            qkv_bias=options["qkv_bias"])
 
 
+# timm's parallel blocks, by the architectures that build them:
+# (parallel, differential) -> architecture.
+PARALLEL = {("split", None): "vit_pwee_patch16_reg1_gap_256",
+            ("fused", "vectors"): "vit_dpwee_patch16_reg1_gap_256"}
+
+
+def _parallel_args(options, config, args, **pooling):
+    """``(architecture, model_args)`` of a model with parallel blocks:
+    the architecture of timm's that builds its blocks (:data:`PARALLEL`),
+    every option that architecture's function sets written as the
+    model's; timm's parallel blocks have the exact GELU MLP, no norm
+    inside the attention or the MLP, and take their norm by name
+    (epsilon 1e-6)."""
+    from keras_vit.zoo.timm import arguments
+
+    base = PARALLEL.get((options["parallel"], options["differential"]))
+    gelu = config.get("gelu", "tanh")
+    epsilon = config.get("layer_norm_epsilon", 1e-6)
+    if (base is None or options["mlp"] != "gelu" or options["mlp_norm"]
+            or options["attention_norm"] or options["patch_norm"]
+            or options["distilled"] or epsilon != 1e-6 or gelu != "exact"):
+        raise ValueError(
+            "timm's parallel blocks are ParallelScalingBlock (parallel="
+            "'split', differential=None) and DiffParallelScalingBlock "
+            "(parallel='fused', differential='vectors'), with the exact "
+            "GELU MLP, norm epsilon 1e-6, no norm inside the attention or "
+            "the MLP or after the patch embedding, no distillation token; "
+            f"the model has parallel={options['parallel']!r}, differential="
+            f"{options['differential']!r}, mlp={options['mlp']!r}, gelu="
+            f"{gelu!r}, mlp_norm={options['mlp_norm']}, attention_norm="
+            f"{options['attention_norm']}, patch_norm="
+            f"{options['patch_norm']}, layer_norm_epsilon={epsilon}, "
+            f"distilled={options['distilled']}")
+    _, own = arguments.architecture(base)
+    for row in options_table.OPTIONS:
+        if row.timm is not None and row.timm.name in own:
+            args[row.timm.name] = row.timm.write(options[row.name], row.name)
+    if args.get("init_values") is None:
+        args["init_values"] = 1.0  # timm drops None: scales of one
+    if options["norm"] == "rms":
+        args["norm_layer"] = "rmsnorm"
+    args.pop("attn_layer", None)  # the block's own attention
+    return base, dict(args, **pooling)
+
+
 # timm's one SwiGLU ViT with LayerNorm (the packed MLP).
 DINOV2_G = "vit_giant_patch14_dinov2"
+# The architectures that always have layer scale: a model without gets
+# scales of one (x * 1 is x exactly), which they read.
+ALWAYS_SCALED = (DINOV2_G, *PARALLEL.values())
 # timm's architecture with RMSNorm, a norm after the patch embedding and
 # the unpacked SwiGLU MLP; its other options as its function sets them.
 AIMV2 = "aimv2_large_patch14_224"
@@ -229,10 +282,11 @@ def timm_architecture(model):
         "num_heads": key[2], "mlp_ratio": first / key[0], **family}
 
 
-def _unit_layer_scales(arrays, num_layers):
+def _unit_layer_scales(arrays, num_layers, scales=(1, 2)):
     """``arrays`` (by variable path) with a layer scale of ones in each of
-    ``num_layers`` blocks that has none: what DINOv2-g's architecture in
-    timm reads for a model without layer scale (x * 1 is x exactly).
+    ``num_layers`` blocks that has none (``scales``: which; a parallel
+    block has the first only): what DINOv2-g's architecture in timm reads
+    for a model without layer scale (x * 1 is x exactly).
 
     >>> arrays = {"encoder_block_0/norm_1/gamma": np.zeros(3, "float32")}
     >>> sorted(_unit_layer_scales(arrays, 1))  # doctest: +NORMALIZE_WHITESPACE
@@ -242,7 +296,7 @@ def _unit_layer_scales(arrays, num_layers):
     out = dict(arrays)
     for i in range(num_layers):
         like = arrays[f"encoder_block_{i}/norm_1/gamma"]
-        for n in (1, 2):
+        for n in scales:
             out.setdefault(f"encoder_block_{i}/layer_scale_{n}",
                            np.ones_like(like))
     return out
@@ -305,7 +359,8 @@ def check_read_back(model, written, arrays, state):
     built = dict(arch.config, **read)
     built.setdefault("gelu", "exact")  # the reader's default: timm's GELU
     ours, theirs = _resolved(config), _resolved(built)
-    if written["architecture"] == DINOV2_G and ours["layer_scale"] is None:
+    if (written["architecture"] in ALWAYS_SCALED
+            and ours["layer_scale"] is None):
         ours["layer_scale"] = 1.0  # the scales of one write adds
     # Stochastic depth acts in training only, the table's resize at other
     # sizes; what the head is, timm does not say: the config's own
@@ -317,7 +372,8 @@ def check_read_back(model, written, arrays, state):
         raise ValueError(
             f"{where}: timm's {written['architecture']} as written computes "
             f"{key}={theirs[key]!r}, and the model has {key}={ours[key]!r}")
-    lost = sorted(set(arrays) ^ set(TIMM.read(state)[0])) + TIMM.unknown(
+    shapes = {path: np.shape(value) for path, value in arrays.items()}
+    lost = sorted(set(arrays) ^ set(TIMM.read(state, shapes)[0])) + TIMM.unknown(
         state)
     if lost:
         raise ValueError(f"{where}: timm's layout does not hold the "
@@ -334,9 +390,12 @@ def write(model, directory, labels=None):
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
     arrays = layouts.model_arrays(model, "timm")
-    if arch == DINOV2_G and model.get_config().get("layer_scale") is None:
-        arrays = _unit_layer_scales(arrays, model.get_config()["num_layers"])
-    state = TIMM.write(arrays, ("unpacked_glu",) if arch == AIMV2 else ())
+    own = model.get_config()
+    if arch in ALWAYS_SCALED and own.get("layer_scale") is None:
+        arrays = _unit_layer_scales(arrays, own["num_layers"],
+                                    (1,) if own.get("parallel") else (1, 2))
+    state = TIMM.write(arrays, ("unpacked_glu",) if arch == AIMV2
+                       else parallel_variants(own))
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
     normalisation = of_model(model).to_config()
