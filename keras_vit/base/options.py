@@ -439,7 +439,11 @@ OPTIONS = (
            "rope='eva02': the grid (rows, columns) whose patch indices are "
            "the coordinates; another grid's are scaled to it (timm's "
            "ref_feat_shape: the pretraining grid); None: the indices as "
-           "they are"),
+           "they are",
+           requires=lambda v, values: (
+               "rope='eva02' (it scales EVA-02's rotary coordinates); "
+               f"received rope={values['rope']!r}"
+               if v is not None and values["rope"] != "eva02" else None)),
     Option("rope_offset", 0.0, number, False, None,
            "added to each patch's row and column index before the rotary "
            "form maps them (timm's rope_grid_offset; Perception Encoder's "
@@ -540,6 +544,10 @@ OPTIONS = (
     Option("merge_width", None, optional_positive_int, True, None,
            "the patch merger's second Dense, to this width (Qwen's: its "
            "language model's); None: none",
+           requires=lambda v, values: (
+               "a patch merger, merge_size of 2 or more (it is the merger's "
+               "output width); received merge_size=0"
+               if v is not None and not values["merge_size"] else None),
            params=lambda v, s: (0, (v or 0) * (s.merged + 1)),
            weights=(Weight("merger/dense_1", "dense", "merger.fc2",
                            "merger/dense_1"),)),

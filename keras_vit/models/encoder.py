@@ -245,22 +245,12 @@ def check_family_options(options, classifier, pooling, include_top,
             f"distillation token; received relative_bias="
             f"{out['relative_bias']!r}, class_token={token}, num_registers="
             f"{out['num_registers']}, distilled={out['distilled']}")
-    if out["merge_width"] is not None and not out["merge_size"]:
-        raise ValueError(
-            "merge_width is the patch merger's output width, and "
-            "merge_size=0 builds no merger; received merge_width="
-            f"{out['merge_width']}, merge_size=0")
     if out["pool_heads"] is not None and method != "map":
         raise ValueError(
             "pool_heads sets the attention-pool head's heads "
             "(classifier='map'); received pool_heads="
             f"{out['pool_heads']}, {'classifier' if include_top else 'pooling'}"
             f"={method!r}")
-    if out["rope_grid"] is not None and out["rope"] != "eva02":
-        raise ValueError(
-            "rope_grid scales the patch coordinates of EVA-02's rotary "
-            "embeddings (rope='eva02'); received rope_grid="
-            f"{options['rope_grid']!r}, rope={out['rope']!r}")
     if out["naflex"] and (
             out["rope"] is not None or out["relative_bias"] is not None
             or out["merge_size"] or position_embedding not in (

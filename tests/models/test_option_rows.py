@@ -158,3 +158,23 @@ def test_each_rows_library_field_round_trips(library):
             value), row.name
         assert options.read_fields(library, theirs, ())[row.name] == (
             row.default), row.name
+
+
+@pytest.mark.parametrize("kwargs, named, other", [
+    (dict(rope_grid=[3, 5]), "rope_grid=[3, 5] needs rope='eva02'",
+     "rope=None"),
+    (dict(merge_width=8), "merge_width=8 needs a patch merger",
+     "merge_size=0"),
+    (dict(differential="dual", rope="dinov3"),
+     "differential='dual' needs rope=None", "rope='dinov3'"),
+    (dict(parallel="split", post_norm=True),
+     "parallel='split' needs pre-norm blocks", "post_norm=True")])
+def test_a_rows_needs_of_the_others_are_one_line_naming_both(kwargs, named,
+                                                             other):
+    """A row's ``requires`` (what it needs of the other rows) refuses a
+    mix in one line naming the row's value and the other's."""
+    with pytest.raises(ValueError) as refused:
+        keras_vit.vit(**dict(TINY, **kwargs))
+    message = str(refused.value)
+    assert named in message and "\n" not in message, message
+    assert message.endswith(f"received {other}"), message
