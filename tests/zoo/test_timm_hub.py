@@ -553,3 +553,23 @@ def test_transformers_layouts_refuse_the_norm_options(tmp_path, options):
         zoo.save_pretrained(plain, tmp_path / "clip", layout="transformers")
     assert f"the model {value!r}" in str(info.value)
     assert not (tmp_path / "siglip" / "model.safetensors").exists()
+
+
+def test_a_dynamic_size_file_loads_at_the_size_of_its_table(tmp_path):
+    """timm's test_vit (dynamic_img_size, data config at 160 px) written
+    at 32 px holds a 2 x 2 table: keras_vit builds the model there, as
+    timm does, with timm's logits. Built at the data config's 160 it
+    resized the table up and, at 32 px, back down: 5e-4 off."""
+    from timm.models import save_for_hf
+
+    from testkit import (assert_close_to_timm, random_images,
+                         random_timm_model, timm_forward)
+
+    theirs = random_timm_model("test_vit", 32, CLASSES)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    written = json.loads((tmp_path / "repo" / "config.json").read_text())
+    assert written["pretrained_cfg"]["input_size"] == [3, 160, 160]
+    ours = zoo.load(str(tmp_path / "repo"))
+    assert ours.image_size == 32
+    x = random_images(32)
+    assert_close_to_timm(ours(x), timm_forward(theirs, x))

@@ -303,9 +303,20 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     # (quick GELU: OpenAI's CLIP towers; tanh: SigLIP 2's).
     if not is_bit and "gelu" not in honoured and "gelu" not in arch.config:
         build_config["gelu"] = "exact"
-    # (height, width) after read_config's checks.
-    input_size = ((config.get("pretrained_cfg") or {}).get("input_size")
-                  or (config.get("model_args") or {}).get("img_size"))
+    # (height, width) after read_config's checks: the one its data config
+    # feeds, else the size timm builds at (model_args); the latter first
+    # where the file's table is of its grid (a dynamic-size model built
+    # at the former would resize the table there and back).
+    sizes = [size for size in (
+        (config.get("pretrained_cfg") or {}).get("input_size"),
+        (config.get("model_args") or {}).get("img_size")) if size]
+    table = arrays.get(layout.key_of("position_embedding/pos_embedding"))
+    patch = build_config.get("patch_size", arch.config.get("patch_size"))
+    if len(sizes) == 2 and table is not None and isinstance(patch, int):
+        grid = (sizes[1][0] // patch) * (sizes[1][1] // patch)
+        if 0 <= int(np.prod(table.shape[:-1])) - grid <= 8:  # + prefix
+            sizes.reverse()
+    input_size = sizes[0] if sizes else None
     if input_size:
         height, width = input_size
         image_size = height if height == width else (height, width)
