@@ -80,6 +80,7 @@ OPTION_EXAMPLES = {
                                            class_token=False)),
     "differential": ("vectors", dict(qk_norm=True)),
     "parallel": ("fused", dict(layer_scale=0.5)),
+    "conv_stem": (True, {}),
 }
 
 
@@ -102,6 +103,8 @@ def randomise_keras(model, seed=0):
         name = var.path.split("/")[-1]
         if name in ("gamma", "scale"):
             value = 1 + 0.1 * rng.standard_normal(shape)
+        elif name == "moving_variance":  # a BatchNorm's: positive
+            value = 1 + 0.1 * np.abs(rng.standard_normal(shape))
         elif name in ("beta", "bias") or len(shape) < 2:
             value = 0.1 * rng.standard_normal(shape)
         else:

@@ -148,6 +148,12 @@ def _dense(path, key):
     return [Rule(f"{path}/{p}", f"{key}/{p}") for p in _DENSE]
 
 
+def _batch_norm(path, key):
+    return [Rule(f"{path}/{p}", f"{key}/{q}") for p, q in (
+        ("gamma", "scale"), ("beta", "bias"), ("moving_mean", "mean"),
+        ("moving_variance", "var"))]
+
+
 def _attention(path, key):
     return [r for n in ("query", "key", "value", "out")
             for r in _dense(f"{path}/{n}", f"{key}/{n}")]
@@ -158,7 +164,7 @@ _UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
 _RULES = [
     # The ViT family's options (the class token, the 2020 release's only
     # one, among them) name their weights in their rows.
-    *layouts.option_rules("official", _norm, _dense),
+    *layouts.option_rules("official", _norm, _dense, _dense, _batch_norm),
     *_dense("patch_embedding/conv", "embedding"),
     # Position tables (vit(position_embedding=...)): the stem's or a shared
     # one under posembed_input, a per-layer one inside its block.

@@ -60,11 +60,14 @@ _UNIT_NUMBERS = List(Number(0, 1), lengths={1, 3},
 
 # -- safetensors (timm's and transformers' model.safetensors) -------------------
 
-#: The dtypes a weight may have: keras_vit's weights are floats, and an
-#: integer tensor would be cast into them silently.
-SAFETENSORS_FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+#: The dtypes a tensor may have, and their widths: floats, and (a scalar
+#: only: keras_vit.zoo.hub_files.check_safetensors) the int64 of a
+#: BatchNorm's count of batches seen, which a layout passes over (an
+#: integer bound for a weight is refused by the loader, never cast into
+#: it: keras_vit.zoo.layouts.Layout.read).
+SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8}
 SAFETENSORS_TENSOR = Object({
-    "dtype": Str(sorted(SAFETENSORS_FLOAT_DTYPES)),
+    "dtype": Str(sorted(SAFETENSORS_DTYPES)),
     "shape": List(Int(0), max_len=8),
     "data_offsets": List(Int(0), lengths={2}),
 }, required=("dtype", "shape", "data_offsets"), extra="refuse",

@@ -298,7 +298,7 @@ def check_safetensors(path):
     """Checks a ``.safetensors`` file's header against the file before
     anything is read into memory: its length, JSON (no tensor named
     twice), every entry as :data:`~keras_vit.zoo.formats.SAFETENSORS_HEADER`
-    describes it (float dtypes only), and every byte range (inside the
+    describes it (floats, and int64 counts), and every byte range (inside the
     file, the size its shape needs, no two overlapping). A
     :class:`~keras_vit.zoo.formats.FormatError` names the file and the
     tensor otherwise. Returns the header."""
@@ -336,7 +336,12 @@ def check_safetensors(path):
             raise bad(f"data_offsets={[start, end]} is not a byte range "
                       f"inside the file's {data} bytes of data (truncated?)",
                       name)
-        width = formats.SAFETENSORS_FLOAT_DTYPES[entry["dtype"]]
+        width = formats.SAFETENSORS_DTYPES[entry["dtype"]]
+        if entry["dtype"] == "I64" and shape:
+            raise bad(f"dtype I64 of shape {shape}: keras_vit's weights are "
+                      "floats (an int64 scalar, a count the readers pass "
+                      "over, is the one integer a file may hold)",
+                      f"{name}.dtype")
         need = int(np.prod(shape, dtype=object)) * width
         if end - start != need:
             raise bad(f"data_offsets={[start, end]} hold {end - start} "

@@ -126,7 +126,9 @@ class Rule:
     ``axis``: the source's axis the pieces stack along (1: a Linear's
     inputs, timm's one output projection of two branches). Pieces of
     different sizes (timm's ``in_proj``: the MLP's first projection and
-    the query, key and value) split by the model's shapes.
+    the query, key and value) split by the model's shapes. A rule of no
+    model path names a key the model has no use for, which the reader
+    passes over (a BatchNorm's count of batches seen).
     """
 
     def __init__(self, model, key, form="same", variant=None, axis=0):
@@ -157,14 +159,26 @@ def torch_module(path, key, form="linear"):
             Rule(f"{path}/bias", f"{key}.bias", "flat")]
 
 
-def option_rules(source, norm, dense):
+def option_rules(source, norm, dense, conv, batch_norm):
     """The rules of every option row's weights
     (:func:`keras_vit.base.options.weight_rules`) in ``source``:
-    ``norm(path, key)`` and ``dense(path, key)`` give a norm's and a dense
-    layer's rules in the source's convention; a vector is one rule."""
+    ``norm(path, key)``, ``dense``, ``conv`` and ``batch_norm`` give those
+    layers' rules in the source's convention; a vector is one rule."""
     return options.weight_rules(source, {
-        "norm": norm, "dense": dense,
+        "norm": norm, "dense": dense, "conv": conv,
+        "batch_norm": batch_norm,
         "vector": lambda path, key: [Rule(path, key)]})
+
+
+def torch_batch_norm(path, key):
+    """A PyTorch BatchNorm's rules for a Keras BatchNormalization: its
+    scale, shift and running statistics; its count of batches seen
+    passed over."""
+    return [*[Rule(f"{path}/{p}", f"{key}.{q}") for p, q in (
+        ("gamma", "weight"), ("beta", "bias"),
+        ("moving_mean", "running_mean"),
+        ("moving_variance", "running_var"))],
+        Rule((), f"{key}.num_batches_tracked")]
 
 
 def _as_tuple(value):
@@ -238,7 +252,7 @@ class Layout:
         values, names, groups = {}, {}, set()
         for key in arrays:
             rule, fields = self._for_key(key)
-            if rule is None:
+            if rule is None or not rule.model:
                 continue
             group = tuple(k.format(fields) for k in rule.keys)
             paths = [p.format(fields) for p in rule.model]
@@ -256,6 +270,13 @@ class Layout:
                     f"the {self.name} checkpoint holds {taken[0]} twice: in "
                     f"{names[taken[0]]} and in {', '.join(group)}")
             parts = [as_array(arrays[k]) for k in group]
+            ints = [k for k, p in zip(group, parts)
+                    if np.issubdtype(p.dtype, np.integer)]
+            if ints:
+                raise CheckpointError(
+                    f"the {self.name} checkpoint's {ints[0]} holds integers "
+                    f"({parts[group.index(ints[0])].dtype}) where the "
+                    f"model's {', '.join(paths)} is a float weight")
             try:
                 pieces = self._pieces(rule, parts, paths, shapes)
             except (ValueError, IndexError) as e:

@@ -355,7 +355,7 @@ def parameter_count(config, image_size=None, num_classes=None,
         heads=config["num_heads"], bias_rows=(
             (2 * grid_side(config, rows) - 1)
             * (2 * grid_side(dict(config, patch_size=pw), cols) - 1) + 3),
-        values=values)
+        values=values, patch=(ph, pw), channels=channels)
     for row in options.OPTIONS:
         if row.params is not None:
             per_block, once = row.params(values[row.name], shape)

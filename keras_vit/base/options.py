@@ -175,6 +175,8 @@ class Shape(NamedTuple):
             grid ((2 rows - 1)(2 cols - 1) + 3).
         values: every row's value (a row whose weights another row
             reshapes reads it).
+        patch: the patch's (rows, columns) of pixels.
+        channels: the images' channels.
     """
 
     width: int
@@ -190,6 +192,8 @@ class Shape(NamedTuple):
     heads: int = 0
     bias_rows: int = 0
     values: dict | None = None
+    patch: tuple = (0, 0)
+    channels: int = 0
 
 
 class Weight(NamedTuple):
@@ -200,7 +204,9 @@ class Weight(NamedTuple):
     Attributes:
         path: the layer's path in the model, ``{i}`` for each block's.
         kind: ``"norm"`` (a norm's scale and bias), ``"dense"`` (a kernel
-            and bias) or ``"vector"`` (one array).
+            and bias), ``"conv"`` (a convolution's), ``"batch_norm"``
+            (a BatchNormalization's scale, shift and statistics) or
+            ``"vector"`` (one array).
         timm: its key in timm's ``state_dict`` (a module's name for a norm
             or dense layer).
         official: its key in the official ``.npz`` layout (the 2020
@@ -297,6 +303,18 @@ def _parallel_params(value, shape):
             - shape.width * (values["layer_scale"] is not None)
             + shape.mlp_first * (not values["proj_bias"])
             - shape.width * (value == "fused" and values["proj_bias"])), 0
+
+
+def _conv_stem_params(value, shape):
+    """The three convolutions and two BatchNorms of the conv stem, less
+    the one patch convolution's kernel they replace."""
+    if not value:
+        return 0, 0
+    (rows, cols), quarter = shape.patch, shape.width // 4
+    stem = (rows // 4 * cols // 4 * shape.channels * quarter
+            + 4 * quarter * quarter + 4 * quarter * shape.width
+            + 2 * 4 * quarter)
+    return 0, stem - rows * cols * shape.channels * shape.width
 
 
 # A block's path in the model, in timm's state dict and in the official
@@ -410,6 +428,23 @@ OPTIONS = (
            params=lambda v, s: (0, s.norm(s.width) * v),
            weights=(Weight("patch_embedding/norm", "norm",
                            "patch_embed.norm", "embedding_norm"),)),
+    Option("conv_stem", False, flag, True, None,
+           "the patch embedding as three convolutions (timm's ConvStem, "
+           "MobileCLIP's ViT-B): patch_size / 4 square with that stride to "
+           "width / 4 channels, BatchNorm (epsilon 1e-5), exact GELU; 2 x 2 "
+           "stride 2, width / 4, BatchNorm, GELU; 2 x 2 stride 2 to the "
+           "width, its bias patch_bias's; a square patch of a multiple of 4 "
+           "pixels and a width of 4",
+           params=_conv_stem_params,
+           requires=lambda v, values: (
+               "images, naflex=False (its patches come flattened); received "
+               "naflex=True" if v and values["naflex"] else None),
+           weights=(*(Weight(f"patch_embedding/stem_conv_{n}", "conv",
+                             f"patch_embed.backbone.{n}.conv",
+                             f"embedding_stem/conv_{n}") for n in (0, 1)),
+                    *(Weight(f"patch_embedding/stem_norm_{n}", "batch_norm",
+                             f"patch_embed.backbone.{n}.bn",
+                             f"embedding_stem/norm_{n}") for n in (0, 1)))),
     Option("rope", None, choice(None, "dinov3", "eva02", "mixed"), True,
            None,
            "rotary position embeddings of each head's queries and keys, "
@@ -679,7 +714,8 @@ def weight_rules(source, kinds):
     layer's arrays are the source's convention).
 
     >>> rules = weight_rules("timm", dict.fromkeys(
-    ...     ("norm", "dense", "vector"), lambda path, key: [(path, key)]))
+    ...     ("norm", "dense", "conv", "batch_norm", "vector"),
+    ...     lambda path, key: [(path, key)]))
     >>> rules[0]
     ('class_token/cls', 'cls_token')
     """

@@ -11,7 +11,7 @@ from keras_vit.base import options
 from keras_vit.base.checks import check_choice
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (FusedConv2D, KeptArguments, check_norm,
-                                    make_norm, with_arguments)
+                                    gelu, make_norm, with_arguments)
 from keras_vit.layers.image_sizes import ImageSizes
 
 
@@ -26,22 +26,44 @@ class PatchEmbedding(KeptArguments, layers.Layer):
     embedding, a norm of epsilon ``norm_epsilon`` (the sublayer ``norm``),
     before any token joins or position is added: timm's
     ``embed_norm_layer``, AIMv2's RMSNorm after the patch embedding.
+    ``stem=True``: three convolutions instead of one (timm's
+    ``ConvStem``, MobileCLIP's ViT-B): ``stem_conv_0`` (P/4 square, stride
+    P/4, to hidden_size / 4 channels) -> ``stem_norm_0`` (BatchNorm,
+    epsilon 1e-5) -> exact GELU -> ``stem_conv_1`` (2 x 2, stride 2) ->
+    ``stem_norm_1`` -> GELU -> ``conv`` (2 x 2, stride 2, to hidden_size).
     """
 
     ARGUMENTS = {"hidden_size": int, "patch_size": int, "use_bias": bool,
                  "norm": lambda v: None if v is None else check_norm(v),
-                 "norm_epsilon": float}
+                 "norm_epsilon": float, "stem": bool}
 
     def __init__(self, hidden_size, patch_size, use_bias=True, norm=None,
-                 norm_epsilon=1e-6, **kwargs):
+                 norm_epsilon=1e-6, stem=False, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.token_norm = (None if self.norm is None else make_norm(
             self.norm, self.norm_epsilon, self.dtype_policy, "norm"))
+        if self.stem and (self.patch_size % 4 or self.hidden_size % 4):
+            raise ValueError(
+                "the conv stem cuts patches of a multiple of 4 pixels into "
+                "a width divisible by 4; received patch_size="
+                f"{self.patch_size}, hidden_size={self.hidden_size}")
+        last = 2 if self.stem else self.patch_size
+        self.stem_layers = []
+        for n, size in enumerate((self.patch_size // 4, 2) if self.stem
+                                 else ()):
+            self.stem_layers += [
+                FusedConv2D(self.hidden_size // 4, size, strides=size,
+                            padding="valid", use_bias=False,
+                            kernel_initializer="lecun_normal",
+                            dtype=self.dtype_policy, name=f"stem_conv_{n}"),
+                layers.BatchNormalization(epsilon=1e-5,
+                                          dtype=self.dtype_policy,
+                                          name=f"stem_norm_{n}")]
         self.conv = FusedConv2D(
             self.hidden_size,
-            self.patch_size,
-            strides=self.patch_size,
+            last,
+            strides=last,
             padding="valid",
             use_bias=self.use_bias,
             kernel_initializer="lecun_normal",
@@ -58,6 +80,13 @@ class PatchEmbedding(KeptArguments, layers.Layer):
                     f"{self.patch_size} x {self.patch_size} pixels of some "
                     f"channels; received input_shape={input_shape}")
             input_shape = (None, self.patch_size, self.patch_size, channels)
+            if self.stem:
+                raise ValueError(
+                    "the conv stem reads images, not flattened patches; "
+                    f"received input_shape={input_shape}")
+        for layer in self.stem_layers:
+            layer.build(input_shape)
+            input_shape = layer.compute_output_shape(input_shape)
         self.conv.build(input_shape)
         if self.token_norm is not None:
             self.token_norm.build((None, None, self.hidden_size))
@@ -73,7 +102,11 @@ class PatchEmbedding(KeptArguments, layers.Layer):
             if self.use_bias:
                 x = x + ops.cast(self.conv.bias, x.dtype)
         else:
-            x = self.conv(images, training=training)
+            x = images
+            for conv, norm in zip(self.stem_layers[::2],
+                                  self.stem_layers[1::2]):
+                x = gelu(norm(conv(x), training=training), "exact")
+            x = self.conv(x, training=training)
             shape = ops.shape(x)
             x = ops.reshape(x, (shape[0], shape[1] * shape[2],
                                 self.hidden_size))

@@ -139,6 +139,13 @@ def enable_lora(model, rank=8, targets="all", alpha=None, train=_HEAD):
             keep.update(id(w) for w in layer.weights)
     for weight in model.weights:
         weight.trainable = id(weight) in keep
+    # A frozen BatchNorm (the conv stem's) normalises by its running
+    # statistics, as Keras runs a BatchNormalization that is not
+    # trainable: the frozen backbone computes what it was trained to.
+    for layer in compat.flatten_layers(model, False):
+        if (isinstance(layer, keras.layers.BatchNormalization)
+                and layer.name not in train):
+            layer.trainable = False
     return trainable_report(model)
 
 

@@ -180,7 +180,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         norm = family["norm"]
         x = vit_layers.PatchEmbedding(
             spec["hidden_size"], spec["patch"],
-            use_bias=family["patch_bias"],
+            use_bias=family["patch_bias"], stem=family["conv_stem"],
             norm=norm if family["patch_norm"] else None,
             norm_epsilon=layer_norm_epsilon, dtype=dtype,
             name="patch_embedding")(x)

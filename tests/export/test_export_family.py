@@ -3,7 +3,7 @@ group (registers without a class token, the attention-pool head, q/k
 norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and the
 patch norm; DeiT's distilled heads; BEiT's, Qwen's, DINOv3's, EVA-02's,
 RoPE-ViT's and AIMv2's options, differential attention in parallel
-blocks) becomes a SavedModel, an ONNX file, a
+blocks, the conv stem) becomes a SavedModel, an ONNX file, a
 TFLite file and (but the BEiT- and Qwen-like ones) an OpenVINO IR (the
 options model also a SavedModel with the image-bytes signature and a
 full-int8 TFLite file whose RMSNorm stays float), each run in its own
@@ -59,10 +59,11 @@ MODELS = {
     "aimv2": dict(class_token=False, classifier="map", pool_form="aimv2",
                   norm="rms", patch_norm=True, mlp="swiglu"),
     # timm's vit_dpwee-like: differential attention in parallel blocks
-    # (one output bias), a register, average pooling.
+    # (one output bias), a register, average pooling; MobileCLIP's conv
+    # stem (its BatchNorms at their statistics).
     "dpwee": dict(differential="vectors", parallel="fused",
                   class_token=False, num_registers=1, classifier="gap",
-                  layer_scale=0.5, qk_norm=True),
+                  layer_scale=0.5, qk_norm=True, conv_stem=True),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
@@ -90,7 +91,10 @@ def _model(name):
     model = VisionTransformer(**TINY, **MODELS[name])
     rng = np.random.default_rng(0)
     for w in model.weights:
-        w.assign(rng.normal(0, 0.5, w.shape).astype("float32"))
+        value = rng.normal(0, 0.5, w.shape)
+        if w.path.endswith("moving_variance"):  # a variance: positive
+            value = np.abs(value) + 0.5
+        w.assign(value.astype("float32"))
     return model
 
 

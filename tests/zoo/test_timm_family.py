@@ -70,6 +70,11 @@ FAMILY = {
         parallel="split", differential=None, classifier="gap")),
     "vit_base_patch16_xp_224": (32, 16, dict(
         parallel="split", norm="rms", qk_norm=True, qkv_bias=False)),
+    # MobileCLIP's ViT-B: timm's ConvStem (three convolutions, two
+    # BatchNorms with their running statistics) cuts the patches; its
+    # function fixes the width at 768.
+    "vit_base_mci_224": (32, 16, dict(conv_stem=True,
+                                      posemb_includes_prefix=False)),
 }
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
@@ -276,3 +281,23 @@ def test_timms_block_of_several_branches_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="block_fn='ParallelThingsBlock'.*"
                        "'DiffParallelScalingBlock'"):
         zoo.load(str(tmp_path / "repo"))
+
+
+def test_an_integer_tensor_bound_for_a_weight_is_refused_naming_it(tmp_path):
+    """A safetensors file may hold int64 counts (a BatchNorm's batches
+    seen, a scalar the reader passes over), never an integer weight: that
+    one is refused naming the file and the tensor, not cast."""
+    from safetensors.numpy import load_file, save_file
+
+    theirs = random_timm_model("vit_base_mci_224", 32, CLASSES)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    path = tmp_path / "repo" / "model.safetensors"
+    state = load_file(str(path))
+    assert state["patch_embed.backbone.0.bn.num_batches_tracked"].dtype \
+        == np.int64
+    state["patch_embed.backbone.0.bn.running_var"] = np.ones(192, np.int64)
+    save_file(state, str(path))
+    with pytest.raises(ValueError, match=r"backbone\.0\.bn\.running_var"
+                       r"\.dtype: dtype I64 of shape \[192\]") as refused:
+        zoo.load(str(tmp_path / "repo"))
+    assert "\n" not in str(refused.value)

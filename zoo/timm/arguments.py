@@ -112,9 +112,13 @@ def architecture(name):
     True
     """
     entry = table()["architectures"].get(name.partition(".")[0])
-    if entry is None or "backbone" in entry["args"]:
+    if entry is None or entry["args"].get("backbone") not in (
+            None, *CONV_STEMS.get(name.partition(".")[0], ())):
         return None
-    args = entry["args"]
+    args = dict(entry["args"])
+    if "backbone" in args:  # the conv stem's patches, set by its function
+        args.setdefault("patch_size", 16)
+        args.setdefault("mlp_ratio", 4.0)
     width = args["embed_dim"]
     config = dict(patch_size=args["patch_size"], hidden_size=width,
                   num_layers=args["depth"], num_heads=args["num_heads"],
@@ -284,6 +288,10 @@ _READ_ONLY = {
     # An argument of DeiT's builder: the distillation token and head.
     "distilled": ("distilled", bool_arg),
 }
+#: timm's architectures whose patches its ConvStem cuts as the
+#: conv_stem option does (its function fixes the stem: widths 192, 192,
+#: 768, strides 4, 2, 2): architecture -> the backbone its table names.
+CONV_STEMS = {"vit_base_mci_224": ("ConvStem",)}
 #: timm's blocks (``block_fn``) as the options each sets: its pre-norm
 #: Block, ResPostBlock (post-norm), the parallel blocks.
 TIMM_BLOCKS = {"Block": {}, "ResPostBlock": {"post_norm": True},
@@ -382,6 +390,11 @@ def honoured(config, arch, path, defaults=None):
                 norms[key] = norm_arg(value)
             except ValueError as e:
                 raise refuse(key, value, f"(it {e})") from None
+        elif key == "backbone" and value in CONV_STEMS.get(arch.name, ()):
+            out["conv_stem"] = True
+        elif key == "embed_args" and value == {"proj": False} and (
+                args.get("backbone") in CONV_STEMS.get(arch.name, ())):
+            continue  # the stem's last convolution gives the tokens
         elif key == "block_fn" and arch.family == "vit":
             if not isinstance(value, str) or value not in TIMM_BLOCKS:
                 raise refuse(key, value, f"(it is none of "

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 
 from keras_vit.base import options
-from keras_vit.zoo.layouts import Layout, Rule, option_rules
+from keras_vit.zoo.layouts import (Layout, Rule, option_rules,
+                                  torch_batch_norm)
 from keras_vit.zoo.layouts import torch_module as _linear
 
 # timm's names of the ViT family's poolings and MLP activations ->
@@ -55,8 +56,14 @@ _BACKBONE = "patch_embed.backbone."
 #: weights in their rows.
 TIMM = Layout("timm", [
     *option_rules("timm", lambda path, key: _linear(path, key, "norm"),
-                  _linear),
+                  _linear, lambda path, key: _linear(path, key, "conv"),
+                  torch_batch_norm),
     *_linear("patch_embedding/conv", "patch_embed.proj", "conv"),
+    # The conv stem's last convolution (its others: the row's weights).
+    *[Rule(f"patch_embedding/conv/{p}", f"patch_embed.backbone.2.conv.{q}",
+           form, variant="conv_stem")
+      for p, q, form in (("kernel", "weight", "conv"),
+                         ("bias", "bias", "flat"))],
     Rule("position_embedding/pos_embedding", "pos_embed"),
     *_linear(_B + "norm_1", _T + "norm1", "norm"),
     *_projections(_B + "attention", _T + "attn.qkv",

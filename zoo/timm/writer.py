@@ -146,6 +146,41 @@ PARALLEL = {("split", None): "vit_pwee_patch16_reg1_gap_256",
             ("fused", "vectors"): "vit_dpwee_patch16_reg1_gap_256"}
 
 
+def _base_rows(base, options, args):
+    """``args`` with every option of timm's architecture ``base``'s own
+    (those its function sets) written as the model's."""
+    from keras_vit.zoo.timm import arguments
+
+    _, own = arguments.architecture(base)
+    for row in options_table.OPTIONS:
+        if row.timm is not None and row.timm.name in own:
+            args[row.timm.name] = row.timm.write(options[row.name], row.name)
+    return args
+
+
+# timm's one architecture whose patches a conv stem cuts; its function
+# fixes the stem for a width of 768 and patches of 16.
+CONV_STEM = "vit_base_mci_224"
+
+
+def _conv_stem_args(config, base, args):
+    """``(CONV_STEM, model_args)`` of a model with the conv stem, ``base``
+    and ``args`` what its other options ask of timm."""
+    from keras_vit.models.encoder import FAMILY_DEFAULTS
+
+    if (base is not None or config["hidden_size"] != 768
+            or config["patch_size"] != 16):
+        raise ValueError(
+            f"timm's conv stem ({CONV_STEM}) is built for a width of 768 "
+            "and patches of 16 in a ViT of no other timm architecture; the "
+            f"model has conv_stem=True, hidden_size={config['hidden_size']},"
+            f" patch_size={config['patch_size']}"
+            + (f", and needs timm's {base}" if base else ""))
+    options = dict(FAMILY_DEFAULTS, **{k: config[k] for k in
+                                       FAMILY_DEFAULTS if k in config})
+    return CONV_STEM, _base_rows(CONV_STEM, options, args)
+
+
 def _parallel_args(options, config, args, **pooling):
     """``(architecture, model_args)`` of a model with parallel blocks:
     the architecture of timm's that builds its blocks (:data:`PARALLEL`),
@@ -153,8 +188,6 @@ def _parallel_args(options, config, args, **pooling):
     model's; timm's parallel blocks have the exact GELU MLP, no norm
     inside the attention or the MLP, and take their norm by name
     (epsilon 1e-6)."""
-    from keras_vit.zoo.timm import arguments
-
     base = PARALLEL.get((options["parallel"], options["differential"]))
     gelu = config.get("gelu", "tanh")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
@@ -173,10 +206,7 @@ def _parallel_args(options, config, args, **pooling):
             f"{options['attention_norm']}, patch_norm="
             f"{options['patch_norm']}, layer_norm_epsilon={epsilon}, "
             f"distilled={options['distilled']}")
-    _, own = arguments.architecture(base)
-    for row in options_table.OPTIONS:
-        if row.timm is not None and row.timm.name in own:
-            args[row.timm.name] = row.timm.write(options[row.name], row.name)
+    _base_rows(base, options, args)
     if args.get("init_values") is None:
         args["init_values"] = 1.0  # timm drops None: scales of one
     if options["norm"] == "rms":
@@ -265,6 +295,8 @@ def timm_architecture(model):
             f"{config.get('resnet')!r}, representation_size="
             f"{config.get('representation_size')!r}")
     base, family = _family_args(config)
+    if config.get("conv_stem"):
+        base, family = _conv_stem_args(config, base, family)
     key = (config["hidden_size"], config["num_layers"], config["num_heads"])
     size = names.get(key)
     patch = config["patch_size"]
@@ -277,9 +309,11 @@ def timm_architecture(model):
     first = (config["mlp_dim"] if base == AIMV2 else  # unpacked halves
              geometry.mlp_first_width(config["mlp_dim"],
                                       config.get("mlp", "gelu")))
-    return base or "vit_base_patch16_224", {
-        "patch_size": patch, "embed_dim": key[0], "depth": key[1],
-        "num_heads": key[2], "mlp_ratio": first / key[0], **family}
+    sizes = {"patch_size": patch, "embed_dim": key[0], "depth": key[1],
+             "num_heads": key[2], "mlp_ratio": first / key[0]}
+    if base == CONV_STEM:
+        del sizes["patch_size"]  # the stem's, which its function sets
+    return base or "vit_base_patch16_224", dict(sizes, **family)
 
 
 def _unit_layer_scales(arrays, num_layers, scales=(1, 2)):
@@ -395,6 +429,7 @@ def write(model, directory, labels=None):
         arrays = _unit_layer_scales(arrays, own["num_layers"],
                                     (1,) if own.get("parallel") else (1, 2))
     state = TIMM.write(arrays, ("unpacked_glu",) if arch == AIMV2
+                       else ("conv_stem",) if arch == CONV_STEM
                        else parallel_variants(own))
     # The input normalisation the weights were loaded with (timm files
     # carry theirs), else the official one.
