@@ -81,6 +81,8 @@ OPTION_EXAMPLES = {
     "differential": ("vectors", dict(qk_norm=True)),
     "parallel": ("fused", dict(layer_scale=0.5)),
     "conv_stem": (True, {}),
+    "position_aspect": (True, dict(naflex=True, classifier="gap",
+                                   class_token=False)),
 }
 
 

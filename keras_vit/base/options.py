@@ -596,7 +596,8 @@ OPTIONS = (
            "with antialiasing, as SigLIP2) and padding is left out of "
            "attention and pooling"),
     Option("position_resize", None, choice(
-        None, "bilinear_corners", "bilinear_aa", "bicubic_aa", "bicubic"),
+        None, "bilinear_corners", "bilinear_aa", "bicubic_aa", "bicubic",
+        "bilinear"),
            False, None,
            "how the learned table is resized to another patch grid (weights "
            "loaded at another image_size, a dynamic-size model's input, "
@@ -606,9 +607,20 @@ OPTIONS = (
            "'bilinear_aa', torch's interpolate(mode, antialias=True, "
            "align_corners=False), timm's and SigLIP2 NaFlex's; 'bicubic', "
            "torch's interpolate(mode='bicubic', align_corners=False), "
-           "transformers' interpolate_pos_encoding; None: the model's own, "
+           "transformers' interpolate_pos_encoding; 'bilinear', torch's "
+           "interpolate(mode='bilinear', align_corners=False) (C-RADIOv4's); "
+           "None: the model's own, "
            "'bilinear_aa' with naflex, else 'bilinear_corners'; the readers "
            "set their source's", at_other_sizes=True),
+    Option("position_aspect", False, flag, False, None,
+           "naflex=True: each image's table resized to a square of its "
+           "grid's longer side and cropped to the grid from the top-left "
+           "corner, the aspect ratio kept (timm's pos_embed_ar_preserving: "
+           "RADIO, NaFlexVit's _par_ models); False: resized to the grid",
+           requires=lambda v, values: (
+               "a NaFlex model, naflex=True (it acts on each image's table); "
+               "received naflex=False" if v and not values["naflex"]
+               else None)),
     Option("head_type", "classifier", choice("classifier", "projection"),
            False, None,
            "what the head's outputs are: 'classifier', class scores, or "

@@ -418,6 +418,8 @@ def resize_weights(index, new_len, old_len, kernel):
     else:
         scale = old_len / new_len
         centre = (index + 0.5) * scale - 0.5
+    if kernel == "bilinear":  # torch reads no entry beyond an end
+        centre = xp.clip(centre, 0.0, old_len - 1.0)
     # torch's bicubic without antialiasing reads two entries beyond each
     # end, clamped to the border one: weigh them and fold them back.
     ends = 2 if kernel == "bicubic" else 0
@@ -440,7 +442,8 @@ def resize_weights(index, new_len, old_len, kernel):
     return weights
 
 
-def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa"):
+def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa",
+                   aspect=False):
     """The weights (B, N, rows * cols) that resize a position table of
     ``grid_size`` (rows, cols) to each patch of a NaFlex batch:
     ``coords`` (B, N, 2), each patch's row and column in its image's grid,
@@ -448,13 +451,21 @@ def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa"):
     nonzero for a patch, zero for padding) plus one. Each axis's weights
     are :func:`resize_weights` of ``kernel``: ``"bilinear_aa"`` is
     SigLIP2's resize of its table to each image, ``"bicubic_aa"`` timm's
-    NaFlexVit default. Computed in float32; padding gets the weights of
-    its coordinates."""
+    NaFlexVit default. ``aspect=True``: each image's table is resized to
+    a square of its grid's longer side, of which its grid is the top-left
+    corner (timm's ``pos_embed_ar_preserving``). Computed in float32;
+    padding gets the weights of its coordinates."""
     coords = ops.cast(coords, "float32")
     # expand_dims, not [..., None]: TFLite has no kernel for a strided
     # slice that adds an axis to a tensor of unknown shape.
     valid = ops.expand_dims(ops.cast(ops.not_equal(mask, 0), "float32"), -1)
     sizes = ops.max(coords * valid, axis=1, keepdims=True) + 1.0  # (B,1,2)
+    if aspect:  # both sides the longer one's; the grid its top-left
+        # (but at the table's own grid, which is read as it is).
+        square = ops.repeat(ops.max(sizes, axis=-1, keepdims=True), 2, -1)
+        native = ops.all(ops.equal(sizes, ops.convert_to_tensor(
+            np.array(grid_size, "float32"))), axis=-1, keepdims=True)
+        sizes = ops.where(native, sizes, square)
     rows, cols = (resize_weights(coords[..., axis], sizes[..., axis],
                                  length, kernel)
                   for axis, length in enumerate(grid_size))
@@ -512,11 +523,12 @@ class PositionEmbedding(layers.Layer):
     """
 
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
-                 stride=None, resize="bilinear_corners", **kwargs):
+                 stride=None, resize="bilinear_corners", aspect=False,
+                 **kwargs):
         super().__init__(**kwargs)
         check_choice("kind", kind, ADDITIVE_POSITION_EMBEDDINGS)
         check_choice("resize", resize, RESIZE_KERNELS)
-        self.resize = resize
+        self.resize, self.aspect = resize, bool(aspect)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
@@ -616,7 +628,7 @@ class PositionEmbedding(layers.Layer):
         table = ops.cast(self.pos_embedding[0], "float32")
         prefix = self.num_prefix_tokens
         patches = ops.matmul(naflex_weights(coords, mask, self.grid_size,
-                                            self.resize),
+                                            self.resize, self.aspect),
                              table[prefix:])
         if not prefix:
             return patches
@@ -641,4 +653,6 @@ class PositionEmbedding(layers.Layer):
         )
         if self.resize != "bilinear_corners":  # saved before it: none
             config["resize"] = self.resize
+        if self.aspect:
+            config["aspect"] = True
         return config

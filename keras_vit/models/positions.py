@@ -462,6 +462,7 @@ class PositionScheme:
                                        name="padding_bias")(
                                            patches["patch_mask"])
         self.resize = options.position_resize(family or {})
+        self.aspect = (family or {}).get("position_aspect", False)
         self.shared = None
         if kind != "none" and placement != "every_layer":
             self.shared = self._make("position_embedding")
@@ -494,7 +495,8 @@ class PositionScheme:
                                              name=name)
         return vit_layers.PositionEmbedding(
             self.grid, self.prefix, kind=self.kind, stride=self.stride,
-            resize=self.resize, dtype=self.dtype, name=name)
+            resize=self.resize, aspect=self.aspect, dtype=self.dtype,
+            name=name)
 
     def _add(self, layer, x):
         if self.patches is not None:

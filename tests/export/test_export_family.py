@@ -71,8 +71,8 @@ OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image
-# batch (tests/models/test_naflex.py).
-EXPORTED_ELSEWHERE = ("naflex",)
+# batch (tests/export/test_export_naflex.py).
+EXPORTED_ELSEWHERE = ("naflex", "position_aspect")
 
 
 def test_every_option_row_is_on_in_some_exported_model():

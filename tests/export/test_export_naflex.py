@@ -28,13 +28,15 @@ INPUTS = {"patches": [None, None, 48], "patch_coords": [None, None, 2],
 @pytest.fixture(scope="module")
 def models():
     """A MAP head without a class token; a class token and mean pooling
-    (whose padding the pooling leaves out)."""
+    (whose padding the pooling leaves out), each image's table resized
+    with its aspect ratio kept (RADIO's)."""
     return {
         "map": randomise_keras(keras_vit.vit(**TINY, num_classes=3,
                                              classifier="map")),
         "gap": randomise_keras(keras_vit.vit(**TINY, num_classes=3,
                                              classifier="gap",
-                                             class_token=True), 1),
+                                             class_token=True,
+                                             position_aspect=True), 1),
     }
 
 

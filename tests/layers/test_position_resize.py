@@ -33,7 +33,8 @@ TORCH = {"bilinear_corners": dict(mode="bilinear", align_corners=True),
                              antialias=True),
          "bicubic_aa": dict(mode="bicubic", align_corners=False,
                             antialias=True),
-         "bicubic": dict(mode="bicubic", align_corners=False)}
+         "bicubic": dict(mode="bicubic", align_corners=False),
+         "bilinear": dict(mode="bilinear", align_corners=False)}
 
 
 def _torch_resize(grid_rows, old, new, kernel):
@@ -79,6 +80,37 @@ def test_every_path_resizes_as_the_source_does(old, new, kernel, seed):
         coords, mask.astype("int32"), old, kernel)).astype("float64")
     np.testing.assert_allclose(weights[0, :new[0] * new[1]]
                                @ table[0, prefix:], want, atol=2e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(old=st.tuples(st.integers(1, 7), st.integers(1, 7)),
+       grids=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 9)),
+                      min_size=1, max_size=3),
+       kernel=st.sampled_from(RESIZE_KERNELS), seed=st.integers(0, 99))
+def test_a_naflex_table_keeping_the_aspect_is_timms_square_then_cropped(
+        old, grids, kernel, seed):
+    """``aspect=True`` (position_aspect, timm's pos_embed_ar_preserving):
+    each image of a batch gets the table resized to a square of its
+    grid's longer side, its top-left corner cut to the grid, by torch's
+    own interpolate; the table's own grid is read as it is."""
+    dim = 3
+    table = np.random.default_rng(seed).normal(size=(old[0] * old[1], dim))
+    count = max(r * c for r, c in grids) + 1  # and one padding token
+    coords = np.zeros((len(grids), count, 2), int)
+    mask = np.zeros((len(grids), count), "int32")
+    for b, (r, c) in enumerate(grids):
+        coords[b, :r * c] = np.stack(np.meshgrid(
+            np.arange(r), np.arange(c), indexing="ij"), -1).reshape(-1, 2)
+        mask[b, :r * c] = 1
+    weights = keras.ops.convert_to_numpy(naflex_weights(
+        coords, mask, old, kernel, aspect=True)).astype("float64")
+    for b, (r, c) in enumerate(grids):
+        side = max(r, c)
+        want = (table if (r, c) == tuple(old) else _torch_resize(
+            table, old, (side, side), kernel).reshape(side, side, dim)[
+                :r, :c].reshape(-1, dim))
+        np.testing.assert_allclose(weights[b, :r * c] @ table, want,
+                                   atol=2e-5)
 
 
 def test_a_dynamic_model_computes_what_the_model_loaded_at_that_size_does():

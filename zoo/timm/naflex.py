@@ -44,15 +44,6 @@ from keras_vit.zoo.timm.layout import TIMM_ACTIVATIONS, TIMM_POOLS
 # argument -> (the values it computes, what the others build, the
 # closest setting keras_vit computes).
 _FIXED = {
-    "pos_embed_ar_preserving": (
-        (False,), "a table resized to a square of the grid's longer side "
-        "and cropped (the aspect ratio kept)",
-        "pos_embed_ar_preserving=False"),
-    "pos_embed_antialias": (
-        (True,), "a resize without antialiasing", "pos_embed_antialias=True"),
-    "pos_embed_align_corners": (
-        (False,), "a resize with aligned corners",
-        "pos_embed_align_corners=False"),
     "pos_embed_use_grid_sample": (
         (False,), "a table sampled at each patch (grid_sample, no "
         "antialiasing)", "pos_embed_use_grid_sample=False"),
@@ -105,11 +96,20 @@ _FLAGS = {"qkv_bias": ("qkv_bias", True), "qk_norm": ("qk_norm", False),
           "pool_include_prefix": ("pool_prefix", False)}
 _READ = ("patch_size", "mlp_ratio", "img_size", "in_chans", "reg_tokens",
          "init_values", "pos_embed", "pos_embed_grid_size",
+         "pos_embed_antialias", "pos_embed_align_corners",
+         "pos_embed_ar_preserving",
          "pos_embed_interp_mode", "final_norm", "fc_norm", "global_pool",
          "attn_pool_num_heads", "attn_pool_mlp_ratio", "embed_proj_type",
          "embed_norm_layer", "norm_layer", "act_layer")
 #: timm's interpolation modes keras_vit resizes a NaFlex table with.
 INTERP_MODES = ("bicubic", "bilinear")
+# timm's resize of a NaFlex table (pos_embed_interp_mode,
+# pos_embed_antialias, pos_embed_align_corners) -> keras_vit's kernel.
+_KERNELS = {("bicubic", True, False): "bicubic_aa",
+            ("bilinear", True, False): "bilinear_aa",
+            ("bicubic", False, False): "bicubic",
+            ("bilinear", False, False): "bilinear",
+            ("bilinear", False, True): "bilinear_corners"}
 
 
 def _side(value):
@@ -194,7 +194,17 @@ def honoured(args, path, given=None):
         out["posemb_includes_prefix"] = False  # no row for the prefix
         mode = read("pos_embed_interp_mode", _choice(
             INTERP_MODES, "keras_vit resizes a NaFlex table by"), "bicubic")
-        out["position_resize"] = mode + "_aa"  # timm's antialias=True
+        form = (mode, read("pos_embed_antialias", arguments.bool_arg, True),
+                read("pos_embed_align_corners", arguments.bool_arg, False))
+        if form not in _KERNELS:
+            raise refuse("pos_embed_align_corners" if form[2] else
+                         "pos_embed_antialias", "keras_vit resizes a NaFlex "
+                         "table with " + ", ".join(
+                             f"{m} (antialias={a}, align_corners={c})"
+                             for m, a, c in _KERNELS))
+        out["position_resize"] = _KERNELS[form]
+        out["position_aspect"] = read("pos_embed_ar_preserving",
+                                      arguments.bool_arg, False)
     # The table's grid (pos_embed_grid_size, else img_size's): the
     # model's image size, one patch a cell.
     grid = args.get("pos_embed_grid_size", (16, 16))
