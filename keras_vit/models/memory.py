@@ -424,6 +424,10 @@ def config_estimate(config):
         4 * d * d + 2 * d * mlp) + rep * d + classes * (rep or d))
     values = max(2 * heads * tokens * tokens + 6 * tokens * d,
                  2 * tokens * mlp + 3 * tokens * d)
+    if config.get("naflex"):
+        # image_size is the table's grid, not an input's: a NaFlex call's
+        # own patches decide its activations.
+        values = 0
     if resnet:
         values = max(values, _resnet_forward_values((h, w), width))
     # The exact count where the variant table knows every option; the

@@ -221,3 +221,23 @@ def test_a_verification_batch_beyond_memory_is_refused_before_drawing(
         tracemalloc.stop()
     assert peak < 2**30, peak
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_naflex_tables_grid_is_no_image_the_load_runs():
+    """A NaFlex model's image_size is its table's grid (C-RADIO's 128 x
+    128 patches: 2048 px); no forward runs at that size, so loading
+    counts its weights and table, not 16k tokens of activations, while
+    the same grid of images is still refused."""
+    from keras_vit.models import memory
+
+    config = dict(image_size=2048, patch_size=16, hidden_size=1024,
+                  num_layers=24, num_heads=16, mlp_dim=4096,
+                  num_classes=0, classifier="gap")
+    memory.check_config(dict(config, naflex=True), "config.json",
+                        available=2 ** 34)
+    naflex = memory.config_estimate(dict(config, naflex=True))
+    assert naflex["activations"] == 0
+    assert naflex["position table"] == memory.config_estimate(
+        config)["position table"] > 0
+    with pytest.raises(ValueError, match="config.json: .* at 2048x2048"):
+        memory.check_config(config, "config.json", available=2 ** 34)
