@@ -301,3 +301,20 @@ def test_an_integer_tensor_bound_for_a_weight_is_refused_naming_it(tmp_path):
                        r"\.dtype: dtype I64 of shape \[192\]") as refused:
         zoo.load(str(tmp_path / "repo"))
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("arch, kwargs", [
+    ("vit_dpwee_patch16_reg1_gap_256", dict(embed_dim=64, num_heads=2)),
+    ("vit_dwee_patch16_reg1_gap_256", dict(embed_dim=64, num_heads=2)),
+    ("vit_base_mci_224", {})])
+def test_the_new_blocks_and_stem_give_timms_intermediate_features(
+        arch, kwargs, tmp_path):
+    """forward_intermediates of differential attention, parallel blocks
+    and the conv stem: the blocks' NHWC maps and their prefix tokens are
+    timm's."""
+    from testkit import assert_features_are_timms
+
+    theirs = random_timm_model(arch, 32, CLASSES, depth=2, **kwargs)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    ours = zoo.load(str(tmp_path / "repo"))
+    assert_features_are_timms(ours, theirs, random_images(32))
