@@ -242,9 +242,10 @@ def _output_values(model):
     return total
 
 
-def forward_estimate(model, images):
+def forward_estimate(model, images, patches=None):
     """A rough upper estimate in bytes of what one inference forward pass
-    of ``images`` images holds at its peak (float32 values): in a ViT block
+    of ``images`` images (of ``patches`` patches each: a NaFlex batch's;
+    None: the model's grid) holds at its peak (float32 values): in a ViT block
     the attention logits and their softmax, 2 heads*N^2 per image, beside
     q, k, v and the MLP's hidden layer; in a ResNet its largest maps (see
     :func:`_resnet_forward_values`); plus the model's outputs. A forward
@@ -263,6 +264,8 @@ def forward_estimate(model, images):
     config, n = _encoder(model)
     if config is None:
         return _BYTES * images * values if values else None
+    if patches is not None:  # the batch's patches, not the table's grid
+        n += int(patches) - model.grid_size[0] * model.grid_size[1]
     d, mlp, heads = (config["hidden_size"], config["mlp_dim"],
                      config["num_heads"])
     values += max(2 * heads * n * n + 6 * n * d, 2 * n * mlp + 3 * n * d)
@@ -343,15 +346,17 @@ def check_input_batch(count, shape, *, hint, bytes_per_value=4,
             f"{available / 2**30:.1f} GiB of memory available here; {hint}")
 
 
-def check_forward(model, images, *, available=None):
+def check_forward(model, images, *, available=None, patches=None):
     """Refuses (``ValueError``) a forward pass of ``images`` images that
     clearly cannot fit this machine's available memory (estimate over 1.5x
     of it), on CPU, before it is allocated: one batch of a model at 4000
     px would otherwise take the machine's memory and then the process.
-    :func:`keras_vit.models.memory.infer` calls it on every batch."""
+    :func:`keras_vit.models.memory.infer` calls it on every batch;
+    ``patches``: a NaFlex batch's patches per image (its table's grid is
+    no input)."""
     if available is None and not _on_cpu():
         return
-    need = forward_estimate(model, int(images))
+    need = forward_estimate(model, int(images), patches)
     if need is None:
         return
     available = available_memory() if available is None else available
@@ -502,7 +507,10 @@ def infer(model, inputs):
     """
     from keras_vit.runtime.backend import no_grad, to_numpy
 
-    check_forward(model, len(inputs["patches"] if isinstance(inputs, dict)
-                             else inputs))  # a NaFlex batch: a dict
+    if isinstance(inputs, dict):  # a NaFlex batch: its patches decide
+        count, patches = inputs["patches"].shape[:2]
+        check_forward(model, count, patches=patches)
+    else:
+        check_forward(model, len(inputs))
     with no_grad():
         return to_numpy(model(inputs, training=False))

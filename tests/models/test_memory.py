@@ -241,3 +241,24 @@ def test_a_naflex_tables_grid_is_no_image_the_load_runs():
         config)["position table"] > 0
     with pytest.raises(ValueError, match="config.json: .* at 2048x2048"):
         memory.check_config(config, "config.json", available=2 ** 34)
+
+
+def test_a_naflex_batch_is_bounded_by_its_patches_not_the_tables_grid():
+    """A NaFlex call of 64 patches an image through a model whose table
+    is C-RADIO's 128 x 128 grid fits where the grid's 16k tokens would
+    not; infer runs it."""
+    import numpy as np
+
+    import keras_vit
+    from keras_vit.models import memory
+
+    model = keras_vit.vit(image_size=2048, patch_size=16, hidden_size=16,
+                          num_layers=1, num_heads=2, mlp_dim=32,
+                          num_classes=0, classifier="gap", naflex=True)
+    memory.check_forward(model, 2, available=2 ** 30, patches=64)
+    with pytest.raises(ValueError, match="a forward pass of 2 image"):
+        memory.check_forward(model, 2, available=2 ** 30)
+    batch = {"patches": np.zeros((2, 64, 16 * 16 * 3), "float32"),
+             "patch_coords": np.zeros((2, 64, 2), "int32"),
+             "patch_mask": np.ones((2, 64), "int32")}
+    assert memory.infer(model, batch).shape == (2, 16)
