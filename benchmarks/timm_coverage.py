@@ -143,8 +143,9 @@ MESSAGES = (
      r"vision_transformer_relpos\.py"),
     ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
     ("Gemma 4's towers (gemma4_vit)", r"gemma4_vit\.py"),
-    ("SAM's windowed attention (vision_transformer_sam)",
-     r"vision_transformer_sam\.py"),
+    # SAM's settings keras_vit does not compute (vision_transformer_sam).
+    ("SAM without its neck (neck_chans=None)", r"neck_chans="),
+    ("SAM: another setting (vision_transformer_sam)", r"timm SAM setting"),
     ("hybrid backbone ResNet-D (resnet26d/50d)", r"ResNet-D hybrids"),
     ("hybrid backbone (other)", r"HybridEmbed|ConvStem|backbone"),
     ("attention pool variant", r"attn_pool|latent_len"),
@@ -401,8 +402,8 @@ def features(module, args):
     option's feature (:func:`argument_feature`), or for a module keras_vit
     does not read (refused whole), the module.
 
-    >>> features("vision_transformer_sam", {"window_size": 14})
-    {('module', 'vision_transformer_sam')}
+    >>> features("gemma4_vit", {"embed_dim": 768})
+    {('module', 'gemma4_vit')}
     """
     from keras_vit.zoo.timm.arguments import READ_MODULES
 

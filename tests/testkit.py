@@ -83,6 +83,14 @@ OPTION_EXAMPLES = {
     "conv_stem": (True, {}),
     "position_aspect": (True, dict(naflex=True, classifier="gap",
                                    class_token=False)),
+    # SAM's: windows of 3 over a grid they do not divide (padded), a
+    # global block, the decomposed tables of both, the neck.
+    "window_size": (3, dict(classifier="gap", class_token=False,
+                            decomposed_bias=True)),
+    "global_blocks": ([0], dict(window_size=3, decomposed_bias=True,
+                                classifier="gap", class_token=False)),
+    "decomposed_bias": (True, dict(classifier="gap", class_token=False)),
+    "neck": (8, dict(classifier="gap", class_token=False, window_size=3)),
 }
 
 

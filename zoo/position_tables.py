@@ -11,7 +11,8 @@ a dynamic-size model's input), here on NumPy float64, rounded once to
 the table's dtype. A learned 2D table is resized per axis the same way; a
 relative table keeps, or clips to, its trained offsets; BEiT's 2D relative
 bias is resampled as BEiT's own fine-tuning code (and timm) does
-(:func:`resize_relative_bias`).
+(:func:`resize_relative_bias`), the decomposed tables of a global block
+as SAM's code does (:func:`resize_decomposed`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,27 @@ def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
     wanted = np.arange(-(new_num_patches - 1), new_num_patches)
     rows = np.clip(wanted, -(old - 1), old - 1) + old - 1
     return np.concatenate([table[rows], table[offsets:]], axis=0)
+
+
+def resize_decomposed(table, new_len):
+    """Fits a decomposed relative table (``decomposed_bias``: one vector
+    per offset along an axis, (2 side - 1, head_dim)) to ``new_len``
+    offsets as SAM's code does at another size: torch's linear
+    interpolation (no aligned corners, no antialiasing).
+
+    >>> table = np.array([[0.0], [1.0], [2.0]])
+    >>> np.round(resize_decomposed(table, 5), 6).ravel().tolist()
+    [0.0, 0.4, 1.0, 1.6, 2.0]
+    """
+    table = np.asarray(table)
+    if table.ndim != 2 or table.shape[0] % 2 == 0:
+        raise CheckpointError(
+            "a decomposed relative table must have shape (2 side - 1, "
+            f"head_dim); received shape={table.shape}")
+    from keras_vit.layers.embeddings import resize_axis  # loads Keras
+
+    return resize_axis(table.astype(np.float64), int(new_len), 0,
+                       "bilinear").astype(table.dtype)
 
 
 # BEiT's 2D relative bias ends in three rows for the class token's pairs
@@ -230,6 +252,8 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
         if kind is None:
             continue
         for var in layer.weights:
+            if kind == "decomposed" and "/rel_pos_" not in var.path:
+                continue  # the block's other weights
             key = key_fn(var.path)
             if key not in arrays or key not in targets:
                 continue
@@ -271,11 +295,15 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
 def _table_kind(layer):
     """Which position table ``layer`` holds (its resize rule), or None:
     a ``position_embedding*`` layer's ``kind``, ``"relative_bias"`` for
-    BEiT's 2D bias."""
+    BEiT's 2D bias, ``"decomposed"`` for a block's decomposed relative
+    tables."""
+    from keras_vit.layers import EncoderBlock
     from keras_vit.models.positions import RelativePositionBias
 
     if isinstance(layer, RelativePositionBias):
         return "relative_bias"
+    if isinstance(layer, EncoderBlock) and layer.decomposed_bias:
+        return "decomposed"
     if layer.name.startswith("position_embedding"):
         return getattr(layer, "kind", None)
     return None
@@ -301,6 +329,9 @@ def _resized(kind, layer, src, want, old_grid):
         old = None if old_grid is None else old_grid[0] * old_grid[1]
         return (resize_relative_bias(src, layer.grid_size, old_grid), old,
                 layer.grid_size[0] * layer.grid_size[1])
+    if kind == "decomposed":
+        return (resize_decomposed(src, want[0]), (src.shape[0] + 1) // 2,
+                (want[0] + 1) // 2)
     raise CheckpointError(f"position_embedding={kind!r} has no resize rule")
 
 

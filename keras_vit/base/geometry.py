@@ -264,7 +264,7 @@ def merged_widths(config):
     """``(merged, pooled)``: the width of a token after the patch merger
     (``merge_size`` k: k * k * hidden_size; the hidden size without one)
     and the width the pooling and head read (``merge_width`` where the
-    merger has its second Dense).
+    merger has its second Dense, ``neck``'s channels after SAM's neck).
 
     >>> merged_widths({"hidden_size": 8, "merge_size": 2})
     (32, 32)
@@ -272,7 +272,8 @@ def merged_widths(config):
     merge = config.get("merge_size") or 1
     merged = merge * merge * config["hidden_size"]
     # "token_gap" reads the class token and the patches' mean side by side.
-    return merged, (config.get("merge_width") or merged) * (
+    return merged, (config.get("merge_width") or config.get("neck")
+                    or merged) * (
         1 + (_pooling(config) == "token_gap"))
 
 
@@ -355,7 +356,10 @@ def parameter_count(config, image_size=None, num_classes=None,
         heads=config["num_heads"], bias_rows=(
             (2 * grid_side(config, rows) - 1)
             * (2 * grid_side(dict(config, patch_size=pw), cols) - 1) + 3),
-        values=values, patch=(ph, pw), channels=channels)
+        values=values, patch=(ph, pw), channels=channels,
+        grid=(grid_side(config, rows),
+              grid_side(dict(config, patch_size=pw), cols)),
+        depth=config["num_layers"])
     for row in options.OPTIONS:
         if row.params is not None:
             per_block, once = row.params(values[row.name], shape)

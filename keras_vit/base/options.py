@@ -177,6 +177,8 @@ class Shape(NamedTuple):
             reshapes reads it).
         patch: the patch's (rows, columns) of pixels.
         channels: the images' channels.
+        grid: the patch grid (rows, columns).
+        depth: the encoder blocks.
     """
 
     width: int
@@ -194,6 +196,8 @@ class Shape(NamedTuple):
     values: dict | None = None
     patch: tuple = (0, 0)
     channels: int = 0
+    grid: tuple = (0, 0)
+    depth: int = 0
 
 
 class Weight(NamedTuple):
@@ -258,6 +262,8 @@ class Option(NamedTuple):
             the row's name and value).
         score_maps: ``score_maps(value)`` -> the attention maps (N x N)
             each head keeps at that value, for the memory bound; None: one.
+        at_block: ``at_block(value, values, i)`` -> the value block ``i``
+            takes (a ``block`` row whose blocks differ); None: ``value``.
     """
 
     name: str
@@ -275,6 +281,7 @@ class Option(NamedTuple):
     at_other_sizes: bool = False
     requires: Callable | None = None
     score_maps: Callable | None = None
+    at_block: Callable | None = None
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -315,6 +322,61 @@ def _conv_stem_params(value, shape):
             + 4 * quarter * quarter + 4 * quarter * shape.width
             + 2 * 4 * quarter)
     return 0, stem - rows * cols * shape.channels * shape.width
+
+
+def block_indices(name, value):
+    """None (no block), or block indices from 0: a sorted list of
+    distinct non-negative integers (as a config holds it)."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return None
+    if not isinstance(value, (list, tuple)) or any(
+            not isinstance(i, int) or isinstance(i, bool) or i < 0
+            for i in value):
+        raise ValueError(f"{name} must be None or block indices from 0 "
+                         f"(non-negative integers); received {name}="
+                         f"{value!r}")
+    return sorted(set(value))
+
+
+def _patches_alone(value, values):
+    """What a row that reads the patch grid as a map needs (a
+    ``requires``): no prefix token, no NaFlex batch."""
+    if not value:
+        return None
+    if values["naflex"]:
+        return ("images, naflex=False (it reads the patches as a map of "
+                "the model's grid); received naflex=True")
+    prefix = {k: values[k] for k in ("class_token", "num_registers",
+                                     "distilled") if values[k]}
+    return ("the patches alone, no class, register or distillation token "
+            "(it reads them as a map of the grid); received "
+            + ", ".join(f"{k}={v!r}" for k, v in prefix.items())
+            if prefix else None)
+
+
+def _windowed(value, values, index):
+    """A block's window: none where ``global_blocks`` names it."""
+    return 0 if index in (values["global_blocks"] or ()) else value
+
+
+def _decomposed_params(value, shape):
+    """Each block's two decomposed tables, rows and columns of offsets
+    over its window or, in a global block, the grid."""
+    if not value:
+        return 0, 0
+    total = 0
+    for i in range(shape.depth):
+        window = _windowed(shape.values["window_size"], shape.values, i)
+        rows, cols = (window, window) if window else shape.grid
+        total += (2 * rows - 1 + 2 * cols - 1) * shape.head_width
+    return 0, total
+
+
+def _neck_params(value, shape):
+    """SAM's neck: a 1 x 1 and a 3 x 3 convolution without biases, each
+    followed by a LayerNorm."""
+    return 0, value and (value * shape.width + 9 * value * value
+                         + 4 * value)
 
 
 # A block's path in the model, in timm's state dict and in the official
@@ -564,6 +626,55 @@ OPTIONS = (
                "pre-norm blocks, post_norm=False (its two branches read one "
                "norm of the tokens); received post_norm=True"
                if v and values["post_norm"] else None)),
+    Option("window_size", 0, count, True, None,
+           "w > 0: each block's attention within non-overlapping w x w "
+           "windows of the patch grid, the normed tokens padded with zeros "
+           "to a multiple of w (the padding attended to, as ViTDet's and "
+           "SAM's image encoders), but in the blocks global_blocks names; "
+           "0: every block attends over the whole grid",
+           block=True, at_block=_windowed,
+           requires=lambda v, values: _patches_alone(v, values) or (
+               f"rope=None (no rotary form of windows); received rope="
+               f"{values['rope']!r}" if v and values["rope"] else None) or (
+               "sequential blocks, parallel=None; received parallel="
+               f"{values['parallel']!r}" if v and values["parallel"]
+               else None)),
+    Option("global_blocks", None, block_indices, True, None,
+           "with window_size: the blocks (from 0) that attend over the "
+           "whole grid (SAM's global_attn_indexes); None: none",
+           requires=lambda v, values: (
+               "windows to leave, window_size of 1 or more; received "
+               "window_size=0" if v and not values["window_size"] else None)),
+    Option("decomposed_bias", False, flag, True, None,
+           "MViTv2's and SAM's decomposed relative positions: each block's "
+           "attention holds two tables of head-wide vectors, rel_pos_h per "
+           "row offset and rel_pos_w per column offset over its window (the "
+           "grid in a global block), and adds q . rel_pos_h[dr] + q . "
+           "rel_pos_w[dc] of each head's unscaled query to its logits",
+           block=True, params=_decomposed_params,
+           requires=lambda v, values: _patches_alone(v, values) or next((
+                   f"{k}=None (one relative scheme); received {k}="
+                   f"{values[k]!r}" for k in ("rope", "relative_bias",
+                                              "differential")
+                   if v and values[k]), None),
+           weights=tuple(Weight(f"{_BLOCK}attention/rel_pos_{x}", "vector",
+                                f"{_TIMM}attn.rel_pos_{x}",
+                                f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
+                                f"rel_pos_{x}") for x in ("h", "w"))),
+    Option("neck", 0, count, True, None,
+           "c > 0: SAM's neck after the blocks: the patch map through a 1 x "
+           "1 convolution to c channels, a LayerNorm (epsilon 1e-6), a 3 x "
+           "3 convolution (zero padding) and a LayerNorm, no biases in the "
+           "convolutions; the pooling and head read its c features; 0: none",
+           params=_neck_params,
+           requires=lambda v, values: _patches_alone(v, values) or (
+               "no patch merger, merge_size=0; received merge_size="
+               f"{values['merge_size']}" if v and values["merge_size"]
+               else None),
+           weights=(*(Weight(f"neck/conv_{n}", "conv", f"neck.{2 * n}",
+                             f"neck/conv_{n}") for n in (0, 1)),
+                    *(Weight(f"neck/norm_{n}", "norm", f"neck.{2 * n + 1}",
+                             f"neck/norm_{n}") for n in (0, 1)))),
     Option("merge_size", 0, count, True, None,
            "k > 1: the patch merger after the blocks (the projector of "
            "Qwen's vision towers): each k x k block of patch tokens, "
@@ -745,10 +856,18 @@ def choices(name):
     return ROWS[name].check.choices
 
 
-def block_options(values):
-    """The options every encoder block takes (the rows marked ``block``),
-    from ``values`` (every row's, normalised)."""
-    return {row.name: values[row.name] for row in OPTIONS if row.block}
+def block_options(values, index=0):
+    """The options encoder block ``index`` takes (the rows marked
+    ``block``, each at that block's value), from ``values`` (every row's,
+    normalised).
+
+    >>> values = dict(DEFAULTS, window_size=7, global_blocks=[1])
+    >>> [block_options(values, i)["window_size"] for i in range(3)]
+    [7, 0, 7]
+    """
+    return {row.name: values[row.name] if row.at_block is None
+            else row.at_block(values[row.name], values, index)
+            for row in OPTIONS if row.block}
 
 
 def prefix_tokens(values):

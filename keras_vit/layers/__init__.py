@@ -21,8 +21,8 @@ from keras_vit.layers.registered import PACKAGE
 import keras  # noqa: F401
 
 from keras_vit.layers.attention import (
-    MultiHeadSelfAttention, relative_attention_bias, relative_position_index,
-    relative_table_rows)
+    MultiHeadSelfAttention, decomposed_bias, relative_attention_bias,
+    relative_position_index, relative_table_rows)
 from keras_vit.layers.blocks import (
     EncoderBlock, MlpBlock, ResidualUnit, StackScores, StdConv2D, TokenPooling,
     check_remat, rematerialized)
@@ -41,7 +41,8 @@ from keras_vit.layers.blocks import POOLING_METHODS, DropPath
 from keras_vit.layers.dense import MLP_ACTIVATIONS
 from keras_vit.layers.embeddings import PatchTokens, RegisterTokens
 # Multihead attention pooling (``classifier="map"``: SigLIP, big_vision).
-from keras_vit.layers.pooling_head import AttentionPoolHead, PatchMerger
+from keras_vit.layers.pooling_head import (AttentionPoolHead, Neck,
+                                           PatchMerger)
 # RMSNorm, the norm of ``norm="rms"`` (AIMv2), and the norms' kinds.
 from keras_vit.layers.dense import (NORM_KINDS, RMSNormalization,
                                     check_norm, make_norm)
@@ -53,11 +54,11 @@ __all__ = [
     "PatchEmbedding", "PositionEmbedding", "ResidualUnit", "StackScores",
     "StdConv2D", "TokenPooling", "add_bias", "check_gelu", "check_remat",
     "gelu", "gelu_tanh", "image_sizes", "mlp_gelu_exact", "mlp_gelu_tanh",
-    "relative_attention_bias", "relative_position_index",
+    "decomposed_bias", "relative_attention_bias", "relative_position_index",
     "relative_table_rows", "rematerialized", "resize_grid_table",
     "runtime_grid", "sincos_2d_table"]
 
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "PatchMerger",
             "RegisterTokens"]
-__all__ += ["AttentionPoolHead", "PatchTokens"]
+__all__ += ["AttentionPoolHead", "Neck", "PatchTokens"]
 __all__ += ["NORM_KINDS", "RMSNormalization", "check_norm", "make_norm"]

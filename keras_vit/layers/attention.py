@@ -119,6 +119,45 @@ def relative_attention_bias(query, table):
     return bias * ops.cast(1.0 / math.sqrt(head_dim), bias.dtype)
 
 
+def decomposed_bias(query, table_h, table_w, size):
+    """MViTv2's decomposed relative position logits (SAM's image encoder):
+    ``bias[b, h, (r, c), (r', c')] = q[b, (r, c), h] . table_h[r - r' +
+    rows - 1] + q[b, (r, c), h] . table_w[c - c' + cols - 1]``, from each
+    head's queries as projected (not scaled), to be added to the logits.
+
+    Args:
+        query: (B, rows * cols, heads, head_dim), the patches of a
+            ``size`` (rows, cols) map in row-major order.
+        table_h, table_w: (2 rows - 1, head_dim) and (2 cols - 1,
+            head_dim), one vector per row and per column offset.
+
+    Returns:
+        (B, heads, N, N) logits.
+
+    >>> q = np.ones((1, 2, 1, 1), "float32")  # a 1 x 2 map, one head
+    >>> h, w = np.zeros((1, 1), "float32"), np.array([[1], [2], [3]], "float32")
+    >>> ops.convert_to_numpy(decomposed_bias(q, h, w, (1, 2)))[0, 0].tolist()
+    [[2.0, 1.0], [3.0, 2.0]]
+    """
+    rows, cols = size
+    heads, width = int(query.shape[2]), int(query.shape[3])
+    offsets = {}
+    for name, side, table in (("h", rows, table_h), ("w", cols, table_w)):
+        index = np.arange(side)[:, None] - np.arange(side)[None, :] + side - 1
+        offsets[name] = ops.reshape(ops.take(ops.cast(table, query.dtype),
+                                             index.reshape(-1), axis=0),
+                                    (side, side, width))
+    q = ops.reshape(query, (-1, rows, cols, heads, width))
+    per_row = ops.einsum("bxyhc,xkc->bhxyk", q, offsets["h"])
+    per_col = ops.einsum("bxyhc,ykc->bhxyk", q, offsets["w"])
+    n = rows * cols
+    # Each key (r', c') of the row-major map: its row's logit, its column's.
+    return (ops.repeat(ops.reshape(per_row, (-1, heads, n, rows)), cols,
+                       axis=-1)
+            + ops.tile(ops.reshape(per_col, (-1, heads, n, cols)),
+                       (1, 1, 1, rows)))
+
+
 class ReturnsScores:
     """The output shapes of a layer of ``num_heads`` heads whose call
     returns its input's shape and, when asked, attention maps (B, heads,
@@ -166,6 +205,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ``differential`` (``"vectors"`` or ``"dual"``): differential
     attention (:meth:`differential_context`, the ``differential`` option)
     at block ``index`` (from 0), which sets its ``lambda_init``.
+    ``decomposed`` (rows, cols): the tables ``rel_pos_h`` and
+    ``rel_pos_w`` of the decomposed relative positions over a map of that
+    size (:func:`decomposed_bias`; the ``decomposed_bias`` option), whose
+    logits join the scores; the tokens a call sees are that map.
     """
 
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
@@ -173,12 +216,14 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                  "norm_epsilon": float, "norm": check_norm,
                  "rope": lambda form: form, "rope_halves": lambda v: v,
                  "output_norm": bool, "differential": lambda v: v,
-                 "index": int}
+                 "index": int, "decomposed": lambda v: None if v is None
+                 else [int(s) for s in v]}
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, qkv_bias=True,
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
                  norm="layer", rope=None, output_norm=False,
-                 rope_halves=None, differential=None, index=0, **kwargs):
+                 rope_halves=None, differential=None, index=0,
+                 decomposed=None, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -214,6 +259,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
         self.out.build(tuple(input_shape[:-1]) + (self.num_heads, head_dim))
         if self.differential:
             self._build_differential(input_shape)
+        for name, side in zip(("h", "w"), self.decomposed or ()):
+            setattr(self, f"rel_pos_{name}", self.add_weight(
+                name=f"rel_pos_{name}", shape=(2 * side - 1, head_dim),
+                initializer="zeros"))
         if self.qk_norm:
             # Differential attention's norms see the half heads.
             split = 2 if self.differential else 1
@@ -323,8 +372,12 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             adjacent = not (ROPE_HALVES[self.rope] if self.rope_halves
                             is None else self.rope_halves)
             q, k = rotate(q, rope, adjacent), rotate(k, rope, adjacent)
-        if relative_embedding is not None:
-            relative = relative_attention_bias(q, relative_embedding)
+        relative = (relative_attention_bias(q, relative_embedding)
+                    if relative_embedding is not None else
+                    decomposed_bias(q, self.rel_pos_h, self.rel_pos_w,
+                                    self.decomposed)
+                    if self.decomposed else None)
+        if relative is not None:
             attention_bias = (relative if attention_bias is None
                               else attention_bias + relative)
         dropout = (self.dropout if training is True

@@ -63,6 +63,38 @@ def rematerialized(layer, forward, *tensors):
     return out
 
 
+def window_partition(x, grid, window):
+    """The tokens ``x`` (B, rows * cols, D) of a ``grid`` map as its
+    ``window`` x ``window`` windows (B * windows, window ** 2, D), row by
+    row of windows, each row-major; the map padded with zeros at its
+    bottom and right to a multiple of ``window`` (ViTDet's and SAM's)."""
+    rows, cols = grid
+    pad_r, pad_c = -rows % window, -cols % window
+    dim = int(x.shape[-1])
+    x = ops.reshape(x, (-1, rows, cols, dim))
+    if pad_r or pad_c:
+        x = ops.pad(x, ((0, 0), (0, pad_r), (0, pad_c), (0, 0)))
+    across = (cols + pad_c) // window
+    # [b, i, a, j, c] -> [b, i, j, a, c] with four axes: (a) and (j, c).
+    x = ops.reshape(x, (-1, window, across, window * dim))
+    x = ops.transpose(x, (0, 2, 1, 3))
+    return ops.reshape(x, (-1, window * window, dim))
+
+
+def window_merge(windows, grid, window):
+    """:func:`window_partition` undone: the windows back on the map, the
+    padding cut off, as tokens (B, rows * cols, D)."""
+    rows, cols = grid
+    padded = (rows + -rows % window, cols + -cols % window)
+    dim = int(windows.shape[-1])
+    x = ops.reshape(windows, (-1, padded[1] // window, window, window * dim))
+    x = ops.transpose(x, (0, 2, 1, 3))
+    x = ops.reshape(x, (-1, padded[0], padded[1], dim))
+    if padded != (rows, cols):
+        x = x[:, :rows, :cols]
+    return ops.reshape(x, (-1, rows * cols, dim))
+
+
 def check_remat(remat):
     """``remat`` if it is True or False, else a ValueError naming it."""
     if not isinstance(remat, bool):
@@ -204,7 +236,11 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     ``differential`` (differential attention, at the block's ``index``
     from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
     or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
-    scale; no ``norm_2``).
+    scale; no ``norm_2``), ``window_size`` (w > 0: the attention within
+    w x w windows of the ``grid_size`` map of patches,
+    :func:`window_partition`) and ``decomposed_bias`` (the decomposed
+    relative positions over the window, or the grid without windows:
+    :class:`MultiHeadSelfAttention`'s ``decomposed``).
     """
 
     def __init__(
@@ -231,9 +267,23 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         differential=None,
         parallel=None,
         index=0,
+        window_size=0,
+        decomposed_bias=False,
+        grid_size=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.window_size = int(window_size)
+        self.decomposed_bias = bool(decomposed_bias)
+        self.grid_size = None if grid_size is None else [
+            int(s) for s in grid_size]
+        if self.grid_size is None and (self.window_size
+                                       or self.decomposed_bias):
+            raise ValueError(
+                "window_size and decomposed_bias read the patches as a map: "
+                "they need the block's grid_size (rows, cols); received "
+                f"window_size={self.window_size}, decomposed_bias="
+                f"{self.decomposed_bias}, grid_size=None")
         self.differential = differential
         self.parallel = parallel
         self.index = int(index)
@@ -266,6 +316,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
             output_norm=self.attention_norm,
             differential=self.differential, index=self.index,
+            decomposed=(None if not self.decomposed_bias
+                        else [self.window_size] * 2 if self.window_size
+                        else self.grid_size),
             dtype=self.dtype_policy, name="attention",
         )
         self.dropout = layers.Dropout(self.dropout_rate,
@@ -292,7 +345,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     def build(self, input_shape):
         for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
             if sub is not None:
-                sub.build(input_shape)
+                sub.build((None, self.window_size ** 2, input_shape[-1])
+                          if sub is self.attention and self.window_size
+                          else input_shape)
         if self.layer_scale is not None:
             dim = int(input_shape[-1])
             init = keras.initializers.Constant(self.layer_scale)
@@ -341,11 +396,15 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                          if self.post_norm else
                          (lambda n, y: n(y), lambda n, y: y))
         h = before(self.norm_1, x)
+        window = self.window_size
         y = self.attention(
-            h, training=training,
+            window_partition(h, self.grid_size, window) if window else h,
+            training=training,
             return_attention_scores=return_attention_scores, **position)
         if return_attention_scores:
             y, scores = y
+        if window:
+            y = window_merge(y, self.grid_size, window)
         scales = ((self.layer_scale_1, getattr(self, "layer_scale_2", None))
                   if self.layer_scale is not None else (None, None))
         if self.parallel:  # both branches read norm_1(x); one sum added
@@ -367,7 +426,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
             "attention_norm", "rope", "rope_halves", "post_norm",
-            "differential", "parallel", "index"))
+            "differential", "parallel", "index", "window_size",
+            "decomposed_bias", "grid_size"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind

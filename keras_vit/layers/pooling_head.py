@@ -1,7 +1,7 @@
 """The layers after the blocks: multihead attention pooling ("MAP": one
 learned query attends over the tokens, the pooling head of SigLIP's image
-towers and big_vision's ``pool_type="map"`` ViTs) and the patch merger of
-Qwen's vision towers."""
+towers and big_vision's ``pool_type="map"`` ViTs), the patch merger of
+Qwen's vision towers and the convolutional neck of SAM's image encoder."""
 
 from __future__ import annotations
 
@@ -233,3 +233,49 @@ class PatchMerger(KeptArguments, layers.Layer):
     def get_config(self):
         return dict(super().get_config(), grid_size=list(self.grid_size),
                     stride=self.stride)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class Neck(KeptArguments, layers.Layer):
+    """SAM's neck (its image encoder's last layers, timm's ``neck``): the
+    patch tokens of a ``grid_size`` map through a 1 x 1 convolution to
+    ``channels``, a LayerNorm over them (epsilon 1e-6), a 3 x 3
+    convolution padded with zeros and a LayerNorm; no convolution has a
+    bias. Tokens in, tokens out (B, rows * cols, channels).
+
+    >>> import numpy as np
+    >>> neck = Neck((2, 3), channels=4)
+    >>> tuple(neck(np.zeros((1, 6, 8), "float32")).shape)
+    (1, 6, 4)
+    """
+
+    ARGUMENTS = {"channels": int,
+                 "grid_size": lambda grid: [int(g) for g in grid]}
+
+    def __init__(self, grid_size, channels, **kwargs):
+        super().__init__(**kwargs)
+        self.keep_arguments(locals())
+
+    def build(self, input_shape):
+        rows, cols = self.grid_size
+        width = int(input_shape[-1])
+        for n, (kernel, inputs) in enumerate(((1, width),
+                                              (3, self.channels))):
+            conv = layers.Conv2D(self.channels, kernel, padding="same",
+                                 use_bias=False, dtype=self.dtype_policy,
+                                 name=f"conv_{n}")
+            conv.build((None, rows, cols, inputs))
+            norm = make_norm("layer", 1e-6, self.dtype_policy, f"norm_{n}")
+            norm.build((None, rows, cols, self.channels))
+            setattr(self, f"conv_{n}", conv)
+            setattr(self, f"norm_{n}", norm)
+        self.built = True
+
+    def call(self, x):
+        rows, cols = self.grid_size
+        x = ops.reshape(x, (-1, rows, cols, int(x.shape[-1])))
+        x = self.norm_1(self.conv_1(self.norm_0(self.conv_0(x))))
+        return ops.reshape(x, (-1, rows * cols, self.channels))
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[1], self.channels)

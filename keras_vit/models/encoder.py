@@ -327,7 +327,51 @@ def check_vit_args(image_size, patch_size, hidden_size, num_layers,
             "distilled=True puts its two heads on the tokens themselves "
             "(DeiT has no pre_logits layer); received distilled=True, "
             f"representation_size={spec['representation_size']}")
+    beyond = [i for i in family["global_blocks"] or ()
+              if i >= spec["num_layers"]]
+    if beyond:
+        raise ValueError(
+            f"global_blocks names block {beyond[0]}, and the model's blocks "
+            f"are 0 to {spec['num_layers'] - 1}; received global_blocks="
+            f"{family['global_blocks']}, num_layers={spec['num_layers']}")
     spec.update(image_hw=image_hw, patch=patch, resnet=resnet, grid=grid,
                 stride=stem_stride * patch, head=head, family=family,
                 method=method if include_top else pool)
     return spec
+
+
+def check_head_outputs(spec, include_top, label_names, classifier_activation,
+                       return_attention_scores):
+    """The head's arguments beside what ``spec`` (:func:`check_vit_args`'
+    result) builds, each refusal naming them: the head's own arguments
+    without a head, a projection head (``head_type``) with classes, and
+    attention maps from blocks that attend within windows."""
+    family = spec["family"]
+    if include_top and not spec["head"] and (
+            label_names is not None or classifier_activation is not None):
+        what = ("label_names" if label_names is not None
+                else "classifier_activation")
+        raise ValueError(
+            f"{what} belongs to a head, and num_classes=0 builds none "
+            "(the model returns the pooled embedding); received "
+            f"num_classes=0, {what}="
+            f"{label_names if what == 'label_names' else classifier_activation!r}")
+    if family["head_type"] == "projection" and (
+            not spec["head"] or label_names is not None
+            or classifier_activation is not None):
+        what = ("num_classes=0" if include_top and not spec["head"]
+                else "include_top=False" if not include_top
+                else f"label_names={shown(label_names)}"
+                if label_names is not None
+                else f"classifier_activation={classifier_activation!r}")
+        raise ValueError(
+            "head_type='projection' makes the head an embedding (the "
+            "image-text projection of CLIP's towers): it needs the head "
+            "and has no classes to name or score; received "
+            f"head_type='projection', {what}")
+    if return_attention_scores and family["window_size"]:
+        raise ValueError(
+            "return_attention_scores=True returns each block's maps over "
+            "all the tokens, and window_size attends within windows; "
+            f"received window_size={family['window_size']}, "
+            "return_attention_scores=True")

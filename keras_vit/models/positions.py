@@ -403,6 +403,15 @@ def check_dynamic_image_size(dynamic_image_size, position_embedding,
             "was built for: build the size you need with keras_vit.rebuild("
             "model, image_size=...) instead of dynamic_image_size=True; "
             f"received relative_bias={bias!r}, dynamic_image_size=True")
+    mapped = [f"{k}={(family or {})[k]!r}" for k in (
+        "window_size", "decomposed_bias", "neck") if (family or {}).get(k)]
+    if dynamic_image_size and mapped:
+        raise ValueError(
+            f"{', '.join(mapped)} read the patches as a map of the grid the "
+            "model was built for: build the size you need with "
+            "keras_vit.rebuild(model, image_size=...) instead of "
+            f"dynamic_image_size=True; received {', '.join(mapped)}, "
+            "dynamic_image_size=True")
     if dynamic_image_size and position_embedding == "relative":
         raise ValueError(
             "dynamic_image_size=True resizes additive position tables in the "

@@ -8,13 +8,14 @@ from keras import layers
 from keras_vit import layers as vit_layers
 from keras_vit.base import options
 from keras_vit.base.checks import (check_choice, check_dtype, check_keywords,
-                                   check_number, shown)
+                                   check_number)
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input,
                                      patch_input, pooling_layer)
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
-from keras_vit.models.encoder import NORMALISED, check_vit_args
+from keras_vit.models.encoder import (NORMALISED, check_head_outputs,
+                                      check_vit_args)
 from keras_vit.models.features import FeaturesMixin
 from keras_vit.models.hybrid import resnet_stem
 from keras_vit.models.positions import PositionScheme, check_dynamic_image_size
@@ -133,28 +134,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             num_channels, resnet, position_embedding,
             position_embedding_placement, family)
         family = spec["family"]
-        if include_top and not spec["head"] and (
-                label_names is not None or classifier_activation is not None):
-            what = ("label_names" if label_names is not None
-                    else "classifier_activation")
-            raise ValueError(
-                f"{what} belongs to a head, and num_classes=0 builds none "
-                "(the model returns the pooled embedding); received "
-                f"num_classes=0, {what}="
-                f"{label_names if what == 'label_names' else classifier_activation!r}")
-        if family["head_type"] == "projection" and (
-                not spec["head"] or label_names is not None
-                or classifier_activation is not None):
-            what = ("num_classes=0" if include_top and not spec["head"]
-                    else "include_top=False" if not include_top
-                    else f"label_names={shown(label_names)}"
-                    if label_names is not None
-                    else f"classifier_activation={classifier_activation!r}")
-            raise ValueError(
-                "head_type='projection' makes the head an embedding (the "
-                "image-text projection of CLIP's towers): it needs the head "
-                "and has no classes to name or score; received "
-                f"head_type='projection', {what}")
+        check_head_outputs(spec, include_top, label_names,
+                           classifier_activation, return_attention_scores)
         label_names = check_label_names(label_names, spec["num_classes"],
                                         spec["head"])
         layer_norm_epsilon = float(check_number(
@@ -213,7 +194,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 spec["attention_dropout_rate"], layer_norm_epsilon,
                 gelu=vit_layers.check_gelu(gelu), remat=remat,
                 drop_path_rate=rates[i], norm=norm, dtype=dtype, index=i,
-                name=f"encoder_block_{i}", **options.block_options(family))
+                grid_size=spec["grid"], name=f"encoder_block_{i}",
+                **options.block_options(family, i))
             for i in range(depth)]
         scheme = PositionScheme(
             position_embedding, position_embedding_placement, spec["grid"],
@@ -231,6 +213,9 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         if family["final_norm"] and not family["fc_norm"]:
             x = _model_norm(norm, layer_norm_epsilon, dtype,
                             "encoder_norm")(x)
+        if family["neck"]:
+            x = vit_layers.Neck(spec["grid"], family["neck"], dtype=dtype,
+                                name="neck")(x)
         if family["merge_size"]:
             x = vit_layers.PatchMerger(
                 spec["grid"], family["merge_size"], family["merge_width"],

@@ -88,6 +88,8 @@ CASES = {
         [[1, 1, 0], [1, 0, 0]], "int32")),
     "PatchMerger": (dict(grid_size=(2, 4), merge_size=2, width=6),
                     lambda: _rng_input((2, 8, 8))),
+    "Neck": (dict(grid_size=[2, 3], channels=4),
+             lambda: _rng_input((2, 6, 8))),
     "FusedConv2D": (dict(filters=4, kernel_size=[2, 2], strides=[2, 2]),
                     lambda: _rng_input((2, 6, 6, 3))),
     "FusedDense": (dict(units=4, gelu="tanh"), lambda: _rng_input((2, 5, 8))),

@@ -3,7 +3,8 @@ group (registers without a class token, the attention-pool head, q/k
 norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and the
 patch norm; DeiT's distilled heads; BEiT's, Qwen's, DINOv3's, EVA-02's,
 RoPE-ViT's and AIMv2's options, differential attention in parallel
-blocks, the conv stem) becomes a SavedModel, an ONNX file, a
+blocks, the conv stem, SAM's windows, decomposed relative positions and
+neck) becomes a SavedModel, an ONNX file, a
 TFLite file and (but the BEiT- and Qwen-like ones) an OpenVINO IR (the
 options model also a SavedModel with the image-bytes signature and a
 full-int8 TFLite file whose RMSNorm stays float), each run in its own
@@ -64,10 +65,15 @@ MODELS = {
     "dpwee": dict(differential="vectors", parallel="fused",
                   class_token=False, num_registers=1, classifier="gap",
                   layer_scale=0.5, qk_norm=True, conv_stem=True),
+    # SAM-like: windows of 2 over a 3 x 3 grid (padded), a global block,
+    # the decomposed relative tables, the convolutional neck.
+    "sam": dict(image_size=24, class_token=False, classifier="gap",
+                final_norm=False, window_size=2, global_blocks=[1],
+                decomposed_bias=True, neck=4, layer_norm_epsilon=1e-5),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
-OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee")
+OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image
@@ -88,7 +94,7 @@ def test_every_option_row_is_on_in_some_exported_model():
 
 
 def _model(name):
-    model = VisionTransformer(**TINY, **MODELS[name])
+    model = VisionTransformer(**dict(TINY, **MODELS[name]))
     rng = np.random.default_rng(0)
     for w in model.weights:
         value = rng.normal(0, 0.5, w.shape)

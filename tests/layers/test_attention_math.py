@@ -345,3 +345,46 @@ def test_differential_attention_refuses_an_odd_head_width_naming_it():
     with pytest.raises(ValueError, match="differential='vectors'") as e:
         _built(differential="vectors", input_shape=(B, N, 6))
     assert "= 3 must be even" in str(e.value)
+
+
+# -- decomposed relative positions (SAM) -------------------------------------
+
+def _decomposed(q, table_h, table_w, rows, cols):
+    """bias[b, h, (r, c), (r2, c2)] = q . table_h[r - r2 + rows - 1]
+    + q . table_w[c - c2 + cols - 1], pair by pair."""
+    b, n, heads, _ = q.shape
+    bias = np.zeros((b, heads, n, n))
+    for i in range(n):
+        for j in range(n):
+            (r, c), (r2, c2) = divmod(i, cols), divmod(j, cols)
+            bias[:, :, i, j] = (q[:, i] @ table_h[r - r2 + rows - 1]
+                                + q[:, i] @ table_w[c - c2 + cols - 1])
+    return bias
+
+
+@pytest.mark.parametrize("rows, cols", [(2, 3), (3, 3), (1, 4)])
+def test_decomposed_bias_dots_each_query_with_its_row_and_column_offsets(
+        rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    q = rng.normal(size=(B, rows * cols, HEADS, HEAD_DIM)).astype("float32")
+    table_h = rng.normal(size=(2 * rows - 1, HEAD_DIM)).astype("float32")
+    table_w = rng.normal(size=(2 * cols - 1, HEAD_DIM)).astype("float32")
+    np.testing.assert_allclose(
+        _np(kl.decomposed_bias(q, table_h, table_w, (rows, cols))),
+        _decomposed(q.astype("float64"), table_h, table_w, rows, cols),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_the_decomposed_tables_add_their_logits_from_the_unscaled_queries():
+    """The layer's ``decomposed`` tables: their bias from the queries as
+    projected (after the q/k norms), added to the scaled logits."""
+    layer = _built(input_shape=(B, 6, D), decomposed=[2, 3], qk_norm=True)
+    w = weights_below(layer)
+    assert w["rel_pos_h"].shape == (3, HEAD_DIM)
+    assert w["rel_pos_w"].shape == (5, HEAD_DIM)
+    x = _inputs(B, 6, D)
+    q = np.einsum("bnc,chk->bnhk", x, w["query/kernel"]) + w["query/bias"]
+    q = _layer_norm(q, w["query_norm/gamma"], w["query_norm/beta"], 1e-6)
+    bias = _decomposed(q, w["rel_pos_h"], w["rel_pos_w"], 2, 3)
+    want, _ = _attention(x, w, bias, qk_norm="layer")
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=RTOL, atol=ATOL)

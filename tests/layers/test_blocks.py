@@ -485,3 +485,58 @@ def test_a_parallel_block_adds_both_branches_of_one_norm(form, proj_bias):
     want = x + y * w["layer_scale_1"]
     np.testing.assert_allclose(_np(layer(x.astype("float32"))), want,
                                rtol=RTOL, atol=ATOL)
+
+
+# -- windows and SAM's neck ----------------------------------------------------
+
+@pytest.mark.parametrize("grid, window", [((4, 4), 2), ((4, 5), 3),
+                                          ((2, 3), 4), ((3, 3), 3)])
+def test_window_partition_tiles_the_padded_map_and_merge_undoes_it(
+        grid, window):
+    """Window (b, i, j) holds the map's rows i * w .. and columns j * w ..
+    row-major, zeros past the map's edge; merging gives the map back."""
+    rows, cols = grid
+    x = _inputs(B, rows * cols, D)
+    windows = _np(kl.blocks.window_partition(x, grid, window))
+    padded = np.zeros((B, -(-rows // window) * window,
+                       -(-cols // window) * window, D), "float32")
+    padded[:, :rows, :cols] = x.reshape(B, rows, cols, D)
+    across = padded.shape[2] // window
+    for n, found in enumerate(windows):
+        b, rest = divmod(n, (padded.shape[1] // window) * across)
+        i, j = divmod(rest, across)
+        want = padded[b, i * window:(i + 1) * window,
+                      j * window:(j + 1) * window]
+        np.testing.assert_array_equal(found, want.reshape(-1, D))
+    np.testing.assert_array_equal(
+        _np(kl.blocks.window_merge(windows, grid, window)), x)
+
+
+def test_a_windowed_block_attends_within_each_padded_window():
+    """x + attention over each window of norm_1(x) (zeros padded after
+    the norm take part as keys), then the MLP over every token."""
+    grid, window = (3, 3), 2
+    block = kl.EncoderBlock(HEADS, MLP, window_size=window, grid_size=grid,
+                            decomposed_bias=True)
+    x = _inputs(B, 9, D)
+    block(x)
+    randomise_weights(block)
+    w = weights_below(block)
+    attention = block.attention
+    h = apply_norm("layer", x, _sub(w, "norm_1"))
+    windows = _np(kl.blocks.window_partition(h, grid, window))
+    y = _np(attention(windows))
+    # The attention of one window alone is the layer's on that window.
+    np.testing.assert_allclose(_np(attention(windows[1:2])), y[1:2],
+                               rtol=RTOL, atol=ATOL)
+    x1 = x + _np(kl.blocks.window_merge(y, grid, window))
+    want = x1 + _mlp(apply_norm("layer", x1, _sub(w, "norm_2")),
+                     _sub(w, "mlp"))
+    np.testing.assert_allclose(_np(block(x)), want, rtol=RTOL, atol=ATOL)
+    assert w["attention/rel_pos_h"].shape == (2 * window - 1, D // HEADS)
+
+
+def test_a_block_without_its_grid_refuses_windows_naming_it():
+    with pytest.raises(ValueError, match="grid_size") as refused:
+        kl.EncoderBlock(HEADS, MLP, window_size=2)
+    assert "\n" not in str(refused.value)

@@ -153,3 +153,25 @@ def test_attention_pool_config_round_trips():
         _map_head(x, weights_below(rebuilt), HEADS, gelu="exact", norm="rms",
                   eps=1e-5, prefix=1),
         rtol=RTOL, atol=ATOL)
+
+
+def test_sams_neck_is_two_convolutions_each_layer_normed():
+    """1 x 1 convolution, LayerNorm (epsilon 1e-6) over the channels,
+    3 x 3 convolution with zero padding, LayerNorm; no biases."""
+    from numpy_layers import conv2d, layer_norm
+
+    grid, channels = (3, 4), 6
+    neck = kl.Neck(grid, channels)
+    x = _inputs(2, 12, 8)
+    neck(x)
+    randomise_weights(neck)
+    w = weights_below(neck)
+    assert set(w) == {"conv_0/kernel", "conv_1/kernel", "norm_0/gamma",
+                      "norm_0/beta", "norm_1/gamma", "norm_1/beta"}
+    y = x.reshape(2, 3, 4, 8).astype("float64")
+    y = layer_norm(conv2d(y, w["conv_0/kernel"], 1), w["norm_0/gamma"],
+                   w["norm_0/beta"], 1e-6)
+    y = layer_norm(conv2d(y, w["conv_1/kernel"], 1, "same"),
+                   w["norm_1/gamma"], w["norm_1/beta"], 1e-6)
+    np.testing.assert_allclose(_np(neck(x)), y.reshape(2, 12, channels),
+                               rtol=1e-5, atol=1e-5)

@@ -168,7 +168,16 @@ def test_each_rows_library_field_round_trips(library):
     (dict(differential="dual", rope="dinov3"),
      "differential='dual' needs rope=None", "rope='dinov3'"),
     (dict(parallel="split", post_norm=True),
-     "parallel='split' needs pre-norm blocks", "post_norm=True")])
+     "parallel='split' needs pre-norm blocks", "post_norm=True"),
+    (dict(window_size=2), "window_size=2 needs the patches alone",
+     "class_token=True"),
+    (dict(global_blocks=[0]), "global_blocks=[0] needs windows",
+     "window_size=0"),
+    (dict(decomposed_bias=True, class_token=False, classifier="gap",
+          rope="dinov3"), "decomposed_bias=True needs rope=None",
+     "rope='dinov3'"),
+    (dict(neck=4, class_token=False, classifier="gap", merge_size=2),
+     "neck=4 needs no patch merger", "merge_size=2")])
 def test_a_rows_needs_of_the_others_are_one_line_naming_both(kwargs, named,
                                                              other):
     """A row's ``requires`` (what it needs of the other rows) refuses a

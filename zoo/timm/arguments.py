@@ -62,10 +62,11 @@ def table():
 
 # timm's modules of the ViT family whose architectures keras_vit builds
 # (their readers: this module's, eva.py's for EVA, BEiT and Qwen's
-# towers, naflex.py's for NaFlexVit), and what each of the others builds
-# that keras_vit does not.
+# towers, naflex.py's for NaFlexVit, sam.py's for SAM), and what each of
+# the others builds that keras_vit does not.
 READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
-                "eva", "beit", "qwen3_vit", "naflexvit")
+                "eva", "beit", "qwen3_vit", "naflexvit",
+                "vision_transformer_sam")
 UNREAD_MODULES = {
     "vision_transformer_relpos": "relative position biases from an MLP "
                                  "of log-spaced offsets (RelPosMlp)",
@@ -73,19 +74,37 @@ UNREAD_MODULES = {
                     "beside biased attention) and its 3 x 3 aligner",
     "gemma4_vit": "Gemma 4's blocks (four norms each, q/k/v norms, a "
                   "gated MLP) and its 2D rotary form",
-    "vision_transformer_sam": "SAM's windowed attention with decomposed "
-                              "relative positions and its convolutional "
-                              "neck",
 }
+
+
+def refusing(args, path, what):
+    """``(refuse, read)`` for a reader of timm's arguments ``args`` of a
+    ``config.json`` at ``path``: ``refuse(key, why)`` is the FormatError
+    naming the field ``model_args.<key>``, its value and why (``what``:
+    the class, "a timm EVA"); ``read(key, convert, default)`` is
+    ``convert`` of the argument (``default`` where absent), its
+    ValueError turned into that refusal."""
+    def refuse(key, why):
+        return formats.fail(path, f"model_args.{key}", f"{key}="
+                            f"{shown(args.get(key), 60)} is {what} setting "
+                            f"keras_vit cannot honour ({why})")
+
+    def read(key, convert, default):
+        try:
+            return convert(args.get(key, default))
+        except ValueError as e:
+            raise refuse(key, str(e)) from None
+
+    return refuse, read
 
 
 def check_module(name):
     """Refuses, in one line naming them, timm's architecture ``name`` of
     a module keras_vit does not build (:data:`UNREAD_MODULES`).
 
-    >>> check_module("samvit_base_patch16")  # doctest: +ELLIPSIS
+    >>> check_module("vit_relpos_base_patch16_224")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: timm's samvit_base_patch16 (vision_transformer_sam.py) ...
+    ValueError: timm's vit_relpos_base_patch16_224 (vision_transformer_relpos.py) ...
     """
     entry = table_entry(name)
     if entry is not None and entry["module"] not in READ_MODULES:

@@ -115,16 +115,7 @@ def honoured(args, path):
     refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
 
-    def refuse(key, why):
-        return formats.fail(path, f"model_args.{key}", f"{key}="
-                            f"{shown(args.get(key), 60)} is a timm EVA "
-                            f"setting keras_vit cannot honour ({why})")
-
-    def read(key, convert, default):
-        try:
-            return convert(args.get(key, default))
-        except ValueError as e:
-            raise refuse(key, str(e)) from None
+    refuse, read = arguments.refusing(args, path, "a timm EVA")
 
     known = (*_FIXED, *_SIZES, *_DROPS, *_READ)
     for key in args:
