@@ -94,6 +94,49 @@ OPTION_EXAMPLES = {
 }
 
 
+def option_groups(image_size=32, patch_size=8, hidden_size=32,
+                  num_layers=2, num_heads=2, mlp_dim=64, num_classes=5):
+    """Every row's example (OPTION_EXAMPLES) in a few models: the rows in
+    name order, each joining the first group whose arguments it agrees
+    with and whose model, with it, the builder's checks accept, else
+    starting one. A list of ``(rows, builder arguments)``; a row added
+    to the table joins a group without a line changed.
+
+    >>> groups = option_groups()
+    >>> sorted(r for rows, _ in groups for r in rows) == sorted(OPTION_EXAMPLES)
+    True
+    """
+    from keras_vit.base import options
+    from keras_vit.models.encoder import check_vit_args
+    from keras_vit.models.positions import check_dynamic_image_size
+
+    def builds(kwargs):
+        family = {o.name: kwargs.get(o.name, o.default)
+                  for o in options.OPTIONS}
+        try:
+            check_vit_args(image_size, patch_size, hidden_size, num_layers,
+                           num_heads, mlp_dim, num_classes,
+                           kwargs.get("classifier", "token"), None, 0.0, 0.0,
+                           True, None, 3, None, "learned_1d", "stem", family)
+            check_dynamic_image_size(False, "learned_1d", family)
+        except ValueError:
+            return False
+        return True
+
+    groups = []
+    for name in sorted(OPTION_EXAMPLES):
+        want = option_row(name)
+        for rows, kwargs in groups:
+            if all(kwargs.get(k, v) == v for k, v in want.items()) and (
+                    builds(dict(kwargs, **want))):
+                rows.append(name)
+                kwargs.update(want)
+                break
+        else:
+            groups.append(([name], dict(want)))
+    return groups
+
+
 def option_row(name):
     """The builder arguments that set option row ``name`` to its example
     (OPTION_EXAMPLES): the value and what else it needs to build."""
