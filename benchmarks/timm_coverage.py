@@ -139,8 +139,8 @@ MESSAGES = (
      r"pos_embed='factorized'"),
     ("NaFlex: another setting (naflexvit)", r"NaFlexVit setting"),
     # The modules keras_vit does not read, refused by module.
-    ("relative position MLP (vision_transformer_relpos)",
-     r"vision_transformer_relpos\.py"),
+    ("relative-position ViT: another setting (vision_transformer_relpos)",
+     r"timm relative-position ViT setting"),
     ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
     ("Gemma 4's towers (gemma4_vit)", r"gemma4_vit\.py"),
     # SAM's settings keras_vit does not compute (vision_transformer_sam).

@@ -91,6 +91,8 @@ OPTION_EXAMPLES = {
                                 classifier="gap", class_token=False)),
     "decomposed_bias": (True, dict(classifier="gap", class_token=False)),
     "neck": (8, dict(classifier="gap", class_token=False, window_size=3)),
+    "relative_mlp": ("block", dict(num_registers=1)),
+    "relative_mlp_width": (16, dict(relative_mlp="shared")),
 }
 
 

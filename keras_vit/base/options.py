@@ -379,6 +379,17 @@ def _neck_params(value, shape):
                          + 4 * value)
 
 
+# The values a relative position scheme leaves the others at.
+FIXED = {"relative_bias": None, "decomposed_bias": False, "naflex": False}
+
+
+def _relative_mlp_params(shape):
+    """One relative position MLP: Dense(2 -> width), Dense(width ->
+    heads), with biases."""
+    width = shape.values["relative_mlp_width"]
+    return 3 * width + shape.heads * (width + 1)
+
+
 # A block's path in the model, in timm's state dict and in the official
 # layout.
 _BLOCK, _TIMM = "encoder_block_{i}/", "blocks.{i}."
@@ -584,6 +595,38 @@ OPTIONS = (
                     Weight("relative_bias/table", "vector",
                            "rel_pos_bias.relative_position_bias_table",
                            "Transformer/relative_bias"))),
+    Option("relative_mlp", None, choice(None, "block", "shared"), True,
+           None,
+           "timm's relative position MLP (vision_transformer_relpos, Swin "
+           "v2's log-spaced coordinates): each 2D offset (dr, dc) between "
+           "two patches as sign(d) log(1 + |d|) through Dense("
+           "relative_mlp_width) -> ReLU -> Dense(heads) gives a bias per "
+           "head added to the attention logits, none for a pair with a "
+           "class or register token; 'block', an MLP in every block, "
+           "'shared', one for all; None: none",
+           params=lambda v, s: (
+               (v == "block") * _relative_mlp_params(s),
+               (v == "shared") * _relative_mlp_params(s)),
+           requires=lambda v, values: next((
+               f"{k}={FIXED[k]!r} (one relative scheme); received {k}="
+               f"{values[k]!r}" for k in ("relative_bias", "decomposed_bias",
+                                          "naflex")
+               if v and values[k] != FIXED[k]), None),
+           weights=(*(Weight(f"relative_mlp_{{i}}/{fc}", "dense",
+                             f"blocks.{{i}}.attn.rel_pos.mlp.{fc}",
+                             f"Transformer/encoderblock_{{i}}/relative_mlp/"
+                             f"{fc}") for fc in ("fc1", "fc2")),
+                    *(Weight(f"relative_mlp/{fc}", "dense",
+                             f"shared_rel_pos.mlp.{fc}",
+                             f"Transformer/relative_mlp/{fc}")
+                      for fc in ("fc1", "fc2")))),
+    Option("relative_mlp_width", 128, lambda name, value: check_int(
+        name, value, low=1), True, None,
+           "the relative position MLP's hidden width (timm's rel_pos_dim)",
+           requires=lambda v, values: (
+               "a relative position MLP, relative_mlp='block' or 'shared' "
+               "(it is its width); received relative_mlp=None"
+               if v != 128 and values["relative_mlp"] is None else None)),
     Option("differential", None, choice(None, "vectors", "dual"), True,
            Field("attn_layer", {"diff": "vectors", "": None,
                                 "attn": None}),

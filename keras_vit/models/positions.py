@@ -5,8 +5,8 @@ hooks: at the tokens (an additive table, learned, learned 2D or sin-cos,
 resized in the graph for a dynamic-size model: :meth:`~PositionScheme.
 at_stem` once, or before each block) and in attention (the keyword
 arguments of a block's call: the 1D relative table, whose logits join the
-attention scores; BEiT's 2D relative bias, added to them; the rotary
-table, which turns the queries and keys).
+attention scores; BEiT's 2D relative bias and timm's relative position
+MLP, added to them; the rotary table, which turns the queries and keys).
 The encoder calls :meth:`~PositionScheme.before_block` for each block and
 knows no kind by name.
 
@@ -21,6 +21,8 @@ knows no kind by name.
 """
 
 from __future__ import annotations
+
+import functools
 
 import keras
 import numpy as np
@@ -139,6 +141,73 @@ class RelativePositionBias(layers.Layer):
     def get_config(self):
         return dict(super().get_config(), grid_size=list(self.grid_size),
                     num_heads=self.num_heads)
+
+
+def log_offsets(grid):
+    """Every 2D offset (dr, dc) between two patches of a (rows, cols)
+    grid, ((2 rows - 1) * (2 cols - 1), 2) in the row-major order of
+    :func:`relative_bias_index`, each as ``sign(d) log(1 + |d|)`` (timm's
+    ``'cr'`` log coordinates of Swin v2's relative position MLP).
+
+    >>> np.round(log_offsets((1, 2)).astype(float), 4).tolist()
+    [[0.0, -0.6931], [0.0, 0.0], [0.0, 0.6931]]
+    """
+    rows, cols = grid
+    dr, dc = np.meshgrid(np.arange(1 - rows, rows), np.arange(1 - cols, cols),
+                         indexing="ij")
+    offsets = np.stack([dr, dc], -1).reshape(-1, 2).astype("float64")
+    return (np.sign(offsets) * np.log1p(np.abs(offsets))).astype("float32")
+
+
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class RelativePositionMlp(layers.Layer):
+    """timm's relative position MLP (``relative_mlp``;
+    ``vision_transformer_relpos``'s ``RelPosMlp``): each 2D offset between
+    two patches of a ``grid_size`` grid in log coordinates
+    (:func:`log_offsets`) through Dense(``width``) -> ReLU -> Dropout
+    (0.125, in training) -> Dense(``num_heads``) gives a bias per head;
+    pairs with one of the ``num_prefix_tokens`` tokens before the patches
+    get none. Called on the tokens, it returns the (1, heads, N, N) bias
+    the attention adds to its logits."""
+
+    def __init__(self, grid_size, num_heads, width=128, num_prefix_tokens=0,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads, self.width = int(num_heads), int(width)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.fc1 = layers.Dense(self.width, activation="relu",
+                                dtype=self.dtype_policy, name="fc1")
+        self.dropout = layers.Dropout(0.125, dtype=self.dtype_policy)
+        self.fc2 = layers.Dense(self.num_heads, dtype=self.dtype_policy,
+                                name="fc2")
+
+    def build(self, input_shape):
+        self.fc1.build((None, 2))
+        self.fc2.build((None, self.width))
+        self.built = True
+
+    def call(self, x, training=None):
+        per_offset = self.fc2(self.dropout(self.fc1(ops.convert_to_tensor(
+            log_offsets(self.grid_size), self.compute_dtype)),
+            training=training))
+        index = relative_bias_index(self.grid_size)[1:, 1:]
+        bias = ops.reshape(ops.take(per_offset, index.reshape(-1), axis=0),
+                           index.shape + (self.num_heads,))
+        bias = ops.transpose(bias, (2, 0, 1))
+        prefix = self.num_prefix_tokens
+        if prefix:
+            bias = ops.pad(bias, ((0, 0), (prefix, 0), (prefix, 0)))
+        return bias[None]
+
+    def compute_output_shape(self, input_shape):
+        tokens = self.grid_size[0] * self.grid_size[1] + self.num_prefix_tokens
+        return (1, self.num_heads, tokens, tokens)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    num_heads=self.num_heads, width=self.width,
+                    num_prefix_tokens=self.num_prefix_tokens)
 
 
 def _per_patch(y, x):
@@ -404,7 +473,8 @@ def check_dynamic_image_size(dynamic_image_size, position_embedding,
             "model, image_size=...) instead of dynamic_image_size=True; "
             f"received relative_bias={bias!r}, dynamic_image_size=True")
     mapped = [f"{k}={(family or {})[k]!r}" for k in (
-        "window_size", "decomposed_bias", "neck") if (family or {}).get(k)]
+        "window_size", "decomposed_bias", "neck", "relative_mlp")
+        if (family or {}).get(k)]
     if dynamic_image_size and mapped:
         raise ValueError(
             f"{', '.join(mapped)} read the patches as a map of the grid the "
@@ -496,6 +566,12 @@ class PositionScheme:
         if self.bias_kind == "shared":
             self.bias = RelativePositionBias(grid, num_heads, dtype=dtype,
                                              name="relative_bias")
+        self.mlp_kind = family["relative_mlp"]
+        self.mlp = functools.partial(
+            RelativePositionMlp, grid, num_heads, family["relative_mlp_width"],
+            all_prefix, dtype=dtype)
+        if self.mlp_kind == "shared":
+            self.mlp = self.mlp(name="relative_mlp")
 
     def _make(self, name):
         if self.kind == "relative":
@@ -552,6 +628,10 @@ class PositionScheme:
                 self.grid, self.num_heads, dtype=self.dtype,
                 name=f"relative_bias_{i}")
             position["attention_bias"] = bias(x)
+        if self.mlp_kind is not None:
+            mlp = (self.mlp if self.mlp_kind == "shared"
+                   else self.mlp(name=f"relative_mlp_{i}"))
+            position["attention_bias"] = mlp(x)
         layer = self._table(i)
         if layer is None:
             return x, position

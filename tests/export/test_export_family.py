@@ -4,7 +4,7 @@ norms, layer scale, no biases, pre-norm, the gated MLP, RMSNorm and the
 patch norm; DeiT's distilled heads; BEiT's, Qwen's, DINOv3's, EVA-02's,
 RoPE-ViT's and AIMv2's options, differential attention in parallel
 blocks, the conv stem, SAM's windows, decomposed relative positions and
-neck) becomes a SavedModel, an ONNX file, a
+neck, timm's relative position MLP) becomes a SavedModel, an ONNX file, a
 TFLite file and (but the BEiT- and Qwen-like ones) an OpenVINO IR (the
 options model also a SavedModel with the image-bytes signature and a
 full-int8 TFLite file whose RMSNorm stays float), each run in its own
@@ -70,10 +70,15 @@ MODELS = {
     "sam": dict(image_size=24, class_token=False, classifier="gap",
                 final_norm=False, window_size=2, global_blocks=[1],
                 decomposed_bias=True, neck=4, layer_norm_epsilon=1e-5),
+    # timm's relative-position ViT: one shared relative position MLP
+    # (no pairs with the class token), no table, post-norm blocks.
+    "relpos": dict(position_embedding="none", relative_mlp="shared",
+                   relative_mlp_width=6, post_norm=True),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
-OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam")
+OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam",
+            "relpos")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image

@@ -177,7 +177,11 @@ def test_each_rows_library_field_round_trips(library):
           rope="dinov3"), "decomposed_bias=True needs rope=None",
      "rope='dinov3'"),
     (dict(neck=4, class_token=False, classifier="gap", merge_size=2),
-     "neck=4 needs no patch merger", "merge_size=2")])
+     "neck=4 needs no patch merger", "merge_size=2"),
+    (dict(relative_mlp="shared", relative_bias="block"),
+     "relative_mlp='shared' needs relative_bias=None", "relative_bias='block'"),
+    (dict(relative_mlp_width=64), "relative_mlp_width=64 needs a relative "
+     "position MLP", "relative_mlp=None")])
 def test_a_rows_needs_of_the_others_are_one_line_naming_both(kwargs, named,
                                                              other):
     """A row's ``requires`` (what it needs of the other rows) refuses a

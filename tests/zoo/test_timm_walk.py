@@ -41,7 +41,6 @@ KNOWN_GAPS = {
     "NaFlex: factorized position table (pos_embed='factorized')",
     "NaFlex: another setting (naflexvit)",
     # The modules keras_vit does not read yet, refused by module.
-    "relative position MLP (vision_transformer_relpos)",
     "DeepSeek's towers (deepseek_vit)", "Gemma 4's towers (gemma4_vit)",
     # SAM's ViT-B at 224 (no pretrained tag) ends in a LayerNorm of its
     # own epsilon instead of the neck.

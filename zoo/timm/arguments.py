@@ -62,14 +62,13 @@ def table():
 
 # timm's modules of the ViT family whose architectures keras_vit builds
 # (their readers: this module's, eva.py's for EVA, BEiT and Qwen's
-# towers, naflex.py's for NaFlexVit, sam.py's for SAM), and what each of
-# the others builds that keras_vit does not.
+# towers, naflex.py's for NaFlexVit, sam.py's for SAM, relpos.py's for
+# the relative-position ViTs), and what each of the others builds that
+# keras_vit does not.
 READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
                 "eva", "beit", "qwen3_vit", "naflexvit",
-                "vision_transformer_sam")
+                "vision_transformer_sam", "vision_transformer_relpos")
 UNREAD_MODULES = {
-    "vision_transformer_relpos": "relative position biases from an MLP "
-                                 "of log-spaced offsets (RelPosMlp)",
     "deepseek_vit": "DeepSeek's blocks (a SwiGLU MLP without biases "
                     "beside biased attention) and its 3 x 3 aligner",
     "gemma4_vit": "Gemma 4's blocks (four norms each, q/k/v norms, a "
@@ -98,13 +97,47 @@ def refusing(args, path, what):
     return refuse, read
 
 
+# The sizes and dropout rates of timm's other ViT modules' arguments
+# (SAM's, the relative-position ViT's): timm's name -> the builder's.
+MODULE_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
+                "depth": "num_layers", "num_heads": "num_heads"}
+MODULE_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
+                "attn_drop_rate": "attention_dropout_rate",
+                "drop_path_rate": "drop_path_rate"}
+
+
+def module_reader(args, path, what, fixed, known):
+    """``(refuse, read, sizes)`` of a reader of timm's arguments ``args``
+    of another ViT module (:func:`refusing`'s two, ``what`` naming the
+    class): every argument neither in ``fixed`` (argument -> (the one
+    value keras_vit computes, what another builds)), :data:`MODULE_SIZES`,
+    :data:`MODULE_DROPS` nor ``known`` refused, each of ``fixed`` at its
+    value; ``sizes`` the builder's sizes and non-zero dropout rates."""
+    refuse, read = refusing(args, path, what)
+    for key in args:
+        if key not in (*fixed, *MODULE_SIZES, *MODULE_DROPS, *known):
+            raise refuse(key, "an argument keras_vit's reader does not "
+                         "know, so cannot say what it computes")
+    for key, (value, builds) in fixed.items():
+        if key in args and args[key] != value:
+            raise refuse(key, f"it builds {builds}; the closest keras_vit "
+                         f"computes: {key}={value!r}")
+    sizes = {ours: read(key, count_arg, None)
+             for key, ours in MODULE_SIZES.items()}
+    for key, ours in MODULE_DROPS.items():
+        value = read(key, rate_arg, 0.0)
+        if value:
+            sizes[ours] = value
+    return refuse, read, sizes
+
+
 def check_module(name):
     """Refuses, in one line naming them, timm's architecture ``name`` of
     a module keras_vit does not build (:data:`UNREAD_MODULES`).
 
-    >>> check_module("vit_relpos_base_patch16_224")  # doctest: +ELLIPSIS
+    >>> check_module("gemma4_vit_167m")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: timm's vit_relpos_base_patch16_224 (vision_transformer_relpos.py) ...
+    ValueError: timm's gemma4_vit_167m (gemma4_vit.py) builds Gemma 4's ...
     """
     entry = table_entry(name)
     if entry is not None and entry["module"] not in READ_MODULES:

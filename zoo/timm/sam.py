@@ -32,11 +32,6 @@ _FIXED = {
     "head_hidden_size": (None, "an MLP head (NormMlpClassifierHead)"),
     "patch_drop_rate": (0.0, "patch dropout"),
 }
-_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
-          "depth": "num_layers", "num_heads": "num_heads"}
-_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
-          "attn_drop_rate": "attention_dropout_rate",
-          "drop_path_rate": "drop_path_rate"}
 # timm's classifier head's poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "max": "max", "avgmax": "avgmax"}
 # Read below, or decided by the file and the hub reader (img_size,
@@ -53,23 +48,8 @@ def honoured(args, path):
     table's, overridden by a ``config.json``'s ``model_args``), each
     refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
-
-    refuse, read = arguments.refusing(args, path, "a timm SAM")
-
-    for key in args:
-        if key not in (*_FIXED, *_SIZES, *_DROPS, *_READ):
-            raise refuse(key, "an argument keras_vit's reader does not "
-                         "know, so cannot say what it computes")
-    for key, (value, builds) in _FIXED.items():
-        if key in args and args[key] != value:
-            raise refuse(key, f"it builds {builds}; the closest keras_vit "
-                         f"computes: {key}={value!r}")
-    out = {ours: read(key, arguments.count_arg, None)
-           for key, ours in _SIZES.items()}
-    for key, ours in _DROPS.items():
-        value = read(key, arguments.rate_arg, 0.0)
-        if value:
-            out[ours] = value
+    refuse, read, out = arguments.module_reader(
+        args, path, "a timm SAM", _FIXED, _READ)
     window = read("window_size", arguments.count_arg, 14)
     blocks = read("global_attn_indexes", _indices, ())
     neck = read("neck_chans", _neck, 256)
