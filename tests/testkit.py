@@ -93,6 +93,10 @@ OPTION_EXAMPLES = {
     "neck": (8, dict(classifier="gap", class_token=False, window_size=3)),
     "relative_mlp": ("block", dict(num_registers=1)),
     "relative_mlp_width": (16, dict(relative_mlp="shared")),
+    # Gemma 4's.
+    "sandwich_norm": (True, {}),
+    "value_norm": (True, {}),
+    "position_axes": (8, {}),
 }
 
 

@@ -214,13 +214,14 @@ _COUNTED = {
 
 def mlp_first_width(mlp_dim, kind="gelu"):
     """The width of an encoder MLP's first projection: ``mlp_dim``, or
-    twice that for the packed SwiGLU (``kind="swiglu"``: its gate and its
-    value halves), whose product leaves ``mlp_dim`` features.
+    twice that for a packed gated MLP (``kind="swiglu"`` or ``"geglu"``:
+    its gate and its value halves), whose product leaves ``mlp_dim``
+    features.
 
     >>> mlp_first_width(4096), mlp_first_width(4096, "swiglu")
     (4096, 8192)
     """
-    return mlp_dim * (2 if kind == "swiglu" else 1)
+    return mlp_dim * (1 if kind == "gelu" else 2)
 
 
 def norm_params(config, width):

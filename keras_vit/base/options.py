@@ -19,9 +19,9 @@ building a model or importing a framework.
 (True, 'classifier')
 >>> ROWS["num_registers"].check("num_registers", 4)
 4
->>> ROWS["mlp"].check("mlp", "swiglue")
+>>> ROWS["norm"].check("norm", "rsm")
 Traceback (most recent call last):
-ValueError: mlp must be one of ('gelu', 'swiglu'); received mlp='swiglue'. Did you mean 'swiglu'?
+ValueError: norm must be one of ('layer', 'rms'); received norm='rsm'. Did you mean 'rms'?
 """
 
 from __future__ import annotations
@@ -468,10 +468,12 @@ OPTIONS = (
                Weight("distillation_token/registers", "vector", "dist_token",
                       "dist"),
                Weight("head_dist", "dense", "head_dist", "head_dist"))),
-    Option("mlp", "gelu", choice("gelu", "swiglu"), True, None,
-           "every block's MLP: 'gelu' (Dense, GELU, Dense) or 'swiglu': SiLU "
+    Option("mlp", "gelu", choice("gelu", "swiglu", "geglu"), True, None,
+           "every block's MLP: 'gelu' (Dense, GELU, Dense), 'swiglu': SiLU "
            "of one half of a 2 * mlp_dim projection times the other "
-           "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool only)",
+           "(DINOv2-g, TIPS, AIMv2; gelu then serves the attention pool "
+           "only), or 'geglu': the same gate through the GELU that gelu "
+           "names (Gemma 4's, gelu='tanh')",
            _GATED, _GATED, block=True),
     Option("mlp_norm", False, flag, True, Field("scale_mlp_norm"),
            "a norm of the MLP's hidden features, after the activation (or "
@@ -575,6 +577,21 @@ OPTIONS = (
            "itself the query, key and value projections with biases where "
            "qkv_bias says, the output projection with a bias, nothing "
            "after it"),
+    Option("sandwich_norm", False, flag, True, None,
+           "two more norms in each block, on its branches' outputs: x + "
+           "post_norm_1(attention(norm_1(x))), then x + post_norm_2(mlp("
+           "norm_2(x))) (Gemma 4's four norms a block)",
+           block=True, params=lambda v, s: (2 * s.norm(s.width) * v, 0),
+           requires=lambda v, values: next((
+               f"{k}={DEFAULTS[k]!r} (pre-norm blocks, one branch after the "
+               f"other); received {k}={values[k]!r}"
+               for k in ("post_norm", "parallel") if v and values[k]), None),
+           weights=tuple(Weight(f"{_BLOCK}post_norm_{n}", "norm",
+                                f"{_TIMM}post_norm{n}",
+                                f"{_OFFICIAL}PostNorm_{n}") for n in (1, 2))),
+    Option("value_norm", False, flag, False, None,
+           "each head's values normalised, the norm's kind and epsilon "
+           "without a scale or bias (Gemma 4's v_norm)", block=True),
     Option("post_norm", False, flag, False, None,
            "each block's norms on its branches' outputs, x + norm(f(x)), "
            "not their inputs (timm's ResPostBlock and EVA's use_post_norm)",
@@ -749,6 +766,19 @@ OPTIONS = (
            "the learned table is resized to each image's grid (bilinear "
            "with antialiasing, as SigLIP2) and padding is left out of "
            "attention and pooling"),
+    Option("position_axes", 0, count, True, None,
+           "n > 0: Gemma 4's position table beside any other: two learned "
+           "tables of n rows, the first per column index, the second per "
+           "row index, a patch at row r and column c getting the first's "
+           "row c plus the second's row r; any grid of up to n x n patches "
+           "reads its own rows, no resize; 0: none",
+           params=lambda v, s: (0, 2 * v * s.width),
+           requires=lambda v, values: (
+               "images, naflex=False (it adds rows per grid index); "
+               "received naflex=True" if v and values["naflex"] else None),
+           weights=(Weight("position_axes/table", "vector",
+                           "patch_embed.position_embedding_table",
+                           "Transformer/posembed_axes"),)),
     Option("position_resize", None, choice(
         None, "bilinear_corners", "bilinear_aa", "bicubic_aa", "bicubic",
         "bilinear"),

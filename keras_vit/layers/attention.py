@@ -158,6 +158,24 @@ def decomposed_bias(query, table_h, table_w, size):
                        (1, 1, 1, rows)))
 
 
+def unscaled_norm(x, kind, epsilon):
+    """``x`` normalised over its last axis by a norm of ``kind``
+    (``"layer"`` or ``"rms"``) without a scale or a bias, in float32 and
+    cast back.
+
+    >>> x = np.array([[3.0, -4.0]], "float32")
+    >>> y = ops.convert_to_numpy(unscaled_norm(x, "rms", 0.0))
+    >>> [round(float(v), 4) for v in y[0]]
+    [0.8485, -1.1314]
+    """
+    y = ops.cast(x, "float32")
+    if kind == "layer":
+        y = y - ops.mean(y, axis=-1, keepdims=True)
+    y = y * ops.rsqrt(ops.mean(ops.square(y), axis=-1, keepdims=True)
+                      + np.float32(epsilon))
+    return ops.cast(y, x.dtype)
+
+
 class ReturnsScores:
     """The output shapes of a layer of ``num_heads`` heads whose call
     returns its input's shape and, when asked, attention maps (B, heads,
@@ -205,6 +223,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     ``differential`` (``"vectors"`` or ``"dual"``): differential
     attention (:meth:`differential_context`, the ``differential`` option)
     at block ``index`` (from 0), which sets its ``lambda_init``.
+    ``value_norm``: each head's values normalised by that kind of norm,
+    without a scale or bias (Gemma 4's ``v_norm``).
     ``decomposed`` (rows, cols): the tables ``rel_pos_h`` and
     ``rel_pos_w`` of the decomposed relative positions over a map of that
     size (:func:`decomposed_bias`; the ``decomposed_bias`` option), whose
@@ -215,7 +235,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
                  "norm_epsilon": float, "norm": check_norm,
                  "rope": lambda form: form, "rope_halves": lambda v: v,
-                 "output_norm": bool, "differential": lambda v: v,
+                 "output_norm": bool, "value_norm": bool,
+                 "differential": lambda v: v,
                  "index": int, "decomposed": lambda v: None if v is None
                  else [int(s) for s in v]}
 
@@ -223,7 +244,7 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
                  norm="layer", rope=None, output_norm=False,
                  rope_halves=None, differential=None, index=0,
-                 decomposed=None, **kwargs):
+                 decomposed=None, value_norm=False, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -355,6 +376,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                                     (self.key_norm, k)))
         elif self.qk_norm:
             q, k = self.query_norm(q), self.key_norm(k)
+        if self.value_norm:
+            v = unscaled_norm(v, self.norm, self.norm_epsilon)
         return q, k, v
 
     def call(self, x, training=None, return_attention_scores=False,

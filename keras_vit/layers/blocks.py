@@ -11,8 +11,8 @@ from keras_vit.runtime import compat
 from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedDense, KeptArguments, XAVIER, bias_init, check_gelu, check_mlp,
-    check_norm, make_norm, swiglu, with_arguments)
+    FusedDense, KeptArguments, MLP_GELU, XAVIER, bias_init, check_gelu,
+    check_mlp, check_norm, gated, make_norm, with_arguments)
 from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
@@ -139,9 +139,10 @@ class DropPath(layers.Layer):
 class MlpBlock(KeptArguments, layers.Layer):
     """Dense -> GELU (``gelu``: "tanh", "exact" or "quick") -> Dropout ->
     Dense -> Dropout; ``use_bias=False`` drops both Dense biases.
-    ``kind="swiglu"`` gates instead of the GELU (:func:`swiglu`): the first
+    ``kind="swiglu"`` gates instead of the GELU (:func:`gated`): the first
     Dense is ``2 * mlp_dim`` wide, its first half through SiLU times its
-    second half gives the ``mlp_dim`` features the second Dense reads.
+    second half gives the ``mlp_dim`` features the second Dense reads;
+    ``kind="geglu"`` the same through the ``gelu`` form (:func:`gated`).
     ``norm`` (a kind of :data:`~keras_vit.layers.dense.NORM_KINDS`, of
     ``norm_epsilon``) normalises those features before the second Dense
     (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm.
@@ -169,7 +170,7 @@ class MlpBlock(KeptArguments, layers.Layer):
         dim = int(input_shape[-1])
         self.dense_0 = FusedDense(
             mlp_first_width(self.mlp_dim, self.kind),
-            gelu=None if self.kind == "swiglu" else self.gelu,
+            gelu=self.gelu if self.kind == "gelu" else None,
             use_bias=self.use_bias,
             kernel_initializer=XAVIER, bias_initializer=bias_init(),
             dtype=self.dtype_policy, name="dense_0",
@@ -190,8 +191,9 @@ class MlpBlock(KeptArguments, layers.Layer):
         # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
         shape = ops.shape(x)
         h = self.dense_0(ops.reshape(x, (-1, shape[-1])), training=training)
-        if self.kind == "swiglu":
-            h = swiglu(h)
+        if self.kind != "gelu":
+            h = gated(h, ops.silu if self.kind == "swiglu"
+                      else MLP_GELU[self.gelu])
         h = self.dropout(h, training=training)
         if self.hidden_norm is not None:
             h = self.hidden_norm(h)
@@ -233,6 +235,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     pairs of features the attention turns: :class:`MultiHeadSelfAttention`)
     and ``post_norm`` (``norm_1`` and ``norm_2`` on each branch's output
     instead of its input: timm's ``ResPostBlock``, Swin v2's blocks),
+    ``sandwich_norm`` (two more, ``post_norm_1`` and ``post_norm_2``, on
+    the outputs: Gemma 4's blocks), ``value_norm`` (each head's values
+    normalised: :class:`MultiHeadSelfAttention`),
     ``differential`` (differential attention, at the block's ``index``
     from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
     or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
@@ -264,6 +269,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         rope=None,
         rope_halves=None,
         post_norm=False,
+        sandwich_norm=False,
+        value_norm=False,
         differential=None,
         parallel=None,
         index=0,
@@ -289,6 +296,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.index = int(index)
         self.rope_halves = rope_halves
         self.post_norm = bool(post_norm)
+        self.sandwich_norm = bool(sandwich_norm)
+        self.value_norm = bool(value_norm)
         self.mlp_norm = bool(mlp_norm)
         self.attention_norm = bool(attention_norm)
         self.rope = rope
@@ -314,7 +323,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
             norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
-            output_norm=self.attention_norm,
+            output_norm=self.attention_norm, value_norm=self.value_norm,
             differential=self.differential, index=self.index,
             decomposed=(None if not self.decomposed_bias
                         else [self.window_size] * 2 if self.window_size
@@ -325,6 +334,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                                       dtype=self.dtype_policy)
         self.norm_2 = None if self.parallel else make_norm(
             self.norm, self.layer_norm_epsilon, self.dtype_policy, "norm_2")
+        self.post_norm_1, self.post_norm_2 = (
+            make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
+                      f"post_norm_{n}") if self.sandwich_norm else None
+            for n in (1, 2))
         # A parallel block's MLP: the first bias always (timm's in_proj
         # or mlp_bias), the second one shared with the attention's where
         # the two output projections are fused.
@@ -343,7 +356,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                           if self.drop_path_rate else None)
 
     def build(self, input_shape):
-        for sub in (self.norm_1, self.attention, self.norm_2, self.mlp):
+        for sub in (self.norm_1, self.attention, self.norm_2, self.mlp,
+                    self.post_norm_1, self.post_norm_2):
             if sub is not None:
                 sub.build((None, self.window_size ** 2, input_shape[-1])
                           if sub is self.attention and self.window_size
@@ -391,11 +405,16 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         # The relative logits use "the original query": the attention
         # layer's own projection.
         # Pre-norm: each branch reads its norm of the tokens; post-norm
-        # (post_norm=True): each branch's output is normed instead.
-        before, after = ((lambda n, y: y, lambda n, y: n(y))
-                         if self.post_norm else
-                         (lambda n, y: n(y), lambda n, y: y))
-        h = before(self.norm_1, x)
+        # (post_norm=True): each branch's output is normed instead;
+        # sandwich_norm: both, the outputs by two more norms.
+        pre = (None, None) if self.post_norm else (self.norm_1, self.norm_2)
+        post = ((self.norm_1, self.norm_2) if self.post_norm else
+                (self.post_norm_1, self.post_norm_2))
+
+        def norm(layer, y):
+            return y if layer is None else layer(y)
+
+        h = norm(pre[0], x)
         window = self.window_size
         y = self.attention(
             window_partition(h, self.grid_size, window) if window else h,
@@ -412,10 +431,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                 h, training=training)
             x = x + self._branch(y, scales[0], training)
             return (x, scores) if return_attention_scores else x
-        x = x + self._branch(after(self.norm_1, self.dropout(
+        x = x + self._branch(norm(post[0], self.dropout(
             y, training=training)), scales[0], training)
-        x = x + self._branch(after(self.norm_2, self.mlp(
-            before(self.norm_2, x), training=training)), scales[1], training)
+        x = x + self._branch(norm(post[1], self.mlp(
+            norm(pre[1], x), training=training)), scales[1], training)
         if return_attention_scores:
             return x, scores
         return x
@@ -426,6 +445,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
             "attention_norm", "rope", "rope_halves", "post_norm",
+            "sandwich_norm", "value_norm",
             "differential", "parallel", "index", "window_size",
             "decomposed_bias", "grid_size"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept

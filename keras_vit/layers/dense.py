@@ -120,7 +120,8 @@ MLP_KINDS = options.choices("mlp")
 """The MLP of an encoder block: ``"gelu"``, Dense -> GELU -> Dense (the
 paper's); ``"swiglu"``, one Dense to twice the width whose first half,
 through SiLU, gates the second, then Dense (Shazeer 2020's SwiGLU, the
-MLP of DINOv2-g, AIMv2, TIPS)."""
+MLP of DINOv2-g, AIMv2, TIPS); ``"geglu"``, the same through the block's
+GELU (GeGLU, Gemma 4's)."""
 
 
 def check_mlp(kind):
@@ -129,19 +130,21 @@ def check_mlp(kind):
     return check_choice("mlp", kind, MLP_KINDS)
 
 
-def swiglu(h):
-    """SwiGLU's gating of a packed projection: ``silu(gate) * value`` for
-    ``h = [gate, value]`` split in half on the last axis (the order of
-    timm's ``SwiGLUPacked`` and transformers' DINOv2 ``weights_in``).
+def gated(h, activation):
+    """A gated MLP's features of a packed projection: ``activation(gate)
+    * value`` for ``h = [gate, value]`` split in half on the last axis
+    (the order of timm's ``SwiGLUPacked`` and transformers' DINOv2
+    ``weights_in``): SwiGLU with SiLU, GeGLU with a GELU.
 
     >>> import numpy as np
-    >>> float(ops.convert_to_numpy(swiglu(np.array([[0.0, 2.0]])))[0, 0])
-    0.0
-    >>> round(float(ops.convert_to_numpy(swiglu(np.array([[1.0, 2.0]])))[0, 0]), 4)
+    >>> h = np.array([[1.0, 2.0]], "float32")
+    >>> round(float(ops.convert_to_numpy(gated(h, ops.silu))[0, 0]), 4)
     1.4621
+    >>> round(float(ops.convert_to_numpy(gated(h, MLP_GELU["tanh"]))[0, 0]), 4)
+    1.6824
     """
     gate, value = ops.split(h, 2, axis=-1)
-    return ops.silu(gate) * value
+    return activation(gate) * value
 
 
 def with_arguments(config, layer, names):

@@ -210,6 +210,65 @@ class RelativePositionMlp(layers.Layer):
                     num_prefix_tokens=self.num_prefix_tokens)
 
 
+@keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
+class AxisPositionTable(layers.Layer):
+    """Gemma 4's position table (``position_axes``): weight ``table`` (2,
+    ``size``, width), one learned row per column index then one per row
+    index; patch (r, c) of the grid gets ``table[0, c] + table[1, r]``
+    added, the ``num_prefix_tokens`` tokens before the patches nothing.
+    No resize: any grid of up to ``size`` rows and columns reads its own
+    rows (``grid_size``, or the images' grid at ``stride`` for a
+    dynamic-size model).
+
+    >>> import numpy as np
+    >>> axes = AxisPositionTable((1, 2), 4, num_prefix_tokens=1)
+    >>> y = axes(np.zeros((1, 3, 2), "float32"))
+    >>> _ = axes.table.assign(np.arange(16, dtype="float32").reshape(2, 4, 2))
+    >>> ops.convert_to_numpy(axes(np.zeros((1, 3, 2), "float32")))[0].tolist()
+    [[0.0, 0.0], [8.0, 10.0], [10.0, 12.0]]
+    """
+
+    def __init__(self, grid_size, size, num_prefix_tokens=0, stride=None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.size = int(size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.stride = None if stride is None else int(stride)
+        if max(self.grid_size) > self.size:
+            raise ValueError(
+                f"position_axes={self.size} holds rows for grids of up to "
+                f"{self.size} x {self.size} patches; received a grid of "
+                f"{self.grid_size[0]} x {self.grid_size[1]}")
+
+    def build(self, x_shape, images_shape=None):
+        self.table = self.add_weight(
+            name="table", shape=(2, self.size, int(x_shape[-1])),
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02))
+        self.built = True
+
+    def call(self, x, images=None):
+        rows, cols = (self.grid_size if images is None
+                      else vit_layers.runtime_grid(images, self.stride))
+        table = ops.cast(self.table, x.dtype)
+        per_col = ops.take(table[0], ops.arange(cols), axis=0)
+        per_row = ops.take(table[1], ops.arange(rows), axis=0)
+        added = ops.reshape(per_row[:, None, :] + per_col[None, :, :],
+                            (1, -1, ops.shape(table)[-1]))
+        if self.num_prefix_tokens:
+            added = ops.pad(added, ((0, 0), (self.num_prefix_tokens, 0),
+                                    (0, 0)))
+        return x + added
+
+    def compute_output_shape(self, x_shape, images_shape=None):
+        return tuple(x_shape)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    size=self.size, num_prefix_tokens=self.num_prefix_tokens,
+                    stride=self.stride)
+
+
 def _per_patch(y, x):
     """The patches' (row, column) values, row-major, each (N, 1): ``y``
     per row (rows,) and ``x`` per column (cols,)."""
@@ -562,6 +621,9 @@ class PositionScheme:
                 offset=family["rope_offset"],
                 indexing=family["rope_indexing"], dtype=dtype,
                 name="rotary_embedding")
+        self.axes = family["position_axes"] and AxisPositionTable(
+            grid, family["position_axes"], num_prefix_tokens, stride=stride,
+            dtype=dtype, name="position_axes")
         self.bias_kind, self.bias = family["relative_bias"], None
         if self.bias_kind == "shared":
             self.bias = RelativePositionBias(grid, num_heads, dtype=dtype,
@@ -603,6 +665,8 @@ class PositionScheme:
     def at_stem(self, x):
         """The tokens after the patch embedding, with an additive table
         placed at the stem added."""
+        if self.axes:
+            x = self._add(self.axes, x)
         if (self.kind in vit_layers.ADDITIVE_POSITION_EMBEDDINGS
                 and self.placement == "stem"):
             return self._add(self.shared, x)

@@ -74,11 +74,19 @@ MODELS = {
     # (no pairs with the class token), no table, post-norm blocks.
     "relpos": dict(position_embedding="none", relative_mlp="shared",
                    relative_mlp_width=6, post_norm=True),
+    # Gemma 4's tower: four RMS norms a block, q/k/v norms, GeGLU without
+    # biases, the table per axis and the 2D rotary form.
+    "gemma": dict(position_embedding="none", class_token=False,
+                  classifier="gap", final_norm=True, fc_norm=True,
+                  norm="rms", sandwich_norm=True, value_norm=True,
+                  qk_norm=True, qkv_bias=False, proj_bias=False,
+                  mlp="geglu", position_axes=5, rope="eva02",
+                  rope_halves=True, rope_indexing="xy"),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
 OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam",
-            "relpos")
+            "relpos", "gemma")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image

@@ -35,16 +35,25 @@ def _mlp(x, w, gelu="tanh", kind="gelu"):
     if kind == "swiglu":
         gate, value = np.split(h, 2, axis=-1)
         h = gate * 1.0 / (1.0 + np.exp(-gate)) * value
+    elif kind == "geglu":
+        gate, value = np.split(h, 2, axis=-1)
+        h = ACTIVATION[gelu](gate) * value
     else:
         h = ACTIVATION[gelu](h)
     return h @ w["dense_1/kernel"] + w.get("dense_1/bias", 0.0)
 
 
-def _attention(x, w):
+def _attention(x, w, value_norm=None):
     """Multi-head softmax(q k^T / sqrt(d)) v and the output projection;
-    also the probabilities (B, heads, N, N)."""
+    also the probabilities (B, heads, N, N). ``value_norm``: the kind of
+    norm without a scale of each head's values."""
     q, k, v = (np.einsum("bnc,chk->bnhk", x, w[f"{p}/kernel"])
-               + w[f"{p}/bias"] for p in ("query", "key", "value"))
+               + w.get(f"{p}/bias", 0.0) for p in ("query", "key", "value"))
+    if value_norm == "rms":
+        v = v / np.sqrt((v ** 2).mean(-1, keepdims=True) + 1e-6)
+    elif value_norm == "layer":
+        v = v - v.mean(-1, keepdims=True)
+        v = v / np.sqrt((v ** 2).mean(-1, keepdims=True) + 1e-6)
     logits = np.einsum("bqhk,bvhk->bhqv", q, k) / math.sqrt(q.shape[-1])
     probs = _softmax(logits)
     context = np.einsum("bhqv,bvhk->bqhk", probs, v)
@@ -53,16 +62,19 @@ def _attention(x, w):
 
 
 def _encoder_block(x, w, norm="layer", mlp="gelu", gelu="tanh",
-                   branches=(1.0, 1.0)):
+                   branches=(1.0, 1.0), value_norm=False):
     """x + MSA(LN(x)), then x + MLP(LN(x)); each branch times its layer
-    scale (when the block has one) and its factor in ``branches``."""
+    scale (when the block has one) and its factor in ``branches``, and
+    normed by its ``post_norm_*`` where the block has them (a sandwich)."""
     def normalise(y, weights):
-        return apply_norm(norm, y, weights)
+        return apply_norm(norm, y, weights) if weights else y
 
     y, probs = _attention(normalise(x, _sub(w, "norm_1")),
-                          _sub(w, "attention"))
+                          _sub(w, "attention"), value_norm and norm)
+    y = normalise(y, _sub(w, "post_norm_1"))
     x = x + y * w.get("layer_scale_1", 1.0) * branches[0]
     y = _mlp(normalise(x, _sub(w, "norm_2")), _sub(w, "mlp"), gelu, mlp)
+    y = normalise(y, _sub(w, "post_norm_2"))
     return x + y * w.get("layer_scale_2", 1.0) * branches[1], probs
 
 
@@ -150,6 +162,17 @@ def test_swiglu_mlp_gates_a_double_width_projection():
         rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("gelu", ["tanh", "exact"])
+def test_geglu_mlp_gates_a_double_width_projection_through_the_gelu(gelu):
+    layer = _built_mlp(kind="geglu", gelu=gelu, use_bias=False)
+    w = weights_below(layer)
+    assert w["dense_0/kernel"].shape == (D, 2 * MLP)
+    x = _inputs(B, N, D)
+    np.testing.assert_allclose(
+        _np(layer(x)), _mlp(x.astype("float64"), w, gelu, kind="geglu"),
+        rtol=RTOL, atol=ATOL)
+
+
 def test_mlp_block_dropout_acts_in_training_only():
     layer = _built_mlp(dropout_rate=0.5)
     x = _inputs(B, N, D)
@@ -159,7 +182,7 @@ def test_mlp_block_dropout_acts_in_training_only():
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"gelu": "relu"}, "gelu='relu'"), ({"kind": "geglu"}, "mlp='geglu'")])
+    ({"gelu": "relu"}, "gelu='relu'"), ({"kind": "reglu"}, "mlp='reglu'")])
 def test_mlp_block_refuses_unknown_forms_naming_them(kwargs, named):
     with pytest.raises(ValueError, match=named):
         kl.MlpBlock(MLP, **kwargs)
@@ -197,13 +220,18 @@ def _built_block(**kwargs):
     {"norm": "rms"},
     {"mlp": "swiglu"},
     {"layer_scale": 0.1},
+    # Gemma 4's: four norms, the values normed, GeGLU, no biases.
+    {"norm": "rms", "sandwich_norm": True, "value_norm": True,
+     "mlp": "geglu", "qkv_bias": False, "proj_bias": False},
+    {"sandwich_norm": True, "value_norm": True},
 ])
 def test_encoder_block_is_pre_ln_attention_then_mlp(kwargs):
     layer = _built_block(**kwargs)
     x = _inputs(B, N, D)
     want, _ = _encoder_block(
         x.astype("float64"), weights_below(layer), norm=kwargs.get("norm", "layer"),
-        mlp=kwargs.get("mlp", "gelu"), gelu=kwargs.get("gelu", "tanh"))
+        mlp=kwargs.get("mlp", "gelu"), gelu=kwargs.get("gelu", "tanh"),
+        value_norm=kwargs.get("value_norm", False))
     got = _np(layer(x))
     assert got.shape == (B, N, D)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -264,7 +292,7 @@ def test_encoder_block_drop_path_drops_each_examples_branches():
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"remat": 1}, "remat=1"), ({"mlp": "geglu"}, "mlp='geglu'"),
+    ({"remat": 1}, "remat=1"), ({"mlp": "reglu"}, "mlp='reglu'"),
     ({"norm": "batch"}, "norm='batch'"), ({"gelu": "relu"}, "gelu='relu'")])
 def test_encoder_block_refuses_bad_arguments_naming_them(kwargs, named):
     with pytest.raises(ValueError, match=named):

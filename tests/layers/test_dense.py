@@ -83,11 +83,11 @@ def test_the_mlp_activations_are_the_gelu_forms_and_quick():
     assert set(kl.MLP_GELU) == set(kl.MLP_ACTIVATIONS)
 
 
-def test_swiglu_gates_the_second_half_by_the_silu_of_the_first():
+def test_gated_gates_the_second_half_by_the_activation_of_the_first():
     h = _inputs(3, 8)
     gate, value = h[:, :4].astype("float64"), h[:, 4:].astype("float64")
     want = gate / (1.0 + np.exp(-gate)) * value
-    got = _np(dense.swiglu(ops.convert_to_tensor(h)))
+    got = _np(dense.gated(ops.convert_to_tensor(h), ops.silu))
     assert got.shape == (3, 4)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
@@ -105,7 +105,7 @@ def test_add_bias_adds_over_the_last_axis():
 @pytest.mark.parametrize("check, name, good, bad", [
     (kl.check_gelu, "gelu", "quick", "relu"),
     (kl.check_norm, "norm", "rms", "batch"),
-    (dense.check_mlp, "mlp", "swiglu", "geglu"),
+    (dense.check_mlp, "mlp", "geglu", "reglu"),
 ])
 def test_each_check_returns_a_choice_and_refuses_naming_the_argument(
         check, name, good, bad):

@@ -286,7 +286,7 @@ def test_defaults_build_the_papers_vit():
     (dict(posemb_includes_prefix=False, position_embedding="relative"),
      "posemb_includes_prefix=False"),
     (dict(gelu="relu"), "gelu"),
-    (dict(mlp="geglu"), "mlp must be one of"),
+    (dict(mlp="reglu"), "mlp must be one of"),
     (dict(mlp=None), "mlp must be one of"),
     (dict(norm="rmsnorm"), "norm must be one of"),
     (dict(norm=None), "norm must be one of"),

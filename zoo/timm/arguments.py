@@ -67,12 +67,11 @@ def table():
 # keras_vit does not.
 READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
                 "eva", "beit", "qwen3_vit", "naflexvit",
-                "vision_transformer_sam", "vision_transformer_relpos")
+                "vision_transformer_sam", "vision_transformer_relpos",
+                "gemma4_vit")
 UNREAD_MODULES = {
     "deepseek_vit": "DeepSeek's blocks (a SwiGLU MLP without biases "
                     "beside biased attention) and its 3 x 3 aligner",
-    "gemma4_vit": "Gemma 4's blocks (four norms each, q/k/v norms, a "
-                  "gated MLP) and its 2D rotary form",
 }
 
 
@@ -135,9 +134,9 @@ def check_module(name):
     """Refuses, in one line naming them, timm's architecture ``name`` of
     a module keras_vit does not build (:data:`UNREAD_MODULES`).
 
-    >>> check_module("gemma4_vit_167m")  # doctest: +ELLIPSIS
+    >>> check_module("deepseek_vit_412m")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: timm's gemma4_vit_167m (gemma4_vit.py) builds Gemma 4's ...
+    ValueError: timm's deepseek_vit_412m (deepseek_vit.py) builds DeepSeek's ...
     """
     entry = table_entry(name)
     if entry is not None and entry["module"] not in READ_MODULES:
@@ -174,8 +173,10 @@ def architecture(name):
     width = args["embed_dim"]
     config = dict(patch_size=args["patch_size"], hidden_size=width,
                   num_layers=args["depth"], num_heads=args["num_heads"],
-                  # timm's Block: int(dim * mlp_ratio) hidden units.
-                  mlp_dim=int(width * args["mlp_ratio"]),
+                  # timm's Block: int(dim * mlp_ratio) hidden units
+                  # (Gemma 4's: intermediate_size).
+                  mlp_dim=args.get("intermediate_size") or int(
+                      width * args["mlp_ratio"]),
                   classifier="token", representation_size=None)
     size = args["img_size"]
     image_size = tuple(size) if isinstance(size, list) else size
