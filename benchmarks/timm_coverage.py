@@ -143,10 +143,6 @@ MESSAGES = (
      r"timm relative-position ViT setting"),
     ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
     # Gemma 4's settings keras_vit does not compute (gemma4_vit).
-    ("Gemma 4: clamped projections (use_clipped_linears)",
-     r"use_clipped_linears="),
-    ("Gemma 4: the soft-token pool (global_pool='soft')",
-     r"global_pool='soft'"),
     ("Gemma 4: another setting (gemma4_vit)", r"timm Gemma 4 tower setting"),
     # SAM's settings keras_vit does not compute (vision_transformer_sam).
     ("SAM without its neck (neck_chans=None)", r"neck_chans="),

@@ -97,6 +97,10 @@ OPTION_EXAMPLES = {
     "sandwich_norm": (True, {}),
     "value_norm": (True, {}),
     "position_axes": (8, {}),
+    "clip_linears": (True, dict(mlp="geglu")),
+    "soft_pool": (2, dict(classifier="gap", class_token=False)),
+    "soft_pool_standardize": (True, dict(soft_pool=2, classifier="gap",
+                                         class_token=False)),
 }
 
 
@@ -164,6 +168,9 @@ def randomise_keras(model, seed=0):
             value = 1 + 0.1 * rng.standard_normal(shape)
         elif name == "moving_variance":  # a BatchNorm's: positive
             value = 1 + 0.1 * np.abs(rng.standard_normal(shape))
+        elif name == "clip":  # clamp bounds: [min, max, min, max] rows
+            value = (1 + np.abs(rng.standard_normal(shape))) * np.array(
+                [-1, 1, -1, 1])
         elif name in ("beta", "bias") or len(shape) < 2:
             value = 0.1 * rng.standard_normal(shape)
         else:

@@ -264,6 +264,9 @@ class Option(NamedTuple):
             each head keeps at that value, for the memory bound; None: one.
         at_block: ``at_block(value, values, i)`` -> the value block ``i``
             takes (a ``block`` row whose blocks differ); None: ``value``.
+        fixed_grid: whether, at a value other than its default, it reads
+            the patches as a map of the grid the model was built for (no
+            dynamic image size: a model is rebuilt at another).
     """
 
     name: str
@@ -282,6 +285,7 @@ class Option(NamedTuple):
     requires: Callable | None = None
     score_maps: Callable | None = None
     at_block: Callable | None = None
+    fixed_grid: bool = False
 
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
@@ -589,6 +593,22 @@ OPTIONS = (
            weights=tuple(Weight(f"{_BLOCK}post_norm_{n}", "norm",
                                 f"{_TIMM}post_norm{n}",
                                 f"{_OFFICIAL}PostNorm_{n}") for n in (1, 2))),
+    Option("clip_linears", False, flag, True, None,
+           "every projection of the blocks clamps its input and its output "
+           "to bounds it holds (non-trainable weights, infinite at first: "
+           "attention/clip, a row [input min, input max, output min, "
+           "output max] for the query, key, value and output projections; "
+           "mlp/clip, one for the first Dense, or each half of a gated "
+           "one, and one for the second); a gated MLP's first Dense runs "
+           "once per half's input bounds (Gemma 4's E2B/E4B tower)",
+           block=True,
+           params=lambda v, s: ((16 + 4 * (2 + (s.values["mlp"] != "gelu")))
+                                * v, 0),
+           weights=(Weight(f"{_BLOCK}attention/clip", "vector",
+                           f"{_TIMM}attn.clip",
+                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/clip"),
+                    Weight(f"{_BLOCK}mlp/clip", "vector", f"{_TIMM}mlp.clip",
+                           f"{_OFFICIAL}MlpBlock_3/clip"))),
     Option("value_norm", False, flag, False, None,
            "each head's values normalised, the norm's kind and epsilon "
            "without a scale or bias (Gemma 4's v_norm)", block=True),
@@ -621,7 +641,7 @@ OPTIONS = (
            "head added to the attention logits, none for a pair with a "
            "class or register token; 'block', an MLP in every block, "
            "'shared', one for all; None: none",
-           params=lambda v, s: (
+           fixed_grid=True, params=lambda v, s: (
                (v == "block") * _relative_mlp_params(s),
                (v == "shared") * _relative_mlp_params(s)),
            requires=lambda v, values: next((
@@ -692,7 +712,7 @@ OPTIONS = (
            "to a multiple of w (the padding attended to, as ViTDet's and "
            "SAM's image encoders), but in the blocks global_blocks names; "
            "0: every block attends over the whole grid",
-           block=True, at_block=_windowed,
+           block=True, at_block=_windowed, fixed_grid=True,
            requires=lambda v, values: _patches_alone(v, values) or (
                f"rope=None (no rotary form of windows); received rope="
                f"{values['rope']!r}" if v and values["rope"] else None) or (
@@ -711,7 +731,7 @@ OPTIONS = (
            "row offset and rel_pos_w per column offset over its window (the "
            "grid in a global block), and adds q . rel_pos_h[dr] + q . "
            "rel_pos_w[dc] of each head's unscaled query to its logits",
-           block=True, params=_decomposed_params,
+           block=True, params=_decomposed_params, fixed_grid=True,
            requires=lambda v, values: _patches_alone(v, values) or next((
                    f"{k}=None (one relative scheme); received {k}="
                    f"{values[k]!r}" for k in ("rope", "relative_bias",
@@ -726,7 +746,7 @@ OPTIONS = (
            "1 convolution to c channels, a LayerNorm (epsilon 1e-6), a 3 x "
            "3 convolution (zero padding) and a LayerNorm, no biases in the "
            "convolutions; the pooling and head read its c features; 0: none",
-           params=_neck_params,
+           params=_neck_params, fixed_grid=True,
            requires=lambda v, values: _patches_alone(v, values) or (
                "no patch merger, merge_size=0; received merge_size="
                f"{values['merge_size']}" if v and values["merge_size"]
@@ -735,6 +755,25 @@ OPTIONS = (
                              f"neck/conv_{n}") for n in (0, 1)),
                     *(Weight(f"neck/norm_{n}", "norm", f"neck.{2 * n + 1}",
                              f"neck/norm_{n}") for n in (0, 1)))),
+    Option("soft_pool", 0, count, False, None,
+           "k > 1: Gemma 4's soft-token pool after the blocks: each k x k "
+           "cell of the patch map averaged (the cells row by row), times "
+           "sqrt(width); the pooling and head read those tokens, "
+           "include_top=False returns them; 0: none",
+           fixed_grid=True,
+           requires=lambda v, values: _patches_alone(v, values) or next((
+               f"{k}=0 (it pools the patch map); received {k}={values[k]}"
+               for k in ("neck", "merge_size") if v and values[k]), None)),
+    Option("soft_pool_standardize", False, flag, True, None,
+           "with soft_pool: its tokens then standardised, (x - std_bias) * "
+           "std_scale (Gemma 4's 31B tower)",
+           params=lambda v, s: (0, 2 * s.width * v),
+           requires=lambda v, values: (
+               "a soft-token pool, soft_pool of 1 or more; received "
+               "soft_pool=0" if v and not values["soft_pool"] else None),
+           weights=tuple(Weight(f"soft_pool/std_{x}", "vector", f"std_{x}",
+                                f"soft_pool/std_{x}")
+                         for x in ("bias", "scale"))),
     Option("merge_size", 0, count, True, None,
            "k > 1: the patch merger after the blocks (the projector of "
            "Qwen's vision towers): each k x k block of patch tokens, "

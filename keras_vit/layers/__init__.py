@@ -42,7 +42,7 @@ from keras_vit.layers.dense import MLP_ACTIVATIONS
 from keras_vit.layers.embeddings import PatchTokens, RegisterTokens
 # Multihead attention pooling (``classifier="map"``: SigLIP, big_vision).
 from keras_vit.layers.pooling_head import (AttentionPoolHead, Neck,
-                                           PatchMerger)
+                                           PatchMerger, SoftTokenPool)
 # RMSNorm, the norm of ``norm="rms"`` (AIMv2), and the norms' kinds.
 from keras_vit.layers.dense import (NORM_KINDS, RMSNormalization,
                                     check_norm, make_norm)
@@ -60,5 +60,5 @@ __all__ = [
 
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "PatchMerger",
             "RegisterTokens"]
-__all__ += ["AttentionPoolHead", "Neck", "PatchTokens"]
+__all__ += ["AttentionPoolHead", "Neck", "PatchTokens", "SoftTokenPool"]
 __all__ += ["NORM_KINDS", "RMSNormalization", "check_norm", "make_norm"]

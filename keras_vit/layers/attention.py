@@ -11,7 +11,8 @@ from keras import layers, ops
 from keras_vit.base.options import ROPE_HALVES
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
-    FusedEinsumDense, KeptArguments, check_norm, make_norm, xavier_flat)
+    FusedEinsumDense, KeptArguments, check_norm, clamp, make_norm,
+    unbounded, xavier_flat)
 from keras_vit.runtime import kernels
 
 
@@ -224,7 +225,11 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     attention (:meth:`differential_context`, the ``differential`` option)
     at block ``index`` (from 0), which sets its ``lambda_init``.
     ``value_norm``: each head's values normalised by that kind of norm,
-    without a scale or bias (Gemma 4's ``v_norm``).
+    without a scale or bias (Gemma 4's ``v_norm``). ``clip``: each
+    projection clamps its input and its output (weight ``clip``,
+    non-trainable: a row [input min, input max, output min, output max]
+    for the query, key, value and output projections; Gemma 4's E2B/E4B
+    tower's).
     ``decomposed`` (rows, cols): the tables ``rel_pos_h`` and
     ``rel_pos_w`` of the decomposed relative positions over a map of that
     size (:func:`decomposed_bias`; the ``decomposed_bias`` option), whose
@@ -235,7 +240,7 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                  "qkv_bias": bool, "proj_bias": bool, "qk_norm": bool,
                  "norm_epsilon": float, "norm": check_norm,
                  "rope": lambda form: form, "rope_halves": lambda v: v,
-                 "output_norm": bool, "value_norm": bool,
+                 "output_norm": bool, "value_norm": bool, "clip": bool,
                  "differential": lambda v: v,
                  "index": int, "decomposed": lambda v: None if v is None
                  else [int(s) for s in v]}
@@ -244,7 +249,7 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                  proj_bias=True, qk_norm=False, norm_epsilon=1e-6,
                  norm="layer", rope=None, output_norm=False,
                  rope_halves=None, differential=None, index=0,
-                 decomposed=None, value_norm=False, **kwargs):
+                 decomposed=None, value_norm=False, clip=False, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.attention_dropout_rate,
@@ -298,7 +303,19 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             self.context_norm = make_norm(self.norm, self.norm_epsilon,
                                           self.dtype_policy, "output_norm")
             self.context_norm.build(tuple(input_shape[:-1]) + (dim,))
+        if self.clip:
+            self.clip_bounds = self.add_weight(
+                name="clip", shape=(4, 4), initializer=unbounded,
+                trainable=False)
         self.built = True
+
+    def _project(self, layer, x, index):
+        """``layer`` of ``x``, both clamped by row ``index`` of the clip
+        bounds where the layer has them."""
+        if not self.clip:
+            return layer(x)
+        bounds = ops.cast(self.clip_bounds[index], "float32")
+        return clamp(layer(clamp(x, bounds[:2])), bounds[2:])
 
     def _build_differential(self, input_shape):
         half = self.head_dim // 2
@@ -366,7 +383,8 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     def _qkv(self, x):
         """q, k, v as (B, N, heads, D/heads), q and k normalised per head
         with ``qk_norm`` (per half head with ``differential``)."""
-        q, k, v = self.query(x), self.key(x), self.value(x)
+        q, k, v = (self._project(layer, x, n) for n, layer in enumerate(
+            (self.query, self.key, self.value)))
         if self.qk_norm and self.differential:
             shape = ops.shape(q)
             halves = (shape[0], shape[1], 2 * self.num_heads,
@@ -418,7 +436,7 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             context = ops.reshape(self.context_norm(ops.reshape(
                 context, (shape[0], shape[1],
                           self.num_heads * self.head_dim))), shape)
-        y = self.out(context)
+        y = self._project(self.out, context, 3)
         if return_attention_scores:
             return y, probs
         return y

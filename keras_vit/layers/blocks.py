@@ -12,7 +12,8 @@ from keras_vit.runtime.backend import is_jax
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
     FusedDense, KeptArguments, MLP_GELU, XAVIER, bias_init, check_gelu,
-    check_mlp, check_norm, gated, make_norm, with_arguments)
+    check_mlp, check_norm, clamp, gated, make_norm, unbounded,
+    with_arguments)
 from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
@@ -148,17 +149,23 @@ class MlpBlock(KeptArguments, layers.Layer):
     (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm.
     ``output_bias``: the second Dense's bias where it differs from the
     first's (None: ``use_bias``; a parallel block's MLP shares its output
-    bias with the attention's)."""
+    bias with the attention's). ``clip``: each projection clamps its
+    input and its output (weight ``clip``, non-trainable: a row [input
+    min, input max, output min, output max] for the first Dense, or for
+    each half of a gated one, and one for the second; Gemma 4's E2B/E4B
+    tower's): a gated MLP's first Dense then runs once per half's input
+    bounds."""
 
     ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
                  "use_bias": bool, "kind": check_mlp,
                  "norm": lambda kind: None if kind is None else check_norm(
                      kind), "norm_epsilon": float,
-                 "output_bias": lambda v: None if v is None else bool(v)}
+                 "output_bias": lambda v: None if v is None else bool(v),
+                 "clip": bool}
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", use_bias=True,
                  kind="gelu", norm=None, norm_epsilon=1e-6, output_bias=None,
-                 **kwargs):
+                 clip=False, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
         self.dropout = layers.Dropout(self.dropout_rate,
@@ -170,7 +177,8 @@ class MlpBlock(KeptArguments, layers.Layer):
         dim = int(input_shape[-1])
         self.dense_0 = FusedDense(
             mlp_first_width(self.mlp_dim, self.kind),
-            gelu=self.gelu if self.kind == "gelu" else None,
+            gelu=self.gelu if self.kind == "gelu" and not self.clip
+            else None,
             use_bias=self.use_bias,
             kernel_initializer=XAVIER, bias_initializer=bias_init(),
             dtype=self.dtype_policy, name="dense_0",
@@ -185,19 +193,44 @@ class MlpBlock(KeptArguments, layers.Layer):
         self.dense_1.build((None, self.mlp_dim))
         if self.hidden_norm is not None:
             self.hidden_norm.build((None, self.mlp_dim))
+        if self.clip:
+            self.clip_bounds = self.add_weight(
+                name="clip", shape=(2 + (self.kind != "gelu"), 4),
+                initializer=unbounded, trainable=False)
         self.built = True
+
+    def _first(self, x, training):
+        """The first Dense of the (clamped) tokens, its output clamped; a
+        gated MLP's halves each from its own input bounds."""
+        if not self.clip:
+            return self.dense_0(x, training=training)
+        bounds = ops.cast(self.clip_bounds, "float32")
+        if self.kind == "gelu":
+            return MLP_GELU[self.gelu](clamp(self.dense_0(
+                clamp(x, bounds[0, :2]), training=training), bounds[0, 2:]))
+        halves = [self.dense_0(clamp(x, bounds[n, :2]), training=training)
+                  for n in (0, 1)]
+        m = self.mlp_dim
+        return ops.concatenate(
+            [clamp(halves[0][:, :m], bounds[0, 2:]),
+             clamp(halves[1][:, m:], bounds[1, 2:])], axis=-1)
 
     def call(self, x, training=None):
         # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
         shape = ops.shape(x)
-        h = self.dense_0(ops.reshape(x, (-1, shape[-1])), training=training)
+        h = self._first(ops.reshape(x, (-1, shape[-1])), training)
         if self.kind != "gelu":
             h = gated(h, ops.silu if self.kind == "swiglu"
                       else MLP_GELU[self.gelu])
         h = self.dropout(h, training=training)
         if self.hidden_norm is not None:
             h = self.hidden_norm(h)
-        h = self.dense_1(h, training=training)
+        if self.clip:
+            last = ops.cast(self.clip_bounds[-1], "float32")
+            h = clamp(self.dense_1(clamp(h, last[:2]), training=training),
+                      last[2:])
+        else:
+            h = self.dense_1(h, training=training)
         h = ops.reshape(h, shape)
         return self.dropout(h, training=training)
 
@@ -237,7 +270,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     instead of its input: timm's ``ResPostBlock``, Swin v2's blocks),
     ``sandwich_norm`` (two more, ``post_norm_1`` and ``post_norm_2``, on
     the outputs: Gemma 4's blocks), ``value_norm`` (each head's values
-    normalised: :class:`MultiHeadSelfAttention`),
+    normalised: :class:`MultiHeadSelfAttention`), ``clip_linears`` (each
+    projection clamps its input and output: the attention's and
+    :class:`MlpBlock`'s ``clip``),
     ``differential`` (differential attention, at the block's ``index``
     from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
     or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
@@ -271,6 +306,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         post_norm=False,
         sandwich_norm=False,
         value_norm=False,
+        clip_linears=False,
         differential=None,
         parallel=None,
         index=0,
@@ -298,6 +334,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.post_norm = bool(post_norm)
         self.sandwich_norm = bool(sandwich_norm)
         self.value_norm = bool(value_norm)
+        self.clip_linears = bool(clip_linears)
         self.mlp_norm = bool(mlp_norm)
         self.attention_norm = bool(attention_norm)
         self.rope = rope
@@ -324,6 +361,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
             norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
             output_norm=self.attention_norm, value_norm=self.value_norm,
+            clip=self.clip_linears,
             differential=self.differential, index=self.index,
             decomposed=(None if not self.decomposed_bias
                         else [self.window_size] * 2 if self.window_size
@@ -348,7 +386,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                             norm_epsilon=self.layer_norm_epsilon,
                             output_bias=self.proj_bias and (
                                 self.parallel != "fused") if self.parallel
-                            else None,
+                            else None, clip=self.clip_linears,
                             dtype=self.dtype_policy, name="mlp")
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
@@ -445,7 +483,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
             "attention_norm", "rope", "rope_halves", "post_norm",
-            "sandwich_norm", "value_norm",
+            "sandwich_norm", "value_norm", "clip_linears",
             "differential", "parallel", "index", "window_size",
             "decomposed_bias", "grid_size"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept

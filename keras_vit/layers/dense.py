@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from keras_vit.base import options
@@ -128,6 +129,26 @@ def check_mlp(kind):
     """``kind`` if it is one of :data:`MLP_KINDS`, else a ValueError
     naming ``mlp``."""
     return check_choice("mlp", kind, MLP_KINDS)
+
+
+def unbounded(shape, dtype=None):
+    """Clamp bounds that clamp nothing: rows of ``[-inf, inf, -inf,
+    inf]`` (input min, input max, output min, output max)."""
+    return ops.convert_to_tensor(
+        np.broadcast_to(np.array([-np.inf, np.inf] * 2, "float32"),
+                        shape), dtype)
+
+
+def clamp(x, bounds):
+    """``x`` clamped between ``bounds`` (min, max: scalars or vectors
+    over its last axis), in its dtype.
+
+    >>> import numpy as np
+    >>> ops.convert_to_numpy(clamp(np.array([-2.0, 0.5, 3.0]), [-1.0, 1.0])).tolist()
+    [-1.0, 0.5, 1.0]
+    """
+    low, high = ops.cast(bounds[0], x.dtype), ops.cast(bounds[1], x.dtype)
+    return ops.minimum(ops.maximum(x, low), high)
 
 
 def gated(h, activation):

@@ -279,3 +279,60 @@ class Neck(KeptArguments, layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[1], self.channels)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class SoftTokenPool(KeptArguments, layers.Layer):
+    """Gemma 4's soft-token pool (its vision encoder's ``pooler``): the
+    patch tokens of a ``grid_size`` map averaged over each ``kernel`` x
+    ``kernel`` cell (the cells in row-major order), times ``sqrt(width)``;
+    with ``standardize``, then ``(x - std_bias) * std_scale`` (the 31B
+    tower's). Tokens in, fewer tokens out (B, rows * cols / kernel ** 2,
+    width); the grid's sides must be multiples of ``kernel``.
+
+    >>> import numpy as np
+    >>> pool = SoftTokenPool((2, 4), kernel=2)
+    >>> x = np.arange(8, dtype="float32").reshape(1, 8, 1)
+    >>> ops.convert_to_numpy(pool(x))[0, :, 0].tolist()  # (0+1+4+5)/4, ...
+    [2.5, 4.5]
+    """
+
+    ARGUMENTS = {"kernel": int, "standardize": bool,
+                 "grid_size": lambda grid: [int(g) for g in grid]}
+
+    def __init__(self, grid_size, kernel, standardize=False, **kwargs):
+        super().__init__(**kwargs)
+        self.keep_arguments(locals())
+        rows, cols = self.grid_size
+        if rows % self.kernel or cols % self.kernel:
+            raise ValueError(
+                f"soft_pool={self.kernel} averages cells of {self.kernel} x "
+                f"{self.kernel} patches: the grid's sides must be multiples "
+                f"of it; received a grid of {rows} x {cols}")
+
+    def build(self, input_shape):
+        width = int(input_shape[-1])
+        if self.standardize:
+            self.std_bias = self.add_weight(name="std_bias", shape=(width,),
+                                            initializer="zeros")
+            self.std_scale = self.add_weight(name="std_scale",
+                                             shape=(width,),
+                                             initializer="ones")
+        self.built = True
+
+    def call(self, x):
+        (rows, cols), k = self.grid_size, self.kernel
+        width = int(x.shape[-1])
+        cells = ops.reshape(x, (-1, rows // k, k, cols // k, k, width))
+        y = ops.mean(ops.cast(cells, "float32"), axis=(2, 4))
+        y = ops.reshape(y, (-1, rows // k * (cols // k), width))
+        y = y * math.sqrt(width)
+        if self.standardize:
+            y = (y - ops.cast(self.std_bias, "float32")) * ops.cast(
+                self.std_scale, "float32")
+        return ops.cast(y, self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        rows, cols = self.grid_size
+        return (input_shape[0], rows * cols // self.kernel ** 2,
+                input_shape[-1])

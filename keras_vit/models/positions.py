@@ -531,9 +531,9 @@ def check_dynamic_image_size(dynamic_image_size, position_embedding,
             "was built for: build the size you need with keras_vit.rebuild("
             "model, image_size=...) instead of dynamic_image_size=True; "
             f"received relative_bias={bias!r}, dynamic_image_size=True")
-    mapped = [f"{k}={(family or {})[k]!r}" for k in (
-        "window_size", "decomposed_bias", "neck", "relative_mlp")
-        if (family or {}).get(k)]
+    mapped = [f"{row.name}={(family or {})[row.name]!r}"
+              for row in options.OPTIONS if row.fixed_grid
+              and (family or {}).get(row.name, row.default) != row.default]
     if dynamic_image_size and mapped:
         raise ValueError(
             f"{', '.join(mapped)} read the patches as a map of the grid the "

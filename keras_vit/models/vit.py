@@ -222,6 +222,11 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 norm, layer_norm_epsilon, spec["stride"] if dynamic
                 else None, dtype=dtype, name="merger")(
                     x, *([inputs] if dynamic else []))
+        if family["soft_pool"]:
+            x = vit_layers.SoftTokenPool(
+                spec["grid"], family["soft_pool"],
+                family["soft_pool_standardize"], dtype=dtype,
+                name="soft_pool")(x)
         method = spec["method"]
         if distilled and method is not None:
             x = _distilled_head(x, spec, head_bias_init,

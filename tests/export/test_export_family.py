@@ -81,7 +81,8 @@ MODELS = {
                   norm="rms", sandwich_norm=True, value_norm=True,
                   qk_norm=True, qkv_bias=False, proj_bias=False,
                   mlp="geglu", position_axes=5, rope="eva02",
-                  rope_halves=True, rope_indexing="xy"),
+                  rope_halves=True, rope_indexing="xy", clip_linears=True,
+                  soft_pool=2, soft_pool_standardize=True),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
@@ -113,6 +114,8 @@ def _model(name):
         value = rng.normal(0, 0.5, w.shape)
         if w.path.endswith("moving_variance"):  # a variance: positive
             value = np.abs(value) + 0.5
+        if w.path.endswith("/clip"):  # clamp bounds: [min, max] twice
+            value = (np.abs(value) + 0.5) * np.array([-1, 1, -1, 1])
         w.assign(value.astype("float32"))
     return model
 

@@ -173,6 +173,35 @@ def test_geglu_mlp_gates_a_double_width_projection_through_the_gelu(gelu):
         rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("kind", ["gelu", "geglu"])
+def test_a_clipped_mlp_clamps_each_projections_input_and_output(kind):
+    layer = _built_mlp(kind=kind, clip=True)
+    rows = 3 if kind == "geglu" else 2
+    rng = np.random.default_rng(2)
+    bounds = np.stack([rng.uniform(-1.0, -0.1, rows),
+                       rng.uniform(0.1, 1.0, rows),
+                       rng.uniform(-1.0, -0.1, rows),
+                       rng.uniform(0.1, 1.0, rows)], -1).astype("float32")
+    layer.clip_bounds.assign(bounds)
+    w = weights_below(layer)
+    x = _inputs(B, N, D).astype("float64")
+
+    def linear(y, name, row, cols=slice(None)):
+        y = np.clip(y, bounds[row, 0], bounds[row, 1])
+        y = y @ w[f"{name}/kernel"][:, cols] + w[f"{name}/bias"][cols]
+        return np.clip(y, bounds[row, 2], bounds[row, 3])
+
+    if kind == "geglu":
+        h = (ACTIVATION["tanh"](linear(x, "dense_0", 0, slice(0, MLP)))
+             * linear(x, "dense_0", 1, slice(MLP, None)))
+    else:
+        h = ACTIVATION["tanh"](linear(x, "dense_0", 0))
+    want = linear(h, "dense_1", rows - 1)
+    np.testing.assert_allclose(_np(layer(x.astype("float32"))), want,
+                               rtol=RTOL, atol=ATOL)
+    assert not layer.clip_bounds.trainable
+
+
 def test_mlp_block_dropout_acts_in_training_only():
     layer = _built_mlp(dropout_rate=0.5)
     x = _inputs(B, N, D)

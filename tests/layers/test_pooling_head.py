@@ -175,3 +175,37 @@ def test_sams_neck_is_two_convolutions_each_layer_normed():
                    w["norm_1/gamma"], w["norm_1/beta"], 1e-6)
     np.testing.assert_allclose(_np(neck(x)), y.reshape(2, 12, channels),
                                rtol=1e-5, atol=1e-5)
+
+
+# -- SoftTokenPool -------------------------------------------------------------
+
+@pytest.mark.parametrize("grid, kernel, standardize", [
+    ((2, 4), 2, False), ((6, 3), 3, True), ((2, 2), 1, True)])
+def test_soft_token_pool_averages_each_cell_times_the_root_width(
+        grid, kernel, standardize):
+    from keras_vit.layers import SoftTokenPool
+
+    rows, cols = grid
+    x = np.random.default_rng(0).normal(
+        size=(2, rows * cols, 5)).astype("float32")
+    layer = SoftTokenPool(grid, kernel, standardize)
+    layer.build(x.shape)
+    randomise_weights(layer)
+    w = weights_below(layer)
+    want = []
+    for r in range(0, rows, kernel):  # the cells row by row
+        for c in range(0, cols, kernel):
+            cell = [x[:, i * cols + j] for i in range(r, r + kernel)
+                    for j in range(c, c + kernel)]
+            want.append(np.mean(cell, axis=0) * np.sqrt(5))
+    want = np.stack(want, axis=1)
+    if standardize:
+        want = (want - w["std_bias"]) * w["std_scale"]
+    np.testing.assert_allclose(_np(layer(x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_soft_token_pool_refuses_a_grid_its_cells_do_not_tile():
+    from keras_vit.layers import SoftTokenPool
+
+    with pytest.raises(ValueError, match=r"soft_pool=3 .* 4 x 6"):
+        SoftTokenPool((4, 6), 3)

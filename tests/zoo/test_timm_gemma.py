@@ -66,6 +66,37 @@ def test_gemma4_pooled_features_are_normed_as_the_class_says(final_norm,
                              timm_forward(model, x))
 
 
+@pytest.mark.backends
+@pytest.mark.parametrize("arch, num_classes", [
+    ("gemma4_vit_167m", 5), ("gemma4_vit_167m_enc", 0)])
+def test_gemma4_e4b_towers_clamp_every_projection_as_timms(arch,
+                                                          num_classes,
+                                                          tmp_path):
+    """The E2B/E4B tower's projections clamp their inputs and outputs to
+    bounds its file holds: random bounds inside the values' range (timm's
+    ±inf would hide a clamp left out) give timm's outputs."""
+    theirs = random_timm_model(arch, 96, num_classes, depth=2, **SMALL)
+    rng = np.random.default_rng(3)
+    with torch.no_grad():
+        for name, buffer in theirs.named_buffers():
+            if name.endswith(("_min", "_max")):
+                low = name.endswith("_min")
+                buffer.fill_(float(rng.uniform(-1.5, -0.3) if low
+                                   else rng.uniform(0.3, 1.5)))
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    ours = zoo.load(str(tmp_path / "repo"), image_size=96)
+    assert ours.get_config()["clip_linears"]
+    x = random_images(96)
+    want = timm_forward(theirs, x)
+    assert_close_to_timm(ours.predict(x, verbose=0), want)
+    # The clamps act: without them the outputs differ.
+    for w in ours.weights:
+        if w.path.endswith("/clip"):
+            w.assign(np.tile(np.float32([-1e9, 1e9, -1e9, 1e9]),
+                             (w.shape[0], 1)))
+    assert not np.allclose(ours.predict(x, verbose=0), want, rtol=1e-3)
+
+
 def test_gemma4_tower_at_another_size_is_timms_forward_at_that_size(
         tmp_path):
     """timm's tower reads the position tables' rows and the rotary angles
@@ -84,10 +115,8 @@ def test_gemma4_position_table_bounds_the_grid(tmp_path):
 
 
 @pytest.mark.parametrize("model_args, fields, named", [
-    (dict(use_clipped_linears=True), {}, "use_clipped_linears"),
     (dict(num_kv_heads=2), {}, "num_kv_heads"),
     (dict(head_dim=8), {}, "head_dim"),
-    (dict(encoder_pool="soft"), {}, "encoder_pool"),
     ({}, dict(global_pool="none"), "global_pool")])
 def test_gemma4_settings_keras_vit_lacks_are_refused_by_name(
         model_args, fields, named, tmp_path):
@@ -127,8 +156,27 @@ def test_the_rotary_quarters_swap_keeps_every_dot_product():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_gemma4_encoders_soft_token_pool_is_refused_by_name(tmp_path):
-    """The _enc towers' default pool (k x k cells, sqrt(D) and a
-    standardisation) is none keras_vit computes."""
+@pytest.mark.parametrize("arch, kwargs", [
+    # The encoders' tokens: the soft-token pool (3 x 3 cells, sqrt(D),
+    # the 31B tower's standardisation; the E4B's without), or all of them.
+    ("gemma4_vit_570m_enc", {}),
+    ("gemma4_vit_570m_enc", dict(standardize=False)),
+    ("gemma4_vit_570m_enc", dict(global_pool="none")),
+    # The classifier over the soft-pooled tokens.
+    ("gemma4_vit_570m", dict(encoder_pool="soft")),
+])
+def test_gemma4_soft_token_pool_and_tokens_are_timms(arch, kwargs,
+                                                     tmp_path):
+    theirs = _gemma(tmp_path / "repo", size=96, arch=arch,
+                    num_classes=5 if "enc" not in arch else 0, **kwargs)
+    ours = zoo.load(str(tmp_path / "repo"), image_size=96)
+    x = random_images(96)
+    assert_close_to_timm(ours.predict(x, verbose=0), timm_forward(theirs, x))
+
+
+def test_gemma4_soft_token_pool_needs_whole_cells(tmp_path):
+    """A grid the 3 x 3 cells do not tile (timm raises at the forward) is
+    refused at the build, naming the option."""
     _gemma(tmp_path / "enc", num_classes=0, arch="gemma4_vit_570m_enc")
-    assert_refused_naming(tmp_path / "enc", "global_pool='soft'")
+    with pytest.raises(ValueError, match="soft_pool=3 .* 4 x 4"):
+        zoo.load(str(tmp_path / "enc"), image_size=64)

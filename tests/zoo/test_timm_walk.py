@@ -42,9 +42,6 @@ KNOWN_GAPS = {
     "NaFlex: another setting (naflexvit)",
     # The modules keras_vit does not read yet, refused by module.
     "DeepSeek's towers (deepseek_vit)",
-    # Gemma 4's E2B/E4B tower and the encoders' soft-token pool.
-    "Gemma 4: clamped projections (use_clipped_linears)",
-    "Gemma 4: the soft-token pool (global_pool='soft')",
     # SAM's ViT-B at 224 (no pretrained tag) ends in a LayerNorm of its
     # own epsilon instead of the neck.
     "SAM without its neck (neck_chans=None)",

@@ -23,7 +23,7 @@ weights carry over exactly (:func:`gemma_state`):
 >>> args = {"embed_dim": 64, "depth": 2, "num_heads": 4, "head_dim": 16,
 ...         "patch_size": 16, "intermediate_size": 96, "global_pool": "avg",
 ...         "position_embedding_size": 32}
->>> out = honoured(args, "config.json")
+>>> out, tokens = honoured(args, "config.json")
 >>> [out[k] for k in ("mlp", "position_axes", "rope", "sandwich_norm")]
 ['geglu', 32, 'eva02', True]
 """
@@ -38,37 +38,40 @@ from keras_vit.zoo.timm import arguments
 # -> (that value, what another builds).
 _FIXED = {
     "num_kv_heads": (None, "grouped key and value heads"),
-    "use_clipped_linears": (False, "projections that clamp their inputs "
-                            "and outputs (the E2B/E4B tower's)"),
     "act_layer": (None, "another activation than the tanh GELU"),
-    "encoder_pool": ("", "the soft-token pool before the classifier's"),
 }
 # Read below, decided by the file and the hub reader (img_size, in_chans,
-# num_classes), of no effect on the forward (weight_init), or of the
-# soft-token pool only, which a classifier does not run (standardize,
-# pooling_kernel_size).
+# num_classes), or of no effect on the forward (weight_init).
 _READ = ("head_dim", "intermediate_size", "final_norm", "global_pool",
-         "norm_eps", "rope_theta", "position_embedding_size", "img_size",
-         "in_chans", "num_classes", "weight_init", "standardize",
-         "pooling_kernel_size")
+         "encoder_pool", "norm_eps", "rope_theta", "position_embedding_size",
+         "img_size", "in_chans", "num_classes", "weight_init", "standardize",
+         "pooling_kernel_size", "use_clipped_linears")
 
 
 def honoured(args, path, state=None):
-    """keras_vit's builder arguments of timm's Gemma 4 arguments ``args``
-    (the table's, overridden by a ``config.json``'s ``model_args``), each
-    refused where keras_vit's model would compute something else: a
-    FormatError naming ``path``'s field, the argument and its value.
-    ``state``'s names say the class: the classifier's (``encoder.``
-    before the tower's) ends in its norm, the encoder's in its pool."""
+    """``(builder arguments, tokens)`` of timm's Gemma 4 arguments
+    ``args`` (the table's, overridden by a ``config.json``'s
+    ``model_args``), each refused where keras_vit's model would compute
+    something else: a FormatError naming ``path``'s field, the argument
+    and its value. ``state``'s names say the class: the classifier's
+    (``encoder.`` before the tower's) pools the (soft-pooled, with
+    ``encoder_pool="soft"``) tokens' mean through its norm; the
+    encoder's output is its soft-token pool's tokens, all its tokens
+    (``tokens`` True: no pooling, no head) or their mean."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm Gemma 4 tower", _FIXED, _READ)
     classifier = state is None or any(k.startswith("encoder.")
                                       for k in state)
     pool = args.get("global_pool", "avg" if classifier else "soft")
-    if pool != "avg":
-        raise refuse("global_pool", "keras_vit reads Gemma 4's mean of the "
-                     "patches only, not its soft-token pool or its tokens; "
-                     "the closest it computes: global_pool='avg'")
+    if pool not in (("avg",) if classifier else ("avg", "soft", "none", "")):
+        raise refuse("global_pool", "keras_vit pools Gemma 4's classifier "
+                     "by the tokens' mean; the closest it computes: "
+                     "global_pool='avg'")
+    soft = (args.get("encoder_pool", "") if classifier else pool) == "soft"
+    if classifier and args.get("encoder_pool", "") not in ("", "none",
+                                                           "soft"):
+        raise refuse("encoder_pool", "keras_vit's classifier reads the "
+                     "tokens or their soft-token pool")
     heads, width = out["num_heads"], out["hidden_size"]
     head_dim = read("head_dim", arguments.count_arg, 64)
     if head_dim * heads != width:
@@ -88,9 +91,20 @@ def honoured(args, path, state=None):
         position_axes=read("position_embedding_size", arguments.count_arg,
                            10240),
         rope="eva02", rope_halves=True, rope_indexing="xy",
-        rope_temperature=read("rope_theta", arguments.positive_arg, 100.0))
-    return out
+        rope_temperature=read("rope_theta", arguments.positive_arg, 100.0),
+        clip_linears=read("use_clipped_linears", arguments.bool_arg, False),
+        soft_pool=read("pooling_kernel_size", arguments.count_arg, 3)
+        if soft else 0,
+        soft_pool_standardize=soft and read("standardize",
+                                            arguments.bool_arg, False))
+    return out, not classifier and pool != "avg"
 
+
+# The clamped projections' bounds, in the rows of keras_vit's clip
+# weights: each block's attention's, then its MLP's projections.
+_CLAMPED = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+            "mlp": ("gate_proj", "up_proj", "down_proj")}
+_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 # Gemma 4's block names -> timm's ViT's, which keras_vit's layout reads.
 _RENAMED = (("attn.o_proj.", "attn.proj."), ("mlp.gate_proj.", "mlp.fc1_g."),
@@ -117,15 +131,23 @@ def gemma_state(state, honoured):
     encoder's names) under timm's ViT names, in keras_vit's forms (see
     the module's docstring): the patch projection as a convolution with a
     bias, the queries' and keys' rotary pairs, the query norm's scale,
-    the final norm's scale of ones; the soft-token pool's standardisation
-    (unused by the classifier) dropped."""
+    the final norm's scale of ones; the clamped projections' bounds as
+    each block's attention's and MLP's rows (a ValueError naming any the
+    file lacks); the soft-token pool's standardisation
+    dropped where no soft-token pool runs (a classifier's without
+    ``encoder_pool="soft"``)."""
     width, heads = honoured["hidden_size"], honoured["num_heads"]
     head_dim = width // heads
     patch = honoured["patch_size"]
-    out = {}
+    out, bounds = {}, {}
     for key, value in state.items():
         key = key.removeprefix("encoder.").replace(".linear.", ".")
-        if key in ("std_bias", "std_scale"):
+        module, _, bound = key.rpartition(".")
+        if bound in _BOUNDS:  # a clamped projection's: into its rows
+            bounds[module, bound] = value
+            continue
+        if key in ("std_bias", "std_scale") and not honoured[
+                "soft_pool_standardize"]:
             continue
         if key == "patch_embed.input_proj.weight":
             kernel = np.reshape(value, (width, -1, patch, patch))
@@ -142,6 +164,17 @@ def gemma_state(state, honoured):
             value = _quarters_swapped(value, head_dim) * np.asarray(
                 np.sqrt(head_dim), value.dtype)
         out[key] = value
+    for block in sorted({m.rsplit(".", 2)[0] for m, _ in bounds}):
+        for part, projections in _CLAMPED.items():
+            names = [(f"{block}.{part}.{p}", b) for p in projections
+                     for b in _BOUNDS]
+            missing = [f"{m}.{b}" for m, b in names if (m, b) not in bounds]
+            if missing:
+                raise ValueError(
+                    "the checkpoint's clamped projections lack their "
+                    f"bounds {missing[:4]}")
+            out[f"{block}.{part}.clip"] = np.reshape(np.array(
+                [bounds[n] for n in names], np.float32), (-1, 4))
     if honoured["final_norm"] and "fc_norm.weight" not in out:
         out["fc_norm.weight"] = np.ones((width,), np.float32)
     return out

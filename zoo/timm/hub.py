@@ -287,7 +287,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         honoured = relpos.honoured(_eva_args(entry, config), where)
         layout = TIMM
     elif entry is not None and entry["module"] == "gemma4_vit":
-        honoured = gemma.honoured(_eva_args(entry, config), where, state)
+        honoured, tokens = gemma.honoured(_eva_args(entry, config), where,
+                                          state)
         layout = TIMM_EVA
         state = gemma.gemma_state(state, honoured)
     elif entry is not None and entry["module"] == "qwen3_vit":
