@@ -383,8 +383,14 @@ def _neck_params(value, shape):
                          + 4 * value)
 
 
-# The values a relative position scheme leaves the others at.
-FIXED = {"relative_bias": None, "decomposed_bias": False, "naflex": False}
+def _without(names, why):
+    """A ``requires`` of a row that, set, needs the rows ``names`` at
+    their defaults (``why`` says what for)."""
+    def requires(value, values):
+        return next((f"{k}={DEFAULTS[k]!r} ({why}); received {k}="
+                     f"{values[k]!r}" for k in names
+                     if value and values[k] != DEFAULTS[k]), None)
+    return requires
 
 
 def _relative_mlp_params(shape):
@@ -586,10 +592,8 @@ OPTIONS = (
            "post_norm_1(attention(norm_1(x))), then x + post_norm_2(mlp("
            "norm_2(x))) (Gemma 4's four norms a block)",
            block=True, params=lambda v, s: (2 * s.norm(s.width) * v, 0),
-           requires=lambda v, values: next((
-               f"{k}={DEFAULTS[k]!r} (pre-norm blocks, one branch after the "
-               f"other); received {k}={values[k]!r}"
-               for k in ("post_norm", "parallel") if v and values[k]), None),
+           requires=_without(("post_norm", "parallel"), "pre-norm blocks, "
+                             "one branch after the other"),
            weights=tuple(Weight(f"{_BLOCK}post_norm_{n}", "norm",
                                 f"{_TIMM}post_norm{n}",
                                 f"{_OFFICIAL}PostNorm_{n}") for n in (1, 2))),
@@ -644,11 +648,8 @@ OPTIONS = (
            fixed_grid=True, params=lambda v, s: (
                (v == "block") * _relative_mlp_params(s),
                (v == "shared") * _relative_mlp_params(s)),
-           requires=lambda v, values: next((
-               f"{k}={FIXED[k]!r} (one relative scheme); received {k}="
-               f"{values[k]!r}" for k in ("relative_bias", "decomposed_bias",
-                                          "naflex")
-               if v and values[k] != FIXED[k]), None),
+           requires=_without(("relative_bias", "decomposed_bias", "naflex"),
+                             "one relative scheme"),
            weights=(*(Weight(f"relative_mlp_{{i}}/{fc}", "dense",
                              f"blocks.{{i}}.attn.rel_pos.mlp.{fc}",
                              f"Transformer/encoderblock_{{i}}/relative_mlp/"
@@ -663,7 +664,8 @@ OPTIONS = (
            requires=lambda v, values: (
                "a relative position MLP, relative_mlp='block' or 'shared' "
                "(it is its width); received relative_mlp=None"
-               if v != 128 and values["relative_mlp"] is None else None)),
+               if v != DEFAULTS["relative_mlp_width"]
+               and values["relative_mlp"] is None else None)),
     Option("differential", None, choice(None, "vectors", "dual"), True,
            Field("attn_layer", {"diff": "vectors", "": None,
                                 "attn": None}),
@@ -732,11 +734,9 @@ OPTIONS = (
            "grid in a global block), and adds q . rel_pos_h[dr] + q . "
            "rel_pos_w[dc] of each head's unscaled query to its logits",
            block=True, params=_decomposed_params, fixed_grid=True,
-           requires=lambda v, values: _patches_alone(v, values) or next((
-                   f"{k}=None (one relative scheme); received {k}="
-                   f"{values[k]!r}" for k in ("rope", "relative_bias",
-                                              "differential")
-                   if v and values[k]), None),
+           requires=lambda v, values: _patches_alone(v, values) or _without(
+               ("rope", "relative_bias", "differential"),
+               "one relative scheme")(v, values),
            weights=tuple(Weight(f"{_BLOCK}attention/rel_pos_{x}", "vector",
                                 f"{_TIMM}attn.rel_pos_{x}",
                                 f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
@@ -761,9 +761,8 @@ OPTIONS = (
            "sqrt(width); the pooling and head read those tokens, "
            "include_top=False returns them; 0: none",
            fixed_grid=True,
-           requires=lambda v, values: _patches_alone(v, values) or next((
-               f"{k}=0 (it pools the patch map); received {k}={values[k]}"
-               for k in ("neck", "merge_size") if v and values[k]), None)),
+           requires=lambda v, values: _patches_alone(v, values) or _without(
+               ("neck", "merge_size"), "it pools the patch map")(v, values)),
     Option("soft_pool_standardize", False, flag, True, None,
            "with soft_pool: its tokens then standardised, (x - std_bias) * "
            "std_scale (Gemma 4's 31B tower)",
