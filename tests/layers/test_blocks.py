@@ -8,6 +8,8 @@ import math
 import keras
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from keras import ops
 
 from keras_vit import layers as kl
@@ -546,12 +548,19 @@ def test_a_parallel_block_adds_both_branches_of_one_norm(form, proj_bias):
 
 # -- windows and SAM's neck ----------------------------------------------------
 
-@pytest.mark.parametrize("grid, window", [((4, 4), 2), ((4, 5), 3),
-                                          ((2, 3), 4), ((3, 3), 3)])
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(grid=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+       window=st.integers(1, 6))
+@example(grid=(4, 4), window=2)
+@example(grid=(4, 5), window=3)
+@example(grid=(2, 3), window=4)
+@example(grid=(3, 3), window=3)
 def test_window_partition_tiles_the_padded_map_and_merge_undoes_it(
         grid, window):
-    """Window (b, i, j) holds the map's rows i * w .. and columns j * w ..
-    row-major, zeros past the map's edge; merging gives the map back."""
+    """Any grid, any window (one that divides neither side, one larger
+    than the map): window (b, i, j) holds the map's rows i * w .. and
+    columns j * w .. row-major, zeros past the map's edge; merging gives
+    the map back."""
     rows, cols = grid
     x = _inputs(B, rows * cols, D)
     windows = _np(kl.blocks.window_partition(x, grid, window))
