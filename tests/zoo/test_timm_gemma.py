@@ -180,3 +180,17 @@ def test_gemma4_soft_token_pool_needs_whole_cells(tmp_path):
     _gemma(tmp_path / "enc", num_classes=0, arch="gemma4_vit_570m_enc")
     with pytest.raises(ValueError, match="soft_pool=3 .* 4 x 4"):
         zoo.load(str(tmp_path / "enc"), image_size=64)
+
+
+@pytest.mark.parametrize("arch", ["gemma4_vit_570m", "gemma4_vit_570m_enc"])
+def test_gemma4_block_features_are_timms_forward_intermediates(arch,
+                                                              tmp_path):
+    """Dense-task features: each block's tokens as an NHWC map at the
+    patch grid, timm's NCHW maps of the same blocks (the classifier's and
+    the encoder's own forward_intermediates)."""
+    from testkit import assert_features_are_timms
+
+    theirs = _gemma(tmp_path / "repo", num_classes=0, arch=arch)
+    ours = zoo.load(str(tmp_path / "repo"), image_size=48)
+    assert_features_are_timms(ours, theirs, random_images(48),
+                              prefix_tokens=False)
