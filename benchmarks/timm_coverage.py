@@ -141,7 +141,10 @@ MESSAGES = (
     # The modules keras_vit does not read, refused by module.
     ("relative-position ViT: another setting (vision_transformer_relpos)",
      r"timm relative-position ViT setting"),
-    ("DeepSeek's towers (deepseek_vit)", r"deepseek_vit\.py"),
+    ("DeepSeek: the aligner (global_pool='align', encoder_pool)",
+     r"global_pool='align'|encoder_pool="),
+    ("DeepSeek: another setting (deepseek_vit)",
+     r"timm DeepSeek tower setting"),
     # Gemma 4's settings keras_vit does not compute (gemma4_vit).
     ("Gemma 4: another setting (gemma4_vit)", r"timm Gemma 4 tower setting"),
     # SAM's settings keras_vit does not compute (vision_transformer_sam).

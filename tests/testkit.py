@@ -101,6 +101,9 @@ OPTION_EXAMPLES = {
     "soft_pool": (2, dict(classifier="gap", class_token=False)),
     "soft_pool_standardize": (True, dict(soft_pool=2, classifier="gap",
                                          class_token=False)),
+    # DeepSeek's.
+    "mlp_bias": (False, {}),
+    "pooled_norm": (True, dict(classifier="gap")),
 }
 
 

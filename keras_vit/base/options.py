@@ -428,6 +428,11 @@ OPTIONS = (
     Option("fc_norm", False, flag, True, Field("fc_norm"),
            "the final norm after the pooling instead of before it",
            weights=(Weight("fc_norm", "norm", "fc_norm", "fc_norm"),)),
+    Option("pooled_norm", False, flag, False, None,
+           "a norm of the model's kind without a scale or bias on the "
+           "pooled features, beside the final norm on the tokens "
+           "(DeepSeek's classifier)",
+           requires=_without(("fc_norm",), "one norm after the pooling")),
     Option("final_norm", True, flag, True, Field("final_norm"),
            "a norm after the last block (False: none)",
            params=lambda v, s: (0, s.norm(s.final) * v)),
@@ -463,6 +468,15 @@ OPTIONS = (
            "biases on the attention's output projection and the MLP's",
            params=lambda v, s: ((2 * s.width + s.mlp_first) * v, 0),
            block=True),
+    Option("mlp_bias", None, optional_flag, True, None,
+           "the MLP's biases apart from the attention's output bias: "
+           "False, none (DeepSeek's towers: a bias-free SwiGLU MLP beside "
+           "biased attention), True, both; None: proj_bias's",
+           block=True,
+           params=lambda v, s: ((s.width + s.mlp_first) * (
+               int(bool(v)) - int(s.values["proj_bias"]))
+               * (v is not None), 0),
+           requires=_without(("parallel",), "one MLP after the attention")),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding",
            params=lambda v, s: (0, s.width * v)),

@@ -45,7 +45,7 @@ from keras_vit.layers.pooling_head import (AttentionPoolHead, Neck,
                                            PatchMerger, SoftTokenPool)
 # RMSNorm, the norm of ``norm="rms"`` (AIMv2), and the norms' kinds.
 from keras_vit.layers.dense import (NORM_KINDS, RMSNormalization,
-                                    check_norm, make_norm)
+                                    UnscaledNorm, check_norm, make_norm)
 
 __all__ = [
     "ADDITIVE_POSITION_EMBEDDINGS", "ClassToken", "EncoderBlock", "FusedConv2D",
@@ -61,4 +61,5 @@ __all__ = [
 __all__ += ["DropPath", "MLP_ACTIVATIONS", "POOLING_METHODS", "PatchMerger",
             "RegisterTokens"]
 __all__ += ["AttentionPoolHead", "Neck", "PatchTokens", "SoftTokenPool"]
-__all__ += ["NORM_KINDS", "RMSNormalization", "check_norm", "make_norm"]
+__all__ += ["NORM_KINDS", "RMSNormalization", "UnscaledNorm", "check_norm",
+            "make_norm"]

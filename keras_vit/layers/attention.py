@@ -12,7 +12,7 @@ from keras_vit.base.options import ROPE_HALVES
 from keras_vit.layers.registered import PACKAGE
 from keras_vit.layers.dense import (
     FusedEinsumDense, KeptArguments, check_norm, clamp, make_norm,
-    unbounded, xavier_flat)
+    unbounded, unscaled_norm, xavier_flat)
 from keras_vit.runtime import kernels
 
 
@@ -157,24 +157,6 @@ def decomposed_bias(query, table_h, table_w, size):
                        axis=-1)
             + ops.tile(ops.reshape(per_col, (-1, heads, n, cols)),
                        (1, 1, 1, rows)))
-
-
-def unscaled_norm(x, kind, epsilon):
-    """``x`` normalised over its last axis by a norm of ``kind``
-    (``"layer"`` or ``"rms"``) without a scale or a bias, in float32 and
-    cast back.
-
-    >>> x = np.array([[3.0, -4.0]], "float32")
-    >>> y = ops.convert_to_numpy(unscaled_norm(x, "rms", 0.0))
-    >>> [round(float(v), 4) for v in y[0]]
-    [0.8485, -1.1314]
-    """
-    y = ops.cast(x, "float32")
-    if kind == "layer":
-        y = y - ops.mean(y, axis=-1, keepdims=True)
-    y = y * ops.rsqrt(ops.mean(ops.square(y), axis=-1, keepdims=True)
-                      + np.float32(epsilon))
-    return ops.cast(y, x.dtype)
 
 
 class ReturnsScores:

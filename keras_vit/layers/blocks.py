@@ -272,7 +272,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     the outputs: Gemma 4's blocks), ``value_norm`` (each head's values
     normalised: :class:`MultiHeadSelfAttention`), ``clip_linears`` (each
     projection clamps its input and output: the attention's and
-    :class:`MlpBlock`'s ``clip``),
+    :class:`MlpBlock`'s ``clip``), ``mlp_bias`` (the MLP's biases where
+    they differ from ``proj_bias``'s),
     ``differential`` (differential attention, at the block's ``index``
     from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
     or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
@@ -307,6 +308,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         sandwich_norm=False,
         value_norm=False,
         clip_linears=False,
+        mlp_bias=None,
         differential=None,
         parallel=None,
         index=0,
@@ -335,6 +337,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.sandwich_norm = bool(sandwich_norm)
         self.value_norm = bool(value_norm)
         self.clip_linears = bool(clip_linears)
+        self.mlp_bias = None if mlp_bias is None else bool(mlp_bias)
         self.mlp_norm = bool(mlp_norm)
         self.attention_norm = bool(attention_norm)
         self.rope = rope
@@ -380,7 +383,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         # or mlp_bias), the second one shared with the attention's where
         # the two output projections are fused.
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
-                            use_bias=self.proj_bias or bool(self.parallel),
+                            use_bias=(self.proj_bias if self.mlp_bias is None
+                                      else self.mlp_bias)
+                            or bool(self.parallel),
                             kind=self.mlp_kind,
                             norm=self.norm if self.mlp_norm else None,
                             norm_epsilon=self.layer_norm_epsilon,
@@ -483,7 +488,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "layer_norm_epsilon", "gelu", "remat", "layer_scale", "qk_norm",
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
             "attention_norm", "rope", "rope_halves", "post_norm",
-            "sandwich_norm", "value_norm", "clip_linears",
+            "sandwich_norm", "value_norm", "clip_linears", "mlp_bias",
             "differential", "parallel", "index", "window_size",
             "decomposed_bias", "grid_size"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept

@@ -374,6 +374,51 @@ class RMSNormalization(layers.RMSNormalization):
         return ops.cast(out, self.compute_dtype)
 
 
+def unscaled_norm(x, kind, epsilon):
+    """``x`` normalised over its last axis by a norm of ``kind``
+    (``"layer"`` or ``"rms"``) without a scale or a bias, in float32 and
+    cast back.
+
+    >>> import numpy as np
+    >>> x = np.array([[3.0, -4.0]], "float32")
+    >>> y = ops.convert_to_numpy(unscaled_norm(x, "rms", 0.0))
+    >>> [round(float(v), 4) for v in y[0]]
+    [0.8485, -1.1314]
+    """
+    y = ops.cast(x, "float32")
+    if kind == "layer":
+        y = y - ops.mean(y, axis=-1, keepdims=True)
+    y = y * ops.rsqrt(ops.mean(ops.square(y), axis=-1, keepdims=True)
+                      + np.float32(epsilon))
+    return ops.cast(y, x.dtype)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class UnscaledNorm(KeptArguments, layers.Layer):
+    """A norm of ``kind`` (:data:`NORM_KINDS`) of ``epsilon`` over the
+    last axis with no weights (:func:`unscaled_norm`): the norm after
+    the pooling of DeepSeek's classifier, whose blocks' end in a norm with
+    a scale already.
+
+    >>> import numpy as np
+    >>> y = UnscaledNorm("rms", 0.0)(np.array([[3.0, -4.0]], "float32"))
+    >>> [round(float(v), 4) for v in ops.convert_to_numpy(y)[0]]
+    [0.8485, -1.1314]
+    """
+
+    ARGUMENTS = {"kind": check_norm, "epsilon": float}
+
+    def __init__(self, kind="layer", epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.keep_arguments(locals())
+
+    def call(self, x):
+        return unscaled_norm(x, self.kind, self.epsilon)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
 def make_norm(kind, epsilon, dtype, name, fused=True):
     """The norm layer of ``kind`` (:data:`NORM_KINDS`) of ``epsilon``:
     :class:`FusedLayerNormalization` (Keras' own LayerNormalization with

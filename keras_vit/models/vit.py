@@ -245,7 +245,10 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 classifier_activation, dtype,
                 pooled_norm=_model_norm(
                     norm, layer_norm_epsilon, dtype, "fc_norm")
-                if family["fc_norm"] else None, padding_bias=scheme.padding)
+                if family["fc_norm"] else vit_layers.UnscaledNorm(
+                    norm, layer_norm_epsilon, dtype=dtype, name="pooled_norm")
+                if family["pooled_norm"] else None,
+                padding_bias=scheme.padding)
         outputs = x
         if return_attention_scores:
             if not scores:

@@ -92,6 +92,8 @@ CASES = {
              lambda: _rng_input((2, 6, 8))),
     "AxisPositionTable": (dict(grid_size=[2, 3], size=4, num_prefix_tokens=1),
                           lambda: _rng_input((2, 7, 8))),
+    "UnscaledNorm": (dict(kind="rms", epsilon=1e-6),
+                     lambda: _rng_input((2, 7, 8))),
     "SoftTokenPool": (dict(grid_size=[2, 4], kernel=2, standardize=True),
                       lambda: _rng_input((2, 8, 8))),
     "RelativePositionMlp": (dict(grid_size=[2, 3], num_heads=2, width=4,

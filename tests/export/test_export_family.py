@@ -83,11 +83,18 @@ MODELS = {
                   mlp="geglu", position_axes=5, rope="eva02",
                   rope_halves=True, rope_indexing="xy", clip_linears=True,
                   soft_pool=2, soft_pool_standardize=True),
+    # DeepSeek's tower: the rotary form alone, a bias-free SwiGLU beside
+    # biased attention, the final norm and a scale-free one after the
+    # pooling.
+    "deepseek": dict(position_embedding="none", class_token=False,
+                     classifier="gap", norm="rms", mlp="swiglu",
+                     mlp_bias=False, pooled_norm=True, rope="eva02",
+                     rope_halves=True),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
 OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam",
-            "relpos", "gemma")
+            "relpos", "gemma", "deepseek")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image

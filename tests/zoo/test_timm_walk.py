@@ -41,7 +41,8 @@ KNOWN_GAPS = {
     "NaFlex: factorized position table (pos_embed='factorized')",
     "NaFlex: another setting (naflexvit)",
     # The modules keras_vit does not read yet, refused by module.
-    "DeepSeek's towers (deepseek_vit)",
+    # DeepSeek's aligner (the _enc and _align towers).
+    "DeepSeek: the aligner (global_pool='align', encoder_pool)",
     # SAM's ViT-B at 224 (no pretrained tag) ends in a LayerNorm of its
     # own epsilon instead of the neck.
     "SAM without its neck (neck_chans=None)",

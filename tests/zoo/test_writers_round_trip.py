@@ -60,7 +60,7 @@ OPTIONS = dict(
     pre_norm=[False, True], patch_bias=[True, False],
     final_norm=[True, False], mlp=["gelu", "swiglu", "geglu"],
     sandwich_norm=[False, True], value_norm=[False, True],
-    position_axes=[0, 4],
+    position_axes=[0, 4], mlp_bias=[None, False], pooled_norm=[False, True],
     norm=["layer", "rms"], patch_norm=[False, True],
     distilled=[False, True], gelu=["exact", "tanh", "quick"],
     layer_norm_epsilon=[1e-6, 1e-5], num_classes=[3, 0],

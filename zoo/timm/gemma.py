@@ -60,8 +60,7 @@ def honoured(args, path, state=None):
     (``tokens`` True: no pooling, no head) or their mean."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm Gemma 4 tower", _FIXED, _READ)
-    classifier = state is None or any(k.startswith("encoder.")
-                                      for k in state)
+    classifier = arguments.is_classifier(state)
     pool = args.get("global_pool", "avg" if classifier else "soft")
     if pool not in (("avg",) if classifier else ("avg", "soft", "none", "")):
         raise refuse("global_pool", "keras_vit pools Gemma 4's classifier "

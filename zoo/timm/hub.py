@@ -47,7 +47,7 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
 # timm's names <-> the model's variables (zoo/timm/layout.py).
-from keras_vit.zoo.timm import eva, gemma, naflex, relpos, sam
+from keras_vit.zoo.timm import deepseek, eva, gemma, naflex, relpos, sam
 from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, TIMM_EVA, check_state
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
@@ -286,6 +286,10 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
             "vision_transformer_relpos"):
         honoured = relpos.honoured(_eva_args(entry, config), where)
         layout = TIMM
+    elif entry is not None and entry["module"] == "deepseek_vit":
+        honoured = deepseek.honoured(_eva_args(entry, config), where, state)
+        layout = TIMM
+        state = deepseek.deepseek_state(state)
     elif entry is not None and entry["module"] == "gemma4_vit":
         honoured, tokens = gemma.honoured(_eva_args(entry, config), where,
                                           state)
