@@ -3,7 +3,7 @@ keras_vit's ViT: RMS norms before and after each branch
 (``sandwich_norm``), q/k norms and a value norm without a scale
 (``value_norm``), the GeGLU MLP (``mlp="geglu"``) and no biases, the
 position table per axis (``position_axes``) and the 2D rotary form, the
-patches' mean through an RMS norm without a scale.
+patches' mean through an RMS norm without a scale (``pooled_norm``).
 
 What Gemma 4 computes that keras_vit's rows hold in another form, the
 weights carry over exactly (:func:`gemma_state`):
@@ -18,7 +18,6 @@ weights carry over exactly (:func:`gemma_state`):
   products the same;
 - its logits are not scaled (scale 1): the query norm's scale times
   ``sqrt(head_dim)``;
-- its final norm has no scale: one of ones.
 
 >>> args = {"embed_dim": 64, "depth": 2, "num_heads": 4, "head_dim": 16,
 ...         "patch_size": 16, "intermediate_size": 96, "global_pool": "avg",
@@ -77,11 +76,11 @@ def honoured(args, path, state=None):
         raise refuse("head_dim", "keras_vit's heads are embed_dim / "
                      f"num_heads = {width // heads} wide; the closest it "
                      f"computes: head_dim={width // heads}")
-    # The classifier's norm of the pooled features, without a scale.
-    pooled_norm = classifier and read("final_norm", arguments.bool_arg, True)
     out.update(
-        class_token=False, classifier="gap", final_norm=pooled_norm,
-        fc_norm=pooled_norm, norm="rms",
+        class_token=False, classifier="gap", final_norm=False,
+        # The classifier's norm of the pooled features, without a scale.
+        pooled_norm=classifier and read("final_norm", arguments.bool_arg,
+                                        True), norm="rms",
         layer_norm_epsilon=read("norm_eps", arguments.positive_arg, 1e-6),
         qkv_bias=False, proj_bias=False, patch_bias=True, qk_norm=True,
         value_norm=True, sandwich_norm=True, mlp="geglu", gelu="tanh",
@@ -129,8 +128,8 @@ def gemma_state(state, honoured):
     """A Gemma 4 ``state`` (timm's classifier's, ``encoder.`` before the
     encoder's names) under timm's ViT names, in keras_vit's forms (see
     the module's docstring): the patch projection as a convolution with a
-    bias, the queries' and keys' rotary pairs, the query norm's scale,
-    the final norm's scale of ones; the clamped projections' bounds as
+    bias, the queries' and keys' rotary pairs, the query norm's scale;
+    the clamped projections' bounds as
     each block's attention's and MLP's rows (a ValueError naming any the
     file lacks); the soft-token pool's standardisation
     dropped where no soft-token pool runs (a classifier's without
@@ -174,6 +173,4 @@ def gemma_state(state, honoured):
                     f"bounds {missing[:4]}")
             out[f"{block}.{part}.clip"] = np.reshape(np.array(
                 [bounds[n] for n in names], np.float32), (-1, 4))
-    if honoured["final_norm"] and "fc_norm.weight" not in out:
-        out["fc_norm.weight"] = np.ones((width,), np.float32)
     return out
