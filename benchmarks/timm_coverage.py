@@ -150,7 +150,6 @@ MESSAGES = (
     # SAM's settings keras_vit does not compute (vision_transformer_sam).
     ("SAM without its neck (neck_chans=None)", r"neck_chans="),
     ("SAM: another setting (vision_transformer_sam)", r"timm SAM setting"),
-    ("hybrid backbone ResNet-D (resnet26d/50d)", r"ResNet-D hybrids"),
     ("hybrid backbone (other)", r"HybridEmbed|ConvStem|backbone"),
     ("attention pool variant", r"attn_pool|latent_len"),
     ("pooling", r"global_pool"),
@@ -534,8 +533,8 @@ def message_feature(message):
     """The feature a refusal's message names (:data:`MESSAGES`), or
     ``"other"``.
 
-    >>> message_feature("timm's ResNet-D hybrids (...) are not supported")
-    'hybrid backbone ResNet-D (resnet26d/50d)'
+    >>> message_feature("... neck_chans=None is a timm SAM setting ...")
+    'SAM without its neck (neck_chans=None)'
     """
     for group, pattern in MESSAGES:
         if re.search(pattern, message):
@@ -667,9 +666,7 @@ def group_of(row):
     if status == DIFFERS:
         return "options read, logits differ (a bug in the probe's reading)"
     if row.get("backbone"):
-        feature = message_feature(row["message"])
-        return feature if "ResNet-D" in feature else (
-            f"hybrid backbone {row['backbone']}")
+        return f"hybrid backbone {row['backbone']}"
     if status == REFUSED:
         return message_feature(row["probe_message"])
     return message_feature(row["message"])

@@ -225,6 +225,13 @@ def export_arrays(model) -> dict:
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
     check_model(model)
+    resnet = getattr(model, "get_config", dict)().get("resnet") or {}
+    if resnet.get("variant") == "d":
+        raise ValueError(
+            "save_npz writes the official layout, whose hybrids hold the "
+            "paper's ResNet (BiT's); model has resnet variant 'd' (timm's "
+            "ResNet-D), which it has no keys for: model.save('model.keras') "
+            "keeps it")
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(

@@ -161,6 +161,8 @@ def _resnet_v1_params(resnet, channels):
     bottleneck units (1x1, 3x3, 1x1 convolutions without bias, each with a
     GroupNorm; a 1x1 projection + GroupNorm in each stage's first unit).
     Returns ``(parameters, output channels)``."""
+    if resnet.get("variant") == "d":
+        return _resnet_d_params(resnet, channels)
     width = hybrid_width(resnet)
     total = _conv(7, channels, width) + 2 * width
     channels = width
@@ -172,6 +174,27 @@ def _resnet_v1_params(resnet, channels):
                       + _conv(1, mid, out) + 2 * (mid + mid + out))
             if channels != out or (s > 0 and u == 0):
                 total += _conv(1, channels, out) + 2 * out
+            channels = out
+    return total, channels
+
+
+def _resnet_d_params(resnet, channels):
+    """timm's ResNet-D (models/hybrid.resnet_d_stem): the deep stem's three
+    3x3 convolutions, bottleneck units, a 1x1 projection in each stage's
+    first unit; a BatchNorm (four values a channel) after every
+    convolution."""
+    total = 0
+    for out in (32, 32, 64):
+        total += _conv(3, channels, out) + 4 * out
+        channels = out
+    for s, depth in enumerate(resnet["num_layers"]):
+        mid = 64 * 2 ** s
+        out = 4 * mid
+        for u in range(depth):
+            total += (_conv(1, channels, mid) + _conv(3, mid, mid)
+                      + _conv(1, mid, out) + 4 * (mid + mid + out))
+            if u == 0:
+                total += _conv(1, channels, out) + 4 * out
             channels = out
     return total, channels
 

@@ -6,6 +6,19 @@ argument's check and the stem's layers, in vit_jax's numerics or timm's.
 >>> check_resnet(dict(depth=3))
 Traceback (most recent call last):
 ValueError: resnet has unknown keys ['depth']; received resnet={'depth': 3}
+
+Two ResNets: the paper's (``variant="bit"``, the default: BiT's
+GroupNorm and weight-standardised convolutions, a 7x7 root) and timm's
+ResNet-D (``variant="d"``: resnet26d and resnet50d, a deep stem of three
+3x3 convolutions, BatchNorm, shortcuts that average-pool before their
+projection):
+
+>>> check_resnet(dict(num_layers=(2, 2, 2, 2), variant="d"))
+{'num_layers': [2, 2, 2, 2], 'width_factor': 1, 'variant': 'd'}
+>>> check_resnet(dict(num_layers=(3, 4, 6), variant="d", width_factor=2))
+... # doctest: +ELLIPSIS
+Traceback (most recent call last):
+ValueError: resnet['width_factor'] must be 1 for variant 'd' (timm's ...
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ def check_resnet(resnet):
             "resnet must be None or a dict like dict(num_layers=(3, 4, 9), "
             f"width_factor=1); received resnet={resnet!r}")
     unknown = set(resnet) - {"num_layers", "width_factor", "fold_last_stage",
-                             *RESNET_NUMERICS}
+                             "variant", *RESNET_NUMERICS}
     if unknown:
         raise ValueError(
             f"resnet has unknown keys {sorted(unknown)}; received "
@@ -63,7 +76,28 @@ def check_resnet(resnet):
                              f"received resnet={resnet!r}")
     # Stored only when given: official configs stay as they were.
     config.update({k: resnet[k] for k in RESNET_NUMERICS if k in resnet})
+    variant = resnet.get("variant", "bit")
+    if variant not in RESNET_VARIANTS:
+        raise ValueError(
+            f"resnet['variant'] must be one of {sorted(RESNET_VARIANTS)}; "
+            f"received resnet={resnet!r}")
+    if variant == "d":
+        for key, why in (("width_factor", "must be 1"),
+                         ("fold_last_stage", "cannot be set"),
+                         ("standardization", "cannot be set"),
+                         ("std_eps", "cannot be set")):
+            if key in resnet and not (key == "width_factor"
+                                      and resnet[key] == 1):
+                raise ValueError(
+                    f"resnet[{key!r}] {why} for variant 'd' (timm's "
+                    f"resnet26d and resnet50d); received resnet={resnet!r}")
+        config["variant"] = "d"
     return config
+
+
+#: ``resnet["variant"]``: ``"bit"``, the paper's ResNet (BiT's numerics,
+#: below); ``"d"``, timm's ResNet-D (:func:`resnet_d_stem`).
+RESNET_VARIANTS = ("bit", "d")
 
 
 # The ResNet's numerics, official (vit_jax) by default: kernels
@@ -76,7 +110,10 @@ TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
 
 
 def resnet_stem(x, resnet, dtype, remat=False):
-    """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages."""
+    """The hybrids' ResNet: StdConv root, GN, ReLU, max-pool, stages (or
+    timm's ResNet-D, ``variant="d"``)."""
+    if resnet.get("variant") == "d":
+        return resnet_d_stem(x, resnet, dtype)
     width = geometry.hybrid_width(resnet)
     num = {k: resnet.get(k, v) for k, v in RESNET_NUMERICS.items()}
     x = vit_layers.StdConv2D(
@@ -98,4 +135,53 @@ def resnet_stem(x, resnet, dtype, remat=False):
                 standardization=num["standardization"],
                 std_eps=num["std_eps"], remat=remat, dtype=dtype,
                 name=f"resnet_block{s + 1}_unit{u + 1}")(x)
+    return x
+
+
+def resnet_d_stem(x, resnet, dtype):
+    """timm's ResNet-D (``resnet26d``, ``resnet50d``; He et al. 2019,
+    "Bag of Tricks"), its first ``len(num_layers)`` stages as timm's
+    hybrids cut it: a deep stem (3x3 convolutions to 32, 32 and 64
+    channels, the first strided), then bottleneck units (1x1, strided
+    3x3, 1x1 to four times the width) whose first unit's shortcut
+    average-pools 2x2 where the unit strides, then projects (1x1). A
+    BatchNorm (epsilon ``norm_epsilon``, default PyTorch's 1e-5) follows
+    each convolution. PyTorch pads a 3x3 convolution and the max-pool by
+    one pixel on every side, so the layers here do (TF's ``"same"`` pads
+    a strided one at the end only)."""
+    epsilon = resnet.get("norm_epsilon", 1e-5)
+
+    def conv_norm(x, filters, kernel, strides, name, relu=True):
+        if kernel == 3:
+            x = layers.ZeroPadding2D(1, dtype=dtype, name=f"{name}_pad")(x)
+        x = layers.Conv2D(filters, kernel, strides, use_bias=False,
+                          dtype=dtype, name=name)(x)
+        x = layers.BatchNormalization(
+            epsilon=epsilon, momentum=0.9, dtype=dtype,
+            name=name.replace("conv", "norm"))(x)
+        return layers.ReLU(dtype=dtype, name=f"{name}_relu")(x) if relu \
+            else x
+
+    for n, (filters, strides) in enumerate(((32, 2), (32, 1), (64, 1))):
+        x = conv_norm(x, filters, 3, strides, f"resnet_stem_conv_{n}")
+    # After the ReLU no value is below zero: zero padding is PyTorch's
+    # -inf for the maximum.
+    x = layers.ZeroPadding2D(1, dtype=dtype, name="resnet_stem_pool_pad")(x)
+    x = layers.MaxPooling2D(3, 2, dtype=dtype, name="resnet_stem_pool")(x)
+    for s, depth in enumerate(resnet["num_layers"]):
+        width = 64 * 2 ** s
+        for u in range(depth):
+            name, strides = f"resnet_block{s + 1}_unit{u + 1}", (
+                2 if s > 0 and u == 0 else 1)
+            y = conv_norm(x, width, 1, 1, f"{name}_conv1")
+            y = conv_norm(y, width, 3, strides, f"{name}_conv2")
+            y = conv_norm(y, 4 * width, 1, 1, f"{name}_conv3", relu=False)
+            if u == 0:
+                if strides > 1:
+                    x = layers.AveragePooling2D(
+                        2, 2, dtype=dtype, name=f"{name}_pool")(x)
+                x = conv_norm(x, 4 * width, 1, 1, f"{name}_proj_conv",
+                              relu=False)
+            x = layers.Add(dtype=dtype, name=f"{name}_add")([y, x])
+            x = layers.ReLU(dtype=dtype, name=f"{name}_relu")(x)
     return x

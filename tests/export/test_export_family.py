@@ -90,11 +90,15 @@ MODELS = {
                      classifier="gap", norm="rms", mlp="swiglu",
                      mlp_bias=False, pooled_norm=True, rope="eva02",
                      rope_halves=True),
+    # timm's ResNet-D hybrids: a ViT over the 1 x 1 patches of a deep
+    # stem, BatchNorm bottlenecks and average-pooled shortcuts.
+    "resnet_d": dict(image_size=32, patch_size=1,
+                     resnet=dict(num_layers=[1, 1], variant="d")),
 }
 # Each family group's model through OpenVINO too (the int8 and the
 # image-bytes signature: the options model only).
 OPENVINO = ("pooled", "dinov3", "eva02", "mixed", "aimv2", "dpwee", "sam",
-            "relpos", "gemma", "deepseek")
+            "relpos", "gemma", "deepseek", "resnet_d")
 
 
 # Rows exported by tests of their own: the NaFlex inputs are no image

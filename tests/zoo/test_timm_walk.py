@@ -29,7 +29,6 @@ KNOWN_GAPS = {
     "parallel blocks (several branches)",
     "norms inside attention and MLP (BEiT-3 sub-LN)",
     "attention pool over the prefix tokens",
-    "hybrid backbone ResNet-D (resnet26d/50d)",
     # EVA's (eva.py) beyond DINOv3 and the EVA giants.
     "separate q, k, v projections (EVA-02)",
     "EVA-02's rotary grid (ref_feat_shape)",

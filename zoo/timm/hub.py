@@ -33,7 +33,6 @@ Sources: ``"hf-hub:<repo>[@revision]"``, a local repository folder (with
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
@@ -47,7 +46,8 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
 # timm's names <-> the model's variables (zoo/timm/layout.py).
-from keras_vit.zoo.timm import deepseek, eva, gemma, naflex, relpos, sam
+from keras_vit.zoo.timm import (deepseek, eva, gemma, naflex, relpos,
+                                  resnet_d, sam)
 from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, TIMM_EVA, check_state
 # The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
@@ -135,9 +135,6 @@ def read_config(path):
         error=formats.FormatError), path)
 
 
-_RESNET_D_HYBRID = re.compile(r"^vit_\w+_resnet\d+d")
-
-
 def _architecture(config, name):
     """``(Arch, the architecture's own timm arguments)`` of the name the
     caller or the config gives: timm's architectures from their table
@@ -152,11 +149,9 @@ def _architecture(config, name):
     found = timm_arguments.architecture(arch_name)
     if found is not None:
         return found
-    if _RESNET_D_HYBRID.match(arch_name.partition(".")[0]):
-        raise ValueError(
-            f"timm's ResNet-D hybrids ({arch_name}: deep stem, average-pool "
-            "downsampling, BatchNorm) are not supported; the ResNetV2 "
-            "hybrids (vit_*_r*_s*, e.g. vit_base_r50_s16_384) load")
+    found = resnet_d.architecture(arch_name)
+    if found is not None:
+        return found
     backbone = timm_arguments.backbone(arch_name)
     if backbone not in (None, "ResNetV2", "Sequential"):
         raise ValueError(
@@ -262,6 +257,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch, defaults = _architecture(config, name)
     state = read_safetensors(path)
+    if resnet_d.NAME.match(arch.name):
+        arch = resnet_d.with_stages(arch, state, os.fspath(path))
     tokens = False  # a tower whose output is its tokens (no head)
     is_bit = arch.family == "bit"
     # The file's architecture where the name is none of timm's (a named
@@ -312,7 +309,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     except ValueError as e:  # parameters keras_vit lacks: name the file
         raise checkpoints.CheckpointError(f"{os.fspath(path)}: {e}") from None
     arrays, head_key = state, layout.key_of("head/kernel")
-    if arch.family == "hybrid":
+    if arch.family == "hybrid" and "variant" not in arch.config["resnet"]:
         # timm's ResNet standardises and normalises with other epsilons.
         build_config["resnet"] = dict(arch.config["resnet"],
                                       **TIMM_RESNET_NUMERICS)

@@ -50,6 +50,7 @@ def _projections(path, key, parts):
 
 _UNIT, _STAGE = "resnet_block{s}_unit{u}/", "stages.{s-1}.blocks.{u-1}."
 _BACKBONE = "patch_embed.backbone."
+_D_UNIT, _LAYER = "resnet_block{s}_unit{u}_", "layer{s}.{u-1}."
 
 #: timm's ViT (``vision_transformer.py``) and its ResNetV2 hybrids
 #: (``vision_transformer_hybrid.py``); the ViT family's options name their
@@ -107,6 +108,23 @@ TIMM = Layout("timm", [
          f"{_BACKBONE}{_STAGE}downsample.conv.weight", "conv"),
     *_linear(_UNIT + "gn_proj", f"{_BACKBONE}{_STAGE}downsample.norm",
              "norm"),
+    # The ResNet-D hybrids' backbone (timm's resnet26d/50d): the deep
+    # stem's convolutions (conv1.0, .3, .6) and norms (conv1.1, .4, bn1),
+    # then stage s, block b: convolutions, norms and the shortcut's
+    # projection after its pool (downsample.1, .2).
+    *[r for n, (conv, norm) in enumerate(
+        (("conv1.0", "conv1.1"), ("conv1.3", "conv1.4"), ("conv1.6", "bn1")))
+      for r in (Rule(f"resnet_stem_conv_{n}/kernel",
+                     f"{_BACKBONE}{conv}.weight", "conv"),
+                *torch_batch_norm(f"resnet_stem_norm_{n}", _BACKBONE + norm))],
+    *[r for n in (1, 2, 3) for r in (
+        Rule(f"{_D_UNIT}conv{n}/kernel", f"{_BACKBONE}{_LAYER}conv{n}.weight",
+             "conv"),
+        *torch_batch_norm(f"{_D_UNIT}norm{n}", f"{_BACKBONE}{_LAYER}bn{n}"))],
+    Rule(_D_UNIT + "proj_conv/kernel",
+         f"{_BACKBONE}{_LAYER}downsample.1.weight", "conv"),
+    *torch_batch_norm(_D_UNIT + "proj_norm",
+                      f"{_BACKBONE}{_LAYER}downsample.2"),
 ])
 
 

@@ -112,7 +112,9 @@ def write(model, directory, labels=None):
             f"ViTForImageClassification or ViTModel, neither of which can "
             f"hold this model: {reason}"
             + ("" if "VisionTransformer" in reason else
-               "; zoo.save_npz writes it"))
+               "; model.save('model.keras') keeps it" if (
+                   model.get_config().get("resnet") or {}).get("variant")
+               == "d" else "; zoo.save_npz writes it"))
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     config = model.get_config()
