@@ -103,6 +103,8 @@ OPTION_EXAMPLES = {
                                          class_token=False)),
     # DeepSeek's.
     "mlp_bias": (False, {}),
+    # timm's ParallelThingsBlock.
+    "branches": (2, dict(layer_scale=0.5)),
     "pooled_norm": (True, dict(classifier="gap")),
 }
 

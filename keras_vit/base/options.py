@@ -393,6 +393,56 @@ def _without(names, why):
     return requires
 
 
+def positive_count(name, value):
+    """A positive integer."""
+    return check_int(name, value, low=1)
+
+
+# What a block of several branches leaves out: the block forms and the
+# per-block weights of other rows (each branch holds a plain pre-norm
+# attention and MLP, biases and layer scale as the model's).
+_NOT_BRANCHED = ("parallel", "post_norm", "sandwich_norm", "qk_norm",
+                 "mlp_norm", "attention_norm", "differential",
+                 "clip_linears", "window_size", "decomposed_bias",
+                 "relative_bias", "relative_mlp")
+
+
+def _branches_params(value, shape):
+    """Each branch after the first: two norms, the q/k/v/out kernels and
+    the MLP's, their biases as the model's and its two layer scales."""
+    v, d = shape.values, shape.width
+    mlp_bias = v["proj_bias"] if v["mlp_bias"] is None else v["mlp_bias"]
+    one = (2 * shape.norm(d) + 4 * d * d + d * shape.mlp_first
+           + shape.mlp * d + 3 * d * v["qkv_bias"] + d * v["proj_bias"]
+           + (shape.mlp_first + d) * mlp_bias
+           + 2 * d * (v["layer_scale"] is not None))
+    return (value - 1) * one, 0
+
+
+def _branch_weights():
+    """Branch b's weights (b from 1; the first branch's are the block's
+    own): timm's ``attns.{b}`` and ``ffns.{b}`` modules, its packed qkv
+    read as q, k and v (zoo/timm/layout.py splits it)."""
+    def weight(path, kind, timm, official):
+        return Weight(f"{_BLOCK}branch_{{b}}_{path}", kind,
+                      f"{_TIMM}{timm}", f"{_OFFICIAL}Branch_{{b}}/{official}")
+    attention = "MultiHeadDotProductAttention_1"
+    return (weight("norm_1", "norm", "attns.{b}.norm", "LayerNorm_0"),
+            *(weight(f"attention/{p}", "dense", f"attns.{{b}}.attn.{q}",
+                     f"{attention}/{p}")
+              for p, q in (("query", "q"), ("key", "k"), ("value", "v"),
+                           ("out", "proj"))),
+            weight("layer_scale_1", "vector", "attns.{b}.ls.gamma",
+                   "LayerScale_1"),
+            weight("norm_2", "norm", "ffns.{b}.norm", "LayerNorm_2"),
+            weight("mlp/dense_0", "dense", "ffns.{b}.mlp.fc1",
+                   "MlpBlock_3/Dense_0"),
+            weight("mlp/dense_1", "dense", "ffns.{b}.mlp.fc2",
+                   "MlpBlock_3/Dense_1"),
+            weight("layer_scale_2", "vector", "ffns.{b}.ls.gamma",
+                   "LayerScale_2"))
+
+
 def _relative_mlp_params(shape):
     """One relative position MLP: Dense(2 -> width), Dense(width ->
     heads), with biases."""
@@ -722,6 +772,18 @@ OPTIONS = (
                "pre-norm blocks, post_norm=False (its two branches read one "
                "norm of the tokens); received post_norm=True"
                if v and values["post_norm"] else None)),
+    Option("branches", 1, positive_count, True, None,
+           "n > 1: each block holds n attentions and n MLPs, each with its "
+           "own norm and layer scale, summed: x + sum(attention_b(norm_1_b"
+           "(x))), then x + sum(mlp_b(norm_2_b(x))) (timm's "
+           "ParallelThingsBlock, Touvron et al. 2022's parallel ViTs); the "
+           "first branch's weights are the block's own, branch b's under "
+           "branch_{b}_",
+           block=True, params=_branches_params,
+           requires=lambda v, values: _without(
+               _NOT_BRANCHED, "branches of their own norms, an attention "
+               "and an MLP each")(v > 1, values),
+           weights=_branch_weights()),
     Option("window_size", 0, count, True, None,
            "w > 0: each block's attention within non-overlapping w x w "
            "windows of the patch grid, the normed tokens padded with zeros "

@@ -281,7 +281,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
     w x w windows of the ``grid_size`` map of patches,
     :func:`window_partition`) and ``decomposed_bias`` (the decomposed
     relative positions over the window, or the grid without windows:
-    :class:`MultiHeadSelfAttention`'s ``decomposed``).
+    :class:`MultiHeadSelfAttention`'s ``decomposed``), ``branches`` (n > 1:
+    n attentions, then n MLPs, side by side, each branch with its own
+    norms and layer scales, their outputs summed: timm's
+    ParallelThingsBlock).
     """
 
     def __init__(
@@ -311,6 +314,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         mlp_bias=None,
         differential=None,
         parallel=None,
+        branches=1,
         index=0,
         window_size=0,
         decomposed_bias=False,
@@ -393,6 +397,26 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                                 self.parallel != "fused") if self.parallel
                             else None, clip=self.clip_linears,
                             dtype=self.dtype_policy, name="mlp")
+        # Branches after the first (timm's ParallelThingsBlock): each a
+        # norm, an attention, a norm and an MLP like the block's own.
+        self.branches = int(branches)
+        self.other_branches = [
+            (make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
+                       f"branch_{b}_norm_1"),
+             MultiHeadSelfAttention(
+                 self.num_heads, self.attention_dropout_rate,
+                 qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
+                 norm_epsilon=self.layer_norm_epsilon, norm=self.norm,
+                 rope=self.rope, rope_halves=self.rope_halves,
+                 value_norm=self.value_norm, dtype=self.dtype_policy,
+                 name=f"branch_{b}_attention"),
+             make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
+                       f"branch_{b}_norm_2"),
+             MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
+                      use_bias=(self.proj_bias if self.mlp_bias is None
+                                else self.mlp_bias), kind=self.mlp_kind,
+                      dtype=self.dtype_policy, name=f"branch_{b}_mlp"))
+            for b in range(1, self.branches)]
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
                                    dtype=self.dtype_policy, name="drop_path")
@@ -405,6 +429,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                 sub.build((None, self.window_size ** 2, input_shape[-1])
                           if sub is self.attention and self.window_size
                           else input_shape)
+        for sub in (sub for group in self.other_branches for sub in group):
+            sub.build(input_shape)
+        self.branch_scales = []
         if self.layer_scale is not None:
             dim = int(input_shape[-1])
             init = keras.initializers.Constant(self.layer_scale)
@@ -413,6 +440,10 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             if not self.parallel:
                 self.layer_scale_2 = self.add_weight(
                     name="layer_scale_2", shape=(dim,), initializer=init)
+            self.branch_scales = [
+                tuple(self.add_weight(name=f"branch_{b}_layer_scale_{n}",
+                                      shape=(dim,), initializer=init)
+                      for n in (1, 2)) for b in range(1, self.branches)]
         self.built = True
 
     def _branch(self, y, scale, training):
@@ -457,6 +488,9 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         def norm(layer, y):
             return y if layer is None else layer(y)
 
+        if self.branches > 1:
+            return self._branched(x, training, return_attention_scores,
+                                  position)
         h = norm(pre[0], x)
         window = self.window_size
         y = self.attention(
@@ -482,6 +516,35 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             return x, scores
         return x
 
+    def _branched(self, x, training, return_attention_scores, position):
+        """x + the sum of every branch's attention of its norm of x, then
+        the same for the MLPs (timm's ParallelThingsBlock); the scores:
+        every branch's heads, the first branch's first."""
+        scales = ((self.layer_scale_1, self.layer_scale_2)
+                  if self.layer_scale is not None else (None, None))
+        groups = [(self.norm_1, self.attention, self.norm_2, self.mlp,
+                   scales)]
+        groups += [(*group, self.branch_scales[b] if self.branch_scales
+                    else (None, None))
+                   for b, group in enumerate(self.other_branches)]
+        outputs, scores = [], []
+        for norm_1, attention, _, _, (scale, _) in groups:
+            y = attention(norm_1(x), training=training,
+                          return_attention_scores=return_attention_scores,
+                          **position)
+            if return_attention_scores:
+                y, found = y
+                scores.append(found)
+            outputs.append(self._branch(self.dropout(y, training=training),
+                                        scale, training))
+        x = x + _summed(outputs)
+        x = x + _summed([self._branch(mlp(norm_2(x), training=training),
+                                      scale, training)
+                         for _, _, norm_2, mlp, (_, scale) in groups])
+        if return_attention_scores:
+            return x, ops.concatenate(scores, axis=1)
+        return x
+
     def get_config(self):
         config = with_arguments(super().get_config(), self, (
             "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate",
@@ -489,12 +552,20 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "qkv_bias", "proj_bias", "drop_path_rate", "norm", "mlp_norm",
             "attention_norm", "rope", "rope_halves", "post_norm",
             "sandwich_norm", "value_norm", "clip_linears", "mlp_bias",
-            "differential", "parallel", "index", "window_size",
+            "differential", "parallel", "branches", "index", "window_size",
             "decomposed_bias", "grid_size"))
         # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
         # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind
         return config
+
+
+def _summed(tensors):
+    """The sum of ``tensors``, in their order (timm's stack, then sum)."""
+    total = tensors[0]
+    for tensor in tensors[1:]:
+        total = total + tensor
+    return total
 
 
 POOLING_METHODS = ("token", "gap", "max", "avgmax", "token_gap")

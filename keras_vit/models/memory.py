@@ -149,8 +149,10 @@ def step_memory_estimate(model, images):
     head = 0
     if getattr(model, "encoder_config", None) is not None:
         head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
-    per_block = (12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
-                 + 3 * config["num_heads"] * n * n)
+    # A block of several branches (the branches row) keeps each one's.
+    per_block = config.get("branches", 1) * (
+        12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
+        + 3 * config["num_heads"] * n * n)
     if remat:
         values = (config["num_layers"] * n * config["hidden_size"]
                   + per_block + head)

@@ -28,8 +28,9 @@ MODELS = {
     # them), pooled by the attention-pool head.
     "pooled": FAMILY_OPTIONS,
     # Stochastic depth is training's: the exported graphs leave it out.
+    # Two branches a block (timm's ParallelThingsBlock).
     "distilled": dict(distilled=True, gelu="quick", fc_norm=False,
-                      drop_path_rate=0.1),
+                      drop_path_rate=0.1, branches=2),
     # BEiT-like: a relative bias table per block, post-norm blocks.
     "beit": dict(class_token=True, classifier="gap", fc_norm=True,
                  relative_bias="block", post_norm=True, layer_scale=0.5),

@@ -268,6 +268,45 @@ def test_encoder_block_is_pre_ln_attention_then_mlp(kwargs):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("count, kwargs", [
+    (2, {"layer_scale": 0.1}), (3, {}), (2, {"mlp": "swiglu", "norm": "rms"})])
+def test_a_block_of_branches_sums_its_attentions_then_its_mlps(count, kwargs):
+    """timm's ParallelThingsBlock: x + sum_b attention_b(norm_1_b(x)), then
+    the same for the MLPs, each branch with its own norms and layer
+    scales (branch b's weights under ``branch_{b}_``); the scores: every
+    branch's heads, the first branch's first."""
+    layer = _built_block(branches=count, **kwargs)
+    w = weights_below(layer)
+    norm = kwargs.get("norm", "layer")
+
+    def branch(b):
+        """Branch b's weights by the block's own names."""
+        if b == 0:
+            return {k: v for k, v in w.items() if not k.startswith("branch_")}
+        prefix = f"branch_{b}_"
+        return {k[len(prefix):]: v for k, v in w.items()
+                if k.startswith(prefix)}
+
+    x = _inputs(B, N, D).astype("float64")
+    attentions = [_attention(apply_norm(norm, x, _sub(branch(b), "norm_1")),
+                             _sub(branch(b), "attention"))
+                  for b in range(count)]
+    h = x + sum(y * branch(b).get("layer_scale_1", 1.0)
+                for b, (y, _) in enumerate(attentions))
+    want = h + sum(
+        _mlp(apply_norm(norm, h, _sub(branch(b), "norm_2")),
+             _sub(branch(b), "mlp"), kind=kwargs.get("mlp", "gelu"))
+        * branch(b).get("layer_scale_2", 1.0) for b in range(count))
+    out, scores = layer(_inputs(B, N, D), return_attention_scores=True)
+    np.testing.assert_allclose(_np(out), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        _np(scores), np.concatenate([p for _, p in attentions], axis=1),
+        rtol=RTOL, atol=ATOL)
+    config = layer.get_config()
+    assert config["branches"] == count
+    assert kl.EncoderBlock.from_config(config).get_config() == config
+
+
 def test_encoder_block_layer_scales_start_at_their_value():
     layer = kl.EncoderBlock(HEADS, MLP, layer_scale=0.25)
     layer.build((B, N, D))

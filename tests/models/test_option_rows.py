@@ -90,8 +90,9 @@ def test_the_weights_an_option_adds_are_those_its_row_names(name):
     before = {w.path for w in keras_vit.vit(**base).weights}
     added = set().union(*({w.path for w in keras_vit.vit(
         **dict(base, **{name: v})).weights} - before for v in values))
-    patterns = [re.escape(w.path).replace(r"\{i\}", r"\d+") + r"(/|$)"
-                for w in options.ROWS[name].weights]
+    # Each numbered field ({i}: the block, {b}: a branch) a number.
+    patterns = [re.sub(r"\\\{\w+\\\}", r"\\d+", re.escape(w.path))
+                + r"(/|$)" for w in options.ROWS[name].weights]
     assert added, name
     for path in added:
         assert any(re.match(p, path) for p in patterns), (name, path)

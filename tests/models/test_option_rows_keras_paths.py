@@ -194,7 +194,13 @@ def test_lora_keeps_the_rows_and_trains_only_what_it_leaves_trainable(
     old = {w.path: keras.ops.convert_to_numpy(w.value)
            for w in adapted.weights}
     trainable = {w.path for w in adapted.trainable_weights}
-    grads = model_gradients.gradients(adapted, x, squared_logits)
+    # Sixteen images: stochastic depth drops a branch of one example in
+    # ten in the second block, and two images can lose one (its B's
+    # gradient then zero) wherever a row adds draws (branches: one a
+    # branch).
+    grads = model_gradients.gradients(
+        adapted, np.random.default_rng(2).uniform(
+            -1, 1, (16, 32, 32, 3)).astype("float32"), squared_logits)
     keras.optimizers.SGD(0.1).apply(
         [keras.ops.convert_to_tensor(g, "float32") for g in grads],
         adapted.trainable_variables)

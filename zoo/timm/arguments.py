@@ -353,7 +353,9 @@ CONV_STEMS = {"vit_base_mci_224": ("ConvStem",)}
 TIMM_BLOCKS = {"Block": {}, "ResPostBlock": {"post_norm": True},
                "ParallelScalingBlock": {"parallel": "split"},
                "DiffParallelScalingBlock": {"parallel": "fused",
-                                            "differential": "vectors"}}
+                                            "differential": "vectors"},
+               # Its branches are counted in the file (layout.branches).
+               "ParallelThingsBlock": {"branches": 2}}
 # timm's ViT size arguments -> keras_vit's.
 _TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
                "depth": "num_layers", "num_heads": "num_heads"}

@@ -45,6 +45,7 @@ from keras_vit.models.hybrid import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
+from keras_vit.zoo.timm import layout as timm_layout
 # timm's names <-> the model's variables (zoo/timm/layout.py).
 from keras_vit.zoo.timm import (deepseek, eva, gemma, naflex, relpos,
                                   resnet_d, sam)
@@ -300,6 +301,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     else:
         honoured = timm_arguments.honoured(config, arch, where, defaults)
         layout = TIMM_BIT if is_bit else TIMM
+        if "branches" in honoured:  # the file's blocks decide how many
+            honoured["branches"], state = timm_layout.branches(state)
     build_config = dict(arch.config, **honoured)
     if not is_bit:
         build_config.setdefault("position_resize",

@@ -10,6 +10,10 @@ reader (:mod:`keras_vit.zoo.timm.hub`) and the writer
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
+
 
 
 from keras_vit.base import options
@@ -126,6 +130,38 @@ TIMM = Layout("timm", [
     *torch_batch_norm(_D_UNIT + "proj_norm",
                       f"{_BACKBONE}{_LAYER}downsample.2"),
 ])
+
+
+_THINGS = re.compile(r"^(blocks\.\d+\.)(attns|ffns)\.(\d+)\.(\w+)(\..*)$")
+# The first branch's modules -> the plain block's (its weights are the
+# block's own).
+_FIRST_BRANCH = {"attns": {"norm": "norm1", "attn": "attn", "ls": "ls1"},
+                 "ffns": {"norm": "norm2", "mlp": "mlp", "ls": "ls2"}}
+
+
+def branches(state):
+    """``(branches, state)`` of a checkpoint of timm's ParallelThingsBlock
+    (``blocks.{i}.attns.{b}``, ``blocks.{i}.ffns.{b}``): the branches its
+    blocks hold, and its keys as the ``branches`` row reads them, the
+    first branch's as the plain block's, the others' packed ``qkv`` split
+    into ``q``, ``k`` and ``v``."""
+    out, count = {}, 0
+    for key, value in state.items():
+        m = _THINGS.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        block, kind, b, module, rest = m.groups()
+        count = max(count, int(b) + 1)
+        if b == "0" and module in _FIRST_BRANCH[kind]:
+            out[f"{block}{_FIRST_BRANCH[kind][module]}{rest}"] = value
+        elif kind == "attns" and module == "attn" and rest.startswith(
+                ".qkv."):
+            for name, part in zip("qkv", np.split(np.asarray(value), 3)):
+                out[f"{block}attns.{b}.attn.{name}{rest[4:]}"] = part
+        else:
+            out[key] = value
+    return count, out
 
 
 def _parallel_rules(rules):
