@@ -12,7 +12,7 @@ memory and the run stalled until CI's time was up.
 
 So after each test a worker reports its resident memory with the test's
 report (``worker_resident_mb``), and where the machine's available memory
-has fallen below :data:`FLOOR` and the worker holds more than
+has fallen below :data:`FLOOR` (4 GiB) and the worker holds more than
 :data:`WORTH_REPLACING` of it, the controller's scheduler
 (:class:`RecyclingLoadFileScheduling`, pytest-xdist's ``loadfile``
 scheduler) gives that worker no further file: once it holds only the
@@ -34,8 +34,9 @@ from keras_vit.runtime import hardware
 GIB = 1 << 30
 #: Below this much available memory (or a tenth of the machine, if more)
 #: the largest workers make way: room for one file's growth (the timm
-#: walk's 2.6 GiB) and the processes the tests start.
-FLOOR = 3 * GIB
+#: walk's 2.6 GiB) and the processes the tests start (a demo's training
+#: run, a fresh venv's import).
+FLOOR = 4 * GIB
 #: A fresh worker after collection holds 1.5-1.9 GiB (TensorFlow, torch,
 #: timm and every test module): replacing a worker this small frees
 #: nothing.
