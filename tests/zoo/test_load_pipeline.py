@@ -196,15 +196,18 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
                                 dtype=torch.float32)).numpy()
     np.testing.assert_allclose(np.asarray(ours(x.astype("float32"))), want,
                                atol=2e-5, rtol=0)
-    # A setting keras_vit cannot honour is refused by name (blocks of
-    # several branches); one it honours but whose weights the file lacks
-    # (q/k norm) or holds beside (parallel blocks have no second norm) is
-    # refused naming those arrays.
+    # A block whose weights the file cannot hold is refused naming the
+    # setting (blocks of several branches); one it honours but whose
+    # weights the file lacks (q/k norm) or holds beside (parallel blocks
+    # have no second norm) is refused naming those arrays.
     import json
 
     written = (tmp_path / "config.json").read_text()
     for key, value, needle in (
-            ("block_fn", "ParallelThingsBlock", "model_args.block_fn"),
+            ("block_fn", "ParallelThingsBlock",
+             r"field model_args\.block_fn: block_fn='ParallelThingsBlock' "
+             r"keeps each block's branches under blocks\.<i>\.attns\.<b> "
+             r"and ffns\.<b>, and .*model\.safetensors has none"),
             ("block_fn", "ParallelScalingBlock",
              r"unexpected in the checkpoint .*blocks\.0\.norm2\.bias"),
             ("qk_norm", True, r"missing .*blocks\.0\.attn\.q_norm\.weight")):

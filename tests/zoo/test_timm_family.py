@@ -271,18 +271,6 @@ def test_blocks_timm_does_not_build_are_refused_in_one_line(options, named,
     assert not (tmp_path / "out").exists()
 
 
-def test_timms_block_of_several_branches_is_refused_by_name(tmp_path):
-    """timm's ParallelThingsBlock (several attention and MLP branches) is
-    no block keras_vit builds: the reader names it and the blocks it
-    reads."""
-    theirs = random_timm_model("vit_small_patch16_18x2_224", 32, CLASSES,
-                               embed_dim=32, num_heads=2)
-    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
-    with pytest.raises(ValueError, match="block_fn='ParallelThingsBlock'.*"
-                       "'DiffParallelScalingBlock'"):
-        zoo.load(str(tmp_path / "repo"))
-
-
 def test_an_integer_tensor_bound_for_a_weight_is_refused_naming_it(tmp_path):
     """A safetensors file may hold int64 counts (a BatchNorm's batches
     seen, a scalar the reader passes over), never an integer weight: that

@@ -49,8 +49,11 @@ def test_a_parallel_vit_at_another_size_is_timms(tmp_path):
     theirs = timm_from_file(ARCH, tmp_path / "repo", 5, img_size=48,
                             depth=2, **SMALL)
     x = random_images(48)
-    assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)),
-                         timm_forward(theirs, x))
+    want = timm_forward(theirs, x)
+    assert_close_to_timm(keras.ops.convert_to_numpy(ours(x)), want)
+    # One model for every size: the table resized in its graph.
+    dynamic = zoo.load(str(tmp_path / "repo"), dynamic_image_size=True)
+    assert_close_to_timm(keras.ops.convert_to_numpy(dynamic(x)), want)
 
 
 def test_parallel_things_block_features_are_timms(tmp_path):

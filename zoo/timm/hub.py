@@ -303,6 +303,13 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         layout = TIMM_BIT if is_bit else TIMM
         if "branches" in honoured:  # the file's blocks decide how many
             honoured["branches"], state = timm_layout.branches(state)
+            if not honoured["branches"]:
+                field = ("model_args.block_fn" if "block_fn" in (
+                    config.get("model_args") or {}) else "architecture")
+                raise formats.fail(
+                    where, field, "block_fn='ParallelThingsBlock' keeps "
+                    "each block's branches under blocks.<i>.attns.<b> and "
+                    f"ffns.<b>, and {os.fspath(path)} has none")
     build_config = dict(arch.config, **honoured)
     if not is_bit:
         build_config.setdefault("position_resize",
