@@ -360,62 +360,55 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.norm_1 = make_norm(self.norm, self.layer_norm_epsilon,
-                                self.dtype_policy, "norm_1")
-        self.attention = MultiHeadSelfAttention(
-            self.num_heads, self.attention_dropout_rate,
-            qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
-            qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
-            norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
-            output_norm=self.attention_norm, value_norm=self.value_norm,
-            clip=self.clip_linears,
-            differential=self.differential, index=self.index,
-            decomposed=(None if not self.decomposed_bias
-                        else [self.window_size] * 2 if self.window_size
-                        else self.grid_size),
-            dtype=self.dtype_policy, name="attention",
-        )
-        self.dropout = layers.Dropout(self.dropout_rate,
-                                      dtype=self.dtype_policy)
-        self.norm_2 = None if self.parallel else make_norm(
-            self.norm, self.layer_norm_epsilon, self.dtype_policy, "norm_2")
-        self.post_norm_1, self.post_norm_2 = (
-            make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
-                      f"post_norm_{n}") if self.sandwich_norm else None
-            for n in (1, 2))
+        # Each branch's layers, the block's own and (branches > 1) the
+        # others' alike: one maker each.
+        def norm(name):
+            return make_norm(self.norm, self.layer_norm_epsilon,
+                             self.dtype_policy, name)
+
+        def attention(name):
+            return MultiHeadSelfAttention(
+                self.num_heads, self.attention_dropout_rate,
+                qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
+                qk_norm=self.qk_norm, norm_epsilon=self.layer_norm_epsilon,
+                norm=self.norm, rope=self.rope, rope_halves=self.rope_halves,
+                output_norm=self.attention_norm, value_norm=self.value_norm,
+                clip=self.clip_linears,
+                differential=self.differential, index=self.index,
+                decomposed=(None if not self.decomposed_bias
+                            else [self.window_size] * 2 if self.window_size
+                            else self.grid_size),
+                dtype=self.dtype_policy, name=name)
+
         # A parallel block's MLP: the first bias always (timm's in_proj
         # or mlp_bias), the second one shared with the attention's where
         # the two output projections are fused.
-        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
-                            use_bias=(self.proj_bias if self.mlp_bias is None
-                                      else self.mlp_bias)
-                            or bool(self.parallel),
-                            kind=self.mlp_kind,
-                            norm=self.norm if self.mlp_norm else None,
-                            norm_epsilon=self.layer_norm_epsilon,
-                            output_bias=self.proj_bias and (
-                                self.parallel != "fused") if self.parallel
-                            else None, clip=self.clip_linears,
-                            dtype=self.dtype_policy, name="mlp")
-        # Branches after the first (timm's ParallelThingsBlock): each a
-        # norm, an attention, a norm and an MLP like the block's own.
+        def mlp(name):
+            return MlpBlock(
+                self.mlp_dim, self.dropout_rate, self.gelu,
+                use_bias=(self.proj_bias if self.mlp_bias is None
+                          else self.mlp_bias) or bool(self.parallel),
+                kind=self.mlp_kind,
+                norm=self.norm if self.mlp_norm else None,
+                norm_epsilon=self.layer_norm_epsilon,
+                output_bias=self.proj_bias and (
+                    self.parallel != "fused") if self.parallel else None,
+                clip=self.clip_linears, dtype=self.dtype_policy, name=name)
+
+        self.norm_1 = norm("norm_1")
+        self.attention = attention("attention")
+        self.dropout = layers.Dropout(self.dropout_rate,
+                                      dtype=self.dtype_policy)
+        self.norm_2 = None if self.parallel else norm("norm_2")
+        self.post_norm_1, self.post_norm_2 = (
+            norm(f"post_norm_{n}") if self.sandwich_norm else None
+            for n in (1, 2))
+        self.mlp = mlp("mlp")
+        # Branches after the first (timm's ParallelThingsBlock).
         self.branches = int(branches)
         self.other_branches = [
-            (make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
-                       f"branch_{b}_norm_1"),
-             MultiHeadSelfAttention(
-                 self.num_heads, self.attention_dropout_rate,
-                 qkv_bias=self.qkv_bias, proj_bias=self.proj_bias,
-                 norm_epsilon=self.layer_norm_epsilon, norm=self.norm,
-                 rope=self.rope, rope_halves=self.rope_halves,
-                 value_norm=self.value_norm, dtype=self.dtype_policy,
-                 name=f"branch_{b}_attention"),
-             make_norm(self.norm, self.layer_norm_epsilon, self.dtype_policy,
-                       f"branch_{b}_norm_2"),
-             MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu,
-                      use_bias=(self.proj_bias if self.mlp_bias is None
-                                else self.mlp_bias), kind=self.mlp_kind,
-                      dtype=self.dtype_policy, name=f"branch_{b}_mlp"))
+            (norm(f"branch_{b}_norm_1"), attention(f"branch_{b}_attention"),
+             norm(f"branch_{b}_norm_2"), mlp(f"branch_{b}_mlp"))
             for b in range(1, self.branches)]
         # Only with a rate: a seed generator is state a .keras file keeps.
         self.drop_path = (DropPath(self.drop_path_rate,
