@@ -222,16 +222,26 @@ def export_arrays(model) -> dict:
     return OFFICIAL.write(layouts.model_arrays(model, OFFICIAL.name))
 
 
+def official_refusal(model):
+    """Why the official layout cannot hold ``model``, in one line, or None.
+    Its hybrids hold the paper's ResNet (BiT's): timm's ResNet-D has no
+    keys there. :func:`save_npz` refuses with it; the writers of other
+    layouts ask it before they point to :func:`save_npz`."""
+    resnet = getattr(model, "get_config", dict)().get("resnet") or {}
+    if resnet.get("variant") == "d":
+        return ("save_npz writes the official layout, whose hybrids hold "
+                "the paper's ResNet (BiT's); model has resnet variant 'd' "
+                "(timm's ResNet-D), which it has no keys for: "
+                "model.save('model.keras') keeps it")
+    return None
+
+
 def save_npz(model, path):
     """Writes the model's weights as an official-layout ``.npz``, atomically."""
     check_model(model)
-    resnet = getattr(model, "get_config", dict)().get("resnet") or {}
-    if resnet.get("variant") == "d":
-        raise ValueError(
-            "save_npz writes the official layout, whose hybrids hold the "
-            "paper's ResNet (BiT's); model has resnet variant 'd' (timm's "
-            "ResNet-D), which it has no keys for: model.save('model.keras') "
-            "keeps it")
+    reason = official_refusal(model)
+    if reason is not None:
+        raise ValueError(reason)
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(

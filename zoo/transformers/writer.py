@@ -17,7 +17,7 @@ import os
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
 from keras_vit.data.normalization import of_model
-from keras_vit.zoo import layouts
+from keras_vit.zoo import convert, layouts
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
 from keras_vit.zoo.transformers import tables as transformers_tables
@@ -112,9 +112,9 @@ def write(model, directory, labels=None):
             f"ViTForImageClassification or ViTModel, neither of which can "
             f"hold this model: {reason}"
             + ("" if "VisionTransformer" in reason else
-               "; model.save('model.keras') keeps it" if (
-                   model.get_config().get("resnet") or {}).get("variant")
-               == "d" else "; zoo.save_npz writes it"))
+               "; zoo.save_npz writes it"
+               if convert.official_refusal(model) is None else
+               "; model.save('model.keras') keeps it"))
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     config = model.get_config()
