@@ -178,17 +178,22 @@ def _resnet_v1_params(resnet, channels):
     return total, channels
 
 
+#: timm's ResNet-D deep stem: (channels, stride) of its three 3x3
+#: convolutions (models/hybrid.resnet_d_stem builds them).
+RESNET_D_STEM = ((32, 2), (32, 1), (64, 1))
+
+
 def _resnet_d_params(resnet, channels):
     """timm's ResNet-D (models/hybrid.resnet_d_stem): the deep stem's three
     3x3 convolutions, bottleneck units, a 1x1 projection in each stage's
     first unit; a BatchNorm (four values a channel) after every
     convolution."""
     total = 0
-    for out in (32, 32, 64):
+    for out, _ in RESNET_D_STEM:
         total += _conv(3, channels, out) + 4 * out
         channels = out
     for s, depth in enumerate(resnet["num_layers"]):
-        mid = 64 * 2 ** s
+        mid = hybrid_width(resnet) * 2 ** s
         out = 4 * mid
         for u in range(depth):
             total += (_conv(1, channels, mid) + _conv(3, mid, mid)

@@ -162,14 +162,14 @@ def resnet_d_stem(x, resnet, dtype):
         return layers.ReLU(dtype=dtype, name=f"{name}_relu")(x) if relu \
             else x
 
-    for n, (filters, strides) in enumerate(((32, 2), (32, 1), (64, 1))):
+    for n, (filters, strides) in enumerate(geometry.RESNET_D_STEM):
         x = conv_norm(x, filters, 3, strides, f"resnet_stem_conv_{n}")
     # After the ReLU no value is below zero: zero padding is PyTorch's
     # -inf for the maximum.
     x = layers.ZeroPadding2D(1, dtype=dtype, name="resnet_stem_pool_pad")(x)
     x = layers.MaxPooling2D(3, 2, dtype=dtype, name="resnet_stem_pool")(x)
     for s, depth in enumerate(resnet["num_layers"]):
-        width = 64 * 2 ** s
+        width = geometry.hybrid_width(resnet) * 2 ** s
         for u in range(depth):
             name, strides = f"resnet_block{s + 1}_unit{u + 1}", (
                 2 if s > 0 and u == 0 else 1)

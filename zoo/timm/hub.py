@@ -258,7 +258,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch, defaults = _architecture(config, name)
     state = read_safetensors(path)
-    if resnet_d.NAME.match(arch.name):
+    resnet = arch.config.get("resnet") or {}
+    if resnet.get("variant") == "d":  # its stages are the file's
         arch = resnet_d.with_stages(arch, state, os.fspath(path))
     tokens = False  # a tower whose output is its tokens (no head)
     is_bit = arch.family == "bit"
@@ -319,7 +320,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     except ValueError as e:  # parameters keras_vit lacks: name the file
         raise checkpoints.CheckpointError(f"{os.fspath(path)}: {e}") from None
     arrays, head_key = state, layout.key_of("head/kernel")
-    if arch.family == "hybrid" and "variant" not in arch.config["resnet"]:
+    if arch.family == "hybrid" and "variant" not in resnet:
         # timm's ResNet standardises and normalises with other epsilons.
         build_config["resnet"] = dict(arch.config["resnet"],
                                       **TIMM_RESNET_NUMERICS)
