@@ -19,7 +19,7 @@ import keras_vit  # noqa: E402
 from keras_vit import zoo  # noqa: E402
 from keras_vit.base import geometry  # noqa: E402
 from testkit import (assert_close_to_timm, random_images,  # noqa: E402
-                     random_timm_model, timm_forward)
+                     random_timm_model, randomise_keras, timm_forward)
 
 SMALL = dict(embed_dim=64, num_heads=4)
 
@@ -136,13 +136,7 @@ def _tiny(**kwargs):
                           num_layers=1, num_heads=2, mlp_dim=32,
                           num_classes=3, resnet=dict(num_layers=(1, 1),
                                                      variant="d"), **kwargs)
-    rng = np.random.default_rng(0)
-    for w in model.weights:
-        value = rng.normal(0, 0.2, w.shape)
-        if w.path.endswith("moving_variance"):
-            value = np.abs(value) + 0.5
-        w.assign(value.astype("float32"))
-    return model
+    return randomise_keras(model)
 
 
 @pytest.mark.backends
