@@ -14,8 +14,6 @@ import re
 
 import numpy as np
 
-
-
 from keras_vit.base import options
 from keras_vit.zoo.layouts import (Layout, Rule, option_rules,
                                   torch_batch_norm)
