@@ -526,7 +526,9 @@ OPTIONS = (
            params=lambda v, s: ((s.width + s.mlp_first) * (
                int(bool(v)) - int(s.values["proj_bias"]))
                * (v is not None), 0),
-           requires=_without(("parallel",), "one MLP after the attention")),
+           requires=lambda v, values: _without(
+               ("parallel",), "one MLP after the attention")(
+                   v is not None, values)),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding",
            params=lambda v, s: (0, s.width * v)),

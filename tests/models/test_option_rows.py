@@ -182,7 +182,10 @@ def test_each_rows_library_field_round_trips(library):
     (dict(relative_mlp="shared", relative_bias="block"),
      "relative_mlp='shared' needs relative_bias=None", "relative_bias='block'"),
     (dict(relative_mlp_width=64), "relative_mlp_width=64 needs a relative "
-     "position MLP", "relative_mlp=None")])
+     "position MLP", "relative_mlp=None"),
+    # A set value that is falsy is held to the row's needs too.
+    (dict(mlp_bias=False, parallel="fused"),
+     "mlp_bias=False needs parallel=None", "parallel='fused'")])
 def test_a_rows_needs_of_the_others_are_one_line_naming_both(kwargs, named,
                                                              other):
     """A row's ``requires`` (what it needs of the other rows) refuses a
