@@ -259,7 +259,8 @@ class Option(NamedTuple):
         requires: ``requires(value, values)`` -> None where the row's
             ``value`` builds beside the other rows' ``values``, else what
             it needs and the values received (the builder raises it after
-            the row's name and value).
+            the row's name and value). Asked only where the row is set
+            (its value is not its default, falsy or not: mlp_bias=False).
         score_maps: ``score_maps(value)`` -> the attention maps (N x N)
             each head keeps at that value, for the memory bound; None: one.
         at_block: ``at_block(value, values, i)`` -> the value block ``i``
@@ -345,8 +346,6 @@ def block_indices(name, value):
 def _patches_alone(value, values):
     """What a row that reads the patch grid as a map needs (a
     ``requires``): no prefix token, no NaFlex batch."""
-    if not value:
-        return None
     if values["naflex"]:
         return ("images, naflex=False (it reads the patches as a map of "
                 "the model's grid); received naflex=True")
@@ -389,7 +388,7 @@ def _without(names, why):
     def requires(value, values):
         return next((f"{k}={DEFAULTS[k]!r} ({why}); received {k}="
                      f"{values[k]!r}" for k in names
-                     if value and values[k] != DEFAULTS[k]), None)
+                     if values[k] != DEFAULTS[k]), None)
     return requires
 
 
@@ -526,9 +525,7 @@ OPTIONS = (
            params=lambda v, s: ((s.width + s.mlp_first) * (
                int(bool(v)) - int(s.values["proj_bias"]))
                * (v is not None), 0),
-           requires=lambda v, values: _without(
-               ("parallel",), "one MLP after the attention")(
-                   v is not None, values)),
+           requires=_without(("parallel",), "one MLP after the attention")),
     Option("patch_bias", True, flag, True, None,
            "a bias on the patch embedding",
            params=lambda v, s: (0, s.width * v)),
@@ -782,9 +779,8 @@ OPTIONS = (
            "first branch's weights are the block's own, branch b's under "
            "branch_{b}_",
            block=True, params=_branches_params,
-           requires=lambda v, values: _without(
-               _NOT_BRANCHED, "branches of their own norms, an attention "
-               "and an MLP each")(v > 1, values),
+           requires=_without(_NOT_BRANCHED, "branches of their own norms, "
+                             "an attention and an MLP each"),
            weights=_branch_weights()),
     Option("window_size", 0, count, True, None,
            "w > 0: each block's attention within non-overlapping w x w "

@@ -188,7 +188,8 @@ def check_family_options(options, classifier, pooling, include_top,
         token = classifier in options_table.CLASS_TOKEN_POOLINGS
     out["class_token"] = token
     for row in options_table.OPTIONS:  # the checks the rows declare
-        need = row.requires and row.requires(out[row.name], out)
+        need = (row.requires and out[row.name] != row.default
+                and row.requires(out[row.name], out))
         if need:
             raise ValueError(f"{row.name}={out[row.name]!r} needs {need}")
     method = classifier if include_top else pooling
