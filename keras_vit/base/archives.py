@@ -18,9 +18,8 @@ from keras_vit.base.limits import DEFLATE_MAX_EXPANSION, MAX_ARRAY_BYTES
 
 def check_archive(name, path, kind, *, error=ValueError):
     """``path`` if it is a zip archive (a ``.keras`` model, an ``.npz``),
-    else one error naming the argument: a folder, a missing file
-    (``FileNotFoundError``) or a file of another format (``error``); a
-    loader would say "File not found" or try to unpickle it.
+    else one error naming the argument: ``FileNotFoundError`` for a missing
+    file, ``error`` otherwise.
 
     >>> check_archive("MODEL", ".", "a .keras model")
     Traceback (most recent call last):
@@ -47,11 +46,9 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 
 def special_file(path):
-    """What ``path`` is when it is not a regular file (``"a FIFO (named
-    pipe)"``, ``"a directory"``, ...), or None for a regular file or a link
-    to one, and for a path that does not exist. Readers check this before
-    opening: opening a FIFO blocks until someone writes to it, a device
-    never ends.
+    """What ``path`` is when it is not a regular file (``"a directory"``,
+    ...), or None for a regular file, a link to one or a path that does
+    not exist (opening a FIFO blocks, a device never ends).
 
     >>> special_file("/dev/null")
     'a character device'
@@ -71,9 +68,8 @@ def special_file(path):
 
 
 class NpyHeader(NamedTuple):
-    """An ``.npy`` member's header, checked: ``shape``, ``dtype``,
-    ``fortran`` order, ``header_len`` (bytes before the data) and the zip
-    directory entry ``info``."""
+    """An ``.npy`` member's header, checked; ``header_len``: the bytes
+    before the data, ``info``: the zip directory entry."""
 
     shape: tuple
     dtype: object
@@ -87,10 +83,10 @@ def _short(error):
 
 
 def read_npy_header(f, path, field):
-    """``(shape, fortran, dtype)`` of the ``.npy`` header at the start of the
-    stream ``f`` (NumPy's format 1.0 or 2.0; NumPy itself caps the header's
-    length), or a :class:`~keras_vit.base.errors.ConfigError` naming
-    ``path`` and ``field`` (the member)."""
+    """``(shape, fortran, dtype)`` of the ``.npy`` header (format 1.0 or
+    2.0) at the start of the stream ``f``, or a
+    :class:`~keras_vit.base.errors.ConfigError` naming ``path`` and
+    ``field``."""
     import numpy as np
 
     readers = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -108,11 +104,10 @@ def read_npy_header(f, path, field):
 
 
 def check_npy_size(path, field, shape, dtype, data_bytes):
-    """Refuses an array header whose ``shape`` and ``dtype`` do not fill
-    exactly the ``data_bytes`` the file holds for it, that declares more
-    than :data:`~keras_vit.base.limits.MAX_ARRAY_BYTES`, or that holds
-    Python objects (never unpickled): one ConfigError naming ``path``,
-    ``field`` and the values, before anything is allocated.
+    """Refuses, before anything is allocated, an array header whose
+    ``shape`` and ``dtype`` do not fill exactly the ``data_bytes`` the file
+    holds for it, declare more than
+    :data:`~keras_vit.base.limits.MAX_ARRAY_BYTES`, or hold Python objects.
 
     >>> import numpy as np
     >>> try:
@@ -140,10 +135,8 @@ def check_npy_size(path, field, shape, dtype, data_bytes):
 
 def check_member_size(path, info, file_size):
     """Refuses a zip member whose directory entry promises more than the
-    file can give: compressed bytes past the file's ``file_size``, a
-    method other than stored or deflated (what NumPy and Keras write), or
-    an uncompressed size past what deflate can make of its compressed
-    bytes (:data:`~keras_vit.base.limits.DEFLATE_MAX_EXPANSION`)."""
+    file of ``file_size`` bytes can give, or that is neither stored nor
+    deflated."""
     where = info.filename
     if info.compress_size > file_size:
         raise ConfigError(path, where, f"holds {info.compress_size} "
@@ -167,12 +160,9 @@ def check_member_size(path, info, file_size):
 
 def npz_headers(path):
     """``{member name: NpyHeader}`` of every member of the ``.npz`` at
-    ``path`` (None for a member that is not an ``.npy``), each header read
-    and checked against the bytes the archive holds for it
-    (:func:`check_member_size`, :func:`check_npy_size`) before any array
-    is allocated. A bad header is a ConfigError naming the file and the
-    member; a file that is no zip archive raises ``zipfile.BadZipFile`` or
-    ``OSError`` for the caller to word.
+    ``path`` (None for a member that is not an ``.npy``), each checked
+    against the bytes the archive holds for it. A file that is no zip
+    archive raises ``zipfile.BadZipFile`` or ``OSError``.
 
     >>> import os, tempfile, numpy as np
     >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
@@ -204,10 +194,7 @@ def npz_headers(path):
 
 def read_npz(path):
     """``{key: array}`` of the ``.npz`` at ``path``, every header bounded
-    by :func:`npz_headers` before NumPy allocates (a 300-byte file
-    declaring 2**40 elements once raised a MemoryError naming no file),
-    never unpickled. Errors as :func:`npz_headers`; a member cut short
-    raises ``EOFError``/``zipfile.BadZipFile`` from NumPy.
+    by :func:`npz_headers` before NumPy allocates, never unpickled.
 
     >>> import os, tempfile, numpy as np
     >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")

@@ -1,12 +1,10 @@
 """Every file keras-vit writes appears complete or not at all.
 
-One helper for all writers (run directories, reports, plots, converted
-models, checkpoints in the official layout, the download cache, export
-reports): the data goes to a temporary name in the destination's folder,
-is flushed to disk, and is renamed over the destination only when whole
+The data goes to a temporary name in the destination's folder, is
+flushed to disk, and is renamed over the destination only when whole
 (``os.replace`` is atomic on POSIX and Windows). A process killed at any
 moment leaves the old file or the new one, plus at most a stray
-``*.partial`` file that no reader takes for a result.
+``*.partial`` file.
 
 >>> import json, os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "metrics.json")
@@ -38,7 +36,7 @@ import weakref
 
 from keras_vit.base.errors import KerasVitError
 
-try:  # POSIX only; elsewhere locks are not taken (as before them).
+try:  # POSIX only; elsewhere locks are not taken.
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
@@ -58,15 +56,14 @@ def _fsync(path):
 def atomic_path(path, suffix=None):
     """Yields a temporary path beside ``path``; whatever the block writes
     there replaces ``path`` when the block ends normally and is deleted if
-    it raises (or never appears under ``path`` if the process dies).
+    it raises.
 
     Args:
-        path: the destination file (or directory: a whole tree written at
-            the temporary path is renamed into place; an existing tree at
-            ``path`` is replaced).
-        suffix: the temporary name's ending; default: ``path``'s extension,
-            which writers that check it (``model.save`` wants ``.keras``,
-            ``np.savez`` appends ``.npz`` otherwise) need.
+        path: the destination file (or directory: a tree written at the
+            temporary path replaces it).
+        suffix: the temporary name's ending; default: ``path``'s extension
+            (``model.save`` wants ``.keras``, ``np.savez`` appends ``.npz``
+            otherwise).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -96,18 +93,17 @@ def atomic_path(path, suffix=None):
 
 
 def write_text(path, text, *, suffix=None):
-    """Writes ``text`` (UTF-8) to ``path`` atomically (``suffix``: as for
-    :func:`atomic_path`)."""
+    """Writes ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path, suffix=suffix) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
 
 def to_json(value, *, strict=False):
-    """``value`` with what JSON cannot hold made plain: NumPy scalars and
-    arrays as Python numbers and lists, tuples as lists, keys as strings,
-    anything else unknown as its ``str``. ``strict``: non-finite floats as
-    the strings ``"nan"``/``"inf"`` (strict JSON parsers refuse ``NaN``).
+    """``value`` with what JSON cannot hold made plain: NumPy values as
+    Python numbers and lists, keys as strings, anything unknown as its
+    ``str``. ``strict``: non-finite floats as strings (strict JSON parsers
+    refuse ``NaN``).
 
     >>> import numpy as np
     >>> to_json({1: (np.float32(0.5), np.arange(2)), "x": np.bool_(True)})
@@ -136,26 +132,21 @@ def to_json(value, *, strict=False):
 
 
 def write_json(path, obj, *, indent=2, strict=False, suffix=None):
-    """Writes ``obj`` as JSON (and a final newline) to ``path`` atomically,
-    made plain by :func:`to_json` first."""
+    """Writes ``obj`` as JSON (made plain by :func:`to_json`) to ``path``
+    atomically."""
     write_text(path, json.dumps(to_json(obj, strict=strict), indent=indent)
                + "\n", suffix=suffix)
 
 
-# --------------------------------------------------------------------------
-# One process at a time: the download cache's per-file lock and the run
-# folder's lock are the same flock. The kernel drops it when its holder
-# dies, so a lock left by a killed process is taken over at once; the file
-# itself stays (unlinking it while another process waits on it would let a
-# third lock a new inode concurrently) and names its last holder.
+# A lock file stays (unlinking it while another process waits on it would
+# let a third lock a new inode concurrently).
 
 _LOCK_POLL = 0.2
 
 
 class LockHeldError(KerasVitError, OSError):
     """Another process holds a lock. ``holder`` is what it wrote into the
-    lock file (``"pid 123 since 2025-01-01 12:00:00"``), ``path`` the
-    file."""
+    lock file (``"pid 123 since 2025-01-01 12:00:00"``)."""
 
     def __init__(self, message, path, holder):
         super().__init__(message)
@@ -171,8 +162,7 @@ def _holder(handle):
 
 def _live_holder(handle):
     """Where ``flock`` is not supported: what the lock file names if that
-    pid is another process still running, else None (no holder, or a dead
-    one: the lock is free to take over)."""
+    pid is another process still running, else None."""
     holder = _holder(handle)
     try:
         pid = int(holder.split()[1]) if holder.startswith("pid ") else None
@@ -191,8 +181,7 @@ def _live_holder(handle):
 
 class FileLock:
     """An exclusive ``flock`` on ``path`` (created if missing) until
-    :meth:`release`; the holder writes its pid and start time into the
-    file, so a process refused can name it.
+    :meth:`release`; the holder writes its pid and start time into it.
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "run.lock")
@@ -224,9 +213,8 @@ class FileLock:
             except BlockingIOError:
                 holder = None
             except OSError:
-                # No flock on this file system (some network ones): the pid
-                # in the file decides, a dead one's lock is taken over (two
-                # takers at the same instant can both win: best effort).
+                # No flock on this file system: the pid in the file decides
+                # (two takers at the same instant can both win).
                 holder = _live_holder(handle)
                 if holder is None:
                     self._flocked = False
@@ -270,9 +258,7 @@ def exclusive_lock(path, wait=float("inf")):
         lock.release()
 
 
-# Locks this process holds for owners (a Trainer per run folder): a second
-# owner in the same process shares the lock (the folder still belongs to
-# one process), the last one gone releases it.
+# Locks held for owners: a second owner in this process shares the lock.
 _HELD = {}
 _HELD_GUARD = threading.Lock()
 
@@ -289,9 +275,8 @@ def _drop(key):
 
 
 def hold_lock(owner, path):
-    """Takes the lock ``path`` (no wait: :class:`LockHeldError` if another
-    process holds it) for as long as ``owner`` lives; returns a callable
-    that releases it earlier."""
+    """Takes the lock ``path`` (no wait) for as long as ``owner`` lives;
+    returns a callable that releases it earlier."""
     key = os.path.realpath(path)
     with _HELD_GUARD:
         entry = _HELD.get(key)
@@ -301,12 +286,8 @@ def hold_lock(owner, path):
     return weakref.finalize(owner, _drop, key)
 
 
-# --------------------------------------------------------------------------
-# Scratch that outlives nothing: a staging directory is removed by its
-# owner when the work ends, and by a small watcher process when the owner
-# is killed (kill -9 runs no Python cleanup). The watcher holds the read end
-# of a pipe whose write end only the owner has; end of input means the
-# owner closed it or died.
+# A watcher process removes a staging directory when its owner dies (kill
+# -9 runs no Python cleanup): its pipe's input ends.
 
 _WATCHER = r"""
 import os, shutil, signal, sys, time
@@ -336,9 +317,6 @@ class ScratchWatcher:
     groups passed to :meth:`add_group` are killed first (children writing
     into ``path`` would create it again).
 
-    Best effort: where no process can be started, :meth:`close` alone
-    removes ``path``.
-
     >>> import tempfile
     >>> scratch = tempfile.mkdtemp()
     >>> ScratchWatcher(scratch).close()
@@ -348,7 +326,6 @@ class ScratchWatcher:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._proc = None
         try:
             # -I -S: no site packages, no user paths; starts in ~20 ms.
             self._proc = subprocess.Popen(
@@ -390,8 +367,7 @@ class ScratchWatcher:
 @contextlib.contextmanager
 def interrupts_deferred():
     """Holds Ctrl-C (SIGINT) back during the block and raises its
-    KeyboardInterrupt after it: for a few renames that must happen all or
-    none. Only in the main thread (elsewhere signals do not arrive)."""
+    KeyboardInterrupt after it. Only in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,8 +1,7 @@
 """Argument checks shared by every module and command, and the check for
 an optional package.
 
-An optional package that is missing is the most common failure a new user
-meets, so it has one error type and one way to raise it:
+A missing optional package has one error type and one way to raise it:
 
 >>> from keras_vit.base.checks import require
 >>> from keras_vit.base.errors import MissingDependencyError
@@ -15,9 +14,9 @@ meets, so it has one error type and one way to raise it:
 ...     print(e)
 this example needs the package 'no-such-package', which is not installed: pip install 'no-such-package'
 
-Bad arguments (one place for argument checks) go through
-:func:`check_choice`, :func:`check_int` and :func:`check_number`: the error
-names the argument, echoes the value and suggests the nearest valid one.
+Bad arguments go through :func:`check_choice`, :func:`check_int` and
+:func:`check_number`: the error names the argument, echoes the value and
+suggests the nearest valid one.
 
 >>> check_choice("classifier", "tokn", ("token", "gap"))
 Traceback (most recent call last):
@@ -41,9 +40,8 @@ from keras_vit.base.errors import MissingDependencyError, UnexpectedKeywordError
 from keras_vit.base.suggestions import closest as closest, did_you_mean
 
 
-# Optional modules whose pip name differs from the module name, and the ones
-# a command may reach without going through require(): the command line turns
-# a ModuleNotFoundError for any of these into the same one-line error.
+# Optional modules and their pip names: the command line turns a
+# ModuleNotFoundError for any of these into the same one-line error.
 PACKAGES = {"matplotlib": "matplotlib", "skimage": "scikit-image",
             "tensorflow_datasets": "tensorflow-datasets",
             "tf2onnx": "tf2onnx", "onnx": "onnx", "onnxruntime": "onnxruntime",
@@ -81,9 +79,8 @@ def missing_dependency(exc):
 def require(module, package=None, purpose=None, pip_spec=None):
     """Imports and returns ``module``; raises :class:`MissingDependencyError`
     naming ``package`` (default: the module's top-level name) and the pip
-    command when it is not installed. An import error from inside an
-    installed package is not hidden: only the missing module itself is
-    reported as missing."""
+    command when it is not installed (an import error from inside an
+    installed package is not hidden)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -99,13 +96,9 @@ def check_choice(name, value, choices, *, error=ValueError, extra=""):
     argument, echoing the value and suggesting the nearest choice.
 
     Args:
-        name: what the user typed it as (``"pooling"``, ``"--recipe"``,
-            ``"KERAS_VIT_OFFLINE"``).
-        value: what they gave.
-        choices: the valid values (a tuple, list or dict's keys).
-        error: the exception class to raise (a ``ValueError`` subclass
-            keeps the command line's one-line output).
-        extra: text appended to the message (e.g. what else is accepted).
+        name: what the user typed it as (``"pooling"``, ``"--recipe"``).
+        error: the exception class to raise.
+        extra: text appended to the message.
 
     >>> check_choice("pooling", "gap", ("token", "gap"))
     'gap'
@@ -170,8 +163,7 @@ def check_int(name, value, *, low=None, high=None, error=ValueError):
 
 
 def check_pair(name, value):
-    """``(h, w)`` from an int or a pair of positive ints, else ValueError
-    naming the argument.
+    """``(h, w)`` from an int or a pair of positive ints.
 
     >>> check_pair("patch_size", 16)
     (16, 16)
@@ -187,13 +179,11 @@ def check_pair(name, value):
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         pair = tuple(value)
     else:
-        raise ValueError(
-            f"{name} must be an int or a pair of ints; received {name}={value!r}"
-        )
+        raise ValueError(f"{name} must be an int or a pair of ints; received "
+                         f"{name}={value!r}")
     if not all(integer(v) and v > 0 for v in pair):
-        raise ValueError(
-            f"{name} must be positive integers; received {name}={value!r}"
-        )
+        raise ValueError(f"{name} must be positive integers; received "
+                         f"{name}={value!r}")
     return int(pair[0]), int(pair[1])
 
 
@@ -227,8 +217,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "mixed_float16",
 
 def check_dtype(name, value):
     """``value`` if Keras takes it as a dtype policy (a name, a
-    ``DTypePolicy`` or None), else a ValueError naming the argument and
-    the nearest dtype name.
+    ``DTypePolicy`` or None), else a ValueError.
 
     >>> check_dtype("dtype", "bfloat16")
     'bfloat16'
@@ -254,8 +243,7 @@ MODEL_KEYWORDS = ("name", "trainable", "dtype")
 
 def check_type(name, value, types, what):
     """``value`` if it is an instance of ``types``, else an
-    :class:`~keras_vit.base.errors.ArgumentTypeError` naming the argument, the
-    value and ``what`` it must be.
+    :class:`~keras_vit.base.errors.ArgumentTypeError`.
 
     >>> check_type("path", 5, (str, os.PathLike), "a path")
     Traceback (most recent call last):
@@ -270,16 +258,13 @@ def check_type(name, value, types, what):
 
 
 def check_path(name, value):
-    """``value`` if it is a path (``str`` or ``os.PathLike``), else an
-    :class:`~keras_vit.base.errors.ArgumentTypeError` naming it."""
+    """``value`` if it is a path (``str`` or ``os.PathLike``)."""
     return check_type(name, value, (str, os.PathLike), "a path (a str or "
                       "os.PathLike)")
 
 
 def check_model(name, value):
-    """``value`` if it is a ``keras.Model``, else an
-    :class:`~keras_vit.base.errors.ArgumentTypeError` naming it (imports
-    Keras)."""
+    """``value`` if it is a ``keras.Model`` (imports Keras)."""
     import keras
 
     return check_type(name, value, keras.Model, "a keras.Model")
@@ -287,8 +272,7 @@ def check_model(name, value):
 
 def as_array(name, value, dtype="float32"):
     """``value`` as a NumPy array of ``dtype``, or an
-    :class:`~keras_vit.base.errors.ArgumentTypeError` naming the argument when
-    it is not numbers."""
+    :class:`~keras_vit.base.errors.ArgumentTypeError`."""
     import numpy as np
 
     try:
@@ -303,9 +287,8 @@ def as_array(name, value, dtype="float32"):
 
 def check_keywords(where, kwargs, accepted):
     """Refuses keyword arguments that ``where`` would silently drop
-    (``keras.Model`` ignores unknown ones), naming the nearest accepted one.
-    ``accepted`` is a list of names or a class/function whose signature
-    gives them.
+    (``keras.Model`` ignores unknown ones). ``accepted`` is a list of names
+    or a class/function whose signature gives them.
 
     >>> try:
     ...     check_keywords("vit()", {"num_clases": 3}, ["num_classes"])
@@ -324,8 +307,7 @@ def check_keywords(where, kwargs, accepted):
 
 
 def shown(value, limit=80):
-    """``repr(value)`` cut to ``limit`` characters: a hostile file's value
-    echoed in an error without flooding it.
+    """``repr(value)`` cut to ``limit`` characters.
 
     >>> shown("x" * 100, limit=12)
     "'xxxxxxxxx...(100 characters)"
@@ -340,10 +322,8 @@ def shown(value, limit=80):
 
 
 def printable(text):
-    """``text`` with control and format characters escaped (``\\n``,
-    ``\\x1b``, ``\\u202e``), for printing names that came from a file
-    the user did not write: a newline would split the output line, an ANSI
-    escape would reach the terminal.
+    """``text`` with control and format characters escaped, for printing
+    names that came from a file the user did not write.
 
     >>> printable("tabby\\n\\x1b[31mcat")
     'tabby\\\\n\\\\x1b[31mcat'
@@ -361,9 +341,8 @@ KERAS_BACKENDS = ("tensorflow", "jax", "torch", "numpy", "openvino")
 
 def check_keras_backend():
     """A ValueError naming ``KERAS_BACKEND`` when it is set to a name Keras
-    has no backend for (Keras itself fails inside ``import keras`` with
-    "Unable to import backend : foo", before a command can say which
-    setting is wrong). Empty means unset, as for Keras.
+    has no backend for (Keras fails inside ``import keras`` naming no
+    setting).
 
     >>> import os
     >>> os.environ.get("KERAS_BACKEND", "tensorflow") in KERAS_BACKENDS

@@ -1,21 +1,12 @@
 """Every ``KERAS_VIT_*`` environment variable, declared and read in one place.
 
-Each variable is a :class:`Variable` of :data:`VARIABLES`: its kind says
-what a value must be, its default what an unset (or empty) one means.
-:func:`read` returns the parsed value or raises :class:`SettingError`
-naming the variable and echoing the value, the same way wherever the
-package reads it (a timeout given as ``abc`` stops every export, not the
-ones that happen to start a child process). Nothing else in the package
-reads ``os.environ`` for a ``KERAS_VIT_`` name
-(tests/contracts/test_structure.py). Outside ``runtime/``, the variables
-of other programs that keras_vit reads (``KERAS_BACKEND``, ``TF_CONFIG``,
-``TPU_NAME``) and the environment a child process starts from are read
-through the functions here as well: :func:`keras_backend`,
-:func:`tf_config`, :func:`tpu_name`, :func:`any_set`, :func:`for_child`
-(:func:`for_quiet_child` for one that may import TensorFlow).
-The downloads find their cache folders and the Hub's server the same way:
-:func:`xdg_cache_home`, :func:`huggingface_hub`, and the proxy a connection
-goes through: :func:`proxy_for`.
+Each variable is a :class:`Variable` of :data:`VARIABLES`; :func:`read`
+returns the parsed value or raises :class:`SettingError` naming the
+variable and echoing the value, the same way wherever the package reads
+it. Outside ``runtime/``, other programs' variables (``KERAS_BACKEND``,
+``TF_CONFIG``, ...), a child process's environment, the cache folders and
+proxies are read through the functions here as well
+(tests/contracts/test_structure.py).
 
 >>> read("KERAS_VIT_EXPORT_TIMEOUT", {})
 3600.0
@@ -40,17 +31,14 @@ from keras_vit.base.errors import KerasVitError
 from keras_vit.base.suggestions import did_you_mean
 
 TRUE = ("1", "true", "yes", "on")
-#: Both bounds of a ``"seconds"`` value: a time limit under a tenth of a
-#: second stops every download or export before it starts, and one past a
-#: week is no limit (1e308 s overflowed the socket's own timeout).
+#: Both bounds of a ``"seconds"`` value (1e308 s overflowed the socket's).
 MIN_SECONDS, MAX_SECONDS = 0.1, 7 * 24 * 3600.0
 FALSE = ("0", "false", "no", "off")
 
 
 class SettingError(KerasVitError, ValueError):
-    """A ``KERAS_VIT_*`` environment variable (or another one the package
-    reads, such as ``HTTPS_PROXY``) holds a value it cannot take;
-    ``name`` and ``value`` are the variable and what it held."""
+    """An environment variable holds a value it cannot take; ``name`` and
+    ``value`` are the variable and what it held."""
 
     def __init__(self, name, value, expected):
         self.name, self.value = name, value
@@ -60,11 +48,9 @@ class SettingError(KerasVitError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Variable:
-    """One environment variable: ``kind`` is ``"seconds"`` (a number in
-    [:data:`MIN_SECONDS`, :data:`MAX_SECONDS`]), ``"flag"`` (one of :data:`TRUE` / :data:`FALSE`),
-    ``"choice"`` (one of ``choices``), ``"folder"`` (a path, ``~``
-    expanded), ``"url"`` (http or https with a host) or ``"names"`` (a
-    comma-separated list of lower-case identifiers, as a frozenset)."""
+    """One environment variable: ``kind`` is ``"seconds"``, ``"flag"``,
+    ``"choice"`` (one of ``choices``), ``"folder"`` (``~`` expanded),
+    ``"url"`` or ``"names"`` (comma-separated, as a frozenset)."""
 
     name: str
     kind: str
@@ -106,16 +92,13 @@ VARIABLES = {v.name: v for v in (
 )}
 
 _NAME = re.compile(r"[a-z0-9_.]+\Z")
-# A host as a URL names it: a DNS name, an IPv4 address, or an IPv6 one
-# (the parser drops its brackets; a zone follows a %).
+# A DNS name, an IPv4 address, or an IPv6 one (a zone follows a %).
 _HOST = re.compile(r"[a-z0-9_.\-]+\Z|[0-9a-f:.]*:[0-9a-f:.]*(%[\w.\-]+)?\Z")
 
 
 def read(name, environ=None):
-    """The value of the variable ``name`` (a key of :data:`VARIABLES`) in
-    ``environ`` (default ``os.environ``), parsed; its default when it is
-    unset or blank. Raises :class:`SettingError` for a value it cannot
-    take."""
+    """The value of the variable ``name`` in ``environ`` (default
+    ``os.environ``), parsed; its default when it is unset or blank."""
     var = VARIABLES[name]
     text = (os.environ if environ is None else environ).get(name)
     if text is None or not text.strip():
@@ -125,8 +108,7 @@ def read(name, environ=None):
 
 
 def raw(name, environ=None):
-    """The text of the variable ``name`` as set (None when unset), for
-    messages that echo it."""
+    """The text of the variable ``name`` as set (None when unset)."""
     VARIABLES[name]  # noqa: B018 - only declared names
     return (os.environ if environ is None else environ).get(name)
 
@@ -135,50 +117,41 @@ def raw(name, environ=None):
 
 
 def keras_backend():
-    """``KERAS_BACKEND`` as set (``""`` when unset): the backend Keras
-    imports."""
+    """``KERAS_BACKEND`` as set (``""`` when unset)."""
     return os.environ.get("KERAS_BACKEND", "")
 
 
 def tf_config():
-    """``TF_CONFIG`` as set, stripped (``""`` when unset): TensorFlow's
-    description of a cluster of workers and this process's task in it."""
+    """``TF_CONFIG`` as set, stripped (``""`` when unset)."""
     return os.environ.get("TF_CONFIG", "").strip()
 
 
 def tpu_name():
-    """``TPU_NAME`` (None when unset or empty): the TPU TensorFlow's
-    resolver connects to."""
+    """``TPU_NAME`` (None when unset or empty)."""
     return os.environ.get("TPU_NAME") or None
 
 
 def xdg_cache_home():
-    """``XDG_CACHE_HOME`` as set (None when unset or empty): the user's
-    cache folder, under which keras_vit's download cache and
-    huggingface_hub's cache sit by default."""
+    """``XDG_CACHE_HOME`` as set (None when unset or empty)."""
     return os.environ.get("XDG_CACHE_HOME") or None
 
 
-# huggingface_hub's variables that the hf-hub: downloads read, to find the
-# cache folder and the server its child process will use.
+# huggingface_hub's variables that the hf-hub: downloads read.
 HUGGINGFACE_HUB = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
                    "HUGGINGFACE_HUB_CACHE")
 
 
 def huggingface_hub(name):
-    """huggingface_hub's variable ``name`` (one of :data:`HUGGINGFACE_HUB`)
-    as set, None when unset."""
+    """huggingface_hub's variable ``name`` as set, None when unset."""
     if name not in HUGGINGFACE_HUB:
         raise KeyError(f"{name} is not one of {HUGGINGFACE_HUB}")
     return os.environ.get(name)
 
 
 def proxy_for(url, environ=None):
-    """The proxy a connection to ``url`` goes through, as the standard
-    library, requests and huggingface_hub pick it from ``environ``
-    (default ``os.environ``): ``<scheme>_proxy`` (the lower-case name
-    first, then the upper-case one) unless ``no_proxy`` covers the host.
-    ``(host, port)``, or None for a direct connection.
+    """``(host, port)`` of the proxy a connection to ``url`` goes through,
+    as urllib, requests and huggingface_hub pick it from ``environ``, or
+    None for a direct connection.
 
     >>> proxy_for("https://huggingface.co/x", {"HTTPS_PROXY": "proxy:3128"})
     ('proxy', 3128)
@@ -205,9 +178,8 @@ def proxy_for(url, environ=None):
 
 def _proxy_address(name, value):
     """``(host, port)`` of the proxy variable ``name``'s ``value``, or
-    :class:`SettingError` naming both: the URL parser's own error for a
-    port that is no number or over 65535 ("Port could not be cast to
-    integer value") named neither.
+    :class:`SettingError` naming both (the URL parser's own error names
+    neither).
 
     >>> _proxy_address("HTTPS_PROXY", "proxy:99999")
     Traceback (most recent call last):
@@ -235,23 +207,20 @@ def any_set(names):
 
 
 def for_child():
-    """A copy of this process's environment, to change and hand to a child
-    process as its ``env``; this process's own is left as it is."""
+    """A copy of this process's environment, to hand to a child process."""
     return dict(os.environ)
 
 
 # TensorFlow's C++ log threshold: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR.
 TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-#: The threshold keras_vit gives a TensorFlow process it quiets (the
-#: ``keras-vit`` command and the converter processes) unless the user set
-#: one: INFO and WARNING lines off, ERROR and FATAL ones kept.
+#: The threshold of a TensorFlow process keras_vit quiets.
 QUIET_TF_LOG_LEVEL = "2"
 
 
 def quiet_tensorflow(environ):
     """Sets :data:`TF_LOG_LEVEL` to :data:`QUIET_TF_LOG_LEVEL` in the
-    mapping ``environ`` unless it holds a value already (a user's
-    ``TF_CPP_MIN_LOG_LEVEL=0`` stays 0); returns the value it holds.
+    mapping ``environ`` unless it holds a value already; returns the value
+    it holds.
 
     >>> quiet_tensorflow({}), quiet_tensorflow({"TF_CPP_MIN_LOG_LEVEL": "0"})
     ('2', '0')
@@ -262,9 +231,8 @@ def quiet_tensorflow(environ):
 
 
 def for_quiet_child():
-    """:func:`for_child` with TensorFlow's C++ logging as quiet as the
-    ``keras-vit`` command makes its own (:func:`quiet_tensorflow`): the
-    environment of a child process that may import TensorFlow.
+    """:func:`for_child` with TensorFlow's C++ logging quieted
+    (:func:`quiet_tensorflow`).
 
     >>> env = for_quiet_child()
     >>> env["TF_CPP_MIN_LOG_LEVEL"] == (os.environ.get("TF_CPP_MIN_LOG_LEVEL")
@@ -302,8 +270,7 @@ def _choice(var, value, text):
 
 
 def _not_one_of(var, value, text, choices):
-    """The refusal of a value that is none of ``choices``, with the
-    nearest one suggested."""
+    """The refusal of a value that is none of ``choices``."""
     return SettingError(var.name, text, f"one of {choices} (or unset)."
                         f"{did_you_mean(value, choices)}".rstrip("."))
 
@@ -330,10 +297,8 @@ def _folder(var, value, text):
 
 
 def _url(var, value, text):
-    """The URL, checked as far as every later reader of it goes (the URL
-    parser, ``urllib``'s request and ``http.client``'s host and port), so
-    that a value they would refuse is refused here, naming the
-    variable."""
+    """The URL, checked as far as every later reader of it goes, so that
+    a value they would refuse is refused here, naming the variable."""
     expected = "an http:// or https:// URL with a host"
     if not (value.isascii() and value.isprintable()) or " " in value:
         raise SettingError(var.name, text, f"{expected}, in printable ASCII "
@@ -353,9 +318,8 @@ def _url(var, value, text):
 
 
 def _dns_name(host):
-    """Whether the socket library takes ``host``: it encodes names to IDNA,
-    which refuses an empty label or one of more than 63 characters with
-    a UnicodeError that no download catches."""
+    """Whether the socket library takes ``host``: its IDNA encoding
+    refuses an empty label or one over 63 characters."""
     if ":" in host:  # an IPv6 address
         return True
     try:
@@ -379,8 +343,7 @@ _PARSERS = {"seconds": _seconds, "flag": _flag, "choice": _choice,
 
 
 def table():
-    """The variables as a Markdown table (docs/reference/environment.md
-    holds it; a test keeps the two equal)."""
+    """The variables as a Markdown table (docs/reference/environment.md)."""
     rows = ["| variable | value | default | what it does |",
             "|---|---|---|---|"]
     kinds = {"seconds": f"seconds, {MIN_SECONDS:g} to {MAX_SECONDS:g}",

@@ -1,20 +1,12 @@
 """The ViT family's later members by readable name: one table of data.
 
-``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ``SigLIP-B/16-256``,
-``DINOv3-L/16``, ``PE-Core-B/16-224``, ``Qwen3.5-L/16``, ... are the one
-:class:`~keras_vit.models.VisionTransformer` with the family's options
-(``FAMILY_DEFAULTS`` of :mod:`keras_vit.models.encoder`). Each row of
-:data:`MEMBERS` says which options, at which size, where its weights are
-(timm's repositories on the Hugging Face Hub), which input normalisation
-and image size they expect and which labels their head has. The facts are
-timm's (its architecture functions and ``pretrained_cfg``);
-``tests/zoo/test_family_registry.py`` checks every row against timm's own
-model.
-
-The table sits on the lowest floor, beside the parser of names
-(:mod:`keras_vit.base.variants`), because every reader asks that parser
-what a name is; the zoo's registry (:mod:`keras_vit.zoo.registry`) turns
-the weights columns into its records.
+``DeiT-B/16``, ``DINOv2-L/14``, ``CLIP-B/16``, ... are the one
+:class:`~keras_vit.models.VisionTransformer` with the family's options.
+Each row of :data:`MEMBERS` says which options, at which size, where its
+weights are (timm's repositories on the Hugging Face Hub), which input
+normalisation and image size they expect and which labels their head
+has. The facts are timm's; ``tests/zoo/test_family_registry.py`` checks
+every row against timm's own model.
 
 >>> MEMBERS["DeiT-B/16"].weights[0].source
 'hf-hub:timm/deit_base_patch16_224.fb_in1k'
@@ -34,16 +26,12 @@ SIZES = {
     "B": (768, 12, 12, 3072),
     "L": (1024, 24, 16, 4096),
     "H": (1280, 32, 16, 5120),
-    # DINOv2's giant: its SwiGLU MLP leaves 4096 features (timm's packed
-    # first layer is twice that).
+    # DINOv2's giant: its SwiGLU MLP leaves 4096 features.
     "g": (1536, 40, 24, 4096),
-    # SigLIP's shape-optimised sizes (Alabdulmohsin et al. 2023): So400m
-    # (timm's mlp_ratio 3.7362 of 1152, truncated) and SigLIP 2's g-opt.
+    # So400m: timm's mlp_ratio 3.7362 of 1152, truncated.
     "So400m": (1152, 27, 16, 4304),
     "g-opt": (1536, 40, 16, 6144),
-    # DINOv3's own sizes (Simeoni et al. 2025): S+ is S with a SwiGLU MLP,
-    # H+ is H with 20 heads, 7B its teacher (timm's mlp_ratio 2 of 4096,
-    # SwiGLU: 8192 features).
+    # DINOv3's own sizes (S+ runs a SwiGLU MLP).
     "S+": (384, 12, 6, 1536),
     "H+": (1280, 32, 20, 5120),
     "7B": (4096, 40, 32, 8192),
@@ -54,11 +42,9 @@ class Family(NamedTuple):
     """What a family sets over the 2020 ViT, for all its members.
 
     Attributes:
-        options: keras_vit builder arguments (the family options, ``gelu``,
-            ``layer_norm_epsilon``).
-        normalization: the input normalisation its weights were trained
-            with, a name of :data:`keras_vit.data.normalization.NAMED`.
-        license: the licence of its weights.
+        options: keras_vit builder arguments.
+        normalization: its weights' input normalisation, a name of
+            :data:`keras_vit.data.normalization.NAMED`.
         about: one line for ``keras-vit info``.
     """
 
@@ -92,10 +78,7 @@ FAMILIES = {
              layer_norm_epsilon=1e-5), "clip", "MIT (openai/CLIP)",
         "CLIP image towers (Radford et al. 2021), OpenAI's weights: the "
         "head is the image-text projection (an embedding, no labels)"),
-    # No class token: the attention-pool head (classifier "map") pools the
-    # patches, and without a classifier its output is the image embedding.
-    # timm's architectures differ in their GELU (exact or tanh): a row
-    # option.
+    # timm's architectures differ in their GELU: a row option.
     "siglip": Family(
         dict(class_token=False, classifier="map"), "official",
         "Apache-2.0 (google-research/big_vision)",
@@ -109,8 +92,7 @@ FAMILIES = {
         "architecture trained further (captioning, self-distillation, "
         "masked prediction; multilingual); the attention-pool head's "
         "output is the image embedding (no labels)"),
-    # timm's Eva: average pooling then fc_norm, the SwiGLU MLP, EVA-02's
-    # rotary embeddings on the 16 x 16 grid of its 224 px pretraining.
+    # EVA-02's rotary embeddings on the grid of its 224 px pretraining.
     "eva02": Family(
         dict(gelu="exact", class_token=True, classifier="gap", fc_norm=True,
              mlp="swiglu", rope="eva02", rope_grid=[16, 16],
@@ -120,11 +102,7 @@ FAMILIES = {
         "features, rotary position embeddings beside the table, SwiGLU "
         "MLPs (B and L: a norm inside, q/k/v apart); 224 px releases are "
         "headless, the 336/448 px ones ImageNet-1k classifiers"),
-    # timm's Eva in Perception Encoder's spatial configuration (its
-    # family's rows so far): the norm
-    # before the blocks (no patch bias), average pooling with no final
-    # norm, EVA-02's rotary form by columns with indices offset by 1 on
-    # the 32 x 32 grid, beside the position table.
+    # timm's Eva in Perception Encoder's spatial configuration.
     "pe": Family(
         dict(gelu="exact", class_token=True, classifier="gap",
              final_norm=False, pre_norm=True, patch_bias=False,
@@ -136,10 +114,7 @@ FAMILIES = {
         "PE's dense-task encoders, aligned to its own intermediate "
         "features and SAM 2's; no head: the patch features "
         "(intermediate_model) or their mean"),
-    # timm's Eva in Perception Encoder's core configuration: the spatial
-    # towers' stem and rotary form (on the grid of the release's own
-    # size, a row option), the final norm, then an attention pool of
-    # 8 heads over every token and the image-text projection.
+    # Perception Encoder's core configuration (the rotary grid a row's).
     "pe_core": Family(
         dict(gelu="exact", class_token=True, classifier="map",
              pool_prefix=True, pool_heads=8, pre_norm=True,
@@ -150,9 +125,7 @@ FAMILIES = {
         "Perception Encoder (Bolya et al. 2025), its core towers: "
         "contrastive image-text encoders; the head is the attention "
         "pool's image-text projection (an embedding, no labels)"),
-    # timm's Eva in DINOv3's configuration: four registers, layer scale,
-    # DINOv3's rotary form and no position table (so any image size, as
-    # timm builds it), timm's average pooling after the final norm.
+    # timm's Eva in DINOv3's configuration (any image size, as timm's).
     "dinov3": Family(
         dict(gelu="exact", class_token=True, classifier="gap",
              num_registers=4, qkv_bias=False, layer_scale=1e-5,
@@ -164,12 +137,7 @@ FAMILIES = {
         "normalised patch tokens, as timm pools (DINOv3's own heads read "
         "the class token); '-sat' rows are its satellite-imagery "
         "weights, with their own mean/std"),
-    # Qwen's vision towers in timm's classifier form (qwen3_vit.py): no
-    # class token, a learned table beside EVA-02's rotary form with the
-    # halves turned, the tanh GELU, the mean token normalised without a
-    # scale or bias (ones and zeros here), the table resized bilinearly
-    # with aligned corners. Their merger to the language model's width is
-    # not a row: its width is each release's.
+    # Qwen's vision towers in timm's classifier form, without the merger.
     "qwen3_5": Family(
         dict(gelu="tanh", class_token=False, classifier="gap", fc_norm=True,
              rope="eva02", rope_halves=True, rope_temperature=10000.0,
@@ -185,10 +153,8 @@ FAMILIES = {
 
 class Weights(NamedTuple):
     """One released checkpoint of a member: its timm tag, where it is,
-    the size of its head (0: none, the model returns the pooled
-    embedding), the label list of that head (a list shipped in
-    ``zoo/labels``, or None) and what the head is (``head_type``:
-    ``"projection"`` for CLIP's image-text projection)."""
+    its head's size (0: none), the head's label list (in ``zoo/labels``,
+    or None) and ``head_type``."""
 
     tag: str
     source: str
@@ -201,15 +167,12 @@ class Member(NamedTuple):
     """One row: a named member of the family.
 
     Attributes:
-        family: a key of :data:`FAMILIES`.
         timm: timm's architecture of the same model.
-        size: a key of :data:`SIZES`.
-        patch_size: the side of its patches.
         image_size: the resolution its weights were trained at.
         options: builder arguments over the family's.
         weights: its checkpoints, the default first.
-        normalization: the input normalisation of its weights where it
-            is not the family's (DINOv3's satellite weights), else None.
+        normalization: its weights' input normalisation where it is not
+            the family's, else None.
     """
 
     family: str
@@ -223,8 +186,7 @@ class Member(NamedTuple):
 
 
 def _hub(arch, tag, classes, labels=None, repo=None, head_type="classifier"):
-    """A checkpoint in timm's repository ``timm/<arch>.<tag>`` (``repo``
-    where the repository is named after another architecture)."""
+    """A checkpoint in timm's repository ``timm/<repo or arch>.<tag>``."""
     return Weights(tag, f"hf-hub:timm/{repo or arch}.{tag}", classes, labels,
                    head_type)
 
@@ -255,8 +217,7 @@ def _clip(arch, size, patch, embedding, image_size=224):
 
 
 def _eva02(arch, size, image_size, *tags, **options):
-    # SwiGLU of two thirds of the 4x MLP (timm's mlp_ratio 4 * 2 / 3);
-    # the 224 px releases are headless.
+    # SwiGLU of two thirds of the 4x MLP; the 224 px releases are headless.
     mlp = int(SIZES[size][0] * 4 * 2 / 3)
     return Member("eva02", arch, size, 14, image_size,
                   dict(mlp_dim=mlp, **options),
@@ -271,7 +232,6 @@ def _pe_spatial(arch, size, patch, image_size):
 
 
 def _pe_core(arch, size, patch, image_size, embedding):
-    # The rotary grid is the release's own (timm's ref_feat_shape).
     grid = image_size // patch
     return Member("pe_core", arch, size, patch, image_size,
                   dict(rope_grid=[grid, grid]),
@@ -282,7 +242,6 @@ def _dinov3(size, *tags, normalization=None):
     timm_size = {"S": "small", "S+": "small_plus", "B": "base",
                  "L": "large", "H+": "huge_plus", "7B": "7b"}[size]
     arch = f"vit_{timm_size}_patch16_dinov3"
-    # S+, H+ and 7B run the SwiGLU MLP (its width: SIZES).
     options = dict(mlp="swiglu") if size in ("S+", "H+", "7B") else {}
     return Member("dinov3", arch, size, 16, 256, options,
                   tuple(_hub(arch, tag, 0) for tag in tags), normalization)
@@ -293,19 +252,12 @@ def _qwen3_5(arch, size, *tags):
                   tuple(_hub(arch, tag, 0) for tag in tags))
 
 
-def _siglip(arch, size, patch, image_size, gelu, *tags):
-    # SigLIP's towers have no classifier, but for one ImageNet-1k
-    # fine-tune (webli_ft_in1k).
-    return Member("siglip", arch, size, patch, image_size, dict(gelu=gelu),
+def _siglip(family, arch, size, patch, image_size, gelu, *tags):
+    # No classifier, but for one ImageNet-1k fine-tune.
+    return Member(family, arch, size, patch, image_size, dict(gelu=gelu),
                   tuple(_hub(arch, tag, 1000, "imagenet2012")
                         if tag == "webli_ft_in1k" else _hub(arch, tag, 0)
                         for tag in tags))
-
-
-def _siglip2(arch, size, patch, image_size, gelu):
-    # SigLIP 2's weights are further tags of SigLIP's timm architectures.
-    return Member("siglip2", arch, size, patch, image_size, dict(gelu=gelu),
-                  (_hub(arch, "v2_webli", 0),))
 
 
 _REG = dict(num_registers=4, posemb_includes_prefix=False)
@@ -371,8 +323,7 @@ MEMBERS = {
                                        "B", 16, 512),
     "PE-Spatial-L/14-448": _pe_spatial("vit_pe_spatial_large_patch14_448",
                                        "L", 14, 448),
-    # timm's PE core G/14 is not a row: its attention pool's MLP (4x) is
-    # narrower than its blocks' (5.83x), which keras_vit's pool shares.
+    # Not PE core G/14: its attention pool's MLP is narrower than its blocks'.
     "PE-Core-Ti/16-384": _pe_core("vit_pe_core_tiny_patch16_384", "Ti",
                                   16, 384, 512),
     "PE-Core-S/16-384": _pe_core("vit_pe_core_small_patch16_384", "S",
@@ -381,8 +332,7 @@ MEMBERS = {
                                  16, 224, 1024),
     "PE-Core-L/14-336": _pe_core("vit_pe_core_large_patch14_336", "L",
                                  14, 336, 1024),
-    # timm's name alone is the last row of its architecture: the
-    # satellite rows come before the LVD ones, timm's default.
+    # timm's name alone is the last row of its architecture, its default.
     "DINOv3-S/16": _dinov3("S", "lvd1689m"),
     "DINOv3-S+/16": _dinov3("S+", "lvd1689m"),
     "DINOv3-B/16": _dinov3("B", "lvd1689m"),
@@ -391,8 +341,7 @@ MEMBERS = {
     "DINOv3-H+/16": _dinov3("H+", "lvd1689m"),
     "DINOv3-7B/16-sat": _dinov3("7B", "sat493m", normalization="sat493m"),
     "DINOv3-7B/16": _dinov3("7B", "lvd1689m"),
-    # Qwen3.5's towers by size (the 416M one is SigLIP 2's So400m/16);
-    # the tags name the language model each came from.
+    # The tags name the language model each came from.
     "Qwen3.5-B/16": _qwen3_5("qwen3_vit_88m", "B", "qwen3_5_0_8b"),
     "Qwen3.5-L/16": _qwen3_5("qwen3_vit_306m", "L", "qwen3_5_2b",
                              "qwen3_5_4b"),
@@ -400,9 +349,7 @@ MEMBERS = {
                                   "qwen3_5_27b", "qwen3_5_9b"),
 }
 
-# SigLIP's and SigLIP 2's towers: (size, patch, image size, timm's GELU
-# form, tags); timm's architecture is vit_<size>_patch<P>_siglip_<image
-# size>, and the name SigLIP[2]-<size>/<P>[-<image size> unless 224].
+# SigLIP's and SigLIP 2's towers: (size, patch, image size, GELU, tags).
 _TIMM_SIZE = {"B": "base", "L": "large", "So400m": "so400m",
               "g-opt": "giantopt"}
 _SIGLIP = (
@@ -428,31 +375,22 @@ _SIGLIP2 = (
 )
 
 
-def _siglip_name(family, size, patch, image_size):
-    suffix = "" if image_size == 224 else f"-{image_size}"
-    return f"{family}-{size}/{patch}{suffix}"
-
-
-def _siglip_arch(size, patch, image_size):
-    return f"vit_{_TIMM_SIZE[size]}_patch{patch}_siglip_{image_size}"
-
-
-# timm's So400m/14 at 384 (27 patches of 14 and 6 pixels left over) is
-# left out; timm's 378, a multiple of 14, is its corrected version.
-for _size, _patch, _image, _gelu, _tags in _SIGLIP:
-    MEMBERS[_siglip_name("SigLIP", _size, _patch, _image)] = _siglip(
-        _siglip_arch(_size, _patch, _image), _size, _patch, _image, _gelu,
-        *_tags)
-for _size, _patch, _image, _gelu in _SIGLIP2:
-    MEMBERS[_siglip_name("SigLIP2", _size, _patch, _image)] = _siglip2(
-        _siglip_arch(_size, _patch, _image), _size, _patch, _image, _gelu)
-del _size, _patch, _image, _gelu, _tags
+# timm's So400m/14 at 384 (not a multiple of 14) is left out for its 378.
+# SigLIP 2's weights are further tags of SigLIP's timm architectures.
+for _family, _rows in (("SigLIP", _SIGLIP), ("SigLIP2", (
+        (*row, ("v2_webli",)) for row in _SIGLIP2))):
+    for _size, _patch, _image, _gelu, _tags in _rows:
+        _suffix = "" if _image == 224 else f"-{_image}"
+        MEMBERS[f"{_family}-{_size}/{_patch}{_suffix}"] = _siglip(
+            _family.lower(),
+            f"vit_{_TIMM_SIZE[_size]}_patch{_patch}_siglip_{_image}",
+            _size, _patch, _image, _gelu, *_tags)
+del _family, _rows, _size, _patch, _image, _gelu, _tags, _suffix
 
 
 def normalization(name):
     """The input normalisation of the member ``name``'s weights: its own,
-    else its family's (a name of
-    :data:`keras_vit.data.normalization.NAMED`).
+    else its family's.
 
     >>> normalization("DINOv3-L/16-sat"), normalization("DINOv3-L/16")
     ('sat493m', 'imagenet')
@@ -462,15 +400,13 @@ def normalization(name):
 
 
 def config(name):
-    """The builder arguments of the member ``name`` (a key of
-    :data:`MEMBERS`): its sizes, its family's options and its own, and
-    its input normalisation; without ``image_size`` and
-    ``num_classes``, which go with its weights."""
+    """The builder arguments of the member ``name``: its sizes, its
+    family's options and its own, and its input normalisation; without
+    ``image_size`` and ``num_classes``, which go with its weights."""
     member = MEMBERS[name]
     family = FAMILIES[member.family]
     hidden, layers, heads, mlp = SIZES[member.size]
-    # Every row's weights are timm's: its resize of a table to another
-    # size (resample_abs_pos_embed), but where a family says otherwise.
+    # timm's resize of a table, but where a family says otherwise.
     return {**dict(patch_size=member.patch_size, hidden_size=hidden,
                    num_layers=layers, num_heads=heads, mlp_dim=mlp,
                    position_resize="bicubic_aa"),

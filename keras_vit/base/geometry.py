@@ -1,8 +1,6 @@
 """What a model config implies, from its numbers alone: the hybrids' ResNet
 stages, strides and widths, the token grid, the prefix tokens and the
-parameter count. Plain arithmetic, no framework: the builders, the memory
-estimates, attention analysis and ``keras-vit info`` all read these, so
-each rule is written once.
+parameter count. Plain arithmetic, no framework.
 
 >>> config = {"patch_size": 16, "resnet": {"num_layers": (3, 4, 9)}}
 >>> effective_stride(config)
@@ -20,8 +18,7 @@ from keras_vit.base import options
 
 def hybrid_stages(resnet):
     """The stage depths a hybrid builds: option (ii) of the paper (section
-    4.1) folds the last stage's units into the one before it, keeping a
-    4x longer sequence: R50 (3, 4, 6, 3) -> (3, 4, 9).
+    4.1) folds the last stage's units into the one before it.
 
     >>> hybrid_stages({"num_layers": (3, 4, 6, 3), "fold_last_stage": True})
     [3, 4, 9]
@@ -42,26 +39,21 @@ def hybrid_stride(resnet):
 
 
 def hybrid_width(resnet):
-    """The channels of a hybrid's root conv; stage ``s`` has bottleneck
-    width ``hybrid_width * 2**s`` and outputs four times that."""
+    """The channels of a hybrid's root conv (stage ``s``'s bottleneck
+    width over ``2**s``)."""
     return int(round(64 * resnet.get("width_factor", 1)))
 
 
 def bit_widths(width_factor, num_stages=4):
-    """``(root, [bottleneck width of each stage])`` of a BiT ResNet-v2:
-    ``64 * 2**s * width_factor`` rounded, the root ``64 * width_factor``."""
+    """``(root, [bottleneck width of each stage])`` of a BiT ResNet-v2."""
     return (int(round(64 * width_factor)),
             [int(round(64 * 2 ** s * width_factor))
              for s in range(num_stages)])
 
 
 def effective_stride(config):
-    """Input pixels per token side: the patch size times the ResNet stride.
-
-    A hybrid cuts its patches from a ResNet feature map (see
-    :func:`hybrid_stride`; ``fold_last_stage`` merges the last stage into
-    the one before, so one fewer halving). BiT has no patches: 4 stages,
-    stride 32.
+    """Input pixels per token side: the patch size times the ResNet stride
+    (BiT: 32).
 
     >>> effective_stride({"patch_size": 1, "resnet": {"num_layers": (3, 4, 9)}})
     16
@@ -70,9 +62,12 @@ def effective_stride(config):
     """
     if "block_units" in config:
         return 32
+    return _patch_side(config) * hybrid_stride(config.get("resnet"))
+
+
+def _patch_side(config):
     patch = config.get("patch_size", 32)
-    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
-    return patch * hybrid_stride(config.get("resnet"))
+    return patch[0] if isinstance(patch, (tuple, list)) else patch
 
 
 def grid_side(config, image_size):
@@ -84,18 +79,13 @@ def grid_side(config, image_size):
     if resnet is not None:
         for _ in range(2 + max(len(hybrid_stages(resnet)) - 1, 0)):
             side = -(-side // 2)  # root conv, max-pool, then each stage
-    patch = config.get("patch_size", 32)
-    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
-    return side // patch
+    return side // _patch_side(config)
 
 
 def check_grid(config, image_size, where):
     """Refuses, in one ``ValueError`` naming ``where`` (a model name) and
-    ``image_size``, a size the model's patches do not tile: a patch (times
-    a hybrid's ResNet stride) larger than the image, or one that does not
-    divide it, as the builder refuses it. BiT takes any size. Counting
-    such a model would count a grid of no tokens, or of tokens the
-    builder never makes.
+    ``image_size``, a size the model's patches do not tile, as the builder
+    refuses it. BiT takes any size.
 
     >>> check_grid({"patch_size": 300}, 224, "ViT-B/300")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -137,15 +127,13 @@ def class_token(config):
 
 
 def prefix_tokens(config):
-    """Tokens before the patches (the class token, DeiT's distillation
-    token, the register tokens): as the option rows put them."""
+    """Tokens before the patches, as the option rows put them."""
     return options.prefix_tokens(_option_values(config))
 
 
 def _option_values(config):
-    """Every option row's value in ``config``, defaults filled in, each
-    passed through its row's check (a ValueError names a value the row
-    refuses), and the class token resolved."""
+    """Every option row's value in ``config``, defaults filled in, checked,
+    and the class token resolved."""
     values = options.checked(dict(options.DEFAULTS, **{
         k: config[k] for k in config if k in options.ROWS}))
     values["class_token"] = class_token(config)
@@ -156,58 +144,40 @@ def _conv(k, c_in, c_out, bias=False):
     return k * k * c_in * c_out + (c_out if bias else 0)
 
 
+#: timm's ResNet-D deep stem: (channels, stride) of its 3x3 convolutions.
+RESNET_D_STEM = ((32, 2), (32, 1), (64, 1))
+
+
 def _resnet_v1_params(resnet, channels):
-    """The hybrids' post-activation ResNet: StdConv root + GroupNorm, then
-    bottleneck units (1x1, 3x3, 1x1 convolutions without bias, each with a
-    GroupNorm; a 1x1 projection + GroupNorm in each stage's first unit).
-    Returns ``(parameters, output channels)``."""
-    if resnet.get("variant") == "d":
-        return _resnet_d_params(resnet, channels)
-    width = hybrid_width(resnet)
-    total = _conv(7, channels, width) + 2 * width
-    channels = width
-    for s, depth in enumerate(hybrid_stages(resnet)):
+    """``(parameters, output channels)`` of the hybrids' post-activation
+    ResNet: StdConv root + GroupNorm (timm's ResNet-D: its deep stem, and a
+    BatchNorm, four values a channel, after every convolution), then
+    bottleneck units."""
+    width, d = hybrid_width(resnet), resnet.get("variant") == "d"
+    norm = 4 if d else 2
+    if d:
+        total = 0
+        for out, _ in RESNET_D_STEM:
+            total += _conv(3, channels, out) + 4 * out
+            channels = out
+    else:
+        total = _conv(7, channels, width) + 2 * width
+        channels = width
+    for s, depth in enumerate(resnet["num_layers"] if d
+                              else hybrid_stages(resnet)):
         mid = width * 2 ** s
         out = 4 * mid
         for u in range(depth):
             total += (_conv(1, channels, mid) + _conv(3, mid, mid)
-                      + _conv(1, mid, out) + 2 * (mid + mid + out))
-            if channels != out or (s > 0 and u == 0):
-                total += _conv(1, channels, out) + 2 * out
-            channels = out
-    return total, channels
-
-
-#: timm's ResNet-D deep stem: (channels, stride) of its three 3x3
-#: convolutions (models/hybrid.resnet_d_stem builds them).
-RESNET_D_STEM = ((32, 2), (32, 1), (64, 1))
-
-
-def _resnet_d_params(resnet, channels):
-    """timm's ResNet-D (models/hybrid.resnet_d_stem): the deep stem's three
-    3x3 convolutions, bottleneck units, a 1x1 projection in each stage's
-    first unit; a BatchNorm (four values a channel) after every
-    convolution."""
-    total = 0
-    for out, _ in RESNET_D_STEM:
-        total += _conv(3, channels, out) + 4 * out
-        channels = out
-    for s, depth in enumerate(resnet["num_layers"]):
-        mid = hybrid_width(resnet) * 2 ** s
-        out = 4 * mid
-        for u in range(depth):
-            total += (_conv(1, channels, mid) + _conv(3, mid, mid)
-                      + _conv(1, mid, out) + 4 * (mid + mid + out))
-            if u == 0:
-                total += _conv(1, channels, out) + 4 * out
+                      + _conv(1, mid, out) + norm * (mid + mid + out))
+            if channels != out or (u == 0 and (d or s > 0)):
+                total += _conv(1, channels, out) + norm * out
             channels = out
     return total, channels
 
 
 def _bit_params(config, channels, classes):
-    """BiT's pre-activation ResNet-v2: root conv, units of GroupNorm + conv
-    (a projection where the shape changes), a last GroupNorm and the
-    head."""
+    """BiT's pre-activation ResNet-v2, its last GroupNorm and the head."""
     root, mids = bit_widths(config.get("width_factor", 1))
     total = _conv(7, channels, root)
     channels = root
@@ -222,8 +192,7 @@ def _bit_params(config, channels, classes):
     return total + 2 * channels + channels * classes + classes
 
 
-# Config keys that change no parameter count (the family options' rows
-# say which of them do).
+# Config keys that change no parameter count.
 _NO_PARAMETERS = {
     "name", "dtype", "trainable", "dropout_rate", "attention_dropout_rate",
     "include_preprocessing", "classifier_activation",
@@ -242,9 +211,7 @@ _COUNTED = {
 
 def mlp_first_width(mlp_dim, kind="gelu"):
     """The width of an encoder MLP's first projection: ``mlp_dim``, or
-    twice that for a packed gated MLP (``kind="swiglu"`` or ``"geglu"``:
-    its gate and its value halves), whose product leaves ``mlp_dim``
-    features.
+    twice that for a packed gated MLP.
 
     >>> mlp_first_width(4096), mlp_first_width(4096, "swiglu")
     (4096, 8192)
@@ -254,8 +221,7 @@ def mlp_first_width(mlp_dim, kind="gelu"):
 
 def norm_params(config, width):
     """The parameters of one of the model's norms over ``width``
-    features: a LayerNorm's scale and bias, an RMSNorm's scale alone
-    (``norm="rms"``).
+    features.
 
     >>> norm_params({}, 8), norm_params({"norm": "rms"}, 8)
     (16, 8)
@@ -265,12 +231,7 @@ def norm_params(config, width):
 
 def attention_pool_params(config):
     """The parameters of the attention-pool head (``classifier="map"``, or
-    ``pooling="map"`` without the head; 0 for any other pooling): the
-    probe (D), query, key, value and output projections with their
-    biases, a norm (:func:`norm_params`) and an MLP as wide as the
-    blocks'; AIMv2's form (``pool_form="aimv2"``): the probe, key and
-    value projections (their biases where ``qkv_bias`` says) and the
-    output projection with its bias.
+    ``pooling="map"`` without the head; 0 for any other pooling).
 
     >>> attention_pool_params(dict(classifier="map", hidden_size=8,
     ...                            mlp_dim=16))
@@ -291,9 +252,7 @@ def attention_pool_params(config):
 
 def merged_widths(config):
     """``(merged, pooled)``: the width of a token after the patch merger
-    (``merge_size`` k: k * k * hidden_size; the hidden size without one)
-    and the width the pooling and head read (``merge_width`` where the
-    merger has its second Dense, ``neck``'s channels after SAM's neck).
+    and the width the pooling and head read.
 
     >>> merged_widths({"hidden_size": 8, "merge_size": 2})
     (32, 32)
@@ -307,8 +266,8 @@ def merged_widths(config):
 
 
 def _pooling(config):
-    """How the model pools: its classifier, or without its head
-    (``include_top=False``) its ``pooling``."""
+    """How the model pools: its classifier, or without its head its
+    ``pooling``."""
     if config.get("include_top", True):
         return config.get("classifier", "token")
     return config.get("pooling")
@@ -318,10 +277,8 @@ def parameter_count(config, image_size=None, num_classes=None,
                     representation_size=None):
     """The parameters of the model ``config`` builds (a registry config or
     a model's ``get_config()``), at ``image_size`` with ``num_classes``
-    (and a ``representation_size`` pre-logits layer) when given, from the
-    shapes alone: no model is built and no framework imported
-    (``keras-vit info`` stays fast). None for a config with options it
-    does not know.
+    and ``representation_size`` when given, from the shapes alone. None
+    for a config with options it does not know.
 
     >>> from keras_vit.base import variants
     >>> parameter_count(variants.parse("ViT-B/16").config)  # paper: 86M
@@ -355,17 +312,16 @@ def parameter_count(config, image_size=None, num_classes=None,
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
     rows, cols = (image_size if isinstance(image_size, tuple)
                   else (image_size, image_size))
-    patches = (grid_side(config, rows) * grid_side(dict(
-        config, patch_size=pw), cols))
+    grid = (grid_side(config, rows),
+            grid_side(dict(config, patch_size=pw), cols))
     representation_size = (representation_size
                            or config.get("representation_size"))
     merged, pooled = merged_widths(config)
     width = representation_size or pooled
     first = mlp_first_width(mlp, config.get("mlp", "gelu"))
-    # The 2020 ViT without its options: the patch kernel, a learned row per
-    # patch, per block two norms, the q/k/v/out kernels and the MLP's, the
-    # attention pool, pre-logits and a head; each option row adds its own.
-    total += ph * pw * channels * d + patches * d * (embedding == "learned_1d")
+    # The 2020 ViT without its options; each option row adds its own.
+    total += (ph * pw * channels * d
+              + grid[0] * grid[1] * d * (embedding == "learned_1d"))
     total += config["num_layers"] * (2 * norm_params(config, d) + 4 * d * d
                                      + d * first + mlp * d)
     total += attention_pool_params(config) + width * classes + classes
@@ -377,17 +333,13 @@ def parameter_count(config, image_size=None, num_classes=None,
         return None
     shape = options.Shape(
         width=d, head_width=d // config["num_heads"], mlp_first=first,
-        mlp=mlp,
-        norm=lambda w: norm_params(config, w),
+        mlp=mlp, norm=lambda w: norm_params(config, w),
         prefix=options.prefix_tokens(values),
         table=embedding == "learned_1d", head=width * classes + classes,
         merged=merged, final=pooled if config.get("fc_norm") else d,
-        heads=config["num_heads"], bias_rows=(
-            (2 * grid_side(config, rows) - 1)
-            * (2 * grid_side(dict(config, patch_size=pw), cols) - 1) + 3),
-        values=values, patch=(ph, pw), channels=channels,
-        grid=(grid_side(config, rows),
-              grid_side(dict(config, patch_size=pw), cols)),
+        heads=config["num_heads"],
+        bias_rows=(2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, values=values,
+        patch=(ph, pw), channels=channels, grid=grid,
         depth=config["num_layers"])
     for row in options.OPTIONS:
         if row.params is not None:

@@ -2,13 +2,9 @@
 module on first use (PEP 562), and steps that run when a module is first
 imported (:func:`when_imported`).
 
-``import keras_vit`` imports no Keras, TensorFlow, JAX or torch, in every
-process alike: the command line lists its commands without them, and a
-library user pays for a framework when the first model is built. A package
+``import keras_vit`` imports no Keras, TensorFlow, JAX or torch. A package
 lists its public names here, each with the module that defines it; the
-first ``pkg.name`` (or ``from pkg import name``) imports that module. The
-table is static: what a name resolves to never depends on how the process
-was started.
+first ``pkg.name`` (or ``from pkg import name``) imports that module.
 """
 
 from __future__ import annotations
@@ -20,11 +16,10 @@ import sys
 
 
 def attach(package, names, modules=()):
-    """``(__getattr__, __dir__)`` for ``package`` (its ``__name__``), where
-    ``names`` maps each public name to the module (relative to the package,
-    e.g. ``".attention"``) that defines it, and ``modules`` names the
-    submodules reachable as attributes (``pkg.data``): a tuple of names, or
-    a dict of each name to its module (``{"images": ".data.images"}``).
+    """``(__getattr__, __dir__)`` for ``package``, where ``names`` maps
+    each public name to the module (relative, ``".attention"``) that
+    defines it, and ``modules`` names the submodules reachable as
+    attributes: a tuple of names, or a dict of each name to its module.
 
     >>> getattr_, dir_ = attach("keras_vit.train", {"Recipe": ".recipes"})
     >>> getattr_("Recipe").__name__, "Recipe" in dir_()
@@ -46,7 +41,6 @@ def attach(package, names, modules=()):
         else:
             raise AttributeError(
                 f"module {package!r} has no attribute {name!r}")
-        # Cached in the package: the next access is a plain lookup.
         importlib.import_module(package).__dict__[name] = value
         return value
 
@@ -64,14 +58,13 @@ def names_of(modules):
 
 
 class _Loader(importlib.abc.Loader):
-    """The module's own loader, with the finder's ``before`` step ahead of
-    it and its ``after`` step once the module has run."""
+    """The module's own loader, with the finder's ``before`` and ``after``
+    steps."""
 
     def __init__(self, loader, finder):
         self.loader, self.finder = loader, finder
 
     def create_module(self, spec):
-        # Nothing of the module has run and it is not in sys.modules yet.
         if self.finder.before is not None:
             self.finder.before()
         return self.loader.create_module(spec)
@@ -90,15 +83,14 @@ class _Loader(importlib.abc.Loader):
 class _FirstImport(importlib.abc.MetaPathFinder):
     """Finds ``name`` as the other finders would, with :class:`_Loader`.
     It stays until the module is imported (a mere ``find_spec``, as
-    TensorFlow does to see whether Keras is installed, does not use it up;
-    a ``before`` step that raises leaves it for the next try)."""
+    TensorFlow does to see whether Keras is installed, does not use it
+    up)."""
 
     searching = False
 
     def __init__(self, name, before, after):
         self.name, self.before, self.after = name, before, after
-        # The same steps asked for twice (the package imported again)
-        # run once.
+        # The same steps asked for twice run once.
         self.key = (name, *(step and (step.__module__, step.__qualname__)
                              for step in (before, after)))
 
@@ -117,9 +109,8 @@ class _FirstImport(importlib.abc.MetaPathFinder):
 
 def when_imported(name, before=None, after=None):
     """Runs ``before()`` just before the top-level module ``name`` is first
-    imported, by whatever code imports it, and ``after()`` right after it
-    has run (a finder on ``sys.meta_path``, removed once used). Nothing
-    runs now, and nothing at all when ``name`` is imported already.
+    imported, and ``after()`` right after it has run; nothing when
+    ``name`` is imported already.
 
     >>> seen = []
     >>> when_imported("this", before=lambda: seen.append("before"),

@@ -2,11 +2,8 @@
 that show the difference when two names only look alike.
 
 A name can reach the package in several Unicode spellings that print the
-same: ``café`` typed on one system is one code point for ``é`` (NFC), a
-folder made on macOS may hold ``e`` and a combining accent (NFD). Every
-class name (a model's ``label_names``, a data set's class names from its
-folders or files) is kept in NFC, so two names compare equal exactly
-when they read the same.
+same (NFC, or NFD from a folder made on macOS). Every class name is kept
+in NFC, so two names compare equal exactly when they read the same.
 
 >>> import unicodedata
 >>> nfd = unicodedata.normalize("NFD", "café")
@@ -27,8 +24,7 @@ def class_name(name):
 
 
 def class_names(names):
-    """:func:`class_name` of each of ``names`` (None stays None), as a
-    list."""
+    """:func:`class_name` of each of ``names`` (None stays None)."""
     return None if names is None else [class_name(n) for n in names]
 
 
@@ -52,7 +48,6 @@ _CONFUSABLE = str.maketrans(
 
 def shown_apart(name, others):
     """``repr(name)``, followed by its code points when one of ``others``
-    looks the same but is another name (so a message that names both
-    shows why they differ)."""
+    looks the same but is another name."""
     alike = any(o != name and _looks(o) == _looks(name) for o in others)
     return repr(name) + (f" ({_code_points(name)})" if alike else "")

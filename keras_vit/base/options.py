@@ -1,19 +1,9 @@
 """The ViT family's options over the 2020 ViT, one row each.
 
-Each row declares an option once: its name (the builder argument of
-:class:`~keras_vit.models.VisionTransformer`), its default (the paper's
-ViT), its check (normalises the value or raises one line naming the
-argument and value), whether it changes the model's weights, what it
-does, and its :class:`Field` (name and value forms, both ways) in timm's
-``VisionTransformer`` arguments, transformers' and keras-hub's configs.
-The builder's defaults and checks, the parameter count
-(:mod:`keras_vit.base.geometry`) and the readers and writers of the
-three libraries' configs (:mod:`keras_vit.zoo.timm`,
-:mod:`keras_vit.zoo.transformers`, :mod:`keras_vit.zoo.keras_hub`)
-are read from here.
-
-The table sits on the lowest floor: the parameter count reads it without
-building a model or importing a framework.
+Each row declares an option once (:class:`Option`): the builder's
+defaults and checks, the parameter count (:mod:`keras_vit.base.geometry`,
+no framework imported) and the readers and writers of timm's,
+transformers' and keras-hub's configs are read from here.
 
 >>> DEFAULTS["layer_scale"] is None, DEFAULTS["head_type"]
 (True, 'classifier')
@@ -39,9 +29,10 @@ def flag(name, value):
     return value
 
 
-def optional_flag(name, value):
-    """None (decided by another argument) or a flag."""
-    return None if value is None else flag(name, value)
+def _optional(check):
+    """A check accepting None (off, or another argument decides) or what
+    ``check`` accepts."""
+    return lambda name, value: None if value is None else check(name, value)
 
 
 def count(name, value):
@@ -49,9 +40,9 @@ def count(name, value):
     return check_int(name, value, low=0)
 
 
-def optional_positive_int(name, value):
-    """None (another argument decides) or a positive integer."""
-    return None if value is None else check_int(name, value, low=1)
+def positive_count(name, value):
+    """A positive integer."""
+    return check_int(name, value, low=1)
 
 
 def rate(name, value):
@@ -64,9 +55,9 @@ def positive(name, value):
     return float(check_number(name, value, low=0, low_open=True))
 
 
-def optional_positive(name, value):
-    """None (off) or a positive number, as a float."""
-    return None if value is None else positive(name, value)
+optional_flag = _optional(flag)
+optional_positive_int = _optional(positive_count)
+optional_positive = _optional(positive)
 
 
 def number(name, value):
@@ -101,12 +92,11 @@ class Field(NamedTuple):
     """An option's field in another library's config.
 
     Attributes:
-        name: the field.
-        forms: their value -> ours where the two differ (a dict; the writers
-            invert it), or None where the values are the same.
-        also: the same field's names in other classes' configs of that
-            library (transformers' DINOv3 says ``use_gated_mlp`` where
-            DINOv2 says ``use_swiglu_ffn``); a config has one of them.
+        forms: their value -> ours (the writers invert it), or None where
+            the values are the same.
+        also: the field's names in other classes' configs of that library
+            (transformers' DINOv3 ``use_gated_mlp``, DINOv2
+            ``use_swiglu_ffn``).
 
     >>> swiglu = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"},
     ...                also=("use_gated_mlp",))
@@ -121,14 +111,12 @@ class Field(NamedTuple):
     also: tuple = ()
 
     def named(self, fields):
-        """The name this field has among ``fields`` (a config's), or
-        None where it has none."""
+        """The name this field has among ``fields`` (a config's), or None."""
         return next((n for n in (self.name, *self.also) if n in fields),
                     None)
 
     def read(self, value):
-        """Our value of their ``value``; a ValueError for a value the
-        forms do not name."""
+        """Our value of their ``value``; a ValueError for an unknown one."""
         if self.forms is None:
             return value
         if not isinstance(value, (str, int, float, type(None))) or (
@@ -138,7 +126,7 @@ class Field(NamedTuple):
 
     def write(self, value, option="value"):
         """Their value of our ``value`` (of ``option``, which a refusal
-        names); a ValueError for a value they have no name for."""
+        names); a ValueError for one they have no name for."""
         if self.forms is None:
             return value
         theirs = {ours: t for t, ours in reversed(self.forms.items())}
@@ -155,30 +143,13 @@ class Shape(NamedTuple):
     parameter_count` fills it from a config, no model built).
 
     Attributes:
-        width: the tokens' width D.
-        head_width: one attention head's width.
-        mlp_first: the width of an MLP's first projection (the ``mlp``
-            row's kind decides it).
         mlp: the width of the features an MLP's second projection reads.
         norm: ``norm(w)``: the parameters of one of the model's norms over
-            ``w`` features (the ``norm`` row's kind decides it).
-        prefix: the tokens before the patches (class, distillation,
-            registers).
+            ``w`` features.
         table: whether the position table is a learned row per token.
         head: the parameters of one classification head (0 without).
-        merged: the width of a merged token (the ``merge_size`` row's
-            k * k * width; the width without a merger).
-        final: the width of the final norm (the pooled features' with
-            ``fc_norm``, else the tokens').
-        heads: the attention heads.
         bias_rows: the rows of a 2D relative bias table over the patch
-            grid ((2 rows - 1)(2 cols - 1) + 3).
-        values: every row's value (a row whose weights another row
-            reshapes reads it).
-        patch: the patch's (rows, columns) of pixels.
-        channels: the images' channels.
-        grid: the patch grid (rows, columns).
-        depth: the encoder blocks.
+            grid.
     """
 
     width: int
@@ -207,14 +178,11 @@ class Weight(NamedTuple):
 
     Attributes:
         path: the layer's path in the model, ``{i}`` for each block's.
-        kind: ``"norm"`` (a norm's scale and bias), ``"dense"`` (a kernel
-            and bias), ``"conv"`` (a convolution's), ``"batch_norm"``
-            (a BatchNormalization's scale, shift and statistics) or
+        kind: ``"norm"``, ``"dense"``, ``"conv"``, ``"batch_norm"`` or
             ``"vector"`` (one array).
         timm: its key in timm's ``state_dict`` (a module's name for a norm
             or dense layer).
-        official: its key in the official ``.npz`` layout (the 2020
-            release's naming, for the options it never had).
+        official: its key in the official ``.npz`` layout.
     """
 
     path: str
@@ -227,47 +195,33 @@ class Option(NamedTuple):
     """One option of the family.
 
     Attributes:
-        name: the builder argument.
         default: its value in the paper's ViT.
         check: ``check(name, value)`` -> the normalised value, or a
             ValueError naming the argument and value.
-        parameters: whether its value changes the model's weights (their
-            number, shapes or places), which the parameter count reads.
+        parameters: whether its value changes the model's weights.
         timm: its :class:`Field` among timm's ``VisionTransformer``
-            arguments, or None where timm spells it otherwise (an
-            architecture, a layer) or not at all.
-        about: what it selects.
-        transformers: its :class:`Field` in transformers' vision configs
-            (read and written for the model types whose config has the
-            field), or None.
-        keras_hub: its :class:`Field` in keras-hub's backbone configs (for
-            the classes whose config has it), or None.
+            arguments, or None; ``transformers`` and ``keras_hub``
+            likewise in those libraries' configs.
         params: ``params(value, shape)`` -> ``(per block, once)``: the
             parameters the option adds at ``value`` (a :class:`Shape`
-            describes the model); None where it adds none of its own (it
-            changes a width :class:`Shape` holds, or no weight).
+            describes the model); None where it adds none of its own.
         tokens: ``tokens(value)`` -> the tokens the option puts before the
-            patches (the class, distillation and register tokens), or None.
-        weights: the layers of weights it adds (:class:`Weight`), which
-            the timm and official layouts read and write by these names.
-        block: whether every encoder block takes it, as the keyword of
-            its name (:class:`~keras_vit.layers.blocks.EncoderBlock`).
+            patches, or None.
+        block: whether every encoder block takes it, as a keyword
+            (:class:`~keras_vit.layers.blocks.EncoderBlock`).
         at_other_sizes: whether it acts only where the model's table meets
-            another grid than its own: a writer, which writes the model
-            at its own size, need not hold it (the reader of the written
-            files sets its source's).
+            another grid than its own (a writer need not hold it).
         requires: ``requires(value, values)`` -> None where the row's
             ``value`` builds beside the other rows' ``values``, else what
-            it needs and the values received (the builder raises it after
-            the row's name and value). Asked only where the row is set
-            (its value is not its default, falsy or not: mlp_bias=False).
+            it needs and the values received. Asked only where the row is
+            set (its value is not its default, falsy or not).
         score_maps: ``score_maps(value)`` -> the attention maps (N x N)
             each head keeps at that value, for the memory bound; None: one.
         at_block: ``at_block(value, values, i)`` -> the value block ``i``
-            takes (a ``block`` row whose blocks differ); None: ``value``.
+            takes; None: ``value``.
         fixed_grid: whether, at a value other than its default, it reads
             the patches as a map of the grid the model was built for (no
-            dynamic image size: a model is rebuilt at another).
+            dynamic image size).
     """
 
     name: str
@@ -291,11 +245,10 @@ class Option(NamedTuple):
 
 # timm's no_embed_class is the negation of posemb_includes_prefix.
 _NEGATED = {True: False, False: True}
-# DINOv2's SwiGLU MLP, as transformers' and keras-hub's configs say it
-# (their DINOv3s: use_gated_mlp, its gate hidden_act / hidden_activation,
-# SiLU).
-_SWIGLU = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"})
-_GATED = _SWIGLU._replace(also=("use_gated_mlp",))
+# DINOv2's SwiGLU MLP in transformers' and keras-hub's configs (DINOv3's:
+# use_gated_mlp).
+_GATED = Field("use_swiglu_ffn", {True: "swiglu", False: "gelu"},
+               also=("use_gated_mlp",))
 
 def _query_width(shape):
     """The width the q/k norms see: a head's, or half of it where
@@ -306,8 +259,7 @@ def _query_width(shape):
 
 def _parallel_params(value, shape):
     """What parallel blocks change per block: no second norm, one layer
-    scale, the MLP's first bias always (timm's in_proj holds it), one
-    output bias with ``"fused"``."""
+    scale, the MLP's first bias always, one output bias with ``"fused"``."""
     if not value:
         return 0, 0
     values = shape.values
@@ -330,8 +282,8 @@ def _conv_stem_params(value, shape):
 
 
 def block_indices(name, value):
-    """None (no block), or block indices from 0: a sorted list of
-    distinct non-negative integers (as a config holds it)."""
+    """None, or block indices from 0: a sorted list of distinct
+    non-negative integers."""
     if value is None or (isinstance(value, (list, tuple)) and not value):
         return None
     if not isinstance(value, (list, tuple)) or any(
@@ -344,8 +296,8 @@ def block_indices(name, value):
 
 
 def _patches_alone(value, values):
-    """What a row that reads the patch grid as a map needs (a
-    ``requires``): no prefix token, no NaFlex batch."""
+    """A ``requires`` of a row that reads the patch grid as a map: no
+    prefix token, no NaFlex batch."""
     if values["naflex"]:
         return ("images, naflex=False (it reads the patches as a map of "
                 "the model's grid); received naflex=True")
@@ -363,8 +315,8 @@ def _windowed(value, values, index):
 
 
 def _decomposed_params(value, shape):
-    """Each block's two decomposed tables, rows and columns of offsets
-    over its window or, in a global block, the grid."""
+    """Each block's two decomposed tables, of offsets over its window or,
+    in a global block, the grid."""
     if not value:
         return 0, 0
     total = 0
@@ -392,14 +344,8 @@ def _without(names, why):
     return requires
 
 
-def positive_count(name, value):
-    """A positive integer."""
-    return check_int(name, value, low=1)
-
-
-# What a block of several branches leaves out: the block forms and the
-# per-block weights of other rows (each branch holds a plain pre-norm
-# attention and MLP, biases and layer scale as the model's).
+# What a block of several branches leaves out (each branch holds a plain
+# pre-norm attention and MLP).
 _NOT_BRANCHED = ("parallel", "post_norm", "sandwich_norm", "qk_norm",
                  "mlp_norm", "attention_norm", "differential",
                  "clip_linears", "window_size", "decomposed_bias",
@@ -408,7 +354,7 @@ _NOT_BRANCHED = ("parallel", "post_norm", "sandwich_norm", "qk_norm",
 
 def _branches_params(value, shape):
     """Each branch after the first: two norms, the q/k/v/out kernels and
-    the MLP's, their biases as the model's and its two layer scales."""
+    the MLP's, their biases and its two layer scales."""
     v, d = shape.values, shape.width
     mlp_bias = v["proj_bias"] if v["mlp_bias"] is None else v["mlp_bias"]
     one = (2 * shape.norm(d) + 4 * d * d + d * shape.mlp_first
@@ -420,8 +366,7 @@ def _branches_params(value, shape):
 
 def _branch_weights():
     """Branch b's weights (b from 1; the first branch's are the block's
-    own): timm's ``attns.{b}`` and ``ffns.{b}`` modules, its packed qkv
-    read as q, k and v (zoo/timm/layout.py splits it)."""
+    own); timm's packed qkv read as q, k and v (zoo/timm/layout.py)."""
     def weight(path, kind, timm, official):
         return Weight(f"{_BLOCK}branch_{{b}}_{path}", kind,
                       f"{_TIMM}{timm}", f"{_OFFICIAL}Branch_{{b}}/{official}")
@@ -443,16 +388,23 @@ def _branch_weights():
 
 
 def _relative_mlp_params(shape):
-    """One relative position MLP: Dense(2 -> width), Dense(width ->
-    heads), with biases."""
+    """One relative position MLP: Dense(2 -> width), Dense(width -> heads)."""
     width = shape.values["relative_mlp_width"]
     return 3 * width + shape.heads * (width + 1)
 
 
-# A block's path in the model, in timm's state dict and in the official
-# layout.
+# A block's path in the model, timm's state dict and the official layout.
 _BLOCK, _TIMM = "encoder_block_{i}/", "blocks.{i}."
 _OFFICIAL = "Transformer/encoderblock_{i}/"
+
+
+def _attention(name, kind, timm=None):
+    """A weight of every block's attention (timm's name: ``timm``, else
+    ``name``)."""
+    return Weight(f"{_BLOCK}attention/{name}", kind,
+                  f"{_TIMM}attn.{timm or name}",
+                  f"{_OFFICIAL}MultiHeadDotProductAttention_1/{name}")
+
 
 OPTIONS = (
     Option("class_token", None, optional_flag, True, Field("class_token"),
@@ -504,11 +456,8 @@ OPTIONS = (
     Option("qk_norm", False, flag, True, Field("qk_norm"),
            "a norm on each head's queries and keys",
            params=lambda v, s: (2 * s.norm(_query_width(s)) * v, 0),
-           weights=tuple(
-               Weight(f"{_BLOCK}attention/{x}_norm", "norm",
-                      f"{_TIMM}attn.{x[0]}_norm",
-                      f"{_OFFICIAL}MultiHeadDotProductAttention_1/{x}_norm")
-               for x in ("query", "key")), block=True),
+           weights=tuple(_attention(f"{x}_norm", "norm", f"{x[0]}_norm")
+                         for x in ("query", "key")), block=True),
     Option("qkv_bias", True, flag, True, Field("qkv_bias"),
            "biases on the query, key and value projections",
            Field("qkv_bias"),
@@ -560,10 +509,7 @@ OPTIONS = (
            "once, before its output projection (EVA-02 CLIP's "
            "scale_attn_inner, BEiT-3's sub-LN)",
            params=lambda v, s: (s.norm(s.width) * v, 0),
-           weights=(Weight(f"{_BLOCK}attention/output_norm", "norm",
-                           f"{_TIMM}attn.norm",
-                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
-                           "output_norm"),), block=True),
+           weights=(_attention("output_norm", "norm", "norm"),), block=True),
     Option("norm", "layer", choice("layer", "rms"), True, None,
            "every norm of the model (the blocks', the q/k norms, pre_norm, "
            "the final norm or fc_norm, the attention pool's, the patch norm): "
@@ -671,9 +617,7 @@ OPTIONS = (
            block=True,
            params=lambda v, s: ((16 + 4 * (2 + (s.values["mlp"] != "gelu")))
                                 * v, 0),
-           weights=(Weight(f"{_BLOCK}attention/clip", "vector",
-                           f"{_TIMM}attn.clip",
-                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/clip"),
+           weights=(_attention("clip", "vector"),
                     Weight(f"{_BLOCK}mlp/clip", "vector", f"{_TIMM}mlp.clip",
                            f"{_OFFICIAL}MlpBlock_3/clip"))),
     Option("value_norm", False, flag, False, None,
@@ -721,8 +665,7 @@ OPTIONS = (
                              f"shared_rel_pos.mlp.{fc}",
                              f"Transformer/relative_mlp/{fc}")
                       for fc in ("fc1", "fc2")))),
-    Option("relative_mlp_width", 128, lambda name, value: check_int(
-        name, value, low=1), True, None,
+    Option("relative_mlp_width", 128, positive_count, True, None,
            "the relative position MLP's hidden width (timm's rel_pos_dim)",
            requires=lambda v, values: (
                "a relative position MLP, relative_mlp='block' or 'shared' "
@@ -748,15 +691,9 @@ OPTIONS = (
                "rope=None (no rotary form turns half heads); received "
                f"rope={values['rope']!r}" if v and values["rope"] else None),
            score_maps=lambda v: 2 if v else 1,
-           weights=(*(Weight(f"{_BLOCK}attention/lambda_{x}", "vector",
-                             f"{_TIMM}attn.lambda_{x}",
-                             f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
-                             f"lambda_{x}")
+           weights=(*(_attention(f"lambda_{x}", "vector")
                       for x in ("q1", "k1", "q2", "k2", "a", "b")),
-                    Weight(f"{_BLOCK}attention/sub_norm", "norm",
-                           f"{_TIMM}attn.sub_norm",
-                           f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
-                           "sub_norm"))),
+                    _attention("sub_norm", "norm"))),
     Option("parallel", None, choice(None, "split", "fused"), True, None,
            "the attention and the MLP side by side on one norm of the "
            "tokens, x + attention(norm_1(x)) + mlp(norm_1(x)), one layer "
@@ -811,10 +748,8 @@ OPTIONS = (
            requires=lambda v, values: _patches_alone(v, values) or _without(
                ("rope", "relative_bias", "differential"),
                "one relative scheme")(v, values),
-           weights=tuple(Weight(f"{_BLOCK}attention/rel_pos_{x}", "vector",
-                                f"{_TIMM}attn.rel_pos_{x}",
-                                f"{_OFFICIAL}MultiHeadDotProductAttention_1/"
-                                f"rel_pos_{x}") for x in ("h", "w"))),
+           weights=tuple(_attention(f"rel_pos_{x}", "vector")
+                         for x in ("h", "w"))),
     Option("neck", 0, count, True, None,
            "c > 0: SAM's neck after the blocks: the patch map through a 1 x "
            "1 convolution to c channels, a LayerNorm (epsilon 1e-6), a 3 x "
@@ -928,7 +863,7 @@ OPTIONS = (
 
 def position_resize(values):
     """The kernel that resizes the learned table of a model of the
-    options ``values`` (``position_resize``, else its model's own).
+    options ``values``.
 
     >>> position_resize({"position_resize": None, "naflex": True})
     'bilinear_aa'
@@ -939,9 +874,8 @@ def position_resize(values):
 
 def unwritten(values):
     """The rows a writer need not hold for a model of the options
-    ``values``: ``drop_path_rate``, which acts in training only, and the
-    rows :attr:`Option.at_other_sizes` but of a NaFlex model (whose table
-    meets another grid in every image).
+    ``values``: ``drop_path_rate`` (training only) and, but for a NaFlex
+    model, the rows :attr:`Option.at_other_sizes`.
 
     >>> sorted(unwritten({"naflex": False}))
     ['drop_path_rate', 'position_resize']
@@ -951,8 +885,7 @@ def unwritten(values):
 
 
 def as_written(values):
-    """``values`` (a model's config, or its rows' values) less the rows a
-    writer need not hold (:func:`unwritten`), a NaFlex model's
+    """``values`` less the rows a writer need not hold (:func:`unwritten`),
     ``position_resize`` as it resolves: what a writer compares with what
     its files read back as.
 
@@ -966,12 +899,10 @@ def as_written(values):
     return out
 
 
-# The poolings that read the class token: class_token=None builds one
-# with them.
+# The poolings with which class_token=None builds a class token.
 CLASS_TOKEN_POOLINGS = ("token", "token_gap")
 
-# The pairs of features each rotary form turns unless rope_halves says:
-# True, the two halves; False, adjacent pairs.
+# Whether each rotary form turns the two halves, unless rope_halves says.
 ROPE_HALVES = {"dinov3": True, "eva02": False, "mixed": False}
 
 ROWS = {option.name: option for option in OPTIONS}
@@ -979,9 +910,8 @@ DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 
 def described(indent=12, width=72):
-    """The rows as docstring text: each option, its default and what it
-    selects, wrapped at ``width`` and indented by ``indent`` spaces (the
-    builder's docstring lists the options so, from this table).
+    """The rows as docstring text (the builder's): each option, its
+    default and what it selects, wrapped and indented.
 
     >>> described(0, 60).splitlines()[0]
     '``class_token`` (default None): a learned class token before'
@@ -996,9 +926,7 @@ def described(indent=12, width=72):
 
 def signature(function):
     """``function``'s signature with one keyword-only argument per row, at
-    its default, before its ``**kwargs``: the constructor that takes the
-    options in ``**kwargs`` shows them to ``inspect``, ``help``, the
-    keyword checks and its config as if written out.
+    its default, before its ``**kwargs`` (as if written out).
 
     >>> def build(width, **kwargs): ...
     >>> str(signature(build)).startswith("(width, *, class_token=None, ")
@@ -1018,8 +946,7 @@ def signature(function):
 def weight_rules(source, kinds):
     """The rules of every row's weights in ``source`` (``"timm"`` or
     ``"official"``): ``kinds[kind](path, key)`` -> the source's rules of a
-    layer of that :attr:`Weight.kind` (the names of a norm's or dense
-    layer's arrays are the source's convention).
+    layer of that :attr:`Weight.kind`.
 
     >>> rules = weight_rules("timm", dict.fromkeys(
     ...     ("norm", "dense", "conv", "batch_norm", "vector"),
@@ -1043,8 +970,7 @@ def choices(name):
 
 def block_options(values, index=0):
     """The options encoder block ``index`` takes (the rows marked
-    ``block``, each at that block's value), from ``values`` (every row's,
-    normalised).
+    ``block``, at that block's value), from ``values`` (every row's).
 
     >>> values = dict(DEFAULTS, window_size=7, global_blocks=[1])
     >>> [block_options(values, i)["window_size"] for i in range(3)]
@@ -1056,27 +982,22 @@ def block_options(values, index=0):
 
 
 def prefix_tokens(values):
-    """The tokens the rows put before the patches, for the options
-    ``values`` (every row's, normalised)."""
+    """The tokens the rows put before the patches, for ``values``."""
     return sum(int(row.tokens(values[row.name])) for row in OPTIONS
                if row.tokens is not None)
 
 
 def checked(options):
-    """``options`` (a dict with every row's name) with each value passed
-    through its row's check."""
+    """``options`` with each row's value passed through its check."""
     return {name: ROWS[name].check(name, value) if name in ROWS else value
             for name, value in options.items()}
 
 
 def read_fields(library, config, fields):
-    """The options of every row with a field in ``library`` (a column:
-    ``"timm"``, ``"transformers"`` or ``"keras_hub"``), as
-    ``{option: our value}``:
-    read from ``config`` (that library's config, its defaults filled in)
-    where the field is one of ``fields`` (those the config's class has),
-    the row's default otherwise. A config type so carries exactly the
-    options its fields name.
+    """``{option: our value}`` of every row with a field in ``library``
+    (``"timm"``, ``"transformers"`` or ``"keras_hub"``): read from
+    ``config`` where the field is one of ``fields`` (those the config's
+    class has), the row's default otherwise.
 
     >>> out = read_fields("transformers", {"use_swiglu_ffn": True,
     ...                   "layerscale_value": 1e-5, "mlp_ratio": 4},
@@ -1098,9 +1019,9 @@ def read_fields(library, config, fields):
 
 
 def write_fields(library, options, fields):
-    """The fields of ``library``'s config that hold ``options`` (ours,
-    a model's config: missing ones at their defaults), for a class whose
-    config has ``fields``: the inverse of :func:`read_fields`.
+    """The fields of ``library``'s config that hold ``options`` (missing
+    ones at their defaults), for a class whose config has ``fields``: the
+    inverse of :func:`read_fields`.
 
     >>> write_fields("transformers", {"mlp": "swiglu", "layer_scale": 1.0},
     ...              ("use_swiglu_ffn", "layerscale_value", "qkv_bias"))

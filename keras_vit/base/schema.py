@@ -2,12 +2,8 @@
 
 A format is described once, field by field, as a tree of the checkers
 below; :func:`check` walks a parsed document against it and returns it
-(sizes as tuples where the description says so), or raises one error
-naming the file, the field (dotted: ``model_args.img_size``,
-``label_names[3]``) and the value found. Every reader of a foreign file
-(the zoo's configs and headers; a training run's ``run.json`` can use the
-same) describes its format with these instead of checking by hand, so a
-new reader cannot forget a field's type or bound.
+(normalised), or raises one error naming the file, the field (dotted:
+``model_args.img_size``, ``label_names[3]``) and the value found.
 
 >>> spec = Object({"num_layers": Int(1, 1024), "name": Str()},
 ...               required=("num_layers",))
@@ -21,7 +17,7 @@ config.json field num_layers: expected an integer in [1, 1024]; received num_lay
 
 :func:`read_json` reads such a file: bounded in size and depth, UTF-8,
 and a key given twice in one object is refused (JSON parsers keep the
-last one silently, so two readers of one file could see two models).
+last one silently).
 """
 
 from __future__ import annotations
@@ -37,8 +33,8 @@ from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
 
 
 class Spec:
-    """One field's description: ``expected`` says what it must be (for
-    errors); :meth:`parse` returns the value (normalised) or raises
+    """One field's description: ``expected`` says what it must be;
+    :meth:`parse` returns the value (normalised) or raises
     :class:`_MismatchError`."""
 
     expected = "a value"
@@ -158,9 +154,8 @@ class OneOf(Spec):
 
 
 class List(Spec):
-    """A list (a tuple from Python) of ``item``: ``lengths`` a set of
-    allowed lengths, else at most ``max_len``; ``unique`` refuses repeats.
-    Returned as a tuple when ``as_tuple``."""
+    """A list of ``item``: ``lengths`` a set of allowed lengths, else at
+    most ``max_len``; ``unique`` refuses repeats."""
 
     def __init__(self, item, *, lengths=None, max_len=None, min_len=0,
                  unique=False, as_tuple=False, expected=None):
@@ -168,10 +163,9 @@ class List(Spec):
         self.min_len, self.unique, self.as_tuple = min_len, unique, as_tuple
         count = (f"{' or '.join(map(str, sorted(lengths)))} "
                  if lengths else "")
-        self.expected = (f"a list of {count}{'distinct ' * unique}"
-                         f"items, each {item.expected}"
-                         + (f" (at most {max_len})" if max_len else ""))
-        self.expected = expected or self.expected
+        self.expected = expected or (
+            f"a list of {count}{'distinct ' * unique}items, each "
+            f"{item.expected}" + (f" (at most {max_len})" if max_len else ""))
 
     def parse(self, value, where):
         if not isinstance(value, (list, tuple)) or len(value) < self.min_len \
@@ -190,13 +184,10 @@ class List(Spec):
         return tuple(out) if self.as_tuple else out
 
 
-
 class Object(Spec):
     """A JSON object: ``fields`` name -> spec; ``required`` must be there;
     ``extra``: ``"allow"`` keeps other keys unread, ``"refuse"`` names
-    them (a setting keras_vit does not know may change the numbers).
-    ``values`` checks every value of an object whose keys are data
-    (tensor names, class indices), ``keys`` its keys."""
+    them. ``values`` checks every other value, ``keys`` every key."""
 
     def __init__(self, fields=None, *, required=(), extra="allow",
                  values=None, keys=None, max_len=None, what="a JSON object"):
@@ -219,9 +210,7 @@ class Object(Spec):
             field = _join(where, key)
             if self.keys is not None:
                 self.keys.parse(key, field)
-            spec = self.fields.get(key)
-            if spec is None:
-                spec = self.values
+            spec = self.fields.get(key, self.values)
             if spec is None:
                 if self.extra == "refuse":
                     raise _MismatchError(field, "no such setting (keras_vit does "
@@ -247,8 +236,8 @@ def _join(where, key):
 
 def Size(high, *, channels=None):  # noqa: N802 - reads as a type
     """An image size: an integer in [1, ``high``], or ``[height, width]``
-    of them (``[channels, height, width]`` too when ``channels`` bounds
-    the channel count, as timm writes ``input_size``)."""
+    of them (``[channels, height, width]`` too when ``channels`` is
+    given, as timm writes ``input_size``)."""
     side = Int(1, high)
     lengths = {2} if channels is None else {2, 3}
     return OneOf(side, List(side, lengths=lengths, as_tuple=True),
@@ -311,7 +300,7 @@ def _depth(value, limit):
 
 def parse_json(raw, path, what, *, error=ConfigError):
     """The JSON document in the bytes ``raw`` of the file ``path`` (a
-    ``what``, for errors): UTF-8, no key twice in an object, at most
+    ``what``): UTF-8, no key twice in an object, at most
     :data:`~keras_vit.base.limits.MAX_JSON_DEPTH` deep."""
     try:
         value = json.loads(raw.decode("utf-8"),
@@ -336,9 +325,8 @@ def parse_json(raw, path, what, *, error=ConfigError):
 def read_json(path, what, spec=None, *, max_bytes=MAX_CONFIG_BYTES,
               error=ConfigError):
     """The JSON file ``path`` (a ``what``: ``"timm config.json"``),
-    parsed by :func:`parse_json` and checked against ``spec`` when given.
-    A file that is not regular, or larger than ``max_bytes``, is refused
-    before it is read."""
+    parsed by :func:`parse_json` and checked against ``spec`` when given;
+    a file not regular or larger than ``max_bytes`` is refused unread."""
     path = os.fspath(path)
     kind = special_file(path)
     if kind is not None:

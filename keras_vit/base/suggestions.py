@@ -1,9 +1,7 @@
 """The nearest valid choice to a mistyped value, for error messages.
 
-Every refusal of a name (an argument, a model, a recipe, an environment
-variable's value) suggests the choice nearest to what was typed, the same
-way: :mod:`keras_vit.base.checks` and :mod:`keras_vit.base.environment`
-both take it from here (neither imports the other's side of it).
+Every refusal of a name suggests the choice nearest to what was typed,
+the same way.
 
 >>> did_you_mean("mirored", ("default", "mirrored"))
 " Did you mean 'mirrored'?"
@@ -20,8 +18,7 @@ def _squash(text):
 
 def closest(value, choices, n=1, cutoff=0.6):
     """Up to ``n`` of ``choices`` nearest to ``value``, best first, ignoring
-    case and separators ("vitb16" is near "ViT-B/16"; exact squashed matches
-    come first).
+    case and separators.
 
     >>> closest("mirored", ("default", "mirrored", "tpu"))
     ['mirrored']

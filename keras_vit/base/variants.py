@@ -1,13 +1,10 @@
 """Named architectures as rows of one table, and one parser for their names.
 
 ``parse("ViT-B/16")`` turns any accepted spelling of a name into an
-:class:`Arch`: the canonical name and the builder keyword arguments. Names
-are forgiving: ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit-b16"``, ``"B/16"`` and
-timm's ``"vit_base_patch16_224"`` all parse, and any patch size works
-(``"ViT-B/14"``). The family's later members (``"DeiT-B/16"``,
-``"DINOv2-L/14"``, ``"CLIP-B/16"``, ``"SigLIP-B/16-256"``, ...) are rows of
-:mod:`keras_vit.base.family_rows`, parsed here too (also by timm's name of
-the same model, ``"deit_base_patch16_224"``).
+:class:`Arch`: the canonical name and the builder keyword arguments.
+``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit-b16"``, ``"B/16"`` and timm's
+``"vit_base_patch16_224"`` all parse, with any patch size, and so do the
+rows of :mod:`keras_vit.base.family_rows` (also by timm's names).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from keras_vit.base.limits import MAX_IMAGE_SIDE, MAX_MLP
 
 # Paper Table 1, plus Ti and S of the follow-up work (the official configs).
 VIT_SIZES = {
-    #       hidden, mlp,  heads, layers
     "Ti": dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12),
     "S": dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12),
     "B": dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12),
@@ -30,11 +26,9 @@ VIT_SIZES = {
     "H": dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
 }
 
-_SIZE_LETTERS = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H"}
-
-# timm spells the sizes out.
-_TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L",
-               "huge": "H"}
+# Size letters, and timm's words for them.
+_SIZES = {"ti": "Ti", "s": "S", "b": "B", "l": "L", "h": "H", "tiny": "Ti",
+          "small": "S", "base": "B", "large": "L", "huge": "H"}
 
 # ResNet depths of the hybrids' stems (stages of bottleneck units).
 RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
@@ -42,27 +36,12 @@ RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
 
 # The variants the zoo registers by name (any other patch size still parses).
 REGISTERED = (
-    "ViT-Ti/16",
-    "ViT-S/16",
-    "ViT-S/32",
-    "ViT-B/16",
-    "ViT-B/32",
-    "ViT-B/8",
-    "ViT-L/16",
-    "ViT-L/32",
-    "ViT-H/14",
-    "R50+ViT-B/16",
-    "R50+ViT-L/32",
-    "R26+ViT-B/32",
-    "R26+ViT-S/32",
+    "ViT-Ti/16", "ViT-S/16", "ViT-S/32", "ViT-B/16", "ViT-B/32", "ViT-B/8",
+    "ViT-L/16", "ViT-L/32", "ViT-H/14",
+    "R50+ViT-B/16", "R50+ViT-L/32", "R26+ViT-B/32", "R26+ViT-S/32",
     "R+ViT-Ti/16",
-    "Axial-ViT-B/16",
-    "Axial-ViT-B/32",
-    "BiT-R50x1",
-    "BiT-R50x3",
-    "BiT-R101x1",
-    "BiT-R101x3",
-    "BiT-R152x2",
+    "Axial-ViT-B/16", "Axial-ViT-B/32",
+    "BiT-R50x1", "BiT-R50x3", "BiT-R101x1", "BiT-R101x3", "BiT-R152x2",
     "BiT-R152x4",
 )
 
@@ -82,8 +61,7 @@ class Arch:
         name: canonical name, e.g. ``"ViT-B/16"``.
         family: ``"vit"``, ``"hybrid"``, ``"axial"`` or ``"bit"``.
         config: keyword arguments for :func:`keras_vit.models.vit` (or
-            :func:`keras_vit.models.resnet_v2` for BiT; an Axial-ViT's
-            carry ``attention="axial"``), without
+            :func:`keras_vit.models.resnet_v2` for BiT), without
             ``image_size`` and ``num_classes``.
         image_size: resolution named in the name (timm's ``_384``), or None.
         tag: a weights tag named in the name (timm's ``.augreg_in21k``), or
@@ -109,9 +87,7 @@ TIMM_TAGS = {
     "goog_in21k_ft_in1k": "BiT-M-ILSVRC2012",
 }
 
-# BiT: the architecture is one name ("BiT-R50x1"); which training run
-# (BiT-S on ImageNet-1k, BiT-M on ImageNet-21k, their ILSVRC-2012 fine-tunes)
-# is a weights tag, which a name like "BiT-M-R50x1" also selects.
+# BiT: a name like "BiT-M-R50x1" also selects a weights tag.
 _BIT_RE = re.compile(
     r"^(?:bit[-_ ]?(?:(s|m)[-_ ]?)?)?r(\d+)x(\d+)(?:[-_ ](ilsvrc2012))?$",
     re.IGNORECASE)
@@ -120,10 +96,11 @@ _TIMM_BIT_RE = re.compile(r"^resnetv2_(\d+)x(\d+)_bit(m|s)?(?:_(\d+))?$")
 _VIT_RE = re.compile(
     r"^(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$", re.IGNORECASE)
 _HYBRID_RE = re.compile(
-    r"^r(\d*)[+_ ]\s*(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$",
-    re.IGNORECASE)
+    r"^r(?P<depth>\d*)[+_ ]\s*(?:vit[-_ ]?)?(?P<size>ti|s|b|l|h)[-_/ ]?"
+    r"(?P<stride>\d+)(?:[-_ @](?P<res>\d+))?$", re.IGNORECASE)
 _TIMM_HYBRID_RE = re.compile(
-    r"^vit_(tiny|small|base|large|huge)_r(\d*)_s(\d+)(?:_p\d+)?(?:_(\d+))?$")
+    r"^vit_(?P<size>tiny|small|base|large|huge)_r(?P<depth>\d*)_s"
+    r"(?P<stride>\d+)(?:_p\d+)?(?:_(?P<res>\d+))?$")
 # Axial-ViT (paper Appendix D.6): "Axial-ViT-B/16", "axial_vit_b16".
 _AXIAL_RE = re.compile(
     r"^axial[-_ ]?(?:vit[-_ ]?)?(ti|s|b|l|h)[-_/ ]?(\d+)(?:[-_ @](\d+))?$",
@@ -134,17 +111,14 @@ _TIMM_RE = re.compile(
 
 def _squash(name):
     """Lower-cases and drops separators: 'ViT-B/16' -> 'vitb16'. A '+'
-    is read 'plus' (DINOv3's S+ is not its S, and timm spells it
-    'small_plus')."""
+    is read 'plus' (timm's 'small_plus')."""
     return re.sub(r"[\s/_\-.]", "", name.lower().replace("+", "plus"))
 
 
 def _number(text, what, original, high=MAX_IMAGE_SIDE):
     """The number ``text`` (digits of a name; None stays None) if it is in
     [1, ``high``], else an :class:`UnknownModelError` naming ``what`` and
-    the name: a patch or an image side past the largest image, or a width
-    no machine holds, is refused before anything counts with it (a
-    4,301-digit number is refused without converting it)."""
+    the name (a 4,301-digit number is refused without converting it)."""
     if text is None:
         return None
     value = int(text) if len(text) <= len(str(high)) else None
@@ -194,40 +168,25 @@ def parse(name) -> Arch:
             tag = f"BiT-{m.group(1).upper()}" + (
                 "-ILSVRC2012" if m.group(4) else "")
         return _bit_arch(m.group(2), m.group(3), None, tag, name)
-    m = _TIMM_HYBRID_RE.match(raw.lower())
+    m = _TIMM_HYBRID_RE.match(raw.lower()) or _HYBRID_RE.match(raw)
     if m:
-        return _hybrid_arch(m.group(2), _TIMM_SIZES[m.group(1)],
-                            _number(m.group(3), "the stride", name),
-                            _number(m.group(4), res, name), tag, name)
-    m = _HYBRID_RE.match(raw)
-    if m:
-        size = _SIZE_LETTERS[m.group(2).lower()]
-        return _hybrid_arch(m.group(1), size,
-                            _number(m.group(3), "the stride", name),
-                            _number(m.group(4), res, name), tag, name)
+        return _hybrid_arch(m["depth"], _SIZES[m["size"].lower()],
+                            _number(m["stride"], "the stride", name),
+                            _number(m["res"], res, name), tag, name)
     m = _AXIAL_RE.match(raw)
     if m:
-        size = _SIZE_LETTERS[m.group(1).lower()]
-        return _axial_arch(size, _number(m.group(2), patch, name),
+        return _axial_arch(_SIZES[m.group(1).lower()],
+                           _number(m.group(2), patch, name),
                            _number(m.group(3), res, name), tag, name)
-    m = _TIMM_RE.match(raw.lower())
+    m = _TIMM_RE.match(raw.lower()) or _VIT_RE.match(raw)
     if m:
-        return _vit_arch(_TIMM_SIZES[m.group(1)],
+        return _vit_arch(_SIZES[m.group(1).lower()],
                          _number(m.group(2), patch, name),
-                         _number(m.group(3), res, name), tag, name)
-    m = _VIT_RE.match(raw)
-    if m:
-        size = _SIZE_LETTERS[m.group(1).lower()]
-        return _vit_arch(size, _number(m.group(2), patch, name),
                          _number(m.group(3), res, name), tag, name)
     raise UnknownModelError(_unknown_message(name))
 
 
-# A family member's spellings (its name, timm's architecture), squashed ->
-# the rows so spelled, in table order. Several rows may share timm's
-# architecture (SigLIP and SigLIP 2, the older release first): the timm tag
-# after a dot picks the row, and without one the last, the newest release,
-# which timm also loads by default.
+# A family member's spellings, squashed -> the rows so spelled, in order.
 def _family_keys():
     keys = {}
     for name, member in family_rows.MEMBERS.items():
@@ -242,15 +201,11 @@ _FAMILY_KEYS = _family_keys()
 
 
 def _family_member(raw, original):
-    """The :class:`Arch` of a row of :mod:`keras_vit.base.family_rows`
-    (``family="vit"``: it builds as a ViT with options), None for any other
-    name. A timm tag after a dot (``"deit_base_patch16_224.fb_in1k"``)
-    must be one of the member's; where timm's architecture is several
-    rows', the tag picks the row (``"vit_base_patch16_siglip_224.webli"``
-    is ``SigLIP-B/16``), else the newest release is meant
+    """The :class:`Arch` of a row of :mod:`keras_vit.base.family_rows`,
+    None for any other name. Where timm's architecture is several rows',
+    a timm tag after a dot picks the row, else the newest release is meant
     (``"vit_base_patch16_siglip_224"`` is ``SigLIP2-B/16``, as in timm)."""
-    # The last dot is timm's tag, unless the whole name is a row's
-    # ("Qwen3.5-L/16"; timm's tags have no dot).
+    # The last dot is timm's tag, unless the whole name is a row's.
     spelled, tag = raw, ""
     names = _FAMILY_KEYS.get(_squash(raw))
     if names is None:
@@ -280,8 +235,8 @@ def _vit_arch(size, patch, res, tag, original):
 
 
 def _axial_arch(size, patch, res, tag, original):
-    """Axial-ViT-{size}/{patch}: ViT-{size}'s widths and depth, every block
-    an axial (row + column) pair, mean-pooled (no class token)."""
+    """Axial-ViT-{size}/{patch}: ViT-{size} with axial attention,
+    mean-pooled."""
     vit = _vit_arch(size, patch, res, tag, original)
     config = dict(vit.config, classifier="gap", attention="axial")
     return Arch(f"Axial-{vit.name}", "axial", config, res, tag)
@@ -293,8 +248,7 @@ def _bit_arch(depth, width, res, tag, original):
         raise UnknownModelError(
             f"Unknown BiT depth {depth} in name={original!r}; BiT depths: "
             "50, 101, 152 (e.g. 'BiT-M-R50x1')")
-    # The widest layer of a BiT ResNet is its last stage's output, 2048
-    # channels times the width factor: past MAX_MLP no such model builds.
+    # Its last stage's output, 2048 channels a width factor, is its widest.
     width = _number(width, "the BiT width factor", original,
                     high=MAX_MLP // 2048)
     config = dict(block_units=list(RESNET_DEPTHS[depth]), width_factor=width)
@@ -305,11 +259,9 @@ def _hybrid_arch(depth, size, stride, res, tag, original):
     """R{depth}+ViT-{size}/{stride}: a ViT on a ResNet feature map.
 
     The number after the slash is the effective stride, as in the official
-    names: with 4 stages the ResNet divides by 32, so /32 takes 1x1 patches;
-    /16 folds the last stage into the third (the paper's option (ii), as
-    R50+ViT-B/16 does: (3, 4, 9)). The root-only "R+ViT-Ti/16" follows the
-    official config: 8x8 patches on the stride-4 root, an effective stride of
-    32 in spite of its name.
+    names (/16 folds the last stage into the third). The root-only
+    "R+ViT-Ti/16" follows the official config: 8x8 patches on the stride-4
+    root, an effective stride of 32 in spite of its name.
     """
     config = dict(VIT_SIZES[size])
     if depth == "":
@@ -344,9 +296,7 @@ def _unknown_message(name):
     candidates = {_squash(n): n for n in REGISTERED + FAMILY_NAMES}
     close = difflib.get_close_matches(_squash(str(name)), list(candidates),
                                       n=3, cutoff=0.5)
-    hint = ""
-    if close:
-        hint = " Did you mean " + ", ".join(
-            repr(candidates[c]) for c in close) + "?"
+    hint = (" Did you mean " + ", ".join(repr(candidates[c]) for c in close)
+            + "?" if close else "")
     return (f"Unknown model name={name!r}.{hint} "
             "keras_vit.zoo.list_models() (or `keras-vit list`) lists them all.")
