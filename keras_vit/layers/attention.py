@@ -18,20 +18,12 @@ from keras_vit.runtime import kernels
 
 def rotate(x, table, adjacent=False):
     """Rotary position embedding (Su et al. 2021) of ``x`` (batch, tokens,
-    heads, head_dim) by ``table`` (tokens, 2 * head_dim: each token's sines,
-    then its cosines, over the head's features; or one such table per head,
-    (heads, tokens, 2 * head_dim)): ``x * cos + r(x) * sin``
-    with ``r([a, b]) = [-b, a]`` over the two halves of the features (the
-    "rotate half" layout of DINOv3 and GPT-NeoX), in float32, cast
-    back to ``x``'s dtype. A token whose sines are 0 and cosines 1 (the
-    class and register tokens) is left exactly as it was.
-
-    ``adjacent=True`` turns the pairs of adjacent features instead (EVA-02's
-    layout, features ``2i`` and ``2i + 1`` by angle ``i``): the features
-    are first reordered, the even ones then the odd ones, which makes those
-    pairs the halves' (the table holds each angle once per half). The
-    result is in that order: rotate the queries and the keys alike, and
-    their dot products are the adjacent layout's.
+    heads, head_dim) by ``table`` (tokens, 2 * head_dim: sines, then
+    cosines; or one such table per head): ``x * cos + r(x) * sin`` with
+    ``r([a, b]) = [-b, a]`` over the two halves of the features, in
+    float32. ``adjacent=True`` turns adjacent pairs instead (EVA-02): the
+    features are reordered even then odd, and the result stays in that
+    order (the dot products of queries and keys are the same).
 
     >>> import numpy as np
     >>> x = np.array([[[[1.0, 2.0]]]], "float32")
@@ -56,20 +48,15 @@ def rotate(x, table, adjacent=False):
 
 
 def relative_table_rows(num_patches, num_prefix_tokens=0):
-    """Rows of a 1D relative position table: one per offset between two of
-    ``num_patches`` patches (2P - 1), plus one shared by every pair that
-    involves a prefix (class) token when there is one."""
+    """Rows of a 1D relative position table: 2P - 1 offsets, plus one for
+    the pairs with a prefix token when there is one."""
     return 2 * int(num_patches) - 1 + (1 if num_prefix_tokens else 0)
 
 
 def relative_position_index(num_tokens, table_rows):
-    """(N, N) row of the relative table for each (query, key) pair.
-
-    The table's shape says its layout (:func:`relative_table_rows`): an odd
-    number of rows 2P - 1 covers the offsets of P patches, offset
-    ``q - k`` at row ``q - k + P - 1`` (raster order, as the paper's 1D
-    relative attention); an even number 2P adds a last row for every pair
-    with one of the ``num_tokens - P`` prefix tokens.
+    """(N, N) row of the relative table for each (query, key) pair: offset
+    ``q - k`` at row ``q - k + P - 1``; an even number of rows adds a last
+    one for every pair with a prefix token.
 
     >>> relative_position_index(3, 5)
     array([[2, 1, 0],
@@ -94,12 +81,9 @@ def relative_position_index(num_tokens, table_rows):
 
 
 def relative_attention_bias(query, table):
-    """The paper's 1D relative attention logits (Appendix D.4).
-
-    "An extra attention [that uses] the original query but relative
-    positional embeddings as keys": ``bias[b, h, i, j] = q[b, i, h] .
-    table[index(i, j), h] / sqrt(head_dim)``, the same scale as the content
-    logits (as in Shaw et al. 2018), to be added to them before the softmax.
+    """The paper's 1D relative attention logits (Appendix D.4):
+    ``bias[b, h, i, j] = q[b, i, h] . table[index(i, j), h] /
+    sqrt(head_dim)``, to be added to the logits before the softmax.
 
     Args:
         query: projected queries (B, N, heads, head_dim); N must be static.
@@ -111,8 +95,7 @@ def relative_attention_bias(query, table):
     n = int(query.shape[1])
     rows, heads, head_dim = (int(s) for s in table.shape)
     index = relative_position_index(n, rows)
-    # First every query against every offset (B, H, N, rows), then one gather
-    # picks each pair's offset: N * rows dot products instead of N * N tables.
+    # Every query against every offset, then one gather: N * rows products.
     logits = ops.einsum("bqhk,rhk->bhqr", query, ops.cast(table, query.dtype))
     logits = ops.reshape(logits, (-1, heads, n * rows))
     flat = (np.arange(n)[:, None] * rows + index).reshape(-1)
@@ -122,18 +105,9 @@ def relative_attention_bias(query, table):
 
 def decomposed_bias(query, table_h, table_w, size):
     """MViTv2's decomposed relative position logits (SAM's image encoder):
-    ``bias[b, h, (r, c), (r', c')] = q[b, (r, c), h] . table_h[r - r' +
-    rows - 1] + q[b, (r, c), h] . table_w[c - c' + cols - 1]``, from each
-    head's queries as projected (not scaled), to be added to the logits.
-
-    Args:
-        query: (B, rows * cols, heads, head_dim), the patches of a
-            ``size`` (rows, cols) map in row-major order.
-        table_h, table_w: (2 rows - 1, head_dim) and (2 cols - 1,
-            head_dim), one vector per row and per column offset.
-
-    Returns:
-        (B, heads, N, N) logits.
+    ``q . table_h[r - r' + rows - 1] + q . table_w[c - c' + cols - 1]``
+    from the unscaled queries (B, rows * cols, heads, head_dim) of a
+    ``size`` map; (B, heads, N, N) logits.
 
     >>> q = np.ones((1, 2, 1, 1), "float32")  # a 1 x 2 map, one head
     >>> h, w = np.zeros((1, 1), "float32"), np.array([[1], [2], [3]], "float32")
@@ -152,7 +126,6 @@ def decomposed_bias(query, table_h, table_w, size):
     per_row = ops.einsum("bxyhc,xkc->bhxyk", q, offsets["h"])
     per_col = ops.einsum("bxyhc,ykc->bhxyk", q, offsets["w"])
     n = rows * cols
-    # Each key (r', c') of the row-major map: its row's logit, its column's.
     return (ops.repeat(ops.reshape(per_row, (-1, heads, n, rows)), cols,
                        axis=-1)
             + ops.tile(ops.reshape(per_col, (-1, heads, n, cols)),
@@ -160,11 +133,9 @@ def decomposed_bias(query, table_h, table_w, size):
 
 
 class ReturnsScores:
-    """The output shapes of a layer of ``num_heads`` heads whose call
-    returns its input's shape and, when asked, attention maps (B, heads,
-    N, N). The symbolic output is written out because Keras passes
-    ``compute_output_shape`` the tensors' shapes only, not the flag, and
-    tracing the call instead fails under ``keras.RematScope``."""
+    """The output shapes of a layer whose call returns its input's shape
+    and, when asked, attention maps (B, heads, N, N): written out because
+    tracing the call fails under ``keras.RematScope``."""
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -183,39 +154,17 @@ class ReturnsScores:
 class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     """Multi-head dot-product self-attention with the official parameter layout.
 
-    The projections are :class:`FusedEinsumDense` layers ``query``, ``key``,
-    ``value`` (kernels (D, heads, D/heads), biases (heads, D/heads)) and
-    ``out`` (kernel (heads, D/heads, D), bias (D,)): the shapes of the
-    released checkpoints, so that loading is a copy, and of Keras'
-    ``MultiHeadAttention``, so that Keras' ``quantize`` and
-    ``enable_lora`` reach them. ``return_attention_scores=True`` in
-    ``call`` also returns the softmax probabilities (B, heads, N, N).
+    The projections ``query``, ``key``, ``value`` (kernels (D, heads,
+    D/heads)) and ``out`` (kernel (heads, D/heads, D)) have the released
+    checkpoints' shapes and Keras' ``MultiHeadAttention``'s (so
+    ``quantize`` and ``enable_lora`` reach them).
 
-    ``qkv_bias`` and ``proj_bias`` (False: no bias on the query/key/value
-    projections, on the output projection) and ``qk_norm`` (a LayerNorm
-    of epsilon ``norm_epsilon`` over each head's queries and keys,
-    ``query_norm`` and ``key_norm``, before the dot products; an RMSNorm
-    with ``norm="rms"``) are the variants of the ViT family (timm's
-    ``qkv_bias``, ``proj_bias``, ``qk_norm``, whose q/k norms are the
-    model's ``norm_layer``). ``rope``: the form of the rotary table a
-    call passes (the ``rope`` option), which says the pairs of features it
-    turns (:func:`rotate`) unless ``rope_halves`` does (True: the halves,
-    False: adjacent pairs). ``output_norm``: a norm of that kind over the
-    heads' outputs together, before the output projection (layer
-    ``output_norm``: EVA-02's ``scale_attn_inner``, BEiT-3's sub-LN).
-    ``differential`` (``"vectors"`` or ``"dual"``): differential
-    attention (:meth:`differential_context`, the ``differential`` option)
-    at block ``index`` (from 0), which sets its ``lambda_init``.
-    ``value_norm``: each head's values normalised by that kind of norm,
-    without a scale or bias (Gemma 4's ``v_norm``). ``clip``: each
-    projection clamps its input and its output (weight ``clip``,
-    non-trainable: a row [input min, input max, output min, output max]
-    for the query, key, value and output projections; Gemma 4's E2B/E4B
-    tower's).
-    ``decomposed`` (rows, cols): the tables ``rel_pos_h`` and
-    ``rel_pos_w`` of the decomposed relative positions over a map of that
-    size (:func:`decomposed_bias`; the ``decomposed_bias`` option), whose
-    logits join the scores; the tokens a call sees are that map.
+    The options are the ViT family's (:mod:`keras_vit.base.options`):
+    ``qk_norm`` makes norms ``query_norm`` and ``key_norm``,
+    ``output_norm`` one before ``out``, ``clip`` weight ``clip`` (rows [in
+    min, in max, out min, out max]), ``decomposed`` (rows, cols) tables
+    ``rel_pos_h``/``rel_pos_w`` (:func:`decomposed_bias`); ``rope`` is the
+    form of the rotary table a call passes (:func:`rotate`).
     """
 
     ARGUMENTS = {"num_heads": int, "attention_dropout_rate": float,
@@ -271,8 +220,7 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
             setattr(self, f"rel_pos_{name}", self.add_weight(
                 name=f"rel_pos_{name}", shape=(2 * side - 1, head_dim),
                 initializer="zeros"))
-        if self.qk_norm:
-            # Differential attention's norms see the half heads.
+        if self.qk_norm:  # differential attention's see the half heads
             split = 2 if self.differential else 1
             heads_shape = tuple(input_shape[:-1]) + (
                 self.num_heads * split, head_dim // split)
@@ -331,14 +279,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
     def differential_context(self, q, k, v, bias, dropout, training,
                              need_probs):
         """Differential attention's context (B, N, heads, head_dim) and
-        maps: each head's queries and keys ``q``, ``k`` (B, N, heads,
-        head_dim) are two halves (timm's sub-heads ``2h`` and ``2h + 1``),
-        scaled by the half width; ``softmax(q1 k1) v - lambda softmax(q2
-        k2) v``, each head's result RMS-normed (``sub_norm``) and scaled by
-        ``1 - lambda_init``. The halves run as ``2 * heads`` heads of one
-        attention call: zeros after each half's features (the dot products
-        unchanged) give them the values' width, and each head's values
-        serve both its halves."""
+        maps: ``softmax(q1 k1) v - lambda softmax(q2 k2) v`` of each head's
+        query and key halves, RMS-normed (``sub_norm``) and scaled by ``1 -
+        lambda_init``. The halves run as ``2 * heads`` heads of one call,
+        zero-padded to the values' width."""
         half = self.head_dim // 2
         shape = ops.shape(q)
         split = (shape[0], shape[1], 2 * self.num_heads, half)
@@ -382,14 +326,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
 
     def call(self, x, training=None, return_attention_scores=False,
              attention_bias=None, relative_embedding=None, rope=None):
-        """``attention_bias``: optional logits added before the softmax,
-        broadcastable to (batch, heads, queries, keys).
-        ``relative_embedding``: optional 1D relative position table (rows,
-        heads, head_dim) whose logits with these queries
-        (:func:`relative_attention_bias`) are added the same way.
-        ``rope``: optional rotary table (tokens, 2 * head_dim) of each
-        token's sines and cosines, which rotate the queries and keys
-        (:func:`rotate`) after their norms."""
+        """``attention_bias``: logits added before the softmax.
+        ``relative_embedding``: a 1D relative table
+        (:func:`relative_attention_bias`). ``rope``: a rotary table that
+        turns the queries and keys after their norms (:func:`rotate`)."""
         q, k, v = self._qkv(x)
         if rope is not None:
             adjacent = not (ROPE_HALVES[self.rope] if self.rope_halves
@@ -411,14 +351,10 @@ class MultiHeadSelfAttention(ReturnsScores, KeptArguments, layers.Layer):
                       need_probs=need_probs))
         context, probs = attend(q, k, v, attention_bias, dropout, training,
                                 need_probs=return_attention_scores)
-        if self.output_norm:  # over every head's features at once
-            # The width spelled out: in a graph with a free batch, -1
-            # leaves it unknown, and the norm needs it.
+        if self.output_norm:  # width spelled out: -1 leaves it unknown
             shape = ops.shape(context)
             context = ops.reshape(self.context_norm(ops.reshape(
                 context, (shape[0], shape[1],
                           self.num_heads * self.head_dim))), shape)
         y = self._project(self.out, context, 3)
-        if return_attention_scores:
-            return y, probs
-        return y
+        return (y, probs) if return_attention_scores else y

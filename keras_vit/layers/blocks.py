@@ -18,25 +18,20 @@ from keras_vit.layers.attention import MultiHeadSelfAttention, ReturnsScores
 
 
 def rematerialized(layer, forward, *tensors):
-    """``forward(*tensors)``, rematerialised (``keras.remat``: only the
-    inputs are kept for the backward pass, which runs ``forward`` again),
-    for ``layer``'s training call. Every tensor to differentiate goes in
+    """``forward(*tensors)``, rematerialised (``keras.remat``), for
+    ``layer``'s training call. Every tensor to differentiate goes in
     ``tensors``, positionally: TensorFlow's recompute_grad gives keyword
     arguments no gradient.
 
-    The recomputation would draw new dropout masks from Keras' stateful
-    seed generators (on TensorFlow gradients were off by 9 on a tiny
-    block, on torch by 0.26 on a tiny ViT, with no error): their states,
-    read here, are given back to them at the start of each run of
-    ``forward``, so the backward pass recomputes the masks the forward
-    used. On JAX no state may change inside the checkpointed function (the
-    change would leak out of a jitted step), so the states go in and the
-    advanced ones come out as values, assigned here.
+    The recomputation would draw new dropout masks (gradients off by 9 on
+    TensorFlow, 0.26 on torch, silently): the seed generators' states are
+    restored at the start of each run of ``forward``. On JAX, where no
+    state may change inside the checkpointed function, they go in and
+    come out as values.
     """
     generators = [sub.seed_generator for sub in
                   compat.flatten_layers(layer, include_self=False)
                   if getattr(sub, "seed_generator", None) is not None]
-    # Copies of the values now (``state.value`` is the variable itself).
     states = [ops.copy(g.state.value) for g in generators]
     if not is_jax() or not generators:
         def run(*args):
@@ -108,9 +103,7 @@ def check_remat(remat):
 class DropPath(layers.Layer):
     """Stochastic depth (Huang et al. 2016): in training, each example's
     residual branch is dropped with probability ``rate`` and the kept ones
-    are scaled by 1 / (1 - rate); outside training the identity. Its seed
-    generator is the layer's own, so a rematerialised block recomputes the
-    same mask (:func:`rematerialized`)."""
+    are scaled by 1 / (1 - rate); outside training the identity."""
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -140,21 +133,13 @@ class DropPath(layers.Layer):
 class MlpBlock(KeptArguments, layers.Layer):
     """Dense -> GELU (``gelu``: "tanh", "exact" or "quick") -> Dropout ->
     Dense -> Dropout; ``use_bias=False`` drops both Dense biases.
-    ``kind="swiglu"`` gates instead of the GELU (:func:`gated`): the first
-    Dense is ``2 * mlp_dim`` wide, its first half through SiLU times its
-    second half gives the ``mlp_dim`` features the second Dense reads;
-    ``kind="geglu"`` the same through the ``gelu`` form (:func:`gated`).
-    ``norm`` (a kind of :data:`~keras_vit.layers.dense.NORM_KINDS`, of
-    ``norm_epsilon``) normalises those features before the second Dense
-    (layer ``norm``: EVA-02's ``scale_mlp``); None: no norm.
-    ``output_bias``: the second Dense's bias where it differs from the
-    first's (None: ``use_bias``; a parallel block's MLP shares its output
-    bias with the attention's). ``clip``: each projection clamps its
-    input and its output (weight ``clip``, non-trainable: a row [input
-    min, input max, output min, output max] for the first Dense, or for
-    each half of a gated one, and one for the second; Gemma 4's E2B/E4B
-    tower's): a gated MLP's first Dense then runs once per half's input
-    bounds."""
+    ``kind="swiglu"``/``"geglu"`` gates instead (:func:`gated`) from a
+    first Dense ``2 * mlp_dim`` wide. ``norm`` (of ``norm_epsilon``)
+    normalises the hidden features (EVA-02's ``scale_mlp``).
+    ``output_bias``: the second Dense's bias where it differs from
+    ``use_bias``. ``clip``: each projection clamps its input and output
+    (non-trainable weight ``clip``: rows [input min, input max, output
+    min, output max], Gemma 4's E2B/E4B tower's)."""
 
     ARGUMENTS = {"mlp_dim": int, "dropout_rate": float, "gelu": check_gelu,
                  "use_bias": bool, "kind": check_mlp,
@@ -178,17 +163,14 @@ class MlpBlock(KeptArguments, layers.Layer):
         self.dense_0 = FusedDense(
             mlp_first_width(self.mlp_dim, self.kind),
             gelu=self.gelu if self.kind == "gelu" and not self.clip
-            else None,
-            use_bias=self.use_bias,
-            kernel_initializer=XAVIER, bias_initializer=bias_init(),
-            dtype=self.dtype_policy, name="dense_0",
-        )
+            else None, use_bias=self.use_bias, kernel_initializer=XAVIER,
+            bias_initializer=bias_init(), dtype=self.dtype_policy,
+            name="dense_0")
         self.dense_1 = FusedDense(
             dim, use_bias=self.use_bias if self.output_bias is None
             else self.output_bias, kernel_initializer=XAVIER,
             bias_initializer=bias_init(), dtype=self.dtype_policy,
-            name="dense_1",
-        )
+            name="dense_1")
         self.dense_0.build((None, dim))
         self.dense_1.build((None, self.mlp_dim))
         if self.hidden_norm is not None:
@@ -216,7 +198,6 @@ class MlpBlock(KeptArguments, layers.Layer):
              clamp(halves[1][:, m:], bounds[1, 2:])], axis=-1)
 
     def call(self, x, training=None):
-        # The tokens as one 2-D matrix: what the fastest GEMMs take as is.
         shape = ops.shape(x)
         h = self._first(ops.reshape(x, (-1, shape[-1])), training)
         if self.kind != "gelu":
@@ -242,85 +223,28 @@ class MlpBlock(KeptArguments, layers.Layer):
 class EncoderBlock(ReturnsScores, layers.Layer):
     """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
-    ``remat=True`` rematerialises the block in training (``keras.remat``:
-    ``jax.checkpoint``, ``tf.recompute_grad``, torch's checkpoint): only the
-    block's input is kept for the backward pass, which runs the block's
-    forward again, so a training step stores one tensor per block instead
-    of all its activations (the paper's big models fit batches several
-    times larger) for about one more forward pass of compute. The numbers
-    are the same; inference (``training`` not True) is unchanged.
+    ``remat=True`` rematerialises the block in training: only its input is
+    kept for the backward pass, for about one more forward pass of compute;
+    the numbers are the same.
 
-    The ViT family's block options: ``layer_scale`` (an initial value:
-    each branch's output is multiplied by a learned per-channel scale,
-    weights ``layer_scale_1`` and ``layer_scale_2``, CaiT/DeiT-III/DINOv2;
-    None: none), ``qk_norm``, ``qkv_bias`` (see
-    :class:`MultiHeadSelfAttention`), ``proj_bias`` (the biases of the
-    attention's output projection and of both MLP layers, as timm's
-    ``proj_bias``), ``drop_path_rate`` (stochastic depth of both
-    branches in training, :class:`DropPath`), ``mlp`` (the MLP's kind,
-    ``"gelu"`` or ``"swiglu"``: :class:`MlpBlock`) and ``norm`` (the
-    kind of ``norm_1``, ``norm_2`` and the q/k norms: ``"layer"`` or
-    ``"rms"``, :data:`~keras_vit.layers.dense.NORM_KINDS`), ``mlp_norm``
-    (a norm of that kind inside the MLP, :class:`MlpBlock`'s ``norm``),
-    ``attention_norm`` (one before the attention's output projection,
-    :class:`MultiHeadSelfAttention`'s ``output_norm``) and
-    ``rope`` and ``rope_halves`` (the rotary embeddings' form, which
-    pairs of features the attention turns: :class:`MultiHeadSelfAttention`)
-    and ``post_norm`` (``norm_1`` and ``norm_2`` on each branch's output
-    instead of its input: timm's ``ResPostBlock``, Swin v2's blocks),
-    ``sandwich_norm`` (two more, ``post_norm_1`` and ``post_norm_2``, on
-    the outputs: Gemma 4's blocks), ``value_norm`` (each head's values
-    normalised: :class:`MultiHeadSelfAttention`), ``clip_linears`` (each
-    projection clamps its input and output: the attention's and
-    :class:`MlpBlock`'s ``clip``), ``mlp_bias`` (the MLP's biases where
-    they differ from ``proj_bias``'s),
-    ``differential`` (differential attention, at the block's ``index``
-    from 0: :class:`MultiHeadSelfAttention`) and ``parallel`` (``"split"``
-    or ``"fused"``: x + attention(norm_1(x)) + mlp(norm_1(x)), one layer
-    scale; no ``norm_2``), ``window_size`` (w > 0: the attention within
-    w x w windows of the ``grid_size`` map of patches,
-    :func:`window_partition`) and ``decomposed_bias`` (the decomposed
-    relative positions over the window, or the grid without windows:
-    :class:`MultiHeadSelfAttention`'s ``decomposed``), ``branches`` (n > 1:
-    n attentions, then n MLPs, side by side, each branch with its own
-    norms and layer scales, their outputs summed: timm's
-    ParallelThingsBlock).
+    The other arguments are the ViT family's block options (their rows in
+    :mod:`keras_vit.base.options`), passed on to
+    :class:`MultiHeadSelfAttention` and :class:`MlpBlock` where they
+    belong; ``layer_scale`` makes weights ``layer_scale_1`` and
+    ``layer_scale_2``, ``sandwich_norm`` layers ``post_norm_1`` and
+    ``post_norm_2``, ``branches`` (n > 1) layers ``branch_{b}_*``.
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        gelu="tanh",
-        remat=False,
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        proj_bias=True,
-        drop_path_rate=0.0,
-        mlp="gelu",
-        norm="layer",
-        mlp_norm=False,
-        attention_norm=False,
-        rope=None,
-        rope_halves=None,
-        post_norm=False,
-        sandwich_norm=False,
-        value_norm=False,
-        clip_linears=False,
-        mlp_bias=None,
-        differential=None,
-        parallel=None,
-        branches=1,
-        index=0,
-        window_size=0,
-        decomposed_bias=False,
-        grid_size=None,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0,
+                 attention_dropout_rate=0.0, layer_norm_epsilon=1e-6,
+                 gelu="tanh", remat=False, layer_scale=None, qk_norm=False,
+                 qkv_bias=True, proj_bias=True, drop_path_rate=0.0,
+                 mlp="gelu", norm="layer", mlp_norm=False,
+                 attention_norm=False, rope=None, rope_halves=None,
+                 post_norm=False, sandwich_norm=False, value_norm=False,
+                 clip_linears=False, mlp_bias=None, differential=None,
+                 parallel=None, branches=1, index=0, window_size=0,
+                 decomposed_bias=False, grid_size=None, **kwargs):
         super().__init__(**kwargs)
         self.window_size = int(window_size)
         self.decomposed_bias = bool(decomposed_bias)
@@ -360,8 +284,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        # Each branch's layers, the block's own and (branches > 1) the
-        # others' alike: one maker each.
+
         def norm(name):
             return make_norm(self.norm, self.layer_norm_epsilon,
                              self.dtype_policy, name)
@@ -380,9 +303,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                             else self.grid_size),
                 dtype=self.dtype_policy, name=name)
 
-        # A parallel block's MLP: the first bias always (timm's in_proj
-        # or mlp_bias), the second one shared with the attention's where
-        # the two output projections are fused.
+        # A parallel block's MLP: the first bias always, the second shared
+        # with the attention's where the output projections are fused.
         def mlp(name):
             return MlpBlock(
                 self.mlp_dim, self.dropout_rate, self.gelu,
@@ -404,7 +326,6 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             norm(f"post_norm_{n}") if self.sandwich_norm else None
             for n in (1, 2))
         self.mlp = mlp("mlp")
-        # Branches after the first (timm's ParallelThingsBlock).
         self.branches = int(branches)
         self.other_branches = [
             (norm(f"branch_{b}_norm_1"), attention(f"branch_{b}_attention"),
@@ -460,7 +381,6 @@ class EncoderBlock(ReturnsScores, layers.Layer):
                              **position)
 
     def _rematerialized(self, x, position):
-        # Positionally: recompute_grad gives keyword arguments no gradient.
         names = sorted(position)
         return rematerialized(
             self, lambda x, *tables: self._forward(
@@ -469,11 +389,6 @@ class EncoderBlock(ReturnsScores, layers.Layer):
 
     def _forward(self, x, training=None, return_attention_scores=False,
                  **position):
-        # The relative logits use "the original query": the attention
-        # layer's own projection.
-        # Pre-norm: each branch reads its norm of the tokens; post-norm
-        # (post_norm=True): each branch's output is normed instead;
-        # sandwich_norm: both, the outputs by two more norms.
         pre = (None, None) if self.post_norm else (self.norm_1, self.norm_2)
         post = ((self.norm_1, self.norm_2) if self.post_norm else
                 (self.post_norm_1, self.post_norm_2))
@@ -505,9 +420,7 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             y, training=training)), scales[0], training)
         x = x + self._branch(norm(post[1], self.mlp(
             norm(pre[1], x), training=training)), scales[1], training)
-        if return_attention_scores:
-            return x, scores
-        return x
+        return (x, scores) if return_attention_scores else x
 
     def _branched(self, x, training, return_attention_scores, position):
         """x + the sum of every branch's attention of its norm of x, then
@@ -534,9 +447,8 @@ class EncoderBlock(ReturnsScores, layers.Layer):
         x = x + _summed([self._branch(mlp(norm_2(x), training=training),
                                       scale, training)
                          for _, _, norm_2, mlp, (_, scale) in groups])
-        if return_attention_scores:
-            return x, ops.concatenate(scores, axis=1)
-        return x
+        return ((x, ops.concatenate(scores, axis=1))
+                if return_attention_scores else x)
 
     def get_config(self):
         config = with_arguments(super().get_config(), self, (
@@ -547,8 +459,6 @@ class EncoderBlock(ReturnsScores, layers.Layer):
             "sandwich_norm", "value_norm", "clip_linears", "mlp_bias",
             "differential", "parallel", "branches", "index", "window_size",
             "decomposed_bias", "grid_size"))
-        # The layer's ``mlp`` attribute is the MlpBlock; its kind is kept
-        # as ``mlp_kind``, written under the argument's name.
         config["mlp"] = self.mlp_kind
         return config
 
@@ -579,18 +489,13 @@ def check_pooling_method(method):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TokenPooling(KeptArguments, layers.Layer):
-    """Pools a token sequence: ``"token"`` takes token ``index`` (0: the
-    class token; 1: DeiT's distillation token); ``"gap"`` the
-    mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of the
-    tokens after the first ``num_prefix_tokens`` (the class and register
-    tokens: they are no patches, timm pools the same way);
-    ``"token_gap"`` token ``index`` and that mean concatenated, (B, 2D):
-    DINOv2's linear classifier (transformers'
-    ``Dinov2ForImageClassification``).
-    ``padding_bias`` (a NaFlex batch's
-    :class:`~keras_vit.models.positions.PaddingBias`, over every token)
-    leaves its padding out of the mean and the maximum; a row with no
-    patch pools to zeros."""
+    """Pools a token sequence: ``"token"`` takes token ``index``; ``"gap"``
+    the mean, ``"max"`` the maximum and ``"avgmax"`` (mean + max) / 2 of
+    the tokens after the first ``num_prefix_tokens``; ``"token_gap"``
+    token ``index`` and that mean concatenated, (B, 2D): DINOv2's linear
+    classifier. ``padding_bias`` (a NaFlex batch's
+    :class:`~keras_vit.models.positions.PaddingBias`) leaves padding out
+    of the mean and the maximum; a row with no patch pools to zeros."""
 
     ARGUMENTS = {"method": check_pooling_method, "num_prefix_tokens": int,
                  "index": int}
@@ -614,8 +519,6 @@ class TokenPooling(KeptArguments, layers.Layer):
             bias = ops.cast(ops.expand_dims(
                 padding_bias[:, 0, 0, self.num_prefix_tokens:], -1), x.dtype)
             kept = ops.cast(ops.equal(bias, 0), x.dtype)
-            # A row of padding alone (no patch) pools to zeros, as timm's
-            # masked mean does, not to 0 / 0.
             count = ops.sum(kept, axis=1)
             mean = ops.sum(x * kept, axis=1) / ops.maximum(count, 1.0)
             high = ops.where(count > 0, ops.max(x + bias, axis=1), 0.0)
@@ -648,15 +551,9 @@ class StackScores(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class StdConv2D(layers.Conv2D):
-    """Conv2D with weight standardisation (Qiao et al. 2019), as BiT uses.
-
-    The kernel is standardised over its (H, W, in) axes before every use. The
-    two official code bases differ in the formula, and both are kept exactly:
-
-    * ``standardization="std"`` (vit_jax hybrids): (w - mean) / (std + eps),
-      with eps = 1e-5;
-    * ``standardization="var"`` (big_transfer BiT): (w - mean) /
-      sqrt(var + eps), with eps = 1e-10.
+    """Conv2D with weight standardisation (Qiao et al. 2019), as BiT uses:
+    ``standardization="std"`` (vit_jax hybrids) is (w - mean) / (std +
+    eps), ``"var"`` (big_transfer BiT) is (w - mean) / sqrt(var + eps).
     """
 
     def __init__(self, *args, standardization="var", eps=1e-10, **kwargs):
@@ -692,15 +589,11 @@ class StdConv2D(layers.Conv2D):
 class ResidualUnit(layers.Layer):
     """Post-activation bottleneck unit of the hybrids' ResNet (vit_jax).
 
-    conv1 1x1 -> GN -> ReLU -> conv2 3x3 (stride here) -> GN -> ReLU ->
-    conv3 1x1 -> GN (scale initialised to zero), added to the shortcut (a
-    projection conv + GN when the shape changes), then ReLU. Convolutions are
-    weight-standardised as (w - mean) / (std + 1e-5) with TF 'SAME' padding;
-    GroupNorm has 32 groups and epsilon 1e-6. This differs from BiT's
-    pre-activation unit on purpose: it is what the released hybrids computed.
-    ``standardization``/``std_eps`` pick the weight standardisation of
-    :class:`StdConv2D` (timm's port of these hybrids runs ``"var"`` with
-    1e-8 and GroupNorm epsilon 1e-5).
+    conv1 1x1 -> GN -> ReLU -> conv2 3x3 (stride) -> GN -> ReLU -> conv3
+    1x1 -> GN (zero scale), plus the shortcut (projection conv + GN when
+    the shape changes), then ReLU: what the released hybrids computed,
+    unlike BiT's pre-activation unit. ``standardization``/``std_eps``:
+    :class:`StdConv2D`'s (timm's port runs ``"var"`` with 1e-8).
     """
 
     def __init__(self, features, strides=1, groups=32, epsilon=1e-6,

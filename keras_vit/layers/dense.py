@@ -1,7 +1,6 @@
 """Dense, LayerNorm, RMSNorm, GELU and the patch convolution, with the
-official initialisers: Keras' layers whose calls go through
-:mod:`keras_vit.runtime.kernels`, the seam that picks each backend's
-fastest spelling of the same math."""
+official initialisers, their calls through :mod:`keras_vit.runtime.kernels`.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +19,7 @@ from keras_vit.runtime.backend import is_torch
 from keras_vit.runtime.kernels import add_bias  # noqa: F401
 
 
-
-# The official code initialises its Dense kernels with Xavier-uniform and
-# their biases with N(0, 1e-6); the patch conv, pre-logits and every ResNet
-# conv (hybrid and BiT) use Flax's default lecun_normal; position embeddings
-# N(0, 0.02) "from BERT".
+# The official Dense kernels are Xavier-uniform, their biases N(0, 1e-6).
 XAVIER = "glorot_uniform"
 
 
@@ -33,46 +28,32 @@ def bias_init():
 
 
 def xavier_flat(fan_in, fan_out):
-    """Xavier-uniform for a kernel stored with more than two axes.
-
-    Flax's ``DenseGeneral`` initialises its (D, heads, D/heads) kernels as the
-    flattened (fan_in, fan_out) matrix; Keras' ``glorot_uniform`` would count
-    the leading axis as a convolution's receptive field and start the
-    attention about 6x too small at ViT-B width.
-    """
+    """Xavier-uniform of the flattened (fan_in, fan_out) matrix, as Flax's
+    ``DenseGeneral``: Keras' ``glorot_uniform`` would start a (D, heads,
+    D/heads) kernel about 6x too small at ViT-B width."""
     limit = math.sqrt(6.0 / (fan_in + fan_out))
     return keras.initializers.RandomUniform(-limit, limit)
 
 
 def gelu_tanh(x):
-    """GELU in its tanh approximation, the form the official ViT uses.
-
-    Written out rather than through ``tf.nn.gelu`` so that every exporter sees
-    plain tanh/mul/add ops (exact GELU through TF emits an ``Erfc`` op that
-    onnxruntime refuses).
-    """
+    """GELU in its tanh approximation, the form the official ViT uses,
+    written out so that exporters see plain tanh/mul/add ops."""
     c = math.sqrt(2.0 / math.pi)
     return 0.5 * x * (1.0 + ops.tanh(c * (x + 0.044715 * ops.power(x, 3))))
 
 
 GELU_FORMS = kernels.GELU_FORMS
-"""The two spellings of GELU itself: flax's tanh approximation, or erf.
-Training steps may run either as one XLA program
-(:func:`keras_vit.runtime.fused_ops.xla_gelu`)."""
+"""The two spellings of GELU itself: flax's tanh approximation, or erf."""
 
 MLP_ACTIVATIONS = (*GELU_FORMS, "quick")
 """The ``gelu`` values a layer takes: the two GELU forms, and ``"quick"``,
-``x * sigmoid(1.702 x)``, the sigmoid approximation OpenAI's CLIP image
-towers were trained with (timm's ``quick_gelu``)."""
+``x * sigmoid(1.702 x)`` (OpenAI's CLIP)."""
 
 
 def gelu(x, form="tanh"):
-    """GELU in ``form`` ``"tanh"`` (the official ViT code, flax's default)
-    or ``"exact"`` (erf; timm and PyTorch's default). The two differ by up
-    to about 1e-3 per activation and 1e-4 to 3e-4 on ViT logits, so a model
-    reproduces its checkpoint's own forward only with the form it was
-    trained with. Exact GELU is written out with ``erf`` too: ``tf.nn.gelu``
-    emits an ``Erfc`` op that onnxruntime refuses.
+    """GELU in ``form`` ``"tanh"`` (the official ViT code) or ``"exact"``
+    (erf; timm's): they differ by up to 1e-4 to 3e-4 on ViT logits. Written
+    out: ``tf.nn.gelu`` emits an ``Erfc`` op that onnxruntime refuses.
 
     >>> import numpy as np
     >>> x = ops.convert_to_tensor(np.array([-1.0, 0.5], "float32"))
@@ -89,10 +70,7 @@ def gelu(x, form="tanh"):
 
 
 def mlp_gelu_tanh(x):
-    """The tanh GELU as the MLP's activation (``keras.ops.gelu``). On
-    TensorFlow, :class:`FusedDense` replaces its float call by the spelling
-    that fuses into the matmul (:mod:`keras_vit.runtime.fused_ops`); this function
-    runs on the other backends and in quantized calls."""
+    """The tanh GELU as the MLP's activation (``keras.ops.gelu``)."""
     return ops.gelu(x, approximate=True)
 
 
@@ -118,11 +96,8 @@ def check_gelu(form):
 
 
 MLP_KINDS = options.choices("mlp")
-"""The MLP of an encoder block: ``"gelu"``, Dense -> GELU -> Dense (the
-paper's); ``"swiglu"``, one Dense to twice the width whose first half,
-through SiLU, gates the second, then Dense (Shazeer 2020's SwiGLU, the
-MLP of DINOv2-g, AIMv2, TIPS); ``"geglu"``, the same through the block's
-GELU (GeGLU, Gemma 4's)."""
+"""The MLP of an encoder block: ``"gelu"`` (the paper's), ``"swiglu"``
+(Shazeer 2020) or ``"geglu"`` (:func:`gated`)."""
 
 
 def check_mlp(kind):
@@ -133,7 +108,7 @@ def check_mlp(kind):
 
 def unbounded(shape, dtype=None):
     """Clamp bounds that clamp nothing: rows of ``[-inf, inf, -inf,
-    inf]`` (input min, input max, output min, output max)."""
+    inf]``."""
     return ops.convert_to_tensor(
         np.broadcast_to(np.array([-np.inf, np.inf] * 2, "float32"),
                         shape), dtype)
@@ -154,8 +129,7 @@ def clamp(x, bounds):
 def gated(h, activation):
     """A gated MLP's features of a packed projection: ``activation(gate)
     * value`` for ``h = [gate, value]`` split in half on the last axis
-    (the order of timm's ``SwiGLUPacked`` and transformers' DINOv2
-    ``weights_in``): SwiGLU with SiLU, GeGLU with a GELU.
+    (timm's ``SwiGLUPacked`` order).
 
     >>> import numpy as np
     >>> h = np.array([[1.0, 2.0]], "float32")
@@ -169,21 +143,16 @@ def gated(h, activation):
 
 
 def with_arguments(config, layer, names):
-    """``config``, the base class's, with ``layer``'s ``__init__``
-    arguments ``names``: each layer here stores every argument, normalised,
-    as the attribute of its name, and its config holds exactly those."""
+    """``config`` with ``layer``'s attributes ``names``."""
     config.update({name: getattr(layer, name) for name in names})
     return config
 
 
 class KeptArguments:
-    """A layer whose ``__init__`` arguments are kept as
-    :func:`with_arguments` reads them, from one table: ``ARGUMENTS`` maps
-    each name to the function that normalises it (``int``, ``float``, a
-    check), in the order they are checked and configured.
-    ``self.keep_arguments(locals())`` in ``__init__`` stores each,
-    normalised, as the attribute of its name; ``get_config`` returns
-    exactly those."""
+    """A layer whose ``__init__`` arguments come from one table:
+    ``ARGUMENTS`` maps each name to the function that normalises it;
+    ``self.keep_arguments(locals())`` stores each as an attribute, and
+    ``get_config`` returns exactly those."""
 
     ARGUMENTS = {}
 
@@ -198,11 +167,9 @@ class KeptArguments:
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedConv2D(layers.Conv2D):
     """``keras.layers.Conv2D`` whose channels-last call with a bias adds
-    it through :func:`add_bias`: under mixed precision the bias gradient
-    sums in float32 (TensorFlow's fused convolution backward and XLA:CPU
-    sum bfloat16 in bfloat16), and TensorFlow fuses the add into the
-    convolution all the same. Everything else, and torch, is Keras' own
-    call; weights, config and numbers are Conv2D's."""
+    it through :func:`add_bias`, so that under mixed precision the bias
+    gradient sums in float32 (TensorFlow and XLA:CPU sum it in bfloat16).
+    """
 
     def call(self, inputs, training=None):
         if (is_torch() or not self.use_bias
@@ -218,18 +185,9 @@ class FusedConv2D(layers.Conv2D):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedDense(layers.Dense):
     """``keras.layers.Dense`` whose float call with a bias is
-    :func:`keras_vit.runtime.kernels.dense` (the bias add TensorFlow's CPU
-    graph fuses into the matmul, torch's ``addmm``, TensorFlow's fused
-    MatMul + BiasAdd + GELU spelling for the tanh GELU).
-
-    ``gelu`` (None or one of :data:`MLP_ACTIVATIONS`) makes the GELU of that form
-    the layer's activation, kept in the config by its name (``activation``
-    then stays None there).
-
-    Everything else is Keras' own: ``kernel`` (LoRA merged in when
-    enabled), ``quantize`` and the quantized calls (Keras dispatches to
-    ``quantized_call`` instead of ``call`` once the layer is quantized),
-    ``enable_lora``, saving. Same numbers as ``Dense`` up to float rounding.
+    :func:`keras_vit.runtime.kernels.dense` (each backend's fused spelling).
+    ``gelu`` (None or one of :data:`MLP_ACTIVATIONS`) makes that GELU the
+    activation, kept in the config by its name.
     """
 
     def __init__(self, units, gelu=None, **kwargs):
@@ -272,13 +230,8 @@ class FusedDense(layers.Dense):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedEinsumDense(layers.EinsumDense):
     """``keras.layers.EinsumDense`` whose float call, for a plain
-    projection (``"abc,cde->abde"``: tokens to heads, ``"abcd,cde->abe"``:
-    heads back), is :func:`keras_vit.runtime.kernels.einsum_dense`: one
-    2-D matmul on the flattened tokens and kernel.
-    The kernel keeps its einsum shape ((D, heads, D/heads) or (heads,
-    D/heads, D), the released checkpoints' layout); ``quantize``,
-    ``enable_lora`` and their calls are Keras' own, as in
-    :class:`FusedDense`."""
+    projection, is :func:`keras_vit.runtime.kernels.einsum_dense`: one 2-D
+    matmul on the flattened tokens and kernel."""
 
     def call(self, inputs, training=None):
         kernel_axes = self.equation.replace(" ", "").split("->")[0]
@@ -298,14 +251,9 @@ class FusedEinsumDense(layers.EinsumDense):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FusedLayerNormalization(layers.LayerNormalization):
-    """``keras.layers.LayerNormalization`` whose training call on
-    TensorFlow, where the machine's plan says so, runs the normalisation
-    and its gradient as one XLA program each
-    (:func:`keras_vit.runtime.fused_ops.xla_layer_norm`: float32 statistics, as
-    Keras' own) instead of about ten graph ops each way. Inference, other
-    backends and any option other than a plain last-axis LayerNorm with
-    ``center`` and ``scale`` run Keras' own call; weights, config and the
-    numbers (to float32 rounding) are Keras'."""
+    """``keras.layers.LayerNormalization`` whose plain last-axis call goes
+    through :func:`keras_vit.runtime.kernels.layer_norm` (one XLA program
+    each way in training on TensorFlow where the plan says so)."""
 
     def call(self, inputs, training=None):
         if (self.center and self.scale and not self.rms_scaling
@@ -318,10 +266,8 @@ class FusedLayerNormalization(layers.LayerNormalization):
 
 
 NORM_KINDS = options.choices("norm")
-"""The norms a model builds: ``"layer"``, LayerNorm (subtracts the mean,
-divides by the standard deviation, a scale and a bias: the paper's);
-``"rms"``, RMSNorm (Zhang & Sennrich 2019: divides by the root mean
-square, no mean subtracted, a scale and no bias: AIMv2's)."""
+"""The norms a model builds: ``"layer"``, LayerNorm (the paper's);
+``"rms"``, RMSNorm (Zhang & Sennrich 2019: AIMv2's)."""
 
 
 def check_norm(kind):
@@ -333,16 +279,10 @@ def check_norm(kind):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class RMSNormalization(layers.RMSNormalization):
     """RMSNorm over the last axis: ``x / sqrt(mean(x ** 2) + epsilon) *
-    gamma``, with no mean subtracted and no bias (timm's ``RmsNorm``, the
-    epsilon inside the root as there). Keras' own layer and op
-    (``keras.ops.rms_normalization``: float32 statistics, torch's
-    ``rms_norm`` on torch) with two changes: the scale is the weight
-    ``gamma``, the name LayerNormalization gives its scale, so a norm's
-    checkpoint key is the same whichever kind it is; and the scale stays
-    float32 under mixed precision (LayerNormalization's rule; Keras'
-    layer would round it to bfloat16 first). Keras' other spelling,
-    ``LayerNormalization(rms_scaling=True)``, is not this: it divides by
-    the standard deviation (the variance around the mean).
+    gamma`` (timm's ``RmsNorm``). Keras' own layer with the scale named
+    ``gamma`` (LayerNormalization's name) and kept float32 under mixed
+    precision. ``LayerNormalization(rms_scaling=True)`` is not this: it
+    divides by the standard deviation.
 
     >>> import numpy as np
     >>> norm = RMSNormalization(epsilon=0.0)
@@ -375,9 +315,8 @@ class RMSNormalization(layers.RMSNormalization):
 
 
 def unscaled_norm(x, kind, epsilon):
-    """``x`` normalised over its last axis by a norm of ``kind``
-    (``"layer"`` or ``"rms"``) without a scale or a bias, in float32 and
-    cast back.
+    """``x`` normalised over its last axis by a norm of ``kind`` without
+    a scale or a bias, in float32.
 
     >>> import numpy as np
     >>> x = np.array([[3.0, -4.0]], "float32")
@@ -396,9 +335,7 @@ def unscaled_norm(x, kind, epsilon):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class UnscaledNorm(KeptArguments, layers.Layer):
     """A norm of ``kind`` (:data:`NORM_KINDS`) of ``epsilon`` over the
-    last axis with no weights (:func:`unscaled_norm`): the norm after
-    the pooling of DeepSeek's classifier, whose blocks' end in a norm with
-    a scale already.
+    last axis with no weights (:func:`unscaled_norm`).
 
     >>> import numpy as np
     >>> y = UnscaledNorm("rms", 0.0)(np.array([[3.0, -4.0]], "float32"))
@@ -421,9 +358,8 @@ class UnscaledNorm(KeptArguments, layers.Layer):
 
 def make_norm(kind, epsilon, dtype, name, fused=True):
     """The norm layer of ``kind`` (:data:`NORM_KINDS`) of ``epsilon``:
-    :class:`FusedLayerNormalization` (Keras' own LayerNormalization with
-    ``fused=False``: the model's norms outside the blocks, as they have
-    always been saved) or :class:`RMSNormalization`.
+    :class:`FusedLayerNormalization` (Keras' own with ``fused=False``) or
+    :class:`RMSNormalization`.
 
     >>> make_norm("rms", 1e-5, None, "norm").__class__.__name__
     'RMSNormalization'

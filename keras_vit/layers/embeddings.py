@@ -21,16 +21,10 @@ class PatchEmbedding(KeptArguments, layers.Layer):
 
     A ``patch_size`` x ``patch_size`` convolution with the same stride,
     flattened to a sequence: (B, H, W, C) -> (B, H/P * W/P, hidden_size).
-    ``use_bias=False`` leaves out the convolution's bias (CLIP's towers).
     ``norm`` (``"layer"`` or ``"rms"``; None: none) normalises each patch's
-    embedding, a norm of epsilon ``norm_epsilon`` (the sublayer ``norm``),
-    before any token joins or position is added: timm's
-    ``embed_norm_layer``, AIMv2's RMSNorm after the patch embedding.
-    ``stem=True``: three convolutions instead of one (timm's
-    ``ConvStem``, MobileCLIP's ViT-B): ``stem_conv_0`` (P/4 square, stride
-    P/4, to hidden_size / 4 channels) -> ``stem_norm_0`` (BatchNorm,
-    epsilon 1e-5) -> exact GELU -> ``stem_conv_1`` (2 x 2, stride 2) ->
-    ``stem_norm_1`` -> GELU -> ``conv`` (2 x 2, stride 2, to hidden_size).
+    embedding (timm's ``embed_norm_layer``). ``stem=True``: three
+    convolutions instead of one (timm's ``ConvStem``): P/4 then 2 then 2,
+    each of the first two followed by BatchNorm and exact GELU.
     """
 
     ARGUMENTS = {"hidden_size": int, "patch_size": int, "use_bias": bool,
@@ -61,15 +55,9 @@ class PatchEmbedding(KeptArguments, layers.Layer):
                                           dtype=self.dtype_policy,
                                           name=f"stem_norm_{n}")]
         self.conv = FusedConv2D(
-            self.hidden_size,
-            last,
-            strides=last,
-            padding="valid",
-            use_bias=self.use_bias,
-            kernel_initializer="lecun_normal",
-            dtype=self.dtype_policy,
-            name="conv",
-        )
+            self.hidden_size, last, strides=last, padding="valid",
+            use_bias=self.use_bias, kernel_initializer="lecun_normal",
+            dtype=self.dtype_policy, name="conv")
 
     def build(self, input_shape):
         if len(input_shape) == 3:  # flattened patches (NaFlex)
@@ -130,8 +118,7 @@ class ClassToken(layers.Layer):
 
     def build(self, input_shape):
         self.cls = self.add_weight(
-            name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros"
-        )
+            name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
         self.built = True
 
     def call(self, x):
@@ -146,13 +133,10 @@ class ClassToken(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchTokens(layers.Layer):
-    """The patch tokens of a token sequence, without the prefix tokens
-    (class, distillation, registers): as a sequence (``"NLC"``, (B, h*w,
-    D)) or as a map on the patch grid (``"NHWC"``, (B, h, w, D)); with
-    ``return_prefix`` also the prefix tokens (B, num_prefix_tokens, D).
-    Called on ``[tokens, images]``: the grid is that of ``images`` at
-    ``stride`` input pixels per token, so the layer follows a dynamic
-    image size.
+    """The patch tokens of a token sequence, without the prefix tokens:
+    as a sequence (``"NLC"``) or a map on the patch grid (``"NHWC"``);
+    with ``return_prefix`` also the prefix tokens. Called on ``[tokens,
+    images]``: the grid is that of ``images`` at ``stride``.
 
     >>> import numpy as np
     >>> t = np.arange(2 * 5 * 3, dtype="float32").reshape(2, 5, 3)
@@ -205,10 +189,9 @@ class PatchTokens(layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class RegisterTokens(layers.Layer):
-    """Inserts ``num_tokens`` learned register tokens (Darcet et al. 2023,
-    "Vision Transformers Need Registers"), weight ``registers`` (1,
-    num_tokens, D), after the first ``index`` tokens of a sequence (1: after
-    the class token, as DINOv2 and timm place them)."""
+    """Inserts ``num_tokens`` learned register tokens (Darcet et al. 2023),
+    weight ``registers`` (1, num_tokens, D), after the first ``index``
+    tokens of a sequence."""
 
     def __init__(self, num_tokens, index=0, **kwargs):
         super().__init__(**kwargs)
@@ -241,20 +224,13 @@ class RegisterTokens(layers.Layer):
 
 
 ADDITIVE_POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d")
-"""Position embeddings added to the tokens (paper Appendix D.4).
-``"relative"`` is not among them: it biases the attention logits instead
-(:func:`~keras_vit.layers.attention.relative_attention_bias`)."""
+"""Position embeddings added to the tokens (paper Appendix D.4)."""
 
 
 def sincos_2d_table(grid_size, width, temperature=10_000.0):
-    """The fixed 2D sin-cos position embedding of MoCo v3 / big_vision.
-
-    Returns a float32 table (rows * cols, width) in raster order: for each
-    patch ``[sin(x w), cos(x w), sin(y w), cos(y w)]`` with x the column, y
-    the row and ``w = temperature ** -(arange(width / 4) / (width / 4 - 1))``
-    (big_vision's ``posemb_sincos_2d``). For a ``grid_size`` of ints, a
-    NumPy array computed in float64; for one holding scalar tensors (a
-    dynamic-size model's graph), a tensor computed in float32.
+    """The fixed 2D sin-cos position embedding of big_vision's
+    ``posemb_sincos_2d``, (rows * cols, width) in raster order: NumPy for a
+    ``grid_size`` of ints, a tensor for scalar tensors.
 
     >>> sincos_2d_table((2, 3), 8).shape
     (6, 8)
@@ -285,13 +261,9 @@ def _array_module(table):
 
 def _sample_points(old_len, new_len):
     """Where the ``new_len`` samples of a linear resize with aligned
-    corners fall on an axis of ``old_len`` (> 1) entries: ``(lo, frac)``,
-    sample ``i`` at ``i * (old_len - 1) / (new_len - 1)`` (0 when
-    ``new_len`` is 1), ``frac[i]`` of the way from entry ``lo[i]`` to
-    ``lo[i] + 1``. In float64, as ``scipy.ndimage.zoom`` computes them:
-    float32 positions put the samples of a 24 -> 14 resize up to 2e-5 off
-    the official table. NumPy for an int ``new_len``; keras.ops for a
-    scalar tensor (a TensorFlow graph, which computes float64)."""
+    corners fall on an axis of ``old_len`` (> 1) entries: ``(lo, frac)``.
+    In float64, as ``scipy.ndimage.zoom``: float32 puts a 24 -> 14 resize
+    up to 2e-5 off the official table."""
     if isinstance(new_len, int):
         coords = np.arange(new_len) * ((old_len - 1) / max(new_len - 1, 1))
         lo = np.clip(np.floor(coords).astype(int), 0, old_len - 2)
@@ -305,19 +277,10 @@ def _sample_points(old_len, new_len):
 
 def resize_axis(table, new_len, axis, kernel="bilinear_corners"):
     """``table`` resized to ``new_len`` entries along ``axis`` with
-    ``kernel`` (:data:`RESIZE_KERNELS`; by default linear interpolation
-    with aligned corners: ``scipy.ndimage.zoom(order=1)``, the official
-    resize of a position table, paper section 3.2). The other kernels
-    are :func:`resize_weights` applied along the axis.
-
-    The one implementation of it, for both of its uses: a NumPy ``table``
-    (a checkpoint being loaded at another size, :mod:`keras_vit.zoo`) is
-    resized with NumPy in its own dtype (the zoo passes float64 and rounds
-    once at the end, as scipy does, on every backend, JAX's float32-only
-    default included); a tensor (the table of a dynamic-size model) with
-    keras.ops in its dtype, and ``new_len`` may then be a scalar tensor (a
-    TensorFlow graph with dynamic image sizes). The table's own length
-    along ``axis`` is static.
+    ``kernel`` (:data:`RESIZE_KERNELS`; by default
+    ``scipy.ndimage.zoom(order=1)``, the official resize, paper section
+    3.2). A NumPy ``table`` is resized with NumPy in its own dtype, a
+    tensor with keras.ops (``new_len`` may then be a scalar tensor).
 
     >>> resize_axis(np.array([[0.0], [1.0]]), 3, 0)[:, 0].tolist()
     [0.0, 0.5, 1.0]
@@ -354,11 +317,7 @@ def resize_grid_table(grid, grid_size, new_grid,
                       kernel="bilinear_corners"):
     """``grid`` (rows * cols, D), the position rows of a patch grid of
     ``grid_size`` in raster order, resized to ``new_grid`` (rows, cols)
-    with :func:`resize_axis` of ``kernel`` along the rows, then the
-    columns (by default the official resize of the paper's section 3.2:
-    bilinear, aligned corners). A NumPy ``grid`` is resized with NumPy (a
-    checkpoint being loaded); a tensor in the graph, where ``new_grid`` may hold scalar
-    tensors (a dynamic-size model)."""
+    with :func:`resize_axis` along the rows, then the columns."""
     xp = _array_module(grid)
     rows, cols = grid_size
     dim = grid.shape[-1]
@@ -368,17 +327,10 @@ def resize_grid_table(grid, grid_size, new_grid,
     return xp.reshape(table, (-1, dim))
 
 
-#: How a position table is resized to another grid (the
-#: ``position_resize`` row), as each source computes it:
-#: ``"bilinear_corners"``, the official resize of the paper's section 3.2
-#: (``scipy.ndimage.zoom(order=1)``: bilinear, aligned corners);
-#: ``"bilinear_aa"`` and ``"bicubic_aa"``, torch's ``interpolate(mode,
-#: antialias=True, align_corners=False)`` (half-pixel centres, the kernel
-#: as wide as the step when shrinking, weights normalised; the cubic of
-#: a=-0.5): SigLIP2's NaFlex and timm's ``resample_abs_pos_embed``;
-#: ``"bicubic"``, torch's ``interpolate(mode="bicubic",
-#: align_corners=False)`` (the cubic of a=-0.75 on four taps, the border
-#: row repeated): transformers' ``interpolate_pos_encoding``.
+#: How a position table is resized to another grid (``position_resize``):
+#: ``"bilinear_corners"`` (the paper's), ``"bilinear_aa"``/``"bicubic_aa"``
+#: (torch's antialiased ``interpolate``: SigLIP2, timm), ``"bicubic"``
+#: (torch's, a=-0.75: transformers' ``interpolate_pos_encoding``).
 RESIZE_KERNELS = options.choices("position_resize")[1:]  # None resolves
 
 
@@ -394,11 +346,8 @@ def resize_weights(index, new_len, old_len, kernel):
     """The weights (``index.shape + (old_len,)``) that read entry
     ``index`` of an axis resized from ``old_len`` entries to ``new_len``
     off the old entries, for ``kernel`` (one of :data:`RESIZE_KERNELS`).
-
-    ``index`` and ``new_len`` (broadcastable: a NaFlex batch's per-image
-    lengths, or a dynamic model's scalar tensor) are float arrays: NumPy
-    computes in their dtype (the zoo passes float64), keras.ops in
-    float32, as torch does. ``old_len`` is a Python int.
+    ``index`` and ``new_len`` are broadcastable float arrays (NumPy
+    computes in their dtype, keras.ops in float32); ``old_len`` an int.
 
     >>> w = resize_weights(np.arange(3.0), 3.0, 2, "bilinear_corners")
     >>> w.tolist()
@@ -448,13 +397,9 @@ def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa",
     ``grid_size`` (rows, cols) to each patch of a NaFlex batch:
     ``coords`` (B, N, 2), each patch's row and column in its image's grid,
     whose size is the largest coordinate of its patches (``mask`` (B, N):
-    nonzero for a patch, zero for padding) plus one. Each axis's weights
-    are :func:`resize_weights` of ``kernel``: ``"bilinear_aa"`` is
-    SigLIP2's resize of its table to each image, ``"bicubic_aa"`` timm's
-    NaFlexVit default. ``aspect=True``: each image's table is resized to
-    a square of its grid's longer side, of which its grid is the top-left
-    corner (timm's ``pos_embed_ar_preserving``). Computed in float32;
-    padding gets the weights of its coordinates."""
+    nonzero for a patch) plus one. ``aspect=True``: each image's table is
+    resized to a square of its longer side (timm's
+    ``pos_embed_ar_preserving``)."""
     coords = ops.cast(coords, "float32")
     # expand_dims, not [..., None]: TFLite has no kernel for a strided
     # slice that adds an axis to a tensor of unknown shape.
@@ -477,12 +422,9 @@ def naflex_weights(coords, mask, grid_size, kernel="bilinear_aa",
 
 def runtime_grid(images, stride):
     """The patch grid (rows, cols) of ``images`` (B, H, W, C) cut by
-    ``stride`` pixels a patch: Python ints where the shape is known (JAX
-    and torch always, TensorFlow when static), else scalar tensors. A side
-    that is not a positive multiple of the stride is refused by
-    :class:`~keras_vit.layers.image_sizes.ImageSizes` (the convolution
-    would drop its last pixels without a word): a ValueError, or on a
-    TensorFlow graph an assertion the grid depends on."""
+    ``stride`` pixels a patch: ints where the shape is known, else scalar
+    tensors. A side that is not a positive multiple of the stride is
+    refused (:class:`~keras_vit.layers.image_sizes.ImageSizes`)."""
     images = ImageSizes(multiple=stride).check_images(images)
     height, width = ops.shape(images)[1], ops.shape(images)[2]
     return height // stride, width // stride
@@ -492,34 +434,15 @@ def runtime_grid(images, stride):
 class PositionEmbedding(layers.Layer):
     """Adds a position embedding of shape (1, num_tokens, D) to the tokens.
 
-    ``grid_size`` (rows, cols) and ``num_prefix_tokens`` (1 with a class
-    token) record how the table maps onto the patch grid, which is what a
-    resolution change needs to resize it (``keras_vit.zoo.resize_posemb``).
+    ``kind`` (paper Appendix D.4): ``"learned_1d"``, weight
+    ``pos_embedding`` (1, num_tokens, D); ``"learned_2d"``, weights
+    ``pos_embedding_x`` (cols, D/2) and ``pos_embedding_y`` (rows, D/2), a
+    patch gets ``concat(X[col], Y[row])``; ``"sincos_2d"``, the fixed
+    :func:`sincos_2d_table`. The 2D kinds give prefix tokens zeros.
 
-    ``kind`` (paper Appendix D.4):
-
-    * ``"learned_1d"`` (the paper's default): one learned row per token,
-      class token included, weight ``pos_embedding`` (1, num_tokens, D);
-    * ``"learned_2d"``: an X (column) and a Y (row) table of width D/2 each,
-      weights ``pos_embedding_x`` (cols, D/2) and ``pos_embedding_y``
-      (rows, D/2); a patch gets ``concat(X[col], Y[row])``;
-    * ``"sincos_2d"``: the fixed table of :func:`sincos_2d_table`, no weights.
-
-    With the two 2D kinds the prefix (class) token gets no embedding: it has
-    no place on the grid, and it is itself a learned vector, so a learned
-    offset for it would only duplicate it (MoCo v3 gives it zeros too).
-
-    ``stride`` (pixels per grid cell: the patch size, times a hybrid's
-    ResNet stride) makes the table follow the images' size: called with
-    ``images=`` (the model's input), the grid rows are resized in the graph
-    to that input's grid with ``resize`` (a kernel of
-    :data:`RESIZE_KERNELS`, the source's: by default the official resize,
-    bilinear with aligned corners; the 2D kinds per axis, ``"sincos_2d"``
-    recomputed), so one model takes any height and width the stride
-    divides. At ``grid_size`` the table is used as it is. Loading weights
-    at another size resizes them with the same kernel
-    (:func:`keras_vit.zoo.resize_posemb`), as does a NaFlex batch per
-    image.
+    ``stride`` makes the table follow the images' size: called with
+    ``images=``, the table is resized in the graph to their grid with
+    ``resize`` (a kernel of :data:`RESIZE_KERNELS`).
     """
 
     def __init__(self, grid_size, num_prefix_tokens=0, kind="learned_1d",
@@ -571,12 +494,8 @@ class PositionEmbedding(layers.Layer):
         self.built = True
 
     def table(self, grid=None):
-        """The embedding added to the tokens, (1, num_tokens, D), any kind:
-        for ``grid`` (rows, cols; ints or scalar tensors) when given, else
-        for ``grid_size``."""
-        # Sizes known now (ints) decide here; tensors (a TensorFlow graph
-        # of a dynamic-size model) always take the resize, which is the
-        # identity at grid_size.
+        """The embedding added to the tokens, (1, num_tokens, D), for
+        ``grid`` (rows, cols) when given, else for ``grid_size``."""
         known = grid is not None and all(isinstance(g, int) for g in grid)
         resize = grid is not None and (not known
                                        or tuple(grid) != self.grid_size)
@@ -610,10 +529,8 @@ class PositionEmbedding(layers.Layer):
         return ops.concatenate([prefix, patches], axis=0)[None]
 
     def call(self, x, images=None, coords=None, patch_mask=None):
-        """``coords`` and ``patch_mask`` (a NaFlex batch's, see
-        :func:`naflex_weights`): each image's patches get the table
-        resized to its own grid, the prefix tokens their rows as they
-        are."""
+        """``coords`` and ``patch_mask``: a NaFlex batch's
+        (:func:`naflex_weights`)."""
         if coords is not None:
             return x + ops.cast(self.naflex_table(coords, patch_mask),
                                 x.dtype)
@@ -644,13 +561,9 @@ class PositionEmbedding(layers.Layer):
         return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            grid_size=list(self.grid_size),
-            num_prefix_tokens=self.num_prefix_tokens,
-            kind=self.kind,
-            stride=self.stride,
-        )
+        config = dict(super().get_config(), grid_size=list(self.grid_size),
+                      num_prefix_tokens=self.num_prefix_tokens,
+                      kind=self.kind, stride=self.stride)
         if self.resize != "bilinear_corners":  # saved before it: none
             config["resize"] = self.resize
         if self.aspect:

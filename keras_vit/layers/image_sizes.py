@@ -1,21 +1,10 @@
 """Which image shapes a model takes, decided in one place.
 
 A model built for one size takes exactly that (height, width); a
-dynamic-size model (``dynamic_image_size=True``) takes any height and
-width that are positive multiples of its patch grid's stride (1 for a
-ResNet). :class:`ImageSizes` holds that rule and checks it wherever
-images enter: the model's call, every compiled ``predict`` path, the
-position table's resize (:func:`keras_vit.layers.runtime_grid`) and the
-serving graph of every export. Known sizes are checked in Python (a
-ValueError before anything runs); a TensorFlow graph also checks the
-sizes it runs on, with an assertion in the same words (which a
-SavedModel keeps) and, for a dynamic size, shape arithmetic that fails
-off the stride (which ONNX and OpenVINO keep: their converters drop
-assertions). Exports record the rule in the artifact's metadata.
-:func:`check_image_size` checks the size a model is built for (every
-builder's ``image_size``, and the zoo's when it loads or rebuilds one): a
-pair of positive sides, none past
-:data:`keras_vit.base.limits.MAX_IMAGE_SIDE`.
+dynamic-size model takes any height and width that are positive multiples
+of its patch grid's stride. :class:`ImageSizes` holds that rule and checks
+it wherever images enter; :func:`check_image_size` checks the size a model
+is built for.
 
 >>> sizes = ImageSizes(size=(32, 32), channels=3)
 >>> sizes.describe()
@@ -46,8 +35,7 @@ from keras_vit.base.limits import MAX_IMAGE_SIDE
 def check_image_size(value, name="image_size"):
     """``(height, width)`` from an int or a pair of positive ints, each
     side at most :data:`~keras_vit.base.limits.MAX_IMAGE_SIDE`; else a
-    one-line ValueError naming ``name``. A side past the cap would ask for
-    a position table of billions of tokens before any memory check.
+    one-line ValueError naming ``name``.
 
     >>> check_image_size(224)
     (224, 224)
@@ -82,8 +70,6 @@ class ImageSizes:
 
     def __repr__(self):
         return f"ImageSizes({self.to_json()})"
-
-    # -- the rule -----------------------------------------------------------
 
     def describe(self):
         """The rule in words: ``"32x32x3"`` or ``"height and width
@@ -135,14 +121,10 @@ class ImageSizes:
     def check_images(self, images):
         """``images`` after the check: sizes known now are checked here
         (ValueError); on a TensorFlow graph the result also depends on an
-        assertion with the same words, evaluated when it runs: a graph
-        traced with free sizes, or a SavedModel signature (TensorFlow
-        feeds a signature tensors of other heights and widths than its
-        input's static shape, and a VALID convolution drops the extra
-        rows without a word)."""
+        assertion with the same words, evaluated when it runs (a SavedModel
+        signature takes other sizes than its static shape, and a VALID
+        convolution drops the extra rows without a word)."""
         self.check(tuple(images.shape))
-        # Only a TensorFlow graph runs on sizes it did not know when it
-        # was traced (JAX and torch always know theirs).
         tf = sys.modules.get("tensorflow")
         if (tf is None or not tf.is_symbolic_tensor(images)
                 or len(images.shape) != 4):
@@ -163,22 +145,16 @@ class ImageSizes:
             images = tf.identity(images)
         if self.dynamic and self.multiple > 1:
             # The same rule in shape arithmetic, which survives converters
-            # that drop assertions (tf2onnx, OpenVINO's frontend): cutting
-            # each side into cells of `multiple` pixels fails in every
-            # runtime when the side is not a multiple of it (a side under
-            # one cell fails at the convolution).
+            # that drop assertions (tf2onnx, OpenVINO's frontend).
             m = self.multiple
             cells = tf.stack([shape[0], height // m, m, width // m, m,
                               shape[3]])
             images = tf.reshape(tf.reshape(images, cells), shape)
         return images
 
-    # -- examples and metadata ----------------------------------------------
-
     def refused_examples(self):
         """Image (height, width) pairs the rule refuses, for the checks of
-        an exported artifact: 0 and 1 pixel, under and off the stride or
-        the size, and (fixed) larger and not square."""
+        an exported artifact."""
         if self.dynamic:
             m = self.multiple
             pairs = [(0, m), (m, 0)]
@@ -190,8 +166,7 @@ class ImageSizes:
         return [p for p in dict.fromkeys(pairs) if p != self.size]
 
     def to_json(self):
-        """The rule as JSON-able data (what an artifact's metadata
-        records)."""
+        """The rule as JSON-able data."""
         data = {"channels": self.channels}
         if self.dynamic:
             data.update(image_size="dynamic", multiple_of=self.multiple)
@@ -213,8 +188,7 @@ class ImageSizes:
 def image_sizes(model):
     """The :class:`ImageSizes` of ``model`` (one image input): its
     input's height and width when fixed; else positive multiples of the
-    stride of its resized position table (a dynamic-size ViT; its patch
-    size when it has none), or of 1 (a ResNet takes any size)."""
+    strides its layers need (1 for a ResNet)."""
     cached = model.__dict__.get("_keras_vit_image_sizes")
     if cached is not None:
         return cached
@@ -229,13 +203,9 @@ def image_sizes(model):
         strides = [layer.stride for layer in layers
                    if getattr(layer, "stride", None)
                    and layer.name.startswith("position_embedding")]
-        # Without a resized table (position_embedding="none"), the patch
-        # convolution's own stride still drops a side it does not divide.
         strides += [layer.patch_size for layer in layers
                     if getattr(layer, "patch_size", None)
                     and layer.name.startswith("patch_embedding")]
-        # A layer that needs more says so (the patch merger: its blocks
-        # of patches).
         strides += [layer.image_multiple for layer in layers
                     if getattr(layer, "image_multiple", None)]
         sizes = ImageSizes(multiple=math.lcm(*strides) if strides else 1,

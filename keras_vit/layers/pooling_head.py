@@ -1,7 +1,5 @@
-"""The layers after the blocks: multihead attention pooling ("MAP": one
-learned query attends over the tokens, the pooling head of SigLIP's image
-towers and big_vision's ``pool_type="map"`` ViTs), the patch merger of
-Qwen's vision towers and the convolutional neck of SAM's image encoder."""
+"""The layers after the blocks: multihead attention pooling ("MAP"), the
+patch merger of Qwen's vision towers, SAM's neck and Gemma 4's pool."""
 
 from __future__ import annotations
 
@@ -26,32 +24,17 @@ FORMS = ("map", "aimv2")
 class AttentionPoolHead(KeptArguments, layers.Layer):
     """Pools (B, N, D) tokens into (B, D) by attention from a learned probe.
 
-    A learned ``probe`` (1, 1, D) is the one query: multi-head dot-product
-    attention of ``num_heads`` heads from it over the tokens (projections
-    ``query``, ``key``, ``value`` with kernels (D, heads, D/heads) and
-    ``out`` with kernel (heads, D/heads, D), all with biases: the layout of
-    :class:`~keras_vit.layers.MultiHeadSelfAttention` and of the released
-    checkpoints), then a pre-LN residual MLP, ``y + MLP(LayerNorm(y))``
-    (``norm`` of epsilon ``layer_norm_epsilon``, ``mlp`` Dense(``mlp_dim``)
-    -> GELU of form ``gelu`` -> Dense(D); ``norm="rms"`` makes ``norm``
-    an RMSNorm, as timm builds its pool with the model's norm layer), and
-    the probe's row is the output. This is big_vision's ``MAPHead``, timm's ``AttentionPoolLatent``
-    with one latent and transformers'
-    ``SiglipMultiheadAttentionPoolingHead``; the three compute the same
-    function, which is why one layer loads all their weights.
+    A learned ``probe`` (1, 1, D) is the one query of ``num_heads``-head
+    attention over the tokens (projections laid out as
+    :class:`~keras_vit.layers.MultiHeadSelfAttention`'s), then ``y +
+    MLP(norm(y))``: big_vision's ``MAPHead``, timm's
+    ``AttentionPoolLatent``, transformers'
+    ``SiglipMultiheadAttentionPoolingHead``. The first
+    ``num_prefix_tokens`` tokens are left out. The softmax runs in float32:
+    bf16 loses the small differences between the probe's logits.
 
-    ``num_prefix_tokens`` leading tokens (class, register tokens) are left
-    out of the keys and values, as timm leaves them out of its attention
-    pool. The softmax runs in float32 under mixed precision: the probe's
-    logits over every token decide the whole embedding, and bf16 loses the
-    small differences between them.
-
-    ``form="aimv2"`` is AIMv2's attention-pooling head instead (transformers'
-    ``Aimv2AttentionPoolingHead``): the probe itself is the query (no
-    ``query`` projection), ``key`` and ``value`` have biases where
-    ``qkv_bias`` says, and ``out`` (with its bias) gives the output: no
-    norm and no MLP (``mlp_dim`` and ``gelu`` unused). ``qkv_bias`` is
-    read by that form only.
+    ``form="aimv2"``: AIMv2's head, the probe itself the query, ``key`` and
+    ``value`` biased as ``qkv_bias`` says, no norm and no MLP.
     """
 
     ARGUMENTS = {"num_heads": int, "mlp_dim": int, "gelu": check_gelu,
@@ -64,8 +47,6 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
                  form="map", qkv_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.keep_arguments(locals())
-        # The attribute ``norm`` is the layer (built in build); its kind is
-        # kept as ``norm_kind`` and configured under the argument's name.
         self.norm_kind = check_norm(norm)
         for name in ("num_heads", "mlp_dim"):
             if getattr(self, name) < 1:
@@ -86,7 +67,6 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
                                      initializer="glorot_uniform")
         batch = tuple(input_shape[:1])
         map_form = self.form == "map"
-        # AIMv2's: no query projection, key and value biased as qkv_bias.
         for name, length in ((("query", 1),) if map_form else ()) + (
                 ("key", input_shape[1]), ("value", input_shape[1])):
             layer = FusedEinsumDense(
@@ -114,11 +94,9 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
 
     def call(self, x, training=None, padding_bias=None):
         """``padding_bias``: a NaFlex batch's
-        :class:`~keras_vit.models.positions.PaddingBias` (over every
-        token), which leaves its padding out of the keys."""
+        :class:`~keras_vit.models.positions.PaddingBias`."""
         if self.num_prefix_tokens:
             x = x[:, self.num_prefix_tokens:]
-        # The probe's query once, shared by every image: (1, heads, Dh).
         if self.form == "map":
             q = self.query(ops.cast(self.probe, x.dtype))[0]
         else:  # AIMv2's: the probe itself, split into the heads
@@ -147,17 +125,10 @@ class AttentionPoolHead(KeptArguments, layers.Layer):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchMerger(KeptArguments, layers.Layer):
     """Merges each ``merge_size`` x ``merge_size`` block of patch tokens
-    into one: a norm over each token (``norm`` of ``norm_epsilon``), the
-    block's tokens concatenated in row-major order (k * k * D features),
-    then Dense(k * k * D) -> exact GELU -> Dense(``width``) (no second
-    Dense for ``width=None``). This is the projector of Qwen's vision
-    towers (timm's ``Qwen3VitPatchMerger``), which hands a language model
-    a quarter of the tokens.
-
-    The tokens are the patches of a ``grid_size`` (rows, columns) grid, in
-    row-major order and without prefix tokens; a dynamic-size model passes
-    its ``images`` and the patch ``stride`` instead, and a grid that
-    ``merge_size`` does not divide is refused as the image sizes are.
+    into one: a norm over each token, the block's tokens concatenated,
+    then Dense(k * k * D) -> exact GELU -> Dense(``width``) (none for
+    ``width=None``): timm's ``Qwen3VitPatchMerger``. A dynamic-size model
+    passes its ``images`` and the patch ``stride``.
 
     >>> import numpy as np
     >>> merger = PatchMerger((4, 6), merge_size=2, width=8)
@@ -183,8 +154,7 @@ class PatchMerger(KeptArguments, layers.Layer):
 
     @property
     def image_multiple(self):
-        """What an image side must be a multiple of (a dynamic-size
-        model's), or None: a whole block of patches."""
+        """What an image side must be a multiple of, or None."""
         return None if self.stride is None else self.stride * self.merge_size
 
     def build(self, x_shape, images_shape=None):
@@ -209,8 +179,7 @@ class PatchMerger(KeptArguments, layers.Layer):
         k = self.merge_size
         if images is None:
             rows, cols = (g // k for g in self.grid_size)
-        else:  # the images' grid, in blocks (a side k does not divide
-            # is refused there)
+        else:
             rows, cols = runtime_grid(images, self.stride * k)
         dim = int(x.shape[-1])
         x = self.norm_layer(x)
@@ -237,11 +206,9 @@ class PatchMerger(KeptArguments, layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class Neck(KeptArguments, layers.Layer):
-    """SAM's neck (its image encoder's last layers, timm's ``neck``): the
-    patch tokens of a ``grid_size`` map through a 1 x 1 convolution to
-    ``channels``, a LayerNorm over them (epsilon 1e-6), a 3 x 3
-    convolution padded with zeros and a LayerNorm; no convolution has a
-    bias. Tokens in, tokens out (B, rows * cols, channels).
+    """SAM's neck: the patch tokens of a ``grid_size`` map through a 1 x 1
+    convolution to ``channels``, a LayerNorm, a 3 x 3 convolution and a
+    LayerNorm (no biases). Tokens in, tokens out.
 
     >>> import numpy as np
     >>> neck = Neck((2, 3), channels=4)
@@ -283,12 +250,10 @@ class Neck(KeptArguments, layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class SoftTokenPool(KeptArguments, layers.Layer):
-    """Gemma 4's soft-token pool (its vision encoder's ``pooler``): the
-    patch tokens of a ``grid_size`` map averaged over each ``kernel`` x
-    ``kernel`` cell (the cells in row-major order), times ``sqrt(width)``;
-    with ``standardize``, then ``(x - std_bias) * std_scale`` (the 31B
-    tower's). Tokens in, fewer tokens out (B, rows * cols / kernel ** 2,
-    width); the grid's sides must be multiples of ``kernel``.
+    """Gemma 4's soft-token pool: the patch tokens of a ``grid_size`` map
+    averaged over each ``kernel`` x ``kernel`` cell, times
+    ``sqrt(width)``; with ``standardize``, then ``(x - std_bias) *
+    std_scale``.
 
     >>> import numpy as np
     >>> pool = SoftTokenPool((2, 4), kernel=2)

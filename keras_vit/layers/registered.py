@@ -1,8 +1,6 @@
 """The name every keras_vit class registers with Keras under (``keras_vit>ClassName``).
 
-Saved ``.keras`` files name their classes by it, so it never changes. It is
-a module of its own, free of Keras, so that the package ``keras_vit.layers``
-holds it before it imports Keras (see the package's ``__init__``).
+Saved ``.keras`` files name their classes by it; a module free of Keras.
 """
 
 PACKAGE = "keras_vit"

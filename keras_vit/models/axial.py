@@ -1,18 +1,8 @@
 """Axial-ViT (paper Appendix D.6): a ViT whose patch grid stays 2D.
 
-Every block of a ViT (global self-attention + MLP) becomes an axial block:
-self-attention along each row + MLP, then self-attention along each column +
-MLP, so a token mixes with its row, then with its column (Ho et al. 2019,
-Huang et al. 2020). The paper's Axial-ViT-B/16 and B/32 keep ViT-B's 12
-blocks, each replaced by such a pair.
-
-There is no class token: a token that belongs to no row or column has no
-place in axial attention. Classification takes the mean of the grid after
-the final LayerNorm (what ``classifier="gap"`` does in a ViT), then the
-zero-initialised head.
-
-No weights were released; the zoo builds ``"Axial-ViT-B/16"`` and
-``"Axial-ViT-B/32"`` with ``weights=None``.
+Every block of a ViT becomes an axial block: self-attention along each
+row + MLP, then along each column + MLP (Ho et al. 2019). There is no class
+token; classification takes the mean of the grid after the final norm.
 """
 
 from __future__ import annotations
@@ -33,7 +23,6 @@ from keras_vit.models.positions import PositionScheme
 from keras_vit.models.quantization import QuantizeMixin
 
 _POOLINGS = (None, "gap", "avg")
-# A relative table needs a 1D sequence, which an axial model does not have.
 _POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 # AxialEncoderBlock's arguments, which its get_config returns.
 _BLOCK_ARGUMENTS = ("num_heads", "mlp_dim", "dropout_rate",
@@ -44,9 +33,8 @@ _BLOCK_ARGUMENTS = ("num_heads", "mlp_dim", "dropout_rate",
 class AxialEncoderBlock(layers.Layer):
     """Row self-attention + MLP, then column self-attention + MLP.
 
-    Takes and returns a grid (B, rows, cols, D). ``row`` and ``column`` are
-    ordinary pre-LN :class:`keras_vit.layers.EncoderBlock` s run on every row
-    (a sequence of ``cols`` tokens) and every column (``rows`` tokens).
+    Takes and returns a grid (B, rows, cols, D); ``row`` and ``column``
+    are :class:`keras_vit.layers.EncoderBlock` s.
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0,
@@ -59,8 +47,7 @@ class AxialEncoderBlock(layers.Layer):
                 layer_norm_epsilon, remat=remat, dtype=self.dtype_policy,
                 name=name)
             for name in ("row", "column"))
-        # The arguments as the two blocks normalised them; their gelu stays
-        # the tanh default, which an axial block does not take.
+        # The arguments as the two blocks normalised them.
         for key in _BLOCK_ARGUMENTS:
             setattr(self, key, getattr(self.row, key))
 
@@ -88,9 +75,8 @@ class AxialEncoderBlock(layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in _BLOCK_ARGUMENTS})
-        return config
+        return dict(super().get_config(),
+                    **{key: getattr(self, key) for key in _BLOCK_ARGUMENTS})
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -98,17 +84,8 @@ class AxialVisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                              CompiledModelMixin, keras.Model):
     """Axial-ViT of the paper's Appendix D.6.
 
-    Build it with :func:`axial_vit` or ``keras_vit.zoo.load("Axial-ViT-B/16",
-    weights=None)``. The constructor arguments are those of
-    :func:`axial_vit`; ``get_config`` returns exactly them.
-
-    The input, the argument checks, the head and the config are
-    :class:`keras_vit.models.VisionTransformer`'s (keras_vit.models.common,
-    .encoder and .config). The encoder between them runs on a grid, not a
-    token sequence, hence a class of its own, whose arguments are the
-    ViT's less those that need a sequence (``classifier``, ``resnet``,
-    ``position_embedding_placement``, ``return_attention_scores``) and
-    ``gelu`` (its blocks keep the tanh default).
+    Build it with :func:`axial_vit`; ``get_config`` returns exactly the
+    constructor arguments: the ViT's less those that need a sequence.
     """
 
     def __init__(self, image_size=224, patch_size=16, hidden_size=768,
@@ -182,30 +159,12 @@ def axial_vit(image_size, patch_size, hidden_size, num_layers, num_heads,
               mlp_dim, num_classes, **kwargs):
     """Builds an Axial-ViT (paper Appendix D.6) of any size.
 
-    Args:
-        image_size: input resolution, an int or (height, width); a multiple
-            of ``patch_size``.
-        patch_size: side of the square patches.
-        hidden_size: token width D.
-        num_layers: number of axial blocks, each a row block and a column
-            block (attention + MLP each): twice as many attention layers and
-            MLPs as a ViT of the same depth.
-        num_heads: attention heads (must divide ``hidden_size``).
-        mlp_dim: hidden width of every MLP.
-        num_classes: size of the head, applied to the mean of the grid.
-        **kwargs: ``representation_size``, ``dropout_rate``,
-            ``attention_dropout_rate``, ``include_top``, ``pooling`` (with
-            ``include_top=False``: None returns the grid (B, rows, cols, D),
-            ``"gap"``/``"avg"`` its mean), ``include_preprocessing``,
-            ``classifier_activation``, ``num_channels``, ``name``, ``dtype``,
-            and ``position_embedding``: ``"learned_1d"`` (default),
-            ``"learned_2d"``, ``"sincos_2d"`` or ``"none"``, added once
-            before the first block.
-
-    Returns:
-        An :class:`AxialVisionTransformer` (a ``keras.Model``).
-
-    Example:
+    The arguments are :func:`keras_vit.models.vit`'s; ``num_layers``
+    counts axial blocks (a row block and a column block each),
+    ``pooling=None`` returns the grid (B, rows, cols, D), and
+    ``position_embedding`` is ``"learned_1d"``, ``"learned_2d"``,
+    ``"sincos_2d"`` or ``"none"``. Returns an
+    :class:`AxialVisionTransformer`.
 
     >>> import numpy as np
     >>> from keras_vit.models import axial_vit

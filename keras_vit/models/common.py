@@ -1,12 +1,6 @@
-"""The two ends every model class of the package (ViT and its hybrids,
-Axial-ViT, BiT) builds the same way: the image input with its optional
-rescaling, and the classification head.
-
-The layer names here (``images``, ``preprocessing``, ``pooling``,
-``pre_logits``, ``head``, ``predictions``) are those of every checkpoint
-written so far: the zoo's converters and saved ``.keras`` files find the
-weights by them.
-"""
+"""The two ends every model class of the package builds the same way: the
+image input with its optional rescaling, and the classification head (whose
+layer names the converters and saved files find the weights by)."""
 
 from __future__ import annotations
 
@@ -22,10 +16,8 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
                 input_normalization=None):
     """The ``images`` input of shape (height, width, channels); returns
     ``(inputs, x, input_normalization)``: ``x`` normalised when
-    ``include_preprocessing`` (as ``input_normalization`` says: see
-    :mod:`keras_vit.data.normalization`; None is the official [-1, 1]),
-    and the normalisation as the model's config keeps it (None for the
-    official one, else ``{"mean": [...], "std": [...]}``)."""
+    ``include_preprocessing``, and the normalisation as the model's config
+    keeps it."""
     normalization = check_normalization("input_normalization",
                                         input_normalization, num_channels)
     inputs = keras.Input(shape=(*image_hw, num_channels), name="images")
@@ -37,11 +29,8 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
 
 def patch_input(patch_size, num_channels, include_preprocessing, dtype,
                 input_normalization=None):
-    """:func:`image_input` for a NaFlex model: ``(inputs, x,
-    input_normalization)``, ``inputs`` the dict of
-    :data:`keras_vit.data.naflex.PATCH_INPUTS`
-    (any number of patches), ``x`` the patches, normalised per channel
-    when ``include_preprocessing``."""
+    """:func:`image_input` for a NaFlex model: ``inputs`` the dict of
+    :data:`keras_vit.data.naflex.PATCH_INPUTS`, ``x`` the patches."""
     normalization = check_normalization("input_normalization",
                                         input_normalization, num_channels)
     width = patch_size * patch_size * num_channels
@@ -63,9 +52,8 @@ def patch_input(patch_size, num_channels, include_preprocessing, dtype,
 
 def carry_policy(model, dtype):
     """Gives a model built from layers in ``dtype`` that dtype policy as its
-    own. A functional model reports the global policy whatever its layers
-    got, and Keras' ``compile`` decides loss scaling (``mixed_float16``) from
-    the model's own policy: without this, float16 training ran unscaled."""
+    own: Keras' ``compile`` decides loss scaling from it (without this,
+    float16 training ran unscaled)."""
     if dtype is not None:
         model.dtype_policy = dtype
 
@@ -73,13 +61,10 @@ def carry_policy(model, dtype):
 def classification_head(x, pooling_layer, include_top, representation_size,
                         num_classes, bias_initializer, classifier_activation,
                         dtype, pooled_norm=None, padding_bias=None):
-    """``pooling_layer`` (or none), then ``pooled_norm`` (a layer, or
-    none: the ViT family's ``fc_norm``), the optional ``pre_logits`` Dense +
-    tanh, and, with ``include_top``, the zero-initialised ``head`` (its bias
-    from ``bias_initializer``) and its activation. ``padding_bias``: a
-    NaFlex model's, which the pooling leaves out. Both Dense layers are
-    :class:`~keras_vit.layers.FusedDense`: their bias gradients sum over
-    the batch in float32 under mixed precision on TensorFlow too."""
+    """``pooling_layer`` (or none), then ``pooled_norm`` (or none), the
+    optional ``pre_logits`` Dense + tanh, and, with ``include_top``, the
+    zero-initialised ``head`` and its activation. ``padding_bias``: a
+    NaFlex model's, which the pooling leaves out."""
     if pooling_layer is not None:
         x = (pooling_layer(x) if padding_bias is None
              else pooling_layer(x, padding_bias=padding_bias))
@@ -104,14 +89,8 @@ def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
                   layer_norm_epsilon, dtype, norm="layer", form="map",
                   qkv_bias=True):
     """The ViT's ``pooling`` layer for ``method`` (None: none): a
-    :class:`~keras_vit.layers.TokenPooling` (the patch tokens after the
-    ``num_prefix_tokens`` class and register tokens, or for ``"token"``
-    the class token), or for ``"map"`` the attention-pool head
-    (:class:`~keras_vit.layers.AttentionPoolHead`), which has weights of
-    its own: its MLP as wide as the blocks' (``mlp_dim``), its GELU, norm
-    kind (``norm``) and epsilon the model's, as SigLIP's, timm's and
-    big_vision's heads are; ``form="aimv2"``, AIMv2's head, without them
-    (its key and value biased where ``qkv_bias`` says)."""
+    :class:`~keras_vit.layers.TokenPooling`, or for ``"map"`` a
+    :class:`~keras_vit.layers.AttentionPoolHead`."""
     from keras_vit import layers as vit_layers
 
     if method is None:
@@ -129,9 +108,7 @@ def pooling_layer(method, num_prefix_tokens, num_heads, mlp_dim, gelu,
 
 def check_label_names(label_names, num_classes, include_top):
     """``label_names`` as a tuple of class names, one per output of the
-    head, or None. The names travel with the model: its config holds them,
-    so ``.keras`` files, :func:`keras_vit.rebuild`, the zoo's writers and
-    the exporters carry them, and ``predict``/``evaluate`` speak them.
+    head, or None.
 
     >>> check_label_names(["cat", "dog"], 2, True)
     ('cat', 'dog')
@@ -162,8 +139,7 @@ def check_label_names(label_names, num_classes, include_top):
             f"label_names must name each of the {num_classes} classes "
             f"(num_classes={num_classes}); received {count} "
             f"name{'s' * (count != 1)}: label_names={shown}")
-    # One spelling per name (NFC), so that names that read the same are
-    # the same name here, in the data's folders and in every file written.
+    # One spelling per name (NFC): names that read the same are the same.
     label_names = class_names(label_names)
     seen = set()
     for name in label_names:
@@ -177,10 +153,8 @@ def check_label_names(label_names, num_classes, include_top):
 
 def set_remat(model, remat):
     """Turns rematerialisation on (``remat=True``) or off in every block of
-    a built model (encoder blocks, a hybrid's ResNet units, BiT's units),
-    as the builders' ``remat`` option does, and in its config (a saved
-    file keeps the setting); ``None`` changes nothing. Returns ``model``.
-    The next training function Keras (or the Trainer) builds uses it.
+    a built model and in its config; ``None`` changes nothing. Returns
+    ``model``.
 
     >>> import keras_vit
     >>> m = set_remat(keras_vit.vit(16, 8, 16, 2, 2, 32, 2), True)
@@ -194,10 +168,7 @@ def set_remat(model, remat):
                          f"remat={remat!r}")
     from keras_vit.runtime import compat
 
-    blocks = [layer for layer in compat.flatten_layers(model)
-              if layer is not model and hasattr(layer, "remat")
-              and hasattr(layer, "_forward")]
-    if not blocks:
+    if not _remat_blocks(model):
         raise ValueError(
             f"model={model.name!r} has no block that can be rematerialised "
             "(keras_vit's ViT, hybrid, BiT and Axial-ViT models do)")
@@ -207,12 +178,15 @@ def set_remat(model, remat):
     return model
 
 
-def remat_of(model):
-    """Whether ``model``'s blocks are rematerialised in training (all of
-    them: :func:`set_remat` and the builders switch them together)."""
+def _remat_blocks(model):
     from keras_vit.runtime import compat
 
-    flags = [layer.remat for layer in compat.flatten_layers(model)
-             if layer is not model and hasattr(layer, "_forward")
-             and hasattr(layer, "remat")]
+    return [layer for layer in compat.flatten_layers(model)
+            if layer is not model and hasattr(layer, "remat")
+            and hasattr(layer, "_forward")]
+
+
+def remat_of(model):
+    """Whether ``model``'s blocks are rematerialised in training."""
+    flags = [layer.remat for layer in _remat_blocks(model)]
     return bool(flags) and all(flags)

@@ -1,35 +1,19 @@
 """Fast defaults shared by the model classes of keras_vit.
 
 Keras' own ``predict`` feeds every call through a fresh ``tf.data``
-pipeline and, for TensorFlow on a CPU, turns XLA off. :class:`CompiledModelMixin`
-gives the models a ``predict`` that, on arrays and tensors, calls one
-compiled function directly, on the path the machine runs fastest
-(:func:`keras_vit.runtime.hardware.plan`):
+pipeline and, for TensorFlow on a CPU, turns XLA off.
+:class:`CompiledModelMixin` gives the models a ``predict`` that, on arrays
+and tensors, calls one compiled function directly, on the path the machine
+runs fastest (:func:`keras_vit.runtime.hardware.plan`): ``"xla"`` (batches
+padded up to a power of two, at most ``batch_size``), ``"graph"`` (a
+TensorFlow graph without XLA, whose oneDNN kernels use a CPU's bf16 matrix
+units) or ``"eager"``.
 
-* ``"xla"``: one XLA program per batch size; batches are padded up to a power
-  of two (at most ``batch_size``), so a new number of images compiles at most
-  ``log2(batch_size) + 1`` programs, and the padding rows are dropped;
-* ``"graph"``: a TensorFlow graph without XLA, whose oneDNN kernels use a
-  CPU's bf16 matrix units (AMX, AVX512-BF16) that XLA's CPU dots leave idle;
-* ``"eager"``: the model called directly (torch, under ``no_grad``).
-
-``model.predict_path`` (default ``"auto"``: the plan for the model's compute
-dtype on this machine; ``"eager"`` for a model quantized by Keras, whose
-int8 roundings a compiled graph would shift) picks one explicitly; ``"keras"`` (or the older
-``model.compiled_predict = False``) is Keras' own ``predict``. A compiled
-path chosen explicitly for a model whose layers round their inputs
-agrees with ``model(x)`` within the bound of such compiled graphs, the
-SavedModel's (``keras_vit.export.TOLERANCES["saved_model/keras_quantized"]``,
-1% of the logits' scale; measured 0.26% on JAX), not to float rounding. Datasets,
-generators, callbacks, ``steps`` and distribution strategies always take
-Keras' ``predict``. Training keeps Keras' rule (``model.compile``'s
-``jit_compile``); :func:`keras_vit.train.compile_for_finetune` and the
-Trainer choose theirs from the same plan.
-
-The compiled functions (these and Keras' own predict and test functions)
-are made again whenever :func:`computation_key` changes: after
-``model.quantize``, ``enable_lora``, a dtype policy or trainable change
-the next ``predict`` or ``evaluate`` runs the model as it is now.
+``model.predict_path`` (default ``"auto"``) picks one explicitly;
+``"keras"`` (or ``model.compiled_predict = False``) is Keras' own
+``predict``, which datasets, generators, callbacks, ``steps`` and
+distribution strategies always take. The compiled functions are made
+again whenever :func:`computation_key` changes.
 
 >>> import numpy as np, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -100,12 +84,10 @@ def _quantized(model):
 
 def computation_key(model):
     """What a compiled forward of ``model`` depends on besides its input
-    and its variables' values: every layer's dtype policy (``quantize``
-    changes it to e.g. ``int8_from_float32``), whether LoRA is on, its
-    trainable flag (which variables a JAX program takes as trainable), and
-    the path, shape, dtype and trainability of every variable (``quantize``
-    and ``enable_lora`` replace and add variables that a traced function
-    would otherwise not see). Cheap enough to compute on every call."""
+    and its variables' values: every layer's dtype policy, LoRA and
+    trainable flags, and every variable's path, shape, dtype and
+    trainability (``quantize`` and ``enable_lora`` replace and add
+    variables)."""
     layers = tuple(
         (layer.name, layer.dtype_policy.name, layer.trainable,
          getattr(layer, "lora_enabled", False),
@@ -117,9 +99,8 @@ def computation_key(model):
 
 
 class _Forward:
-    """The inference call of one model. A callable object rather than a
-    closure: TensorFlow counts traces per code object, so closures of many
-    models would look like one function retracing and warn."""
+    """The inference call of one model: an object, not a closure, since
+    TensorFlow counts traces per code object and would warn."""
 
     def __init__(self, model):
         self.model = model
@@ -134,9 +115,6 @@ def _tf_runner(model, path):
     if path == "xla":
         return tf.function(_Forward(model), jit_compile=True)
     if path == "graph":
-        # Batch sizes generalised after the second one traced (no XLA,
-        # nothing to pad); an input of the wrong shape still reaches the
-        # model and gets Keras' own error.
         return tf.function(_Forward(model), jit_compile=False,
                            reduce_retracing=True)
     return _Forward(model)
@@ -172,8 +150,7 @@ def _torch_runner(model):
 
 
 class CompiledModelMixin:
-    """A direct compiled ``predict`` (see the module docstring). Mixed into
-    the keras_vit model classes before ``keras.Model``."""
+    """A direct compiled ``predict`` (see the module docstring)."""
 
     #: False: ``predict`` is Keras' own (same as ``predict_path="keras"``).
     compiled_predict = True
@@ -181,26 +158,19 @@ class CompiledModelMixin:
     #: or ``"keras"``.
     predict_path = "auto"
 
-    # -- the images it takes ----------------------------------------------
-
     def image_sizes(self):
         """The image shapes the model takes
-        (:class:`keras_vit.layers.image_sizes.ImageSizes`), checked by its
-        call, every ``predict`` path and every export."""
+        (:class:`keras_vit.layers.image_sizes.ImageSizes`)."""
         return image_sizes(self)
 
     def __call__(self, *args, **kwargs):
-        # Checked before Keras' own input check, so every path refuses
-        # with the same words; a TensorFlow graph also checks when it runs
-        # (its sizes may be free: a relaxed retrace, a SavedModel).
+        # Before Keras' own input check: every path refuses the same way.
         if args and getattr(self, "inputs", None) and len(self.inputs) == 1:
             images = args[0]
             if getattr(images, "shape", None) is not None and not isinstance(
                     images, (dict, list, tuple)):
                 args = (image_sizes(self).check_images(images),) + args[1:]
         return super().__call__(*args, **kwargs)
-
-    # -- which path -------------------------------------------------------
 
     def resolved_predict_path(self):
         """The path ``predict`` takes for arrays: ``"xla"``, ``"graph"``,
@@ -218,12 +188,8 @@ class CompiledModelMixin:
 
             path = hardware.plan(model_compute_dtype(self)).predict
             if _quantized(self):
-                # Keras' quantized layers round their inputs to int8: the
-                # last-bit float differences of a compiled graph (XLA's or
-                # TensorFlow's rewrites) flip some roundings, which add up
-                # over the blocks (0.3-0.4% of the logits' range on
-                # ViT-Ti/16 int8). The model's own call computes what
-                # ``model(x)`` does.
+                # A compiled graph flips some int8 roundings (0.3-0.4% of
+                # the logits' range on ViT-Ti/16 int8).
                 path = "eager"
         if path == "graph" and backend != "tensorflow":
             path = "xla" if backend == "jax" else "eager"
@@ -250,11 +216,9 @@ class CompiledModelMixin:
         return self.resolved_predict_path() != "keras"
 
     def _compiled_state(self):
-        """The compiled functions of the model as it computes now: all of
-        them are dropped when :func:`computation_key` changes (after
-        ``quantize``, ``enable_lora``, a dtype policy or trainable change),
-        so none returns what the model computed before."""
-        # Kept out of Keras' attribute tracking (not a layer or weight).
+        """The compiled functions of the model as it computes now, dropped
+        when :func:`computation_key` changes (kept out of Keras' tracking).
+        """
         key = computation_key(self)
         held = self.__dict__.get("_keras_vit_predict")
         if held is None or held["key"] != key:
@@ -283,13 +247,10 @@ class CompiledModelMixin:
             "paths", {})
         return sorted(state.get(path, {}).get("sizes", ()))
 
-    # -- Keras' own compiled functions ------------------------------------
-
     def _keras_function_is_stale(self, which):
         """True when the model's computation changed since Keras last made
-        its ``which`` function: Keras resets them after ``quantize`` but
-        not after ``enable_lora`` or a dtype policy change, and a traced
-        TensorFlow function keeps the variables it was traced with."""
+        its ``which`` function: Keras resets them after ``quantize`` only.
+        """
         key = computation_key(self)
         seen = self.__dict__.setdefault("_keras_vit_function_keys", {})
         stale = which in seen and seen[which] != key
@@ -307,14 +268,10 @@ class CompiledModelMixin:
     def predict(self, x, batch_size=None, verbose="auto", steps=None,
                 callbacks=None):
         if getattr(self, "naflex", False) and not isinstance(x, dict):
-            # Images of any sizes, each resized keeping its aspect ratio
-            # to at most the table's count of patches, as SigLIP2's
-            # processor does (keras_vit.data.naflex).
             from keras_vit.data import naflex
 
             x = naflex.model_inputs(self, x)
-        # Every path, Keras' own included, refuses what the call refuses,
-        # before a function traced with relaxed shapes could take it.
+        # Refused before a function traced with relaxed shapes takes it.
         if _is_array(x) and getattr(self, "inputs", None) and len(
                 self.inputs) == 1:
             image_sizes(self).check(tuple(x.shape))
@@ -345,7 +302,6 @@ class CompiledModelMixin:
             bar = keras.utils.Progbar(num_batches)
         outputs = []
         for i, start in enumerate(range(0, n, batch_size)):
-            # Whole inputs go in as they are (no slice copy).
             chunk = x if n <= batch_size else x[start:start + batch_size]
             m = int(chunk.shape[0])
             size = bucket(m, batch_size) if pad_to_bucket else m

@@ -1,18 +1,9 @@
 """One ``get_config`` for the package's model classes.
 
 A model of this package is described completely by the arguments of its
-constructor: ``get_config()`` returns them and ``from_config(config)`` calls
-the constructor with them, so a ``.keras`` file, ``zoo`` rebuilds and
-``keras_vit.train`` all rebuild the same graph. :class:`ConstructorConfig`
-does this once for every model class instead of each class listing its
-arguments by hand.
-
-The value of an argument in the config is the model's attribute of the same
-name when the constructor set one (the normalised value: a hybrid's full
-``resnet`` dict, BiT's ``block_units`` as a list), else the value the
-constructor was called with; every argument is also an attribute of the
-model (``model.num_heads``). Tuples become lists, NumPy scalars Python
-numbers, so the config is plain JSON.
+constructor: ``get_config()`` returns them (each the model's attribute of
+the same name when the constructor set one, the normalised value) and
+``from_config(config)`` calls the constructor with them.
 
 Example:
 
@@ -73,25 +64,16 @@ def _arguments(cls, args, kwargs):
 
 class ConstructorConfig:
     """Mixin for model classes: ``get_config()`` returns the constructor's
-    arguments, ``from_config(config)`` is ``cls(**config)``.
-
-    Put it first among the bases (before ``keras.Model``). The arguments
-    are recorded in ``__new__``, before the constructor runs, so every
-    subclass is covered and ``__init__`` stays the plain function it is
-    written as; the constructor may store a normalised value of an argument
-    as an attribute of the same name, which the config then holds.
+    arguments, ``from_config(config)`` is ``cls(**config)``. Put it before
+    ``keras.Model``; the arguments are recorded in ``__new__``.
     """
 
     def __new__(cls, *args, **kwargs):
-        # The arguments of the outermost constructor (a user's subclass
-        # included), recorded before it runs. Plain object attributes: Keras'
-        # attribute tracking is not set up yet, and these are plain values.
+        # Plain object attributes: Keras' tracking is not set up yet.
         instance = super().__new__(cls, *args, **kwargs)
         given = _arguments(cls, args, kwargs)
         if given is not None:
             object.__setattr__(instance, "_constructor_arguments", given)
-            # Every argument is also an attribute (``model.num_heads``); the
-            # constructor may replace it with a normalised value.
             for key, value in given.items():
                 if key not in _ALWAYS:
                     object.__setattr__(instance, key, value)
@@ -103,8 +85,7 @@ class ConstructorConfig:
         for key, value in given.items():
             if key in _ALWAYS:
                 continue
-            # The constructor's own attribute (normalised), never one that
-            # keras.Model defines for itself.
+            # The constructor's own attribute, never keras.Model's.
             config[key] = vars(self).get(key, value)
         config["name"] = self.name
         config["dtype"] = given.get("dtype")

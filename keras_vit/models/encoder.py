@@ -1,6 +1,5 @@
-"""What every encoder model of the package (ViT and its hybrids,
-Axial-ViT) shares: the argument checks, each error naming the argument.
-The head is in :mod:`keras_vit.models.common`, shared with BiT.
+"""The argument checks every encoder model (ViT, hybrids, Axial-ViT)
+shares, each error naming the argument.
 
 >>> check_patch_grid(224, 16)
 ((224, 224), 16, (14, 14))
@@ -22,9 +21,7 @@ from keras_vit.models.memory import check_weights_fit
 POSITION_EMBEDDINGS = ("learned_1d", "none", "learned_2d", "relative",
                        "sincos_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
-# How the head pools the tokens ("avg" is another name for "gap"; the
-# methods are keras_vit.layers.TokenPooling's, and "map" is
-# keras_vit.layers.AttentionPoolHead).
+# How the head pools the tokens ("avg" is another name for "gap").
 CLASSIFIERS = ("token", "gap", "avg", "max", "avgmax", "map", "token_gap")
 POOLINGS = (None, *CLASSIFIERS)
 
@@ -70,8 +67,7 @@ def check_patch_grid(image_size, patch_size, stem_stride=1):
     return image_hw, patch, (image_hw[0] // stride, image_hw[1] // stride)
 
 
-# What check_encoder_args returns: the models keep these normalised values
-# as attributes, so their configs hold them (keras_vit.models.config).
+# What check_encoder_args returns, kept by the models as attributes.
 NORMALISED = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
               "num_channels", "representation_size", "num_classes",
               "dropout_rate", "attention_dropout_rate")
@@ -85,10 +81,9 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
                        num_channels, pooling, poolings, representation_size,
                        include_top, num_classes, dropout_rate,
                        attention_dropout_rate, *, image_size=None, tokens=0):
-    """The argument checks every encoder model (ViT, Axial-ViT) shares, each
-    error naming the argument; returns the arguments named in
-    :data:`NORMALISED`, normalised, as a dict. ``tokens``, the rows of the
-    position table that ``image_size`` gives, count in the weight check."""
+    """The argument checks every encoder model shares; returns the
+    arguments named in :data:`NORMALISED`, normalised, as a dict.
+    ``tokens``: the position table's rows, counted in the weight check."""
     hidden_size = check_int("hidden_size", hidden_size, low=1)
     num_layers = check_int("num_layers", num_layers, low=0)
     num_heads = check_int("num_heads", num_heads, low=1)
@@ -104,10 +99,8 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
             "representation_size", representation_size, low=1)
     if include_top:
         num_classes = check_int("num_classes", num_classes, low=1)
-    # The encoder's weights and the position table, before any is allocated
-    # (a lower bound: the patch embedding comes on top). The table grows
-    # with the image: image_size=10**6 asked ViT-Ti for a 3.9e9-token table
-    # (2.7 TiB), which failed inside the allocation.
+    # A lower bound of the weights, before any is allocated: image_size=10**6
+    # asked ViT-Ti for a 2.7 TiB table, which failed inside the allocation.
     check_weights_fit(
         num_layers * (4 * hidden_size * hidden_size
                       + 2 * hidden_size * mlp_dim)
@@ -131,17 +124,10 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
 
 def check_remat_scope(dropout_rate, attention_dropout_rate):
     """Refuses to build a model inside ``keras.RematScope`` where the
-    scope's per-layer remat goes wrong, naming ``remat=True``, which
-    rematerialises each block itself and is exact on every backend:
-
-    * JAX: the scope wraps each ``Dropout`` call in ``jax.checkpoint``,
-      which traces the layer's Python ``training`` flag, and the call fails
-      inside Keras (every ViT has dropout layers, at rate 0 too);
-    * TensorFlow, with dropout: each dropout layer's recomputation draws a
-      new mask, so the gradients are wrong with no error (off by 0.24 on a
-      tiny ViT).
-
-    torch's checkpoint restores its random state: there the scope works.
+    scope's per-layer remat goes wrong, naming ``remat=True``: on JAX it
+    traces each Dropout's Python ``training`` flag and fails; on
+    TensorFlow with dropout each recomputation draws a new mask (gradients
+    off by 0.24 on a tiny ViT, silently). torch's checkpoint works.
     """
     from keras_vit.runtime import compat
     from keras_vit.runtime.backend import name as backend_name
@@ -167,21 +153,17 @@ def check_remat_scope(dropout_rate, attention_dropout_rate):
         f"{attention_dropout_rate}")
 
 
-# The ViT family's options (VisionTransformer's arguments of the same
-# names) with their defaults: the paper's ViT, one row each in
-# keras_vit.base.options. The models keep them as given;
-# check_family_options returns them normalised.
+# The ViT family's options with their defaults (the paper's ViT).
 FAMILY_DEFAULTS = options_table.DEFAULTS
 
 
 def check_family_options(options, classifier, pooling, include_top,
                          position_embedding, placement):
     """The family options ``options`` (a dict of :data:`FAMILY_DEFAULTS`'
-    keys) checked, each error naming the argument and value, and
-    normalised by their rows' checks; ``class_token`` a bool (None: as
-    ``classifier`` says, a class token for ``"token"`` only). Then the
-    checks between options. ``classifier`` and ``pooling`` are the
-    normalised pooling methods (``"avg"`` already ``"gap"``)."""
+    keys) checked and normalised by their rows' checks, ``class_token`` a
+    bool (None: as ``classifier`` says), then the checks between options.
+    ``classifier`` and ``pooling`` are normalised (``"avg"`` is ``"gap"``).
+    """
     out = options_table.checked(options)
     token = out["class_token"]
     if token is None:
@@ -285,10 +267,8 @@ def check_vit_args(image_size, patch_size, hidden_size, num_layers,
                    position_embedding, position_embedding_placement, family):
     """Checks a ViT's arguments (each error names the argument) and returns
     what the graph builders need, normalised, as a dict. ``family``: the
-    family options (:data:`~keras_vit.models.encoder.FAMILY_DEFAULTS`)."""
+    family options (:data:`FAMILY_DEFAULTS`)."""
     resnet = check_resnet(resnet)
-    # A hybrid's patches are cut from the ResNet feature map: the root
-    # divides by 4, every further stage by 2.
     stem_stride = 1
     if resnet is not None:
         stem_stride = geometry.hybrid_stride(resnet)
@@ -343,10 +323,8 @@ def check_vit_args(image_size, patch_size, hidden_size, num_layers,
 
 def check_head_outputs(spec, include_top, label_names, classifier_activation,
                        return_attention_scores):
-    """The head's arguments beside what ``spec`` (:func:`check_vit_args`'
-    result) builds, each refusal naming them: the head's own arguments
-    without a head, a projection head (``head_type``) with classes, and
-    attention maps from blocks that attend within windows."""
+    """Refuses head arguments that ``spec`` (:func:`check_vit_args`'
+    result) cannot honour, naming them."""
     family = spec["family"]
     if include_top and not spec["head"] and (
             label_names is not None or classifier_activation is not None):

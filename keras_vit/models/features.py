@@ -40,11 +40,7 @@ def available_features(model):
 def is_classifier(model):
     """Whether ``model`` ends in a classification head (its outputs are
     class scores); False for a feature extractor (``num_classes=0``,
-    ``include_top=False``: DINOv2 and SigLIP towers; a head of
-    ``head_type="projection"``: CLIP's towers, whose head is the
-    image-text projection), whose output is the embedding. Every path that
-    reads a model's outputs (``predict``, the exporters' default outputs,
-    the serving signature) asks this.
+    ``include_top=False``, ``head_type="projection"``).
 
     >>> import keras_vit
     >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
@@ -62,8 +58,7 @@ def is_classifier(model):
 
 
 def why_features(model):
-    """Why ``model`` is not a classifier, in its arguments' words, for
-    errors (``"head_type='projection'"``, ``"num_classes=0"``, ...)."""
+    """Why ``model`` is not a classifier, in its arguments' words."""
     if getattr(model, "head_type", "classifier") != "classifier":
         return f"head_type={model.head_type!r}"
     try:
@@ -104,16 +99,11 @@ def feature_model(model, outputs="pre_logits"):
     Args:
         model: a keras_vit model.
         outputs: a feature name or a list of them: ``"resnet"`` (a hybrid's
-            ResNet feature map, what its patches are cut from), ``"tokens"``
-            (all tokens after the final LayerNorm), ``"pooled"`` (class token
-            or mean; for distilled DeiT the mean of its class and
-            distillation tokens), ``"pre_logits"`` (what the head reads: the
-            representation layer's output, or the pooled features, after
-            ``fc_norm`` where the model has one), ``"logits"``, and for
-            BiT models ``"stage_1"`` ... ``"stage_4"`` and ``"feature_map"``
-            (after the final GroupNorm and ReLU), ``"attention_scores"``
-            for a model built with ``return_attention_scores=True`` (see
-            :func:`keras_vit.rebuild` to get one from any ViT).
+            ResNet feature map), ``"tokens"`` (after the final norm),
+            ``"pooled"``, ``"pre_logits"`` (what the head reads),
+            ``"logits"``, for BiT ``"stage_1"`` ... ``"stage_4"`` and
+            ``"feature_map"``, and ``"attention_scores"`` for a model built
+            with ``return_attention_scores=True``.
 
     Returns:
         A ``keras.Model`` returning one array, or a dict for several names.
@@ -129,21 +119,18 @@ def feature_model(model, outputs="pre_logits"):
     names = [outputs] if isinstance(outputs, str) else list(outputs)
     tensors = {name: feature_tensor(model, name) for name in names}
     out = tensors[names[0]] if isinstance(outputs, str) else tensors
-    # A plain functional model records no input convention: it keeps the
-    # one of the model it reads, so every path feeds it the same pixels.
+    # It keeps the input convention of the model it reads.
     return record_inputs(
         keras.Model(model.input, out, name=f"{model.name}_features"), model)
 
 
 def feature_tensor(model, name):
-    """The symbolic tensor of feature ``name`` in ``model``'s graph (for
-    building another model on it, as :func:`feature_model` does)."""
+    """The symbolic tensor of feature ``name`` in ``model``'s graph."""
     layer_names = {layer.name for layer in model.layers}
     if name == "resnet":
         return _resnet_output(model)
-    if name == "pre_logits" and "pre_logits" not in layer_names:
-        return _head_input(model, layer_names)
-    if name == "pooled" and "pooling_dist" in layer_names:
+    if (name == "pre_logits" and "pre_logits" not in layer_names) or (
+            name == "pooled" and "pooling_dist" in layer_names):
         return _head_input(model, layer_names)
     if name in _LAYER_FEATURES:
         return _layer_output(model, _LAYER_FEATURES[name], name)
@@ -156,11 +143,9 @@ def feature_tensor(model, name):
 
 
 def _head_input(model, layer_names):
-    """What a head reads when the model has no ``pre_logits`` layer: the
-    pooled tokens after ``fc_norm`` where the model has one, and for a
-    distilled model the mean of its class and distillation tokens (the two
-    heads' logits are averaged, so this is the one embedding both
-    share); as timm's ``forward_head(pre_logits=True)``."""
+    """What a head reads when the model has no ``pre_logits`` layer (timm's
+    ``forward_head(pre_logits=True)``): after ``fc_norm`` if any, a
+    distilled model's mean of its two tokens, else the pooled tokens."""
     if "fc_norm" in layer_names:
         return model.get_layer("fc_norm").output
     if "pooling_dist" in layer_names:
@@ -198,8 +183,7 @@ def encoder_depth(model):
 
 
 def _block_number(value):
-    """``value`` as a Python int when it is an integer (NumPy's too), else
-    None; booleans are not block numbers."""
+    """``value`` as an int when it is an integer (not a bool), else None."""
     if isinstance(value, bool):
         return None
     try:
@@ -237,8 +221,7 @@ def _block_indices(indices, depth):
 def intermediate_tensors(model, indices=None, *, output_format="NHWC",
                          prefix_tokens=False, norm=False):
     """The symbolic tensors :func:`intermediate_model` returns, on
-    ``model``'s graph (for building another model on them, as the exports
-    do): a dict ``{"block_{i}": ...}``."""
+    ``model``'s graph: a dict ``{"block_{i}": ...}``."""
     from keras_vit.layers.embeddings import PatchTokens
 
     check_model("model", model)
@@ -263,8 +246,6 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
     names = {layer.name for layer in model.layers}
     final_norm = (model.get_layer("encoder_norm")
                   if norm and "encoder_norm" in names else None)
-    # The images the grid is read from ("NLC" reads none: a NaFlex
-    # model's patches stand in).
     images = model.input["patches"] if naflex else model.input
     outputs = {}
     for i in _block_indices(indices, len(blocks)):
@@ -287,28 +268,20 @@ def intermediate_tensors(model, indices=None, *, output_format="NHWC",
 def intermediate_model(model, indices=None, *, output_format="NHWC",
                        prefix_tokens=False, norm=False):
     """A model returning the outputs of chosen encoder blocks of a ViT
-    (same weights), as timm's ``forward_intermediates`` does, for dense
-    prediction heads, feature pyramids and probing.
+    (same weights), as timm's ``forward_intermediates`` does.
 
     Args:
-        model: a keras_vit VisionTransformer (any family member, any
-            image size, dynamic or fixed).
+        model: a keras_vit VisionTransformer.
         indices: which blocks: None every block, an int ``n`` the last
-            ``n``, a list of block numbers (0 is the first; negative count
-            from the end).
-        output_format: ``"NHWC"`` patch tokens as a (B, h, w, D) map on
-            the patch grid (timm's ``"NHWC"``; its default ``"NCHW"`` is
-            this transposed), or ``"NLC"`` a (B, h*w, D) sequence.
-        prefix_tokens: also return the prefix tokens (class,
-            distillation, registers) of each block, (B, P, D), under
-            ``"block_{i}_prefix"``.
-        norm: pass each output through the model's final LayerNorm (its
-            weights; no change for a model without one, e.g. ``fc_norm``
-            models, as in timm).
+            ``n``, a list of block numbers (negative count from the end).
+        output_format: ``"NHWC"`` patch tokens as a (B, h, w, D) map, or
+            ``"NLC"`` a (B, h*w, D) sequence.
+        prefix_tokens: also return each block's prefix tokens, (B, P, D),
+            under ``"block_{i}_prefix"``.
+        norm: pass each output through the model's final norm, if any.
 
     Returns:
-        A ``keras.Model`` whose output is a dict ``{"block_{i}": ...}`` in
-        block order, exportable like any other (SavedModel, ONNX).
+        A ``keras.Model`` whose output is a dict ``{"block_{i}": ...}``.
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 3, 2, 32, 5)
@@ -326,10 +299,7 @@ def intermediate_model(model, indices=None, *, output_format="NHWC",
 
 class FeaturesMixin:
     """The named parts of a keras_vit model, so that no caller needs its
-    layer names: ``model.feature_model("tokens")``,
-    ``model.available_features()``. (A copy of another size, head or
-    outputs is the zoo's :func:`keras_vit.rebuild`: it copies the weights
-    by checkpoint key.)
+    layer names.
 
     >>> import keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -348,6 +318,5 @@ class FeaturesMixin:
         return available_features(self)
 
     def intermediate_model(self, indices=None, **options):
-        """:func:`intermediate_model` of this model: the outputs of chosen
-        encoder blocks."""
+        """:func:`intermediate_model` of this model."""
         return intermediate_model(self, indices, **options)

@@ -7,11 +7,8 @@ argument's check and the stem's layers, in vit_jax's numerics or timm's.
 Traceback (most recent call last):
 ValueError: resnet has unknown keys ['depth']; received resnet={'depth': 3}
 
-Two ResNets: the paper's (``variant="bit"``, the default: BiT's
-GroupNorm and weight-standardised convolutions, a 7x7 root) and timm's
-ResNet-D (``variant="d"``: resnet26d and resnet50d, a deep stem of three
-3x3 convolutions, BatchNorm, shortcuts that average-pool before their
-projection):
+Two ResNets: the paper's (``variant="bit"``, the default) and timm's
+ResNet-D (``variant="d"``: resnet26d and resnet50d):
 
 >>> check_resnet(dict(num_layers=(2, 2, 2, 2), variant="d"))
 {'num_layers': [2, 2, 2, 2], 'width_factor': 1, 'variant': 'd'}
@@ -74,7 +71,6 @@ def check_resnet(resnet):
                 or not value > 0):
             raise ValueError(f"resnet[{key!r}] must be a positive number; "
                              f"received resnet={resnet!r}")
-    # Stored only when given: official configs stay as they were.
     config.update({k: resnet[k] for k in RESNET_NUMERICS if k in resnet})
     variant = resnet.get("variant", "bit")
     if variant not in RESNET_VARIANTS:
@@ -95,14 +91,11 @@ def check_resnet(resnet):
     return config
 
 
-#: ``resnet["variant"]``: ``"bit"``, the paper's ResNet (BiT's numerics,
-#: below); ``"d"``, timm's ResNet-D (:func:`resnet_d_stem`).
+#: ``resnet["variant"]``: ``"bit"``, the paper's; ``"d"``, timm's ResNet-D.
 RESNET_VARIANTS = ("bit", "d")
 
 
-# The ResNet's numerics, official (vit_jax) by default: kernels
-# standardised as (w - mean) / (std + 1e-5), GroupNorm epsilon 1e-6. timm's
-# port computes (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5.
+# The ResNet's numerics, official (vit_jax) by default, and timm's port's.
 RESNET_NUMERICS = {"standardization": "std", "std_eps": 1e-5,
                    "norm_epsilon": 1e-6}
 TIMM_RESNET_NUMERICS = {"standardization": "var", "std_eps": 1e-8,
@@ -139,16 +132,12 @@ def resnet_stem(x, resnet, dtype, remat=False):
 
 
 def resnet_d_stem(x, resnet, dtype):
-    """timm's ResNet-D (``resnet26d``, ``resnet50d``; He et al. 2019,
-    "Bag of Tricks"), its first ``len(num_layers)`` stages as timm's
-    hybrids cut it: a deep stem (3x3 convolutions to 32, 32 and 64
-    channels, the first strided), then bottleneck units (1x1, strided
-    3x3, 1x1 to four times the width) whose first unit's shortcut
-    average-pools 2x2 where the unit strides, then projects (1x1). A
-    BatchNorm (epsilon ``norm_epsilon``, default PyTorch's 1e-5) follows
-    each convolution. PyTorch pads a 3x3 convolution and the max-pool by
-    one pixel on every side, so the layers here do (TF's ``"same"`` pads
-    a strided one at the end only)."""
+    """timm's ResNet-D (``resnet26d``, ``resnet50d``; He et al. 2019), its
+    first ``len(num_layers)`` stages: a deep stem of three 3x3
+    convolutions, then bottleneck units whose first shortcut average-pools
+    before its projection. 3x3 convolutions and the max-pool pad one pixel
+    on every side, as PyTorch (TF's ``"same"`` pads a strided one at the
+    end only)."""
     epsilon = resnet.get("norm_epsilon", 1e-5)
 
     def conv_norm(x, filters, kernel, strides, name, relu=True):
@@ -164,8 +153,7 @@ def resnet_d_stem(x, resnet, dtype):
 
     for n, (filters, strides) in enumerate(geometry.RESNET_D_STEM):
         x = conv_norm(x, filters, 3, strides, f"resnet_stem_conv_{n}")
-    # After the ReLU no value is below zero: zero padding is PyTorch's
-    # -inf for the maximum.
+    # After the ReLU, zero padding is as good as -inf for the maximum.
     x = layers.ZeroPadding2D(1, dtype=dtype, name="resnet_stem_pool_pad")(x)
     x = layers.MaxPooling2D(3, 2, dtype=dtype, name="resnet_stem_pool")(x)
     for s, depth in enumerate(resnet["num_layers"]):

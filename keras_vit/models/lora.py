@@ -1,19 +1,10 @@
 """LoRA fine-tuning of the keras_vit models with Keras' own adapters.
 
-Every projection of the package is a Keras ``Dense`` or ``EinsumDense``
-(attention ``query``, ``key``, ``value``, ``out``; MLP ``dense_0``,
-``dense_1``; ``pre_logits``; ``head``), so Keras' ``layer.enable_lora(rank)``
-works on each: the layer's kernel is frozen and reads as ``kernel +
-(alpha / rank) * A @ B`` with ``B`` starting at zero (the model computes
-exactly what it did until ``B`` is trained). This module picks the layers,
-freezes everything else, counts what trains, saves and loads the adapters
-alone, and merges them into plain kernels for export.
-
-Keras shapes ``A`` after all kernel axes but the last: (D, heads, rank) for
-q/k/v, whose kernels are (D, heads, D/heads), so an attention adapter costs
-more than a 2-D one of the same rank (at ViT-B/16, rank 8: 12.5% of a q/k/v
-kernel, against 2.1% for (D, rank) x (rank, D)). ``targets=["query",
-"value"]`` (the LoRA paper's choice) or ``"mlp"`` keep the count low.
+This module picks the layers, freezes everything else, counts what
+trains, saves and loads the adapters alone, and merges them into plain
+kernels for export. Keras shapes ``A`` (D, heads, rank) for q/k/v, so an
+attention adapter costs more than a 2-D one (ViT-B/16, rank 8: 12.5% of a
+kernel against 2.1%).
 
 >>> import numpy as np, keras_vit
 >>> from keras_vit.models import lora
@@ -49,8 +40,7 @@ TARGETS = {
     "all": ("query", "key", "value", "out", "dense_0", "dense_1"),
 }
 _ADAPTER_NAMES = ("lora_kernel_a", "lora_kernel_b")
-# Trained in full beside the adapters by default: a fine-tuning head is new
-# (zero-initialised), so it has to learn in full.
+# Trained in full beside the adapters by default: a new head.
 _HEAD = ("head",)
 
 
@@ -75,9 +65,7 @@ def _names(targets):
 
 def target_layers(model, targets="all"):
     """The ``Dense``/``EinsumDense`` layers of ``model`` named in
-    ``targets`` (a group of :data:`TARGETS` or a list of layer names, e.g.
-    ``["query", "value", "head"]``); an unknown name is an error listing the
-    names the model has."""
+    ``targets`` (a group of :data:`TARGETS` or a list of layer names)."""
     names = _names(targets)
     found = [layer for layer in compat.flatten_layers(model, False)
              if _dense_like(layer) and layer.name in names]
@@ -98,8 +86,7 @@ def trainable_report(model):
     base kernels count in the total, the adapters in both."""
     total = sum(int(np.prod(w.shape)) for w in model.weights)
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    layers = sum(1 for layer in compat.flatten_layers(model, False)
-                 if getattr(layer, "lora_enabled", False))
+    layers = len(_adapter_layers(model))
     return {"layers": layers, "trainable": trainable, "total": total,
             "fraction": trainable / total if total else 0.0}
 
@@ -114,12 +101,8 @@ def _check_train(train):
 def enable_lora(model, rank=8, targets="all", alpha=None, train=_HEAD):
     """Enables Keras' LoRA (``layer.enable_lora(rank, alpha)``) on the
     ``targets`` of ``model`` and freezes every other weight but those of
-    the layers named in ``train`` (default: the ``head``; add
-    ``"position_embedding"`` when fine-tuning at another resolution, whose
-    resized table LoRA cannot adapt). Returns :func:`trainable_report`.
-
-    Call it before ``compile``; the model's next ``predict`` sees the
-    adapters (``keras_vit.models.compiled`` keys its functions on them).
+    the layers named in ``train`` (default: the ``head``). Returns
+    :func:`trainable_report`. Call it before ``compile``.
     """
     rank = check_int("rank", rank, low=1)
     train = _check_train(train)
@@ -139,9 +122,7 @@ def enable_lora(model, rank=8, targets="all", alpha=None, train=_HEAD):
             keep.update(id(w) for w in layer.weights)
     for weight in model.weights:
         weight.trainable = id(weight) in keep
-    # A frozen BatchNorm (the conv stem's) normalises by its running
-    # statistics, as Keras runs a BatchNormalization that is not
-    # trainable: the frozen backbone computes what it was trained to.
+    # A frozen BatchNorm normalises by its running statistics.
     for layer in compat.flatten_layers(model, False):
         if (isinstance(layer, keras.layers.BatchNormalization)
                 and layer.name not in train):
@@ -155,9 +136,9 @@ def _adapter_layers(model):
 
 
 def save_adapters(model, path):
-    """Writes the adapters and every other trainable weight (the head)
-    of ``model`` to an ``.npz`` (by variable path, with each layer's rank
-    and alpha), atomically; a few percent of the model's size."""
+    """Writes the adapters and every other trainable weight of ``model``
+    to an ``.npz`` (by variable path, with each layer's rank and alpha),
+    atomically."""
     layers = _adapter_layers(model)
     if not layers:
         raise ValueError(f"model={model.name!r} has no LoRA adapters; call "
@@ -174,11 +155,9 @@ def save_adapters(model, path):
 
 
 def load_adapters(model, path):
-    """Loads what :func:`save_adapters` wrote into ``model`` (the same
-    architecture with the same base weights), enabling LoRA with the saved
-    rank and alpha where it is not on yet. Every array must find its
-    variable and every adapter its array; otherwise nothing is changed and
-    the error lists the problems."""
+    """Loads what :func:`save_adapters` wrote into ``model``, enabling LoRA
+    with the saved rank and alpha where it is not on yet. Every array must
+    find its variable and every adapter its array, or nothing changes."""
     arrays = read_npz(os.fspath(path))  # headers bounded, never unpickled
     config = arrays.pop("lora_config", None)
     if config is None:
@@ -226,9 +205,7 @@ def load_adapters(model, path):
 
 def merge(model):
     """A copy of ``model`` without adapters whose kernels are the merged
-    ``kernel + (alpha / rank) A @ B``: the same function as the LoRA model
-    (to float rounding), in the plain layout every converter and exporter
-    reads. A quantized model is refused (merge before quantizing)."""
+    ``kernel + (alpha / rank) A @ B``. A quantized model is refused."""
     if any(getattr(layer, "quantization_mode", None)
            for layer in compat.flatten_layers(model, False)):
         raise ValueError(

@@ -1,12 +1,8 @@
 """How much host memory a model's forward pass or training step needs, and
-the refusals that keep a few bytes of input (``--image-size 4000``, an
-``input_size`` in a downloaded config) from starting an allocation this
-machine cannot hold.
-
-The estimates are rough upper bounds from the architecture (token count,
-widths, heads), not measurements; they decide only the cases that clearly
-cannot fit. They apply to CPU runs: on an accelerator host memory does not
-hold the activations.
+the refusals that keep a few bytes of input (``--image-size 4000``) from
+starting an allocation this machine cannot hold. The estimates are rough
+upper bounds from the architecture; they decide only the cases that
+clearly cannot fit.
 
 >>> import keras_vit
 >>> from keras_vit.models import memory
@@ -24,16 +20,13 @@ from keras_vit.base import geometry, options
 from keras_vit.base.checks import check_pair
 from keras_vit.base.limits import BATCH_MEMORY_SHARE, MEMORY_SLACK
 from keras_vit.runtime import hardware
-# This machine's memory, which the refusals below compare with.
 from keras_vit.runtime.hardware import available_memory
 
 
 def check_weights_fit(num_params, settings, *, available=None):
-    """Refuses a model whose weights alone (``num_params``, counted at 2
-    bytes each, the least any supported dtype takes) exceed this machine's
-    available memory, before anything is allocated: a few bytes of config
-    (``hidden_size=1000000``) must not start a 100 GB allocation.
-    ``settings`` names the sizes that decide it, for the message.
+    """Refuses a model whose weights alone (``num_params``, at 2 bytes
+    each) exceed this machine's available memory, before anything is
+    allocated. ``settings`` names the sizes that decide it, for the message.
 
     >>> check_weights_fit(86_000_000, "hidden_size=768", available=2**34)
     >>> check_weights_fit(10**12, "hidden_size=1000000", available=2**34)
@@ -61,14 +54,10 @@ def _pixels(size):
 
 def _resnet_values(image_size, stages, width_factor, remat=False):
     """Values per image a (BiT or hybrid) ResNet keeps for the backward
-    pass: the root conv, GroupNorm and ReLU at 1/2 resolution, then per
-    bottleneck unit about 5 values for each of its 6c channels (c, c, 4c
-    out of the three convs, each kept with its norm and activation, the
-    residual sum and the convolutions' work space), stage s at
-    1/2**(s+2) resolution with c = 64 * width * 2**s. Measured on CPU
-    (growth of the peak RSS over one step, batch 8): BiT-R50x1 at 128 px
-    578 MiB without its weight gradients, this 444; R26+ViT-S/32 at 224
-    px 1025 MiB, this 1029."""
+    pass: the root at 1/2 resolution, then about 5 values for each of a
+    bottleneck unit's 6c channels. Measured on CPU (batch 8): BiT-R50x1 at
+    128 px 578 MiB, this 444; R26+ViT-S/32 at 224 px 1025 MiB, this 1029.
+    """
     width = 64 * width_factor
     pixels = _pixels(image_size) / 4
     values = 4 * width * pixels
@@ -79,20 +68,15 @@ def _resnet_values(image_size, stages, width_factor, remat=False):
             pixels /= 4
         unit_values += [(30 * width * 2 ** s * pixels,
                          4 * width * 2 ** s * pixels)] * units
-    if remat:
-        # Each unit keeps its input (4c channels; the first of a stage at
-        # the previous resolution, counted at this one), and one unit's
-        # activations live again while its backward recomputes them.
+    if remat:  # each unit's input, and one unit's activations again
         return (values + sum(kept for _, kept in unit_values)
                 + max((full for full, _ in unit_values), default=0))
     return values + sum(full for full, _ in unit_values)
 
 
 def _resnet_forward_values(image_size, width_factor):
-    """Values per image live at once in a ResNet's forward pass: its
-    largest maps (the root conv's 64w channels at 1/2 resolution and the
-    first stage's 256w at 1/4 hold the same count, 16w per pixel), three of
-    them at a time (input, residual branch, sum)."""
+    """Values per image live at once in a ResNet's forward pass: three of
+    its largest maps (16w per pixel)."""
     return 3 * 16 * width_factor * _pixels(image_size)
 
 
@@ -106,10 +90,7 @@ def _encoder(model):
     if grid is None or not all(n in config for n in names):
         return None, None
     tokens = grid[0] * grid[1] + geometry.prefix_tokens(config)
-    # The MLP counted as wide as its first projection (wider than mlp_dim
-    # for the packed SwiGLU: an upper estimate, as these are).
-    # Each head's attention maps as heads of their own (differential
-    # attention keeps two per head: its option row says).
+    # The MLP as wide as its first projection; extra maps per head as heads.
     maps = math.prod(row.score_maps(config.get(row.name, row.default))
                      for row in options.OPTIONS if row.score_maps)
     config = dict(config, mlp_dim=geometry.mlp_first_width(
@@ -123,13 +104,9 @@ def step_memory_estimate(model, images):
     keeps for the backward pass on ``images`` images (float32).
 
     A ViT block keeps about 12 N*D + 5 N*mlp + 3 heads*N^2 values per image
-    (N tokens), the attention maps dominating at high resolution; a hybrid
-    adds its ResNet (see :func:`_resnet_values`), a BiT ResNet is that
-    alone, and masked patch prediction adds its per-patch logits (three
-    copies: logits, softmax, gradient). With rematerialised blocks
-    (``remat=True``) each block keeps only its input, N*D values, and one
-    block's activations are live again while its backward recomputes
-    them. None for models it does not know.
+    (N tokens); a hybrid adds its ResNet (:func:`_resnet_values`). With
+    ``remat=True`` each block keeps only its input, and one block's
+    activations are live again. None for models it does not know.
 
     >>> import keras_vit
     >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
@@ -149,7 +126,6 @@ def step_memory_estimate(model, images):
     head = 0
     if getattr(model, "encoder_config", None) is not None:
         head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
-    # A block of several branches (the branches row) keeps each one's.
     per_block = config.get("branches", 1) * (
         12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
         + 3 * config["num_heads"] * n * n)
@@ -166,8 +142,8 @@ def step_memory_estimate(model, images):
     return _BYTES * images * values
 
 
-# How check_step names the settings it suggests: the Python API's
-# keywords; the command line passes its flags.
+# How check_step names the settings it suggests (the command line passes
+# its flags).
 API_NAMES = {"micro_batch_size": "micro_batch_size=",
              "batch_size": "batch_size", "image_size": "the image size",
              "skip": "check_memory=False", "remat": "remat=True"}
@@ -178,12 +154,8 @@ def check_step(model, images, *, per_replica=None, batch_size=None,
     """Refuses (``ValueError``) a CPU training step of ``images`` images
     (per device) whose activations (:func:`step_memory_estimate`) clearly
     cannot fit the available memory (over 1.5x of it), saying what to
-    change: a micro-batch that divides ``per_replica`` and fits (gradient
-    accumulation: the same updates), or a smaller batch or image size.
-    ``names`` spells those settings (default :data:`API_NAMES`; the
-    command line passes its flags). Runs on an accelerator are not
-    checked: host memory does not hold their activations (``available``
-    given: checked against it wherever this runs).
+    change. ``names`` spells those settings (default :data:`API_NAMES`).
+    Accelerator runs are checked only if ``available`` is given.
 
     >>> import keras_vit
     >>> vit = keras_vit.vit(32, 4, 64, 2, 2, 128, 10)
@@ -213,8 +185,6 @@ or pass check_memory=False to try anyway
 
     if (hasattr(model, "layers") and not remat_of(model)
             and any(hasattr(layer, "_forward") for layer in model.layers)):
-        # What rematerialised blocks would need, asked of the model with
-        # its blocks switched for the estimate and back.
         set_remat(model, True)
         try:
             with_remat = step_memory_estimate(model, images)
@@ -234,8 +204,7 @@ or pass check_memory=False to try anyway
 
 
 def _output_values(model):
-    """Values per image in the model's outputs (all alive at the end; the
-    stacked attention maps of ``return_attention_scores`` are most)."""
+    """Values per image in the model's outputs."""
     total = 0
     for out in getattr(model, "outputs", None) or ():
         shape = tuple(getattr(out, "shape", ()) or ())[1:]
@@ -247,12 +216,8 @@ def _output_values(model):
 def forward_estimate(model, images, patches=None):
     """A rough upper estimate in bytes of what one inference forward pass
     of ``images`` images (of ``patches`` patches each: a NaFlex batch's;
-    None: the model's grid) holds at its peak (float32 values): in a ViT block
-    the attention logits and their softmax, 2 heads*N^2 per image, beside
-    q, k, v and the MLP's hidden layer; in a ResNet its largest maps (see
-    :func:`_resnet_forward_values`); plus the model's outputs. A forward
-    keeps one block's activations at a time, where a training step keeps
-    them all (:func:`step_memory_estimate`).
+    None: the model's grid) holds at its peak: one block's activations
+    (or a ResNet's largest maps) plus the model's outputs.
 
     >>> import keras_vit
     >>> big = keras_vit.vit(4000, 16, 768, 12, 12, 3072, 1000)
@@ -292,11 +257,9 @@ def _describe(model):
 
 def forward_batch(model, wanted, *, option="--image-size", available=None):
     """The largest batch, at most ``wanted``, whose forward pass fits in
-    half of this machine's available memory (at least 1), for commands that
-    choose their own batch (``keras-vit predict``). A model that clearly
-    cannot run even one image (estimate over 1.5x the memory available, as
-    in :func:`check_forward`) is refused (``ValueError``) naming
-    ``option``, the estimate and the memory, before anything is allocated.
+    half of this machine's available memory (at least 1). A model that
+    clearly cannot run even one image is refused (``ValueError``) naming
+    ``option``.
 
     >>> import keras_vit
     >>> big = keras_vit.vit(4000, 16, 768, 12, 12, 3072, 1000)
@@ -326,9 +289,8 @@ def forward_batch(model, wanted, *, option="--image-size", available=None):
 def check_input_batch(count, shape, *, hint, bytes_per_value=4,
                       available=None):
     """Refuses (``ValueError``) ``count`` input images of ``shape`` that
-    alone would take more than :data:`~keras_vit.base.limits.BATCH_MEMORY_SHARE`
-    (half) of this machine's available memory, before they are allocated;
-    ``hint`` says what to lower (the exporters' batch sizes).
+    alone would take more than half of this machine's available memory;
+    ``hint`` says what to lower.
 
     >>> check_input_batch(8, (224, 224, 3), hint="lower the batch",
     ...                   available=2**30)
@@ -350,12 +312,8 @@ def check_input_batch(count, shape, *, hint, bytes_per_value=4,
 
 def check_forward(model, images, *, available=None, patches=None):
     """Refuses (``ValueError``) a forward pass of ``images`` images that
-    clearly cannot fit this machine's available memory (estimate over 1.5x
-    of it), on CPU, before it is allocated: one batch of a model at 4000
-    px would otherwise take the machine's memory and then the process.
-    :func:`keras_vit.models.memory.infer` calls it on every batch;
-    ``patches``: a NaFlex batch's patches per image (its table's grid is
-    no input)."""
+    clearly cannot fit this machine's available memory, on CPU, before it
+    is allocated. ``patches``: a NaFlex batch's patches per image."""
     if available is None and not _on_cpu():
         return
     need = forward_estimate(model, int(images), patches)
@@ -375,14 +333,11 @@ def check_forward(model, images, *, available=None, patches=None):
         f"available here; {hint}")
 
 
-# -- before a model is built: its config alone ------------------------------------
-
 def config_estimate(config):
     """A rough upper estimate in bytes of what a model of ``config`` (the
-    builder's arguments: a ViT, hybrid or Axial-ViT, or a BiT with
-    ``block_units``) needs to run one image: ``{"weights", "position
-    table", "activations", "tokens"}`` (float32 values), from the sizes
-    alone, before anything is built. None for a config it does not know.
+    builder's arguments) needs to run one image: ``{"weights", "position
+    table", "activations", "tokens"}``, before anything is built. None for
+    a config it does not know.
 
     >>> est = config_estimate(dict(image_size=224, patch_size=16,
     ...     hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
@@ -431,14 +386,10 @@ def config_estimate(config):
         4 * d * d + 2 * d * mlp) + rep * d + classes * (rep or d))
     values = max(2 * heads * tokens * tokens + 6 * tokens * d,
                  2 * tokens * mlp + 3 * tokens * d)
-    if config.get("naflex"):
-        # image_size is the table's grid, not an input's: a NaFlex call's
-        # own patches decide its activations.
+    if config.get("naflex"):  # its own patches decide its activations
         values = 0
     if resnet:
         values = max(values, _resnet_forward_values((h, w), width))
-    # The exact count where the variant table knows every option; the
-    # rough one above (which counts the table apart) for the rest.
     exact = geometry.parameter_count(config)
     return {"weights": _BYTES * (params + table if exact is None else exact),
             "position table": _BYTES * table,
@@ -446,15 +397,10 @@ def config_estimate(config):
 
 
 def check_config(config, where, *, name=None, available=None):
-    """Refuses (``ValueError`` naming ``where``, the field that makes the
-    model too large and its value) a model of ``config`` whose weights,
-    position table and one image's forward pass clearly cannot fit this
-    machine's available memory (an estimate over
-    :data:`~keras_vit.base.limits.MEMORY_SLACK` times it), before anything is
-    built: a config file of a few bytes (``image_size=14000``) must not
-    start gigabytes of allocations. The activations count on CPU only
-    (an accelerator holds them elsewhere). ``name`` describes the model
-    in the message.
+    """Refuses (``ValueError`` naming ``where``) a model of ``config``
+    whose weights and one image's forward pass clearly cannot fit this
+    machine's available memory, before anything is built. The activations
+    count on CPU only. ``name`` describes the model in the message.
 
     >>> check_config(dict(image_size=4000, patch_size=16, hidden_size=768,
     ...     num_layers=12, num_heads=12, mlp_dim=3072), "config.json",
@@ -498,9 +444,8 @@ def check_config(config, where, *, name=None, available=None):
 
 
 def infer(model, inputs):
-    """``model(inputs, training=False)`` without gradients, as NumPy. A
-    batch that clearly cannot fit this machine's memory is refused first
-    (:func:`check_forward`).
+    """``model(inputs, training=False)`` without gradients, as NumPy,
+    after :func:`check_forward`.
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)

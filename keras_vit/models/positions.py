@@ -1,14 +1,8 @@
 """Where position information enters the encoder, for every kind.
 
-A :class:`PositionScheme` is the one place that decides it. It has two
-hooks: at the tokens (an additive table, learned, learned 2D or sin-cos,
-resized in the graph for a dynamic-size model: :meth:`~PositionScheme.
-at_stem` once, or before each block) and in attention (the keyword
-arguments of a block's call: the 1D relative table, whose logits join the
-attention scores; BEiT's 2D relative bias and timm's relative position
-MLP, added to them; the rotary table, which turns the queries and keys).
-The encoder calls :meth:`~PositionScheme.before_block` for each block and
-knows no kind by name.
+A :class:`PositionScheme` decides it, at the tokens (an additive table)
+and in attention (the keyword arguments of a block's call); the encoder
+calls :meth:`~PositionScheme.before_block` for each block.
 
 >>> import numpy as np
 >>> scheme = PositionScheme("relative", "stem", (2, 2), 1, num_heads=2)
@@ -35,15 +29,10 @@ from keras_vit.base.checks import check_choice
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class RelativePositionEmbedding(layers.Layer):
-    """The learned table of ``position_embedding="relative"``.
-
-    One embedding per 1D (raster-order) offset between two patches, split
-    into heads, (2P - 1 [+ 1], heads, D / heads); the extra last row, present
-    with a class token, is shared by every pair that involves it (the class
-    token has no offset to anything). Called on the tokens, it returns the
-    table, which :class:`keras_vit.layers.EncoderBlock` turns into attention
-    logits; one layer feeding several blocks shares its table between them.
-    """
+    """The learned table of ``position_embedding="relative"``: one
+    embedding per 1D offset between two patches, (2P - 1 [+ 1], heads, D /
+    heads); the extra last row, with a class token, is shared by every pair
+    that involves it. Called on the tokens, it returns the table."""
 
     kind = "relative"
 
@@ -78,18 +67,15 @@ class RelativePositionEmbedding(layers.Layer):
         return tuple(self.rel_embedding.shape)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(grid_size=list(self.grid_size), num_heads=self.num_heads,
-                      num_prefix_tokens=self.num_prefix_tokens)
-        return config
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    num_heads=self.num_heads,
+                    num_prefix_tokens=self.num_prefix_tokens)
 
 
 def relative_bias_index(grid):
     """(N, N) row of BEiT's 2D relative bias table for each (query, key)
-    pair of the class token and a (rows, cols) grid of patches: patch
-    pairs by their offset ``(dr, dc)`` at row ``(dr + rows - 1) * (2 cols
-    - 1) + dc + cols - 1``, then three rows for the class token's pairs
-    (to a patch, from a patch, with itself), as BEiT and timm lay it out.
+    pair of the class token and a (rows, cols) grid of patches; the last
+    three rows for the class token's pairs, as BEiT and timm lay it out.
 
     >>> relative_bias_index((1, 2)).tolist()
     [[5, 3, 3], [4, 1, 0], [4, 2, 1]]
@@ -109,10 +95,8 @@ def relative_bias_index(grid):
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class RelativePositionBias(layers.Layer):
     """BEiT's relative position bias (``relative_bias``): a learned bias
-    per head for each 2D offset between two patches of a ``grid_size``
-    grid and three for the class token's pairs (:func:`relative_bias_index`),
-    table (rows, heads); called on the tokens, it returns the (1, heads, N,
-    N) bias the attention adds to its logits."""
+    per head for each 2D offset (:func:`relative_bias_index`); called on
+    the tokens, it returns the (1, heads, N, N) bias for the logits."""
 
     def __init__(self, grid_size, num_heads, **kwargs):
         super().__init__(**kwargs)
@@ -145,9 +129,8 @@ class RelativePositionBias(layers.Layer):
 
 def log_offsets(grid):
     """Every 2D offset (dr, dc) between two patches of a (rows, cols)
-    grid, ((2 rows - 1) * (2 cols - 1), 2) in the row-major order of
-    :func:`relative_bias_index`, each as ``sign(d) log(1 + |d|)`` (timm's
-    ``'cr'`` log coordinates of Swin v2's relative position MLP).
+    grid, in row-major order, each as ``sign(d) log(1 + |d|)`` (timm's
+    ``'cr'`` log coordinates).
 
     >>> np.round(log_offsets((1, 2)).astype(float), 4).tolist()
     [[0.0, -0.6931], [0.0, 0.0], [0.0, 0.6931]]
@@ -161,14 +144,11 @@ def log_offsets(grid):
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class RelativePositionMlp(layers.Layer):
-    """timm's relative position MLP (``relative_mlp``;
-    ``vision_transformer_relpos``'s ``RelPosMlp``): each 2D offset between
-    two patches of a ``grid_size`` grid in log coordinates
-    (:func:`log_offsets`) through Dense(``width``) -> ReLU -> Dropout
-    (0.125, in training) -> Dense(``num_heads``) gives a bias per head;
-    pairs with one of the ``num_prefix_tokens`` tokens before the patches
-    get none. Called on the tokens, it returns the (1, heads, N, N) bias
-    the attention adds to its logits."""
+    """timm's relative position MLP (``relative_mlp``, ``RelPosMlp``):
+    each 2D offset in log coordinates (:func:`log_offsets`) through
+    Dense(``width``) -> ReLU -> Dropout(0.125) -> Dense(``num_heads``)
+    gives a bias per head; prefix tokens' pairs get none. Called on the
+    tokens, it returns the (1, heads, N, N) bias for the logits."""
 
     def __init__(self, grid_size, num_heads, width=128, num_prefix_tokens=0,
                  **kwargs):
@@ -213,12 +193,9 @@ class RelativePositionMlp(layers.Layer):
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class AxisPositionTable(layers.Layer):
     """Gemma 4's position table (``position_axes``): weight ``table`` (2,
-    ``size``, width), one learned row per column index then one per row
-    index; patch (r, c) of the grid gets ``table[0, c] + table[1, r]``
-    added, the ``num_prefix_tokens`` tokens before the patches nothing.
-    No resize: any grid of up to ``size`` rows and columns reads its own
-    rows (``grid_size``, or the images' grid at ``stride`` for a
-    dynamic-size model).
+    ``size``, width); patch (r, c) gets ``table[0, c] + table[1, r]``
+    added, prefix tokens nothing. Any grid of up to ``size`` rows and
+    columns reads its own rows (no resize).
 
     >>> import numpy as np
     >>> axes = AxisPositionTable((1, 2), 4, num_prefix_tokens=1)
@@ -299,28 +276,15 @@ class RotaryEmbedding(layers.Layer):
     """The rotary table of ``rope`` (no weights): called on the tokens
     (and, in a dynamic-size model, the images), it returns each token's
     sines and cosines (tokens, 2 * head_dim) for
-    :func:`keras_vit.layers.attention.rotate`; the ``num_prefix_tokens``
-    before the patches get sines 0 and cosines 1 (not rotated).
+    :func:`keras_vit.layers.attention.rotate`; prefix tokens are not
+    rotated.
 
-    ``"dinov3"`` (DINOv3, as timm and Meta's code compute it): patch
-    ``(r, c)`` of an ``h x w`` grid sits at ``y = 2 (r + 0.5) / h - 1``,
-    ``x = 2 (c + 0.5) / w - 1``, so the coordinates span [-1, 1] at any
-    image size; with ``f = head_dim / 4`` periods ``temperature ** (2 k /
-    (head_dim / 2))``, ``k < f``, the angles are ``2 pi y / period`` then
-    ``2 pi x / period`` (head_dim / 2 of them), repeated once for the
-    halves :func:`~keras_vit.layers.attention.rotate` turns.
-
-    ``"eva02"`` (EVA-02 and timm's ``RotaryEmbeddingCat``): patch ``(r,
-    c)`` sits at ``y = r``, ``x = c``, scaled by ``reference_grid / grid``
-    where a reference grid is given (the pretraining grid: another size's
-    coordinates span the same range); with rates ``temperature ** (-k /
-    f)``, ``k < f``, the angles are ``y * rate`` then ``x * rate``, for
-    the attention to turn adjacent pairs of features by
-    (``rotate(..., adjacent=True)``).
-
-    Either form: ``offset`` is added to each index first (timm's
-    ``grid_offset``), and ``indexing="xy"`` puts the columns' angles
-    before the rows' (timm's ``grid_indexing``).
+    ``"dinov3"``: coordinates ``2 (i + 0.5) / side - 1`` span [-1, 1] at
+    any size, periods ``temperature ** (2 k / (head_dim / 2))``.
+    ``"eva02"`` (timm's ``RotaryEmbeddingCat``): coordinates ``r``, ``c``
+    (scaled by ``reference_grid / grid`` if given), rates ``temperature
+    ** (-k / f)``, adjacent pairs turned. ``offset``: timm's
+    ``grid_offset``; ``indexing="xy"``: columns' angles first.
 
     >>> import numpy as np
     >>> rope = RotaryEmbedding((2, 2), head_dim=8, num_prefix_tokens=1)
@@ -386,28 +350,21 @@ class RotaryEmbedding(layers.Layer):
         return (x_shape[1], 2 * self.head_dim)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(grid_size=list(self.grid_size), head_dim=self.head_dim,
-                      num_prefix_tokens=self.num_prefix_tokens,
-                      form=self.form, temperature=self.temperature,
-                      stride=self.stride, reference_grid=self.reference_grid,
-                      offset=self.offset, indexing=self.indexing)
-        return config
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    head_dim=self.head_dim,
+                    num_prefix_tokens=self.num_prefix_tokens, form=self.form,
+                    temperature=self.temperature, stride=self.stride,
+                    reference_grid=self.reference_grid, offset=self.offset,
+                    indexing=self.indexing)
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
 class MixedRotaryEmbedding(layers.Layer):
     """RoPE-ViT's mixed rotary table (``rope="mixed"``, Heo et al. 2024):
     learned frequencies ``freqs`` (2, blocks, heads, head_dim / 2), the
-    columns' then the rows', so that block ``i``'s head ``h`` turns its
-    feature pair ``k`` of patch ``(r, c)`` by ``x * freqs[0, i, h, k] + y *
-    freqs[1, i, h, k]``, with ``x = c``, ``y = r`` (``indexing="ij"``
-    swaps them) plus ``offset``; adjacent pairs turned. Called on the
-    tokens with the block's index, it returns that block's table, one per
-    head (heads, tokens, 2 * head_dim); the ``num_prefix_tokens`` before
-    the patches are not turned. Initialised as RoPE-ViT does: the axial
-    rates ``temperature ** (-4k / head_dim)``, turned by a random angle per
-    block and head.
+    columns' then the rows'. Called on the tokens with the block's index,
+    it returns that block's table, (heads, tokens, 2 * head_dim).
+    Initialised as RoPE-ViT does: axial rates turned by a random angle.
 
     >>> import numpy as np
     >>> rope = MixedRotaryEmbedding((2, 3), 8, 2, 4, num_prefix_tokens=1)
@@ -482,9 +439,7 @@ class MixedRotaryEmbedding(layers.Layer):
 class PaddingBias(layers.Layer):
     """The attention logits' bias that leaves a NaFlex batch's padding
     out of every query's keys: (B, 1, 1, prefix + N) from ``mask`` (B, N:
-    nonzero for a patch), 0 for the ``num_prefix_tokens`` tokens before
-    the patches and for each patch, a large negative number for padding
-    (whose softmax weight is then exactly 0 in float32)."""
+    nonzero for a patch), 0 for tokens, -1e9 for padding."""
 
     def __init__(self, num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
@@ -512,10 +467,8 @@ class PaddingBias(layers.Layer):
 
 def check_dynamic_image_size(dynamic_image_size, position_embedding,
                              family=None):
-    """``dynamic_image_size`` as a bool, or a ValueError naming it: the
-    relative position tables (the 1D one, BEiT's 2D bias of the
-    ``family`` options) hold one row per offset of the grid they were
-    built for, which no resize in the graph can extend faithfully."""
+    """``dynamic_image_size`` as a bool, or a ValueError naming it: tables
+    per offset of the built grid cannot be resized in the graph."""
     if not isinstance(dynamic_image_size, bool):
         raise ValueError("dynamic_image_size must be True or False; "
                          f"received dynamic_image_size={dynamic_image_size!r}")
@@ -554,37 +507,20 @@ def check_dynamic_image_size(dynamic_image_size, position_embedding,
 class PositionScheme:
     """The position embedding of an encoder: ``kind`` (one of
     :data:`~keras_vit.models.encoder.POSITION_EMBEDDINGS`) placed as
-    ``placement`` says.
-
-    ``"stem"`` puts position information in once: an additive table before
-    the first block (:meth:`at_stem`), ``"relative"`` into the first
-    block's attention only. ``"every_layer"`` gives every block its own
-    table (layers ``position_embedding_{i}``), ``"every_layer_shared"`` one
-    table (layer ``position_embedding``) used by every block; both add it
-    right before the block (or into its attention, for ``"relative"``).
-    With ``images`` and ``stride`` (a dynamic-size model), each additive
-    table follows the grid of ``images`` (``PositionEmbedding``'s stride).
+    ``placement`` says: ``"stem"`` once (``"relative"``: into the first
+    block's attention), ``"every_layer"`` a table per block (layers
+    ``position_embedding_{i}``), ``"every_layer_shared"`` one table
+    (layer ``position_embedding``) before every block.
 
     Args:
-        kind, placement: as the builders' ``position_embedding`` and
-            ``position_embedding_placement``.
-        grid: the patch grid (rows, columns) the tables are built for.
         num_prefix_tokens: tokens before the patches that the table
             covers (0 when they join after it).
-        num_heads: the attention heads (the relative table is per head).
-        dtype: the layers' dtype policy.
         images, stride: a dynamic-size model's input and patch stride.
-        family: the model's family options (their rows in
-            :mod:`keras_vit.base.options`, normalised): ``rope`` adds a
-            rotary table (:class:`RotaryEmbedding`, layer
-            ``rotary_embedding``) to every block's attention, whatever
-            the additive kind.
-        head_dim: each attention head's width (for ``rope``).
-        depth: the blocks (``rope="mixed"`` learns a table for each).
-        patches: a NaFlex model's inputs (the ``naflex`` option): the
-            table is resized to each image's grid at the stem, and every
-            block's attention leaves the padding out (:class:`PaddingBias`
-            over ``all_prefix`` tokens before the patches).
+        family: the model's family options, normalised (``rope``,
+            ``relative_bias``, ``position_axes`` ...).
+        patches: a NaFlex model's inputs: every block's attention leaves
+            the padding out (:class:`PaddingBias` over ``all_prefix``
+            tokens before the patches).
     """
 
     def __init__(self, kind, placement, grid, num_prefix_tokens, num_heads,
@@ -673,11 +609,9 @@ class PositionScheme:
         return x
 
     def before_block(self, i, x):
-        """Block ``i``'s input and its call's keyword arguments: an
-        additive table the block reads is added to the tokens; a table
-        that acts in attention (``"relative"``) is passed as
-        ``relative_embedding``. ``"every_layer"`` makes block ``i``'s table
-        here: call it once per block."""
+        """Block ``i``'s input and its call's keyword arguments (an
+        additive table added, ``"relative"``'s passed as
+        ``relative_embedding``); call it once per block."""
         position = {}
         if isinstance(self.rope, MixedRotaryEmbedding):  # one per block
             position["rope"] = self.rope(x, images=self.images, block=i)

@@ -2,14 +2,9 @@
 the modes it cannot apply to an image model refused in one line and the
 layers it leaves in float listed once.
 
-Every projection of the package (attention q/k/v/out, both MLP denses,
-pre-logits, head) is a Keras ``Dense`` or ``EinsumDense``
-(:class:`keras_vit.layers.FusedDense`, :class:`keras_vit.layers.FusedEinsumDense`),
-so Keras quantizes them and runs its own quantized kernels. Convolutions,
-norms, the class token and position tables have no quantized form in
-Keras: Keras warns once per such layer ("does not have a `quantize`
-method"), dozens of lines for a ViT; here they are one warning naming
-them by class.
+Every projection of the package is a Keras ``Dense`` or ``EinsumDense``,
+so Keras quantizes them. The layers with no quantized form get one warning
+naming them by class, not one per layer.
 
 >>> import warnings, keras_vit
 >>> model = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -37,9 +32,7 @@ from keras_vit.runtime import compat
 
 #: The modes Keras applies to a keras_vit model.
 MODES = ("int8", "int4", "float8")
-# Keras' GPTQ and AWQ calibrate block by block on batches they convert to
-# int32 token ids (keras/src/quantizers/gptq_core.py): a language model's
-# input, never an image batch.
+# Keras' GPTQ and AWQ calibrate on batches converted to int32 token ids.
 _TOKEN_CALIBRATED = ("gptq", "awq")
 
 
@@ -66,9 +59,8 @@ def check_mode(mode, config=None, model_name="model"):
 
 
 def _left_in_float(model):
-    """``{class name: [layer names]}`` of the layers with weights that are
-    not quantized (only leaves: a block's sublayers are counted, not the
-    block)."""
+    """``{class name: [layer names]}`` of the leaf layers with weights
+    that are not quantized."""
     left = {}
     for layer in compat.flatten_layers(model, include_self=False):
         if len(list(layer._flatten_layers())) != 1 or not layer.weights:
@@ -92,10 +84,8 @@ def describe_float_layers(left, mode):
 
 def _check_quantizable(model, layers, mode):
     """A ValueError naming what stops ``model.quantize(mode)`` on
-    ``layers``, before any of them changes: LoRA adapters (Keras quantizes
-    their base kernel and keeps the adapters in float, a pairing that a
-    saved ``.keras`` file does not restore exactly; :func:`lora.merge`
-    refuses a quantized model for the same reason), or layers quantized
+    ``layers``, before any of them changes: LoRA adapters (a pairing a
+    saved ``.keras`` file does not restore exactly), or layers quantized
     already."""
     adapted = [layer.path for layer in compat.flatten_layers(
         model, include_self=False) if getattr(layer, "lora_enabled", False)]
@@ -121,10 +111,8 @@ class QuantizeMixin:
 
     def __new__(cls, *args, **kwargs):
         obj = super().__new__(cls, *args, **kwargs)
-        # Keras wraps every layer's quantize (Layer.__new__) in a function
-        # that resolves the mode into a config first, with messages about
-        # configs ("For GPTQ, you must pass a GPTQConfig") for modes that
-        # cannot work on an image model with any config: check before it.
+        # Keras' Layer.__new__ wraps quantize with config messages for
+        # modes that cannot work on an image model: check before it.
         keras_quantize = obj.quantize
 
         @functools.wraps(keras_quantize)
@@ -137,28 +125,21 @@ class QuantizeMixin:
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' ``Model.quantize`` (``"int8"``, ``"int4"``,
-        ``"float8"``) with the modes that need token-id calibration
-        (``"gptq"``, ``"awq"``) and unknown modes refused naming the mode,
-        and one warning listing the layers that stay in float. The next
-        ``predict`` runs the quantized model. It quantizes every layer or
-        none: a model with LoRA adapters (merge them first, as
-        :func:`keras_vit.models.lora.merge` asks of a quantized model) or
-        with layers quantized already is refused before any changes."""
+        ``"float8"``) with other modes refused naming the mode, and one
+        warning listing the layers that stay in float. A model with LoRA
+        adapters or layers quantized already is refused before any
+        changes."""
         mode = check_mode(mode, config, repr(self.name))
         type_check = kwargs.pop("type_check", True)
         if kwargs:
             raise ValueError(f"quantize: unknown keyword arguments "
                              f"{sorted(kwargs)}; received {kwargs!r}")
-        # Keras' Model.quantize runs this loop too, but passes over any
-        # AttributeError a layer raises while quantizing: a layer could be
-        # left half quantized with no message. Here every error surfaces.
+        # Keras' own loop passes over AttributeErrors: here they surface.
         layers = [layer
                   for layer in compat.flatten_layers(self, include_self=False)
                   if len(list(layer._flatten_layers())) == 1
                   and layer.weights
                   and compat.should_quantize_layer(layer, filters)]
-        # Decided before any layer changes: a refusal half-way would leave
-        # the model part quantized.
         _check_quantizable(self, layers, mode)
         changed = False
         with _one_garbage_collection():
@@ -183,11 +164,8 @@ class QuantizeMixin:
             warnings.warn(describe_float_layers(left, mode), UserWarning,
                           stacklevel=4)
 
-    # -- saving ------------------------------------------------------------
-    # The config of a keras_vit model is its constructor's arguments, which
-    # rebuild a float model; the weights of a quantized one (int8 kernels
-    # and their scales) need the same layers quantized before they load.
-    # ``quantization`` lists them, present only for a quantized model.
+    # -- saving: ``quantization`` lists the layers to quantize before a
+    # quantized model's weights load.
 
     def get_config(self):
         config = super().get_config()
@@ -222,8 +200,7 @@ def quantized_layers(model):
 
 def requantize(model, quantized):
     """Quantizes the layers that :func:`quantized_layers` listed, so that
-    the weights of a quantized model load into ``model`` (a float model of
-    the same architecture); their current weights are replaced anyway."""
+    the weights of a quantized model load into ``model``."""
     by_path = {layer.path: layer
                for layer in compat.flatten_layers(model, include_self=False)}
     missing = [entry[0] for entry in quantized if entry[0] not in by_path]
@@ -240,14 +217,8 @@ def requantize(model, quantized):
 
 @contextlib.contextmanager
 def _one_garbage_collection():
-    """One full garbage collection instead of one per quantized layer.
-
-    Keras runs ``gc.collect()`` each time a layer drops its float kernel
-    (``Layer.__delattr__``); in a process holding TensorFlow and a few
-    models that took ~0.9 s per layer here (ViT-B/16: 73 layers). Objects
-    that exist before quantizing are frozen out of those collections
-    (``gc.freeze``) and collected once at the end.
-    """
+    """One full garbage collection instead of one per quantized layer:
+    Keras' ``Layer.__delattr__`` collects each time (~0.9 s per layer)."""
     gc.freeze()
     try:
         yield

@@ -1,11 +1,7 @@
 """BiT: the pre-activation ResNet (v2) of "Big Transfer" as a Keras model.
 
-Kolesnikov et al. 2020, computed exactly as the official big_transfer code:
-weight-standardised convolutions ((w - mean) / sqrt(var + 1e-10) over
-H, W, in), GroupNorm with 32 groups and epsilon 1e-5, explicit zero padding
-followed by VALID convolutions and pooling (the root max-pool pads with
-zeros, not -inf), the stride on the 3x3 convolution, and a zero-initialised
-head.
+Kolesnikov et al. 2020, computed exactly as the official big_transfer code
+(explicit zero padding, VALID convolutions and pooling).
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ BIT_VARIANTS = ("R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4")
 _POOLINGS = (None, "avg")
 _NUM_STAGES = 4
 _MIN_IMAGE_SIZE = 32
-# Official BiT constants (big_transfer): weight standardisation epsilon and
-# the GroupNorm setting.
+# Official BiT constants: weight standardisation epsilon, GroupNorm.
 _WS_EPS = 1e-10
 _GN_GROUPS = 32
 _GN_EPSILON = 1e-5
@@ -57,10 +52,8 @@ class PreActBottleneck(layers.Layer):
 
     ``pre = relu(GN_a(x))``; the shortcut is ``x``, or a strided 1x1
     projection of ``pre`` when the channels or the resolution change; then
-    1x1 (``filters``) -> GN/ReLU -> 3x3 (``filters``, ``strides``) -> GN/ReLU
-    -> 1x1 (``4 * filters``), added to the shortcut. Whether the projection
-    exists is decided from the input channels at build time, as in the
-    official code.
+    1x1 -> GN/ReLU -> 3x3 (``strides``) -> GN/ReLU -> 1x1 (``4 * filters``),
+    added to the shortcut.
     """
 
     def __init__(self, filters, strides=1, groups=_GN_GROUPS,
@@ -97,7 +90,6 @@ class PreActBottleneck(layers.Layer):
         self.conv_a.build(input_shape)
         mid = tuple(input_shape[:-1]) + (self.filters,)
         self.norm_b.build(mid)
-        # conv_b sees its input after the explicit 1-pixel zero padding.
         padded = tuple(None if d is None else d + 2 for d in mid[1:3])
         self.conv_b.build((mid[0],) + padded + (self.filters,))
         out_shape = self.compute_output_shape(input_shape)
@@ -116,8 +108,7 @@ class PreActBottleneck(layers.Layer):
         shortcut = x if self.proj is None else self.proj(pre)
         y = self.conv_a(pre)
         y = ops.relu(self.norm_b(y))
-        # BiT pads explicitly (1 each side) and convolves VALID, which
-        # differs from TF "SAME" padding at stride 2.
+        # Explicit padding and VALID: TF "SAME" differs at stride 2.
         y = ops.pad(y, ((0, 0), (1, 1), (1, 1), (0, 0)))
         y = self.conv_b(y)
         y = self.conv_c(ops.relu(self.norm_c(y)))
@@ -133,11 +124,9 @@ class PreActBottleneck(layers.Layer):
         return (b, down(h), down(w), 4 * self.filters)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(filters=self.filters, strides=self.strides,
-                      groups=self.groups, epsilon=self.epsilon,
-                      remat=self.remat)
-        return config
+        return dict(super().get_config(), filters=self.filters,
+                    strides=self.strides, groups=self.groups,
+                    epsilon=self.epsilon, remat=self.remat)
 
 
 def _width_factor(value):
@@ -160,11 +149,8 @@ def _block_units(value):
 
 
 def stage_widths(width_factor, num_stages=_NUM_STAGES):
-    """(root, [bottleneck width of each stage]) channels for a width factor.
-
-    Stage ``s`` has bottleneck width ``64 * 2**s * width_factor`` and outputs
-    four times that; the root convolution has ``64 * width_factor``.
-    """
+    """(root, [bottleneck width of each stage]) channels for a width factor:
+    ``64 * width_factor`` and ``64 * 2**s * width_factor``."""
     return geometry.bit_widths(_width_factor(width_factor), num_stages)
 
 
@@ -174,9 +160,8 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
     """BiT ResNet-v2 of "Big Transfer (BiT): General Visual Representation
     Learning".
 
-    Build it with :func:`keras_vit.models.resnet_v2.resnet_v2`. The
-    constructor arguments are those of the builder; ``get_config`` returns
-    exactly them, so a saved ``.keras`` file rebuilds the same graph.
+    Build it with :func:`keras_vit.models.resnet_v2.resnet_v2`;
+    ``get_config`` returns exactly the constructor arguments.
     """
 
     def __init__(self, image_size=224, block_units=BIT_DEPTHS[50],
@@ -213,13 +198,9 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 "dynamic_image_size must be True or False; received "
                 f"dynamic_image_size={dynamic_image_size!r}")
 
-        # A ResNet is convolutions and a global pool: with
-        # dynamic_image_size it takes any size (image_size is then what it
-        # was built and fine-tuned for).
         inputs, x, input_normalization = image_input(
             (None, None) if dynamic_image_size else image_hw, num_channels,
             include_preprocessing, dtype, input_normalization)
-        # Root: explicit zero padding and VALID ops, as the official code.
         x = layers.ZeroPadding2D(3, dtype=dtype, name="root_pad")(x)
         x = _std_conv(root, 7, 2, dtype, "root_conv")(x)
         x = layers.ZeroPadding2D(1, dtype=dtype, name="root_pool_pad")(x)
@@ -234,11 +215,8 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                     remat=remat, name=f"stage_{s + 1}_unit_{u + 1}")(x)
             stages[f"stage_{s + 1}"] = x
 
-        # The units are pre-activation, so the features need a last GN+ReLU.
         x = _group_norm(_GN_GROUPS, _GN_EPSILON, dtype, "final_norm")(x)
         x = layers.Activation("relu", dtype=dtype, name="final_relu")(x)
-        # The official 1x1 conv head on a pooled map is a Dense; zero
-        # initialised as BiT fine-tuning does.
         x = classification_head(
             x, layers.GlobalAveragePooling2D(dtype=dtype, name="pooling")
             if include_top or pooling == "avg" else None,
@@ -247,9 +225,6 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         outputs = {"output": x, **stages} if return_stages else x
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         carry_policy(self, dtype)
-
-        # Normalised; the other arguments are kept as given
-        # (keras_vit.models.config).
         self.block_units = list(units)
         self.num_channels, self.num_classes = num_channels, num_classes
         self.label_names = label_names
@@ -265,18 +240,14 @@ def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):
         block_units: units in each of the four stages, e.g.
             ``BIT_DEPTHS[50] == (3, 4, 6, 3)``.
         width_factor: channel multiplier (1 for R50x1, 3 for R50x3, ...);
-            fractions are allowed while every width stays a multiple of the
-            32 GroupNorm groups (0.5 is the smallest).
+            every width must stay a multiple of the 32 GroupNorm groups.
         num_classes: size of the classification head.
-        **kwargs: ``include_top`` (False drops the head), ``pooling`` (with
-            ``include_top=False``: None returns the final feature map after
-            the last GroupNorm + ReLU, ``"avg"`` its spatial mean),
-            ``include_preprocessing`` (maps [0, 255] pixels to [-1, 1]
-            inside the model), ``classifier_activation`` (e.g.
-            ``"softmax"``), ``return_stages`` (the model returns
-            ``{"output": ..., "stage_1": ..., ..., "stage_4": ...}``, the raw
-            output of each stage's last unit), ``num_channels``, ``name``,
-            ``dtype``.
+        **kwargs: ``include_top``, ``pooling`` (with ``include_top=False``:
+            None returns the final feature map, ``"avg"`` its mean),
+            ``include_preprocessing``, ``classifier_activation``,
+            ``return_stages`` (the model returns ``{"output": ...,
+            "stage_1": ..., ..., "stage_4": ...}``), ``num_channels``,
+            ``name``, ``dtype``.
 
     Returns:
         A :class:`ResNetV2` (a ``keras.Model``).
@@ -290,8 +261,7 @@ def resnet_v2(image_size, block_units, width_factor, num_classes, **kwargs):
     >>> tuple(model(np.zeros((2, 32, 32, 3), "float32")).shape)
     (2, 10)
     """
-    # Recipes set dropout_rate for every model; BiT has no dropout, so only
-    # a rate that would do nothing is taken (and dropped).
+    # Recipes set dropout_rate for every model: only a null one is taken.
     if kwargs.get("dropout_rate", 0.0) not in (0, 0.0, None):
         raise ValueError("BiT ResNet-v2 has no dropout; received dropout_rate="
                          f"{kwargs['dropout_rate']!r} (use 0 or None)")

@@ -25,11 +25,8 @@ from keras_vit.models.quantization import QuantizeMixin
 def _encode(x, blocks, scheme, prepend, dropout, pre_norm,
             return_attention_scores):
     """The tokens through the encoder blocks, position information put in
-    where ``scheme`` (a :class:`~keras_vit.models.positions.PositionScheme`)
-    says. ``prepend`` (a function of the tokens), when given, adds the
-    prefix tokens after the stem's table, which then covers the patches
-    only; ``pre_norm`` (a layer) normalises the tokens before the first
-    block. Returns the encoded tokens and the list of attention maps."""
+    where ``scheme`` says; ``prepend``, when given, adds the prefix tokens
+    after the stem's table. Returns the tokens and the attention maps."""
     x = scheme.at_stem(x)
     if prepend is not None:
         x = prepend(x)
@@ -69,14 +66,13 @@ def _distilled_head(x, spec, head_bias_init, classifier_activation, dtype):
 
 
 def _model_norm(kind, epsilon, dtype, name):
-    """A norm of the model outside the blocks (``pre_norm``,
-    ``encoder_norm``, ``fc_norm``): Keras' LayerNormalization, as these
-    have always been, or for ``kind="rms"`` the package's RMSNorm."""
+    """A norm of the model outside the blocks: Keras' LayerNormalization
+    (as saved files hold it), or for ``kind="rms"`` the package's RMSNorm.
+    """
     return vit_layers.make_norm(kind, epsilon, dtype, name, fused=False)
 
 
-# The constructor arguments that VisionTransformer keeps normalised (the
-# rest are kept as given; see keras_vit.models.config).
+# The constructor arguments that VisionTransformer keeps normalised.
 _NORMALISED = (*NORMALISED, "resnet")
 
 
@@ -85,46 +81,23 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                         CompiledModelMixin, keras.Model):
     """Vision Transformer (ViT) of "An Image is Worth 16x16 Words".
 
-    Build it with :func:`keras_vit.models.vit` or, with released weights,
-    ``keras_vit.zoo.load("ViT-B/16")``. The constructor arguments are those of
-    :func:`vit`; ``get_config`` returns exactly them, so a saved ``.keras``
-    file rebuilds the same graph.
+    Build it with :func:`keras_vit.models.vit`; ``get_config`` returns
+    exactly the constructor arguments (those of :func:`vit`).
     """
 
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        hidden_size=768,
-        num_layers=12,
-        num_heads=12,
-        mlp_dim=3072,
-        num_classes=1000,
-        classifier="token",
-        representation_size=None,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        include_top=True,
-        pooling=None,
-        include_preprocessing=False,
-        classifier_activation=None,
-        return_attention_scores=False,
-        num_channels=3,
-        layer_norm_epsilon=1e-6,
-        head_bias_init=0.0,
-        resnet=None,
-        position_embedding="learned_1d",
-        position_embedding_placement="stem",
-        gelu="tanh",
-        label_names=None,
-        dynamic_image_size=False,
-        remat=False,
-        input_normalization=None,
-        name="vision_transformer",
-        **kwargs,
-    ):
-        # The family's options are keyword arguments named by their rows
-        # (the signature below lists them), each at its row's default.
+    def __init__(self, image_size=224, patch_size=16, hidden_size=768,
+                 num_layers=12, num_heads=12, mlp_dim=3072, num_classes=1000,
+                 classifier="token", representation_size=None,
+                 dropout_rate=0.0, attention_dropout_rate=0.0,
+                 include_top=True, pooling=None, include_preprocessing=False,
+                 classifier_activation=None, return_attention_scores=False,
+                 num_channels=3, layer_norm_epsilon=1e-6, head_bias_init=0.0,
+                 resnet=None, position_embedding="learned_1d",
+                 position_embedding_placement="stem", gelu="tanh",
+                 label_names=None, dynamic_image_size=False, remat=False,
+                 input_normalization=None, name="vision_transformer",
+                 **kwargs):
+        # The family's options: one keyword per row, at its default.
         family = {o.name: kwargs.pop(o.name, o.default)
                   for o in options.OPTIONS}
         spec = check_vit_args(
@@ -166,9 +139,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             norm_epsilon=layer_norm_epsilon, dtype=dtype,
             name="patch_embedding")(x)
 
-        def prepend(x):
-            # [class token, registers, patches], as timm and DINOv2 order
-            # them.
+        def prepend(x):  # [class token, registers, patches], as timm's
             if has_token:
                 x = vit_layers.ClassToken(dtype=dtype, name="class_token")(x)
             if distilled:  # DeiT's distillation token, after the class token
@@ -183,8 +154,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         table_covers_prefix = family["posemb_includes_prefix"]
         if table_covers_prefix:
             x = prepend(x)
-        # timm's stochastic depth: the rate grows linearly with depth,
-        # from 0 at the first block to drop_path_rate at the last.
+        # timm's stochastic depth: linear from 0 to drop_path_rate.
         depth = spec["num_layers"]
         rates = [family["drop_path_rate"] * i / max(depth - 1, 1)
                  for i in range(depth)]
@@ -255,11 +225,8 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 raise ValueError(
                     "return_attention_scores=True needs num_layers > 0; "
                     f"received num_layers={num_layers}")
-            outputs = {
-                "output": x,
-                "attention_scores": vit_layers.StackScores(
-                    dtype=dtype, name="attention_scores")(scores),
-            }
+            outputs = {"output": x, "attention_scores": vit_layers.StackScores(
+                dtype=dtype, name="attention_scores")(scores)}
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         carry_policy(self, dtype)
         for key in _NORMALISED:
@@ -273,26 +240,14 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         self.patch_stride = spec["patch"]
         self.remat = remat
 
-    # The constructor's arguments as get_config, from_config and the
-    # keyword checks see them: its own, then one keyword per option row.
+    # The constructor's own arguments, then one keyword per option row.
     __init__.__signature__ = options.signature(__init__)
 
 
-def vit(
-    image_size,
-    patch_size,
-    hidden_size,
-    num_layers,
-    num_heads,
-    mlp_dim,
-    num_classes,
-    classifier="token",
-    representation_size=None,
-    position_embedding="learned_1d",
-    position_embedding_placement="stem",
-    attention="global",
-    **kwargs,
-):
+def vit(image_size, patch_size, hidden_size, num_layers, num_heads, mlp_dim,
+        num_classes, classifier="token", representation_size=None,
+        position_embedding="learned_1d", position_embedding_placement="stem",
+        attention="global", **kwargs):
     """Builds a Vision Transformer of any size.
 
     Args:
@@ -308,74 +263,38 @@ def vit(
             tokens after the final LayerNorm, no class token).
         representation_size: if set, a ``pre_logits`` Dense + tanh of this
             width before the head (the original ImageNet-21k models have one).
-        position_embedding: the paper's Appendix D.4 ablation.
-            ``"learned_1d"`` (default, the released models): a learned row
-            per token, class token included. ``"none"``: a bag of patches.
-            ``"learned_2d"``: learned X and Y tables of D/2 each,
-            concatenated per patch. ``"sincos_2d"``: fixed 2D sin-cos (MoCo
-            v3, big_vision). ``"relative"``: 1D relative attention, a
-            learned embedding per query-key offset (per head) whose logits
-            are added to the attention logits. The class token gets no
-            embedding from the 2D kinds and one shared relative embedding
-            for all its pairs (see ``keras_vit.layers.PositionEmbedding``).
-        position_embedding_placement: ``"stem"`` (default): once, after
-            the patch embedding (for ``"relative"``: in the first block's
-            attention only); ``"every_layer"``: a table of its own before
-            (in) every block; ``"every_layer_shared"``: one table before
-            (in) every block.
+        position_embedding: the paper's Appendix D.4 ablation:
+            ``"learned_1d"`` (default), ``"none"``, ``"learned_2d"``,
+            ``"sincos_2d"`` or ``"relative"`` (1D relative attention).
+        position_embedding_placement: ``"stem"`` (default, once),
+            ``"every_layer"`` (a table per block) or ``"every_layer_shared"``
+            (one table before every block).
         attention: ``"global"`` (default) or ``"axial"``, which returns
-            :func:`keras_vit.models.axial_vit` (paper Appendix D.6) built
-            from the same arguments; it pools by the mean of the grid, so it
-            needs ``classifier="gap"``.
+            :func:`keras_vit.models.axial_vit` (needs ``classifier="gap"``).
         **kwargs: ``dropout_rate``, ``attention_dropout_rate``,
             ``include_top`` (False drops the head), ``pooling`` (with
-            ``include_top=False``: None returns all tokens (B, N, D);
-            ``"token"`` or ``"gap"``/``"avg"`` return pooled pre-logits
-            features), ``include_preprocessing`` (normalises [0, 255]
-            pixels inside the model), ``input_normalization`` (what the
-            weights expect: None is the official [-1, 1]; ``"imagenet"``,
-            ``"clip"`` or ``{"mean": [...], "std": [...]}`` of [0, 1]
-            pixels; every path that feeds the model, with or without
-            ``include_preprocessing``, reads it), ``classifier_activation`` (e.g.
-            ``"softmax"``), ``return_attention_scores`` (the model returns
-            ``{"output": ..., "attention_scores": (B, L, heads, N, N)}``),
+            ``include_top=False``: None returns all tokens (B, N, D)),
+            ``include_preprocessing`` (normalises [0, 255] pixels inside
+            the model), ``input_normalization`` (None is the official [-1,
+            1]; ``"imagenet"``, ``"clip"`` or ``{"mean": [...], "std":
+            [...]}`` of [0, 1] pixels), ``classifier_activation``,
+            ``return_attention_scores`` (the model returns ``{"output":
+            ..., "attention_scores": (B, L, heads, N, N)}``),
             ``num_channels``, ``name``, ``dtype``, ``gelu`` (``"tanh"``,
-            the default, as the official code and its ``.npz`` files;
-            ``"exact"``, erf, as timm and its Hub weights), and ``resnet``:
-            a dict
-            ``dict(num_layers=(3, 4, 9), width_factor=1)`` makes a hybrid
-            whose patches are cut from the feature map of the vit_jax ResNet
-            (``num_layers=()`` is the root-only stem of R+ViT-Ti/16;
-            ``fold_last_stage=True`` is the paper's option (ii);
-            ``standardization="var", std_eps=1e-8, norm_epsilon=1e-5``
-            give timm's numerics instead of the official ones);
-            ``dynamic_image_size``: True builds a model that takes any
-            height and width its patch grid's stride divides, square or
-            not: the position embedding is resized in the graph with the
-            official resize from its ``image_size`` grid (the logits equal
-            ``keras_vit.rebuild(model, image_size=(h, w))``'s);
-            ``remat``: True rematerialises every encoder block (and a
-            hybrid's ResNet units) in training: only each block's input is
-            kept for the backward pass, which recomputes the rest (a
-            training step's activation memory falls several-fold for
-            about one more forward pass; the gradients are the same);
-            ``label_names``: the class names of the head, one per class
-            (they travel with the model: its config, ``.keras`` files,
-            ``rebuild``, the zoo's writers and the exports keep them).
+            the official; ``"exact"``, timm's; ``"quick"``, OpenAI CLIP's),
+            ``resnet`` (a dict such as ``dict(num_layers=(3, 4, 9),
+            width_factor=1)`` makes a hybrid), ``dynamic_image_size`` (True
+            takes any height and width the stride divides, the position
+            embedding resized in the graph), ``remat`` (True
+            rematerialises every block in training), ``label_names`` (the
+            head's class names, kept with the model).
 
-            ``classifier`` (and ``pooling``) also take ``"avg"``
-            (``"gap"``), ``"max"``, ``"avgmax"`` (mean + max) / 2 and
-            ``"token_gap"`` (the class token beside the mean: DINOv2's),
-            pooled over the patch tokens, and ``"map"``: multihead
-            attention pooling of the patch tokens after the final norm by
-            a learned probe, SigLIP's and big_vision's head
-            (:class:`keras_vit.layers.AttentionPoolHead`);
-            ``gelu="quick"``: x * sigmoid(1.702 x), OpenAI CLIP.
-            ``num_classes=0`` builds no head: the model returns the pooled
-            embedding.
+            ``classifier`` (and ``pooling``) also take ``"avg"``, ``"max"``,
+            ``"avgmax"``, ``"token_gap"`` and ``"map"`` (attention pooling
+            by a learned probe: :class:`keras_vit.layers.AttentionPoolHead`).
+            ``num_classes=0`` builds no head.
 
-            The ViT family's options, as DeiT, DeiT-III, DINOv2, CLIP's
-            image towers and timm's other ViTs set them (one row each of
+            The ViT family's options (one row each of
             :data:`keras_vit.base.options.OPTIONS`; the defaults build the
             paper's ViT):
 
@@ -421,23 +340,15 @@ def vit(
             position_embedding=position_embedding, **kwargs)
     check_keywords("vit()", kwargs, VisionTransformer.__init__)
     return VisionTransformer(
-        image_size=image_size,
-        patch_size=patch_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-        num_classes=num_classes,
-        classifier=classifier,
+        image_size=image_size, patch_size=patch_size, hidden_size=hidden_size,
+        num_layers=num_layers, num_heads=num_heads, mlp_dim=mlp_dim,
+        num_classes=num_classes, classifier=classifier,
         representation_size=representation_size,
         position_embedding=position_embedding,
-        position_embedding_placement=position_embedding_placement,
-        **kwargs,
-    )
+        position_embedding_placement=position_embedding_placement, **kwargs)
 
 
-# The family's options are listed from their table, not written here twice
-# (None under python -OO, which drops docstrings).
+# The family's options from their table (no docstring under python -OO).
 if vit.__doc__:
     vit.__doc__ = vit.__doc__.replace("{family_options}",
                                       options.described())
