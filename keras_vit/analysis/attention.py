@@ -2,8 +2,6 @@
 
 The paper's section 4.5 and Appendix D.7/D.8: Figure 6 (rollout maps),
 Figure 7 right and Figure 11 (mean attention distance per head and layer).
-Everything here except :func:`attention_model` and :func:`attention_maps`
-works on plain numpy arrays, so it can be tested on hand-made attention.
 """
 
 from __future__ import annotations
@@ -21,14 +19,9 @@ from keras_vit.base.checks import check_choice, check_pair
 class TokenGeometry(NamedTuple):
     """How a model's token sequence maps onto its input image.
 
-    Attributes:
-        grid_size: (rows, cols) of the patch grid.
-        patch_pixels: input pixels per patch side: the patch size, or for a
-            hybrid the ResNet stride x patch size (the effective stride).
-        num_prefix_tokens: 1 with a class token, else 0.
-        image_size: (height, width) of the input.
-        pooling: ``"token"`` if the output is read from the class token,
-            ``"gap"`` if it is the mean of the tokens.
+    ``patch_pixels``: input pixels per patch side (a hybrid's effective
+    stride); ``pooling``: ``"token"`` (the output is read from the class
+    token) or ``"gap"`` (the mean of the tokens).
     """
 
     grid_size: tuple
@@ -67,8 +60,7 @@ def token_geometry(model_or_config):
     stride = geometry.effective_stride(config)
     classifier = config.get("classifier", "token")
     prefix = geometry.prefix_tokens(config)
-    # What the output is read from: the head pools by `classifier`; without a
-    # head, `pooling` decides (None returns all tokens: use `classifier`).
+    # Without a head, `pooling` decides (None returns all tokens).
     pooling = classifier
     if not config.get("include_top", True) and config.get("pooling"):
         pooling = {"avg": "gap"}.get(config["pooling"], config["pooling"])
@@ -85,16 +77,10 @@ def _is_vision_transformer(model):
 def attention_model(model, image_size=None):
     """The same model (same weights) also returning its attention maps.
 
-    Args:
-        model: a :class:`keras_vit.VisionTransformer` (plain or hybrid).
-        image_size: optional new resolution (int or pair); position
-            embeddings are resized as when loading a checkpoint (paper
-            section 3.2). Default: the model's own.
-
-    Returns:
-        ``model`` itself if it already returns attention scores at that
-        resolution, else a rebuilt model returning ``{"output": ...,
-        "attention_scores": (B, layers, heads, N, N)}``.
+    ``image_size``: an optional new resolution (position embeddings
+    resized). Returns ``model`` itself if it already returns attention
+    scores at that resolution, else a rebuilt model returning
+    ``{"output": ..., "attention_scores": (B, layers, heads, N, N)}``.
 
     >>> import keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -110,8 +96,7 @@ def attention_model(model, image_size=None):
 
     if any(getattr(layer, "lora_enabled", False)
            for layer in model._flatten_layers()):
-        # The config rebuilds no adapters: the merged kernels are the same
-        # function (a quantized model rebuilds quantized by itself).
+        # The config rebuilds no adapters: merge them first.
         model = lora.merge(model)
     if image_size is not None:
         image_size = list(check_pair("image_size", image_size))
@@ -138,14 +123,8 @@ def _check_images(model, images):
 def attention_maps(model, images, batch_size=8):
     """Attention probabilities of every layer and head, as numpy.
 
-    Args:
-        model: a VisionTransformer (rebuilt by :func:`attention_model` if
-            it does not return attention scores).
-        images: (B, H, W, C) model inputs (already preprocessed).
-        batch_size: images per forward pass.
-
-    Returns:
-        float32 array (B, layers, heads, N, N); rows (queries) sum to 1.
+    ``images``: (B, H, W, C) preprocessed model inputs. Returns float32
+    (B, layers, heads, N, N); rows (queries) sum to 1.
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)
@@ -183,19 +162,12 @@ _FUSIONS = ("mean", "max", "min")
 def attention_rollout(scores, residual=True, head_fusion="mean"):
     """Attention rollout (Abnar & Zuidema, 2020), as in Appendix D.8.
 
-    For each layer: fuse the heads (the paper averages them), add the
-    identity for the residual connection, renormalise every row to sum to 1,
-    then multiply the layers: ``joint = A_L @ ... @ A_2 @ A_1``. Row ``q``
-    of ``joint`` is how much output token ``q`` draws from each input token.
+    Per layer: fuse the heads, add the identity (residual), renormalise the
+    rows, then multiply the layers: ``joint = A_L @ ... @ A_1``.
 
-    Args:
-        scores: attention probabilities (B, L, H, N, N) or (L, H, N, N).
-        residual: add the identity before renormalising (the residual path
-            carries the token itself through every block).
-        head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
-
-    Returns:
-        float64 (B, N, N), or (N, N) for unbatched ``scores``; rows sum to 1.
+    ``scores``: (B, L, H, N, N) or (L, H, N, N); ``head_fusion``:
+    ``"mean"`` (the paper), ``"max"`` or ``"min"``. Returns float64
+    (B, N, N), or (N, N) for unbatched ``scores``; rows sum to 1.
 
     >>> eye = np.broadcast_to(np.eye(3), (2, 4, 3, 3))  # 2 layers, 4 heads
     >>> attention_rollout(eye)
@@ -211,8 +183,7 @@ def attention_rollout(scores, residual=True, head_fusion="mean"):
     batched = scores.ndim == 5
     if not batched:
         scores = scores[None]
-    # Reduce the heads before going to float64: a float64 copy of all of
-    # ViT-L's scores would be twice their (already large) size.
+    # Reduce the heads before going to float64, to save memory.
     if head_fusion == "mean":
         fused = scores.mean(axis=2, dtype="float64")
     else:
@@ -220,8 +191,6 @@ def attention_rollout(scores, residual=True, head_fusion="mean"):
     n = fused.shape[-1]
     if residual:
         fused = fused + np.eye(n)
-    # Max/min fusion and the residual both break the row sums; the product
-    # is only a distribution over input tokens if every factor is one.
     sums = fused.sum(axis=-1, keepdims=True)
     fused = fused / np.maximum(sums, np.finfo("float64").tiny)
     joint = np.broadcast_to(np.eye(n), fused[:, 0].shape).copy()
@@ -233,19 +202,11 @@ def attention_rollout(scores, residual=True, head_fusion="mean"):
 def rollout_map(model_or_config, joint):
     """The rollout heat map on the patch grid.
 
-    Takes the class-token row of ``joint`` (the output token of a
-    ``"token"`` model) or the mean of all rows (a ``"gap"`` model pools all
-    tokens), keeps the columns of the patch tokens (dropping the class
-    token's own share, so a map sums to less than 1) and reshapes them to
-    the (rows, cols) grid. Values are not rescaled.
+    The class-token row of ``joint`` (a ``"token"`` model) or the mean of
+    all rows (``"gap"``), its patch columns reshaped to the grid; not
+    rescaled.
 
-    Args:
-        model_or_config: the model, its ``get_config()`` dict, or a
-            :class:`TokenGeometry`.
-        joint: (B, N, N) or (N, N) from :func:`attention_rollout`.
-
-    Returns:
-        (B, rows, cols) or (rows, cols).
+    ``model_or_config`` may also be a :class:`TokenGeometry`.
 
     >>> cfg = dict(image_size=2, patch_size=1, classifier="token")
     >>> joint = np.eye(5)
@@ -285,8 +246,7 @@ def upsample(heatmap, size):
         raise ValueError(f"heatmap must be 2-D (rows, cols); received "
                          f"heatmap.shape={heatmap.shape}")
     h, w = check_pair("size", size)
-    # PIL's float ('F') images resize with half-pixel centres, the same
-    # sampling as tf.image.resize and cv2.resize.
+    # PIL's float images resize with half-pixel centres, as tf.image does.
     return np.asarray(Image.fromarray(heatmap).resize(
         (w, h), Image.Resampling.BILINEAR), dtype="float32")
 
@@ -313,15 +273,10 @@ def unit_image(image):
 def overlay(image, heatmap):
     """The image weighted by the heat map, as in the paper's Figure 6.
 
-    The map is upsampled (bilinear) to the image size and divided by its
-    maximum, then multiplies the pixels: unattended regions go dark.
+    The map, upsampled and divided by its maximum, multiplies the pixels.
 
-    Args:
-        image: (H, W, 3) or (H, W) uint8 pixels, or floats in [0, 1].
-        heatmap: (rows, cols) non-negative map, e.g. from :func:`rollout_map`.
-
-    Returns:
-        float32 (H, W, C) in [0, 1].
+    ``image``: uint8 pixels or floats in [0, 1]. Returns float32
+    (H, W, C) in [0, 1].
 
     >>> overlay(np.full((1, 4), 255, np.uint8), [[2.0, 0.0]])[..., 0]
     array([[1.  , 0.75, 0.25, 0.  ]], dtype=float32)
@@ -354,34 +309,15 @@ def mean_attention_distance(scores, grid_size, patch_pixels,
     """Mean attention distance in input pixels per layer and head (Fig. 11).
 
     For a query patch q the distance is ``sum_k w[q, k] * d(q, k)`` over key
-    patches k, with ``d`` the Euclidean distance between the patch centres
-    in input pixels (``patch_pixels`` per patch, so a hybrid's distances are
-    in image pixels, not ResNet feature pixels). It is then averaged over
-    the query patches and the images.
+    patches k (``d``: between patch centres, in input pixels), averaged over
+    the queries and the images. Prefix tokens are left out on both sides
+    and each row's patch weights renormalised to sum to 1 (else a head
+    parking its weight on the class token would look local); a row with no
+    patch weight counts as 0. Unlike the paper's per-pixel version, a head
+    attending only to its own patch scores 0.
 
-    The class token (and any prefix token) is left out on both sides: it has
-    no place in the image. Its rows are dropped, and in every patch row the
-    weights on the patches are renormalised to sum to 1, i.e. ``w[q, k] =
-    a[q, k] / sum_k' a[q, k']`` over patches only. Without the
-    renormalisation a head that parks most of its weight on the class token
-    would look local (near 0) whatever its spatial spread. A row with no
-    weight on any patch counts as distance 0.
-
-    The paper (Figure 11 caption) weights distances between query *pixels*
-    and all other pixels; here a patch stands for all its pixels, so a head
-    attending only to its own patch scores 0 (the paper's pixel version
-    would give the mean in-patch distance, about half a patch).
-
-    Args:
-        scores: attention (B, L, H, N, N) or (L, H, N, N), N = prefix +
-            rows * cols.
-        grid_size: (rows, cols) of the patch grid (or an int).
-        patch_pixels: input pixels per patch side (the effective stride).
-        num_prefix_tokens: 1 with a class token, else 0.
-        per_image: return (B, L, H) instead of the mean over images.
-
-    Returns:
-        float64 (L, H) (or (B, L, H) with ``per_image``), in pixels.
+    ``patch_pixels``: the effective stride. Returns float64 (L, H), or
+    (B, L, H) with ``per_image``, in pixels.
 
     Uniform attention over a 2x2 grid of 1-pixel patches: each query sees
     distances 0, 1, 1 and sqrt(2).
@@ -414,8 +350,7 @@ def mean_attention_distance(scores, grid_size, patch_pixels,
     dist = patch_distances((rows, cols), patch_pixels)
     tiny = np.finfo("float64").tiny
     per_img = np.empty(scores.shape[:3])
-    # One layer at a time: float64 temporaries of a whole ViT-L batch would
-    # take gigabytes.
+    # One layer at a time: float64 temporaries of a whole batch are large.
     for layer in range(scores.shape[1]):
         w = scores[:, layer, :, p:, p:].astype("float64")  # (B, H, q, k)
         mass = w.sum(axis=-1)

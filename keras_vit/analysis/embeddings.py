@@ -22,16 +22,11 @@ def _layer_of_type(model, cls, what):
 
 
 def position_embedding_similarity(model):
-    """Cosine similarity between the position embeddings of all patches.
+    """Cosine similarity between the position embeddings of all patches
+    (the class token's left out).
 
-    The class token's embedding is left out: it has no place on the grid.
-
-    Args:
-        model: a VisionTransformer (plain or hybrid).
-
-    Returns:
-        float64 (rows, cols, rows, cols): ``sim[r, c]`` is the tile of the
-        paper's figure for the patch at row r, column c.
+    Returns float64 (rows, cols, rows, cols): ``sim[r, c]`` is the tile of
+    the paper's figure for the patch at row r, column c.
 
     >>> import keras_vit
     >>> sim = position_embedding_similarity(keras_vit.vit(32, 8, 16, 1, 2,
@@ -54,9 +49,6 @@ def position_embedding_similarity(model):
 def neighbour_similarity(similarity):
     """Mean cosine similarity of 4-neighbour patches and of all other pairs.
 
-    A summary of Figure 7 centre in two numbers: learned topology shows as
-    neighbours being more similar than other pairs.
-
     >>> sim = np.zeros((2, 2, 2, 2)); sim[0, 0, 0, 1] = sim[0, 1, 0, 0] = 1
     >>> neighbour_similarity(sim)
     {'adjacent': 0.25, 'other': 0.0}
@@ -78,11 +70,8 @@ def neighbour_similarity(similarity):
 class FilterComponents(NamedTuple):
     """Principal components of the patch-embedding filters.
 
-    Attributes:
-        images: (n, P, P, C) components rescaled to [0, 1] each, for display.
-        explained_variance_ratio: (n,) share of the filters' variance.
-        components: (n, P, P, C) unit-norm components, signed so that each
-            one's largest-magnitude entry is positive.
+    ``images``: the components rescaled to [0, 1] each, for display;
+    ``components``: unit-norm, each one's largest entry positive.
     """
 
     images: np.ndarray
@@ -93,19 +82,11 @@ class FilterComponents(NamedTuple):
 def embedding_filter_components(model, n=28):
     """Top principal components of the patch-embedding filters (Fig. 7 left).
 
-    The kernel (P, P, C, D) holds D filters of P*P*C weights. PCA over the D
-    filters: centre them, take the SVD, keep the top ``n`` right singular
-    vectors, reshape them to P x P x C patches.
+    PCA over the D filters of the (P, P, C, D) kernel, the top ``n``
+    components reshaped to P x P x C patches.
 
-    Args:
-        model: a VisionTransformer whose patches are cut from RGB (or
-            single-channel) pixels. A hybrid's embedding acts on ResNet
-            feature maps (hundreds of channels, 1x1 patches in the released
-            models); its filters are not images, so it raises ValueError.
-        n: components to return; at most min(D, P*P*C) are.
-
-    Returns:
-        a :class:`FilterComponents`.
+    Returns a :class:`FilterComponents` of at most min(D, P*P*C)
+    components; ValueError for a hybrid (its filters are not images).
 
     >>> import keras_vit
     >>> pcs = embedding_filter_components(keras_vit.vit(32, 8, 16, 1, 2,

@@ -1,8 +1,6 @@
 """PNG figures of section 4.5 of the paper, drawn with matplotlib.
 
-Every function takes the numbers computed by :mod:`keras_vit.analysis`,
-writes one PNG atomically (a temporary name, then ``os.replace``, so a
-reader never sees half a file) and returns its path.
+Every function writes one PNG atomically and returns its path.
 """
 
 from __future__ import annotations
@@ -17,9 +15,7 @@ from keras_vit.base.checks import require
 
 matplotlib = require("matplotlib", purpose="drawing the analysis figures")
 
-# Render without a display (servers, CI). Skipped if pyplot is already in
-# use, e.g. inline in a notebook: switching its backend would break the
-# user's session, and the figures here never go through pyplot anyway.
+# Render without a display, unless pyplot is in use (a notebook session).
 if "matplotlib.pyplot" not in sys.modules:
     matplotlib.use("Agg")
 
@@ -57,12 +53,8 @@ def plot_filters(images, path, *, explained_variance_ratio=None, columns=7,
                  title="Embedding filters (principal components)", dpi=DPI):
     """Tiles of the embedding-filter components, like Figure 7 (left).
 
-    Args:
-        images: (n, P, P, C) in [0, 1] (``embedding_filter_components(...)
-            .images``).
-        path: the ``.png`` to write.
-        explained_variance_ratio: optional (n,) shares shown under tiles.
-        columns: tiles per row (the paper shows 28 as 4 x 7).
+    ``images``: (n, P, P, C) in [0, 1]; ``explained_variance_ratio``: optional
+    (n,) shares shown under the tiles.
 
     >>> import tempfile, os
     >>> p = plot_filters(np.random.default_rng(0).random((2, 4, 4, 3)),
@@ -113,14 +105,7 @@ def plot_position_similarity(similarity, path, *, title=None, dpi=DPI):
     """The grid of tiles of Figure 7 (centre) and Figure 10.
 
     Tile (r, c) shows the cosine similarity between the position embedding
-    of the patch at row r, column c and those of all patches. One image
-    with gaps is drawn instead of rows x cols subplots, which stays fast for
-    a 24 x 24 grid.
-
-    Args:
-        similarity: (rows, cols, rows, cols) from
-            ``position_embedding_similarity``.
-        path: the ``.png`` to write.
+    of the patch at row r, column c and those of all patches.
 
     >>> import tempfile, os
     >>> sim = np.eye(4).reshape(2, 2, 2, 2)
@@ -135,8 +120,7 @@ def plot_position_similarity(similarity, path, *, title=None, dpi=DPI):
                          f"cols); received similarity.shape={sim.shape}")
     rows, cols = sim.shape[:2]
     mosaic = _mosaic(sim)
-    # Grow with the grid so that the 1-pixel gaps between tiles stay
-    # visible (24 x 24 tiles at 384 px).
+    # Grow with the grid so that the gaps between tiles stay visible.
     size = min(10.0, max(5.0, 0.3 * max(rows, cols)))
     fig = Figure(figsize=(size * 1.2, size * rows / cols))
     ax = fig.subplots()
@@ -168,13 +152,8 @@ def plot_attention_distance(distance, path, *, image_size=None,
     """Mean attention distance per head vs. layer, like Figures 7 (right)
     and 11: one dot per head and layer.
 
-    Args:
-        distance: (layers, heads) in pixels (``mean_attention_distance``).
-        path: the ``.png`` to write.
-        image_size: input width in pixels, named on the axis as in the
-            paper ("image width is 224 pixels").
-        reference: optional distance drawn as a dashed line, e.g. the
-            uniform-attention level (``uniform_attention_distance``).
+    ``distance``: (layers, heads) in pixels; ``image_size``: the input
+    width, named on the axis; ``reference``: a distance drawn dashed.
 
     >>> import tempfile, os
     >>> p = plot_attention_distance([[1.0, 2.0], [3.0, 4.0]],
@@ -218,14 +197,8 @@ def plot_attention_distance(distance, path, *, image_size=None,
 def plot_rollout(image, heatmap, path, *, title=None, dpi=DPI):
     """Input, attention and heat map side by side, like Figure 6.
 
-    The middle panel is the image multiplied by the upsampled rollout map
-    (the paper's style); the right one the map in colour over a grey copy
-    of the image.
-
-    Args:
-        image: (H, W, 3) or (H, W) uint8 pixels, or floats in [0, 1].
-        heatmap: (rows, cols) from ``rollout_map``.
-        path: the ``.png`` to write.
+    The middle panel is the image weighted by the map (the paper's style);
+    the right one the map in colour over a grey copy of the image.
 
     >>> import tempfile, os
     >>> p = plot_rollout(np.zeros((8, 8, 3), np.uint8), np.eye(2),

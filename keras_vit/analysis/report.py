@@ -31,13 +31,9 @@ FILES = {
 def load_images(paths, image_size, channels=3):
     """Image files as float32 (B, H, W, C) pixels in [0, 255].
 
-    Each file is decoded by :mod:`keras_vit.data.images` (the decoder of
-    ``keras-vit predict``, training and the serving signature: EXIF
-    orientation applied, alpha dropped, the first GIF frame), reduced to
-    greyscale for ``channels=1`` (ITU-R 601 luma, as Pillow's ``"L"``)
-    and resized bilinearly without antialiasing, as the official
-    evaluation resizes (no crop). An image the decoder refuses raises a
-    ValueError naming the file.
+    Decoded by :mod:`keras_vit.data.images`, reduced to greyscale for
+    ``channels=1`` (as Pillow's ``"L"``) and resized bilinearly without
+    antialiasing or crop, as the official evaluation does.
 
     >>> import tempfile, os
     >>> from PIL import Image
@@ -114,8 +110,7 @@ def _load_model(model_or_name, weights, image_size):
         if variants.parse(value).family == "bit":
             raise ValueError(f"model_or_name={value!r} is a BiT ResNet: it "
                              "has no attention to inspect")
-        # Built with the extra output from the start: no second copy of a
-        # large model's weights.
+        # Built with the extra output: no second copy of the weights.
         model = resolve_model(value, weights=weights, image_size=image_size,
                               return_attention_scores=True,
                               argument="model_or_name")
@@ -132,8 +127,7 @@ def _load_model(model_or_name, weights, image_size):
 
 
 def _round(value, digits=6):
-    """Nested lists of floats with ``digits`` significant digits (keeps the
-    JSON readable)."""
+    """Nested lists of floats with ``digits`` significant digits."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
@@ -156,24 +150,13 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
     one ``rollout_NN_<name>.png`` per image (Figure 6) and
     ``analysis.json`` with the numbers.
 
-    Args:
-        model_or_name: a VisionTransformer, a zoo name (``"ViT-B/16"``) or a
-            ``.keras`` path.
-        images: image file paths (any size; resized to the model's).
-        out_dir: output directory (created).
-        weights: for a zoo name, as in :func:`keras_vit.zoo.load`.
-        image_size: inspect at this resolution (position embeddings are
-            resized); default: the model's.
-        batch_size: images per forward pass. One batch's attention takes
-            batch_size x layers x heads x N^2 x 4 bytes (ViT-L/16 at 224:
-            60 MB per image); lower it for large models.
-
-    Returns:
-        The dict written to ``analysis.json``, plus ``"out_dir"``.
+    ``model_or_name``: a VisionTransformer, a zoo name or a ``.keras``
+    path; ``image_size``: inspect at this resolution (position embeddings
+    resized); ``batch_size``: images per forward pass (ViT-L/16 at 224: 60
+    MB of attention per image). Returns the dict written to
+    ``analysis.json``, plus ``"out_dir"``.
     """
-    # matplotlib is optional: without it this raises MissingDependencyError,
-    # which names the package and the pip command in one line (and which
-    # the command line prints so, with exit status 2).
+    # Without matplotlib this raises MissingDependencyError.
     from keras_vit.analysis import plots
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or (
@@ -234,8 +217,7 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
                    "explained_variance_ratio": _round(
                        pcs.explained_variance_ratio)}
 
-    labels = None
-    probs = None
+    labels = probs = None
     if model.include_top:
         probs = (np.asarray(outputs, "float64")
                  if model.classifier_activation == "softmax"

@@ -135,9 +135,8 @@ def _labels_text(meta):
 
 
 def _npz_shapes(path):
-    """``{key: shape}`` of an ``.npz`` from the array headers alone (a large
-    checkpoint is not read twice); ``{}`` if the file cannot be parsed, in
-    which case the loader reports the problem."""
+    """``{key: shape}`` of an ``.npz`` from the array headers alone; ``{}``
+    if the file cannot be parsed (the loader reports it)."""
     from keras_vit.base.archives import npz_headers
 
     try:
@@ -180,8 +179,6 @@ def _cmd_convert(args):
     except zoo.CheckpointError as e:
         raise UserError(f"{args.checkpoint}: {e}") from e
 
-    # The official files' one prefix token of the position table: the
-    # class token, where the model has one.
     prefix = int(geometry.class_token(model.get_config()))
     grid = model.grid_size
     ckpt_posemb = (shapes.get("Transformer/posembed_input/pos_embedding")
@@ -194,17 +191,13 @@ def _cmd_convert(args):
         posemb = (f"resized from {_grid_text(ckpt_posemb[1] - prefix)} to "
                   f"{grid[0]}x{grid[1]} (bilinear)")
     ckpt_head = shapes.get("head/kernel")
-    if ckpt_head is None:
-        head = (f"{model.num_classes} classes, zero-initialised (the "
-                "checkpoint has no head)")
-    elif ckpt_head[-1] != model.num_classes:
-        head = (f"{model.num_classes} classes, zero-initialised (the "
-                f"checkpoint's head has {ckpt_head[-1]})")
-    else:
+    if ckpt_head is not None and ckpt_head[-1] == model.num_classes:
         head = f"{model.num_classes} classes, from the checkpoint"
+    else:
+        why = ("the checkpoint has no head" if ckpt_head is None
+               else f"the checkpoint's head has {ckpt_head[-1]}")
+        head = f"{model.num_classes} classes, zero-initialised ({why})"
 
-    # Save under a temporary name in the same directory and rename: an
-    # interrupted or failed save never leaves a file that looks finished.
     from keras_vit.base import atomic
 
     with atomic.atomic_path(out) as tmp:
@@ -258,9 +251,7 @@ def _check_model_name(value):
 
 def _load_for_predict(args):
     """Returns ``(model, description)`` for NAME, a ``.keras`` file, a run
-    directory or a Hub folder: one resolution (the zoo's pipeline), with
-    --weights and --image-size applied or refused by name whatever MODEL
-    is."""
+    directory or a Hub folder, with --weights and --image-size."""
     from keras_vit.zoo import resolve_model
 
     if (_looks_like_file(args.model) and not args.model.endswith(".keras")
@@ -277,8 +268,7 @@ def _load_for_predict(args):
     record = getattr(model, "zoo_weights", None)
     if record is not None:
         return model, f"{model.zoo_name} {record.tag}"
-    # timm/transformers weights (an hf-hub: handle, a .safetensors file),
-    # or --weights FILE: named by what was given.
+    # timm/transformers weights or --weights FILE: named by what was given.
     source = args.weights or args.model
     name = getattr(model, "zoo_name", None)
     return model, (f"{name} ({source})" if name and name != source
@@ -303,9 +293,8 @@ def _model_geometry(model):
 def _image_paths(arguments):
     """The image files the IMAGE arguments name, in order: a file as it
     is, a folder's image files (by extension, recursively, sorted), a glob
-    pattern's matches (``**`` spans folders). An argument that names
-    nothing stops the command with one line naming it: before the model
-    loads."""
+    pattern's matches (``**`` spans folders); UserError for an argument
+    that names nothing."""
     import glob
 
     from keras_vit.base.archives import special_file
@@ -343,11 +332,7 @@ def _image_paths(arguments):
 
 def _read_image(path):
     """One image as (height, width, 3) float32 RGB pixels in [0, 255],
-    decoded by :mod:`keras_vit.data.images` (the rules the training pipeline
-    and the ``image_bytes`` serving signature share: EXIF orientation,
-    palettes, alpha, 16-bit, the first GIF frame, the pixel budget); an
-    image those rules refuse raises a one-line UserError naming the file.
-    """
+    decoded by :mod:`keras_vit.data.images`; UserError if it is refused."""
     from keras_vit.data import images
 
     try:
@@ -383,11 +368,7 @@ def _check_predict(args):
 
 def _is_feature_extractor(model):
     """Whether ``model`` is one of the package's models without a
-    classification head (:func:`keras_vit.models.features.is_classifier`):
-    its output is an embedding (or tokens), not class scores. A model of
-    another origin (a plain Keras model in a ``.keras`` file) has none of
-    the package's layers and is taken as a classifier, its outputs judged
-    by their values."""
+    classification head; a plain Keras model is taken as a classifier."""
     from keras_vit.models.features import available_features, is_classifier
 
     return not is_classifier(model) and bool(available_features(model))
@@ -405,10 +386,8 @@ def _output_shape(model):
 
 
 def _head_ignores_the_image(model):
-    """Whether every head of ``model`` (``head``, and a distilled model's
-    ``head_dist``) has an all-zero kernel: its scores are then its bias,
-    the same for every image (heads are zero-initialised: the head of a
-    checkpoint that had none, or a new head not yet trained)."""
+    """Whether every head of ``model`` (``head``, ``head_dist``) has an
+    all-zero kernel, so that it scores every image the same."""
     import keras
     import numpy as np
 
@@ -432,12 +411,9 @@ def _no_ranking(probs, constant_head):
 
 
 def _forward(model, paths, size, args, description):
-    """``(good, failed, outputs)``: the images read (their paths), those
-    that could not be (``{"image", "error"}``), and the model's outputs
-    (float32 or float64, a row per good image) on the official
-    evaluation transform: resized bilinearly without a crop, then
-    normalised as the model's weights expect (nothing for a model that
-    takes raw [0, 255] pixels)."""
+    """``(good, failed, outputs)``: the paths read, those that could not be
+    (``{"image", "error"}``), and the model's outputs (a row per good
+    image) on the official evaluation transform."""
     import numpy as np
 
     from keras_vit import zoo
@@ -449,8 +425,6 @@ def _forward(model, paths, size, args, description):
     # attention maps per image of ViT-B/16.
     batch = forward_batch(model, 16, option=(
         "--image-size" if args.image_size else "the model's image size"))
-    # Each image that cannot be read is reported and the others predicted;
-    # the command then exits non-zero.
     good, failed, images = [], [], []
     for path in paths:
         try:
@@ -496,16 +470,14 @@ def _forward(model, paths, size, args, description):
 
 def _rank(model, outputs, top, good):
     """A classifier's outputs as ``(probabilities, label_name,
-    class_names, results)``: the probabilities ``decode_predictions``
-    gives and, per image, its top classes, or none and why
-    (``no_ranking``) where the head cannot rank."""
+    class_names, results)``: per image its top classes, or why none
+    (``no_ranking``)."""
     import numpy as np
 
     from keras_vit.zoo.preprocessing import model_labels, probabilities
 
     num_classes = outputs.shape[-1]
-    # A model that says what its head ends with is believed; another (a
-    # plain Keras model in a .keras file) is judged by its outputs' values.
+    # A plain Keras model is judged by its outputs' values.
     activation = getattr(model, "classifier_activation", "unknown")
     from_logits = {"softmax": False, None: True, "linear": True}.get(
         activation)
@@ -615,8 +587,7 @@ def _show_classes(args, meta, results, failed, saved):
         return
     from keras_vit.base.checks import printable
 
-    # Label names may come from a downloaded config.json: a newline would
-    # split the line, an escape sequence would reach the terminal.
+    # Label names may come from a downloaded config.json.
     h, w = meta["image_size"]
     for i, result in enumerate(results):
         if i:
@@ -636,13 +607,9 @@ def _show_classes(args, meta, results, failed, saved):
 
 def _save_outputs(dest, meta, kind, images, values, labels, failed):
     """Writes ``values`` (a row per image of ``images``) to ``dest`` in the
-    format its extension names, under the key ``kind`` ("embeddings" or
-    "probabilities"); returns the line that says so, or None without
-    ``dest``. ``.npz``: arrays ``images`` (the paths), ``kind`` and, for
-    a classifier, ``labels`` (a name per class); ``.json``: the same
-    keys with ``model``, ``image_size`` and ``failed``; ``.csv``: a
-    header (``image``, then the class names or the value indices) and a
-    row per image."""
+    format its extension names (``.npz``, ``.json`` or ``.csv``), under the
+    key ``kind``; returns the line that says so, or None without ``dest``.
+    """
     if dest is None:
         return None
     import csv
@@ -672,8 +639,7 @@ def _save_outputs(dest, meta, kind, images, values, labels, failed):
                 writer = csv.writer(f)
                 writer.writerow(["image", *columns])
                 for path, row in zip(images, values):
-                    # str of a NumPy float: the shortest text that reads
-                    # back as the same float32 (or float64) value.
+                    # str of a NumPy float reads back as the same value.
                     writer.writerow([path, *(str(v) for v in row)])
     return f"saved the {kind} of {len(images)} image(s) to {out}"
 
@@ -689,8 +655,7 @@ def _cmd_demo(args):
 
     result = demo.run(out_dir=args.out, epochs=args.epochs, quick=args.quick,
                       verbose=True)
-    # The stages that fail without stopping the demo (the exporters) still
-    # fail the command: a summary line is easy to miss, an exit status not.
+    # A failed export does not stop the demo but fails the command.
     status = result["export"]["status"]
     if status.startswith("failed"):  # "ok", or "skipped" with --quick
         print(f"{PROG}: error: demo stage export {status}", file=sys.stderr)
@@ -705,8 +670,7 @@ def build_parser():
     """The argparse parser of ``keras-vit``."""
     from keras_vit.base.version import __version__
     from keras_vit.cli import demo
-    # The registry's tables load no framework: the family list in the
-    # help is the one `list --family` takes, never a copy.
+    # The registry's tables load no framework.
     from keras_vit.zoo import registry
 
     parser, sub = options.commands_parser(
@@ -774,11 +738,8 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help="a small subset and 2 epochs (a smoke test)")
 
-    # The other components add their own commands (inspect, export,
-    # benchmark, fine-tune, ...), each through a ``register(subparsers)``
-    # of a light module that imports the commands' code only when a command
-    # runs. Imported here, not with this package: ``python -m
-    # keras_vit.cli.analysis`` runs a module this package has not loaded.
+    # The other components' commands; imported here, not with this package:
+    # ``python -m keras_vit.cli.analysis`` runs a module it has not loaded.
     from keras_vit.cli import analysis, export, train
 
     for commands in (analysis, export, train):
@@ -788,14 +749,11 @@ def build_parser():
 
 def main(argv=None) -> int:
     """Runs ``keras-vit`` with ``argv`` (default: ``sys.argv[1:]``) and
-    returns the exit status. Each command imports what it needs (Keras,
-    the model classes) once its arguments have parsed: ``--help``,
-    ``list`` and ``info`` load no framework."""
+    returns the exit status."""
     return options.main(build_parser(), argv)
 
 
 def console_main() -> int:
     """The ``keras-vit`` process: :func:`main` as
-    :func:`keras_vit.cli.options.start` runs it (TensorFlow's C++ start-up
-    lines kept off stderr, a bad ``KERAS_BACKEND`` named in one line)."""
+    :func:`keras_vit.cli.options.start` runs it."""
     return options.start(main)

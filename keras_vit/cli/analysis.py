@@ -1,8 +1,4 @@
-"""``keras-vit inspect``: the figures of section 4.5 from the command line.
-
-``register(subparsers)`` adds the subcommand to the ``keras-vit`` parser;
-``run(args)`` executes it and returns the exit status.
-"""
+"""``keras-vit inspect``: the figures of section 4.5 from the command line."""
 
 from __future__ import annotations
 
@@ -59,8 +55,7 @@ def run(args) -> int:
     from keras_vit.base.checks import printable
 
     m = result["model"]
-    # The description holds names from files (a .keras model's name, a
-    # Hub repository's): control characters are shown escaped.
+    # The description holds names from files: escape control characters.
     print(f"{printable(m['description'])}: {m['image_size'][0]}x{m['image_size'][1]}, "
           f"grid {m['grid_size'][0]}x{m['grid_size'][1]} (stride "
           f"{m['effective_stride']}), {m['num_layers']} layers x "
@@ -80,7 +75,7 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     """``python -m keras_vit.cli.analysis inspect ...``: the subcommand on
-    its own, for use before (or without) the ``keras-vit`` entry point."""
+    its own."""
     parser = argparse.ArgumentParser(prog="keras-vit")
     register(parser.add_subparsers(dest="command", metavar="COMMAND",
                                    required=True))

@@ -1,25 +1,12 @@
 """An offline end-to-end run: train a small ViT on scikit-learn's digits,
 then fine-tune it at a higher resolution, with the training package.
 
-Everything it needs ships with the installed packages (no download), so it
-is the quickest way to see the whole package work on a machine:
-
-    keras-vit demo            # or: python -c "import keras_vit.cli.demo as d; d.run()"
-
-Stages:
-
-1. train ``ViT-Ti/4`` (narrowed, see ``ARCH``) at 32x32 from scratch with
-   the pre-training recipe (Adam, warmup, decay, clipping) through
-   :class:`keras_vit.train.Trainer`: checkpoints, TensorBoard logs and a
-   metrics file land in ``OUT/runs/``;
-2. save ``.keras`` and reload it (predictions must be identical);
-3. write the official ``.npz`` layout and load it at 48x48 (position
-   embeddings resized from an 8x8 to a 12x12 grid, paper section 3.2);
-4. fine-tune at 48 for 6 epochs with the paper's fine-tuning recipe (SGD
-   momentum 0.9, cosine decay, clipping at norm 1);
-5. export to SavedModel, TFLite and ONNX, each run and compared with Keras.
-
-The wall time of the whole run is printed at the end.
+No download needed (``keras-vit demo``). Stages: 1. train ``ViT-Ti/4``
+(narrowed, see ``ARCH``) at 32x32 with the pre-training recipe; 2. save
+``.keras`` and reload it (identical predictions); 3. write the official
+``.npz`` layout and load it at 48x48 (position embeddings resized); 4.
+fine-tune at 48 with the paper's fine-tuning recipe; 5. export to
+SavedModel, TFLite and ONNX, each run and compared with Keras.
 """
 
 from __future__ import annotations
@@ -32,42 +19,29 @@ import numpy as np
 SEED = 0
 IMAGE_SIZE = 32
 FINETUNE_SIZE = 48
-# A zoo name (any patch size parses) narrowed to what trains to >95% on
-# 1347 digits in about a minute on 2 CPU cores: the full ViT-Ti (width 192,
-# 12 blocks) needs ~50 s per epoch here and many epochs from scratch.
+# Narrowed to train to >95% on 1347 digits in about a minute on 2 CPU cores
+# (the full ViT-Ti needs ~50 s per epoch).
 MODEL_NAME = "ViT-Ti/4"
 ARCH = dict(hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128)
-# Epochs at 32. What the 48x48 fine-tune reaches depends on the seed far
-# more than on these: over seeds 0-2 (SEED: initialisation and shuffling;
-# the split stays the same; 2-core AVX-512 EPYC, float32), 10 epochs at
-# 32 ended at 0.971-0.978 and, fine-tuned 6 epochs, at 0.958-0.971; 15
-# epochs ended at 0.973-0.984 and, fine-tuned 8 epochs, at 0.953-0.976.
-# Fewer than 10 cost the fine-tune: 8 epochs then 6 at 48 ended at
-# 0.927-0.956. Each epoch at 32 is ~3 s of CPU, each at 48 ~8 s.
+# Epochs at 32: over seeds 0-2, 10 epochs then 6 at 48 ended at
+# 0.958-0.971; 8 epochs then 6 at 48 at 0.927-0.956.
 DEFAULT_EPOCHS = 10
 BATCH_SIZE = 32
-# Stage 1: the pre-training recipe with the small-data values below
-# (from scratch on 1347 images: no weight decay or dropout, plain resize;
-# random crops of an 8x8 digit slow learning more than they regularise).
+# Stage 1: small-data values (random crops of an 8x8 digit slow learning
+# more than they regularise).
 PRETRAIN = dict(learning_rate=2e-3, weight_decay=0.0, dropout_rate=0.0,
                 grad_clip_norm=1.0, crop_area=None, flip=False)
-# Stage 2: the paper's fine-tuning recipe at 48 (learning rate from its
-# sweep). After the position-embedding resize the model needs a few epochs
-# to recover. From the 10-epoch model at 32, over seeds 0-2 (2-core EPYC,
-# lr 0.01): 5 epochs ended at 0.940-0.969 (with lr 0.03 or a warmup of 5%
-# instead of 20% too), 6 at 0.958-0.971 and 8 at 0.956-0.978, so 6 keeps
-# the margin over the 95% the demo promises on any machine that 8 had.
+# Stage 2: the paper's fine-tuning recipe at 48. Over seeds 0-2: 5 epochs
+# ended at 0.940-0.969, 6 at 0.958-0.971, 8 at 0.956-0.978.
 FINETUNE = dict(learning_rate=0.01, crop_area=None, flip=False)
 FINETUNE_EPOCHS = 6
 
 
 def load_digits_images(size, seed=SEED, test_size=0.25, subset=None):
     """Digits as the pipelines feed them: (size, size, 3) float32 images in
-    [-1, 1] (bilinear upsampling of the 8x8 images), split stratified.
-
-    Returns ``(x_train, y_train, x_test, y_test)``; the split depends only
-    on ``seed``, so the same images are test images at every ``size``.
-    ``subset=(n_train, n_test)`` keeps the first images of each split.
+    [-1, 1], as ``(x_train, y_train, x_test, y_test)``; the split depends
+    only on ``seed``. ``subset=(n_train, n_test)`` keeps the first images
+    of each split.
     """
     from keras_vit import train as kt
 
@@ -92,7 +66,7 @@ def build_model(image_size):
 
 def _predict(model, x, batch_size=128):
     """Logits in fixed-size batches (padding the last one), so each model
-    is traced once instead of once more for the ragged final batch."""
+    is traced once."""
     n = len(x)
     pad = -n % batch_size
     if pad:
@@ -106,11 +80,9 @@ EXPORT_FILES = (("saved_model", "digits_vit_saved_model"),
 
 
 def export_model(model, out_dir, images=None, say=print):
-    """EXPORT: the demo's last stage. Writes the model as a SavedModel, a
-    float32 TFLite file and an ONNX file; each exporter runs its artifact on
-    ``images`` (held-out digits; noise when None) at batch sizes 4 and 1 and
-    compares it with Keras. Prints the verification table and returns a
-    short status for the summary ("ok" when all three verified)."""
+    """The demo's last stage: SavedModel, TFLite and ONNX files, each
+    verified on ``images`` (noise when None) against Keras; returns a dict
+    whose ``status`` is "ok" when all three verified."""
     from keras_vit import export
 
     reports, failed = [], []
@@ -146,11 +118,8 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
             export.
         verbose: print progress and the summary table.
         export: run the export stage (SavedModel, TFLite, ONNX).
-        strategy: the Trainer's strategy: a ``tf.distribute`` name under
-            TensorFlow (see :func:`keras_vit.train.strategy`), ``"auto"``,
-            ``"default"`` or ``"data_parallel"`` under JAX, ``"auto"`` or
-            ``"default"`` under torch. The demo runs on every Keras
-            backend (``KERAS_BACKEND``).
+        strategy: the Trainer's strategy (see
+            :func:`keras_vit.train.strategy`).
 
     Raises:
         RuntimeError: if the reloaded ``.keras`` model predicts differently.

@@ -1,9 +1,7 @@
 """``keras-vit export`` and ``keras-vit benchmark``.
 
-:func:`register` adds both subcommands to the ``keras-vit`` parser. An
-export that fails (conversion, or verification outside the tolerance) is
-a failure of the command, not of its arguments: exit status 1
-(:func:`keras_vit.cli.options.failed`).
+A failed export exits with status 1, not 2: a failure of the command, not
+of its arguments.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ DEFAULT_TOP_K = 5
 
 
 def register(subparsers):
-    """Adds ``export`` and ``benchmark`` to ``subparsers`` (the object
-    returned by ``parser.add_subparsers()``)."""
+    """Adds ``export`` and ``benchmark`` to ``subparsers``."""
     p = options.command(subparsers, "export", run_export,
                         help="SavedModel / TFLite / ONNX / OpenVINO, "
                              "verified against Keras", check=check_export)
@@ -126,15 +123,14 @@ def _load_model(args, default_weights="auto"):
     model = resolve_model(value, weights=weights, image_size=args.image_size,
                           num_classes=getattr(args, "num_classes", None),
                           argument="MODEL")
-    label = f"{getattr(model, 'zoo_name', value)} " \
-            f"({'random weights' if weights is None else weights})"
-    return model, label
+    return model, (f"{getattr(model, 'zoo_name', value)} "
+                   f"({'random weights' if weights is None else weights})")
 
 
 def check_export(args):
-    """The export options argparse cannot check (combinations, the output
-    path, the label file), before anything heavy is imported; returns the
-    keyword arguments for :func:`keras_vit.export.export`."""
+    """The export options argparse cannot check, before anything heavy is
+    imported; returns the keyword arguments for
+    :func:`keras_vit.export.export`."""
     if args.format in ("saved_model", "openvino") and (
             args.quantization != "float32"):
         raise ValueError(
@@ -161,8 +157,7 @@ def check_export(args):
         raise ValueError(f"-o {printable(args.output)}: {e}") from None
     kwargs = _input_options(args)
     if args.input == "images":
-        # Without --outputs the model decides (its class scores, or the
-        # embedding of a model without a head).
+        # Without --outputs the model decides.
         if args.outputs:
             kwargs["outputs"] = common.check_outputs(args.outputs,
                                                      "--outputs")
@@ -212,10 +207,8 @@ def run_export(args):
 
 
 def check_head(model, args):
-    """Refuses, in the command's own words, what needs a classification
-    head from a model without one (a feature extractor: DINOv2 and SigLIP
-    towers, CLIP's whose head is a projection), naming the outputs it
-    has; its ``--input image_bytes`` signature returns the embedding."""
+    """Refuses what needs a classification head from a feature extractor,
+    naming the outputs it has."""
     from keras_vit.export.graph import default_outputs
     from keras_vit.models.features import is_classifier, why_features
 
@@ -253,11 +246,9 @@ class _Calibration:
 def calibration_data(source, model,
                      samples=common.DEFAULT_REPRESENTATIVE_SAMPLES
                      + common.DEFAULT_AGREEMENT_SAMPLES, seed=0):
-    """``samples`` images drawn at random (every class, not the first
-    folders) from ``source`` (a
-    :class:`keras_vit.train.data.sources.ImageSource`), resized to the
-    model's input as uint8 [0, 255] pixels: the export reads integers as
-    pixels and normalises them as the model says (the first
+    """``samples`` images drawn at random from ``source`` (an
+    :class:`~keras_vit.train.data.sources.ImageSource`), resized to the
+    model's input as uint8 pixels (the first
     ``DEFAULT_REPRESENTATIVE_SAMPLES`` calibrate, the others check)."""
     import numpy as np
 
@@ -293,8 +284,7 @@ def _class_flags(args):
 
 def _input_options(args):
     """The ``--input`` / ``--top-k`` / ``--labels`` options as keyword
-    arguments of :func:`keras_vit.export.to_saved_model`, checked before
-    anything heavy is imported."""
+    arguments of :func:`keras_vit.export.to_saved_model`."""
     if args.input == "images":
         given = _class_flags(args)
         if given:
@@ -360,9 +350,8 @@ def run_benchmark(args):
     and prints a markdown table with the peak memory; adds bf16 rows when
     the CPU has bf16 instructions."""
     from keras_vit import export
-    from keras_vit.export import benchmark
-
     from keras_vit.base.checks import check_int
+    from keras_vit.export import benchmark
 
     runtimes = benchmark.check_runtimes(args.runtimes)
     check_int("--runs", args.runs, low=1, high=MAX_RUNS)

@@ -1,11 +1,8 @@
 """What every ``keras-vit`` command shares: argument types, the options
 more than one command takes, the parser with one-line usage errors, and
 how a failure is printed (one ``keras-vit: error: ...`` line and an exit
-status, or the traceback with ``--debug``/``--traceback``).
-
-The command line of each component (keras_vit.cli, keras_vit.cli.train,
-keras_vit.cli.export, keras_vit.cli.analysis) builds its options from here.
-Nothing here imports Keras: ``keras-vit --help`` stays fast.
+status, or the traceback with ``--debug``/``--traceback``). Nothing here
+imports Keras: ``keras-vit --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ class UserError(KerasVitError, ValueError):
 
 def check_output_folder(folder, flag, value):
     """Raises :class:`UserError` naming ``flag`` and its ``value`` if
-    ``folder`` cannot be created or written: a file in the way of it or
-    of a folder above it, or its nearest existing folder read-only.
-    Missing folders are left for the writer to create.
+    ``folder`` cannot be created or written (a file in the way, or its
+    nearest existing folder read-only).
 
     >>> import os, tempfile
     >>> check_output_folder(os.path.join(tempfile.mkdtemp(), "a", "b"),
@@ -99,8 +95,7 @@ NO_EMA = "none"
 
 def ema_decay(text):
     """argparse type of ``--ema``: a decay (a number), or ``none`` (no
-    weight average), the value the refusal of a decay too long for the
-    run offers.
+    weight average).
 
     >>> ema_decay("0.999"), ema_decay("None")
     (0.999, 'none')
@@ -111,8 +106,8 @@ def ema_decay(text):
 
 
 def int_list(example=None, kind=tuple):
-    """argparse type: comma-separated integers >= 1, as a ``kind`` (tuple
-    or list); the errors quote ``example`` (``"1,5,10,25"``) when given.
+    """argparse type: comma-separated integers >= 1, as a ``kind``; the
+    errors quote ``example`` when given.
 
     >>> int_list()("4, 1")
     (4, 1)
@@ -159,8 +154,8 @@ def literal(text):
 
 
 def model_options(pairs):
-    """The ``(key, value)`` pairs of ``--model-option`` as ``zoo.load``
-    keywords, each value read by :func:`literal`."""
+    """The ``(key, value)`` pairs of ``--model-option`` as keywords, each
+    value read by :func:`literal`."""
     return {key: literal(value) for key, value in pairs}
 
 
@@ -189,9 +184,8 @@ def key_value(text):
 class Bound:
     """The range of a numeric option's values (of each value, for a
     comma-separated list): ``[low, high]``, ``low`` excluded when
-    ``low_open``. ``high`` sits far past any real use; it is there so that
-    a slip (``--steps 1e12``, ``--lr inf``) stops at the command line
-    instead of as an overflow, a hang or a run that never ends."""
+    ``low_open``. ``high`` sits far past any real use, to stop a slip
+    (``--steps 1e12``, ``--lr inf``) at the command line."""
 
     low: float
     high: float
@@ -199,8 +193,7 @@ class Bound:
 
     def refusal(self, value, flag="the value"):
         """Why ``value`` of option ``flag`` is out of range (NaN
-        included), else None, in the words of the package's other range
-        errors (:func:`keras_vit.base.checks.check_int`).
+        included), else None.
 
         >>> Bound(0, 2 ** 32 - 1).refusal(-3, "--seed")
         '--seed must be an integer in [0, 4294967295]; received --seed=-3'
@@ -221,18 +214,13 @@ def _exact(number):
     return int(number) if float(number).is_integer() else number
 
 
-# The bounds are the library's (keras_vit.base.limits): a number the
-# command line takes, the recipe and the Python API take too.
+# The bounds are the library's (keras_vit.base.limits).
 _STEPS = limits.MAX_STEPS
 _BATCH = limits.MAX_BATCH_SIZE
 _EXAMPLES = limits.MAX_EXAMPLES
 
-#: Every numeric option of every ``keras-vit`` command, by its long flag
-#: (where two commands share a flag, one range serves both; the option's
-#: own type still parses and may be stricter, e.g. ``--epochs`` of
-#: ``demo`` takes integers). :class:`ArgumentParser` applies the row when
-#: the option is added, so a command cannot add a number without one
-#: (tests/base/test_bounds.py walks every command).
+#: Every numeric option of every ``keras-vit`` command, by its long flag;
+#: :class:`ArgumentParser` applies the row when the option is added.
 BOUNDS = {
     "--steps": Bound(1, _STEPS),
     "--epochs": Bound(0, limits.MAX_EPOCHS, low_open=True),
@@ -263,8 +251,8 @@ BOUNDS = {
 
 
 def bounded(parse, bound, flag="the value"):
-    """The argparse type ``parse`` (a number, or a list of numbers) with
-    ``bound`` applied to what it returns (errors name ``flag``)."""
+    """The argparse type ``parse`` with ``bound`` applied to the number(s)
+    it returns."""
     def checked(text):
         value = parse(text)
         for number in value if isinstance(value, (list, tuple)) else [value]:
@@ -284,8 +272,7 @@ def bounded(parse, bound, flag="the value"):
 # options more than one command takes
 
 
-# name: (flags, argparse keywords). A command adds them with add(), giving
-# its own help text (and default) where they differ.
+# name: (flags, argparse keywords), added by add().
 OPTIONS = {
     "model": (("model",), {"metavar": "MODEL"}),
     "data_dir": (("--data-dir",), {"metavar": "DIR"}),
@@ -322,10 +309,9 @@ OPTIONS = {
 
 
 def add(parser, **options):
-    """Adds the shared options named by keyword (``image_size=...``), in
-    that order, each given its help text (a str), argparse keywords that
-    override the shared ones (a dict), or ``None`` (no help, or the shared
-    one).
+    """Adds the shared options named by keyword, in that order, each given
+    its help text (a str), argparse keywords that override the shared ones
+    (a dict), or ``None``.
 
     >>> p = argparse.ArgumentParser()
     >>> add(p, image_size="input resolution", batch_size={"default": 8})
@@ -344,11 +330,9 @@ def add(parser, **options):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (no usage block) that suggest
-    the nearest valid command, choice or option; exit status 2. Every
-    component's sub-commands are built by it (``add_subparsers`` passes
-    the class on). An option whose long flag has a row in :data:`BOUNDS`
-    gets that range on top of its type."""
+    """argparse with one-line usage errors that suggest the nearest valid
+    command, choice or option; exit status 2. An option whose long flag
+    has a row in :data:`BOUNDS` gets that range on top of its type."""
 
     def add_argument(self, *flags, **kwargs):
         flag = next((f for f in flags if f in BOUNDS), None)
@@ -357,9 +341,7 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().add_argument(*flags, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
-        # Kept for error(): argparse reports a sub-command's unknown
-        # options from the top parser, which must find the command in use.
-        # main() always passes the list (debug_requested reads sys.argv).
+        # Kept for error(), which must find the sub-command in use.
         self._argv = [] if args is None else list(args)
         return super().parse_known_args(args, namespace)
 
@@ -379,8 +361,7 @@ def _subcommands(parser):
 
 def _command_in_use(parser):
     """The sub-command parser the command line chose (the deepest), else
-    ``parser`` itself: its options are the ones to suggest, and its help
-    the one to point at."""
+    ``parser`` itself."""
     argv = getattr(parser, "_argv", [])
     while True:
         commands = _subcommands(parser)
@@ -392,15 +373,13 @@ def _command_in_use(parser):
 
 
 def _option_strings(parser):
-    """The long option strings of ``parser`` (its own, not its
-    sub-commands')."""
+    """The long option strings of ``parser`` itself."""
     return {s for action in parser._actions  # noqa: SLF001
             for s in action.option_strings if s.startswith("--")}
 
 
 def _suggest(parser, message):
-    """``message`` with the nearest valid choice or option of ``parser``
-    (the command in use) when there is one."""
+    """``message`` with the nearest valid choice or option of ``parser``."""
     from keras_vit.base.checks import did_you_mean
 
     bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)",
@@ -432,9 +411,8 @@ def one_line(exc, limit=600):
 
 
 def run_command(func, args, debug=False):
-    """Runs a subcommand: its exit status, or one line on stderr instead
-    of a traceback (``debug`` re-raises): 2 for bad input (arguments,
-    files, missing packages), 1 for any other failure, 130 for Ctrl-C."""
+    """Runs a subcommand: its exit status, or one line on stderr (``debug``
+    re-raises): 2 for bad input, 1 for any other failure, 130 for Ctrl-C."""
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
@@ -446,7 +424,6 @@ def run_command(func, args, debug=False):
         from keras_vit.base.checks import missing_dependency
         from keras_vit.base.errors import MissingDependencyError
 
-        # An optional package missing where no require() was in the way.
         e = missing_dependency(e) or e
         if isinstance(e, MemoryError) or (
                 type(e).__name__ == "ResourceExhaustedError"
@@ -457,10 +434,8 @@ def run_command(func, args, debug=False):
                   "--image-size; --debug shows the traceback",
                   file=sys.stderr)
             return 1
-        # ValueError covers UserError, UnknownModelError and
-        # CheckpointError; OSError covers missing or unreadable files,
-        # PIL's UnidentifiedImageError and the zoo's DownloadError /
-        # OfflineError.
+        # ValueError covers UserError and the zoo's errors; OSError missing
+        # files, PIL's UnidentifiedImageError and download errors.
         if isinstance(e, (ValueError, OSError, MissingDependencyError)):
             print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
             return 2
@@ -471,8 +446,8 @@ def run_command(func, args, debug=False):
 
 
 def failed(args, error):
-    """A command's own failure (an export that does not verify): one line
-    and exit status 1, or the traceback with ``--traceback``."""
+    """A command's own failure: one line and exit status 1, or the
+    traceback with ``--traceback``."""
     if getattr(args, "traceback", False):
         raise error
     text = " ".join(str(error).split())
@@ -489,24 +464,19 @@ def debug_requested(argv):
 
 def main(parser, argv=None):
     """Parses ``argv`` (default: ``sys.argv[1:]``) with ``parser`` and runs
-    the command it names (``args.func``); returns the exit status. A
-    command imports what it needs (Keras, the model classes) when it runs,
-    so argument errors come before any heavy import."""
+    the command it names (``args.func``); returns the exit status."""
     debug, argv = debug_requested(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None
                                                         else 2)
-    # What was typed, for a command that prints how to run it again (an
-    # interrupted training run says how to resume).
+    # What was typed, for a command that prints how to run it again.
     args.command_line = parser.prog.split() + list(argv)
-    # debug_requested took --debug and --traceback out of argv; their
-    # abbreviation (--trace) reaches argparse, which sets args.traceback.
+    # An abbreviation (--trace) reaches argparse, which sets it.
     traceback = debug or getattr(args, "traceback", False)
     with warnings_as_lines(debug):
-        # A command's own argument checks (``check`` in its defaults, see
-        # :func:`command`) run before the heavy imports as well.
+        # A command's own argument checks (see :func:`command`) run first.
         check = getattr(args, "check", None)
         if check is not None:
             def checked(args):  # what the check returns is the command's
@@ -518,8 +488,7 @@ def main(parser, argv=None):
         return run_command(args.func, args, traceback)
 
 
-# Warnings about a library's own future that the package's calls raise:
-# the user of the command can do nothing about them.
+# Deprecations raised by other libraries: the user can do nothing about them.
 _DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 _WARNINGS_MODULES = ("warnings", "_py_warnings")
 
@@ -535,15 +504,11 @@ def _module_of(frame):
 
 
 def warning_source(filename, frame=None):
-    """The module that raised a warning being shown, for a
-    ``warnings.showwarning`` hook that calls this (``frame``, default: the
-    hook's frame): the module of the first frame above the hook outside
-    Python's warnings machinery, i.e. the code that called
-    ``warnings.warn``. ``filename`` is not used for that, since
-    ``stacklevel`` points it up the stack (a Keras warning raised with
-    ``stacklevel=2`` names the package's file that called Keras). Without
-    such a frame, the module whose file is ``filename``; ``""`` when none
-    is.
+    """The module that called ``warnings.warn`` for a warning being shown,
+    found from a ``warnings.showwarning`` hook's ``frame`` (default: the
+    caller's): ``filename`` is not used for that, since ``stacklevel``
+    points it up the stack. Without such a frame, the module whose file is
+    ``filename``; ``""`` when none is.
 
     >>> import warnings
     >>> with warnings.catch_warnings():
@@ -569,18 +534,9 @@ def warning_line(message, category, source):
     """How the ``keras-vit`` command shows a Python warning raised by the
     module ``source`` (:func:`warning_source`), or None to drop it:
 
-    - raised by the package's own code (``keras_vit``, which includes
-      ``keras_vit.zoo`` and ``keras_vit.export``): ``keras-vit: warning:
-      MESSAGE``;
-    - a deprecation (``DeprecationWarning``, ``PendingDeprecationWarning``,
-      ``FutureWarning``) raised by another library (TensorFlow, Keras,
-      ...): dropped, since it is about a call the package makes that the
-      user cannot change (``--debug`` shows every warning in Python's
-      format);
-    - any other warning of another library: ``warning (PACKAGE): MESSAGE``,
-      naming the library, so that it is not taken for the package's.
-
-    The message is on one line (:func:`one_line`).
+    ``keras-vit: warning: MESSAGE`` for the package's own, None for another
+    library's deprecation (the user cannot change the call), else
+    ``warning (PACKAGE): MESSAGE``; the message on one line.
 
     >>> warning_line("warmup_steps=250 do not fit", UserWarning,
     ...              "keras_vit.train.recipes")
@@ -603,9 +559,7 @@ def warning_line(message, category, source):
 @contextlib.contextmanager
 def warnings_as_lines(debug=False):
     """Python warnings as one line each during the block, labelled by who
-    raised them (:func:`warning_line`): a user of the command needs the
-    message and its source, not the file and line that raised it
-    (``--debug`` keeps Python's format and shows every warning)."""
+    raised them (:func:`warning_line`); ``debug`` keeps Python's format."""
     import warnings
 
     if debug:
@@ -632,15 +586,12 @@ def warnings_as_lines(debug=False):
 
 
 def start(main):
-    """``main()`` as the entry point of a ``keras-vit`` process (the
-    console script, ``python -m keras_vit.cli``, ``python -m
-    keras_vit.train``): TensorFlow's C++ start-up lines are kept off stderr
-    (:func:`keras_vit.runtime.quiet.filter_stderr`), the oneDNN choice is made
-    (:func:`keras_vit.runtime.hardware.enable_onednn`), and a ``KERAS_BACKEND``
-    that Keras has no backend for, or a ``KERAS_VIT_ONEDNN`` that is no
-    flag, is one line and exit status 2, before anything imports Keras
-    (which would fail inside its own import). A library calling
-    :func:`main` gets none of this: its stderr is its own."""
+    """``main()`` as the entry point of a ``keras-vit`` process:
+    TensorFlow's C++ start-up lines kept off stderr
+    (:func:`keras_vit.runtime.quiet.filter_stderr`), the oneDNN choice made
+    (:func:`keras_vit.runtime.hardware.enable_onednn`), and a bad
+    ``KERAS_BACKEND`` or ``KERAS_VIT_ONEDNN`` one line and exit status 2,
+    before anything imports Keras."""
     from keras_vit.runtime import hardware
     from keras_vit.runtime import quiet
     from keras_vit.base.checks import check_keras_backend
@@ -658,10 +609,7 @@ def start(main):
 def commands_parser(prog, description, traceback=("--traceback",),
                     traceback_help="show the Python traceback of errors",
                     version=None):
-    """A command line of sub-commands: its parser (with ``--version`` when
-    ``version`` is given, then the ``traceback`` flags) and the
-    sub-parser set the commands are added to, as ``(parser, subparsers)``.
-    """
+    """A command line of sub-commands, as ``(parser, subparsers)``."""
     parser = ArgumentParser(prog=prog, description=description)
     if version is not None:
         parser.add_argument("--version", action="version",
@@ -675,10 +623,9 @@ def commands_parser(prog, description, traceback=("--traceback",),
 def command(subparsers, name, func, help, check=None):
     """Adds the sub-command ``name`` that runs ``func(args)``; ``help`` is
     its line in ``keras-vit --help`` and ``func``'s docstring its
-    description. ``check(args)``, if given, validates the options that
-    argparse cannot (combinations, files) and runs in :func:`main` before
-    Keras is imported: it raises ValueError/OSError for a mistake. Returns
-    the parser."""
+    description. ``check(args)``, if given, validates what argparse cannot,
+    before Keras is imported (raising ValueError/OSError). Returns the
+    parser."""
     parser = subparsers.add_parser(name, help=help, description=func.__doc__)
     parser.set_defaults(func=func, check=check)
     return parser

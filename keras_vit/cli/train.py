@@ -1,9 +1,6 @@
 """``keras-vit fine-tune``, ``evaluate``, ``fewshot``, ``vtab`` and
-``pretrain``: the commands of :mod:`keras_vit.train`.
-
-:func:`register` adds the commands to an argparse sub-parser set (the
-``keras-vit`` command line does); ``python -m keras_vit.train`` runs them on
-their own (:func:`main`).
+``pretrain``: the commands of :mod:`keras_vit.train`; ``python -m
+keras_vit.train`` runs them on their own (:func:`main`).
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ MODEL_HELP = "a .keras file, a run directory, or a zoo name"
 
 
 def _add_run_directory(p, name, restart, weights):
-    """The options of a resumable run: --weights (``weights``: argparse
-    keywords), --out, --restart, --resume-anyway, --no-memory-check."""
+    """The options of a resumable run."""
     options.add(p, weights=weights,
                 out=f"run directory (default: runs/<model>-<data>-<{name}>)",
                 restart=restart)
@@ -36,11 +32,9 @@ def _add_run_directory(p, name, restart, weights):
 
 def check_fits_memory(trainer, available=None):
     """Refuses (``ValueError``) a CPU run whose step clearly cannot fit
-    the available memory, saying what to change: a ``--micro-batch-size``
-    that fits (gradient accumulation: the same updates), or a smaller
-    ``--batch-size`` / ``--image-size``
-    (:func:`keras_vit.models.memory.check_step`). Runs on an accelerator (of
-    whichever Keras backend) are not checked: host memory is not theirs."""
+    the available memory, saying what to change
+    (:func:`keras_vit.models.memory.check_step`); accelerators are not
+    checked."""
     from keras_vit.runtime import hardware
     from keras_vit.models import memory
 
@@ -72,8 +66,8 @@ def _add_data_options(p, what="training data"):
 
 def _add_runtime_options(p, quiet="no progress bar",
                          json="print the final metrics as JSON", remat=False):
-    """--remat (if ``remat``), --strategy, --tpu, --cpu-devices, then
-    --quiet and --json (their help; False: not taken)."""
+    """--remat (if ``remat``), --strategy, --tpu, --cpu-devices, --quiet and
+    --json (their help; False: not taken)."""
     if remat:
         p.add_argument("--remat", action="store_true",
                        help="rematerialise every block in training: the "
@@ -97,8 +91,7 @@ def _add_runtime_options(p, quiet="no progress bar",
 
 
 def register(subparsers):
-    """Adds ``fine-tune``, ``evaluate`` and ``fewshot`` to ``subparsers``
-    (the object ``ArgumentParser.add_subparsers`` returns)."""
+    """Adds the training commands to ``subparsers``."""
     from keras_vit.train import recipes
 
     p = options.command(subparsers, "fine-tune", run_fine_tune,
@@ -209,8 +202,7 @@ def _recipe_overrides(args):
 
 def _out_folder(out, holds):
     """The --out folder ``out``, refused if it is a file (``holds``: what
-    needs a folder) or cannot be created: before the data and the model
-    load, or any task runs. Missing folders are created then."""
+    needs a folder) or cannot be created."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is a file; {holds}")
     options.check_output_folder(out, "--out", out)
@@ -218,11 +210,9 @@ def _out_folder(out, holds):
 
 
 def _check_settings(args):
-    """The --strategy (with --tpu, on --cpu-devices) built, then the recipe
-    name and fields checked: before any data is read or model built, so a
-    strategy this backend cannot run, or a TPU that is not there, is
-    refused in seconds (the Trainer would, after both). Returns what the
-    Trainer takes as ``strategy``."""
+    """The --strategy built and the recipe checked before any data is read
+    or model built, so that a mistake is refused in seconds. Returns what
+    the Trainer takes as ``strategy``."""
     from keras_vit.train import recipes
     from keras_vit.train.distribute import check_backend, for_backend
 
@@ -273,17 +263,15 @@ def run_fine_tune(args):
     return 130 if _fit(trainer, args) is None else 0
 
 
-# The share of a folder (or .npz) fine-tune evaluates on when no
-# --eval-data is given.
+# The share of a folder or .npz fine-tune evaluates on without --eval-data.
 HOLD_OUT = 0.1
 
 
 def hold_out(source, fraction=HOLD_OUT, seed=0):
     """``(train, held_out)``: ``fraction`` of each class of ``source``
-    (rounded, at least one image of a class with two or more) set aside
-    for evaluation, the same images for the same data (a resumed run
-    evaluates on the same ones); ``(source, None)`` if no class can spare
-    one. Both keep ``source``'s name in ``source_name``."""
+    (at least one image of a class with two or more) set aside, the same
+    images for the same data; ``(source, None)`` if no class can spare
+    one."""
     import numpy as np
 
     labels = np.asarray(source.labels())
@@ -307,9 +295,7 @@ def hold_out(source, fraction=HOLD_OUT, seed=0):
 
 def _trainer_options(args, what, strategy_):
     """The trainer's keywords that fine-tune and pretrain read alike from
-    their options: the run directory (--out, by default
-    runs/<model>-<data>-<what>), ``strategy_``, the recipe and its fields,
-    the weights, resumption, model options, remat and progress."""
+    their options (--out defaults to runs/<model>-<data>-<what>)."""
     out = _out_folder(args.out or os.path.join(
         "runs", f"{_slug(args.model)}-{_slug(args.data)}-{what}"),
         "the run needs a folder (its checkpoints, metrics and model.keras)")
@@ -325,13 +311,9 @@ def _trainer_options(args, what, strategy_):
 
 
 def _fit(trainer, args):
-    """``trainer.fit()`` after :func:`check_fits_memory` (unless
-    --no-memory-check), then what the run prints beyond its progress: the
-    metrics as JSON (without the history) with --json; with --quiet (which
-    hides only the progress) the run's final line, which its progress
-    output would otherwise have held. Returns the result; None after
-    Ctrl-C, once the checkpoint of the current step is saved and the
-    command that resumes it printed."""
+    """``trainer.fit()`` after :func:`check_fits_memory`, then the metrics
+    as JSON with --json, or the final line with --quiet. Returns the
+    result; None after Ctrl-C (the command that resumes printed)."""
     import shlex
     import sys
 
@@ -363,10 +345,8 @@ def _fit(trainer, args):
 
 
 def _load_model(args):
-    """MODEL of evaluate / fewshot: a .keras file, a run directory (its
-    model.keras), a Hub folder or a zoo name with --weights, resolved
-    by the zoo's one pipeline: --image-size and --weights are applied
-    (or refused by name) whatever MODEL is."""
+    """MODEL of evaluate / fewshot, resolved by the zoo's pipeline with
+    --image-size and --weights."""
     from keras_vit.zoo import resolve_model
 
     return resolve_model(args.model,
@@ -390,8 +370,7 @@ def run_evaluate(args):
     source = load_data(args.data, split="test",
                        data_dir=args.data_dir,
                        download=args.download)
-    # tf.distribute places the variables where they are created; the jax
-    # and torch backends evaluate on one device (a name, no scope).
+    # jax and torch strategies are names, without a scope.
     scope = getattr(strategy_, "scope", contextlib.nullcontext)
     with scope():
         model = _load_model(args)
@@ -405,8 +384,7 @@ def run_evaluate(args):
 
 
 def _show(args, result, lines):
-    """Prints ``result`` (with the model) as JSON under ``--json``, else
-    ``lines``; returns 0."""
+    """Prints ``result`` as JSON under ``--json``, else ``lines``."""
     result["model"] = args.model
     print(json.dumps(result, indent=2) if args.json else "\n".join(lines))
     return 0

@@ -1,15 +1,8 @@
 """Which Keras backend runs, and what differs between them when running a
 model for output.
 
-:func:`name` (and the predicates :func:`is_tensorflow`, :func:`is_jax`,
-:func:`is_torch`) is the package's one way to ask which backend runs: the
-floors above ask here rather than Keras, so that the question has one home.
-
-Keras keeps one model code for TensorFlow, JAX and PyTorch; what is left to
-the caller is leaving autograd (torch records every op of a plain ``model(x)``
-call and refuses ``numpy()`` on the result) and getting NumPy back, which
-``keras.ops.convert_to_numpy`` does on all three.
-:func:`keras_vit.models.memory.infer` runs a model with both.
+:func:`name` (and :func:`is_tensorflow`, :func:`is_jax`, :func:`is_torch`)
+is the package's one way to ask which backend runs.
 
 >>> name() in ("tensorflow", "jax", "torch")
 True
@@ -19,9 +12,8 @@ True
 
 import contextlib
 
-# Keras is imported in the functions, not here: importing Keras registers
-# the model classes (keras_vit.registration), whose layers import this
-# module, which must then be whole.
+# Keras is imported in the functions: importing it registers the model
+# classes, whose layers import this module.
 
 
 def name():
@@ -62,11 +54,9 @@ def no_grad():
 
 
 def seed_global_generator(seed):
-    """Seeds the backend's own global random generator where Keras draws
-    from it: on torch, the dropout of layers built without a seed draws
-    from torch's global generator, which no Keras variable (so no
-    checkpoint) holds. Elsewhere nothing: Keras' seed generators are
-    variables.
+    """Seeds torch's global generator, which the dropout of layers built
+    without a seed draws from; elsewhere nothing (Keras' seed generators
+    are variables).
 
     >>> seed_global_generator(3)
     """
@@ -77,12 +67,9 @@ def seed_global_generator(seed):
 
 
 def variable_to_numpy(variable):
-    """A Keras variable's value as a NumPy array, on every backend and
-    under every ``tf.distribute`` strategy (a multi-worker mirrored
-    variable's value is read as the local copy; NumPy cannot convert the
-    distributed value itself) and ``keras.distribution`` (a weight split
-    over several jax processes is gathered: a collective, which every
-    process calls).
+    """A Keras variable's value as a NumPy array, on every backend, under
+    every ``tf.distribute`` strategy and ``keras.distribution`` (a weight
+    split over jax processes is gathered: every process must call this).
 
     >>> import keras
     >>> variable_to_numpy(keras.Variable([1.0, 2.0])).tolist()
@@ -94,8 +81,6 @@ def variable_to_numpy(variable):
     if is_tensorflow() and hasattr(value, "read_value"):
         value = value.read_value()
     if is_jax() and not getattr(value, "is_fully_addressable", True):
-        # Split over several processes (ModelParallel): every process must
-        # call this, each gets the whole array.
         from jax.experimental import multihost_utils
 
         value = multihost_utils.process_allgather(value, tiled=True)

@@ -1,11 +1,8 @@
 """Every use keras-vit makes of another project's private API, one function
 each, so that an upgrade that removes one fails here, loudly and by name.
 
-Keras, tf2onnx and LiteRT have no public way to do these few things; each
-wrapper checks that the private name is still there and raises
-:class:`PrivateAPIError` naming it (and the installed version) if not.
-``tests/runtime/test_compat.py`` calls every wrapper against the installed
-versions.
+Each wrapper raises :class:`PrivateAPIError` naming the missing private name
+and the installed version.
 
 >>> import keras
 >>> inputs = keras.Input((2,))
@@ -54,14 +51,14 @@ def current_remat_mode():
     """The mode of the ``keras.RematScope`` around this code (``"full"``,
     ``"activations"``, ...) or None outside one
     (``keras.src.backend.common.remat.get_current_remat_mode``)."""
+    purpose = "tell a model built inside keras.RematScope"
     try:
         from keras.src.backend.common import remat
     except ImportError:
         raise _missing("keras.src.backend.common.remat", "keras",
-                       "tell a model built inside keras.RematScope") from None
+                       purpose) from None
     get = _require(remat, "get_current_remat_mode",
-                   "remat.get_current_remat_mode", "keras",
-                   "tell a model built inside keras.RematScope")
+                   "remat.get_current_remat_mode", "keras", purpose)
     scope = get()
     return None if scope is None else getattr(scope, "mode", str(scope))
 
@@ -69,14 +66,15 @@ def current_remat_mode():
 def stateless_scope():
     """The ``keras.StatelessScope`` this code runs in, or None
     (``keras.src.backend.common.stateless_scope.get_stateless_scope``)."""
+    purpose = "keep dropout masks in a rematerialised block"
     try:
         from keras.src.backend.common import stateless_scope as module
     except ImportError:
         raise _missing("keras.src.backend.common.stateless_scope", "keras",
-                       "keep dropout masks in a rematerialised block") from None
+                       purpose) from None
     return _require(module, "get_stateless_scope",
                     "stateless_scope.get_stateless_scope", "keras",
-                    "keep dropout masks in a rematerialised block")()
+                    purpose)()
 
 
 def run_through_graph(functional, inputs, call_fn):
@@ -94,16 +92,11 @@ def repair_multi_worker_fit():
     ``tf.distribute.MultiWorkerMirroredStrategy``, where it fails
     converting a ``PerReplica`` value to a tensor.
 
-    Keras' TensorFlow trainer fails there twice, both in reductions of
-    per-replica values over the workers' collectives: the symbolic build
-    averages the first data batch across replicas (an eager reduce of a
-    ``PerReplica`` the collective ops cannot convert), and every step
-    averages the scalar logs with ``axis=0`` (a scalar has no axis 0). The
-    repair changes only those two reductions, only in multi-worker mode:
-    the build takes the first local replica's batch (it needs shapes, not
-    values), and scalars are averaged without an axis. Every other
-    strategy keeps Keras' own code. Idempotent; returns whether Keras still
-    in place (see :func:`multi_worker_fit_is_broken`)."""
+    Keras fails in two reductions there: the symbolic build averages the
+    first batch across replicas (the build now takes the first local
+    replica's batch: it needs shapes, not values), and every step averages
+    scalar logs with ``axis=0`` (now without an axis). Other strategies
+    keep Keras' code. Idempotent; returns True."""
     api = "keras.src.backend.tensorflow.trainer"
     purpose = "run model.fit under MultiWorkerMirroredStrategy"
     try:
@@ -168,20 +161,13 @@ def sum_gradients_before_the_optimizer(optimizer):
     several replicas clip and accumulate the gradient summed over the
     replicas, as on one device.
 
-    Keras' TensorFlow optimizer sums the replicas' gradients inside its
-    update, after ``global_clipnorm`` has clipped each replica's own
-    gradient, so several replicas clip another gradient than one device
-    does; and its gradient accumulation fails there (the update's
-    ``merge_call`` inside the ``cond`` that tells accumulating calls from
-    updating ones). Here ``apply`` sums the gradients across replicas
-    first (Keras' loss is already divided by the replicas, so the sum is
-    the mean over the global batch) and the optimizer's own sum
-    (BaseOptimizer's private ``_all_reduce_sum_gradients``) is skipped;
-    each replica then clips and applies the same sum. With accumulation,
-    Keras' update runs once in the cross-replica context on that sum, its
-    ``tf.__internal__`` ``maybe_merge_call`` calling straight through as
-    a merge call would there. Outside a replica context, or with one
-    replica, nothing changes. Returns ``optimizer``.
+    Keras sums the replicas' gradients after ``global_clipnorm`` clipped
+    each replica's own, and its accumulation fails there (a ``merge_call``
+    inside a ``cond``). Here ``apply`` sums across replicas first (the loss
+    is already divided by the replicas) and skips BaseOptimizer's private
+    ``_all_reduce_sum_gradients``; with accumulation, Keras' update runs
+    once in the cross-replica context. With one replica nothing changes.
+    Returns ``optimizer``.
     """
     _require(optimizer, "_all_reduce_sum_gradients",
              "TFOptimizer._all_reduce_sum_gradients", "keras",
@@ -233,8 +219,7 @@ def multi_worker_fit_is_broken(strategy):
     """Whether Keras' own per-step reduction still fails under the
     multi-worker ``strategy`` (run inside it, on each worker): True while
     Keras averages a scalar with ``axis=0`` there, so
-    :func:`repair_multi_worker_fit` is still needed; a test asks this on
-    two real workers, and fails the day Keras fixes it upstream."""
+    :func:`repair_multi_worker_fit` is still needed."""
     from keras.src.backend.tensorflow import trainer
     import tensorflow as tf
 
@@ -345,10 +330,8 @@ def tf_executed_graphs(run, arg_name=None):
     ``GraphDef`` partitions its functions ran as: the graphs after grappler
     and oneDNN's rewrites, one per function instantiated during the call
     (``context.enable_run_metadata`` / ``export_run_metadata``).
-
-    The metadata can also hold functions of other models that TensorFlow
-    happened to instantiate in the same window; ``arg_name`` keeps only the
-    functions with an argument of that name."""
+    ``arg_name`` keeps only the functions with an argument of that name
+    (the metadata can hold other models' functions too)."""
     from tensorflow.python.eager import context as tf_context
 
     ctx = tf_context.context()
@@ -374,11 +357,8 @@ def tf_executed_graphs(run, arg_name=None):
 def onednn_enabled():
     """Whether this TensorFlow runs its CPU graphs through oneDNN, which
     is where grappler's fusions of matmul, bias and GELU exist
-    (``_pywrap_util_port.IsMklEnabled``). TensorFlow's own default is on
-    only for x86 CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX;
-    ``import keras_vit`` before TensorFlow turns it on for the others
-    (:func:`keras_vit.runtime.hardware.enable_onednn`); ``TF_ENABLE_ONEDNN_OPTS``
-    decides when set."""
+    (``_pywrap_util_port.IsMklEnabled``); see
+    :func:`keras_vit.runtime.hardware.enable_onednn`."""
     from tensorflow.python.util import _pywrap_util_port
 
     fn = _require(_pywrap_util_port, "IsMklEnabled",
@@ -391,13 +371,8 @@ def ema_once_per_step(optimizer):
     """Makes the weight average of a Keras ``optimizer`` with
     ``use_ema=True`` and ``gradient_accumulation_steps=k`` move once per
     optimizer step, as the recipe's ``ema_decay`` means, not at every
-    micro-batch (Keras averages at every ``apply`` call, so with k
-    micro-batches the previous step's weights leak into the average k-1
-    more times). Overrides BaseOptimizer's private
-    ``_update_model_variables_moving_average`` on this instance: the
-    momentum is ``ema_momentum`` on the call that updates the weights, 1
-    (no change) on the others, 0 (a copy) on the first step, as Keras'
-    own. Without accumulation the optimizer is left as it is. Returns
+    micro-batch, as Keras does. Overrides BaseOptimizer's private
+    ``_update_model_variables_moving_average`` on this instance. Returns
     ``optimizer``."""
     if not (optimizer.use_ema and optimizer.gradient_accumulation_steps):
         return optimizer
@@ -440,19 +415,8 @@ def per_variable_learning_rates(optimizer, scales):
     the variables it excludes from weight decay) whose update of each
     variable uses the learning rate times that variable's scale,
     ``scales[variable.path]``, decoupled weight decay included (as a
-    per-group ``lr`` scales both in PyTorch).
-
-    Keras optimizers have one learning rate for every variable. The copy
-    is of a subclass that overrides ``update_step`` (scaling the rate it
-    is handed) and BaseOptimizer's private ``_apply_weight_decay`` (the
-    decay moves into ``update_step``, where the variable's rate is
-    known; Keras decays every variable before updating any, and each
-    variable's decay still precedes its own update), and reads the
-    private ``_use_weight_decay`` and ``_get_variable_index``. It is the
-    original's update on every backend (under torch, through Keras'
-    per-variable loop instead of its fused optimizers). Scaling gradients
-    instead would be the same only for plain SGD: Adam divides the scale
-    away.
+    per-group ``lr`` scales both in PyTorch). Scaling gradients instead
+    would be the same only for plain SGD: Adam divides the scale away.
 
     >>> import keras, numpy as np
     >>> v = keras.Variable(np.ones(2, "float32"), name="w")
@@ -462,10 +426,8 @@ def per_variable_learning_rates(optimizer, scales):
     >>> [round(float(x), 4) for x in keras.ops.convert_to_numpy(v)]
     [0.95, 0.95]
     """
-    # Under torch, keras.optimizers.SGD(...) and its kind are instances of
-    # fused stand-ins (keras.src.backend.torch.optimizers) that update all
-    # variables in one call, never through update_step: subclass the Keras
-    # class they stand in for.
+    # Under torch, optimizers are fused stand-ins that never call
+    # update_step: subclass the Keras class they stand in for.
     cls = next(c for c in type(optimizer).__mro__ if not c.__module__
                .startswith("keras.src.backend.torch.optimizers"))
     for hook in _PER_VARIABLE_HOOKS:

@@ -1,53 +1,18 @@
 """TensorFlow spellings of ViT ops that TensorFlow's CPU graph fuses.
 
-On a CPU, TensorFlow optimises every ``tf.function`` graph with grappler
-before oneDNN runs it. Grappler's remapper replaces known subgraphs by
-fused kernels (``MatMul + BiasAdd + GELU`` becomes one
-``_MklNativeFusedMatMul`` with ``fused_ops=[BiasAdd, GeluApproximate]``),
-but it matches op types *and the order of each op's inputs*, and before it
-looks, grappler's canonicalizer sorts the inputs of commutative ops (Mul,
-AddV2) by node name (``tensorflow/core/grappler/utils/canonicalizer.cc``).
-``tf.nn.gelu``, ``keras.ops.gelu`` and a hand-written tanh GELU all end up
-in an order the remapper's pattern rejects, so nothing fused.
+Grappler's remapper fuses ``MatMul + BiasAdd + GELU`` into one oneDNN
+kernel only if each op's inputs come in the pattern's order, and its
+canonicalizer first sorts the inputs of commutative ops by node name, so
+``tf.nn.gelu`` and ``keras.ops.gelu`` never fuse. :func:`dense_gelu_tanh`
+names its nodes so that the sorted order is the pattern's under any model
+name: its ops live in the absolute scope ``keras_vit_gelu_b`` (``o0`` ...
+``o9`` fix their order), the constants wanted before them in
+``keras_vit_gelu_a/`` and after them in ``keras_vit_gelu_c/`` (so constants
+merged across blocks still sort right). TensorFlow-only.
 
-:func:`dense_gelu_tanh` writes the same formula with node names chosen so
-that the sorted order is the pattern's, in every block and under any model
-name:
-
-* its own ops live in one absolute name scope, ``keras_vit_gelu_b`` (made
-  unique per block by TensorFlow as ``keras_vit_gelu_b_1``, ...), where the
-  node names ``o0`` ... ``o9`` fix their relative order;
-* the constants that the pattern wants *before* an op of the block live in
-  ``keras_vit_gelu_a/``, those it wants *after* in ``keras_vit_gelu_c/``.
-  Grappler's common-subexpression elimination merges equal constants of all
-  blocks into one node named after one of them; since every block's ops
-  sort between the two scopes, the merged constants still sort right.
-
-The model's own name never enters a comparison, so renaming a model,
-nesting it, or running two in one graph changes nothing
-(``tests/runtime/test_graph_ops.py`` builds them under several names and counts
-the fused nodes). The numbers are those of
-:func:`keras_vit.layers.gelu_tanh`: the fused kernel and the unfused ops
-agree to float32 rounding.
-
-Everything here is TensorFlow-only and only changes op names and input
-order; the JAX and torch backends never import this module.
-
-LayerNorm stays Keras' own (Mean, SquaredDifference, Rsqrt and a few
-element-wise ops, float32 statistics under bf16): TensorFlow 2.21's
-remapper knows three LayerNorm patterns and none can be reached from a
-Keras 3 model, measured on an AVX-512 CPU with oneDNN (counts from
-:mod:`keras_vit.runtime.graph_ops`):
-
-* the Mean / Sub / Square / Rsqrt spelling written in exactly the
-  pattern's input order (names chosen as for the GELU) gave 0
-  ``_MklLayerNorm`` nodes, with Square(Sub) or, when grappler rewrote it,
-  SquaredDifference;
-* the tf.keras 2 spelling through ``FusedBatchNormV3`` needs its ``Fill``
-  scale and offset nodes, which constant folding removes whenever the batch
-  size is static (every first trace of ``predict``);
-* the instance-norm-like pattern needs gamma and beta as graph constants,
-  not variables.
+LayerNorm stays Keras' own: none of TensorFlow 2.21's three LayerNorm
+patterns can be reached from a Keras 3 model (measured on an AVX-512 CPU
+with oneDNN: 0 ``_MklLayerNorm`` nodes).
 """
 
 from __future__ import annotations
@@ -105,43 +70,23 @@ def dense_gelu_tanh(x, kernel, bias):
 # --------------------------------------------------------------------------
 # Adding a bias.
 #
-# A bias's gradient is the sum of the output's gradient over every row (every
-# token of every image: 1,576 rows for ViT-B at batch 8, 4,096 for a patch
-# embedding at batch 32). TensorFlow's CPU kernels for that sum,
-# ``BiasAddGrad`` and the bias part of oneDNN's fused convolution backward,
-# accumulate a bfloat16 gradient in bfloat16: once the running sum is 256
-# times a term, adding the term rounds it away (their float16 kernels
-# accumulate in float32; ``Sum`` does for bfloat16). Summing 1,576 rows of
-# N(0.5, 1) that way came out 236 short of 788 (30%); a mixed_bfloat16 ViT's
-# bias gradients came out 15-38% off the float32 model's while every other
-# gradient agreed to ~2%, on this backend only (JAX and torch sum in
-# float32). Float32 and float16 are unaffected, and there ``BiasAdd`` stays.
-#
-# ``bias_add`` is the one place TensorFlow's layers here add a bias. For a
-# bfloat16 ``h`` the sum accumulates in float32 and rounds once:
-# * a training call (``training=True``) adds with ``BiasAdd`` and sums the
-#   gradient in float32 with the faster of two spellings that do, chosen
-#   once per process (_sums_rows_by_matmul): a matmul with a row of ones
-#   where the CPU multiplies bfloat16 natively (oneDNN accumulates its
-#   products in float32: on a 2-core AMD EPYC with avx512_bf16 over (1576,
-#   3072) 0.59 ms against ``BiasAddGrad``'s 1.38 ms), else ``Sum``. On a
-#   CPU without bfloat16 units (AVX2 only) the matmul is both slower (10.7
-#   ms against Sum's 6.2 ms, 2-core AMD EPYC, avx2) and rounds its partial
-#   sums to bfloat16 (4096 rows of N(0.5, 1): 11.4 off the exact sum,
-#   where one rounding allows 8.3);
-# * any other call adds with ``AddV2``, whose gradient is ``Sum`` (float32
-#   accumulation), so a gradient through an inference call is right too;
-#   grappler's remapper fuses that add into the matmul (and the GELU) exactly
-#   as it fuses ``BiasAdd``, so inference graphs do not change, where the
-#   custom gradient's ``IdentityN`` would split the MatMul + BiasAdd + GELU
-#   fusion (mixed_bfloat16 ViT-B/16 predict 390 -> 444 ms).
+# TensorFlow's CPU ``BiasAddGrad`` (and oneDNN's fused convolution backward)
+# accumulate a bfloat16 bias gradient in bfloat16: summing 1,576 rows of
+# N(0.5, 1) came out 236 short of 788, and a mixed_bfloat16 ViT's bias
+# gradients 15-38% off. For a bfloat16 ``h``, ``bias_add`` sums in float32:
+# * a training call uses ``BiasAdd`` with a custom gradient: a matmul with a
+#   row of ones where the CPU has bfloat16 units (0.59 ms against
+#   ``BiasAddGrad``'s 1.38 ms), else ``Sum`` (on AVX2 the matmul is slower,
+#   10.7 against 6.2 ms, and rounds its partial sums to bfloat16);
+# * any other call uses ``AddV2`` (gradient ``Sum``), which grappler still
+#   fuses into the matmul, where the custom gradient's ``IdentityN`` would
+#   split the fusion (mixed_bfloat16 ViT-B/16 predict 390 -> 444 ms).
 
 
 @functools.lru_cache(maxsize=None)
 def _bias_add_with_summed_gradient():
-    """``BiasAdd`` whose bias gradient is ``ones(1, rows) @ dy``: the sum
-    over rows with float32 accumulation, at matmul speed. Built once, on
-    first use."""
+    """``BiasAdd`` whose bias gradient sums the rows with float32
+    accumulation."""
     import tensorflow as tf
 
     by_matmul = _sums_rows_by_matmul()
@@ -163,11 +108,8 @@ def _bias_add_with_summed_gradient():
 
 @functools.lru_cache(maxsize=None)
 def _sums_rows_by_matmul(rows=4096, width=64):
-    """True where a bfloat16 matmul with a row of ones is the faster float32
-    sum over rows: the CPU has bfloat16 matrix units (the package's reading
-    of its flags) and, probed once here, the matmul's sum of ``rows`` rows
-    of N(0.5, 1) rounds once, as TensorFlow's ``Sum`` (float32 accumulation)
-    does. Anything else sums with ``Sum``."""
+    """True where the CPU has bfloat16 units and a bfloat16 matmul with a
+    row of ones, probed once, sums ``rows`` rows rounding only once."""
     import numpy as np
     import tensorflow as tf
 
@@ -189,8 +131,6 @@ def bias_add(h, bias, training=None, name=None):
     """``h + bias`` over ``h``'s last axis on TensorFlow, spelled so that
     grappler fuses it into the matmul or convolution before it and so that
     its gradient sums in float32 whatever ``h``'s dtype (see above).
-    ``training`` (True for a training call) picks the spelling for a
-    bfloat16 ``h``; the numbers are the same either way.
 
     >>> import numpy as np, tensorflow as tf
     >>> dy = tf.ones((4096, 1), tf.bfloat16)
@@ -216,10 +156,7 @@ def bias_add(h, bias, training=None, name=None):
 
 
 def dense(x, kernel, bias, training=None):
-    """``x @ kernel + bias`` with the bias added by :func:`bias_add`:
-    grappler fuses it into the matmul; its gradient is one ``BiasAddGrad``
-    or, for bfloat16, a sum accumulated in float32; never a float32
-    broadcast ``Sum``, which is slow."""
+    """``x @ kernel + bias`` with the bias added by :func:`bias_add`."""
     import tensorflow as tf
 
     return bias_add(tf.linalg.matmul(x, kernel), bias, training)
@@ -227,10 +164,8 @@ def dense(x, kernel, bias, training=None):
 
 @functools.lru_cache(maxsize=None)
 def _lean_gelu_tanh():
-    """tanh GELU as a ``tf.custom_gradient``: the forward keeps the gate
-    and tanh it needs, and the backward is 7 element-wise ops (one
-    ``TanhGrad``) where TensorFlow's autodiff of the forward's ops emits
-    11. Built once, on first use (TensorFlow is imported lazily)."""
+    """tanh GELU as a ``tf.custom_gradient``: a backward of 7 element-wise
+    ops where TensorFlow's autodiff emits 11."""
     import tensorflow as tf
 
     c1 = _SQRT_2_OVER_PI
@@ -257,10 +192,8 @@ def _lean_gelu_tanh():
 
 
 def dense_gelu_tanh_for_training(x, kernel, bias):
-    """:func:`dense_gelu_tanh` for a training step: a forward whose
-    outputs the backward needs cannot fuse into the matmul anyway, so it
-    is spelled for the fewest backward ops instead (:func:`_lean_gelu_tanh`)
-    with the bias gradient of :func:`bias_add`.
+    """:func:`dense_gelu_tanh` for a training step, spelled for the fewest
+    backward ops (it cannot fuse anyway).
 
     >>> import numpy as np, tensorflow as tf
     >>> x = tf.constant(np.linspace(-4, 4, 12, dtype="float32")[None])
@@ -283,29 +216,17 @@ def dense_gelu_tanh_for_training(x, kernel, bias):
 # --------------------------------------------------------------------------
 # Element-wise chains of a training step as small XLA programs.
 #
-# In a training step TensorFlow's graph runs each element-wise op of the
-# GELU and of LayerNorm (and of their gradients) as its own pass over the
-# activations: a tanh GELU is about 8 passes forward and 7 backward, a
-# LayerNorm about 10 each way with its float32 casts under mixed precision.
-# Compiled with XLA (``tf.function(jit_compile=True)``, called from the
-# non-XLA graph) each chain is one fused loop: one read and one write
-# forward, two reads and one write backward. The matmuls stay oneDNN's,
-# which is why the step as a whole is not compiled (hardware.plan). On a
-# 2-core AMD EPYC (avx512_bf16, no AMX) this took the mixed_bfloat16
-# ViT-B/16 training step from 1.46 to 1.34 s (batch 8, 224 px).
-#
-# Sums inside these programs are spelled for XLA:CPU. A sum over the last
-# axis (LayerNorm's statistics, the softmax's normaliser) is a dot with a
-# column of ones: XLA:CPU's reduce loops ran those at a fraction of the
-# speed of its dot (on (1576, 768) float32: a LayerNorm gradient 2.1 ->
-# 1.0 ms, the softmax gradient over (8, 12, 197, 197) 1.95 -> 1.07 ms).
-# A sum over rows (gamma's and beta's gradients) is left to TensorFlow's
-# graph, whose column reduction is several times XLA:CPU's.
+# TensorFlow's graph runs each element-wise op of GELU and LayerNorm as its
+# own pass over the activations; compiled with XLA (called from the non-XLA
+# graph, the matmuls stay oneDNN's) each chain is one fused loop: the
+# mixed_bfloat16 ViT-B/16 training step went from 1.46 to 1.34 s (batch 8,
+# 2-core AVX-512 EPYC). A sum over the last axis is a dot with a column of
+# ones, faster on XLA:CPU than its reduce loops (a LayerNorm gradient 2.1 ->
+# 1.0 ms); a sum over rows is left to TensorFlow's graph, which is faster.
 
 
 def _last_axis_sum(t):
-    """``sum(t, -1, keepdims=True)`` of a float32 tensor as a dot with a
-    column of ones (see above); the same float32 sum in another order."""
+    """``sum(t, -1, keepdims=True)`` as a dot with a column of ones."""
     import tensorflow as tf
 
     width = t.shape[-1]
@@ -316,10 +237,8 @@ def _last_axis_sum(t):
 
 @functools.lru_cache(maxsize=None)
 def _xla_gelu(form):
-    """GELU of ``form`` with its gradient, each one XLA program; the
-    backward recomputes the gate from the pre-activation inside its loop
-    (cheaper than storing it). Math in float32 whatever the input dtype,
-    the result in the input's."""
+    """GELU of ``form`` with its gradient, each one XLA program, float32
+    inside."""
     import tensorflow as tf
 
     c1 = _SQRT_2_OVER_PI
@@ -380,11 +299,8 @@ def xla_gelu(h, form="tanh"):
 @functools.lru_cache(maxsize=None)
 def _xla_layer_norm(epsilon, out_dtype):
     """LayerNorm over the last axis with its gradient, each one XLA
-    program; statistics and math in float32 (as Keras' under mixed
-    precision), the output cast to ``out_dtype`` inside the forward
-    program (a cast after it would be one more pass over the activations),
-    the input's gradient in the input's dtype, gamma's and beta's in
-    float32, summed over the rows by the graph (see above)."""
+    program, float32 inside, cast to ``out_dtype`` inside the forward
+    program (saving a pass)."""
     import tensorflow as tf
 
     def mean(t):
@@ -454,7 +370,7 @@ def xla_layer_norm(x, gamma, beta, epsilon, out_dtype=None):
 @functools.lru_cache(maxsize=None)
 def _xla_softmax(scale):
     """``softmax(scale * logits)`` over the last axis with its gradient,
-    each one XLA program, float32 inside, the sums as dots (see above)."""
+    each one XLA program."""
     import tensorflow as tf
 
     @tf.function(jit_compile=True, autograph=False)
@@ -479,10 +395,7 @@ def _xla_softmax(scale):
 
 def xla_softmax(logits, scale=1.0):
     """``softmax(scale * logits)`` over the last axis for a training step:
-    forward and gradient each one XLA program (the graph's gradient is
-    four passes over the (batch, heads, tokens, tokens) scores, and a
-    separate scaling of the queries two more), float32 inside, the result
-    in the input's dtype.
+    forward and gradient each one XLA program, float32 inside.
 
     >>> import numpy as np, tensorflow as tf
     >>> z = tf.constant(np.random.default_rng(0).normal(size=(2, 5)),

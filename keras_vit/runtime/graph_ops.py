@@ -1,17 +1,9 @@
 """What TensorFlow's CPU graph made of a model: op counts after grappler.
 
-On TensorFlow, ``predict`` (graph path) and training steps run as
-``tf.function`` graphs that grappler rewrites and oneDNN fuses before they
-run; how much fused decides much of the speed, and it depends on the CPU
-(bf16 rewrites need oneDNN bf16 support: AVX512F or AVX-NE-CONVERT) and on
-how the model spells its ops (:mod:`keras_vit.runtime.fused_ops`).
 :func:`op_counts` runs a model once and counts the ops of the graph that
 actually ran; :func:`fusion_summary` names the few counts that matter for a
-ViT; ``python benchmarks/graph_ops.py`` prints both for a zoo model.
-
-The GELU fusion is oneDNN's: one fused matmul per encoder block where
-TensorFlow runs its CPU graphs through oneDNN (:func:`keras_vit.runtime.compat.
-onednn_enabled`), none where it runs them through Eigen:
+ViT. The GELU fusion is oneDNN's: one fused matmul per encoder block, none
+where TensorFlow runs its CPU graphs through Eigen:
 
 >>> import keras_vit
 >>> from keras_vit.runtime import compat
@@ -57,8 +49,7 @@ def node_label(node):
 def _inputs_for(model, batch_size):
     shape = tuple(int(d) for d in model.inputs[0].shape[1:])
     rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (batch_size,) + shape).astype("float32")
-    return x
+    return rng.uniform(-1, 1, (batch_size,) + shape).astype("float32")
 
 
 def op_counts(model, batch_size=2, training=False):
@@ -74,14 +65,9 @@ def executed_nodes(model, batch_size=2, training=False):
     """The ``NodeDef`` s of the graph TensorFlow ran for one call of
     ``model``, after grappler's rewrites.
 
-    ``training=False``: the inference graph of ``predict``'s graph path.
-    ``training=True``: one training step as Keras' ``train_step`` runs it
-    (forward, the compiled loss, gradients, ``model.optimizer``'s update,
-    XLA when the model was compiled with ``jit_compile=True``); the model
-    must be compiled (e.g. by :func:`keras_vit.train.compile_for_finetune`),
-    and the step changes its weights.
-
-    TensorFlow backend only (the graphs are TensorFlow's).
+    ``training=True``: one training step as Keras' ``train_step`` runs it;
+    the model must be compiled, and the step changes its weights.
+    TensorFlow backend only.
     """
     import keras
     import tensorflow as tf
@@ -96,8 +82,7 @@ def executed_nodes(model, batch_size=2, training=False):
             f"{keras.backend.backend()!r})")
     batch_size = check_int("batch_size", batch_size, low=1, high=4096)
     x = tf.constant(_inputs_for(model, batch_size))
-    # The argument's name marks our function among any others TensorFlow
-    # instantiates meanwhile (compat.tf_executed_graphs).
+    # The argument's name marks our function among any others.
     arg = "keras_vit_graph_ops_images"
     if training:
         if getattr(model, "optimizer", None) is None:
@@ -110,8 +95,6 @@ def executed_nodes(model, batch_size=2, training=False):
         jit = getattr(model, "jit_compile", False) is True
 
         def step(keras_vit_graph_ops_images, labels):
-            # What Keras' TensorFlow train_step runs: forward, the
-            # compiled loss, gradients, the optimizer's update.
             images = keras_vit_graph_ops_images
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
@@ -138,9 +121,8 @@ def executed_nodes(model, batch_size=2, training=False):
 
 def cast_round_trips(nodes):
     """The ``Cast`` nodes among ``nodes`` (from :func:`executed_nodes`)
-    that undo the ``Cast`` feeding them (bf16 -> float32 -> bf16 and the
-    like): pairs that cost two passes over a tensor and change nothing but
-    rounding. Returns ``(inner, outer)`` node-name pairs.
+    that undo the ``Cast`` feeding them (bf16 -> float32 -> bf16), as
+    ``(inner, outer)`` node-name pairs.
 
     >>> import keras_vit
     >>> from keras_vit.runtime import graph_ops
@@ -161,11 +143,8 @@ def cast_round_trips(nodes):
 
 
 def fusion_summary(counts):
-    """The counts of :func:`op_counts` that tell how well a ViT fused:
-    matmuls with bias and GELU fused, with bias only, unfused; bias
-    gradients as ``BiasAddGrad``; softmax, LayerNorm (fused
-    ``_MklLayerNorm`` or batch-norm spelling), Tanh, Cast, Mul and Sum
-    nodes; calls compiled by XLA; the total."""
+    """The counts of :func:`op_counts` that tell how well a ViT fused
+    (keys: :data:`SUMMARY_KEYS`)."""
     out = dict.fromkeys(SUMMARY_KEYS, 0)
     for label, n in counts.items():
         op, _, fused = label.partition("[")
@@ -198,5 +177,5 @@ def fusion_summary(counts):
 
 def format_counts(counts, top=None):
     """``counts`` as lines ``count  op``, most frequent first."""
-    items = counts.most_common(top)
-    return "\n".join(f"{n:6d}  {label}" for label, n in items)
+    return "\n".join(f"{n:6d}  {label}"
+                     for label, n in counts.most_common(top))

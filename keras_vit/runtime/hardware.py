@@ -1,45 +1,24 @@
 """What the machine offers, and the execution plan chosen from it.
 
-keras_vit's speed defaults are decided here, once per process, from what the
-hardware has rather than from a constant measured on one machine:
+Decided once per process from what the hardware has:
 
-* CPUs with AMX (Sapphire Rapids and later Xeons) run bf16 matmuls through
-  TensorFlow's oneDNN kernels 4-6x faster than float32, while XLA's CPU dots
-  do not use the tiles: there bf16 inference and mixed-precision training
-  take TensorFlow's graph path, without XLA.
-* Other CPUs: whether oneDNN's bf16 kernels beat float32 depends on more
-  than the flags (an AMD Zen 4 with AVX512-BF16 ran a ViT-B/16 bf16 forward
-  1.8x float32 through TensorFlow's graph and 0.97x through XLA; CPUs that
-  only emulate bf16 run it slower than float32), so
-  :func:`bf16_matmul_speedup` times one bf16 and one float32 matmul once per
-  process and bf16 takes the graph path when it is at least
-  ``BF16_GRAPH_MIN_SPEEDUP`` faster; otherwise XLA.
+* CPUs with AMX run bf16 matmuls through TensorFlow's oneDNN kernels 4-6x
+  faster than float32 (XLA's CPU dots do not use the tiles): graph path.
+* Other CPUs: bf16 takes the graph path when :func:`bf16_matmul_speedup`
+  finds it at least ``BF16_GRAPH_MIN_SPEEDUP`` faster (a Zen 4 ran a
+  ViT-B/16 bf16 forward 1.8x float32 through the graph, 0.97x through XLA;
+  CPUs that only emulate bf16 are slower); otherwise XLA.
 * float32 on any CPU: TensorFlow's graph (oneDNN fuses matmul, bias and
-  GELU), measured as fast as XLA or faster, and nothing to compile per
-  batch size.
-* TensorFlow turns its oneDNN CPU rewrites on by itself only on CPUs with
-  AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX; elsewhere (AVX2-only CPUs)
-  its graphs run through Eigen, with no GELU fusion. keras_vit turns them
-  on there just before TensorFlow is first imported (:func:`enable_onednn`,
-  which ``import keras_vit`` arranges and the command line runs first): on a 2-core AVX2-only AMD
-  EPYC a ViT-B/16 used 11-28% less CPU time per image in ``predict`` and
-  15% less per training step with them (``python
-  benchmarks/onednn_ab.py``). ``TF_ENABLE_ONEDNN_OPTS`` set by the user, or
-  ``KERAS_VIT_ONEDNN=0``, is left alone.
-* GPUs and TPUs: XLA.
-* JAX compiles everything with XLA; torch runs eagerly. Both have a fused
-  attention kernel (``keras.ops.dot_product_attention``: cuDNN flash
-  attention on GPUs, XLA's on TPUs, SDPA on torch CPUs), which TensorFlow
-  lacks (its fallback is an einsum spelling, 5% slower than the package's
-  in a ViT-S/16 graph on a 2-core EPYC; JAX 1.00x, torch 0.97x:
-  ``python benchmarks/attention_paths.py``).
+  GELU), as fast as XLA or faster, with no compile per batch size.
+* :func:`enable_onednn` turns oneDNN on where TensorFlow would not
+  (AVX2-only CPUs: 11-28% less CPU time per image in ``predict``, 15% per
+  training step on a 2-core EPYC).
+* GPUs and TPUs: XLA. JAX compiles with XLA, torch runs eagerly; both use
+  the fused ``keras.ops.dot_product_attention``, which TensorFlow lacks.
 
-``detect()`` reads ``/proc/cpuinfo`` (or the environment variables
-``KERAS_VIT_CPU_FLAGS``, a comma-separated flag list, and
-``KERAS_VIT_ACCELERATOR``, ``cpu``/``gpu``/``tpu``, to force a machine in
-tests and benchmarks). ``plan(dtype)`` turns it into the paths used by
-``model.predict``, :func:`keras_vit.train.compile_for_finetune` and the
-Trainer; an explicit argument to those always wins.
+``detect()`` reads ``/proc/cpuinfo`` (``KERAS_VIT_CPU_FLAGS`` and
+``KERAS_VIT_ACCELERATOR`` force a machine); ``plan(dtype)`` turns it into the
+paths used by ``predict`` and training; an explicit argument always wins.
 
 >>> from keras_vit.runtime import hardware
 >>> amx = hardware.Hardware("cpu", frozenset({"amx_bf16", "amx_tile"}))
@@ -90,20 +69,13 @@ def enable_onednn(environ=None, modules=None, machine=None, system=None):
     ``TF_ENABLE_ONEDNN_OPTS=1``) where TensorFlow would leave them off,
     before TensorFlow is imported; returns why it did or did not, in words.
 
-    Those rewrites are where TensorFlow fuses a matmul with its bias and
-    GELU (:mod:`keras_vit.runtime.fused_ops`) and runs softmax and LayerNorm's
-    parts in oneDNN. TensorFlow enables them by itself only on CPUs with
-    AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX; on AVX2-only CPUs its graphs
-    run through Eigen. Nothing is changed when the user set
-    ``TF_ENABLE_ONEDNN_OPTS`` (either way) or ``KERAS_VIT_ONEDNN=0``, when
-    TensorFlow is already imported (too late: it read the variable), or
-    off Linux on x86-64 (the platform it was measured on). A
-    ``KERAS_VIT_ONEDNN`` it cannot read raises
-    :class:`~keras_vit.base.environment.SettingError`. ``import keras_vit``
-    arranges the call for just before TensorFlow's first import (it reads
-    and sets nothing itself), the ``keras-vit`` command makes it first
-    thing; the process decides once, and :func:`onednn_note` reports what.
-    The arguments exist for tests.
+    TensorFlow enables them by itself only on CPUs with AVX512-VNNI,
+    AVX512-BF16, AVX-VNNI or AMX. Nothing changes when the user set
+    ``TF_ENABLE_ONEDNN_OPTS`` or ``KERAS_VIT_ONEDNN=0``, once TensorFlow is
+    imported, or off Linux x86-64 (where it was measured). A bad
+    ``KERAS_VIT_ONEDNN`` raises
+    :class:`~keras_vit.base.environment.SettingError`. Without arguments
+    the process decides once.
 
     >>> env = {}
     >>> enable_onednn(env, {}, "x86_64", "Linux")
@@ -183,8 +155,7 @@ class Hardware:
 def proc_text(path):
     """The text of a Linux ``/proc`` file (``/proc/cpuinfo``,
     ``/proc/meminfo``, ``/proc/self/status``, ...), or None where it cannot
-    be read (not Linux). keras_vit reads ``/proc`` only through here, and
-    its tests and benchmarks read the CPU and memory figures through it."""
+    be read (not Linux)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
@@ -193,9 +164,8 @@ def proc_text(path):
 
 
 def cpu_fields(path="/proc/cpuinfo"):
-    """``{field: value}`` of ``/proc/cpuinfo`` (``"model name"``,
-    ``"flags"``, ``"cpu family"``, ...), each field's first value, that is
-    the first processor's; ``{}`` where the file cannot be read."""
+    """``{field: value}`` of ``/proc/cpuinfo``, the first processor's;
+    ``{}`` where the file cannot be read."""
     fields = {}
     for line in (proc_text(path) or "").splitlines():
         key, sep, value = line.partition(":")
@@ -211,9 +181,8 @@ def _read_cpuinfo(path="/proc/cpuinfo"):
 
 
 def cpu_flags():
-    """The CPU's feature flags: ``KERAS_VIT_CPU_FLAGS`` when set (a forced
-    machine, as :func:`detect` takes it), else ``/proc/cpuinfo``'s; empty
-    where neither says."""
+    """The CPU's feature flags: ``KERAS_VIT_CPU_FLAGS`` when set, else
+    ``/proc/cpuinfo``'s; empty where neither says."""
     forced = environment.read("KERAS_VIT_CPU_FLAGS")
     return _read_cpuinfo()[0] if forced is None else forced
 
@@ -271,18 +240,16 @@ def detect():
 
 
 #: bf16 takes TensorFlow's graph path on a CPU without AMX when a probe
-#: finds oneDNN's bf16 matmul at least this much faster than its float32 one
-#: (AVX512-BF16 CPUs such as AMD Zen 4 measured about 2x; CPUs that only
-#: emulate bf16 with AVX512F measure below 1).
+#: finds oneDNN's bf16 matmul at least this much faster than float32 (Zen 4
+#: measured about 2x; CPUs that only emulate bf16 below 1).
 BF16_GRAPH_MIN_SPEEDUP = 1.3
 
 
 @functools.lru_cache(maxsize=None)
 def bf16_matmul_speedup():
     """How much faster TensorFlow's graph runs a ViT-sized bf16 matmul than
-    the float32 one on this CPU (float32 time / bf16 time, best of 5 each),
-    measured once per process in about a second. The plan uses it on CPUs
-    without AMX, where whether bf16 pays depends on more than the flags."""
+    the float32 one on this CPU (best of 5 each), measured once per process
+    in about a second."""
     import time
 
     import tensorflow as tf
@@ -308,9 +275,8 @@ def bf16_matmul_speedup():
 
 def _onednn_bf16(hardware, probed):
     """Whether TensorFlow runs bf16 through oneDNN on ``hardware``: asked of
-    TensorFlow for this process's own machine (``probed``); for a machine
-    passed in or forced through ``KERAS_VIT_CPU_FLAGS``, read off its flags
-    (bf16 units, or AVX512F, which is what oneDNN's bf16 kernels need)."""
+    TensorFlow when ``probed``, else read off its flags (bf16 units or
+    AVX512F)."""
     if not probed:
         return hardware.bf16_units is not None or "avx512f" in \
             hardware.cpu_flags
@@ -323,22 +289,17 @@ def _onednn_bf16(hardware, probed):
 class Plan:
     """How to run a model of one dtype here.
 
-    ``predict``: ``"xla"`` (one compiled program per batch size),
-    ``"graph"`` (a ``tf.function`` without XLA, TensorFlow's oneDNN kernels)
+    ``predict``: ``"xla"``, ``"graph"`` (a ``tf.function`` without XLA)
     or ``"eager"``; ``train_jit``: the ``jit_compile`` of training steps;
     ``attention``: ``"fused"`` (``keras.ops.dot_product_attention``) or
-    ``"einsum"``; ``reason``: why, in words; ``softmax``: the dtype the
-    einsum attention's softmax runs in, ``"float32"`` (logits cast up and
-    the probabilities back) or ``"input"`` (bf16 straight into oneDNN's
-    softmax, which computes in float32 inside); ``elementwise``: how a
-    training step that is not compiled as a whole runs the GELU and
-    LayerNorm chains (forward and gradient): ``"xla"``, each chain one
-    small XLA program between TensorFlow's oneDNN matmuls
-    (:func:`keras_vit.runtime.fused_ops.xla_gelu`), or ``"graph"``, one graph op
-    per element-wise step. ``train_attention``: the attention of a
-    training call where it differs (``"padded"``: the tokens padded to a
-    multiple of 64 with a key mask, the shape in which cuDNN's flash
-    attention trains; :func:`keras_vit.runtime.kernels.padded_attention`).
+    ``"einsum"``; ``reason``: why, in words; ``softmax``: the einsum
+    attention's softmax dtype, ``"float32"`` or ``"input"`` (bf16 into
+    oneDNN's softmax, float32 inside); ``elementwise``: ``"xla"`` (the GELU
+    and LayerNorm chains of a training step as small XLA programs,
+    :func:`keras_vit.runtime.fused_ops.xla_gelu`) or ``"graph"``;
+    ``train_attention``: ``"padded"`` where training pads the tokens to a
+    multiple of 64 for cuDNN's flash attention
+    (:func:`keras_vit.runtime.kernels.padded_attention`), else None.
     """
 
     predict: str
@@ -353,8 +314,7 @@ class Plan:
 @functools.cache
 def cudnn_flash_attention():
     """Whether JAX's first device runs cuDNN's flash attention: an NVIDIA
-    GPU of compute capability 8.0 (Ampere) or later. Asked once a process
-    (each attention call's plan reads it while tracing)."""
+    GPU of compute capability 8.0 (Ampere) or later. Asked once."""
     import jax
 
     device = jax.devices()[0]
@@ -395,9 +355,7 @@ def _plan(dtype, hardware, backend):
     import keras
 
     backend = backend or keras.backend.backend()
-    # Only this process's own machine can be probed; a Hardware passed in
-    # (tests, what-if questions) is judged by its flags alone, as is one
-    # forced through KERAS_VIT_CPU_FLAGS.
+    # A Hardware passed in or forced is judged by its flags alone.
     probed = hardware is None and environment.read(
         "KERAS_VIT_CPU_FLAGS") is None
     hardware = hardware or detect()
@@ -452,9 +410,7 @@ def _plan(dtype, hardware, backend):
 
 def proc_bytes(path, field):
     """The ``field`` of a Linux ``/proc`` file that counts kB
-    (``MemAvailable:   123 kB`` in ``/proc/meminfo``, ``VmHWM:`` in
-    ``/proc/self/status``), in bytes; None where the file or the field is
-    missing (not Linux)."""
+    (``MemAvailable:   123 kB``), in bytes; None where it is missing."""
     for line in (proc_text(path) or "").splitlines():
         if line.startswith(field + ":"):
             try:

@@ -1,11 +1,7 @@
-"""How the layers' math runs on this machine and backend: the one seam
-between :mod:`keras_vit.layers`, which say what they compute (a dense
-projection, a LayerNorm, attention), and the spellings each backend runs
-fastest or most exactly (TensorFlow's fused oneDNN ops and XLA programs of
-:mod:`keras_vit.runtime.fused_ops`, JAX's custom gradients, torch's
-``addmm``), chosen by the machine's plan
-(:func:`keras_vit.runtime.hardware.plan`). Every function here computes the
-same numbers as the plain Keras ops it replaces, to float rounding.
+"""How the layers' math runs on this machine and backend: the spellings
+each backend runs fastest or most exactly, chosen by
+:func:`keras_vit.runtime.hardware.plan`; the same numbers as the plain Keras
+ops they replace, to float rounding.
 """
 
 from __future__ import annotations
@@ -19,18 +15,14 @@ from keras import ops
 
 from keras_vit.runtime.backend import is_tensorflow, name as backend_name
 
-#: GELU's two forms: flax's tanh approximation and erf (the quick sigmoid
-#: form is an approximation of them); XLA training programs compute
-#: either (:func:`keras_vit.runtime.fused_ops.xla_gelu`).
+#: GELU's two forms: flax's tanh approximation and erf.
 GELU_FORMS = ("tanh", "exact")
 
 
 def chains_in_xla(dtype, training):
     """Whether a call with ``training`` runs its GELU, LayerNorm and
-    softmax chains as XLA programs (:mod:`keras_vit.runtime.fused_ops`): training
-    calls only, where the machine's plan says so
-    (:class:`keras_vit.runtime.hardware.Plan`'s ``elementwise``, ``"xla"`` only
-    for TensorFlow's CPU graph). Inference calls never ask for the plan."""
+    softmax chains as XLA programs: training calls only, where the plan's
+    ``elementwise`` says so."""
     if training is not True:
         return False
     from keras_vit.runtime import hardware
@@ -38,20 +30,14 @@ def chains_in_xla(dtype, training):
     return hardware.plan(dtype).elementwise == "xla"
 
 
-# A bias's gradient sums the output's gradient over every row (every token
-# of every image). Under mixed precision that sum must accumulate in
-# float32: TensorFlow's CPU kernels (``BiasAddGrad``, oneDNN's fused
-# convolution backward) and XLA:CPU's reduce of JAX's broadcast-add
-# gradient accumulate bfloat16 in bfloat16, and came out 10-40% off the
-# float32 model's bias gradients (tests/models/test_mixed_precision_
-# gradients.py); torch accumulates in float32. :func:`add_bias` is the one
-# place the layers add a bias.
+# TensorFlow's CPU kernels and XLA:CPU's reduce of JAX's broadcast-add
+# gradient accumulate a bfloat16 bias gradient in bfloat16 (10-40% off the
+# float32 model's); torch accumulates in float32.
 
 
 @functools.lru_cache(maxsize=None)
 def _jax_bias_add():
-    """``h + bias`` whose bias gradient sums over every axis but the last
-    in float32, rounding once (built on first use)."""
+    """``h + bias`` whose bias gradient sums in float32, rounding once."""
     import jax
     import jax.numpy as jnp
 
@@ -72,9 +58,7 @@ def _jax_bias_add():
 
 def add_bias(h, bias, training=None):
     """``h + bias`` over ``h``'s last axis, ``bias`` of ``h``'s dtype, with
-    a gradient summed in float32 on every backend: TensorFlow's spelling is
-    :func:`keras_vit.runtime.fused_ops.bias_add` (``training`` picks the one that
-    fuses best), JAX's a custom gradient, torch's a plain add."""
+    a gradient summed in float32 on every backend."""
     backend = backend_name()
     if backend == "tensorflow":
         from keras_vit.runtime import fused_ops
@@ -87,12 +71,8 @@ def add_bias(h, bias, training=None):
 
 def matmul_bias(x, kernel, bias, training=None):
     """``x @ kernel + bias`` for a 2-D ``x``, the bias gradient summed in
-    float32 (:func:`add_bias`). On TensorFlow,
-    :func:`keras_vit.runtime.fused_ops.dense`, whose bias add grappler fuses into
-    the matmul. On torch, one ``addmm``: eager torch runs a separate
-    add as its own pass over the output, which cost 3.4x the fused call
-    for ViT-B's MLP in bf16 on an AMX CPU (``benchmarks/speed.py``). On
-    JAX a matmul and the add, which XLA fuses by itself."""
+    float32 (:func:`add_bias`). On torch one ``addmm``: a separate add
+    cost 3.4x the fused call for ViT-B's MLP in bf16 on an AMX CPU."""
     backend = backend_name()
     if backend == "tensorflow":
         from keras_vit.runtime import fused_ops
@@ -125,13 +105,8 @@ def flat_einsum(equation):
 
 def dense(x, kernel, bias, activation=None, gelu=None, training=None):
     """``activation(x @ kernel + bias)`` for a 2-D ``x`` (``gelu``: the
-    activation is the GELU of that form, :data:`keras_vit.layers.
-    MLP_ACTIVATIONS`). Training steps whose plan runs elementwise chains in
-    XLA compute the GELU and its gradient as one XLA loop each after the
-    oneDNN matmul + BiasAdd; TensorFlow's tanh GELU otherwise takes the
-    spelling that fuses MatMul + BiasAdd + GELU (at inference; in training
-    the one with the fewest backward ops, since the gradient needs the
-    GELU's inner values)."""
+    activation is the GELU of that form), in the spelling that fuses best
+    on this plan."""
     if gelu in GELU_FORMS and chains_in_xla(x.dtype, training):
         from keras_vit.runtime import fused_ops
 
@@ -151,12 +126,9 @@ def dense(x, kernel, bias, activation=None, gelu=None, training=None):
 
 def einsum_dense(inputs, equation, kernel, bias, training=None):
     """The einsum projection ``equation`` of ``inputs`` by ``kernel`` plus
-    ``bias`` (over every output axis of the kernel), as one 2-D
-    :func:`matmul_bias` on the flattened tokens and kernel: the shape every
-    backend's fastest GEMM (oneDNN, cuBLAS, XLA) takes as it is, with the
-    bias add TensorFlow's grappler fuses into it. None where ``equation``
-    is not a plain projection (:func:`flat_einsum`): the caller runs the
-    einsum itself."""
+    ``bias``, as one 2-D :func:`matmul_bias` on the flattened tokens and
+    kernel. None where ``equation`` is not a plain projection
+    (:func:`flat_einsum`)."""
     flat = flat_einsum(equation)
     if flat is None:
         return None
@@ -173,10 +145,8 @@ def einsum_dense(inputs, equation, kernel, bias, training=None):
 
 
 def layer_norm(inputs, gamma, beta, epsilon, dtype, training=None):
-    """A last-axis LayerNorm's training call as one XLA program each way
-    (:func:`keras_vit.runtime.fused_ops.xla_layer_norm`: float32
-    statistics, as Keras' own), where the machine's plan runs elementwise
-    chains in XLA; None otherwise: the caller runs Keras' own call."""
+    """A last-axis LayerNorm's training call as one XLA program each way,
+    where the plan runs elementwise chains in XLA; None otherwise."""
     if not chains_in_xla(inputs.dtype, training):
         return None
     from keras_vit.runtime import fused_ops
@@ -193,11 +163,9 @@ def padded_attention(q, k, v, scale, multiple=ATTENTION_MULTIPLE,
                      implementation=None):
     """JAX's ``dot_product_attention`` of ``q``, ``k``, ``v`` (batch,
     tokens, heads, head width) over the tokens padded with zeros to a
-    multiple of ``multiple``, the padded keys masked by their length and
-    the padded queries' rows dropped: the unpadded attention's numbers,
-    in a shape cuDNN's flash kernel takes forward and backward.
-    ``implementation``: JAX's (default: cuDNN for bf16/float16 on a GPU,
-    else XLA's)."""
+    multiple of ``multiple`` (masked, then dropped): a shape cuDNN's flash
+    kernel trains on. ``implementation``: JAX's (default: cuDNN for
+    bf16/float16 on a GPU, else XLA's)."""
     import jax
     import jax.numpy as jnp
 
@@ -236,37 +204,25 @@ def attention(q, k, v, bias, scale, dropout, training=None,
         return padded_attention(q, k, v, scale), None
     if (not need_probs and dropout is None
             and path in ("fused", "padded")):
-        # The backend's fused kernel (flash/cuDNN attention on GPUs,
-        # one XLA or SDPA kernel on JAX and torch CPUs).
         return ops.dot_product_attention(q, k, v, bias=bias,
                                          scale=scale), None
-    # Plain einsums: on TensorFlow CPUs these become oneDNN batch
-    # matmuls. TensorFlow has no fused attention kernel; its
-    # dot_product_attention is an einsum spelling of its own that
-    # ran 5% slower in the ViT-S/16 graph on a 2-core EPYC
-    # (benchmarks/attention_paths.py). Attention maps need the
-    # probabilities, which the fused kernels never return.
+    # Plain einsums: TensorFlow's own dot_product_attention ran 5% slower
+    # in the ViT-S/16 graph on a 2-core EPYC.
     dtype = q.dtype
     xla = chains_in_xla(dtype, training)
     if not xla:  # the XLA softmax scales inside its own loop
         q = q * ops.cast(scale, q.dtype)
     logits = ops.einsum("bqhk,bvhk->bhqv", q, k)
     if bias is not None:
-        # Softmax in float32 under mixed precision elsewhere: bf16
-        # logits lose the small differences that decide where a
-        # head attends.
+        # Softmax in float32: bf16 logits lose small differences.
         bias = ops.cast(bias, "float32")
         logits = ops.cast(logits, "float32") + (bias / scale if xla else bias)
     if xla:
         from keras_vit.runtime import fused_ops
 
-        # One XLA loop each way, float32 inside whatever the
-        # logits' dtype: the float32 softmax's numbers without its
-        # casts or a pass to scale the queries.
         probs = ops.cast(fused_ops.xla_softmax(logits, scale), dtype)
     elif bias is None and plan.softmax == "input":
-        # oneDNN's bf16 softmax reads and writes bf16 but computes
-        # in float32 inside: the casts would only cost two passes.
+        # oneDNN's bf16 softmax computes in float32 inside.
         probs = ops.softmax(logits, axis=-1)
     else:
         logits = ops.cast(logits, "float32")

@@ -1,30 +1,13 @@
 """Keeps TensorFlow's C++ log lines off the ``keras-vit`` command's stderr.
 
-TensorFlow 2.21 writes its start-up lines (``I0000 ... oneDNN custom
-operations are on``, ``cudart_stub.cc ... Could not find cuda drivers``,
-``E0000 ... failed call to cuInit``) through absl *before* absl logging is
-initialised, and those ignore ``TF_CPP_MIN_LOG_LEVEL`` (seen here: 21 such
-lines in ``keras-vit demo`` with the variable set to 3). They come from
-several shared libraries at import and at first device use, so the only
-place that sees them all is file descriptor 2 itself: the command line
-routes it through a pipe and a thread that drops those lines and passes
-everything else through unchanged, including partial lines such as
-progress bars.
-
-Only the ``keras-vit`` command does this, from its entry point
-(:func:`keras_vit.cli.console_main`): a library leaves the process's stderr
-alone. ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user turns it off, to see
-TensorFlow's logs when debugging. The command sets that variable to
-:data:`keras_vit.base.environment.QUIET_TF_LOG_LEVEL` when the user left it
-unset, and a converter process the package starts gets the same
-(:func:`keras_vit.base.environment.for_quiet_child`); what such a process
-prints goes to a log that is shown only when it fails, and then without
-these lines (:func:`without_tf_logs`).
-
-A converter that prints from C++ on success (TFLite's calibration writes
-``fully_quantize: 0, inference_type: 6, ...`` to stderr) runs inside
-:func:`captured_output`, for a library caller as well: what it printed is
-shown only if it fails.
+TensorFlow 2.21 writes its start-up lines through absl before absl logging
+is initialised, ignoring ``TF_CPP_MIN_LOG_LEVEL`` (21 such lines in
+``keras-vit demo`` with it set to 3), from several shared libraries: only
+file descriptor 2 sees them all. The command routes it through a pipe and a
+thread that drops those lines and passes everything else unchanged,
+partial lines (progress bars) included. A library leaves stderr alone;
+``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off. A converter that prints
+from C++ on success runs inside :func:`captured_output`.
 """
 
 from __future__ import annotations
@@ -102,11 +85,9 @@ def _write_all(fd, data):
 
 @contextlib.contextmanager
 def captured_output():
-    """Runs the block with file descriptors 1 and 2 (stdout and stderr,
-    which C++ code writes to directly) sent to a temporary file. If the
-    block raises, what it printed is written to stderr before the error
-    goes on; if it succeeds, it is dropped. With ``TF_CPP_MIN_LOG_LEVEL=0``
-    (:func:`tf_logs_hidden`) nothing is redirected.
+    """Runs the block with file descriptors 1 and 2 sent to a temporary
+    file, written to stderr only if the block raises. With
+    ``TF_CPP_MIN_LOG_LEVEL=0`` nothing is redirected.
 
     >>> with captured_output():
     ...     _ = os.write(1, b"fully_quantize: 0\\n")
@@ -205,18 +186,11 @@ def filter_stderr():
 
 
 def hide_tensorflow_logs():
-    """Hides TensorFlow's C++ start-up lines (``WARNING: All log messages
-    before absl::InitializeLog()``, ``I0000 ... oneDNN custom operations
-    are on``, ``cudart_stub.cc ... Could not find cuda drivers``,
-    ``E0000 ... failed call to cuInit``) for the rest of this Python
-    process, as the ``keras-vit`` command does: they are TensorFlow's
-    notes on loading, not errors, and TensorFlow 2.21 writes them before
-    its logging reads ``TF_CPP_MIN_LOG_LEVEL``, so only a filter on the
-    process's stderr removes them. Everything else on stderr passes
-    unchanged. Call it before the first model is built (the lines come
-    when TensorFlow loads); ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment
-    turns it into a no-op, to see them when debugging. In a script or a
-    notebook, first thing::
+    """Hides TensorFlow's C++ start-up lines (``I0000 ... oneDNN custom
+    operations are on``, ...) for the rest of this Python process, as the
+    ``keras-vit`` command does; everything else on stderr passes unchanged.
+    Call it before the first model is built; ``TF_CPP_MIN_LOG_LEVEL=0``
+    makes it a no-op. In a script or a notebook, first thing::
 
         import keras_vit
         keras_vit.hide_tensorflow_logs()
