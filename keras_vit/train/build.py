@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.train.evaluation import (model_image_size, model_label_names,
-                                        shown_names)
+from keras_vit.train.evaluation import (model_classes, model_image_size,
+                                        model_label_names, shown_names)
 
 
 # Layers built inside get the named Keras dtype policy.
@@ -21,24 +21,15 @@ def build_model(model, *, num_classes, image_size=None, weights="auto",
                 drop_path_rate=None, dtype=None):
     """A model for training, built in the current strategy scope.
 
-    ``model`` is a zoo name (loaded with ``weights``; a head of another size
-    is replaced by a zero-initialised one, position embeddings are resized
-    to ``image_size``), a ``.keras`` path, a ``keras.Model`` (copied into
-    the scope; a keras_vit model is rebuilt with the same weights by
-    :func:`keras_vit.rebuild` when ``image_size`` (position
-    embeddings resized), ``num_classes`` (a new zero-initialised head),
-    ``dropout_rate``, ``drop_path_rate`` (stochastic depth) or the dtype
-    policy differ), or a function returning a model. A model without
-    stochastic depth asked for one is refused, naming it.
+    ``model`` is a zoo name (loaded with ``weights``), a ``.keras`` path, a
+    ``keras.Model`` (a keras_vit model is rebuilt with the same weights
+    when ``image_size``, ``num_classes``, ``dropout_rate``,
+    ``drop_path_rate`` or the dtype policy differ), or a function returning
+    a model. A new head is zero-initialised.
 
-    ``label_names``: the class names of the data (its ``class_names``), or
-    None. The model's head takes them (:func:`name_classes`): a new head
-    gets them, a head that has names keeps them when they are the same and
-    is refused when they differ.
-
-    ``dtype``: the dtype policy the run trains in (a keras_vit model is
-    built or rebuilt in it; a function's model is built under it); None:
-    Keras' global policy.
+    ``label_names``: the class names of the data, or None
+    (:func:`name_classes`). ``dtype``: the dtype policy the run trains in;
+    None: Keras' global policy.
     """
     import keras
 
@@ -70,8 +61,7 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
         with dtype_policy_scope(dtype):  # its layers take the run's policy
             model = model()
     if hasattr(model, "to_classifier") and num_classes is not None:
-        # A self-supervised model (keras_vit.train.mpp): its encoder with a
-        # new zero-initialised head.
+        # A self-supervised model: its encoder with a new head.
         model = model.to_classifier(num_classes)
     if not isinstance(model, keras.Model):
         raise ValueError(
@@ -89,14 +79,8 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
                 "keras_vit ViT; model="
                 f"{model.name!r} of type {type(model).__name__} has none")
         changes["drop_path_rate"] = drop_path_rate
-    # Built under another dtype policy (e.g. float32 for a bfloat16 run):
-    # rebuilt under the run's policy. A new task's head (pre_logits too)
-    # becomes one zero-initialised layer, as in the paper (Appendix B.1.1);
-    # a new resolution interpolates the position embeddings (the paper's
-    # higher-resolution fine-tune).
     if not is_keras_vit_model(model):
-        # Another Keras model is trained as it is: a size it cannot take is
-        # refused by rebuild, a head of another size by the trainer's check.
+        # Another Keras model is trained as it is.
         if changes.get("image_size") is not None:
             rebuild(model, image_size=image_size)
         return _copy_into_scope(model)
@@ -108,17 +92,13 @@ def _build(model, num_classes, image_size, weights, dropout_rate,
 
 
 def name_classes(model, label_names, *, argument="the data"):
-    """``model`` with its head's classes named ``label_names`` (in place:
-    the names are part of the model's config, so ``.keras`` files and
-    exports carry them).
+    """``model`` with its head's classes named ``label_names`` (in place,
+    in the model's config).
 
     None changes nothing; so does a model whose outputs are not one per
-    name (the caller's check of the head reports that). A head that
-    already has names keeps them when they equal ``label_names`` and is
-    refused (ValueError naming both, ``argument`` naming where the new
-    ones come from) when they differ: its outputs were trained for other
-    classes, or in another order. A model that is not a keras_vit model
-    cannot keep names in its files: a warning says so.
+    name. A head that already has other names is refused (``argument``
+    naming where the new ones come from). A model that is not a keras_vit
+    model cannot keep names in its files: a warning says so.
 
     >>> import keras_vit
     >>> m = keras_vit.vit(16, 8, 16, 1, 2, 32, 2)
@@ -131,7 +111,6 @@ def name_classes(model, label_names, *, argument="the data"):
     import warnings
 
     from keras_vit.models.common import check_label_names
-    from keras_vit.train.evaluation import model_classes
 
     if label_names is None:
         return model
@@ -166,16 +145,14 @@ def name_classes(model, label_names, *, argument="the data"):
     except ValueError as e:  # e.g. a dataset naming two classes alike
         raise ValueError(f"the class names of {argument} cannot name the "
                          f"model's classes: {e}") from None
-    # The attribute the constructor sets, which the config returns: the
-    # model is what the constructor would have built with these names.
+    # The attribute the constructor sets, which the config returns.
     model.label_names = checked
     return model
 
 
 def _copy_into_scope(model):
     """The same model with its variables created in the current strategy's
-    scope (a no-op when they already are, and on the jax and torch
-    backends, where :mod:`~keras_vit.train.placement` places them)."""
+    scope (a no-op when they already are, and on jax and torch)."""
     from keras_vit.runtime.backend import is_tensorflow
 
     if not is_tensorflow():

@@ -1,26 +1,20 @@
 """Keras callbacks for what ``model.fit`` lacks, usable by anyone's ``fit``:
 
 - :class:`StepCheckpoints`: kill-safe checkpoints at optimizer-step
-  boundaries (every model variable, the dropout seed states included, and
-  every optimizer variable, its EMA and accumulators included), the newest
-  restored whole before anything is assigned.
+  boundaries of every model and optimizer variable.
 - :class:`StopOnCtrlC`: the first Ctrl-C stops ``fit`` after the step under
-  way (the checkpoint callback then saves it); a second exits at once.
-- :class:`StepLog`: the progress bar, one ``history.jsonl`` line and
-  TensorBoard scalars every ``every`` steps, each the mean of the steps
-  since the line before.
-- :class:`EveryNSteps`: a function called every N optimizer steps (the
-  Trainer's periodic evaluation).
+  way; a second exits at once.
+- :class:`StepLog`: the progress bar and a row of means every ``every``
+  steps.
+- :class:`EveryNSteps`: a function called every N optimizer steps.
 - :class:`SeedEachBatch`: the backend's global random generator seeded
   per batch, for exact resume where Keras keeps no state of it (torch).
 - :class:`TrainedWeights`: the trained weights, not the EMA Keras puts in
   at the end of every ``fit``, for a run that stopped early.
-- :func:`close_all`: gives back what the callbacks took (Ctrl-C, the
-  progress bar) when ``fit`` raises, which calls no ``on_train_end``.
+- :func:`close_all`: cleans up when ``fit`` raises.
 
 Each counts optimizer steps, not ``fit``'s batches: with Keras' gradient
-accumulation (``gradient_accumulation_steps=k``) a step is k batches, and
-a step boundary is where the accumulators are empty.
+accumulation a step is k batches.
 
 >>> import keras, numpy as np, tempfile
 >>> keras.utils.set_random_seed(0)
@@ -93,29 +87,20 @@ def _value(variable):
 
 class StepCheckpoints(StepCounter):
     """Saves ``ckpt-STEP.npz`` into ``directory`` every ``every`` optimizer
-    steps and at the end of each epoch of ``fit`` (so a run stopped early,
-    by Ctrl-C or ``model.stop_training``, keeps its last step).
+    steps and at the end of each epoch of ``fit`` (so a run stopped early
+    keeps its last step).
 
-    A file holds every model variable (trainable or not: a resumed run
-    draws the dropout masks the uninterrupted one would have) and every
-    optimizer variable (moments, iteration count, EMA, accumulators),
-    written atomically (a killed write leaves no checkpoint), the newest
-    ``keep`` kept. :meth:`restore` loads the newest into a model before
-    ``fit``, checked whole first. Resuming exactly also needs the data to
-    go on where it stopped: feed ``fit`` the batches from the restored step
-    on (the Trainer's input is a function of the step).
+    A file holds every model variable (trainable or not: the dropout seed
+    states too) and every optimizer variable, written atomically, the
+    newest ``keep`` kept. Resuming exactly also needs ``fit`` fed the
+    batches from the restored step on.
 
     Args:
-        directory: the folder of the checkpoints.
-        every: save every this many optimizer steps.
         start_step: the step ``fit`` starts from (the one restored).
         accumulation_steps: ``fit`` batches per optimizer step.
-        keep: how many checkpoints to keep.
         settings: a string (JSON) recorded in every file.
-        save: False on all but one process of a multi-worker run (they
-            hold the same values; one writes).
-        position: ``step -> {name: int}`` of more integers to record (the
-            Trainer records the epoch and the batch in it).
+        save: False on all but one process of a multi-worker run.
+        position: ``step -> {name: int}`` of more integers to record.
     """
 
     def __init__(self, directory, *, every, start_step=0,
@@ -134,7 +119,7 @@ class StepCheckpoints(StepCounter):
         self.latest = None
         self.recorded_settings = None
         #: The id of the run (the folder's manifest's, else the restored
-        #: file's; a new one at the first save of a new folder).
+        #: file's).
         self.run = None
 
     @staticmethod
@@ -151,12 +136,9 @@ class StepCheckpoints(StepCounter):
 
     def restore(self, model):
         """Loads the newest checkpoint of :attr:`directory` into ``model``
-        (compiled; its optimizer is built if it is not) and returns its
-        step, or None when there is none. The step is the one the file
-        records, and the file is read and checked whole (its name, its
-        run against the folder's, every array's shape and dtype) before
-        anything is assigned; a mismatch is one ValueError naming the
-        file and the differences."""
+        (compiled) and returns its step, or None when there is none. The
+        file is checked whole before anything is assigned; a mismatch is
+        one ValueError naming the file and the differences."""
         found = ckpt_lib.latest(self.directory)
         if found is None:
             return None
@@ -196,9 +178,7 @@ class StepCheckpoints(StepCounter):
 
     def start_run(self):
         """Writes the folder's manifest with the run's id, if it has none
-        (the id of the checkpoint restored, else a new one); a folder
-        with checkpoints but no manifest (copied without it, or written
-        before manifests were) is adopted, its files left unpruned."""
+        (the id of the checkpoint restored, else a new one)."""
         if self.writes:
             self.run = ckpt_lib.start_run(self.directory, self.run)
         return self.run
@@ -215,16 +195,13 @@ class StepCheckpoints(StepCounter):
 
 class StopOnCtrlC(StepCounter):
     """The first Ctrl-C sets ``model.stop_training`` at the next optimizer
-    step boundary (``fit`` then ends; a :class:`StepCheckpoints` placed
-    after this callback saves that step); a second exits the process at
-    once with status 130, the last checkpoint on disk to resume from.
-    Only in the main thread; elsewhere Ctrl-C raises as usual.
+    step boundary (a :class:`StepCheckpoints` placed after this callback
+    saves that step); a second exits the process at once with status 130.
+    Only in the main thread.
 
-    After ``fit``: :attr:`requested` says whether it stopped for Ctrl-C,
-    :attr:`step` at which step. Keras calls no ``on_train_end`` when
-    ``fit`` raises, so call :meth:`close` in a ``finally`` around ``fit``:
-    otherwise the handler outlives the run (the next Ctrl-C in that Python
-    would not interrupt, the one after would end the process).
+    After ``fit``: :attr:`requested` says whether it stopped for Ctrl-C.
+    Keras calls no ``on_train_end`` when ``fit`` raises, so call
+    :meth:`close` in a ``finally`` around ``fit``.
 
     >>> import keras
     >>> stop = StopOnCtrlC()
@@ -285,9 +262,8 @@ class EveryNSteps(StepCounter):
 class SeedEachBatch(StepCounter):
     """Seeds the backend's global random generator before every batch from
     ``seed`` and the batch's index in the run, so that a resumed run draws
-    what the uninterrupted one would have where Keras does not keep the
-    state in a variable (torch's dropout of layers built without a seed;
-    :func:`keras_vit.runtime.backend.seed_global_generator`)."""
+    what the uninterrupted one would have where Keras keeps no state
+    (torch's dropout of layers built without a seed)."""
 
     def __init__(self, seed, *, start_step=0, accumulation_steps=1):
         super().__init__(start_step=start_step,
@@ -302,13 +278,11 @@ class SeedEachBatch(StepCounter):
 
 
 class TrainedWeights(StepCounter):
-    """Keras' ``fit`` ends by putting the optimizer's weight average
-    (``use_ema``) into the model, also when it stops early. With
-    ``enabled``: at the end of a ``fit`` that reached ``total_steps``,
-    ``on_complete(step)`` runs while the model still holds its trained
-    weights (its result kept as :attr:`result`); after a ``fit`` stopped
-    before, the trained weights are put back, so that training goes on
-    from them and not from the average."""
+    """Keras' ``fit`` ends by putting the optimizer's weight average into
+    the model, also when it stops early. With ``enabled``: at the end of a
+    ``fit`` that reached ``total_steps``, ``on_complete(step)`` runs on the
+    trained weights (its result kept as :attr:`result`); after a ``fit``
+    stopped before, the trained weights are put back."""
 
     def __init__(self, *, total_steps, enabled=True, on_complete=None,
                  start_step=0, accumulation_steps=1):
@@ -340,19 +314,14 @@ class TrainedWeights(StepCounter):
 class StepLog(StepCounter):
     """A progress bar over ``total_steps`` and, every ``every`` optimizer
     steps and at the end, a row ``{"step", "epoch", "loss", "accuracy",
-    "learning_rate"}``: the means over the steps since the row before
-    (from ``fit``'s running means, which Keras resets each epoch), passed
-    to ``write(row)``. A loss that is not finite stops the run with a
-    FloatingPointError naming the step.
+    "learning_rate"}`` of the means since the row before, passed to
+    ``write(row)``. A loss that is not finite raises FloatingPointError.
 
     Args:
-        total_steps: the run's last step (the bar's end).
-        every: steps per row.
-        schedule: ``step -> learning rate`` for the rows (the optimizer's
-            schedule; asking the optimizer would copy a jax step's state).
+        schedule: ``step -> learning rate`` for the rows (asking the
+            optimizer would copy a jax step's state).
         write: ``row -> None``; rows are kept in :attr:`rows` too.
         epoch_of: ``step -> epoch`` of the data.
-        show: draw the bar.
         hint: the words after "lower" in the non-finite loss's message.
     """
 
@@ -432,9 +401,7 @@ class StepLog(StepCounter):
         self.close()
 
     def close(self):
-        """Closes the progress bar (once: later calls do nothing); call it
-        in a ``finally`` around ``fit``, which calls no ``on_train_end``
-        when it raises."""
+        """Closes the progress bar (once: later calls do nothing)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -447,10 +414,8 @@ class StepLog(StepCounter):
 
 def close_all(callbacks):
     """Calls ``close()`` on each of ``callbacks`` that has one. Keras calls
-    no ``on_train_end`` when ``fit`` raises, so what a callback took at
-    ``on_train_begin`` (:class:`StopOnCtrlC`'s Ctrl-C handler,
-    :class:`StepLog`'s progress bar) would outlive the failed run; call
-    this in a ``finally`` around ``fit``. Closing twice does nothing.
+    no ``on_train_end`` when ``fit`` raises: call this in a ``finally``
+    around ``fit``.
 
     >>> import keras
     >>> callbacks = [StopOnCtrlC(), keras.callbacks.History()]

@@ -1,35 +1,21 @@
 """Run checkpoints without TensorFlow objects: one ``.npz`` per saved step.
 
-On the jax and torch backends, :class:`~keras_vit.train.Trainer` keeps every
-piece of a run's state in one file, ``OUT/checkpoints/ckpt-STEP.npz``:
+A run's state is one file, ``OUT/checkpoints/ckpt-STEP.npz``:
 
-    model/00000 ...      every model variable, trainable or not (the dropout
-                         seed-generator states too, so a resumed run draws
-                         the same masks)
-    optimizer/00000 ...  the optimizer's variables (its iteration count,
-                         moments, ...)
-    ema/00000 ...        the weight average, when the recipe has one
+    model/00000 ...      every model variable, trainable or not
+    optimizer/00000 ...  the optimizer's variables
     meta/step, meta/epoch, meta/batch_in_epoch
     meta/run             the id of the run that wrote it (UTF-8 bytes)
-    meta/settings        the run's settings (JSON as UTF-8 bytes, uint8), so
-                         that a resumed run is checked against what the
-                         checkpoint itself records, not an editable side file
+    meta/settings        the run's settings (JSON as UTF-8 bytes, uint8)
 
 A file's contents decide, never its name. The folder's ``manifest.json``
-holds the run's id (written when the run starts) and the names the run
-wrote. :func:`latest` takes the newest name but reads the step from the
-file: a name that disagrees with it (a copy of ``ckpt-1.npz`` renamed
-``ckpt-999.npz``), or a file of another run, stops with one line naming
-the file and both values. Pruning deletes only files the manifest lists
-whose content still says they are the run's, at their step; a file the
-user put there (``ckpt-0007.npz``, a copy, a file of another run) is never
-deleted and never counted.
+holds the run's id and the names the run wrote; a file whose name
+disagrees with its step, or of another run, stops with one line. Pruning
+deletes only files the manifest lists that still hold what the run wrote.
 
-Files are written through :mod:`keras_vit.base.atomic` (a killed write leaves a
-``*.partial`` name that :func:`latest` never returns), the last
-:data:`KEEP` are kept, and nothing is unpickled: :func:`load` checks every
-array header against the run (and against the bytes the file holds for it,
-:func:`keras_vit.base.archives.npz_headers`) before reading any data.
+Files are written atomically, the last :data:`KEEP` are kept, and nothing
+is unpickled: :func:`load` checks every array header against the run
+before reading any data.
 
 >>> import os, tempfile, numpy as np
 >>> folder = tempfile.mkdtemp()
@@ -67,8 +53,7 @@ _NAME = re.compile(r"^ckpt-(0|[1-9][0-9]{0,17})\.npz$")
 
 class RunCheckpointError(KerasVitError, ValueError):
     """A run checkpoint (or its folder's manifest) that cannot be read,
-    does not fit the run, or disagrees with its name: one line naming the
-    file and the values."""
+    does not fit the run, or disagrees with its name."""
 
 
 def path_for(directory, step):
@@ -84,16 +69,12 @@ def name_step(name):
 
 
 def steps(directory):
-    """The steps the checkpoint names in ``directory`` say, oldest first
-    (temporary ``*.partial`` files of a killed write, and names
-    :func:`save` never writes, are not checkpoints)."""
+    """The steps the checkpoint names in ``directory`` say, oldest first."""
     if not os.path.isdir(directory):
         return []
     found = (name_step(name) for name in os.listdir(directory))
     return sorted(step for step in found if step is not None)
 
-
-# -- the folder's manifest ---------------------------------------------------
 
 def read_manifest(directory):
     """``{"run": id, "written": [names]}`` of ``directory``, or None when it
@@ -134,8 +115,6 @@ def start_run(directory, run=None):
     return run
 
 
-# -- what a file says --------------------------------------------------------
-
 def _unreadable(path, e):
     return RunCheckpointError(
         f"The checkpoint {path!r} cannot be read ({type(e).__name__}: "
@@ -151,9 +130,8 @@ def _text(value):
 
 def read_meta(path):
     """``{"step", "epoch", "batch_in_epoch", "run", "settings"}`` a
-    checkpoint records (``run``/``settings`` None in files written before
-    they were), reading only its ``meta/`` arrays, every header bounded
-    first; one :class:`RunCheckpointError` naming the file otherwise."""
+    checkpoint records (``run``/``settings`` may be None), reading only its
+    ``meta/`` arrays; one :class:`RunCheckpointError` otherwise."""
     try:
         headers = archives.npz_headers(path)
         with np.load(path, allow_pickle=False) as archive:
@@ -212,8 +190,7 @@ def _is_ours(path, run):
 
 def latest(directory):
     """``(step, path)`` of the newest checkpoint, or None. The step is the
-    one the file records, checked against its name and the folder's run
-    (a :class:`RunCheckpointError` naming the file and both values)."""
+    one the file records, checked against its name and the folder's run."""
     found = steps(directory)
     if not found:
         return None
@@ -224,17 +201,13 @@ def latest(directory):
     return meta["step"], path
 
 
-# -- writing and pruning ------------------------------------------------------
-
 def save(directory, step, groups, meta, *, keep=KEEP, settings=None,
          run=None):
-    """Writes ``groups`` (name -> list of arrays) and ``meta`` (name -> int;
-    ``step`` is added) as ``ckpt-STEP.npz`` atomically, recorded in the
-    folder's manifest as the run's (:func:`start_run`: ``run``, when the
-    folder has none yet), then deletes all but the newest ``keep`` files
-    the run wrote. ``settings`` (a string: the run's settings as JSON) is
-    recorded in the file. A file of that name the run did not write is
-    refused, not replaced. Returns the path."""
+    """Writes ``groups`` (name -> list of arrays), ``meta`` (name -> int;
+    ``step`` is added) and ``settings`` (JSON text) as ``ckpt-STEP.npz``
+    atomically, recorded in the folder's manifest as the run's, then
+    deletes all but the newest ``keep`` files the run wrote. A file of that
+    name the run did not write is refused. Returns the path."""
     run = start_run(directory, run)
     path = path_for(directory, step)
     name = os.path.basename(path)
@@ -253,7 +226,7 @@ def save(directory, step, groups, meta, *, keep=KEEP, settings=None,
         arrays["meta/settings"] = np.frombuffer(
             settings.encode("utf-8"), np.uint8)
     # Named first: a process killed after the write leaves no file the
-    # manifest does not know (one it names but never got is skipped).
+    # manifest does not know.
     _write_manifest(directory, run, written + [name])
     with atomic.atomic_path(path) as tmp:
         np.savez(tmp, **arrays)
@@ -264,7 +237,7 @@ def save(directory, step, groups, meta, *, keep=KEEP, settings=None,
 def _prune(directory, run, keep, current):
     """Deletes all but the newest ``keep`` of the files the manifest lists
     that still hold what the run wrote (``current`` is kept); the others
-    (gone, overwritten by the user, renamed over) leave the manifest."""
+    leave the manifest."""
     ours = []
     for name in read_manifest(directory)["written"]:
         path = os.path.join(directory, name)
@@ -281,11 +254,8 @@ def _prune(directory, run, keep, current):
 
 
 def clear(directory):
-    """Deletes what earlier runs of ``directory`` wrote (the files their
-    manifest lists that still hold what they wrote, checkpoints written
-    before manifests were, the manifest, the ``*.partial`` files of
-    killed writes) and leaves every other file, so that a new run starts
-    there."""
+    """Deletes what earlier runs of ``directory`` wrote (checkpoints, the
+    manifest, ``*.partial`` files) and leaves every other file."""
     if not os.path.isdir(directory):
         return
     try:
@@ -313,18 +283,11 @@ def clear(directory):
         os.remove(os.path.join(directory, MANIFEST))
 
 
-# -- reading a checkpoint whole ------------------------------------------------
-
 def load(path, expected, *, run=None):
     """Reads a checkpoint and checks it against ``expected`` (group name ->
-    list of ``(shape, dtype)``): every group with as many arrays, each of
-    the expected shape and dtype (from the headers, before any data is
-    read), the meta fields, the step against the file's name and the run
-    against ``run`` (the folder's; None: any). Returns ``(groups, meta)``,
-    ``meta["settings"]`` the recorded settings (JSON text, None in a
-    checkpoint written before they were recorded); raises
-    :class:`RunCheckpointError` listing every mismatch at once before the
-    caller assigns anything."""
+    list of ``(shape, dtype)``), its step against its name and its run
+    against ``run`` (None: any). Returns ``(groups, meta)``; raises
+    :class:`RunCheckpointError` listing every mismatch at once."""
     meta = read_meta(path)
     _check_identity(path, meta, run)
     headers = {name[:-len(".npy")]: header

@@ -18,14 +18,13 @@ import threading
 import warnings
 
 from keras_vit.base import environment
-from keras_vit.base.checks import check_choice, check_type
+from keras_vit.base.checks import check_choice, check_int, check_type
 from keras_vit.base.errors import KerasVitError
 from keras_vit.base.limits import MAX_CPU_DEVICES
 
 NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
-# Seconds to wait for a TPU to answer before giving up. Reaching a TPU that
-# exists takes well under this; a wrong address otherwise hangs for minutes.
+# Seconds to wait for a TPU; a wrong address otherwise hangs for minutes.
 TPU_TIMEOUT = 20.0
 
 
@@ -34,19 +33,13 @@ class StrategyError(KerasVitError, ValueError):
 
 
 def configure_cpu_devices(count):
-    """Splits the host CPU into ``count`` logical devices.
-
-    This lets several replicas run on a machine without GPUs (tests, trying
-    a multi-device run on a laptop): :class:`tf.distribute.MirroredStrategy`
-    under TensorFlow, ``keras.distribution.DataParallel`` (the Trainer's
-    ``strategy="data_parallel"``, ``model_parallel``) under JAX. It must run
-    before the backend initialises its devices (before the first tensor or
-    array is created); afterwards the backend refuses and this raises. The
-    torch backend trains on one device, so it refuses any ``count`` above 1.
+    """Splits the host CPU into ``count`` logical devices, for several
+    replicas without GPUs (TensorFlow or JAX; torch refuses ``count`` above
+    1). It must run before the backend initialises its devices; afterwards
+    this raises.
 
     >>> configure_cpu_devices(1)  # the default: a no-op once TF is running
     """
-    from keras_vit.base.checks import check_int
     from keras_vit.runtime.backend import name as backend_name
 
     check_int("cpu_devices", count, low=1, high=MAX_CPU_DEVICES,
@@ -92,10 +85,7 @@ def configure_cpu_devices(count):
 
 def cluster_from_env():
     """The cluster ``TF_CONFIG`` describes, as ``(cluster, task)``, or None.
-
-    ``cluster`` maps a job name to a list of ``host:port``; ``task`` is
-    ``{"type": ..., "index": ...}``. A malformed ``TF_CONFIG`` raises.
-    """
+    A malformed ``TF_CONFIG`` raises."""
     raw = environment.tf_config()
     if not raw:
         return None
@@ -158,18 +148,15 @@ def _check_address(tpu, timeout):
 
 
 # The device files a TPU VM's chips appear as: /dev/accel<N> (TPU v2-v4),
-# /dev/vfio/<N> (v5e and later). A machine without them has no TPU of its
-# own, whatever is installed.
+# /dev/vfio/<N> (v5e and later).
 TPU_DEVICE_FILES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 
-# Variables through which TensorFlow's resolver finds a TPU elsewhere (a
-# TPU node, a GKE pod); TPU_NAME is read by strategy() itself.
+# Variables through which TensorFlow's resolver finds a TPU elsewhere.
 TPU_ENVIRONMENT = ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG")
 
 
 def attached_tpu():
-    """True when TPU chips are attached to this machine (a TPU VM): one of
-    ``TPU_DEVICE_FILES`` exists. Reads no driver and starts nothing.
+    """True when TPU chips are attached to this machine (a TPU VM).
 
     >>> isinstance(attached_tpu(), bool)
     True
@@ -179,12 +166,9 @@ def attached_tpu():
 
 def tpu_address(tpu=None):
     """What TensorFlow's ``TPUClusterResolver`` is given for ``tpu``: the
-    name or ``grpc://host:port`` itself; ``"local"`` (TensorFlow's name for
-    the chips of a TPU VM) when none is given and this machine has them;
-    None when the environment names a TPU (``TPU_ENVIRONMENT``), which the
-    resolver reads. Otherwise there is no TPU to look for: a
-    :class:`StrategyError` that says so, at once.
-    """
+    name or address itself; ``"local"`` when none is given and this machine
+    has TPU chips; None when the environment names a TPU. Otherwise a
+    :class:`StrategyError`, at once."""
     if tpu is not None:
         check_type("tpu", tpu, str, "a TPU name, 'local' or grpc://host:port")
         if tpu.strip():
@@ -202,8 +186,7 @@ def tpu_address(tpu=None):
 
 
 def _first_sentence(error, limit=240):
-    """``error``'s text on one line, cut after its first sentence (TF's
-    messages run on with node attributes and gRPC trailers)."""
+    """``error``'s text on one line, cut after its first sentence."""
     text = " ".join(str(error).split()) or type(error).__name__
     end = text.find(". ")
     text = text if end < 0 else text[:end + 1]
@@ -259,21 +242,14 @@ def _tpu_strategy(tpu, timeout):
     return tf.distribute.TPUStrategy(resolver)
 
 
-# What each backend other than TensorFlow can run. JAX: one device, or
-# Keras' DataParallel over every device jax sees ("auto" picks it when
-# there are several, as TensorFlow's "auto" picks mirrored on several GPUs).
+# What each backend other than TensorFlow can run.
 KERAS_STRATEGIES = {"jax": ("auto", "default", "data_parallel"),
                     "torch": ("auto", "default")}
 
 
 def check_backend(name):
-    """Refuses a strategy the current Keras backend cannot run.
-
-    TensorFlow runs every ``tf.distribute`` name. JAX runs ``"auto"``,
-    ``"default"`` (one device) and ``"data_parallel"``
-    (``keras.distribution.DataParallel``); torch runs one device. A name
-    no backend knows is refused as such, with the nearest one. The error
-    names the backend and what to do instead.
+    """Refuses a strategy the current Keras backend cannot run, saying
+    what to do instead.
 
     >>> check_backend("auto")
     """
@@ -282,8 +258,6 @@ def check_backend(name):
     backend = backend_name()
     key = name.replace("-", "_") if isinstance(name, str) else None
     if isinstance(name, str) and key not in NAMES + ("data_parallel",):
-        from keras_vit.base.checks import check_choice
-
         check_choice("strategy", name, NAMES + ("data_parallel",),
                      error=StrategyError)
     known = KERAS_STRATEGIES.get(backend)
@@ -335,9 +309,8 @@ def _jax_tpus():
 
 def for_backend(name="auto", *, tpu=None):
     """The strategy to hand to several runs on the current Keras backend:
-    under TensorFlow the ``tf.distribute.Strategy`` (built once, so a TPU is
-    initialised once), under jax and torch the checked name, which each
-    run's placement (and :func:`~keras_vit.train.evaluate`) resolves.
+    under TensorFlow the ``tf.distribute.Strategy`` (so a TPU is
+    initialised once), under jax and torch the checked name.
 
     >>> for_backend("default") is not None
     True
@@ -363,23 +336,19 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
             ``"multi_worker"`` (``TF_CONFIG`` gives the cluster), ``"tpu"``.
             A ``tf.distribute.Strategy`` is returned as is.
         tpu: a TPU name, ``grpc://host:port`` or ``"local"`` (default:
-            ``TPU_NAME``, else the TPU attached to this machine, see
-            :func:`tpu_address`).
+            ``TPU_NAME``, else the TPU attached to this machine).
         devices: device names for ``mirrored`` / ``one_device``.
         timeout: seconds to wait for a TPU before giving up.
 
     Raises:
         StrategyError: an unknown name, or an explicit ``"tpu"`` with no
-            TPU (at once, without asking TensorFlow, when none is attached
-            or named) or one that did not start, in one line.
+            TPU or one that did not start.
     """
     import tensorflow as tf
 
     if isinstance(name, tf.distribute.Strategy):
         return name
     if not isinstance(name, str) or name.replace("-", "_") not in NAMES:
-        from keras_vit.base.checks import check_choice
-
         check_choice("strategy", name, NAMES, error=StrategyError,
                      extra=" (A tf.distribute.Strategy also works.)")
     name = name.replace("-", "_")
@@ -392,8 +361,6 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
             name = "multi_worker"
         else:
             try:
-                # No TPU anywhere (the usual case) is known without asking
-                # TensorFlow, at once and silently.
                 address = tpu_address(tpu)
             except StrategyError:
                 pass
@@ -401,7 +368,6 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
                 try:
                     return _tpu_strategy(address, timeout)
                 except StrategyError as e:
-                    # A TPU named or attached that did not start.
                     warnings.warn(f"strategy='auto' trains without the "
                                   f"TPU: {e}", stacklevel=2)
             gpus = tf.config.list_logical_devices("GPU")
@@ -428,20 +394,15 @@ def strategy(name="auto", *, tpu=None, devices=None, timeout=TPU_TIMEOUT):
                 "a single worker; set TF_CONFIG on every worker to train on "
                 "several machines.", stacklevel=2)
         return tf.distribute.MultiWorkerMirroredStrategy()
-    # name == "tpu"
     return _tpu_strategy(tpu_address(tpu), timeout)
 
 
 def step_uses_xla(strategy_, requested="auto", precision="float32"):
-    """Whether the train step compiles its forward and backward pass with
-    XLA. ``requested`` True or False is taken as it is; ``"auto"`` follows
-    :func:`keras_vit.runtime.hardware.plan` for one replica (XLA for
-    ``mixed_bfloat16`` on GPUs and on CPUs whose oneDNN bf16 is no faster
-    than float32, TensorFlow's oneDNN graph where AMX is or a probe found
-    it faster, graph mode for float32 on CPUs) and stays off for
-    several replicas and the TPU (which compiles the whole step anyway).
-    The one answer for the Trainer's step and ``model.fit``
-    (:func:`keras_vit.train.compile_for_finetune`)."""
+    """Whether the train step compiles with XLA. ``requested`` True or
+    False is taken as it is; ``"auto"`` follows
+    :func:`keras_vit.runtime.hardware.plan` for one replica and stays off
+    for several replicas and the TPU (which compiles the whole step
+    anyway)."""
     if requested in (True, False):
         return requested
     from keras_vit.runtime import hardware
@@ -461,14 +422,10 @@ def describe(strategy_):
                "a tf.distribute.Strategy")
 
     kind = type(strategy_).__name__
-    names = {
-        "MirroredStrategy": "mirrored",
-        "OneDeviceStrategy": "one_device",
-        "CollectiveAllReduceStrategy": "multi_worker",
-        "MultiWorkerMirroredStrategy": "multi_worker",
-        "TPUStrategy": "tpu",
-        "TPUStrategyV2": "tpu",
-    }
+    names = {"MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
+             "CollectiveAllReduceStrategy": "multi_worker",
+             "MultiWorkerMirroredStrategy": "multi_worker",
+             "TPUStrategy": "tpu", "TPUStrategyV2": "tpu"}
     name = names.get(kind, "default")
     if not tf.distribute.has_strategy() and strategy_ is (
             tf.distribute.get_strategy()):
@@ -500,29 +457,24 @@ def _is_chief(task_type, task_id, resolver):
     return False
 
 
-# The training precisions a run may ask for (``"auto"`` decides per device).
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 
 
 def check_precision_name(requested):
     """``requested`` if it is one of :data:`PRECISIONS`, else a ValueError
-    naming ``precision`` (the one check of the name, for recipes and
-    every backend alike)."""
+    naming ``precision``."""
     return check_choice("precision", requested, PRECISIONS)
 
 
 def check_precision(requested="auto", *, on_tpu=False):
-    """The one decision of a run's Keras dtype policy name, on every
-    backend: ``"float32"``, ``"mixed_bfloat16"``, or ``"auto"``: bfloat16
-    on a TPU (``on_tpu``: the run's placement is one), float32 elsewhere.
+    """A run's Keras dtype policy name: ``"float32"``,
+    ``"mixed_bfloat16"``, or ``"auto"``: bfloat16 on a TPU, float32
+    elsewhere.
 
-    On CPUs with native bfloat16 (AVX512-BF16, AMX) ``"mixed_bfloat16"`` is
-    accepted, but ``"auto"`` does not pick it: measured on such a CPU
-    (2 cores, TF 2.21), a ViT-S/16 training step at 224 took 5.9 s in
-    mixed_bfloat16 against 3.7 s in float32 (the casts around every layer
-    cost more than the faster matmuls win), although inference alone is
-    about 1.5x faster in bfloat16. Without native support it is emulated
-    and slower still, so that case warns.
+    ``"auto"`` does not pick bfloat16 on CPUs with native support: a
+    ViT-S/16 training step at 224 took 5.9 s in mixed_bfloat16 against
+    3.7 s in float32 (2 cores, TF 2.21). Without native support it is
+    emulated and slower still, so that case warns.
 
     >>> check_precision("auto"), check_precision("auto", on_tpu=True)
     ('float32', 'mixed_bfloat16')
@@ -543,8 +495,7 @@ def check_precision(requested="auto", *, on_tpu=False):
 
 def cpu_has_bf16():
     """True when the CPU advertises native bfloat16 (flags ``avx512_bf16``
-    or ``amx_bf16``), as :mod:`keras_vit.runtime.hardware` reads them:
-    ``KERAS_VIT_CPU_FLAGS`` when set, else ``/proc/cpuinfo``."""
+    or ``amx_bf16``)."""
     from keras_vit.runtime import hardware
 
     return hardware.Hardware(cpu_flags=hardware.cpu_flags()).bf16_units \

@@ -1,16 +1,13 @@
 """How a classifier is measured: its accuracy and
 loss on held-out data (:func:`evaluate`), and what the training code reads
 off a model (its image size, classes and classifier).
-
-:func:`evaluate` runs under a ``tf.distribute`` strategy on TensorFlow and
-on one device on jax and torch; the Trainer calls it for its
-evaluations.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.base.checks import printable
 from keras_vit.base.names import class_name, shown_apart
 from keras_vit.train.data.load import load_data
 # model_image_size: where the training code has always read it.
@@ -26,9 +23,7 @@ def model_classes(model):
 
 
 def model_label_names(model):
-    """The class names ``model``'s head carries, as a tuple, or None: its
-    ``label_names`` (the config's), else the names a Hub repository's
-    files gave it (``zoo_labels``)."""
+    """The class names ``model``'s head carries, as a tuple, or None."""
     names = (getattr(model, "label_names", None)
              or getattr(model, "zoo_labels", None))
     return tuple(names) if names else None
@@ -36,8 +31,6 @@ def model_label_names(model):
 
 def shown_names(names, limit=10):
     """``names`` for a message: the first ``limit`` and how many more."""
-    from keras_vit.base.checks import printable
-
     names = list(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return "[" + ", ".join(repr(printable(n)) for n in names[:limit]) + (
@@ -47,8 +40,6 @@ def shown_names(names, limit=10):
 def _apart(names, others, limit=10):
     """``names`` for a message, each one that looks like one of
     ``others`` followed by its code points (:func:`shown_apart`)."""
-    from keras_vit.base.checks import printable
-
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return "[" + ", ".join(shown_apart(printable(n), others)
                            for n in names[:limit]) + f"]{more}"
@@ -56,10 +47,8 @@ def _apart(names, others, limit=10):
 
 def _output_keys(model, count):
     """For each of ``model``'s ``count`` outputs, the names it answers
-    to: its class name (``label_names``, a Hub repository's names, else
-    the list its weights name) and, from a label list that has them, its
-    WordNet id (tfds' ImageNet names its classes by WordNet id). None when
-    the model names no classes."""
+    to: its class name and, where known, its WordNet id. None when the
+    model names no classes."""
     from keras_vit.zoo.preprocessing import model_labels
 
     keys = None
@@ -82,13 +71,9 @@ def class_mapping(model, source):
     (data label -> output index) or None for "label i is output i",
     ``how`` a sentence for the output (None when there is nothing to say).
 
-    By name when both name their classes: each of the data's names is
-    looked up among the model's (or their WordNet ids), so a folder with
-    some of the classes, in any order, is scored right; a name the model
-    does not have is refused, naming it and the model's names. A model
-    without names takes named data by position only when the class counts
-    match, and ``how`` says so; otherwise it is refused. Data without
-    names is read by position, as labels are.
+    By name when both name their classes (a name the model does not have
+    is refused). A model without names takes named data by position only
+    when the class counts match. Data without names is read by position.
 
     >>> import keras_vit
     >>> from keras_vit.train.data.sources import ArraySource
@@ -127,8 +112,6 @@ def class_mapping(model, source):
     model_names = [k[0] if k else str(i) for i, k in enumerate(keys)]
     missing = [n for n in data_names if n not in index]
     if missing:
-        # A name that only looks like one of the model's is shown with its
-        # code points, and so is the model's.
         alike = [n for n in model_names
                  if shown_apart(n, missing) != repr(n)]
         raise ValueError(
@@ -146,8 +129,6 @@ def class_mapping(model, source):
     mapping = np.asarray([index[n] for n in data_names], "int64")
     if count == len(data_names) and (mapping == np.arange(count)).all():
         return None, None
-    from keras_vit.base.checks import printable
-
     n = len(data_names)
     shown = ", ".join(printable(name) for name in data_names[:5]) + (
         ", ..." if n > 5 else "")
@@ -167,12 +148,8 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     """Top-1 accuracy and mean cross-entropy of ``model`` on ``data``,
     overall and per class (``per_class``, keyed by class name).
 
-    Every image is counted once: the last batch is padded with masked
-    blanks, so all replicas and workers run the same steps. Classes are
-    matched by name when the model and the data both name them (see
-    :func:`class_mapping`; ``classes`` in the result says how when it is
-    not output i for label i): a folder holding some of the model's
-    classes is scored as the whole folder would score on those images.
+    Every image is counted once (the last batch is padded with masked
+    blanks). Classes are matched as :func:`class_mapping` says.
 
     >>> import keras_vit, keras_vit.train as kt
     >>> model = keras_vit.vit(16, 4, 32, 1, 2, 64, 10)  # zero head: chance
@@ -228,7 +205,6 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
                 labels, logits)
             correct = tf.cast(tf.equal(tf.argmax(logits, -1), labels),
                               tf.float32)
-            # Per output (class): images and hits, for per-class figures.
             seen = tf.math.unsorted_segment_sum(mask, labels, outputs)
             hits = tf.math.unsorted_segment_sum(correct * mask, labels,
                                                 outputs)
@@ -246,9 +222,8 @@ def evaluate(model, data, *, image_size=None, batch_size=64,
     step_fn = cache[key]
     totals = [0.0, 0.0, 0.0, np.zeros(outputs), np.zeros(outputs)]
     iterator = iter(dist)
-    # leave=None: a bar of its own stays, ending its line (cleared, it left
-    # a carriage return that the next printed line was glued to in logs);
-    # one under the training bar (eval_every) is cleared.
+    # leave=None: a bar of its own stays (cleared, it left a carriage
+    # return the next line was glued to); one under the training bar goes.
     for _ in tqdm(range(steps), desc="evaluate", unit="batch", leave=None,
                   disable=not verbose or steps < 20):
         for i, v in enumerate(step_fn(iterator)):
@@ -267,10 +242,7 @@ def _to_outputs(batches, table):
 
 def _result(totals, model, source, table, how):
     """The figures of :func:`evaluate` from the sums ``(loss, correct,
-    count, images per output, hits per output)``: accuracy, loss, the
-    number of images, how the classes were matched (``classes``, when
-    there is something to say) and ``per_class``, keyed by the data's
-    class names (else the model's, else ``"class i"``)."""
+    count, images per output, hits per output)``."""
     loss, correct, count = (float(v) for v in totals[:3])
     seen, hits = totals[3], totals[4]
     model_names = model_label_names(model)
@@ -299,17 +271,14 @@ PER_CLASS_LINES = 20
 
 
 def result_lines(result, limit=PER_CLASS_LINES):
-    """The lines the command line prints under an evaluation's headline:
-    how the classes were matched, and each class's accuracy by name (when
-    there are at most ``limit``).
+    """The lines the command line prints under an evaluation's headline
+    (each class's accuracy when there are at most ``limit``).
 
     >>> result_lines({"classes": "matched by name", "per_class": {
     ...     "dog": {"accuracy": 0.5, "num_examples": 4},
     ...     "cat": {"accuracy": None, "num_examples": 0}}})
     ['  matched by name', '  dog  0.5000  (4 images)', '  cat  no images']
     """
-    from keras_vit.base.checks import printable
-
     lines = []
     if result.get("classes"):
         lines.append(f"  {printable(result['classes'])}")
@@ -330,15 +299,14 @@ def result_lines(result, limit=PER_CLASS_LINES):
 
 def _evaluate_one_device(model, source, size, batch_size, eval_crop, table,
                          outputs):
-    """:func:`evaluate` on the jax and torch backends: the same padded,
-    masked batches (tf.data stays the input pipeline), the model run eagerly
-    on NumPy without gradients, the sums taken in float64."""
+    """:func:`evaluate` on the jax and torch backends, the sums taken in
+    float64."""
     from keras_vit.models.memory import infer
     from keras_vit.runtime.backend import is_jax
 
     if is_jax():
         # Keras' compiled predict step: op-by-op eager jax is many times
-        # slower, and the padded batches all have one shape.
+        # slower.
         def infer(model, images):  # noqa: F811 - the jax way
             out = model.predict_on_batch(images)
             return np.asarray(out[0] if isinstance(out, (list, tuple))

@@ -2,10 +2,9 @@
 representations, a regularised least-squares map to ``{-1, 1}^K`` targets
 solved in closed form, accuracy with k training images per class.
 
-As in the official evaluator, features are standardised with the mean and
-standard deviation of the k-shot training images, and the bias is not
-regularised (here exactly, by centring; the official code appends a large
-constant feature, which tends to the same as that constant grows).
+As in the official evaluator, features are standardised with the k-shot
+training images' statistics, and the bias is not regularised (here
+exactly, by centring).
 
 >>> import numpy as np
 >>> from keras_vit.train.few_shot import fit_least_squares, predict
@@ -21,6 +20,7 @@ import functools
 
 import numpy as np
 
+from keras_vit.base.checks import check_int
 from keras_vit.base.limits import MAX_SEEDS
 from keras_vit.models.memory import infer
 from keras_vit.runtime.backend import is_tensorflow, to_numpy
@@ -40,9 +40,8 @@ def fit_least_squares(features, labels, num_classes, l2_reg=L2_REG, *,
     elsewhere).
 
     Returns a dict (``w``, ``b``, ``mean``, ``std``) for :func:`predict`.
-    With ``standardize=False`` and ``fit_intercept=True`` this is
-    scikit-learn's ``RidgeClassifier(alpha=l2_reg)`` (which also maps labels
-    to {-1, 1} and does not regularise the intercept).
+    With ``standardize=False`` this is scikit-learn's
+    ``RidgeClassifier(alpha=l2_reg)``.
     """
     x = np.asarray(features, "float64")
     y = np.asarray(labels, "int64")
@@ -67,8 +66,7 @@ def fit_least_squares(features, labels, num_classes, l2_reg=L2_REG, *,
     t_mean = targets.mean(axis=0, keepdims=True) if fit_intercept else 0.0
     xc, tc = x - x_mean, targets - t_mean
     n, d = xc.shape
-    # (X^T X + l I)^-1 X^T Y equals X^T (X X^T + l I)^-1 Y: solve the
-    # smaller system (k-shot sets have far fewer images than features).
+    # (X^T X + l I)^-1 X^T Y equals X^T (X X^T + l I)^-1 Y: the smaller one.
     if n >= d:
         w = np.linalg.solve(xc.T @ xc + l2_reg * np.eye(d), xc.T @ tc)
     else:
@@ -90,13 +88,11 @@ def predict(solution, features):
 
 def feature_function(model, feature="pre_logits"):
     """A model's frozen representation: ``feature`` of
-    :func:`keras_vit.models.feature_model` (``"pre_logits"``: the
-    representation layer, or the pooled token when there is none)."""
+    :func:`keras_vit.models.feature_model`."""
     from keras_vit.models import feature_model
 
     features = feature_model(model, feature)
-    # A feature model is a plain functional model over the same input: it
-    # takes what ``model`` takes, and says so to the pipelines.
+    # It takes what ``model`` takes, and says so to the pipelines.
     return record_inputs(features, model)
 
 
@@ -118,8 +114,7 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
     if hasattr(feature_fn, "inputs") and on_tf:
         call = tf.function(lambda x: feature_fn(x, training=False))
     elif hasattr(feature_fn, "inputs"):
-        # jax and torch run the model eagerly on NumPy batches (the input
-        # pipeline stays tf.data); infer leaves torch's autograd out.
+        # jax and torch run the model eagerly on NumPy batches.
         call = functools.partial(infer, feature_fn)
     feats, labels = [], []
     for images, y, mask in tqdm(ds, total=steps, desc="features",
@@ -134,9 +129,8 @@ def extract_features(feature_fn, source, image_size, batch_size=64,
 
 
 def _class_orders(labels, num_classes, seed):
-    """Each class's images in a seeded random order, as the official
-    evaluator draws them: the first k of each are the k-shot set, so the
-    5-shot set contains the 1-shot set."""
+    """Each class's images in a seeded random order: the first k of each
+    are the k-shot set."""
     rng = np.random.default_rng(seed)
     return [rng.permutation(np.flatnonzero(labels == c))
             for c in range(num_classes)]
@@ -155,8 +149,6 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
         train_data, test_data: sources or specs for
             :func:`~keras_vit.train.load_data`; k images per class are drawn
             from ``train_data``, every image of ``test_data`` is scored.
-        shots: the k values.
-        l2_reg: the ridge penalty.
         num_seeds: draws of the k-shot sets, averaged.
         image_size: input size for a feature function (a model's own by
             default).
@@ -171,10 +163,6 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
     >>> sorted(r["accuracy"]), r["num_test"]
     ([1, 5], 450)
     """
-    from keras_vit.base.checks import check_int
-
-    # Every draw keeps a permutation of the training set, made before any
-    # output: a count far past what averaging needs is refused, not run.
     check_int("num_seeds", num_seeds, low=1, high=MAX_SEEDS)
     train = load_data(train_data, verbose=verbose)
     test = load_data(test_data, split="test", verbose=verbose)

@@ -1,7 +1,6 @@
 """Keras' own loop (``model.fit``) following a recipe: the optimizer,
 schedule, clipping, gradient accumulation and loss of
-:mod:`~keras_vit.train.recipes` on one device (the
-:class:`~keras_vit.train.Trainer` runs distributed and resumable).
+:mod:`~keras_vit.train.recipes` on one device.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import math
 
 from keras_vit.train import recipes as recipes_lib
-from keras_vit.train.evaluation import classifier_of
+from keras_vit.train.evaluation import classifier_of, model_classes
 from keras_vit.base.checks import check_model
 
 
@@ -24,24 +23,18 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     (e.g. from :func:`~keras_vit.train.dataset`) for ``total_steps``
     optimizer steps (times the accumulation steps when accumulating).
 
-    The fine-tuning recipe's batch is the paper's 512: on a CPU, a step
-    that clearly cannot fit the memory available (ViT-B/16 at 224 needs
-    about 143 GiB of activations for 512 images) is refused here, naming
-    a ``micro_batch_size`` that fits, as ``keras-vit fine-tune`` does
-    (:func:`keras_vit.models.memory.check_step`); ``check_memory=False`` skips
+    On a CPU, a step that clearly cannot fit the memory available (ViT-B/16
+    at 224 needs about 143 GiB of activations for 512 images) is refused,
+    naming a ``micro_batch_size`` that fits; ``check_memory=False`` skips
     the check.
 
     ``remat``: True rematerialises every block of ``model`` in training
-    (:func:`keras_vit.models.common.set_remat`: the same gradients for
-    several times less activation memory, at about one more forward pass
-    a step; the memory check counts it); False turns it off; None keeps
-    the model's own setting.
+    (less memory, about one more forward pass a step); False turns it off;
+    None keeps the model's own setting.
 
-    ``label_names``: the classes the model learns, so that its files and
-    exports carry them: a list of names, or the data source itself (its
-    ``class_names``; a Keras ``image_dataset_from_directory`` dataset has
-    them too). The model's head is named in place; a head whose names
-    differ is refused (see :func:`~keras_vit.train.build.name_classes`).
+    ``label_names``: the classes the model learns: a list of names, or the
+    data source itself (its ``class_names``). A head whose names differ is
+    refused (:func:`~keras_vit.train.build.name_classes`).
 
     >>> import keras, keras_vit, keras_vit.train as kt
     >>> keras.utils.set_random_seed(0)
@@ -66,8 +59,6 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
                 "with class_names; received label_names of type "
                 f"{type(label_names).__name__}")
         label_names = label_names.class_names
-    from keras_vit.train.evaluation import model_classes
-
     if label_names is not None and len(label_names) != model_classes(model):
         raise ValueError(
             f"label_names names {len(label_names)} classes but model="
@@ -85,7 +76,6 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
         total = max(1, math.ceil(r.epochs * steps_per_epoch))
     else:
         total = r.total_steps
-    # A named recipe counted in epochs learns the run's length only here.
     r = recipes_lib.fit_to_run(r, total, named=isinstance(recipe, str),
                                overrides=overrides)
     accum = 1
@@ -100,17 +90,14 @@ def compile_for_finetune(model, recipe="finetune", *, steps_per_epoch=None,
     set_remat(model, remat)
     if check_memory:
         _check_step_memory(model, r)
-    # The recipe's loss: DeiT's mixed batches carry soft targets, which a
-    # sparse cross-entropy would refuse (or misread).
     recipes_lib.compile_model(model, r, total, accumulation_steps=accum,
                               jit_compile=_fit_jit(model, r))
     return r
 
 
 def _check_step_memory(model, recipe):
-    """:func:`keras_vit.models.memory.check_step` for the step ``model.fit`` will
-    run: the micro-batch (or batch), split over the replicas of an active
-    ``tf.distribute`` strategy."""
+    """:func:`keras_vit.models.memory.check_step` for the step ``model.fit``
+    will run, split over the replicas of an active strategy."""
     from keras_vit.models.memory import check_step
     from keras_vit.runtime.backend import is_tensorflow
 
@@ -128,12 +115,9 @@ def _check_step_memory(model, recipe):
 
 
 def _fit_jit(model, recipe):
-    """``jit_compile`` for ``model.fit``: on TensorFlow the one decision
-    of the Trainer's step too (:func:`keras_vit.train.distribute.
-    step_uses_xla`: the recipe's when set, else the machine's plan for the
-    model's compute dtype with one replica, off for several and on a TPU;
-    Keras' own "auto" never uses XLA on a CPU, the slower bf16 path where
-    there is no AMX); elsewhere the recipe's, or Keras' "auto"."""
+    """``jit_compile`` for ``model.fit``: on TensorFlow the Trainer's
+    decision (:func:`keras_vit.train.distribute.step_uses_xla`; Keras' own
+    "auto" never uses XLA on a CPU); elsewhere the recipe's, or "auto"."""
     from keras_vit.runtime.backend import is_tensorflow
 
     if not is_tensorflow():

@@ -1,11 +1,9 @@
 """Ctrl-C during training: stop after the current step with a checkpoint
 of it, not up to ``checkpoint_every`` steps back.
 
-The first Ctrl-C (SIGINT) asks the loop to stop once the step under way
-is done; the loop saves a checkpoint at that step and raises
-:class:`TrainingInterrupted`, whose message says how to resume. A second
-Ctrl-C exits the process at once (status 130) without saving: the last
-checkpoint on disk (saves are atomic) resumes, as after ``kill -9``.
+The first Ctrl-C asks the loop to stop once the step under way is done,
+save it and raise :class:`TrainingInterrupted`. A second Ctrl-C exits the
+process at once (status 130) without saving.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 class StopOnInterrupt:
     """While open (in the main thread, ``enabled``): Ctrl-C sets
     :attr:`requested` instead of raising, and says so; a second Ctrl-C
-    exits the process at once. Elsewhere Ctrl-C raises KeyboardInterrupt
-    as usual (a run that cannot save, or a non-main thread)."""
+    exits the process at once."""
 
     def __init__(self, enabled=True, say=None):
         self.enabled = enabled and (
@@ -63,9 +60,8 @@ class StopOnInterrupt:
         return self
 
     def __exit__(self, *exc):
-        # Once: a caller may close it from a ``finally`` after the normal
-        # exit already ran. None: the handler was not installed from
-        # Python; it cannot be put back, so Python's own is.
+        # Once. None: the handler was not installed from Python; it cannot
+        # be put back, so Python's own is.
         if self._installed:
             self._installed = False
             signal.signal(signal.SIGINT, self._previous

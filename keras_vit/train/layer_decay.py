@@ -1,25 +1,19 @@
 """Layer-wise learning-rate decay, the fine-tuning rule of BEiT and MAE
 (timm's ``layer_decay``): the deeper a variable, the larger its rate.
 
-Each trainable variable of a ViT gets a layer id, as timm's
-``param_groups_layer_decay`` assigns them through the model's
-``group_matcher`` (read in timm 1.0, ``timm/optim/_param_groups.py`` and
-``VisionTransformer.group_matcher``), and the scale
+Each trainable variable of a ViT gets a layer id, as timm 1.0's
+``param_groups_layer_decay`` assigns them, and the scale
 ``decay ** (num_layers + 1 - layer_id)`` of the learning rate:
 
-- 0: the embeddings (patch embedding and a hybrid's ResNet stem, position
-  embedding, class, distillation and register tokens, CLIP's pre-norm);
+- 0: the embeddings (and a hybrid's ResNet stem);
 - ``i + 1``: encoder block ``i``;
 - ``num_layers``: also the final LayerNorm, which timm groups "with the
-  last block" (BEiT's and MAE's own code give it the head's id instead:
-  one factor of ``decay`` on one LayerNorm);
+  last block" (BEiT's and MAE's code give it the head's id instead);
 - ``num_layers + 1`` (scale 1): everything else, the head and what
-  leads to it (fc-norm, the MAP head, pre-logits).
+  leads to it.
 
-The scales reach the optimizer as a per-variable learning rate
-(:func:`keras_vit.runtime.compat.per_variable_learning_rates`), which
-scales the whole update of the variable, decoupled weight decay included,
-for SGD, Adam, AdamW and LAMB alike.
+The scale applies to the whole update of the variable, decoupled weight
+decay included.
 
 With ``model.fit``::
 
@@ -28,9 +22,6 @@ With ``model.fit``::
     optimizer = with_layer_decay(keras.optimizers.AdamW(1e-3), model, 0.75)
     model.compile(optimizer=optimizer, loss=...)
     model.fit(...)
-
-(or a recipe's ``layer_decay`` field and
-:func:`keras_vit.train.recipes.make_optimizer` with ``model=model``).
 
 >>> import keras_vit
 >>> model = keras_vit.vit(image_size=16, patch_size=4, hidden_size=32,
@@ -50,8 +41,7 @@ import re
 from keras_vit.base.checks import check_number
 
 # The layers (by name) of keras_vit's ViT that timm's group_matcher puts
-# in the stem group ('cls_token|reg_token|pos_embed|patch_embed|norm_pre',
-# DeiT's adds 'dist_token').
+# in the stem group.
 EMBEDDING_LAYERS = ("patch_embedding", "class_token", "distillation_token",
                     "register_tokens", "position_embedding", "pre_norm")
 # A hybrid ViT's ResNet stem lives inside timm's patch_embed.
@@ -72,8 +62,7 @@ def check_decay(decay, name="layer_decay"):
 
 
 def _walk(layers, found):
-    # Top-level layers of a ViT by name; a model nested in a wrapper model
-    # is searched in turn.
+    # Top-level layers of a ViT by name; a nested model is searched too.
     import keras
 
     for layer in layers:
@@ -92,8 +81,6 @@ def _walk(layers, found):
 def layer_ids(model):
     """``({variable path: layer id}, num_layers)`` for the trainable
     variables of a keras_vit ViT ``model`` (see the module's docstring).
-    A ValueError names the model when it has no encoder blocks, blocks
-    missing from the sequence, or two variables of one path.
 
     >>> import keras_vit
     >>> model = keras_vit.vit(image_size=16, patch_size=4, hidden_size=32,
@@ -132,9 +119,8 @@ def layer_ids(model):
 
 
 def layer_scales(model, decay):
-    """``{variable path: learning-rate scale}``: ``decay ** (num_layers +
-    1 - layer_id)`` for each trainable variable of ``model`` (the module's
-    example shows them).
+    """``{variable path: learning-rate scale}`` for each trainable
+    variable of ``model``.
 
     >>> layer_scales(object(), 1.5)
     Traceback (most recent call last):
@@ -149,8 +135,7 @@ def layer_scales(model, decay):
 def with_layer_decay(optimizer, model, decay):
     """A copy of the unbuilt Keras ``optimizer`` that trains each variable
     of ``model`` at the learning rate times its :func:`layer_scales`
-    scale. ``decay=1`` gives every variable scale 1 (the optimizer's own
-    update, through the per-variable path).
+    scale.
 
     >>> import keras, keras_vit
     >>> model = keras_vit.vit(image_size=16, patch_size=4, hidden_size=32,

@@ -1,27 +1,16 @@
 """Training beyond one device on JAX with Keras' own distribution API.
 
-``keras.distribution`` is how Keras 3 runs on TPU pods and multi-GPU hosts
-under JAX: a :class:`keras.distribution.DeviceMesh` names its axes
-(``"batch"``, ``"model"``), a :class:`keras.distribution.LayoutMap` maps
-variable paths (regular expressions) to the mesh axes each variable is
-split on, and :class:`~keras.distribution.DataParallel` or
-:class:`~keras.distribution.ModelParallel` place every variable created
-under them; XLA (GSPMD) inserts the communication. TensorFlow keeps
-``tf.distribute`` (:func:`keras_vit.train.strategy`); torch runs on one
-device.
+A :class:`keras.distribution.LayoutMap` maps variable paths to the mesh
+axes each variable is split on; XLA (GSPMD) inserts the communication.
+TensorFlow keeps ``tf.distribute``; torch runs on one device.
 
-The layout is Megatron-LM's for a Transformer (Shoeybi et al. 2019): in
-each block the query/key/value projections and the first MLP layer are
-split on their output (whole heads, a slice of ``mlp_dim`` per device), the
-attention output and the second MLP layer on their input, so a block needs
-one reduction after attention and one after the MLP. The patch embedding
-and ``pre_logits`` are split on their output width, the head on its input
-width (which every ``hidden_size`` a valid mesh divides, whatever the
-number of classes); LayerNorm, biases of input-split layers, the class
-token and the position table are replicated. ResNet convolutions (BiT and
-the hybrids' stem) are split on their output channels: weight
-standardisation then reduces over each device's own kernels, and GroupNorm
-groups stay on one device when the axis divides the 32 groups.
+The layout is Megatron-LM's for a Transformer: in each block the
+query/key/value projections and the first MLP layer are split on their
+output, the attention output and the second MLP layer on their input, so
+a block needs one reduction after attention and one after the MLP. The
+patch embedding and ``pre_logits`` are split on their output width, the
+head on its input width; the rest is replicated. ResNet convolutions are
+split on their output channels.
 
 >>> import keras_vit
 >>> model = keras_vit.vit(32, 8, 64, 2, 4, 128, 10)
@@ -36,8 +25,7 @@ Traceback (most recent call last):
 ValueError: model_parallel=3 does not divide num_heads=4 (encoder_block_0/attention/query/kernel has shape (64, 4, 16) and is split on axis 1); model_parallel must divide 4, the nearest that does is 2 (any of [1, 2, 4])
 
 On JAX, ``distribution(devices=8, model_parallel=2, model="ViT-L/16")``
-gives the ``ModelParallel`` to train ViT-L/16 on 8 devices, 4 data-parallel
-replicas of 2 shards each (see :func:`distribution`).
+trains ViT-L/16 on 4 data-parallel replicas of 2 shards each.
 """
 
 from __future__ import annotations
@@ -53,14 +41,12 @@ MODEL_AXIS = "model"
 BATCH_AXIS = "batch"
 
 # (role, regular expression on ``variable.path``, axes). "model" in the axes
-# is replaced by the mesh's model-axis name. The optional ``(.*/)?`` prefix
-# keeps the rules valid for a model nested in another one. The role names
-# the hyperparameter a model axis must divide (in the error messages).
+# is replaced by the mesh's model-axis name; ``(.*/)?`` allows a nested
+# model. The role names the hyperparameter a model axis must divide.
 _RULES = (
-    # Transformer blocks (ViT, hybrid, Axial-ViT row/column blocks). The
-    # attention kernels are stored (D, heads, D/heads) and (heads, D/heads,
-    # D), the checkpoint layout; splitting the heads axis is the column
-    # (resp. row) split of the 2-D matrix the layer multiplies by.
+    # Transformer blocks. The attention kernels are stored (D, heads,
+    # D/heads) and (heads, D/heads, D): splitting the heads axis is the
+    # column (resp. row) split.
     ("num_heads", r"(.*/)?attention/(query|key|value)/kernel",
      (None, "model", None)),
     ("num_heads", r"(.*/)?attention/(query|key|value)/bias", ("model", None)),
@@ -68,11 +54,9 @@ _RULES = (
     ("mlp_dim", r"(.*/)?mlp/dense_0/kernel", (None, "model")),
     ("mlp_dim", r"(.*/)?mlp/dense_0/bias", ("model",)),
     ("mlp_dim", r"(.*/)?mlp/dense_1/kernel", ("model", None)),
-    # The relative position table (rows, heads, D/heads) goes with the
-    # queries it is multiplied with: whole heads per device.
+    # The relative position table goes with the queries: whole heads.
     ("num_heads", r"(.*/)?rel_embedding", (None, "model", None)),
-    # Embedding and head. The patch embedding is as big as a q/k/v kernel
-    # (16 * 16 * 3 = 768 inputs at ViT-B/16): split on its output width.
+    # Embedding and head.
     ("hidden_size", r"(.*/)?patch_embedding/conv/kernel",
      (None, None, None, "model")),
     ("hidden_size", r"(.*/)?patch_embedding/conv/bias", ("model",)),
@@ -118,9 +102,8 @@ def variable_shapes(model, **model_kwargs):
     from keras_vit import zoo
 
     # Built in a stateless scope, variables get a path and a shape but no
-    # value: ViT-H's map costs seconds and no memory. Keras would give them
-    # values at the next stateless scope's exit (any symbolic call), so they
-    # are taken off its list of variables waiting for one.
+    # value. Keras would give them values at the next stateless scope's
+    # exit, so they are taken off its list of variables waiting for one.
     with keras.StatelessScope(initialize_variables=False):
         built = zoo.load(model, weights=None, **model_kwargs)
         variables = list(built.weights)
@@ -142,17 +125,14 @@ def _divisors(n):
 def layout_rules(model, model_parallel=None, *, model_axis=MODEL_AXIS,
                  **model_kwargs):
     """The sharding rules of ``model``, backend-neutral:
-    ``{regex on variable.path: axes}`` with ``model_axis`` where a variable
-    is split and None where it is not; only rules that match a variable of
-    this model are returned. Variables no rule matches are replicated.
+    ``{regex on variable.path: axes}``, only rules that match a variable of
+    this model. Variables no rule matches are replicated.
 
     Args:
-        model: a keras_vit model (ViT, hybrid, BiT, Axial-ViT), or a zoo
-            name (``"ViT-L/16"``) built with ``model_kwargs`` (those of
-            :func:`keras_vit.zoo.load`: ``image_size``, ``num_classes``,
-            ``representation_size``...) without allocating weights.
+        model: a keras_vit model, or a zoo name built with ``model_kwargs``
+            (those of :func:`keras_vit.zoo.load`) without allocating weights.
         model_parallel: the size of the model axis, to check that it divides
-            every split dimension (heads, ``mlp_dim``, widths, channels).
+            every split dimension.
         model_axis: the mesh axis name variables are split on.
 
     >>> import keras_vit
@@ -233,10 +213,8 @@ def layout_map(model, device_mesh, *, model_axis=MODEL_AXIS,
     weights over ``device_mesh``'s ``model_axis`` (JAX backend only).
 
     ``model`` is a keras_vit model or a zoo name with ``model_kwargs``
-    (see :func:`layout_rules`); build the model you train under the
-    distribution with the same arguments (``representation_size`` adds the
-    ``pre_logits`` rule). A model axis that does not divide the heads,
-    ``mlp_dim`` or a width raises, naming the nearest size that does.
+    (see :func:`layout_rules`). A model axis that does not divide a split
+    dimension raises, naming the nearest size that does.
 
     >>> import keras, keras_vit
     >>> if keras.backend.backend() == "jax":
@@ -261,22 +239,15 @@ def distribution(devices=None, *, model_parallel=1, model=None,
                  model_axis=MODEL_AXIS, **model_kwargs):
     """A ``keras.distribution`` for training a keras_vit model (JAX only).
 
-    ``model_parallel=1`` (the default) gives
-    :class:`keras.distribution.DataParallel`: the batch split over
-    ``devices`` (a count, the first ones of
-    ``keras.distribution.list_devices()``; default all), every weight
-    replicated. ``model_parallel=k`` gives
-    :class:`keras.distribution.ModelParallel` on a (devices / k, k) mesh
-    with axes ``(batch_axis, model_axis)`` and :func:`layout_map` of
-    ``model`` (a keras_vit model or a zoo name with ``model_kwargs``).
+    ``model_parallel=1`` gives :class:`keras.distribution.DataParallel`
+    over ``devices`` (a count of the first devices; default all).
+    ``model_parallel=k`` gives :class:`keras.distribution.ModelParallel`
+    on a (devices / k, k) mesh and :func:`layout_map` of ``model``.
     ``device_mesh`` gives the mesh instead of ``devices`` and
-    ``model_parallel``: one with a ``model_axis`` larger than 1 is model
-    parallel.
+    ``model_parallel``.
 
-    Set it (``keras.distribution.set_distribution(d)`` or ``with
-    d.scope():``) before building the model: Keras places each variable
-    when it is created. Then ``compile_for_finetune`` + ``model.fit`` as
-    on one device; the global batch is split over ``batch_axis``.
+    Set it before building the model: Keras places each variable when it
+    is created.
 
     >>> import keras
     >>> if keras.backend.backend() == "jax":

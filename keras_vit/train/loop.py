@@ -1,15 +1,7 @@
 """The training loop is Keras' own: :class:`Trainer` builds the model in
-the run's placement, compiles it with the recipe's optimizer (Keras'
-gradient accumulation, global-norm clipping and EMA), and runs
+the run's placement, compiles it with the recipe's optimizer, and runs
 ``model.fit`` on the recipe's input with the callbacks of
-:mod:`~keras_vit.train.callbacks`: step checkpoints and exact resume,
-Ctrl-C, the history and progress bar, periodic evaluation. The rooms
-around it: the settings, fitted and checked
-(:mod:`~keras_vit.train.settings`), where the variables and batches live
-on each backend (:mod:`~keras_vit.train.placement`), the run directory
-(:mod:`~keras_vit.train.run_dir`), the figures and the final line
-(:mod:`~keras_vit.train.progress`), the evaluation
-(:mod:`~keras_vit.train.evaluation`).
+:mod:`~keras_vit.train.callbacks`.
 """
 
 from __future__ import annotations
@@ -44,17 +36,12 @@ class TrainResult:
 
 class Trainer:
     """Fine-tunes or trains a model with a recipe through ``model.fit``,
-    on any Keras backend.
-
-    Accumulation, clipping and EMA are Keras' optimizer options;
-    checkpoints, Ctrl-C, the history and the periodic evaluation are
-    callbacks (:mod:`~keras_vit.train.callbacks`); the input is a function
-    of the step, so a resumed run ends where an uninterrupted one would.
+    on any Keras backend. The input is a function of the step, so a
+    resumed run ends where an uninterrupted one would.
 
     Args:
         model: a zoo name (``"ViT-B/16"``), a ``.keras`` path, a
-            ``keras.Model`` or a function returning one. Built by the
-            library in the run's placement and dtype policy.
+            ``keras.Model`` or a function returning one.
         train_data: an :class:`~keras_vit.train.data.sources.ImageSource`
             or a spec for :func:`~keras_vit.train.load_data` (``"digits"``,
             ``"tfds:cifar10"``, a folder, an ``.npz``, ``(x, y)``).
@@ -67,26 +54,22 @@ class Trainer:
         strategy: a name for :func:`~keras_vit.train.strategy` or a
             ``tf.distribute.Strategy`` (TensorFlow); ``"auto"``,
             ``"default"`` or ``"data_parallel"`` (JAX); ``"auto"`` or
-            ``"default"`` (torch). See :mod:`~keras_vit.train.placement`.
+            ``"default"`` (torch).
         weights: for a zoo name: a weights tag, path, URL, ``"auto"``, or
             None (random initialisation).
         resume: continue from the last checkpoint in ``out_dir``; False
             deletes old checkpoints and starts again.
         model_options: more keyword arguments for ``zoo.load``.
-        remat: True rematerialises every block in training (the same
-            gradients for less memory,
-            :func:`keras_vit.models.common.set_remat`); None keeps the
-            model's own setting.
+        remat: True rematerialises every block in training (less
+            memory); None keeps the model's own setting.
         tpu: TPU name or address for the ``tpu`` strategy.
         model_parallel: JAX only: split the big weights over this many
-            devices (``keras.distribution.ModelParallel``, layouts from
-            :func:`~keras_vit.train.layout_map`); leave ``strategy="auto"``.
+            devices (``keras.distribution.ModelParallel``).
         verbose: print the set-up, a progress bar and the result.
         **overrides: recipe fields (``total_steps=``, ``batch_size=``, ...).
 
     Subclasses change the objective with :meth:`prepare_model`,
-    :meth:`objective` and :meth:`training_batches` (:mod:`~keras_vit.train.
-    mpp` does).
+    :meth:`objective` and :meth:`training_batches`.
 
     Example (a few steps on the built-in digits):
 
@@ -99,9 +82,8 @@ class Trainer:
     (3, True)
     """
 
-    #: Whether the model's head is named after the data's classes
-    #: (``class_names``, e.g. a folder's sub-folders): a classifier's is,
-    #: the head of a self-supervised objective is not.
+    #: Whether the model's head is named after the data's classes (not for
+    #: a self-supervised objective).
     names_classes = True
     strategy = property(lambda self: self.placement.strategy)
 
@@ -121,7 +103,6 @@ class Trainer:
         self.out_dir = None if out_dir is None else os.path.abspath(
             os.fspath(out_dir))
         if self.out_dir is not None and self.is_chief:
-            # Before the data and the model: a second run is refused at once.
             self._release_run_dir = run_dir.lock_run_dir(self, self.out_dir)
         self.train = load_data(train_data, verbose=verbose)
         self.eval = (None if eval_data is None
@@ -163,9 +144,8 @@ class Trainer:
         self.step = self.resumed_from or 0
 
     def prepare_model(self, model):
-        """The model :func:`build_model` made -> the model to train. Runs
-        in the run's placement scope under its dtype policy. Here: checks
-        that a classifier has one output per class of the data."""
+        """The model :func:`build_model` made -> the model to train (in the
+        run's placement scope and dtype policy). Here: checks the head."""
         settings.check_head(model, self.train.num_classes)
         return model
 
@@ -180,9 +160,8 @@ class Trainer:
         return self.model
 
     def training_batches(self, dataset, first_step, shard):
-        """The ``tf.data`` batches of ``(images, labels)`` of one input
-        pipeline (``shard``: its index among them), the first for step
-        ``first_step`` -> what ``fit`` trains on. Here: as they are."""
+        """The ``tf.data`` batches of one input pipeline (``shard``: its
+        index), the first for ``first_step`` -> what ``fit`` trains on."""
         return dataset
 
     def position(self, step):
@@ -206,8 +185,6 @@ class Trainer:
         uninterrupted run would see it."""
         from keras_vit.train.data.pipeline import steps_dataset
 
-        # The recipe's crop, flip, augmentation and batch mixing; the
-        # model decides its input normalisation.
         options = dict(recipes_lib.pipeline_options(
             self.recipe, self.train.num_classes),
             model=self.trained_model())
@@ -226,10 +203,8 @@ class Trainer:
     def fit(self, stop_at_step=None):
         """Trains to the recipe's last step (from the last checkpoint if
         there is one), evaluates, saves, and returns a :class:`TrainResult`.
-
         ``stop_at_step`` ends the run early after that step, with a
-        checkpoint (a later ``fit()`` continues it).
-        """
+        checkpoint."""
         r, start = self.recipe, self.step
         log = RunLog(self.out_dir, chief=self.is_chief, step=start)
         self._say(f"training {self.describe()}")
@@ -264,8 +239,7 @@ class Trainer:
         if not done:
             return TrainResult(self.trained_model(), metrics, self.out_dir)
         if self.eval is not None:
-            # With EMA: the trained weights were evaluated before Keras put
-            # the average in (final.raw_eval), the average now.
+            # With EMA: the trained weights were evaluated before (final).
             tag = "ema" if self.ema else None
             metrics["eval" if tag is None else "eval_ema"] = (
                 self._evaluate_and_log(log, step, tag))
@@ -295,8 +269,7 @@ class Trainer:
 def _build_and_compile(t, model, *, weights, model_options, remat, named,
                        overrides):
     """Builds ``t``'s (a :class:`Trainer`) model in its placement under its
-    dtype policy, fits the recipe to it, and compiles it with the recipe's
-    optimizer, the objective's loss and metrics."""
+    dtype policy, fits the recipe to it, and compiles it."""
     r = t.recipe
     with t.placement.scope():
         built = build_model(
@@ -304,8 +277,6 @@ def _build_and_compile(t, model, *, weights, model_options, remat, named,
             model_options=model_options, dtype=t.precision,
             label_names=(t.train.class_names if t.names_classes else None),
             **settings.model_settings(model, r, overrides))
-        # Rematerialised blocks: the same numbers, several times less
-        # activation memory for about one more forward pass a step.
         from keras_vit.models.common import set_remat
 
         set_remat(built, remat)
@@ -332,9 +303,8 @@ def _callbacks(trainer, log, start, end):
     r = trainer.recipe
     counts = dict(start_step=start, accumulation_steps=trainer.accum)
     trainer.checkpoints.begin(start)
-    # Ctrl-C stops after the step under way, which is then saved (one
-    # process with a run directory; several workers would have to agree on
-    # the step, so they stop as before).
+    # Ctrl-C stops after the step under way (one process with a run
+    # directory; several workers would have to agree on the step).
     ctrl_c = StopOnCtrlC(enabled=trainer.out_dir is not None
                          and trainer.info["workers"] == 1, **counts)
     steps = StepLog(
@@ -344,9 +314,7 @@ def _callbacks(trainer, log, start, end):
         epoch_of=lambda step: step // trainer.steps_per_epoch,
         show=trainer.verbose and trainer.is_chief,
         hint=f"learning_rate={r.learning_rate}", **counts)
-    # Keras puts the EMA into the weights at the end of every fit: a
-    # complete run's trained weights are evaluated first ("eval"), a
-    # stopped run's are put back for the next fit() to go on from.
+    # Keras puts the EMA into the weights at the end of every fit.
     final = TrainedWeights(
         total_steps=trainer.total_steps, enabled=trainer.ema,
         on_complete=(None if trainer.eval is None else
@@ -366,11 +334,8 @@ def _callbacks(trainer, log, start, end):
 
 def fine_tune(model, train_data, eval_data=None, *, recipe="finetune",
               **kwargs):
-    """Fine-tunes ``model`` with the paper's recipe (Table 4 / B.1.1) and
-    returns a :class:`TrainResult`; see :class:`Trainer` for the arguments.
-
-    A zoo name gets a zero-initialised head for the data's classes and
-    position embeddings resized to the recipe's resolution (384)::
+    """Fine-tunes ``model`` with the paper's recipe and returns a
+    :class:`TrainResult`; see :class:`Trainer` for the arguments::
 
         run = keras_vit.train.fine_tune("ViT-B/16", "tfds:oxford_iiit_pet",
                                         recipe="finetune-pets-flowers",

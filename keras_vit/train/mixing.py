@@ -3,25 +3,11 @@
 ``(mixed images, soft targets)`` out, for any Keras backend's
 ``model.fit``.
 
-The definition is timm's ``Mixup`` in its default ``mode="batch"`` (the
-one DeiT trains with), read from timm 1.0's ``timm/data/mixup.py``:
-
-- one lambda per batch, drawn from Beta(alpha, alpha); with both MixUp
-  and CutMix on, CutMix is chosen with probability ``switch_prob``;
-- every image is mixed with its partner in the reversed batch (image
-  ``i`` with image ``n - 1 - i``);
-- MixUp: ``lam * x + (1 - lam) * reversed(x)``;
-- CutMix: a box of side ``sqrt(1 - lam)`` times the image's, centred on a
-  uniformly drawn pixel and clipped to the image, is pasted from the
-  partner; lambda becomes the share of the image left uncovered (the
-  clipped box can be smaller than drawn);
-- targets: the one-hot labels are smoothed first (``1 - s + s / C`` on
-  the label, ``s / C`` elsewhere), then mixed with the same lambda, so
-  each row sums to 1.
-
-Randomness is stateless: the same ``seed`` gives the same mix, so a
-pipeline that seeds each batch (:func:`mix_dataset`) rebuilds the same
-epoch.
+The definition is timm 1.0's ``Mixup`` in its default ``mode="batch"``:
+one lambda per batch, every image mixed with its partner in the reversed
+batch, CutMix's lambda corrected to the clipped box, the one-hot labels
+smoothed before mixing. Randomness is stateless: the same ``seed`` gives
+the same mix.
 
 >>> import numpy as np
 >>> images = np.zeros((4, 8, 8, 3), "float32")
@@ -46,7 +32,7 @@ from keras_vit.base.limits import MAX_MIX_ALPHA
 def check_mixing(mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5,
                  label_smoothing=0.0, num_classes=None):
     """The mixing arguments as floats (and ``num_classes`` as an int), or
-    a ValueError naming the first bad one and echoing it.
+    a ValueError naming the first bad one.
 
     >>> check_mixing(mixup_alpha=-1.0)
     Traceback (most recent call last):
@@ -80,9 +66,8 @@ def smoothed_one_hot(labels, num_classes, label_smoothing=0.0):
 
 
 def mix_targets(labels, num_classes, lam, label_smoothing=0.0):
-    """Soft targets of a batch mixed with weight ``lam`` (each label with
-    its partner in the reversed batch), smoothed before mixing: timm's
-    ``mixup_target`` for single-label targets.
+    """Soft targets of a batch mixed with weight ``lam``, smoothed before
+    mixing: timm's ``mixup_target``.
 
     >>> mix_targets([0, 1], 2, 0.75).numpy().tolist()
     [[0.75, 0.25], [0.25, 0.75]]
@@ -97,12 +82,9 @@ def mix_targets(labels, num_classes, lam, label_smoothing=0.0):
 
 def cutmix_box(height, width, lam, center):
     """``((top, bottom, left, right), lam)`` of the CutMix box for
-    ``lam`` centred on ``center`` (row, column): sides
-    ``int(side * sqrt(1 - lam))``, clipped to the image, and lambda
-    corrected to the share of the image the clipped box leaves
-    (timm's ``rand_bbox`` and ``cutmix_bbox_and_lam`` with
-    ``correct_lam=True``, the centre given instead of drawn). Computed in
-    float64 as timm does, so that the box's integer sides agree.
+    ``lam`` centred on ``center`` (row, column), clipped to the image, and
+    lambda corrected to the share it leaves (timm's ``rand_bbox`` with
+    ``correct_lam=True``). In float64 as timm, so the integer sides agree.
 
     >>> box, lam = cutmix_box(10, 10, 0.75, (0, 5))
     >>> [int(v) for v in box], float(lam)
@@ -136,9 +118,8 @@ def _beta(alpha, seeds):
 
 
 def _check_labels(labels, num_classes):
-    """Labels outside [0, num_classes) would become all-zero one-hot rows
-    (targets that do not sum to 1): refused, eagerly with a ValueError,
-    inside a graph with an assertion."""
+    """Refuses labels outside [0, num_classes) (all-zero one-hot rows):
+    eagerly with a ValueError, inside a graph with an assertion."""
     import tensorflow as tf
 
     if tf.executing_eagerly():
@@ -174,11 +155,9 @@ def mix_batch(images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0,
         label_smoothing: spread over all classes before mixing.
         num_classes: the targets' width.
         seed: a stateless seed: two integers (a pair or a shape-(2,)
-            tensor); the same seed gives the same mix.
+            tensor).
 
-    With both alphas 0 nothing is mixed and the targets are the smoothed
-    one-hot labels (so one pipeline serves a loss that wants dense
-    targets either way).
+    With both alphas 0 the targets are the smoothed one-hot labels.
 
     >>> import numpy as np
     >>> x = np.stack([np.full((4, 4, 3), v, "float32") for v in (0, 1)])
@@ -225,11 +204,9 @@ def mix_batch(images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0,
 def apply_mix(images, labels, *, lam, cutmix, center=(0, 0),
               label_smoothing=0.0, num_classes):
     """The mix of :func:`mix_batch` once its draws are made: ``lam``,
-    whether it is CutMix (``cutmix``, a bool or a boolean tensor) and
-    the CutMix box's ``center`` (row, column). Returns ``(mixed images,
-    soft targets)``; for CutMix the targets use the clipped box's lambda
-    (:func:`cutmix_box`). Below, the 2 x 2 box drawn for lambda 0.75
-    centred on a corner keeps 1 of its 4 pixels: lambda becomes 15/16.
+    whether it is CutMix (a bool or a boolean tensor) and the CutMix box's
+    ``center`` (row, column). Below, the 2 x 2 box for lambda 0.75 centred
+    on a corner keeps 1 of its 4 pixels: lambda becomes 15/16.
 
     >>> import numpy as np
     >>> x = np.stack([np.zeros((4, 4, 3)), np.ones((4, 4, 3))]).astype("float32")
@@ -244,10 +221,7 @@ def apply_mix(images, labels, *, lam, cutmix, center=(0, 0),
     lam = tf.cast(lam, tf.float64)
     shape = tf.shape(images)
     box, lam_box = cutmix_box(shape[1], shape[2], lam, center)
-    # One pass for either mix: each pixel's weights on the image and on
-    # its partner, as planes the size of one image (MixUp: lam and
-    # 1 - lam everywhere; CutMix: 0 and 1 inside the box, 1 and 0
-    # outside), broadcast over the batch.
+    # One pass for either mix: each pixel's weights on image and partner.
     top, bottom, left, right = box
     rows = tf.range(shape[1])[:, None]
     cols = tf.range(shape[2])[None, :]
@@ -268,8 +242,7 @@ def apply_mix(images, labels, *, lam, cutmix, center=(0, 0),
 
 class BatchMixer:
     """:func:`mix_batch` with its options bound: ``mixer(images, labels,
-    seed)``. :meth:`map` applies it to a batched ``tf.data.Dataset``,
-    seeding each batch (see :func:`mix_dataset`).
+    seed)``. :meth:`map` applies it to a batched ``tf.data.Dataset``.
 
     >>> import tensorflow as tf, numpy as np
     >>> ds = tf.data.Dataset.from_tensor_slices(
@@ -288,11 +261,7 @@ class BatchMixer:
             num_classes)
 
     def options(self):
-        return dict(mixup_alpha=self.mixup_alpha,
-                    cutmix_alpha=self.cutmix_alpha,
-                    switch_prob=self.switch_prob,
-                    label_smoothing=self.label_smoothing,
-                    num_classes=self.num_classes)
+        return {name: getattr(self, name) for name in _OPTIONS}
 
     def __call__(self, images, labels, seed):
         return mix_batch(images, labels, seed=seed, **self.options())
@@ -315,9 +284,8 @@ def mix_dataset(dataset, *, seed=0, epoch=None, **options):
     :func:`mix_batch` (``options``: its keyword arguments but ``seed``).
 
     Each batch gets its own stateless seed from ``seed``: ``epoch=None``
-    draws new ones each time the dataset is iterated (what ``model.fit``
-    needs, as :func:`keras_vit.train.data.pipeline.dataset` does), an
-    int gives that epoch the same mixes every time it is built.
+    draws new ones each time the dataset is iterated, an int gives that
+    epoch the same mixes every time it is built.
 
     >>> import tensorflow as tf, numpy as np
     >>> ds = tf.data.Dataset.from_tensor_slices(
@@ -345,8 +313,7 @@ def mix_dataset(dataset, *, seed=0, epoch=None, **options):
                                        % (2 ** 31 - 1))
     seeds = seeds.batch(2)
 
-    # No Python control flow on tensors: autograph's conversion (seconds of
-    # tracing) is not needed.
+    # No Python control flow on tensors: autograph (seconds) is not needed.
     @tf.autograph.experimental.do_not_convert
     def mix(batch, seed):
         return mix_batch(batch[0], batch[1], seed=seed, **options)
@@ -356,10 +323,8 @@ def mix_dataset(dataset, *, seed=0, epoch=None, **options):
 
 
 def dense_targets(y_true, y_pred):
-    """``y_true`` as ``(batch, num_classes)`` float rows: a mixed batch's
-    soft targets as they are, integer labels (an evaluation batch, shape
-    ``(batch,)`` or ``(batch, 1)``) one-hot. Told apart by shape: rows
-    are as wide as the logits.
+    """``y_true`` as ``(batch, num_classes)`` float rows: soft targets as
+    they are, integer labels one-hot (told apart by shape).
 
     >>> import numpy as np
     >>> logits = np.zeros((2, 3), "float32")
@@ -378,11 +343,8 @@ def dense_targets(y_true, y_pred):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class SoftTargetCrossentropy(keras.losses.Loss):
-    """Softmax cross-entropy from logits against soft targets (a mixed
-    batch's rows, smoothed already by :func:`mix_batch`), or against
-    integer labels smoothed by ``label_smoothing`` (evaluation batches):
-    timm's ``SoftTargetCrossEntropy`` for the one, the recipe's smoothed
-    loss for the other.
+    """Softmax cross-entropy from logits against soft targets (smoothed
+    already), or against integer labels smoothed by ``label_smoothing``.
 
     >>> import numpy as np
     >>> loss = SoftTargetCrossentropy()
@@ -414,13 +376,9 @@ class SoftTargetCrossentropy(keras.losses.Loss):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class BinaryMixedTargets(keras.losses.Loss):
-    """DeiT III's loss for mixed batches: one sigmoid per class, every
-    class present in the (mixed) target a positive (its target weight
-    above 0 becomes 1), binary cross-entropy from logits averaged over
-    the classes and the batch (torch's ``BCEWithLogitsLoss`` after DeiT
-    III's ``targets.gt(0.0)``); integer labels (evaluation batches) are
-    one-hot. Label smoothing would make every class present, so a recipe
-    refuses it with this loss.
+    """DeiT III's loss for mixed batches: every class present in the
+    target a positive, binary cross-entropy from logits averaged over the
+    classes; integer labels are one-hot.
 
     >>> import numpy as np
     >>> loss = BinaryMixedTargets()

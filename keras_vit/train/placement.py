@@ -1,15 +1,11 @@
 """Where a run's variables and batches live, on each Keras backend; the
 steps themselves are Keras' own (``model.fit``).
 
-- TensorFlow: a ``tf.distribute`` strategy (one device, ``mirrored``,
-  ``multi_worker``, ``tpu``). The model and optimizer are built in its
-  scope, so ``fit`` runs under it; the input is one pipeline per worker
-  (``distribute_datasets_from_function``), each its shard of every epoch.
-- jax: one device, ``keras.distribution.DataParallel`` (``"auto"`` with
-  several devices, or ``"data_parallel"``), or ``ModelParallel`` with
-  ``model_parallel=k``: the weights split over a ``(devices / k, k)`` mesh
-  as :func:`keras_vit.train.layout_map` says, the batch over its first
-  axis. ``fit`` places every batch itself.
+- TensorFlow: a ``tf.distribute`` strategy; the input is one pipeline per
+  worker, each its shard of every epoch.
+- jax: one device, ``keras.distribution.DataParallel``, or
+  ``ModelParallel`` with ``model_parallel=k`` over a ``(devices / k, k)``
+  mesh.
 - torch: one device.
 
 >>> import keras_vit.train as kt
@@ -35,7 +31,7 @@ class Placement:
             or None (torch).
         replicas: how many copies of the model split each batch.
         info: name, class, replicas, workers, task and whether this process
-            is the chief (writes checkpoints, logs and the model).
+            is the chief.
     """
 
     def __init__(self, name="auto", *, tpu=None, model_parallel=None):
@@ -78,8 +74,6 @@ class Placement:
                      if self.backend == "jax" else "default")
         workers, index = 1, 0
         if self.backend == "jax":
-            # Several processes (keras.distribution.initialize): the first
-            # writes the run directory.
             import jax
 
             workers, index = jax.process_count(), jax.process_index()
@@ -118,8 +112,7 @@ class Placement:
                     f"{len(devices)} devices jax sees; the nearest that "
                     f"does is {near}")
             shape = (len(devices) // k, k)
-            # The mesh now (the batch is split by its first axis); the
-            # ModelParallel once the model exists (place()).
+            # The mesh now; the ModelParallel once the model exists.
             self._mesh = keras.distribution.DeviceMesh(
                 shape, [layouts.BATCH_AXIS, layouts.MODEL_AXIS],
                 devices=np.array(devices).reshape(shape))
@@ -145,8 +138,7 @@ class Placement:
 
     @property
     def on_tpu(self):
-        """Whether the run trains on TPU cores (a ``tpu`` strategy, or the
-        TPU devices jax sees)."""
+        """Whether the run trains on TPU cores."""
         if self.backend == "tensorflow":
             return self.info["name"] == "tpu"
         if self.backend == "jax":
@@ -161,9 +153,9 @@ class Placement:
         return strategy_lib.check_precision(requested, on_tpu=self.on_tpu)
 
     def uses_xla(self, requested, precision):
-        """``jit_compile`` for ``model.compile``: on TensorFlow the one
-        decision of :func:`~keras_vit.train.distribute.step_uses_xla`; jax
-        compiles every step; torch runs eagerly unless asked."""
+        """``jit_compile`` for ``model.compile``: on TensorFlow
+        :func:`~keras_vit.train.distribute.step_uses_xla`; jax compiles
+        every step; torch runs eagerly unless asked."""
         if self.backend == "tensorflow":
             return strategy_lib.step_uses_xla(self.strategy, requested,
                                               precision)
@@ -173,10 +165,7 @@ class Placement:
 
     def place(self, model):
         """``model`` with its variables where the run keeps them: under a
-        jax distribution rebuilt in its scope (replicated under
-        ``DataParallel``; under ``model_parallel`` each weight split as
-        :func:`~keras_vit.train.layout_map` says); else as it is (built in
-        :meth:`scope` already)."""
+        jax distribution rebuilt in its scope; else as it is."""
         if self.backend != "jax" or (self.strategy is None
                                      and self._mesh is None):
             return model
@@ -198,8 +187,7 @@ class Placement:
         index)`` of every epoch for ``local`` replicas, each batch holding
         ``per_batch`` replicas' images. Under a ``tf.distribute`` strategy
         with several replicas it runs once per worker, a batch per replica;
-        elsewhere once, with every replica's images in one batch (jax
-        splits it over the devices)."""
+        elsewhere once, with every replica's images in one batch."""
         if self.backend != "tensorflow" or self.replicas == 1:
             return make((1, 0), self.replicas, self.replicas)
         import tensorflow as tf

@@ -1,11 +1,8 @@
 """How a training run reports itself: the history lines and TensorBoard
 scalars as it goes, and the figures and last line of the finished run.
 
-:class:`RunLog` serves one ``Trainer.fit()``: the
-:class:`~keras_vit.train.callbacks.StepLog` callback hands it each history
-row, the Trainer each evaluation; it keeps the history in memory (a run
-without a run directory still returns it) and, on the chief, writes it to
-the run directory (:mod:`~keras_vit.train.run_dir`).
+:class:`RunLog` serves one ``Trainer.fit()``: it keeps the history in
+memory and, on the chief, writes it to the run directory.
 """
 
 from __future__ import annotations
@@ -98,10 +95,8 @@ class RunLog:
 
     def figures(self, settings, *, step, complete, resumed_from, batch_size,
                 num_examples, wall):
-        """The figures of a run that ended at ``step`` after ``wall``
-        seconds of training (``metrics.json``): its ``settings``
-        (``run.json``), where it started and ended, the last history line,
-        the whole history and the speed."""
+        """The figures (``metrics.json``) of a run that ended at ``step``
+        after ``wall`` seconds of training, with its ``settings``."""
         self.wall = wall
         start_step = self.start_step
         history = self.history()
@@ -123,8 +118,7 @@ class RunLog:
         }
 
     def finish(self, model, metrics, *, ema):
-        """Saves a complete run's ``model`` and ``metrics`` (see
-        :func:`~keras_vit.train.run_dir.save_results`) and returns the
+        """Saves a complete run's ``model`` and ``metrics`` and returns the
         line to print."""
         if self.out_dir is not None and self.chief:
             run_dir.save_results(self.out_dir, model, metrics, ema=ema)

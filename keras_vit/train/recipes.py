@@ -8,11 +8,10 @@ B.1.1) and pre-training (Table 3) settings, each overridable.
 >>> recipes.get("pretrain").weight_decay
 0.03
 
-The ViT family's later ImageNet recipes are rows too: ``"augreg"`` (How
-to train your ViT), ``"deit"`` and ``"deit3"``, with MixUp / CutMix,
-RandAugment, random erasing, stochastic depth, layer decay and a loss
-choice as fields (all off in the paper's recipes). Their pieces work
-with plain ``model.fit``::
+The later recipes ``"augreg"``, ``"deit"`` and ``"deit3"`` add MixUp /
+CutMix, RandAugment, random erasing, stochastic depth, layer decay and a
+loss choice (all off in the paper's). Their pieces work with
+``model.fit``::
 
     import keras_vit.train as kt
     from keras_vit.train import recipes
@@ -27,9 +26,6 @@ with plain ``model.fit``::
                       r, 1000, clip_in_optimizer=True, model=model),
                   loss=recipes.make_loss(r), metrics=["accuracy"])
     model.fit(train, epochs=1, steps_per_epoch=1000)
-
-(``tests/train/test_recipes.py`` runs the same with a tiny model.) The
-recipe's ``ema_decay`` becomes Keras' ``use_ema`` in that optimizer.
 """
 
 from __future__ import annotations
@@ -43,32 +39,26 @@ from keras_vit.base.checks import (check_choice, check_int, check_number, closes
                               did_you_mean)
 from keras_vit.train.distribute import check_precision_name
 
-# Masked patch prediction (keras_vit.train.mpp): its objectives and targets.
+# Masked patch prediction's objectives and targets.
 MPP_OBJECTIVES = ("mpp",)
 MPP_TARGETS = ("mean_color", "color_4x4", "l2")
 
 OPTIMIZERS = ("sgd", "adam", "lamb")
 SCHEDULES = ("cosine", "linear", "constant")
-# "softmax": cross-entropy over the classes; "bce": DeiT III's binary
-# cross-entropy, one sigmoid per class.
+# "bce": DeiT III's binary cross-entropy, one sigmoid per class.
 LOSSES = ("softmax", "bce")
 
 
-# The weight average's horizon, 1 / (1 - ema_decay) optimizer steps, may
-# span at most this share of the run. The weights a run starts from keep
-# ema_decay ** total_steps = exp(-total_steps / horizon) of the average:
-# at a horizon of half the run, e**-2 = 14%, which is where the paper's own
-# Table 2 setting sits (0.9999 over ImageNet's 20k fine-tuning steps);
-# DeiT's 0.99996 over 375k steps keeps 3e-7. The DeiT recipe's average
-# over a 120-step fine-tune kept 99.5% of the starting weights (evaluation
-# at chance where the raw weights reached a loss of 0.2).
+# The weight average's horizon, 1 / (1 - ema_decay) steps, may span at most
+# this share of the run: the starting weights then keep e**-2 = 14% of the
+# average (the paper's 0.9999 over 20k steps). DeiT's average over a
+# 120-step fine-tune kept 99.5% of them (evaluation at chance).
 EMA_HORIZON_SHARE = 0.5
 
 
 def ema_fits(ema_decay, total_steps):
-    """Whether a weight average of ``ema_decay`` fits a run of
-    ``total_steps`` (its horizon at most :data:`EMA_HORIZON_SHARE` of it);
-    None (no average) always fits.
+    """Whether a weight average of ``ema_decay`` (None: none) fits a run
+    of ``total_steps``.
 
     >>> ema_fits(0.9999, 20_000), ema_fits(0.99996, 120)
     (True, False)
@@ -80,9 +70,8 @@ def ema_fits(ema_decay, total_steps):
 
 
 def largest_ema(total_steps):
-    """The largest ``ema_decay`` that fits a run of ``total_steps``
-    (``1 - 1 / (share * total_steps)``), or None when none does (a run of
-    two steps or fewer).
+    """The largest ``ema_decay`` that fits a run of ``total_steps``, or
+    None when none does.
 
     >>> largest_ema(120)
     0.9833333333333333
@@ -100,9 +89,8 @@ def _ema_text(ema_decay, total_steps):
 
 
 def check_ema(ema_decay, total_steps):
-    """A ValueError naming ``ema_decay`` (``--ema``) when its average does
-    not fit a run of ``total_steps`` (:func:`ema_fits`), with the largest
-    that does.
+    """Refuses an ``ema_decay`` whose average does not fit a run of
+    ``total_steps``, naming the largest that does.
 
     >>> check_ema(0.99996, 120)
     Traceback (most recent call last):
@@ -136,77 +124,48 @@ class Recipe:
     named recipe and override fields; ``recipe.replace(**fields)`` too.
 
     Attributes:
-        name: the recipe it started from.
         optimizer: ``"sgd"`` (with ``momentum``), ``"adam"`` (with
-            ``beta_1``, ``beta_2``; decoupled ``weight_decay`` makes AdamW)
-            or ``"lamb"`` (Keras' LAMB, same betas; its weight decay is
-            decoupled, outside the trust ratio).
+            ``beta_1``, ``beta_2``; ``weight_decay`` makes AdamW) or
+            ``"lamb"`` (Keras' LAMB, weight decay outside the trust ratio).
         learning_rate: peak learning rate (after warmup), at most 10.
-        scale_lr_with_batch: the named recipe's ``learning_rate`` is for
-            its own ``batch_size``; :func:`get` with another
-            ``batch_size`` (and no ``learning_rate``) scales the rate
-            linearly with it, DeiT's ``5e-4 * batch_size / 512``
-            (:func:`scaled_learning_rate`).
+        scale_lr_with_batch: :func:`get` with another ``batch_size`` (and
+            no ``learning_rate``) scales the rate linearly with it, DeiT's
+            ``5e-4 * batch_size / 512``.
         lr_sweep: the values the paper swept for this setting (information).
-        schedule: decay after warmup, to zero: ``"cosine"``, ``"linear"``,
-            ``"constant"``.
-        warmup_steps: linear warmup from zero, in optimizer steps.
+        schedule: decay after warmup, to zero.
         total_steps: optimizer steps; None: from ``epochs``.
-        epochs: passes over the data when ``total_steps`` is None.
         batch_size: global batch per optimizer step (all replicas, all
             accumulation steps).
         micro_batch_size: images per replica per forward pass; smaller than
-            the per-replica batch means gradient accumulation (for memory).
-            None: no accumulation.
+            the per-replica batch means gradient accumulation. None: none.
         grad_clip_norm: clip the (all-reduced) gradient at this global norm;
             None: no clipping.
-        weight_decay: decoupled weight decay (times the learning rate, as in
-            the official code); 0 for none.
-        label_smoothing: 0 for none.
-        dropout_rate: dropout of the model (after dense layers and the
-            embedding, not on attention weights).
-        image_size: training resolution; for a fine-tune above the
-            pre-training resolution, position embeddings are resized.
+        weight_decay: decoupled weight decay (times the learning rate).
+        dropout_rate: dropout of the model (not on attention weights).
         ema_decay: Polyak averaging of the weights per optimizer step
-            (0.9999 in the paper's Table 2), Keras' ``use_ema`` with
-            ``ema_momentum``; the average replaces the raw weights at the
-            end of the run; None: off. Its horizon ``1 / (1 - ema_decay)``
-            steps must fit in half the run (:func:`fit_ema`).
+            (Keras' ``use_ema``), put in the weights at the end of the run;
+            None: off. Its horizon ``1 / (1 - ema_decay)`` steps must fit
+            in half the run (:func:`fit_ema`).
         precision: ``"auto"`` (bfloat16 on TPU, float32 elsewhere),
             ``"float32"`` or ``"mixed_bfloat16"``.
-        jit_compile: XLA for the forward and backward pass of the train
-            step: True, False, or ``"auto"`` (on for mixed_bfloat16 with one
-            replica, where it measured faster on CPU; a TPU compiles the
-            whole step anyway; see :func:`keras_vit.train.distribute.step_uses_xla`).
+        jit_compile: XLA for the train step: True, False, or ``"auto"``
+            (:func:`keras_vit.train.distribute.step_uses_xla`).
         crop_area: inception-crop area range for training, or None for a
             plain resize.
-        flip: random horizontal flips in training.
         eval_crop: central-crop fraction before the evaluation resize.
-        checkpoint_every: steps between checkpoints (and at the end).
-        log_every: steps between TensorBoard / progress updates.
         eval_every: steps between evaluations on the eval data; None: at
             the end only.
         seed: seeds the data order, the augmentation and new weights.
-        mixup_alpha: MixUp's Beta(alpha, alpha) per batch; 0: off
-            (:mod:`keras_vit.train.mixing`).
-        cutmix_alpha: CutMix's, the same way; 0: off.
-        mix_switch_prob: with both on, the chance a batch is CutMix.
+        mix_switch_prob: with MixUp and CutMix on, the chance a batch is
+            CutMix.
         randaugment: ``(num_ops, magnitude[, magnitude_std])`` of timm's
-            RandAugment (:mod:`keras_vit.train.data.randaugment`),
-            magnitude on its 0-10 level scale; None: off.
+            RandAugment, magnitude on its 0-10 scale; None: off.
         random_erasing: the chance an image gets a box of noise; 0: off.
-        three_augment: DeiT III's 3-Augment (grayscale, solarisation or
-            blur per image).
-        color_jitter: brightness/contrast/saturation jitter strength; 0:
-            off.
         drop_path_rate: stochastic depth of the last block (growing
-            linearly from 0 at the first), a model option
-            (:func:`model_options`).
-        layer_decay: layer-wise learning-rate decay in (0, 1]
-            (:mod:`keras_vit.train.layer_decay`); None: off.
-        loss: ``"softmax"`` cross-entropy or DeiT III's ``"bce"`` (every
-            class present in a mixed target a positive; no label
-            smoothing with it).
+            linearly from 0 at the first).
+        layer_decay: layer-wise learning-rate decay in (0, 1]; None: off.
+        loss: ``"softmax"`` cross-entropy or DeiT III's ``"bce"`` (no
+            label smoothing with it).
     """
 
     name: str = "custom"
@@ -290,7 +249,6 @@ class Recipe:
             raise ValueError(
                 "a recipe needs total_steps or epochs; received "
                 "total_steps=None and epochs=None")
-        # No cap above: a norm past any gradient's clips nothing, as None.
         if self.grad_clip_norm is not None:
             check_number("grad_clip_norm", self.grad_clip_norm, low=0.0,
                           low_open=True)
@@ -328,8 +286,6 @@ class Recipe:
                      high=1.0)
         check_number("drop_path_rate", self.drop_path_rate, low=0.0,
                      high=1.0, high_open=True)
-        # RandAugment, random erasing, 3-Augment, colour jitter: the
-        # pipeline's own checks, under the same names.
         randaugment = check_augment(self.randaugment, self.random_erasing,
                                     self.three_augment, self.color_jitter)[0]
         object.__setattr__(self, "randaugment", randaugment)
@@ -387,22 +343,17 @@ def _check_fields(fields):
                          f"{', '.join(FIELDS)}")
 
 
-# Table 4 and Appendix B.1.1: SGD momentum 0.9, batch 512, cosine decay, no
-# weight decay, clipping at global norm 1, resolution 384, zero-initialised
-# head. The warmup is not in the paper's tables: the official fine-tuning
-# code warms up for 500 steps; shorter runs here warm up for 10%.
+# Table 4 and Appendix B.1.1. The warmup is the official code's 500 steps
+# (10% for shorter runs), not in the paper's tables.
 _FINETUNE = dict(optimizer="sgd", momentum=0.9, schedule="cosine",
                  batch_size=512, grad_clip_norm=1.0, weight_decay=0.0,
                  image_size=384, dropout_rate=0.0)
-# Table 3: Adam 0.9/0.999, batch 4096, 10k warmup steps, resolution 224.
+# Table 3.
 _PRETRAIN = dict(optimizer="adam", beta_1=0.9, beta_2=0.999, batch_size=4096,
                  warmup_steps=10_000, image_size=224, grad_clip_norm=None,
                  checkpoint_every=1000, log_every=50)
 
-# What DeiT and DeiT III share (facebookresearch/deit's main.py defaults):
-# Adam-style betas, cosine to 0, no clipping or dropout, weight decay
-# 0.05, random-resized crops of 8%-100% and flips, evaluation crop 0.875,
-# MixUp 0.8 and CutMix 1.0 switching at 0.5 per batch, EMA 0.99996.
+# What DeiT and DeiT III share (facebookresearch/deit's main.py defaults).
 _DEIT = dict(beta_1=0.9, beta_2=0.999, schedule="cosine",
              grad_clip_norm=None, weight_decay=0.05, dropout_rate=0.0,
              crop_area=(0.08, 1.0), flip=True, eval_crop=0.875,
@@ -438,28 +389,17 @@ RECIPES = {
     "pretrain-jft": Recipe(
         name="pretrain-jft", **_PRETRAIN, learning_rate=8e-4,
         schedule="linear", weight_decay=0.1, dropout_rate=0.0, epochs=7),
-    # Masked patch prediction (B.1.2, keras_vit.train.mpp): Adam at 2e-4,
-    # 10k warmup steps, cosine decay; no weight decay or clipping is
-    # stated. The paper ran 1M steps of 4096 (14 JFT epochs) but saw
-    # diminishing returns after 100k steps: the recipe stops there. Smaller
-    # runs scale total_steps and warmup_steps together (warmup 10%).
+    # Masked patch prediction (B.1.2): no weight decay or clipping is
+    # stated. The paper ran 1M steps but saw diminishing returns after 100k
+    # steps: the recipe stops there.
     "mpp": Recipe(name="mpp", **dict(_PRETRAIN, log_every=10),
                   learning_rate=2e-4, schedule="cosine", weight_decay=0.0,
                   dropout_rate=0.0, total_steps=100_000),
-    # "How to train your ViT? Data, Augmentation, and Regularization in
-    # Vision Transformers" (Steiner et al. 2021), ImageNet-1k from scratch:
-    # big_vision's configs/vit_i1k.py (Adam 0.9/0.999 at 1e-3, 10k warmup
-    # steps, cosine, batch 4096, 300 epochs, clipping at 1, inception crop
-    # and flip; its "medium2" augmentation: RandAugment(2, 15) and MixUp
-    # alpha 0.5, mixing every batch) with the regularisation of the
-    # released B/32 checkpoint (B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-
-    # do_0.1-sd_0.1): weight decay 0.1 times the learning rate (big_vision's
-    # wd=1e-4 at lr=1e-3), dropout 0.1, stochastic depth 0.1. Evaluated at
-    # resize_small(256) | central_crop(224): eval_crop 0.875. Deviations:
-    # RandAugment is timm's (its operations, each applied with chance
-    # 0.5, the level scale ending at 10), so big_vision's magnitude 15 is
-    # applied as 10; big_vision mixes each image with its neighbour
-    # (np.roll) rather than the reversed batch, the same distribution.
+    # "How to train your ViT?" (Steiner et al. 2021), ImageNet-1k from
+    # scratch: big_vision's configs/vit_i1k.py ("medium2" augmentation) with
+    # the released B/32 checkpoint's regularisation (B_32-i1k-300ep-
+    # lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1). Deviation: RandAugment is
+    # timm's, whose scale ends at 10, so big_vision's magnitude 15 is 10.
     "augreg": Recipe(
         name="augreg", optimizer="adam", beta_1=0.9, beta_2=0.999,
         learning_rate=1e-3, schedule="cosine", warmup_steps=10_000,
@@ -468,36 +408,20 @@ RECIPES = {
         crop_area=(0.05, 1.0), flip=True, eval_crop=0.875,
         randaugment=(2, 10), mixup_alpha=0.5, checkpoint_every=1000,
         log_every=50),
-    # DeiT-B, "Training data-efficient image transformers & distillation
-    # through attention" (Touvron et al. 2021), the defaults of
-    # facebookresearch/deit's main.py at its README's 2 nodes x 8 GPUs x 64:
-    # AdamW, lr 5e-4 * batch / 512 = 1e-3 at batch 1024, weight decay 0.05,
-    # 300 epochs, cosine after 5 warmup epochs (6,255 steps: 1,251 a
-    # ImageNet-1k epoch at 1024), label smoothing 0.1, stochastic depth
-    # 0.1, RandAugment rand-m9-mstd0.5 (2 ops, magnitude 9), MixUp 0.8 and
-    # CutMix 1.0 switching at 0.5 per batch, random erasing 0.25, EMA
-    # 0.99996, random-resized crop 8%-100%, evaluation crop 0.875, no
-    # clipping. Deviations: the schedule starts and ends at 0 (timm's at
-    # 1e-6 and 1e-5), no repeated augmentation, Keras' RandomErasing
-    # instead of timm's (RandAugment is timm's). Another batch_size scales
-    # the learning rate with it, as main.py does (scale_lr_with_batch).
+    # DeiT-B (Touvron et al. 2021), facebookresearch/deit's main.py defaults
+    # at 2 nodes x 8 GPUs x 64: lr 5e-4 * batch / 512, 5 warmup epochs
+    # (6,255 steps). Deviations: the schedule starts and ends at 0 (timm's
+    # at 1e-6 and 1e-5), no repeated augmentation, Keras' RandomErasing.
     "deit": Recipe(
         name="deit", optimizer="adam", learning_rate=1e-3,
         scale_lr_with_batch=True,
         warmup_steps=6_255, epochs=300, batch_size=1024,
         label_smoothing=0.1, drop_path_rate=0.1, image_size=224,
         randaugment=(2, 9, 0.5), random_erasing=0.25, **_DEIT),
-    # DeiT III ViT-B on ImageNet-1k, "DeiT III: Revenge of the ViT" (Touvron
-    # et al. 2022), facebookresearch/deit's README_revenge.md command (8
-    # GPUs x 256): LAMB at 3e-3 (not scaled with the batch), weight decay
-    # 0.05, 800 epochs at resolution 192 (fine-tuned at 224 after), cosine
-    # after 5 warmup epochs (3,125 steps at 2048), BCE loss, no label
-    # smoothing, no dropout, stochastic depth 0.2 (0.05 for S, 0.45 for L),
-    # 3-Augment and colour jitter 0.3, MixUp 0.8 and CutMix 1.0, no
-    # RandAugment or random erasing, random-resized crop 8%-100%; EMA
-    # 0.99996 and evaluation crop 0.875 are main.py's defaults the command
-    # keeps. Deviations: no repeated augmentation; Keras' LAMB decays the
-    # weights outside its trust ratio; colour jitter in a fixed order.
+    # DeiT III ViT-B (Touvron et al. 2022), facebookresearch/deit's
+    # README_revenge.md command (8 GPUs x 256); stochastic depth 0.05 for
+    # S, 0.45 for L. Deviations: no repeated augmentation; Keras' LAMB
+    # decays outside its trust ratio; colour jitter in a fixed order.
     "deit3": Recipe(
         name="deit3", optimizer="lamb", learning_rate=3e-3,
         warmup_steps=3_125, epochs=800, batch_size=2048,
@@ -511,16 +435,10 @@ def names():
     return sorted(RECIPES)
 
 
-# Appendix D.3, Figure 9: a GAP head (mean of the patch tokens, no class
-# token) works as well as the class token, but only at a lower learning rate.
-# Figure 9 pre-trains on JFT-300M with Adam: the class token at 8e-4 (Table
-# 3's ViT-B rate) and GAP at 8e-4 and at 3e-4; GAP at the class token's rate
-# is the "initial attempt" that "performed very poorly", GAP at 3e-4 matches
-# the class token. The paper measured this one pre-training only; the other
-# pre-training recipes take the same ratio 3/8 (an extrapolation). Fine-tuning
-# keeps one rate for both heads: the paper gives none per head, and
-# big_vision's configs/transfer.py fine-tunes its class-token B/32 and its GAP
-# S/16 at the same lr=0.01.
+# Appendix D.3, Figure 9: a GAP head matches the class token only at a lower
+# learning rate (3e-4 against 8e-4 on JFT-300M); the other pre-trainings
+# take the same ratio 3/8 (an extrapolation). Fine-tuning keeps one rate for
+# both heads, as big_vision's configs/transfer.py does.
 HEAD_LEARNING_RATES = {
     "pretrain-jft": {"token": 8e-4, "gap": 3e-4},
     "pretrain": {"token": 1e-3, "gap": 3.75e-4},
@@ -531,9 +449,8 @@ CLASSIFIERS = ("token", "gap")
 
 def head_learning_rate(recipe, classifier, batch_size=None):
     """The default learning rate of the named ``recipe`` for a model with
-    the ``classifier`` head (``"token"`` or ``"gap"``), per Appendix D.3,
-    at ``batch_size`` (default: the recipe's; see
-    :func:`scaled_learning_rate`).
+    the ``classifier`` head (``"token"`` or ``"gap"``) at ``batch_size``
+    (default: the recipe's).
 
     >>> head_learning_rate("pretrain-jft", "token"), \\
     ...     head_learning_rate("pretrain-jft", "gap")
@@ -552,12 +469,9 @@ def head_learning_rate(recipe, classifier, batch_size=None):
 
 def scaled_learning_rate(recipe, rate=None, batch_size=None):
     """``rate`` (default: the recipe's ``learning_rate``) for a run of
-    ``batch_size`` images per optimizer step: scaled linearly from the
-    recipe's own ``batch_size`` when the recipe says so
-    (``scale_lr_with_batch``: DeiT's ``5e-4 * batch_size / 512``), else
-    unchanged. ``batch_size`` is the whole batch of an optimizer step, over
-    every replica and accumulation step, as DeiT's world size times its
-    per-GPU batch and timm's ``--grad-accum-steps`` count it.
+    ``batch_size`` images per optimizer step (all replicas and
+    accumulation steps): scaled linearly from the recipe's own
+    ``batch_size`` when ``scale_lr_with_batch``, else unchanged.
 
     >>> deit = get("deit")
     >>> scaled_learning_rate(deit, batch_size=64), deit.learning_rate
@@ -579,18 +493,14 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     Setting ``epochs`` on a recipe that counts steps (or the reverse)
     switches it: ``get("finetune", epochs=3)`` trains for 3 epochs.
 
-    ``classifier`` (``"token"`` or ``"gap"``, the model's head) picks the
-    head's default learning rate for a recipe given by name
-    (:func:`head_learning_rate`, Appendix D.3); an explicit
-    ``learning_rate`` always wins, and a :class:`Recipe` object keeps its
-    own rate.
+    ``classifier`` (``"token"`` or ``"gap"``) picks the head's default
+    learning rate for a recipe given by name (:func:`head_learning_rate`);
+    an explicit ``learning_rate`` always wins.
 
-    A recipe asked for by name fits the run it is given (:func:`fit_to_run`):
-    its learning rate follows ``batch_size`` where the recipe scales it
-    (DeiT), and a run too short for its warmup or its weight average
-    gets them shortened, with a warning naming both values. What the
-    caller sets explicitly is never changed: a value that does not fit
-    the run stops with one line naming it.
+    A recipe asked for by name fits the run (:func:`fit_to_run`): its
+    learning rate follows ``batch_size`` where the recipe scales it, and a
+    run too short for its warmup or weight average gets them shortened,
+    with a warning. What the caller sets explicitly is never changed.
 
     >>> get("pretrain-jft", classifier="gap").learning_rate
     0.0003
@@ -615,7 +525,6 @@ def get(recipe="finetune", *, classifier=None, **overrides):
     if named and "learning_rate" not in overrides:
         rate = (base.learning_rate if classifier is None
                 else head_learning_rate(recipe, classifier))
-        # Checked first: the rate is scaled by it.
         if "batch_size" in overrides:
             check_int("batch_size", overrides["batch_size"], low=1,
                       high=limits.MAX_BATCH_SIZE)
@@ -630,8 +539,6 @@ def get(recipe="finetune", *, classifier=None, **overrides):
         overrides["epochs"] = None
     total = overrides.get("total_steps", base.total_steps)
     if named and total is not None:
-        # The named recipe's warmup and average, fitted before the Recipe
-        # checks them against total_steps.
         check_int("total_steps", total, low=1, high=limits.MAX_STEPS)
         for field, fit in (("warmup_steps", fit_warmup), ("ema_decay",
                                                           fit_ema)):
@@ -643,12 +550,10 @@ def get(recipe="finetune", *, classifier=None, **overrides):
 
 
 def fit_to_run(recipe, total_steps, *, named=True, overrides=()):
-    """``recipe`` for a run of ``total_steps`` optimizer steps (known only
-    once the data is, for a recipe counted in epochs): a ``named``
-    recipe's warmup and weight average that the caller did not set
-    (``overrides``: the fields set explicitly) shortened to fit
-    (:func:`fit_warmup`, :func:`fit_ema`); anything else that does not
-    fit stops with one line naming it.
+    """``recipe`` for a run of ``total_steps`` optimizer steps: a
+    ``named`` recipe's warmup and weight average not among ``overrides``
+    (the fields set explicitly) shortened to fit; anything else that does
+    not fit raises.
 
     >>> import warnings
     >>> with warnings.catch_warnings():
@@ -677,12 +582,8 @@ def fit_to_run(recipe, total_steps, *, named=True, overrides=()):
 
 def fit_warmup(recipe, total_steps):
     """The recipe's ``warmup_steps``, or, when a run of ``total_steps``
-    is too short for it (``--steps 3`` on a recipe warming up for 250), the
-    warmup scaled with the run (the recipe's fraction; 10% for a recipe
-    counted in epochs) and a warning saying so: the user never chose the
-    250 and should not have to. Only a named recipe's warmup is scaled; an
-    explicit ``warmup_steps`` is never changed (the Recipe refuses one that
-    does not fit).
+    is too short for it, the warmup scaled with the run (the recipe's
+    fraction; 10% for one counted in epochs) and a warning saying so.
 
     >>> import warnings
     >>> with warnings.catch_warnings():
@@ -705,11 +606,8 @@ def fit_warmup(recipe, total_steps):
 
 def fit_ema(recipe, total_steps):
     """The recipe's ``ema_decay``, or, when its average does not fit a run
-    of ``total_steps`` (:func:`ema_fits`), the largest that does
-    (:func:`largest_ema`; None, no average, for a run of two steps or
-    fewer) and a warning naming both, as :func:`fit_warmup` does for the
-    warmup. Only a named recipe's average is fitted; an explicit
-    ``ema_decay`` that does not fit is refused (:func:`check_ema`).
+    of ``total_steps``, the largest that does (:func:`largest_ema`) and a
+    warning naming both.
 
     >>> import warnings
     >>> with warnings.catch_warnings():
@@ -776,10 +674,7 @@ def parse_value(field, text):
         return text
     default = getattr(Recipe(total_steps=1), field)
     try:
-        if field in ("total_steps", "micro_batch_size", "eval_every",
-                     "warmup_steps", "batch_size", "image_size",
-                     "checkpoint_every", "log_every", "seed") or isinstance(
-                         default, bool):
+        if field in _INT_CAPS or isinstance(default, bool):
             return int(text)
         return float(text)
     except ValueError:
@@ -787,26 +682,18 @@ def parse_value(field, text):
                          f"{field}={text!r}") from None
 
 
-# --------------------------------------------------------------------------
-# learning-rate schedule and optimizer
-
-
 def smoothed_loss(label_smoothing):
     """Cross-entropy from logits for integer labels with label smoothing
-    (a Keras loss that saves and loads with the model:
-    :class:`keras_vit.train.schedules.SmoothedSparseCE`)."""
+    (:class:`keras_vit.train.schedules.SmoothedSparseCE`)."""
     from keras_vit.train.schedules import SmoothedSparseCE
 
     return SmoothedSparseCE(label_smoothing)
 
 
 def make_loss(recipe):
-    """The recipe's Keras loss, from logits: for integer labels
-    (:func:`smoothed_loss`, the paper's recipes), or, when the training
-    targets are dense rows (:attr:`Recipe.dense_targets`: mixed batches
-    or the BCE loss), :class:`~keras_vit.train.mixing.SoftTargetCrossentropy`
-    or DeiT III's :class:`~keras_vit.train.mixing.BinaryMixedTargets`,
-    which take integer labels too (evaluation batches).
+    """The recipe's Keras loss, from logits: for integer labels, or, when
+    the training targets are dense rows (:attr:`Recipe.dense_targets`), one
+    of :mod:`keras_vit.train.mixing` that takes integer labels too.
 
     >>> type(make_loss(get("deit"))).__name__, \\
     ...     type(make_loss(get("deit3"))).__name__
@@ -823,15 +710,12 @@ def make_loss(recipe):
 
     if recipe.loss == "bce":
         return mixing.BinaryMixedTargets()
-    # The mixer smooths the training rows; evaluation labels here.
     return mixing.SoftTargetCrossentropy(recipe.label_smoothing)
 
 
 def make_metrics(recipe):
     """The metrics to compile with: top-1 accuracy, in a form that takes
-    the integer labels of evaluation batches as well as the target rows of
-    the recipe's training batches (:class:`~keras_vit.train.schedules.
-    TopOneAccuracy`) when it mixes or uses the BCE loss.
+    target rows too when the recipe's training targets are rows.
 
     >>> make_metrics(get("finetune")), type(make_metrics(get("deit"))[0]).__name__
     (['accuracy'], 'TopOneAccuracy')
@@ -844,9 +728,8 @@ def make_metrics(recipe):
 
 
 def batch_mixer(recipe, num_classes):
-    """The :class:`~keras_vit.train.mixing.BatchMixer` of the recipe's
-    MixUp, CutMix and label smoothing for ``num_classes`` classes, or None
-    when its training targets stay integer labels.
+    """The :class:`~keras_vit.train.mixing.BatchMixer` of the recipe for
+    ``num_classes`` classes, or None when its targets stay integer labels.
 
     >>> batch_mixer(get("augreg"), 10)
     BatchMixer(mixup_alpha=0.5, cutmix_alpha=0.0, switch_prob=0.5, \
@@ -868,8 +751,7 @@ label_smoothing=0.0, num_classes=10)
 def pipeline_options(recipe, num_classes=None):
     """The keyword arguments of
     :func:`keras_vit.train.data.pipeline.dataset` for the recipe's training
-    batches: crop, flip, the augmentations and the batch mixer
-    (``num_classes`` needed when it mixes or uses the BCE loss).
+    batches (``num_classes`` needed when its targets are rows).
 
     >>> opts = pipeline_options(get("deit"), num_classes=10)
     >>> opts["randaugment"], opts["random_erasing"], opts["mixing"]
@@ -892,9 +774,8 @@ switch_prob=0.5, label_smoothing=0.1, num_classes=10))
 
 
 def model_options(recipe):
-    """The model options the recipe sets: ``dropout_rate`` and
-    ``drop_path_rate`` (stochastic depth, growing linearly over the
-    blocks to this rate), for ``keras_vit.vit(..., **model_options(r))``.
+    """The model options the recipe sets, for
+    ``keras_vit.vit(..., **model_options(r))``.
 
     >>> model_options(get("augreg"))
     {'dropout_rate': 0.1, 'drop_path_rate': 0.1}
@@ -926,12 +807,9 @@ def learning_rate_schedule(recipe, total_steps, per_step=1):
 def compile_model(model, recipe, total_steps, *, accumulation_steps=1,
                   jit_compile="auto", objective=None):
     """Compiles ``model`` for ``total_steps`` optimizer steps of
-    ``recipe``: its optimizer (:func:`make_optimizer`: schedule, clipping,
-    accumulation, EMA, layer decay), its loss and metrics
-    (:func:`make_loss`, :func:`make_metrics`) unless ``objective`` gives
-    ``(loss, metrics)`` of its own (masked patch prediction's). The one
-    compile of ``compile_for_finetune`` (``model.fit``) and of the
-    :class:`~keras_vit.train.Trainer`. Returns the optimizer.
+    ``recipe``: its optimizer (:func:`make_optimizer`), loss and metrics,
+    unless ``objective`` gives ``(loss, metrics)`` of its own. Returns the
+    optimizer.
 
     >>> import keras_vit
     >>> model = keras_vit.vit(16, 8, 8, 1, 1, 8, 3)
@@ -951,14 +829,10 @@ def compile_model(model, recipe, total_steps, *, accumulation_steps=1,
 
 def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
                    accumulation_steps=1, model=None):
-    """The recipe's Keras optimizer, with Keras' own options for the rest
-    of the recipe: ``global_clipnorm`` (the gradient of the whole batch,
-    after the accumulation and the cross-replica sum; False leaves it out),
-    ``gradient_accumulation_steps`` (``accumulation_steps``), and
-    ``use_ema``/``ema_momentum`` for ``ema_decay``. A recipe with
-    ``layer_decay`` needs the ``model`` it trains: each of its variables
-    gets its layer's learning rate
-    (:func:`keras_vit.train.layer_decay.with_layer_decay`).
+    """The recipe's Keras optimizer, with ``global_clipnorm`` (of the whole
+    batch, after accumulation and the cross-replica sum; False leaves it
+    out), ``gradient_accumulation_steps`` and ``use_ema``. A recipe with
+    ``layer_decay`` needs the ``model`` it trains.
 
     >>> opt = make_optimizer(get("finetune", ema_decay=0.99), 1000,
     ...                      accumulation_steps=4)
@@ -974,8 +848,6 @@ def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
 
     optimizer = _optimizer(recipe, total_steps, clip_in_optimizer,
                            accumulation_steps)
-    # Every path to an optimizer passes here: an average that would keep
-    # the starting weights stops (get and fit_to_run fit a named recipe's).
     check_ema(recipe.ema_decay, total_steps)
     if recipe.layer_decay is not None:
         from keras_vit.train.layer_decay import with_layer_decay
@@ -986,8 +858,7 @@ def make_optimizer(recipe, total_steps, *, clip_in_optimizer=True,
     from keras_vit.runtime.backend import is_tensorflow
 
     if is_tensorflow():
-        # Under tf.distribute: clip and accumulate the replicas' sum, as on
-        # one device.
+        # Under tf.distribute: clip and accumulate the replicas' sum.
         sum_gradients_before_the_optimizer(optimizer)
     return optimizer
 

@@ -1,21 +1,15 @@
 """The run directory: what a run keeps on disk to resume after a crash.
 
-    OUT/checkpoints/   ckpt-STEP.npz: model, optimizer (EMA weights
-                       included), step, data position, run id, on every
-                       backend; manifest.json: the run's id and the files
-                       it wrote (the only ones it prunes)
+    OUT/checkpoints/   ckpt-STEP.npz and manifest.json
     OUT/logs/          TensorBoard event files (train/, eval/)
     OUT/history.jsonl  one line per logged step
-    OUT/run.json       the recipe and the set-up (label_names: the
-                       class names of the model's head)
+    OUT/run.json       the recipe and the set-up
     OUT/metrics.json   final figures (written at the end)
     OUT/model.keras    the trained model (EMA weights when EMA is on)
     OUT/run.lock       the pid of the process the run belongs to
 
 Running the same command again resumes from the last checkpoint; a second
-process on the same folder while the first runs is refused. The functions
-here take the folder and the run's settings; the
-:class:`~keras_vit.train.Trainer` calls them.
+process on the same folder while the first runs is refused.
 """
 
 from __future__ import annotations
@@ -32,15 +26,13 @@ from keras_vit.train import checkpoints as ckpt_lib
 #: The run directory's lock: the pid of the process that owns the run.
 RUN_LOCK = "run.lock"
 
-# What may differ when a run resumes: bookkeeping that does not change the
-# trained weights (the step count is noted, the batch size refused apart).
+# What may differ when a run resumes: bookkeeping, not the trained weights.
 _RESUME_FREE = {"total_steps", "steps_per_epoch", "strategy", "epochs",
                 "recipe.checkpoint_every", "recipe.log_every",
                 "recipe.eval_every", "recipe.total_steps", "recipe.epochs",
                 "recipe.batch_size", "eval_data", "recipe.precision",
                 "recipe.jit_compile", "precision", "jit_compile", "backend"}
-# Settings recorded since a later version: a record without one says
-# nothing about it, so it is not a change.
+# Settings a record may lack (recorded since a later version).
 _RECORDED_SINCE = {"label_names", "recipe.scale_lr_with_batch"}
 
 
@@ -55,12 +47,9 @@ def history_path(out_dir):
 
 
 def write_scalar(name, value, step):
-    """A TensorBoard scalar through TensorFlow's own summary writer.
-
-    ``tf.summary.scalar`` needs the tensorboard package (TF 2.21 no longer
-    installs it); this writes the same event (a float32 tensor tagged for
-    TensorBoard's scalars plugin) with TensorFlow alone.
-    """
+    """A TensorBoard scalar through TensorFlow's own summary writer
+    (``tf.summary.scalar`` needs the tensorboard package, which TF 2.21
+    does not install)."""
     import tensorflow as tf
     from tensorflow.core.framework import summary_pb2
 
@@ -89,9 +78,9 @@ def write_scalars(writer, step, values):
 
 
 def save_results(out_dir, model, metrics, *, ema):
-    """Saves a finished run's ``model`` as ``out_dir/model.keras`` (whole
-    or not at all) and ``metrics``, with the model's path and what it holds
-    (``ema``: the EMA weights) added, as ``out_dir/metrics.json``."""
+    """Saves a finished run's ``model`` as ``out_dir/model.keras`` and
+    ``metrics`` (with the model's path and whether it holds the ``ema``
+    weights) as ``out_dir/metrics.json``."""
     path = os.path.join(out_dir, "model.keras")
     with atomic.atomic_path(path) as tmp:
         model.save(tmp)
@@ -101,8 +90,7 @@ def save_results(out_dir, model, metrics, *, ema):
 
 
 # What run.json (and the record a checkpoint keeps) holds, as far as
-# resuming reads it: a hand-edited or foreign file is refused naming the
-# field, not met with an AttributeError halfway through a comparison.
+# resuming reads it.
 _NAME = schema.Nullable(schema.Str())
 _COUNT = schema.Nullable(schema.Int(1))
 RUN_RECORD = schema.Object({
@@ -118,15 +106,13 @@ RUN_RECORD = schema.Object({
     "backend": _NAME, "precision": _NAME,
     "jit_compile": schema.Nullable(schema.Bool()),
 }, what="a run record (a JSON object)")
-# One line of history.jsonl: an object with its step.
 HISTORY_ROW = schema.Object({"step": schema.Int(0)}, required=("step",),
                             what="a history row (a JSON object)")
 
 
 def read_run_record(path=None, text=None):
-    """The run record in the file ``path`` (``run.json``) or in ``text``
-    (the JSON a checkpoint keeps, ``path`` naming where it came from),
-    checked against :data:`RUN_RECORD`."""
+    """The run record in the file ``path`` or in ``text`` (``path`` naming
+    where it came from), checked against :data:`RUN_RECORD`."""
     if text is None:
         return schema.read_json(path, "run.json", RUN_RECORD)
     raw = text.encode("utf-8") if isinstance(text, str) else text
@@ -137,10 +123,8 @@ def read_run_record(path=None, text=None):
 def append_jsonl(path, row):
     """Appends ``row`` as one JSON line to ``path``, flushed to disk.
 
-    A process killed mid-append leaves a last line cut short; the next
-    append would glue its row onto it, so a last line without its newline
-    is cut off first (it is the partial row of a step the resumed run
-    redoes). Every complete line survives.
+    A last line without its newline (a process killed mid-append) is cut
+    off first.
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "history.jsonl")
@@ -179,9 +163,8 @@ def _end_of_last_line(f, end, block=4096):
 
 def _read_jsonl(path):
     """The rows of a JSON-lines history file, each checked against
-    :data:`HISTORY_ROW`. The last line, cut short by a killed process (the
-    only line without its newline), is skipped; any other line that is not
-    a row is refused, naming the file and the line."""
+    :data:`HISTORY_ROW`. A last line cut short by a killed process is
+    skipped; any other line that is not a row is refused."""
     rows = []
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
@@ -216,11 +199,8 @@ def truncate_history(out_dir, step):
 
 def lock_run_dir(owner, out_dir):
     """Makes ``out_dir`` belong to this process for as long as ``owner``
-    lives (returns a callable that releases it earlier): two runs writing
-    one folder prune each other's checkpoints and interleave their
-    histories. Another process holding it raises
-    :class:`keras_vit.base.atomic.LockHeldError` naming its pid; a lock whose
-    process died is taken over (the kernel drops it)."""
+    lives (returns a callable that releases it earlier). Another process
+    holding it raises :class:`keras_vit.base.atomic.LockHeldError`."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, RUN_LOCK)
@@ -237,9 +217,7 @@ def lock_run_dir(owner, out_dir):
 
 def prepare(out_dir, resume):
     """Makes ``out_dir``'s checkpoint folder; ``resume=False`` first
-    deletes the checkpoints, history and metrics of an earlier run (the
-    checkpoints its runs wrote: :func:`keras_vit.train.checkpoints.clear`;
-    a file the user put there stays)."""
+    deletes the checkpoints, history and metrics of an earlier run."""
     checkpoints = checkpoint_dir(out_dir)
     if not resume and os.path.isdir(checkpoints):
         ckpt_lib.clear(checkpoints)
@@ -252,16 +230,12 @@ def prepare(out_dir, resume):
 def open_run(out_dir, checkpoints, model, settings, *, resume, chief,
              say):
     """Opens ``out_dir`` for a run whose ``settings`` are the record of
-    ``run.json``: the checkpoint folder (emptied first with
-    ``resume=False``), the newest checkpoint restored into ``model`` by
-    ``checkpoints`` (a :class:`~keras_vit.train.callbacks.StepCheckpoints`)
-    with ``resume``, refused under other settings (see
-    :func:`check_resume`), and ``run.json``; only the ``chief`` writes.
-    Returns the step resumed from, or None."""
+    ``run.json``: with ``resume``, the newest checkpoint restored into
+    ``model`` by ``checkpoints`` (refused under other settings); only the
+    ``chief`` writes. Returns the step resumed from, or None."""
     if chief:
         prepare(out_dir, resume)
-    # Recorded in every checkpoint: a resumed run is checked against the
-    # checkpoint's own record, which no side file can change.
+    # Recorded in every checkpoint: a resumed run is checked against it.
     checkpoints.settings = json.dumps(atomic.to_json(settings),
                                       sort_keys=True)
     directory = checkpoint_dir(out_dir)
@@ -273,8 +247,6 @@ def open_run(out_dir, checkpoints, model, settings, *, resume, chief,
             "use another out_dir")
     resumed_from = checkpoints.restore(model) if resume else None
     if chief:
-        # The run's id, in the folder from its start: every checkpoint
-        # records it, and only files that do are the run's to prune.
         checkpoints.start_run()
     if resumed_from is not None:
         check_resume(out_dir, settings,
@@ -288,9 +260,8 @@ def open_run(out_dir, checkpoints, model, settings, *, resume, chief,
 
 
 def run_config_changes(before, now):
-    """``["key: old -> new", ...]`` for the settings of a run's
-    ``run.json`` (``before``) that ``now`` changes and that change what
-    the run trains (learning rate, seed, data, model, recipe...).
+    """``["key: old -> new", ...]`` for the settings of ``before`` that
+    ``now`` changes and that change what the run trains.
 
     >>> run_config_changes({"train_data": "a", "recipe": {"seed": 0}},
     ...                    {"train_data": "b", "recipe": {"seed": 1}})
@@ -314,11 +285,9 @@ def run_config_changes(before, now):
 
 def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
     """Refuses to resume the checkpoint at step ``resumed_from`` of
-    ``out_dir`` under settings (``now``, the run's ``run.json`` record)
-    other than those it was made with: ``recorded`` (the JSON text the
-    checkpoint holds) or, for a checkpoint from before they were recorded
-    in it, ``run.json``. ``resume="force"`` only notes the differences
-    (through ``say``)."""
+    ``out_dir`` under settings ``now`` other than those it was made with:
+    ``recorded`` (the JSON text the checkpoint holds) or else ``run.json``.
+    ``resume="force"`` only notes the differences (through ``say``)."""
     if recorded is not None:
         check_settings(out_dir, read_run_record(
             f"the checkpoint at step {resumed_from} of {out_dir}", recorded),
@@ -326,9 +295,6 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
         return
     path = os.path.join(out_dir, "run.json")
     if not os.path.isfile(path):
-        # The settings a checkpoint was made with are in run.json: a
-        # checkpoint without it cannot show it is the same run, so it
-        # is not resumed under whatever settings are given now.
         if resume == "force":
             say(f"note: {path} is missing; resuming the checkpoint "
                 "at step {} with the settings given now".format(
@@ -346,8 +312,7 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
 
 
 def check_settings(out_dir, before, now, *, resume, say):
-    """Refuses to resume under settings ``now`` other than ``before``
-    (what the checkpoint, or for an older one run.json, recorded)."""
+    """Refuses to resume under settings ``now`` other than ``before``."""
     for key in ("total_steps", "steps_per_epoch"):
         if before.get(key) != now[key]:
             say(f"note: resuming a run whose {key} was {before.get(key)} "

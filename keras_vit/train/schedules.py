@@ -1,10 +1,7 @@
 """The Keras classes a model compiled by :mod:`keras_vit.train` saves in its
 ``.keras`` file: the recipes' learning-rate schedule, the smoothed
 cross-entropy loss and the accuracy of mixed targets. Importing this module
-registers them with Keras (``keras_vit>WarmupDecay``,
-``keras_vit>SmoothedSparseCE``, ``keras_vit>TopOneAccuracy``), so such a file
-loads compiled after ``import keras_vit.train.schedules``; loading with
-``compile=False`` needs neither.
+registers them with Keras, so such a file loads compiled.
 
 >>> s = WarmupDecay(0.01, warmup_steps=10, total_steps=100)
 >>> round(float(s(9)), 4), round(float(s(100)), 6)
@@ -26,9 +23,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then
     ``decay`` (cosine, linear or constant) to 0 at ``total_steps``.
 
-    ``ticks_per_step``: how many counts of the counter it is called with
-    make one step (Keras' optimizer counts every micro-batch when it
-    accumulates gradients; the rate of a step is that of its first count).
+    ``ticks_per_step``: how many counts of the counter make one step
+    (Keras' optimizer counts every micro-batch when it accumulates).
 
     >>> s = WarmupDecay(1.0, 2, 10, ticks_per_step=2)
     >>> [round(float(s(t)), 3) for t in (0, 1, 2, 3)]
@@ -91,10 +87,9 @@ class SmoothedSparseCE(keras.losses.Loss):
 
 def top_one_hits(y_true, y_pred):
     """1.0 where the top class of ``y_pred`` is the target's: an integer
-    label, or the largest entry of a target row (one-hot, smoothed or
-    mixed). Keras' ``"accuracy"`` picks one of the two forms at its first
-    batch, so a model trained on DeiT's mixed rows and evaluated on integer
-    labels scored 0.0 whatever it predicted."""
+    label, or the largest entry of a target row. Keras' ``"accuracy"``
+    picks one form at its first batch, so a model trained on mixed rows
+    scored 0.0 on integer labels."""
     guess = ops.argmax(y_pred, axis=-1)
     if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] != 1:
         truth = ops.argmax(y_true, axis=-1)
@@ -127,18 +122,12 @@ class TopOneAccuracy(keras.metrics.MeanMetricWrapper):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class SGD(keras.optimizers.SGD):
-    """``keras.optimizers.SGD`` (the fine-tuning recipe's optimizer) whose
-    update on TensorFlow, outside ``tf.distribute``, is one kernel per
-    variable: the momentum step as TensorFlow's
-    ``ResourceApplyKerasMomentum`` (Keras' own formula, ``m = m * momentum
-    - lr * g; w += m``) instead of five graph ops, and ``global_clipnorm``
-    as one ``L2Loss`` per gradient with the clipping factor folded into
-    the learning rate instead of squaring and rescaling every gradient.
-    Over 200 variables that is about 1,000 fewer passes over the weights a
-    step. Everywhere else (JAX, torch, a distribution strategy, Nesterov,
-    ``clipnorm``/``clipvalue``, sparse gradients) it is Keras' SGD as is.
-    Same numbers as Keras' SGD to float32 rounding; saves and loads as
-    ``keras_vit>SGD``.
+    """``keras.optimizers.SGD`` whose update on TensorFlow, outside
+    ``tf.distribute``, is one kernel per variable
+    (``ResourceApplyKerasMomentum``) with the ``global_clipnorm`` factor
+    folded into the learning rate: about 1,000 fewer passes over the
+    weights a step over 200 variables. Everywhere else it is Keras' SGD as
+    is; the same numbers to float32 rounding.
 
     >>> import numpy as np
     >>> w = keras.Variable(np.ones(3, "float32"))
@@ -149,10 +138,8 @@ class SGD(keras.optimizers.SGD):
     [0.9423, 0.9423, 0.9423]
     """
 
-    # The global clipping factor of the step being built: set by
-    # _clip_gradients, read by update_step, dropped once the step's
-    # updates are written (a tensor of one traced graph must not leak
-    # into the next).
+    # The global clipping factor of the step being built, dropped once the
+    # step's updates are written (a traced tensor must not leak).
     _update_scale = None
 
     def _backend_update_step(self, grads, trainable_variables,

@@ -1,11 +1,6 @@
 """A run's settings: the recipe fitted to the data, the devices and the
-model (batch split, steps, warmup, learning rate, resolution), each
-checked before anything is trained, with errors that name the setting.
-
-The :class:`~keras_vit.train.Trainer` calls :func:`plan` before it builds
-the model and :func:`fit_to_model` after; :func:`record` is what a run
-keeps of them (``run.json``, and every checkpoint), checked on resume by
-:mod:`~keras_vit.train.run_dir`, and :func:`describe` says it in words.
+model, each checked before anything is trained, with errors that name the
+setting.
 """
 
 from __future__ import annotations
@@ -19,9 +14,8 @@ from keras_vit.train.evaluation import classifier_of, model_classes
 
 def split_batch(batch_size, micro_batch_size, replicas, strategy_name):
     """``(per_replica, micro, accumulation_steps)``: ``batch_size`` split
-    over the ``replicas`` of the strategy ``strategy_name``, and each
-    replica's share into micro-batches of ``micro_batch_size`` (None: one
-    micro-batch), or a ValueError naming the setting.
+    over ``replicas``, and each replica's share into micro-batches of
+    ``micro_batch_size`` (None: one micro-batch).
 
     >>> split_batch(512, 64, 4, "mirrored")
     (128, 64, 2)
@@ -56,10 +50,8 @@ class Plan:
 def plan(recipe, train, eval_=None, *, replicas, strategy_name,
          named=False, overrides=()):
     """The :class:`Plan` of ``recipe`` on the data ``train`` (and
-    ``eval_``, which must have as many classes) over ``replicas`` devices;
-    ``named``: the recipe was asked for by name, so its warmup is scaled to
-    a short run unless ``overrides`` (the fields set explicitly) has one.
-    A ValueError names the setting that does not fit."""
+    ``eval_``) over ``replicas`` devices; ``named`` and ``overrides`` as
+    :func:`~keras_vit.train.recipes.fit_to_run` takes them."""
     if eval_ is not None and eval_.num_classes != train.num_classes:
         raise ValueError(
             f"eval_data has {eval_.num_classes} classes but "
@@ -67,7 +59,6 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
             f"eval_data={eval_.name!r}")
     if (eval_ is not None and eval_.class_names and train.class_names
             and list(eval_.class_names) != list(train.class_names)):
-        # Found now, not by the evaluation after the whole run.
         raise ValueError(
             f"eval_data has the classes {eval_.class_names[:10]} but "
             f"train_data has {train.class_names[:10]}; received "
@@ -75,19 +66,15 @@ def plan(recipe, train, eval_=None, *, replicas, strategy_name,
     r = recipe
     per_replica, micro, accum = split_batch(
         r.batch_size, r.micro_batch_size, replicas, strategy_name)
-    # Refuses a batch larger than the data.
     steps_per_epoch = pipeline.steps_per_epoch(train, r.batch_size)
     total_steps = r.steps_for(train.num_examples)
-    # The named recipe's warmup and weight average, fitted to a short run;
-    # what the user set stops the run if it does not fit.
     r = recipes_lib.fit_to_run(r, total_steps, named=named,
                                overrides=overrides)
     return Plan(r, per_replica, micro, accum, steps_per_epoch, total_steps)
 
 
 def check_head(model, num_classes):
-    """A ValueError unless ``model`` has one output per class of the
-    data (``num_classes``)."""
+    """A ValueError unless ``model`` has ``num_classes`` outputs."""
     if model_classes(model) != num_classes:
         raise ValueError(
             f"model={model.name!r} has {model_classes(model)} outputs "
@@ -113,10 +100,9 @@ def model_settings(model, recipe, overrides=()):
 def fit_to_model(recipe, model, *, image_size, name=None, overrides=()):
     """``recipe`` with the built ``model``'s ``image_size`` and dropout,
     and for a recipe asked for by ``name``, the learning rate of its head
-    (Appendix D.3: GAP needs a lower one) unless ``overrides`` sets one."""
+    unless ``overrides`` sets one."""
     head = classifier_of(model)
     if head and name is not None and "learning_rate" not in overrides:
-        # At the run's batch: DeiT's rate follows it.
         recipe = recipe.replace(learning_rate=recipes_lib.head_learning_rate(
             name, head, batch_size=recipe.batch_size))
     return recipe.replace(
@@ -141,7 +127,6 @@ def record(run):
         "train_data": run.train.name,
         "eval_data": None if run.eval is None else run.eval.name,
         "num_classes": run.train.num_classes,
-        # The head's class names (the model.keras file carries them too).
         "label_names": None if names is None else list(names),
         "image_size": run.image_size,
         "recipe": run.recipe.to_dict(),
