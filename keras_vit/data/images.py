@@ -4,59 +4,33 @@
 pipelines and the SavedModel ``image_bytes`` signature all call
 :func:`decode` (or :func:`read` / :func:`decode_bytes`, which run the same
 function eagerly), so a file gives the same pixels, or the same refusal,
-whichever way it reaches a model.
-
-Why one implementation in TensorFlow ops rather than one policy written
-twice (Pillow for predict, TensorFlow for the graphs): a SavedModel can only
-carry TensorFlow ops (no ``tf.py_function``), and two decoders written to one
-policy still drift (Pillow's ``exif_transpose`` rotated photos the server did
-not; Pillow clipped 16-bit PNGs that TensorFlow scaled; TensorFlow returned
-the palette indices of 8-bit BMPs). TensorFlow is always installed, so
-predict runs the same graph eagerly. Pillow is not needed to decode.
+whichever way it reaches a model. It is TensorFlow ops because a
+SavedModel can only carry those, and two decoders written to one policy
+drift.
 
 The rules, in the order they apply:
 
-1. **Format** from the first bytes: JPEG (and MPO, the JPEGs phones write),
-   PNG, GIF, BMP and WebP. Anything else, and an empty element, is refused
-   with one line naming it.
-2. **Size from the header**, before any pixel is decoded: JPEG through
-   ``tf.io.extract_jpeg_shape``; PNG IHDR bytes 16-23 (big-endian); GIF the
-   logical screen, bytes 6-9 (little-endian), and the first image's own
-   rectangle; BMP bytes 18-25; WebP its VP8/VP8L/VP8X header.
+1. **Format** from the first bytes: JPEG (and MPO), PNG, GIF, BMP and
+   WebP. Anything else, and an empty element, is refused.
+2. **Size from the header**, before any pixel is decoded.
 3. **Pixel budget** (:data:`PIXEL_BUDGET`): a JPEG is decoded at the
    largest of libjpeg's scales (1/1, 1/2, 1/4, 1/8) that fits the budget;
    any other format must fit it as it is. Larger ones are refused (an
-   ``InvalidArgumentError`` naming the element inside a graph, an
-   :class:`ImageError` in Python) before the decoder allocates anything.
+   ``InvalidArgumentError`` in a graph, an :class:`ImageError` in Python).
 4. **Decode to 8-bit RGB**: JPEGs with libjpeg's accurate integer DCT (the
-   same pixels as Pillow; TensorFlow's default fast DCT is off by up to 12
-   levels), CMYK and YCCK JPEGs converted by libjpeg; greyscale replicated to
-   three channels; palettes looked up (8-bit BMPs included); alpha dropped,
-   keeping the colour stored under it (what Pillow's ``convert("RGB")``
-   does); 16-bit PNG samples keep their high byte.
-5. **Animations**: a GIF's first frame, drawn on its logical screen at its
-   offset, the rest of the screen in the background colour of the global
-   colour table (black without one). Only the first frame is handed to the
-   decoder, so later frames cost nothing. Animated WebPs are refused.
-6. **Orientation**: the EXIF orientation tag (0x0112 in IFD0, either byte
-   order) of a JPEG's first APP1 Exif segment, a PNG's eXIf chunk or a
-   WebP's EXIF chunk is applied (values 2-8 flip, rotate or transpose), as
-   ``PIL.ImageOps.exif_transpose`` and image viewers do.
+   same pixels as Pillow; the fast DCT is off by up to 12 levels);
+   greyscale replicated; palettes looked up; alpha dropped (as Pillow's
+   ``convert("RGB")``); 16-bit PNG samples keep their high byte.
+5. **Animations**: a GIF's first frame, drawn on its logical screen in the
+   global table's background colour (black without one). Animated WebPs
+   are refused.
+6. **Orientation**: the EXIF orientation tag of a JPEG, PNG or WebP is
+   applied, as ``PIL.ImageOps.exif_transpose`` does.
 
-A training crop (:func:`decode_crop`) is the one place the pixels may
-differ, by design: its box is drawn from the header's size and a JPEG
-decodes only that window with libjpeg's fast DCT (a few levels off; the
-crop is random augmentation, and the window skips most of the work);
-evaluation, predict and serving decode whole with the accurate DCT.
-
-Graphs are built from TensorFlow ops but the functions are traced once
-per process (:func:`_functions`): tracing all the formats' ops takes
-seconds, and ``tf.data`` would otherwise do it for every dataset. Python
-callers get a function per format (:func:`sniff_bytes` reads the
-signature first), which traces in under a second.
-
-Resizing to the model's size and scaling to [-1, 1] are not decoding:
-:func:`keras_vit.zoo.preprocess_input` and the pipelines do that.
+A training crop (:func:`decode_crop`) may differ by design: a JPEG
+decodes only that window, with libjpeg's fast DCT (a few levels off).
+The graphs are traced once per process (:func:`_functions`): tracing all
+the formats' ops takes seconds.
 
 >>> import io
 >>> from PIL import Image
@@ -83,7 +57,6 @@ import math
 import os
 import sys
 
-# The budgets live with every other cap (keras_vit/base/limits.py).
 from keras_vit.base.errors import KerasVitError
 from keras_vit.base.limits import MAX_IMAGE_SEGMENTS as MAX_SEGMENTS
 from keras_vit.base.limits import PIXEL_BUDGET
@@ -92,12 +65,8 @@ from keras_vit.base.limits import PIXEL_BUDGET
 JPEG_SCALES = (1, 2, 4, 8)
 #: The formats every path decodes, as the refusal names them.
 FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WebP")
-#: PIL's names of what the decoder reads ("MPO": a JPEG with more pictures
-#: after it, which many phone cameras write; the first is decoded).
-PIL_FORMATS = frozenset({"JPEG", "MPO", "PNG", "GIF", "BMP", "WEBP"})
 
 _JPEG, _PNG, _GIF, _BMP, _WEBP, _UNKNOWN = range(6)
-_NAMES = ("JPEG", "PNG", "GIF", "BMP", "WebP")
 _NOT_AN_IMAGE = "is not a " + ", ".join(FORMATS[:-1]) + f" or {FORMATS[-1]} file"
 
 
@@ -115,8 +84,13 @@ class DecodePlan:
     refusal: str | None = None
 
 
-def _budget_text(budget):
-    return f"{budget:,}-pixel budget"
+def _over(budget, jpeg=False):
+    """The end of a refusal of an image over ``budget``."""
+    if jpeg:
+        return (f", over the {budget:,}-pixel budget even decoded at "
+                f"1/{JPEG_SCALES[-1]} scale: downscale it")
+    return (f", over the {budget:,}-pixel budget for images decoded whole "
+            "(only JPEGs decode at a reduced scale): downscale it")
 
 
 def decode_plan(fmt, width, height):
@@ -130,20 +104,12 @@ def decode_plan(fmt, width, height):
         for scale in JPEG_SCALES:
             if -(-width // scale) * -(-height // scale) <= budget:
                 return DecodePlan(scale)
-        return DecodePlan(None, (
-            f"is a {width}x{height} JPEG, over the {_budget_text(budget)} "
-            f"even decoded at 1/{JPEG_SCALES[-1]} scale: downscale it"))
+        return DecodePlan(None, f"is a {width}x{height} JPEG" + _over(
+            budget, jpeg=True))
     if width * height <= budget:
         return DecodePlan(1)
     name = "WebP" if fmt == "WEBP" else fmt
-    return DecodePlan(None, (
-        f"is a {width}x{height} {name}, over the {_budget_text(budget)} for "
-        "images decoded whole (only JPEGs decode at a reduced scale): "
-        "downscale it"))
-
-
-# --------------------------------------------------------------------------
-# reading the header (TensorFlow ops; nothing here raises on bad bytes)
+    return DecodePlan(None, f"is a {width}x{height} {name}" + _over(budget))
 
 
 def _tf():
@@ -180,16 +146,7 @@ def _is(values, text):
     return tf.reduce_all(tf.equal(values[:len(text)], want))
 
 
-def _head(data, n):
-    """The first ``n`` bytes of ``data`` as int64 (n,), zeros past its end."""
-    tf = _tf()
-    part = tf.cast(tf.io.decode_raw(tf.strings.substr(data, 0, n),
-                                    tf.uint8), tf.int64)
-    return tf.reshape(tf.pad(part, [[0, n - tf.shape(part)[0]]]), [n])
-
-
-# (format, signature at byte 0, signature at byte 8): what the decoders
-# recognise.
+# (format, signature at byte 0, signature at byte 8).
 _MAGIC = ((_JPEG, b"\xff\xd8\xff", b""), (_PNG, b"\x89PNG\r\n\x1a\n", b""),
           (_GIF, b"GIF87a", b""), (_GIF, b"GIF89a", b""), (_BMP, b"BM", b""),
           (_WEBP, b"RIFF", b"WEBP"))
@@ -197,7 +154,7 @@ _MAGIC = ((_JPEG, b"\xff\xd8\xff", b""), (_PNG, b"\x89PNG\r\n\x1a\n", b""),
 
 def _sniff(head):
     """The format index (``_JPEG`` ... ``_UNKNOWN``) from the first 12
-    bytes (int64 vector): one comparison against a table of signatures."""
+    bytes (int64 vector)."""
     tf = _tf()
     want = [[0] * 12 for _ in _MAGIC]
     mask = [[False] * 12 for _ in _MAGIC]
@@ -213,12 +170,9 @@ def _sniff(head):
 
 
 def _prefix_walk(head, start):
-    """Walks the PNG chunks that fit in ``head`` (the file's first bytes,
-    int64) from ``start``, by pointer jumping (a fixed number of vector
-    gathers, no loop), and returns whether the walk met the image data
-    (IDAT/IEND) before an eXIf chunk or the end of ``head``: then the
-    image has no orientation and the exact walk is not needed. (A JPEG's
-    segments are walked whole anyway, to find a file cut short.)"""
+    """Whether the PNG chunks in ``head`` (int64) from ``start`` reach the
+    image data (IDAT/IEND) before an eXIf chunk or the end of ``head``
+    (then the image has no orientation), by pointer jumping, no loop."""
     tf = _tf()
     n = int(head.shape[0])
     padded = tf.pad(head, [[0, 12]])
@@ -273,32 +227,11 @@ def _orientation(data, start, length):
     return tf.where(good, value, 1)
 
 
-def _walk_to_payload(step, start):
-    """(start, length, steps) of the payload a walk over segments or chunks
-    finds: ``step(pos, found, size, steps)`` returns the next position (-1
-    at the end), the payload's start and length once found (-1 until
-    then) and ``steps + 1``; the walk begins at ``start`` and gives up
-    after :data:`MAX_SEGMENTS` steps (``steps`` > it)."""
-    tf = _tf()
-
-    def more(pos, found, size, steps):
-        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
-
-    minus = tf.constant(-1, tf.int64)
-    _, found, size, steps = tf.while_loop(
-        more, step, (tf.cast(start, tf.int64), minus, minus,
-                     tf.constant(0, tf.int64)))
-    return found, size, steps
-
-
 def _jpeg_segments(data):
     """One walk over a JPEG's segments, up to its first scan: (exif start,
-    exif length, scan start, framed, steps). The Exif fields locate the
-    payload of the first APP1 Exif segment (-1 when there is none); the
-    scan start is where the first scan's entropy-coded data begins (-1
-    when the file ends, or its segments stop, before a whole SOS
-    segment); ``framed`` is 1 when a frame header (SOF) came before it;
-    ``steps`` > :data:`MAX_SEGMENTS` when the walk gave up."""
+    exif length, scan start, framed, steps): the first APP1 Exif payload
+    (-1 when none); where the first scan's data begins (-1 when there is
+    no whole SOS segment); ``framed`` 1 when a SOF came before it."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
     minus = tf.constant(-1, tf.int64)
@@ -338,14 +271,10 @@ def _jpeg_segments(data):
 
 
 def _jpeg_cut_short(data, start, framed, steps):
-    """Why libjpeg cannot read the JPEG ``data`` whole ("" when it can as
-    far as its markers tell): a file cut short before its image data or
-    inside it (no end-of-image marker after the first scan: the scan's
-    own bytes never hold one, and an EXIF thumbnail's comes before it), or
-    a missing frame header. Read before TensorFlow's decoder meets it, so
-    that the refusal names the image like the others; also the number of
-    walk steps, for the segment cap. ``start``, ``framed`` and ``steps``
-    come from :func:`_jpeg_segments`."""
+    """(reason, steps): why libjpeg cannot read the JPEG ``data`` whole
+    ("" when it can as far as its markers tell): cut short before or
+    inside its image data (no end-of-image marker after the first scan),
+    or no frame header. Checked here so the refusal names the image."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
 
@@ -373,7 +302,8 @@ def _find_chunk(data, start, want, stops, big_endian):
     """(start, length, steps) of the payload of the first chunk named
     ``want`` (PNG: length then name, big-endian; RIFF: name then
     little-endian length, padded to even), stopping at a chunk in
-    ``stops`` or the end of the data (start -1 when not found)."""
+    ``stops``, the end of the data (start -1 when not found) or after
+    :data:`MAX_SEGMENTS` steps."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
 
@@ -393,15 +323,21 @@ def _find_chunk(data, start, want, stops, big_endian):
                 tf.where(hit, pos + 8, found), tf.where(hit, chunk, size),
                 steps + 1)
 
-    return _walk_to_payload(step, start)
+    def more(pos, found, size, steps):
+        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
+
+    minus = tf.constant(-1, tf.int64)
+    _, found, size, steps = tf.while_loop(
+        more, step, (tf.cast(start, tf.int64), minus, minus,
+                     tf.constant(0, tf.int64)))
+    return found, size, steps
 
 
 def _gif_chain_ends(data):
     """For each byte position p, where the chain of GIF data sub-blocks
-    starting at p ends (the position of its zero-length terminator; the
-    data's length when it runs past the end). Pointer jumping: log2(n)
-    vector gathers whatever the sub-block sizes, so a file of one-byte
-    sub-blocks costs no more than one written by a usual encoder."""
+    starting at p ends (its zero-length terminator; the data's length
+    when it runs past the end), by pointer jumping: log2(n) gathers
+    whatever the sub-block sizes."""
     tf = _tf()
     values = tf.cast(tf.io.decode_raw(data, tf.uint8), tf.int32)
     n = tf.shape(values)[0]
@@ -411,10 +347,9 @@ def _gif_chain_ends(data):
     nxt = tf.concat([nxt, [n]], 0)  # n: ran off the end (a fixed point)
     rounds = tf.cast(tf.math.ceil(tf.math.log(
         tf.cast(n, tf.float64) + 2.0) / math.log(2.0)), tf.int32)
-    nxt = tf.while_loop(lambda i, x: i < rounds,
-                        lambda i, x: (i + 1, tf.gather(x, x)),
-                        (tf.constant(0), nxt))[1]
-    return nxt
+    return tf.while_loop(lambda i, x: i < rounds,
+                         lambda i, x: (i + 1, tf.gather(x, x)),
+                         (tf.constant(0), nxt))[1]
 
 
 def _gif_first_frame(data):
@@ -463,10 +398,8 @@ def _gif_first_frame(data):
 
 
 def _png_cut_short(data):
-    """Why libpng cannot read the PNG ``data`` whole ("" when its chunks
-    reach a complete IEND, the end every PNG has): a file cut short fails
-    TensorFlow's decoder with an error naming no image, so it is refused
-    here, named like every other refusal."""
+    """Why libpng cannot read the PNG ``data`` whole ("" when it has a
+    complete IEND): TensorFlow's error for it names no image."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
     values = tf.cast(tf.io.decode_raw(data, tf.uint8), tf.int64)
@@ -484,10 +417,8 @@ def _png_cut_short(data):
 
 def _bmp_cut_short(data, offset, header, width, height, bits, supported):
     """Why the BMP ``data`` does not hold the pixels its header declares
-    ("" when it does): the rows start at ``offset`` and each is padded to
-    4 bytes. TensorFlow's decoder refuses a 24- or 32-bit file of any
-    other length without naming the image; a shorter one of any depth is
-    cut short."""
+    ("" when it does); TensorFlow refuses a 24- or 32-bit file of any
+    other length without naming the image."""
     tf = _tf()
     length = tf.cast(tf.strings.length(data), tf.int64)
     row = (bits * tf.abs(width) + 31) // 32 * 4
@@ -510,12 +441,10 @@ FACTS = ("format", "width", "height", "scale", "orientation",
          "extra0", "extra1", "extra2", "extra3", "extra4", "extra5")
 
 
-def _over_budget(width, height, name, budget):
+def _is_a(width, height, name, rest):
     tf = _tf()
     return tf.strings.join([
-        tf.strings.format("is a {}x{} ", (width, height)), name,
-        f", over the {_budget_text(budget)} for images decoded whole (only "
-        "JPEGs decode at a reduced scale): downscale it"])
+        tf.strings.format("is a {}x{} ", (width, height)), name, rest])
 
 
 def _first(*reasons):
@@ -528,26 +457,21 @@ def _first(*reasons):
 
 
 def _no_pixels(width, height, name):
-    tf = _tf()
-    return tf.where((width < 1) | (height < 1), tf.strings.join([
-        tf.strings.format("is a {}x{} ", (width, height)), name,
-        ", with no pixels"]), "")
+    return _tf().where((width < 1) | (height < 1),
+                       _is_a(width, height, name, ", with no pixels"), "")
 
 
 def inspect(data, budget=None, fmt=None):
     """``(facts, reason)`` of the encoded image ``data`` (a scalar string
     tensor), read before any pixel is decoded (TensorFlow ops): ``facts``
     is an int64 vector named by :data:`FACTS`, ``reason`` why every path
-    refuses the image ("" when none does): a file of any format cut short
-    (a JPEG before or inside its image data, a PNG before its IEND, a
-    GIF inside its first frame, a BMP before its last row, a WebP before
-    its declared length) is refused here, so that every path names it;
-    one whose body is damaged otherwise fails with TensorFlow's error.
-    ``fmt``: the format index when the caller already knows it
-    (:func:`sniff_bytes`), so that only that format's ops are built."""
+    refuses the image ("" when none does; a file cut short is refused
+    here, a body damaged otherwise fails with TensorFlow's error).
+    ``fmt``: the format index when the caller knows it (only that
+    format's ops are built)."""
     tf = _tf()
     budget = PIXEL_BUDGET if budget is None else int(budget)
-    head = _head(data, 1024)
+    head = _raw(data, 0, 1024)
     known_format = fmt
     fmt = _sniff(head) if fmt is None else tf.constant(fmt, tf.int32)
     zero = tf.constant(0, tf.int64)
@@ -555,8 +479,7 @@ def inspect(data, budget=None, fmt=None):
     none = tf.zeros(6, tf.int64)
 
     def pack(width, height, scale, extra, reason, exif=(minus, minus, zero)):
-        """The branches' common output: facts (orientation 1 for now),
-        the reason, and where the Exif payload is (start, size, steps)."""
+        """facts (orientation 1 for now), reason, Exif start, size, steps."""
         values = [tf.cast(v, tf.int64) for v in (fmt, width, height, scale)]
         facts = tf.concat([tf.stack(values), [1], tf.cast(extra, tf.int64)],
                           0)
@@ -567,11 +490,10 @@ def inspect(data, budget=None, fmt=None):
 
     def over_budget(width, height, name):
         return tf.where(width * height > budget,
-                        _over_budget(width, height, name, budget), "")
+                        _is_a(width, height, name, _over(budget)), "")
 
     def jpeg():
-        # libjpeg's own header read fails the call without naming the
-        # image: a file it cannot read whole is refused first.
+        # libjpeg's header read fails without naming the image: refuse first.
         exif_start, exif_size, scan, framed, scan_steps = _jpeg_segments(
             data)
         cut, scan_steps = _jpeg_cut_short(data, scan, framed, scan_steps)
@@ -583,10 +505,8 @@ def inspect(data, budget=None, fmt=None):
         scales = tf.constant(JPEG_SCALES, tf.int64)
         fits = (-(-width // scales)) * (-(-height // scales)) <= budget
         scale = tf.gather(scales, tf.argmax(tf.cast(fits, tf.int32)))
-        over = tf.where(tf.reduce_any(fits), "", tf.strings.join([
-            tf.strings.format("is a {}x{} JPEG", (width, height)),
-            f", over the {_budget_text(budget)} even decoded at "
-            f"1/{JPEG_SCALES[-1]} scale: downscale it"]))
+        over = tf.where(tf.reduce_any(fits), "", _is_a(
+            width, height, "JPEG", _over(budget, jpeg=True)))
         exif = (exif_start, exif_size, scan_steps)
         return pack(width, height, scale, none, _first(
             cut, _no_pixels(width, height, "JPEG"), over), exif)
@@ -624,7 +544,7 @@ def inspect(data, budget=None, fmt=None):
             tf.where(found & (frame > budget), tf.strings.join([
                 tf.strings.format("is a GIF whose first frame is {}x{}",
                                   (box[2], box[3])),
-                f", over the {_budget_text(budget)}: downscale it"]), ""),
+                f", over the {budget:,}-pixel budget: downscale it"]), ""),
             cut), (minus, minus, steps))
 
     def bmp():
@@ -696,31 +616,24 @@ def inspect(data, budget=None, fmt=None):
                 tf.strings.format("({} bytes) ", length), _NOT_AN_IMAGE])))
 
     branches = [jpeg, png, gif, bmp, webp, unknown]
-    if known_format is None:
-        out = tf.switch_case(fmt, branches)
-    else:
-        out = branches[known_format]()
-    facts, reason, start, size, steps = out
+    facts, reason, start, size, steps = (
+        tf.switch_case(fmt, branches) if known_format is None
+        else branches[known_format]())
     if known_format in (None, _JPEG, _PNG, _WEBP):
         orientation = tf.cond(start >= 0,
                               lambda: _orientation(data, start, size),
                               lambda: tf.constant(1, tf.int64))
         facts = tf.concat([facts[:4], [orientation], facts[5:]], 0)
-    names = tf.constant(list(_NAMES) + [""])
+    names = tf.constant(list(FORMATS) + [""])
     reason = _first(reason, tf.where(steps > MAX_SEGMENTS, tf.strings.join([
         "is a ", tf.gather(names, fmt), f" with over {MAX_SEGMENTS:,} "
         "segments before its pixels (real files have a few dozen)"]), ""))
     return tf.ensure_shape(facts, (len(FACTS),)), reason
 
 
-# --------------------------------------------------------------------------
-# decoding (TensorFlow ops)
-
-
 def _orient(pixels, orientation):
-    """Applies an EXIF orientation (1-8), as viewers show the image: a
-    flip of the stored rows and/or columns (an identity when not needed),
-    then a transpose for 5-8."""
+    """Applies an EXIF orientation (1-8): flips, then a transpose for
+    5-8."""
     tf = _tf()
     o = tf.cast(orientation, tf.int32)
     flip_rows = tf.reduce_any(tf.equal(o, [3, 4, 6, 7]))
@@ -732,15 +645,10 @@ def _orient(pixels, orientation):
 
 
 def _transposed(pixels):
-    """``pixels`` (H, W, 3) uint8 as (W, H, 3), moved as float32 words.
-
-    TensorFlow's oneDNN transpose logs "oneDNN supports DT_UINT8 only on
-    platforms with AVX-512" for every integer type on every CPU, AVX-512
-    ones included, into the user's stderr. Each pixel's three bytes and a
-    fourth byte 0x40 in the word's top position make one float32 with an
-    exponent of 128 or 129: a normal, finite number, so no copy (or
-    denormal flushing) can change its bits.
-    """
+    """``pixels`` (H, W, 3) uint8 as (W, H, 3), moved as float32 words:
+    oneDNN's integer transpose logs "oneDNN supports DT_UINT8 only on
+    platforms with AVX-512" to stderr on every CPU. A top byte 0x40 makes
+    each word a normal finite float, so no copy can change its bits."""
     tf = _tf()
     pad = tf.fill(tf.concat([tf.shape(pixels)[:2], [1]], 0),
                   tf.constant(0x40, tf.uint8))
@@ -772,10 +680,9 @@ def _pixels(data, facts, fmt=None):
             start = tf.cast(start, tf.int64)
             return tf.strings.substr(data, start, stop - start)
 
-        # A GIF of the first frame alone, its screen the frame's size and
-        # the frame at (0, 0): giflib reads every frame of a file into
-        # memory before TensorFlow returns one, and TensorFlow decodes a
-        # first frame smaller than the screen wrongly (black).
+        # A GIF of the first frame alone at (0, 0): giflib reads every
+        # frame into memory, and TensorFlow decodes a first frame smaller
+        # than the screen wrongly (black).
         first = tf.strings.join([
             part(zero, 6), part(at + 5, at + 9), part(10, at + 1),
             "\x00\x00\x00\x00", part(at + 5, end), "\x3b"])
@@ -818,7 +725,6 @@ def _pixels(data, facts, fmt=None):
     if fmt is not None and fmt != _JPEG:
         pixels = others[fmt - 1]()
         return _orient(tf.ensure_shape(pixels, (None, None, 3)), facts[4])
-    # One switch: the JPEG scales, then the other formats.
     scale_index = tf.argmax(tf.equal(tf.constant(JPEG_SCALES, tf.int64),
                                      facts[3]), output_type=tf.int64)
     branch = tf.where(tf.equal(facts[0], _JPEG), scale_index,
@@ -830,22 +736,17 @@ def _pixels(data, facts, fmt=None):
     return _orient(pixels, facts[4])
 
 
-#: libjpeg's DCT for each setting of ``fast_dct``: the accurate integer
-#: DCT gives Pillow's pixels; the fast one (TensorFlow's default) is off by
-#: a few levels (up to 12 measured) and about 10% faster on a crop.
+#: libjpeg's DCT for ``fast_dct``: the accurate one gives Pillow's pixels;
+#: the fast one is off by up to 12 levels and about 10% faster on a crop.
 _DCT = {False: "INTEGER_ACCURATE", True: "INTEGER_FAST"}
 
 
 def _window(data, facts, begin, size, kind=None, fast_dct=False):
     """The window ``begin`` (y, x, 0), ``size`` (h, w, 3) of the oriented
-    image as :func:`_pixels` decodes it: a JPEG decodes only that window
-    (libjpeg skips the rest), mapped back through its orientation into
-    the stored image; other formats decode whole and are sliced.
-
-    ``kind``: ``(scale, oriented)`` when the caller knows that the image
-    is a JPEG decoded at ``scale`` and whether any orientation may apply
-    (a folder of JPEGs within the budget, the usual case): the graph then
-    has no branch, which tf.data pays for on every image."""
+    image as :func:`_pixels` decodes it: a JPEG decodes only that window,
+    mapped back through its orientation; other formats are sliced.
+    ``kind``: ``(scale, oriented)`` when the caller knows the image is a
+    JPEG decoded at ``scale`` (then the graph has no branch)."""
     tf = _tf()
     scale, oriented = kind if kind is not None else (None, True)
     o = facts[4]
@@ -854,8 +755,7 @@ def _window(data, facts, begin, size, kind=None, fast_dct=False):
         width = -(-facts[1] // facts[3])
         box = tf.cast(tf.stack([begin[0], begin[1], size[0], size[1]]),
                       tf.int64)
-        # Undo the transpose (5-8), then the flips, as _orient applies
-        # them.
+        # Undo the transpose (5-8), then the flips.
         box = tf.where(o >= 5, tf.gather(box, [1, 0, 3, 2]), box)
         flip_rows = tf.reduce_any(tf.equal(o, [3, 4, 6, 7]))
         flip_cols = tf.reduce_any(tf.equal(o, [2, 3, 7, 8]))
@@ -901,9 +801,7 @@ def _window_function(kind, fast_dct):
 
 def oriented_shape(facts, kind=None):
     """(height, width, 3) int32 of the image :func:`decode` returns for
-    these :func:`inspect` ``facts`` (a JPEG at its decoded scale, after
-    the EXIF orientation), known before decoding (``kind``: as for
-    :func:`_window`)."""
+    these :func:`inspect` ``facts`` (``kind``: as for :func:`_window`)."""
     tf = _tf()
     if kind is not None and not kind[1]:
         scale = kind[0]
@@ -919,8 +817,7 @@ def oriented_shape(facts, kind=None):
 @functools.lru_cache(maxsize=8)
 def _functions(budget):
     """``(inspect, pixels)``, ``tf.function``s traced once per process
-    (and budget): a ``tf.data`` map or a SavedModel calls them instead of
-    tracing the decoder's ops again (seconds each time)."""
+    and budget (tracing the decoder's ops takes seconds)."""
     tf = _tf()
     spec = tf.TensorSpec((), tf.string)
     facts = tf.TensorSpec((len(FACTS),), tf.int64)
@@ -931,13 +828,13 @@ def _functions(budget):
     return read, pixels
 
 
-def _checked(data, name, facts=None, length=None):
+def _checked(data, name, facts=None, length=None, budget=PIXEL_BUDGET):
     """``facts`` of ``data`` that every later op waits on: read now and
     refused with ``name`` and the reason, or read earlier (when ``data``
     was ``length`` bytes) and refused if the length changed since."""
     tf = _tf()
     if facts is None:
-        facts, reason = _functions(PIXEL_BUDGET)[0](data)
+        facts, reason = _functions(budget)[0](data)
         check = tf.debugging.Assert(tf.equal(reason, ""), [
             tf.strings.join([name, " ", reason])], summarize=1)
     else:
@@ -953,30 +850,18 @@ def _checked(data, name, facts=None, length=None):
 def decode(data, name="image", budget=None):
     """The uint8 (height, width, 3) RGB pixels of the encoded image
     ``data`` (a scalar string tensor), by the module's rules (TensorFlow
-    ops: runs inside ``tf.data``, a ``tf.function`` or a SavedModel).
-
-    An image the rules refuse fails the call with an
-    ``InvalidArgumentError`` whose message is ``name`` followed by the
-    reason (``"image_bytes[2] is empty"``) before anything is decoded;
-    ``name`` is a string or a scalar string tensor. A damaged body fails in
-    TensorFlow's decoder with its own ``InvalidArgumentError``.
+    ops). A refused image fails the call with an ``InvalidArgumentError``
+    whose message is ``name`` (a string or a scalar string tensor) and
+    the reason (``"image_bytes[2] is empty"``), before anything is decoded.
     """
-    tf = _tf()
-    read, pixels = _functions(PIXEL_BUDGET if budget is None else budget)
-    facts, reason = read(data)
-    check = tf.debugging.Assert(tf.equal(reason, ""), [
-        tf.strings.join([name, " ", reason])], summarize=1)
-    with tf.control_dependencies([check]):
-        facts = tf.identity(facts)
-    return pixels(data, facts)
+    budget = PIXEL_BUDGET if budget is None else budget
+    return _functions(budget)[1](data, _checked(data, name, budget=budget))
 
 
 def decode_inspected(data, facts, length, name="image"):
     """:func:`decode` of an image whose header :func:`inspect` already
-    read (``facts``) when it was ``length`` bytes long: a training folder
-    reads every header once when it is loaded and decodes each image many
-    times. A file whose length changed since fails the call naming it
-    (its header may no longer be what was checked)."""
+    read (``facts``) when it was ``length`` bytes long; a file whose
+    length changed since fails the call naming it."""
     facts = _checked(data, name, facts, length)
     return _functions(PIXEL_BUDGET)[1](data, facts)
 
@@ -984,17 +869,12 @@ def decode_inspected(data, facts, length, name="image"):
 def decode_crop(data, crop, name="image", facts=None, length=None, *,
                 kind=None, fast_dct=False):
     """The window ``crop(shape)`` -> ``(begin, size)`` chooses in the image
-    :func:`decode` would return (``shape``: its (height, width, 3), known
-    from the header), decoding only that window of a JPEG: a training
-    crop of a photo skips most of its pixels. The pixels are those of
+    :func:`decode` would return (``shape``: its (height, width, 3)),
+    decoding only that window of a JPEG. The pixels are those of
     ``decode(data)[window]`` except within two pixels of the window's
-    edges, where libjpeg's chroma upsampling sees fewer neighbours (up to
-    15 levels apart on a noisy 4:2:0 photo; the same holds for any
-    pipeline built on ``tf.io.decode_and_crop_jpeg``). ``facts`` and
-    ``length``: as for :func:`decode_inspected`; ``kind``: ``(scale,
-    oriented)`` when every image the caller decodes is a JPEG at that
-    scale (see :func:`_window`); ``fast_dct``: libjpeg's fast DCT (a
-    few levels off, about 10% faster), for training augmentation."""
+    edges (libjpeg's chroma upsampling: up to 15 levels on a noisy 4:2:0
+    photo). ``facts``, ``length``: as for :func:`decode_inspected`;
+    ``kind``: see :func:`_window`; ``fast_dct``: libjpeg's fast DCT."""
     facts = _checked(data, name, facts, length)
     begin, size = crop(oriented_shape(facts, kind))
     if kind is not None:  # a few ops: inline, not a function call
@@ -1003,10 +883,8 @@ def decode_crop(data, crop, name="image", facts=None, length=None, *,
 
 
 def decode_or_refuse(data, budget=None):
-    """``(pixels, facts, reason)``: the pixels of ``data`` (an empty
-    (0, 0, 3) tensor when refused), its :func:`inspect` facts and the reason
-    it is refused ("" when it is not), without failing the call for a
-    refusal (TensorFlow ops)."""
+    """``(pixels, facts, reason)`` of ``data``, without failing for a
+    refusal: empty (0, 0, 3) pixels and the reason ("" when accepted)."""
     tf = _tf()
     read, pixels = _functions(PIXEL_BUDGET if budget is None else budget)
     facts, reason = read(data)
@@ -1017,12 +895,10 @@ def decode_or_refuse(data, budget=None):
 
 def format_name(data):
     """The name of the format of ``data`` (a scalar string tensor) by its
-    first bytes, as :func:`inspect` finds it ("" for none of
-    :data:`FORMATS`): no op here fails, so a graph can name the format
-    of a file that TensorFlow's decoder failed on."""
+    first bytes ("" for none of :data:`FORMATS`); no op here fails."""
     tf = _tf()
-    return tf.gather(tf.constant(list(_NAMES) + [""]),
-                     _sniff(_head(data, 12)))
+    return tf.gather(tf.constant(list(FORMATS) + [""]),
+                     _sniff(_raw(data, 0, 12)))
 
 
 def _decode_or_refuse(data, budget, fmt):
@@ -1035,8 +911,7 @@ def _decode_or_refuse(data, budget, fmt):
 
 
 def sniff_bytes(data):
-    """The format index of ``data`` (bytes) from its first bytes, as
-    :func:`inspect` finds it (the same table of signatures)."""
+    """The format index of ``data`` (bytes) from its first bytes."""
     for fmt, first, second in _MAGIC:
         if data.startswith(first) and data[8:8 + len(second)] == second:
             return fmt
@@ -1053,9 +928,8 @@ def _eager(budget, fmt):
 
 
 def tf_message(error):
-    """TensorFlow's error text on one line, without the graph's node
-    names, the traceback of where the op was defined and function
-    prefixes."""
+    """TensorFlow's error text on one line, without node names, the op's
+    traceback and function prefixes."""
     import re
 
     text = getattr(error, "message", None) or str(error)
@@ -1081,7 +955,7 @@ def decode_bytes(data, name="image"):
         pixels, _, reason = _eager(PIXEL_BUDGET, fmt)(tf.constant(data))
     except tf.errors.InvalidArgumentError as e:
         raise ImageError(f"{name} ({len(data)} bytes) is a damaged "
-                         f"{_NAMES[fmt]} that the TensorFlow decoder cannot "
+                         f"{FORMATS[fmt]} that the TensorFlow decoder cannot "
                          f"read ({tf_message(e)})") from None
     reason = reason.numpy().decode()
     if reason:
@@ -1090,10 +964,9 @@ def decode_bytes(data, name="image"):
 
 
 def read(path, name=None):
-    """The uint8 (H, W, 3) RGB pixels of the image file ``path`` by the
-    module's rules, or an :class:`ImageError` naming the file (``name``,
-    default ``image {path!r}``). The caller checks that ``path`` is a
-    regular file (opening a FIFO blocks)."""
+    """The uint8 (H, W, 3) RGB pixels of the image file ``path``, or an
+    :class:`ImageError` naming it (``name``, default ``image {path!r}``).
+    The caller checks that ``path`` is a regular file."""
     name = f"image {os.fspath(path)!r}" if name is None else name
     try:
         with open(path, "rb") as f:

@@ -2,12 +2,9 @@
 and aspect ratios as one batch of patches with their coordinates and a
 padding mask.
 
-Each image keeps its aspect ratio: it is resized to the largest grid of
-``patch_size`` squares, within ``max_patches``, whose sides keep its
-ratio (SigLIP2's rule: each side scaled by one factor, rounded up to a
-whole patch), cut into patches row by row, each patch's pixels flattened
-row by row (pixel rows, pixel columns, channels), and padded with zeros
-to the batch's length.
+Each image is resized to the largest grid of ``patch_size`` squares
+within ``max_patches`` that keeps its aspect ratio (SigLIP2's rule), cut
+into patches row by row and padded with zeros to the batch's length.
 
 >>> import numpy as np
 >>> batch = patchify([np.zeros((30, 60, 3)), np.zeros((64, 32, 3))],
@@ -26,10 +23,9 @@ import numpy as np
 
 from keras_vit.base.checks import check_int
 
-#: A NaFlex model's inputs (the ``naflex`` option): each image's patches,
-#: flattened row by row ((B, N, P * P * C): pixel rows, pixel columns,
-#: channels, as SigLIP2's processor and timm cut them), each patch's row
-#: and column in its image's grid, and 1 for a patch, 0 for padding.
+#: A NaFlex model's inputs: patches flattened (B, N, P * P * C) as
+#: SigLIP2's processor and timm cut them, each patch's row and column in
+#: its image's grid, and 1 for a patch, 0 for padding.
 PATCH_INPUTS = ("patches", "patch_coords", "patch_mask")
 
 
@@ -73,8 +69,7 @@ def patchify(images, patch_size, max_patches=256, resize=True):
     ``resize=True`` resizes each image to its grid (:func:`grid_for`);
     ``resize=False`` cuts each as it is, which needs sides that are
     multiples of ``patch_size`` and at most ``max_patches`` patches.
-    Pixels are passed as they are: a model built with
-    ``include_preprocessing=True`` normalises them itself."""
+    Pixels are passed as they are."""
     patch_size = check_int("patch_size", patch_size, low=1)
     max_patches = check_int("max_patches", max_patches, low=1)
     images = list(images)
@@ -118,9 +113,7 @@ def patchify(images, patch_size, max_patches=256, resize=True):
 
 
 def model_inputs(model, images):
-    """``images`` (any sizes) as NaFlex ``model`` takes them: cut by its
-    patch, each within as many patches as its position table holds (the
-    resolution it was trained at), keeping its aspect ratio. What
-    ``predict`` and ``keras-vit predict`` feed a NaFlex model."""
+    """``images`` (any sizes) as NaFlex ``model`` takes them: each within
+    as many patches as its position table holds."""
     rows, cols = model.grid_size
     return patchify(images, model.patch_stride, rows * cols)

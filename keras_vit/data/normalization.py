@@ -3,12 +3,8 @@ weights expect, decided here for every path (the model's own
 ``preprocessing`` layer, the training pipeline, ``predict``, the exported
 serving graphs, analysis).
 
-The original ViT and BiT take pixels scaled to [-1, 1] (mean = std = 0.5 of
-[0, 1] pixels); later members of the family were trained on other
-normalisations (DeiT, DINOv2: ImageNet's mean and std; CLIP: OpenAI's).
 A model records its normalisation as the constructor argument
-``input_normalization``, so ``.keras`` files, :func:`keras_vit.rebuild`
-and the exporters carry it.
+``input_normalization`` (None: the official [-1, 1] of ViT and BiT).
 
 >>> import numpy as np
 >>> official = check_normalization("input_normalization", None)
@@ -103,10 +99,8 @@ OFFICIAL = NAMED["official"]
 def config_value(normalization):
     """What a model's ``input_normalization`` argument keeps for
     ``normalization`` (an :class:`InputNormalization`): None when it is the
-    official [-1, 1] (to float32 rounding, since some formats store the
-    scale and offset rather than the mean and std), else its
-    ``{"mean": [...], "std": [...]}``. Every reader and the models ask
-    this, so one normalisation is written one way in every config.
+    official [-1, 1] (to float32 rounding), else its
+    ``{"mean": [...], "std": [...]}``.
 
     >>> config_value(NAMED["official"]) is None
     True
@@ -114,9 +108,8 @@ def config_value(normalization):
     >>> config_value(NAMED["imagenet"])["std"]
     [0.229, 0.224, 0.225]
     """
-    official = np.full(len(normalization.mean), 0.5)
-    if (np.allclose(normalization.mean, official, rtol=0, atol=1e-6)
-            and np.allclose(normalization.std, official, rtol=0, atol=1e-6)):
+    official = (0.5,) * len(normalization.mean)
+    if same(normalization, InputNormalization(official, official)):
         return None
     return normalization.to_config()
 
@@ -125,8 +118,7 @@ def check_normalization(name, value, channels=3):
     """``value`` as an :class:`InputNormalization`: None (the official
     [-1, 1]), a name of :data:`NAMED`, ``{"mean": [...], "std": [...]}``
     or an ``InputNormalization``, with ``channels`` entries each (one
-    entry is broadcast), finite means and positive finite stds. Anything
-    else stops with one line naming ``name`` and the value."""
+    entry is broadcast), finite means and positive finite stds."""
     if value is None:  # the official [-1, 1], for any number of channels
         value = InputNormalization((0.5,) * channels, (0.5,) * channels)
     elif isinstance(value, str):
@@ -193,8 +185,7 @@ def takes_raw_pixels(model):
         return bool(config["include_preprocessing"])
     if isinstance(getattr(model, "include_preprocessing", None), bool):
         return model.include_preprocessing
-    # A model of another origin (a feature extractor over one of ours, a
-    # plain functional model): its first layer tells.
+    # A model of another origin: its first layers tell.
     import keras
 
     return any(isinstance(layer, keras.layers.Rescaling)
@@ -212,11 +203,9 @@ def of_model(model):
 
 
 def record_inputs(derived, model):
-    """Gives ``derived``, a model built over ``model``'s input (a feature
-    extractor, a pretraining wrapper), ``model``'s input convention as
-    attributes that :func:`takes_raw_pixels` and :func:`of_model` read;
-    returns ``derived``. A plain functional model records none, and would
-    otherwise be taken for one of the official [-1, 1]."""
+    """Gives ``derived``, a model built over ``model``'s input, ``model``'s
+    input convention as attributes that :func:`takes_raw_pixels` and
+    :func:`of_model` read; returns ``derived``."""
     derived.include_preprocessing = takes_raw_pixels(model)
     derived.input_normalization = config_value(of_model(model))
     return derived
@@ -230,7 +219,7 @@ def model_input(model, pixels):
 
 def same(a, b):
     """Whether two :class:`InputNormalization` s are one map (to float32
-    rounding, as :func:`config_value` compares with the official one)."""
+    rounding)."""
     return (len(a.mean) == len(b.mean)
             and np.allclose(a.mean, b.mean, rtol=0, atol=1e-6)
             and np.allclose(a.std, b.std, rtol=0, atol=1e-6))
@@ -252,14 +241,10 @@ def pipeline_options(model=None, *, raw_pixels=None,
                      input_normalization=None):
     """``{"raw_pixels": ..., "input_normalization": ...}``: the keywords
     of the training and evaluation pipelines (``keras_vit.train.data``)
-    that feed ``model`` what it takes. Every pipeline asks this one
-    function.
-
-    Without a model, the arguments decide (None: [-1, 1] pixels, the
-    official normalisation). With one, the model decides and an argument
-    that says otherwise stops with one line naming it: a pipeline that
-    feeds [-1, 1] to a model trained on ImageNet's mean and std runs
-    without error and learns from the wrong inputs.
+    that feed ``model`` what it takes. Without a model, the arguments
+    decide (None: the official [-1, 1]); with one, the model decides and
+    an argument that says otherwise is refused (wrong inputs train
+    without error).
 
     >>> import keras_vit
     >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,

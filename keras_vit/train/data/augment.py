@@ -2,18 +2,11 @@
 for (the paper's recipes use none), in the order of DeiT's and DeiT III's
 pipelines: 3-Augment, colour jitter, RandAugment, random erasing.
 
-Two stages. Per image, on one decoded, cropped and resized image in
-[0, 255] where the pipeline draws its crop (:func:`make_augment`): DeiT
-III's "3-Augment" and colour jitter as stateless TensorFlow ops, and
-RandAugment's draws (:func:`keras_vit.train.data.randaugment.draw_ops`).
-Per batch, before the pixels are scaled to the model's range
-(:func:`make_batch_augment`): RandAugment, timm's definition with
-Pillow's operations, one call a batch, then Keras' ``RandomErasing``
-layer.
-
-Everything but random erasing is a function of each image's seed: the
-same epoch gives the same images each time it is built. Keras' layer
-keeps its own random state.
+Two stages: per image (:func:`make_augment`), 3-Augment, colour jitter
+and RandAugment's draws as stateless TensorFlow ops; per batch, before
+the scaling (:func:`make_batch_augment`), RandAugment with Pillow's
+operations, then Keras' ``RandomErasing`` (the one with its own random
+state).
 
 >>> import numpy as np
 >>> augment = make_augment(three_augment=True, color_jitter=0.3)
@@ -30,18 +23,14 @@ from keras_vit.base.limits import MAX_RANDAUGMENT_OPS
 
 # RandAugment's magnitude scale (timm's and big_vision's level 0-10).
 RANDAUGMENT_TOP_LEVEL = 10.0
-# DeiT III's Gaussian blur: radius (sigma) drawn in [0.1, 2.0] pixels, as
-# its augment.py gives PIL; the kernel covers 3 sigma of the widest.
+# DeiT III's Gaussian blur sigma range; the kernel covers 3 sigma.
 BLUR_SIGMA = (0.1, 2.0)
 _BLUR_RADIUS = 6
 
 
 def check_randaugment(value, name="randaugment"):
     """``(num_ops, magnitude)`` or ``(num_ops, magnitude, magnitude_std)``
-    with ints and floats, or None; else a ValueError naming ``name``:
-    ``num_ops`` in [1, 64], ``magnitude`` in [0, 10] (the
-    RandAugment level scale), ``magnitude_std`` (timm's ``mstd``) at
-    least 0.
+    with ints and floats, or None; else a ValueError naming ``name``.
 
     >>> check_randaugment((2, 9)), check_randaugment((2, 9, 0.5))
     ((2, 9.0), (2, 9.0, 0.5))
@@ -81,25 +70,9 @@ def check_augment(randaugment=None, random_erasing=0.0, three_augment=False,
         color_jitter)
 
 
-def _grayscale(image):
-    """RGB -> its luma (ITU-R 601), repeated in the three channels."""
-    import tensorflow as tf
-
-    return tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
-
-
-def _solarize(image, threshold=128.0):
-    """Pixels at or above ``threshold`` inverted (PIL's default
-    ``ImageOps.solarize``)."""
-    import tensorflow as tf
-
-    return tf.where(image >= threshold, 255.0 - image, image)
-
-
 def _gaussian_blur(image, sigma):
-    """A separable Gaussian blur of standard deviation ``sigma`` pixels
-    (a scalar tensor) over a fixed 13-tap kernel, edge pixels repeated
-    outside the image (any size of image)."""
+    """A separable Gaussian blur of ``sigma`` pixels (a scalar tensor)
+    over a fixed 13-tap kernel, edge pixels repeated outside the image."""
     import tensorflow as tf
 
     taps = tf.range(-_BLUR_RADIUS, _BLUR_RADIUS + 1, dtype=tf.float32)
@@ -123,8 +96,7 @@ def _gaussian_blur(image, sigma):
 
 def apply_three_augment(image, seed):
     """DeiT III's 3-Augment: one of grayscale, solarisation and Gaussian
-    blur (sigma in [0.1, 2]), chosen uniformly per image (a stateless
-    ``seed``: the same seed, the same choice).
+    blur, chosen uniformly per image from a stateless ``seed``.
 
     >>> import numpy as np
     >>> image = np.full((4, 4, 3), 200.0, "float32")
@@ -138,17 +110,16 @@ def apply_three_augment(image, seed):
         tf.random.experimental.stateless_split(seed, 2))
     pick = tf.random.stateless_uniform([], pick_seed, 0, 3, dtype=tf.int32)
     sigma = tf.random.stateless_uniform([], sigma_seed, *BLUR_SIGMA)
-    return tf.switch_case(pick, [lambda: _grayscale(image),
-                                 lambda: _solarize(image),
-                                 lambda: _gaussian_blur(image, sigma)])
+    return tf.switch_case(pick, [
+        lambda: tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image)),
+        lambda: tf.where(image >= 128.0, 255.0 - image, image),  # as PIL's
+        lambda: _gaussian_blur(image, sigma)])
 
 
 def jitter_color(image, strength, seed):
     """Brightness, contrast and saturation each scaled by a factor drawn
     in ``[1 - strength, 1 + strength]`` (torchvision's ``ColorJitter(s,
-    s, s)`` as DeiT III uses it, in a fixed order instead of a random
-    one): brightness multiplies the pixels, contrast blends with the
-    image's mean luma, saturation with each pixel's luma.
+    s, s)`` in a fixed order).
 
     >>> import numpy as np
     >>> image = np.full((2, 2, 3), 100.0, "float32")
@@ -172,12 +143,9 @@ def jitter_color(image, strength, seed):
 
 def make_augment(randaugment=None, three_augment=False, color_jitter=0.0):
     """``augment(image, seed)`` for one [0, 255] image, or None when
-    nothing happens per image: 3-Augment and colour jitter applied (the
-    image returned), and with ``randaugment`` on, its draws made too
-    (``(image, draws)`` returned, the draws a ``(num_ops, 3)`` tensor for
-    :func:`make_batch_augment`). The options as :func:`check_augment`
-    takes them.
-    """
+    nothing happens per image: the image, or with ``randaugment`` on
+    ``(image, draws)`` (a ``(num_ops, 3)`` tensor for
+    :func:`make_batch_augment`)."""
     import tensorflow as tf
 
     from keras_vit.train.data.randaugment import draw_ops
@@ -187,8 +155,7 @@ def make_augment(randaugment=None, three_augment=False, color_jitter=0.0):
     if not (randaugment or three or jitter):
         return None
 
-    # Plain TensorFlow ops, no Python control flow on tensors: autograph's
-    # conversion (seconds of tracing inside tf.data's map) is not needed.
+    # No Python control flow on tensors: skip autograph (seconds a trace).
     @tf.autograph.experimental.do_not_convert
     def augment(image, seed):
         image = tf.convert_to_tensor(image, tf.float32)
@@ -214,16 +181,13 @@ def make_batch_augment(randaugment=None, random_erasing=0.0, seed=0,
 
     Args:
         randaugment: ``(num_ops, magnitude[, magnitude_std])``: timm's
-            RandAugment (:mod:`keras_vit.train.data.randaugment`), its
-            draws made per image by :func:`make_augment`. None: off.
+            RandAugment (:mod:`keras_vit.train.data.randaugment`). None:
+            off.
         random_erasing: the chance that Keras' ``RandomErasing`` blanks a
-            box of an image with noise in the pixels' [0, 255] range
-            (timm's "pixel" mode draws unclipped Gaussian noise in the
-            normalised image instead). 0: off.
-        seed: seeds Keras' layer (its random state is its own).
+            box of an image with noise in [0, 255]. 0: off.
+        seed: seeds Keras' layer.
         fill: the pixel, one value a channel, that RandAugment's
-            rotations, shears and translations uncover (timm's: the
-            input normalisation's mean pixel).
+            geometric operations uncover.
 
     >>> import numpy as np
     >>> augment = make_batch_augment(random_erasing=1.0)
@@ -242,7 +206,6 @@ def make_batch_augment(randaugment=None, random_erasing=0.0, seed=0,
     check_int("seed", seed, low=0)
     eraser = None
     if random_erasing:
-        # The chance is drawn in factor's range: a range of one value.
         eraser = keras.layers.RandomErasing(
             factor=(random_erasing, random_erasing), value_range=(0, 255),
             seed=seed + 1)
@@ -253,8 +216,6 @@ def make_batch_augment(randaugment=None, random_erasing=0.0, seed=0,
         if randaugment:
             images = rand_augment_batch(images, draws, fill)
         if eraser is not None:
-            # On the pipeline's [0, 255] pixels: the erased box is filled
-            # with noise of that range (the model's scaling comes after).
             images = tf.clip_by_value(tf.cast(eraser(images), tf.float32),
                                       0.0, 255.0)
         return images

@@ -28,6 +28,12 @@ def existing_folder(path, expected):
     return path
 
 
+def skipped_text(skipped, path):
+    """The first ten ``(path, reason)`` of ``skipped``, for a warning."""
+    return "; ".join(f"{os.path.relpath(p, path)} ({why})"
+                     for p, why in skipped[:10])
+
+
 class FolderSource(ImageSource):
     """A folder with one sub-folder of images per class (sorted names give
     the labels). Files that are not images, or that cannot be read, are
@@ -79,14 +85,10 @@ class FolderSource(ImageSource):
                 f"read ({len(skipped)} files skipped, e.g. {skipped[:3]})")
         super().__init__(len(files), len(classes), classes)
         self.name = path
-        self.path = path
-        self._set_files(files, labels, facts)
-        self.skipped = skipped
-        self.empty_classes = empty
+        self._set_files(path, files, labels, facts, skipped, empty)
         messages = []
         if skipped:
-            shown = "; ".join(f"{os.path.relpath(p, path)} ({why})"
-                              for p, why in skipped[:10])
+            shown = skipped_text(skipped, path)
             more = (f"; and {len(skipped) - 10} more"
                     if len(skipped) > 10 else "")
             messages.append(
@@ -100,9 +102,10 @@ class FolderSource(ImageSource):
             warnings.warn(f"Image folder {path!r}: " + ". ".join(messages),
                           UserWarning, stacklevel=2)
 
-    def _set_files(self, files, labels, facts):
-        """The files, their labels and what the scan read from each
-        (:func:`check_images`' ``facts``)."""
+    def _set_files(self, path, files, labels, facts, skipped=(), empty=()):
+        self.path = path
+        self.skipped = skipped
+        self.empty_classes = empty
         self._files = np.asarray(files, dtype=object)
         self._labels = np.asarray(labels, "int64")
         self._facts = np.asarray(facts, "int64").reshape(
@@ -114,11 +117,8 @@ class FolderSource(ImageSource):
         ImageSource.__init__(self, len(idx), parent.num_classes,
                              parent.class_names)
         self.name = f"{parent.name}[subset]"
-        self.path = parent.path
-        self._set_files(parent._files[idx], parent._labels[idx],
+        self._set_files(parent.path, parent._files[idx], parent._labels[idx],
                         parent._facts[idx])
-        self.skipped = ()
-        self.empty_classes = ()
         return self
 
     def labels(self):
@@ -129,8 +129,7 @@ class FolderSource(ImageSource):
         return FolderSource._from_lists(self, idx)
 
     def table(self):
-        # Records are rows of the file list: decode() reads the file and
-        # what the scan found in its header from the same row.
+        # Records are rows of the file list (and of the scan's facts).
         return np.arange(len(self._files), dtype="int64"), self._labels
 
     def _row(self, record):

@@ -12,8 +12,7 @@ import numpy as np
 from keras_vit.data import images as image_decoder
 from keras_vit.base.archives import special_file
 
-# The file names a folder scan reads; what is inside decides the format
-# (keras_vit.data.images decodes JPEG, PNG, GIF, BMP and WebP).
+# The file names a folder scan reads; what is inside decides the format.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # A folder scan keeps, per file, keras_vit.data.images.FACTS and the file's size.
 FACT_COLUMNS = len(image_decoder.FACTS) + 1
@@ -24,14 +23,8 @@ def check_images(candidates, verbose, *, with_facts=False):
     the skipped files, each with the reason: ``(files, labels, skipped)``,
     and with ``with_facts`` the (files, :data:`FACT_COLUMNS`) int64 array
     of what :func:`keras_vit.data.images.inspect` read from each header and the
-    file's size, so that training decodes without reading headers again.
-
-    Each file is read and decoded once by :mod:`keras_vit.data.images` (in
-    parallel, in ``tf.data``): the decoder's refusals (not an image, a
-    format it does not read, over the pixel budget, ...) and files it
-    cannot decode are skipped here, so that training never meets them: a
-    pipeline that drops every image would otherwise spin forever, and one
-    that drops a few would not say which.
+    file's size. Each file is decoded once here, so that training never
+    meets a refused one (a pipeline dropping every image would spin).
     """
     import tensorflow as tf
     from tqdm.auto import tqdm
@@ -43,8 +36,7 @@ def check_images(candidates, verbose, *, with_facts=False):
         if ext not in IMAGE_EXTENSIONS:
             skipped.append((path, f"not an image extension {ext or '(none)'}"))
             continue
-        # Opening a FIFO blocks until something writes to it: the run would
-        # hang with no output. Only regular files are read.
+        # Opening a FIFO blocks: only regular files are read.
         kind = special_file(path)
         if kind is not None:
             skipped.append((path, f"{kind}, not a regular file"))
@@ -95,8 +87,7 @@ def check_images(candidates, verbose, *, with_facts=False):
 
 def _damaged(path):
     """The reason of a file TensorFlow's decoder failed on, past the first
-    few (whose own words are read again): its size and format, as the
-    decoder names a damaged file."""
+    few: its size and format, as the decoder names a damaged file."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:

@@ -40,12 +40,7 @@ def load_data(spec, split=None, *, data_dir=None, download=False,
     if text == "digits" or text.startswith("digits:"):
         return digits(text.partition(":")[2] or split or "train")
     if text.startswith("tfds:"):
-        rest = text[len("tfds:"):]
-        # A version ("cifar10:3.0.2") also has a colon: the split is the
-        # part after the last colon only when it names a split.
-        name, _, maybe_split = rest.rpartition(":")
-        if not name or maybe_split[:1].isdigit():
-            name, maybe_split = rest, ""
+        name, maybe_split = _tfds_parts(text[len("tfds:"):])
         return TfdsSource(name, maybe_split or split or "train",
                           data_dir=data_dir, download=download)
     if text.lower().endswith(".npz"):
@@ -59,6 +54,15 @@ def load_data(spec, split=None, *, data_dir=None, download=False,
                 raise FileNotFoundError(f"{e}{hint}") from None
             raise
     raise DataError(_spec_help(spec))
+
+
+def _tfds_parts(rest):
+    """(name, split) of ``NAME[:SPLIT]``: a version ("cifar10:3.0.2") also
+    has a colon, so the last part is a split only when it is not one."""
+    name, _, split = rest.rpartition(":")
+    if not name or split[:1].isdigit():
+        return rest, ""
+    return name, split
 
 
 def _folder_hint(text):
@@ -122,9 +126,5 @@ def default_eval_spec(spec):
     if spec in ("digits", "digits:train"):
         return "digits:test"
     if spec.startswith("tfds:"):
-        rest = spec[len("tfds:"):]
-        name, _, maybe = rest.rpartition(":")
-        if not name or maybe[:1].isdigit():
-            name = rest
-        return f"tfds:{name}:test"
+        return f"tfds:{_tfds_parts(spec[len('tfds:'):])[0]}:test"
     return None

@@ -60,13 +60,6 @@ def eval_resize(image, size, crop_fraction=1.0):
     return tf.image.resize(image, (size, size), method="bilinear")
 
 
-def _check_size(image_size):
-    if not isinstance(image_size, int) or isinstance(image_size, bool) or (
-            image_size < 1):
-        raise ValueError(f"image_size must be a positive integer or a model; "
-                         f"received image_size={image_size!r}")
-
-
 def _is_model(value):
     import keras
 
@@ -89,11 +82,8 @@ def model_inputs(image_size, model=None, *, raw_pixels=None,
     """``(image_size, raw_pixels, normalization)`` of a pipeline:
     ``image_size`` an int or a model (then ``model``), ``model`` (or
     None) what the batches feed. The model gives the size when
-    ``image_size`` is None or the model itself, and always decides the
-    pixels' normalisation
-    (:func:`keras_vit.data.normalization.pipeline_options`, which stops
-    on an argument that contradicts it); without a model the arguments
-    decide (default: the official [-1, 1])."""
+    ``image_size`` is None or the model, and decides the normalisation
+    (:func:`keras_vit.data.normalization.pipeline_options`)."""
     if _is_model(image_size):
         if model is not None and model is not image_size:
             raise ValueError(
@@ -106,18 +96,18 @@ def model_inputs(image_size, model=None, *, raw_pixels=None,
                          f"feed); received model={model!r}")
     if image_size is None and model is not None:
         image_size = model_image_size(model)
-    _check_size(image_size)
+    if not isinstance(image_size, int) or isinstance(image_size, bool) or (
+            image_size < 1):
+        raise ValueError(f"image_size must be a positive integer or a model; "
+                         f"received image_size={image_size!r}")
     options = pipeline_options(model, raw_pixels=raw_pixels,
                                input_normalization=input_normalization)
     return image_size, options["raw_pixels"], options["input_normalization"]
 
 
 def _examples(source, training, seed, epoch):
-    """(index, record, label, epoch_seed) in this epoch's order.
-
-    ``epoch=None`` draws a new order every time the dataset is iterated
-    (what ``model.fit`` needs); an int gives the same order every time.
-    """
+    """(index, record, label, epoch_seed) in this epoch's order
+    (``epoch=None``: a new order each iteration)."""
     import tensorflow as tf
 
     if epoch is None:
@@ -172,8 +162,7 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
             crop_seed, flip_seed = tf.unstack(
                 tf.random.experimental.stateless_split(seed, 2))
             if crop_area is not None:
-                # The box is drawn from the header's size (the same box a
-                # whole decode gives), and a JPEG decodes only the box.
+                # A JPEG decodes only the box.
                 image = source.decode_crop(record, lambda shape: (
                     inception_box(shape, crop_seed, tuple(crop_area))))
             else:
@@ -184,8 +173,7 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
                 image = tf.image.stateless_random_flip_left_right(
                     image, flip_seed)
             if augment is not None:
-                # A third stream folded from the example's seed: the crop
-                # and flip draw what they drew without augmentation.
+                # A third stream: the crop and flip draw as without it.
                 image = augment(tf.ensure_shape(
                     image, (image_size, image_size, 3)),
                     tf.random.experimental.stateless_fold_in(seed, 2))
@@ -204,10 +192,8 @@ def _preprocess(source, image_size, training, crop_area, flip, eval_crop,
 
 def steps_per_epoch(source, global_batch_size, *, shards=1):
     """Full batches in one epoch (the ragged remainder is dropped); a
-    ValueError naming the batch size and the number of images when that is
-    none at all (``model.fit`` would run epochs that train nothing).
-    ``shards``: the epoch is split into that many parts, each batched by
-    itself."""
+    ValueError when that is none at all. ``shards``: the epoch is split
+    into that many parts, each batched by itself."""
     per_shard = source.num_examples // shards
     if per_shard < global_batch_size:
         where = (f"{per_shard} images in each of {shards} shards of "
@@ -229,10 +215,7 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
 
     Pass the model the batches feed (``dataset(data, model, batch_size)``,
     or ``model=`` beside an explicit ``image_size``): it gives the image
-    size and decides the pixels' normalisation, which differs across the
-    family (the original ViT takes [-1, 1], DeiT and DINOv2 ImageNet's
-    mean and std, CLIP towers CLIP's, a model built with
-    ``include_preprocessing=True`` [0, 255] pixels).
+    size and decides the pixels' normalisation.
 
     Args:
         source: an
@@ -257,22 +240,16 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
         take: examples of this shard to yield at most.
         drop_remainder: default: ``training``.
         prefetch: overlap input with compute.
-        raw_pixels: yield [0, 255] pixels, for a model that normalises
-            them itself (see :func:`takes_raw_pixels`). With a model:
-            leave it out (the model says; a contradicting value stops).
+        raw_pixels: yield [0, 255] pixels (with a model: leave it out,
+            the model says; a contradicting value stops).
         input_normalization: else, the normalisation the model's weights
-            expect; with a model: leave it out (the model says, through
-            :func:`keras_vit.data.normalization.pipeline_options`; a
-            contradicting value stops). Without a model and without
-            this: the official [-1, 1].
+            expect (with a model: leave it out); default: [-1, 1].
         randaugment, random_erasing, three_augment, color_jitter: more
             training augmentation, each off by default
-            (:mod:`keras_vit.train.data.augment`; RandAugment as
-            :mod:`keras_vit.train.data.randaugment` defines it).
-        mixing: a :class:`keras_vit.train.mixing.BatchMixer` (MixUp,
-            CutMix, label smoothing) for the training batches, which then
-            carry soft targets ``(batch, num_classes)`` instead of integer
-            labels; None: off.
+            (:mod:`keras_vit.train.data.augment`).
+        mixing: a :class:`keras_vit.train.mixing.BatchMixer` for the
+            training batches, which then carry soft targets
+            ``(batch, num_classes)``; None: off.
 
     Every option of a recipe at once:
     ``dataset(source, model, r.batch_size,
@@ -296,8 +273,7 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
         raise ValueError(f"batch_size must be a positive integer; received "
                          f"batch_size={batch_size!r}")
     augment = make_augment(randaugment, three_augment, color_jitter)
-    # RandAugment and erasing run on whole batches, before the scaling;
-    # what a rotation uncovers is the mean pixel, as timm fills it.
+    # Batch stage, before the scaling; the fill is the mean pixel (timm).
     batch_augment = make_batch_augment(
         randaugment, random_erasing, seed=seed,
         fill=tuple(min(255, round(255 * m)) for m in normalize.mean)
@@ -319,10 +295,8 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
     ds = _examples(source, training, seed, epoch)
     num_shards, index = shard
     if training and epoch is not None:
-        # Files that fail to decode (FolderSource drops those it finds at
-        # load; one changed since could fail) are dropped below; repeating
-        # the epoch's order fills the gap so every shard still yields
-        # exactly `take`. Bounded: a stream of failures ends, never spins.
+        # Files failing to decode are dropped below; repeating fills the
+        # gap so every shard yields exactly `take` (bounded, never spins).
         ds = ds.repeat(3)
     if num_shards > 1:
         ds = ds.shard(num_shards, index)
@@ -352,7 +326,6 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
         ds = ds.map(augment_batch, num_parallel_calls=tf.data.AUTOTUNE,
                     deterministic=True)
     if mixing is not None:
-        # Each shard its own stream of mixes.
         ds = mixing.map(ds, seed=(int(seed) * 31 + index) % (2 ** 31 - 1),
                         epoch=epoch)
     options = tf.data.Options()
@@ -364,14 +337,10 @@ def dataset(source, image_size, batch_size, *, model=None, training=True,
 def steps_dataset(source, image_size, batch_size, *, start, end,
                   steps_per_epoch, images_per_step, shard=(1, 0), **options):
     """The training batches of optimizer steps ``start`` to ``end`` of a
-    run: each epoch's examples in that epoch's fixed order (the
-    :func:`dataset` of ``epoch=e``), ``images_per_step`` of this shard's
-    examples a step, in batches of ``batch_size`` (a step's micro-batches
-    when it is smaller). A function of the step alone, so that a run
-    resumed at ``start`` sees what the uninterrupted one saw.
-    ``options``: more :func:`dataset` keywords (``model``, ``seed``,
-    crop, flip, augmentation). ``image_size`` may be the model, as for
-    :func:`dataset`.
+    run: each epoch's examples in its fixed order, ``images_per_step`` of
+    this shard's examples a step, in batches of ``batch_size``. A
+    function of the step alone, so a resumed run sees what the
+    uninterrupted one saw. ``options``: more :func:`dataset` keywords.
 
     >>> ds = steps_dataset("digits", 16, 8, start=40, end=43,
     ...                    steps_per_epoch=42, images_per_step=32,
@@ -398,10 +367,8 @@ def padded_eval_dataset(source, image_size, batch_size, *, num_batches,
                         model=None, shard=(1, 0), eval_crop=1.0,
                         raw_pixels=None, input_normalization=None):
     """Evaluation batches of ``(images, labels, mask)`` padded with masked
-    blank images to exactly ``num_batches`` full batches, so every replica
-    and worker runs the same number of steps on static shapes.
-    ``image_size``, ``model`` and the normalisation as for
-    :func:`dataset`."""
+    blank images to exactly ``num_batches`` full batches (the same steps
+    on static shapes for every replica)."""
     import tensorflow as tf
 
     image_size, raw_pixels, normalize = model_inputs(

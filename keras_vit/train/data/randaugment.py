@@ -3,26 +3,14 @@ it, for the ``tf.data`` pipeline: the draws are stateless TensorFlow ops
 on each image's seed, the operations Pillow's, as timm's are, run on a
 batch at a time.
 
-Each of ``num_ops`` rounds picks one of :data:`OPS` uniformly (with
-replacement) and applies it with probability 0.5 at ``magnitude`` on the
-0-10 level scale (drawn around it with ``magnitude_std`` when that is
-set, as timm's ``mstd``, and kept in [0, 10]). The operations and their
-levels are timm's "increasing" set (``rand-m9-...-inc1``, DeiT's): every
-operation grows stronger with the magnitude, and the signed ones
-(rotation, shear, translation, the enhancements) take a random sign.
-The pixels are 8-bit between operations, as in timm; the geometric ones
-sample bilinearly and fill what they uncover with ``fill``.
+Each of ``num_ops`` rounds picks one of :data:`OPS` uniformly and applies
+it with probability 0.5 at ``magnitude`` on the 0-10 level scale: timm's
+"increasing" set (``rand-m9-...-inc1``, DeiT's), the signed operations
+taking a random sign. The pixels are 8-bit between operations, as in timm.
 
-Why not Keras' ``RandAugment`` layer: it computes every one of its 11
-operations for each of the ``num_ops`` rounds and keeps one with
-``where`` (about 35 ms an image at 224 px on one core, 13x timm's whole
-loader), draws each operation's strength up to the magnitude instead of
-applying it, and keeps its own random state, so an epoch's images change
-each time the pipeline is built. Why Pillow and not TensorFlow ops: the
-same operations written as batched TensorFlow ops (each batch split by
-operation) cost 2.4x Pillow's time an image on one core, most of it
-tf.data's cost for each of the few hundred small ops of such a graph and
-TensorFlow's slow per-pixel table lookups and projective sampling.
+Not Keras' ``RandAugment`` layer: it computes all its operations each
+round (13x timm's whole loader) and keeps its own random state. Not
+TensorFlow ops: batched, they cost 2.4x Pillow's time an image.
 
 >>> import numpy as np
 >>> image = np.random.default_rng(0).integers(0, 256, (16, 16, 3))
@@ -59,11 +47,8 @@ OPS = ("auto_contrast", "equalize", "invert", "rotate", "posterize",
 
 def level_to_arg(op, magnitude, sign=1.0):
     """The argument ``op`` (a name of :data:`OPS`) takes at ``magnitude``
-    (0-10) with ``sign`` (+1 or -1, used by the signed operations):
-    degrees for rotate, bits kept for posterize, the threshold for
-    solarize, the increment for solarize_add, the blend factor for the
-    enhancements, the shear factor, the translation as a fraction of the
-    side; None for the operations that take none.
+    (0-10) with ``sign`` (+1 or -1, used by the signed operations); None
+    for the operations that take none.
 
     >>> level_to_arg("rotate", 9.0, -1.0)
     -27.0
@@ -196,9 +181,7 @@ def augment_images(images, draws, fill=(128, 128, 128)):
 def draw_ops(seed, num_ops=2, magnitude=9.0, magnitude_std=0.0):
     """One image's RandAugment draws from its stateless ``seed``: a
     ``(num_ops, 3)`` float32 tensor of rows (operation index or -1 when
-    the round applies none, magnitude, sign). Cheap: it runs per image
-    where the pipeline draws its crop, and :func:`rand_augment_batch`
-    applies a batch's draws together.
+    the round applies none, magnitude, sign).
 
     >>> rows = draw_ops((0, 1), num_ops=2, magnitude=9.0)
     >>> rows.shape, set(rows[:, 1].numpy().tolist())
@@ -241,8 +224,6 @@ def rand_augment_batch(images, draws, fill=(128, 128, 128)):
     import tensorflow as tf
 
     images = tf.convert_to_tensor(images, tf.float32)
-    # 8-bit pixels cross into Pillow and back (a quarter of the bytes);
-    # a NaN has no pixel value: refused here, in one line.
     pixels = tf.cast(tf.clip_by_value(tf.round(tf.debugging.assert_all_finite(
         images, "images must be finite pixel values in [0, 255]")),
         0.0, 255.0), tf.uint8)
@@ -257,19 +238,17 @@ def rand_augment_batch(images, draws, fill=(128, 128, 128)):
 def rand_augment(image, seed, num_ops=2, magnitude=9.0, magnitude_std=0.0,
                  fill=(128, 128, 128)):
     """RandAugment on one [0, 255] image (rounded to whole pixel values
-    first), its draws a function of the stateless ``seed`` (a pair of
-    integers): :func:`draw_ops` then :func:`rand_augment_batch`.
+    first), its draws a function of the stateless ``seed``.
 
     Args:
         image: ``(height, width, 3)`` pixels in [0, 255].
         seed: the image's seed; the same seed, the same result.
         num_ops: operations drawn, each applied with chance 0.5.
         magnitude: their strength on the 0-10 level scale.
-        magnitude_std: each application's magnitude drawn from a normal
-            distribution around ``magnitude`` with this spread (timm's
-            ``mstd``; DeiT's 0.5), then kept in [0, 10]. 0: fixed.
-        fill: the pixel value, one a channel, of what a rotation, shear
-            or translation uncovers (timm's: the mean pixel).
+        magnitude_std: the spread of a normal draw around ``magnitude``
+            (timm's ``mstd``), kept in [0, 10]; 0: fixed.
+        fill: the pixel value, one a channel, of what a geometric
+            operation uncovers.
     """
     import tensorflow as tf
 

@@ -1,10 +1,6 @@
 """Labelled images as sources: the interface every pipeline reads
 (:class:`ImageSource`), images in numpy arrays, scikit-learn's digits (the
 offline dataset) and :class:`DataError`.
-
-Folders and tfds datasets are sources too
-(:mod:`~keras_vit.train.data.folders`,
-:mod:`~keras_vit.train.data.tfds_source`).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ class ImageSource:
     def __init__(self, num_examples, num_classes, class_names=None):
         self.num_examples = int(num_examples)
         self.num_classes = int(num_classes)
-        # One spelling per name (NFC): folder names from another system
-        # compare equal to the model's names that read the same.
+        # One spelling per name (NFC).
         self.class_names = names.class_names(class_names) if class_names \
             else None
 
@@ -60,8 +55,7 @@ class ImageSource:
     def decode_crop(self, record, crop):
         """A window of ``decode(record)``: ``crop(shape)`` -> ``(begin,
         size)`` chooses it from the image's (height, width, 3) int32 shape
-        (as ``tf.slice`` takes them). Here the image is decoded whole;
-        sources of files decode only the window of a JPEG."""
+        (as ``tf.slice`` takes them)."""
         import tensorflow as tf
 
         image = self.decode(record)
@@ -128,7 +122,7 @@ class ArraySource(ImageSource):
                             f"data={name!r}")
         if num_classes is None:
             num_classes = int(labels.max()) + 1
-        if labels.min() < 0 or labels.max() >= num_classes:
+        if labels.max() >= num_classes:
             raise DataError(
                 f"labels must lie in [0, num_classes={num_classes}); received "
                 f"labels in [{labels.min()}, {labels.max()}]")
@@ -178,9 +172,8 @@ def digits(split="train", *, seed=0, test_size=0.25):
     """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes), the
     built-in offline dataset, split stratified into train and test.
 
-    The split depends only on ``seed`` (scikit-learn's ``train_test_split``
-    with ``random_state=seed``). Flips are off: a mirrored digit is another
-    symbol.
+    The split depends only on ``seed``. Flips are off: a mirrored digit is
+    another symbol.
 
     >>> digits("test").num_examples
     450

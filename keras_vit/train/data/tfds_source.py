@@ -1,6 +1,5 @@
 """A split of a prepared tensorflow-datasets dataset as a source, and
-the checks that open its builder (nothing is downloaded unless asked).
-"""
+the checks that open its builder."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from keras_vit.train.data.sources import DataError, ImageSource
 class TfdsSource(ImageSource):
     """A split of a tensorflow-datasets dataset that is already prepared.
 
-    Nothing is downloaded unless ``download=True``: with no network, tfds
-    would otherwise retry for minutes before failing. A dataset that is not
-    prepared raises at once with the command that prepares it.
+    Nothing is downloaded unless ``download=True`` (with no network, tfds
+    retries for minutes).
 
     Args:
         name: a tfds name (``"cifar10"``, ``"oxford_iiit_pet:3.*.*"``).
@@ -94,12 +92,10 @@ class TfdsSource(ImageSource):
         if self._labels is None:
             from tqdm.auto import tqdm
 
-            out = []
             ds = self.stream().map(lambda rec, label: label).batch(1024)
-            for batch in tqdm(ds.as_numpy_iterator(), desc="reading labels",
-                              total=-(-self.num_examples // 1024),
-                              leave=False, disable=self.num_examples < 20000):
-                out.append(batch)
+            out = list(tqdm(ds.as_numpy_iterator(), desc="reading labels",
+                            total=-(-self.num_examples // 1024),
+                            leave=False, disable=self.num_examples < 20000))
             self._labels = np.concatenate(out).astype("int64")
         return self._labels
 
@@ -133,14 +129,10 @@ class TfdsSource(ImageSource):
 
 def download_and_prepare(builder, name, data_dir=None):
     """tfds' ``builder.download_and_prepare()`` within the package's network
-    rules: refused at once under ``KERAS_VIT_OFFLINE=1``; tfds' retries
-    bounded, and each of its downloads asks its server for a connection
-    first (:func:`keras_vit.zoo.download.fetch.unreachable`, within
-    :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), then waits at
-    most that long for the connection and ``KERAS_VIT_DOWNLOAD_STALL_S``
-    for each read; a failure is one line naming the dataset, the reason
-    (with the URL), the folder to place a prepared copy in and how to
-    prepare it elsewhere."""
+    rules: refused under ``KERAS_VIT_OFFLINE=1``; tfds' retries bounded,
+    each download's connection and reads bounded in time; a failure is
+    one line naming the dataset, the reason and how to prepare it
+    elsewhere."""
     import contextlib
     import os
 
@@ -166,13 +158,8 @@ def download_and_prepare(builder, name, data_dir=None):
                         f"KERAS_VIT_OFFLINE=1 forbids downloading it; "
                         f"{elsewhere}")
     # tfds retries each URL 10 times with a doubling back-off (205 s
-    # measured before a failure with no route to cifar10's server); two
-    # retries still ride out a dropped connection. It opens every URL
-    # through downloader._open_url, with no timeout: a server (or proxy)
-    # that drops the connection attempts held it for the system's connect
-    # timeout (~2 min) per try. Both are module attributes read when each
-    # download starts, so they are set for this call and put back; a tfds
-    # without them keeps its own behaviour.
+    # measured with no route), and opens URLs through _open_url with no
+    # timeout (~2 min a try): both patched for this call, then put back.
     try:
         from tensorflow_datasets.core.download import downloader
     except ImportError:  # another tfds layout
@@ -221,10 +208,8 @@ def tfds_builder(tfds, name, data_dir):
         raise DataError(f"tfds name must be a non-empty string; received "
                         f"name={name!r}")
     base = name.split(":")[0].split("/")[0]
-    # Without the community datasets: their index is a file on GCS, which
-    # TensorFlow's GCS client asks for with 10 retries on every call until
-    # it has it once (minutes with no network behind a proxy), and no
-    # community name (namespace:name) passes the check below anyway.
+    # Without the community datasets: their GCS index costs minutes of
+    # retries with no network, and no community name passes below anyway.
     known = tfds.list_builders(with_community_datasets=False)
     if base not in known:
         close = closest(base, known, n=3)

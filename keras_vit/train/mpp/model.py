@@ -23,7 +23,6 @@ from keras_vit.train.mpp.objective import (
 from keras_vit.zoo.resolve import model_path, resolve_model
 
 
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PatchCorruption(keras.layers.Layer):
     """Applies a corruption plan to patch embeddings: ``[tokens (B, N, D),
@@ -74,9 +73,8 @@ class MaskedPatchPrediction(keras.Model):
     and ``source`` from :func:`corruption_plan`) and returns, for every
     patch, ``(B, N, K)`` predictions of ``target``: 512 colour logits, 16 x
     512 logits for ``"color_4x4"``, or the patch's pixels for ``"l2"``.
-    It reuses ``encoder``'s layers (their weights are shared, not copied);
-    a linear ``mpp_head`` reads each patch's representation after the final
-    LayerNorm.
+    It reuses ``encoder``'s layers (weights shared, not copied); a linear
+    ``mpp_head`` reads each patch after the final LayerNorm.
 
     Args:
         encoder: a :class:`~keras_vit.VisionTransformer` (its head, pooling
@@ -124,14 +122,9 @@ class MaskedPatchPrediction(keras.Model):
                            name="corruption")
         source = keras.Input(shape=(rows * cols,), dtype="int32",
                              name="source")
-        # The ViT's own graph replayed on the new input with its own layers
-        # (shared, not copied), the corruption spliced in after the patch
-        # embedding. Replaying, not re-listing the layers, follows every
-        # stem, position-embedding kind and placement the ViT may have. This
-        # is the replay keras.models.clone_model runs (with call_function);
-        # clone_model itself would then build a model over `images` alone,
-        # which the plan inputs make impossible, so the replay is called
-        # directly.
+        # The ViT's own graph replayed with its own layers, the corruption
+        # spliced in after the patch embedding (clone_model's replay: it
+        # would build a model over `images` alone, without the plan inputs).
         corruption = PatchCorruption(dtype=dtype, name="patch_corruption")
         found = {}
 
@@ -150,14 +143,12 @@ class MaskedPatchPrediction(keras.Model):
                 "patch_embedding and encoder_norm; received encoder="
                 f"{encoder.name!r}")
         x = found["tokens"]
-        # One prediction per patch: the class, distillation and register
-        # tokens before them are dropped.
+        # One prediction per patch: the prefix tokens are dropped.
         prefix = geometry.prefix_tokens(encoder.get_config())
         if prefix:
             x = keras.layers.Cropping1D((prefix, 0), dtype=dtype,
                                         name="drop_class_token")(x)
-        # Zero-initialised like the paper's classification heads: the first
-        # loss is exactly log(512) for the colour targets.
+        # Zero-initialised: the first loss is exactly log(512) for colours.
         x = FusedDense(size, kernel_initializer="zeros", dtype=dtype,
                        name="mpp_head")(x)
         super().__init__(inputs=[images, mode, source], outputs=x, name=name,
@@ -175,7 +166,6 @@ class MaskedPatchPrediction(keras.Model):
         zoo_name = getattr(encoder, "zoo_name", None)
         if zoo_name:
             self.zoo_name = zoo_name
-        # The pipelines feed this model what its encoder takes.
         record_inputs(self, encoder)
 
     def get_config(self):
@@ -218,8 +208,7 @@ class MaskedPatchPrediction(keras.Model):
 
     def target_images(self, images):
         """``images`` as this model takes them -> the [-1, 1] pixels the
-        targets are defined on (the paper's 3-bit colours of the pixels,
-        whatever normalisation the encoder's weights expect)."""
+        targets are defined on."""
         normalization = of_model(self)
         if not takes_raw_pixels(self):
             if config_value(normalization) is None:  # already [-1, 1]
@@ -230,9 +219,8 @@ class MaskedPatchPrediction(keras.Model):
     def to_classifier(self, num_classes, *, image_size=None, **options):
         """A :class:`~keras_vit.VisionTransformer` classifier with this
         model's encoder weights and a zero-initialised head (the paper's
-        fine-tuning start, Appendix B.1.1). ``image_size`` resizes the
-        position embeddings; ``options`` change other ViT settings
-        (``dropout_rate=...``)."""
+        fine-tuning start). ``image_size`` resizes the position embeddings;
+        ``options`` change other ViT settings (``dropout_rate=...``)."""
         from keras_vit.zoo import convert
 
         other = sorted(set(options) - _CLASSIFIER_OPTIONS)
@@ -252,7 +240,6 @@ class MaskedPatchPrediction(keras.Model):
             key = convert.checkpoint_key(variable.path)
             if key is not None:
                 arrays[key] = np.asarray(variable.numpy())
-        # Strict: anything of the encoder that does not arrive is an error.
         convert.load_weights(classifier, arrays, source_name="<mpp encoder>")
         zoo_name = getattr(self, "zoo_name", None)
         if zoo_name:

@@ -66,19 +66,11 @@ def check_fractions(rate, mask_fraction, random_fraction):
     return rate, mask_fraction, random_fraction
 
 
-# --------------------------------------------------------------------------
-# the corruption and the targets (keras.ops, used in every backend's step)
-
-
 def _draws(batch_size, num_patches, seed):
     """Three stateless draws of shape ``(batch_size, num_patches)`` from
     ``seed`` (two integers): which patches, how, and another patch's flat
-    index in ``[0, total - 1)``. Keras' own random ops take no seed tensor
-    (only ints and SeedGenerators), and the step needs a seed that is a
-    function of the run's step, so each backend's stateless generator is
-    called: TensorFlow's ``stateless_uniform``, ``jax.random`` on a key made
-    of the seed, a torch ``Generator`` seeded with it (the torch step is
-    eager, so the seed is concrete)."""
+    index in ``[0, total - 1)``. Keras' random ops take no seed tensor, so
+    each backend's stateless generator is called (torch's step is eager)."""
     backend = backend_name()
     total = batch_size * num_patches
     if backend == "tensorflow":
@@ -121,13 +113,11 @@ def corruption_plan(batch_size, num_patches, seed, *, rate=0.5,
     ``(batch_size, num_patches)``.
 
     Every patch is chosen independently with probability ``rate``; a chosen
-    patch is replaced by the [mask] embedding (``mode == MASK``) with
-    probability ``mask_fraction``, by another patch's embedding
-    (``RANDOM``) with ``random_fraction``, else left as it is
-    (``UNCHANGED``); ``KEEP`` marks the patches that are not chosen.
-    ``source`` is, for every patch, a flat index (``b * num_patches + n``)
-    of another patch of the batch, drawn uniformly; only ``RANDOM`` patches
-    use it. ``seed`` is a stateless seed (two integers).
+    patch becomes ``MASK`` with probability ``mask_fraction``, ``RANDOM``
+    (another patch's embedding) with ``random_fraction``, else
+    ``UNCHANGED``; the others are ``KEEP``. ``source``: for every patch,
+    the flat index (``b * num_patches + n``) of another patch of the
+    batch. ``seed`` is a stateless seed (two integers).
 
     >>> mode, source = (ops.convert_to_numpy(x)
     ...                 for x in corruption_plan(2, 3, (0, 1)))
@@ -242,11 +232,8 @@ def patch_targets(images, grid, target="mean_color"):
 def masked_loss(predictions, targets, mode, target, channels=3):
     """Per image: the loss averaged over its corrupted patches, and the
     fraction of them predicted right (for ``"l2"``: whose predicted mean
-    colour has the target's 3-bit class). Both float32 (B,).
-
-    ``predictions`` are the model's (B, N, K) outputs, ``targets`` those of
-    :func:`patch_targets`, ``mode`` the corruption plan (``KEEP`` patches
-    do not count).
+    colour has the target's 3-bit class). Both float32 (B,). ``targets``:
+    from :func:`patch_targets`; ``mode``: the corruption plan.
     """
     target = check_target(target)
     predictions = ops.cast(ops.convert_to_tensor(predictions), "float32")

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.train.data.folders import FolderSource, existing_folder
+from keras_vit.train.data.folders import (FolderSource, existing_folder,
+                                          skipped_text)
 from keras_vit.train.data.image_checks import check_images
 from keras_vit.train.data.load import load_data
 from keras_vit.train.data.sources import DataError, ImageSource
@@ -20,9 +21,6 @@ from keras_vit.train import loop, settings
 from keras_vit.train.mpp.model import MaskedPatchPrediction
 from keras_vit.train.mpp.objective import check_fraction, check_target
 from keras_vit.zoo.resolve import resolve_model
-
-# --------------------------------------------------------------------------
-# unlabelled images
 
 
 class UnlabelledFolder(FolderSource):
@@ -50,17 +48,13 @@ class UnlabelledFolder(FolderSource):
                 f"({len(skipped)} files skipped, e.g. {skipped[:3]})")
         ImageSource.__init__(self, len(files), 1)
         self.name = path
-        self.path = path
-        self._set_files(files, np.zeros(len(files), "int64"), facts)
-        self.skipped = skipped
-        self.empty_classes = ()
+        self._set_files(path, files, np.zeros(len(files), "int64"), facts,
+                        skipped)
         if skipped:
-            shown = "; ".join(f"{os.path.relpath(p, path)} ({why})"
-                              for p, why in skipped[:10])
             warnings.warn(
                 f"Image folder {path!r}: skipped {len(skipped)} of "
                 f"{len(candidates)} files that are not readable images: "
-                f"{shown}", UserWarning, stacklevel=2)
+                f"{skipped_text(skipped, path)}", UserWarning, stacklevel=2)
 
 
 def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
@@ -80,10 +74,6 @@ def load_unlabelled(spec, *, data_dir=None, download=False, verbose=True):
             return UnlabelledFolder(text, verbose=verbose)
     return load_data(spec, data_dir=data_dir, download=download,
                      verbose=verbose)
-
-
-# --------------------------------------------------------------------------
-# training
 
 
 class MppObjective(keras.Model):
@@ -118,14 +108,12 @@ class MppTrainer(loop.Trainer):
     """:class:`~keras_vit.train.Trainer` with the masked patch prediction
     objective: the same strategies, pipelines, checkpoints and resume.
 
-    ``model`` is a ViT zoo name (random weights unless ``weights`` says
-    otherwise), a :class:`~keras_vit.VisionTransformer`, or a
-    :class:`MaskedPatchPrediction` (or its ``.keras`` file) to continue.
-    ``train_data`` is anything :func:`load_unlabelled` reads. ``target``
-    and the corruption fractions are those of
-    :class:`MaskedPatchPrediction`; the other arguments are the Trainer's
-    (``recipe`` defaults to ``"mpp"``). The reported "accuracy" is the
-    fraction of corrupted patches predicted right.
+    ``model`` is a ViT zoo name, a :class:`~keras_vit.VisionTransformer`,
+    or a :class:`MaskedPatchPrediction` (or its ``.keras`` file) to
+    continue. ``train_data`` is anything :func:`load_unlabelled` reads.
+    ``target`` and the fractions are :class:`MaskedPatchPrediction`'s; the
+    rest the Trainer's. "accuracy" is the fraction of corrupted patches
+    predicted right.
     """
 
     # The data's classes (if any) are not what the head predicts.
@@ -142,9 +130,8 @@ class MppTrainer(loop.Trainer):
             mask_fraction=mask_fraction, random_fraction=random_fraction)
         source = load_unlabelled(train_data, data_dir=data_dir,
                                  download=download, verbose=verbose)
-        # A model to continue: its encoder goes through build_model like any
-        # ViT (resolution, dropout, dtype, strategy scope); prepare_model
-        # puts its [mask] embedding and head back.
+        # A model to continue: its encoder is built like any ViT, then
+        # prepare_model puts its [mask] embedding and head back.
         self._continued = None
         if isinstance(model, (str, os.PathLike)) and os.fspath(
                 model).endswith(".keras") and os.path.isfile(model):
@@ -182,9 +169,8 @@ class MppTrainer(loop.Trainer):
             _per_image_right, name="accuracy")])
 
     def training_batches(self, dataset, first_step, shard):
-        # Each batch's corruption seed: the recipe's seed and the batch's
-        # index in the run (over every pipeline), so that a resumed run
-        # corrupts the patches the uninterrupted one would have.
+        # Seeded by the batch's index in the run: a resumed run corrupts
+        # what the uninterrupted one would have.
         import tensorflow as tf
 
         pipelines, index = shard
@@ -209,7 +195,6 @@ class MppTrainer(loop.Trainer):
 
     def describe(self):
         o = self.model.mpp.objective()
-        # The data's classes mean nothing here.
         text = super().describe().replace(
             f", {settings.classes_text(self.train)})", ")")
         return (f"masked patch prediction ({o['target']}, "
@@ -222,7 +207,6 @@ def pretrain_mpp(model, train_data, *, target="mean_color", recipe="mpp",
     """Pre-trains ``model`` by masked patch prediction and returns a
     :class:`~keras_vit.train.TrainResult` whose ``model`` is the
     :class:`MaskedPatchPrediction` (saved as ``OUT/model.keras`` with an
-    ``out_dir``). See :class:`MppTrainer` for the arguments and the module
-    docstring for an example."""
+    ``out_dir``). See :class:`MppTrainer` for the arguments."""
     return MppTrainer(model, train_data, target=target, recipe=recipe,
                       **kwargs).fit()

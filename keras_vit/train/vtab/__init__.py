@@ -43,7 +43,6 @@ Running it (the command ``keras-vit vtab`` does the same)::
     print(scores["mean"], scores["groups"]["Structured"]["mean"])
 """
 
-
 from keras_vit.train.vtab.data import (TaskSource, how_to_prepare, load_task,
                                        load_tasks)
 from keras_vit.train.vtab.runner import markdown, run, summarize

@@ -4,8 +4,6 @@ missing (:func:`how_to_prepare`)."""
 
 from __future__ import annotations
 
-
-
 from keras_vit.train.data.sources import DataError, ImageSource
 from keras_vit.train.data.tfds_source import (
     TfdsSource, download_and_prepare, import_tfds, tfds_builder)
@@ -45,8 +43,8 @@ class TaskSource(TfdsSource):
 
     def _raw(self):
         fn = self._label_fn
-        # take(): exactly the examples the protocol counts, however many
-        # the reader yields (tfds' mock data yields a fixed number).
+        # Exactly the examples the protocol counts (tfds' mock data yields
+        # a fixed number).
         return super()._raw().take(self.num_examples).map(
             lambda ex: {"image": ex["image"], "label": fn(ex)})
 

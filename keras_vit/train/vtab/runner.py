@@ -22,8 +22,7 @@ from keras_vit.train.vtab.tasks import (
 
 
 def _fresh_model(model):
-    """A function giving each task its own copy of a ``keras.Model`` (the
-    runs must not fine-tune one another's weights)."""
+    """A function giving each task its own copy of a ``keras.Model``."""
     import keras
 
     if not isinstance(model, keras.Model):
@@ -88,10 +87,6 @@ def markdown(scores):
     return "\n".join(rows) + "\n"
 
 
-def _same_protocol(metrics, expected):
-    return all(metrics.get(k) == v for k, v in expected.items())
-
-
 def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
         sweep=False, steps=None, train_examples=TRAIN_EXAMPLES,
         val_examples=VAL_EXAMPLES, test_examples=None, weights="auto",
@@ -139,8 +134,7 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
     recipe = recipes_lib.get("finetune", **overrides)  # checks them early
     sizes = dict(sweep=sweep, train_examples=train_examples,
                  val_examples=val_examples, test_examples=test_examples)
-    # Checked before reading data: a name this backend cannot run fails
-    # at once.
+    # Checked before reading data.
     strategy_ = distribute.for_backend(strategy, tpu=tpu)
     sources = load_tasks(names, data_dir=data_dir, download=download,
                          **sizes)
@@ -171,7 +165,8 @@ def run(model, tasks=None, *, out_dir=None, data_dir=None, download=False,
                     "total_steps": recipe.total_steps,
                     "learning_rate": recipe.learning_rate}
         done = _read_scores(run_dir)
-        if done is not None and _same_protocol(done, expected):
+        if done is not None and all(done.get(k) == v
+                                    for k, v in expected.items()):
             results[name] = done
             if verbose:
                 print(f"vtab: {name}: already scored in {run_dir} "

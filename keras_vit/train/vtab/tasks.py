@@ -9,15 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-
 from keras_vit.train.data.sources import DataError
 
 GROUPS = ("Natural", "Specialized", "Structured")
 # The protocol's sizes: 800 training + 200 validation examples per task.
 TRAIN_EXAMPLES = 800
 VAL_EXAMPLES = 200
-# BiT's training crop: resize to 448, random 384x384 crop, i.e. 73% of the
-# area; here as an inception crop of that area (and aspect 3/4..4/3).
+# BiT's training crop (384 of 448) as an inception crop of that area.
 CROP_AREA = ((384 / 448) ** 2,) * 2
 
 
@@ -83,8 +81,7 @@ TASKS = {t.name: t for t in (
          ("thirds", 60, 20)),
     Task("diabetic_retinopathy", "Retinopathy", "Specialized",
          "diabetic_retinopathy_detection/btgraham-300", _STANDARD),
-    # Structured: labels are counts, positions, distances and angles, which
-    # a crop or a flip would change.
+    # Structured: a crop or a flip would change the labels.
     Task("clevr_count", "Clevr-Count", "Structured", "clevr",
          ("head", 90, "validation"), label="clevr_count", num_classes=8,
          augment=False),
@@ -145,10 +142,6 @@ def resolve_tasks(tasks=None):
         raise ValueError(f"tasks must name at least one task; received "
                          f"tasks={tasks!r}")
     return out
-
-
-# --------------------------------------------------------------------------
-# splits
 
 
 def _parts(task, sizes):
@@ -213,9 +206,8 @@ def split_instructions(task, sizes, *, sweep=False,
 
     ``sizes`` are the example counts of the dataset's tfds splits. The final
     run trains on ``train800val200`` and evaluates on the test part;
-    ``sweep=True`` trains on ``train800`` and evaluates on ``val200`` (the
-    paper's hyper-parameter selection). ``test_examples`` limits the test
-    part (None: all of it, as the protocol does).
+    ``sweep=True`` trains on ``train800`` and evaluates on ``val200``.
+    ``test_examples`` limits the test part (None: all of it).
     """
     task = TASKS[task] if isinstance(task, str) else task
     parts = _parts(task, sizes)
@@ -234,10 +226,6 @@ def split_instructions(task, sizes, *, sweep=False,
     if _counts is not None:
         _counts.update(counts)
     return out
-
-
-# --------------------------------------------------------------------------
-# labels derived from other features (task_adaptation's definitions)
 
 
 def _bucket(value, edges):
