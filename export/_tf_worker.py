@@ -1,14 +1,8 @@
 """The TensorFlow side of an export started from a JAX or PyTorch process.
 
-Run by :mod:`keras_vit.export.pipeline` as ``python -m
-keras_vit.export._tf_worker JOB.json`` with ``KERAS_BACKEND=tensorflow``:
-loads the serving model from its ``.keras`` file, rebuilds the same
+Loads the serving model from its ``.keras`` file, rebuilds the same
 :class:`~keras_vit.export.graph.ServingGraph`, runs the format's
-``convert`` and, for a SavedModel, the verification batches through
-``tf.saved_model.load``. Arguments arrive as JSON, arrays as an ``.npz``
-read with ``allow_pickle=False`` (encoded files as bytes and offsets,
-labels as fixed-width bytes); the result (or the error, as a type and
-a message) leaves as JSON.
+``convert`` and, for a SavedModel, the verification batches.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ import numpy as np
 def _load_model(path):
     import keras
 
-    # Importing the model classes registers them (and their layers) with
-    # Keras, which the file names.
+    # Importing the model classes registers them with Keras.
     from keras_vit.models import (  # noqa: F401
         AxialVisionTransformer, ResNetV2, VisionTransformer)
 

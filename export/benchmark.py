@@ -39,8 +39,7 @@ _DESCRIPTIONS = {
 
 def cpu_bf16_support():
     """``(supported, reason)``: whether the CPU has bf16 instructions
-    (AVX512_BF16 or AMX), as :mod:`keras_vit.runtime.hardware` reads the
-    flags (``KERAS_VIT_CPU_FLAGS`` when set, else /proc/cpuinfo)."""
+    (AVX512_BF16 or AMX)."""
     from keras_vit.runtime import hardware
 
     flags = hardware.cpu_flags()
@@ -108,25 +107,15 @@ def _keras_runner(model, jit):
     return lambda images: first(forward(*state, images))
 
 
-def _bf16_copy(model):
-    """``model`` rebuilt under the mixed_bfloat16 policy, same weights."""
-    from keras_vit.zoo import rebuild
-
-    return rebuild(model, dtype="mixed_bfloat16")
-
-
 def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
         bf16="auto", workdir=None, say=None):
     """Times ``model`` in each runtime at each batch size.
 
     Each measurement is the median of ``runs`` timed calls after ``warmup``
-    untimed ones (the first call compiles). ONNX, TFLite and OpenVINO run
-    the artifacts of :func:`keras_vit.export.to_onnx` / ``to_tflite`` /
-    ``to_openvino`` (float32), exported and verified first. ``bf16``
-    ("auto": when the CPU has bf16 instructions) adds rows for the model
-    rebuilt in mixed_bfloat16 (Keras, XLA) and for OpenVINO's bfloat16
-    export. Peak RSS is this process's resident memory while the
-    runtime ran (it includes the Keras model, which stays loaded).
+    untimed ones. ONNX, TFLite and OpenVINO run verified float32 exports.
+    ``bf16`` ("auto": when the CPU has bf16 instructions) adds rows for the
+    model rebuilt in mixed_bfloat16 (Keras, XLA) and for OpenVINO's
+    bfloat16 export. Peak RSS includes the Keras model, which stays loaded.
 
     Returns ``{"rows": [...], "skipped": [...], "notes": [...]}``.
     """
@@ -137,8 +126,6 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
                          f"batch_sizes={batch_sizes!r}")
     from keras_vit.base.checks import check_int
 
-    # Each measurement prints one line after its runs: a million of them
-    # would sit silent for hours.
     check_int("runs", runs, low=1, high=MAX_RUNS)
     say = say or (lambda *_: None)
     from keras_vit.export.graph import ServingGraph
@@ -147,9 +134,7 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     result = {"rows": [], "skipped": [], "notes": []}
     tmp = workdir or tempfile.mkdtemp(prefix="keras_vit_bench_")
     try:
-        jobs = []
-        for name in runtimes:
-            jobs.append((name, "float32", graph.model))
+        jobs = [(name, "float32", graph.model) for name in runtimes]
         supported, why = cpu_bf16_support()
         if bf16 == "auto":
             bf16 = supported
@@ -164,8 +149,10 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
                     "bf16: only measured with the keras/xla/openvino "
                     "runtimes")
             if tf_runtimes:
+                from keras_vit.zoo import rebuild
+
                 try:
-                    copy = _bf16_copy(graph.model)
+                    copy = rebuild(graph.model, dtype="mixed_bfloat16")
                 except Exception as e:  # noqa: BLE001 - reported as skipped
                     copy = None
                     result["skipped"].append(

@@ -1,11 +1,6 @@
 """What every exporter checks and reports: formats and destinations,
 quantizations, tolerances, the error type and the JSON report.
 
-The other shared pieces live by concern: staging.py (the hidden directory
-an export is built in), memory.py (peak memory, sizes), samples.py (noise,
-photos, calibration images), verify.py (running and comparing) and
-pipeline.py (the skeleton that strings them together).
-
 Nothing here imports TensorFlow at module level, so the command line can
 validate its arguments before paying for that import.
 """
@@ -24,11 +19,8 @@ from keras_vit.base.checks import check_choice
 from keras_vit.base.errors import KerasVitError
 
 FORMATS = ("saved_model", "tflite", "onnx", "openvino")
-#: What an artifact of the ``images`` input can return (see
-#: keras_vit.export.graph.ServingGraph), plus ``block_<i>``
-#: (BLOCK_OUTPUT): encoder block i's patch tokens as a (batch, h, w, D)
-#: map, as keras_vit.models.intermediate_model gives it (negative numbers
-#: count from the end).
+#: What an artifact can return (keras_vit.export.graph.ServingGraph), plus
+#: ``block_<i>`` (BLOCK_OUTPUT): encoder block i's patch map.
 OUTPUTS = ("logits", "probabilities", "pre_logits", "attention_maps",
            "features")
 BLOCK_OUTPUT = re.compile(r"block_(0|-?[1-9]\d*)")
@@ -66,10 +58,8 @@ SAVED_MODEL_REPORT = "export_report.json"
 class ExportError(KerasVitError, RuntimeError):
     """The export could not produce an artifact that runs and matches Keras.
 
-    Raised when conversion fails, when the artifact's outputs are outside the
-    tolerance of its format (``error.report`` holds the measurements), or
-    when the destination cannot be written. Nothing that looks finished is
-    left behind.
+    ``error.report`` holds the measurements when the outputs are outside the
+    tolerance of its format. Nothing that looks finished is left behind.
     """
 
     def __init__(self, message, report=None):
@@ -93,10 +83,9 @@ def check_format(format):
 
 
 def require_installed(module, purpose):
-    """Raises MissingDependencyError (the package's name and the pip
-    command) unless ``module`` can be imported; does not import it (tf2onnx
-    imports TensorFlow, which a JAX or PyTorch process leaves to its
-    converter process).
+    """Raises MissingDependencyError unless ``module`` can be imported;
+    does not import it (tf2onnx imports TensorFlow, which a JAX or PyTorch
+    process leaves to its converter process).
 
     >>> require_installed("json", "this example")
     """
@@ -154,19 +143,10 @@ def weights_file(path):
     return os.path.splitext(os.fspath(path))[0] + ".bin"
 
 
-# A model quantized by Keras (``model.quantize``) goes to a format or not
-# by what its quantized layers compute, whatever the mode's name:
-# - weight-only layers (Keras' "int4" by default; "int8" with
-#   ``Int8QuantizationConfig(activation_quantizer=None)``) multiply float
-#   inputs by dequantized weights: every format carries them, verified
-#   within its float bounds (tiny ViT, BiT, ViT-Ti/16: at most 4e-6);
-# - int8 inputs (Keras' "int8" by default; "int4" with an activation
-#   quantizer) are rounded to int8 for an int8 x int8 matmul;
-# - float8 layers cast their inputs and kernel to float8_e4m3fn and back.
-# Why the last two cannot go to a format, measured with Keras 3.15, TF
-# 2.21, tf2onnx 1.17 / onnxruntime 1.31 and OpenVINO 2026.4 on tiny ViTs
-# and ViT-Ti/16; a SavedModel takes them, within
-# TOLERANCES["saved_model/keras_quantized"].
+# Layers quantized by Keras that round their inputs (int8) or cast them
+# (float8) cannot go to these formats; weight-only layers go to every one,
+# within its float bounds (at most 4e-6). Measured with Keras 3.15, TF
+# 2.21, tf2onnx 1.17 / onnxruntime 1.31 and OpenVINO 2026.4.
 _KERAS_QUANTIZED_REFUSED = {
     "int8": {
         "tflite": "the TFLite converter fails on their int8 x int8 matmuls "
@@ -194,14 +174,10 @@ _ROUNDING_WORDS = {"int8": "round their inputs to int8",
 def input_rounding(layer):
     """How a layer quantized by Keras treats its inputs: ``"float8"``
     (cast to float8_e4m3fn and back), ``"int8"`` (rounded to int8 for an
-    int8 x int8 matmul) or None (weight-only, like Keras' GPTQ and AWQ,
-    or not quantized).
+    int8 x int8 matmul) or None (weight-only, or not quantized).
 
-    Keras 3.15 keeps the activation quantizer of an int8 or int4 layer as
-    ``inputs_quantizer`` (None for a weight-only one); such a layer
-    without that attribute counts as rounding its inputs (earlier Keras'
-    int8 and int4 both did), so that it is refused rather than verified
-    against a float bound.
+    An int8/int4 layer without ``inputs_quantizer`` (older Keras) counts as
+    rounding its inputs, so that it is refused.
     """
     mode = getattr(layer, "quantization_mode", None)
     if mode == "float8":
@@ -224,11 +200,9 @@ def _rounding_layers(model):
 
 
 def refuse_keras_quantized(model, format):
-    """Raises :class:`ExportError` in one line, naming the mode and the
-    reason, when ``model`` has layers quantized by Keras that ``format``
-    cannot carry: layers that round their inputs to int8 or cast them to
-    float8 (TFLite, ONNX, OpenVINO). Weight-only layers (Keras' int4)
-    go to every format; a SavedModel takes every mode."""
+    """Raises :class:`ExportError` when ``model`` has layers quantized by
+    Keras that round or cast their inputs, which ``format`` cannot carry
+    (a SavedModel takes every mode)."""
     found = _rounding_layers(model)
     for rounding in ("float8", "int8"):
         if rounding not in found or format not in _KERAS_QUANTIZED_REFUSED[
@@ -247,12 +221,9 @@ def refuse_keras_quantized(model, format):
 
 
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8", "int8")
-# OpenVINO's precisions (keras_vit.export.openvino): how the weights are
-# stored and the precision OpenVINO computes in.
 OPENVINO_PRECISIONS = ("float32", "bfloat16", "int8")
 DEFAULT_REPRESENTATIVE_SAMPLES = 100
-# Images the int8 variants are compared on (and, with representative_data,
-# held out from it beyond the calibration images).
+# Images the int8 variants are compared on.
 DEFAULT_AGREEMENT_SAMPLES = 32
 
 
@@ -285,9 +256,6 @@ def check_quantization(quantization, representative_data,
     return representative_samples
 
 
-# --------------------------------------------------------------------------
-# comparison and tolerance
-
 # Per format/variant: the largest max-abs difference allowed, as a fraction
 # of max(1, max|Keras output|), the smallest top-1 agreement and the largest
 # relative RMS error. None: not a criterion (for float formats the max-abs
@@ -304,28 +272,19 @@ TOLERANCES = {
     "tflite/dynamic_int8": {"max_abs_diff": None, "top1_agreement": 0.9,
                             "rel_rms_error": 0.25},
     # Measured: trained ViTs agree 0.95-0.996 in full int8; tiny random
-    # ones 0.78-1.0 (FACTS: 0.88). A broken artifact agrees at chance and
-    # has a relative RMS error near or above 1.
+    # ones 0.78-1.0. A broken artifact agrees at chance.
     "tflite/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
                     "rel_rms_error": 0.5},
 }
-# A model quantized by Keras whose layers round their inputs (to int8, or
-# float8: :func:`input_rounding`): the graph's last-bit float differences
-# from the eager model flip some roundings, which add up over the blocks
-# (ViT-Ti/16 int8 with random weights: 5.4e-4 max abs difference, 0.3-0.4%
-# of the logits' range). A weight-only one (Keras' int4) computes in float
-# on dequantized weights and takes each format's float bound.
+# Keras-quantized layers that round their inputs: last-bit float
+# differences flip some roundings (ViT-Ti/16 int8: 5.4e-4 max abs diff).
 TOLERANCES["saved_model/keras_quantized"] = {
     "max_abs_diff": 1e-2, "top1_agreement": None, "rel_rms_error": 0.02}
-# The ONNX variants take the TFLite ones' bounds: the same weights in the
-# same precisions (float16 weights; int8 weights with float or calibrated
-# int8 activations).
+# The ONNX variants take the TFLite ones' bounds: the same precisions.
 TOLERANCES.update({f"onnx/{variant}": dict(TOLERANCES[f"tflite/{variant}"])
                    for variant in ("float16", "dynamic_int8", "int8")})
-# OpenVINO: float32 as ONNX; bf16 arithmetic takes the bounds of the other
-# 16-bit float variant (ViT-B/16 with random weights measured 0.023 max abs
-# difference, relative RMS error 0.010); int8 weights with float
-# activations those of dynamic int8 (0.039 / 0.017 on that model).
+# OpenVINO bf16 as float16 (ViT-B/16 measured 0.023 max abs diff, 0.010
+# rel RMS), int8 weights as dynamic int8 (0.039 / 0.017).
 TOLERANCES.update({
     "openvino": dict(TOLERANCES["onnx"]),
     "openvino/bfloat16": dict(TOLERANCES["tflite/float16"]),
@@ -335,8 +294,6 @@ TOLERANCES.update({
 
 # What to try when a quantized artifact fails its verification.
 REMEDIES = {
-    # Calibrated on the user's own images (representative_data=) and
-    # checked on them: better calibration data is not the remedy.
     "int8/calibrated": "It was calibrated and checked on your "
                        "representative_data, so full int8 costs this much "
                        "on this model: export quantization='dynamic_int8' "
@@ -382,8 +339,7 @@ def variant(options):
 
 def remedy(fmt, options):
     """What :data:`REMEDIES` says to try when an export of format ``fmt``
-    with the report's ``options`` fails its verification (None: nothing
-    beyond the tolerance).
+    with the report's ``options`` fails its verification, or None.
 
     >>> remedy("openvino", {"precision": "int8"}).startswith("Export")
     True
@@ -397,16 +353,13 @@ def remedy(fmt, options):
     """
     name = variant(options)
     if name == "int8" and options.get("calibration_input"):
-        # The user's data calibrated it; was it checked on that data too?
         return REMEDIES["int8/calibrated" if options.get("verify_data")
                         else "int8/calibrated_elsewhere"]
     return REMEDIES.get(f"{fmt}/{name}") or REMEDIES.get(name)
 
 
 def saved_model_tolerance(model):
-    """The TOLERANCES key of a SavedModel of ``model``: the float bound,
-    or the one stated for a model quantized by Keras whose layers round
-    their inputs (a weight-only one computes in float)."""
+    """The TOLERANCES key of a SavedModel of ``model``."""
     return ("saved_model/keras_quantized" if _rounding_layers(model)
             else "saved_model")
 
@@ -422,10 +375,6 @@ def tolerance_for(kind, override=None):
                 f"received tolerance={override!r}")
         tol.update(override)
     return tol
-
-
-# --------------------------------------------------------------------------
-# reports
 
 
 def versions():
@@ -452,7 +401,6 @@ def read_report(path):
     """The report of an artifact: ``path`` may be the artifact itself (a
     ``.tflite``/``.onnx`` file or a SavedModel directory) or the report."""
     checks.check_path("path", path)
-    # A symbolic link to an artifact: the report sits beside its target.
     path = os.path.realpath(path)
     if os.path.isdir(path):
         path = os.path.join(path, SAVED_MODEL_REPORT)

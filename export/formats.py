@@ -1,12 +1,9 @@
 """The export formats by name, and what a format module gives the exporter
 skeleton (:mod:`keras_vit.export.pipeline`): :class:`FormatModule`.
 
-Each format (``saved_model``, ``tflite``, ``onnx``, ``openvino``) is a
-module of this package that checks its arguments, describes the export as an
-:class:`~keras_vit.export.pipeline.ExportJob` and hands the job and itself
-to :func:`keras_vit.export.pipeline.run`. The TensorFlow child process
-(``keras_vit.export._tf_worker``) finds the module by its format's name
-with :func:`format_module`.
+Each format is a module of this package that checks its arguments,
+describes the export as an :class:`~keras_vit.export.pipeline.ExportJob`
+and hands the job and itself to :func:`keras_vit.export.pipeline.run`.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ class FormatModule(typing.Protocol):
     The module's own attributes are read at each export, so that a
     replaced ``open_artifact`` is the one used."""
 
-    #: Whether the artifact runs only in TensorFlow (a SavedModel): exported
-    #: from JAX or PyTorch, the TensorFlow child process then also runs the
-    #: verification batches.
+    #: Whether the artifact runs only in TensorFlow (a SavedModel): then the
+    #: TensorFlow child process also runs the verification batches.
     RUNTIME_NEEDS_TENSORFLOW: bool
 
     def convert(self, graph, staged, workdir, params, arrays, rss) -> dict:

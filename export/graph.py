@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-# PATCH_INPUTS: a NaFlex model's inputs, which its artifacts take by name
-# (the batch and the patch count free).
 from keras_vit.data.naflex import PATCH_INPUTS
 from keras_vit.data.normalization import of_model, takes_raw_pixels
 from keras_vit.export import samples
@@ -35,8 +33,7 @@ def low_precision_dtype(model):
 
 def float32_copy(model):
     """A float32 copy of a bf16/fp16 (or mixed-precision) model with the
-    same weights. keras_vit models are rebuilt from their config; other
-    functional models are cloned layer by layer.
+    same weights.
 
     >>> import keras, keras_vit
     >>> keras.config.set_dtype_policy("mixed_bfloat16")
@@ -52,9 +49,8 @@ def float32_copy(model):
 
     if isinstance(model, (VisionTransformer, ResNetV2)):
         return rebuild(model, dtype="float32")
-    # Another functional model: cloned layer by layer, each layer's own
-    # dtype set to float32 (rebuild copies a model, not its layers' dtypes).
-    # A global mixed policy would otherwise leak into the copy's layers.
+    # Each layer's own dtype set to float32: a global mixed policy would
+    # otherwise leak into the copy's layers.
     with dtype_policy_scope("float32"):
         def as_float32(layer):
             config = layer.get_config()
@@ -77,7 +73,7 @@ def float32_copy(model):
 
 
 def _with_attention_scores(model):
-    """``model`` rebuilt to also return its attention maps (same weights)."""
+    """``model`` rebuilt to also return its attention maps."""
     from keras_vit.models import VisionTransformer
     from keras_vit.zoo import rebuild
 
@@ -93,11 +89,8 @@ def _with_attention_scores(model):
 def default_outputs(model):
     """The outputs an export of ``model`` returns unless told otherwise:
     a classifier's ``logits`` and ``probabilities``; a feature
-    extractor's embedding (``num_classes=0``, ``include_top=False``:
-    DINOv2 and SigLIP towers), ``pre_logits`` (what a head would read,
-    which is what such a model returns), or the model's own output
-    (``features``) where it has no pooled one or its head is a projection
-    (``head_type="projection"``: CLIP's towers).
+    extractor's ``pre_logits``, or ``features`` where it has no pooled one
+    or its head is a projection (CLIP's towers).
 
     >>> import keras_vit
     >>> kw = dict(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
@@ -118,8 +111,7 @@ def default_outputs(model):
 
 
 def check_head(model, outputs):
-    """Refuses class scores (``logits``, ``probabilities``) from a model
-    without a classification head, in one line naming its embedding."""
+    """Refuses class scores from a model without a classification head."""
     from keras_vit.models.features import is_classifier, why_features
 
     scores = [o for o in outputs if o in ("logits", "probabilities")]
@@ -133,7 +125,9 @@ def check_head(model, outputs):
 
 def _output_tensor(model, name):
     """The symbolic tensor of output ``name`` in ``model``'s graph."""
-    from keras_vit.models.features import available_features, feature_tensor
+    from keras_vit.models.features import (
+        available_features, encoder_depth, feature_tensor,
+        intermediate_tensors)
 
     available = available_features(model)
     if name == "logits":
@@ -150,10 +144,6 @@ def _output_tensor(model, name):
         return feature_tensor(model, "attention_scores")
     block = BLOCK_OUTPUT.fullmatch(name)
     if block:
-        from keras_vit.models.features import intermediate_tensors
-
-        from keras_vit.models.features import encoder_depth
-
         index, depth = int(block.group(1)), encoder_depth(model)
         if not -depth <= index < depth:
             raise ValueError(
@@ -163,7 +153,6 @@ def _output_tensor(model, name):
                    else "it has no encoder blocks (a ViT's outputs)"))
         return next(iter(intermediate_tensors(model, [index]).values()))
     if name == "features":
-        out = model.outputs
         if isinstance(model.output, dict):
             if "output" not in model.output:
                 raise ValueError(
@@ -171,7 +160,7 @@ def _output_tensor(model, name):
                     f"{model.name!r}, whose outputs are "
                     f"{sorted(model.output)}")
             return model.output["output"]
-        return out[0]
+        return model.outputs[0]
     raise AssertionError(name)  # names were checked by the caller
 
 
@@ -184,8 +173,8 @@ def _built_size(model):
 
 def _other_sizes(model, built):
     """Two sizes besides ``built`` at which a dynamic-size export is
-    verified: one larger and square, one not square, each a multiple of
-    the stride the model's image sizes name (1 for a ResNet)."""
+    verified: one larger, one not square, each a multiple of the model's
+    stride."""
     from keras_vit.layers.image_sizes import image_sizes
 
     stride = image_sizes(model).multiple
@@ -205,11 +194,9 @@ def _patch_size(model):
 
 def _patch_counts(model):
     """The patch counts a NaFlex export is verified at: its position
-    table's (the batch of the model's own size), then one larger and one
-    smaller, so that an artifact that froze N fails."""
-    from keras_vit.base.checks import check_pair
-
-    rows, cols = check_pair("image_size", model.get_config()["image_size"])
+    table's, then one larger and one smaller, so that an artifact that
+    froze N fails."""
+    rows, cols = _built_size(model)
     patch = _patch_size(model)
     table = max(1, (rows // patch) * (cols // patch))
     return table, (table + table // 2 + 1, max(1, table // 2))
@@ -217,8 +204,7 @@ def _patch_counts(model):
 
 def _mixed_grids(n, max_patches, rng):
     """``n`` (rows, cols) grids of at most ``max_patches`` patches: the
-    first as many as fit a near-square grid, the others random (skinny
-    ones too), so that a batch holds padding."""
+    first near-square, the others random, so that a batch holds padding."""
     rows = max(1, int(max_patches ** 0.5))
     grids = [(rows, max_patches // rows)]
     while len(grids) < n:
@@ -232,22 +218,15 @@ class ServingGraph:
 
     Args:
         model: a built Keras model taking (batch, H, W, C) images, or a
-            NaFlex model (``naflex=True``) taking the dict of
-            :data:`PATCH_INPUTS`, which the artifact takes by name with
-            the batch and the patch count free.
+            NaFlex model taking the dict of :data:`PATCH_INPUTS`.
         outputs: names from OUTPUTS, in the order of the artifact's outputs
-            (None: :func:`default_outputs`, the class scores of a
-            classifier, the embedding of a feature extractor):
-            ``logits`` (the head), ``probabilities`` (softmax of the logits,
-            in float32), ``pre_logits`` (the pooled representation),
+            (None: :func:`default_outputs`): ``logits``, ``probabilities``
+            (softmax of the logits, in float32), ``pre_logits``,
             ``attention_maps`` (ViT only: (batch, layers, heads, N, N)),
             ``features`` (the model's own output), ``block_<i>`` (ViT
-            only: encoder block ``i``'s patch tokens as a (batch, h, w, D)
-            map, as :func:`keras_vit.models.intermediate_model` gives).
-        uint8_input: the artifact takes uint8 pixels and maps them to the
-            model's inputs inside, as the model's own normalisation says
-            (:func:`keras_vit.data.normalization.of_model`), unless the
-            model normalises them itself (include_preprocessing=True).
+            only: encoder block ``i``'s (batch, h, w, D) patch map).
+        uint8_input: the artifact takes uint8 pixels and normalises them
+            inside as the model says, unless the model does it itself.
         cast_to_float32: export a float32 copy of a bf16/fp16 model.
         allow_low_precision: whether the format can hold a low-precision
             graph when ``cast_to_float32`` is False.
@@ -292,11 +271,8 @@ class ServingGraph:
                 f"{len(model.inputs or ())}")
         shape = tuple(model.inputs[0].shape)
         if self.naflex:
-            # The images each patch was cut from: any height and width.
             width = int(model.input["patches"].shape[-1])
             shape = (None, None, None, width // _patch_size(model) ** 2)
-        # A dynamic-size model (dynamic_image_size=True) exports with free
-        # height and width; anything else free is not an image batch.
         self.dynamic_size = bool(
             getattr(model, "dynamic_image_size", False)
             and len(shape) == 4 and shape[1] is None and shape[2] is None
@@ -331,27 +307,18 @@ class ServingGraph:
             model = _with_attention_scores(model)
         self.model = model
         self.outputs = outputs
-        # The images the artifact is verified on: a dynamic-size model's
-        # at the size it was built for, then at EXTRA_SIZES others.
         self.input_shape = (tuple(_built_size(model)) + shape[3:]
                             if self.dynamic_size or self.naflex
                             else shape[1:])
         self.extra_image_sizes = (_other_sizes(model, self.input_shape[:2])
                                   if self.dynamic_size else ())
-        # A NaFlex model's: mixed grids padded to its table's patch count,
-        # then to two others (one more, one fewer).
         self.patch_count, self.extra_patch_counts = (
             _patch_counts(model) if self.naflex else (None, ()))
         self.uint8_input = bool(uint8_input)
         self.input_dtype = "uint8" if uint8_input else "float32"
-        # Whether the model normalises [0, 255] pixels itself: the model
-        # says (keras_vit.data.normalization decides for every path).
         includes_preprocessing = takes_raw_pixels(model)
         self.scale_inside = self.uint8_input and not includes_preprocessing
-        # What the weights expect of [0, 255] pixels (the official [-1, 1]
-        # unless the model records another normalisation).
         self.normalization = of_model(model)
-        # The range of the artifact's input.
         self.value_range = (samples.PIXELS if (uint8_input
                                               or includes_preprocessing)
                             else samples.UNIT)
@@ -364,27 +331,18 @@ class ServingGraph:
             name=f"{model.name}_export")
         self._function = None
 
-    # ---------------------------------------------------------- serving
-
     def serve(self, images):
-        """The serving computation in ``keras.ops``: images -> dict.
-
-        Traced into the artifact under TensorFlow, and run eagerly on the
-        user's backend for the reference the artifact is compared with.
-        """
+        """The serving computation in ``keras.ops``: images -> dict."""
         import keras
 
-        if self.naflex:  # the dict of PATCH_INPUTS, as the model takes it
+        if self.naflex:
             x = {name: images[name] for name in PATCH_INPUTS}
         else:
-            # The model's own rule, in the graph: an assertion, and for
-            # free sizes shape arithmetic that the converters dropping
-            # assertions keep (ImageSizes.check_images).
+            # Shape arithmetic too: some converters drop assertions.
             x = self.image_sizes().check_images(images)
         if self.uint8_input:
             x = keras.ops.cast(x, "float32")
             if self.scale_inside:
-                # The model's input normalisation, as its Rescaling layer.
                 x = self.normalization(x)
         raw = self.raw(x, training=False)
         out = {}
@@ -397,8 +355,7 @@ class ServingGraph:
         return out
 
     def image_sizes(self):
-        """The :class:`~keras_vit.layers.image_sizes.ImageSizes` the
-        artifact takes: the model's."""
+        """The model's :class:`~keras_vit.layers.image_sizes.ImageSizes`."""
         from keras_vit.layers.image_sizes import image_sizes
 
         if self.naflex:  # patches of any grid: no image size to check
@@ -406,8 +363,7 @@ class ServingGraph:
         return image_sizes(self.source_model)
 
     def refused_image_sizes(self):
-        """Image (height, width) pairs the model refuses, which
-        verification feeds the artifact too."""
+        """Image (height, width) pairs the model refuses."""
         sizes = self.image_sizes()
         return () if sizes is None else sizes.refused_examples()
 
@@ -420,9 +376,8 @@ class ServingGraph:
                              name=INPUT_NAME)
 
     def input_specs(self):
-        """The artifact's inputs, in order: :meth:`input_spec`, or a
-        NaFlex model's :data:`PATCH_INPUTS` (batch and patch count
-        free)."""
+        """The artifact's inputs: :meth:`input_spec`, or a NaFlex model's
+        :data:`PATCH_INPUTS` (batch and patch count free)."""
         if not self.naflex:
             return [self.input_spec()]
         import tensorflow as tf
@@ -436,7 +391,7 @@ class ServingGraph:
 
     def function(self):
         """A ``tf.function`` of :meth:`serve` with a batch-dynamic input
-        signature (traced once, without autograph: the graph is plain)."""
+        signature."""
         if self._function is None:
             import tensorflow as tf
 
@@ -457,13 +412,10 @@ class ServingGraph:
     def save(self, directory):
         """Writes a SavedModel with the ``serving_default`` signature.
 
-        The root object tracks the variables the signature captures, and
-        not the Keras model: with the model attached, the TFLite converter
-        keeps every variable as an uninitialised resource (VAR_HANDLE ops,
-        NaN outputs; seen with TF 2.21), and Keras' own ``model.export``
-        stores each variable twice. The root holds the traced concrete
-        function, not the ``tf.function``: saving a ``tf.function`` traces
-        it again (a fifth of a ViT-Ti SavedModel export's CPU).
+        The root tracks the captured variables, not the Keras model: with
+        the model attached, the TFLite converter keeps every variable as an
+        uninitialised resource (NaN outputs; TF 2.21). It holds the concrete
+        function: saving a ``tf.function`` traces it again.
         """
         import tensorflow as tf
 
@@ -474,12 +426,9 @@ class ServingGraph:
         tf.saved_model.save(root, directory,
                             signatures={"serving_default": concrete})
 
-    # ------------------------------------------------------------ numbers
-
     def reference(self, images, batch_size=8):
         """Keras' answers for ``images``: :meth:`serve` run eagerly on the
-        user's backend (whichever ``KERAS_BACKEND`` is), so an artifact
-        converted under TensorFlow is compared with that backend."""
+        user's backend."""
         from keras_vit.runtime.backend import no_grad, to_numpy
 
         parts = []
@@ -490,8 +439,7 @@ class ServingGraph:
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def source_logits(self, images):
-        """The original (e.g. bf16) model's logits/features for a batch, to
-        report how far the float32 artifact is from it."""
+        """The original (e.g. bf16) model's logits/features for a batch."""
         import keras
 
         x = images
@@ -526,38 +474,26 @@ class ServingGraph:
             out_shapes[name] = [None] + [None if d is None else int(d)
                                          for d in shape[1:]]
         if self.naflex:
-            return {
-                "input": {"names": list(PATCH_INPUTS),
-                          "shapes": {s.name: list(s.shape)
-                                     for s in self.input_specs()},
-                          "dtypes": {s.name: s.dtype.name
-                                     for s in self.input_specs()},
-                          "patch_size": _patch_size(self.source_model),
-                          "range": self.input_range(),
-                          "preprocessing_inside": self.value_range
-                          == samples.PIXELS,
-                          "normalization": self.normalization.to_config()},
-                "outputs": out_shapes,
-            }
-        return {
-            "input": {"name": INPUT_NAME,
+            specs = self.input_specs()
+            inputs = {"names": list(PATCH_INPUTS),
+                      "shapes": {s.name: list(s.shape) for s in specs},
+                      "dtypes": {s.name: s.dtype.name for s in specs},
+                      "patch_size": _patch_size(self.source_model)}
+        else:
+            inputs = {"name": INPUT_NAME,
                       "shape": ([None, None, None, int(self.input_shape[2])]
                                 if self.dynamic_size else
                                 [None] + [int(d) for d in self.input_shape]),
-                      "dtype": self.input_dtype,
-                      "range": self.input_range(),
-                      "preprocessing_inside": self.value_range
-                      == samples.PIXELS,
-                      "normalization": self.normalization.to_config()},
-            "outputs": out_shapes,
-        }
+                      "dtype": self.input_dtype}
+        inputs.update(range=self.input_range(),
+                      preprocessing_inside=self.value_range == samples.PIXELS,
+                      normalization=self.normalization.to_config())
+        return {"input": inputs, "outputs": out_shapes}
 
     def class_names(self):
-        """``(source, names)``: the classes the artifact's ``logits`` and
-        ``probabilities`` are over, which it records
-        (:mod:`keras_vit.export.labels`): the model's ``label_names``,
-        else the list its weights name; ``(None, None)`` when it names
-        none or the artifact returns no class scores."""
+        """``(source, names)``: the classes of the artifact's ``logits`` and
+        ``probabilities``; ``(None, None)`` when the model names none or
+        the artifact returns no class scores."""
         if not {"logits", "probabilities"} & set(self.outputs):
             return None, None
         from keras_vit.zoo.preprocessing import model_labels
@@ -569,8 +505,7 @@ class ServingGraph:
         return source, [str(name) for _, name in rows]
 
     def rebuild_args(self):
-        """The arguments that rebuild this graph from :attr:`model` (in a
-        converter process, from the model saved as ``.keras``)."""
+        """The arguments that rebuild this graph from :attr:`model`."""
         return dict(self._args)
 
     def weights_bytes(self):
@@ -579,13 +514,10 @@ class ServingGraph:
 
     def sample_images(self, n, seed=0, kind="noise", image_size=None,
                       max_patches=None):
-        """Deterministic inputs in the artifact's range: ``"noise"``
-        (uniform) or ``"photos"`` (crops of sample photos), at
-        ``image_size`` (height, width; default: the model's). A count whose
-        images cannot fit this machine's memory is refused first. A NaFlex
-        model's: images of mixed grids cut into ``max_patches`` patches
-        each (default: its table's), padding included
-        (:meth:`sample_patches`)."""
+        """``(inputs, note)``: deterministic inputs in the artifact's range,
+        ``"noise"`` (uniform) or ``"photos"`` (crops of sample photos), at
+        ``image_size`` (default: the model's); a NaFlex model's:
+        :meth:`sample_patches`."""
         if self.naflex:
             return self.sample_patches(n, seed, kind, max_patches)
         return self._pixel_images(n, seed, kind, image_size)
@@ -613,12 +545,9 @@ class ServingGraph:
                         f" (seed {seed})")
 
     def sample_patches(self, n, seed=0, kind="noise", max_patches=None):
-        """``(inputs, note)``: ``n`` images of mixed grids (the first as
-        large as fits, the others random, skinny ones too) drawn as
-        :meth:`sample_images` draws, cut by
+        """``(inputs, note)``: ``n`` images of mixed grids cut by
         :func:`keras_vit.data.naflex.patchify` (``resize=False``) and
-        padded to ``max_patches`` patches each: a dict of
-        :data:`PATCH_INPUTS`."""
+        padded to ``max_patches`` patches each."""
         from keras_vit.data import naflex
         from keras_vit.models.memory import check_input_batch
 
@@ -640,8 +569,7 @@ class ServingGraph:
             f"{count} patches each with padding (seed {seed})")
 
     def input_range(self):
-        """The artifact's input range in words: ``[0, 255]``, ``[-1, 1]``
-        (the official normalisation) or the model's inputs' span."""
+        """The artifact's input range in words."""
         from keras_vit.data.normalization import config_value
 
         if (self.value_range == samples.PIXELS

@@ -1,10 +1,8 @@
 """The class names of an exported model, recorded in the artifact where a
 deployer's own tools read them back.
 
-Every format holds the same text: the names in the order of the model's
-outputs, one per line (line i names class i), UTF-8, each line ending
-with a newline -- the ``labels.txt`` form that TFLite and TF Serving tools
-read. Where it goes:
+Every format holds the same ``labels.txt`` text: one name per line (line i
+names class i), UTF-8, each line ending with a newline. Where it goes:
 
 - SavedModel: the file ``assets/labels.txt`` of the directory;
 - ONNX: the model's ``metadata_props`` entry ``label_names``
@@ -15,26 +13,21 @@ read. Where it goes:
 - OpenVINO IR: the model's ``rt_info`` entry ``label_names``
   (``core.read_model(path).get_rt_info("label_names").astype(str)``).
 
-:func:`read_label_names` reads any of the four. The names are the
-model's ``label_names`` (else those its weights name, e.g. ImageNet's for
-a zoo checkpoint's head; for ``input="image_bytes"``, the names its
-``labels`` output returns). A name holding a line break cannot be written
-one per line: then nothing is recorded, and a warning and the report's
-notes say why.
+:func:`read_label_names` reads any of the four. A name holding a line
+break cannot be written: then nothing is recorded, and a warning says why.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from keras_vit.base.checks import check_path
+from keras_vit.base.checks import check_path, require
 
 #: The ONNX ``metadata_props`` key and the TFLite metadata name.
 KEY = "label_names"
 #: Where a SavedModel directory holds them.
 SAVED_MODEL_FILE = os.path.join("assets", "labels.txt")
-#: The key of the image sizes the model takes (JSON of
-#: :meth:`keras_vit.layers.ImageSizes.to_json`), and its SavedModel file.
+#: The key of the image sizes the model takes, and its SavedModel file.
 SIZES_KEY = "image_sizes"
 SAVED_MODEL_SIZES_FILE = os.path.join("assets", "image_sizes.json")
 
@@ -46,10 +39,8 @@ def unwritable(names):
     >>> unwritable(["cat", "dog"]), unwritable(["cat", "d\\u2028og"])
     (None, 'd\\u2028og')
     """
-    for name in names:
-        if name.splitlines() != [name]:
-            return name
-    return None
+    return next((name for name in names if name.splitlines() != [name]),
+                None)
 
 
 def to_text(names):
@@ -75,11 +66,9 @@ def from_text(text, where):
 
 
 def record(fmt, staged, graph, notes):
-    """Writes the class names of ``graph`` (the export's ServingGraph)
-    into the ``fmt`` artifact ``staged``; returns what the report's
-    options say of it (None when the model names no classes). A name
-    that one line cannot hold is noted in ``notes`` and warned about, and
-    nothing is written."""
+    """Writes the class names of ``graph`` into the ``fmt`` artifact
+    ``staged``; returns what the report's options say of it (None when
+    nothing is written)."""
     source, names = graph.class_names()
     if names is None:
         return None
@@ -97,13 +86,9 @@ def record(fmt, staged, graph, notes):
 
 
 def record_image_sizes(fmt, staged, sizes):
-    """Writes the image sizes the model takes (``sizes``, its
-    :class:`~keras_vit.layers.ImageSizes`) into the ``fmt`` artifact
-    ``staged``, beside the class names, where the same tools read them:
-    a runtime that does not check them (onnxruntime runs an ONNX file of
-    a dynamic-size model on any size, its converter having dropped the
-    graph's assertions) leaves the check to the deployer. Returns where
-    they went."""
+    """Writes the image sizes the model takes (``sizes``) into the ``fmt``
+    artifact ``staged``, for a deployer whose runtime does not check them
+    (onnxruntime); returns where they went."""
     return _WRITERS[fmt](staged, sizes.to_text(), key=SIZES_KEY)
 
 
@@ -143,10 +128,8 @@ def _read_entry(path, key, saved_model_file):
         import onnx
 
         proto = onnx.load(path, load_external_data=False)
-        for prop in proto.metadata_props:
-            if prop.key == key:
-                return prop.value
-        return None
+        return next((p.value for p in proto.metadata_props if p.key == key),
+                    None)
     if path.lower().endswith(".tflite"):
         return _read_tflite(path, key)
     if path.endswith(".xml"):
@@ -167,8 +150,6 @@ def _write_saved_model(directory, text, key=KEY):
 def _write_onnx(path, text, key=KEY):
     import onnx
 
-    # The weights stay where they are: external data is not loaded, and
-    # tensors that refer to it are written back as references.
     proto = onnx.load(path, load_external_data=False)
     kept = [p for p in proto.metadata_props if p.key != key]
     del proto.metadata_props[:]
@@ -180,8 +161,6 @@ def _write_onnx(path, text, key=KEY):
 
 def _write_tflite(path, text, key=KEY):
     import numpy as np
-
-    from keras_vit.base.checks import require
 
     flatbuffer_utils = require("ai_edge_litert.tools.flatbuffer_utils",
                                package="ai-edge-litert",
@@ -205,13 +184,11 @@ def _write_tflite(path, text, key=KEY):
 
 def _write_openvino(path, text, key=KEY):
     """Adds the entry to the IR's ``rt_info`` and writes the IR back in
-    place, the weights as they were. It goes to a new folder beside it
-    first: the model read from ``path`` maps the ``.bin`` file that the
-    new one replaces."""
+    place, through a new folder: the model read maps the ``.bin`` file
+    that the new one replaces."""
     import shutil
     import tempfile
 
-    from keras_vit.base.checks import require
     from keras_vit.export.common import weights_file
     from keras_vit.export.openvino_core import core
 
@@ -264,7 +241,6 @@ def read_label_names(path):
 
 def _read_openvino(path, key):
     """The ``key`` rt_info entry of an OpenVINO IR (text)."""
-    from keras_vit.base.checks import require
     from keras_vit.export.openvino_core import core
 
     require("openvino", purpose="reading class names from OpenVINO files")
@@ -275,10 +251,7 @@ def _read_openvino(path, key):
 
 
 def _read_tflite(path, key):
-    """The ``key`` metadata of a ``.tflite`` file (text), read from the
-    flatbuffer in place (no copy of the weights)."""
-    from keras_vit.base.checks import require
-
+    """The ``key`` metadata of a ``.tflite`` file (text), read in place."""
     schema = require("ai_edge_litert.schema_py_generated",
                      package="ai-edge-litert",
                      purpose="reading class names from TFLite files")

@@ -18,12 +18,8 @@ def current_rss():
 def own_peak_rss():
     """This process's peak resident memory in bytes since it was started.
 
-    Read from ``VmHWM``, which ``exec`` resets. Not ``ru_maxrss``: on Linux
-    a new process's ``ru_maxrss`` (its own, and the one ``wait4`` returns
-    for it) starts at the RSS of the process that spawned it, so a
-    converter started by a process holding a model reported that process's
-    gigabytes as its own. ``ru_maxrss`` is the fallback where ``/proc`` is
-    missing.
+    Read from ``VmHWM``: a new process's ``ru_maxrss`` (the fallback
+    where ``/proc`` is missing) starts at the RSS of its parent.
 
     >>> own_peak_rss() >= current_rss() > 0
     True
@@ -39,18 +35,17 @@ def own_peak_rss():
 
 
 def worker_peaks(rss):
-    """The peaks a converter process reports to its parent: its own and
-    those of its own children (``rss``: the :class:`PeakRSS` it ran under),
-    in bytes; read by :func:`keras_vit.export.pipeline.run_child`."""
+    """The peaks, in bytes, a converter process reports to its parent: its
+    own and those of its children (``rss``, the :class:`PeakRSS` it ran
+    under)."""
     return {"peak_rss": own_peak_rss(), "child_peak_rss": rss.child_peak}
 
 
 class PeakRSS:
     """Samples this process's resident memory in a thread (every 10 ms).
 
-    A sampler, not the kernel's high-water mark, so that a peak measured
-    around one export is not that of an earlier one in the same process.
-    Children report their own peaks through :meth:`add_child`.
+    A sampler, not the kernel's high-water mark, so that a peak is not
+    that of an earlier export in the same process.
 
     >>> with PeakRSS() as rss:
     ...     block = bytearray(64 * 2**20)

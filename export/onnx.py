@@ -1,24 +1,13 @@
 """Export to ONNX through tf2onnx, verified with onnxruntime: float32,
 float16 weights, dynamic int8 and static (calibrated) int8.
 
-Large models convert in a child process (see ``onnx_worker.py`` for why
-and for the measurements): ViT-B/16 peaked at 15.3 GiB with a plain
-``tf2onnx.convert.from_function`` and peaks at 2.9 GiB this way.
+Large models convert in a child process (``onnx_worker.py``): ViT-B/16
+peaks at 2.9 GiB instead of 15.3 GiB.
 
-The precisions other than float32 are made from the float32 file, which
-stays in the staging directory: float16 stores the weights in half
-precision (``float16_weights``); the int8 variants go through
-``onnxruntime.quantization``. Measured on ViT-B/16 at 224 (random weights,
-2 Zen 4 cores with AVX512-VNNI, one interleaved run; see
-benchmarks/export_speed.py), images/s relative to the float32 file at batch
-1 / 8:
-  dynamic int8 (int8 weights, activations quantized per call): 1.69 / 1.60
-  static int8 QOperator, U8 activations, per-channel S8 weights: 1.71 / 1.72
-  static int8 QDQ, S8 activations, per-channel weights: 0.90 / 1.24
-so static int8 is written in the QOperator format (QLinearMatMul,
-QLinearConv; ORT's fused QDQ kernels were slower here). Only MatMul, Gemm
-and Conv are quantized: LayerNorm, softmax, GELU and the residual adds stay
-float, as in the TFLite int8 export.
+The other precisions are made from the float32 file. Static int8 is
+written in the QOperator format: on ViT-B/16 (2 Zen 4 cores, batch 1 / 8)
+it ran 1.71 / 1.72 times the float32 file's images/s, QDQ 0.90 / 1.24.
+Only MatMul, Gemm and Conv are quantized.
 """
 
 from __future__ import annotations
@@ -32,18 +21,12 @@ from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
-# tf2onnx 1.17 writes opsets up to 18; onnxruntime 1.31 runs up to 23.
-# 17 is the first with LayerNormalization and runs on onnxruntime >= 1.11.
+# 17: the first opset with LayerNormalization (onnxruntime >= 1.11).
 DEFAULT_OPSET = 17
-# Its runtime is onnxruntime: exported from JAX or PyTorch, only the
-# conversion runs in the TensorFlow process.
 RUNTIME_NEEDS_TENSORFLOW = False
 MIN_OPSET = 13
-# Models with more weights than this convert in a child process; smaller
-# ones convert in this process, where tf2onnx's overhead is negligible and
-# the child's start-up (importing TensorFlow again) would dominate.
+# Smaller models convert in this process: a child's start-up would dominate.
 ISOLATE_ABOVE_BYTES = 64 * 2**20
-# The ops whose weights (and, for static int8, inputs) are quantized.
 INT8_OPS = ("MatMul", "Gemm", "Conv")
 # Calibration keeps every calibrated tensor of this many images in memory
 # before reducing them to ranges (ViT-B/16: about 160 MB per image).
@@ -60,9 +43,8 @@ def max_opset():
 
 
 def open_artifact(path, num_threads=None):
-    """Loads an ``.onnx`` file (external data beside it) with onnxruntime
-    on the CPU and returns ``images -> {name: array}`` (a NaFlex
-    model's: a dict of its inputs by name)."""
+    """Loads an ``.onnx`` file with onnxruntime on the CPU and returns
+    ``images -> {name: array}``."""
     ort = require("onnxruntime", purpose="running ONNX files")
 
     options = ort.SessionOptions()
@@ -84,11 +66,10 @@ def float16_weights(proto, min_elements=16):
     """Stores the float32 initializers of ``proto`` in float16, each read
     through a ``Cast`` back to float32; returns how many were converted.
 
-    The file halves; onnxruntime folds the casts when it loads the model,
-    so it computes in float32 as fast as the float32 file (onnxruntime has
-    few float16 kernels on x86 CPUs; a graph computing in float16 would
-    run slower there). Tensors under ``min_elements`` values and tensors
-    with values beyond float16's range (65504) stay float32.
+    onnxruntime folds the casts when it loads the model, so it computes in
+    float32 as fast as the float32 file (it has few float16 kernels on
+    x86). Tensors under ``min_elements`` values or beyond float16's range
+    stay float32.
 
     >>> import numpy as np, onnx
     >>> from onnx import helper, numpy_helper
@@ -131,9 +112,7 @@ def float16_weights(proto, min_elements=16):
 
 def _quantize(source, quantization, images, work, external=False):
     """The ModelProto of the ``quantization`` variant of the float32 file
-    ``source`` (``external``: its weights are in an external data file);
-    ``images`` calibrate static int8. Scratch files go to the directory
-    ``work``."""
+    ``source``; ``images`` calibrate static int8."""
     import onnx
 
     if quantization == "float16":
@@ -142,9 +121,7 @@ def _quantize(source, quantization, images, work, external=False):
         return proto
     from onnxruntime import quantization as q
 
-    # Shape inference and ORT's basic fusions first (onnxruntime's
-    # recommended step); tf2onnx's dynamic reshapes defeat the symbolic
-    # shape inference, which is skipped.
+    # tf2onnx's dynamic reshapes defeat the symbolic shape inference.
     prepared = os.path.join(work, "prepared.onnx")
     q.quant_pre_process(source, prepared, skip_symbolic_shape=True,
                         save_as_external_data=external)
@@ -171,13 +148,9 @@ def _quantize(source, quantization, images, work, external=False):
 def int8_reduce_range():
     """Whether int8 weights keep to 7 bits on this machine.
 
-    onnxruntime's x86 int8 kernels without VNNI (AVX2 / AVX-512 F) multiply
-    uint8 activations by int8 weights with VPMADDUBSW, whose int16 pair sums
-    saturate; onnxruntime's documentation prescribes ``reduce_range`` (7-bit
-    weights) there. Measured on an AMD EPYC without VNNI: a digits ViT's
-    dynamic-int8 logits 0.64 relative RMS off Keras with 8-bit weights.
-    With VNNI or AMX int8 (``keras_vit.runtime.hardware``) the full 8 bits are kept.
-    ``KERAS_VIT_CPU_FLAGS`` forces a machine, as for every speed decision.
+    onnxruntime's x86 int8 kernels without VNNI saturate their int16 pair
+    sums (a digits ViT's dynamic-int8 logits: 0.64 relative RMS off Keras
+    with 8-bit weights); with VNNI or AMX int8 the full 8 bits are kept.
 
     >>> int8_reduce_range() in (True, False)
     True
@@ -190,14 +163,13 @@ def int8_reduce_range():
 def _stride(count):
     """Images per calibration round: at most _CALIBRATION_CHUNK, and a
     divisor of ``count`` (onnxruntime's CalibStridedMinMax requires one;
-    its CalibMaxIntermediateOutputs drops every full round's data in 1.31,
-    so it is not used)."""
+    CalibMaxIntermediateOutputs drops every full round's data in 1.31)."""
     return max(c for c in range(1, _CALIBRATION_CHUNK + 1) if count % c == 0)
 
 
 class _Calibration:
-    """onnxruntime's CalibrationDataReader protocol over an array: one
-    image per call, within the range of images set by ``set_range``."""
+    """onnxruntime's CalibrationDataReader over an array, one image a
+    call."""
 
     def __init__(self, name, images):
         self.name = name
@@ -219,8 +191,7 @@ class _Calibration:
 
 def _check_opset(opset, newest=True):
     """The opset to write (default 17); ``newest``: also check that tf2onnx
-    can write it (which imports TensorFlow; a JAX or PyTorch process leaves
-    that check to the converter process)."""
+    can write it (which imports TensorFlow)."""
     if opset is None:
         return DEFAULT_OPSET
     top = max_opset() if newest else None
@@ -241,19 +212,14 @@ def _convert_here(graph, path, opset, external_data):
         graph.function(), input_signature=graph.input_specs(), opset=opset)
     worker.name_batch_dimension(proto)
     worker.guard_zero_pad_before_max_pool(proto)
-    files, total, external = worker.write_model(proto, None, path,
-                                                external_data)
-    return {"files": [os.path.basename(f) for f in files],
-            "tensor_bytes": total, "external_data": external}
+    return worker.write_model(proto, None, path, external_data)
 
 
 def _convert_in_child(saved_model_dir, path, opset, external_data, workdir,
                       rss):
-    """Converts in a child process (``python -m
-    keras_vit.export.onnx_worker``); returns the worker's result."""
+    """Converts in a child process; returns the worker's result."""
     job = {"saved_model": saved_model_dir, "output": path, "opset": opset,
            "external_data": external_data}
-    # The pure-Python protobuf must be chosen before protobuf is imported.
     return pipeline.run_child(
         "keras_vit.export.onnx_worker", job, workdir, rss,
         what="the ONNX converter process (tf2onnx)",
@@ -270,33 +236,21 @@ def to_onnx(model, path, *, quantization="float32",
     """Exports ``model`` to an ``.onnx`` file and verifies it with
     onnxruntime.
 
-    The graph takes ``images`` (batch dimension ``"batch"``, dynamic) and
-    returns the named ``outputs`` (default: a classifier's ``logits`` and
-    ``probabilities``, a feature extractor's embedding ``pre_logits``).
-
     Args:
         model: a Keras model (bf16 models are exported as a float32 copy).
         path: the file to write; must end with ``.onnx``.
         quantization: ``"float32"``; ``"float16"`` (weights stored in
-            fp16, half the size, computed in float32, see
-            :func:`float16_weights`); ``"dynamic_int8"`` (int8 weights of
-            the MatMul/Gemm/Conv ops, their inputs quantized per call, a
-            quarter of the size); ``"int8"`` (static: activation ranges
-            calibrated on ``representative_data``, QOperator format,
-            per-channel weights). The names and their meaning follow
-            :func:`~keras_vit.export.to_tflite`.
-        representative_data: for ``"int8"``: the user's images: a folder
-            of image files (decoded and resized as ``keras-vit predict``
-            does), or an array, an iterable or ``tf.data.Dataset`` of
-            images, batches or ``(images, labels)`` pairs, or a callable
-            returning one, as [0, 255] pixels (integers always are) or as
-            the model's own inputs (see
-            :func:`~keras_vit.export.samples.read_as_input`); the export
-            normalises pixels as the model's ``input_normalization`` says.
-            The images beyond the first ``representative_samples`` (up to
-            ``agreement_samples``) verify the file, else the calibration
-            images themselves. Default: crops of the sample photos of
-            scikit-learn/scikit-image, which the report notes.
+            fp16, computed in float32, see :func:`float16_weights`);
+            ``"dynamic_int8"`` (int8 weights, inputs quantized per call);
+            ``"int8"`` (static: activation ranges calibrated on
+            ``representative_data``, QOperator format).
+        representative_data: for ``"int8"``: a folder of image files, or
+            an array, an iterable or ``tf.data.Dataset`` of images,
+            batches or ``(images, labels)`` pairs, or a callable returning
+            one, as [0, 255] pixels or as the model's own inputs (see
+            :func:`~keras_vit.export.samples.read_as_input`). The images
+            beyond the first ``representative_samples`` verify the file.
+            Default: crops of the sample photos.
         representative_samples: images drawn for calibration (default 100).
         opset: ONNX opset, 13 to 18 (default 17).
         external_data: store the weights in ``path + ".data"`` (None: only
@@ -309,21 +263,16 @@ def to_onnx(model, path, *, quantization="float32",
         tolerance: overrides of the tolerance of the quantization.
         verify_data: ``"noise"``, ``"photos"`` or an array of images;
             default noise for float32/float16, photos for dynamic int8,
-            and for int8 the images of ``representative_data`` (photos
-            without it): activations were calibrated for images, not
-            noise.
+            and for int8 the held-out images of ``representative_data``
+            (photos without it).
         agreement_samples: images compared for the int8 variants.
         cast_to_float32: export bf16/fp16 models as a float32 copy.
         overwrite: replace existing files.
-        isolate: convert in a child process: True, False, or ``"auto"``
-            (when the weights exceed 64 MiB; much lower peak memory, see the
-            module docstring).
+        isolate: convert in a child process (lower peak memory): True,
+            False, or ``"auto"`` (when the weights exceed 64 MiB).
 
     Returns:
-        The report, also written beside the model as
-        ``path + ".report.json"``: the files written (the model, and its
-        ``.data`` file with ``external_data``), the options and the
-        checks' results.
+        The report, also written to ``path + ".report.json"``.
 
     Example:
 
@@ -344,9 +293,7 @@ def to_onnx(model, path, *, quantization="float32",
         quantization, representative_data, representative_samples)
     common.refuse_keras_quantized(model, "onnx")
     dest = common.check_path(path, "onnx")
-    # Before any work: the conversion may run in a child process, whose
-    # ImportError would arrive as a worker failure, not as this one line.
-    # Found, not imported: tf2onnx imports TensorFlow.
+    # Before any work: a child process's ImportError would be less clear.
     for module in ("tf2onnx", "onnx", "onnxruntime"):
         common.require_installed(module, purpose="ONNX export")
     opset = _check_opset(opset, newest=pipeline.tensorflow_here())
@@ -375,8 +322,6 @@ def to_onnx(model, path, *, quantization="float32",
     notes = []
     images = None
     if quantization == "int8":
-        # Before anything is converted: data the export cannot read as
-        # the model's inputs fails here.
         images, verify_data = samples.int8_calibration(
             graph, representative_data, representative_samples, verify_data,
             agreement_samples, options, notes)
@@ -401,11 +346,9 @@ def to_onnx(model, path, *, quantization="float32",
 
 
 def convert(graph, staged, workdir, params, arrays, rss):
-    """Writes the float32 ONNX file (tf2onnx, TensorFlow): ``staged``
-    itself, or the source of the quantized variant that :func:`finish`
-    makes."""
+    """Writes the float32 ONNX file (tf2onnx): ``staged`` itself, or the
+    source of the quantized variant that :func:`finish` makes."""
     opset = _check_opset(params["opset"])
-    # The float32 file is the artifact, or the source of the variant.
     converted = staged if params["quantization"] == "float32" else (
         os.path.join(workdir, "float32.onnx"))
     if params["isolate"]:
@@ -417,8 +360,7 @@ def convert(graph, staged, workdir, params, arrays, rss):
 
 
 def finish(staged, workdir, params, arrays, result):
-    """The quantized variant (onnxruntime, no TensorFlow) of the float32
-    file that :func:`convert` wrote."""
+    """The quantized variant of the float32 file :func:`convert` wrote."""
     quantization = params["quantization"]
     if quantization != "float32":
         work = os.path.join(workdir, "quantization")
@@ -426,10 +368,8 @@ def finish(staged, workdir, params, arrays, result):
         proto = _quantize(os.path.join(workdir, "float32.onnx"),
                           quantization, arrays.get("calibration"), work,
                           result["external_data"])
-        written, total, external = worker.write_model(
-            proto, None, staged, params["external_data"])
+        result = worker.write_model(proto, None, staged,
+                                    params["external_data"])
         del proto
-        result = {"files": [os.path.basename(f) for f in written],
-                  "tensor_bytes": total, "external_data": external}
     result["options"] = {"external_data": result["external_data"]}
     return result

@@ -1,27 +1,15 @@
 """SavedModel -> ONNX in a separate process with a low memory peak.
 
-Run by :mod:`keras_vit.export.onnx` as ``python -m
-keras_vit.export.onnx_worker JOB.json`` (see
-:func:`keras_vit.export.pipeline.run_child`).
+Why a child process, measured on ViT-B/16 with tf2onnx 1.17 / TF 2.21 /
+protobuf 7 (upb): a plain ``from_function`` peaks at 15.3 GiB.
 
-Why a child process, measured on ViT-B/16 (330 MB of weights) with
-tf2onnx 1.17 / TF 2.21 / protobuf 7 (upb): a plain ``from_function`` peaks
-at 15.3 GiB. Two causes:
-
-1. tf2onnx runs its 12 ONNX optimizers up to 3 times; after each one
-   ``Node.update_proto`` clears and re-adds every node's attributes, which
-   copies every constant tensor into its NodeProto again. The upb protobuf
-   backend keeps the memory of cleared fields in the message's arena until
-   the message dies, so each pass leaks one copy of all weights (+0.32 GiB a
-   pass on B/16, +11.5 GiB in all). The pure-Python protobuf backend frees
-   them (and runs that phase in 2 s instead of 70 s); it must be chosen
-   before protobuf is imported, hence a fresh process
-   (PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python, set by the parent).
-2. The default freezing (``convert_variables_to_constants_v2`` then a
-   grappler pass on a GraphDef with the weights embedded) copies the
-   weights about 20 times (7.7 GiB peak on B/16). tf2onnx's large-model
-   route replaces variables without grappler and strips the constants
-   before importing the graph (1.7 GiB).
+1. tf2onnx's optimizer passes re-add every node's attributes, and the upb
+   protobuf backend keeps cleared fields until the message dies: each pass
+   leaks one copy of all weights (+11.5 GiB in all). The pure-Python
+   backend frees them; it must be chosen before protobuf is imported,
+   hence a fresh process (PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python).
+2. The default freezing copies the weights about 20 times (7.7 GiB peak);
+   tf2onnx's large-model route does not (1.7 GiB).
 
 With both, B/16 converts at a 2.9 GiB peak in 36 s (was 15.3 GiB, 100 s).
 """
@@ -31,8 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-# The ONNX format keeps the whole model in one protobuf (2 GiB at most);
-# beyond this many bytes of tensors the weights go to an external file.
+# A protobuf holds 2 GiB at most: beyond this, weights go to a data file.
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 _ALIGN = 4096  # page-aligned offsets let onnxruntime map the data file
 _MIN_EXTERNAL_BYTES = 1024
@@ -54,9 +41,8 @@ def _tensors(graph):
 
 
 def _payload(tensor, storage):
-    """The raw bytes of ``tensor`` (taken from tf2onnx's external storage
-    when the large-model route left a reference), or None if the data is in
-    a typed field."""
+    """The raw bytes of ``tensor`` (from tf2onnx's external ``storage``),
+    or None if the data is in a typed field."""
     import onnx
 
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -70,8 +56,8 @@ def _payload(tensor, storage):
 def write_model(proto, storage, path, external_data=None):
     """Writes ``proto`` to ``path`` with its tensors inline, or in
     ``path + ".data"`` when ``external_data`` is True (None: when they
-    exceed EXTERNAL_DATA_THRESHOLD). Returns ``(files, tensor_bytes,
-    external)``."""
+    exceed EXTERNAL_DATA_THRESHOLD). Returns the result's ``files``
+    (names), ``tensor_bytes`` and ``external_data``."""
     import onnx
 
     storage = storage or {}
@@ -114,7 +100,8 @@ def write_model(proto, storage, path, external_data=None):
                 _inline(t, _payload(t, storage))
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
-    return files, total, external
+    return {"files": [os.path.basename(f) for f in files],
+            "tensor_bytes": total, "external_data": external}
 
 
 def _inline(tensor, data):
@@ -126,10 +113,9 @@ def _inline(tensor, data):
 
 
 def name_batch_dimension(proto, name="batch"):
-    """Gives the dynamic first dimension of every graph input and output
-    one name (tf2onnx leaves ``unk__123``-style names), and the patch
-    count of a NaFlex model's inputs (``patches``, ``patch_coords``,
-    ``patch_mask``) one too, ``num_patches``."""
+    """Names the dynamic first dimension of every graph input and output
+    (tf2onnx leaves ``unk__123``), and a NaFlex model's patch count
+    ``num_patches``."""
     for value in list(proto.graph.input) + list(proto.graph.output):
         dims = value.type.tensor_type.shape.dim
         if dims and not dims[0].HasField("dim_value"):
@@ -144,14 +130,11 @@ def name_batch_dimension(proto, name="batch"):
 def guard_zero_pad_before_max_pool(proto):
     """Keeps onnxruntime from folding a zero ``Pad`` into a ``MaxPool``.
 
-    onnxruntime's Pad_Fusion rule (1.31, every optimization level) moves a
-    constant-zero Pad into the MaxPool's ``pads``, but MaxPool ignores its
-    padding (as if it were -inf): windows whose values are all negative then
-    give their maximum instead of 0. BiT's root pool (zero pad + VALID
-    max-pool, as the official code) came out 5.0 off, the logits 0.03. The
-    rule only fires when the pad value is a constant, so this computes the
-    0 from the input's (dynamic) batch size: ``float(batch * 0)``. Returns
-    the number of Pads guarded.
+    onnxruntime's Pad_Fusion (1.31) moves a constant-zero Pad into the
+    MaxPool's ``pads``, which MaxPool treats as -inf (BiT's root pool came
+    out 5.0 off, the logits 0.03). The rule only fires for a constant pad
+    value, so this computes the 0 as ``float(batch * 0)``. Returns the
+    number of Pads guarded.
     """
     import onnx
     from onnx import helper
@@ -203,8 +186,7 @@ def guard_zero_pad_before_max_pool(proto):
         node.input[2] = f"{prefix}/value"
         guarded += 1
     if new_nodes:
-        # Each guard goes just before its Pad (it reads the Pad's input, so
-        # the graph stays topologically sorted).
+        # Each guard goes just before its Pad: still topologically sorted.
         guards = {}
         for n in new_nodes:
             guards.setdefault(n.name.rsplit("/", 1)[0], []).append(n)
@@ -243,13 +225,10 @@ def convert_saved_model(saved_model_dir, path, opset, external_data=None):
     del loaded, signature, function
     name_batch_dimension(proto)
     guard_zero_pad_before_max_pool(proto)
-    files, total, external = write_model(
-        proto, compat.tf2onnx_tensor_data(storage), path,
-        external_data)
-    return {"files": [os.path.basename(f) for f in files],
-            "tensor_bytes": total, "external_data": external,
-            "inputs": [i.name for i in proto.graph.input],
-            "outputs": [o.name for o in proto.graph.output]}
+    return dict(write_model(proto, compat.tf2onnx_tensor_data(storage), path,
+                            external_data),
+                inputs=[i.name for i in proto.graph.input],
+                outputs=[o.name for o in proto.graph.output])
 
 
 def main(job_path):

@@ -3,42 +3,22 @@ it), verified with the OpenVINO runtime on the CPU: float32, bfloat16 and
 int8 weights.
 
 The route is OpenVINO's TensorFlow frontend (``openvino.convert_model``) on
-the serving graph's ``tf.function``: the converter that Keras 3.15's
-``model.export(format="openvino")`` calls on TensorFlow, given the serving
-graph (named outputs, ``probabilities``, the uint8 input) rather than
-``model.call``. Both candidate routes were run here (OpenVINO 2026.4.1,
-TensorFlow 2.21, 2 cores):
+the serving graph's ``tf.function``. Keras' own ``model.export(format=
+"openvino")`` wrote an IR with unnamed extra outputs; going through the
+ONNX file costs tf2onnx's time and memory (46 s against 3 s for ViT-B/16)
+for the same logits at the same speed (OpenVINO 2026.4.1, TF 2.21).
 
-- Keras' own ``model.export(format="openvino")`` of a tiny zoo ViT wrote an
-  IR with seven outputs, the logits and six ``strided_slice`` tensors of
-  the traced graph, none of them named ``logits``;
-- the package's verified ONNX file through ``openvino.convert_model``
-  computes the same logits at the same speed (ViT-B/16 at 224, batch 8,
-  interleaved: 1.26 against 1.27 img/s in f32, 2.36 against 2.34 in bf16
-  on a loaded machine), but needs tf2onnx first: 46 s and a 2.2 GiB peak
-  for ViT-B/16, against 3 s and 1.8 GiB from the ``tf.function``.
-
-Precision is chosen when OpenVINO compiles a model, not when it is written:
-without a hint its CPU plugin computes in bf16 wherever it supports bf16
-(AVX-512 and AMX CPUs; ViT-B/16's logits then move by about 0.02) and in
-f32 elsewhere. OpenVINO 2026.4 ignores an ``INFERENCE_PRECISION_HINT``
-stored in a model's ``runtime_options``, so the file records the hint it
-was verified with in its ``rt_info`` (:data:`RT_HINT`), :func:`open_artifact`
+Without a hint OpenVINO's CPU plugin computes in bf16 wherever it can
+(ViT-B/16's logits then move by about 0.02), and OpenVINO 2026.4 ignores a
+hint stored in ``runtime_options``: the file records the hint it was
+verified with in its ``rt_info`` (:data:`RT_HINT`), :func:`open_artifact`
 compiles with it, and a deployer passes it the same way::
 
     core.compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
 
-The precisions (``precision=``):
-
-- ``float32``: float32 weights, computed in f32;
-- ``bfloat16``: weights stored in float16 (half the file; bf16 arithmetic
-  keeps 8 bits of each weight's mantissa, float16 storage 11), computed in
-  bf16 -- on a CPU where OpenVINO has no bf16 it computes in f32, and the
-  report notes that the bf16 numbers were not checked there;
-- ``int8``: int8 weights from NNCF's data-free weight compression
-  (asymmetric, per output channel, every MatMul and Convolution, the head
-  included), activations in f32. It runs in a child process
-  (``keras_vit.export.openvino_worker``, which says why).
+``bfloat16`` stores the weights in float16 (bf16 arithmetic keeps 8 bits
+of each weight's mantissa, float16 storage 11); ``int8`` compresses them
+with NNCF in a child process (``keras_vit.export.openvino_worker``).
 """
 
 from __future__ import annotations
@@ -53,13 +33,10 @@ from keras_vit.export.graph import ServingGraph
 from keras_vit.export.openvino_core import core
 
 PRECISIONS = common.OPENVINO_PRECISIONS
-#: The OpenVINO ``INFERENCE_PRECISION_HINT`` each precision is verified
-#: and deployed with.
+#: The ``INFERENCE_PRECISION_HINT`` each precision is verified with.
 HINTS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
-#: Where the file records that hint: its ``rt_info`` at this path.
+#: Where the file's ``rt_info`` records that hint.
 RT_HINT = ["keras_vit", "INFERENCE_PRECISION_HINT"]
-# Its runtime is OpenVINO: exported from JAX or PyTorch, only the
-# conversion runs in the TensorFlow process.
 RUNTIME_NEEDS_TENSORFLOW = False
 DEVICE = "CPU"
 WORKER = "keras_vit.export.openvino_worker"
@@ -70,15 +47,13 @@ def _openvino(purpose):
 
 
 def cpu_has_bf16(core):
-    """Whether OpenVINO's CPU plugin computes in bf16 on this machine (it
-    lists ``BF16`` among its capabilities on AVX-512 and AMX CPUs)."""
+    """Whether OpenVINO's CPU plugin computes in bf16 on this machine."""
     return "BF16" in core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")
 
 
 def compile_config(model, core):
     """The properties an artifact is compiled with: the precision hint its
-    ``rt_info`` records (none for an IR that this package did not write),
-    left out where the CPU cannot compute in that precision."""
+    ``rt_info`` records, left out where the CPU cannot compute in it."""
     if not model.has_rt_info(RT_HINT):
         return {}
     hint = model.get_rt_info(RT_HINT).astype(str)
@@ -88,10 +63,8 @@ def compile_config(model, core):
 
 
 def open_artifact(path, num_threads=None):
-    """Loads an OpenVINO ``.xml`` file (its ``.bin`` beside it), compiles
-    it for the CPU with the precision hint it records and returns
-    ``images -> {name: array}`` (a NaFlex model's: a dict of its inputs by
-    name)."""
+    """Loads an OpenVINO ``.xml`` file, compiles it for the CPU with the
+    precision hint it records and returns ``images -> {name: array}``."""
     runtime = core()
     model = runtime.read_model(path)
     config = compile_config(model, runtime)
@@ -116,13 +89,10 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
     """Exports ``model`` to OpenVINO IR and verifies it with the OpenVINO
     runtime on the CPU.
 
-    The graph takes ``images`` (batch dimension dynamic) and returns the
-    named ``outputs``. ``path`` is the ``.xml`` file; the weights go to the
-    ``.bin`` file of the same name beside it.
-
     Args:
         model: a Keras model (bf16 models are exported as a float32 copy).
-        path: the file to write; must end with ``.xml``.
+        path: the file to write; must end with ``.xml`` (the weights go to
+            the ``.bin`` file beside it).
         precision: ``"float32"``; ``"bfloat16"`` (float16 weights, half the
             file, computed in bf16); ``"int8"`` (int8 weights from NNCF's
             weight compression, a quarter of the size, activations in f32;
@@ -206,12 +176,11 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
 def _name_outputs(ov_model, names, inputs=1):
     """Gives each output of the converted model exactly its serving name,
     or raises ExportError when the converter's outputs are not the serving
-    graph's (a result that cannot be matched to a name is not verified).
+    graph's.
 
-    Serving outputs that are one tensor (``features`` is ``logits`` for a
-    classifier) come out of the converter as results of one tensor, which
-    carries all their names; each but the first then reads it through a
-    Convert to the same type, so that each result holds one name."""
+    Serving outputs that are one tensor come out as results of one tensor
+    carrying all their names; each but the first then reads it through a
+    Convert, so that each result holds one name."""
     import openvino.opset13 as ops
 
     groups = {}
@@ -242,8 +211,8 @@ def _name_outputs(ov_model, names, inputs=1):
 
 def save(ov_model, path, precision):
     """Writes ``ov_model`` to ``path`` (and its ``.bin``) with the
-    precision hint recorded: float16 weights for bfloat16, the weights as
-    they are otherwise (``save_model`` would halve them by default)."""
+    precision hint recorded; float16 weights for bfloat16 only
+    (``save_model`` would halve them by default)."""
     ov = _openvino("OpenVINO export")
 
     ov_model.set_rt_info(HINTS[precision], RT_HINT)
@@ -258,9 +227,8 @@ def _files(path):
 
 
 def convert(graph, staged, workdir, params, arrays, rss):
-    """Converts the serving graph with OpenVINO's TensorFlow frontend and
-    writes ``staged``; for int8 the float32 IR that :func:`finish`
-    compresses."""
+    """Converts the serving graph and writes ``staged`` (int8: the float32
+    IR that :func:`finish` compresses)."""
     ov = _openvino("OpenVINO export")
 
     ov_model = ov.convert_model(graph.function().get_concrete_function())
@@ -273,8 +241,8 @@ def convert(graph, staged, workdir, params, arrays, rss):
 
 
 def _float32_source(workdir):
-    """Where the float32 IR that int8 is made from is written: a folder of
-    its own, so that no name of the user's can be the same file."""
+    """Where the float32 IR that int8 is made from is written (a folder of
+    its own: no name of the user's can be the same file)."""
     folder = os.path.join(workdir, "float32")
     os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, "model.xml")
@@ -282,7 +250,7 @@ def _float32_source(workdir):
 
 def finish(staged, workdir, params, arrays, result):
     """int8: NNCF's weight compression of the float32 IR, in a child
-    process (see ``openvino_worker``)."""
+    process."""
     if params["precision"] != "int8":
         return result
     from keras_vit.export import memory

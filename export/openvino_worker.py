@@ -1,16 +1,9 @@
 """NNCF's int8 weight compression of an OpenVINO IR, in a child process.
 
-Run by :mod:`keras_vit.export.openvino` as ``python -m
-keras_vit.export.openvino_worker JOB.json`` (see
-:func:`keras_vit.export.pipeline.run_child`): reads the float32 IR
-``job["source"]``, compresses its weights and writes ``job["output"]``.
-
-Why a child process: NNCF 3.4 imports torch whenever it is installed, only
-to register torch tensor functions that the OpenVINO path never calls
-(measured here: 4.0 s of import, and torch's "No CUDA runtime is found"
-line on stderr); NNCF also draws a progress bar on stdout. Here torch is
-kept out before NNCF is imported (1.3 s) and the bar goes to the child's
-log, so the user's process imports neither.
+Why a child process: NNCF 3.4 imports torch whenever it is installed
+(4.0 s, and a "No CUDA runtime is found" line on stderr) and draws a
+progress bar on stdout. Here torch is kept out (1.3 s) and the bar goes to
+the child's log.
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ def compress(source, output):
 
 def _int8_weight(op):
     """Whether ``op`` is a compressed weight: a u8 constant that NNCF
-    decompresses as ``(Convert(w) - zero_point) * scale`` (its zero points
-    are u8 constants too, on the Subtract's other input)."""
+    decompresses as ``(Convert(w) - zero_point) * scale``."""
     if (op.get_type_name() != "Constant"
             or op.get_output_element_type(0).get_type_name() != "u8"):
         return False

@@ -2,33 +2,19 @@
 the artifact in its runtime, compare it with Keras, move it into place and
 write the report.
 
-The format modules (saved_model.py, tflite.py, onnx.py, openvino.py)
-validate their arguments, describe the export as an :class:`ExportJob` and
-pass it to :func:`run` with themselves, the part that differs per format
-(the interface :class:`keras_vit.export.formats.FormatModule`):
+The format modules describe the export as an :class:`ExportJob` and pass
+it to :func:`run` with themselves
+(:class:`keras_vit.export.formats.FormatModule`).
 
-- ``convert(graph, staged, workdir, params, arrays, rss)``: writes the
-  artifact at ``staged`` with TensorFlow and returns a JSON-able result
-  (``{"files": [...]}``, names in ``workdir``);
-- ``finish(staged, workdir, params, arrays, result)``: work on the
-  converted file that needs no TensorFlow (ONNX quantization, TFLite's op
-  dtypes, OpenVINO's int8 weights), in the user's process;
-- ``open_artifact(path)``: ``images -> {name: array}`` in the runtime the
-  artifact is deployed with;
-- ``RUNTIME_NEEDS_TENSORFLOW``: whether that runtime is TensorFlow.
-
-Under ``KERAS_BACKEND=tensorflow`` ``convert`` runs in this process. Under
-JAX or PyTorch the model goes to a ``.keras`` file in the staging directory
-and ``convert`` runs in a child process with ``KERAS_BACKEND=tensorflow``
-(``python -m keras_vit.export._tf_worker``, arguments in JSON, arrays in an
-``.npz`` read without pickle); the reference outputs are still computed on
-the user's backend, so the comparison is that backend against the artifact.
-No TensorFlow op runs in a JAX or PyTorch process (Keras' own ``.keras``
-saving imports the ``tensorflow`` module there when it is installed).
+Under JAX or PyTorch the model goes to a ``.keras`` file and ``convert``
+runs in a child process with ``KERAS_BACKEND=tensorflow``
+(``python -m keras_vit.export._tf_worker``); the reference outputs are
+still computed on the user's backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -46,8 +32,6 @@ from keras_vit.runtime import quiet
 from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
-# What a stuck converter process may take before it is stopped; the
-# slowest conversion measured here (ViT-H/14 to ONNX) takes minutes.
 TIMEOUT_ENV = "KERAS_VIT_EXPORT_TIMEOUT"
 TF_WORKER = "keras_vit.export._tf_worker"
 
@@ -88,11 +72,8 @@ def tensorflow_here():
 
 def run(job, module):
     """Runs ``job`` with the steps of its format's ``module`` (a
-    :class:`~keras_vit.export.formats.FormatModule`, its attributes read
-    now, so that a replaced ``open_artifact`` is the one used; see the
-    module docstring); returns the report."""
-    # Checked before any work, whether or not a child process will run.
-    timeout_seconds()
+    :class:`~keras_vit.export.formats.FormatModule`); returns the report."""
+    timeout_seconds()  # checked before any work
     times = {}
     with staging.Staging(job.dest, directory=job.directory,
                         overwrite=job.overwrite) as stage, \
@@ -113,7 +94,6 @@ def run(job, module):
                     module.RUNTIME_NEEDS_TENSORFLOW)
             result = module.finish(staged, stage.path, job.params,
                                    job.arrays, result)
-            # A process that finish() started (OpenVINO's int8).
             rss.add_child(result.pop("child_peak_rss", 0))
             # Before verification: the file checked is the file kept.
             job.options["label_names"] = labels.record(
@@ -153,8 +133,8 @@ def run(job, module):
             return report
         report_name = name + common.REPORT_SUFFIX
         common.write_json(stage.file(report_name), report)
-        # The report and data files sit beside the artifact: beside what a
-        # symbolic link points at (ONNX finds its ".data" file there).
+        # Beside what a symbolic link points at (ONNX finds its ".data"
+        # file there).
         target = stage.target
         folder = os.path.dirname(target)
         moves = [(os.path.basename(f), os.path.join(folder,
@@ -169,10 +149,6 @@ def run(job, module):
                                      target + common.REPORT_SUFFIX),
                                     (name, target)], stale=stale)
     return report
-
-
-# --------------------------------------------------------------------------
-# the TensorFlow child process
 
 
 def timeout_seconds():
@@ -196,9 +172,8 @@ def child_command(module, job_path):
 
 def _tail(path, lines=3, limit=600):
     """The last ``lines`` non-blank lines of a converter's log, joined
-    with `` | ``; TensorFlow's C++ start-up lines (``I0000 ... port.cc``,
-    ``E0000 ... cuInit``) say nothing about why it failed and are left
-    out unless the user asked for them (``TF_CPP_MIN_LOG_LEVEL=0``)."""
+    with `` | ``, without TensorFlow's C++ start-up lines unless the user
+    asked for them (``TF_CPP_MIN_LOG_LEVEL=0``)."""
     try:
         with open(path, "rb") as f:
             text = f.read()[-20000:].decode("utf-8", "replace")
@@ -213,19 +188,14 @@ def _tail(path, lines=3, limit=600):
 def run_child(module, job, workdir, rss, what, env=None):
     """Runs ``python -m module JOB.json`` and returns its result.
 
-    The job is written as JSON to ``workdir``; the child writes
-    ``job["result"]``: its result, or ``{"error": {"type", "message"}}``.
     A ValueError in the child is raised here as a ValueError with the
     same message; any other failure, a crash, a kill or a run past
     :func:`timeout_seconds` as one :class:`ExportError` naming ``what``.
-    The child runs in its own process group, stopped as a whole.
     """
     timeout = timeout_seconds()
     job = dict(job, result=os.path.join(workdir, f"{module}.result.json"))
     job_path = os.path.join(workdir, f"{module}.job.json")
     atomic.write_json(job_path, job)
-    # TensorFlow's C++ logging as quiet as in the keras-vit command (a
-    # level the user set is kept); the log is shown only if the child fails.
     child_env = environment.for_quiet_child()
     child_env.update(env or {})
     log_path = os.path.join(workdir, f"{module}.log")
@@ -234,16 +204,14 @@ def run_child(module, job, workdir, rss, what, env=None):
             child_command(module, job_path), env=child_env, stdout=log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
-    # Killed with an export's staging directory if this process dies (it
-    # would write into that directory again).
+    # Killed with the staging directory if this process dies.
     stage = staging.current()
     if stage is not None:
         stage.watcher.add_group(child.pid)
     deadline = time.monotonic() + timeout
     try:
         while True:
-            # The child reports its own peak memory in its result: the
-            # ru_maxrss that wait4 returns for it starts at this process's.
+            # Not wait4's ru_maxrss: it starts at this process's.
             pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid:
                 break
@@ -288,10 +256,8 @@ def run_child(module, job, workdir, rss, what, env=None):
 
 
 def child_main(job_path, work):
-    """The main of a process that :func:`run_child` started: runs
-    ``work(job)`` on the job read from ``job_path`` and writes its result
-    (with the seconds it took and this process's peak memory), or the
-    error as a type and a message, to ``job["result"]``; returns the exit
+    """The main of a process that :func:`run_child` started: writes
+    ``work(job)`` (or the error) to ``job["result"]``; returns the exit
     status."""
     import traceback
 
@@ -312,24 +278,17 @@ def child_main(job_path, work):
 
 
 def _stop(child):
-    """Kills ``child`` and its process group (a converter may have started
-    its own child) and reaps it."""
-    try:
+    """Kills ``child`` and its process group and reaps it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(ChildProcessError):  # reaped by os.waitpid
         child.wait()
-    except ChildProcessError:  # already reaped by os.waitpid
-        pass
 
 
 class _Replay:
     """The outputs a converter process computed for the verification
-    batches, looked up by the batch's contents: the runtime of a SavedModel
-    verified from a JAX or PyTorch process (its runtime is TensorFlow)."""
+    batches, looked up by the batch's contents."""
 
-    #: Outputs computed elsewhere: nothing else can be asked of it.
     replays = True
 
     def __init__(self, outputs):
@@ -414,13 +373,10 @@ def unpack_batch(arrays, key):
 
 def _convert_in_tensorflow(job, staged, workdir, rss, open_runtime,
                            runtime_needs_tensorflow):
-    """``convert`` of ``job`` in a TensorFlow child process, from the
-    serving model saved as ``.keras``; returns ``(result, open_runtime)``.
-
-    When the artifact's runtime is TensorFlow (a SavedModel), the child
-    also runs the verification batches and the returned runtime replays
-    its outputs.
-    """
+    """``convert`` of ``job`` in a TensorFlow child process; returns
+    ``(result, open_runtime)``. When the artifact's runtime is TensorFlow,
+    the child also runs the verification batches and the returned runtime
+    replays its outputs."""
     graph = job.graph
     model_path = os.path.join(workdir, "model.keras")
     with atomic.atomic_path(model_path) as tmp:

@@ -4,6 +4,7 @@ from the user's data."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import NamedTuple
@@ -12,8 +13,6 @@ import numpy as np
 
 from keras_vit.data.normalization import check_normalization, config_value
 
-# The two input ranges a model can take (keras_vit models see [-1, 1]
-# unless built with include_preprocessing=True).
 UNIT, PIXELS = "[-1, 1]", "[0, 255]"
 
 
@@ -43,10 +42,8 @@ def rows(inputs, start, stop):
 
 
 def noise_images(shape, n, dtype, value_range, seed=0):
-    """``n`` deterministic random images of ``shape`` (H, W, C).
-
-    Float images are uniform in [-1, 1] or [0, 255] (``value_range`` UNIT or
-    PIXELS); uint8 images uniform in [0, 255].
+    """``n`` deterministic uniform random images of ``shape`` (H, W, C) in
+    ``value_range`` (uint8: [0, 255]).
 
     >>> noise_images((4, 4, 3), 2, "uint8", PIXELS).shape
     (2, 4, 4, 3)
@@ -61,19 +58,17 @@ def noise_images(shape, n, dtype, value_range, seed=0):
 
 @functools.lru_cache(maxsize=1)
 def _photo_sources():
-    """(name, RGB uint8 array) of the photos that ship with installed
-    packages: scikit-learn's two sample images (always there) and the
-    colour photos of scikit-image's data folder (if installed)."""
+    """(name, RGB uint8 array) of the photos that ship with scikit-learn
+    and scikit-image (if installed)."""
     photos = []
-    try:
+    # Any missing piece: try the next source.
+    with contextlib.suppress(Exception):
         from sklearn.datasets import load_sample_images
 
         data = load_sample_images()
         photos += [(f"sklearn:{os.path.basename(name)}", np.asarray(img))
                    for name, img in zip(data.filenames, data.images)]
-    except Exception:  # noqa: BLE001 - any missing piece: try the next source
-        pass
-    try:
+    with contextlib.suppress(Exception):
         import skimage.data
 
         from keras_vit.data import images
@@ -85,8 +80,6 @@ def _photo_sources():
             path = os.path.join(folder, name)
             if os.path.isfile(path):
                 photos.append((f"skimage:{name}", images.read(path)))
-    except Exception:  # noqa: BLE001
-        pass
     return tuple(photos)
 
 
@@ -107,11 +100,9 @@ def _resize(image, height, width):
 
 
 def photo_images(shape, n, seed=0):
-    """``n`` real-looking uint8 images of ``shape`` (H, W, 3): random crops
-    (a quarter to all of the area) of the sample photos that ship with
-    scikit-learn and scikit-image, resized and randomly flipped. Returns
-    ``(images, description)``; falls back to upscaled scikit-learn digits
-    when no photo is installed.
+    """``(images, description)``: ``n`` uint8 images of ``shape`` (H, W,
+    3), random crops of the sample photos, resized and randomly flipped
+    (upscaled scikit-learn digits when no photo is installed).
 
     >>> images, note = photo_images((32, 32, 3), 4, seed=1)
     >>> images.shape, images.dtype.name
@@ -146,8 +137,7 @@ def photo_images(shape, n, seed=0):
 
 def to_input_range(pixels, dtype, value_range, normalization=None):
     """uint8 pixels -> what an artifact takes: uint8, [0, 255] or
-    normalised floats (``normalization``, the model's input normalisation;
-    None: the official [-1, 1], (x - 127.5) / 127.5)."""
+    normalised floats (``normalization``; None: the official [-1, 1])."""
     if np.dtype(dtype) == np.uint8:
         return pixels.astype(np.uint8)
     x = pixels.astype(np.float32)
@@ -156,11 +146,7 @@ def to_input_range(pixels, dtype, value_range, normalization=None):
     return x.astype(dtype)
 
 
-# ----------------------------------------------------------------------
-# the user's images: calibration of full int8, and its verification
-
-# The files a folder given as representative_data contributes: the formats
-# keras_vit.data.images decodes.
+# The files a folder given as representative_data contributes.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # How far [0, 255] pixels may stray (a bicubic resize overshoots a little).
 _PIXEL_SLACK = 2.0
@@ -168,15 +154,15 @@ _PIXEL_SLACK = 2.0
 
 class GivenImages(NamedTuple):
     """Images an artifact is verified on, in its input range, and the
-    report's words for them (``verify_data`` of the verification)."""
+    report's words for them."""
 
     images: np.ndarray
     note: str
 
 
 def _first_images(element):
-    """The images of one element of a dataset: an array, or the first item
-    of an (images, labels) tuple, or the "images"/"image" entry of a dict."""
+    """The images of one element of a dataset: an array, the first item
+    of a tuple, or the "images" (or similar) entry of a dict."""
     if isinstance(element, dict):
         for key in ("images", "image", "pixels", "inputs", "x"):
             if key in element:
@@ -203,11 +189,9 @@ def _folder_files(folder):
 
 
 def _read_folder(folder, shape, count):
-    """Up to ``count`` image files of ``folder`` as float32 [0, 255]
-    pixels of ``shape``: decoded by the package's one decoder and resized
-    as ``zoo.preprocess_input`` resizes (what ``keras-vit predict`` feeds
-    a model). A folder with more files gives a random draw of them (every
-    class sub-folder, not the first ones)."""
+    """Up to ``count`` image files of ``folder`` (a random draw) as float32
+    [0, 255] pixels of ``shape``, resized as ``zoo.preprocess_input``
+    does."""
     text = os.fspath(folder)
     if not os.path.isdir(text):
         raise ValueError(
@@ -293,11 +277,8 @@ def read_as_input(x, integer, graph):
     """``(images, reading)``: the user's images ``x`` (float32) as what
     ``graph``'s artifact takes, and how they were read. Integers are
     [0, 255] pixels; floats within the model's input range (per channel)
-    are model inputs, taken as they are; other floats within [0, 255]
-    are pixels. Pixels become the model's inputs as its own
-    normalisation says (:func:`keras_vit.data.normalization.of_model`),
-    unless the artifact takes pixels. Anything else stops with one line
-    naming what was measured."""
+    are model inputs; other floats within [0, 255] are pixels, normalised
+    as the model says unless the artifact takes pixels."""
     if not np.all(np.isfinite(x)):
         raise ValueError("representative_data holds values that are not "
                          "finite (NaN or infinity)")
@@ -335,23 +316,16 @@ def read_as_input(x, integer, graph):
 def user_images(graph, data, limit, held_out=0):
     """The user's images for a full-int8 export of ``graph``:
     ``(calibration, note, reading, check)``. Up to ``limit`` images
-    calibrate (``note`` says which); ``check`` (:class:`GivenImages`) holds
-    up to ``held_out`` further images to verify on, or the calibration
-    images themselves when ``data`` holds no more. ``reading`` says how
-    the data was read (:func:`read_as_input`).
-
-    ``data`` is a folder of image files (a ``str`` or ``os.PathLike``),
-    or images in any of the forms of :func:`_collect`, as [0, 255] pixels
-    or as the model's own inputs."""
+    calibrate; ``check`` (:class:`GivenImages`) holds up to ``held_out``
+    further images to verify on, else the calibration images. ``data`` is
+    a folder of image files or images in any form of :func:`_collect`."""
     count = limit + held_out
     if isinstance(data, (str, os.PathLike)):
         x, integer = _read_folder(data, graph.input_shape, count), True
         source = f"of {os.fspath(data)}"
     else:
         x, integer = _collect(data, graph.input_shape, count)
-        name = getattr(data, "name", None)
-        # Data that names itself (the command line's --calibration-data)
-        # is recorded by name.
+        name = getattr(data, "name", None)  # --calibration-data names it
         source = (f"of {name}" if isinstance(name, str) and name
                   else "from representative_data")
     x, reading = read_as_input(x, integer, graph)
@@ -373,8 +347,7 @@ def calibration_images(graph, data, limit):
     """``(images, note)``: up to ``limit`` calibration images for ``graph``
     (a ServingGraph) from ``data`` (see :func:`user_images`), or (None)
     crops of the sample photos."""
-    if data is None:
-        # Seed 0 for calibration; verification uses other crops (seed 1).
+    if data is None:  # verification uses other crops (seed 1)
         return graph.sample_images(limit, seed=0, kind="photos")
     return user_images(graph, data, limit)[:2]
 
@@ -382,10 +355,9 @@ def calibration_images(graph, data, limit):
 def int8_calibration(graph, data, limit, verify_data, held_out, options,
                      notes):
     """``(images, verify_data)`` of a full-int8 export of ``graph``: the
-    images that calibrate it (``data``, else crops of the sample photos)
-    and what it is verified on: the ``verify_data`` asked for, else the
-    user's images beyond the calibration ones (up to ``held_out``), else
-    photos. Records both in the report's ``options`` and ``notes``."""
+    calibration images and what it is verified on (``verify_data``, else
+    the user's held-out images, else photos); recorded in ``options`` and
+    ``notes``."""
     if getattr(graph, "naflex", False):
         raise ValueError(
             f"quantization='int8' calibrates on images of one size; model="

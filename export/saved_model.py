@@ -11,18 +11,13 @@ from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 
 INPUTS = ("images", serving.INPUT_NAME)
-
-
-# Its runtime is TensorFlow: exported from JAX or PyTorch, the converter
-# process runs the verification batches too.
 RUNTIME_NEEDS_TENSORFLOW = True
 
 
 def open_artifact(path):
     """Loads a SavedModel and returns ``images -> {name: array}`` calling
     its ``serving_default`` signature (the loaded object stays referenced:
-    a signature outlives its object only by accident); a NaFlex model's
-    takes a dict of its inputs by name."""
+    a signature outlives its object only by accident)."""
     import numpy as np
     import tensorflow as tf
 
@@ -51,23 +46,13 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
     :class:`~keras_vit.export.graph.ServingGraph`).
 
     With ``input="image_bytes"`` it takes ``image_bytes``, a 1-D string
-    batch of encoded JPEG, PNG, BMP or GIF files of any size (what a TF
-    Serving or Vertex AI client sends), decodes and preprocesses them as
-    :func:`keras_vit.zoo.preprocess_input` does and returns ``labels``,
+    batch of encoded image files of any size, and returns ``labels``,
     ``scores`` (softmax), ``classes`` (the top ``top_k``, best first) and
-    ``logits`` (a model without a classification head: its embedding,
-    ``pre_logits``); an empty, unrecognised, cut short or damaged element
-    fails the call with an InvalidArgumentError naming its index (see
-    :mod:`keras_vit.export.serving`). It is verified on encoded sample
-    files of every format and several sizes against Keras on the same
-    files decoded by Pillow and preprocessed by ``zoo.preprocess_input``.
+    ``logits`` (see :mod:`keras_vit.export.serving`).
 
-    Variables are stored once (Keras' ``model.export`` stores them twice).
-
-    The directory is built next to ``path``, loaded with
-    ``tf.saved_model.load`` and run at each of ``batch_sizes``; only if it
-    matches Keras is it moved to ``path``, with ``export_report.json``
-    inside. Raises :class:`~keras_vit.export.ExportError` otherwise.
+    Only if the artifact matches Keras is it moved to ``path``, with
+    ``export_report.json`` inside; else
+    :class:`~keras_vit.export.ExportError`.
 
     Args:
         model: a Keras model (bf16 models are exported as a float32 copy
@@ -78,16 +63,13 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
         uint8_input: take uint8 pixels and scale them inside
             (``input="images"`` only).
         outputs: output names, e.g. ``("logits", "probabilities",
-            "pre_logits", "attention_maps")`` (``input="images"`` only;
-            default ``("logits", "probabilities")`` for a classifier,
-            ``("pre_logits",)``, the embedding, for a feature extractor).
+            "pre_logits", "attention_maps")`` (``input="images"`` only).
         top_k: how many classes ``input="image_bytes"`` returns (clipped
             to the model's class count).
         labels: the class names ``input="image_bytes"`` returns: None (the
             names the model's weights carry, else the class indices as
             strings), a label list name (``"imagenet2012"``) or a list.
-        verify: run and compare the artifact (False writes an unverified
-            artifact, and the report says so).
+        verify: run and compare the artifact.
         batch_sizes: batch sizes to run the artifact at.
         tolerance: overrides of the format's tolerance, e.g.
             ``{"max_abs_diff": 1e-3}``.

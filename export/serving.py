@@ -2,48 +2,25 @@
 Vertex AI clients send.
 
 ``serving_default(image_bytes)`` takes a 1-D batch of JPEG, PNG, GIF, BMP
-or WebP files, decodes each with :func:`keras_vit.data.images.decode` (the
-decoder ``keras-vit predict``, the Python API and the training pipeline
-use, written in TensorFlow ops so that the SavedModel carries it: EXIF
-orientation, palettes, alpha, 16-bit, a GIF's first frame and the pixel
-budget), applies the package's evaluation transform
-(:func:`keras_vit.zoo.preprocess_input`: bilinear resize to the model's
-size without antialiasing or crop, then the model's own input
-normalisation, :func:`keras_vit.data.normalization.of_model`, unless the
-model normalises pixels itself) and returns the top-k ``labels``, their
-softmax ``scores``, the ``classes`` and the ``logits``. A Python client
-that reads the file with :func:`keras_vit.data.images.read` and calls
-``zoo.preprocess_input(pixels, size, input_normalization=of_model(model))``
-(``scale=False`` for a model that normalises itself), as ``keras-vit
-predict`` does, sees the server's numbers.
+or WebP files, decodes each with :func:`keras_vit.data.images.decode`,
+applies :func:`keras_vit.zoo.preprocess_input` (bilinear resize to the
+model's size without antialiasing or crop, then the model's own input
+normalisation) and returns the top-k ``labels``, their softmax
+``scores``, the ``classes`` and the ``logits``: what a Python client
+calling those two functions sees.
 
-The images of a batch are decoded one after another, each checked
-against :data:`keras_vit.data.images.PIXEL_BUDGET` from its header before
-anything is allocated, so a request's peak memory is that of its largest
-image (at most the budget: 16 million pixels), not the sum.
+The images of a batch are decoded one after another, so a request's peak
+memory is that of its largest image (at most
+:data:`keras_vit.data.images.PIXEL_BUDGET`), not the sum.
 
-An element the decoder refuses (empty, not one of those formats, over the
-budget, cut short, ...) stops the call with
-``tf.errors.InvalidArgumentError`` naming its index (``image_bytes[2] (7
-bytes) is not a JPEG, PNG, GIF, BMP or WebP file``). So does a complete
-file that TensorFlow's decoder fails on (a PNG whose chunk CRC fails, a
-JPEG with a bogus Huffman table, a GIF whose LZW data is garbled):
-``image_bytes[1] (1258 bytes) is a damaged PNG that the TensorFlow
-decoder cannot read`` (no apostrophe: TensorFlow's assertion escapes
-it). A graph cannot catch an op's error; each element is
-decoded in a ``tf.data`` map with ``ignore_errors``, and the element it
-drops is the one named (the decoder's own message does not survive
-that: :func:`keras_vit.data.images.read` of the file gives it; measured
-at no cost against a ``tf.map_fn``, 2.7 against 2.8 ms an image). Either
-way the call fails and the process (a TF Serving server) keeps serving.
-JPEG, GIF, BMP and WebP bodies carry no checksum: libjpeg, giflib and
-libwebp decode many garbled ones to other pixels without an error, on
-every path alike.
+An element the decoder refuses, or a file TensorFlow's decoder fails on,
+stops the call with ``tf.errors.InvalidArgumentError`` naming its index
+(``image_bytes[1] (1258 bytes) is a damaged PNG that the TensorFlow
+decoder cannot read``: no apostrophe, TensorFlow's assertion escapes it);
+the process (a TF Serving server) keeps serving.
 
-A model without a classification head (``num_classes=0``, a feature
-extractor) serves its embedding: the signature returns one output named
-as :func:`keras_vit.export.graph.default_outputs` names it
-(``pre_logits``), and no labels, scores or classes.
+A model without a classification head serves its embedding (one output
+named by :func:`keras_vit.export.graph.default_outputs`).
 """
 
 from __future__ import annotations
@@ -61,8 +38,7 @@ INPUT_NAME = "image_bytes"
 OUTPUTS = ("labels", "scores", "classes", "logits")
 FORMATS = image_decoder.FORMATS
 DEFAULT_TOP_K = 5
-# Verification covers each format and the colour modes that decode
-# differently (palette, alpha, greyscale) at sizes other than the model's.
+# Each format, and the colour modes that decode differently.
 _SAMPLE_KINDS = (("JPEG", "RGB"), ("PNG", "RGB"), ("BMP", "RGB"),
                  ("GIF", "RGB"), ("PNG", "RGBA"), ("JPEG", "L"),
                  ("PNG", "P"), ("WEBP", "RGB"))
@@ -120,8 +96,7 @@ def _label_names(model, num_classes, labels):
 
 def encode(pixels, fmt="PNG", mode="RGB", quality=90):
     """``pixels`` (H, W, 3) uint8 as the bytes of a ``fmt`` file (Pillow),
-    converted to ``mode`` first (``"L"``, ``"RGBA"``, ``"P"``); GIFs are
-    palette images.
+    converted to ``mode`` first (GIFs are palette images).
 
     >>> encode(np.zeros((4, 6, 3), "uint8"))[:4]
     b'\\x89PNG'
@@ -140,11 +115,9 @@ def encode(pixels, fmt="PNG", mode="RGB", quality=90):
 
 
 def decode(data, index=0):
-    """The RGB pixels of one encoded image, as the signature decodes them
-    (:func:`keras_vit.data.images.decode_bytes`: the same TensorFlow ops, run
-    eagerly): (H, W, 3) uint8. A file refused, cut short or damaged
-    raises :class:`~keras_vit.data.images.ImageError` naming it
-    ``image_bytes[index]`` and its format, as the signature does.
+    """The (H, W, 3) uint8 pixels of one encoded image, as the signature
+    decodes them; raises :class:`~keras_vit.data.images.ImageError` naming
+    ``image_bytes[index]``, as the signature does.
 
     >>> decode(b"GIF89a", 2)
     Traceback (most recent call last):
@@ -156,8 +129,7 @@ with no pixels
 
 
 def as_batch(images):
-    """A 1-D object array of ``bytes`` from a list of encoded images (or
-    one), which ``tf.constant`` turns into a tf.string batch.
+    """A 1-D object array of ``bytes`` from encoded images (a list, or one).
 
     >>> as_batch([b"a", 1])
     Traceback (most recent call last):
@@ -177,17 +149,12 @@ received int
 
 
 class ImageBytesGraph(ServingGraph):
-    """The serving graph of ``to_saved_model(..., input="image_bytes")``:
-    encoded files in, top-k labels, scores, classes and logits out; a
-    feature extractor's embedding out for a model without a head.
+    """The serving graph of ``to_saved_model(..., input="image_bytes")``.
 
     Args:
         model: a Keras model taking (batch, H, W, 3) images.
-        top_k: how many classes to return (clipped to the class count);
-            a classifier's option only.
-        labels: None (the names the model's weights carry, else the class
-            indices as strings), a label list name (``"imagenet2012"``) or
-            a list of names; a classifier's option only.
+        top_k, labels: as for :func:`~keras_vit.export.to_saved_model`
+            (a classifier's options only).
         cast_to_float32: export a float32 copy of a bf16/fp16 model.
     """
 
@@ -214,19 +181,15 @@ class ImageBytesGraph(ServingGraph):
             raise ValueError(
                 f"input='image_bytes' decodes RGB images; model="
                 f"{model.name!r} takes {self.input_shape[-1]} channels")
-        # Encoded files are resized to one size (the model's): a
-        # dynamic-size model's other sizes do not apply here.
-        self.extra_image_sizes = ()
+        self.extra_image_sizes = ()  # files are resized to the model's
         self.image_size = tuple(int(s) for s in self.input_shape[:2])
-        # Whether the signature normalises the pixels (as the model's own
-        # normalisation says) or the model does it itself.
         self.scale = not takes_raw_pixels(self.model)
         self.input_dtype = "string"
         self._bytes_args = {"top_k": top_k, "labels": labels,
                             "cast_to_float32": bool(cast_to_float32)}
-        if not self.classifier:  # the embedding, as ServingGraph names it
+        if not self.classifier:
             self.top_k = self.num_classes = None
-            self.label_source, self.label_names = None, None
+            self.label_source = self.label_names = None
             return
         self.outputs = OUTPUTS
         self.num_classes = int(self.raw.output["logits"].shape[-1])
@@ -238,13 +201,9 @@ class ImageBytesGraph(ServingGraph):
             self.notes.append(f"top_k={top_k} clipped to the model's "
                               f"{self.num_classes} classes")
 
-    # ---------------------------------------------------------- serving
-
     def _model_input(self, pixels):
         """Decoded (H, W, 3) uint8 pixels -> the model's (h, w, 3) float32
-        input, as :func:`keras_vit.zoo.preprocess_input` computes it, op
-        for op: bilinear without antialiasing (the identity at the model's
-        size), then the model's input normalisation."""
+        input, as :func:`keras_vit.zoo.preprocess_input` computes it."""
         import tensorflow as tf
 
         x = tf.image.resize(tf.cast(pixels, tf.float32), self.image_size,
@@ -254,9 +213,8 @@ class ImageBytesGraph(ServingGraph):
         return x
 
     def _one(self, data, index):
-        """``(input, reason, index)`` of one encoded file; never fails for
-        a refusal (``reason`` says it, the input is zeros): only
-        TensorFlow's own decoder ops can fail here."""
+        """``(input, reason, index)`` of one encoded file; a refusal gives
+        zeros and its ``reason``."""
         import tensorflow as tf
 
         pixels, _, reason = image_decoder.decode_or_refuse(data)
@@ -266,16 +224,12 @@ class ImageBytesGraph(ServingGraph):
 
     def inputs(self, image_bytes):
         """The model's input batch for a 1-D batch of encoded files
-        (TensorFlow ops): each decoded, resized and normalised one after
-        another, so a request's peak memory is its largest image's. The
-        first element refused or damaged fails the call naming it.
+        (TensorFlow ops). The first element refused or damaged fails the
+        call naming it.
 
-        A graph cannot catch an op's error, and TensorFlow's decoders
-        (libjpeg's header read, libpng's CRC check, giflib, libwebp) fail
-        with one that names no element. ``ignore_errors`` of a
-        ``tf.data`` map is the one op that survives it: the element it
-        drops is the damaged one, named with its size and format (the
-        decoder's own message is lost with it)."""
+        A graph cannot catch an op's error, and TensorFlow's decoders fail
+        with one that names no element: ``ignore_errors`` of a ``tf.data``
+        map survives it, and the element it drops is the damaged one."""
         import tensorflow as tf
 
         count = tf.shape(image_bytes, out_type=tf.int64)[0]
@@ -290,9 +244,8 @@ class ImageBytesGraph(ServingGraph):
             1).get_single_element()
         n = tf.shape(kept_index, out_type=tf.int64)[0]
         positions = tf.range(n)
-        # The kept indices are in order: the first position whose index
-        # is not its own is the first dropped element (n when the
-        # dropped ones are all at the end, count when none is).
+        # The first position whose kept index is not its own is the first
+        # dropped element.
         dropped = tf.reduce_min(tf.concat([tf.boolean_mask(
             positions, tf.not_equal(kept_index, positions)), [n]], 0))
         refused_at = tf.reduce_min(tf.concat([tf.boolean_mask(
@@ -313,9 +266,7 @@ class ImageBytesGraph(ServingGraph):
             return tf.ensure_shape(tf.identity(x), (None,) + shape)
 
     def image_sizes(self):
-        # Encoded files of any size are resized to the model's: the
-        # artifact takes no images of a size to check.
-        return None
+        return None  # files of any size are resized to the model's
 
     def refused_image_sizes(self):
         return ()
@@ -337,18 +288,13 @@ class ImageBytesGraph(ServingGraph):
                 "logits": logits}
 
     def input_spec(self):
-        """The signature's input; its name is the input's key (not the
-        argument name of the traced function)."""
+        """The signature's input; its name is the input's key."""
         import tensorflow as tf
 
         return tf.TensorSpec((None,), tf.string, name=INPUT_NAME)
 
-    # ------------------------------------------------------------ numbers
-
     def preprocess(self, images):
-        """Encoded files -> the model's input batch, in NumPy: the
-        package's decoder run eagerly and
-        :func:`keras_vit.zoo.preprocess_input`."""
+        """Encoded files -> the model's input batch, in NumPy."""
         from keras_vit.zoo import preprocess_input
 
         return np.stack([preprocess_input(
@@ -358,10 +304,7 @@ class ImageBytesGraph(ServingGraph):
 
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` (a feature extractor's
-        embedding) for encoded ``images``: decoded eagerly by
-        :mod:`keras_vit.data.images` and preprocessed by
-        ``zoo.preprocess_input`` on the user's backend, the path a Python
-        user takes."""
+        embedding) for encoded ``images``, on the user's backend."""
         from keras_vit.runtime.backend import no_grad, to_numpy
 
         x = self.preprocess(images)
@@ -371,10 +314,9 @@ class ImageBytesGraph(ServingGraph):
             for start in range(0, len(x), batch_size):
                 parts.append(to_numpy(self.raw(x[start:start + batch_size],
                                                training=False)[name]))
-        out = np.concatenate(parts).astype(np.float32)
+        logits = np.concatenate(parts).astype(np.float32)
         if not self.classifier:
-            return {name: out}
-        logits = out
+            return {name: logits}
         z = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
         # Sorted values: continuous in the inputs, unlike their indices.
@@ -386,8 +328,7 @@ class ImageBytesGraph(ServingGraph):
 
     def sample_images(self, n, seed=0, kind="noise"):
         """``n`` encoded files in every format and colour mode, at sizes
-        around the model's (one at its exact size): photo crops
-        (``"photos"``) or uniform noise (``"noise"``)."""
+        around the model's: photo crops or uniform noise."""
         rng = np.random.default_rng(seed)
         height, width = self.image_size
         out, kinds = [], []
@@ -440,8 +381,7 @@ class ImageBytesGraph(ServingGraph):
         }
 
     def class_names(self):
-        """The names the ``labels`` output returns, unless they are the
-        class indices (then the model names no classes)."""
+        """The names the ``labels`` output returns, unless class indices."""
         if self.label_source in (None, "class indices"):
             return None, None
         return self.label_source, list(self.label_names)

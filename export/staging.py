@@ -1,12 +1,10 @@
 """Where an export is built: a hidden directory next to the destination,
 moved into place only when the artifact has passed.
 
-An export owns only its own files. Re-exported over an earlier SavedModel,
-it replaces that SavedModel's entries and keeps everything else in the
-folder (TF Serving's ``assets.extra/tf_serving_warmup_requests``, notes);
-a destination that is a symbolic link is followed, and the link stays; the
-staging directory goes whichever way the export ends: finished, failed,
-Ctrl-C, or the process killed (a watcher process removes it then).
+Re-exported over an earlier SavedModel, an export replaces that
+SavedModel's entries and keeps everything else in the folder; a symbolic
+link is followed, and stays; the staging directory goes whichever way the
+export ends (a watcher process removes it if this one is killed).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ import threading
 from keras_vit.base import atomic
 from keras_vit.export.common import ExportError
 
-# What a SavedModel directory holds (TensorFlow's writers and this
-# package's report): a re-export replaces these and nothing else.
+# What a re-export over a SavedModel directory replaces.
 SAVED_MODEL_MAIN = "saved_model.pb"
 SAVED_MODEL_ENTRIES = (SAVED_MODEL_MAIN, "saved_model.pbtxt", "variables",
                        "assets", "fingerprint.pb", "keras_metadata.pb",
@@ -30,8 +27,7 @@ _OPEN = threading.local()
 
 
 def current():
-    """The innermost open :class:`Staging` of this thread, or None: a
-    converter process started during an export is stopped with it."""
+    """The innermost open :class:`Staging` of this thread, or None."""
     stack = getattr(_OPEN, "stack", None)
     return stack[-1] if stack else None
 
@@ -56,12 +52,9 @@ def missing_folders(folder):
 class Staging:
     """A hidden directory next to the destination where an export is built.
 
-    Everything is written and verified here first; :meth:`commit_files` /
-    :meth:`commit_dir` then move it into place with ``os.replace``, the
-    main artifact last. Missing parent folders of the destination are
-    created, and removed again if the export fails. Leaving the ``with``
-    block without a commit (an error, Ctrl-C) removes the staging
-    directory, so a failed export leaves nothing that looks finished.
+    :meth:`commit_files` / :meth:`commit_dir` move the verified files
+    into place, the main artifact last. Leaving the ``with`` block without
+    a commit removes the staging directory and the parent folders created.
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
@@ -76,9 +69,7 @@ class Staging:
     def __init__(self, dest, directory=False, overwrite=True):
         self.dest = dest
         self.directory = directory
-        # A symbolic link is followed: the artifact (and its report and
-        # data files, which must sit beside it) replaces what the link
-        # points at, and the link goes on pointing at it.
+        # The artifact's side files must sit beside the link's target.
         self.target = os.path.realpath(dest) if os.path.islink(dest) else dest
         if self.target != dest and not os.path.isdir(
                 os.path.dirname(self.target)):
@@ -97,8 +88,6 @@ class Staging:
                                   "replace it")
             if directory and os.listdir(target) and not os.path.exists(
                     os.path.join(target, SAVED_MODEL_MAIN)):
-                # Its entries could be anybody's: only ever merge into an
-                # earlier export.
                 raise ExportError(
                     f"{dest!r} is a directory that is not empty and holds "
                     "no SavedModel; refusing to write into it (pass a new "
@@ -149,9 +138,8 @@ class Staging:
         """Moves ``[(staged_name, final_path), ...]`` into place in order.
 
         The last entry is the artifact: an old one at that path is removed
-        first (then the ``stale`` files of the old export), so that between
-        the moves no finished-looking artifact pairs with data files from
-        another export. Ctrl-C waits until the moves are done.
+        first (then the ``stale`` files), so that no finished-looking
+        artifact pairs with another export's data files.
         """
         main = moves[-1][1]
         with atomic.interrupts_deferred():
@@ -163,11 +151,9 @@ class Staging:
             self.committed = True
 
     def commit_dir(self, name):
-        """Moves the staged directory ``name`` to the destination. Into an
-        existing SavedModel directory its entries are moved one by one:
-        the old SavedModel's entries go (``saved_model.pb`` first), the
-        new ones come in (``saved_model.pb`` last), anything else in the
-        folder stays."""
+        """Moves the staged directory ``name`` to the destination; into an
+        existing SavedModel, entry by entry (``saved_model.pb`` out first,
+        in last)."""
         staged = self.file(name)
         with atomic.interrupts_deferred():
             if not os.path.lexists(self.target):

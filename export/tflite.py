@@ -1,9 +1,7 @@
 """Export to TFLite (LiteRT): float32, float16, dynamic-range int8, int8.
 
 The route is ``TFLiteConverter.from_saved_model`` on the serving SavedModel
-(``from_concrete_functions`` produced NaN outputs on this stack), and the
-artifact is run with ``ai_edge_litert`` (``tf.lite.Interpreter`` is
-deprecated).
+(``from_concrete_functions`` produced NaN outputs on this stack).
 """
 
 from __future__ import annotations
@@ -20,23 +18,11 @@ from keras_vit.export.graph import ServingGraph
 
 
 # The ops of the int8 model that stay float by default (float_ops=
-# "sensitive"): what a Keras LayerNormalization becomes in TFLite (MEAN,
-# SQUARED_DIFFERENCE, RSQRT; its NEG has no int8 kernel and is float
-# anyway; RMSNorm's statistics are SQUARE, which has no int8 kernel
-# either, MEAN and RSQRT), the attention core (SOFTMAX and the two
-# BATCH_MATMULs, QK^T and attention x V: in int8 the probabilities of a
-# 197-token row, about 0.005 each, fall on a 1/256 grid), and ADD (the
-# residual adds; bias adds are fused into FULLY_CONNECTED / CONV_2D).
-# Relative RMS error of the logits vs Keras, and speed, measured here
-# (XNNPACK, 2 cores):
-#   12-layer ViT trained on digits (65 tokens): all-int8 0.049, these float
-#     0.043, and 1.9x faster (384 -> 200 ms for 64 images)
-#   ViT-Ti/16 at 224 (197 tokens, random weights): LayerNorm + softmax +
-#     adds float 0.159; with the attention matmuls too 0.101, 2-3x faster
-# Float islands are cheap: int8 LayerNorm needs (de)quantize ops around
-# its NEG anyway, and the attention matmuls are ~4% of ViT-B's MACs. The
-# projections, the MLP, the convolutions and GELU -- nearly all compute
-# and all the weights -- stay int8; the file grows by about 5%.
+# "sensitive"): LayerNorm, the attention core (in int8 the probabilities of
+# a 197-token row fall on a 1/256 grid) and the residual ADDs. Measured
+# (XNNPACK, 2 cores), logits' relative RMS error vs Keras: a digits ViT
+# all-int8 0.049, these float 0.043 and 1.9x faster; ViT-Ti/16 0.101 with
+# the attention matmuls float, 2-3x faster. The file grows by about 5%.
 LAYER_NORM_OPS = ("MEAN", "SQUARED_DIFFERENCE", "RSQRT")
 SENSITIVE_OPS = {
     "layer_norm": LAYER_NORM_OPS,
@@ -44,34 +30,30 @@ SENSITIVE_OPS = {
     "residual_add": ("ADD",),
 }
 DEFAULT_FLOAT_OPS = LAYER_NORM_OPS + ("SOFTMAX", "BATCH_MATMUL", "ADD")
-# Its runtime is LiteRT: exported from JAX or PyTorch, only the conversion
-# runs in the TensorFlow process.
 RUNTIME_NEEDS_TENSORFLOW = False
+
+
+def _interpreter(path, **kwargs):
+    return require("ai_edge_litert.interpreter",
+                   purpose="running TFLite files").Interpreter(
+                       model_path=path, **kwargs)
 
 
 def open_artifact(path, num_threads=None):
     """Loads a ``.tflite`` file with ai_edge_litert and returns ``images ->
-    {name: array}`` (the signature runner resizes the batch per call; a
-    shape the file does not declare is refused first)."""
+    {name: array}`` (a shape the file does not declare is refused)."""
     import numpy as np
 
-    Interpreter = require(  # noqa: N806 - a class
-"ai_edge_litert.interpreter",
-                          purpose="running TFLite files").Interpreter
-
-    interpreter = Interpreter(model_path=path,
-                              num_threads=num_threads or os.cpu_count())
+    interpreter = _interpreter(path,
+                               num_threads=num_threads or os.cpu_count())
     runner = interpreter.get_signature_runner("serving_default")
-    # Each input's declared shape after the batch (-1: free, a NaFlex
-    # model's patch count).
+    # Each input's declared shape after the batch (-1: free).
     declared = {name: tuple(int(s) for s in details["shape_signature"][1:])
                 for name, details in runner.get_input_details().items()}
 
     def run(images, _keep=interpreter):
-        # The signature runner resizes its input to whatever it is given
-        # and runs it: another height or width than the file was made for
-        # gives numbers (33x32 loses a row to the convolution) or stops
-        # the process (0 pixels: a division by zero in the kernels).
+        # The runner resizes its input to whatever it is given: another
+        # size gives wrong numbers or crashes the process (0 pixels).
         feeds = (images if isinstance(images, dict)
                  else {next(iter(declared)): images})
         for name, value in feeds.items():
@@ -120,8 +102,6 @@ def _converter(saved_model_dir, quantization, representative=None):
     elif quantization == "int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.representative_dataset = representative
-        # Int8 kernels everywhere they exist; ops without one (NEG) and
-        # the ones kept in float run as float with (de)quantize around them.
         converter.target_spec.supported_ops = [
             tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
             tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -139,10 +119,7 @@ def _convert_int8(saved_model_dir, representative, float_ops):
     options = tf.lite.experimental.QuantizationDebugOptions(
         denylisted_ops=list(float_ops))
     with warnings.catch_warnings():
-        # The debugger runs the calibrated model with tf.lite.Interpreter,
-        # which warns that it is deprecated: a call inside TensorFlow that
-        # the user cannot change (the artifact itself is run with
-        # ai_edge_litert).
+        # The debugger's own tf.lite.Interpreter warns it is deprecated.
         warnings.filterwarnings(
             "ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated")
         debugger = tf.lite.experimental.QuantizationDebugger(
@@ -154,10 +131,7 @@ def _convert_int8(saved_model_dir, representative, float_ops):
 def op_dtypes(path):
     """``{op name: sorted output dtypes}`` of a ``.tflite`` file: which ops
     run in int8 and which in float."""
-    Interpreter = require(  # noqa: N806 - a class
-"ai_edge_litert.interpreter",
-                          purpose="running TFLite files").Interpreter
-    interpreter = Interpreter(model_path=path)
+    interpreter = _interpreter(path)
     tensors = {t["index"]: t["dtype"].__name__
                for t in interpreter.get_tensor_details()}
     ops = {}
@@ -186,31 +160,24 @@ def to_tflite(model, path, *, quantization="float32",
             quantized on the fly, a quarter of the size); ``"int8"`` (weights
             and activations in int8, calibrated on ``representative_data``).
         representative_data: for ``"int8"``: as for
-            :func:`~keras_vit.export.to_onnx`: a folder of images, or
-            arrays, iterables or datasets of [0, 255] pixels or of the
-            model's inputs; the images beyond the calibration ones verify
-            the file.
+            :func:`~keras_vit.export.to_onnx`.
         representative_samples: images drawn for calibration (default 100).
         float_ops: for ``"int8"``: TFLite ops kept in float.
             ``"sensitive"`` (default): LayerNorm, the attention softmax and
-            matmuls, and the residual adds (lower error and, with XNNPACK,
-            faster than all-int8; see DEFAULT_FLOAT_OPS); None: every op
-            with an int8 kernel in int8 (for int8-only accelerators); or a
-            list of op names (``"SOFTMAX"``) and groups (``"layer_norm"``,
-            ``"attention"``, ``"residual_add"``). The report's
-            ``op_dtypes`` shows the result.
+            matmuls, and the residual adds (see DEFAULT_FLOAT_OPS); None:
+            every op with an int8 kernel in int8; or a list of op names
+            (``"SOFTMAX"``) and groups (``"layer_norm"``, ``"attention"``,
+            ``"residual_add"``).
         uint8_input: take uint8 pixels and scale them inside.
         outputs: output names (see :class:`~keras_vit.export.graph.
-            ServingGraph`; default: the class scores of a classifier, the
-            embedding of a feature extractor).
+            ServingGraph`).
         verify: run and compare the artifact.
         batch_sizes: batch sizes to run it at (the batch is dynamic).
         tolerance: overrides of the tolerance of the quantization.
         verify_data: ``"noise"``, ``"photos"`` or an array; as for
             :func:`~keras_vit.export.to_onnx`.
         agreement_samples: images compared for the int8 variants.
-        cast_to_float32: export bf16/fp16 models as a float32 copy (a bf16
-            graph does not convert).
+        cast_to_float32: export bf16/fp16 models as a float32 copy.
         overwrite: replace an existing file.
 
     Returns:
@@ -242,8 +209,6 @@ def to_tflite(model, path, *, quantization="float32",
     checks.check_options(batch_sizes, verify_data)
     fixed_note = None
     if getattr(model, "dynamic_image_size", False):
-        # LiteRT runs fixed-size inputs: the model at the size it was
-        # built for (rebuild gives its weights to a fixed-size copy).
         from keras_vit.zoo import rebuild
 
         model = rebuild(model, dynamic_image_size=False)
@@ -261,8 +226,6 @@ def to_tflite(model, path, *, quantization="float32",
     notes = []
     arrays = {}
     if quantization == "int8":
-        # Before anything is written: data the export cannot read as the
-        # model's inputs fails here, not after a long conversion.
         images, verify_data = samples.int8_calibration(
             graph, representative_data, representative_samples, verify_data,
             agreement_samples, options, notes)
@@ -290,9 +253,7 @@ def convert(graph, staged, workdir, params, arrays, rss):
             for i in range(len(images)):
                 yield [images[i:i + 1]]
 
-    # The converter prints from C++ on success (each calibration pass
-    # writes "fully_quantize: 0, inference_type: 6, ..." to stderr): kept,
-    # and shown only if the conversion fails.
+    # The converter prints from C++ on success: shown only if it fails.
     with quiet.captured_output():
         if quantization == "int8":
             content = _convert_int8(saved_model_dir, representative,

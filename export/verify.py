@@ -14,20 +14,13 @@ from keras_vit.base.checks import check_type
 
 
 def top1_source(names):
-    for name in ("logits", "probabilities"):
-        if name in names:
-            return name
-    return None
+    return next((n for n in ("logits", "probabilities") if n in names), None)
 
 
 def compare(reference, actual, tol):
     """Measures ``actual`` against ``reference`` (dicts of arrays with the
-    same keys and row counts) and checks ``tol``.
-
-    Returns ``(metrics, failures)``: per-output max abs difference, scale
-    and relative RMS error; top-1 agreement when a logits or probabilities
-    output exists; and the list of violated criteria (empty when it passes).
-    """
+    same keys and row counts) and checks ``tol``; returns ``(metrics,
+    failures)``, the list of violated criteria."""
     metrics = {"max_abs_diff": {}, "scale": {}, "rel_rms_error": {},
                "limits": {}}
     failures = []
@@ -44,13 +37,13 @@ def compare(reference, actual, tol):
             continue
         if not np.all(np.isfinite(got)):
             failures.append(f"output {name!r} has non-finite values")
-            diff = float("inf")
-            rel = float("inf")
+            diff = rel = float("inf")
+        elif not ref.size:
+            diff = rel = 0.0
         else:
-            diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-            rms_ref = float(np.sqrt(np.mean(ref ** 2))) if ref.size else 0.0
-            rms_err = float(np.sqrt(np.mean((got - ref) ** 2))) if ref.size \
-                else 0.0
+            diff = float(np.max(np.abs(got - ref)))
+            rms_ref = float(np.sqrt(np.mean(ref ** 2)))
+            rms_err = float(np.sqrt(np.mean((got - ref) ** 2)))
             rel = rms_err / rms_ref if rms_ref > 0 else rms_err
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
         metrics["max_abs_diff"][name] = diff
@@ -109,8 +102,7 @@ class ArtifactDidNotRun(common.ExportError):
 
 
 def _in_runtime(call, *args):
-    """``call(*args)`` (opening or running the artifact), the runtime's own
-    failure (a RuntimeError, not one of the package's refusals) raised as
+    """``call(*args)``, the runtime's own RuntimeError raised as
     :class:`ArtifactDidNotRun`."""
     try:
         return call(*args)
@@ -132,8 +124,7 @@ def _run_in_chunks(run, images, batch_size):
 
 def verification_images(graph, batch_sizes, data="noise", samples=None,
                         seed=0):
-    """``(images, note)``: the images :func:`verify` runs (deterministic,
-    so that a converter process can run the same ones)."""
+    """``(images, note)``: the images :func:`verify` runs (deterministic)."""
     from keras_vit.export.samples import GivenImages
 
     sizes = check_options(batch_sizes, data)
@@ -155,9 +146,8 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
 
 
 def _given_patches(graph, data):
-    """``(inputs, note)``: ``verify_data`` given for a NaFlex model: a
-    dict of its inputs (what :func:`keras_vit.data.naflex.patchify`
-    returns), else a one-line ValueError."""
+    """``(inputs, note)``: ``verify_data`` given for a NaFlex model (a
+    dict of its inputs)."""
     from keras_vit.export.graph import PATCH_INPUTS
 
     if not isinstance(data, dict) or sorted(data) != sorted(PATCH_INPUTS):
@@ -184,9 +174,8 @@ def _given_patches(graph, data):
 
 def extra_batches(graph, batch_sizes, seed=0):
     """``[(label, inputs)]``: what :func:`verify` runs besides its images:
-    a dynamic-size artifact's images at other sizes (the last batch
-    size); a NaFlex one's mixed grids at other patch counts (the first
-    batch size, padding included)."""
+    a dynamic-size artifact's other image sizes, a NaFlex one's other
+    patch counts."""
     sizes = _check_batch_sizes(batch_sizes)
     extras = [(f"image size {h}x{w}", sizes[-1], {"image_size": (h, w)})
               for h, w in getattr(graph, "extra_image_sizes", ())]
@@ -211,11 +200,9 @@ def batches(images, batch_sizes):
 
 
 def refused_sizes(graph, run):
-    """Runs the artifact (``run``) on image sizes the model refuses
-    (:meth:`ImageSizes.refused_examples`) and says which the artifact
-    refuses too and which it takes: a runtime that cannot check (ONNX,
-    whose converter drops the graph's assertions) returns outputs for
-    them. ``None`` when ``graph`` takes no images (encoded bytes) or
+    """Runs the artifact (``run``) on image sizes the model refuses and
+    says which it refuses too and which it takes (ONNX's converter drops
+    the graph's assertions). ``None`` when ``graph`` takes no images or
     ``run`` replays outputs computed elsewhere."""
     probes = getattr(graph, "refused_image_sizes", lambda: ())()
     if not probes or getattr(run, "replays", False):
@@ -240,15 +227,15 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     """Runs ``artifact`` and compares it with Keras.
 
     ``open_runtime(artifact)`` returns a function ``images -> {name:
-    array}``. The sample images (``data``: ``"noise"``, ``"photos"``, an
-    array in the artifact's input range, or the user's images as
-    :class:`~keras_vit.export.samples.GivenImages`) are run in chunks of the first
-    batch size; every other batch size runs once on the first images, so a
-    batch-dynamic artifact is checked at several sizes.
+    array}``. The images (``data``: ``"noise"``, ``"photos"``, an array in
+    the artifact's input range, or
+    :class:`~keras_vit.export.samples.GivenImages`) are run in chunks of
+    the first batch size; every other batch size runs once on the first
+    images.
 
     Returns the verification part of the report; ``report["passed"]`` is
     False with ``report["failures"]`` listing why when the artifact is
-    outside ``tolerance`` (a dict from :data:`common.TOLERANCES`).
+    outside ``tolerance``.
     """
     sizes = check_options(batch_sizes, data)
     images, note = verification_images(graph, sizes, data, samples, seed)
@@ -257,27 +244,23 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
     run = _in_runtime(open_runtime, artifact)
     actual = _run_in_chunks(run, images, sizes[0])
     metrics, failures = compare(reference, actual, tolerance)
-    # Other batch sizes run once on the first images. Top-1 agreement of a
-    # few images is too coarse to judge (one flip of one image is 0.0), so
-    # there only the output differences are checked.
+    # Top-1 agreement of a few images is too coarse to judge.
     few = dict(tolerance, top1_agreement=None)
+
+    def check(label, got, ref):
+        extra, extra_failures = compare(ref, got, few)
+        failures.extend(f"{label}: {f}" for f in extra_failures)
+        for key in ("max_abs_diff", "rel_rms_error"):
+            for name, value in extra[key].items():
+                metrics[key][name] = max(metrics[key].get(name, value), value)
+
     for size in sizes[1:]:
-        part = rows(images, 0, size)
-        got = _run_in_chunks(run, part, size)
-        extra, extra_failures = compare(
-            {k: v[:size] for k, v in reference.items()}, got, few)
-        failures += [f"batch {size}: {f}" for f in extra_failures]
-        for key in ("max_abs_diff", "rel_rms_error"):
-            for name, value in extra[key].items():
-                metrics[key][name] = max(metrics[key].get(name, value), value)
+        check(f"batch {size}", _run_in_chunks(run, rows(images, 0, size),
+                                              size),
+              {k: v[:size] for k, v in reference.items()})
     for label, part in extra_batches(graph, sizes, seed):
-        got = _run_in_chunks(run, part, count(part))
-        extra, extra_failures = compare(graph.reference(part), got, few)
-        failures += [f"{label}: {f}" for f in extra_failures]
-        for key in ("max_abs_diff", "rel_rms_error"):
-            for name, value in extra[key].items():
-                metrics[key][name] = max(metrics[key].get(name, value), value)
-    # Sizes the model refuses: does the artifact refuse them too?
+        check(label, _run_in_chunks(run, part, count(part)),
+              graph.reference(part))
     size_check = refused_sizes(graph, run)
     report = {
         "batch_sizes": list(sizes),
@@ -309,8 +292,7 @@ def verify(graph, open_runtime, artifact, batch_sizes=(4, 1),
 
 def raise_if_failed(result, what, report, remedy=None):
     """Raises ExportError with the failures of a verification ``result``
-    and what may help (``remedy``, a sentence); the error carries the full
-    ``report``."""
+    and ``remedy``; the error carries the full ``report``."""
     if not result["passed"]:
         raise common.ExportError(
             f"{what} does not match Keras within the tolerance of its format "
@@ -341,13 +323,11 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
         "verified": verification is not None,
     }
     if verification is not None:
-        for key in ("max_abs_diff", "top1_agreement", "rel_rms_error",
-                    "tolerance", "batch_sizes"):
-            report[key] = verification[key]
-        report["verification"] = {
-            k: v for k, v in verification.items()
-            if k not in ("max_abs_diff", "top1_agreement", "rel_rms_error",
-                         "tolerance", "batch_sizes")}
+        top = ("max_abs_diff", "top1_agreement", "rel_rms_error",
+               "tolerance", "batch_sizes")
+        report.update((key, verification[key]) for key in top)
+        report["verification"] = {k: v for k, v in verification.items()
+                                  if k not in top}
     else:
         notes = list(notes) + ["verify=False: the artifact was NOT run"]
     report.update(times)
@@ -358,8 +338,7 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
     report["notes"] = list(graph.notes) + list(notes)
     from keras_vit.runtime.backend import name as backend_name
 
-    # The backend of the reference outputs (the artifact was converted
-    # under TensorFlow, in a child process when this is another backend).
+    # The backend of the reference outputs.
     report["keras_backend"] = backend_name()
     report["versions"] = common.versions()
     report["created"] = datetime.datetime.now(
