@@ -14,39 +14,25 @@ from keras_vit.zoo.download import cache as download_cache
 from keras_vit.zoo.official.release import is_url
 
 
-
-def load(
-    name,
-    weights="auto",
-    image_size=None,
-    num_classes=None,
-    *,
-    keep_pre_logits=False,
-    progress=None,
-    **kwargs,
-):
+def load(name, weights="auto", image_size=None, num_classes=None, *,
+         keep_pre_logits=False, progress=None, **kwargs):
     """Builds a named model and loads its released weights.
 
     Args:
         name: e.g. ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit_base_patch16_224"``;
             any patch size parses (``"ViT-B/14"``). See :func:`list_models`.
-        weights: ``"auto"`` (the paper's ImageNet fine-tune where released,
-            else the recommended AugReg one), a tag listed by
+        weights: ``"auto"`` (the default release), a tag listed by
             ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
-            ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"`` or a timm
+            ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"``, a timm
             ``.safetensors`` file, a transformers or keras-hub folder, a
             keras_vit ``.keras`` file, or None for random initialisation.
-        image_size: input resolution; default: the checkpoint's. Position
-            embeddings are resized for any other size (paper section 3.2).
+        image_size: input resolution; default: the checkpoint's.
         num_classes: size of the head; default: the checkpoint's. Another
-            size gives a zero-initialised head (and drops ``pre_logits``
-            unless ``keep_pre_logits=True``).
+            size gives a zero-initialised head.
         keep_pre_logits: keep the checkpoint's ``pre_logits`` layer when the
             head is replaced.
         progress: show a download progress bar (default: when on a terminal).
-        **kwargs: passed to :func:`keras_vit.models.vit` (``include_top``,
-            ``pooling``, ``include_preprocessing``, ``dropout_rate``,
-            ``return_attention_scores``, ``classifier_activation``, ...).
+        **kwargs: passed to :func:`keras_vit.models.vit`.
 
     Example:
 
@@ -56,44 +42,14 @@ def load(
     >>> model.count_params()
     5491786
 
-    timm's weights on the Hugging Face Hub, or in local ``.safetensors``
-    files, load by their handle as ``name`` or ``weights`` (see
-    :mod:`keras_vit.zoo.timm.hub`; they default to ``gelu="exact"``, timm's
-    GELU, where the official ``.npz`` files keep the tanh form):
-    ``zoo.load("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")``.
-
-    Hugging Face transformers' ViT weights (``config.json`` with a
-    ``model_type`` + ``model.safetensors``: a folder, an ``hf-hub:`` handle,
-    or a ``.safetensors`` file as ``weights=``) load the same way, with
-    transformers' numerics and ``id2label`` (see
-    :mod:`keras_vit.zoo.transformers.hub`):
-    ``zoo.load("hf-hub:google/vit-base-patch16-224")``.
-
-    keras-hub's ViT presets (a directory ``save_to_preset`` wrote) load the
-    same way, with keras-hub's numerics, as
-    :func:`keras_vit.zoo.from_keras_hub` reads them:
-    ``zoo.load("vit_b16_preset")``.
-
-    A keras_vit ``.keras`` file (or a fine-tuning run directory holding
-    ``model.keras``) loads the same way, as
-    :func:`keras_vit.resolve_model` loads it (see
-    :mod:`keras_vit.zoo.keras_file`):
-    ``zoo.load("runs/cifar", image_size=384, num_classes=10)``.
-
-    A source that holds its own weights (a file or folder) takes
-    ``weights="auto"`` (them) or None (its architecture, randomly
-    initialised); any other ``weights`` is refused by name. A folder
-    holding the files of two sources is refused as ambiguous.
-
-    Whatever the source, the steps are those of
-    :mod:`keras_vit.zoo.sources`: find the source, read its architecture
-    and weights (in the official layout), settle the head, size, labels
-    and weights (:mod:`keras_vit.zoo.settle`), bound the model against
-    this machine's memory, build it and load the weights strictly.
-    ``label_names=[...]`` names the head's classes (by default the
-    checkpoint's while its head is kept).
+    timm's, transformers' and keras-hub's weights, and keras_vit ``.keras``
+    files or run directories, load the same way, as ``name`` or
+    ``weights``: ``zoo.load("hf-hub:google/vit-base-patch16-224")``,
+    ``zoo.load("runs/cifar", image_size=384, num_classes=10)``. A source
+    that holds its own weights takes ``weights="auto"`` or None. The steps
+    are those of :mod:`keras_vit.zoo.sources`. ``label_names=[...]`` names
+    the head's classes.
     """
-    # find -> read -> settle -> bound -> build, as for every source.
     from keras_vit.zoo import settle
 
     weights, image_size = _timm_keywords(kwargs, weights, image_size)
@@ -103,12 +59,10 @@ def load(
 
 
 def _timm_keywords(kwargs, weights, image_size):
-    """timm's ``create_model`` keywords, understood or refused before
-    anything is read or downloaded: ``pretrained`` (False: ``weights=None``,
-    True: the default weights), ``img_size`` (``image_size``),
-    ``features_only`` (refused, naming the way here). ``num_classes=0``
-    needs nothing: it returns the pooled embedding, as in timm. Returns
-    ``(weights, image_size)``; ``kwargs`` loses the keywords it took."""
+    """timm's ``create_model`` keywords (``pretrained``, ``img_size``,
+    ``features_only``), understood or refused before anything is read.
+    Returns ``(weights, image_size)``; ``kwargs`` loses the keywords it
+    took."""
     if "features_only" in kwargs:
         value = kwargs.pop("features_only")
         if value:
@@ -143,10 +97,7 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     """Loads an official-layout ``.npz`` (path, URL or ``{key: array}``) into
     a built model.
 
-    Strict: missing, unexpected and mis-shaped arrays are listed together in
-    one error. Position embeddings are resized to the model's grid and a head
-    of another size is replaced by zeros (see
-    :func:`keras_vit.zoo.convert.load_weights`).
+    Strict, as :func:`keras_vit.zoo.convert.load_weights`.
     """
     checkpoints.check_model(model)
     source = path_or_url
@@ -167,8 +118,6 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     return convert.load_weights(model, source, keep_pre_logits=keep_pre_logits)
 
 
-# The registry's questions answered without Keras (the command line's
-# `list` and `info`), re-exported here.
 info = registry.info
 effective_stride = registry.effective_stride
 list_models = registry.list_models
@@ -179,8 +128,7 @@ def augreg_index(progress=None):
     """The rows of the AugReg bucket's ``index.csv`` (downloaded and cached).
 
     Each row is a dict with the official columns (``name``, ``ds``,
-    ``filename``, ``adapt_ds``, ``adapt_res``, ``adapt_filename``,
-    ``adapt_final_test``, ...). Pick a file and pass
+    ``filename``, ``adapt_filename``, ...); pass
     ``weights="augreg:<filename>"`` to :func:`load`.
     """
     path = download.fetch(registry.AUGREG_INDEX_URL, progress=progress)

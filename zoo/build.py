@@ -1,10 +1,6 @@
-"""Steps 3 to 5 of every load (:mod:`keras_vit.zoo.sources`): settle what
-the caller asks (:mod:`keras_vit.zoo.settle`), bound the result against
-this machine's memory, build the model and fill it; and what a reader
-returns (:class:`Checkpoint`).
-
-Below the readers and the sources list: every reader and the readers'
-own ``load`` functions build through here, and nothing here imports them.
+"""Steps 3 to 5 of every load (:mod:`keras_vit.zoo.sources`): settle,
+bound, build; and what a reader returns (:class:`Checkpoint`). Nothing here
+imports the readers.
 """
 
 from __future__ import annotations
@@ -28,34 +24,23 @@ class Checkpoint:
     Attributes:
         config: keyword arguments of the builder (:func:`keras_vit.vit`,
             or :func:`keras_vit.models.resnet_v2.resnet_v2` for
-            ``family="bit"``) that the checkpoint fixes: sizes, numerics,
-            its ``image_size``, ``classifier``, ``representation_size``,
-            a default ``name`` and ``num_classes`` (used when the weights
-            hold no head), ...
+            ``family="bit"``) that the checkpoint fixes.
         arrays: the weights, ``{key: array}`` in ``layout``; None for
             random initialisation.
-        layout: the :class:`~keras_vit.zoo.layouts.Layout` of ``arrays``
-            (the source's own names, put straight onto the model's
-            variables); None for the official ``.npz`` layout (ViT, or
-            BiT's for ``family="bit"``).
+        layout: the :class:`~keras_vit.zoo.layouts.Layout` of ``arrays``;
+            None for the official ``.npz`` layout (or BiT's).
         source_name: how errors name the checkpoint (its file).
         family: ``"vit"`` (ViT, hybrid, axial) or ``"bit"`` (a ResNetV2).
-        head: the number of classes of the head the weights hold, or
-            None (no head).
+        head: the number of classes of the head the weights hold, or None.
         label_names: the names of that head's classes, or None.
-        head_config: builder arguments that belong to that head (its
-            activation) and go with it.
+        head_config: builder arguments that go with that head.
         include_top: whether the model has a head unless the caller says
             (None: when the weights have one or ``num_classes`` is asked).
-        tags: attributes set on the model once loaded (``zoo_name``,
-            ``zoo_weights``, ``zoo_source``).
-        keep_pre_logits: kept for callers that build a checkpoint
-            themselves (:func:`build`).
-        model: a built model whose weights the build step copies (a
-            ``.keras`` file's) instead of ``arrays``; with
-            ``family="foreign"`` (no keras_vit model) it is the result.
-        head_names: the head's keys in ``arrays`` -> the names the file
-            gives them, for errors about a missing head.
+        tags: attributes set on the model once loaded.
+        keep_pre_logits: for callers that build a checkpoint themselves.
+        model: a built model whose weights the build step copies instead
+            of ``arrays`` (with ``family="foreign"``, the result).
+        head_names: the head's keys in ``arrays`` -> the file's names.
     """
 
     config: dict
@@ -74,14 +59,8 @@ class Checkpoint:
 
 
 def build(checkpoint, **kwargs):
-    """The model ``checkpoint`` describes, with its weights loaded
-    strictly: the builder gets ``checkpoint.config`` with ``**kwargs``
-    over it; :func:`keras_vit.zoo.convert.load_weights` (ViT) or
-    :func:`keras_vit.zoo.official.bit.load_weights` (BiT) resize the
-    position embeddings to the model's grid, replace a head of another
-    size by zeros and list every missing, unexpected and mis-shaped array
-    in one error naming ``checkpoint.source_name``, before anything is
-    assigned. Then ``checkpoint.tags`` are set on the model.
+    """The model ``checkpoint`` describes (its config with ``**kwargs``
+    over it), its weights loaded strictly and ``checkpoint.tags`` set.
 
     >>> import numpy as np
     >>> from keras_vit.zoo import build as zoo_build
@@ -94,13 +73,9 @@ def build(checkpoint, **kwargs):
     """
     config = {**checkpoint.config, **kwargs}
     if checkpoint.model is not None:
-        model = copy_model(checkpoint.model, config,
-                                   bool(checkpoint.keep_pre_logits))
-        for attr, value in checkpoint.tags.items():
-            setattr(model, attr, value)
-        names = getattr(model, "label_names", None)
-        model.zoo_labels = list(names) if names else None
-        return model
+        return _tagged(copy_model(checkpoint.model, config,
+                                  bool(checkpoint.keep_pre_logits)),
+                       checkpoint.tags)
     if checkpoint.family == "bit":
         from keras_vit.models.resnet_v2 import resnet_v2 as builder
     else:
@@ -118,7 +93,11 @@ def build(checkpoint, **kwargs):
             convert.load_weights(model, checkpoint.arrays,
                                  keep_pre_logits=checkpoint.keep_pre_logits,
                                  source_name=checkpoint.source_name)
-    for attr, value in checkpoint.tags.items():
+    return _tagged(model, checkpoint.tags)
+
+
+def _tagged(model, tags):
+    for attr, value in tags.items():
         setattr(model, attr, value)
     names = getattr(model, "label_names", None)
     model.zoo_labels = list(names) if names else None
@@ -148,9 +127,8 @@ def is_keras_vit_model(model):
 
 def copy_model(model, config, keep_pre_logits=False):
     """``model`` itself when ``config`` is its own, else a model of its
-    class built from ``config`` with ``model``'s weights copied (position
-    embeddings resized, a head of another size zero-initialised). A
-    ``dtype`` in ``config`` is the policy the copy is built under."""
+    class built from ``config`` (``dtype``: the copy's policy) with
+    ``model``'s weights copied."""
     import keras
 
     config = dict(config)
@@ -177,18 +155,15 @@ def copy_model(model, config, keep_pre_logits=False):
 
 def copy_weights(source, target, keep_pre_logits):
     """``source``'s weights into ``target``: one to one where the weight
-    lists line up, else by variable path (position embeddings resized, a
-    head of another size zero-initialised)."""
+    lists line up, else by variable path."""
     shapes = [tuple(w.shape) for w in source.weights]
-    # The same shapes are not the same model: a position table of another
-    # grid with as many patches (4x4 and 8x2) must be resized, not copied.
+    # A position table of another grid of as many patches must be resized.
     same_grid = (getattr(source, "grid_size", None)
                  == getattr(target, "grid_size", None))
     if same_grid and shapes == [tuple(w.shape) for w in target.weights]:
         import keras
 
         for variable, value in zip(target.weights, source.weights):
-            # Cast to the copy's dtype (a float32 copy of a bf16 model).
             variable.assign(keras.ops.cast(value.value, variable.dtype))
         return
     from keras_vit.models.axial import AxialVisionTransformer
@@ -204,8 +179,7 @@ def copy_weights(source, target, keep_pre_logits):
 
 def _copy_by_path(source, target):
     """For a model with no checkpoint layout (Axial-ViT): weights by their
-    Keras path; a learned position table of another grid resized, a head of
-    another size left at its zero initialisation."""
+    Keras path."""
     given = {w.path: w for w in source.weights}
     owners = {w.path: layer for layer in target.layers for w in layer.weights}
     problems = []
@@ -234,8 +208,7 @@ def _copy_by_path(source, target):
 
 
 def build_settled(checkpoint, request, builder=None):
-    """Steps 3 to 5 (settle, bound, build) for a checkpoint already read:
-    ``zoo.load`` and the readers' own ``load`` functions come in here.
+    """Steps 3 to 5 (settle, bound, build) for a checkpoint already read;
     ``builder`` (default :func:`build`) builds the settled checkpoint."""
     from keras_vit.models import memory
     from keras_vit.zoo import settle
@@ -252,9 +225,8 @@ def build_settled(checkpoint, request, builder=None):
 
 
 def _as_it_is(checkpoint, request):
-    """A model that is no keras_vit model (a ``.keras`` file of another
-    kind): returned as it is; any change asked of it is refused by name,
-    since only keras_vit's models are rebuilt (``dtype`` copies it)."""
+    """A model that is no keras_vit model, returned as it is (any change
+    but ``dtype`` refused by name)."""
     asked = {"image_size": request.image_size,
              "num_classes": request.num_classes,
              **{k: v for k, v in request.options.items() if k != "dtype"}}

@@ -1,12 +1,6 @@
-"""What every checkpoint layout shares: the error a checkpoint that cannot be
-read or does not fit raises, the check that a model is one, the map of a
-model's variables to a layout's keys, and the assignment of the arrays to
-them (all checked first, then read one archive member at a time, with a
-progress bar for a large file).
-
-The layouts themselves (the official ``.npz``: :mod:`keras_vit.zoo.convert`;
-BiT: :mod:`keras_vit.zoo.official.bit`; timm, transformers, KerasHub) map
-their keys to these helpers.
+"""What every checkpoint layout shares: the error, the check that a model
+is one, the map of a model's variables to a layout's keys, and the
+assignment of the arrays to them.
 """
 
 from __future__ import annotations
@@ -31,15 +25,13 @@ def as_array(value):
     return np.asarray(value)
 
 
-# Checkpoints at least this big show a progress bar while they load (on a
-# terminal): ViT-L and ViT-H files take tens of seconds to read.
+# Checkpoints at least this big show a progress bar while they load.
 PROGRESS_MIN_BYTES = 256 * 2**20
 
 
 def assign_all(assignments, source_name, progress=None):
     """Assigns ``[(variable, array or None for zeros)]`` grouped by the
-    checkpoint's archive member (so a stacked array is read once and dropped
-    when all its slices are assigned), reading one array at a time.
+    checkpoint's archive member, reading one array at a time.
     ``progress``: a bar of the bytes assigned (None: for checkpoints of
     ``PROGRESS_MIN_BYTES`` or more, on a terminal)."""
     from tqdm.auto import tqdm
@@ -47,8 +39,7 @@ def assign_all(assignments, source_name, progress=None):
     def source(item):
         return getattr(item[1], "source", "")
 
-    # Nothing half loaded: every member is read through and checked (CRC,
-    # length, number dtype) before the first variable changes.
+    # Nothing half loaded: every member is checked before any assignment.
     try:
         lazy_npz.verify(dict(enumerate(v for _, v in assignments)))
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
@@ -107,8 +98,7 @@ def _assign_groups(assignments, source_name, source, bar, size_of):
 
 def check_model(model, argument="model"):
     """``model`` if it is a Keras model, else a TypeError naming
-    ``argument`` and echoing the value (not an AttributeError from deep
-    inside a loader)."""
+    ``argument``."""
     import keras
 
     if not isinstance(model, keras.Model):
@@ -118,9 +108,8 @@ def check_model(model, argument="model"):
 
 
 def check_plain(model, layout):
-    """The checkpoint layouts hold one float kernel per projection: a model
-    quantized by Keras or carrying LoRA adapters is refused in one line
-    that says how to get that model (rather than as unknown weights)."""
+    """Refuses a model quantized by Keras or carrying LoRA adapters: the
+    checkpoint layouts hold one float kernel per projection."""
     from keras_vit.runtime import compat
 
     layers = compat.flatten_layers(model)
@@ -143,13 +132,11 @@ def model_variables(model, key_fn, layout) -> dict:
 
     ``key_fn`` maps a Keras variable path to a key of the checkpoint layout
     ``layout`` (its name, for messages). Raises if a weight has no
-    checkpoint equivalent, so that a model the layout does not understand
-    is never half loaded.
+    checkpoint equivalent.
     """
     check_model(model)
     check_plain(model, layout)
-    out = {}
-    unknown = []
+    out, unknown = {}, []
     for v in model.weights:
         key = key_fn(v.path)
         if key is None:

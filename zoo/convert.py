@@ -1,12 +1,7 @@
 """Reading the official ``.npz`` checkpoints and copying them into Keras models.
 
-The released files are flat ``.npz`` archives whose keys are '/'-joined Flax
-parameter paths. Two numberings exist: the original vit_jax files
-(``MultiHeadDotProductAttention_1``, ``LayerNorm_2``, ``MlpBlock_3``) and the
-newer big_vision ones (``..._0``, ``LayerNorm_1``, ``MlpBlock_0``, sometimes
-a ``params/`` prefix and all blocks stacked under ``encoderblock`` with depth
-as the leading axis). Both are first rewritten to the original numbering,
-which is the canonical key set this module speaks.
+The released files are flat ``.npz`` archives of '/'-joined Flax paths, in
+vit_jax's numbering or big_vision's (rewritten to vit_jax's first).
 """
 
 from __future__ import annotations
@@ -19,8 +14,6 @@ import zipfile
 import numpy as np
 
 from keras_vit.base import archives, atomic
-# Stacked (scanned) checkpoints hold one row per encoder block; no ViT has
-# more than this many, whatever a file's header declares.
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
 from keras_vit.zoo import checkpoints, layouts
 from keras_vit.zoo.checkpoints import CheckpointError, as_array, check_model
@@ -30,18 +23,13 @@ from keras_vit.zoo.official import npz as lazy_npz
 logger = logging.getLogger("keras_vit.zoo")
 
 
-# --------------------------------------------------------------------------
-# Reading
-
-
 def read_npz(path, lazy=False) -> dict:
     """Reads a flat ``.npz`` checkpoint into ``{key: array}``.
 
-    Never unpickles (``allow_pickle=False``); a corrupt or truncated file
-    raises :class:`CheckpointError` naming the path. ``lazy=True`` reads
-    only the headers and returns :class:`~keras_vit.zoo.official.npz.LazyArray`
-    values, read one at a time when converted (what the loaders use, to keep
-    the memory peak near the model's size).
+    Never unpickles; a corrupt or truncated file raises
+    :class:`CheckpointError` naming the path. ``lazy=True`` returns
+    :class:`~keras_vit.zoo.official.npz.LazyArray` values, read when
+    converted.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path; received path={path!r}"
@@ -71,14 +59,11 @@ _NEW_TO_OLD_BLOCK = {
 }
 
 
-
-
 def normalize_keys(arrays: dict, max_blocks=None) -> dict:
     """Rewrites any released ViT layout to the original vit_jax key names.
 
     ``max_blocks``: the most encoder blocks a stacked member may declare
-    (the model's depth; default :data:`MAX_BLOCKS`), checked before any
-    slice is made.
+    (default :data:`MAX_BLOCKS`).
     """
     if not hasattr(arrays, "items"):
         raise TypeError("arrays must be a mapping {checkpoint key: array}; "
@@ -98,23 +83,21 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
             out[key] = out[key].reshape(-1)
 
     stacked = [k for k in out if k.startswith("Transformer/encoderblock/")]
-    if stacked:
-        for key in stacked:
-            rows = out[key].shape[0] if out[key].ndim else 0
-            if rows > limit:
-                raise CheckpointError(
-                    f"{key!r} stacks {rows} encoder blocks; the model has "
-                    f"{limit} (a corrupt or foreign checkpoint)")
-        for key in stacked:
-            value = out.pop(key)
-            rest = key[len("Transformer/encoderblock/"):]
-            for i in range(value.shape[0]):
-                out[f"Transformer/encoderblock_{i}/{rest}"] = value[i]
+    for key in stacked:
+        rows = out[key].shape[0] if out[key].ndim else 0
+        if rows > limit:
+            raise CheckpointError(
+                f"{key!r} stacks {rows} encoder blocks; the model has "
+                f"{limit} (a corrupt or foreign checkpoint)")
+    for key in stacked:
+        value = out.pop(key)
+        rest = key[len("Transformer/encoderblock/"):]
+        for i in range(value.shape[0]):
+            out[f"Transformer/encoderblock_{i}/{rest}"] = value[i]
 
     # The blocks' numbering tells (a MAP head's attention is "_0" in both).
-    new_style = any(k.startswith("Transformer/encoderblock_")
-                    and "MultiHeadDotProductAttention_0" in k for k in out)
-    if new_style:
+    if any(k.startswith("Transformer/encoderblock_")
+           and "MultiHeadDotProductAttention_0" in k for k in out):
         renamed = {}
         for key, value in out.items():
             parts = key.split("/")
@@ -126,16 +109,11 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------
-# Keras variable path <-> checkpoint key: the official layout's rules
-
+# The official layout's rules.
 _ATT = "MultiHeadDotProductAttention_1/"
 #: The attention-pool head (``classifier="map"``): big_vision's names.
 MAP_HEAD = "MAPHead_0/"
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
-#: An encoder block's key in the official layout: groups (block number,
-#: the parameter's path inside the block).
-BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
 _NORM = (("gamma", "scale"), ("beta", "bias"))
 _DENSE = ("kernel", "bias")
 
@@ -162,12 +140,8 @@ def _attention(path, key):
 _BLOCK, _TBLOCK = "encoder_block_{i}/", "Transformer/encoderblock_{i}/"
 _UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
 _RULES = [
-    # The ViT family's options (the class token, the 2020 release's only
-    # one, among them) name their weights in their rows.
     *layouts.option_rules("official", _norm, _dense, _dense, _batch_norm),
     *_dense("patch_embedding/conv", "embedding"),
-    # Position tables (vit(position_embedding=...)): the stem's or a shared
-    # one under posembed_input, a per-layer one inside its block.
     *[Rule(f"position_embedding/{n}", f"Transformer/posembed_input/{n}")
       for n in ("pos_embedding", "pos_embedding_x", "pos_embedding_y",
                 "rel_embedding")],
@@ -223,10 +197,8 @@ def export_arrays(model) -> dict:
 
 
 def official_refusal(model):
-    """Why the official layout cannot hold ``model``, in one line, or None.
-    Its hybrids hold the paper's ResNet (BiT's): timm's ResNet-D has no
-    keys there. :func:`save_npz` refuses with it; the writers of other
-    layouts ask it before they point to :func:`save_npz`."""
+    """Why the official layout cannot hold ``model``, in one line, or None
+    (timm's ResNet-D has no keys there)."""
     resnet = getattr(model, "get_config", dict)().get("resnet") or {}
     if resnet.get("variant") == "d":
         return ("save_npz writes the official layout, whose hybrids hold "
@@ -252,13 +224,14 @@ def save_npz(model, path):
     return path
 
 
-def _source_arrays(source):
-    if isinstance(source, dict):
-        return dict(source)
-    return read_npz(source, lazy=True)
+def source_arrays(source):
+    """``source`` (a dict or an ``.npz`` path) as ``{key: array}``."""
+    return dict(source) if isinstance(source, dict) else read_npz(source,
+                                                                  lazy=True)
 
 
-def _describe(source):
+def describe(source):
+    """How errors name ``source`` by default."""
     return "<arrays>" if isinstance(source, dict) else repr(os.fspath(source))
 
 
@@ -268,25 +241,18 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
 
     Args:
         model: a model built by :func:`keras_vit.models.vit` (any resolution).
-        source: path to a ``.npz`` or a ``{key: array}`` dict. (To load from
-            a URL, use :func:`keras_vit.zoo.load_weights`, which downloads.)
-        keep_pre_logits: only matters when the head is replaced: the
-            checkpoint's ``pre_logits`` layer is dropped unless this is True
-            and the model has one.
+        source: path to a ``.npz`` or a ``{key: array}`` dict.
+        keep_pre_logits: when the head is replaced, the checkpoint's
+            ``pre_logits`` is dropped unless this is True and the model has
+            one.
         source_name: how errors name the source (default: its path).
         source_grid: the (rows, cols) patch grid of the source's position
-            table, when it is not square (a copied model's); released
-            checkpoints are square.
+            table, when it is not square.
 
-    Rules:
-        * position embeddings of another grid are resized
-          (:func:`keras_vit.zoo.position_tables.resize_posemb`);
-        * a head of another ``num_classes`` is replaced by zeros (paper
-          section 3.2), and then ``pre_logits`` is dropped unless asked for;
-        * a model without a head (``include_top=False``) ignores the
-          checkpoint's head;
-        * anything else missing, unexpected or mis-shaped is an error that
-          lists every problem at once.
+    Position embeddings of another grid are resized; a head of another
+    ``num_classes`` is replaced by zeros; a model without a head ignores the
+    checkpoint's; anything else missing, unexpected or mis-shaped is one
+    error listing every problem.
 
     Returns:
         A dict report: ``{"resized_posemb": (old, new) or None,
@@ -294,8 +260,8 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
     """
     depth = len({m.group(1) for v in checkpoints.check_model(model).weights
                  if (m := re.match(r"encoder_block_(\d+)/", v.path))})
-    arrays = normalize_keys(_source_arrays(source), max_blocks=depth)
+    arrays = normalize_keys(source_arrays(source), max_blocks=depth)
     return layouts.load(model, OFFICIAL, arrays,
-                        source_name=source_name or _describe(source),
+                        source_name=source_name or describe(source),
                         keep_pre_logits=keep_pre_logits,
                         source_grid=source_grid)

@@ -1,12 +1,8 @@
 """Every file format the zoo reads, described once, field by field.
 
-Each description below is a :mod:`keras_vit.base.schema` tree: the readers
-check a file against it before they use a value, so a field's type and
-bounds (from :mod:`keras_vit.base.limits`) are stated in one place and an
-error always names the file, the field and the value. What a description
-cannot say (a patch size that divides the image, a label list as long as
-the head) the reader checks next to where it uses the values, with the
-same :class:`FormatError`.
+Each description is a :mod:`keras_vit.base.schema` tree the readers check a
+file against before they use a value; an error names the file, the field
+and the value.
 
 >>> from keras_vit.zoo import formats
 >>> try:
@@ -29,11 +25,8 @@ from keras_vit.zoo.checkpoints import CheckpointError
 
 
 class FormatError(ConfigError, CheckpointError):
-    """A file the zoo reads does not fit its format: names the file, the
-    field and the value (``path field f: problem``). Both a
-    :class:`~keras_vit.base.errors.ConfigError` and a
-    :class:`~keras_vit.zoo.CheckpointError`, so that either ``except``
-    catches it."""
+    """A file the zoo reads does not fit its format (``path field f:
+    problem``); either ``except`` catches it."""
 
 
 def check(spec, value, path, field=None):
@@ -61,10 +54,7 @@ _UNIT_NUMBERS = List(Number(0, 1), lengths={1, 3},
 # -- safetensors (timm's and transformers' model.safetensors) -------------------
 
 #: The dtypes a tensor may have, and their widths: floats, and (a scalar
-#: only: keras_vit.zoo.hub_files.check_safetensors) the int64 of a
-#: BatchNorm's count of batches seen, which a layout passes over (an
-#: integer bound for a weight is refused by the loader, never cast into
-#: it: keras_vit.zoo.layouts.Layout.read).
+#: only) the int64 of a BatchNorm's count of batches seen.
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8}
 SAFETENSORS_TENSOR = Object({
     "dtype": Str(sorted(SAFETENSORS_DTYPES)),
@@ -72,17 +62,14 @@ SAFETENSORS_TENSOR = Object({
     "data_offsets": List(Int(0), lengths={2}),
 }, required=("dtype", "shape", "data_offsets"), extra="refuse",
     what="a tensor entry")
-#: The header: tensor name -> entry, and an optional ``__metadata__`` of
-#: strings. A name given twice is refused when the JSON is parsed.
+#: The header: tensor name -> entry, and an optional ``__metadata__``.
 SAFETENSORS_HEADER = Object(
     {"__metadata__": Object(values=Str(max_len=1 << 16), max_len=1024)},
     values=SAFETENSORS_TENSOR, what="an object of tensors")
 
 # -- timm's config.json ----------------------------------------------------------
 
-#: The ``model_args`` timm records (``save_for_hf`` writes the ones the
-#: model was created with) that keras_vit honours; others are refused by
-#: name by the reader.
+#: The ``model_args`` timm records that keras_vit honours.
 TIMM_MODEL_ARGS = Object({
     "img_size": Size(MAX_IMAGE_SIDE), "num_classes": Int(0, MAX_CLASSES),
     "global_pool": Str(), "class_token": Bool(),
@@ -90,12 +77,9 @@ TIMM_MODEL_ARGS = Object({
     "embed_dim": Int(1, MAX_HIDDEN), "depth": Int(1, MAX_LAYERS),
     "num_heads": Int(1, MAX_HIDDEN), "mlp_ratio": Number(0, 64, open=True)})
 TIMM_CONFIG = Object({
-    "architecture": Str(max_len=256),
-    "num_classes": Int(0, MAX_CLASSES),
-    "num_features": Int(1, MAX_HIDDEN),
-    "global_pool": Str(),
-    "label_names": _LABELS,
-    "label_descriptions": Any(),
+    "architecture": Str(max_len=256), "num_classes": Int(0, MAX_CLASSES),
+    "num_features": Int(1, MAX_HIDDEN), "global_pool": Str(),
+    "label_names": _LABELS, "label_descriptions": Any(),
     # keras_vit's own field (timm reads no such key): what the head is.
     "head_type": Str(("classifier", "projection")),
     "model_args": TIMM_MODEL_ARGS,
@@ -114,14 +98,11 @@ TRANSFORMERS_CONFIG = Object({
     "num_attention_heads": Int(1, MAX_HIDDEN),
     "num_hidden_layers": Int(1, MAX_LAYERS),
     "intermediate_size": Int(1, MAX_MLP),
-    "image_size": Size(MAX_IMAGE_SIDE),
-    "patch_size": _SIDE,
+    "image_size": Size(MAX_IMAGE_SIDE), "patch_size": _SIDE,
     "num_channels": Int(1, MAX_CHANNELS),
     "layer_norm_eps": Number(0, 1, open=True),
-    "hidden_act": Str(),
-    "qkv_bias": Bool(),
-    "head_dim": Nullable(Int(1, MAX_HIDDEN)),
-    "pooler_act": Str(),
+    "hidden_act": Str(), "qkv_bias": Bool(),
+    "head_dim": Nullable(Int(1, MAX_HIDDEN)), "pooler_act": Str(),
     "pooler_output_size": Int(1, MAX_HIDDEN),
     "vision_use_head": Bool(),  # SigLIP's image towers
     "id2label": Object(values=Str(max_len=1024), max_len=MAX_CLASSES,
@@ -196,16 +177,14 @@ _RESNET = Nullable(Object({
     "norm_epsilon": Number(0, 1)}, extra="refuse"))
 #: The sizes of a keras_vit model's config (ViT, hybrid, Axial-ViT, BiT).
 KERAS_VIT_CONFIG = Object({
-    "image_size": Size(MAX_IMAGE_SIDE),
-    "patch_size": Size(MAX_IMAGE_SIDE),
+    "image_size": Size(MAX_IMAGE_SIDE), "patch_size": Size(MAX_IMAGE_SIDE),
     "hidden_size": Int(1, MAX_HIDDEN), "num_layers": Int(1, MAX_LAYERS),
     "num_heads": Int(1, MAX_HIDDEN), "mlp_dim": Int(1, MAX_MLP),
     "num_classes": Nullable(Int(0, MAX_CLASSES)),
     "num_channels": Int(1, MAX_CHANNELS),
     "representation_size": Nullable(Int(1, MAX_HIDDEN)),
     "include_top": Bool(), "label_names": Nullable(_LABELS),
-    "resnet": _RESNET,
-    "block_units": List(Int(0, MAX_LAYERS), max_len=8),
+    "resnet": _RESNET, "block_units": List(Int(0, MAX_LAYERS), max_len=8),
     "width_factor": Number(0, 64, open=True),
     "layer_norm_epsilon": Number(0, 1, open=True),
     "head_bias_init": Number(-1e6, 1e6),
@@ -221,15 +200,13 @@ KERAS_VIT_CLASSES = ("keras_vit>VisionTransformer",
 
 # -- the official .npz -----------------------------------------------------------
 
-#: dtype kinds a weight of an official checkpoint may have: floats. An
-#: integer array would be cast into the float weights silently.
+#: dtype kinds a weight of an official checkpoint may have: floats.
 NPZ_FLOAT_KINDS = "f"
 
 
 def check_npz(arrays, path):
-    """Refuses an official-layout checkpoint ``{key: array}`` (read
-    lazily: headers only) holding a non-float array or one of absurd
-    rank, naming ``path`` and the key."""
+    """Refuses an official-layout checkpoint ``{key: array}`` holding a
+    non-float array or one of absurd rank, naming ``path`` and the key."""
     for key, value in arrays.items():
         dtype = getattr(value, "dtype", None)
         if dtype is not None and dtype.kind not in NPZ_FLOAT_KINDS:
@@ -243,9 +220,8 @@ def check_npz(arrays, path):
 
 
 def check_labels(labels, num_classes, path, field):
-    """``labels`` (a list of class names from a file) when they name each
-    of ``num_classes`` classes once; else a :class:`FormatError` naming
-    the file and ``field``."""
+    """``labels`` (class names from a file) when they name each of
+    ``num_classes`` classes once; else a :class:`FormatError`."""
     if labels is None:
         return None
     if num_classes is not None and len(labels) != num_classes:

@@ -1,9 +1,6 @@
 """Reading Keras' ``.h5`` weight files without Keras: every dataset
-checked (name, shape, dtype, storage: contiguous and inside the file;
-external and virtual datasets, which read other files, refused) before
-its data is read. Used for keras-hub presets
-(:mod:`keras_vit.zoo.keras_hub.io`) and the weights inside a ``.keras``
-archive (:mod:`keras_vit.zoo.resolve`).
+checked (name, shape, dtype, storage contiguous and inside the file) before
+its data is read.
 """
 
 from __future__ import annotations
@@ -42,10 +39,8 @@ def read_h5(path, wanted, expected,
     """The datasets of the ``.h5`` file ``path`` named by ``wanted``
     (variable path -> dataset path), checked before any is read: names
     and shapes against ``expected`` (variable path -> shape; an error
-    says the file does not hold ``what``), dtypes (float16/32/64, bfloat16 as
-    Keras marks it), contiguous storage inside the file; external and
-    virtual datasets, which read other files, are refused. Variables in
-    ``optional`` may be missing (:func:`hub_files.check_names`)."""
+    says the file does not hold ``what``), dtypes and storage. Variables
+    in ``optional`` may be missing."""
     f = open_h5(path)
     shapes = {name: expected[name] for name in wanted if name in expected}
     size = os.path.getsize(path)
@@ -80,9 +75,8 @@ def read_h5(path, wanted, expected,
 
 def h5_datasets(f, where):
     """``{name: h5py.Dataset}`` of the open HDF5 file ``f`` (a Keras
-    weights file), but its optimizer's. Objects only: soft and external
-    links are not followed, so a name that is one counts as missing. More
-    than :data:`MAX_H5_ENTRIES` entries is a CheckpointError starting with
+    weights file), but its optimizer's; links are not followed. More than
+    :data:`MAX_H5_ENTRIES` entries is a CheckpointError starting with
     ``where``."""
     import h5py
 

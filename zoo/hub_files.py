@@ -1,12 +1,9 @@
 """The Hugging Face Hub files both Hub layouts share: the download, bounded
 like the bucket downloads, and the ``.safetensors`` reader.
 
-timm's repositories (:mod:`keras_vit.zoo.timm.hub`) and transformers'
-(:mod:`keras_vit.zoo.transformers.hub`) differ in their config and their
-parameter names, not in how their files arrive or how their weights are
-stored: both come from ``hf-hub:<repo>[@revision]`` handles through
-``huggingface_hub``'s cache and hold a ``model.safetensors`` read with
-``safetensors``' NumPy reader (no torch), its header checked first.
+Both timm's and transformers' files come from ``hf-hub:<repo>[@revision]``
+handles through ``huggingface_hub``'s cache; their ``model.safetensors`` is
+read without torch, its header checked first.
 """
 
 from __future__ import annotations
@@ -30,23 +27,13 @@ HUB_PREFIX = "hf-hub:"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
-# huggingface_hub bounds each wait for bytes (HF_HUB_ETAG_TIMEOUT,
-# HF_HUB_DOWNLOAD_TIMEOUT) but not a whole download: a server trickling a
-# byte every few seconds holds it forever, and its HTTP client changes with
-# each major version (requests, httpx, ...), so no socket of it can be
-# bounded from here. It runs in a child process (huggingface_hub alone,
-# ~0.3 s to start) that is killed at the deadline, or when the cache's
-# blobs stop growing (the minimum-throughput rule): the bucket downloads'
-# bounds (zoo/download/http.py) for the hub route. A config.json larger than
-# a config is refused from its HEAD, before a byte of it is written.
-# huggingface_hub retries a server it cannot reach five times over ~23 s
-# (1, 2, 4, 8, 8 s apart), a warning line each, when its cache lacks the
-# file: so the parent first opens one connection to the endpoint (or to
-# the proxy that serves it), within MAX_CONNECT_WAIT_SECONDS
-# (download.unreachable), and a server that does not answer leaves the
-# cache alone to answer (local_files_only). The child's warnings are off;
-# the parent says what failed in one line. The child prints one JSON line:
-# the paths, or the error and the file it stopped at.
+# huggingface_hub bounds each wait for bytes but not a whole download, and
+# its HTTP client changes with each major version: it runs in a child
+# process (~0.3 s to start), killed at the deadline or when the cache's blobs
+# stop growing. It retries an unreachable server five times over ~23 s, so
+# the parent first tries one connection (download.unreachable) and an
+# unreachable server leaves the cache alone to answer (local_files_only).
+# The child prints one JSON line: the paths, or the error and its file.
 _HUB_CHILD = r"""
 import json, sys
 repo, revision, files, quiet, limits, unreachable = json.loads(sys.argv[1])
@@ -83,9 +70,8 @@ except Exception as e:
 sys.stdout.write("\n" + json.dumps(out) + "\n")
 """
 HUB_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-# What huggingface_hub raises when the server says the repository, the
-# revision or the file does not exist (or is gated): placing a file by
-# hand is then no answer.
+# What huggingface_hub raises when the server says the file does not exist
+# (or is gated): placing a file by hand is then no answer.
 _ANSWERED = ("EntryNotFoundError", "RepositoryNotFoundError",
              "RevisionNotFoundError", "GatedRepoError", "HFValidationError",
              "ValueError")
@@ -150,10 +136,8 @@ def _cached_elsewhere(repo):
 def _not_fetched(where, repo, revision, pending, result):
     """The :class:`download_cache.DownloadError` of files ``pending`` (names)
     that neither the network nor huggingface_hub's cache gave, from the
-    child's ``result``, through :func:`download.unavailable`: one line
-    naming each file's URL and the keras-vit cache path to place it at
-    (read before huggingface_hub is asked), and the cache's other files
-    when the weights are missing (a repository saved as a pickle)."""
+    child's ``result``: :func:`download.unavailable`'s line naming each
+    file's URL and the keras-vit cache path to place it at."""
     name = result.get("file") or pending[0]
     if result.get("reason"):
         reason = result["reason"]
@@ -177,8 +161,7 @@ def _not_fetched(where, repo, revision, pending, result):
     if name == WEIGHTS_FILE and PICKLE_FILE in cached:
         reason += (f"; the cache holds {PICKLE_FILE} for it instead, a "
                    "pickle keras_vit never unpickles")
-    # Every hf-hub: load reads the weights too: name them with a missing
-    # config, so that one trip to another machine brings both.
+    # Name the weights with a missing config: one trip brings both.
     names = pending[pending.index(name):]
     if WEIGHTS_FILE not in names and not download_cache.cache_path_for(
             file_url(repo, WEIGHTS_FILE, revision)).is_file():
@@ -196,28 +179,17 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     placed by hand at its keras-vit cache path
     (:func:`download_cache.cache_path_for` of its :func:`file_url`) is taken
     as it is; the others come through ``huggingface_hub``'s cache, with
-    the bucket downloads' bounds: ``timeout`` for each wait for bytes
-    (connect included; sets ``HF_HUB_ETAG_TIMEOUT`` /
-    ``HF_HUB_DOWNLOAD_TIMEOUT`` unless they are set), ``deadline`` for
-    the whole: past it the download is stopped (huggingface_hub resumes
-    the partial file next time); and the bucket's minimum-throughput rule
-    (:class:`http_fetch.Throughput`, ``KERAS_VIT_DOWNLOAD_STALL_S``) on the
+    the bucket downloads' bounds: ``timeout`` for each wait for bytes,
+    ``deadline`` for the whole, and :class:`http_fetch.Throughput` on the
     bytes reaching the cache. An endpoint that does not accept a
-    connection within ``timeout`` (at most
-    :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`:
-    :func:`download.unreachable`) leaves huggingface_hub's cache alone to
-    answer, without its retries and quietly;
-    ``KERAS_VIT_OFFLINE=1`` (as ``HF_HUB_OFFLINE=1``) never goes online.
-    A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is refused
-    from its size, before it is written. Any failure is one line, a
-    :class:`download_cache.DownloadError` naming the repository (and, where
-    placing the file by hand would help, :func:`download.unavailable`'s
-    URL, path and variable)."""
-    import time
-
+    connection within ``timeout`` leaves huggingface_hub's cache alone to
+    answer. A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is
+    refused before it is written. Any failure is one line, a
+    :class:`download_cache.DownloadError` naming the repository."""
     import math
     import subprocess
     import sys
+    import time
 
     from keras_vit.base.checks import check_number
 
@@ -246,8 +218,7 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     start = _blob_bytes(blobs)
     job = json.dumps([repo, revision or None, pending, progress is False,
                       {CONFIG_FILE: MAX_CONFIG_BYTES}, why is not None])
-    # stderr stays the caller's: huggingface_hub's progress bars show as
-    # they would in this process.
+    # stderr stays the caller's, for huggingface_hub's progress bars.
     child = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD, job], env=env,
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
@@ -296,11 +267,10 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
 
 def check_safetensors(path):
     """Checks a ``.safetensors`` file's header against the file before
-    anything is read into memory: its length, JSON (no tensor named
-    twice), every entry as :data:`~keras_vit.zoo.formats.SAFETENSORS_HEADER`
-    describes it (floats, and int64 counts), and every byte range (inside the
-    file, the size its shape needs, no two overlapping). A
-    :class:`~keras_vit.zoo.formats.FormatError` names the file and the
+    anything is read into memory (its length, every entry as
+    :data:`~keras_vit.zoo.formats.SAFETENSORS_HEADER` describes it, every
+    byte range inside the file, sized by its shape, no two overlapping).
+    A :class:`~keras_vit.zoo.formats.FormatError` names the file and the
     tensor otherwise. Returns the header."""
     from keras_vit.base import schema
     from keras_vit.zoo import formats
@@ -358,8 +328,7 @@ def check_safetensors(path):
 
 def read_safetensors(path):
     """``{name: numpy array}`` of a ``.safetensors`` file (no torch),
-    checked by :func:`check_safetensors` first; any failure is a
-    :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming the file."""
+    checked by :func:`check_safetensors` first."""
     st = require("safetensors.numpy", package="safetensors",
                  purpose="timm / Hub weights")
     path = os.fspath(path)
@@ -376,16 +345,11 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
                    tags=None, head_config=None, head_names=None, layout=None,
                    **defaults):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of the keras_vit ViT
-    that ``arch`` (what a Hugging Face reader found: sizes,
-    ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, ``representation_size``, optionally
-    ``classifier``) describes, holding ``arrays`` (of ``layout``, a
-    :class:`~keras_vit.zoo.layouts.Layout`; None: the official one) with a
-    head of ``head`` classes (None: none) named ``label_names``;
-    ``head_names`` give the file's names of the head's arrays (by their
-    key in ``arrays``).
-    ``**defaults`` are more builder arguments; ``tags`` more attributes
-    for the model (``zoo_name`` and ``zoo_weights`` are set)."""
+    that ``arch`` (what a Hugging Face reader found) describes, holding
+    ``arrays`` (of ``layout``; None: the official one) with a head of
+    ``head`` classes (None: none) named ``label_names``; ``head_names``
+    give the file's names of the head's arrays. ``**defaults`` are more
+    builder arguments; ``tags`` more attributes for the model."""
     from keras_vit.zoo import build
 
     config = {key: arch[key] for key in (
@@ -403,9 +367,8 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
 
 
 def zoo_name(arch):
-    """The zoo name of a ViT of ``arch``'s sizes (``hidden_size``,
-    ``mlp_dim``, ``num_heads``, ``num_layers``, ``patch_size``), or a
-    description of them where no zoo size has them.
+    """The zoo name of a ViT of ``arch``'s sizes, or a description of them
+    where no zoo size has them.
 
     >>> zoo_name(dict(hidden_size=192, mlp_dim=768, num_heads=3,
     ...               num_layers=12, patch_size=16))
@@ -444,11 +407,8 @@ PICKLE_FILE = "pytorch_model.bin"
 
 def pickle_hint(folder):
     """The way out for a folder holding only PyTorch's pickled
-    ``pytorch_model.bin`` (what timm's ``save_for_hf`` and transformers'
-    ``save_pretrained`` write without ``safe_serialization``), or "".
-    keras_vit never unpickles: a pickle runs code when loaded. The
-    commands convert it once, where the file is trusted (checked with
-    timm 1.0 and transformers 4)."""
+    ``pytorch_model.bin``, or "": commands that convert it once, where the
+    file is trusted (checked with timm 1.0 and transformers 4)."""
     folder = os.fspath(folder)
     if not os.path.isfile(os.path.join(folder, PICKLE_FILE)):
         return ""
@@ -470,10 +430,8 @@ def pickle_hint(folder):
 def check_names(found, expected, what, optional=()):
     """One :class:`~keras_vit.zoo.checkpoints.CheckpointError` starting with
     ``what`` and listing every missing, unexpected and mis-shaped name
-    (``found``, ``expected``: name -> shape), in natural order (layer.2
-    before layer.10), a dozen of each at most. Names in ``optional`` (a
-    head, which the settling step asks for: :mod:`keras_vit.zoo.settle`)
-    may be missing."""
+    (``found``, ``expected``: name -> shape), in natural order, a dozen of
+    each at most. Names in ``optional`` may be missing."""
     def natural(name):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
@@ -494,7 +452,6 @@ def check_names(found, expected, what, optional=()):
         if items:
             more = f", ... ({len(items)} in all)" if len(items) > 12 else ""
             problems.append(f"{len(items)} {kind}: "
-                            f"{', '.join(items[:12])}"
-                            f"{more}")
+                            f"{', '.join(items[:12])}{more}")
     if problems:
         raise checkpoints.CheckpointError(f"{what}; {'; '.join(problems)}")

@@ -1,9 +1,6 @@
 """A ``.keras`` archive read safely: its members bounded before Keras
-inflates them, its ``config.json`` checked against its format and this
-machine's memory before Keras builds anything, its weights checked as
-Keras writes them. :func:`keras_vit.resolve_model` and the ``.keras``
-source of ``zoo.load`` (:mod:`keras_vit.zoo.keras_file`) read through
-here.
+inflates them, its ``config.json`` checked before Keras builds anything,
+its weights checked as Keras writes them.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import zipfile
 from keras_vit.base.archives import check_archive
 from keras_vit.base.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
                               MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
-from keras_vit.zoo import checkpoints
+from keras_vit.zoo import checkpoints, layouts
 from keras_vit.zoo.build import is_keras_vit_model
 
 #: The file a training run directory holds its final model in.
@@ -25,12 +22,10 @@ RUN_MODEL_FILE = "model.keras"
 def load_keras_file(path, argument="model", *,
                     error=checkpoints.CheckpointError):
     """The model in a ``.keras`` file (``compile=False``), or one error
-    (``error``) naming ``argument``: Keras says "File not found" for a file
-    that is there but is no ``.keras`` archive."""
+    (``error``) naming ``argument``."""
     import keras
 
-    # Importing the model classes registers them (and their layers) with
-    # Keras, which the file names.
+    # Importing the model classes registers them with Keras.
     from keras_vit.models import (  # noqa: F401
         AxialVisionTransformer, ResNetV2, VisionTransformer)
 
@@ -42,8 +37,7 @@ def load_keras_file(path, argument="model", *,
         model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError, KeyError, TypeError, AttributeError,
             zipfile.BadZipFile) as e:
-        # Keras' own messages run over several lines (the objects it could
-        # not load, then each one's traceback): the first says what.
+        # Keras' own messages run over several lines: the first says what.
         first = next((line for line in str(e).splitlines() if line.strip()),
                      "")
         raise error(f"cannot load {argument}={path!r} as a Keras model: "
@@ -84,18 +78,15 @@ def _check_keras_members(path, argument, error):
 
 KERAS_WEIGHTS_FILE = "model.weights.h5"
 KERAS_CONFIG_FILE = "config.json"
-# Arrays a ViT block holds in a Keras weights file: two LayerNorms (2
-# each), query, key, value and output (kernel and bias each), two Dense.
+# Arrays a ViT block holds in a Keras weights file.
 _ARRAYS_PER_BLOCK = 16
 
 
 def keras_config(path, argument="model"):
     """The ``config.json`` of the ``.keras`` archive ``path`` checked as
-    :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` describes it (and,
-    for a keras_vit model, its sizes as
-    :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`), before Keras reads
-    it; None when the archive has none (Keras' own error says so).
-    Errors say "cannot load ``argument``=``path``"."""
+    :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` (and
+    :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`) describe it; None when
+    the archive has none."""
     from keras_vit.base import schema
     from keras_vit.zoo import formats
 
@@ -118,8 +109,7 @@ def keras_config(path, argument="model"):
 
 def _check_options(config, where):
     """Refuses a config value of the family's options that its row
-    (:mod:`keras_vit.base.options`) refuses, naming the file and field,
-    before the value reaches the parameter count or the builder."""
+    (:mod:`keras_vit.base.options`) refuses, naming the file and field."""
     from keras_vit.base import options
     from keras_vit.zoo import formats
 
@@ -133,16 +123,13 @@ def _check_options(config, where):
                 raise formats.fail(where, f"config.{name}", str(e)) from None
 
 
-def _where(path, argument):
-    return (f"cannot load {argument}={path!r} as a Keras model: its "
-            f"{KERAS_CONFIG_FILE}")
+def _where(path, argument, member=KERAS_CONFIG_FILE):
+    return f"cannot load {argument}={path!r} as a Keras model: its {member}"
 
 
 def check_keras_config(path, shapes=None, argument="model"):
     """Refuses a ``.keras`` file whose config does not fit its format, is
-    deeper than the weights it holds (``num_layers=2000`` beside the
-    weights of 12 blocks once built for minutes before Keras noticed) or
-    is too large for this machine (:func:`keras_vit.models.memory.check_config`),
+    deeper than the weights it holds or is too large for this machine,
     before Keras builds anything. Returns the checked config."""
     from keras_vit.models import memory
     from keras_vit.zoo import formats
@@ -165,21 +152,17 @@ def check_keras_config(path, shapes=None, argument="model"):
 
 def _keras_weights(path, argument, error):
     """``{name: shape}`` of the arrays in a ``.keras`` file's weights (not
-    its optimizer's), each checked stored as Keras writes it: in the file,
-    contiguous (no external or virtual dataset reading another file, no
-    compressed chunks inflating past the file); None when the archive has
-    no such member (Keras' own error names what is wrong)."""
+    its optimizer's), each checked stored as Keras writes it; None when
+    the archive has no such member."""
     import h5py
 
     from keras_vit.zoo import h5_files
 
-    where = (f"cannot load {argument}={path!r} as a Keras model: its "
-             f"{KERAS_WEIGHTS_FILE}")
+    where = _where(path, argument, KERAS_WEIGHTS_FILE)
     try:
         with zipfile.ZipFile(path) as archive:
             if KERAS_WEIGHTS_FILE not in archive.namelist():
                 return None
-            # Bounded by _check_keras_members; Keras reads it whole too.
             data = archive.read(KERAS_WEIGHTS_FILE)
     except (OSError, zipfile.BadZipFile):
         return None
@@ -203,7 +186,7 @@ def _keras_weights(path, argument, error):
 
 def _h5_problem(ds, file_size):
     """What is wrong with the dataset ``ds`` of a Keras weights file, or
-    None: Keras writes numbers (bfloat16 as 2-byte opaque values)."""
+    None (bfloat16 is written as 2-byte opaque values)."""
     from keras_vit.zoo import h5_files
 
     if ds.dtype.kind not in "biufV":
@@ -214,8 +197,7 @@ def _h5_problem(ds, file_size):
 
 def _unread_weights(model, shapes, path, argument):
     """The error for a ``.keras`` file whose weights hold arrays Keras did
-    not read into ``model`` (it ignores them): each named, with what the
-    model's own save holds."""
+    not read into ``model``, each named."""
     import tempfile
 
     import h5py
@@ -229,13 +211,10 @@ def _unread_weights(model, shapes, path, argument):
             expected = set(h5_files.h5_datasets(f, saved))
     unexpected = sorted(set(shapes) - expected)
     missing = sorted(expected - set(shapes))
-    listed = [f"{what} ({len(names)}): {', '.join(names[:20])}"
-              + (" ..." if len(names) > 20 else "")
-              for what, names in (("unexpected", unexpected),
-                                  ("missing", missing)) if names]
+    found = [layouts.listed(what, names) for what, names in (
+        ("unexpected", unexpected), ("missing", missing)) if names]
     return (f"cannot load {argument}={path!r} as a Keras model: its "
             f"{KERAS_WEIGHTS_FILE} holds {len(shapes)} arrays where "
             f"model={model.name!r} has {len(model.weights)} weights; "
-            + "; ".join(listed))
-
+            + "; ".join(found))
 

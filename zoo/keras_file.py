@@ -4,17 +4,7 @@
 (``model.keras``).
 
 The file is read as :func:`keras_vit.resolve_model` reads it
-(:func:`keras_vit.zoo.keras_archive.load_keras_file`): members that inflate
-past what the archive holds and a ``config.json`` past
-:data:`~keras_vit.zoo.keras_archive.MAX_KERAS_CONFIG_BYTES` are refused before
-Keras reads them, arrays stored outside the file or in compressed chunks
-are refused, Keras deserialises in ``safe_mode`` (no lambdas), the
-model's own size checks refuse absurd sizes before any weight exists,
-and an array the model has no weight for (which Keras skips) is an
-error. Its config gives the builder's arguments and its weights, in the
-official layout, go through the zoo's one build step: position
-embeddings resized for another ``image_size``, a new zero head for
-another ``num_classes``, a strict load.
+(:func:`keras_vit.zoo.keras_archive.load_keras_file`).
 
 >>> is_keras_file("run/model.keras"), is_keras_file("ViT-B/16")
 (True, False)
@@ -28,9 +18,8 @@ from keras_vit.zoo import build, checkpoints, hub_files, keras_archive
 
 
 def is_keras_file(value, *, progress=None):
-    """True for a path ending in ``.keras`` (it need not exist: the reader
-    says so) or a directory holding ``model.keras`` (a fine-tuning run).
-    ``progress`` is unused (nothing is downloaded)."""
+    """True for a path ending in ``.keras`` (it need not exist) or a
+    directory holding ``model.keras``."""
     if not isinstance(value, (str, os.PathLike)):
         return False
     path = os.fspath(value)
@@ -42,13 +31,9 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader: the :class:`~keras_vit.zoo.build.Checkpoint`
     of the model in the ``.keras`` file ``value`` (or a run directory's
-    ``model.keras``): its config, its head and label names, and the model
-    itself, whose weights the build step copies (one to one, or by
-    checkpoint key into another size). ``name``, a zoo name, gives the
-    sizes instead (the weights must then fit it). A model that is no
-    keras_vit model comes back as it is (``family="foreign"``): nothing
-    about it can be changed. Errors are
-    :class:`~keras_vit.zoo.CheckpointError` naming the file."""
+    ``model.keras``), the model itself among it. ``name``, a zoo name,
+    gives the sizes instead. A model that is no keras_vit model comes back
+    as it is (``family="foreign"``)."""
     from keras_vit.base import variants
     from keras_vit.models.resnet_v2 import ResNetV2
 
@@ -60,8 +45,8 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
     model = keras_archive.load_keras_file(path, argument, error=error)
     tags = {"zoo_weights": None, "zoo_source": os.fspath(value)}
     if not build.is_keras_vit_model(model):
-        return build.Checkpoint({}, source_name=repr(path),
-                                  family="foreign", model=model, tags=tags)
+        return build.Checkpoint({}, source_name=repr(path), family="foreign",
+                                model=model, tags=tags)
     config = model.get_config()
     family = "bit" if isinstance(model, ResNetV2) else "vit"
     zoo_name = config.get("name")

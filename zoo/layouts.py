@@ -2,13 +2,7 @@
 every layout shares.
 
 A layout is a list of :class:`Rule`: a model variable's path (or several),
-the key a source's files hold it under (or several), and the form the
-source holds it in. The reader and the writer of a source iterate the same
-rules, so a weight name is written once per source, and the arrays go
-straight onto the model's own variables (:func:`load`): a head of another
-size starts at zero, position tables are resized to the model's grid, and
-every missing, unexpected and mis-shaped array is listed in one error,
-named as the source names it, before anything is assigned.
+the source's key (or several), and the form the source holds it in.
 
 >>> rules = Layout("toy", [Rule("block_{i}/dense/kernel", "blocks.{i}.fc.weight",
 ...                             "linear")])
@@ -49,34 +43,28 @@ def _unit_window(value):
 
 #: How a source holds an array: ``(to_model(value, shape), to_source(value))``.
 FORMS = {
-    # As the model holds it.
     "same": (lambda v, s: v, lambda v: v),
-    # Any shape of as many numbers (a bias split into heads, a GroupNorm's
-    # (1, 1, 1, C)); the source's is flat.
+    # Any shape of as many numbers; the source's is flat.
     "flat": (_fit, lambda v: v.reshape(-1)),
     # A PyTorch Linear's (out, in) weight; the kernel's first axis is its
-    # input, the rest its output (a query kernel (D, heads, head_dim)).
+    # input (a query kernel (D, heads, head_dim)).
     "linear": (lambda v, s: _fit(np.asarray(v).T, s),
                lambda v: v.reshape(v.shape[0], -1).T),
-    # The same, the kernel's last axis its output (an attention's output
-    # projection (heads, head_dim, D)).
+    # The same, the kernel's last axis its output.
     "linear_out": (lambda v, s: _fit(np.asarray(v).T, s),
                    lambda v: v.reshape(-1, v.shape[-1]).T),
     # A position table without its leading axis, (N, D) for (1, N, D).
     "table": (lambda v, s: v[None], lambda v: v[0]),
-    # A PyTorch Linear over patches flattened row by row (P, P, C) (a
-    # NaFlex patch embedding, (D, P * P * C)); the model's HWIO kernel.
+    # A PyTorch Linear over patches flattened (P, P, C); an HWIO kernel.
     "patch_linear": (lambda v, s: np.asarray(v).T.reshape(s),
                      lambda v: v.reshape(-1, v.shape[-1]).T),
     # A PyTorch convolution's OIHW kernel; the model's is HWIO.
     "conv": (lambda v, s: np.asarray(v).transpose(2, 3, 1, 0),
              lambda v: v.transpose(3, 2, 0, 1)),
-    # A 1x1 convolution's HWIO kernel (1, 1, in, out) for a Dense (BiT's
-    # head).
+    # A 1x1 convolution's HWIO kernel for a Dense (BiT's head).
     "dense_1x1": (lambda v, s: _unit_window(v),
                   lambda v: v.reshape((1, 1) + v.shape)),
-    # A PyTorch 1x1 convolution's (out, in, 1, 1) for a Dense (timm's BiT
-    # head).
+    # A PyTorch 1x1 convolution's (out, in, 1, 1) for a Dense.
     "torch_dense_1x1": (
         lambda v, s: _unit_window(np.asarray(v).transpose(2, 3, 1, 0)),
         lambda v: v.T[:, :, None, None]),
@@ -117,18 +105,12 @@ class _Pattern:
 class Rule:
     """One weight (or one packed group) of a layout.
 
-    ``model``: the model variable's path, or several whose arrays the
-    source packs along the first axis of its form (timm's ``qkv``);
-    ``key``: the source's key, or several whose arrays join along that axis
-    into the model's one (timm's unpacked SwiGLU halves); ``form``: a key
-    of :data:`FORMS`; ``variant``: the name a writer chooses this rule by
-    over the plain one for the same variable (the reader takes either);
-    ``axis``: the source's axis the pieces stack along (1: a Linear's
-    inputs, timm's one output projection of two branches). Pieces of
-    different sizes (timm's ``in_proj``: the MLP's first projection and
-    the query, key and value) split by the model's shapes. A rule of no
-    model path names a key the model has no use for, which the reader
-    passes over (a BatchNorm's count of batches seen).
+    ``model``: the variable's path, or several the source packs along
+    ``axis`` (timm's ``qkv``; pieces of different sizes split by the
+    model's shapes); ``key``: the source's key, or several joined along
+    that axis; ``form``: a key of :data:`FORMS`; ``variant``: the name a
+    writer chooses this rule by over the plain one (the reader takes
+    either). A rule of no model path names a key the reader passes over.
     """
 
     def __init__(self, model, key, form="same", variant=None, axis=0):
@@ -145,9 +127,7 @@ class Rule:
 
 def torch_module(path, key, form="linear"):
     """The rules of a PyTorch module ``key`` for the Keras layer ``path``:
-    a Linear's ``weight`` (in ``form``) and ``bias`` for a Dense's
-    ``kernel`` and ``bias``; with ``form="norm"``, a norm's for ``gamma``
-    and ``beta``.
+    a Linear's (``weight`` in ``form``), or a norm's (``form="norm"``).
 
     >>> torch_module("encoder_norm", "norm", "norm")[0]
     Rule(['encoder_norm/gamma'], ['norm.weight'], 'same')
@@ -161,9 +141,9 @@ def torch_module(path, key, form="linear"):
 
 def option_rules(source, norm, dense, conv, batch_norm):
     """The rules of every option row's weights
-    (:func:`keras_vit.base.options.weight_rules`) in ``source``:
-    ``norm(path, key)``, ``dense``, ``conv`` and ``batch_norm`` give those
-    layers' rules in the source's convention; a vector is one rule."""
+    (:func:`keras_vit.base.options.weight_rules`) in ``source``, each
+    layer's given by ``norm(path, key)``, ``dense``, ``conv`` and
+    ``batch_norm``."""
     return options.weight_rules(source, {
         "norm": norm, "dense": dense, "conv": conv,
         "batch_norm": batch_norm,
@@ -171,9 +151,7 @@ def option_rules(source, norm, dense, conv, batch_norm):
 
 
 def torch_batch_norm(path, key):
-    """A PyTorch BatchNorm's rules for a Keras BatchNormalization: its
-    scale, shift and running statistics; its count of batches seen
-    passed over."""
+    """A PyTorch BatchNorm's rules for a Keras BatchNormalization."""
     return [*[Rule(f"{path}/{p}", f"{key}.{q}") for p, q in (
         ("gamma", "weight"), ("beta", "bias"),
         ("moving_mean", "running_mean"),
@@ -187,17 +165,14 @@ def _as_tuple(value):
 
 class Layout:
     """A source's rules (:class:`Rule`), read both ways: :meth:`read`
-    (the source's arrays in the model's form, by variable path) and
-    :meth:`write` (the model's arrays as the source's)."""
+    and :meth:`write`."""
 
     def __init__(self, name, rules):
         self.name, self.rules = name, list(rules)
 
     def renamed(self, keys, name=None):
         """This layout with the source keys ``keys`` (pattern -> pattern)
-        spelled anew: one library's other class that names some weights
-        otherwise (timm's EVA: ``blocks.{i}.gamma_1`` for ViT's
-        ``blocks.{i}.ls1.gamma``).
+        spelled anew.
 
         >>> toy = Layout("toy", [Rule("scale_{i}", "blocks.{i}.ls1.gamma")])
         >>> toy.renamed({"blocks.{i}.ls1.gamma": "blocks.{i}.gamma_1"}).key_of(
@@ -242,12 +217,9 @@ class Layout:
 
     def read(self, arrays, shapes=None, absent=None):
         """``(values, names)``: the source's ``arrays`` in the model's form
-        by variable path (each reshaped to ``shapes[path]`` where it holds
-        as many numbers), and each path's source key. Keys no rule names
-        are left out (:meth:`unknown`); a group with a key absent is left
-        out, its paths in ``absent`` (a dict, filled: path -> what the
-        loader names missing); two keys that hold one variable raise a
-        CheckpointError naming both."""
+        by variable path (reshaped to ``shapes[path]`` where it holds as
+        many numbers), and each path's source key. A group with a key
+        absent is left out, its paths in ``absent`` (a dict, filled)."""
         shapes, absent = shapes or {}, {} if absent is None else absent
         values, names, groups = {}, {}, set()
         for key in arrays:
@@ -298,8 +270,6 @@ class Layout:
             return [to_model(parts[0], shapes.get(paths[0]))]
         joined = np.concatenate([np.atleast_1d(p) for p in parts], rule.axis)
         rows = joined.shape[rule.axis]
-        # Each piece's rows: its numbers over a row's (the model's shapes),
-        # else equal pieces.
         across = int(np.prod(joined.shape)) // max(rows, 1)
         sizes = ([int(np.prod(shapes[p])) // max(across, 1) for p in paths]
                  if all(p in shapes for p in paths) else None)
@@ -313,9 +283,7 @@ class Layout:
 
     def write(self, arrays, variants=()):
         """The model's ``arrays`` (``{variable path: array}``) as the
-        source's ``{key: array}``; a variable without a rule raises a
-        ValueError naming it. ``variants``: the rules' variants to write
-        (:class:`Rule`)."""
+        source's ``{key: array}``, writing the rules' ``variants``."""
         out, done, nowhere = {}, set(), []
         for path in arrays:
             rule, fields = self._for_path(path, variants)
@@ -341,8 +309,7 @@ class Layout:
 
 
 class ByPath(Layout):
-    """Arrays already named by the model's variable paths (a model's own
-    weights, or a reader's that puts each one on its variable itself)."""
+    """Arrays already named by the model's variable paths."""
 
     def __init__(self, name="keras_vit"):
         super().__init__(name, [])
@@ -375,8 +342,7 @@ def model_arrays(model, layout_name):
 
 def with_zeros(arrays, shapes):
     """``arrays`` with float32 zeros for each name of ``shapes`` (name ->
-    shape) they lack: the biases a source was built without, which the
-    model has.
+    shape) they lack.
 
     >>> sorted(with_zeros({"q": np.ones(2)}, {"q": (2,), "k": (2,)}))
     ['k', 'q']
@@ -387,12 +353,7 @@ def with_zeros(arrays, shapes):
     return out
 
 
-# --------------------------------------------------------------------------
-# The strict load
-
-#: The head's variables (DeiT's second head goes with the first), the
-#: representation layer before it, and the attention pool of
-#: ``classifier="map"``.
+#: The head's variables, the representation layer, the attention pool.
 HEAD = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
 PRE_LOGITS = ("pre_logits/kernel", "pre_logits/bias")
 POOL = "pooling/"
@@ -401,8 +362,7 @@ _BLOCK = re.compile(r"^encoder_block_(\d+)/")
 
 def _classes_differ(got, want):
     """True for a head kernel of the model's rank whose number of classes
-    (the last axis) differs from the model's (its input width may too: a
-    representation layer dropped with the head)."""
+    (the last axis) differs from the model's."""
     got, want = tuple(got), tuple(want)
     return len(got) == len(want) > 0 and got[-1] != want[-1]
 
@@ -415,8 +375,7 @@ def _returns_tokens(model):
 
 
 def _position_hint(model, paths):
-    """Names the model's position embedding when its tables are the
-    problem."""
+    """Names the model's position embedding when its tables differ."""
     if not any(p.startswith("position_embedding") for p in paths):
         return None
     kind = getattr(model, "position_embedding", "learned_1d")
@@ -427,7 +386,8 @@ def _position_hint(model, paths):
             "does not convert into another)")
 
 
-def _listed(what, items):
+def listed(what, items):
+    """``what (count): a, b, ...``: the distinct ``items``, 20 at most."""
     items = list(dict.fromkeys(items))
     return (f"{what} ({len(items)}): " + ", ".join(items[:20])
             + (" ..." if len(items) > 20 else ""))
@@ -436,15 +396,12 @@ def _listed(what, items):
 def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
          source_grid=None, replace_head=True):
     """Loads the source's ``arrays`` (``{key: array}`` of ``layout``) into
-    ``model``, strictly (the rules of
-    :func:`keras_vit.zoo.convert.load_weights`); ``replace_head=False``
-    reports a head of another size as mis-shaped instead of starting the
-    model's at zero. Returns the report
-    ``{"resized_posemb", "head", "pre_logits"[, "attention_pool"]}``."""
+    ``model``, strictly (:func:`keras_vit.zoo.convert.load_weights`);
+    ``replace_head=False`` reports a head of another size as mis-shaped.
+    Returns ``{"resized_posemb", "head", "pre_logits"[, ...]}``."""
     checkpoints.check_model(model)
     checkpoints.check_plain(model, layout.name)
     targets = {v.path: v for v in model.weights}
-    # A layout without a head (a tower's) gives the model's new one zeros.
     unmapped = [p for p in targets if layout.key_of(p) is None
                 and p not in HEAD]
     if unmapped:
@@ -459,9 +416,7 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
 
     has_head = "head/kernel" in given
     wants_head = "head/kernel" in targets
-    # A head of another number of classes, or none in a feature
-    # checkpoint: the model's starts at zero, as a new fine-tuning head
-    # does (paper section 3.2). A head of another rank is mis-shaped.
+    # A head of other classes, or none: the model's starts at zero.
     replaced = wants_head and (not has_head or replace_head and _classes_differ(
         given["head/kernel"].shape, targets["head/kernel"].shape))
     if has_head and not wants_head:
@@ -487,8 +442,7 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
     if "pre_logits/kernel" in targets and "pre_logits/kernel" in given:
         report["pre_logits"] = "loaded"
 
-    # A model that returns the tokens ignores an attention-pool head (part
-    # of the head, as pre_logits is) where it has none of its own.
+    # A model that returns the tokens ignores an attention-pool head.
     if not any(p.startswith(POOL) for p in targets) and _returns_tokens(
             model):
         pool = [p for p in given if p.startswith(POOL)]
@@ -515,11 +469,11 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
         problems.append(f"encoder blocks: checkpoint {len(blocks(given))}, "
                         f"model {len(blocks(targets))}")
     if missing:
-        problems.append(_listed("missing from the checkpoint",
+        problems.append(listed("missing from the checkpoint",
                                 [absent.get(p) or layout.key_of(p)
                                  for p in missing]))
     if unexpected:
-        problems.append(_listed("unexpected in the checkpoint", unexpected))
+        problems.append(listed("unexpected in the checkpoint", unexpected))
     if mis_shaped:
         problems.append(f"mis-shaped ({len(mis_shaped)}): "
                         + "; ".join(mis_shaped[:20])

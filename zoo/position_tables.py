@@ -1,18 +1,10 @@
 """Position tables of a checkpoint fitted to a model of another patch grid.
 
-A learned 1D table (the paper's) keeps its prefix (class token) rows and
-its grid rows are resized with the model's own kernel (its
-``position_resize`` row, which each reader sets to its source's: the
-official code's bilinear with aligned corners, as in the paper's section
-3.2; timm's antialiased bicubic; transformers' bicubic). The
-interpolation is the one the model itself runs
-(:func:`keras_vit.layers.embeddings.resize_grid_table`, which also follows
-a dynamic-size model's input), here on NumPy float64, rounded once to
-the table's dtype. A learned 2D table is resized per axis the same way; a
-relative table keeps, or clips to, its trained offsets; BEiT's 2D relative
-bias is resampled as BEiT's own fine-tuning code (and timm) does
-(:func:`resize_relative_bias`), the decomposed tables of a global block
-as SAM's code does (:func:`resize_decomposed`).
+A learned table's grid rows are resized with the model's own kernel
+(:func:`keras_vit.layers.embeddings.resize_grid_table`) on NumPy float64,
+rounded once to the table's dtype; a relative table keeps, or clips to, its
+trained offsets; BEiT's bias and SAM's decomposed tables are resampled as
+their own code does.
 """
 
 from __future__ import annotations
@@ -26,11 +18,8 @@ def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None,
                   kernel="bilinear_corners"):
     """Resizes a (1, prefix + h*w, D) position-embedding table to a new grid.
 
-    The prefix (class token) rows are kept, the grid rows are resized in
-    2D with ``kernel``: by default as in the paper (section 3.2) and the
-    official code, ``scipy.ndimage.zoom(order=1)`` (bilinear, aligned
-    corners); ``"bicubic_aa"`` as timm, ``"bicubic"`` as transformers
-    (:data:`keras_vit.layers.embeddings.RESIZE_KERNELS`).
+    The prefix rows are kept, the grid rows are resized in 2D with
+    ``kernel`` (:data:`keras_vit.layers.embeddings.RESIZE_KERNELS`).
 
     Args:
         posemb: array (1, N, D).
@@ -63,9 +52,7 @@ def resize_posemb(posemb, new_grid, num_prefix_tokens=1, old_grid=None,
     if old_grid[0] * old_grid[1] != n:
         raise CheckpointError(
             f"old_grid={old_grid} does not match {n} grid position embeddings")
-    # Imported here: the layer module loads Keras, which reading a
-    # checkpoint without resizing it does not need.
-    from keras_vit.layers.embeddings import resize_grid_table
+    from keras_vit.layers.embeddings import resize_grid_table  # loads Keras
 
     g = resize_grid_table(grid.astype(np.float64), old_grid, new_grid,
                           kernel)
@@ -80,6 +67,10 @@ def resize_posemb_axis(table, new_len, kernel="bilinear_corners"):
         raise CheckpointError(
             "a learned_2d axis table must have shape (len, D/2); received "
             f"shape={table.shape}")
+    return _resize_axis(table, new_len, kernel)
+
+
+def _resize_axis(table, new_len, kernel):
     from keras_vit.layers.embeddings import resize_axis  # loads Keras
 
     return resize_axis(table.astype(np.float64), int(new_len), 0,
@@ -89,14 +80,9 @@ def resize_posemb_axis(table, new_len, kernel="bilinear_corners"):
 def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
     """Fits a ``position_embedding="relative"`` table to another sequence.
 
-    The table holds one embedding per 1D offset -(P-1) .. P-1 (plus a last
-    row for class-token pairs when ``num_prefix_tokens``). For a longer
-    sequence, offsets beyond the trained range take the embedding of the
-    farthest trained offset of the same sign (clipping, as Shaw et al. 2018
-    do for distances beyond k); a shorter one keeps the central offsets.
-    Offsets are in raster order, so on a grid of another width an offset of
-    +cols no longer means "one row down": expect to fine-tune, as after any
-    resolution change.
+    Offsets beyond the trained range take the embedding of the farthest
+    trained offset of the same sign (Shaw et al. 2018); a shorter sequence
+    keeps the central offsets.
     """
     table = np.asarray(table)
     extra = 1 if num_prefix_tokens else 0
@@ -113,10 +99,8 @@ def resize_relative_posemb(table, new_num_patches, num_prefix_tokens=0):
 
 
 def resize_decomposed(table, new_len):
-    """Fits a decomposed relative table (``decomposed_bias``: one vector
-    per offset along an axis, (2 side - 1, head_dim)) to ``new_len``
-    offsets as SAM's code does at another size: torch's linear
-    interpolation (no aligned corners, no antialiasing).
+    """Fits a decomposed relative table (2 side - 1, head_dim) to
+    ``new_len`` offsets as SAM's code does: torch's linear interpolation.
 
     >>> table = np.array([[0.0], [1.0], [2.0]])
     >>> np.round(resize_decomposed(table, 5), 6).ravel().tolist()
@@ -127,14 +111,10 @@ def resize_decomposed(table, new_len):
         raise CheckpointError(
             "a decomposed relative table must have shape (2 side - 1, "
             f"head_dim); received shape={table.shape}")
-    from keras_vit.layers.embeddings import resize_axis  # loads Keras
-
-    return resize_axis(table.astype(np.float64), int(new_len), 0,
-                       "bilinear").astype(table.dtype)
+    return _resize_axis(table, new_len, "bilinear")
 
 
-# BEiT's 2D relative bias ends in three rows for the class token's pairs
-# (keras_vit.models.positions.relative_bias_index), which no resize moves.
+# BEiT's 2D relative bias ends in three rows for the class token's pairs.
 _CLASS_ROWS = 3
 
 
@@ -143,18 +123,11 @@ def resize_relative_bias(table, new_grid, old_grid=None):
     ((2h - 1)(2w - 1) + 3, heads), to a ``new_grid`` of patches, as BEiT's
     fine-tuning code (unilm) and timm's ``checkpoint_filter_fn`` do.
 
-    The class token's three rows are kept. The offsets' grid is resampled
-    per head: along each axis the trained offsets ``0, ±1, ..., ±(h - 1)``
-    are spread out (or in) geometrically, offset ``k`` to ``1 + q + ... +
-    q**(k-1)``, with ``q`` the ratio that puts offset ``h - 1`` at the new
-    grid's farthest offset ``h' - 1`` (found by bisection in [1.01, 1.5]
-    to 1e-6, so a smaller grid keeps q near 1.01 and reads the central
-    offsets; on both axes whenever the grid changes, as unilm does);
-    the new integer offsets are then read off those points bilinearly,
-    those beyond the farthest point taking its value. timm runs the same
-    bilinear rule in float32 unless ``TIMM_USE_SCIPY_INTERP`` asks for
-    unilm's cubic ``scipy.interpolate.interp2d`` (gone from SciPy 1.14);
-    here it runs in float64, rounded once to the table's dtype.
+    The class token's three rows are kept. Along each axis the trained
+    offsets are spread geometrically, offset ``k`` to ``1 + q + ... +
+    q**(k-1)`` (``q`` bisected in [1.01, 1.5] to 1e-6 to reach the new
+    grid's farthest offset), and the new offsets read off bilinearly, in
+    float64.
 
     Args:
         table: array ((2h - 1)(2w - 1) + 3, heads).
@@ -180,8 +153,6 @@ def resize_relative_bias(table, new_grid, old_grid=None):
             "h x h has (2h - 1)**2 + 3")
     if old_grid == new_grid:
         return table
-    # Per axis: the new offsets as mixtures of the old, clamped at the
-    # ends (np.interp of the old offsets' one-hot columns).
     weights = [_offset_weights(old, new) for old, new in zip(old_grid,
                                                               new_grid)]
     grid = table[:offsets].astype(np.float64).reshape(
@@ -197,9 +168,8 @@ def _bias_rows(grid):
 
 
 def _bias_grid(offsets, source_grid=None):
-    """The (rows, cols) grid of a relative_bias table of ``offsets`` offset
-    rows: ``source_grid`` when given (and it fits), else the square one,
-    else None."""
+    """The (rows, cols) grid of a relative_bias table of ``offsets`` rows:
+    ``source_grid`` when it fits, else the square one, else None."""
     if source_grid is not None:
         grid = tuple(int(g) for g in source_grid)
         if _bias_rows(grid) == offsets:
@@ -241,12 +211,8 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
     the first resize goes to ``report["resized_posemb"]`` as ``(old, new)``
     token counts, a table that cannot be resized to ``problems``.
 
-    A 1D table is resized whenever its grid differs from the model's, also
-    when both hold as many tokens (a 4x4 table into an 8x2 model): the rows
-    would otherwise land on the wrong patches. The checkpoint's grid is
-    ``source_grid`` when known (a model being copied), else square (every
-    released checkpoint is). ``names``: how a problem names a key (the
-    source's own name of it)."""
+    A 1D table is resized whenever its grid differs, even of as many tokens.
+    The checkpoint's grid is ``source_grid`` when known, else square."""
     for layer in model.layers:
         kind = _table_kind(layer)
         if kind is None:
@@ -258,8 +224,7 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
             if key not in arrays or key not in targets:
                 continue
             src, want = np.asarray(arrays[key]), tuple(var.shape)
-            # Only the grid (token, row or offset) axis may differ; anything
-            # else is mis-shaped and reported as such.
+            # Only the grid axis may differ; else it is mis-shaped.
             grid_axis = 1 if kind == "learned_1d" else 0
             others = [a for a in range(len(want)) if a != grid_axis]
             if src.ndim != len(want) or any(
@@ -272,8 +237,7 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
             elif kind == "relative_bias":
                 old_grid = _bias_grid(src.shape[0] - _CLASS_ROWS,
                                       source_grid)
-                # A table of the model's shape whose grid cannot be told
-                # (not square) is taken as the model's, as timm does.
+                # A table of the model's shape, grid unknown: the model's.
                 if old_grid is None and src.shape == want:
                     old_grid = layer.grid_size
             if src.shape == want and old_grid in (None, layer.grid_size):
@@ -293,10 +257,7 @@ def fit_position_tables(model, arrays, targets, key_fn, report, problems,
 
 
 def _table_kind(layer):
-    """Which position table ``layer`` holds (its resize rule), or None:
-    a ``position_embedding*`` layer's ``kind``, ``"relative_bias"`` for
-    BEiT's 2D bias, ``"decomposed"`` for a block's decomposed relative
-    tables."""
+    """Which position table ``layer`` holds (its resize rule), or None."""
     from keras_vit.layers import EncoderBlock
     from keras_vit.models.positions import RelativePositionBias
 
@@ -310,9 +271,8 @@ def _table_kind(layer):
 
 
 def _resized(kind, layer, src, want, old_grid):
-    """``(table, old, new)``: the checkpoint's table ``src`` of position
-    table ``kind`` fitted to ``layer`` (its variable's shape ``want``), and
-    the tokens of the old and the new grid."""
+    """``(table, old, new)``: the checkpoint's table ``src`` fitted to
+    ``layer`` (shape ``want``), and the tokens of the old and new grid."""
     if kind == "learned_1d":
         new = want[1] - layer.num_prefix_tokens
         return (resize_posemb(src, layer.grid_size, layer.num_prefix_tokens,
@@ -337,8 +297,7 @@ def _resized(kind, layer, src, want, old_grid):
 
 def _table_grid(tokens, source_grid=None):
     """The (rows, cols) grid of a 1D table of ``tokens`` patch rows:
-    ``source_grid`` when given (and it fits), else the square one, else
-    None (a table whose grid cannot be told)."""
+    ``source_grid`` when it fits, else the square one, else None."""
     if source_grid is not None:
         grid = tuple(int(g) for g in source_grid)
         if grid[0] * grid[1] == tokens:

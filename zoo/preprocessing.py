@@ -2,9 +2,8 @@
 and top-K class names, like ``keras.applications``' ``preprocess_input``
 and ``decode_predictions``.
 
-The official ViT evaluation resizes the whole image to the model's size
-(bilinear, no antialiasing, no crop) and scales pixels to [-1, 1]; it does
-not subtract ImageNet's mean/std.
+The official ViT evaluation resizes the whole image (bilinear, no
+antialiasing, no crop) and scales pixels to [-1, 1].
 
 >>> import numpy as np
 >>> from keras_vit import zoo
@@ -30,13 +29,11 @@ LABELS_BY_HEAD = {1000: "imagenet2012", 21843: "imagenet21k"}
 def preprocess_input(images, image_size=None, scale=True,
                      input_normalization=None):
     """The official evaluation transform on one image (H, W, 3) or a batch
-    (B, H, W, 3) of pixels in [0, 255], any size: resized to ``image_size``
-    (int or (height, width); None keeps the size) bilinearly without
-    antialiasing, then normalised as ``input_normalization`` says (None:
+    (B, H, W, 3) of pixels in [0, 255]: resized to ``image_size`` (None
+    keeps the size), then normalised as ``input_normalization`` says (None:
     the official [-1, 1]; ``"imagenet"``, ``"clip"``, ``{"mean": [...],
-    "std": [...]}``, or a model's: ``keras_vit.data.normalization.of_model``)
-    (``scale=False`` keeps [0, 255], for models built with
-    ``include_preprocessing=True``). Returns float32 NumPy."""
+    "std": [...]}``); ``scale=False`` keeps [0, 255]. Returns float32
+    NumPy."""
     import keras
 
     x = as_array("images", images)
@@ -129,16 +126,14 @@ def softmax(logits):
 def model_labels(model, num_classes, *, by_head=True):
     """The class names of ``model``'s ``num_classes`` outputs, as
     ``(source, [(wordnet_id, name), ...])``, or ``(None, None)`` if none
-    fits: a Hub repository's ``label_names`` (source ``"label_names"``),
-    else the list its weights name, else (``by_head``) the list that ships
-    for that head size.
+    fits: its ``label_names``, else the list its weights name, else
+    (``by_head``) the list that ships for that head size.
 
     >>> model_labels(object(), 10)
     (None, None)
     """
     from keras_vit.zoo import api, registry
 
-    # The model's own (its config's), then a Hub repository's.
     names = (getattr(model, "label_names", None)
              or getattr(model, "zoo_labels", None))
     record = getattr(model, "zoo_weights", None)
@@ -164,15 +159,11 @@ _DEFAULT_SUM_TOLERANCE = 1e-3
 
 
 def probabilities(preds, from_logits=None):
-    """``preds`` (classes on the last axis) as probabilities, float64: the
-    softmax of logits, probabilities as they are.
+    """``preds`` (classes on the last axis) as probabilities, float64.
 
-    ``from_logits``: True (always take the softmax), False (they are
-    probabilities already: checked to be non-negative), or None (decide
-    from the values: probabilities if every row is non-negative and sums
-    to 1 within 1e-3, 1e-2 for 16-bit floats; else logits). A model built
-    with ``classifier_activation="softmax"`` gives probabilities, one
-    without gives logits.
+    ``from_logits``: True (always take the softmax), False (probabilities
+    already, checked), or None (probabilities if every row is non-negative
+    and sums to 1 within 1e-3, 1e-2 for 16-bit floats; else logits).
 
     >>> probabilities([[0.0, 0.0]]).tolist()
     [[0.5, 0.5]]
@@ -203,16 +194,12 @@ def probabilities(preds, from_logits=None):
 def decode_predictions(preds, top=5, labels=None, *, from_logits=None):
     """Top ``top`` classes of each row of ``preds`` ((batch, classes),
     logits or probabilities) as lists of ``(wordnet_id, name, score)``,
-    best first, like ``keras.applications``' function: ``score`` is the
-    class's probability (the softmax of logits; probabilities, e.g. of a
-    model built with ``classifier_activation="softmax"``, are taken as
-    they are, not softmaxed twice; ``from_logits`` as in
-    :func:`probabilities`: None decides from the values).
+    best first; ``score`` is the class's probability (``from_logits`` as in
+    :func:`probabilities`).
 
-    ``labels``: None (the list that ships for the head size: ImageNet-1k or
-    ImageNet-21k), a list name (``"imagenet2012"``), a list of class names
-    (wordnet_id is then None) or a model from :func:`keras_vit.zoo.load`
-    (the labels of its weights, e.g. a Hub repository's ``label_names``).
+    ``labels``: None (the list that ships for the head size), a list name
+    (``"imagenet2012"``), a list of class names (wordnet_id is then None)
+    or a model from :func:`keras_vit.zoo.load`.
     """
     p = np.asarray(preds)
     if p.ndim != 2:

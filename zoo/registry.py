@@ -1,20 +1,13 @@
 """The released weights of each named variant: data, not code.
 
-Architecture lives in ``keras_vit.base.variants`` (one table of sizes);
-this module records, per canonical name and weights tag, where the official
-file is and what it contains. The family's later members (DeiT, DeiT III,
-DINOv2, CLIP, SigLIP, SigLIP 2, EVA-02, Perception Encoder, DINOv3,
-Qwen3.5's towers) are rows of :mod:`keras_vit.base.family_rows`, whose
-weights are timm's repositories on the Hugging Face Hub: their records
-hold the ``hf-hub:`` source as ``url``, and ``zoo.load`` reads them as
-timm files.
-The loader reads the checkpoint itself to find the head size and whether it
-has ``pre_logits``; these records say what to expect, for ``zoo.info`` and
-for choosing defaults.
+Per canonical name and weights tag: where the official file is and what it
+contains (the family rows of :mod:`keras_vit.base.family_rows` hold an
+``hf-hub:`` source as ``url``), for ``zoo.info`` and choosing defaults.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import functools
@@ -40,15 +33,13 @@ class Weights:
         url: official HTTPS URL (the mirror variable rewrites it).
         image_size: resolution it was trained or fine-tuned at.
         num_classes: size of its head (0: none, the pooled embedding).
-        labels: name of the label list for its head (``"imagenet21k"`` or
-            ``"imagenet2012"``), shipped with the package, or None (a head
-            without class names: CLIP's projection).
+        labels: name of the label list for its head, shipped with the
+            package, or None.
         representation_size: width of its ``pre_logits`` layer, or None.
-        sha256: the file's hash where known (else the download is verified
-            only for completeness).
+        sha256: the file's hash where known.
         description: one line for ``zoo.info``.
         head_type: what the head is (``"projection"``: CLIP's image-text
-            projection, an embedding).
+            projection).
     """
 
     tag: str
@@ -79,9 +70,8 @@ def _ft(file, res):
                     " (paper, Table 2)")
 
 
-# The AugReg checkpoints that the vit_jax README recommends (best upstream
-# per variant) and their ImageNet fine-tunes at 384 ("How to train your ViT?",
-# Steiner et al. 2021). Other AugReg files: weights="augreg:<filename>".
+# The AugReg checkpoints the vit_jax README recommends and their ImageNet
+# fine-tunes at 384. Other AugReg files: weights="augreg:<filename>".
 _AUGREG = {
     "ViT-Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
                   "lr_0.03"),
@@ -140,8 +130,7 @@ def _sam(file):
 
 
 def _bit(name):
-    """BiT-S (ImageNet-1k), BiT-M (ImageNet-21k) and BiT-M fine-tuned on
-    ILSVRC-2012 at 448 (Kolesnikov et al. 2020, big_transfer)."""
+    """BiT-S, BiT-M and BiT-M fine-tuned on ILSVRC-2012 at 448."""
     short = name[len("BiT-"):]
     lic = "Apache-2.0 (google-research/big_transfer)"
     return [
@@ -185,16 +174,9 @@ _FAMILY_TAGS = {
                 "head: the pooled embedding",
     "sat493m": "DINOv3, self-supervised on SAT-493M (satellite images, "
                "their own mean/std); no head: the pooled embedding",
-    "qwen3_5_0_8b": "the vision tower of Qwen3.5-0.8B; no head: the pooled "
-                    "embedding",
-    "qwen3_5_2b": "the vision tower of Qwen3.5-2B; no head: the pooled "
-                  "embedding",
-    "qwen3_5_4b": "the vision tower of Qwen3.5-4B; no head: the pooled "
-                  "embedding",
-    "qwen3_5_9b": "the vision tower of Qwen3.5-9B; no head: the pooled "
-                  "embedding",
-    "qwen3_5_27b": "the vision tower of Qwen3.5-27B; no head: the pooled "
-                   "embedding",
+    **{f"qwen3_5_{size.replace('.', '_').lower()}": f"the vision tower of "
+       f"Qwen3.5-{size}; no head: the pooled embedding"
+       for size in ("0.8B", "2B", "4B", "9B", "27B")},
     "mim_in22k": "EVA-02's masked image modelling on ImageNet-21k; no "
                  "head: the pooled embedding",
     "mim_m38m": "EVA-02's masked image modelling on Merged-38M; no head: "
@@ -235,8 +217,7 @@ def _build_table():
         name = variants.vit_name(size, patch)
         res = 224 if patch == 8 else 384
         table[name].append(_ft(f"ViT-{size}_{patch}", res))
-    # The fine-tunes at 224 of the 2020-10-29 release, same tag: the loader
-    # picks the file whose resolution matches the requested image_size.
+    # Fine-tunes at 224, same tag: the loader picks by image_size.
     for size in ("B", "L"):
         table[variants.vit_name(size, 16)].append(_ft(f"ViT-{size}_16-224", 224))
     for name in _AUGREG:
@@ -260,26 +241,20 @@ DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg", "imagenet21k",
 
 
 def family_of(name):
-    """The family a canonical name belongs to: ``"vit"``, ``"hybrid"``,
-    ``"axial"``, ``"bit"``, or a family of
-    :data:`keras_vit.base.family_rows.FAMILIES` (``"deit"``, ...)."""
+    """The family a canonical name belongs to (``"vit"``, ``"deit"``, ...)."""
     member = family_rows.MEMBERS.get(name)
     return member.family if member else variants.parse(name).family
 
 
 def families():
     """Every family ``list_models(family=...)`` takes, in table order."""
-    found = []
-    for name in variants.REGISTERED + variants.FAMILY_NAMES:
-        if family_of(name) not in found:
-            found.append(family_of(name))
-    return found
+    return list(dict.fromkeys(
+        family_of(n) for n in variants.REGISTERED + variants.FAMILY_NAMES))
 
 
 def list_models(pattern=None, *, family=None):
     """Registered model names, optionally filtered by a glob pattern and
-    by family (one of :func:`families`: ``"vit"``, ``"deit"``,
-    ``"dinov2"``, ``"clip"``, ...).
+    by family (one of :func:`families`).
 
     >>> list_models("ViT-B*")
     ['ViT-B/16', 'ViT-B/32', 'ViT-B/8']
@@ -313,11 +288,7 @@ def weights_for(name):
 
 def tags_for(name):
     """The distinct weights tags of a canonical name, in table order."""
-    seen = []
-    for w in weights_for(name):
-        if w.tag not in seen:
-            seen.append(w.tag)
-    return seen
+    return list(dict.fromkeys(w.tag for w in weights_for(name)))
 
 
 def default_tag(name):
@@ -333,10 +304,9 @@ def default_tag(name):
 
 
 def hub_weights(name, weights):
-    """The :class:`Weights` ``zoo.load(name, weights)`` reads from the Hub:
-    for a family member (:mod:`keras_vit.base.family_rows`) and
-    ``weights`` ``"auto"`` (the tag in the name, else the default) or one
-    of its tags; None for anything else (other names, paths, None).
+    """The :class:`Weights` ``zoo.load(name, weights)`` reads from the Hub
+    for a family member and ``weights`` ``"auto"`` or one of its tags;
+    None for anything else.
 
     >>> hub_weights("DeiT3-B/16", "fb_in1k").url
     'hf-hub:timm/deit3_base_patch16_224.fb_in1k'
@@ -374,8 +344,6 @@ def select(name, tag, image_size=None):
     return candidates[0]
 
 
-# The shapes a config implies (one rule for the builders, the memory
-# estimates and this table): re-exported under their zoo names.
 effective_stride = geometry.effective_stride
 parameter_count = geometry.parameter_count
 
@@ -389,16 +357,9 @@ def info(name):
     arch = variants.parse(name)
     weights = {}
     for w in weights_for(arch.name):
-        weights.setdefault(w.tag, []).append({
-            "url": w.url,
-            "image_size": w.image_size,
-            "num_classes": w.num_classes,
-            "labels": w.labels,
-            "representation_size": w.representation_size,
-            "sha256": w.sha256,
-            "license": w.license,
-            "description": w.description,
-        })
+        weights.setdefault(w.tag, []).append({k: getattr(w, k) for k in (
+            "url", "image_size", "num_classes", "labels",
+            "representation_size", "sha256", "license", "description")})
     config = dict(arch.config)
     stride = effective_stride(config)
     notes = []
@@ -410,9 +371,7 @@ def info(name):
             "Root-only ResNet stem (stride 4) with 8x8 patches: the effective "
             "stride is 32, not the 16 of its name (7x7 grid at 224), as in the "
             "official config.")
-    # Counted as zoo.load builds it by default: at the name's size
-    # ("vit_base_patch16_224") else the default weights' resolution, with
-    # their classes and pre-logits, else at 224 with 1000 classes.
+    # Counted as zoo.load builds it by default.
     default = default_tag(arch.name)
     shape = {"image_size": arch.image_size or 224,
              "num_classes": IMAGENET1K_CLASSES, "representation_size": None}
@@ -422,8 +381,6 @@ def info(name):
         shape = {"image_size": arch.image_size or record.image_size,
                  "num_classes": record.num_classes,
                  "representation_size": record.representation_size}
-    # A size the patches do not tile is one line, not a count of a model
-    # that no builder makes.
     geometry.check_grid(config, shape["image_size"], arch.name)
     count = parameter_count(config, **shape)
     return {
@@ -435,7 +392,6 @@ def info(name):
         "registered": arch.name in list_models(),
         "config": config,
         "default_weights": default,
-        # What zoo.load(name) reads and builds by default.
         "source": record.url if record else None,
         "image_size": shape["image_size"],
         "labels": record.labels if record else None,
@@ -447,8 +403,7 @@ def info(name):
 
 
 def _normalization(name):
-    """``{"name", "mean", "std"}`` of a named input normalisation (None:
-    the official [-1, 1]), for ``zoo.info``."""
+    """``{"name", "mean", "std"}`` of a named input normalisation."""
     from keras_vit.data.normalization import NAMED
 
     name = name or "official"
@@ -470,10 +425,8 @@ LABELS_DIR = Path(__file__).resolve().parent / "labels"
 
 
 def labels(name):
-    """A label list that ships with the package: ``"imagenet2012"`` (1000
-    classes) or ``"imagenet21k"`` (21843), as ``[(wordnet_id, names)]``.
-    Only the lists in the package's own folder are read: a name is no
-    path."""
+    """A label list that ships with the package (``"imagenet2012"`` or
+    ``"imagenet21k"``), as ``[(wordnet_id, names)]``; a name is no path."""
     known = sorted(p.stem for p in LABELS_DIR.glob("*.txt"))
     if not isinstance(name, str):
         raise TypeError(f"name must be the name of a label list, one of "
@@ -494,16 +447,13 @@ def _read_labels(name):
 
 
 def label_names(name):
-    """The class names of the label list ``name``, one string per class,
-    distinct as a model's ``label_names`` must be: a name two classes
-    share (ImageNet's two "crane"s) is followed by its WordNet id.
+    """The class names of the label list ``name``, made distinct: a name
+    two classes share is followed by its WordNet id.
 
     >>> label_names("imagenet2012")[:2]
     ['tench, Tinca tinca', 'goldfish, Carassius auratus']
     """
     rows = labels(name)
-    counts = {}
-    for _, names in rows:
-        counts[names] = counts.get(names, 0) + 1
+    counts = collections.Counter(names for _, names in rows)
     return [names if counts[names] == 1 else f"{names} ({wnid})"
             for wnid, names in rows]

@@ -1,17 +1,8 @@
 """Getting a model from what a user names, and copying it with changes.
 
 Every command and API that takes "a zoo name, a ``.keras`` file, a run
-directory or a model" goes through :func:`resolve_model`; every "rebuild the
-model with another resolution, head, dtype or outputs and copy its weights"
-goes through :func:`rebuild`. Neither needs to know the models' layer names:
-the outputs are asked for by feature name (see
-:func:`keras_vit.models.feature_model`).
-
-Both live in the zoo, not beside the models: a name is built by
-:func:`keras_vit.zoo.load`, and a copy of another size gets its weights by
-checkpoint key (:mod:`keras_vit.zoo.convert`). Users reach them as
-``keras_vit.resolve_model`` and ``keras_vit.rebuild`` (or from
-``keras_vit.zoo``).
+directory or a model" goes through :func:`resolve_model`; every copy with
+another resolution, head, dtype or outputs goes through :func:`rebuild`.
 
 >>> import keras_vit
 >>> m = resolve_model("ViT-Ti/16", weights=None, image_size=32,
@@ -25,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-
 from keras_vit.base.archives import check_archive
 from keras_vit.base.checks import check_pair, did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
@@ -38,9 +28,7 @@ from keras_vit.zoo.keras_archive import RUN_MODEL_FILE
 def model_path(spec, argument="model", *, error=ValueError):
     """The ``.keras`` file ``spec`` names (itself, or a run directory's
     ``model.keras``), or None when ``spec`` names something else the zoo
-    reads (a zoo name, a timm, transformers or keras-hub folder). The same
-    question :func:`keras_vit.zoo.sources.find` answers for ``zoo.load``:
-    a folder two sources claim is refused here as there (ValueError)."""
+    reads; a folder two sources claim is refused (ValueError)."""
     path = os.fspath(spec)
     if os.path.isdir(path):
         from keras_vit.zoo import hub_files, sources
@@ -72,19 +60,16 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     """The model ``spec`` names, with the resolution, head and dtype asked.
 
     Args:
-        spec: a ``keras.Model``; a ``.keras`` file; a training run directory
-            (its ``model.keras``); or a zoo name (see
-            :func:`keras_vit.zoo.list_models`), built by
-            :func:`keras_vit.zoo.load` with ``weights`` and ``**options``.
+        spec: a ``keras.Model``; a ``.keras`` file; a training run directory;
+            or a zoo name, built by :func:`keras_vit.zoo.load` with
+            ``weights`` and ``**options``.
         weights: for a zoo name, as in :func:`keras_vit.zoo.load` (``"none"``
-            is None). Any other value with a file or a model is an error.
+            is None).
         image_size, num_classes, dtype: None keeps the model's. Otherwise a
-            model or file is copied by :func:`rebuild` (position embeddings
-            resized, a new zero-initialised head); a zoo name is built so.
-        argument: the name errors give ``spec`` (``"MODEL"`` for a command
-            line argument).
-        error: the exception class of a bad ``spec`` (a command line passes
-            its own); a missing file is always ``FileNotFoundError``.
+            model or file is copied by :func:`rebuild`.
+        argument: the name errors give ``spec``.
+        error: the exception class of a bad ``spec``; a missing file is
+            always ``FileNotFoundError``.
         **options: more :func:`keras_vit.zoo.load` keywords (zoo names only).
 
     >>> resolve_model(3)
@@ -107,12 +92,10 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     if not isinstance(spec, (str, os.PathLike)):
         raise error(f"{argument} must be a keras.Model, a zoo name, a .keras "
                     f"file or a run directory; received {argument}={spec!r}")
-    # The argument named as the caller names it; then zoo.load's pipeline,
-    # the same for every kind of source.
     path = model_path(spec, argument, error=error)
     if path is not None:
         check_archive(argument, path, "a .keras model", error=error)
-    from keras_vit.zoo import settle, sources
+    from keras_vit.zoo import sources
 
     if dtype is not None:
         options["dtype"] = dtype
@@ -132,25 +115,17 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
     """``model`` built again from its config with changes, same weights.
 
     Args:
-        model: a keras_vit model (VisionTransformer, AxialVisionTransformer,
-            ResNetV2). Other functional models are only copied (no change
-            but ``dtype``).
-        image_size: a new resolution: position embeddings are resized as
-            when loading a checkpoint (paper section 3.2).
-        num_classes: a new head size: the head is zero-initialised, as the
-            paper fine-tunes, and ``pre_logits`` dropped unless
-            ``keep_pre_logits``.
-        dtype: a dtype policy name (``"float32"``, ``"mixed_bfloat16"``)
-            the copy is built under; its config keeps ``dtype=None``, so a
-            saved copy follows the global policy when loaded, like the
-            original. None: the model's own policy, whatever the global
-            one is now.
-        outputs: a feature name or list of them (see
-            :func:`keras_vit.models.feature_model`; ``"attention_scores"``
-            turns ``return_attention_scores`` on): the copy returns those.
+        model: a keras_vit model. Other functional models are only copied
+            (no change but ``dtype``).
+        image_size: a new resolution: position embeddings are resized.
+        num_classes: a new head size: the head is zero-initialised and
+            ``pre_logits`` dropped unless ``keep_pre_logits``.
+        dtype: a dtype policy name the copy is built under (its config keeps
+            ``dtype=None``). None: the model's own policy.
+        outputs: a feature name or list of them the copy returns (see
+            :func:`keras_vit.models.feature_model`).
         copy: False returns ``model`` itself when nothing changes.
-        **changes: other constructor arguments (``dropout_rate``,
-            ``return_attention_scores``, ...).
+        **changes: other constructor arguments.
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -193,10 +168,8 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
             f"{model.name!r}: it was built with include_top=False (no head); "
             "pass include_top=True as well to add one")
     if ours and (image_size is not None or num_classes is not None):
-        # The head, size and label rules of every load (zoo.settle), with
-        # the model as the checkpoint: a new head drops pre_logits (unless
-        # keep_pre_logits) and the old class names (unless given). A
-        # headless model (num_classes 0) gets a head like any other.
+        # The head, size and label rules of every load, with the model as
+        # the checkpoint.
         head = config["num_classes"] if topped else None
         settled = settle.settle(
             Checkpoint(dict(config), source_name=f"<model {model.name!r}>",

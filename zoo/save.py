@@ -1,14 +1,8 @@
 """``zoo.save_pretrained``: a keras_vit model written in a hub library's
 layout, its class names with it.
 
-Each layout's writer is a module of its own (:mod:`~keras_vit.zoo.timm.writer`,
-:mod:`~keras_vit.zoo.transformers.writer`,
-:mod:`~keras_vit.zoo.keras_hub.writer`); this one checks the arguments once
-and decides the class names once: the caller's ``labels``, else the
-model's own ``label_names``. Each layout stores them where its library
-does (timm: ``label_names``; transformers: ``id2label``; a keras-hub
-preset, which has no field for them: ``label_names`` in
-``metadata.json``), and :func:`keras_vit.zoo.load` reads them back.
+Each layout's writer is a module of its own; this one checks the arguments
+and decides the class names once.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ LAYOUTS = ("timm", "transformers", "keras-hub")
 
 
 def _labels(model, labels):
-    """The class names to write: ``labels`` (checked: a list of distinct
-    non-empty strings, one per class of the head), else the model's."""
+    """The class names to write: ``labels`` (checked), else the model's."""
     from keras_vit.models.common import check_label_names
 
     if labels is None:
@@ -46,9 +39,8 @@ def _labels(model, labels):
     if len(labels) != config.get("num_classes"):
         count = len(labels)
         raise ValueError(f"labels has {count} name{'s' * (count != 1)} for "
-                         f"a head of "
-                         f"{config.get('num_classes')} classes; received "
-                         f"labels={labels!r}"[:300])
+                         f"a head of {config.get('num_classes')} classes; "
+                         f"received labels={labels!r}"[:300])
     try:
         names = check_label_names(list(labels), config.get("num_classes"),
                                   include_top)
@@ -62,30 +54,18 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
 
     ``layout="timm"`` (default): ``config.json`` and ``model.safetensors``,
     loadable with ``timm.create_model(arch, pretrained=True,
-    pretrained_cfg_overlay=dict(file=...))`` or uploadable with
-    ``huggingface_hub.upload_folder`` (timm's default GELU is the exact
-    one; another form is written as ``model_args``' ``act_layer``, which
-    timm honours when it builds from the folder's config, or when given
-    ``**model_args``).
+    pretrained_cfg_overlay=dict(file=...))``.
     ``layout="transformers"``: what Hugging Face transformers'
-    ``ViTForImageClassification.from_pretrained(directory)`` loads (a
-    headless model pooled by ``"map"``: ``SiglipVisionModel``).
+    ``ViTForImageClassification.from_pretrained(directory)`` loads.
     ``layout="keras-hub"``: a keras-hub preset
-    (``keras_hub.models.ViTImageClassifier.from_preset(directory)``; a
-    family member as keras-hub's DeiT, DINOV2, SigLIP or CLIP vision
-    class, ``keras_hub.models.Backbone.from_preset(directory)``).
+    (``keras_hub.models.ViTImageClassifier.from_preset(directory)``).
 
     ``labels``: the head's class names (default: the model's
-    ``label_names``); every layout keeps them and ``zoo.load`` reads them
-    back.
+    ``label_names``).
 
-    The files are first written into a scratch folder beside
-    ``directory`` and read back by the package's reader of the layout
-    (:func:`check_read_back`), whose tables say what the library
-    computes: a model they would read as another (an option the library
-    computes otherwise, an array it has no place for) is refused in one
-    line naming the argument and both values, and ``directory`` is left
-    as it was.
+    The files are first written into a scratch folder and read back
+    (:func:`check_read_back`): a model the library would read as another
+    is refused in one line, and ``directory`` is left as it was.
     """
     import keras
 
@@ -108,10 +88,6 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
         from keras_vit.zoo.keras_hub.writer import save_preset as write
     else:
         from keras_vit.zoo.timm.writer import write
-    # Written into a scratch folder beside the target and read back by
-    # the package's own reader first: a folder it (or the library, whose
-    # reading the reader's tables describe) would read as another model
-    # is refused, and the target is left as it was.
     directory = os.fspath(directory)
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
@@ -130,10 +106,7 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     return directory
 
 
-# The model's arguments that change what it computes at its input size,
-# compared after a read-back; the rest act in training (dropout rates,
-# initialisation, remat), change the size it takes (dynamic_image_size) or
-# are named otherwise (name, dtype, label_names: compared on their own).
+# Arguments that do not change what the model computes at its input size.
 _IGNORED = ("name", "dtype", "dropout_rate", "attention_dropout_rate",
             "drop_path_rate", "head_bias_init", "remat",
             "dynamic_image_size", "include_preprocessing", "label_names",
@@ -152,8 +125,6 @@ def _computed(config):
                position_embedding="learned_1d",
                position_embedding_placement="stem")
     out.update({k: v for k, v in config.items() if k not in _IGNORED})
-    # What acts at other sizes only is the reader's to set (its source's
-    # resize); a NaFlex model's table meets another grid in every image.
     out = options_table.as_written(out)
     out["classifier"] = {"avg": "gap"}.get(out["classifier"],
                                            out["classifier"])
@@ -167,16 +138,14 @@ def _computed(config):
         out.pop("classifier_activation")
     if out["mlp"] == "swiglu" and (out["classifier"] != "map"
                                    or out["pool_form"] != "map"):
-        # The gate is SiLU's whatever the GELU (which only an attention
-        # pool's MLP would run; AIMv2's pool has none).
+        # The gate is SiLU's whatever the GELU.
         out.pop("gelu")
     return out
 
 
 def _unit_scales(arrays):
-    """True when ``arrays`` (by variable path) hold layer scales, all of ones (x * 1 is x:
-    a model without layer scale, written where the class always has
-    one)."""
+    """True when ``arrays`` (by variable path) hold layer scales, all of
+    ones (a model without layer scale, written where the class has one)."""
     import numpy as np
 
     scales = [k for k in arrays if "/layer_scale_" in k]
@@ -185,10 +154,9 @@ def _unit_scales(arrays):
 
 
 def check_read_back(model, folder, layout):
-    """Reads ``folder`` (what ``layout``'s writer wrote of ``model``) with
-    the package's reader and settles it as ``zoo.load(folder)`` does;
-    raises one line naming the first argument (or array) it reads
-    otherwise, its value and the model's."""
+    """Reads ``folder`` (what ``layout``'s writer wrote of ``model``) as
+    ``zoo.load(folder)`` does; raises one line naming the first argument
+    (or array) it reads otherwise, its value and the model's."""
     from keras_vit.zoo import convert, settle, sources
 
     where = f"save_pretrained(layout={layout!r}) of model={model.name!r}"
@@ -203,7 +171,6 @@ def check_read_back(model, folder, layout):
     ours, theirs = (_computed(model.get_config()),
                     _computed(settled.config))
     shapes = {v.path: tuple(v.shape) for v in model.weights}
-    # What the reader puts onto the model's variables, by their paths.
     layout, arrays = checkpoint.layout, settled.arrays or {}
     if layout is None:
         layout, arrays = convert.OFFICIAL, convert.normalize_keys(arrays)
@@ -211,8 +178,7 @@ def check_read_back(model, folder, layout):
     if (ours["layer_scale"] is None) != (theirs["layer_scale"] is None) and (
             ours["layer_scale"] is None and _unit_scales(arrays)):
         theirs["layer_scale"] = None
-    # The value of a layer scale is its initialisation: the weights hold
-    # the scales.
+    # A layer scale's value is its initialisation: the weights hold it.
     for options in (ours, theirs):
         options["layer_scale"] = options["layer_scale"] is not None
     for key in sorted(set(ours) | set(theirs)):

@@ -1,31 +1,20 @@
 """The one place a load decides the model's head, size, labels and weights.
 
-Every source's reader returns what its files say
-(:class:`~keras_vit.zoo.build.Checkpoint`: the builder's arguments the
-checkpoint fixes, the size of the head its weights hold, the names of that
-head's classes); what the caller asks is a :class:`Request`. :func:`settle`
-puts the two together the same way for every source:
+:func:`settle` puts a reader's :class:`~keras_vit.zoo.build.Checkpoint`
+and the caller's :class:`Request` together the same way for every source:
 
 * ``include_top``: the caller's, else a head when the weights hold one or
-  ``num_classes`` is asked (a reader may say otherwise: the official files
-  always build a head);
+  ``num_classes`` is asked;
 * ``num_classes``: the caller's, else the weights' head, else the
-  reader's default; the head is *kept* when the model has one of the
-  weights' size, else it is a new zero-initialised head. A new head is
-  only one the caller asks for (``num_classes``): weights that lack the
-  head their file declares (a ``config.json`` of 3 classes, no
-  ``head.*``) are refused, naming the missing arrays, rather than
-  answering one class for every image;
-* ``representation_size`` (``pre_logits``): dropped with a new head
-  unless ``keep_pre_logits``;
-* ``label_names``: the caller's, else the weights' names while their head
-  is kept, else none (a new head's classes are not the old ones);
-* ``image_size``: the caller's, else the checkpoint's (position
-  embeddings are resized at build);
-* ``weights=None``: the architecture without the weights (random
-  initialisation);
-* every other keyword (``gelu``, ``dropout_rate``, ``pooling``, ``dtype``,
-  ...) goes to the builder over the checkpoint's arguments.
+  reader's default; the head is *kept* when it is of the weights' size,
+  else new and zero-initialised (only when asked: weights that lack the
+  head their file declares are refused);
+* ``representation_size``: dropped with a new head unless
+  ``keep_pre_logits``;
+* ``label_names``: the caller's, else the weights' while their head is
+  kept;
+* ``image_size``: the caller's, else the checkpoint's;
+* every other keyword goes to the builder over the checkpoint's.
 
 >>> from keras_vit.zoo.build import Checkpoint
 >>> ckpt = Checkpoint(dict(image_size=32, patch_size=16,
@@ -64,8 +53,7 @@ class Request:
         keep_pre_logits: keep ``pre_logits`` under a new head.
         label_names: the head's class names; :data:`UNSET` lets the
             checkpoint's stay while its head does.
-        random: build without the checkpoint's weights (``weights=None``
-            with a source that holds its own weights).
+        random: build without the checkpoint's weights.
         options: more builder keywords; they win over the checkpoint's.
     """
 
@@ -100,9 +88,7 @@ class Request:
 
 @dataclasses.dataclass
 class Settled:
-    """What :func:`settle` decides: the builder's arguments, the weights
-    to load (None: random), whether ``pre_logits`` loads under a new head,
-    and the attributes the model gets."""
+    """What :func:`settle` decides."""
 
     config: dict
     arrays: object
@@ -112,8 +98,7 @@ class Settled:
 
 def settle(checkpoint, request):
     """The model ``checkpoint`` and ``request`` together describe (see the
-    module's rules): a :class:`Settled`. Raises ValueError naming the
-    argument for a head that cannot be settled."""
+    module's rules): a :class:`Settled`."""
     config = dict(checkpoint.config)
     options = dict(request.options)
     head = checkpoint.head
@@ -129,8 +114,7 @@ def settle(checkpoint, request):
     if include_top and (num_classes is None or (
             head is None and lacking and request.num_classes is None
             and num_classes != 0)):
-        # A head the caller did not ask for is the file's, and it is not
-        # there: a zero head would answer one class for every image.
+        # A zero head would answer one class for every image.
         raise ValueError(
             f"The checkpoint {checkpoint.source_name} has no head; pass "
             "num_classes=... for a new zero-initialised head, num_classes=0 "
@@ -148,8 +132,7 @@ def settle(checkpoint, request):
             and not request.keep_pre_logits):
         config["representation_size"] = None  # a new head on the encoder
     if include_top and head is not None and num_classes == head:
-        # What the head is (its activation, a projection) goes with its
-        # shape, whether its weights load or are drawn anew.
+        # What the head is goes with its shape.
         config.update(checkpoint.head_config)
     labels = request.label_names
     if labels is UNSET:
@@ -171,9 +154,7 @@ def settle(checkpoint, request):
 
 
 def _head_keys(checkpoint):
-    """The head's arrays in the layout of ``checkpoint.arrays`` (its
-    ``layout``'s, the official ViT's, or BiT's); DeiT's second head goes
-    with the first."""
+    """The head's arrays in the layout of ``checkpoint.arrays``."""
     keys = ["head/kernel", "head/bias"]
     if checkpoint.config.get("distilled"):
         keys += ["head_dist/kernel", "head_dist/bias"]
@@ -188,7 +169,7 @@ def _head_keys(checkpoint):
 
 def _missing_head(checkpoint, request):
     """The head arrays ``checkpoint``'s weights lack (none when there are
-    no weights to load: random initialisation, a built model's copy).
+    no weights to load).
 
     >>> from keras_vit.zoo.build import Checkpoint
     >>> _missing_head(Checkpoint({}, {"head/kernel": 0}), Request())

@@ -1,41 +1,14 @@
 """Where :func:`keras_vit.zoo.load` reads weights from, and the one
 pipeline every load goes through.
 
-``zoo.load(name, weights)``, :func:`keras_vit.resolve_model` and every
-command that takes a model run the same five steps (:func:`load`):
-
-1. **find** the source (:func:`find`): the line of :data:`SOURCES` whose
-   predicate claims ``name`` (then ``weights``, ``name`` naming the
-   architecture); a family member's name (``"DeiT-B/16"``, rows of
-   :mod:`keras_vit.base.family_rows`) with ``"auto"`` or one of its tags
-   is its timm repository on the Hub, read by the timm source; the
-   official ``.npz`` files (:data:`OFFICIAL`: a tag, a path, a URL, or
-   None for random weights) answer the rest. A local
-   folder or file that two sources claim (``model.keras`` beside a
-   transformers ``config.json``) is refused as ambiguous, the same way
-   for every caller;
-2. **read** it: the source's reader returns a
-   :class:`~keras_vit.zoo.build.Checkpoint`, what
-   its files say (sizes, numerics, input size, the head its weights hold
-   and its class names) and its weights as ``{key: array}`` in the
-   official ``.npz`` layout (:mod:`keras_vit.zoo.convert`). Readers only
-   read: they take no caller's argument but the architecture name;
-3. **settle** what the caller asks (:mod:`keras_vit.zoo.settle`: head,
-   size, labels, weights, in one function for every source);
-4. **bound** the settled config against this machine's memory
-   (:func:`keras_vit.models.memory.check_config`: weights, position table and
-   one image's activations), before anything is allocated;
-5. **build** (:func:`build`): the model, its weights loaded strictly
-   (missing, unexpected and mis-shaped arrays listed together in one
-   error naming the file, nothing assigned before all fit; position
-   embeddings resized to another grid, a head of another size replaced
-   by zeros), then tagged (``zoo_name``, ``zoo_weights``, ``zoo_source``;
-   ``zoo_labels`` repeats ``label_names`` for older callers).
-
-A reader is ``read(value, name, *, progress) -> Checkpoint`` and a
-predicate ``claims(value, *, progress) -> bool``; adding a source is one
-module holding both and one line in :data:`SOURCES`, whose modules are
-imported by name in :func:`_module` when a source is first asked about.
+Every load runs five steps (:func:`load`): **find** the source
+(:func:`find`: the line of :data:`SOURCES` that claims ``name``, then
+``weights``; else a family member's timm repository; else :data:`OFFICIAL`),
+**read** it into a :class:`~keras_vit.zoo.build.Checkpoint`, **settle** what
+the caller asks (:mod:`keras_vit.zoo.settle`), **bound** it against memory
+(:func:`keras_vit.models.memory.check_config`), **build** (:func:`build`).
+Adding a source is one module holding a reader and a predicate, and one
+line in :data:`SOURCES`.
 
 >>> [source.name for source in SOURCES] + [OFFICIAL.name]
 ['transformers', 'timm', 'keras-hub', 'keras', 'official']
@@ -47,15 +20,13 @@ import dataclasses
 import os
 import typing
 
-# What a reader returns (Checkpoint) and the build step live below the
-# readers, in zoo/build.py.
 from keras_vit.zoo.build import build, build_settled as _build_settled
 
 
 def reader_module(name):
     """The reader module of a source, imported when first asked about
     (the readers import Keras and NumPy; ``keras-vit list`` needs
-    neither). Each is named here, not computed."""
+    neither)."""
     if name == "transformers":
         from keras_vit.zoo.transformers import hub as module
     elif name == "timm":
@@ -73,7 +44,7 @@ def reader_module(name):
 
 class Source(typing.NamedTuple):
     """One line of the registry: a source's name, and its predicate and
-    reader, functions of its module (:func:`_module`)."""
+    reader, functions of its module (:func:`reader_module`)."""
 
     name: str
     claims_name: str | None
@@ -90,39 +61,31 @@ class Source(typing.NamedTuple):
              sizes=None, argument=None):
         """The :class:`~keras_vit.zoo.build.Checkpoint` this source reads from ``value``
         (``name``: the architecture, for weights that do not say;
-        ``prefer_size``: which of a release's files to fetch where it has
-        one per resolution; ``sizes``: the caller's size keywords, which
-        amend ``name``'s; ``argument``: what the caller calls ``value``,
-        for errors)."""
+        ``prefer_size``: the resolution to prefer; ``sizes``: the caller's
+        size keywords; ``argument``: what errors call ``value``)."""
         return getattr(reader_module(self.name), self.read_name)(
             value, name, progress=progress, prefer_size=prefer_size,
             sizes=sizes, argument=argument)
 
 
-# The sources zoo.load asks; each is asked about `name`, then about
-# `weights` (with `name` as the architecture).
 SOURCES = (
     Source("transformers", "is_transformers_source", "read_checkpoint"),
     Source("timm", "is_timm_source", "read_checkpoint"),
     Source("keras-hub", "is_keras_hub_source", "read_checkpoint"),
     Source("keras", "is_keras_file", "read_checkpoint"),
 )
-# What no line claims: a zoo name with an official .npz (a tag, a path, a
-# URL) or None for random weights.
+# What no line claims: a zoo name with an official .npz, or None.
 OFFICIAL = Source("official", None, "read_checkpoint")
 
 
 def claims(value, progress=None):
-    """The sources that claim ``value``. transformers' folders are timm's
-    files plus a ``config.json`` naming a ``model_type``: the two are
-    told apart by that one field, so timm's claim yields to it."""
+    """The sources that claim ``value`` (timm's claim yields to
+    transformers', whose folders are timm's files plus a ``model_type``)."""
     found = [s for s in SOURCES if s.claims(value, progress=progress)]
     names = [s.name for s in found]
     if "transformers" in names and "timm" in names:
         found = [s for s in found if s.name != "timm"]
-    # A model.safetensors without the config.json that names its
-    # architecture is no repository: beside a complete model it is
-    # not a second claim (alone, timm's reader says what is missing).
+    # A model.safetensors without config.json is no second claim.
     if len(found) > 1 and isinstance(value, (str, os.PathLike)) and (
             os.path.isdir(value)) and not os.path.isfile(
                 os.path.join(value, "config.json")):
@@ -170,9 +133,7 @@ def find(name, weights, *, progress=None):
 
 def _refuse_unread_path(name):
     """Raises FileNotFoundError for a ``name`` that is a folder no source
-    reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing: such a
-    name otherwise reached the zoo's name parser and was called an
-    unknown model. Zoo names never start with those."""
+    reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing."""
     if not isinstance(name, (str, os.PathLike)):
         return
     name = os.fspath(name)
@@ -195,8 +156,7 @@ def _refuse_unread_path(name):
 
 def _honoured(source, value, arch_name, weights):
     """``weights`` when ``source`` can honour it for ``value``: a source
-    claimed from ``name`` holds its own weights, so only ``"auto"`` (them)
-    or None (random initialisation) apply."""
+    claimed from ``name`` takes only ``"auto"`` or None."""
     if arch_name is None and source is not OFFICIAL and not (
             weights is None or (isinstance(weights, str)
                                 and weights == "auto")):
@@ -208,18 +168,16 @@ def _honoured(source, value, arch_name, weights):
     return weights
 
 
-# The keywords that size an architecture: with weights given for a name,
-# they amend the name's sizes the reader checks the tensors against.
+# The keywords that size an architecture, amending a name's sizes.
 _SIZES = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
           "resnet")
 
 
 def load(name, weights="auto", request=None, *, progress=None,
          argument=None):
-    """The model ``zoo.load(name, weights, ...)`` returns: find, read,
-    settle (``request``, a :class:`~keras_vit.zoo.settle.Request`),
-    bound, build (see the module). ``argument`` is what errors call
-    ``name`` (``"MODEL"`` for a command line)."""
+    """The model ``zoo.load(name, weights, ...)`` returns (see the module;
+    ``request``: a :class:`~keras_vit.zoo.settle.Request`). ``argument``
+    is what errors call ``name``."""
     from keras_vit.zoo import settle
 
     request = request or settle.Request()
@@ -240,10 +198,8 @@ def load(name, weights="auto", request=None, *, progress=None,
 
 def _name_release(checkpoint, name, value):
     """A family member's release read from the Hub, named as the registry
-    names it: the model's ``zoo_name`` is the member's, ``zoo_weights``
-    the release's record, and a head of the release's size gets the
-    release's label list where the repository names no classes (timm's
-    ImageNet repositories do not). Any other read is left as it is."""
+    names it, and given the release's label list where the repository
+    names no classes."""
     from keras_vit.base import variants
     from keras_vit.zoo import registry
 

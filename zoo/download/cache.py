@@ -2,20 +2,10 @@
 file can be trusted, the lock a download holds and the stray files a killed
 one leaves; and the errors every download route raises.
 
-Files are identified by their *official* URL
-(``https://storage.googleapis.com/...`` or the equivalent ``gs://...``) and
-cached under :func:`cache_dir` (``KERAS_VIT_CACHE``, else
-``$XDG_CACHE_HOME/keras_vit`` or ``~/.cache/keras_vit``) at
-:func:`cache_path_for`, which depends only on the official URL: a mirror
-(``KERAS_VIT_MIRROR``) reuses the files already downloaded. A file is
-trusted when its SHA-256 matches, checked cheaply through a ``.sha256``
-sidecar recording the size and mtime it was computed for. A download
-holds an exclusive lock per file and writes into a uniquely named
-``.partial`` file; :func:`remove_stale_partials` deletes those a killed
-process left.
-
-This module depends only on the standard library (and, when used,
-:mod:`keras_vit.base.atomic`).
+Files are cached at :func:`cache_path_for` of their *official* URL, so a
+mirror reuses the files already downloaded. A file is trusted when its
+SHA-256 matches, checked cheaply through a ``.sha256`` sidecar recording the
+size and mtime it was computed for.
 """
 
 from __future__ import annotations
@@ -33,15 +23,8 @@ from typing import Iterator, Optional, Union
 from keras_vit.base import environment
 from keras_vit.base.errors import KerasVitError
 
-__all__ = [
-    "DownloadError",
-    "ChecksumError",
-    "OfflineError",
-    "OFFICIAL_BASE",
-    "cache_dir",
-    "cache_path_for",
-    "sha256_file",
-]
+__all__ = ["DownloadError", "ChecksumError", "OfflineError", "OFFICIAL_BASE",
+           "cache_dir", "cache_path_for", "sha256_file"]
 
 OFFICIAL_BASE = "https://storage.googleapis.com/"
 
@@ -70,11 +53,6 @@ class OfflineError(DownloadError):
     """A file is missing from the cache and downloads are disabled."""
 
 
-# ---------------------------------------------------------------------------
-# Where a URL's file is cached
-# ---------------------------------------------------------------------------
-
-
 def cache_dir() -> Path:
     """Return the cache root (not created here;
     :func:`keras_vit.zoo.download.fetch.fetch` creates it)."""
@@ -96,8 +74,7 @@ def check_url(url: str) -> None:
     if not isinstance(url, str) or _scheme(url) not in _SCHEMES:
         raise ValueError(
             f"url must be an http://, https:// or gs:// URL, got url={url!r} "
-            "(local files are not downloaded; pass their path to the caller instead)"
-        )
+            "(local files are not downloaded; pass their path to the caller instead)")
 
 
 def official_url(url: str) -> str:
@@ -108,8 +85,7 @@ def official_url(url: str) -> str:
 
 
 def _cache_root(override: Optional[PathLike]) -> Path:
-    # Separate helper because fetch's/cache_path_for's ``cache_dir`` argument
-    # shadows the module-level function of the same name.
+    # cache_path_for's ``cache_dir`` argument shadows the function.
     return Path(override).expanduser() if override is not None else cache_dir()
 
 
@@ -122,32 +98,21 @@ def _sanitise(component: str) -> str:
 
 
 def cache_path_for(url: str, cache_dir: Optional[PathLike] = None) -> Path:
-    """Return where the file for the (official, unresolved) ``url`` is cached.
-
-    The layout is ``<cache>/<host>/<url path>`` with every component sanitised,
-    so files with the same name in different directories never collide.
-    """
+    """Return where the file for the (official, unresolved) ``url`` is cached:
+    ``<cache>/<host>/<url path>``, every component sanitised."""
     check_url(url)
     parts = urllib.parse.urlsplit(official_url(url))
     root = _cache_root(cache_dir)
     host = (parts.hostname or "unknown-host").lower()
     if parts.port is not None:
         host = f"{host}_{parts.port}"
-    components = [
-        _sanitise(c) for c in urllib.parse.unquote(parts.path).split("/") if c not in ("", ".")
-    ]
-    if not components:
-        components = ["index"]
+    components = [_sanitise(c) for c in urllib.parse.unquote(parts.path).split("/")
+                  if c not in ("", ".")] or ["index"]
     if parts.query:
         # Distinct queries must map to distinct files, but keep names short.
         digest = hashlib.sha256(parts.query.encode("utf-8")).hexdigest()[:12]
         components[-1] = f"{components[-1]}_{digest}"
     return root.joinpath(_sanitise(host), *components)
-
-
-# ---------------------------------------------------------------------------
-# Hashing and the verified-hash sidecar
-# ---------------------------------------------------------------------------
 
 
 def sha256_file(path: PathLike) -> str:
@@ -164,10 +129,8 @@ def _sidecar(path: Path) -> Path:
 
 
 def write_sidecar(path: Path, digest: str) -> None:
-    """Record ``digest`` together with the size/mtime it was computed for.
-
-    Best effort: a read-only cache only costs a re-hash on the next load.
-    """
+    """Record ``digest`` together with the size/mtime it was computed for
+    (best effort: a read-only cache only costs a re-hash)."""
     try:
         st = path.stat()
         record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -183,11 +146,8 @@ def _sidecar_confirms(path: Path, expected: str) -> bool:
     try:
         record = json.loads(_sidecar(path).read_text())
         st = path.stat()
-        return (
-            record.get("sha256") == expected
-            and record.get("size") == st.st_size
-            and record.get("mtime_ns") == st.st_mtime_ns
-        )
+        return (record.get("sha256") == expected and record.get("size") == st.st_size
+                and record.get("mtime_ns") == st.st_mtime_ns)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -200,8 +160,7 @@ def verify_cached(path: Path, expected: Optional[str], url: str) -> None:
     if actual != expected:
         raise ChecksumError(
             f"cached file {path} has sha256 {actual}, expected {expected} (for {url}). "
-            "Delete it to download it again, or replace it with the correct file."
-        )
+            "Delete it to download it again, or replace it with the correct file.")
     write_sidecar(path, actual)  # e.g. a file placed by hand: skip hashing next time
 
 
@@ -214,16 +173,10 @@ def normalise_sha256(sha256: Optional[str]) -> Optional[str]:
     return value
 
 
-# ---------------------------------------------------------------------------
-# File-system helpers
-# ---------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None]:
-    """Hold the exclusive lock ``lock_path`` (:class:`keras_vit.base.atomic.FileLock`,
-    the run folders' lock too), waiting at most ``wait`` seconds; a waiter
-    that gives up names the holder."""
+    """Hold the exclusive lock ``lock_path`` (:class:`keras_vit.base.atomic.FileLock`),
+    waiting at most ``wait`` seconds; a waiter that gives up names the holder."""
     from keras_vit.base import atomic  # light to load only when used
 
     try:
@@ -232,8 +185,7 @@ def exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None
         raise DownloadError(
             f"gave up after waiting {wait:.0f} s for the lock {lock_path}, "
             f"held by {e.holder}; if that process is gone, delete the lock file "
-            "and try again"
-        ) from None
+            "and try again") from None
     try:
         yield
     finally:
@@ -241,10 +193,8 @@ def exclusive_lock(lock_path: Path, wait: float = float("inf")) -> Iterator[None
 
 
 def remove_stale_partials(directory: Path, max_age: float = _STALE_PARTIAL_SECONDS) -> None:
-    """Delete our temporary files older than ``max_age`` seconds (left by killed processes).
-
-    Live downloads write continuously, so their mtime is always recent.
-    """
+    """Delete our temporary files older than ``max_age`` seconds (left by killed processes;
+    live downloads write continuously)."""
     cutoff = time.time() - max_age
     try:
         entries = list(os.scandir(directory))

@@ -1,33 +1,13 @@
 """Download and cache pretrained checkpoints: :func:`fetch`, the front of
-the downloads.
-
-Files are identified by their *official* URL (``https://storage.googleapis.com/...``
-or the equivalent ``gs://...``) and cached under
-:func:`~keras_vit.zoo.download.cache.cache_dir`.  The cache location depends
-only on the official URL, so pointing ``KERAS_VIT_MIRROR`` at a different
-mirror reuses files that were already downloaded
-(:mod:`keras_vit.zoo.download.cache`).
-
-Environment variables:
+the downloads. Environment variables:
 
 ``KERAS_VIT_CACHE``
     Cache directory (default ``$XDG_CACHE_HOME/keras_vit`` or ``~/.cache/keras_vit``).
 ``KERAS_VIT_OFFLINE``
-    ``1``/``true``/``yes``/``on``: never download; missing files raise
-    :class:`~keras_vit.zoo.download.cache.OfflineError` telling where to put
-    them by hand.
+    ``1``/``true``/``yes``/``on``: never download (missing files raise
+    :class:`~keras_vit.zoo.download.cache.OfflineError`).
 ``KERAS_VIT_MIRROR``
     Base URL that replaces ``https://storage.googleapis.com/`` when downloading.
-
-Downloads are safe against concurrent processes (an exclusive lock per
-file), against interruption (data is streamed into a uniquely named
-``.partial`` file and atomically renamed only once complete and verified:
-:mod:`keras_vit.zoo.download.http`), and against corruption (optional SHA-256
-verification). A download that fails or may not run is one line:
-:func:`unavailable`.
-
-This module and the two under it depend only on the standard library and
-``tqdm``.
 """
 
 from __future__ import annotations
@@ -51,23 +31,16 @@ ENV_MIRROR = "KERAS_VIT_MIRROR"
 
 
 def is_offline() -> bool:
-    """Whether ``KERAS_VIT_OFFLINE`` forbids network access (``1``, ``true``,
-    ``yes``, ``on``; ``0``, ``false``, ``no``, ``off`` or unset allow it;
-    anything else is refused rather than guessed)."""
+    """Whether ``KERAS_VIT_OFFLINE`` forbids network access."""
     return environment.read(ENV_OFFLINE)
 
 
 def unreachable(url: str, timeout: float) -> Optional[str]:
-    """Why a connection to ``url``'s server cannot be opened within
-    ``timeout`` seconds (capped at
+    """Why a connection to ``url``'s server (or the proxy the environment
+    names for it) cannot be opened within ``timeout`` seconds (capped at
     :data:`~keras_vit.base.limits.MAX_CONNECT_WAIT_SECONDS`), or None when
-    it opens. The connection goes to the proxy the environment names for
-    ``url`` where there is one (:func:`environment.proxy_for`), as the
-    download itself would (a proxy variable without a host or a port
-    from 1 to 65535 is refused first, naming it); it is closed at once. The routes that download
-    through another library (huggingface_hub, tfds) ask this first, so
-    that no network costs one bounded wait and one line instead of that
-    library's retries.
+    it opens. Routes that download through another library ask this first,
+    instead of that library's retries.
 
     >>> unreachable("http://127.0.0.1:9/x", 1.0)   # nothing listens on 9
     'cannot reach 127.0.0.1:9 (Connection refused)'
@@ -93,11 +66,8 @@ def unreachable(url: str, timeout: float) -> Optional[str]:
 
 
 def resolve_url(url: str) -> str:
-    """Return the URL to actually download from.
-
-    ``gs://`` URLs become public HTTPS URLs; if ``KERAS_VIT_MIRROR`` is set, the
-    official prefix is replaced by the mirror base.  Other URLs are unchanged.
-    """
+    """Return the URL to actually download from (``gs://`` as HTTPS, the
+    official prefix replaced by ``KERAS_VIT_MIRROR`` if set)."""
     url = official_url(url)
     mirror = environment.read(ENV_MIRROR)
     if mirror and url.startswith(OFFICIAL_BASE):
@@ -108,16 +78,11 @@ def resolve_url(url: str) -> str:
 def unavailable(reason: str, files, *, mirror: Optional[str] = None,
                 error: Optional[type] = None) -> "DownloadError":
     """The one error of a download that failed or may not run: one line
-    saying ``reason``, what to fetch elsewhere (the URLs of ``files``,
-    ``(url, path)`` pairs; a URL ``reason`` already names is "it") and
-    the exact cache paths to place it at, and the variable to set:
-    ``KERAS_VIT_OFFLINE=1`` (or, when it is set, unsetting it),
-    ``KERAS_VIT_CACHE`` (which moves the cache) and ``mirror`` (another
-    server's variable, or None). ``error``: the class,
+    saying ``reason``, what to fetch elsewhere (``files``: ``(url, path)``
+    pairs) and where to place it, and the variables to set (``mirror``:
+    another server's, or None). ``error``: the class (default
     :class:`OfflineError` when downloads are off, else
-    :class:`DownloadError`. Every route that downloads (the bucket's
-    files, the Hub's) ends here, so they all say it one way, short enough
-    for the command line's one line of an error (600 characters)."""
+    :class:`DownloadError`)."""
     offline = is_offline()
     error = error or (OfflineError if offline else DownloadError)
     files = [(url, os.fspath(path)) for url, path in files]
@@ -150,32 +115,22 @@ def _mirror_hint(url: str) -> Optional[str]:
     return f"{ENV_MIRROR} names a mirror"
 
 
-def fetch(
-    url: str,
-    *,
-    sha256: Optional[str] = None,
-    cache_dir: Optional[PathLike] = None,
-    progress: Optional[bool] = None,
-    timeout: float = 60.0,
-    deadline: float = DEFAULT_DEADLINE,
-) -> Path:
+def fetch(url: str, *, sha256: Optional[str] = None, cache_dir: Optional[PathLike] = None,
+          progress: Optional[bool] = None, timeout: float = 60.0,
+          deadline: float = DEFAULT_DEADLINE) -> Path:
     """Return the local path of ``url``'s file, downloading it into the cache if needed.
 
     Args:
         url: Official ``https://storage.googleapis.com/...`` (or ``gs://``) URL;
             any other http(s) URL also works but is never mirrored.
-        sha256: Expected hex digest; verified after download and on cache hits
-            (cheaply, via a ``.sha256`` sidecar, when the file is unchanged).
+        sha256: Expected hex digest; verified after download and on cache hits.
         cache_dir: Cache root; defaults to
             :func:`~keras_vit.zoo.download.cache.cache_dir`.
-        progress: Show a progress bar: ``True``/``False``, or ``None`` for
-            "only when stderr is a terminal".
+        progress: Show a progress bar (``None``: when stderr is a terminal).
         timeout: Stall timeout: the longest wait for the next bytes, in seconds.
-        deadline: The longest the whole download may take, in seconds,
-            from the connection to the last byte (a server trickling its
-            headers is bounded too); a
+        deadline: The longest the whole download may take, in seconds; a
             process waiting for another's download of the same file waits
-            at most ``deadline + timeout`` and then names the holder.
+            at most ``deadline + timeout``.
 
     Raises:
         ValueError: ``url`` is not an http(s)/gs URL, or ``sha256`` is malformed.
@@ -208,11 +163,9 @@ def fetch(
             else "the default cache")
         raise DownloadError(
             f"cannot create the cache folder {final.parent} ({e.strerror}); check "
-            f"{where}, or point {ENV_CACHE} at a writable folder"
-        ) from e
+            f"{where}, or point {ENV_CACHE} at a writable folder") from e
     for name, value in (("timeout", timeout), ("deadline", deadline)):
         if not (isinstance(value, (int, float)) and value > 0):
-            # Imported only here: this module stays light on the good path.
             from keras_vit.base.checks import check_number
 
             check_number(name, value, low=0, low_open=True)
@@ -228,7 +181,6 @@ def fetch(
         except ChecksumError:
             raise  # the file came: placing it by hand would not help
         except DownloadError as e:
-            # The network's word (refused, 404, stalled, late, cut short)
-            # is in e's one line; the traceback under it adds nothing.
+            # e's one line says it all; its traceback adds nothing.
             raise unavailable(str(e), files, mirror=_mirror_hint(url)) from None
     return final

@@ -1,15 +1,9 @@
 """One file over HTTP(S), streamed into the download cache within bounds.
 
-:func:`download_file` streams a URL into its cache path through a
-temporary ``.partial`` file, hashing as it goes, and renames it only once
-it is complete and verified. Every wait for bytes (connect, status line,
-headers, body) is bounded by the stall ``timeout`` and by what is left of
-the whole download's deadline (:class:`_DeadlineSocket`: a plain socket
-timeout restarts with each byte), and a download that moves fewer than
-:data:`STALL_BYTES` in ``KERAS_VIT_DOWNLOAD_STALL_S`` seconds stops
-(:class:`Throughput`, which the ``hf-hub:`` downloads apply too).
-
-This module depends only on the standard library and ``tqdm``.
+Every wait for bytes is bounded by the stall ``timeout`` and by what is
+left of the whole download's deadline (:class:`_DeadlineSocket`: a plain
+socket timeout restarts with each byte), and a download too slow for
+:class:`Throughput` stops.
 """
 
 from __future__ import annotations
@@ -35,19 +29,16 @@ from keras_vit.zoo.download.cache import (CHUNK, ChecksumError, DownloadError,
 ENV_STALL = "KERAS_VIT_DOWNLOAD_STALL_S"
 
 _USER_AGENT = "keras-vit"
-# The whole of one download may take this long (a ViT-H checkpoint is
-# 2.5 GB); ``timeout`` bounds each wait for bytes (a stall).
+# The whole of one download may take this long (a ViT-H checkpoint is 2.5 GB).
 DEFAULT_DEADLINE = 3 * 3600.0
-# The least a download must move: fewer than STALL_BYTES in the last
-# KERAS_VIT_DOWNLOAD_STALL_S seconds (default DEFAULT_STALL) stops it, so a
-# server trickling a byte a second fails in minutes, not at the deadline.
+# Fewer than STALL_BYTES in the last KERAS_VIT_DOWNLOAD_STALL_S seconds stops
+# a download: a trickling server fails in minutes, not at the deadline.
 STALL_BYTES = 64 << 10
 DEFAULT_STALL = environment.VARIABLES[ENV_STALL].default
 
 
 def stall_seconds() -> float:
-    """The window of the minimum-throughput rule: ``KERAS_VIT_DOWNLOAD_STALL_S``
-    (a positive number of seconds), else :data:`DEFAULT_STALL`."""
+    """The window of the minimum-throughput rule, in seconds."""
     return environment.read(ENV_STALL)
 
 
@@ -64,7 +55,6 @@ class Throughput:
         """Records ``received`` (bytes so far) and applies the rule."""
         now = time.monotonic()
         self._marks.append((now, received))
-        # Keep the last mark at least a window old, and those after it.
         while len(self._marks) > 1 and self._marks[1][0] <= now - self.seconds:
             self._marks.pop(0)
         since, base = self._marks[0]
@@ -91,17 +81,11 @@ class _DeadlineExceeded(socket.timeout):
 
 class _DeadlineSocket:
     """A connected socket whose every wait is bounded by the stall
-    ``timeout`` and by what is left of the download's ``give_up`` time, so
-    a server trickling its status line, headers or body cannot hold a
-    download past its deadline (a plain socket timeout restarts with each
-    byte)."""
+    ``timeout`` and by what is left of the download's ``give_up`` time."""
 
     def __init__(self, sock, give_up: float, timeout: float):
-        self._sock = sock
-        self._give_up = give_up
-        self._timeout = timeout
-        self._files = 0
-        self._closed = False
+        self._sock, self._give_up, self._timeout = sock, give_up, timeout
+        self._files, self._closed = 0, False
 
     def _arm(self):
         left = self._give_up - time.monotonic()
@@ -122,10 +106,9 @@ class _DeadlineSocket:
         return self._sock.sendall(*args)
 
     def makefile(self, mode="r", buffering=None, **kwargs):
-        # http.client reads the response through this file: its reads
-        # must come back to recv_into above. As with a real socket, the
-        # connection closing its socket leaves the file open (urllib does
-        # that as soon as the headers are in).
+        # http.client reads through this file: its reads must come back
+        # to recv_into; closing the socket leaves the file open (urllib
+        # closes it once the headers are in).
         self._files += 1
         raw = socket.SocketIO(self, mode.replace("b", ""))
         return io.BufferedReader(raw) if "r" in mode else io.BufferedWriter(raw)
@@ -146,14 +129,12 @@ class _DeadlineSocket:
 
 def _deadline_connection(base):
     """An ``http.client`` connection class whose socket is a
-    :class:`_DeadlineSocket` (connect included: its timeout is cut to what
-    is left)."""
+    :class:`_DeadlineSocket`."""
 
     class Connection(base):
         def __init__(self, *args, give_up: float, stall: float, **kwargs):
             super().__init__(*args, **kwargs)
-            self._give_up = give_up
-            self._stall = stall
+            self._give_up, self._stall = give_up, stall
 
         def connect(self):
             left = self._give_up - time.monotonic()
@@ -187,8 +168,8 @@ class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
 
 
 def _open(request, give_up: float, stall: float):
-    """``urlopen`` with the whole exchange (connect, status line, headers,
-    redirects, body) bounded by ``give_up`` (a ``time.monotonic`` value)."""
+    """``urlopen`` with the whole exchange bounded by ``give_up`` (a
+    ``time.monotonic`` value)."""
     opener = urllib.request.build_opener(_DeadlineHandler(give_up, stall))
     return opener.open(request, timeout=stall)
 
@@ -196,26 +177,17 @@ def _open(request, give_up: float, stall: float):
 def _late(where: str, deadline: float, when: str) -> DownloadError:
     return DownloadError(
         f"download of {where} did not finish within {deadline:.0f} s ({when}); pass a "
-        "larger deadline or use a faster mirror"
-    )
+        "larger deadline or use a faster mirror")
 
 
-def download_file(
-    resolved: str,
-    url: str,
-    final: Path,
-    expected: Optional[str],
-    progress: Optional[bool],
-    timeout: float,
-    deadline: float = DEFAULT_DEADLINE,
-) -> None:
+def download_file(resolved: str, url: str, final: Path, expected: Optional[str],
+                  progress: Optional[bool], timeout: float,
+                  deadline: float = DEFAULT_DEADLINE) -> None:
     """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
     where = _describe(resolved, url)
     give_up = time.monotonic() + deadline
     rate = Throughput(stall_seconds())
-    # The package's one atomic writer, imported here so that loading this
-    # module stays light. The temporary name ends in ".partial", so
-    # download_cache.remove_stale_partials finds strays.
+    # Its temporary name ends in ".partial" (remove_stale_partials).
     from keras_vit.base import atomic
 
     with atomic.atomic_path(final, suffix="") as partial:
@@ -239,22 +211,17 @@ def download_file(
                 if "text/html" in kind.lower() and not final.name.endswith((".html", ".htm")):
                     raise DownloadError(
                         f"{where} answered with an HTML page (Content-Type {kind!r}), "
-                        "not the file: a login or error page of a proxy or mirror?"
-                    )
-                digest = hashlib.sha256()
-                received = 0
+                        "not the file: a login or error page of a proxy or mirror?")
+                digest, received = hashlib.sha256(), 0
                 disable = None if progress is None else not progress  # None: only on a TTY
-                with tqdm(
-                    total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                    desc=final.name, disable=disable,
-                ) as bar:
+                with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                          desc=final.name, disable=disable) as bar:
                     while True:
                         got = f"after {received} of {total or 'unknown'} bytes"
                         if time.monotonic() > give_up:
                             raise _late(where, deadline, got)
                         try:
-                            # read1: what has arrived (a trickling server cannot
-                            # hold one read open past the deadline).
+                            # read1: a trickling server cannot hold one read open.
                             chunk = response.read1(CHUNK)
                         except http.client.IncompleteRead as e:
                             received += len(e.partial)
@@ -283,15 +250,13 @@ def download_file(
         actual = digest.hexdigest()
         if expected is not None and actual != expected:
             raise ChecksumError(
-                f"checksum mismatch for {where}: expected sha256 {expected}, got {actual}"
-            )
+                f"checksum mismatch for {where}: expected sha256 {expected}, got {actual}")
     write_sidecar(final, actual)
 
 
 def _check_complete(path: str, name: str, where: str) -> None:
-    """Refuses a body that cannot be the file: an ``.npz`` must be a whole
-    zip archive whose every member's CRC-32 matches (a short body without
-    Content-Length, or an HTML page served with 200, is not)."""
+    """Refuses an ``.npz`` body that is not a whole zip archive whose every
+    member's CRC-32 matches."""
     if not name.endswith(".npz"):
         return
     try:
@@ -299,8 +264,7 @@ def _check_complete(path: str, name: str, where: str) -> None:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise DownloadError(
-            f"{where} did not send a complete .npz archive ({e}); nothing was cached"
-        ) from e
+            f"{where} did not send a complete .npz archive ({e}); nothing was cached") from e
     if bad is not None:
         raise DownloadError(f"{where} sent a corrupt .npz archive (bad member {bad!r})")
 

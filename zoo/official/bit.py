@@ -1,7 +1,6 @@
 """The BiT checkpoint layout: official ``.npz`` keys <-> ResNetV2 variables.
 
-The released big_transfer files are flat ``.npz`` archives with '/'-joined
-keys under ``resnet/``::
+The released big_transfer files have '/'-joined keys under ``resnet/``::
 
     resnet/root_block/standardized_conv2d/kernel           (7, 7, 3, W)
     resnet/block{s}/unit{NN}/{a,b,c}/standardized_conv2d/kernel
@@ -11,9 +10,7 @@ keys under ``resnet/``::
     resnet/head/conv2d/{kernel (1, 1, C, K), bias (K,)}
 
 with ``s`` = 1..4 and ``NN`` the unit number on two digits. The GroupNorm
-before conv ``x`` of a unit is stored under ``x/group_norm``. GroupNorm
-arrays may come as (C,) or (1, 1, 1, C), the head kernel as (C, K) or
-(1, 1, C, K); :data:`BIT` reads them into the Keras model's shapes.
+before conv ``x`` of a unit is stored under ``x/group_norm``.
 
 >>> checkpoint_key("stage_2_unit_1/proj/kernel")
 'resnet/block2/unit01/a/proj/standardized_conv2d/kernel'
@@ -21,10 +18,7 @@ arrays may come as (C,) or (1, 1, 1, C), the head kernel as (C, K) or
 
 from __future__ import annotations
 
-import os
-
-from keras_vit.zoo import checkpoints, layouts
-from keras_vit.zoo.convert import read_npz
+from keras_vit.zoo import convert, layouts
 from keras_vit.zoo.layouts import Layout, Rule
 
 PREFIX = "resnet/"
@@ -33,8 +27,7 @@ HEAD_BIAS = PREFIX + "head/conv2d/bias"
 
 _UNIT, _KEY = "stage_{s}_unit_{u}/", PREFIX + "block{s}/unit{u:02d}/"
 #: The official BiT layout; GroupNorm arrays read as (C,) or (1, 1, 1, C),
-#: the head kernel as (C, K) or (1, 1, C, K), and are written as the
-#: released files have them ((C,), (1, 1, C, K)).
+#: the head kernel as (C, K) or (1, 1, C, K).
 BIT = Layout("BiT", [
     Rule("root_conv/kernel", PREFIX + "root_block/standardized_conv2d/kernel"),
     *[Rule(f"{_UNIT}conv_{x}/kernel", f"{_KEY}{x}/standardized_conv2d/kernel")
@@ -54,23 +47,10 @@ def checkpoint_key(variable_path: str) -> str | None:
     return BIT.key_of(variable_path)
 
 
-def model_variables(model) -> dict:
-    """``{checkpoint key: keras Variable}`` for every weight of a ResNetV2;
-    raises for a weight with no BiT equivalent."""
-    return checkpoints.model_variables(model, checkpoint_key, "BiT")
-
-
 def export_arrays(model) -> dict:
-    """The model's weights as ``{key: array}`` in the official layout.
-
-    GroupNorm arrays are written as (C,) and the head kernel as (1, 1, C, K),
-    the shapes the released files have (and timm's npz loader expects).
-    """
+    """The model's weights as ``{key: array}`` in the official layout
+    (GroupNorm arrays as (C,), the head kernel as (1, 1, C, K))."""
     return BIT.write(layouts.model_arrays(model, BIT.name))
-
-
-def _describe(source):
-    return "<arrays>" if isinstance(source, dict) else repr(os.fspath(source))
 
 
 def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True,
@@ -78,29 +58,17 @@ def load_weights(model, arrays_or_path, *, num_classes_changed_ok=True,
     """Loads an official BiT checkpoint into a ResNetV2 model, strictly.
 
     Args:
-        model: a model built by :func:`keras_vit.models.resnet_v2.resnet_v2`
-            (any resolution: a ResNet has no position-dependent weights).
-        arrays_or_path: a ``{key: array}`` dict or the path of a ``.npz``
-            (read without unpickling).
+        model: a model built by :func:`keras_vit.models.resnet_v2.resnet_v2`.
+        arrays_or_path: a ``{key: array}`` dict or the path of a ``.npz``.
         num_classes_changed_ok: if True, a checkpoint head of another number
-            of classes is replaced by zeros (BiT fine-tuning starts from a
-            zero head); if False, that is an error.
+            of classes is replaced by zeros; if False, that is an error.
         source_name: how errors name the source (default: its path).
-
-    Rules:
-        * a model without a head (``include_top=False``) ignores the
-          checkpoint's head;
-        * anything else missing, unexpected or mis-shaped is a
-          :class:`~keras_vit.zoo.checkpoints.CheckpointError` listing every
-          problem at once, and nothing is assigned.
 
     Returns:
         ``{"head": "loaded" | "replaced" | "dropped" | None}``.
     """
     source = arrays_or_path
-    arrays = (dict(source) if isinstance(source, dict)
-              else read_npz(source, lazy=True))
-    report = layouts.load(model, BIT, arrays,
-                          source_name=source_name or _describe(source),
+    report = layouts.load(model, BIT, convert.source_arrays(source),
+                          source_name=source_name or convert.describe(source),
                           replace_head=num_classes_changed_ok)
     return {"head": report["head"]}

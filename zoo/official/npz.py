@@ -2,10 +2,8 @@
 
 :func:`open_npz` returns ``{key: LazyArray}``: each knows its shape and
 dtype from the ``.npy`` header inside the archive and reads its data only
-when converted (``np.asarray``, ``astype``). Loading a checkpoint into a model
-then holds one array (or one stacked block array) beside the model's own
-variables instead of the whole file: the peak of loading ViT-B/16 stays
-near the size of the model (``docs/benchmarks.md``).
+when converted (``np.asarray``, ``astype``), so a load's memory peak stays near the size of
+the model.
 
 >>> import os, tempfile, numpy as np
 >>> path = os.path.join(tempfile.mkdtemp(), "c.npz")
@@ -32,26 +30,19 @@ _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header
 
 class _Member:
     """One ``.npy`` member of the archive, with a one-slot cache so that the
-    slices of a stacked array (big_vision's scanned blocks) read it once
-    when they are converted one after another.
-
-    Stored (uncompressed) members, the layout of the released checkpoints,
-    are read straight from the file at their offset in one copy and checked
-    against the archive's CRC-32; compressed ones go through ``zipfile``.
-    """
+    slices of a stacked array are read once. Stored members are read
+    straight from the file and checked against the CRC-32; compressed ones
+    go through ``zipfile``."""
 
     def __init__(self, path, header, fileobj):
         info = header.info
         self.path, self.info, self.name = path, info, info.filename
-        self._cached = None
-        self._lock = threading.Lock()
-        # Bounded by the bytes the archive holds for it (base.archives).
+        self._cached, self._lock = None, threading.Lock()
         self.header_len = header.header_len
         self.shape, self.dtype = header.shape, header.dtype
         self.fortran = header.fortran
         _check_header(self.name, self.shape, self.dtype)
-        # Where a stored member's bytes start in the file (None: read it
-        # through zipfile).
+        # Where a stored member's bytes start (None: read through zipfile).
         self.member_offset = None
         if info.compress_type == zipfile.ZIP_STORED:
             fileobj.seek(info.header_offset)
@@ -81,13 +72,11 @@ class _Member:
         crc = zlib.crc32(memoryview(data).cast("B"), zlib.crc32(header))
         if crc != self.info.CRC:
             raise zipfile.BadZipFile(f"bad CRC-32 for file {self.name!r}")
-        order = "F" if self.fortran else "C"
-        return data.reshape(self.shape, order=order)
+        return data.reshape(self.shape, order="F" if self.fortran else "C")
 
     def verify(self):
         """Reads the member through in 1 MiB chunks and checks its CRC-32
-        and length, holding no more than one chunk: what a loader runs on
-        every member before it assigns the first variable."""
+        and length, holding no more than one chunk."""
         crc, size, chunk = 0, 0, 1 << 20
         if self.member_offset is not None:
             with open(self.path, "rb") as f:
@@ -129,19 +118,16 @@ class _Member:
 class LazyArray:
     """An array of a ``.npz`` archive that is read when converted.
 
-    Supports what the checkpoint loaders need before reading: ``shape``,
-    ``dtype``, ``ndim``, ``reshape`` and integer indexing of the first axis
-    (both lazy); ``np.asarray(x)`` and ``x.astype(dtype)`` read it.
+    ``reshape`` and integer indexing of the first axis are lazy;
+    ``np.asarray(x)`` and ``x.astype(dtype)`` read it.
     """
 
     __slots__ = ("shape", "dtype", "_member", "_index", "_reshape")
 
     def __init__(self, member, shape, dtype, index=None, reshape=None):
-        self._member = member
+        self._member, self._index, self._reshape = member, index, reshape
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
-        self._index = index
-        self._reshape = reshape
 
     @property
     def ndim(self):
@@ -210,9 +196,7 @@ NUMBER_KINDS = "biuf"
 
 
 def _check_header(name, shape, dtype):
-    """Refuses a member whose header does not describe plain numbers (its
-    size is checked against the archive's bytes by
-    :func:`keras_vit.base.archives.npz_headers`, before this)."""
+    """Refuses a member whose header does not describe plain numbers."""
     if dtype.kind not in NUMBER_KINDS or dtype.fields is not None:
         raise ValueError(f"{name!r} has dtype {dtype.str!r}, not a number "
                          "type (bool, int, uint or float)")
@@ -240,12 +224,9 @@ def verify(arrays):
 
 def open_npz(path):
     """``{key: LazyArray}`` for every array of the ``.npz`` at ``path``
-    (headers only are read here, each bounded by the bytes the archive
-    holds for it: :func:`keras_vit.base.archives.npz_headers`; never
-    unpickles). Raises ``ValueError`` (a
-    :class:`~keras_vit.base.errors.ConfigError` naming the file and the
-    member for a bad header), ``zipfile.BadZipFile`` or ``OSError`` for a
-    file that is not a valid archive."""
+    (headers only are read here; never unpickles). Raises ``ValueError``,
+    ``zipfile.BadZipFile`` or ``OSError`` for a file that is not a valid
+    archive."""
     out = {}
     headers = archives.npz_headers(path)
     with open(path, "rb") as fileobj:

@@ -3,10 +3,8 @@
 ``augreg:`` file, a URL or a local ``.npz`` path, or None for random
 initialisation.
 
-The reader only reads: the architecture is the name's, the input size
-and head the file's (its position table and ``head/kernel``), the label
-names the registry's list for a released head. The settle step
-(:mod:`keras_vit.zoo.settle`) decides the rest.
+The architecture is the name's, the input size and head the file's, the
+label names the registry's list for a released head.
 
 >>> ckpt = read_checkpoint(None, "ViT-Ti/16")
 >>> ckpt.arrays, ckpt.config["image_size"], ckpt.config["num_classes"]
@@ -42,11 +40,8 @@ def is_url(value):
 def resolve_weights(name, weights, image_size=None, progress=None):
     """Turns a ``weights=`` argument into a local checkpoint file.
 
-    ``weights`` may be a tag of ``name`` (``zoo.info(name)["weights"]``),
-    ``"augreg:<filename>"`` (any file of the AugReg bucket, see
-    :func:`augreg_index`), an http(s)/gs URL, or a local ``.npz`` path.
-    Downloads go through the cache (``KERAS_VIT_CACHE``, ``KERAS_VIT_MIRROR``,
-    ``KERAS_VIT_OFFLINE``).
+    ``weights`` may be a tag of ``name``, ``"augreg:<filename>"``, an
+    http(s)/gs URL, or a local ``.npz`` path; downloads go through the cache.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a zoo name (str); received "
@@ -105,11 +100,9 @@ def _checkpoint_facts(arrays):
 def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader: the :class:`~keras_vit.zoo.build.Checkpoint`
-    of the zoo name ``name`` with ``weights`` (a tag, ``"auto"``,
-    ``"augreg:<filename>"``, a URL, a ``.npz`` path, or None for random
+    of the zoo name ``name`` with ``weights`` (None: random
     initialisation). ``prefer_size`` picks among a tag's files released at
-    several resolutions (which file to fetch, not how to build); ``sizes``
-    amend the name's sizes."""
+    several resolutions; ``sizes`` amend the name's sizes."""
     arch = variants.parse(name)
     if weights == "auto":
         weights = arch.tag or registry.default_tag(arch.name)
@@ -118,8 +111,6 @@ def read_checkpoint(weights, name, *, progress=None, prefer_size=None,
                 f"No released weights for name={name!r} ({arch.name}); pass "
                 "weights=None for random initialisation, or a checkpoint path "
                 "or URL.")
-    # The caller's size keywords amend the name's (a checkpoint's grid
-    # gives its input size through the patch size and the ResNet stride).
     config = dict(arch.config, **(sizes or {}))
     is_bit = arch.family == "bit"
     record = arrays = source_name = head = labels = None
