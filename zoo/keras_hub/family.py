@@ -1,72 +1,20 @@
 """keras-hub's ViT family beyond ViT read into keras_vit, as one table
 (:data:`MEMBERS`): a preset directory that ``save_to_preset`` wrote of a
 ``DeiTBackbone`` (with or without its ``DeiTImageClassifier``), a
-``DINOV2Backbone`` (with or without register tokens), a
-``DINOV3Backbone``, a ``SigLIPVisionEncoder`` or ``CLIPVisionEncoder``
-alone or inside a ``SigLIPBackbone`` / ``CLIPBackbone`` (the text tower,
-the projection and the logit scale are not read). Each is the one
+``DINOV2Backbone``, a ``DINOV3Backbone``, a ``SigLIPVisionEncoder`` or
+``CLIPVisionEncoder`` alone or inside a ``SigLIPBackbone`` /
+``CLIPBackbone`` (the text tower is not read). Each is the one
 :class:`~keras_vit.models.VisionTransformer` with family options; what
-differs is data: each class's config fields and their keras_vit
-arguments, and where its ``model.weights.h5`` keeps each weight.
+differs is data.
 
-What each loads as, with keras-hub's outputs (measured by
-``tests/zoo/test_keras_hub_family.py``):
-
-* ``DeiTBackbone``: every token after the final LayerNorm (class,
-  distillation, patches). keras-hub never reads the distillation token's
-  output (its ``DeiTImageClassifier`` reads the class token alone, where
-  keras_vit's ``distilled=True`` averages two heads), so the token rides
-  as one register token inside the position table (``num_registers=1``),
-  as transformers' ``DeiTModel`` loads; the classifier's head is kept.
-* ``DINOV2Backbone``: every token after its LayerNorm; layer scale;
-  with ``use_swiglu_ffn`` (the giant) the SwiGLU MLP (``mlp="swiglu"``,
-  ``mlp_dim`` two thirds of ``intermediate_dim`` rounded up to a multiple
-  of 8, as keras-hub builds it:
-  :func:`keras_vit.zoo.transformers.tables.swiglu_width`);
-  registers after the class token with a table of the class token and the
-  patches: the table's class row, a constant, is folded into the class
-  token and the table covers the patches (``posemb_includes_prefix=False``).
-  keras-hub keeps the table at ``position_embedding_shape`` and resizes it
-  to ``image_shape`` when it loads (bicubic, antialiased where
-  ``antialias_in_interpolation``); keras_vit resizes it once here with the
-  same Keras op (``keras.ops.image.resize``), so the model equals
-  keras-hub's at ``image_shape`` on the same backend. Another
-  ``image_size`` is resized keras_vit's way (bilinear, aligned corners)
-  from that table, not keras-hub's. The mask token (pretraining only) is
-  not read; ``drop_path_rate`` (one rate in every block in keras-hub,
-  rising with depth in keras_vit) acts in training only;
-  ``apply_layernorm`` normalises only keras-hub's per-block outputs.
-* ``DINOV3Backbone``: every token after its LayerNorm (epsilon
-  ``layer_norm_eps``); no position table: DINOv3's rotary embeddings
-  (``rope="dinov3"``, ``rope_theta`` the temperature: each patch's
-  centre, rows then columns, in [-1, 1] at any size; the class token and
-  the registers after it not turned), so the model takes any multiple of
-  the patch (``dynamic_image_size``), as keras-hub's built at another
-  ``image_shape`` does; layer scale. Its MLP is ``hidden_activation``
-  (the exact GELU, ``"gelu"``) or, with ``use_gated_mlp``, SiLU's gate
-  (``"silu"``) times ``up_proj``: ``mlp="swiglu"``, ``intermediate_dim``
-  wide, the two Dense layers the halves of keras_vit's packed one. Its
-  five bias fields are two option rows (``biases``): ``qkv_bias``
-  (``use_query_bias``, ``use_key_bias``, ``use_value_bias``) and
-  ``proj_bias`` (``use_proj_bias``, ``use_mlp_bias``), on where any of
-  its fields is, a bias a field leaves out zeros (keras-hub's converted
-  presets have no key bias). The mask token is not read.
-* ``SigLIPVisionEncoder``: no class token, the tanh GELU, the attention
-  pool (``classifier="map"``): ``num_classes=0``, the pooled embedding
-  keras-hub returns.
-* ``CLIPVisionEncoder``: ``pre_norm``, no patch bias, quick GELU,
-  epsilon 1e-5: every token after its final LayerNorm.
-  ``intermediate_output_index`` only adds a block's output beside them
-  (:func:`keras_vit.models.intermediate_model` gives any block's).
-
-keras-hub's backbones take what its image converter makes of [0, 255]
-pixels; a preset's ``image_converter.json`` (or a task's) is read as the
-model's ``input_normalization``, else the family's published one
-(ImageNet's for DeiT, DINOv2 and DINOv3, OpenAI CLIP's, SigLIP's 0.5 /
-0.5). What keras_vit lacks is refused in one line naming the field and value
-(another activation, heads too narrow for the rotary pairs, ...). The
-same table, read backwards, writes a model back as the member that
-computes it (:mod:`keras_vit.zoo.keras_hub.family_writer`).
+DeiT's distillation token, which keras-hub never reads, rides as one
+register token (``num_registers=1``). DINOv2's table is kept by keras-hub
+at ``position_embedding_shape`` and resized to ``image_shape`` when it
+loads; keras_vit resizes it once here with the same Keras op, so the model
+equals keras-hub's at ``image_shape`` on the same backend. A preset's
+``image_converter.json`` is read as the model's ``input_normalization``,
+else the family's published one. The same table, read backwards, writes a
+model back (:mod:`keras_vit.zoo.keras_hub.family_writer`).
 """
 
 from __future__ import annotations
@@ -92,17 +40,15 @@ from keras_vit.zoo.transformers.tables import swiglu_width
 _FIELDS = formats.KERAS_HUB_BACKBONE.fields
 _RATE = Number(0, 1)
 _SQUARE_224 = (_FIELDS["image_shape"], [224, 224, 3])
-# DINOv3's bias fields: the query's, key's, value's (keras_vit's
-# qkv_bias), the attention output's and the MLP's (proj_bias).
+# DINOv3's bias fields: qkv_bias's three, then proj_bias's two.
 _DINO3_BIASES = tuple(f"use_{p}_bias" for p in (
     "query", "key", "value", "proj", "mlp"))
 
 
 def _config(what, **fields):
     """A member's ``schema`` and ``defaults``: the fields keras-hub 0.32
-    writes, and no other (a later option may change the numbers);
-    ``fields`` its own, as (check, keras-hub's default for a config that
-    leaves it out), beside the sizes every member's has."""
+    writes, and no other; ``fields`` its own, as (check, keras-hub's
+    default), beside the sizes every member's has."""
     common = {k: _FIELDS[k] for k in (
         "name", "trainable", "dtype", "image_shape", "patch_size",
         "num_layers", "num_heads", "hidden_dim", "data_format")}
@@ -117,8 +63,7 @@ def _config(what, **fields):
 def _with_option_fields(members):
     """``members`` with the family options each class's config carries
     added to its ``fields`` (and ``forms``): every option row whose
-    keras-hub field (:mod:`keras_vit.base.options`) its ``defaults``
-    name. The reader and the writer so iterate the rows."""
+    keras-hub field its ``defaults`` name."""
     for member in members.values():
         for option in options_table.OPTIONS:
             field = option.keras_hub
@@ -131,22 +76,15 @@ def _with_option_fields(members):
 
 
 #: keras-hub class -> ``family``; ``schema`` of its config; keras-hub's
-#: ``defaults`` for the fields a config leaves out; ``fields``: keras-hub
-#: field -> keras_vit argument(s), through ``forms`` (value -> value) where
-#: given; ``only``: field -> (the value keras_vit computes, why);
-#: ``options``: keras_vit arguments the class fixes; ``normalization``:
-#: the family's published input normalisation; ``gate``: (the field of
-#: its MLP's activation, the values its gated MLP computes as keras_vit's
-#: SwiGLU, SiLU's; without the gate the field's ``forms`` are GELU's);
-#: ``biases``: option row -> the bias fields that hold it (on where any
-#: is; the biases of a field that is off are zeros); ``zero_off``: the
-#: bias fields the writer turns off where their biases are all zeros (as
-#: the class's converted presets have them); ``kind``: "backbone"
-#: (every token after the final norm) or "embedding" (the pooled one,
-#: ``num_classes=0``); ``task``: its classifier's class; ``converter``:
-#: the image converter keras-hub pairs with it, which keeps the input
-#: normalisation in a preset (``image_converter.json``). Where its
-#: weights are: :func:`keras_vit.zoo.keras_hub.layout.family_rows`.
+#: ``defaults``; ``fields``: keras-hub field -> keras_vit argument(s),
+#: through ``forms`` (value -> value) where given; ``only``: field -> (the
+#: value keras_vit computes, why); ``options``: keras_vit arguments the
+#: class fixes; ``normalization``: the family's published one; ``gate``:
+#: (the field of its MLP's activation, the values its gated MLP computes);
+#: ``biases``: option row -> the bias fields that hold it; ``zero_off``:
+#: the bias fields the writer turns off where their biases are all zeros;
+#: ``kind``: "backbone" or "embedding"; ``task``: its classifier's class;
+#: ``converter``: the image converter keras-hub pairs with it.
 MEMBERS = _with_option_fields({
     "DeiTBackbone": dict(
         family="DeiT", **_config(
@@ -244,7 +182,7 @@ _CONTAINER = Object({
     what="a config with a vision_encoder")
 #: keras-hub classes of the family keras_vit cannot compute: the config
 #: field that says why (keras-hub's default where the config omits it),
-#: and why (none now: DINOv3's rotary embeddings are read).
+#: and why.
 REFUSED = {}
 #: The classes a preset's ``config.json`` may name here (read or refused
 #: by name), and with the tasks every keras-hub class read here.
@@ -258,10 +196,9 @@ CLASSES = (*PRESET_CLASSES, *(m["task"] for m in MEMBERS.values()
 def architecture(class_name, config, path):
     """``(member class, arch, h5 prefix)`` of a preset's ``config.json``
     whose ``class_name`` is one of :data:`PRESET_CLASSES` (``config`` its
-    ``config`` object): keras_vit's builder facts (as
-    :func:`keras_vit.zoo.keras_hub.layout.backbone_architecture`'s, with
-    ``family``, ``options`` and ``kind``: ``"backbone"`` or
-    ``"embedding"``); what keras_vit lacks is refused naming the field.
+    ``config`` object): keras_vit's builder facts, with ``family``,
+    ``options`` and ``kind``; what keras_vit lacks is refused naming the
+    field.
 
     >>> _, arch, _ = architecture("DINOV2Backbone", dict(
     ...     patch_size=14, num_layers=12, num_heads=6, hidden_dim=384,
@@ -337,8 +274,6 @@ def architecture(class_name, config, path):
             "hidden_size": config["hidden_dim"],
             "num_layers": config["num_layers"],
             "num_heads": config["num_heads"],
-            # keras-hub's DINOv2 SwiGLU keeps two thirds of
-            # intermediate_dim.
             "mlp_dim": (swiglu_width(config["intermediate_dim"])
                         if config.get("use_swiglu_ffn")
                         else config["intermediate_dim"]),
@@ -361,9 +296,8 @@ def architecture(class_name, config, path):
 
 def _check_activation(member, config, options, path, where):
     """A member's MLP activation (its ``gate`` field) checked against its
-    MLP: SiLU's gate for the gated MLP (keras_vit's SwiGLU; its ``gelu``,
-    which then serves no layer of a backbone, kept exact), a GELU form of
-    ``forms`` otherwise; else a ConfigError naming the field."""
+    MLP: SiLU's gate for the gated MLP, a GELU form of ``forms``
+    otherwise; else a ConfigError naming the field."""
     field, gates = member["gate"]
     gated = options["mlp"] == "swiglu"
     allowed = list(gates if gated else member["forms"][field])
@@ -398,10 +332,7 @@ def read_h5(path, rows, prefix="", optional=False):
     """``{variable path: (array, how)}`` of the weights ``rows``
     (:func:`~keras_vit.zoo.keras_hub.layout.family_rows`) name in the
     ``.h5`` file ``path``, its datasets under ``layers/`` + ``prefix``
-    checked first: names, shapes, dtypes of those read, storage (as
-    :func:`keras_vit.zoo.h5_files.read_h5`); the rest of the file (a text
-    tower) is not read. ``optional``: rows the file may lack (a head,
-    which the settling step then asks a new one for)."""
+    checked first. ``optional``: rows the file may lack (a head)."""
     group = f"layers/{prefix}"
     f = h5_files.open_h5(path)
     with f:
@@ -434,8 +365,7 @@ def read_h5(path, rows, prefix="", optional=False):
                 f"{path}: has datasets keras_vit does not read: "
                 f"{'; '.join(problems[:12])} (Keras writes float arrays, "
                 "contiguous, inside the file)")
-        # Position ids as integers, the rest float32; the halves of one
-        # packed Dense (DINOv3's gate_proj and up_proj) joined, gate first.
+        # The halves of one packed Dense joined, gate first.
         out, halves = {}, {}
         for name, (key, how, _) in rows.items():
             if key is None:
@@ -454,10 +384,8 @@ def read_h5(path, rows, prefix="", optional=False):
 
 def to_model(state, arch):
     """The arrays :func:`read_h5` read in the model's shapes, float32:
-    tables and tokens reshaped, a Dense's kernel split into heads, a
-    table's rows picked by the position ids stored with it (as keras-hub's
-    embedding gathers them), DINOv2's table fitted (:func:`_dino_table`,
-    after the class token it may fold into), the biases keras-hub was
+    tables and tokens reshaped, a table's rows picked by its position ids,
+    DINOv2's table fitted (:func:`_dino_table`), the biases keras-hub was
     built without (of a bias row that is on) as zeros."""
     out, dino, state = {}, None, dict(state)
     shapes = family_shapes(arch)
@@ -488,13 +416,10 @@ def to_model(state, arch):
 
 
 def _dino_table(table, arch, out):
-    """DINOv2's stored table (class row, then a square grid at
-    ``position_embedding_shape``) as keras-hub computes it when it loads:
-    the grid resized to ``image_shape``'s by ``keras.ops.image.resize``
-    (bicubic, ``antialias_in_interpolation``) unless the shapes are equal.
-    With registers the class row is folded into the class token
-    (``class_token/cls``) already in ``out`` (keras-hub adds the row
-    before the registers join) and the table covers the patches."""
+    """DINOv2's stored table as keras-hub computes it when it loads: the
+    grid resized to ``image_shape``'s by ``keras.ops.image.resize`` unless
+    the shapes are equal. With registers the class row is folded into the
+    class token already in ``out`` and the table covers the patches."""
     config, p = arch["config"], arch["patch_size"]
     size = arch["image_size"]
     cls_row, grid = table[:, :1], table[:, 1:]
@@ -517,8 +442,7 @@ def _dino_table(table, arch, out):
 def read_weights(directory, class_name, arch, prefix):
     """The arrays of a preset of ``class_name`` (``arch``, ``prefix``:
     :func:`architecture`'s) in the folder ``directory`` by the model's
-    variable paths (:func:`to_model`): its image tower's, and a
-    classifier's head from ``task.weights.h5``."""
+    variable paths, a classifier's head from ``task.weights.h5``."""
     state = read_h5(os.path.join(directory, "model.weights.h5"),
                     family_rows(class_name, arch), prefix)
     if arch["kind"] == "classifier":

@@ -1,26 +1,13 @@
 """Writes a keras_vit model of the ViT family as the keras-hub class that
-computes it (:data:`keras_vit.zoo.keras_hub.family.MEMBERS`). The front
-door is :func:`keras_vit.zoo.keras_hub.writer.to_keras_hub` (and its
-``save_preset``), which sends here every model with a family option
-keras-hub's paper ViT lacks.
+computes it (:data:`keras_vit.zoo.keras_hub.family.MEMBERS`), reached
+through :func:`keras_vit.zoo.keras_hub.writer.to_keras_hub`.
 
-Nothing here names keras-hub's fields or weights a second time: the
-mapping is :mod:`keras_vit.zoo.keras_hub.family`'s table read backwards.
-A class's ``fields`` and ``forms`` give its config from the model's
-arguments (:func:`hub_config`); the reader's own
-:func:`~keras_vit.zoo.keras_hub.family.architecture` then reads that
-config back, and the class is written only when what it reads is the
-model (:func:`problems`: its sizes, numerics and every family option; the
-dropout and stochastic-depth rates, which act in training only, are
-written where the class has a field for them). The weights go where
-:func:`~keras_vit.zoo.keras_hub.layout.family_rows` says the reader finds
-them, in the ``.weights.h5`` file Keras writes of the live class, which
-then loads it: position tables as keras-hub stores them, position ids
-0..N-1, DINOv2's table at ``image_shape`` (keras-hub resizes nothing) with
-a zero class row when the class token carries it (registers), DINOv3's
-packed SwiGLU Dense as its two. A bias row writes every field that holds
-it at its value, but a field of ``zero_off`` whose biases are all zeros
-(DINOv3's key bias, absent from keras-hub's presets) is written off.
+The mapping is :mod:`keras_vit.zoo.keras_hub.family`'s table read
+backwards: a class's config is made from the model's arguments
+(:func:`hub_config`), the reader reads it back, and the class is written
+only when what it reads is the model (:func:`problems`). The weights go
+where :func:`~keras_vit.zoo.keras_hub.layout.family_rows` says the reader
+finds them.
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ from keras_vit.zoo.keras_hub.family import MEMBERS, architecture
 from keras_vit.zoo.keras_hub.layout import (ACTIVATIONS, family_rows,
                                             task_architecture)
 
-# keras_vit's head activation -> keras-hub's (the reader's table inverted,
-# its first name kept).
+# keras_vit's head activation -> keras-hub's (first name kept).
 _ACTIVATION_NAMES = {}
 for _hub, _ours in ACTIVATIONS.items():
     _ACTIVATION_NAMES.setdefault(_ours, _hub)
@@ -51,8 +37,7 @@ _SHAPE = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
 
 def settings(config):
     """The family options and numerics of a keras_vit model's ``config``,
-    as the model resolves them (``class_token`` None: a class token for
-    ``classifier="token"`` only).
+    as the model resolves them.
 
     >>> settings({"classifier": "gap"})["class_token"]
     False
@@ -82,11 +67,8 @@ def family_options(config):
     ['layer_scale=1.0']
     """
     ours = settings(config)
-    # The paper's ViT has a class token exactly when it pools by it.
     plain = dict(options_table.DEFAULTS, class_token=geometry.class_token(
         dict(config, class_token=None)))
-    # (stochastic depth, written where a class has a field for it, and
-    # the table's resize at other sizes: never a reason to refuse one)
     skip = options_table.unwritten(ours)
     return [f"{k}={ours[k]!r}" for k, v in plain.items()
             if k not in skip and ours[k] != v]
@@ -99,9 +81,8 @@ def _targets(targets):
 def hub_config(class_name, config):
     """``(config, problems)``: the keras-hub ``class_name``'s config for a
     keras_vit model's ``config`` (the reader's ``fields`` and ``forms``
-    inverted; its sizes, ``image_shape`` and, for DINOv2, a table kept at
-    ``image_shape``), and the model's arguments no value of a field
-    gives (those fields left out: keras-hub's defaults).
+    inverted), and the model's arguments no value of a field gives (those
+    fields left out: keras-hub's defaults).
 
     >>> hub, _ = hub_config("CLIPVisionEncoder", dict(
     ...     image_size=32, patch_size=8, hidden_size=32, num_layers=1,
@@ -152,8 +133,7 @@ def problems(class_name, config):
     """``(arch, problems)``: what keras-hub's reader reads of
     :func:`hub_config`'s config for ``class_name``, and each argument of
     the keras_vit model's ``config`` it reads otherwise, as ``"name=value
-    (it computes ...)"``; the head checked as the class's output. No
-    problems: the class computes the model.
+    (it computes ...)"``. No problems: the class computes the model.
 
     >>> config = dict(image_size=32, patch_size=8, hidden_size=32,
     ...               num_layers=1, num_heads=2, mlp_dim=64, gelu="quick",
@@ -164,8 +144,6 @@ def problems(class_name, config):
     >>> problems("CLIPVisionEncoder", dict(config, qk_norm=True))[1]
     ['qk_norm=True (it computes qk_norm=False)']
     """
-    # A field no value gives is left at keras-hub's default, so that the
-    # rest is still compared (the closest class is the one with fewest).
     hub, found = hub_config(class_name, config)
     named = {p.split("=")[0] for p in found}
     try:
@@ -174,9 +152,7 @@ def problems(class_name, config):
     except ConfigError as e:
         return None, found + [str(e)]
     ours = settings(config)
-    # The builder's other arguments the class fixes (DINOv3's
-    # position_embedding; dynamic_image_size, the sizes a model takes, is
-    # not compared: the class computes the model at its image_size).
+    # The builder's other arguments the class fixes.
     fixed = {k: v for k, v in arch["options"].items() if k not in ours}
     theirs = dict(options_table.DEFAULTS, **{
         k: v for k, v in arch["options"].items() if k in ours}, **{
@@ -204,8 +180,7 @@ def problems(class_name, config):
 
 def _head(class_name, config, arch, found):
     """``arch`` and ``found`` with the model's head checked against what
-    the class returns: every token (no head; with a task, its head on the
-    class token) or the pooled embedding (``num_classes=0``)."""
+    the class returns."""
     top = config.get("include_top", True)
     classes = config.get("num_classes")
     task = MEMBERS[class_name].get("task")
@@ -241,17 +216,9 @@ def _head(class_name, config, arch, found):
 
 def choose(model, vit_lacks):
     """``(class name, hub config, arch)`` of the family member that
-    computes ``model`` (a keras_vit VisionTransformer that keras-hub's ViT
-    does not compute), else a one-line ValueError naming what the closest
+    computes ``model``, else a one-line ValueError naming what the closest
     class computes otherwise (keras-hub's ``ViTBackbone`` among them,
-    which lacks what ``vit_lacks`` says, first on a tie).
-
-    Example::
-
-        name, config, arch = choose(model, [
-            f"{o} (it has no such option)"
-            for o in family_options(model.get_config())])
-    """
+    which lacks what ``vit_lacks`` says)."""
     config = model.get_config()
     closest = [("ViTBackbone", list(vit_lacks))]
     for class_name in MEMBERS:
@@ -271,16 +238,8 @@ def build(model, class_name, config, arch, keras_hub):
     """``(out, converter)``: the keras-hub ``class_name`` built from
     ``config`` (what :func:`choose` returned) with ``model``'s weights,
     and an image converter of the model's input normalisation. When
-    ``arch`` is a classifier, ``out`` is its task with the model's head,
-    whose preprocessor holds the converter (``converter`` None); else
-    ``out`` is the backbone, whose preset must also keep ``converter``
-    (``image_converter.json``, which :func:`keras_vit.zoo.load` reads).
-
-    Example::
-
-        import keras_hub
-        hub, converter = build(model, *choose(model, []), keras_hub)
-    """
+    ``arch`` is a classifier, ``out`` is its task, whose preprocessor
+    holds the converter (``converter`` None); else the backbone."""
     arrays = layouts.model_arrays(model, "keras-hub")
     config, arch, zeros = _zero_biases_off(class_name, config, arch, arrays)
     backbone = getattr(keras_hub.models, class_name)(
@@ -316,9 +275,7 @@ def build(model, class_name, config, arch, keras_hub):
 def _zero_biases_off(class_name, config, arch, arrays):
     """``(config, arch, keys)``: ``config`` (and the ``arch`` read of it)
     with each bias field of the class's ``zero_off`` turned off where
-    every bias it holds is zeros in ``arrays`` (the model's), and those
-    biases' keys: a zero bias is none, written as keras-hub's converted
-    presets have it."""
+    every bias it holds is zeros in ``arrays``, and those biases' keys."""
     keys = set()
     for field in MEMBERS[class_name].get("zero_off", ()):
         if not config.get(field):
@@ -353,10 +310,9 @@ def image_converter(layer, model, image_size):
 
 
 def _fill(layer, rows, arrays, arch, where, save, load):
-    """Writes ``layer``'s weights with ``save`` to a scratch ``.weights.h5``
-    file, puts the model's ``arrays`` (by variable path) where ``rows``
-    (below ``layers/``) say the reader finds them, and loads the file back
-    with ``load``. Returns the keys used."""
+    """Puts the model's ``arrays`` into ``layer`` through a scratch
+    ``.weights.h5`` file (``save``, then ``load``), where ``rows`` say the
+    reader finds them. Returns the keys used."""
     import h5py
 
     used = set()

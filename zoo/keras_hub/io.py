@@ -3,24 +3,15 @@
 or a preset directory its ``save_to_preset`` wrote), and the family's
 other members (:mod:`keras_vit.zoo.keras_hub.family`).
 
-A preset directory (``config.json``, ``model.weights.h5``, with a task:
-``task.json``, ``task.weights.h5``) is read with ``h5py`` alone,
-keras-hub need not be installed: the JSON configs are checked field by
-field (types, and sizes no ViT comes near, before anything is
-allocated), the ``.h5`` files' datasets by name, shape, dtype and
-storage (contiguous, inside the file; external and virtual datasets are
-refused: they read other files) before their data is read. Nothing is
-unpickled and no Keras object is deserialised.
+A preset directory is read with ``h5py`` alone (keras-hub need not be
+installed): the JSON configs are checked field by field and the ``.h5``
+files' datasets by name, shape, dtype and storage before their data is
+read. Nothing is unpickled and no Keras object is deserialised.
 
-keras-hub's numerics are kept: its LayerNorm epsilon
-(``layer_norm_epsilon``, 1e-6 by default) and its GELU, the exact (erf)
-form. keras-hub's ``use_*_bias=False`` are zero biases here; its dropout
-rates are kept, except the classifier's ``dropout`` before the head,
-which keras_vit has no layer for (it acts in training only). What
-keras_vit cannot compute the same way is refused by name: pooling the
-first patch when there is no class token, the mean over the class token
-and the patches. Writing (``to_keras_hub``, ``zoo.save_pretrained(...,
-layout="keras-hub")``) is :mod:`keras_vit.zoo.keras_hub.writer`.
+keras-hub's ``use_*_bias=False`` are zero biases here; the classifier's
+``dropout`` before the head acts in training only and is not read. What
+keras_vit cannot compute the same way is refused by name. Writing is
+:mod:`keras_vit.zoo.keras_hub.writer`.
 """
 
 from __future__ import annotations
@@ -33,7 +24,6 @@ from keras_vit.zoo import checkpoints, formats, h5_files, hub_files, layouts
 from keras_vit.zoo.keras_hub import family as keras_hub_family
 from keras_vit.zoo.keras_hub import layout as keras_hub_layout
 from keras_vit.zoo.transformers import hub as transformers_hub
-# keras-hub's names <-> the model's variables (zoo/keras_hub/layout.py).
 from keras_vit.zoo.keras_hub.layout import (
     METADATA_FILE, VIT, backbone_architecture, check_image_converter,
     expected_shapes, task_architecture, with_zero_biases)
@@ -48,8 +38,7 @@ BACKBONE = "ViTBackbone"
 CLASSIFIER = "ViTImageClassifier"
 #: keras-hub's variable paths of the head.
 HEAD_NAMES = [VIT.key_of("head/kernel"), VIT.key_of("head/bias")]
-# The family's classifiers' (DeiTImageClassifier's dense): the model's
-# head variables -> the file's names.
+# The family's classifiers': the model's head variables -> the file's.
 FAMILY_HEAD_NAMES = {row[0]: f"layers/{hub}" for hub, row
                      in keras_hub_layout.FAMILY_HEAD.items()}
 
@@ -65,9 +54,7 @@ def is_keras_hub_source(value, *, progress=None):
     """True for what :func:`read` takes: a keras-hub ``ViTBackbone`` or
     ``ViTImageClassifier`` or a family member
     (:data:`keras_vit.zoo.keras_hub.family.CLASSES`), or a directory whose
-    ``config.json`` names a keras-hub class (a preset ``save_to_preset``
-    wrote). ``progress`` is unused (nothing is downloaded to tell): the
-    sources' predicates take it (:mod:`keras_vit.zoo.sources`).
+    ``config.json`` names a keras-hub class (``progress`` is unused).
 
     >>> is_keras_hub_source("ViT-B/16")
     False
@@ -94,9 +81,8 @@ def is_keras_hub_source(value, *, progress=None):
 
 def read_preset(directory):
     """``(arch, arrays)`` of a keras-hub preset directory (see
-    :func:`read`): its backbone's, a task's head with ``task.json``, and
-    the normalisation of its image converter (the task's preprocessor's,
-    or ``image_converter.json``) where it has one."""
+    :func:`read`), with a task's head and its image converter's
+    normalisation where it has them."""
     directory = os.fspath(directory)
     config_path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isfile(config_path):
@@ -133,7 +119,6 @@ def read_preset(directory):
                 f"{shown(task['class_name'])} (the backbone alone loads "
                 f"without {TASK_FILE})")
         arch = task_architecture(task["config"], arch, task_path)
-        # Checked by the task's schema: objects where they are given.
         pre = task["config"].get("preprocessor") or {}
         converter = pre.get("config", {}).get("image_converter")
         if converter is not None and "config" in converter:
@@ -152,8 +137,6 @@ def read_preset(directory):
                              keras_hub_layout.h5_names(arch, task=False),
                              expected_shapes(arch))
     if arch["kind"] == "classifier":
-        # The head may be missing: the settling step refuses it then, by
-        # these names, unless a new head is asked for.
         state.update(h5_files.read_h5(
             os.path.join(directory, TASK_WEIGHTS_FILE),
             keras_hub_layout.h5_names(arch, task=True), expected_shapes(arch),
@@ -173,7 +156,6 @@ def read_object(obj):
     if names & set(keras_hub_family.CLASSES):
         import tempfile
 
-        # The family is read from its preset files: written here, once.
         with tempfile.TemporaryDirectory(prefix="keras_vit_hub_") as folder:
             obj.save_to_preset(folder)
             return read_preset(folder)
@@ -210,17 +192,12 @@ def read_object(obj):
 
 def read(source, *, with_labels=False):
     """``(arch, arrays)`` of a keras-hub ViT: a ``ViTImageClassifier``, a
-    ``ViTBackbone``, a family member
-    (:data:`keras_vit.zoo.keras_hub.family.CLASSES`) or a preset directory
-    of one. ``arch`` holds keras_vit's builder facts (those of
-    :func:`~keras_vit.zoo.keras_hub.layout.backbone_architecture`, the
-    head's, ``kind``: ``"classifier"``, ``"backbone"`` or
-    ``"embedding"``; for the family ``family`` and its builder
-    ``options``); ``arrays`` the weights (keras-hub's ViT: by its variable
-    paths; the family: by the model's). ``with_labels`` adds a third
-    item, the head's class names (a preset's ``metadata.json``
-    ``label_names``, which :func:`keras_vit.zoo.save_pretrained` writes
-    there, or a live classifier's ``zoo_labels``), or None."""
+    ``ViTBackbone``, a family member or a preset directory of one.
+    ``arch`` holds keras_vit's builder facts; ``arrays`` the weights
+    (keras-hub's ViT: by its variable paths; the family: by the model's).
+    ``with_labels`` adds a third item, the head's class names (a preset's
+    ``metadata.json`` ``label_names``, or a live classifier's
+    ``zoo_labels``), or None."""
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isdir(source):
             raise FileNotFoundError(
@@ -238,8 +215,8 @@ def read(source, *, with_labels=False):
 
 def read_labels(directory, arch):
     """The class names of a preset's head: ``label_names`` in its
-    ``metadata.json`` (keras-hub has no field for them; keras-hub ignores
-    this one), checked against the head; None when there are none."""
+    ``metadata.json``, checked against the head; None when there are
+    none."""
     path = os.path.join(os.fspath(directory), METADATA_FILE)
     if not os.path.isfile(path):
         return None
@@ -257,17 +234,14 @@ def read_labels(directory, arch):
 
 def checkpoint(arch, arrays, *, source_name=None, tags=None, labels=None):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of a keras-hub ViT
-    (``arch``, ``arrays`` from :func:`read`): a classifier's head and its
-    activation, or a backbone's tokens (no head, no pooling: keras-hub's
-    backbones return every token); ``labels`` name the head's classes."""
+    (``arch``, ``arrays`` from :func:`read`): a classifier's head, or a
+    backbone's tokens; ``labels`` name the head's classes."""
     head = arch["num_classes"] if arch["kind"] == "classifier" else None
     family = arch.get("family")
     defaults = {"name": f"{(family or 'vit').lower()}_keras_hub",
                 "dropout_rate": arch["dropout_rate"],
                 "attention_dropout_rate": arch["attention_dropout_rate"],
-                # The image converter's normalisation (None: official).
                 "input_normalization": arch.get("input_normalization"),
-                # The family's options (keras_hub_family).
                 **arch.get("options", {})}
     tags = dict(tags or {})
     if family:
@@ -294,9 +268,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.build.Checkpoint` of ``source`` (see
     :func:`read`) that :func:`from_keras_hub` builds. ``name``, a ViT
-    name, gives the sizes instead of the config (the weights must then
-    fit it); ``progress`` and ``prefer_size`` are unused (nothing is
-    downloaded)."""
+    name, gives the sizes instead of the config."""
     arch, arrays, labels = read(source, with_labels=True)
     if name is not None and arch.get("family"):
         raise ValueError(
@@ -317,17 +289,12 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
 def from_keras_hub(source, *, image_size=None, num_classes=None, **kwargs):
     """A keras_vit ``VisionTransformer`` computing what the keras-hub ViT
     ``source`` computes: a ``keras_hub.models.ViTImageClassifier`` (its
-    logits), a ``ViTBackbone`` (its tokens, ``(batch, tokens, width)``),
-    a family member (what each computes:
-    :mod:`keras_vit.zoo.keras_hub.family`), or a preset directory written
-    by ``save_to_preset`` (read without keras-hub). The input is the
-    backbone's: what its image converter makes of pixels, [-1, 1] for
-    keras-hub's ViT presets (the model records the normalisation;
-    ``include_preprocessing=True`` takes [0, 255]). ``image_size``
-    resizes the position embeddings; another ``num_classes`` gives a new
-    zero head; ``**kwargs`` go to :func:`keras_vit.models.vit`, settled
-    as every source's are (:mod:`keras_vit.zoo.settle`). A preset
-    directory loads the same way with :func:`keras_vit.zoo.load`.
+    logits), a ``ViTBackbone`` (its tokens), a family member, or a preset
+    directory written by ``save_to_preset`` (read without keras-hub). The
+    input is the backbone's: what its image converter makes of pixels.
+    ``image_size`` resizes the position embeddings; another
+    ``num_classes`` gives a new zero head; ``**kwargs`` go to
+    :func:`keras_vit.models.vit`.
 
     Example::
 

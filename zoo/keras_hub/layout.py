@@ -1,12 +1,8 @@
 """keras-hub's ViT configs read as keras_vit's builder arguments
 (:func:`backbone_architecture`, :func:`task_architecture`); its variable
 names both ways (:data:`VIT`); and where a preset's ``.h5`` files keep
-each weight of every class of the family (:func:`family_rows`), the ViT
-(:func:`h5_names`) and the others (DeiT, DINOv2, DINOv3, SigLIP's and
-CLIP's image towers). Shared by the readers
-(:mod:`keras_vit.zoo.keras_hub.io`, :mod:`~keras_vit.zoo.keras_hub.family`)
-and the writers (:mod:`keras_vit.zoo.keras_hub.writer`,
-:mod:`~keras_vit.zoo.keras_hub.family_writer`).
+each weight of every class of the family (:func:`family_rows`). Shared by
+the readers and the writers of :mod:`keras_vit.zoo.keras_hub`.
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import formats, layouts
 from keras_vit.zoo.layouts import Layout, Rule
 
-# Where a preset keeps its metadata, and keras_vit its class names
-# (keras-hub has no field for them and ignores this one).
+# Where a preset keeps its metadata, and keras_vit its class names.
 METADATA_FILE = "metadata.json"
 # keras-hub's head activations -> keras_vit's classifier_activation.
 ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
@@ -29,11 +24,8 @@ ACTIVATIONS = {None: None, "linear": None, "softmax": "softmax",
 
 def image_grid(config, path, where="config"):
     """``(height, width, channels, patch)`` of a keras-hub config's
-    ``image_shape`` (``(c, h, w)`` under ``data_format="channels_first"``)
-    and ``patch_size``, checked as keras_vit builds them: a fixed size
-    that square patches tile, at most ``MAX_CHANNELS`` channels, and
-    ``num_heads`` dividing ``hidden_dim``; else a FormatError naming
-    ``path`` and the field below ``where``."""
+    ``image_shape`` and ``patch_size``, checked as keras_vit builds them;
+    else a FormatError naming ``path`` and the field below ``where``."""
     shape = list(config["image_shape"])
     if config.get("data_format") == "channels_first":  # (c, h, w)
         shape = shape[1:] + shape[:1]
@@ -62,16 +54,9 @@ def image_grid(config, path, where="config"):
 def backbone_architecture(config, path):
     """A keras-hub ``ViTBackbone`` config (``get_config()``, or the
     ``config`` object of a preset's ``config.json``) checked
-    (:data:`~keras_vit.zoo.formats.KERAS_HUB_BACKBONE`: every setting
-    keras-hub 0.32 writes, and no other, since a later option may change
-    the numbers) and read as keras_vit's facts of the backbone alone (no
-    head, every token out): ``{"kind", "hidden_size", "num_layers",
-    "num_heads", "mlp_dim", "image_size", "patch_size", "num_channels",
-    "layer_norm_epsilon", "gelu", "dropout_rate", "attention_dropout_rate",
-    "class_token", "classifier", "num_classes", "representation_size",
-    "classifier_activation", "config"}`` (``config`` the checked config,
-    whose ``use_*`` flags say which weights it has); ``path`` names the
-    source in errors."""
+    (:data:`~keras_vit.zoo.formats.KERAS_HUB_BACKBONE`) and read as
+    keras_vit's facts of the backbone alone (no head, every token out),
+    ``config`` the checked config; ``path`` names the source in errors."""
     config = formats.check(formats.KERAS_HUB_BACKBONE, config, path, "config")
     height, width, channels, patch = image_grid(config, path)
     token = config.get("use_class_token", True)
@@ -91,24 +76,21 @@ def backbone_architecture(config, path):
             "classifier_activation": None, "config": config}
 
 
-# A family member's task (DeiTImageClassifier's config): the ViT's, but
-# the representation layer, which it lacks.
+# A family member's task (DeiTImageClassifier's config): the ViT's, less
+# the representation layer.
 FAMILY_TASK = Object({k: v for k, v in formats.KERAS_HUB_TASK.fields.items()
                       if k != "intermediate_dim"}, required=("num_classes",),
                      extra="refuse", what="a DeiTImageClassifier config")
 
 
 def task_architecture(config, arch, path):
-    """``arch`` of a backbone (:func:`backbone_architecture`'s, or a
-    family member's) completed by its task's config (checked:
-    :data:`~keras_vit.zoo.formats.KERAS_HUB_TASK`, a family member's
-    :data:`FAMILY_TASK`): ``kind``, ``classifier``, ``num_classes``,
-    ``representation_size``, ``classifier_activation``. What keras_vit
-    pools differently is refused by name."""
+    """``arch`` of a backbone completed by its task's config (checked):
+    ``kind``, ``classifier``, ``num_classes``, ``representation_size``,
+    ``classifier_activation``. What keras_vit pools differently is refused
+    by name."""
     spec = FAMILY_TASK if arch.get("family") else formats.KERAS_HUB_TASK
     config = formats.check(spec, config, path, "config")
     pooling = config.get("pooling", "token")
-    # A backbone pools by its class token exactly when it has one.
     class_token = arch["classifier"] == "token"
     if pooling == "token" and not class_token:
         raise ConfigError(path, "pooling", "pooling='token' without a class "
@@ -126,12 +108,10 @@ def task_architecture(config, arch, path):
 
 def check_image_converter(config, path):
     """The input normalisation an image converter applies to [0, 255]
-    pixels (``x * scale + offset``, per channel or not): None for the
-    official [-1, 1] (``scale`` 1/127.5, ``offset`` -1: keras-hub's ViT
-    presets, converted from Google's files), else ``{"mean": [...],
-    "std": [...]}`` of [0, 1] pixels, which the model records. Refuses,
-    naming the file and field, a converter without a positive scale and
-    an offset."""
+    pixels (``x * scale + offset``): None for the official [-1, 1], else
+    ``{"mean": [...], "std": [...]}`` of [0, 1] pixels. Refuses, naming
+    the file and field, a converter without a positive scale and an
+    offset."""
     config = formats.check(formats.KERAS_HUB_IMAGE_CONVERTER, config, path,
                            "config")
     channels = []
@@ -168,8 +148,7 @@ def _keras(path, key, norm=False):
 
 _B, _HB = "encoder_block_{i}/", "vit_encoder/transformer_block_{i+1}/"
 #: keras-hub's ``ViTBackbone`` / ``ViTImageClassifier`` variables (as a
-#: live model names them) on the model's: Keras' MultiHeadAttention
-#: kernels have the model's shapes; the position table is (N, D) there.
+#: live model names them) on the model's.
 VIT = Layout("keras-hub", [
     Rule("class_token/cls", _EMB + "class_token"),
     *_keras("patch_embedding/conv", _EMB + "patch_embedding"),
@@ -204,9 +183,8 @@ def expected_shapes(arch):
 
 
 def with_zero_biases(state, arch):
-    """keras-hub's ViT weights (``{variable path: array}``, checked against
-    :func:`expected_shapes`) with the biases keras-hub was built without
-    as zeros: the model has them."""
+    """keras-hub's ViT weights (``{variable path: array}``) with the
+    biases keras-hub was built without as zeros."""
     built = expected_shapes(arch)
     biased = expected_shapes(dict(arch, config=dict(
         arch["config"], use_patch_bias=True, use_mha_bias=True,
@@ -223,17 +201,12 @@ def h5_names(arch, task):
 
 
 # -- where each class's preset keeps its weights ---------------------------
-# Keras' .weights.h5 names a variable "<layer path>/vars/<i>", the path by
-# attribute (or by snake-cased class name in a functional model's list);
-# keras-hub's kernels already have the model's shapes. Rows: h5 path below
-# "layers/" -> (the model's variable path, inside its block for a block's,
-# or None for a weight keras_vit does not read;
-# how the array changes: None as it is, "table" (N, D) -> (1, N, D),
-# "token" (D,) -> (1, 1, D), "dino" DINOv2's table, "ids" the table's rows
-# by token, "fit:<code>" reshaped to the model's shape of that code (a
-# Dense's (D, D) kernel split into heads), "gate" / "up" the first / second
-# half of the model's packed SwiGLU Dense (along its last axis); a shape
-# code of family_shapes).
+# Keras' .weights.h5 names a variable "<layer path>/vars/<i>". Rows: h5
+# path below "layers/" -> (the model's variable path, None for a weight
+# keras_vit does not read; how the array changes: None as it is, "table"
+# (N, D) -> (1, N, D), "token" (D,) -> (1, 1, D), "dino" DINOv2's table,
+# "ids" the table's rows by token, "fit:<code>" reshaped, "gate" / "up"
+# the halves of the packed SwiGLU Dense; a shape code of family_shapes).
 
 def _vars(group, *rows):
     return {f"{group}/vars/{i}": row for i, row in enumerate(rows)}
@@ -257,8 +230,7 @@ def _attention(group, key="attention/"):
 
 
 def _flat_attention(group, key="attention/"):
-    """:func:`_attention` of plain Dense layers ((D, D) kernels, (D,)
-    biases: DINOv3's), the query's, key's and value's split into the
+    """:func:`_attention` of plain Dense layers (DINOv3's), split into the
     model's heads."""
     rows = {}
     for part, name, heads in (("query", "query", "fit:hd"),
@@ -289,8 +261,7 @@ _POSEMB, _MAP = "position_embedding/pos_embedding", "pooling/"
 _CLS, _REG = "class_token/cls", "register_tokens/registers"
 _NORM, _VIT = "encoder_norm", "vi_t_patching_and_embedding"
 _POOL = "sig_lip_multi_head_attention_pooling"
-# The rows of the table each token adds (integers, stored with the
-# weights: a CLIPVisionEncoder built without weights holds zeros).
+# The rows of the table each token adds (integers, stored with weights).
 _IDS = ("position_ids", "ids", "ids")
 #: keras-hub class -> the rows of its weights outside the blocks.
 FAMILY_TOP = {
@@ -357,14 +328,11 @@ FAMILY_BLOCKS = {
         **_norm("layer_norm_1", "norm_1"), **_attention("attention"),
         **_norm("layer_norm_2", "norm_2"), **_mlp("dense_1", "dense_2")}),
 }
-#: A DINOV2Backbone's MLP under ``use_swiglu_ffn`` (the giant), in place
-#: of ``mlp/fc1`` / ``mlp/fc2``: one packed Dense whose first half of the
-#: columns, through SiLU, gates the second (keras_vit's ``mlp="swiglu"``).
+#: A DINOV2Backbone's MLP under ``use_swiglu_ffn``: one packed Dense.
 DINO_SWIGLU = {**_dense("mlp/weights_in", "mlp/dense_0", "dg", "g"),
                **_dense("mlp/weights_out", "mlp/dense_1", "md", "d")}
-#: A DINOV3Backbone's under ``use_gated_mlp``: ``gate_proj`` (through
-#: ``hidden_activation``, SiLU) times ``up_proj``, each (D, M), the two
-#: halves of keras_vit's packed Dense, gate first; then ``down_proj``.
+#: A DINOV3Backbone's under ``use_gated_mlp``: ``gate_proj`` and
+#: ``up_proj``, the halves of keras_vit's packed Dense; then ``down_proj``.
 DINO3_GATED = {
     **_vars("mlp/gate_proj", ("mlp/dense_0/kernel", "gate", "dm"),
             ("mlp/dense_0/bias", "gate", "m")),
@@ -375,19 +343,17 @@ DINO3_GATED = {
 #: then replace the block's ``mlp/`` ones).
 GATED_MLP = {"DINOV2Backbone": ("use_swiglu_ffn", DINO_SWIGLU),
              "DINOV3Backbone": ("use_gated_mlp", DINO3_GATED)}
-#: A classifier's task.weights.h5: its head, after keras-hub's ViT's
-#: ``pre_logits`` where it has one (Keras numbers the Dense layers).
+#: A classifier's task.weights.h5: its head, after ``pre_logits`` where
+#: it has one.
 FAMILY_HEAD = _dense("dense", "head", "dn", "n")
 PRE_LOGITS_HEAD = {**_dense("dense", "pre_logits", "dr", "r"),
                    **_dense("dense_1", "head", "rn", "n")}
-# The weights a config's flags (keras-hub's default: True) leave out:
-# flag -> how the variable paths it drops (of the top rows, or inside a
-# block) start and end.
+# The weights a config's flags (default True) leave out: flag -> how the
+# variable paths it drops start and end.
 _FLAGS = {"use_class_token": ("class_token/", ""),
           "use_patch_bias": ("patch_embedding/", "/bias"),
           "use_mha_bias": ("attention/", "/bias"),
           "use_mlp_bias": ("mlp/", "/bias"),
-          # DINOv3's, a field per projection.
           **{f"use_{part}_bias": (f"attention/{key}/", "/bias") for part, key
              in (("query", "query"), ("key", "key"), ("value", "value"),
                  ("proj", "out"))}}
@@ -412,9 +378,8 @@ _DINO_EMBEDDINGS = {
 
 
 def _dino_tokens(class_name, config):
-    """A DINOv2's or DINOv3's embedding variables in Keras' order (the
-    tokens, then any table: DINOv2's at ``position_embedding_shape``), as
-    its config builds them."""
+    """A DINOv2's or DINOv3's embedding variables in Keras' order, as its
+    config builds them."""
     group, mask, tables = _DINO_EMBEDDINGS[class_name]
     rows = [(_CLS, None, "cls")]
     if config["use_mask_token"]:
@@ -450,10 +415,8 @@ def family_shapes(arch):
 def family_rows(class_name, arch, task=False):
     """h5 path below ``layers/`` -> (variable path or None, how, shape) of
     every weight in the ``model.weights.h5`` (``task``: the
-    ``task.weights.h5``) of a preset of ``class_name`` and ``arch``; the
-    weights its config's flags turn off (a DeiT's attention biases, ...)
-    are left out, a gated MLP (:data:`GATED_MLP`: DINOv2's SwiGLU,
-    DINOv3's gated one) replaces the other.
+    ``task.weights.h5``) of a preset of ``class_name`` and ``arch``, less
+    those its config's flags turn off.
 
     >>> from keras_vit.zoo.keras_hub.family import architecture
     >>> name, arch, _ = architecture("CLIPVisionEncoder", dict(

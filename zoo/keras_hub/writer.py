@@ -4,10 +4,9 @@ names (:func:`save_preset`): the reverse of
 :mod:`keras_vit.zoo.keras_hub.io`.
 
 keras-hub's ViT computes the exact GELU only, so a ViT with
-``gelu="tanh"`` (the official ``.npz`` numerics) is refused rather than
-converted with other logits; a model with a family option no keras-hub
-class computes (``qk_norm``, ``fc_norm``, DeiT's two heads, ...) is
-refused in one line naming it and the closest class.
+``gelu="tanh"`` is refused rather than converted with other logits; a
+model with a family option no keras-hub class computes is refused in one
+line naming it and the closest class.
 """
 
 from __future__ import annotations
@@ -67,20 +66,13 @@ def to_keras_hub(model):
     """``model`` as the keras-hub class that computes it, with the same
     weights and outputs. A model without family options is keras-hub's
     ViT: a ``keras_hub.models.ViTImageClassifier`` for a model with a head
-    (with a ``ViTImageClassifierPreprocessor`` whose image converter
-    applies the model's input normalisation to [0, 255] pixels, [-1, 1]
-    as keras-hub's ViT presets do, so that ``predict`` takes raw pixels
-    and ``save_to_preset`` / ``ViTImageClassifier.from_preset`` work), or
-    a ``ViTBackbone`` for one without (it returns every token; keras-hub's
-    backbones pool nothing). A model with family options is the family
-    member that computes it (:mod:`keras_vit.zoo.keras_hub.family_writer`:
-    a classifier with its preprocessor, a backbone whose
-    ``save_to_preset`` also writes an ``image_converter.json`` of the
-    model's input normalisation); what no keras-hub class computes is
-    refused naming the option. The model's label names (``label_names``)
-    go along as a classifier's ``zoo_labels``, which
-    :func:`from_keras_hub` reads back and its ``save_to_preset`` keeps
-    (:func:`_keep_on_save`). Needs keras-hub (``pip install keras-hub``).
+    (with a preprocessor applying the model's input normalisation to
+    [0, 255] pixels), or a ``ViTBackbone`` for one without. A model with
+    family options is the family member that computes it
+    (:mod:`keras_vit.zoo.keras_hub.family_writer`); what no keras-hub
+    class computes is refused naming the option. The model's label names
+    go along as a classifier's ``zoo_labels``, which its
+    ``save_to_preset`` keeps. Needs keras-hub.
 
     Example::
 
@@ -91,8 +83,6 @@ def to_keras_hub(model):
         dino.save_to_preset("dino_again")   # a DINOV2Backbone preset
     """
     config = _config(model)
-    # keras-hub's ViT when it computes the model, else the family member
-    # that does (refused, naming the closest class, when none does).
     lacks = [f"{o} (it has no such option)"
              for o in keras_hub_family_writer.family_options(config)]
     family = lacks or _unconvertible(config)
@@ -157,13 +147,9 @@ def _vit(model, config, keras_hub):
 def _keep_on_save(hub, converter=None):
     """Makes ``hub``'s ``save_to_preset`` also keep what keras-hub's writes
     no field for, so that the preset loads back as the model: a
-    classifier's class names (``hub.zoo_labels``, checked against the head
-    before anything is written) as ``label_names`` in its
-    ``metadata.json`` (:func:`write_labels`), a backbone's image
-    ``converter`` as its ``image_converter.json`` (a keras-hub backbone
-    carries none, and the preset would otherwise load with the family's
-    published normalisation rather than the model's). keras-hub still
-    reads the preset as its own."""
+    classifier's class names (``hub.zoo_labels``) as ``label_names`` in
+    its ``metadata.json``, a backbone's image ``converter`` as its
+    ``image_converter.json`` (a keras-hub backbone carries none)."""
     from keras_vit.models.common import check_label_names
 
     save = hub.save_to_preset  # keras-hub's, bound to hub
@@ -189,8 +175,7 @@ def _keep_on_save(hub, converter=None):
 def write_labels(directory, labels):
     """Adds the class names ``labels`` as ``label_names`` to the
     ``metadata.json`` keras-hub's ``save_to_preset`` wrote in
-    ``directory``: keras-hub ignores the field,
-    :mod:`keras_vit.zoo.keras_hub.io` reads it back."""
+    ``directory`` (keras-hub ignores the field)."""
     import json
 
     from keras_vit.base import atomic
@@ -204,12 +189,9 @@ def write_labels(directory, labels):
 
 def save_preset(model, directory, labels=None):
     """Writes ``model`` as a keras-hub preset directory
-    (``to_keras_hub(model).save_to_preset(directory)``: keras-hub's ViT,
-    or the family member that computes the model) with a classifier's
-    class names ``labels`` (a checked list, or None: none) as
-    ``label_names`` in its ``metadata.json`` (:func:`write_labels`).
-    Returns the folder; ``keras_hub.models.Backbone.from_preset`` (or the
-    task's class) and :func:`keras_vit.zoo.load` read it.
+    (``to_keras_hub(model).save_to_preset(directory)``) with a
+    classifier's class names ``labels`` (a checked list, or None) as
+    ``label_names`` in its ``metadata.json``. Returns the folder.
 
     Example::
 

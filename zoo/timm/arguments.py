@@ -1,19 +1,12 @@
 """timm's ViT architectures as data, and timm's arguments as keras_vit's.
 
-timm's hub files name an ``architecture`` and record only the arguments
-that differ from it (``model_args``); the architecture's own sizes and
-options live in timm's code. ``architectures.json`` beside this
-module is that code read as data: for every architecture of timm's
-``vision_transformer``, ``deit`` and ``vision_transformer_hybrid``
-modules, the keyword arguments its function passes to timm's builder,
-written from timm itself by ``benchmarks/timm_coverage.py --write-table``
-(the file names the timm version).
-
-One mapping turns timm's arguments into keras_vit's builder arguments,
-whether they come from the table or from a ``config.json`` (whose
-``model_args`` override the table's): every argument keras_vit honours is
-honoured from either place, and any other is refused in one line naming
-it and its value.
+timm's hub files record only the arguments that differ from the
+``architecture``. ``architectures.json`` beside this module holds, for
+every architecture of timm's ViT modules, the keyword arguments its
+function passes to timm's builder (written by
+``benchmarks/timm_coverage.py --write-table``). One mapping turns timm's
+arguments, from the table or a ``config.json``, into keras_vit's; any
+other is refused in one line naming it and its value.
 
 >>> arch, options = architecture("vit_base_patch16_clip_224.openai")
 >>> arch.config["hidden_size"], options["norm_layer"]
@@ -36,14 +29,11 @@ from keras_vit.zoo.timm.layout import (TIMM_ACTIVATIONS, TIMM_OPTIONS,
                                        TIMM_POOLS)
 
 #: How timm resizes a learned table to another grid (its
-#: resample_abs_pos_embed: bicubic, antialiased): the position_resize of
-#: the models read from its files, but where a reader says otherwise.
+#: resample_abs_pos_embed: bicubic, antialiased).
 TABLE_RESIZE = "bicubic_aa"
 #: The table of timm's architectures, shipped with the package.
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           "architectures.json")
-# The table's arguments that size a ViT; the others are options, read by
-# the one mapping (honoured).
 _TABLE_SIZES = ("patch_size", "embed_dim", "depth", "num_heads",
                 "img_size")
 
@@ -60,11 +50,8 @@ def table():
         return json.load(f)
 
 
-# timm's modules of the ViT family whose architectures keras_vit builds
-# (their readers: this module's, eva.py's for EVA, BEiT and Qwen's
-# towers, naflex.py's for NaFlexVit, sam.py's for SAM, relpos.py's for
-# the relative-position ViTs), and what each of the others builds that
-# keras_vit does not.
+# timm's modules whose architectures keras_vit builds, and what each of
+# the others builds that keras_vit does not.
 READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
                 "eva", "beit", "qwen3_vit", "naflexvit",
                 "vision_transformer_sam", "vision_transformer_relpos",
@@ -75,9 +62,8 @@ UNREAD_MODULES = {}
 def refusing(args, path, what):
     """``(refuse, read)`` for a reader of timm's arguments ``args`` of a
     ``config.json`` at ``path``: ``refuse(key, why)`` is the FormatError
-    naming the field ``model_args.<key>``, its value and why (``what``:
-    the class, "a timm EVA"); ``read(key, convert, default)`` is
-    ``convert`` of the argument (``default`` where absent), its
+    naming ``model_args.<key>`` (``what``: the class, "a timm EVA");
+    ``read(key, convert, default)`` converts the argument, its
     ValueError turned into that refusal."""
     def refuse(key, why):
         return formats.fail(path, f"model_args.{key}", f"{key}="
@@ -93,8 +79,7 @@ def refusing(args, path, what):
     return refuse, read
 
 
-# The sizes and dropout rates of timm's other ViT modules' arguments
-# (SAM's, the relative-position ViT's): timm's name -> the builder's.
+# timm's ViT size and dropout arguments -> the builder's.
 MODULE_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
                 "depth": "num_layers", "num_heads": "num_heads"}
 MODULE_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
@@ -103,12 +88,11 @@ MODULE_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
 
 
 def module_reader(args, path, what, fixed, known):
-    """``(refuse, read, sizes)`` of a reader of timm's arguments ``args``
-    of another ViT module (:func:`refusing`'s two, ``what`` naming the
-    class): every argument neither in ``fixed`` (argument -> (the one
-    value keras_vit computes, what another builds)), :data:`MODULE_SIZES`,
-    :data:`MODULE_DROPS` nor ``known`` refused, each of ``fixed`` at its
-    value; ``sizes`` the builder's sizes and non-zero dropout rates."""
+    """``(refuse, read, sizes)`` of a reader of another ViT module's
+    arguments ``args``: every argument neither in ``fixed`` (argument ->
+    (the one value keras_vit computes, what another builds)),
+    :data:`MODULE_SIZES`, :data:`MODULE_DROPS` nor ``known`` refused;
+    ``sizes`` the builder's sizes and non-zero dropout rates."""
     refuse, read = refusing(args, path, what)
     for key in args:
         if key not in (*fixed, *MODULE_SIZES, *MODULE_DROPS, *known):
@@ -128,10 +112,9 @@ def module_reader(args, path, what, fixed, known):
 
 
 def is_classifier(state):
-    """Whether a vision tower's ``state`` is timm's classifier's (its
-    tower's names under ``encoder.``) rather than the encoder's own (the
-    Gemma 4, DeepSeek and Qwen modules hold both classes); None: the
-    classifier, the architecture's own class."""
+    """Whether a vision tower's ``state`` is timm's classifier's (names
+    under ``encoder.``) rather than the encoder's own; None: the
+    classifier."""
     return state is None or any(k.startswith("encoder.") for k in state)
 
 
@@ -153,10 +136,8 @@ def check_module(name):
 def architecture(name):
     """``(Arch, options)`` of timm's ViT architecture ``name`` (a tag
     after ``.`` is ignored) from the table: the sizes as an
-    :class:`~keras_vit.base.variants.Arch` of family ``"vit"``, the image
-    size timm builds it at, and its other arguments as timm names them
-    (for :func:`honoured`; ``mlp_ratio`` among them, so that a width
-    given by a ``config.json`` keeps the architecture's ratio). None for
+    :class:`~keras_vit.base.variants.Arch` of family ``"vit"`` and its
+    other arguments as timm names them (for :func:`honoured`). None for
     a name the table lacks or a hybrid (its backbone is read by name).
 
     >>> arch, options = architecture("vit_base_patch16_gap_224")
@@ -165,7 +146,7 @@ def architecture(name):
     >>> architecture("ViT-B/16") is None
     True
     """
-    entry = table()["architectures"].get(name.partition(".")[0])
+    entry = table_entry(name)
     if entry is None or entry["args"].get("backbone") not in (
             None, *CONV_STEMS.get(name.partition(".")[0], ())):
         return None
@@ -176,8 +157,6 @@ def architecture(name):
     width = args["embed_dim"]
     config = dict(patch_size=args["patch_size"], hidden_size=width,
                   num_layers=args["depth"], num_heads=args["num_heads"],
-                  # timm's Block: int(dim * mlp_ratio) hidden units
-                  # (Gemma 4's: intermediate_size).
                   mlp_dim=args.get("intermediate_size") or int(
                       width * args["mlp_ratio"]),
                   classifier="token", representation_size=None)
@@ -207,7 +186,7 @@ def backbone(name):
     >>> backbone("vit_base_r50_s16_384"), backbone("vit_base_patch16_224")
     ('ResNetV2', None)
     """
-    entry = table()["architectures"].get(name.partition(".")[0])
+    entry = table_entry(name)
     return None if entry is None else entry["args"].get("backbone")
 
 
@@ -241,8 +220,7 @@ def count_arg(value):
     return value
 
 
-# timm's norm layers keras_vit builds: timm's class (as the table names
-# it) and its name for get_norm_layer -> keras_vit's norm kind.
+# timm's norm classes and get_norm_layer names -> keras_vit's norm kind.
 _NORM_CLASSES = {"LayerNorm": "layer", "RmsNorm": "rms"}
 _NORM_NAMES = {"layernorm": "layer", "rmsnorm": "rms"}
 
@@ -274,11 +252,9 @@ UNPACKED_GLU = "SwiGLU"
 def _mlp_layer_arg(value):
     """timm's ``mlp_layer`` -> keras_vit's ``mlp``: timm's Mlp, or its
     packed GLU with the gate first (``SwiGLUPacked``, or ``GluMlp`` with
-    ``gate_last=False`` as the table writes it), or its unpacked
-    ``SwiGLU`` (AIMv2's; the layout packs its two halves), which
-    keras_vit's ``"swiglu"`` MLP computes when the model's ``act_layer``
-    is SiLU (timm's block hands its ``act_layer`` to the MLP, over the
-    partial's)."""
+    ``gate_last=False``), or its unpacked ``SwiGLU`` (the layout packs
+    its two halves); the GLUs need ``act_layer`` SiLU (timm's block hands
+    its ``act_layer`` to the MLP)."""
     if value in ("Mlp", None):
         return "gelu"
     if value in ("SwiGLUPacked", UNPACKED_GLU) or (
@@ -312,8 +288,7 @@ def rate_arg(value):
 
 def positive_arg(value):
     """A positive number as a float, else a ValueError saying why."""
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not value > 0):
+    if not _is_number(value) or not value > 0:
         raise ValueError("it is not a positive number")
     return float(value)
 
@@ -323,8 +298,7 @@ def optional_positive_arg(value):
     return None if value is None else positive_arg(value)
 
 
-# How each of timm's family arguments (TIMM_OPTIONS, shared with the
-# writer) reads: its value's check and mapping onto keras_vit's.
+# How each of timm's family arguments (TIMM_OPTIONS) reads.
 _TIMM_VALUES = {
     "class_token": bool_arg, "reg_tokens": count_arg,
     "no_embed_class": bool_arg,
@@ -336,12 +310,11 @@ _TIMM_VALUES = {
     "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
     "drop_path_rate": lambda v: v if is_rate(v) else _choice_arg({})(v),
 }
-# The arguments the reader honours beyond those the writer writes:
-# timm's name -> (keras_vit's argument, the value's check and mapping).
+# The arguments read but not written: timm's name -> (keras_vit's
+# argument, the value's check and mapping).
 _READ_ONLY = {
     "mlp_layer": ("mlp", _mlp_layer_arg),
     "dynamic_img_size": ("dynamic_image_size", bool_arg),
-    # An argument of DeiT's builder: the distillation token and head.
     "distilled": ("distilled", bool_arg),
 }
 #: timm's architectures whose patches its ConvStem cuts as the
@@ -356,12 +329,8 @@ TIMM_BLOCKS = {"Block": {}, "ResPostBlock": {"post_norm": True},
                                             "differential": "vectors"},
                # Its branches are counted in the file (layout.branches).
                "ParallelThingsBlock": {"branches": 2}}
-# timm's ViT size arguments -> keras_vit's.
-_TIMM_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
-               "depth": "num_layers", "num_heads": "num_heads"}
-# timm's norm arguments: the model's norm (every norm of the model, its
-# kind and epsilon) and the norm after the patch embedding (None: none),
-# which keras_vit builds of the same kind and epsilon (patch_norm).
+# timm's norm arguments: the model's norm and the one after the patch
+# embedding (keras_vit's patch_norm, of the same kind and epsilon).
 _NORM_ARGS = ("norm_layer", "embed_norm_layer")
 _HONOURS = ("it honours img_size, in_chans, num_classes, the ViT's sizes "
             "patch_size, embed_dim, depth, num_heads, mlp_ratio, dropout "
@@ -393,11 +362,9 @@ def honoured(config, arch, path, defaults=None):
     """The builder arguments timm's ``config`` (a ``config.json``'s
     content) asks for: the architecture's own arguments ``defaults`` (from
     :func:`architecture`) overridden by the config's ``model_args`` and
-    top-level ``global_pool``, mapped onto keras_vit's arguments
-    (``in_chans``, the architecture's sizes, dropout rates and the ViT
-    family's options); any other setting is refused in one line naming
-    it, its value and where it came from (``path``'s field
-    ``model_args.<key>``, or ``architecture`` for the table's).
+    top-level ``global_pool``, mapped onto keras_vit's; any other setting
+    is refused in one line naming it, its value and where it came from
+    (``path``'s field ``model_args.<key>``, or ``architecture``).
 
     >>> arch = variants.parse("vit_base_patch16_224")
     >>> honoured({"model_args": {"reg_tokens": 4}}, arch, "config.json")
@@ -405,7 +372,6 @@ def honoured(config, arch, path, defaults=None):
     """
     given = dict(config.get("model_args") or {})
     args = dict(defaults or {}, **given)
-    # The top-level field is the pooling the model was saved with.
     pool = config.get("global_pool", args.get("global_pool", "token"))
     args.pop("global_pool", None)
     if arch.family == "vit" and pool not in ("", "token"):
@@ -416,7 +382,6 @@ def honoured(config, arch, path, defaults=None):
                            f"{arch.name}; it pools the class token")
 
     def refuse(key, value, why):
-        # Where the value came from: the file's field, else the table.
         where = ("global_pool" if key == "global_pool" and key in config
                  else f"model_args.{key}" if key in given else None)
         origin = f" (timm's {arch.name} sets it)" if where is None else ""
@@ -431,8 +396,8 @@ def honoured(config, arch, path, defaults=None):
             continue  # read with the config's own fields
         if key == "in_chans":
             out["num_channels"] = value
-        elif key in _TIMM_SIZES and vit:
-            out[_TIMM_SIZES[key]] = value
+        elif key in MODULE_SIZES and vit:
+            out[MODULE_SIZES[key]] = value
         elif key == "mlp_ratio" and vit:
             continue  # below, once the width is known
         elif key in ("drop_rate", "proj_drop_rate") and is_rate(value):
@@ -474,7 +439,6 @@ def honoured(config, arch, path, defaults=None):
         if kind != "layer":
             out["norm"] = kind
     if "embed_norm_layer" in norms:
-        # One kind and epsilon for every norm of keras_vit's model.
         if norms["embed_norm_layer"] != norms.get("norm_layer",
                                                   ("layer", 1e-6)):
             raise refuse("embed_norm_layer", args["embed_norm_layer"],
@@ -498,9 +462,8 @@ def honoured(config, arch, path, defaults=None):
         ratio = args["mlp_ratio"]
         if not _is_number(ratio) or not ratio > 0:
             raise refuse("mlp_ratio", ratio, "(it is not a positive number)")
-        # timm's Block: int(dim * mlp_ratio) hidden units, truncated; a
-        # packed GLU's first layer is twice the width its gate leaves, an
-        # unpacked one's halves are that width each.
+        # timm's Block: int(dim * mlp_ratio) hidden units; a packed
+        # GLU's first layer is twice the width its gate leaves.
         width = int(out.get("hidden_size", arch.config["hidden_size"])
                     * ratio)
         packed = glu and args.get("mlp_layer") != UNPACKED_GLU

@@ -1,12 +1,8 @@
 """timm's DeepSeek vision towers (``deepseek_vit.py``: ``deepseek_vit_*``)
 as keras_vit's ViT: pre-norm blocks of RMS norms, biased attention
-beside a bias-free packed SwiGLU MLP (``mlp_bias=False``), the axial
-rotary form as the only position information (``rope="eva02"`` with
-``rope_halves=True``: timm's ``RotaryEmbeddingCat`` over the patch
-indices), a final RMS norm on the tokens; the classifier pools the
-tokens' mean through an RMS norm without a scale (``pooled_norm``). No
-position table: the model takes images of any size, as timm's does
-(``dynamic_image_size``).
+beside a bias-free packed SwiGLU MLP, the axial rotary form as the only
+position information, a final RMS norm on the tokens; the classifier pools
+the tokens' mean through an RMS norm without a scale (``pooled_norm``).
 
 >>> args = {"patch_size": 14, "embed_dim": 64, "depth": 2, "num_heads": 4,
 ...         "mlp_ratio": 2.75, "global_pool": "avg"}
@@ -19,16 +15,14 @@ from __future__ import annotations
 
 from keras_vit.zoo.timm import arguments
 
-# DeepSeek's settings keras_vit computes at one value only: timm's
-# argument -> (that value, what another builds).
+# timm's argument -> (the one value keras_vit computes, what another
+# builds).
 _FIXED = {
     "encoder_pool": ("", "the aligner (3 x 3 pixel-unshuffle and its MLP "
                      "to the language model's width)"),
     "dynamic_img_pad": (False, "images padded to the patch grid"),
 }
-# Read below, decided by the file and the hub reader (img_size, in_chans,
-# num_classes), or of the aligner only, which keras_vit refuses
-# (out_features, downsample_ratio).
+# Read below, decided by the hub reader, or of the aligner only.
 _READ = ("mlp_ratio", "rope_temperature", "norm_eps", "final_norm",
          "global_pool", "img_size", "in_chans", "num_classes",
          "out_features", "downsample_ratio")
@@ -36,12 +30,9 @@ _READ = ("mlp_ratio", "rope_temperature", "norm_eps", "final_norm",
 
 def honoured(args, path, state=None):
     """keras_vit's builder arguments of timm's DeepSeek arguments
-    ``args`` (the table's, overridden by a ``config.json``'s
-    ``model_args``), each refused where keras_vit's model would compute
-    something else: a FormatError naming ``path``'s field, the argument
-    and its value. ``state``'s names say the class: the classifier's
-    (``encoder.`` before the tower's) pools through its norm, the
-    encoder's pool has none."""
+    ``args``, each refused (a FormatError naming ``path``'s field) where
+    keras_vit's model would compute something else. ``state``'s names say
+    the class: the classifier pools through its norm."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm DeepSeek tower", _FIXED, _READ)
     classifier = arguments.is_classifier(state)
@@ -62,7 +53,6 @@ def honoured(args, path, state=None):
         rope="eva02", rope_halves=True,
         rope_temperature=read("rope_temperature", arguments.positive_arg,
                               10000.0),
-        # No table: any grid, as timm's patch embedding takes it.
         dynamic_image_size=True)
     return out
 

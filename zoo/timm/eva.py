@@ -4,13 +4,6 @@ towers (``qwen3_vit.py``, EVA's blocks) as keras_vit's ViT: its
 arguments mapped onto the builder's, each at a value keras_vit computes
 or refused in one line naming it.
 
-timm's ``Eva`` is the ViT with other names and defaults (average pooling,
-biases on the query and value only, layer scales ``gamma_1``/``gamma_2``)
-and options of its own: rotary embeddings, SwiGLU MLPs, norms inside
-attention and MLP, post-norm blocks. The table of timm's architectures
-(:mod:`keras_vit.zoo.timm.arguments`) holds every argument of an EVA
-architecture, its function's and ``Eva``'s defaults, so each is read here.
-
 >>> args = {"embed_dim": 64, "depth": 2, "num_heads": 4, "patch_size": 16,
 ...         "mlp_ratio": 4.0, "global_pool": "avg", "use_fc_norm": False,
 ...         "use_abs_pos_emb": False, "use_rot_pos_emb": True,
@@ -37,8 +30,7 @@ from keras_vit.zoo.timm.arguments import (optional_positive_arg as
                                           rate_arg as _rate)
 from keras_vit.zoo.timm.arguments import norm_arg
 
-# EVA's settings that keras_vit's model computes only at one value:
-# timm's argument -> that value (None included).
+# EVA's settings keras_vit computes at one value only.
 _FIXED = {
     "num_kv_heads": None, "attn_only_layer_scale": False,
     "dynamic_img_pad": False,
@@ -46,28 +38,19 @@ _FIXED = {
     "rope_jitter_coords": None, "rope_rescale_coords": None,
     "rope_mrope_section": None,
 }
-# What each of those is, for the refusal.
 _WHAT = {
     "num_kv_heads":
     "grouped queries", "patch_drop_rate": "patch dropout",
 }
-# The rotary forms keras_vit computes: timm's rope_type -> keras_vit's
-# (the pairs each turns, timm's rope_rotate_half, are options.ROPE_HALVES).
+# timm's rope_type -> keras_vit's rope.
 _ROPE = {"dinov3": "dinov3", "cat": "eva02", "mixed": "mixed"}
 # timm's EVA poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max",
           "map": "map"}
-# Sizes, as the ViT reader reads them.
-_SIZES = {"patch_size": "patch_size", "embed_dim": "hidden_size",
-          "depth": "num_layers", "num_heads": "num_heads"}
-_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
-          "attn_drop_rate": "attention_dropout_rate",
-          "drop_path_rate": "drop_path_rate", "pos_drop_rate": None}
-
-
-# The other EVA arguments this reader reads (below), or that the hub
-# reader and the file decide (img_size; qkv_fused: the layout reads the
-# projections either way): any other is refused, never ignored.
+_SIZES = arguments.MODULE_SIZES
+_DROPS = dict(arguments.MODULE_DROPS, pos_drop_rate=None)
+# The other EVA arguments this reader reads, or that the hub reader and
+# the file decide: any other is refused, never ignored.
 _READ = (
     "global_pool", "class_token", "num_reg_tokens", "no_embed_class",
     "qkv_bias", "qk_norm", "use_pre_transformer_norm", "use_fc_norm",
@@ -86,8 +69,6 @@ _flag, _count = arguments.bool_arg, arguments.count_arg
 
 def _optional_count(value):
     return None if value is None else _count(value)
-
-
 
 
 def _finite(value):
@@ -110,11 +91,9 @@ def _choice(table, what):
 
 
 def honoured(args, path):
-    """keras_vit's builder arguments of timm's EVA arguments ``args`` (the
-    table's, overridden by a ``config.json``'s ``model_args``), each
-    refused where keras_vit's model would compute something else: a
+    """keras_vit's builder arguments of timm's EVA arguments ``args``,
+    each refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
-
     refuse, read = arguments.refusing(args, path, "a timm EVA")
 
     known = (*_FIXED, *_SIZES, *_DROPS, *_READ)
@@ -139,8 +118,6 @@ def honoured(args, path):
     out["qkv_bias"] = read("qkv_bias", _flag, True)
     out["qk_norm"] = read("qk_norm", _flag, False)
     out["pre_norm"] = read("use_pre_transformer_norm", _flag, False)
-    # timm's Eva drops the patch embedding's bias under the norm before
-    # the blocks (Perception Encoder's ln_pre).
     out["patch_bias"] = not out["pre_norm"]
     fc_norm = args.get("use_fc_norm")
     fc_norm = pool == "gap" if fc_norm is None else read("use_fc_norm",
@@ -156,9 +133,7 @@ def honoured(args, path):
         "norm_layer", norm_arg, {"layer": "LayerNorm", "eps": 1e-6})
     if kind != "layer":
         out["norm"] = kind
-    init = args.get("init_values")
-    out["layer_scale"] = None if init is None else read("init_values",
-                                                         _positive, None)
+    out["layer_scale"] = read("init_values", _optional_positive, None)
     out["position_embedding"] = ("learned_1d" if read(
         "use_abs_pos_emb", _flag, True) else "none")
     if read("use_rot_pos_emb", _flag, False):
@@ -173,8 +148,6 @@ def honoured(args, path):
         out["rope_offset"] = read("rope_grid_offset", _finite, 0.0)
         out["rope_indexing"] = read("rope_grid_indexing", _choice(
             {"ij": "ij", "xy": "xy"}, "it indexes the grid by"), "ij")
-    # timm's RoPE attention (RoPE-ViT, Perception Encoder) is the ViT's:
-    # one qkv projection with its biases (the layout reads either).
     read("attn_type", _choice({"eva": "eva", "rope": "rope"},
                               "it builds the attention"), "eva")
     # BEiT's relative position bias (timm's Beit shares EVA's names).
@@ -205,8 +178,7 @@ def honoured(args, path):
     return out
 
 
-# Qwen's vision towers' arguments (timm's qwen3_vit.py, its classifier's
-# and its encoder's): each is read below or refused by name.
+# Qwen's vision towers' arguments: each is read or refused by name.
 _QWEN = ("embed_dim", "depth", "num_heads", "mlp_ratio", "patch_size",
          "img_size", "in_chans", "num_classes", "global_pool",
          "encoder_pool", "out_features", "merge_size", "pos_embed_grid_size",
@@ -217,15 +189,9 @@ _QWEN = ("embed_dim", "depth", "num_heads", "mlp_ratio", "patch_size",
 def qwen_honoured(args, path, state):
     """``(builder arguments, tokens)`` of a timm Qwen vision tower
     (``qwen3_vit.py``) with arguments ``args`` and weights ``state``:
-    EVA's blocks with one q/k/v projection and its biases, a learned table
-    over the patches (no class token) beside EVA-02's rotary coordinates
-    with the halves turned, the tanh GELU, no norm after the blocks, and
-    the projector that merges 2 x 2 patches for the language model
-    (``merge_size``; ``merge_width`` the width of its last projection in
-    ``state``) where the tower has it. Its classifier pools the (merged)
-    tokens' mean, then a norm without a scale or bias (:func:`qwen_state`
-    gives ones and zeros), then the head; the encoder returns the
-    merger's tokens (``tokens`` True: no pooling, no head) or their mean.
+    EVA's blocks with a learned table and EVA-02's rotary coordinates, and
+    the merger of ``merge_size`` patches where the tower has it
+    (``tokens`` True: the encoder returns the merger's tokens).
 
     >>> out, tokens = qwen_honoured({"embed_dim": 64, "depth": 2,
     ...     "num_heads": 4, "mlp_ratio": 4.0, "patch_size": 16,
@@ -263,10 +229,8 @@ def qwen_honoured(args, path, state):
                                                           1e-6)},
         use_abs_pos_emb=True, use_rot_pos_emb=True, rope_type="cat",
         rope_rotate_half=True, attn_type="rope",
-        # Any image whose grid the tower divides: the table resized to it.
         dynamic_img_size=True)
-    # Its table is resized bilinearly with aligned corners
-    # (resample_pos_embed_grid), not as timm's other towers.
+    # Its table is resized bilinearly with aligned corners.
     out = dict(honoured(eva_args, path), gelu="tanh",
                position_resize="bilinear_corners")
     if merger:
@@ -304,9 +268,7 @@ def qwen_state(state, honoured):
 
 def with_key_biases(state):
     """timm's EVA ``state`` with each block's key bias, zeros, beside its
-    query and value biases: EVA projects the keys without a bias (and
-    keeps zeros in a buffer no file holds, or has no bias on ``k_proj``),
-    where keras_vit's ``qkv_bias`` has one for each."""
+    query and value biases (EVA projects the keys without a bias)."""
     zeros = {}
     for key, value in state.items():
         for query, bias in ((".attn.q_bias", ".attn.k_bias"),

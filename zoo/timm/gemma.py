@@ -4,20 +4,8 @@ keras_vit's ViT: RMS norms before and after each branch
 (``value_norm``), the GeGLU MLP (``mlp="geglu"``) and no biases, the
 position table per axis (``position_axes``) and the 2D rotary form, the
 patches' mean through an RMS norm without a scale (``pooled_norm``).
-
-What Gemma 4 computes that keras_vit's rows hold in another form, the
-weights carry over exactly (:func:`gemma_state`):
-
-- its patch projection reads ``2 * (x - 0.5)``: the patch convolution's
-  kernel twice the Linear's, its bias ``-sum(W)`` (``patch_bias``);
-- its rotary form turns, in each head, the first half of the features
-  by the columns and the second half by the rows, each half's own two
-  halves paired; keras_vit's ``rope="eva02"`` with ``rope_halves=True``
-  and ``rope_indexing="xy"`` pairs feature ``k`` with ``k + head_dim /
-  2``: the queries' and keys' middle quarters swapped, their dot
-  products the same;
-- its logits are not scaled (scale 1): the query norm's scale times
-  ``sqrt(head_dim)``;
+What keras_vit holds in another form, the weights carry over exactly
+(:func:`gemma_state`).
 
 >>> args = {"embed_dim": 64, "depth": 2, "num_heads": 4, "head_dim": 16,
 ...         "patch_size": 16, "intermediate_size": 96, "global_pool": "avg",
@@ -33,14 +21,13 @@ import numpy as np
 
 from keras_vit.zoo.timm import arguments
 
-# Gemma 4's settings keras_vit computes at one value only: timm's argument
-# -> (that value, what another builds).
+# timm's argument -> (the one value keras_vit computes, what another
+# builds).
 _FIXED = {
     "num_kv_heads": (None, "grouped key and value heads"),
     "act_layer": (None, "another activation than the tanh GELU"),
 }
-# Read below, decided by the file and the hub reader (img_size, in_chans,
-# num_classes), or of no effect on the forward (weight_init).
+# Read below, decided by the hub reader, or of no effect on the forward.
 _READ = ("head_dim", "intermediate_size", "final_norm", "global_pool",
          "encoder_pool", "norm_eps", "rope_theta", "position_embedding_size",
          "img_size", "in_chans", "num_classes", "weight_init", "standardize",
@@ -49,14 +36,10 @@ _READ = ("head_dim", "intermediate_size", "final_norm", "global_pool",
 
 def honoured(args, path, state=None):
     """``(builder arguments, tokens)`` of timm's Gemma 4 arguments
-    ``args`` (the table's, overridden by a ``config.json``'s
-    ``model_args``), each refused where keras_vit's model would compute
+    ``args``, each refused where keras_vit's model would compute
     something else: a FormatError naming ``path``'s field, the argument
-    and its value. ``state``'s names say the class: the classifier's
-    (``encoder.`` before the tower's) pools the (soft-pooled, with
-    ``encoder_pool="soft"``) tokens' mean through its norm; the
-    encoder's output is its soft-token pool's tokens, all its tokens
-    (``tokens`` True: no pooling, no head) or their mean."""
+    and its value. ``state``'s names say the class (``tokens`` True: the
+    encoder returns its tokens, no pooling, no head)."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm Gemma 4 tower", _FIXED, _READ)
     classifier = arguments.is_classifier(state)
@@ -125,15 +108,12 @@ def _quarters_swapped(array, head_dim):
 
 
 def gemma_state(state, honoured):
-    """A Gemma 4 ``state`` (timm's classifier's, ``encoder.`` before the
-    encoder's names) under timm's ViT names, in keras_vit's forms (see
-    the module's docstring): the patch projection as a convolution with a
-    bias, the queries' and keys' rotary pairs, the query norm's scale;
-    the clamped projections' bounds as
-    each block's attention's and MLP's rows (a ValueError naming any the
-    file lacks); the soft-token pool's standardisation
-    dropped where no soft-token pool runs (a classifier's without
-    ``encoder_pool="soft"``)."""
+    """A Gemma 4 ``state`` under timm's ViT names, in keras_vit's forms:
+    the patch projection as a convolution with a bias (Gemma reads ``2 *
+    (x - 0.5)``), the queries' and keys' rotary pairs, the query norm's
+    scale times ``sqrt(head_dim)`` (Gemma's logits are unscaled), the
+    clamped projections' bounds as rows (a ValueError naming any missing);
+    the soft-token pool's standardisation dropped where none runs."""
     width, heads = honoured["hidden_size"], honoured["num_heads"]
     head_dim = width // heads
     patch = honoured["patch_size"]

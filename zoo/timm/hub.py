@@ -1,29 +1,16 @@
 """timm's ViT weights, from the Hugging Face Hub or local files, both ways.
 
-Most ViT weights people use today are timm's ``timm/vit_*`` repositories on
-the Hub: a ``config.json`` (architecture, num_classes, input size, mean/std,
-optionally label names) and a ``model.safetensors`` holding the same AugReg
-and original checkpoints as the official ``.npz`` files, plus later
-fine-tunes. This module reads them with ``huggingface_hub`` (its cache,
-``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, its locks and progress bars) and
-``safetensors``' NumPy reader (no torch) and puts timm's tensors straight
-onto the model's variables by timm's own names
-(:mod:`keras_vit.zoo.timm.layout`: ViT, the ResNetV2+ViT hybrids and BiT;
-a hybrid keeps timm's ResNet numerics: weights standardised with
-sqrt(var + 1e-8), GroupNorm epsilon 1e-5), through the strict load every
-layout shares. :func:`keras_vit.zoo.save_pretrained` writes the
-reverse (:mod:`keras_vit.zoo.timm.writer`), a repository that
-``timm.create_model(..., pretrained=True)`` loads.
-
-The ``config.json`` names timm's architecture and only the arguments that
-differ from it; the architecture's own sizes and options come from
-keras_vit's table of timm's architectures, and both pass through one
-mapping onto keras_vit's options (:mod:`keras_vit.zoo.timm.arguments`),
-which refuses by name what keras_vit cannot build.
+A timm repository is a ``config.json`` (architecture, num_classes, input
+size, mean/std, optionally label names) and a ``model.safetensors``, read
+with ``huggingface_hub`` and ``safetensors``' NumPy reader (no torch); the
+tensors go onto the model's variables by timm's own names
+(:mod:`keras_vit.zoo.timm.layout`; a hybrid keeps timm's ResNet numerics:
+weights standardised with sqrt(var + 1e-8), GroupNorm epsilon 1e-5).
+:mod:`keras_vit.zoo.timm.writer` writes the reverse. The config's
+arguments map onto keras_vit's by :mod:`keras_vit.zoo.timm.arguments`.
 
 timm runs the exact (erf) GELU, the official code the tanh form, so models
-built from timm weights default to ``gelu="exact"``: they reproduce timm's
-forward; models from ``.npz`` files keep ``gelu="tanh"``.
+built from timm weights default to ``gelu="exact"``.
 
 Sources: ``"hf-hub:<repo>[@revision]"``, a local repository folder (with
 ``config.json`` and ``model.safetensors``) or a ``.safetensors`` file (the
@@ -36,7 +23,6 @@ import os
 
 import numpy as np
 
-
 from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
@@ -46,19 +32,17 @@ from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
 from keras_vit.zoo.timm import arguments as timm_arguments
 from keras_vit.zoo.timm import layout as timm_layout
-# timm's names <-> the model's variables (zoo/timm/layout.py).
 from keras_vit.zoo.timm import (deepseek, eva, gemma, naflex, relpos,
                                   resnet_d, sam)
 from keras_vit.zoo.timm.layout import TIMM, TIMM_BIT, TIMM_EVA, check_state
-# The Hub files transformers' layout shares (zoo/hub_files.py).
 from keras_vit.zoo.hub_files import (CONFIG_FILE, HUB_PREFIX, WEIGHTS_FILE,
                                      hub_download, read_safetensors)
-# The official input range, x / 127.5 - 1: mean 0.5, std 0.5 of [0, 1].
+
+
 def is_timm_source(value, *, progress=None):
     """True for what this module reads: an ``hf-hub:`` handle, a
-    ``.safetensors`` file or a folder holding ``model.safetensors``.
-    ``progress`` is unused (nothing is downloaded to tell): the sources'
-    predicates take it (:mod:`keras_vit.zoo.sources`).
+    ``.safetensors`` file or a folder holding ``model.safetensors``
+    (``progress`` is unused).
 
     >>> is_timm_source("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
     True
@@ -72,21 +56,25 @@ def is_timm_source(value, *, progress=None):
             or os.path.isfile(os.path.join(value, WEIGHTS_FILE)))
 
 
+def parse_handle(value):
+    """``(repo, revision or None)`` of an ``hf-hub:`` handle."""
+    repo, _, revision = value[len(HUB_PREFIX):].partition("@")
+    if not repo or repo.count("/") != 1:
+        raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
+                         f"[@revision]; received {value!r}")
+    return repo, revision or None
+
+
 def fetch(source, progress=None, *, timeout=60.0,
           deadline=http_fetch.DEFAULT_DEADLINE):
     """``(config dict, local .safetensors path)`` of ``source``; Hub files
-    come through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` or
-    ``KERAS_VIT_OFFLINE=1`` never goes online, ``HF_ENDPOINT`` picks
-    another server) within ``timeout``
-    per wait and ``deadline`` in all (see :func:`hub_download`)."""
+    come through ``huggingface_hub``'s cache within ``timeout`` per wait
+    and ``deadline`` in all (see :func:`hub_download`)."""
     source = os.fspath(source)
     if source.startswith(HUB_PREFIX):
-        repo, _, revision = source[len(HUB_PREFIX):].partition("@")
-        if not repo or repo.count("/") != 1:
-            raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
-                             f"[@revision]; received {source!r}")
+        repo, revision = parse_handle(source)
         config_path, path = hub_download(
-            repo, revision or None, progress=progress, timeout=timeout,
+            repo, revision, progress=progress, timeout=timeout,
             deadline=deadline)
     elif os.path.isdir(source):
         config_path = os.path.join(source, CONFIG_FILE)
@@ -100,8 +88,6 @@ def fetch(source, progress=None, *, timeout=60.0,
     return config, path
 
 
-
-
 def _pair(size):
     """A size as ``(height, width)``: an int, ``[h, w]`` or timm's
     ``[channels, h, w]``."""
@@ -109,11 +95,10 @@ def _pair(size):
 
 
 def validate_config(config, path):
-    """A timm ``config.json``'s content checked field by field as
-    :data:`keras_vit.zoo.formats.TIMM_CONFIG` describes it (a
-    :class:`~keras_vit.zoo.formats.FormatError` naming ``path`` and the
-    field otherwise), with image sizes as ``(height, width)`` tuples and
-    ``label_names`` checked against the head."""
+    """A timm ``config.json``'s content checked against
+    :data:`keras_vit.zoo.formats.TIMM_CONFIG` (a FormatError naming
+    ``path`` and the field otherwise), with image sizes as ``(height,
+    width)`` tuples and ``label_names`` checked against the head."""
     config = formats.check(formats.TIMM_CONFIG, config, path)
     for key, size_key in (("model_args", "img_size"),
                           ("pretrained_cfg", "input_size")):
@@ -126,10 +111,8 @@ def validate_config(config, path):
 
 
 def read_config(path):
-    """A timm ``config.json``, validated (:func:`validate_config`); one
-    :class:`~keras_vit.zoo.formats.FormatError` naming the file for one
-    that is too large, not UTF-8, not JSON, nested too deeply or naming a
-    setting twice."""
+    """A timm ``config.json``, validated (:func:`validate_config`); a
+    FormatError naming the file for one that is not sound JSON."""
     path = os.fspath(path)
     return validate_config(schema.read_json(
         path, "timm config.json", max_bytes=MAX_CONFIG_BYTES,
@@ -138,9 +121,7 @@ def read_config(path):
 
 def _architecture(config, name):
     """``(Arch, the architecture's own timm arguments)`` of the name the
-    caller or the config gives: timm's architectures from their table
-    (:mod:`keras_vit.zoo.timm.arguments`), the ResNetV2 hybrids, BiT and
-    the paper's names (``ViT-B/16``) from their names."""
+    caller or the config gives."""
     arch_name = name or config.get("architecture")
     if not arch_name:
         raise ValueError("the timm weights carry no config.json naming the "
@@ -169,9 +150,8 @@ def _architecture(config, name):
 
 
 def input_normalization(config):
-    """``{"mean": [...], "std": [...]}`` the weights expect their [0, 1]
-    pixels normalised with (``pretrained_cfg``'s; the official 0.5/0.5
-    when it names none)."""
+    """``{"mean": [...], "std": [...]}`` of ``pretrained_cfg`` (the
+    official 0.5/0.5 when it names none)."""
     pretrained = config.get("pretrained_cfg") or {}
     return {"mean": [float(v) for v in pretrained.get("mean", [0.5] * 3)],
             "std": [float(v) for v in pretrained.get("std", [0.5] * 3)]}
@@ -184,11 +164,7 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     The architecture, head size and input size come from the repository's
     ``config.json`` (``name`` overrides the architecture; ``image_size``
     resizes the position embeddings; another ``num_classes`` gives a new
-    zero head), settled as every source's are
-    (:mod:`keras_vit.zoo.settle`). Models default to ``gelu="exact"``,
-    timm's forward. ``**kwargs`` go to :func:`keras_vit.zoo.load`
-    (``include_top``, ``label_names``, ...). The model's ``label_names``
-    hold the repository's label names while its head is kept.
+    zero head). ``**kwargs`` go to :func:`keras_vit.zoo.load`.
 
     Example (a repository written by :func:`save_pretrained`):
 
@@ -221,12 +197,9 @@ def _num_classes(config, arrays, head_key):
 
 def _head_type(config, build_config, arrays, head, labels):
     """``{"head_type": "projection"}`` where the head is an embedding, not
-    classes: as the config's ``head_type`` says (keras_vit writes it;
-    timm reads no such field), else for a CLIP tower's head (the model
-    has CLIP's ``pre_norm``) without label names whose bias is zero
-    throughout, which is how timm holds OpenAI's and OpenCLIP's
-    image-text projection (a matrix without a bias). A fine-tuned
-    classifier has a trained bias or its labels."""
+    classes: as the config's ``head_type`` says, else for a CLIP tower's
+    head (``pre_norm``) without label names whose bias is zero
+    throughout (how timm holds CLIP's image-text projection)."""
     kind = config.get("head_type")
     bias_key = TIMM.key_of("head/bias")
     if kind is None and head and labels is None and build_config.get(
@@ -237,7 +210,7 @@ def _head_type(config, build_config, arrays, head, labels):
 
 
 def _eva_args(entry, config):
-    """An EVA architecture's arguments: the table's, the ``config.json``'s
+    """An architecture's arguments: the table's, the ``config.json``'s
     ``model_args`` over them, and its pooling."""
     args = dict(entry["args"], **(config.get("model_args") or {}))
     if config.get("global_pool") not in (None, ""):
@@ -249,9 +222,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
     :class:`~keras_vit.zoo.build.Checkpoint` of the repository
-    ``source`` (its ``config.json`` naming the architecture, unless
-    ``name`` does, and its ``model.safetensors``). ``prefer_size`` is
-    unused (one file per repository)."""
+    ``source``."""
     from keras_vit.zoo import build
 
     config, path = fetch(source, progress=progress)
@@ -264,40 +235,34 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     tokens = False  # a tower whose output is its tokens (no head)
     is_bit = arch.family == "bit"
     # The file's architecture where the name is none of timm's (a named
-    # member, EVA02-S/14): its own reader reads its own arguments.
+    # member, EVA02-S/14).
     entry = (timm_arguments.table_entry(arch.name)
              or timm_arguments.table_entry(str(config.get("architecture")
                                                or "")))
-    if entry is not None and entry["module"] in ("eva", "beit"):
-        honoured = eva.honoured(_eva_args(entry, config), where)
-        layout = TIMM_EVA
+    module = None if entry is None else entry["module"]
+    args = None if entry is None else _eva_args(entry, config)
+    layout = TIMM_EVA if module in ("eva", "beit", "gemma4_vit",
+                                    "qwen3_vit") else TIMM
+    if module in ("eva", "beit"):
+        honoured = eva.honoured(args, where)
         state = eva.with_key_biases(state)
-    elif entry is not None and entry["module"] == "naflexvit":
-        honoured = naflex.honoured(_eva_args(entry, config), where, {
+    elif module == "naflexvit":
+        honoured = naflex.honoured(args, where, {
             *(config.get("model_args") or {}), "global_pool"})
-        layout = TIMM
         state = naflex.naflex_state(state, honoured)
-    elif entry is not None and entry["module"] == "vision_transformer_sam":
-        honoured = sam.honoured(_eva_args(entry, config), where)
-        layout = TIMM
+    elif module == "vision_transformer_sam":
+        honoured = sam.honoured(args, where)
         state = sam.sam_state(state)
-    elif entry is not None and entry["module"] == (
-            "vision_transformer_relpos"):
-        honoured = relpos.honoured(_eva_args(entry, config), where)
-        layout = TIMM
-    elif entry is not None and entry["module"] == "deepseek_vit":
-        honoured = deepseek.honoured(_eva_args(entry, config), where, state)
-        layout = TIMM
+    elif module == "vision_transformer_relpos":
+        honoured = relpos.honoured(args, where)
+    elif module == "deepseek_vit":
+        honoured = deepseek.honoured(args, where, state)
         state = deepseek.deepseek_state(state)
-    elif entry is not None and entry["module"] == "gemma4_vit":
-        honoured, tokens = gemma.honoured(_eva_args(entry, config), where,
-                                          state)
-        layout = TIMM_EVA
+    elif module == "gemma4_vit":
+        honoured, tokens = gemma.honoured(args, where, state)
         state = gemma.gemma_state(state, honoured)
-    elif entry is not None and entry["module"] == "qwen3_vit":
-        honoured, tokens = eva.qwen_honoured(_eva_args(entry, config),
-                                             where, state)
-        layout = TIMM_EVA
+    elif module == "qwen3_vit":
+        honoured, tokens = eva.qwen_honoured(args, where, state)
         state = eva.qwen_state(state, honoured)
     else:
         honoured = timm_arguments.honoured(config, arch, where, defaults)
@@ -328,10 +293,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     # (quick GELU: OpenAI's CLIP towers; tanh: SigLIP 2's).
     if not is_bit and "gelu" not in honoured and "gelu" not in arch.config:
         build_config["gelu"] = "exact"
-    # (height, width) after read_config's checks: the one its data config
-    # feeds, else the size timm builds at (model_args); the latter first
-    # where the file's table is of its grid (a dynamic-size model built
-    # at the former would resize the table there and back).
+    # The data config's size, else model_args'; the latter first where
+    # the file's table is of its grid.
     sizes = [size for size in (
         (config.get("pretrained_cfg") or {}).get("input_size"),
         (config.get("model_args") or {}).get("img_size")) if size]
@@ -352,8 +315,6 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     head = int(arrays[head_key].shape[0]) if head_key in arrays else None
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None
-    # The weights' own input normalisation, from their config: the model
-    # records it, and every path that feeds it normalises so.
     normalization = check_normalization("pretrained_cfg mean/std",
                                         input_normalization(config))
     build_config.update(input_normalization=config_value(normalization))

@@ -1,11 +1,7 @@
 """timm's parameter names, as rules read both ways
-(:class:`~keras_vit.zoo.layouts.Layout`): the ViT (``blocks.{i}.attn.qkv``
-stacking query, key and value; the attention pool ``attn_pool``; the
-family's options) and the ResNetV2+ViT hybrids
-(``patch_embed.backbone.stages.{s}.blocks.{b}``) go straight onto the
-model's variables, as does BiT (``resnetv2_*_bit``). Shared by the
-reader (:mod:`keras_vit.zoo.timm.hub`) and the writer
-(:mod:`keras_vit.zoo.timm.writer`).
+(:class:`~keras_vit.zoo.layouts.Layout`): the ViT, the ResNetV2+ViT hybrids
+and BiT, shared by the reader (:mod:`keras_vit.zoo.timm.hub`) and the
+writer (:mod:`keras_vit.zoo.timm.writer`).
 """
 
 from __future__ import annotations
@@ -19,16 +15,12 @@ from keras_vit.zoo.layouts import (Layout, Rule, option_rules,
                                   torch_batch_norm)
 from keras_vit.zoo.layouts import torch_module as _linear
 
-# timm's names of the ViT family's poolings and MLP activations ->
-# keras_vit's (VisionTransformer's classifier and gelu), for the reader and
-# the writer.
+# timm's names of the poolings and MLP activations -> keras_vit's.
 TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
               "avgmax": "avgmax", "map": "map"}
 TIMM_ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh",
                     "quick_gelu": "quick"}
-# timm's VisionTransformer arguments that are one of keras_vit's ViT family
-# options: timm's name -> keras_vit's (the values' forms: the rows' timm
-# Field, read by the reader and the writer).
+# timm's VisionTransformer arguments that are keras_vit's family options.
 TIMM_OPTIONS = {
     **{o.timm.name: o.name for o in options.OPTIONS if o.timm},
     "global_pool": "classifier", "act_layer": "gelu",
@@ -55,8 +47,7 @@ _BACKBONE = "patch_embed.backbone."
 _D_UNIT, _LAYER = "resnet_block{s}_unit{u}_", "layer{s}.{u-1}."
 
 #: timm's ViT (``vision_transformer.py``) and its ResNetV2 hybrids
-#: (``vision_transformer_hybrid.py``); the ViT family's options name their
-#: weights in their rows.
+#: (``vision_transformer_hybrid.py``).
 TIMM = Layout("timm", [
     *option_rules("timm", lambda path, key: _linear(path, key, "norm"),
                   _linear, lambda path, key: _linear(path, key, "conv"),
@@ -74,9 +65,7 @@ TIMM = Layout("timm", [
     *_linear(_B + "attention/out", _T + "attn.proj", "linear_out"),
     *_linear(_B + "norm_2", _T + "norm2", "norm"),
     *_mlp(_B + "mlp", _T + "mlp"),
-    # timm's unpacked SwiGLU (its SwiGLU class, AIMv2's MLP) projects the
-    # gate (fc1_g) and the value (fc1_x) with two Linears; keras_vit's
-    # "swiglu" packs them into one Dense, gate first.
+    # timm's unpacked SwiGLU: two Linears keras_vit packs, gate first.
     Rule(_B + "mlp/dense_0/kernel",
          (_T + "mlp.fc1_g.weight", _T + "mlp.fc1_x.weight"), "linear",
          variant="unpacked_glu"),
@@ -85,8 +74,7 @@ TIMM = Layout("timm", [
          variant="unpacked_glu"),
     *_linear("encoder_norm", "norm", "norm"),
     *_linear("head", "head"),
-    # The attention pool (global_pool="map", AttentionPoolLatent with one
-    # latent query).
+    # The attention pool (global_pool="map").
     Rule("pooling/probe", "attn_pool.latent"),
     *_projections("pooling", "attn_pool.q", ("query",)),
     *_projections("pooling", "attn_pool.kv", ("key", "value")),
@@ -111,9 +99,7 @@ TIMM = Layout("timm", [
     *_linear(_UNIT + "gn_proj", f"{_BACKBONE}{_STAGE}downsample.norm",
              "norm"),
     # The ResNet-D hybrids' backbone (timm's resnet26d/50d): the deep
-    # stem's convolutions (conv1.0, .3, .6) and norms (conv1.1, .4, bn1),
-    # then stage s, block b: convolutions, norms and the shortcut's
-    # projection after its pool (downsample.1, .2).
+    # stem, then stage s, block b.
     *[r for n, (conv, norm) in enumerate(
         (("conv1.0", "conv1.1"), ("conv1.3", "conv1.4"), ("conv1.6", "bn1")))
       for r in (Rule(f"resnet_stem_conv_{n}/kernel",
@@ -131,18 +117,15 @@ TIMM = Layout("timm", [
 
 
 _THINGS = re.compile(r"^(blocks\.\d+\.)(attns|ffns)\.(\d+)\.(\w+)(\..*)$")
-# The first branch's modules -> the plain block's (its weights are the
-# block's own).
+# The first branch's modules -> the plain block's.
 _FIRST_BRANCH = {"attns": {"norm": "norm1", "attn": "attn", "ls": "ls1"},
                  "ffns": {"norm": "norm2", "mlp": "mlp", "ls": "ls2"}}
 
 
 def branches(state):
-    """``(branches, state)`` of a checkpoint of timm's ParallelThingsBlock
-    (``blocks.{i}.attns.{b}``, ``blocks.{i}.ffns.{b}``): the branches its
-    blocks hold, and its keys as the ``branches`` row reads them, the
-    first branch's as the plain block's, the others' packed ``qkv`` split
-    into ``q``, ``k`` and ``v``."""
+    """``(branches, state)`` of a checkpoint of timm's ParallelThingsBlock:
+    the branches its blocks hold, and its keys as the ``branches`` row
+    reads them (the first branch's as the plain block's)."""
     out, count = {}, 0
     for key, value in state.items():
         m = _THINGS.match(key)
@@ -164,13 +147,10 @@ def branches(state):
 
 def _parallel_rules(rules):
     """timm's parallel blocks (``ParallelScalingBlock``,
-    ``DiffParallelScalingBlock``): one norm (``in_norm``) and one Linear
-    (``in_proj``) for the MLP's first projection and the query, key and
-    value, one layer scale (``ls``), the attention's own weights (q/k
-    norms, differential attention's) on the block itself; the two output
-    projections apart (``"parallel_split"``) or one over both branches'
-    features (``"parallel_fused"``). ``"parallel_no_qkv_bias"``: the MLP's
-    first bias apart (``mlp_bias``) where ``in_proj`` has none."""
+    ``DiffParallelScalingBlock``): one norm and one Linear (``in_proj``)
+    for the MLP's first projection and the query, key and value, the
+    attention's own weights on the block itself; the output projections
+    apart (``"parallel_split"``) or one (``"parallel_fused"``)."""
     attention = _T + "attn."
     own = [Rule([p.text for p in rule.model],
                 [_T + k.text[len(attention):] for k in rule.keys],
@@ -221,11 +201,10 @@ def parallel_variants(config):
 
 TIMM.rules += _parallel_rules(TIMM.rules)
 
-#: timm's EVA (``eva.py``: EVA-02, DINOv3, PE): the ViT's names, with the
-#: layer scales as EVA's blocks name them and the query, key and value
-#: biases apart (EVA's key bias is a buffer of zeros no file holds: the
-#: reader gives it), or the three projections apart (``qkv_fused=False``,
-#: EVA-02 B and L: ``q_proj``, ``k_proj`` without a bias, ``v_proj``).
+#: timm's EVA (``eva.py``): the ViT's names, with EVA's layer scale names
+#: and the query, key and value biases apart (EVA's key bias is a buffer of
+#: zeros no file holds: the reader gives it), or the three projections
+#: apart (``qkv_fused=False``).
 TIMM_EVA = Layout("timm", [
     *TIMM.renamed({f"blocks.{{i}}.ls{n}.gamma": f"blocks.{{i}}.gamma_{n}"
                    for n in (1, 2)}).rules,
@@ -241,8 +220,7 @@ TIMM_EVA = Layout("timm", [
 def check_state(state, layout, what="ViT"):
     """Refuses, in one line naming them, the parameters of a timm
     ``state_dict`` keras_vit's model (``what``) has no place for in
-    ``layout`` (loading without them would compute something else), and
-    an attention pool of several latent queries."""
+    ``layout``, and an attention pool of several latent queries."""
     unknown = layout.unknown(state)
     if unknown:
         raise ValueError(

@@ -1,22 +1,13 @@
 """timm's NaFlexVit (``naflexvit.py``: NaFlex ViTs of timm's own training,
 SigLIP 2's NaFlex towers) as keras_vit's ViT with the ``naflex`` option:
-its arguments (the fields of timm's ``NaFlexVitCfg``, which the table of
-timm's architectures holds in full) mapped onto the builder's, each at a
-value keras_vit computes or refused in one line naming it and the
-closest setting keras_vit computes.
+its arguments (the fields of timm's ``NaFlexVitCfg``) mapped onto the
+builder's, each at a value keras_vit computes or refused in one line
+naming it and the closest setting keras_vit computes.
 
-timm's NaFlexVit takes a dict of ``patches`` (B, N, P * P * C, each
-patch's pixels row by row with the channels last: timm's
-``patchify_channels_last``), ``patch_coord`` (B, N, 2) and
-``patch_valid`` (B, N); keras_vit's NaFlex model takes the same arrays as
-``patches``, ``patch_coords`` and ``patch_mask``. The learned table
-(``embeds.pos_embed``, a grid of ``pos_embed_grid_size``, no row for the
-class or register tokens) is resized to each image's grid with the
-antialiased kernel ``pos_embed_interp_mode`` names (keras_vit's
-``position_resize``: ``"bicubic_aa"`` or ``"bilinear_aa"``), the patch
-embedding is a Linear over the flattened patches (the convolution's
-kernel flattened in the same order), and padding is kept out of
-attention and of the pooling, as timm's masks do.
+timm's ``patches``, ``patch_coord`` and ``patch_valid`` are keras_vit's
+``patches``, ``patch_coords`` and ``patch_mask``; the learned table (no
+row for the prefix tokens) is resized to each image's grid with the
+kernel ``pos_embed_interp_mode`` names.
 
 >>> out = honoured({"patch_size": 16, "embed_dim": 64, "depth": 2,
 ...                 "num_heads": 4, "mlp_ratio": 4.0, "reg_tokens": 1,
@@ -40,9 +31,8 @@ from keras_vit.zoo.timm.arguments import (optional_positive_arg as
                                           rate_arg as _rate)
 from keras_vit.zoo.timm.layout import TIMM_ACTIVATIONS, TIMM_POOLS
 
-# NaFlexVitCfg's settings keras_vit computes at one value only: timm's
-# argument -> (the values it computes, what the others build, the
-# closest setting keras_vit computes).
+# timm's argument -> (the values keras_vit computes, what the others
+# build, the closest setting keras_vit computes).
 _FIXED = {
     "pos_embed_use_grid_sample": (
         (False,), "a table sampled at each patch (grid_sample, no "
@@ -71,10 +61,7 @@ _FIXED = {
     "attn_layer": ((None,), "another attention", "attn_layer=None"),
 }
 # The settings that change nothing keras_vit's model computes on its
-# inputs: initialisation, image padding (keras_vit takes patches), the
-# projections' fusion of EVA's blocks and the rotary settings without a
-# rotary form (both refused above), resized patches (5D inputs), the
-# mask of padding queries (padding's outputs are never read).
+# inputs (initialisation, padding, settings of forms refused above).
 _NO_EFFECT = (
     "weight_init", "fix_init", "dynamic_img_pad", "qkv_fused",
     "swiglu_align_to", "enable_patch_interpolator", "use_key_only_attn_mask",
@@ -84,9 +71,7 @@ _NO_EFFECT = (
     "num_classes", "pos_drop_rate")
 _SIZES = {"embed_dim": "hidden_size", "depth": "num_layers",
           "num_heads": "num_heads"}
-_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
-          "attn_drop_rate": "attention_dropout_rate",
-          "drop_path_rate": "drop_path_rate"}
+_DROPS = arguments.MODULE_DROPS
 _FLAGS = {"qkv_bias": ("qkv_bias", True), "qk_norm": ("qk_norm", False),
           "proj_bias": ("proj_bias", True),
           "scale_mlp_norm": ("mlp_norm", False),
@@ -134,13 +119,10 @@ def _grid(value):
 
 def honoured(args, path, given=None):
     """keras_vit's builder arguments of timm's NaFlexVit arguments
-    ``args`` (the table's ``NaFlexVitCfg`` fields, overridden by a
-    ``config.json``'s ``model_args`` and its ``global_pool``), each
-    refused where keras_vit's model would compute something else: a
-    FormatError naming ``path``'s field (``model_args.<key>`` for a key
-    of ``given``, the config's own; ``architecture`` for the table's),
-    the argument, its value and the closest setting keras_vit
-    computes."""
+    ``args``, each refused where keras_vit's model would compute something
+    else: a FormatError naming ``path``'s field (``model_args.<key>`` for
+    a key of ``given``, the config's own; ``architecture`` for the
+    table's), the argument, its value and the closest setting."""
 
     def refuse(key, why):
         own = given is None or key in given
@@ -161,8 +143,6 @@ def honoured(args, path, given=None):
         if key not in known:
             raise refuse(key, "an argument keras_vit's reader does not "
                          "know, so cannot say what it computes")
-    # The position table's kind first: a factorized table refuses every
-    # other question about its resize.
     kind = args.get("pos_embed", "learned")
     if kind not in ("learned", "none", ""):
         raise refuse("pos_embed", "keras_vit's NaFlex model resizes one "
@@ -183,9 +163,7 @@ def honoured(args, path, given=None):
     for key, (ours, default) in _FLAGS.items():
         out[ours] = read(key, arguments.bool_arg, default)
     out["num_registers"] = read("reg_tokens", arguments.count_arg, 0)
-    init = args.get("init_values")
-    out["layer_scale"] = None if init is None else read(
-        "init_values", _positive, None)
+    out["layer_scale"] = read("init_values", _optional_positive, None)
     out["naflex"] = True
     out["num_channels"] = read("in_chans", arguments.count_arg, 3)
     if kind in ("none", ""):
@@ -205,8 +183,7 @@ def honoured(args, path, given=None):
         out["position_resize"] = _KERNELS[form]
         out["position_aspect"] = read("pos_embed_ar_preserving",
                                       arguments.bool_arg, False)
-    # The table's grid (pos_embed_grid_size, else img_size's): the
-    # model's image size, one patch a cell.
+    # The table's grid: the model's image size, one patch a cell.
     grid = args.get("pos_embed_grid_size", (16, 16))
     if grid is None:
         grid = read("img_size", _grid_of_size(out["patch_size"]), None)
@@ -214,8 +191,6 @@ def honoured(args, path, given=None):
         grid = read("pos_embed_grid_size", _grid, None)
     rows, cols = (g * out["patch_size"] for g in grid)
     out["image_size"] = rows if rows == cols else (rows, cols)
-    # timm drops the patch embedding's bias under the norm before the
-    # blocks.
     out["patch_bias"] = not out["pre_norm"]
     read("embed_proj_type", _choice(("linear", "conv"),
                                     "it projects the patches by"), "linear")
@@ -275,8 +250,6 @@ def _same(value, want):
     return value == want and kind(value) is kind(want)
 
 
-
-
 def _choice(choices, what):
     def read(value):
         if not isinstance(value, str) or value not in choices:
@@ -306,11 +279,9 @@ def _grid_of_size(patch):
 
 
 def naflex_state(state, honoured):
-    """timm's NaFlexVit ``state`` under its ViT's names (the layout keras_vit
-    reads timm's ViT with): ``embeds.`` taken off the tokens and the
-    table (the (1, rows, cols, D) grid as (1, rows * cols, D) rows), the
-    patch embedding's Linear over (P, P, C) patches as the convolution's
-    (D, C, P, P) kernel, the norm after it as ``patch_embed.norm``."""
+    """timm's NaFlexVit ``state`` under its ViT's names: ``embeds.`` taken
+    off, the table's grid as rows, the patch embedding's Linear over (P, P,
+    C) patches as the convolution's (D, C, P, P) kernel."""
     out = {}
     for key, value in state.items():
         if key == "embeds.pos_embed":

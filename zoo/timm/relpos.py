@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from keras_vit.zoo.timm import arguments
 
-# The settings keras_vit computes at one value only: timm's argument ->
-# (that value, what another builds).
+# timm's argument -> (the one value keras_vit computes, what another
+# builds).
 _FIXED = {
     "rel_pos_type": ("mlp", "another relative position scheme than the "
                      "log-coordinate MLP"),
@@ -30,8 +30,7 @@ _FIXED = {
 # timm's blocks -> keras_vit's post_norm.
 _BLOCKS = {"RelPosBlock": False, "ResPostRelPosBlock": True}
 _POOLS = {"avg": "gap", "token": "token"}
-# Read below, decided by the file and the hub reader (img_size, in_chans,
-# num_classes) or of no effect on the forward (weight_init).
+# Read below, decided by the hub reader, or of no effect on the forward.
 _READ = ("mlp_ratio", "qkv_bias", "qk_norm", "init_values", "class_token",
          "fc_norm", "rel_pos_dim", "shared_rel_pos", "block_fn",
          "global_pool", "img_size", "in_chans", "num_classes", "weight_init")
@@ -39,10 +38,8 @@ _READ = ("mlp_ratio", "qkv_bias", "qk_norm", "init_values", "class_token",
 
 def honoured(args, path):
     """keras_vit's builder arguments of timm's relative-position ViT
-    arguments ``args`` (the table's, overridden by a ``config.json``'s
-    ``model_args``), each refused where keras_vit's model would compute
-    something else: a FormatError naming ``path``'s field, the argument
-    and its value."""
+    arguments ``args``, each refused (a FormatError naming ``path``'s
+    field) where keras_vit's model would compute something else."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm relative-position ViT", _FIXED, _READ)
     pool = args.get("global_pool", "avg")
@@ -52,7 +49,6 @@ def honoured(args, path):
     post = _BLOCKS.get(args.get("block_fn", "RelPosBlock"))
     if post is None:
         raise refuse("block_fn", f"keras_vit builds {', '.join(_BLOCKS)}")
-    init = args.get("init_values")
     width = args.get("rel_pos_dim")
     fc_norm = read("fc_norm", arguments.bool_arg, False)
     out.update(
@@ -60,10 +56,9 @@ def honoured(args, path):
         class_token=read("class_token", arguments.bool_arg, False),
         fc_norm=fc_norm, qkv_bias=read("qkv_bias", arguments.bool_arg, True),
         qk_norm=read("qk_norm", arguments.bool_arg, False),
-        # ResPostRelPosBlock has no layer scale (init_values starts its
-        # norms' scales).
-        layer_scale=None if init is None or post else read(
-            "init_values", arguments.positive_arg, None),
+        # ResPostRelPosBlock has no layer scale.
+        layer_scale=None if post else read(
+            "init_values", arguments.optional_positive_arg, None),
         post_norm=post,
         relative_mlp="shared" if read("shared_rel_pos", arguments.bool_arg,
                                       False) else "block",

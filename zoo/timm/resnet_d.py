@@ -1,11 +1,8 @@
 """timm's ResNet-D hybrids (``vision_transformer_hybrid.py``:
 ``vit_small_resnet26d_224``, ``vit_small_resnet50d_s16_224``,
-``vit_base_resnet26d_224``, ``vit_base_resnet50d_224``): a ViT over 1x1
-patches of the feature map of timm's ``resnet26d`` or ``resnet50d``
-(``features_only``, cut after its third or fourth stage), read as
-keras_vit's hybrid with ``resnet=dict(variant="d")``
-(:func:`keras_vit.models.hybrid.resnet_d_stem`). The ResNet's stage
-depths are the file's (its ``layer{s}.{u}`` blocks), never the name's.
+``vit_base_resnet26d_224``, ``vit_base_resnet50d_224``) as keras_vit's
+hybrid with ``resnet=dict(variant="d")``; the ResNet's stage depths are
+the file's, never the name's.
 
 >>> arch, _ = architecture("vit_small_resnet26d_224")
 >>> arch.config["hidden_size"], arch.config["mlp_dim"], arch.config["resnet"]

@@ -19,8 +19,8 @@ import numpy as np
 
 from keras_vit.zoo.timm import arguments
 
-# SAM's settings keras_vit computes at one value only: timm's argument ->
-# (that value, what another builds).
+# timm's argument -> (the one value keras_vit computes, what another
+# builds).
 _FIXED = {
     "embed_layer": ({"layer": "PatchEmbed", "output_fmt": "NHWC",
                      "strict_img_size": False}, "another patch embedding"),
@@ -34,9 +34,7 @@ _FIXED = {
 }
 # timm's classifier head's poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "max": "max", "avgmax": "avgmax"}
-# Read below, or decided by the file and the hub reader (img_size,
-# in_chans, num_classes), or of no effect on the forward (weight_init,
-# pos_drop_rate: dropout of the tokens in training).
+# Read below, decided by the hub reader, or of no effect on the forward.
 _READ = ("global_attn_indexes", "window_size", "use_rel_pos", "mlp_ratio",
          "qkv_bias", "qk_norm", "init_values", "pre_norm", "norm_layer",
          "use_abs_pos", "neck_chans", "global_pool", "img_size", "in_chans",
@@ -44,9 +42,8 @@ _READ = ("global_attn_indexes", "window_size", "use_rel_pos", "mlp_ratio",
 
 
 def honoured(args, path):
-    """keras_vit's builder arguments of timm's SAM arguments ``args`` (the
-    table's, overridden by a ``config.json``'s ``model_args``), each
-    refused where keras_vit's model would compute something else: a
+    """keras_vit's builder arguments of timm's SAM arguments ``args``,
+    each refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm SAM", _FIXED, _READ)
@@ -60,7 +57,6 @@ def honoured(args, path):
     kind, epsilon = read("norm_layer", arguments.norm_arg,
                          {"layer": "LayerNorm", "eps": 1e-5})
     pre_norm = read("pre_norm", arguments.bool_arg, False)
-    init = args.get("init_values")
     out.update(
         class_token=False, classifier=_POOLS[pool], final_norm=False,
         window_size=window,
@@ -72,9 +68,8 @@ def honoured(args, path):
             "use_abs_pos", arguments.bool_arg, True) else "none",
         neck=neck, qkv_bias=read("qkv_bias", arguments.bool_arg, True),
         qk_norm=read("qk_norm", arguments.bool_arg, False),
-        layer_scale=None if init is None else read(
-            "init_values", arguments.positive_arg, None),
-        # timm's SAM drops the patch bias under the norm before the blocks.
+        layer_scale=read("init_values", arguments.optional_positive_arg,
+                         None),
         pre_norm=pre_norm, patch_bias=not pre_norm,
         layer_norm_epsilon=epsilon, gelu="exact",
         mlp_dim=int(out["hidden_size"] * read(
@@ -93,9 +88,7 @@ def _indices(value):
 
 
 def _neck(value):
-    """timm's ``neck_chans``: the neck's channels. Without them timm's
-    neck is a LayerNorm over the channels at epsilon 1e-6, not the
-    blocks': keras_vit's final norm has the blocks' epsilon."""
+    """timm's ``neck_chans``: the neck's channels."""
     if not value:
         raise ValueError("without it timm's SAM ends in a LayerNorm of "
                          "epsilon 1e-6 beside the blocks' own, which "

@@ -1,9 +1,7 @@
 """Writes a keras_vit ViT as a timm Hub repository: ``config.json`` and
 ``model.safetensors`` that ``timm.create_model(arch, pretrained=True,
 pretrained_cfg_overlay=dict(file=...))`` loads and
-:mod:`keras_vit.zoo.timm.hub` reads back, label names included
-(``label_names``, as timm writes them). Reached through
-:func:`keras_vit.zoo.save_pretrained`.
+:mod:`keras_vit.zoo.timm.hub` reads back.
 """
 
 from __future__ import annotations
@@ -26,14 +24,19 @@ _TIMM_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large",
                "H": "huge"}
 
 
-def _family_args(config):
-    """timm's ``model_args`` for the model's family options (``config``:
-    its get_config()), and the base architecture whose LayerNorm epsilon
-    the model has; a setting timm cannot take is refused by name."""
+def _options(config):
+    """The family options of a builder ``config``, defaults filled in."""
     from keras_vit.models.encoder import FAMILY_DEFAULTS
 
-    options = dict(FAMILY_DEFAULTS, **{k: config[k] for k in
-                                       FAMILY_DEFAULTS if k in config})
+    return dict(FAMILY_DEFAULTS, **{k: config[k] for k in FAMILY_DEFAULTS
+                                    if k in config})
+
+
+def _family_args(config):
+    """``(base architecture, model_args)`` of the model's family options
+    (``config``: its get_config()); a setting timm cannot take is refused
+    by name."""
+    options = _options(config)
     pools = {ours: theirs for theirs, ours in TIMM_POOLS.items()}
     pools["avg"] = "avg"  # keras_vit's other name of "gap"
     classifier = config.get("classifier", "token")
@@ -45,12 +48,10 @@ def _family_args(config):
     token = geometry.class_token(config)
     args = {}
     if classifier != "token" or not token:
-        # fc_norm too: timm's default puts it on with average pooling.
         args.update(global_pool=pools[classifier], class_token=token,
                     fc_norm=bool(options["fc_norm"]))
-    # The other options with a timm argument (their rows' timm Field:
-    # name and value form), where the model differs from the paper's ViT,
-    # so a plain ViT's file stays as it was.
+    # The other options with a timm argument, where the model differs
+    # from the paper's ViT.
     for row in options_table.OPTIONS:
         if (row.timm is not None and row.timm.name not in args
                 and options[row.name] != row.default):
@@ -62,20 +63,15 @@ def _family_args(config):
         return _parallel_args(options, config, args, class_token=token,
                               global_pool=pools[classifier],
                               fc_norm=bool(options["fc_norm"]))
-    # timm's default is the exact GELU: the others are named, so that timm
-    # computes the model's own numbers (the tanh form: the official
-    # models', SigLIP 2's).
+    # timm's default is the exact GELU: the others are named.
     gelu = config.get("gelu", "tanh")
     glu = options["mlp"] == "swiglu"
     if glu:
-        # timm's SwiGLU ViT is DINOv2-g's architecture: its SiLU-gated
-        # packed MLP, and layer scale unless told otherwise.
+        # timm's SwiGLU ViT is DINOv2-g's architecture.
         args.update(act_layer="silu", init_values=options["layer_scale"])
     elif gelu != "exact":
         args["act_layer"] = next(theirs for theirs, ours in
                                  TIMM_ACTIVATIONS.items() if ours == gelu)
-    # timm builds the patch embedding without a bias exactly when a norm
-    # precedes the blocks (CLIP).
     if options["patch_bias"] == options["pre_norm"]:
         raise ValueError(
             "timm's ViT has a patch embedding bias exactly when it has no "
@@ -93,9 +89,8 @@ def _family_args(config):
             f"{options['pre_norm']}, distilled={options['distilled']}")
     if glu:
         if args["init_values"] is None:
-            # DINOv2-g always has layer scale: timm drops an init_values
-            # of None and builds its 1e-5 scales, which the file would
-            # lack. Scales of one (write adds them) multiply exactly.
+            # timm drops an init_values of None and builds 1e-5 scales;
+            # scales of one (write adds them) multiply exactly.
             args["init_values"] = 1.0
         return DINOV2_G, args
     if options["distilled"] and epsilon != 1e-6:
@@ -109,21 +104,17 @@ def _family_args(config):
         raise ValueError(
             "timm's ViT architectures take LayerNorm epsilon 1e-6 (1e-5: "
             f"CLIP's); the model has layer_norm_epsilon={epsilon}")
-    # timm's distilled DeiT is a class of its own, built by its name.
     return ("deit_base_distilled_patch16_224" if options["distilled"]
             else None), args
 
 
-# timm's post-norm ViT (ResPostBlock); its function's own settings are
-# written over.
+# timm's post-norm ViT (ResPostBlock).
 POST_NORM = "vit_base_patch16_rpn_224"
 
 
 def _post_norm_args(options, config, args, **pooling):
-    """``(POST_NORM, model_args)`` of a post-norm model: timm's ResPostBlock
-    has no layer scale and its ViT the plain GELU MLP and LayerNorm; the
-    options its architecture function sets are written as the model's
-    (``pooling``: its class token and pooling, in timm's words)."""
+    """``(POST_NORM, model_args)`` of a post-norm model (``pooling``: its
+    class token and pooling, in timm's words)."""
     gelu = config.get("gelu", "tanh")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
     if (options["layer_scale"] is not None or options["mlp"] != "gelu"
@@ -140,8 +131,7 @@ def _post_norm_args(options, config, args, **pooling):
                            qkv_bias=options["qkv_bias"])
 
 
-# timm's parallel blocks, by the architectures that build them:
-# (parallel, differential) -> architecture.
+# (parallel, differential) -> timm's architecture of those blocks.
 PARALLEL = {("split", None): "vit_pwee_patch16_reg1_gap_256",
             ("fused", "vectors"): "vit_dpwee_patch16_reg1_gap_256"}
 
@@ -158,16 +148,13 @@ def _base_rows(base, options, args):
     return args
 
 
-# timm's one architecture whose patches a conv stem cuts; its function
-# fixes the stem for a width of 768 and patches of 16.
+# timm's one architecture whose patches a conv stem cuts.
 CONV_STEM = "vit_base_mci_224"
 
 
 def _conv_stem_args(config, base, args):
     """``(CONV_STEM, model_args)`` of a model with the conv stem, ``base``
     and ``args`` what its other options ask of timm."""
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
     if (base is not None or config["hidden_size"] != 768
             or config["patch_size"] != 16):
         raise ValueError(
@@ -176,18 +163,13 @@ def _conv_stem_args(config, base, args):
             f"model has conv_stem=True, hidden_size={config['hidden_size']},"
             f" patch_size={config['patch_size']}"
             + (f", and needs timm's {base}" if base else ""))
-    options = dict(FAMILY_DEFAULTS, **{k: config[k] for k in
-                                       FAMILY_DEFAULTS if k in config})
-    return CONV_STEM, _base_rows(CONV_STEM, options, args)
+    return CONV_STEM, _base_rows(CONV_STEM, _options(config), args)
 
 
 def _parallel_args(options, config, args, **pooling):
     """``(architecture, model_args)`` of a model with parallel blocks:
     the architecture of timm's that builds its blocks (:data:`PARALLEL`),
-    every option that architecture's function sets written as the
-    model's; timm's parallel blocks have the exact GELU MLP, no norm
-    inside the attention or the MLP, and take their norm by name
-    (epsilon 1e-6)."""
+    every option its function sets written as the model's."""
     base = PARALLEL.get((options["parallel"], options["differential"]))
     gelu = config.get("gelu", "tanh")
     epsilon = config.get("layer_norm_epsilon", 1e-6)
@@ -218,21 +200,17 @@ def _parallel_args(options, config, args, **pooling):
 # timm's one SwiGLU ViT with LayerNorm (the packed MLP).
 DINOV2_G = "vit_giant_patch14_dinov2"
 # The architectures that always have layer scale: a model without gets
-# scales of one (x * 1 is x exactly), which they read.
+# scales of one.
 ALWAYS_SCALED = (DINOV2_G, *PARALLEL.values())
-# timm's architecture with RMSNorm, a norm after the patch embedding and
-# the unpacked SwiGLU MLP; its other options as its function sets them.
+# timm's architecture with RMSNorm, a patch norm and unpacked SwiGLU.
 AIMV2 = "aimv2_large_patch14_224"
 
 
 def _norm_args(options, epsilon, args):
-    """``(base architecture, model_args)`` of a model with RMSNorm
-    (``norm="rms"``) or a patch norm, ``args`` its other family
-    arguments: AIMv2's architecture for the SwiGLU MLP (its every option
-    written, so that the model's own hold), else timm's ViT with the norm
-    named (``"rmsnorm"``, ``"layernorm"``: timm's classes at epsilon
-    1e-6, all a config.json can name). A model timm's arguments cannot
-    describe is refused in one line naming its options."""
+    """``(base architecture, model_args)`` of a model with RMSNorm or a
+    patch norm, ``args`` its other family arguments: AIMv2's architecture
+    for the SwiGLU MLP, else timm's ViT with the norm named (timm's
+    classes at epsilon 1e-6, all a config.json can name)."""
     glu, rms = options["mlp"] == "swiglu", options["norm"] == "rms"
     native = glu and rms and epsilon == 1e-5  # AIMv2's own norms
     if options["distilled"] or (not native and epsilon != 1e-6) or (
@@ -250,8 +228,6 @@ def _norm_args(options, epsilon, args):
         args["norm_layer"] = name
     if glu:
         # AIMv2's architecture sets these: the model's own, written.
-        # (Token pooling: the class token and no fc_norm, which the
-        # other poolings have written already.)
         args.setdefault("global_pool", "token")
         args.setdefault("class_token", True)
         args.setdefault("fc_norm", False)
@@ -272,12 +248,7 @@ def timm_architecture(model):
     """``(name, model_args)``: timm's name for the model's architecture
     (``vit_base_patch16_224``) and the ``model_args`` that make timm build
     it: none for the standard sizes, else the sizes themselves on top of
-    ``vit_base_patch16_224`` (timm's ``create_model`` takes them as
-    keyword arguments, and :mod:`keras_vit.zoo.timm.hub` honours them),
-    and the ViT family's options (register tokens, layer scale, pooling,
-    ...) as timm's arguments of the same meaning."""
-    # The sizes are the zoo's one table (keras_vit.base.variants), in timm's
-    # words.
+    ``vit_base_patch16_224``, and the family's options as timm's."""
     names = {(row["hidden_size"], row["num_layers"], row["num_heads"]):
              _TIMM_WORDS[letter]
              for letter, row in variants.VIT_SIZES.items()
@@ -304,8 +275,6 @@ def timm_architecture(model):
             0] and patch in ((8, 16, 32) if size == "base" else (16, 32)
                              if size != "huge" else (14,)):
         return f"vit_{size}_patch{patch}_224", family
-    # timm's mlp_ratio sizes the MLP's first layer: a packed GLU's is twice
-    # the width its gate leaves.
     first = (config["mlp_dim"] if base == AIMV2 else  # unpacked halves
              geometry.mlp_first_width(config["mlp_dim"],
                                       config.get("mlp", "gelu")))
@@ -318,9 +287,7 @@ def timm_architecture(model):
 
 def _unit_layer_scales(arrays, num_layers, scales=(1, 2)):
     """``arrays`` (by variable path) with a layer scale of ones in each of
-    ``num_layers`` blocks that has none (``scales``: which; a parallel
-    block has the first only): what DINOv2-g's architecture in timm reads
-    for a model without layer scale (x * 1 is x exactly).
+    ``num_layers`` blocks that has none (``scales``: which).
 
     >>> arrays = {"encoder_block_0/norm_1/gamma": np.zeros(3, "float32")}
     >>> sorted(_unit_layer_scales(arrays, 1))  # doctest: +NORMALIZE_WHITESPACE
@@ -336,8 +303,7 @@ def _unit_layer_scales(arrays, num_layers, scales=(1, 2)):
     return out
 
 
-# The model's arguments a timm config.json fixes, compared with what the
-# reader builds from it: the sizes, the numerics and every family option.
+# The model's arguments a timm config.json fixes, besides the options.
 _READ_BACK = ("patch_size", "hidden_size", "num_layers", "num_heads",
               "mlp_dim", "num_channels", "layer_norm_epsilon", "gelu",
               "classifier")
@@ -346,10 +312,7 @@ _READ_BACK = ("patch_size", "hidden_size", "num_layers", "num_heads",
 def _resolved(config):
     """The arguments of :data:`_READ_BACK` and the family options of a
     builder ``config``, defaults filled in as the model resolves them."""
-    from keras_vit.models.encoder import FAMILY_DEFAULTS
-
-    out = dict(FAMILY_DEFAULTS, **{k: config[k] for k in FAMILY_DEFAULTS
-                                   if k in config})
+    out = _options(config)
     out.update({k: config.get(k) for k in _READ_BACK},
                num_channels=config.get("num_channels", 3),
                layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
@@ -360,8 +323,7 @@ def _resolved(config):
     if out["fc_norm"] is None:
         out["fc_norm"] = False
     if out["mlp"] == "swiglu" and out["classifier"] != "map":
-        # The gate is SiLU's whatever the GELU (which only an attention
-        # pool's MLP would run).
+        # The gate is SiLU's whatever the GELU.
         out["gelu"] = None
     return out
 
@@ -369,11 +331,8 @@ def _resolved(config):
 def check_read_back(model, written, arrays, state):
     """Refuses, in one line naming the argument, its value and timm's, a
     ``config.json`` (``written``) and tensors (``state``, of the model's
-    ``arrays`` by variable path) that keras_vit's timm reader (the same
-    tables: :func:`keras_vit.zoo.timm.arguments.honoured`,
-    :data:`keras_vit.zoo.timm.layout.TIMM`) would read as another
-    model than ``model``: what the reader cannot honour, timm builds
-    otherwise too. Called before any file is written."""
+    ``arrays`` by variable path) that keras_vit's timm reader would read
+    as another model than ``model``."""
     from keras_vit.zoo.timm import arguments as timm_arguments
 
     config = model.get_config()
@@ -396,9 +355,7 @@ def check_read_back(model, written, arrays, state):
     if (written["architecture"] in ALWAYS_SCALED
             and ours["layer_scale"] is None):
         ours["layer_scale"] = 1.0  # the scales of one write adds
-    # Stochastic depth acts in training only, the table's resize at other
-    # sizes; what the head is, timm does not say: the config's own
-    # head_type field carries it.
+    # Training-only and other-size settings; head_type is its own field.
     skip = options_table.unwritten(ours) | {"head_type"}
     differ = [k for k in ours if k not in skip and ours[k] != theirs[k]]
     if differ:
@@ -417,9 +374,8 @@ def check_read_back(model, written, arrays, state):
 def write(model, directory, labels=None):
     """Writes ``model`` as a timm repository in ``directory`` with the
     class names ``labels`` (a checked list, or None); returns the
-    folder. Each file is written whole or not at all, and none is
-    written for a model that timm (and keras_vit's reader of timm's
-    files) would read as another (:func:`check_read_back`)."""
+    folder. None is written for a model that timm would read as another
+    (:func:`check_read_back`)."""
     st = require("safetensors.numpy", package="safetensors",
                  purpose="save_pretrained")
     arch, sizes = timm_architecture(model)
@@ -431,8 +387,6 @@ def write(model, directory, labels=None):
     state = TIMM.write(arrays, ("unpacked_glu",) if arch == AIMV2
                        else ("conv_stem",) if arch == CONV_STEM
                        else parallel_variants(own))
-    # The input normalisation the weights were loaded with (timm files
-    # carry theirs), else the official one.
     normalisation = of_model(model).to_config()
     size = model.image_size
     size = list(size) if isinstance(size, (tuple, list)) else [size, size]
@@ -442,8 +396,8 @@ def write(model, directory, labels=None):
         "num_features": int(model.hidden_size),
         "global_pool": sizes.get("global_pool", "token"),
         "model_args": {"img_size": size[0] if size[0] == size[1] else size,
-                       "in_chans": int(model.get_config().get(
-                           "num_channels", 3)), **sizes},
+                       "in_chans": int(own.get("num_channels", 3)),
+                       **sizes},
         "pretrained_cfg": {
             "input_size": [3, *size], "fixed_input_size": True,
             "interpolation": "bilinear", "crop_pct": 1.0,
@@ -457,7 +411,6 @@ def write(model, directory, labels=None):
         config["head_type"] = model.head_type
     check_read_back(model, config, arrays, state)
     os.makedirs(directory, exist_ok=True)
-    # Each file complete or absent: a reader never sees half of one.
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
         st.save_file(state, tmp, metadata={"format": "pt"})
     atomic.write_json(os.path.join(directory, CONFIG_FILE), config)

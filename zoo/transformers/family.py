@@ -1,65 +1,17 @@
-"""transformers' other ViT-family towers, as tables on one reader: DeiT
-(``model_type`` ``"deit"``), DINOv2 (``"dinov2"``,
-``"dinov2_with_registers"``), DINOv3's ViT (``"dinov3_vit"``), CLIP's
-image tower
-(``"clip_vision_model"``; the image tower of a whole ``"clip"`` folder,
-whose text tower and projections are not read) and AIMv2's
-(``"aimv2_vision_model"``; a whole ``"aimv2"`` folder's likewise).
+"""transformers' other ViT-family towers, as tables on one reader: DeiT,
+DINOv2 (with registers too), DINOv3's ViT, CLIP's image tower (of a
+``"clip_vision_model"`` or a whole ``"clip"`` folder) and AIMv2's. Each is
+the one :class:`~keras_vit.models.VisionTransformer` with family options;
+what differs is data (:mod:`keras_vit.zoo.transformers.tables`).
 
-Each is the one :class:`~keras_vit.models.VisionTransformer` with family
-options; what differs is data: each type's config defaults and tensor
-names, each class's builder options
-(:mod:`keras_vit.zoo.transformers.tables`):
-
-* ``DeiTForImageClassificationWithTeacher``: ``distilled=True`` (the
-  class and distillation heads' logits averaged).
-* ``DeiTForImageClassification``, ``DeiTModel``: their head and tanh
-  pooler (``pre_logits``, as ``ViTModel``'s) read the class token alone,
-  so the distillation token is one register token covered by the position
-  table (``num_registers=1``).
-* ``Dinov2Model``: layer scale; ``num_classes=0`` returns ``pooler_output``
-  (the final LayerNorm's class token), ``include_top=False``
-  ``last_hidden_state``. ``Dinov2WithRegistersModel``: registers after the
-  class token, a table of the patches (``posemb_includes_prefix=False``);
-  the table row transformers adds to the class token, a constant, is
-  folded into it. Either with ``use_swiglu_ffn`` (the giant): the SwiGLU
-  MLP (``mlp="swiglu"``; ``mlp_dim`` two thirds of ``hidden_size *
-  mlp_ratio``, rounded up to a multiple of 8:
-  :func:`~keras_vit.zoo.transformers.tables.dinov2_mlp_dim`).
-* ``DINOv3ViTModel``: DINOv2's blocks with DINOv3's rotary embeddings
-  (``rope="dinov3"``, ``rope_theta`` the temperature) and no position
-  table, so it runs at any multiple of the patch (``dynamic_image_size``);
-  ``use_gated_mlp`` with ``hidden_act`` SiLU is ``mlp="swiglu"``
-  (``intermediate_size`` wide). Its five bias fields are two rows:
-  ``qkv_bias`` (``query_bias``, ``key_bias``, ``value_bias``: zeros for
-  a bias a field leaves out) and ``proj_bias`` (``proj_bias``,
-  ``mlp_bias``). ``pos_embed_shift``, ``pos_embed_jitter`` and
-  ``pos_embed_rescale`` move the coordinates in training only: not read.
-* ``CLIPVisionModel``: ``pre_layrnorm`` (``pre_norm``), no patch bias,
-  quick GELU, ``post_layernorm`` the final norm: ``num_classes=0`` returns
-  ``pooler_output``; ``last_hidden_state`` (before that norm) is the last
-  block's output (:func:`keras_vit.models.intermediate_model`).
-* ``Aimv2VisionModel``: no class token, RMSNorms (``norm="rms"``,
-  ``rms_norm_eps`` the epsilon) after the patch embedding too
-  (``patch_norm``), the gated MLP (``mlp="swiglu"``, ``hidden_act`` SiLU,
-  ``intermediate_size`` wide) and a table of the patches. ``use_head``:
-  its attention-pooling head (``classifier="map"``,
-  ``pool_form="aimv2"``; ``num_classes=0`` returns ``pooler_output``);
-  without it the tokens. Its two bias fields each bias layers of both
-  bias rows (``qkv_bias``: the query, key, value and output projections
-  and the head's key and value; ``mlp_bias``: the MLP), so either on
-  turns ``qkv_bias`` and ``proj_bias`` on, zeros for the other field's
-  biases (written back off where they are zeros). ``is_native`` (a
-  sin-cos table of other frequencies than ``sincos_2d``'s) is refused.
-
-``Dinov2ForImageClassification`` (and with registers) reads the class
-token concatenated with the mean patch token: ``classifier="token_gap"``.
-``DINOv3ViTBackbone`` is refused by name: it returns feature maps (its
-weights are ``DINOv3ViTModel``'s). A table of another
-``image_size`` (or a dynamic-size model's) is resized as the class's
-``interpolate_pos_encoding`` does (the ``position_resize`` the reader
-sets: bicubic, antialiased for DINOv2 with registers), so the model
-there is transformers' interpolated forward.
+DeiT's distillation token is one register token (``num_registers=1``)
+where the head reads the class token alone. DINOv2 with registers: the
+table row transformers adds to the class token, a constant, is folded into
+it. DINOv3's ``pos_embed_shift``, ``pos_embed_jitter`` and
+``pos_embed_rescale`` act in training only: not read. AIMv2's
+``is_native`` (a sin-cos table of other frequencies) is refused, and so is
+``DINOv3ViTBackbone`` (it returns feature maps). A table of another size
+is resized as the class's ``interpolate_pos_encoding`` does.
 """
 
 from __future__ import annotations
@@ -87,9 +39,7 @@ FAMILY_TYPES = ("deit", "dinov2", "dinov2_with_registers", "dinov3_vit",
 #: transformers' hidden_act -> keras_vit's gelu (OpenAI CLIP's quick GELU).
 GELUS = dict(GELU_FORMS, quick_gelu="quick")
 
-# The settings read beyond transformers' ViT config
-# (formats.TRANSFORMERS_CONFIG), typed; a register count is bounded by
-# its tensor too, checked against the file before anything is allocated.
+# The settings read beyond transformers' ViT config, typed.
 _MORE_FIELDS = Object({
     "mlp_ratio": Number(0, 64, open=True), "layerscale_value": Number(),
     "use_swiglu_ffn": Bool(), "num_register_tokens": Int(0, MAX_HIDDEN),
@@ -128,14 +78,11 @@ def _architecture_name(config, path, header):
 
 def architecture(config, path, header):
     """``config`` (a transformers config of a type in
-    :data:`FAMILY_TYPES`) read as keras_vit's builder facts: ``class``,
-    ``type``, sizes, ``image_size``, ``patch_size``, ``num_channels``,
-    ``layer_norm_epsilon``, ``gelu``, ``options`` (the family options its
-    fields carry, :func:`keras_vit.base.options.read_fields`), ``labels``,
-    the tensors' ``prefix``; settings
-    keras_vit lacks are refused by name, sizes beyond any ViT's before
-    anything is allocated. ``header`` (tensor name -> entry) tells a
-    config that names no class which one the file holds.
+    :data:`FAMILY_TYPES`) read as keras_vit's builder facts (``class``,
+    ``type``, sizes, ``options``, ``labels``, the tensors' ``prefix``,
+    ...); settings keras_vit lacks are refused by name. ``header`` (tensor
+    name -> entry) tells a config that names no class which one the file
+    holds.
 
     >>> arch = architecture({"model_type": "dinov2", "hidden_size": 32,
     ...     "num_attention_heads": 2, "image_size": 28}, "config.json", {})
@@ -163,9 +110,6 @@ def architecture(config, path, header):
     family = FAMILIES[spec["type"]]
     defaults = family["defaults"]
     value = dict(defaults, **vision)
-    # The family options this type's config carries (its defaults' fields)
-    # and its class sets, the bias rows from their fields (any on: the
-    # row on).
     options = with_class_options(options_table.read_fields(
         "transformers", value, defaults), spec)
     biases = family.get("biases", {})
@@ -178,8 +122,7 @@ def architecture(config, path, header):
     swiglu = options["mlp"] == "swiglu"
     if dino:  # DINOv2's MLP: from hidden_size * mlp_ratio
         mlp = dinov2_mlp_dim(hidden, value["mlp_ratio"], swiglu)
-    # transformers' DINOv2 reads use_swiglu_ffn only, its SwiGLU gating
-    # with SiLU whatever hidden_act says; DINOv3's gate is hidden_act.
+    # DINOv2's SwiGLU gates with SiLU whatever hidden_act says.
     gate = family.get("gate") if swiglu else None
     acts = GELUS if not swiglu else gate or (value["hidden_act"],)
     rope = spec["options"].get("rope")
@@ -221,7 +164,6 @@ def architecture(config, path, header):
     if prefix is None:
         prefix = ("vision_model." if any(k.startswith("vision_model.")
                                          for k in header) else "")
-    # The fields that leave a bias of a row that is on out of the file.
     off = sorted({f for row, fields in biases.items() if options[row]
                   for f in fields if not value[f]})
     pool = spec.get("attention_pool")
@@ -241,10 +183,8 @@ def architecture(config, path, header):
 
 def model_options(config):
     """Every option row's value in ``config`` (a keras_vit ViT's
-    ``get_config()``) but those a writer need not hold
-    (:func:`~keras_vit.base.options.unwritten`), ``class_token`` as the
-    model has it (None: one with ``classifier="token"`` only), a NaFlex
-    model's ``position_resize`` as it resolves."""
+    ``get_config()``) but those a writer need not hold, ``class_token`` as
+    the model has it."""
     options = options_table.as_written(
         {row.name: config.get(row.name, row.default)
          for row in options_table.OPTIONS})
@@ -254,12 +194,9 @@ def model_options(config):
 
 def differences(model_type, fixed, options):
     """The options of ``options`` (:func:`model_options`) that a
-    transformers class of ``model_type`` (its config's defaults in
-    :data:`FAMILIES`; none for another type) setting the builder options
-    ``fixed`` holds at another value, as ``{option: its value there}``:
-    what the writer would write (the rows' fields this type's config has),
-    read back as the reader reads it. A field transformers types as a
-    value holds no None.
+    transformers class of ``model_type`` (None: another type) setting the
+    builder options ``fixed`` holds at another value, as ``{option: its
+    value there}``: what the writer would write, read back.
 
     >>> options = model_options({"layer_scale": 1.0, "num_registers": 2})
     >>> differences("dinov2", {}, options)
@@ -274,9 +211,6 @@ def differences(model_type, fixed, options):
     held = dict(options_table.DEFAULTS, class_token=True)
     held.update(options_table.read_fields(
         "transformers", dict(defaults, **written), defaults))
-    # The bias rows as the fields the writer writes (each on where a row
-    # that holds it is) read back: each as it is where no field biases
-    # layers of two rows (AIMv2's).
     biases = family.get("biases", {})
     held.update(bias_rows(biases, bias_fields(biases, options)))
     held.update({k: v for k, v in fixed.items() if k in held})
@@ -290,9 +224,8 @@ def differences(model_type, fixed, options):
 
 
 def _table_of_patches(arch):
-    """Whether ``arch``'s class keeps the patches' table rows only
-    (``posemb_includes_prefix=False``), where transformers' table has the
-    class token's row too."""
+    """Whether ``arch``'s class keeps the patches' table rows only, where
+    transformers' table has the class token's row too."""
     return ARCHITECTURES[arch["class"]]["options"].get(
         "posemb_includes_prefix") is False
 
@@ -325,14 +258,12 @@ def write(model, arch):
 
 
 def zero_biases(state, arch):
-    """The bias fields off in the defaults of ``arch``'s type (DINOv3's
-    ``key_bias``) whose every tensor in ``state`` (:func:`write`'s) is
-    zeros, those tensors taken out of it: a zero bias is none, so such a
-    field is written off, as the type's own files have it."""
+    """The bias fields off in the defaults of ``arch``'s type whose every
+    tensor in ``state`` (:func:`write`'s) is zeros, those tensors taken
+    out of it: such a field is written off."""
     family = FAMILIES[arch["type"]]
     prefix = arch["prefix"]
     blocks = prefix + family["layers"]
-    # Each field's tensors, over every row it biases layers of.
     tensors = {}
     for fields in family.get("biases", {}).values():
         for field, names in fields.items():
@@ -362,8 +293,6 @@ def builder_config(arch, num_labels, has_pooler):
                       "resize", TABLE_RESIZE))
     config.update(ARCHITECTURES[arch["class"]]["options"])
     if ARCHITECTURES[arch["class"]].get("attention_pool"):
-        # The head pools by attention (pooler_output); without one the
-        # tokens, and a new head reads the patches' mean.
         config.update(dict(classifier="map", num_classes=num_labels or 0)
                       if arch["attention_pool"] else dict(classifier="gap"))
     if ARCHITECTURES[arch["class"]].get("pooler") and has_pooler:
@@ -376,11 +305,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     """The :class:`~keras_vit.zoo.build.Checkpoint` of a folder of a type
     in :data:`FAMILY_TYPES`: ``config`` its ``config.json`` at
     ``config_path``, ``path`` its ``model.safetensors`` with ``header``
-    (name -> entry), ``source`` what the caller named,
-    ``input_normalization`` its preprocessor's. A classifier keeps its
-    head and ``id2label``; a backbone returns transformers'
-    ``pooler_output`` (DINOv2, CLIP, DeiTModel with its pooler) or its
-    tokens (DeiTModel without one)."""
+    (name -> entry), ``source`` what the caller named."""
     from keras_vit.zoo import build
 
     if name is not None or sizes:
@@ -402,8 +327,6 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
     found = header
     if arch["type"] in WHOLE_MODELS:  # a whole model: its image tower only
         found = {k: v for k, v in header.items() if k.startswith(prefix)}
-    # The head may be missing: the settling step refuses the file by the
-    # head's names unless a new head (num_classes) is asked for.
     hub_files.check_names(
         {k: v.get("shape") for k, v in found.items()},
         expected_shapes(arch, header, num_labels),

@@ -1,39 +1,22 @@
 """Hugging Face **transformers** ViT weights: ``config.json`` +
 ``model.safetensors`` as ``transformers.ViTForImageClassification`` and
-``ViTModel`` write them (``save_pretrained``; the Hub's
-``google/vit-base-patch16-224``, ``google/vit-base-patch16-224-in21k``, ...),
-SigLIP's image towers (``SiglipVisionModel``, the image tower of a
-``SiglipModel``: :mod:`keras_vit.zoo.transformers.siglip`), and DeiT,
-DINOv2 (with registers too), DINOv3's ViT and CLIP's and AIMv2's image
-towers (:mod:`keras_vit.zoo.transformers.family`).
+``ViTModel`` write them, SigLIP's image towers
+(:mod:`keras_vit.zoo.transformers.siglip`), and DeiT, DINOv2, DINOv3's ViT
+and CLIP's and AIMv2's image towers
+(:mod:`keras_vit.zoo.transformers.family`).
 
 Sources: ``"hf-hub:<owner>/<name>[@revision]"`` whose ``config.json`` has a
 ``model_type`` (timm's have none), a local folder holding such a
 ``config.json`` and ``model.safetensors``, or a ``.safetensors`` file with
-transformers' parameter names given as ``weights=`` for a ViT name. Hub
-files come through :func:`keras_vit.zoo.hub_files.hub_download`
-(``huggingface_hub``'s cache, ``HF_HUB_OFFLINE``, ``HF_TOKEN``,
-``HF_ENDPOINT``); tensors are read as NumPy arrays, without torch or
-transformers, and never unpickled.
+transformers' parameter names given as ``weights=`` for a ViT name.
+Tensors are read as NumPy arrays, without torch, and never unpickled.
 
 transformers' numerics are kept: LayerNorm epsilon from ``layer_norm_eps``
-(1e-12 in Google's files, where the official ``.npz`` models use 1e-6) and
-the GELU of ``hidden_act`` (``"gelu"`` is the exact, erf form). A
-``ViTForImageClassification`` becomes a model with its ``classifier`` as
-the head and ``id2label`` as the model's ``label_names`` (read by
-``decode_predictions`` and ``keras-vit predict``); a ``ViTModel``
-becomes a feature model (``include_top=False``, ``pooling="token"``) whose
-tanh ``pooler`` is the ``pre_logits`` layer, so that it returns
-transformers' ``pooler_output``.
-
-The file's tensor names and shapes are checked against the config before
-anything is allocated: missing, unexpected and mis-shaped tensors are
-listed together in one error naming the file.
-
-The config and the names are mapped by
-:mod:`keras_vit.zoo.transformers.layout`; ``zoo.save_pretrained(model, dir,
-layout="transformers")`` writes the reverse
-(:mod:`keras_vit.zoo.transformers.writer`).
+(1e-12 in Google's files) and the GELU of ``hidden_act``. A ``ViTModel``
+becomes a feature model whose tanh ``pooler`` is the ``pre_logits`` layer,
+so that it returns transformers' ``pooler_output``. Tensor names and
+shapes are checked against the config before anything is allocated.
+:mod:`keras_vit.zoo.transformers.writer` writes the reverse.
 """
 
 from __future__ import annotations
@@ -44,11 +27,9 @@ import os
 from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
-# SigLIP's image towers (zoo/transformers/siglip.py); DeiT, DINOv2, DINOv3,
-# CLIP's and AIMv2's image towers (zoo/transformers/family.py).
+from keras_vit.zoo.timm.hub import parse_handle as _parse_handle
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
-# transformers' names <-> the model's variables (zoo/transformers/layout.py).
 from keras_vit.zoo.transformers.layout import (
     HEAD_PARAMS, PREPROCESSOR_FILE, architecture, expected_shapes,
     shown_value as _shown, vit_layout)
@@ -63,9 +44,8 @@ PICKLE_FILE = "pytorch_model.bin"
 
 def read_json(path, what):
     """The JSON object in the file ``path`` (a ``what``, for errors): a
-    :class:`~keras_vit.zoo.formats.FormatError` naming the file for one
-    that is not a regular file, too large for a config, not UTF-8 JSON,
-    names a setting twice or is not an object."""
+    FormatError naming the file for one that is not sound JSON or not an
+    object."""
     path = os.fspath(path)
     value = formats.read_json(path, what)
     if not isinstance(value, dict):
@@ -81,9 +61,8 @@ def is_transformers_config(config):
 
 
 def _sniff(path):
-    """True when the ``config.json`` at ``path`` is transformers'. A file
-    that is no JSON object is not claimed: the timm route, which reads the
-    same file name, reports it."""
+    """True when the ``config.json`` at ``path`` is transformers' (one
+    that is no JSON object is left to the timm route to report)."""
     try:
         return is_transformers_config(
             read_json(path, "transformers config.json"))
@@ -93,11 +72,9 @@ def _sniff(path):
 
 def is_transformers_source(value, *, progress=None):
     """True for what :func:`load` reads: a folder whose ``config.json`` is
-    transformers' (with ``model.safetensors``, or only the pickled
-    ``pytorch_model.bin``, which :func:`load` then refuses), a
-    ``.safetensors`` file with transformers' names, or an ``hf-hub:``
-    handle whose ``config.json`` is transformers' (it is downloaded, into
-    huggingface_hub's cache, to tell).
+    transformers', a ``.safetensors`` file with transformers' names, or
+    an ``hf-hub:`` handle whose ``config.json`` is transformers' (it is
+    downloaded to tell).
 
     >>> is_transformers_source("ViT-B/16")
     False
@@ -126,21 +103,11 @@ def _is_transformers_state(header):
                for k in header)
 
 
-def _parse_handle(value):
-    repo, _, revision = value[len(HUB_PREFIX):].partition("@")
-    if not repo or repo.count("/") != 1:
-        raise ValueError("an hf-hub: handle is hf-hub:<owner>/<name>"
-                         f"[@revision]; received {value!r}")
-    return repo, revision or None
-
-
 # -- tensors ------------------------------------------------------------------
 
 def _header(path):
-    """The ``.safetensors`` header of ``path``: tensor name -> entry,
-    checked by :func:`keras_vit.zoo.hub_files.check_safetensors` (bounded
-    header, known dtypes, byte ranges inside the file); the data is not
-    read."""
+    """The checked ``.safetensors`` header of ``path``: tensor name ->
+    entry; the data is not read."""
     header = dict(hub_files.check_safetensors(os.fspath(path)))
     header.pop("__metadata__", None)
     return header
@@ -215,11 +182,9 @@ def fetch(source, progress=None):
 def check_preprocessor(path):
     """The input normalisation the weights' ``preprocessor_config.json``
     (when there is one at ``path``) asks for: None for the official mean
-    0.5 and std 0.5 on [0, 1] pixels (x / 127.5 - 1, what Google's files
-    say), else ``{"mean": [...], "std": [...]}`` (DeiT-style files in the
-    ViT layout expect ImageNet's), which the model records and every path
-    that feeds it honours. Refuses, naming the file and fields, a
-    preprocessor that does not rescale pixels to [0, 1] and normalise."""
+    0.5 and std 0.5, else ``{"mean": [...], "std": [...]}``. Refuses,
+    naming the file and fields, a preprocessor that does not rescale
+    pixels to [0, 1] and normalise."""
     if path is None or not os.path.isfile(path):
         return None
     config = formats.check(formats.TRANSFORMERS_PREPROCESSOR, read_json(
@@ -252,14 +217,10 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     """A keras_vit model with transformers' ViT weights from ``source``.
 
     The architecture comes from the ``config.json`` (``name``, a ViT name
-    such as ``"ViT-B/16"``, overrides it: the file's tensors must then fit
-    that name); ``image_size`` resizes the position embeddings; another
-    ``num_classes`` gives a new zero head, settled as every source's are
-    (:mod:`keras_vit.zoo.settle`). ``**kwargs`` go to
-    :func:`keras_vit.models.vit` (``include_top``, ``pooling``, ``gelu``,
-    ...). The model's ``label_names`` hold ``id2label`` (real names, not
-    transformers' ``LABEL_i`` placeholders) while the head is the
-    checkpoint's.
+    such as ``"ViT-B/16"``, overrides it); ``image_size`` resizes the
+    position embeddings; another ``num_classes`` gives a new zero head.
+    ``**kwargs`` go to :func:`keras_vit.models.vit`. The model's
+    ``label_names`` hold ``id2label`` while the head is the checkpoint's.
     """
     from keras_vit.zoo import build, settle
 
@@ -272,10 +233,8 @@ def load(source, name=None, image_size=None, num_classes=None, *,
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
-    :class:`~keras_vit.zoo.build.Checkpoint` :func:`load` builds, the
-    tensors checked against the config before any is read. ``sizes``
-    (the caller's size keywords) amend ``name``'s sizes; ``prefer_size``
-    is unused (one file per repository)."""
+    :class:`~keras_vit.zoo.build.Checkpoint` :func:`load` builds. ``sizes``
+    (the caller's size keywords) amend ``name``'s sizes."""
     config, config_path, path = fetch(source, progress=progress)
     header = _header(path)
     if config is None and not _is_transformers_state(header):
@@ -317,16 +276,13 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     if arch["kind"] == "classifier":
         entry = header.get("classifier.weight")
         shape = entry["shape"] if entry else None
-        # Without the head's tensors, the head id2label declares (its
-        # LABEL_i names too): the settling step then refuses the file by
-        # the missing tensors' names, unless a new head is asked for,
-        # rather than reading it as a headless feature model.
+        # Without the head's tensors, the head id2label declares: the
+        # settling step refuses the file unless a new head is asked for.
         num_labels = (shape[0] if shape and 1 <= shape[0] <= MAX_CLASSES
                       else len(labels or config.get("id2label") or ()))
     if arch["kind"] == "model" and arch["representation_size"] is not None \
             and not any(k.endswith("pooler.dense.weight") for k in header):
         arch["representation_size"] = None  # add_pooling_layer=False
-    # Names and shapes before anything is allocated.
     check_tensors(header, expected_shapes(arch, num_labels, prefix), path,
                   optional=HEAD_PARAMS)
     labels = formats.check_labels(labels, num_labels or None, config_path,
@@ -336,7 +292,6 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     if not num_labels and (arch["representation_size"] is not None
                            or arch["kind"] == "classifier"):
         defaults["pooling"] = "token"  # the pooled class token
-    # The weights' input normalisation (their preprocessor's mean/std).
     defaults["input_normalization"] = check_preprocessor(os.path.join(
         os.path.dirname(config_path or path), PREPROCESSOR_FILE))
     return hub_files.vit_checkpoint(

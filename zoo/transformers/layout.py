@@ -1,11 +1,8 @@
 """transformers' ViT config read as keras_vit's builder arguments
-(:func:`architecture`), its parameter names on the model's variables,
-both ways (:func:`vit_layout`; ``ViTForImageClassification``: ``vit.`` in
-front and a ``classifier``; ``ViTModel``: none, and a ``pooler``), and the
-names and
-shapes a config implies. Shared by the reader
-(:mod:`keras_vit.zoo.transformers.hub`) and the writer
-(:mod:`keras_vit.zoo.transformers.writer`).
+(:func:`architecture`), its parameter names on the model's variables, both
+ways (:func:`vit_layout`), and the names and shapes a config implies.
+Shared by the reader (:mod:`keras_vit.zoo.transformers.hub`) and the
+writer (:mod:`keras_vit.zoo.transformers.writer`).
 """
 
 from __future__ import annotations
@@ -13,31 +10,24 @@ from __future__ import annotations
 import functools
 import os
 
-
 from keras_vit.base.checks import require
 from keras_vit.zoo import checkpoints, formats
 from keras_vit.zoo.layouts import Layout
 from keras_vit.zoo.transformers import tables
 from keras_vit.zoo.transformers.tables import VIT
 
-# How transformers prepares images for the model (checked on reading).
 PREPROCESSOR_FILE = "preprocessor_config.json"
-# The architectures keras_vit reproduces, and what each becomes.
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
-# transformers' hidden_act -> keras_vit's gelu form. "gelu" is torch's
-# default, erf; "gelu_new" / "gelu_pytorch_tanh" the tanh approximation.
+# transformers' hidden_act -> keras_vit's gelu form ("gelu" is erf's).
 GELU_FORMS = {"gelu": "exact", "gelu_new": "tanh",
               "gelu_pytorch_tanh": "tanh"}
-# keras_vit's GELU forms -> transformers' hidden_act, for the writers.
 HIDDEN_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 # Google's files: transformers' ViTConfig defaults.
 DEFAULT_LAYER_NORM_EPS = 1e-12
 DEFAULT_HIDDEN_ACT = "gelu"
 
-
 # Hub model types keras_vit does not read, with the way out where there
-# is one (DeiT, DINOv2, DINOv3, CLIP's and AIMv2's image towers:
-# zoo/transformers/family.py).
+# is one.
 _OTHER_TYPES = {
     "vit_mae": "ViT-MAE (a masked autoencoder); its encoder is not a "
                "classifier keras_vit reproduces",
@@ -51,9 +41,8 @@ _OTHER_TYPES = {
 
 def read_tensors(path, names):
     """The tensors ``names`` of the ``.safetensors`` file ``path`` as NumPy
-    arrays, the others left unread (a whole CLIP or SigLIP model's text
-    tower); a :class:`~keras_vit.zoo.checkpoints.CheckpointError` naming
-    the file for one that cannot be read."""
+    arrays, the others left unread; a CheckpointError naming the file for
+    one that cannot be read."""
     require("safetensors.numpy", package="safetensors",
             purpose="transformers' weights")
     from safetensors import safe_open
@@ -74,15 +63,11 @@ def shown_value(value, limit=80):
 
 
 def architecture(config, path, header=None):
-    """``config`` checked (:data:`~keras_vit.zoo.formats.TRANSFORMERS_CONFIG`)
-    and read as keras_vit's builder arguments: ``{"kind": "classifier" |
-    "model", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-    "image_size", "patch_size", "num_channels", "layer_norm_epsilon",
-    "gelu", "labels", "representation_size"}``. Other model types and
-    architectures, and settings keras_vit lacks, are refused by name;
-    sizes beyond any ViT's are refused before anything is allocated.
-    ``header`` (tensor name -> entry) tells a config that names no
-    architecture which one the file holds."""
+    """``config`` checked and read as keras_vit's builder arguments
+    (``kind``: ``"classifier"`` or ``"model"``, sizes, ``labels``, ...).
+    Other model types and architectures, and settings keras_vit lacks, are
+    refused by name. ``header`` (tensor name -> entry) tells a config that
+    names no architecture which one the file holds."""
     path = os.fspath(path)
     config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
     model_type = config.get("model_type")
@@ -114,7 +99,6 @@ def architecture(config, path, header=None):
     else:  # older files: the tensors tell
         kind = "classifier" if any(
             k.startswith("vit.") for k in (header or {})) else "model"
-    # Types and bounds are the format's; what it cannot say is checked here.
     hidden = config.get("hidden_size", 768)
     heads = config.get("num_attention_heads", 12)
     size = config.get("image_size", 224)
@@ -155,8 +139,8 @@ def architecture(config, path, header=None):
 
 
 def id2label_names(config, path):
-    """``id2label`` of the transformers config ``config`` (checked, read
-    from ``path``) as a list ordered by index, or None for none or
+    """``id2label`` of the transformers config ``config`` (read from
+    ``path``) as a list ordered by index, or None for none or
     transformers' placeholders (``LABEL_0``, ``LABEL_1``, ...)."""
     id2label = config.get("id2label")  # checked by the format
     if id2label is None:
@@ -170,8 +154,6 @@ def id2label_names(config, path):
                                f"{shown_value(key)}: {shown_value(name)}")
         labels[index] = name
     labels = [labels[i] for i in range(len(labels))]
-    # transformers writes LABEL_0, LABEL_1, ... when given no names: those
-    # name no class.
     if not labels or all(name == f"LABEL_{i}" for i, name in enumerate(labels)):
         return None
     return labels
@@ -187,44 +169,25 @@ HEAD_PARAMS = {"classifier.weight": "head/kernel",
 def vit_layout(prefix=""):
     """transformers' ``ViTModel`` tensors (``prefix=""``), or a
     ``ViTForImageClassification``'s (``prefix="vit."``, the head's
-    ``classifier`` outside it), onto the model's variables
-    (:data:`~keras_vit.zoo.transformers.tables.VIT`)."""
+    ``classifier`` outside it), onto the model's variables."""
     return Layout("transformers", tables.rules(
         VIT["layer"], VIT["top"], VIT["head"], prefix, VIT["layers"]))
 
 
 def expected_shapes(arch, num_labels, prefix):
-    """transformers' tensor names and shapes for ``arch`` (see
-    :func:`keras_vit.zoo.transformers.hub.architecture`): ``prefix`` is ``"vit."`` in a
-    ``ViTForImageClassification``, ``""`` in a ``ViTModel``."""
-    d, m, c, p = (arch["hidden_size"], arch["mlp_dim"], arch["num_channels"],
-                  arch["patch_size"])
-    size = arch["image_size"]
-    h, w = (size, size) if isinstance(size, int) else size
-    shapes = {
-        "embeddings.cls_token": (1, 1, d),
-        "embeddings.position_embeddings": (1, (h // p) * (w // p) + 1, d),
-        "embeddings.patch_embeddings.projection.weight": (d, c, p, p),
-        "embeddings.patch_embeddings.projection.bias": (d,),
-        "layernorm.weight": (d,), "layernorm.bias": (d,),
-    }
-    layer = {"layernorm_before.weight": (d,), "layernorm_before.bias": (d,),
-             "layernorm_after.weight": (d,), "layernorm_after.bias": (d,),
-             "attention.output.dense.weight": (d, d),
-             "attention.output.dense.bias": (d,),
-             "intermediate.dense.weight": (m, d),
-             "intermediate.dense.bias": (m,),
-             "output.dense.weight": (d, m), "output.dense.bias": (d,)}
-    for part in ("query", "key", "value"):
-        layer[f"attention.attention.{part}.weight"] = (d, d)
-        layer[f"attention.attention.{part}.bias"] = (d,)
+    """transformers' tensor names and shapes for ``arch``: ``prefix`` is
+    ``"vit."`` in a ``ViTForImageClassification``, ``""`` in a
+    ``ViTModel``."""
+    pooler = arch["representation_size"]
+    dims = tables.shape_codes(dict(arch, type="vit", pooler=pooler,
+                                   options={"num_registers": 0}), num_labels)
+    shapes = {k: dims[code] for k, (_, _, code) in VIT["top"].items()
+              if pooler is not None or not k.startswith("pooler.")}
     for i in range(arch["num_layers"]):
-        shapes.update({f"encoder.layer.{i}.{k}": v for k, v in layer.items()})
-    if arch["representation_size"] is not None:
-        r = arch["representation_size"]
-        shapes.update({"pooler.dense.weight": (r, d), "pooler.dense.bias": (r,)})
+        shapes.update({f"{VIT['layers']}{i}.{k}": dims[code]
+                       for k, (_, _, code) in VIT["layer"].items()})
     shapes = {prefix + k: v for k, v in shapes.items()}
     if num_labels:
-        shapes.update({"classifier.weight": (num_labels, d),
-                       "classifier.bias": (num_labels,)})
+        shapes.update({k: dims[code]
+                       for k, (_, _, code) in VIT["head"].items()})
     return shapes

@@ -1,31 +1,15 @@
 """transformers' SigLIP image towers: ``SiglipVisionModel`` folders
 (``model_type`` ``"siglip_vision_model"``) and the image tower of a whole
-``SiglipModel`` (``"siglip"``: its ``vision_config`` and its
-``vision_model.`` tensors; the text tower is not read), both ways; and
-SigLIP2's, ``Siglip2VisionModel`` and ``Siglip2Model``
-(``"siglip2_vision_model"``, ``"siglip2"``), which transformers holds as
-NaFlex towers: the same model with the ``naflex`` option (patches with
-their coordinates and a mask; its patch embedding a Linear over each
-patch's pixels row by row, its table of ``num_patches`` rows resized to
-each image), whose ``pooler_output`` and ``last_hidden_state`` keras_vit
-gives for the same patches, padding and all.
+``SiglipModel`` (``"siglip"``; the text tower is not read), both ways;
+and SigLIP2's (``"siglip2_vision_model"``, ``"siglip2"``), NaFlex towers:
+the same model with the ``naflex`` option.
 
 A SigLIP tower is the one :class:`~keras_vit.models.VisionTransformer`
 with options: no class token, a position table of the patches alone, the
-patch embedding with a bias, ``post_layernorm`` as the final norm, the
-tanh GELU (``gelu_pytorch_tanh``) and, with ``vision_use_head``, the
-attention-pool head (``classifier="map"``,
-:class:`~keras_vit.layers.AttentionPoolHead`) whose output is
-transformers' ``pooler_output``: the model loads with ``num_classes=0``
-and returns that embedding. Without the head it returns the tokens
-(``last_hidden_state``). Its inputs are normalised with mean 0.5 and std
-0.5, the official ViT's.
-
-The config's sizes and the tensors' names and shapes are checked before
-anything is allocated, as for transformers' ViT
-(:mod:`keras_vit.zoo.transformers.hub`, which hands these folders here);
-``zoo.save_pretrained(model, dir, layout="transformers")`` writes a
-keras_vit model of that shape back as a ``SiglipVisionModel``.
+tanh GELU and, with ``vision_use_head``, the attention-pool head
+(``classifier="map"``) whose output is transformers' ``pooler_output``:
+the model loads with ``num_classes=0``. Without the head it returns the
+tokens (``last_hidden_state``).
 """
 
 from __future__ import annotations
@@ -63,10 +47,9 @@ _DEFAULTS = dict(hidden_size=768, intermediate_size=3072,
 @functools.lru_cache(maxsize=None)
 def layout(prefix="", naflex=False):
     """A SigLIP image tower's tensors (``prefix``: ``"vision_model."`` in
-    a whole ``SiglipModel``) on the model's variables; the attention-pool
-    head's is keras_vit's ``classifier="map"``, whose query, key and value
-    torch's MultiheadAttention stacks. ``naflex``: SigLIP2's, whose patch
-    embedding is a Linear over flattened patches."""
+    a whole ``SiglipModel``) on the model's variables. ``naflex``:
+    SigLIP2's, whose patch embedding is a Linear over flattened
+    patches."""
     h, parts = prefix + "head.", ("query", "key", "value")
     clip = FAMILIES["clip_vision_model"]  # its blocks' names are SigLIP's
     return Layout("transformers", [
@@ -109,10 +92,8 @@ def _vision_config(config, path):
 
 
 def architecture(config, path):
-    """``config`` (a checked transformers config of a SigLIP type) read
-    as keras_vit's builder facts: sizes, ``image_size``, ``patch_size``,
-    ``num_channels``, ``layer_norm_epsilon``, ``gelu``, ``use_head`` and
-    the tensors' ``prefix``; settings keras_vit lacks are refused by
+    """``config`` (a transformers config of a SigLIP type) read as
+    keras_vit's builder facts; settings keras_vit lacks are refused by
     name."""
     config = formats.check(formats.TRANSFORMERS_CONFIG, config, path)
     vision, field, prefix = _vision_config(config, path)
@@ -166,14 +147,10 @@ def expected_shapes(arch):
               "embeddings.patch_embedding.bias": (d,),
               "embeddings.position_embedding.weight": (tokens, d),
               "post_layernorm.weight": (d,), "post_layernorm.bias": (d,)}
-    widths = {"fc1.weight": (m, d), "fc1.bias": (m,), "fc2.weight": (d, m),
-              "fc2.bias": (d,)}
-    layer = {f"{name}.{kind}": (d, d) if name.endswith("proj") and (
-        kind == "weight") else (d,) for kind in ("weight", "bias")
-             for name in ("layer_norm1", "layer_norm2", "self_attn.q_proj",
-                          "self_attn.k_proj", "self_attn.v_proj",
-                          "self_attn.out_proj")}
-    layer.update({f"mlp.{k}": v for k, v in widths.items()})
+    dims = {"d": (d,), "m": (m,), "dd": (d, d), "md": (m, d), "dm": (d, m)}
+    layer = {k: dims[code] for k, (_, _, code)
+             in FAMILIES["clip_vision_model"]["layer"].items()}
+    widths = {k[4:]: v for k, v in layer.items() if k.startswith("mlp.")}
     for i in range(arch["num_layers"]):
         shapes.update({f"encoder.layers.{i}.{k}": v
                        for k, v in layer.items()})
@@ -192,11 +169,9 @@ def expected_shapes(arch):
 def read_checkpoint(config, config_path, path, header, source, *, name=None,
                     sizes=None, input_normalization=None):
     """The :class:`~keras_vit.zoo.build.Checkpoint` of a SigLIP folder:
-    ``config`` its (checked) ``config.json`` at ``config_path``, ``path``
-    its ``model.safetensors`` with ``header`` (name -> entry), ``source``
-    what the caller named. With the head: a model of ``num_classes=0``
-    that returns the pooled embedding (another ``num_classes`` puts a new
-    zero head on it); without: the tokens."""
+    ``config`` its ``config.json`` at ``config_path``, ``path`` its
+    ``model.safetensors`` with ``header`` (name -> entry), ``source``
+    what the caller named."""
     from keras_vit.zoo import build
 
     if name is not None or sizes:
@@ -205,7 +180,6 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
             f"SigLIP folder's config.json fixes its own ({config_path})")
     arch = architecture(config, config_path)
     prefix = arch["prefix"]
-    # A whole SiglipModel: its image tower's tensors only.
     found = {k: v for k, v in header.items() if k.startswith(prefix)}
     hub_files.check_names(
         {k: v.get("shape") for k, v in found.items()}, expected_shapes(arch),
@@ -235,8 +209,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
 
 def is_siglip_model(config):
     """True for a keras_vit model config whose pooling is the attention
-    pool: the writer's transformers class for it is SigLIP's, unless
-    AIMv2's (another form of the pool) holds it nearer."""
+    pool."""
     method = (config.get("classifier") if config.get("include_top", True)
               else config.get("pooling"))
     return method == "map"
@@ -249,8 +222,7 @@ def unwritable(config):
                                                    model_options)
 
     options = model_options(config)
-    # SigLIP's config carries none of the options: it holds the defaults,
-    # without a class token (SigLIP2's: NaFlex).
+    # SigLIP's config carries none of the options: it holds the defaults.
     naflex = bool(options.get("naflex"))
     other = differences(None, {"class_token": False, "naflex": naflex, **(
         {"position_resize": "bilinear_aa"} if naflex else {})}, options)

@@ -1,33 +1,23 @@
 """The tensor names and config defaults of transformers' other ViT-family
 towers, as data (read by :mod:`keras_vit.zoo.transformers.family`, written
-by :mod:`keras_vit.zoo.transformers.writer`): per model type its config
-defaults, where its blocks are and the names of their tensors and of the
-others (:data:`FAMILIES`); per class its model type, the tensors' prefix,
-its head's tensors and the builder options it sets (:data:`ARCHITECTURES`),
-or why keras_vit refuses it; and the tensors one folder holds, from
-them (:func:`rows_of`, :func:`expected_shapes`, :func:`layout`).
+by :mod:`keras_vit.zoo.transformers.writer`): per model type
+(:data:`FAMILIES`), per class (:data:`ARCHITECTURES`), and the tensors one
+folder holds (:func:`rows_of`, :func:`expected_shapes`, :func:`layout`).
 """
 
 from __future__ import annotations
 
 from keras_vit.zoo.layouts import Layout, Rule
 
-#: How transformers resizes a learned position table to another image
-#: size (a tower's ``interpolate_pos_encoding``: torch's bicubic, a=-0.75,
-#: without antialiasing; a family's ``resize`` where it differs, and
-#: SigLIP2's NaFlex its own way): the ``position_resize`` of the models
-#: read from its files.
+#: How transformers resizes a learned position table (torch's bicubic,
+#: a=-0.75, without antialiasing; a family's ``resize`` where it differs).
 TABLE_RESIZE = "bicubic"
 
 # -- tensor names -------------------------------------------------------------
-# transformers' name -> (the model's variable path, inside its block for a
-# block's; the form transformers holds the array in, a key of
-# keras_vit.zoo.layouts.FORMS or "table" for a position table without its
-# leading axis; its shape): Shapes: "d" (D,), "m" (M,), "dd", "md", "dm"
-# (rows, columns); "g" (2M,) and "gd" SwiGLU's packed first Linear (gate
-# rows, then value rows, M each). A tuple of names: tensors of that shape
-# each, joined along their first axis into the one variable (DINOv3's
-# gate_proj and up_proj, SwiGLU's halves).
+# transformers' name -> (the model's variable path, the form of
+# keras_vit.zoo.layouts.FORMS or "table", the shape code of shape_codes).
+# A tuple of names: tensors joined along their first axis into one
+# variable.
 
 
 def _attention(query, key, value, out):
@@ -63,10 +53,7 @@ _DINO_LAYER = {**_VIT_ATTENTION, **_norm("norm1", "norm_1"),
                **_norm("norm2", "norm_2"), **_mlp("mlp.fc1", "mlp.fc2"),
                "layer_scale1.lambda1": ("layer_scale_1", "same", "d"),
                "layer_scale2.lambda1": ("layer_scale_2", "same", "d")}
-# DINOv2's SwiGLU MLP (use_swiglu_ffn, the giant), in the names
-# save_pretrained writes: one packed Linear whose first half of the rows,
-# through SiLU, gates the second (keras_vit's mlp="swiglu"; transformers
-# 5 splits it into gate_proj and up_proj in memory only), then one back.
+# DINOv2's SwiGLU MLP (use_swiglu_ffn): one packed Linear, gate first.
 _DINO_SWIGLU = _mlp("mlp.weights_in", "mlp.weights_out", first="g")
 _DINO3_LAYER = {**_attention(*(f"attention.{p}_proj" for p in "qkvo")),
                 **{k: v for k, v in _DINO_LAYER.items()
@@ -75,9 +62,8 @@ _DINO3_LAYER = {**_attention(*(f"attention.{p}_proj" for p in "qkvo")),
 
 
 def _gated(module):
-    """A gated MLP's rows (``module``: its name): gate_proj through
-    hidden_act times up_proj, then down_proj; keras_vit's mlp="swiglu"
-    packs the first two into one Dense, gate first."""
+    """A gated MLP's rows (``module``: its name); keras_vit's
+    mlp="swiglu" packs gate_proj and up_proj into one Dense, gate first."""
     return {
         **{tuple(f"{module}.{n}_proj.{kind}" for n in ("gate", "up")): (
             f"mlp/dense_0/{path}", form, shape)
@@ -89,14 +75,12 @@ def _gated(module):
            if k.startswith(f"{module}.down")}}
 
 
-# DINOv3's gated MLP (use_gated_mlp).
 _DINO3_GATED = _gated("mlp")
 _CLIP_LAYER = {**_attention(*(f"self_attn.{p}_proj" for p in (
     "q", "k", "v", "out"))), **_norm("layer_norm1", "norm_1"),
                **_norm("layer_norm2", "norm_2"),
                **_mlp("mlp.fc1", "mlp.fc2")}  # SigLIP's names
-# AIMv2's: RMSNorms (a weight, no bias), its MLP the gated one (ffn.*,
-# always: the class sets mlp="swiglu").
+# AIMv2's: RMSNorms (a weight, no bias), its MLP the gated one.
 _AIMV2_LAYER = {**_attention(*(f"attention.{p}_proj" for p in (
     "q", "k", "v", "out"))), "rms_norm1.weight": ("norm_1/gamma", "same", "d"),
                 "rms_norm2.weight": ("norm_2/gamma", "same", "d")}
@@ -111,7 +95,6 @@ _VIT_TOP = {"embeddings.cls_token": ("class_token/cls", "same", "cls"),
             **_norm("layernorm", _ENCODER_NORM)}
 _DINO_TOP = {**_VIT_TOP, "embeddings.register_tokens": (
     "register_tokens/registers", "same", "reg"),
-             # DINOv2's masked-image pretraining token: unused in a forward.
              "embeddings.mask_token": (None, None, "mask")}
 # DINOv3's: no position table (rotary embeddings), a mask token (1, 1, D).
 _DINO3_TOP = {**{k: v for k, v in _DINO_TOP.items() if k.startswith((
@@ -122,9 +105,8 @@ _DINO3_TOP = {**{k: v for k, v in _DINO_TOP.items() if k.startswith((
               "embeddings.patch_embeddings.bias": (
                   "patch_embedding/conv/bias", "same", "d"),
               **_norm("norm", _ENCODER_NORM)}
-# AIMv2's: the patch embedding's RMSNorm, a table of the patches alone
-# (no class token) and, with use_head, its attention-pooling head
-# (keras_vit's pool_form="aimv2": the cls_token is the probe).
+# AIMv2's: the patch norm, a table of the patches alone and, with
+# use_head, its attention-pooling head (the cls_token is the probe).
 _AIMV2_TOP = {
     "embeddings.patch_embed.weight": ("patch_embedding/conv/kernel", "conv",
                                       "conv"),
@@ -165,8 +147,7 @@ VIT = dict(layers="encoder.layer.", layer=_VIT_LAYER,
 def rules(layer, top, head, prefix, layers):
     """The :class:`~keras_vit.zoo.layouts.Rule` of each row: the block
     rows ``layer`` under ``prefix + layers + "{i}."``, the rows ``top``
-    under ``prefix`` (those of no variable left out), the head's as
-    named."""
+    under ``prefix``, the head's as named."""
     blocks = prefix + layers + "{i}."
     return [*[Rule("encoder_block_{i}/" + path,
                    [blocks + n for n in names(name)], form)
@@ -194,9 +175,8 @@ _DINO3_DEFAULTS = dict(
     layer_norm_eps=1e-5, rope_theta=100.0, query_bias=True, key_bias=False,
     value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0,
     use_gated_mlp=False, num_register_tokens=0)
-# Per option row of biases: its fields in the config, each with the
-# tensors (in a block) it keeps. The row is on where any field is (a bias
-# a field leaves out is zeros: DINOv3 has no key bias), off where none is.
+# Per option row of biases: its config fields, each with the tensors it
+# keeps. The row is on where any field is (a bias left out is zeros).
 _VIT_BIASES = {"qkv_bias": {"qkv_bias": tuple(
     f"attention.attention.{p}.bias" for p in ("query", "key", "value"))}}
 _DINO3_BIASES = {
@@ -212,10 +192,7 @@ _AIMV2_DEFAULTS = dict(
     num_attention_heads=8, patch_size=14, hidden_act="silu",
     rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False, use_head=True,
     is_native=False)
-# AIMv2's two bias fields each bias layers of both of keras_vit's rows
-# (qkv_bias: the query, key, value and output projections and the head's
-# key and value; mlp_bias: the MLP's), so either on turns both rows on,
-# with zeros for the biases of a field that is off.
+# AIMv2's two bias fields each bias layers of both of keras_vit's rows.
 _AIMV2_BIASES = {
     "qkv_bias": {"qkv_bias": (*(f"attention.{p}_proj.bias" for p in "qkv"),
                               "head.k_proj.bias", "head.v_proj.bias"),
@@ -223,16 +200,12 @@ _AIMV2_BIASES = {
     "proj_bias": {"qkv_bias": ("attention.out_proj.bias",),
                   "mlp_bias": tuple(f"ffn.{n}_proj.bias"
                                     for n in ("gate", "up", "down"))}}
-#: Per model type: the config's defaults (transformers' config classes),
-#: where the blocks are (``layers``) and the names of their tensors
-#: (``swiglu``: the MLP's, replacing the others ``mlp.*``, under
-#: ``use_swiglu_ffn`` / ``use_gated_mlp``) and of the others; ``biases``:
-#: the bias rows' fields and tensors; ``gate``: the ``hidden_act`` values
-#: its gated MLP computes as keras_vit's SwiGLU (none: it gates with SiLU
-#: whatever ``hidden_act`` says, DINOv2's); ``square``: one image side;
-#: ``epsilon``: the norms' epsilon field where it is not
-#: ``layer_norm_eps``; ``fixed``: fields keras_vit computes at one value
-#: only, with it and why.
+#: Per model type: the config's defaults, where the blocks are
+#: (``layers``), the names of their tensors (``swiglu``: the gated MLP's)
+#: and of the others; ``biases``: the bias rows' fields and tensors;
+#: ``gate``: the ``hidden_act`` values its gated MLP computes (none: SiLU
+#: whatever it says); ``square``: one image side; ``epsilon``: the norms'
+#: epsilon field; ``fixed``: fields keras_vit computes at one value only.
 FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
                  layer=_VIT_LAYER, biases=_VIT_BIASES, top={
@@ -246,13 +219,10 @@ FAMILIES = {
         defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
         layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
         swiglu=_DINO_SWIGLU, biases=_VIT_BIASES, resize="bicubic_aa"),
-    # Files name the blocks layer.{i} (transformers 5 holds them under
-    # model.layer.{i} in memory and renames both ways).
     "dinov3_vit": dict(defaults=_DINO3_DEFAULTS, layers="layer.",
                        layer=_DINO3_LAYER, top=_DINO3_TOP,
                        swiglu=_DINO3_GATED, biases=_DINO3_BIASES,
                        gate=("silu", "swish")),
-    # CLIP's config has no qkv_bias (its attention always has biases).
     "clip_vision_model": dict(
         defaults={**{k: v for k, v in _DEFAULTS.items() if k != "qkv_bias"},
                   "patch_size": 32, "hidden_act": "quick_gelu",
@@ -276,9 +246,8 @@ FAMILIES["metaclip_2_vision_model"] = FAMILIES["metaclip_2"] = FAMILIES[
 #: The model types of a whole image-text model, whose image tower is read.
 WHOLE_MODELS = ("clip", "metaclip_2", "aimv2")
 
-# The classes read, with their model type, the tensors' prefix (None: a
-# CLIPVisionModel's, "vision_model." in files of transformers 4, none
-# since), their head's tensors and the builder options they set.
+# The classes read, with their model type, the tensors' prefix (None:
+# "vision_model." or none), their head's tensors and builder options.
 _CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, num_classes=0)
 _AIMV2_OPTIONS = dict(class_token=False, norm="rms", patch_norm=True,
                       mlp="swiglu", pool_form="aimv2")
@@ -315,9 +284,7 @@ ARCHITECTURES = {
                                  options=_CLIP_OPTIONS),
     "MetaClip2Model": dict(type="metaclip_2", prefix="vision_model.",
                            options=_CLIP_OPTIONS),
-    # attention_pool: the config field of the head (classifier="map",
-    # num_classes=0: pooler_output) and its rows' prefix; without it the
-    # tokens (last_hidden_state).
+    # attention_pool: the config field of the head and its rows' prefix.
     "Aimv2VisionModel": dict(type="aimv2_vision_model", prefix="",
                              options=_AIMV2_OPTIONS,
                              attention_pool=("use_head", "head.")),
@@ -339,8 +306,7 @@ for _base in ("Dinov2Model", "Dinov2WithRegistersModel"):
 def swiglu_width(width):
     """The features DINOv2's SwiGLU MLP gates, given the width ``width``
     of the MLP it replaces: two thirds of it, rounded up to a multiple of
-    8 (the rule of Meta's DINOv2, kept by transformers' and keras-hub's
-    ports; keras_vit's ``mlp_dim`` of ``mlp="swiglu"``).
+    8.
 
     >>> swiglu_width(6144), swiglu_width(128), swiglu_width(64)
     (4096, 88, 48)
@@ -363,9 +329,7 @@ def dinov2_mlp_dim(hidden_size, mlp_ratio, swiglu=False):
 # -- the tensors of one folder -------------------------------------------------
 
 def rows_of(arch):
-    """``(block, other, head)`` rows of the tensors ``arch`` holds:
-    transformers' name (without the block's number or the tensors'
-    prefix) -> (the model's variable path, form, shape), as in
+    """``(block, other, head)`` rows of the tensors ``arch`` holds, as in
     :data:`FAMILIES`."""
     family = FAMILIES[arch["type"]]
     spec = ARCHITECTURES[arch["class"]]
@@ -374,7 +338,6 @@ def rows_of(arch):
     if options["mlp"] == "swiglu":  # in place of the MLP's first Linear
         layer = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
         layer.update(family["swiglu"])
-    # The biases of a row that is off (each of its fields off).
     dropped = {n for row, fields in family.get("biases", {}).items()
                if not options[row] for ns in fields.values() for n in ns}
     layer = {k: v for k, v in layer.items() if not dropped & set(names(k))}
@@ -392,7 +355,6 @@ def rows_of(arch):
             top["embeddings.register_tokens"] = (None, None, "reg")
     if ("embeddings.distillation_token" in top
             and not spec["options"].get("distilled")):
-        # Read by the class token's neighbour: one register token.
         top["embeddings.distillation_token"] = (
             "register_tokens/registers", "same", "cls")
     head = spec.get("head", {})
@@ -419,8 +381,8 @@ def shape_codes(arch, num_labels=0):
 
 def block_shapes(arch):
     """``(held, left out)``: each block's tensors in the file, by name
-    without the block's prefix, and those of a bias row that is on whose
-    field is off (``arch["off"]``; the reader gives them zeros)."""
+    without the block's prefix, and those of the fields ``arch["off"]``
+    (the reader gives them zeros)."""
     dims = shape_codes(arch)
     shapes = {n: dims[shape] for key, (_, _, shape) in rows_of(arch)[0].items()
               for n in names(key)}
@@ -438,10 +400,9 @@ def _left_out(arch):
 
 
 def top_zeros(arch):
-    """The tensors outside the blocks (prefix included) that a bias row
-    that is on holds and ``arch["off"]`` leaves out of the file (AIMv2's
-    head's key and value biases), with their shapes: the reader gives
-    them zeros."""
+    """The tensors outside the blocks (prefix included) that
+    ``arch["off"]`` leaves out of the file, with their shapes: the reader
+    gives them zeros."""
     dims, out = shape_codes(arch), _left_out(arch)
     return {arch["prefix"] + name: dims[shape]
             for name, (_, _, shape) in rows_of(arch)[1].items()
@@ -449,27 +410,22 @@ def top_zeros(arch):
 
 
 def with_class_options(options, spec):
-    """``options`` (every family row's, as a config's fields give them)
-    with the option rows the class ``spec`` sets (AIMv2's RMSNorm and
-    gated MLP, which no field of its config names)."""
+    """``options`` with the option rows the class ``spec`` sets."""
     return dict(options, **{k: v for k, v in spec["options"].items()
                             if k in options})
 
 
 def bias_fields(biases, rows):
     """Each bias field of ``biases`` (a family's table) on where a row of
-    ``rows`` (option -> on) that holds it is: the fields that keep every
-    bias the rows hold (a field that biases layers of two rows, AIMv2's,
-    on where either is)."""
+    ``rows`` (option -> on) that holds it is."""
     return {field: any(rows[row] for row, fields in biases.items()
                        if field in fields)
             for parts in biases.values() for field in parts}
 
 
 def bias_rows(biases, fields):
-    """Each bias row of ``biases`` on where any of its fields is in
-    ``fields`` (field -> on): the rows that hold every bias the fields
-    keep (zeros for those of a field that is off)."""
+    """Each bias row of ``biases`` on where any of its fields is on in
+    ``fields`` (field -> on)."""
     return {row: any(fields[f] for f in parts)
             for row, parts in biases.items()}
 
@@ -483,8 +439,6 @@ def expected_shapes(arch, header, num_labels):
     prefix = arch["prefix"]
     shapes = {}
     for name, (path, _, shape) in top.items():
-        # A tensor of no variable (DINOv2's mask token, empty registers)
-        # and DeiTModel's pooler may be left out.
         optional = path is None or name.startswith("pooler.")
         if name in _left_out(arch):  # zeros, not in the file
             continue

@@ -1,12 +1,9 @@
 """Writes a keras_vit ViT as Hugging Face transformers writes a
 ``ViTForImageClassification`` (or a ``ViTModel`` for a model without a
-head): ``config.json`` with the class names as ``id2label``,
-``model.safetensors``, ``preprocessor_config.json``; a model pooled by
-attention (``classifier="map"``, no head) as a ``SiglipVisionModel``
+head); a model pooled by attention as a ``SiglipVisionModel``
 (:mod:`keras_vit.zoo.transformers.siglip`); a model with the ViT family's
 options as the DeiT, DINOv2, DINOv3, CLIP or AIMv2 class that holds it
-(:func:`family_class`, tables of :mod:`keras_vit.zoo.transformers.family`).
-The reverse of :mod:`keras_vit.zoo.transformers.hub`.
+(:func:`family_class`). The reverse of :mod:`keras_vit.zoo.transformers.hub`.
 """
 
 from __future__ import annotations
@@ -26,12 +23,9 @@ from keras_vit.zoo.transformers.layout import (ARCHITECTURES, HIDDEN_ACTS,
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 
-
 def _writable(model):
     """``(kind, reason)``: the transformers class that holds ``model``
-    (``"classifier"``: ``ViTForImageClassification``; ``"model"``:
-    ``ViTModel``, for a model without a head), or None and the reason
-    none does."""
+    (``"classifier"`` or ``"model"``), or None and the reason none does."""
     config = model.get_config() if hasattr(model, "get_config") else None
     if not isinstance(config, dict) or "hidden_size" not in config or (
             "num_heads" not in config):
@@ -67,19 +61,14 @@ def _writable(model):
 
 def write(model, directory, labels=None):
     """Writes ``model`` as transformers writes a ``ViTForImageClassification``
-    (``config.json``, ``model.safetensors``, ``preprocessor_config.json``),
-    so that ``transformers.ViTForImageClassification.from_pretrained(
-    directory)`` loads it with the same logits, and ``zoo.load(directory)``
-    reads it back. ``labels`` (a checked list of class names, or None:
-    transformers' ``LABEL_i``) become ``id2label``. Each file is written
-    whole or not at all. Reached through
-    :func:`keras_vit.zoo.save_pretrained` (``layout="transformers"``).
+    (``config.json``, ``model.safetensors``, ``preprocessor_config.json``)
+    that transformers loads with the same logits. ``labels`` (a checked
+    list of class names, or None: transformers' ``LABEL_i``) become
+    ``id2label``.
 
     A model without a head (``include_top=False``) is written as a
     ``ViTModel``: its ``pre_logits`` layer, if it has one, is the tanh
-    pooler (``pooler_output`` is the model's output); without one the
-    folder has no pooler and loads with ``ViTModel.from_pretrained(
-    directory, add_pooling_layer=False)`` (``last_hidden_state``).
+    pooler; without one the folder has no pooler.
 
     Example (transformers itself is not needed to write)::
 
@@ -89,21 +78,14 @@ def write(model, directory, labels=None):
                               num_classes=3)
         keras_vit.zoo.save_pretrained(model, "vit-dir", layout="transformers")
     """
-    from keras_vit.base.checks import require
-
     config = model.get_config() if hasattr(model, "get_config") else None
     if isinstance(config, dict) and transformers_siglip.is_siglip_model(
             config) and _pooled_by_siglip(config):
-        # Pooled by attention: SigLIP's image tower.
-        st = require("safetensors.numpy", package="safetensors",
-                     purpose="save_pretrained")
-        return _write_folder(directory, st,
+        return _write_folder(directory,
                              *transformers_siglip.write_files(model, labels))
     name = family_class(config) if isinstance(config, dict) else None
     if name is not None:  # DeiT, DINOv2, DINOv3 or CLIP
-        st = require("safetensors.numpy", package="safetensors",
-                     purpose="save_pretrained")
-        return _write_folder(directory, st,
+        return _write_folder(directory,
                              *_family_files(model, config, name, labels))
     kind, reason = _writable(model)
     if reason is not None:
@@ -115,8 +97,6 @@ def write(model, directory, labels=None):
                "; zoo.save_npz writes it"
                if convert.official_refusal(model) is None else
                "; model.save('model.keras') keeps it"))
-    st = require("safetensors.numpy", package="safetensors",
-                 purpose="save_pretrained")
     config = model.get_config()
     hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
     size = config["image_size"]
@@ -139,10 +119,7 @@ def write(model, directory, labels=None):
     }
     arrays = layouts.model_arrays(model, "transformers")
     if kind == "classifier":
-        if labels is None:  # transformers' own names for unnamed classes
-            labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
-        out["id2label"] = {str(i): name for i, name in enumerate(labels)}
-        out["label2id"] = {name: i for i, name in enumerate(labels)}
+        _label(out, labels, config)
         state = vit_layout("vit.").write(arrays)
     else:
         if labels is not None:
@@ -153,14 +130,21 @@ def write(model, directory, labels=None):
             out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
             out["pooler_act"] = "tanh"
         state = vit_layout().write(arrays)
-    return _write_folder(directory, st, out, _preprocessor(model, size),
-                         state)
+    return _write_folder(directory, out, _preprocessor(model, size), state)
+
+
+def _label(out, labels, config):
+    """``out`` with ``id2label`` and ``label2id`` of ``labels`` (None:
+    transformers' own names for unnamed classes)."""
+    if labels is None:
+        labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
+    out["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    out["label2id"] = {name: i for i, name in enumerate(labels)}
 
 
 def _preprocessor(model, size):
     """The ``preprocessor_config.json`` of ``model`` (input ``size``):
-    resize to it, pixels / 255, then (x - mean) / std (the official 0.5
-    and 0.5: [-1, 1])."""
+    resize to it, pixels / 255, then (x - mean) / std."""
     normalization = of_model(model)
     side = size if isinstance(size, int) else None
     return {
@@ -176,10 +160,8 @@ def _preprocessor(model, size):
 
 def _pooled_by_siglip(config):
     """Whether the model of ``config``, pooled by attention, is written as
-    SigLIP's image tower (whose writer names what it lacks): where SigLIP's
-    holds it, or holds no fewer of its options than the family's classes
-    with an attention pool (AIMv2's, whose pool is another form), which
-    the family's writer tries otherwise."""
+    SigLIP's image tower: where SigLIP's holds it, or holds no fewer of its
+    options than the family's classes with an attention pool."""
     if transformers_siglip.unwritable(config) is None:
         return True
     options = transformers_family.model_options(config)
@@ -191,12 +173,14 @@ def _pooled_by_siglip(config):
     return not pooled or len(siglip) <= min(len(bad) for bad in pooled)
 
 
-def _write_folder(directory, st, config, preprocessor, state):
-    """Writes ``state`` (tensors, with ``st``, safetensors' NumPy
-    module), ``preprocessor`` and ``config`` into ``directory``, each file
-    whole or not at all; returns the folder."""
+def _write_folder(directory, config, preprocessor, state):
+    """Writes ``state`` (tensors), ``preprocessor`` and ``config`` into
+    ``directory``, each file whole or not at all; returns the folder."""
     from keras_vit.base import atomic
+    from keras_vit.base.checks import require
 
+    st = require("safetensors.numpy", package="safetensors",
+                 purpose="save_pretrained")
     os.makedirs(directory, exist_ok=True)
     with atomic.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp:
         st.save_file(state, tmp, metadata={"format": "pt"})
@@ -229,10 +213,9 @@ def _method(config):
 
 
 def _mismatch(spec, top, options, method):
-    """``{what: why}`` for each option
-    (:func:`~keras_vit.zoo.transformers.family.differences`), the top
-    (a head or not) and the head's pooling (``method``, where the class
-    names one) the class ``spec`` holds otherwise than the model."""
+    """``{what: why}`` for each option, the top (a head or not) and the
+    head's pooling (``method``) the class ``spec`` holds otherwise than
+    the model."""
     out = {k: f"it holds {k}={v!r}, the model {options[k]!r}"
            for k, v in transformers_family.differences(
                spec["type"], spec["options"], options).items()}
@@ -252,10 +235,7 @@ def family_class(config):
     holds the keras_vit ViT of ``config`` (its ``get_config()``), or None
     for a model without the ViT family's options (ViT's classes hold it);
     a ValueError naming the class nearest to holding it and what it holds
-    otherwise, where none does. Each class holds what the option rows'
-    fields in its config carry and the options it sets (tables of
-    :mod:`keras_vit.zoo.transformers.tables`), read back as the reader
-    reads them: no option is named here.
+    otherwise, where none does.
 
     >>> family_class({"hidden_size": 32, "num_heads": 2, "layer_scale": 1.0,
     ...               "num_classes": 0})
@@ -299,12 +279,8 @@ def family_class(config):
                              for name, bad in fits.items()
                              if len(bad) == fewest))
     spec = transformers_tables.ARCHITECTURES[name]
-    # The class's position embedding: the learned table at the stem, or
-    # (DINOv3) none beside its rotary embeddings.
     position = spec["options"].get("position_embedding", "learned_1d")
     placement = config.get("position_embedding_placement", "stem")
-    # Its pooler: the class token's, or (AIMv2) the attention pool's, or
-    # what its head reads (DINOv2's classifiers).
     pooler = spec["options"].get("classifier") or (
         "map" if spec.get("attention_pool") else "token")
     size = config.get("image_size")
@@ -358,8 +334,7 @@ def _family_files(model, config, name, labels):
            "patch_size": int(config["patch_size"]),
            "num_channels": int(config.get("num_channels", 3)),
            "torch_dtype": "float32"}
-    # The family options this type's config carries, from the option rows
-    # (a bias field: on where a row that holds it is) ...
+    # The family options this type's config carries ...
     family = transformers_tables.FAMILIES[spec["type"]]
     fields = family["defaults"]
     theirs = options_table.write_fields("transformers", config, fields)
@@ -368,21 +343,16 @@ def _family_files(model, config, name, labels):
         row: config.get(row, options_table.DEFAULTS[row])
         for row in biases}))
     out.update(theirs)
-    # ... and as the reader will see them: the fields' options and the
-    # class's.
+    # ... and as the reader will see them.
     options = transformers_tables.with_class_options(
         options_table.read_fields("transformers", theirs, fields), spec)
     options.update(transformers_tables.bias_rows(biases, theirs))
-    # The norms' epsilon under the type's field; the fields keras_vit
-    # computes at one value only, at it.
     out[family.get("epsilon", "layer_norm_eps")] = out.pop("layer_norm_eps")
     out.update({k: want for k, (want, _) in family.get("fixed", {}).items()})
     if family.get("square"):
         out["image_size"] = size if isinstance(size, int) else size[0]
-    # An attention-pool head (AIMv2's use_head) where the model pools so.
     pool = spec.get("attention_pool")
-    method = (config.get("classifier", "token")
-              if config.get("include_top", True) else config.get("pooling"))
+    method = _method(config)
     if pool:
         out[pool[0]] = method == "map"
     if spec["type"] == "clip_vision_model":
@@ -395,9 +365,8 @@ def _family_files(model, config, name, labels):
                        pooler_act="tanh")
     elif spec["type"].startswith("dinov2"):
         swiglu = options["mlp"] == "swiglu"
-        # transformers 5 types mlp_ratio as an int and derives the width
-        # from it (two thirds, rounded up to 8, for SwiGLU): the smallest
-        # ratio that gives mlp_dim.
+        # transformers 5 types mlp_ratio as an int: the smallest ratio
+        # that gives mlp_dim.
         ratio = next((r for r in range(1, 64) if transformers_tables.
                       dinov2_mlp_dim(hidden, r, swiglu) == mlp), None)
         if ratio is None:
@@ -416,13 +385,9 @@ def _family_files(model, config, name, labels):
     elif spec["type"].startswith("aimv2"):
         out.update(intermediate_size=mlp, attention_dropout=0.0)
     if options["mlp"] == "swiglu" and family.get("gate"):
-        # The gated MLP's gate is hidden_act (SiLU, keras_vit's SwiGLU's).
         out["hidden_act"] = family["gate"][0]
     if heads:
-        if labels is None:  # transformers' own names for unnamed classes
-            labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
-        out["id2label"] = {str(i): label for i, label in enumerate(labels)}
-        out["label2id"] = {label: i for i, label in enumerate(labels)}
+        _label(out, labels, config)
     arch = {"type": spec["type"], "class": name, "hidden_size": hidden,
             "mlp_dim": mlp, "num_channels": out["num_channels"],
             "patch_size": out["patch_size"], "image_size": size,
