@@ -21,18 +21,23 @@ def load(name, weights="auto", image_size=None, num_classes=None, *,
     Args:
         name: e.g. ``"ViT-B/16"``, ``"ViT-B_16"``, ``"vit_base_patch16_224"``;
             any patch size parses (``"ViT-B/14"``). See :func:`list_models`.
-        weights: ``"auto"`` (the default release), a tag listed by
+        weights: ``"auto"`` (the paper's ImageNet fine-tune where released,
+            else the recommended AugReg one), a tag listed by
             ``info(name)["weights"]``, ``"augreg:<filename>"``, a local
             ``.npz`` path, an http(s) URL, ``"hf-hub:<repo>"``, a timm
             ``.safetensors`` file, a transformers or keras-hub folder, a
             keras_vit ``.keras`` file, or None for random initialisation.
-        image_size: input resolution; default: the checkpoint's.
+        image_size: input resolution; default: the checkpoint's. Position
+            embeddings are resized for any other size (paper section 3.2).
         num_classes: size of the head; default: the checkpoint's. Another
-            size gives a zero-initialised head.
+            size gives a zero-initialised head (and drops ``pre_logits``
+            unless ``keep_pre_logits=True``).
         keep_pre_logits: keep the checkpoint's ``pre_logits`` layer when the
             head is replaced.
         progress: show a download progress bar (default: when on a terminal).
-        **kwargs: passed to :func:`keras_vit.models.vit`.
+        **kwargs: passed to :func:`keras_vit.models.vit` (``include_top``,
+            ``pooling``, ``include_preprocessing``, ``dropout_rate``,
+            ``return_attention_scores``, ``classifier_activation``, ...).
 
     Example:
 
@@ -46,9 +51,12 @@ def load(name, weights="auto", image_size=None, num_classes=None, *,
     files or run directories, load the same way, as ``name`` or
     ``weights``: ``zoo.load("hf-hub:google/vit-base-patch16-224")``,
     ``zoo.load("runs/cifar", image_size=384, num_classes=10)``. A source
-    that holds its own weights takes ``weights="auto"`` or None. The steps
-    are those of :mod:`keras_vit.zoo.sources`. ``label_names=[...]`` names
-    the head's classes.
+    that holds its own weights takes ``weights="auto"`` (them) or None (its
+    architecture, randomly initialised); a folder holding two sources'
+    files is refused as ambiguous. timm's files default to
+    ``gelu="exact"``, timm's GELU. The steps are those of
+    :mod:`keras_vit.zoo.sources`. ``label_names=[...]`` names the head's
+    classes (by default the checkpoint's while its head is kept).
     """
     from keras_vit.zoo import settle
 

@@ -19,9 +19,14 @@ from keras_vit.base.checks import check_choice, check_pair
 class TokenGeometry(NamedTuple):
     """How a model's token sequence maps onto its input image.
 
-    ``patch_pixels``: input pixels per patch side (a hybrid's effective
-    stride); ``pooling``: ``"token"`` (the output is read from the class
-    token) or ``"gap"`` (the mean of the tokens).
+    Attributes:
+        grid_size: (rows, cols) of the patch grid.
+        patch_pixels: input pixels per patch side: the patch size, or for a
+            hybrid the ResNet stride x patch size (the effective stride).
+        num_prefix_tokens: 1 with a class token, else 0.
+        image_size: (height, width) of the input.
+        pooling: ``"token"`` if the output is read from the class token,
+            ``"gap"`` if it is the mean of the tokens.
     """
 
     grid_size: tuple
@@ -77,10 +82,16 @@ def _is_vision_transformer(model):
 def attention_model(model, image_size=None):
     """The same model (same weights) also returning its attention maps.
 
-    ``image_size``: an optional new resolution (position embeddings
-    resized). Returns ``model`` itself if it already returns attention
-    scores at that resolution, else a rebuilt model returning
-    ``{"output": ..., "attention_scores": (B, layers, heads, N, N)}``.
+    Args:
+        model: a :class:`keras_vit.VisionTransformer` (plain or hybrid).
+        image_size: optional new resolution (int or pair); position
+            embeddings are resized as when loading a checkpoint (paper
+            section 3.2). Default: the model's own.
+
+    Returns:
+        ``model`` itself if it already returns attention scores at that
+        resolution, else a rebuilt model returning ``{"output": ...,
+        "attention_scores": (B, layers, heads, N, N)}``.
 
     >>> import keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 1, 2, 32, 3)
@@ -123,8 +134,14 @@ def _check_images(model, images):
 def attention_maps(model, images, batch_size=8):
     """Attention probabilities of every layer and head, as numpy.
 
-    ``images``: (B, H, W, C) preprocessed model inputs. Returns float32
-    (B, layers, heads, N, N); rows (queries) sum to 1.
+    Args:
+        model: a VisionTransformer (rebuilt by :func:`attention_model` if
+            it does not return attention scores).
+        images: (B, H, W, C) model inputs (already preprocessed).
+        batch_size: images per forward pass.
+
+    Returns:
+        float32 array (B, layers, heads, N, N); rows (queries) sum to 1.
 
     >>> import numpy as np, keras_vit
     >>> m = keras_vit.vit(32, 8, 16, 2, 2, 32, 3)
@@ -162,12 +179,19 @@ _FUSIONS = ("mean", "max", "min")
 def attention_rollout(scores, residual=True, head_fusion="mean"):
     """Attention rollout (Abnar & Zuidema, 2020), as in Appendix D.8.
 
-    Per layer: fuse the heads, add the identity (residual), renormalise the
-    rows, then multiply the layers: ``joint = A_L @ ... @ A_1``.
+    For each layer: fuse the heads (the paper averages them), add the
+    identity for the residual connection, renormalise every row to sum to 1,
+    then multiply the layers: ``joint = A_L @ ... @ A_2 @ A_1``. Row ``q``
+    of ``joint`` is how much output token ``q`` draws from each input token.
 
-    ``scores``: (B, L, H, N, N) or (L, H, N, N); ``head_fusion``:
-    ``"mean"`` (the paper), ``"max"`` or ``"min"``. Returns float64
-    (B, N, N), or (N, N) for unbatched ``scores``; rows sum to 1.
+    Args:
+        scores: attention probabilities (B, L, H, N, N) or (L, H, N, N).
+        residual: add the identity before renormalising (the residual path
+            carries the token itself through every block).
+        head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
+
+    Returns:
+        float64 (B, N, N), or (N, N) for unbatched ``scores``; rows sum to 1.
 
     >>> eye = np.broadcast_to(np.eye(3), (2, 4, 3, 3))  # 2 layers, 4 heads
     >>> attention_rollout(eye)
@@ -202,11 +226,19 @@ def attention_rollout(scores, residual=True, head_fusion="mean"):
 def rollout_map(model_or_config, joint):
     """The rollout heat map on the patch grid.
 
-    The class-token row of ``joint`` (a ``"token"`` model) or the mean of
-    all rows (``"gap"``), its patch columns reshaped to the grid; not
-    rescaled.
+    Takes the class-token row of ``joint`` (the output token of a
+    ``"token"`` model) or the mean of all rows (a ``"gap"`` model pools all
+    tokens), keeps the columns of the patch tokens (dropping the class
+    token's own share, so a map sums to less than 1) and reshapes them to
+    the (rows, cols) grid. Values are not rescaled.
 
-    ``model_or_config`` may also be a :class:`TokenGeometry`.
+    Args:
+        model_or_config: the model, its ``get_config()`` dict, or a
+            :class:`TokenGeometry`.
+        joint: (B, N, N) or (N, N) from :func:`attention_rollout`.
+
+    Returns:
+        (B, rows, cols) or (rows, cols).
 
     >>> cfg = dict(image_size=2, patch_size=1, classifier="token")
     >>> joint = np.eye(5)
@@ -273,10 +305,15 @@ def unit_image(image):
 def overlay(image, heatmap):
     """The image weighted by the heat map, as in the paper's Figure 6.
 
-    The map, upsampled and divided by its maximum, multiplies the pixels.
+    The map is upsampled (bilinear) to the image size and divided by its
+    maximum, then multiplies the pixels: unattended regions go dark.
 
-    ``image``: uint8 pixels or floats in [0, 1]. Returns float32
-    (H, W, C) in [0, 1].
+    Args:
+        image: (H, W, 3) or (H, W) uint8 pixels, or floats in [0, 1].
+        heatmap: (rows, cols) non-negative map, e.g. from :func:`rollout_map`.
+
+    Returns:
+        float32 (H, W, C) in [0, 1].
 
     >>> overlay(np.full((1, 4), 255, np.uint8), [[2.0, 0.0]])[..., 0]
     array([[1.  , 0.75, 0.25, 0.  ]], dtype=float32)
@@ -309,15 +346,34 @@ def mean_attention_distance(scores, grid_size, patch_pixels,
     """Mean attention distance in input pixels per layer and head (Fig. 11).
 
     For a query patch q the distance is ``sum_k w[q, k] * d(q, k)`` over key
-    patches k (``d``: between patch centres, in input pixels), averaged over
-    the queries and the images. Prefix tokens are left out on both sides
-    and each row's patch weights renormalised to sum to 1 (else a head
-    parking its weight on the class token would look local); a row with no
-    patch weight counts as 0. Unlike the paper's per-pixel version, a head
-    attending only to its own patch scores 0.
+    patches k, with ``d`` the Euclidean distance between the patch centres
+    in input pixels (``patch_pixels`` per patch, so a hybrid's distances are
+    in image pixels, not ResNet feature pixels). It is then averaged over
+    the query patches and the images.
 
-    ``patch_pixels``: the effective stride. Returns float64 (L, H), or
-    (B, L, H) with ``per_image``, in pixels.
+    The class token (and any prefix token) is left out on both sides: it has
+    no place in the image. Its rows are dropped, and in every patch row the
+    weights on the patches are renormalised to sum to 1, i.e. ``w[q, k] =
+    a[q, k] / sum_k' a[q, k']`` over patches only. Without the
+    renormalisation a head that parks most of its weight on the class token
+    would look local (near 0) whatever its spatial spread. A row with no
+    weight on any patch counts as distance 0.
+
+    The paper (Figure 11 caption) weights distances between query *pixels*
+    and all other pixels; here a patch stands for all its pixels, so a head
+    attending only to its own patch scores 0 (the paper's pixel version
+    would give the mean in-patch distance, about half a patch).
+
+    Args:
+        scores: attention (B, L, H, N, N) or (L, H, N, N), N = prefix +
+            rows * cols.
+        grid_size: (rows, cols) of the patch grid (or an int).
+        patch_pixels: input pixels per patch side (the effective stride).
+        num_prefix_tokens: 1 with a class token, else 0.
+        per_image: return (B, L, H) instead of the mean over images.
+
+    Returns:
+        float64 (L, H) (or (B, L, H) with ``per_image``), in pixels.
 
     Uniform attention over a 2x2 grid of 1-pixel patches: each query sees
     distances 0, 1, 1 and sqrt(2).

@@ -22,11 +22,16 @@ def _layer_of_type(model, cls, what):
 
 
 def position_embedding_similarity(model):
-    """Cosine similarity between the position embeddings of all patches
-    (the class token's left out).
+    """Cosine similarity between the position embeddings of all patches.
 
-    Returns float64 (rows, cols, rows, cols): ``sim[r, c]`` is the tile of
-    the paper's figure for the patch at row r, column c.
+    The class token's embedding is left out: it has no place on the grid.
+
+    Args:
+        model: a VisionTransformer (plain or hybrid).
+
+    Returns:
+        float64 (rows, cols, rows, cols): ``sim[r, c]`` is the tile of the
+        paper's figure for the patch at row r, column c.
 
     >>> import keras_vit
     >>> sim = position_embedding_similarity(keras_vit.vit(32, 8, 16, 1, 2,
@@ -70,8 +75,11 @@ def neighbour_similarity(similarity):
 class FilterComponents(NamedTuple):
     """Principal components of the patch-embedding filters.
 
-    ``images``: the components rescaled to [0, 1] each, for display;
-    ``components``: unit-norm, each one's largest entry positive.
+    Attributes:
+        images: (n, P, P, C) components rescaled to [0, 1] each, for display.
+        explained_variance_ratio: (n,) share of the filters' variance.
+        components: (n, P, P, C) unit-norm components, signed so that each
+            one's largest-magnitude entry is positive.
     """
 
     images: np.ndarray
@@ -82,11 +90,19 @@ class FilterComponents(NamedTuple):
 def embedding_filter_components(model, n=28):
     """Top principal components of the patch-embedding filters (Fig. 7 left).
 
-    PCA over the D filters of the (P, P, C, D) kernel, the top ``n``
-    components reshaped to P x P x C patches.
+    The kernel (P, P, C, D) holds D filters of P*P*C weights. PCA over the D
+    filters: centre them, take the SVD, keep the top ``n`` right singular
+    vectors, reshape them to P x P x C patches.
 
-    Returns a :class:`FilterComponents` of at most min(D, P*P*C)
-    components; ValueError for a hybrid (its filters are not images).
+    Args:
+        model: a VisionTransformer whose patches are cut from RGB (or
+            single-channel) pixels. A hybrid's embedding acts on ResNet
+            feature maps (hundreds of channels, 1x1 patches in the released
+            models); its filters are not images, so it raises ValueError.
+        n: components to return; at most min(D, P*P*C) are.
+
+    Returns:
+        a :class:`FilterComponents`.
 
     >>> import keras_vit
     >>> pcs = embedding_filter_components(keras_vit.vit(32, 8, 16, 1, 2,

@@ -53,8 +53,12 @@ def plot_filters(images, path, *, explained_variance_ratio=None, columns=7,
                  title="Embedding filters (principal components)", dpi=DPI):
     """Tiles of the embedding-filter components, like Figure 7 (left).
 
-    ``images``: (n, P, P, C) in [0, 1]; ``explained_variance_ratio``: optional
-    (n,) shares shown under the tiles.
+    Args:
+        images: (n, P, P, C) in [0, 1] (``embedding_filter_components(...)
+            .images``).
+        path: the ``.png`` to write.
+        explained_variance_ratio: optional (n,) shares shown under tiles.
+        columns: tiles per row (the paper shows 28 as 4 x 7).
 
     >>> import tempfile, os
     >>> p = plot_filters(np.random.default_rng(0).random((2, 4, 4, 3)),
@@ -105,7 +109,14 @@ def plot_position_similarity(similarity, path, *, title=None, dpi=DPI):
     """The grid of tiles of Figure 7 (centre) and Figure 10.
 
     Tile (r, c) shows the cosine similarity between the position embedding
-    of the patch at row r, column c and those of all patches.
+    of the patch at row r, column c and those of all patches. One image
+    with gaps is drawn instead of rows x cols subplots, which stays fast for
+    a 24 x 24 grid.
+
+    Args:
+        similarity: (rows, cols, rows, cols) from
+            ``position_embedding_similarity``.
+        path: the ``.png`` to write.
 
     >>> import tempfile, os
     >>> sim = np.eye(4).reshape(2, 2, 2, 2)
@@ -152,8 +163,13 @@ def plot_attention_distance(distance, path, *, image_size=None,
     """Mean attention distance per head vs. layer, like Figures 7 (right)
     and 11: one dot per head and layer.
 
-    ``distance``: (layers, heads) in pixels; ``image_size``: the input
-    width, named on the axis; ``reference``: a distance drawn dashed.
+    Args:
+        distance: (layers, heads) in pixels (``mean_attention_distance``).
+        path: the ``.png`` to write.
+        image_size: input width in pixels, named on the axis as in the
+            paper ("image width is 224 pixels").
+        reference: optional distance drawn as a dashed line, e.g. the
+            uniform-attention level (``uniform_attention_distance``).
 
     >>> import tempfile, os
     >>> p = plot_attention_distance([[1.0, 2.0], [3.0, 4.0]],
@@ -197,8 +213,14 @@ def plot_attention_distance(distance, path, *, image_size=None,
 def plot_rollout(image, heatmap, path, *, title=None, dpi=DPI):
     """Input, attention and heat map side by side, like Figure 6.
 
-    The middle panel is the image weighted by the map (the paper's style);
-    the right one the map in colour over a grey copy of the image.
+    The middle panel is the image multiplied by the upsampled rollout map
+    (the paper's style); the right one the map in colour over a grey copy
+    of the image.
+
+    Args:
+        image: (H, W, 3) or (H, W) uint8 pixels, or floats in [0, 1].
+        heatmap: (rows, cols) from ``rollout_map``.
+        path: the ``.png`` to write.
 
     >>> import tempfile, os
     >>> p = plot_rollout(np.zeros((8, 8, 3), np.uint8), np.eye(2),

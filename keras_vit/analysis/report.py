@@ -150,11 +150,20 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
     one ``rollout_NN_<name>.png`` per image (Figure 6) and
     ``analysis.json`` with the numbers.
 
-    ``model_or_name``: a VisionTransformer, a zoo name or a ``.keras``
-    path; ``image_size``: inspect at this resolution (position embeddings
-    resized); ``batch_size``: images per forward pass (ViT-L/16 at 224: 60
-    MB of attention per image). Returns the dict written to
-    ``analysis.json``, plus ``"out_dir"``.
+    Args:
+        model_or_name: a VisionTransformer, a zoo name (``"ViT-B/16"``) or a
+            ``.keras`` path.
+        images: image file paths (any size; resized to the model's).
+        out_dir: output directory (created).
+        weights: for a zoo name, as in :func:`keras_vit.zoo.load`.
+        image_size: inspect at this resolution (position embeddings are
+            resized); default: the model's.
+        batch_size: images per forward pass. One batch's attention takes
+            batch_size x layers x heads x N^2 x 4 bytes (ViT-L/16 at 224:
+            60 MB per image); lower it for large models.
+
+    Returns:
+        The dict written to ``analysis.json``, plus ``"out_dir"``.
     """
     # Without matplotlib this raises MissingDependencyError.
     from keras_vit.analysis import plots

@@ -159,12 +159,30 @@ def axial_vit(image_size, patch_size, hidden_size, num_layers, num_heads,
               mlp_dim, num_classes, **kwargs):
     """Builds an Axial-ViT (paper Appendix D.6) of any size.
 
-    The arguments are :func:`keras_vit.models.vit`'s; ``num_layers``
-    counts axial blocks (a row block and a column block each),
-    ``pooling=None`` returns the grid (B, rows, cols, D), and
-    ``position_embedding`` is ``"learned_1d"``, ``"learned_2d"``,
-    ``"sincos_2d"`` or ``"none"``. Returns an
-    :class:`AxialVisionTransformer`.
+    Args:
+        image_size: input resolution, an int or (height, width); a multiple
+            of ``patch_size``.
+        patch_size: side of the square patches.
+        hidden_size: token width D.
+        num_layers: number of axial blocks, each a row block and a column
+            block (attention + MLP each): twice as many attention layers and
+            MLPs as a ViT of the same depth.
+        num_heads: attention heads (must divide ``hidden_size``).
+        mlp_dim: hidden width of every MLP.
+        num_classes: size of the head, applied to the mean of the grid.
+        **kwargs: ``representation_size``, ``dropout_rate``,
+            ``attention_dropout_rate``, ``include_top``, ``pooling`` (with
+            ``include_top=False``: None returns the grid (B, rows, cols, D),
+            ``"gap"``/``"avg"`` its mean), ``include_preprocessing``,
+            ``classifier_activation``, ``num_channels``, ``name``, ``dtype``,
+            and ``position_embedding``: ``"learned_1d"`` (default),
+            ``"learned_2d"``, ``"sincos_2d"`` or ``"none"``, added once
+            before the first block.
+
+    Returns:
+        An :class:`AxialVisionTransformer` (a ``keras.Model``).
+
+    Example:
 
     >>> import numpy as np
     >>> from keras_vit.models import axial_vit

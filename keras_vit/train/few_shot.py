@@ -149,6 +149,8 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
         train_data, test_data: sources or specs for
             :func:`~keras_vit.train.load_data`; k images per class are drawn
             from ``train_data``, every image of ``test_data`` is scored.
+        shots: the k values.
+        l2_reg: the ridge penalty.
         num_seeds: draws of the k-shot sets, averaged.
         image_size: input size for a feature function (a model's own by
             default).

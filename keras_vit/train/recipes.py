@@ -124,48 +124,77 @@ class Recipe:
     named recipe and override fields; ``recipe.replace(**fields)`` too.
 
     Attributes:
+        name: the recipe it started from.
         optimizer: ``"sgd"`` (with ``momentum``), ``"adam"`` (with
-            ``beta_1``, ``beta_2``; ``weight_decay`` makes AdamW) or
-            ``"lamb"`` (Keras' LAMB, weight decay outside the trust ratio).
+            ``beta_1``, ``beta_2``; decoupled ``weight_decay`` makes AdamW)
+            or ``"lamb"`` (Keras' LAMB, same betas; its weight decay is
+            decoupled, outside the trust ratio).
         learning_rate: peak learning rate (after warmup), at most 10.
-        scale_lr_with_batch: :func:`get` with another ``batch_size`` (and
-            no ``learning_rate``) scales the rate linearly with it, DeiT's
-            ``5e-4 * batch_size / 512``.
+        scale_lr_with_batch: the named recipe's ``learning_rate`` is for
+            its own ``batch_size``; :func:`get` with another
+            ``batch_size`` (and no ``learning_rate``) scales the rate
+            linearly with it, DeiT's ``5e-4 * batch_size / 512``
+            (:func:`scaled_learning_rate`).
         lr_sweep: the values the paper swept for this setting (information).
-        schedule: decay after warmup, to zero.
+        schedule: decay after warmup, to zero: ``"cosine"``, ``"linear"``,
+            ``"constant"``.
+        warmup_steps: linear warmup from zero, in optimizer steps.
         total_steps: optimizer steps; None: from ``epochs``.
+        epochs: passes over the data when ``total_steps`` is None.
         batch_size: global batch per optimizer step (all replicas, all
             accumulation steps).
         micro_batch_size: images per replica per forward pass; smaller than
-            the per-replica batch means gradient accumulation. None: none.
+            the per-replica batch means gradient accumulation (for memory).
+            None: no accumulation.
         grad_clip_norm: clip the (all-reduced) gradient at this global norm;
             None: no clipping.
-        weight_decay: decoupled weight decay (times the learning rate).
-        dropout_rate: dropout of the model (not on attention weights).
+        weight_decay: decoupled weight decay (times the learning rate, as in
+            the official code); 0 for none.
+        label_smoothing: 0 for none.
+        dropout_rate: dropout of the model (after dense layers and the
+            embedding, not on attention weights).
+        image_size: training resolution; for a fine-tune above the
+            pre-training resolution, position embeddings are resized.
         ema_decay: Polyak averaging of the weights per optimizer step
-            (Keras' ``use_ema``), put in the weights at the end of the run;
-            None: off. Its horizon ``1 / (1 - ema_decay)`` steps must fit
-            in half the run (:func:`fit_ema`).
+            (0.9999 in the paper's Table 2), Keras' ``use_ema`` with
+            ``ema_momentum``; the average replaces the raw weights at the
+            end of the run; None: off. Its horizon ``1 / (1 - ema_decay)``
+            steps must fit in half the run (:func:`fit_ema`).
         precision: ``"auto"`` (bfloat16 on TPU, float32 elsewhere),
             ``"float32"`` or ``"mixed_bfloat16"``.
-        jit_compile: XLA for the train step: True, False, or ``"auto"``
-            (:func:`keras_vit.train.distribute.step_uses_xla`).
+        jit_compile: XLA for the forward and backward pass of the train
+            step: True, False, or ``"auto"`` (on for mixed_bfloat16 with one
+            replica, where it measured faster on CPU; a TPU compiles the
+            whole step anyway; see :func:`keras_vit.train.distribute.step_uses_xla`).
         crop_area: inception-crop area range for training, or None for a
             plain resize.
+        flip: random horizontal flips in training.
         eval_crop: central-crop fraction before the evaluation resize.
+        checkpoint_every: steps between checkpoints (and at the end).
+        log_every: steps between TensorBoard / progress updates.
         eval_every: steps between evaluations on the eval data; None: at
             the end only.
         seed: seeds the data order, the augmentation and new weights.
-        mix_switch_prob: with MixUp and CutMix on, the chance a batch is
-            CutMix.
+        mixup_alpha: MixUp's Beta(alpha, alpha) per batch; 0: off
+            (:mod:`keras_vit.train.mixing`).
+        cutmix_alpha: CutMix's, the same way; 0: off.
+        mix_switch_prob: with both on, the chance a batch is CutMix.
         randaugment: ``(num_ops, magnitude[, magnitude_std])`` of timm's
-            RandAugment, magnitude on its 0-10 scale; None: off.
+            RandAugment (:mod:`keras_vit.train.data.randaugment`),
+            magnitude on its 0-10 level scale; None: off.
         random_erasing: the chance an image gets a box of noise; 0: off.
+        three_augment: DeiT III's 3-Augment (grayscale, solarisation or
+            blur per image).
+        color_jitter: brightness/contrast/saturation jitter strength; 0:
+            off.
         drop_path_rate: stochastic depth of the last block (growing
-            linearly from 0 at the first).
-        layer_decay: layer-wise learning-rate decay in (0, 1]; None: off.
-        loss: ``"softmax"`` cross-entropy or DeiT III's ``"bce"`` (no
-            label smoothing with it).
+            linearly from 0 at the first), a model option
+            (:func:`model_options`).
+        layer_decay: layer-wise learning-rate decay in (0, 1]
+            (:mod:`keras_vit.train.layer_decay`); None: off.
+        loss: ``"softmax"`` cross-entropy or DeiT III's ``"bce"`` (every
+            class present in a mixed target a positive; no label
+            smoothing with it).
     """
 
     name: str = "custom"
