@@ -180,13 +180,9 @@ _CONTAINER = Object({
     "projection_dim": Int(1, MAX_HIDDEN)},
     required=("vision_encoder",), extra="refuse",
     what="a config with a vision_encoder")
-#: keras-hub classes of the family keras_vit cannot compute: the config
-#: field that says why (keras-hub's default where the config omits it),
-#: and why.
-REFUSED = {}
-#: The classes a preset's ``config.json`` may name here (read or refused
-#: by name), and with the tasks every keras-hub class read here.
-PRESET_CLASSES = (*MEMBERS, *CONTAINERS, *REFUSED)
+#: The classes a preset's ``config.json`` may name here, and with the
+#: tasks every keras-hub class read here.
+PRESET_CLASSES = (*MEMBERS, *CONTAINERS)
 CLASSES = (*PRESET_CLASSES, *(m["task"] for m in MEMBERS.values()
                               if "task" in m))
 
@@ -218,11 +214,6 @@ def architecture(class_name, config, path):
     ...     print(str(e)[:70])
     config.json field config.hidden_activation: expected one of ['silu', '
     """
-    if class_name in REFUSED:
-        field, default, why = REFUSED[class_name]
-        value = (config or {}).get(field, default)
-        raise ConfigError(path, f"config.{field}", f"{field}={shown(value)}: "
-                          f"keras-hub's {class_name} computes {why}")
     prefix = ""
     if class_name in CONTAINERS:
         class_name, prefix = CONTAINERS[class_name]

@@ -100,12 +100,11 @@ def read_preset(directory):
         arch = backbone_architecture(outer.get("config"), config_path)
         task_class = CLASSIFIER
     else:
-        known = [c for c in keras_hub_family.PRESET_CLASSES
-                 if c not in keras_hub_family.REFUSED]
         raise ConfigError(
             config_path, "class_name", f"keras_vit reads keras-hub's "
             f"{BACKBONE} (with or without its {CLASSIFIER}) and "
-            f"{', '.join(known)}; received class_name={shown(class_name)}")
+            f"{', '.join(keras_hub_family.PRESET_CLASSES)}; received "
+            f"class_name={shown(class_name)}")
     task_path = os.path.join(directory, TASK_FILE)
     if os.path.isfile(task_path):
         task = formats.check(

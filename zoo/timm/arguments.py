@@ -59,16 +59,20 @@ READ_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid",
 UNREAD_MODULES = {}
 
 
-def refusing(args, path, what):
+def refusing(args, path, what, given=None):
     """``(refuse, read)`` for a reader of timm's arguments ``args`` of a
     ``config.json`` at ``path``: ``refuse(key, why)`` is the FormatError
-    naming ``model_args.<key>`` (``what``: the class, "a timm EVA");
+    naming ``model_args.<key>`` (``what``: the class, "a timm EVA"; a key
+    not in ``given``, where given, is the architecture's);
     ``read(key, convert, default)`` converts the argument, its
     ValueError turned into that refusal."""
     def refuse(key, why):
-        return formats.fail(path, f"model_args.{key}", f"{key}="
-                            f"{shown(args.get(key), 60)} is {what} setting "
-                            f"keras_vit cannot honour ({why})")
+        own = given is None or key in given
+        return formats.fail(
+            path, f"model_args.{key}" if own else "architecture",
+            f"{key}={shown(args.get(key), 60)}"
+            + ("" if own else " (timm's architecture sets it)")
+            + f" is {what} setting keras_vit cannot honour ({why})")
 
     def read(key, convert, default):
         try:
@@ -87,12 +91,13 @@ MODULE_DROPS = {"drop_rate": "dropout_rate", "proj_drop_rate": "dropout_rate",
                 "drop_path_rate": "drop_path_rate"}
 
 
-def module_reader(args, path, what, fixed, known):
+def module_reader(args, path, what, fixed, known, closest=True):
     """``(refuse, read, sizes)`` of a reader of another ViT module's
     arguments ``args``: every argument neither in ``fixed`` (argument ->
-    (the one value keras_vit computes, what another builds)),
-    :data:`MODULE_SIZES`, :data:`MODULE_DROPS` nor ``known`` refused;
-    ``sizes`` the builder's sizes and non-zero dropout rates."""
+    (the one value keras_vit computes, what another builds, the value
+    named as the closest where ``closest``)), :data:`MODULE_SIZES`,
+    :data:`MODULE_DROPS` nor ``known`` refused; ``sizes`` the builder's
+    sizes and non-zero dropout rates."""
     refuse, read = refusing(args, path, what)
     for key in args:
         if key not in (*fixed, *MODULE_SIZES, *MODULE_DROPS, *known):
@@ -100,8 +105,9 @@ def module_reader(args, path, what, fixed, known):
                          "know, so cannot say what it computes")
     for key, (value, builds) in fixed.items():
         if key in args and args[key] != value:
-            raise refuse(key, f"it builds {builds}; the closest keras_vit "
-                         f"computes: {key}={value!r}")
+            raise refuse(key, f"it builds {builds}" + (
+                f"; the closest keras_vit computes: {key}={value!r}"
+                if closest else ""))
     sizes = {ours: read(key, count_arg, None)
              for key, ours in MODULE_SIZES.items()}
     for key, ours in MODULE_DROPS.items():
@@ -198,11 +204,12 @@ def bool_arg(value):
     return value
 
 
-def _choice_arg(choices):
+def choice_arg(choices, what="is none of"):
+    """One of ``choices`` (a dict's: its value), else a ValueError."""
     def convert(value):
         if not isinstance(value, str) or value not in choices:
-            raise ValueError(f"is none of {', '.join(map(repr, choices))}")
-        return choices[value]
+            raise ValueError(f"{what} {', '.join(map(repr, choices))}")
+        return choices[value] if isinstance(choices, dict) else value
     return convert
 
 
@@ -302,13 +309,13 @@ def optional_positive_arg(value):
 _TIMM_VALUES = {
     "class_token": bool_arg, "reg_tokens": count_arg,
     "no_embed_class": bool_arg,
-    "global_pool": _choice_arg(TIMM_POOLS),
+    "global_pool": choice_arg(TIMM_POOLS),
     "fc_norm": lambda v: None if v is None else bool_arg(v),
     "init_values": _layer_scale_arg, "qk_norm": bool_arg,
     "qkv_bias": bool_arg, "proj_bias": bool_arg, "pre_norm": bool_arg,
-    "final_norm": bool_arg, "act_layer": _choice_arg(TIMM_ACTIVATIONS),
-    "pos_embed": _choice_arg({"learn": "learned_1d", "none": "none"}),
-    "drop_path_rate": lambda v: v if is_rate(v) else _choice_arg({})(v),
+    "final_norm": bool_arg, "act_layer": choice_arg(TIMM_ACTIVATIONS),
+    "pos_embed": choice_arg({"learn": "learned_1d", "none": "none"}),
+    "drop_path_rate": lambda v: v if is_rate(v) else choice_arg({})(v),
 }
 # The arguments read but not written: timm's name -> (keras_vit's
 # argument, the value's check and mapping).
@@ -400,10 +407,9 @@ def honoured(config, arch, path, defaults=None):
             out[MODULE_SIZES[key]] = value
         elif key == "mlp_ratio" and vit:
             continue  # below, once the width is known
-        elif key in ("drop_rate", "proj_drop_rate") and is_rate(value):
-            out["dropout_rate"] = float(value)
-        elif key == "attn_drop_rate" and is_rate(value):
-            out["attention_dropout_rate"] = float(value)
+        elif (key in MODULE_DROPS and key != "drop_path_rate"
+              and is_rate(value)):
+            out[MODULE_DROPS[key]] = float(value)
         elif key == "act_layer" and _is_silu(value) and arch.family == "vit":
             continue  # the gate's activation, checked with the MLP below
         elif key in _NORM_ARGS and arch.family == "vit":

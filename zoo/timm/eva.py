@@ -17,6 +17,8 @@ or refused in one line naming it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from keras_vit.base import geometry
@@ -30,25 +32,22 @@ from keras_vit.zoo.timm.arguments import (optional_positive_arg as
                                           rate_arg as _rate)
 from keras_vit.zoo.timm.arguments import norm_arg
 
-# EVA's settings keras_vit computes at one value only.
+# EVA's settings keras_vit computes at one value only, and what another
+# builds.
+_WHAT = {"num_kv_heads": "grouped queries",
+         "patch_drop_rate": "patch dropout"}
 _FIXED = {
-    "num_kv_heads": None, "attn_only_layer_scale": False,
-    "dynamic_img_pad": False,
-    "patch_drop_rate": 0.0, "rope_shift_coords": None,
-    "rope_jitter_coords": None, "rope_rescale_coords": None,
-    "rope_mrope_section": None,
-}
-_WHAT = {
-    "num_kv_heads":
-    "grouped queries", "patch_drop_rate": "patch dropout",
-}
+    key: (value, _WHAT.get(key, f"something else than {key}={value!r}"))
+    for key, value in {
+        "num_kv_heads": None, "attn_only_layer_scale": False,
+        "dynamic_img_pad": False, "patch_drop_rate": 0.0,
+        "rope_shift_coords": None, "rope_jitter_coords": None,
+        "rope_rescale_coords": None, "rope_mrope_section": None}.items()}
 # timm's rope_type -> keras_vit's rope.
 _ROPE = {"dinov3": "dinov3", "cat": "eva02", "mixed": "mixed"}
 # timm's EVA poolings -> keras_vit's classifier.
 _POOLS = {"avg": "gap", "token": "token", "avgmax": "avgmax", "max": "max",
           "map": "map"}
-_SIZES = arguments.MODULE_SIZES
-_DROPS = dict(arguments.MODULE_DROPS, pos_drop_rate=None)
 # The other EVA arguments this reader reads, or that the hub reader and
 # the file decide: any other is refused, never ignored.
 _READ = (
@@ -60,11 +59,12 @@ _READ = (
     "rope_grid_indexing", "attn_type", "scale_mlp", "scale_attn_inner",
     "dynamic_img_size", "mlp_ratio", "swiglu_mlp", "swiglu_align_to",
     "attn_pool_num_heads", "attn_pool_mlp_ratio", "use_rel_pos_bias",
-    "use_shared_rel_pos_bias", "use_post_norm",
+    "use_shared_rel_pos_bias", "use_post_norm", "pos_drop_rate",
     "img_size", "in_chans", "num_classes", "qkv_fused")
 
 # The checks of timm's ViT arguments, shared.
 _flag, _count = arguments.bool_arg, arguments.count_arg
+_choice = arguments.choice_arg
 
 
 def _optional_count(value):
@@ -78,38 +78,13 @@ def _finite(value):
     return float(value)
 
 
-def _grid(value):
-    return optional_grid("ref_feat_shape", value)
-
-
-def _choice(table, what):
-    def read(value):
-        if not isinstance(value, str) or value not in table:
-            raise ValueError(f"{what} {', '.join(map(repr, table))}")
-        return table[value]
-    return read
-
-
 def honoured(args, path):
     """keras_vit's builder arguments of timm's EVA arguments ``args``,
     each refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
-    refuse, read = arguments.refusing(args, path, "a timm EVA")
-
-    known = (*_FIXED, *_SIZES, *_DROPS, *_READ)
-    for key in args:
-        if key not in known:
-            raise refuse(key, "an argument keras_vit's reader does not "
-                         "know, so cannot say what it computes")
-    for key, value in _FIXED.items():
-        if key in args and args[key] != value:
-            raise refuse(key, "it builds " + _WHAT.get(
-                key, f"something else than {key}={value!r}"))
-    out = {ours: read(key, _count, None) for key, ours in _SIZES.items()}
-    for key, ours in _DROPS.items():
-        value = read(key, _rate, 0.0)
-        if ours and value:
-            out[ours] = value
+    refuse, read, out = arguments.module_reader(
+        args, path, "a timm EVA", _FIXED, _READ, closest=False)
+    read("pos_drop_rate", _rate, 0.0)
     pool = read("global_pool", _choice(_POOLS, "it pools by"), "avg")
     out["classifier"] = pool
     out["class_token"] = read("class_token", _flag, True)
@@ -144,11 +119,12 @@ def honoured(args, path):
             out["rope_halves"] = halves
         out["rope_temperature"] = read("rope_temperature", _positive, 1e4)
         if out["rope"] == "eva02":  # DINOv3's ignores it, as timm's does
-            out["rope_grid"] = read("ref_feat_shape", _grid, None)
+            out["rope_grid"] = read("ref_feat_shape", functools.partial(
+                optional_grid, "ref_feat_shape"), None)
         out["rope_offset"] = read("rope_grid_offset", _finite, 0.0)
         out["rope_indexing"] = read("rope_grid_indexing", _choice(
-            {"ij": "ij", "xy": "xy"}, "it indexes the grid by"), "ij")
-    read("attn_type", _choice({"eva": "eva", "rope": "rope"},
+            ("ij", "xy"), "it indexes the grid by"), "ij")
+    read("attn_type", _choice(("eva", "rope"),
                               "it builds the attention"), "eva")
     # BEiT's relative position bias (timm's Beit shares EVA's names).
     if read("use_shared_rel_pos_bias", _flag, False):
@@ -220,8 +196,8 @@ def qwen_honoured(args, path, state):
         raise refuse("act_layer", "keras_vit builds Qwen's tanh GELU")
     norm = classifier and args.get("final_norm", True)
     eva_args = {key: args[key] for key in (
-        *_SIZES, "mlp_ratio", "rope_temperature", "img_size", "in_chans",
-        *_DROPS) if key in args}
+        *arguments.MODULE_SIZES, "mlp_ratio", "rope_temperature", "img_size",
+        "in_chans", *arguments.MODULE_DROPS) if key in args}
     eva_args.update(
         class_token=False, global_pool="avg", use_fc_norm=norm,
         use_post_transformer_norm=False, qkv_bias=True,

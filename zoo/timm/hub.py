@@ -128,10 +128,8 @@ def _architecture(config, name):
                          "architecture; pass it: zoo.load('ViT-B/16', "
                          "weights='model.safetensors')")
     timm_arguments.check_module(arch_name)
-    found = timm_arguments.architecture(arch_name)
-    if found is not None:
-        return found
-    found = resnet_d.architecture(arch_name)
+    found = (timm_arguments.architecture(arch_name)
+             or resnet_d.architecture(arch_name))
     if found is not None:
         return found
     backbone = timm_arguments.backbone(arch_name)

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_vit.base.checks import shown
-from keras_vit.zoo import formats
 from keras_vit.zoo.timm import arguments
 from keras_vit.zoo.timm.arguments import (optional_positive_arg as
                                           _optional_positive,
                                           positive_arg as _positive,
                                           rate_arg as _rate)
 from keras_vit.zoo.timm.layout import TIMM_ACTIVATIONS, TIMM_POOLS
+
+_choice = arguments.choice_arg
 
 # timm's argument -> (the values keras_vit computes, what the others
 # build, the closest setting keras_vit computes).
@@ -123,21 +123,8 @@ def honoured(args, path, given=None):
     else: a FormatError naming ``path``'s field (``model_args.<key>`` for
     a key of ``given``, the config's own; ``architecture`` for the
     table's), the argument, its value and the closest setting."""
-
-    def refuse(key, why):
-        own = given is None or key in given
-        return formats.fail(
-            path, f"model_args.{key}" if own else "architecture",
-            f"{key}={shown(args.get(key), 60)}"
-            + ("" if own else " (timm's architecture sets it)")
-            + f" is a timm NaFlexVit setting keras_vit cannot honour ({why})")
-
-    def read(key, convert, default):
-        try:
-            return convert(args.get(key, default))
-        except ValueError as e:
-            raise refuse(key, str(e)) from None
-
+    refuse, read = arguments.refusing(args, path, "a timm NaFlexVit",
+                                      given)
     known = (*_FIXED, *_NO_EFFECT, *_SIZES, *_DROPS, *_FLAGS, *_READ)
     for key in args:
         if key not in known:
@@ -223,8 +210,8 @@ def honoured(args, path, given=None):
     if args.get("act_layer") is None:
         out["gelu"] = "exact"  # timm's nn.GELU
     else:
-        out["gelu"] = TIMM_ACTIVATIONS[read("act_layer", _choice(
-            tuple(TIMM_ACTIVATIONS), "keras_vit's GELU forms are"), None)]
+        out["gelu"] = read("act_layer", _choice(
+            TIMM_ACTIVATIONS, "keras_vit's GELU forms are"), None)
     ratio = read("mlp_ratio", _positive, 4.0)
     out["mlp_dim"] = int(out["hidden_size"] * ratio)  # timm's Mlp
     if pool == "map":
@@ -248,14 +235,6 @@ def _same(value, want):
         return (bool if isinstance(v, bool) else float
                 if isinstance(v, (int, float)) else type(v))
     return value == want and kind(value) is kind(want)
-
-
-def _choice(choices, what):
-    def read(value):
-        if not isinstance(value, str) or value not in choices:
-            raise ValueError(f"{what} {', '.join(map(repr, choices))}")
-        return value
-    return read
 
 
 def _norm(value):
@@ -294,10 +273,9 @@ def naflex_state(state, honoured):
             value = value.reshape(value.shape[0], patch, patch,
                                   -1).transpose(0, 3, 1, 2)
             key = "patch_embed.proj.weight"
-        elif key.startswith("embeds.proj.") or key.startswith(
-                "embeds.norm."):
-            key = "patch_embed." + key[len("embeds."):]
+        elif key.startswith(("embeds.proj.", "embeds.norm.")):
+            key = "patch_embed." + key.removeprefix("embeds.")
         elif key in ("embeds.cls_token", "embeds.reg_token"):
-            key = key[len("embeds."):]
+            key = key.removeprefix("embeds.")
         out[key] = value
     return out

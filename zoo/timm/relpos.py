@@ -42,17 +42,15 @@ def honoured(args, path):
     field) where keras_vit's model would compute something else."""
     refuse, read, out = arguments.module_reader(
         args, path, "a timm relative-position ViT", _FIXED, _READ)
-    pool = args.get("global_pool", "avg")
-    if pool not in _POOLS:
-        raise refuse("global_pool", "keras_vit pools by "
-                     f"{', '.join(map(repr, _POOLS))}")
+    pool = read("global_pool", arguments.choice_arg(
+        _POOLS, "keras_vit pools by"), "avg")
     post = _BLOCKS.get(args.get("block_fn", "RelPosBlock"))
     if post is None:
         raise refuse("block_fn", f"keras_vit builds {', '.join(_BLOCKS)}")
     width = args.get("rel_pos_dim")
     fc_norm = read("fc_norm", arguments.bool_arg, False)
     out.update(
-        classifier=_POOLS[pool], position_embedding="none",
+        classifier=pool, position_embedding="none",
         class_token=read("class_token", arguments.bool_arg, False),
         fc_norm=fc_norm, qkv_bias=read("qkv_bias", arguments.bool_arg, True),
         qk_norm=read("qk_norm", arguments.bool_arg, False),

@@ -45,20 +45,18 @@ def honoured(args, path):
     """keras_vit's builder arguments of timm's SAM arguments ``args``,
     each refused where keras_vit's model would compute something else: a
     FormatError naming ``path``'s field, the argument and its value."""
-    refuse, read, out = arguments.module_reader(
+    _, read, out = arguments.module_reader(
         args, path, "a timm SAM", _FIXED, _READ)
     window = read("window_size", arguments.count_arg, 14)
     blocks = read("global_attn_indexes", _indices, ())
     neck = read("neck_chans", _neck, 256)
-    pool = args.get("global_pool", "avg")
-    if pool not in _POOLS:
-        raise refuse("global_pool", "keras_vit pools the neck's map by "
-                     f"{', '.join(map(repr, _POOLS))}")
+    pool = read("global_pool", arguments.choice_arg(
+        _POOLS, "keras_vit pools the neck's map by"), "avg")
     kind, epsilon = read("norm_layer", arguments.norm_arg,
                          {"layer": "LayerNorm", "eps": 1e-5})
     pre_norm = read("pre_norm", arguments.bool_arg, False)
     out.update(
-        class_token=False, classifier=_POOLS[pool], final_norm=False,
+        class_token=False, classifier=pool, final_norm=False,
         window_size=window,
         # timm's global blocks mean nothing without windows.
         global_blocks=[i for i in blocks if i < out["num_layers"]]

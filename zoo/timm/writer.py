@@ -16,6 +16,7 @@ from keras_vit.base import geometry, variants
 from keras_vit.base.checks import require
 from keras_vit.data.normalization import of_model
 from keras_vit.zoo import layouts
+from keras_vit.zoo.timm import arguments as timm_arguments
 from keras_vit.zoo.timm.layout import (TIMM, TIMM_ACTIVATIONS, TIMM_POOLS,
                                        parallel_variants)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
@@ -37,6 +38,8 @@ def _family_args(config):
     (``config``: its get_config()); a setting timm cannot take is refused
     by name."""
     options = _options(config)
+    gelu = config.get("gelu", "tanh")
+    epsilon = config.get("layer_norm_epsilon", 1e-6)
     pools = {ours: theirs for theirs, ours in TIMM_POOLS.items()}
     pools["avg"] = "avg"  # keras_vit's other name of "gap"
     classifier = config.get("classifier", "token")
@@ -57,14 +60,14 @@ def _family_args(config):
                 and options[row.name] != row.default):
             args[row.timm.name] = row.timm.write(options[row.name], row.name)
     if options["post_norm"]:
-        return _post_norm_args(options, config, args, class_token=token,
+        return _post_norm_args(options, gelu, epsilon, args,
+                               class_token=token,
                                global_pool=pools[classifier])
     if options["parallel"]:
-        return _parallel_args(options, config, args, class_token=token,
+        return _parallel_args(options, gelu, epsilon, args, class_token=token,
                               global_pool=pools[classifier],
                               fc_norm=bool(options["fc_norm"]))
     # timm's default is the exact GELU: the others are named.
-    gelu = config.get("gelu", "tanh")
     glu = options["mlp"] == "swiglu"
     if glu:
         # timm's SwiGLU ViT is DINOv2-g's architecture.
@@ -77,7 +80,6 @@ def _family_args(config):
             "timm's ViT has a patch embedding bias exactly when it has no "
             f"pre_norm; the model has patch_bias={options['patch_bias']}, "
             f"pre_norm={options['pre_norm']}")
-    epsilon = config.get("layer_norm_epsilon", 1e-6)
     if options["norm"] == "rms" or options["patch_norm"]:
         return _norm_args(options, epsilon, args)
     if glu and (epsilon != 1e-6 or options["distilled"]
@@ -112,11 +114,9 @@ def _family_args(config):
 POST_NORM = "vit_base_patch16_rpn_224"
 
 
-def _post_norm_args(options, config, args, **pooling):
+def _post_norm_args(options, gelu, epsilon, args, **pooling):
     """``(POST_NORM, model_args)`` of a post-norm model (``pooling``: its
     class token and pooling, in timm's words)."""
-    gelu = config.get("gelu", "tanh")
-    epsilon = config.get("layer_norm_epsilon", 1e-6)
     if (options["layer_scale"] is not None or options["mlp"] != "gelu"
             or options["norm"] != "layer" or options["patch_norm"]
             or options["distilled"] or epsilon != 1e-6 or gelu != "exact"):
@@ -139,9 +139,7 @@ PARALLEL = {("split", None): "vit_pwee_patch16_reg1_gap_256",
 def _base_rows(base, options, args):
     """``args`` with every option of timm's architecture ``base``'s own
     (those its function sets) written as the model's."""
-    from keras_vit.zoo.timm import arguments
-
-    _, own = arguments.architecture(base)
+    _, own = timm_arguments.architecture(base)
     for row in options_table.OPTIONS:
         if row.timm is not None and row.timm.name in own:
             args[row.timm.name] = row.timm.write(options[row.name], row.name)
@@ -166,13 +164,11 @@ def _conv_stem_args(config, base, args):
     return CONV_STEM, _base_rows(CONV_STEM, _options(config), args)
 
 
-def _parallel_args(options, config, args, **pooling):
+def _parallel_args(options, gelu, epsilon, args, **pooling):
     """``(architecture, model_args)`` of a model with parallel blocks:
     the architecture of timm's that builds its blocks (:data:`PARALLEL`),
     every option its function sets written as the model's."""
     base = PARALLEL.get((options["parallel"], options["differential"]))
-    gelu = config.get("gelu", "tanh")
-    epsilon = config.get("layer_norm_epsilon", 1e-6)
     if (base is None or options["mlp"] != "gelu" or options["mlp_norm"]
             or options["attention_norm"] or options["patch_norm"]
             or options["distilled"] or epsilon != 1e-6 or gelu != "exact"):
@@ -333,8 +329,6 @@ def check_read_back(model, written, arrays, state):
     ``config.json`` (``written``) and tensors (``state``, of the model's
     ``arrays`` by variable path) that keras_vit's timm reader would read
     as another model than ``model``."""
-    from keras_vit.zoo.timm import arguments as timm_arguments
-
     config = model.get_config()
     where = f"save_pretrained(layout='timm') of model={model.name!r}"
     if not config.get("include_top", True):

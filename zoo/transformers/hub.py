@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 
-
 from keras_vit.base.limits import MAX_CLASSES
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.zoo import checkpoints, formats, hub_files
@@ -190,10 +189,9 @@ def check_preprocessor(path):
     config = formats.check(formats.TRANSFORMERS_PREPROCESSOR, read_json(
         path, "transformers preprocessor_config.json"), path)
     problems = []
-    if config.get("do_normalize", True) is not True:
-        problems.append(f"do_normalize={config.get('do_normalize')!r}")
-    if config.get("do_rescale", True) is not True:
-        problems.append(f"do_rescale={config.get('do_rescale')!r}")
+    for key in ("do_normalize", "do_rescale"):
+        if config.get(key, True) is not True:
+            problems.append(f"{key}={config.get(key)!r}")
     scale = config.get("rescale_factor", 1 / 255)
     if abs(scale - 1 / 255) > 1e-6:  # a number: checked by the format
         problems.append(f"rescale_factor={_shown(scale)}")

@@ -11,6 +11,7 @@ import functools
 import os
 
 from keras_vit.base.checks import require
+from keras_vit.data.normalization import of_model
 from keras_vit.zoo import checkpoints, formats
 from keras_vit.zoo.layouts import Layout
 from keras_vit.zoo.transformers import tables
@@ -163,6 +164,22 @@ def id2label_names(config, path):
 #: variable: outside the ``vit.`` prefix.
 HEAD_PARAMS = {"classifier.weight": "head/kernel",
                "classifier.bias": "head/bias"}
+
+
+def preprocessor(model, size, processor="ViTImageProcessor", resample=2):
+    """The ``preprocessor_config.json`` of ``model`` (input ``size``) for
+    transformers' ``processor``: resize to it (``resample``: PIL's
+    filter), pixels / 255, then (x - mean) / std."""
+    normalization = of_model(model)
+    rows, cols = (size, size) if isinstance(size, int) else size
+    return {
+        "image_processor_type": processor,
+        "do_resize": True, "resample": resample,
+        "size": {"height": rows, "width": cols},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": list(normalization.mean),
+        "image_std": list(normalization.std),
+    }
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,7 +25,8 @@ from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.layouts import torch_module as _linear
 from keras_vit.zoo.transformers.tables import FAMILIES, TABLE_RESIZE, rules
 from keras_vit.zoo.transformers.layout import (GELU_FORMS, HIDDEN_ACTS,
-                                               read_tensors, shown_value)
+                                               preprocessor, read_tensors,
+                                               shown_value)
 
 #: The model types read here.
 SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model",
@@ -257,8 +258,6 @@ def write_files(model, labels=None):
     """``(config.json, preprocessor_config.json, tensors)`` of ``model``
     (a keras_vit ViT :func:`unwritable` accepts) as transformers writes a
     ``SiglipVisionModel``."""
-    from keras_vit.data.normalization import of_model
-
     config = model.get_config()
     reason = unwritable(config)
     if reason is None and labels is not None:
@@ -287,20 +286,14 @@ def write_files(model, labels=None):
            "layer_norm_eps": float(config.get("layer_norm_epsilon", 1e-6)),
            "attention_dropout": 0.0, "vision_use_head": True,
            "torch_dtype": "float32"}
-    normalization = of_model(model)
-    preprocessor = {
-        "image_processor_type": "SiglipImageProcessor", "do_resize": True,
-        "resample": 3, "size": {"height": side, "width": side},
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(normalization.mean),
-        "image_std": list(normalization.std)}
+    processor = preprocessor(model, side, "SiglipImageProcessor", 3)
     if naflex:  # SigLIP2's processor: patches within a budget
-        preprocessor = dict(
-            preprocessor, image_processor_type="Siglip2ImageProcessor",
+        processor = dict(
+            processor, image_processor_type="Siglip2ImageProcessor",
             patch_size=int(config["patch_size"]),
             max_num_patches=out["num_patches"], resample=2)
-        del preprocessor["size"]
+        del processor["size"]
     state = layout(naflex=naflex).write(
         layouts.model_arrays(model, "transformers"))
-    return out, preprocessor, {k: np.ascontiguousarray(v, dtype="float32")
-                               for k, v in state.items()}
+    return out, processor, {k: np.ascontiguousarray(v, dtype="float32")
+                            for k, v in state.items()}

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 
-
 from keras_vit.base import options as options_table
 from keras_vit.base.checks import shown
-from keras_vit.data.normalization import of_model
 from keras_vit.zoo import convert, layouts
 from keras_vit.zoo.transformers import family as transformers_family
 from keras_vit.zoo.transformers import siglip as transformers_siglip
 from keras_vit.zoo.transformers import tables as transformers_tables
 from keras_vit.zoo.transformers.layout import (ARCHITECTURES, HIDDEN_ACTS,
-                                               PREPROCESSOR_FILE, vit_layout)
+                                               PREPROCESSOR_FILE,
+                                               preprocessor, vit_layout)
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 
@@ -130,7 +129,7 @@ def write(model, directory, labels=None):
             out["pooler_output_size"] = int(arrays["pre_logits/kernel"].shape[1])
             out["pooler_act"] = "tanh"
         state = vit_layout().write(arrays)
-    return _write_folder(directory, out, _preprocessor(model, size), state)
+    return _write_folder(directory, out, preprocessor(model, size), state)
 
 
 def _label(out, labels, config):
@@ -140,22 +139,6 @@ def _label(out, labels, config):
         labels = [f"LABEL_{i}" for i in range(int(config["num_classes"]))]
     out["id2label"] = {str(i): name for i, name in enumerate(labels)}
     out["label2id"] = {name: i for i, name in enumerate(labels)}
-
-
-def _preprocessor(model, size):
-    """The ``preprocessor_config.json`` of ``model`` (input ``size``):
-    resize to it, pixels / 255, then (x - mean) / std."""
-    normalization = of_model(model)
-    side = size if isinstance(size, int) else None
-    return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True, "resample": 2,
-        "size": ({"height": side, "width": side} if side else
-                 {"height": size[0], "width": size[1]}),
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(normalization.mean),
-        "image_std": list(normalization.std),
-    }
 
 
 def _pooled_by_siglip(config):
@@ -396,4 +379,4 @@ def _family_files(model, config, name, labels):
     state = transformers_family.write(model, arch)
     out.update(dict.fromkeys(transformers_family.zero_biases(state, arch),
                              False))
-    return out, _preprocessor(model, size), state
+    return out, preprocessor(model, size), state
