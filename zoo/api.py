@@ -7,7 +7,7 @@ import os
 
 from keras_vit.base import variants
 from keras_vit.models.resnet_v2 import ResNetV2
-from keras_vit.zoo import checkpoints, convert, registry, sources
+from keras_vit.zoo import checkpoints, convert, registry, settle, sources
 from keras_vit.zoo.official import bit as bit_layout
 from keras_vit.zoo.download import fetch as download
 from keras_vit.zoo.download import cache as download_cache
@@ -58,8 +58,6 @@ def load(name, weights="auto", image_size=None, num_classes=None, *,
     :mod:`keras_vit.zoo.sources`. ``label_names=[...]`` names the head's
     classes (by default the checkpoint's while its head is kept).
     """
-    from keras_vit.zoo import settle
-
     weights, image_size = _timm_keywords(kwargs, weights, image_size)
     return sources.load(name, weights, settle.request(
         image_size=image_size, num_classes=num_classes,

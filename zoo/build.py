@@ -13,7 +13,7 @@ import numpy as np
 from keras_vit.base.checks import did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.zoo import convert, layouts, position_tables
+from keras_vit.zoo import convert, layouts, position_tables, settle
 from keras_vit.zoo.official import bit as bit_layout
 
 
@@ -211,7 +211,6 @@ def build_settled(checkpoint, request, builder=None):
     """Steps 3 to 5 (settle, bound, build) for a checkpoint already read;
     ``builder`` (default :func:`build`) builds the settled checkpoint."""
     from keras_vit.models import memory
-    from keras_vit.zoo import settle
 
     if checkpoint.family == "foreign":
         return _as_it_is(checkpoint, request)
@@ -230,8 +229,6 @@ def _as_it_is(checkpoint, request):
     asked = {"image_size": request.image_size,
              "num_classes": request.num_classes,
              **{k: v for k, v in request.options.items() if k != "dtype"}}
-    from keras_vit.zoo import settle
-
     if request.label_names is not settle.UNSET:
         asked["label_names"] = request.label_names
     asked = {k: v for k, v in asked.items() if v is not None}

@@ -65,7 +65,23 @@ def assign_all(assignments, source_name, progress=None):
                disable=disable)
     size_of = {id(var): size for (var, _), size in zip(assignments, sizes)}
     with bar:
-        _assign_groups(assignments, source_name, source, bar, size_of)
+        for _, group in itertools.groupby(sorted(assignments, key=source),
+                                          key=source):
+            for var, value in group:
+                if value is None:  # a new head
+                    value = np.zeros(var.shape, dtype=var.dtype)
+                try:
+                    var.assign(np.asarray(value, dtype=var.dtype))
+                except (zipfile.BadZipFile, EOFError, OSError,
+                        ValueError) as e:
+                    raise CheckpointError(
+                        f"Could not read {source((var, value))!r} of the "
+                        f"checkpoint source={source_name} (corrupt file?); "
+                        "the model's weights are partly overwritten. "
+                        f"{type(e).__name__}: {e}") from e
+                bar.update(size_of[id(var)])
+            if isinstance(value, lazy_npz.LazyArray):
+                value.release()  # every slice of this member is assigned
 
 
 def _itemsize(dtype):
@@ -73,27 +89,6 @@ def _itemsize(dtype):
         return np.dtype(dtype).itemsize
     except TypeError:  # bfloat16, which NumPy does not know by name
         return 2
-
-
-def _assign_groups(assignments, source_name, source, bar, size_of):
-    for _, group in itertools.groupby(sorted(assignments, key=source),
-                                      key=source):
-        for var, value in group:
-            if value is None:
-                var.assign(np.zeros(var.shape, dtype=var.dtype))
-                bar.update(size_of[id(var)])
-                continue
-            try:
-                var.assign(np.asarray(value, dtype=var.dtype))
-            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-                raise CheckpointError(
-                    f"Could not read {source((var, value))!r} of the "
-                    f"checkpoint source={source_name} (corrupt file?); the "
-                    f"model's weights are partly overwritten. "
-                    f"{type(e).__name__}: {e}") from e
-            bar.update(size_of[id(var)])
-        if isinstance(value, lazy_npz.LazyArray):
-            value.release()  # every slice of this member is assigned
 
 
 def check_model(model, argument="model"):
@@ -126,25 +121,3 @@ def check_plain(model, layout):
             "holds plain kernels: keras_vit.models.lora.merge(model) returns "
             "the model with the adapters merged into them")
 
-
-def model_variables(model, key_fn, layout) -> dict:
-    """``{checkpoint key: keras Variable}`` for every weight of a model.
-
-    ``key_fn`` maps a Keras variable path to a key of the checkpoint layout
-    ``layout`` (its name, for messages). Raises if a weight has no
-    checkpoint equivalent.
-    """
-    check_model(model)
-    check_plain(model, layout)
-    out, unknown = {}, []
-    for v in model.weights:
-        key = key_fn(v.path)
-        if key is None:
-            unknown.append(v.path)
-        else:
-            out[key] = v
-    if unknown:
-        raise CheckpointError(
-            f"model={model.name!r} has weights with no {layout} checkpoint "
-            f"equivalent: {unknown[:10]}")
-    return out

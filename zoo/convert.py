@@ -6,6 +6,7 @@ vit_jax's numbering or big_vision's (rewritten to vit_jax's first).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -76,9 +77,7 @@ def normalize_keys(arrays: dict, max_blocks=None) -> dict:
         if key == "pos_embedding":  # big_vision keeps it at the top level
             key = "Transformer/posembed_input/pos_embedding"
         out[key] = as_array(value)
-
-    # GroupNorm parameters are stored (1, 1, 1, C) in some released hybrids.
-    for key in out:
+        # GroupNorm parameters are (1, 1, 1, C) in some released hybrids.
         if _GN_KEY_RE.search(key) and out[key].ndim > 1:
             out[key] = out[key].reshape(-1)
 
@@ -114,22 +113,19 @@ _ATT = "MultiHeadDotProductAttention_1/"
 #: The attention-pool head (``classifier="map"``): big_vision's names.
 MAP_HEAD = "MAPHead_0/"
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
-_NORM = (("gamma", "scale"), ("beta", "bias"))
-_DENSE = ("kernel", "bias")
 
 
-def _norm(path, key):
-    return [Rule(f"{path}/{p}", f"{key}/{q}") for p, q in _NORM]
+def _pairs(names, path, key):
+    """The rules of a layer whose variables ``names`` (model, source)
+    are under ``path`` in the model and ``key`` in the source."""
+    return [Rule(f"{path}/{p}", f"{key}/{q}") for p, q in names]
 
 
-def _dense(path, key):
-    return [Rule(f"{path}/{p}", f"{key}/{p}") for p in _DENSE]
-
-
-def _batch_norm(path, key):
-    return [Rule(f"{path}/{p}", f"{key}/{q}") for p, q in (
-        ("gamma", "scale"), ("beta", "bias"), ("moving_mean", "mean"),
-        ("moving_variance", "var"))]
+_norm = functools.partial(_pairs, (("gamma", "scale"), ("beta", "bias")))
+_dense = functools.partial(_pairs, (("kernel", "kernel"), ("bias", "bias")))
+_batch_norm = functools.partial(_pairs, (
+    ("gamma", "scale"), ("beta", "bias"), ("moving_mean", "mean"),
+    ("moving_variance", "var")))
 
 
 def _attention(path, key):
@@ -142,11 +138,9 @@ _UNIT, _OUNIT = "resnet_block{s}_unit{u}/", "block{s}/unit{u}/"
 _RULES = [
     *layouts.option_rules("official", _norm, _dense, _dense, _batch_norm),
     *_dense("patch_embedding/conv", "embedding"),
-    *[Rule(f"position_embedding/{n}", f"Transformer/posembed_input/{n}")
-      for n in ("pos_embedding", "pos_embedding_x", "pos_embedding_y",
-                "rel_embedding")],
-    *[Rule(f"position_embedding_{{i}}/{n}",
-           f"{_TBLOCK}posembed_input/{n}")
+    *[Rule(f"{path}/{n}", f"{key}posembed_input/{n}")
+      for path, key in (("position_embedding", "Transformer/"),
+                        ("position_embedding_{i}", _TBLOCK))
       for n in ("pos_embedding", "pos_embedding_x", "pos_embedding_y",
                 "rel_embedding")],
     *_norm(_BLOCK + "norm_1", _TBLOCK + "LayerNorm_0"),
@@ -188,7 +182,8 @@ def model_variables(model) -> dict:
     """``{checkpoint key: keras Variable}`` for every weight of a ViT or
     hybrid (:func:`checkpoint_key`); raises for a weight with no official
     equivalent."""
-    return checkpoints.model_variables(model, checkpoint_key, "ViT")
+    return {checkpoint_key(path): v for path, v in layouts.variables(
+        model, OFFICIAL, skip=()).items()}
 
 
 def export_arrays(model) -> dict:

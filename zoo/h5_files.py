@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from keras_vit.base.archives import special_file
 from keras_vit.base.checks import require, shown
 from keras_vit.base.limits import MAX_H5_ENTRIES
 from keras_vit.zoo import checkpoints, hub_files
@@ -18,8 +19,6 @@ def open_h5(path):
     """``h5py.File(path, "r")`` of a regular file that exists and is HDF5,
     else a CheckpointError (or FileNotFoundError) naming ``path``."""
     h5py = require("h5py", purpose="reading a keras-hub preset")
-    from keras_vit.base.archives import special_file
-
     kind = special_file(path)
     if kind is not None:
         raise checkpoints.CheckpointError(f"{path}: is {kind}, not a regular file")

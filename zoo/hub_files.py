@@ -9,16 +9,21 @@ read without torch, its header checked first.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 
-from keras_vit.base import environment
+from keras_vit.base import environment, schema, variants
 from keras_vit.base.archives import special_file
-from keras_vit.base.checks import require, shown
+from keras_vit.base.checks import check_number, require, shown
 from keras_vit.base.limits import MAX_CONFIG_BYTES, MAX_SAFETENSORS_HEADER
-from keras_vit.zoo import checkpoints
+from keras_vit.zoo import checkpoints, formats
 from keras_vit.zoo.download import fetch as download
 from keras_vit.zoo.download import cache as download_cache
 from keras_vit.zoo.download import http as http_fetch
@@ -79,8 +84,6 @@ _ANSWERED = ("EntryNotFoundError", "RepositoryNotFoundError",
 
 def _stop(child):
     """Kills ``child``'s process group and reaps it."""
-    import signal
-
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -186,13 +189,6 @@ def hub_download(repo, revision=None, files=HUB_FILES, *, progress=None,
     answer. A ``config.json`` larger than :data:`MAX_CONFIG_BYTES` is
     refused before it is written. Any failure is one line, a
     :class:`download_cache.DownloadError` naming the repository."""
-    import math
-    import subprocess
-    import sys
-    import time
-
-    from keras_vit.base.checks import check_number
-
     check_number("timeout", timeout, low=0, low_open=True)
     check_number("deadline", deadline, low=0, low_open=True)
     where = f"hf-hub:{repo}" + (f"@{revision}" if revision else "")
@@ -272,9 +268,6 @@ def check_safetensors(path):
     byte range inside the file, sized by its shape, no two overlapping).
     A :class:`~keras_vit.zoo.formats.FormatError` names the file and the
     tensor otherwise. Returns the header."""
-    from keras_vit.base import schema
-    from keras_vit.zoo import formats
-
     path = os.fspath(path)
 
     def bad(problem, field=None):
@@ -366,6 +359,10 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
         layout=layout)
 
 
+# The sizes that name a ViT, but its patch.
+_SIZES = ("hidden_size", "mlp_dim", "num_heads", "num_layers")
+
+
 def zoo_name(arch):
     """The zoo name of a ViT of ``arch``'s sizes, or a description of them
     where no zoo size has them.
@@ -374,10 +371,7 @@ def zoo_name(arch):
     ...               num_layers=12, patch_size=16))
     'ViT-Ti/16'
     """
-    from keras_vit.base import variants
-
-    sizes = {k: arch[k] for k in ("hidden_size", "mlp_dim", "num_heads",
-                                  "num_layers")}
+    sizes = {k: arch[k] for k in _SIZES}
     for letter, config in variants.VIT_SIZES.items():
         if config == sizes:
             return variants.vit_name(letter, arch["patch_size"])
@@ -392,14 +386,11 @@ def name_sizes(name, weights):
     >>> name_sizes("ViT-Ti/16", "transformers'")
     {'hidden_size': 192, 'mlp_dim': 768, 'num_heads': 3, 'num_layers': 12, 'patch_size': 16}
     """
-    from keras_vit.base import variants
-
     parsed = variants.parse(name)
     if parsed.family != "vit":
         raise ValueError(f"{weights} ViT weights load into ViT names only; "
                          f"received name={name!r} ({parsed.family})")
-    return {k: parsed.config[k] for k in (
-        "hidden_size", "mlp_dim", "num_heads", "num_layers", "patch_size")}
+    return {k: parsed.config[k] for k in _SIZES + ("patch_size",)}
 
 
 PICKLE_FILE = "pytorch_model.bin"

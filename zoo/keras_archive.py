@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 import zipfile
 
+from keras_vit.base import options, schema
 from keras_vit.base.archives import check_archive
 from keras_vit.base.limits import (KERAS_BOMB_FLOOR, KERAS_MAX_EXPANSION,
                               MAX_CONFIG_BYTES as MAX_KERAS_CONFIG_BYTES)
-from keras_vit.zoo import checkpoints, layouts
+from keras_vit.zoo import checkpoints, formats, h5_files, layouts
 from keras_vit.zoo.build import is_keras_vit_model
 
 #: The file a training run directory holds its final model in.
@@ -87,9 +89,6 @@ def keras_config(path, argument="model"):
     :data:`~keras_vit.zoo.formats.KERAS_FILE_CONFIG` (and
     :data:`~keras_vit.zoo.formats.KERAS_VIT_CONFIG`) describe it; None when
     the archive has none."""
-    from keras_vit.base import schema
-    from keras_vit.zoo import formats
-
     try:
         with zipfile.ZipFile(path) as archive:
             if KERAS_CONFIG_FILE not in archive.namelist():
@@ -110,11 +109,6 @@ def keras_config(path, argument="model"):
 def _check_options(config, where):
     """Refuses a config value of the family's options that its row
     (:mod:`keras_vit.base.options`) refuses, naming the file and field."""
-    from keras_vit.base import options
-    from keras_vit.zoo import formats
-
-    if not isinstance(config, dict):
-        return
     for name, value in config.items():
         if name in options.ROWS:
             try:
@@ -132,7 +126,6 @@ def check_keras_config(path, shapes=None, argument="model"):
     deeper than the weights it holds or is too large for this machine,
     before Keras builds anything. Returns the checked config."""
     from keras_vit.models import memory
-    from keras_vit.zoo import formats
 
     outer = keras_config(path, argument)
     if outer is None or outer.get("registered_name") not in (
@@ -155,8 +148,6 @@ def _keras_weights(path, argument, error):
     its optimizer's), each checked stored as Keras writes it; None when
     the archive has no such member."""
     import h5py
-
-    from keras_vit.zoo import h5_files
 
     where = _where(path, argument, KERAS_WEIGHTS_FILE)
     try:
@@ -187,8 +178,6 @@ def _keras_weights(path, argument, error):
 def _h5_problem(ds, file_size):
     """What is wrong with the dataset ``ds`` of a Keras weights file, or
     None (bfloat16 is written as 2-byte opaque values)."""
-    from keras_vit.zoo import h5_files
-
     if ds.dtype.kind not in "biufV":
         return f"of dtype {ds.dtype} (Keras writes numbers)"
     where = h5_files.h5_storage_problem(ds, file_size)
@@ -198,11 +187,7 @@ def _h5_problem(ds, file_size):
 def _unread_weights(model, shapes, path, argument):
     """The error for a ``.keras`` file whose weights hold arrays Keras did
     not read into ``model``, each named."""
-    import tempfile
-
     import h5py
-
-    from keras_vit.zoo import h5_files
 
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, KERAS_WEIGHTS_FILE)
@@ -213,8 +198,7 @@ def _unread_weights(model, shapes, path, argument):
     missing = sorted(expected - set(shapes))
     found = [layouts.listed(what, names) for what, names in (
         ("unexpected", unexpected), ("missing", missing)) if names]
-    return (f"cannot load {argument}={path!r} as a Keras model: its "
-            f"{KERAS_WEIGHTS_FILE} holds {len(shapes)} arrays where "
-            f"model={model.name!r} has {len(model.weights)} weights; "
-            + "; ".join(found))
+    return (f"{_where(path, argument, KERAS_WEIGHTS_FILE)} holds "
+            f"{len(shapes)} arrays where model={model.name!r} has "
+            f"{len(model.weights)} weights; " + "; ".join(found))
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-from keras_vit.zoo import build, checkpoints, hub_files, keras_archive
+from keras_vit.base import variants
+from keras_vit.zoo import build, hub_files, keras_archive
 
 
 def is_keras_file(value, *, progress=None):
@@ -34,15 +35,13 @@ def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,
     ``model.keras``), the model itself among it. ``name``, a zoo name,
     gives the sizes instead. A model that is no keras_vit model comes back
     as it is (``family="foreign"``)."""
-    from keras_vit.base import variants
     from keras_vit.models.resnet_v2 import ResNetV2
 
     argument = argument or ("name" if name is None else "weights")
-    error = checkpoints.CheckpointError
     path = os.fspath(value)
     if os.path.isdir(path):  # a fine-tuning run
         path = os.path.join(path, keras_archive.RUN_MODEL_FILE)
-    model = keras_archive.load_keras_file(path, argument, error=error)
+    model = keras_archive.load_keras_file(path, argument)
     tags = {"zoo_weights": None, "zoo_source": os.fspath(value)}
     if not build.is_keras_vit_model(model):
         return build.Checkpoint({}, source_name=repr(path), family="foreign",

@@ -360,6 +360,21 @@ POOL = "pooling/"
 _BLOCK = re.compile(r"^encoder_block_(\d+)/")
 
 
+def variables(model, layout, skip=HEAD):
+    """``{variable path: variable}`` of a plain float ``model``, each of
+    its weights but those in ``skip`` with a key in ``layout``."""
+    checkpoints.check_model(model)
+    checkpoints.check_plain(model, layout.name)
+    targets = {v.path: v for v in model.weights}
+    unmapped = [p for p in targets if layout.key_of(p) is None
+                and p not in skip]
+    if unmapped:
+        raise CheckpointError(
+            f"model={model.name!r} has weights with no {layout.name} "
+            f"checkpoint equivalent: {unmapped[:10]}")
+    return targets
+
+
 def _classes_differ(got, want):
     """True for a head kernel of the model's rank whose number of classes
     (the last axis) differs from the model's."""
@@ -399,15 +414,7 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
     ``model``, strictly (:func:`keras_vit.zoo.convert.load_weights`);
     ``replace_head=False`` reports a head of another size as mis-shaped.
     Returns ``{"resized_posemb", "head", "pre_logits"[, ...]}``."""
-    checkpoints.check_model(model)
-    checkpoints.check_plain(model, layout.name)
-    targets = {v.path: v for v in model.weights}
-    unmapped = [p for p in targets if layout.key_of(p) is None
-                and p not in HEAD]
-    if unmapped:
-        raise CheckpointError(
-            f"model={model.name!r} has weights with no {layout.name} "
-            f"checkpoint equivalent: {unmapped[:10]}")
+    targets = variables(model, layout)
     absent = {}
     given, names = layout.read(
         arrays, {p: tuple(v.shape) for p, v in targets.items()}, absent)

@@ -170,14 +170,8 @@ def _bias_rows(grid):
 def _bias_grid(offsets, source_grid=None):
     """The (rows, cols) grid of a relative_bias table of ``offsets`` rows:
     ``source_grid`` when it fits, else the square one, else None."""
-    if source_grid is not None:
-        grid = tuple(int(g) for g in source_grid)
-        if _bias_rows(grid) == offsets:
-            return grid
-    side = int(round(offsets ** 0.5))
-    if side * side != offsets or side % 2 == 0:
-        return None
-    return ((side + 1) // 2,) * 2
+    side = (int(round(offsets ** 0.5)) + 1) // 2
+    return _fitting_grid(offsets, _bias_rows, source_grid, side)
 
 
 def _offset_weights(old, new):
@@ -298,9 +292,14 @@ def _resized(kind, layer, src, want, old_grid):
 def _table_grid(tokens, source_grid=None):
     """The (rows, cols) grid of a 1D table of ``tokens`` patch rows:
     ``source_grid`` when it fits, else the square one, else None."""
-    if source_grid is not None:
-        grid = tuple(int(g) for g in source_grid)
-        if grid[0] * grid[1] == tokens:
-            return grid
-    side = int(round(tokens ** 0.5))
-    return (side, side) if side * side == tokens else None
+    return _fitting_grid(tokens, lambda g: g[0] * g[1], source_grid,
+                         int(round(tokens ** 0.5)))
+
+
+def _fitting_grid(rows, rows_of, source_grid, side):
+    """``source_grid``, else the square grid of ``side``, when a table of
+    that grid has ``rows`` rows (``rows_of(grid)``); else None."""
+    for grid in (source_grid, (side, side)):
+        if grid is not None and rows_of(tuple(int(g) for g in grid)) == rows:
+            return tuple(int(g) for g in grid)
+    return None

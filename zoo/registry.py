@@ -15,6 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 from keras_vit.base import family_rows, geometry, variants
+from keras_vit.base.checks import did_you_mean
 
 BUCKET = "https://storage.googleapis.com/vit_models/"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models/"
@@ -54,7 +55,7 @@ class Weights:
     head_type: str = "classifier"
 
 
-def _i21k(name, file, hidden):
+def _i21k(file, hidden):
     return Weights(
         "imagenet21k", f"{BUCKET}imagenet21k/{urllib.parse.quote(file)}.npz", 224,
         IMAGENET21K_CLASSES, "imagenet21k", representation_size=hidden,
@@ -209,8 +210,8 @@ def _build_table():
                         ("H", 14)):
         name = variants.vit_name(size, patch)
         hidden = variants.VIT_SIZES[size]["hidden_size"]
-        table[name].append(_i21k(name, f"ViT-{size}_{patch}", hidden))
-    table["R50+ViT-B/16"].append(_i21k("R50+ViT-B/16", "R50+ViT-B_16", 768))
+        table[name].append(_i21k(f"ViT-{size}_{patch}", hidden))
+    table["R50+ViT-B/16"].append(_i21k("R50+ViT-B_16", 768))
     for name in ("R50+ViT-B/16", "R26+ViT-B/32", "R50+ViT-L/32"):
         table[name].append(_ft(name.replace("/", "_"), 384))
     for size, patch in (("B", 16), ("B", 32), ("B", 8), ("L", 16), ("L", 32)):
@@ -268,8 +269,6 @@ def list_models(pattern=None, *, family=None):
     if family is not None:
         known = families()
         if family not in known:
-            from keras_vit.base.checks import did_you_mean
-
             raise ValueError(f"family must be one of {known} or None; "
                              f"received family={family!r}."
                              f"{did_you_mean(str(family), known)}")
@@ -332,16 +331,12 @@ def select(name, tag, image_size=None):
     candidates = [w for w in weights_for(name) if w.tag == tag]
     if not candidates:
         tags = tags_for(name)
-        from keras_vit.base.checks import did_you_mean
-
         raise ValueError(
             f"No weights={tag!r} for model {name!r}.{did_you_mean(tag, tags)} "
             f"Released tags: {tags or 'none'}; also accepted: a local .npz path, "
             "an https URL, 'augreg:<filename>' or None for random initialisation.")
-    for w in candidates:
-        if image_size is not None and w.image_size == image_size:
-            return w
-    return candidates[0]
+    return next((w for w in candidates if image_size is not None
+                 and w.image_size == image_size), candidates[0])
 
 
 effective_stride = geometry.effective_stride
@@ -433,8 +428,6 @@ def labels(name):
                         f"{known}; received name={name!r}")
     path = LABELS_DIR / f"{name}.txt"
     if name not in known or not path.is_file():
-        from keras_vit.base.checks import did_you_mean
-
         raise ValueError(f"Unknown label list name={name!r}; known: {known}."
                          f"{did_you_mean(str(name), known)}")
     return _read_labels(name)

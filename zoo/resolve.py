@@ -20,7 +20,7 @@ from keras_vit.base.archives import check_archive
 from keras_vit.base.checks import check_pair, did_you_mean
 from keras_vit.base.errors import UnexpectedKeywordError
 from keras_vit.runtime.policy import dtype_policy_scope
-from keras_vit.zoo import settle
+from keras_vit.zoo import hub_files, settle, sources
 from keras_vit.zoo.build import Checkpoint, copy_weights, is_keras_vit_model
 from keras_vit.zoo.keras_archive import RUN_MODEL_FILE
 
@@ -31,8 +31,6 @@ def model_path(spec, argument="model", *, error=ValueError):
     reads; a folder two sources claim is refused (ValueError)."""
     path = os.fspath(spec)
     if os.path.isdir(path):
-        from keras_vit.zoo import hub_files, sources
-
         claims = [s.name for s in sources.claims(path)]
         if len(claims) > 1:
             sources.find(path, "auto")  # the ambiguity error, worded once
@@ -86,7 +84,7 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
                         f"weights={weights!r} with a model instance")
         if options:
             raise error(f"{', '.join(sorted(options))} applies to zoo names "
-                        f"only; received {argument}={_label(spec)!r}")
+                        f"only; received {argument}={spec.name!r}")
         return rebuild(spec, image_size=image_size, num_classes=num_classes,
                        dtype=dtype, copy=False)
     if not isinstance(spec, (str, os.PathLike)):
@@ -95,19 +93,12 @@ def resolve_model(spec, *, weights="auto", image_size=None, num_classes=None,
     path = model_path(spec, argument, error=error)
     if path is not None:
         check_archive(argument, path, "a .keras model", error=error)
-    from keras_vit.zoo import sources
-
     if dtype is not None:
         options["dtype"] = dtype
     progress = options.pop("progress", None)
     return sources.load(os.fspath(spec), weights, settle.request(
         image_size=image_size, num_classes=num_classes, **options),
         progress=progress, argument=argument)
-
-
-def _label(spec):
-    return getattr(spec, "name", spec) if not isinstance(
-        spec, (str, os.PathLike)) else os.fspath(spec)
 
 
 def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
@@ -187,13 +178,7 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
         changes = {**{k: v for k, v in target.items() if config.get(k) != v},
                    **changes}
     changes = {k: v for k, v in changes.items()
-               if not ours or k not in config or config[k] != v}
-    if changes and not ours:
-        raise ValueError(
-            f"{changes} differ from model={model.name!r}'s, and only a "
-            "keras_vit model (VisionTransformer, AxialVisionTransformer, "
-            f"ResNetV2) is rebuilt with changes; it is a "
-            f"{type(model).__name__}")
+               if k not in config or config[k] != v}
     unknown = sorted(set(changes) - set(config))
     if unknown:
         raise UnexpectedKeywordError(

@@ -13,6 +13,7 @@ import tempfile
 
 from keras_vit.base import geometry
 from keras_vit.base import options as options_table
+from keras_vit.base.checks import check_choice
 
 LAYOUTS = ("timm", "transformers", "keras-hub")
 
@@ -26,8 +27,7 @@ def _labels(model, labels):
                   or getattr(model, "zoo_labels", None))
         if not labels:
             return None
-    elif isinstance(labels, (str, bytes)) or not isinstance(
-            labels, (list, tuple)):
+    elif not isinstance(labels, (list, tuple)):
         raise ValueError(f"labels must be a list of class names or None; "
                          f"received labels={labels!r}")
     config = model.get_config()
@@ -68,8 +68,6 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     is refused in one line, and ``directory`` is left as it was.
     """
     import keras
-
-    from keras_vit.base.checks import check_choice
 
     check_choice("layout", layout, LAYOUTS)
     if not isinstance(model, keras.Model):
@@ -175,8 +173,7 @@ def check_read_back(model, folder, layout):
     if layout is None:
         layout, arrays = convert.OFFICIAL, convert.normalize_keys(arrays)
     foreign, arrays = layout.unknown(arrays), layout.read(arrays, shapes)[0]
-    if (ours["layer_scale"] is None) != (theirs["layer_scale"] is None) and (
-            ours["layer_scale"] is None and _unit_scales(arrays)):
+    if ours["layer_scale"] is None and _unit_scales(arrays):
         theirs["layer_scale"] = None
     # A layer scale's value is its initialisation: the weights hold it.
     for options in (ours, theirs):

@@ -20,6 +20,8 @@ import dataclasses
 import os
 import typing
 
+from keras_vit.base import variants
+from keras_vit.zoo import registry, settle
 from keras_vit.zoo.build import build, build_settled as _build_settled
 
 
@@ -121,8 +123,6 @@ def find(name, weights, *, progress=None):
                 "(the .keras file itself) or move one model out")
         if found:
             return found[0], value, arch_name
-    from keras_vit.zoo import registry
-
     record = registry.hub_weights(name, weights)
     if record is not None:  # a family member's release: timm's files
         timm = next(s for s in SOURCES if s.name == "timm")
@@ -178,8 +178,6 @@ def load(name, weights="auto", request=None, *, progress=None,
     """The model ``zoo.load(name, weights, ...)`` returns (see the module;
     ``request``: a :class:`~keras_vit.zoo.settle.Request`). ``argument``
     is what errors call ``name``."""
-    from keras_vit.zoo import settle
-
     request = request or settle.Request()
     source, value, arch_name = find(name, weights, progress=progress)
     _honoured(source, value, arch_name, weights)
@@ -200,9 +198,6 @@ def _name_release(checkpoint, name, value):
     """A family member's release read from the Hub, named as the registry
     names it, and given the release's label list where the repository
     names no classes."""
-    from keras_vit.base import variants
-    from keras_vit.zoo import registry
-
     if not (isinstance(name, str) and isinstance(value, str)
             and value.startswith("hf-hub:")):
         return

@@ -99,10 +99,8 @@ def unavailable(reason: str, files, *, mirror: Optional[str] = None,
     else:
         what = " and ".join(f"{url} elsewhere and place it at {path}"
                             for url, path in files)
-    if offline:
-        then = f"or unset {ENV_OFFLINE} to download it"
-    else:
-        then = f"then set {ENV_OFFLINE}=1"
+    then = (f"or unset {ENV_OFFLINE} to download it" if offline
+            else f"then set {ENV_OFFLINE}=1")
     text = (f"{reason}; download {what}, {then} ({ENV_CACHE} moves the "
             "cache" + (f"; {mirror}" if mirror else "") + ")")
     return error(" ".join(text.split()))

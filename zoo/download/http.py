@@ -34,7 +34,6 @@ DEFAULT_DEADLINE = 3 * 3600.0
 # Fewer than STALL_BYTES in the last KERAS_VIT_DOWNLOAD_STALL_S seconds stops
 # a download: a trickling server fails in minutes, not at the deadline.
 STALL_BYTES = 64 << 10
-DEFAULT_STALL = environment.VARIABLES[ENV_STALL].default
 
 
 def stall_seconds() -> float:

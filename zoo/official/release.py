@@ -54,9 +54,7 @@ def resolve_weights(name, weights, image_size=None, progress=None):
     if value.startswith("file://"):
         value = urllib.parse.unquote(urllib.parse.urlparse(value).path)
     if value.startswith("augreg:"):
-        url = registry.augreg_url(value[len("augreg:"):])
-        path = download.fetch(url, progress=progress)
-        return ResolvedWeights(os.fspath(path), url)
+        value = registry.augreg_url(value[len("augreg:"):])
     if is_url(value):
         return ResolvedWeights(
             os.fspath(download.fetch(value, progress=progress)), value)
