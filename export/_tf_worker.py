@@ -7,10 +7,8 @@ Loads the serving model from its ``.keras`` file, rebuilds the same
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 
 import numpy as np
 
@@ -79,19 +77,9 @@ def run_job(job):
 
 
 def main(job_path):
-    with open(job_path) as f:
-        job = json.load(f)
-    try:
-        result = run_job(job)
-        status = 0
-    except Exception as e:  # noqa: BLE001 - handed to the parent
-        traceback.print_exc()
-        result = {"error": {"type": type(e).__name__, "message": str(e)}}
-        status = 1
-    from keras_vit.base import atomic
+    from keras_vit.export import pipeline
 
-    atomic.write_json(job["result"], result)
-    return status
+    return pipeline.child_main(job_path, run_job, stamp=False)
 
 
 if __name__ == "__main__":

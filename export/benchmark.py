@@ -22,26 +22,19 @@ import time
 
 import numpy as np
 
+from keras_vit.base.checks import check_int
 from keras_vit.base.limits import MAX_RUNS
 from keras_vit.export import memory
+from keras_vit.export.formats import format_module
+from keras_vit.runtime import hardware
+from keras_vit.runtime.backend import name as backend_name
 
 RUNTIMES = ("keras", "xla", "onnx", "tflite", "openvino")
-_DESCRIPTIONS = {
-    "keras": "the Keras model in a tf.function (what predict runs; on JAX "
-             "and PyTorch the model's call)",
-    "xla": "the same with jit_compile=True (jax.jit on JAX)",
-    "onnx": "onnxruntime, CPU provider, on the verified ONNX export",
-    "tflite": "ai_edge_litert (XNNPACK), on the verified float32 export",
-    "openvino": "OpenVINO's CPU plugin, on the verified float32 export "
-                "(computed in f32) and, in the bf16 rows, the bfloat16 one",
-}
 
 
 def cpu_bf16_support():
     """``(supported, reason)``: whether the CPU has bf16 instructions
     (AVX512_BF16 or AMX)."""
-    from keras_vit.runtime import hardware
-
     flags = hardware.cpu_flags()
     if not flags and not hardware.cpu_fields():
         return False, "cannot read /proc/cpuinfo"
@@ -81,7 +74,6 @@ def _keras_runner(model, jit):
     XLA if ``jit``) on TensorFlow, ``jax.jit`` (XLA) or the plain call on
     JAX, the call without autograd on PyTorch."""
     from keras_vit.models.memory import infer
-    from keras_vit.runtime.backend import name as backend_name
 
     def first(out):
         return {"out": np.asarray(next(iter(out.values())) if isinstance(
@@ -124,8 +116,6 @@ def run(model, runtimes=RUNTIMES, batch_sizes=(1, 8), runs=5, warmup=1,
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive; received "
                          f"batch_sizes={batch_sizes!r}")
-    from keras_vit.base.checks import check_int
-
     check_int("runs", runs, low=1, high=MAX_RUNS)
     say = say or (lambda *_: None)
     from keras_vit.export.graph import ServingGraph
@@ -204,28 +194,24 @@ def _runner(name, model, graph, tmp, say, dtype="float32"):
         return _keras_runner(model, jit=name == "xla"), {}
     from keras_vit import export
 
+    options = {}
     if name == "openvino":
         precision = "bfloat16" if dtype == "bfloat16" else "float32"
-        path = os.path.join(tmp, f"model_{precision}.xml")
-        say(f"  exporting to OpenVINO {precision} (verified) ...")
-        report = export.to_openvino(graph.model, path, outputs=("features",),
-                                    precision=precision)
-        from keras_vit.export.openvino import open_artifact
+        file, what = f"model_{precision}.xml", f"OpenVINO {precision}"
+        options["precision"] = precision
     elif name == "onnx":
         import onnxruntime  # noqa: F401
 
-        path = os.path.join(tmp, "model.onnx")
-        say("  exporting to ONNX (verified) ...")
-        report = export.to_onnx(graph.model, path, outputs=("features",))
-        from keras_vit.export.onnx import open_artifact
+        file, what = "model.onnx", "ONNX"
     else:
         import ai_edge_litert  # noqa: F401
 
-        path = os.path.join(tmp, "model.tflite")
-        say("  exporting to TFLite float32 (verified) ...")
-        report = export.to_tflite(graph.model, path, outputs=("features",))
-        from keras_vit.export.tflite import open_artifact
-    return open_artifact(path), {
+        file, what = "model.tflite", "TFLite float32"
+    path = os.path.join(tmp, file)
+    say(f"  exporting to {what} (verified) ...")
+    report = export.export(graph.model, path, name, outputs=("features",),
+                           **options)
+    return format_module(name).open_artifact(path), {
         "export_seconds": report["conversion_seconds"],
         "max_abs_diff": max(report["max_abs_diff"].values())}
 

@@ -8,6 +8,7 @@ validate its arguments before paying for that import.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -15,8 +16,8 @@ import time
 
 from keras_vit.base import atomic
 from keras_vit.base import checks
-from keras_vit.base.checks import check_choice
-from keras_vit.base.errors import KerasVitError
+from keras_vit.base.checks import PACKAGES, check_choice, check_int
+from keras_vit.base.errors import KerasVitError, MissingDependencyError
 
 FORMATS = ("saved_model", "tflite", "onnx", "openvino")
 #: What an artifact can return (keras_vit.export.graph.ServingGraph), plus
@@ -89,11 +90,6 @@ def require_installed(module, purpose):
 
     >>> require_installed("json", "this example")
     """
-    import importlib.util
-
-    from keras_vit.base.checks import PACKAGES
-    from keras_vit.base.errors import MissingDependencyError
-
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:
         raise MissingDependencyError(PACKAGES.get(top, top), purpose)
@@ -243,12 +239,8 @@ def check_quantization(quantization, representative_data,
     check_choice("quantization", quantization, QUANTIZATIONS)
     if representative_samples is None:
         representative_samples = DEFAULT_REPRESENTATIVE_SAMPLES
-    if (not isinstance(representative_samples, int)
-            or isinstance(representative_samples, bool)
-            or representative_samples < 1):
-        raise ValueError("representative_samples must be a positive integer;"
-                         f" received representative_samples="
-                         f"{representative_samples!r}")
+    representative_samples = check_int("representative_samples",
+                                       representative_samples, low=1)
     if representative_data is not None and quantization != "int8":
         raise ValueError(
             "representative_data is only used with quantization='int8'; "

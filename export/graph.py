@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_vit.base.checks import check_pair
 from keras_vit.data.naflex import PATCH_INPUTS
-from keras_vit.data.normalization import of_model, takes_raw_pixels
+from keras_vit.data.normalization import (
+    config_value, of_model, takes_raw_pixels)
 from keras_vit.export import samples
+from keras_vit.runtime.backend import no_grad, to_numpy
 from keras_vit.runtime.policy import dtype_policy_scope
 
 from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
@@ -166,8 +169,6 @@ def _output_tensor(model, name):
 
 def _built_size(model):
     """The (height, width) a dynamic-size model was built for."""
-    from keras_vit.base.checks import check_pair
-
     return check_pair("image_size", model.get_config()["image_size"])
 
 
@@ -429,8 +430,6 @@ class ServingGraph:
     def reference(self, images, batch_size=8):
         """Keras' answers for ``images``: :meth:`serve` run eagerly on the
         user's backend."""
-        from keras_vit.runtime.backend import no_grad, to_numpy
-
         parts = []
         with no_grad():
             for start in range(0, samples.count(images), batch_size):
@@ -457,8 +456,6 @@ class ServingGraph:
                     _output_tensor(source, name))
             except (ValueError, KeyError):
                 return None, None
-        from keras_vit.runtime.backend import no_grad, to_numpy
-
         with no_grad():
             out = source(x, training=False)
             if isinstance(out, dict):
@@ -570,8 +567,6 @@ class ServingGraph:
 
     def input_range(self):
         """The artifact's input range in words."""
-        from keras_vit.data.normalization import config_value
-
         if (self.value_range == samples.PIXELS
                 or config_value(self.normalization) is None):
             return self.value_range

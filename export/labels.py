@@ -19,9 +19,17 @@ break cannot be written: then nothing is recorded, and a warning says why.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 import warnings
+
+import numpy as np
+
 from keras_vit.base.checks import check_path, require
+from keras_vit.export.common import weights_file
+from keras_vit.export.openvino_core import core
 
 #: The ONNX ``metadata_props`` key and the TFLite metadata name.
 KEY = "label_names"
@@ -105,8 +113,6 @@ def read_image_sizes(path):
     >>> read_image_sizes(path).describe()
     'height and width positive multiples of 8'
     """
-    import json
-
     from keras_vit.layers.image_sizes import ImageSizes
 
     text = _read_entry(path, SIZES_KEY, SAVED_MODEL_SIZES_FILE)
@@ -160,15 +166,11 @@ def _write_onnx(path, text, key=KEY):
 
 
 def _write_tflite(path, text, key=KEY):
-    import numpy as np
-
+    needs = {"package": "ai-edge-litert",
+             "purpose": "recording class names in TFLite files"}
     flatbuffer_utils = require("ai_edge_litert.tools.flatbuffer_utils",
-                               package="ai-edge-litert",
-                               purpose="recording class names in TFLite "
-                                       "files")
-    schema = require("ai_edge_litert.schema_py_generated",
-                     package="ai-edge-litert",
-                     purpose="recording class names in TFLite files")
+                               **needs)
+    schema = require("ai_edge_litert.schema_py_generated", **needs)
     model = flatbuffer_utils.read_model(path)
     buffer = schema.BufferT()
     buffer.data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
@@ -186,12 +188,6 @@ def _write_openvino(path, text, key=KEY):
     """Adds the entry to the IR's ``rt_info`` and writes the IR back in
     place, through a new folder: the model read maps the ``.bin`` file
     that the new one replaces."""
-    import shutil
-    import tempfile
-
-    from keras_vit.export.common import weights_file
-    from keras_vit.export.openvino_core import core
-
     ov = require("openvino", purpose="recording class names in OpenVINO "
                                      "files")
     model = core().read_model(path)
@@ -241,8 +237,6 @@ def read_label_names(path):
 
 def _read_openvino(path, key):
     """The ``key`` rt_info entry of an OpenVINO IR (text)."""
-    from keras_vit.export.openvino_core import core
-
     require("openvino", purpose="reading class names from OpenVINO files")
     model = core().read_model(path)
     if not model.has_rt_info(key):

@@ -151,8 +151,7 @@ def guard_zero_pad_before_max_pool(proto):
             users = consumers.get(users[0].output[0], [])
         return any(u.op_type == "MaxPool" for u in users)
 
-    guarded = 0
-    new_nodes = []
+    guards = {}  # by prefix: the nodes that compute each guarded Pad's 0
     for node in proto.graph.node:
         mode = next((a.s for a in node.attribute if a.name == "mode"),
                     b"constant")
@@ -165,11 +164,11 @@ def guard_zero_pad_before_max_pool(proto):
             elem = inits[value].data_type
             if any(onnx.numpy_helper.to_array(inits[value]).ravel() != 0):
                 continue  # a non-zero pad value is left alone
-        prefix = f"keras_vit_pad_guard_{guarded}"
+        prefix = f"keras_vit_pad_guard_{len(guards)}"
         zero_i = helper.make_tensor(f"{prefix}/zero", onnx.TensorProto.INT64,
                                     [], [0])
         proto.graph.initializer.append(zero_i)
-        new_nodes += [
+        guards[prefix] = [
             helper.make_node("Shape", [node.input[0]], [f"{prefix}/shape"],
                              name=f"{prefix}/Shape"),
             helper.make_node("Gather", [f"{prefix}/shape", zero_i.name],
@@ -184,12 +183,8 @@ def guard_zero_pad_before_max_pool(proto):
         while len(node.input) < 3:
             node.input.append("")
         node.input[2] = f"{prefix}/value"
-        guarded += 1
-    if new_nodes:
+    if guards:
         # Each guard goes just before its Pad: still topologically sorted.
-        guards = {}
-        for n in new_nodes:
-            guards.setdefault(n.name.rsplit("/", 1)[0], []).append(n)
         order = list(proto.graph.node)
         del proto.graph.node[:]
         for node in order:
@@ -197,7 +192,7 @@ def guard_zero_pad_before_max_pool(proto):
                 proto.graph.node.extend(
                     guards.get(node.input[2].rsplit("/", 1)[0], []))
             proto.graph.node.append(node)
-    return guarded
+    return len(guards)
 
 
 def convert_saved_model(saved_model_dir, path, opset, external_data=None):

@@ -27,7 +27,7 @@ import os
 import sys
 
 from keras_vit.base.checks import check_choice, require
-from keras_vit.export import common, pipeline
+from keras_vit.export import common, memory, pipeline
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
 from keras_vit.export.openvino_core import core
@@ -40,10 +40,6 @@ RT_HINT = ["keras_vit", "INFERENCE_PRECISION_HINT"]
 RUNTIME_NEEDS_TENSORFLOW = False
 DEVICE = "CPU"
 WORKER = "keras_vit.export.openvino_worker"
-
-
-def _openvino(purpose):
-    return require("openvino", purpose=purpose)
 
 
 def cpu_has_bf16(core):
@@ -213,7 +209,7 @@ def save(ov_model, path, precision):
     """Writes ``ov_model`` to ``path`` (and its ``.bin``) with the
     precision hint recorded; float16 weights for bfloat16 only
     (``save_model`` would halve them by default)."""
-    ov = _openvino("OpenVINO export")
+    ov = require("openvino", purpose="OpenVINO export")
 
     ov_model.set_rt_info(HINTS[precision], RT_HINT)
     ov.save_model(ov_model, path, compress_to_fp16=precision == "bfloat16")
@@ -229,7 +225,7 @@ def _files(path):
 def convert(graph, staged, workdir, params, arrays, rss):
     """Converts the serving graph and writes ``staged`` (int8: the float32
     IR that :func:`finish` compresses)."""
-    ov = _openvino("OpenVINO export")
+    ov = require("openvino", purpose="OpenVINO export")
 
     ov_model = ov.convert_model(graph.function().get_concrete_function())
     _name_outputs(ov_model, graph.outputs, len(graph.input_specs()))
@@ -253,8 +249,6 @@ def finish(staged, workdir, params, arrays, result):
     process."""
     if params["precision"] != "int8":
         return result
-    from keras_vit.export import memory
-
     child = memory.PeakRSS()
     done = pipeline.run_child(
         WORKER, {"source": _float32_source(workdir), "output": staged},

@@ -23,12 +23,14 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 
 from keras_vit.base import atomic
 from keras_vit.base import environment
 from keras_vit.runtime import quiet
+from keras_vit.runtime.backend import is_tensorflow
 from keras_vit.export import common, labels, memory, staging
 from keras_vit.export import verify as checks
 
@@ -65,8 +67,6 @@ class ExportJob:
 def tensorflow_here():
     """Whether this process runs Keras on TensorFlow (else conversions run
     in a TensorFlow child process)."""
-    from keras_vit.runtime.backend import is_tensorflow
-
     return is_tensorflow()
 
 
@@ -255,12 +255,10 @@ def run_child(module, job, workdir, rss, what, env=None):
         f"; its last output: {tail}" if tail else ""))
 
 
-def child_main(job_path, work):
+def child_main(job_path, work, stamp=True):
     """The main of a process that :func:`run_child` started: writes
-    ``work(job)`` (or the error) to ``job["result"]``; returns the exit
-    status."""
-    import traceback
-
+    ``work(job)`` (or the error) to ``job["result"]``, ``stamp``: with
+    its ``seconds`` and ``peak_rss``; returns the exit status."""
     with open(job_path) as f:
         job = json.load(f)
     start = time.perf_counter()
@@ -271,8 +269,9 @@ def child_main(job_path, work):
         atomic.write_json(job["result"], {"error": {
             "type": type(e).__name__, "message": str(e)}})
         return 1
-    result["seconds"] = round(time.perf_counter() - start, 3)
-    result["peak_rss"] = memory.own_peak_rss()
+    if stamp:
+        result["seconds"] = round(time.perf_counter() - start, 3)
+        result["peak_rss"] = memory.own_peak_rss()
     atomic.write_json(job["result"], result)
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
+
 from keras_vit.base.checks import check_choice
 from keras_vit.export import common, pipeline, serving
 from keras_vit.export import verify as checks
@@ -18,7 +20,6 @@ def open_artifact(path):
     """Loads a SavedModel and returns ``images -> {name: array}`` calling
     its ``serving_default`` signature (the loaded object stays referenced:
     a signature outlives its object only by accident)."""
-    import numpy as np
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)

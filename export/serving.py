@@ -29,10 +29,12 @@ import io
 
 import numpy as np
 
+from keras_vit.base.checks import check_int
 from keras_vit.data import images as image_decoder
 from keras_vit.data.normalization import takes_raw_pixels
 from keras_vit.export import samples
-from keras_vit.export.graph import ServingGraph
+from keras_vit.export.graph import ServingGraph, default_outputs
+from keras_vit.runtime.backend import no_grad, to_numpy
 
 INPUT_NAME = "image_bytes"
 OUTPUTS = ("labels", "scores", "classes", "logits")
@@ -55,11 +57,7 @@ def check_top_k(top_k):
     ...
     ValueError: top_k must be a positive integer; received top_k=0
     """
-    if (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool)
-            or top_k < 1):
-        raise ValueError("top_k must be a positive integer; received "
-                         f"top_k={top_k!r}")
-    return int(top_k)
+    return check_int("top_k", top_k, low=1)
 
 
 def _label_names(model, num_classes, labels):
@@ -160,7 +158,6 @@ class ImageBytesGraph(ServingGraph):
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, labels=None,
                  cast_to_float32=True):
-        from keras_vit.export.graph import default_outputs
         from keras_vit.models.features import is_classifier, why_features
 
         top_k = check_top_k(top_k)
@@ -305,8 +302,6 @@ class ImageBytesGraph(ServingGraph):
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` (a feature extractor's
         embedding) for encoded ``images``, on the user's backend."""
-        from keras_vit.runtime.backend import no_grad, to_numpy
-
         x = self.preprocess(images)
         name = "logits" if self.classifier else self.outputs[0]
         parts = []

@@ -10,6 +10,8 @@ import os
 import sys
 import warnings
 
+import numpy as np
+
 from keras_vit.runtime import compat, quiet
 from keras_vit.base.checks import require
 from keras_vit.export import common, pipeline, samples
@@ -42,8 +44,6 @@ def _interpreter(path, **kwargs):
 def open_artifact(path, num_threads=None):
     """Loads a ``.tflite`` file with ai_edge_litert and returns ``images ->
     {name: array}`` (a shape the file does not declare is refused)."""
-    import numpy as np
-
     interpreter = _interpreter(path,
                                num_threads=num_threads or os.cpu_count())
     runner = interpreter.get_signature_runner("serving_default")
@@ -94,13 +94,11 @@ def _converter(saved_model_dir, quantization, representative=None):
 
     converter = tf.lite.TFLiteConverter.from_saved_model(
         saved_model_dir, signature_keys=["serving_default"])
+    if quantization != "float32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if quantization == "float16":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
-    elif quantization == "dynamic_int8":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
     elif quantization == "int8":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.representative_dataset = representative
         converter.target_spec.supported_ops = [
             tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
@@ -201,23 +199,21 @@ def to_tflite(model, path, *, quantization="float32",
         require("ai_edge_litert.interpreter", package="ai-edge-litert",
                 purpose="verifying TFLite files")
     float_ops = _check_float_ops(float_ops)
-    kind = f"tflite/{quantization}"
-    tol = common.tolerance_for(kind, tolerance)
+    tol = common.tolerance_for(f"tflite/{quantization}", tolerance)
     quantized = quantization in ("dynamic_int8", "int8")
     if verify_data is None and quantization == "dynamic_int8":
         verify_data = "photos"  # int8 weights: judged on images, not noise
     checks.check_options(batch_sizes, verify_data)
-    fixed_note = None
-    if getattr(model, "dynamic_image_size", False):
+    dynamic = getattr(model, "dynamic_image_size", False)
+    if dynamic:
         from keras_vit.zoo import rebuild
 
         model = rebuild(model, dynamic_image_size=False)
-        size = "x".join(str(s) for s in model.inputs[0].shape[1:3])
-        fixed_note = (f"TFLite takes fixed-size images: the dynamic-size "
-                      f"model was exported at its built size, {size}")
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32)
-    if fixed_note:
-        graph.notes.append(fixed_note)
+    if dynamic:
+        size = "x".join(str(s) for s in model.inputs[0].shape[1:3])
+        graph.notes.append(f"TFLite takes fixed-size images: the dynamic-size"
+                           f" model was exported at its built size, {size}")
     options = {"quantization": quantization,
                "uint8_input": bool(uint8_input),
                "outputs": list(graph.outputs),
@@ -246,16 +242,15 @@ def convert(graph, staged, workdir, params, arrays, rss):
     saved_model_dir = os.path.join(workdir, "saved_model")
     graph.save(saved_model_dir)
     quantization = params["quantization"]
-    if quantization == "int8":
-        images = arrays["calibration"]
-
-        def representative():
-            for i in range(len(images)):
-                yield [images[i:i + 1]]
-
     # The converter prints from C++ on success: shown only if it fails.
     with quiet.captured_output():
         if quantization == "int8":
+            images = arrays["calibration"]
+
+            def representative():
+                for i in range(len(images)):
+                    yield [images[i:i + 1]]
+
             content = _convert_int8(saved_model_dir, representative,
                                     tuple(params["float_ops"]))
         else:

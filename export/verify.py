@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 
 import numpy as np
 
 from keras_vit.base.errors import KerasVitError
+from keras_vit.data.naflex import PATCH_INPUTS
 from keras_vit.export import common, memory
-from keras_vit.export.samples import count, rows
+from keras_vit.export.samples import GivenImages, count, rows
 from keras_vit.base.checks import check_type
+from keras_vit.runtime.backend import name as backend_name
 
 
 def top1_source(names):
@@ -125,8 +128,6 @@ def _run_in_chunks(run, images, batch_size):
 def verification_images(graph, batch_sizes, data="noise", samples=None,
                         seed=0):
     """``(images, note)``: the images :func:`verify` runs (deterministic)."""
-    from keras_vit.export.samples import GivenImages
-
     sizes = check_options(batch_sizes, data)
     if isinstance(data, str):
         count = max(max(sizes), samples or 0)
@@ -148,8 +149,6 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
 def _given_patches(graph, data):
     """``(inputs, note)``: ``verify_data`` given for a NaFlex model (a
     dict of its inputs)."""
-    from keras_vit.export.graph import PATCH_INPUTS
-
     if not isinstance(data, dict) or sorted(data) != sorted(PATCH_INPUTS):
         raise ValueError(
             "verify_data for a NaFlex model (naflex=True) must be 'noise', "
@@ -304,8 +303,6 @@ def raise_if_failed(result, what, report, remedy=None):
 def assemble_report(fmt, dest, files, graph, options, verification, times,
                     rss, notes=()):
     """The JSON report of an export (also returned to the caller)."""
-    import datetime
-
     size = sum(memory.path_size(f) for f in files)
     report = {
         "format": fmt,
@@ -336,8 +333,6 @@ def assemble_report(fmt, dest, files, graph, options, verification, times,
         report["peak_rss_mb_this_process"] = memory.mib(rss.peak)
         report["peak_rss_mb_converter_process"] = memory.mib(rss.child_peak)
     report["notes"] = list(graph.notes) + list(notes)
-    from keras_vit.runtime.backend import name as backend_name
-
     # The backend of the reference outputs.
     report["keras_backend"] = backend_name()
     report["versions"] = common.versions()
