@@ -135,8 +135,7 @@ def _number(values, little):
     tf = _tf()
     n = int(values.shape[0])
     weights = tf.constant([256 ** i for i in range(n)], tf.int64)
-    big = tf.constant([256 ** (n - 1 - i) for i in range(n)], tf.int64)
-    return tf.reduce_sum(values * tf.where(little, weights, big))
+    return tf.reduce_sum(values * tf.where(little, weights, weights[::-1]))
 
 
 def _is(values, text):
@@ -156,14 +155,8 @@ def _sniff(head):
     """The format index (``_JPEG`` ... ``_UNKNOWN``) from the first 12
     bytes (int64 vector)."""
     tf = _tf()
-    want = [[0] * 12 for _ in _MAGIC]
-    mask = [[False] * 12 for _ in _MAGIC]
-    for row, (_, first, second) in enumerate(_MAGIC):
-        for offset, text in ((0, first), (8, second)):
-            for i, byte in enumerate(text):
-                want[row][offset + i], mask[row][offset + i] = byte, True
-    hits = tf.reduce_all(tf.equal(head[None, :12], want) | tf.logical_not(
-        mask), axis=1)
+    hits = tf.stack([_is(head, first) & _is(head[8:], second)
+                     for _, first, second in _MAGIC])
     formats = tf.constant([f for f, _, _ in _MAGIC] + [_UNKNOWN], tf.int32)
     first = tf.argmax(tf.concat([hits, [True]], 0), output_type=tf.int32)
     return formats[first]
@@ -227,6 +220,16 @@ def _orientation(data, start, length):
     return tf.where(good, value, 1)
 
 
+def _walk(step, pos, *state):
+    """``(*state, steps)`` after ``step(pos, *state, steps)`` ran from
+    ``pos`` until it returned the position -1 or ran past
+    :data:`MAX_SEGMENTS` steps."""
+    tf = _tf()
+    return tf.while_loop(
+        lambda pos, *rest: (pos >= 0) & (rest[-1] <= MAX_SEGMENTS), step,
+        (tf.cast(pos, tf.int64), *state, tf.constant(0, tf.int64)))[1:]
+
+
 def _jpeg_segments(data):
     """One walk over a JPEG's segments, up to its first scan: (exif start,
     exif length, scan start, framed, steps): the first APP1 Exif payload
@@ -245,9 +248,8 @@ def _jpeg_segments(data):
                 | (pos + 4 > length))
         go = tf.logical_not(stop)
         is_scan = tf.equal(marker, 0xDA) & go
-        frame = ((marker >= 0xC0) & (marker <= 0xCF) & tf.not_equal(
-            marker, 0xC4) & tf.not_equal(marker, 0xC8)
-            & tf.not_equal(marker, 0xCC))
+        frame = ((marker >= 0xC0) & (marker <= 0xCF) & tf.logical_not(
+            tf.reduce_any(tf.equal(marker, [0xC4, 0xC8, 0xCC]))))
         hit = (tf.equal(marker, 0xE1) & _is(b[4:], b"Exif\x00\x00") & go
                & (exif < 0))
         new_pos = tf.where(
@@ -261,17 +263,11 @@ def _jpeg_segments(data):
                 tf.where(frame & go, tf.constant(1, tf.int64), framed),
                 steps + 1)
 
-    def more(pos, exif, size, scan, framed, steps):
-        return (pos >= 0) & (steps <= MAX_SEGMENTS)
-
-    _, exif, size, scan, framed, steps = tf.while_loop(
-        more, step, (tf.constant(2, tf.int64), minus, minus, minus, minus,
-                     tf.constant(0, tf.int64)))
-    return exif, size, scan, framed, steps
+    return _walk(step, 2, minus, minus, minus, minus)
 
 
 def _jpeg_cut_short(data, start, framed, steps):
-    """(reason, steps): why libjpeg cannot read the JPEG ``data`` whole
+    """Why libjpeg cannot read the JPEG ``data`` whole
     ("" when it can as far as its markers tell): cut short before or
     inside its image data (no end-of-image marker after the first scan),
     or no frame header. Checked here so the refusal names the image."""
@@ -295,7 +291,7 @@ def _jpeg_cut_short(data, start, framed, steps):
                      tf.where(ended, "", tf.strings.format(
                          "({} bytes) is a JPEG cut short inside its image "
                          "data (no end-of-image marker)", length)))))
-    return reason, steps
+    return reason
 
 
 def _find_chunk(data, start, want, stops, big_endian):
@@ -323,14 +319,8 @@ def _find_chunk(data, start, want, stops, big_endian):
                 tf.where(hit, pos + 8, found), tf.where(hit, chunk, size),
                 steps + 1)
 
-    def more(pos, found, size, steps):
-        return (pos >= 0) & (found < 0) & (steps <= MAX_SEGMENTS)
-
     minus = tf.constant(-1, tf.int64)
-    _, found, size, steps = tf.while_loop(
-        more, step, (tf.cast(start, tf.int64), minus, minus,
-                     tf.constant(0, tf.int64)))
-    return found, size, steps
+    return _walk(step, start, minus, minus)
 
 
 def _gif_chain_ends(data):
@@ -369,9 +359,6 @@ def _gif_first_frame(data):
         return tf.cast(tf.gather(ends, tf.clip_by_value(p, 0, length)),
                        tf.int64)
 
-    def more(pos, box, end, steps):
-        return (pos >= 0) & (end < 0) & (steps <= MAX_SEGMENTS)
-
     def step(pos, box, end, steps):
         b = _raw(data, pos, 10)
         image = tf.equal(b[0], 0x2C)
@@ -390,11 +377,8 @@ def _gif_first_frame(data):
                 tf.where(image, image_end, end),
                 steps + 1)
 
-    zero = tf.constant(0, tf.int64)
-    _, box, end, steps = tf.while_loop(
-        more, step, (13 + table, tf.zeros(5, tf.int64),
-                     tf.constant(-1, tf.int64), zero))
-    return box, end, steps
+    return _walk(step, 13 + table, tf.zeros(5, tf.int64),
+                 tf.constant(-1, tf.int64))
 
 
 def _png_cut_short(data):
@@ -472,6 +456,7 @@ def inspect(data, budget=None, fmt=None):
     tf = _tf()
     budget = PIXEL_BUDGET if budget is None else int(budget)
     head = _raw(data, 0, 1024)
+    length = tf.cast(tf.strings.length(data), tf.int64)
     known_format = fmt
     fmt = _sniff(head) if fmt is None else tf.constant(fmt, tf.int32)
     zero = tf.constant(0, tf.int64)
@@ -488,15 +473,16 @@ def inspect(data, budget=None, fmt=None):
     def no_exif():
         return minus, minus, zero
 
-    def over_budget(width, height, name):
-        return tf.where(width * height > budget,
-                        _is_a(width, height, name, _over(budget)), "")
+    def empty_or_over(width, height, name):
+        return _first(_no_pixels(width, height, name), tf.where(
+            width * height > budget,
+            _is_a(width, height, name, _over(budget)), ""))
 
     def jpeg():
         # libjpeg's header read fails without naming the image: refuse first.
         exif_start, exif_size, scan, framed, scan_steps = _jpeg_segments(
             data)
-        cut, scan_steps = _jpeg_cut_short(data, scan, framed, scan_steps)
+        cut = _jpeg_cut_short(data, scan, framed, scan_steps)
         shape = tf.cond(
             tf.equal(cut, "") & (scan_steps <= MAX_SEGMENTS),
             lambda: tf.cast(tf.io.extract_jpeg_shape(data), tf.int64),
@@ -520,11 +506,9 @@ def inspect(data, budget=None, fmt=None):
         return pack(width, height, 1, none, _first(
             tf.where(_is(head[12:], b"IHDR"), "", "is a damaged PNG (its "
                      "first chunk is not IHDR)"),
-            _no_pixels(width, height, "PNG"),
-            over_budget(width, height, "PNG"), _png_cut_short(data)), exif)
+            empty_or_over(width, height, "PNG"), _png_cut_short(data)), exif)
 
     def gif():
-        length = tf.cast(tf.strings.length(data), tf.int64)
         width, height = _number(head[6:8], True), _number(head[8:10], True)
         box, end, steps = _gif_first_frame(data)
         frame = box[2] * box[3]
@@ -535,8 +519,7 @@ def inspect(data, budget=None, fmt=None):
             "")
         end = tf.minimum(end, length)
         return pack(width, height, 1, tf.concat([box, [end]], 0), _first(
-            _no_pixels(width, height, "GIF"),
-            over_budget(width, height, "GIF"),
+            empty_or_over(width, height, "GIF"),
             tf.where(walked & tf.logical_not(found),
                      tf.constant("is a GIF with no image"), ""),
             tf.where(found, _no_pixels(box[2], box[3],
@@ -556,9 +539,8 @@ def inspect(data, budget=None, fmt=None):
         height = tf.abs(tf.where(height >= 2 ** 31, height - 2 ** 32, height))
         bits, method = _number(b[18:20], True), _number(b[20:24], True)
         colours = _number(b[36:40], True)
-        standard = (tf.equal(_number(b[44:48], True), 0xFF0000)
-                    & tf.equal(_number(b[48:52], True), 0xFF00)
-                    & tf.equal(_number(b[52:56], True), 0xFF))
+        # The masks 0xFF0000, 0xFF00 and 0xFF: red, green, blue.
+        standard = _is(b[44:56], bytes.fromhex("0000ff0000ff0000ff000000"))
         plain = tf.equal(method, 0) | (
             tf.equal(method, 3) & tf.equal(bits, 32) & standard)
         supported = (tf.equal(bits, 8) | tf.equal(bits, 24)
@@ -572,8 +554,7 @@ def inspect(data, budget=None, fmt=None):
                 "is a BMP of {} bits per pixel (compression {}, {}-byte header)",
                 (bits, method, header)), "; keras_vit reads uncompressed "
                 "8-, 24- and 32-bit BMPs: convert it to PNG"])),
-            _no_pixels(width, height, "BMP"),
-            over_budget(width, height, "BMP"),
+            empty_or_over(width, height, "BMP"),
             _bmp_cut_short(data, offset, header, width, height, bits,
                            supported)))
 
@@ -596,7 +577,6 @@ def inspect(data, budget=None, fmt=None):
                        no_exif)
         shown = tf.strings.regex_replace(tf.strings.substr(data, 12, 4),
                                          "[^ -~]", "?")
-        length = tf.cast(tf.strings.length(data), tf.int64)
         riff = _number(head[4:8], True) + 8  # the file's declared length
         cut = tf.where(length < riff, tf.strings.format(
             "({} bytes) is a WebP cut short ({} bytes declared)",
@@ -606,11 +586,9 @@ def inspect(data, budget=None, fmt=None):
                 "is a WebP of an unknown kind '", shown, "'"])),
             tf.where(animated, "is an animated WebP (keras_vit reads still "
                      "images): save its first frame as PNG", ""),
-            _no_pixels(width, height, "WebP"),
-            over_budget(width, height, "WebP"), cut), exif)
+            empty_or_over(width, height, "WebP"), cut), exif)
 
     def unknown():
-        length = tf.strings.length(data)
         return pack(zero, zero, 1, none, tf.where(
             tf.equal(length, 0), "is empty", tf.strings.join([
                 tf.strings.format("({} bytes) ", length), _NOT_AN_IMAGE])))
@@ -724,16 +702,15 @@ def _pixels(data, facts, fmt=None):
         return tf.zeros((0, 0, 3), tf.uint8)
     if fmt is not None and fmt != _JPEG:
         pixels = others[fmt - 1]()
-        return _orient(tf.ensure_shape(pixels, (None, None, 3)), facts[4])
-    scale_index = tf.argmax(tf.equal(tf.constant(JPEG_SCALES, tf.int64),
-                                     facts[3]), output_type=tf.int64)
-    branch = tf.where(tf.equal(facts[0], _JPEG), scale_index,
-                      len(JPEG_SCALES) - 1 + facts[0])
-    pixels = tf.switch_case(
-        tf.cast(branch, tf.int32),
-        [jpeg(s) for s in JPEG_SCALES] + ([] if fmt == _JPEG else others))
-    pixels = tf.ensure_shape(pixels, (None, None, 3))
-    return _orient(pixels, facts[4])
+    else:
+        scale_index = tf.argmax(tf.equal(tf.constant(JPEG_SCALES, tf.int64),
+                                         facts[3]), output_type=tf.int64)
+        branch = tf.where(tf.equal(facts[0], _JPEG), scale_index,
+                          len(JPEG_SCALES) - 1 + facts[0])
+        pixels = tf.switch_case(
+            tf.cast(branch, tf.int32),
+            [jpeg(s) for s in JPEG_SCALES] + ([] if fmt == _JPEG else others))
+    return _orient(tf.ensure_shape(pixels, (None, None, 3)), facts[4])
 
 
 #: libjpeg's DCT for ``fast_dct``: the accurate one gives Pillow's pixels;
@@ -789,11 +766,11 @@ def _window(data, facts, begin, size, kind=None, fast_dct=False):
 
 
 @functools.lru_cache(maxsize=32)
-def _window_function(kind, fast_dct):
+def _window_function(fast_dct):
     tf = _tf()
     corner = tf.TensorSpec((3,), tf.int32)
     return tf.function(
-        functools.partial(_window, kind=kind, fast_dct=fast_dct),
+        functools.partial(_window, fast_dct=fast_dct),
         input_signature=[tf.TensorSpec((), tf.string),
                          tf.TensorSpec((len(FACTS),), tf.int64), corner,
                          corner], autograph=False)
@@ -879,7 +856,7 @@ def decode_crop(data, crop, name="image", facts=None, length=None, *,
     begin, size = crop(oriented_shape(facts, kind))
     if kind is not None:  # a few ops: inline, not a function call
         return _window(data, facts, begin, size, kind, bool(fast_dct))
-    return _window_function(None, bool(fast_dct))(data, facts, begin, size)
+    return _window_function(bool(fast_dct))(data, facts, begin, size)
 
 
 def decode_or_refuse(data, budget=None):

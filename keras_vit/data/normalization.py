@@ -63,11 +63,9 @@ class InputNormalization(NamedTuple):
         """The same map as a Keras ``Rescaling`` layer."""
         import keras
 
-        scale, offset = self.scale, self.offset
-        return keras.layers.Rescaling(
-            float(scale) if np.ndim(scale) == 0 else scale.tolist(),
-            offset=float(offset) if np.ndim(offset) == 0 else offset.tolist(),
-            dtype=dtype, name=name)
+        return keras.layers.Rescaling(self.scale.tolist(),
+                                      offset=self.offset.tolist(),
+                                      dtype=dtype, name=name)
 
     def to_config(self):
         """The JSON form: ``{"mean": [...], "std": [...]}``."""
@@ -287,9 +285,8 @@ def pipeline_options(model=None, *, raw_pixels=None,
 
 
 def _shown(value):
-    if isinstance(value, InputNormalization):
-        return repr(value.to_config())
-    return repr(value)
+    return repr(value.to_config() if isinstance(value, InputNormalization)
+                else value)
 
 
 def _config(model):

@@ -50,11 +50,9 @@ class StepCounter(keras.callbacks.Callback):
 
     def __init__(self, *, start_step=0, accumulation_steps=1):
         super().__init__()
-        self.start_step = check_int("start_step", start_step, low=0)
+        self.begin(start_step)
         self.accumulation_steps = check_int(
             "accumulation_steps", accumulation_steps, low=1)
-        self.step = self.start_step
-        self._batches = 0
 
     def begin(self, start_step):
         """Counts from ``start_step`` again (a ``fit`` that goes on from

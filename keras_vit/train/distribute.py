@@ -430,13 +430,14 @@ def describe(strategy_):
     if not tf.distribute.has_strategy() and strategy_ is (
             tf.distribute.get_strategy()):
         name = "default"
-    task_type, task_id, workers = None, 0, 1
+    task_type, task_id, workers, spec = None, 0, 1, {}
     resolver = getattr(strategy_, "cluster_resolver", None)
     if name == "multi_worker" and resolver is not None:
         task_type, task_id = resolver.task_type, resolver.task_id
         spec = resolver.cluster_spec().as_dict()
         workers = max(1, _cluster_size(spec))
-    is_chief = _is_chief(task_type, task_id, resolver)
+    is_chief = task_type in (None, "chief") or (
+        task_type == "worker" and "chief" not in spec and int(task_id) == 0)
     return {
         "name": name,
         "class": kind,
@@ -446,15 +447,6 @@ def describe(strategy_):
         "task_id": int(task_id or 0),
         "is_chief": is_chief,
     }
-
-
-def _is_chief(task_type, task_id, resolver):
-    if task_type in (None, "chief"):
-        return True
-    if task_type == "worker" and resolver is not None:
-        has_chief = "chief" in resolver.cluster_spec().as_dict()
-        return not has_chief and int(task_id) == 0
-    return False
 
 
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")

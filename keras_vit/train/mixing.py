@@ -38,9 +38,8 @@ def check_mixing(mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5,
     Traceback (most recent call last):
     ValueError: mixup_alpha must be a number in [0.0, 100.0]; received mixup_alpha=-1.0
     """
-    for name, value in (("mixup_alpha", mixup_alpha),
-                        ("cutmix_alpha", cutmix_alpha)):
-        check_number(name, value, low=0.0, high=MAX_MIX_ALPHA)
+    check_number("mixup_alpha", mixup_alpha, low=0.0, high=MAX_MIX_ALPHA)
+    check_number("cutmix_alpha", cutmix_alpha, low=0.0, high=MAX_MIX_ALPHA)
     check_number("switch_prob", switch_prob, low=0.0, high=1.0)
     check_number("label_smoothing", label_smoothing, low=0.0, high=1.0,
                  high_open=True)

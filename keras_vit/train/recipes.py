@@ -37,6 +37,7 @@ import warnings
 from keras_vit.base import limits
 from keras_vit.base.checks import (check_choice, check_int, check_number, closest,
                               did_you_mean)
+from keras_vit.train.data.augment import check_augment
 from keras_vit.train.distribute import check_precision_name
 
 # Masked patch prediction's objectives and targets.
@@ -302,11 +303,6 @@ class Recipe:
         if self.total_steps is not None:
             check_ema(self.ema_decay, self.total_steps)
         object.__setattr__(self, "lr_sweep", tuple(self.lr_sweep))
-        self._check_regularisation()
-
-    def _check_regularisation(self):
-        from keras_vit.train.data.augment import check_augment
-
         check_choice("loss", self.loss, LOSSES)
         for field in ("mixup_alpha", "cutmix_alpha"):
             check_number(field, getattr(self, field), low=0.0,
@@ -352,10 +348,9 @@ class Recipe:
 
     def to_dict(self):
         d = dataclasses.asdict(self)
-        d["lr_sweep"] = list(self.lr_sweep)
-        for field in ("crop_area", "randaugment"):
-            if getattr(self, field) is not None:
-                d[field] = list(getattr(self, field))
+        for field in ("lr_sweep", "crop_area", "randaugment"):
+            if d[field] is not None:
+                d[field] = list(d[field])
         return d
 
 
@@ -701,11 +696,8 @@ def parse_value(field, text):
                          f"{field}={text!r}")
     if field in ("name", "optimizer", "schedule", "precision", "loss"):
         return text
-    default = getattr(Recipe(total_steps=1), field)
     try:
-        if field in _INT_CAPS or isinstance(default, bool):
-            return int(text)
-        return float(text)
+        return int(text) if field in _INT_CAPS else float(text)
     except ValueError:
         raise ValueError(f"{field} must be a number; received "
                          f"{field}={text!r}") from None
@@ -793,12 +785,9 @@ switch_prob=0.5, label_smoothing=0.1, num_classes=10))
             "num_classes (mixed batches or the BCE loss): "
             "pipeline_options(recipe, num_classes=...) needs num_classes; "
             "received num_classes=None")
-    return dict(training=True, seed=recipe.seed, crop_area=recipe.crop_area,
-                flip=recipe.flip, eval_crop=recipe.eval_crop,
-                randaugment=recipe.randaugment,
-                random_erasing=recipe.random_erasing,
-                three_augment=recipe.three_augment,
-                color_jitter=recipe.color_jitter,
+    fields = ("seed", "crop_area", "flip", "eval_crop", "randaugment",
+              "random_erasing", "three_augment", "color_jitter")
+    return dict(training=True, **{f: getattr(recipe, f) for f in fields},
                 mixing=batch_mixer(recipe, num_classes))
 
 
@@ -899,7 +888,7 @@ def _optimizer(recipe, total_steps, clip_in_optimizer, accumulation_steps):
     # schedule reads that counter: the schedule counts steps of per_step.
     lr = learning_rate_schedule(recipe, total_steps,
                                 per_step=max(1, accumulation_steps))
-    kwargs = {}
+    kwargs = {"weight_decay": recipe.weight_decay or None}
     if clip_in_optimizer and recipe.grad_clip_norm is not None:
         kwargs["global_clipnorm"] = recipe.grad_clip_norm
     if accumulation_steps > 1:
@@ -908,18 +897,12 @@ def _optimizer(recipe, total_steps, clip_in_optimizer, accumulation_steps):
         kwargs["use_ema"] = True
         kwargs["ema_momentum"] = recipe.ema_decay
     if recipe.optimizer == "sgd":
-        if recipe.weight_decay:
-            kwargs["weight_decay"] = recipe.weight_decay
         from keras_vit.train.schedules import SGD
 
         return SGD(lr, momentum=recipe.momentum, **kwargs)
+    kwargs.update(beta_1=recipe.beta_1, beta_2=recipe.beta_2)
     if recipe.optimizer == "lamb":
-        return keras.optimizers.Lamb(
-            lr, beta_1=recipe.beta_1, beta_2=recipe.beta_2,
-            weight_decay=recipe.weight_decay or None, **kwargs)
+        return keras.optimizers.Lamb(lr, **kwargs)
     if recipe.weight_decay:
-        return keras.optimizers.AdamW(
-            lr, weight_decay=recipe.weight_decay, beta_1=recipe.beta_1,
-            beta_2=recipe.beta_2, **kwargs)
-    return keras.optimizers.Adam(lr, beta_1=recipe.beta_1,
-                                 beta_2=recipe.beta_2, **kwargs)
+        return keras.optimizers.AdamW(lr, **kwargs)
+    return keras.optimizers.Adam(lr, **kwargs)

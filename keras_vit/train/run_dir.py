@@ -161,10 +161,13 @@ def _end_of_last_line(f, end, block=4096):
     return 0
 
 
-def _read_jsonl(path):
-    """The rows of a JSON-lines history file, each checked against
-    :data:`HISTORY_ROW`. A last line cut short by a killed process is
-    skipped; any other line that is not a row is refused."""
+def read_history(out_dir):
+    """The rows of ``out_dir``'s history, or None when it has none, each
+    checked against :data:`HISTORY_ROW`. A last line cut short by a killed
+    process is skipped; any other line that is not a row is refused."""
+    path = history_path(out_dir)
+    if not os.path.isfile(path):
+        return None
     rows = []
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
@@ -181,20 +184,13 @@ def _read_jsonl(path):
     return rows
 
 
-def read_history(out_dir):
-    """The rows of ``out_dir``'s history, or None when it has none."""
-    path = history_path(out_dir)
-    return _read_jsonl(path) if os.path.isfile(path) else None
-
-
 def truncate_history(out_dir, step):
     """Drops log lines of steps after the checkpoint at ``step`` (a killed
     run logged them, the resumed run redoes them)."""
-    path = history_path(out_dir)
-    if not os.path.isfile(path):
-        return
-    rows = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
-    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    rows = read_history(out_dir)
+    if rows is not None:
+        atomic.write_text(history_path(out_dir), "".join(
+            json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= step))
 
 
 def lock_run_dir(owner, out_dir):
@@ -288,18 +284,17 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
     ``out_dir`` under settings ``now`` other than those it was made with:
     ``recorded`` (the JSON text the checkpoint holds) or else ``run.json``.
     ``resume="force"`` only notes the differences (through ``say``)."""
-    if recorded is not None:
-        check_settings(out_dir, read_run_record(
-            f"the checkpoint at step {resumed_from} of {out_dir}", recorded),
-            now, resume=resume, say=say)
-        return
     path = os.path.join(out_dir, "run.json")
-    if not os.path.isfile(path):
-        if resume == "force":
-            say(f"note: {path} is missing; resuming the checkpoint "
-                "at step {} with the settings given now".format(
-                    resumed_from))
-            return
+    if recorded is not None:
+        before = read_run_record(
+            f"the checkpoint at step {resumed_from} of {out_dir}", recorded)
+    elif os.path.isfile(path):
+        before = read_run_record(path)
+    elif resume == "force":
+        say(f"note: {path} is missing; resuming the checkpoint "
+            "at step {} with the settings given now".format(resumed_from))
+        return
+    else:
         raise ValueError(
             f"The run in {out_dir!r} has a checkpoint (step "
             f"{resumed_from}) but no run.json recording the settings "
@@ -307,8 +302,7 @@ def check_resume(out_dir, now, *, recorded, resumed_from, resume, say):
             "Restore run.json, use another out_dir, resume=False "
             "(--restart) to start again, or resume='force' "
             "(--resume-anyway) to continue with the settings given now.")
-    check_settings(out_dir, read_run_record(path), now, resume=resume,
-                   say=say)
+    check_settings(out_dir, before, now, resume=resume, say=say)
 
 
 def check_settings(out_dir, before, now, *, resume, say):
