@@ -157,7 +157,7 @@ def _cmd_convert(args):
     --image-size, replacing the head for another --num-classes) and saves a
     .keras file."""
     from keras_vit import zoo
-    from keras_vit.base import geometry, variants
+    from keras_vit.base import atomic, geometry, variants
 
     out = os.path.abspath(args.output)
     if not out.endswith(".keras"):
@@ -197,8 +197,6 @@ def _cmd_convert(args):
         why = ("the checkpoint has no head" if ckpt_head is None
                else f"the checkpoint's head has {ckpt_head[-1]}")
         head = f"{model.num_classes} classes, zero-initialised ({why})"
-
-    from keras_vit.base import atomic
 
     with atomic.atomic_path(out) as tmp:
         model.save(tmp)
@@ -254,8 +252,7 @@ def _load_for_predict(args):
     directory or a Hub folder, with --weights and --image-size."""
     from keras_vit.zoo import resolve_model
 
-    if (_looks_like_file(args.model) and not args.model.endswith(".keras")
-            and not os.path.isdir(args.model)):
+    if _looks_like_file(args.model) and not args.model.endswith(".keras"):
         raise UserError(
             f"{args.model!r} is a file but not a .keras model; for an "
             f".npz checkpoint pass the architecture and the file: "

@@ -47,13 +47,12 @@ def run(args) -> int:
     official [-1, 1], ImageNet's or CLIP's mean and std, or by the model
     itself)."""
     from keras_vit.analysis.report import inspect
+    from keras_vit.base.checks import printable
 
     result = inspect(args.model, args.images, args.out,
                      weights=args.weights or "auto",
                      image_size=args.image_size,
                      batch_size=args.batch_size)
-    from keras_vit.base.checks import printable
-
     m = result["model"]
     # The description holds names from files: escape control characters.
     print(f"{printable(m['description'])}: {m['image_size'][0]}x{m['image_size'][1]}, "

@@ -232,10 +232,8 @@ def run(out_dir=None, epochs=DEFAULT_EPOCHS, quick=False, verbose=True,
 
     # -- 5. EXPORT: SavedModel, TFLite and ONNX, each run and compared -------
     t0 = time.perf_counter()
-    if export and not quick:
-        exported = export_model(reloaded, out_dir, x_te[:64], say)
-    else:
-        exported = {"status": "skipped"}
+    exported = (export_model(reloaded, out_dir, x_te[:64], say)
+                if export and not quick else {"status": "skipped"})
     stage("export", t0)
 
     total = time.perf_counter() - t_start

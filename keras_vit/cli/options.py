@@ -72,12 +72,10 @@ def positive_int(text):
 def image_side(text):
     """argparse type of ``--image-size``: an integer in [1,
     MAX_IMAGE_SIDE]."""
-    from keras_vit.base.limits import MAX_IMAGE_SIDE
-
     value = positive_int(text)
-    if value > MAX_IMAGE_SIDE:
+    if value > limits.MAX_IMAGE_SIDE:
         raise argparse.ArgumentTypeError(
-            f"must be <= {MAX_IMAGE_SIDE} pixels, got {value}")
+            f"must be <= {limits.MAX_IMAGE_SIDE} pixels, got {value}")
     return value
 
 

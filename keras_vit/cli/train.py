@@ -187,16 +187,15 @@ def _recipe_overrides(args):
     from keras_vit.train import recipes
 
     fields = {key: recipes.parse_value(key, value) for key, value in args.set}
-    direct = {"steps": "total_steps", "epochs": "epochs",
-              "batch_size": "batch_size",
-              "micro_batch_size": "micro_batch_size", "lr": "learning_rate",
-              "warmup_steps": "warmup_steps", "image_size": "image_size",
-              "ema": "ema_decay", "precision": "precision",
-              "checkpoint_every": "checkpoint_every", "seed": "seed"}
-    for arg, field in direct.items():
+    renamed = {"steps": "total_steps", "lr": "learning_rate",
+               "ema": "ema_decay"}
+    for arg in ("steps", "epochs", "batch_size", "micro_batch_size", "lr",
+                "warmup_steps", "image_size", "ema", "precision",
+                "checkpoint_every", "seed"):
         value = getattr(args, arg)
         if value is not None:
-            fields[field] = None if value == options.NO_EMA else value
+            fields[renamed.get(arg, arg)] = (
+                None if value == options.NO_EMA else value)
     return fields
 
 
@@ -233,9 +232,8 @@ def run_fine_tune(args):
     from keras_vit.train.data.sources import DataError
     from keras_vit.train.loop import Trainer
 
-    eval_spec = None
-    if not args.no_eval:
-        eval_spec = args.eval_data or default_eval_spec(args.data)
+    eval_spec = (None if args.no_eval
+                 else args.eval_data or default_eval_spec(args.data))
     train = load_data(args.data, data_dir=args.data_dir,
                       download=args.download,
                       verbose=not args.quiet)
@@ -299,11 +297,10 @@ def _trainer_options(args, what, strategy_):
     out = _out_folder(args.out or os.path.join(
         "runs", f"{_slug(args.model)}-{_slug(args.data)}-{what}"),
         "the run needs a folder (its checkpoints, metrics and model.keras)")
-    weights = options.weights_value(args.weights)
     if args.restart and args.resume_anyway:
         raise ValueError("--restart and --resume-anyway exclude each other")
     return dict(recipe=args.recipe, out_dir=out, strategy=strategy_,
-                weights=weights,
+                weights=options.weights_value(args.weights),
                 resume="force" if args.resume_anyway else not args.restart,
                 model_options=options.model_options(args.model_option),
                 remat=True if args.remat else None, verbose=not args.quiet,
