@@ -217,6 +217,9 @@ class Option(NamedTuple):
             set (its value is not its default, falsy or not).
         score_maps: ``score_maps(value)`` -> the attention maps (N x N)
             each head keeps at that value, for the memory bound; None: one.
+        block_copies: ``block_copies(value)`` -> how many copies of a
+            block's activations training keeps at that value (side-by-side
+            branches), for the memory bound; None: one.
         at_block: ``at_block(value, values, i)`` -> the value block ``i``
             takes; None: ``value``.
         fixed_grid: whether, at a value other than its default, it reads
@@ -239,6 +242,7 @@ class Option(NamedTuple):
     at_other_sizes: bool = False
     requires: Callable | None = None
     score_maps: Callable | None = None
+    block_copies: Callable | None = None
     at_block: Callable | None = None
     fixed_grid: bool = False
 
@@ -715,7 +719,7 @@ OPTIONS = (
            "ParallelThingsBlock, Touvron et al. 2022's parallel ViTs); the "
            "first branch's weights are the block's own, branch b's under "
            "branch_{b}_",
-           block=True, params=_branches_params,
+           block=True, params=_branches_params, block_copies=int,
            requires=_without(_NOT_BRANCHED, "branches of their own norms, "
                              "an attention and an MLP each"),
            weights=_branch_weights()),

@@ -126,7 +126,10 @@ def step_memory_estimate(model, images):
     head = 0
     if getattr(model, "encoder_config", None) is not None:
         head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
-    per_block = config.get("branches", 1) * (
+    # Rows whose blocks keep several copies (side-by-side branches).
+    copies = math.prod(row.block_copies(config.get(row.name, row.default))
+                       for row in options.OPTIONS if row.block_copies)
+    per_block = copies * (
         12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
         + 3 * config["num_heads"] * n * n)
     if remat:

@@ -10,6 +10,7 @@ import pytest
 
 from testkit import TINY, tiny as _tiny
 import keras_vit
+from keras_vit.base.options import OPTIONS
 from keras_vit.models.memory import step_memory_estimate
 
 
@@ -35,6 +36,21 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
     head = 3 * 16 * 512 * 4  # logits, softmax, gradient of 512 colours
     assert estimate(wrapped, 1) - head == pytest.approx(
         estimate(vit, 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("row", [row.name for row in OPTIONS
+                                 if row.block_copies])
+def test_a_row_that_copies_the_block_multiplies_its_training_memory(row):
+    # Read from the row's column, not from the option's name: each copy of
+    # a block keeps its own 12 N*D + 5 N*mlp + 3 heads*N^2 values.
+    size = dict(image_size=32, patch_size=16, hidden_size=64, num_layers=2,
+                num_heads=2, mlp_dim=128, num_classes=10)
+    one = keras_vit.vit(**size)
+    two = keras_vit.vit(**size, **{row: 2})
+    n, d, mlp, heads = 2 * 2 + 1, 64, 128, 2
+    per_block = 12 * n * d + 5 * n * mlp + 3 * heads * n * n
+    assert step_memory_estimate(two, 3) - step_memory_estimate(one, 3) == (
+        3 * 4 * 2 * per_block)
 
 
 def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
