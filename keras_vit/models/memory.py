@@ -99,6 +99,12 @@ def _encoder(model):
     return config, tokens
 
 
+def _copies(config):
+    """How many copies of a block the rows keep (side-by-side branches)."""
+    return math.prod(row.block_copies(config.get(row.name, row.default))
+                     for row in options.OPTIONS if row.block_copies)
+
+
 def step_memory_estimate(model, images):
     """A rough upper estimate in bytes of the activations one training step
     keeps for the backward pass on ``images`` images (float32).
@@ -126,10 +132,7 @@ def step_memory_estimate(model, images):
     head = 0
     if getattr(model, "encoder_config", None) is not None:
         head = 3 * model.num_patches * int(model.outputs[0].shape[-1])
-    # Rows whose blocks keep several copies (side-by-side branches).
-    copies = math.prod(row.block_copies(config.get(row.name, row.default))
-                       for row in options.OPTIONS if row.block_copies)
-    per_block = copies * (
+    per_block = _copies(config) * (
         12 * n * config["hidden_size"] + 5 * n * config["mlp_dim"]
         + 3 * config["num_heads"] * n * n)
     if remat:
@@ -238,7 +241,8 @@ def forward_estimate(model, images, patches=None):
         n += int(patches) - model.grid_size[0] * model.grid_size[1]
     d, mlp, heads = (config["hidden_size"], config["mlp_dim"],
                      config["num_heads"])
-    values += max(2 * heads * n * n + 6 * n * d, 2 * n * mlp + 3 * n * d)
+    values += _copies(config) * max(2 * heads * n * n + 6 * n * d,
+                                    2 * n * mlp + 3 * n * d)
     resnet = config.get("resnet")
     if resnet:
         values = max(values, _resnet_forward_values(

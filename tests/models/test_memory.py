@@ -53,6 +53,23 @@ def test_a_row_that_copies_the_block_multiplies_its_training_memory(row):
         3 * 4 * 2 * per_block)
 
 
+@pytest.mark.parametrize("row", [row.name for row in OPTIONS
+                                 if row.block_copies])
+def test_a_row_that_copies_the_block_multiplies_its_forward_peak(row):
+    # A forward pass's peak is one block's: with two copies of the block
+    # side by side, twice its larger phase (attention or MLP).
+    from keras_vit.models.memory import forward_estimate
+
+    size = dict(image_size=32, patch_size=16, hidden_size=64, num_layers=2,
+                num_heads=2, mlp_dim=128, num_classes=10)
+    one = keras_vit.vit(**size)
+    two = keras_vit.vit(**size, **{row: 2})
+    n, d, mlp, heads = 2 * 2 + 1, 64, 128, 2
+    peak = max(2 * heads * n * n + 6 * n * d, 2 * n * mlp + 3 * n * d)
+    assert forward_estimate(two, 3) - forward_estimate(one, 3) == (
+        3 * 4 * peak)
+
+
 def test_predict_refuses_an_image_size_whose_attention_cannot_fit(
         tmp_path, monkeypatch, capsys):
     """A memory bound: `predict ViT-Ti/16 --image-size 4000` asked ~88 GiB of
