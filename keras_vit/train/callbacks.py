@@ -39,6 +39,7 @@ import time
 import keras
 
 from keras_vit.base.checks import check_int
+from keras_vit.runtime.backend import variable_to_numpy
 from keras_vit.train import checkpoints as ckpt_lib
 from keras_vit.train.interrupt import StopOnInterrupt
 
@@ -75,12 +76,6 @@ class StepCounter(keras.callbacks.Callback):
     def on_step_end(self, step, logs):
         """Called when a batch ends optimizer step ``step``, with the
         batch's ``logs``."""
-
-
-def _value(variable):
-    from keras_vit.runtime.backend import variable_to_numpy
-
-    return variable_to_numpy(variable)
 
 
 class StepCheckpoints(StepCounter):
@@ -142,7 +137,8 @@ class StepCheckpoints(StepCounter):
             return None
         step, path = found
         groups = self._groups(model)
-        expected = {name: [(tuple(v.shape), _value(v).dtype) for v in values]
+        expected = {name: [(tuple(v.shape), variable_to_numpy(v).dtype)
+                           for v in values]
                     for name, values in groups.items()}
         manifest = ckpt_lib.read_manifest(self.directory)
         arrays, meta = ckpt_lib.load(path, expected,
@@ -164,7 +160,7 @@ class StepCheckpoints(StepCounter):
         # Read on every process (a weight split over jax processes is
         # gathered, which all of them take part in); one writes.
         groups = self._groups(self.model)
-        arrays = {name: [_value(v) for v in values]
+        arrays = {name: [variable_to_numpy(v) for v in values]
                   for name, values in groups.items()}
         if not self.writes:
             return None
@@ -298,7 +294,7 @@ class TrainedWeights(StepCounter):
             if self.on_complete is not None:
                 self.result = self.on_complete(self.step)
         else:
-            self._trained = [_value(v)
+            self._trained = [variable_to_numpy(v)
                              for v in self.model.trainable_variables]
 
     def on_train_end(self, logs=None):

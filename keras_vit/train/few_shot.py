@@ -179,8 +179,7 @@ def fewshot(model_or_feature_fn, train_data, test_data, *, shots=SHOTS,
     fn = model_or_feature_fn
     if hasattr(fn, "layers"):
         if image_size is None:
-            shape = fn.inputs[0].shape
-            image_size = int(shape[1])
+            image_size = int(fn.inputs[0].shape[1])
         fn = feature_function(fn, feature)
     if image_size is None:
         raise ValueError("image_size is needed with a feature function; "

@@ -30,6 +30,7 @@ trains ViT-L/16 on 4 data-parallel replicas of 2 shards each.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -107,15 +108,10 @@ def variable_shapes(model, **model_kwargs):
     with keras.StatelessScope(initialize_variables=False):
         built = zoo.load(model, weights=None, **model_kwargs)
         variables = list(built.weights)
-    _forget_deferred(variables)
-    return {v.path: tuple(v.shape) for v in variables}
-
-
-def _forget_deferred(variables):
-    try:  # Keras internals; if they move, the cost is memory, not results.
+    # Keras internals; if they move, the cost is memory, not results.
+    with contextlib.suppress(compat.PrivateAPIError):
         compat.forget_deferred_variables(variables)
-    except compat.PrivateAPIError:  # pragma: no cover
-        pass
+    return {v.path: tuple(v.shape) for v in variables}
 
 
 def _divisors(n):

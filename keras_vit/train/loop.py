@@ -236,16 +236,15 @@ class Trainer:
             resumed_from=self.resumed_from, batch_size=r.batch_size,
             num_examples=self.train.num_examples,
             wall=steps.wall if end > start else 0.0)
-        if not done:
-            return TrainResult(self.trained_model(), metrics, self.out_dir)
-        if self.eval is not None:
-            # With EMA: the trained weights were evaluated before (final).
-            tag = "ema" if self.ema else None
-            metrics["eval" if tag is None else "eval_ema"] = (
-                self._evaluate_and_log(log, step, tag))
-            if final.result is not None:
-                metrics["eval"] = final.result
-        self._say(log.finish(self.trained_model(), metrics, ema=self.ema))
+        if done:
+            if self.eval is not None:
+                # With EMA: the trained weights were evaluated before (final).
+                tag = "ema" if self.ema else None
+                metrics["eval" if tag is None else "eval_ema"] = (
+                    self._evaluate_and_log(log, step, tag))
+                if final.result is not None:
+                    metrics["eval"] = final.result
+            self._say(log.finish(self.trained_model(), metrics, ema=self.ema))
         return TrainResult(self.trained_model(), metrics, self.out_dir)
 
     def _evaluate_and_log(self, log, step, tag=None):

@@ -106,9 +106,11 @@ def cutmix_box(height, width, lam, center):
 
 
 def _beta(alpha, seeds):
-    # Beta(a, a) as a ratio of two Gamma(a) draws, in float64.
+    # Beta(a, a) as a ratio of two Gamma(a) draws, in float64; 1 for alpha 0.
     import tensorflow as tf
 
+    if not alpha:
+        return tf.constant(1.0, tf.float64)
     a = tf.random.stateless_gamma([], seeds[0], alpha, dtype=tf.float64)
     b = tf.random.stateless_gamma([], seeds[1], alpha, dtype=tf.float64)
     # Both draws underflow to 0 for a tiny alpha: either image, equally.
@@ -184,17 +186,14 @@ def mix_batch(images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0,
             [], seeds[0], dtype=tf.float64) < switch_prob
     else:
         use_cutmix = tf.constant(bool(cutmix_alpha))
-    lam_mixup = (_beta(mixup_alpha, seeds[1:3]) if mixup_alpha
-                 else tf.constant(1.0, tf.float64))
-    lam_cutmix = (_beta(cutmix_alpha, seeds[3:5]) if cutmix_alpha
-                  else tf.constant(1.0, tf.float64))
     shape = tf.shape(images)
     center = (tf.random.stateless_uniform([], seeds[5], 0, shape[1],
                                           dtype=tf.int32),
               tf.random.stateless_uniform(
                   [], tf.random.experimental.stateless_fold_in(seeds[5], 1),
                   0, shape[2], dtype=tf.int32))
-    lam = tf.where(use_cutmix, lam_cutmix, lam_mixup)
+    lam = tf.where(use_cutmix, _beta(cutmix_alpha, seeds[3:5]),
+                   _beta(mixup_alpha, seeds[1:3]))
     return apply_mix(images, labels, lam=lam, cutmix=use_cutmix,
                      center=center, label_smoothing=label_smoothing,
                      num_classes=num_classes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from keras_vit.base.checks import printable
 from keras_vit.train import run_dir
 
 
@@ -37,8 +38,6 @@ def done_line(step, metrics, wall):
 def _per_class(result, limit=10):
     """`` (cat 1.0000, dog 0.5000)``: an evaluation's accuracy per class
     by name, when it has at most ``limit`` classes."""
-    from keras_vit.base.checks import printable
-
     per_class = result.get("per_class") or {}
     if not per_class or len(per_class) > limit:
         return ""
@@ -98,14 +97,13 @@ class RunLog:
         """The figures (``metrics.json``) of a run that ended at ``step``
         after ``wall`` seconds of training, with its ``settings``."""
         self.wall = wall
-        start_step = self.start_step
         history = self.history()
         last = self.rows[-1] if self.rows else (history[-1] if history
                                                 else {})
         return {
             **settings,
             "complete": complete,
-            "start_step": start_step,
+            "start_step": self.start_step,
             "resumed_from_step": resumed_from,
             "final_step": step,
             "epochs_seen": round(step * batch_size / num_examples, 3),
@@ -114,7 +112,7 @@ class RunLog:
             "history": history,
             "wall_time": round(wall, 2),
             "images_per_second": round(
-                (step - start_step) * batch_size / max(wall, 1e-9), 2),
+                (step - self.start_step) * batch_size / max(wall, 1e-9), 2),
         }
 
     def finish(self, model, metrics, *, ema):

@@ -384,74 +384,69 @@ _DEIT = dict(beta_1=0.9, beta_2=0.999, schedule="cosine",
              mixup_alpha=0.8, cutmix_alpha=1.0, mix_switch_prob=0.5,
              ema_decay=0.99996, checkpoint_every=1000, log_every=50)
 
-RECIPES = {
+# Each named recipe's fields.
+_NAMED = {
     # VTAB setting: the one learning rate the paper uses for all 19 tasks.
-    "finetune": Recipe(name="finetune", **_FINETUNE, learning_rate=0.01,
-                       total_steps=2500, warmup_steps=250, lr_sweep=(0.01,)),
-    "finetune-imagenet": Recipe(
-        name="finetune-imagenet", **_FINETUNE, learning_rate=0.03,
-        total_steps=20_000, warmup_steps=500,
+    "finetune": dict(_FINETUNE, learning_rate=0.01, total_steps=2500,
+                     warmup_steps=250, lr_sweep=(0.01,)),
+    "finetune-imagenet": dict(
+        _FINETUNE, learning_rate=0.03, total_steps=20_000, warmup_steps=500,
         lr_sweep=(0.003, 0.01, 0.03, 0.06), ema_decay=0.9999),
-    "finetune-cifar": Recipe(
-        name="finetune-cifar", **_FINETUNE, learning_rate=0.03,
-        total_steps=10_000, warmup_steps=500,
+    "finetune-cifar": dict(
+        _FINETUNE, learning_rate=0.03, total_steps=10_000, warmup_steps=500,
         lr_sweep=(0.001, 0.003, 0.01, 0.03)),
-    "finetune-pets-flowers": Recipe(
-        name="finetune-pets-flowers", **_FINETUNE, learning_rate=0.01,
-        total_steps=500, warmup_steps=50,
+    "finetune-pets-flowers": dict(
+        _FINETUNE, learning_rate=0.01, total_steps=500, warmup_steps=50,
         lr_sweep=(0.001, 0.003, 0.01, 0.03)),
     # ViT-B and ViT-L on ImageNet-21k (the released pre-trainings).
-    "pretrain": Recipe(name="pretrain", **_PRETRAIN, learning_rate=1e-3,
-                       schedule="linear", weight_decay=0.03, dropout_rate=0.1,
-                       epochs=90),
+    "pretrain": dict(_PRETRAIN, learning_rate=1e-3, schedule="linear",
+                     weight_decay=0.03, dropout_rate=0.1, epochs=90),
     # ImageNet from scratch: strong regularisation, clipping at norm 1.
-    "pretrain-imagenet": Recipe(
-        name="pretrain-imagenet", **dict(_PRETRAIN, grad_clip_norm=1.0),
-        learning_rate=3e-3, schedule="cosine", weight_decay=0.3,
-        dropout_rate=0.1, epochs=300),
+    "pretrain-imagenet": dict(
+        _PRETRAIN, grad_clip_norm=1.0, learning_rate=3e-3, schedule="cosine",
+        weight_decay=0.3, dropout_rate=0.1, epochs=300),
     # JFT-300M, ViT-B (Table 3 lists 8e-4 for B, 6e-4 L/32, 4e-4 L/16, 3e-4 H).
-    "pretrain-jft": Recipe(
-        name="pretrain-jft", **_PRETRAIN, learning_rate=8e-4,
-        schedule="linear", weight_decay=0.1, dropout_rate=0.0, epochs=7),
+    "pretrain-jft": dict(
+        _PRETRAIN, learning_rate=8e-4, schedule="linear", weight_decay=0.1,
+        dropout_rate=0.0, epochs=7),
     # Masked patch prediction (B.1.2): no weight decay or clipping is
     # stated. The paper ran 1M steps but saw diminishing returns after 100k
     # steps: the recipe stops there.
-    "mpp": Recipe(name="mpp", **dict(_PRETRAIN, log_every=10),
-                  learning_rate=2e-4, schedule="cosine", weight_decay=0.0,
-                  dropout_rate=0.0, total_steps=100_000),
+    "mpp": dict(_PRETRAIN, log_every=10, learning_rate=2e-4,
+                schedule="cosine", weight_decay=0.0, dropout_rate=0.0,
+                total_steps=100_000),
     # "How to train your ViT?" (Steiner et al. 2021), ImageNet-1k from
     # scratch: big_vision's configs/vit_i1k.py ("medium2" augmentation) with
     # the released B/32 checkpoint's regularisation (B_32-i1k-300ep-
     # lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1). Deviation: RandAugment is
     # timm's, whose scale ends at 10, so big_vision's magnitude 15 is 10.
-    "augreg": Recipe(
-        name="augreg", optimizer="adam", beta_1=0.9, beta_2=0.999,
-        learning_rate=1e-3, schedule="cosine", warmup_steps=10_000,
-        epochs=300, batch_size=4096, grad_clip_norm=1.0, weight_decay=0.1,
-        dropout_rate=0.1, drop_path_rate=0.1, image_size=224,
-        crop_area=(0.05, 1.0), flip=True, eval_crop=0.875,
-        randaugment=(2, 10), mixup_alpha=0.5, checkpoint_every=1000,
-        log_every=50),
+    "augreg": dict(
+        optimizer="adam", beta_1=0.9, beta_2=0.999, learning_rate=1e-3,
+        schedule="cosine", warmup_steps=10_000, epochs=300, batch_size=4096,
+        grad_clip_norm=1.0, weight_decay=0.1, dropout_rate=0.1,
+        drop_path_rate=0.1, image_size=224, crop_area=(0.05, 1.0), flip=True,
+        eval_crop=0.875, randaugment=(2, 10), mixup_alpha=0.5,
+        checkpoint_every=1000, log_every=50),
     # DeiT-B (Touvron et al. 2021), facebookresearch/deit's main.py defaults
     # at 2 nodes x 8 GPUs x 64: lr 5e-4 * batch / 512, 5 warmup epochs
     # (6,255 steps). Deviations: the schedule starts and ends at 0 (timm's
     # at 1e-6 and 1e-5), no repeated augmentation, Keras' RandomErasing.
-    "deit": Recipe(
-        name="deit", optimizer="adam", learning_rate=1e-3,
-        scale_lr_with_batch=True,
-        warmup_steps=6_255, epochs=300, batch_size=1024,
-        label_smoothing=0.1, drop_path_rate=0.1, image_size=224,
-        randaugment=(2, 9, 0.5), random_erasing=0.25, **_DEIT),
+    "deit": dict(
+        _DEIT, optimizer="adam", learning_rate=1e-3, scale_lr_with_batch=True,
+        warmup_steps=6_255, epochs=300, batch_size=1024, label_smoothing=0.1,
+        drop_path_rate=0.1, image_size=224, randaugment=(2, 9, 0.5),
+        random_erasing=0.25),
     # DeiT III ViT-B (Touvron et al. 2022), facebookresearch/deit's
     # README_revenge.md command (8 GPUs x 256); stochastic depth 0.05 for
     # S, 0.45 for L. Deviations: no repeated augmentation; Keras' LAMB
     # decays outside its trust ratio; colour jitter in a fixed order.
-    "deit3": Recipe(
-        name="deit3", optimizer="lamb", learning_rate=3e-3,
-        warmup_steps=3_125, epochs=800, batch_size=2048,
-        label_smoothing=0.0, drop_path_rate=0.2, image_size=192,
-        three_augment=True, color_jitter=0.3, loss="bce", **_DEIT),
+    "deit3": dict(
+        _DEIT, optimizer="lamb", learning_rate=3e-3, warmup_steps=3_125,
+        epochs=800, batch_size=2048, label_smoothing=0.0, drop_path_rate=0.2,
+        image_size=192, three_augment=True, color_jitter=0.3, loss="bce"),
 }
+RECIPES = {name: Recipe(name=name, **fields)
+           for name, fields in _NAMED.items()}
 
 
 def names():

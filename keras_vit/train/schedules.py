@@ -43,9 +43,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         step = ops.cast(step, "float32")
         if self.ticks_per_step > 1:
             step = ops.floor(step / float(self.ticks_per_step))
-        warm = float(max(self.warmup_steps, 1))
-        ramp = ops.minimum(1.0, (step + 1.0) / warm) if (
-            self.warmup_steps) else 1.0
+        ramp = (ops.minimum(1.0, (step + 1.0) / float(self.warmup_steps))
+                if self.warmup_steps else 1.0)
         span = float(max(self.total_steps - self.warmup_steps, 1))
         progress = ops.clip((step - self.warmup_steps) / span, 0.0, 1.0)
         if self.decay == "cosine":

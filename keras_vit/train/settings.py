@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from keras_vit.base.checks import printable
 from keras_vit.train.data import pipeline
 from keras_vit.train import recipes as recipes_lib
 from keras_vit.train.evaluation import classifier_of, model_classes
@@ -151,8 +152,6 @@ def classes_text(source, limit=5):
     ...                          class_names=["cat", "dog"]))
     '2 classes: cat, dog'
     """
-    from keras_vit.base.checks import printable
-
     text = f"{source.num_classes} classes"
     names = source.class_names
     if not names:

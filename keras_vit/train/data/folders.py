@@ -111,22 +111,18 @@ class FolderSource(ImageSource):
         self._facts = np.asarray(facts, "int64").reshape(
             len(self._files), FACT_COLUMNS)
 
-    @classmethod
-    def _from_lists(cls, parent, idx):
-        self = cls.__new__(cls)
-        ImageSource.__init__(self, len(idx), parent.num_classes,
-                             parent.class_names)
-        self.name = f"{parent.name}[subset]"
-        self._set_files(parent.path, parent._files[idx], parent._labels[idx],
-                        parent._facts[idx])
-        return self
-
     def labels(self):
         return self._labels
 
     def subset(self, indices):
         idx = np.unique(np.asarray(indices, "int64"))
-        return FolderSource._from_lists(self, idx)
+        new = FolderSource.__new__(FolderSource)
+        ImageSource.__init__(new, len(idx), self.num_classes,
+                             self.class_names)
+        new.name = f"{self.name}[subset]"
+        new._set_files(self.path, self._files[idx], self._labels[idx],
+                       self._facts[idx])
+        return new
 
     def table(self):
         # Records are rows of the file list (and of the scan's facts).

@@ -59,8 +59,11 @@ def level_to_arg(op, magnitude, sign=1.0):
     sign = -1.0 if sign < 0 else 1.0
     if op in ("auto_contrast", "equalize", "invert"):
         return None
-    if op == "rotate":
-        return sign * level * ROTATE_AT_TOP
+    at_top = {"rotate": ROTATE_AT_TOP, "shear_x": SHEAR_AT_TOP,
+              "shear_y": SHEAR_AT_TOP, "translate_x": TRANSLATE_AT_TOP,
+              "translate_y": TRANSLATE_AT_TOP}.get(op)
+    if at_top is not None:  # the signed geometric operations
+        return sign * level * at_top
     if op == "posterize":  # 4 bits kept at level 0, none at 10
         return 4 - int(level * 4)
     if op == "solarize":  # nothing inverted at level 0, all at 10
@@ -69,10 +72,6 @@ def level_to_arg(op, magnitude, sign=1.0):
         return min(128, int(level * SOLARIZE_ADD_AT_TOP))
     if op in ("color", "contrast", "brightness", "sharpness"):
         return max(0.1, 1.0 + sign * level * ENHANCE_AT_TOP)
-    if op in ("shear_x", "shear_y"):
-        return sign * level * SHEAR_AT_TOP
-    if op in ("translate_x", "translate_y"):
-        return sign * level * TRANSLATE_AT_TOP
     raise ValueError(f"op must be one of {OPS}; received op={op!r}")
 
 
@@ -86,12 +85,10 @@ def _apply(img, op, arg, fill):
     """Pillow's operation ``op`` with its argument on an 8-bit RGB image."""
     from PIL import Image, ImageEnhance, ImageOps
 
-    if op == "auto_contrast":
-        return ImageOps.autocontrast(img)
-    if op == "equalize":
-        return ImageOps.equalize(img)
-    if op == "invert":
-        return ImageOps.invert(img)
+    plain = {"auto_contrast": ImageOps.autocontrast,
+             "equalize": ImageOps.equalize, "invert": ImageOps.invert}.get(op)
+    if plain is not None:
+        return plain(img)
     if op == "posterize":
         # Pillow refuses 0 bits (a magnitude of 10): black, by definition.
         if arg >= 8:

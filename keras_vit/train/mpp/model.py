@@ -57,14 +57,6 @@ _CLASSIFIER_OPTIONS = {"dropout_rate", "attention_dropout_rate",
                        "include_preprocessing", "head_bias_init", "dtype"}
 
 
-def _encoder_config(encoder):
-    """The ViT's config without what masked patch prediction does not use
-    (head, pooling, pre-logits, attention outputs)."""
-    return dict(encoder.get_config(), include_top=False, pooling=None,
-                representation_size=None, classifier_activation=None,
-                return_attention_scores=False)
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class MaskedPatchPrediction(keras.Model):
     """A Vision Transformer set up for masked patch prediction.
@@ -153,7 +145,12 @@ class MaskedPatchPrediction(keras.Model):
                        name="mpp_head")(x)
         super().__init__(inputs=[images, mode, source], outputs=x, name=name,
                          **kwargs)
-        self.encoder_config = _encoder_config(encoder)
+        # Without what masked patch prediction does not use (head,
+        # pooling, pre-logits, attention outputs).
+        self.encoder_config = dict(
+            encoder.get_config(), include_top=False, pooling=None,
+            representation_size=None, classifier_activation=None,
+            return_attention_scores=False)
         self.target = target
         self.corruption_rate = rate
         self.mask_fraction = mask_fraction

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from keras_vit.base.checks import check_choice
 from keras_vit.runtime.backend import name as backend_name
 from keras_vit.train import recipes
 
@@ -23,8 +24,6 @@ DOWNSIZED = 4  # the 4x4 target
 
 def _choice(field, value, choices):
     """``value`` with '-' read as '_', or a ValueError naming ``field``."""
-    from keras_vit.base.checks import check_choice
-
     text = str(value).replace("-", "_") if isinstance(value, str) else value
     if text in choices:
         return text

@@ -163,8 +163,6 @@ class MppTrainer(loop.Trainer):
         return MppObjective(wrapped)
 
     def objective(self):
-        import keras
-
         return (_per_image_loss, [keras.metrics.MeanMetricWrapper(
             _per_image_right, name="accuracy")])
 

@@ -62,11 +62,6 @@ class TaskSource(TfdsSource):
         return new
 
 
-def _builder(task, data_dir):
-    tfds = import_tfds()
-    return tfds_builder(tfds, task.tfds_name, data_dir)
-
-
 def how_to_prepare(tasks, data_dir=None):
     """What to run to prepare the tfds data of ``tasks`` (text)."""
     tasks = [TASKS[t] for t in resolve_tasks(tasks)]
@@ -76,8 +71,7 @@ def how_to_prepare(tasks, data_dir=None):
              f"{' '.join(names)}{where}`"]
     for name in names:
         try:
-            builder = _builder(next(t for t in tasks if t.tfds_name == name),
-                               data_dir)
+            builder = tfds_builder(import_tfds(), name, data_dir)
         except DataError:
             continue
         manual = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
@@ -101,7 +95,7 @@ def load_task(task, *, data_dir=None, download=False, sweep=False,
     protocol (see :func:`split_instructions`). Raises ``FileNotFoundError``
     with the preparation steps when the data is not prepared."""
     task = TASKS[resolve_tasks([task])[0]] if isinstance(task, str) else task
-    builder = _builder(task, data_dir)
+    builder = tfds_builder(import_tfds(), task.tfds_name, data_dir)
     if not builder.is_prepared():
         if not download:
             raise FileNotFoundError(
