@@ -363,14 +363,6 @@ def _check_predict(args):
     options.check_output_folder(os.path.dirname(out), "--out", args.out)
 
 
-def _is_feature_extractor(model):
-    """Whether ``model`` is one of the package's models without a
-    classification head; a plain Keras model is taken as a classifier."""
-    from keras_vit.models.features import available_features, is_classifier
-
-    return not is_classifier(model) and bool(available_features(model))
-
-
 def _output_shape(model):
     """The shape of one image's output, or None if the model does not say."""
     try:
@@ -516,7 +508,11 @@ def _cmd_predict(args):
     paths = _image_paths(args.images)
     model, description = _load_for_predict(args)
     size = _model_geometry(model)
-    features = _is_feature_extractor(model)
+    from keras_vit.models.features import available_features, is_classifier
+
+    # One of the package's models without a classification head; a plain
+    # Keras model is taken as a classifier.
+    features = not is_classifier(model) and bool(available_features(model))
     shape = _output_shape(model)
     if features and args.top is not None:
         raise UserError(
@@ -535,21 +531,22 @@ def _cmd_predict(args):
     if features:
         saved = _save_outputs(args.out, meta, "embeddings", good, outputs,
                               None, failed)
-        _show_embeddings(args, meta, good, outputs, failed, saved)
+        _show_embeddings(args, meta, good, outputs, failed)
     else:
         probs, label_name, names, results = _rank(model, outputs, args.top,
                                                   good)
         saved = _save_outputs(args.out, meta, "probabilities", good, probs,
                               names, failed)
-        _show_classes(args, dict(meta, labels=label_name), results, failed,
-                      saved)
+        _show_classes(args, dict(meta, labels=label_name), results, failed)
+    if saved and not args.json:
+        print(saved)
     if failed and not args.json:  # --json lists them under "failed"
         print(f"{PROG}: error: {len(failed)} of {len(paths)} image(s) could "
               "not be read (above)", file=sys.stderr)
     return 1 if failed else 0
 
 
-def _show_embeddings(args, meta, good, outputs, failed, saved):
+def _show_embeddings(args, meta, good, outputs, failed):
     import numpy as np
 
     if args.json:
@@ -573,11 +570,9 @@ def _show_embeddings(args, meta, good, outputs, failed, saved):
         more = ", ..." if flat.size > 4 else ""
         print(f"{path}: {what}, norm {float(np.linalg.norm(flat)):.4f}  "
               f"[{head}{more}]")
-    if saved:
-        print(saved)
 
 
-def _show_classes(args, meta, results, failed, saved):
+def _show_classes(args, meta, results, failed):
     if args.json:
         print(json.dumps(dict(meta, output="classes", predictions=results,
                               failed=failed), indent=2))
@@ -598,8 +593,6 @@ def _show_classes(args, meta, results, failed, saved):
                 str(t["index"]))
             print(f"  {t['rank']:>2}  {t['probability']:.4f}  "
                   f"{printable(t['label'])}  [{ident}]")
-    if saved:
-        print(saved)
 
 
 def _save_outputs(dest, meta, kind, images, values, labels, failed):

@@ -270,6 +270,8 @@ def bounded(parse, bound, flag="the value"):
 # options more than one command takes
 
 
+_COUNT = {"type": positive_int, "metavar": "N"}
+
 # name: (flags, argparse keywords), added by add().
 OPTIONS = {
     "model": (("model",), {"metavar": "MODEL"}),
@@ -280,21 +282,17 @@ OPTIONS = {
     "out": (("--out", "-o"), {"metavar": "DIR"}),
     "output": (("--output", "-o"), {"required": True, "metavar": "PATH"}),
     "restart": (("--restart",), {"action": "store_true"}),
-    "steps": (("--steps",), {"type": positive_int, "metavar": "N"}),
+    "steps": (("--steps",), _COUNT),
     "epochs": (("--epochs",), {"type": positive_float, "metavar": "N"}),
-    "batch_size": (("--batch-size",), {"type": positive_int,
-                                       "metavar": "N"}),
-    "micro_batch_size": (("--micro-batch-size",), {"type": positive_int,
-                                                   "metavar": "N"}),
+    "batch_size": (("--batch-size",), _COUNT),
+    "micro_batch_size": (("--micro-batch-size",), _COUNT),
     "lr": (("--lr",), {"type": positive_float, "metavar": "X"}),
     "warmup_steps": (("--warmup-steps",), {"type": int, "metavar": "N"}),
     "image_size": (("--image-size",), {"type": image_side, "metavar": "N"}),
-    "num_classes": (("--num-classes",), {"type": positive_int,
-                                         "metavar": "N"}),
+    "num_classes": (("--num-classes",), _COUNT),
     "ema": (("--ema",), {"type": ema_decay, "metavar": "DECAY"}),
     "precision": (("--precision",), {"metavar": "P"}),
-    "checkpoint_every": (("--checkpoint-every",), {"type": positive_int,
-                                                   "metavar": "N"}),
+    "checkpoint_every": (("--checkpoint-every",), _COUNT),
     "seed": (("--seed",), {"type": int, "metavar": "N"}),
     "set": (("--set",), {"action": "append", "type": key_value,
                          "default": [], "metavar": "FIELD=VALUE"}),
@@ -370,12 +368,6 @@ def _command_in_use(parser):
         parser = commands[chosen]
 
 
-def _option_strings(parser):
-    """The long option strings of ``parser`` itself."""
-    return {s for action in parser._actions  # noqa: SLF001
-            for s in action.option_strings if s.startswith("--")}
-
-
 def _suggest(parser, message):
     """``message`` with the nearest valid choice or option of ``parser``."""
     from keras_vit.base.checks import did_you_mean
@@ -387,7 +379,10 @@ def _suggest(parser, message):
         return f"{message}.{did_you_mean(bad.group(1), choices)}"
     bad = re.search(r"unrecognized arguments: (.*)", message)
     if bad:
-        options = sorted(_option_strings(parser))
+        # The long option strings of ``parser`` itself.
+        options = sorted({s for action in parser._actions  # noqa: SLF001
+                          for s in action.option_strings
+                          if s.startswith("--")})
         for token in bad.group(1).split():
             hint = did_you_mean(token.split("=")[0], options) if (
                 token.startswith("--")) else ""

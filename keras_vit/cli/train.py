@@ -92,7 +92,7 @@ def _add_runtime_options(p, quiet="no progress bar",
 
 def register(subparsers):
     """Adds the training commands to ``subparsers``."""
-    from keras_vit.train import recipes
+    from keras_vit.train import recipes, vtab
 
     p = options.command(subparsers, "fine-tune", run_fine_tune,
                         help="fine-tune (or train) a model with the "
@@ -162,9 +162,93 @@ def register(subparsers):
                    help="the representation (default: pre_logits)")
     options.add(p, batch_size={"default": 64}, json=None)
 
-    _register_vtab(subparsers)
+    p = options.command(subparsers, "vtab", run_vtab,
+                        help="fine-tune and score a model on the 19 "
+                             "VTAB-1k tasks")
+    options.add(p, model="a zoo name (ViT-B/16, ...) or a .keras file")
+    p.add_argument("--tasks", metavar="T,T,...",
+                   help="tasks or groups, comma-separated (default: all "
+                        f"19): {', '.join(vtab.TASKS)}, natural, "
+                        "specialized, structured")
+    options.add(p, data_dir="where the tfds datasets are prepared "
+                            "(default: tfds')",
+                download="let tfds download and prepare missing datasets "
+                         "(needs the network; two need a manual download)",
+                out="results and one run directory per task (default: "
+                    "runs/vtab-<model>)")
+    p.add_argument("--sweep", action="store_true",
+                   help="train on train800, score on val200 (the paper's "
+                        "hyper-parameter selection)")
+    options.add(p, steps="optimizer steps per task (default: 2500; the "
+                         "warmup follows at 10%%)")
+    p.add_argument("--train-examples", type=positive_int,
+                   default=vtab.TRAIN_EXAMPLES, metavar="N",
+                   help="examples of the training part (default: 800)")
+    p.add_argument("--val-examples", type=positive_int,
+                   default=vtab.VAL_EXAMPLES, metavar="N",
+                   help="examples of the validation part (default: 200)")
+    p.add_argument("--test-examples", type=positive_int, metavar="N",
+                   help="score on the first N test examples only (default: "
+                        "all, as the protocol does)")
+    options.add(
+        p, batch_size="global batch per optimizer step (default: 512)",
+        micro_batch_size="images per replica per pass (gradient "
+                         "accumulation)",
+        lr="peak learning rate (default: 0.01)", warmup_steps=None,
+        image_size="resolution (default: 384)", precision=PRECISION_HELP,
+        seed=None, weights={"default": "auto", "help": WEIGHTS_HELP},
+        model_option="a zoo.load keyword (repeatable)")
+    p.add_argument("--keep-models", action="store_true",
+                   help="keep each task's checkpoints and model.keras")
+    _add_runtime_options(p, quiet="no progress output",
+                         json="print the scores as JSON instead of a table")
+    p.set_defaults(set=[], epochs=None, ema=None, checkpoint_every=None)
 
-    _register_pretrain(subparsers)
+    p = options.command(subparsers, "pretrain", run_pretrain,
+                        help="self-supervised pre-training on unlabelled "
+                             "images (masked patch prediction); resumable")
+    options.add(p, model="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
+                         ".keras file (a ViT, or a pretrain result to "
+                         "continue)")
+    p.add_argument("--objective", default="mpp", metavar="NAME",
+                   help=f"one of {', '.join(recipes.MPP_OBJECTIVES)} "
+                        "(default: mpp)")
+    p.add_argument("--data", required=True, metavar="SPEC",
+                   help="a folder of images (jpg, png, ...; any nested "
+                        "layout, sub-folders are not classes), or 'digits', "
+                        "'tfds:NAME[:SPLIT]', an .npz (labels ignored)")
+    options.add(p, data_dir="where tfds datasets are prepared (default: "
+                            "tfds')")
+    p.add_argument("--target", default="mean_color", metavar="NAME",
+                   help=f"one of {', '.join(recipes.MPP_TARGETS)} (default: "
+                        "mean_color, 512 classes)")
+    p.add_argument("--corruption-rate", type=float, default=0.5,
+                   metavar="X", help="fraction of patches corrupted "
+                                     "(default: 0.5)")
+    p.add_argument("--recipe", default="mpp", metavar="NAME",
+                   help="a recipe name (default: mpp: Adam 2e-4, 10k "
+                        "warmup, cosine)")
+    _add_run_directory(
+        p, "objective", weights={
+            "default": "none", "help": "for a zoo name: 'none' (default, "
+            "random initialisation) or a weights tag, path or URL"},
+        restart="delete the run's checkpoints and start again")
+    options.add(
+        p, steps="total optimizer steps (recipe mpp: 100000; scale "
+                 "--warmup-steps with it)",
+        batch_size="global batch per optimizer step (recipe mpp: 4096)",
+        micro_batch_size="images per replica per pass (gradient "
+                         "accumulation)",
+        lr="peak learning rate (recipe mpp: 2e-4)",
+        warmup_steps="linear warmup steps (recipe mpp: 10000)",
+        image_size="training resolution (recipe: 224)",
+        precision={"type": str, "help": PRECISION_HELP},
+        checkpoint_every="steps between checkpoints",
+        seed="seeds the data order, the corruption and new weights",
+        set="any recipe field, e.g. --set crop_area=none (repeatable)",
+        model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
+    _add_runtime_options(p, remat=True)
+    p.set_defaults(epochs=None, ema=None, download=False)
 
 
 # --------------------------------------------------------------------------
@@ -387,56 +471,6 @@ def _show(args, result, lines):
     return 0
 
 
-# ``keras-vit pretrain``: self-supervised pre-training (keras_vit.train.mpp).
-def _register_pretrain(subparsers):
-    from keras_vit.train import recipes
-
-    p = options.command(subparsers, "pretrain", run_pretrain,
-                        help="self-supervised pre-training on unlabelled "
-                             "images (masked patch prediction); resumable")
-    options.add(p, model="a ViT zoo name (ViT-B/16, R50+ViT-B/16, ...) or a "
-                         ".keras file (a ViT, or a pretrain result to "
-                         "continue)")
-    p.add_argument("--objective", default="mpp", metavar="NAME",
-                   help=f"one of {', '.join(recipes.MPP_OBJECTIVES)} (default: mpp)")
-    p.add_argument("--data", required=True, metavar="SPEC",
-                   help="a folder of images (jpg, png, ...; any nested "
-                        "layout, sub-folders are not classes), or 'digits', "
-                        "'tfds:NAME[:SPLIT]', an .npz (labels ignored)")
-    options.add(p, data_dir="where tfds datasets are prepared (default: "
-                            "tfds')")
-    p.add_argument("--target", default="mean_color", metavar="NAME",
-                   help=f"one of {', '.join(recipes.MPP_TARGETS)} (default: "
-                        "mean_color, 512 classes)")
-    p.add_argument("--corruption-rate", type=float, default=0.5,
-                   metavar="X", help="fraction of patches corrupted "
-                                     "(default: 0.5)")
-    p.add_argument("--recipe", default="mpp", metavar="NAME",
-                   help="a recipe name (default: mpp: Adam 2e-4, 10k "
-                        "warmup, cosine)")
-    _add_run_directory(
-        p, "objective", weights={
-            "default": "none", "help": "for a zoo name: 'none' (default, "
-            "random initialisation) or a weights tag, path or URL"},
-        restart="delete the run's checkpoints and start again")
-    options.add(
-        p, steps="total optimizer steps (recipe mpp: 100000; scale "
-                 "--warmup-steps with it)",
-        batch_size="global batch per optimizer step (recipe mpp: 4096)",
-        micro_batch_size="images per replica per pass (gradient "
-                         "accumulation)",
-        lr="peak learning rate (recipe mpp: 2e-4)",
-        warmup_steps="linear warmup steps (recipe mpp: 10000)",
-        image_size="training resolution (recipe: 224)",
-        precision={"type": str, "help": PRECISION_HELP},
-        checkpoint_every="steps between checkpoints",
-        seed="seeds the data order, the corruption and new weights",
-        set="any recipe field, e.g. --set crop_area=none (repeatable)",
-        model_option="a zoo.load keyword, e.g. num_layers=4 (repeatable)")
-    _add_runtime_options(p, remat=True)
-    p.set_defaults(epochs=None, ema=None, download=False)
-
-
 def run_pretrain(args):
     """Pre-trains MODEL on unlabelled images by masked patch prediction
     (paper Appendix B.1.2): 50% of the patch embeddings corrupted (80%
@@ -496,51 +530,6 @@ def run_fewshot(args):
         lines.append(f"  {k:>3}-shot  {acc:.4f}  (min {min(spread):.4f}, "
                      f"max {max(spread):.4f})")
     return _show(args, result, lines)
-
-
-def _register_vtab(subparsers):
-    from keras_vit.train import vtab
-
-    p = options.command(subparsers, "vtab", run_vtab,
-                        help="fine-tune and score a model on the 19 VTAB-1k tasks")
-    options.add(p, model="a zoo name (ViT-B/16, ...) or a .keras file")
-    p.add_argument("--tasks", metavar="T,T,...",
-                   help="tasks or groups, comma-separated (default: all "
-                        f"19): {', '.join(vtab.TASKS)}, natural, "
-                        "specialized, structured")
-    options.add(p, data_dir="where the tfds datasets are prepared "
-                            "(default: tfds')",
-                download="let tfds download and prepare missing datasets "
-                         "(needs the network; two need a manual download)",
-                out="results and one run directory per task (default: "
-                    "runs/vtab-<model>)")
-    p.add_argument("--sweep", action="store_true",
-                   help="train on train800, score on val200 (the paper's "
-                        "hyper-parameter selection)")
-    options.add(p, steps="optimizer steps per task (default: 2500; the "
-                         "warmup follows at 10%%)")
-    p.add_argument("--train-examples", type=positive_int,
-                   default=vtab.TRAIN_EXAMPLES, metavar="N",
-                   help="examples of the training part (default: 800)")
-    p.add_argument("--val-examples", type=positive_int,
-                   default=vtab.VAL_EXAMPLES, metavar="N",
-                   help="examples of the validation part (default: 200)")
-    p.add_argument("--test-examples", type=positive_int, metavar="N",
-                   help="score on the first N test examples only (default: "
-                        "all, as the protocol does)")
-    options.add(
-        p, batch_size="global batch per optimizer step (default: 512)",
-        micro_batch_size="images per replica per pass (gradient "
-                         "accumulation)",
-        lr="peak learning rate (default: 0.01)", warmup_steps=None,
-        image_size="resolution (default: 384)", precision=PRECISION_HELP,
-        seed=None, weights={"default": "auto", "help": WEIGHTS_HELP},
-        model_option="a zoo.load keyword (repeatable)")
-    p.add_argument("--keep-models", action="store_true",
-                   help="keep each task's checkpoints and model.keras")
-    _add_runtime_options(p, quiet="no progress output",
-                         json="print the scores as JSON instead of a table")
-    p.set_defaults(set=[], epochs=None, ema=None, checkpoint_every=None)
 
 
 def run_vtab(args):
