@@ -248,30 +248,29 @@ def check_quantization(quantization, representative_data,
     return representative_samples
 
 
+def _tolerance(max_abs_diff, top1_agreement=None, rel_rms_error=None):
+    return {"max_abs_diff": max_abs_diff, "top1_agreement": top1_agreement,
+            "rel_rms_error": rel_rms_error}
+
+
 # Per format/variant: the largest max-abs difference allowed, as a fraction
 # of max(1, max|Keras output|), the smallest top-1 agreement and the largest
 # relative RMS error. None: not a criterion (for float formats the max-abs
 # bound already implies that any top-1 flip is a near-tie).
 TOLERANCES = {
-    "saved_model": {"max_abs_diff": 1e-4, "top1_agreement": None,
-                    "rel_rms_error": None},
-    "onnx": {"max_abs_diff": 5e-4, "top1_agreement": None,
-             "rel_rms_error": None},
-    "tflite/float32": {"max_abs_diff": 5e-4, "top1_agreement": None,
-                       "rel_rms_error": None},
-    "tflite/float16": {"max_abs_diff": 5e-2, "top1_agreement": None,
-                       "rel_rms_error": 0.05},
-    "tflite/dynamic_int8": {"max_abs_diff": None, "top1_agreement": 0.9,
-                            "rel_rms_error": 0.25},
+    "saved_model": _tolerance(1e-4),
+    "onnx": _tolerance(5e-4),
+    "tflite/float32": _tolerance(5e-4),
+    "tflite/float16": _tolerance(5e-2, rel_rms_error=0.05),
+    "tflite/dynamic_int8": _tolerance(None, 0.9, 0.25),
     # Measured: trained ViTs agree 0.95-0.996 in full int8; tiny random
     # ones 0.78-1.0. A broken artifact agrees at chance.
-    "tflite/int8": {"max_abs_diff": None, "top1_agreement": 0.8,
-                    "rel_rms_error": 0.5},
+    "tflite/int8": _tolerance(None, 0.8, 0.5),
 }
 # Keras-quantized layers that round their inputs: last-bit float
 # differences flip some roundings (ViT-Ti/16 int8: 5.4e-4 max abs diff).
-TOLERANCES["saved_model/keras_quantized"] = {
-    "max_abs_diff": 1e-2, "top1_agreement": None, "rel_rms_error": 0.02}
+TOLERANCES["saved_model/keras_quantized"] = _tolerance(
+    1e-2, rel_rms_error=0.02)
 # The ONNX variants take the TFLite ones' bounds: the same precisions.
 TOLERANCES.update({f"onnx/{variant}": dict(TOLERANCES[f"tflite/{variant}"])
                    for variant in ("float16", "dynamic_int8", "int8")})

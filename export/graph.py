@@ -19,6 +19,7 @@ from keras_vit.export.common import (  # noqa: F401 (OUTPUTS: the names)
     BLOCK_OUTPUT, OUTPUTS, check_outputs)
 INPUT_NAME = "images"
 _LOW_PRECISION = ("bfloat16", "float16")
+_BATCH_HINT = "lower the batch sizes (batch_sizes=, --batch-sizes, --batch)"
 
 
 def low_precision_dtype(model):
@@ -524,8 +525,7 @@ class ServingGraph:
 
         shape = (tuple(self.input_shape) if image_size is None else
                  tuple(image_size) + tuple(self.input_shape[2:]))
-        check_input_batch(n, shape, hint="lower the batch sizes "
-                          "(batch_sizes=, --batch-sizes, --batch)")
+        check_input_batch(n, shape, hint=_BATCH_HINT)
         if kind == "photos":
             pixels, note = samples.photo_images(shape, n, seed)
             return samples.to_input_range(pixels, self.input_dtype,
@@ -552,8 +552,7 @@ class ServingGraph:
         patch = _patch_size(self.source_model)
         channels = int(self.input_shape[-1])
         check_input_batch(n, (count, patch * patch * channels),
-                          hint="lower the batch sizes (batch_sizes=, "
-                          "--batch-sizes, --batch)")
+                          hint=_BATCH_HINT)
         rng = np.random.default_rng(seed)
         images = [self._pixel_images(
             1, seed * 1000 + i, kind, (rows * patch, cols * patch))[0][0]

@@ -204,28 +204,6 @@ def _check_opset(opset, newest=True):
     return opset
 
 
-def _convert_here(graph, path, opset, external_data):
-    """Converts in this process (small models)."""
-    tf2onnx = require("tf2onnx", purpose="ONNX export")
-
-    proto, _ = tf2onnx.convert.from_function(
-        graph.function(), input_signature=graph.input_specs(), opset=opset)
-    worker.name_batch_dimension(proto)
-    worker.guard_zero_pad_before_max_pool(proto)
-    return worker.write_model(proto, None, path, external_data)
-
-
-def _convert_in_child(saved_model_dir, path, opset, external_data, workdir,
-                      rss):
-    """Converts in a child process; returns the worker's result."""
-    job = {"saved_model": saved_model_dir, "output": path, "opset": opset,
-           "external_data": external_data}
-    return pipeline.run_child(
-        "keras_vit.export.onnx_worker", job, workdir, rss,
-        what="the ONNX converter process (tf2onnx)",
-        env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
-
-
 def to_onnx(model, path, *, quantization="float32",
             representative_data=None, representative_samples=None,
             opset=None, external_data=None,
@@ -351,12 +329,22 @@ def convert(graph, staged, workdir, params, arrays, rss):
     opset = _check_opset(params["opset"])
     converted = staged if params["quantization"] == "float32" else (
         os.path.join(workdir, "float32.onnx"))
-    if params["isolate"]:
+    external_data = params["external_data"]
+    if params["isolate"]:  # in a child process: see onnx_worker
         saved_model_dir = os.path.join(workdir, "saved_model")
         graph.save(saved_model_dir)
-        return _convert_in_child(saved_model_dir, converted, opset,
-                                 params["external_data"], workdir, rss)
-    return _convert_here(graph, converted, opset, params["external_data"])
+        job = {"saved_model": saved_model_dir, "output": converted,
+               "opset": opset, "external_data": external_data}
+        return pipeline.run_child(
+            "keras_vit.export.onnx_worker", job, workdir, rss,
+            what="the ONNX converter process (tf2onnx)",
+            env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+    tf2onnx = require("tf2onnx", purpose="ONNX export")
+    proto, _ = tf2onnx.convert.from_function(
+        graph.function(), input_signature=graph.input_specs(), opset=opset)
+    worker.name_batch_dimension(proto)
+    worker.guard_zero_pad_before_max_pool(proto)
+    return worker.write_model(proto, None, converted, external_data)
 
 
 def finish(staged, workdir, params, arrays, result):

@@ -144,8 +144,7 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32)
     hint = HINTS[precision]
     options = {"precision": precision,
-               "weights": {"float32": "float32", "bfloat16": "float16",
-                           "int8": "int8"}[precision],
+               "weights": "float16" if precision == "bfloat16" else precision,
                "compile_config": {"INFERENCE_PRECISION_HINT": hint},
                "uint8_input": bool(uint8_input),
                "outputs": list(graph.outputs),

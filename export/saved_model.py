@@ -111,8 +111,7 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
     if verify_data is None:
         verify_data = "noise"
     dest = common.check_path(path, "saved_model")
-    tol = common.tolerance_for(common.saved_model_tolerance(model),
-                              tolerance)
+    tol = common.tolerance_for(common.saved_model_tolerance(model), tolerance)
     checks.check_options(batch_sizes, verify_data)
     graph = ServingGraph(model, outputs, uint8_input, cast_to_float32,
                          allow_low_precision=True)
@@ -158,8 +157,7 @@ def _image_bytes_export(model, path, *, uint8_input, outputs, top_k,
             "verify_data must be 'photos' or 'noise'; received "
             f"verify_data={verify_data!r}"[:300])
     dest = common.check_path(path, "saved_model")
-    tol = common.tolerance_for(common.saved_model_tolerance(model),
-                              tolerance)
+    tol = common.tolerance_for(common.saved_model_tolerance(model), tolerance)
     checks.check_options(batch_sizes, verify_data)
     graph = serving.ImageBytesGraph(model, top_k, labels, cast_to_float32)
     options = {"input": serving.INPUT_NAME, "top_k": graph.top_k,

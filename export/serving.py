@@ -265,9 +265,6 @@ class ImageBytesGraph(ServingGraph):
     def image_sizes(self):
         return None  # files of any size are resized to the model's
 
-    def refused_image_sizes(self):
-        return ()
-
     def serve(self, image_bytes):
         """The signature's computation (TensorFlow): bytes -> dict."""
         import tensorflow as tf

@@ -103,16 +103,14 @@ def repair_multi_worker_fit():
         from keras.src.backend.tensorflow import trainer
     except ImportError as e:
         raise _missing(api, "keras", purpose) from e
-    cls = _require(trainer, "TensorFlowTrainer", api + ".TensorFlowTrainer",
-                   "keras", purpose)
-    reduce_fn = _require(trainer, "reduce_per_replica",
-                         api + ".reduce_per_replica", "keras", purpose)
-    build = _require(cls, "_maybe_symbolic_build",
-                     api + ".TensorFlowTrainer._maybe_symbolic_build",
-                     "keras", purpose)
-    multi = _require(trainer, "_collective_all_reduce_multi_worker",
-                     api + "._collective_all_reduce_multi_worker", "keras",
-                     purpose)
+
+    def need(owner, attr, where=api):
+        return _require(owner, attr, f"{where}.{attr}", "keras", purpose)
+
+    cls = need(trainer, "TensorFlowTrainer")
+    reduce_fn = need(trainer, "reduce_per_replica")
+    build = need(cls, "_maybe_symbolic_build", api + ".TensorFlowTrainer")
+    multi = need(trainer, "_collective_all_reduce_multi_worker")
     if getattr(reduce_fn, "_keras_vit_repair", None) is not None:
         return True
     import tensorflow as tf
@@ -130,9 +128,7 @@ def repair_multi_worker_fit():
         def mean(value):
             # A worker with one replica holds a plain tensor: still reduced
             # over the workers, as Keras does.
-            local = (strategy.experimental_local_results(value)[0]
-                     if isinstance(value, tf.distribute.DistributedValues)
-                     else value)
+            local = first_local(strategy, value)
             axis = 0 if local.shape.rank else None
             return strategy.reduce("MEAN", value, axis=axis)
 

@@ -21,6 +21,7 @@ import functools
 import math
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_C1, _C2 = _SQRT_2_OVER_PI, _SQRT_2_OVER_PI * 0.044715
 
 # Absolute name scopes (a trailing "/" makes a scope absolute in a graph).
 _BEFORE = "keras_vit_gelu_a/"
@@ -168,22 +169,19 @@ def _lean_gelu_tanh():
     ops where TensorFlow's autodiff emits 11."""
     import tensorflow as tf
 
-    c1 = _SQRT_2_OVER_PI
-    c2 = c1 * 0.044715
-
     @tf.custom_gradient
     def gelu(h):
         dtype = h.dtype
         h2 = tf.math.square(h)
-        # tanh(sqrt(2/pi) (h + 0.044715 h^3)) = tanh(h (c1 + c2 h^2))
-        t = tf.math.tanh(h * (h2 * tf.constant(c2, dtype)
-                              + tf.constant(c1, dtype)))
+        # tanh(sqrt(2/pi) (h + 0.044715 h^3)) = tanh(h (_C1 + _C2 h^2))
+        t = tf.math.tanh(h * (h2 * tf.constant(_C2, dtype)
+                              + tf.constant(_C1, dtype)))
         gate = (t + tf.constant(1.0, dtype)) * tf.constant(0.5, dtype)
 
         def grad(dy):
-            # d/dh [h gate] = gate + h/2 (1 - t^2) (c1 + 3 c2 h^2)
-            slope = h2 * tf.constant(1.5 * c2, dtype) + tf.constant(
-                0.5 * c1, dtype)
+            # d/dh [h gate] = gate + h/2 (1 - t^2) (_C1 + 3 _C2 h^2)
+            slope = h2 * tf.constant(1.5 * _C2, dtype) + tf.constant(
+                0.5 * _C1, dtype)
             return dy * gate + tf.raw_ops.TanhGrad(y=t, dy=dy * h) * slope
 
         return h * gate, grad
@@ -241,17 +239,16 @@ def _xla_gelu(form):
     inside."""
     import tensorflow as tf
 
-    c1 = _SQRT_2_OVER_PI
-    c2 = c1 * 0.044715
     inv_sqrt2 = 1.0 / math.sqrt(2.0)
     inv_sqrt_2pi = 1.0 / math.sqrt(2.0 * math.pi)
 
     def gate_and_slope(f):
         """``gelu(f) = f * gate`` and ``d gelu / d f``."""
         if form == "tanh":
-            t = tf.math.tanh(f * (f * f * c2 + c1))
+            t = tf.math.tanh(f * (f * f * _C2 + _C1))
             gate = (t + 1.0) * 0.5
-            slope = gate + f * 0.5 * (1.0 - t * t) * (f * f * (3.0 * c2) + c1)
+            slope = gate + f * 0.5 * (1.0 - t * t) * (
+                f * f * (3.0 * _C2) + _C1)
         else:
             gate = (tf.math.erf(f * inv_sqrt2) + 1.0) * 0.5
             slope = gate + f * tf.math.exp(-0.5 * f * f) * inv_sqrt_2pi

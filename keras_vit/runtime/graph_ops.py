@@ -30,6 +30,9 @@ SUMMARY_KEYS = ("matmul_bias_gelu", "matmul_bias", "matmul_unfused",
 #: The label of a call that XLA compiles inside a graph that is otherwise
 #: TensorFlow's (:func:`keras_vit.runtime.fused_ops.xla_gelu` and its kin).
 XLA_PROGRAM = "XlaProgram"
+# The summary keys counting one op type each.
+_EXACT_OPS = {"Tanh": "tanh", "Cast": "cast", "Mul": "mul", "Sum": "sum",
+              XLA_PROGRAM: "xla_programs"}
 
 
 def node_label(node):
@@ -106,16 +109,12 @@ def executed_nodes(model, batch_size=2, training=False):
             return loss
 
         fn = tf.function(step, jit_compile=jit)
-
-        def run():
-            fn(x, y)
+        args = (x, y)
     else:
         fn = tf.function(lambda keras_vit_graph_ops_images: model(
             keras_vit_graph_ops_images, training=False))
-
-        def run():
-            fn(x)
-    graphs = compat.tf_executed_graphs(run, arg_name=arg)
+        args = (x,)
+    graphs = compat.tf_executed_graphs(lambda: fn(*args), arg_name=arg)
     return [node for graph in graphs for node in graph.node]
 
 
@@ -161,16 +160,8 @@ def fusion_summary(counts):
             out["softmax"] += n
         elif "LayerNorm" in op or "FusedBatchNorm" in op:
             out["layer_norm"] += n
-        elif op == "Tanh":
-            out["tanh"] += n
-        elif op == "Cast":
-            out["cast"] += n
-        elif op == "Mul":
-            out["mul"] += n
-        elif op == "Sum":
-            out["sum"] += n
-        elif op == XLA_PROGRAM:
-            out["xla_programs"] += n
+        elif op in _EXACT_OPS:
+            out[_EXACT_OPS[op]] += n
         out["total"] += n
     return out
 

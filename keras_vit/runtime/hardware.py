@@ -333,7 +333,6 @@ def _dtype_name(dtype):
 #: ``KERAS_VIT_ATTENTION=fused`` or ``einsum`` forces the attention path
 #: of :func:`plan` (benchmarks/attention_paths.py times both this way).
 ATTENTION_ENV = "KERAS_VIT_ATTENTION"
-ATTENTION_PATHS = environment.VARIABLES[ATTENTION_ENV].choices
 
 
 def plan(dtype="float32", hardware=None, backend=None):

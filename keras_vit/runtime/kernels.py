@@ -13,6 +13,7 @@ import re
 import keras
 from keras import ops
 
+from keras_vit.runtime import fused_ops, hardware
 from keras_vit.runtime.backend import is_tensorflow, name as backend_name
 
 #: GELU's two forms: flax's tanh approximation and erf.
@@ -25,8 +26,6 @@ def chains_in_xla(dtype, training):
     ``elementwise`` says so."""
     if training is not True:
         return False
-    from keras_vit.runtime import hardware
-
     return hardware.plan(dtype).elementwise == "xla"
 
 
@@ -61,8 +60,6 @@ def add_bias(h, bias, training=None):
     a gradient summed in float32 on every backend."""
     backend = backend_name()
     if backend == "tensorflow":
-        from keras_vit.runtime import fused_ops
-
         return fused_ops.bias_add(h, bias, training)
     if backend == "jax":
         return _jax_bias_add()(h, bias)
@@ -75,8 +72,6 @@ def matmul_bias(x, kernel, bias, training=None):
     cost 3.4x the fused call for ViT-B's MLP in bf16 on an AMX CPU."""
     backend = backend_name()
     if backend == "tensorflow":
-        from keras_vit.runtime import fused_ops
-
         return fused_ops.dense(x, kernel, bias, training)
     if backend == "torch":
         import torch
@@ -108,13 +103,9 @@ def dense(x, kernel, bias, activation=None, gelu=None, training=None):
     activation is the GELU of that form), in the spelling that fuses best
     on this plan."""
     if gelu in GELU_FORMS and chains_in_xla(x.dtype, training):
-        from keras_vit.runtime import fused_ops
-
         return fused_ops.xla_gelu(matmul_bias(x, kernel, bias, training),
                                   gelu)
     if gelu == "tanh" and is_tensorflow():
-        from keras_vit.runtime import fused_ops
-
         spell = (fused_ops.dense_gelu_tanh_for_training
                  if training is True else fused_ops.dense_gelu_tanh)
         return spell(x, kernel, bias)
@@ -149,8 +140,6 @@ def layer_norm(inputs, gamma, beta, epsilon, dtype, training=None):
     where the plan runs elementwise chains in XLA; None otherwise."""
     if not chains_in_xla(inputs.dtype, training):
         return None
-    from keras_vit.runtime import fused_ops
-
     return fused_ops.xla_layer_norm(inputs, gamma, beta, epsilon, dtype)
 
 
@@ -175,8 +164,6 @@ def padded_attention(q, k, v, scale, multiple=ATTENTION_MULTIPLE,
         pad = ((0, 0), (0, padded - tokens), (0, 0), (0, 0))
         q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
     if implementation is None:
-        from keras_vit.runtime import hardware
-
         implementation = ("cudnn" if q.dtype in (jnp.bfloat16, jnp.float16)
                           and hardware.cudnn_flash_attention() else "xla")
     lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
@@ -194,8 +181,6 @@ def attention(q, k, v, bias, scale, dropout, training=None,
     probabilities None where the spelling never forms them.
     ``dropout``: None, or the dropout layer on the probabilities in
     training. ``need_probs``: the caller returns attention maps."""
-    from keras_vit.runtime import hardware
-
     plan = hardware.plan(q.dtype)
     path = (plan.train_attention if training is True
             and plan.train_attention else plan.attention)
@@ -218,8 +203,6 @@ def attention(q, k, v, bias, scale, dropout, training=None,
         bias = ops.cast(bias, "float32")
         logits = ops.cast(logits, "float32") + (bias / scale if xla else bias)
     if xla:
-        from keras_vit.runtime import fused_ops
-
         probs = ops.cast(fused_ops.xla_softmax(logits, scale), dtype)
     elif bias is None and plan.softmax == "input":
         # oneDNN's bf16 softmax computes in float32 inside.

@@ -72,10 +72,9 @@ def without_tf_logs(text):
 
 def _flush_std_streams():
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # closed or None
+        with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
-        except (AttributeError, OSError, ValueError):  # closed or None
-            pass
 
 
 def _write_all(fd, data):
@@ -205,9 +204,7 @@ def _restore():
         return
     original, thread = _installed
     _installed = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     os.dup2(original, 2)  # closes the pipe's last write end in this process
     thread.join(timeout=5)
