@@ -213,6 +213,13 @@ def choice_arg(choices, what="is none of"):
     return convert
 
 
+def or_default(convert, default):
+    """``convert``, reading None as ``default``."""
+    def read(value):
+        return default if value is None else convert(value)
+    return read
+
+
 def _layer_scale_arg(value):
     if value is None:
         return None
@@ -310,7 +317,7 @@ _TIMM_VALUES = {
     "class_token": bool_arg, "reg_tokens": count_arg,
     "no_embed_class": bool_arg,
     "global_pool": choice_arg(TIMM_POOLS),
-    "fc_norm": lambda v: None if v is None else bool_arg(v),
+    "fc_norm": or_default(bool_arg, None),
     "init_values": _layer_scale_arg, "qk_norm": bool_arg,
     "qkv_bias": bool_arg, "proj_bias": bool_arg, "pre_norm": bool_arg,
     "final_norm": bool_arg, "act_layer": choice_arg(TIMM_ACTIVATIONS),

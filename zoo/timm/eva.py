@@ -29,8 +29,7 @@ from keras_vit.zoo.timm import arguments
 from keras_vit.zoo.timm.arguments import (optional_positive_arg as
                                           _optional_positive,
                                           positive_arg as _positive,
-                                          rate_arg as _rate)
-from keras_vit.zoo.timm.arguments import norm_arg
+                                          rate_arg as _rate, norm_arg)
 
 # EVA's settings keras_vit computes at one value only, and what another
 # builds.
@@ -64,11 +63,7 @@ _READ = (
 
 # The checks of timm's ViT arguments, shared.
 _flag, _count = arguments.bool_arg, arguments.count_arg
-_choice = arguments.choice_arg
-
-
-def _optional_count(value):
-    return None if value is None else _count(value)
+_choice, _or_default = arguments.choice_arg, arguments.or_default
 
 
 def _finite(value):
@@ -94,12 +89,9 @@ def honoured(args, path):
     out["qk_norm"] = read("qk_norm", _flag, False)
     out["pre_norm"] = read("use_pre_transformer_norm", _flag, False)
     out["patch_bias"] = not out["pre_norm"]
-    fc_norm = args.get("use_fc_norm")
-    fc_norm = pool == "gap" if fc_norm is None else read("use_fc_norm",
-                                                         _flag, None)
-    post = args.get("use_post_transformer_norm")
-    post = not fc_norm if post is None else read(
-        "use_post_transformer_norm", _flag, None)
+    fc_norm = read("use_fc_norm", _or_default(_flag, pool == "gap"), None)
+    post = read("use_post_transformer_norm",
+                _or_default(_flag, not fc_norm), None)
     if fc_norm and post:
         raise refuse("use_post_transformer_norm", "keras_vit has one final "
                      "norm, before the pooling or after it")
@@ -139,8 +131,8 @@ def honoured(args, path):
     width = int(out["hidden_size"] * ratio)
     if pool == "map":  # Eva's attention pool reads every token
         out["pool_prefix"] = True
-        out["pool_heads"] = read("attn_pool_num_heads", _optional_count,
-                                 None)
+        out["pool_heads"] = read("attn_pool_num_heads",
+                                 _or_default(_count, None), None)
         pool_ratio = read("attn_pool_mlp_ratio", _optional_positive, None)
         if pool_ratio not in (None, ratio):
             raise refuse("attn_pool_mlp_ratio", "keras_vit's attention "

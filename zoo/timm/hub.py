@@ -207,15 +207,6 @@ def _head_type(config, build_config, arrays, head, labels):
     return {"head_type": kind} if kind and kind != "classifier" else {}
 
 
-def _eva_args(entry, config):
-    """An architecture's arguments: the table's, the ``config.json``'s
-    ``model_args`` over them, and its pooling."""
-    args = dict(entry["args"], **(config.get("model_args") or {}))
-    if config.get("global_pool") not in (None, ""):
-        args["global_pool"] = config["global_pool"]
-    return args
-
-
 def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     sizes=None, argument=None):
     """This source's reader (:mod:`keras_vit.zoo.sources`): the
@@ -224,6 +215,7 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     from keras_vit.zoo import build
 
     config, path = fetch(source, progress=progress)
+    model_args = config.get("model_args") or {}
     where = os.path.join(os.path.dirname(os.fspath(path)), CONFIG_FILE)
     arch, defaults = _architecture(config, name)
     state = read_safetensors(path)
@@ -237,16 +229,19 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     entry = (timm_arguments.table_entry(arch.name)
              or timm_arguments.table_entry(str(config.get("architecture")
                                                or "")))
-    module = None if entry is None else entry["module"]
-    args = None if entry is None else _eva_args(entry, config)
+    module = args = None
+    if entry is not None:  # the table's arguments, the config's over them
+        module, args = entry["module"], dict(entry["args"], **model_args)
+        if config.get("global_pool") not in (None, ""):
+            args["global_pool"] = config["global_pool"]
     layout = TIMM_EVA if module in ("eva", "beit", "gemma4_vit",
                                     "qwen3_vit") else TIMM
     if module in ("eva", "beit"):
         honoured = eva.honoured(args, where)
         state = eva.with_key_biases(state)
     elif module == "naflexvit":
-        honoured = naflex.honoured(args, where, {
-            *(config.get("model_args") or {}), "global_pool"})
+        honoured = naflex.honoured(args, where, {*model_args,
+                                                 "global_pool"})
         state = naflex.naflex_state(state, honoured)
     elif module == "vision_transformer_sam":
         honoured = sam.honoured(args, where)
@@ -268,8 +263,8 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
         if "branches" in honoured:  # the file's blocks decide how many
             honoured["branches"], state = timm_layout.branches(state)
             if not honoured["branches"]:
-                field = ("model_args.block_fn" if "block_fn" in (
-                    config.get("model_args") or {}) else "architecture")
+                field = ("model_args.block_fn" if "block_fn" in model_args
+                         else "architecture")
                 raise formats.fail(
                     where, field, "block_fn='ParallelThingsBlock' keeps "
                     "each block's branches under blocks.<i>.attns.<b> and "
@@ -295,16 +290,15 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     # the file's table is of its grid.
     sizes = [size for size in (
         (config.get("pretrained_cfg") or {}).get("input_size"),
-        (config.get("model_args") or {}).get("img_size")) if size]
+        model_args.get("img_size")) if size]
     table = arrays.get(layout.key_of("position_embedding/pos_embedding"))
     patch = build_config.get("patch_size", arch.config.get("patch_size"))
     if len(sizes) == 2 and table is not None and isinstance(patch, int):
         grid = (sizes[1][0] // patch) * (sizes[1][1] // patch)
         if 0 <= int(np.prod(table.shape[:-1])) - grid <= 8:  # + prefix
             sizes.reverse()
-    input_size = sizes[0] if sizes else None
-    if input_size:
-        height, width = input_size
+    if sizes:
+        height, width = sizes[0]
         image_size = height if height == width else (height, width)
     else:
         image_size = arch.image_size or 224

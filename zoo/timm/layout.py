@@ -12,8 +12,7 @@ import numpy as np
 
 from keras_vit.base import options
 from keras_vit.zoo.layouts import (Layout, Rule, option_rules,
-                                  torch_batch_norm)
-from keras_vit.zoo.layouts import torch_module as _linear
+                                  torch_batch_norm, torch_module)
 
 # timm's names of the poolings and MLP activations -> keras_vit's.
 TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
@@ -27,6 +26,14 @@ TIMM_OPTIONS = {
     "pos_embed": "position_embedding"}
 
 _B, _T = "encoder_block_{i}/", "blocks.{i}."
+
+
+def _linear(path, key, form="linear", variant=None):
+    """:func:`~keras_vit.zoo.layouts.torch_module`'s rules, of ``variant``."""
+    rules = torch_module(path, key, form)
+    for rule in rules:
+        rule.variant = variant
+    return rules
 
 
 def _mlp(path, key):
@@ -54,10 +61,8 @@ TIMM = Layout("timm", [
                   torch_batch_norm),
     *_linear("patch_embedding/conv", "patch_embed.proj", "conv"),
     # The conv stem's last convolution (its others: the row's weights).
-    *[Rule(f"patch_embedding/conv/{p}", f"patch_embed.backbone.2.conv.{q}",
-           form, variant="conv_stem")
-      for p, q, form in (("kernel", "weight", "conv"),
-                         ("bias", "bias", "flat"))],
+    *_linear("patch_embedding/conv", "patch_embed.backbone.2.conv", "conv",
+             "conv_stem"),
     Rule("position_embedding/pos_embedding", "pos_embed"),
     *_linear(_B + "norm_1", _T + "norm1", "norm"),
     *_projections(_B + "attention", _T + "attn.qkv",
@@ -87,9 +92,7 @@ TIMM = Layout("timm", [
     *_linear("resnet_root_norm", _BACKBONE + "stem.norm", "norm"),
     Rule("resnet_root_conv/kernel", _BACKBONE + "conv.weight", "conv",
          variant="root_only"),
-    *[Rule(f"resnet_root_norm/{p}", f"{_BACKBONE}norm.{q}",
-           variant="root_only") for p, q in (("gamma", "weight"),
-                                             ("beta", "bias"))],
+    *_linear("resnet_root_norm", _BACKBONE + "norm", "norm", "root_only"),
     *[Rule(f"{_UNIT}conv{n}/kernel", f"{_BACKBONE}{_STAGE}conv{n}.weight",
            "conv") for n in (1, 2, 3)],
     *[r for n in (1, 2, 3) for r in _linear(
@@ -163,8 +166,7 @@ def _parallel_rules(rules):
                        for k in rule.keys)]
     return [
         *own,
-        *[Rule(_B + f"norm_1/{p}", f"{_T}in_norm.{q}", variant="parallel")
-          for p, q in (("gamma", "weight"), ("beta", "bias"))],
+        *_linear(_B + "norm_1", _T + "in_norm", "norm", "parallel"),
         Rule(_B + "layer_scale_1", _T + "ls.gamma", variant="parallel"),
         Rule(_B + "mlp/dense_0/bias", _T + "mlp_bias",
              variant="parallel_no_qkv_bias"),
@@ -173,12 +175,10 @@ def _parallel_rules(rules):
             f"{_T}in_proj.{key}", form, "parallel")
           for part, key, form in (("kernel", "weight", "linear"),
                                   ("bias", "bias", "flat"))],
-        *[Rule(f"{_B}{path}/{part}", f"{_T}{key}.{name}", form,
-               "parallel_split")
-          for path, key in (("attention/out", "attn_out_proj"),
-                            ("mlp/dense_1", "mlp_out_proj"))
-          for part, name, form in (("kernel", "weight", "linear_out"),
-                                   ("bias", "bias", "flat"))],
+        *_linear(_B + "attention/out", _T + "attn_out_proj", "linear_out",
+                 "parallel_split"),
+        *_linear(_B + "mlp/dense_1", _T + "mlp_out_proj", "linear_out",
+                 "parallel_split"),
         Rule([_B + "attention/out/kernel", _B + "mlp/dense_1/kernel"],
              _T + "out_proj.weight", "linear_out", "parallel_fused", axis=1),
         Rule(_B + "attention/out/bias", _T + "out_proj.bias", "flat",
@@ -210,11 +210,9 @@ TIMM_EVA = Layout("timm", [
                    for n in (1, 2)}).rules,
     *[Rule(f"{_B}attention/{part}/bias", f"{_T}attn.{part[0]}_bias", "flat")
       for part in ("query", "key", "value")],
-    *[Rule(f"{_B}attention/{part}/{ours}", f"{_T}attn.{part[0]}_proj.{key}",
-           form, variant="unfused_qkv")
-      for part in ("query", "key", "value")
-      for ours, key, form in (("kernel", "weight", "linear"),
-                              ("bias", "bias", "flat"))]])
+    *[r for part in ("query", "key", "value")
+      for r in _linear(f"{_B}attention/{part}", f"{_T}attn.{part[0]}_proj",
+                       variant="unfused_qkv")]])
 
 
 def check_state(state, layout, what="ViT"):

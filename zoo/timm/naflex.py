@@ -187,9 +187,8 @@ def honoured(args, path, given=None):
     out["classifier"] = TIMM_POOLS[pool]
     if pool == "token" and not out["class_token"]:
         raise refuse("global_pool", "token pooling needs class_token=True")
-    fc_norm = args.get("fc_norm")
-    fc_norm = pool == "avg" if fc_norm is None else read(
-        "fc_norm", arguments.bool_arg, None)
+    fc_norm = read("fc_norm", arguments.or_default(arguments.bool_arg,
+                                                   pool == "avg"), None)
     final = read("final_norm", arguments.bool_arg, True)
     if final and fc_norm and pool == "token":
         raise refuse("fc_norm", "keras_vit's norm after the pooling "
@@ -207,11 +206,9 @@ def honoured(args, path, given=None):
             raise refuse("embed_norm_layer", "keras_vit's patch norm is of "
                          "the kind and epsilon of the model's norm_layer")
         out["patch_norm"] = True
-    if args.get("act_layer") is None:
-        out["gelu"] = "exact"  # timm's nn.GELU
-    else:
-        out["gelu"] = read("act_layer", _choice(
-            TIMM_ACTIVATIONS, "keras_vit's GELU forms are"), None)
+    gelus = _choice(TIMM_ACTIVATIONS, "keras_vit's GELU forms are")
+    # None: timm's nn.GELU.
+    out["gelu"] = read("act_layer", arguments.or_default(gelus, "exact"), None)
     ratio = read("mlp_ratio", _positive, 4.0)
     out["mlp_dim"] = int(out["hidden_size"] * ratio)  # timm's Mlp
     if pool == "map":

@@ -47,7 +47,6 @@ def honoured(args, path):
     post = _BLOCKS.get(args.get("block_fn", "RelPosBlock"))
     if post is None:
         raise refuse("block_fn", f"keras_vit builds {', '.join(_BLOCKS)}")
-    width = args.get("rel_pos_dim")
     fc_norm = read("fc_norm", arguments.bool_arg, False)
     out.update(
         classifier=pool, position_embedding="none",
@@ -60,8 +59,8 @@ def honoured(args, path):
         post_norm=post,
         relative_mlp="shared" if read("shared_rel_pos", arguments.bool_arg,
                                       False) else "block",
-        relative_mlp_width=128 if width is None else read(
-            "rel_pos_dim", arguments.count_arg, None),
+        relative_mlp_width=read("rel_pos_dim", arguments.or_default(
+            arguments.count_arg, 128), None),
         layer_norm_epsilon=1e-6, gelu="exact",
         mlp_dim=int(out["hidden_size"] * read(
             "mlp_ratio", arguments.positive_arg, 4.0)))

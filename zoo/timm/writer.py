@@ -49,6 +49,8 @@ def _family_args(config):
             f"{', '.join(map(repr, TIMM_POOLS))}, and the model has "
             f"classifier={classifier!r}")
     token = geometry.class_token(config)
+    pooling = dict(class_token=token, global_pool=pools[classifier],
+                   fc_norm=bool(options["fc_norm"]))
     args = {}
     if classifier != "token" or not token:
         args.update(global_pool=pools[classifier], class_token=token,
@@ -60,13 +62,9 @@ def _family_args(config):
                 and options[row.name] != row.default):
             args[row.timm.name] = row.timm.write(options[row.name], row.name)
     if options["post_norm"]:
-        return _post_norm_args(options, gelu, epsilon, args,
-                               class_token=token,
-                               global_pool=pools[classifier])
+        return _post_norm_args(options, gelu, epsilon, args, **pooling)
     if options["parallel"]:
-        return _parallel_args(options, gelu, epsilon, args, class_token=token,
-                              global_pool=pools[classifier],
-                              fc_norm=bool(options["fc_norm"]))
+        return _parallel_args(options, gelu, epsilon, args, **pooling)
     # timm's default is the exact GELU: the others are named.
     glu = options["mlp"] == "swiglu"
     if glu:
@@ -116,7 +114,7 @@ POST_NORM = "vit_base_patch16_rpn_224"
 
 def _post_norm_args(options, gelu, epsilon, args, **pooling):
     """``(POST_NORM, model_args)`` of a post-norm model (``pooling``: its
-    class token and pooling, in timm's words)."""
+    class token, pooling and fc_norm, in timm's words)."""
     if (options["layer_scale"] is not None or options["mlp"] != "gelu"
             or options["norm"] != "layer" or options["patch_norm"]
             or options["distilled"] or epsilon != 1e-6 or gelu != "exact"):
@@ -127,8 +125,7 @@ def _post_norm_args(options, gelu, epsilon, args, **pooling):
             f"{options['layer_scale']}, mlp={options['mlp']!r}, gelu="
             f"{gelu!r}, norm={options['norm']!r}, layer_norm_epsilon="
             f"{epsilon}, distilled={options['distilled']}")
-    return POST_NORM, dict(args, **pooling, fc_norm=bool(options["fc_norm"]),
-                           qkv_bias=options["qkv_bias"])
+    return POST_NORM, dict(args, **pooling, qkv_bias=options["qkv_bias"])
 
 
 # (parallel, differential) -> timm's architecture of those blocks.
