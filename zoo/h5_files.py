@@ -42,7 +42,6 @@ def read_h5(path, wanted, expected,
     in ``optional`` may be missing."""
     f = open_h5(path)
     shapes = {name: expected[name] for name in wanted if name in expected}
-    size = os.path.getsize(path)
     with f:
         found = h5_datasets(f, f"{path}:")
         by_dataset = {v: k for k, v in wanted.items() if k in shapes}
@@ -50,26 +49,10 @@ def read_h5(path, wanted, expected,
                  for k, ds in found.items()}
         hub_files.check_names(named, shapes, f"{path}: does not hold {what}",
                               optional)
-        shapes = {name: shape for name, shape in shapes.items()
-                  if wanted[name] in found}
-        problems = []
-        for name, key in wanted.items():
-            if name not in shapes:
-                continue
-            ds = found[key]
-            if not is_float_dataset(ds):
-                problems.append(f"{key}: dtype {shown(str(ds.dtype), 40)}")
-                continue
-            where = h5_storage_problem(ds, size)
-            if where:
-                problems.append(f"{key}: stored {where}")
-        if problems:
-            raise checkpoints.CheckpointError(
-                f"{path}: has datasets keras_vit does not read: "
-                f"{'; '.join(problems[:12])} (Keras writes float arrays, "
-                "contiguous, inside the file)")
-        return {name: float_array(found[key]) for name, key in wanted.items()
-                if name in shapes}
+        read = {name: key for name, key in wanted.items()
+                if name in shapes and key in found}
+        check_datasets(path, [(key, found[key]) for key in read.values()])
+        return {name: float_array(found[key]) for name, key in read.items()}
 
 
 def h5_datasets(f, where):
@@ -93,6 +76,32 @@ def h5_datasets(f, where):
 
     f.visititems(visit)
     return found
+
+
+def check_datasets(path, datasets, stored="stored ", ids=()):
+    """One CheckpointError naming the file ``path`` and every dataset of
+    ``datasets`` (``(name, h5py.Dataset)`` pairs) keras_vit does not read:
+    not a float array (integer position ids, each a row of its table, for
+    the names in ``ids``), or stored (after ``stored`` in the error)
+    otherwise than contiguous inside the file."""
+    size = os.path.getsize(path)
+    problems = []
+    for name, ds in datasets:
+        is_ids = name in ids
+        if not (ds.dtype.kind in "iu" if is_ids else is_float_dataset(ds)):
+            problems.append(f"{name}: dtype {shown(str(ds.dtype), 40)}")
+            continue
+        where = h5_storage_problem(ds, size)
+        if where:
+            problems.append(f"{name}: {stored}{where}")
+        elif is_ids and not ((ds[()] >= 0) & (ds[()] < ds.size)).all():
+            problems.append(f"{name}: position ids outside [0, {ds.size}) "
+                            f"(rows of a table of {ds.size})")
+    if problems:
+        raise checkpoints.CheckpointError(
+            f"{path}: has datasets keras_vit does not read: "
+            f"{'; '.join(problems[:12])} (Keras writes float arrays, "
+            "contiguous, inside the file)")
 
 
 def h5_storage_problem(ds, file_size):

@@ -345,10 +345,7 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
     builder arguments; ``tags`` more attributes for the model."""
     from keras_vit.zoo import build
 
-    config = {key: arch[key] for key in (
-        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "num_channels", "image_size",
-        "representation_size")}
+    config = {key: arch[key] for key in (*SHAPE_KEYS, "representation_size")}
     config.update(num_classes=head or 1000,
                   classifier=arch.get("classifier", "token"), **defaults)
     return build.Checkpoint(
@@ -361,6 +358,10 @@ def vit_checkpoint(arch, arrays, *, head, label_names=None, source_name=None,
 
 # The sizes that name a ViT, but its patch.
 _SIZES = ("hidden_size", "mlp_dim", "num_heads", "num_layers")
+#: The builder arguments of a ViT's shape, as a reader's ``arch`` has them.
+SHAPE_KEYS = ("patch_size", "hidden_size", "num_layers", "num_heads",
+              "mlp_dim", "layer_norm_epsilon", "gelu", "num_channels",
+              "image_size")
 
 
 def zoo_name(arch):

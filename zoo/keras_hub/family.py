@@ -29,7 +29,7 @@ from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_MLP
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                                    Object, Str)
-from keras_vit.zoo import checkpoints, formats, h5_files, hub_files, layouts
+from keras_vit.zoo import formats, h5_files, hub_files, layouts
 from keras_vit.zoo.keras_hub.layout import (family_rows, family_shapes,
                                             image_grid)
 from keras_vit.zoo.transformers.tables import swiglu_width
@@ -335,32 +335,14 @@ def read_h5(path, rows, prefix="", optional=False):
             {k: row[2] for k, row in rows.items()},
             f"{path}: does not hold the keras-hub model its config describes",
             optional=rows if optional else ())
-        rows = {k: row for k, row in rows.items() if k in found}
-        problems = []
-        for name, (key, how, _) in rows.items():
-            if key is None:
-                continue
-            ds = found[name]
-            ok = (ds.dtype.kind in "iu" if how == "ids"
-                  else h5_files.is_float_dataset(ds))
-            where = ("dtype " + shown(str(ds.dtype), 40) if not ok else
-                     h5_files.h5_storage_problem(ds, os.path.getsize(path)))
-            if not where and how == "ids" and not (
-                    (ds[()] >= 0) & (ds[()] < ds.size)).all():
-                where = (f"position ids outside [0, {ds.size}) (rows of a "
-                         f"table of {ds.size})")
-            if where:
-                problems.append(f"{name}: {where}")
-        if problems:
-            raise checkpoints.CheckpointError(
-                f"{path}: has datasets keras_vit does not read: "
-                f"{'; '.join(problems[:12])} (Keras writes float arrays, "
-                "contiguous, inside the file)")
+        rows = {k: row for k, row in rows.items()
+                if k in found and row[0] is not None}
+        h5_files.check_datasets(
+            path, [(name, found[name]) for name in rows], stored="",
+            ids={name for name, row in rows.items() if row[1] == "ids"})
         # The halves of one packed Dense joined, gate first.
         out, halves = {}, {}
         for name, (key, how, _) in rows.items():
-            if key is None:
-                continue
             if how == "ids":
                 out[key] = np.asarray(found[name][()], "int64"), how
             elif how in ("gate", "up"):

@@ -282,9 +282,7 @@ def zero_biases(state, arch):
 
 def builder_config(arch, num_labels, has_pooler):
     """The builder arguments of the keras_vit model ``arch`` describes."""
-    config = {key: arch[key] for key in (
-        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "num_channels", "image_size")}
+    config = {key: arch[key] for key in hub_files.SHAPE_KEYS}
     config.update(arch["options"])
     config.update(classifier="token", class_token=True,
                   representation_size=None, num_classes=num_labels or 1000,

@@ -188,10 +188,8 @@ def check_preprocessor(path):
         return None
     config = formats.check(formats.TRANSFORMERS_PREPROCESSOR, read_json(
         path, "transformers preprocessor_config.json"), path)
-    problems = []
-    for key in ("do_normalize", "do_rescale"):
-        if config.get(key, True) is not True:
-            problems.append(f"{key}={config.get(key)!r}")
+    problems = [f"{key}={config.get(key)!r}" for key in (
+        "do_normalize", "do_rescale") if config.get(key, True) is not True]
     scale = config.get("rescale_factor", 1 / 255)
     if abs(scale - 1 / 255) > 1e-6:  # a number: checked by the format
         problems.append(f"rescale_factor={_shown(scale)}")

@@ -188,9 +188,7 @@ def read_checkpoint(config, config_path, path, header, source, *, name=None,
         "config describes")
     arrays = read_tensors(path, sorted(found))
     head = arch["use_head"]
-    config = {key: arch[key] for key in (
-        "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-        "layer_norm_epsilon", "gelu", "num_channels", "image_size")}
+    config = {key: arch[key] for key in hub_files.SHAPE_KEYS}
     config.update(classifier="map" if head else "gap", class_token=False,
                   representation_size=None, num_classes=0 if head else 1000,
                   input_normalization=input_normalization,

@@ -22,10 +22,10 @@ from keras_vit.zoo.transformers.layout import (ARCHITECTURES, HIDDEN_ACTS,
 from keras_vit.zoo.hub_files import CONFIG_FILE, WEIGHTS_FILE
 
 
-def _writable(model):
+def _writable(model, config):
     """``(kind, reason)``: the transformers class that holds ``model``
-    (``"classifier"`` or ``"model"``), or None and the reason none does."""
-    config = model.get_config() if hasattr(model, "get_config") else None
+    (``config``: its ``get_config()``), ``"classifier"`` or ``"model"``,
+    or None and the reason none does."""
     if not isinstance(config, dict) or "hidden_size" not in config or (
             "num_heads" not in config):
         return None, (f"{type(model).__name__} is not a keras_vit "
@@ -86,7 +86,7 @@ def write(model, directory, labels=None):
     if name is not None:  # DeiT, DINOv2, DINOv3 or CLIP
         return _write_folder(directory,
                              *_family_files(model, config, name, labels))
-    kind, reason = _writable(model)
+    kind, reason = _writable(model, config)
     if reason is not None:
         raise ValueError(
             f"save_pretrained(layout='transformers') writes transformers' "
@@ -96,7 +96,6 @@ def write(model, directory, labels=None):
                "; zoo.save_npz writes it"
                if convert.official_refusal(model) is None else
                "; model.save('model.keras') keeps it"))
-    config = model.get_config()
     hidden, heads = int(config["hidden_size"]), int(config["num_heads"])
     size = config["image_size"]
     out = {
