@@ -7,7 +7,6 @@ vit_jax's numbering or big_vision's (rewritten to vit_jax's first).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 import zipfile
@@ -20,8 +19,6 @@ from keras_vit.zoo import checkpoints, layouts
 from keras_vit.zoo.checkpoints import CheckpointError, as_array, check_model
 from keras_vit.zoo.layouts import Layout, Rule
 from keras_vit.zoo.official import npz as lazy_npz
-
-logger = logging.getLogger("keras_vit.zoo")
 
 
 def read_npz(path, lazy=False) -> dict:

@@ -22,7 +22,7 @@ import typing
 
 from keras_vit.base import variants
 from keras_vit.zoo import registry, settle
-from keras_vit.zoo.build import build, build_settled as _build_settled
+from keras_vit.zoo.build import build, build_settled
 
 
 def reader_module(name):
@@ -95,10 +95,6 @@ def claims(value, progress=None):
     return found
 
 
-def _local(value):
-    return isinstance(value, (str, os.PathLike)) and os.path.exists(value)
-
-
 def find(name, weights, *, progress=None):
     """``(source, value, arch_name)``: the :class:`Source` that reads what
     ``zoo.load(name, weights)`` asks for, the value it reads, and the
@@ -114,7 +110,8 @@ def find(name, weights, *, progress=None):
                 isinstance(weights, str) and weights == "auto")):
             continue
         found = claims(value, progress)
-        if len(found) > 1 and _local(value):
+        if len(found) > 1 and isinstance(value, (str, os.PathLike)) and (
+                os.path.exists(value)):
             argument = "name" if arch_name is None else "weights"
             raise ValueError(
                 f"{argument}={os.fspath(value)!r} is ambiguous: it holds "
@@ -191,7 +188,7 @@ def load(name, weights="auto", request=None, *, progress=None,
     if arch_name is not None:
         _name_release(checkpoint, arch_name, value)
     # `build` is looked up here, so that a test can watch it.
-    return _build_settled(checkpoint, request, builder=build)
+    return build_settled(checkpoint, request, builder=build)
 
 
 def _name_release(checkpoint, name, value):
@@ -212,9 +209,3 @@ def _name_release(checkpoint, name, value):
     if (checkpoint.label_names is None and records[0].labels
             and checkpoint.head == records[0].num_classes):
         checkpoint.label_names = registry.label_names(records[0].labels)
-
-
-def build_settled(checkpoint, request):
-    """Steps 3 to 5 for a checkpoint already read
-    (:func:`keras_vit.zoo.build.build_settled`)."""
-    return _build_settled(checkpoint, request, builder=build)

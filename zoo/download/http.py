@@ -68,12 +68,6 @@ class Throughput:
             f"{ENV_STALL} to a longer window")
 
 
-def _describe(resolved: str, url: str) -> str:
-    """Name the URL actually used, and the official one if a mirror was involved."""
-    official = official_url(url)
-    return resolved if resolved == official else f"{resolved} (mirror of {official})"
-
-
 class _DeadlineExceeded(socket.timeout):
     """The overall deadline of a download passed while waiting for bytes."""
 
@@ -166,13 +160,6 @@ class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
                             context=self._context, **extra)
 
 
-def _open(request, give_up: float, stall: float):
-    """``urlopen`` with the whole exchange bounded by ``give_up`` (a
-    ``time.monotonic`` value)."""
-    opener = urllib.request.build_opener(_DeadlineHandler(give_up, stall))
-    return opener.open(request, timeout=stall)
-
-
 def _late(where: str, deadline: float, when: str) -> DownloadError:
     return DownloadError(
         f"download of {where} did not finish within {deadline:.0f} s ({when}); pass a "
@@ -183,7 +170,9 @@ def download_file(resolved: str, url: str, final: Path, expected: Optional[str],
                   progress: Optional[bool], timeout: float,
                   deadline: float = DEFAULT_DEADLINE) -> None:
     """Stream ``resolved`` into ``final`` via a temporary file; verify; rename atomically."""
-    where = _describe(resolved, url)
+    official = official_url(url)  # where names the mirror it came from
+    where = (resolved if resolved == official
+             else f"{resolved} (mirror of {official})")
     give_up = time.monotonic() + deadline
     rate = Throughput(stall_seconds())
     # Its temporary name ends in ".partial" (remove_stale_partials).
@@ -193,7 +182,10 @@ def download_file(resolved: str, url: str, final: Path, expected: Optional[str],
         with open(partial, "wb") as out:
             request = urllib.request.Request(resolved, headers={"User-Agent": _USER_AGENT})
             try:
-                response = _open(request, give_up, timeout)
+                # The whole exchange is bounded by give_up.
+                opener = urllib.request.build_opener(
+                    _DeadlineHandler(give_up, timeout))
+                response = opener.open(request, timeout=timeout)
             except urllib.error.HTTPError as e:  # must precede URLError (its base class)
                 e.close()
                 raise DownloadError(
