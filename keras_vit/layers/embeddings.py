@@ -181,10 +181,8 @@ class PatchTokens(layers.Layer):
         return patches
 
     def get_config(self):
-        return {**super().get_config(),
-                "num_prefix_tokens": self.num_prefix_tokens,
-                "stride": self.stride, "output_format": self.output_format,
-                "return_prefix": self.return_prefix}
+        return with_arguments(super().get_config(), self, (
+            "num_prefix_tokens", "stride", "output_format", "return_prefix"))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

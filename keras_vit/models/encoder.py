@@ -175,13 +175,13 @@ def check_family_options(options, classifier, pooling, include_top,
         if need:
             raise ValueError(f"{row.name}={out[row.name]!r} needs {need}")
     method = classifier if include_top else pooling
+    # The argument that chose the pooling, as the messages name it.
+    chosen = f"{'classifier' if include_top else 'pooling'}={method!r}"
     if method in options_table.CLASS_TOKEN_POOLINGS and not token:
-        what = (f"classifier={classifier!r}" if include_top
-                else f"pooling={pooling!r}")
         raise ValueError(
-            f"{what} takes the class token, but class_token=False builds "
+            f"{chosen} takes the class token, but class_token=False builds "
             "the model without one; pool by 'gap', 'max', 'avgmax' or "
-            f"'map' or keep the class token; received {what}, "
+            f"'map' or keep the class token; received {chosen}, "
             "class_token=False")
     if out["fc_norm"] and not out["final_norm"]:
         raise ValueError(
@@ -192,15 +192,13 @@ def check_family_options(options, classifier, pooling, include_top,
         raise ValueError(
             "fc_norm=True normalises the pooled patch tokens (after 'gap', "
             "'max', 'avgmax' or 'map' pooling); received fc_norm=True with "
-            + (f"classifier={classifier!r}" if include_top
-               else f"pooling={pooling!r}"))
+            + chosen)
     if out["distilled"] and (method not in (None, "token")
                              or out["num_registers"] or not token):
         raise ValueError(
             "distilled=True reads the class and distillation tokens (DeiT): "
             "it needs the class token, token pooling and no register "
-            f"tokens; received {'classifier' if include_top else 'pooling'}"
-            f"={method!r}, class_token={token}, num_registers="
+            f"tokens; received {chosen}, class_token={token}, num_registers="
             f"{out['num_registers']}")
     unused = [f"{name}={options[name]!r}" for name in (
         "rope_temperature", "rope_offset", "rope_indexing", "rope_halves")
@@ -218,8 +216,7 @@ def check_family_options(options, classifier, pooling, include_top,
             "needs no class, register or distillation token and pooling "
             "by 'gap', 'max' or 'avgmax'; received merge_size="
             f"{out['merge_size']}, class_token={token}, num_registers="
-            f"{out['num_registers']}, distilled={out['distilled']}, "
-            f"{'classifier' if include_top else 'pooling'}={method!r}")
+            f"{out['num_registers']}, distilled={out['distilled']}, {chosen}")
     if out["relative_bias"] is not None and (
             not token or out["num_registers"] or out["distilled"]):
         raise ValueError(
@@ -232,8 +229,7 @@ def check_family_options(options, classifier, pooling, include_top,
         raise ValueError(
             "pool_heads sets the attention-pool head's heads "
             "(classifier='map'); received pool_heads="
-            f"{out['pool_heads']}, {'classifier' if include_top else 'pooling'}"
-            f"={method!r}")
+            f"{out['pool_heads']}, {chosen}")
     if out["naflex"] and (
             out["rope"] is not None or out["relative_bias"] is not None
             or out["merge_size"] or position_embedding not in (

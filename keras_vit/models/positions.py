@@ -27,24 +27,46 @@ from keras_vit.base import options
 from keras_vit.base.checks import check_choice
 
 
+class _GridLayer(layers.Layer):
+    """A layer built for a grid of patches: config ``grid_size`` then the
+    attributes named in ``config_names``."""
+
+    config_names = ()
+
+    def __init__(self, grid_size, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+
+    @property
+    def num_patches(self):
+        return self.grid_size[0] * self.grid_size[1]
+
+    def _grid(self, images):
+        """The built grid, or a dynamic-size model's from ``images``."""
+        if images is None:
+            return self.grid_size
+        return vit_layers.runtime_grid(images, self.stride)
+
+    def get_config(self):
+        return dict(super().get_config(), grid_size=list(self.grid_size),
+                    **{name: getattr(self, name)
+                       for name in self.config_names})
+
+
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class RelativePositionEmbedding(layers.Layer):
+class RelativePositionEmbedding(_GridLayer):
     """The learned table of ``position_embedding="relative"``: one
     embedding per 1D offset between two patches, (2P - 1 [+ 1], heads, D /
     heads); the extra last row, with a class token, is shared by every pair
     that involves it. Called on the tokens, it returns the table."""
 
     kind = "relative"
+    config_names = ("num_heads", "num_prefix_tokens")
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=0, **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.num_heads = int(num_heads)
         self.num_prefix_tokens = int(num_prefix_tokens)
-
-    @property
-    def num_patches(self):
-        return self.grid_size[0] * self.grid_size[1]
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
@@ -65,11 +87,6 @@ class RelativePositionEmbedding(layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(self.rel_embedding.shape)
-
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    num_heads=self.num_heads,
-                    num_prefix_tokens=self.num_prefix_tokens)
 
 
 def relative_bias_index(grid):
@@ -93,14 +110,15 @@ def relative_bias_index(grid):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class RelativePositionBias(layers.Layer):
+class RelativePositionBias(_GridLayer):
     """BEiT's relative position bias (``relative_bias``): a learned bias
     per head for each 2D offset (:func:`relative_bias_index`); called on
     the tokens, it returns the (1, heads, N, N) bias for the logits."""
 
+    config_names = ("num_heads",)
+
     def __init__(self, grid_size, num_heads, **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.num_heads = int(num_heads)
 
     def build(self, input_shape):
@@ -119,12 +137,8 @@ class RelativePositionBias(layers.Layer):
         return ops.transpose(bias, (2, 0, 1))[None]
 
     def compute_output_shape(self, input_shape):
-        tokens = self.grid_size[0] * self.grid_size[1] + 1
+        tokens = self.num_patches + 1
         return (1, self.num_heads, tokens, tokens)
-
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    num_heads=self.num_heads)
 
 
 def log_offsets(grid):
@@ -143,17 +157,18 @@ def log_offsets(grid):
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class RelativePositionMlp(layers.Layer):
+class RelativePositionMlp(_GridLayer):
     """timm's relative position MLP (``relative_mlp``, ``RelPosMlp``):
     each 2D offset in log coordinates (:func:`log_offsets`) through
     Dense(``width``) -> ReLU -> Dropout(0.125) -> Dense(``num_heads``)
     gives a bias per head; prefix tokens' pairs get none. Called on the
     tokens, it returns the (1, heads, N, N) bias for the logits."""
 
+    config_names = ("num_heads", "width", "num_prefix_tokens")
+
     def __init__(self, grid_size, num_heads, width=128, num_prefix_tokens=0,
                  **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.num_heads, self.width = int(num_heads), int(width)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.fc1 = layers.Dense(self.width, activation="relu",
@@ -181,17 +196,12 @@ class RelativePositionMlp(layers.Layer):
         return bias[None]
 
     def compute_output_shape(self, input_shape):
-        tokens = self.grid_size[0] * self.grid_size[1] + self.num_prefix_tokens
+        tokens = self.num_patches + self.num_prefix_tokens
         return (1, self.num_heads, tokens, tokens)
-
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    num_heads=self.num_heads, width=self.width,
-                    num_prefix_tokens=self.num_prefix_tokens)
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class AxisPositionTable(layers.Layer):
+class AxisPositionTable(_GridLayer):
     """Gemma 4's position table (``position_axes``): weight ``table`` (2,
     ``size``, width); patch (r, c) gets ``table[0, c] + table[1, r]``
     added, prefix tokens nothing. Any grid of up to ``size`` rows and
@@ -205,10 +215,11 @@ class AxisPositionTable(layers.Layer):
     [[0.0, 0.0], [8.0, 10.0], [10.0, 12.0]]
     """
 
+    config_names = ("size", "num_prefix_tokens", "stride")
+
     def __init__(self, grid_size, size, num_prefix_tokens=0, stride=None,
                  **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.size = int(size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.stride = None if stride is None else int(stride)
@@ -225,8 +236,7 @@ class AxisPositionTable(layers.Layer):
         self.built = True
 
     def call(self, x, images=None):
-        rows, cols = (self.grid_size if images is None
-                      else vit_layers.runtime_grid(images, self.stride))
+        rows, cols = self._grid(images)
         table = ops.cast(self.table, x.dtype)
         per_col = ops.take(table[0], ops.arange(cols), axis=0)
         per_row = ops.take(table[1], ops.arange(rows), axis=0)
@@ -239,11 +249,6 @@ class AxisPositionTable(layers.Layer):
 
     def compute_output_shape(self, x_shape, images_shape=None):
         return tuple(x_shape)
-
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    size=self.size, num_prefix_tokens=self.num_prefix_tokens,
-                    stride=self.stride)
 
 
 def _per_patch(y, x):
@@ -272,7 +277,7 @@ learns one per block: :class:`MixedRotaryEmbedding`)."""
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class RotaryEmbedding(layers.Layer):
+class RotaryEmbedding(_GridLayer):
     """The rotary table of ``rope`` (no weights): called on the tokens
     (and, in a dynamic-size model, the images), it returns each token's
     sines and cosines (tokens, 2 * head_dim) for
@@ -293,11 +298,13 @@ class RotaryEmbedding(layers.Layer):
     ((5, 16), True)
     """
 
+    config_names = ("head_dim", "num_prefix_tokens", "form", "temperature",
+                    "stride", "reference_grid", "offset", "indexing")
+
     def __init__(self, grid_size, head_dim, num_prefix_tokens=0,
                  form="dinov3", temperature=100.0, stride=None,
                  reference_grid=None, offset=0.0, indexing="ij", **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.head_dim = int(head_dim)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.form = check_choice("rope", form, ROPE_FORMS)
@@ -341,25 +348,16 @@ class RotaryEmbedding(layers.Layer):
         return ops.concatenate([first * rates, second * rates], axis=-1)
 
     def call(self, x, images=None):
-        rows, cols = (self.grid_size if images is None
-                      else vit_layers.runtime_grid(images, self.stride))
+        rows, cols = self._grid(images)
         return _sin_cos_table(self._angles(rows, cols),
                               self.num_prefix_tokens)
 
     def compute_output_shape(self, x_shape, images_shape=None):
         return (x_shape[1], 2 * self.head_dim)
 
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    head_dim=self.head_dim,
-                    num_prefix_tokens=self.num_prefix_tokens, form=self.form,
-                    temperature=self.temperature, stride=self.stride,
-                    reference_grid=self.reference_grid, offset=self.offset,
-                    indexing=self.indexing)
-
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
-class MixedRotaryEmbedding(layers.Layer):
+class MixedRotaryEmbedding(_GridLayer):
     """RoPE-ViT's mixed rotary table (``rope="mixed"``, Heo et al. 2024):
     learned frequencies ``freqs`` (2, blocks, heads, head_dim / 2), the
     columns' then the rows'. Called on the tokens with the block's index,
@@ -372,11 +370,13 @@ class MixedRotaryEmbedding(layers.Layer):
     (2, 7, 16)
     """
 
+    config_names = ("head_dim", "num_heads", "depth", "num_prefix_tokens",
+                    "temperature", "stride", "offset", "indexing")
+
     def __init__(self, grid_size, head_dim, num_heads, depth,
                  num_prefix_tokens=0, temperature=10.0, stride=None,
                  offset=0.0, indexing="xy", **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
+        super().__init__(grid_size, **kwargs)
         self.head_dim, self.num_heads = int(head_dim), int(num_heads)
         self.depth = int(depth)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -411,8 +411,7 @@ class MixedRotaryEmbedding(layers.Layer):
         self.built = True
 
     def call(self, x, images=None, block=0):
-        rows, cols = (self.grid_size if images is None
-                      else vit_layers.runtime_grid(images, self.stride))
+        rows, cols = self._grid(images)
         y, x_ = _per_patch(*(ops.cast(ops.arange(side), "float32")
                              + np.float32(self.offset)
                              for side in (rows, cols)))
@@ -425,14 +424,6 @@ class MixedRotaryEmbedding(layers.Layer):
 
     def compute_output_shape(self, x_shape, images_shape=None):
         return (self.num_heads, x_shape[1], 2 * self.head_dim)
-
-    def get_config(self):
-        return dict(super().get_config(), grid_size=list(self.grid_size),
-                    head_dim=self.head_dim, num_heads=self.num_heads,
-                    depth=self.depth,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                    temperature=self.temperature, stride=self.stride,
-                    offset=self.offset, indexing=self.indexing)
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -542,21 +533,19 @@ class PositionScheme:
             self.shared = self._make("position_embedding")
         family = dict(options.DEFAULTS, **(family or {}))
         self.rope, self.rope_table = None, None
+        rope = dict(temperature=family["rope_temperature"], stride=stride,
+                    offset=family["rope_offset"],
+                    indexing=family["rope_indexing"], dtype=dtype,
+                    name="rotary_embedding")
         if family["rope"] == "mixed":
             self.rope = MixedRotaryEmbedding(
-                grid, head_dim, num_heads, depth, options.prefix_tokens(
-                    family), temperature=family["rope_temperature"],
-                stride=stride, offset=family["rope_offset"],
-                indexing=family["rope_indexing"], dtype=dtype,
-                name="rotary_embedding")
+                grid, head_dim, num_heads, depth,
+                options.prefix_tokens(family), **rope)
         elif family["rope"] is not None:
             self.rope = RotaryEmbedding(
                 grid, head_dim, options.prefix_tokens(family),
-                form=family["rope"], temperature=family["rope_temperature"],
-                stride=stride, reference_grid=family["rope_grid"],
-                offset=family["rope_offset"],
-                indexing=family["rope_indexing"], dtype=dtype,
-                name="rotary_embedding")
+                form=family["rope"], reference_grid=family["rope_grid"],
+                **rope)
         self.axes = family["position_axes"] and AxisPositionTable(
             grid, family["position_axes"], num_prefix_tokens, stride=stride,
             dtype=dtype, name="position_axes")

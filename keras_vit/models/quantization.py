@@ -70,13 +70,14 @@ def _left_in_float(model):
     return left
 
 
+def _first_three(names):
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def describe_float_layers(left, mode):
     """One line: how many layers of each class stay in float."""
-    parts = []
-    for cls, names in sorted(left.items()):
-        shown = ", ".join(sorted(set(names))[:3])
-        more = ", ..." if len(set(names)) > 3 else ""
-        parts.append(f"{cls} x{len(names)} ({shown}{more})")
+    parts = [f"{cls} x{len(names)} ({_first_three(sorted(set(names)))})"
+             for cls, names in sorted(left.items())]
     return (f"quantize({mode!r}) left {sum(map(len, left.values()))} layers "
             "with weights in float (Keras has no quantized form for them): "
             + "; ".join(parts))
@@ -92,16 +93,14 @@ def _check_quantizable(model, layers, mode):
     if adapted:
         raise ValueError(
             f"quantize: model={model.name!r} has LoRA adapters "
-            f"({', '.join(adapted[:3])}{', ...' if len(adapted) > 3 else ''}"
-            "); merge them first (keras_vit.models.lora.merge) and quantize "
-            "the merged model")
+            f"({_first_three(adapted)}); merge them first "
+            "(keras_vit.models.lora.merge) and quantize the merged model")
     done = [layer.path for layer in layers
             if getattr(layer, "quantization_mode", None) is not None]
     if done:
         raise ValueError(
             f"quantize({mode!r}): model={model.name!r} has layers quantized "
-            f"already ({', '.join(done[:3])}"
-            f"{', ...' if len(done) > 3 else ''}); nothing was changed. "
+            f"already ({_first_three(done)}); nothing was changed. "
             "Quantize a float model (or pass filters= that leave them out)")
 
 

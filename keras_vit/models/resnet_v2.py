@@ -20,6 +20,7 @@ from keras_vit.models.common import (carry_policy, check_label_names,
 from keras_vit.models.compiled import CompiledModelMixin
 from keras_vit.models.config import ConstructorConfig
 from keras_vit.models.features import FeaturesMixin
+from keras_vit.models.positions import check_dynamic_image_size
 from keras_vit.models.quantization import QuantizeMixin
 
 BIT_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
@@ -129,14 +130,6 @@ class PreActBottleneck(layers.Layer):
                     epsilon=self.epsilon, remat=self.remat)
 
 
-def _width_factor(value):
-    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-            or not value > 0):
-        raise ValueError(
-            f"width_factor must be positive; received width_factor={value!r}")
-    return value
-
-
 def _block_units(value):
     ok = (isinstance(value, (tuple, list)) and len(value) == _NUM_STAGES
           and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
@@ -151,7 +144,11 @@ def _block_units(value):
 def stage_widths(width_factor, num_stages=_NUM_STAGES):
     """(root, [bottleneck width of each stage]) channels for a width factor:
     ``64 * width_factor`` and ``64 * 2**s * width_factor``."""
-    return geometry.bit_widths(_width_factor(width_factor), num_stages)
+    if (not isinstance(width_factor, numbers.Real)
+            or isinstance(width_factor, bool) or not width_factor > 0):
+        raise ValueError("width_factor must be positive; received "
+                         f"width_factor={width_factor!r}")
+    return geometry.bit_widths(width_factor, num_stages)
 
 
 @keras.saving.register_keras_serializable(package=vit_layers.PACKAGE)
@@ -193,10 +190,7 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                                         include_top)
         dtype = kwargs.pop("dtype", None)
         remat = vit_layers.check_remat(remat)
-        if not isinstance(dynamic_image_size, bool):
-            raise ValueError(
-                "dynamic_image_size must be True or False; received "
-                f"dynamic_image_size={dynamic_image_size!r}")
+        check_dynamic_image_size(dynamic_image_size, None)
 
         inputs, x, input_normalization = image_input(
             (None, None) if dynamic_image_size else image_hw, num_channels,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import layers
 
@@ -65,13 +67,6 @@ def _distilled_head(x, spec, head_bias_init, classifier_activation, dtype):
     return x
 
 
-def _model_norm(kind, epsilon, dtype, name):
-    """A norm of the model outside the blocks: Keras' LayerNormalization
-    (as saved files hold it), or for ``kind="rms"`` the package's RMSNorm.
-    """
-    return vit_layers.make_norm(kind, epsilon, dtype, name, fused=False)
-
-
 # The constructor arguments that VisionTransformer keeps normalised.
 _NORMALISED = (*NORMALISED, "resnet")
 
@@ -132,6 +127,10 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
         if spec["resnet"] is not None:
             x = resnet_stem(x, spec["resnet"], dtype, remat)
         norm = family["norm"]
+        # The norms outside the blocks: Keras' LayerNormalization (as saved
+        # files hold it), or for norm="rms" the package's RMSNorm.
+        model_norm = functools.partial(vit_layers.make_norm, norm,
+                                       layer_norm_epsilon, dtype, fused=False)
         x = vit_layers.PatchEmbedding(
             spec["hidden_size"], spec["patch"],
             use_bias=family["patch_bias"], stem=family["conv_stem"],
@@ -178,11 +177,10 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
             x, blocks, scheme, None if table_covers_prefix else prepend,
             layers.Dropout(spec["dropout_rate"], dtype=dtype,
                            name="embedding_dropout"),
-            _model_norm(norm, layer_norm_epsilon, dtype, "pre_norm")
-            if family["pre_norm"] else None, return_attention_scores)
+            model_norm("pre_norm") if family["pre_norm"] else None,
+            return_attention_scores)
         if family["final_norm"] and not family["fc_norm"]:
-            x = _model_norm(norm, layer_norm_epsilon, dtype,
-                            "encoder_norm")(x)
+            x = model_norm("encoder_norm")(x)
         if family["neck"]:
             x = vit_layers.Neck(spec["grid"], family["neck"], dtype=dtype,
                                 name="neck")(x)
@@ -213,8 +211,7 @@ class VisionTransformer(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                 spec["num_classes"],
                 keras.initializers.Constant(head_bias_init),
                 classifier_activation, dtype,
-                pooled_norm=_model_norm(
-                    norm, layer_norm_epsilon, dtype, "fc_norm")
+                pooled_norm=model_norm("fc_norm")
                 if family["fc_norm"] else vit_layers.UnscaledNorm(
                     norm, layer_norm_epsilon, dtype=dtype, name="pooled_norm")
                 if family["pooled_norm"] else None,
