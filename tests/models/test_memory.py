@@ -40,9 +40,13 @@ def test_memory_estimate_covers_hybrids_bit_and_mpp():
 
 @pytest.mark.parametrize("row", [row.name for row in OPTIONS
                                  if row.block_copies])
-def test_a_row_that_copies_the_block_multiplies_its_training_memory(row):
-    # Read from the row's column, not from the option's name: each copy of
-    # a block keeps its own 12 N*D + 5 N*mlp + 3 heads*N^2 values.
+def test_a_row_that_copies_the_block_multiplies_its_memory(row):
+    # Read from the row's column, not from the option's name. Training:
+    # each copy of a block keeps its own 12 N*D + 5 N*mlp + 3 heads*N^2
+    # values. Forward: the peak is one block's, so two copies side by
+    # side hold twice its larger phase (attention or MLP).
+    from keras_vit.models.memory import forward_estimate
+
     size = dict(image_size=32, patch_size=16, hidden_size=64, num_layers=2,
                 num_heads=2, mlp_dim=128, num_classes=10)
     one = keras_vit.vit(**size)
@@ -51,20 +55,6 @@ def test_a_row_that_copies_the_block_multiplies_its_training_memory(row):
     per_block = 12 * n * d + 5 * n * mlp + 3 * heads * n * n
     assert step_memory_estimate(two, 3) - step_memory_estimate(one, 3) == (
         3 * 4 * 2 * per_block)
-
-
-@pytest.mark.parametrize("row", [row.name for row in OPTIONS
-                                 if row.block_copies])
-def test_a_row_that_copies_the_block_multiplies_its_forward_peak(row):
-    # A forward pass's peak is one block's: with two copies of the block
-    # side by side, twice its larger phase (attention or MLP).
-    from keras_vit.models.memory import forward_estimate
-
-    size = dict(image_size=32, patch_size=16, hidden_size=64, num_layers=2,
-                num_heads=2, mlp_dim=128, num_classes=10)
-    one = keras_vit.vit(**size)
-    two = keras_vit.vit(**size, **{row: 2})
-    n, d, mlp, heads = 2 * 2 + 1, 64, 128, 2
     peak = max(2 * heads * n * n + 6 * n * d, 2 * n * mlp + 3 * n * d)
     assert forward_estimate(two, 3) - forward_estimate(one, 3) == (
         3 * 4 * peak)
