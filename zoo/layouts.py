@@ -125,18 +125,19 @@ class Rule:
                 f"{[k.text for k in self.keys]}, {self.form!r})")
 
 
-def torch_module(path, key, form="linear"):
+def torch_module(path, key, form="linear", variant=None):
     """The rules of a PyTorch module ``key`` for the Keras layer ``path``:
-    a Linear's (``weight`` in ``form``), or a norm's (``form="norm"``).
+    a Linear's (``weight`` in ``form``), or a norm's (``form="norm"``),
+    of the layout's ``variant`` (None: the plain rules).
 
     >>> torch_module("encoder_norm", "norm", "norm")[0]
     Rule(['encoder_norm/gamma'], ['norm.weight'], 'same')
     """
     if form == "norm":
-        return [Rule(f"{path}/gamma", f"{key}.weight"),
-                Rule(f"{path}/beta", f"{key}.bias")]
-    return [Rule(f"{path}/kernel", f"{key}.weight", form),
-            Rule(f"{path}/bias", f"{key}.bias", "flat")]
+        return [Rule(f"{path}/gamma", f"{key}.weight", variant=variant),
+                Rule(f"{path}/beta", f"{key}.bias", variant=variant)]
+    return [Rule(f"{path}/kernel", f"{key}.weight", form, variant),
+            Rule(f"{path}/bias", f"{key}.bias", "flat", variant)]
 
 
 def option_rules(source, norm, dense, conv, batch_norm):

@@ -12,7 +12,8 @@ import numpy as np
 
 from keras_vit.base import options
 from keras_vit.zoo.layouts import (Layout, Rule, option_rules,
-                                  torch_batch_norm, torch_module)
+                                  torch_batch_norm)
+from keras_vit.zoo.layouts import torch_module as _linear
 
 # timm's names of the poolings and MLP activations -> keras_vit's.
 TIMM_POOLS = {"token": "token", "avg": "gap", "max": "max",
@@ -26,14 +27,6 @@ TIMM_OPTIONS = {
     "pos_embed": "position_embedding"}
 
 _B, _T = "encoder_block_{i}/", "blocks.{i}."
-
-
-def _linear(path, key, form="linear", variant=None):
-    """:func:`~keras_vit.zoo.layouts.torch_module`'s rules, of ``variant``."""
-    rules = torch_module(path, key, form)
-    for rule in rules:
-        rule.variant = variant
-    return rules
 
 
 def _mlp(path, key):
