@@ -17,8 +17,8 @@ from __future__ import annotations
 from keras_vit.base import schema
 from keras_vit.base.errors import ConfigError
 from keras_vit.base.limits import (MAX_CHANNELS, MAX_CLASSES, MAX_HIDDEN,
-                              MAX_IMAGE_SIDE, MAX_LAYERS, MAX_MLP,
-                              NPZ_MAX_NDIM)
+                              MAX_IMAGE_SIDE, MAX_LABEL_LENGTH, MAX_LAYERS,
+                              MAX_MLP, NPZ_MAX_NDIM)
 from keras_vit.base.schema import (Any, Bool, Int, List, Nullable, Number,
                               Object, OneOf, Size, Str)
 from keras_vit.zoo.checkpoints import CheckpointError
@@ -45,7 +45,7 @@ def fail(path, field, problem):
 
 
 _COUNT = Int(1, MAX_CLASSES)
-_LABELS = List(Str(max_len=1024), max_len=MAX_CLASSES,
+_LABELS = List(Str(max_len=MAX_LABEL_LENGTH), max_len=MAX_CLASSES,
                expected="a list of strings")
 _SIDE = Int(1, MAX_IMAGE_SIDE)
 _UNIT_NUMBERS = List(Number(0, 1), lengths={1, 3},
@@ -105,7 +105,8 @@ TRANSFORMERS_CONFIG = Object({
     "head_dim": Nullable(Int(1, MAX_HIDDEN)), "pooler_act": Str(),
     "pooler_output_size": Int(1, MAX_HIDDEN),
     "vision_use_head": Bool(),  # SigLIP's image towers
-    "id2label": Object(values=Str(max_len=1024), max_len=MAX_CLASSES,
+    "id2label": Object(values=Str(max_len=MAX_LABEL_LENGTH),
+                       max_len=MAX_CLASSES,
                        what="an object of index: name pairs"),
     # transformers 5 writes null when only id2label was given.
     "label2id": Nullable(Object(values=Int(0, MAX_CLASSES),
@@ -170,11 +171,14 @@ KERAS_HUB_METADATA = Object({
 
 # -- a keras_vit .keras archive's config.json ------------------------------------
 
+# A hybrid's ResNet, as keras_vit.models.hybrid.check_resnet takes it
+# (num_layers=[]: the root alone).
 _RESNET = Nullable(Object({
-    "num_layers": List(Int(0, MAX_LAYERS), max_len=8),
+    "num_layers": List(Int(1, MAX_LAYERS), max_len=8),
     "width_factor": Number(0, 64, open=True), "fold_last_stage": Bool(),
     "standardization": Str(("std", "var")), "std_eps": Number(0, 1),
-    "norm_epsilon": Number(0, 1)}, extra="refuse"))
+    "norm_epsilon": Number(0, 1), "variant": Str(("bit", "d"))},
+    required=("num_layers",), extra="refuse"))
 #: The sizes of a keras_vit model's config (ViT, hybrid, Axial-ViT, BiT).
 KERAS_VIT_CONFIG = Object({
     "image_size": Size(MAX_IMAGE_SIDE), "patch_size": Size(MAX_IMAGE_SIDE),
@@ -183,7 +187,12 @@ KERAS_VIT_CONFIG = Object({
     "num_classes": Nullable(Int(0, MAX_CLASSES)),
     "num_channels": Int(1, MAX_CHANNELS),
     "representation_size": Nullable(Int(1, MAX_HIDDEN)),
-    "include_top": Bool(), "label_names": Nullable(_LABELS),
+    # The flags the models take (the family's options are checked by
+    # their rows, keras_archive._check_options).
+    "include_top": Bool(), "include_preprocessing": Bool(),
+    "return_attention_scores": Bool(), "dynamic_image_size": Bool(),
+    "remat": Bool(), "return_stages": Bool(),
+    "label_names": Nullable(_LABELS),
     "resnet": _RESNET, "block_units": List(Int(0, MAX_LAYERS), max_len=8),
     "width_factor": Number(0, 64, open=True),
     "layer_norm_epsilon": Number(0, 1, open=True),

@@ -25,6 +25,9 @@ MAX_MLP = 65536
 MAX_CHANNELS = 16
 #: Classes of a head (ImageNet-21k has 21,843).
 MAX_CLASSES = 1_000_000
+#: Characters of a class name: the builders refuse a longer one, as the
+#: readers of every file that holds names do.
+MAX_LABEL_LENGTH = 1024
 
 # -- files ---------------------------------------------------------------------
 

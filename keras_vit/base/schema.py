@@ -112,7 +112,8 @@ class Bool(Spec):
 
 
 class Str(Spec):
-    """A string, one of ``choices`` when given, at most ``max_len`` long."""
+    """A string, one of ``choices`` when given, at most ``max_len`` long
+    (a longer one is refused stating the limit)."""
 
     def __init__(self, choices=None, max_len=4096):
         self.choices, self.max_len = choices, max_len
@@ -120,9 +121,12 @@ class Str(Spec):
                          else "a string")
 
     def parse(self, value, where):
-        if not isinstance(value, str) or len(value) > self.max_len or (
+        if not isinstance(value, str) or (
                 self.choices is not None and value not in self.choices):
             _fail(self, where, value)
+        if len(value) > self.max_len:
+            raise _MismatchError(where, f"{self.expected} of at most "
+                                 f"{self.max_len} characters", value)
         return value
 
 

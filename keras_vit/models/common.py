@@ -7,9 +7,20 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from keras_vit.base.limits import MAX_LABEL_LENGTH
+from keras_vit.base.options import flag
 from keras_vit.base.names import class_names
 from keras_vit.data.normalization import check_normalization, config_value
 from keras_vit.layers.dense import FusedDense
+
+
+def _normalization(include_preprocessing, input_normalization,
+                   num_channels):
+    """The checked ``input_normalization`` (and ``include_preprocessing``
+    a flag: the string "false" is true)."""
+    flag("include_preprocessing", include_preprocessing)
+    return check_normalization("input_normalization", input_normalization,
+                               num_channels)
 
 
 def image_input(image_hw, num_channels, include_preprocessing, dtype,
@@ -18,8 +29,8 @@ def image_input(image_hw, num_channels, include_preprocessing, dtype,
     ``(inputs, x, input_normalization)``: ``x`` normalised when
     ``include_preprocessing``, and the normalisation as the model's config
     keeps it."""
-    normalization = check_normalization("input_normalization",
-                                        input_normalization, num_channels)
+    normalization = _normalization(include_preprocessing,
+                                   input_normalization, num_channels)
     inputs = keras.Input(shape=(*image_hw, num_channels), name="images")
     x = inputs
     if include_preprocessing:
@@ -31,8 +42,8 @@ def patch_input(patch_size, num_channels, include_preprocessing, dtype,
                 input_normalization=None):
     """:func:`image_input` for a NaFlex model: ``inputs`` the dict of
     :data:`keras_vit.data.naflex.PATCH_INPUTS`, ``x`` the patches."""
-    normalization = check_normalization("input_normalization",
-                                        input_normalization, num_channels)
+    normalization = _normalization(include_preprocessing,
+                                   input_normalization, num_channels)
     width = patch_size * patch_size * num_channels
     inputs = {
         "patches": keras.Input(shape=(None, width), name="patches"),
@@ -142,7 +153,12 @@ def check_label_names(label_names, num_classes, include_top):
     # One spelling per name (NFC): names that read the same are the same.
     label_names = class_names(label_names)
     seen = set()
-    for name in label_names:
+    for i, name in enumerate(label_names):
+        if len(name) > MAX_LABEL_LENGTH:  # as every file's reader holds
+            raise ValueError(
+                f"label_names must hold names of at most {MAX_LABEL_LENGTH} "
+                f"characters; received label_names[{i}]={name[:40]!r}... "
+                f"({len(name)} characters)")
         if name in seen:
             raise ValueError(
                 f"label_names must be distinct (evaluation maps classes by "

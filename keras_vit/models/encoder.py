@@ -84,6 +84,7 @@ def check_encoder_args(hidden_size, num_layers, num_heads, mlp_dim,
     """The argument checks every encoder model shares; returns the
     arguments named in :data:`NORMALISED`, normalised, as a dict.
     ``tokens``: the position table's rows, counted in the weight check."""
+    options_table.flag("include_top", include_top)
     hidden_size = check_int("hidden_size", hidden_size, low=1)
     num_layers = check_int("num_layers", num_layers, low=0)
     num_heads = check_int("num_heads", num_heads, low=1)
@@ -264,7 +265,12 @@ def check_vit_args(image_size, patch_size, hidden_size, num_layers,
     """Checks a ViT's arguments (each error names the argument) and returns
     what the graph builders need, normalised, as a dict. ``family``: the
     family options (:data:`FAMILY_DEFAULTS`)."""
-    resnet = check_resnet(resnet)
+    options_table.flag("include_top", include_top)
+    given, resnet = resnet, check_resnet(resnet)
+    if resnet is not None and "num_layers" not in given:
+        raise ValueError(
+            "resnet must give num_layers, the depth of each stage ([] for "
+            f"the root alone); received resnet={shown(given)}")
     stem_stride = 1
     if resnet is not None:
         stem_stride = geometry.hybrid_stride(resnet)
@@ -321,6 +327,7 @@ def check_head_outputs(spec, include_top, label_names, classifier_activation,
                        return_attention_scores):
     """Refuses head arguments that ``spec`` (:func:`check_vit_args`'
     result) cannot honour, naming them."""
+    options_table.flag("return_attention_scores", return_attention_scores)
     family = spec["family"]
     if include_top and not spec["head"] and (
             label_names is not None or classifier_activation is not None):

@@ -14,6 +14,7 @@ from keras import layers, ops
 from keras_vit import layers as vit_layers
 from keras_vit.base import geometry
 from keras_vit.base.checks import check_choice, check_int, check_keywords
+from keras_vit.base.options import flag
 from keras_vit.layers.image_sizes import check_image_size
 from keras_vit.models.common import (carry_policy, check_label_names,
                                      classification_head, image_input)
@@ -184,6 +185,8 @@ class ResNetV2(QuantizeMixin, ConstructorConfig, FeaturesMixin,
                     f"{_GN_GROUPS} (e.g. width_factor 0.5, 1, 1.5, 2, 3, 4)")
         num_channels = check_int("num_channels", num_channels, low=1)
         check_choice("pooling", pooling, _POOLINGS)
+        include_top = flag("include_top", include_top)
+        return_stages = flag("return_stages", return_stages)
         if include_top:
             num_classes = check_int("num_classes", num_classes, low=1)
         label_names = check_label_names(label_names, num_classes,

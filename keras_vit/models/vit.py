@@ -280,7 +280,8 @@ def vit(image_size, patch_size, hidden_size, num_layers, num_heads, mlp_dim,
             ``num_channels``, ``name``, ``dtype``, ``gelu`` (``"tanh"``,
             the official; ``"exact"``, timm's; ``"quick"``, OpenAI CLIP's),
             ``resnet`` (a dict such as ``dict(num_layers=(3, 4, 9),
-            width_factor=1)`` makes a hybrid), ``dynamic_image_size`` (True
+            width_factor=1)`` makes a hybrid; ``num_layers=[]``, the root
+            alone), ``dynamic_image_size`` (True
             takes any height and width the stride divides, the position
             embedding resized in the graph), ``remat`` (True
             rematerialises every block in training), ``label_names`` (the

@@ -57,6 +57,20 @@ def test_bad_label_names_are_refused_naming_the_argument(family, bad,
     assert message in str(e.value)
 
 
+def test_a_label_name_past_the_files_limit_is_refused():
+    # A name of 2000 characters built and saved, and zoo.load refused the
+    # file; the builder holds names to the limit the readers keep.
+    from keras_vit.base.limits import MAX_LABEL_LENGTH
+
+    long = "x" * (MAX_LABEL_LENGTH + 1)
+    with pytest.raises(ValueError) as e:
+        vit(num_classes=3, label_names=["cat", long, "bird"], **TINY)
+    assert f"at most {MAX_LABEL_LENGTH} characters" in str(e.value)
+    assert "label_names[1]" in str(e.value)
+    assert vit(num_classes=3, label_names=["cat", long[1:], "bird"], **TINY
+               ).label_names[1] == long[1:]
+
+
 def test_label_names_need_a_head():
     with pytest.raises(ValueError, match="include_top=False"):
         vit(num_classes=3, include_top=False, label_names=NAMES, **TINY)

@@ -1,6 +1,7 @@
 """The ViT builder: every named variant, layer contracts, saving, options."""
 
 import functools
+import inspect
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ from keras_vit import layers as vit_layers
 from keras_vit.runtime.backend import to_numpy
 from keras_vit.base import variants
 from keras_vit.models import vit
+from keras_vit.models.axial import AxialVisionTransformer
+from keras_vit.models.resnet_v2 import ResNetV2
 from keras_vit.base.variants import parse
 
 # Runs on every Keras backend (tests/conftest.py).
@@ -188,6 +191,43 @@ def test_bad_arguments_name_the_argument(kwargs, needle):
     with pytest.raises(ValueError) as e:
         vit(**kw)
     assert needle in str(e.value)
+
+
+# Each builder and tiny arguments it builds with.
+_BUILDERS = {
+    "vit": (keras_vit.VisionTransformer, tiny_builder_kwargs),
+    "axial": (AxialVisionTransformer, lambda: dict(
+        image_size=16, patch_size=4, hidden_size=16, num_layers=1,
+        num_heads=2, mlp_dim=32, num_classes=3)),
+    "resnet_v2": (ResNetV2, lambda: dict(
+        image_size=32, block_units=(1, 1, 1, 1), width_factor=0.5,
+        num_classes=3)),
+}
+# Every argument of every builder that defaults to True or False, one
+# added later included: a string ("false" is truthy) once built with the
+# flag on.
+_FLAGS = [(builder, name) for builder, (cls, _) in _BUILDERS.items()
+          for name, p in inspect.signature(cls.__init__).parameters.items()
+          if isinstance(p.default, bool)]
+
+
+@pytest.mark.parametrize("builder,name", _FLAGS)
+def test_every_boolean_argument_refuses_a_string(builder, name):
+    cls, kwargs = _BUILDERS[builder]
+    with pytest.raises(ValueError) as e:
+        cls(**kwargs(), **{name: "false"})
+    message = str(e.value)  # one line naming the argument and value
+    assert "\n" not in message and f"received {name}='false'" in message
+
+
+def test_a_resnet_without_stage_depths_is_refused():
+    # resnet={} once built a root-only hybrid (num_layers=[]); the root
+    # alone is asked for as num_layers=[].
+    with pytest.raises(ValueError, match=r"resnet.*num_layers.*received "
+                                         r"resnet=\{\}"):
+        vit(32, 1, 32, 1, 4, 64, 3, resnet={})
+    assert vit(32, 1, 32, 1, 4, 64, 3, resnet=dict(num_layers=[])
+               ).resnet["num_layers"] == []
 
 
 def test_wrong_channel_count_is_reported():

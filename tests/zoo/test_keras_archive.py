@@ -68,3 +68,61 @@ def test_a_keras_weights_bomb_is_refused_before_reading(
     assert f"cannot load MODEL={str(path)!r} as a Keras model" in line
     assert "its model.weights.h5 is " in line
     assert "bytes uncompressed from" in line and "zip bomb?" in line
+
+
+def _flags():
+    """Every argument of the ViT builder that defaults to True or False."""
+    import inspect
+
+    import keras_vit
+
+    return [name for name, p in inspect.signature(
+        keras_vit.VisionTransformer.__init__).parameters.items()
+        if isinstance(p.default, bool)]
+
+
+# Hand-edited configs, each refused in one line naming the field and the
+# value: a string for a flag ("false" built with the flag on), a resnet
+# without its stage depths (a KeyError inside the parameter count) and a
+# class name past the length a label may have.
+_EDITS = ([(name, {name: "false"}, f"config.{name}", "'false'")
+           for name in _flags()]
+          + [("resnet", {"resnet": {}}, "config.resnet.num_layers",
+              "it is missing"),
+             ("long_label", {"label_names": ["x" * 2000] + ["y"] * 9},
+              "config.label_names[0]", "at most 1024 characters")])
+
+
+@pytest.mark.parametrize("fields, field, needle",
+                         [row[1:] for row in _EDITS],
+                         ids=[row[0] for row in _EDITS])
+def test_a_hand_edited_config_is_refused_naming_the_field(
+        tiny_keras, tmp_path, fields, field, needle):
+    import json
+    import zipfile
+
+    from keras_vit import zoo
+
+    with zipfile.ZipFile(tiny_keras) as src:
+        doc = json.loads(src.read("config.json"))
+    doc["config"].update(fields)
+    path = _keras_with_config(tiny_keras, tmp_path / "m.keras",
+                              json.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        zoo.load(str(path))
+    message = str(e.value)
+    assert "\n" not in message and f"field {field}:" in message, message
+    assert needle in message, message
+
+
+@pytest.mark.parametrize("variant", ["bit", "d"])
+def test_a_saved_hybrid_of_each_resnet_variant_loads(tmp_path, variant):
+    # The config check once refused resnet.variant, which a ResNet-D
+    # hybrid (timm's resnet26d stems) saves.
+    import keras_vit
+    from keras_vit import zoo
+
+    model = keras_vit.vit(32, 1, 32, 1, 4, 64, 3, resnet=dict(
+        num_layers=[1], variant=variant))
+    model.save(tmp_path / "m.keras")
+    assert zoo.load(str(tmp_path / "m.keras")).resnet == model.resnet
