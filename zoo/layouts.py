@@ -70,6 +70,24 @@ FORMS = {
         lambda v: v.T[:, :, None, None]),
 }
 
+# The forms whose read rearranges the numbers (a transpose): a source array
+# holding as many numbers in another shape would be read scrambled, so it
+# must have the shape the layout writes.
+_ARRANGED = ("linear", "linear_out", "patch_linear", "conv",
+             "torch_dense_1x1")
+
+
+def _written_shape(rule, shapes, keys):
+    """The shape of each of ``keys`` source arrays that :meth:`Layout.write`
+    makes of model arrays of ``shapes`` (read on zero-byte views)."""
+    pieces = [FORMS[rule.form][1](np.lib.stride_tricks.as_strided(
+        np.zeros(1, "float32"), s, (0,) * len(s))).shape for s in shapes]
+    joined = list(pieces[0])
+    joined[rule.axis] = sum(p[rule.axis] for p in pieces)
+    joined[0] //= keys
+    return tuple(joined)
+
+
 _FIELD = re.compile(r"\{(\w+)([+-]\d+)?(?::(\w+))?\}")
 
 
@@ -145,8 +163,13 @@ def option_rules(source, norm, dense, conv, batch_norm):
     (:func:`keras_vit.base.options.weight_rules`) in ``source``, each
     layer's given by ``norm(path, key)``, ``dense``, ``conv`` and
     ``batch_norm``."""
+    def dense_out(path, key):  # a PyTorch Linear's weight: "linear_out"
+        return [Rule([p.text for p in r.model], [k.text for k in r.keys],
+                     "linear_out" if r.form == "linear" else r.form,
+                     r.variant, r.axis) for r in dense(path, key)]
+
     return options.weight_rules(source, {
-        "norm": norm, "dense": dense, "conv": conv,
+        "norm": norm, "dense": dense, "dense_out": dense_out, "conv": conv,
         "batch_norm": batch_norm,
         "vector": lambda path, key: [Rule(path, key)]})
 
@@ -243,13 +266,14 @@ class Layout:
                     f"the {self.name} checkpoint holds {taken[0]} twice: in "
                     f"{names[taken[0]]} and in {', '.join(group)}")
             parts = [as_array(arrays[k]) for k in group]
-            ints = [k for k, p in zip(group, parts)
-                    if np.issubdtype(p.dtype, np.integer)]
-            if ints:
+            # Booleans, integers, complex numbers, strings: not weights.
+            other = [(k, p.dtype) for k, p in zip(group, parts)
+                     if p.dtype.kind in "biucmMOSU"]
+            if other:
                 raise CheckpointError(
-                    f"the {self.name} checkpoint's {ints[0]} holds integers "
-                    f"({parts[group.index(ints[0])].dtype}) where the "
-                    f"model's {', '.join(paths)} is a float weight")
+                    f"the {self.name} checkpoint's {other[0][0]} holds "
+                    f"{other[0][1]} where the model's {', '.join(paths)} "
+                    "is a float weight")
             try:
                 pieces = self._pieces(rule, parts, paths, shapes)
             except (ValueError, IndexError) as e:
@@ -267,6 +291,13 @@ class Layout:
     def _pieces(rule, parts, paths, shapes):
         """The model's arrays ``paths`` from the source's ``parts``."""
         to_model = FORMS[rule.form][0]
+        if rule.form in _ARRANGED and all(p in shapes for p in paths):
+            want = _written_shape(rule, [shapes[p] for p in paths],
+                                  len(parts))
+            for part in parts:
+                shape = tuple(np.shape(part))
+                if shape != want and np.prod(shape) == np.prod(want):
+                    raise ValueError(f"expected {want}")
         if len(parts) == len(paths) == 1:
             return [to_model(parts[0], shapes.get(paths[0]))]
         joined = np.concatenate([np.atleast_1d(p) for p in parts], rule.axis)

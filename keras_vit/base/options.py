@@ -178,8 +178,10 @@ class Weight(NamedTuple):
 
     Attributes:
         path: the layer's path in the model, ``{i}`` for each block's.
-        kind: ``"norm"``, ``"dense"``, ``"conv"``, ``"batch_norm"`` or
-            ``"vector"`` (one array).
+        kind: ``"norm"``, ``"dense"``, ``"dense_out"`` (a Dense whose
+            kernel's leading axes are its input, an attention's output
+            projection), ``"conv"``, ``"batch_norm"`` or ``"vector"`` (one
+            array).
         timm: its key in timm's ``state_dict`` (a module's name for a norm
             or dense layer).
         official: its key in the official ``.npz`` layout.
@@ -376,8 +378,8 @@ def _branch_weights():
                       f"{_TIMM}{timm}", f"{_OFFICIAL}Branch_{{b}}/{official}")
     attention = "MultiHeadDotProductAttention_1"
     return (weight("norm_1", "norm", "attns.{b}.norm", "LayerNorm_0"),
-            *(weight(f"attention/{p}", "dense", f"attns.{{b}}.attn.{q}",
-                     f"{attention}/{p}")
+            *(weight(f"attention/{p}", "dense_out" if p == "out" else
+                     "dense", f"attns.{{b}}.attn.{q}", f"{attention}/{p}")
               for p, q in (("query", "q"), ("key", "k"), ("value", "v"),
                            ("out", "proj"))),
             weight("layer_scale_1", "vector", "attns.{b}.ls.gamma",
@@ -953,7 +955,8 @@ def weight_rules(source, kinds):
     layer of that :attr:`Weight.kind`.
 
     >>> rules = weight_rules("timm", dict.fromkeys(
-    ...     ("norm", "dense", "conv", "batch_norm", "vector"),
+    ...     ("norm", "dense", "dense_out", "conv", "batch_norm",
+    ...      "vector"),
     ...     lambda path, key: [(path, key)]))
     >>> rules[0]
     ('class_token/cls', 'cls_token')

@@ -3,6 +3,7 @@ writes of a model it reads back onto the same variables, exactly, for every
 option that adds weights; its names are patterns whose fields survive any
 number; and a file that does not fit is named by the file's own keys."""
 
+import re
 
 import numpy as np
 import pytest
@@ -170,3 +171,72 @@ def test_an_array_of_any_shape_loads_or_is_named(key, shape):
     # zero head replaces (the model's own size decides).
     assert key == "head.weight" and report["head"] == "replaced", report
     np.testing.assert_array_equal(m.get_layer("head").kernel.numpy(), 0)
+
+
+# A model-side shape for each form, built from hypothesis' sizes: the
+# shapes the model's variables have where a rule of that form reads.
+_MODEL_SHAPES = {
+    "same": lambda a, b, c, d: (a, b, c),
+    "flat": lambda a, b, c, d: (a, b),
+    "linear": lambda a, b, c, d: (a, b, c),
+    "linear_out": lambda a, b, c, d: (a, b, c),
+    "table": lambda a, b, c, d: (1, a, b),
+    "patch_linear": lambda a, b, c, d: (a, a, b, c),
+    "conv": lambda a, b, c, d: (a, b, c, d),
+    "dense_1x1": lambda a, b, c, d: (a, b),
+    "torch_dense_1x1": lambda a, b, c, d: (a, b),
+}
+
+
+def _reshaped(shape, how):
+    """Another arrangement of as many numbers as ``shape`` holds."""
+    return {"reversed": shape[::-1], "flat": (int(np.prod(shape)),),
+            "rows": (shape[0] * (shape[1] if len(shape) > 1 else 1),
+                     *shape[2:]),
+            "unit": (1, *shape)}[how]
+
+
+def test_every_form_has_a_model_shape_in_the_test():
+    assert sorted(_MODEL_SHAPES) == sorted(layouts.FORMS)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(sorted(_MODEL_SHAPES)),
+       st.lists(st.integers(1, 4), min_size=4, max_size=4),
+       st.sampled_from(["reversed", "flat", "rows", "unit"]))
+def test_a_rearranged_array_reads_back_or_is_refused(form, sizes, how):
+    """A file whose array holds the right numbers in another arrangement
+    (a header that says (in, out) for a Linear's (out, in), a weight
+    flattened) either reads back as the model's exact array, or is a
+    shape the strict load names as mis-shaped, or is refused naming its
+    key: never the numbers reshaped into the model's shape, scrambled."""
+    model_shape = _MODEL_SHAPES[form](*sizes)
+    value = np.arange(int(np.prod(model_shape)), dtype="float32").reshape(
+        model_shape)
+    layout = Layout("toy", [Rule("w", "blocks.0.w", form)])
+    stored = layout.write({"w": value})["blocks.0.w"]
+    other = _reshaped(stored.shape, how)
+    if tuple(other) == stored.shape:
+        return
+    try:
+        back, _ = layout.read({"blocks.0.w": stored.reshape(other)},
+                              {"w": model_shape})
+    except CheckpointError as e:
+        assert "blocks.0.w" in str(e) and str(tuple(other)) in str(e)
+        return
+    read = np.asarray(back["w"])
+    if read.shape == model_shape:
+        np.testing.assert_array_equal(read, value)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int32", "uint8", "complex64",
+                                   "object", "U3"])
+def test_an_array_of_other_numbers_than_floats_is_refused(dtype):
+    """Only floating-point arrays load as weights: booleans, integers,
+    complex numbers and strings are refused naming the key and dtype."""
+    m = vit(**TINY)
+    state = TIMM.write(_random(m, 5))
+    key = "blocks.0.mlp.fc1.weight"
+    state[key] = np.ones(state[key].shape, dtype)
+    with pytest.raises(CheckpointError, match=re.escape(f"{key} holds {np.dtype(dtype)} ")):
+        layouts.load(m, TIMM, state, source_name="'x'")
