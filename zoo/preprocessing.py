@@ -158,6 +158,34 @@ _SUM_TOLERANCE = {2: 1e-2}
 _DEFAULT_SUM_TOLERANCE = 1e-3
 
 
+def head_probabilities(model, outputs):
+    """``outputs`` of ``model``'s head as the scores to rank, float64, as
+    its ``classifier_activation`` says: the softmax of logits (no
+    activation), the outputs of ``softmax`` and of any other (``sigmoid``:
+    one probability per class), the exp of a ``log_*`` one's. A model
+    that does not say (a plain Keras model) is judged by the values
+    (:func:`probabilities`).
+
+    >>> import types
+    >>> sigmoid = types.SimpleNamespace(classifier_activation="sigmoid")
+    >>> head_probabilities(sigmoid, [[0.9, 0.8]]).tolist()
+    [[0.9, 0.8]]
+    >>> head_probabilities(types.SimpleNamespace(classifier_activation=None),
+    ...                    [[0.0, 0.0]]).tolist()
+    [[0.5, 0.5]]
+    """
+    activation = getattr(model, "classifier_activation", "unknown")
+    if activation == "unknown":
+        return probabilities(outputs)
+    import keras  # a name, a function or a saved function's config
+
+    activation = keras.activations.get(activation).__name__
+    if activation in ("linear", "softmax"):  # None is linear: logits
+        return probabilities(outputs, activation == "linear")
+    p = np.asarray(outputs, "float64")
+    return np.exp(p) if activation.startswith("log_") else p
+
+
 def probabilities(preds, from_logits=None):
     """``preds`` (classes on the last axis) as probabilities, float64.
 

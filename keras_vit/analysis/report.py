@@ -18,7 +18,7 @@ from keras_vit.analysis.embeddings import (embedding_filter_components,
                                            position_embedding_similarity)
 from keras_vit.data.normalization import model_input
 from keras_vit.models.memory import infer
-from keras_vit.zoo.preprocessing import model_labels, softmax
+from keras_vit.zoo.preprocessing import head_probabilities, model_labels
 
 FILES = {
     "filters": "embedding_filters.png",
@@ -228,9 +228,7 @@ def inspect(model_or_name, images, out_dir, *, weights="auto",
 
     labels = probs = None
     if model.include_top:
-        probs = (np.asarray(outputs, "float64")
-                 if model.classifier_activation == "softmax"
-                 else softmax(outputs))
+        probs = head_probabilities(model, outputs)
         _, labels = model_labels(model, probs.shape[-1], by_head=False)
 
     per_image = []

@@ -273,11 +273,17 @@ def _load_for_predict(args):
 
 
 def _model_geometry(model):
-    """The (height, width) images are resized to; None for a NaFlex model,
-    which takes each image at its own aspect ratio."""
+    """The (height, width) images are resized to: the model's input size,
+    or for a model of any input size (``dynamic_image_size``) the size it
+    was built at (--image-size builds it at another); None for a NaFlex
+    model, which takes each image at its own aspect ratio."""
     if getattr(model, "naflex", False):
         return None
     shape = tuple(model.inputs[0].shape)
+    size = getattr(model, "image_size", None)  # as built (or --image-size)
+    if len(shape) == 4 and None in shape[1:3] and size is not None:
+        shape = (None, *((size, size) if isinstance(size, int) else size),
+                 shape[3])
     if len(shape) != 4 or shape[1] is None or shape[2] is None:
         raise UserError(f"the model takes inputs of shape {shape}; predict "
                         "needs fixed-size images (batch, height, width, 3)")
@@ -460,17 +466,14 @@ def _forward(model, paths, size, args, description):
 def _rank(model, outputs, top, good):
     """A classifier's outputs as ``(probabilities, label_name,
     class_names, results)``: per image its top classes, or why none
-    (``no_ranking``)."""
+    (``no_ranking``); the scores as the model's head gives them
+    (:func:`~keras_vit.zoo.preprocessing.head_probabilities`)."""
     import numpy as np
 
-    from keras_vit.zoo.preprocessing import model_labels, probabilities
+    from keras_vit.zoo.preprocessing import head_probabilities, model_labels
 
     num_classes = outputs.shape[-1]
-    # A plain Keras model is judged by its outputs' values.
-    activation = getattr(model, "classifier_activation", "unknown")
-    from_logits = {"softmax": False, None: True, "linear": True}.get(
-        activation)
-    probs = probabilities(outputs, from_logits)
+    probs = head_probabilities(model, outputs)
     label_name, labels = model_labels(model, num_classes)
     names = [labels[i][1] if labels else f"class {i}"
              for i in range(num_classes)]
@@ -493,11 +496,13 @@ def _cmd_predict(args):
     model without a classification head, such as the DINOv2 and SigLIP
     towers: num_classes=0 or include_top=False; CLIP's towers, whose head
     is the image-text projection: head_type="projection"), its embedding. Each
-    image is resized to the model's input size (bilinear, no crop) and
-    normalised with the model's own input normalisation (what its weights
-    were trained with, as `keras-vit info NAME` shows it: the official
-    [-1, 1] of the 2020 ViT, ImageNet or CLIP mean/std for others;
-    nothing for a model that takes raw pixels). --out FILE saves every
+    image is resized to the model's input size (bilinear, no crop; for a
+    model of any input size, dynamic_image_size, the size it was built at
+    or --image-size; a NaFlex model takes each image at its own aspect
+    ratio) and normalised with the model's own input normalisation (what
+    its weights were trained with, as `keras-vit info NAME` shows it: the
+    official [-1, 1] of the 2020 ViT, ImageNet or CLIP mean/std for
+    others; nothing for a model that takes raw pixels). --out FILE saves every
     image's whole output; --json prints a feature extractor's whole
     embedding."""
     from keras_vit.zoo.timm import hub as timm_hub
@@ -546,6 +551,13 @@ def _cmd_predict(args):
     return 1 if failed else 0
 
 
+def _size_text(meta):
+    """The size images were resized to, ``HxW``; a NaFlex model's "any
+    size" (each image at its own aspect ratio)."""
+    size = meta["image_size"]
+    return "any size" if size == "any" else f"{size[0]}x{size[1]}"
+
+
 def _show_embeddings(args, meta, good, outputs, failed):
     import numpy as np
 
@@ -557,10 +569,9 @@ def _show_embeddings(args, meta, good, outputs, failed):
                                                            outputs.tolist())],
                               failed=failed), indent=2))
         return
-    h, w = meta["image_size"]
-    print(f"{meta['model']}, {h}x{w}: no classification head (a feature "
-          "extractor); each image's embedding (--json, --out FILE: the "
-          "whole vectors)")
+    print(f"{meta['model']}, {_size_text(meta)}: no classification head "
+          "(a feature extractor); each image's embedding (--json, --out "
+          "FILE: the whole vectors)")
     for path, vector in zip(good, outputs):
         flat = vector.ravel()
         what = (f"embedding of {flat.size} values" if vector.ndim == 1 else
@@ -580,11 +591,10 @@ def _show_classes(args, meta, results, failed):
     from keras_vit.base.checks import printable
 
     # Label names may come from a downloaded config.json.
-    h, w = meta["image_size"]
     for i, result in enumerate(results):
         if i:
             print()
-        print(f"{result['image']}: {meta['model']}, {h}x{w}, "
+        print(f"{result['image']}: {meta['model']}, {_size_text(meta)}, "
               f"labels {meta['labels'] or 'class indices'}")
         if result["no_ranking"]:
             print(f"  no ranking: {result['no_ranking']}")

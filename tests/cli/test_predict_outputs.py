@@ -299,6 +299,125 @@ def test_a_trained_head_still_ranks(classifier, images, capsys):
 
 
 # --------------------------------------------------------------------------
+# Every input geometry a model can have
+
+# name: builder keywords, more predict arguments, the (height, width) images
+# are resized to (None: NaFlex, each image within the model's patches).
+GEOMETRIES = {
+    "square": (dict(), [], (32, 32)),
+    "non_square": (dict(image_size=(32, 48)), [], (32, 48)),
+    # DINOv3's shape: inputs of any size; predict takes the built size.
+    "dynamic": (dict(image_size=(32, 48), dynamic_image_size=True), [],
+                (32, 48)),
+    "dynamic_image_size_option": (dict(dynamic_image_size=True),
+                                  ["--image-size", "48"], (48, 48)),
+    "naflex": (dict(naflex=True, classifier="map", class_token=False), [],
+               None),
+}
+
+
+def _geometry_input(model, path, size):
+    """The documented preprocessing of ``path`` for a model whose images
+    are resized to ``size``, or for NaFlex (``size`` None) each within its
+    patch table."""
+    import tensorflow as tf
+    from PIL import Image
+
+    from keras_vit.data import naflex
+
+    with Image.open(path) as im:
+        x = np.asarray(im.convert("RGB"), "float32")
+    if size is not None:
+        x = tf.image.resize(x[None], size, method="bilinear").numpy()[0]
+    x = ((x / 255.0 - np.array(MEAN)) / np.array(STD)).astype("float32")
+    return naflex.model_inputs(model, [x]) if size is None else x[None]
+
+
+@pytest.mark.parametrize("head", ["classes", "embedding"])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_predict_takes_every_input_geometry(tmp_path, images, geometry, head,
+                                            capsys):
+    """Fixed square or not, any size (resized to the size the model was
+    built at, or --image-size) and NaFlex: predict prints what the model
+    gives on the documented input."""
+    kwargs, argv, size = GEOMETRIES[geometry]
+    keras.utils.set_random_seed(6)
+    model = keras_vit.vit(**dict(TINY, **kwargs), num_classes=(
+        5 if head == "classes" else 0), input_normalization={
+            "mean": MEAN, "std": STD})
+    if head == "classes":
+        kernel = model.get_layer("head").kernel
+        kernel.assign(np.random.default_rng(2).normal(
+            size=kernel.shape).astype("float32"))
+    path = _save(model, tmp_path, geometry)
+    if argv:  # --image-size: the model as predict builds it
+        from keras_vit.zoo import resolve_model
+
+        model = resolve_model(model, image_size=int(argv[-1]))
+    assert cli.main(["predict", path, *images, *argv]) == 0, geometry
+    lines = capsys.readouterr().out.strip().splitlines()
+    shown = "any size" if size is None else f"{size[0]}x{size[1]}"
+    assert shown in lines[0], lines[0]
+    for image in images:
+        want = keras.ops.convert_to_numpy(model(_geometry_input(
+            model, image, size), training=False))[0]
+        if head == "embedding":
+            line = next(ln for ln in lines if ln.startswith(f"{image}: "))
+            norm = float(re.search(r"norm ([0-9.]+)", line).group(1))
+            assert abs(norm - np.linalg.norm(want)) < 1e-3, (image, line)
+            continue
+        at = lines.index(next(ln for ln in lines
+                              if ln.startswith(f"{image}: ")))
+        assert shown in lines[at]
+        p = _softmax(want)
+        rows = [ln.split() for ln in lines[at + 1:at + 6]]
+        assert [int(r[-1].strip("[]")) for r in rows] == list(
+            np.argsort(-p, kind="stable")[:5]), (image, lines[at:at + 6])
+        np.testing.assert_allclose([float(r[1]) for r in rows],
+                                   np.sort(p)[::-1], atol=2e-4)
+
+
+# name: classifier_activation, what its outputs are as probabilities.
+ACTIVATIONS = {
+    "none": (None, _softmax),
+    "linear": ("linear", _softmax),
+    "softmax": ("softmax", lambda y: y),
+    # Multi-label heads: each class its own probability.
+    "sigmoid": ("sigmoid", lambda y: y),
+    "hard_sigmoid": ("hard_sigmoid", lambda y: y),
+    "sigmoid_function": (keras.activations.sigmoid, lambda y: y),
+    # Log-probabilities.
+    "log_softmax": ("log_softmax", np.exp),
+    "log_sigmoid": ("log_sigmoid", np.exp),
+    # Scores of the head's own making: as they are, never a softmax.
+    "relu": ("relu", lambda y: y),
+    "tanh": ("tanh", lambda y: y),
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_predict_gives_the_models_own_probabilities(tmp_path, images, name,
+                                                    capsys):
+    activation, as_probabilities = ACTIVATIONS[name]
+    keras.utils.set_random_seed(4)
+    model = keras_vit.vit(**TINY, num_classes=5,
+                          classifier_activation=activation)
+    kernel = model.get_layer("head").kernel
+    kernel.assign(np.random.default_rng(1).normal(
+        size=kernel.shape).astype("float32"))
+    path = _save(model, tmp_path, name)
+    want = as_probabilities(_expected_embeddings(model, images, "official")
+                            .astype("float64"))
+    dest = tmp_path / "p.npz"
+    out = _run_json(capsys, path, *images, "--out", str(dest))
+    np.testing.assert_allclose(_load(str(dest))[1], want, atol=1e-5, rtol=0,
+                               err_msg=name)
+    for pred, row in zip(out["predictions"], want):
+        assert pred["top"][0]["index"] == int(np.argmax(row)), name
+        assert abs(pred["top"][0]["probability"] - row.max()) < 1e-5, name
+
+
+# --------------------------------------------------------------------------
 # Help text and docs that say what is so
 
 
