@@ -4,9 +4,10 @@ the table in docs/images.md (benchmarks/decode_paths.py).
 
 Every file is made here: each PIL mode every format accepts, EXIF
 orientations 1-8 (both byte orders), progressive, greyscale and CMYK
-JPEGs, palette/LA/RGBA/16-bit PNGs, BMP and GIF variants Pillow does not
-write (top-down rows, a first frame smaller than the screen, a local colour
-table), and files every path must refuse. ``want`` is the expected RGB
+JPEGs, palette/LA/RGBA/16-bit PNGs, translucent PNGs, WebPs and GIFs
+(alpha dropped), BMP and GIF variants Pillow does not write (top-down
+rows, a first frame smaller than the screen, a local colour table), and
+files every path must refuse. ``want`` is the expected RGB
 pixels from an independent reader (Pillow's ``exif_transpose`` +
 ``convert("RGB")``, or NumPy where Pillow reads differently: 16-bit
 samples, GIF screens), or None with ``refusal`` the words every path's
@@ -181,6 +182,14 @@ def build():
                 image.info["transparency"] = 0
             options = {"quality": 90} if fmt == "JPEG" else {}
             pil_case(f"{fmt.lower()} {mode}", _save(image, fmt, **options))
+    # Real transparency (the modes above are opaque but P's index 0):
+    # alpha 0, 127 and 254 in turn, in every format that keeps it.
+    translucent = rgb.copy()
+    translucent.putalpha(Image.fromarray((np.arange(photo[..., 0].size) % 3
+                                          * 127).reshape(photo.shape[:2])
+                                         .astype(np.uint8)))
+    for name, data in translucent_files(translucent).items():
+        pil_case(name, data)
     pil_case("png P 4-bit", _save(rgb.quantize(16), "PNG", bits=4))
     pil_case("png P tRNS alpha", _save(
         rgb.convert("RGBA").quantize(64), "PNG"))
@@ -264,6 +273,17 @@ def build():
         (5000, 5000), [(0, 0, small)], palette),
         refusal="is a 5000x5000 GIF, over the"))
     return cases
+
+
+def translucent_files(image):
+    """``{case name: bytes}``: the RGBA ``image`` in each format that keeps
+    its alpha (a GIF keeps one transparent index)."""
+    return {"png RGBA translucent": _save(image, "PNG"),
+            "png LA translucent": _save(image.convert("LA"), "PNG"),
+            "webp RGBA translucent": _save(image, "WEBP", quality=90),
+            "webp RGBA translucent lossless": _save(image, "WEBP",
+                                                    lossless=True, exact=True),
+            "gif RGBA transparent index": _save(image, "GIF")}
 
 
 def _jpeg_with_segments(jpeg, segments):

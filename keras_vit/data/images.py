@@ -658,12 +658,16 @@ def _pixels(data, facts, fmt=None):
             start = tf.cast(start, tf.int64)
             return tf.strings.substr(data, start, stop - start)
 
+        flags = _raw(data, 10, 2)
+        table = tf.where(flags[0] >= 128, 3 * 2 ** (flags[0] % 8 + 1), 0)
         # A GIF of the first frame alone at (0, 0): giflib reads every
         # frame into memory, and TensorFlow decodes a first frame smaller
-        # than the screen wrongly (black).
+        # than the screen wrongly (black). Without the extensions before
+        # it: a transparent index would decode black, not the palette's
+        # colour under it (alpha dropped, as Pillow's convert("RGB")).
         first = tf.strings.join([
-            part(zero, 6), part(at + 5, at + 9), part(10, at + 1),
-            "\x00\x00\x00\x00", part(at + 5, end), "\x3b"])
+            part(zero, 6), part(at + 5, at + 9), part(10, 13 + table),
+            "\x2c\x00\x00\x00\x00", part(at + 5, end), "\x3b"])
         frame = tf.io.decode_gif(first)[0]
         shape = tf.shape(frame, out_type=tf.int64)
         # Placed at its offset on the screen, clipped to it.
@@ -674,7 +678,6 @@ def _pixels(data, facts, fmt=None):
         pads = tf.stack([[top, height - top - keep_h],
                          [left, width - left - keep_w], [zero, zero]])
         inside = tf.pad(tf.ones([keep_h, keep_w, 1], tf.bool), pads)
-        flags = _raw(data, 10, 2)
         colour = _raw(data, 13 + 3 * flags[1], 3)
         colour = tf.where(flags[0] >= 128, colour, tf.zeros(3, tf.int64))
         background = tf.cast(colour, tf.uint8)[None, None, :]
@@ -694,8 +697,8 @@ def _pixels(data, facts, fmt=None):
 
         return tf.cond(tf.equal(bits, 8), indexed, lambda: stored[..., :3])
 
-    def webp():
-        return tf.io.decode_webp(data, channels=3)[0]
+    def webp():  # RGB, or RGBA: alpha dropped
+        return tf.io.decode_webp(data, channels=0)[0][..., :3]
 
     others = [png, gif, bmp, webp]
     if fmt == _UNKNOWN:  # refused by inspect: nothing to decode

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tensorflow as tf
+from PIL import Image
 
 import image_corpus  # noqa: E402
 from testkit import jpeg as _jpeg  # noqa: E402
@@ -74,6 +75,22 @@ def test_the_decoder_gives_an_independent_readers_pixels(corpus):
             assert got.dtype == np.uint8 and got.shape == case.want.shape, (
                 case.name, got.shape)
             np.testing.assert_array_equal(got, case.want, err_msg=case.name)
+
+
+@pytest.mark.parametrize("name", list(image_corpus.translucent_files(
+    Image.new("RGBA", (1, 1)))))
+def test_alpha_is_dropped_keeping_the_colour_under_it(corpus, name):
+    """docs/images.md rule 3: a file with real transparency gives the
+    colours stored under its alpha, as Pillow's convert("RGB")."""
+    import io
+
+    (case,) = [c for c in corpus[1] if c.name == name]
+    with Image.open(io.BytesIO(case.data)) as im:
+        assert im.convert("RGBA").getextrema()[3][0] == 0, name  # not opaque
+        want = np.asarray(im.convert("RGB"))
+    np.testing.assert_array_equal(images.decode_bytes(case.data, name), want)
+    if "lossless" in name or name == "png RGBA translucent":
+        np.testing.assert_array_equal(want, image_corpus._photo())
 
 
 def _model():
