@@ -228,7 +228,8 @@ def test_row_config_gives_timms_logits(name, tmp_path):
     # timm's writer writes.
     theirs = _random_timm_model(_release(member), size, classes)
     _save_for_hf(theirs, tmp_path / "repo")
-    ours = zoo.load(name, weights=str(tmp_path / "repo"))
+    # The name's sizes, amended to timm's one block.
+    ours = zoo.load(name, weights=str(tmp_path / "repo"), num_layers=1)
     config = ours.get_config()
     expected = family_rows.config(name)
     expected.pop("input_normalization")
@@ -566,9 +567,11 @@ def test_named_member_loads_from_the_hub(tmp_path, monkeypatch):
                   "timm/vit_base_patch32_clip_224.openai":
                   tmp_path / "clip"}) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        model = zoo.load("DeiT-Ti/16", progress=False)
-        again = zoo.load("deit_tiny_patch16_224.fb_in1k", progress=False)
-        tower = zoo.load("CLIP-B/32", progress=False)
+        # The names' sizes, amended to the stand-ins' one block.
+        model = zoo.load("DeiT-Ti/16", progress=False, num_layers=1)
+        again = zoo.load("deit_tiny_patch16_224.fb_in1k", progress=False,
+                         num_layers=1)
+        tower = zoo.load("CLIP-B/32", progress=False, num_layers=1)
     assert {p.split("/resolve/")[0] for p in hub.gets} == {
         "/timm/deit_tiny_patch16_224.fb_in1k",
         "/timm/vit_base_patch32_clip_224.openai"}

@@ -164,6 +164,25 @@ def test_imagenet_normalised_deit_loads_and_keeps_its_normalisation(
     assert written["pretrained_cfg"]["std"] == IMAGENET["std"]
 
 
+@pytest.mark.parametrize("dropped", [("mean",), ("std",), ("mean", "std")])
+def test_a_missing_mean_or_std_is_timms_default(dropped, tmp_path):
+    """A ``pretrained_cfg`` field naming no mean or std: ImageNet's, per
+    field, as timm's ``resolve_data_config``."""
+    theirs = random_timm_model("deit_tiny_patch16_224", 32, CLASSES)
+    theirs.pretrained_cfg = dict(theirs.pretrained_cfg, mean=[0.5] * 3,
+                                 std=[0.3] * 3)
+    save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
+    config = json.loads((tmp_path / "repo" / "config.json").read_text())
+    for key in dropped:
+        del config["pretrained_cfg"][key]
+    (tmp_path / "repo" / "config.json").write_text(json.dumps(config))
+    want = timm.data.resolve_data_config(model=timm.create_model(
+        f"local-dir:{tmp_path / 'repo'}", pretrained=True))
+    got = of_model(zoo.load(str(tmp_path / "repo"))).to_config()
+    for key in ("mean", "std"):
+        np.testing.assert_allclose(got[key], want[key], err_msg=key)
+
+
 def test_timm_settings_keras_vit_lacks_are_refused_by_name(tmp_path):
     theirs = random_timm_model("vit_small_patch16_224", 32, CLASSES, global_pool="prr")
     save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
@@ -306,3 +325,70 @@ def test_the_new_blocks_and_stem_give_timms_intermediate_features(
     save_for_hf(theirs, tmp_path / "repo", safe_serialization=True)
     ours = zoo.load(str(tmp_path / "repo"))
     assert_features_are_timms(ours, theirs, random_images(32))
+
+
+# model_args keys (each branch of keras_vit's arguments.honoured) with a
+# value timm builds otherwise than the written model, the top-level
+# fields left as written: where timm's create_model loads the folder,
+# keras_vit computes what timm does, or refuses naming the field.
+MODEL_ARGS = [
+    ("global_pool", "max"), ("global_pool", "avgmax"), ("global_pool", "x"),
+    ("global_pool", ""), ("global_pool", "prr"), ("global_pool", "token"),
+    ("num_classes", 0), ("num_classes", 7), ("in_chans", 1),
+    ("num_heads", 3), ("embed_dim", 96), ("depth", 2), ("mlp_ratio", 2.0),
+    ("drop_rate", 0.1), ("attn_drop_rate", 0.1), ("drop_path_rate", 0.1),
+    ("act_layer", "gelu_tanh"), ("act_layer", "quick_gelu"),
+    ("act_layer", "silu"), ("act_layer", "relu"),
+    ("norm_layer", "rmsnorm"), ("embed_norm_layer", "layernorm"),
+    ("block_fn", "NoBlock"), ("class_token", False), ("fc_norm", False),
+    ("final_norm", False), ("no_embed_class", True), ("qkv_bias", False),
+    ("proj_bias", False), ("init_values", 0.1), ("dynamic_img_size", True),
+    ("pos_embed", "none"), ("mlp_layer", "SwiGLUPacked"),
+    ("weight_init", "jax"), ("no_such_argument", 1)]
+
+
+@pytest.fixture(scope="module")
+def gap_repo(tmp_path_factory):
+    """timm's average-pool ViT at 32 pixels written by timm: top-level
+    ``global_pool`` "avg", ``model_args`` with the same."""
+    path = tmp_path_factory.mktemp("gap") / "repo"
+    theirs = random_timm_model("vit_small_patch16_224", 32, CLASSES,
+                               global_pool="avg", embed_dim=48, num_heads=2)
+    save_for_hf(theirs, path, safe_serialization=True)
+    return path
+
+
+@pytest.mark.parametrize("key, value", MODEL_ARGS)
+def test_every_model_args_key_is_timms_or_refused(key, value, gap_repo,
+                                                  tmp_path):
+    import shutil
+
+    folder = tmp_path / "repo"
+    shutil.copytree(gap_repo, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["global_pool"] == "avg"
+    config["model_args"][key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    x = random_images(32)
+    try:
+        theirs = timm.create_model(f"local-dir:{folder}",
+                                   pretrained=True).eval()
+    except Exception:  # timm builds nothing of the folder either
+        theirs = None
+    try:
+        ours = zoo.load(str(folder))
+    except ValueError as refused:
+        message = str(refused)
+        assert theirs is None or (
+            f"model_args.{key}" in message and f"{key}={value!r}" in message
+            and "\n" not in message), message
+        return
+    assert theirs is not None, f"keras_vit loads what timm refuses: {key}"
+    want, got = timm_forward(theirs, x), np.asarray(ours(x))
+    assert got.shape == want.shape
+    if key == "num_classes" and value:  # timm's new head is random
+        with torch.no_grad():
+            want = theirs.forward_head(theirs.forward_features(
+                torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
+        want, got = want.numpy(), ours.feature_model("pre_logits")(x)
+    assert_close_to_timm(got, want)

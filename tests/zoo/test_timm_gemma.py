@@ -117,7 +117,7 @@ def test_gemma4_position_table_bounds_the_grid(tmp_path):
 @pytest.mark.parametrize("model_args, fields, named", [
     (dict(num_kv_heads=2), {}, "num_kv_heads"),
     (dict(head_dim=8), {}, "head_dim"),
-    ({}, dict(global_pool="none"), "global_pool")])
+    (dict(global_pool="none"), {}, "model_args.global_pool")])
 def test_gemma4_settings_keras_vit_lacks_are_refused_by_name(
         model_args, fields, named, tmp_path):
     _gemma(tmp_path / "repo")

@@ -92,6 +92,45 @@ def test_timm_repo_matches_timm_forward(repo):
     assert np.abs(np.asarray(tanh(x)) - expected).max() > 1e-5
 
 
+@pytest.fixture(scope="module")
+def narrow_repo(tmp_path_factory):
+    """keras_vit's timm folder of a 32-wide, 2-layer, patch-8 ViT: timm's
+    nearest architecture with its model_args."""
+    import keras_vit
+
+    model = keras_vit.vit(image_size=32, patch_size=8, hidden_size=32,
+                          num_layers=2, num_heads=2, mlp_dim=64,
+                          num_classes=5, gelu="exact")
+    path = tmp_path_factory.mktemp("narrow") / "repo"
+    zoo.save_pretrained(model, path, layout="timm")
+    return path, model
+
+
+@pytest.mark.parametrize("name", ["ViT-B/16", "ViT-L/32", "DINOv2-S/14",
+                                  "vit_base_patch16_224"])
+@pytest.mark.parametrize("form", ["folder", "model.safetensors"])
+def test_a_name_of_another_architecture_than_the_files_is_refused(
+        narrow_repo, name, form):
+    """zoo.load(name, weights=<timm folder or file>): the name's sizes
+    are the model's, and a file of others is refused in one line naming
+    the name and the file, as a .keras file of another size is."""
+    path, _ = narrow_repo
+    weights = path if form == "folder" else path / "model.safetensors"
+    with pytest.raises(ValueError) as refused:
+        zoo.load(name, weights=str(weights))
+    message = str(refused.value)
+    assert f"name={name!r}" in message and "config.json" in message
+    assert "hidden_size=" in message and "\n" not in message
+
+
+def test_a_name_amended_to_the_files_sizes_loads_it(narrow_repo):
+    path, model = narrow_repo
+    ours = zoo.load("ViT-B/16", weights=str(path), hidden_size=32,
+                    num_layers=2, num_heads=2, mlp_dim=64, patch_size=8)
+    x = _images()
+    np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(model(x)))
+
+
 @pytest.mark.parametrize("size", [16, 48, (48, 32)])
 def test_at_another_size_the_table_is_resized_as_timm_does(repo, size):
     """Loaded at another image size (shrunk, enlarged, not square), or

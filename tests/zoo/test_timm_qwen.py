@@ -66,18 +66,14 @@ def test_qwen_towers_load_with_timms_outputs_at_two_sizes(tmp_path, arch,
 @pytest.mark.parametrize("setting, named", [
     (dict(act_layer="gelu"), "model_args.act_layer"),
     (dict(merge_size=1), "model_args.merge_size"),
-    (dict(global_pool="max"), "global_pool"),
+    (dict(global_pool="max"), "model_args.global_pool"),
     (dict(deepstack=True), "model_args.deepstack"),
 ])
 def test_a_qwen_setting_keras_vit_does_not_compute_is_named(
         tmp_path, setting, named):
     _, repo = _folder(tmp_path, "qwen3_vit_88m_merge", num_classes=5,
                       out_features=24)
-    # The config's own global_pool decides the pooling.
-    if "global_pool" in setting:
-        assert_refused_naming(repo, named, **setting)
-    else:
-        assert_refused_naming(repo, named, setting)
+    assert_refused_naming(repo, named, setting)
 
 
 def test_an_image_the_merger_cannot_split_is_refused(tmp_path):

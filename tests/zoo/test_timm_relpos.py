@@ -68,7 +68,7 @@ def test_relpos_vit_at_another_size_is_timms_forward_at_that_size(tmp_path):
 @pytest.mark.parametrize("model_args, fields, named", [
     (dict(rel_pos_type="bias"), {}, "rel_pos_type"),
     (dict(block_fn="ParallelBlock"), {}, "block_fn"),
-    ({}, dict(global_pool="map"), "global_pool")])
+    (dict(global_pool="map"), {}, "model_args.global_pool")])
 def test_relpos_settings_keras_vit_lacks_are_refused_by_name(
         model_args, fields, named, tmp_path):
     _relpos("vit_relpos_medium_patch16_224", tmp_path / "repo")

@@ -75,7 +75,7 @@ def test_sam_intermediate_features_are_timms(tmp_path):
     (dict(use_rope=True, use_rel_pos=False), {}, "use_rope"),
     (dict(neck_chans=None), {}, "neck_chans"),
     (dict(head_hidden_size=64), {}, "head_hidden_size"),
-    ({}, dict(global_pool="token"), "global_pool"),
+    (dict(global_pool="token"), {}, "model_args.global_pool"),
     (dict(window_attn="shifted"), {}, "window_attn")])
 def test_sam_settings_keras_vit_lacks_are_refused_by_name(
         model_args, fields, named, tmp_path):

@@ -390,3 +390,44 @@ def test_what_the_writer_writes_holds_every_option_or_it_names_one(
     np.testing.assert_allclose(back.predict(images, verbose=0),
                                model.predict(images, verbose=0),
                                atol=1e-5)
+
+
+# Each class the writer chooses: _HELD's models and DINOv2's classifiers.
+_CLASSES = {**_HELD, "dinov2_classifier": dict(
+    layer_scale=1.0, classifier="token_gap", num_classes=3),
+    "dinov2_registers_classifier": dict(
+        layer_scale=1.0, num_registers=2, posemb_includes_prefix=False,
+        classifier="token_gap", num_classes=3)}
+
+
+@pytest.mark.parametrize("base", sorted(_CLASSES))
+def test_a_non_square_model_is_written_as_a_class_that_runs_it_or_refused(
+        tmp_path, base):
+    """A non-square model (32 x 48 pixels): transformers' class runs the
+    folder written with the model's outputs, or nothing is written and one
+    line names the images (DINOv2's classes interpolate a square table,
+    CLIP's and AIMv2's configs have one side)."""
+    import keras
+
+    import keras_vit
+
+    keras.utils.set_random_seed(3)
+    model = keras_vit.vit(image_size=(32, 48), patch_size=16, hidden_size=32,
+                          num_layers=1, num_heads=2, mlp_dim=64,
+                          **_CLASSES[base])
+    folder = tmp_path / "out"
+    try:
+        zoo.save_pretrained(model, folder, layout="transformers")
+    except ValueError as error:
+        message = str(error)
+        assert "non-square" in message and "32, 48" in message, message
+        assert "\n" not in message and not (folder / "config.json").exists()
+        return
+    name = json.loads((folder / "config.json").read_text())[
+        "architectures"][0]
+    theirs = getattr(transformers, name).from_pretrained(folder).eval()
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 48, 3)).astype(
+        "float32")
+    out = _forward(theirs, x)
+    want = out.logits if "logits" in out else out.pooler_output
+    assert_relative(np.asarray(model(x)), want.numpy(), 1e-4, 1e-5)

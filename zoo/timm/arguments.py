@@ -375,10 +375,11 @@ def _option(key, value):
 def honoured(config, arch, path, defaults=None):
     """The builder arguments timm's ``config`` (a ``config.json``'s
     content) asks for: the architecture's own arguments ``defaults`` (from
-    :func:`architecture`) overridden by the config's ``model_args`` and
-    top-level ``global_pool``, mapped onto keras_vit's; any other setting
-    is refused in one line naming it, its value and where it came from
-    (``path``'s field ``model_args.<key>``, or ``architecture``).
+    :func:`architecture`) overridden by the config's ``model_args`` (as
+    timm's create_model: the top-level ``global_pool`` is what timm's save
+    writes for information, not read), mapped onto keras_vit's; any other
+    setting is refused in one line naming it, its value and where it came
+    from (``path``'s field ``model_args.<key>``, or ``architecture``).
 
     >>> arch = variants.parse("vit_base_patch16_224")
     >>> honoured({"model_args": {"reg_tokens": 4}}, arch, "config.json")
@@ -386,18 +387,17 @@ def honoured(config, arch, path, defaults=None):
     """
     given = dict(config.get("model_args") or {})
     args = dict(defaults or {}, **given)
-    pool = config.get("global_pool", args.get("global_pool", "token"))
-    args.pop("global_pool", None)
-    if arch.family == "vit" and pool not in ("", "token"):
+    own = "avg" if arch.family == "bit" else "token"  # timm's default
+    pool = args.pop("global_pool", own)
+    if arch.family == "vit" and pool != own:
         args["global_pool"] = pool
-    elif pool not in ("token", ""):
-        raise formats.fail(path, "global_pool", f"timm global_pool="
-                           f"{shown(pool)} is not supported for "
-                           f"{arch.name}; it pools the class token")
+    elif pool != own:
+        raise formats.fail(path, "model_args.global_pool", f"timm "
+                           f"global_pool={shown(pool)} is not supported for "
+                           f"{arch.name}; it pools by global_pool={own!r}")
 
     def refuse(key, value, why):
-        where = ("global_pool" if key == "global_pool" and key in config
-                 else f"model_args.{key}" if key in given else None)
+        where = f"model_args.{key}" if key in given else None
         origin = f" (timm's {arch.name} sets it)" if where is None else ""
         where = where or "architecture"
         return formats.fail(path, where, f"{key}={shown(value, 60)}{origin} "

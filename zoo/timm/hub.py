@@ -26,7 +26,8 @@ import numpy as np
 from keras_vit.base import schema
 from keras_vit.base import variants
 from keras_vit.base.limits import MAX_CONFIG_BYTES
-from keras_vit.data.normalization import check_normalization, config_value
+from keras_vit.data.normalization import (NAMED, check_normalization,
+                                         config_value)
 from keras_vit.models.hybrid import TIMM_RESNET_NUMERICS
 from keras_vit.zoo import checkpoints, formats, hub_files
 from keras_vit.zoo.download import http as http_fetch
@@ -148,11 +149,16 @@ def _architecture(config, name):
 
 
 def input_normalization(config):
-    """``{"mean": [...], "std": [...]}`` of ``pretrained_cfg`` (the
-    official 0.5/0.5 when it names none)."""
+    """``{"mean": [...], "std": [...]}`` of ``pretrained_cfg``, each field
+    it names none of ImageNet's, as timm's ``resolve_data_config``.
+
+    >>> input_normalization({"pretrained_cfg": {"std": [0.5] * 3}})["mean"]
+    [0.485, 0.456, 0.406]
+    """
     pretrained = config.get("pretrained_cfg") or {}
-    return {"mean": [float(v) for v in pretrained.get("mean", [0.5] * 3)],
-            "std": [float(v) for v in pretrained.get("std", [0.5] * 3)]}
+    imagenet = NAMED["imagenet"]
+    return {key: [float(v) for v in pretrained.get(key)
+                  or getattr(imagenet, key)] for key in ("mean", "std")}
 
 
 def load(source, name=None, image_size=None, num_classes=None, *,
@@ -160,7 +166,8 @@ def load(source, name=None, image_size=None, num_classes=None, *,
     """A keras_vit model with timm's weights from ``source``.
 
     The architecture, head size and input size come from the repository's
-    ``config.json`` (``name`` overrides the architecture; ``image_size``
+    ``config.json`` (``name`` overrides the architecture, refused where
+    the config's ``model_args`` size it otherwise; ``image_size``
     resizes the position embeddings; another ``num_classes`` gives a new
     zero head). ``**kwargs`` go to :func:`keras_vit.zoo.load`.
 
@@ -184,13 +191,27 @@ def load(source, name=None, image_size=None, num_classes=None, *,
                        **kwargs))
 
 
-def _num_classes(config, arrays, head_key):
-    """The head's size: the config's ``num_classes`` (0: no head, the
-    model returns the pooled embedding, as timm's), else the weights'."""
-    value = config.get("num_classes")
-    if value == 0 and head_key not in arrays:
-        return 0
-    return value or 1000
+def _num_classes(config):
+    """The head's size, as timm's create_model takes it: ``model_args``'
+    ``num_classes``, else the config's (0: no head, the model returns the
+    pooled embedding, as timm's), else 1000."""
+    value = (config.get("model_args") or {}).get(
+        "num_classes", config.get("num_classes"))
+    return 1000 if value is None else value
+
+
+def _check_name(name, wanted, found, where, architecture):
+    """Refuses, in one line naming both, a ``name`` whose sizes (amended
+    by the caller's, ``wanted``) are not those of the file's config
+    (``found``), as the name of a .keras file of another size is."""
+    keys = (*timm_arguments.MODULE_SIZES.values(), "mlp_dim")
+    other = [f"{k}={wanted[k]} vs {found[k]}" for k in keys
+             if k in wanted and k in found and wanted[k] != found[k]]
+    if other:
+        raise checkpoints.CheckpointError(
+            f"name={name!r} is another architecture than {where} "
+            f"({architecture} with its model_args): {', '.join(other)}; "
+            "load the file without a name, or pass its sizes as keywords")
 
 
 def _head_type(config, build_config, arrays, head, labels):
@@ -231,17 +252,16 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                                                or "")))
     module = args = None
     if entry is not None:  # the table's arguments, the config's over them
+        # timm's create_model: model_args decide; the top-level
+        # global_pool is what timm's save writes for information.
         module, args = entry["module"], dict(entry["args"], **model_args)
-        if config.get("global_pool") not in (None, ""):
-            args["global_pool"] = config["global_pool"]
     layout = TIMM_EVA if module in ("eva", "beit", "gemma4_vit",
                                     "qwen3_vit") else TIMM
     if module in ("eva", "beit"):
         honoured = eva.honoured(args, where)
         state = eva.with_key_biases(state)
     elif module == "naflexvit":
-        honoured = naflex.honoured(args, where, {*model_args,
-                                                 "global_pool"})
+        honoured = naflex.honoured(args, where, set(model_args))
         state = naflex.naflex_state(state, honoured)
     elif module == "vision_transformer_sam":
         honoured = sam.honoured(args, where)
@@ -270,6 +290,9 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
                     "each block's branches under blocks.<i>.attns.<b> and "
                     f"ffns.<b>, and {os.fspath(path)} has none")
     build_config = dict(arch.config, **honoured)
+    if name is not None:
+        _check_name(name, dict(arch.config, **(sizes or {})), build_config,
+                    where, config.get("architecture"))
     if not is_bit:
         build_config.setdefault("position_resize",
                                 timm_arguments.TABLE_RESIZE)
@@ -305,13 +328,17 @@ def read_checkpoint(source, name=None, *, progress=None, prefer_size=None,
     # A NaFlex model's size is its table's grid, whatever the images.
     image_size = honoured.pop("image_size", image_size)
     head = int(arrays[head_key].shape[0]) if head_key in arrays else None
+    num_classes = _num_classes(config)
+    if "num_classes" in model_args and num_classes != head:
+        head = None  # timm's create_model drops the file's head too: a
+        # new zero head, or none
     labels = formats.check_labels(config.get("label_names"), head, where,
                                   "label_names") if head else None
     normalization = check_normalization("pretrained_cfg mean/std",
                                         input_normalization(config))
     build_config.update(input_normalization=config_value(normalization))
     build_config.update(image_size=image_size,
-                        num_classes=_num_classes(config, arrays, head_key),
+                        num_classes=num_classes,
                         name=build.model_name(arch.name))
     return build.Checkpoint(
         build_config, arrays, source_name=repr(os.fspath(source)),

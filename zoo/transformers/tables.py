@@ -204,7 +204,9 @@ _AIMV2_BIASES = {
 #: (``layers``), the names of their tensors (``swiglu``: the gated MLP's)
 #: and of the others; ``biases``: the bias rows' fields and tensors;
 #: ``gate``: the ``hidden_act`` values its gated MLP computes (none: SiLU
-#: whatever it says); ``square``: one image side; ``epsilon``: the norms'
+#: whatever it says); ``square``: one image side (DINOv2's embeddings
+#: interpolate their table as a square grid at every call, which a
+#: non-square one is not); ``epsilon``: the norms'
 #: epsilon field; ``fixed``: fields keras_vit computes at one value only.
 FAMILIES = {
     "deit": dict(defaults=_DEFAULTS, layers="encoder.layer.",
@@ -213,12 +215,13 @@ FAMILIES = {
                          "distillation_token/registers", "same", "cls")}),
     "dinov2": dict(defaults=_DINO_DEFAULTS, layers="encoder.layer.",
                    layer=_DINO_LAYER, top=_DINO_TOP, swiglu=_DINO_SWIGLU,
-                   biases=_VIT_BIASES),
+                   biases=_VIT_BIASES, square=True),
     # Its interpolate_pos_encoding antialiases (DINOv2's does not).
     "dinov2_with_registers": dict(
         defaults=dict(_DINO_DEFAULTS, patch_size=16, num_register_tokens=4),
         layers="encoder.layer.", layer=_DINO_LAYER, top=_DINO_TOP,
-        swiglu=_DINO_SWIGLU, biases=_VIT_BIASES, resize="bicubic_aa"),
+        swiglu=_DINO_SWIGLU, biases=_VIT_BIASES, resize="bicubic_aa",
+        square=True),
     "dinov3_vit": dict(defaults=_DINO3_DEFAULTS, layers="layer.",
                        layer=_DINO3_LAYER, top=_DINO3_TOP,
                        swiglu=_DINO3_GATED, biases=_DINO3_BIASES,

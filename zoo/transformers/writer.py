@@ -284,7 +284,7 @@ def family_class(config):
         (config.get("gelu", "tanh") not in _HIDDEN_ACTS,
          f"gelu={config.get('gelu')!r}"),
         (transformers_tables.FAMILIES[spec["type"]].get("square")
-         and not isinstance(size, int) and len(set(size)) != 1,
+         and isinstance(size, (list, tuple)) and len(set(size)) != 1,
          f"non-square images (image_size={shown(size)})"),
         (config.get("return_attention_scores"),
          "attention scores as an output"))
