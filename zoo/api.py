@@ -103,7 +103,9 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
     """Loads an official-layout ``.npz`` (path, URL or ``{key: array}``) into
     a built model.
 
-    Strict, as :func:`keras_vit.zoo.convert.load_weights`.
+    Strict, as :func:`keras_vit.zoo.convert.load_weights`: a checkpoint
+    without a head is refused for a model with one (``zoo.load(name,
+    weights=path, num_classes=...)`` gives a new head).
     """
     checkpoints.check_model(model)
     source = path_or_url
@@ -121,7 +123,8 @@ def load_weights(model, path_or_url, *, sha256=None, keep_pre_logits=None,
                 f"sha256 of path_or_url={source!r} does not match {sha256}")
     if isinstance(model, ResNetV2):
         return bit_layout.load_weights(model, source)
-    return convert.load_weights(model, source, keep_pre_logits=keep_pre_logits)
+    return convert.load_weights(model, source, keep_pre_logits=keep_pre_logits,
+                                fresh_head=False)
 
 
 info = registry.info

@@ -39,7 +39,8 @@ class Checkpoint:
         tags: attributes set on the model once loaded.
         keep_pre_logits: for callers that build a checkpoint themselves.
         model: a built model whose weights the build step copies instead
-            of ``arrays`` (with ``family="foreign"``, the result).
+            of ``arrays`` (with ``family="foreign"``, the result); its
+            class alone for random initialisation (``weights=None``).
         head_names: the head's keys in ``arrays`` -> the file's names.
     """
 
@@ -72,6 +73,8 @@ def build(checkpoint, **kwargs):
     ('tiny', (None, 5))
     """
     config = {**checkpoint.config, **kwargs}
+    if isinstance(checkpoint.model, type):  # fresh weights, its class
+        return _tagged(checkpoint.model.from_config(config), checkpoint.tags)
     if checkpoint.model is not None:
         return _tagged(copy_model(checkpoint.model, config,
                                   bool(checkpoint.keep_pre_logits)),
@@ -81,18 +84,22 @@ def build(checkpoint, **kwargs):
     else:
         from keras_vit.models.vit import vit as builder
     model = builder(**config)
+    # A head other than the weights' was asked (settled): a new one.
+    fresh_head = config.get("num_classes") != checkpoint.head
     if checkpoint.arrays is not None:
         if checkpoint.layout is not None:
             layouts.load(model, checkpoint.layout, checkpoint.arrays,
                          source_name=checkpoint.source_name,
-                         keep_pre_logits=checkpoint.keep_pre_logits)
+                         keep_pre_logits=checkpoint.keep_pre_logits,
+                         fresh_head=fresh_head)
         elif checkpoint.family == "bit":
             bit_layout.load_weights(model, checkpoint.arrays,
                                     source_name=checkpoint.source_name)
         else:
             convert.load_weights(model, checkpoint.arrays,
                                  keep_pre_logits=checkpoint.keep_pre_logits,
-                                 source_name=checkpoint.source_name)
+                                 source_name=checkpoint.source_name,
+                                 fresh_head=fresh_head)
     return _tagged(model, checkpoint.tags)
 
 
@@ -127,8 +134,8 @@ def is_keras_vit_model(model):
 
 def copy_model(model, config, keep_pre_logits=False):
     """``model`` itself when ``config`` is its own, else a model of its
-    class built from ``config`` (``dtype``: the copy's policy) with
-    ``model``'s weights copied."""
+    class built from ``config`` (``dtype``: the copy's policy, in its
+    config so that a save keeps it) with ``model``'s weights copied."""
     import keras
 
     config = dict(config)
@@ -146,7 +153,7 @@ def copy_model(model, config, keep_pre_logits=False):
             f"{unknown[0]!r}.{did_you_mean(unknown[0], sorted(own))}")
     if dtype is None and all(own[k] == v for k, v in config.items()):
         return model
-    config["dtype"] = own.get("dtype")
+    config["dtype"] = dtype if dtype is not None else own.get("dtype")
     with dtype_policy_scope(dtype or model.dtype_policy):
         rebuilt = type(model).from_config(config)
     copy_weights(model, rebuilt, keep_pre_logits)
@@ -174,7 +181,8 @@ def copy_weights(source, target, keep_pre_logits):
     layouts.load(target, layouts.BY_PATH, layouts.model_arrays(
         source, "keras_vit"), source_name=f"<model {source.name!r}>",
                  keep_pre_logits=keep_pre_logits or None,
-                 source_grid=getattr(source, "grid_size", None))
+                 source_grid=getattr(source, "grid_size", None),
+                 fresh_head=True)  # a head the copy adds starts at zero
 
 
 def _copy_by_path(source, target):
@@ -218,8 +226,11 @@ def build_settled(checkpoint, request, builder=None):
     where = checkpoint.source_name or "the model"
     memory.check_config(settled.config, where,
                         name=checkpoint.tags.get("zoo_name"))
+    model = checkpoint.model
+    if request.random and model is not None:
+        model = type(model)  # its architecture, not its weights
     return (builder or build)(dataclasses.replace(
-        checkpoint, config=settled.config, arrays=settled.arrays,
+        checkpoint, config=settled.config, arrays=settled.arrays, model=model,
         keep_pre_logits=settled.keep_pre_logits, tags=settled.tags))
 
 

@@ -14,6 +14,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.base import archives, atomic
+from keras_vit.base.checks import check_path
 from keras_vit.base.limits import MAX_LAYERS as MAX_BLOCKS
 from keras_vit.zoo import checkpoints, layouts
 from keras_vit.zoo.checkpoints import CheckpointError, as_array, check_model
@@ -206,7 +207,9 @@ def save_npz(model, path):
     reason = official_refusal(model)
     if reason is not None:
         raise ValueError(reason)
-    path = os.fspath(path)
+    path = os.fspath(check_path("path", path))
+    if not path:
+        raise ValueError("path must name a file; received path=''")
     if os.path.isdir(path):
         raise IsADirectoryError(
             f"path={path!r} is a directory; pass a file name, e.g. "
@@ -228,7 +231,7 @@ def describe(source):
 
 
 def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
-                 source_grid=None):
+                 source_grid=None, fresh_head=True):
     """Loads an official-layout checkpoint into a model, strictly.
 
     Args:
@@ -240,11 +243,14 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
         source_name: how errors name the source (default: its path).
         source_grid: the (rows, cols) patch grid of the source's position
             table, when it is not square.
+        fresh_head: True (a new head asked, as ``to_classifier`` does): a
+            checkpoint without a head leaves the model's zero-initialised;
+            False (:func:`keras_vit.zoo.load_weights`): refused.
 
     Position embeddings of another grid are resized; a head of another
     ``num_classes`` is replaced by zeros; a model without a head ignores the
-    checkpoint's; anything else missing, unexpected or mis-shaped is one
-    error listing every problem.
+    checkpoint's; anything else missing, unexpected or mis-shaped (a head
+    of as many classes in another shape) is one error listing every problem.
 
     Returns:
         A dict report: ``{"resized_posemb": (old, new) or None,
@@ -256,4 +262,4 @@ def load_weights(model, source, *, keep_pre_logits=None, source_name=None,
     return layouts.load(model, OFFICIAL, arrays,
                         source_name=source_name or describe(source),
                         keep_pre_logits=keep_pre_logits,
-                        source_grid=source_grid)
+                        source_grid=source_grid, fresh_head=fresh_head)

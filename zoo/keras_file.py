@@ -19,13 +19,17 @@ from keras_vit.zoo import build, hub_files, keras_archive
 
 
 def is_keras_file(value, *, progress=None):
-    """True for a path ending in ``.keras`` (it need not exist) or a
-    directory holding ``model.keras``."""
+    """True for a directory holding ``model.keras``, or another path
+    ending in ``.keras`` (it need not exist): a folder's name says nothing
+    of what it holds."""
     if not isinstance(value, (str, os.PathLike)):
         return False
     path = os.fspath(value)
-    return isinstance(path, str) and (path.endswith(".keras") or os.path.isfile(
-        os.path.join(path, keras_archive.RUN_MODEL_FILE)))
+    if not isinstance(path, str):
+        return False
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, keras_archive.RUN_MODEL_FILE))
+    return path.endswith(".keras")
 
 
 def read_checkpoint(value, name=None, *, progress=None, prefer_size=None,

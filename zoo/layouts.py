@@ -270,10 +270,11 @@ class Layout:
             other = [(k, p.dtype) for k, p in zip(group, parts)
                      if p.dtype.kind in "biucmMOSU"]
             if other:
+                key, dtype = other[0]
                 raise CheckpointError(
-                    f"the {self.name} checkpoint's {other[0][0]} holds "
-                    f"{other[0][1]} where the model's {', '.join(paths)} "
-                    "is a float weight")
+                    f"the {self.name} checkpoint's {key} holds {dtype} "
+                    f"({dtype.str!r}), not a number type the model's float "
+                    f"weight {', '.join(paths)} takes")
             try:
                 pieces = self._pieces(rule, parts, paths, shapes)
             except (ValueError, IndexError) as e:
@@ -441,10 +442,12 @@ def listed(what, items):
 
 
 def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
-         source_grid=None, replace_head=True):
+         source_grid=None, replace_head=True, fresh_head=False):
     """Loads the source's ``arrays`` (``{key: array}`` of ``layout``) into
-    ``model``, strictly (:func:`keras_vit.zoo.convert.load_weights`);
-    ``replace_head=False`` reports a head of another size as mis-shaped.
+    ``model``, strictly (:func:`keras_vit.zoo.convert.load_weights`): a
+    head of another number of classes (kernel and bias) is zeroed, unless
+    ``replace_head=False`` (mis-shaped); a source without a head is
+    refused, unless ``fresh_head=True`` (the caller asked a new head).
     Returns ``{"resized_posemb", "head", "pre_logits"[, ...]}``."""
     targets = variables(model, layout)
     absent = {}
@@ -455,9 +458,12 @@ def load(model, layout, arrays, *, source_name, keep_pre_logits=None,
 
     has_head = "head/kernel" in given
     wants_head = "head/kernel" in targets
-    # A head of other classes, or none: the model's starts at zero.
-    replaced = wants_head and (not has_head or replace_head and _classes_differ(
-        given["head/kernel"].shape, targets["head/kernel"].shape))
+    # A whole head of other classes, or none when a new one is asked: the
+    # model's starts at zero.
+    other = replace_head and all(
+        p in given and _classes_differ(given[p].shape, targets[p].shape)
+        for p in ("head/kernel", "head/bias") if p in targets)
+    replaced = wants_head and (other if has_head else fresh_head)
     if has_head and not wants_head:
         report["head"] = "dropped"
     elif replaced:

@@ -111,8 +111,8 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
         image_size: a new resolution: position embeddings are resized.
         num_classes: a new head size: the head is zero-initialised and
             ``pre_logits`` dropped unless ``keep_pre_logits``.
-        dtype: a dtype policy name the copy is built under (its config keeps
-            ``dtype=None``). None: the model's own policy.
+        dtype: a dtype policy name the copy is built under (in its config,
+            so that a save keeps it). None: the model's own policy.
         outputs: a feature name or list of them the copy returns (see
             :func:`keras_vit.models.feature_model`).
         copy: False returns ``model`` itself when nothing changes.
@@ -186,7 +186,7 @@ def rebuild(model, *, image_size=None, num_classes=None, dtype=None,
             f"{did_you_mean(unknown[0], sorted(config))}")
     if dtype is not None and keras.dtype_policies.get(
             dtype).name != model.dtype_policy.name:
-        changes["dtype"] = None
+        changes["dtype"] = dtype
     if not changes and not copy:
         rebuilt = model
     else:

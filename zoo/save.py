@@ -65,7 +65,10 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
 
     The files are first written into a scratch folder and read back
     (:func:`check_read_back`): a model the library would read as another
-    is refused in one line, and ``directory`` is left as it was.
+    is refused in one line, and ``directory`` is left as it was. They
+    replace those of an earlier save of the same ``layout``; a
+    ``directory`` holding another model (another layout's files, a run's
+    ``model.keras``) is refused.
     """
     import keras
 
@@ -76,9 +79,13 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a path; received "
                         f"directory={directory!r}"[:300])
+    if not os.fspath(directory):
+        raise ValueError("directory must name a folder; received "
+                         "directory=''")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise NotADirectoryError(f"directory={os.fspath(directory)!r} is a "
                                  "file, not a folder")
+    _check_unused(os.fspath(directory), layout)
     labels = _labels(model, labels)
     if layout == "transformers":
         from keras_vit.zoo.transformers.writer import write
@@ -102,6 +109,22 @@ def save_pretrained(model, directory, labels=None, *, layout="timm"):
             else:
                 os.replace(source, target)
     return directory
+
+
+def _check_unused(directory, layout):
+    """Refuses a ``directory`` that holds a model of another kind than
+    ``layout`` (a save of the same layout is replaced): both would stay, a
+    folder ``zoo.load`` refuses."""
+    from keras_vit.zoo import sources
+
+    held = [s.name for s in sources.claims(directory)] if os.path.isdir(
+        directory) else []
+    if held and held != [layout]:
+        raise ValueError(
+            f"directory={directory!r} holds the files of a {' and a '.join(held)}"
+            f" model; save_pretrained(layout={layout!r}) would leave them beside"
+            " its own, a folder zoo.load refuses: pass a new or empty folder, "
+            "or remove them first")
 
 
 # Arguments that do not change what the model computes at its input size.

@@ -120,17 +120,18 @@ def find(name, weights, *, progress=None):
                 "(the .keras file itself) or move one model out")
         if found:
             return found[0], value, arch_name
+    _refuse_unread_path(name)
     record = registry.hub_weights(name, weights)
     if record is not None:  # a family member's release: timm's files
         timm = next(s for s in SOURCES if s.name == "timm")
         return timm, record.url, name
-    _refuse_unread_path(name)
     return OFFICIAL, weights, name
 
 
 def _refuse_unread_path(name):
     """Raises FileNotFoundError for a ``name`` that is a folder no source
-    reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing."""
+    reads, or a path (absolute, ``./``, ``../``, ``~``) to nothing; and
+    ValueError for a file no source reads (weights need a zoo name)."""
     if not isinstance(name, (str, os.PathLike)):
         return
     name = os.fspath(name)
@@ -143,6 +144,16 @@ def _refuse_unread_path(name):
             "transformers repository config.json and model.safetensors, a "
             "keras-hub preset config.json and metadata.json"
             + hub_files.pickle_hint(name))
+    if os.path.isfile(name):
+        folder = os.path.dirname(os.path.abspath(name))
+        held = [s.name for s in claims(folder)]
+        raise ValueError(
+            f"name={name!r} is a file that holds no model zoo.load reads (a "
+            ".keras file, or a timm, transformers or keras-hub folder"
+            + (f": its folder holds a {held[0]} model, zoo.load({folder!r})"
+               if held else "")
+            + "); weights alone (an official .npz) need the zoo name of "
+            f"their architecture: zoo.load('ViT-B/16', weights={name!r})")
     if name.startswith((os.sep, "./", "../", "~")) and not os.path.exists(
             name):
         raise FileNotFoundError(

@@ -307,6 +307,16 @@ def test_stage_outputs_and_features_match_timm(tmp_path):
     np.testing.assert_allclose(got, want, atol=5e-5, rtol=0)
 
 
+@pytest.mark.parametrize("classes", [11, 4])
+def test_a_checkpoint_without_a_head_is_refused_not_zeroed(classes):
+    """zoo.load_weights once left a zero head for a file without one."""
+    arrays = bit_arrays(TINY_UNITS, TINY_WIDTH, 11, seed=5)
+    del arrays[bit_layout.HEAD_KERNEL], arrays[bit_layout.HEAD_BIAS]
+    with pytest.raises(CheckpointError,
+                       match="missing from the checkpoint.*head/conv2d"):
+        keras_vit.zoo.load_weights(_tiny(classes), arrays)
+
+
 def test_replaced_head_is_zero_and_features_match_timm(tmp_path):
     arrays = bit_arrays(TINY_UNITS, TINY_WIDTH, 11, seed=5)
     path = _write(tmp_path / "bit.npz", arrays)

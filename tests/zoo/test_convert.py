@@ -141,6 +141,63 @@ def test_keep_pre_logits_on_new_head():
         model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
 
 
+def _drop(*keys):
+    return lambda arrays: [arrays.pop(k) for k in keys]
+
+
+# How a checkpoint's head can fail a model of as many classes -> the words
+# that name it in the error.
+BAD_HEADS = {
+    "no head": (_drop("head/kernel", "head/bias"),
+                "missing from the checkpoint (2): head/kernel, head/bias"),
+    "no head bias": (_drop("head/bias"),
+                     "missing from the checkpoint (1): head/bias"),
+    "transposed kernel": (
+        lambda a: a.__setitem__("head/kernel", a["head/kernel"].T.copy()),
+        "head/kernel: checkpoint (7, 32) vs model (32, 7)"),
+    "bias of other classes": (
+        lambda a: a.__setitem__("head/bias", np.zeros(9, "float32")),
+        "head/bias: checkpoint (9,) vs model (7,)"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_HEADS))
+def test_a_missing_or_mis_shaped_head_is_refused_not_zeroed(bad):
+    """Only a head of another number of classes is replaced by zeros; a
+    checkpoint without one, or with one of the model's classes in another
+    shape, once left a zero head silently (report: 'replaced')."""
+    edit, needle = BAD_HEADS[bad]
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=3)
+    edit(arrays)
+    model = _model(num_classes=7)
+    before = [w.numpy().copy() for w in model.weights]
+    with pytest.raises(zoo.CheckpointError) as e:
+        zoo.load_weights(model, arrays)
+    assert needle in str(e.value), str(e.value)
+    for w, b in zip(model.weights, before):  # nothing half loaded
+        np.testing.assert_array_equal(w.numpy(), b)
+    if bad.startswith("no head"):  # whatever the model's number of classes
+        with pytest.raises(zoo.CheckpointError, match="head/"):
+            zoo.load_weights(_model(num_classes=3), arrays)
+
+
+def test_a_new_head_asked_of_a_load_is_zero(tmp_path):
+    """zoo.load(name, weights=file, num_classes=other) fine-tunes: a zero
+    head, whether the file has a head of other classes or none."""
+    sizes = tiny_builder_kwargs()
+    del sizes["num_classes"], sizes["classifier"], sizes["representation_size"]
+    arrays = official.vit_arrays(**TINY, num_classes=7, seed=4)
+    full = official.write(tmp_path / "full.npz", arrays)
+    _drop("head/kernel", "head/bias")(arrays)
+    bare = official.write(tmp_path / "bare.npz", arrays)
+    for path in (full, bare):
+        model = zoo.load("ViT-Ti/16", weights=str(path), num_classes=5,
+                         **sizes)
+        assert not np.any(model.get_layer("head").kernel.numpy()), path
+    with pytest.raises(ValueError, match="has no head"):
+        zoo.load("ViT-Ti/16", weights=str(bare), **sizes)
+
+
 def test_pre_logits_with_same_head_is_an_error():
     """A head trained on pre_logits features must not be loaded without them."""
     arrays = official.vit_arrays(**TINY, num_classes=7, seed=8,

@@ -117,10 +117,38 @@ def test_weights_a_source_holds_itself(written):
         with pytest.raises(Exception, match="weights") as e:
             call()
         assert "augreg" in str(e.value)
-    random = zoo.load(spec, weights=None)
-    assert random.label_names is None  # random classes have no names
-    assert random.get_config() == dict(zoo.load(spec).get_config(),
-                                       label_names=None)
+    trained = zoo.load(spec)
+    for how, random in (("zoo.load", zoo.load(spec, weights=None)),
+                        ("resolve_model", resolve_model(spec, weights=None))):
+        assert random.label_names is None  # random classes have no names
+        assert random.get_config() == dict(trained.get_config(),
+                                           label_names=None), (kind, how)
+        # Fresh weights, not the file's (a .keras file once gave its own).
+        kept = [w.path for w, t in zip(random.weights, trained.weights)
+                if np.array_equal(np.asarray(w), np.asarray(t))]
+        assert not kept, f"{kind} {how} weights=None kept the file's {kept}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16"])
+def test_a_dtype_asked_on_every_path_survives_save_and_reload(
+        written, tmp_path, dtype):
+    """The policy a copy is built under is in its config, so that
+    model.save and a reload keep it (a .keras file's copy and rebuild
+    once said dtype=None and came back float32)."""
+    import keras
+
+    kind, spec = written
+    for how, got in (
+            ("zoo.load", zoo.load(spec, dtype=dtype)),
+            ("weights=None", zoo.load(spec, weights=None, dtype=dtype)),
+            ("resolve_model", resolve_model(spec, dtype=dtype)),
+            ("rebuild", zoo.rebuild(zoo.load(spec), dtype=dtype))):
+        assert got.dtype_policy.name == dtype, (kind, how)
+        got.save(tmp_path / "copy.keras")
+        for reader in (keras.saving.load_model, zoo.load):
+            back = reader(str(tmp_path / "copy.keras"))
+            assert (back.dtype_policy.name, back.get_config()["dtype"]) == (
+                dtype, dtype), f"{kind} {how} then save: {reader.__name__}"
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +254,9 @@ def test_what_timm_writes_keras_vit_reads(tmp_path):
      "labels=5"),
     (lambda: zoo.save_pretrained(_model3(), "/tmp/never", labels=["a"]),
      "labels has 1 name for a head of 3 classes"),
+    (lambda: zoo.save_pretrained(_model3(), ""), "directory=''"),
+    (lambda: zoo.save_npz(_model3(), ""), "path=''"),
+    (lambda: zoo.save_npz(_model3(), None), "path=None"),
     (lambda: zoo.load(NAME, weights=None, image_size=100000),
      "image_size=100000"),
     (lambda: zoo.load(NAME, weights=None, image_size=14000),
@@ -236,6 +267,42 @@ def test_public_functions_check_their_arguments(call, needle):
         call()
     assert needle in str(e.value), str(e.value)
     assert not os.path.exists("/tmp/never")
+
+
+@pytest.mark.parametrize("then", ["timm", "transformers", "keras-hub"])
+@pytest.mark.parametrize("first", ["timm", "transformers", "keras-hub",
+                                   "keras"])
+def test_save_pretrained_into_a_used_folder(model, tmp_path, first, then):
+    """A save over one of its own layout replaces it; over another model's
+    files it is refused naming the folder and what it holds (both once
+    stayed, a folder zoo.load refuses as ambiguous)."""
+    folder = tmp_path / "out"
+    if first == "keras":
+        folder.mkdir()
+        model.save(folder / "model.keras")
+    else:
+        zoo.save_pretrained(model, folder, layout=first)
+    before = sorted(os.listdir(folder))
+    if first == then:
+        zoo.save_pretrained(model, folder, layout=then)
+        _same(zoo.load(str(folder)), zoo.load(str(folder)), then)
+        return
+    with pytest.raises(ValueError) as e:
+        zoo.save_pretrained(model, folder, layout=then)
+    assert f"directory={str(folder)!r} holds" in str(e.value), str(e.value)
+    assert first in str(e.value), str(e.value)
+    assert sorted(os.listdir(folder)) == before
+    _same(zoo.load(str(folder)), zoo.load(str(folder)), first)
+
+
+@pytest.mark.parametrize("layout", ["timm", "transformers", "keras-hub"])
+def test_a_folder_named_like_a_keras_file_is_a_folder(model, tmp_path,
+                                                      layout):
+    """A folder's name is no file's: zoo.load once said it held a .keras
+    file."""
+    folder = str(tmp_path / "export.keras")
+    zoo.save_pretrained(model, folder, layout=layout)
+    assert zoo.load(folder).label_names == tuple(NAMES)
 
 
 def _model3():

@@ -225,7 +225,7 @@ def test_dtype_builds_under_that_policy():
     model = _tiny()
     low = rebuild(model, dtype="mixed_bfloat16")
     assert low.dtype_policy.name == "mixed_bfloat16"
-    assert low.get_config()["dtype"] is None
+    assert low.get_config()["dtype"] == "mixed_bfloat16"  # saved with it
     back = rebuild(low, dtype="float32")
     assert back.dtype_policy.name == "float32"
     x = _images()

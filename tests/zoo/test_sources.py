@@ -354,3 +354,23 @@ def test_a_path_no_source_reads_is_not_called_a_model_name(tmp_path):
             zoo.load(missing)
     with pytest.raises(zoo.UnknownModelError):
         zoo.load("ViT-Q/16")
+
+
+@pytest.mark.parametrize("name", ["vit.npz", "v1.2/weights.npz",
+                                  "config.json", "notes", "relative.npz"])
+def test_a_file_no_source_reads_is_not_called_a_model_name(
+        tmp_path, monkeypatch, name):
+    """A file that is no model (an official .npz, a folder's config.json)
+    passed as the name once reached the name parser: "Unknown weights tag
+    'npz' ... known timm tags"."""
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"not read")
+    if name.startswith("relative"):
+        monkeypatch.chdir(tmp_path)
+        path = name
+    with pytest.raises(ValueError) as e:
+        zoo.load(str(path))
+    message = str(e.value)
+    assert f"name={str(path)!r} is a file" in message, message
+    assert f"weights={str(path)!r}" in message and "tag" not in message
