@@ -29,7 +29,7 @@ In Python, without a server::
 
     loaded = tf.saved_model.load("exported/vit_saved_model")
     out = loaded.signatures["serving_default"](image_bytes=tf.constant([jpeg]))
-    out["labels"], out["scores"]  # top-5 names and softmax scores, best first
+    out["labels"], out["scores"]  # top-5 names and probabilities, best first
 """
 
 import argparse
@@ -69,7 +69,7 @@ def main(argv=None):
         Image.fromarray(photo).save(buffer, "JPEG", quality=90)
         jpegs.append(buffer.getvalue())
     # What the ONNX and LiteRT files take: uint8 pixels at the model's
-    # size (the [-1, 1] scaling runs inside them).
+    # size (the model's own input normalisation runs inside them).
     decoded = [np.asarray(Image.open(io.BytesIO(j)).convert("RGB"))
                for j in jpegs]
     pixels = np.stack([zoo.preprocess_input(d, size, scale=False)
@@ -123,10 +123,13 @@ def main(argv=None):
     logits = runner(images=pixels)["logits"]
     results["tflite_int8"] = logits, labels_of(np.argsort(-logits[0])[:5])
 
-    # Keras on the same photos, decoded and preprocessed by the zoo.
+    # Keras on the same pixels, normalised as the model's weights expect
+    # (its own input_normalization: [-1, 1] for the 2020 ViT, ImageNet's
+    # or CLIP's mean and std for others; none if it normalises itself).
+    from keras_vit.data.normalization import model_input
+
     reference = np.asarray(model.predict(
-        np.stack([zoo.preprocess_input(d, size) for d in decoded]),
-        verbose=0))
+        model_input(model, pixels.astype("float32")), verbose=0))
     for name, (logits, top_names) in results.items():
         logits = np.asarray(logits, "float32")
         top = np.argsort(-logits, axis=-1)[:, :5]

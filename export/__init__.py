@@ -48,6 +48,10 @@ def export(model, path, format=None, **kwargs):
     the format's exporter."""
     import os
 
+    from keras_vit.base.checks import check_model, check_path
+
+    check_model("model", model)
+    check_path("path", path)
     if format is None:
         ext = os.path.splitext(os.fspath(path))[1].lower()
         by_extension = {suffix: name for name, suffix in EXTENSIONS.items()}

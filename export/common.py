@@ -16,7 +16,9 @@ import time
 
 from keras_vit.base import atomic
 from keras_vit.base import checks
-from keras_vit.base.checks import PACKAGES, check_choice, check_int
+from keras_vit.base.checks import (
+    PACKAGES, check_choice, check_int, check_model, check_number)
+from keras_vit.base.options import flag
 from keras_vit.base.errors import KerasVitError, MissingDependencyError
 
 FORMATS = ("saved_model", "tflite", "onnx", "openvino")
@@ -223,6 +225,24 @@ DEFAULT_REPRESENTATIVE_SAMPLES = 100
 DEFAULT_AGREEMENT_SAMPLES = 32
 
 
+def check_arguments(model, agreement_samples=DEFAULT_AGREEMENT_SAMPLES,
+                    **flags):
+    """Refuses, naming it, a ``model`` that is not a ``keras.Model``, an
+    ``agreement_samples`` that is not a positive integer and boolean
+    options (``flags``, by name) that are not True or False.
+
+    >>> check_arguments(None)
+    Traceback (most recent call last):
+    ...
+    keras_vit.base.errors.ArgumentTypeError: model must be a keras.Model; \
+received model=None (NoneType)
+    """
+    check_model("model", model)
+    check_int("agreement_samples", agreement_samples, low=1)
+    for name, value in flags.items():
+        flag(name, value)
+
+
 def check_quantization(quantization, representative_data,
                        representative_samples):
     """Validates the quantization arguments every exporter takes; returns
@@ -364,6 +384,10 @@ def tolerance_for(kind, override=None):
             raise ValueError(
                 f"tolerance must be a dict with keys from {sorted(tol)}; "
                 f"received tolerance={override!r}")
+        for key, value in override.items():  # None: not a criterion
+            if value is not None:
+                check_number(f"tolerance[{key!r}]", value, low=0,
+                             high=1 if key == "top1_agreement" else None)
         tol.update(override)
     return tol
 

@@ -107,31 +107,53 @@ def default_outputs(model):
     from keras_vit.models.features import available_features, is_classifier
 
     if is_classifier(model):
-        return ("logits", "probabilities")
+        return (("logits", "probabilities")
+                if probabilities_inside(model) is not None else ("logits",))
     if getattr(model, "head_type", None) == "projection":
         return ("features",)  # the head's output is the embedding
     return (("pre_logits",) if "pre_logits" in available_features(model)
             else ("features",))
 
 
-def check_head(model, outputs):
-    """Refuses class scores from a model without a classification head."""
+def probabilities_inside(model):
+    """Whether a classifier's own output is already probabilities (True:
+    its ``classifier_activation`` is softmax or sigmoid) or logits that
+    an export passes through a softmax (False: none); None for another
+    activation, whose outputs are neither."""
+    activation = getattr(model, "classifier_activation", None)
+    if activation in (None, "linear"):
+        return False
+    return True if activation in ("softmax", "sigmoid") else None
+
+
+def check_head(model, outputs, what="outputs"):
+    """Refuses class scores from a model without a classification head,
+    and probabilities from a head whose activation gives none."""
     from keras_vit.models.features import is_classifier, why_features
 
-    scores = [o for o in outputs if o in ("logits", "probabilities")]
+    scores = [o for o in outputs if o in ("logits", "probabilities",
+                                          "scores")]
     if scores and not is_classifier(model):
         raise ValueError(
             f"outputs {scores[0]!r} needs a classification head; model="
             f"{model.name!r} is a feature extractor ("
             f"{why_features(model)}), whose embedding is outputs="
             f"{default_outputs(model)!r}")
+    probabilities = [o for o in scores if o != "logits"]
+    if probabilities and probabilities_inside(model) is None:
+        raise ValueError(
+            f"{what} {probabilities[0]!r}: probabilities, the softmax of a "
+            "head's logits or the head's own softmax or sigmoid; model="
+            f"{model.name!r} has classifier_activation="
+            f"{model.classifier_activation!r}, whose outputs are neither: "
+            "export its own output as outputs=('logits',) (input='images')")
 
 
 def _output_tensor(model, name):
     """The symbolic tensor of output ``name`` in ``model``'s graph."""
     from keras_vit.models.features import (
         available_features, encoder_depth, feature_tensor,
-        intermediate_tensors)
+        intermediate_tensors, model_output)
 
     available = available_features(model)
     if name == "logits":
@@ -157,14 +179,11 @@ def _output_tensor(model, name):
                    else "it has no encoder blocks (a ViT's outputs)"))
         return next(iter(intermediate_tensors(model, [index]).values()))
     if name == "features":
-        if isinstance(model.output, dict):
-            if "output" not in model.output:
-                raise ValueError(
-                    f"outputs 'features' is ambiguous for model="
-                    f"{model.name!r}, whose outputs are "
-                    f"{sorted(model.output)}")
-            return model.output["output"]
-        return model.outputs[0]
+        if isinstance(model.output, dict) and "output" not in model.output:
+            raise ValueError(
+                f"outputs 'features' is ambiguous for model="
+                f"{model.name!r}, whose outputs are {sorted(model.output)}")
+        return model_output(model)
     raise AssertionError(name)  # names were checked by the caller
 
 
@@ -222,8 +241,11 @@ class ServingGraph:
         model: a built Keras model taking (batch, H, W, C) images, or a
             NaFlex model taking the dict of :data:`PATCH_INPUTS`.
         outputs: names from OUTPUTS, in the order of the artifact's outputs
-            (None: :func:`default_outputs`): ``logits``, ``probabilities``
-            (softmax of the logits, in float32), ``pre_logits``,
+            (None: :func:`default_outputs`): ``logits`` (the model's own
+            output: a distilled model's mean of its two heads, after its
+            ``classifier_activation`` if any), ``probabilities`` (softmax
+            of the logits, in float32; the model's own output where its
+            ``classifier_activation`` is softmax or sigmoid), ``pre_logits``,
             ``attention_maps`` (ViT only: (batch, layers, heads, N, N)),
             ``features`` (the model's own output), ``block_<i>`` (ViT
             only: encoder block ``i``'s (batch, h, w, D) patch map).
@@ -321,6 +343,7 @@ class ServingGraph:
         includes_preprocessing = takes_raw_pixels(model)
         self.scale_inside = self.uint8_input and not includes_preprocessing
         self.normalization = of_model(model)
+        self.own_probabilities = probabilities_inside(model)
         self.value_range = (samples.PIXELS if (uint8_input
                                               or includes_preprocessing)
                             else samples.UNIT)
@@ -333,8 +356,8 @@ class ServingGraph:
             name=f"{model.name}_export")
         self._function = None
 
-    def serve(self, images):
-        """The serving computation in ``keras.ops``: images -> dict."""
+    def _model_inputs(self, images):
+        """The artifact's inputs -> the model's (``keras.ops``)."""
         import keras
 
         if self.naflex:
@@ -346,14 +369,38 @@ class ServingGraph:
             x = keras.ops.cast(x, "float32")
             if self.scale_inside:
                 x = self.normalization(x)
-        raw = self.raw(x, training=False)
+        return x
+
+    def _named(self, raw):
+        """The artifact's outputs, in float32, from :attr:`raw`'s."""
+        import keras
+
         out = {}
         for name in self.outputs:
-            if name == "probabilities":
-                out[name] = keras.ops.softmax(
-                    keras.ops.cast(raw["logits"], "float32"), axis=-1)
-            else:
-                out[name] = keras.ops.cast(raw[name], "float32")
+            value = keras.ops.cast(raw["logits" if name == "probabilities"
+                                       else name], "float32")
+            if name == "probabilities" and not self.own_probabilities:
+                value = keras.ops.softmax(value, axis=-1)
+            out[name] = value
+        return out
+
+    def serve(self, images):
+        """The serving computation in ``keras.ops``: images -> dict."""
+        return self._named(self.raw(self._model_inputs(images),
+                                    training=False))
+
+    def keras_outputs(self, x):
+        """:attr:`raw`'s outputs for the model inputs ``x``; those that are
+        the model's own output (``logits``, ``features``) from its own
+        call, not from the serving graph."""
+        own = [n for n in ("logits", "features") if n in self.raw.output]
+        out = ({} if len(own) == len(self.raw.output)
+               else dict(self.raw(x, training=False)))
+        if own:
+            value = self.model(x, training=False)
+            if isinstance(value, dict):
+                value = value["output"]
+            out.update(dict.fromkeys(own, value))
         return out
 
     def image_sizes(self):
@@ -429,13 +476,15 @@ class ServingGraph:
                             signatures={"serving_default": concrete})
 
     def reference(self, images, batch_size=8):
-        """Keras' answers for ``images``: :meth:`serve` run eagerly on the
-        user's backend."""
+        """Keras' answers for ``images``, eagerly on the user's backend:
+        the model's own call (:meth:`keras_outputs`), named as
+        :meth:`serve` names them."""
         parts = []
         with no_grad():
             for start in range(0, samples.count(images), batch_size):
-                parts.append(to_numpy(self.serve(
-                    samples.rows(images, start, start + batch_size))))
+                x = self._model_inputs(
+                    samples.rows(images, start, start + batch_size))
+                parts.append(to_numpy(self._named(self.keras_outputs(x))))
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def source_logits(self, images):

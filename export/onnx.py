@@ -267,6 +267,10 @@ def to_onnx(model, path, *, quantization="float32",
     >>> report["options"]["quantization"], report["verified"]
     ('dynamic_int8', True)
     """
+    common.check_arguments(model, agreement_samples,
+                           uint8_input=uint8_input, verify=verify,
+                           cast_to_float32=cast_to_float32,
+                           overwrite=overwrite)
     representative_samples = common.check_quantization(
         quantization, representative_data, representative_samples)
     common.refuse_keras_quantized(model, "onnx")

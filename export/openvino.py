@@ -121,6 +121,10 @@ def to_openvino(model, path, *, precision="float32", uint8_input=False,
     >>> report["options"]["compile_config"]
     {'INFERENCE_PRECISION_HINT': 'f32'}
     """
+    common.check_arguments(model, agreement_samples,
+                           uint8_input=uint8_input, verify=verify,
+                           cast_to_float32=cast_to_float32,
+                           overwrite=overwrite)
     check_choice("precision", precision, PRECISIONS)
     common.refuse_keras_quantized(model, "openvino")
     dest = common.check_path(path, "openvino")

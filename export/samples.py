@@ -273,14 +273,15 @@ def _input_bounds(normalization, channels):
     return np.minimum(low, high), np.maximum(low, high)
 
 
-def read_as_input(x, integer, graph):
-    """``(images, reading)``: the user's images ``x`` (float32) as what
-    ``graph``'s artifact takes, and how they were read. Integers are
-    [0, 255] pixels; floats within the model's input range (per channel)
-    are model inputs; other floats within [0, 255] are pixels, normalised
-    as the model says unless the artifact takes pixels."""
+def read_as_input(x, integer, graph, name="representative_data"):
+    """``(images, reading)``: the user's images ``x`` (float32), given as
+    the argument ``name``, as what ``graph``'s artifact takes (its dtype),
+    and how they were read. Integers are [0, 255] pixels; floats within
+    the model's input range (per channel) are model inputs; other floats
+    within [0, 255] are pixels, normalised as the model says unless the
+    artifact takes pixels."""
     if not np.all(np.isfinite(x)):
-        raise ValueError("representative_data holds values that are not "
+        raise ValueError(f"{name} holds values that are not "
                          "finite (NaN or infinity)")
     low, high = float(x.min()), float(x.max())
     span = f"spans [{low:.4g}, {high:.4g}]"
@@ -288,9 +289,11 @@ def read_as_input(x, integer, graph):
     if graph.value_range == PIXELS:
         if not pixels or (not integer and high <= 1.0):
             raise ValueError(
-                f"representative_data {span}; the artifact takes [0, 255] "
+                f"{name} {span}; the artifact takes [0, 255] "
                 "pixels" + (" (images scaled to [0, 1]? multiply them by "
                             "255)" if pixels else ""))
+        if np.dtype(graph.input_dtype) == np.uint8:
+            x = np.clip(np.round(x), 0, 255).astype(np.uint8)
         return x, "[0, 255] pixels"
     normalization = graph.normalization
     bounds = _input_bounds(normalization, x.shape[-1])
@@ -306,7 +309,7 @@ def read_as_input(x, integer, graph):
             "[0, 255] pixels, normalised as the model's input_normalization "
             f"({_describe(normalization)})")
     raise ValueError(
-        f"representative_data {span}: neither [0, 255] pixels nor the "
+        f"{name} {span}: neither [0, 255] pixels nor the "
         f"model's inputs, which span [{bounds[0].min():.4g}, "
         f"{bounds[1].max():.4g}] ({_describe(normalization)}); give "
         "[0, 255] pixels or images normalised as the model's "
@@ -329,8 +332,6 @@ def user_images(graph, data, limit, held_out=0):
         source = (f"of {name}" if isinstance(name, str) and name
                   else "from representative_data")
     x, reading = read_as_input(x, integer, graph)
-    if np.dtype(graph.input_dtype) == np.uint8:
-        x = np.clip(np.round(x), 0, 255)
     x = x.astype(graph.input_dtype)
     calibration, rest = x[:limit], x[limit:]
     if len(rest):
@@ -341,6 +342,16 @@ def user_images(graph, data, limit, held_out=0):
             f"the {len(calibration)} calibration images {source} ({reading};"
             " none beyond them to hold out)"))
     return calibration, f"{len(calibration)} images {source}", reading, check
+
+
+def check_counts(graph, **counts):
+    """Refuses a count of images (by its argument's name) that alone
+    would take more than half of this machine's available memory."""
+    from keras_vit.models.memory import check_input_batch
+
+    for name, count in counts.items():
+        check_input_batch(count, graph.input_shape,
+                          hint=f"lower {name}={count}")
 
 
 def calibration_images(graph, data, limit):
@@ -364,6 +375,8 @@ def int8_calibration(graph, data, limit, verify_data, held_out, options,
             f"{graph.source_model.name!r} takes NaFlex patches (naflex=True)"
             ": export it with quantization='dynamic_int8' (int8 weights, "
             "no calibration) or 'float16'")
+    check_counts(graph, representative_samples=limit,
+                 agreement_samples=held_out)
     if data is None:
         images, note = calibration_images(graph, None, limit)
         options["representative_data"] = note

@@ -48,8 +48,8 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
 
     With ``input="image_bytes"`` it takes ``image_bytes``, a 1-D string
     batch of encoded image files of any size, and returns ``labels``,
-    ``scores`` (softmax), ``classes`` (the top ``top_k``, best first) and
-    ``logits`` (see :mod:`keras_vit.export.serving`).
+    ``scores`` (probabilities), ``classes`` (the top ``top_k``, best
+    first) and ``logits`` (see :mod:`keras_vit.export.serving`).
 
     Only if the artifact matches Keras is it moved to ``path``, with
     ``export_report.json`` inside; else
@@ -96,6 +96,9 @@ def to_saved_model(model, path, *, input="images", uint8_input=False,
     ['assets', 'export_report.json', 'fingerprint.pb', 'saved_model.pb',
      'variables']
     """
+    common.check_arguments(model, uint8_input=uint8_input, verify=verify,
+                           cast_to_float32=cast_to_float32,
+                           overwrite=overwrite)
     check_choice("input", input, INPUTS)
     if input == serving.INPUT_NAME:
         return _image_bytes_export(

@@ -5,9 +5,11 @@ Vertex AI clients send.
 or WebP files, decodes each with :func:`keras_vit.data.images.decode`,
 applies :func:`keras_vit.zoo.preprocess_input` (bilinear resize to the
 model's size without antialiasing or crop, then the model's own input
-normalisation) and returns the top-k ``labels``, their softmax
-``scores``, the ``classes`` and the ``logits``: what a Python client
-calling those two functions sees.
+normalisation) and returns the top-k ``labels``, their ``scores``
+(softmax of the logits, or the model's own output where its
+``classifier_activation`` is softmax or sigmoid), the ``classes`` and the
+``logits`` (the model's own output): what a Python client calling those
+two functions sees.
 
 The images of a batch are decoded one after another, so a request's peak
 memory is that of its largest image (at most
@@ -33,7 +35,7 @@ from keras_vit.base.checks import check_int
 from keras_vit.data import images as image_decoder
 from keras_vit.data.normalization import takes_raw_pixels
 from keras_vit.export import samples
-from keras_vit.export.graph import ServingGraph, default_outputs
+from keras_vit.export.graph import ServingGraph, check_head, default_outputs
 from keras_vit.runtime.backend import no_grad, to_numpy
 
 INPUT_NAME = "image_bytes"
@@ -162,6 +164,8 @@ class ImageBytesGraph(ServingGraph):
 
         top_k = check_top_k(top_k)
         self.classifier = is_classifier(model)
+        if self.classifier:
+            check_head(model, ("scores",), what="input='image_bytes' returns")
         outputs = ("logits",) if self.classifier else default_outputs(model)
         if not self.classifier and (top_k != DEFAULT_TOP_K
                                     or labels is not None):
@@ -274,8 +278,9 @@ class ImageBytesGraph(ServingGraph):
             return {name: tf.cast(raw[name], tf.float32)
                     for name in self.outputs}
         logits = tf.cast(raw["logits"], tf.float32)
-        scores, classes = tf.math.top_k(tf.nn.softmax(logits, axis=-1),
-                                        k=self.top_k)
+        probabilities = (logits if self.own_probabilities
+                         else tf.nn.softmax(logits, axis=-1))
+        scores, classes = tf.math.top_k(probabilities, k=self.top_k)
         return {"labels": tf.gather(tf.constant(self.label_names), classes),
                 "scores": scores,
                 "classes": tf.cast(classes, tf.int64),
@@ -298,19 +303,21 @@ class ImageBytesGraph(ServingGraph):
 
     def reference(self, images, batch_size=8):
         """Keras' ``logits`` and top-k ``scores`` (a feature extractor's
-        embedding) for encoded ``images``, on the user's backend."""
+        embedding) for encoded ``images``, on the user's backend: the
+        model's own call (:meth:`keras_outputs`)."""
         x = self.preprocess(images)
         name = "logits" if self.classifier else self.outputs[0]
         parts = []
         with no_grad():
             for start in range(0, len(x), batch_size):
-                parts.append(to_numpy(self.raw(x[start:start + batch_size],
-                                               training=False)[name]))
+                parts.append(to_numpy(self.keras_outputs(
+                    x[start:start + batch_size])[name]))
         logits = np.concatenate(parts).astype(np.float32)
         if not self.classifier:
             return {name: logits}
         z = logits - logits.max(axis=-1, keepdims=True)
-        probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+        probs = logits if self.own_probabilities else (
+            np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True))
         # Sorted values: continuous in the inputs, unlike their indices.
         scores = -np.sort(-probs, axis=-1)[:, :self.top_k]
         return {"logits": logits, "scores": scores}

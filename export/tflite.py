@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_vit.runtime import compat, quiet
 from keras_vit.base.checks import require
+from keras_vit.base.suggestions import did_you_mean
 from keras_vit.export import common, pipeline, samples
 from keras_vit.export import verify as checks
 from keras_vit.export.graph import ServingGraph
@@ -71,21 +72,45 @@ def open_artifact(path, num_threads=None):
     return run
 
 
-def _check_float_ops(float_ops):
+def builtin_ops():
+    """The names of TFLite's builtin ops (LiteRT's schema)."""
+    schema = require("ai_edge_litert.schema_py_generated",
+                     package="ai-edge-litert", purpose="checking float_ops")
+    return {name for name in vars(schema.BuiltinOperator) if name.isupper()}
+
+
+def _check_float_ops(float_ops, quantization):
+    """The TFLite ops ``float_ops`` keeps float; a ValueError naming it
+    for a name that is neither a group nor a builtin op, or for float_ops
+    given with a quantization without int8 ops."""
+    if quantization != "int8":
+        if float_ops != "sensitive":  # not the default
+            raise ValueError(
+                "float_ops is only used with quantization='int8'; received "
+                f"quantization={quantization!r}, float_ops={float_ops!r}")
+        return ()
     if float_ops == "sensitive":
         return DEFAULT_FLOAT_OPS
     if float_ops is None:
         return ()
-    if isinstance(float_ops, str):
-        float_ops = (float_ops,)
+    names = float_ops if isinstance(float_ops, (list, tuple)) else (
+        float_ops,)
+    known = builtin_ops()
     ops = []
-    for op in float_ops:
-        if not isinstance(op, str) or not op:
+    for op in names:
+        if isinstance(op, str) and op in SENSITIVE_OPS:
+            ops.extend(SENSITIVE_OPS[op])
+        elif isinstance(op, str) and op.upper() in known:
+            ops.append(op.upper())
+        else:
             raise ValueError(
-                "float_ops must be 'sensitive', None or TFLite op names / "
-                "groups "
-                f"{sorted(SENSITIVE_OPS)}; received float_ops={float_ops!r}")
-        ops.extend(SENSITIVE_OPS.get(op, (op.upper(),)))
+                "float_ops must be 'sensitive', None or a list of the groups "
+                f"{sorted(SENSITIVE_OPS)} and TFLite builtin op names (such "
+                f"as {', '.join(DEFAULT_FLOAT_OPS)}); received float_ops="
+                f"{float_ops!r}." + (did_you_mean(op, ["sensitive",
+                                                      *SENSITIVE_OPS,
+                                                      *sorted(known)])
+                                     if isinstance(op, str) else ""))
     return tuple(dict.fromkeys(ops))
 
 
@@ -160,12 +185,13 @@ def to_tflite(model, path, *, quantization="float32",
         representative_data: for ``"int8"``: as for
             :func:`~keras_vit.export.to_onnx`.
         representative_samples: images drawn for calibration (default 100).
-        float_ops: for ``"int8"``: TFLite ops kept in float.
+        float_ops: for ``"int8"`` only: TFLite ops kept in float.
             ``"sensitive"`` (default): LayerNorm, the attention softmax and
             matmuls, and the residual adds (see DEFAULT_FLOAT_OPS); None:
             every op with an int8 kernel in int8; or a list of op names
-            (``"SOFTMAX"``) and groups (``"layer_norm"``, ``"attention"``,
-            ``"residual_add"``).
+            (``"SOFTMAX"``, TFLite's builtin ops) and groups
+            (``"layer_norm"``, ``"attention"``, ``"residual_add"``); an
+            unknown name is refused.
         uint8_input: take uint8 pixels and scale them inside.
         outputs: output names (see :class:`~keras_vit.export.graph.
             ServingGraph`).
@@ -191,6 +217,10 @@ def to_tflite(model, path, *, quantization="float32",
     >>> report["options"]["quantization"], report["top1_agreement"]
     ('float16', 1.0)
     """
+    common.check_arguments(model, agreement_samples,
+                           uint8_input=uint8_input, verify=verify,
+                           cast_to_float32=cast_to_float32,
+                           overwrite=overwrite)
     representative_samples = common.check_quantization(
         quantization, representative_data, representative_samples)
     common.refuse_keras_quantized(model, "tflite")
@@ -198,7 +228,7 @@ def to_tflite(model, path, *, quantization="float32",
     if verify:  # before converting: the check runs the file with LiteRT
         require("ai_edge_litert.interpreter", package="ai-edge-litert",
                 purpose="verifying TFLite files")
-    float_ops = _check_float_ops(float_ops)
+    float_ops = _check_float_ops(float_ops, quantization)
     tol = common.tolerance_for(f"tflite/{quantization}", tolerance)
     quantized = quantization in ("dynamic_int8", "int8")
     if verify_data is None and quantization == "dynamic_int8":

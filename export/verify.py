@@ -11,7 +11,8 @@ import numpy as np
 from keras_vit.base.errors import KerasVitError
 from keras_vit.data.naflex import PATCH_INPUTS
 from keras_vit.export import common, memory
-from keras_vit.export.samples import GivenImages, count, rows
+from keras_vit.export.samples import (GivenImages, check_counts, count,
+                                      read_as_input, rows)
 from keras_vit.base.checks import check_type
 from keras_vit.runtime.backend import name as backend_name
 
@@ -127,9 +128,13 @@ def _run_in_chunks(run, images, batch_size):
 
 def verification_images(graph, batch_sizes, data="noise", samples=None,
                         seed=0):
-    """``(images, note)``: the images :func:`verify` runs (deterministic)."""
+    """``(images, note)``: the images :func:`verify` runs (deterministic);
+    an array of ``data`` is read as ``representative_data`` is
+    (:func:`~keras_vit.export.samples.read_as_input`)."""
     sizes = check_options(batch_sizes, data)
     if isinstance(data, str):
+        if (samples or 0) > max(sizes):
+            check_counts(graph, agreement_samples=samples)
         count = max(max(sizes), samples or 0)
         return graph.sample_images(count, seed=seed, kind=data)
     if isinstance(data, GivenImages):  # the user's, already in range
@@ -137,13 +142,16 @@ def verification_images(graph, batch_sizes, data="noise", samples=None,
     if getattr(graph, "naflex", False):
         return _given_patches(graph, data)
     images = np.asarray(data)
-    expect = (graph.input_shape, np.dtype(graph.input_dtype))
-    if images.ndim != 4 or images.shape[1:] != tuple(expect[0]):
+    shape = tuple(graph.input_shape)
+    if (images.ndim != 4 or images.shape[1:] != shape
+            or images.dtype.kind not in "iuf"):
         raise ValueError(
-            f"verify_data must be images of shape (n,) + "
-            f"{tuple(expect[0])}; received {images.shape}")
-    images = images.astype(expect[1], copy=False)
-    return images, f"{len(images)} images given as verify_data"
+            f"verify_data must be images of shape (n,) + {shape}, numbers;"
+            f" received {images.dtype} of shape {images.shape}")
+    images, reading = read_as_input(images.astype(np.float32),
+                                    images.dtype.kind in "iu", graph,
+                                    "verify_data")
+    return images, f"{len(images)} images given as verify_data ({reading})"
 
 
 def _given_patches(graph, data):

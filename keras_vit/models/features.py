@@ -82,7 +82,8 @@ def _stage_outputs(model):
     return {name: layer.output for name, layer in last.items()}
 
 
-# Feature name -> the layer whose output it is.
+# Feature name -> the layer whose output it is ("logits": the layer that
+# makes it available; its tensor is the model's own output).
 _LAYER_FEATURES = {
     "feature_map": "final_relu",  # BiT: after the final GroupNorm + ReLU
     "tokens": "encoder_norm",
@@ -93,6 +94,14 @@ _LAYER_FEATURES = {
 }
 
 
+def model_output(model):
+    """The symbolic tensor ``model`` returns: its output, or the
+    ``"output"`` of a model that returns a dict (attention scores, BiT
+    stages)."""
+    out = model.output
+    return out["output"] if isinstance(out, dict) else out
+
+
 def feature_model(model, outputs="pre_logits"):
     """A model that returns intermediate features of ``model`` (same weights).
 
@@ -101,7 +110,9 @@ def feature_model(model, outputs="pre_logits"):
         outputs: a feature name or a list of them: ``"resnet"`` (a hybrid's
             ResNet feature map), ``"tokens"`` (after the final norm),
             ``"pooled"``, ``"pre_logits"`` (what the head reads),
-            ``"logits"``, for BiT ``"stage_1"`` ... ``"stage_4"`` and
+            ``"logits"`` (the model's own output: a distilled model's mean
+            of its two heads, after ``classifier_activation`` if the
+            model has one), for BiT ``"stage_1"`` ... ``"stage_4"`` and
             ``"feature_map"``, and ``"attention_scores"`` for a model built
             with ``return_attention_scores=True``.
 
@@ -133,7 +144,8 @@ def feature_tensor(model, name):
             name == "pooled" and "pooling_dist" in layer_names):
         return _head_input(model, layer_names)
     if name in _LAYER_FEATURES:
-        return _layer_output(model, _LAYER_FEATURES[name], name)
+        tensor = _layer_output(model, _LAYER_FEATURES[name], name)
+        return model_output(model) if name == "logits" else tensor
     if name in _stage_outputs(model):
         return _stage_outputs(model)[name]
     known = available_features(model)

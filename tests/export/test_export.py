@@ -1068,3 +1068,233 @@ PYTHON_API = [
 
 
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
+
+
+# --------------------------------------------------------------------------
+# What an export serves is the model's own output, whatever its head
+
+
+# Every kind of head a model's output can come from (SMALL models):
+# "logits" is the model's output, "probabilities" the softmax of a head
+# without activation, else what the model's activation gives.
+HEADS = {
+    "plain": {},
+    "distilled": {"distilled": True},
+    "projection": {"head_type": "projection"},
+    "softmax": {"classifier_activation": "softmax"},
+    "distilled_sigmoid": {"distilled": True,
+                          "classifier_activation": "sigmoid"},
+}
+
+
+def _head_model(head):
+    """The SMALL ViT with ``HEADS[head]`` and random non-trivial weights."""
+    key = f"head:{head}"
+    if key not in _MODELS:
+        keras.utils.set_random_seed(1234)
+        _MODELS[key] = _perturbed(keras_vit.models.vit(**SMALL,
+                                                       **HEADS[head]),
+                                  scale=0.3)
+    return _MODELS[key]
+
+
+def _own_outputs(model, x):
+    """What the artifact of ``model`` must return for ``x``: its own
+    call's output, as ``logits`` (a classifier, with ``probabilities``) or
+    ``features`` (a projection head)."""
+    from keras_vit.models.features import is_classifier
+
+    own = np.asarray(model(x, training=False), np.float64)
+    if not is_classifier(model):
+        return {"features": own}
+    if model.classifier_activation is None:
+        return dict(_keras(model, x))
+    return {"logits": own, "probabilities": own}
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_the_serving_graph_and_its_check_are_the_models_call(head):
+    """The serving computation and the reference the verification
+    compares an artifact with are both the model's own call (eager, no
+    conversion), for the images and the image_bytes signatures."""
+    from keras_vit.export import serving
+    from keras_vit.export.graph import ServingGraph
+
+    model = _head_model(head)
+    x = _images(model, SECOND_BATCH)
+    want = _own_outputs(model, x)
+    graph = ServingGraph(model)
+    assert sorted(graph.outputs) == sorted(want)
+    served = {k: np.asarray(v) for k, v in graph.serve(x).items()}
+    for got in (served, graph.reference(x)):
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], atol=1e-5,
+                                       err_msg=f"{head}: {name}")
+    files = serving.as_batch([serving.encode(p) for p in
+                              _images(model, 2, uint8=True)])
+    top_k = {"top_k": 2} if "probabilities" in want else {}
+    graph = serving.ImageBytesGraph(model, **top_k)
+    x = graph.preprocess(files)
+    want = _own_outputs(model, x)
+    name = "logits" if "logits" in want else "features"
+    for got in (graph.serve(tf.constant(files)), graph.reference(files)):
+        np.testing.assert_allclose(np.asarray(got[name]), want[name],
+                                   atol=1e-5, err_msg=head)
+        if "probabilities" in want:
+            np.testing.assert_allclose(
+                np.asarray(got["scores"]),
+                -np.sort(-want["probabilities"])[:, :2], atol=1e-5,
+                err_msg=head)
+
+
+@pytest.mark.parametrize("fmt", sorted(_NAMES))
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_every_format_returns_the_models_own_output(head, fmt, exported):
+    """Each format's artifact returns the model's own output (a distilled
+    model's mean of its two heads, a projection, after the model's
+    classifier_activation), run in its runtime at another batch size."""
+    model = _head_model(head)
+    path, report = exported(model, fmt)
+    assert report["verified"]
+    x = _images(model, SECOND_BATCH)
+    got = formats.format_module(fmt).open_artifact(path)(x)
+    want = _own_outputs(model, x)
+    assert sorted(got) == sorted(want), head
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-4,
+                                   err_msg=f"{head}: {name}")
+
+
+def test_probabilities_of_an_activation_without_them_are_refused():
+    """A head whose activation gives no probabilities (relu) exports its
+    output as logits; asking for probabilities is refused by name."""
+    from keras_vit.export import serving
+    from keras_vit.export.graph import ServingGraph
+
+    model = keras_vit.models.vit(**SMALL, classifier_activation="relu")
+    assert ServingGraph(model).outputs == ("logits",)
+    with pytest.raises(ValueError) as info:
+        ServingGraph(model, outputs=("logits", "probabilities"))
+    message = str(info.value)
+    assert "\n" not in message and "classifier_activation='relu'" in message
+    assert "probabilities" in message, message
+    with pytest.raises(ValueError, match=r"'scores'.*activation='relu'"):
+        serving.ImageBytesGraph(model)  # it ranks probabilities
+
+
+# --------------------------------------------------------------------------
+# Every argument of the exporters is checked, and refused by name
+
+
+_DESTINATIONS = {"to_onnx": "m.onnx", "to_tflite": "m.tflite",
+                 "to_saved_model": "m", "to_openvino": "m.xml",
+                 "export": "m.onnx"}
+
+
+def _bad_arguments():
+    """``(exporter, argument, bad value)`` for every argument of each
+    exporter's signature that a type decides: the model, each boolean
+    option, each count, the tolerance's values."""
+    rows = []
+    for name in _DESTINATIONS:
+        for arg, param in inspect.signature(
+                getattr(export, name)).parameters.items():
+            default = param.default
+            if arg == "model":
+                bad = ["ViT-B/16", None]
+            elif isinstance(default, bool):
+                bad = ["no", None]
+            elif arg.endswith("_samples") or isinstance(default, int):
+                bad = ["abc", 2.5, -5]
+            elif arg == "tolerance":
+                bad = [{"max_abs_diff": "big"}, {"max_abs_diff": -1},
+                       {"top1_agreement": 1.5}]
+            else:
+                continue
+            rows += [(name, arg, value) for value in bad]
+    return rows
+
+
+@pytest.mark.parametrize("exporter, arg, value", _bad_arguments(),
+                         ids=[f"{f}-{a}-{v!r}" for f, a, v in
+                              _bad_arguments()])
+def test_every_exporter_argument_is_refused_by_name(exporter, arg, value,
+                                                    tmp_path):
+    """A wrong type or range is one line naming the argument and echoing
+    the value, before anything is written."""
+    model = value if arg == "model" else _tiny_model()
+    kwargs = {} if arg == "model" else {arg: value}
+    echoed = (repr(next(iter(value.values()))) if isinstance(value, dict)
+              else repr(value))
+    with pytest.raises((ValueError, TypeError)) as info:
+        getattr(export, exporter)(model, str(tmp_path / _DESTINATIONS[
+            exporter]), **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and f"{arg}" in message, message
+    assert echoed in message, message
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("arg", ["representative_samples",
+                                 "agreement_samples"])
+def test_too_many_samples_name_their_argument(arg, tmp_path):
+    with pytest.raises(ValueError) as info:
+        export.to_tflite(_tiny_model(), str(tmp_path / "m.tflite"),
+                         quantization="int8", **{arg: 10**9})
+    message = str(info.value)
+    assert f"{arg}=" in message and "batch_sizes" not in message, message
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("float_ops, hint", [
+    ("sensitiv", "sensitive"), ("softmaxx", "SOFTMAX"),
+    (["layer_norm", "atention"], "attention")])
+def test_unknown_float_ops_are_refused_listing_the_known(float_ops, hint,
+                                                         tmp_path):
+    with pytest.raises(ValueError) as info:
+        export.to_tflite(_tiny_model(), str(tmp_path / "m.tflite"),
+                         quantization="int8", float_ops=float_ops)
+    message = str(info.value)
+    assert "\n" not in message and f"float_ops={float_ops!r}" in message
+    assert f"Did you mean {hint!r}" in message, message
+    assert "'attention', 'layer_norm', 'residual_add'" in message, message
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("quantization", ["float32", "float16",
+                                          "dynamic_int8"])
+def test_float_ops_apply_to_full_int8_only(quantization, tmp_path):
+    """As representative_data: an option of quantization='int8' only."""
+    with pytest.raises(ValueError) as info:
+        export.to_tflite(_tiny_model(), str(tmp_path / "m.tflite"),
+                         quantization=quantization, float_ops=["layer_norm"])
+    message = str(info.value)
+    assert "float_ops" in message, message
+    assert f"quantization={quantization!r}" in message, message
+    assert _leftovers(tmp_path) == []
+
+
+def test_verify_data_is_read_as_representative_data_is():
+    """Pixels given as verify_data are normalised as the model says, as
+    representative_data's are; model inputs are taken as given; an
+    artifact that takes pixels is checked on the pixels."""
+    from keras_vit.export import samples, verify
+    from keras_vit.export.graph import ServingGraph
+
+    model = keras_vit.models.vit(**SMALL, input_normalization="imagenet")
+    graph = ServingGraph(model)
+    pixels = _images(model, 4, uint8=True)
+    normalised = np.asarray(graph.normalization(pixels.astype("float32")))
+    for data in (pixels, pixels.astype("float32"), normalised):
+        images, note = verify.verification_images(graph, (4, 1), data)
+        np.testing.assert_allclose(images, normalised, atol=1e-5)
+        np.testing.assert_allclose(
+            images, samples.calibration_images(graph, data, 10)[0],
+            atol=1e-5)
+        assert "4 images given as verify_data (" in note, note
+    uint8 = ServingGraph(model, uint8_input=True)
+    images, _ = verify.verification_images(uint8, (4, 1), pixels)
+    assert images.dtype == np.uint8 and np.array_equal(images, pixels)
+    with pytest.raises(ValueError, match=r"verify_data spans \[300, 300\]"):
+        verify.verification_images(graph, (4, 1),
+                                   np.full((2, 16, 16, 3), 300.0))

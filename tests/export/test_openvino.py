@@ -240,6 +240,29 @@ def test_uint8_input_and_every_output(vit, tmp_path):
     assert out["attention_maps"].shape == (SECOND_BATCH, 2, 4, 17, 17)
 
 
+@pytest.mark.parametrize("head", [
+    {"distilled": True}, {"distilled": True, "classifier_activation":
+                          "sigmoid"}, {"head_type": "projection"}],
+    ids=["distilled", "distilled_sigmoid", "projection"])
+def test_the_ir_returns_the_models_own_output(head, tmp_path):
+    """A distilled model's mean of its two heads, after its sigmoid, or a
+    projection head: the IR's outputs are the model's own output."""
+    keras.utils.set_random_seed(1234)
+    model = _perturbed(keras_vit.models.vit(16, 8, 16, 1, 2, 32, 5, **head),
+                       scale=0.3)
+    path = str(tmp_path / "m.xml")
+    report = export.to_openvino(model, path)
+    x = _images(model.inputs[0].shape[1:], SECOND_BATCH)
+    out, _ = _run_openvino(path, x)
+    want = _keras_logits(model, x)
+    assert sorted(out) == sorted(report["outputs"])
+    for name in sorted(out):  # logits, probabilities; or features
+        np.testing.assert_allclose(out[name], want, atol=1e-4, err_msg=name)
+        if name == "logits" and "classifier_activation" not in head:
+            e = np.exp(want - want.max(-1, keepdims=True))
+            want = e / e.sum(-1, keepdims=True)  # then probabilities
+
+
 @pytest.mark.slow
 def test_keras_onnx_and_openvino_agree_on_the_same_images(vit, exported,
                                                           tmp_path):

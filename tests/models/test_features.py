@@ -22,6 +22,36 @@ PYTHON_API = [
 test_python_api_errors_name_echo_and_suggest = bad_calls_test(PYTHON_API)
 
 
+# Every kind of head a model's output can come from.
+HEADS = {
+    "plain": {},
+    "distilled": {"distilled": True},
+    "projection": {"head_type": "projection"},
+    "sigmoid": {"classifier_activation": "sigmoid"},
+    "distilled_softmax": {"distilled": True,
+                          "classifier_activation": "softmax"},
+    "attention_scores": {"distilled": True, "return_attention_scores": True},
+}
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_logits_are_the_models_own_output(head):
+    """``logits`` is what the model returns (a distilled model's mean of
+    its two heads, after its classifier_activation), never one layer."""
+    import numpy as np
+
+    model = keras_vit.vit(16, 8, 16, 1, 2, 32, 5, **HEADS[head])
+    rng = np.random.default_rng(0)
+    model.set_weights([w + rng.normal(0, 0.3, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
+    want = model(x)
+    want = np.asarray(want["output"] if isinstance(want, dict) else want)
+    np.testing.assert_allclose(
+        np.asarray(keras_vit.models.feature_model(model, "logits")(x)),
+        want, atol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # intermediate_model: the outputs of chosen blocks, as timm's
 # forward_intermediates gives them
