@@ -120,8 +120,10 @@ def probabilities_inside(model):
     its ``classifier_activation`` is softmax or sigmoid) or logits that
     an export passes through a softmax (False: none); None for another
     activation, whose outputs are neither."""
-    activation = getattr(model, "classifier_activation", None)
-    if activation in (None, "linear"):
+    from keras_vit.zoo.preprocessing import head_activation
+
+    activation = head_activation(model) or "linear"
+    if activation == "linear":
         return False
     return True if activation in ("softmax", "sigmoid") else None
 

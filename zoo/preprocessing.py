@@ -158,6 +158,22 @@ _SUM_TOLERANCE = {2: 1e-2}
 _DEFAULT_SUM_TOLERANCE = 1e-3
 
 
+def head_activation(model):
+    """The name of ``model``'s ``classifier_activation`` (given as a name,
+    a function or a saved function's config; ``"linear"`` for none), or
+    None for a model that does not say (a plain Keras model).
+
+    >>> import types
+    >>> head_activation(types.SimpleNamespace(classifier_activation=None))
+    'linear'
+    """
+    if not hasattr(model, "classifier_activation"):
+        return None
+    import keras
+
+    return keras.activations.get(model.classifier_activation).__name__
+
+
 def head_probabilities(model, outputs):
     """``outputs`` of ``model``'s head as the scores to rank, float64, as
     its ``classifier_activation`` says: the softmax of logits (no
@@ -174,12 +190,9 @@ def head_probabilities(model, outputs):
     ...                    [[0.0, 0.0]]).tolist()
     [[0.5, 0.5]]
     """
-    activation = getattr(model, "classifier_activation", "unknown")
-    if activation == "unknown":
+    activation = head_activation(model)
+    if activation is None:
         return probabilities(outputs)
-    import keras  # a name, a function or a saved function's config
-
-    activation = keras.activations.get(activation).__name__
     if activation in ("linear", "softmax"):  # None is linear: logits
         return probabilities(outputs, activation == "linear")
     p = np.asarray(outputs, "float64")

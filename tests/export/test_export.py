@@ -1298,3 +1298,26 @@ def test_verify_data_is_read_as_representative_data_is():
     with pytest.raises(ValueError, match=r"verify_data spans \[300, 300\]"):
         verify.verification_images(graph, (4, 1),
                                    np.full((2, 16, 16, 3), 300.0))
+
+
+@pytest.mark.parametrize("activation", [
+    None, "linear", "softmax", "sigmoid", keras.activations.sigmoid,
+    {"module": "keras.activations", "class_name": "function",
+     "config": "sigmoid", "registered_name": None}, "log_softmax", "relu"])
+def test_the_export_reads_a_head_as_predict_does(activation):
+    """The export's probabilities and predict's ranking decide from one
+    reading of classifier_activation (a name, a function or a saved
+    function's config)."""
+    import types
+
+    from keras_vit.export.graph import probabilities_inside
+    from keras_vit.zoo.preprocessing import head_probabilities, softmax
+
+    model = types.SimpleNamespace(classifier_activation=activation)
+    z = np.array([[0.2, 0.7, 0.1]])
+    inside = probabilities_inside(model)
+    if inside is None:  # neither logits nor probabilities: not exported
+        assert activation in ("log_softmax", "relu")
+        return
+    want = z if inside else softmax(z)
+    np.testing.assert_allclose(head_probabilities(model, z), want)
